@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""The two commands a newcomer needs, with nothing but Python 3.11+ installed:
+
+    python3 dev.py demo    # local cluster of 2 shards trains an FM on synthetic data, prints AUC vs the oracle
+    python3 dev.py test    # the whole test suite
+
+Both create ./.venv on first use and install the package there (`pip install -e .[dev]`); later runs reuse it
+and reinstall only when pyproject.toml changes. Extra arguments go to `ps-worker train` or to pytest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+VENV = os.path.join(ROOT, ".venv")
+BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
+
+
+def ensure_env() -> str:
+    """Returns the venv's python, creating the venv and installing the package if needed."""
+    if sys.version_info < (3, 11):
+        sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
+    python = os.path.join(BIN, "python")
+    if not os.path.exists(python):
+        print(f"creating virtual environment in {VENV} ...", flush=True)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    stamp = os.path.join(VENV, f".installed-{digest}")
+    if not os.path.exists(stamp):
+        print("installing sparseps and its dependencies (first run: about a minute) ...", flush=True)
+        pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        subprocess.check_call([*pip, "--upgrade", "pip"])
+        subprocess.check_call([*pip, "-e", f"{ROOT}[dev]"])
+        open(stamp, "w").close()
+    return python
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("demo", "test", "env"):
+        print(__doc__.strip())
+        return 2
+    python = ensure_env()
+    command, rest = argv[0], argv[1:]
+    if command == "env":
+        print(python)
+        return 0
+    if command == "demo":
+        args = [python, "-m", "worker", "train", "--local-shards", "2", *rest]
+    else:
+        args = [python, "-m", "pytest", *rest]
+    return subprocess.call(args, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

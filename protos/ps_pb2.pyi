@@ -1,0 +1,140 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OptimizerSpec(_message.Message):
+    __slots__ = ("name", "learning_rate", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    learning_rate: float
+    params: _containers.ScalarMap[str, float]
+    def __init__(self, name: _Optional[str] = ..., learning_rate: _Optional[float] = ..., params: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class InitializerSpec(_message.Message):
+    __slots__ = ("name", "scale", "seed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    scale: float
+    seed: int
+    def __init__(self, name: _Optional[str] = ..., scale: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class TableSpec(_message.Message):
+    __slots__ = ("name", "dim", "initializer", "optimizer")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    INITIALIZER_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    initializer: InitializerSpec
+    optimizer: OptimizerSpec
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ...) -> None: ...
+
+class CreateTableRequest(_message.Message):
+    __slots__ = ("spec",)
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    spec: TableSpec
+    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ...) -> None: ...
+
+class DescribeTableRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class TableInfo(_message.Message):
+    __slots__ = ("spec", "num_rows", "row_floats")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROW_FLOATS_FIELD_NUMBER: _ClassVar[int]
+    spec: TableSpec
+    num_rows: int
+    row_floats: int
+    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ..., num_rows: _Optional[int] = ..., row_floats: _Optional[int] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("table", "ids")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("rows", "dim")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    rows: bytes
+    dim: int
+    def __init__(self, rows: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("table", "ids", "grads", "dim")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    GRADS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    ids: bytes
+    grads: bytes
+    dim: int
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class PushResponse(_message.Message):
+    __slots__ = ("num_applied",)
+    NUM_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    num_applied: int
+    def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TableStats(_message.Message):
+    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    IDS_PULLED_FIELD_NUMBER: _ClassVar[int]
+    IDS_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dim: int
+    num_rows: int
+    pulls: int
+    pushes: int
+    ids_pulled: int
+    ids_pushed: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s")
+    SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    DATA_DIR_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    shard_id: int
+    num_shards: int
+    num_slots: int
+    tables: _containers.RepeatedCompositeFieldContainer[TableStats]
+    data_dir: str
+    uptime_s: float
+    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...

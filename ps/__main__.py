@@ -1,0 +1,58 @@
+"""`ps-server` / `python -m ps`: command-line arguments in, a running shard out."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ps.config import ServerConfig
+from ps.errors import StorageError
+from ps.wire import tune_malloc
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ps-server",
+        description="Run one shard of a sparseps parameter server. Each shard owns a contiguous range of the "
+        "16384 hash slots, keeps hot rows in RAM and all rows in RocksDB under --data-dir, and serves "
+        "Pull/Push/CreateTable/DescribeTable/Stats plus the gRPC health service.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--port", type=int, default=0, help="TCP port; 0 takes a free one and prints it")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
+    p.add_argument("--shard-id", type=int, default=0, help="this shard's index, 0..num-shards-1")
+    p.add_argument("--num-shards", type=int, default=1, help="number of shards in the cluster")
+    p.add_argument("--data-dir", required=True, help="RocksDB directory of this shard (created if missing)")
+    p.add_argument("--threads", type=int, default=8, help="gRPC worker threads")
+    p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_malloc()
+    config = ServerConfig(
+        data_dir=args.data_dir,
+        shard_id=args.shard_id,
+        num_shards=args.num_shards,
+        host=args.host,
+        port=args.port,
+        threads=args.threads,
+        sync=args.sync,
+    )
+    try:
+        config.validate()
+        from ps.server import serve  # imported late: `--help` stays fast
+
+        serve(config)
+    except (ValueError, StorageError, OSError) as e:
+        print(f"ps-server: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Frozen configuration dataclasses for tables and servers, with validation and a JSON-able form."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+from ps.errors import InvalidArgumentError
+
+INITIALIZERS = ("zeros", "uniform", "normal")
+TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+MAX_DIM = 4096
+
+
+@dataclass(frozen=True)
+class InitializerConfig:
+    """How a row that was never pushed looks: a pure function of (seed, id, column)."""
+
+    name: str = "uniform"
+    scale: float = 0.01  # uniform: [-scale, scale]; normal: standard deviation
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.name not in INITIALIZERS:
+            raise InvalidArgumentError(f"initializer {self.name!r} is unknown; expected one of {INITIALIZERS}")
+        if not (math.isfinite(self.scale) and self.scale >= 0):
+            raise InvalidArgumentError(f"initializer scale must be finite and >= 0, got {self.scale}")
+        if not 0 <= self.seed < 2**64:
+            raise InvalidArgumentError(f"initializer seed must fit in uint64, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The server-side optimizer of a table; `params` holds optimizer-specific values (see ps.optim)."""
+
+    name: str = "adagrad"
+    learning_rate: float = 0.05
+    params: dict[str, float] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from ps.optim import get_optimizer  # optim validates its own parameter names
+
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            raise InvalidArgumentError(f"learning_rate must be finite and > 0, got {self.learning_rate}")
+        get_optimizer(self)
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    name: str
+    dim: int
+    initializer: InitializerConfig = InitializerConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+    def validate(self) -> None:
+        if not TABLE_NAME_RE.match(self.name):
+            raise InvalidArgumentError(
+                f"table name {self.name!r} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
+            )
+        if not 1 <= self.dim <= MAX_DIM:
+            raise InvalidArgumentError(f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}")
+        self.initializer.validate()
+        self.optimizer.validate()
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TableConfig":
+        return cls(
+            name=d["name"],
+            dim=int(d["dim"]),
+            initializer=InitializerConfig(**d["initializer"]),
+            optimizer=OptimizerConfig(**d["optimizer"]),
+        )
+
+    def differences(self, other: "TableConfig") -> list[str]:
+        """Human-readable list of fields where self and other differ ("dim: 8 != 16")."""
+        a, b = _flatten(self.to_dict()), _flatten(other.to_dict())
+        return [f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One shard process. `port` 0 takes a free port."""
+
+    data_dir: str
+    shard_id: int = 0
+    num_shards: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0
+    threads: int = 8
+    sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
+    max_message_bytes: int = 512 * 1024 * 1024
+
+    def validate(self) -> None:
+        if not 1 <= self.num_shards:
+            raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
+        if not 0 <= self.shard_id < self.num_shards:
+            raise ValueError(f"shard_id must be in 0..{self.num_shards - 1}, got {self.shard_id}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in 0..65535, got {self.port}")

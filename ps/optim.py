@@ -1,0 +1,105 @@
+"""Server-side optimizers: the optimizer-state part of a row and compiled update loops over a batch of rows.
+
+A stored row is `[embedding (dim) | optimizer state (state_floats(dim))]`, float32. `apply` updates a gathered,
+contiguous (n, width) buffer in place from (n, dim) gradients; callers gather, apply, then scatter back, so a
+failure before the scatter leaves the table untouched.
+
+    sgd:      w -= lr * g
+    adagrad:  a += g*g;  w -= lr * g / (sqrt(a) + epsilon)       state: a (dim floats), starts at initial_accumulator
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ps.errors import InvalidArgumentError
+
+
+@numba.njit(nogil=True, fastmath=True, cache=True)
+def _sgd(rows, grads, lr):
+    n, dim = grads.shape
+    for i in range(n):
+        for j in range(dim):
+            rows[i, j] -= lr * grads[i, j]
+
+
+@numba.njit(nogil=True, fastmath=True, cache=True)
+def _adagrad(rows, grads, lr, eps):
+    n, dim = grads.shape
+    for i in range(n):
+        for j in range(dim):
+            g = grads[i, j]
+            a = rows[i, dim + j] + g * g
+            rows[i, dim + j] = a
+            rows[i, j] -= lr * g / (np.sqrt(a) + eps)
+
+
+class Optimizer:
+    """One table's optimizer. Subclasses define DEFAULTS (their parameter names), state_floats and apply."""
+
+    name = ""
+    DEFAULTS: dict[str, float] = {}
+
+    def __init__(self, learning_rate: float, params: dict[str, float]):
+        unknown = sorted(set(params) - set(self.DEFAULTS))
+        if unknown:
+            raise InvalidArgumentError(
+                f"optimizer {self.name!r} got unknown parameters {unknown}; expected some of {sorted(self.DEFAULTS)}"
+            )
+        merged = {**self.DEFAULTS, **params}
+        for k, v in merged.items():
+            if not math.isfinite(v):
+                raise InvalidArgumentError(f"optimizer {self.name!r} parameter {k} must be finite, got {v}")
+        self.lr = np.float32(learning_rate)
+        self.params = {k: np.float32(v) for k, v in merged.items()}
+
+    def state_floats(self, dim: int) -> int:
+        return 0
+
+    def init_state(self, rows: np.ndarray, dim: int) -> None:
+        """Fill the state columns rows[:, dim:] of rows that are new to the table."""
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class Sgd(Optimizer):
+    name = "sgd"
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray) -> None:
+        _sgd(rows, grads, self.lr)
+
+
+class Adagrad(Optimizer):
+    name = "adagrad"
+    DEFAULTS = {"initial_accumulator": 0.1, "epsilon": 1e-7}
+
+    def __init__(self, learning_rate: float, params: dict[str, float]):
+        super().__init__(learning_rate, params)
+        if self.params["initial_accumulator"] < 0:
+            raise InvalidArgumentError(
+                f"adagrad initial_accumulator must be >= 0, got {self.params['initial_accumulator']}"
+            )
+
+    def state_floats(self, dim: int) -> int:
+        return dim
+
+    def init_state(self, rows: np.ndarray, dim: int) -> None:
+        rows[:, dim:] = self.params["initial_accumulator"]
+
+    def apply(self, rows: np.ndarray, grads: np.ndarray) -> None:
+        _adagrad(rows, grads, self.lr, self.params["epsilon"])
+
+
+OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad)}
+
+
+def get_optimizer(cfg) -> Optimizer:
+    """The Optimizer for an OptimizerConfig; InvalidArgumentError for unknown names or parameters."""
+    cls = OPTIMIZERS.get(cfg.name)
+    if cls is None:
+        raise InvalidArgumentError(f"optimizer {cfg.name!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
+    return cls(cfg.learning_rate, dict(cfg.params))

@@ -1,0 +1,85 @@
+"""Server process lifecycle: start the gRPC server (ParameterServer + health), report the port, stop cleanly."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from protos import ps_pb2_grpc
+from ps.config import ServerConfig
+from ps.service import ParameterServerServicer
+from ps.shard import Shard
+
+log = logging.getLogger("ps.server")
+SERVICE_NAME = "sparseps.ParameterServer"
+
+
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel/server options shared by both ends: message limits raised above gRPC's 4 MiB default."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+    ]
+
+
+class Server:
+    """One shard: a Shard behind a gRPC server. `start()` returns the bound port."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.shard = Shard(config)
+        self.health = health.HealthServicer()
+        self._grpc = grpc.server(
+            ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc"),
+            options=grpc_options(config.max_message_bytes),
+        )
+        ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.shard), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
+        self.port = None
+
+    def start(self) -> int:
+        address = f"{self.config.host}:{self.config.port}"
+        self.port = self._grpc.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot listen on {address}")
+        self._grpc.start()
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store."""
+        self.health.enter_graceful_shutdown()
+        self._grpc.stop(grace_s).wait()
+        self.shard.close()
+
+    def wait(self) -> None:
+        self._grpc.wait_for_termination()
+
+
+def serve(config: ServerConfig) -> None:
+    """Runs a shard until SIGTERM or SIGINT; prints `listening on HOST:PORT` once it serves."""
+    server = Server(config)
+    port = server.start()
+    print(
+        f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
+        f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
+        flush=True,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    server.stop()
+    print(f"ps-server shard {config.shard_id}: stopped cleanly", file=sys.stderr, flush=True)

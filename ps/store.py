@@ -1,0 +1,153 @@
+"""Store: one shard's RocksDB (via rocksdict, the only module that imports it). The system of record.
+
+Layout, one RocksDB per server data dir:
+    column family "meta":     b"shard"          -> JSON {"shard_id", "num_shards", "num_slots"}
+                              b"table/" + name  -> JSON TableConfig.to_dict()
+                              b"count/" + name  -> ASCII decimal: rows stored for the table
+    column family "t." + name:  key   = slot:u16be id:u64be             (10 bytes; a slot is one key range)
+                                value = row:f32le[width]                (width = dim + optimizer state floats)
+Big-endian keys make byte order numeric order, so a slot's rows are one contiguous range to scan or move.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+
+from ps.config import TableConfig
+from ps.errors import StorageError
+from ps.sharding import NUM_SLOTS, slot_of
+
+KEY_DTYPE = np.dtype([("slot", ">u2"), ("id", ">u8")])  # packed, 10 bytes
+META_CF = "meta"
+TABLE_CF_PREFIX = "t."
+
+
+def encode_keys(ids: np.ndarray) -> list[bytes]:
+    """RocksDB keys (slot:u16be id:u64be) of ids. `.view("V10")`, not "S10": S strips trailing NUL bytes."""
+    keys = np.empty(len(ids), dtype=KEY_DTYPE)
+    keys["slot"] = slot_of(ids)
+    keys["id"] = ids
+    return keys.view("V10").tolist()
+
+
+def _options(block_cache_bytes: int) -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    table = BlockBasedOptions()
+    table.set_block_cache(Cache(block_cache_bytes))
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    return opts
+
+
+class Store:
+    """Rows of every table of one shard, keyed by (slot, id). Writes go through WriteBatches (atomic)."""
+
+    def __init__(self, path: str, block_cache_bytes: int = 128 << 20, sync: bool = False):
+        os.makedirs(path, exist_ok=True)
+        self.path = path
+        self._opts = _options(block_cache_bytes)
+        existing = Rdict.list_cf(path, self._opts) if os.path.exists(os.path.join(path, "CURRENT")) else []
+        # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
+        cfs = {name: self._opts for name in set(existing) | {META_CF}}
+        try:
+            self._db = Rdict(path, self._opts, column_families=cfs)
+        except Exception as e:  # rocksdict raises plain Exception
+            raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
+        self._meta = self._db.get_column_family(META_CF)
+        self._write_opts = WriteOptions()
+        self._write_opts.sync = sync
+        self._cfs: dict[str, Rdict] = {}
+
+    # ---- shard identity and table configs -------------------------------------------------------------
+    def check_identity(self, shard_id: int, num_shards: int) -> None:
+        """Records (shard_id, num_shards) on first use; StorageError if the data dir belongs to another shard."""
+        want = {"shard_id": shard_id, "num_shards": num_shards, "num_slots": NUM_SLOTS}
+        raw = self._meta.get(b"shard")
+        if raw is None:
+            self._meta.put(b"shard", json.dumps(want).encode(), self._write_opts)
+            return
+        have = json.loads(raw)
+        if have != want:
+            raise StorageError(
+                f"data dir {self.path} belongs to shard {have['shard_id']} of {have['num_shards']} "
+                f"(num_slots {have['num_slots']}), but this server was started as shard {shard_id} of {num_shards}"
+            )
+
+    def load_tables(self) -> list[TableConfig]:
+        out = []
+        for key, raw in self._meta.items(from_key=b"table/"):
+            if not key.startswith(b"table/"):
+                break
+            try:
+                out.append(TableConfig.from_dict(json.loads(raw)))
+            except (ValueError, KeyError, TypeError) as e:
+                raise StorageError(f"{self.path}: table config {key!r} is unreadable: {e}") from e
+        return out
+
+    def create_table(self, cfg: TableConfig) -> None:
+        self._cf(cfg.name, create=True)
+        self._meta.put(b"table/" + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), self._write_opts)
+
+    def _cf(self, table: str, create: bool = False) -> Rdict:
+        cf = self._cfs.get(table)
+        if cf is None:
+            name = TABLE_CF_PREFIX + table
+            try:
+                cf = self._db.get_column_family(name)
+            except Exception:
+                if not create:
+                    raise StorageError(f"{self.path}: column family {name} is missing")
+                cf = self._db.create_column_family(name, self._opts)
+            self._cfs[table] = cf
+        return cf
+
+    # ---- rows -----------------------------------------------------------------------------------------
+    def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(found bool (n,), rows float32 (found.sum(), width)) for ids, with one multi_get."""
+        if len(ids) == 0:
+            return np.zeros(0, dtype=bool), np.zeros((0, width), dtype=np.float32)
+        values = self._cf(table).get(encode_keys(ids))
+        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
+        blob = b"".join(v for v in values if v is not None)
+        nbytes = 4 * width
+        if len(blob) != nbytes * int(found.sum()):
+            bad = next(len(v) for v in values if v is not None and len(v) != nbytes)
+            raise StorageError(f"{self.path}: table {table} holds a row of {bad} bytes, expected {nbytes}")
+        return found, np.frombuffer(blob, dtype="<f4").reshape(-1, width).copy()
+
+    def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, total_rows: int) -> None:
+        """Writes rows (n, width) for ids and the table's new row count `total_rows` in one atomic WriteBatch."""
+        rows = np.ascontiguousarray(rows, dtype="<f4")
+        values = rows.view(f"V{rows.shape[1] * 4}").ravel().tolist()
+        handle = self._db.get_column_family_handle(TABLE_CF_PREFIX + table)
+        batch = WriteBatch(raw_mode=True)
+        for key, value in zip(encode_keys(ids), values):
+            batch.put(key, value, handle)
+        batch.put(b"count/" + table.encode(), str(total_rows).encode(), self._db.get_column_family_handle(META_CF))
+        self._db.write(batch, self._write_opts)
+
+    def count_rows(self, table: str) -> int:
+        """Exact number of rows stored for table (kept in meta, updated atomically with every put_rows)."""
+        raw = self._meta.get(b"count/" + table.encode())
+        return int(raw) if raw is not None else 0
+
+    def iter_rows(self, table: str):
+        """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
+        for key, value in self._cf(table).items():
+            yield int.from_bytes(key[2:], "big"), value
+
+    def flush(self) -> None:
+        self._db.flush()
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._cfs.clear()
+            self._meta = None
+            self._db.close()
+            self._db = None

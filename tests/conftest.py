@@ -1,0 +1,42 @@
+"""Shared fixtures: in-process shards and servers on 127.0.0.1 with port 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.server import Server
+
+
+@pytest.fixture
+def sgd1_table() -> TableConfig:
+    """dim 4, SGD with lr 1: a pushed gradient g turns row r into r - g exactly."""
+    return TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 1.0))
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """Factory: start n in-process shards (shard i of n), stopped at teardown. Returns (addresses, Server list)."""
+    started: list[Server] = []
+
+    def start(n: int = 2, root=None):
+        root = root or tmp_path
+        out = []
+        for i in range(n):
+            s = Server(ServerConfig(data_dir=str(root / f"shard-{i}"), shard_id=i, num_shards=n, port=0))
+            s.start()
+            started.append(s)
+            out.append(s)
+        return [f"127.0.0.1:{s.port}" for s in out], out
+
+    yield start
+    for s in started:
+        try:
+            s.stop(grace_s=1)
+        except Exception:
+            pass
+
+
+def random_ids(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)

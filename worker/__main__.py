@@ -1,0 +1,127 @@
+"""`ps-worker` / `python -m worker`: command-line arguments in, a training run (or a data file) out."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ps.errors import PsError
+from ps.wire import tune_malloc
+
+
+
+def _add_train(sub) -> None:
+    from worker.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "train",
+        help="train a CTR model against parameter servers",
+        description="Train a CTR model (LR or FM, numpy) on Criteo-format files or on synthetic data with a planted "
+        "model. Without --servers it starts --local-shards server processes on 127.0.0.1 and stops them at "
+        "the end. Prints eval AUC / logloss / examples per second (and the oracle's, for synthetic data).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    where = p.add_argument_group("servers")
+    where.add_argument("--servers", default="", help="comma-separated host:port list, in shard order")
+    where.add_argument("--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers")
+    where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    data = p.add_argument_group("data")
+    data.add_argument("--data", help="Criteo-format training file (tab-separated label, 13 ints, 26 hex)")
+    data.add_argument("--eval-data", help="Criteo-format evaluation file")
+    data.add_argument("--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)")
+    data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
+    data.add_argument(
+        "--synthetic-interactions", type=float, default=d.synthetic_interactions,
+        help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
+    )  # fmt: skip
+    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
+    model = p.add_argument_group("model and optimizer")
+    model.add_argument("--model", default=d.model, choices=["fm", "lr"], help="fm: factorization machine; lr: logistic regression")
+    model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="FM latent factors per id")
+    model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "sgd"], help="server-side optimizer")
+    model.add_argument("--learning-rate", type=float, default=d.learning_rate)
+    model.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step")
+    model.add_argument("--epochs", type=int, default=d.epochs)
+    out = p.add_argument_group("output")
+    out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_synth(sub) -> None:
+    p = sub.add_parser(
+        "synth",
+        help="write synthetic Criteo-format data with a planted model",
+        description="Write rows of the synthetic generator as a Criteo-format file (label, 13 ints, 26 hex).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--out", required=True, help="output file")
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--start", type=int, default=0, help="first row index (use a later range for eval data)")
+    p.add_argument("--interactions", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ps-worker", description="sparseps worker: train CTR models on parameter servers.")
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = p.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    _add_synth(sub)
+    return p
+
+
+def _train(args) -> int:
+    from worker.train import TrainConfig, format_results, train
+
+    cfg = TrainConfig(
+        servers=tuple(s for s in args.servers.split(",") if s),
+        local_shards=args.local_shards,
+        data=args.data,
+        eval_data=args.eval_data,
+        synthetic_rows=args.synthetic_rows,
+        synthetic_eval_rows=args.synthetic_eval_rows,
+        synthetic_interactions=args.synthetic_interactions,
+        synthetic_seed=args.synthetic_seed,
+        model=args.model,
+        embedding_dim=args.embedding_dim,
+        optimizer=args.optimizer,
+        learning_rate=args.learning_rate,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        timeout_s=args.timeout_s,
+        metrics_out=args.metrics_out,
+        progress=not args.no_progress,
+    )
+    print(format_results(train(cfg)), flush=True)
+    if cfg.metrics_out:
+        print(f"metrics written to {cfg.metrics_out}")
+    return 0
+
+
+def _synth(args) -> int:
+    from worker.synthetic import SyntheticConfig, write_synthetic_criteo
+
+    cfg = SyntheticConfig(rows=args.start + args.rows, seed=args.seed, interactions=args.interactions)
+    write_synthetic_criteo(args.out, cfg, args.start, args.start + args.rows)
+    print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_malloc()
+    try:
+        return {"train": _train, "synth": _synth}[args.command](args)
+    except (ValueError, PsError, OSError) as e:
+        print(f"ps-worker: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ps-worker: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

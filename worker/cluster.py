@@ -1,0 +1,134 @@
+"""LocalCluster: N ps-server child processes on 127.0.0.1, for `ps-worker train --local-shards N` and tests.
+
+Each shard runs `python -m ps --port 0` on its own data dir (`<root>/shard-<i>`), logs to `<root>/shard-<i>.log`,
+and reports its port on stdout; start() waits for every port and for the shards to answer, with a deadline.
+stop() sends SIGTERM, waits, then kills. Restarting on the same root gives the shards their rows back.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ps.errors import ServerUnavailableError
+
+_LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+
+
+class LocalCluster:
+    def __init__(self, num_shards: int, root: str | None = None, start_timeout_s: float = 60.0, extra_args=()):
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        self.num_shards = num_shards
+        self._own_root = root is None
+        self.root = root or tempfile.mkdtemp(prefix="sparseps-")
+        self.start_timeout_s = start_timeout_s
+        self.extra_args = list(extra_args)
+        self.procs: list[subprocess.Popen] = []
+        self.addresses: list[str] = []
+
+    def data_dir(self, shard_id: int) -> str:
+        return os.path.join(self.root, f"shard-{shard_id}")
+
+    def log_path(self, shard_id: int) -> str:
+        return os.path.join(self.root, f"shard-{shard_id}.log")
+
+    def start(self) -> list[str]:
+        """Starts every shard; returns their addresses in shard order."""
+        self.procs = [self._spawn(i) for i in range(self.num_shards)]
+        deadline = time.monotonic() + self.start_timeout_s
+        try:
+            self.addresses = [self._await_port(i, p, deadline) for i, p in enumerate(self.procs)]
+        except BaseException:
+            self.stop()
+            raise
+        return self.addresses
+
+    def _spawn(self, shard_id: int) -> subprocess.Popen:
+        cmd = [
+            sys.executable, "-m", "ps",
+            "--port", "0",
+            "--shard-id", str(shard_id),
+            "--num-shards", str(self.num_shards),
+            "--data-dir", self.data_dir(shard_id),
+            *self.extra_args,
+        ]  # fmt: skip
+        log = open(self.log_path(shard_id), "ab")
+        try:
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+
+    def _await_port(self, shard_id: int, proc: subprocess.Popen, deadline: float) -> str:
+        out = b""
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ServerUnavailableError(
+                    f"local shard {shard_id} did not report its port within {self.start_timeout_s:.0f} s; "
+                    f"log: {self.log_path(shard_id)}\n{self._tail(shard_id)}"
+                )
+            ready, _, _ = select.select([proc.stdout], [], [], min(left, 0.5))
+            if ready:
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                out += chunk
+                m = _LISTENING.search(out)
+                if m:
+                    return f"{m.group(1).decode()}:{int(m.group(2))}"
+                if chunk:
+                    continue
+            if proc.poll() is not None:
+                raise ServerUnavailableError(
+                    f"local shard {shard_id} exited with code {proc.returncode} before listening; "
+                    f"log: {self.log_path(shard_id)}\n{self._tail(shard_id)}"
+                )
+
+    def _tail(self, shard_id: int, lines: int = 20) -> str:
+        try:
+            with open(self.log_path(shard_id), "rb") as f:
+                return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self, shard_id: int) -> None:
+        """SIGKILL one shard (for crash tests)."""
+        self.procs[shard_id].kill()
+        self.procs[shard_id].wait()
+
+    def stop(self, timeout_s: float = 15.0) -> list[int]:
+        """SIGTERM every shard, wait up to timeout_s, then SIGKILL. Returns the exit codes."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+            if p.stdout:
+                p.stdout.close()
+        self.procs = []
+        return codes
+
+    def cleanup(self) -> None:
+        """stop(), and delete the root if this cluster made it."""
+        self.stop()
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cleanup()
