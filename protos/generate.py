@@ -5,14 +5,13 @@ from __future__ import annotations
 import pathlib
 import sys
 
-HERE = pathlib.Path(__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
-def generate(out_dir: pathlib.Path) -> None:
-    """Writes ps_pb2.py, ps_pb2.pyi and ps_pb2_grpc.py for protos/ps.proto into out_dir."""
+def generate(out_dir: pathlib.Path, root: pathlib.Path = ROOT) -> None:
+    """Writes protos/ps_pb2.py, .pyi and _grpc.py under out_dir for root/protos/ps.proto (import path: protos)."""
     from grpc_tools import protoc  # dev extra only
 
-    root = HERE.parent
     args = [
         "protoc",
         f"-I{root}",
@@ -26,5 +25,5 @@ def generate(out_dir: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":
-    generate(HERE.parent)
-    print("regenerated", *sorted(p.name for p in HERE.glob("ps_pb2*")), file=sys.stderr)
+    generate(ROOT)
+    print("regenerated", *sorted(p.name for p in (ROOT / "protos").glob("ps_pb2*")), file=sys.stderr)

@@ -1,0 +1,70 @@
+"""The command-line entry points, as a user runs them."""
+
+import json
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+PY = sys.executable
+
+
+def run(*args, timeout=300):
+    return subprocess.run([PY, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args", [("-m", "ps", "--help"), ("-m", "worker", "train", "--help"), ("-m", "worker", "synth", "--help")])
+def test_help_explains_the_flags(args):
+    r = run(*args)
+    assert r.returncode == 0
+    assert "--" in r.stdout and "default" in r.stdout
+
+
+def test_train_on_synthetic_data_reports_auc_next_to_the_oracle(tmp_path):
+    out = tmp_path / "m.json"
+    r = run("-m", "worker", "train", "--local-shards", "2", "--synthetic-rows", "60000", "--synthetic-eval-rows", "20000",
+            "--no-progress", "--metrics-out", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    m = json.loads(out.read_text())
+    for key in ("eval_auc", "eval_logloss", "examples_per_s", "oracle_auc", "oracle_logloss"):
+        assert isinstance(m[key], float), key
+    assert m["eval_examples"] == 20000 and m["train_examples"] == 60000
+    assert 0.6 < m["eval_auc"] <= m["oracle_auc"] + 0.01  # learns something, cannot beat the planted model
+    assert re.search(r"eval\s+AUC 0\.\d{4}", r.stdout) and "oracle AUC" in r.stdout
+
+
+def test_train_from_criteo_files(tmp_path):
+    train, test = tmp_path / "train.txt", tmp_path / "test.txt"
+    assert run("-m", "worker", "synth", "--out", str(train), "--rows", "30000").returncode == 0
+    assert run("-m", "worker", "synth", "--out", str(test), "--rows", "10000", "--start", "30000").returncode == 0
+    out = tmp_path / "m.json"
+    r = run("-m", "worker", "train", "--local-shards", "1", "--data", str(train), "--eval-data", str(test),
+            "--model", "lr", "--no-progress", "--metrics-out", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    m = json.loads(out.read_text())
+    assert m["train_examples"] == 30000 and m["eval_examples"] == 10000 and m["eval_auc"] > 0.6
+    assert "oracle_auc" not in m  # files carry no planted probabilities
+
+
+def test_bad_arguments_fail_with_a_message_not_a_traceback(tmp_path):
+    r = run("-m", "worker", "train", "--data", str(tmp_path / "missing.txt"))
+    assert r.returncode == 2 and "missing.txt does not exist" in r.stderr and "Traceback" not in r.stderr
+    r = run("-m", "ps", "--data-dir", str(tmp_path), "--shard-id", "3", "--num-shards", "2")
+    assert r.returncode == 2 and "shard_id must be in 0..1, got 3" in r.stderr
+
+
+def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path):
+    p = subprocess.Popen([PY, "-m", "ps", "--port", "0", "--data-dir", str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = p.stdout.readline()
+        assert re.search(r"listening on 127\.0\.0\.1:\d+", line), line
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        assert "stopped cleanly" in p.stderr.read()
+    finally:
+        p.kill()
+    r = run("-m", "ps", "--data-dir", str(tmp_path), "--shard-id", "1", "--num-shards", "2")
+    assert r.returncode == 2 and "belongs to shard 0 of 1" in r.stderr

@@ -1,0 +1,74 @@
+"""Client routing, dedup, reassembly and error reporting against in-process shards."""
+
+import socket
+import time
+
+import numpy as np
+import pytest
+
+from ps.config import TableConfig
+from ps.errors import PsError, ServerUnavailableError, TableNotFoundError
+from ps.initializers import init_rows
+from worker.client import Client, sum_duplicates
+from tests.conftest import random_ids
+
+
+def initial(cfg: TableConfig, ids):
+    out = np.empty((len(ids), cfg.dim), dtype=np.float32)
+    init_rows(cfg.initializer, ids, out, cfg.dim)
+    return out
+
+
+def test_sum_duplicates_against_a_loop():
+    ids = np.array([5, 3, 5, 2**64 - 1, 3, 5], dtype=np.uint64)
+    grads = np.arange(12, dtype=np.float32).reshape(6, 2)
+    uniq, summed = sum_duplicates(ids, grads)
+    want = {}
+    for i, g in zip(ids.tolist(), grads):
+        want[i] = want.get(i, 0) + g
+    assert uniq.tolist() == sorted(want)
+    np.testing.assert_array_equal(summed, np.array([want[i] for i in uniq.tolist()]))
+
+
+@pytest.mark.parametrize("max_request_bytes", [64 << 20, 200])  # 200 bytes: many chunks per shard
+def test_pull_and_push_with_duplicates_across_three_shards(servers, sgd1_table, max_request_bytes):
+    addresses, _ = servers(3)
+    with Client(addresses, max_request_bytes=max_request_bytes) as client:
+        client.wait_ready()
+        client.create_table(sgd1_table)
+        base = random_ids(300)
+        ids = np.concatenate([base, base[:100], base[:10]])[np.random.default_rng(1).permutation(410)]
+        rows = client.pull("emb", ids)
+        np.testing.assert_array_equal(rows, initial(sgd1_table, ids))
+        grads = np.random.default_rng(2).integers(-3, 4, (410, 4)).astype(np.float32)
+        client.push("emb", ids, grads)
+        summed = {}
+        for i, g in zip(ids.tolist(), grads):  # integer grads: their sum is exact in float32
+            summed[i] = summed.get(i, 0) + g
+        expected = {int(i): r - summed[int(i)] for i, r in zip(ids, initial(sgd1_table, ids))}
+        got = client.pull("emb", ids.reshape(41, 10))  # any shape, flattened
+        np.testing.assert_array_equal(got, np.array([expected[i] for i in ids.tolist()]))
+        assert sum(t.num_rows for s in client.stats() for t in s.tables) == 300
+
+
+def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
+    addresses, _ = servers(2)
+    with Client(addresses) as client:
+        client.create_table(sgd1_table)
+        with pytest.raises(TableNotFoundError, match=r"shard 0 at 127\.0\.0\.1:\d+: DescribeTable failed with NOT_FOUND"):
+            client.pull("nope", np.arange(3, dtype=np.uint64))
+    with Client(addresses[::-1]) as swapped, pytest.raises(PsError, match="list the servers in shard order"):
+        swapped.wait_ready()
+
+
+def test_a_dead_server_gives_a_clear_error_not_a_hang():
+    with socket.socket() as s:  # a port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    started = time.monotonic()
+    with Client([dead], timeout_s=1.0) as client:
+        with pytest.raises(ServerUnavailableError, match=f"shard 0 at {dead} did not accept a connection within 1 s"):
+            client.wait_ready(timeout_s=1.0)
+        with pytest.raises(ServerUnavailableError, match=f"shard 0 at {dead} did not answer"):
+            client.stats()
+    assert time.monotonic() - started < 10

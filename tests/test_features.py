@@ -1,0 +1,164 @@
+"""Tests for worker/features.py against per-value Python oracles of the documented contract."""
+
+import hashlib
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.features import (
+    BIAS_ID,
+    INT_MISSING_BUCKET,
+    MISSING_CAT,
+    MISSING_INT,
+    NUM_CAT_FIELDS,
+    NUM_FIELDS,
+    NUM_INT_FIELDS,
+    Batch,
+    cat_values,
+    example_ids,
+    field_ids,
+    int_bucket,
+)
+
+M64 = 2**64 - 1
+INT64 = st.integers(-(2**63), 2**63 - 1)
+U64 = st.integers(0, M64)
+
+
+def mix64_py(z: int) -> int:
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & M64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def field_id_py(field: int, value: int) -> int:
+    return mix64_py(mix64_py(value) ^ (((field + 1) * 0x9E3779B97F4A7C15) & M64))
+
+
+def int_bucket_py(v: int) -> int:
+    if v == -(2**63):
+        return 2**63
+    if v <= 2:
+        return v & M64
+    return 3 + math.floor(math.log(v) ** 2)
+
+
+def cat_value_py(s: str) -> int:
+    if s == "":
+        return 2**64 - 1
+    if re.fullmatch(r"[0-9a-fA-F]{1,16}", s) and int(s, 16) != M64:
+        return int(s, 16)
+    return int.from_bytes(hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
+def test_schema_constants():
+    assert (NUM_INT_FIELDS, NUM_CAT_FIELDS, NUM_FIELDS) == (13, 26, 39)
+    assert int(MISSING_CAT) == M64 and int(MISSING_INT) == -(2**63) and int(INT_MISSING_BUCKET) == 2**63
+    assert int(BIAS_ID) == field_id_py(NUM_FIELDS, 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(INT64, st.integers(-5, 30)), min_size=1, max_size=50))
+def test_int_bucket_matches_oracle(values):
+    got = int_bucket(np.array(values, dtype=np.int64))
+    assert got.dtype == np.uint64
+    assert [int(b) for b in got] == [int_bucket_py(v) for v in values]
+
+
+def test_int_buckets_keep_small_large_and_missing_apart():
+    small = np.arange(-1000, 3, dtype=np.int64)
+    large = np.array([3, 4, 7, 8, 20, 10**6, 2**63 - 1], dtype=np.int64)
+    buckets = int_bucket(np.concatenate([small, large, [MISSING_INT]]))
+    small_b, large_b, missing_b = buckets[: len(small)], buckets[len(small) : -1], buckets[-1]
+    assert len(set(small_b.tolist())) == len(small)  # every small value is its own bucket
+    assert not set(small_b.tolist()) & set(large_b.tolist())
+    assert missing_b == INT_MISSING_BUCKET and missing_b not in set(buckets[:-1].tolist())
+    assert np.all(np.diff(large_b.astype(np.int64)) >= 0)  # monotone above 2
+    assert int_bucket(np.array([[3, 7], [8, 2]])).shape == (2, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, NUM_FIELDS), st.lists(st.one_of(U64, st.sampled_from([0, 1, 256, M64])), max_size=20))
+def test_field_ids_match_oracle(field, values):
+    got = field_ids(field, np.array(values, dtype=np.uint64))
+    assert [int(i) for i in got] == [field_id_py(field, v) for v in values]
+
+
+def test_same_value_in_different_fields_gives_different_ids():
+    values = np.array([0, 1, 2**63, M64, int(INT_MISSING_BUCKET)], dtype=np.uint64)
+    per_field = np.stack([field_ids(f, values) for f in range(NUM_FIELDS + 1)])  # (40, 5)
+    for j in range(len(values)):
+        assert len(set(per_field[:, j].tolist())) == NUM_FIELDS + 1
+    with pytest.raises(ValueError, match="field 40"):
+        field_ids(NUM_FIELDS + 1, values)
+    with pytest.raises(ValueError):
+        field_ids(-1, values)
+
+
+def test_example_ids_columns_are_field_ids_and_bias():
+    rng = np.random.default_rng(1)
+    ints = rng.integers(-3, 10**5, size=(50, NUM_INT_FIELDS))
+    ints[rng.random(ints.shape) < 0.2] = MISSING_INT
+    cats = rng.integers(0, 2**64, size=(50, NUM_CAT_FIELDS), dtype=np.uint64)
+    cats[rng.random(cats.shape) < 0.2] = MISSING_CAT
+    ids = example_ids(ints, cats)
+    assert ids.shape == (50, NUM_FIELDS + 1) and ids.dtype == np.uint64
+    assert np.all(ids[:, -1] == BIAS_ID)
+    for f in range(NUM_INT_FIELDS):
+        assert np.array_equal(ids[:, f], field_ids(f, int_bucket(ints[:, f])))
+    for c in range(NUM_CAT_FIELDS):
+        assert np.array_equal(ids[:, NUM_INT_FIELDS + c], field_ids(NUM_INT_FIELDS + c, cats[:, c]))
+    # Each field has its own "missing" id.
+    all_missing = example_ids(np.full((1, 13), MISSING_INT), np.full((1, 26), MISSING_CAT, dtype=np.uint64))
+    assert len(set(all_missing[0].tolist())) == NUM_FIELDS + 1
+    with pytest.raises(ValueError):
+        example_ids(ints[:, :12], cats)
+
+
+CAT_STRINGS = st.one_of(
+    st.text(alphabet="0123456789abcdefABCDEFgx \t_-é", max_size=20),  # mostly hex, some almost-hex
+    st.text(st.characters(blacklist_characters="\0"), max_size=6),  # numpy str drops trailing NULs
+    st.sampled_from(["", "0", "ffffffffffffffff"]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(CAT_STRINGS, max_size=30))
+def test_cat_values_match_oracle(strings):
+    got = cat_values(np.array(strings, dtype=object))
+    assert got.dtype == np.uint64 and got.shape == (len(strings),)
+    assert [int(v) for v in got] == [cat_value_py(s) for s in strings]
+
+
+def test_cat_values_specific_strings_and_shapes():
+    strings = np.array(
+        [
+            ["68fd1e64", "", "0"],
+            ["FFFFFFFFFFFFFFFF", "fffffffffffffffe", "0x1f"],
+            ["abcdef0123456789a", "68fd1e64", "é"],
+        ]
+    )
+    got = cat_values(strings)
+    assert got.shape == (3, 3)
+    assert got[0, 0] == 0x68FD1E64 == got[2, 1]
+    assert got[0, 1] == MISSING_CAT and got[0, 2] == 0
+    assert got[1, 0] != MISSING_CAT  # the reserved number is hashed like a non-hex string
+    assert got[1, 1] == 2**64 - 2
+    assert [int(v) for v in got.ravel()] == [cat_value_py(s) for s in strings.ravel().tolist()]
+    assert cat_values(np.array([], dtype=str)).shape == (0,)
+    assert np.all(cat_values(np.array(["", ""])) == MISSING_CAT)
+
+
+def test_batch_checks_shapes():
+    ids = np.zeros((3, NUM_FIELDS + 1), dtype=np.uint64)
+    assert len(Batch(labels=np.zeros(3, np.float32), ids=ids)) == 3
+    with pytest.raises(ValueError, match="expected"):
+        Batch(labels=np.zeros(2, np.float32), ids=ids)
+    with pytest.raises(ValueError, match="probs"):
+        Batch(labels=np.zeros(3, np.float32), ids=ids, probs=np.zeros(4))

@@ -1,0 +1,111 @@
+"""Malformed requests get the right status and a precise message, and change nothing on the server."""
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps import wire
+from ps.sharding import SlotMap
+from ps.server import grpc_options
+from tests.conftest import random_ids
+
+
+@pytest.fixture
+def shard1(servers, sgd1_table):
+    """Shard 1 of 2 with table 'emb' (dim 4, SGD lr 1), a raw stub, and 50 ids it owns holding pushed rows."""
+    addresses, (_, server) = servers(2)
+    channel = grpc.insecure_channel(addresses[1], options=grpc_options(256 << 20))
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=wire.table_config_to_proto(sgd1_table)))
+    ids = random_ids(400)
+    owner = SlotMap.contiguous(2).shard_of(ids)
+    mine, theirs = ids[owner == 1][:50], ids[owner == 0][:5]
+    stub.Push(ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(mine), grads=wire.encode_rows(np.ones((50, 4))), dim=4))
+    yield stub, mine, theirs, channel
+    channel.close()
+
+
+def pull(stub, ids, table="emb"):
+    reply = stub.Pull(ps_pb2.PullRequest(table=table, ids=wire.encode_ids(ids)))
+    return wire.decode_rows(reply.rows, len(ids), reply.dim)
+
+
+def assert_status(call, code, *fragments):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == code, info.value.details()
+    for f in fragments:
+        assert f in info.value.details()
+
+
+def test_bad_requests_get_precise_statuses_and_change_nothing(shard1):
+    stub, mine, theirs, _ = shard1
+    before = pull(stub, mine)
+    good_ids = wire.encode_ids(mine[:6])
+
+    def push(**kw):
+        req = dict(table="emb", ids=good_ids, grads=wire.encode_rows(np.ones((6, 4))), dim=4)
+        req.update(kw)
+        return lambda: stub.Push(ps_pb2.PushRequest(**req))
+
+    INVALID, NOT_FOUND, PRECOND = (
+        grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION
+    )  # fmt: skip
+    assert_status(push(grads=b"\0" * 95), INVALID, "grads has 95 bytes, expected 4*6*4 = 96")
+    assert_status(push(ids=good_ids[:-3]), INVALID, "ids has 45 bytes, expected a multiple of 8")
+    assert_status(push(dim=8), INVALID, "push says dim 8, but table 'emb' has dim 4")
+    nan = np.ones((6, 4), dtype=np.float32)
+    nan[3, 1] = np.nan
+    assert_status(push(grads=wire.encode_rows(nan)), INVALID, "non-finite", "row 3")
+    dup = np.concatenate([mine[:5], mine[:1]])
+    assert_status(push(ids=wire.encode_ids(dup)), INVALID, "repeats id")
+    assert_status(push(table="nope"), NOT_FOUND, "table 'nope' does not exist on shard 1", "tables: emb")
+    mixed = np.concatenate([mine[:3], theirs[:3]])
+    assert_status(push(ids=wire.encode_ids(mixed)), PRECOND, "3 of 6 ids belong to other shards", "this is shard 1")
+    assert_status(lambda: pull(stub, theirs), PRECOND, "belongs to shard 0 of 2")
+    assert_status(lambda: pull(stub, mine, table="nope"), NOT_FOUND, "does not exist")
+    assert_status(lambda: stub.Pull(ps_pb2.PullRequest(table="emb", ids=b"123")), INVALID, "ids has 3 bytes")
+    np.testing.assert_array_equal(pull(stub, mine), before)
+    info = stub.DescribeTable(ps_pb2.DescribeTableRequest(table="emb"))
+    assert info.num_rows == 50 and info.row_floats == 4
+
+
+def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1, sgd1_table):
+    stub = shard1[0]
+    spec = wire.table_config_to_proto(sgd1_table)
+    assert stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec)).num_rows == 50
+    spec.dim = 8
+    assert_status(
+        lambda: stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec)),
+        grpc.StatusCode.ALREADY_EXISTS, "different spec", "dim: 4 != 8",
+    )  # fmt: skip
+    for bad, fragment in [
+        (ps_pb2.TableSpec(name="x", dim=0), "dim must be in 1..4096, got 0"),
+        (ps_pb2.TableSpec(name="bad name", dim=2), "table name 'bad name' is invalid"),
+        (ps_pb2.TableSpec(name="x", dim=2, optimizer=ps_pb2.OptimizerSpec(name="rmsprop")), "'rmsprop' is unknown"),
+        (ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(name="ones")), "'ones' is unknown"),
+    ]:
+        assert_status(lambda: stub.CreateTable(ps_pb2.CreateTableRequest(spec=bad)), grpc.StatusCode.INVALID_ARGUMENT, fragment)
+    assert [t.name for t in stub.Stats(ps_pb2.StatsRequest()).tables] == ["emb"]
+
+
+def test_a_100k_id_pull_of_dim_64_fits_in_one_message(servers):
+    addresses, _ = servers(1)
+    channel = grpc.insecure_channel(addresses[0], options=grpc_options(256 << 20))
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="big", dim=64)))
+    ids = random_ids(100_000, seed=3)
+    rows = pull(stub, ids, table="big")  # 25.6 MB reply, over gRPC's 4 MiB default
+    assert rows.shape == (100_000, 64) and np.isfinite(rows).all() and rows.std() > 0
+    channel.close()
+
+
+def test_health_service_reports_serving(servers):
+    addresses, _ = servers(1)
+    with grpc.insecure_channel(addresses[0]) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "sparseps.ParameterServer"):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
