@@ -36,7 +36,7 @@ class TrainConfig:
     local_shards: int = 2
     data: str | None = None
     eval_data: str | None = None
-    synthetic_rows: int = 400_000
+    synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
     synthetic_interactions: float = 0.0
     synthetic_seed: int = 0
