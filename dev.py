@@ -35,8 +35,11 @@ def ensure_env() -> str:
     if not os.path.exists(stamp):
         print("installing sparseps and its dependencies (first run: about a minute) ...", flush=True)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        subprocess.check_call([*pip, "--upgrade", "pip"])
-        subprocess.check_call([*pip, "-e", f"{ROOT}[dev]"])
+        for args in (["--upgrade", "pip"], ["-e", f"{ROOT}[dev]"]):
+            done = subprocess.run([*pip, *args], capture_output=True, text=True)
+            if done.returncode != 0:  # show pip's output only when it failed
+                sys.stderr.write(done.stdout + done.stderr)
+                sys.exit(f"pip install {' '.join(args)} failed (exit {done.returncode}); see the output above")
         open(stamp, "w").close()
     return python
 
