@@ -106,7 +106,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed")
+    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed", "rows_in_ram", "rows_on_disk", "dirty_rows", "evictions", "ram_bytes", "cache_misses")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,12 @@ class TableStats(_message.Message):
     PUSHES_FIELD_NUMBER: _ClassVar[int]
     IDS_PULLED_FIELD_NUMBER: _ClassVar[int]
     IDS_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_IN_RAM_FIELD_NUMBER: _ClassVar[int]
+    ROWS_ON_DISK_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     num_rows: int
@@ -121,20 +127,32 @@ class TableStats(_message.Message):
     pushes: int
     ids_pulled: int
     ids_pushed: int
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ...) -> None: ...
+    rows_in_ram: int
+    rows_on_disk: int
+    dirty_rows: int
+    evictions: int
+    ram_bytes: int
+    cache_misses: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ..., rows_in_ram: _Optional[int] = ..., rows_on_disk: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., evictions: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., cache_misses: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s")
+    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
     TABLES_FIELD_NUMBER: _ClassVar[int]
     DATA_DIR_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    RAM_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     num_shards: int
     num_slots: int
     tables: _containers.RepeatedCompositeFieldContainer[TableStats]
     data_dir: str
     uptime_s: float
-    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    ram_budget_bytes: int
+    ram_used_bytes: int
+    journal_bytes: int
+    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ...) -> None: ...

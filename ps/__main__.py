@@ -11,6 +11,18 @@ from ps.errors import StorageError
 from ps.wire import tune_malloc
 
 
+def parse_bytes(text: str) -> int:
+    """'512M' -> 536870912; plain numbers are bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
@@ -26,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", required=True, help="RocksDB directory of this shard (created if missing)")
     p.add_argument("--threads", type=int, default=8, help="gRPC worker threads")
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
+    p.add_argument(
+        "--cache-bytes", type=parse_bytes, default="2G",
+        help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB",
+    )  # fmt: skip
+    p.add_argument("--flush-interval-s", type=float, default=5.0, help="how often dirty rows are written to RocksDB")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -42,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         threads=args.threads,
         sync=args.sync,
+        cache_bytes=args.cache_bytes,
+        flush_interval_s=args.flush_interval_s,
     )
     try:
         config.validate()

@@ -104,6 +104,9 @@ class ServerConfig:
     threads: int = 8
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = 512 * 1024 * 1024
+    cache_bytes: int = 2 << 30  # RAM tier budget shared by all tables of this shard
+    flush_interval_s: float = 5.0  # the background flusher writes dirty rows to RocksDB this often
+    journal_flush_bytes: int = 256 << 20  # ... or as soon as the journal has grown by this much
 
     def validate(self) -> None:
         if not 1 <= self.num_shards:
@@ -112,3 +115,7 @@ class ServerConfig:
             raise ValueError(f"shard_id must be in 0..{self.num_shards - 1}, got {self.shard_id}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
+        if self.cache_bytes < 1:
+            raise ValueError(f"cache_bytes must be positive, got {self.cache_bytes}")
+        if self.flush_interval_s <= 0:
+            raise ValueError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")

@@ -3,7 +3,7 @@
 Linear probing over power-of-two arrays `keys` (uint64) and `vals` (int64, -1 = empty), so every uint64 id,
 0 and 2**64-1 included, is a valid key. The probe start is the *high* bits of mix64(id): the low bits choose
 the id's slot (ps.sharding), so within one shard they are far from uniform. Load stays <= 1/2; the map doubles
-when an insert would pass that.
+when an insert would pass that. Deletion shifts later entries of a probe run back (no tombstones).
 """
 
 from __future__ import annotations
@@ -47,6 +47,37 @@ def _insert(keys, vals, shift, ids, rows):
     return added
 
 
+@numba.njit(nogil=True, cache=True)
+def _delete(keys, vals, shift, ids):
+    """Removes ids (absent ones are ignored) with backward-shift deletion; returns how many were removed."""
+    mask = keys.shape[0] - 1
+    removed = 0
+    for n in range(ids.shape[0]):
+        k = ids[n]
+        i = np.int64(mix64_scalar(k) >> shift)
+        while vals[i] >= 0 and keys[i] != k:
+            i = (i + 1) & mask
+        if vals[i] < 0:
+            continue
+        removed += 1
+        j = i
+        while True:  # pull later entries of the probe run back into the hole, unless that passes their home
+            j = (j + 1) & mask
+            if vals[j] < 0:
+                break
+            home = np.int64(mix64_scalar(keys[j]) >> shift)
+            if i <= j:
+                stays = i < home <= j
+            else:
+                stays = home > i or home <= j
+            if not stays:
+                keys[i] = keys[j]
+                vals[i] = vals[j]
+                i = j
+        vals[i] = -1
+    return removed
+
+
 class IdIndex:
     """id -> row. Not thread-safe: the owning table serializes calls."""
 
@@ -77,6 +108,10 @@ class IdIndex:
         if (self.size + len(ids)) > MAX_LOAD * len(self.keys):
             self._grow(self.size + len(ids))
         self.size += _insert(self.keys, self.vals, self.shift, ids, rows)
+
+    def delete(self, ids: np.ndarray) -> None:
+        """Removes ids; absent ids are ignored."""
+        self.size -= _delete(self.keys, self.vals, self.shift, np.ascontiguousarray(ids, dtype=np.uint64))
 
     def _grow(self, need: int) -> None:
         used = self.vals >= 0

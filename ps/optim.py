@@ -56,8 +56,14 @@ class Optimizer:
         self.lr = np.float32(learning_rate)
         self.params = {k: np.float32(v) for k, v in merged.items()}
 
+    STATE_PER_DIM = 0  # optimizer-state floats per embedding dim
+
+    @classmethod
+    def state_floats_for(cls, dim: int) -> int:
+        return cls.STATE_PER_DIM * dim
+
     def state_floats(self, dim: int) -> int:
-        return 0
+        return self.state_floats_for(dim)
 
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         """Fill the state columns rows[:, dim:] of rows that are new to the table."""
@@ -84,8 +90,7 @@ class Adagrad(Optimizer):
                 f"adagrad initial_accumulator must be >= 0, got {self.params['initial_accumulator']}"
             )
 
-    def state_floats(self, dim: int) -> int:
-        return dim
+    STATE_PER_DIM = 1
 
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         rows[:, dim:] = self.params["initial_accumulator"]

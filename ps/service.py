@@ -41,7 +41,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def _info(self, table) -> ps_pb2.TableInfo:
         return ps_pb2.TableInfo(
-            spec=wire.table_config_to_proto(table.cfg), num_rows=table.num_stored, row_floats=table.width
+            spec=wire.table_config_to_proto(table.cfg), num_rows=table.num_rows, row_floats=table.width
         )
 
     @_rpc
@@ -73,11 +73,5 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Stats(self, request, context):
         s = self.shard.stats()
-        return ps_pb2.StatsResponse(
-            shard_id=s["shard_id"],
-            num_shards=s["num_shards"],
-            num_slots=s["num_slots"],
-            data_dir=s["data_dir"],
-            uptime_s=s["uptime_s"],
-            tables=[ps_pb2.TableStats(**t) for t in s["tables"]],
-        )
+        tables = [ps_pb2.TableStats(**t) for t in s.pop("tables")]
+        return ps_pb2.StatsResponse(tables=tables, **s)

@@ -1,21 +1,32 @@
-"""Shard: everything one parameter-server process holds (its Store and Tables), minus gRPC.
+"""Shard: everything one parameter-server process holds (Store, Journal, Tables, flusher), minus gRPC.
 
 Each method validates its whole request before touching state and raises ps.errors exceptions, which the
 service maps to gRPC status codes. Ownership: a shard accepts only ids whose slot it owns (ps.sharding).
+
+Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread writes
+dirty rows to RocksDB every flush_interval_s (or once the journal has grown by journal_flush_bytes), records
+the journal position they cover, and deletes the journal segments below it. Start-up replays what is left;
+a clean close flushes everything.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 
 import numpy as np
 
+from ps.arena import MemoryBudget
 from ps.config import ServerConfig, TableConfig
 from ps.errors import InvalidArgumentError, TableExistsError, TableNotFoundError, WrongShardError
+from ps.journal import Journal
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.store import Store
 from ps.table import Table
+
+log = logging.getLogger("ps.shard")
 
 
 class Shard:
@@ -27,10 +38,36 @@ class Shard:
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.store = Store(config.data_dir, sync=config.sync)
         self.store.check_identity(config.shard_id, config.num_shards)
-        self.tables: dict[str, Table] = {cfg.name: Table(cfg, self.store) for cfg in self.store.load_tables()}
+        self.budget = MemoryBudget(config.cache_bytes)
+        self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync)
+        self.tables: dict[str, Table] = {}
+        for cfg in self.store.load_tables():
+            self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._replay()
+        self._closed = threading.Event()
+        self._wake = threading.Event()
+        self._journal_mark = self.journal.bytes_written
+        self._flusher = threading.Thread(target=self._flush_loop, name="ps-flusher", daemon=True)
+        self._flusher.start()
         self.started = time.monotonic()
 
+    def _replay(self) -> None:
+        after = self.store.flushed_seq()
+        records = rows = 0
+        t0 = time.monotonic()
+        for rec in self.journal.replay(after):
+            table = self.tables.get(rec.table)
+            if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
+                raise RuntimeError(f"journal record {rec.seq} names table {rec.table!r}, which does not exist")
+            rows += table.replay(rec)
+            records += 1
+        if records:
+            log.info("replayed %d journal records (%d row updates) in %.2f s", records, rows, time.monotonic() - t0)
+            self.flush()
+
+    # ---- tables ---------------------------------------------------------------------------------------
     def create_table(self, cfg: TableConfig) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not)."""
         cfg.validate()
@@ -45,7 +82,7 @@ class Shard:
                     )
                 return table
             self.store.create_table(cfg)
-            table = self.tables[cfg.name] = Table(cfg, self.store)
+            table = self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
             return table
 
     def table(self, name: str) -> Table:
@@ -57,6 +94,8 @@ class Shard:
 
     def check_owned(self, ids: np.ndarray) -> None:
         """WrongShardError naming the first id this shard does not own."""
+        if self.num_shards == 1:
+            return
         owners = self.slot_map.shard_of(ids)
         wrong = np.flatnonzero(owners != self.shard_id)
         if len(wrong):
@@ -67,6 +106,7 @@ class Shard:
                 "check the order and number of servers the client was given"
             )
 
+    # ---- data -----------------------------------------------------------------------------------------
     def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
         table = self.table(name)
         self.check_owned(ids)
@@ -78,14 +118,40 @@ class Shard:
             raise InvalidArgumentError(
                 f"grads for table {name!r} have shape {grads.shape}, expected ({len(ids)}, {table.dim})"
             )
-        if not np.isfinite(grads).all():
-            bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
+        finite = np.isfinite(grads)
+        if not finite.all():
+            bad = int(np.flatnonzero(~finite.all(axis=1))[0])
             raise InvalidArgumentError(
                 f"grads for table {name!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
                 f"{grads[bad].tolist()[:8]}; nothing was applied"
             )
         self.check_owned(ids)
         table.push(ids, grads)
+        if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
+            self._wake.set()
+
+    # ---- flushing -------------------------------------------------------------------------------------
+    def flush(self) -> int:
+        """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows."""
+        with self._flush_lock:
+            self.journal.rotate()
+            covered = self.journal.next_seq - 1  # every record <= covered is applied (appends happen under
+            self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
+            written = sum(t.flush() for t in list(self.tables.values()))
+            self.store.set_flushed_seq(covered)
+            self.journal.trim(covered)
+            return written
+
+    def _flush_loop(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait(self.config.flush_interval_s)
+            self._wake.clear()
+            if self._closed.is_set():
+                return
+            try:
+                self.flush()
+            except Exception:  # keep serving: the journal still holds every acknowledged push
+                log.exception("background flush failed; will retry")
 
     def stats(self) -> dict:
         return {
@@ -95,12 +161,20 @@ class Shard:
             "data_dir": self.config.data_dir,
             "uptime_s": time.monotonic() - self.started,
             "tables": [t.stats() for t in self.tables.values()],
+            "ram_budget_bytes": self.budget.limit_bytes,
+            "ram_used_bytes": self.budget.used_bytes,
+            "journal_bytes": self.journal.size_bytes(),
         }
 
     def close(self) -> None:
-        """Flushes RocksDB's memtables and closes it. Pushes were durable already (RocksDB's WAL)."""
+        """Stops the flusher, flushes every dirty row, and closes the journal and RocksDB."""
+        self._closed.set()
+        self._wake.set()
+        self._flusher.join()
+        self.flush()
         with self._lock:
             for t in self.tables.values():
                 t.lock.acquire()
+            self.journal.close()
             self.store.flush()
             self.store.close()

@@ -4,8 +4,9 @@ Layout, one RocksDB per server data dir:
     column family "meta":     b"shard"          -> JSON {"shard_id", "num_shards", "num_slots"}
                               b"table/" + name  -> JSON TableConfig.to_dict()
                               b"count/" + name  -> ASCII decimal: rows stored for the table
+                              b"flushed_seq"    -> ASCII decimal: journal records <= this are all in RocksDB
     column family "t." + name:  key   = slot:u16be id:u64be             (10 bytes; a slot is one key range)
-                                value = row:f32le[width]                (width = dim + optimizer state floats)
+                                value = row:f32le[width] lsn:u64le      (see ps.layout)
 Big-endian keys make byte order numeric order, so a slot's rows are one contiguous range to scan or move.
 """
 
@@ -32,6 +33,10 @@ def encode_keys(ids: np.ndarray) -> list[bytes]:
     keys["slot"] = slot_of(ids)
     keys["id"] = ids
     return keys.view("V10").tolist()
+
+
+def _value_dtype(width: int) -> np.dtype:
+    return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
 
 
 def _options(block_cache_bytes: int) -> Options:
@@ -108,29 +113,42 @@ class Store:
         return cf
 
     # ---- rows -----------------------------------------------------------------------------------------
-    def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """(found bool (n,), rows float32 (found.sum(), width)) for ids, with one multi_get."""
+    def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64 (found.sum(),)), one multi_get."""
+        dtype = _value_dtype(width)
         if len(ids) == 0:
-            return np.zeros(0, dtype=bool), np.zeros((0, width), dtype=np.float32)
+            return np.zeros(0, dtype=bool), np.zeros((0, width), dtype=np.float32), np.zeros(0, dtype=np.uint64)
         values = self._cf(table).get(encode_keys(ids))
         found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
         blob = b"".join(v for v in values if v is not None)
-        nbytes = 4 * width
-        if len(blob) != nbytes * int(found.sum()):
-            bad = next(len(v) for v in values if v is not None and len(v) != nbytes)
-            raise StorageError(f"{self.path}: table {table} holds a row of {bad} bytes, expected {nbytes}")
-        return found, np.frombuffer(blob, dtype="<f4").reshape(-1, width).copy()
+        if len(blob) != dtype.itemsize * int(found.sum()):
+            bad = next(len(v) for v in values if v is not None and len(v) != dtype.itemsize)
+            raise StorageError(f"{self.path}: table {table} holds a row of {bad} bytes, expected {dtype.itemsize}")
+        parsed = np.frombuffer(blob, dtype=dtype)
+        return found, parsed["row"].copy(), parsed["lsn"].astype(np.uint64)
 
-    def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, total_rows: int) -> None:
-        """Writes rows (n, width) for ids and the table's new row count `total_rows` in one atomic WriteBatch."""
-        rows = np.ascontiguousarray(rows, dtype="<f4")
-        values = rows.view(f"V{rows.shape[1] * 4}").ravel().tolist()
+    def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, total_rows: int) -> None:
+        """Writes rows (n, width) with their lsn for ids, and the table's row count, in one atomic WriteBatch."""
+        packed = np.empty(len(ids), dtype=_value_dtype(rows.shape[1]))
+        packed["row"] = rows
+        packed["lsn"] = lsn
+        values = packed.view(f"V{packed.dtype.itemsize}").tolist()
         handle = self._db.get_column_family_handle(TABLE_CF_PREFIX + table)
         batch = WriteBatch(raw_mode=True)
         for key, value in zip(encode_keys(ids), values):
             batch.put(key, value, handle)
         batch.put(b"count/" + table.encode(), str(total_rows).encode(), self._db.get_column_family_handle(META_CF))
         self._db.write(batch, self._write_opts)
+
+    def flushed_seq(self) -> int:
+        raw = self._meta.get(b"flushed_seq")
+        return int(raw) if raw is not None else 0
+
+    def set_flushed_seq(self, seq: int) -> None:
+        """Records that every journal record <= seq is in RocksDB (durably, if the store syncs)."""
+        self._meta.put(b"flushed_seq", str(seq).encode(), self._write_opts)
+        if self._write_opts.sync:
+            self._db.flush_wal(True)
 
     def count_rows(self, table: str) -> int:
         """Exact number of rows stored for table (kept in meta, updated atomically with every put_rows)."""

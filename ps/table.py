@@ -1,165 +1,208 @@
-"""Table: one sparse table of one shard; rows in a RAM arena (IdIndex -> arena row) in front of the Store.
+"""Table: one sparse table of one shard: a bounded RAM Arena in front of the Store, with journaled pushes.
 
-Row layout in the arena and on disk: `[embedding (dim) | optimizer state]`, float32, `width` floats.
-- pull: look the ids up; misses are read from the Store with one multi_get, or initialized (a pure function
-  of the id), and admitted to RAM; then one compiled gather of the embeddings.
-- push: resolve rows the same way, gather them into a contiguous buffer, apply the optimizer there, write the
-  buffer to RocksDB in one WriteBatch (durable before acknowledging), and only then scatter it into the arena.
-  So a failure at any point before the scatter leaves the table as it was.
-The RAM tier here is unbounded: it holds every row touched since the start (bounding it is the next step).
-Thread-safety: one lock per table serializes pull and push.
+- pull: look the ids up in the arena; misses are read from RocksDB with one multi_get (or initialized from a
+  hash of the id when RocksDB has no row) and admitted, evicting cold rows (dirty ones are written back first,
+  in one WriteBatch); then one compiled gather.
+- push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, append the push to
+  the journal (durable from here on), then gather, apply the optimizer, scatter; the rows become dirty and carry
+  the push's seq as their lsn. The Shard's flusher writes dirty rows to RocksDB in the background.
+- replay (start-up): journal records after the last flush are applied again to the rows whose lsn is older.
+A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows.
+Thread-safety: one lock per table serializes pull, push, flush.
 """
 
 from __future__ import annotations
 
 import threading
 
-import numba
 import numpy as np
 
+from ps.arena import Arena, MemoryBudget, gather, scatter
 from ps.config import TableConfig
-from ps.errors import InvalidArgumentError
-from ps.index import IdIndex
+from ps.errors import InvalidArgumentError, StorageError
 from ps.initializers import init_rows
+from ps.journal import Journal, Record
+from ps.layout import RowLayout
 from ps.optim import get_optimizer
 from ps.store import Store
 
-
-@numba.njit(nogil=True, cache=True)
-def gather(arena, rows, cols, out):
-    """out[i, :cols] = arena[rows[i], :cols]."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        for j in range(cols):
-            out[i, j] = arena[r, j]
-
-
-@numba.njit(nogil=True, cache=True)
-def scatter(arena, rows, buf):
-    """arena[rows[i], :] = buf[i, :]."""
-    width = buf.shape[1]
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        for j in range(width):
-            arena[r, j] = buf[i, j]
-
-
-@numba.njit(nogil=True, cache=True)
-def _first_duplicate(rows, stamps, stamp):
-    """Index of the first entry of rows seen earlier in rows, or -1. stamps[r] holds the last stamp of row r."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        if stamps[r] == stamp:
-            return i
-        stamps[r] = stamp
-    return -1
+FLUSH_CHUNK_ROWS = 65536
 
 
 class Table:
-    def __init__(self, cfg: TableConfig, store: Store, capacity: int = 1024):
+    def __init__(self, cfg: TableConfig, store: Store, journal: Journal, budget: MemoryBudget):
         self.cfg = cfg
         self.name = cfg.name
         self.dim = cfg.dim
         self.optimizer = get_optimizer(cfg.optimizer)
-        self.width = cfg.dim + self.optimizer.state_floats(cfg.dim)
+        self.layout = RowLayout(cfg.dim, self.optimizer.state_floats(cfg.dim))
+        self.width = self.layout.width
         self.store = store
-        self.index = IdIndex(capacity)
-        self.arena = np.empty((capacity, self.width), dtype=np.float32)
-        self.ids_of_row = np.empty(capacity, dtype=np.uint64)
-        self.stored = np.zeros(capacity, dtype=bool)  # the row exists in RocksDB
-        self.stamps = np.zeros(capacity, dtype=np.int64)
-        self.used = 0
-        self.num_stored = store.count_rows(cfg.name)
+        self.journal = journal
+        self.arena = Arena(self.width, budget)
+        self.num_stored = store.count_rows(cfg.name)  # rows in RocksDB
+        self.num_rows = self.num_stored  # rows that exist: in RocksDB, or pushed since (dirty)
         self.lock = threading.Lock()
-        self.counters = {"pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0}
-        self._stamp = 0
+        self.counters = {"pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0}
 
     # ---- public API -----------------------------------------------------------------------------------
     def pull(self, ids: np.ndarray) -> np.ndarray:
         """(n, dim) embeddings of ids (duplicates allowed), in order."""
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
         with self.lock:
-            rows = self._resolve(ids)
-            out = np.empty((len(ids), self.dim), dtype=np.float32)
-            gather(self.arena, rows, self.dim, out)
+            for lo, hi in self._chunks(len(ids)):
+                rows, _ = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                gather(self.arena.data, rows, self.dim, out[lo:hi])
             self.counters["pulls"] += 1
             self.counters["ids_pulled"] += len(ids)
-            return out
+        return out
 
-    def push(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        """Applies the optimizer to the rows of unique ids with finite (n, dim) grads; durable on return."""
+    def push(self, ids: np.ndarray, grads: np.ndarray) -> int:
+        """Applies the optimizer to the rows of unique ids with (n, dim) finite grads; durable on return.
+        Returns the push's journal seq."""
+        ids = np.ascontiguousarray(ids, dtype="<u8")
+        grads = np.ascontiguousarray(grads, dtype="<f4")
+        if len(ids) == 0:
+            return 0
         with self.lock:
-            rows = self._resolve(ids)
-            self._stamp += 1
-            dup = _first_duplicate(rows, self.stamps, self._stamp)
-            if dup >= 0:
-                first = int(np.flatnonzero(ids == ids[dup])[0])
-                raise InvalidArgumentError(
-                    f"push to table {self.name!r} repeats id {int(ids[dup])} (positions {first} and {dup}); "
-                    "ids must be unique: sum the gradients of duplicate ids before pushing"
-                )
-            buf = np.empty((len(ids), self.width), dtype=np.float32)
-            gather(self.arena, rows, self.width, buf)
-            self.optimizer.apply(buf, np.ascontiguousarray(grads, dtype=np.float32))
-            new_stored = int(len(rows) - np.count_nonzero(self.stored[rows]))
-            self.store.put_rows(self.name, ids, buf, total_rows=self.num_stored + new_stored)
-            self.num_stored += new_stored
-            self.stored[rows] = True
-            scatter(self.arena, rows, buf)
+            chunks = list(self._chunks(len(ids)))
+            if len(chunks) == 1:
+                rows, dup = self._resolve(ids, self.arena.new_stamp())
+                if dup >= 0:
+                    self._raise_duplicate(ids, dup)
+            else:
+                _, first, counts = np.unique(ids, return_index=True, return_counts=True)
+                if (counts > 1).any():
+                    self._raise_duplicate(ids, int(np.sort(np.setdiff1d(np.arange(len(ids)), first))[0]))
+            seq = self.journal.append(self.name, ids, grads)
+            if len(chunks) == 1:
+                self._apply(rows, grads, seq)
+            else:
+                for lo, hi in chunks:
+                    rows, _ = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                    self._apply(rows, grads[lo:hi], seq)
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
+            return seq
+
+    def replay(self, record: Record) -> int:
+        """Applies a journal record to the rows it has not reached yet (lsn < seq). Returns rows updated."""
+        updated = 0
+        with self.lock:
+            for lo, hi in self._chunks(len(record.ids)):
+                rows, _ = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
+                todo = self.arena.lsn[rows] < np.uint64(record.seq)
+                self._apply(rows[todo], np.ascontiguousarray(record.grads[lo:hi][todo]), record.seq)
+                updated += int(todo.sum())
+        return updated
+
+    def flush(self) -> int:
+        """Writes every row that is dirty when the scan reaches it to RocksDB; returns rows written."""
+        start, written = 0, 0
+        while True:
+            with self.lock:
+                rows, start = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
+                if len(rows):
+                    self._persist(rows)
+                    written += len(rows)
+                if start >= self.arena.used:
+                    return written
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
         """(n, width) full rows (embedding and optimizer state), for tests and tools."""
+        out = np.empty((len(ids), self.width), dtype=np.float32)
         with self.lock:
-            rows = self._resolve(ids)
-            out = np.empty((len(ids), self.width), dtype=np.float32)
-            gather(self.arena, rows, self.width, out)
-            return out
+            for lo, hi in self._chunks(len(ids)):
+                rows, _ = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                gather(self.arena.data, rows, self.width, out[lo:hi])
+        return out
 
-    # ---- RAM tier ---------------------------------------------------------------------------------------
-    def _resolve(self, ids: np.ndarray) -> np.ndarray:
-        """Arena row of each id, admitting missing ids from the store (or their initial value)."""
-        rows = self.index.lookup(ids)
-        miss = rows < 0
-        if miss.any():
-            missing, inverse = np.unique(ids[miss], return_inverse=True)
-            rows[miss] = self._admit(missing)[inverse]
-        return rows
+    def stats(self) -> dict:
+        a = self.arena
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "num_rows": self.num_rows,
+            "rows_in_ram": a.used,
+            "rows_on_disk": self.num_stored,
+            "dirty_rows": int(np.count_nonzero(a.dirty[: a.used])),
+            "evictions": a.evictions,
+            "ram_bytes": a.ram_bytes(),
+            **self.counters,
+        }
 
-    def _admit(self, ids: np.ndarray) -> np.ndarray:
-        found, stored_rows = self.store.get_rows(self.name, ids, self.width)
+    # ---- internals (lock held) ----------------------------------------------------------------------
+    def _chunks(self, n: int):
+        step = self.arena.max_pinnable()
+        for lo in range(0, max(n, 1), step):
+            yield lo, min(n, lo + step)
+
+    def _raise_duplicate(self, ids: np.ndarray, dup: int):
+        first = int(np.flatnonzero(ids == ids[dup])[0])
+        raise InvalidArgumentError(
+            f"push to table {self.name!r} repeats id {int(ids[dup])} (positions {first} and {dup}); "
+            "ids must be unique: sum the gradients of duplicate ids before pushing"
+        )
+
+    def _resolve(self, ids: np.ndarray, stamp: int) -> tuple[np.ndarray, int]:
+        """(arena row of each id, index of the first repeated id or -1); admits missing ids."""
+        rows, dup = self.arena.lookup(ids, stamp)
+        miss = np.flatnonzero(rows < 0)
+        if len(miss):
+            missing, first, inverse = np.unique(ids[miss], return_index=True, return_inverse=True)
+            if len(missing) < len(miss):
+                repeated = miss[np.setdiff1d(np.arange(len(miss)), first)[0]]
+                dup = repeated if dup < 0 else min(dup, repeated)
+            rows[miss] = self._admit(missing, stamp)[inverse.ravel()]
+            self.counters["cache_misses"] += len(missing)
+        return rows, dup
+
+    def _admit(self, ids: np.ndarray, stamp: int) -> np.ndarray:
+        found, stored_rows, stored_lsn = self.store.get_rows(self.name, ids, self.width)
         block = np.empty((len(ids), self.width), dtype=np.float32)
+        lsn = np.zeros(len(ids), dtype=np.uint64)
         block[found] = stored_rows
+        lsn[found] = stored_lsn
         fresh = ~found
         if fresh.any():
             new = np.empty((int(fresh.sum()), self.width), dtype=np.float32)
             init_rows(self.cfg.initializer, ids[fresh], new, self.dim)
             self.optimizer.init_state(new, self.dim)
             block[fresh] = new
-        rows = self._allocate(len(ids))
-        self.arena[rows] = block
-        self.ids_of_row[rows] = ids
-        self.stored[rows] = found
-        self.index.insert(ids, rows)
+        rows = self._make_room(len(ids), stamp)
+        self.arena.install(rows, ids, block, lsn, found.astype(np.uint8), stamp)
         return rows
 
-    def _allocate(self, n: int) -> np.ndarray:
-        need = self.used + n
-        if need > len(self.arena):
-            cap = max(need, 2 * len(self.arena))
-            self.arena = _grown(self.arena, cap)
-            self.ids_of_row = _grown(self.ids_of_row, cap)
-            self.stored = _grown(self.stored, cap)
-            self.stamps = _grown(self.stamps, cap)
-        rows = np.arange(self.used, need, dtype=np.int64)
-        self.used = need
+    def _make_room(self, n: int, stamp: int) -> np.ndarray:
+        rows = self.arena.grow(n, stamp)
+        if len(rows) < n:
+            victims = self.arena.victims(n - len(rows), stamp)
+            if len(victims) < n - len(rows):
+                raise StorageError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
+            dirty = victims[self.arena.dirty[victims] == 1]
+            if len(dirty):
+                self._persist(dirty)
+            self.arena.forget(victims)
+            rows = np.concatenate([rows, victims])
         return rows
 
-    def stats(self) -> dict:
-        return {"name": self.name, "dim": self.dim, "num_rows": self.num_stored, **self.counters}
+    def _apply(self, rows: np.ndarray, grads: np.ndarray, seq: int) -> None:
+        a = self.arena
+        buf = np.empty((len(rows), self.width), dtype=np.float32)
+        gather(a.data, rows, self.width, buf)
+        self.optimizer.apply(buf, grads)
+        scatter(a.data, rows, buf)
+        self.num_rows += int(len(rows) - np.count_nonzero(a.stored[rows] | a.dirty[rows]))
+        a.dirty[rows] = 1
+        a.lsn[rows] = seq
 
-
-def _grown(a: np.ndarray, capacity: int) -> np.ndarray:
-    out = np.zeros((capacity,) + a.shape[1:], dtype=a.dtype)
-    out[: len(a)] = a
-    return out
+    def _persist(self, rows: np.ndarray) -> None:
+        """Writes rows (data + lsn) to RocksDB with the new row count, then marks them clean and stored."""
+        a = self.arena
+        buf = np.empty((len(rows), self.width), dtype=np.float32)
+        gather(a.data, rows, self.width, buf)
+        new = int(len(rows) - np.count_nonzero(a.stored[rows]))
+        self.store.put_rows(self.name, a.ids[rows], buf, a.lsn[rows], total_rows=self.num_stored + new)
+        self.num_stored += new
+        a.stored[rows] = 1
+        a.dirty[rows] = 0

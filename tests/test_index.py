@@ -22,6 +22,25 @@ def test_index_matches_a_dict_under_random_batches(batches):
         assert len(index) == len(model)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 40), max_size=12)), max_size=25))
+def test_insert_and_delete_match_a_dict(ops):
+    index, model, row = IdIndex(capacity=8), {}, 0  # few keys in a small table: long probe runs, wrap-around
+    for is_delete, batch in ops:
+        ids = np.array(list(dict.fromkeys(batch)), dtype=np.uint64)
+        if is_delete:
+            index.delete(ids)
+            for i in ids.tolist():
+                model.pop(i, None)
+        else:
+            index.insert(ids, np.arange(row, row + len(ids)))
+            model.update(zip(ids.tolist(), range(row, row + len(ids))))
+            row += len(ids)
+        probe = np.arange(41, dtype=np.uint64)
+        assert index.lookup(probe).tolist() == [model.get(i, -1) for i in range(41)]
+        assert len(index) == len(model)
+
+
 def test_index_grows_past_many_doublings():
     ids = np.random.default_rng(1).permutation(200_000).astype(np.uint64) * np.uint64(16384)  # one slot's ids
     index = IdIndex(capacity=8)

@@ -24,15 +24,16 @@ def test_rows_tables_and_counts_survive_reopen(tmp_path):
     s.create_table(cfg)
     ids = np.array([5, 0, 2**64 - 1], dtype=np.uint64)
     rows = np.arange(9, dtype=np.float32).reshape(3, 3)
-    s.put_rows("emb", ids, rows, total_rows=3)
+    s.put_rows("emb", ids, rows, np.array([7, 8, 2**64 - 1], dtype=np.uint64), total_rows=3)
+    s.set_flushed_seq(42)
     s.close()
     s = Store(str(tmp_path))
     s.check_identity(1, 4)
     assert s.load_tables() == [cfg]
-    assert s.count_rows("emb") == 3
-    found, got = s.get_rows("emb", np.array([0, 7, 5], dtype=np.uint64), 3)
+    assert s.count_rows("emb") == 3 and s.flushed_seq() == 42
+    found, got, lsn = s.get_rows("emb", np.array([0, 7, 5], dtype=np.uint64), 3)
     assert found.tolist() == [True, False, True]
-    assert np.array_equal(got, rows[[1, 0]])
+    assert np.array_equal(got, rows[[1, 0]]) and lsn.tolist() == [8, 7]
     assert sorted(i for i, _ in s.iter_rows("emb")) == sorted(ids.tolist())
     with pytest.raises(StorageError, match="belongs to shard 1 of 4.*started as shard 0 of 2"):
         s.check_identity(0, 2)
@@ -42,7 +43,7 @@ def test_rows_tables_and_counts_survive_reopen(tmp_path):
 def test_a_row_of_the_wrong_size_is_reported(tmp_path):
     s = Store(str(tmp_path))
     s.create_table(TableConfig("emb", 2))
-    s.put_rows("emb", np.array([1], dtype=np.uint64), np.ones((1, 3), dtype=np.float32), total_rows=1)
-    with pytest.raises(StorageError, match="row of 12 bytes, expected 8"):
+    s.put_rows("emb", np.array([1], dtype=np.uint64), np.ones((1, 3), dtype=np.float32), np.zeros(1), total_rows=1)
+    with pytest.raises(StorageError, match="row of 20 bytes, expected 16"):
         s.get_rows("emb", np.array([1], dtype=np.uint64), 2)
     s.close()

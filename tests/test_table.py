@@ -1,4 +1,8 @@
-"""Table against a trivial in-memory model under random pull / push / restart sequences."""
+"""Table against a trivial in-memory model under random pull / push / flush / restart / crash sequences,
+with a RAM tier so small that eviction happens all the time."""
+
+import shutil
+import tempfile
 
 import numpy as np
 import pytest
@@ -6,14 +10,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from ps import arena
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.errors import InvalidArgumentError
 from ps.initializers import init_rows
-from ps.store import Store
-from ps.table import Table
+from ps.shard import Shard
 
 CFG = TableConfig("t", 3, InitializerConfig("uniform", 0.5, seed=9), OptimizerConfig("sgd", 1.0))
-ID_POOL = [0, 1, 2, 255, 256, 2**32, 2**63, 2**64 - 2, 2**64 - 1] + list(range(1000, 1020))
+ID_POOL = [0, 1, 2, 255, 256, 2**32, 2**63, 2**64 - 2, 2**64 - 1] + list(range(1000, 1030))
 ids_strategy = st.lists(st.sampled_from(ID_POOL), min_size=0, max_size=15)
 
 
@@ -23,21 +27,25 @@ def initial(ids):
     return out
 
 
+@pytest.fixture(autouse=True)
+def tiny_ram_tier(monkeypatch):
+    """A table may hold 8 rows: requests of up to 15 ids are chunked, and rows are evicted constantly."""
+    monkeypatch.setattr(arena, "MIN_ROWS", 8)
+
+
 class TableModel(RuleBasedStateMachine):
-    """The model: a dict id -> row; a missing id reads as its initial value. SGD lr=1: row -= grad."""
+    """The model: a dict id -> row; a missing id reads as its initial value. SGD lr=1: row -= grad.
+    The shard runs with a 1-byte RAM budget (so MIN_ROWS rows) and a flusher that never fires on its own."""
 
     def __init__(self):
         super().__init__()
-        import tempfile
-
         self.dir = tempfile.mkdtemp(prefix="table-sm-")
         self.model: dict[int, np.ndarray] = {}
 
     @initialize()
     def open(self):
-        self.store = Store(self.dir)
-        self.store.create_table(CFG)
-        self.table = Table(CFG, self.store, capacity=2)
+        self.shard = Shard(ServerConfig(data_dir=self.dir, cache_bytes=1, flush_interval_s=3600))
+        self.table = self.shard.create_table(CFG)
 
     def expected(self, ids):
         init = initial(ids)
@@ -45,53 +53,68 @@ class TableModel(RuleBasedStateMachine):
 
     @rule(ids=ids_strategy)
     def pull(self, ids):
-        got = self.table.pull(np.array(ids, dtype=np.uint64))
+        got = self.shard.pull("t", np.array(ids, dtype=np.uint64))
         np.testing.assert_array_equal(got, self.expected(ids))
 
-    @rule(ids=st.lists(st.sampled_from(ID_POOL), unique=True, max_size=10), seed=st.integers(0, 1000))
+    @rule(ids=st.lists(st.sampled_from(ID_POOL), unique=True, max_size=12), seed=st.integers(0, 1000))
     def push(self, ids, seed):
         grads = np.random.default_rng(seed).integers(-4, 5, (len(ids), 3)).astype(np.float32)
         before = self.expected(ids)
-        self.table.push(np.array(ids, dtype=np.uint64), grads)
+        self.shard.push("t", np.array(ids, dtype=np.uint64), grads)
         for k, i in enumerate(ids):
             self.model[i] = before[k] - grads[k]
 
     @precondition(lambda self: len(self.model) > 0)
-    @rule(ids=st.lists(st.sampled_from(ID_POOL), min_size=1, max_size=5), data=st.data())
+    @rule(ids=st.lists(st.sampled_from(ID_POOL), min_size=1, max_size=6), data=st.data())
     def push_with_duplicates_changes_nothing(self, ids, data):
         ids = ids + [data.draw(st.sampled_from(ids))]
         with pytest.raises(InvalidArgumentError, match="repeats id"):
-            self.table.push(np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
+            self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
 
     @rule()
-    def restart(self):
-        self.store.close()
+    def flush(self):
+        self.shard.flush()
+
+    @rule()
+    def clean_restart(self):
+        self.shard.close()
+        self.open()
+
+    @rule()
+    def crash(self):
+        """Like kill -9: nothing is flushed or closed; RocksDB's WAL and the journal are what is left."""
+        self.shard._closed.set()
+        self.shard._wake.set()
+        self.shard._flusher.join()
+        self.shard.journal.close()
+        self.shard.store.close()  # closing the handle writes nothing that a crash would not leave
         self.open()
 
     @invariant()
-    def row_count_is_exact(self):
+    def row_count_and_memory_are_exact(self):
         if hasattr(self, "table"):
-            assert self.table.num_stored == len(self.model)
+            assert self.table.num_rows == len(self.model)
+            assert self.table.arena.used <= 8 and len(self.table.arena.index) == self.table.arena.used
 
     def teardown(self):
-        self.store.close()
+        self.shard.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 TestTableModel = TableModel.TestCase
-TestTableModel.settings = settings(max_examples=40, stateful_step_count=25, deadline=None)
+TestTableModel.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 
 
-def test_adagrad_state_persists_across_restart(tmp_path):
+def test_adagrad_state_survives_flush_and_restart(tmp_path):
     cfg = TableConfig("a", 2, optimizer=OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 1.0}))
-    store = Store(str(tmp_path))
-    store.create_table(cfg)
-    t = Table(cfg, store)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    shard.create_table(cfg)
     ids = np.array([7, 8], dtype=np.uint64)
-    t.push(ids, np.full((2, 2), 2.0, dtype=np.float32))
-    before = t.peek(ids)
+    shard.push("a", ids, np.full((2, 2), 2.0, dtype=np.float32))
+    before = shard.table("a").peek(ids)
     np.testing.assert_allclose(before[:, 2:], 5.0)  # 1 + 2^2
-    store.close()
-    store = Store(str(tmp_path))
-    t = Table(cfg, store)
-    np.testing.assert_array_equal(t.peek(ids), before)
-    store.close()
+    shard.close()
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    np.testing.assert_array_equal(shard.table("a").peek(ids), before)
+    assert shard.table("a").num_stored == 2 and shard.journal.size_bytes() == 0
+    shard.close()

@@ -1,0 +1,206 @@
+"""Arena: the bounded RAM tier of one table, with CLOCK eviction, and the MemoryBudget its rows draw from.
+
+An arena is fixed-capacity arrays indexed by arena row (allocated lazily by the OS: pages cost RAM only once
+touched) plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal seq of the last push
+applied), a pin stamp (rows of the request in progress are never evicted), and flags: referenced (CLOCK),
+dirty (newer than RocksDB), stored (RocksDB has the row). Rows in use draw from a MemoryBudget shared by all
+tables of a server; when it is spent a table reuses its own cold rows (CLOCK: a sweeping hand clears the
+referenced bit of each row it passes and takes rows whose bit is already clear).
+All per-row work is in compiled loops; the Table serializes calls.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+
+from ps.index import IdIndex
+from ps.sharding import mix64_scalar
+
+MIN_ROWS = 4096  # every table may hold this many rows whatever the budget says, so it can always make progress
+INDEX_BYTES_PER_ROW = 64  # an IdIndex at load 1/4..1/2 holds 2-4 slots of 16 bytes per row; charge the worst
+
+
+class MemoryBudget:
+    """Bytes the RAM tiers of one server may use, shared by its tables."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit_bytes = int(limit_bytes)
+        self.used_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, want_bytes: int, unit: int) -> int:
+        """Grants the largest multiple of `unit` bytes <= want_bytes that fits; returns the bytes granted."""
+        with self._lock:
+            free = max(0, self.limit_bytes - self.used_bytes)
+            granted = min(want_bytes, free // unit * unit)
+            self.used_bytes += granted
+            return granted
+
+    def give_back(self, nbytes: int) -> None:
+        with self._lock:
+            self.used_bytes -= nbytes
+
+
+@numba.njit(nogil=True, cache=True)
+def _lookup_touch(keys, vals, shift, ids, out, ref, pin, stamp):
+    """out[i] = row of ids[i] or -1; marks hits referenced and pinned. Returns the index of the first id that
+    repeats an earlier hit of this call (pin already == stamp), or -1."""
+    mask = keys.shape[0] - 1
+    dup = -1
+    for i in range(ids.shape[0]):
+        k = ids[i]
+        h = np.int64(mix64_scalar(k) >> shift)
+        r = -1
+        while vals[h] >= 0:
+            if keys[h] == k:
+                r = vals[h]
+                break
+            h = (h + 1) & mask
+        out[i] = r
+        if r >= 0:
+            ref[r] = 1
+            if pin[r] == stamp and dup < 0:
+                dup = i
+            pin[r] = stamp
+    return dup
+
+
+@numba.njit(nogil=True, cache=True)
+def _clock_victims(ref, pin, stamp, used, hand, k, out):
+    """Up to k unpinned rows in [0, used) by CLOCK; returns (count, new hand). Two sweeps at most."""
+    count = 0
+    steps = 0
+    while count < k and steps < 2 * used:
+        r = hand
+        hand += 1
+        if hand >= used:
+            hand = 0
+        steps += 1
+        if pin[r] == stamp:
+            continue
+        if ref[r]:
+            ref[r] = 0
+            continue
+        out[count] = r
+        pin[r] = stamp  # not chosen twice
+        count += 1
+    return count, hand
+
+
+@numba.njit(nogil=True, cache=True)
+def gather(data, rows, cols, out):
+    """out[i, :cols] = data[rows[i], :cols]."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(cols):
+            out[i, j] = data[r, j]
+
+
+@numba.njit(nogil=True, cache=True)
+def scatter(data, rows, buf):
+    """data[rows[i], :] = buf[i, :]."""
+    width = buf.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(width):
+            data[r, j] = buf[i, j]
+
+
+@numba.njit(nogil=True, cache=True)
+def _collect_dirty(dirty, start, stop, k, out):
+    """Up to k rows r in [start, stop) with dirty[r]; returns (count, where the scan stopped)."""
+    count = 0
+    r = start
+    while r < stop and count < k:
+        if dirty[r]:
+            out[count] = r
+            count += 1
+        r += 1
+    return count, r
+
+
+class Arena:
+    def __init__(self, width: int, budget: MemoryBudget):
+        self.width = width
+        self.budget = budget
+        self.row_charge = 4 * width + 36 + INDEX_BYTES_PER_ROW
+        self.capacity = max(MIN_ROWS, budget.limit_bytes // self.row_charge)
+        self.data = np.empty((self.capacity, width), dtype=np.float32)
+        self.ids = np.empty(self.capacity, dtype=np.uint64)
+        self.lsn = np.zeros(self.capacity, dtype=np.uint64)
+        self.pin = np.zeros(self.capacity, dtype=np.int64)
+        self.ref = np.zeros(self.capacity, dtype=np.uint8)
+        self.dirty = np.zeros(self.capacity, dtype=np.uint8)
+        self.stored = np.zeros(self.capacity, dtype=np.uint8)
+        self.index = IdIndex(1024)
+        self.used = 0  # rows [0, used) are in use
+        self.charged = 0  # rows paid for from the budget (the first MIN_ROWS are free)
+        self.hand = 0
+        self._stamp = 0
+        self.evictions = 0
+
+    def new_stamp(self) -> int:
+        self._stamp += 1
+        return self._stamp
+
+    def lookup(self, ids: np.ndarray, stamp: int) -> tuple[np.ndarray, int]:
+        """(row of each id or -1, index of the first repeated hit or -1); hits become referenced and pinned."""
+        out = np.empty(len(ids), dtype=np.int64)
+        ix = self.index
+        dup = _lookup_touch(ix.keys, ix.vals, ix.shift, ids, out, self.ref, self.pin, stamp)
+        return out, dup
+
+    def max_pinnable(self) -> int:
+        """How many rows one request may pin at once: half of what this table could hold now."""
+        could_hold = self.used + (self.budget.limit_bytes - self.budget.used_bytes) // self.row_charge
+        return max(1, min(self.capacity, max(MIN_ROWS, could_hold)) // 2)
+
+    def grow(self, n: int, stamp: int) -> np.ndarray:
+        """Up to n never-used rows (paid from the budget; the first MIN_ROWS are free), pinned with stamp."""
+        free_rows = max(0, MIN_ROWS - self.used)
+        take = min(n, self.capacity - self.used)
+        paid = max(0, take - free_rows)
+        if paid:
+            paid = self.budget.take(paid * self.row_charge, self.row_charge) // self.row_charge
+            self.charged += paid
+        take = min(take, free_rows + paid)
+        rows = np.arange(self.used, self.used + take, dtype=np.int64)
+        self.pin[rows] = stamp  # so victims() cannot hand them out again before they are installed
+        self.ref[rows] = 0
+        self.dirty[rows] = 0
+        self.used += take
+        return rows
+
+    def victims(self, n: int, stamp: int) -> np.ndarray:
+        """Up to n cold, unpinned rows in use (CLOCK); they are pinned with stamp so they are not reused twice."""
+        out = np.empty(n, dtype=np.int64)
+        count, self.hand = _clock_victims(self.ref, self.pin, stamp, self.used, self.hand, n, out)
+        return out[:count]
+
+    def install(self, rows: np.ndarray, ids: np.ndarray, block: np.ndarray, lsn: np.ndarray, stored: np.ndarray, stamp: int) -> None:
+        """Puts rows of ids (data, lsn, stored flags) into arena rows (free or evicted ones)."""
+        scatter(self.data, rows, block)
+        self.ids[rows] = ids
+        self.lsn[rows] = lsn
+        self.stored[rows] = stored
+        self.dirty[rows] = 0
+        self.ref[rows] = 1
+        self.pin[rows] = stamp
+        self.index.insert(ids, rows)
+
+    def forget(self, rows: np.ndarray) -> None:
+        """Drops rows from the index (their data must already be safe in RocksDB or never needed)."""
+        self.index.delete(self.ids[rows])
+        self.evictions += len(rows)
+
+    def collect_dirty(self, start: int, k: int) -> tuple[np.ndarray, int]:
+        out = np.empty(k, dtype=np.int64)
+        count, stop = _collect_dirty(self.dirty, start, self.used, k, out)
+        return out[:count], stop
+
+    def ram_bytes(self) -> int:
+        """Bytes this arena's rows in use take (the figure its budget accounts)."""
+        return self.used * self.row_charge

@@ -1,0 +1,174 @@
+"""Journal: the push log that makes a push durable before it is acknowledged, replayed at start-up.
+
+Files: <data_dir>/journal/<first_seq:020d>.log, one active segment at a time; rotate() starts a new one and
+trim(seq) deletes the segments whose records are all <= seq (their effects are in RocksDB).
+
+Grammar (little-endian):
+    segment := record*
+    record  := magic:u32 = 0x314A5350 ("PSJ1")  seq:u64  payload_len:u32  crc32(payload):u32  payload
+    payload := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  ids:u64[n]  grads:f32[n*dim]
+Records are written with one writev, so a crash of the process leaves at most one short record at the end of
+the active segment; replay stops at the first record that is short or fails its CRC (never acknowledged).
+With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = 0x314A5350
+HEADER = struct.Struct("<IQII")
+PAYLOAD_HEAD = struct.Struct("<II")  # n, dim (after the table name)
+
+
+@dataclass
+class Record:
+    seq: int
+    table: str
+    ids: np.ndarray  # uint64 (n,)
+    grads: np.ndarray  # float32 (n, dim)
+
+
+class Journal:
+    def __init__(self, directory: str, sync: bool = False, segment_bytes: int = 256 << 20):
+        self.dir = directory
+        self.sync = sync
+        self.segment_bytes = segment_bytes
+        os.makedirs(directory, exist_ok=True)
+        self._lock = threading.Lock()
+        self._fd = -1
+        self._segment_size = 0
+        self.next_seq = 1
+        self.bytes_written = 0
+
+    # ---- segments -------------------------------------------------------------------------------------
+    def segments(self) -> list[tuple[int, str]]:
+        """(first seq, path) of every segment, oldest first."""
+        out = []
+        for name in os.listdir(self.dir):
+            if name.endswith(".log") and name[:-4].isdigit():
+                out.append((int(name[:-4]), os.path.join(self.dir, name)))
+        return sorted(out)
+
+    def replay(self, after_seq: int):
+        """Yields the intact records with seq > after_seq, in order; afterwards appends continue past them.
+
+        A short or corrupt record ends the replay and everything after it is discarded (it was never
+        acknowledged: appends are acknowledged only once whole)."""
+        last = after_seq
+        for i, (first, path) in enumerate(segs := self.segments()):
+            with open(path, "rb") as f:
+                data = f.read()
+            pos = 0
+            while pos < len(data):
+                rec, end = _parse(data, pos)
+                if rec is None:
+                    self._truncate(path, pos, segs[i + 1 :])
+                    break
+                pos = end
+                last = max(last, rec.seq)
+                if rec.seq > after_seq:
+                    yield rec
+        self.next_seq = last + 1
+
+    def _truncate(self, path: str, size: int, later: list[tuple[int, str]]) -> None:
+        with open(path, "r+b") as f:
+            f.truncate(size)
+        for _, p in later:
+            os.remove(p)
+
+    def rotate(self) -> None:
+        """Closes the active segment; the next append starts a new one (named by its first seq)."""
+        with self._lock:
+            self._close_fd()
+
+    def trim(self, flushed_seq: int) -> int:
+        """Deletes segments whose records all have seq <= flushed_seq, except the active one. Returns count."""
+        with self._lock:
+            segs = self.segments()
+            removed = 0
+            for (first, path), nxt in zip(segs, segs[1:]):
+                if nxt[0] - 1 <= flushed_seq:
+                    os.remove(path)
+                    removed += 1
+            if self._fd < 0 and segs and self.next_seq - 1 <= flushed_seq:
+                os.remove(segs[-1][1])  # the newest, closed segment is flushed too
+                removed += 1
+            return removed
+
+    def size_bytes(self) -> int:
+        return sum(os.path.getsize(p) for _, p in self.segments())
+
+    # ---- appends --------------------------------------------------------------------------------------
+    def append(self, table: str, ids: np.ndarray, grads: np.ndarray) -> int:
+        """Appends one push (ids <u8 (n,), grads <f4 (n, dim), C-contiguous); returns its seq once durable."""
+        n, dim = grads.shape
+        ids, grads = ids.view(np.uint8), grads.view(np.uint8).reshape(-1)  # byte views, no copy
+        name = table.encode()
+        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim)
+        crc = zlib.crc32(grads, zlib.crc32(ids, zlib.crc32(head)))
+        payload_len = len(head) + len(ids) + len(grads)
+        with self._lock:
+            if self._fd < 0 or self._segment_size >= self.segment_bytes:
+                self._open_segment()
+            seq = self.next_seq
+            parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, ids, grads]
+            total = HEADER.size + payload_len
+            written = os.writev(self._fd, parts)
+            if written != total:  # e.g. disk full: cut the partial record off and fail the push
+                os.ftruncate(self._fd, self._segment_size)
+                raise OSError(f"journal write of {total} bytes wrote {written}")
+            if self.sync:
+                os.fsync(self._fd)
+            self._segment_size += total
+            self.bytes_written += total
+            self.next_seq = seq + 1
+            return seq
+
+    def _open_segment(self) -> None:
+        self._close_fd()
+        path = os.path.join(self.dir, f"{self.next_seq:020d}.log")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._segment_size = os.fstat(self._fd).st_size
+        if self.sync:
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+    def _close_fd(self) -> None:
+        if self._fd >= 0:
+            if self.sync:
+                os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_fd()
+
+
+def _parse(data: bytes, pos: int):
+    """(Record, end) of the record at pos, or (None, pos) if it is short or corrupt."""
+    if pos + HEADER.size > len(data):
+        return None, pos
+    magic, seq, payload_len, crc = HEADER.unpack_from(data, pos)
+    start = pos + HEADER.size
+    end = start + payload_len
+    if magic != MAGIC or end > len(data) or zlib.crc32(memoryview(data)[start:end]) != crc:
+        return None, pos
+    (name_len,) = struct.unpack_from("<H", data, start)
+    p = start + 2 + name_len
+    table = data[start + 2 : p].decode()
+    n, dim = PAYLOAD_HEAD.unpack_from(data, p)
+    p += PAYLOAD_HEAD.size
+    ids = np.frombuffer(data, dtype="<u8", count=n, offset=p)
+    grads = np.frombuffer(data, dtype="<f4", count=n * dim, offset=p + 8 * n).reshape(n, dim)
+    return Record(seq, table, ids, grads), end

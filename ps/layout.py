@@ -1,0 +1,54 @@
+"""Row layout of a table, in RAM and on disk, and the byte counts that follow from it (used by `ps-server size`).
+
+Grammar of one stored row (the RocksDB value, little-endian), after the 10-byte key slot:u16be id:u64be:
+    value := embedding:f32[dim]  state:f32[state_floats(optimizer, dim)]  lsn:u64
+`lsn` is the journal sequence number of the last push applied to the row, so replaying the journal after a
+crash applies each push to each row exactly once.
+
+In RAM a row is one arena line of `width` float32 plus the per-row bookkeeping of RAM_OVERHEAD_BYTES.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KEY_BYTES = 10
+LSN_BYTES = 8
+# per arena row besides the floats: index slots (2 per row: keys u64 + vals i64 = 32 B), id u64, lsn u64,
+# pin stamp i64, and the dirty / referenced / stored / exists flags (1 B each).
+RAM_OVERHEAD_BYTES = 32 + 8 + 8 + 8 + 4
+# RocksDB's own per-key cost (index and filter blocks, block headers), from benchmarks/scale.py on this box.
+ROCKSDB_OVERHEAD_BYTES = 12
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    dim: int
+    state_floats: int
+
+    @property
+    def width(self) -> int:
+        """float32 values per row: embedding + optimizer state."""
+        return self.dim + self.state_floats
+
+    @property
+    def value_bytes(self) -> int:
+        return 4 * self.width + LSN_BYTES
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes one row takes in the RAM tier."""
+        return 4 * self.width + RAM_OVERHEAD_BYTES
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes one row takes in RocksDB (key + value + RocksDB overhead; no compression assumed)."""
+        return KEY_BYTES + self.value_bytes + ROCKSDB_OVERHEAD_BYTES
+
+
+def layout_of(dim: int, optimizer: str) -> RowLayout:
+    from ps.optim import OPTIMIZERS
+
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
+    return RowLayout(dim, OPTIMIZERS[optimizer].state_floats_for(dim))
