@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\x08sparseps\"\x98\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x15\n\rlearning_rate\x18\x02 \x01(\x01\x12\x33\n\x06params\x18\x03 \x03(\x0b\x32#.sparseps.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"<\n\x0fInitializerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05scale\x18\x02 \x01(\x01\x12\x0c\n\x04seed\x18\x03 \x01(\x04\"\x82\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12.\n\x0binitializer\x18\x03 \x01(\x0b\x32\x19.sparseps.InitializerSpec\x12*\n\toptimizer\x18\x04 \x01(\x0b\x32\x17.sparseps.OptimizerSpec\"7\n\x12\x43reateTableRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"T\n\tTableInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x12\n\nrow_floats\x18\x03 \x01(\r\")\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\")\n\x0cPullResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"E\n\x0bPushRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\"#\n\x0cPushResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\"\x0e\n\x0cStatsRequest\"\xfb\x01\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05pulls\x18\x04 \x01(\x04\x12\x0e\n\x06pushes\x18\x05 \x01(\x04\x12\x12\n\nids_pulled\x18\x06 \x01(\x04\x12\x12\n\nids_pushed\x18\x07 \x01(\x04\x12\x13\n\x0brows_in_ram\x18\x08 \x01(\x04\x12\x14\n\x0crows_on_disk\x18\t \x01(\x04\x12\x12\n\ndirty_rows\x18\n \x01(\x04\x12\x11\n\tevictions\x18\x0b \x01(\x04\x12\x11\n\tram_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_misses\x18\r \x01(\x04\"\xdb\x01\n\rStatsResponse\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12$\n\x06tables\x18\x04 \x03(\x0b\x32\x14.sparseps.TableStats\x12\x10\n\x08\x64\x61ta_dir\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x18\n\x10ram_budget_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eram_used_bytes\x18\x08 \x01(\x04\x12\x15\n\rjournal_bytes\x18\t \x01(\x04\x32\xc1\x02\n\x0fParameterServer\x12@\n\x0b\x43reateTable\x12\x1c.sparseps.CreateTableRequest\x1a\x13.sparseps.TableInfo\x12\x44\n\rDescribeTable\x12\x1e.sparseps.DescribeTableRequest\x1a\x13.sparseps.TableInfo\x12\x35\n\x04Pull\x12\x15.sparseps.PullRequest\x1a\x16.sparseps.PullResponse\x12\x35\n\x04Push\x12\x15.sparseps.PushRequest\x1a\x16.sparseps.PushResponse\x12\x38\n\x05Stats\x12\x16.sparseps.StatsRequest\x1a\x17.sparseps.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\x08sparseps\"\xaf\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\rlearning_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x33\n\x06params\x18\x03 \x03(\x0b\x32#.sparseps.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_learning_rate\"K\n\x0fInitializerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x42\x08\n\x06_scale\"\x82\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12.\n\x0binitializer\x18\x03 \x01(\x0b\x32\x19.sparseps.InitializerSpec\x12*\n\toptimizer\x18\x04 \x01(\x0b\x32\x17.sparseps.OptimizerSpec\"7\n\x12\x43reateTableRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"T\n\tTableInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x12\n\nrow_floats\x18\x03 \x01(\r\")\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\")\n\x0cPullResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"E\n\x0bPushRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\"#\n\x0cPushResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\"\x0e\n\x0cStatsRequest\"\xfb\x01\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05pulls\x18\x04 \x01(\x04\x12\x0e\n\x06pushes\x18\x05 \x01(\x04\x12\x12\n\nids_pulled\x18\x06 \x01(\x04\x12\x12\n\nids_pushed\x18\x07 \x01(\x04\x12\x13\n\x0brows_in_ram\x18\x08 \x01(\x04\x12\x14\n\x0crows_on_disk\x18\t \x01(\x04\x12\x12\n\ndirty_rows\x18\n \x01(\x04\x12\x11\n\tevictions\x18\x0b \x01(\x04\x12\x11\n\tram_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_misses\x18\r \x01(\x04\"\xdb\x01\n\rStatsResponse\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12$\n\x06tables\x18\x04 \x03(\x0b\x32\x14.sparseps.TableStats\x12\x10\n\x08\x64\x61ta_dir\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x18\n\x10ram_budget_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eram_used_bytes\x18\x08 \x01(\x04\x12\x15\n\rjournal_bytes\x18\t \x01(\x04\x32\xc1\x02\n\x0fParameterServer\x12@\n\x0b\x43reateTable\x12\x1c.sparseps.CreateTableRequest\x1a\x13.sparseps.TableInfo\x12\x44\n\rDescribeTable\x12\x1e.sparseps.DescribeTableRequest\x1a\x13.sparseps.TableInfo\x12\x35\n\x04Pull\x12\x15.sparseps.PullRequest\x1a\x16.sparseps.PullResponse\x12\x35\n\x04Push\x12\x15.sparseps.PushRequest\x1a\x16.sparseps.PushResponse\x12\x38\n\x05Stats\x12\x16.sparseps.StatsRequest\x1a\x17.sparseps.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,33 +34,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTIMIZERSPEC_PARAMSENTRY']._loaded_options = None
   _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_options = b'8\001'
   _globals['_OPTIMIZERSPEC']._serialized_start=30
-  _globals['_OPTIMIZERSPEC']._serialized_end=182
-  _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_start=137
-  _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_end=182
-  _globals['_INITIALIZERSPEC']._serialized_start=184
-  _globals['_INITIALIZERSPEC']._serialized_end=244
-  _globals['_TABLESPEC']._serialized_start=247
-  _globals['_TABLESPEC']._serialized_end=377
-  _globals['_CREATETABLEREQUEST']._serialized_start=379
-  _globals['_CREATETABLEREQUEST']._serialized_end=434
-  _globals['_DESCRIBETABLEREQUEST']._serialized_start=436
-  _globals['_DESCRIBETABLEREQUEST']._serialized_end=473
-  _globals['_TABLEINFO']._serialized_start=475
-  _globals['_TABLEINFO']._serialized_end=559
-  _globals['_PULLREQUEST']._serialized_start=561
-  _globals['_PULLREQUEST']._serialized_end=602
-  _globals['_PULLRESPONSE']._serialized_start=604
-  _globals['_PULLRESPONSE']._serialized_end=645
-  _globals['_PUSHREQUEST']._serialized_start=647
-  _globals['_PUSHREQUEST']._serialized_end=716
-  _globals['_PUSHRESPONSE']._serialized_start=718
-  _globals['_PUSHRESPONSE']._serialized_end=753
-  _globals['_STATSREQUEST']._serialized_start=755
-  _globals['_STATSREQUEST']._serialized_end=769
-  _globals['_TABLESTATS']._serialized_start=772
-  _globals['_TABLESTATS']._serialized_end=1023
-  _globals['_STATSRESPONSE']._serialized_start=1026
-  _globals['_STATSRESPONSE']._serialized_end=1245
-  _globals['_PARAMETERSERVER']._serialized_start=1248
-  _globals['_PARAMETERSERVER']._serialized_end=1569
+  _globals['_OPTIMIZERSPEC']._serialized_end=205
+  _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_start=142
+  _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_end=187
+  _globals['_INITIALIZERSPEC']._serialized_start=207
+  _globals['_INITIALIZERSPEC']._serialized_end=282
+  _globals['_TABLESPEC']._serialized_start=285
+  _globals['_TABLESPEC']._serialized_end=415
+  _globals['_CREATETABLEREQUEST']._serialized_start=417
+  _globals['_CREATETABLEREQUEST']._serialized_end=472
+  _globals['_DESCRIBETABLEREQUEST']._serialized_start=474
+  _globals['_DESCRIBETABLEREQUEST']._serialized_end=511
+  _globals['_TABLEINFO']._serialized_start=513
+  _globals['_TABLEINFO']._serialized_end=597
+  _globals['_PULLREQUEST']._serialized_start=599
+  _globals['_PULLREQUEST']._serialized_end=640
+  _globals['_PULLRESPONSE']._serialized_start=642
+  _globals['_PULLRESPONSE']._serialized_end=683
+  _globals['_PUSHREQUEST']._serialized_start=685
+  _globals['_PUSHREQUEST']._serialized_end=754
+  _globals['_PUSHRESPONSE']._serialized_start=756
+  _globals['_PUSHRESPONSE']._serialized_end=791
+  _globals['_STATSREQUEST']._serialized_start=793
+  _globals['_STATSREQUEST']._serialized_end=807
+  _globals['_TABLESTATS']._serialized_start=810
+  _globals['_TABLESTATS']._serialized_end=1061
+  _globals['_STATSRESPONSE']._serialized_start=1064
+  _globals['_STATSRESPONSE']._serialized_end=1283
+  _globals['_PARAMETERSERVER']._serialized_start=1286
+  _globals['_PARAMETERSERVER']._serialized_end=1607
 # @@protoc_insertion_point(module_scope)

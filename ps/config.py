@@ -10,8 +10,17 @@ from dataclasses import dataclass, field
 from ps.errors import InvalidArgumentError
 
 INITIALIZERS = ("zeros", "uniform", "normal")
-TABLE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_DIM = 4096
+MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
+
+
+def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
+    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER."""
+    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= MAX_HYPERPARAMETER
+    if not ok:
+        op = ">=" if low_inclusive else ">"
+        raise InvalidArgumentError(f"{what} must be finite, {op} {low:g} and <= {MAX_HYPERPARAMETER:g}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -25,8 +34,7 @@ class InitializerConfig:
     def validate(self) -> None:
         if self.name not in INITIALIZERS:
             raise InvalidArgumentError(f"initializer {self.name!r} is unknown; expected one of {INITIALIZERS}")
-        if not (math.isfinite(self.scale) and self.scale >= 0):
-            raise InvalidArgumentError(f"initializer scale must be finite and >= 0, got {self.scale}")
+        check_hyperparameter("initializer scale", self.scale)
         if not 0 <= self.seed < 2**64:
             raise InvalidArgumentError(f"initializer seed must fit in uint64, got {self.seed}")
 
@@ -42,9 +50,14 @@ class OptimizerConfig:
     def validate(self) -> None:
         from ps.optim import get_optimizer  # optim validates its own parameter names
 
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise InvalidArgumentError(f"learning_rate must be finite and > 0, got {self.learning_rate}")
+        check_hyperparameter("learning_rate", self.learning_rate, low_inclusive=False)
         get_optimizer(self)
+
+    def normalized(self) -> "OptimizerConfig":
+        """The same optimizer with every parameter spelled out (defaults filled in), for comparing specs."""
+        from ps.optim import get_optimizer
+
+        return OptimizerConfig(self.name, self.learning_rate, dict(sorted(get_optimizer(self).given_params.items())))
 
 
 @dataclass(frozen=True)
@@ -55,7 +68,7 @@ class TableConfig:
     optimizer: OptimizerConfig = OptimizerConfig()
 
     def validate(self) -> None:
-        if not TABLE_NAME_RE.match(self.name):
+        if not TABLE_NAME_RE.fullmatch(self.name):
             raise InvalidArgumentError(
                 f"table name {self.name!r} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
             )
@@ -63,6 +76,11 @@ class TableConfig:
             raise InvalidArgumentError(f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}")
         self.initializer.validate()
         self.optimizer.validate()
+
+    def normalized(self) -> "TableConfig":
+        """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
+        self.validate()
+        return dataclasses.replace(self, optimizer=self.optimizer.normalized())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

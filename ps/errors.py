@@ -44,6 +44,12 @@ class ServerUnavailableError(PsError, ConnectionError):
     status = "UNAVAILABLE"
 
 
+class ShardClosingError(PsError):
+    """The server is shutting down and takes no more requests (retry on its replacement)."""
+
+    status = "UNAVAILABLE"
+
+
 class StorageError(PsError):
     """The on-disk store failed or holds data that cannot be read back."""
 

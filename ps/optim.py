@@ -10,11 +10,10 @@ failure before the scatter leaves the table untouched.
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 
+from ps.config import MAX_HYPERPARAMETER, check_hyperparameter
 from ps.errors import InvalidArgumentError
 
 
@@ -51,8 +50,8 @@ class Optimizer:
             )
         merged = {**self.DEFAULTS, **params}
         for k, v in merged.items():
-            if not math.isfinite(v):
-                raise InvalidArgumentError(f"optimizer {self.name!r} parameter {k} must be finite, got {v}")
+            check_hyperparameter(f"optimizer {self.name!r} parameter {k}", v, low=-MAX_HYPERPARAMETER)
+        self.given_params = {k: float(v) for k, v in merged.items()}
         self.lr = np.float32(learning_rate)
         self.params = {k: np.float32(v) for k, v in merged.items()}
 
@@ -85,10 +84,8 @@ class Adagrad(Optimizer):
 
     def __init__(self, learning_rate: float, params: dict[str, float]):
         super().__init__(learning_rate, params)
-        if self.params["initial_accumulator"] < 0:
-            raise InvalidArgumentError(
-                f"adagrad initial_accumulator must be >= 0, got {self.params['initial_accumulator']}"
-            )
+        check_hyperparameter("adagrad initial_accumulator", self.given_params["initial_accumulator"])
+        check_hyperparameter("adagrad epsilon", self.given_params["epsilon"], low_inclusive=False)
 
     STATE_PER_DIM = 1
 

@@ -37,7 +37,8 @@ class Server:
         self.health = health.HealthServicer()
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc"),
-            options=grpc_options(config.max_message_bytes),
+            # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
+            options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
         ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.shard), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
@@ -45,7 +46,10 @@ class Server:
 
     def start(self) -> int:
         address = f"{self.config.host}:{self.config.port}"
-        self.port = self._grpc.add_insecure_port(address)
+        try:
+            self.port = self._grpc.add_insecure_port(address)
+        except RuntimeError as e:  # grpc raises this when the port is taken or the host is not an address
+            raise OSError(f"cannot listen on {address}: {e}") from None
         if not self.port:
             raise OSError(f"cannot listen on {address}")
         self._grpc.start()
@@ -65,21 +69,25 @@ class Server:
 
 def serve(config: ServerConfig) -> None:
     """Runs a shard until SIGTERM or SIGINT; prints `listening on HOST:PORT` once it serves."""
-    server = Server(config)
-    port = server.start()
-    print(
-        f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
-        f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
-        flush=True,
-    )
     stop = threading.Event()
 
     def on_signal(signum, frame):
         log.info("received %s, shutting down", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
+    server = Server(config)
+    try:
+        port = server.start()
+    except BaseException:
+        server.shard.close()
+        raise
+    print(
+        f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
+        f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
+        flush=True,
+    )
     stop.wait()
     server.stop()
     print(f"ps-server shard {config.shard_id}: stopped cleanly", file=sys.stderr, flush=True)

@@ -70,7 +70,7 @@ class Shard:
     # ---- tables ---------------------------------------------------------------------------------------
     def create_table(self, cfg: TableConfig) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not)."""
-        cfg.validate()
+        cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
             if table is not None:
@@ -88,7 +88,7 @@ class Shard:
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
         if table is None:
-            known = ", ".join(sorted(self.tables)) or "none"
+            known = ", ".join(sorted(list(self.tables))) or "none"
             raise TableNotFoundError(f"table {name!r} does not exist on shard {self.shard_id} (tables: {known})")
         return table
 
@@ -160,21 +160,23 @@ class Shard:
             "num_slots": NUM_SLOTS,
             "data_dir": self.config.data_dir,
             "uptime_s": time.monotonic() - self.started,
-            "tables": [t.stats() for t in self.tables.values()],
+            "tables": [t.stats() for t in list(self.tables.values())],
             "ram_budget_bytes": self.budget.limit_bytes,
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
         }
 
     def close(self) -> None:
-        """Stops the flusher, flushes every dirty row, and closes the journal and RocksDB."""
+        """Stops the flusher, flushes every dirty row, closes the journal and RocksDB. Requests that arrive
+        later get ShardClosingError (UNAVAILABLE); none waits forever."""
         self._closed.set()
         self._wake.set()
         self._flusher.join()
         self.flush()
         with self._lock:
-            for t in self.tables.values():
-                t.lock.acquire()
+            for t in list(self.tables.values()):
+                with t.lock:
+                    t.closed = True
             self.journal.close()
             self.store.flush()
             self.store.close()

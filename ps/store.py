@@ -161,7 +161,11 @@ class Store:
             yield int.from_bytes(key[2:], "big"), value
 
     def flush(self) -> None:
+        """Writes every column family's memtable to SST files."""
         self._db.flush()
+        self._meta.flush()
+        for cf in self._cfs.values():
+            cf.flush()
 
     def close(self) -> None:
         if self._db is not None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ps.arena import Arena, MemoryBudget, gather, scatter
 from ps.config import TableConfig
-from ps.errors import InvalidArgumentError, StorageError
+from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
 from ps.journal import Journal, Record
 from ps.layout import RowLayout
@@ -43,6 +43,7 @@ class Table:
         self.num_stored = store.count_rows(cfg.name)  # rows in RocksDB
         self.num_rows = self.num_stored  # rows that exist: in RocksDB, or pushed since (dirty)
         self.lock = threading.Lock()
+        self.closed = False
         self.counters = {"pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0}
 
     # ---- public API -----------------------------------------------------------------------------------
@@ -50,8 +51,9 @@ class Table:
         """(n, dim) embeddings of ids (duplicates allowed), in order."""
         out = np.empty((len(ids), self.dim), dtype=np.float32)
         with self.lock:
+            self._check_open()
             for lo, hi in self._chunks(len(ids)):
-                rows, _ = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
                 gather(self.arena.data, rows, self.dim, out[lo:hi])
             self.counters["pulls"] += 1
             self.counters["ids_pulled"] += len(ids)
@@ -59,28 +61,28 @@ class Table:
 
     def push(self, ids: np.ndarray, grads: np.ndarray) -> int:
         """Applies the optimizer to the rows of unique ids with (n, dim) finite grads; durable on return.
-        Returns the push's journal seq."""
+        Returns the push's journal seq. Nothing changes if it is rejected (duplicate ids, a result that
+        would not be finite) or the journal cannot be written."""
         ids = np.ascontiguousarray(ids, dtype="<u8")
         grads = np.ascontiguousarray(grads, dtype="<f4")
         if len(ids) == 0:
             return 0
         with self.lock:
+            self._check_open()
             chunks = list(self._chunks(len(ids)))
-            if len(chunks) == 1:
-                rows, dup = self._resolve(ids, self.arena.new_stamp())
-                if dup >= 0:
-                    self._raise_duplicate(ids, dup)
-            else:
+            if len(chunks) > 1:  # chunks are resolved one by one: find duplicates across all of them first
                 _, first, counts = np.unique(ids, return_index=True, return_counts=True)
                 if (counts > 1).any():
-                    self._raise_duplicate(ids, int(np.sort(np.setdiff1d(np.arange(len(ids)), first))[0]))
+                    self._raise_duplicate(ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
+            updates = []  # (lo, hi, rows, new rows): computed first, committed once the journal has the push
+            for lo, hi in chunks:
+                rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
+                updates.append((lo, hi, rows, self._updated(rows, grads[lo:hi], ids[lo:hi])))
             seq = self.journal.append(self.name, ids, grads)
-            if len(chunks) == 1:
-                self._apply(rows, grads, seq)
-            else:
-                for lo, hi in chunks:
-                    rows, _ = self._resolve(ids[lo:hi], self.arena.new_stamp())
-                    self._apply(rows, grads[lo:hi], seq)
+            for lo, hi, rows, buf in updates:
+                if len(updates) > 1:  # an earlier chunk's rows may have been evicted (unchanged) since
+                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                self._commit(rows, buf, seq)
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
             return seq
@@ -90,10 +92,11 @@ class Table:
         updated = 0
         with self.lock:
             for lo, hi in self._chunks(len(record.ids)):
-                rows, _ = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
+                rows = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
                 todo = self.arena.lsn[rows] < np.uint64(record.seq)
-                self._apply(rows[todo], np.ascontiguousarray(record.grads[lo:hi][todo]), record.seq)
-                updated += int(todo.sum())
+                rows = rows[todo]
+                self._commit(rows, self._updated(rows, np.ascontiguousarray(record.grads[lo:hi][todo])), record.seq)
+                updated += len(rows)
         return updated
 
     def flush(self) -> int:
@@ -101,6 +104,8 @@ class Table:
         start, written = 0, 0
         while True:
             with self.lock:
+                if self.closed:
+                    return written
                 rows, start = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
                 if len(rows):
                     self._persist(rows)
@@ -113,7 +118,7 @@ class Table:
         out = np.empty((len(ids), self.width), dtype=np.float32)
         with self.lock:
             for lo, hi in self._chunks(len(ids)):
-                rows, _ = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
                 gather(self.arena.data, rows, self.width, out[lo:hi])
         return out
 
@@ -137,6 +142,10 @@ class Table:
         for lo in range(0, max(n, 1), step):
             yield lo, min(n, lo + step)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ShardClosingError(f"table {self.name!r}: the server is shutting down")
+
     def _raise_duplicate(self, ids: np.ndarray, dup: int):
         first = int(np.flatnonzero(ids == ids[dup])[0])
         raise InvalidArgumentError(
@@ -144,18 +153,23 @@ class Table:
             "ids must be unique: sum the gradients of duplicate ids before pushing"
         )
 
-    def _resolve(self, ids: np.ndarray, stamp: int) -> tuple[np.ndarray, int]:
-        """(arena row of each id, index of the first repeated id or -1); admits missing ids."""
+    def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False) -> np.ndarray:
+        """Arena row of each id; admits missing ids. With reject_duplicates, a repeated id raises
+        InvalidArgumentError before anything is admitted."""
         rows, dup = self.arena.lookup(ids, stamp)
         miss = np.flatnonzero(rows < 0)
+        missing = first = inverse = None
         if len(miss):
             missing, first, inverse = np.unique(ids[miss], return_index=True, return_inverse=True)
             if len(missing) < len(miss):
-                repeated = miss[np.setdiff1d(np.arange(len(miss)), first)[0]]
+                repeated = int(miss[np.setdiff1d(np.arange(len(miss)), first)[0]])
                 dup = repeated if dup < 0 else min(dup, repeated)
+        if reject_duplicates and dup >= 0:
+            self._raise_duplicate(ids, dup)
+        if missing is not None:
             rows[miss] = self._admit(missing, stamp)[inverse.ravel()]
             self.counters["cache_misses"] += len(missing)
-        return rows, dup
+        return rows
 
     def _admit(self, ids: np.ndarray, stamp: int) -> np.ndarray:
         found, stored_rows, stored_lsn = self.store.get_rows(self.name, ids, self.width)
@@ -186,11 +200,25 @@ class Table:
             rows = np.concatenate([rows, victims])
         return rows
 
-    def _apply(self, rows: np.ndarray, grads: np.ndarray, seq: int) -> None:
-        a = self.arena
+    def _updated(self, rows: np.ndarray, grads: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """The rows after the optimizer step (a new buffer; the arena is untouched). With ids, a result that
+        is not finite (float32 overflow) raises InvalidArgumentError."""
         buf = np.empty((len(rows), self.width), dtype=np.float32)
-        gather(a.data, rows, self.width, buf)
+        gather(self.arena.data, rows, self.width, buf)
         self.optimizer.apply(buf, grads)
+        if ids is not None:
+            finite = np.isfinite(buf).all(axis=1)
+            if not finite.all():
+                bad = int(np.flatnonzero(~finite)[0])
+                raise InvalidArgumentError(
+                    f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
+                    f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
+                )
+        return buf
+
+    def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
+        """Puts updated rows into the arena as dirty rows at lsn seq."""
+        a = self.arena
         scatter(a.data, rows, buf)
         self.num_rows += int(len(rows) - np.count_nonzero(a.stored[rows] | a.dirty[rows]))
         a.dirty[rows] = 1

@@ -57,20 +57,19 @@ def table_config_to_proto(cfg: TableConfig) -> ps_pb2.TableSpec:
 
 
 def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
-    """The TableConfig a spec describes; unset initializer/optimizer fields take TableConfig's defaults."""
-    init = InitializerConfig()
+    """The TableConfig a spec describes; each unset field takes TableConfig's default."""
+    init, opt = InitializerConfig(), OptimizerConfig()
     if spec.HasField("initializer"):
+        i = spec.initializer
         init = InitializerConfig(
-            name=spec.initializer.name or init.name,
-            scale=spec.initializer.scale if spec.initializer.name else init.scale,
-            seed=spec.initializer.seed,
+            name=i.name or init.name, scale=i.scale if i.HasField("scale") else init.scale, seed=i.seed
         )
-    opt = OptimizerConfig()
     if spec.HasField("optimizer"):
+        o = spec.optimizer
         opt = OptimizerConfig(
-            name=spec.optimizer.name or opt.name,
-            learning_rate=spec.optimizer.learning_rate or opt.learning_rate,
-            params=dict(sorted(spec.optimizer.params.items())),
+            name=o.name or opt.name,
+            learning_rate=o.learning_rate if o.HasField("learning_rate") else opt.learning_rate,
+            params=dict(sorted(o.params.items())),
         )
     return TableConfig(name=spec.name, dim=spec.dim, initializer=init, optimizer=opt)
 

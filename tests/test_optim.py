@@ -42,10 +42,25 @@ def test_adagrad_matches_per_element_reference_loop():
     [
         (OptimizerConfig("adam"), "optimizer 'adam' is unknown"),
         (OptimizerConfig("adagrad", 0.1, {"beta1": 0.9}), r"unknown parameters \['beta1'\]"),
-        (OptimizerConfig("adagrad", 0.1, {"initial_accumulator": -1}), "initial_accumulator must be >= 0"),
-        (OptimizerConfig("sgd", 0.1, {"x": float("nan")}), "unknown parameters"),
+        (OptimizerConfig("adagrad", 0.1, {"initial_accumulator": -1}), "initial_accumulator must be finite, >= 0"),
+        (OptimizerConfig("adagrad", 0.1, {"epsilon": 0.0}), "epsilon must be finite, > 0"),
+        (OptimizerConfig("adagrad", 0.1, {"epsilon": float("nan")}), "epsilon must be finite"),
+        (OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 1e39}), "<= 1e\\+30, got 1e\\+39"),
+        (OptimizerConfig("sgd", 0.1, {"x": 1.0}), "unknown parameters"),
     ],
 )
 def test_bad_optimizer_configs_are_rejected(cfg, message):
     with pytest.raises(InvalidArgumentError, match=message):
         get_optimizer(cfg)
+
+
+@pytest.mark.parametrize("lr", [0.0, -1.0, float("inf"), 1e39])
+def test_bad_learning_rates_are_rejected(lr):
+    with pytest.raises(InvalidArgumentError, match="learning_rate must be finite, > 0"):
+        OptimizerConfig("sgd", lr).validate()
+
+
+def test_spelled_out_defaults_mean_the_same_optimizer():
+    implicit = OptimizerConfig("adagrad", 0.1)
+    explicit = OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 0.1, "epsilon": 1e-7})
+    assert implicit != explicit and implicit.normalized() == explicit.normalized()

@@ -7,23 +7,29 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.errors import ShardClosingError
+from ps.shard import Shard
 from ps.sharding import SlotMap
 from ps.server import grpc_options
 from tests.conftest import random_ids
 
 
+ADAGRAD = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.1))
+
+
 @pytest.fixture
-def shard1(servers, sgd1_table):
-    """Shard 1 of 2 with table 'emb' (dim 4, SGD lr 1), a raw stub, and 50 ids it owns holding pushed rows."""
+def shard1(servers):
+    """Shard 1 of 2 with table 'emb' (dim 4, Adagrad), a raw stub, and 50 ids it owns holding pushed rows."""
     addresses, (_, server) = servers(2)
     channel = grpc.insecure_channel(addresses[1], options=grpc_options(256 << 20))
     stub = ps_pb2_grpc.ParameterServerStub(channel)
-    stub.CreateTable(ps_pb2.CreateTableRequest(spec=wire.table_config_to_proto(sgd1_table)))
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=wire.table_config_to_proto(ADAGRAD)))
     ids = random_ids(400)
     owner = SlotMap.contiguous(2).shard_of(ids)
     mine, theirs = ids[owner == 1][:50], ids[owner == 0][:5]
     stub.Push(ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(mine), grads=wire.encode_rows(np.ones((50, 4))), dim=4))
-    yield stub, mine, theirs, channel
+    yield stub, mine, theirs, server.shard
     channel.close()
 
 
@@ -40,9 +46,16 @@ def assert_status(call, code, *fragments):
         assert f in info.value.details()
 
 
+def snapshot(shard, ids):
+    """Full rows (embedding + Adagrad state), rows held in RAM and the table's counters."""
+    t = shard.table("emb")
+    stats = {k: v for k, v in t.stats().items() if k not in ("pulls", "ids_pulled", "cache_misses")}
+    return t.peek(ids), t.arena.used, stats, shard.journal.next_seq
+
+
 def test_bad_requests_get_precise_statuses_and_change_nothing(shard1):
-    stub, mine, theirs, _ = shard1
-    before = pull(stub, mine)
+    stub, mine, theirs, shard = shard1
+    before = snapshot(shard, mine)
     good_ids = wire.encode_ids(mine[:6])
 
     def push(**kw):
@@ -67,14 +80,28 @@ def test_bad_requests_get_precise_statuses_and_change_nothing(shard1):
     assert_status(lambda: pull(stub, theirs), PRECOND, "belongs to shard 0 of 2")
     assert_status(lambda: pull(stub, mine, table="nope"), NOT_FOUND, "does not exist")
     assert_status(lambda: stub.Pull(ps_pb2.PullRequest(table="emb", ids=b"123")), INVALID, "ids has 3 bytes")
-    np.testing.assert_array_equal(pull(stub, mine), before)
+    ids = random_ids(400)
+    unseen = ids[SlotMap.contiguous(2).shard_of(ids) == 1][50:52]  # owned by shard 1, never seen by it
+    assert_status(push(ids=wire.encode_ids(np.concatenate([unseen[:2], unseen[:1]])), grads=wire.encode_rows(np.ones((3, 4)))),
+                  INVALID, "repeats id")  # fmt: skip
+    huge = np.full((6, 4), 3e38, dtype=np.float32)  # finite, but two SGD steps of it overflow float32
+    shard.create_table(TableConfig("sgd", 4, optimizer=OptimizerConfig("sgd", 1.0)))
+    ok = stub.Push(ps_pb2.PushRequest(table="sgd", ids=good_ids, grads=wire.encode_rows(huge), dim=4))
+    assert ok.num_applied == 6
+    assert_status(push(table="sgd", grads=wire.encode_rows(huge)), INVALID, "would make the row of id", "non-finite")
+    assert np.isfinite(shard.table("sgd").peek(mine[:6])).all()
+    after = snapshot(shard, mine)
+    np.testing.assert_array_equal(after[0], before[0])
+    assert after[1:3] == before[1:3] and after[3] == before[3] + 1  # + the one accepted push to "sgd"
     info = stub.DescribeTable(ps_pb2.DescribeTableRequest(table="emb"))
-    assert info.num_rows == 50 and info.row_floats == 4
+    assert info.num_rows == 50 and info.row_floats == 8
 
 
-def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1, sgd1_table):
+def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1):
     stub = shard1[0]
-    spec = wire.table_config_to_proto(sgd1_table)
+    spec = wire.table_config_to_proto(ADAGRAD)
+    assert stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec)).num_rows == 50
+    spec.optimizer.params["epsilon"] = 1e-7  # the default, spelled out: the same table
     assert stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec)).num_rows == 50
     spec.dim = 8
     assert_status(
@@ -86,9 +113,38 @@ def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1, sgd1_ta
         (ps_pb2.TableSpec(name="bad name", dim=2), "table name 'bad name' is invalid"),
         (ps_pb2.TableSpec(name="x", dim=2, optimizer=ps_pb2.OptimizerSpec(name="rmsprop")), "'rmsprop' is unknown"),
         (ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(name="ones")), "'ones' is unknown"),
+        (ps_pb2.TableSpec(name="emb\n", dim=2), "is invalid"),
+        (ps_pb2.TableSpec(name="x", dim=2, optimizer=ps_pb2.OptimizerSpec(learning_rate=0)), "learning_rate must be"),
+        (ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(scale=1e39)), "scale must be"),
+        (ps_pb2.TableSpec(name="x", dim=2, optimizer=ps_pb2.OptimizerSpec(params={"epsilon": 0})), "epsilon must be"),
     ]:
         assert_status(lambda: stub.CreateTable(ps_pb2.CreateTableRequest(spec=bad)), grpc.StatusCode.INVALID_ARGUMENT, fragment)
     assert [t.name for t in stub.Stats(ps_pb2.StatsRequest()).tables] == ["emb"]
+
+
+def test_unset_spec_fields_take_defaults_and_set_ones_are_kept():
+    spec = ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(scale=5))
+    assert wire.table_config_from_proto(spec).initializer == InitializerConfig("uniform", 5.0)
+    spec = ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(name="normal"))
+    assert wire.table_config_from_proto(spec).initializer == InitializerConfig("normal", 0.01)
+
+
+def test_a_server_failure_reaches_the_client_as_internal_with_its_message(shard1, monkeypatch):
+    stub, mine, _, shard = shard1
+
+    def broken(*a, **k):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(shard.table("emb"), "pull", broken)
+    assert_status(lambda: pull(stub, mine), grpc.StatusCode.INTERNAL, "Pull failed on the server", "disk on fire")
+
+
+def test_requests_after_close_are_refused_not_hung(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    shard.create_table(ADAGRAD)
+    shard.close()
+    with pytest.raises(ShardClosingError, match="shutting down"):
+        shard.pull("emb", np.arange(3, dtype=np.uint64))
 
 
 def test_a_100k_id_pull_of_dim_64_fits_in_one_message(servers):

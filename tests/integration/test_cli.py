@@ -68,3 +68,21 @@ def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path):
         p.kill()
     r = run("-m", "ps", "--data-dir", str(tmp_path), "--shard-id", "1", "--num-shards", "2")
     assert r.returncode == 2 and "belongs to shard 0 of 1" in r.stderr
+
+
+def test_a_taken_port_is_a_clear_error(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("-m", "ps", "--data-dir", str(tmp_path), "--port", str(port))
+    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_two_servers_cannot_share_a_port(servers, tmp_path):
+    addresses, _ = servers(1)
+    port = addresses[0].rsplit(":", 1)[1]
+    r = run("-m", "ps", "--data-dir", str(tmp_path / "other"), "--port", port)
+    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
