@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ps-server",
         description="Run one shard of a sparseps parameter server. Each shard owns a contiguous range of the "
         "16384 hash slots, keeps hot rows in RAM and all rows in RocksDB under --data-dir, and serves "
-        "Pull/Push/CreateTable/DescribeTable/Stats plus the gRPC health service.",
+        "Pull/Push/CreateTable/DescribeTable/Stats plus the gRPC health service. "
+        "`ps-server size --help`: how much RAM and disk a table needs.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--port", type=int, default=0, help="TCP port; 0 takes a free one and prints it")
@@ -42,12 +43,46 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-bytes", type=parse_bytes, default="2G",
         help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB",
     )  # fmt: skip
-    p.add_argument("--flush-interval-s", type=float, default=5.0, help="how often dirty rows are written to RocksDB")
+    p.add_argument("--flush-interval-s", type=float, default=30.0, help="how often dirty rows are written to RocksDB")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
 
+def build_size_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ps-server size",
+        description="Print the RAM and disk a table needs, per id and per server, from the row layout the "
+        "server uses (ps/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--ids", type=float, required=True, help="number of distinct ids (1e9 is fine)")
+    p.add_argument("--dim", type=int, required=True, help="embedding dim")
+    p.add_argument("--optimizer", default="adagrad", help="sgd or adagrad")
+    p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--hot-fraction", type=float, default=0.1, help="share of rows to keep in the RAM tier")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return p
+
+
+def size_main(argv: list[str]) -> int:
+    import json
+
+    from ps.sizing import format_report, size_report
+
+    args = build_size_parser().parse_args(argv)
+    try:
+        r = size_report(int(args.ids), args.dim, args.optimizer, args.servers, args.hot_fraction)
+    except ValueError as e:
+        print(f"ps-server size: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(r) if args.json else format_report(r))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["size"]:
+        return size_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()

@@ -16,11 +16,10 @@ import threading
 import numba
 import numpy as np
 
-from ps.index import IdIndex
-from ps.sharding import mix64_scalar
+from ps.index import IdIndex, find
+from ps.layout import RAM_OVERHEAD_BYTES
 
 MIN_ROWS = 4096  # every table may hold this many rows whatever the budget says, so it can always make progress
-INDEX_BYTES_PER_ROW = 64  # an IdIndex at load 1/4..1/2 holds 2-4 slots of 16 bytes per row; charge the worst
 
 
 class MemoryBudget:
@@ -45,20 +44,12 @@ class MemoryBudget:
 
 
 @numba.njit(nogil=True, cache=True)
-def _lookup_touch(keys, vals, shift, ids, out, ref, pin, stamp):
+def _lookup_touch(slots, shift, ids, out, ref, pin, stamp):
     """out[i] = row of ids[i] or -1; marks hits referenced and pinned. Returns the index of the first id that
     repeats an earlier hit of this call (pin already == stamp), or -1."""
-    mask = keys.shape[0] - 1
     dup = -1
     for i in range(ids.shape[0]):
-        k = ids[i]
-        h = np.int64(mix64_scalar(k) >> shift)
-        r = -1
-        while vals[h] >= 0:
-            if keys[h] == k:
-                r = vals[h]
-                break
-            h = (h + 1) & mask
+        r = find(slots, shift, ids[i])
         out[i] = r
         if r >= 0:
             ref[r] = 1
@@ -66,6 +57,27 @@ def _lookup_touch(keys, vals, shift, ids, out, ref, pin, stamp):
                 dup = i
             pin[r] = stamp
     return dup
+
+
+@numba.njit(nogil=True, cache=True)
+def _lookup_gather(slots, shift, ids, data, cols, out, ref):
+    """The all-hits fast path of a pull: out[i, :cols] = data[row of ids[i], :cols] and ref = 1 for every id
+    found; returns how many ids were not found (their out rows are left as they were).
+    Two simple loops (look up all, then copy all) beat one fused loop 1.5x: more cache misses overlap."""
+    n = ids.shape[0]
+    rows = np.empty(n, np.int64)
+    for i in range(n):
+        rows[i] = find(slots, shift, ids[i])
+    misses = 0
+    for i in range(n):
+        r = rows[i]
+        if r < 0:
+            misses += 1
+            continue
+        ref[r] = 1
+        for j in range(cols):
+            out[i, j] = data[r, j]
+    return misses
 
 
 @numba.njit(nogil=True, cache=True)
@@ -110,6 +122,23 @@ def scatter(data, rows, buf):
 
 
 @numba.njit(nogil=True, cache=True)
+def _commit(data, rows, buf, dirty, stored, lsn, seq):
+    """Scatters updated rows into the arena, marks them dirty at lsn seq; returns how many were new rows
+    (neither stored nor dirty before)."""
+    width = buf.shape[1]
+    new = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(width):
+            data[r, j] = buf[i, j]
+        if stored[r] == 0 and dirty[r] == 0:
+            new += 1
+        dirty[r] = 1
+        lsn[r] = seq
+    return new
+
+
+@numba.njit(nogil=True, cache=True)
 def _collect_dirty(dirty, start, stop, k, out):
     """Up to k rows r in [start, stop) with dirty[r]; returns (count, where the scan stopped)."""
     count = 0
@@ -126,7 +155,7 @@ class Arena:
     def __init__(self, width: int, budget: MemoryBudget):
         self.width = width
         self.budget = budget
-        self.row_charge = 4 * width + 36 + INDEX_BYTES_PER_ROW
+        self.row_charge = 4 * width + RAM_OVERHEAD_BYTES  # the same figure `ps-server size` uses
         self.capacity = max(MIN_ROWS, budget.limit_bytes // self.row_charge)
         self.data = np.empty((self.capacity, width), dtype=np.float32)
         self.ids = np.empty(self.capacity, dtype=np.uint64)
@@ -149,9 +178,12 @@ class Arena:
     def lookup(self, ids: np.ndarray, stamp: int) -> tuple[np.ndarray, int]:
         """(row of each id or -1, index of the first repeated hit or -1); hits become referenced and pinned."""
         out = np.empty(len(ids), dtype=np.int64)
-        ix = self.index
-        dup = _lookup_touch(ix.keys, ix.vals, ix.shift, ids, out, self.ref, self.pin, stamp)
+        dup = _lookup_touch(self.index.slots, self.index.shift, ids, out, self.ref, self.pin, stamp)
         return out, dup
+
+    def gather_hits(self, ids: np.ndarray, cols: int, out: np.ndarray) -> int:
+        """Copies the first cols floats of every id present into out; returns how many ids are absent."""
+        return _lookup_gather(self.index.slots, self.index.shift, ids, self.data, cols, out, self.ref)
 
     def max_pinnable(self) -> int:
         """How many rows one request may pin at once: half of what this table could hold now."""
@@ -190,6 +222,10 @@ class Arena:
         self.ref[rows] = 1
         self.pin[rows] = stamp
         self.index.insert(ids, rows)
+
+    def commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> int:
+        """Puts updated rows (buf) into the arena as dirty rows at lsn seq; returns how many rows are new."""
+        return _commit(self.data, rows, buf, self.dirty, self.stored, self.lsn, np.uint64(seq))
 
     def forget(self, rows: np.ndarray) -> None:
         """Drops rows from the index (their data must already be safe in RocksDB or never needed)."""

@@ -123,8 +123,8 @@ class ServerConfig:
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = 512 * 1024 * 1024
     cache_bytes: int = 2 << 30  # RAM tier budget shared by all tables of this shard
-    flush_interval_s: float = 5.0  # the background flusher writes dirty rows to RocksDB this often
-    journal_flush_bytes: int = 256 << 20  # ... or as soon as the journal has grown by this much
+    flush_interval_s: float = 30.0  # the background flusher writes dirty rows to RocksDB this often
+    journal_flush_bytes: int = 1 << 30  # ... or as soon as the journal has grown by this much
 
     def validate(self) -> None:
         if not 1 <= self.num_shards:

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 KEY_BYTES = 10
 LSN_BYTES = 8
-# per arena row besides the floats: index slots (2 per row: keys u64 + vals i64 = 32 B), id u64, lsn u64,
-# pin stamp i64, and the dirty / referenced / stored / exists flags (1 B each).
-RAM_OVERHEAD_BYTES = 32 + 8 + 8 + 8 + 4
+# per arena row besides the floats: id u64, lsn u64, pin stamp i64, referenced / dirty / stored flags (1 B
+# each), and the IdIndex's 2-4 slots of 16 B (keys u64 + vals i64 at load 1/2..1/4; the worst case is charged).
+INDEX_BYTES_PER_ROW = 64
+RAM_OVERHEAD_BYTES = 8 + 8 + 8 + 3 + INDEX_BYTES_PER_ROW
 # RocksDB's own per-key cost (index and filter blocks, block headers), from benchmarks/scale.py on this box.
 ROCKSDB_OVERHEAD_BYTES = 12
 

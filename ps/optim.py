@@ -1,8 +1,8 @@
 """Server-side optimizers: the optimizer-state part of a row and compiled update loops over a batch of rows.
 
-A stored row is `[embedding (dim) | optimizer state (state_floats(dim))]`, float32. `apply` updates a gathered,
-contiguous (n, width) buffer in place from (n, dim) gradients; callers gather, apply, then scatter back, so a
-failure before the scatter leaves the table untouched.
+A stored row is `[embedding (dim) | optimizer state (state_floats(dim))]`, float32. `step` reads rows
+data[rows[i]] and writes their updated values to a new (n, width) buffer (one compiled loop: gather + update +
+finiteness check), so the table changes only when the caller scatters the buffer back.
 
     sgd:      w -= lr * g
     adagrad:  a += g*g;  w -= lr * g / (sqrt(a) + epsilon)       state: a (dim floats), starts at initial_accumulator
@@ -17,23 +17,43 @@ from ps.config import MAX_HYPERPARAMETER, check_hyperparameter
 from ps.errors import InvalidArgumentError
 
 
+@numba.njit(nogil=True, cache=True)
+def first_nonfinite_row(bits):
+    """First row of a float32 buffer, viewed as uint32, holding an Inf or NaN (all exponent bits set), or -1.
+    Integer bit tests: fast-math in the update loops may not drop them."""
+    for i in range(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
+                return i
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather(data, rows, out):
+    width = out.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(width):
+            out[i, j] = data[r, j]
+
+
 @numba.njit(nogil=True, fastmath=True, cache=True)
-def _sgd(rows, grads, lr):
+def _sgd(buf, grads, lr):
     n, dim = grads.shape
     for i in range(n):
         for j in range(dim):
-            rows[i, j] -= lr * grads[i, j]
+            buf[i, j] -= lr * grads[i, j]
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
-def _adagrad(rows, grads, lr, eps):
+def _adagrad(buf, grads, lr, eps):
     n, dim = grads.shape
     for i in range(n):
         for j in range(dim):
             g = grads[i, j]
-            a = rows[i, dim + j] + g * g
-            rows[i, dim + j] = a
-            rows[i, j] -= lr * g / (np.sqrt(a) + eps)
+            a = buf[i, dim + j] + g * g
+            buf[i, dim + j] = a
+            buf[i, j] -= lr * g / (np.sqrt(a) + eps)
 
 
 class Optimizer:
@@ -67,15 +87,23 @@ class Optimizer:
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         """Fill the state columns rows[:, dim:] of rows that are new to the table."""
 
-    def apply(self, rows: np.ndarray, grads: np.ndarray) -> None:
+    def step(self, data: np.ndarray, rows: np.ndarray, grads: np.ndarray, out: np.ndarray) -> int:
+        """out[i] = data[rows[i]] after one step with grads[i]; returns the first i whose result is not
+        finite, or -1. Gather, then update the contiguous copy: two loops beat one fused loop 2x here."""
+        _gather(data, rows, out)
+        self.apply(out, grads)
+        return first_nonfinite_row(out.view(np.uint32))
+
+    def apply(self, buf: np.ndarray, grads: np.ndarray) -> None:
+        """One step, in place, on a contiguous (n, width) buffer of rows."""
         raise NotImplementedError
 
 
 class Sgd(Optimizer):
     name = "sgd"
 
-    def apply(self, rows: np.ndarray, grads: np.ndarray) -> None:
-        _sgd(rows, grads, self.lr)
+    def apply(self, buf, grads) -> None:
+        _sgd(buf, grads, self.lr)
 
 
 class Adagrad(Optimizer):
@@ -92,8 +120,8 @@ class Adagrad(Optimizer):
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         rows[:, dim:] = self.params["initial_accumulator"]
 
-    def apply(self, rows: np.ndarray, grads: np.ndarray) -> None:
-        _adagrad(rows, grads, self.lr, self.params["epsilon"])
+    def apply(self, buf, grads) -> None:
+        _adagrad(buf, grads, self.lr, self.params["epsilon"])
 
 
 OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad)}

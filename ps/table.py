@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from ps.arena import Arena, MemoryBudget, gather, scatter
+from ps.arena import Arena, MemoryBudget, gather
 from ps.config import TableConfig
 from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
@@ -53,8 +53,9 @@ class Table:
         with self.lock:
             self._check_open()
             for lo, hi in self._chunks(len(ids)):
-                rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
-                gather(self.arena.data, rows, self.dim, out[lo:hi])
+                if self.arena.gather_hits(ids[lo:hi], self.dim, out[lo:hi]):  # some missed: admit them
+                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                    gather(self.arena.data, rows, self.dim, out[lo:hi])
             self.counters["pulls"] += 1
             self.counters["ids_pulled"] += len(ids)
         return out
@@ -204,25 +205,17 @@ class Table:
         """The rows after the optimizer step (a new buffer; the arena is untouched). With ids, a result that
         is not finite (float32 overflow) raises InvalidArgumentError."""
         buf = np.empty((len(rows), self.width), dtype=np.float32)
-        gather(self.arena.data, rows, self.width, buf)
-        self.optimizer.apply(buf, grads)
-        if ids is not None:
-            finite = np.isfinite(buf).all(axis=1)
-            if not finite.all():
-                bad = int(np.flatnonzero(~finite)[0])
-                raise InvalidArgumentError(
-                    f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
-                    f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
-                )
+        bad = self.optimizer.step(self.arena.data, rows, grads, buf)
+        if ids is not None and bad >= 0:
+            raise InvalidArgumentError(
+                f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
+                f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
+            )
         return buf
 
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
         """Puts updated rows into the arena as dirty rows at lsn seq."""
-        a = self.arena
-        scatter(a.data, rows, buf)
-        self.num_rows += int(len(rows) - np.count_nonzero(a.stored[rows] | a.dirty[rows]))
-        a.dirty[rows] = 1
-        a.lsn[rows] = seq
+        self.num_rows += self.arena.commit(rows, buf, seq)
 
     def _persist(self, rows: np.ndarray) -> None:
         """Writes rows (data + lsn) to RocksDB with the new row count, then marks them clean and stored."""

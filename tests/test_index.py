@@ -46,4 +46,4 @@ def test_index_grows_past_many_doublings():
     index = IdIndex(capacity=8)
     index.insert(ids, np.arange(len(ids)))
     assert (index.lookup(ids) == np.arange(len(ids))).all()
-    assert len(index) == len(ids) and index.keys.size <= 4 * 262144
+    assert len(index) == len(ids) and len(index.slots) <= 4 * 262144

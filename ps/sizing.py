@@ -1,0 +1,50 @@
+"""`ps-server size`: bytes per id in RAM and on disk, and per server, from the layout constants the code uses."""
+
+from __future__ import annotations
+
+from ps.layout import RAM_OVERHEAD_BYTES, layout_of
+
+
+def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float) -> dict:
+    """Figures for a table of `ids` rows spread over `servers`, with `hot_fraction` of its rows in RAM."""
+    lay = layout_of(dim, optimizer)
+    per_server = -(-ids // servers)
+    return {
+        "ids": ids,
+        "dim": dim,
+        "optimizer": optimizer,
+        "servers": servers,
+        "parameters": ids * dim,
+        "floats_per_row": lay.width,
+        "ram_bytes_per_row": lay.ram_bytes,
+        "disk_bytes_per_row": lay.disk_bytes,
+        "raw_row_bytes": 10 + lay.value_bytes,
+        "disk_bytes_per_server": per_server * lay.disk_bytes,
+        "ram_bytes_per_server_all_rows": per_server * lay.ram_bytes,
+        "cache_bytes_per_server_for_hot_fraction": int(per_server * hot_fraction * lay.ram_bytes),
+        "hot_fraction": hot_fraction,
+        "ram_overhead_bytes_per_row": RAM_OVERHEAD_BYTES,
+    }
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,.0f} B"
+        n /= 1024
+    return str(n)
+
+
+def format_report(r: dict) -> str:
+    return "\n".join(
+        [
+            f"table: {r['ids']:,} ids x dim {r['dim']} ({r['parameters']:,} parameters), optimizer {r['optimizer']}, "
+            f"{r['servers']} servers",
+            f"row: {r['floats_per_row']} float32 (embedding + optimizer state) + 8-byte lsn",
+            f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
+            f"(raw key+value {r['raw_row_bytes']} B)",
+            f"per server:  disk {human(r['disk_bytes_per_server'])}    RAM for every row "
+            f"{human(r['ram_bytes_per_server_all_rows'])}    --cache-bytes for the hottest {r['hot_fraction']:.0%}: "
+            f"{human(r['cache_bytes_per_server_for_hot_fraction'])}",
+        ]
+    )

@@ -1,0 +1,25 @@
+import json
+import subprocess
+import sys
+
+from ps.arena import Arena, MemoryBudget
+from ps.layout import layout_of
+from ps.sizing import size_report
+
+
+def test_size_report_uses_the_layout_the_server_uses():
+    r = size_report(10**9, 16, "adagrad", 4, 0.1)
+    assert r["floats_per_row"] == 32 and r["parameters"] == 16 * 10**9
+    assert r["raw_row_bytes"] == 10 + 32 * 4 + 8  # key + floats + lsn
+    assert r["ram_bytes_per_row"] == Arena(32, MemoryBudget(1 << 20)).row_charge
+    assert r["disk_bytes_per_server"] == 250_000_000 * layout_of(16, "adagrad").disk_bytes
+    assert size_report(10, 16, "sgd", 1, 1.0)["floats_per_row"] == 16
+
+
+def test_size_command_prints_json_and_rejects_unknown_optimizers():
+    out = subprocess.run([sys.executable, "-m", "ps", "size", "--ids", "1e6", "--dim", "8", "--json"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0 and json.loads(out.stdout)["ids"] == 10**6
+    bad = subprocess.run([sys.executable, "-m", "ps", "size", "--ids", "10", "--dim", "8", "--optimizer", "lamb"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert bad.returncode == 2 and "optimizer 'lamb' is unknown" in bad.stderr
