@@ -172,7 +172,9 @@ class Shard:
         self._closed.set()
         self._wake.set()
         self._flusher.join()
-        self.flush()
+        t0 = time.monotonic()
+        rows = self.flush()
+        log.info("flushed %d dirty rows to RocksDB in %.1f s", rows, time.monotonic() - t0)
         with self._lock:
             for t in list(self.tables.values()):
                 with t.lock:

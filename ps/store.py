@@ -43,6 +43,7 @@ def _options(block_cache_bytes: int) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
+    opts.set_max_total_wal_size(256 << 20)  # flush the column families that pin old WAL files past this
     table = BlockBasedOptions()
     table.set_block_cache(Cache(block_cache_bytes))
     table.set_bloom_filter(10, False)
