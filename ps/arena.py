@@ -18,6 +18,7 @@ import numpy as np
 
 from ps.index import IdIndex, find
 from ps.layout import RAM_OVERHEAD_BYTES
+from ps.rowcopy import scatter
 
 MIN_ROWS = 4096  # every table may hold this many rows whatever the budget says, so it can always make progress
 
@@ -100,25 +101,6 @@ def _clock_victims(ref, pin, stamp, used, hand, k, out):
         pin[r] = stamp  # not chosen twice
         count += 1
     return count, hand
-
-
-@numba.njit(nogil=True, cache=True)
-def gather(data, rows, cols, out):
-    """out[i, :cols] = data[rows[i], :cols]."""
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        for j in range(cols):
-            out[i, j] = data[r, j]
-
-
-@numba.njit(nogil=True, cache=True)
-def scatter(data, rows, buf):
-    """data[rows[i], :] = buf[i, :]."""
-    width = buf.shape[1]
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        for j in range(width):
-            data[r, j] = buf[i, j]
 
 
 @numba.njit(nogil=True, cache=True)

@@ -1,8 +1,8 @@
 """Server-side optimizers: the optimizer-state part of a row and compiled update loops over a batch of rows.
 
 A stored row is `[embedding (dim) | optimizer state (state_floats(dim))]`, float32. `step` reads rows
-data[rows[i]] and writes their updated values to a new (n, width) buffer (one compiled loop: gather + update +
-finiteness check), so the table changes only when the caller scatters the buffer back.
+data[rows[i]] and writes their updated values to a new (n, width) buffer (gather, update in place, finiteness
+check), so the table changes only when the caller scatters the buffer back.
 
     sgd:      w -= lr * g
     adagrad:  a += g*g;  w -= lr * g / (sqrt(a) + epsilon)       state: a (dim floats), starts at initial_accumulator
@@ -15,6 +15,7 @@ import numpy as np
 
 from ps.config import MAX_HYPERPARAMETER, check_hyperparameter
 from ps.errors import InvalidArgumentError
+from ps.rowcopy import gather
 
 
 @numba.njit(nogil=True, cache=True)
@@ -26,15 +27,6 @@ def first_nonfinite_row(bits):
             if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
                 return i
     return -1
-
-
-@numba.njit(nogil=True, cache=True)
-def _gather(data, rows, out):
-    width = out.shape[1]
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        for j in range(width):
-            out[i, j] = data[r, j]
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
@@ -90,7 +82,7 @@ class Optimizer:
     def step(self, data: np.ndarray, rows: np.ndarray, grads: np.ndarray, out: np.ndarray) -> int:
         """out[i] = data[rows[i]] after one step with grads[i]; returns the first i whose result is not
         finite, or -1. Gather, then update the contiguous copy: two loops beat one fused loop 2x here."""
-        _gather(data, rows, out)
+        gather(data, rows, out.shape[1], out)
         self.apply(out, grads)
         return first_nonfinite_row(out.view(np.uint32))
 

@@ -3,9 +3,10 @@
 - pull: look the ids up in the arena; misses are read from RocksDB with one multi_get (or initialized from a
   hash of the id when RocksDB has no row) and admitted, evicting cold rows (dirty ones are written back first,
   in one WriteBatch); then one compiled gather.
-- push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, append the push to
-  the journal (durable from here on), then gather, apply the optimizer, scatter; the rows become dirty and carry
-  the push's seq as their lsn. The Shard's flusher writes dirty rows to RocksDB in the background.
+- push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, compute the updated
+  rows into a buffer (rejecting a float32 overflow), append the push to the journal (durable from here on),
+  then scatter the buffer; the rows become dirty and carry the push's seq as their lsn. The Shard's flusher
+  writes dirty rows to RocksDB in the background.
 - replay (start-up): journal records after the last flush are applied again to the rows whose lsn is older.
 A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows.
 Thread-safety: one lock per table serializes pull, push, flush.
@@ -17,13 +18,14 @@ import threading
 
 import numpy as np
 
-from ps.arena import Arena, MemoryBudget, gather
+from ps.arena import Arena, MemoryBudget
 from ps.config import TableConfig
 from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
 from ps.journal import Journal, Record
 from ps.layout import RowLayout
 from ps.optim import get_optimizer
+from ps.rowcopy import gather
 from ps.store import Store
 
 FLUSH_CHUNK_ROWS = 65536
