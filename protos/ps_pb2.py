@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\x08sparseps\"\xaf\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\rlearning_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x33\n\x06params\x18\x03 \x03(\x0b\x32#.sparseps.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_learning_rate\"K\n\x0fInitializerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x42\x08\n\x06_scale\"\x82\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12.\n\x0binitializer\x18\x03 \x01(\x0b\x32\x19.sparseps.InitializerSpec\x12*\n\toptimizer\x18\x04 \x01(\x0b\x32\x17.sparseps.OptimizerSpec\"7\n\x12\x43reateTableRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"T\n\tTableInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x12\n\nrow_floats\x18\x03 \x01(\r\")\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\")\n\x0cPullResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"E\n\x0bPushRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\"#\n\x0cPushResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\"\x0e\n\x0cStatsRequest\"\xfb\x01\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05pulls\x18\x04 \x01(\x04\x12\x0e\n\x06pushes\x18\x05 \x01(\x04\x12\x12\n\nids_pulled\x18\x06 \x01(\x04\x12\x12\n\nids_pushed\x18\x07 \x01(\x04\x12\x13\n\x0brows_in_ram\x18\x08 \x01(\x04\x12\x14\n\x0crows_on_disk\x18\t \x01(\x04\x12\x12\n\ndirty_rows\x18\n \x01(\x04\x12\x11\n\tevictions\x18\x0b \x01(\x04\x12\x11\n\tram_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_misses\x18\r \x01(\x04\"\xdb\x01\n\rStatsResponse\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12$\n\x06tables\x18\x04 \x03(\x0b\x32\x14.sparseps.TableStats\x12\x10\n\x08\x64\x61ta_dir\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x18\n\x10ram_budget_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eram_used_bytes\x18\x08 \x01(\x04\x12\x15\n\rjournal_bytes\x18\t \x01(\x04\x32\xc1\x02\n\x0fParameterServer\x12@\n\x0b\x43reateTable\x12\x1c.sparseps.CreateTableRequest\x1a\x13.sparseps.TableInfo\x12\x44\n\rDescribeTable\x12\x1e.sparseps.DescribeTableRequest\x1a\x13.sparseps.TableInfo\x12\x35\n\x04Pull\x12\x15.sparseps.PullRequest\x1a\x16.sparseps.PullResponse\x12\x35\n\x04Push\x12\x15.sparseps.PushRequest\x1a\x16.sparseps.PushResponse\x12\x38\n\x05Stats\x12\x16.sparseps.StatsRequest\x1a\x17.sparseps.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\x08sparseps\"\xaf\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\rlearning_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x33\n\x06params\x18\x03 \x03(\x0b\x32#.sparseps.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_learning_rate\"K\n\x0fInitializerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x42\x08\n\x06_scale\"_\n\rAdmissionSpec\x12\x16\n\tmin_count\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0bprobability\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_min_countB\x0e\n\x0c_probability\"\xae\x01\n\x0c\x45victionSpec\x12\x11\n\tttl_steps\x18\x01 \x01(\x04\x12\x17\n\x0fscore_threshold\x18\x02 \x01(\x01\x12\x12\n\x05\x64\x65\x63\x61y\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cnonclk_coeff\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0b\x63lick_coeff\x18\x05 \x01(\x01H\x02\x88\x01\x01\x42\x08\n\x06_decayB\x0f\n\r_nonclk_coeffB\x0e\n\x0c_click_coeff\"\xee\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12.\n\x0binitializer\x18\x03 \x01(\x0b\x32\x19.sparseps.InitializerSpec\x12*\n\toptimizer\x18\x04 \x01(\x0b\x32\x17.sparseps.OptimizerSpec\x12\x14\n\x0cweight_bound\x18\x05 \x01(\x01\x12*\n\tadmission\x18\x06 \x01(\x0b\x32\x17.sparseps.AdmissionSpec\x12(\n\x08\x65viction\x18\x07 \x01(\x0b\x32\x16.sparseps.EvictionSpec\"7\n\x12\x43reateTableRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"T\n\tTableInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x12\n\nrow_floats\x18\x03 \x01(\r\")\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\")\n\x0cPullResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"d\n\x0bPushRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\r\n\x05shows\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x06 \x01(\x0c\"#\n\x0cPushResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\"\x0e\n\x0cStatsRequest\"\xc7\x02\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05pulls\x18\x04 \x01(\x04\x12\x0e\n\x06pushes\x18\x05 \x01(\x04\x12\x12\n\nids_pulled\x18\x06 \x01(\x04\x12\x12\n\nids_pushed\x18\x07 \x01(\x04\x12\x13\n\x0brows_in_ram\x18\x08 \x01(\x04\x12\x14\n\x0crows_on_disk\x18\t \x01(\x04\x12\x12\n\ndirty_rows\x18\n \x01(\x04\x12\x11\n\tevictions\x18\x0b \x01(\x04\x12\x11\n\tram_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_misses\x18\r \x01(\x04\x12\x13\n\x0bpending_ids\x18\x0e \x01(\x04\x12\x12\n\ndisk_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\x10 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x11 \x01(\x04\"$\n\x13\x41\x64vanceClockRequest\x12\r\n\x05steps\x18\x01 \x01(\x04\"\x1d\n\rClockResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\"\x1e\n\rShrinkRequest\x12\r\n\x05table\x18\x01 \x01(\t\"H\n\x0eShrinkResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x04\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x13\n\x0bpending_ids\x18\x03 \x01(\x04\"\xea\x01\n\rStatsResponse\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12$\n\x06tables\x18\x04 \x03(\x0b\x32\x14.sparseps.TableStats\x12\x10\n\x08\x64\x61ta_dir\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x18\n\x10ram_budget_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eram_used_bytes\x18\x08 \x01(\x04\x12\x15\n\rjournal_bytes\x18\t \x01(\x04\x12\r\n\x05\x63lock\x18\n \x01(\x04\x32\xc6\x03\n\x0fParameterServer\x12@\n\x0b\x43reateTable\x12\x1c.sparseps.CreateTableRequest\x1a\x13.sparseps.TableInfo\x12\x44\n\rDescribeTable\x12\x1e.sparseps.DescribeTableRequest\x1a\x13.sparseps.TableInfo\x12\x35\n\x04Pull\x12\x15.sparseps.PullRequest\x1a\x16.sparseps.PullResponse\x12\x35\n\x04Push\x12\x15.sparseps.PushRequest\x1a\x16.sparseps.PushResponse\x12\x38\n\x05Stats\x12\x16.sparseps.StatsRequest\x1a\x17.sparseps.StatsResponse\x12\x46\n\x0c\x41\x64vanceClock\x12\x1d.sparseps.AdvanceClockRequest\x1a\x17.sparseps.ClockResponse\x12;\n\x06Shrink\x12\x17.sparseps.ShrinkRequest\x1a\x18.sparseps.ShrinkResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,28 +39,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPTIMIZERSPEC_PARAMSENTRY']._serialized_end=187
   _globals['_INITIALIZERSPEC']._serialized_start=207
   _globals['_INITIALIZERSPEC']._serialized_end=282
-  _globals['_TABLESPEC']._serialized_start=285
-  _globals['_TABLESPEC']._serialized_end=415
-  _globals['_CREATETABLEREQUEST']._serialized_start=417
-  _globals['_CREATETABLEREQUEST']._serialized_end=472
-  _globals['_DESCRIBETABLEREQUEST']._serialized_start=474
-  _globals['_DESCRIBETABLEREQUEST']._serialized_end=511
-  _globals['_TABLEINFO']._serialized_start=513
-  _globals['_TABLEINFO']._serialized_end=597
-  _globals['_PULLREQUEST']._serialized_start=599
-  _globals['_PULLREQUEST']._serialized_end=640
-  _globals['_PULLRESPONSE']._serialized_start=642
-  _globals['_PULLRESPONSE']._serialized_end=683
-  _globals['_PUSHREQUEST']._serialized_start=685
-  _globals['_PUSHREQUEST']._serialized_end=754
-  _globals['_PUSHRESPONSE']._serialized_start=756
-  _globals['_PUSHRESPONSE']._serialized_end=791
-  _globals['_STATSREQUEST']._serialized_start=793
-  _globals['_STATSREQUEST']._serialized_end=807
-  _globals['_TABLESTATS']._serialized_start=810
-  _globals['_TABLESTATS']._serialized_end=1061
-  _globals['_STATSRESPONSE']._serialized_start=1064
-  _globals['_STATSRESPONSE']._serialized_end=1283
-  _globals['_PARAMETERSERVER']._serialized_start=1286
-  _globals['_PARAMETERSERVER']._serialized_end=1607
+  _globals['_ADMISSIONSPEC']._serialized_start=284
+  _globals['_ADMISSIONSPEC']._serialized_end=379
+  _globals['_EVICTIONSPEC']._serialized_start=382
+  _globals['_EVICTIONSPEC']._serialized_end=556
+  _globals['_TABLESPEC']._serialized_start=559
+  _globals['_TABLESPEC']._serialized_end=797
+  _globals['_CREATETABLEREQUEST']._serialized_start=799
+  _globals['_CREATETABLEREQUEST']._serialized_end=854
+  _globals['_DESCRIBETABLEREQUEST']._serialized_start=856
+  _globals['_DESCRIBETABLEREQUEST']._serialized_end=893
+  _globals['_TABLEINFO']._serialized_start=895
+  _globals['_TABLEINFO']._serialized_end=979
+  _globals['_PULLREQUEST']._serialized_start=981
+  _globals['_PULLREQUEST']._serialized_end=1022
+  _globals['_PULLRESPONSE']._serialized_start=1024
+  _globals['_PULLRESPONSE']._serialized_end=1065
+  _globals['_PUSHREQUEST']._serialized_start=1067
+  _globals['_PUSHREQUEST']._serialized_end=1167
+  _globals['_PUSHRESPONSE']._serialized_start=1169
+  _globals['_PUSHRESPONSE']._serialized_end=1204
+  _globals['_STATSREQUEST']._serialized_start=1206
+  _globals['_STATSREQUEST']._serialized_end=1220
+  _globals['_TABLESTATS']._serialized_start=1223
+  _globals['_TABLESTATS']._serialized_end=1550
+  _globals['_ADVANCECLOCKREQUEST']._serialized_start=1552
+  _globals['_ADVANCECLOCKREQUEST']._serialized_end=1588
+  _globals['_CLOCKRESPONSE']._serialized_start=1590
+  _globals['_CLOCKRESPONSE']._serialized_end=1619
+  _globals['_SHRINKREQUEST']._serialized_start=1621
+  _globals['_SHRINKREQUEST']._serialized_end=1651
+  _globals['_SHRINKRESPONSE']._serialized_start=1653
+  _globals['_SHRINKRESPONSE']._serialized_end=1725
+  _globals['_STATSRESPONSE']._serialized_start=1728
+  _globals['_STATSRESPONSE']._serialized_end=1962
+  _globals['_PARAMETERSERVER']._serialized_start=1965
+  _globals['_PARAMETERSERVER']._serialized_end=2419
 # @@protoc_insertion_point(module_scope)

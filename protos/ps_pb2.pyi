@@ -33,17 +33,45 @@ class InitializerSpec(_message.Message):
     seed: int
     def __init__(self, name: _Optional[str] = ..., scale: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
+class AdmissionSpec(_message.Message):
+    __slots__ = ("min_count", "probability")
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    min_count: int
+    probability: float
+    def __init__(self, min_count: _Optional[int] = ..., probability: _Optional[float] = ...) -> None: ...
+
+class EvictionSpec(_message.Message):
+    __slots__ = ("ttl_steps", "score_threshold", "decay", "nonclk_coeff", "click_coeff")
+    TTL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    SCORE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DECAY_FIELD_NUMBER: _ClassVar[int]
+    NONCLK_COEFF_FIELD_NUMBER: _ClassVar[int]
+    CLICK_COEFF_FIELD_NUMBER: _ClassVar[int]
+    ttl_steps: int
+    score_threshold: float
+    decay: float
+    nonclk_coeff: float
+    click_coeff: float
+    def __init__(self, ttl_steps: _Optional[int] = ..., score_threshold: _Optional[float] = ..., decay: _Optional[float] = ..., nonclk_coeff: _Optional[float] = ..., click_coeff: _Optional[float] = ...) -> None: ...
+
 class TableSpec(_message.Message):
-    __slots__ = ("name", "dim", "initializer", "optimizer")
+    __slots__ = ("name", "dim", "initializer", "optimizer", "weight_bound", "admission", "eviction")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BOUND_FIELD_NUMBER: _ClassVar[int]
+    ADMISSION_FIELD_NUMBER: _ClassVar[int]
+    EVICTION_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     initializer: InitializerSpec
     optimizer: OptimizerSpec
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ...) -> None: ...
+    weight_bound: float
+    admission: AdmissionSpec
+    eviction: EvictionSpec
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("spec",)
@@ -84,16 +112,20 @@ class PullResponse(_message.Message):
     def __init__(self, rows: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("table", "ids", "grads", "dim")
+    __slots__ = ("table", "ids", "grads", "dim", "shows", "clicks")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    SHOWS_FIELD_NUMBER: _ClassVar[int]
+    CLICKS_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     grads: bytes
     dim: int
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
+    shows: bytes
+    clicks: bytes
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("num_applied",)
@@ -106,7 +138,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed", "rows_in_ram", "rows_on_disk", "dirty_rows", "evictions", "ram_bytes", "cache_misses")
+    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed", "rows_in_ram", "rows_on_disk", "dirty_rows", "evictions", "ram_bytes", "cache_misses", "pending_ids", "disk_bytes", "admitted", "dropped")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +152,10 @@ class TableStats(_message.Message):
     EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     RAM_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    PENDING_IDS_FIELD_NUMBER: _ClassVar[int]
+    DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     num_rows: int
@@ -133,10 +169,42 @@ class TableStats(_message.Message):
     evictions: int
     ram_bytes: int
     cache_misses: int
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ..., rows_in_ram: _Optional[int] = ..., rows_on_disk: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., evictions: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., cache_misses: _Optional[int] = ...) -> None: ...
+    pending_ids: int
+    disk_bytes: int
+    admitted: int
+    dropped: int
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ..., rows_in_ram: _Optional[int] = ..., rows_on_disk: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., evictions: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pending_ids: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., admitted: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+
+class AdvanceClockRequest(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: int
+    def __init__(self, steps: _Optional[int] = ...) -> None: ...
+
+class ClockResponse(_message.Message):
+    __slots__ = ("step",)
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    def __init__(self, step: _Optional[int] = ...) -> None: ...
+
+class ShrinkRequest(_message.Message):
+    __slots__ = ("table",)
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    def __init__(self, table: _Optional[str] = ...) -> None: ...
+
+class ShrinkResponse(_message.Message):
+    __slots__ = ("dropped", "num_rows", "pending_ids")
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_IDS_FIELD_NUMBER: _ClassVar[int]
+    dropped: int
+    num_rows: int
+    pending_ids: int
+    def __init__(self, dropped: _Optional[int] = ..., num_rows: _Optional[int] = ..., pending_ids: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes")
+    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +214,7 @@ class StatsResponse(_message.Message):
     RAM_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
     RAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CLOCK_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     num_shards: int
     num_slots: int
@@ -155,4 +224,5 @@ class StatsResponse(_message.Message):
     ram_budget_bytes: int
     ram_used_bytes: int
     journal_bytes: int
-    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ...) -> None: ...
+    clock: int
+    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ...) -> None: ...

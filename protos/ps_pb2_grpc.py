@@ -59,6 +59,16 @@ class ParameterServerStub:
                 request_serializer=protos_dot_ps__pb2.StatsRequest.SerializeToString,
                 response_deserializer=protos_dot_ps__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.AdvanceClock = channel.unary_unary(
+                '/sparseps.ParameterServer/AdvanceClock',
+                request_serializer=protos_dot_ps__pb2.AdvanceClockRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.ClockResponse.FromString,
+                _registered_method=True)
+        self.Shrink = channel.unary_unary(
+                '/sparseps.ParameterServer/Shrink',
+                request_serializer=protos_dot_ps__pb2.ShrinkRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.ShrinkResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -100,6 +110,21 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AdvanceClock(self, request, context):
+        """Advance the shard's clock (the step that pushes stamp as an id's last-seen step) by `steps`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Shrink(self, request, context):
+        """Decay show/click and drop ids past their TTL or under the score threshold (the table's eviction spec),
+        in RAM and RocksDB. All tables when `table` is empty.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +152,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=protos_dot_ps__pb2.StatsRequest.FromString,
                     response_serializer=protos_dot_ps__pb2.StatsResponse.SerializeToString,
+            ),
+            'AdvanceClock': grpc.unary_unary_rpc_method_handler(
+                    servicer.AdvanceClock,
+                    request_deserializer=protos_dot_ps__pb2.AdvanceClockRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.ClockResponse.SerializeToString,
+            ),
+            'Shrink': grpc.unary_unary_rpc_method_handler(
+                    servicer.Shrink,
+                    request_deserializer=protos_dot_ps__pb2.ShrinkRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.ShrinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +299,60 @@ class ParameterServer:
             '/sparseps.ParameterServer/Stats',
             protos_dot_ps__pb2.StatsRequest.SerializeToString,
             protos_dot_ps__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AdvanceClock(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseps.ParameterServer/AdvanceClock',
+            protos_dot_ps__pb2.AdvanceClockRequest.SerializeToString,
+            protos_dot_ps__pb2.ClockResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Shrink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseps.ParameterServer/Shrink',
+            protos_dot_ps__pb2.ShrinkRequest.SerializeToString,
+            protos_dot_ps__pb2.ShrinkResponse.FromString,
             options,
             channel_credentials,
             insecure,

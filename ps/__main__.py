@@ -57,7 +57,7 @@ def build_size_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ids", type=float, required=True, help="number of distinct ids (1e9 is fine)")
     p.add_argument("--dim", type=int, required=True, help="embedding dim")
-    p.add_argument("--optimizer", default="adagrad", help="sgd or adagrad")
+    p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adam or ftrl")
     p.add_argument("--servers", type=int, default=1)
     p.add_argument("--hot-fraction", type=float, default=0.1, help="share of rows to keep in the RAM tier")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

@@ -92,7 +92,7 @@ def _clock_victims(ref, pin, stamp, used, hand, k, out):
         if hand >= used:
             hand = 0
         steps += 1
-        if pin[r] == stamp:
+        if pin[r] == stamp or pin[r] < 0:  # pinned by this request, or released (free)
             continue
         if ref[r]:
             ref[r] = 0
@@ -104,20 +104,29 @@ def _clock_victims(ref, pin, stamp, used, hand, k, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _commit(data, rows, buf, dirty, stored, lsn, seq):
-    """Scatters updated rows into the arena, marks them dirty at lsn seq; returns how many were new rows
-    (neither stored nor dirty before)."""
+def _commit(data, rows, buf, dirty, stored, lsn, seq, admitted_col):
+    """Scatters updated rows into the arena, marks them dirty at lsn seq. Returns the change in the number of
+    admitted ids and of ids not admitted yet (a row exists once it is stored or dirty)."""
     width = buf.shape[1]
-    new = 0
+    d_admitted = 0
+    d_pending = 0
     for i in range(rows.shape[0]):
         r = rows[i]
+        existed = stored[r] > 0 or dirty[r] > 0
+        if existed:
+            if data[r, admitted_col] > 0:
+                d_admitted -= 1
+            else:
+                d_pending -= 1
+        if buf[i, admitted_col] > 0:
+            d_admitted += 1
+        else:
+            d_pending += 1
         for j in range(width):
             data[r, j] = buf[i, j]
-        if stored[r] == 0 and dirty[r] == 0:
-            new += 1
         dirty[r] = 1
         lsn[r] = seq
-    return new
+    return d_admitted, d_pending
 
 
 @numba.njit(nogil=True, cache=True)
@@ -150,6 +159,7 @@ class Arena:
         self.used = 0  # rows [0, used) are in use
         self.charged = 0  # rows paid for from the budget (the first MIN_ROWS are free)
         self.hand = 0
+        self.free = np.zeros(0, dtype=np.int64)  # released rows (Shrink), reused first
         self._stamp = 0
         self.evictions = 0
 
@@ -173,7 +183,13 @@ class Arena:
         return max(1, min(self.capacity, max(MIN_ROWS, could_hold)) // 2)
 
     def grow(self, n: int, stamp: int) -> np.ndarray:
-        """Up to n never-used rows (paid from the budget; the first MIN_ROWS are free), pinned with stamp."""
+        """Up to n unused rows: released ones first, then never-used ones (paid from the budget; the first
+        MIN_ROWS are free), pinned with stamp."""
+        reused, self.free = self.free[:n], self.free[n:]
+        self.pin[reused] = stamp
+        if len(reused) == n:
+            return reused
+        n -= len(reused)
         free_rows = max(0, MIN_ROWS - self.used)
         take = min(n, self.capacity - self.used)
         paid = max(0, take - free_rows)
@@ -186,7 +202,7 @@ class Arena:
         self.ref[rows] = 0
         self.dirty[rows] = 0
         self.used += take
-        return rows
+        return np.concatenate([reused, rows]) if len(reused) else rows
 
     def victims(self, n: int, stamp: int) -> np.ndarray:
         """Up to n cold, unpinned rows in use (CLOCK); they are pinned with stamp so they are not reused twice."""
@@ -205,9 +221,19 @@ class Arena:
         self.pin[rows] = stamp
         self.index.insert(ids, rows)
 
-    def commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> int:
-        """Puts updated rows (buf) into the arena as dirty rows at lsn seq; returns how many rows are new."""
-        return _commit(self.data, rows, buf, self.dirty, self.stored, self.lsn, np.uint64(seq))
+    def commit(self, rows: np.ndarray, buf: np.ndarray, seq: int, admitted_col: int) -> tuple[int, int]:
+        """Puts updated rows (buf) into the arena as dirty rows at lsn seq; returns the change in the number
+        of admitted ids and of ids not admitted yet."""
+        return _commit(self.data, rows, buf, self.dirty, self.stored, self.lsn, np.uint64(seq), admitted_col)
+
+    def release(self, rows: np.ndarray) -> None:
+        """Drops rows from the table entirely (Shrink); their arena rows become free for reuse."""
+        self.index.delete(self.ids[rows])
+        self.dirty[rows] = 0
+        self.stored[rows] = 0
+        self.ref[rows] = 0
+        self.pin[rows] = -1  # never a CLOCK victim while free
+        self.free = np.concatenate([self.free, rows])
 
     def forget(self, rows: np.ndarray) -> None:
         """Drops rows from the index (their data must already be safe in RocksDB or never needed)."""

@@ -61,11 +61,50 @@ class OptimizerConfig:
 
 
 @dataclass(frozen=True)
+class AdmissionConfig:
+    """When a pushed id gets a trained row. Until then its pulls return the initial value and its pushes only
+    count (show, click, last step), stored compactly. Defaults: create on the first push."""
+
+    min_count: int = 1  # admitted once its show count reaches this
+    probability: float = 1.0  # ... and then, at each push, with this probability
+
+    def validate(self) -> None:
+        if not 1 <= self.min_count <= 2**24:
+            raise InvalidArgumentError(f"admission min_count must be in 1..{2**24}, got {self.min_count}")
+        if not (math.isfinite(self.probability) and 0 < self.probability <= 1):
+            raise InvalidArgumentError(f"admission probability must be in (0, 1], got {self.probability}")
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    """What Shrink drops. score = (show - click) * nonclk_coeff + click * click_coeff, after each Shrink
+    multiplies show and click by `decay`; an id is dropped when its score < score_threshold, or when it was last
+    pushed more than ttl_steps clock steps ago. 0 turns a rule off."""
+
+    ttl_steps: int = 0
+    score_threshold: float = 0.0
+    decay: float = 1.0
+    nonclk_coeff: float = 0.1
+    click_coeff: float = 1.0
+
+    def validate(self) -> None:
+        if self.ttl_steps < 0:
+            raise InvalidArgumentError(f"eviction ttl_steps must be >= 0, got {self.ttl_steps}")
+        if not (math.isfinite(self.decay) and 0 < self.decay <= 1):
+            raise InvalidArgumentError(f"eviction decay must be in (0, 1], got {self.decay}")
+        for k in ("score_threshold", "nonclk_coeff", "click_coeff"):
+            check_hyperparameter(f"eviction {k}", getattr(self, k))
+
+
+@dataclass(frozen=True)
 class TableConfig:
     name: str
     dim: int
     initializer: InitializerConfig = InitializerConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    weight_bound: float = 0.0  # > 0: embeddings are clipped to [-weight_bound, weight_bound] after each step
+    admission: AdmissionConfig = AdmissionConfig()
+    eviction: EvictionConfig = EvictionConfig()
 
     def validate(self) -> None:
         if not TABLE_NAME_RE.fullmatch(self.name):
@@ -76,6 +115,9 @@ class TableConfig:
             raise InvalidArgumentError(f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}")
         self.initializer.validate()
         self.optimizer.validate()
+        check_hyperparameter(f"table {self.name!r}: weight_bound", self.weight_bound)
+        self.admission.validate()
+        self.eviction.validate()
 
     def normalized(self) -> "TableConfig":
         """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
@@ -92,6 +134,9 @@ class TableConfig:
             dim=int(d["dim"]),
             initializer=InitializerConfig(**d["initializer"]),
             optimizer=OptimizerConfig(**d["optimizer"]),
+            weight_bound=float(d.get("weight_bound", 0.0)),
+            admission=AdmissionConfig(**d.get("admission", {})),
+            eviction=EvictionConfig(**d.get("eviction", {})),
         )
 
     def differences(self, other: "TableConfig") -> list[str]:

@@ -5,8 +5,9 @@ trim(seq) deletes the segments whose records are all <= seq (their effects are i
 
 Grammar (little-endian):
     segment := record*
-    record  := magic:u32 = 0x314A5350 ("PSJ1")  seq:u64  payload_len:u32  crc32(payload):u32  payload
-    payload := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  ids:u64[n]  grads:f32[n*dim]
+    record  := magic:u32 = 0x324A5350 ("PSJ2")  seq:u64  payload_len:u32  crc32(payload):u32  payload
+    payload := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64
+               ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
 Records are written with one writev, so a crash of the process leaves at most one short record at the end of
 the active segment; replay stops at the first record that is short or fails its CRC (never acknowledged).
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
@@ -22,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = 0x314A5350
+MAGIC = 0x324A5350
 HEADER = struct.Struct("<IQII")
-PAYLOAD_HEAD = struct.Struct("<II")  # n, dim (after the table name)
+PAYLOAD_HEAD = struct.Struct("<IIQ")  # n, dim, step (after the table name)
 
 
 @dataclass
@@ -33,6 +34,9 @@ class Record:
     table: str
     ids: np.ndarray  # uint64 (n,)
     grads: np.ndarray  # float32 (n, dim)
+    shows: np.ndarray  # float32 (n,)
+    clicks: np.ndarray  # float32 (n,)
+    step: int  # the shard's clock when the push was applied
 
 
 class Journal:
@@ -106,19 +110,23 @@ class Journal:
         return sum(os.path.getsize(p) for _, p in self.segments())
 
     # ---- appends --------------------------------------------------------------------------------------
-    def append(self, table: str, ids: np.ndarray, grads: np.ndarray) -> int:
-        """Appends one push (ids <u8 (n,), grads <f4 (n, dim), C-contiguous); returns its seq once durable."""
+    def append(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray,
+               step: int) -> int:  # fmt: skip
+        """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous)
+        and the clock step it was applied at; returns its seq once durable."""
         n, dim = grads.shape
-        ids, grads = ids.view(np.uint8), grads.view(np.uint8).reshape(-1)  # byte views, no copy
         name = table.encode()
-        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim)
-        crc = zlib.crc32(grads, zlib.crc32(ids, zlib.crc32(head)))
-        payload_len = len(head) + len(ids) + len(grads)
+        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step)
+        arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
+        crc = zlib.crc32(head)
+        for a in arrays:
+            crc = zlib.crc32(a, crc)
+        payload_len = len(head) + sum(len(a) for a in arrays)
         with self._lock:
             if self._fd < 0 or self._segment_size >= self.segment_bytes:
                 self._open_segment()
             seq = self.next_seq
-            parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, ids, grads]
+            parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays]
             total = HEADER.size + payload_len
             written = os.writev(self._fd, parts)
             if written != total:  # e.g. disk full: cut the partial record off and fail the push
@@ -167,8 +175,12 @@ def _parse(data: bytes, pos: int):
     (name_len,) = struct.unpack_from("<H", data, start)
     p = start + 2 + name_len
     table = data[start + 2 : p].decode()
-    n, dim = PAYLOAD_HEAD.unpack_from(data, p)
+    n, dim, step = PAYLOAD_HEAD.unpack_from(data, p)
     p += PAYLOAD_HEAD.size
     ids = np.frombuffer(data, dtype="<u8", count=n, offset=p)
-    grads = np.frombuffer(data, dtype="<f4", count=n * dim, offset=p + 8 * n).reshape(n, dim)
-    return Record(seq, table, ids, grads), end
+    p += 8 * n
+    grads = np.frombuffer(data, dtype="<f4", count=n * dim, offset=p).reshape(n, dim)
+    p += 4 * n * dim
+    shows = np.frombuffer(data, dtype="<f4", count=n, offset=p)
+    clicks = np.frombuffer(data, dtype="<f4", count=n, offset=p + 4 * n)
+    return Record(seq, table, ids, grads, shows, clicks, step), end

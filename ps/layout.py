@@ -1,9 +1,13 @@
 """Row layout of a table, in RAM and on disk, and the byte counts that follow from it (used by `ps-server size`).
 
-Grammar of one stored row (the RocksDB value, little-endian), after the 10-byte key slot:u16be id:u64be:
-    value := embedding:f32[dim]  state:f32[state_floats(optimizer, dim)]  lsn:u64
+A row is `width` float32: the embedding, the optimizer state, then STATS_FLOATS per-id statistics:
+    row   := embedding:f32[dim]  state:f32[state_floats(optimizer, dim)]  stats
+    stats := show:f32  click:f32  last_step:f32  admitted:f32 (0 or 1)
+Grammar of the RocksDB value (little-endian), after the 10-byte key slot:u16be id:u64be:
+    value := row lsn:u64          an admitted id (it has a trained row)
+           | stats lsn:u64        an id not admitted yet: its embedding and state are the initial ones
 `lsn` is the journal sequence number of the last push applied to the row, so replaying the journal after a
-crash applies each push to each row exactly once.
+crash applies each push to each row exactly once. last_step is exact up to 2**24 clock steps.
 
 In RAM a row is one arena line of `width` float32 plus the per-row bookkeeping of RAM_OVERHEAD_BYTES.
 """
@@ -14,6 +18,8 @@ from dataclasses import dataclass
 
 KEY_BYTES = 10
 LSN_BYTES = 8
+STATS_FLOATS = 4
+SHOW, CLICK, LAST_STEP, ADMITTED = range(STATS_FLOATS)  # offsets inside the stats block
 # per arena row besides the floats: id u64, lsn u64, pin stamp i64, referenced / dirty / stored flags (1 B
 # each), and the IdIndex's 2-4 slots of 16 B (keys u64 + vals i64 at load 1/2..1/4; the worst case is charged).
 INDEX_BYTES_PER_ROW = 64
@@ -29,13 +35,24 @@ class RowLayout:
     state_floats: int
 
     @property
-    def width(self) -> int:
-        """float32 values per row: embedding + optimizer state."""
+    def stats_col(self) -> int:
+        """Column of the first statistic."""
         return self.dim + self.state_floats
 
     @property
+    def width(self) -> int:
+        """float32 values per row: embedding + optimizer state + statistics."""
+        return self.dim + self.state_floats + STATS_FLOATS
+
+    @property
     def value_bytes(self) -> int:
+        """RocksDB value of an admitted id."""
         return 4 * self.width + LSN_BYTES
+
+    @property
+    def pending_value_bytes(self) -> int:
+        """RocksDB value of an id not admitted yet (statistics only)."""
+        return 4 * STATS_FLOATS + LSN_BYTES
 
     @property
     def ram_bytes(self) -> int:

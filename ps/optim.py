@@ -1,11 +1,15 @@
 """Server-side optimizers: the optimizer-state part of a row and compiled update loops over a batch of rows.
 
 A stored row is `[embedding (dim) | optimizer state (state_floats(dim))]`, float32. `step` reads rows
-data[rows[i]] and writes their updated values to a new (n, width) buffer (gather, update in place, finiteness
-check), so the table changes only when the caller scatters the buffer back.
+data[rows[i]] and writes their updated values to a new (n, width) buffer (gather, then update in place), so the
+table changes only when the caller scatters the buffer back. Only the first dim + state columns are touched.
 
     sgd:      w -= lr * g
     adagrad:  a += g*g;  w -= lr * g / (sqrt(a) + epsilon)       state: a (dim floats), starts at initial_accumulator
+    adam:     t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+              state: m (dim), v (dim), t (1): the bias correction uses each id's own update count
+    ftrl:     sigma = (sqrt(n + g^2) - sqrt(n)) / lr; z += g - sigma w; n += g^2;
+              w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / lr + l2)      state: z (dim), n (dim)
 """
 
 from __future__ import annotations
@@ -48,6 +52,44 @@ def _adagrad(buf, grads, lr, eps):
             buf[i, j] -= lr * g / (np.sqrt(a) + eps)
 
 
+@numba.njit(nogil=True, fastmath=True, cache=True)
+def _adam(buf, grads, lr, b1, b2, eps):
+    n, dim = grads.shape
+    t_col = 3 * dim
+    for i in range(n):
+        t = buf[i, t_col] + np.float32(1.0)
+        buf[i, t_col] = t
+        c1 = np.float32(1.0) - b1**t  # bias corrections by this id's own update count
+        c2 = np.float32(1.0) - b2**t
+        for j in range(dim):
+            g = grads[i, j]
+            m = b1 * buf[i, dim + j] + (np.float32(1.0) - b1) * g
+            v = b2 * buf[i, 2 * dim + j] + (np.float32(1.0) - b2) * g * g
+            buf[i, dim + j] = m
+            buf[i, 2 * dim + j] = v
+            buf[i, j] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
+
+
+@numba.njit(nogil=True, fastmath=True, cache=True)
+def _ftrl(buf, grads, alpha, beta, l1, l2):
+    n, dim = grads.shape
+    for i in range(n):
+        for j in range(dim):
+            g = grads[i, j]
+            z = buf[i, dim + j]
+            acc = buf[i, 2 * dim + j]
+            acc_new = acc + g * g
+            sigma = (np.sqrt(acc_new) - np.sqrt(acc)) / alpha
+            z += g - sigma * buf[i, j]
+            buf[i, dim + j] = z
+            buf[i, 2 * dim + j] = acc_new
+            if abs(z) <= l1:
+                buf[i, j] = np.float32(0.0)
+            else:
+                sign = np.float32(1.0) if z > 0 else np.float32(-1.0)
+                buf[i, j] = -(z - sign * l1) / ((beta + np.sqrt(acc_new)) / alpha + l2)
+
+
 class Optimizer:
     """One table's optimizer. Subclasses define DEFAULTS (their parameter names), state_floats and apply."""
 
@@ -79,12 +121,11 @@ class Optimizer:
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         """Fill the state columns rows[:, dim:] of rows that are new to the table."""
 
-    def step(self, data: np.ndarray, rows: np.ndarray, grads: np.ndarray, out: np.ndarray) -> int:
-        """out[i] = data[rows[i]] after one step with grads[i]; returns the first i whose result is not
-        finite, or -1. Gather, then update the contiguous copy: two loops beat one fused loop 2x here."""
+    def step(self, data: np.ndarray, rows: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
+        """out[i] = data[rows[i]] after one step with grads[i] (callers check the result is finite with
+        first_nonfinite_row). Gather, then update the contiguous copy: two loops beat one fused loop 2x."""
         gather(data, rows, out.shape[1], out)
         self.apply(out, grads)
-        return first_nonfinite_row(out.view(np.uint32))
 
     def apply(self, buf: np.ndarray, grads: np.ndarray) -> None:
         """One step, in place, on a contiguous (n, width) buffer of rows."""
@@ -116,7 +157,58 @@ class Adagrad(Optimizer):
         _adagrad(buf, grads, self.lr, self.params["epsilon"])
 
 
-OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad)}
+class Adam(Optimizer):
+    """state: m (dim), v (dim), t (1: this id's update count, for its bias correction)."""
+
+    name = "adam"
+    DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+
+    def __init__(self, learning_rate: float, params: dict[str, float]):
+        super().__init__(learning_rate, params)
+        for b in ("beta1", "beta2"):
+            v = self.given_params[b]
+            if not 0 <= v < 1:
+                raise InvalidArgumentError(f"adam {b} must be in [0, 1), got {v}")
+        check_hyperparameter("adam epsilon", self.given_params["epsilon"], low_inclusive=False)
+
+    @classmethod
+    def state_floats_for(cls, dim: int) -> int:
+        return 2 * dim + 1
+
+    def init_state(self, rows: np.ndarray, dim: int) -> None:
+        rows[:, dim:] = 0.0
+
+    def apply(self, buf, grads) -> None:
+        p = self.params
+        _adam(buf, grads, self.lr, p["beta1"], p["beta2"], p["epsilon"])
+
+
+class Ftrl(Optimizer):
+    """FTRL-Proximal (McMahan et al. 2013), per coordinate. state: z (dim), n (dim); the embedding holds the
+    weights w derived from them. learning_rate is alpha. A new row's z is set so that w starts at its initial
+    value: z = -w (beta / alpha + l2) - sign(w) l1."""
+
+    name = "ftrl"
+    DEFAULTS = {"beta": 1.0, "l1": 0.0, "l2": 0.0}
+    STATE_PER_DIM = 2
+
+    def __init__(self, learning_rate: float, params: dict[str, float]):
+        super().__init__(learning_rate, params)
+        for k in ("beta", "l1", "l2"):
+            check_hyperparameter(f"ftrl {k}", self.given_params[k])
+
+    def init_state(self, rows: np.ndarray, dim: int) -> None:
+        w = rows[:, :dim].astype(np.float64)
+        p = self.given_params
+        rows[:, dim : 2 * dim] = -w * (p["beta"] / float(self.lr) + p["l2"]) - np.sign(w) * p["l1"]
+        rows[:, 2 * dim : 3 * dim] = 0.0
+
+    def apply(self, buf, grads) -> None:
+        p = self.params
+        _ftrl(buf, grads, self.lr, p["beta"], p["l1"], p["l2"])
+
+
+OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad, Adam, Ftrl)}
 
 
 def get_optimizer(cfg) -> Optimizer:

@@ -67,8 +67,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         ids = wire.decode_ids(request.ids)
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")
-        self.shard.push(request.table, ids, grads)
+        shows = wire.decode_rows(request.shows, len(ids), 1, "shows")[:, 0] if request.shows else None
+        clicks = wire.decode_rows(request.clicks, len(ids), 1, "clicks")[:, 0] if request.clicks else None
+        self.shard.push(request.table, ids, grads, shows, clicks)
         return ps_pb2.PushResponse(num_applied=len(ids))
+
+    @_rpc
+    def AdvanceClock(self, request, context):
+        return ps_pb2.ClockResponse(step=self.shard.advance_clock(request.steps))
+
+    @_rpc
+    def Shrink(self, request, context):
+        return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
 
     @_rpc
     def Stats(self, request, context):

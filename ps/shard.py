@@ -45,6 +45,7 @@ class Shard:
             self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        self.clock = self.store.clock()
         self._replay()
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -63,6 +64,7 @@ class Shard:
                 raise RuntimeError(f"journal record {rec.seq} names table {rec.table!r}, which does not exist")
             rows += table.replay(rec)
             records += 1
+            self.clock = max(self.clock, rec.step)
         if records:
             log.info("replayed %d journal records (%d row updates) in %.2f s", records, rows, time.monotonic() - t0)
             self.flush()
@@ -112,7 +114,8 @@ class Shard:
         self.check_owned(ids)
         return table.pull(ids)
 
-    def push(self, name: str, ids: np.ndarray, grads: np.ndarray) -> None:
+    def push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> None:
+        """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
         table = self.table(name)
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
@@ -125,10 +128,41 @@ class Shard:
                 f"grads for table {name!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
                 f"{grads[bad].tolist()[:8]}; nothing was applied"
             )
+        shows = np.ones(len(ids), dtype=np.float32) if shows is None else shows
+        clicks = np.zeros(len(ids), dtype=np.float32) if clicks is None else clicks
+        for what, a in (("shows", shows), ("clicks", clicks)):
+            if a.shape != (len(ids),):
+                raise InvalidArgumentError(f"{what} for table {name!r} have shape {a.shape}, expected ({len(ids)},)")
+            ok = np.isfinite(a) & (a >= 0)
+            if not ok.all():
+                bad = int(np.flatnonzero(~ok)[0])
+                raise InvalidArgumentError(
+                    f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
+                )
         self.check_owned(ids)
-        table.push(ids, grads)
+        table.push(ids, grads, shows, clicks, self.clock)
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
+
+    # ---- clock and shrink ---------------------------------------------------------------------------
+    def advance_clock(self, steps: int) -> int:
+        with self._lock:
+            self.clock += steps
+            self.store.set_clock(self.clock)
+            return self.clock
+
+    def shrink(self, name: str = "") -> dict:
+        """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids."""
+        tables = [self.table(name)] if name else list(self.tables.values())
+        self.flush()  # shrink scans RocksDB: it must hold every row
+        dropped = sum(t.shrink(self.clock) for t in tables)
+        self.flush()
+        log.info("shrink at step %d dropped %d ids from %s", self.clock, dropped, [t.name for t in tables])
+        return {
+            "dropped": dropped,
+            "num_rows": sum(t.num_rows for t in tables),
+            "pending_ids": sum(t.num_pending for t in tables),
+        }
 
     # ---- flushing -------------------------------------------------------------------------------------
     def flush(self) -> int:
@@ -164,6 +198,7 @@ class Shard:
             "ram_budget_bytes": self.budget.limit_bytes,
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
+            "clock": self.clock,
         }
 
     def close(self) -> None:

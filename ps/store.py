@@ -3,10 +3,12 @@
 Layout, one RocksDB per server data dir:
     column family "meta":     b"shard"          -> JSON {"shard_id", "num_shards", "num_slots"}
                               b"table/" + name  -> JSON TableConfig.to_dict()
-                              b"count/" + name  -> ASCII decimal: rows stored for the table
+                              b"count/" + name  -> JSON {"admitted": rows, "pending": ids stored for table}
+                              b"clock"          -> ASCII decimal: the shard's clock (steps)
                               b"flushed_seq"    -> ASCII decimal: journal records <= this are all in RocksDB
     column family "t." + name:  key   = slot:u16be id:u64be             (10 bytes; a slot is one key range)
-                                value = row:f32le[width] lsn:u64le      (see ps.layout)
+                                value = row:f32le[width] lsn:u64le      (admitted; see ps.layout)
+                                      | stats:f32le[4] lsn:u64le        (not admitted yet)
 Big-endian keys make byte order numeric order, so a slot's rows are one contiguous range to scan or move.
 """
 
@@ -20,6 +22,7 @@ from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, Writ
 
 from ps.config import TableConfig
 from ps.errors import StorageError
+from ps.layout import STATS_FLOATS
 from ps.sharding import NUM_SLOTS, slot_of
 
 KEY_DTYPE = np.dtype([("slot", ">u2"), ("id", ">u8")])  # packed, 10 bytes
@@ -47,6 +50,11 @@ def _options(block_cache_bytes: int) -> Options:
     table = BlockBasedOptions()
     table.set_block_cache(Cache(block_cache_bytes))
     table.set_bloom_filter(10, False)
+    # index and filter blocks live in the (bounded) block cache, not in unbounded table-reader memory: at 10^8
+    # keys they are ~200 MB; the top level of each is pinned so lookups stay cheap
+    table.set_cache_index_and_filter_blocks(True)
+    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+    table.set_pin_top_level_index_and_filter(True)
     opts.set_block_based_table_factory(table)
     return opts
 
@@ -54,7 +62,7 @@ def _options(block_cache_bytes: int) -> Options:
 class Store:
     """Rows of every table of one shard, keyed by (slot, id). Writes go through WriteBatches (atomic)."""
 
-    def __init__(self, path: str, block_cache_bytes: int = 128 << 20, sync: bool = False):
+    def __init__(self, path: str, block_cache_bytes: int = 256 << 20, sync: bool = False):
         os.makedirs(path, exist_ok=True)
         self.path = path
         self._opts = _options(block_cache_bytes)
@@ -114,32 +122,78 @@ class Store:
         return cf
 
     # ---- rows -----------------------------------------------------------------------------------------
-    def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64 (found.sum(),)), one multi_get."""
-        dtype = _value_dtype(width)
+    def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
+        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64, complete bool), one multi_get.
+        A row that is not complete (an id not admitted yet) holds only its statistics, in its last
+        STATS_FLOATS columns; its other columns are zero."""
+        full, short = _value_dtype(width), _value_dtype(STATS_FLOATS)
         if len(ids) == 0:
-            return np.zeros(0, dtype=bool), np.zeros((0, width), dtype=np.float32), np.zeros(0, dtype=np.uint64)
+            z = np.zeros(0, dtype=bool)
+            return z, np.zeros((0, width), dtype=np.float32), np.zeros(0, dtype=np.uint64), z
         values = self._cf(table).get(encode_keys(ids))
+        present = [v for v in values if v is not None]
         found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        blob = b"".join(v for v in values if v is not None)
-        if len(blob) != dtype.itemsize * int(found.sum()):
-            bad = next(len(v) for v in values if v is not None and len(v) != dtype.itemsize)
-            raise StorageError(f"{self.path}: table {table} holds a row of {bad} bytes, expected {dtype.itemsize}")
-        parsed = np.frombuffer(blob, dtype=dtype)
-        return found, parsed["row"].copy(), parsed["lsn"].astype(np.uint64)
+        sizes = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
+        complete = sizes == full.itemsize
+        bad = ~complete & (sizes != short.itemsize)
+        if bad.any():
+            raise StorageError(
+                f"{self.path}: table {table} holds a row of {int(sizes[bad][0])} bytes, expected "
+                f"{full.itemsize} (a trained row) or {short.itemsize} (statistics only)"
+            )
+        rows = np.zeros((len(present), width), dtype=np.float32)
+        lsn = np.empty(len(present), dtype=np.uint64)
+        for mask, dtype in ((complete, full), (~complete, short)):
+            if mask.any():
+                parsed = np.frombuffer(b"".join(v for v, m in zip(present, mask) if m), dtype=dtype)
+                rows[mask, width - dtype["row"].shape[0] :] = parsed["row"]
+                lsn[mask] = parsed["lsn"]
+        return found, rows, lsn, complete
 
-    def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, total_rows: int) -> None:
-        """Writes rows (n, width) with their lsn for ids, and the table's row count, in one atomic WriteBatch."""
-        packed = np.empty(len(ids), dtype=_value_dtype(rows.shape[1]))
-        packed["row"] = rows
-        packed["lsn"] = lsn
-        values = packed.view(f"V{packed.dtype.itemsize}").tolist()
+    def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, complete: np.ndarray,
+                 counts: dict, delete: np.ndarray | None = None) -> None:  # fmt: skip
+        """Writes rows (n, width) with their lsn for ids, deletes the rows of `delete`, and writes the table's
+        counts, in one atomic WriteBatch. Rows that are not complete are stored as their last STATS_FLOATS
+        columns only."""
+        values = [None] * len(ids)
+        for mask, part in ((complete, rows), (~complete, rows[:, rows.shape[1] - STATS_FLOATS :])):
+            where = np.flatnonzero(mask)
+            if len(where):
+                packed = np.empty(len(where), dtype=_value_dtype(part.shape[1]))
+                packed["row"] = part[where]
+                packed["lsn"] = lsn[where]
+                for i, v in zip(where.tolist(), packed.view(f"V{packed.dtype.itemsize}").tolist()):
+                    values[i] = v
         handle = self._db.get_column_family_handle(TABLE_CF_PREFIX + table)
         batch = WriteBatch(raw_mode=True)
         for key, value in zip(encode_keys(ids), values):
             batch.put(key, value, handle)
-        batch.put(b"count/" + table.encode(), str(total_rows).encode(), self._db.get_column_family_handle(META_CF))
+        if delete is not None:
+            for key in encode_keys(delete):
+                batch.delete(key, handle)
+        batch.put(b"count/" + table.encode(), json.dumps(counts).encode(), self._db.get_column_family_handle(META_CF))
         self._db.write(batch, self._write_opts)
+
+    def scan(self, table: str, width: int, after: bytes | None, limit: int):
+        """Up to `limit` stored rows after key `after` (None: from the start), in key order:
+        (ids, rows, lsn, complete, last key) as get_rows returns them, or None at the end. Bounded memory."""
+        it = self._cf(table).iter()
+        if after is None:
+            it.seek_to_first()
+        else:
+            it.seek(after)
+            if it.valid() and it.key() == after:
+                it.next()
+        keys = []
+        while it.valid() and len(keys) < limit:
+            keys.append(it.key())
+            it.next()
+        del it
+        if not keys:
+            return None
+        ids = np.array([int.from_bytes(k[2:], "big") for k in keys], dtype=np.uint64)
+        _, rows, lsn, complete = self.get_rows(table, ids, width)
+        return ids, rows, lsn, complete, keys[-1]
 
     def flushed_seq(self) -> int:
         raw = self._meta.get(b"flushed_seq")
@@ -151,10 +205,21 @@ class Store:
         if self._write_opts.sync:
             self._db.flush_wal(True)
 
-    def count_rows(self, table: str) -> int:
-        """Exact number of rows stored for table (kept in meta, updated atomically with every put_rows)."""
+    def counts(self, table: str) -> dict:
+        """{"admitted": rows, "pending": ids} stored for table (kept in meta, updated atomically with rows)."""
         raw = self._meta.get(b"count/" + table.encode())
+        return json.loads(raw) if raw is not None else {"admitted": 0, "pending": 0}
+
+    def clock(self) -> int:
+        raw = self._meta.get(b"clock")
         return int(raw) if raw is not None else 0
+
+    def set_clock(self, step: int) -> None:
+        self._meta.put(b"clock", str(step).encode(), self._write_opts)
+
+    def disk_bytes(self, table: str) -> int:
+        """SST bytes of the table's column family (RocksDB's estimate; memtables not included)."""
+        return int(self._cf(table).property_int_value("rocksdb.total-sst-files-size") or 0)
 
     def iter_rows(self, table: str):
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""

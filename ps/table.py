@@ -1,21 +1,26 @@
 """Table: one sparse table of one shard: a bounded RAM Arena in front of the Store, with journaled pushes.
 
 - pull: look the ids up in the arena; misses are read from RocksDB with one multi_get (or initialized from a
-  hash of the id when RocksDB has no row) and admitted, evicting cold rows (dirty ones are written back first,
-  in one WriteBatch); then one compiled gather.
+  hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows (dirty ones are written back
+  first, in one WriteBatch); then one compiled gather.
 - push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, compute the updated
-  rows into a buffer (rejecting a float32 overflow), append the push to the journal (durable from here on),
-  then scatter the buffer; the rows become dirty and carry the push's seq as their lsn. The Shard's flusher
-  writes dirty rows to RocksDB in the background.
+  rows into a buffer (optimizer step, then statistics and admission, weight clipping; a float32 overflow is
+  rejected), append the push to the journal (durable from here on), then scatter the buffer; the rows become
+  dirty and carry the push's seq as their lsn. The Shard's flusher writes dirty rows to RocksDB.
+- admission: an id's statistics (show, click, last step) count from its first push; it gets a trained row once
+  its show count reaches admission.min_count (and then with admission.probability per push). Until then its
+  pushes only count, its pulls return the initial value, and RocksDB keeps only its statistics.
+- shrink: decay show and click, drop ids past their TTL or under the score threshold, in RAM and RocksDB.
 - replay (start-up): journal records after the last flush are applied again to the rows whose lsn is older.
 A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows.
-Thread-safety: one lock per table serializes pull, push, flush.
+Thread-safety: one lock per table serializes pull, push, flush, shrink.
 """
 
 from __future__ import annotations
 
 import threading
 
+import numba
 import numpy as np
 
 from ps.arena import Arena, MemoryBudget
@@ -23,12 +28,45 @@ from ps.config import TableConfig
 from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
 from ps.journal import Journal, Record
-from ps.layout import RowLayout
-from ps.optim import get_optimizer
+from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS, RowLayout
+from ps.optim import first_nonfinite_row, get_optimizer
 from ps.rowcopy import gather
+from ps.sharding import mix64_scalar
 from ps.store import Store
 
 FLUSH_CHUNK_ROWS = 65536
+
+
+@numba.njit(nogil=True, cache=True)
+def _account(data, rows, buf, ids, shows, clicks, step, stats_col, dim, min_count, probability, bound):
+    """After the optimizer step in buf: add show/click, stamp the step, decide admission. A row that is not
+    admitted gets its old embedding and state back (its pushes only count). Clips admitted embeddings to
+    [-bound, bound] if bound > 0. Returns how many ids were admitted by this push."""
+    admitted_now = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        show = data[r, stats_col + SHOW] + shows[i]
+        admitted = data[r, stats_col + ADMITTED] > 0
+        if not admitted and show >= min_count:
+            if probability >= 1.0:
+                admitted = True
+            else:  # a pure function of (id, show): replaying the journal decides the same way
+                h = mix64_scalar(ids[i] ^ mix64_scalar(np.uint64(show * 16.0)))
+                admitted = np.float64(h >> np.uint64(11)) * (1.0 / 9007199254740992.0) < probability
+            if admitted:
+                admitted_now += 1
+        if admitted:
+            if bound > 0:
+                for j in range(dim):
+                    buf[i, j] = min(max(buf[i, j], -bound), bound)
+        else:
+            for j in range(stats_col):
+                buf[i, j] = data[r, j]
+        buf[i, stats_col + SHOW] = show
+        buf[i, stats_col + CLICK] = data[r, stats_col + CLICK] + clicks[i]
+        buf[i, stats_col + LAST_STEP] = step
+        buf[i, stats_col + ADMITTED] = 1.0 if admitted else 0.0
+    return admitted_now
 
 
 class Table:
@@ -39,14 +77,18 @@ class Table:
         self.optimizer = get_optimizer(cfg.optimizer)
         self.layout = RowLayout(cfg.dim, self.optimizer.state_floats(cfg.dim))
         self.width = self.layout.width
+        self.stats_col = self.layout.stats_col
         self.store = store
         self.journal = journal
         self.arena = Arena(self.width, budget)
-        self.num_stored = store.count_rows(cfg.name)  # rows in RocksDB
-        self.num_rows = self.num_stored  # rows that exist: in RocksDB, or pushed since (dirty)
+        self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
+        self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
+        self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = threading.Lock()
         self.closed = False
-        self.counters = {"pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0}
+        self.counters = {
+            "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
+        }  # fmt: skip
 
     # ---- public API -----------------------------------------------------------------------------------
     def pull(self, ids: np.ndarray) -> np.ndarray:
@@ -62,12 +104,14 @@ class Table:
             self.counters["ids_pulled"] += len(ids)
         return out
 
-    def push(self, ids: np.ndarray, grads: np.ndarray) -> int:
-        """Applies the optimizer to the rows of unique ids with (n, dim) finite grads; durable on return.
-        Returns the push's journal seq. Nothing changes if it is rejected (duplicate ids, a result that
-        would not be finite) or the journal cannot be written."""
+    def push(self, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray, step: int) -> int:
+        """Applies one push of unique ids: (n, dim) finite grads, and per id its shows and clicks, at clock
+        step. Durable on return; returns the journal seq. Nothing changes if it is rejected (duplicate ids, a
+        result that would not be finite) or the journal cannot be written."""
         ids = np.ascontiguousarray(ids, dtype="<u8")
         grads = np.ascontiguousarray(grads, dtype="<f4")
+        shows = np.ascontiguousarray(shows, dtype="<f4")
+        clicks = np.ascontiguousarray(clicks, dtype="<f4")
         if len(ids) == 0:
             return 0
         with self.lock:
@@ -77,15 +121,23 @@ class Table:
                 _, first, counts = np.unique(ids, return_index=True, return_counts=True)
                 if (counts > 1).any():
                     self._raise_duplicate(ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
-            updates = []  # (lo, hi, rows, new rows): computed first, committed once the journal has the push
+            updates = []  # (lo, hi, rows, new rows, admitted): computed first, committed once journaled
             for lo, hi in chunks:
                 rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
-                updates.append((lo, hi, rows, self._updated(rows, grads[lo:hi], ids[lo:hi])))
-            seq = self.journal.append(self.name, ids, grads)
-            for lo, hi, rows, buf in updates:
+                buf, admitted = self._updated(rows, ids[lo:hi], grads[lo:hi], shows[lo:hi], clicks[lo:hi], step)
+                bad = first_nonfinite_row(buf.view(np.uint32))
+                if bad >= 0:
+                    raise InvalidArgumentError(
+                        f"push to table {self.name!r} would make the row of id {int(ids[lo + bad])} non-finite "
+                        f"(float32 overflow: gradient {grads[lo + bad].tolist()[:8]}); nothing was applied"
+                    )
+                updates.append((lo, hi, rows, buf, admitted))
+            seq = self.journal.append(self.name, ids, grads, shows, clicks, step)
+            for lo, hi, rows, buf, admitted in updates:
                 if len(updates) > 1:  # an earlier chunk's rows may have been evicted (unchanged) since
                     rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
                 self._commit(rows, buf, seq)
+                self.counters["admitted"] += admitted
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
             return seq
@@ -95,11 +147,16 @@ class Table:
         updated = 0
         with self.lock:
             for lo, hi in self._chunks(len(record.ids)):
-                rows = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
-                todo = self.arena.lsn[rows] < np.uint64(record.seq)
-                rows = rows[todo]
-                self._commit(rows, self._updated(rows, np.ascontiguousarray(record.grads[lo:hi][todo])), record.seq)
-                updated += len(rows)
+                ids = record.ids[lo:hi]
+                rows = self._resolve(ids, self.arena.new_stamp())
+                todo = np.flatnonzero(self.arena.lsn[rows] < np.uint64(record.seq))
+                buf, admitted = self._updated(
+                    rows[todo], ids[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
+                    record.shows[lo:hi][todo], record.clicks[lo:hi][todo], record.step,
+                )  # fmt: skip
+                self._commit(rows[todo], buf, record.seq)
+                self.counters["admitted"] += admitted
+                updated += len(todo)
         return updated
 
     def flush(self) -> int:
@@ -116,8 +173,38 @@ class Table:
                 if start >= self.arena.used:
                     return written
 
+    def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS) -> int:
+        """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
+        `clock` or scoring under eviction.score_threshold, in RocksDB and in RAM. Scans RocksDB in chunks of
+        chunk_rows (bounded memory), so call flush() first. Returns the number of ids dropped."""
+        ev, sc = self.cfg.eviction, self.stats_col
+        after, dropped = None, 0
+        while True:
+            with self.lock:
+                self._check_open()
+                got = self.store.scan(self.name, self.width, after, chunk_rows)
+                if got is None:
+                    return dropped
+                ids, rows, lsn, complete, after = got
+                in_ram = self.arena.index.lookup(ids)
+                ram = in_ram >= 0
+                if ram.any():  # RAM is as new as RocksDB or newer
+                    rows[ram] = self.arena.data[in_ram[ram]]
+                    lsn[ram] = self.arena.lsn[in_ram[ram]]
+                    complete[ram] = rows[ram, sc + ADMITTED] > 0
+                rows[:, sc + SHOW] *= ev.decay
+                rows[:, sc + CLICK] *= ev.decay
+                show, click = rows[:, sc + SHOW], rows[:, sc + CLICK]
+                drop = np.zeros(len(ids), dtype=bool)
+                if ev.ttl_steps > 0:
+                    drop |= rows[:, sc + LAST_STEP] < clock - ev.ttl_steps
+                if ev.score_threshold > 0:
+                    drop |= (show - click) * ev.nonclk_coeff + click * ev.click_coeff < ev.score_threshold
+                self._apply_shrink(ids, rows, lsn, complete, in_ram, drop)
+                dropped += int(drop.sum())
+
     def peek(self, ids: np.ndarray) -> np.ndarray:
-        """(n, width) full rows (embedding and optimizer state), for tests and tools."""
+        """(n, width) full rows (embedding, optimizer state, statistics), for tests and tools."""
         out = np.empty((len(ids), self.width), dtype=np.float32)
         with self.lock:
             for lo, hi in self._chunks(len(ids)):
@@ -131,8 +218,10 @@ class Table:
             "name": self.name,
             "dim": self.dim,
             "num_rows": self.num_rows,
-            "rows_in_ram": a.used,
-            "rows_on_disk": self.num_stored,
+            "pending_ids": self.num_pending,
+            "rows_in_ram": a.used - len(a.free),
+            "rows_on_disk": self.stored_counts["admitted"],
+            "disk_bytes": self.store.disk_bytes(self.name),
             "dirty_rows": int(np.count_nonzero(a.dirty[: a.used])),
             "evictions": a.evictions,
             "ram_bytes": a.ram_bytes(),
@@ -140,14 +229,14 @@ class Table:
         }
 
     # ---- internals (lock held) ----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ShardClosingError(f"table {self.name!r}: the server is shutting down")
+
     def _chunks(self, n: int):
         step = self.arena.max_pinnable()
         for lo in range(0, max(n, 1), step):
             yield lo, min(n, lo + step)
-
-    def _check_open(self) -> None:
-        if self.closed:
-            raise ShardClosingError(f"table {self.name!r}: the server is shutting down")
 
     def _raise_duplicate(self, ids: np.ndarray, dup: int):
         first = int(np.flatnonzero(ids == ids[dup])[0])
@@ -157,7 +246,7 @@ class Table:
         )
 
     def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False) -> np.ndarray:
-        """Arena row of each id; admits missing ids. With reject_duplicates, a repeated id raises
+        """Arena row of each id; admits missing ids to RAM. With reject_duplicates, a repeated id raises
         InvalidArgumentError before anything is admitted."""
         rows, dup = self.arena.lookup(ids, stamp)
         miss = np.flatnonzero(rows < 0)
@@ -174,20 +263,26 @@ class Table:
             self.counters["cache_misses"] += len(missing)
         return rows
 
+    def _initial(self, ids: np.ndarray) -> np.ndarray:
+        """Rows of ids never pushed: initial embedding, initial optimizer state, zero statistics."""
+        block = np.zeros((len(ids), self.width), dtype=np.float32)
+        init_rows(self.cfg.initializer, ids, block, self.dim)
+        self.optimizer.init_state(block[:, : self.stats_col], self.dim)
+        return block
+
     def _admit(self, ids: np.ndarray, stamp: int) -> np.ndarray:
-        found, stored_rows, stored_lsn = self.store.get_rows(self.name, ids, self.width)
-        block = np.empty((len(ids), self.width), dtype=np.float32)
+        found, stored_rows, stored_lsn, complete = self.store.get_rows(self.name, ids, self.width)
+        block = self._initial(ids)
         lsn = np.zeros(len(ids), dtype=np.uint64)
-        block[found] = stored_rows
-        lsn[found] = stored_lsn
-        fresh = ~found
-        if fresh.any():
-            new = np.empty((int(fresh.sum()), self.width), dtype=np.float32)
-            init_rows(self.cfg.initializer, ids[fresh], new, self.dim)
-            self.optimizer.init_state(new, self.dim)
-            block[fresh] = new
+        where = np.flatnonzero(found)
+        full, partial = where[complete], where[~complete]
+        block[full] = stored_rows[complete]
+        block[partial, self.stats_col :] = stored_rows[~complete, self.stats_col :]
+        lsn[where] = stored_lsn
+        stored = np.zeros(len(ids), dtype=np.uint8)
+        stored[partial], stored[full] = 1, 2
         rows = self._make_room(len(ids), stamp)
-        self.arena.install(rows, ids, block, lsn, found.astype(np.uint8), stamp)
+        self.arena.install(rows, ids, block, lsn, stored, stamp)
         return rows
 
     def _make_room(self, n: int, stamp: int) -> np.ndarray:
@@ -203,29 +298,59 @@ class Table:
             rows = np.concatenate([rows, victims])
         return rows
 
-    def _updated(self, rows: np.ndarray, grads: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
-        """The rows after the optimizer step (a new buffer; the arena is untouched). With ids, a result that
-        is not finite (float32 overflow) raises InvalidArgumentError."""
+    def _updated(self, rows, ids, grads, shows, clicks, step) -> tuple[np.ndarray, int]:
+        """(the rows after this push, in a new buffer, ids admitted by it); the arena is untouched."""
         buf = np.empty((len(rows), self.width), dtype=np.float32)
-        bad = self.optimizer.step(self.arena.data, rows, grads, buf)
-        if ids is not None and bad >= 0:
-            raise InvalidArgumentError(
-                f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
-                f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
-            )
-        return buf
+        self.optimizer.step(self.arena.data, rows, grads, buf)
+        adm = self.cfg.admission
+        admitted = _account(
+            self.arena.data, rows, buf, ids, shows, clicks, np.float32(step), self.stats_col, self.dim,
+            np.float32(adm.min_count), adm.probability, np.float32(self.cfg.weight_bound),
+        )  # fmt: skip
+        return buf, admitted
 
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
-        """Puts updated rows into the arena as dirty rows at lsn seq."""
-        self.num_rows += self.arena.commit(rows, buf, seq)
+        d_admitted, d_pending = self.arena.commit(rows, buf, seq, self.stats_col + ADMITTED)
+        self.num_rows += d_admitted
+        self.num_pending += d_pending
+
+    def _counts_after(self, before: np.ndarray, after: np.ndarray) -> dict:
+        """Stored counts once rows whose stored flags are `before` are stored as `after` (0/1/2)."""
+        c = dict(self.stored_counts)
+        c["admitted"] += int(np.count_nonzero(after == 2)) - int(np.count_nonzero(before == 2))
+        c["pending"] += int(np.count_nonzero(after == 1)) - int(np.count_nonzero(before == 1))
+        return c
 
     def _persist(self, rows: np.ndarray) -> None:
-        """Writes rows (data + lsn) to RocksDB with the new row count, then marks them clean and stored."""
+        """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored."""
         a = self.arena
         buf = np.empty((len(rows), self.width), dtype=np.float32)
         gather(a.data, rows, self.width, buf)
-        new = int(len(rows) - np.count_nonzero(a.stored[rows]))
-        self.store.put_rows(self.name, a.ids[rows], buf, a.lsn[rows], total_rows=self.num_stored + new)
-        self.num_stored += new
-        a.stored[rows] = 1
+        complete = buf[:, self.stats_col + ADMITTED] > 0
+        after = np.where(complete, 2, 1).astype(np.uint8)
+        counts = self._counts_after(a.stored[rows], after)
+        self.store.put_rows(self.name, a.ids[rows], buf, a.lsn[rows], complete, counts)
+        self.stored_counts = counts
+        a.stored[rows] = after
         a.dirty[rows] = 0
+
+    def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop) -> None:
+        """Writes a shrink chunk: decayed rows kept, dropped rows deleted, in RocksDB and RAM."""
+        a, keep = self.arena, ~drop
+        ram_rows = in_ram[in_ram >= 0]
+        before = np.full(len(ids), 0, dtype=np.uint8)
+        before[in_ram >= 0] = a.stored[ram_rows]
+        before[in_ram < 0] = np.where(complete[in_ram < 0], 2, 1)
+        after = np.where(drop, 0, np.where(complete, 2, 1)).astype(np.uint8)
+        counts = self._counts_after(before, after)
+        self.num_rows -= int(np.count_nonzero(drop & complete))
+        self.num_pending -= int(np.count_nonzero(drop & ~complete))
+        self.store.put_rows(self.name, ids[keep], rows[keep], lsn[keep], complete[keep], counts, delete=ids[drop])
+        self.stored_counts = counts
+        kept_ram, dropped_ram = in_ram[keep & (in_ram >= 0)], in_ram[drop & (in_ram >= 0)]
+        a.data[kept_ram] = rows[keep & (in_ram >= 0)]
+        a.stored[kept_ram] = after[keep & (in_ram >= 0)]
+        a.dirty[kept_ram] = 0
+        if len(dropped_ram):
+            a.release(dropped_ram)
+        self.counters["dropped"] += int(drop.sum())

@@ -6,10 +6,12 @@ Decoders check lengths and say what was expected and what arrived; they return r
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from protos import ps_pb2
-from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import InvalidArgumentError
 
 IDS_DTYPE = np.dtype("<u8")
@@ -53,6 +55,9 @@ def table_config_to_proto(cfg: TableConfig) -> ps_pb2.TableSpec:
         optimizer=ps_pb2.OptimizerSpec(
             name=cfg.optimizer.name, learning_rate=cfg.optimizer.learning_rate, params=dict(cfg.optimizer.params)
         ),
+        weight_bound=cfg.weight_bound,
+        admission=ps_pb2.AdmissionSpec(min_count=cfg.admission.min_count, probability=cfg.admission.probability),
+        eviction=ps_pb2.EvictionSpec(**dataclasses.asdict(cfg.eviction)),
     )
 
 
@@ -71,7 +76,20 @@ def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
             learning_rate=o.learning_rate if o.HasField("learning_rate") else opt.learning_rate,
             params=dict(sorted(o.params.items())),
         )
-    return TableConfig(name=spec.name, dim=spec.dim, initializer=init, optimizer=opt)
+    return TableConfig(
+        name=spec.name,
+        dim=spec.dim,
+        initializer=init,
+        optimizer=opt,
+        weight_bound=spec.weight_bound,
+        admission=AdmissionConfig(**_set_fields(spec.admission)),
+        eviction=EvictionConfig(**_set_fields(spec.eviction)),
+    )
+
+
+def _set_fields(msg) -> dict:
+    """The fields of a message that are set (proto3 optional or non-default), as a dict."""
+    return {f.name: v for f, v in msg.ListFields()}
 
 
 def tune_malloc() -> bool:

@@ -94,7 +94,7 @@ def test_bad_requests_get_precise_statuses_and_change_nothing(shard1):
     np.testing.assert_array_equal(after[0], before[0])
     assert after[1:3] == before[1:3] and after[3] == before[3] + 1  # + the one accepted push to "sgd"
     info = stub.DescribeTable(ps_pb2.DescribeTableRequest(table="emb"))
-    assert info.num_rows == 50 and info.row_floats == 8
+    assert info.num_rows == 50 and info.row_floats == 4 + 4 + 4  # embedding, adagrad state, statistics
 
 
 def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1):

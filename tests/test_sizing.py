@@ -9,11 +9,12 @@ from ps.sizing import size_report
 
 def test_size_report_uses_the_layout_the_server_uses():
     r = size_report(10**9, 16, "adagrad", 4, 0.1)
-    assert r["floats_per_row"] == 32 and r["parameters"] == 16 * 10**9
-    assert r["raw_row_bytes"] == 10 + 32 * 4 + 8  # key + floats + lsn
-    assert r["ram_bytes_per_row"] == Arena(32, MemoryBudget(1 << 20)).row_charge
+    assert r["floats_per_row"] == 16 + 16 + 4 and r["parameters"] == 16 * 10**9  # embedding, state, statistics
+    assert r["raw_row_bytes"] == 10 + 36 * 4 + 8  # key + floats + lsn
+    assert r["ram_bytes_per_row"] == Arena(36, MemoryBudget(1 << 20)).row_charge
     assert r["disk_bytes_per_server"] == 250_000_000 * layout_of(16, "adagrad").disk_bytes
-    assert size_report(10, 16, "sgd", 1, 1.0)["floats_per_row"] == 16
+    assert size_report(10, 16, "sgd", 1, 1.0)["floats_per_row"] == 20
+    assert size_report(10, 16, "adam", 1, 1.0)["floats_per_row"] == 16 + 33 + 4
 
 
 def test_size_command_prints_json_and_rejects_unknown_optimizers():

@@ -112,9 +112,10 @@ def test_adagrad_state_survives_flush_and_restart(tmp_path):
     ids = np.array([7, 8], dtype=np.uint64)
     shard.push("a", ids, np.full((2, 2), 2.0, dtype=np.float32))
     before = shard.table("a").peek(ids)
-    np.testing.assert_allclose(before[:, 2:], 5.0)  # 1 + 2^2
+    np.testing.assert_allclose(before[:, 2:4], 5.0)  # 1 + 2^2
+    np.testing.assert_array_equal(before[:, 4:], [[1, 0, 0, 1]] * 2)  # show, click, last step, admitted
     shard.close()
     shard = Shard(ServerConfig(data_dir=str(tmp_path)))
     np.testing.assert_array_equal(shard.table("a").peek(ids), before)
-    assert shard.table("a").num_stored == 2 and shard.journal.size_bytes() == 0
+    assert shard.table("a").stored_counts == {"admitted": 2, "pending": 0} and shard.journal.size_bytes() == 0
     shard.close()

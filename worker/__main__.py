@@ -40,7 +40,7 @@ def _add_train(sub) -> None:
     model = p.add_argument_group("model and optimizer")
     model.add_argument("--model", default=d.model, choices=["fm", "lr"], help="fm: factorization machine; lr: logistic regression")
     model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="FM latent factors per id")
-    model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "sgd"], help="server-side optimizer")
+    model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "adam", "ftrl", "sgd"], help="server-side optimizer")
     model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="server-side optimizer step size")
     model.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step")
     model.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
