@@ -182,3 +182,52 @@ class ServerConfig:
             raise ValueError(f"cache_bytes must be positive, got {self.cache_bytes}")
         if self.flush_interval_s <= 0:
             raise ValueError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")
+
+
+_SECTIONS = {
+    "initializer": InitializerConfig,
+    "optimizer": OptimizerConfig,
+    "admission": AdmissionConfig,
+    "eviction": EvictionConfig,
+}
+
+
+def table_configs_from_toml(text: str, source: str = "table config") -> dict[str, dict]:
+    """Parses a TOML file of tables, one section each, into {name: fields for TableConfig}:
+
+        [fm]
+        dim = 9                      # optional where the model decides it
+        weight_bound = 10.0
+        initializer = { name = "uniform", scale = 0.01, seed = 0 }
+        optimizer = { name = "ftrl", learning_rate = 0.05, params = { l1 = 1.0, l2 = 0.1 } }
+        admission = { min_count = 2 }
+        eviction = { ttl_steps = 1000, score_threshold = 0.5, decay = 0.98 }
+
+    InvalidArgumentError names the table and key that is wrong."""
+    import tomllib
+
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InvalidArgumentError(f"{source}: not valid TOML: {e}") from None
+    out = {}
+    for name, spec in doc.items():
+        if not isinstance(spec, dict):
+            raise InvalidArgumentError(f"{source}: [{name}] must be a table of settings, got {spec!r}")
+        fields: dict = {"name": name}
+        for key, value in spec.items():
+            if key in _SECTIONS:
+                cls = _SECTIONS[key]
+                known = {f.name for f in dataclasses.fields(cls)}
+                unknown = sorted(set(value) - known) if isinstance(value, dict) else ["(not a table)"]
+                if unknown:
+                    raise InvalidArgumentError(f"{source}: [{name}.{key}] has unknown keys {unknown}; known: {sorted(known)}")
+                fields[key] = cls(**value)
+            elif key in ("dim", "weight_bound"):
+                fields[key] = value
+            else:
+                raise InvalidArgumentError(
+                    f"{source}: [{name}] has unknown key {key!r}; known: dim, weight_bound, {', '.join(_SECTIONS)}"
+                )
+        out[name] = fields
+    return out

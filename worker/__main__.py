@@ -44,6 +44,10 @@ def _add_train(sub) -> None:
     model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="server-side optimizer step size")
     model.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step")
     model.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
+    model.add_argument(
+        "--table-config", help="TOML file with table settings (optimizer and its parameters, initializer, weight "
+        "bound, admission, eviction) that override the model's defaults; see docs/tables.md",
+    )  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -63,12 +67,27 @@ def _add_synth(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _add_cluster_commands(sub) -> None:
+    for name, help_text in (
+        ("stats", "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters"),
+        ("shrink", "run the tables' eviction rules (TTL, decayed score) on every shard; print how many ids went"),
+    ):
+        p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+        p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
+        p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == "shrink":
+            p.add_argument("--table", default="", help="only this table (default: all)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-worker", description="sparseps worker: train CTR models on parameter servers.")
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True)
     _add_train(sub)
     _add_synth(sub)
+    _add_cluster_commands(sub)
     return p
 
 
@@ -92,6 +111,7 @@ def _train(args) -> int:
         epochs=args.epochs,
         timeout_s=args.timeout_s,
         metrics_out=args.metrics_out,
+        table_config=args.table_config,
         progress=not args.no_progress,
     )
     print(format_results(train(cfg)), flush=True)
@@ -109,12 +129,58 @@ def _synth(args) -> int:
     return 0
 
 
+def _stats(args) -> int:
+    import json
+
+    from google.protobuf.json_format import MessageToDict
+
+    from worker.client import Client
+
+    with Client(args.servers.split(","), timeout_s=args.timeout_s) as client:
+        client.wait_ready()
+        shards = client.stats()
+    if args.json:
+        print(json.dumps([MessageToDict(s, preserving_proto_field_name=True) for s in shards]))
+        return 0
+    cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
+            "admitted", "dropped", "pulls", "pushes")  # fmt: skip
+    print(f"{'shard':>5} {'table':<12} " + " ".join(f"{c:>12}" for c in cols))
+    for s in shards:
+        for t in s.tables:
+            print(f"{s.shard_id:>5} {t.name:<12} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
+        print(f"{s.shard_id:>5} clock {s.clock}, RAM {s.ram_used_bytes / 2**20:,.1f} of "
+              f"{s.ram_budget_bytes / 2**20:,.0f} MiB, journal {s.journal_bytes / 2**20:,.1f} MiB")  # fmt: skip
+    return 0
+
+
+def _shrink(args) -> int:
+    import json
+
+    from worker.client import Client
+
+    with Client(args.servers.split(","), timeout_s=args.timeout_s) as client:
+        client.wait_ready()
+        replies = client.shrink(args.table)
+    result = {
+        "dropped": sum(r.dropped for r in replies),
+        "num_rows": sum(r.num_rows for r in replies),
+        "pending_ids": sum(r.pending_ids for r in replies),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for i, r in enumerate(replies):
+            print(f"shard {i}: dropped {r.dropped:,} ids; {r.num_rows:,} rows and {r.pending_ids:,} pending ids left")
+        print(f"all shards: dropped {result['dropped']:,}; {result['num_rows']:,} rows, {result['pending_ids']:,} pending")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
-        return {"train": _train, "synth": _synth}[args.command](args)
+        return {"train": _train, "synth": _synth, "stats": _stats, "shrink": _shrink}[args.command](args)
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2

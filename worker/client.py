@@ -124,20 +124,38 @@ class Client:
             rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
         return rows[inverse.ravel()]
 
-    def push(self, table: str, ids: np.ndarray, grads: np.ndarray) -> None:
-        """Sums the grads of duplicate ids, then applies them on the owning shards. grads: (len(ids), dim)."""
+    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None) -> None:
+        """Sums the grads of duplicate ids, then applies them on the owning shards. grads: (len(ids), dim).
+        Each occurrence of an id is one show; clicks (len(ids),), e.g. the label of each occurrence's example,
+        are summed per id the same way (None: no clicks)."""
         ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
         dim = self.dim(table)
         grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-        uniq, summed = sum_duplicates(ids, grads)
+        counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
+        counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
+        uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
         parts = list(self._route(uniq, dim))
         requests = [
             ps_pb2.PushRequest(
-                table=table, ids=wire.encode_ids(uniq[sel]), grads=wire.encode_rows(summed[sel]), dim=dim
+                table=table,
+                ids=wire.encode_ids(uniq[sel]),
+                grads=wire.encode_rows(summed[sel, :dim]),
+                dim=dim,
+                shows=wire.encode_rows(summed[sel, dim]),
+                clicks=wire.encode_rows(summed[sel, dim + 1]),
             )
             for _, sel in parts
         ]
         self._call_many("Push", [s for s, _ in parts], requests)
+
+    def advance_clock(self, steps: int = 1) -> int:
+        """Advances every shard's clock; returns the new step (of shard 0)."""
+        replies = self._call_all("AdvanceClock", [ps_pb2.AdvanceClockRequest(steps=steps)] * len(self._stubs))
+        return int(replies[0].step)
+
+    def shrink(self, table: str = "") -> list[ps_pb2.ShrinkResponse]:
+        """Runs the eviction rules of one table (or all) on every shard."""
+        return self._call_all("Shrink", [ps_pb2.ShrinkRequest(table=table)] * len(self._stubs))
 
     # ---- plumbing -------------------------------------------------------------------------------------
     def _route(self, uniq: np.ndarray, dim: int):

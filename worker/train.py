@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from ps.config import OptimizerConfig
+from ps.config import OptimizerConfig, TableConfig, table_configs_from_toml
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.criteo import read_criteo
@@ -47,6 +47,7 @@ class TrainConfig:
     batch_size: int = 2048
     epochs: int = 1
     timeout_s: float = 60.0
+    table_config: str | None = None  # TOML: overrides the model table's initializer, optimizer, admission, ...
     metrics_out: str | None = None
     progress: bool = True
 
@@ -62,6 +63,8 @@ class TrainConfig:
             raise ValueError("--batch-size and --epochs must be >= 1")
         if not self.servers and self.local_shards < 1:
             raise ValueError("give --servers, or --local-shards >= 1")
+        if self.table_config and not os.path.isfile(self.table_config):
+            raise ValueError(f"table config {self.table_config} does not exist")
 
 
 class DataSource:
@@ -116,6 +119,25 @@ def make_model(cfg: TrainConfig) -> Model:
     return MODELS[cfg.model](cfg.embedding_dim, opt)
 
 
+def table_configs(cfg: TrainConfig, model: Model) -> list[TableConfig]:
+    """The model's tables, with the settings of --table-config applied to the tables it names."""
+    tables = model.table_configs()
+    if not cfg.table_config:
+        return tables
+    with open(cfg.table_config) as f:
+        overrides = table_configs_from_toml(f.read(), cfg.table_config)
+    unknown = sorted(set(overrides) - {t.name for t in tables})
+    if unknown:
+        raise ValueError(f"{cfg.table_config} names tables {unknown}; model {cfg.model} has {[t.name for t in tables]}")
+    out = []
+    for t in tables:
+        fields = dict(overrides.get(t.name, {}))
+        if fields.get("dim", t.dim) != t.dim:
+            raise ValueError(f"{cfg.table_config}: table {t.name} has dim {fields['dim']}, model {cfg.model} needs {t.dim}")
+        out.append(dataclasses.replace(t, **fields).normalized())
+    return out
+
+
 def run_epochs(client: Client, model: Model, data: DataSource, cfg: TrainConfig) -> tuple[int, float, float]:
     """Trains; returns (examples, seconds, running logloss at the end)."""
     running = RunningMean(0.95)
@@ -126,7 +148,9 @@ def run_epochs(client: Client, model: Model, data: DataSource, cfg: TrainConfig)
             n, fields = batch.ids.shape
             rows = client.pull(model.table, batch.ids).reshape(n, fields, model.dim)
             probs, grads = model.forward_backward(rows, batch.labels)
-            client.push(model.table, batch.ids, grads.reshape(n * fields, model.dim))
+            clicks = np.repeat(batch.labels, fields)  # each id of a clicked example is clicked once
+            client.push(model.table, batch.ids, grads.reshape(n * fields, model.dim), clicks)
+            client.advance_clock()
             running.update(logloss(batch.labels, probs))
             examples += n
             bar.update(n)
@@ -161,7 +185,7 @@ def train(cfg: TrainConfig) -> dict:
     data = DataSource(cfg)
     with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s) as client:
         client.wait_ready()
-        for table in model.table_configs():
+        for table in table_configs(cfg, model):
             client.create_table(table)
         examples, seconds, train_logloss = run_epochs(client, model, data, cfg)
         results = {
@@ -173,6 +197,9 @@ def train(cfg: TrainConfig) -> dict:
             "train_logloss": train_logloss,
         }
         results.update(evaluate(client, model, data))
+        tables = [t for shard in client.stats() for t in shard.tables]
+        results["table_rows"] = sum(t.num_rows for t in tables)  # ids with a trained row
+        results["pending_ids"] = sum(t.pending_ids for t in tables)  # ids seen but not admitted
     if cfg.metrics_out:
         with open(cfg.metrics_out, "w") as f:
             json.dump({"config": dataclasses.asdict(cfg), **results}, f, indent=2)
@@ -184,6 +211,8 @@ def format_results(r: dict) -> str:
              f"in {r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s"]  # fmt: skip
     if "eval_auc" in r:
         lines.append(f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)")
+    if "table_rows" in r:
+        lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "oracle_auc" in r:
         lines.append(f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)")
         lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")

@@ -86,3 +86,28 @@ def test_two_servers_cannot_share_a_port(servers, tmp_path):
     port = addresses[0].rsplit(":", 1)[1]
     r = run("-m", "ps", "--data-dir", str(tmp_path / "other"), "--port", port)
     assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_stats_and_shrink_commands(tmp_path):
+    import numpy as np
+
+    from ps.config import EvictionConfig, TableConfig
+    from worker.client import Client
+    from worker.cluster import LocalCluster
+
+    with LocalCluster(2, root=str(tmp_path)) as cluster, Client(cluster.addresses) as client:
+        client.wait_ready()
+        client.create_table(TableConfig("t", 4, eviction=EvictionConfig(ttl_steps=5)))
+        old, new = np.arange(1000, dtype=np.uint64), np.arange(1000, 1300, dtype=np.uint64)
+        client.push("t", old, np.ones((1000, 4)))
+        client.advance_clock(10)
+        client.push("t", new, np.ones((300, 4)))
+        servers = ",".join(cluster.addresses)
+        r = run("-m", "worker", "shrink", "--servers", servers, "--json")
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == {"dropped": 1000, "num_rows": 300, "pending_ids": 0}
+        r = run("-m", "worker", "stats", "--servers", servers)
+        assert r.returncode == 0, r.stderr
+        lines = [line.split() for line in r.stdout.splitlines() if line.split()[1:2] == ["t"]]
+        assert len(lines) == 2 and sum(int(cols[2].replace(",", "")) for cols in lines) == 300  # num_rows
+        assert "clock 10" in r.stdout

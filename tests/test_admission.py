@@ -1,0 +1,136 @@
+"""Statistics, admission and Shrink against a dict model, under random pushes, clock steps, shrinks, flushes,
+restarts and crashes, with a RAM tier so small that rows move to and from RocksDB all the time."""
+
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from ps import arena
+from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.initializers import init_rows
+from ps.shard import Shard
+
+EV = EvictionConfig(ttl_steps=3, score_threshold=0.9, decay=0.5, nonclk_coeff=0.25, click_coeff=1.0)
+CFG = TableConfig(
+    "t", 2, InitializerConfig("uniform", 0.5, seed=3), OptimizerConfig("sgd", 1.0),
+    admission=AdmissionConfig(min_count=2), eviction=EV,
+)  # fmt: skip
+POOL = list(range(20)) + [2**64 - 1]
+
+
+def initial(i):
+    out = np.empty((1, 2), dtype=np.float32)
+    init_rows(CFG.initializer, np.array([i], dtype=np.uint64), out, 2)
+    return out[0]
+
+
+@pytest.fixture(autouse=True)
+def tiny_ram_tier(monkeypatch):
+    monkeypatch.setattr(arena, "MIN_ROWS", 8)
+
+
+class AdmissionModel(RuleBasedStateMachine):
+    """Model per id: show, click, last step, admitted, weights (SGD lr=1 from the initial value once admitted)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="admission-sm-")
+        self.ids: dict[int, dict] = {}
+        self.clock = 0
+
+    @initialize()
+    def open(self):
+        self.shard = Shard(ServerConfig(data_dir=self.dir, cache_bytes=1, flush_interval_s=3600))
+        self.table = self.shard.create_table(CFG)
+
+    @rule(ids=st.lists(st.sampled_from(POOL), unique=True, min_size=1, max_size=12), data=st.data())
+    def push(self, ids, data):
+        n = len(ids)
+        grads = np.array(data.draw(st.lists(st.integers(-3, 3), min_size=2 * n, max_size=2 * n)), np.float32).reshape(n, 2)
+        shows = np.array(data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n)), dtype=np.float32)
+        clicks = np.array([data.draw(st.integers(0, int(s))) for s in shows], dtype=np.float32)
+        self.shard.push("t", np.array(ids, dtype=np.uint64), grads, shows, clicks)
+        for k, i in enumerate(ids):
+            m = self.ids.setdefault(i, {"show": 0.0, "click": 0.0, "step": 0, "admitted": False, "w": initial(i)})
+            m["show"] += shows[k]
+            m["click"] += clicks[k]
+            m["step"] = self.clock
+            m["admitted"] = m["admitted"] or m["show"] >= 2
+            if m["admitted"]:
+                m["w"] = m["w"] - grads[k]
+
+    @rule(steps=st.integers(1, 3))
+    def tick(self, steps):
+        self.clock = self.shard.advance_clock(steps)
+
+    @rule()
+    def shrink(self):
+        self.shard.shrink("t")
+        for i, m in list(self.ids.items()):
+            m["show"] *= EV.decay
+            m["click"] *= EV.decay
+            score = (m["show"] - m["click"]) * EV.nonclk_coeff + m["click"] * EV.click_coeff
+            if m["step"] < self.clock - EV.ttl_steps or score < EV.score_threshold:
+                del self.ids[i]
+
+    @rule(ids=st.lists(st.sampled_from(POOL), max_size=10))
+    def pull(self, ids):
+        got = self.shard.pull("t", np.array(ids, dtype=np.uint64))
+        want = [self.ids[i]["w"] if i in self.ids else initial(i) for i in ids]
+        np.testing.assert_array_equal(got, np.array(want, dtype=np.float32).reshape(-1, 2))
+
+    @rule()
+    def flush(self):
+        self.shard.flush()
+
+    @rule()
+    def restart(self):
+        self.shard.close()
+        self.open()
+
+    @rule()
+    def crash(self):
+        self.shard._closed.set()
+        self.shard._wake.set()
+        self.shard._flusher.join()
+        self.shard.journal.close()
+        self.shard.store.close()
+        self.open()
+
+    @invariant()
+    def statistics_and_counts_match(self):
+        if not hasattr(self, "table") or not self.ids:
+            return
+        ids = sorted(self.ids)
+        rows = self.table.peek(np.array(ids, dtype=np.uint64))
+        sc = self.table.stats_col
+        for row, i in zip(rows, ids):
+            m = self.ids[i]
+            assert (row[sc], row[sc + 1], row[sc + 2], row[sc + 3]) == (m["show"], m["click"], m["step"], m["admitted"])
+        assert self.table.num_rows == sum(m["admitted"] for m in self.ids.values())
+        assert self.table.num_pending == sum(not m["admitted"] for m in self.ids.values())
+
+    def teardown(self):
+        self.shard.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+TestAdmissionModel = AdmissionModel.TestCase
+TestAdmissionModel.settings = settings(max_examples=30, stateful_step_count=30, deadline=None)
+
+
+def test_probabilistic_admission_admits_about_p_of_new_ids(tmp_path):
+    cfg = TableConfig("p", 2, admission=AdmissionConfig(probability=0.25))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    shard.create_table(cfg)
+    ids = np.arange(20000, dtype=np.uint64)
+    shard.push("p", ids, np.ones((len(ids), 2), dtype=np.float32))
+    assert abs(shard.table("p").num_rows / len(ids) - 0.25) < 0.02
+    shard.push("p", ids, np.ones((len(ids), 2), dtype=np.float32))  # a second chance for the rest
+    assert abs(shard.table("p").num_rows / len(ids) - (1 - 0.75**2)) < 0.02
+    shard.close()

@@ -1,0 +1,71 @@
+"""Table settings: TOML files, validation, and initial rows that do not depend on the cluster."""
+
+import numpy as np
+import pytest
+
+from ps.config import AdmissionConfig, EvictionConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.errors import InvalidArgumentError
+from worker.client import Client
+
+EXAMPLE = """
+[fm]
+dim = 9
+weight_bound = 10.0
+initializer = { name = "normal", scale = 0.05, seed = 7 }
+optimizer = { name = "ftrl", learning_rate = 0.05, params = { l1 = 1.0, l2 = 0.1 } }
+admission = { min_count = 2 }
+eviction = { ttl_steps = 1000, score_threshold = 0.5, decay = 0.98 }
+"""
+
+
+def test_a_toml_file_gives_every_setting():
+    fields = table_configs_from_toml(EXAMPLE)["fm"]
+    cfg = TableConfig(**fields).normalized()
+    assert cfg.dim == 9 and cfg.weight_bound == 10.0 and cfg.initializer.name == "normal"
+    assert cfg.optimizer == OptimizerConfig("ftrl", 0.05, {"beta": 1.0, "l1": 1.0, "l2": 0.1})
+    assert cfg.admission == AdmissionConfig(min_count=2)
+    assert cfg.eviction == EvictionConfig(ttl_steps=1000, score_threshold=0.5, decay=0.98)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[fm]\nlearning_rate = 1", "unknown key 'learning_rate'"),
+        ("[fm]\noptimizer = { name = 'sgd', lr = 1 }", r"\[fm.optimizer\] has unknown keys \['lr'\]"),
+        ("[fm\n", "not valid TOML"),
+        ("fm = 3", r"\[fm\] must be a table"),
+    ],
+)
+def test_bad_toml_names_the_table_and_key(text, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        table_configs_from_toml(text)
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (TableConfig("t", 2, admission=AdmissionConfig(min_count=0)), "min_count must be in"),
+        (TableConfig("t", 2, admission=AdmissionConfig(probability=0.0)), r"probability must be in \(0, 1\]"),
+        (TableConfig("t", 2, eviction=EvictionConfig(decay=1.5)), r"decay must be in \(0, 1\]"),
+        (TableConfig("t", 2, eviction=EvictionConfig(ttl_steps=-1)), "ttl_steps must be >= 0"),
+        (TableConfig("t", 2, weight_bound=-1.0), "weight_bound must be finite, >= 0"),
+    ],
+)
+def test_invalid_table_settings_are_rejected(cfg, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        cfg.validate()
+
+
+def test_initial_rows_do_not_depend_on_shard_count_or_restarts(servers, tmp_path):
+    cfg = TableConfig("emb", 8)
+    ids = np.random.default_rng(0).integers(0, 2**64 - 1, 500, dtype=np.uint64, endpoint=True)
+    pulled = []
+    for n, root in ((1, tmp_path / "one"), (3, tmp_path / "three"), (3, tmp_path / "three")):  # last: restart
+        addresses, started = servers(n, root=root)
+        with Client(addresses) as client:
+            client.create_table(cfg)
+            pulled.append(client.pull("emb", ids))
+        for s in started:
+            s.stop(grace_s=0)
+    assert np.array_equal(pulled[0], pulled[1]) and np.array_equal(pulled[1], pulled[2])
+    assert len(np.unique(pulled[0][:, 0])) == 500  # distinct ids, distinct rows
