@@ -95,8 +95,9 @@ def _set_fields(msg) -> dict:
 def tune_malloc() -> bool:
     """Stop glibc from mmap-ing (and page-faulting) every large message buffer: 2.5-3.5x on multi-MB messages.
 
-    Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to 256 MiB through mallopt; call at process start-up,
-    before the first big allocation. Returns False where glibc's mallopt is not available (harmless no-op).
+    Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to 64 MiB through mallopt (freed heap above that goes
+    back to the OS: a server's RSS stays near its budget); call at process start-up, before the first big
+    allocation. Returns False where glibc's mallopt is not available (harmless no-op).
     """
     import ctypes
     import ctypes.util
@@ -108,4 +109,4 @@ def tune_malloc() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     ok = mallopt(m_mmap_threshold, 16 << 20) == 1
-    return ok and mallopt(m_trim_threshold, 256 << 20) == 1
+    return ok and mallopt(m_trim_threshold, 64 << 20) == 1
