@@ -22,17 +22,6 @@ from ps.errors import InvalidArgumentError
 from ps.rowcopy import gather
 
 
-@numba.njit(nogil=True, cache=True)
-def first_nonfinite_row(bits):
-    """First row of a float32 buffer, viewed as uint32, holding an Inf or NaN (all exponent bits set), or -1.
-    Integer bit tests: fast-math in the update loops may not drop them."""
-    for i in range(bits.shape[0]):
-        for j in range(bits.shape[1]):
-            if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
-                return i
-    return -1
-
-
 @numba.njit(nogil=True, fastmath=True, cache=True)
 def _sgd(buf, grads, lr):
     n, dim = grads.shape
@@ -122,8 +111,8 @@ class Optimizer:
         """Fill the state columns rows[:, dim:] of rows that are new to the table."""
 
     def step(self, data: np.ndarray, rows: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
-        """out[i] = data[rows[i]] after one step with grads[i] (callers check the result is finite with
-        first_nonfinite_row). Gather, then update the contiguous copy: two loops beat one fused loop 2x."""
+        """out[i] = data[rows[i]] after one step with grads[i] (the table checks the result is finite).
+        Gather, then update the contiguous copy: two loops beat one fused loop 2x here."""
         gather(data, rows, out.shape[1], out)
         self.apply(out, grads)
 

@@ -29,7 +29,7 @@ from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
 from ps.journal import Journal, Record
 from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS, RowLayout
-from ps.optim import first_nonfinite_row, get_optimizer
+from ps.optim import get_optimizer
 from ps.rowcopy import gather
 from ps.sharding import mix64_scalar
 from ps.store import Store
@@ -38,11 +38,13 @@ FLUSH_CHUNK_ROWS = 65536
 
 
 @numba.njit(nogil=True, cache=True)
-def _account(data, rows, buf, ids, shows, clicks, step, stats_col, dim, min_count, probability, bound):
+def _account(data, rows, buf, bits, ids, shows, clicks, step, stats_col, dim, min_count, probability, bound):
     """After the optimizer step in buf: add show/click, stamp the step, decide admission. A row that is not
     admitted gets its old embedding and state back (its pushes only count). Clips admitted embeddings to
-    [-bound, bound] if bound > 0. Returns how many ids were admitted by this push."""
+    [-bound, bound] if bound > 0. Returns (ids admitted by this push, first row of buf that is not finite or
+    -1); bits is buf viewed as uint32 (an Inf or NaN has every exponent bit set)."""
     admitted_now = 0
+    bad = -1
     for i in range(rows.shape[0]):
         r = rows[i]
         show = data[r, stats_col + SHOW] + shows[i]
@@ -66,7 +68,12 @@ def _account(data, rows, buf, ids, shows, clicks, step, stats_col, dim, min_coun
         buf[i, stats_col + CLICK] = data[r, stats_col + CLICK] + clicks[i]
         buf[i, stats_col + LAST_STEP] = step
         buf[i, stats_col + ADMITTED] = 1.0 if admitted else 0.0
-    return admitted_now
+        if bad < 0:
+            for j in range(buf.shape[1]):
+                if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
+                    bad = i
+                    break
+    return admitted_now, bad
 
 
 class Table:
@@ -124,8 +131,7 @@ class Table:
             updates = []  # (lo, hi, rows, new rows, admitted): computed first, committed once journaled
             for lo, hi in chunks:
                 rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
-                buf, admitted = self._updated(rows, ids[lo:hi], grads[lo:hi], shows[lo:hi], clicks[lo:hi], step)
-                bad = first_nonfinite_row(buf.view(np.uint32))
+                buf, admitted, bad = self._updated(rows, ids[lo:hi], grads[lo:hi], shows[lo:hi], clicks[lo:hi], step)
                 if bad >= 0:
                     raise InvalidArgumentError(
                         f"push to table {self.name!r} would make the row of id {int(ids[lo + bad])} non-finite "
@@ -150,7 +156,7 @@ class Table:
                 ids = record.ids[lo:hi]
                 rows = self._resolve(ids, self.arena.new_stamp())
                 todo = np.flatnonzero(self.arena.lsn[rows] < np.uint64(record.seq))
-                buf, admitted = self._updated(
+                buf, admitted, _ = self._updated(
                     rows[todo], ids[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
                     record.shows[lo:hi][todo], record.clicks[lo:hi][todo], record.step,
                 )  # fmt: skip
@@ -298,16 +304,18 @@ class Table:
             rows = np.concatenate([rows, victims])
         return rows
 
-    def _updated(self, rows, ids, grads, shows, clicks, step) -> tuple[np.ndarray, int]:
-        """(the rows after this push, in a new buffer, ids admitted by it); the arena is untouched."""
+    def _updated(self, rows, ids, grads, shows, clicks, step) -> tuple[np.ndarray, int, int]:
+        """(the rows after this push in a new buffer, ids admitted by it, first row that is not finite or -1);
+        the arena is untouched."""
         buf = np.empty((len(rows), self.width), dtype=np.float32)
         self.optimizer.step(self.arena.data, rows, grads, buf)
         adm = self.cfg.admission
-        admitted = _account(
-            self.arena.data, rows, buf, ids, shows, clicks, np.float32(step), self.stats_col, self.dim,
+        admitted, bad = _account(
+            self.arena.data, rows, buf, buf.view(np.uint32), ids, np.ascontiguousarray(shows),
+            np.ascontiguousarray(clicks), np.float32(step), self.stats_col, self.dim,
             np.float32(adm.min_count), adm.probability, np.float32(self.cfg.weight_bound),
         )  # fmt: skip
-        return buf, admitted
+        return buf, admitted, bad
 
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
         d_admitted, d_pending = self.arena.commit(rows, buf, seq, self.stats_col + ADMITTED)
