@@ -40,3 +40,13 @@ def servers(tmp_path):
 
 def random_ids(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+
+
+def crash(shard) -> None:
+    """Leaves a Shard the way kill -9 would: nothing flushed, the journal and RocksDB's WAL are what is left
+    (closing the RocksDB handle writes nothing a crash would not leave)."""
+    shard._closed.set()
+    shard._wake.set()
+    shard._flusher.join()
+    shard.journal.close()
+    shard.store.close()

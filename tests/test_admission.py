@@ -14,6 +14,7 @@ from ps import arena
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.initializers import init_rows
 from ps.shard import Shard
+from tests.conftest import crash
 
 EV = EvictionConfig(ttl_steps=3, score_threshold=0.9, decay=0.5, nonclk_coeff=0.25, click_coeff=1.0)
 CFG = TableConfig(
@@ -95,11 +96,7 @@ class AdmissionModel(RuleBasedStateMachine):
 
     @rule()
     def crash(self):
-        self.shard._closed.set()
-        self.shard._wake.set()
-        self.shard._flusher.join()
-        self.shard.journal.close()
-        self.shard.store.close()
+        crash(self.shard)
         self.open()
 
     @invariant()

@@ -15,6 +15,7 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.errors import InvalidArgumentError
 from ps.initializers import init_rows
 from ps.shard import Shard
+from tests.conftest import crash
 
 CFG = TableConfig("t", 3, InitializerConfig("uniform", 0.5, seed=9), OptimizerConfig("sgd", 1.0))
 ID_POOL = [0, 1, 2, 255, 256, 2**32, 2**63, 2**64 - 2, 2**64 - 1] + list(range(1000, 1030))
@@ -82,12 +83,7 @@ class TableModel(RuleBasedStateMachine):
 
     @rule()
     def crash(self):
-        """Like kill -9: nothing is flushed or closed; RocksDB's WAL and the journal are what is left."""
-        self.shard._closed.set()
-        self.shard._wake.set()
-        self.shard._flusher.join()
-        self.shard.journal.close()
-        self.shard.store.close()  # closing the handle writes nothing that a crash would not leave
+        crash(self.shard)
         self.open()
 
     @invariant()
