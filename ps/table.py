@@ -68,11 +68,12 @@ def _account(data, rows, buf, bits, ids, shows, clicks, step, stats_col, dim, mi
         buf[i, stats_col + CLICK] = data[r, stats_col + CLICK] + clicks[i]
         buf[i, stats_col + LAST_STEP] = step
         buf[i, stats_col + ADMITTED] = 1.0 if admitted else 0.0
-        if bad < 0:
+        if bad < 0:  # the largest exponent field of the row: all ones means Inf or NaN (branch-free, vectorized)
+            top = np.uint32(0)
             for j in range(buf.shape[1]):
-                if bits[i, j] & np.uint32(0x7F800000) == np.uint32(0x7F800000):
-                    bad = i
-                    break
+                top = max(top, bits[i, j] & np.uint32(0x7F800000))
+            if top == np.uint32(0x7F800000):
+                bad = i
     return admitted_now, bad
 
 
