@@ -236,9 +236,17 @@ class Arena:
         self.free = np.concatenate([self.free, rows])
 
     def forget(self, rows: np.ndarray) -> None:
-        """Drops rows from the index (their data must already be safe in RocksDB or never needed)."""
-        self.index.delete(self.ids[rows])
+        """Drops evicted rows from the index (their data must already be safe in RocksDB or never needed).
+        Only ids whose index entry points at that very row are removed, so a stale id left in a row can never
+        delete the live entry of the same id elsewhere."""
+        ids = self.ids[rows]
+        self.index.delete(ids[self.index.lookup(ids) == rows])
         self.evictions += len(rows)
+
+    def give_back(self, rows: np.ndarray) -> None:
+        """Returns rows taken by grow() but never installed to the free list."""
+        self.pin[rows] = -1
+        self.free = np.concatenate([rows, self.free])
 
     def collect_dirty(self, start: int, k: int) -> tuple[np.ndarray, int]:
         out = np.empty(k, dtype=np.int64)

@@ -296,7 +296,8 @@ class Table:
         rows = self.arena.grow(n, stamp)
         if len(rows) < n:
             victims = self.arena.victims(n - len(rows), stamp)
-            if len(victims) < n - len(rows):
+            if len(victims) < n - len(rows):  # e.g. another table took the budget since this request was chunked
+                self.arena.give_back(rows)  # the victims stay as they are: live rows, still indexed
                 raise StorageError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):
