@@ -1,0 +1,32 @@
+import numpy as np
+
+from ps.arena import Arena, MemoryBudget
+
+
+def test_evicting_a_row_with_a_stale_id_keeps_the_live_entry():
+    a = Arena(width=2, budget=MemoryBudget(1 << 20))
+    stamp = a.new_stamp()
+    rows = a.grow(2, stamp)
+    ids = np.array([7, 8], dtype=np.uint64)
+    a.install(rows, ids, np.zeros((2, 2), np.float32), np.zeros(2, np.uint64), np.zeros(2, np.uint8), stamp)
+    a.release(rows[:1])  # id 7 dropped (Shrink); its row keeps the stale id 7
+    again = a.grow(1, a.new_stamp())  # ... and is reused first
+    assert again.tolist() == rows[:1].tolist()
+    a.give_back(again)
+    other = a.grow(2, a.new_stamp())[1:]  # a never-used row
+    a.install(other, ids[:1], np.ones((1, 2), np.float32), np.zeros(1, np.uint64), np.zeros(1, np.uint8), 9)
+    a.forget(rows[:1])  # evicting the stale row must not remove id 7's live entry
+    assert a.index.lookup(ids).tolist() == [int(other[0]), int(rows[1])]
+
+
+def test_clock_never_picks_pinned_or_free_rows():
+    a = Arena(width=1, budget=MemoryBudget(1 << 20))
+    stamp = a.new_stamp()
+    rows = a.grow(6, stamp)
+    ids = np.arange(6, dtype=np.uint64)
+    a.install(rows, ids, np.zeros((6, 1), np.float32), np.zeros(6, np.uint64), np.zeros(6, np.uint8), stamp)
+    a.release(rows[:2])
+    later = a.new_stamp()
+    a.lookup(ids[2:3], later)  # pins row 2 for the request in progress
+    victims = a.victims(6, later)
+    assert sorted(victims.tolist()) == [3, 4, 5]
