@@ -11,7 +11,6 @@ them miss RAM. The reference opens the same RocksDB files read-only afterwards a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 

@@ -39,10 +39,6 @@ class MemoryBudget:
             self.used_bytes += granted
             return granted
 
-    def give_back(self, nbytes: int) -> None:
-        with self._lock:
-            self.used_bytes -= nbytes
-
 
 @numba.njit(nogil=True, cache=True)
 def _lookup_touch(slots, shift, ids, out, ref, pin, stamp):
@@ -228,23 +224,25 @@ class Arena:
 
     def release(self, rows: np.ndarray) -> None:
         """Drops rows from the table entirely (Shrink); their arena rows become free for reuse."""
-        self.index.delete(self.ids[rows])
+        self._unindex(rows)
         self.dirty[rows] = 0
         self.stored[rows] = 0
         self.ref[rows] = 0
-        self.pin[rows] = -1  # never a CLOCK victim while free
-        self.free = np.concatenate([self.free, rows])
+        self.give_back(rows)
 
     def forget(self, rows: np.ndarray) -> None:
-        """Drops evicted rows from the index (their data must already be safe in RocksDB or never needed).
-        Only ids whose index entry points at that very row are removed, so a stale id left in a row can never
-        delete the live entry of the same id elsewhere."""
-        ids = self.ids[rows]
-        self.index.delete(ids[self.index.lookup(ids) == rows])
+        """Drops evicted rows from the index (their data must already be safe in RocksDB or never needed)."""
+        self._unindex(rows)
         self.evictions += len(rows)
 
+    def _unindex(self, rows: np.ndarray) -> None:
+        """Removes the index entries of rows. Only ids whose entry points at that very row are removed, so a
+        stale id left in a row can never delete the live entry of the same id elsewhere."""
+        ids = self.ids[rows]
+        self.index.delete(ids[self.index.lookup(ids) == rows])
+
     def give_back(self, rows: np.ndarray) -> None:
-        """Returns rows taken by grow() but never installed to the free list."""
+        """Puts rows on the free list (reused first by grow()); a free row is never a CLOCK victim."""
         self.pin[rows] = -1
         self.free = np.concatenate([rows, self.free])
 

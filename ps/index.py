@@ -101,9 +101,6 @@ class IdIndex:
     def __len__(self) -> int:
         return self.size
 
-    def nbytes(self) -> int:
-        return self.slots.nbytes
-
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Row of each id, -1 where absent."""
         out = np.empty(len(ids), dtype=np.int64)

@@ -28,7 +28,7 @@ from ps.config import TableConfig
 from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
 from ps.journal import Journal, Record
-from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS, RowLayout
+from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
 from ps.optim import get_optimizer
 from ps.rowcopy import gather
 from ps.sharding import mix64_scalar
