@@ -17,7 +17,9 @@ import numba
 import numpy as np
 
 from ps.index import IdIndex, find
+from ps.sharding import mix64_scalar
 from ps.layout import RAM_OVERHEAD_BYTES
+from ps.parallel import parts, run_each, run_parts
 from ps.rowcopy import scatter
 
 MIN_ROWS = 4096  # every table may hold this many rows whatever the budget says, so it can always make progress
@@ -41,11 +43,33 @@ class MemoryBudget:
 
 
 @numba.njit(nogil=True, cache=True)
-def _lookup_touch(slots, shift, ids, out, ref, pin, stamp):
-    """out[i] = row of ids[i] or -1; marks hits referenced and pinned. Returns the index of the first id that
-    repeats an earlier hit of this call (pin already == stamp), or -1."""
+def _group_by_home(ids, shift, k):
+    """Positions of ids grouped by home slot modulo k: (positions, starts) with group g at
+    positions[starts[g]:starts[g + 1]], in order of position within each group."""
+    n = ids.shape[0]
+    group = np.empty(n, np.int64)
+    starts = np.zeros(k + 1, np.int64)
+    for i in range(n):
+        g = np.int64(mix64_scalar(ids[i]) >> shift) % k
+        group[i] = g
+        starts[g + 1] += 1
+    for g in range(k):
+        starts[g + 1] += starts[g]
+    fill = starts[:k].copy()
+    positions = np.empty(n, np.int64)
+    for i in range(n):
+        positions[fill[group[i]]] = i
+        fill[group[i]] += 1
+    return positions, starts
+
+
+@numba.njit(nogil=True, cache=True)
+def _lookup_touch(slots, shift, ids, positions, out, ref, pin, stamp):
+    """For i in positions (in order): out[i] = row of ids[i] or -1; marks hits referenced and pinned. Returns
+    the first position whose id repeats an earlier hit of this call (pin already == stamp), or -1."""
     dup = -1
-    for i in range(ids.shape[0]):
+    for p in range(positions.shape[0]):
+        i = positions[p]
         r = find(slots, shift, ids[i])
         out[i] = r
         if r >= 0:
@@ -166,12 +190,27 @@ class Arena:
     def lookup(self, ids: np.ndarray, stamp: int) -> tuple[np.ndarray, int]:
         """(row of each id or -1, index of the first repeated hit or -1); hits become referenced and pinned."""
         out = np.empty(len(ids), dtype=np.int64)
-        dup = _lookup_touch(self.index.slots, self.index.shift, ids, out, self.ref, self.pin, stamp)
-        return out, dup
+        slots, shift = self.index.slots, self.index.shift
+        k = len(parts(len(ids)))  # split by home slot, not by position: repeats of an id stay in one part
+        if k == 1:
+            positions, starts = np.arange(len(ids), dtype=np.int64), np.array([0, len(ids)])
+        else:
+            positions, starts = _group_by_home(ids, shift, k)
+        dups = run_each(
+            lambda g: _lookup_touch(
+                slots, shift, ids, positions[starts[g] : starts[g + 1]], out, self.ref, self.pin, stamp
+            ),
+            k,
+        )  # fmt: skip
+        dups = [d for d in dups if d >= 0]
+        return out, min(dups) if dups else -1
 
     def gather_hits(self, ids: np.ndarray, cols: int, out: np.ndarray) -> int:
         """Copies the first cols floats of every id present into out; returns how many ids are absent."""
-        return _lookup_gather(self.index.slots, self.index.shift, ids, self.data, cols, out, self.ref)
+        slots, shift = self.index.slots, self.index.shift
+        return sum(run_parts(
+            lambda lo, hi: _lookup_gather(slots, shift, ids[lo:hi], self.data, cols, out[lo:hi], self.ref), len(ids)
+        ))  # fmt: skip
 
     def max_pinnable(self) -> int:
         """How many rows one request may pin at once: half of what this table could hold now."""
@@ -220,7 +259,13 @@ class Arena:
     def commit(self, rows: np.ndarray, buf: np.ndarray, seq: int, admitted_col: int) -> tuple[int, int]:
         """Puts updated rows (buf) into the arena as dirty rows at lsn seq; returns the change in the number
         of admitted ids and of ids not admitted yet."""
-        return _commit(self.data, rows, buf, self.dirty, self.stored, self.lsn, np.uint64(seq), admitted_col)
+        results = run_parts(
+            lambda lo, hi: _commit(
+                self.data, rows[lo:hi], buf[lo:hi], self.dirty, self.stored, self.lsn, np.uint64(seq), admitted_col
+            ),
+            len(rows),
+        )  # rows are unique: the parts write disjoint rows
+        return sum(a for a, _ in results), sum(p for _, p in results)
 
     def release(self, rows: np.ndarray) -> None:
         """Drops rows from the table entirely (Shrink); their arena rows become free for reuse."""

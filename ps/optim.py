@@ -19,7 +19,6 @@ import numpy as np
 
 from ps.config import MAX_HYPERPARAMETER, check_hyperparameter
 from ps.errors import InvalidArgumentError
-from ps.rowcopy import gather
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
@@ -79,11 +78,32 @@ def _ftrl(buf, grads, alpha, beta, l1, l2):
                 buf[i, j] = -(z - sign * l1) / ((beta + np.sqrt(acc_new)) / alpha + l2)
 
 
+SGD, ADAGRAD, ADAM, FTRL = range(4)  # kernel codes: apply_kernel picks the loop, so callers compile once
+
+
+@numba.njit(nogil=True, cache=True)
+def apply_kernel(code, buf, grads, p):
+    """One step of optimizer `code` with parameters p (float32, the order of Optimizer.kernel_params) in place
+    on a contiguous (n, width) buffer of rows. Callable from other compiled loops (ps.table runs it per block of
+    rows while they are in cache)."""
+    if code == SGD:
+        _sgd(buf, grads, p[0])
+    elif code == ADAGRAD:
+        _adagrad(buf, grads, p[0], p[1])
+    elif code == ADAM:
+        _adam(buf, grads, p[0], p[1], p[2], p[3])
+    else:
+        _ftrl(buf, grads, p[0], p[1], p[2], p[3])
+
+
 class Optimizer:
-    """One table's optimizer. Subclasses define DEFAULTS (their parameter names), state_floats and apply."""
+    """One table's optimizer. Subclasses define DEFAULTS (their parameter names), CODE (their kernel),
+    KERNEL_PARAMS (the parameters the kernel takes after the learning rate, in order) and state_floats."""
 
     name = ""
+    CODE = -1
     DEFAULTS: dict[str, float] = {}
+    KERNEL_PARAMS: tuple[str, ...] = ()
 
     def __init__(self, learning_rate: float, params: dict[str, float]):
         unknown = sorted(set(params) - set(self.DEFAULTS))
@@ -97,6 +117,7 @@ class Optimizer:
         self.given_params = {k: float(v) for k, v in merged.items()}
         self.lr = np.float32(learning_rate)
         self.params = {k: np.float32(v) for k, v in merged.items()}
+        self.kernel_params = np.array([self.lr, *(self.params[k] for k in self.KERNEL_PARAMS)], dtype=np.float32)
 
     STATE_PER_DIM = 0  # optimizer-state floats per embedding dim
 
@@ -110,27 +131,21 @@ class Optimizer:
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         """Fill the state columns rows[:, dim:] of rows that are new to the table."""
 
-    def step(self, data: np.ndarray, rows: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
-        """out[i] = data[rows[i]] after one step with grads[i] (the table checks the result is finite).
-        Gather, then update the contiguous copy: two loops beat one fused loop 2x here."""
-        gather(data, rows, out.shape[1], out)
-        self.apply(out, grads)
-
     def apply(self, buf: np.ndarray, grads: np.ndarray) -> None:
         """One step, in place, on a contiguous (n, width) buffer of rows."""
-        raise NotImplementedError
+        apply_kernel(self.CODE, buf, grads, self.kernel_params)
 
 
 class Sgd(Optimizer):
     name = "sgd"
-
-    def apply(self, buf, grads) -> None:
-        _sgd(buf, grads, self.lr)
+    CODE = SGD
 
 
 class Adagrad(Optimizer):
     name = "adagrad"
+    CODE = ADAGRAD
     DEFAULTS = {"initial_accumulator": 0.1, "epsilon": 1e-7}
+    KERNEL_PARAMS = ("epsilon",)
 
     def __init__(self, learning_rate: float, params: dict[str, float]):
         super().__init__(learning_rate, params)
@@ -142,15 +157,14 @@ class Adagrad(Optimizer):
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         rows[:, dim:] = self.params["initial_accumulator"]
 
-    def apply(self, buf, grads) -> None:
-        _adagrad(buf, grads, self.lr, self.params["epsilon"])
-
 
 class Adam(Optimizer):
     """state: m (dim), v (dim), t (1: this id's update count, for its bias correction)."""
 
     name = "adam"
+    CODE = ADAM
     DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
+    KERNEL_PARAMS = ("beta1", "beta2", "epsilon")
 
     def __init__(self, learning_rate: float, params: dict[str, float]):
         super().__init__(learning_rate, params)
@@ -167,10 +181,6 @@ class Adam(Optimizer):
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         rows[:, dim:] = 0.0
 
-    def apply(self, buf, grads) -> None:
-        p = self.params
-        _adam(buf, grads, self.lr, p["beta1"], p["beta2"], p["epsilon"])
-
 
 class Ftrl(Optimizer):
     """FTRL-Proximal (McMahan et al. 2013), per coordinate. state: z (dim), n (dim); the embedding holds the
@@ -178,7 +188,9 @@ class Ftrl(Optimizer):
     value: z = -w (beta / alpha + l2) - sign(w) l1."""
 
     name = "ftrl"
+    CODE = FTRL
     DEFAULTS = {"beta": 1.0, "l1": 0.0, "l2": 0.0}
+    KERNEL_PARAMS = ("beta", "l1", "l2")
     STATE_PER_DIM = 2
 
     def __init__(self, learning_rate: float, params: dict[str, float]):
@@ -191,10 +203,6 @@ class Ftrl(Optimizer):
         p = self.given_params
         rows[:, dim : 2 * dim] = -w * (p["beta"] / float(self.lr) + p["l2"]) - np.sign(w) * p["l1"]
         rows[:, 2 * dim : 3 * dim] = 0.0
-
-    def apply(self, buf, grads) -> None:
-        p = self.params
-        _ftrl(buf, grads, self.lr, p["beta"], p["l1"], p["l2"])
 
 
 OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad, Adam, Ftrl)}

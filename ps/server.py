@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from protos import ps_pb2_grpc
 from ps.config import ServerConfig
-from ps.service import ParameterServerServicer
+from ps.service import ParameterServerServicer, add_to_server
 from ps.shard import Shard
 
 log = logging.getLogger("ps.server")
@@ -40,7 +39,7 @@ class Server:
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
-        ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.shard), self._grpc)
+        add_to_server(ParameterServerServicer(self.shard), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         self.port = None
 

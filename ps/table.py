@@ -29,12 +29,14 @@ from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
 from ps.initializers import init_rows
 from ps.journal import Journal, Record
 from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
-from ps.optim import get_optimizer
+from ps.optim import apply_kernel, get_optimizer
+from ps.parallel import run_parts
 from ps.rowcopy import gather
 from ps.sharding import mix64_scalar
 from ps.store import Store
 
 FLUSH_CHUNK_ROWS = 65536
+UPDATE_BLOCK = 256  # rows updated per block: gather, optimizer step and accounting while the block is in cache
 
 
 @numba.njit(nogil=True, cache=True)
@@ -75,6 +77,29 @@ def _account(data, rows, buf, bits, ids, shows, clicks, step, stats_col, dim, mi
             if top == np.uint32(0x7F800000):
                 bad = i
     return admitted_now, bad
+
+
+@numba.njit(nogil=True, cache=True)
+def _update(code, params, data, rows, grads, ids, shows, clicks, step, stats_col, dim, min_count, probability,
+            bound, buf, bits, lo, hi):  # fmt: skip
+    """buf[lo:hi] = rows[lo:hi] of data after one push: optimizer step, then _account, a block of UPDATE_BLOCK
+    rows at a time so each block is read from the arena once and then worked on in cache (three passes over a
+    100,000-row buffer cost 3x the memory traffic). Returns (ids admitted, first non-finite row or -1)."""
+    width = buf.shape[1]
+    admitted = 0
+    bad = -1
+    for b in range(lo, hi, UPDATE_BLOCK):
+        e = min(hi, b + UPDATE_BLOCK)
+        gather(data, rows[b:e], width, buf[b:e])
+        apply_kernel(code, buf[b:e], grads[b:e], params)
+        a, x = _account(
+            data, rows[b:e], buf[b:e], bits[b:e], ids[b:e], shows[b:e], clicks[b:e], step, stats_col, dim,
+            min_count, probability, bound,
+        )  # fmt: skip
+        admitted += a
+        if bad < 0 and x >= 0:
+            bad = b + x
+    return admitted, bad
 
 
 class Table:
@@ -310,13 +335,19 @@ class Table:
         """(the rows after this push in a new buffer, ids admitted by it, first row that is not finite or -1);
         the arena is untouched."""
         buf = np.empty((len(rows), self.width), dtype=np.float32)
-        self.optimizer.step(self.arena.data, rows, grads, buf)
-        adm = self.cfg.admission
-        admitted, bad = _account(
-            self.arena.data, rows, buf, buf.view(np.uint32), ids, np.ascontiguousarray(shows),
-            np.ascontiguousarray(clicks), np.float32(step), self.stats_col, self.dim,
-            np.float32(adm.min_count), adm.probability, np.float32(self.cfg.weight_bound),
-        )  # fmt: skip
+        bits, adm, opt = buf.view(np.uint32), self.cfg.admission, self.optimizer
+        shows, clicks = np.ascontiguousarray(shows), np.ascontiguousarray(clicks)
+
+        def part(lo: int, hi: int) -> tuple[int, int]:
+            return _update(
+                opt.CODE, opt.kernel_params, self.arena.data, rows, grads, ids, shows, clicks, np.float32(step),
+                self.stats_col, self.dim, np.float32(adm.min_count), adm.probability,
+                np.float32(self.cfg.weight_bound), buf, bits, lo, hi,
+            )  # fmt: skip
+
+        results = run_parts(part, len(rows))
+        admitted = sum(a for a, _ in results)
+        bad = min((b for _, b in results if b >= 0), default=-1)
         return buf, admitted, bad
 
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:

@@ -26,6 +26,25 @@ def encode_rows(rows: np.ndarray) -> bytes:
     return np.ascontiguousarray(rows, dtype=ROWS_DTYPE).tobytes()
 
 
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def encode_pull_response(rows: np.ndarray) -> bytes:
+    """The serialized PullResponse {rows, dim} of (n, dim) float32 rows, built with one copy of the payload
+    (through protobuf it is copied three times: tobytes, the message, SerializeToString). Field numbers are
+    those of protos/ps.proto; tests/test_wire.py parses the result with the generated class."""
+    rows = np.ascontiguousarray(rows, dtype=ROWS_DTYPE)
+    head = b"\x0a" + _varint(rows.nbytes)  # field 1 (rows), wire type 2 (length-delimited)
+    tail = b"\x10" + _varint(rows.shape[1])  # field 2 (dim), wire type 0 (varint)
+    return b"".join((head, rows.reshape(-1).view(np.uint8), tail))
+
+
 def decode_ids(data: bytes, field: str = "ids") -> np.ndarray:
     """uint64 ids from bytes; InvalidArgumentError if the length is not a multiple of 8."""
     if len(data) % IDS_DTYPE.itemsize:

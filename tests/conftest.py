@@ -5,8 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ps import parallel
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.server import Server
+
+
+@pytest.fixture(autouse=True, scope="session")
+def split_every_batch():
+    """In-process tests run every compiled per-id loop split over 3 threads, however small the batch, so the
+    state machines and oracles check the split kernels (servers started as processes use the defaults)."""
+    saved = parallel.THREADS, parallel.MIN_PART
+    parallel.THREADS, parallel.MIN_PART = 3, 1
+    yield
+    parallel.THREADS, parallel.MIN_PART = saved
 
 
 @pytest.fixture

@@ -1,0 +1,67 @@
+"""Runs a compiled per-id loop over parts of a batch on several threads at once.
+
+The loops of the hot path (index lookup, gather, optimizer update, scatter) are bound by memory latency and
+bandwidth, not arithmetic, and they release the GIL (numba nogil), so a second core nearly doubles them:
+measured here, lookup + gather of 100,000 ids in a 2M-row table took 9.0 ms on one thread and 4.6 ms on two.
+numba's own `parallel=True` is not used: its default threading layer aborts when two Python threads call
+parallel functions at once, which a gRPC server does.
+
+Contract for a kernel run in parts: part i touches only its own slice of the outputs, and rows shared by two
+parts are only read (or written with the same value, like a CLOCK referenced bit).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+
+
+def _default_threads() -> int:
+    """PS_KERNEL_THREADS, or the usable cores (at most 4)."""
+    env = os.environ.get("PS_KERNEL_THREADS", "").strip()
+    return max(1, int(env)) if env else max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+THREADS = _default_threads()  # threads a batch is split over (tests lower MIN_PART to split tiny batches too)
+MIN_PART = 8192  # ids; below this a thread hand-off (~50 us) costs more than it saves
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def parts(n: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges covering [0, n): one per thread, each at least MIN_PART long (one range if n is small)."""
+    k = max(1, min(THREADS, n // max(1, MIN_PART)))
+    bounds = [n * i // k for i in range(k + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, THREADS - 1), thread_name_prefix="ps-kernel")
+        return _pool
+
+
+def run_each(fn, k: int) -> list:
+    """[fn(0), ..., fn(k - 1)], run concurrently (the last on the calling thread). An exception in any of them
+    is raised once all have finished: none outlives the call (the caller's lock guards the arrays they touch)."""
+    if k == 1:
+        return [fn(0)]
+    futures = [_executor().submit(fn, i) for i in range(k - 1)]
+    try:
+        last = fn(k - 1)
+    except BaseException:
+        for f in futures:
+            f.exception()
+        raise
+    return [f.result() for f in futures] + [last]
+
+
+def run_parts(fn, n: int) -> list:
+    """[fn(lo, hi) for each part [lo, hi) of [0, n)], run concurrently (see run_each)."""
+    ranges = parts(n)
+    return run_each(lambda i: fn(*ranges[i]), len(ranges))
