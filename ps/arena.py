@@ -3,7 +3,8 @@
 An arena is fixed-capacity arrays indexed by arena row (allocated lazily by the OS: pages cost RAM only once
 touched) plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal seq of the last push
 applied), a pin stamp (rows of the request in progress are never evicted), and flags: referenced (CLOCK),
-dirty (newer than RocksDB), stored (RocksDB has the row). Rows in use draw from a MemoryBudget shared by all
+dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin and the flags live at the end of the row's
+line in `data` (ps.layout); the attributes are strided views of them. Rows in use draw from a MemoryBudget shared by all
 tables of a server; when it is spent a table reuses its own cold rows (CLOCK: a sweeping hand clears the
 referenced bit of each row it passes and takes rows whose bit is already clear).
 All per-row work is in compiled loops; the Table serializes calls.
@@ -18,7 +19,7 @@ import numpy as np
 
 from ps.index import IdIndex, find
 from ps.sharding import mix64_scalar
-from ps.layout import RAM_OVERHEAD_BYTES
+from ps.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
 from ps.parallel import parts, run_each, run_parts
 from ps.rowcopy import scatter
 
@@ -166,15 +167,15 @@ class Arena:
     def __init__(self, width: int, budget: MemoryBudget):
         self.width = width
         self.budget = budget
-        self.row_charge = 4 * width + RAM_OVERHEAD_BYTES  # the same figure `ps-server size` uses
+        self.row_charge = 4 * line_floats(width) + RAM_OVERHEAD_BYTES  # the same figure `ps-server size` uses
         self.capacity = max(MIN_ROWS, budget.limit_bytes // self.row_charge)
-        self.data = np.empty((self.capacity, width), dtype=np.float32)
+        self.data = np.empty((self.capacity, line_floats(width)), dtype=np.float32)  # rows [0, used) are set
+        m = 4 * meta_col(width)  # byte offset of the bookkeeping in a line
+        self.lsn = self.data.view(np.uint64)[:, m // 8]
+        self.pin = self.data.view(np.int64)[:, m // 8 + 1]
+        line_bytes = self.data.view(np.uint8)
+        self.ref, self.dirty, self.stored = (line_bytes[:, m + 16 + k] for k in range(3))
         self.ids = np.empty(self.capacity, dtype=np.uint64)
-        self.lsn = np.zeros(self.capacity, dtype=np.uint64)
-        self.pin = np.zeros(self.capacity, dtype=np.int64)
-        self.ref = np.zeros(self.capacity, dtype=np.uint8)
-        self.dirty = np.zeros(self.capacity, dtype=np.uint8)
-        self.stored = np.zeros(self.capacity, dtype=np.uint8)
         self.index = IdIndex(1024)
         self.used = 0  # rows [0, used) are in use
         self.charged = 0  # rows paid for from the budget (the first MIN_ROWS are free)
@@ -234,8 +235,10 @@ class Arena:
         take = min(take, free_rows + paid)
         rows = np.arange(self.used, self.used + take, dtype=np.int64)
         self.pin[rows] = stamp  # so victims() cannot hand them out again before they are installed
+        self.lsn[rows] = 0
         self.ref[rows] = 0
         self.dirty[rows] = 0
+        self.stored[rows] = 0
         self.used += take
         return np.concatenate([reused, rows]) if len(reused) else rows
 

@@ -9,7 +9,11 @@ Grammar of the RocksDB value (little-endian), after the 10-byte key slot:u16be i
 `lsn` is the journal sequence number of the last push applied to the row, so replaying the journal after a
 crash applies each push to each row exactly once. last_step is exact up to 2**24 clock steps.
 
-In RAM a row is one arena line of `width` float32 plus the per-row bookkeeping of RAM_OVERHEAD_BYTES.
+In RAM a row is one arena line: the row's float32 (padded to an even count), then META_FLOATS of bookkeeping
+    meta := lsn:u64  pin:i64  referenced:u8  dirty:u8  stored:u8  pad:u8[5]
+kept in the line itself so that looking a row up, updating it and marking it touch one place in memory (in
+separate arrays they cost four more cache misses per id: lookup 4.2 -> 8.6 ms per 100,000 ids); plus
+RAM_OVERHEAD_BYTES outside the line (its id and its share of the IdIndex).
 """
 
 from __future__ import annotations
@@ -20,10 +24,21 @@ KEY_BYTES = 10
 LSN_BYTES = 8
 STATS_FLOATS = 4
 SHOW, CLICK, LAST_STEP, ADMITTED = range(STATS_FLOATS)  # offsets inside the stats block
-# per arena row besides the floats: id u64, lsn u64, pin stamp i64, referenced / dirty / stored flags (1 B
-# each), and the IdIndex's 2-4 slots of 16 B (keys u64 + vals i64 at load 1/2..1/4; the worst case is charged).
+META_FLOATS = 6  # lsn, pin, flags: 24 bytes at the end of each arena line
+# per arena row outside its line: id u64 and the IdIndex's 2-4 slots of 16 B (keys u64 + vals i64 at load
+# 1/2..1/4; the worst case is charged).
 INDEX_BYTES_PER_ROW = 64
-RAM_OVERHEAD_BYTES = 8 + 8 + 8 + 3 + INDEX_BYTES_PER_ROW
+RAM_OVERHEAD_BYTES = 8 + INDEX_BYTES_PER_ROW
+
+
+def meta_col(width: int) -> int:
+    """First float column of the bookkeeping in an arena line of a `width`-float row (8-byte aligned)."""
+    return width + width % 2
+
+
+def line_floats(width: int) -> int:
+    """float32 per arena line of a `width`-float row."""
+    return meta_col(width) + META_FLOATS
 # RocksDB's own per-key cost (index and filter blocks, block headers): benchmarks/scale.py measured 153.5 bytes per
 # row on disk for 146-byte rows at 10^6 and 10^7 rows (random float rows, default Snappy compression).
 ROCKSDB_OVERHEAD_BYTES = 8
@@ -57,7 +72,7 @@ class RowLayout:
     @property
     def ram_bytes(self) -> int:
         """Bytes one row takes in the RAM tier."""
-        return 4 * self.width + RAM_OVERHEAD_BYTES
+        return 4 * line_floats(self.width) + RAM_OVERHEAD_BYTES
 
     @property
     def disk_bytes(self) -> int:

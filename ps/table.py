@@ -221,7 +221,7 @@ class Table:
                 in_ram = self.arena.index.lookup(ids)
                 ram = in_ram >= 0
                 if ram.any():  # RAM is as new as RocksDB or newer
-                    rows[ram] = self.arena.data[in_ram[ram]]
+                    rows[ram] = self.arena.data[in_ram[ram], : self.width]
                     lsn[ram] = self.arena.lsn[in_ram[ram]]
                     complete[ram] = rows[ram, sc + ADMITTED] > 0
                 rows[:, sc + SHOW] *= ev.decay
@@ -389,7 +389,7 @@ class Table:
         self.store.put_rows(self.name, ids[keep], rows[keep], lsn[keep], complete[keep], counts, delete=ids[drop])
         self.stored_counts = counts
         kept_ram, dropped_ram = in_ram[keep & (in_ram >= 0)], in_ram[drop & (in_ram >= 0)]
-        a.data[kept_ram] = rows[keep & (in_ram >= 0)]
+        a.data[kept_ram, : self.width] = rows[keep & (in_ram >= 0)]
         a.stored[kept_ram] = after[keep & (in_ram >= 0)]
         a.dirty[kept_ram] = 0
         if len(dropped_ram):
