@@ -5,11 +5,14 @@ trim(seq) deletes the segments whose records are all <= seq (their effects are i
 
 Grammar (little-endian):
     segment := record*
-    record  := magic:u32 = 0x324A5350 ("PSJ2")  seq:u64  payload_len:u32  crc32(payload):u32  payload
+    record  := magic:u32 = 0x334A5350 ("PSJ3")  seq:u64  payload_len:u32  checksum:u64  payload
+             | magic:u32 = 0x324A5350 ("PSJ2")  seq:u64  payload_len:u32  crc32(payload):u32  payload
     payload := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64
                ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
+checksum is ps.checksum.checksum64 of the payload's parts [head, ids, grads, shows, clicks] (head: everything
+before ids); new records are PSJ3, PSJ2 records (written by earlier versions, zlib CRC32) are still read.
 Records are written with one writev, so a crash of the process leaves at most one short record at the end of
-the active segment; replay stops at the first record that is short or fails its CRC (never acknowledged).
+the active segment; replay stops at the first record that is short or fails its checksum (never acknowledged).
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
 """
 
@@ -23,8 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAGIC = 0x324A5350
-HEADER = struct.Struct("<IQII")
+from ps.checksum import checksum64
+
+MAGIC = 0x334A5350
+HEADER = struct.Struct("<IQIQ")
+MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
+HEADER_V2 = struct.Struct("<IQII")
 PAYLOAD_HEAD = struct.Struct("<IIQ")  # n, dim, step (after the table name)
 
 
@@ -118,9 +125,7 @@ class Journal:
         name = table.encode()
         head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
-        crc = zlib.crc32(head)
-        for a in arrays:
-            crc = zlib.crc32(a, crc)
+        crc = checksum64([head, *arrays])
         payload_len = len(head) + sum(len(a) for a in arrays)
         with self._lock:
             if self._fd < 0 or self._segment_size >= self.segment_bytes:
@@ -165,18 +170,37 @@ class Journal:
 
 def _parse(data: bytes, pos: int):
     """(Record, end) of the record at pos, or (None, pos) if it is short or corrupt."""
-    if pos + HEADER.size > len(data):
+    if pos + 4 > len(data):
         return None, pos
-    magic, seq, payload_len, crc = HEADER.unpack_from(data, pos)
-    start = pos + HEADER.size
+    (magic,) = struct.unpack_from("<I", data, pos)
+    header = {MAGIC: HEADER, MAGIC_V2: HEADER_V2}.get(magic)
+    if header is None or pos + header.size > len(data):
+        return None, pos
+    _, seq, payload_len, check = header.unpack_from(data, pos)
+    start = pos + header.size
     end = start + payload_len
-    if magic != MAGIC or end > len(data) or zlib.crc32(memoryview(data)[start:end]) != crc:
+    if end > len(data) or start + 2 > end:
         return None, pos
     (name_len,) = struct.unpack_from("<H", data, start)
     p = start + 2 + name_len
-    table = data[start + 2 : p].decode()
+    if p + PAYLOAD_HEAD.size > end:
+        return None, pos
     n, dim, step = PAYLOAD_HEAD.unpack_from(data, p)
     p += PAYLOAD_HEAD.size
+    ends = np.cumsum([p, 8 * n, 4 * n * dim, 4 * n, 4 * n]).tolist()  # ids, grads, shows, clicks
+    if ends[-1] != end:
+        return None, pos
+    if magic == MAGIC:
+        view = memoryview(data)
+        ok = checksum64([view[a:b] for a, b in zip([start, *ends], ends)]) == check
+    else:
+        ok = zlib.crc32(memoryview(data)[start:end]) == check
+    if not ok:
+        return None, pos
+    try:
+        table = data[start + 2 : start + 2 + name_len].decode()
+    except UnicodeDecodeError:
+        return None, pos
     ids = np.frombuffer(data, dtype="<u8", count=n, offset=p)
     p += 8 * n
     grads = np.frombuffer(data, dtype="<f4", count=n * dim, offset=p).reshape(n, dim)
