@@ -102,6 +102,74 @@ def _update(code, params, data, rows, grads, ids, shows, clicks, step, stats_col
     return admitted, bad
 
 
+@numba.njit(nogil=True, cache=True)
+def _update_in_place(code, params, data, rows, grads, ids, shows, clicks, step, stats_col, dim, min_count,
+                     probability, bound, lsn, dirty, stored, seq, undo, undo_lsn, undo_dirty, lo, hi):  # fmt: skip
+    """Applies a push to rows[lo:hi] of the arena itself, a block at a time (read the rows, update them in
+    cache, write them back: one pass over random memory where computing into a buffer and committing it takes
+    two). What it overwrites goes to undo, undo_lsn and undo_dirty, for _restore. The rows become dirty at lsn
+    seq. Returns (ids admitted, change in admitted ids, change in pending ids, first non-finite row or -1)."""
+    width = undo.shape[1]
+    admitted_col = stats_col + ADMITTED
+    block = np.empty((UPDATE_BLOCK, width), np.float32)
+    bits = block.view(np.uint32)
+    admitted = 0
+    d_admitted = 0
+    d_pending = 0
+    bad = -1
+    for b in range(lo, hi, UPDATE_BLOCK):
+        e = min(hi, b + UPDATE_BLOCK)
+        m = e - b
+        gather(data, rows[b:e], width, undo[b:e])
+        for i in range(m):
+            for j in range(width):
+                block[i, j] = undo[b + i, j]
+        apply_kernel(code, block[:m], grads[b:e], params)
+        a, x = _account(
+            data, rows[b:e], block[:m], bits[:m], ids[b:e], shows[b:e], clicks[b:e], step, stats_col, dim,
+            min_count, probability, bound,
+        )  # fmt: skip
+        admitted += a
+        if bad < 0 and x >= 0:
+            bad = b + x
+        for i in range(m):
+            r = rows[b + i]
+            undo_lsn[b + i] = lsn[r]
+            undo_dirty[b + i] = dirty[r]
+            if stored[r] > 0 or dirty[r] > 0:  # the id existed: it leaves its old count
+                if undo[b + i, admitted_col] > 0:
+                    d_admitted -= 1
+                else:
+                    d_pending -= 1
+            if block[i, admitted_col] > 0:
+                d_admitted += 1
+            else:
+                d_pending += 1
+            for j in range(width):
+                data[r, j] = block[i, j]
+            lsn[r] = seq
+            dirty[r] = 1
+    return admitted, d_admitted, d_pending, bad
+
+
+@numba.njit(nogil=True, cache=True)
+def _restore(data, rows, undo, lsn, dirty, undo_lsn, undo_dirty, lo, hi):
+    """Undoes _update_in_place on rows[lo:hi]."""
+    width = undo.shape[1]
+    for i in range(lo, hi):
+        r = rows[i]
+        for j in range(width):
+            data[r, j] = undo[i, j]
+        lsn[r] = undo_lsn[i]
+        dirty[r] = undo_dirty[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def _set_lsn(lsn, rows, seq, lo, hi):
+    for i in range(lo, hi):
+        lsn[rows[i]] = seq
+
+
 class Table:
     def __init__(self, cfg: TableConfig, store: Store, journal: Journal, budget: MemoryBudget):
         self.cfg = cfg
@@ -150,6 +218,12 @@ class Table:
         with self.lock:
             self._check_open()
             chunks = list(self._chunks(len(ids)))
+            if len(chunks) == 1:  # the common case: all rows fit in RAM at once
+                rows = self._resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
+                seq = self._push_in_place(rows, ids, grads, shows, clicks, step)
+                self.counters["pushes"] += 1
+                self.counters["ids_pushed"] += len(ids)
+                return seq
             if len(chunks) > 1:  # chunks are resolved one by one: find duplicates across all of them first
                 _, first, counts = np.unique(ids, return_index=True, return_counts=True)
                 if (counts > 1).any():
@@ -173,6 +247,47 @@ class Table:
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
             return seq
+
+    def _push_in_place(self, rows, ids, grads, shows, clicks, step) -> int:
+        """Updates the resolved rows in the arena, then journals the push; a rejected update or a failed journal
+        write restores every row it touched. Nobody sees the rows in between (the table lock is held), and the
+        push is acknowledged only after the journal write, so a crash in between loses nothing acknowledged."""
+        a, n, adm, opt = self.arena, len(rows), self.cfg.admission, self.optimizer
+        expected = np.uint64(self.journal.next_seq)  # the seq append() gives unless another table appends first
+        undo = np.empty((n, self.width), dtype=np.float32)
+        undo_lsn, undo_dirty = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint8)
+        shows, clicks = np.ascontiguousarray(shows), np.ascontiguousarray(clicks)
+        results = run_parts(
+            lambda lo, hi: _update_in_place(
+                opt.CODE, opt.kernel_params, a.data, rows, grads, ids, shows, clicks, np.float32(step),
+                self.stats_col, self.dim, np.float32(adm.min_count), adm.probability,
+                np.float32(self.cfg.weight_bound), a.lsn, a.dirty, a.stored, expected, undo, undo_lsn, undo_dirty,
+                lo, hi,
+            ),
+            n,
+        )  # fmt: skip
+
+        def restore() -> None:
+            run_parts(lambda lo, hi: _restore(a.data, rows, undo, a.lsn, a.dirty, undo_lsn, undo_dirty, lo, hi), n)
+
+        bad = min((r[3] for r in results if r[3] >= 0), default=-1)
+        if bad >= 0:
+            restore()
+            raise InvalidArgumentError(
+                f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
+                f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
+            )
+        try:
+            seq = self.journal.append(self.name, ids, grads, shows, clicks, step)
+        except BaseException:
+            restore()
+            raise
+        if seq != expected:
+            run_parts(lambda lo, hi: _set_lsn(a.lsn, rows, np.uint64(seq), lo, hi), n)
+        self.num_rows += sum(r[1] for r in results)
+        self.num_pending += sum(r[2] for r in results)
+        self.counters["admitted"] += sum(r[0] for r in results)
+        return seq
 
     def replay(self, record: Record) -> int:
         """Applies a journal record to the rows it has not reached yet (lsn < seq). Returns rows updated."""

@@ -72,6 +72,20 @@ class TableModel(RuleBasedStateMachine):
         with pytest.raises(InvalidArgumentError, match="repeats id"):
             self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
 
+    @rule(ids=st.lists(st.sampled_from(ID_POOL), unique=True, min_size=1, max_size=12))
+    def push_whose_journal_write_fails_changes_nothing(self, ids):
+        journal = self.shard.journal
+
+        def disk_full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        journal.append = disk_full
+        try:
+            with pytest.raises(OSError, match="No space left"):
+                self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
+        finally:
+            del journal.append
+
     @rule()
     def flush(self):
         self.shard.flush()

@@ -28,14 +28,15 @@ def test_every_acknowledged_push_survives_kill_9(tmp_path):
         with Client(addresses, timeout_s=10, pull_retries=0) as client:
             client.wait_ready()
             client.create_table(TableConfig("c", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
-            killer = threading.Timer(1.5, cluster.kill, args=(0,))
-            killer.start()
-            deadline = time.monotonic() + 60
+            killer = threading.Timer(1.5, cluster.kill, args=(0,))  # started after the first push: a cold
+            deadline = time.monotonic() + 60  # numba cache compiles the push kernels on the first one
             try:
                 while time.monotonic() < deadline:
                     ids = np.concatenate([COMMON, own(acked)])
                     client.push("c", ids, np.ones((len(ids), DIM), dtype=np.float32))
                     acked += 1
+                    if acked == 1:
+                        killer.start()
             except PsError:
                 pass  # the server died under the push in flight
             killer.join()
