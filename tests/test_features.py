@@ -19,6 +19,7 @@ from worker.features import (
     NUM_INT_FIELDS,
     Batch,
     cat_values,
+    dense_features,
     example_ids,
     field_ids,
     int_bucket,
@@ -162,3 +163,11 @@ def test_batch_checks_shapes():
         Batch(labels=np.zeros(2, np.float32), ids=ids)
     with pytest.raises(ValueError, match="probs"):
         Batch(labels=np.zeros(3, np.float32), ids=ids, probs=np.zeros(4))
+    with pytest.raises(ValueError, match="dense"):
+        Batch(labels=np.zeros(3, np.float32), ids=ids, dense=np.zeros((2, 13), np.float32))
+    assert Batch(labels=np.zeros(3, np.float32), ids=ids).dense_or_empty().shape == (3, 0)
+
+
+def test_dense_features_are_log1p_of_present_nonnegative_ints():
+    ints = np.array([[0, 1, -5, MISSING_INT, 1000]], dtype=np.int64)
+    np.testing.assert_allclose(dense_features(ints), [[0, np.log(2), 0, 0, np.log(1001)]], rtol=1e-6)

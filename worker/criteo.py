@@ -30,6 +30,7 @@ from worker.features import (
     NUM_INT_FIELDS,
     Batch,
     cat_values,
+    dense_features,
     example_ids,
 )
 
@@ -85,7 +86,7 @@ def _parse_lines(chunk: bytes, name: str, first_line: int) -> Batch:
 
     int_values = _parse_ints(columns[:, 1 : 1 + NUM_INT_FIELDS], name, first_line)
     cats = cat_values(columns[:, 1 + NUM_INT_FIELDS :])
-    return Batch(labels=is_one.astype(np.float32), ids=example_ids(int_values, cats))
+    return Batch(labels=is_one.astype(np.float32), ids=example_ids(int_values, cats), dense=dense_features(int_values))
 
 
 def _text(field: bytes) -> str:

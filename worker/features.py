@@ -45,22 +45,37 @@ _LARGE_OFFSET = 3
 
 @dataclass
 class Batch:
-    """A batch of examples. labels: float32 (n,) in {0, 1}; ids: uint64 (n, NUM_FIELDS + 1), last column
-    BIAS_ID; probs: float64 (n,) true click probabilities (synthetic data only), else None."""
+    """A batch of n examples. labels: float32 (n,) in {0, 1}; ids: uint64 (n, F), one id per field (for the
+    Criteo schema F = NUM_FIELDS + 1, the last column BIAS_ID); dense: float32 (n, D) numeric features or None
+    (for Criteo, dense_features of the 13 integer fields); probs: float64 (n,) true click probabilities
+    (synthetic data only), else None."""
 
     labels: np.ndarray
     ids: np.ndarray
     probs: np.ndarray | None = None
+    dense: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.labels)
-        if self.ids.shape != (n, NUM_FIELDS + 1):
-            raise ValueError(f"ids has shape {self.ids.shape}, expected ({n}, {NUM_FIELDS + 1})")
+        if self.ids.ndim != 2 or self.ids.shape[0] != n:
+            raise ValueError(f"ids has shape {self.ids.shape}, expected ({n}, fields)")
         if self.probs is not None and self.probs.shape != (n,):
             raise ValueError(f"probs has shape {self.probs.shape}, expected ({n},)")
+        if self.dense is not None and (self.dense.ndim != 2 or self.dense.shape[0] != n):
+            raise ValueError(f"dense has shape {self.dense.shape}, expected ({n}, features)")
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def dense_or_empty(self) -> np.ndarray:
+        """dense, or an (n, 0) array when the data has no numeric features."""
+        return self.dense if self.dense is not None else np.zeros((len(self), 0), dtype=np.float32)
+
+
+def dense_features(int_values: np.ndarray) -> np.ndarray:
+    """float32 (n, 13): log(1 + x) of the integer features, x clipped at 0; 0 where missing."""
+    x = np.where(int_values == MISSING_INT, 0, np.maximum(int_values, 0)).astype(np.float64)
+    return np.log1p(x).astype(np.float32)
 
 
 def int_bucket(values: np.ndarray) -> np.ndarray:

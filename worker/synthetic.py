@@ -47,6 +47,7 @@ from worker.features import (
     NUM_FIELDS,
     NUM_INT_FIELDS,
     Batch,
+    dense_features,
     example_ids,
 )
 from worker.metrics import sigmoid
@@ -221,7 +222,7 @@ class SyntheticData:
             raise ValueError(f"batch_size is {batch_size}, expected >= 1")
         for lo in range(start, stop, batch_size):
             rows = self.raw(lo, min(lo + batch_size, stop))
-            yield Batch(labels=rows.labels, ids=rows.ids, probs=rows.probs)
+            yield Batch(labels=rows.labels, ids=rows.ids, probs=rows.probs, dense=dense_features(rows.int_values))
 
     def _block(self, block: int) -> RawRows:
         if self._cached is None or self._cached[0] != block:
