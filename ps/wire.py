@@ -115,8 +115,10 @@ def tune_malloc() -> bool:
     """Stop glibc from mmap-ing (and page-faulting) every large message buffer: 2.5-3.5x on multi-MB messages.
 
     Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to 64 MiB through mallopt (freed heap above that goes
-    back to the OS: a server's RSS stays near its budget); call at process start-up, before the first big
-    allocation. Returns False where glibc's mallopt is not available (harmless no-op).
+    back to the OS: a server's RSS stays near its budget), and M_ARENA_MAX to 2: each malloc arena may keep up
+    to the trim threshold of freed memory, and without a cap every gRPC and kernel thread gets its own. Call at
+    process start-up, before the first big allocation. Returns False where glibc's mallopt is not available
+    (harmless no-op).
     """
     import ctypes
     import ctypes.util
@@ -126,6 +128,7 @@ def tune_malloc() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
     ok = mallopt(m_mmap_threshold, 16 << 20) == 1
+    ok = ok and mallopt(m_arena_max, 2) == 1
     return ok and mallopt(m_trim_threshold, 64 << 20) == 1
