@@ -5,7 +5,8 @@
     python3 dev.py test    # the whole test suite
 
 Both create ./.venv on first use and install the package there (`pip install -e .[dev]`); later runs reuse it
-and reinstall only when pyproject.toml changes. Extra arguments go to `ps-worker train` or to pytest.
+and reinstall only when pyproject.toml changes. `test` also installs PyTorch (TORCH_PIN, for the torch backend's
+tests; on this project's machines a CPU build on local disk). Extra arguments go to `ps-worker train` or to pytest.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import venv
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(ROOT, ".venv")
+TORCH_PIN = "torch==2.13.0"  # an unpinned torch would pull a multi-GB CUDA build
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 
 
-def ensure_env() -> str:
-    """Returns the venv's python, creating the venv and installing the package if needed."""
+def ensure_env(with_torch: bool = False) -> str:
+    """Returns the venv's python, creating the venv and installing the package (and TORCH_PIN) if needed."""
     if sys.version_info < (3, 11):
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
@@ -31,11 +33,12 @@ def ensure_env() -> str:
         venv.EnvBuilder(with_pip=True).create(VENV)
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    stamp = os.path.join(VENV, f".installed-{digest}")
+    stamp = os.path.join(VENV, f".installed-{digest}{'-torch' if with_torch else ''}")
     if not os.path.exists(stamp):
-        print("installing sparseps and its dependencies (first run: about a minute) ...", flush=True)
+        print("installing sparseps and its dependencies (first run: a minute or two) ...", flush=True)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        for args in (["--upgrade", "pip"], ["-e", f"{ROOT}[dev]"]):
+        steps = [["--upgrade", "pip"], ["-e", f"{ROOT}[dev]"]] + ([[TORCH_PIN]] if with_torch else [])
+        for args in steps:
             done = subprocess.run([*pip, *args], capture_output=True, text=True)
             if done.returncode != 0:  # show pip's output only when it failed
                 sys.stderr.write(done.stdout + done.stderr)
@@ -48,8 +51,8 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "env"):
         print(__doc__.strip())
         return 2
-    python = ensure_env()
     command, rest = argv[0], argv[1:]
+    python = ensure_env(with_torch=command == "test")
     if command == "env":
         print(python)
         return 0

@@ -18,30 +18,29 @@ def _add_train(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a CTR model against parameter servers",
-        description="Train a CTR model (LR or FM, numpy) on Criteo-format files or on synthetic data with a planted "
-        "model. Without --servers it starts --local-shards server processes on 127.0.0.1 and stops them at "
-        "the end. Prints eval AUC / logloss / examples per second (and the oracle's, for synthetic data).",
+        description="Train a CTR model (LR, FM, DeepFM or DNN; numpy on the CPU or PyTorch on the CPU or a GPU) on "
+        "Criteo, CSV or libsvm files, or on synthetic data with a planted model. Sparse rows and dense (MLP) "
+        "parameters live on the servers, so workers of either backend can train one model together. Without "
+        "--servers it starts --local-shards server processes on 127.0.0.1 and stops them at the end. Prints eval "
+        "AUC / logloss / examples per second (and the oracle's, for synthetic data).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     where = p.add_argument_group("servers")
     where.add_argument("--servers", default="", help="comma-separated host:port list, in shard order")
     where.add_argument("--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers")
     where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
-    data = p.add_argument_group("data")
-    data.add_argument("--data", help="Criteo-format training file (tab-separated label, 13 ints, 26 hex)")
-    data.add_argument("--eval-data", help="Criteo-format evaluation file")
-    data.add_argument("--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)")
-    data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
-    data.add_argument(
-        "--synthetic-interactions", type=float, default=d.synthetic_interactions,
-        help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
-    )  # fmt: skip
-    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
-    model = p.add_argument_group("model and optimizer")
-    model.add_argument("--model", default=d.model, choices=["fm", "lr"], help="fm: factorization machine; lr: logistic regression")
-    model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="FM latent factors per id")
-    model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "adam", "ftrl", "sgd"], help="server-side optimizer")
-    model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="server-side optimizer step size")
+    _add_data_args(p, d)
+    work = p.add_argument_group("workers")
+    work.add_argument("--worker-id", type=int, default=d.worker_id, help="this worker's index: it trains on its share of the data")
+    work.add_argument("--num-workers", type=int, default=d.num_workers, help="workers sharing the data and the tables")
+    work.add_argument("--prefetch", type=int, default=d.prefetch, help="batches pulled ahead on a thread while one computes (0: none)")
+    _add_model_args(p, d)
+    model = p.add_argument_group("optimizer")
+    model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "adam", "ftrl", "sgd"], help="server-side optimizer of the sparse table")
+    model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="sparse optimizer step size")
+    model.add_argument("--dense-optimizer", default=d.dense_optimizer, choices=["adam", "sgd", "adagrad"], help="server-side optimizer of the MLP")
+    model.add_argument("--dense-learning-rate", type=float, default=d.dense_learning_rate, help="dense optimizer step size")
+    model.add_argument("--dense-sync-every", type=int, default=d.dense_sync_every, help="push summed dense gradients and pull new MLP weights every k steps")
     model.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step")
     model.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
     model.add_argument(
@@ -51,6 +50,55 @@ def _add_train(sub) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_data_args(p, d) -> None:
+    data = p.add_argument_group("data")
+    data.add_argument("--data", help="training file (for eval: the evaluation file); .gz is read transparently")
+    data.add_argument("--eval-data", help="evaluation file, same format")
+    data.add_argument("--format", default=d.format, choices=["criteo", "csv", "libsvm"],
+                      help="criteo: tab-separated label, 13 ints, 26 hex; csv: a header, see the column flags; "
+                      "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
+    data.add_argument("--label-column", help="csv: the label column (default: the first)")
+    data.add_argument("--drop-columns", default="", help="csv: comma-separated columns to ignore")
+    data.add_argument("--numeric-columns", default="", help="csv: comma-separated numeric columns (dense features); the others are categorical")
+    data.add_argument("--max-bad-lines", type=int, default=d.max_bad_lines, help="malformed lines skipped (and reported) before the run fails")
+    data.add_argument("--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)")
+    data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
+    data.add_argument(
+        "--synthetic-interactions", type=float, default=d.synthetic_interactions,
+        help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
+    )  # fmt: skip
+    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
+
+
+def _add_model_args(p, d) -> None:
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default=d.model, choices=["lr", "fm", "deepfm", "dnn"],
+                       help="lr: logistic regression; fm: factorization machine; deepfm: FM + MLP; dnn: embeddings + MLP")  # fmt: skip
+    model.add_argument("--backend", default=d.backend, choices=["numpy", "torch"], help="where forward/backward run: numpy (CPU) or PyTorch")
+    model.add_argument("--device", default=d.device, choices=["cpu", "cuda"], help="torch device (cuda needs --backend torch)")
+    model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="embedding (FM latent) floats per id")
+    model.add_argument("--hidden", default=",".join(map(str, d.hidden)), help="MLP hidden widths (deepfm, dnn)")
+
+
+def _add_eval(sub) -> None:
+    from worker.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "eval",
+        help="evaluate the model the servers hold",
+        description="Pull the rows and dense parameters the servers hold and report AUC and logloss on --data "
+        "(or on the synthetic eval rows). The model flags must be those the model was trained with.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
+    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per pull")
+    _add_data_args(p, d)
+    _add_model_args(p, d)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _add_synth(sub) -> None:
@@ -86,30 +134,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     sub = p.add_subparsers(dest="command", required=True)
     _add_train(sub)
+    _add_eval(sub)
     _add_synth(sub)
     _add_cluster_commands(sub)
     return p
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def _hidden(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in _names(text))
+    except ValueError:
+        raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400") from None
+
+
+def _common_config(args) -> dict:
+    """TrainConfig fields that train and eval share."""
+    return dict(
+        servers=_names(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
+        format=args.format, label_column=args.label_column, drop_columns=_names(args.drop_columns),
+        numeric_columns=_names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
+        synthetic_rows=args.synthetic_rows, synthetic_eval_rows=args.synthetic_eval_rows,
+        synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
+        model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,
+        hidden=_hidden(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
+    )  # fmt: skip
 
 
 def _train(args) -> int:
     from worker.train import TrainConfig, format_results, train
 
     cfg = TrainConfig(
-        servers=tuple(s for s in args.servers.split(",") if s),
+        **_common_config(args),
         local_shards=args.local_shards,
-        data=args.data,
-        eval_data=args.eval_data,
-        synthetic_rows=args.synthetic_rows,
-        synthetic_eval_rows=args.synthetic_eval_rows,
-        synthetic_interactions=args.synthetic_interactions,
-        synthetic_seed=args.synthetic_seed,
-        model=args.model,
-        embedding_dim=args.embedding_dim,
+        worker_id=args.worker_id,
+        num_workers=args.num_workers,
+        prefetch=args.prefetch,
         optimizer=args.optimizer,
         learning_rate=args.learning_rate,
-        batch_size=args.batch_size,
+        dense_optimizer=args.dense_optimizer,
+        dense_learning_rate=args.dense_learning_rate,
+        dense_sync_every=args.dense_sync_every,
         epochs=args.epochs,
-        timeout_s=args.timeout_s,
         metrics_out=args.metrics_out,
         table_config=args.table_config,
         progress=not args.no_progress,
@@ -117,6 +186,16 @@ def _train(args) -> int:
     print(format_results(train(cfg)), flush=True)
     if cfg.metrics_out:
         print(f"metrics written to {cfg.metrics_out}")
+    return 0
+
+
+def _eval(args) -> int:
+    import json
+
+    from worker.train import TrainConfig, evaluate_servers, format_results
+
+    r = evaluate_servers(TrainConfig(**_common_config(args)))
+    print(json.dumps(r) if args.json else format_results(r), flush=True)
     return 0
 
 
@@ -180,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
-        return {"train": _train, "synth": _synth, "stats": _stats, "shrink": _shrink}[args.command](args)
+        commands = {"train": _train, "eval": _eval, "synth": _synth, "stats": _stats, "shrink": _shrink}
+        return commands[args.command](args)
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2

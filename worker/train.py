@@ -1,9 +1,11 @@
-"""The training loop: pull a batch's rows, forward/backward locally, push the gradients; then evaluate.
+"""The training loop: pull a batch's rows, forward/backward locally (numpy or torch), push the gradients.
 
-    for each batch:  rows = client.pull(table, ids)            # (n * fields, dim), deduped and routed
-                     probs, grads = model.forward_backward(rows, labels)
-                     client.push(table, ids, grads)            # duplicates summed, then the server optimizer
+    for each batch:  rows = tables.pull(model, ids)              # prefetched a batch ahead, on a thread
+                     probs, row_grads, dense_grads = backend.forward_backward(rows, dense_x, dense params, labels)
+                     tables.push(model, ids, row_grads)          # duplicates summed, then the server optimizer
+                     dense.step(dense_grads)                     # every --dense-sync-every steps: push, pull
 Evaluation pulls only. With synthetic data the planted model's probabilities give the oracle AUC and logloss.
+Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 """
 
 from __future__ import annotations
@@ -19,15 +21,17 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from ps.config import OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.criteo import read_criteo
+from worker.dense import DenseSync, table_config as dense_table_config
 from worker.metrics import RunningMean, auc, logloss
-from worker.models import MODELS, Model
+from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
+from worker.pipeline import prefetched
 from worker.synthetic import SyntheticConfig, SyntheticData
 
 log = logging.getLogger("worker.train")
+FORMATS = ("criteo", "csv", "libsvm")
 
 
 @dataclass(frozen=True)
@@ -36,31 +40,55 @@ class TrainConfig:
     local_shards: int = 2
     data: str | None = None
     eval_data: str | None = None
+    format: str = "criteo"
+    label_column: str | None = None
+    drop_columns: tuple[str, ...] = ()
+    numeric_columns: tuple[str, ...] = ()
+    max_bad_lines: int = 0
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
     synthetic_interactions: float = 0.0
     synthetic_seed: int = 0
     model: str = "fm"
+    backend: str = "numpy"
+    device: str = "cpu"
     embedding_dim: int = 8
+    hidden: tuple[int, ...] = DEFAULT_HIDDEN
     optimizer: str = "adagrad"
     learning_rate: float = 0.05
+    dense_optimizer: str = "adam"
+    dense_learning_rate: float = 0.001
+    dense_sync_every: int = 1
     batch_size: int = 2048
     epochs: int = 1
+    prefetch: int = 1
+    worker_id: int = 0
+    num_workers: int = 1
     timeout_s: float = 60.0
-    table_config: str | None = None  # TOML: overrides the model table's initializer, optimizer, admission, ...
+    table_config: str | None = None  # TOML: overrides the model tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
     progress: bool = True
 
     def validate(self) -> None:
-        if self.model not in MODELS:
-            raise ValueError(f"--model {self.model!r} is unknown; expected one of {sorted(MODELS)}")
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"--model {self.model!r} is unknown; expected one of {list(MODEL_NAMES)}")
+        if self.backend not in ("numpy", "torch"):
+            raise ValueError(f"--backend {self.backend!r} is unknown; expected numpy or torch")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r} is unknown; expected cpu or cuda")
+        if self.device == "cuda" and self.backend != "torch":
+            raise ValueError("--device cuda needs --backend torch (the numpy backend runs on the CPU)")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMATS)}")
         if self.eval_data and not self.data:
             raise ValueError("--eval-data needs --data (without --data the run uses synthetic data)")
         for path in (self.data, self.eval_data):
             if path and not os.path.isfile(path):
                 raise ValueError(f"data file {path} does not exist")
-        if self.batch_size < 1 or self.epochs < 1:
-            raise ValueError("--batch-size and --epochs must be >= 1")
+        if self.batch_size < 1 or self.epochs < 1 or self.dense_sync_every < 1 or self.prefetch < 0:
+            raise ValueError("--batch-size, --epochs and --dense-sync-every must be >= 1, --prefetch >= 0")
+        if not 0 <= self.worker_id < self.num_workers:
+            raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
         if not self.servers and self.local_shards < 1:
             raise ValueError("give --servers, or --local-shards >= 1")
         if self.table_config and not os.path.isfile(self.table_config):
@@ -68,31 +96,62 @@ class TrainConfig:
 
 
 class DataSource:
-    """Train and eval batches from files or from the synthetic generator; `total` training examples."""
+    """This worker's training batches and every eval batch, from files or from the synthetic generator."""
 
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
         self.synthetic = None
+        self.read_stats = []
         if cfg.data is None:
             self.synthetic = SyntheticData(
                 SyntheticConfig(rows=cfg.synthetic_rows, seed=cfg.synthetic_seed, interactions=cfg.synthetic_interactions)
             )
-            self.total = cfg.synthetic_rows
+            n, i = cfg.synthetic_rows, cfg.worker_id
+            self.share = (n * i // cfg.num_workers, n * (i + 1) // cfg.num_workers)
+            self.total = self.share[1] - self.share[0]
         else:
-            self.total = count_lines(cfg.data)
+            self.total = count_lines(cfg.data) // cfg.num_workers
+
+    def _read(self, path: str, worker_id: int, num_workers: int, track: bool = True):
+        from worker.formats import ReadStats, read_batches
+
+        stats = ReadStats()
+        if track:  # reported at the end of the run
+            self.read_stats.append((path, stats))
+        c = self.cfg
+        return read_batches(
+            path, c.format, c.batch_size, worker_id=worker_id, num_workers=num_workers,
+            max_bad_lines=c.max_bad_lines, label_column=c.label_column, drop_columns=c.drop_columns,
+            numeric_columns=c.numeric_columns, stats=stats,
+        )  # fmt: skip
 
     def train(self):
         if self.synthetic is not None:
-            return self.synthetic.batches(self.cfg.batch_size, 0, self.cfg.synthetic_rows)
-        return read_criteo(self.cfg.data, self.cfg.batch_size)
+            return self.synthetic.batches(self.cfg.batch_size, *self.share)
+        return self._read(self.cfg.data, self.cfg.worker_id, self.cfg.num_workers)
 
     def eval(self):
         if self.synthetic is not None:
             rows = self.cfg.synthetic_rows
             return self.synthetic.batches(self.cfg.batch_size, rows, rows + self.cfg.synthetic_eval_rows)
         if self.cfg.eval_data:
-            return read_criteo(self.cfg.eval_data, self.cfg.batch_size)
+            return self._read(self.cfg.eval_data, 0, 1)
         return iter(())
+
+    def spec(self) -> ModelSpec:
+        """The model's shape for this data: fields and numeric features are read off the first batch."""
+        first = next(iter(self.eval() if self.cfg.data is None else self._read(self.cfg.data, 0, 1, track=False)), None)
+        if first is None:
+            raise ValueError(f"{self.cfg.data}: no examples to train on")
+        c = self.cfg
+        return ModelSpec(c.model, first.ids.shape[1], first.dense_or_empty().shape[1], c.embedding_dim, c.hidden)
+
+    def bad_lines_report(self) -> list[str]:
+        return [
+            f"{path}: skipped {s.bad_lines:,} malformed lines of {s.lines_read:,} (first: {s.first_bad})"
+            for path, s in self.read_stats
+            if s.bad_lines
+        ]
 
 
 def count_lines(path: str) -> int:
@@ -114,14 +173,29 @@ def cluster_addresses(cfg: TrainConfig):
         yield cluster.addresses
 
 
-def make_model(cfg: TrainConfig) -> Model:
-    opt = OptimizerConfig(cfg.optimizer, cfg.learning_rate)
-    return MODELS[cfg.model](cfg.embedding_dim, opt)
+def make_backend(spec: ModelSpec, cfg: TrainConfig):
+    """The forward/backward implementation: numpy (CPU) or torch (cpu or cuda); both take and return numpy."""
+    if cfg.backend == "numpy":
+        from worker.models.numpy_backend import NumpyModel
+
+        return NumpyModel(spec)
+    try:
+        from worker.models.torch_backend import TorchModel
+    except ImportError as e:
+        raise ValueError(f"--backend torch needs PyTorch: pip install 'sparseps[torch]' ({e})") from None
+    return TorchModel(spec, cfg.device)
 
 
-def table_configs(cfg: TrainConfig, model: Model) -> list[TableConfig]:
-    """The model's tables, with the settings of --table-config applied to the tables it names."""
-    tables = model.table_configs()
+def sparse_table_config(spec: ModelSpec, cfg: TrainConfig) -> TableConfig:
+    """The model's sparse table, named after the model: LR weights start at 0, embeddings small and random."""
+    init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
+    return TableConfig(spec.name, spec.sparse_dim, init, OptimizerConfig(cfg.optimizer, cfg.learning_rate))
+
+
+def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
+    """The model's tables (sparse, then one per dense parameter), with --table-config applied to those it names."""
+    dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
+    tables = [sparse_table_config(spec, cfg)] + [dense_table_config(p, dense_opt) for p in spec.dense_params()]
     if not cfg.table_config:
         return tables
     with open(cfg.table_config) as f:
@@ -138,34 +212,40 @@ def table_configs(cfg: TrainConfig, model: Model) -> list[TableConfig]:
     return out
 
 
-def run_epochs(client: Client, model: Model, data: DataSource, cfg: TrainConfig) -> tuple[int, float, float]:
-    """Trains; returns (examples, seconds, running logloss at the end)."""
+def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSource, cfg: TrainConfig):
+    """Trains; returns (examples, seconds, running logloss at the end). `tables` is a Client (or anything with
+    its pull / push / advance_clock)."""
     running = RunningMean(0.95)
     examples, started = 0, time.perf_counter()
     bar = tqdm(total=data.total * cfg.epochs, unit="ex", unit_scale=True, disable=not cfg.progress, smoothing=0.1)
+    dim = spec.sparse_dim
     for epoch in range(cfg.epochs):
-        for batch in data.train():
+        for batch, rows in prefetched(data.train(), lambda b: tables.pull(spec.name, b.ids), cfg.prefetch):
             n, fields = batch.ids.shape
-            rows = client.pull(model.table, batch.ids).reshape(n, fields, model.dim)
-            probs, grads = model.forward_backward(rows, batch.labels)
+            probs, row_grads, dense_grads = backend.forward_backward(
+                rows.reshape(n, fields, dim), batch.dense_or_empty(), dense.values, batch.labels
+            )
             clicks = np.repeat(batch.labels, fields)  # each id of a clicked example is clicked once
-            client.push(model.table, batch.ids, grads.reshape(n * fields, model.dim), clicks)
-            client.advance_clock()
+            tables.push(spec.name, batch.ids, row_grads.reshape(n * fields, dim), clicks)
+            dense.step(dense_grads)
+            tables.advance_clock()
             running.update(logloss(batch.labels, probs))
             examples += n
             bar.update(n)
             bar.set_postfix(epoch=epoch, logloss=f"{running.value:.4f}", refresh=False)
+    dense.flush()
     bar.close()
     return examples, time.perf_counter() - started, running.value
 
 
-def evaluate(client: Client, model: Model, data: DataSource) -> dict:
+def evaluate(tables, spec: ModelSpec, backend, dense_values: dict, batches) -> dict:
+    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data)."""
     labels, preds, oracle = [], [], []
-    for batch in data.eval():
+    for batch in batches:
         n, fields = batch.ids.shape
-        rows = client.pull(model.table, batch.ids).reshape(n, fields, model.dim)
+        rows = tables.pull(spec.name, batch.ids).reshape(n, fields, spec.sparse_dim)
         labels.append(batch.labels)
-        preds.append(model.predict(rows))
+        preds.append(backend.predict(rows, batch.dense_or_empty(), dense_values))
         if batch.probs is not None:
             oracle.append(batch.probs)
     if not labels:
@@ -181,34 +261,67 @@ def evaluate(client: Client, model: Model, data: DataSource) -> dict:
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
     cfg.validate()
-    model = make_model(cfg)
     data = DataSource(cfg)
+    spec = data.spec()
+    backend = make_backend(spec, cfg)
     with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s) as client:
         client.wait_ready()
-        for table in table_configs(cfg, model):
+        for table in table_configs(cfg, spec):
             client.create_table(table)
-        examples, seconds, train_logloss = run_epochs(client, model, data, cfg)
+        dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
+        dense.pull()
+        examples, seconds, train_logloss = run_epochs(client, spec, backend, dense, data, cfg)
         results = {
             "model": cfg.model,
+            "backend": cfg.backend,
+            "device": cfg.device,
+            "worker": f"{cfg.worker_id}/{cfg.num_workers}",
             "shards": len(addresses),
             "train_examples": examples,
             "train_seconds": seconds,
             "examples_per_s": examples / seconds if seconds > 0 else 0.0,
             "train_logloss": train_logloss,
+            "dense_syncs": dense.syncs,
         }
-        results.update(evaluate(client, model, data))
-        tables = [t for shard in client.stats() for t in shard.tables]
+        results.update(evaluate(client, spec, backend, dense.pull(), data.eval()))
+        tables = [t for shard in client.stats() for t in shard.tables if t.name == spec.name]
         results["table_rows"] = sum(t.num_rows for t in tables)  # ids with a trained row
         results["pending_ids"] = sum(t.pending_ids for t in tables)  # ids seen but not admitted
+    for line in data.bad_lines_report():
+        log.warning(line)
+    results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
     if cfg.metrics_out:
         with open(cfg.metrics_out, "w") as f:
             json.dump({"config": dataclasses.asdict(cfg), **results}, f, indent=2)
     return results
 
 
+def evaluate_servers(cfg: TrainConfig) -> dict:
+    """`ps-worker eval`: the AUC and logloss of the model the servers hold, on --data (or synthetic eval rows)."""
+    cfg.validate()
+    data = DataSource(cfg)
+    spec = data.spec()
+    backend = make_backend(spec, cfg)
+    eval_batches = data.eval() if cfg.data is None else data._read(cfg.data, 0, 1)
+    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s) as client:
+        client.wait_ready()
+        for t in table_configs(cfg, spec):
+            if client.dim(t.name) != t.dim:
+                raise ValueError(
+                    f"table {t.name} on the servers has dim {client.dim(t.name)}, model {cfg.model} with "
+                    f"--embedding-dim {cfg.embedding_dim} needs {t.dim}"
+                )
+        dense = DenseSync(client, spec.dense_params())
+        results = {"model": cfg.model, "shards": len(addresses), **evaluate(client, spec, backend, dense.pull(), eval_batches)}
+    return results
+
+
 def format_results(r: dict) -> str:
-    lines = [f"trained {r['model']} on {r['train_examples']:,} examples with {r['shards']} shards "
-             f"in {r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s"]  # fmt: skip
+    lines = []
+    if "train_examples" in r:
+        lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
+                     f"{r['train_examples']:,} examples with {r['shards']} shards in {r['train_seconds']:.1f} s: "
+                     f"{r['examples_per_s']:,.0f} examples/s")  # fmt: skip
     if "eval_auc" in r:
         lines.append(f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)")
     if "table_rows" in r:

@@ -1,9 +1,6 @@
-"""CTR models that run on the worker: forward and backward over pulled embedding rows.
+"""CTR models that run on the worker: forward and backward over pulled embedding rows and dense parameters.
 
-A model names the sparse tables it needs (`table_configs`) and turns the rows pulled for a batch into
-predictions and per-row gradients. Rows and grads are (batch, fields, dim) arrays, one table per model here.
+spec.py fixes each model's parameterization (names, shapes, formulas); numpy_backend.py (hand-written backward,
+CPU) and torch_backend.py (autograd, CPU or CUDA) implement it and agree to float32 rounding. numpy_models.py
+keeps the first LR and FM, the oracle the backends are tested against.
 """
-
-from worker.models.numpy_models import MODELS, FactorizationMachine, LogisticRegression, Model
-
-__all__ = ["MODELS", "FactorizationMachine", "LogisticRegression", "Model"]

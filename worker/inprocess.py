@@ -1,0 +1,56 @@
+"""InProcessTables: the Client's table calls served by a Shard in this very process, with no RPC.
+
+The reference of benchmarks/train_throughput.py: the same training loop against the server's own table code
+(RAM tier, optimizer, journal) called directly, so the gap to a run against server processes is what the RPCs,
+their serialization and the processes cost. Same dedup semantics as worker.client.Client.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+
+from ps.config import ServerConfig, TableConfig
+from ps.shard import Shard
+from worker.client import sum_duplicates
+
+
+class InProcessTables:
+    def __init__(self, cache_bytes: int = 4 << 30, data_dir: str | None = None):
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="sparseps-inprocess-")
+        self.shard = Shard(ServerConfig(data_dir=data_dir or self._tmp.name, cache_bytes=cache_bytes))
+
+    def create_table(self, cfg: TableConfig) -> None:
+        self.shard.create_table(cfg)
+
+    def dim(self, table: str) -> int:
+        return self.shard.table(table).dim
+
+    def pull(self, table: str, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        return self.shard.pull(table, uniq)[inverse.ravel()]
+
+    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None) -> None:
+        ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
+        dim = self.dim(table)
+        counts = np.ones((len(ids), 2), dtype=np.float32)
+        counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
+        grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
+        uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+        self.shard.push(table, uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1])
+
+    def advance_clock(self, steps: int = 1) -> int:
+        return self.shard.advance_clock(steps)
+
+    def close(self) -> None:
+        self.shard.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> "InProcessTables":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
