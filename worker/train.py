@@ -61,7 +61,7 @@ class TrainConfig:
     dense_sync_every: int = 1
     batch_size: int = 2048
     epochs: int = 1
-    prefetch: int = 1
+    prefetch: int = 0  # 1 trains far worse on synthetic data (AUC 0.57 vs 0.74 at 60K rows): a bug not found yet
     worker_id: int = 0
     num_workers: int = 1
     timeout_s: float = 60.0
