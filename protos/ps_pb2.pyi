@@ -133,6 +133,34 @@ class PushResponse(_message.Message):
     num_applied: int
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
+class PullBatchRequest(_message.Message):
+    __slots__ = ("pulls",)
+    PULLS_FIELD_NUMBER: _ClassVar[int]
+    pulls: _containers.RepeatedCompositeFieldContainer[PullRequest]
+    def __init__(self, pulls: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ...) -> None: ...
+
+class PullBatchResponse(_message.Message):
+    __slots__ = ("replies",)
+    REPLIES_FIELD_NUMBER: _ClassVar[int]
+    replies: _containers.RepeatedCompositeFieldContainer[PullResponse]
+    def __init__(self, replies: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
+
+class PushBatchRequest(_message.Message):
+    __slots__ = ("pushes", "advance_clock")
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    ADVANCE_CLOCK_FIELD_NUMBER: _ClassVar[int]
+    pushes: _containers.RepeatedCompositeFieldContainer[PushRequest]
+    advance_clock: int
+    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ...) -> None: ...
+
+class PushBatchResponse(_message.Message):
+    __slots__ = ("num_applied", "step")
+    NUM_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    num_applied: int
+    step: int
+    def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

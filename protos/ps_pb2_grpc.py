@@ -54,6 +54,16 @@ class ParameterServerStub:
                 request_serializer=protos_dot_ps__pb2.PushRequest.SerializeToString,
                 response_deserializer=protos_dot_ps__pb2.PushResponse.FromString,
                 _registered_method=True)
+        self.PullBatch = channel.unary_unary(
+                '/sparseps.ParameterServer/PullBatch',
+                request_serializer=protos_dot_ps__pb2.PullBatchRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.PullBatchResponse.FromString,
+                _registered_method=True)
+        self.PushBatch = channel.unary_unary(
+                '/sparseps.ParameterServer/PushBatch',
+                request_serializer=protos_dot_ps__pb2.PushBatchRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.PushBatchResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/sparseps.ParameterServer/Stats',
                 request_serializer=protos_dot_ps__pb2.StatsRequest.SerializeToString,
@@ -103,6 +113,22 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullBatch(self, request, context):
+        """Several pulls in one call (a training step's sparse rows and dense parameters): replies in request order.
+        Fails as a whole if any pull would fail.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PushBatch(self, request, context):
+        """Several pushes in one call, then the clock advanced by `advance_clock`. Every push is validated before any
+        is applied (a rejected batch changes nothing); then each is applied in order, as Push does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Who this shard is and what it holds.
         """
@@ -147,6 +173,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Push,
                     request_deserializer=protos_dot_ps__pb2.PushRequest.FromString,
                     response_serializer=protos_dot_ps__pb2.PushResponse.SerializeToString,
+            ),
+            'PullBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullBatch,
+                    request_deserializer=protos_dot_ps__pb2.PullBatchRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.PullBatchResponse.SerializeToString,
+            ),
+            'PushBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushBatch,
+                    request_deserializer=protos_dot_ps__pb2.PushBatchRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.PushBatchResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -272,6 +308,60 @@ class ParameterServer:
             '/sparseps.ParameterServer/Push',
             protos_dot_ps__pb2.PushRequest.SerializeToString,
             protos_dot_ps__pb2.PushResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseps.ParameterServer/PullBatch',
+            protos_dot_ps__pb2.PullBatchRequest.SerializeToString,
+            protos_dot_ps__pb2.PullBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseps.ParameterServer/PushBatch',
+            protos_dot_ps__pb2.PushBatchRequest.SerializeToString,
+            protos_dot_ps__pb2.PushBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -35,7 +35,7 @@ def _rpc(method):
     return wrapper
 
 
-PRESERIALIZED = {"Pull"}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
+PRESERIALIZED = {"Pull", "PullBatch"}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
 
 
 def add_to_server(servicer: "ParameterServerServicer", server: grpc.Server) -> None:
@@ -78,8 +78,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         rows = self.shard.pull(request.table, ids)
         return wire.encode_pull_response(rows)
 
-    @_rpc
-    def Push(self, request, context):
+    def _decode_push(self, request) -> tuple:
+        """(table name, ids, grads, shows, clicks) of a PushRequest, with its lengths and dim checked."""
         table = self.shard.table(request.table)
         if request.dim != table.dim:
             raise wire.InvalidArgumentError(
@@ -89,8 +89,28 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")
         shows = wire.decode_rows(request.shows, len(ids), 1, "shows")[:, 0] if request.shows else None
         clicks = wire.decode_rows(request.clicks, len(ids), 1, "clicks")[:, 0] if request.clicks else None
-        self.shard.push(request.table, ids, grads, shows, clicks)
-        return ps_pb2.PushResponse(num_applied=len(ids))
+        return request.table, ids, grads, shows, clicks
+
+    @_rpc
+    def Push(self, request, context):
+        push = self._decode_push(request)
+        self.shard.push(*push)
+        return ps_pb2.PushResponse(num_applied=len(push[1]))
+
+    @_rpc
+    def PullBatch(self, request, context):
+        """Returns the PullBatchResponse already serialized (see add_to_server)."""
+        pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
+        for name, ids in pulls:  # every pull checked before any runs
+            self.shard.table(name)
+            self.shard.check_owned(ids)
+        return wire.encode_pull_batch_response([wire.encode_pull_response(self.shard.pull(*p)) for p in pulls])
+
+    @_rpc
+    def PushBatch(self, request, context):
+        pushes = [self._decode_push(p) for p in request.pushes]
+        step = self.shard.push_batch(pushes, request.advance_clock)
+        return ps_pb2.PushBatchResponse(num_applied=sum(len(p[1]) for p in pushes), step=step)
 
     @_rpc
     def AdvanceClock(self, request, context):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ps.arena import MemoryBudget
 from ps.config import ServerConfig, TableConfig
-from ps.errors import InvalidArgumentError, TableExistsError, TableNotFoundError, WrongShardError
+from ps.errors import InvalidArgumentError, PsError, TableExistsError, TableNotFoundError, WrongShardError
 from ps.journal import Journal
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.store import Store
@@ -114,8 +114,9 @@ class Shard:
         self.check_owned(ids)
         return table.pull(ids)
 
-    def push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> None:
-        """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
+    def check_push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> tuple:
+        """Validates a push without changing anything; returns (table, ids, grads, shows, clicks) for apply_push.
+        shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
         table = self.table(name)
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
@@ -140,9 +141,31 @@ class Shard:
                     f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
                 )
         self.check_owned(ids)
+        return table, ids, grads, shows, clicks
+
+    def apply_push(self, checked: tuple) -> None:
+        """Applies a push that check_push accepted (journaled, then applied in RAM)."""
+        table, ids, grads, shows, clicks = checked
         table.push(ids, grads, shows, clicks, self.clock)
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
+
+    def push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> None:
+        """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
+        self.apply_push(self.check_push(name, ids, grads, shows, clicks))
+
+    def push_batch(self, pushes: list[tuple], advance_clock: int = 0) -> int:
+        """Several pushes (name, ids, grads, shows, clicks), all validated before any is applied, then applied
+        in order (each one atomically, as push), then the clock advanced; returns the clock. A failure while
+        applying (an I/O error, a non-finite result) leaves the pushes before it applied, and says so."""
+        checked = [self.check_push(*p) for p in pushes]
+        for i, c in enumerate(checked):
+            try:
+                self.apply_push(c)
+            except PsError as e:
+                raise type(e)(f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}), after the "
+                              f"{i} before it were applied: {e}") from e  # fmt: skip
+        return self.advance_clock(advance_clock) if advance_clock else self.clock
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:

@@ -45,6 +45,14 @@ def encode_pull_response(rows: np.ndarray) -> bytes:
     return b"".join((head, rows.reshape(-1).view(np.uint8), tail))
 
 
+def encode_pull_batch_response(replies: list[bytes]) -> bytes:
+    """The serialized PullBatchResponse {replies} of serialized PullResponses (field 1, repeated)."""
+    parts = []
+    for reply in replies:
+        parts += (b"\x0a", _varint(len(reply)), reply)
+    return b"".join(parts)
+
+
 def decode_ids(data: bytes, field: str = "ids") -> np.ndarray:
     """uint64 ids from bytes; InvalidArgumentError if the length is not a multiple of 8."""
     if len(data) % IDS_DTYPE.itemsize:

@@ -1,5 +1,6 @@
 """Client routing, dedup, reassembly and error reporting against in-process shards."""
 
+import dataclasses
 import socket
 import time
 
@@ -49,6 +50,31 @@ def test_pull_and_push_with_duplicates_across_three_shards(servers, sgd1_table, 
         got = client.pull("emb", ids.reshape(41, 10))  # any shape, flattened
         np.testing.assert_array_equal(got, np.array([expected[i] for i in ids.tolist()]))
         assert sum(t.num_rows for s in client.stats() for t in s.tables) == 300
+
+
+@pytest.mark.parametrize("max_request_bytes", [64 << 20, 300])  # 300 bytes: several batches per shard
+def test_push_many_and_pull_many_equal_one_call_per_table(servers, sgd1_table, max_request_bytes):
+    """Two tables of different dims in one exchange (grouped into PushBatch / PullBatch per shard), then the
+    clock advanced on every shard, even one that got no push."""
+    addresses, _ = servers(3)
+    other = dataclasses.replace(sgd1_table, name="wide", dim=7)
+    with Client(addresses, max_request_bytes=max_request_bytes) as client:
+        client.wait_ready()
+        client.create_table(sgd1_table)
+        client.create_table(other)
+        a, b = random_ids(50, seed=3), random_ids(2, seed=4)
+        ga = np.random.default_rng(5).integers(-3, 4, (50, 4)).astype(np.float32)
+        gb = np.ones((2, 7), np.float32)
+        clocks = [s.clock for s in client.stats()]
+        client.push_many([("emb", a, ga, None), ("wide", b, gb, np.ones(2))], advance_clock=2)
+        assert [s.clock for s in client.stats()] == [c + 2 for c in clocks]
+        got_a, got_b, got_a2 = client.pull_many([("emb", a), ("wide", b), ("emb", a[:3])])
+        np.testing.assert_array_equal(got_a, initial(sgd1_table, a) - ga)
+        np.testing.assert_array_equal(got_b, initial(other, b) - 1)
+        np.testing.assert_array_equal(got_a2, got_a[:3])
+        assert client.pull_many([]) == [] and client.pull_many([("emb", a[:0])])[0].shape == (0, 4)
+        wide = [t for s in client.stats() for t in s.tables if t.name == "wide"]
+        assert sum(t.num_rows for t in wide) == 2
 
 
 def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):

@@ -168,3 +168,43 @@ def test_health_service_reports_serving(servers):
         for service in ("", "sparseps.ParameterServer"):
             reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_push_batch_checks_every_push_before_applying_any(shard1):
+    stub, mine, theirs, shard = shard1
+    before = snapshot(shard, mine)
+    clock = shard.clock
+
+    def push(ids, grads, table="emb", dim=4):
+        return ps_pb2.PushRequest(table=table, ids=wire.encode_ids(ids), grads=wire.encode_rows(grads), dim=dim)
+
+    good = push(mine[:5], np.ones((5, 4)))
+    nan = np.ones((5, 4))
+    nan[3, 2] = np.nan
+    for bad, code, fragment in [
+        (push(mine[5:10], nan), grpc.StatusCode.INVALID_ARGUMENT, "non-finite"),
+        (push(mine[5:10], np.ones((5, 4)), table="nope"), grpc.StatusCode.NOT_FOUND, "nope"),
+        (push(mine[5:10], np.ones((5, 4)), dim=3), grpc.StatusCode.INVALID_ARGUMENT, "dim 3"),
+        (push(theirs, np.ones((5, 4))), grpc.StatusCode.FAILED_PRECONDITION, "other shards"),
+    ]:
+        request = ps_pb2.PushBatchRequest(pushes=[good, bad], advance_clock=3)
+        assert_status(lambda: stub.PushBatch(request), code, fragment)
+        after = snapshot(shard, mine)
+        np.testing.assert_array_equal(after[0], before[0])  # the good push before the bad one: not applied
+        assert after[1:] == before[1:] and shard.clock == clock
+
+    reply = stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[good, push(mine[:5], np.ones((5, 4)))], advance_clock=3))
+    assert (reply.num_applied, reply.step) == (10, clock + 3)
+    assert not np.array_equal(pull(stub, mine[:5]), before[0][:5, :4])  # both applied (checked exactly in test_client)
+
+
+def test_pull_batch_answers_each_pull_in_order_and_fails_as_a_whole(shard1):
+    stub, mine, theirs, shard = shard1
+    requests = [ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(mine[i : i + 7])) for i in (0, 20, 40)]
+    reply = stub.PullBatch(ps_pb2.PullBatchRequest(pulls=requests))
+    assert len(reply.replies) == 3
+    for i, r in zip((0, 20, 40), reply.replies):
+        np.testing.assert_array_equal(wire.decode_rows(r.rows, 7, r.dim), pull(stub, mine[i : i + 7]))
+    bad = ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(theirs))
+    assert_status(lambda: stub.PullBatch(ps_pb2.PullBatchRequest(pulls=requests + [bad])), grpc.StatusCode.FAILED_PRECONDITION)
+    assert len(stub.PullBatch(ps_pb2.PullBatchRequest()).replies) == 0

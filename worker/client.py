@@ -106,47 +106,72 @@ class Client:
     # ---- data -----------------------------------------------------------------------------------------
     def pull(self, table: str, ids: np.ndarray) -> np.ndarray:
         """(len(ids), dim) float32 rows of ids (any shape, flattened; duplicates allowed), in order."""
-        ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
-        dim = self.dim(table)
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        rows = np.empty((len(uniq), dim), dtype=np.float32)
-        parts = list(self._route(uniq, dim))
-        requests = [ps_pb2.PullRequest(table=table, ids=wire.encode_ids(uniq[sel])) for _, sel in parts]
+        return self.pull_many([(table, ids)])[0]
+
+    def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        """pull() of several (table, ids) at once: one PullBatch per shard (more past max_request_bytes), all in
+        flight together, one wait."""
+        plans, requests = [], []
+        for table, ids in items:
+            ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
+            dim = self.dim(table)
+            uniq, inverse = np.unique(ids, return_inverse=True)
+            rows = np.empty((len(uniq), dim), dtype=np.float32)
+            for shard, sel in self._route(uniq, dim):
+                request = ps_pb2.PullRequest(table=table, ids=wire.encode_ids(uniq[sel]))
+                requests.append((shard, request, len(sel) * (4 * dim + 8), (rows, sel, dim)))
+            plans.append((rows, inverse))
+        groups = self._group(requests)
+        calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g])) for shard, g in groups]
         for attempt in range(self.pull_retries + 1):
             try:
-                replies = self._call_many("Pull", [s for s, _ in parts], requests)
+                replies = self._call_mixed(calls)
                 break
             except ServerUnavailableError:
                 if attempt == self.pull_retries:
                     raise
                 time.sleep(0.2 * 2**attempt)
-        for (_, sel), reply in zip(parts, replies):
-            rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
-        return rows[inverse.ravel()]
+        for (_, group), batch in zip(groups, replies):
+            for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.replies, strict=True):
+                rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
+        return [rows[inverse.ravel()] for rows, inverse in plans]
 
     def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None) -> None:
         """Sums the grads of duplicate ids, then applies them on the owning shards. grads: (len(ids), dim).
         Each occurrence of an id is one show; clicks (len(ids),), e.g. the label of each occurrence's example,
         are summed per id the same way (None: no clicks)."""
-        ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
-        dim = self.dim(table)
-        grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-        counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
-        counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
-        uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
-        parts = list(self._route(uniq, dim))
-        requests = [
-            ps_pb2.PushRequest(
-                table=table,
-                ids=wire.encode_ids(uniq[sel]),
-                grads=wire.encode_rows(summed[sel, :dim]),
-                dim=dim,
-                shows=wire.encode_rows(summed[sel, dim]),
-                clicks=wire.encode_rows(summed[sel, dim + 1]),
-            )
-            for _, sel in parts
-        ]
-        self._call_many("Push", [s for s, _ in parts], requests)
+        self.push_many([(table, ids, grads, clicks)])
+
+    def push_many(self, items: list[tuple], advance_clock: int = 0) -> None:
+        """push() of several (table, ids, grads, clicks) at once and (if advance_clock > 0) the clock advance of
+        every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight together.
+        A shard applies its batch only if every push in it is valid."""
+        requests = []
+        for table, ids, grads, clicks in items:
+            ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
+            dim = self.dim(table)
+            grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
+            counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
+            counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
+            uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+            for shard, sel in self._route(uniq, dim):
+                request = ps_pb2.PushRequest(
+                    table=table,
+                    ids=wire.encode_ids(uniq[sel]),
+                    grads=wire.encode_rows(summed[sel, :dim]),
+                    dim=dim,
+                    shows=wire.encode_rows(summed[sel, dim]),
+                    clicks=wire.encode_rows(summed[sel, dim + 1]),
+                )
+                requests.append((shard, request, len(sel) * (4 * dim + 16), None))
+        groups = self._group(requests, every_shard=advance_clock > 0)
+        last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
+        calls = [
+            ("PushBatch", shard, ps_pb2.PushBatchRequest(
+                pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0))
+            for i, (shard, g) in enumerate(groups)
+        ]  # fmt: skip
+        self._call_mixed(calls)
 
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock; returns the new step (of shard 0)."""
@@ -169,14 +194,36 @@ class Client:
             for start in range(0, len(sel), chunk):
                 yield shard, sel[start : start + chunk]
 
+    def _group(self, requests: list[tuple], every_shard: bool = False) -> list[tuple[int, list]]:
+        """Packs (shard, request, bytes, extra) into (shard, [those tuples]) batches of at most
+        max_request_bytes each (a larger request alone), in order; every_shard: an empty batch for each shard
+        that has none."""
+        groups, open_group = [], {}
+        for r in requests:
+            shard, size = r[0], r[2]
+            g = open_group.get(shard)
+            if g is None or (g[1] and g[2] + size > self.max_request_bytes):
+                g = open_group[shard] = [shard, [], 0]
+                groups.append(g)
+            g[1].append(r)
+            g[2] += size
+        if every_shard:
+            groups += [[s, [], 0] for s in range(len(self._stubs)) if s not in open_group]
+        return [(shard, rs) for shard, rs, _ in groups]
+
     def _call_all(self, method: str, requests: list) -> list:
         return self._call_many(method, list(range(len(self._stubs))), requests)
 
     def _call_many(self, method: str, shards: list[int], requests: list) -> list:
         """Sends all requests at once (one per entry of shards), waits for all, raises the first error."""
-        futures = [getattr(self._stubs[s], method).future(r, timeout=self.timeout_s) for s, r in zip(shards, requests)]
+        return self._call_mixed([(method, s, r) for s, r in zip(shards, requests)])
+
+    def _call_mixed(self, calls: list[tuple[str, int, object]]) -> list:
+        """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
+        the first error."""
+        futures = [getattr(self._stubs[s], m).future(r, timeout=self.timeout_s) for m, s, r in calls]
         replies, error = [], None
-        for shard, future in zip(shards, futures):
+        for (method, shard, _), future in zip(calls, futures):
             try:
                 replies.append(future.result())
             except grpc.RpcError as e:

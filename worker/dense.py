@@ -40,8 +40,7 @@ def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZ
 class DenseSync:
     """The dense parameters of one worker: values from the servers, gradients accumulated between syncs.
 
-    `tables` is anything with the Client's pull(table, ids) and push(table, ids, grads) (a Client, or the
-    in-process tables of benchmarks/train_throughput.py)."""
+    `tables` is anything with the Client's pull_many and push_many (a Client, or worker.inprocess's tables)."""
 
     def __init__(self, tables, params: list[DenseParam], sync_every: int = 1):
         if sync_every < 1:
@@ -54,31 +53,55 @@ class DenseSync:
         self.pending: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype=np.float32) for p in params}
         self.steps_pending = 0
         self.syncs = 0
+        self.pull_due = False
 
     def pull(self) -> dict[str, np.ndarray]:
-        """Fetches every dense parameter from the servers; returns {name: (r, c) float32}."""
-        self.values = {
-            p.name: self.tables.pull(table_name(p), self.ids[p.name]).reshape(p.shape) for p in self.params
-        }
+        """Fetches every dense parameter from the servers (one round trip); returns {name: (r, c) float32}."""
+        self.take(self.tables.pull_many(self.pull_items(force=True)))
         return self.values
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
         """Adds one step's gradients; every sync_every steps pushes their sum and pulls the new values."""
-        if not self.params:
-            return
-        for name, g in grads.items():
-            self.pending[name] += g
-        self.steps_pending += 1
-        if self.steps_pending >= self.sync_every:
+        if self.add(grads):
             self.flush()
 
     def flush(self) -> None:
         """Pushes the gradients added since the last sync (if any) and pulls the new values."""
+        items = self.push_items()
+        if items:
+            self.tables.push_many(items)
+        if self.pull_due:
+            self.pull()
+
+    # ---- the same in phases, so a training step can send them with its sparse push and pull ----------
+    def add(self, grads: dict[str, np.ndarray]) -> bool:
+        """Adds one step's gradients; True when a sync is due (push_items, then pull_items and take)."""
+        if not self.params:
+            return False
+        for name, g in grads.items():
+            self.pending[name] += g
+        self.steps_pending += 1
+        return self.steps_pending >= self.sync_every
+
+    def push_items(self) -> list[tuple]:
+        """The pushes of the gradients added since the last sync ([] if none), for push_many; resets them."""
         if not self.params or self.steps_pending == 0:
-            return
-        for p in self.params:
-            self.tables.push(table_name(p), self.ids[p.name], self.pending[p.name])
-            self.pending[p.name][:] = 0.0
+            return []
+        items = [(table_name(p), self.ids[p.name], self.pending[p.name].copy(), None) for p in self.params]
+        for g in self.pending.values():
+            g[:] = 0.0
         self.steps_pending = 0
         self.syncs += 1
-        self.pull()
+        self.pull_due = True
+        return items
+
+    def pull_items(self, force: bool = False) -> list[tuple]:
+        """The pulls that fetch new values after a push ([] if none is due), for pull_many; pass the rows to take."""
+        if not (force or self.pull_due):
+            return []
+        return [(table_name(p), self.ids[p.name]) for p in self.params]
+
+    def take(self, rows: list[np.ndarray]) -> None:
+        """Stores the rows of pull_items' pulls, in their order, as the new values."""
+        self.values = {p.name: r.reshape(p.shape) for p, r in zip(self.params, rows, strict=True)}
+        self.pull_due = False

@@ -41,6 +41,15 @@ class InProcessTables:
         uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
         self.shard.push(table, uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1])
 
+    def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+        return [self.pull(table, ids) for table, ids in items]
+
+    def push_many(self, items: list[tuple], advance_clock: int = 0) -> None:
+        for item in items:
+            self.push(*item)
+        if advance_clock:
+            self.advance_clock(advance_clock)
+
     def advance_clock(self, steps: int = 1) -> int:
         return self.shard.advance_clock(steps)
 

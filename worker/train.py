@@ -1,9 +1,10 @@
 """The training loop: pull a batch's rows, forward/backward locally (numpy or torch), push the gradients.
 
-    for each batch:  rows = tables.pull(model, ids)              # prefetched a batch ahead, on a thread
+    for each batch:  rows = tables.pull(model, ids)              # prefetched a batch ahead on a thread, then
+                                                                 # the ids of the last push pulled again
                      probs, row_grads, dense_grads = backend.forward_backward(rows, dense_x, dense params, labels)
                      tables.push(model, ids, row_grads)          # duplicates summed, then the server optimizer
-                     dense.step(dense_grads)                     # every --dense-sync-every steps: push, pull
+                     (dense gradients pushed and values pulled with these every --dense-sync-every steps)
 Evaluation pulls only. With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 """
@@ -27,7 +28,7 @@ from worker.cluster import LocalCluster
 from worker.dense import DenseSync, table_config as dense_table_config
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
-from worker.pipeline import prefetched
+from worker.pipeline import RecentIds, prefetched
 from worker.synthetic import SyntheticConfig, SyntheticData
 
 log = logging.getLogger("worker.train")
@@ -61,7 +62,7 @@ class TrainConfig:
     dense_sync_every: int = 1
     batch_size: int = 2048
     epochs: int = 1
-    prefetch: int = 0  # 1 trains far worse on synthetic data (AUC 0.57 vs 0.74 at 60K rows): a bug not found yet
+    prefetch: int = 1
     worker_id: int = 0
     num_workers: int = 1
     timeout_s: float = 60.0
@@ -214,21 +215,43 @@ def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
 
 def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSource, cfg: TrainConfig):
     """Trains; returns (examples, seconds, running logloss at the end). `tables` is a Client (or anything with
-    its pull / push / advance_clock)."""
+    its pull / pull_many / push_many).
+
+    Two round trips per step. Before computing: one pull_many of the batch's rows (with --prefetch k, most rows
+    were pulled ahead on a thread and only those this worker's last k pushes touched are pulled again) and,
+    after a dense sync, the new dense values. After computing: one push_many of the sparse gradients, the dense
+    gradients when a sync is due, and the clock advance."""
     running = RunningMean(0.95)
     examples, started = 0, time.perf_counter()
     bar = tqdm(total=data.total * cfg.epochs, unit="ex", unit_scale=True, disable=not cfg.progress, smoothing=0.1)
-    dim = spec.sparse_dim
+    name, dim = spec.name, spec.sparse_dim
+    recent = RecentIds(cfg.prefetch + 1)  # a pull runs up to depth + 1 batches ahead: depth queued, one in hand
+
+    def prepare(batch):  # on the prefetch thread when cfg.prefetch > 0
+        uniq, inverse = np.unique(batch.ids, return_inverse=True)
+        return uniq, inverse.ravel(), (tables.pull(name, uniq) if cfg.prefetch else None)
+
     for epoch in range(cfg.epochs):
-        for batch, rows in prefetched(data.train(), lambda b: tables.pull(spec.name, b.ids), cfg.prefetch):
+        for batch, (uniq, inverse, uniq_rows) in prefetched(data.train(), prepare, cfg.prefetch):
+            stale = np.ones(len(uniq), dtype=bool) if uniq_rows is None else recent.stale(uniq)
+            dense_pulls = dense.pull_items()
+            pulled = tables.pull_many(dense_pulls + [(name, uniq[stale])])
+            if dense_pulls:
+                dense.take(pulled[:-1])
+            if uniq_rows is None:
+                uniq_rows = pulled[-1]
+            else:
+                uniq_rows[stale] = pulled[-1]
             n, fields = batch.ids.shape
             probs, row_grads, dense_grads = backend.forward_backward(
-                rows.reshape(n, fields, dim), batch.dense_or_empty(), dense.values, batch.labels
+                uniq_rows[inverse].reshape(n, fields, dim), batch.dense_or_empty(), dense.values, batch.labels
             )
             clicks = np.repeat(batch.labels, fields)  # each id of a clicked example is clicked once
-            tables.push(spec.name, batch.ids, row_grads.reshape(n * fields, dim), clicks)
-            dense.step(dense_grads)
-            tables.advance_clock()
+            pushes = [(name, batch.ids, row_grads.reshape(n * fields, dim), clicks)]
+            if dense.add(dense_grads):
+                pushes += dense.push_items()
+            tables.push_many(pushes, advance_clock=1)
+            recent.add(uniq)
             running.update(logloss(batch.labels, probs))
             examples += n
             bar.update(n)
