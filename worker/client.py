@@ -25,7 +25,7 @@ MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 
 
 @numba.njit(nogil=True, cache=True)
-def _segment_sum(inverse, grads, out):
+def segment_sum(inverse, grads, out):
     """out[inverse[i], :] += grads[i, :]."""
     dim = grads.shape[1]
     for i in range(inverse.shape[0]):
@@ -38,7 +38,7 @@ def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.n
     """(unique sorted ids, their summed grads)."""
     uniq, inverse = np.unique(ids, return_inverse=True)
     out = np.zeros((len(uniq), grads.shape[1]), dtype=np.float32)
-    _segment_sum(inverse.ravel().astype(np.int64), np.ascontiguousarray(grads, dtype=np.float32), out)
+    segment_sum(inverse.ravel().astype(np.int64), np.ascontiguousarray(grads, dtype=np.float32), out)
     return uniq, out
 
 
@@ -145,15 +145,22 @@ class Client:
     def push_many(self, items: list[tuple], advance_clock: int = 0) -> None:
         """push() of several (table, ids, grads, clicks) at once and (if advance_clock > 0) the clock advance of
         every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight together.
-        A shard applies its batch only if every push in it is valid."""
+        A shard applies its batch only if every push in it is valid.
+
+        An item may carry a fifth entry, shows (len(ids),): then its ids must be unique (a shard rejects
+        duplicates) and grads, clicks and shows are sent per id as given, for a caller that summed them already."""
         requests = []
-        for table, ids, grads, clicks in items:
+        for table, ids, grads, clicks, *shows in items:
             ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
             dim = self.dim(table)
             grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
             counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
             counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
-            uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+            if shows and shows[0] is not None:
+                counts[:, 0] = np.asarray(shows[0], dtype=np.float32).ravel()
+                uniq, summed = ids, np.concatenate([grads, counts], axis=1)
+            else:
+                uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
             for shard, sel in self._route(uniq, dim):
                 request = ps_pb2.PushRequest(
                     table=table,

@@ -32,13 +32,17 @@ class InProcessTables:
         uniq, inverse = np.unique(ids, return_inverse=True)
         return self.shard.pull(table, uniq)[inverse.ravel()]
 
-    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None) -> None:
+    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
         ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
         dim = self.dim(table)
         counts = np.ones((len(ids), 2), dtype=np.float32)
         counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
         grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-        uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+        if shows is not None:  # ids unique, everything summed per id already (see Client.push_many)
+            counts[:, 0] = np.asarray(shows, dtype=np.float32).ravel()
+            uniq, summed = ids, np.concatenate([grads, counts], axis=1)
+        else:
+            uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
         self.shard.push(table, uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1])
 
     def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:

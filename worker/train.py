@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
-from worker.client import Client
+from worker.client import Client, segment_sum
 from worker.cluster import LocalCluster
 from worker.dense import DenseSync, table_config as dense_table_config
 from worker.metrics import RunningMean, auc, logloss
@@ -246,8 +246,13 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
             probs, row_grads, dense_grads = backend.forward_backward(
                 uniq_rows[inverse].reshape(n, fields, dim), batch.dense_or_empty(), dense.values, batch.labels
             )
-            clicks = np.repeat(batch.labels, fields)  # each id of a clicked example is clicked once
-            pushes = [(name, batch.ids, row_grads.reshape(n * fields, dim), clicks)]
+            # summed per unique id here (the Client would sort the ids again): each occurrence is one show, and
+            # one click if its example was clicked
+            summed = np.zeros((len(uniq), dim), dtype=np.float32)
+            segment_sum(inverse, np.ascontiguousarray(row_grads, dtype=np.float32).reshape(n * fields, dim), summed)
+            shows = np.bincount(inverse, minlength=len(uniq))
+            clicks = np.bincount(inverse, weights=np.repeat(batch.labels, fields), minlength=len(uniq))
+            pushes = [(name, uniq, summed, clicks, shows)]
             if dense.add(dense_grads):
                 pushes += dense.push_items()
             tables.push_many(pushes, advance_clock=1)
