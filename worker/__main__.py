@@ -62,6 +62,7 @@ def _add_data_args(p, d) -> None:
     data.add_argument("--label-column", help="csv: the label column (default: the first)")
     data.add_argument("--drop-columns", default="", help="csv: comma-separated columns to ignore")
     data.add_argument("--numeric-columns", default="", help="csv: comma-separated numeric columns (dense features); the others are categorical")
+    data.add_argument("--libsvm-fields", type=int, default=None, help="libsvm: the number of fields K (default: the feature count of the first line of --data; give the training file's K to eval)")
     data.add_argument("--max-bad-lines", type=int, default=d.max_bad_lines, help="malformed lines skipped (and reported) before the run fails")
     data.add_argument("--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)")
     data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
@@ -157,6 +158,7 @@ def _common_config(args) -> dict:
         servers=_names(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
         format=args.format, label_column=args.label_column, drop_columns=_names(args.drop_columns),
         numeric_columns=_names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
+        libsvm_fields=args.libsvm_fields,
         synthetic_rows=args.synthetic_rows, synthetic_eval_rows=args.synthetic_eval_rows,
         synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
         model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,

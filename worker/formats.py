@@ -126,7 +126,7 @@ def wide_field_ids(values: np.ndarray) -> np.ndarray:
 
 def libsvm_field_count(path: str | os.PathLike) -> int:
     """K of a libsvm file: the feature count of its first good line with at least one feature, else 0."""
-    with _open(os.fspath(path)) as f:
+    with open_data(os.fspath(path)) as f:
         for line in f:
             parsed = _libsvm_line(line)
             if not isinstance(parsed, str) and parsed[1]:
@@ -138,7 +138,8 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
 # Shared machinery: opening, shares, bad-line accounting, re-batching.
 
 
-def _open(name: str) -> BinaryIO:
+def open_data(name: str) -> BinaryIO:
+    """A data file opened for binary reading, through gzip if its name ends in .gz."""
     return gzip.open(name, "rb") if name.endswith(".gz") else open(name, "rb")
 
 
@@ -219,7 +220,7 @@ def _text(raw: bytes) -> str:
 
 
 def _criteo_parts(name: str, batch_size: int, share: _Share) -> Iterator[Batch]:
-    with _open(name) as f:
+    with open_data(name) as f:
         for lines, first in share.chunks(f, batch_size):
             batch = _criteo_chunk(lines, first, share.num_workers, name, share.bad)
             if batch is not None:
@@ -305,7 +306,7 @@ def _libsvm_parts(name: str, batch_size: int, share: _Share, fields: int | None)
     k_fields = libsvm_field_count(name) if fields is None else fields
     labels: list[float] = []
     rows: list[list[int]] = []
-    with _open(name) as f:
+    with open_data(name) as f:
         for lines, first in share.chunks(f, batch_size):
             for k, line in enumerate(lines):
                 parsed = _libsvm_line(line)
@@ -396,7 +397,7 @@ def _csv_parts(
     name: str, batch_size: int, share: _Share, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
 ) -> Iterator[Batch]:
     bad, step, mine = share.bad, share.num_workers, share.worker_id
-    with _open(name) as raw:
+    with open_data(name) as raw:
         text = io.TextIOWrapper(raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
         reader = csv.reader(text)
         header = next(reader, None)

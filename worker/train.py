@@ -46,6 +46,7 @@ class TrainConfig:
     drop_columns: tuple[str, ...] = ()
     numeric_columns: tuple[str, ...] = ()
     max_bad_lines: int = 0
+    libsvm_fields: int | None = None  # libsvm: fields per example; None: those of the first line of `data`
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
     synthetic_interactions: float = 0.0
@@ -56,7 +57,7 @@ class TrainConfig:
     embedding_dim: int = 8
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     optimizer: str = "adagrad"
-    learning_rate: float = 0.05
+    learning_rate: float = 0.02  # sparse; 0.05 trains FM embeddings worse and is fragile under staleness (docs/training.md)
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
     dense_sync_every: int = 1
@@ -92,6 +93,8 @@ class TrainConfig:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
         if not self.servers and self.local_shards < 1:
             raise ValueError("give --servers, or --local-shards >= 1")
+        if self.libsvm_fields is not None and (self.format != "libsvm" or self.libsvm_fields < 1):
+            raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
         if self.table_config and not os.path.isfile(self.table_config):
             raise ValueError(f"table config {self.table_config} does not exist")
 
@@ -111,7 +114,12 @@ class DataSource:
             self.share = (n * i // cfg.num_workers, n * (i + 1) // cfg.num_workers)
             self.total = self.share[1] - self.share[0]
         else:
-            self.total = count_lines(cfg.data) // cfg.num_workers
+            self.total = count_lines(cfg.data, header=cfg.format == "csv") // cfg.num_workers
+        self.libsvm_fields = cfg.libsvm_fields
+        if cfg.format == "libsvm" and cfg.data and self.libsvm_fields is None:
+            from worker.formats import libsvm_field_count
+
+            self.libsvm_fields = libsvm_field_count(cfg.data)  # train and eval files read with the same fields
 
     def _read(self, path: str, worker_id: int, num_workers: int, track: bool = True):
         from worker.formats import ReadStats, read_batches
@@ -123,7 +131,7 @@ class DataSource:
         return read_batches(
             path, c.format, c.batch_size, worker_id=worker_id, num_workers=num_workers,
             max_bad_lines=c.max_bad_lines, label_column=c.label_column, drop_columns=c.drop_columns,
-            numeric_columns=c.numeric_columns, stats=stats,
+            numeric_columns=c.numeric_columns, libsvm_fields=self.libsvm_fields, stats=stats,
         )  # fmt: skip
 
     def train(self):
@@ -155,12 +163,15 @@ class DataSource:
         ]
 
 
-def count_lines(path: str) -> int:
+def count_lines(path: str, header: bool = False) -> int:
+    """Lines of a file (gzip read through), less a header line: the progress bar's total."""
+    from worker.formats import open_data
+
     n = 0
-    with open(path, "rb") as f:
+    with open_data(path) as f:
         while chunk := f.read(1 << 20):
             n += chunk.count(b"\n")
-    return n
+    return max(0, n - header)
 
 
 @contextlib.contextmanager

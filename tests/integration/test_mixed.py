@@ -9,7 +9,8 @@ from worker.cluster import LocalCluster
 
 PY = sys.executable
 COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", "160000",
-          "--synthetic-eval-rows", "40000", "--batch-size", "1024", "--no-progress", "--num-workers", "2"]  # fmt: skip
+          "--synthetic-eval-rows", "40000", "--batch-size", "1024"]  # fmt: skip
+TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2"]
 
 
 def train_pair(tmp_path, backends: tuple[str, str]) -> float:
@@ -18,14 +19,14 @@ def train_pair(tmp_path, backends: tuple[str, str]) -> float:
         servers = ",".join(cluster.addresses)
         workers = [
             subprocess.Popen([PY, "-m", "worker", "train", "--servers", servers, "--backend", b, "--worker-id", str(i),
-                              *COMMON], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              *COMMON, *TRAIN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
             for i, b in enumerate(backends)
         ]
         for w in workers:
             out, err = w.communicate(timeout=600)
             assert w.returncode == 0, err
             assert f"worker {workers.index(w)}/2" in out and "80,000 examples" in out
-        r = subprocess.run([PY, "-m", "worker", "eval", "--servers", servers, "--json", *COMMON[:-3]],
+        r = subprocess.run([PY, "-m", "worker", "eval", "--servers", servers, "--json", *COMMON],
                            capture_output=True, text=True, timeout=300)  # fmt: skip
         assert r.returncode == 0, r.stderr
         result = json.loads(r.stdout)
@@ -38,7 +39,7 @@ def test_numpy_and_torch_workers_train_one_model(tmp_path):
     homogeneous, _ = train_pair(tmp_path, ("numpy", "numpy"))
     print(f"eval AUC: numpy + torch {mixed:.4f}, numpy + numpy {homogeneous:.4f}, oracle {oracle:.4f}")
     assert mixed > 0.7 and homogeneous > 0.7  # both learned the planted model
-    # Issue 5 asks for 0.005. At this size (80,000 rows per worker, far from converged) asynchronous runs differ
-    # by up to ~0.04 from run to run (two numpy workers: 0.715, 0.725, 0.735), so this checks 0.05 until the
-    # test trains long enough for the runs to converge; single-worker numpy and torch runs give equal AUC.
-    assert abs(mixed - homogeneous) <= 0.05
+    # Within 0.005, as issue 5 asks. At sparse learning rate 0.05 FM embeddings are sensitive to staleness (one
+    # step of stale rows cost 0.09 AUC on 60K rows), so asynchronous runs varied by ~0.02; at 0.02 three runs of
+    # each pair agreed within 0.0012.
+    assert abs(mixed - homogeneous) <= 0.005
