@@ -112,20 +112,22 @@ class PullResponse(_message.Message):
     def __init__(self, rows: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("table", "ids", "grads", "dim", "shows", "clicks")
+    __slots__ = ("table", "ids", "grads", "dim", "shows", "clicks", "return_rows")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     SHOWS_FIELD_NUMBER: _ClassVar[int]
     CLICKS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_ROWS_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     grads: bytes
     dim: int
     shows: bytes
     clicks: bytes
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ...) -> None: ...
+    return_rows: bool
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., return_rows: _Optional[bool] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("num_applied",)
@@ -154,12 +156,14 @@ class PushBatchRequest(_message.Message):
     def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ...) -> None: ...
 
 class PushBatchResponse(_message.Message):
-    __slots__ = ("num_applied", "step")
+    __slots__ = ("num_applied", "step", "rows")
     NUM_APPLIED_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     num_applied: int
     step: int
-    def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
+    rows: _containers.RepeatedCompositeFieldContainer[PullResponse]
+    def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -123,7 +123,8 @@ class ParameterServerServicer:
 
     def PushBatch(self, request, context):
         """Several pushes in one call, then the clock advanced by `advance_clock`. Every push is validated before any
-        is applied (a rejected batch changes nothing); then each is applied in order, as Push does.
+        is applied (a rejected batch changes nothing); then each is applied in order, as Push does. The reply
+        carries, for each push that asks (return_rows), the rows of its ids after the batch, as a Pull would.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -110,7 +110,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PushBatch(self, request, context):
         pushes = [self._decode_push(p) for p in request.pushes]
         step = self.shard.push_batch(pushes, request.advance_clock)
-        return ps_pb2.PushBatchResponse(num_applied=sum(len(p[1]) for p in pushes), step=step)
+        rows = [
+            ps_pb2.PullResponse(rows=wire.encode_rows(self.shard.pull(name, ids)), dim=int(self.shard.table(name).dim))
+            for (name, ids, *_), p in zip(pushes, request.pushes)
+            if p.return_rows
+        ]
+        return ps_pb2.PushBatchResponse(num_applied=sum(len(p[1]) for p in pushes), step=step, rows=rows)
 
     @_rpc
     def AdvanceClock(self, request, context):

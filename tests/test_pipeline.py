@@ -1,8 +1,9 @@
 """worker.pipeline: prefetched (order, bounded look-ahead, errors raised at the consumer, early stop) and the
-refresh of rows pulled ahead (RecentIds), which makes a run with prefetch train exactly as one without."""
+overlay of the rows the last pushes returned on rows pulled ahead (RecentRows), which makes a run with prefetch train exactly as one without."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -10,7 +11,7 @@ import pytest
 
 import numpy as np
 
-from worker.pipeline import RecentIds, prefetched
+from worker.pipeline import RecentRows, prefetched
 
 
 @pytest.mark.parametrize("depth", [0, 1, 3])
@@ -49,40 +50,68 @@ def test_stopping_early_ends_the_thread():
     assert threading.active_count() == before
 
 
-def test_recent_ids_marks_ids_of_the_last_pushes_only():
-    recent = RecentIds(2)
+def test_recent_rows_lays_the_newest_returned_row_over_each_id():
+    recent = RecentRows(2)
     rng = np.random.default_rng(0)
     pushes = [np.unique(rng.integers(0, 100, 30).astype(np.uint64)) for _ in range(3)]
-    for p in pushes:
-        recent.add(p)
+    for k, p in enumerate(pushes):
+        recent.add(p, np.full((len(p), 2), float(k), np.float32))
     ids = np.arange(100, dtype=np.uint64)
-    expected = np.array([i in set(pushes[1].tolist()) | set(pushes[2].tolist()) for i in range(100)])
-    np.testing.assert_array_equal(recent.stale(ids), expected)  # the first push fell out of the window
-    assert not RecentIds(1).stale(ids).any()
+    rows = np.full((100, 2), -1.0, np.float32)
+    recent.overlay(ids, rows)
+    newest = {}
+    for k in (1, 2):  # the first push fell out of the window
+        newest.update({i: float(k) for i in pushes[k].tolist()})
+    np.testing.assert_array_equal(rows[:, 0], [newest.get(i, -1.0) for i in range(100)])
+    np.testing.assert_array_equal(recent.covered(ids), [i in newest for i in range(100)])
+    assert not RecentRows(1).covered(ids).any()
 
 
-@pytest.mark.parametrize("prefetch", [1, 3])
-def test_training_with_prefetch_computes_with_exactly_the_rows_of_a_run_without(servers, tmp_path, prefetch):
-    """The rows pulled ahead are refreshed where this worker's own recent pushes touched them, so a run with
-    prefetch trains exactly the model of a run without (one worker; Zipf ids repeat from batch to batch)."""
+def _train(addresses, cfg, oracle: bool):
+    """run_epochs, or (oracle) the plainest loop: pull every row, compute, push, dense step, clock."""
     from worker.client import Client
     from worker.dense import DenseSync
-    from worker.train import DataSource, TrainConfig, evaluate, make_backend, run_epochs, table_configs
+    from worker.train import DataSource, evaluate, make_backend, run_epochs, table_configs
 
-    results = []
-    for depth in (0, prefetch):
-        cfg = TrainConfig(model="deepfm", hidden=(16,), synthetic_rows=6000, synthetic_eval_rows=2000,
-                          batch_size=500, prefetch=depth, progress=False)  # fmt: skip
-        addresses, _ = servers(2, root=tmp_path / f"prefetch-{depth}")
-        with Client(addresses) as client:
-            client.wait_ready()
-            data = DataSource(cfg)
-            spec = data.spec()
-            backend = make_backend(spec, cfg)
-            for t in table_configs(cfg, spec):
-                client.create_table(t)
-            dense = DenseSync(client, spec.dense_params())
-            dense.pull()
-            _, _, train_logloss = run_epochs(client, spec, backend, dense, data, cfg)
-            results.append((train_logloss, evaluate(client, spec, backend, dense.pull(), data.eval())))
-    assert results[0] == results[1]
+    with Client(addresses) as client:
+        client.wait_ready()
+        data = DataSource(cfg)
+        spec = data.spec()
+        backend = make_backend(spec, cfg)
+        for t in table_configs(cfg, spec):
+            client.create_table(t)
+        dense = DenseSync(client, spec.dense_params())
+        dense.pull()
+        if oracle:
+            for batch in data.train():
+                n, fields = batch.ids.shape
+                rows = client.pull(spec.name, batch.ids).reshape(n, fields, spec.sparse_dim)
+                _, row_grads, dense_grads = backend.forward_backward(rows, batch.dense_or_empty(), dense.values, batch.labels)
+                client.push(spec.name, batch.ids, row_grads.reshape(n * fields, -1), np.repeat(batch.labels, fields))
+                dense.step(dense_grads)
+                client.advance_clock()
+        else:
+            run_epochs(client, spec, backend, dense, data, cfg)
+        return evaluate(client, spec, backend, dense.pull(), data.eval()), client.pull(spec.name, np.unique(batch_ids(data)))
+
+
+def batch_ids(data):
+    return np.concatenate([b.ids.ravel() for b in data.eval()])
+
+
+def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_loop(servers, tmp_path):
+    """Rows pulled ahead (prefetch 1 and 3) or not (0), overlaid with the rows the last pushes returned: one
+    worker trains exactly the model of the plainest loop (Zipf ids repeat from batch to batch, so a stale row
+    would show)."""
+    from worker.train import TrainConfig
+
+    cfg = TrainConfig(model="deepfm", hidden=(16,), synthetic_rows=6000, synthetic_eval_rows=2000, batch_size=500,
+                      progress=False)  # fmt: skip
+    runs = {}
+    for label, depth in [("oracle", 0), ("0", 0), ("1", 1), ("3", 3)]:
+        addresses, _ = servers(2, root=tmp_path / label)
+        runs[label] = _train(addresses, dataclasses.replace(cfg, prefetch=depth), oracle=label == "oracle")
+    want_metrics, want_rows = runs.pop("oracle")
+    for label, (metrics, rows) in runs.items():
+        assert metrics == want_metrics, label
+        np.testing.assert_array_equal(rows, want_rows)

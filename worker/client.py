@@ -142,14 +142,16 @@ class Client:
         are summed per id the same way (None: no clicks)."""
         self.push_many([(table, ids, grads, clicks)])
 
-    def push_many(self, items: list[tuple], advance_clock: int = 0) -> None:
+    def push_many(self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False) -> list | None:
         """push() of several (table, ids, grads, clicks) at once and (if advance_clock > 0) the clock advance of
         every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight together.
         A shard applies its batch only if every push in it is valid.
 
         An item may carry a fifth entry, shows (len(ids),): then its ids must be unique (a shard rejects
-        duplicates) and grads, clicks and shows are sent per id as given, for a caller that summed them already."""
-        requests = []
+        duplicates) and grads, clicks and shows are sent per id as given, for a caller that summed them already.
+        return_rows: returns, per item, the rows of its ids (in its order) right after the push, as a pull()
+        then would: a training step's push and pull in one round trip."""
+        requests, plans = [], []
         for table, ids, grads, clicks, *shows in items:
             ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
             dim = self.dim(table)
@@ -158,9 +160,11 @@ class Client:
             counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
             if shows and shows[0] is not None:
                 counts[:, 0] = np.asarray(shows[0], dtype=np.float32).ravel()
-                uniq, summed = ids, np.concatenate([grads, counts], axis=1)
+                uniq, summed, order = ids, np.concatenate([grads, counts], axis=1), None
             else:
                 uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+                order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+            rows = np.empty((len(uniq), dim), dtype=np.float32) if return_rows else None
             for shard, sel in self._route(uniq, dim):
                 request = ps_pb2.PushRequest(
                     table=table,
@@ -169,8 +173,10 @@ class Client:
                     dim=dim,
                     shows=wire.encode_rows(summed[sel, dim]),
                     clicks=wire.encode_rows(summed[sel, dim + 1]),
+                    return_rows=return_rows,
                 )
-                requests.append((shard, request, len(sel) * (4 * dim + 16), None))
+                requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
+            plans.append((rows, order))
         groups = self._group(requests, every_shard=advance_clock > 0)
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
         calls = [
@@ -178,7 +184,13 @@ class Client:
                 pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0))
             for i, (shard, g) in enumerate(groups)
         ]  # fmt: skip
-        self._call_mixed(calls)
+        replies = self._call_mixed(calls)
+        if not return_rows:
+            return None
+        for (_, group), batch in zip(groups, replies):
+            for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
+                rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
+        return [rows if order is None else rows[order] for rows, order in plans]
 
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock; returns the new step (of shard 0)."""

@@ -7,7 +7,7 @@ the same initial values (uniform in +-glorot_scale, or zeros, seeded by the para
 (Adam by default) runs on the servers, so a numpy worker and a torch worker share one model.
 
 A worker pulls every dense parameter at the start, adds up its gradients, and every `sync_every` steps pushes
-the sum and pulls the new values: between syncs it computes with the values of the last pull.
+the sum and takes the new values the push returns: between syncs it computes with the values of the last sync.
 """
 
 from __future__ import annotations
@@ -53,29 +53,26 @@ class DenseSync:
         self.pending: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype=np.float32) for p in params}
         self.steps_pending = 0
         self.syncs = 0
-        self.pull_due = False
 
     def pull(self) -> dict[str, np.ndarray]:
         """Fetches every dense parameter from the servers (one round trip); returns {name: (r, c) float32}."""
-        self.take(self.tables.pull_many(self.pull_items(force=True)))
+        self.take(self.tables.pull_many([(table_name(p), self.ids[p.name]) for p in self.params]))
         return self.values
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
-        """Adds one step's gradients; every sync_every steps pushes their sum and pulls the new values."""
+        """Adds one step's gradients; every sync_every steps pushes their sum and takes the new values."""
         if self.add(grads):
             self.flush()
 
     def flush(self) -> None:
-        """Pushes the gradients added since the last sync (if any) and pulls the new values."""
+        """Pushes the gradients added since the last sync (if any) and takes the new values the push returns."""
         items = self.push_items()
         if items:
-            self.tables.push_many(items)
-        if self.pull_due:
-            self.pull()
+            self.take(self.tables.push_many(items, return_rows=True))
 
-    # ---- the same in phases, so a training step can send them with its sparse push and pull ----------
+    # ---- the same in phases, so a training step can send them with its sparse push ------------------
     def add(self, grads: dict[str, np.ndarray]) -> bool:
-        """Adds one step's gradients; True when a sync is due (push_items, then pull_items and take)."""
+        """Adds one step's gradients; True when a sync is due: send push_items (return_rows), then take."""
         if not self.params:
             return False
         for name, g in grads.items():
@@ -92,16 +89,8 @@ class DenseSync:
             g[:] = 0.0
         self.steps_pending = 0
         self.syncs += 1
-        self.pull_due = True
         return items
 
-    def pull_items(self, force: bool = False) -> list[tuple]:
-        """The pulls that fetch new values after a push ([] if none is due), for pull_many; pass the rows to take."""
-        if not (force or self.pull_due):
-            return []
-        return [(table_name(p), self.ids[p.name]) for p in self.params]
-
     def take(self, rows: list[np.ndarray]) -> None:
-        """Stores the rows of pull_items' pulls, in their order, as the new values."""
+        """Stores rows of every dense parameter, in params order (a pull's, or those push_many returned)."""
         self.values = {p.name: r.reshape(p.shape) for p, r in zip(self.params, rows, strict=True)}
-        self.pull_due = False

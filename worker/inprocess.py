@@ -48,11 +48,12 @@ class InProcessTables:
     def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         return [self.pull(table, ids) for table, ids in items]
 
-    def push_many(self, items: list[tuple], advance_clock: int = 0) -> None:
+    def push_many(self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False) -> list | None:
         for item in items:
             self.push(*item)
         if advance_clock:
             self.advance_clock(advance_clock)
+        return [self.pull(item[0], item[1]) for item in items] if return_rows else None
 
     def advance_clock(self, steps: int = 1) -> int:
         return self.shard.advance_clock(steps)

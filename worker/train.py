@@ -1,10 +1,11 @@
 """The training loop: pull a batch's rows, forward/backward locally (numpy or torch), push the gradients.
 
-    for each batch:  rows = tables.pull(model, ids)              # prefetched a batch ahead on a thread, then
-                                                                 # the ids of the last push pulled again
+    for each batch:  rows = tables.pull(model, ids)              # pulled ahead on a thread, overlaid with the
+                                                                 # rows the last pushes returned
                      probs, row_grads, dense_grads = backend.forward_backward(rows, dense_x, dense params, labels)
-                     tables.push(model, ids, row_grads)          # duplicates summed, then the server optimizer
-                     (dense gradients pushed and values pulled with these every --dense-sync-every steps)
+                     tables.push(model, ids, row_grads)          # duplicates summed, then the server optimizer;
+                                                                 # returns the rows it updated
+                     (dense gradients pushed, new values returned, with these every --dense-sync-every steps)
 Evaluation pulls only. With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 """
@@ -28,7 +29,7 @@ from worker.cluster import LocalCluster
 from worker.dense import DenseSync, table_config as dense_table_config
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
-from worker.pipeline import RecentIds, prefetched
+from worker.pipeline import RecentRows, prefetched
 from worker.synthetic import SyntheticConfig, SyntheticData
 
 log = logging.getLogger("worker.train")
@@ -226,17 +227,18 @@ def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
 
 def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSource, cfg: TrainConfig):
     """Trains; returns (examples, seconds, running logloss at the end). `tables` is a Client (or anything with
-    its pull / pull_many / push_many).
+    its pull / push_many).
 
-    Two round trips per step. Before computing: one pull_many of the batch's rows (with --prefetch k, most rows
-    were pulled ahead on a thread and only those this worker's last k pushes touched are pulled again) and,
-    after a dense sync, the new dense values. After computing: one push_many of the sparse gradients, the dense
-    gradients when a sync is due, and the clock advance."""
+    One round trip per step: a push_many of the sparse gradients (summed per unique id), the dense gradients
+    when a sync is due and the clock advance, which returns the rows it updated. The rows of the next batch
+    come from the last pushes where they returned them and from a pull otherwise: made ahead on a thread with
+    --prefetch k, in the step without. For one worker both give exactly the rows a pull just before computing
+    would (tests/test_pipeline.py)."""
     running = RunningMean(0.95)
     examples, started = 0, time.perf_counter()
     bar = tqdm(total=data.total * cfg.epochs, unit="ex", unit_scale=True, disable=not cfg.progress, smoothing=0.1)
     name, dim = spec.name, spec.sparse_dim
-    recent = RecentIds(cfg.prefetch + 1)  # a pull runs up to depth + 1 batches ahead: depth queued, one in hand
+    recent = RecentRows(cfg.prefetch + 1)  # a pull runs up to depth + 1 batches ahead: depth queued, one in hand
 
     def prepare(batch):  # on the prefetch thread when cfg.prefetch > 0
         uniq, inverse = np.unique(batch.ids, return_inverse=True)
@@ -244,15 +246,12 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
 
     for epoch in range(cfg.epochs):
         for batch, (uniq, inverse, uniq_rows) in prefetched(data.train(), prepare, cfg.prefetch):
-            stale = np.ones(len(uniq), dtype=bool) if uniq_rows is None else recent.stale(uniq)
-            dense_pulls = dense.pull_items()
-            pulled = tables.pull_many(dense_pulls + [(name, uniq[stale])])
-            if dense_pulls:
-                dense.take(pulled[:-1])
-            if uniq_rows is None:
-                uniq_rows = pulled[-1]
-            else:
-                uniq_rows[stale] = pulled[-1]
+            if uniq_rows is None:  # no prefetch: pull the rows the last push did not return
+                need = ~recent.covered(uniq)
+                uniq_rows = np.empty((len(uniq), dim), dtype=np.float32)
+                if need.any():
+                    uniq_rows[need] = tables.pull(name, uniq[need])
+            recent.overlay(uniq, uniq_rows)
             n, fields = batch.ids.shape
             probs, row_grads, dense_grads = backend.forward_backward(
                 uniq_rows[inverse].reshape(n, fields, dim), batch.dense_or_empty(), dense.values, batch.labels
@@ -264,10 +263,13 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
             shows = np.bincount(inverse, minlength=len(uniq))
             clicks = np.bincount(inverse, weights=np.repeat(batch.labels, fields), minlength=len(uniq))
             pushes = [(name, uniq, summed, clicks, shows)]
-            if dense.add(dense_grads):
+            sync = dense.add(dense_grads)
+            if sync:
                 pushes += dense.push_items()
-            tables.push_many(pushes, advance_clock=1)
-            recent.add(uniq)
+            returned = tables.push_many(pushes, advance_clock=1, return_rows=True)
+            recent.add(uniq, returned[0])
+            if sync:
+                dense.take(returned[1:])
             running.update(logloss(batch.labels, probs))
             examples += n
             bar.update(n)
