@@ -33,7 +33,7 @@ def _add_train(sub) -> None:
     work = p.add_argument_group("workers")
     work.add_argument("--worker-id", type=int, default=d.worker_id, help="this worker's index: it trains on its share of the data")
     work.add_argument("--num-workers", type=int, default=d.num_workers, help="workers sharing the data and the tables")
-    work.add_argument("--prefetch", type=int, default=d.prefetch, help="batches pulled ahead on a thread while one computes; the ids the last pushes touched are pulled again, so training sees fresh rows (0: none)")
+    work.add_argument("--prefetch", type=int, default=d.prefetch, help="batches whose rows are pulled ahead on a thread while one computes; rows the last pushes returned are laid over them, so training sees the rows a pull just before computing would (0: pull in the step)")
     _add_model_args(p, d)
     model = p.add_argument_group("optimizer")
     model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "adam", "ftrl", "sgd"], help="server-side optimizer of the sparse table")
