@@ -148,12 +148,16 @@ class PullBatchResponse(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
 
 class PushBatchRequest(_message.Message):
-    __slots__ = ("pushes", "advance_clock")
+    __slots__ = ("pushes", "advance_clock", "client_id", "seq")
     PUSHES_FIELD_NUMBER: _ClassVar[int]
     ADVANCE_CLOCK_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
     pushes: _containers.RepeatedCompositeFieldContainer[PushRequest]
     advance_clock: int
-    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ...) -> None: ...
+    client_id: int
+    seq: int
+    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ..., client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
 
 class PushBatchResponse(_message.Message):
     __slots__ = ("num_applied", "step", "rows")

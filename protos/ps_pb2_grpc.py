@@ -123,8 +123,10 @@ class ParameterServerServicer:
 
     def PushBatch(self, request, context):
         """Several pushes in one call, then the clock advanced by `advance_clock`. Every push is validated before any
-        is applied (a rejected batch changes nothing); then each is applied in order, as Push does. The reply
-        carries, for each push that asks (return_rows), the rows of its ids after the batch, as a Pull would.
+        is applied (a batch rejected by validation changes nothing); then each is applied in order, as Push does
+        (a float32 overflow or I/O error while applying leaves the pushes before it applied, and says so). With a
+        client_id, a retried request (same client_id and seq) is applied exactly once, across restarts too. The
+        reply carries, for each push that asks (return_rows), the rows of its ids after it, as a Pull would.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

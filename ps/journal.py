@@ -5,12 +5,18 @@ trim(seq) deletes the segments whose records are all <= seq (their effects are i
 
 Grammar (little-endian):
     segment := record*
-    record  := magic:u32 = 0x334A5350 ("PSJ3")  seq:u64  payload_len:u32  checksum:u64  payload
+    record  := magic:u32 = 0x344A5350 ("PSJ4")  seq:u64  payload_len:u32  checksum:u64  payload4
+             | magic:u32 = 0x334A5350 ("PSJ3")  seq:u64  payload_len:u32  checksum:u64  payload
              | magic:u32 = 0x324A5350 ("PSJ2")  seq:u64  payload_len:u32  crc32(payload):u32  payload
-    payload := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64
-               ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
+    payload4 := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64
+                part:u32  arrays
+    payload  := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  arrays
+    arrays   := ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
 checksum is ps.checksum.checksum64 of the payload's parts [head, ids, grads, shows, clicks] (head: everything
-before ids); new records are PSJ3, PSJ2 records (written by earlier versions, zlib CRC32) are still read.
+before ids); new records are PSJ4, PSJ3 and PSJ2 records (written by earlier versions) are still read.
+(client, client_seq, part) say which push of which client request the record is (0, 0, 0: none): `applied`
+maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
+replayed, so a shard can tell a retried request from a new one (ps.shard.Shard.push_batch).
 Records are written with one writev, so a crash of the process leaves at most one short record at the end of
 the active segment; replay stops at the first record that is short or fails its checksum (never acknowledged).
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
@@ -28,11 +34,13 @@ import numpy as np
 
 from ps.checksum import checksum64
 
-MAGIC = 0x334A5350
+MAGIC = 0x344A5350
+MAGIC_V3 = 0x334A5350  # earlier records: no (client, client_seq, part)
 HEADER = struct.Struct("<IQIQ")
 MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
 HEADER_V2 = struct.Struct("<IQII")
-PAYLOAD_HEAD = struct.Struct("<IIQ")  # n, dim, step (after the table name)
+PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
+PAYLOAD_HEAD_V3 = struct.Struct("<IIQ")  # n, dim, step
 
 
 @dataclass
@@ -44,6 +52,7 @@ class Record:
     shows: np.ndarray  # float32 (n,)
     clicks: np.ndarray  # float32 (n,)
     step: int  # the shard's clock when the push was applied
+    origin: tuple[int, int, int] = (0, 0, 0)  # (client, client_seq, part) of the request; 0s: none
 
 
 class Journal:
@@ -57,6 +66,21 @@ class Journal:
         self._segment_size = 0
         self.next_seq = 1
         self.bytes_written = 0
+        self.applied: dict[int, tuple[int, int]] = {}  # client -> (client_seq, parts done) of its newest request
+
+    def note_applied(self, origin: tuple[int, int, int]) -> None:
+        """Records that push `part` of request (client, client_seq) is applied (newest wins; 0 client: none)."""
+        client, client_seq, part = origin
+        if client:
+            done = (client_seq, part + 1)
+            if self.applied.get(client, (0, 0)) < done:
+                self.applied[client] = done
+
+    def mark(self) -> tuple[int, dict[int, tuple[int, int]]]:
+        """Closes the active segment; returns (the last seq appended, a copy of `applied` as of that seq)."""
+        with self._lock:
+            self._close_fd()
+            return self.next_seq - 1, dict(self.applied)
 
     # ---- segments -------------------------------------------------------------------------------------
     def segments(self) -> list[tuple[int, str]]:
@@ -84,6 +108,7 @@ class Journal:
                     break
                 pos = end
                 last = max(last, rec.seq)
+                self.note_applied(rec.origin)
                 if rec.seq > after_seq:
                     yield rec
         self.next_seq = last + 1
@@ -118,12 +143,13 @@ class Journal:
 
     # ---- appends --------------------------------------------------------------------------------------
     def append(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray,
-               step: int) -> int:  # fmt: skip
-        """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous)
-        and the clock step it was applied at; returns its seq once durable."""
+               step: int, origin: tuple[int, int, int] = (0, 0, 0)) -> int:  # fmt: skip
+        """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous),
+        the clock step it was applied at and the (client, client_seq, part) it came from; returns its seq once
+        durable (and `applied` records the origin)."""
         n, dim = grads.shape
         name = table.encode()
-        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step)
+        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step, *origin)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
         crc = checksum64([head, *arrays])
         payload_len = len(head) + sum(len(a) for a in arrays)
@@ -142,6 +168,7 @@ class Journal:
             self._segment_size += total
             self.bytes_written += total
             self.next_seq = seq + 1
+            self.note_applied(origin)
             return seq
 
     def _open_segment(self) -> None:
@@ -173,7 +200,7 @@ def _parse(data: bytes, pos: int):
     if pos + 4 > len(data):
         return None, pos
     (magic,) = struct.unpack_from("<I", data, pos)
-    header = {MAGIC: HEADER, MAGIC_V2: HEADER_V2}.get(magic)
+    header = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}.get(magic)
     if header is None or pos + header.size > len(data):
         return None, pos
     _, seq, payload_len, check = header.unpack_from(data, pos)
@@ -183,14 +210,15 @@ def _parse(data: bytes, pos: int):
         return None, pos
     (name_len,) = struct.unpack_from("<H", data, start)
     p = start + 2 + name_len
-    if p + PAYLOAD_HEAD.size > end:
+    payload_head = PAYLOAD_HEAD if magic == MAGIC else PAYLOAD_HEAD_V3
+    if p + payload_head.size > end:
         return None, pos
-    n, dim, step = PAYLOAD_HEAD.unpack_from(data, p)
-    p += PAYLOAD_HEAD.size
+    n, dim, step, *origin = payload_head.unpack_from(data, p)
+    p += payload_head.size
     ends = np.cumsum([p, 8 * n, 4 * n * dim, 4 * n, 4 * n]).tolist()  # ids, grads, shows, clicks
     if ends[-1] != end:
         return None, pos
-    if magic == MAGIC:
+    if magic != MAGIC_V2:
         view = memoryview(data)
         ok = checksum64([view[a:b] for a, b in zip([start, *ends], ends)]) == check
     else:
@@ -207,4 +235,4 @@ def _parse(data: bytes, pos: int):
     p += 4 * n * dim
     shows = np.frombuffer(data, dtype="<f4", count=n, offset=p)
     clicks = np.frombuffer(data, dtype="<f4", count=n, offset=p + 4 * n)
-    return Record(seq, table, ids, grads, shows, clicks, step), end
+    return Record(seq, table, ids, grads, shows, clicks, step, tuple(origin) if origin else (0, 0, 0)), end

@@ -109,7 +109,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PushBatch(self, request, context):
         pushes = [self._decode_push(p) for p in request.pushes]
-        step = self.shard.push_batch(pushes, request.advance_clock)
+        step, _ = self.shard.push_batch(pushes, request.advance_clock, request.client_id, request.seq)
         rows = [
             ps_pb2.PullResponse(rows=wire.encode_rows(self.shard.pull(name, ids)), dim=int(self.shard.table(name).dim))
             for (name, ids, *_), p in zip(pushes, request.pushes)

@@ -46,6 +46,8 @@ class Shard:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self.clock = self.store.clock()
+        self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
+        self.journal.applied = self.store.applied()  # client requests applied before the last flush
         self._replay()
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -143,10 +145,10 @@ class Shard:
         self.check_owned(ids)
         return table, ids, grads, shows, clicks
 
-    def apply_push(self, checked: tuple) -> None:
-        """Applies a push that check_push accepted (journaled, then applied in RAM)."""
+    def apply_push(self, checked: tuple, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """Applies a push that check_push accepted (journaled with its origin, then applied in RAM)."""
         table, ids, grads, shows, clicks = checked
-        table.push(ids, grads, shows, clicks, self.clock)
+        table.push(ids, grads, shows, clicks, self.clock, origin)
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
 
@@ -154,18 +156,48 @@ class Shard:
         """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
         self.apply_push(self.check_push(name, ids, grads, shows, clicks))
 
-    def push_batch(self, pushes: list[tuple], advance_clock: int = 0) -> int:
-        """Several pushes (name, ids, grads, shows, clicks), all validated before any is applied, then applied
-        in order (each one atomically, as push), then the clock advanced; returns the clock. A failure while
-        applying (an I/O error, a non-finite result) leaves the pushes before it applied, and says so."""
+    def push_batch(self, pushes: list[tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0) -> tuple:
+        """Several pushes (name, ids, grads, shows, clicks) of one request, then the clock advanced; returns
+        (clock, pushes applied now). All are validated (duplicate ids included) before any is applied; then each
+        is applied in order, journaled with (client, client_seq, its index).
+
+        Exactly once: a request with a client id is applied at most once however often it is retried. The
+        journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
+        its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
+        older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
+        client_seq order; a retry that arrives while its first attempt still runs waits for it.
+
+        A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
+        says so; validation failures change nothing."""
+        if not client:
+            return self._apply_batch(pushes, advance_clock, (0, 0), 0)
+        with self._lock:
+            lock = self._client_locks.setdefault(client, threading.Lock())
+        with lock:
+            done_seq, done_parts = self.journal.applied.get(client, (0, 0))
+            if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes)):
+                for p in pushes:  # still a bad request if it is one
+                    self.check_push(*p)
+                return self.clock, 0
+            skip = done_parts if client_seq == done_seq else 0
+            return self._apply_batch(pushes, advance_clock, (client, client_seq), skip)
+
+    def _apply_batch(self, pushes, advance_clock, request: tuple[int, int], skip: int) -> tuple:
         checked = [self.check_push(*p) for p in pushes]
-        for i, c in enumerate(checked):
+        if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
+            for i, (_, ids, *_rest) in enumerate(checked):
+                if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
+                    raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i][0]!r}) repeats ids; "
+                                               "nothing was applied")  # fmt: skip
+        for i in range(skip, len(checked)):
             try:
-                self.apply_push(c)
+                self.apply_push(checked[i], (*request, i))
             except PsError as e:
+                if i == 0:
+                    raise
                 raise type(e)(f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}), after the "
                               f"{i} before it were applied: {e}") from e  # fmt: skip
-        return self.advance_clock(advance_clock) if advance_clock else self.clock
+        return (self.advance_clock(advance_clock) if advance_clock else self.clock), len(checked) - skip
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
@@ -191,11 +223,10 @@ class Shard:
     def flush(self) -> int:
         """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows."""
         with self._flush_lock:
-            self.journal.rotate()
-            covered = self.journal.next_seq - 1  # every record <= covered is applied (appends happen under
+            covered, applied = self.journal.mark()  # every record <= covered is applied (appends happen under
             self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
             written = sum(t.flush() for t in list(self.tables.values()))
-            self.store.set_flushed_seq(covered)
+            self.store.set_flushed_seq(covered, applied)
             self.journal.trim(covered)
             return written
 

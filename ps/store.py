@@ -201,11 +201,22 @@ class Store:
         raw = self._meta.get(b"flushed_seq")
         return int(raw) if raw is not None else 0
 
-    def set_flushed_seq(self, seq: int) -> None:
-        """Records that every journal record <= seq is in RocksDB (durably, if the store syncs)."""
-        self._meta.put(b"flushed_seq", str(seq).encode(), self._write_opts)
+    def set_flushed_seq(self, seq: int, applied: dict[int, tuple[int, int]] | None = None) -> None:
+        """Records that every journal record <= seq is in RocksDB, and (if given) the journal's `applied` table
+        of client requests as of seq, in one write (durably, if the store syncs)."""
+        batch = WriteBatch(raw_mode=True)
+        meta = self._db.get_column_family_handle(META_CF)
+        batch.put(b"flushed_seq", str(seq).encode(), meta)
+        if applied is not None:
+            batch.put(b"applied", json.dumps({str(c): list(v) for c, v in applied.items()}).encode(), meta)
+        self._db.write(batch, self._write_opts)
         if self._write_opts.sync:
             self._db.flush_wal(True)
+
+    def applied(self) -> dict[int, tuple[int, int]]:
+        """The journal's `applied` table stored by the last set_flushed_seq ({} if none)."""
+        raw = self._meta.get(b"applied")
+        return {int(c): (int(v[0]), int(v[1])) for c, v in json.loads(raw).items()} if raw is not None else {}
 
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids} stored for table (kept in meta, updated atomically with rows)."""

@@ -205,9 +205,11 @@ class Table:
             self.counters["ids_pulled"] += len(ids)
         return out
 
-    def push(self, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray, step: int) -> int:
+    def push(self, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray, step: int,
+             origin: tuple[int, int, int] = (0, 0, 0)) -> int:  # fmt: skip
         """Applies one push of unique ids: (n, dim) finite grads, and per id its shows and clicks, at clock
-        step. Durable on return; returns the journal seq. Nothing changes if it is rejected (duplicate ids, a
+        step; origin (client, client_seq, part) goes into its journal record. Durable on return; returns the
+        journal seq. Nothing changes if it is rejected (duplicate ids, a
         result that would not be finite) or the journal cannot be written."""
         ids = np.ascontiguousarray(ids, dtype="<u8")
         grads = np.ascontiguousarray(grads, dtype="<f4")
@@ -220,7 +222,7 @@ class Table:
             chunks = list(self._chunks(len(ids)))
             if len(chunks) == 1:  # the common case: all rows fit in RAM at once
                 rows = self._resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
-                seq = self._push_in_place(rows, ids, grads, shows, clicks, step)
+                seq = self._push_in_place(rows, ids, grads, shows, clicks, step, origin)
                 self.counters["pushes"] += 1
                 self.counters["ids_pushed"] += len(ids)
                 return seq
@@ -238,7 +240,7 @@ class Table:
                         f"(float32 overflow: gradient {grads[lo + bad].tolist()[:8]}); nothing was applied"
                     )
                 updates.append((lo, hi, rows, buf, admitted))
-            seq = self.journal.append(self.name, ids, grads, shows, clicks, step)
+            seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
             for lo, hi, rows, buf, admitted in updates:
                 if len(updates) > 1:  # an earlier chunk's rows may have been evicted (unchanged) since
                     rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
@@ -248,7 +250,7 @@ class Table:
             self.counters["ids_pushed"] += len(ids)
             return seq
 
-    def _push_in_place(self, rows, ids, grads, shows, clicks, step) -> int:
+    def _push_in_place(self, rows, ids, grads, shows, clicks, step, origin) -> int:
         """Updates the resolved rows in the arena, then journals the push; a rejected update or a failed journal
         write restores every row it touched. Nobody sees the rows in between (the table lock is held), and the
         push is acknowledged only after the journal write, so a crash in between loses nothing acknowledged."""
@@ -278,7 +280,7 @@ class Table:
                 f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
             )
         try:
-            seq = self.journal.append(self.name, ids, grads, shows, clicks, step)
+            seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
         except BaseException:
             restore()
             raise

@@ -11,7 +11,7 @@ import pytest
 
 from ps import parallel
 from ps.checksum import CHUNK, checksum64
-from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD, Journal
+from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal
 
 
 def _push(j: Journal, n: int, dim: int = 3, seed: int = 0):
@@ -66,7 +66,7 @@ def test_a_damaged_last_record_ends_replay_and_is_cut_off(tmp_path, damage):
 def test_records_of_the_previous_format_are_still_replayed(tmp_path):
     ids = np.array([3, 9], dtype=np.uint64)
     grads = np.array([[1, 2], [3, 4]], dtype=np.float32)
-    payload = struct.pack("<H", 1) + b"t" + PAYLOAD_HEAD.pack(2, 2, 5) + ids.tobytes() + grads.tobytes()
+    payload = struct.pack("<H", 1) + b"t" + PAYLOAD_HEAD_V3.pack(2, 2, 5) + ids.tobytes() + grads.tobytes()
     payload += np.ones(2, np.float32).tobytes() + np.zeros(2, np.float32).tobytes()
     with open(tmp_path / f"{1:020d}.log", "wb") as f:
         f.write(HEADER_V2.pack(MAGIC_V2, 1, len(payload), zlib.crc32(payload)) + payload)

@@ -2,13 +2,21 @@
 
 Every call: dedup the ids once (`np.unique`), sum the gradients of duplicates, route each unique id to the
 shard that owns its slot (ps.sharding), send one request per shard (chunked past `max_request_bytes`) with a
-deadline, all in flight at once, and reassemble the answers in the caller's order. A shard that does not answer
-within `timeout_s` raises ServerUnavailableError naming it; pulls are retried a bounded number of times, pushes
-are not (a repeated push would apply twice).
+deadline of `timeout_s`, all in flight at once, and reassemble the answers in the caller's order.
+
+Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting or stuck)
+is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
+`server_timeout_s`; the client logs which shard it is waiting for and when it is back, and past the timeout
+raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
+client's random id and a per-shard request number, and the shard applies a request once however often it
+arrives (ps.shard.Shard.push_batch), across its restarts too.
 """
 
 from __future__ import annotations
 
+import logging
+import secrets
+import threading
 import time
 
 import grpc
@@ -22,6 +30,8 @@ from ps.errors import STATUS_TO_ERROR, PsError, ServerUnavailableError
 from ps.sharding import SlotMap
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+log = logging.getLogger("worker.client")
 
 
 @numba.njit(nogil=True, cache=True)
@@ -47,15 +57,21 @@ class Client:
         self,
         servers: list[str],
         timeout_s: float = 60.0,
-        pull_retries: int = 2,
+        server_timeout_s: float = 300.0,
         max_request_bytes: int = 64 * 1024 * 1024,
     ):
+        """timeout_s: the deadline of one attempt of a call; server_timeout_s: how long a shard may keep failing
+        (down, restarting) before a call gives up (0: no retries)."""
         if not servers:
             raise ValueError("Client needs at least one server address")
         self.servers = list(servers)
         self.timeout_s = timeout_s
-        self.pull_retries = pull_retries
+        self.server_timeout_s = server_timeout_s
         self.max_request_bytes = max_request_bytes
+        self.client_id = secrets.randbits(64) | 1  # nonzero: the shards deduplicate this client's pushes
+        self._request_seq = [0] * len(servers)  # PushBatch requests sent to each shard
+        self._push_lock = threading.Lock()  # one push_many at a time: each shard gets requests in seq order
+        self._down: dict[int, float] = {}  # shard -> when it started failing
         self.slot_map = SlotMap.contiguous(len(servers))
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -123,14 +139,7 @@ class Client:
             plans.append((rows, inverse))
         groups = self._group(requests)
         calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g])) for shard, g in groups]
-        for attempt in range(self.pull_retries + 1):
-            try:
-                replies = self._call_mixed(calls)
-                break
-            except ServerUnavailableError:
-                if attempt == self.pull_retries:
-                    raise
-                time.sleep(0.2 * 2**attempt)
+        replies = self._call_mixed(calls)
         for (_, group), batch in zip(groups, replies):
             for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.replies, strict=True):
                 rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
@@ -150,7 +159,10 @@ class Client:
         An item may carry a fifth entry, shows (len(ids),): then its ids must be unique (a shard rejects
         duplicates) and grads, clicks and shows are sent per id as given, for a caller that summed them already.
         return_rows: returns, per item, the rows of its ids (in its order) right after the push, as a pull()
-        then would: a training step's push and pull in one round trip."""
+        then would: a training step's push and pull in one round trip. (Past max_request_bytes a shard gets its
+        batches one after the other, and an item's rows are those after its own batch.)
+
+        Sent again while a shard is unavailable (see the module docstring), and applied once."""
         requests, plans = [], []
         for table, ids, grads, clicks, *shows in items:
             ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
@@ -159,6 +171,8 @@ class Client:
             counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
             counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
             if shows and shows[0] is not None:
+                if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
+                    raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
                 counts[:, 0] = np.asarray(shows[0], dtype=np.float32).ravel()
                 uniq, summed, order = ids, np.concatenate([grads, counts], axis=1), None
             else:
@@ -179,17 +193,25 @@ class Client:
             plans.append((rows, order))
         groups = self._group(requests, every_shard=advance_clock > 0)
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
-        calls = [
-            ("PushBatch", shard, ps_pb2.PushBatchRequest(
-                pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0))
-            for i, (shard, g) in enumerate(groups)
-        ]  # fmt: skip
-        replies = self._call_mixed(calls)
+        with self._push_lock:
+            waves: list[list] = []  # wave k: the k-th batch of each shard; a shard's batches go in order
+            for i, (shard, g) in enumerate(groups):
+                self._request_seq[shard] += 1
+                request = ps_pb2.PushBatchRequest(
+                    pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0,
+                    client_id=self.client_id, seq=self._request_seq[shard],
+                )  # fmt: skip
+                k = sum(1 for s, _ in groups[:i] if s == shard)
+                waves += [[] for _ in range(k + 1 - len(waves))]
+                waves[k].append((("PushBatch", shard, request), g))
+            for wave in waves:
+                replies = self._call_mixed([call for call, _ in wave])
+                if return_rows:
+                    for (_, group), batch in zip(wave, replies):
+                        for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
+                            rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
         if not return_rows:
             return None
-        for (_, group), batch in zip(groups, replies):
-            for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
-                rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
         return [rows if order is None else rows[order] for rows, order in plans]
 
     def advance_clock(self, steps: int = 1) -> int:
@@ -239,23 +261,54 @@ class Client:
 
     def _call_mixed(self, calls: list[tuple[str, int, object]]) -> list:
         """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
-        the first error."""
-        futures = [getattr(self._stubs[s], m).future(r, timeout=self.timeout_s) for m, s, r in calls]
-        replies, error = [], None
-        for (method, shard, _), future in zip(calls, futures):
-            try:
-                replies.append(future.result())
-            except grpc.RpcError as e:
-                error = error or self._error(method, shard, e)
-        if error is not None:
-            raise error
-        return replies
+        the first error. Calls failing with UNAVAILABLE or DEADLINE_EXCEEDED are sent again (backoff) while
+        their shard has been failing for less than server_timeout_s."""
+        replies: list = [None] * len(calls)
+        pending, delay = list(range(len(calls))), 0.05
+        while True:
+            futures = [(i, getattr(self._stubs[calls[i][1]], calls[i][0]).future(calls[i][2], timeout=self.timeout_s))
+                       for i in pending]  # fmt: skip
+            retry, error, ok = [], None, set()
+            for i, future in futures:
+                method, shard, _ = calls[i]
+                try:
+                    replies[i] = future.result()
+                    ok.add(shard)
+                except grpc.RpcError as e:
+                    if e.code() in RETRYABLE and self._keep_waiting(shard, method, e):
+                        retry.append(i)
+                    else:
+                        error = error or self._error(method, shard, e)
+            for shard in ok - {calls[i][1] for i in retry}:
+                if shard in self._down:
+                    log.warning("shard %d at %s is back after %.1f s", shard, self.servers[shard],
+                                time.monotonic() - self._down.pop(shard))  # fmt: skip
+            if error is not None:
+                raise error
+            if not retry:
+                return replies
+            time.sleep(delay)
+            delay, pending = min(2 * delay, 2.0), retry
+
+    def _keep_waiting(self, shard: int, method: str, e: grpc.RpcError) -> bool:
+        """True while the shard has been failing for less than server_timeout_s (logs when it starts)."""
+        if self.server_timeout_s <= 0:
+            return False
+        now = time.monotonic()
+        if shard not in self._down:
+            self._down[shard] = now
+            log.warning("shard %d at %s is unavailable (%s: %s); waiting for it for up to %.0f s",
+                        shard, self.servers[shard], e.code().name, e.details(), self.server_timeout_s)  # fmt: skip
+        return now - self._down[shard] < self.server_timeout_s
 
     def _error(self, method: str, shard: int, e: grpc.RpcError) -> PsError:
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if code in RETRYABLE:
+            waited = time.monotonic() - self._down.pop(shard, time.monotonic())
+            tried = f"; it has been failing for {waited:.0f} s (server timeout {self.server_timeout_s:.0f} s)"
             return ServerUnavailableError(
                 f"{where} did not answer {method} within {self.timeout_s:.0f} s ({code.name}: {e.details()})"
+                + (tried if self.server_timeout_s > 0 else "")
             )
         cls = STATUS_TO_ERROR.get(code.name, PsError)
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")

@@ -25,7 +25,7 @@ def test_every_acknowledged_push_survives_kill_9(tmp_path):
     addresses = cluster.start()
     acked = 0
     try:
-        with Client(addresses, timeout_s=10, pull_retries=0) as client:
+        with Client(addresses, timeout_s=10, server_timeout_s=0) as client:
             client.wait_ready()
             client.create_table(TableConfig("c", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
             killer = threading.Timer(1.5, cluster.kill, args=(0,))  # started after the first push: a cold
