@@ -29,6 +29,7 @@ def _add_train(sub) -> None:
     where.add_argument("--servers", default="", help="comma-separated host:port list, in shard order")
     where.add_argument("--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers")
     where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    where.add_argument("--server-timeout", type=float, default=d.server_timeout_s, help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error")
     _add_data_args(p, d)
     work = p.add_argument_group("workers")
     work.add_argument("--worker-id", type=int, default=d.worker_id, help="this worker's index: it trains on its share of the data")
@@ -96,6 +97,7 @@ def _add_eval(sub) -> None:
     )
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    p.add_argument("--server-timeout", type=float, default=d.server_timeout_s, help="how long to wait for a server that is down before exiting with an error")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per pull")
     _add_data_args(p, d)
     _add_model_args(p, d)
@@ -163,6 +165,7 @@ def _common_config(args) -> dict:
         synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
         model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,
         hidden=_hidden(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
+        server_timeout_s=args.server_timeout,
     )  # fmt: skip
 
 

@@ -52,10 +52,10 @@ class LocalCluster:
             raise
         return self.addresses
 
-    def _spawn(self, shard_id: int) -> subprocess.Popen:
+    def _spawn(self, shard_id: int, port: int = 0) -> subprocess.Popen:
         cmd = [
             sys.executable, "-m", "ps",
-            "--port", "0",
+            "--port", str(port),
             "--shard-id", str(shard_id),
             "--num-shards", str(self.num_shards),
             "--data-dir", self.data_dir(shard_id),
@@ -102,6 +102,18 @@ class LocalCluster:
         """SIGKILL one shard (for crash tests)."""
         self.procs[shard_id].kill()
         self.procs[shard_id].wait()
+
+    def restart(self, shard_id: int) -> str:
+        """Starts a shard that was killed again, on its data dir and its port (clients keep their address)."""
+        if self.procs[shard_id].poll() is None:
+            raise RuntimeError(f"local shard {shard_id} is still running")
+        if self.procs[shard_id].stdout:
+            self.procs[shard_id].stdout.close()
+        port = int(self.addresses[shard_id].rsplit(":", 1)[1])
+        self.procs[shard_id] = self._spawn(shard_id, port)
+        address = self._await_port(shard_id, self.procs[shard_id], time.monotonic() + self.start_timeout_s)
+        assert address == self.addresses[shard_id], (address, self.addresses[shard_id])
+        return address
 
     def stop(self, timeout_s: float = 300.0) -> list[int]:
         """SIGTERM every shard, wait up to timeout_s (a shard flushes its dirty rows first: ~0.5M rows/s),

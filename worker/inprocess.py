@@ -32,7 +32,8 @@ class InProcessTables:
         uniq, inverse = np.unique(ids, return_inverse=True)
         return self.shard.pull(table, uniq)[inverse.ravel()]
 
-    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
+    def _item(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> tuple:
+        """(table, unique ids, summed grads, shows, clicks) of a push, deduplicated as the Client does."""
         ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
         dim = self.dim(table)
         counts = np.ones((len(ids), 2), dtype=np.float32)
@@ -43,16 +44,17 @@ class InProcessTables:
             uniq, summed = ids, np.concatenate([grads, counts], axis=1)
         else:
             uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
-        self.shard.push(table, uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1])
+        return table, uniq, np.ascontiguousarray(summed[:, :dim]), summed[:, dim].copy(), summed[:, dim + 1].copy()
+
+    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
+        self.push_many([(table, ids, grads, clicks, shows)])
 
     def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         return [self.pull(table, ids) for table, ids in items]
 
     def push_many(self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False) -> list | None:
-        for item in items:
-            self.push(*item)
-        if advance_clock:
-            self.advance_clock(advance_clock)
+        """As Client.push_many: one batch, validated whole before any push is applied."""
+        self.shard.push_batch([self._item(*item) for item in items], advance_clock)
         return [self.pull(item[0], item[1]) for item in items] if return_rows else None
 
     def advance_clock(self, steps: int = 1) -> int:

@@ -68,6 +68,7 @@ class TrainConfig:
     worker_id: int = 0
     num_workers: int = 1
     timeout_s: float = 60.0
+    server_timeout_s: float = 300.0  # how long a down server is waited for (retrying) before the run fails
     table_config: str | None = None  # TOML: overrides the model tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
     progress: bool = True
@@ -305,7 +306,7 @@ def train(cfg: TrainConfig) -> dict:
     data = DataSource(cfg)
     spec = data.spec()
     backend = make_backend(spec, cfg)
-    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s) as client:
+    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s) as client:
         client.wait_ready()
         for table in table_configs(cfg, spec):
             client.create_table(table)
@@ -344,7 +345,7 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
     spec = data.spec()
     backend = make_backend(spec, cfg)
     eval_batches = data.eval() if cfg.data is None else data._read(cfg.data, 0, 1)
-    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s) as client:
+    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s) as client:
         client.wait_ready()
         for t in table_configs(cfg, spec):
             if client.dim(t.name) != t.dim:

@@ -1,0 +1,132 @@
+"""A push request is applied exactly once however often it is sent: across retries, crashes between two of its
+pushes, and flushes that trim the journal (ps.shard.Shard.push_batch, ps.journal `applied`); and the Client
+sends a request again when a shard is unavailable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.errors import InvalidArgumentError, ShardClosingError
+from ps.layout import LAST_STEP
+from ps.shard import Shard
+from tests.conftest import crash, random_ids
+from worker.client import Client
+
+SUM = TableConfig("sum", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
+A, B = random_ids(20, seed=1), random_ids(30, seed=2)
+
+
+def push(ids, value: float) -> tuple:
+    return ("sum", ids, np.full((len(ids), 2), value, np.float32), None, None)
+
+
+def open_shard(path) -> Shard:
+    shard = Shard(ServerConfig(data_dir=str(path)))
+    shard.create_table(SUM)
+    return shard
+
+
+def rows(shard, ids) -> np.ndarray:
+    return shard.pull("sum", ids)[:, 0]
+
+
+def test_a_request_sent_again_is_applied_once_and_an_older_one_not_at_all(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.push_batch([push(A, 1.0), push(B, 2.0)], 1, client=7, client_seq=1) == (1, 2)
+        assert shard.push_batch([push(A, 1.0), push(B, 2.0)], 1, client=7, client_seq=1) == (1, 0)  # a retry
+        assert (rows(shard, A) == -1).all() and (rows(shard, B) == -2).all() and shard.clock == 1
+        shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=2)
+        shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1)  # late and old: nothing
+        shard.push_batch([push(A, 1.0)], 0, client=8, client_seq=1)  # another client's first request
+        assert (rows(shard, A) == -3).all()
+        with pytest.raises(InvalidArgumentError, match="non-finite"):  # a bad request is still refused as one
+            shard.push_batch([push(A, np.nan)], 0, client=7, client_seq=2)
+    finally:
+        shard.close()
+
+
+def test_a_retry_after_a_crash_between_two_pushes_applies_only_the_rest(tmp_path):
+    shard = open_shard(tmp_path)
+    shard.apply_push(shard.check_push(*push(A, 1.0)[:3]), origin=(7, 1, 0))  # push 0 of request 1, then kill -9
+    crash(shard)
+    shard = open_shard(tmp_path)  # replays the journal: request 1 of client 7 has 1 push applied
+    try:
+        assert shard.journal.applied[7] == (1, 1)
+        assert shard.push_batch([push(A, 1.0), push(B, 2.0)], 0, client=7, client_seq=1)[1] == 1
+        assert (rows(shard, A) == -1).all() and (rows(shard, B) == -2).all()
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("stop", [crash, Shard.close])
+def test_what_was_applied_survives_a_flush_that_trims_the_journal(tmp_path, stop):
+    shard = open_shard(tmp_path)
+    shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1)
+    shard.push_batch([push(A, 1.0)], 0, client=9, client_seq=4)
+    shard.flush()  # rows in RocksDB, journal trimmed: `applied` must come from RocksDB now
+    assert shard.journal.size_bytes() == 0
+    stop(shard)
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.journal.applied == {7: (1, 1), 9: (4, 1)}
+        shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1)
+        shard.push_batch([push(A, 1.0)], 0, client=9, client_seq=4)
+        assert (rows(shard, A) == -2).all()
+    finally:
+        shard.close()
+
+
+def test_a_batch_with_repeated_ids_in_a_later_push_changes_nothing(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        twice = np.concatenate([B[:3], B[:1]])
+        with pytest.raises(InvalidArgumentError, match="push 1 of the batch .* repeats ids; nothing was applied"):
+            shard.push_batch([push(A, 1.0), push(twice, 1.0)], 1, client=7, client_seq=1)
+        assert (rows(shard, A) == 0).all() and shard.clock == 0 and 7 not in shard.journal.applied
+    finally:
+        shard.close()
+
+
+def test_the_client_sends_a_push_again_when_its_reply_is_lost_and_it_is_applied_once(servers, monkeypatch):
+    addresses, shards = servers(2)
+    lost = []
+
+    def apply_then_lose_the_reply(original):
+        def push_batch(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if len(lost) < 3:  # the first three replies never reach the client
+                lost.append(args)
+                raise ShardClosingError("the server went away before replying")  # UNAVAILABLE
+            return result
+
+        return push_batch
+
+    for s in shards:
+        monkeypatch.setattr(s.shard, "push_batch", apply_then_lose_the_reply(s.shard.push_batch))
+    with Client(addresses, timeout_s=5, server_timeout_s=30) as client:
+        client.create_table(SUM)
+        ids = np.concatenate([A, B])
+        for _ in range(3):
+            client.push("sum", ids, np.ones((len(ids), 2), np.float32))
+        np.testing.assert_array_equal(client.pull("sum", ids), np.full((len(ids), 2), -3.0))
+    assert len(lost) == 3
+
+
+def test_a_shards_batches_go_in_order_and_the_clock_moves_after_them(servers):
+    addresses, shards = servers(2)
+    with Client(addresses, max_request_bytes=200) as client:  # ~8 ids per batch: many batches per shard
+        client.create_table(SUM)
+        other = TableConfig("other", 3)
+        client.create_table(other)
+        ids = random_ids(300, seed=3)
+        for step in range(3):
+            client.push_many([push(ids, 1.0)[:4], ("other", B, np.ones((len(B), 3)), None)], advance_clock=1)
+            for s in shards:
+                mine = ids[s.shard.slot_map.shard_of(ids) == s.shard.shard_id]
+                t = s.shard.table("sum")
+                assert (t.peek(mine)[:, t.stats_col + LAST_STEP] == step).all()  # stamped before the advance
+                assert s.shard.clock == step + 1
+        np.testing.assert_array_equal(client.pull("sum", ids), np.full((300, 2), -3.0))
