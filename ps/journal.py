@@ -18,7 +18,9 @@ before ids); new records are PSJ4, PSJ3 and PSJ2 records (written by earlier ver
 maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
 replayed, so a shard can tell a retried request from a new one (ps.shard.Shard.push_batch).
 Records are written with one writev, so a crash of the process leaves at most one short record at the end of
-the active segment; replay stops at the first record that is short or fails its checksum (never acknowledged).
+the active segment; replay drops such a torn last record (never acknowledged). A bad record anywhere else (data
+after it, or in an older segment) is damage: replay raises JournalCorruptError rather than drop the
+acknowledged pushes after it.
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
 """
 
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ps.checksum import checksum64
+from ps.errors import StorageError
 
 MAGIC = 0x344A5350
 MAGIC_V3 = 0x334A5350  # earlier records: no (client, client_seq, part)
@@ -104,6 +107,14 @@ class Journal:
             while pos < len(data):
                 rec, end = _parse(data, pos)
                 if rec is None:
+                    if i < len(segs) - 1 or not _torn_tail(data, pos):
+                        raise JournalCorruptError(
+                            f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
+                            f"with {'data after it' if i == len(segs) - 1 else f'{len(segs) - 1 - i} segments after it'}"
+                            ": that is damage, not the torn last record of a crash, and starting would drop the "
+                            "acknowledged pushes after it. Refusing to start; restore the data dir, or move "
+                            f"{path} and the segments after it aside to start without them"
+                        )
                     self._truncate(path, pos, segs[i + 1 :])
                     break
                 pos = end
@@ -193,6 +204,23 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             self._close_fd()
+
+
+class JournalCorruptError(StorageError):
+    """A journal record that fails its checks with intact data after it: damage, refused at start-up."""
+
+
+def _torn_tail(data: bytes, pos: int) -> bool:
+    """True if the bad record at pos can be what a crash leaves: the last record, cut short or (power loss)
+    whole but with unwritten pages. A record is written with one writev, header first."""
+    if len(data) - pos < HEADER.size:
+        return True
+    (magic,) = struct.unpack_from("<I", data, pos)
+    header = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}.get(magic)
+    if header is None:
+        return False
+    _, _, payload_len, _ = header.unpack_from(data, pos)
+    return pos + header.size + payload_len >= len(data)  # nothing after its declared end
 
 
 def _parse(data: bytes, pos: int):

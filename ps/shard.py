@@ -20,7 +20,7 @@ import numpy as np
 
 from ps.arena import MemoryBudget
 from ps.config import ServerConfig, TableConfig
-from ps.errors import InvalidArgumentError, PsError, TableExistsError, TableNotFoundError, WrongShardError
+from ps.errors import InvalidArgumentError, PsError, StorageError, TableExistsError, TableNotFoundError, WrongShardError
 from ps.journal import Journal
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.store import Store
@@ -37,18 +37,27 @@ class Shard:
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.store = Store(config.data_dir, sync=config.sync)
-        self.store.check_identity(config.shard_id, config.num_shards)
-        self.budget = MemoryBudget(config.cache_bytes)
-        self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync)
-        self.tables: dict[str, Table] = {}
-        for cfg in self.store.load_tables():
-            self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self.clock = self.store.clock()
-        self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
-        self.journal.applied = self.store.applied()  # client requests applied before the last flush
-        self._replay()
+        try:
+            self.store.check_identity(config.shard_id, config.num_shards)
+            self.budget = MemoryBudget(config.cache_bytes)
+            self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync)
+            self.tables: dict[str, Table] = {}
+            for cfg in self.store.load_tables():
+                self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
+            self._lock = threading.Lock()
+            self._flush_lock = threading.Lock()
+            self.clock = self.store.clock()
+            self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
+            self.journal.applied = self.store.applied()  # client requests applied before the last flush
+            self._replay()
+        except BaseException as e:
+            self.store.close()
+            if isinstance(e, PsError) or not isinstance(e, Exception):
+                raise
+            raise StorageError(
+                f"cannot start on data dir {config.data_dir}: {type(e).__name__}: {e} (corrupt files? restore the "
+                "dir from a backup or checkpoint, or start on an empty one)"
+            ) from e
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written

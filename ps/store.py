@@ -65,15 +65,23 @@ class Store:
     """Rows of every table of one shard, keyed by (slot, id). Writes go through WriteBatches (atomic)."""
 
     def __init__(self, path: str, block_cache_bytes: int = 128 << 20, sync: bool = False):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)
+        entries = sorted(set(os.listdir(path)) - {"journal"})
+        if entries and "CURRENT" not in entries:
+            raise StorageError(
+                f"data dir {path} is not empty and holds no sparseps data (it has {', '.join(entries[:5])}"
+                f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
+            )
         self.path = path
         self._opts = _options(block_cache_bytes)
-        existing = Rdict.list_cf(path, self._opts) if os.path.exists(os.path.join(path, "CURRENT")) else []
-        # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
-        cfs = {name: self._opts for name in set(existing) | {META_CF}}
-        try:
+        try:  # rocksdict raises plain Exception
+            existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
+            # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
+            cfs = {name: self._opts for name in set(existing) | {META_CF}}
             self._db = Rdict(path, self._opts, column_families=cfs)
-        except Exception as e:  # rocksdict raises plain Exception
+        except Exception as e:
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         self._meta = self._db.get_column_family(META_CF)
         self._write_opts = WriteOptions()

@@ -11,7 +11,7 @@ import pytest
 
 from ps import parallel
 from ps.checksum import CHUNK, checksum64
-from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal
+from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
 
 
 def _push(j: Journal, n: int, dim: int = 3, seed: int = 0):
@@ -61,6 +61,24 @@ def test_a_damaged_last_record_ends_replay_and_is_cut_off(tmp_path, damage):
     seq, _ = _push(j2, 2, seed=3)  # appends continue after the intact records
     j2.close()
     assert seq == 2 and [r.seq for r in _replayed(str(tmp_path))] == [1, 2]
+
+
+@pytest.mark.parametrize("where", ["middle record", "older segment"])
+def test_a_damaged_record_with_records_after_it_is_refused_not_dropped(tmp_path, where):
+    j = Journal(str(tmp_path), segment_bytes=1 if where == "older segment" else 1 << 20)  # 1: a segment per record
+    for seed in (1, 2, 3):
+        _push(j, 10, seed=seed)
+    j.close()
+    path = sorted(os.path.join(tmp_path, f) for f in os.listdir(tmp_path))[0]
+    with open(path, "r+b") as f:  # one bit of a gradient of the first record
+        f.seek(60)
+        byte = f.read(1)
+        f.seek(60)
+        f.write(bytes([byte[0] ^ 0x10]))
+    sizes = {f: os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path)}
+    with pytest.raises(JournalCorruptError, match=rf"{os.path.basename(path)} is corrupt at byte 0 .* Refusing to start"):
+        list(Journal(str(tmp_path)).replay(0))
+    assert {f: os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path)} == sizes  # nothing cut
 
 
 def test_records_of_the_previous_format_are_still_replayed(tmp_path):

@@ -1,0 +1,89 @@
+"""A data dir that is not a shard's (a file, someone else's files) or is damaged gives a clear error at start-up,
+and `ps-server` exits with it instead of a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ps.config import ServerConfig, TableConfig
+from ps.errors import StorageError
+from ps.shard import Shard
+
+
+@pytest.fixture
+def good_dir(tmp_path):
+    path = str(tmp_path / "good")
+    shard = Shard(ServerConfig(data_dir=path))
+    shard.create_table(TableConfig("t", 4))
+    shard.push("t", np.arange(50, dtype=np.uint64), np.ones((50, 4), np.float32))
+    shard.close()  # flushed: rows in SST files
+    return path
+
+
+def damaged_copy(good_dir, tmp_path, damage) -> str:
+    path = str(tmp_path / "copy")
+    shutil.copytree(good_dir, path)
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        if damage == "CURRENT" and name == "CURRENT":
+            with open(full, "w") as f:
+                f.write("garbage\n")
+        if damage == "sst" and name.endswith(".sst"):
+            with open(full, "r+b") as f:
+                f.seek(40)
+                f.write(b"\xff" * 64)
+    return path
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("CURRENT", "cannot open RocksDB at .*: Corruption"),
+    ("sst", "cannot start on data dir .*checksum mismatch.*restore the dir"),
+])  # fmt: skip
+def test_a_damaged_rocksdb_is_a_clear_error(good_dir, tmp_path, damage, message):
+    with pytest.raises(StorageError, match=message):
+        Shard(ServerConfig(data_dir=damaged_copy(good_dir, tmp_path, damage)))
+
+
+def test_a_file_or_a_foreign_directory_is_refused(tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    with pytest.raises(StorageError, match="is a file, not a directory"):
+        Shard(ServerConfig(data_dir=str(a_file)))
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "cat.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(StorageError, match=r"is not empty and holds no sparseps data \(it has cat.jpg\)"):
+        Shard(ServerConfig(data_dir=str(foreign)))
+    assert os.listdir(foreign) == ["cat.jpg"]  # nothing written into it
+
+
+def test_a_shard_with_a_damaged_journal_refuses_to_start(good_dir, tmp_path):
+    shard = Shard(ServerConfig(data_dir=good_dir))
+    for k in range(3):  # journaled, not flushed
+        shard.push("t", np.arange(5, dtype=np.uint64) + np.uint64(100 * k), np.ones((5, 4), np.float32))
+    shard._closed.set()  # kill -9: leave the journal as it is
+    shard._wake.set()
+    shard._flusher.join()
+    shard.journal.close()
+    shard.store.close()
+    journal = os.path.join(good_dir, "journal")
+    (segment,) = [os.path.join(journal, f) for f in os.listdir(journal)]
+    with open(segment, "r+b") as f:
+        f.seek(40)
+        f.write(b"\x00\x01")
+    with pytest.raises(StorageError, match="journal segment .* is corrupt at byte 0 .* Refusing to start"):
+        Shard(ServerConfig(data_dir=good_dir))
+
+
+def test_ps_server_exits_with_the_message(good_dir, tmp_path):
+    path = damaged_copy(good_dir, tmp_path, "CURRENT")
+    r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", path, "--port", "0"], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "cannot open RocksDB" in r.stderr and "Corruption" in r.stderr
