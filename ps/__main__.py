@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB",
     )  # fmt: skip
     p.add_argument("--flush-interval-s", type=float, default=30.0, help="how often dirty rows are written to RocksDB")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate to serve TLS with (needs --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", default=None, help="PEM CA: require clients to present a certificate it signed (mutual TLS)")
+    p.add_argument("--auth-token-file", default=None, help="file holding a shared token every call must carry (health checks excepted)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -96,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         sync=args.sync,
         cache_bytes=args.cache_bytes,
         flush_interval_s=args.flush_interval_s,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_ca=args.tls_ca,
+        auth_token_file=args.auth_token_file,
     )
     try:
         config.validate()

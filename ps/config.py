@@ -170,8 +170,16 @@ class ServerConfig:
     cache_bytes: int = 2 << 30  # RAM tier budget shared by all tables of this shard
     flush_interval_s: float = 30.0  # the background flusher writes dirty rows to RocksDB this often
     journal_flush_bytes: int = 1 << 30  # ... or as soon as the journal has grown by this much
+    tls_cert: str | None = None  # PEM certificate and key: serve TLS (ps/security.py)
+    tls_key: str | None = None
+    tls_ca: str | None = None  # with cert and key: mutual TLS, clients must present a certificate it signed
+    auth_token_file: str | None = None  # every call but health checks must carry this token
 
     def validate(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("give both --tls-cert and --tls-key, or neither")
+        if self.tls_ca and not self.tls_cert:
+            raise ValueError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key")
         if not 1 <= self.num_shards:
             raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
         if not 0 <= self.shard_id < self.num_shards:

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
+from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, add_to_server
 from ps.shard import Shard
 
@@ -32,10 +33,15 @@ class Server:
 
     def __init__(self, config: ServerConfig):
         self.config = config
+        interceptors = [TokenCheck(read_token(config.auth_token_file))] if config.auth_token_file else []
+        self._credentials = (
+            server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
+        )  # read before anything starts: a missing key file fails here, with its name
         self.shard = Shard(config)
         self.health = health.HealthServicer()
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc"),
+            interceptors=interceptors,
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
@@ -46,7 +52,10 @@ class Server:
     def start(self) -> int:
         address = f"{self.config.host}:{self.config.port}"
         try:
-            self.port = self._grpc.add_insecure_port(address)
+            if self._credentials is not None:
+                self.port = self._grpc.add_secure_port(address, self._credentials)
+            else:
+                self.port = self._grpc.add_insecure_port(address)
         except RuntimeError as e:  # grpc raises this when the port is taken or the host is not an address
             raise OSError(f"cannot listen on {address}: {e}") from None
         if not self.port:

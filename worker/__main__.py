@@ -29,6 +29,7 @@ def _add_train(sub) -> None:
     where.add_argument("--servers", default="", help="comma-separated host:port list, in shard order")
     where.add_argument("--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers")
     where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    _add_security_args(p)
     where.add_argument("--server-timeout", type=float, default=d.server_timeout_s, help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error")
     _add_data_args(p, d)
     work = p.add_argument_group("workers")
@@ -98,6 +99,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
     p.add_argument("--server-timeout", type=float, default=d.server_timeout_s, help="how long to wait for a server that is down before exiting with an error")
+    _add_security_args(p)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per pull")
     _add_data_args(p, d)
     _add_model_args(p, d)
@@ -128,6 +130,7 @@ def _add_cluster_commands(sub) -> None:
         p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
         p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
         p.add_argument("--json", action="store_true", help="print one JSON object")
+        _add_security_args(p)
         if name == "shrink":
             p.add_argument("--table", default="", help="only this table (default: all)")
 
@@ -154,6 +157,22 @@ def _hidden(text: str) -> tuple[int, ...]:
         raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400") from None
 
 
+def _add_security_args(p) -> None:
+    g = p.add_argument_group("security (servers started with TLS or a token)")
+    g.add_argument("--tls-ca", default=None, help="PEM CA to verify the servers' TLS certificates (turns TLS on)")
+    g.add_argument("--tls-cert", default=None, help="PEM client certificate, for servers that require one (mutual TLS)")
+    g.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    g.add_argument("--auth-token-file", default=None, help="file holding the token the servers require")
+
+
+def _security(args) -> dict:
+    """Client keyword arguments for the security flags."""
+    from ps.security import read_token
+
+    token = read_token(args.auth_token_file) if args.auth_token_file else None
+    return dict(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, auth_token=token)
+
+
 def _common_config(args) -> dict:
     """TrainConfig fields that train and eval share."""
     return dict(
@@ -165,7 +184,8 @@ def _common_config(args) -> dict:
         synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
         model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,
         hidden=_hidden(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
-        server_timeout_s=args.server_timeout,
+        server_timeout_s=args.server_timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        auth_token_file=args.auth_token_file,
     )  # fmt: skip
 
 
@@ -220,7 +240,7 @@ def _stats(args) -> int:
 
     from worker.client import Client
 
-    with Client(args.servers.split(","), timeout_s=args.timeout_s) as client:
+    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
         client.wait_ready()
         shards = client.stats()
     if args.json:
@@ -242,7 +262,7 @@ def _shrink(args) -> int:
 
     from worker.client import Client
 
-    with Client(args.servers.split(","), timeout_s=args.timeout_s) as client:
+    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
         client.wait_ready()
         replies = client.shrink(args.table)
     result = {

@@ -27,6 +27,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.config import TableConfig
 from ps.errors import STATUS_TO_ERROR, PsError, ServerUnavailableError
+from ps.security import client_channel
 from ps.sharding import SlotMap
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
@@ -59,9 +60,15 @@ class Client:
         timeout_s: float = 60.0,
         server_timeout_s: float = 300.0,
         max_request_bytes: int = 64 * 1024 * 1024,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+        auth_token: str | None = None,
     ):
         """timeout_s: the deadline of one attempt of a call; server_timeout_s: how long a shard may keep failing
-        (down, restarting) before a call gives up (0: no retries)."""
+        (down, restarting) before a call gives up (0: no retries). tls_ca: verify the servers' TLS certificates
+        against it; tls_cert / tls_key: this client's certificate, for servers that require one; auth_token:
+        sent with every call (ps/security.py)."""
         if not servers:
             raise ValueError("Client needs at least one server address")
         self.servers = list(servers)
@@ -77,7 +84,7 @@ class Client:
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
-        self._channels = [grpc.insecure_channel(a, options=options) for a in self.servers]
+        self._channels = [client_channel(a, options, tls_ca, tls_cert, tls_key, auth_token) for a in self.servers]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
 

@@ -69,6 +69,10 @@ class TrainConfig:
     num_workers: int = 1
     timeout_s: float = 60.0
     server_timeout_s: float = 300.0  # how long a down server is waited for (retrying) before the run fails
+    tls_ca: str | None = None  # TLS to the servers (ps/security.py)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    auth_token_file: str | None = None
     table_config: str | None = None  # TOML: overrides the model tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
     progress: bool = True
@@ -185,6 +189,15 @@ def cluster_addresses(cfg: TrainConfig):
     with LocalCluster(cfg.local_shards) as cluster:
         log.info("started %d local shards: %s (data in %s)", cfg.local_shards, cluster.addresses, cluster.root)
         yield cluster.addresses
+
+
+def client_for(cfg: TrainConfig, addresses: list[str]) -> Client:
+    """A Client with the run's deadlines and security settings."""
+    from ps.security import read_token
+
+    token = read_token(cfg.auth_token_file) if cfg.auth_token_file else None
+    return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, tls_ca=cfg.tls_ca,
+                  tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, auth_token=token)  # fmt: skip
 
 
 def make_backend(spec: ModelSpec, cfg: TrainConfig):
@@ -306,7 +319,7 @@ def train(cfg: TrainConfig) -> dict:
     data = DataSource(cfg)
     spec = data.spec()
     backend = make_backend(spec, cfg)
-    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s) as client:
+    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         for table in table_configs(cfg, spec):
             client.create_table(table)
@@ -345,7 +358,7 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
     spec = data.spec()
     backend = make_backend(spec, cfg)
     eval_batches = data.eval() if cfg.data is None else data._read(cfg.data, 0, 1)
-    with cluster_addresses(cfg) as addresses, Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s) as client:
+    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         for t in table_configs(cfg, spec):
             if client.dim(t.name) != t.dim:

@@ -1,0 +1,112 @@
+"""TLS, mutual TLS and a shared token for every gRPC call, on the server and in the client.
+
+- TLS: the server presents --tls-cert / --tls-key (PEM); clients verify it against --tls-ca.
+- Mutual TLS: a server given --tls-ca as well requires every client to present a certificate signed by it
+  (clients pass --tls-cert / --tls-key).
+- Token: a server given --auth-token-file answers UNAUTHENTICATED to any call whose metadata does not carry
+  `authorization: Bearer <token>`. The one exception is the standard health service (grpc.health.v1.Health),
+  so that orchestrators' probes need no secret; it says only whether the shard is serving.
+Certificates must name the address clients dial (a subjectAltName such as IP:127.0.0.1 or DNS:ps-0).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+import grpc
+
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+def read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path}: {e.strerror}") from None
+    if not data.strip():
+        raise ValueError(f"{what} {path} is empty")
+    return data
+
+
+def read_token(path: str) -> str:
+    """The token in a file (surrounding whitespace ignored)."""
+    return read_file(path, "auth token file").decode().strip()
+
+
+def server_credentials(cert: str, key: str, ca: str | None = None) -> grpc.ServerCredentials:
+    """TLS with the server's certificate; with ca, clients must present a certificate that ca signed."""
+    pair = [(read_file(key, "TLS key"), read_file(cert, "TLS certificate"))]
+    if ca is None:
+        return grpc.ssl_server_credentials(pair)
+    return grpc.ssl_server_credentials(pair, root_certificates=read_file(ca, "TLS CA"), require_client_auth=True)
+
+
+def channel_credentials(ca: str | None, cert: str | None = None, key: str | None = None) -> grpc.ChannelCredentials:
+    """Verify servers against ca (None: the system's roots); present cert/key to servers that require one."""
+    if (cert is None) != (key is None):
+        raise ValueError("give both --tls-cert and --tls-key, or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_file(ca, "TLS CA") if ca else None,
+        private_key=read_file(key, "TLS key") if key else None,
+        certificate_chain=read_file(cert, "TLS certificate") if cert else None,
+    )
+
+
+class TokenCheck(grpc.ServerInterceptor):
+    """Rejects, with UNAUTHENTICATED, every call but health checks that lacks `authorization: Bearer <token>`."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("the auth token is empty")
+        self._expected = f"Bearer {token}".encode()
+
+        def deny(request, context):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token (authorization: Bearer ...)")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation, handler_call_details):
+        if handler_call_details.method.startswith(HEALTH_PREFIX):
+            return continuation(handler_call_details)
+        for key, value in handler_call_details.invocation_metadata or ():
+            if key == "authorization":
+                given = value.encode() if isinstance(value, str) else value
+                if hmac.compare_digest(given, self._expected):
+                    return continuation(handler_call_details)
+        return self._deny
+
+
+class TokenHeader(grpc.UnaryUnaryClientInterceptor):
+    """Adds `authorization: Bearer <token>` to every call of a channel."""
+
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        metadata = list(client_call_details.metadata or []) + [self._header]
+        details = client_call_details._replace(metadata=metadata) if hasattr(client_call_details, "_replace") else None
+        if details is None:
+            details = _CallDetails(client_call_details, metadata)
+        return continuation(details, request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, base, metadata):
+        self.method = base.method
+        self.timeout = base.timeout
+        self.metadata = metadata
+        self.credentials = base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+
+
+def client_channel(address: str, options: list, tls_ca: str | None = None, tls_cert: str | None = None,
+                   tls_key: str | None = None, token: str | None = None) -> grpc.Channel:  # fmt: skip
+    """A channel to one server: plain, TLS (tls_ca or a client certificate given) or mutual TLS, and with the
+    token header on every call if token is given."""
+    if tls_ca or tls_cert or tls_key:
+        channel = grpc.secure_channel(address, channel_credentials(tls_ca, tls_cert, tls_key), options=options)
+    else:
+        channel = grpc.insecure_channel(address, options=options)
+    return grpc.intercept_channel(channel, TokenHeader(token)) if token else channel

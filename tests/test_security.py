@@ -1,0 +1,111 @@
+"""TLS, mutual TLS and the shared token (ps/security.py): the right credentials work, missing or wrong ones are
+refused with a clear error, and health checks need no token. Certificates are made with the openssl CLI."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ps.config import ServerConfig, TableConfig
+from ps.errors import PsError, ServerUnavailableError
+from ps.server import Server
+from worker.client import Client
+
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def _openssl(*args, cwd):
+    assert shutil.which("openssl"), "these tests need the openssl command (Debian: apt install openssl)"
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed, and a rogue CA's client."""
+    d = tmp_path_factory.mktemp("pki")
+    for ca in ("ca", "rogue"):
+        _openssl("req", "-x509", *EC, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}", cwd=d)
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name, ca in (("server", "ca"), ("client", "ca"), ("intruder", "rogue")):
+        _openssl("req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
+        ext = "server.ext" if name == "server" else "client.ext"
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "2", "-extfile", ext, cwd=d)  # fmt: skip
+    (d / "token").write_text("s3cret-token\n")
+    (d / "wrong-token").write_text("guess\n")
+    return d
+
+
+@pytest.fixture
+def start(tmp_path):
+    started = []
+
+    def run(**security) -> str:
+        server = Server(ServerConfig(data_dir=str(tmp_path / f"shard-{len(started)}"), port=0, **security))
+        port = server.start()
+        started.append(server)
+        return f"127.0.0.1:{port}"
+
+    yield run
+    for s in started:
+        s.stop(grace_s=1)
+
+
+def works(address, **kw) -> bool:
+    with Client([address], timeout_s=5, server_timeout_s=0, **kw) as client:
+        client.create_table(TableConfig("t", 2))
+        ids = np.arange(3, dtype=np.uint64)
+        client.push("t", ids, np.ones((3, 2)))
+        return client.pull("t", ids).shape == (3, 2)
+
+
+def test_tls_serves_clients_that_verify_it_and_no_plain_ones(pki, start):
+    address = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"))
+    assert works(address, tls_ca=str(pki / "ca.pem"))
+    with pytest.raises(ServerUnavailableError):  # a plaintext client cannot talk to a TLS server
+        works(address)
+    with pytest.raises(ServerUnavailableError):  # nor one that trusts another CA
+        works(address, tls_ca=str(pki / "rogue.pem"))
+
+
+def test_mutual_tls_requires_a_client_certificate_signed_by_the_ca(pki, start):
+    address = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"))
+    assert works(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "client.pem"), tls_key=str(pki / "client.key"))
+    with pytest.raises(ServerUnavailableError):
+        works(address, tls_ca=str(pki / "ca.pem"))  # no client certificate
+    with pytest.raises(ServerUnavailableError):
+        works(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "intruder.pem"), tls_key=str(pki / "intruder.key"))
+
+
+def test_a_token_is_required_on_every_call_but_health_checks(pki, start):
+    address = start(auth_token_file=str(pki / "token"))
+    assert works(address, auth_token="s3cret-token")
+    for token in (None, "guess"):
+        with pytest.raises(PsError, match="UNAUTHENTICATED: missing or wrong auth token"):
+            works(address, auth_token=token)
+    with grpc.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_the_worker_cli_passes_tls_and_token(pki, start):
+    address = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), auth_token_file=str(pki / "token"))
+    base = [sys.executable, "-m", "worker", "stats", "--servers", address, "--json", "--tls-ca", str(pki / "ca.pem")]
+    ok = subprocess.run([*base, "--auth-token-file", str(pki / "token")], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([*base, "--auth-token-file", str(pki / "wrong-token")], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "UNAUTHENTICATED" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_half_a_key_pair_is_a_clear_error(pki, tmp_path):
+    with pytest.raises(ValueError, match="give both --tls-cert and --tls-key"):
+        ServerConfig(data_dir=str(tmp_path), tls_cert=str(pki / "server.pem")).validate()
+    with pytest.raises(ValueError, match="cannot read TLS key .*missing.key"):
+        Server(ServerConfig(data_dir=str(tmp_path), tls_cert=str(pki / "server.pem"), tls_key=str(tmp_path / "missing.key")))
