@@ -64,6 +64,11 @@ class ParameterServerStub:
                 request_serializer=protos_dot_ps__pb2.PushBatchRequest.SerializeToString,
                 response_deserializer=protos_dot_ps__pb2.PushBatchResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/sparseps.ParameterServer/Checkpoint',
+                request_serializer=protos_dot_ps__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.CheckpointResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/sparseps.ParameterServer/Stats',
                 request_serializer=protos_dot_ps__pb2.StatsRequest.SerializeToString,
@@ -132,6 +137,15 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """One phase of a checkpoint across all shards (worker/checkpoint.py): "hold" stops taking pushes (they get
+        UNAVAILABLE and are retried) once those in flight are done, for at most hold_timeout_s; "save" flushes and
+        writes a RocksDB checkpoint to <dir>/shard-<id> (shard_json: what the manifest records); "release" resumes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Who this shard is and what it holds.
         """
@@ -186,6 +200,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.PushBatch,
                     request_deserializer=protos_dot_ps__pb2.PushBatchRequest.FromString,
                     response_serializer=protos_dot_ps__pb2.PushBatchResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=protos_dot_ps__pb2.CheckpointRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.CheckpointResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -365,6 +384,33 @@ class ParameterServer:
             '/sparseps.ParameterServer/PushBatch',
             protos_dot_ps__pb2.PushBatchRequest.SerializeToString,
             protos_dot_ps__pb2.PushBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sparseps.ParameterServer/Checkpoint',
+            protos_dot_ps__pb2.CheckpointRequest.SerializeToString,
+            protos_dot_ps__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

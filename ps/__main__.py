@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument("--tls-ca", default=None, help="PEM CA: require clients to present a certificate it signed (mutual TLS)")
     p.add_argument("--auth-token-file", default=None, help="file holding a shared token every call must carry (health checks excepted)")
+    p.add_argument("--restore", default=None, metavar="DIR", help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_key=args.tls_key,
         tls_ca=args.tls_ca,
         auth_token_file=args.auth_token_file,
+        restore_dir=args.restore,
     )
     try:
         config.validate()

@@ -50,6 +50,12 @@ class ShardClosingError(PsError):
     status = "UNAVAILABLE"
 
 
+class CheckpointInProgressError(PsError):
+    """The shard holds pushes while a checkpoint is taken (seconds); clients retry."""
+
+    status = "UNAVAILABLE"
+
+
 class StorageError(PsError):
     """The on-disk store failed or holds data that cannot be read back."""
 

@@ -6,6 +6,7 @@ No client ever sees UNKNOWN: ps.errors exceptions map to their status; anything 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 
 import grpc
@@ -116,6 +117,20 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if p.return_rows
         ]
         return ps_pb2.PushBatchResponse(num_applied=sum(len(p[1]) for p in pushes), step=step, rows=rows)
+
+    @_rpc
+    def Checkpoint(self, request, context):
+        if request.phase == "hold":
+            return ps_pb2.CheckpointResponse(clock=self.shard.hold(request.hold_timeout_s or 120.0))
+        if request.phase == "save":
+            if not request.dir:
+                raise wire.InvalidArgumentError("checkpoint save needs a directory")
+            info = self.shard.save_checkpoint(request.dir)
+            return ps_pb2.CheckpointResponse(clock=info["clock"], shard_json=json.dumps(info))
+        if request.phase == "release":
+            self.shard.release()
+            return ps_pb2.CheckpointResponse(clock=self.shard.clock)
+        raise wire.InvalidArgumentError(f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release")
 
     @_rpc
     def AdvanceClock(self, request, context):

@@ -11,6 +11,7 @@ a clean close flushes everything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -20,7 +21,7 @@ import numpy as np
 
 from ps.arena import MemoryBudget
 from ps.config import ServerConfig, TableConfig
-from ps.errors import InvalidArgumentError, PsError, StorageError, TableExistsError, TableNotFoundError, WrongShardError
+from ps.errors import CheckpointInProgressError, InvalidArgumentError, PsError, StorageError, TableExistsError, TableNotFoundError, WrongShardError
 from ps.journal import Journal
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.store import Store
@@ -39,6 +40,11 @@ class Shard:
         self.store = Store(config.data_dir, sync=config.sync)
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
+            if config.restore_dir:
+                from ps.checkpoint import restore_into
+
+                summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards)
+                log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
             self.budget = MemoryBudget(config.cache_bytes)
             self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync)
             self.tables: dict[str, Table] = {}
@@ -58,6 +64,9 @@ class Shard:
                 f"cannot start on data dir {config.data_dir}: {type(e).__name__}: {e} (corrupt files? restore the "
                 "dir from a backup or checkpoint, or start on an empty one)"
             ) from e
+        self._gate = threading.Condition()  # checkpoints hold pushes (hold / release)
+        self._held_until = 0.0  # monotonic time the hold expires; 0: not held
+        self._pushes_in_flight = 0
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written
@@ -163,7 +172,8 @@ class Shard:
 
     def push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> None:
         """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
-        self.apply_push(self.check_push(name, ids, grads, shows, clicks))
+        with self._push_gate():
+            self.apply_push(self.check_push(name, ids, grads, shows, clicks))
 
     def push_batch(self, pushes: list[tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0) -> tuple:
         """Several pushes (name, ids, grads, shows, clicks) of one request, then the clock advanced; returns
@@ -178,6 +188,10 @@ class Shard:
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
+        with self._push_gate():
+            return self._push_batch(pushes, advance_clock, client, client_seq)
+
+    def _push_batch(self, pushes, advance_clock, client, client_seq) -> tuple:
         if not client:
             return self._apply_batch(pushes, advance_clock, (0, 0), 0)
         with self._lock:
@@ -207,6 +221,60 @@ class Shard:
                 raise type(e)(f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}), after the "
                               f"{i} before it were applied: {e}") from e  # fmt: skip
         return (self.advance_clock(advance_clock) if advance_clock else self.clock), len(checked) - skip
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _push_gate(self):
+        """Counts a push in flight; refuses it (UNAVAILABLE, the client retries) while a checkpoint holds pushes
+        (until it releases, or its hold expires). Refused, not queued: waiting pushes would take the RPC threads
+        the checkpoint's own calls need."""
+        with self._gate:
+            if self._held_until:
+                if time.monotonic() < self._held_until:
+                    raise CheckpointInProgressError(f"shard {self.shard_id} is taking a checkpoint; retry shortly")
+                log.warning("checkpoint hold expired without a release: taking pushes again")
+                self._held_until = 0.0
+            self._pushes_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._pushes_in_flight -= 1
+                self._gate.notify_all()
+
+    def hold(self, timeout_s: float) -> int:
+        """Stops taking pushes (they wait) for up to timeout_s, once the pushes in flight are done; returns the
+        clock. Every push acknowledged before this returns is in the checkpoint, none after."""
+        with self._gate:
+            self._held_until = time.monotonic() + timeout_s
+            while self._pushes_in_flight:
+                self._gate.wait()
+            return self.clock
+
+    def release(self) -> None:
+        with self._gate:
+            self._held_until = 0.0
+            self._gate.notify_all()
+
+    def save_checkpoint(self, directory: str) -> dict:
+        """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id> (call while held);
+        returns what the manifest records of it."""
+        self.flush()
+        name = f"shard-{self.shard_id}"
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
+        os.makedirs(directory, exist_ok=True)
+        self.store.checkpoint(path)
+        from ps.checkpoint import file_checksums
+
+        return {
+            "shard_id": self.shard_id,
+            "dir": name,
+            "clock": self.clock,
+            "files": file_checksums(path),
+            "rows": {t.name: t.num_rows for t in self.tables.values()},
+        }
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:

@@ -18,7 +18,7 @@ import json
 import os
 
 import numpy as np
-from rocksdict import BlockBasedOptions, Cache, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import AccessType, BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
 
 from ps.config import TableConfig
 from ps.errors import StorageError
@@ -204,6 +204,45 @@ class Store:
         ids = np.array([int.from_bytes(k[2:], "big") for k in keys], dtype=np.uint64)
         _, rows, lsn, complete = self.get_rows(table, ids, width)
         return ids, rows, lsn, complete, keys[-1]
+
+    # ---- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, path: str) -> None:
+        """A RocksDB checkpoint of everything written so far at path (hard links to the SST files)."""
+        self._db.flush()
+        Checkpoint(self._db).create_checkpoint(path)
+
+    def import_slots(self, source: str, slots: tuple[int, int], tables: list[str]) -> dict[str, dict]:
+        """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
+        read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
+        {table: {"admitted": rows, "pending": ids}} copied."""
+        opts = Options(raw_mode=True)
+        names = Rdict.list_cf(source, opts)
+        src = Rdict(source, opts, column_families={n: opts for n in names}, access_type=AccessType.read_only())
+        lo, hi = slots
+        copied = {}
+        try:
+            for table in tables:
+                counts = {"admitted": 0, "pending": 0}
+                if TABLE_CF_PREFIX + table in names:
+                    cf = src.get_column_family(TABLE_CF_PREFIX + table)
+                    handle = self._db.get_column_family_handle(TABLE_CF_PREFIX + table)
+                    batch = WriteBatch(raw_mode=True)
+                    for key, value in cf.items(from_key=int(lo).to_bytes(2, "big")):
+                        if int.from_bytes(key[:2], "big") >= hi:
+                            break
+                        counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
+                        batch.put(key, value[:-8] + bytes(8), handle)  # lsn := 0
+                        if len(batch) >= 65536:
+                            self._db.write(batch, self._write_opts)
+                            batch = WriteBatch(raw_mode=True)
+                    self._db.write(batch, self._write_opts)
+                old = self.counts(table)
+                self._meta.put(b"count/" + table.encode(), json.dumps(
+                    {k: old[k] + counts[k] for k in counts}).encode(), self._write_opts)  # fmt: skip
+                copied[table] = counts
+        finally:
+            src.close()
+        return copied
 
     def flushed_seq(self) -> int:
         raw = self._meta.get(b"flushed_seq")

@@ -133,6 +133,16 @@ def _add_cluster_commands(sub) -> None:
         _add_security_args(p)
         if name == "shrink":
             p.add_argument("--table", default="", help="only this table (default: all)")
+    help_text = "checkpoint every shard at one cut into DIR (restore with ps-server --restore DIR, onto any number of servers)"
+    p = sub.add_parser("checkpoint", help=help_text, description=help_text[0].upper() + help_text[1:] + ". Pushes "
+                       "wait (clients retry them) while the shards flush and checkpoint. DIR must be writable by the "
+                       "servers and readable here.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("action", choices=["save"], help="save: write a new checkpoint")
+    p.add_argument("dir", help="a new directory for the checkpoint")
+    p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    p.add_argument("--hold-timeout-s", type=float, default=120.0, help="shards take pushes again after this long even if the save never finished")
+    _add_security_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,12 +289,26 @@ def _shrink(args) -> int:
     return 0
 
 
+def _checkpoint(args) -> int:
+    from worker.checkpoint import save
+    from worker.client import Client
+
+    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
+        client.wait_ready()
+        m = save(client, args.dir, args.hold_timeout_s)
+    rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
+    print(f"checkpoint of {m['num_shards']} shards at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
+          f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} rows" for k, v in rows.items()))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
-        commands = {"train": _train, "eval": _eval, "synth": _synth, "stats": _stats, "shrink": _shrink}
+        commands = {"train": _train, "eval": _eval, "synth": _synth, "stats": _stats, "shrink": _shrink,
+                    "checkpoint": _checkpoint}  # fmt: skip
         return commands[args.command](args)
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)

@@ -1,0 +1,150 @@
+"""Checkpoints: saved from 2 shards while another table keeps being pushed to, restored onto 1, 2 and 3 shards:
+pulls equal the pulls at the cut bit for bit, optimizer state and statistics come along (the same push after
+restore gives the same rows as on the original), and a damaged checkpoint is refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from ps.config import AdmissionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.errors import StorageError
+from ps.server import Server
+from ps.sharding import SlotMap
+from tests.conftest import random_ids
+from worker.client import Client
+
+EMB = TableConfig("emb", 8, optimizer=OptimizerConfig("adagrad", 0.1), admission=AdmissionConfig(min_count=2))
+DENSE = TableConfig("dense.w", 16, optimizer=OptimizerConfig("adam", 0.01))
+BUSY = TableConfig("busy", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -pushes
+IDS = random_ids(3000, seed=5)
+
+
+def start_servers(root, n, restore=None) -> tuple[list[Server], list[str]]:
+    servers = []
+    for i in range(n):
+        config = ServerConfig(data_dir=str(root / f"shard-{i}"), shard_id=i, num_shards=n, port=0, restore_dir=restore)
+        servers.append(Server(config))
+        servers[-1].start()
+    return servers, [f"127.0.0.1:{s.port}" for s in servers]
+
+
+def stop(servers) -> None:
+    for s in servers:
+        s.stop(grace_s=1)
+
+
+def pull_all(client) -> dict:
+    return {"emb": client.pull("emb", IDS), "dense.w": client.pull("dense.w", np.arange(64, dtype=np.uint64))}
+
+
+def table_counts(client) -> dict:
+    """{table: (rows, pending ids)} summed over the shards."""
+    out = {}
+    for s in client.stats():
+        for t in s.tables:
+            rows, pending = out.get(t.name, (0, 0))
+            out[t.name] = (rows + t.num_rows, pending + t.pending_ids)
+    return out
+
+
+def more_training(client) -> None:
+    rng = np.random.default_rng(9)
+    client.push("emb", IDS[:1500], rng.standard_normal((1500, 8)).astype(np.float32))
+    client.push("dense.w", np.arange(64, dtype=np.uint64), rng.standard_normal((64, 16)).astype(np.float32))
+
+
+def test_save_while_pushing_then_restore_onto_1_2_and_3_shards(tmp_path):
+    original, addresses = start_servers(tmp_path / "original", 2)
+    checkpoint = tmp_path / "ckpt"
+    try:
+        with Client(addresses) as client:
+            for t in (EMB, DENSE, BUSY):
+                client.create_table(t)
+            rng = np.random.default_rng(0)
+            for r in range(3):  # ids 0..999 pushed 3 times (admitted), the rest once (pending: statistics only)
+                ids = IDS[: 1000 if r else 3000]
+                client.push("emb", ids, rng.standard_normal((len(ids), 8)).astype(np.float32), np.ones(len(ids)))
+                client.push("dense.w", np.arange(64, dtype=np.uint64), rng.standard_normal((64, 16)).astype(np.float32))
+                client.advance_clock()
+            at_cut = pull_all(client)
+            stats_at_cut = table_counts(client)
+            assert stats_at_cut["emb"] == (1000, 2000)
+
+            stop_pushing, pushed = threading.Event(), []
+
+            def keep_pushing():  # another worker trains on while the checkpoint is taken
+                with Client(addresses, server_timeout_s=60) as other:
+                    while not stop_pushing.is_set():
+                        other.push("busy", IDS[:200], np.ones((200, 2), np.float32))
+                        pushed.append(1)
+
+            pusher = threading.Thread(target=keep_pushing)
+            pusher.start()
+            while len(pushed) < 5:
+                pass
+            r = subprocess.run([sys.executable, "-m", "worker", "checkpoint", "save", str(checkpoint), "--servers",
+                                ",".join(addresses)], capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            assert "checkpoint of 2 shards at clock 3" in r.stdout and "emb 1,000 rows" in r.stdout
+            n_before = len(pushed)
+            while len(pushed) < n_before + 5:  # pushes go on after the checkpoint
+                pass
+            stop_pushing.set()
+            pusher.join()
+            assert sorted(os.listdir(checkpoint)) == ["manifest.json", "shard-0", "shard-1"]
+            more_training(client)  # the original moves on: the checkpoint must not
+            after_more = pull_all(client)
+    finally:
+        stop(original)
+
+    for n in (1, 2, 3):
+        restored, addresses = start_servers(tmp_path / f"restored-{n}", n, restore=str(checkpoint))
+        try:
+            with Client(addresses) as client:
+                client.wait_ready()
+                got = pull_all(client)
+                for name in at_cut:
+                    np.testing.assert_array_equal(got[name], at_cut[name])  # bit for bit
+                assert [s.clock for s in client.stats()] == [3] * n
+                counts = table_counts(client)
+                assert counts["emb"] == stats_at_cut["emb"] and counts["dense.w"] == stats_at_cut["dense.w"]
+                busy = client.pull("busy", IDS[:200])
+                owner = SlotMap.contiguous(2).shard_of(IDS[:200])
+                for old_shard in (0, 1):  # each original shard's rows hold the same whole number of pushes
+                    values = set(busy[owner == old_shard].ravel().tolist())
+                    assert len(values) == 1 and 5 <= -values.pop() <= n_before + 1
+                more_training(client)  # the same push on the restored state: optimizer state came along
+                for name in after_more:
+                    np.testing.assert_array_equal(pull_all(client)[name], after_more[name])
+        finally:
+            stop(restored)
+
+
+def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
+    original, addresses = start_servers(tmp_path / "original", 1)
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
+            from worker.checkpoint import save
+
+            save(client, str(tmp_path / "ckpt"))
+            with pytest.raises(ValueError, match="holds a checkpoint already"):
+                save(client, str(tmp_path / "ckpt"))
+    finally:
+        stop(original)
+    shard_dir = tmp_path / "ckpt" / "shard-0"
+    sst = sorted(p for p in os.listdir(shard_dir) if p.endswith(".sst"))[0]
+    with open(shard_dir / sst, "r+b") as f:
+        f.seek(20)
+        f.write(b"\xff\xff")
+    with pytest.raises(StorageError, match=rf"shard-0/{sst} does not match its checksum"):
+        Server(ServerConfig(data_dir=str(tmp_path / "r"), restore_dir=str(tmp_path / "ckpt")))
+    with pytest.raises(StorageError, match="is not a checkpoint"):
+        Server(ServerConfig(data_dir=str(tmp_path / "r2"), restore_dir=str(tmp_path)))

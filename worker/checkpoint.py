@@ -1,0 +1,53 @@
+"""`ps-worker checkpoint save`: a checkpoint of every shard at one cut, with a manifest (format: ps/checkpoint.py).
+
+hold on every shard (each stops taking pushes once those in flight are done; pushes sent meanwhile get
+UNAVAILABLE and clients retry them) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) ->
+release on every shard, also if anything failed -> write DIR/manifest.json. DIR is a path the servers can write
+and this worker can read (on one machine, or a shared volume).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from protos import ps_pb2
+from ps import wire
+from ps.checkpoint import FORMAT, MANIFEST
+from ps.sharding import NUM_SLOTS
+
+
+def save(client, directory: str, hold_timeout_s: float = 120.0) -> dict:
+    """Checkpoints every shard the client knows into directory (which must not hold a checkpoint); returns the
+    manifest."""
+    directory = os.path.abspath(directory)
+    if os.path.exists(os.path.join(directory, MANIFEST)):
+        raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
+    n = len(client.servers)
+    started = time.monotonic()
+    try:
+        client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)] * n)
+        held = time.monotonic()
+        replies = client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory)] * n)
+    finally:
+        client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="release")] * n)
+    shards = [json.loads(r.shard_json) for r in replies]
+    names = sorted({name for s in shards for name in s["rows"]})
+    tables = [wire.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]
+    manifest = {
+        "format": FORMAT,
+        "num_shards": n,
+        "num_slots": NUM_SLOTS,
+        "clock": max(s["clock"] for s in shards),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "pushes_held_s": round(time.monotonic() - held, 3),
+        "tables": tables,
+        "shards": shards,
+    }
+    tmp = os.path.join(directory, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(tmp, os.path.join(directory, MANIFEST))
+    manifest["seconds"] = round(time.monotonic() - started, 3)
+    return manifest
