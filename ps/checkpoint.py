@@ -21,6 +21,8 @@ import hashlib
 import json
 import os
 
+import numpy as np
+
 from ps.config import TableConfig
 from ps.errors import StorageError
 from ps.sharding import NUM_SLOTS, SlotMap
@@ -90,3 +92,37 @@ def restore_into(store, directory: str, shard_id: int, num_shards: int) -> dict:
     store.set_clock(int(manifest["clock"]))
     store.flush()
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
+
+
+def export(directory: str, out: str, since: int | None = None) -> dict:
+    """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64)
+    and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state), admitted rows only, and
+    `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows pushed at clock step
+    >= since (a delta to apply over an earlier export). Dense parameters are tables too: `dense.<name>` row i
+    is row i of the matrix."""
+    from ps.layout import LAST_STEP, layout_of
+    from ps.store import Store
+
+    manifest = read_manifest(directory)
+    os.makedirs(out, exist_ok=True)
+    summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
+    for t in manifest["tables"]:
+        cfg = TableConfig.from_dict(t)
+        layout = layout_of(cfg.dim, cfg.optimizer.name)
+        ids_parts, rows_parts = [], []
+        for shard in manifest["shards"]:
+            for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
+                if since is not None:
+                    keep = rows[:, layout.stats_col + LAST_STEP] >= since
+                    ids, rows = ids[keep], rows[keep]
+                ids_parts.append(ids)
+                rows_parts.append(rows[:, : cfg.dim])
+        ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
+        rows = np.concatenate(rows_parts) if rows_parts else np.zeros((0, cfg.dim), np.float32)
+        order = np.argsort(ids, kind="stable")
+        np.save(os.path.join(out, f"{cfg.name}.ids.npy"), ids[order])
+        np.save(os.path.join(out, f"{cfg.name}.rows.npy"), rows[order])
+        summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(len(ids))}
+    with open(os.path.join(out, "export.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary

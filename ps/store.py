@@ -38,6 +38,12 @@ def encode_keys(ids: np.ndarray) -> list[bytes]:
     return keys.view("V10").tolist()
 
 
+def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
+    packed = np.frombuffer(b"".join(values), dtype=_value_dtype(width))
+    return ids, np.ascontiguousarray(packed["row"])
+
+
 def _value_dtype(width: int) -> np.dtype:
     return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
 
@@ -243,6 +249,29 @@ class Store:
         finally:
             src.close()
         return copied
+
+    @staticmethod
+    def read_table(source: str, table: str, width: int, chunk: int = 1 << 16):
+        """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
+        checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped."""
+        opts = Options(raw_mode=True)
+        names = Rdict.list_cf(source, opts)
+        if TABLE_CF_PREFIX + table not in names:
+            return
+        src = Rdict(source, opts, column_families={n: opts for n in names}, access_type=AccessType.read_only())
+        try:
+            keys, values, size = [], [], 4 * width + 8
+            for key, value in src.get_column_family(TABLE_CF_PREFIX + table).items():
+                if len(value) == size:
+                    keys.append(key)
+                    values.append(value)
+                if len(keys) == chunk:
+                    yield _decode_chunk(keys, values, width)
+                    keys, values = [], []
+            if keys:
+                yield _decode_chunk(keys, values, width)
+        finally:
+            src.close()
 
     def flushed_seq(self) -> int:
         raw = self._meta.get(b"flushed_seq")

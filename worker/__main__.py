@@ -143,6 +143,17 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
     p.add_argument("--hold-timeout-s", type=float, default=120.0, help="shards take pushes again after this long even if the save never finished")
     _add_security_args(p)
+    help_text = "write the model the servers hold, at one cut, for serving: per table ids and embeddings as .npy"
+    p = sub.add_parser("export", help=help_text, description=help_text[0].upper() + help_text[1:] + " (optimizer "
+                       "state left out), from a checkpoint taken first into OUT/checkpoint. --since STEP writes only "
+                       "the rows pushed at clock step >= STEP: a delta for an online store.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p.add_argument("out", help="output directory")
+    p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
+    p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    _add_security_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,13 +313,34 @@ def _checkpoint(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    import os
+    import shutil
+
+    from ps.checkpoint import export
+    from worker.checkpoint import save
+    from worker.client import Client
+
+    checkpoint = os.path.join(args.out, "checkpoint")
+    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
+        client.wait_ready()
+        save(client, checkpoint)
+    summary = export(checkpoint, args.out, args.since)
+    if not args.keep_checkpoint:
+        shutil.rmtree(checkpoint)
+    what = "rows" if args.since is None else f"rows pushed at step >= {args.since}"
+    print(f"exported the model at clock {summary['clock']} to {args.out} ({what}): "
+          + ", ".join(f"{k} {v['rows']:,} x {v['dim']}" for k, v in summary["tables"].items()))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
         commands = {"train": _train, "eval": _eval, "synth": _synth, "stats": _stats, "shrink": _shrink,
-                    "checkpoint": _checkpoint}  # fmt: skip
+                    "checkpoint": _checkpoint, "export": _export}  # fmt: skip
         return commands[args.command](args)
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)

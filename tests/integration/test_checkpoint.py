@@ -148,3 +148,33 @@ def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
         Server(ServerConfig(data_dir=str(tmp_path / "r"), restore_dir=str(tmp_path / "ckpt")))
     with pytest.raises(StorageError, match="is not a checkpoint"):
         Server(ServerConfig(data_dir=str(tmp_path / "r2"), restore_dir=str(tmp_path)))
+
+
+def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
+    original, addresses = start_servers(tmp_path / "original", 2)
+    try:
+        with Client(addresses) as client:
+            for t in (BUSY, DENSE):
+                client.create_table(t)
+            old, new = IDS[:300], IDS[300:350]
+            client.push("busy", old, np.ones((300, 2), np.float32))
+            client.push("dense.w", np.arange(4, dtype=np.uint64), np.ones((4, 16), np.float32))
+            step = client.advance_clock(5)
+            client.push("busy", np.concatenate([old[:10], new]), np.ones((60, 2), np.float32))
+            want = client.pull("busy", IDS[:350])
+            base = [sys.executable, "-m", "worker", "export", "--servers", ",".join(addresses)]
+            full = subprocess.run([*base, str(tmp_path / "full")], capture_output=True, text=True, timeout=120)
+            delta = subprocess.run([*base, str(tmp_path / "delta"), "--since", str(step)], capture_output=True,
+                                   text=True, timeout=120)  # fmt: skip
+            assert full.returncode == 0 and delta.returncode == 0, full.stderr + delta.stderr
+            assert "busy 350 x 2" in full.stdout and "dense.w 4 x 16" in full.stdout
+    finally:
+        stop(original)
+    ids, rows = np.load(tmp_path / "full" / "busy.ids.npy"), np.load(tmp_path / "full" / "busy.rows.npy")
+    assert sorted(ids.tolist()) == sorted(IDS[:350].tolist()) and rows.shape == (350, 2)
+    order = np.argsort(IDS[:350])
+    np.testing.assert_array_equal(rows, want[order])  # the values the servers held: exact
+    delta_ids = np.load(tmp_path / "delta" / "busy.ids.npy")
+    assert sorted(delta_ids.tolist()) == sorted(np.concatenate([IDS[:10], IDS[300:350]]).tolist())
+    assert len(np.load(tmp_path / "delta" / "dense.w.ids.npy")) == 0  # not pushed since
+    assert not os.path.exists(tmp_path / "full" / "checkpoint")
