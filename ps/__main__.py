@@ -8,6 +8,7 @@ import sys
 
 from ps.config import ServerConfig
 from ps.errors import StorageError
+from ps.settings import add_config_flag, apply_defaults
 from ps.wire import tune_malloc
 
 
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth-token-file", default=None, help="file holding a shared token every call must carry (health checks excepted)")
     p.add_argument("--restore", default=None, metavar="DIR", help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    add_config_flag(p)
     return p
 
 
@@ -88,7 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["size"]:
         return size_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    try:
+        apply_defaults(parser, argv)
+    except ValueError as e:
+        parser.error(str(e))
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     config = ServerConfig(
@@ -107,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         auth_token_file=args.auth_token_file,
         restore_dir=args.restore,
     )
+    logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:
         config.validate()
         from ps.server import serve  # imported late: `--help` stays fast

@@ -36,7 +36,7 @@ def test_in_ps_only_service_and_server_import_grpc():
 
 
 def test_worker_uses_only_the_small_shared_pieces_of_ps():
-    allowed = {"ps", "ps.wire", "ps.sharding", "ps.config", "ps.errors", "ps.security", "ps.checkpoint"}  # formats both sides share
+    allowed = {"ps", "ps.wire", "ps.sharding", "ps.config", "ps.errors", "ps.security", "ps.checkpoint", "ps.settings"}  # formats both sides share
     for p in modules("worker"):
         if p.name == "inprocess.py":  # by design: the server's table code called in-process, the no-RPC reference
             continue

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from ps.errors import PsError
+from ps.settings import add_config_flag, apply_defaults
 from ps.wire import tune_malloc
 
 
@@ -164,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_synth(sub)
     _add_cluster_commands(sub)
+    for command in sub.choices.values():
+        add_config_flag(command)
     return p
 
 
@@ -335,7 +338,13 @@ def _export(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    try:
+        apply_defaults(parser, argv)
+    except ValueError as e:
+        parser.error(str(e))
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:

@@ -1,0 +1,137 @@
+"""Every command-line flag can also come from a PS_* environment variable or a TOML file.
+
+Precedence, highest first:
+    1. the command line                       --cache-bytes 4G
+    2. the environment                        PS_CACHE_BYTES=4G      (PS_ + the flag's name, upper case, _ for -)
+    3. a TOML file, --config FILE or PS_CONFIG=FILE:
+           cache_bytes = "4G"                 # top-level keys apply to every command
+           [train]                            # a section applies to one command and wins over the top level
+           model = "deepfm"
+    4. the built-in default
+Values from the environment and the file are checked as a command-line value would be (type, choices); a key
+the command does not know is an error, so is a value that does not parse. Flags that take no value (--sync)
+accept true/false, 1/0, yes/no. Positional arguments (a checkpoint dir) only come from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+
+CONFIG_ENV = "PS_CONFIG"
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+
+
+def env_name(dest: str) -> str:
+    return "PS_" + dest.upper()
+
+
+def _flag(action: argparse.Action) -> str:
+    return max(action.option_strings, key=len)
+
+
+def _convert(action: argparse.Action, value, source: str):
+    """A value from the environment (a string) or the file (any TOML type), checked as argparse would."""
+    where = f"{source} (for {_flag(action)})"
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+        raise ValueError(f"{where}: expected true or false, got {value!r}")
+    if isinstance(value, list) and action.type is None:
+        value = ",".join(str(v) for v in value)  # comma-separated list flags: a TOML array is fine too
+    if action.type is not None and not (isinstance(value, (int, float)) and action.type in (int, float)):
+        try:
+            value = action.type(str(value))
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"{where}: {e}") from None
+    elif action.type in (int, float):
+        value = action.type(value)
+    elif action.type is None and not isinstance(value, str):
+        value = str(value)
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {sorted(action.choices)}")
+    return value
+
+
+def _settable(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {
+        a.dest: a
+        for a in parser._actions
+        if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        and a.dest != "config"
+    }
+
+
+def _subparser(parser: argparse.ArgumentParser, argv: list[str]):
+    """(command name, its parser) if parser has subcommands and argv names one, else (None, None)."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for token in argv:
+                if token in a.choices:
+                    return token, a.choices[token]
+    return None, None
+
+
+def _config_path(argv: list[str], environ) -> str | None:
+    for i, token in enumerate(argv):
+        if token == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith("--config="):
+            return token.split("=", 1)[1]
+    return environ.get(CONFIG_ENV) or None
+
+
+def apply_defaults(parser: argparse.ArgumentParser, argv: list[str], environ=None) -> None:
+    """Sets the defaults of parser (and of the subcommand argv names) from the environment and the config file,
+    before parser.parse_args(argv) lets the command line override them. ValueError for a bad value or key."""
+    environ = os.environ if environ is None else environ
+    path = _config_path(argv, environ)
+    doc: dict = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as e:
+            raise ValueError(f"config file {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {path}: not valid TOML: {e}") from None
+    command, sub = _subparser(parser, argv)
+    parsers = [(parser, None)] + ([(sub, command)] if sub is not None else [])
+    known = set()
+    for p, _ in parsers:
+        known |= set(_settable(p))
+    sections = {k for k, v in doc.items() if isinstance(v, dict)}
+    top = {k: v for k, v in doc.items() if k not in sections}
+    section = doc.get(command, {}) if command else {}
+    for key in list(top) + list(section):
+        if key.replace("-", "_") not in known:
+            where = f"[{command}] " if key in section else ""
+            raise ValueError(f"config file {path}: {where}{key!r} is not a setting of this command; known: "
+                             f"{', '.join(sorted(known))}")  # fmt: skip
+    for p, _ in parsers:
+        for dest, action in _settable(p).items():
+            value, source = None, None
+            for mapping, name in ((top, "top level"), (section, f"[{command}]")):
+                for key in (dest, dest.replace("_", "-")):
+                    if key in mapping:
+                        value, source = mapping[key], f"config file {path} {name} {key!r}"
+            if env_name(dest) in environ:
+                value, source = environ[env_name(dest)], f"environment variable {env_name(dest)}"
+            if source is not None:
+                action.default = _convert(action, value, source)
+                action.required = False
+
+
+def add_config_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help=f"TOML file of settings (also {CONFIG_ENV}); precedence: "
+                        "command line > PS_* environment variables > this file > defaults")  # fmt: skip
+
+
+def settings_table(parser: argparse.ArgumentParser) -> list[tuple[str, str, str, str]]:
+    """(flag, environment variable, default, help) of every settable flag, for documentation."""
+    return [(_flag(a), env_name(d), repr(a.default) if a.default is not None else "", a.help or "")
+            for d, a in _settable(parser).items()]  # fmt: skip

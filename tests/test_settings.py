@@ -1,0 +1,71 @@
+"""Every flag from the command line, a PS_* environment variable or a TOML file, in that order of precedence
+(ps/settings.py); bad values and unknown keys are errors that name their source."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ps.__main__ import build_parser as server_parser
+from ps.settings import apply_defaults, settings_table
+from worker.__main__ import build_parser as worker_parser
+
+
+def parse(parser, argv, environ):
+    apply_defaults(parser, argv, environ)
+    return parser.parse_args(argv)
+
+
+def test_command_line_beats_environment_beats_file_section_beats_file_top_level_beats_default(tmp_path):
+    cfg = tmp_path / "ps.toml"
+    cfg.write_text('model = "lr"\nbatch_size = 100\nlearning_rate = 0.5\n\n[train]\nbatch_size = 200\n'
+                   'hidden = "16,8"\ndrop_columns = ["a", "b"]\n')  # fmt: skip
+    argv = ["train", "--config", str(cfg), "--learning-rate", "0.3"]
+    env = {"PS_MODEL": "deepfm", "PS_LEARNING_RATE": "0.9"}
+    args = parse(worker_parser(), argv, env)
+    assert args.learning_rate == 0.3  # command line
+    assert args.model == "deepfm"  # environment over the file
+    assert args.batch_size == 200  # the [train] section over the top level
+    assert args.hidden == "16,8" and args.drop_columns == "a,b"  # a TOML array for a comma-separated flag
+    assert args.epochs == 1  # default
+    assert parse(worker_parser(), ["train"], {"PS_CONFIG": str(cfg)}).model == "lr"  # the file named by PS_CONFIG
+
+
+def test_server_settings_from_the_environment_are_typed_and_satisfy_required_flags(tmp_path):
+    env = {"PS_DATA_DIR": str(tmp_path), "PS_CACHE_BYTES": "1G", "PS_SYNC": "true", "PS_PORT": "5001",
+           "PS_LOG_LEVEL": "DEBUG"}  # fmt: skip
+    args = parse(server_parser(), [], env)
+    assert (args.data_dir, args.cache_bytes, args.sync, args.port, args.log_level) == (str(tmp_path), 1 << 30, True, 5001, "DEBUG")
+    assert parse(server_parser(), ["--port", "7"], env).port == 7
+    flags = {row[0]: row[1] for row in settings_table(server_parser())}
+    assert flags["--cache-bytes"] == "PS_CACHE_BYTES" and flags["--auth-token-file"] == "PS_AUTH_TOKEN_FILE"
+
+
+@pytest.mark.parametrize("env, toml, message", [
+    ({"PS_PORT": "http"}, "", r"environment variable PS_PORT \(for --port\): invalid literal"),
+    ({"PS_CACHE_BYTES": "lots"}, "", r"PS_CACHE_BYTES \(for --cache-bytes\): expected a size"),
+    ({"PS_SYNC": "maybe"}, "", r"PS_SYNC \(for --sync\): expected true or false"),
+    ({"PS_LOG_LEVEL": "LOUD"}, "", "'LOUD' is not one of"),
+    ({}, "cache_bytes = 12\nwarp_speed = 9\n", "'warp_speed' is not a setting of this command"),
+    ({}, "port = [", "not valid TOML"),
+])  # fmt: skip
+def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, message):
+    argv = ["--data-dir", str(tmp_path)]
+    if toml:
+        (tmp_path / "c.toml").write_text(toml)
+        argv += ["--config", str(tmp_path / "c.toml")]
+    with pytest.raises(ValueError, match=message):
+        apply_defaults(server_parser(), argv, env)
+
+
+def test_the_clis_take_settings_from_the_environment(tmp_path):
+    env = {"PS_MODEL": "lr", "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000", "PS_NO_PROGRESS": "1",
+           "PATH": "/usr/bin:/bin"}  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "worker", "train"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "trained lr (numpy" in r.stdout and "on 20,000 examples" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "ps"], env={"PS_DATA_DIR": str(tmp_path), "PS_PORT": "x", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "PS_PORT" in bad.stderr and "Traceback" not in bad.stderr
