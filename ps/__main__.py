@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", default=None, help="PEM CA: require clients to present a certificate it signed (mutual TLS)")
     p.add_argument("--auth-token-file", default=None, help="file holding a shared token every call must carry (health checks excepted)")
     p.add_argument("--restore", default=None, metavar="DIR", help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     add_config_flag(p)
     return p
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         tls_ca=args.tls_ca,
         auth_token_file=args.auth_token_file,
         restore_dir=args.restore,
+        metrics_port=args.metrics_port,
     )
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:

@@ -175,6 +175,7 @@ class ServerConfig:
     tls_ca: str | None = None  # with cert and key: mutual TLS, clients must present a certificate it signed
     auth_token_file: str | None = None  # every call but health checks must carry this token
     restore_dir: str | None = None  # a checkpoint to fill a new data dir from (ps/checkpoint.py)
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
 
     def validate(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

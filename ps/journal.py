@@ -13,7 +13,7 @@ Grammar (little-endian):
     payload  := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  arrays
     arrays   := ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
 checksum is ps.checksum.checksum64 of the payload's parts [head, ids, grads, shows, clicks] (head: everything
-before ids); new records are PSJ4, PSJ3 and PSJ2 records (written by earlier versions) are still read.
+before ids), for PSJ4 preceded by the header's magic, seq and payload_len (so a damaged seq or length is caught); new records are PSJ4, PSJ3 and PSJ2 records (written by earlier versions) are still read.
 (client, client_seq, part) say which push of which client request the record is (0, 0, 0: none): `applied`
 maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
 replayed, so a shard can tell a retried request from a new one (ps.shard.Shard.push_batch).
@@ -40,6 +40,7 @@ from ps.errors import StorageError
 MAGIC = 0x344A5350
 MAGIC_V3 = 0x334A5350  # earlier records: no (client, client_seq, part)
 HEADER = struct.Struct("<IQIQ")
+HEADER_CHECKED = struct.Struct("<IQI")  # PSJ4: magic, seq and payload_len are covered by the checksum too
 MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
 HEADER_V2 = struct.Struct("<IQII")
 PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
@@ -162,12 +163,12 @@ class Journal:
         name = table.encode()
         head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step, *origin)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
-        crc = checksum64([head, *arrays])
         payload_len = len(head) + sum(len(a) for a in arrays)
         with self._lock:
             if self._fd < 0 or self._segment_size >= self.segment_bytes:
                 self._open_segment()
             seq = self.next_seq
+            crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
             parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays]
             total = HEADER.size + payload_len
             written = os.writev(self._fd, parts)
@@ -175,7 +176,11 @@ class Journal:
                 os.ftruncate(self._fd, self._segment_size)
                 raise OSError(f"journal write of {total} bytes wrote {written}")
             if self.sync:
-                os.fsync(self._fd)
+                try:
+                    os.fsync(self._fd)
+                except OSError:  # not durable: take the record back, or replay would apply a failed push
+                    os.ftruncate(self._fd, self._segment_size)
+                    raise
             self._segment_size += total
             self.bytes_written += total
             self.next_seq = seq + 1
@@ -212,7 +217,15 @@ class JournalCorruptError(StorageError):
 
 def _torn_tail(data: bytes, pos: int) -> bool:
     """True if the bad record at pos can be what a crash leaves: the last record, cut short or (power loss)
-    whole but with unwritten pages. A record is written with one writev, header first."""
+    whole but with unwritten pages. So nothing after it may parse as an intact record: a damaged length field
+    can make a record look like it runs to the end of the file."""
+    magics = {m.to_bytes(4, "little") for m in (MAGIC, MAGIC_V3, MAGIC_V2)}
+    for magic in magics:
+        at = data.find(magic, pos + 1)
+        while at >= 0:
+            if _parse(data, at)[0] is not None:
+                return False
+            at = data.find(magic, at + 1)
     if len(data) - pos < HEADER.size:
         return True
     (magic,) = struct.unpack_from("<I", data, pos)
@@ -248,7 +261,10 @@ def _parse(data: bytes, pos: int):
         return None, pos
     if magic != MAGIC_V2:
         view = memoryview(data)
-        ok = checksum64([view[a:b] for a, b in zip([start, *ends], ends)]) == check
+        covered = [view[a:b] for a, b in zip([start, *ends], ends)]
+        if magic == MAGIC:
+            covered.insert(0, HEADER_CHECKED.pack(magic, seq, payload_len))
+        ok = checksum64(covered) == check
     else:
         ok = zlib.crc32(memoryview(data)[start:end]) == check
     if not ok:

@@ -12,6 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
+from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, add_to_server
 from ps.shard import Shard
@@ -45,7 +46,9 @@ class Server:
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
-        add_to_server(ParameterServerServicer(self.shard), self._grpc)
+        self.metrics = ServerMetrics(self.shard) if config.metrics_port is not None else None
+        self.metrics_port = None
+        add_to_server(ParameterServerServicer(self.shard, self.metrics), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         self.port = None
 
@@ -61,6 +64,9 @@ class Server:
         if not self.port:
             raise OSError(f"cannot listen on {address}")
         self._grpc.start()
+        if self.metrics is not None:
+            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.host)
+            log.info("Prometheus metrics on http://%s:%d/metrics", self.config.host, self.metrics_port)
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -69,6 +75,8 @@ class Server:
         """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store."""
         self.health.enter_graceful_shutdown()
         self._grpc.stop(grace_s).wait()
+        if self.metrics is not None:
+            self.metrics.close()
         self.shard.close()
 
     def wait(self) -> None:

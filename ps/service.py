@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 
 import grpc
 
@@ -20,18 +21,27 @@ log = logging.getLogger("ps.service")
 
 
 def _rpc(method):
-    """Runs a servicer method; turns exceptions into a status code and message (one place for all RPCs)."""
+    """Runs a servicer method; turns exceptions into a status code and message (one place for all RPCs), and
+    records the call in the servicer's metrics (if any)."""
 
     @functools.wraps(method)
     def wrapper(self, request, context):
+        started, code, reply = time.perf_counter(), "OK", None
         try:
-            return method(self, request, context)
+            reply = method(self, request, context)
+            return reply
         except PsError as e:
+            code = e.status
             log.info("%s rejected: %s", method.__name__, e)
             context.abort(grpc.StatusCode[e.status], str(e))
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
+            code = "INTERNAL"
             log.exception("%s failed", method.__name__)
             context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {type(e).__name__}: {e}")
+        finally:
+            if self.metrics is not None:
+                out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
+                self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
 
     return wrapper
 
@@ -56,8 +66,9 @@ def add_to_server(servicer: "ParameterServerServicer", server: grpc.Server) -> N
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(self, shard: Shard):
+    def __init__(self, shard: Shard, metrics=None):
         self.shard = shard
+        self.metrics = metrics  # ps.metrics.ServerMetrics, or None
 
     def _info(self, table) -> ps_pb2.TableInfo:
         return ps_pb2.TableInfo(

@@ -108,3 +108,21 @@ def test_checksum64_depends_on_every_byte_and_boundary_but_not_on_threads(monkey
     assert checksum64([b"ab", b"c"]) != checksum64([b"a", b"bc"])
     assert checksum64([b"", b"x"]) != checksum64([b"x"]) != checksum64([b"x", b""])
     assert checksum64([bytes(8)]) != checksum64([bytes(16)])
+
+
+@pytest.mark.parametrize("field, offset, value", [("seq", 4, struct.pack("<Q", 0)), ("length", 12, struct.pack("<I", 2**31 - 1))])
+def test_a_damaged_header_of_an_early_record_is_refused_not_skipped_or_cut(tmp_path, field, offset, value):
+    """The header's seq and length are checksummed too: a zeroed seq would make replay skip the record as
+    flushed, a huge length would make it look like a torn last record and cut everything after it."""
+    j = Journal(str(tmp_path))
+    for seed in (1, 2, 3):
+        _push(j, 10, seed=seed)
+    j.close()
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(value)
+    with pytest.raises(JournalCorruptError, match="corrupt at byte 0"):
+        list(Journal(str(tmp_path)).replay(0))
+    assert os.path.getsize(path) == size

@@ -52,6 +52,7 @@ def _add_train(sub) -> None:
     )  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
+    out.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics of the run at http://0.0.0.0:PORT/metrics (0: a free port)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -229,6 +230,7 @@ def _train(args) -> int:
         dense_sync_every=args.dense_sync_every,
         epochs=args.epochs,
         metrics_out=args.metrics_out,
+        metrics_port=args.metrics_port,
         table_config=args.table_config,
         progress=not args.no_progress,
     )

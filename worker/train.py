@@ -75,6 +75,7 @@ class TrainConfig:
     auth_token_file: str | None = None
     table_config: str | None = None  # TOML: overrides the model tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
+    metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
     progress: bool = True
 
     def validate(self) -> None:
@@ -239,7 +240,7 @@ def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
     return out
 
 
-def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSource, cfg: TrainConfig):
+def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSource, cfg: TrainConfig, telemetry=None):
     """Trains; returns (examples, seconds, running logloss at the end). `tables` is a Client (or anything with
     its pull / push_many).
 
@@ -259,6 +260,7 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
         return uniq, inverse.ravel(), (tables.pull(name, uniq) if cfg.prefetch else None)
 
     for epoch in range(cfg.epochs):
+        step_started = time.perf_counter()
         for batch, (uniq, inverse, uniq_rows) in prefetched(data.train(), prepare, cfg.prefetch):
             if uniq_rows is None:  # no prefetch: pull the rows the last push did not return
                 need = ~recent.covered(uniq)
@@ -285,6 +287,10 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
             if sync:
                 dense.take(returned[1:])
             running.update(logloss(batch.labels, probs))
+            if telemetry is not None:
+                now = time.perf_counter()
+                telemetry.step(n, now - step_started, running.value)
+                step_started = now
             examples += n
             bar.update(n)
             bar.set_postfix(epoch=epoch, logloss=f"{running.value:.4f}", refresh=False)
@@ -325,7 +331,17 @@ def train(cfg: TrainConfig) -> dict:
             client.create_table(table)
         dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
         dense.pull()
-        examples, seconds, train_logloss = run_epochs(client, spec, backend, dense, data, cfg)
+        telemetry = None
+        if cfg.metrics_port is not None:
+            from worker.telemetry import TrainTelemetry
+
+            telemetry = TrainTelemetry()
+            log.warning("Prometheus metrics on port %d", telemetry.serve(cfg.metrics_port))
+        try:
+            examples, seconds, train_logloss = run_epochs(client, spec, backend, dense, data, cfg, telemetry)
+        finally:
+            if telemetry is not None:
+                telemetry.close()
         results = {
             "model": cfg.model,
             "backend": cfg.backend,

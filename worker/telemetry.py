@@ -1,0 +1,37 @@
+"""Prometheus metrics of a training worker, served on `ps-worker train --metrics-port`:
+    sparseps_worker_examples_total, sparseps_worker_steps_total     examples and steps trained
+    sparseps_worker_step_seconds                                    histogram of one step (compute and exchange)
+    sparseps_worker_train_logloss                                   the running logloss of the progress bar
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class TrainTelemetry:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        self.examples = Counter("sparseps_worker_examples", "examples trained", registry=self.registry)
+        self.steps = Counter("sparseps_worker_steps", "training steps", registry=self.registry)
+        self.step_seconds = Histogram("sparseps_worker_step_seconds", "one training step", buckets=BUCKETS,
+                                      registry=self.registry)  # fmt: skip
+        self.logloss = Gauge("sparseps_worker_train_logloss", "running train logloss", registry=self.registry)
+        self._http = None
+
+    def step(self, examples: int, seconds: float, logloss: float) -> None:
+        self.examples.inc(examples)
+        self.steps.inc()
+        self.step_seconds.observe(seconds)
+        self.logloss.set(logloss)
+
+    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self._http.server_address[1]
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
