@@ -170,22 +170,26 @@ class PushBatchResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
-    __slots__ = ("phase", "dir", "hold_timeout_s")
+    __slots__ = ("phase", "dir", "hold_timeout_s", "token")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     DIR_FIELD_NUMBER: _ClassVar[int]
     HOLD_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     phase: str
     dir: str
     hold_timeout_s: float
-    def __init__(self, phase: _Optional[str] = ..., dir: _Optional[str] = ..., hold_timeout_s: _Optional[float] = ...) -> None: ...
+    token: str
+    def __init__(self, phase: _Optional[str] = ..., dir: _Optional[str] = ..., hold_timeout_s: _Optional[float] = ..., token: _Optional[str] = ...) -> None: ...
 
 class CheckpointResponse(_message.Message):
-    __slots__ = ("clock", "shard_json")
+    __slots__ = ("clock", "shard_json", "token")
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     SHARD_JSON_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     clock: int
     shard_json: str
-    def __init__(self, clock: _Optional[int] = ..., shard_json: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, clock: _Optional[int] = ..., shard_json: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -74,12 +74,22 @@ def slot_range(shard_id: int, num_shards: int) -> tuple[int, int]:
     return int(slots[0]), int(slots[-1]) + 1
 
 
+def check_restored(store) -> None:
+    """StorageError if a restore into this store started and did not finish (a crash in the middle)."""
+    pending = store.restore_pending()
+    if pending:
+        raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; delete the "
+                           "data dir and restore again")  # fmt: skip
+
+
 def restore_into(store, directory: str, shard_id: int, num_shards: int) -> dict:
     """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary."""
+    check_restored(store)
     manifest = read_manifest(directory)
     if store.load_tables():
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already")
     tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
+    store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     for cfg in tables:
         store.create_table(cfg)
     slots = slot_range(shard_id, num_shards)
@@ -90,6 +100,8 @@ def restore_into(store, directory: str, shard_id: int, num_shards: int) -> dict:
             for k, v in counts.items():
                 rows[name][k] += v
     store.set_clock(int(manifest["clock"]))
+    store.flush()
+    store.set_restore_pending(None)
     store.flush()
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
 

@@ -132,14 +132,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Checkpoint(self, request, context):
         if request.phase == "hold":
-            return ps_pb2.CheckpointResponse(clock=self.shard.hold(request.hold_timeout_s or 120.0))
+            clock, token = self.shard.hold(request.hold_timeout_s or 120.0)
+            return ps_pb2.CheckpointResponse(clock=clock, token=token)
         if request.phase == "save":
             if not request.dir:
                 raise wire.InvalidArgumentError("checkpoint save needs a directory")
-            info = self.shard.save_checkpoint(request.dir)
+            info = self.shard.save_checkpoint(request.dir, request.token)
             return ps_pb2.CheckpointResponse(clock=info["clock"], shard_json=json.dumps(info))
         if request.phase == "release":
-            self.shard.release()
+            self.shard.release(request.token)
             return ps_pb2.CheckpointResponse(clock=self.shard.clock)
         raise wire.InvalidArgumentError(f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release")
 

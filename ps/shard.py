@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import threading
 import time
 
@@ -40,6 +41,9 @@ class Shard:
         self.store = Store(config.data_dir, sync=config.sync)
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
+            from ps.checkpoint import check_restored
+
+            check_restored(self.store)
             if config.restore_dir:
                 from ps.checkpoint import restore_into
 
@@ -66,6 +70,8 @@ class Shard:
             ) from e
         self._gate = threading.Condition()  # checkpoints hold pushes (hold / release)
         self._held_until = 0.0  # monotonic time the hold expires; 0: not held
+        self._hold_token: str | None = None
+        self._hold_s = 0.0
         self._pushes_in_flight = 0
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -242,23 +248,45 @@ class Shard:
                 self._pushes_in_flight -= 1
                 self._gate.notify_all()
 
-    def hold(self, timeout_s: float) -> int:
-        """Stops taking pushes (they wait) for up to timeout_s, once the pushes in flight are done; returns the
-        clock. Every push acknowledged before this returns is in the checkpoint, none after."""
+    MAX_HOLD_S = 3600.0
+
+    def hold(self, timeout_s: float) -> tuple[int, str]:
+        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
+        the pushes in flight are done; returns (clock, token): save and release need the token. Every push
+        acknowledged before this returns is in the checkpoint, none after. One hold at a time."""
         with self._gate:
-            self._held_until = time.monotonic() + timeout_s
+            if self._held_until and time.monotonic() < self._held_until:
+                raise CheckpointInProgressError(f"shard {self.shard_id} is held by another checkpoint; retry later")
+            self._hold_token = secrets.token_hex(8)
+            self._held_until = time.monotonic() + min(max(timeout_s, 0.001), self.MAX_HOLD_S)
+            self._hold_s = min(max(timeout_s, 0.001), self.MAX_HOLD_S)
             while self._pushes_in_flight:
                 self._gate.wait()
-            return self.clock
+            return self.clock, self._hold_token
 
-    def release(self) -> None:
+    def release(self, token: str) -> None:
+        """Ends the hold that returned token (a stale token releases nothing)."""
         with self._gate:
-            self._held_until = 0.0
-            self._gate.notify_all()
+            if token == self._hold_token:
+                self._held_until, self._hold_token = 0.0, None
+                self._gate.notify_all()
 
-    def save_checkpoint(self, directory: str) -> dict:
-        """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id> (call while held);
-        returns what the manifest records of it."""
+    def save_checkpoint(self, directory: str, token: str) -> dict:
+        """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
+        returned token (which cannot expire while this runs); returns what the manifest records of it."""
+        with self._gate:
+            if token != self._hold_token or not self._held_until or time.monotonic() >= self._held_until:
+                raise CheckpointInProgressError(f"shard {self.shard_id}: the checkpoint's hold expired or was "
+                                                "released before the save; nothing saved, take it again")  # fmt: skip
+            self._held_until = float("inf")  # no expiry during the save
+        try:
+            return self._save_checkpoint(directory)
+        finally:
+            with self._gate:
+                if self._hold_token == token:
+                    self._held_until = time.monotonic() + self._hold_s
+
+    def _save_checkpoint(self, directory: str) -> dict:
         self.flush()
         name = f"shard-{self.shard_id}"
         path = os.path.join(directory, name)

@@ -273,6 +273,17 @@ class Store:
         finally:
             src.close()
 
+    def restore_pending(self) -> str | None:
+        """The checkpoint a restore into this store started from and did not finish (None: none)."""
+        raw = self._meta.get(b"restore_pending")
+        return raw.decode() if raw is not None else None
+
+    def set_restore_pending(self, directory: str | None) -> None:
+        if directory is None:
+            self._meta.delete(b"restore_pending", self._write_opts)
+        else:
+            self._meta.put(b"restore_pending", directory.encode(), self._write_opts)
+
     def flushed_seq(self) -> int:
         raw = self._meta.get(b"flushed_seq")
         return int(raw) if raw is not None else 0

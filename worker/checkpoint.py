@@ -26,12 +26,14 @@ def save(client, directory: str, hold_timeout_s: float = 120.0) -> dict:
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     n = len(client.servers)
     started = time.monotonic()
+    tokens = [""] * n
     try:
-        client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)] * n)
+        holds = client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)] * n)
+        tokens = [h.token for h in holds]
         held = time.monotonic()
-        replies = client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory)] * n)
+        replies = client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=t) for t in tokens])
     finally:
-        client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="release")] * n)
+        client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="release", token=t) for t in tokens])
     shards = [json.loads(r.shard_json) for r in replies]
     names = sorted({name for s in shards for name in s["rows"]})
     tables = [wire.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]
