@@ -87,13 +87,30 @@ def size_main(argv: list[str]) -> int:
     return 0
 
 
+def health_main(argv: list[str]) -> int:
+    """`ps-server health HOST:PORT`: exit 0 if the shard's gRPC health service says SERVING (for container
+    health checks; needs no token)."""
+    p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__)
+    p.add_argument("address", help="host:port of the shard")
+    p.add_argument("--timeout-s", type=float, default=3.0)
+    p.add_argument("--tls-ca", default=None, help="PEM CA, if the shard serves TLS")
+    args = p.parse_args(argv)
+    from ps.server import check_health  # imported late: grpc stays out of `--help`
+
+    serving, text = check_health(args.address, args.timeout_s, args.tls_ca)
+    print(f"{args.address}: {text}", file=sys.stdout if serving else sys.stderr)
+    return 0 if serving else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["size"]:
         return size_main(argv[1:])
+    if argv[:1] == ["health"]:
+        return health_main(argv[1:])
     parser = build_parser()
     try:
-        apply_defaults(parser, argv)
+        apply_defaults(parser, argv, section="server")
     except ValueError as e:
         parser.error(str(e))
     args = parser.parse_args(argv)

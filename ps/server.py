@@ -83,6 +83,19 @@ class Server:
         self._grpc.wait_for_termination()
 
 
+def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None) -> tuple[bool, str]:
+    """(True if the shard at address reports SERVING, its status or the error) via the gRPC health service."""
+    from ps.security import client_channel
+
+    try:
+        with client_channel(address, [], tls_ca=tls_ca) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+    except grpc.RpcError as e:
+        return False, f"{e.code().name}: {e.details()}"
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING, status
+
+
 def serve(config: ServerConfig) -> None:
     """Runs a shard until SIGTERM or SIGINT; prints `listening on HOST:PORT` once it serves."""
     stop = threading.Event()

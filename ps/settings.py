@@ -4,9 +4,11 @@ Precedence, highest first:
     1. the command line                       --cache-bytes 4G
     2. the environment                        PS_CACHE_BYTES=4G      (PS_ + the flag's name, upper case, _ for -)
     3. a TOML file, --config FILE or PS_CONFIG=FILE:
-           cache_bytes = "4G"                 # top-level keys apply to every command
-           [train]                            # a section applies to one command and wins over the top level
-           model = "deepfm"
+           log_level = "INFO"                 # top-level keys: every command (each must know them)
+           [server]                           # ps-server
+           cache_bytes = "4G"
+           [train]                            # ps-worker train (and [eval], [stats], ...); wins over the top
+           model = "deepfm"                   # level; a command reads only its own section
     4. the built-in default
 Values from the environment and the file are checked as a command-line value would be (type, choices); a key
 the command does not know is an error, so is a value that does not parse. Flags that take no value (--sync)
@@ -85,9 +87,11 @@ def _config_path(argv: list[str], environ) -> str | None:
     return environ.get(CONFIG_ENV) or None
 
 
-def apply_defaults(parser: argparse.ArgumentParser, argv: list[str], environ=None) -> None:
+def apply_defaults(parser: argparse.ArgumentParser, argv: list[str], environ=None, section: str | None = None) -> None:
     """Sets the defaults of parser (and of the subcommand argv names) from the environment and the config file,
-    before parser.parse_args(argv) lets the command line override them. ValueError for a bad value or key."""
+    before parser.parse_args(argv) lets the command line override them. The file's section is the subcommand's
+    name, or `section` for a parser without subcommands (ps-server: "server"). ValueError for a bad value or
+    key."""
     environ = os.environ if environ is None else environ
     path = _config_path(argv, environ)
     doc: dict = {}
@@ -101,6 +105,7 @@ def apply_defaults(parser: argparse.ArgumentParser, argv: list[str], environ=Non
             raise ValueError(f"config file {path}: not valid TOML: {e}") from None
     command, sub = _subparser(parser, argv)
     parsers = [(parser, None)] + ([(sub, command)] if sub is not None else [])
+    command = command or section
     known = set()
     for p, _ in parsers:
         known |= set(_settable(p))

@@ -52,6 +52,7 @@ def _add_train(sub) -> None:
     )  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
+    out.add_argument("--create-tables-only", action="store_true", help="create the model's tables on the servers (idempotent) and exit: a one-shot setup job")
     out.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics of the run at http://0.0.0.0:PORT/metrics (0: a free port)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -233,6 +234,7 @@ def _train(args) -> int:
         metrics_port=args.metrics_port,
         table_config=args.table_config,
         progress=not args.no_progress,
+        create_tables_only=args.create_tables_only,
     )
     print(format_results(train(cfg)), flush=True)
     if cfg.metrics_out:

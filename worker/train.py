@@ -77,6 +77,7 @@ class TrainConfig:
     metrics_out: str | None = None
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
     progress: bool = True
+    create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
     def validate(self) -> None:
         if self.model not in MODEL_NAMES:
@@ -329,6 +330,8 @@ def train(cfg: TrainConfig) -> dict:
         client.wait_ready()
         for table in table_configs(cfg, spec):
             client.create_table(table)
+        if cfg.create_tables_only:
+            return {"model": cfg.model, "created_tables": [t.name for t in table_configs(cfg, spec)]}
         dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
         dense.pull()
         telemetry = None
@@ -388,7 +391,7 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
 
 
 def format_results(r: dict) -> str:
-    lines = []
+    lines = [f"created tables {', '.join(r['created_tables'])} for model {r['model']}"] if "created_tables" in r else []
     if "train_examples" in r:
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
                      f"{r['train_examples']:,} examples with {r['shards']} shards in {r['train_seconds']:.1f} s: "
