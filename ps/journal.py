@@ -43,6 +43,7 @@ HEADER = struct.Struct("<IQIQ")
 HEADER_CHECKED = struct.Struct("<IQI")  # PSJ4: magic, seq and payload_len are covered by the checksum too
 MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
 HEADER_V2 = struct.Struct("<IQII")
+HEADERS = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}  # each record format's header
 PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
 PAYLOAD_HEAD_V3 = struct.Struct("<IIQ")  # n, dim, step
 
@@ -219,8 +220,7 @@ def _torn_tail(data: bytes, pos: int) -> bool:
     """True if the bad record at pos can be what a crash leaves: the last record, cut short or (power loss)
     whole but with unwritten pages. So nothing after it may parse as an intact record: a damaged length field
     can make a record look like it runs to the end of the file."""
-    magics = {m.to_bytes(4, "little") for m in (MAGIC, MAGIC_V3, MAGIC_V2)}
-    for magic in magics:
+    for magic in (m.to_bytes(4, "little") for m in HEADERS):
         at = data.find(magic, pos + 1)
         while at >= 0:
             if _parse(data, at)[0] is not None:
@@ -229,7 +229,7 @@ def _torn_tail(data: bytes, pos: int) -> bool:
     if len(data) - pos < HEADER.size:
         return True
     (magic,) = struct.unpack_from("<I", data, pos)
-    header = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}.get(magic)
+    header = HEADERS.get(magic)
     if header is None:
         return False
     _, _, payload_len, _ = header.unpack_from(data, pos)
@@ -241,7 +241,7 @@ def _parse(data: bytes, pos: int):
     if pos + 4 > len(data):
         return None, pos
     (magic,) = struct.unpack_from("<I", data, pos)
-    header = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}.get(magic)
+    header = HEADERS.get(magic)
     if header is None or pos + header.size > len(data):
         return None, pos
     _, seq, payload_len, check = header.unpack_from(data, pos)

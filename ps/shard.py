@@ -26,6 +26,7 @@ from ps.errors import CheckpointInProgressError, InvalidArgumentError, PsError, 
 from ps.journal import Journal
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.store import Store
+from ps.wire import repeats_ids
 from ps.table import Table
 
 log = logging.getLogger("ps.shard")
@@ -215,7 +216,7 @@ class Shard:
         checked = [self.check_push(*p) for p in pushes]
         if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
             for i, (_, ids, *_rest) in enumerate(checked):
-                if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
+                if repeats_ids(ids):
                     raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i][0]!r}) repeats ids; "
                                                "nothing was applied")  # fmt: skip
         for i in range(skip, len(checked)):

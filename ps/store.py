@@ -38,6 +38,13 @@ def encode_keys(ids: np.ndarray) -> list[bytes]:
     return keys.view("V10").tolist()
 
 
+def _open_read_only(source: str) -> tuple[Rdict, list[str]]:
+    """A RocksDB (a checkpoint) opened read-only with all its column families, and their names."""
+    opts = Options(raw_mode=True)
+    names = Rdict.list_cf(source, opts)
+    return Rdict(source, opts, column_families={n: opts for n in names}, access_type=AccessType.read_only()), names
+
+
 def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
     packed = np.frombuffer(b"".join(values), dtype=_value_dtype(width))
@@ -221,9 +228,7 @@ class Store:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
         {table: {"admitted": rows, "pending": ids}} copied."""
-        opts = Options(raw_mode=True)
-        names = Rdict.list_cf(source, opts)
-        src = Rdict(source, opts, column_families={n: opts for n in names}, access_type=AccessType.read_only())
+        src, names = _open_read_only(source)
         lo, hi = slots
         copied = {}
         try:
@@ -254,12 +259,10 @@ class Store:
     def read_table(source: str, table: str, width: int, chunk: int = 1 << 16):
         """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
         checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped."""
-        opts = Options(raw_mode=True)
-        names = Rdict.list_cf(source, opts)
-        if TABLE_CF_PREFIX + table not in names:
-            return
-        src = Rdict(source, opts, column_families={n: opts for n in names}, access_type=AccessType.read_only())
+        src, names = _open_read_only(source)
         try:
+            if TABLE_CF_PREFIX + table not in names:
+                return
             keys, values, size = [], [], 4 * width + 8
             for key, value in src.get_column_family(TABLE_CF_PREFIX + table).items():
                 if len(value) == size:

@@ -53,6 +53,11 @@ def encode_pull_batch_response(replies: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
+def repeats_ids(ids: np.ndarray) -> bool:
+    """True if an id occurs twice (strictly increasing ids, the common case, are checked without sorting)."""
+    return len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids)
+
+
 def decode_ids(data: bytes, field: str = "ids") -> np.ndarray:
     """uint64 ids from bytes; InvalidArgumentError if the length is not a multiple of 8."""
     if len(data) % IDS_DTYPE.itemsize:

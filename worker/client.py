@@ -53,6 +53,23 @@ def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.n
     return uniq, out
 
 
+def push_arrays(table: str, ids, grads, clicks, shows, dim: int) -> tuple:
+    """(unique ids, their rows [grads | show | click] (n, dim + 2) float32, where each given id's row is in
+    them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
+    show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id."""
+    ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
+    grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
+    counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
+    counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
+    if shows is not None:
+        if wire.repeats_ids(ids):
+            raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
+        counts[:, 0] = np.asarray(shows, dtype=np.float32).ravel()
+        return ids, np.concatenate([grads, counts], axis=1), None
+    uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+    return uniq, summed, np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+
+
 class Client:
     def __init__(
         self,
@@ -172,19 +189,8 @@ class Client:
         Sent again while a shard is unavailable (see the module docstring), and applied once."""
         requests, plans = [], []
         for table, ids, grads, clicks, *shows in items:
-            ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
             dim = self.dim(table)
-            grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-            counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
-            counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
-            if shows and shows[0] is not None:
-                if len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids):
-                    raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
-                counts[:, 0] = np.asarray(shows[0], dtype=np.float32).ravel()
-                uniq, summed, order = ids, np.concatenate([grads, counts], axis=1), None
-            else:
-                uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
-                order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+            uniq, summed, order = push_arrays(table, ids, grads, clicks, shows[0] if shows else None, dim)
             rows = np.empty((len(uniq), dim), dtype=np.float32) if return_rows else None
             for shard, sel in self._route(uniq, dim):
                 request = ps_pb2.PushRequest(

@@ -13,7 +13,7 @@ import numpy as np
 
 from ps.config import ServerConfig, TableConfig
 from ps.shard import Shard
-from worker.client import sum_duplicates
+from worker.client import push_arrays
 
 
 class InProcessTables:
@@ -34,16 +34,8 @@ class InProcessTables:
 
     def _item(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> tuple:
         """(table, unique ids, summed grads, shows, clicks) of a push, deduplicated as the Client does."""
-        ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
         dim = self.dim(table)
-        counts = np.ones((len(ids), 2), dtype=np.float32)
-        counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
-        grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-        if shows is not None:  # ids unique, everything summed per id already (see Client.push_many)
-            counts[:, 0] = np.asarray(shows, dtype=np.float32).ravel()
-            uniq, summed = ids, np.concatenate([grads, counts], axis=1)
-        else:
-            uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+        uniq, summed, _ = push_arrays(table, ids, grads, clicks, shows, dim)
         return table, uniq, np.ascontiguousarray(summed[:, :dim]), summed[:, dim].copy(), summed[:, dim + 1].copy()
 
     def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
