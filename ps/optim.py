@@ -29,15 +29,19 @@ def _sgd(buf, grads, lr):
             buf[i, j] -= lr * grads[i, j]
 
 
-@numba.njit(nogil=True, fastmath=True, cache=True)
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 def _adagrad(buf, grads, lr, eps):
+    """Two loops per row (accumulate, then step) so LLVM vectorizes the sqrt and division: one fused loop
+    stayed scalar (measured 5.0 ms against 2.6-3.3 ms per 100,000 rows of dim 16)."""
     n, dim = grads.shape
+    acc = np.empty(dim, np.float32)
     for i in range(n):
         for j in range(dim):
             g = grads[i, j]
-            a = buf[i, dim + j] + g * g
-            buf[i, dim + j] = a
-            buf[i, j] -= lr * g / (np.sqrt(a) + eps)
+            acc[j] = buf[i, dim + j] + g * g
+        for j in range(dim):
+            buf[i, dim + j] = acc[j]
+            buf[i, j] -= lr * grads[i, j] / (np.sqrt(acc[j]) + eps)
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)

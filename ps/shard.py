@@ -22,6 +22,7 @@ import numpy as np
 
 from ps.arena import MemoryBudget
 from ps.config import ServerConfig, TableConfig
+from ps.finite import first_non_finite
 from ps.errors import CheckpointInProgressError, InvalidArgumentError, PsError, StorageError, TableExistsError, TableNotFoundError, WrongShardError
 from ps.journal import Journal
 from ps.sharding import NUM_SLOTS, SlotMap
@@ -149,9 +150,9 @@ class Shard:
             raise InvalidArgumentError(
                 f"grads for table {name!r} have shape {grads.shape}, expected ({len(ids)}, {table.dim})"
             )
-        finite = np.isfinite(grads)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite.all(axis=1))[0])
+        bad = first_non_finite(grads)
+        if bad >= 0:
+            bad //= table.dim
             raise InvalidArgumentError(
                 f"grads for table {name!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
                 f"{grads[bad].tolist()[:8]}; nothing was applied"
@@ -161,7 +162,7 @@ class Shard:
         for what, a in (("shows", shows), ("clicks", clicks)):
             if a.shape != (len(ids),):
                 raise InvalidArgumentError(f"{what} for table {name!r} have shape {a.shape}, expected ({len(ids)},)")
-            ok = np.isfinite(a) & (a >= 0)
+            ok = np.isfinite(a) & (a >= 0)  # (n,) values: numpy is faster here than a loop that stops early
             if not ok.all():
                 bad = int(np.flatnonzero(~ok)[0])
                 raise InvalidArgumentError(
