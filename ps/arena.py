@@ -103,6 +103,36 @@ def _lookup_gather(slots, shift, ids, data, cols, out, ref):
 
 
 @numba.njit(nogil=True, cache=True)
+def _find_rows(slots, shift, ids, out, lo, hi):
+    """out[lo:hi] = row of ids[lo:hi] or -1, touching only the index; returns how many were not found."""
+    misses = 0
+    for i in range(lo, hi):
+        r = find(slots, shift, ids[i])
+        out[i] = r
+        misses += r < 0
+    return misses
+
+
+@numba.njit(nogil=True, cache=True)
+def _first_repeat(rows, seen):
+    """First position whose row appeared earlier in rows, or -1; seen (one bit per arena row, all clear) is
+    left clear. The bitmap is small enough to stay in cache (2M rows: 256 KB)."""
+    n = rows.shape[0]
+    first = -1
+    marked = n
+    for i in range(n):
+        r = rows[i]
+        word, bit = r >> 6, np.uint64(1) << np.uint64(r & 63)
+        if seen[word] & bit:
+            first, marked = i, i
+            break
+        seen[word] |= bit
+    for k in range(marked):  # every set bit is in a word of rows[:marked]
+        seen[rows[k] >> 6] = 0
+    return first
+
+
+@numba.njit(nogil=True, cache=True)
 def _clock_victims(ref, pin, stamp, used, hand, k, out):
     """Up to k unpinned rows in [0, used) by CLOCK; returns (count, new hand). Two sweeps at most."""
     count = 0
@@ -182,6 +212,7 @@ class Arena:
         self.hand = 0
         self.free = np.zeros(0, dtype=np.int64)  # released rows (Shrink), reused first
         self._stamp = 0
+        self._seen: np.ndarray | None = None  # first_repeat's bitmap, one bit per row, kept clear
         self.evictions = 0
 
     def new_stamp(self) -> int:
@@ -205,6 +236,20 @@ class Arena:
         )  # fmt: skip
         dups = [d for d in dups if d >= 0]
         return out, min(dups) if dups else -1
+
+    def find_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
+        """(row of each id or -1, how many ids are absent), reading only the index: no row is touched, marked or
+        pinned. With first_repeat, the push path's check for rows that are all in RAM (a third cheaper than lookup,
+        which marks each row's line)."""
+        out = np.empty(len(ids), dtype=np.int64)
+        slots, shift = self.index.slots, self.index.shift
+        return out, sum(run_parts(lambda lo, hi: _find_rows(slots, shift, ids, out, lo, hi), len(ids)))
+
+    def first_repeat(self, rows: np.ndarray) -> int:
+        """First position of rows (all >= 0) whose row appeared earlier in it, or -1."""
+        if self._seen is None or len(self._seen) * 64 < self.capacity:
+            self._seen = np.zeros((self.capacity + 63) // 64, dtype=np.uint64)
+        return int(_first_repeat(rows, self._seen))
 
     def gather_hits(self, ids: np.ndarray, cols: int, out: np.ndarray) -> int:
         """Copies the first cols floats of every id present into out; returns how many ids are absent."""

@@ -104,11 +104,11 @@ def _update(code, params, data, rows, grads, ids, shows, clicks, step, stats_col
 
 @numba.njit(nogil=True, cache=True)
 def _update_in_place(code, params, data, rows, grads, ids, shows, clicks, step, stats_col, dim, min_count,
-                     probability, bound, lsn, dirty, stored, seq, undo, undo_lsn, undo_dirty, lo, hi):  # fmt: skip
+                     probability, bound, lsn, dirty, stored, ref, seq, undo, undo_lsn, undo_dirty, lo, hi):  # fmt: skip
     """Applies a push to rows[lo:hi] of the arena itself, a block at a time (read the rows, update them in
     cache, write them back: one pass over random memory where computing into a buffer and committing it takes
     two). What it overwrites goes to undo, undo_lsn and undo_dirty, for _restore. The rows become dirty at lsn
-    seq. Returns (ids admitted, change in admitted ids, change in pending ids, first non-finite row or -1)."""
+    seq and referenced (CLOCK). Returns (ids admitted, change in admitted ids, change in pending ids, first non-finite row or -1)."""
     width = undo.shape[1]
     admitted_col = stats_col + ADMITTED
     block = np.empty((UPDATE_BLOCK, width), np.float32)
@@ -149,6 +149,7 @@ def _update_in_place(code, params, data, rows, grads, ids, shows, clicks, step, 
                 data[r, j] = block[i, j]
             lsn[r] = seq
             dirty[r] = 1
+            ref[r] = 1
     return admitted, d_admitted, d_pending, bad
 
 
@@ -221,7 +222,7 @@ class Table:
             self._check_open()
             chunks = list(self._chunks(len(ids)))
             if len(chunks) == 1:  # the common case: all rows fit in RAM at once
-                rows = self._resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
+                rows = self._rows_for_push(ids)
                 seq = self._push_in_place(rows, ids, grads, shows, clicks, step, origin)
                 self.counters["pushes"] += 1
                 self.counters["ids_pushed"] += len(ids)
@@ -263,7 +264,7 @@ class Table:
             lambda lo, hi: _update_in_place(
                 opt.CODE, opt.kernel_params, a.data, rows, grads, ids, shows, clicks, np.float32(step),
                 self.stats_col, self.dim, np.float32(adm.min_count), adm.probability,
-                np.float32(self.cfg.weight_bound), a.lsn, a.dirty, a.stored, expected, undo, undo_lsn, undo_dirty,
+                np.float32(self.cfg.weight_bound), a.lsn, a.dirty, a.stored, a.ref, expected, undo, undo_lsn, undo_dirty,
                 lo, hi,
             ),
             n,
@@ -393,6 +394,18 @@ class Table:
             f"push to table {self.name!r} repeats id {int(ids[dup])} (positions {first} and {dup}); "
             "ids must be unique: sum the gradients of duplicate ids before pushing"
         )
+
+    def _rows_for_push(self, ids: np.ndarray) -> np.ndarray:
+        """Arena rows of a push's ids (one chunk), all in RAM; a repeated id raises InvalidArgumentError before
+        anything changes. When every id is in RAM already (hot rows) only the index is read: no row's line is
+        touched until the update, which marks it referenced; nothing is admitted, so nothing needs pinning."""
+        rows, misses = self.arena.find_rows(ids)
+        if misses:
+            return self._resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
+        dup = self.arena.first_repeat(rows)
+        if dup >= 0:
+            self._raise_duplicate(ids, dup)
+        return rows
 
     def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False) -> np.ndarray:
         """Arena row of each id; admits missing ids to RAM. With reject_duplicates, a repeated id raises

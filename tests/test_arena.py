@@ -30,3 +30,27 @@ def test_clock_never_picks_pinned_or_free_rows():
     a.lookup(ids[2:3], later)  # pins row 2 for the request in progress
     victims = a.victims(6, later)
     assert sorted(victims.tolist()) == [3, 4, 5]
+
+
+def test_find_rows_and_first_repeat_match_an_oracle():
+    a = Arena(width=1, budget=MemoryBudget(1 << 20))
+    stamp = a.new_stamp()
+    rows = a.grow(300, stamp)
+    ids = np.arange(1000, 1300, dtype=np.uint64)
+    a.install(rows, ids, np.zeros((300, 1), np.float32), np.zeros(300, np.uint64), np.zeros(300, np.uint8), stamp)
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        ask = rng.choice(np.arange(900, 1400, dtype=np.uint64), size=rng.integers(0, 60))
+        got, misses = a.find_rows(ask)
+        want = {int(i): int(r) for i, r in zip(ids, rows)}
+        assert got.tolist() == [want.get(int(i), -1) for i in ask]
+        assert misses == sum(int(i) not in want for i in ask)
+        hits = got[got >= 0]
+        seen, first = set(), -1
+        for k, r in enumerate(hits.tolist()):
+            if r in seen:
+                first = k
+                break
+            seen.add(r)
+        assert a.first_repeat(hits) == first  # and the bitmap is left clear for the next call
+    assert not a._seen.any()
