@@ -37,6 +37,12 @@ from ps.store import Store
 
 FLUSH_CHUNK_ROWS = 65536
 UPDATE_BLOCK = 256  # rows updated per block: gather, optimizer step and accounting while the block is in cache
+BLOCK_FLOATS = 8192  # ... and at most this many floats (32 KB, about L1): wide rows (dense tables) take fewer
+
+
+@numba.njit(inline="always")
+def _block_rows(width):
+    return max(1, min(UPDATE_BLOCK, BLOCK_FLOATS // width))
 
 
 @numba.njit(nogil=True, cache=True)
@@ -88,8 +94,9 @@ def _update(code, params, data, rows, grads, ids, shows, clicks, step, stats_col
     width = buf.shape[1]
     admitted = 0
     bad = -1
-    for b in range(lo, hi, UPDATE_BLOCK):
-        e = min(hi, b + UPDATE_BLOCK)
+    step_rows = _block_rows(width)
+    for b in range(lo, hi, step_rows):
+        e = min(hi, b + step_rows)
         gather(data, rows[b:e], width, buf[b:e])
         apply_kernel(code, buf[b:e], grads[b:e], params)
         a, x = _account(
@@ -111,14 +118,15 @@ def _update_in_place(code, params, data, rows, grads, ids, shows, clicks, step, 
     seq and referenced (CLOCK). Returns (ids admitted, change in admitted ids, change in pending ids, first non-finite row or -1)."""
     width = undo.shape[1]
     admitted_col = stats_col + ADMITTED
-    block = np.empty((UPDATE_BLOCK, width), np.float32)
+    block = np.empty((_block_rows(width), width), np.float32)
     bits = block.view(np.uint32)
     admitted = 0
     d_admitted = 0
     d_pending = 0
     bad = -1
-    for b in range(lo, hi, UPDATE_BLOCK):
-        e = min(hi, b + UPDATE_BLOCK)
+    step_rows = _block_rows(width)
+    for b in range(lo, hi, step_rows):
+        e = min(hi, b + step_rows)
         m = e - b
         gather(data, rows[b:e], width, undo[b:e])
         for i in range(m):
