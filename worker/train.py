@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -256,13 +257,27 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
     name, dim = spec.name, spec.sparse_dim
     recent = RecentRows(cfg.prefetch + 1)  # a pull runs up to depth + 1 batches ahead: depth queued, one in hand
 
-    def prepare(batch):  # on the prefetch thread when cfg.prefetch > 0
+    def prepare(batch, window: deque):  # on the prefetch thread when cfg.prefetch > 0
+        """(unique ids, inverse, their rows pulled now or None). The rows of ids that one of the depth + 1
+        batches before this one has too are left unset: by the time this batch is computed, their pushes
+        have returned those rows and `recent` lays them over (so they are not pulled for nothing)."""
         uniq, inverse = np.unique(batch.ids, return_inverse=True)
-        return uniq, inverse.ravel(), (tables.pull(name, uniq) if cfg.prefetch else None)
+        if not cfg.prefetch:
+            return uniq, inverse.ravel(), None
+        need = np.ones(len(uniq), dtype=bool)
+        for earlier in window:
+            need &= ~np.isin(uniq, earlier, assume_unique=True)
+        window.append(uniq)
+        rows = np.empty((len(uniq), dim), dtype=np.float32)
+        if need.any():
+            rows[need] = tables.pull(name, uniq[need])
+        return uniq, inverse.ravel(), rows
 
     for epoch in range(cfg.epochs):
         step_started = time.perf_counter()
-        for batch, (uniq, inverse, uniq_rows) in prefetched(data.train(), prepare, cfg.prefetch):
+        window: deque = deque(maxlen=cfg.prefetch + 1)  # the unique ids of the batches prepared last
+        batches = prefetched(data.train(), lambda b: prepare(b, window), cfg.prefetch)
+        for batch, (uniq, inverse, uniq_rows) in batches:
             if uniq_rows is None:  # no prefetch: pull the rows the last push did not return
                 need = ~recent.covered(uniq)
                 uniq_rows = np.empty((len(uniq), dim), dtype=np.float32)
