@@ -13,11 +13,13 @@ import subprocess
 import sys
 import time
 
-import grpc
-import numpy as np
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+import worker  # noqa: E402, F401  (before numpy: it sets how OpenBLAS threads wait, see worker/__init__.py)
+
+import grpc  # noqa: E402
+import numpy as np  # noqa: E402
 
 from protos import ps_pb2, ps_pb2_grpc  # noqa: E402
 from ps import wire  # noqa: E402
