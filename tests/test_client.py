@@ -10,7 +10,7 @@ import pytest
 from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError, TableNotFoundError
 from ps.initializers import init_rows
-from worker.client import Client, sum_duplicates
+from worker.client import Client, push_arrays, sum_duplicates
 from tests.conftest import random_ids
 
 
@@ -29,6 +29,29 @@ def test_sum_duplicates_against_a_loop():
         want[i] = want.get(i, 0) + g
     assert uniq.tolist() == sorted(want)
     np.testing.assert_array_equal(summed, np.array([want[i] for i in uniq.tolist()]))
+
+
+@pytest.mark.parametrize("ids", [[7, 3, 7, 9, 3], [1, 2, 3, 10], [4], [], [2, 2], [3, 2]])
+@pytest.mark.parametrize("with_clicks", [False, True])
+def test_push_arrays_against_a_loop(ids, with_clicks):
+    """Sorted unique ids take the no-copy path, others are summed; both must give what a loop gives."""
+    ids = np.array(ids, dtype=np.uint64)
+    rng = np.random.default_rng(len(ids))
+    grads = rng.standard_normal((len(ids), 3)).astype(np.float32)
+    clicks = rng.integers(0, 2, len(ids)).astype(np.float32) if with_clicks else None
+    uniq, g, shows, got_clicks, order = push_arrays("t", ids, grads, clicks, None, 3)
+    want = {}
+    for k, i in enumerate(ids.tolist()):
+        s = want.setdefault(i, [np.zeros(3, np.float32), 0.0, 0.0])
+        s[0] = s[0] + grads[k]
+        s[1] += 1.0
+        s[2] += 0.0 if clicks is None else float(clicks[k])
+    assert uniq.tolist() == sorted(want)
+    np.testing.assert_allclose(g, np.array([want[i][0] for i in uniq.tolist()]).reshape(-1, 3), rtol=1e-6)
+    assert shows.tolist() == [want[i][1] for i in uniq.tolist()]
+    assert got_clicks.tolist() == [want[i][2] for i in uniq.tolist()]
+    where = np.arange(len(ids)) if order is None else order  # the row of each given id
+    assert uniq[where].tolist() == ids.tolist()
 
 
 @pytest.mark.parametrize("max_request_bytes", [64 << 20, 200])  # 200 bytes: many chunks per shard

@@ -54,20 +54,24 @@ def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.n
 
 
 def push_arrays(table: str, ids, grads, clicks, shows, dim: int) -> tuple:
-    """(unique ids, their rows [grads | show | click] (n, dim + 2) float32, where each given id's row is in
-    them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
-    show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id."""
+    """(unique ids, their grads (n, dim), shows (n,), clicks (n,), all float32, and where each given id's row is
+    in them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
+    show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id.
+    Ids that are unique and increasing already (dense tables, a caller's np.unique) are taken as they are: no
+    copy, no sort."""
     ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
     grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-    counts = np.ones((len(ids), 2), dtype=np.float32)  # show, click per occurrence
-    counts[:, 1] = 0.0 if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
+    clicks = np.zeros(len(ids), np.float32) if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
     if shows is not None:
         if wire.repeats_ids(ids):
             raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
-        counts[:, 0] = np.asarray(shows, dtype=np.float32).ravel()
-        return ids, np.concatenate([grads, counts], axis=1), None
+        return ids, grads, np.asarray(shows, dtype=np.float32).ravel(), clicks, None
+    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
+    counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
     uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
-    return uniq, summed, np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+    order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+    return uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
 
 
 class Client:
@@ -104,6 +108,7 @@ class Client:
         self._channels = [client_channel(a, options, tls_ca, tls_cert, tls_key, auth_token) for a in self.servers]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
+        self._routes: dict[tuple[int, int], tuple[np.ndarray, list]] = {}  # see _route
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -190,16 +195,18 @@ class Client:
         requests, plans = [], []
         for table, ids, grads, clicks, *shows in items:
             dim = self.dim(table)
-            uniq, summed, order = push_arrays(table, ids, grads, clicks, shows[0] if shows else None, dim)
+            uniq, item_grads, item_shows, item_clicks, order = push_arrays(
+                table, ids, grads, clicks, shows[0] if shows else None, dim
+            )
             rows = np.empty((len(uniq), dim), dtype=np.float32) if return_rows else None
             for shard, sel in self._route(uniq, dim):
                 request = ps_pb2.PushRequest(
                     table=table,
                     ids=wire.encode_ids(uniq[sel]),
-                    grads=wire.encode_rows(summed[sel, :dim]),
+                    grads=wire.encode_rows(item_grads[sel]),
                     dim=dim,
-                    shows=wire.encode_rows(summed[sel, dim]),
-                    clicks=wire.encode_rows(summed[sel, dim + 1]),
+                    shows=wire.encode_rows(item_shows[sel]),
+                    clicks=wire.encode_rows(item_clicks[sel]),
                     return_rows=return_rows,
                 )
                 requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
@@ -237,8 +244,20 @@ class Client:
         return self._call_all("Shrink", [ps_pb2.ShrinkRequest(table=table)] * len(self._stubs))
 
     # ---- plumbing -------------------------------------------------------------------------------------
-    def _route(self, uniq: np.ndarray, dim: int):
-        """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes."""
+    def _route(self, uniq: np.ndarray, dim: int) -> list[tuple[int, np.ndarray]]:
+        """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes. The routes of
+        the last ids seen per (count, dim) are kept: a dense table pushes the same ids every step."""
+        key = (len(uniq), dim)
+        known = self._routes.get(key)
+        if known is not None and np.array_equal(known[0], uniq):
+            return known[1]
+        routes = list(self._compute_route(uniq, dim))
+        if len(self._routes) >= 256:
+            self._routes.clear()
+        self._routes[key] = (uniq.copy(), routes)
+        return routes
+
+    def _compute_route(self, uniq: np.ndarray, dim: int):
         owner = self.slot_map.shard_of(uniq)
         order = np.argsort(owner, kind="stable")
         bounds = np.searchsorted(owner[order], np.arange(len(self._stubs) + 1))

@@ -35,8 +35,9 @@ class InProcessTables:
     def _item(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> tuple:
         """(table, unique ids, summed grads, shows, clicks) of a push, deduplicated as the Client does."""
         dim = self.dim(table)
-        uniq, summed, _ = push_arrays(table, ids, grads, clicks, shows, dim)
-        return table, uniq, np.ascontiguousarray(summed[:, :dim]), summed[:, dim].copy(), summed[:, dim + 1].copy()
+        uniq, item_grads, item_shows, item_clicks, _ = push_arrays(table, ids, grads, clicks, shows, dim)
+        contiguous = np.ascontiguousarray
+        return table, uniq, contiguous(item_grads), contiguous(item_shows), contiguous(item_clicks)
 
     def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
         self.push_many([(table, ids, grads, clicks, shows)])
