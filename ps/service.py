@@ -46,7 +46,7 @@ def _rpc(method):
     return wrapper
 
 
-PRESERIALIZED = {"Pull", "PullBatch"}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
+PRESERIALIZED = {"Pull", "PullBatch", "PushBatch"}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
 
 
 def add_to_server(servicer: "ParameterServerServicer", server: grpc.Server) -> None:
@@ -116,18 +116,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         for name, ids in pulls:  # every pull checked before any runs
             self.shard.table(name)
             self.shard.check_owned(ids)
-        return wire.encode_pull_batch_response([wire.encode_pull_response(self.shard.pull(*p)) for p in pulls])
+        return wire.encode_pull_batch_response([self.shard.pull(*p) for p in pulls])
 
     @_rpc
     def PushBatch(self, request, context):
+        """Returns the PushBatchResponse already serialized (see add_to_server)."""
         pushes = [self._decode_push(p) for p in request.pushes]
         step, _ = self.shard.push_batch(pushes, request.advance_clock, request.client_id, request.seq)
-        rows = [
-            ps_pb2.PullResponse(rows=wire.encode_rows(self.shard.pull(name, ids)), dim=int(self.shard.table(name).dim))
-            for (name, ids, *_), p in zip(pushes, request.pushes)
-            if p.return_rows
-        ]
-        return ps_pb2.PushBatchResponse(num_applied=sum(len(p[1]) for p in pushes), step=step, rows=rows)
+        rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
+        return wire.encode_push_batch_response(sum(len(p[1]) for p in pushes), step, rows)
 
     @_rpc
     def Checkpoint(self, request, context):

@@ -35,21 +35,38 @@ def _varint(v: int) -> bytes:
     return bytes(out)
 
 
-def encode_pull_response(rows: np.ndarray) -> bytes:
-    """The serialized PullResponse {rows, dim} of (n, dim) float32 rows, built with one copy of the payload
-    (through protobuf it is copied three times: tobytes, the message, SerializeToString). Field numbers are
-    those of protos/ps.proto; tests/test_wire.py parses the result with the generated class."""
+def _pull_response_parts(rows: np.ndarray) -> list:
+    """The pieces of a serialized PullResponse {rows, dim} of (n, dim) float32 rows; the payload is a view."""
     rows = np.ascontiguousarray(rows, dtype=ROWS_DTYPE)
     head = b"\x0a" + _varint(rows.nbytes)  # field 1 (rows), wire type 2 (length-delimited)
     tail = b"\x10" + _varint(rows.shape[1])  # field 2 (dim), wire type 0 (varint)
-    return b"".join((head, rows.reshape(-1).view(np.uint8), tail))
+    return [head, rows.reshape(-1).view(np.uint8), tail]
 
 
-def encode_pull_batch_response(replies: list[bytes]) -> bytes:
-    """The serialized PullBatchResponse {replies} of serialized PullResponses (field 1, repeated)."""
-    parts = []
-    for reply in replies:
-        parts += (b"\x0a", _varint(len(reply)), reply)
+def _nested(field_tag: bytes, parts: list) -> list:
+    """parts of a message, as a length-delimited field of an outer message."""
+    return [field_tag, _varint(sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)), *parts]
+
+
+def encode_pull_response(rows: np.ndarray) -> bytes:
+    """The serialized PullResponse {rows, dim} of (n, dim) float32 rows, built with one copy of the payload
+    (through protobuf it is copied three times: tobytes, the message, SerializeToString). Field numbers are
+    those of protos/ps.proto; tests/test_wire.py parses the results with the generated classes."""
+    return b"".join(_pull_response_parts(rows))
+
+
+def encode_pull_batch_response(rows: list[np.ndarray]) -> bytes:
+    """The serialized PullBatchResponse {replies} (field 1, repeated PullResponse) of several row arrays, with
+    one copy of each."""
+    return b"".join(p for r in rows for p in _nested(b"\x0a", _pull_response_parts(r)))
+
+
+def encode_push_batch_response(num_applied: int, step: int, rows: list[np.ndarray]) -> bytes:
+    """The serialized PushBatchResponse {num_applied = 1, step = 2, rows = 3 (repeated PullResponse)}, with one
+    copy of each row array."""
+    parts = [b"\x08", _varint(num_applied), b"\x10", _varint(step)]
+    for r in rows:
+        parts += _nested(b"\x1a", _pull_response_parts(r))
     return b"".join(parts)
 
 

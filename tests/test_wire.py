@@ -54,3 +54,15 @@ def test_unset_proto_fields_take_defaults():
 
     cfg = wire.table_config_from_proto(ps_pb2.TableSpec(name="t", dim=3))
     assert cfg == TableConfig("t", 3)
+
+
+@pytest.mark.parametrize("shapes", [[], [(0, 4)], [(3, 2)], [(5, 8), (0, 1), (300, 16)]])
+def test_hand_built_batch_responses_parse_as_the_generated_messages(shapes):
+    rng = np.random.default_rng(len(shapes))
+    rows = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    pulls = ps_pb2.PullBatchResponse.FromString(wire.encode_pull_batch_response(rows))
+    assert [(r.rows, r.dim) for r in pulls.replies] == [(x.tobytes(), x.shape[1]) for x in rows]
+    for num_applied, step in [(0, 0), (7, 1), (2**40, 2**63)]:
+        push = ps_pb2.PushBatchResponse.FromString(wire.encode_push_batch_response(num_applied, step, rows))
+        assert (push.num_applied, push.step) == (num_applied, step)
+        assert [(r.rows, r.dim) for r in push.rows] == [(x.tobytes(), x.shape[1]) for x in rows]
