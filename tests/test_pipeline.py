@@ -41,13 +41,22 @@ def test_an_error_in_a_pull_is_raised_at_that_batch():
     assert got == [0, 1, 2]
 
 
+def _prefetch_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "prefetch"]
+
+
 def test_stopping_early_ends_the_thread():
-    before = threading.active_count()
-    for batch, _ in prefetched(iter(range(1000)), lambda b: b, depth=1):
+    # counts only prefetch threads: other tests' threads (gRPC's) may end meanwhile and change the total
+    assert _prefetch_threads() == []
+    batches = prefetched(iter(range(1000)), lambda b: b, depth=1)
+    for batch, _ in batches:
+        if batch == 0:
+            assert len(_prefetch_threads()) == 1
         if batch == 2:
             break
+    batches.close()  # what leaving a for loop over it does once the generator is collected
     time.sleep(0.3)
-    assert threading.active_count() == before
+    assert _prefetch_threads() == []
 
 
 def test_recent_rows_lays_the_newest_returned_row_over_each_id():
