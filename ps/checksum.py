@@ -17,8 +17,8 @@ from ps import parallel
 from ps.sharding import mix64_scalar
 
 CHUNK = 1 << 20
-PARALLEL_BYTES = 2 << 20  # smaller records are hashed on the calling thread: a thread hand-off cost more than it saved
-# (a 640 KB dense-table record: 119 us on 2 threads, 93 us on one; one training step journals 8 such records)
+PARALLEL_BYTES = 2 << 20  # smaller records are hashed on the calling thread in one pass: a thread hand-off and the
+# planning arrays cost more than they saved (one training step journals 9 records of 1 KB to 640 KB)
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier (golden ratio): each lane step is a bijection of the state
 
 
@@ -58,14 +58,18 @@ def _hash_chunks(b, starts, out, first, last):
 def checksum64(buffers) -> int:
     """The checksum of the concatenation boundaries and bytes of buffers (bytes-like objects)."""
     arrays = [_bytes_of(x) for x in buffers]
+    if sum(len(a) for a in arrays) < PARALLEL_BYTES:  # one thread, and no planning arrays (their set-up cost
+        h = np.uint64(_fold_value(np.uint64(0), np.uint64(len(arrays))))  # more than the hashing of a small
+        for a in arrays:  # record); numba hands back a Python int, so the state goes back as a uint64 each time
+            h = np.uint64(_fold_buffer(h, a))
+        return int(mix64_scalar(h))
     plans = []
     for a in arrays:
         starts = np.arange(0, len(a) + CHUNK, CHUNK, dtype=np.int64)
         starts[-1] = len(a)
         plans.append((a, starts, np.empty(len(starts) - 1, dtype=np.uint64)))
     work = [(a, starts, out, k) for a, starts, out in plans for k in range(len(out))]
-    total = sum(len(a) for a in arrays)
-    groups = min(len(work), parallel.THREADS if total >= PARALLEL_BYTES else 1)
+    groups = min(len(work), parallel.THREADS)
     bounds = [len(work) * g // max(1, groups) for g in range(groups + 1)]
 
     def part(g: int) -> None:
@@ -78,6 +82,22 @@ def checksum64(buffers) -> int:
     for _, _, out in plans:
         sequence += [out, np.array([len(out)], dtype=np.uint64)]
     return int(_fold(np.concatenate(sequence)))
+
+
+@numba.njit(nogil=True, cache=True)
+def _fold_value(h, x):
+    return mix64_scalar(h ^ x) * _P
+
+
+@numba.njit(nogil=True, cache=True)
+def _fold_buffer(h, b):
+    """h folded with the chunk hashes of b and then their count: what _fold does with them, one buffer at a time."""
+    n = b.shape[0]
+    count = 0
+    for lo in range(0, n, CHUNK):
+        h = mix64_scalar(h ^ _chunk_hash(b, lo, min(n, lo + CHUNK))) * _P
+        count += 1
+    return mix64_scalar(h ^ np.uint64(count)) * _P
 
 
 @numba.njit(nogil=True, cache=True)

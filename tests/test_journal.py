@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ps import parallel
+from ps import checksum as checksum_module
 from ps.checksum import CHUNK, checksum64
 from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
 
@@ -108,6 +109,16 @@ def test_checksum64_depends_on_every_byte_and_boundary_but_not_on_threads(monkey
     assert checksum64([b"ab", b"c"]) != checksum64([b"a", b"bc"])
     assert checksum64([b"", b"x"]) != checksum64([b"x"]) != checksum64([b"x", b""])
     assert checksum64([bytes(8)]) != checksum64([bytes(16)])
+
+
+@pytest.mark.parametrize("sizes", [[0], [5, 0, 17], [CHUNK], [CHUNK + 1, 3], [2 * CHUNK - 1, 0, 8]])
+def test_checksum64_of_small_records_equals_the_parallel_path(monkeypatch, sizes):
+    """Records under PARALLEL_BYTES are hashed in one pass on the calling thread: the same function."""
+    rng = np.random.default_rng(sum(sizes))
+    buffers = [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    small = checksum64(buffers)
+    monkeypatch.setattr(checksum_module, "PARALLEL_BYTES", 0)
+    assert checksum64(buffers) == small
 
 
 @pytest.mark.parametrize("field, offset, value", [("seq", 4, struct.pack("<Q", 0)), ("length", 12, struct.pack("<I", 2**31 - 1))])
