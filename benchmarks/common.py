@@ -52,6 +52,23 @@ def timed(fn, reps: int, warmup: int = 2, max_s: float = 60.0) -> list[float]:
     return out
 
 
+def timed_alternately(fns: list, reps: int, warmup: int = 2, max_s: float = 120.0) -> list[list[float]]:
+    """Seconds per call of each fn, calling them in turn (fn 0, fn 1, ..., fn 0, ...) so that a change in the
+    machine's speed during the measurement hits all of them alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    out, start = [[] for _ in fns], time.perf_counter()
+    for _ in range(reps):
+        for k, fn in enumerate(fns):
+            t = time.perf_counter()
+            fn()
+            out[k].append(time.perf_counter() - t)
+        if time.perf_counter() - start > max_s:
+            break
+    return out
+
+
 def rate(n: int, seconds: list[float]) -> float:
     """Items per second at the median call time."""
     return n / statistics.median(seconds)
@@ -115,8 +132,13 @@ class EchoServer:
         self.call = ch.unary_unary("/echo/Echo")
         return self
 
-    def round_trip(self, request: bytes, reply_bytes: int) -> bytes:
-        return self.call(np.uint64(reply_bytes).tobytes() + request)
+    @staticmethod
+    def request(payload: bytes, reply_bytes: int) -> bytes:
+        """The request bytes asking for a reply of reply_bytes: build it once, as the real clients' requests are."""
+        return np.uint64(reply_bytes).tobytes() + payload
+
+    def round_trip(self, request: bytes) -> bytes:
+        return self.call(request)
 
     def __exit__(self, *exc) -> None:
         self.proc.terminate()

@@ -6,7 +6,8 @@ A table of --rows rows (dim 16, Adagrad) is filled so every row is in the RAM ti
 pushes) --ids distinct random ids in one request. Both clients do the same work: they send pre-serialized request
 bytes and receive the reply's bytes without parsing them (a raw gRPC method), so the difference is the server's.
 The reference is an echo server in its own process that receives and sends the same number of bytes with no
-protobuf and no work.
+protobuf and no work; its requests are built once too. Server and echo calls alternate (pull, echo, pull, ...),
+so a change in this shared machine's speed during the run hits both alike.
 Targets: pull >= 50% and push >= 40% of the echo rates.
 """
 
@@ -17,7 +18,9 @@ import sys
 
 import numpy as np
 
-from common import EchoServer, channel, create_table, emit, pull_request, push_request, rate, spread, stub, timed
+from common import (
+    EchoServer, channel, create_table, emit, pull_request, push_request, rate, spread, stub, timed_alternately,
+)  # fmt: skip
 
 from protos import ps_pb2
 
@@ -38,7 +41,8 @@ def main() -> None:
     batches = [rng.choice(args.rows, n, replace=False).astype(np.uint64) for _ in range(8)]
     grads = rng.standard_normal((n, dim)).astype(np.float32) * 0.01
 
-    with LocalCluster(1, extra_args=["--cache-bytes", "4G"]) as cluster:
+    ids_bytes, rows_bytes = 8 * n, 4 * n * dim
+    with LocalCluster(1, extra_args=["--cache-bytes", "4G"]) as cluster, EchoServer() as echo:
         s = stub(cluster.addresses[0])
         create_table(s, "hot", dim)
         for lo in range(0, args.rows, 500_000):  # admit every row to RAM
@@ -50,16 +54,16 @@ def main() -> None:
         pushes = [push_request("hot", b, grads).SerializeToString() for b in batches]
         reply = ps_pb2.PullResponse.FromString(raw_pull(pulls[0]))  # what the timed calls get is real rows
         assert len(reply.rows) == 4 * n * dim and reply.dim == dim
+        echo_pull = echo.request(bytes(ids_bytes), rows_bytes)
+        echo_push = echo.request(bytes(ids_bytes + rows_bytes), 8)
         i = iter(range(10**9))
-        pull_s = timed(lambda: raw_pull(pulls[next(i) % 8]), args.reps)
-        push_s = timed(lambda: raw_push(pushes[next(i) % 8]), args.reps)
+        pull_s, echo_pull_s = timed_alternately(
+            [lambda: raw_pull(pulls[next(i) % 8]), lambda: echo.round_trip(echo_pull)], args.reps
+        )
+        push_s, echo_push_s = timed_alternately(
+            [lambda: raw_push(pushes[next(i) % 8]), lambda: echo.round_trip(echo_push)], args.reps
+        )
         assert ps_pb2.PushResponse.FromString(raw_push(pushes[0])).num_applied == n
-
-    ids_bytes, rows_bytes = 8 * n, 4 * n * dim
-    with EchoServer() as echo:
-        ids_payload, push_payload = bytes(ids_bytes), bytes(ids_bytes + rows_bytes)
-        echo_pull_s = timed(lambda: echo.round_trip(ids_payload, rows_bytes), args.reps)
-        echo_push_s = timed(lambda: echo.round_trip(push_payload, 8), args.reps)
 
     r = {
         "ids_per_request": n,
