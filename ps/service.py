@@ -13,7 +13,7 @@ import time
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import wire
+from ps import request_views, wire
 from ps.errors import PsError
 from ps.shard import Shard
 
@@ -51,7 +51,8 @@ PRESERIALIZED = {"Pull", "PullBatch", "PushBatch"}  # methods whose servicer ret
 
 def add_to_server(servicer: "ParameterServerServicer", server: grpc.Server) -> None:
     """Registers the servicer's methods, as the generated add_ParameterServerServicer_to_server does, except
-    that the methods in PRESERIALIZED send the bytes their servicer returns as they are."""
+    that the methods in PRESERIALIZED send the bytes their servicer returns as they are, and the bulk requests
+are read by ps.request_views (their ids and grads as views of the request's bytes, not copies)."""
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {}
     for method in service.methods:
@@ -59,7 +60,7 @@ def add_to_server(servicer: "ParameterServerServicer", server: grpc.Server) -> N
         response_cls = getattr(ps_pb2, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name),
-            request_deserializer=request_cls.FromString,
+            request_deserializer=request_views.READERS.get(method.name, request_cls.FromString),
             response_serializer=bytes if method.name in PRESERIALIZED else response_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -86,9 +87,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Pull(self, request, context):
         """Returns the PullResponse already serialized (see add_to_server)."""
+        self._check_parsed(request)
         ids = wire.decode_ids(request.ids)
         rows = self.shard.pull(request.table, ids)
         return wire.encode_pull_response(rows)
+
+    @staticmethod
+    def _check_parsed(request) -> None:
+        """InvalidArgumentError for a request that ps.request_views could not read (not valid protobuf)."""
+        error = getattr(request, "error", None)
+        if error:
+            raise wire.InvalidArgumentError(error)
 
     def _decode_push(self, request) -> tuple:
         """(table name, ids, grads, shows, clicks) of a PushRequest, with its lengths and dim checked."""
@@ -105,6 +114,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def Push(self, request, context):
+        self._check_parsed(request)
         push = self._decode_push(request)
         self.shard.push(*push)
         return ps_pb2.PushResponse(num_applied=len(push[1]))
@@ -112,6 +122,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PullBatch(self, request, context):
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
+        self._check_parsed(request)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         for name, ids in pulls:  # every pull checked before any runs
             self.shard.table(name)
@@ -121,6 +132,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PushBatch(self, request, context):
         """Returns the PushBatchResponse already serialized (see add_to_server)."""
+        self._check_parsed(request)
         pushes = [self._decode_push(p) for p in request.pushes]
         step, _ = self.shard.push_batch(pushes, request.advance_clock, request.client_id, request.seq)
         rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
