@@ -54,6 +54,16 @@ def test_push_arrays_against_a_loop(ids, with_clicks):
     assert uniq[where].tolist() == ids.tolist()
 
 
+def test_push_arrays_refuses_clicks_or_shows_of_another_length():
+    ids, grads = np.array([1, 2, 3], np.uint64), np.zeros((3, 2), np.float32)
+    for kwargs in ({"clicks": np.ones(2), "shows": None}, {"clicks": np.ones(4), "shows": None},
+                   {"clicks": None, "shows": np.ones(5)}):  # fmt: skip
+        with pytest.raises(ValueError, match="for 3 ids"):
+            push_arrays("t", ids, grads, kwargs["clicks"], kwargs["shows"], 2)
+    _, _, shows, clicks, _ = push_arrays("t", ids, grads, 1.0, None, 2)  # one value: every id
+    assert clicks.tolist() == [1.0, 1.0, 1.0] and shows.tolist() == [1.0, 1.0, 1.0]
+
+
 @pytest.mark.parametrize("max_request_bytes", [64 << 20, 200])  # 200 bytes: many chunks per shard
 def test_pull_and_push_with_duplicates_across_three_shards(servers, sgd1_table, max_request_bytes):
     addresses, _ = servers(3)

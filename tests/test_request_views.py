@@ -74,7 +74,11 @@ def test_the_last_value_of_a_repeated_scalar_field_wins():
         (b"\x0a\x05ab", "field 1 says 5 bytes, 2 are left"),
         (b"\x08", "truncated varint"),
         (b"\x08" + b"\xff" * 11, "longer than 10 bytes"),
-        (b"\x0b", "wire type 3"),
+        (b"\x0b", "group 1 is not closed"),
+        (b"\x0c", "wire type 4"),  # an end-group with no group
+        (b"\x4b\x54", "group 9 ends with field 10"),
+        (b"\x92\x80\x80\x80\x80\x00\x01\x41", "longer than 32 bits"),  # a key padded to 6 bytes
+        (b"\x90\x80\x80\x80\x80\x01\x01\x41", "longer than 32 bits"),  # a key past 2**32 - 1
         (b"\x00\x01", "field number 0"),
         (b"\x0a\x02\x0a\x05", "field 1 says 5 bytes"),  # inside the first push
         (b"\x0a\x03\x0a\x01\xff", "table is not UTF-8"),
@@ -101,3 +105,22 @@ def test_a_garbage_request_gets_invalid_argument_from_the_server(servers):
     with pytest.raises(grpc.RpcError) as e:
         channel.unary_unary("/sparseps.ParameterServer/Pull")(good, timeout=10)
     assert e.value.code() == grpc.StatusCode.NOT_FOUND  # a well-formed request reaches the shard as before
+
+
+def test_unknown_groups_are_skipped_like_other_unknown_fields():
+    data = b"\x12\x01A" + b"\x4b" + b"\x08\x01" + b"\x53\x54" + b"\x4c" + b"\x20\x07"  # group 9 holds group 10
+    want, view = ps_pb2.PushRequest.FromString(data), SinglePushView(data)
+    assert view.error is None
+    same_push(view, want)
+
+
+def test_a_request_of_very_many_fields_is_read_by_the_generated_class(monkeypatch):
+    from ps import request_views
+
+    monkeypatch.setattr(request_views, "MAX_FIELDS", 10)
+    msg = ps_pb2.PushBatchRequest(pushes=[ps_pb2.PushRequest(table=str(i), dim=i) for i in range(12)], seq=4)
+    view = PushBatchView(msg.SerializeToString())
+    assert view.error is None and view.seq == 4
+    assert [(p.table, p.dim) for p in view.pushes] == [(str(i), i) for i in range(12)]
+    bad = PushBatchView(b"\x10\x01" * 11 + b"\x0a\x05ab")  # past the limit and not protobuf
+    assert bad.error and "not valid protobuf" in bad.error

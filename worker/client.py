@@ -53,6 +53,14 @@ def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.n
     return uniq, out
 
 
+def _per_id(values, n: int, table: str, what: str) -> np.ndarray:
+    """values as n float32, one per id (a single value is used for every id); ValueError for another length."""
+    flat = np.asarray(values, dtype=np.float32).ravel()
+    if len(flat) not in (1, n):
+        raise ValueError(f"push to {table!r} has {len(flat)} {what} for {n} ids")
+    return np.broadcast_to(flat, (n,)) if len(flat) != n else flat
+
+
 def push_arrays(table: str, ids, grads, clicks, shows, dim: int) -> tuple:
     """(unique ids, their grads (n, dim), shows (n,), clicks (n,), all float32, and where each given id's row is
     in them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
@@ -61,11 +69,11 @@ def push_arrays(table: str, ids, grads, clicks, shows, dim: int) -> tuple:
     copy, no sort."""
     ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
     grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
-    clicks = np.zeros(len(ids), np.float32) if clicks is None else np.asarray(clicks, dtype=np.float32).ravel()
+    clicks = np.zeros(len(ids), np.float32) if clicks is None else _per_id(clicks, len(ids), table, "clicks")
     if shows is not None:
         if wire.repeats_ids(ids):
             raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
-        return ids, grads, np.asarray(shows, dtype=np.float32).ravel(), clicks, None
+        return ids, grads, _per_id(shows, len(ids), table, "shows"), clicks, None
     if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
         return ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
     counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
@@ -108,7 +116,7 @@ class Client:
         self._channels = [client_channel(a, options, tls_ca, tls_cert, tls_key, auth_token) for a in self.servers]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
-        self._routes: dict[tuple[int, int], tuple[np.ndarray, list]] = {}  # see _route
+        self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}  # see _route
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float = 30.0) -> None:
@@ -246,8 +254,9 @@ class Client:
     # ---- plumbing -------------------------------------------------------------------------------------
     def _route(self, uniq: np.ndarray, dim: int) -> list[tuple[int, np.ndarray]]:
         """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes. The routes of
-        the last ids seen per (count, dim) are kept: a dense table pushes the same ids every step."""
-        key = (len(uniq), dim)
+        the last ids seen per (count, dim, request size limit) are kept: a dense table pushes the same ids every
+        step. Callers only index with the positions, never change them."""
+        key = (len(uniq), dim, self.max_request_bytes)
         known = self._routes.get(key)
         if known is not None and np.array_equal(known[0], uniq):
             return known[1]
