@@ -152,7 +152,16 @@ class Journal:
             return removed
 
     def size_bytes(self) -> int:
-        return sum(os.path.getsize(p) for _, p in self.segments())
+        """Bytes in all segments. Under the lock, as trim() deletes segments under it: Stats once listed a segment
+        that trim() removed before its size was read (FileNotFoundError, an INTERNAL error for the caller)."""
+        total = 0
+        with self._lock:
+            for _, path in self.segments():
+                try:
+                    total += os.path.getsize(path)
+                except FileNotFoundError:  # removed by something else meanwhile: it holds no bytes now
+                    pass
+        return total
 
     # ---- appends --------------------------------------------------------------------------------------
     def append(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray,

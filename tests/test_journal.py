@@ -137,3 +137,17 @@ def test_a_damaged_header_of_an_early_record_is_refused_not_skipped_or_cut(tmp_p
     with pytest.raises(JournalCorruptError, match="corrupt at byte 0"):
         list(Journal(str(tmp_path)).replay(0))
     assert os.path.getsize(path) == size
+
+
+def test_size_bytes_while_segments_are_trimmed(tmp_path, monkeypatch):
+    """Stats asks for the journal's size while the flusher trims segments: a segment gone between the listing
+    and the size read counts 0 bytes (it made Stats fail with INTERNAL under load)."""
+    j = Journal(str(tmp_path / "j"), segment_bytes=1)
+    ids, grads = np.arange(3, dtype=np.uint64), np.ones((3, 2), np.float32)
+    for _ in range(3):
+        j.append("t", ids, grads, np.ones(3, np.float32), np.zeros(3, np.float32), 0)
+    segments = j.segments()
+    assert len(segments) == 3
+    listed = segments + [(99, str(tmp_path / "j" / "00000000000000000099.log"))]  # listed, then removed
+    monkeypatch.setattr(j, "segments", lambda: listed)
+    assert j.size_bytes() == sum(os.path.getsize(p) for _, p in segments)
