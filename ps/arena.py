@@ -17,7 +17,7 @@ import threading
 import numba
 import numpy as np
 
-from ps.index import IdIndex, find
+from ps.index import IdIndex, find, lookup_into
 from ps.sharding import mix64_scalar
 from ps.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
 from ps.parallel import parts, run_each, run_parts
@@ -99,17 +99,6 @@ def _lookup_gather(slots, shift, ids, data, cols, out, ref):
         ref[r] = 1
         for j in range(cols):
             out[i, j] = data[r, j]
-    return misses
-
-
-@numba.njit(nogil=True, cache=True)
-def _find_rows(slots, shift, ids, out, lo, hi):
-    """out[lo:hi] = row of ids[lo:hi] or -1, touching only the index; returns how many were not found."""
-    misses = 0
-    for i in range(lo, hi):
-        r = find(slots, shift, ids[i])
-        out[i] = r
-        misses += r < 0
     return misses
 
 
@@ -243,11 +232,11 @@ class Arena:
         which marks each row's line)."""
         out = np.empty(len(ids), dtype=np.int64)
         slots, shift = self.index.slots, self.index.shift
-        return out, sum(run_parts(lambda lo, hi: _find_rows(slots, shift, ids, out, lo, hi), len(ids)))
+        return out, sum(run_parts(lambda lo, hi: lookup_into(slots, shift, ids[lo:hi], out[lo:hi]), len(ids)))
 
     def first_repeat(self, rows: np.ndarray) -> int:
         """First position of rows (all >= 0) whose row appeared earlier in it, or -1."""
-        if self._seen is None or len(self._seen) * 64 < self.capacity:
+        if self._seen is None:  # the capacity is fixed: one allocation, on the first push
             self._seen = np.zeros((self.capacity + 63) // 64, dtype=np.uint64)
         return int(_first_repeat(rows, self._seen))
 

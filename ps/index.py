@@ -32,9 +32,14 @@ def find(slots, shift, k):
 
 
 @numba.njit(nogil=True, cache=True)
-def _lookup(slots, shift, ids, out):
+def lookup_into(slots, shift, ids, out):
+    """out[i] = row of ids[i] or -1; returns how many were not found."""
+    misses = 0
     for i in range(ids.shape[0]):
-        out[i] = find(slots, shift, ids[i])
+        r = find(slots, shift, ids[i])
+        out[i] = r
+        misses += r < 0
+    return misses
 
 
 @numba.njit(nogil=True, cache=True)
@@ -104,7 +109,7 @@ class IdIndex:
     def lookup(self, ids: np.ndarray) -> np.ndarray:
         """Row of each id, -1 where absent."""
         out = np.empty(len(ids), dtype=np.int64)
-        _lookup(self.slots, self.shift, np.ascontiguousarray(ids, dtype=np.uint64), out)
+        lookup_into(self.slots, self.shift, np.ascontiguousarray(ids, dtype=np.uint64), out)
         return out
 
     def insert(self, ids: np.ndarray, rows: np.ndarray) -> None:

@@ -70,9 +70,14 @@ def encode_push_batch_response(num_applied: int, step: int, rows: list[np.ndarra
     return b"".join(parts)
 
 
+def strictly_increasing(ids: np.ndarray) -> bool:
+    """True if every id is larger than the one before (so none repeats); checked without sorting."""
+    return len(ids) < 2 or bool((ids[1:] > ids[:-1]).all())
+
+
 def repeats_ids(ids: np.ndarray) -> bool:
     """True if an id occurs twice (strictly increasing ids, the common case, are checked without sorting)."""
-    return len(ids) > 1 and not (ids[1:] > ids[:-1]).all() and len(np.unique(ids)) != len(ids)
+    return not strictly_increasing(ids) and len(np.unique(ids)) != len(ids)
 
 
 def decode_ids(data: bytes, field: str = "ids") -> np.ndarray:

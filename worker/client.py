@@ -74,7 +74,7 @@ def push_arrays(table: str, ids, grads, clicks, shows, dim: int) -> tuple:
         if wire.repeats_ids(ids):
             raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
         return ids, grads, _per_id(shows, len(ids), table, "shows"), clicks, None
-    if len(ids) < 2 or bool(np.all(ids[1:] > ids[:-1])):
+    if wire.strictly_increasing(ids):
         return ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
     counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
     uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))

@@ -71,6 +71,14 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
         thread.join(timeout=60)
 
 
+def in_any(ids: np.ndarray, id_sets) -> np.ndarray:
+    """Boolean mask over ids (unique): True where the id is in one of id_sets (each unique)."""
+    mask = np.zeros(len(ids), dtype=bool)
+    for other in id_sets:
+        mask |= np.isin(ids, other, assume_unique=True)
+    return mask
+
+
 class RecentRows:
     """The rows this worker's last `window` pushes returned (each row as it was right after its push), to lay over
     rows pulled before those pushes: for a single worker the result is exactly what a pull now would give."""
@@ -84,10 +92,7 @@ class RecentRows:
 
     def covered(self, ids: np.ndarray) -> np.ndarray:
         """Boolean mask over ids (unique): True where a recorded push returned the id's row."""
-        mask = np.zeros(len(ids), dtype=bool)
-        for pushed, _ in self._pushed:
-            mask |= np.isin(ids, pushed, assume_unique=True)
-        return mask
+        return in_any(ids, [pushed for pushed, _ in self._pushed])
 
     def overlay(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """rows[i] = the newest recorded row of ids[i], where there is one (ids unique; rows updated in place)."""

@@ -30,7 +30,7 @@ from worker.cluster import LocalCluster
 from worker.dense import DenseSync, table_config as dense_table_config
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
-from worker.pipeline import RecentRows, prefetched
+from worker.pipeline import RecentRows, in_any, prefetched
 from worker.synthetic import SyntheticConfig, SyntheticData
 
 log = logging.getLogger("worker.train")
@@ -257,21 +257,23 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
     name, dim = spec.name, spec.sparse_dim
     recent = RecentRows(cfg.prefetch + 1)  # a pull runs up to depth + 1 batches ahead: depth queued, one in hand
 
+    def pull_uncovered(uniq: np.ndarray, covered: np.ndarray) -> np.ndarray:
+        """Rows of uniq, pulled where not covered; covered rows stay unset: recent.overlay lays over them the
+        rows that recent pushes returned (so they are not pulled for nothing)."""
+        rows = np.empty((len(uniq), dim), dtype=np.float32)
+        if not covered.all():
+            rows[~covered] = tables.pull(name, uniq[~covered])
+        return rows
+
     def prepare(batch, window: deque):  # on the prefetch thread when cfg.prefetch > 0
-        """(unique ids, inverse, their rows pulled now or None). The rows of ids that one of the depth + 1
-        batches before this one has too are left unset: by the time this batch is computed, their pushes
-        have returned those rows and `recent` lays them over (so they are not pulled for nothing)."""
+        """(unique ids, inverse, their rows pulled now or None). Ids that one of the depth + 1 batches before
+        this one has too are covered: by the time this batch is computed, their pushes have returned them."""
         uniq, inverse = np.unique(batch.ids, return_inverse=True)
         if not cfg.prefetch:
             return uniq, inverse.ravel(), None
-        need = np.ones(len(uniq), dtype=bool)
-        for earlier in window:
-            need &= ~np.isin(uniq, earlier, assume_unique=True)
+        covered = in_any(uniq, window)
         window.append(uniq)
-        rows = np.empty((len(uniq), dim), dtype=np.float32)
-        if need.any():
-            rows[need] = tables.pull(name, uniq[need])
-        return uniq, inverse.ravel(), rows
+        return uniq, inverse.ravel(), pull_uncovered(uniq, covered)
 
     for epoch in range(cfg.epochs):
         step_started = time.perf_counter()
@@ -279,10 +281,7 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
         batches = prefetched(data.train(), lambda b: prepare(b, window), cfg.prefetch)
         for batch, (uniq, inverse, uniq_rows) in batches:
             if uniq_rows is None:  # no prefetch: pull the rows the last push did not return
-                need = ~recent.covered(uniq)
-                uniq_rows = np.empty((len(uniq), dim), dtype=np.float32)
-                if need.any():
-                    uniq_rows[need] = tables.pull(name, uniq[need])
+                uniq_rows = pull_uncovered(uniq, recent.covered(uniq))
             recent.overlay(uniq, uniq_rows)
             n, fields = batch.ids.shape
             probs, row_grads, dense_grads = backend.forward_backward(
