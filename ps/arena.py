@@ -17,6 +17,7 @@ import threading
 import numba
 import numpy as np
 
+from ps import hugepages
 from ps.index import IdIndex, find, lookup_into
 from ps.sharding import mix64_scalar
 from ps.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
@@ -188,7 +189,7 @@ class Arena:
         self.budget = budget
         self.row_charge = 4 * line_floats(width) + RAM_OVERHEAD_BYTES  # the same figure `ps-server size` uses
         self.capacity = max(MIN_ROWS, budget.limit_bytes // self.row_charge)
-        self.data = np.empty((self.capacity, line_floats(width)), dtype=np.float32)  # rows [0, used) are set
+        self.data = hugepages.zeros((self.capacity, line_floats(width)), np.float32)  # rows [0, used) are set
         m = 4 * meta_col(width)  # byte offset of the bookkeeping in a line
         self.lsn = self.data.view(np.uint64)[:, m // 8]
         self.pin = self.data.view(np.int64)[:, m // 8 + 1]

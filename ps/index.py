@@ -12,6 +12,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from ps import hugepages
 from ps.sharding import mix64_scalar
 
 MAX_LOAD = 0.5
@@ -100,7 +101,7 @@ class IdIndex:
 
     def _alloc(self, bits: int) -> None:
         self.bits = bits
-        self.slots = np.zeros((1 << bits, 2), dtype=np.uint64)
+        self.slots = hugepages.zeros((1 << bits, 2), np.uint64)
         self.shift = np.uint64(64 - bits)
 
     def __len__(self) -> int:

@@ -4,7 +4,7 @@ Files: <data_dir>/journal/<first_seq:020d>.log, one active segment at a time; ro
 trim(seq) deletes the segments whose records are all <= seq (their effects are in RocksDB).
 
 Grammar (little-endian):
-    segment := record*
+    segment := record* zero*
     record  := magic:u32 = 0x344A5350 ("PSJ4")  seq:u64  payload_len:u32  checksum:u64  payload4
              | magic:u32 = 0x334A5350 ("PSJ3")  seq:u64  payload_len:u32  checksum:u64  payload
              | magic:u32 = 0x324A5350 ("PSJ2")  seq:u64  payload_len:u32  crc32(payload):u32  payload
@@ -22,6 +22,10 @@ the active segment; replay drops such a torn last record (never acknowledged). A
 after it, or in an older segment) is damage: replay raises JournalCorruptError rather than drop the
 acknowledged pushes after it.
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
+The active segment's next bytes are allocated ahead of the appends (ps.prefault) and read as zeros until written:
+zeros after the last record are unused space, not damage (a torn record is judged with them left out), and a
+closed segment is truncated to its last record. In an older segment such a zero tail is accepted only if the next
+segment starts right after its last record, so a zeroed stretch of acknowledged records is still damage.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import numpy as np
 
 from ps.checksum import checksum64
 from ps.errors import StorageError
+from ps.prefault import Prefaulter
 
 MAGIC = 0x344A5350
 MAGIC_V3 = 0x334A5350  # earlier records: no (client, client_seq, part)
@@ -68,7 +73,9 @@ class Journal:
         os.makedirs(directory, exist_ok=True)
         self._lock = threading.Lock()
         self._fd = -1
-        self._segment_size = 0
+        self._path = ""  # the active segment
+        self._segment_size = 0  # bytes of records in it: the next append's offset (the file may be longer)
+        self._prefault = Prefaulter()
         self.next_seq = 1
         self.bytes_written = 0
         self.applied: dict[int, tuple[int, int]] = {}  # client -> (client_seq, parts done) of its newest request
@@ -106,10 +113,13 @@ class Journal:
             with open(path, "rb") as f:
                 data = f.read()
             pos = 0
+            seg_last = first - 1  # the seq of the segment's last record so far
             while pos < len(data):
                 rec, end = _parse(data, pos)
                 if rec is None:
-                    if i < len(segs) - 1 or not _torn_tail(data, pos):
+                    newest = i == len(segs) - 1
+                    unused = _end_of_data(data, pos) == pos and (newest or segs[i + 1][0] == seg_last + 1)
+                    if not unused and (not newest or not _torn_tail(data, pos)):
                         raise JournalCorruptError(
                             f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
                             f"with {'data after it' if i == len(segs) - 1 else f'{len(segs) - 1 - i} segments after it'}"
@@ -117,20 +127,20 @@ class Journal:
                             "acknowledged pushes after it. Refusing to start; restore the data dir, or move "
                             f"{path} and the segments after it aside to start without them"
                         )
-                    self._truncate(path, pos, segs[i + 1 :])
+                    if newest:
+                        self._truncate(path, pos)
                     break
                 pos = end
+                seg_last = rec.seq
                 last = max(last, rec.seq)
                 self.note_applied(rec.origin)
                 if rec.seq > after_seq:
                     yield rec
         self.next_seq = last + 1
 
-    def _truncate(self, path: str, size: int, later: list[tuple[int, str]]) -> None:
+    def _truncate(self, path: str, size: int) -> None:
         with open(path, "r+b") as f:
             f.truncate(size)
-        for _, p in later:
-            os.remove(p)
 
     def rotate(self) -> None:
         """Closes the active segment; the next append starts a new one (named by its first seq)."""
@@ -157,6 +167,9 @@ class Journal:
         total = 0
         with self._lock:
             for _, path in self.segments():
+                if path == self._path and self._fd >= 0:  # its prepared tail is not records
+                    total += self._segment_size
+                    continue
                 try:
                     total += os.path.getsize(path)
                 except FileNotFoundError:  # removed by something else meanwhile: it holds no bytes now
@@ -181,36 +194,56 @@ class Journal:
             crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
             parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays]
             total = HEADER.size + payload_len
-            written = os.writev(self._fd, parts)
+            try:
+                written = os.pwritev(self._fd, parts, self._segment_size)
+            except OSError:
+                self._cut_back()
+                raise
             if written != total:  # e.g. disk full: cut the partial record off and fail the push
-                os.ftruncate(self._fd, self._segment_size)
+                self._cut_back()
                 raise OSError(f"journal write of {total} bytes wrote {written}")
             if self.sync:
                 try:
                     os.fsync(self._fd)
                 except OSError:  # not durable: take the record back, or replay would apply a failed push
-                    os.ftruncate(self._fd, self._segment_size)
+                    self._cut_back()
                     raise
             self._segment_size += total
             self.bytes_written += total
             self.next_seq = seq + 1
             self.note_applied(origin)
+            self._prefault.appended(self._segment_size, total)
             return seq
 
+    def _cut_back(self) -> None:
+        """Truncates the active segment to its last whole record (a failed append leaves nothing behind)."""
+        self._prefault.detach()
+        os.ftruncate(self._fd, self._segment_size)
+        self._prefault.attach(self._fd, self.segment_bytes)
+
     def _open_segment(self) -> None:
+        """Opens the segment of next_seq. A file of that name may exist only empty (a failed first append, or
+        replay cut a torn record off); one holding bytes means the journal was not replayed first."""
         self._close_fd()
         path = os.path.join(self.dir, f"{self.next_seq:020d}.log")
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._segment_size = os.fstat(self._fd).st_size
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # read too: ps.prefault reads ahead
+        if os.fstat(fd).st_size:
+            os.close(fd)
+            raise StorageError(f"journal segment {path} already holds data: replay the journal before appending")
+        self._fd, self._path, self._segment_size = fd, path, 0
         if self.sync:
             dfd = os.open(self.dir, os.O_RDONLY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
+        self._prefault.attach(self._fd, self.segment_bytes)
 
     def _close_fd(self) -> None:
+        """Closes the active segment, cut to its last record (the prepared space after it goes)."""
         if self._fd >= 0:
+            self._prefault.detach()
+            os.ftruncate(self._fd, self._segment_size)
             if self.sync:
                 os.fsync(self._fd)
             os.close(self._fd)
@@ -219,30 +252,48 @@ class Journal:
     def close(self) -> None:
         with self._lock:
             self._close_fd()
+        self._prefault.close()
 
 
 class JournalCorruptError(StorageError):
     """A journal record that fails its checks with intact data after it: damage, refused at start-up."""
 
 
+def _end_of_data(data: bytes, pos: int) -> int:
+    """Where data stops being anything but zeros: one past its last nonzero byte at or after pos (pos if none)."""
+    a = np.frombuffer(data, dtype=np.uint8)
+    end = len(a)
+    while end > pos:  # from the back, a MB at a time: a prepared tail can be hundreds of MB
+        lo = max(pos, end - (1 << 20))
+        nonzero = np.flatnonzero(a[lo:end])
+        if len(nonzero):
+            return lo + int(nonzero[-1]) + 1
+        end = lo
+    return pos
+
+
 def _torn_tail(data: bytes, pos: int) -> bool:
     """True if the bad record at pos can be what a crash leaves: the last record, cut short or (power loss)
-    whole but with unwritten pages. So nothing after it may parse as an intact record: a damaged length field
-    can make a record look like it runs to the end of the file."""
+    whole but with unwritten pages, followed by nothing but the zeros of prepared space. So nothing after it may
+    parse as an intact record, and it must reach the last nonzero byte: a damaged length field can make a
+    record look like it runs to the end of the file."""
+    end = _end_of_data(data, pos)
+    if end == pos:  # only zeros: unused space
+        return True
     for magic in (m.to_bytes(4, "little") for m in HEADERS):
-        at = data.find(magic, pos + 1)
+        at = data.find(magic, pos + 1, end)
         while at >= 0:
             if _parse(data, at)[0] is not None:
                 return False
-            at = data.find(magic, at + 1)
-    if len(data) - pos < HEADER.size:
+            at = data.find(magic, at + 1, end)
+    if end - pos < HEADER.size:
         return True
     (magic,) = struct.unpack_from("<I", data, pos)
     header = HEADERS.get(magic)
     if header is None:
         return False
     _, _, payload_len, _ = header.unpack_from(data, pos)
-    return pos + header.size + payload_len >= len(data)  # nothing after its declared end
+    return pos + header.size + payload_len >= end  # nothing but zeros after its declared end
 
 
 def _parse(data: bytes, pos: int):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 import zlib
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 from ps import parallel
 from ps import checksum as checksum_module
 from ps.checksum import CHUNK, checksum64
+from ps.errors import StorageError
 from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
 
 
@@ -151,3 +153,99 @@ def test_size_bytes_while_segments_are_trimmed(tmp_path, monkeypatch):
     listed = segments + [(99, str(tmp_path / "j" / "00000000000000000099.log"))]  # listed, then removed
     monkeypatch.setattr(j, "segments", lambda: listed)
     assert j.size_bytes() == sum(os.path.getsize(p) for _, p in segments)
+
+
+def _record_bytes(j: Journal) -> int:
+    """Bytes of records in the active segment (the file may be longer: space prepared ahead)."""
+    return j._segment_size
+
+
+def _wait_prepared(path: str, beyond: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while os.path.getsize(path) <= beyond:
+        assert time.monotonic() < deadline, "the journal prepared no space ahead of its appends"
+        time.sleep(0.01)
+
+
+def test_space_prepared_ahead_reads_as_zeros_and_is_not_damage(tmp_path):
+    """A crash leaves the active segment with zeros after its last record (space ps.prefault prepared): replay
+    applies every record, cuts the zeros off, and appends continue; a clean close cuts them off itself."""
+    j = Journal(str(tmp_path))
+    written = [_push(j, 50, seed=s)[0] for s in (1, 2, 3)]
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    records = _record_bytes(j)
+    _wait_prepared(path, records)
+    with open(path, "rb") as f:
+        assert not any(f.read()[records:])  # prepared space is zeros
+    j2 = Journal(str(tmp_path))  # j is never closed: a kill -9
+    assert [r.seq for r in j2.replay(0)] == written == [1, 2, 3]
+    assert os.path.getsize(path) == records
+    assert _push(j2, 5, seed=4)[0] == 4
+    size = _record_bytes(j2)
+    _wait_prepared(j2._path, size)
+    j2.close()
+    assert os.path.getsize(j2._path) == size  # closed: cut to its records
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("cut", [3, 30, 200])  # inside the header, inside the ids, inside the grads
+def test_a_torn_last_record_followed_by_prepared_zeros_is_cut_off(tmp_path, cut):
+    j = Journal(str(tmp_path))
+    _push(j, 10, seed=1)
+    _push(j, 10, seed=2)
+    j.close()
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        data = f.read()
+        first_end = size // 2  # both records have the same size
+        f.seek(first_end + cut)
+        f.write(bytes(size - first_end - cut + (1 << 20)))  # the rest of the record never written, then zeros
+    assert [r.seq for r in Journal(str(tmp_path)).replay(0)] == [1]
+    assert os.path.getsize(path) == first_end and data[:first_end] == open(path, "rb").read()
+
+
+def test_a_damaged_record_before_intact_ones_is_refused_even_with_zeros_after(tmp_path):
+    j = Journal(str(tmp_path))
+    for seed in (1, 2, 3):
+        _push(j, 10, seed=seed)
+    j.close()
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    with open(path, "r+b") as f:
+        f.seek(60)
+        byte = f.read(1)
+        f.seek(60)
+        f.write(bytes([byte[0] ^ 0x10]))
+        f.seek(0, os.SEEK_END)
+        f.write(bytes(1 << 20))
+    with pytest.raises(JournalCorruptError, match="corrupt at byte 0"):
+        list(Journal(str(tmp_path)).replay(0))
+
+
+@pytest.mark.parametrize("gap", [False, True])
+def test_zeros_ending_an_older_segment_are_accepted_only_if_the_next_segment_follows_on(tmp_path, gap):
+    """An older segment may end in zeros (say its truncation at close failed); if zeros took the place of its
+    last acknowledged records, the next segment does not start right after what is left: damage."""
+    j = Journal(str(tmp_path), segment_bytes=1)  # a segment per record
+    for seed in (1, 2, 3):
+        _push(j, 10, seed=seed)
+    j.close()
+    first = sorted(os.path.join(tmp_path, f) for f in os.listdir(tmp_path))[0]
+    with open(first, "r+b") as f:
+        if gap:  # its only record zeroed out: the next segment starts at seq 2, after nothing
+            f.write(bytes(os.path.getsize(first)))
+        f.seek(0, os.SEEK_END)
+        f.write(bytes(1 << 16))
+    if gap:
+        with pytest.raises(JournalCorruptError, match="corrupt at byte 0"):
+            list(Journal(str(tmp_path)).replay(0))
+    else:
+        assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3]
+
+
+def test_appending_to_a_journal_that_was_not_replayed_is_refused(tmp_path):
+    j = Journal(str(tmp_path))
+    _push(j, 3)
+    j.close()
+    with pytest.raises(StorageError, match="replay the journal before appending"):
+        _push(Journal(str(tmp_path)), 3)

@@ -1,0 +1,104 @@
+"""Prefaulter: keeps the bytes just past an appended file's end allocated, on disk and in the page cache, from a
+background thread, so that appends overwrite cached pages instead of allocating new ones.
+
+Why: an append into new file space makes the kernel allocate, zero and account a page-cache page per 4 KB
+(and ext4 reserve blocks) inside the write call. Measured on this project's VM, a 7.2 MB journal record (one
+100,000-id push of dim 16) took 6.6-7.0 ms to write into new space and 0.9-1.3 ms into space prepared
+beforehand (`posix_fallocate` and then one read of the range, which leaves clean zero pages in the cache and
+writes nothing to disk). On this VM most of the difference is the hypervisor handing back guest memory that
+was free for a while (virtio free page reporting); on bare metal it is page zeroing and block reservation.
+Either way the cost moves off the push's path onto a core that is otherwise waiting.
+
+The prepared range reads as zeros until it is written: a reader of the file must take a run of zero bytes
+after the last record as unused space (ps.journal does). The writer truncates the file to its real end when it
+closes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 2 << 20  # prepared per step; detach() waits for at most one step (~2-3 ms)
+MIN_AHEAD_BYTES = 8 << 20  # keep at least this much prepared past the end ...
+AHEAD_RECORDS = 4  # ... and room for this many of the largest records appended so far
+
+
+class Prefaulter:
+    """Prepares [end, end + ahead) of one attached file at a time, capped at the limit given to attach().
+    attach / detach are called by the writer under its own lock; appended() never blocks. The thread starts on
+    the first attach."""
+
+    def __init__(self):
+        self._lock = threading.Lock()  # held while a step works on the attached fd, and by attach / detach
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._fd = -1
+        self._limit = 0
+        self._done = 0  # [0, _done) of the attached file is prepared (or written)
+        self._want = 0
+        self._largest = 0
+        self._disabled = False  # the file system refused (no fallocate): appends just allocate as they go
+        self._buf = np.empty(CHUNK_BYTES, dtype=np.uint8)
+
+    def attach(self, fd: int, limit: int) -> None:
+        """From now on prepare fd, whose current size is its end, up to at most limit bytes."""
+        with self._lock:
+            self._fd, self._limit = fd, limit
+            self._done = self._want = os.fstat(fd).st_size
+            if self._thread is None and not self._disabled:
+                self._thread = threading.Thread(target=self._run, name="journal-prefault", daemon=True)
+                self._thread.start()
+
+    def detach(self) -> None:
+        """Stops preparing the attached file (waits for a step in progress): the writer may truncate or close it."""
+        with self._lock:
+            self._fd = -1
+
+    def appended(self, end: int, record_bytes: int) -> None:
+        """The attached file's end is now `end`, after a record of record_bytes: prepare ahead of it."""
+        self._largest = max(self._largest, record_bytes)
+        want = min(self._limit, end + max(MIN_AHEAD_BYTES, AHEAD_RECORDS * self._largest))
+        if want > self._done and not self._disabled:
+            self._want = want
+            self._wake.set()
+
+    def close(self) -> None:
+        self.detach()
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopped:
+                return
+            while self._step():
+                pass
+
+    def _step(self) -> bool:
+        """Prepares the next chunk of the attached file; False when there is nothing (more) to do."""
+        with self._lock:
+            if self._fd < 0 or self._stopped or self._done >= self._want:
+                return False
+            lo = self._done
+            hi = min(self._want, lo + CHUNK_BYTES)
+            try:
+                os.posix_fallocate(self._fd, lo, hi - lo)  # leaves written bytes as they are
+                os.preadv(self._fd, [memoryview(self._buf)[: hi - lo]], lo)  # pulls the pages into the cache
+            except OSError as e:  # e.g. no fallocate on this file system, or the disk is full
+                log.warning("journal: cannot prepare space ahead of appends (%s); appends allocate as they go", e)
+                self._disabled = True
+                self._fd = -1
+                return False
+            self._done = hi
+            return True
