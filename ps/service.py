@@ -89,8 +89,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """Returns the PullResponse already serialized (see add_to_server)."""
         self._check_parsed(request)
         ids = wire.decode_ids(request.ids)
-        rows = self.shard.pull(request.table, ids)
-        return wire.encode_pull_response(rows)
+        reply, rows = wire.pull_response_to_fill(len(ids), self.shard.table(request.table).dim)
+        self.shard.pull(request.table, ids, out=rows)  # gathered straight into the reply
+        return reply
 
     @staticmethod
     def _check_parsed(request) -> None:

@@ -137,10 +137,11 @@ class Shard:
             )
 
     # ---- data -----------------------------------------------------------------------------------------
-    def pull(self, name: str, ids: np.ndarray) -> np.ndarray:
+    def pull(self, name: str, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(n, dim) embeddings of ids, written into out if given."""
         table = self.table(name)
         self.check_owned(ids)
-        return table.pull(ids)
+        return table.pull(ids, out)
 
     def check_push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> tuple:
         """Validates a push without changing anything; returns (table, ids, grads, shows, clicks) for apply_push.
@@ -157,9 +158,10 @@ class Shard:
                 f"grads for table {name!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
                 f"{grads[bad].tolist()[:8]}; nothing was applied"
             )
+        given = [(what, a) for what, a in (("shows", shows), ("clicks", clicks)) if a is not None]
         shows = np.ones(len(ids), dtype=np.float32) if shows is None else shows
         clicks = np.zeros(len(ids), dtype=np.float32) if clicks is None else clicks
-        for what, a in (("shows", shows), ("clicks", clicks)):
+        for what, a in given:  # the defaults need no check
             if a.shape != (len(ids),):
                 raise InvalidArgumentError(f"{what} for table {name!r} have shape {a.shape}, expected ({len(ids)},)")
             ok = np.isfinite(a) & (a >= 0)  # (n,) values: numpy is faster here than a loop that stops early

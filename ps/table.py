@@ -201,9 +201,10 @@ class Table:
         }  # fmt: skip
 
     # ---- public API -----------------------------------------------------------------------------------
-    def pull(self, ids: np.ndarray) -> np.ndarray:
-        """(n, dim) embeddings of ids (duplicates allowed), in order."""
-        out = np.empty((len(ids), self.dim), dtype=np.float32)
+    def pull(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(n, dim) embeddings of ids (duplicates allowed), in order; into out (n, dim) float32 if given."""
+        if out is None:
+            out = np.empty((len(ids), self.dim), dtype=np.float32)
         with self.lock:
             self._check_open()
             for lo, hi in self._chunks(len(ids)):

@@ -6,6 +6,7 @@ Decoders check lengths and say what was expected and what arrived; they return r
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 
 import numpy as np
@@ -53,6 +54,27 @@ def encode_pull_response(rows: np.ndarray) -> bytes:
     (through protobuf it is copied three times: tobytes, the message, SerializeToString). Field numbers are
     those of protos/ps.proto; tests/test_wire.py parses the results with the generated classes."""
     return b"".join(_pull_response_parts(rows))
+
+
+_new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize  # (NULL, n): a bytes object of n bytes, not yet written
+_new_bytes.restype = ctypes.py_object
+_new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+
+
+def pull_response_to_fill(n: int, dim: int) -> tuple[bytes, np.ndarray]:
+    """(a serialized PullResponse {rows, dim} whose n rows are not written yet, a writable (n, dim) float32 view
+    of those rows). Fill the view, then send the bytes: the rows go straight into the reply, with no copy.
+    Writing into a bytes object is safe here only because it is new and no one else holds it until the caller
+    returns it (CPython computes a bytes object's hash on first use, after that)."""
+    head = b"\x0a" + _varint(4 * n * dim)
+    tail = b"\x10" + _varint(dim)
+    total = len(head) + 4 * n * dim + len(tail)
+    reply = _new_bytes(None, total)
+    address = np.frombuffer(reply, dtype=np.uint8).ctypes.data
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * total).from_address(address))
+    raw[: len(head)] = np.frombuffer(head, dtype=np.uint8)
+    raw[total - len(tail) :] = np.frombuffer(tail, dtype=np.uint8)
+    return reply, raw[len(head) : total - len(tail)].view(ROWS_DTYPE).reshape(n, dim)
 
 
 def encode_pull_batch_response(rows: list[np.ndarray]) -> bytes:

@@ -35,6 +35,17 @@ def test_hand_built_pull_response_parses_as_the_generated_message(n, dim):
         assert wire.encode_pull_response(rows) == ps_pb2.PullResponse(rows=rows.tobytes(), dim=dim).SerializeToString()
 
 
+@pytest.mark.parametrize("n,dim", [(0, 1), (1, 1), (5, 8), (2047, 16), (70000, 16)])
+def test_a_pull_response_filled_in_place_is_the_one_built_from_rows(n, dim):
+    rows = np.random.default_rng(n + dim).standard_normal((n, dim)).astype(np.float32)
+    reply, view = wire.pull_response_to_fill(n, dim)
+    assert isinstance(reply, bytes) and view.shape == (n, dim) and view.dtype == np.float32
+    view[...] = rows
+    assert reply == wire.encode_pull_response(rows)
+    msg = ps_pb2.PullResponse.FromString(reply)
+    assert msg.dim == dim and msg.rows == rows.tobytes()
+
+
 def test_decoders_say_what_was_expected_and_what_arrived():
     with pytest.raises(InvalidArgumentError, match="ids has 13 bytes, expected a multiple of 8"):
         wire.decode_ids(b"x" * 13)
