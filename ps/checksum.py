@@ -55,11 +55,10 @@ def _hash_chunks(b, starts, out, first, last):
         out[k] = _chunk_hash(b, starts[k], starts[k + 1])
 
 
-def checksum64(buffers, threaded: bool = True) -> int:
-    """The checksum of the concatenation boundaries and bytes of buffers (bytes-like objects). threaded=False
-    keeps it on the calling thread whatever the size (the same result)."""
+def checksum64(buffers) -> int:
+    """The checksum of the concatenation boundaries and bytes of buffers (bytes-like objects)."""
     arrays = [_bytes_of(x) for x in buffers]
-    if not threaded or sum(len(a) for a in arrays) < PARALLEL_BYTES:  # one thread, and no planning arrays (their set-up cost
+    if sum(len(a) for a in arrays) < PARALLEL_BYTES:  # one thread, and no planning arrays (their set-up cost
         h = np.uint64(_fold_value(np.uint64(0), np.uint64(len(arrays))))  # more than the hashing of a small
         for a in arrays:  # record); numba hands back a Python int, so the state goes back as a uint64 each time
             h = np.uint64(_fold_buffer(h, a))

@@ -34,7 +34,6 @@ import os
 import struct
 import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +48,6 @@ HEADER = struct.Struct("<IQIQ")
 HEADER_CHECKED = struct.Struct("<IQI")  # PSJ4: magic, seq and payload_len are covered by the checksum too
 MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
 HEADER_V2 = struct.Struct("<IQII")
-BACKGROUND_BYTES = 1 << 20  # Journal.begin writes records this big on its writer thread (a hand-off costs ~50 us)
 HEADERS = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}  # each record format's header
 PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
 PAYLOAD_HEAD_V3 = struct.Struct("<IIQ")  # n, dim, step
@@ -65,7 +63,6 @@ class Record:
     clicks: np.ndarray  # float32 (n,)
     step: int  # the shard's clock when the push was applied
     origin: tuple[int, int, int] = (0, 0, 0)  # (client, client_seq, part) of the request; 0s: none
-    skipped: bool = False  # set by whoever replays it and finds it was a rejected push (see Journal.replay)
 
 
 class Journal:
@@ -79,7 +76,6 @@ class Journal:
         self._path = ""  # the active segment
         self._segment_size = 0  # bytes of records in it: the next append's offset (the file may be longer)
         self._prefault = Prefaulter()
-        self._writer: ThreadPoolExecutor | None = None  # begin()'s background writes
         self.next_seq = 1
         self.bytes_written = 0
         self.applied: dict[int, tuple[int, int]] = {}  # client -> (client_seq, parts done) of its newest request
@@ -109,8 +105,6 @@ class Journal:
 
     def replay(self, after_seq: int):
         """Yields the intact records with seq > after_seq, in order; afterwards appends continue past them.
-        The consumer sets a record's `skipped` if it turns out to be a rejected push (a crash came between its
-        write and its cancel: it is then the journal's last record); its origin does not count as applied.
 
         A short or corrupt record ends the replay and everything after it is discarded (it was never
         acknowledged: appends are acknowledged only once whole)."""
@@ -139,10 +133,9 @@ class Journal:
                 pos = end
                 seg_last = rec.seq
                 last = max(last, rec.seq)
+                self.note_applied(rec.origin)
                 if rec.seq > after_seq:
                     yield rec
-                if not rec.skipped:
-                    self.note_applied(rec.origin)
         self.next_seq = last + 1
 
     def _truncate(self, path: str, size: int) -> None:
@@ -189,72 +182,38 @@ class Journal:
         """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous),
         the clock step it was applied at and the (client, client_seq, part) it came from; returns its seq once
         durable (and `applied` records the origin)."""
-        return self.begin(table, ids, grads, shows, clicks, step, origin, background=False).finish()
-
-    def begin(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray,
-              step: int, origin: tuple[int, int, int] = (0, 0, 0), background: bool = True) -> "PendingAppend":  # fmt: skip
-        """Starts appending one push (as append() does) and returns at once, while a record of at least
-        BACKGROUND_BYTES is written on the journal's writer thread (background=False, or a smaller record: on
-        this thread, before returning). The caller applies the push meanwhile and then calls finish() (durable:
-        acknowledge) or cancel() (rejected: the record is cut off) on the result. Until then the journal is
-        held: no other append, mark, trim or close, so a cancelled record is always the last one."""
         n, dim = grads.shape
         name = table.encode()
         head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step, *origin)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
         payload_len = len(head) + sum(len(a) for a in arrays)
-        self._lock.acquire()
-        try:
+        with self._lock:
             if self._fd < 0 or self._segment_size >= self.segment_bytes:
                 self._open_segment()
             seq = self.next_seq
+            crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
+            parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays]
             total = HEADER.size + payload_len
-            if background and total >= BACKGROUND_BYTES:
-                if self._writer is None:
-                    self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-writer")
-                # one thread for its checksum: the push's own kernels have the cores meanwhile
-                written = self._writer.submit(self._write, seq, head, arrays, payload_len, False)
-            else:
-                written = Future()
+            try:
+                written = os.pwritev(self._fd, parts, self._segment_size)
+            except OSError:
+                self._cut_back()
+                raise
+            if written != total:  # e.g. disk full: cut the partial record off and fail the push
+                self._cut_back()
+                raise OSError(f"journal write of {total} bytes wrote {written}")
+            if self.sync:
                 try:
-                    self._write(seq, head, arrays, payload_len, True)
-                    written.set_result(None)
-                except BaseException as e:
-                    written.set_exception(e)
-        except BaseException:
-            self._lock.release()
-            raise
-        return PendingAppend(self, seq, total, origin, written)
-
-    def _write(self, seq: int, head: bytes, arrays: list, payload_len: int, threaded: bool) -> None:
-        """Writes one record at the end of the active segment (the journal is held by begin()). Raises on a short
-        write or a failed fsync; cutting the partial record off is the caller's."""
-        crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], threaded)
-        parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays]
-        total = HEADER.size + payload_len
-        written = os.pwritev(self._fd, parts, self._segment_size)
-        if written != total:  # e.g. disk full
-            raise OSError(f"journal write of {total} bytes wrote {written}")
-        if self.sync:
-            os.fsync(self._fd)  # a failure: not durable, the record must go, or replay would apply a failed push
-
-    def _finish(self, pending: "PendingAppend") -> None:
-        """The record of pending is written: it counts from now on. Releases the journal."""
-        try:
-            self._segment_size += pending.total
-            self.bytes_written += pending.total
-            self.next_seq = pending.seq + 1
-            self.note_applied(pending.origin)
-            self._prefault.appended(self._segment_size, pending.total)
-        finally:
-            self._lock.release()
-
-    def _cancel(self) -> None:
-        """Cuts off whatever the pending record wrote (its write has ended). Releases the journal."""
-        try:
-            self._cut_back()
-        finally:
-            self._lock.release()
+                    os.fsync(self._fd)
+                except OSError:  # not durable: take the record back, or replay would apply a failed push
+                    self._cut_back()
+                    raise
+            self._segment_size += total
+            self.bytes_written += total
+            self.next_seq = seq + 1
+            self.note_applied(origin)
+            self._prefault.appended(self._segment_size, total)
+            return seq
 
     def _cut_back(self) -> None:
         """Truncates the active segment to its last whole record (a failed append leaves nothing behind)."""
@@ -294,42 +253,6 @@ class Journal:
         with self._lock:
             self._close_fd()
         self._prefault.close()
-        if self._writer is not None:
-            self._writer.shutdown()
-
-
-class PendingAppend:
-    """A record being written while its push is applied (Journal.begin). Call finish() or cancel(), once; a
-    second call does nothing."""
-
-    def __init__(self, journal: Journal, seq: int, total: int, origin: tuple[int, int, int], written: Future):
-        self.journal = journal
-        self.seq = seq  # the record's seq: the lsn the push's rows get
-        self.total = total
-        self.origin = origin
-        self._written = written
-        self._open = True
-
-    def finish(self) -> int:
-        """Waits for the write; returns the seq once the record is durable. If the write failed, the partial
-        record is cut off and the error raised: the push must not be acknowledged."""
-        if not self._open:
-            raise RuntimeError(f"journal record {self.seq} was already finished or cancelled")
-        self._open = False
-        try:
-            self._written.result()
-        except BaseException:
-            self.journal._cancel()
-            raise
-        self.journal._finish(self)
-        return self.seq
-
-    def cancel(self) -> None:
-        """Waits for the write, then cuts the record off: the journal is as it was before begin()."""
-        if self._open:
-            self._open = False
-            self._written.exception()  # waits; whatever it raised, the record goes
-            self.journal._cancel()
 
 
 class JournalCorruptError(StorageError):

@@ -3,12 +3,10 @@
 - pull: look the ids up in the arena; misses are read from RocksDB with one multi_get (or initialized from a
   hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows (dirty ones are written back
   first, in one WriteBatch); then one compiled gather.
-- push: start writing the push's journal record (on the journal's writer thread), resolve rows the same way (a
-  cache fill, no visible change), reject duplicate ids, update the rows in place (optimizer step, then
-  statistics and admission, weight clipping), keeping what they held; a float32 overflow restores them and cuts
-  the record off (rejected: nothing changed). Otherwise the push is acknowledged once the record is durable; the
-  rows are dirty and carry the push's seq as their lsn. The Shard's flusher writes dirty rows to RocksDB. A push
-  too big for RAM at once computes its chunks into buffers, journals, then commits them.
+- push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, compute the updated
+  rows into a buffer (optimizer step, then statistics and admission, weight clipping; a float32 overflow is
+  rejected), append the push to the journal (durable from here on), then scatter the buffer; the rows become
+  dirty and carry the push's seq as their lsn. The Shard's flusher writes dirty rows to RocksDB.
 - admission: an id's statistics (show, click, last step) count from its first push; it gets a trained row once
   its show count reaches admission.min_count (and then with admission.probability per push). Until then its
   pushes only count, its pulls return the initial value, and RocksDB keeps only its statistics.
@@ -20,7 +18,6 @@ Thread-safety: one lock per table serializes pull, push, flush, shrink.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import numba
@@ -37,8 +34,6 @@ from ps.parallel import run_parts
 from ps.rowcopy import gather
 from ps.sharding import mix64_scalar
 from ps.store import Store
-
-log = logging.getLogger(__name__)
 
 FLUSH_CHUNK_ROWS = 65536
 UPDATE_BLOCK = 256  # rows updated per block: gather, optimizer step and accounting while the block is in cache
@@ -178,6 +173,12 @@ def _restore(data, rows, undo, lsn, dirty, undo_lsn, undo_dirty, lo, hi):
         dirty[r] = undo_dirty[i]
 
 
+@numba.njit(nogil=True, cache=True)
+def _set_lsn(lsn, rows, seq, lo, hi):
+    for i in range(lo, hi):
+        lsn[rows[i]] = seq
+
+
 class Table:
     def __init__(self, cfg: TableConfig, store: Store, journal: Journal, budget: MemoryBudget):
         self.cfg = cfg
@@ -230,12 +231,8 @@ class Table:
             self._check_open()
             chunks = list(self._chunks(len(ids)))
             if len(chunks) == 1:  # the common case: all rows fit in RAM at once
-                pending = self.journal.begin(self.name, ids, grads, shows, clicks, step, origin)
-                try:  # the record is written while the rows are found and updated
-                    rows = self._rows_for_push(ids)
-                    seq = self._push_in_place(rows, ids, grads, shows, clicks, step, pending)
-                finally:
-                    pending.cancel()  # unless finished: a rejected push leaves no record
+                rows = self._rows_for_push(ids)
+                seq = self._push_in_place(rows, ids, grads, shows, clicks, step, origin)
                 self.counters["pushes"] += 1
                 self.counters["ids_pushed"] += len(ids)
                 return seq
@@ -263,13 +260,12 @@ class Table:
             self.counters["ids_pushed"] += len(ids)
             return seq
 
-    def _push_in_place(self, rows, ids, grads, shows, clicks, step, pending) -> int:
-        """Updates the resolved rows in the arena while `pending` (ps.journal.PendingAppend) writes the push's
-        journal record; a rejected update or a failed journal write restores every row it touched (and the
-        record is cut off). Nobody sees the rows in between (the table lock is held), and the push is
-        acknowledged only once the record is durable, so a crash in between loses nothing acknowledged."""
+    def _push_in_place(self, rows, ids, grads, shows, clicks, step, origin) -> int:
+        """Updates the resolved rows in the arena, then journals the push; a rejected update or a failed journal
+        write restores every row it touched. Nobody sees the rows in between (the table lock is held), and the
+        push is acknowledged only after the journal write, so a crash in between loses nothing acknowledged."""
         a, n, adm, opt = self.arena, len(rows), self.cfg.admission, self.optimizer
-        seq = np.uint64(pending.seq)  # the journal is held: no other record comes first
+        expected = np.uint64(self.journal.next_seq)  # the seq append() gives unless another table appends first
         undo = np.empty((n, self.width), dtype=np.float32)
         undo_lsn, undo_dirty = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint8)
         shows, clicks = np.ascontiguousarray(shows), np.ascontiguousarray(clicks)
@@ -277,7 +273,7 @@ class Table:
             lambda lo, hi: _update_in_place(
                 opt.CODE, opt.kernel_params, a.data, rows, grads, ids, shows, clicks, np.float32(step),
                 self.stats_col, self.dim, np.float32(adm.min_count), adm.probability,
-                np.float32(self.cfg.weight_bound), a.lsn, a.dirty, a.stored, a.ref, seq, undo, undo_lsn, undo_dirty,
+                np.float32(self.cfg.weight_bound), a.lsn, a.dirty, a.stored, a.ref, expected, undo, undo_lsn, undo_dirty,
                 lo, hi,
             ),
             n,
@@ -289,62 +285,38 @@ class Table:
         bad = min((r[3] for r in results if r[3] >= 0), default=-1)
         if bad >= 0:
             restore()
-            pending.cancel()
             raise InvalidArgumentError(
                 f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
                 f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
             )
         try:
-            pending.finish()
+            seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
         except BaseException:
             restore()
             raise
+        if seq != expected:
+            run_parts(lambda lo, hi: _set_lsn(a.lsn, rows, np.uint64(seq), lo, hi), n)
         self.num_rows += sum(r[1] for r in results)
         self.num_pending += sum(r[2] for r in results)
         self.counters["admitted"] += sum(r[0] for r in results)
-        return pending.seq
+        return seq
 
     def replay(self, record: Record) -> int:
-        """Applies a journal record to the rows it has not reached yet (lsn < seq). Returns rows updated.
-
-        A record whose update would make a row non-finite is a push that was rejected while its record was
-        being written, and a crash came before the record was cut off (it is the journal's last record, and
-        every row it names is as it was then, so the verdict is the same): nothing is applied, and the record is
-        marked skipped."""
-        updated, rejected = 0, False
+        """Applies a journal record to the rows it has not reached yet (lsn < seq). Returns rows updated."""
+        updated = 0
         with self.lock:
-            chunks = list(self._chunks(len(record.ids)))
-            if len(chunks) > 1:  # chunks commit one by one: check them all first
-                rejected = any(self._replayed_chunk(record, lo, hi, commit=False) < 0 for lo, hi in chunks)
-            for lo, hi in [] if rejected else chunks:
-                done = self._replayed_chunk(record, lo, hi, commit=True)
-                if done < 0:  # the only chunk: nothing was committed
-                    rejected = True
-                    break
-                updated += done
-        if rejected:
-            record.skipped = True
-            log.warning("journal record %d would make rows of table %r non-finite: a rejected push; skipped",
-                        record.seq, self.name)  # fmt: skip
-            return 0
+            for lo, hi in self._chunks(len(record.ids)):
+                ids = record.ids[lo:hi]
+                rows = self._resolve(ids, self.arena.new_stamp())
+                todo = np.flatnonzero(self.arena.lsn[rows] < np.uint64(record.seq))
+                buf, admitted, _ = self._updated(
+                    rows[todo], ids[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
+                    record.shows[lo:hi][todo], record.clicks[lo:hi][todo], record.step,
+                )  # fmt: skip
+                self._commit(rows[todo], buf, record.seq)
+                self.counters["admitted"] += admitted
+                updated += len(todo)
         return updated
-
-    def _replayed_chunk(self, record: Record, lo: int, hi: int, commit: bool) -> int:
-        """Replays record[lo:hi] (commit=False: only checks it); returns rows updated, or -1 if a row would not
-        be finite (then nothing changed)."""
-        ids = record.ids[lo:hi]
-        rows = self._resolve(ids, self.arena.new_stamp())
-        todo = np.flatnonzero(self.arena.lsn[rows] < np.uint64(record.seq))
-        buf, admitted, bad = self._updated(
-            rows[todo], ids[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
-            record.shows[lo:hi][todo], record.clicks[lo:hi][todo], record.step,
-        )  # fmt: skip
-        if bad >= 0:
-            return -1
-        if commit:
-            self._commit(rows[todo], buf, record.seq)
-            self.counters["admitted"] += admitted
-        return len(todo)
 
     def flush(self) -> int:
         """Writes every row that is dirty when the scan reaches it to RocksDB; returns rows written."""
