@@ -29,6 +29,16 @@ def _replayed(directory: str, after: int = 0):
     return list(Journal(directory).replay(after))
 
 
+def _one_segment(tmp_path, seeds) -> str:
+    """Path of the one segment a journal in tmp_path holds after pushes of 10 ids with these seeds, closed."""
+    j = Journal(str(tmp_path))
+    for seed in seeds:
+        _push(j, 10, seed=seed)
+    j.close()
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    return path
+
+
 def test_records_round_trip_in_order_across_segments(tmp_path):
     j = Journal(str(tmp_path), segment_bytes=300)
     written = [_push(j, n, seed=n) for n in (0, 1, 5, 40, 3)]
@@ -44,11 +54,7 @@ def test_records_round_trip_in_order_across_segments(tmp_path):
 
 @pytest.mark.parametrize("damage", ["torn", "flipped"])
 def test_a_damaged_last_record_ends_replay_and_is_cut_off(tmp_path, damage):
-    j = Journal(str(tmp_path))
-    _push(j, 10, seed=1)
-    _push(j, 10, seed=2)
-    j.close()
-    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    path = _one_segment(tmp_path, (1, 2))
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         if damage == "torn":
@@ -127,11 +133,7 @@ def test_checksum64_of_small_records_equals_the_parallel_path(monkeypatch, sizes
 def test_a_damaged_header_of_an_early_record_is_refused_not_skipped_or_cut(tmp_path, field, offset, value):
     """The header's seq and length are checksummed too: a zeroed seq would make replay skip the record as
     flushed, a huge length would make it look like a torn last record and cut everything after it."""
-    j = Journal(str(tmp_path))
-    for seed in (1, 2, 3):
-        _push(j, 10, seed=seed)
-    j.close()
-    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    path = _one_segment(tmp_path, (1, 2, 3))
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -192,11 +194,7 @@ def test_space_prepared_ahead_reads_as_zeros_and_is_not_damage(tmp_path):
 
 @pytest.mark.parametrize("cut", [3, 30, 200])  # inside the header, inside the ids, inside the grads
 def test_a_torn_last_record_followed_by_prepared_zeros_is_cut_off(tmp_path, cut):
-    j = Journal(str(tmp_path))
-    _push(j, 10, seed=1)
-    _push(j, 10, seed=2)
-    j.close()
-    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    path = _one_segment(tmp_path, (1, 2))
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         data = f.read()
@@ -208,11 +206,7 @@ def test_a_torn_last_record_followed_by_prepared_zeros_is_cut_off(tmp_path, cut)
 
 
 def test_a_damaged_record_before_intact_ones_is_refused_even_with_zeros_after(tmp_path):
-    j = Journal(str(tmp_path))
-    for seed in (1, 2, 3):
-        _push(j, 10, seed=seed)
-    j.close()
-    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    path = _one_segment(tmp_path, (1, 2, 3))
     with open(path, "r+b") as f:
         f.seek(60)
         byte = f.read(1)
