@@ -30,6 +30,7 @@ segment starts right after its last record, so a zeroed stretch of acknowledged 
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
@@ -41,6 +42,8 @@ import numpy as np
 from ps.checksum import checksum64
 from ps.errors import StorageError
 from ps.prefault import Prefaulter
+
+log = logging.getLogger(__name__)
 
 MAGIC = 0x344A5350
 MAGIC_V3 = 0x334A5350  # earlier records: no (client, client_seq, part)
@@ -76,6 +79,7 @@ class Journal:
         self._path = ""  # the active segment
         self._segment_size = 0  # bytes of records in it: the next append's offset (the file may be longer)
         self._prefault = Prefaulter()
+        self._failed = ""  # why appends are refused (a failed append that could not be cut off), or ""
         self.next_seq = 1
         self.bytes_written = 0
         self.applied: dict[int, tuple[int, int]] = {}  # client -> (client_seq, parts done) of its newest request
@@ -128,7 +132,7 @@ class Journal:
                             f"{path} and the segments after it aside to start without them"
                         )
                     if newest:
-                        self._truncate(path, pos)
+                        self._cut_tail(path, data, pos, last)
                     break
                 pos = end
                 seg_last = rec.seq
@@ -138,9 +142,19 @@ class Journal:
                     yield rec
         self.next_seq = last + 1
 
-    def _truncate(self, path: str, size: int) -> None:
+    def _cut_tail(self, path: str, data: bytes, pos: int, last: int) -> None:
+        """Cuts the newest segment after its last intact record, and says what went: a torn record (never
+        acknowledged) or zeros only (space prepared ahead of appends; zeros that took the place of acknowledged
+        records would look the same, see docs/storage.md)."""
+        if pos < len(data):
+            torn = _end_of_data(data, pos) > pos
+            log.log(
+                logging.WARNING if torn else logging.INFO,
+                "journal segment %s: cut %d bytes after record %d (%s)", path, len(data) - pos, last,
+                "a torn last record, never acknowledged" if torn else "zeros: unused space prepared ahead",
+            )  # fmt: skip
         with open(path, "r+b") as f:
-            f.truncate(size)
+            f.truncate(pos)
 
     def rotate(self) -> None:
         """Closes the active segment; the next append starts a new one (named by its first seq)."""
@@ -188,6 +202,8 @@ class Journal:
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
         payload_len = len(head) + sum(len(a) for a in arrays)
         with self._lock:
+            if self._failed:
+                raise StorageError(self._failed)
             if self._fd < 0 or self._segment_size >= self.segment_bytes:
                 self._open_segment()
             seq = self.next_seq
@@ -216,10 +232,19 @@ class Journal:
             return seq
 
     def _cut_back(self) -> None:
-        """Truncates the active segment to its last whole record (a failed append leaves nothing behind)."""
+        """Truncates the active segment to its last whole record (a failed append leaves nothing behind); with
+        sync, durably. If that fails too, the journal takes no more appends: the failed record could come back
+        after a power loss, and replay would apply a push its client was told had failed."""
         self._prefault.detach()
-        os.ftruncate(self._fd, self._segment_size)
-        self._prefault.attach(self._fd, self.segment_bytes)
+        try:
+            os.ftruncate(self._fd, self._segment_size)
+            if self.sync:
+                os.fsync(self._fd)
+        except OSError as e:
+            self._failed = f"journal {self.dir}: a failed append could not be cut off ({e}); restart the server"
+            raise
+        finally:
+            self._prefault.attach(self._fd, self.segment_bytes)
 
     def _open_segment(self) -> None:
         """Opens the segment of next_seq. A file of that name may exist only empty (a failed first append, or
@@ -250,9 +275,11 @@ class Journal:
             self._fd = -1
 
     def close(self) -> None:
-        with self._lock:
-            self._close_fd()
-        self._prefault.close()
+        try:
+            with self._lock:
+                self._close_fd()
+        finally:
+            self._prefault.close()
 
 
 class JournalCorruptError(StorageError):

@@ -61,6 +61,15 @@ _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
 
 
+class _WritableBytes:
+    """A writable array interface over a new bytes object's buffer, holding the object (see pull_response_to_fill)."""
+
+    def __init__(self, owner: bytes, size: int):
+        self.owner = owner
+        address = np.frombuffer(owner, dtype=np.uint8).ctypes.data
+        self.__array_interface__ = {"data": (address, False), "shape": (size,), "typestr": "|u1", "version": 3}
+
+
 def pull_response_to_fill(n: int, dim: int) -> tuple[bytes, np.ndarray]:
     """(a serialized PullResponse {rows, dim} whose n rows are not written yet, a writable (n, dim) float32 view
     of those rows). Fill the view, then send the bytes: the rows go straight into the reply, with no copy.
@@ -70,8 +79,7 @@ def pull_response_to_fill(n: int, dim: int) -> tuple[bytes, np.ndarray]:
     tail = b"\x10" + _varint(dim)
     total = len(head) + 4 * n * dim + len(tail)
     reply = _new_bytes(None, total)
-    address = np.frombuffer(reply, dtype=np.uint8).ctypes.data
-    raw = np.ctypeslib.as_array((ctypes.c_uint8 * total).from_address(address))
+    raw = np.asarray(_WritableBytes(reply, total))  # the view holds reply: it outlives no write through it
     raw[: len(head)] = np.frombuffer(head, dtype=np.uint8)
     raw[total - len(tail) :] = np.frombuffer(tail, dtype=np.uint8)
     return reply, raw[len(head) : total - len(tail)].view(ROWS_DTYPE).reshape(n, dim)

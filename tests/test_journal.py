@@ -102,6 +102,7 @@ def test_records_of_the_previous_format_are_still_replayed(tmp_path):
     assert rec.seq == 1 and rec.step == 5 and rec.ids.tolist() == [3, 9] and rec.grads.tolist() == [[1, 2], [3, 4]]
     seq, _ = _push(j, 1)
     assert seq == 2
+    j.close()
 
 
 def test_checksum64_depends_on_every_byte_and_boundary_but_not_on_threads(monkeypatch):
@@ -155,6 +156,7 @@ def test_size_bytes_while_segments_are_trimmed(tmp_path, monkeypatch):
     listed = segments + [(99, str(tmp_path / "j" / "00000000000000000099.log"))]  # listed, then removed
     monkeypatch.setattr(j, "segments", lambda: listed)
     assert j.size_bytes() == sum(os.path.getsize(p) for _, p in segments)
+    j.close()
 
 
 def _record_bytes(j: Journal) -> int:
@@ -245,3 +247,33 @@ def test_appending_to_a_journal_that_was_not_replayed_is_refused(tmp_path):
     j.close()
     with pytest.raises(StorageError, match="replay the journal before appending"):
         _push(Journal(str(tmp_path)), 3)
+
+
+def test_an_append_that_cannot_be_cut_off_stops_the_journal(tmp_path, monkeypatch):
+    """With sync, a failed fsync takes the record back (truncate, then fsync). If that fails too, the record
+    could reappear after a power loss: the journal refuses every later append rather than risk it."""
+    j = Journal(str(tmp_path), sync=True)
+    _push(j, 3, seed=1)
+
+    def failing_fsync(fd):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="Input/output error"):
+        _push(j, 3, seed=2)
+    monkeypatch.undo()
+    with pytest.raises(StorageError, match="could not be cut off .* restart the server"):
+        _push(j, 3, seed=3)
+    j.close()
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1]  # the second record was cut off
+
+
+def test_replay_says_what_it_cut(tmp_path, caplog):
+    path = _one_segment(tmp_path, (1, 2))
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 5)  # a torn last record ...
+        f.seek(0, os.SEEK_END)
+        f.write(bytes(4096))  # ... then prepared zeros
+    list(Journal(str(tmp_path)).replay(0))
+    assert "cut" in caplog.text and "after record 1 (a torn last record, never acknowledged)" in caplog.text

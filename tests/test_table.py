@@ -4,6 +4,7 @@ with a RAM tier so small that eviction happens all the time."""
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -78,17 +79,12 @@ class TableModel(RuleBasedStateMachine):
     def push_whose_journal_write_fails_changes_nothing(self, ids):
         journal = self.shard.journal
 
-        pwritev = os.pwritev
-
         def disk_full(fd, parts, offset):  # the first 10 bytes of the record reach the file, then the disk is full
             return os.pwrite(fd, bytes(parts[0])[:10], offset)
 
-        journal_module.os.pwritev = disk_full
-        try:
+        with mock.patch.object(journal_module.os, "pwritev", disk_full):
             with pytest.raises(OSError, match="journal write of .* bytes wrote 10"):
                 self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
-        finally:
-            journal_module.os.pwritev = pwritev
         assert os.path.getsize(journal._path) == journal._segment_size  # the partial record was cut off
 
     @rule()
