@@ -122,17 +122,18 @@ class Journal:
                 rec, end = _parse(data, pos)
                 if rec is None:
                     newest = i == len(segs) - 1
-                    unused = _end_of_data(data, pos) == pos and (newest or segs[i + 1][0] == seg_last + 1)
-                    if not unused and (not newest or not _torn_tail(data, pos)):
+                    data_end = _end_of_data(data, pos)
+                    unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
+                    if not unused and (not newest or not _torn_tail(data, pos, data_end)):
                         raise JournalCorruptError(
                             f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
-                            f"with {'data after it' if i == len(segs) - 1 else f'{len(segs) - 1 - i} segments after it'}"
+                            f"with {'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
                             ": that is damage, not the torn last record of a crash, and starting would drop the "
                             "acknowledged pushes after it. Refusing to start; restore the data dir, or move "
                             f"{path} and the segments after it aside to start without them"
                         )
                     if newest:
-                        self._cut_tail(path, data, pos, last)
+                        self._cut_tail(path, len(data), pos, data_end, last)
                     break
                 pos = end
                 seg_last = rec.seq
@@ -142,15 +143,15 @@ class Journal:
                     yield rec
         self.next_seq = last + 1
 
-    def _cut_tail(self, path: str, data: bytes, pos: int, last: int) -> None:
-        """Cuts the newest segment after its last intact record, and says what went: a torn record (never
-        acknowledged) or zeros only (space prepared ahead of appends; zeros that took the place of acknowledged
-        records would look the same, see docs/storage.md)."""
-        if pos < len(data):
-            torn = _end_of_data(data, pos) > pos
+    def _cut_tail(self, path: str, size: int, pos: int, data_end: int, last: int) -> None:
+        """Cuts the newest segment (size bytes) after its last intact record, at pos, and says what went: a torn
+        record (nonzero bytes up to data_end, never acknowledged) or zeros only (space prepared ahead of appends;
+        zeros that took the place of acknowledged records would look the same, see docs/storage.md)."""
+        if pos < size:
+            torn = data_end > pos
             log.log(
                 logging.WARNING if torn else logging.INFO,
-                "journal segment %s: cut %d bytes after record %d (%s)", path, len(data) - pos, last,
+                "journal segment %s: cut %d bytes after record %d (%s)", path, size - pos, last,
                 "a torn last record, never acknowledged" if torn else "zeros: unused space prepared ahead",
             )  # fmt: skip
         with open(path, "r+b") as f:
@@ -299,12 +300,11 @@ def _end_of_data(data: bytes, pos: int) -> int:
     return pos
 
 
-def _torn_tail(data: bytes, pos: int) -> bool:
+def _torn_tail(data: bytes, pos: int, end: int) -> bool:
     """True if the bad record at pos can be what a crash leaves: the last record, cut short or (power loss)
-    whole but with unwritten pages, followed by nothing but the zeros of prepared space. So nothing after it may
-    parse as an intact record, and it must reach the last nonzero byte: a damaged length field can make a
-    record look like it runs to the end of the file."""
-    end = _end_of_data(data, pos)
+    whole but with unwritten pages, followed by nothing but the zeros of prepared space (end: _end_of_data(data,
+    pos)). So nothing after it may parse as an intact record, and it must reach the last nonzero byte: a damaged
+    length field can make a record look like it runs to the end of the file."""
     if end == pos:  # only zeros: unused space
         return True
     for magic in (m.to_bytes(4, "little") for m in HEADERS):

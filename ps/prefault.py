@@ -4,8 +4,8 @@ background thread, so that appends overwrite cached pages instead of allocating 
 Why: an append into new file space makes the kernel allocate, zero and account a page-cache page per 4 KB
 (and ext4 reserve blocks) inside the write call. Measured on this project's VM, a 7.2 MB journal record (one
 100,000-id push of dim 16) took 6.6-7.0 ms to write into new space and 0.9-1.3 ms into space prepared
-beforehand (`posix_fallocate` and then one read of the range, which leaves clean zero pages in the cache and
-writes nothing to disk). On this VM most of the difference is the hypervisor handing back guest memory that
+beforehand (fallocate and then one read of the range, which leaves clean zero pages in the cache and writes
+nothing to disk). On this VM most of the difference is the hypervisor handing back guest memory that
 was free for a while (virtio free page reporting); on bare metal it is page zeroing and block reservation.
 Either way the cost moves off the push's path onto a core that is otherwise waiting.
 
@@ -116,10 +116,8 @@ class Prefaulter:
     def _step(self) -> bool:
         """Prepares the next chunk of the attached file; False when there is nothing (more) to do."""
         with self._lock:
-            if self._fd < 0 or self._stopped or self._done >= self._want:
-                return False
             lo = max(self._done, self._end)
-            if lo >= self._want:
+            if self._fd < 0 or self._stopped or lo >= self._want:
                 return False
             hi = min(self._want, lo + CHUNK_BYTES)
             try:

@@ -39,9 +39,15 @@ def _varint(v: int) -> bytes:
 def _pull_response_parts(rows: np.ndarray) -> list:
     """The pieces of a serialized PullResponse {rows, dim} of (n, dim) float32 rows; the payload is a view."""
     rows = np.ascontiguousarray(rows, dtype=ROWS_DTYPE)
-    head = b"\x0a" + _varint(rows.nbytes)  # field 1 (rows), wire type 2 (length-delimited)
-    tail = b"\x10" + _varint(rows.shape[1])  # field 2 (dim), wire type 0 (varint)
+    head, tail = _pull_response_frame(*rows.shape)
     return [head, rows.reshape(-1).view(np.uint8), tail]
+
+
+def _pull_response_frame(n: int, dim: int) -> tuple[bytes, bytes]:
+    """The bytes of a serialized PullResponse before and after its n rows of dim floats."""
+    head = b"\x0a" + _varint(4 * n * dim)  # field 1 (rows), wire type 2 (length-delimited)
+    tail = b"\x10" + _varint(dim)  # field 2 (dim), wire type 0 (varint)
+    return head, tail
 
 
 def _nested(field_tag: bytes, parts: list) -> list:
@@ -75,8 +81,7 @@ def pull_response_to_fill(n: int, dim: int) -> tuple[bytes, np.ndarray]:
     of those rows). Fill the view, then send the bytes: the rows go straight into the reply, with no copy.
     Writing into a bytes object is safe here only because it is new and no one else holds it until the caller
     returns it (CPython computes a bytes object's hash on first use, after that)."""
-    head = b"\x0a" + _varint(4 * n * dim)
-    tail = b"\x10" + _varint(dim)
+    head, tail = _pull_response_frame(n, dim)
     total = len(head) + 4 * n * dim + len(tail)
     reply = _new_bytes(None, total)
     raw = np.asarray(_WritableBytes(reply, total))  # the view holds reply: it outlives no write through it
