@@ -18,7 +18,8 @@ import numba
 import numpy as np
 
 from ps import hugepages
-from ps.index import IdIndex, find, lookup_into
+from ps.index import IdIndex, find, lookup_into, prefetch_slot
+from ps.prefetch import AHEAD, prefetch_row
 from ps.sharding import mix64_scalar
 from ps.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
 from ps.parallel import parts, run_each, run_parts
@@ -70,7 +71,10 @@ def _lookup_touch(slots, shift, ids, positions, out, ref, pin, stamp):
     """For i in positions (in order): out[i] = row of ids[i] or -1; marks hits referenced and pinned. Returns
     the first position whose id repeats an earlier hit of this call (pin already == stamp), or -1."""
     dup = -1
-    for p in range(positions.shape[0]):
+    n = positions.shape[0]
+    for p in range(n):
+        if p + AHEAD < n:
+            prefetch_slot(slots, shift, ids[positions[p + AHEAD]])
         i = positions[p]
         r = find(slots, shift, ids[i])
         out[i] = r
@@ -89,15 +93,17 @@ def _lookup_gather(slots, shift, ids, data, cols, out, ref):
     Two simple loops (look up all, then copy all) beat one fused loop 1.5x: more cache misses overlap."""
     n = ids.shape[0]
     rows = np.empty(n, np.int64)
-    for i in range(n):
-        rows[i] = find(slots, shift, ids[i])
+    lookup_into(slots, shift, ids, rows)
     misses = 0
     for i in range(n):
+        if i + AHEAD < n and rows[i + AHEAD] >= 0:
+            prefetch_row(data, rows[i + AHEAD])
         r = rows[i]
         if r < 0:
             misses += 1
             continue
-        ref[r] = 1
+        if ref[r] == 0:  # a hot row's bit is set already: leave its line clean (no write-back to memory)
+            ref[r] = 1
         for j in range(cols):
             out[i, j] = data[r, j]
     return misses

@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from ps import hugepages
+from ps.prefetch import AHEAD, prefetch_row
 from ps.sharding import mix64_scalar
 
 MAX_LOAD = 0.5
@@ -32,11 +33,20 @@ def find(slots, shift, k):
         h = (h + 1) & mask
 
 
+@numba.njit(inline="always")
+def prefetch_slot(slots, shift, k):
+    """Asks the cache for the home slot of key k (see ps.prefetch)."""
+    prefetch_row(slots, np.int64(mix64_scalar(k) >> shift))
+
+
 @numba.njit(nogil=True, cache=True)
 def lookup_into(slots, shift, ids, out):
     """out[i] = row of ids[i] or -1; returns how many were not found."""
+    n = ids.shape[0]
     misses = 0
-    for i in range(ids.shape[0]):
+    for i in range(n):
+        if i + AHEAD < n:
+            prefetch_slot(slots, shift, ids[i + AHEAD])
         r = find(slots, shift, ids[i])
         out[i] = r
         misses += r < 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numba
 
+from ps.prefetch import AHEAD, prefetch_row_for_write
+
 
 @numba.njit(nogil=True, cache=True)
 def gather(data, rows, cols, out):
@@ -23,3 +25,16 @@ def scatter(data, rows, buf):
         r = rows[i]
         for j in range(width):
             data[r, j] = buf[i, j]
+
+
+@numba.njit(nogil=True, cache=True)
+def gather_for_update(data, rows, lo, hi, cols, out):
+    """out[i - lo, :cols] = data[rows[i], :cols] for i in [lo, hi), prefetching the rows AHEAD places on (up to
+    the end of rows) for writing: the caller updates these rows next."""
+    n = rows.shape[0]
+    for i in range(lo, hi):
+        if i + AHEAD < n:
+            prefetch_row_for_write(data, rows[i + AHEAD])
+        r = rows[i]
+        for j in range(cols):
+            out[i - lo, j] = data[r, j]

@@ -32,7 +32,7 @@ from ps.journal import Journal, Record
 from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
 from ps.optim import apply_kernel, get_optimizer
 from ps.parallel import run_parts
-from ps.rowcopy import gather
+from ps.rowcopy import gather, gather_for_update
 from ps.sharding import mix64_scalar
 from ps.store import Store
 
@@ -130,7 +130,7 @@ def _update_in_place(code, params, data, rows, grads, ids, shows, clicks, step, 
     for b in range(lo, hi, step_rows):
         e = min(hi, b + step_rows)
         m = e - b
-        gather(data, rows[b:e], width, undo[b:e])
+        gather_for_update(data, rows[:hi], b, e, width, undo[b:e])
         for i in range(m):
             for j in range(width):
                 block[i, j] = undo[b + i, j]
