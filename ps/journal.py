@@ -17,8 +17,10 @@ before ids), for PSJ4 preceded by the header's magic, seq and payload_len (so a 
 (client, client_seq, part) say which push of which client request the record is (0, 0, 0: none): `applied`
 maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
 replayed, so a shard can tell a retried request from a new one (ps.shard.Shard.push_batch).
-Records are written with one writev, so a crash of the process leaves at most one short record at the end of
-the active segment; replay drops such a torn last record (never acknowledged). A bad record anywhere else (data
+Records are written with one pwritev, or, into space ps.prefault has prepared, copied into the segment's
+shared mapping (ps.filemap; the payload copied and checksummed in one pass, then the header), so a crash of
+the process leaves at most one short record at the end of the active segment; replay drops such a torn last
+record (never acknowledged). A bad record anywhere else (data
 after it, or in an older segment) is damage: replay raises JournalCorruptError rather than drop the
 acknowledged pushes after it.
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
@@ -39,8 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.checksum import checksum64
+from ps.checksum import checksum64, copy_with_checksum64
 from ps.errors import StorageError
+from ps.filemap import FileMap
 from ps.prefault import Prefaulter
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,8 @@ class Journal:
         self._path = ""  # the active segment
         self._segment_size = 0  # bytes of records in it: the next append's offset (the file may be longer)
         self._prefault = Prefaulter()
+        self._map: FileMap | None = None  # the active segment, mapped: appends into prepared space are copies
+        self.mapped_appends = 0  # appends written through _map (the others: pwritev)
         self._failed = ""  # why appends are refused (a failed append that could not be cut off), or ""
         self.next_seq = 1
         self.bytes_written = 0
@@ -208,14 +213,18 @@ class Journal:
             if self._fd < 0 or self._segment_size >= self.segment_bytes:
                 self._open_segment()
             seq = self.next_seq
-            crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
-            parts = [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays]
             total = HEADER.size + payload_len
-            try:
-                written = os.pwritev(self._fd, parts, self._segment_size)
-            except OSError:
-                self._cut_back()
-                raise
+            if self._map is not None and self._segment_size + total <= self._prefault.prepared_end:
+                self._copy_into_map(seq, payload_len, head, arrays)  # prepared space: memory copies, no syscall
+                written = total
+            else:
+                crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
+                try:
+                    written = os.pwritev(self._fd, [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays],
+                                         self._segment_size)  # fmt: skip
+                except OSError:
+                    self._cut_back()
+                    raise
             if written != total:  # e.g. disk full: cut the partial record off and fail the push
                 self._cut_back()
                 raise OSError(f"journal write of {total} bytes wrote {written}")
@@ -232,6 +241,17 @@ class Journal:
             self._prefault.appended(self._segment_size, total)
             return seq
 
+    def _copy_into_map(self, seq: int, payload_len: int, head: bytes, arrays: list[np.ndarray]) -> None:
+        """Writes a record at the end of the active segment through its mapping: the payload is copied and
+        checksummed in one pass, then the header goes in front (a crash part-way leaves no header over a
+        part-written payload: replay finds zeros or a torn record, never acknowledged). The bytes must be
+        prepared (the file holds them: a byte past its end would raise SIGBUS)."""
+        pos, dest = self._segment_size, self._map.array
+        payload = dest[pos + HEADER.size : pos + HEADER.size + payload_len]
+        crc = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1, payload)
+        dest[pos : pos + HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, seq, payload_len, crc), dtype=np.uint8)
+        self.mapped_appends += 1
+
     def _cut_back(self) -> None:
         """Truncates the active segment to its last whole record (a failed append leaves nothing behind); with
         sync, durably. If that fails too, the journal takes no more appends: the failed record could come back
@@ -245,7 +265,7 @@ class Journal:
             self._failed = f"journal {self.dir}: a failed append could not be cut off ({e}); restart the server"
             raise
         finally:
-            self._prefault.attach(self._fd, self.segment_bytes)
+            self._prefault.attach(self._fd, self.segment_bytes, self._map)
 
     def _open_segment(self) -> None:
         """Opens the segment of next_seq. A file of that name may exist only empty (a failed first append, or
@@ -257,18 +277,22 @@ class Journal:
             os.close(fd)
             raise StorageError(f"journal segment {path} already holds data: replay the journal before appending")
         self._fd, self._path, self._segment_size = fd, path, 0
+        self._map = FileMap.open(fd, self.segment_bytes)
         if self.sync:
             dfd = os.open(self.dir, os.O_RDONLY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        self._prefault.attach(self._fd, self.segment_bytes)
+        self._prefault.attach(self._fd, self.segment_bytes, self._map)
 
     def _close_fd(self) -> None:
         """Closes the active segment, cut to its last record (the prepared space after it goes)."""
         if self._fd >= 0:
             self._prefault.detach()
+            if self._map is not None:
+                self._map.close()
+                self._map = None
             os.ftruncate(self._fd, self._segment_size)
             if self.sync:
                 os.fsync(self._fd)

@@ -8,6 +8,9 @@ beforehand (fallocate and then one read of the range, which leaves clean zero pa
 nothing to disk). On this VM most of the difference is the hypervisor handing back guest memory that
 was free for a while (virtio free page reporting); on bare metal it is page zeroing and block reservation.
 Either way the cost moves off the push's path onto a core that is otherwise waiting.
+Given the writer's mapping of the file (ps.filemap), it also populates the mapping's page tables for writing
+(MADV_POPULATE_WRITE), so the writer's copies into it take no page faults; the pages it populates become dirty
+zero pages, which the kernel may write to disk before records overwrite them.
 
 The prepared range reads as zeros until it is written: a reader of the file must take a run of zero bytes
 after the last record as unused space (ps.journal does). The writer truncates the file to its real end when it
@@ -23,6 +26,8 @@ import os
 import threading
 
 import numpy as np
+
+from ps.filemap import FileMap
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,7 @@ class Prefaulter:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._fd = -1
+        self._map: FileMap | None = None
         self._limit = 0
         self._done = 0  # [0, _done) of the attached file is prepared (or written)
         self._end = 0  # the writer's end, as appended() last said: nothing below it needs preparing
@@ -74,19 +80,27 @@ class Prefaulter:
         self._disabled = _fallocate is None  # no fallocate (or the file system refused it): appends allocate as they go
         self._buf = np.empty(CHUNK_BYTES, dtype=np.uint8)
 
-    def attach(self, fd: int, limit: int) -> None:
-        """From now on prepare fd, whose current size is its end, up to at most limit bytes."""
+    def attach(self, fd: int, limit: int, filemap: FileMap | None = None) -> None:
+        """From now on prepare fd, whose current size is its end, up to at most limit bytes; with filemap (a
+        mapping of fd), populate its page tables for writing too."""
         with self._lock:
-            self._fd, self._limit = fd, limit
+            self._fd, self._limit, self._map = fd, limit, filemap
             self._done = self._want = self._end = os.fstat(fd).st_size
             if self._thread is None and not self._disabled:
                 self._thread = threading.Thread(target=self._run, name="journal-prefault", daemon=True)
                 self._thread.start()
 
     def detach(self) -> None:
-        """Stops preparing the attached file (waits for a step in progress): the writer may truncate or close it."""
+        """Stops preparing the attached file (waits for a step in progress): the writer may truncate or close it,
+        or unmap its filemap."""
         with self._lock:
             self._fd = -1
+            self._map = None
+
+    @property
+    def prepared_end(self) -> int:
+        """[0, prepared_end) of the attached file is prepared or written: the file holds those bytes."""
+        return self._done
 
     def appended(self, end: int, record_bytes: int) -> None:
         """The attached file's end is now `end`, after a record of record_bytes: prepare ahead of it."""
@@ -122,7 +136,8 @@ class Prefaulter:
             hi = min(self._want, lo + CHUNK_BYTES)
             try:
                 _fallocate(self._fd, lo, hi - lo)  # allocates blocks, writes nothing: written bytes stay as they are
-                os.preadv(self._fd, [memoryview(self._buf)[: hi - lo]], lo)  # pulls the pages into the cache
+                if self._map is None or not self._map.populate(lo, hi):  # maps the pages in, writable ...
+                    os.preadv(self._fd, [memoryview(self._buf)[: hi - lo]], lo)  # ... or at least caches them
             except OSError as e:  # e.g. EOPNOTSUPP (no fallocate on this file system), or the disk is full
                 level = logging.INFO if e.errno == errno.EOPNOTSUPP else logging.WARNING
                 log.log(level, "journal: cannot prepare space ahead of appends (%s); appends allocate as they go", e)

@@ -64,6 +64,9 @@ def crash(shard) -> None:
     journal = shard.journal
     journal._prefault.close()
     if journal._fd >= 0:  # closed as the kernel closes it: the space prepared after the last record stays
+        if journal._map is not None:
+            journal._map.close()
+            journal._map = None
         os.close(journal._fd)
         journal._fd = -1
     shard.store.close()

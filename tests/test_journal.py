@@ -12,7 +12,7 @@ import pytest
 
 from ps import parallel
 from ps import checksum as checksum_module
-from ps.checksum import CHUNK, checksum64
+from ps.checksum import CHUNK, checksum64, copy_with_checksum64
 from ps.errors import StorageError
 from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
 
@@ -128,6 +128,22 @@ def test_checksum64_of_small_records_equals_the_parallel_path(monkeypatch, sizes
     small = checksum64(buffers)
     monkeypatch.setattr(checksum_module, "PARALLEL_BYTES", 0)
     assert checksum64(buffers) == small
+
+
+@pytest.mark.parametrize("parallel_bytes", [0, 1 << 40])  # the parallel path, and the one-thread path
+@pytest.mark.parametrize("sizes", [[3, 0, 17], [CHUNK + 13, 5, 2 * CHUNK + 1]])
+@pytest.mark.parametrize("offset", [0, 1, 5])  # unaligned destinations too (records start anywhere in a segment)
+def test_copy_with_checksum64_copies_and_hashes_like_checksum64(monkeypatch, parallel_bytes, sizes, offset):
+    monkeypatch.setattr(checksum_module, "PARALLEL_BYTES", parallel_bytes)
+    rng = np.random.default_rng(len(sizes) + offset)
+    buffers = [b"hashed only"] + [rng.integers(0, 256, n, dtype=np.uint8) for n in sizes]
+    total = sum(sizes)
+    space = np.full(offset + total + 9, 0xAB, dtype=np.uint8)
+    assert copy_with_checksum64(buffers, 1, space[offset : offset + total]) == checksum64(buffers)
+    np.testing.assert_array_equal(space[offset : offset + total], np.concatenate(buffers[1:]))
+    assert (space[:offset] == 0xAB).all() and (space[offset + total :] == 0xAB).all()  # nothing else written
+    with pytest.raises(ValueError, match="bytes to copy into"):
+        copy_with_checksum64(buffers, 1, space[: total + 1])
 
 
 @pytest.mark.parametrize("field, offset, value", [("seq", 4, struct.pack("<Q", 0)), ("length", 12, struct.pack("<I", 2**31 - 1))])
@@ -277,3 +293,58 @@ def test_replay_says_what_it_cut(tmp_path, caplog):
         f.write(bytes(4096))  # ... then prepared zeros
     list(Journal(str(tmp_path)).replay(0))
     assert "cut" in caplog.text and "after record 1 (a torn last record, never acknowledged)" in caplog.text
+
+
+def _wait_mapped(j: Journal, beyond: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while j._prefault.prepared_end <= beyond:
+        assert time.monotonic() < deadline, "the journal prepared no space ahead of its appends"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tmp_path, sync):
+    """Once space is prepared, appends are memory copies into the mapped segment (ps.filemap), mixed with
+    pwritev ones; after a crash (the mapping and the file simply dropped) and after a clean close, every
+    record replays with its exact contents."""
+    j = Journal(str(tmp_path), sync=sync)
+    pushed = [_push(j, 40, seed=1)]  # the first append of a segment has no prepared space: pwritev
+    _wait_mapped(j, _record_bytes(j) + 200_000)
+    pushed += [_push(j, n, seed=s) for s, n in ((2, 1), (3, 5000), (4, 7))]
+    assert j.mapped_appends == 3
+    j._prefault.close()  # a kill -9: the mapping and the descriptor go without the file being cut
+    j._map.close()
+    os.close(j._fd)
+    j2 = Journal(str(tmp_path))
+    replayed = list(j2.replay(0))
+    assert [r.seq for r in replayed] == [seq for seq, _ in pushed] == [1, 2, 3, 4]
+    for r, (_, (ids, grads, shows, clicks)) in zip(replayed, pushed):
+        assert r.ids.tolist() == ids.tolist() and r.grads.tolist() == grads.tolist()
+        assert r.shows.tolist() == shows.tolist() and r.clicks.tolist() == clicks.tolist()
+    _push(j2, 3, seed=5)
+    _wait_mapped(j2, _record_bytes(j2) + 1000)
+    _push(j2, 3, seed=6)
+    assert j2.mapped_appends == 1
+    j2.close()
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_failed_fsync_after_a_mapped_append_takes_the_record_back(tmp_path, monkeypatch):
+    j = Journal(str(tmp_path), sync=True)
+    _push(j, 3, seed=1)
+    _wait_mapped(j, _record_bytes(j) + 1000)
+    calls = []
+
+    def fsync_fails_once(fd):
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", fsync_fails_once)
+    with pytest.raises(OSError, match="Input/output error"):
+        _push(j, 3, seed=2)
+    assert j.mapped_appends == 1 and os.path.getsize(j._path) == _record_bytes(j)  # cut back to record 1
+    monkeypatch.undo()
+    assert _push(j, 3, seed=3)[0] == 2
+    j.close()
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2]

@@ -82,7 +82,9 @@ class TableModel(RuleBasedStateMachine):
         def disk_full(fd, parts, offset):  # the first 10 bytes of the record reach the file, then the disk is full
             return os.pwrite(fd, bytes(parts[0])[:10], offset)
 
-        with mock.patch.object(journal_module.os, "pwritev", disk_full):
+        # the write path a full disk can fail: pwritev (space the journal has prepared is written by memory copy)
+        no_prepared_space = mock.patch.object(type(journal._prefault), "prepared_end", new_callable=mock.PropertyMock, return_value=0)
+        with no_prepared_space, mock.patch.object(journal_module.os, "pwritev", disk_full):
             with pytest.raises(OSError, match="journal write of .* bytes wrote 10"):
                 self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
         assert os.path.getsize(journal._path) == journal._segment_size  # the partial record was cut off
