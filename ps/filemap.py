@@ -8,7 +8,8 @@ thread) it took 1.2-1.5 ms (1.7-2.5 ms when each page still had to fault).
 The mapping may reach past the end of the file: touching a byte the file does not have raises SIGBUS, which
 kills the process, so the writer copies only into bytes the file holds (ps.prefault allocates them first).
 A copy is in the page cache once it returns, so it survives a crash of the process like a write(2) does, and
-fsync(2) of the file writes it to disk like any other dirty page. Linux only (ctypes mmap and madvise);
+fsync(2) of the file writes it to disk like any other dirty page. Mapped pages count in the process's RSS:
+the owner releases the ones it is done with (release()), so only the page cache holds them, as after write(2). Linux only (ctypes mmap and madvise);
 elsewhere `FileMap.open` returns None and the journal writes with pwritev.
 """
 
@@ -73,6 +74,15 @@ class FileMap:
             self.populate_works = False
             return False
         return True
+
+    def release(self, lo: int, hi: int) -> None:
+        """Drops the whole pages of [lo, hi) from this process's page tables (MADV_DONTNEED): they stay in the
+        page cache, dirty ones too, so nothing written is lost, but they no longer count in the process's RSS.
+        For bytes the owner will not touch again (they would fault back in, reading what was written)."""
+        start = -(-lo // mmap.PAGESIZE) * mmap.PAGESIZE
+        stop = hi - hi % mmap.PAGESIZE
+        if self._address is not None and stop > start:
+            _LIBC[2](self._address + start, stop - start, mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         """Unmaps (array must not be used afterwards)."""

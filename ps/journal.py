@@ -54,6 +54,7 @@ HEADER = struct.Struct("<IQIQ")
 HEADER_CHECKED = struct.Struct("<IQI")  # PSJ4: magic, seq and payload_len are covered by the checksum too
 MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
 HEADER_V2 = struct.Struct("<IQII")
+RELEASE_BYTES = 32 << 20  # mapped records are released from the process's page tables this many bytes at a time
 HEADERS = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}  # each record format's header
 PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
 PAYLOAD_HEAD_V3 = struct.Struct("<IIQ")  # n, dim, step
@@ -83,6 +84,7 @@ class Journal:
         self._segment_size = 0  # bytes of records in it: the next append's offset (the file may be longer)
         self._prefault = Prefaulter()
         self._map: FileMap | None = None  # the active segment, mapped: appends into prepared space are copies
+        self._released = 0  # [0, _released) of _map is released (ps.filemap)
         self.mapped_appends = 0  # appends written through _map (the others: pwritev)
         self._failed = ""  # why appends are refused (a failed append that could not be cut off), or ""
         self.next_seq = 1
@@ -251,6 +253,9 @@ class Journal:
         crc = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1, payload)
         dest[pos : pos + HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, seq, payload_len, crc), dtype=np.uint8)
         self.mapped_appends += 1
+        if pos + HEADER.size + payload_len - self._released >= RELEASE_BYTES:  # done with them: out of our RSS
+            self._map.release(self._released, pos + HEADER.size + payload_len)
+            self._released = pos + HEADER.size + payload_len
 
     def _cut_back(self) -> None:
         """Truncates the active segment to its last whole record (a failed append leaves nothing behind); with
@@ -278,6 +283,7 @@ class Journal:
             raise StorageError(f"journal segment {path} already holds data: replay the journal before appending")
         self._fd, self._path, self._segment_size = fd, path, 0
         self._map = FileMap.open(fd, self.segment_bytes)
+        self._released = 0  # [0, _released) of _map is released (ps.filemap)
         if self.sync:
             dfd = os.open(self.dir, os.O_RDONLY)
             try:

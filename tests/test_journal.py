@@ -348,3 +348,35 @@ def test_a_failed_fsync_after_a_mapped_append_takes_the_record_back(tmp_path, mo
     assert _push(j, 3, seed=3)[0] == 2
     j.close()
     assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2]
+
+
+def _mapped_rss(path: str) -> int:
+    """Bytes of the process's mappings of path that are resident (in its page tables)."""
+    rss, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+    return rss
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
+def test_mapped_records_are_released_from_the_process_page_tables(tmp_path, monkeypatch):
+    """Pages the journal has copied records into leave the process's RSS (they stay in the page cache): only
+    the space prepared ahead stays mapped, not the whole segment written so far."""
+    from ps import journal as journal_module
+
+    monkeypatch.setattr(journal_module, "RELEASE_BYTES", 1 << 20)
+    j = Journal(str(tmp_path))
+    _push(j, 10, seed=0)
+    for seed in range(1, 101):  # ~40 MB of records of ~400 KB
+        _wait_mapped(j, _record_bytes(j) + 500_000)
+        _push(j, 25_000, seed=seed)
+    assert j.mapped_appends == 100
+    rss = _mapped_rss(j._path)
+    ahead = j._prefault.prepared_end - _record_bytes(j)
+    assert rss <= ahead + (1 << 20) + 8192 < _record_bytes(j) // 2, (rss, ahead, _record_bytes(j))
+    j.close()
+    assert [r.seq for r in _replayed(str(tmp_path))] == list(range(1, 102))
