@@ -19,7 +19,8 @@ def _count_non_finite(bits):
 
 
 @numba.njit(nogil=True, cache=True)
-def _first_non_finite(bits):
+def first_non_finite_bits(bits):
+    """Index of the first Inf or NaN in float32 values viewed as 1-D uint32 bits, or -1 (compiled callers)."""
     if _count_non_finite(bits) == 0:
         return -1
     for i in range(bits.shape[0]):
@@ -31,4 +32,4 @@ def _first_non_finite(bits):
 def first_non_finite(a: np.ndarray) -> int:
     """Flat index of the first Inf or NaN in a float32 array, or -1."""
     flat = np.ascontiguousarray(a, dtype=np.float32).reshape(-1)
-    return int(_first_non_finite(flat.view(np.uint32)))
+    return int(first_non_finite_bits(flat.view(np.uint32)))

@@ -91,7 +91,8 @@ def test_bad_requests_get_precise_statuses_and_change_nothing(shard1):
     sgd_rows = shard.table("sgd").peek(mine[:6])
     one_huge = np.ones((6, 4), dtype=np.float32)
     one_huge[4] = 3e38  # only the 5th row overflows: the rows before and after it must not change either
-    assert_status(push(table="sgd", grads=wire.encode_rows(one_huge)), INVALID, "would make the row of id", "non-finite")
+    assert_status(push(table="sgd", grads=wire.encode_rows(one_huge)), INVALID, f"would make the row of id {mine[4]} ",
+                  "non-finite")  # fmt: skip
     np.testing.assert_array_equal(shard.table("sgd").peek(mine[:6]), sgd_rows)
     after = snapshot(shard, mine)
     np.testing.assert_array_equal(after[0], before[0])
