@@ -8,7 +8,9 @@ thread) it took 1.2-1.5 ms (1.7-2.5 ms when each page still had to fault).
 The mapping may reach past the end of the file: touching a byte the file does not have raises SIGBUS, which
 kills the process, so the writer copies only into bytes the file holds (ps.prefault allocates them first).
 A copy is in the page cache once it returns, so it survives a crash of the process like a write(2) does, and
-fsync(2) of the file writes it to disk like any other dirty page. Mapped pages count in the process's RSS:
+fsync(2) of the file writes it to disk like any other dirty page. Only files on ext4, xfs and tmpfs are mapped:
+there a write into allocated space needs no new blocks, while a copy-on-write file system (btrfs, zfs) may, and a
+full disk would then arrive as SIGBUS in the middle of a copy instead of as an error of a write call. Mapped pages count in the process's RSS:
 the owner releases the ones it is done with (release()), so only the page cache holds them, as after write(2). Linux only (ctypes mmap and madvise);
 elsewhere `FileMap.open` returns None and the journal writes with pwritev.
 """
@@ -27,7 +29,7 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault the range in as if written (EINVA
 def _libc():
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        mmap_fn, munmap_fn, madvise_fn = libc.mmap, libc.munmap, libc.madvise
+        mmap_fn, munmap_fn, madvise_fn, fstatfs_fn = libc.mmap, libc.munmap, libc.madvise, libc.fstatfs
     except (OSError, AttributeError):
         return None
     mmap_fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64)
@@ -36,7 +38,22 @@ def _libc():
     munmap_fn.restype = ctypes.c_int
     madvise_fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     madvise_fn.restype = ctypes.c_int
-    return mmap_fn, munmap_fn, madvise_fn
+    fstatfs_fn.argtypes = (ctypes.c_int, ctypes.c_void_p)
+    fstatfs_fn.restype = ctypes.c_int
+    return mmap_fn, munmap_fn, madvise_fn, fstatfs_fn
+
+
+MAPPABLE_FILE_SYSTEMS = {0xEF53: "ext4", 0x58465342: "xfs", 0x01021994: "tmpfs"}  # statfs f_type magic numbers
+
+
+def file_system_type(fd: int) -> int | None:
+    """statfs(2) f_type of the file system holding fd (Linux), or None."""
+    if _LIBC is None:
+        return None
+    buf = (ctypes.c_long * 32)()  # struct statfs, f_type first
+    if _LIBC[3](fd, ctypes.addressof(buf)) != 0:
+        return None
+    return buf[0] & 0xFFFFFFFF
 
 
 _LIBC = _libc() if hasattr(mmap, "MAP_SHARED") and os.name == "posix" else None
@@ -56,8 +73,9 @@ class FileMap:
 
     @classmethod
     def open(cls, fd: int, length: int) -> FileMap | None:
-        """A mapping of fd's first length bytes, or None where this platform or file cannot be mapped."""
-        if _LIBC is None or length <= 0:
+        """A mapping of fd's first length bytes, or None where this platform, file system or file cannot be
+        mapped."""
+        if _LIBC is None or length <= 0 or file_system_type(fd) not in MAPPABLE_FILE_SYSTEMS:
             return None
         address = _LIBC[0](None, length, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
         if address is None or address == _MAP_FAILED:

@@ -216,8 +216,12 @@ class Journal:
                 self._open_segment()
             seq = self.next_seq
             total = HEADER.size + payload_len
-            if self._map is not None and self._segment_size + total <= self._prefault.prepared_end:
-                self._copy_into_map(seq, payload_len, head, arrays)  # prepared space: memory copies, no syscall
+            if self._map is not None and self._segment_size + total <= self._prefault.mapped_end:
+                try:
+                    self._copy_into_map(seq, payload_len, head, arrays)  # prepared space: memory copies, no syscall
+                except BaseException:
+                    self._cut_back()  # no part of the record may stay after the last whole one
+                    raise
                 written = total
             else:
                 crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
@@ -244,14 +248,16 @@ class Journal:
             return seq
 
     def _copy_into_map(self, seq: int, payload_len: int, head: bytes, arrays: list[np.ndarray]) -> None:
-        """Writes a record at the end of the active segment through its mapping: the payload is copied and
-        checksummed in one pass, then the header goes in front (a crash part-way leaves no header over a
-        part-written payload: replay finds zeros or a torn record, never acknowledged). The bytes must be
-        prepared (the file holds them: a byte past its end would raise SIGBUS)."""
+        """Writes a record at the end of the active segment through its mapping: the header first, with a zero
+        checksum; then the payload, copied and checksummed in one pass; then the checksum. A crash part-way
+        leaves a header whose length covers whatever was copied and whose checksum fails: a torn last record,
+        which replay cuts off (never acknowledged). The bytes must be prepared and mapped (ps.prefault: the file
+        holds them, or a byte past its end would raise SIGBUS)."""
         pos, dest = self._segment_size, self._map.array
+        dest[pos : pos + HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, seq, payload_len, 0), dtype=np.uint8)
         payload = dest[pos + HEADER.size : pos + HEADER.size + payload_len]
         crc = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1, payload)
-        dest[pos : pos + HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, seq, payload_len, crc), dtype=np.uint8)
+        dest[pos + HEADER_CHECKED.size : pos + HEADER.size] = np.frombuffer(struct.pack("<Q", crc), dtype=np.uint8)
         self.mapped_appends += 1
         if pos + HEADER.size + payload_len - self._released >= RELEASE_BYTES:  # done with them: out of our RSS
             self._map.release(self._released, pos + HEADER.size + payload_len)
@@ -282,7 +288,8 @@ class Journal:
             os.close(fd)
             raise StorageError(f"journal segment {path} already holds data: replay the journal before appending")
         self._fd, self._path, self._segment_size = fd, path, 0
-        self._map = FileMap.open(fd, self.segment_bytes)
+        # with sync, every append's fsync would also write the zero pages mapped ahead (dirty once populated)
+        self._map = None if self.sync else FileMap.open(fd, self.segment_bytes)
         self._released = 0  # [0, _released) of _map is released (ps.filemap)
         if self.sync:
             dfd = os.open(self.dir, os.O_RDONLY)

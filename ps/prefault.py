@@ -74,6 +74,7 @@ class Prefaulter:
         self._map: FileMap | None = None
         self._limit = 0
         self._done = 0  # [0, _done) of the attached file is prepared (or written)
+        self._mapped = 0  # [0, _mapped) of it is also populated in the filemap (see mapped_end)
         self._end = 0  # the writer's end, as appended() last said: nothing below it needs preparing
         self._want = 0
         self._largest = 0
@@ -85,7 +86,7 @@ class Prefaulter:
         mapping of fd), populate its page tables for writing too."""
         with self._lock:
             self._fd, self._limit, self._map = fd, limit, filemap
-            self._done = self._want = self._end = os.fstat(fd).st_size
+            self._done = self._want = self._end = self._mapped = os.fstat(fd).st_size
             if self._thread is None and not self._disabled:
                 self._thread = threading.Thread(target=self._run, name="journal-prefault", daemon=True)
                 self._thread.start()
@@ -99,8 +100,15 @@ class Prefaulter:
 
     @property
     def prepared_end(self) -> int:
-        """[0, prepared_end) of the attached file is prepared or written: the file holds those bytes."""
-        return self._done
+        """[0, prepared_end) of the attached file is prepared or written: the file holds those bytes (0 while
+        nothing is attached)."""
+        return self._done if self._fd >= 0 else 0
+
+    @property
+    def mapped_end(self) -> int:
+        """[0, mapped_end) of the attached file is prepared and populated in its filemap, or was there when the
+        filemap was attached: the writer may copy into it (0 without a filemap, or once populating failed)."""
+        return self._mapped if self._fd >= 0 and self._map is not None else 0
 
     def appended(self, end: int, record_bytes: int) -> None:
         """The attached file's end is now `end`, after a record of record_bytes: prepare ahead of it."""
@@ -136,8 +144,10 @@ class Prefaulter:
             hi = min(self._want, lo + CHUNK_BYTES)
             try:
                 _fallocate(self._fd, lo, hi - lo)  # allocates blocks, writes nothing: written bytes stay as they are
-                if self._map is None or not self._map.populate(lo, hi):  # maps the pages in, writable ...
-                    os.preadv(self._fd, [memoryview(self._buf)[: hi - lo]], lo)  # ... or at least caches them
+                if self._map is not None and self._map.populate(lo, hi):  # (below lo: records, or populated)
+                    self._mapped = hi  # mapped in, writable: the writer's copies take no page faults
+                else:  # no mapping, or populating has failed (the writer copies no further): cache the pages
+                    os.preadv(self._fd, [memoryview(self._buf)[: hi - lo]], lo)
             except OSError as e:  # e.g. EOPNOTSUPP (no fallocate on this file system), or the disk is full
                 level = logging.INFO if e.errno == errno.EOPNOTSUPP else logging.WARNING
                 log.log(level, "journal: cannot prepare space ahead of appends (%s); appends allocate as they go", e)

@@ -297,17 +297,16 @@ def test_replay_says_what_it_cut(tmp_path, caplog):
 
 def _wait_mapped(j: Journal, beyond: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while j._prefault.prepared_end <= beyond:
+    while j._prefault.mapped_end <= beyond:
         assert time.monotonic() < deadline, "the journal prepared no space ahead of its appends"
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize("sync", [False, True])
-def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tmp_path, sync):
+def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tmp_path):
     """Once space is prepared, appends are memory copies into the mapped segment (ps.filemap), mixed with
     pwritev ones; after a crash (the mapping and the file simply dropped) and after a clean close, every
     record replays with its exact contents."""
-    j = Journal(str(tmp_path), sync=sync)
+    j = Journal(str(tmp_path))
     pushed = [_push(j, 40, seed=1)]  # the first append of a segment has no prepared space: pwritev
     _wait_mapped(j, _record_bytes(j) + 200_000)
     pushed += [_push(j, n, seed=s) for s, n in ((2, 1), (3, 5000), (4, 7))]
@@ -329,25 +328,62 @@ def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tm
     assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3, 4, 5, 6]
 
 
-def test_a_failed_fsync_after_a_mapped_append_takes_the_record_back(tmp_path, monkeypatch):
+def test_a_synced_journal_writes_with_pwritev_only(tmp_path):
+    """With sync, each append's fsync would also write the zero pages mapped ahead: no mapping then."""
     j = Journal(str(tmp_path), sync=True)
     _push(j, 3, seed=1)
-    _wait_mapped(j, _record_bytes(j) + 1000)
-    calls = []
+    time.sleep(0.2)  # room for the prefault thread to prepare space
+    _push(j, 3, seed=2)
+    assert j._map is None and j.mapped_appends == 0
+    j.close()
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2]
 
-    def fsync_fails_once(fd):
-        calls.append(fd)
-        if len(calls) == 1:
-            raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(os, "fsync", fsync_fails_once)
-    with pytest.raises(OSError, match="Input/output error"):
-        _push(j, 3, seed=2)
-    assert j.mapped_appends == 1 and os.path.getsize(j._path) == _record_bytes(j)  # cut back to record 1
+def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(tmp_path, monkeypatch):
+    """The header (checksum still 0) is in place before the payload is copied, so a crash part-way leaves a
+    torn record, never payload bytes without a header; a copy that fails is cut off like a failed write."""
+    from ps import journal as journal_module
+
+    j = Journal(str(tmp_path))
+    _push(j, 3, seed=1)
+    _wait_mapped(j, _record_bytes(j) + 10_000)
+    start = _record_bytes(j)
+    seen = []
+
+    def copy_then_fail(buffers, skip, dest):
+        header = bytes(j._map.array[start : start + journal_module.HEADER.size])
+        seen.append(journal_module.HEADER.unpack(header))
+        dest[: len(dest) // 2] = 7  # part of the payload is in place ...
+        raise MemoryError("copy failed")  # ... when the copy fails
+
+    monkeypatch.setattr(journal_module, "copy_with_checksum64", copy_then_fail)
+    with pytest.raises(MemoryError):
+        _push(j, 50, seed=2)
     monkeypatch.undo()
+    magic, seq, payload_len, crc = seen[0]
+    assert (magic, seq, crc) == (journal_module.MAGIC, 2, 0) and payload_len > 50 * 8
+    assert os.path.getsize(j._path) == _record_bytes(j) == start  # cut back to record 1
     assert _push(j, 3, seed=3)[0] == 2
     j.close()
     assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2]
+
+
+@pytest.mark.parametrize("copied", [0, 0.5, 1.0])  # a crash before, during or after the payload's copy
+def test_a_crash_inside_a_mapped_append_leaves_a_torn_record_that_replay_cuts(tmp_path, copied):
+    """What a kill -9 inside _copy_into_map leaves: the header with a zero checksum, some or all of the payload,
+    then prepared zeros. Replay cuts it off and keeps every record before it."""
+    from ps import journal as journal_module
+
+    path = _one_segment(tmp_path, (1, 2))
+    size = os.path.getsize(path)
+    payload = np.random.default_rng(3).integers(1, 256, 5000, dtype=np.uint8).tobytes()
+    with open(path, "r+b") as f:
+        f.seek(size)
+        f.write(journal_module.HEADER.pack(journal_module.MAGIC, 3, len(payload), 0))
+        f.write(payload[: int(len(payload) * copied)])
+        f.write(bytes(64 << 10))  # prepared zeros
+    assert [r.seq for r in Journal(str(tmp_path)).replay(0)] == [1, 2]
+    assert os.path.getsize(path) == size
 
 
 def _mapped_rss(path: str) -> int:

@@ -31,3 +31,18 @@ def test_prefetching_changes_nothing_and_never_faults(dtype, ahead):
 def test_non_contiguous_arrays_and_other_index_types():
     a = np.arange(10 * 8, dtype=np.float32).reshape(10, 8)[:, 2:5]  # strided rows
     np.testing.assert_array_equal(_gather_prefetching(a, np.array([9, 1], dtype=np.int32), 3), a[[9, 1]])
+
+
+def test_the_hint_is_a_prefetch_instruction():
+    @numba.njit
+    def first_of_each(a, rows):
+        s = 0.0
+        for i in range(rows.shape[0]):
+            prefetch_row(a, rows[i])  # an int32 index, as given
+            s += a[rows[i], 0]
+        return s
+
+    a = np.ones((4, 8), dtype=np.float32)
+    assert first_of_each(a, np.array([3, 1], dtype=np.int32)) == 2.0
+    (asm,) = first_of_each.inspect_asm().values()
+    assert "prefetch" in asm

@@ -83,7 +83,7 @@ class TableModel(RuleBasedStateMachine):
             return os.pwrite(fd, bytes(parts[0])[:10], offset)
 
         # the write path a full disk can fail: pwritev (space the journal has prepared is written by memory copy)
-        no_prepared_space = mock.patch.object(type(journal._prefault), "prepared_end", new_callable=mock.PropertyMock, return_value=0)
+        no_prepared_space = mock.patch.object(type(journal._prefault), "mapped_end", new_callable=mock.PropertyMock, return_value=0)
         with no_prepared_space, mock.patch.object(journal_module.os, "pwritev", disk_full):
             with pytest.raises(OSError, match="journal write of .* bytes wrote 10"):
                 self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
