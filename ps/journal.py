@@ -17,10 +17,10 @@ before ids), for PSJ4 preceded by the header's magic, seq and payload_len (so a 
 (client, client_seq, part) say which push of which client request the record is (0, 0, 0: none): `applied`
 maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
 replayed, so a shard can tell a retried request from a new one (ps.shard.Shard.push_batch).
-Records are written with one pwritev, or, into space ps.prefault has prepared, copied into the segment's
-shared mapping (ps.filemap; the payload copied and checksummed in one pass, then the header), so a crash of
-the process leaves at most one short record at the end of the active segment; replay drops such a torn last
-record (never acknowledged). A bad record anywhere else (data
+Records are written with one pwritev, or, into space ps.prefault has prepared and mapped, copied into the
+segment's shared mapping (ps.filemap; the header with a zero checksum, the payload copied and checksummed in one
+pass, then the checksum; not with sync), so a crash of the process leaves at most one short or unchecked record at
+the end of the active segment; replay drops such a torn last record (never acknowledged). A bad record anywhere else (data
 after it, or in an older segment) is damage: replay raises JournalCorruptError rather than drop the
 acknowledged pushes after it.
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
