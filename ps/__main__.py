@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--restore", default=None, metavar="DIR", help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint")
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument(
+        "--stop-with-stdin", action="store_true",
+        help="stop cleanly (as on SIGTERM) once standard input is closed: ps-worker's local clusters start their "
+        "servers so, and they stop when the process that started them dies, even by SIGKILL",
+    )  # fmt: skip
     add_config_flag(p)
     return p
 
@@ -138,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         config.validate()
         from ps.server import serve  # imported late: `--help` stays fast
 
-        serve(config)
+        serve(config, stop_with_stdin=args.stop_with_stdin)
     except (ValueError, StorageError, OSError) as e:
         print(f"ps-server: error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -96,8 +97,19 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
     return reply.status == health_pb2.HealthCheckResponse.SERVING, status
 
 
-def serve(config: ServerConfig) -> None:
-    """Runs a shard until SIGTERM or SIGINT; prints `listening on HOST:PORT` once it serves."""
+def _stop_at_end_of_stdin(stop: threading.Event) -> None:
+    try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
+        while os.read(0, 4096):
+            pass
+    except OSError:  # no usable stdin: treat it as closed
+        pass
+    log.info("standard input closed (the process that started this server is gone), shutting down")
+    stop.set()
+
+
+def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
+    """Runs a shard until SIGTERM or SIGINT (or, with stop_with_stdin, until standard input is closed: the
+    parent that holds its other end is gone); prints `listening on HOST:PORT` once it serves."""
     stop = threading.Event()
 
     def on_signal(signum, frame):
@@ -106,6 +118,8 @@ def serve(config: ServerConfig) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
+    if stop_with_stdin:
+        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
     server = Server(config)
     try:
         port = server.start()

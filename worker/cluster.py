@@ -3,6 +3,8 @@
 Each shard runs `python -m ps --port 0` on its own data dir (`<root>/shard-<i>`), logs to `<root>/shard-<i>.log`,
 and reports its port on stdout; start() waits for every port and for the shards to answer, with a deadline.
 stop() sends SIGTERM, waits, then kills. Restarting on the same root gives the shards their rows back.
+Each shard's standard input is a pipe this process holds (`--stop-with-stdin`): when this process dies, however
+it dies, the pipe closes and the shards stop cleanly instead of running on without their parent.
 """
 
 from __future__ import annotations
@@ -59,11 +61,12 @@ class LocalCluster:
             "--shard-id", str(shard_id),
             "--num-shards", str(self.num_shards),
             "--data-dir", self.data_dir(shard_id),
+            "--stop-with-stdin",  # this process holds the pipe: if it dies, even by SIGKILL, the shard stops
             *self.extra_args,
         ]  # fmt: skip
         log = open(self.log_path(shard_id), "ab")
         try:
-            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE)
         finally:
             log.close()
 
@@ -107,8 +110,9 @@ class LocalCluster:
         """Starts a shard that was killed again, on its data dir and its port (clients keep their address)."""
         if self.procs[shard_id].poll() is None:
             raise RuntimeError(f"local shard {shard_id} is still running")
-        if self.procs[shard_id].stdout:
-            self.procs[shard_id].stdout.close()
+        for pipe in (self.procs[shard_id].stdout, self.procs[shard_id].stdin):
+            if pipe:
+                pipe.close()
         port = int(self.addresses[shard_id].rsplit(":", 1)[1])
         self.procs[shard_id] = self._spawn(shard_id, port)
         address = self._await_port(shard_id, self.procs[shard_id], time.monotonic() + self.start_timeout_s)
@@ -129,8 +133,9 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 codes.append(p.wait())
-            if p.stdout:
-                p.stdout.close()
+            for pipe in (p.stdout, p.stdin):
+                if pipe:
+                    pipe.close()
         self.procs = []
         return codes
 

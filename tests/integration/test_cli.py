@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -111,3 +112,41 @@ def test_stats_and_shrink_commands(tmp_path):
         lines = [line.split() for line in r.stdout.splitlines() if line.split()[1:2] == ["t"]]
         assert len(lines) == 2 and sum(int(cols[2].replace(",", "")) for cols in lines) == 300  # num_rows
         assert "clock 10" in r.stdout
+
+
+PARENT = """
+import sys, time
+from worker.cluster import LocalCluster
+cluster = LocalCluster(2, root=sys.argv[1])
+cluster.start()
+print(" ".join(str(p.pid) for p in cluster.procs), flush=True)
+time.sleep(600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_local_shards_stop_cleanly_when_the_process_that_started_them_is_killed(tmp_path):
+    """A killed trainer (SIGKILL: no handler runs) must not leave its local servers running: their stdin pipe
+    closes with it, and they stop as on SIGTERM (flushed, 'stopped cleanly' in their logs)."""
+    parent = subprocess.Popen([PY, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in pids):
+        assert time.monotonic() < deadline, "local shards still running a minute after their parent was killed"
+        time.sleep(0.1)
+    for shard in range(2):
+        log = (tmp_path / f"shard-{shard}.log").read_text()
+        assert "standard input closed" in log and "stopped cleanly" in log, log[-2000:]
