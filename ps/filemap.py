@@ -8,11 +8,13 @@ thread) it took 1.2-1.5 ms (1.7-2.5 ms when each page still had to fault).
 The mapping may reach past the end of the file: touching a byte the file does not have raises SIGBUS, which
 kills the process, so the writer copies only into bytes the file holds (ps.prefault allocates them first).
 A copy is in the page cache once it returns, so it survives a crash of the process like a write(2) does, and
-fsync(2) of the file writes it to disk like any other dirty page. Only files on ext4, xfs and tmpfs are mapped:
-there a write into allocated space needs no new blocks, while a copy-on-write file system (btrfs, zfs) may, and a
-full disk would then arrive as SIGBUS in the middle of a copy instead of as an error of a write call. Mapped pages count in the process's RSS:
-the owner releases the ones it is done with (release()), so only the page cache holds them, as after write(2). Linux only (ctypes mmap and madvise);
-elsewhere `FileMap.open` returns None and the journal writes with pwritev.
+fsync(2) of the file writes it to disk like any other dirty page.
+
+Only files on ext4, xfs and tmpfs are mapped: there a write into allocated space needs no new blocks, while a
+copy-on-write file system (btrfs, zfs) may, and a full disk would then arrive as SIGBUS in the middle of a copy
+instead of as an error of a write call. Mapped pages count in the process's RSS: the owner releases the ones it
+is done with (release()), so only the page cache holds them, as after write(2). Linux only (ctypes mmap and
+madvise); elsewhere `FileMap.open` returns None and the journal writes with pwritev.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A lookup or a row update at a random place of a 100 MB+ array misses the TLB nearly every time; with 2 MB pages
 the same array needs 512x fewer TLB entries. Measured here (benchmarks/pull_push.py's access pattern, 100,000
-random rows of 160 bytes out of 2M): a gather took 3.7 ms on huge pages against 4.3-4.5 ms on 4 KB pages, and a
+random rows of 168 bytes out of 2M): a gather took 3.7 ms on huge pages against 4.3-4.5 ms on 4 KB pages, and a
 row update 21 against 25 ms (one thread).
 
 Linux only grants huge pages to memory that asks for them when transparent_hugepage is in `madvise` mode (the

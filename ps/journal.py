@@ -222,7 +222,6 @@ class Journal:
                 except BaseException:
                     self._cut_back()  # no part of the record may stay after the last whole one
                     raise
-                written = total
             else:
                 crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
                 try:
@@ -231,9 +230,9 @@ class Journal:
                 except OSError:
                     self._cut_back()
                     raise
-            if written != total:  # e.g. disk full: cut the partial record off and fail the push
-                self._cut_back()
-                raise OSError(f"journal write of {total} bytes wrote {written}")
+                if written != total:  # e.g. disk full: cut the partial record off and fail the push
+                    self._cut_back()
+                    raise OSError(f"journal write of {total} bytes wrote {written}")
             if self.sync:
                 try:
                     os.fsync(self._fd)
@@ -254,14 +253,15 @@ class Journal:
         which replay cuts off (never acknowledged). The bytes must be prepared and mapped (ps.prefault: the file
         holds them, or a byte past its end would raise SIGBUS)."""
         pos, dest = self._segment_size, self._map.array
+        end = pos + HEADER.size + payload_len
         dest[pos : pos + HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, seq, payload_len, 0), dtype=np.uint8)
-        payload = dest[pos + HEADER.size : pos + HEADER.size + payload_len]
-        crc = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1, payload)
+        crc = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1,
+                                   dest[pos + HEADER.size : end])  # fmt: skip
         dest[pos + HEADER_CHECKED.size : pos + HEADER.size] = np.frombuffer(struct.pack("<Q", crc), dtype=np.uint8)
         self.mapped_appends += 1
-        if pos + HEADER.size + payload_len - self._released >= RELEASE_BYTES:  # done with them: out of our RSS
-            self._map.release(self._released, pos + HEADER.size + payload_len)
-            self._released = pos + HEADER.size + payload_len
+        if end - self._released >= RELEASE_BYTES:  # done with these pages: out of the process's RSS
+            self._map.release(self._released, end)
+            self._released = end
 
     def _cut_back(self) -> None:
         """Truncates the active segment to its last whole record (a failed append leaves nothing behind); with

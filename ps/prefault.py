@@ -99,12 +99,6 @@ class Prefaulter:
             self._map = None
 
     @property
-    def prepared_end(self) -> int:
-        """[0, prepared_end) of the attached file is prepared or written: the file holds those bytes (0 while
-        nothing is attached)."""
-        return self._done if self._fd >= 0 else 0
-
-    @property
     def mapped_end(self) -> int:
         """[0, mapped_end) of the attached file is prepared and populated in its filemap, or was there when the
         filemap was attached: the writer may copy into it (0 without a filemap, or once populating failed)."""

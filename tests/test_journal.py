@@ -14,6 +14,7 @@ from ps import parallel
 from ps import checksum as checksum_module
 from ps.checksum import CHUNK, checksum64, copy_with_checksum64
 from ps.errors import StorageError
+from ps.filemap import MAPPABLE_FILE_SYSTEMS, file_system_type
 from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
 
 
@@ -180,11 +181,16 @@ def _record_bytes(j: Journal) -> int:
     return j._segment_size
 
 
-def _wait_prepared(path: str, beyond: int, timeout_s: float = 10.0) -> None:
+def _wait_until(prepared, timeout_s: float = 10.0) -> None:
+    """Waits for the journal's prefault thread: until prepared() is true."""
     deadline = time.monotonic() + timeout_s
-    while os.path.getsize(path) <= beyond:
+    while not prepared():
         assert time.monotonic() < deadline, "the journal prepared no space ahead of its appends"
         time.sleep(0.01)
+
+
+def _wait_prepared(path: str, beyond: int) -> None:
+    _wait_until(lambda: os.path.getsize(path) > beyond)
 
 
 def test_space_prepared_ahead_reads_as_zeros_and_is_not_damage(tmp_path):
@@ -295,18 +301,28 @@ def test_replay_says_what_it_cut(tmp_path, caplog):
     assert "cut" in caplog.text and "after record 1 (a torn last record, never acknowledged)" in caplog.text
 
 
-def _wait_mapped(j: Journal, beyond: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while j._prefault.mapped_end <= beyond:
-        assert time.monotonic() < deadline, "the journal prepared no space ahead of its appends"
-        time.sleep(0.01)
+def _wait_mapped(j: Journal, beyond: int) -> None:
+    _wait_until(lambda: j._prefault.mapped_end > beyond)
 
 
-def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tmp_path):
+@pytest.fixture
+def mapped_dir(tmp_path):
+    """tmp_path, where the journal maps its segments (ext4, xfs, tmpfs: ps.filemap); the test skips elsewhere."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fs = file_system_type(fd)
+    finally:
+        os.close(fd)
+    if fs not in MAPPABLE_FILE_SYSTEMS:
+        pytest.skip(f"the journal maps segments only on ext4, xfs or tmpfs; {tmp_path} is on file system {fs!r}")
+    return tmp_path
+
+
+def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(mapped_dir):
     """Once space is prepared, appends are memory copies into the mapped segment (ps.filemap), mixed with
     pwritev ones; after a crash (the mapping and the file simply dropped) and after a clean close, every
     record replays with its exact contents."""
-    j = Journal(str(tmp_path))
+    j = Journal(str(mapped_dir))
     pushed = [_push(j, 40, seed=1)]  # the first append of a segment has no prepared space: pwritev
     _wait_mapped(j, _record_bytes(j) + 200_000)
     pushed += [_push(j, n, seed=s) for s, n in ((2, 1), (3, 5000), (4, 7))]
@@ -314,7 +330,7 @@ def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tm
     j._prefault.close()  # a kill -9: the mapping and the descriptor go without the file being cut
     j._map.close()
     os.close(j._fd)
-    j2 = Journal(str(tmp_path))
+    j2 = Journal(str(mapped_dir))
     replayed = list(j2.replay(0))
     assert [r.seq for r in replayed] == [seq for seq, _ in pushed] == [1, 2, 3, 4]
     for r, (_, (ids, grads, shows, clicks)) in zip(replayed, pushed):
@@ -325,7 +341,7 @@ def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(tm
     _push(j2, 3, seed=6)
     assert j2.mapped_appends == 1
     j2.close()
-    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3, 4, 5, 6]
+    assert [r.seq for r in _replayed(str(mapped_dir))] == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_synced_journal_writes_with_pwritev_only(tmp_path):
@@ -339,12 +355,12 @@ def test_a_synced_journal_writes_with_pwritev_only(tmp_path):
     assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2]
 
 
-def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(tmp_path, monkeypatch):
+def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(mapped_dir, monkeypatch):
     """The header (checksum still 0) is in place before the payload is copied, so a crash part-way leaves a
     torn record, never payload bytes without a header; a copy that fails is cut off like a failed write."""
     from ps import journal as journal_module
 
-    j = Journal(str(tmp_path))
+    j = Journal(str(mapped_dir))
     _push(j, 3, seed=1)
     _wait_mapped(j, _record_bytes(j) + 10_000)
     start = _record_bytes(j)
@@ -365,7 +381,7 @@ def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(tmp
     assert os.path.getsize(j._path) == _record_bytes(j) == start  # cut back to record 1
     assert _push(j, 3, seed=3)[0] == 2
     j.close()
-    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2]
+    assert [r.seq for r in _replayed(str(mapped_dir))] == [1, 2]
 
 
 @pytest.mark.parametrize("copied", [0, 0.5, 1.0])  # a crash before, during or after the payload's copy
@@ -399,20 +415,20 @@ def _mapped_rss(path: str) -> int:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux /proc")
-def test_mapped_records_are_released_from_the_process_page_tables(tmp_path, monkeypatch):
+def test_mapped_records_are_released_from_the_process_page_tables(mapped_dir, monkeypatch):
     """Pages the journal has copied records into leave the process's RSS (they stay in the page cache): only
     the space prepared ahead stays mapped, not the whole segment written so far."""
     from ps import journal as journal_module
 
     monkeypatch.setattr(journal_module, "RELEASE_BYTES", 1 << 20)
-    j = Journal(str(tmp_path))
+    j = Journal(str(mapped_dir))
     _push(j, 10, seed=0)
     for seed in range(1, 101):  # ~40 MB of records of ~400 KB
         _wait_mapped(j, _record_bytes(j) + 500_000)
         _push(j, 25_000, seed=seed)
     assert j.mapped_appends == 100
     rss = _mapped_rss(j._path)
-    ahead = j._prefault.prepared_end - _record_bytes(j)
+    ahead = j._prefault.mapped_end - _record_bytes(j)
     assert rss <= ahead + (1 << 20) + 8192 < _record_bytes(j) // 2, (rss, ahead, _record_bytes(j))
     j.close()
-    assert [r.seq for r in _replayed(str(tmp_path))] == list(range(1, 102))
+    assert [r.seq for r in _replayed(str(mapped_dir))] == list(range(1, 102))
