@@ -2,7 +2,7 @@
 """The two commands a newcomer needs, with nothing but Python 3.11+ installed:
 
     python3 dev.py demo    # local cluster of 2 shards trains an FM on synthetic data, prints AUC vs the oracle
-    python3 dev.py test    # the whole test suite
+    python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite
 
 Both create ./.venv on first use and install the package there (`pip install -e .[dev]`); later runs reuse it
 and reinstall only when pyproject.toml changes. `test` also installs PyTorch (TORCH_PIN, for the torch backend's
@@ -25,7 +25,7 @@ BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 
 def ensure_env(with_torch: bool = False) -> str:
     """Returns the venv's python, creating the venv and installing the package (and TORCH_PIN) if needed."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
     if not os.path.exists(python):
@@ -58,9 +58,14 @@ def main(argv: list[str]) -> int:
         return 0
     if command == "demo":
         args = [python, "-m", "worker", "train", "--local-shards", "2", *rest]
-    else:
-        args = [python, "-m", "pytest", *rest]
-    return subprocess.call(args, cwd=ROOT)
+        return subprocess.call(args, cwd=ROOT)
+    if not rest:  # lint the whole tree first; `dev.py test -k name` runs just those tests
+        for lint in (["check", "."], ["format", "--check", "."]):
+            print(f"ruff {' '.join(lint)}", flush=True)
+            if subprocess.call([python, "-m", "ruff", *lint], cwd=ROOT) != 0:
+                print("lint failed: `.venv/bin/ruff check --fix . && .venv/bin/ruff format .` fixes most of it")
+                return 1
+    return subprocess.call([python, "-m", "pytest", *rest], cwd=ROOT)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 One server with --cache-bytes sized to hold a tenth of the table's rows. The table (dim 16, Adagrad) is filled
 by pushes, flushed, and the server restarted (an empty RAM tier); each rep pulls --ids random ids, so ~90% of
 them miss RAM. The reference opens the same RocksDB files read-only afterwards and multi_gets the same keys
-(built with ps.store.encode_keys) in the same batch size. Target: cold pull >= 80% of raw multi_get.
+(built with ps.storage.store.encode_keys) in the same batch size. Target: cold pull >= 80% of raw multi_get.
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import sys
 import time
 
 import numpy as np
-
 from common import create_table, emit, pull_request, push_request, rate, spread, stub, timed
 
-from ps.layout import layout_of
-from ps.store import TABLE_CF_PREFIX, encode_keys
-from ps.wire import tune_malloc
+from ps.accel.malloc import tune_malloc
+from ps.rows.layout import layout_of
+from ps.storage.store import TABLE_CF_PREFIX, encode_keys
 from worker.cluster import LocalCluster
 
 
@@ -57,7 +56,7 @@ def main() -> None:
 
         opts = Options(raw_mode=True)
         path = cluster.data_dir(0)
-        db = Rdict(path, opts, column_families={c: opts for c in Rdict.list_cf(path, opts)},
+        db = Rdict(path, opts, column_families=dict.fromkeys(Rdict.list_cf(path, opts), opts),
                    access_type=AccessType.read_only())  # fmt: skip
         cf = db.get_column_family(TABLE_CF_PREFIX + "cold")
         keys = iter([encode_keys(b) for b in batches])

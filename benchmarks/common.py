@@ -16,11 +16,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import worker  # noqa: E402, F401  (before numpy: it sets how OpenBLAS threads wait, see worker/__init__.py)
-
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 
+import worker  # noqa: E402, F401  (before numpy: it sets how OpenBLAS threads wait, see worker/__init__.py)
 from protos import ps_pb2, ps_pb2_grpc  # noqa: E402
 from ps import wire  # noqa: E402
 from ps.server import grpc_options  # noqa: E402
@@ -122,7 +121,7 @@ class EchoServer:
     """A bare gRPC server in its own process: a generic unary method whose reply is N bytes, where N is the
     first 8 bytes of the request (little-endian). No protobuf, no work: the transport's ceiling."""
 
-    def __enter__(self) -> "EchoServer":
+    def __enter__(self) -> EchoServer:
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(ROOT, "benchmarks", "common.py"), "echo-server"],
             stdout=subprocess.PIPE, text=True,
@@ -148,7 +147,7 @@ class EchoServer:
 def _serve_echo() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from ps.wire import tune_malloc
+    from ps.accel.malloc import tune_malloc
 
     tune_malloc()
     replies: dict[int, bytes] = {}

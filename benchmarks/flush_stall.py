@@ -5,7 +5,7 @@
 One in-process shard (no gRPC: the table lock is what is measured) holds --rows hot rows of dim 16 (Adagrad), all
 of them dirty. One thread pushes --ids random ids at a time, without pause; first for two seconds with no flush
 (the reference), then while Shard.flush() writes every dirty row. The flusher takes the table lock for
---chunk-rows rows at a time (ps.table.FLUSH_CHUNK_ROWS) and pauses --pause-s between holds (FLUSH_PAUSE_S) so a
+--chunk-rows rows at a time (ps.engine.table.FLUSH_CHUNK_ROWS) and pauses --pause-s between holds (FLUSH_PAUSE_S) so a
 waiting push gets in; `--chunk-rows 65536 --pause-s 0` is how it flushed before.
 """
 
@@ -18,13 +18,12 @@ import threading
 import time
 
 import numpy as np
-
 from common import emit
 
-import ps.table
+import ps.engine.table
+from ps.accel.malloc import tune_malloc
 from ps.config import ServerConfig, TableConfig
-from ps.shard import Shard
-from ps.wire import tune_malloc
+from ps.engine.shard import Shard
 
 
 def push_latencies(shard: Shard, batches, grads, until: threading.Event) -> list[float]:
@@ -56,11 +55,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--ids", type=int, default=100_000)
-    p.add_argument("--chunk-rows", type=int, default=ps.table.FLUSH_CHUNK_ROWS)
-    p.add_argument("--pause-s", type=float, default=ps.table.FLUSH_PAUSE_S)
+    p.add_argument("--chunk-rows", type=int, default=ps.engine.table.FLUSH_CHUNK_ROWS)
+    p.add_argument("--pause-s", type=float, default=ps.engine.table.FLUSH_PAUSE_S)
     args = p.parse_args()
     tune_malloc()
-    ps.table.FLUSH_CHUNK_ROWS, ps.table.FLUSH_PAUSE_S = args.chunk_rows, args.pause_s
+    ps.engine.table.FLUSH_CHUNK_ROWS, ps.engine.table.FLUSH_PAUSE_S = args.chunk_rows, args.pause_s
     rng = np.random.default_rng(0)
     n, dim = args.ids, 16
     grads = (rng.standard_normal((n, dim)) * 0.01).astype(np.float32)
@@ -78,7 +77,7 @@ def main() -> None:
             during, flush_s = timed_pushes(shard, batches, grads, lambda: flushed.append(shard.flush()))
         finally:
             shard.close()
-    ms = lambda xs: 1e3 * np.asarray(xs)  # noqa: E731
+    ms = lambda xs: 1e3 * np.asarray(xs)
     r = {
         "ids_per_push": n,
         "rows_flushed": flushed[0],
@@ -90,8 +89,10 @@ def main() -> None:
         "push_ms_max_during_flush": float(ms(during).max()),
         "pushes_during_flush": len(during),
     }
-    print(f"{n:,}-id pushes, {args.rows:,} dirty rows, flushed {args.chunk_rows:,} rows per hold of the table lock, "
-          f"{args.pause_s * 1e3:g} ms pause between holds")
+    print(
+        f"{n:,}-id pushes, {args.rows:,} dirty rows, flushed {args.chunk_rows:,} rows per hold of the table lock, "
+        f"{args.pause_s * 1e3:g} ms pause between holds"
+    )
     print(f"no flush running: median {r['push_ms_median_no_flush']:.1f} ms per push ({len(quiet)} pushes)")
     print(f"during a {flush_s:.2f} s flush of {flushed[0]:,} rows: median {r['push_ms_median_during_flush']:.1f} ms, "
           f"max {r['push_ms_max_during_flush']:.1f} ms ({len(during)} pushes)")  # fmt: skip

@@ -17,14 +17,21 @@ import argparse
 import sys
 
 import numpy as np
-
 from common import (
-    EchoServer, channel, create_table, emit, pull_request, push_request, rate, spread, stub, timed_alternately,
+    EchoServer,
+    channel,
+    create_table,
+    emit,
+    pull_request,
+    push_request,
+    rate,
+    spread,
+    stub,
+    timed_alternately,
 )  # fmt: skip
 
 from protos import ps_pb2
-
-from ps.wire import tune_malloc
+from ps.accel.malloc import tune_malloc
 from worker.cluster import LocalCluster
 
 
@@ -77,8 +84,12 @@ def main() -> None:
     r["pull_vs_echo"] = r["pull_ids_per_s"] / r["echo_pull_ids_per_s"]
     r["push_vs_echo"] = r["push_ids_per_s"] / r["echo_push_ids_per_s"]
     print(f"{n:,} ids x dim {dim}, table of {args.rows:,} hot rows, one server process")
-    print(f"pull: {spread(n, pull_s)} ids/s   echo of the same bytes: {spread(n, echo_pull_s)}  -> {r['pull_vs_echo']:.0%}")
-    print(f"push: {spread(n, push_s)} ids/s   echo of the same bytes: {spread(n, echo_push_s)}  -> {r['push_vs_echo']:.0%}")
+    print(
+        f"pull: {spread(n, pull_s)} ids/s   echo of the same bytes: {spread(n, echo_pull_s)}  -> {r['pull_vs_echo']:.0%}"
+    )
+    print(
+        f"push: {spread(n, push_s)} ids/s   echo of the same bytes: {spread(n, echo_push_s)}  -> {r['push_vs_echo']:.0%}"
+    )
     emit(r)
 
 

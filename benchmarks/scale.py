@@ -18,12 +18,23 @@ import sys
 import time
 
 import numpy as np
-
-from common import create_table, dir_bytes, emit, pull_request, push_request, rate, rss_bytes, spread, stub, timed, zipf_ids
+from common import (
+    create_table,
+    dir_bytes,
+    emit,
+    pull_request,
+    push_request,
+    rate,
+    rss_bytes,
+    spread,
+    stub,
+    timed,
+    zipf_ids,
+)
 
 from ps.__main__ import parse_bytes
-from ps.layout import KEY_BYTES, layout_of
-from ps.wire import tune_malloc
+from ps.accel.malloc import tune_malloc
+from ps.rows.layout import KEY_BYTES, layout_of
 from worker.cluster import LocalCluster
 
 BATCH = 100_000

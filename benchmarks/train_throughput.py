@@ -5,7 +5,7 @@ process on the server's table code called directly (no RPC), on the same data, i
 
 Both runs use worker.train.run_epochs on the synthetic data (planted linear model), batch 2048, embedding dim 8,
 Adagrad for the sparse table and Adam for the MLP, dense sync every step and one batch of prefetch. The in-process
-reference is worker.inprocess.InProcessTables (a Shard in this process: RAM tier, optimizer, journal; no gRPC, no
+reference is tests.inprocess.InProcessTables (a Shard in this process: RAM tier, optimizer, journal; no gRPC, no
 serialization, no second process). The two runs alternate --repeats times and their medians are compared: the
 speed of this shared 2-core machine changes from one run to the next (in-process runs of one build measured 17.4K
 to 26.9K examples/s within minutes), which decided the ratio of a single pair more than the code did.
@@ -20,15 +20,14 @@ import argparse
 import dataclasses
 import sys
 
+import numpy as np
 from common import emit  # first: it imports the worker package before numpy (worker/__init__.py)
 
-import numpy as np
-
-from ps.wire import tune_malloc
+from ps.accel.malloc import tune_malloc
+from tests.inprocess import InProcessTables
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.dense import DenseSync
-from worker.inprocess import InProcessTables
 from worker.train import DataSource, TrainConfig, evaluate, make_backend, run_epochs, table_configs
 
 
@@ -89,13 +88,20 @@ def main() -> None:
             ps_runs.append(one_run(client, dataclasses.replace(cfg, servers=tuple(cluster.addresses))))
         with InProcessTables() as tables:
             local_runs.append(one_run(tables, cfg))
-        print(f"run {rep + 1}: PS {ps_runs[-1]['examples_per_s']:,.0f}, in-process {local_runs[-1]['examples_per_s']:,.0f} "
-              f"examples/s ({ps_runs[-1]['examples_per_s'] / local_runs[-1]['examples_per_s']:.2f})", flush=True)
+        print(
+            f"run {rep + 1}: PS {ps_runs[-1]['examples_per_s']:,.0f}, in-process {local_runs[-1]['examples_per_s']:,.0f} "
+            f"examples/s ({ps_runs[-1]['examples_per_s'] / local_runs[-1]['examples_per_s']:.2f})",
+            flush=True,
+        )
     ps, local = _median_run(ps_runs), _median_run(local_runs)
     ratio = ps["examples_per_s"] / local["examples_per_s"]
-    print(f"DeepFM ({args.backend}, hidden {args.hidden}), {args.rows:,} synthetic rows, batch {cfg.batch_size}, "
-          f"median of {args.repeats} alternated runs each")
-    print(f"against {args.shards} server processes: {ps['examples_per_s']:,.0f} examples/s   eval AUC {ps['eval_auc']:.4f}")
+    print(
+        f"DeepFM ({args.backend}, hidden {args.hidden}), {args.rows:,} synthetic rows, batch {cfg.batch_size}, "
+        f"median of {args.repeats} alternated runs each"
+    )
+    print(
+        f"against {args.shards} server processes: {ps['examples_per_s']:,.0f} examples/s   eval AUC {ps['eval_auc']:.4f}"
+    )
     print(f"in-process tables:        {local['examples_per_s']:,.0f} examples/s   eval AUC {local['eval_auc']:.4f}")
     print(f"oracle AUC {ps['oracle_auc']:.4f}; PS / in-process = {ratio:.2f} (target >= 0.8)")
     emit({

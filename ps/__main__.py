@@ -6,10 +6,10 @@ import argparse
 import logging
 import sys
 
+from ps.accel.malloc import tune_malloc
 from ps.config import ServerConfig
 from ps.errors import StorageError
 from ps.settings import add_config_flag, apply_defaults
-from ps.wire import tune_malloc
 
 
 def parse_bytes(text: str) -> int:
@@ -47,10 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--flush-interval-s", type=float, default=30.0, help="how often dirty rows are written to RocksDB")
     p.add_argument("--tls-cert", default=None, help="PEM certificate to serve TLS with (needs --tls-key)")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    p.add_argument("--tls-ca", default=None, help="PEM CA: require clients to present a certificate it signed (mutual TLS)")
-    p.add_argument("--auth-token-file", default=None, help="file holding a shared token every call must carry (health checks excepted)")
-    p.add_argument("--restore", default=None, metavar="DIR", help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint")
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)")
+    p.add_argument(
+        "--tls-ca", default=None, help="PEM CA: require clients to present a certificate it signed (mutual TLS)"
+    )
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file holding a shared token every call must carry (health checks excepted)",
+    )
+    p.add_argument(
+        "--restore",
+        default=None,
+        metavar="DIR",
+        help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--stop-with-stdin", action="store_true",
@@ -65,7 +81,7 @@ def build_size_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server size",
         description="Print the RAM and disk a table needs, per id and per server, from the row layout the "
-        "server uses (ps/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
+        "server uses (ps/rows/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--ids", type=float, required=True, help="number of distinct ids (1e9 is fine)")

@@ -39,25 +39,58 @@ class InitializerConfig:
             raise InvalidArgumentError(f"initializer seed must fit in uint64, got {self.seed}")
 
 
+OPTIMIZER_PARAMS: dict[str, dict[str, float]] = {
+    "sgd": {},
+    "adagrad": {"initial_accumulator": 0.1, "epsilon": 1e-7},
+    "adam": {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+    "ftrl": {"beta": 1.0, "l1": 0.0, "l2": 0.0},
+}
+"""Each optimizer's parameters and their defaults (the update rules are in ps.rows.optim)."""
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The server-side optimizer of a table; `params` holds optimizer-specific values (see ps.optim)."""
+    """The server-side optimizer of a table; `params` holds optimizer-specific values (OPTIMIZER_PARAMS)."""
 
     name: str = "adagrad"
     learning_rate: float = 0.05
     params: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> None:
-        from ps.optim import get_optimizer  # optim validates its own parameter names
-
+        defaults = OPTIMIZER_PARAMS.get(self.name)
+        if defaults is None:
+            raise InvalidArgumentError(
+                f"optimizer {self.name!r} is unknown; expected one of {sorted(OPTIMIZER_PARAMS)}"
+            )
         check_hyperparameter("learning_rate", self.learning_rate, low_inclusive=False)
-        get_optimizer(self)
+        unknown = sorted(set(self.params) - set(defaults))
+        if unknown:
+            raise InvalidArgumentError(
+                f"optimizer {self.name!r} got unknown parameters {unknown}; expected some of {sorted(defaults)}"
+            )
+        p = self.all_params()
+        for k, v in p.items():
+            check_hyperparameter(f"optimizer {self.name!r} parameter {k}", v, low=-MAX_HYPERPARAMETER)
+        if self.name == "adagrad":
+            check_hyperparameter("adagrad initial_accumulator", p["initial_accumulator"])
+            check_hyperparameter("adagrad epsilon", p["epsilon"], low_inclusive=False)
+        elif self.name == "adam":
+            for b in ("beta1", "beta2"):
+                if not 0 <= p[b] < 1:
+                    raise InvalidArgumentError(f"adam {b} must be in [0, 1), got {p[b]}")
+            check_hyperparameter("adam epsilon", p["epsilon"], low_inclusive=False)
+        elif self.name == "ftrl":
+            for k in ("beta", "l1", "l2"):
+                check_hyperparameter(f"ftrl {k}", p[k])
 
-    def normalized(self) -> "OptimizerConfig":
-        """The same optimizer with every parameter spelled out (defaults filled in), for comparing specs."""
-        from ps.optim import get_optimizer
+    def all_params(self) -> dict[str, float]:
+        """Every parameter of this optimizer: the given ones, defaults for the rest (name must be known)."""
+        return {k: float(v) for k, v in {**OPTIMIZER_PARAMS[self.name], **self.params}.items()}
 
-        return OptimizerConfig(self.name, self.learning_rate, dict(sorted(get_optimizer(self).given_params.items())))
+    def normalized(self) -> OptimizerConfig:
+        """Validated, with every parameter spelled out (defaults filled in), for comparing specs."""
+        self.validate()
+        return OptimizerConfig(self.name, self.learning_rate, dict(sorted(self.all_params().items())))
 
 
 @dataclass(frozen=True)
@@ -119,7 +152,7 @@ class TableConfig:
         self.admission.validate()
         self.eviction.validate()
 
-    def normalized(self) -> "TableConfig":
+    def normalized(self) -> TableConfig:
         """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
         self.validate()
         return dataclasses.replace(self, optimizer=self.optimizer.normalized())
@@ -128,7 +161,7 @@ class TableConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TableConfig":
+    def from_dict(cls, d: dict) -> TableConfig:
         return cls(
             name=d["name"],
             dim=int(d["dim"]),
@@ -139,7 +172,7 @@ class TableConfig:
             eviction=EvictionConfig(**d.get("eviction", {})),
         )
 
-    def differences(self, other: "TableConfig") -> list[str]:
+    def differences(self, other: TableConfig) -> list[str]:
         """Human-readable list of fields where self and other differ ("dim: 8 != 16")."""
         a, b = _flatten(self.to_dict()), _flatten(other.to_dict())
         return [f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
@@ -182,7 +215,7 @@ class ServerConfig:
             raise ValueError("give both --tls-cert and --tls-key, or neither")
         if self.tls_ca and not self.tls_cert:
             raise ValueError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key")
-        if not 1 <= self.num_shards:
+        if not self.num_shards >= 1:
             raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
         if not 0 <= self.shard_id < self.num_shards:
             raise ValueError(f"shard_id must be in 0..{self.num_shards - 1}, got {self.shard_id}")
@@ -231,7 +264,9 @@ def table_configs_from_toml(text: str, source: str = "table config") -> dict[str
                 known = {f.name for f in dataclasses.fields(cls)}
                 unknown = sorted(set(value) - known) if isinstance(value, dict) else ["(not a table)"]
                 if unknown:
-                    raise InvalidArgumentError(f"{source}: [{name}.{key}] has unknown keys {unknown}; known: {sorted(known)}")
+                    raise InvalidArgumentError(
+                        f"{source}: [{name}.{key}] has unknown keys {unknown}; known: {sorted(known)}"
+                    )
                 fields[key] = cls(**value)
             elif key in ("dim", "weight_bound"):
                 fields[key] = value

@@ -57,7 +57,9 @@ class _ShardCollector:
         s = self.shard.stats()
         gauges = {k: GaugeMetricFamily(f"sparseps_table_{k}", f"table {k}", labels=["table"]) for k in TABLE_GAUGES}
         gauges["num_rows"] = GaugeMetricFamily("sparseps_table_rows", "ids with a trained row", labels=["table"])
-        counters = {k: CounterMetricFamily(f"sparseps_table_{k}", f"table {k}", labels=["table"]) for k in TABLE_COUNTERS}
+        counters = {
+            k: CounterMetricFamily(f"sparseps_table_{k}", f"table {k}", labels=["table"]) for k in TABLE_COUNTERS
+        }
         for t in s["tables"]:
             for k, family in gauges.items():
                 family.add_metric([t["name"]], t.get(k, 0))

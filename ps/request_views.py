@@ -145,7 +145,7 @@ class PullView:
 class _Request:
     """Shared by the request views: the parse error (or None) and the size, for the servicer's metrics."""
 
-    def ByteSize(self) -> int:  # noqa: N802 (the generated classes' name, which the servicer's metrics call)
+    def ByteSize(self) -> int:
         return self._size
 
     def _read(self, data: bytes, what: str, parse, message_cls, fields: tuple[str, ...]) -> None:

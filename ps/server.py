@@ -13,10 +13,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
+from ps.engine.shard import Shard
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, add_to_server
-from ps.shard import Shard
 
 log = logging.getLogger("ps.server")
 SERVICE_NAME = "sparseps.ParameterServer"

@@ -14,8 +14,8 @@ import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import request_views, wire
+from ps.engine.shard import Shard
 from ps.errors import PsError
-from ps.shard import Shard
 
 log = logging.getLogger("ps.service")
 
@@ -46,13 +46,17 @@ def _rpc(method):
     return wrapper
 
 
-PRESERIALIZED = {"Pull", "PullBatch", "PushBatch"}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
+PRESERIALIZED = {
+    "Pull",
+    "PullBatch",
+    "PushBatch",
+}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
 
 
-def add_to_server(servicer: "ParameterServerServicer", server: grpc.Server) -> None:
+def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
     """Registers the servicer's methods, as the generated add_ParameterServerServicer_to_server does, except
-    that the methods in PRESERIALIZED send the bytes their servicer returns as they are, and the bulk requests
-are read by ps.request_views (their ids and grads as views of the request's bytes, not copies)."""
+        that the methods in PRESERIALIZED send the bytes their servicer returns as they are, and the bulk requests
+    are read by ps.request_views (their ids and grads as views of the request's bytes, not copies)."""
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {}
     for method in service.methods:
@@ -152,7 +156,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if request.phase == "release":
             self.shard.release(request.token)
             return ps_pb2.CheckpointResponse(clock=self.shard.clock)
-        raise wire.InvalidArgumentError(f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release")
+        raise wire.InvalidArgumentError(
+            f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release"
+        )
 
     @_rpc
     def AdvanceClock(self, request, context):

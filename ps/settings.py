@@ -63,7 +63,8 @@ def _settable(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {
         a.dest: a
         for a in parser._actions
-        if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
+        if a.option_strings
+        and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
         and a.dest != "config"
     }
 

@@ -10,32 +10,13 @@ would move almost every id. With slots, a shard's data is a set of whole slot ke
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from ps.hashing import mix64
 
 NUM_SLOTS = 16384  # a power of two; never change it: RocksDB keys start with the slot.
 
 _U64 = np.uint64
-
-
-def mix64(ids: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer, vectorized: a bijection on uint64 that spreads nearby ids over all bits."""
-    z = np.asarray(ids, dtype=_U64).copy()
-    with np.errstate(over="ignore"):
-        z ^= z >> _U64(30)
-        z *= _U64(0xBF58476D1CE4E5B9)
-        z ^= z >> _U64(27)
-        z *= _U64(0x94D049BB133111EB)
-        z ^= z >> _U64(31)
-    return z
-
-
-@numba.njit(inline="always")
-def mix64_scalar(z):
-    """mix64 of one uint64, for compiled loops (same function as `mix64`)."""
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
 
 
 def slot_of(ids: np.ndarray) -> np.ndarray:
@@ -56,7 +37,7 @@ class SlotMap:
         self.num_shards = int(owner.max()) + 1
 
     @classmethod
-    def contiguous(cls, num_shards: int) -> "SlotMap":
+    def contiguous(cls, num_shards: int) -> SlotMap:
         """Shard i owns slots [i * NUM_SLOTS // n, (i + 1) * NUM_SLOTS // n)."""
         if not 1 <= num_shards <= NUM_SLOTS:
             raise ValueError(f"num_shards must be in 1..{NUM_SLOTS}, got {num_shards}")

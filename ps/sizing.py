@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps.layout import RAM_OVERHEAD_BYTES, layout_of
+from ps.rows.layout import RAM_OVERHEAD_BYTES, layout_of
 
 
 def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float) -> dict:

@@ -179,26 +179,3 @@ def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
 def _set_fields(msg) -> dict:
     """The fields of a message that are set (proto3 optional or non-default), as a dict."""
     return {f.name: v for f, v in msg.ListFields()}
-
-
-def tune_malloc() -> bool:
-    """Stop glibc from mmap-ing (and page-faulting) every large message buffer: 2.5-3.5x on multi-MB messages.
-
-    Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to 64 MiB through mallopt (freed heap above that goes
-    back to the OS: a server's RSS stays near its budget), and M_ARENA_MAX to 2: each malloc arena may keep up
-    to the trim threshold of freed memory, and without a cap every gRPC and kernel thread gets its own. Call at
-    process start-up, before the first big allocation. Returns False where glibc's mallopt is not available
-    (harmless no-op).
-    """
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
-    ok = mallopt(m_mmap_threshold, 16 << 20) == 1
-    ok = ok and mallopt(m_arena_max, 2) == 1
-    return ok and mallopt(m_trim_threshold, 64 << 20) == 1

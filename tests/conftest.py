@@ -7,8 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from ps import parallel
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.rows import parallel
 from ps.server import Server
 
 

@@ -10,10 +10,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ps import arena
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
-from ps.initializers import init_rows
-from ps.shard import Shard
+from ps.engine.shard import Shard
+from ps.rows.initializers import init_rows
+from ps.storage import arena
 from tests.conftest import crash
 
 EV = EvictionConfig(ttl_steps=3, score_threshold=0.9, decay=0.5, nonclk_coeff=0.25, click_coeff=1.0)
@@ -52,7 +52,9 @@ class AdmissionModel(RuleBasedStateMachine):
     @rule(ids=st.lists(st.sampled_from(POOL), unique=True, min_size=1, max_size=12), data=st.data())
     def push(self, ids, data):
         n = len(ids)
-        grads = np.array(data.draw(st.lists(st.integers(-3, 3), min_size=2 * n, max_size=2 * n)), np.float32).reshape(n, 2)
+        grads = np.array(data.draw(st.lists(st.integers(-3, 3), min_size=2 * n, max_size=2 * n)), np.float32).reshape(
+            n, 2
+        )
         shows = np.array(data.draw(st.lists(st.integers(1, 2), min_size=n, max_size=n)), dtype=np.float32)
         clicks = np.array([data.draw(st.integers(0, int(s))) for s in shows], dtype=np.float32)
         self.shard.push("t", np.array(ids, dtype=np.uint64), grads, shows, clicks)

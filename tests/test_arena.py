@@ -1,6 +1,6 @@
 import numpy as np
 
-from ps.arena import Arena, MemoryBudget
+from ps.storage.arena import Arena, MemoryBudget
 
 
 def test_evicting_a_row_with_a_stale_id_keeps_the_live_entry():
@@ -39,7 +39,7 @@ def test_find_rows_and_first_repeat_match_an_oracle():
     ids = np.arange(1000, 1300, dtype=np.uint64)
     a.install(rows, ids, np.zeros((300, 1), np.float32), np.zeros(300, np.uint64), np.zeros(300, np.uint8), stamp)
     rng = np.random.default_rng(0)
-    for trial in range(200):
+    for _trial in range(200):
         ask = rng.choice(np.arange(900, 1400, dtype=np.uint64), size=rng.integers(0, 60))
         got, misses = a.find_rows(ask)
         want = {int(i): int(r) for i, r in zip(ids, rows)}

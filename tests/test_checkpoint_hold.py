@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
 from ps.errors import CheckpointInProgressError
-from ps.shard import Shard
 
 
 def test_hold_save_release(tmp_path):
@@ -44,7 +44,7 @@ def test_hold_save_release(tmp_path):
 
 def test_a_restore_that_did_not_finish_is_refused_at_start(tmp_path):
     from ps.errors import StorageError
-    from ps.store import Store
+    from ps.storage.store import Store
 
     store = Store(str(tmp_path / "d"))
     store.check_identity(0, 1)

@@ -9,9 +9,9 @@ import pytest
 
 from ps.config import TableConfig
 from ps.errors import PsError, ServerUnavailableError, TableNotFoundError
-from ps.initializers import init_rows
-from worker.client import Client, push_arrays, sum_duplicates
+from ps.rows.initializers import init_rows
 from tests.conftest import random_ids
+from worker.client import Client, push_arrays, sum_duplicates
 
 
 def initial(cfg: TableConfig, ids):
@@ -114,7 +114,9 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
     addresses, _ = servers(2)
     with Client(addresses) as client:
         client.create_table(sgd1_table)
-        with pytest.raises(TableNotFoundError, match=r"shard 0 at 127\.0\.0\.1:\d+: DescribeTable failed with NOT_FOUND"):
+        with pytest.raises(
+            TableNotFoundError, match=r"shard 0 at 127\.0\.0\.1:\d+: DescribeTable failed with NOT_FOUND"
+        ):
             client.pull("nope", np.arange(3, dtype=np.uint64))
     with Client(addresses[::-1]) as swapped, pytest.raises(PsError, match="list the servers in shard order"):
         swapped.wait_ready()
@@ -128,6 +130,9 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang():
     with Client([dead], timeout_s=1.0, server_timeout_s=2.0) as client:
         with pytest.raises(ServerUnavailableError, match=f"shard 0 at {dead} did not accept a connection within 1 s"):
             client.wait_ready(timeout_s=1.0)
-        with pytest.raises(ServerUnavailableError, match=rf"shard 0 at {dead} did not answer Stats .* failing for \d+ s \(server timeout 2 s\)"):
+        with pytest.raises(
+            ServerUnavailableError,
+            match=rf"shard 0 at {dead} did not answer Stats .* failing for \d+ s \(server timeout 2 s\)",
+        ):
             client.stats()  # retried for the server timeout, then a clear error
     assert 2.0 <= time.monotonic() - started < 15

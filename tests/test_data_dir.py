@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from ps.config import ServerConfig, TableConfig
+from ps.engine.shard import Shard
 from ps.errors import StorageError
-from ps.shard import Shard
 
 
 @pytest.fixture

@@ -6,12 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from ps.config import OptimizerConfig
+from tests.inprocess import InProcessTables
 from worker.dense import DenseSync, table_config, table_name
-from worker.inprocess import InProcessTables
 from worker.models.spec import ModelSpec
 
+SGD1 = OptimizerConfig("sgd", 1.0)
 
-def _tables(spec, optimizer=OptimizerConfig("sgd", 1.0)):
+
+def _tables(spec, optimizer=SGD1):
     tables = InProcessTables(cache_bytes=64 << 20)
     for p in spec.dense_params():
         tables.create_table(table_config(p, optimizer))

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import urllib.request
 
-import pytest
 import yaml
 
 from ps.__main__ import build_parser as server_parser
@@ -139,7 +138,10 @@ def test_the_compose_services_run_as_local_processes(tmp_path):
     try:
         for n, p in zip(("ps-0", "ps-1"), procs):
             line = p.stdout.readline()
-            assert f"listening on 127.0.0.1:{grpc_ports[n]}" in line, (line, p.stderr.read() if p.poll() is not None else "")
+            assert f"listening on 127.0.0.1:{grpc_ports[n]}" in line, (
+                line,
+                p.stderr.read() if p.poll() is not None else "",
+            )
             health = subprocess.run([sys.executable, "-m", "ps", "health", f"127.0.0.1:{grpc_ports[n]}"],
                                     capture_output=True, text=True, timeout=30)  # fmt: skip
             assert health.returncode == 0 and "SERVING" in health.stdout
@@ -153,8 +155,14 @@ def test_the_compose_services_run_as_local_processes(tmp_path):
             assert w.returncode == 0, err
             assert f"worker {i}/2" in out and "on 10,000 examples" in out and "eval   AUC" in out
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_ports['ps-0']}/metrics", timeout=10).read().decode()
-        for metric in ("sparseps_requests_total", "sparseps_request_seconds_bucket", "sparseps_table_rows_in_ram",
-                       "sparseps_table_rows_on_disk", "sparseps_table_evictions_total", "sparseps_request_bytes_total"):
+        for metric in (
+            "sparseps_requests_total",
+            "sparseps_request_seconds_bucket",
+            "sparseps_table_rows_in_ram",
+            "sparseps_table_rows_on_disk",
+            "sparseps_table_evictions_total",
+            "sparseps_request_bytes_total",
+        ):
             assert metric in text, metric
         assert 'sparseps_requests_total{code="OK",method="PushBatch"}' in text
     finally:

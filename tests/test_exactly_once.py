@@ -1,5 +1,5 @@
 """A push request is applied exactly once however often it is sent: across retries, crashes between two of its
-pushes, and flushes that trim the journal (ps.shard.Shard.push_batch, ps.journal `applied`); and the Client
+pushes, and flushes that trim the journal (ps.engine.shard.Shard.push_batch, ps.storage.journal `applied`); and the Client
 sends a request again when a shard is unavailable."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError, ShardClosingError
-from ps.layout import LAST_STEP
-from ps.shard import Shard
+from ps.rows.layout import LAST_STEP
 from tests.conftest import crash, random_ids
 from worker.client import Client
 

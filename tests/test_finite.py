@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from ps.finite import first_non_finite
+from ps.rows.finite import first_non_finite
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_first_non_finite_matches_numpy(bad):
     rng = np.random.default_rng(0)
-    for trial in range(20):
+    for _trial in range(20):
         a = (rng.standard_normal((rng.integers(1, 300), 16)) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
         for pos in rng.choice(a.size, size=rng.integers(0, 4), replace=False):
             a.reshape(-1)[pos] = bad
@@ -16,6 +16,8 @@ def test_first_non_finite_matches_numpy(bad):
 
 
 def test_extremes_are_finite():
-    a = np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max, np.finfo(np.float32).tiny, 1e-45, -0.0], np.float32)
+    a = np.array(
+        [np.finfo(np.float32).max, -np.finfo(np.float32).max, np.finfo(np.float32).tiny, 1e-45, -0.0], np.float32
+    )
     assert first_non_finite(a) == -1
     assert first_non_finite(np.zeros(0, np.float32)) == -1

@@ -9,12 +9,12 @@ import pytest
 from worker.criteo import read_criteo, write_criteo
 from worker.features import (
     BIAS_ID,
-    Batch,
     MISSING_CAT,
     MISSING_INT,
     NUM_CAT_FIELDS,
     NUM_FIELDS,
     NUM_INT_FIELDS,
+    Batch,
     cat_values,
     field_ids,
 )
@@ -159,7 +159,10 @@ def test_criteo_too_many_bad_lines_raise_at_the_line_that_crossed_the_limit(tmp_
 def test_bad_lines_are_counted_by_the_worker_whose_share_they_are_in(tmp_path):
     _, bad = criteo_with_bad_lines(tmp_path)  # bad file lines 4, 12, 30 are worker 1's, 11 worker 0's
     stats = [ReadStats() for _ in range(2)]
-    rows = [cat(read(bad, "criteo", 8, worker_id=i, num_workers=2, max_bad_lines=9, stats=stats[i]), "ids") for i in range(2)]
+    rows = [
+        cat(read(bad, "criteo", 8, worker_id=i, num_workers=2, max_bad_lines=9, stats=stats[i]), "ids")
+        for i in range(2)
+    ]
     assert [(s.lines_read, s.bad_lines) for s in stats] == [(27, 1), (27, 3)]
     assert stats[0].first_bad.startswith(f"{bad} line 11: ")
     assert stats[1].first_bad.startswith(f"{bad} line 4: ")
@@ -283,14 +286,14 @@ def test_libsvm_labels_fields_missing_and_padding(tmp_path):
     assert b.labels.tolist() == [1, 0, 1, 0, 1] and b.dense is None
     assert (stats.lines_read, stats.bad_lines) == (7, 2)
     assert stats.first_bad == f"{path} line 4: 4 features, more than 3 fields"
-    raw = np.array(
-        [[3, 7, 9], [3, 8, MISSING_CAT], [4, MISSING_CAT, 9], [MISSING_CAT] * 3, [5, 6, 7]], dtype=np.uint64
-    )
+    raw = np.array([[3, 7, 9], [3, 8, MISSING_CAT], [4, MISSING_CAT, 9], [MISSING_CAT] * 3, [5, 6, 7]], dtype=np.uint64)
     expected = np.stack([field_ids(k, raw[:, k]) for k in range(3)] + [np.full(5, BIAS_ID)], axis=1)
     np.testing.assert_array_equal(b.ids, expected)
     with pytest.raises(ValueError) as e:
         read(path, "libsvm", 10, max_bad_lines=1)
-    assert str(e.value) == f"{path} line 5: label 'x', expected 0, 1, -1 or +1; 2 bad lines, more than --max-bad-lines 1"
+    assert (
+        str(e.value) == f"{path} line 5: label 'x', expected 0, 1, -1 or +1; 2 bad lines, more than --max-bad-lines 1"
+    )
 
 
 def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path):
@@ -334,7 +337,9 @@ def test_batch_sizes(tmp_path, fmt, batch_size):
     batches = read(SAMPLES[fmt](tmp_path), fmt, batch_size)
     sizes = [len(b) for b in batches]
     assert sum(sizes) == 23 and all(s == batch_size for s in sizes[:-1]) and 1 <= sizes[-1] <= batch_size
-    assert all(b.ids.dtype == np.uint64 and b.labels.dtype == np.float32 and (b.ids[:, -1] == BIAS_ID).all() for b in batches)
+    assert all(
+        b.ids.dtype == np.uint64 and b.labels.dtype == np.float32 and (b.ids[:, -1] == BIAS_ID).all() for b in batches
+    )
 
 
 def test_bad_arguments(tmp_path):

@@ -3,7 +3,7 @@ gets UNKNOWN (or INTERNAL: every bad input has its own status), and every reject
 state as it was, byte for byte: rows with optimizer state and statistics, RAM used, counters, journal, clock.
 Requests that happen to be valid are applied, and the state they leave is the new reference. One documented
 exception: a PushBatch whose later push overflows float32 when applied keeps the pushes before it (the error
-says so; ps/shard.py push_batch)."""
+says so; ps/engine/shard.py push_batch)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,12 @@ def requests(draw):
     if method == "Pull":
         return method, ps_pb2.PullRequest(table=table, ids=ids)
     if method == "PullBatch":
-        return method, ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table=table, ids=ids), ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(MINE[:3]))])
+        return method, ps_pb2.PullBatchRequest(
+            pulls=[
+                ps_pb2.PullRequest(table=table, ids=ids),
+                ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(MINE[:3])),
+            ]
+        )
     if method == "DescribeTable":
         return method, ps_pb2.DescribeTableRequest(table=table)
     if method == "CreateTable":
@@ -94,7 +99,9 @@ def requests(draw):
     )  # fmt: skip
     if method == "Push":
         return method, push
-    good = ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(MINE[:2]), grads=wire.encode_rows(np.ones((2, 4))), dim=4)
+    good = ps_pb2.PushRequest(
+        table="emb", ids=wire.encode_ids(MINE[:2]), grads=wire.encode_rows(np.ones((2, 4))), dim=4
+    )
     order = draw(st.sampled_from([[good, push], [push, good], [push]]))
     return method, ps_pb2.PushBatchRequest(pushes=order, advance_clock=draw(st.integers(0, 2)),
                                            client_id=draw(st.sampled_from([0, 5])), seq=draw(st.integers(0, 3)))  # fmt: skip

@@ -1,10 +1,10 @@
-"""ps.hugepages.zeros: the arrays the hot path reads at random, on huge pages where the OS grants them."""
+"""ps.accel.hugepages.zeros: the arrays the hot path reads at random, on huge pages where the OS grants them."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ps import hugepages
+from ps.accel import hugepages
 
 
 def test_large_arrays_are_zeroed_writable_and_shaped_like_numpys():

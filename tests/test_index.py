@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.index import IdIndex
+from ps.storage.index import IdIndex
 
 u64 = st.integers(0, 2**64 - 1)
 

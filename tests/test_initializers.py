@@ -1,7 +1,7 @@
 import numpy as np
 
 from ps.config import InitializerConfig
-from ps.initializers import init_rows
+from ps.rows.initializers import init_rows
 
 
 def _init(cfg, ids, dim=8):

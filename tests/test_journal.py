@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import struct
 import time
 import zlib
@@ -10,12 +11,12 @@ import zlib
 import numpy as np
 import pytest
 
-from ps import parallel
-from ps import checksum as checksum_module
-from ps.checksum import CHUNK, checksum64, copy_with_checksum64
+from ps.accel.filemap import MAPPABLE_FILE_SYSTEMS, file_system_type
 from ps.errors import StorageError
-from ps.filemap import MAPPABLE_FILE_SYSTEMS, file_system_type
-from ps.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
+from ps.rows import parallel
+from ps.storage import checksum as checksum_module
+from ps.storage.checksum import CHUNK, checksum64, copy_with_checksum64
+from ps.storage.journal import HEADER_V2, MAGIC_V2, PAYLOAD_HEAD_V3, Journal, JournalCorruptError
 
 
 def _push(j: Journal, n: int, dim: int = 3, seed: int = 0):
@@ -46,7 +47,7 @@ def test_records_round_trip_in_order_across_segments(tmp_path):
     j.close()
     got = _replayed(str(tmp_path))
     assert [r.seq for r in got] == [seq for seq, _ in written] == [1, 2, 3, 4, 5]
-    for rec, (seq, (ids, grads, shows, clicks)) in zip(got, written):
+    for rec, (_seq, (ids, grads, shows, clicks)) in zip(got, written):
         assert rec.table == "t" and rec.step == 7 + len(ids)
         for a, b in ((rec.ids, ids), (rec.grads, grads), (rec.shows, shows), (rec.clicks, clicks)):
             np.testing.assert_array_equal(a, b)
@@ -86,7 +87,9 @@ def test_a_damaged_record_with_records_after_it_is_refused_not_dropped(tmp_path,
         f.seek(60)
         f.write(bytes([byte[0] ^ 0x10]))
     sizes = {f: os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path)}
-    with pytest.raises(JournalCorruptError, match=rf"{os.path.basename(path)} is corrupt at byte 0 .* Refusing to start"):
+    with pytest.raises(
+        JournalCorruptError, match=rf"{os.path.basename(path)} is corrupt at byte 0 .* Refusing to start"
+    ):
         list(Journal(str(tmp_path)).replay(0))
     assert {f: os.path.getsize(os.path.join(tmp_path, f)) for f in os.listdir(tmp_path)} == sizes  # nothing cut
 
@@ -147,7 +150,9 @@ def test_copy_with_checksum64_copies_and_hashes_like_checksum64(monkeypatch, par
         copy_with_checksum64(buffers, 1, space[: total + 1])
 
 
-@pytest.mark.parametrize("field, offset, value", [("seq", 4, struct.pack("<Q", 0)), ("length", 12, struct.pack("<I", 2**31 - 1))])
+@pytest.mark.parametrize(
+    "field, offset, value", [("seq", 4, struct.pack("<Q", 0)), ("length", 12, struct.pack("<I", 2**31 - 1))]
+)
 def test_a_damaged_header_of_an_early_record_is_refused_not_skipped_or_cut(tmp_path, field, offset, value):
     """The header's seq and length are checksummed too: a zeroed seq would make replay skip the record as
     flushed, a huge length would make it look like a torn last record and cut everything after it."""
@@ -194,7 +199,7 @@ def _wait_prepared(path: str, beyond: int) -> None:
 
 
 def test_space_prepared_ahead_reads_as_zeros_and_is_not_damage(tmp_path):
-    """A crash leaves the active segment with zeros after its last record (space ps.prefault prepared): replay
+    """A crash leaves the active segment with zeros after its last record (space ps.accel.prefault prepared): replay
     applies every record, cuts the zeros off, and appends continue; a clean close cuts them off itself."""
     j = Journal(str(tmp_path))
     written = [_push(j, 50, seed=s)[0] for s in (1, 2, 3)]
@@ -226,7 +231,7 @@ def test_a_torn_last_record_followed_by_prepared_zeros_is_cut_off(tmp_path, cut)
         f.seek(first_end + cut)
         f.write(bytes(size - first_end - cut + (1 << 20)))  # the rest of the record never written, then zeros
     assert [r.seq for r in Journal(str(tmp_path)).replay(0)] == [1]
-    assert os.path.getsize(path) == first_end and data[:first_end] == open(path, "rb").read()
+    assert os.path.getsize(path) == first_end and data[:first_end] == pathlib.Path(path).read_bytes()
 
 
 def test_a_damaged_record_before_intact_ones_is_refused_even_with_zeros_after(tmp_path):
@@ -307,7 +312,7 @@ def _wait_mapped(j: Journal, beyond: int) -> None:
 
 @pytest.fixture
 def mapped_dir(tmp_path):
-    """tmp_path, where the journal maps its segments (ext4, xfs, tmpfs: ps.filemap); the test skips elsewhere."""
+    """tmp_path, where the journal maps its segments (ext4, xfs, tmpfs: ps.accel.filemap); the test skips elsewhere."""
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
         fs = file_system_type(fd)
@@ -319,7 +324,7 @@ def mapped_dir(tmp_path):
 
 
 def test_appends_into_prepared_space_are_copies_that_replay_like_written_ones(mapped_dir):
-    """Once space is prepared, appends are memory copies into the mapped segment (ps.filemap), mixed with
+    """Once space is prepared, appends are memory copies into the mapped segment (ps.accel.filemap), mixed with
     pwritev ones; after a crash (the mapping and the file simply dropped) and after a clean close, every
     record replays with its exact contents."""
     j = Journal(str(mapped_dir))
@@ -358,7 +363,7 @@ def test_a_synced_journal_writes_with_pwritev_only(tmp_path):
 def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(mapped_dir, monkeypatch):
     """The header (checksum still 0) is in place before the payload is copied, so a crash part-way leaves a
     torn record, never payload bytes without a header; a copy that fails is cut off like a failed write."""
-    from ps import journal as journal_module
+    from ps.storage import journal as journal_module
 
     j = Journal(str(mapped_dir))
     _push(j, 3, seed=1)
@@ -388,7 +393,7 @@ def test_a_mapped_append_writes_its_header_first_and_a_failure_takes_it_back(map
 def test_a_crash_inside_a_mapped_append_leaves_a_torn_record_that_replay_cuts(tmp_path, copied):
     """What a kill -9 inside _copy_into_map leaves: the header with a zero checksum, some or all of the payload,
     then prepared zeros. Replay cuts it off and keeps every record before it."""
-    from ps import journal as journal_module
+    from ps.storage import journal as journal_module
 
     path = _one_segment(tmp_path, (1, 2))
     size = os.path.getsize(path)
@@ -418,7 +423,7 @@ def _mapped_rss(path: str) -> int:
 def test_mapped_records_are_released_from_the_process_page_tables(mapped_dir, monkeypatch):
     """Pages the journal has copied records into leave the process's RSS (they stay in the page cache): only
     the space prepared ahead stays mapped, not the whole segment written so far."""
-    from ps import journal as journal_module
+    from ps.storage import journal as journal_module
 
     monkeypatch.setattr(journal_module, "RELEASE_BYTES", 1 << 20)
     j = Journal(str(mapped_dir))

@@ -1,44 +1,192 @@
-"""The import rules of the house style: who may import RocksDB, grpc, and whom."""
+"""The import rules of the house, read from every import statement in ps/ and worker/ (absolute, `from ps import
+x`, relative, inside functions too), with no exemptions:
+
+- ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
+      foundation  ps.errors, ps.hashing, ps.config, ps.sharding, ps.checkpoint, ps.wire, ps.codec
+      accel       ps.accel.*    optional OS-level accelerations
+      rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
+      storage     ps.storage.*  RAM tier, id index, journal, RocksDB
+      engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
+      process     ps.service, ps.server, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__
+- only ps/storage/store.py imports RocksDB (rocksdict);
+- in ps/, only the process modules that speak gRPC (service, server, security) import grpc, and only they and
+  the codec import the generated stubs (protos);
+- ps/ never imports worker/, tests/ or benchmarks/; worker/ never imports tests/ or benchmarks/;
+- worker/ imports only the pieces of ps/ that both sides share (WORKER_MAY_IMPORT).
+"""
+
+from __future__ import annotations
 
 import ast
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
+LAYERS = ("foundation", "accel", "rows", "storage", "engine", "process")
+FOUNDATION = {
+    "ps",
+    "ps.errors",
+    "ps.hashing",
+    "ps.config",
+    "ps.sharding",
+    "ps.checkpoint",
+    "ps.wire",
+    "ps.codec",
+    "ps.request_views",
+}
+PROCESS = {"ps.service", "ps.server", "ps.security", "ps.metrics", "ps.settings", "ps.sizing", "ps.__main__"}
+GRPC_USERS = {"ps.service", "ps.server", "ps.security"}
+STUB_USERS = GRPC_USERS | {"ps.codec", "ps.request_views", "ps.wire"}
+WORKER_MAY_IMPORT = {
+    "ps", "ps.errors", "ps.hashing", "ps.config", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
+    "ps.security",  # TLS and token settings of a client channel
+    "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
+    "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
+    "ps.engine.restore",  # `ps-worker export` reads a checkpoint's RocksDB files on the worker's machine
+}  # fmt: skip
 
-def imports(path: pathlib.Path) -> set[str]:
+
+def layer_of(module: str) -> str:
+    if module in FOUNDATION:
+        return "foundation"
+    if module in PROCESS:
+        return "process"
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in LAYERS:
+        return parts[1]
+    raise AssertionError(f"{module} has no layer: add it to tests/test_layering.py's LAYERS")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module that `module` (whose source this is) imports, by absolute dotted name, relative imports
+    resolved; `from a import b` counts as an import of a.b when a.b is a module, else of a."""
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                parent = ".".join(base + ([node.module] if node.module else []))
+            else:
+                parent = node.module or ""
+            for a in node.names:
+                child = f"{parent}.{a.name}"
+                names.add(child if is_module(child) else parent)
     return names
 
 
-def modules(package: str):
-    return sorted((ROOT / package).rglob("*.py"))
+def sources(package: str) -> list[tuple[str, str, bool]]:
+    return [(module_name(p), p.read_text(), p.name == "__init__.py") for p in sorted((ROOT / package).rglob("*.py"))]
 
 
-def test_only_the_store_imports_rocksdb():
-    users = {p.relative_to(ROOT).as_posix() for pkg in ("ps", "worker") for p in modules(pkg) if any(n.startswith("rocksdict") for n in imports(p))}
-    assert users == {"ps/store.py"}
+def violations(module: str, imported: set[str]) -> list[str]:
+    """What is wrong with `module` importing `imported` (modules of ps/ or worker/)."""
+    out = []
+    top = lambda n: n.split(".")[0]
+    if any(top(n) == "rocksdict" for n in imported) and module != "ps.storage.store":
+        out.append(f"{module} imports rocksdict; only ps.storage.store may")
+    if top(module) == "ps":
+        if any(top(n) in ("worker", "tests", "benchmarks") for n in imported):
+            out.append(f"{module} imports {sorted(n for n in imported if top(n) in ('worker', 'tests', 'benchmarks'))}")
+        if any(top(n) == "grpc" or top(n).startswith("grpc_") for n in imported) and module not in GRPC_USERS:
+            out.append(f"{module} imports grpc; only {sorted(GRPC_USERS)} may")
+        if any(top(n) == "protos" for n in imported) and module not in STUB_USERS:
+            out.append(f"{module} imports the generated stubs; only {sorted(STUB_USERS)} may")
+        mine = LAYERS.index(layer_of(module))
+        for n in sorted(x for x in imported if top(x) == "ps"):
+            if LAYERS.index(layer_of(n)) > mine:
+                out.append(f"{module} ({layer_of(module)}) imports {n} ({layer_of(n)}), a higher layer")
+    if top(module) == "worker":
+        if any(top(n) in ("tests", "benchmarks") for n in imported):
+            out.append(f"{module} imports tests or benchmarks")
+        extra = sorted(n for n in imported if top(n) == "ps" and n not in WORKER_MAY_IMPORT)
+        if extra:
+            out.append(f"{module} imports {extra}, which worker/ may not")
+    return out
 
 
-def test_ps_never_imports_worker():
-    for p in modules("ps"):
-        assert not any(n.split(".")[0] == "worker" for n in imports(p)), p
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph (a list of nodes, the first repeated at the end), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                return stack[stack.index(m) :] + [m]
+            if m not in state and (found := visit(m)):
+                return found
+        state[n] = 2
+        stack.pop()
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (found := visit(n)):
+            return found
+    return None
 
 
-def test_in_ps_only_service_and_server_import_grpc():
-    users = {p.name for p in modules("ps") if any(n.split(".")[0] == "grpc" or n.startswith("grpc_") for n in imports(p))}
-    assert users <= {"service.py", "server.py", "security.py"}  # security: TLS and token for server and client
+def test_every_import_follows_the_rules():
+    problems = []
+    for package in ("ps", "worker"):
+        for module, source, is_package in sources(package):
+            problems += violations(module, imports(source, module, is_package))
+    assert problems == []
 
 
-def test_worker_uses_only_the_small_shared_pieces_of_ps():
-    allowed = {"ps", "ps.wire", "ps.sharding", "ps.config", "ps.errors", "ps.security", "ps.checkpoint", "ps.settings"}  # formats both sides share
-    for p in modules("worker"):
-        if p.name == "inprocess.py":  # by design: the server's table code called in-process, the no-RPC reference
-            continue
-        used = {n for n in imports(p) if n.split(".")[0] == "ps"}
-        assert used <= allowed, f"{p.relative_to(ROOT)} imports {used - allowed}"
+def test_ps_has_no_import_cycle():
+    graph = {}
+    for module, source, is_package in sources("ps"):
+        graph[module] = {n for n in imports(source, module, is_package) if n.split(".")[0] == "ps" and n != module}
+    assert cycle(graph) is None
+
+
+@pytest.mark.parametrize(
+    "module, source, is_package",
+    [
+        ("ps.wire", "from ps.engine.shard import Shard\n", False),  # absolute, up two layers
+        ("ps.wire", "from ps.engine import shard\n", False),  # `from package import module`
+        ("ps.wire", "import ps.engine.shard\n", False),
+        ("ps.rows.optim", "from ..storage import arena\n", False),  # relative
+        ("ps.rows.optim", "from ..storage.journal import Journal\n", False),
+        ("ps.storage", "from ..engine import table\n", True),  # relative, from a package's __init__
+        ("ps.storage.arena", "def f():\n    from ps.engine.table import Table\n", False),  # inside a function
+        ("ps.storage.arena", "import rocksdict\n", False),
+        ("ps.rows.optim", "import grpc\n", False),
+        ("ps.config", "from protos import ps_pb2\n", False),
+        ("ps.config", "from worker.client import Client\n", False),
+        ("worker.client", "from ps.storage import store\n", False),
+        ("worker.client", "from ps.engine.shard import Shard\n", False),
+        ("worker.train", "from tests.inprocess import InProcessTables\n", False),
+    ],
+)
+def test_the_rules_bite_on_a_wrong_import(module, source, is_package):
+    assert violations(module, imports(source, module, is_package)), f"{module}: {source!r} was allowed"
+
+
+def test_the_rules_allow_a_right_import():
+    assert violations("ps.storage.arena", imports("from ..rows import rowcopy\nfrom ps.accel import hugepages\n", "ps.storage.arena")) == []  # fmt: skip
+    assert violations("worker.client", imports("from ps import wire\nfrom ps.sharding import SlotMap\n", "worker.client")) == []  # fmt: skip
+
+
+def test_cycles_are_found():
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None

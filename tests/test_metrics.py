@@ -54,8 +54,8 @@ def test_the_server_serves_request_and_table_metrics(tmp_path):
 
 
 def test_a_training_worker_counts_examples_and_steps_and_serves_them():
+    from tests.inprocess import InProcessTables
     from worker.dense import DenseSync
-    from worker.inprocess import InProcessTables
     from worker.telemetry import TrainTelemetry
     from worker.train import DataSource, TrainConfig, make_backend, run_epochs, table_configs
 

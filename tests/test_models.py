@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ps.config import OptimizerConfig
+from tests.reference_models import MODELS
 from worker.models.numpy_backend import NumpyModel
-from worker.models.numpy_models import MODELS
 from worker.models.spec import MODEL_NAMES, ModelSpec
 from worker.models.torch_backend import TorchModel
 

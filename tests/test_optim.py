@@ -3,7 +3,7 @@ import pytest
 
 from ps.config import OptimizerConfig
 from ps.errors import InvalidArgumentError
-from ps.optim import get_optimizer
+from ps.rows.optim import get_optimizer
 
 
 def _rows(n, width, seed=0):
@@ -75,8 +75,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from ps.config import InitializerConfig, ServerConfig, TableConfig  # noqa: E402
-from ps.initializers import init_rows  # noqa: E402
-from ps.shard import Shard  # noqa: E402
+from ps.engine.shard import Shard  # noqa: E402
+from ps.rows.initializers import init_rows  # noqa: E402
 from worker.client import sum_duplicates  # noqa: E402
 
 DIM = 3
@@ -129,7 +129,10 @@ def reference_initial_state(name, p, lr, w):
 
 @pytest.mark.parametrize("name", sorted(PARAMS))
 @settings(max_examples=15, deadline=None)
-@given(pushes=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=10), min_size=1, max_size=8), seed=st.integers(0, 99))
+@given(
+    pushes=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=10), min_size=1, max_size=8),
+    seed=st.integers(0, 99),
+)
 def test_optimizer_matches_reference_over_random_pushes(tmp_path_factory, name, pushes, seed):
     lr, params = PARAMS[name]
     init = InitializerConfig("uniform", 0.3, seed=5)

@@ -1,4 +1,4 @@
-"""ps.parallel: parts cover a batch exactly; errors surface; split kernels agree with one thread."""
+"""ps.rows.parallel: parts cover a batch exactly; errors surface; split kernels agree with one thread."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from ps import parallel
-from ps.arena import Arena, MemoryBudget
+from ps.rows import parallel
+from ps.storage.arena import Arena, MemoryBudget
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 3, 10, 1001])

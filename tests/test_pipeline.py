@@ -7,9 +7,8 @@ import dataclasses
 import threading
 import time
 
-import pytest
-
 import numpy as np
+import pytest
 
 from worker.pipeline import RecentRows, prefetched
 
@@ -95,13 +94,17 @@ def _train(addresses, cfg, oracle: bool):
             for batch in data.train():
                 n, fields = batch.ids.shape
                 rows = client.pull(spec.name, batch.ids).reshape(n, fields, spec.sparse_dim)
-                _, row_grads, dense_grads = backend.forward_backward(rows, batch.dense_or_empty(), dense.values, batch.labels)
+                _, row_grads, dense_grads = backend.forward_backward(
+                    rows, batch.dense_or_empty(), dense.values, batch.labels
+                )
                 client.push(spec.name, batch.ids, row_grads.reshape(n * fields, -1), np.repeat(batch.labels, fields))
                 dense.step(dense_grads)
                 client.advance_clock()
         else:
             run_epochs(client, spec, backend, dense, data, cfg)
-        return evaluate(client, spec, backend, dense.pull(), data.eval()), client.pull(spec.name, np.unique(batch_ids(data)))
+        return evaluate(client, spec, backend, dense.pull(), data.eval()), client.pull(
+            spec.name, np.unique(batch_ids(data))
+        )
 
 
 def batch_ids(data):

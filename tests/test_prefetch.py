@@ -1,10 +1,10 @@
-"""ps.prefetch: a hint inside compiled loops; it compiles for the arrays the hot path uses and never faults."""
+"""ps.accel.prefetch: a hint inside compiled loops; it compiles for the arrays the hot path uses and never faults."""
 
 import numba
 import numpy as np
 import pytest
 
-from ps.prefetch import prefetch_row, prefetch_row_for_write
+from ps.accel.prefetch import prefetch_row, prefetch_row_for_write
 
 
 @numba.njit

@@ -88,7 +88,7 @@ def test_the_last_value_of_a_repeated_scalar_field_wins():
 def test_bytes_that_are_not_protobuf_get_a_reason(data, reason):
     view = PushBatchView(data)
     assert view.error is not None and reason in view.error and "not valid protobuf" in view.error
-    with pytest.raises(Exception):  # the generated class refuses them too
+    with pytest.raises(Exception):  # noqa: B017 (protobuf's DecodeError) the generated class refuses them too
         ps_pb2.PushBatchRequest.FromString(data)
 
 

@@ -30,7 +30,9 @@ def pki(tmp_path_factory):
     """A CA, a server certificate for 127.0.0.1 and a client certificate it signed, and a rogue CA's client."""
     d = tmp_path_factory.mktemp("pki")
     for ca in ("ca", "rogue"):
-        _openssl("req", "-x509", *EC, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}", cwd=d)
+        _openssl(
+            "req", "-x509", *EC, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN={ca}", cwd=d
+        )
     (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
     (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name, ca in (("server", "ca"), ("client", "ca"), ("intruder", "rogue")):
@@ -81,7 +83,9 @@ def test_mutual_tls_requires_a_client_certificate_signed_by_the_ca(pki, start):
     with pytest.raises(ServerUnavailableError):
         works(address, tls_ca=str(pki / "ca.pem"))  # no client certificate
     with pytest.raises(ServerUnavailableError):
-        works(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "intruder.pem"), tls_key=str(pki / "intruder.key"))
+        works(
+            address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "intruder.pem"), tls_key=str(pki / "intruder.key")
+        )
 
 
 def test_a_token_is_required_on_every_call_but_health_checks(pki, start):
@@ -96,11 +100,15 @@ def test_a_token_is_required_on_every_call_but_health_checks(pki, start):
 
 
 def test_the_worker_cli_passes_tls_and_token(pki, start):
-    address = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), auth_token_file=str(pki / "token"))
+    address = start(
+        tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), auth_token_file=str(pki / "token")
+    )
     base = [sys.executable, "-m", "worker", "stats", "--servers", address, "--json", "--tls-ca", str(pki / "ca.pem")]
     ok = subprocess.run([*base, "--auth-token-file", str(pki / "token")], capture_output=True, text=True, timeout=60)
     assert ok.returncode == 0, ok.stderr
-    bad = subprocess.run([*base, "--auth-token-file", str(pki / "wrong-token")], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*base, "--auth-token-file", str(pki / "wrong-token")], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode != 0 and "UNAUTHENTICATED" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -108,4 +116,8 @@ def test_half_a_key_pair_is_a_clear_error(pki, tmp_path):
     with pytest.raises(ValueError, match="give both --tls-cert and --tls-key"):
         ServerConfig(data_dir=str(tmp_path), tls_cert=str(pki / "server.pem")).validate()
     with pytest.raises(ValueError, match="cannot read TLS key .*missing.key"):
-        Server(ServerConfig(data_dir=str(tmp_path), tls_cert=str(pki / "server.pem"), tls_key=str(tmp_path / "missing.key")))
+        Server(
+            ServerConfig(
+                data_dir=str(tmp_path), tls_cert=str(pki / "server.pem"), tls_key=str(tmp_path / "missing.key")
+            )
+        )

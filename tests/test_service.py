@@ -8,12 +8,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from protos import ps_pb2, ps_pb2_grpc
 from ps import wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
 from ps.errors import ShardClosingError
-from ps.shard import Shard
-from ps.sharding import SlotMap
 from ps.server import grpc_options
+from ps.sharding import SlotMap
 from tests.conftest import random_ids
-
 
 ADAGRAD = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.1))
 
@@ -28,7 +27,9 @@ def shard1(servers):
     ids = random_ids(400)
     owner = SlotMap.contiguous(2).shard_of(ids)
     mine, theirs = ids[owner == 1][:50], ids[owner == 0][:5]
-    stub.Push(ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(mine), grads=wire.encode_rows(np.ones((50, 4))), dim=4))
+    stub.Push(
+        ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(mine), grads=wire.encode_rows(np.ones((50, 4))), dim=4)
+    )
     yield stub, mine, theirs, server.shard
     channel.close()
 
@@ -122,7 +123,11 @@ def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1):
         (ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(scale=1e39)), "scale must be"),
         (ps_pb2.TableSpec(name="x", dim=2, optimizer=ps_pb2.OptimizerSpec(params={"epsilon": 0})), "epsilon must be"),
     ]:
-        assert_status(lambda: stub.CreateTable(ps_pb2.CreateTableRequest(spec=bad)), grpc.StatusCode.INVALID_ARGUMENT, fragment)
+        assert_status(
+            lambda bad=bad: stub.CreateTable(ps_pb2.CreateTableRequest(spec=bad)),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            fragment,
+        )
     assert [t.name for t in stub.Stats(ps_pb2.StatsRequest()).tables] == ["emb"]
 
 
@@ -189,7 +194,7 @@ def test_push_batch_checks_every_push_before_applying_any(shard1):
         (push(theirs, np.ones((5, 4))), grpc.StatusCode.FAILED_PRECONDITION, "other shards"),
     ]:
         request = ps_pb2.PushBatchRequest(pushes=[good, bad], advance_clock=3)
-        assert_status(lambda: stub.PushBatch(request), code, fragment)
+        assert_status(lambda request=request: stub.PushBatch(request), code, fragment)
         after = snapshot(shard, mine)
         np.testing.assert_array_equal(after[0], before[0])  # the good push before the bad one: not applied
         assert after[1:] == before[1:] and shard.clock == clock
@@ -207,5 +212,7 @@ def test_pull_batch_answers_each_pull_in_order_and_fails_as_a_whole(shard1):
     for i, r in zip((0, 20, 40), reply.replies):
         np.testing.assert_array_equal(wire.decode_rows(r.rows, 7, r.dim), pull(stub, mine[i : i + 7]))
     bad = ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(theirs))
-    assert_status(lambda: stub.PullBatch(ps_pb2.PullBatchRequest(pulls=requests + [bad])), grpc.StatusCode.FAILED_PRECONDITION)
+    assert_status(
+        lambda: stub.PullBatch(ps_pb2.PullBatchRequest(pulls=requests + [bad])), grpc.StatusCode.FAILED_PRECONDITION
+    )
     assert len(stub.PullBatch(ps_pb2.PullBatchRequest()).replies) == 0

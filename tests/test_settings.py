@@ -37,7 +37,13 @@ def test_server_settings_from_the_environment_are_typed_and_satisfy_required_fla
     env = {"PS_DATA_DIR": str(tmp_path), "PS_CACHE_BYTES": "1G", "PS_SYNC": "true", "PS_PORT": "5001",
            "PS_LOG_LEVEL": "DEBUG"}  # fmt: skip
     args = parse(server_parser(), [], env)
-    assert (args.data_dir, args.cache_bytes, args.sync, args.port, args.log_level) == (str(tmp_path), 1 << 30, True, 5001, "DEBUG")
+    assert (args.data_dir, args.cache_bytes, args.sync, args.port, args.log_level) == (
+        str(tmp_path),
+        1 << 30,
+        True,
+        5001,
+        "DEBUG",
+    )
     assert parse(server_parser(), ["--port", "7"], env).port == 7
     flags = {row[0]: row[1] for row in settings_table(server_parser())}
     assert flags["--cache-bytes"] == "PS_CACHE_BYTES" and flags["--auth-token-file"] == "PS_AUTH_TOKEN_FILE"

@@ -2,9 +2,9 @@ import json
 import subprocess
 import sys
 
-from ps.arena import Arena, MemoryBudget
-from ps.layout import layout_of
+from ps.rows.layout import layout_of
 from ps.sizing import size_report
+from ps.storage.arena import Arena, MemoryBudget
 
 
 def test_size_report_uses_the_layout_the_server_uses():

@@ -3,8 +3,8 @@ import pytest
 
 from ps.config import OptimizerConfig, TableConfig
 from ps.errors import StorageError
-from ps.store import Store, encode_keys
 from ps.sharding import slot_of
+from ps.storage.store import Store, encode_keys
 
 
 def test_keys_are_slot_then_id_big_endian_and_sort_numerically():

@@ -6,7 +6,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from ps.sharding import mix64
+from ps.hashing import mix64
 from worker.criteo import read_criteo
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, NUM_FIELDS, example_ids
 from worker.metrics import auc, sigmoid
@@ -15,8 +15,8 @@ from worker.synthetic import (
     DEFAULT_CAT_VOCAB,
     SyntheticConfig,
     SyntheticData,
-    zipf_ranks,
     write_synthetic_criteo,
+    zipf_ranks,
 )
 
 M64 = 2**64 - 1

@@ -12,12 +12,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ps import arena
-from ps import journal as journal_module
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
-from ps.initializers import init_rows
-from ps.shard import Shard
+from ps.rows.initializers import init_rows
+from ps.storage import arena
+from ps.storage import journal as journal_module
 from tests.conftest import crash
 
 CFG = TableConfig("t", 3, InitializerConfig("uniform", 0.5, seed=9), OptimizerConfig("sgd", 1.0))
@@ -83,10 +83,15 @@ class TableModel(RuleBasedStateMachine):
             return os.pwrite(fd, bytes(parts[0])[:10], offset)
 
         # the write path a full disk can fail: pwritev (space the journal has prepared is written by memory copy)
-        no_prepared_space = mock.patch.object(type(journal._prefault), "mapped_end", new_callable=mock.PropertyMock, return_value=0)
-        with no_prepared_space, mock.patch.object(journal_module.os, "pwritev", disk_full):
-            with pytest.raises(OSError, match="journal write of .* bytes wrote 10"):
-                self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
+        no_prepared_space = mock.patch.object(
+            type(journal._prefault), "mapped_end", new_callable=mock.PropertyMock, return_value=0
+        )
+        with (
+            no_prepared_space,
+            mock.patch.object(journal_module.os, "pwritev", disk_full),
+            pytest.raises(OSError, match="journal write of .* bytes wrote 10"),
+        ):
+            self.shard.push("t", np.array(ids, dtype=np.uint64), np.ones((len(ids), 3), dtype=np.float32))
         assert os.path.getsize(journal._path) == journal._segment_size  # the partial record was cut off
 
     @rule()

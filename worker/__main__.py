@@ -6,10 +6,9 @@ import argparse
 import logging
 import sys
 
+from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
 from ps.settings import add_config_flag, apply_defaults
-from ps.wire import tune_malloc
-
 
 
 def _add_train(sub) -> None:
@@ -28,22 +27,53 @@ def _add_train(sub) -> None:
     )
     where = p.add_argument_group("servers")
     where.add_argument("--servers", default="", help="comma-separated host:port list, in shard order")
-    where.add_argument("--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers")
+    where.add_argument(
+        "--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers"
+    )
     where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
     _add_security_args(p)
-    where.add_argument("--server-timeout", type=float, default=d.server_timeout_s, help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error")
+    where.add_argument(
+        "--server-timeout",
+        type=float,
+        default=d.server_timeout_s,
+        help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error",
+    )
     _add_data_args(p, d)
     work = p.add_argument_group("workers")
-    work.add_argument("--worker-id", type=int, default=d.worker_id, help="this worker's index: it trains on its share of the data")
+    work.add_argument(
+        "--worker-id", type=int, default=d.worker_id, help="this worker's index: it trains on its share of the data"
+    )
     work.add_argument("--num-workers", type=int, default=d.num_workers, help="workers sharing the data and the tables")
-    work.add_argument("--prefetch", type=int, default=d.prefetch, help="batches whose rows are pulled ahead on a thread while one computes; rows the last pushes returned are laid over them, so training sees the rows a pull just before computing would (0: pull in the step)")
+    work.add_argument(
+        "--prefetch",
+        type=int,
+        default=d.prefetch,
+        help="batches whose rows are pulled ahead on a thread while one computes; rows the last pushes returned are laid over them, so training sees the rows a pull just before computing would (0: pull in the step)",
+    )
     _add_model_args(p, d)
     model = p.add_argument_group("optimizer")
-    model.add_argument("--optimizer", default=d.optimizer, choices=["adagrad", "adam", "ftrl", "sgd"], help="server-side optimizer of the sparse table")
+    model.add_argument(
+        "--optimizer",
+        default=d.optimizer,
+        choices=["adagrad", "adam", "ftrl", "sgd"],
+        help="server-side optimizer of the sparse table",
+    )
     model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="sparse optimizer step size")
-    model.add_argument("--dense-optimizer", default=d.dense_optimizer, choices=["adam", "sgd", "adagrad"], help="server-side optimizer of the MLP")
-    model.add_argument("--dense-learning-rate", type=float, default=d.dense_learning_rate, help="dense optimizer step size")
-    model.add_argument("--dense-sync-every", type=int, default=d.dense_sync_every, help="push summed dense gradients and pull new MLP weights every k steps")
+    model.add_argument(
+        "--dense-optimizer",
+        default=d.dense_optimizer,
+        choices=["adam", "sgd", "adagrad"],
+        help="server-side optimizer of the MLP",
+    )
+    model.add_argument(
+        "--dense-learning-rate", type=float, default=d.dense_learning_rate, help="dense optimizer step size"
+    )
+    model.add_argument(
+        "--dense-sync-every",
+        type=int,
+        default=d.dense_sync_every,
+        help="push summed dense gradients and pull new MLP weights every k steps",
+    )
     model.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step")
     model.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
     model.add_argument(
@@ -52,8 +82,17 @@ def _add_train(sub) -> None:
     )  # fmt: skip
     out = p.add_argument_group("output")
     out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
-    out.add_argument("--create-tables-only", action="store_true", help="create the model's tables on the servers (idempotent) and exit: a one-shot setup job")
-    out.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics of the run at http://0.0.0.0:PORT/metrics (0: a free port)")
+    out.add_argument(
+        "--create-tables-only",
+        action="store_true",
+        help="create the model's tables on the servers (idempotent) and exit: a one-shot setup job",
+    )
+    out.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of the run at http://0.0.0.0:PORT/metrics (0: a free port)",
+    )
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -66,10 +105,26 @@ def _add_data_args(p, d) -> None:
                       "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
     data.add_argument("--label-column", help="csv: the label column (default: the first)")
     data.add_argument("--drop-columns", default="", help="csv: comma-separated columns to ignore")
-    data.add_argument("--numeric-columns", default="", help="csv: comma-separated numeric columns (dense features); the others are categorical")
-    data.add_argument("--libsvm-fields", type=int, default=None, help="libsvm: the number of fields K (default: the feature count of the first line of --data; give the training file's K to eval)")
-    data.add_argument("--max-bad-lines", type=int, default=d.max_bad_lines, help="malformed lines skipped (and reported) before the run fails")
-    data.add_argument("--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)")
+    data.add_argument(
+        "--numeric-columns",
+        default="",
+        help="csv: comma-separated numeric columns (dense features); the others are categorical",
+    )
+    data.add_argument(
+        "--libsvm-fields",
+        type=int,
+        default=None,
+        help="libsvm: the number of fields K (default: the feature count of the first line of --data; give the training file's K to eval)",
+    )
+    data.add_argument(
+        "--max-bad-lines",
+        type=int,
+        default=d.max_bad_lines,
+        help="malformed lines skipped (and reported) before the run fails",
+    )
+    data.add_argument(
+        "--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)"
+    )
     data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
     data.add_argument(
         "--synthetic-interactions", type=float, default=d.synthetic_interactions,
@@ -82,8 +137,15 @@ def _add_model_args(p, d) -> None:
     model = p.add_argument_group("model")
     model.add_argument("--model", default=d.model, choices=["lr", "fm", "deepfm", "dnn"],
                        help="lr: logistic regression; fm: factorization machine; deepfm: FM + MLP; dnn: embeddings + MLP")  # fmt: skip
-    model.add_argument("--backend", default=d.backend, choices=["numpy", "torch"], help="where forward/backward run: numpy (CPU) or PyTorch")
-    model.add_argument("--device", default=d.device, choices=["cpu", "cuda"], help="torch device (cuda needs --backend torch)")
+    model.add_argument(
+        "--backend",
+        default=d.backend,
+        choices=["numpy", "torch"],
+        help="where forward/backward run: numpy (CPU) or PyTorch",
+    )
+    model.add_argument(
+        "--device", default=d.device, choices=["cpu", "cuda"], help="torch device (cuda needs --backend torch)"
+    )
     model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="embedding (FM latent) floats per id")
     model.add_argument("--hidden", default=",".join(map(str, d.hidden)), help="MLP hidden widths (deepfm, dnn)")
 
@@ -101,7 +163,12 @@ def _add_eval(sub) -> None:
     )
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
-    p.add_argument("--server-timeout", type=float, default=d.server_timeout_s, help="how long to wait for a server that is down before exiting with an error")
+    p.add_argument(
+        "--server-timeout",
+        type=float,
+        default=d.server_timeout_s,
+        help="how long to wait for a server that is down before exiting with an error",
+    )
     _add_security_args(p)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per pull")
     _add_data_args(p, d)
@@ -136,7 +203,9 @@ def _add_cluster_commands(sub) -> None:
         _add_security_args(p)
         if name == "shrink":
             p.add_argument("--table", default="", help="only this table (default: all)")
-    help_text = "checkpoint every shard at one cut into DIR (restore with ps-server --restore DIR, onto any number of servers)"
+    help_text = (
+        "checkpoint every shard at one cut into DIR (restore with ps-server --restore DIR, onto any number of servers)"
+    )
     p = sub.add_parser("checkpoint", help=help_text, description=help_text[0].upper() + help_text[1:] + ". Pushes "
                        "wait (clients retry them) while the shards flush and checkpoint. DIR must be writable by the "
                        "servers and readable here.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
@@ -144,7 +213,12 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("dir", help="a new directory for the checkpoint")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
-    p.add_argument("--hold-timeout-s", type=float, default=120.0, help="shards take pushes again after this long even if the save never finished")
+    p.add_argument(
+        "--hold-timeout-s",
+        type=float,
+        default=120.0,
+        help="shards take pushes again after this long even if the save never finished",
+    )
     _add_security_args(p)
     help_text = "write the model the servers hold, at one cut, for serving: per table ids and embeddings as .npy"
     p = sub.add_parser("export", help=help_text, description=help_text[0].upper() + help_text[1:] + " (optimizer "
@@ -154,7 +228,9 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("out", help="output directory")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
-    p.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)")
+    p.add_argument(
+        "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
+    )
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
     _add_security_args(p)
 
@@ -303,7 +379,9 @@ def _shrink(args) -> int:
     else:
         for i, r in enumerate(replies):
             print(f"shard {i}: dropped {r.dropped:,} ids; {r.num_rows:,} rows and {r.pending_ids:,} pending ids left")
-        print(f"all shards: dropped {result['dropped']:,}; {result['num_rows']:,} rows, {result['pending_ids']:,} pending")
+        print(
+            f"all shards: dropped {result['dropped']:,}; {result['num_rows']:,} rows, {result['pending_ids']:,} pending"
+        )
     return 0
 
 
@@ -324,7 +402,7 @@ def _export(args) -> int:
     import os
     import shutil
 
-    from ps.checkpoint import export
+    from ps.engine.restore import export
     from worker.checkpoint import save
     from worker.client import Client
 

@@ -28,10 +28,14 @@ def save(client, directory: str, hold_timeout_s: float = 120.0) -> dict:
     started = time.monotonic()
     tokens = [""] * n
     try:
-        holds = client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)] * n)
+        holds = client._call_all(
+            "Checkpoint", [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)] * n
+        )
         tokens = [h.token for h in holds]
         held = time.monotonic()
-        replies = client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=t) for t in tokens])
+        replies = client._call_all(
+            "Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=t) for t in tokens]
+        )
     finally:
         client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="release", token=t) for t in tokens])
     shards = [json.loads(r.shard_json) for r in replies]

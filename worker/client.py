@@ -9,7 +9,7 @@ is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing
 `server_timeout_s`; the client logs which shard it is waiting for and when it is back, and past the timeout
 raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
-arrives (ps.shard.Shard.push_batch), across its restarts too.
+arrives (ps.engine.shard.Shard.push_batch), across its restarts too.
 """
 
 from __future__ import annotations
@@ -358,7 +358,7 @@ class Client:
         for c in self._channels:
             c.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -64,11 +64,8 @@ class LocalCluster:
             "--stop-with-stdin",  # this process holds the pipe: if it dies, even by SIGKILL, the shard stops
             *self.extra_args,
         ]  # fmt: skip
-        log = open(self.log_path(shard_id), "ab")
-        try:
+        with open(self.log_path(shard_id), "ab") as log:  # the child keeps its own copy of the descriptor
             return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE)
-        finally:
-            log.close()
 
     def _await_port(self, shard_id: int, proc: subprocess.Popen, deadline: float) -> str:
         out = b""
@@ -145,7 +142,7 @@ class LocalCluster:
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         self.start()
         return self
 

@@ -71,9 +71,7 @@ def _parse_lines(chunk: bytes, name: str, first_line: int) -> Batch:
     bad = np.flatnonzero(counts != NUM_COLUMNS)
     if len(bad):
         i = int(bad[0])
-        raise ValueError(
-            f"{name} line {first_line + i}: {counts[i]} tab-separated columns, expected {NUM_COLUMNS}"
-        )
+        raise ValueError(f"{name} line {first_line + i}: {counts[i]} tab-separated columns, expected {NUM_COLUMNS}")
     fields = chunk[:-1].replace(b"\n", b"\t").split(b"\t")
     columns = np.array(fields, dtype=np.bytes_).reshape(len(line_ends), NUM_COLUMNS)
 
@@ -153,9 +151,7 @@ def _hex_strings(values: np.ndarray) -> np.ndarray:
     return np.where(values == MISSING_CAT, "", out)
 
 
-def write_criteo(
-    path: str | os.PathLike, labels: np.ndarray, int_values: np.ndarray, cat_values: np.ndarray
-) -> None:
+def write_criteo(path: str | os.PathLike, labels: np.ndarray, int_values: np.ndarray, cat_values: np.ndarray) -> None:
     """Write n examples to path in the Criteo format (see format_criteo for the arrays), replacing the file."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for lo in range(0, max(len(labels), 1), _WRITE_ROWS):

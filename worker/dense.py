@@ -40,7 +40,7 @@ def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZ
 class DenseSync:
     """The dense parameters of one worker: values from the servers, gradients accumulated between syncs.
 
-    `tables` is anything with the Client's pull_many and push_many (a Client, or worker.inprocess's tables)."""
+    `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables)."""
 
     def __init__(self, tables, params: list[DenseParam], sync_every: int = 1):
         if sync_every < 1:

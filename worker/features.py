@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.sharding import mix64
+from ps.hashing import mix64
 
 NUM_INT_FIELDS = 13
 NUM_CAT_FIELDS = 26

@@ -55,7 +55,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ps.sharding import mix64
+from ps.hashing import mix64
 from worker.criteo import NUM_COLUMNS, _parse_lines
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, NUM_FIELDS, NUM_INT_FIELDS, Batch, cat_values
 
@@ -313,7 +313,9 @@ def _libsvm_parts(name: str, batch_size: int, share: _Share, fields: int | None)
                 if isinstance(parsed, str):
                     share.bad.add(first + k * share.num_workers, parsed)
                 elif len(parsed[1]) > k_fields:
-                    share.bad.add(first + k * share.num_workers, f"{len(parsed[1])} features, more than {k_fields} fields")
+                    share.bad.add(
+                        first + k * share.num_workers, f"{len(parsed[1])} features, more than {k_fields} fields"
+                    )
                 else:
                     labels.append(parsed[0])
                     rows.append(parsed[1])
@@ -462,7 +464,9 @@ def _number(s: str) -> float:
         return math.nan
 
 
-def _csv_batch(labels: list[float], nums: list[list[float]], cats: list[list[str]], n_numeric: int, n_cat: int) -> Batch:
+def _csv_batch(
+    labels: list[float], nums: list[list[float]], cats: list[list[str]], n_numeric: int, n_cat: int
+) -> Batch:
     n = len(labels)
     ids = np.empty((n, n_cat + 1), dtype=np.uint64)
     ids[:, :n_cat] = wide_field_ids(cat_values(np.array(cats, dtype=np.str_).reshape(n, n_cat)))

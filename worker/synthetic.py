@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.sharding import mix64
+from ps.hashing import mix64
 from worker.criteo import format_criteo
 from worker.features import (
     MISSING_CAT,
@@ -120,14 +120,14 @@ class RawRows:
     ids: np.ndarray
     probs: np.ndarray
 
-    def slice(self, lo: int, hi: int) -> "RawRows":
+    def slice(self, lo: int, hi: int) -> RawRows:
         return RawRows(*(a[lo:hi] for a in self._arrays()))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         return self.labels, self.int_values, self.cat_values, self.ids, self.probs
 
     @staticmethod
-    def concat(parts: list["RawRows"]) -> "RawRows":
+    def concat(parts: list[RawRows]) -> RawRows:
         return RawRows(*(np.concatenate(arrays) for arrays in zip(*(p._arrays() for p in parts))))
 
 

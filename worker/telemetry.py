@@ -1,7 +1,7 @@
 """Prometheus metrics of a training worker, served on `ps-worker train --metrics-port`:
-    sparseps_worker_examples_total, sparseps_worker_steps_total     examples and steps trained
-    sparseps_worker_step_seconds                                    histogram of one step (compute and exchange)
-    sparseps_worker_train_logloss                                   the running logloss of the progress bar
+sparseps_worker_examples_total, sparseps_worker_steps_total     examples and steps trained
+sparseps_worker_step_seconds                                    histogram of one step (compute and exchange)
+sparseps_worker_train_logloss                                   the running logloss of the progress bar
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
 from worker.client import Client, segment_sum
 from worker.cluster import LocalCluster
-from worker.dense import DenseSync, table_config as dense_table_config
+from worker.dense import DenseSync
+from worker.dense import table_config as dense_table_config
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
 from worker.pipeline import RecentRows, in_any, prefetched
@@ -59,7 +60,9 @@ class TrainConfig:
     embedding_dim: int = 8
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     optimizer: str = "adagrad"
-    learning_rate: float = 0.02  # sparse; 0.05 trains FM embeddings worse and is fragile under staleness (docs/training.md)
+    learning_rate: float = (
+        0.02  # sparse; 0.05 trains FM embeddings worse and is fragile under staleness (docs/training.md)
+    )
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
     dense_sync_every: int = 1
@@ -117,7 +120,9 @@ class DataSource:
         self.read_stats = []
         if cfg.data is None:
             self.synthetic = SyntheticData(
-                SyntheticConfig(rows=cfg.synthetic_rows, seed=cfg.synthetic_seed, interactions=cfg.synthetic_interactions)
+                SyntheticConfig(
+                    rows=cfg.synthetic_rows, seed=cfg.synthetic_seed, interactions=cfg.synthetic_interactions
+                )
             )
             n, i = cfg.synthetic_rows, cfg.worker_id
             self.share = (n * i // cfg.num_workers, n * (i + 1) // cfg.num_workers)
@@ -237,7 +242,9 @@ def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
     for t in tables:
         fields = dict(overrides.get(t.name, {}))
         if fields.get("dim", t.dim) != t.dim:
-            raise ValueError(f"{cfg.table_config}: table {t.name} has dim {fields['dim']}, model {cfg.model} needs {t.dim}")
+            raise ValueError(
+                f"{cfg.table_config}: table {t.name} has dim {fields['dim']}, model {cfg.model} needs {t.dim}"
+            )
         out.append(dataclasses.replace(t, **fields).normalized())
     return out
 
@@ -278,7 +285,7 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
     for epoch in range(cfg.epochs):
         step_started = time.perf_counter()
         window: deque = deque(maxlen=cfg.prefetch + 1)  # the unique ids of the batches prepared last
-        batches = prefetched(data.train(), lambda b: prepare(b, window), cfg.prefetch)
+        batches = prefetched(data.train(), lambda b, window=window: prepare(b, window), cfg.prefetch)
         for batch, (uniq, inverse, uniq_rows) in batches:
             if uniq_rows is None:  # no prefetch: pull the rows the last push did not return
                 uniq_rows = pull_uncovered(uniq, recent.covered(uniq))
@@ -400,7 +407,11 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
                     f"--embedding-dim {cfg.embedding_dim} needs {t.dim}"
                 )
         dense = DenseSync(client, spec.dense_params())
-        results = {"model": cfg.model, "shards": len(addresses), **evaluate(client, spec, backend, dense.pull(), eval_batches)}
+        results = {
+            "model": cfg.model,
+            "shards": len(addresses),
+            **evaluate(client, spec, backend, dense.pull(), eval_batches),
+        }
     return results
 
 
@@ -411,7 +422,9 @@ def format_results(r: dict) -> str:
                      f"{r['train_examples']:,} examples with {r['shards']} shards in {r['train_seconds']:.1f} s: "
                      f"{r['examples_per_s']:,.0f} examples/s")  # fmt: skip
     if "eval_auc" in r:
-        lines.append(f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)")
+        lines.append(
+            f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)"
+        )
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "oracle_auc" in r:

@@ -16,7 +16,9 @@ def run(*args, timeout=300):
     return subprocess.run([PY, *args], capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("args", [("-m", "ps", "--help"), ("-m", "worker", "train", "--help"), ("-m", "worker", "synth", "--help")])
+@pytest.mark.parametrize(
+    "args", [("-m", "ps", "--help"), ("-m", "worker", "train", "--help"), ("-m", "worker", "synth", "--help")]
+)
 def test_help_explains_the_flags(args):
     r = run(*args)
     assert r.returncode == 0

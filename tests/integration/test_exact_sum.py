@@ -22,7 +22,9 @@ def test_workers_push_exact_sums_that_survive_a_restart(tmp_path):
             client.wait_ready()
             client.create_table(TableConfig("sum", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
             procs = [
-                subprocess.Popen([sys.executable, "-m", "tests.integration.pusher", ",".join(addresses), str(w), str(ROUNDS)])
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.integration.pusher", ",".join(addresses), str(w), str(ROUNDS)]
+                )
                 for w in range(WORKERS)
             ]
             assert [p.wait(timeout=120) for p in procs] == [0] * WORKERS

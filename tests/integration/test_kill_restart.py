@@ -29,7 +29,9 @@ def test_kill_9_a_server_during_training_restart_it_and_nothing_is_lost_or_doubl
             client.wait_ready()
             client.create_table(TableConfig("sum", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
             pushers = [
-                subprocess.Popen([sys.executable, "-m", "tests.integration.pusher", servers, str(w), str(ROUNDS), "0.01"])
+                subprocess.Popen(
+                    [sys.executable, "-m", "tests.integration.pusher", servers, str(w), str(ROUNDS), "0.01"]
+                )
                 for w in range(WORKERS)
             ]
             trainer = subprocess.Popen(

@@ -18,8 +18,25 @@ def train_pair(tmp_path, backends: tuple[str, str]) -> float:
     with LocalCluster(2, root=str(tmp_path / "-".join(backends))) as cluster:
         servers = ",".join(cluster.addresses)
         workers = [
-            subprocess.Popen([PY, "-m", "worker", "train", "--servers", servers, "--backend", b, "--worker-id", str(i),
-                              *COMMON, *TRAIN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            subprocess.Popen(
+                [
+                    PY,
+                    "-m",
+                    "worker",
+                    "train",
+                    "--servers",
+                    servers,
+                    "--backend",
+                    b,
+                    "--worker-id",
+                    str(i),
+                    *COMMON,
+                    *TRAIN,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
             for i, b in enumerate(backends)
         ]
         for w in workers:

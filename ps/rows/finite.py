@@ -10,6 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+
 @numba.njit(nogil=True, cache=True)
 def _count_non_finite(bits):
     count = 0

@@ -20,17 +20,25 @@ import time
 
 import numpy as np
 
-from ps.arena import MemoryBudget
 from ps.config import ServerConfig, TableConfig
-from ps.finite import first_non_finite
-from ps.errors import CheckpointInProgressError, InvalidArgumentError, PsError, StorageError, TableExistsError, TableNotFoundError, WrongShardError
-from ps.journal import Journal
+from ps.engine.table import Table
+from ps.errors import (
+    CheckpointInProgressError,
+    InvalidArgumentError,
+    PsError,
+    StorageError,
+    TableExistsError,
+    TableNotFoundError,
+    WrongShardError,
+)
+from ps.rows.finite import first_non_finite
 from ps.sharding import NUM_SLOTS, SlotMap
-from ps.store import Store
+from ps.storage.arena import MemoryBudget
+from ps.storage.journal import Journal
+from ps.storage.store import Store
 from ps.wire import repeats_ids
-from ps.table import Table
 
-log = logging.getLogger("ps.shard")
+log = logging.getLogger("ps.engine.shard")
 
 
 class Shard:
@@ -43,11 +51,11 @@ class Shard:
         self.store = Store(config.data_dir, sync=config.sync)
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
-            from ps.checkpoint import check_restored
+            from ps.engine.restore import check_restored
 
             check_restored(self.store)
             if config.restore_dir:
-                from ps.checkpoint import restore_into
+                from ps.engine.restore import restore_into
 
                 summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards)
                 log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
@@ -118,7 +126,7 @@ class Shard:
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
         if table is None:
-            known = ", ".join(sorted(list(self.tables))) or "none"
+            known = ", ".join(sorted(self.tables)) or "none"
             raise TableNotFoundError(f"table {name!r} does not exist on shard {self.shard_id} (tables: {known})")
         return table
 

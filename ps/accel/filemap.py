@@ -2,11 +2,11 @@
 
 Why: a 7.2 MB journal record (one 100,000-id push of dim 16) written with pwritev into cached, allocated pages
 took 3.3 ms here, most of it the kernel's page-cache work for each 4 KB page; copied into the same pages through
-a mapping whose page tables were populated for writing beforehand (MADV_POPULATE_WRITE, from ps.prefault's
+a mapping whose page tables were populated for writing beforehand (MADV_POPULATE_WRITE, from ps.accel.prefault's
 thread) it took 1.2-1.5 ms (1.7-2.5 ms when each page still had to fault).
 
 The mapping may reach past the end of the file: touching a byte the file does not have raises SIGBUS, which
-kills the process, so the writer copies only into bytes the file holds (ps.prefault allocates them first).
+kills the process, so the writer copies only into bytes the file holds (ps.accel.prefault allocates them first).
 A copy is in the page cache once it returns, so it survives a crash of the process like a write(2) does, and
 fsync(2) of the file writes it to disk like any other dirty page.
 

@@ -39,6 +39,8 @@ def meta_col(width: int) -> int:
 def line_floats(width: int) -> int:
     """float32 per arena line of a `width`-float row."""
     return meta_col(width) + META_FLOATS
+
+
 # RocksDB's own per-key cost (index and filter blocks, block headers): benchmarks/scale.py measured 153.5 bytes per
 # row on disk for 146-byte rows at 10^6 and 10^7 rows (random float rows, default Snappy compression).
 ROCKSDB_OVERHEAD_BYTES = 8
@@ -81,7 +83,7 @@ class RowLayout:
 
 
 def layout_of(dim: int, optimizer: str) -> RowLayout:
-    from ps.optim import OPTIMIZERS
+    from ps.rows.optim import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer {optimizer!r} is unknown; expected one of {sorted(OPTIMIZERS)}")

@@ -8,12 +8,12 @@ beforehand (fallocate and then one read of the range, which leaves clean zero pa
 nothing to disk). On this VM most of the difference is the hypervisor handing back guest memory that
 was free for a while (virtio free page reporting); on bare metal it is page zeroing and block reservation.
 Either way the cost moves off the push's path onto a core that is otherwise waiting.
-Given the writer's mapping of the file (ps.filemap), it also populates the mapping's page tables for writing
+Given the writer's mapping of the file (ps.accel.filemap), it also populates the mapping's page tables for writing
 (MADV_POPULATE_WRITE), so the writer's copies into it take no page faults; the pages it populates become dirty
 zero pages, which the kernel may write to disk before records overwrite them.
 
 The prepared range reads as zeros until it is written: a reader of the file must take a run of zero bytes
-after the last record as unused space (ps.journal does). The writer truncates the file to its real end when it
+after the last record as unused space (ps.storage.journal does). The writer truncates the file to its real end when it
 closes it.
 """
 
@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from ps.filemap import FileMap
+from ps.accel.filemap import FileMap
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import tempfile
 import numpy as np
 
 from ps.config import ServerConfig, TableConfig
-from ps.shard import Shard
+from ps.engine.shard import Shard
 from worker.client import push_arrays
 
 
@@ -58,7 +58,7 @@ class InProcessTables:
         if self._tmp is not None:
             self._tmp.cleanup()
 
-    def __enter__(self) -> "InProcessTables":
+    def __enter__(self) -> InProcessTables:
         return self
 
     def __exit__(self, *exc) -> None:

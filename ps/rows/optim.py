@@ -17,8 +17,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ps.config import MAX_HYPERPARAMETER, check_hyperparameter
-from ps.errors import InvalidArgumentError
+from ps.config import OptimizerConfig
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
@@ -88,7 +87,7 @@ SGD, ADAGRAD, ADAM, FTRL = range(4)  # kernel codes: apply_kernel picks the loop
 @numba.njit(nogil=True, cache=True)
 def apply_kernel(code, buf, grads, p):
     """One step of optimizer `code` with parameters p (float32, the order of Optimizer.kernel_params) in place
-    on a contiguous (n, width) buffer of rows. Callable from other compiled loops (ps.table runs it per block of
+    on a contiguous (n, width) buffer of rows. Callable from other compiled loops (ps.engine.table runs it per block of
     rows while they are in cache)."""
     if code == SGD:
         _sgd(buf, grads, p[0])
@@ -101,26 +100,18 @@ def apply_kernel(code, buf, grads, p):
 
 
 class Optimizer:
-    """One table's optimizer. Subclasses define DEFAULTS (their parameter names), CODE (their kernel),
-    KERNEL_PARAMS (the parameters the kernel takes after the learning rate, in order) and state_floats."""
+    """One table's optimizer. Subclasses define CODE (their kernel), KERNEL_PARAMS (the parameters the kernel
+    takes after the learning rate, in order) and their state floats per row."""
 
     name = ""
     CODE = -1
-    DEFAULTS: dict[str, float] = {}
     KERNEL_PARAMS: tuple[str, ...] = ()
 
-    def __init__(self, learning_rate: float, params: dict[str, float]):
-        unknown = sorted(set(params) - set(self.DEFAULTS))
-        if unknown:
-            raise InvalidArgumentError(
-                f"optimizer {self.name!r} got unknown parameters {unknown}; expected some of {sorted(self.DEFAULTS)}"
-            )
-        merged = {**self.DEFAULTS, **params}
-        for k, v in merged.items():
-            check_hyperparameter(f"optimizer {self.name!r} parameter {k}", v, low=-MAX_HYPERPARAMETER)
-        self.given_params = {k: float(v) for k, v in merged.items()}
-        self.lr = np.float32(learning_rate)
-        self.params = {k: np.float32(v) for k, v in merged.items()}
+    def __init__(self, cfg: OptimizerConfig):
+        cfg.validate()
+        self.given_params = cfg.all_params()
+        self.lr = np.float32(cfg.learning_rate)
+        self.params = {k: np.float32(v) for k, v in self.given_params.items()}
         self.kernel_params = np.array([self.lr, *(self.params[k] for k in self.KERNEL_PARAMS)], dtype=np.float32)
 
     STATE_PER_DIM = 0  # optimizer-state floats per embedding dim
@@ -148,13 +139,7 @@ class Sgd(Optimizer):
 class Adagrad(Optimizer):
     name = "adagrad"
     CODE = ADAGRAD
-    DEFAULTS = {"initial_accumulator": 0.1, "epsilon": 1e-7}
     KERNEL_PARAMS = ("epsilon",)
-
-    def __init__(self, learning_rate: float, params: dict[str, float]):
-        super().__init__(learning_rate, params)
-        check_hyperparameter("adagrad initial_accumulator", self.given_params["initial_accumulator"])
-        check_hyperparameter("adagrad epsilon", self.given_params["epsilon"], low_inclusive=False)
 
     STATE_PER_DIM = 1
 
@@ -167,16 +152,7 @@ class Adam(Optimizer):
 
     name = "adam"
     CODE = ADAM
-    DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
     KERNEL_PARAMS = ("beta1", "beta2", "epsilon")
-
-    def __init__(self, learning_rate: float, params: dict[str, float]):
-        super().__init__(learning_rate, params)
-        for b in ("beta1", "beta2"):
-            v = self.given_params[b]
-            if not 0 <= v < 1:
-                raise InvalidArgumentError(f"adam {b} must be in [0, 1), got {v}")
-        check_hyperparameter("adam epsilon", self.given_params["epsilon"], low_inclusive=False)
 
     @classmethod
     def state_floats_for(cls, dim: int) -> int:
@@ -193,14 +169,8 @@ class Ftrl(Optimizer):
 
     name = "ftrl"
     CODE = FTRL
-    DEFAULTS = {"beta": 1.0, "l1": 0.0, "l2": 0.0}
     KERNEL_PARAMS = ("beta", "l1", "l2")
     STATE_PER_DIM = 2
-
-    def __init__(self, learning_rate: float, params: dict[str, float]):
-        super().__init__(learning_rate, params)
-        for k in ("beta", "l1", "l2"):
-            check_hyperparameter(f"ftrl {k}", self.given_params[k])
 
     def init_state(self, rows: np.ndarray, dim: int) -> None:
         w = rows[:, :dim].astype(np.float64)
@@ -212,9 +182,7 @@ class Ftrl(Optimizer):
 OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad, Adam, Ftrl)}
 
 
-def get_optimizer(cfg) -> Optimizer:
+def get_optimizer(cfg: OptimizerConfig) -> Optimizer:
     """The Optimizer for an OptimizerConfig; InvalidArgumentError for unknown names or parameters."""
-    cls = OPTIMIZERS.get(cfg.name)
-    if cls is None:
-        raise InvalidArgumentError(f"optimizer {cfg.name!r} is unknown; expected one of {sorted(OPTIMIZERS)}")
-    return cls(cfg.learning_rate, dict(cfg.params))
+    cfg.validate()
+    return OPTIMIZERS[cfg.name](cfg)

@@ -12,19 +12,19 @@ Grammar (little-endian):
                 part:u32  arrays
     payload  := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  arrays
     arrays   := ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
-checksum is ps.checksum.checksum64 of the payload's parts [head, ids, grads, shows, clicks] (head: everything
+checksum is ps.storage.checksum.checksum64 of the payload's parts [head, ids, grads, shows, clicks] (head: everything
 before ids), for PSJ4 preceded by the header's magic, seq and payload_len (so a damaged seq or length is caught); new records are PSJ4, PSJ3 and PSJ2 records (written by earlier versions) are still read.
 (client, client_seq, part) say which push of which client request the record is (0, 0, 0: none): `applied`
 maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
-replayed, so a shard can tell a retried request from a new one (ps.shard.Shard.push_batch).
-Records are written with one pwritev, or, into space ps.prefault has prepared and mapped, copied into the
-segment's shared mapping (ps.filemap; the header with a zero checksum, the payload copied and checksummed in one
+replayed, so a shard can tell a retried request from a new one (ps.engine.shard.Shard.push_batch).
+Records are written with one pwritev, or, into space ps.accel.prefault has prepared and mapped, copied into the
+segment's shared mapping (ps.accel.filemap; the header with a zero checksum, the payload copied and checksummed in one
 pass, then the checksum; not with sync), so a crash of the process leaves at most one short or unchecked record at
 the end of the active segment; replay drops such a torn last record (never acknowledged). A bad record anywhere else (data
 after it, or in an older segment) is damage: replay raises JournalCorruptError rather than drop the
 acknowledged pushes after it.
 With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
-The active segment's next bytes are allocated ahead of the appends (ps.prefault) and read as zeros until written:
+The active segment's next bytes are allocated ahead of the appends (ps.accel.prefault) and read as zeros until written:
 zeros after the last record are unused space, not damage (a torn record is judged with them left out), and a
 closed segment is truncated to its last record. In an older segment such a zero tail is accepted only if the next
 segment starts right after its last record, so a zeroed stretch of acknowledged records is still damage.
@@ -41,10 +41,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.checksum import checksum64, copy_with_checksum64
+from ps.accel.filemap import FileMap
+from ps.accel.prefault import Prefaulter
 from ps.errors import StorageError
-from ps.filemap import FileMap
-from ps.prefault import Prefaulter
+from ps.storage.checksum import checksum64, copy_with_checksum64
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class Journal:
         self._segment_size = 0  # bytes of records in it: the next append's offset (the file may be longer)
         self._prefault = Prefaulter()
         self._map: FileMap | None = None  # the active segment, mapped: appends into prepared space are copies
-        self._released = 0  # [0, _released) of _map is released (ps.filemap)
+        self._released = 0  # [0, _released) of _map is released (ps.accel.filemap)
         self.mapped_appends = 0  # appends written through _map (the others: pwritev)
         self._failed = ""  # why appends are refused (a failed append that could not be cut off), or ""
         self.next_seq = 1
@@ -174,7 +174,7 @@ class Journal:
         with self._lock:
             segs = self.segments()
             removed = 0
-            for (first, path), nxt in zip(segs, segs[1:]):
+            for (_first, path), nxt in zip(segs, segs[1:]):
                 if nxt[0] - 1 <= flushed_seq:
                     os.remove(path)
                     removed += 1
@@ -250,7 +250,7 @@ class Journal:
         """Writes a record at the end of the active segment through its mapping: the header first, with a zero
         checksum; then the payload, copied and checksummed in one pass; then the checksum. A crash part-way
         leaves a header whose length covers whatever was copied and whose checksum fails: a torn last record,
-        which replay cuts off (never acknowledged). The bytes must be prepared and mapped (ps.prefault: the file
+        which replay cuts off (never acknowledged). The bytes must be prepared and mapped (ps.accel.prefault: the file
         holds them, or a byte past its end would raise SIGBUS)."""
         pos, dest = self._segment_size, self._map.array
         end = pos + HEADER.size + payload_len
@@ -283,14 +283,14 @@ class Journal:
         replay cut a torn record off); one holding bytes means the journal was not replayed first."""
         self._close_fd()
         path = os.path.join(self.dir, f"{self.next_seq:020d}.log")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # read too: ps.prefault reads ahead
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # read too: ps.accel.prefault reads ahead
         if os.fstat(fd).st_size:
             os.close(fd)
             raise StorageError(f"journal segment {path} already holds data: replay the journal before appending")
         self._fd, self._path, self._segment_size = fd, path, 0
         # with sync, every append's fsync would also write the zero pages mapped ahead (dirty once populated)
         self._map = None if self.sync else FileMap.open(fd, self.segment_bytes)
-        self._released = 0  # [0, _released) of _map is released (ps.filemap)
+        self._released = 0  # [0, _released) of _map is released (ps.accel.filemap)
         if self.sync:
             dfd = os.open(self.dir, os.O_RDONLY)
             try:

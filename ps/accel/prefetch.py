@@ -26,7 +26,9 @@ def _prefetch(builder, pointer, for_write: bool) -> None:
     fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
     fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
     # (address, 0 read / 1 write, locality 3 = keep in all cache levels, 1 = data cache)
-    builder.call(fn, [builder.bitcast(pointer, i8p), ir.Constant(i32, int(for_write)), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+    builder.call(
+        fn, [builder.bitcast(pointer, i8p), ir.Constant(i32, int(for_write)), ir.Constant(i32, 3), ir.Constant(i32, 1)]
+    )
 
 
 def _row_prefetcher(name: str, for_write: bool):

@@ -4,7 +4,7 @@ An arena is fixed-capacity arrays indexed by arena row (allocated lazily by the 
 touched) plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal seq of the last push
 applied), a pin stamp (rows of the request in progress are never evicted), and flags: referenced (CLOCK),
 dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin and the flags live at the end of the row's
-line in `data` (ps.layout); the attributes are strided views of them. Rows in use draw from a MemoryBudget shared by all
+line in `data` (ps.rows.layout); the attributes are strided views of them. Rows in use draw from a MemoryBudget shared by all
 tables of a server; when it is spent a table reuses its own cold rows (CLOCK: a sweeping hand clears the
 referenced bit of each row it passes and takes rows whose bit is already clear).
 All per-row work is in compiled loops; the Table serializes calls.
@@ -17,13 +17,13 @@ import threading
 import numba
 import numpy as np
 
-from ps import hugepages
-from ps.index import IdIndex, find, lookup_into, prefetch_slot
-from ps.prefetch import AHEAD, prefetch_row
-from ps.sharding import mix64_scalar
-from ps.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
-from ps.parallel import parts, run_each, run_parts
-from ps.rowcopy import scatter
+from ps.accel import hugepages
+from ps.accel.prefetch import AHEAD, prefetch_row
+from ps.hashing import mix64_scalar
+from ps.rows.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
+from ps.rows.parallel import parts, run_each, run_parts
+from ps.rows.rowcopy import scatter
+from ps.storage.index import IdIndex, find, lookup_into, prefetch_slot
 
 MIN_ROWS = 4096  # every table may hold this many rows whatever the budget says, so it can always make progress
 
@@ -289,7 +289,9 @@ class Arena:
         count, self.hand = _clock_victims(self.ref, self.pin, stamp, self.used, self.hand, n, out)
         return out[:count]
 
-    def install(self, rows: np.ndarray, ids: np.ndarray, block: np.ndarray, lsn: np.ndarray, stored: np.ndarray, stamp: int) -> None:
+    def install(
+        self, rows: np.ndarray, ids: np.ndarray, block: np.ndarray, lsn: np.ndarray, stored: np.ndarray, stamp: int
+    ) -> None:
         """Puts rows of ids (data, lsn, stored flags) into arena rows (free or evicted ones)."""
         scatter(self.data, rows, block)
         self.ids[rows] = ids

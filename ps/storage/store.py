@@ -7,7 +7,7 @@ Layout, one RocksDB per server data dir:
                               b"clock"          -> ASCII decimal: the shard's clock (steps)
                               b"flushed_seq"    -> ASCII decimal: journal records <= this are all in RocksDB
     column family "t." + name:  key   = slot:u16be id:u64be             (10 bytes; a slot is one key range)
-                                value = row:f32le[width] lsn:u64le      (admitted; see ps.layout)
+                                value = row:f32le[width] lsn:u64le      (admitted; see ps.rows.layout)
                                       | stats:f32le[4] lsn:u64le        (not admitted yet)
 Big-endian keys make byte order numeric order, so a slot's rows are one contiguous range to scan or move.
 """
@@ -22,7 +22,7 @@ from rocksdict import AccessType, BlockBasedOptions, Cache, Checkpoint, Options,
 
 from ps.config import TableConfig
 from ps.errors import StorageError
-from ps.layout import STATS_FLOATS
+from ps.rows.layout import STATS_FLOATS
 from ps.sharding import NUM_SLOTS, slot_of
 
 KEY_DTYPE = np.dtype([("slot", ">u2"), ("id", ">u8")])  # packed, 10 bytes
@@ -42,7 +42,7 @@ def _open_read_only(source: str) -> tuple[Rdict, list[str]]:
     """A RocksDB (a checkpoint) opened read-only with all its column families, and their names."""
     opts = Options(raw_mode=True)
     names = Rdict.list_cf(source, opts)
-    return Rdict(source, opts, column_families={n: opts for n in names}, access_type=AccessType.read_only()), names
+    return Rdict(source, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only()), names
 
 
 def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,7 +92,7 @@ class Store:
         try:  # rocksdict raises plain Exception
             existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
             # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
-            cfs = {name: self._opts for name in set(existing) | {META_CF}}
+            cfs = dict.fromkeys(set(existing) | {META_CF}, self._opts)
             self._db = Rdict(path, self._opts, column_families=cfs)
         except Exception as e:
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
@@ -139,7 +139,7 @@ class Store:
                 cf = self._db.get_column_family(name)
             except Exception:
                 if not create:
-                    raise StorageError(f"{self.path}: column family {name} is missing")
+                    raise StorageError(f"{self.path}: column family {name} is missing") from None
                 cf = self._db.create_column_family(name, self._opts)
             self._cfs[table] = cf
         return cf

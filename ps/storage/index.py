@@ -12,9 +12,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ps import hugepages
-from ps.prefetch import AHEAD, prefetch_row
-from ps.sharding import mix64_scalar
+from ps.accel import hugepages
+from ps.accel.prefetch import AHEAD, prefetch_row
+from ps.hashing import mix64_scalar
 
 MAX_LOAD = 0.5
 
@@ -35,7 +35,7 @@ def find(slots, shift, k):
 
 @numba.njit(inline="always")
 def prefetch_slot(slots, shift, k):
-    """Asks the cache for the home slot of key k (see ps.prefetch)."""
+    """Asks the cache for the home slot of key k (see ps.accel.prefetch)."""
     prefetch_row(slots, np.int64(mix64_scalar(k) >> shift))
 
 

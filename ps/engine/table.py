@@ -24,18 +24,18 @@ import time
 import numba
 import numpy as np
 
-from ps.arena import Arena, MemoryBudget
 from ps.config import TableConfig
 from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
-from ps.finite import first_non_finite_bits
-from ps.initializers import init_rows
-from ps.journal import Journal, Record
-from ps.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
-from ps.optim import apply_kernel, get_optimizer
-from ps.parallel import run_parts
-from ps.rowcopy import gather, gather_for_update
-from ps.sharding import mix64_scalar
-from ps.store import Store
+from ps.hashing import mix64_scalar
+from ps.rows.finite import first_non_finite_bits
+from ps.rows.initializers import init_rows
+from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
+from ps.rows.optim import apply_kernel, get_optimizer
+from ps.rows.parallel import run_parts
+from ps.rows.rowcopy import gather, gather_for_update
+from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.journal import Journal, Record
+from ps.storage.store import Store
 
 FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock: about 20 ms of RocksDB writes
 FLUSH_PAUSE_S = 0.0005  # between two such holds, so a waiting pull or push gets the lock (Python's is not fair)

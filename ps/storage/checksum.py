@@ -15,8 +15,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ps import parallel
-from ps.sharding import mix64_scalar
+from ps.hashing import mix64_scalar
+from ps.rows import parallel
 
 CHUNK = 1 << 20
 _NO_COPY = np.empty(0, dtype=np.uint8)
@@ -90,7 +90,9 @@ def copy_with_checksum64(buffers, skip: int, dest: np.ndarray | None) -> int:
             copies[k] = dest[ends[k - skip] : ends[k + 1 - skip]]
     if sum(len(a) for a in arrays) < PARALLEL_BYTES:  # one thread, and no planning arrays (their set-up cost
         h = np.uint64(_fold_value(np.uint64(0), np.uint64(len(arrays))))  # more than the hashing of a small
-        for a, c in zip(arrays, copies):  # record); numba hands back a Python int, so the state goes back as a uint64 each time
+        for a, c in zip(
+            arrays, copies
+        ):  # record); numba hands back a Python int, so the state goes back as a uint64 each time
             h = np.uint64(_fold_buffer(h, a, c))
         return int(mix64_scalar(h))
     plans = []

@@ -1,7 +1,7 @@
 """Initial values of rows never pushed: a pure function of (seed, id, column), so no row needs storing to be pulled.
 
-    h(seed, id, j) = splitmix64 of (id * K1 + seed * K2 + j * K3); u = top 24 bits of h / 2**24 in [0, 1)
-    uniform: (2u - 1) * scale          normal: Box-Muller over two such uniforms, times scale
+h(seed, id, j) = splitmix64 of (id * K1 + seed * K2 + j * K3); u = top 24 bits of h / 2**24 in [0, 1)
+uniform: (2u - 1) * scale          normal: Box-Muller over two such uniforms, times scale
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from ps.config import InitializerConfig
-from ps.sharding import mix64_scalar as _mix
+from ps.hashing import mix64_scalar as _mix
 
 _KIND = {"zeros": 0, "uniform": 1, "normal": 2}
 
@@ -43,5 +43,10 @@ def _init_rows(ids, out, dim, kind, scale, seed):
 def init_rows(cfg: InitializerConfig, ids: np.ndarray, out: np.ndarray, dim: int) -> None:
     """Writes the initial embedding of each id into out[:, :dim] (out may be wider: the state columns stay)."""
     _init_rows(
-        np.ascontiguousarray(ids, dtype=np.uint64), out, dim, _KIND[cfg.name], np.float32(cfg.scale), np.uint64(cfg.seed)
+        np.ascontiguousarray(ids, dtype=np.uint64),
+        out,
+        dim,
+        _KIND[cfg.name],
+        np.float32(cfg.scale),
+        np.uint64(cfg.seed),
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numba
 
-from ps.prefetch import AHEAD, prefetch_row_for_write
+from ps.accel.prefetch import AHEAD, prefetch_row_for_write
 
 
 @numba.njit(nogil=True, cache=True)

@@ -17,7 +17,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 
-
 def _default_threads() -> int:
     """PS_KERNEL_THREADS, or the usable cores (at most 4)."""
     env = os.environ.get("PS_KERNEL_THREADS", "").strip()

@@ -1,0 +1,80 @@
+"""Filling a new shard from a checkpoint (restore) and writing a checkpoint's model for serving (export).
+
+The checkpoint format is in ps.checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ps.checkpoint import read_manifest, slot_range
+from ps.config import TableConfig
+from ps.errors import StorageError
+from ps.rows.layout import LAST_STEP, layout_of
+from ps.storage.store import Store
+
+
+def check_restored(store) -> None:
+    """StorageError if a restore into this store started and did not finish (a crash in the middle)."""
+    pending = store.restore_pending()
+    if pending:
+        raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; delete the "
+                           "data dir and restore again")  # fmt: skip
+
+
+def restore_into(store, directory: str, shard_id: int, num_shards: int) -> dict:
+    """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary."""
+    check_restored(store)
+    manifest = read_manifest(directory)
+    if store.load_tables():
+        raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already")
+    tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
+    store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
+    for cfg in tables:
+        store.create_table(cfg)
+    slots = slot_range(shard_id, num_shards)
+    rows = {cfg.name: {"admitted": 0, "pending": 0} for cfg in tables}
+    for shard in manifest["shards"]:
+        copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables])
+        for name, counts in copied.items():
+            for k, v in counts.items():
+                rows[name][k] += v
+    store.set_clock(int(manifest["clock"]))
+    store.flush()
+    store.set_restore_pending(None)
+    store.flush()
+    return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
+
+
+def export(directory: str, out: str, since: int | None = None) -> dict:
+    """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64)
+    and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state), admitted rows only, and
+    `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows pushed at clock step
+    >= since (a delta to apply over an earlier export). Dense parameters are tables too: `dense.<name>` row i
+    is row i of the matrix."""
+    manifest = read_manifest(directory)
+    os.makedirs(out, exist_ok=True)
+    summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
+    for t in manifest["tables"]:
+        cfg = TableConfig.from_dict(t)
+        layout = layout_of(cfg.dim, cfg.optimizer.name)
+        ids_parts, rows_parts = [], []
+        for shard in manifest["shards"]:
+            for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
+                if since is not None:
+                    keep = rows[:, layout.stats_col + LAST_STEP] >= since
+                    ids, rows = ids[keep], rows[keep]
+                ids_parts.append(ids)
+                rows_parts.append(rows[:, : cfg.dim])
+        ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
+        rows = np.concatenate(rows_parts) if rows_parts else np.zeros((0, cfg.dim), np.float32)
+        order = np.argsort(ids, kind="stable")
+        np.save(os.path.join(out, f"{cfg.name}.ids.npy"), ids[order])
+        np.save(os.path.join(out, f"{cfg.name}.rows.npy"), rows[order])
+        summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(len(ids))}
+    with open(os.path.join(out, "export.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
