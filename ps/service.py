@@ -1,6 +1,7 @@
 """The gRPC servicer: decodes and validates requests, calls the Shard, maps every exception to a status.
 
-No client ever sees UNKNOWN: ps.errors exceptions map to their status; anything else is INTERNAL, logged.
+No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGUMENT (ps.codec reads every
+request), ps.errors exceptions map to their status, anything else is INTERNAL, logged.
 """
 
 from __future__ import annotations
@@ -13,21 +14,23 @@ import time
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import request_views, wire
+from ps import codec, wire
 from ps.engine.shard import Shard
-from ps.errors import PsError
+from ps.errors import InvalidArgumentError, PsError
 
 log = logging.getLogger("ps.service")
 
 
 def _rpc(method):
-    """Runs a servicer method; turns exceptions into a status code and message (one place for all RPCs), and
-    records the call in the servicer's metrics (if any)."""
+    """Runs a servicer method; turns a request that did not decode and exceptions into a status code and message
+    (one place for all RPCs), and records the call in the servicer's metrics (if any)."""
 
     @functools.wraps(method)
     def wrapper(self, request, context):
         started, code, reply = time.perf_counter(), "OK", None
         try:
+            if isinstance(request, codec.Undecodable):
+                raise InvalidArgumentError(request.error)
             reply = method(self, request, context)
             return reply
         except PsError as e:
@@ -55,16 +58,16 @@ PRESERIALIZED = {
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
     """Registers the servicer's methods, as the generated add_ParameterServerServicer_to_server does, except
-        that the methods in PRESERIALIZED send the bytes their servicer returns as they are, and the bulk requests
-    are read by ps.request_views (their ids and grads as views of the request's bytes, not copies)."""
+    that ps.codec reads every request (the bulk ones as views of the request's bytes, not copies; bytes that do
+    not decode as a codec.Undecodable), and the methods in PRESERIALIZED send the bytes their servicer returns as
+    they are."""
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {}
     for method in service.methods:
-        request_cls = getattr(ps_pb2, method.input_type.name)
         response_cls = getattr(ps_pb2, method.output_type.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             getattr(servicer, method.name),
-            request_deserializer=request_views.READERS.get(method.name, request_cls.FromString),
+            request_deserializer=codec.request_reader(method.name),
             response_serializer=bytes if method.name in PRESERIALIZED else response_cls.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -77,12 +80,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def _info(self, table) -> ps_pb2.TableInfo:
         return ps_pb2.TableInfo(
-            spec=wire.table_config_to_proto(table.cfg), num_rows=table.num_rows, row_floats=table.width
+            spec=codec.table_config_to_proto(table.cfg), num_rows=table.num_rows, row_floats=table.width
         )
 
     @_rpc
     def CreateTable(self, request, context):
-        return self._info(self.shard.create_table(wire.table_config_from_proto(request.spec)))
+        return self._info(self.shard.create_table(codec.table_config_from_proto(request.spec)))
 
     @_rpc
     def DescribeTable(self, request, context):
@@ -91,26 +94,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Pull(self, request, context):
         """Returns the PullResponse already serialized (see add_to_server)."""
-        self._check_parsed(request)
         ids = wire.decode_ids(request.ids)
-        reply, rows = wire.pull_response_to_fill(len(ids), self.shard.table(request.table).dim)
+        reply, rows = codec.pull_response_to_fill(len(ids), self.shard.table(request.table).dim)
         self.shard.pull(request.table, ids, out=rows)  # gathered straight into the reply
         return reply
-
-    @staticmethod
-    def _check_parsed(request) -> None:
-        """InvalidArgumentError for a request that ps.request_views could not read (not valid protobuf)."""
-        error = getattr(request, "error", None)
-        if error:
-            raise wire.InvalidArgumentError(error)
 
     def _decode_push(self, request) -> tuple:
         """(table name, ids, grads, shows, clicks) of a PushRequest, with its lengths and dim checked."""
         table = self.shard.table(request.table)
         if request.dim != table.dim:
-            raise wire.InvalidArgumentError(
-                f"push says dim {request.dim}, but table {request.table!r} has dim {table.dim}"
-            )
+            raise InvalidArgumentError(f"push says dim {request.dim}, but table {request.table!r} has dim {table.dim}")
         ids = wire.decode_ids(request.ids)
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")
         shows = wire.decode_rows(request.shows, len(ids), 1, "shows")[:, 0] if request.shows else None
@@ -119,7 +112,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def Push(self, request, context):
-        self._check_parsed(request)
         push = self._decode_push(request)
         self.shard.push(*push)
         return ps_pb2.PushResponse(num_applied=len(push[1]))
@@ -127,21 +119,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PullBatch(self, request, context):
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
-        self._check_parsed(request)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         for name, ids in pulls:  # every pull checked before any runs
             self.shard.table(name)
             self.shard.check_owned(ids)
-        return wire.encode_pull_batch_response([self.shard.pull(*p) for p in pulls])
+        return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls])
 
     @_rpc
     def PushBatch(self, request, context):
         """Returns the PushBatchResponse already serialized (see add_to_server)."""
-        self._check_parsed(request)
         pushes = [self._decode_push(p) for p in request.pushes]
         step, _ = self.shard.push_batch(pushes, request.advance_clock, request.client_id, request.seq)
         rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
-        return wire.encode_push_batch_response(sum(len(p[1]) for p in pushes), step, rows)
+        return codec.encode_push_batch_response(sum(len(p[1]) for p in pushes), step, rows)
 
     @_rpc
     def Checkpoint(self, request, context):
@@ -150,15 +140,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
         if request.phase == "save":
             if not request.dir:
-                raise wire.InvalidArgumentError("checkpoint save needs a directory")
+                raise InvalidArgumentError("checkpoint save needs a directory")
             info = self.shard.save_checkpoint(request.dir, request.token)
             return ps_pb2.CheckpointResponse(clock=info["clock"], shard_json=json.dumps(info))
         if request.phase == "release":
             self.shard.release(request.token)
             return ps_pb2.CheckpointResponse(clock=self.shard.clock)
-        raise wire.InvalidArgumentError(
-            f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release"
-        )
+        raise InvalidArgumentError(f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release")
 
     @_rpc
     def AdvanceClock(self, request, context):

@@ -1,14 +1,16 @@
 """Fuzzing the servicer: thousands of malformed and random requests against shard 1 of 2. None crashes it, none
-gets UNKNOWN (or INTERNAL: every bad input has its own status), and every rejected request leaves the shard's
-state as it was, byte for byte: rows with optimizer state and statistics, RAM used, counters, journal, clock.
-Requests that happen to be valid are applied, and the state they leave is the new reference. One documented
-exception: a PushBatch whose later push overflows float32 when applied keeps the pushes before it (the error
-says so; ps/engine/shard.py push_batch)."""
+gets UNKNOWN (or INTERNAL: every bad input has its own status; bytes that are no request at all get
+INVALID_ARGUMENT from every method), and every rejected request leaves the shard's state as it was, byte for
+byte: rows with optimizer state and statistics, RAM used, counters, journal, clock. Requests that happen to be
+valid are applied, and the state they leave is the new reference. One documented exception: a PushBatch whose
+later push overflows float32 when applied keeps the pushes before it (the error says so; ps/engine/shard.py
+push_batch)."""
 
 from __future__ import annotations
 
 import grpc
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -146,14 +148,15 @@ def test_random_and_malformed_requests_never_crash_or_change_state_when_rejected
 
     try:
         check()
-        raw = channel.unary_unary("/sparseps.ParameterServer/Push")  # bytes that are not a PushRequest at all
-        for junk in (b"\xff" * 10, b"\x0a\xff\xff\xff\xff\x0f", bytes(range(256))):
-            before = state(shard)
-            try:
-                raw(junk, timeout=30)
-            except grpc.RpcError as e:
-                assert e.code() != grpc.StatusCode.UNKNOWN, e.details()
-            assert state(shard) == before
+        for method in ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods:  # bytes that are no request
+            raw = channel.unary_unary(f"/sparseps.ParameterServer/{method.name}")
+            for junk in (b"\xff" * 10, b"\x0a\xff\xff\xff\xff\x0f", bytes(range(256))):
+                before = state(shard)
+                with pytest.raises(grpc.RpcError) as e:
+                    raw(junk, timeout=30)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (method.name, e.value.details())
+                assert "is not valid protobuf" in e.value.details()
+                assert state(shard) == before
         assert stub.Stats(ps_pb2.StatsRequest(), timeout=30).shard_id == 1  # still serving
     finally:
         channel.close()

@@ -34,11 +34,10 @@ FOUNDATION = {
     "ps.checkpoint",
     "ps.wire",
     "ps.codec",
-    "ps.request_views",
 }
 PROCESS = {"ps.service", "ps.server", "ps.security", "ps.metrics", "ps.settings", "ps.sizing", "ps.__main__"}
 GRPC_USERS = {"ps.service", "ps.server", "ps.security"}
-STUB_USERS = GRPC_USERS | {"ps.codec", "ps.request_views", "ps.wire"}
+STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.hashing", "ps.config", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
     "ps.security",  # TLS and token settings of a client channel

@@ -6,7 +6,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import wire
+from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import ShardClosingError
@@ -23,7 +23,7 @@ def shard1(servers):
     addresses, (_, server) = servers(2)
     channel = grpc.insecure_channel(addresses[1], options=grpc_options(256 << 20))
     stub = ps_pb2_grpc.ParameterServerStub(channel)
-    stub.CreateTable(ps_pb2.CreateTableRequest(spec=wire.table_config_to_proto(ADAGRAD)))
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(ADAGRAD)))
     ids = random_ids(400)
     owner = SlotMap.contiguous(2).shard_of(ids)
     mine, theirs = ids[owner == 1][:50], ids[owner == 0][:5]
@@ -104,7 +104,7 @@ def test_bad_requests_get_precise_statuses_and_change_nothing(shard1):
 
 def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1):
     stub = shard1[0]
-    spec = wire.table_config_to_proto(ADAGRAD)
+    spec = codec.table_config_to_proto(ADAGRAD)
     assert stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec)).num_rows == 50
     spec.optimizer.params["epsilon"] = 1e-7  # the default, spelled out: the same table
     assert stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec)).num_rows == 50
@@ -133,9 +133,9 @@ def test_create_table_is_idempotent_and_rejects_a_different_spec(shard1):
 
 def test_unset_spec_fields_take_defaults_and_set_ones_are_kept():
     spec = ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(scale=5))
-    assert wire.table_config_from_proto(spec).initializer == InitializerConfig("uniform", 5.0)
+    assert codec.table_config_from_proto(spec).initializer == InitializerConfig("uniform", 5.0)
     spec = ps_pb2.TableSpec(name="x", dim=2, initializer=ps_pb2.InitializerSpec(name="normal"))
-    assert wire.table_config_from_proto(spec).initializer == InitializerConfig("normal", 0.01)
+    assert codec.table_config_from_proto(spec).initializer == InitializerConfig("normal", 0.01)
 
 
 def test_a_server_failure_reaches_the_client_as_internal_with_its_message(shard1, monkeypatch):

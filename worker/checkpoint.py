@@ -13,7 +13,7 @@ import os
 import time
 
 from protos import ps_pb2
-from ps import wire
+from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST
 from ps.sharding import NUM_SLOTS
 
@@ -40,7 +40,7 @@ def save(client, directory: str, hold_timeout_s: float = 120.0) -> dict:
         client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="release", token=t) for t in tokens])
     shards = [json.loads(r.shard_json) for r in replies]
     names = sorted({name for s in shards for name in s["rows"]})
-    tables = [wire.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]
+    tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]
     manifest = {
         "format": FORMAT,
         "num_shards": n,

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import wire
+from ps import codec, wire
 from ps.config import TableConfig
 from ps.errors import STATUS_TO_ERROR, PsError, ServerUnavailableError
 from ps.security import client_channel
@@ -142,7 +142,7 @@ class Client:
     def create_table(self, cfg: TableConfig) -> None:
         """Creates the table on every shard (idempotent for the same spec)."""
         cfg.validate()
-        spec = wire.table_config_to_proto(cfg)
+        spec = codec.table_config_to_proto(cfg)
         self._call_all("CreateTable", [ps_pb2.CreateTableRequest(spec=spec)] * len(self._stubs))
         self._dims[cfg.name] = cfg.dim
 
