@@ -1,8 +1,12 @@
-"""ps.accel.hugepages.zeros: the arrays the hot path reads at random, on huge pages where the OS grants them."""
+"""ps.accel.hugepages.zeros: the arrays the hot path reads at random, on huge pages where the OS grants them, and
+the same zero-filled arrays on ordinary pages where it does not."""
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
+import pytest
 
 from ps.accel import hugepages
 
@@ -20,3 +24,30 @@ def test_small_arrays_are_plain_numpy():
     a = hugepages.zeros((10, 4), np.float32)
     assert a.base is None  # np.zeros, no mapping of its own
     np.testing.assert_array_equal(a, np.zeros((10, 4), np.float32))
+
+
+def _like_np_zeros(a: np.ndarray, shape: tuple[int, ...], dtype: type) -> None:
+    assert a.shape == shape and a.dtype == dtype and a.flags.writeable and a.flags.c_contiguous
+    assert not a.any()
+    a[-1, -1] = 5
+    assert int(a.sum()) == 5
+
+
+def test_where_the_kernel_refuses_the_advice_the_array_is_on_ordinary_pages(monkeypatch):
+    """A kernel without transparent huge pages answers madvise(MADV_HUGEPAGE) with EINVAL, as it does to this
+    unknown advice: the mapping stays, on 4 KB pages."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        pytest.skip("this Python has no madvise advice for huge pages (not Linux)")
+    with pytest.raises(OSError):
+        mmap.mmap(-1, mmap.PAGESIZE).madvise(0x7FFF)
+    monkeypatch.setattr(mmap, "MADV_HUGEPAGE", 0x7FFF)
+    a = hugepages.zeros((1 << 20, 3), np.uint64)
+    assert a.base is not None  # a mapping of its own, whose advice was refused
+    _like_np_zeros(a, (1 << 20, 3), np.uint64)
+
+
+def test_where_python_has_no_huge_page_advice_the_array_is_np_zeros(monkeypatch):
+    monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)  # not Linux
+    a = hugepages.zeros((1 << 20, 3), np.uint64)
+    assert a.base is None
+    _like_np_zeros(a, (1 << 20, 3), np.uint64)

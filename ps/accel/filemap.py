@@ -1,31 +1,31 @@
-"""FileMap: a shared read-write memory mapping of a file, for writing journal records with plain memory copies.
+"""FileMap: a shared, writable memory mapping of a file, so the journal can write records with memory copies.
 
-Why: a 7.2 MB journal record (one 100,000-id push of dim 16) written with pwritev into cached, allocated pages
-took 3.3 ms here, most of it the kernel's page-cache work for each 4 KB page; copied into the same pages through
-a mapping whose page tables were populated for writing beforehand (MADV_POPULATE_WRITE, from ps.accel.prefault's
-thread) it took 1.2-1.5 ms (1.7-2.5 ms when each page still had to fault).
+Optional: correctness never depends on it. Where `FileMap.open` returns None (not Linux, no libc mmap, a file
+system other than ext4, xfs or tmpfs, or mmap fails), or where space is not prepared and populated ahead
+(ps.accel.prefault), the journal writes each record with one pwritev: the same bytes in the same file. What
+correctness needs of the writer that uses it: copy only into bytes the file holds (touching a byte past the
+file's end raises SIGBUS, which kills the process), and map only files on a file system where writing into
+allocated space needs no new blocks (ext4, xfs, tmpfs). On a copy-on-write file system (btrfs, zfs) such a
+write may need blocks, and a full disk would arrive as SIGBUS in the middle of a copy instead of as an error of
+a write call; so those are not mapped.
 
-The mapping may reach past the end of the file: touching a byte the file does not have raises SIGBUS, which
-kills the process, so the writer copies only into bytes the file holds (ps.accel.prefault allocates them first).
-A copy is in the page cache once it returns, so it survives a crash of the process like a write(2) does, and
-fsync(2) of the file writes it to disk like any other dirty page.
-
-Only files on ext4, xfs and tmpfs are mapped: there a write into allocated space needs no new blocks, while a
-copy-on-write file system (btrfs, zfs) may, and a full disk would then arrive as SIGBUS in the middle of a copy
-instead of as an error of a write call. Mapped pages count in the process's RSS: the owner releases the ones it
-is done with (release()), so only the page cache holds them, as after write(2). Linux only (ctypes mmap and
-madvise); elsewhere `FileMap.open` returns None and the journal writes with pwritev.
+Why: writing into the page cache with pwritev costs the kernel work for every 4 KB page; a copy into pages
+whose page tables were populated for writing beforehand (MADV_POPULATE_WRITE, from ps.accel.prefault's thread)
+takes no page faults and no system call. A copy is in the page cache once it returns, so it survives a crash of
+the process like a write(2) does, and fsync(2) of the file writes it to disk like any other dirty page. Mapped
+pages count in the process's RSS: the owner releases the ones it is done with (release()), so only the page
+cache holds them, as after write(2).
 """
 
 from __future__ import annotations
 
 import ctypes
 import mmap
-import os
+import sys
 
 import numpy as np
 
-MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault the range in as if written (EINVAL on older kernels)
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault the range in as if written (EINVAL where the kernel lacks it)
 
 
 def _libc():
@@ -58,7 +58,7 @@ def file_system_type(fd: int) -> int | None:
     return buf[0] & 0xFFFFFFFF
 
 
-_LIBC = _libc() if hasattr(mmap, "MAP_SHARED") and os.name == "posix" else None
+_LIBC = _libc() if sys.platform.startswith("linux") else None  # statfs and madvise as Linux defines them
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 

@@ -1,5 +1,8 @@
-"""tune_malloc: glibc malloc settings for processes that move multi-MB messages. Optional: without glibc's
-mallopt it does nothing, and everything works the same, only slower on large messages.
+"""tune_malloc: glibc malloc settings for processes that move multi-MB messages.
+
+Optional: correctness never depends on it. Where glibc's mallopt is missing (musl, macOS), tune_malloc changes
+nothing and returns False: the platform's default allocation applies, and the messages are the same, each large
+one allocated (and page-faulted) anew.
 """
 
 from __future__ import annotations
@@ -9,13 +12,13 @@ import ctypes.util
 
 
 def tune_malloc() -> bool:
-    """Stop glibc from mmap-ing (and page-faulting) every large message buffer: 2.5-3.5x on multi-MB messages.
+    """Stops glibc from mmap-ing (and page-faulting) every large message buffer; True if every setting took.
 
     Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to 64 MiB through mallopt (freed heap above that goes
     back to the OS: a server's RSS stays near its budget), and M_ARENA_MAX to 2: each malloc arena may keep up
     to the trim threshold of freed memory, and without a cap every gRPC and kernel thread gets its own. Call at
     process start-up, before the first big allocation. Returns False where glibc's mallopt is not available
-    (harmless no-op).
+    (nothing is changed then).
     """
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

@@ -1,20 +1,21 @@
-"""Prefaulter: keeps the bytes just past an appended file's end allocated, on disk and in the page cache, from a
-background thread, so that appends overwrite cached pages instead of allocating new ones.
+"""Prefaulter: keeps the bytes just past an appended file's end allocated and in the page cache, from a background
+thread, so that appends overwrite prepared pages instead of allocating new ones.
 
-Why: an append into new file space makes the kernel allocate, zero and account a page-cache page per 4 KB
-(and ext4 reserve blocks) inside the write call. Measured on this project's VM, a 7.2 MB journal record (one
-100,000-id push of dim 16) took 6.6-7.0 ms to write into new space and 0.9-1.3 ms into space prepared
-beforehand (fallocate and then one read of the range, which leaves clean zero pages in the cache and writes
-nothing to disk). On this VM most of the difference is the hypervisor handing back guest memory that
-was free for a while (virtio free page reporting); on bare metal it is page zeroing and block reservation.
-Either way the cost moves off the push's path onto a core that is otherwise waiting.
-Given the writer's mapping of the file (ps.accel.filemap), it also populates the mapping's page tables for writing
-(MADV_POPULATE_WRITE), so the writer's copies into it take no page faults; the pages it populates become dirty
-zero pages, which the kernel may write to disk before records overwrite them.
+Optional: correctness never depends on it. Where Linux fallocate(2) is missing, or the file system refuses it
+(EOPNOTSUPP), or it fails (a full disk), the Prefaulter stops preparing and the journal's appends allocate their
+space as they go, written with pwritev: the same bytes in the file. Where MADV_POPULATE_WRITE fails (a kernel
+without it), it prepares the space without populating the writer's mapping, mapped_end stops growing, and the
+journal writes with pwritev into the prepared space. What correctness needs of it: it never writes a byte of the
+file (fallocate allocates without writing, then a read brings the pages into the cache, and populating maps
+them), so a record being appended is never overwritten; and a reader of the file takes a run of zero bytes after
+the last record as unused space, because prepared space reads as zeros until it is written (ps.storage.journal
+does, and truncates the file to its real end when it closes it).
 
-The prepared range reads as zeros until it is written: a reader of the file must take a run of zero bytes
-after the last record as unused space (ps.storage.journal does). The writer truncates the file to its real end when it
-closes it.
+Why: an append into new file space makes the kernel allocate, zero and account a page-cache page per 4 KB (and
+the file system reserve blocks) inside the write call, on the push's path; the Prefaulter does that work ahead, on a
+core that is otherwise waiting. Given the writer's mapping of the file (ps.accel.filemap), it also populates the
+mapping's page tables for writing, so the writer's copies into it take no page faults; the pages it populates
+become dirty zero pages, which the kernel may write to disk before records overwrite them.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ log = logging.getLogger(__name__)
 def _kernel_fallocate():
     """Linux fallocate(2) itself, or None. Not os.posix_fallocate: where the file system lacks fallocate, glibc
     emulates it by writing a zero into every block whose byte reads as zero, and such a write can land on a
-    record the journal is writing at that moment (it zeroed acknowledged records in a test under
-    `strace -e inject=fallocate:error=EOPNOTSUPP`). The kernel call allocates without writing, or fails."""
+    record the journal is writing at that moment and zero it (`strace -e inject=fallocate:error=EOPNOTSUPP`
+    shows it). The kernel call allocates without writing, or fails."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         fn = libc.fallocate
@@ -55,7 +56,7 @@ def _kernel_fallocate():
 
 _fallocate = _kernel_fallocate()
 
-CHUNK_BYTES = 2 << 20  # prepared per step; detach() waits for at most one step (~2-3 ms)
+CHUNK_BYTES = 2 << 20  # prepared per step; detach() waits for at most one step
 MIN_AHEAD_BYTES = 8 << 20  # keep at least this much prepared past the end ...
 AHEAD_RECORDS = 4  # ... and room for this many of the largest records appended so far
 

@@ -12,8 +12,8 @@ crash applies each push to each row exactly once. last_step is exact up to 2**24
 In RAM a row is one arena line: the row's float32 (padded to an even count), then META_FLOATS of bookkeeping
     meta := lsn:u64  pin:i64  referenced:u8  dirty:u8  stored:u8  pad:u8[5]
 kept in the line itself so that looking a row up, updating it and marking it touch one place in memory (in
-separate arrays they cost four more cache misses per id: lookup 4.2 -> 8.6 ms per 100,000 ids); plus
-RAM_OVERHEAD_BYTES outside the line (its id and its share of the IdIndex).
+separate arrays they would cost four more cache misses per id); plus RAM_OVERHEAD_BYTES outside the line (its id
+and its share of the IdIndex).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def line_floats(width: int) -> int:
     return meta_col(width) + META_FLOATS
 
 
-# RocksDB's own per-key cost (index and filter blocks, block headers): benchmarks/scale.py measured 153.5 bytes per
-# row on disk for 146-byte rows at 10^6 and 10^7 rows (random float rows, default Snappy compression).
+# RocksDB's own cost per key (index and filter blocks, block headers), rounded up from the bytes per row on disk
+# that benchmarks/scale.py reports, less the key and the value (random float rows barely compress).
 ROCKSDB_OVERHEAD_BYTES = 8
 
 
@@ -83,6 +83,7 @@ class RowLayout:
 
 
 def layout_of(dim: int, optimizer: str) -> RowLayout:
+    """The layout of a table of `dim` with `optimizer` (one of ps.rows.optim.OPTIMIZERS)."""
     from ps.rows.optim import OPTIMIZERS
 
     if optimizer not in OPTIMIZERS:

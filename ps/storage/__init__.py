@@ -1,0 +1,6 @@
+"""Storage layer: where one table's rows live. The bounded RAM tier with CLOCK eviction (arena) and its id index
+(index), the push journal that makes pushes durable before they are acknowledged (journal) and its record
+checksum (checksum), and RocksDB, the durable tier of every row (store: the only module that imports rocksdict).
+It may import the foundation (ps.errors, ps.hashing, ps.config, ...), ps.accel, ps.rows and its own modules;
+never ps.engine or the process modules (tests/test_layering.py holds this).
+"""

@@ -4,9 +4,9 @@ An arena is fixed-capacity arrays indexed by arena row (allocated lazily by the 
 touched) plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal seq of the last push
 applied), a pin stamp (rows of the request in progress are never evicted), and flags: referenced (CLOCK),
 dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin and the flags live at the end of the row's
-line in `data` (ps.rows.layout); the attributes are strided views of them. Rows in use draw from a MemoryBudget shared by all
-tables of a server; when it is spent a table reuses its own cold rows (CLOCK: a sweeping hand clears the
-referenced bit of each row it passes and takes rows whose bit is already clear).
+line in `data` (ps.rows.layout); the attributes are strided views of them. Rows in use draw from a MemoryBudget
+shared by all tables of a server; when it is spent a table reuses its own cold rows (CLOCK: a sweeping hand
+clears the referenced bit of each row it passes and takes rows whose bit is already clear).
 All per-row work is in compiled loops; the Table serializes calls.
 """
 
@@ -90,7 +90,7 @@ def _lookup_touch(slots, shift, ids, positions, out, ref, pin, stamp):
 def _lookup_gather(slots, shift, ids, data, cols, out, ref):
     """The all-hits fast path of a pull: out[i, :cols] = data[row of ids[i], :cols] and ref = 1 for every id
     found; returns how many ids were not found (their out rows are left as they were).
-    Two simple loops (look up all, then copy all) beat one fused loop 1.5x: more cache misses overlap."""
+    Two simple loops (look up all, then copy all) rather than one fused loop: more cache misses overlap."""
     n = ids.shape[0]
     rows = np.empty(n, np.int64)
     lookup_into(slots, shift, ids, rows)
@@ -190,6 +190,9 @@ def _collect_dirty(dirty, start, stop, k, out):
 
 
 class Arena:
+    """The RAM tier of one table, rows of `width` float32 drawn from `budget`. Not thread-safe: the Table
+    serializes calls."""
+
     def __init__(self, width: int, budget: MemoryBudget):
         self.width = width
         self.budget = budget
@@ -212,6 +215,7 @@ class Arena:
         self.evictions = 0
 
     def new_stamp(self) -> int:
+        """A pin stamp for a new request: its rows are pinned with it and so never evicted by that request."""
         self._stamp += 1
         return self._stamp
 
@@ -235,8 +239,8 @@ class Arena:
 
     def find_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """(row of each id or -1, how many ids are absent), reading only the index: no row is touched, marked or
-        pinned. With first_repeat, the push path's check for rows that are all in RAM (a third cheaper than lookup,
-        which marks each row's line)."""
+        pinned. With first_repeat, the push path's check for rows that are all in RAM (cheaper than lookup, which
+        writes to each row's line)."""
         out = np.empty(len(ids), dtype=np.int64)
         slots, shift = self.index.slots, self.index.shift
         return out, sum(run_parts(lambda lo, hi: lookup_into(slots, shift, ids[lo:hi], out[lo:hi]), len(ids)))
@@ -338,6 +342,7 @@ class Arena:
         self.free = np.concatenate([rows, self.free])
 
     def collect_dirty(self, start: int, k: int) -> tuple[np.ndarray, int]:
+        """Up to k dirty rows at or after row start, in order, and the row where the scan stopped."""
         out = np.empty(k, dtype=np.int64)
         count, stop = _collect_dirty(self.dirty, start, self.used, k, out)
         return out[:count], stop

@@ -1,16 +1,23 @@
-"""checksum64: a 64-bit checksum of byte buffers for the journal, computed in compiled code on every core.
+"""checksum64: the journal's 64-bit record checksum, computed in compiled code on every core; and
+copy_with_checksum64, an optional acceleration that copies the buffers in the same pass.
 
-zlib.crc32 ran at 1.7-4 GB/s here (2-5 ms for one 8.8 MB push record, a fifth of the push); this runs at
-memory speed and splits over threads. The buffers are cut into CHUNK-byte chunks, each chunk is hashed with
-four independent multiply-xor lanes over its 8-byte words (tail bytes zero-padded, the chunk's length mixed
-in), and the chunk hashes are folded in order: the result depends only on the bytes, not on how many threads
-computed it. It detects torn and corrupted records (a random change passes with probability ~2**-64); it is
-not a cryptographic hash.
-copy_with_checksum64 also copies the buffers in the same loop that reads them: the journal's write into its
-mapped segment, 1.6 ms for a 7.2 MB record here against 4.8 ms for checksum64 and then pwritev.
+copy_with_checksum64 is optional: correctness never depends on it. Correctness needs of it that its result equal
+checksum64 of the same buffers and that the copy be exact (tests/test_journal.py compares both, on the one-thread
+and the parallel path); then a record written through it is byte for byte the record written by checksum64 and
+pwritev. The journal calls it only for appends into its mapped segment (ps.accel.filemap); wherever the segment
+is not mapped, it computes checksum64 and writes with pwritev.
+
+checksum64 is part of the journal's format. The buffers are cut into CHUNK-byte chunks, each chunk is hashed
+with four independent multiply-xor lanes over its 8-byte words (tail bytes zero-padded, the chunk's length mixed
+in), and the chunk hashes are folded in order: the result depends only on the bytes and the buffers'
+boundaries, not on how many threads computed it. It detects torn and corrupted records (a random change passes
+with probability ~2**-64); it is not a cryptographic hash. It runs at memory speed and splits over threads, so
+the checksum of a push record stays a small part of the push.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numba
 import numpy as np
@@ -21,7 +28,7 @@ from ps.rows import parallel
 CHUNK = 1 << 20
 _NO_COPY = np.empty(0, dtype=np.uint8)
 PARALLEL_BYTES = 2 << 20  # smaller records are hashed on the calling thread in one pass: a thread hand-off and the
-# planning arrays cost more than they saved (one training step journals 9 records of 1 KB to 640 KB)
+# planning arrays cost more than they save (most records of a training step are far smaller)
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier (golden ratio): each lane step is a bijection of the state
 
 
@@ -72,14 +79,15 @@ def _hash_chunks(b, starts, out, first, last, dest):
         out[k] = _chunk_hash(b, starts[k], starts[k + 1], dest, starts[k])
 
 
-def checksum64(buffers) -> int:
-    """The checksum of the concatenation boundaries and bytes of buffers (bytes-like objects)."""
+def checksum64(buffers: Sequence[bytes | memoryview | np.ndarray]) -> int:
+    """The checksum of the bytes of buffers (bytes-like objects) and of where one ends and the next begins."""
     return copy_with_checksum64(buffers, 0, None)
 
 
-def copy_with_checksum64(buffers, skip: int, dest: np.ndarray | None) -> int:
+def copy_with_checksum64(buffers: Sequence[bytes | memoryview | np.ndarray], skip: int, dest: np.ndarray | None) -> int:
     """checksum64(buffers), copying buffers[skip:] one after another into dest (uint8, exactly their total
-    length) in the same pass over memory; buffers[:skip] are only hashed. dest None: no copy."""
+    length) in the same pass over memory; buffers[:skip] are only hashed. dest None: no copy. Optional: it must
+    equal checksum64 and copy exactly; where a caller has no such dest, checksum64 and a write do the same."""
     arrays = [_bytes_of(x) for x in buffers]
     copies = [_NO_COPY] * len(arrays)
     if dest is not None:

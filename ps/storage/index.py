@@ -20,7 +20,7 @@ MAX_LOAD = 0.5
 
 
 @numba.njit(inline="always")
-def find(slots, shift, k):
+def find(slots: np.ndarray, shift: np.uint64, k: np.uint64) -> np.int64:
     """Row of key k, or -1."""
     mask = slots.shape[0] - 1
     h = np.int64(mix64_scalar(k) >> shift)
@@ -34,13 +34,13 @@ def find(slots, shift, k):
 
 
 @numba.njit(inline="always")
-def prefetch_slot(slots, shift, k):
+def prefetch_slot(slots: np.ndarray, shift: np.uint64, k: np.uint64) -> None:
     """Asks the cache for the home slot of key k (see ps.accel.prefetch)."""
     prefetch_row(slots, np.int64(mix64_scalar(k) >> shift))
 
 
 @numba.njit(nogil=True, cache=True)
-def lookup_into(slots, shift, ids, out):
+def lookup_into(slots: np.ndarray, shift: np.uint64, ids: np.ndarray, out: np.ndarray) -> int:
     """out[i] = row of ids[i] or -1; returns how many were not found."""
     n = ids.shape[0]
     misses = 0

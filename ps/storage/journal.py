@@ -4,39 +4,40 @@ Files: <data_dir>/journal/<first_seq:020d>.log, one active segment at a time; ro
 trim(seq) deletes the segments whose records are all <= seq (their effects are in RocksDB).
 
 Grammar (little-endian):
-    segment := record* zero*
-    record  := magic:u32 = 0x344A5350 ("PSJ4")  seq:u64  payload_len:u32  checksum:u64  payload4
-             | magic:u32 = 0x334A5350 ("PSJ3")  seq:u64  payload_len:u32  checksum:u64  payload
-             | magic:u32 = 0x324A5350 ("PSJ2")  seq:u64  payload_len:u32  crc32(payload):u32  payload
-    payload4 := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64
-                part:u32  arrays
-    payload  := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  arrays
-    arrays   := ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
-checksum is ps.storage.checksum.checksum64 of the payload's parts [head, ids, grads, shows, clicks] (head: everything
-before ids), for PSJ4 preceded by the header's magic, seq and payload_len (so a damaged seq or length is caught); new records are PSJ4, PSJ3 and PSJ2 records (written by earlier versions) are still read.
-(client, client_seq, part) say which push of which client request the record is (0, 0, 0: none): `applied`
-maps each client to the (client_seq, parts done) of its newest request, kept as records are appended and
-replayed, so a shard can tell a retried request from a new one (ps.engine.shard.Shard.push_batch).
-Records are written with one pwritev, or, into space ps.accel.prefault has prepared and mapped, copied into the
-segment's shared mapping (ps.accel.filemap; the header with a zero checksum, the payload copied and checksummed in one
-pass, then the checksum; not with sync), so a crash of the process leaves at most one short or unchecked record at
-the end of the active segment; replay drops such a torn last record (never acknowledged). A bad record anywhere else (data
-after it, or in an older segment) is damage: replay raises JournalCorruptError rather than drop the
-acknowledged pushes after it.
-With sync=True every append is fsynced before it returns (survives power loss, not only a process crash).
-The active segment's next bytes are allocated ahead of the appends (ps.accel.prefault) and read as zeros until written:
-zeros after the last record are unused space, not damage (a torn record is judged with them left out), and a
-closed segment is truncated to its last record. In an older segment such a zero tail is accepted only if the next
-segment starts right after its last record, so a zeroed stretch of acknowledged records is still damage.
+    segment  := record* zero*
+    record   := magic:u32 = 0x344A5350 ("PSJ4")  seq:u64  payload_len:u32  checksum:u64  payload
+    payload  := head  ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
+    head     := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64  part:u32
+    checksum := ps.storage.checksum.checksum64 of the buffers [magic seq payload_len, head, ids, grads, shows, clicks]
+The checksum covers the header's magic, seq and payload_len too, so a damaged seq or length fails it like a
+damaged payload. (client, client_seq, part) say which push of which client request the record is (0, 0, 0:
+none): `applied` maps each client to the (client_seq, parts done) of its newest request, kept as records are
+appended and replayed, so a shard can tell a retried request from a new one (ps.engine.shard.Shard.push_batch).
+
+Writing: a record is written with one pwritev; or, where ps.accel.prefault has prepared the space and
+ps.accel.filemap has mapped the segment, it is copied into the mapping: the header with a zero checksum, then
+the payload copied and checksummed in one pass (copy_with_checksum64), then the checksum. Both ways leave the
+same bytes in the file; the mapped copy is optional and never used with sync. With sync=True every append is
+fsynced before it returns (it survives power loss, not only a crash of the process). A failed append is cut off
+before the error is raised, so the file ends with the last acknowledged record.
+
+Replay rule: a crash of the process leaves at most one short or unchecked record at the end of the active
+segment, never acknowledged; replay cuts it off. The active segment's next bytes are allocated ahead of the
+appends (ps.accel.prefault) and read as zeros until written: zeros after the last record are unused space, not
+damage, and a bad record is judged as torn with them left out (it must be the last nonzero data, and no intact
+record may follow it). A closed segment is cut to its last record; an older segment may end in zeros only if
+the next segment starts right after its last record, so a zeroed stretch of acknowledged records is damage. Any
+other bad record is damage: replay raises JournalCorruptError rather than drop the acknowledged pushes after it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import struct
 import threading
-import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,16 +49,11 @@ from ps.storage.checksum import checksum64, copy_with_checksum64
 
 log = logging.getLogger(__name__)
 
-MAGIC = 0x344A5350
-MAGIC_V3 = 0x334A5350  # earlier records: no (client, client_seq, part)
-HEADER = struct.Struct("<IQIQ")
-HEADER_CHECKED = struct.Struct("<IQI")  # PSJ4: magic, seq and payload_len are covered by the checksum too
-MAGIC_V2 = 0x324A5350  # earlier records: crc32 instead of checksum64
-HEADER_V2 = struct.Struct("<IQII")
-RELEASE_BYTES = 32 << 20  # mapped records are released from the process's page tables this many bytes at a time
-HEADERS = {MAGIC: HEADER, MAGIC_V3: HEADER, MAGIC_V2: HEADER_V2}  # each record format's header
+MAGIC = 0x344A5350  # "PSJ4"
+HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
+HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
-PAYLOAD_HEAD_V3 = struct.Struct("<IIQ")  # n, dim, step
+RELEASE_BYTES = 32 << 20  # mapped records are released from the process's page tables this many bytes at a time
 
 
 @dataclass
@@ -73,6 +69,9 @@ class Record:
 
 
 class Journal:
+    """The push journal in `directory`. Replay it before the first append; appends, rotate, trim, mark and
+    size_bytes may come from several threads (they take the journal's lock)."""
+
     def __init__(self, directory: str, sync: bool = False, segment_bytes: int = 256 << 20):
         self.dir = directory
         self.sync = sync
@@ -114,11 +113,11 @@ class Journal:
                 out.append((int(name[:-4]), os.path.join(self.dir, name)))
         return sorted(out)
 
-    def replay(self, after_seq: int):
+    def replay(self, after_seq: int) -> Iterator[Record]:
         """Yields the intact records with seq > after_seq, in order; afterwards appends continue past them.
 
-        A short or corrupt record ends the replay and everything after it is discarded (it was never
-        acknowledged: appends are acknowledged only once whole)."""
+        A bad record that the module's replay rule takes for the torn end of a crash is cut off, with the zeros
+        after it; any other bad record raises JournalCorruptError and nothing is cut."""
         last = after_seq
         for i, (first, path) in enumerate(segs := self.segments()):
             with open(path, "rb") as f:
@@ -184,8 +183,8 @@ class Journal:
             return removed
 
     def size_bytes(self) -> int:
-        """Bytes in all segments. Under the lock, as trim() deletes segments under it: Stats once listed a segment
-        that trim() removed before its size was read (FileNotFoundError, an INTERNAL error for the caller)."""
+        """Bytes in all segments, of the active one only its records (not the space prepared after them). Under
+        the lock, as trim() deletes segments under it, so a listed segment is still there when its size is read."""
         total = 0
         with self._lock:
             for _, path in self.segments():
@@ -223,9 +222,9 @@ class Journal:
                     self._cut_back()  # no part of the record may stay after the last whole one
                     raise
             else:
-                crc = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
+                check = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
                 try:
-                    written = os.pwritev(self._fd, [HEADER.pack(MAGIC, seq, payload_len, crc), head, *arrays],
+                    written = os.pwritev(self._fd, [HEADER.pack(MAGIC, seq, payload_len, check), head, *arrays],
                                          self._segment_size)  # fmt: skip
                 except OSError:
                     self._cut_back()
@@ -255,9 +254,9 @@ class Journal:
         pos, dest = self._segment_size, self._map.array
         end = pos + HEADER.size + payload_len
         dest[pos : pos + HEADER.size] = np.frombuffer(HEADER.pack(MAGIC, seq, payload_len, 0), dtype=np.uint8)
-        crc = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1,
-                                   dest[pos + HEADER.size : end])  # fmt: skip
-        dest[pos + HEADER_CHECKED.size : pos + HEADER.size] = np.frombuffer(struct.pack("<Q", crc), dtype=np.uint8)
+        check = copy_with_checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays], 1,
+                                     dest[pos + HEADER.size : end])  # fmt: skip
+        dest[pos + HEADER_CHECKED.size : pos + HEADER.size] = np.frombuffer(struct.pack("<Q", check), dtype=np.uint8)
         self.mapped_appends += 1
         if end - self._released >= RELEASE_BYTES:  # done with these pages: out of the process's RSS
             self._map.release(self._released, end)
@@ -313,6 +312,7 @@ class Journal:
             self._fd = -1
 
     def close(self) -> None:
+        """Closes the active segment, cut to its last record, and stops the prefault thread."""
         try:
             with self._lock:
                 self._close_fd()
@@ -344,54 +344,39 @@ def _torn_tail(data: bytes, pos: int, end: int) -> bool:
     length field can make a record look like it runs to the end of the file."""
     if end == pos:  # only zeros: unused space
         return True
-    for magic in (m.to_bytes(4, "little") for m in HEADERS):
-        at = data.find(magic, pos + 1, end)
-        while at >= 0:
-            if _parse(data, at)[0] is not None:
-                return False
-            at = data.find(magic, at + 1, end)
+    magic = MAGIC.to_bytes(4, "little")
+    at = data.find(magic, pos + 1, end)
+    while at >= 0:
+        if _parse(data, at)[0] is not None:
+            return False
+        at = data.find(magic, at + 1, end)
     if end - pos < HEADER.size:
         return True
-    (magic,) = struct.unpack_from("<I", data, pos)
-    header = HEADERS.get(magic)
-    if header is None:
-        return False
-    _, _, payload_len, _ = header.unpack_from(data, pos)
-    return pos + header.size + payload_len >= end  # nothing but zeros after its declared end
+    magic, _, payload_len, _ = HEADER.unpack_from(data, pos)
+    return magic == MAGIC and pos + HEADER.size + payload_len >= end  # nothing but zeros after its declared end
 
 
-def _parse(data: bytes, pos: int):
-    """(Record, end) of the record at pos, or (None, pos) if it is short or corrupt."""
-    if pos + 4 > len(data):
+def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
+    """(Record, end) of the record at pos, or (None, pos) if it is short or fails its checks."""
+    if pos + HEADER.size > len(data):
         return None, pos
-    (magic,) = struct.unpack_from("<I", data, pos)
-    header = HEADERS.get(magic)
-    if header is None or pos + header.size > len(data):
-        return None, pos
-    _, seq, payload_len, check = header.unpack_from(data, pos)
-    start = pos + header.size
+    magic, seq, payload_len, check = HEADER.unpack_from(data, pos)
+    start = pos + HEADER.size
     end = start + payload_len
-    if end > len(data) or start + 2 > end:
+    if magic != MAGIC or end > len(data) or start + 2 > end:
         return None, pos
     (name_len,) = struct.unpack_from("<H", data, start)
     p = start + 2 + name_len
-    payload_head = PAYLOAD_HEAD if magic == MAGIC else PAYLOAD_HEAD_V3
-    if p + payload_head.size > end:
+    if p + PAYLOAD_HEAD.size > end:
         return None, pos
-    n, dim, step, *origin = payload_head.unpack_from(data, p)
-    p += payload_head.size
-    ends = np.cumsum([p, 8 * n, 4 * n * dim, 4 * n, 4 * n]).tolist()  # ids, grads, shows, clicks
+    n, dim, step, *origin = PAYLOAD_HEAD.unpack_from(data, p)
+    p += PAYLOAD_HEAD.size
+    ends = list(itertools.accumulate([p, 8 * n, 4 * n * dim, 4 * n, 4 * n]))  # ends of head, ids, grads, shows, clicks
     if ends[-1] != end:
         return None, pos
-    if magic != MAGIC_V2:
-        view = memoryview(data)
-        covered = [view[a:b] for a, b in zip([start, *ends], ends)]
-        if magic == MAGIC:
-            covered.insert(0, HEADER_CHECKED.pack(magic, seq, payload_len))
-        ok = checksum64(covered) == check
-    else:
-        ok = zlib.crc32(memoryview(data)[start:end]) == check
-    if not ok:
+    view = memoryview(data)
+    covered = [HEADER_CHECKED.pack(magic, seq, payload_len)] + [view[a:b] for a, b in zip([start, *ends], ends)]
+    if checksum64(covered) != check:
         return None, pos
     try:
         table = data[start + 2 : start + 2 + name_len].decode()
@@ -403,4 +388,4 @@ def _parse(data: bytes, pos: int):
     p += 4 * n * dim
     shows = np.frombuffer(data, dtype="<f4", count=n, offset=p)
     clicks = np.frombuffer(data, dtype="<f4", count=n, offset=p + 4 * n)
-    return Record(seq, table, ids, grads, shows, clicks, step, tuple(origin) if origin else (0, 0, 0)), end
+    return Record(seq, table, ids, grads, shows, clicks, step, tuple(origin)), end
