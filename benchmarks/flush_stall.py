@@ -1,12 +1,13 @@
-"""How long pushes take while the flusher writes dirty rows to RocksDB, next to pushes with no flush running.
+"""How long pushes take while the flusher writes dirty rows to RocksDB, next to the same pushes with no flush running.
 
     python benchmarks/flush_stall.py [--rows 1000000] [--ids 100000] [--chunk-rows 8192] [--pause-s 0.0005]
 
 One in-process shard (no gRPC: the table lock is what is measured) holds --rows hot rows of dim 16 (Adagrad), all
 of them dirty. One thread pushes --ids random ids at a time, without pause; first for two seconds with no flush
 (the reference), then while Shard.flush() writes every dirty row. The flusher takes the table lock for
---chunk-rows rows at a time (ps.engine.table.FLUSH_CHUNK_ROWS) and pauses --pause-s between holds (FLUSH_PAUSE_S) so a
-waiting push gets in; `--chunk-rows 65536 --pause-s 0` is how it flushed before.
+--chunk-rows rows at a time (ps.engine.table.FLUSH_CHUNK_ROWS) and pauses --pause-s between holds
+(FLUSH_PAUSE_S) so that a waiting push gets in; other values show what the chunk and the pause buy.
+No fixed target: it reports the median and the worst push during the flush beside the median with none.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
+import harness  # before numpy: see its docstring
 import numpy as np
-from common import emit
 
 import ps.engine.table
 from ps.accel.malloc import tune_malloc
@@ -26,23 +28,30 @@ from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 
 
-def push_latencies(shard: Shard, batches, grads, until: threading.Event) -> list[float]:
-    out, k = [], 0
+def push_latencies(shard: Shard, batches: list[np.ndarray], grads: np.ndarray, until: threading.Event,
+                   out: list[float]) -> None:  # fmt: skip
+    """Pushes batches in turn until `until` is set, appending each push's seconds to out as it finishes."""
+    k = 0
     while not until.is_set():
         t = time.perf_counter()
         shard.push("hot", batches[k % len(batches)], grads)
         out.append(time.perf_counter() - t)
         k += 1
-    return out
 
 
-def timed_pushes(shard, batches, grads, during) -> tuple[list[float], float]:
-    """Push latencies while during() runs on this thread, and how long during() took."""
+def timed_pushes(shard: Shard, batches: list[np.ndarray], grads: np.ndarray,
+                 during: Callable[[], object]) -> tuple[list[float], float]:  # fmt: skip
+    """Latencies of the pushes that started while during() ran on this thread, and how long during() took."""
     stop, got = threading.Event(), []
-    pusher = threading.Thread(target=lambda: got.extend(push_latencies(shard, batches, grads, stop)))
+    pusher = threading.Thread(target=push_latencies, args=(shard, batches, grads, stop, got))
     pusher.start()
-    time.sleep(0.2)  # the pusher is under way
-    skip = len(got)
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:  # the pusher is under way: its first push is done
+        time.sleep(0.01)
+    if not got:
+        stop.set()
+        raise RuntimeError("the pusher did not finish a push within 60 s")
+    skip = len(got) + 1  # the push under way now started before during()
     t = time.perf_counter()
     during()
     took = time.perf_counter() - t
@@ -96,7 +105,7 @@ def main() -> None:
     print(f"no flush running: median {r['push_ms_median_no_flush']:.1f} ms per push ({len(quiet)} pushes)")
     print(f"during a {flush_s:.2f} s flush of {flushed[0]:,} rows: median {r['push_ms_median_during_flush']:.1f} ms, "
           f"max {r['push_ms_max_during_flush']:.1f} ms ({len(during)} pushes)")  # fmt: skip
-    emit(r)
+    harness.emit(r)
 
 
 if __name__ == "__main__":

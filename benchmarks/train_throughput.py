@@ -1,17 +1,18 @@
-"""Examples/s of DeepFM training against 2 local server processes, next to the same model trained in one
-process on the server's table code called directly (no RPC), on the same data, in the same run.
+"""Examples/s of DeepFM training against local server processes, next to the same model trained in one process on
+the server's table code called directly (no RPC), on the same data, in the same run.
 
     python benchmarks/train_throughput.py [--rows 200000] [--backend numpy] [--hidden 400,400,400] [--repeats 3]
 
 Both runs use worker.train.run_epochs on the synthetic data (planted linear model), batch 2048, embedding dim 8,
-Adagrad for the sparse table and Adam for the MLP, dense sync every step and one batch of prefetch. The in-process
-reference is tests.inprocess.InProcessTables (a Shard in this process: RAM tier, optimizer, journal; no gRPC, no
-serialization, no second process). The two runs alternate --repeats times and their medians are compared: the
-speed of this shared 2-core machine changes from one run to the next (in-process runs of one build measured 17.4K
-to 26.9K examples/s within minutes), which decided the ratio of a single pair more than the code did.
+Adagrad for the sparse table and Adam for the MLP, dense sync every step and one batch of prefetch; the PS run
+talks to --shards server processes through worker.client.Client. The in-process reference is
+tests.inprocess.InProcessTables (a Shard in this process: RAM tier, optimizer, journal; no gRPC, no
+serialization, no second process). The two runs alternate --repeats times and their medians are compared, since
+the speed of a shared machine changes from one run to the next more than a single pair's ratio can show.
 Before each run, every server kernel it uses runs once on look-alike tables (warm_up), so neither run times the
-loading of compiled code. Target: the PS run at >= 0.8 of the in-process rate. Each run also reports the eval
-AUC next to the oracle's, to show both trained the same model.
+loading of compiled code. Each run also reports the eval AUC next to the oracle's, to show both trained the same
+model.
+Target: the PS run at >= 0.8 of the in-process rate.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import argparse
 import dataclasses
 import sys
 
+import harness  # before numpy: see its docstring
 import numpy as np
-from common import emit  # first: it imports the worker package before numpy (worker/__init__.py)
 
 from ps.accel.malloc import tune_malloc
+from ps.config import TableConfig
 from tests.inprocess import InProcessTables
 from worker.client import Client
 from worker.cluster import LocalCluster
@@ -31,7 +33,7 @@ from worker.dense import DenseSync
 from worker.train import DataSource, TrainConfig, evaluate, make_backend, run_epochs, table_configs
 
 
-def warm_up(tables, configs) -> None:
+def warm_up(tables: Client | InProcessTables, configs: list[TableConfig]) -> None:
     """Runs every server kernel the training will use once, on tables of the same configs under other names, so
     that neither run times the loading of compiled code (fresh server processes load theirs at their first
     push and pull; the in-process tables only in the first run): a few pushes that return their rows, and a pull."""
@@ -46,7 +48,7 @@ def warm_up(tables, configs) -> None:
         tables.pull(name, ids)
 
 
-def one_run(tables, cfg: TrainConfig) -> dict:
+def one_run(tables: Client | InProcessTables, cfg: TrainConfig) -> dict:
     data = DataSource(cfg)
     spec = data.spec()
     backend = make_backend(spec, cfg)
@@ -104,7 +106,7 @@ def main() -> None:
     )
     print(f"in-process tables:        {local['examples_per_s']:,.0f} examples/s   eval AUC {local['eval_auc']:.4f}")
     print(f"oracle AUC {ps['oracle_auc']:.4f}; PS / in-process = {ratio:.2f} (target >= 0.8)")
-    emit({
+    harness.emit({
         "model": "deepfm", "backend": args.backend, "rows": args.rows, "shards": args.shards,
         "ps_examples_per_s": ps["examples_per_s"], "inprocess_examples_per_s": local["examples_per_s"],
         "ps_vs_inprocess": ratio, "ps_eval_auc": ps["eval_auc"], "inprocess_eval_auc": local["eval_auc"],

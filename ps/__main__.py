@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)",
     )
+    p.add_argument(
+        "--direct-reads", action="store_true",
+        help="read RocksDB's files with O_DIRECT, past the OS page cache (its block cache still applies): for "
+        "benchmarking cold reads, or hosts that should keep little page cache; the data dir's file system must "
+        "support O_DIRECT",
+    )  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--stop-with-stdin", action="store_true",
@@ -153,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         auth_token_file=args.auth_token_file,
         restore_dir=args.restore,
         metrics_port=args.metrics_port,
+        direct_reads=args.direct_reads,
     )
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:

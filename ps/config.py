@@ -13,6 +13,7 @@ INITIALIZERS = ("zeros", "uniform", "normal")
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 
 
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
@@ -199,7 +200,7 @@ class ServerConfig:
     port: int = 0
     threads: int = 8
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
-    max_message_bytes: int = 512 * 1024 * 1024
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
     cache_bytes: int = 2 << 30  # RAM tier budget shared by all tables of this shard
     flush_interval_s: float = 30.0  # the background flusher writes dirty rows to RocksDB this often
     journal_flush_bytes: int = 1 << 30  # ... or as soon as the journal has grown by this much
@@ -209,6 +210,7 @@ class ServerConfig:
     auth_token_file: str | None = None  # every call but health checks must carry this token
     restore_dir: str | None = None  # a checkpoint to fill a new data dir from (ps/checkpoint.py)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
+    direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
 
     def validate(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -48,7 +48,7 @@ class Shard:
         self.shard_id = config.shard_id
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
-        self.store = Store(config.data_dir, sync=config.sync)
+        self.store = Store(config.data_dir, sync=config.sync, direct_reads=config.direct_reads)
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
             from ps.engine.restore import check_restored

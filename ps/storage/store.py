@@ -55,7 +55,15 @@ def _value_dtype(width: int) -> np.dtype:
     return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
 
 
-def _options(block_cache_bytes: int) -> Options:
+BLOCK_CACHE_BYTES = 128 << 20  # RocksDB's block cache per shard (uncompressed data blocks)
+
+
+def rocksdb_options(block_cache_bytes: int = BLOCK_CACHE_BYTES, direct_reads: bool = False) -> Options:
+    """The options a Store opens RocksDB with, for every column family; anything that reads a shard's files and
+    should behave as the server does (benchmarks/cold_pull.py's multi_get reference) opens them with these.
+    direct_reads: read SST files with O_DIRECT, past the OS page cache (RocksDB's block cache still applies), so
+    that a read the block cache misses goes to the disk; for benchmarks and hosts that keep little page cache.
+    The data dir's file system must accept O_DIRECT; where it does not, RocksDB's reads of its files fail."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
@@ -68,16 +76,19 @@ def _options(block_cache_bytes: int) -> Options:
     table.set_format_version(5)  # the newer, more accurate Bloom filter and delta-encoded index values
     table.set_index_block_restart_interval(16)  # prefix-compressed index blocks: table readers 17 -> 12 MB
     # at 10^7 rows (estimate-table-readers-mem)
-    # index and filter blocks stay in table-reader memory (~2 bytes per key): putting them in a 128 MiB block
-    # cache made cold pulls 0.5x slower (benchmarks/cold_pull.py: 64% instead of 122% of raw multi_get)
+    # index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache, so a read
+    # the block cache misses costs one data block, not an index or filter block first
     opts.set_block_based_table_factory(table)
+    if direct_reads:
+        opts.set_use_direct_reads(True)
     return opts
 
 
 class Store:
     """Rows of every table of one shard, keyed by (slot, id). Writes go through WriteBatches (atomic)."""
 
-    def __init__(self, path: str, block_cache_bytes: int = 128 << 20, sync: bool = False):
+    def __init__(self, path: str, block_cache_bytes: int = BLOCK_CACHE_BYTES, sync: bool = False,
+                 direct_reads: bool = False):  # fmt: skip
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)
@@ -88,7 +99,7 @@ class Store:
                 f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
             )
         self.path = path
-        self._opts = _options(block_cache_bytes)
+        self._opts = rocksdb_options(block_cache_bytes, direct_reads)
         try:  # rocksdict raises plain Exception
             existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
             # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
