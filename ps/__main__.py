@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from ps.accel.malloc import tune_malloc
@@ -13,15 +14,43 @@ from ps.settings import add_config_flag, apply_defaults
 
 
 def parse_bytes(text: str) -> int:
-    """'512M' -> 536870912; plain numbers are bytes."""
+    """'512M' -> 536870912; plain numbers are bytes; ArgumentTypeError for anything but a size >= 1 byte."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
-    except ValueError:
+        size = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, such as 512M or 2G, got {text!r}")
+    return size
+
+
+def integer(lowest: int, highest: int | None = None):
+    """An argparse type: an integer in lowest..highest. argparse puts the flag before the message."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lowest or (highest is not None and value > highest):
+            span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,21 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one shard of a sparseps parameter server. Each shard owns a contiguous range of the "
         "16384 hash slots, keeps hot rows in RAM and all rows in RocksDB under --data-dir, and serves "
         "Pull/Push/CreateTable/DescribeTable/Stats plus the gRPC health service. "
-        "`ps-server size --help`: how much RAM and disk a table needs.",
+        "`ps-server size --help`: how much RAM and disk a table needs; `ps-server verify DIR`: what is damaged in a "
+        "data dir.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--port", type=int, default=0, help="TCP port; 0 takes a free one and prints it")
+    p.add_argument("--port", type=integer(0, 65535), default=0, help="TCP port; 0 takes a free one and prints it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
-    p.add_argument("--shard-id", type=int, default=0, help="this shard's index, 0..num-shards-1")
-    p.add_argument("--num-shards", type=int, default=1, help="number of shards in the cluster")
+    p.add_argument("--shard-id", type=integer(0), default=0, help="this shard's index, 0..num-shards-1")
+    p.add_argument("--num-shards", type=integer(1), default=1, help="number of shards in the cluster")
     p.add_argument("--data-dir", required=True, help="RocksDB directory of this shard (created if missing)")
-    p.add_argument("--threads", type=int, default=8, help="gRPC worker threads")
+    p.add_argument("--threads", type=integer(1), default=8, help="gRPC worker threads")
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default="2G",
         help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB",
     )  # fmt: skip
-    p.add_argument("--flush-interval-s", type=float, default=30.0, help="how often dirty rows are written to RocksDB")
+    p.add_argument("--flush-interval-s", type=seconds, default=30.0, help="how often dirty rows are written to RocksDB")
     p.add_argument("--tls-cert", default=None, help="PEM certificate to serve TLS with (needs --tls-key)")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument(
@@ -63,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=integer(0, 65535),
         default=None,
         help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)",
     )
@@ -72,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="read RocksDB's files with O_DIRECT, past the OS page cache (its block cache still applies): for "
         "benchmarking cold reads, or hosts that should keep little page cache; the data dir's file system must "
         "support O_DIRECT",
+    )  # fmt: skip
+    p.add_argument(
+        "--accept-journal-loss", action="store_true",
+        help="start even though journal records that were written (and may have been acknowledged) are missing "
+        "or damaged: the server logs a warning naming them and goes on without those pushes. Without it, such a "
+        "start is refused. `ps-server verify DIR` says what is damaged",
     )  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
@@ -116,23 +152,53 @@ def size_main(argv: list[str]) -> int:
 
 def health_main(argv: list[str]) -> int:
     """`ps-server health HOST:PORT`: exit 0 if the shard's gRPC health service says SERVING (for container
-    health checks; needs no token)."""
+    health checks; the shard asks no token for it, but TLS and mutual TLS apply)."""
     p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__)
     p.add_argument("address", help="host:port of the shard")
     p.add_argument("--timeout-s", type=float, default=3.0)
-    p.add_argument("--tls-ca", default=None, help="PEM CA, if the shard serves TLS")
+    p.add_argument("--tls-ca", default=None, help="PEM CA to verify the shard's certificate, if it serves TLS")
+    p.add_argument("--tls-cert", default=None, help="PEM client certificate, if the shard requires one (mutual TLS)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-server-name", default=None, help="name the shard's certificate holds, if not the address")
+    p.add_argument("--auth-token-file", default=None, help="file holding the shard's token (sent with the probe)")
     args = p.parse_args(argv)
+    from ps.security import read_token
     from ps.server import check_health  # imported late: grpc stays out of `--help`
 
-    serving, text = check_health(args.address, args.timeout_s, args.tls_ca)
+    try:
+        token = read_token(args.auth_token_file) if args.auth_token_file else None
+        serving, text = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key, token,
+                                     args.tls_server_name)  # fmt: skip
+    except ValueError as e:  # an unreadable key, half a key pair
+        print(f"ps-server health: error: {e}", file=sys.stderr)
+        return 2
     print(f"{args.address}: {text}", file=sys.stdout if serving else sys.stderr)
     return 0 if serving else 1
+
+
+def verify_main(argv: list[str]) -> int:
+    """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
+    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir."""
+    p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__)
+    p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard (it may be running)")
+    args = p.parse_args(argv)
+    from ps.storage.verify import verify_data_dir
+
+    try:
+        lines, damaged = verify_data_dir(args.data_dir)
+    except StorageError as e:
+        print(f"ps-server verify: error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 1 if damaged else 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["size"]:
         return size_main(argv[1:])
+    if argv[:1] == ["verify"]:
+        return verify_main(argv[1:])
     if argv[:1] == ["health"]:
         return health_main(argv[1:])
     parser = build_parser()
@@ -160,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         restore_dir=args.restore,
         metrics_port=args.metrics_port,
         direct_reads=args.direct_reads,
+        accept_journal_loss=args.accept_journal_loss,
     )
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:

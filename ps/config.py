@@ -211,6 +211,7 @@ class ServerConfig:
     restore_dir: str | None = None  # a checkpoint to fill a new data dir from (ps/checkpoint.py)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
     direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
+    accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
 
     def validate(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):

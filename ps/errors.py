@@ -38,6 +38,13 @@ class WrongShardError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class ReplyTooLargeError(PsError):
+    """The reply a request asks for would exceed the server's message limit (ps.config.MAX_MESSAGE_BYTES or
+    ServerConfig.max_message_bytes); it is refused before anything is built. Send fewer ids per request."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class ServerUnavailableError(PsError, ConnectionError):
     """A shard did not answer within its deadline (client side)."""
 
@@ -62,7 +69,22 @@ class StorageError(PsError):
     status = "INTERNAL"
 
 
+class DataLossError(StorageError):
+    """The data dir's files are damaged: RocksDB found a block whose checksum fails, or cannot read a file it
+    needs. `ps-server verify DIR` lists what is damaged."""
+
+    status = "DATA_LOSS"
+
+
 STATUS_TO_ERROR = {
     cls.status: cls
-    for cls in (InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ServerUnavailableError)
+    for cls in (
+        InvalidArgumentError,
+        TableNotFoundError,
+        TableExistsError,
+        WrongShardError,
+        ReplyTooLargeError,
+        ServerUnavailableError,
+        DataLossError,
+    )
 }

@@ -1,4 +1,11 @@
-"""Prometheus metrics of a shard, served on --metrics-port (prometheus-client).
+"""Prometheus metrics of a shard, served at /metrics on --metrics-port (prometheus-client), guarded as the gRPC port.
+
+The endpoint listens on the server's --host and follows its security settings, so that whoever may not call the
+shard may not read its metrics either: with --tls-cert/--tls-key it serves HTTPS with the same certificate, with
+--tls-ca as well it requires a client certificate that CA signed, and with --auth-token-file it answers 401 to a
+request without `Authorization: Bearer <token>`. Only GET /metrics answers; every other path is 404.
+Prometheus scrapes that with `scheme: https`, `tls_config: {ca_file, cert_file, key_file}` and
+`authorization: {credentials_file}` (docs/security.md).
 
 Per RPC method (`method` label), observed by the servicer:
     sparseps_requests_total{method, code}          calls, by gRPC status code name
@@ -13,8 +20,18 @@ Per shard: sparseps_clock, sparseps_ram_budget_bytes, sparseps_ram_used_bytes, s
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+import hmac
+import logging
+import socket
+import ssl
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
+
+log = logging.getLogger("ps.metrics")
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TABLE_GAUGES = ("rows_in_ram", "rows_on_disk", "dirty_rows", "ram_bytes", "disk_bytes", "pending_ids")
@@ -37,9 +54,20 @@ class ServerMetrics:
         self.bytes.labels(method, "in").inc(bytes_in)
         self.bytes.labels(method, "out").inc(bytes_out)
 
-    def serve(self, port: int, host: str) -> int:
-        """Serves /metrics over HTTP on host:port (0: a free port); returns the port."""
-        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+    def serve(
+        self, port: int, host: str, tls: tuple[str, str, str | None] | None = None, token: str | None = None
+    ) -> int:
+        """Serves /metrics on host:port (0: a free port) in a thread; returns the port. tls: (cert, key, ca or
+        None) PEM files: HTTPS, and with ca, clients must present a certificate it signed. token: requests must
+        carry `Authorization: Bearer <token>`."""
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
+        self._http = make_server(host, port, _guarded(make_wsgi_app(self.registry), token), server_class, _Handler)
+        if tls is not None:
+            self._http.socket = _tls_context(*tls).wrap_socket(
+                self._http.socket, server_side=True, do_handshake_on_connect=False
+            )  # the handshake runs in the request's thread (_Handler.setup): a slow client holds only that one
+        threading.Thread(target=self._http.serve_forever, name="ps-metrics", daemon=True).start()
         return self._http.server_address[1]
 
     def close(self) -> None:
@@ -47,6 +75,50 @@ class ServerMetrics:
         if http is not None:
             http.shutdown()
             http.server_close()
+
+
+def _tls_context(cert: str, key: str, ca: str | None) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    if ca:
+        context.load_verify_locations(ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _guarded(app, token: str | None):
+    """The metrics WSGI app behind a bearer-token check (if token) and a path check (only /metrics)."""
+    expected = f"Bearer {token}".encode() if token else None
+
+    def guarded(environ, start_response):
+        given = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
+        if expected is not None and not hmac.compare_digest(given, expected):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+            return [b"missing or wrong token (Authorization: Bearer ...)\n"]
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found: metrics are at /metrics\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
+class _MetricsServer(ThreadingWSGIServer):
+    def handle_error(self, request, client_address) -> None:
+        """A failed TLS handshake or a client that went away: one debug line, not a traceback on stderr."""
+        log.debug("metrics request from %s failed", client_address, exc_info=True)
+
+
+class _Handler(WSGIRequestHandler):
+    timeout = 10.0  # seconds a client may take to send its request (and to finish a TLS handshake)
+
+    def setup(self) -> None:
+        super().setup()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.do_handshake()
+
+    def log_message(self, format: str, *args) -> None:  # no access log on stderr
+        pass
 
 
 class _ShardCollector:

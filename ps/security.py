@@ -7,11 +7,14 @@
   `authorization: Bearer <token>`. The one exception is the standard health service (grpc.health.v1.Health),
   so that orchestrators' probes need no secret; it says only whether the shard is serving.
 Certificates must name the address clients dial (a subjectAltName such as IP:127.0.0.1 or DNS:ps-0).
+The metrics port follows the same settings (ps/metrics.py). docs/security.md: who may reach which port, and what
+an admitted caller can do; deploy/gen-secrets.sh makes a token, a CA and certificates.
 """
 
 from __future__ import annotations
 
 import hmac
+import ssl
 
 import grpc
 
@@ -34,8 +37,38 @@ def read_token(path: str) -> str:
     return read_file(path, "auth token file").decode().strip()
 
 
+def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> None:
+    """ValueError naming the file that is wrong, and why, unless cert holds PEM certificates, key the
+    unencrypted PEM private key of cert's first one, and ca PEM certificates (each where given). gRPC itself
+    reports a bad pair only when it binds a port ("Failed to bind") or as a connection that never comes up."""
+    for path, what in ((cert, "TLS certificate (--tls-cert)"), (ca, "TLS CA (--tls-ca)")):
+        if path:
+            read_file(path, what)
+            try:
+                ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+            except ssl.SSLError as e:
+                raise ValueError(f"{what} {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----' "
+                                 f"blocks; {e.reason or e})") from None  # fmt: skip
+    if not (cert and key):
+        return
+    read_file(key, "TLS key (--tls-key)")
+
+    def encrypted() -> bytes:
+        raise ValueError(f"TLS key (--tls-key) {key} is encrypted; gRPC needs an unencrypted PEM private key")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=encrypted)
+    except ssl.SSLError as e:
+        if e.reason == "KEY_VALUES_MISMATCH":
+            raise ValueError(f"TLS key (--tls-key) {key} is not the private key of TLS certificate (--tls-cert) "
+                             f"{cert}: their public keys differ") from None  # fmt: skip
+        raise ValueError(f"TLS key (--tls-key) {key} holds no PEM private key (expected a '-----BEGIN ... PRIVATE "
+                         "KEY-----' block)") from None  # fmt: skip
+
+
 def server_credentials(cert: str, key: str, ca: str | None = None) -> grpc.ServerCredentials:
     """TLS with the server's certificate; with ca, clients must present a certificate that ca signed."""
+    check_tls_files(cert, key, ca)
     pair = [(read_file(key, "TLS key"), read_file(cert, "TLS certificate"))]
     if ca is None:
         return grpc.ssl_server_credentials(pair)
@@ -46,6 +79,7 @@ def channel_credentials(ca: str | None, cert: str | None = None, key: str | None
     """Verify servers against ca (None: the system's roots); present cert/key to servers that require one."""
     if (cert is None) != (key is None):
         raise ValueError("give both --tls-cert and --tls-key, or neither")
+    check_tls_files(cert, key, ca)
     return grpc.ssl_channel_credentials(
         root_certificates=read_file(ca, "TLS CA") if ca else None,
         private_key=read_file(key, "TLS key") if key else None,

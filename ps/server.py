@@ -34,8 +34,11 @@ class Server:
     """One shard: a Shard behind a gRPC server. `start()` returns the bound port."""
 
     def __init__(self, config: ServerConfig):
+        if config.threads < 1:  # before anything is opened; ThreadPoolExecutor's own message names no setting
+            raise ValueError(f"threads (--threads) must be >= 1, got {config.threads}")
         self.config = config
-        interceptors = [TokenCheck(read_token(config.auth_token_file))] if config.auth_token_file else []
+        self._token = read_token(config.auth_token_file) if config.auth_token_file else None
+        interceptors = [TokenCheck(self._token)] if self._token else []
         self._credentials = (
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
         )  # read before anything starts: a missing key file fails here, with its name
@@ -49,7 +52,8 @@ class Server:
         )
         self.metrics = ServerMetrics(self.shard) if config.metrics_port is not None else None
         self.metrics_port = None
-        add_to_server(ParameterServerServicer(self.shard, self.metrics), self._grpc)
+        servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=config.max_message_bytes)
+        add_to_server(servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
         self.port = None
 
@@ -66,8 +70,11 @@ class Server:
             raise OSError(f"cannot listen on {address}")
         self._grpc.start()
         if self.metrics is not None:
-            self.metrics_port = self.metrics.serve(self.config.metrics_port, self.config.host)
-            log.info("Prometheus metrics on http://%s:%d/metrics", self.config.host, self.metrics_port)
+            c = self.config  # the metrics port is guarded as the gRPC port is (ps.metrics)
+            tls = (c.tls_cert, c.tls_key, c.tls_ca) if c.tls_cert else None
+            self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token)
+            log.info("Prometheus metrics on %s://%s:%d/metrics%s", "https" if tls else "http", c.host,
+                     self.metrics_port, " (bearer token required)" if self._token else "")  # fmt: skip
         for name in ("", SERVICE_NAME):
             self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         return self.port
@@ -84,12 +91,17 @@ class Server:
         self._grpc.wait_for_termination()
 
 
-def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None) -> tuple[bool, str]:
-    """(True if the shard at address reports SERVING, its status or the error) via the gRPC health service."""
+def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None, tls_cert: str | None = None,
+                 tls_key: str | None = None, token: str | None = None,
+                 tls_server_name: str | None = None) -> tuple[bool, str]:  # fmt: skip
+    """(True if the shard at address reports SERVING, its status or the error) via the gRPC health service, over
+    TLS (tls_ca), mutual TLS (tls_cert, tls_key) and with a token as given; tls_server_name: the name to expect in
+    the server's certificate when it does not name the address dialed (a probe of 127.0.0.1, say)."""
     from ps.security import client_channel
 
+    options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
     try:
-        with client_channel(address, [], tls_ca=tls_ca) as channel:
+        with client_channel(address, options, tls_ca, tls_cert, tls_key, token) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.RpcError as e:
         return False, f"{e.code().name}: {e.details()}"

@@ -2,6 +2,13 @@
 
 No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGUMENT (ps.codec reads every
 request), ps.errors exceptions map to their status, anything else is INTERNAL, logged.
+
+Replies are bounded before they are built: Pull, PullBatch (all its pulls together) and PushBatch with
+return_rows compute the size of the rows they would return from ids x dim, and a reply that would not fit in the
+server's message limit (ServerConfig.max_message_bytes, the limit gRPC sends with) is RESOURCE_EXHAUSTED, naming
+the size and the limit, before any row is gathered or any push applied. RESOURCE_EXHAUSTED, not
+INVALID_ARGUMENT: the request is well formed and would succeed against a server with a larger limit, and it is
+the code gRPC itself gives a message over the limit, so clients handle one code for both.
 """
 
 from __future__ import annotations
@@ -15,10 +22,13 @@ import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
+from ps.config import MAX_MESSAGE_BYTES
 from ps.engine.shard import Shard
-from ps.errors import InvalidArgumentError, PsError
+from ps.errors import InvalidArgumentError, PsError, ReplyTooLargeError
 
 log = logging.getLogger("ps.service")
+REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
+# reply's own header fields (PushBatchResponse's num_applied and step)
 
 
 def _rpc(method):
@@ -74,9 +84,27 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(self, shard: Shard, metrics=None):
+    def __init__(self, shard: Shard, metrics=None, max_reply_bytes: int = MAX_MESSAGE_BYTES):
         self.shard = shard
         self.metrics = metrics  # ps.metrics.ServerMetrics, or None
+        self.max_reply_bytes = max_reply_bytes  # the server's grpc.max_send_message_length
+
+    def _check_reply(self, method: str, shapes: list[tuple[int, int]]) -> None:
+        """ReplyTooLargeError when a reply carrying rows of these (ids, dim) would exceed max_reply_bytes;
+        called before anything is gathered or applied."""
+        rows_bytes = sum(4 * n * dim for n, dim in shapes)
+        size = rows_bytes + REPLY_FRAME_BYTES * (len(shapes) + 1)
+        if size <= self.max_reply_bytes:
+            return
+        if len(shapes) == 1:
+            n, dim = shapes[0]
+            what = f"{n:,} ids x dim {dim} x 4 bytes"
+        else:
+            what = f"{len(shapes)} arrays of rows, {sum(n for n, _ in shapes):,} ids in all"
+        raise ReplyTooLargeError(
+            f"{method} reply would be {size:,} bytes ({rows_bytes:,} bytes of rows: {what}), over this server's "
+            f"message limit of {self.max_reply_bytes:,} bytes; send fewer ids per request"
+        )
 
     def _info(self, table) -> ps_pb2.TableInfo:
         return ps_pb2.TableInfo(
@@ -95,7 +123,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def Pull(self, request, context):
         """Returns the PullResponse already serialized (see add_to_server)."""
         ids = wire.decode_ids(request.ids)
-        reply, rows = codec.pull_response_to_fill(len(ids), self.shard.table(request.table).dim)
+        dim = self.shard.table(request.table).dim
+        self._check_reply("Pull", [(len(ids), dim)])
+        reply, rows = codec.pull_response_to_fill(len(ids), dim)
         self.shard.pull(request.table, ids, out=rows)  # gathered straight into the reply
         return reply
 
@@ -120,15 +150,22 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullBatch(self, request, context):
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
+        shapes = []
         for name, ids in pulls:  # every pull checked before any runs
-            self.shard.table(name)
+            shapes.append((len(ids), self.shard.table(name).dim))
             self.shard.check_owned(ids)
+        self._check_reply("PullBatch", shapes)
         return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls])
 
     @_rpc
     def PushBatch(self, request, context):
         """Returns the PushBatchResponse already serialized (see add_to_server)."""
         pushes = [self._decode_push(p) for p in request.pushes]
+        returned = [
+            (len(ids), grads.shape[1]) for (_, ids, grads, *_), p in zip(pushes, request.pushes) if p.return_rows
+        ]
+        if returned:
+            self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
         step, _ = self.shard.push_batch(pushes, request.advance_clock, request.client_id, request.seq)
         rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
         return codec.encode_push_batch_response(sum(len(p[1]) for p in pushes), step, rows)

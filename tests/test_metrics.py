@@ -3,6 +3,7 @@ rows in RAM and on disk, evictions, ids pulled and pushed; read over HTTP as Pro
 
 from __future__ import annotations
 
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -76,3 +77,20 @@ def test_a_training_worker_counts_examples_and_steps_and_serves_them():
         assert m[("sparseps_worker_train_logloss", ())] == train_logloss
     finally:
         telemetry.close()
+
+
+def test_only_the_metrics_path_answers(tmp_path):
+    server = Server(ServerConfig(data_dir=str(tmp_path), port=0, metrics_port=0))
+    server.start()
+    try:
+        base = f"http://127.0.0.1:{server.metrics_port}"
+        codes = {}
+        for path in ("/metrics", "/", "/favicon.ico", "/metrics/", "/debug", "/metrics?name[]=sparseps_clock"):
+            try:
+                codes[path] = urllib.request.urlopen(base + path, timeout=10).status
+            except urllib.error.HTTPError as e:
+                codes[path] = e.code
+        assert codes == {"/metrics": 200, "/": 404, "/favicon.ico": 404, "/metrics/": 404, "/debug": 404,
+                         "/metrics?name[]=sparseps_clock": 200}  # fmt: skip
+    finally:
+        server.stop(grace_s=1)

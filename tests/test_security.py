@@ -3,9 +3,13 @@ refused with a clear error, and health checks need no token. Certificates are ma
 
 from __future__ import annotations
 
+import http.client
 import shutil
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 import grpc
 import numpy as np
@@ -121,3 +125,70 @@ def test_half_a_key_pair_is_a_clear_error(pki, tmp_path):
                 data_dir=str(tmp_path), tls_cert=str(pki / "server.pem"), tls_key=str(tmp_path / "missing.key")
             )
         )
+
+
+def fetch(url: str, context=None, token: str | None = None) -> object:
+    """The HTTP status of a GET (200, 401, 404), or the name of the exception that stopped it."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as reply:
+            body = reply.read().decode()
+            return 200 if "sparseps_requests_total" in body else f"200 without metrics: {body[:80]!r}"
+    except urllib.error.HTTPError as e:
+        return e.code
+    except (urllib.error.URLError, ConnectionError, http.client.HTTPException, ssl.SSLError, OSError) as e:
+        return type(getattr(e, "reason", e)).__name__
+
+
+def test_metrics_of_a_tls_and_token_server_need_the_certificate_and_the_token(pki, tmp_path):
+    """The metrics port is guarded as the gRPC port: HTTPS with the server's certificate, a client certificate
+    (mutual TLS), the bearer token; and only /metrics answers."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), port=0, metrics_port=0,
+                                 tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"),
+                                 tls_ca=str(pki / "ca.pem"), auth_token_file=str(pki / "token")))  # fmt: skip
+    server.start()
+    try:
+        https, http_url = f"https://127.0.0.1:{server.metrics_port}", f"http://127.0.0.1:{server.metrics_port}"
+        mutual = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        mutual.load_cert_chain(str(pki / "client.pem"), str(pki / "client.key"))
+        server_only = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        intruder = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+        intruder.load_cert_chain(str(pki / "intruder.pem"), str(pki / "intruder.key"))
+        seen = {
+            "all credentials": fetch(f"{https}/metrics", mutual, "s3cret-token"),
+            "no token": fetch(f"{https}/metrics", mutual),
+            "wrong token": fetch(f"{https}/metrics", mutual, "guess"),
+            "another path": fetch(f"{https}/", mutual, "s3cret-token"),
+            "a path below": fetch(f"{https}/metrics/x", mutual, "s3cret-token"),
+        }
+        assert seen == {"all credentials": 200, "no token": 401, "wrong token": 401, "another path": 404,
+                        "a path below": 404}  # fmt: skip
+        for what, outcome in {
+            "plain http": fetch(f"{http_url}/metrics", token="s3cret-token"),
+            "no client certificate": fetch(f"{https}/metrics", server_only, "s3cret-token"),
+            "a rogue CA's client": fetch(f"{https}/metrics", intruder, "s3cret-token"),
+        }.items():
+            assert not isinstance(outcome, int), (what, outcome)  # refused before any HTTP status
+        assert fetch(f"{https}/metrics", mutual, "s3cret-token") == 200  # failed handshakes left it serving
+    finally:
+        server.stop(grace_s=1)
+
+
+def health_cli(address: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ps", "health", address, *flags], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def test_the_health_command_probes_a_mutual_tls_server_with_a_token(pki, start):
+    address = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"),
+                    auth_token_file=str(pki / "token"))  # fmt: skip
+    ca = ["--tls-ca", str(pki / "ca.pem")]
+    client = ["--tls-cert", str(pki / "client.pem"), "--tls-key", str(pki / "client.key")]
+    ok = health_cli(address, *ca, *client, "--auth-token-file", str(pki / "token"), "--tls-server-name", "localhost")
+    assert (ok.returncode, ok.stdout.strip()) == (0, f"{address}: SERVING"), ok.stderr
+    no_cert = health_cli(address, *ca, "--timeout-s", "2")
+    assert no_cert.returncode == 1 and "UNAVAILABLE" in no_cert.stderr and "Traceback" not in no_cert.stderr
+    wrong_name = health_cli(address, *ca, *client, "--tls-server-name", "ps-9.example", "--timeout-s", "2")
+    assert wrong_name.returncode == 1 and "Traceback" not in wrong_name.stderr
+    half = health_cli(address, *ca, "--tls-cert", str(pki / "client.pem"))
+    assert half.returncode == 2 and "give both --tls-cert and --tls-key" in half.stderr

@@ -1,0 +1,42 @@
+#!/bin/sh
+# Makes the secrets a sparseps cluster runs with (docs/security.md), in DIR:
+#   token                  the shared token every gRPC call and every metrics scrape carries (64 hex digits)
+#   ca.pem                 a private CA's certificate: clients verify the servers with it
+#   server.pem server.key  the servers' certificate, naming every NAME given, localhost and 127.0.0.1
+#   client.pem client.key  a client certificate, for servers started with --tls-ca ca.pem (mutual TLS)
+# The CA's key is not kept: no other certificate can be issued under this CA. Secrets already in DIR are kept
+# (a restart keeps them); to add a server name, remove DIR and run this again, then restart every pod.
+#   deploy/gen-secrets.sh DIR NAME...                                      needs the openssl command
+#   deploy/gen-secrets.sh /secrets ps-0 ps-1                               (docker-compose.yml's secrets job)
+#   deploy/gen-secrets.sh ./secrets sparseps-0.sparseps sparseps-1.sparseps \
+#     && kubectl create secret generic sparseps-secrets --from-file=./secrets   (deploy/k8s)
+set -eu
+[ $# -ge 1 ] || { echo "usage: $0 DIR [SERVER-NAME...]" >&2; exit 2; }
+dir=$1
+shift
+umask 077
+mkdir -p "$dir"
+cd "$dir"
+if [ -s token ] && [ -s server.pem ] && [ -s server.key ] && [ -s ca.pem ]; then
+    echo "sparseps secrets in $dir exist already; kept"
+    exit 0
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+san="DNS:localhost,IP:127.0.0.1"
+for name in "$@"; do san="$san,DNS:$name"; done
+# shellcheck disable=SC2086  # $ec is several arguments
+openssl req -x509 $ec -keyout "$work/ca.key" -out ca.pem -days 3650 -subj /CN=sparseps-ca \
+    -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null
+for role in server client; do
+    usage=$([ "$role" = server ] && echo serverAuth || echo clientAuth)
+    # shellcheck disable=SC2086
+    openssl req $ec -keyout "$role.key" -out "$work/$role.csr" -subj "/CN=sparseps-$role" 2>/dev/null
+    { [ "$role" = server ] && echo "subjectAltName=$san"; echo "extendedKeyUsage=$usage"; } > "$work/$role.ext"
+    openssl x509 -req -in "$work/$role.csr" -CA ca.pem -CAkey "$work/ca.key" -CAcreateserial \
+        -CAserial "$work/ca.srl" -out "$role.pem" -days 825 -extfile "$work/$role.ext" 2>/dev/null
+done
+openssl rand -hex 32 > token
+chmod 0644 ca.pem server.pem client.pem
+echo "sparseps secrets written to $dir (server certificate for $san)"

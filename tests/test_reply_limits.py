@@ -1,0 +1,182 @@
+"""Replies are bounded before they are built: a Pull, PullBatch or PushBatch(return_rows) whose reply would exceed
+the server's message limit is RESOURCE_EXHAUSTED, naming the size and the limit, without the server allocating
+the reply, and changes nothing. Through gRPC, against a server process and in-process servers."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps import codec, wire
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
+from ps.server import Server, grpc_options
+from ps.service import ParameterServerServicer, add_to_server
+from tests.conftest import random_ids
+from worker.client import Client
+from worker.cluster import LocalCluster
+
+EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
+DEFAULT_LIMIT = ServerConfig(data_dir="").max_message_bytes  # ps.config.MAX_MESSAGE_BYTES, 512 MiB
+
+
+def vm_hwm_kib(pid: int) -> int:
+    """Peak resident set size of a process (VmHWM, KiB)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmHWM in /proc/{pid}/status")
+
+
+def stats_state(stub) -> ps_pb2.StatsResponse:
+    """The shard's Stats without the fields that move by themselves (uptime)."""
+    reply = stub.Stats(ps_pb2.StatsRequest(), timeout=30)
+    reply.ClearField("uptime_s")
+    return reply
+
+
+def test_a_pull_of_a_655_mb_reply_is_refused_before_the_server_builds_it(tmp_path):
+    """40,000 ids (a 320 KB request) of a dim-4096 table ask for a 655 MB reply, over the 512 MiB limit; four at
+    once must not raise the server's peak RSS, and a pushed row and the shard's stats are unchanged."""
+    cluster = LocalCluster(1, root=str(tmp_path), extra_args=["--cache-bytes", "64M", "--flush-interval-s", "3600"])
+    (address,) = cluster.start()
+    pid = cluster.procs[0].pid
+    try:
+        with grpc.insecure_channel(address, options=grpc_options(2 * DEFAULT_LIMIT)) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            spec = codec.table_config_to_proto(TableConfig("wide", 4096, optimizer=OptimizerConfig("sgd", 1.0)))
+            stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=60)
+            pushed = np.arange(1, 9, dtype=np.uint64)
+            grads = np.full((8, 4096), 0.5, dtype=np.float32)
+            stub.Push(ps_pb2.PushRequest(table="wide", ids=wire.encode_ids(pushed), grads=wire.encode_rows(grads),
+                                         dim=4096), timeout=60)  # fmt: skip
+            request = ps_pb2.PullRequest(table="wide", ids=wire.encode_ids(random_ids(40_000)))
+            assert request.ByteSize() < 330_000
+            rows_before = stub.Pull(ps_pb2.PullRequest(table="wide", ids=wire.encode_ids(pushed)), timeout=60).rows
+            state_before = stats_state(stub)
+            hwm_before = vm_hwm_kib(pid)
+            with ThreadPoolExecutor(4) as pool:
+                calls = [pool.submit(lambda: stub.Pull.future(request, timeout=120).exception()) for _ in range(4)]
+                errors = [c.result() for c in calls]
+            hwm_after = vm_hwm_kib(pid)
+            assert hwm_after - hwm_before < 128 << 10, (hwm_before, hwm_after)  # KiB: one reply would be 640,000
+            assert DEFAULT_LIMIT == 536_870_912
+            for e in errors:
+                assert e is not None and e.code() == EXHAUSTED, e
+                assert (
+                    "655,360,000 bytes of rows" in e.details() and "message limit of 536,870,912 bytes" in e.details()
+                )
+            assert stats_state(stub) == state_before
+            after = stub.Pull(ps_pb2.PullRequest(table="wide", ids=wire.encode_ids(pushed)), timeout=60).rows
+            assert after == rows_before
+    finally:
+        cluster.stop()
+
+
+LIMIT = 1 << 20  # a small message limit, so the tests stay small
+DIM = 64  # 256-byte rows: 4,096 of them fill LIMIT
+
+
+@pytest.fixture
+def small_limit(tmp_path):
+    """An in-process shard with a 1 MiB message limit and table 'emb' (dim 64, SGD lr 1); a raw stub to it."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), port=0, max_message_bytes=LIMIT))
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=grpc_options(64 << 20))
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    spec = codec.table_config_to_proto(TableConfig("emb", DIM, optimizer=OptimizerConfig("sgd", 1.0)))
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=30)
+    yield stub, server
+    channel.close()
+    server.stop(grace_s=1)
+
+
+def pull_request(ids, table: str = "emb") -> ps_pb2.PullRequest:
+    return ps_pb2.PullRequest(table=table, ids=wire.encode_ids(ids))
+
+
+def push_request(ids, return_rows: bool) -> ps_pb2.PushRequest:
+    grads = wire.encode_rows(np.ones((len(ids), DIM), dtype=np.float32))
+    return ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(ids), grads=grads, dim=DIM, return_rows=return_rows)
+
+
+def refused(call, *fragments: str) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == EXHAUSTED, info.value.details()
+    for f in fragments:
+        assert f in info.value.details()
+
+
+def test_the_limit_the_server_sends_with_is_the_one_the_servicer_checks(small_limit):
+    """A reply just under the limit is delivered (gRPC's send limit is no tighter), one just over is refused by
+    the servicer with its own message (gRPC's is no looser)."""
+    stub, _ = small_limit
+    fits = (LIMIT - 1024) // (4 * DIM)
+    reply = stub.Pull(pull_request(np.arange(fits, dtype=np.uint64)), timeout=30)
+    assert len(reply.rows) == fits * 4 * DIM
+    over = LIMIT // (4 * DIM) + 1
+    refused(lambda: stub.Pull(pull_request(np.arange(over, dtype=np.uint64)), timeout=30),
+            "Pull reply would be", f"{over:,} ids x dim {DIM} x 4 bytes", f"message limit of {LIMIT:,} bytes")  # fmt: skip
+
+
+def test_a_pull_batch_is_bounded_by_the_sum_of_its_pulls(small_limit):
+    stub, _ = small_limit
+    half = np.arange(2100, dtype=np.uint64)  # 537,600 bytes of rows: one fits, two do not
+    assert len(stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[pull_request(half)]), timeout=30).replies) == 1
+    refused(lambda: stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[pull_request(half)] * 2), timeout=30),
+            "PullBatch reply would be", "2 arrays of rows, 4,200 ids in all", f"{LIMIT:,} bytes")  # fmt: skip
+
+
+@pytest.fixture
+def wide_requests(tmp_path):
+    """A shard whose servicer bounds replies by LIMIT while gRPC takes requests up to 64 MiB: a PushBatch's grads
+    are as large as the rows it returns, so only a server that takes larger requests than it sends can be asked
+    for an over-limit PushBatch reply. Table 'emb' as in small_limit; a raw stub."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "shard")))
+    server = grpc.server(ThreadPoolExecutor(2), options=[("grpc.max_send_message_length", LIMIT),
+                                                         ("grpc.max_receive_message_length", 64 << 20)])  # fmt: skip
+    add_to_server(ParameterServerServicer(shard, max_reply_bytes=LIMIT), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options(64 << 20))
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    spec = codec.table_config_to_proto(TableConfig("emb", DIM, optimizer=OptimizerConfig("sgd", 1.0)))
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=30)
+    yield stub, shard
+    channel.close()
+    server.stop(1).wait()
+    shard.close()
+
+
+def test_a_push_batch_whose_returned_rows_would_not_fit_is_refused_and_applies_nothing(wide_requests):
+    stub, shard = wide_requests
+    ids = np.arange(1, 4101, dtype=np.uint64)  # 1,049,600 bytes of rows
+    rows_before = [stub.Pull(pull_request(part), timeout=30).rows for part in np.array_split(ids, 2)]
+    stats_before = stats_state(stub)
+    batch = ps_pb2.PushBatchRequest(pushes=[push_request(ids, True)], advance_clock=1, client_id=7, seq=1)
+    refused(lambda: stub.PushBatch(batch, timeout=30), "PushBatch reply would be", "4,100 ids x dim 64",
+            f"message limit of {LIMIT:,} bytes")  # fmt: skip
+    assert stats_state(stub) == stats_before and shard.clock == 0
+    assert [stub.Pull(pull_request(part), timeout=30).rows for part in np.array_split(ids, 2)] == rows_before
+    # the same push without its rows in the reply is applied, and its request number was not used up
+    batch.pushes[0].return_rows = False
+    reply = stub.PushBatch(batch, timeout=30)
+    assert reply.num_applied == len(ids) and reply.step == 1
+
+
+def test_the_client_chunks_wide_pulls_under_a_limit_equal_to_its_request_size(small_limit):
+    """worker.client splits by reply size: with max_request_bytes at the server's limit, a pull whose rows are
+    2.5x the limit arrives whole, in several requests."""
+    _, server = small_limit
+    ids = np.arange(10_000, dtype=np.uint64)
+    with Client([f"127.0.0.1:{server.port}"], server_timeout_s=0, max_request_bytes=LIMIT) as client:
+        rows = client.pull("emb", ids)
+        assert rows.shape == (10_000, DIM)
+        client.push("emb", ids[:10], np.ones((10, DIM), np.float32))
+        assert np.array_equal(client.pull("emb", ids[:10]), rows[:10] - 1)
