@@ -42,6 +42,22 @@ def integer(lowest: int, highest: int | None = None):
     return parse
 
 
+def number(lowest: float, highest: float = math.inf):
+    """An argparse type: a finite number in lowest..highest."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and lowest <= value <= highest):
+            span = f">= {lowest:g}" if highest == math.inf else f"in {lowest:g}..{highest:g}"
+            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
+        return value
+
+    return parse
+
+
 def seconds(text: str) -> float:
     """An argparse type: a finite number of seconds > 0."""
     try:
@@ -126,11 +142,11 @@ def build_size_parser() -> argparse.ArgumentParser:
         "server uses (ps/rows/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--ids", type=float, required=True, help="number of distinct ids (1e9 is fine)")
-    p.add_argument("--dim", type=int, required=True, help="embedding dim")
+    p.add_argument("--ids", type=number(1), required=True, help="number of distinct ids (1e9 is fine)")
+    p.add_argument("--dim", type=integer(1), required=True, help="embedding dim")
     p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adam or ftrl")
-    p.add_argument("--servers", type=int, default=1)
-    p.add_argument("--hot-fraction", type=float, default=0.1, help="share of rows to keep in the RAM tier")
+    p.add_argument("--servers", type=integer(1), default=1)
+    p.add_argument("--hot-fraction", type=number(0, 1), default=0.1, help="share of rows to keep in the RAM tier")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
 

@@ -50,7 +50,7 @@ def test_server_settings_from_the_environment_are_typed_and_satisfy_required_fla
 
 
 @pytest.mark.parametrize("env, toml, message", [
-    ({"PS_PORT": "http"}, "", r"environment variable PS_PORT \(for --port\): invalid literal"),
+    ({"PS_PORT": "http"}, "", r"environment variable PS_PORT \(for --port\): expected an integer, got .http."),
     ({"PS_CACHE_BYTES": "lots"}, "", r"PS_CACHE_BYTES \(for --cache-bytes\): expected a size"),
     ({"PS_SYNC": "maybe"}, "", r"PS_SYNC \(for --sync\): expected true or false"),
     ({"PS_LOG_LEVEL": "LOUD"}, "", "'LOUD' is not one of"),
@@ -68,7 +68,7 @@ def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, mess
 
 def test_the_clis_take_settings_from_the_environment(tmp_path):
     env = {"PS_MODEL": "lr", "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000", "PS_NO_PROGRESS": "1",
-           "PATH": "/usr/bin:/bin"}  # fmt: skip
+           "PS_LOCAL_SHARDS": "2", "PATH": "/usr/bin:/bin"}  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "worker", "train"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "trained lr (numpy" in r.stdout and "on 20,000 examples" in r.stdout

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
 from ps.settings import add_config_flag, apply_defaults
+from worker.flags import server_list
 
 
 def _add_train(sub) -> None:
@@ -20,16 +22,17 @@ def _add_train(sub) -> None:
         help="train a CTR model against parameter servers",
         description="Train a CTR model (LR, FM, DeepFM or DNN; numpy on the CPU or PyTorch on the CPU or a GPU) on "
         "Criteo, CSV or libsvm files, or on synthetic data with a planted model. Sparse rows and dense (MLP) "
-        "parameters live on the servers, so workers of either backend can train one model together. Without "
-        "--servers it starts --local-shards server processes on 127.0.0.1 and stops them at the end. Prints eval "
-        "AUC / logloss / examples per second (and the oracle's, for synthetic data).",
+        "parameters live on the servers, so workers of either backend can train one model together. With "
+        "--local-shards N instead of --servers it starts N server processes on 127.0.0.1 and stops them, with the "
+        "model, at the end. Prints eval AUC / logloss / examples per second (and the oracle's, for synthetic data).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     where = p.add_argument_group("servers")
-    where.add_argument("--servers", default="", help="comma-separated host:port list, in shard order")
+    where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
     where.add_argument(
-        "--local-shards", type=int, default=d.local_shards, help="shards to start locally if no --servers"
-    )
+        "--local-shards", type=int, default=None,
+        help="instead of --servers: train on N throwaway shards started on 127.0.0.1 (the model goes with them)",
+    )  # fmt: skip
     where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
     _add_security_args(p)
     where.add_argument(
@@ -199,6 +202,7 @@ def _add_cluster_commands(sub) -> None:
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
         p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
         p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+        _add_server_timeout(p)
         p.add_argument("--json", action="store_true", help="print one JSON object")
         _add_security_args(p)
         if name == "shrink":
@@ -213,6 +217,7 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("dir", help="a new directory for the checkpoint")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    _add_server_timeout(p)
     p.add_argument(
         "--hold-timeout-s",
         type=float,
@@ -232,7 +237,15 @@ def _add_cluster_commands(sub) -> None:
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
     p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    _add_server_timeout(p)
     _add_security_args(p)
+
+
+def _add_server_timeout(p) -> None:
+    p.add_argument(
+        "--server-timeout", type=float, default=30.0,
+        help="how long to wait for a server that is down (retrying) before exiting with an error",
+    )  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -267,18 +280,35 @@ def _add_security_args(p) -> None:
     g.add_argument("--auth-token-file", default=None, help="file holding the token the servers require")
 
 
-def _security(args) -> dict:
-    """Client keyword arguments for the security flags."""
+def _client(args):
+    """A Client for the servers, deadlines and security flags of a cluster command (stats, checkpoint, ...)."""
     from ps.security import read_token
+    from worker.client import Client
 
     token = read_token(args.auth_token_file) if args.auth_token_file else None
-    return dict(tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, auth_token=token)
+    return Client(list(server_list(args.servers)), timeout_s=args.timeout_s, server_timeout_s=args.server_timeout,
+                  tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, auth_token=token)  # fmt: skip
+
+
+_POSITIVE = ("timeout_s", "hold_timeout_s", "rows")  # flags' dests whose value must be > 0
+_NOT_NEGATIVE = ("server_timeout", "since", "start")  # ... >= 0
+
+
+def _check_numbers(args) -> None:
+    """ValueError naming the flag of a time, count or step of a command out of its range (NaN included)."""
+    for dest in _POSITIVE + _NOT_NEGATIVE:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        positive = dest in _POSITIVE
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ValueError(f"--{dest.replace('_', '-')} {value}: expected a number {'>' if positive else '>='} 0")
 
 
 def _common_config(args) -> dict:
     """TrainConfig fields that train and eval share."""
     return dict(
-        servers=_names(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
+        servers=server_list(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
         format=args.format, label_column=args.label_column, drop_columns=_names(args.drop_columns),
         numeric_columns=_names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
         libsvm_fields=args.libsvm_fields,
@@ -342,9 +372,7 @@ def _stats(args) -> int:
 
     from google.protobuf.json_format import MessageToDict
 
-    from worker.client import Client
-
-    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
+    with _client(args) as client:
         client.wait_ready()
         shards = client.stats()
     if args.json:
@@ -364,9 +392,7 @@ def _stats(args) -> int:
 def _shrink(args) -> int:
     import json
 
-    from worker.client import Client
-
-    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
+    with _client(args) as client:
         client.wait_ready()
         replies = client.shrink(args.table)
     result = {
@@ -387,9 +413,8 @@ def _shrink(args) -> int:
 
 def _checkpoint(args) -> int:
     from worker.checkpoint import save
-    from worker.client import Client
 
-    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
+    with _client(args) as client:
         client.wait_ready()
         m = save(client, args.dir, args.hold_timeout_s)
     rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
@@ -404,10 +429,9 @@ def _export(args) -> int:
 
     from ps.engine.restore import export
     from worker.checkpoint import save
-    from worker.client import Client
 
     checkpoint = os.path.join(args.out, "checkpoint")
-    with Client(args.servers.split(","), timeout_s=args.timeout_s, **_security(args)) as client:
+    with _client(args) as client:
         client.wait_ready()
         save(client, checkpoint)
     summary = export(checkpoint, args.out, args.since)
@@ -430,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
+        _check_numbers(args)
         commands = {"train": _train, "eval": _eval, "synth": _synth, "stats": _stats, "shrink": _shrink,
                     "checkpoint": _checkpoint, "export": _export}  # fmt: skip
         return commands[args.command](args)

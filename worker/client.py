@@ -119,15 +119,19 @@ class Client:
         self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}  # see _route
 
     # ---- cluster --------------------------------------------------------------------------------------
-    def wait_ready(self, timeout_s: float = 30.0) -> None:
-        """Waits for every shard to answer, and checks that shard i says it is shard i of len(servers)."""
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Waits up to timeout_s for every shard to answer, and checks that shard i says it is shard i of
+        len(servers). timeout_s None: server_timeout_s, the time a shard that is down is waited for (when that
+        is 0, one call's deadline, timeout_s of the constructor)."""
+        if timeout_s is None:
+            timeout_s = self.server_timeout_s if self.server_timeout_s > 0 else self.timeout_s
         deadline = time.monotonic() + timeout_s
         for i, channel in enumerate(self._channels):
             try:
                 grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
             except grpc.FutureTimeoutError:
                 raise ServerUnavailableError(
-                    f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:.0f} s"
+                    f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
                 ) from None
         for i, stats in enumerate(self.stats()):
             if (stats.shard_id, stats.num_shards) != (i, len(self.servers)):

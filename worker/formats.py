@@ -49,6 +49,7 @@ import io
 import itertools
 import math
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -140,7 +141,30 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
 
 def open_data(name: str) -> BinaryIO:
     """A data file opened for binary reading, through gzip if its name ends in .gz."""
-    return gzip.open(name, "rb") if name.endswith(".gz") else open(name, "rb")
+    return _GzipData(name, "rb") if name.endswith(".gz") else open(name, "rb")
+
+
+class _GzipData(gzip.GzipFile):
+    """A .gz file whose read errors (not gzip, damaged, cut short) are ValueErrors that name it: gzip's own
+    name neither the file nor gzip. Iteration and io.TextIOWrapper read through these methods."""
+
+    def read(self, size: int = -1) -> bytes:
+        return self._named(super().read, size)
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._named(super().read1, size)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._named(super().peek, n)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._named(super().readline, size)
+
+    def _named(self, method, arg: int) -> bytes:
+        try:
+            return method(arg)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"{self.name}: its name ends in .gz, but it does not read as gzip: {e}") from None
 
 
 class _BadLines:

@@ -16,7 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -29,6 +29,7 @@ from worker.client import Client, segment_sum
 from worker.cluster import LocalCluster
 from worker.dense import DenseSync
 from worker.dense import table_config as dense_table_config
+from worker.flags import check_input_file, check_output_file
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
 from worker.pipeline import RecentRows, in_any, prefetched
@@ -41,7 +42,7 @@ FORMATS = ("criteo", "csv", "libsvm")
 @dataclass(frozen=True)
 class TrainConfig:
     servers: tuple[str, ...] = ()
-    local_shards: int = 2
+    local_shards: int | None = None  # train on this many throwaway shards started here instead of on `servers`
     data: str | None = None
     eval_data: str | None = None
     format: str = "criteo"
@@ -84,6 +85,7 @@ class TrainConfig:
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
     def validate(self) -> None:
+        """ValueError naming the flag at fault (and what it expects) for the first setting that is wrong."""
         if self.model not in MODEL_NAMES:
             raise ValueError(f"--model {self.model!r} is unknown; expected one of {list(MODEL_NAMES)}")
         if self.backend not in ("numpy", "torch"):
@@ -96,19 +98,41 @@ class TrainConfig:
             raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMATS)}")
         if self.eval_data and not self.data:
             raise ValueError("--eval-data needs --data (without --data the run uses synthetic data)")
-        for path in (self.data, self.eval_data):
-            if path and not os.path.isfile(path):
-                raise ValueError(f"data file {path} does not exist")
-        if self.batch_size < 1 or self.epochs < 1 or self.dense_sync_every < 1 or self.prefetch < 0:
-            raise ValueError("--batch-size, --epochs and --dense-sync-every must be >= 1, --prefetch >= 0")
+        data_file = f"a {self.format} data file (.gz read through gzip)"
+        check_input_file("--data", self.data, data_file)
+        check_input_file("--eval-data", self.eval_data, data_file)
+        check_input_file("--table-config", self.table_config, "a TOML file of table settings")
+        check_output_file("--metrics-out", self.metrics_out)
+        self._check_numbers()
         if not 0 <= self.worker_id < self.num_workers:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
-        if not self.servers and self.local_shards < 1:
-            raise ValueError("give --servers, or --local-shards >= 1")
         if self.libsvm_fields is not None and (self.format != "libsvm" or self.libsvm_fields < 1):
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
-        if self.table_config and not os.path.isfile(self.table_config):
-            raise ValueError(f"table config {self.table_config} does not exist")
+        if self.servers and self.local_shards is not None:
+            raise ValueError("give --servers or --local-shards, not both")
+        if not self.servers and self.local_shards is None:
+            raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
+                             "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
+
+    def _check_numbers(self) -> None:
+        """ValueError naming the flag of a count, a time or a port out of its range (NaN included)."""
+        at_least = [("--batch-size", self.batch_size, 1), ("--epochs", self.epochs, 1),
+                    ("--dense-sync-every", self.dense_sync_every, 1), ("--prefetch", self.prefetch, 0),
+                    ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
+                    ("--max-bad-lines", self.max_bad_lines, 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
+                    ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
+                    ("--local-shards", 1 if self.local_shards is None else self.local_shards, 1)]  # fmt: skip
+        for flag, value, lowest in at_least:
+            if value < lowest:
+                raise ValueError(f"{flag} {value}: expected an integer >= {lowest}")
+        if any(width < 1 for width in self.hidden):
+            raise ValueError(f"--hidden {','.join(map(str, self.hidden))}: expected widths >= 1")
+        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0")
+        if not (math.isfinite(self.server_timeout_s) and self.server_timeout_s >= 0):
+            raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries)")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
 
 class DataSource:

@@ -1,0 +1,247 @@
+"""Operator mistakes on the command line: each is refused before anything starts, with exit code 2 and a message
+that names the flag (or file) at fault and what was expected. ps-worker runs in this process (main(argv));
+ps-server runs as a subprocess, as an operator starts it, because its start-up installs signal handlers."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+import pytest
+
+from worker.__main__ import main as worker_main
+
+PY = sys.executable
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+TINY_RUN = ["--model", "lr", "--synthetic-rows", "2000", "--synthetic-eval-rows", "500", "--no-progress"]
+
+
+def worker(argv: list[str], capsys) -> tuple[int | None, str]:
+    """(exit code, stderr) of `ps-worker ARGV`; an exception that escapes main is exit code None, its
+    traceback in stderr."""
+    try:
+        code = worker_main(argv)
+    except SystemExit as e:
+        code = e.code
+    except Exception:
+        code = None
+        traceback.print_exc()
+    return code, capsys.readouterr().err
+
+
+def server(argv: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    """`ps-server ARGV` as a process; standard input closed, so a server that does start stops at once."""
+    env = {**os.environ, **(env or {})}
+    return subprocess.run([PY, "-m", "ps", "--stop-with-stdin", *argv], stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA; a certificate for 127.0.0.1 and its key; another key; the first key encrypted; a text file."""
+    if not shutil.which("openssl"):
+        pytest.fail("these tests need the openssl command (Debian: apt install openssl)")
+    d = tmp_path_factory.mktemp("pki")
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca")
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name in ("server", "other"):
+        openssl("req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "2", "-extfile", "server.ext")  # fmt: skip
+    openssl("pkey", "-in", "server.key", "-aes256", "-passout", "pass:secret", "-out", "encrypted.key")
+    (d / "notes.txt").write_text("not a certificate, not a key\n")
+    return d
+
+
+@pytest.fixture
+def dead_address():
+    """host:port of a port bound by nobody that listens (held for the test, so no one else takes it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+# ---- --servers --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, env",
+    [
+        (["train", "--servers", "", *TINY_RUN], {}),  # `--servers "$SERVERS"` with SERVERS unset
+        (["train", "--servers", " , ", *TINY_RUN], {}),
+        (["train", *TINY_RUN], {"PS_SERVERS": ""}),
+        (["eval", "--servers", "", "--model", "lr", "--synthetic-eval-rows", "500"], {}),
+        (["stats", "--servers", ""], {}),
+        (["checkpoint", "save", "ckpt", "--servers", ""], {}),
+    ],
+)
+def test_an_empty_server_list_is_an_error_naming_the_flag(argv, env, capsys, monkeypatch):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code, err = worker(argv, capsys)
+    assert code == 2 and "--servers is empty" in err, err
+
+
+def test_local_shards_start_only_when_asked_for(capsys):
+    code, err = worker(["train", *TINY_RUN], capsys)
+    assert code == 2 and "no servers: give --servers" in err and "--local-shards N" in err, err
+    code, err = worker(["train", "--servers", "127.0.0.1:5000", "--local-shards", "2", *TINY_RUN], capsys)
+    assert code == 2 and "give --servers or --local-shards, not both" in err, err
+    code, err = worker(["train", "--local-shards", "0", *TINY_RUN], capsys)
+    assert code == 2 and "--local-shards 0: expected an integer >= 1" in err, err
+
+
+@pytest.mark.parametrize("servers, entry", [("a:1,,b:2", "entry 1 ('')"), ("ps-0", "entry 0 ('ps-0')"),
+                                            ("ps-0:5000,ps-1:0", "entry 1 ('ps-1:0')")])  # fmt: skip
+def test_a_server_that_is_not_host_port_is_named(servers, entry, capsys):
+    code, err = worker(["stats", "--servers", servers, "--server-timeout", "1"], capsys)
+    assert code == 2 and f"--servers {servers!r}: {entry} is not host:port" in err, err
+
+
+# ---- TLS files ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cert, key, message",
+    [
+        ("server.pem", "other.key", "TLS key (--tls-key) {d}/other.key is not the private key of TLS certificate "
+                                    "(--tls-cert) {d}/server.pem: their public keys differ"),
+        ("server.pem", "notes.txt", "TLS key (--tls-key) {d}/notes.txt holds no PEM private key"),
+        ("server.pem", "server.pem", "TLS key (--tls-key) {d}/server.pem holds no PEM private key"),
+        ("notes.txt", "server.key", "TLS certificate (--tls-cert) {d}/notes.txt holds no PEM certificate"),
+    ],
+)  # fmt: skip
+def test_the_server_names_the_tls_file_that_is_wrong_before_it_binds(pki, tmp_path, cert, key, message):
+    data_dir = tmp_path / "shard"
+    r = server(["--data-dir", str(data_dir), "--tls-cert", str(pki / cert), "--tls-key", str(pki / key)])
+    assert r.returncode == 2 and message.format(d=pki) in r.stderr, r.stderr
+    assert "Failed to bind" not in r.stderr and "Traceback" not in r.stderr
+    assert not data_dir.exists()  # a refused start-up changes nothing
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--tls-cert", "server.pem", "--tls-key", "other.key"], "{d}/other.key is not the private key of TLS "
+                                                                 "certificate (--tls-cert) {d}/server.pem"),
+        (["--tls-cert", "server.pem", "--tls-key", "encrypted.key"], "{d}/encrypted.key is encrypted"),
+        (["--tls-cert", "server.pem", "--tls-key", "notes.txt"], "{d}/notes.txt holds no PEM private key"),
+        (["--tls-ca", "notes.txt"], "TLS CA (--tls-ca) {d}/notes.txt holds no PEM certificate"),
+    ],
+)  # fmt: skip
+def test_the_worker_names_the_tls_file_that_is_wrong_before_it_dials(pki, dead_address, flags, message, capsys):
+    """Not a 30 s wait for a connection that cannot come up, then 'did not accept a connection'."""
+    flags = [str(pki / f) if i % 2 else f for i, f in enumerate(flags)]
+    code, err = worker(["stats", "--servers", dead_address, "--server-timeout", "5", *flags], capsys)
+    assert code == 2 and message.format(d=pki) in err, err
+
+
+# ---- --server-timeout at start-up -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["stats"], ["train", *TINY_RUN]])
+def test_the_start_up_wait_for_the_servers_is_server_timeout(command, dead_address, capsys):
+    started = time.monotonic()
+    code, err = worker([*command, "--servers", dead_address, "--server-timeout", "1"], capsys)
+    assert code == 2 and f"shard 0 at {dead_address} did not accept a connection within 1 s" in err, err
+    assert time.monotonic() - started < 29  # the 1 s given, plus start-up: far from a 30 s wait
+
+
+# ---- data files -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--data", "--eval-data", "--table-config"])
+def test_a_directory_given_as_a_file_is_called_a_directory(flag, tmp_path, capsys):
+    data = tmp_path / "train.txt"
+    data.write_text("")
+    extra = ["--data", str(data)] if flag == "--eval-data" else []
+    code, err = worker(["train", "--local-shards", "1", *extra, flag, str(tmp_path), *TINY_RUN], capsys)
+    assert code == 2 and f"{flag} {tmp_path} is a directory; expected a" in err, err
+
+
+def test_a_missing_data_file_says_so_and_what_is_expected(tmp_path, capsys):
+    code, err = worker(["eval", "--servers", "127.0.0.1:5000", "--data", str(tmp_path / "nope.txt")], capsys)
+    assert code == 2 and f"--data {tmp_path / 'nope.txt'} does not exist; expected a criteo data file" in err, err
+
+
+def _gzip_cases(tmp_path) -> dict[str, bytes]:
+    good = gzip.compress(b"1\t" + b"2\t" * 13 + b"a\t" * 25 + b"b\n" * 200)
+    flipped = bytearray(good)
+    flipped[-6] ^= 0xFF  # in the CRC of the trailer
+    return {"text": b"1\t2\t3\n", "cut short": good[: len(good) // 2], "bad crc": bytes(flipped)}
+
+
+@pytest.mark.parametrize("case", ["text", "cut short", "bad crc"])
+def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
+    path = tmp_path / "day_0.gz"
+    path.write_bytes(_gzip_cases(tmp_path)[case])
+    code, err = worker(["train", "--local-shards", "1", "--data", str(path), *TINY_RUN], capsys)
+    assert code == 2 and f"{path}: its name ends in .gz, but it does not read as gzip" in err, err
+
+
+# ---- counts, times, ports -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--threads", "0"], {}, "argument --threads: expected an integer >= 1, got 0"),
+        ([], {"PS_THREADS": "0"}, "PS_THREADS (for --threads): expected an integer >= 1, got 0"),
+        (["--port", "70000"], {}, "argument --port: expected an integer in 0..65535, got 70000"),
+        (["--num-shards", "0"], {}, "argument --num-shards: expected an integer >= 1, got 0"),
+        (["--metrics-port", "-1"], {}, "argument --metrics-port: expected an integer in 0..65535, got -1"),
+        (["--flush-interval-s", "nan"], {}, "argument --flush-interval-s: expected a number of seconds > 0"),
+        (["--cache-bytes", "0"], {}, "argument --cache-bytes: expected a size of at least 1 byte"),
+        (["--cache-bytes", "infG"], {}, "argument --cache-bytes: expected a size such as 512M or 2G"),
+    ],
+)
+def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, message, tmp_path):
+    r = server(["--data-dir", str(tmp_path / "shard"), *argv], env)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not (tmp_path / "shard").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--local-shards", "1", "--batch-size", "0"], "--batch-size 0: expected an integer >= 1"),
+        (["train", "--local-shards", "1", "--embedding-dim", "0"], "--embedding-dim 0: expected an integer >= 1"),
+        (["train", "--local-shards", "1", "--num-workers", "0"], "--num-workers 0: expected an integer >= 1"),
+        (["train", "--local-shards", "1", "--timeout-s", "nan"], "--timeout-s nan: expected a number > 0"),
+        (["train", "--local-shards", "1", "--server-timeout", "-1"], "--server-timeout -1.0: expected a number >= 0"),
+        (["train", "--local-shards", "1", "--metrics-port", "70000"], "--metrics-port 70000: expected a port"),
+        (["train", "--local-shards", "1", "--metrics-out", "/nonexistent-dir/m.json"],
+         "--metrics-out /nonexistent-dir/m.json: its directory /nonexistent-dir does not exist"),
+        (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:5000", "--hold-timeout-s", "nan"],
+         "--hold-timeout-s nan: expected a number > 0"),
+        (["export", "out", "--servers", "127.0.0.1:5000", "--since", "-1"], "--since -1: expected a number >= 0"),
+    ],
+)  # fmt: skip
+def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, capsys):
+    code, err = worker([*argv, *(TINY_RUN if argv[0] == "train" else [])], capsys)
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dim", "0"], "argument --dim: expected an integer >= 1, got 0"),
+        (["--servers", "0"], "argument --servers: expected an integer >= 1, got 0"),
+        (["--ids", "inf"], "argument --ids: expected a number >= 1, got 'inf'"),
+        (["--hot-fraction", "2"], "argument --hot-fraction: expected a number in 0..1, got '2'"),
+    ],
+)
+def test_size_checks_its_counts_and_names_the_flag(argv, message):
+    r = subprocess.run([PY, "-m", "ps", "size", "--ids", "1e6", "--dim", "8", *argv], capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert r.returncode == 2 and message in r.stderr, r.stderr

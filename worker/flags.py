@@ -1,0 +1,56 @@
+"""Checks of the worker's command-line values that name the flag at fault: server lists, files to read and write.
+
+Each raises ValueError with the flag, the value that arrived and what was expected, before anything starts:
+an unset shell variable in `--servers "$SERVERS"` is an error here, not a run on throwaway local shards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+_ADDRESS = re.compile(r"(\S+):(\d{1,5})")
+
+
+def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
+    """The host:port addresses of a comma-separated list (() for None: the flag not given). ValueError for a
+    list with no address in it or an entry that is not host:port with a port in 1..65535."""
+    if text is None:
+        return ()
+    addresses = tuple(a.strip() for a in text.split(","))
+    if not any(addresses):
+        raise ValueError(f"{flag} is empty ({text!r}); expected host:port,... in shard order (an unset variable?)")
+    for i, address in enumerate(addresses):
+        m = _ADDRESS.fullmatch(address)
+        if m is None or not 1 <= int(m.group(2)) <= 65535:
+            raise ValueError(f"{flag} {text!r}: entry {i} ({address!r}) is not host:port with a port in 1..65535")
+    return addresses
+
+
+def check_input_file(flag: str, path: str | None, expected: str) -> None:
+    """ValueError naming the flag unless path is None or a readable regular file; `expected` says what it
+    should be."""
+    if path is None:
+        return
+    if not os.path.exists(path):
+        raise ValueError(f"{flag} {path} does not exist; expected {expected}")
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a directory; expected {expected}")
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path} is not a regular file; expected {expected}")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{flag} {path} is not readable by this user")
+
+
+def check_output_file(flag: str, path: str | None) -> None:
+    """ValueError naming the flag unless path is None or a file name that can be written: checked before the
+    run, so that a run does not end without its output."""
+    if path is None:
+        return
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a directory; expected the name of a file to write")
+    if not os.path.isdir(parent):
+        raise ValueError(f"{flag} {path}: its directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: its directory {parent} is not writable by this user")
