@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.rows import parallel
 from ps.server import Server
+from tests.waiting import join_thread
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,13 +57,32 @@ def random_ids(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
 
 
-def crash(shard) -> None:
-    """Leaves a Shard the way kill -9 would: nothing flushed, the journal and RocksDB's WAL are what is left
-    (closing the RocksDB handle writes nothing a crash would not leave)."""
+FLUSH_CRASH_POINTS = ("some_tables_written", "rows_written", "position_recorded")
+
+
+class _Killed(BaseException):
+    """Stops a flush where kill -9 would; a BaseException, so no `except Exception` on the way swallows it."""
+
+
+def crash(shard, during_flush: str | None = None, meanwhile: Callable[[], object] | None = None) -> None:
+    """Leaves a Shard the way kill -9 would: the journal and RocksDB's WAL are what is left (closing the RocksDB
+    handle writes nothing a crash would not leave), and dirty rows are lost.
+
+    during_flush: the process dies inside a flush (Shard.flush), at one of FLUSH_CRASH_POINTS:
+    "some_tables_written": the dirty rows of every table but the last are in RocksDB (the shard needs two tables);
+    "rows_written": every dirty row is in RocksDB, the journal position they cover is not recorded;
+    "position_recorded": that position (and the `applied` table) is recorded, the journal is not trimmed.
+    meanwhile, if given, runs at that point before the process dies (pushes acknowledged during the flush)."""
     shard._closed.set()
     shard._wake.set()
-    shard._flusher.join()
+    join_thread(shard._flusher, 60, "the shard's flusher, stopping")
+    if during_flush is not None:
+        _flush_until(shard, during_flush, meanwhile)
     journal = shard.journal
+    marker = getattr(journal, "_marker", None)  # the journal mark's writer thread dies too, writing nothing more
+    if marker is not None:
+        marker._stop.set()
+        join_thread(marker._thread, 60, "the journal mark's writer, stopping")
     journal._prefault.close()
     if journal._fd >= 0:  # closed as the kernel closes it: the space prepared after the last record stays
         if journal._map is not None:
@@ -70,3 +91,29 @@ def crash(shard) -> None:
         os.close(journal._fd)
         journal._fd = -1
     shard.store.close()
+
+
+def _flush_until(shard, point: str, meanwhile: Callable[[], object] | None) -> None:
+    """Runs shard.flush() and kills it at `point` (see crash) by making the step after it raise _Killed."""
+    tables = list(shard.tables.values())  # flushed in this order
+    if point == "some_tables_written":
+        assert len(tables) >= 2, "a crash between two tables' writes needs two tables"
+    owner, step = {
+        "some_tables_written": (tables[-1], "flush"),
+        "rows_written": (shard.store, "set_flushed_seq"),
+        "position_recorded": (shard.journal, "trim"),
+    }[point]
+
+    def die_at_the_point(*args, **kwargs):
+        if meanwhile is not None:
+            meanwhile()
+        raise _Killed(point)
+
+    setattr(owner, step, die_at_the_point)  # an instance attribute: hides the method for this object only
+    try:
+        shard.flush()
+    except _Killed:
+        return
+    finally:
+        delattr(owner, step)
+    raise AssertionError(f"Shard.flush finished without reaching {point!r}: the crash points no longer match it")

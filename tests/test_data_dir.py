@@ -14,6 +14,7 @@ import pytest
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
+from tests.conftest import crash
 
 
 @pytest.fixture
@@ -67,11 +68,7 @@ def test_a_shard_with_a_damaged_journal_refuses_to_start(good_dir, tmp_path):
     shard = Shard(ServerConfig(data_dir=good_dir))
     for k in range(3):  # journaled, not flushed
         shard.push("t", np.arange(5, dtype=np.uint64) + np.uint64(100 * k), np.ones((5, 4), np.float32))
-    shard._closed.set()  # kill -9: leave the journal as it is
-    shard._wake.set()
-    shard._flusher.join()
-    shard.journal.close()
-    shard.store.close()
+    crash(shard)  # kill -9: leave the journal as it is
     journal = os.path.join(good_dir, "journal")
     (segment,) = [os.path.join(journal, f) for f in os.listdir(journal)]
     with open(segment, "r+b") as f:

@@ -4,12 +4,14 @@ overlay of the rows the last pushes returned on rows pulled ahead (RecentRows), 
 from __future__ import annotations
 
 import dataclasses
+import queue
 import threading
-import time
 
 import numpy as np
 import pytest
 
+from tests.waiting import wait_until
+from worker import pipeline
 from worker.pipeline import RecentRows, prefetched
 
 
@@ -18,13 +20,27 @@ def test_yields_every_batch_with_its_pull_in_order(depth):
     assert list(prefetched(range(10), lambda b: b * b, depth)) == [(b, b * b) for b in range(10)]
 
 
-def test_pulls_at_most_depth_batches_ahead():
-    pulled = []
+def test_pulls_at_most_depth_batches_ahead(monkeypatch):
+    pulled, full_at = [], []  # full_at: how many batches were pulled when the thread found the queue full
+
+    class WatchedQueue(queue.Queue):
+        def put(self, item, block=True, timeout=None):
+            if self.full():
+                full_at.append(len(pulled))
+            super().put(item, block, timeout)
+
+    monkeypatch.setattr(pipeline.queue, "Queue", WatchedQueue)
     gen = prefetched(range(100), lambda b: pulled.append(b) or b, depth=2)
-    next(gen)
-    time.sleep(0.3)
-    assert len(pulled) <= 1 + 2 + 1  # the one consumed, two queued, one waiting to be queued
-    gen.close()
+    try:
+        assert next(gen) == (0, 0)
+        # batch 3 waits for room (1 and 2 fill the queue), and nothing more is pulled until the next batch is taken
+        wait_until(lambda: 4 in full_at, 10, lambda: f"batch 3 to wait for room in the queue (pulled {pulled})")
+        assert pulled == [0, 1, 2, 3]
+        assert next(gen) == (1, 1)
+        wait_until(lambda: 5 in full_at, 10, lambda: f"batch 4 to wait for room in the queue (pulled {pulled})")
+        assert pulled == [0, 1, 2, 3, 4]
+    finally:
+        gen.close()
 
 
 def test_an_error_in_a_pull_is_raised_at_that_batch():
@@ -54,8 +70,7 @@ def test_stopping_early_ends_the_thread():
         if batch == 2:
             break
     batches.close()  # what leaving a for loop over it does once the generator is collected
-    time.sleep(0.3)
-    assert _prefetch_threads() == []
+    wait_until(lambda: _prefetch_threads() == [], 10, "the prefetch thread to end")
 
 
 def test_recent_rows_lays_the_newest_returned_row_over_each_id():

@@ -17,6 +17,7 @@ from ps.errors import StorageError
 from ps.server import Server
 from ps.sharding import SlotMap
 from tests.conftest import random_ids
+from tests.waiting import join_thread, wait_until
 from worker.client import Client
 
 EMB = TableConfig("emb", 8, optimizer=OptimizerConfig("adagrad", 0.1), admission=AdmissionConfig(min_count=2))
@@ -28,7 +29,8 @@ IDS = random_ids(3000, seed=5)
 def start_servers(root, n, restore=None) -> tuple[list[Server], list[str]]:
     servers = []
     for i in range(n):
-        config = ServerConfig(data_dir=str(root / f"shard-{i}"), shard_id=i, num_shards=n, port=0, restore_dir=restore)
+        config = ServerConfig(data_dir=str(root / f"shard-{i}"), shard_id=i, num_shards=n, port=0, restore_dir=restore,
+                              checkpoint_root=str(root.parent))  # fmt: skip
         servers.append(Server(config))
         servers[-1].start()
     return servers, [f"127.0.0.1:{s.port}" for s in servers]
@@ -76,27 +78,35 @@ def test_save_while_pushing_then_restore_onto_1_2_and_3_shards(tmp_path):
             stats_at_cut = table_counts(client)
             assert stats_at_cut["emb"] == (1000, 2000)
 
-            stop_pushing, pushed = threading.Event(), []
+            stop_pushing, pushed, failed = threading.Event(), [], []
 
             def keep_pushing():  # another worker trains on while the checkpoint is taken
-                with Client(addresses, server_timeout_s=60) as other:
-                    while not stop_pushing.is_set():
-                        other.push("busy", IDS[:200], np.ones((200, 2), np.float32))
-                        pushed.append(1)
+                try:
+                    with Client(addresses, server_timeout_s=60) as other:
+                        while not stop_pushing.is_set():
+                            other.push("busy", IDS[:200], np.ones((200, 2), np.float32))
+                            pushed.append(1)
+                except Exception as e:  # reported by the waits below
+                    failed.append(e)
+
+            def pushes_reach(n: int) -> bool:
+                assert not failed, f"the other worker failed after {len(pushed)} pushes: {failed[0]!r}"
+                return len(pushed) >= n
 
             pusher = threading.Thread(target=keep_pushing)
             pusher.start()
-            while len(pushed) < 5:
-                pass
-            r = subprocess.run([sys.executable, "-m", "worker", "checkpoint", "save", str(checkpoint), "--servers",
-                                ",".join(addresses)], capture_output=True, text=True, timeout=120)  # fmt: skip
-            assert r.returncode == 0, r.stderr
-            assert "checkpoint of 2 shards at clock 3" in r.stdout and "emb 1,000 rows" in r.stdout
-            n_before = len(pushed)
-            while len(pushed) < n_before + 5:  # pushes go on after the checkpoint
-                pass
-            stop_pushing.set()
-            pusher.join()
+            try:
+                wait_until(lambda: pushes_reach(5), 60, lambda: f"5 pushes of the other worker (got {len(pushed)})")
+                r = subprocess.run([sys.executable, "-m", "worker", "checkpoint", "save", str(checkpoint), "--servers",
+                                    ",".join(addresses)], capture_output=True, text=True, timeout=120)  # fmt: skip
+                assert r.returncode == 0, r.stderr
+                assert "checkpoint of 2 shards at clock 3" in r.stdout and "emb 1,000 rows" in r.stdout
+                n_before = len(pushed)
+                wait_until(lambda: pushes_reach(n_before + 5), 60, "5 more pushes after the checkpoint")
+            finally:
+                stop_pushing.set()
+                join_thread(pusher, 60, "the other worker, told to stop")
+            assert not failed, failed
             assert sorted(os.listdir(checkpoint)) == ["manifest.json", "shard-0", "shard-1"]
             more_training(client)  # the original moves on: the checkpoint must not
             after_more = pull_all(client)

@@ -5,9 +5,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
+
+from tests.waiting import PipeReader, wait_until
 
 PY = sys.executable
 
@@ -34,7 +35,11 @@ def test_train_on_synthetic_data_reports_auc_next_to_the_oracle(tmp_path):
     for key in ("eval_auc", "eval_logloss", "examples_per_s", "oracle_auc", "oracle_logloss"):
         assert isinstance(m[key], float), key
     assert m["eval_examples"] == 20000 and m["train_examples"] == 60000
-    assert 0.6 < m["eval_auc"] <= m["oracle_auc"] + 0.01  # learns something, cannot beat the planted model
+    # The run is deterministic (one worker, a seeded generator): AUC 0.7532 and logloss 0.4941 against the planted
+    # model's 0.7792 and 0.4665. The margins fail a real regression: a logistic regression instead of the FM
+    # (0.7505, 0.5305), the sparse learning rate halved (0.7487, 0.5241) or doubled (0.7472, 0.4951).
+    assert m["oracle_auc"] - 0.029 < m["eval_auc"] <= m["oracle_auc"]
+    assert m["oracle_logloss"] <= m["eval_logloss"] < m["oracle_logloss"] + 0.032
     assert re.search(r"eval\s+AUC 0\.\d{4}", r.stdout) and "oracle AUC" in r.stdout
 
 
@@ -47,7 +52,8 @@ def test_train_from_criteo_files(tmp_path):
             "--model", "lr", "--no-progress", "--metrics-out", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr
     m = json.loads(out.read_text())
-    assert m["train_examples"] == 30000 and m["eval_examples"] == 10000 and m["eval_auc"] > 0.6
+    assert m["train_examples"] == 30000 and m["eval_examples"] == 10000
+    assert m["eval_auc"] > 0.725  # deterministic: 0.7309 (with the learning rate halved: 0.6937)
     assert "oracle_auc" not in m  # files carry no planted probabilities
 
 
@@ -62,11 +68,11 @@ def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path):
     p = subprocess.Popen([PY, "-m", "ps", "--port", "0", "--data-dir", str(tmp_path)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
-        line = p.stdout.readline()
-        assert re.search(r"listening on 127\.0\.0\.1:\d+", line), line
+        out, err = PipeReader(p.stdout), PipeReader(p.stderr)
+        out.wait_for(r"listening on 127\.0\.0\.1:\d+", 60, "the server's first line")
         p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
-        assert "stopped cleanly" in p.stderr.read()
+        assert "stopped cleanly" in err.close()
     finally:
         p.kill()
     r = run("-m", "ps", "--data-dir", str(tmp_path), "--shard-id", "1", "--num-shards", "2")
@@ -140,15 +146,13 @@ def test_local_shards_stop_cleanly_when_the_process_that_started_them_is_killed(
     closes with it, and they stop as on SIGTERM (flushed, 'stopped cleanly' in their logs)."""
     parent = subprocess.Popen([PY, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
-        pids = [int(p) for p in parent.stdout.readline().split()]
-        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        line = PipeReader(parent.stdout).wait_for(r"^(\d+) (\d+)$", 120, "the pids of the 2 local shards")
+        pids = [int(p) for p in line.groups()]
+        assert all(_alive(p) for p in pids)
     finally:
         parent.kill()
-        parent.wait()
-    deadline = time.monotonic() + 60
-    while any(_alive(p) for p in pids):
-        assert time.monotonic() < deadline, "local shards still running a minute after their parent was killed"
-        time.sleep(0.1)
+        parent.wait(timeout=30)
+    wait_until(lambda: not any(_alive(p) for p in pids), 60, "the local shards to stop after their parent was killed")
     for shard in range(2):
         log = (tmp_path / f"shard-{shard}.log").read_text()
         assert "standard input closed" in log and "stopped cleanly" in log, log[-2000:]

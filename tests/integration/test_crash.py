@@ -3,11 +3,13 @@ in the rows (and the one in flight, if any, is applied once or not at all)."""
 
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.errors import PsError
+from tests.waiting import join_thread, wait_until
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -19,6 +21,13 @@ def own(k: int) -> np.ndarray:
     return np.arange(100, dtype=np.uint64) + np.uint64(10_000 + 100 * k)  # only in push k
 
 
+def kill_after(cluster: LocalCluster, acknowledged: Callable[[], int], n: int, killed: threading.Event) -> None:
+    """SIGKILLs shard 0 once acknowledged() reaches n (run on a thread, while pushes go on)."""
+    wait_until(lambda: acknowledged() >= n, 120, f"{n} acknowledged pushes")
+    cluster.kill(0)
+    killed.set()
+
+
 def test_every_acknowledged_push_survives_kill_9(tmp_path):
     # a tiny RAM tier (evictions write dirty rows back all the time) and a busy flusher (journal trims)
     cluster = LocalCluster(1, root=str(tmp_path), extra_args=["--cache-bytes", "64K", "--flush-interval-s", "0.05"])
@@ -28,19 +37,22 @@ def test_every_acknowledged_push_survives_kill_9(tmp_path):
         with Client(addresses, timeout_s=10, server_timeout_s=0) as client:
             client.wait_ready()
             client.create_table(TableConfig("c", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
-            killer = threading.Timer(1.5, cluster.kill, args=(0,))  # started after the first push: a cold
-            deadline = time.monotonic() + 60  # numba cache compiles the push kernels on the first one
+            # kill -9 from another thread once 30 pushes are acknowledged, while the next ones are in flight
+            killed = threading.Event()
+            killer = threading.Thread(target=kill_after, args=(cluster, lambda: acked, 30, killed))
+            killer.start()
+            deadline = time.monotonic() + 120  # a cold numba cache compiles the push kernels on the first push
             try:
                 while time.monotonic() < deadline:
                     ids = np.concatenate([COMMON, own(acked)])
                     client.push("c", ids, np.ones((len(ids), DIM), dtype=np.float32))
                     acked += 1
-                    if acked == 1:
-                        killer.start()
             except PsError:
                 pass  # the server died under the push in flight
-            killer.join()
-        assert acked > 5, "the server died before the stream got going"
+            join_thread(killer, 60, "the thread that kills the server")
+        assert killed.is_set() and acked >= 30, (
+            f"the pushes ended after {acked} acknowledged, killed: {killed.is_set()}"
+        )
         print(f"{acked} pushes acknowledged before kill -9")
         cluster.stop()
         addresses = cluster.start()

@@ -7,12 +7,12 @@ deduplication switched off); tests/test_exactly_once.py loses replies on purpose
 
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from tests.integration.pusher import DIM, SHARED, expected_shared, own_ids
+from tests.waiting import PipeReader, wait_until
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -24,6 +24,7 @@ def test_kill_9_a_server_during_training_restart_it_and_nothing_is_lost_or_doubl
     cluster = LocalCluster(2, root=str(tmp_path), extra_args=["--flush-interval-s", "0.2"])
     addresses = cluster.start()
     servers = ",".join(addresses)
+    pushers, trainer = [], None
     try:
         with Client(addresses, server_timeout_s=120) as client:
             client.wait_ready()
@@ -39,24 +40,23 @@ def test_kill_9_a_server_during_training_restart_it_and_nothing_is_lost_or_doubl
                  "300000", "--synthetic-eval-rows", "20000", "--server-timeout", "120", "--no-progress"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
-            deadline = time.monotonic() + 120
+            out, err = PipeReader(trainer.stdout), PipeReader(trainer.stderr)
 
             def pushes(table: str) -> int:
                 return sum(t.pushes for s in client.stats() for t in s.tables if t.name == table)
 
             # the pushers and the trainer (table "lr", ~146 steps) are all mid-run: on a slow machine the trainer
             # may otherwise reach the servers only after the restart, and never see one down
-            while pushes("sum") < 40 or pushes("lr") < 3:
-                assert time.monotonic() < deadline, "the pushers or the trainer did not get going"
-                time.sleep(0.05)
+            going = "the pushers and the trainer to get going"
+            wait_until(lambda: pushes("sum") >= 40 and pushes("lr") >= 3, 120, going, poll_s=0.05)
             cluster.kill(1)  # SIGKILL while pushes are in flight
-            time.sleep(1.0)
+            err.wait_for(r"shard 1 at \S+ is unavailable", 60, "the trainer to find shard 1 down")
             cluster.restart(1)
             assert [p.wait(timeout=240) for p in pushers] == [0] * WORKERS
-            out, err = trainer.communicate(timeout=240)
-            assert trainer.returncode == 0, err
-            assert "is unavailable" in err and "is back after" in err  # the worker said what it waited for
-            assert "eval   AUC 0.7" in out  # and finished training a model that learned something
+            assert trainer.wait(timeout=240) == 0, err.close()
+            out_text, err_text = out.close(), err.close()
+            assert "is back after" in err_text  # the worker said what it waited for
+            assert "eval   AUC 0.7" in out_text  # and finished training a model that learned something
 
             np.testing.assert_array_equal(
                 client.pull("sum", SHARED), np.tile(expected_shared(WORKERS, ROUNDS), (len(SHARED), 1))
@@ -64,4 +64,8 @@ def test_kill_9_a_server_during_training_restart_it_and_nothing_is_lost_or_doubl
             for w in range(WORKERS):
                 np.testing.assert_array_equal(client.pull("sum", own_ids(w)), np.full((100, DIM), -float(ROUNDS)))
     finally:
+        for p in [*pushers, trainer]:  # still running only if the test failed
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
         cluster.stop()
