@@ -39,7 +39,7 @@ from ps.accel.malloc import tune_malloc
 from ps.config import TableConfig
 from ps.rows.layout import layout_of
 from ps.sharding import slot_of
-from ps.storage.store import TABLE_CF_PREFIX, encode_keys, rocksdb_options
+from ps.storage.store import ROWS_CF, encode_keys, rocksdb_options, table_ids
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -78,9 +78,9 @@ def measure(cluster: LocalCluster, batches: list[np.ndarray], warmup: int) -> di
         pull_batch = harness.raw_method(harness.channel(address), "PullBatch")
         db = open_reference(cluster.data_dir(0))
         try:
-            cf = db.get_column_family(TABLE_CF_PREFIX + "cold")
+            cf, number = db.get_column_family(ROWS_CF), table_ids(db.get_column_family("meta"))["cold"]
             for k, ids in enumerate(batches):
-                request, keys, before = harness.pull_batch_bytes("cold", ids), encode_keys(ids), misses(client)
+                request, keys, before = harness.pull_batch_bytes("cold", ids), encode_keys(number, ids), misses(client)
                 found, took = [], {}
                 for side in ("server", "reference") if k % 2 == 0 else ("reference", "server"):
                     t = time.perf_counter()

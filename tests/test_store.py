@@ -7,12 +7,12 @@ from ps.sharding import slot_of
 from ps.storage.store import Store, encode_keys
 
 
-def test_keys_are_slot_then_id_big_endian_and_sort_numerically():
+def test_keys_are_table_slot_then_id_big_endian_and_sort_numerically():
     ids = np.array([2**64 - 1, 0, 256, 1, 2**63], dtype=np.uint64)
-    keys = encode_keys(ids)
-    assert all(len(k) == 10 for k in keys)
-    assert keys[2][2:] == b"\x00" * 6 + b"\x01\x00"  # id 256, big-endian, trailing NUL kept
-    decoded = [(int.from_bytes(k[:2], "big"), int.from_bytes(k[2:], "big")) for k in keys]
+    keys = encode_keys(7, ids)
+    assert all(len(k) == 14 and k[:4] == b"\x00\x00\x00\x07" for k in keys)  # table number 7
+    assert keys[2][6:] == b"\x00" * 6 + b"\x01\x00"  # id 256, big-endian, trailing NUL kept
+    decoded = [(int.from_bytes(k[4:6], "big"), int.from_bytes(k[6:], "big")) for k in keys]
     assert decoded == list(zip(slot_of(ids).tolist(), ids.tolist()))
     assert sorted(keys) == [keys[i] for i in sorted(range(5), key=lambda i: decoded[i])]
 

@@ -1,7 +1,7 @@
 """Large arrays on transparent huge pages, for the tables the hot path reads at random (arena rows, id index).
 
 Optional: correctness never depends on it. zeros() always returns a zero-filled, writable, C-contiguous array of
-the shape and dtype asked for, like np.zeros. Where Python has no MADV_HUGEPAGE (not Linux), and for arrays under
+the shape and dtype asked for, like np.zeros; resize() always returns the rows it was given followed by zero rows. Where Python has no MADV_HUGEPAGE (not Linux), and for arrays under
 MIN_BYTES, it is np.zeros; where the kernel refuses the advice (no transparent huge pages), it is an anonymous
 mapping on ordinary pages; where transparent_hugepage is `never`, the advice is accepted and ignored. Only the
 number of TLB misses differs.
@@ -10,7 +10,9 @@ Why: a lookup or a row update at a random place of an array of hundreds of MB mi
 on 4 KB pages; on 2 MB pages the same array needs 512 times fewer TLB entries. Linux grants huge pages to memory
 that asks for them (MADV_HUGEPAGE) when transparent_hugepage is in `madvise` mode (the default of many
 distributions) or `always`. The memory is anonymous, private and zero-filled; its pages cost RAM only once
-touched (2 MB at a time).
+touched (2 MB at a time). resize() grows or shrinks such a mapping in place where the OS can (mremap, through
+mmap.resize): the pages move instead of being copied, so a growing table never holds its rows twice; anywhere
+else, or while another array still views the mapping, it copies.
 """
 
 from __future__ import annotations
@@ -36,3 +38,36 @@ def zeros(shape: int | tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
     except OSError:  # the kernel refuses the advice (no transparent huge pages): ordinary pages
         pass
     return np.frombuffer(buf, dtype=dtype).reshape(shape)  # the array keeps buf (and so the mapping) alive
+
+
+def _mapping(a: np.ndarray) -> mmap.mmap | None:
+    """The mapping zeros() put a on, or None (np.zeros)."""
+    base = a.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if isinstance(base, memoryview):  # np.frombuffer views the mapping through a memoryview
+        base = base.obj
+    return base if isinstance(base, mmap.mmap) else None
+
+
+def resize(a: np.ndarray, rows: int) -> np.ndarray:
+    """An array of `rows` rows, a's shape otherwise, holding a's first min(len(a), rows) rows, then zeros; for an
+    array that zeros() or resize() returned. The caller gives a up: pass its last reference (e.g.
+    `resize(obj.__dict__.pop("name"), n)`), and drop every view of it first, so that its mapping can be resized in
+    place; where something still views it, or the OS cannot resize mappings, the rows are copied instead."""
+    shape = (rows, *a.shape[1:])
+    dtype, old_shape = a.dtype, a.shape
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    buf = _mapping(a)
+    if buf is not None and nbytes >= MIN_BYTES:
+        del a  # our reference was the last one: the mapping is no longer viewed
+        try:
+            buf.resize(nbytes)
+        except (BufferError, OSError, SystemError, ValueError):  # still viewed, or no mremap: copy below
+            a = np.frombuffer(buf, dtype=dtype).reshape(old_shape)
+        else:
+            return np.frombuffer(buf, dtype=dtype).reshape(shape)
+    out = zeros(shape, dtype)
+    keep = min(rows, old_shape[0])
+    out[:keep] = a[:keep]
+    return out

@@ -3,7 +3,7 @@
 A row is `width` float32: the embedding, the optimizer state, then STATS_FLOATS per-id statistics:
     row   := embedding:f32[dim]  state:f32[state_floats(optimizer, dim)]  stats
     stats := show:f32  click:f32  last_step:f32  admitted:f32 (0 or 1)
-Grammar of the RocksDB value (little-endian), after the 10-byte key slot:u16be id:u64be:
+Grammar of the RocksDB value (little-endian), after the 14-byte key table:u32be slot:u16be id:u64be:
     value := row lsn:u64          an admitted id (it has a trained row)
            | stats lsn:u64        an id not admitted yet: its embedding and state are the initial ones
 `lsn` is the journal sequence number of the last push applied to the row, so replaying the journal after a
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KEY_BYTES = 10
+KEY_BYTES = 14  # table:u32be slot:u16be id:u64be (ps.storage.store)
 LSN_BYTES = 8
 STATS_FLOATS = 4
 SHOW, CLICK, LAST_STEP, ADMITTED = range(STATS_FLOATS)  # offsets inside the stats block

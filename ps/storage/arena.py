@@ -1,18 +1,25 @@
-"""Arena: the bounded RAM tier of one table, with CLOCK eviction, and the MemoryBudget its rows draw from.
+"""Arena: the RAM tier of one table, rows drawn from the server's MemoryBudget, with CLOCK eviction.
 
-An arena is fixed-capacity arrays indexed by arena row (allocated lazily by the OS: pages cost RAM only once
-touched) plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal seq of the last push
-applied), a pin stamp (rows of the request in progress are never evicted), and flags: referenced (CLOCK),
-dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin and the flags live at the end of the row's
-line in `data` (ps.rows.layout); the attributes are strided views of them. Rows in use draw from a MemoryBudget
-shared by all tables of a server; when it is spent a table reuses its own cold rows (CLOCK: a sweeping hand
-clears the referenced bit of each row it passes and takes rows whose bit is already clear).
-All per-row work is in compiled loops; the Table serializes calls.
+An arena is arrays indexed by arena row plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal
+seq of the last push applied), a pin stamp (rows of the request in progress are never evicted), and flags:
+referenced (CLOCK), dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin and the flags live at the
+end of the row's line in `data` (ps.rows.layout); the attributes are strided views of them.
+
+Memory: every row in use [0, used) is paid for from the MemoryBudget shared by all tables of a server
+(ps.storage.budget: the budget bounds the sum, there are no free rows), and the arrays have room for `capacity`
+rows, grown by doubling as rows are paid for, so what a table maps (virtual memory) follows what it holds: at
+most twice its rows, and never more than the budget. Growing moves the pages to a larger mapping where the OS
+can (ps.accel.hugepages.resize), so the arrays are replaced: callers re-read `data` and the views after any
+call that admits rows (grow). When the budget is spent a table reuses its own cold rows (CLOCK: a sweeping hand
+clears the referenced bit of each row it passes and takes rows whose bit is already clear); a table under its
+fair share takes rows back from tables above theirs (give_up).
+All per-row work is in compiled loops; the Table serializes calls with `lock`, which reclaim takes too.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numba
 import numpy as np
@@ -23,26 +30,13 @@ from ps.hashing import mix64_scalar
 from ps.rows.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
 from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.rowcopy import scatter
+from ps.storage.budget import MemoryBudget
 from ps.storage.index import IdIndex, find, lookup_into, prefetch_slot
 
-MIN_ROWS = 4096  # every table may hold this many rows whatever the budget says, so it can always make progress
+__all__ = ["Arena", "MemoryBudget"]
 
-
-class MemoryBudget:
-    """Bytes the RAM tiers of one server may use, shared by its tables."""
-
-    def __init__(self, limit_bytes: int):
-        self.limit_bytes = int(limit_bytes)
-        self.used_bytes = 0
-        self._lock = threading.Lock()
-
-    def take(self, want_bytes: int, unit: int) -> int:
-        """Grants the largest multiple of `unit` bytes <= want_bytes that fits; returns the bytes granted."""
-        with self._lock:
-            free = max(0, self.limit_bytes - self.used_bytes)
-            granted = min(want_bytes, free // unit * unit)
-            self.used_bytes += granted
-            return granted
+MIN_CAPACITY = 16  # rows the arrays get at their first growth
+_NO_RESCAN = 1 << 62
 
 
 @numba.njit(nogil=True, cache=True)
@@ -191,28 +185,48 @@ def _collect_dirty(dirty, start, stop, k, out):
 
 class Arena:
     """The RAM tier of one table, rows of `width` float32 drawn from `budget`. Not thread-safe: the Table
-    serializes calls."""
+    serializes calls with `lock`. persist(rows) writes dirty rows to RocksDB and marks them clean (the table's);
+    without it give_up gives up clean rows only."""
 
-    def __init__(self, width: int, budget: MemoryBudget):
+    def __init__(self, width: int, budget: MemoryBudget, persist: Callable[[np.ndarray], None] | None = None):
         self.width = width
         self.budget = budget
+        self.persist = persist
         self.row_charge = 4 * line_floats(width) + RAM_OVERHEAD_BYTES  # the same figure `ps-server size` uses
-        self.capacity = max(MIN_ROWS, budget.limit_bytes // self.row_charge)
-        self.data = hugepages.zeros((self.capacity, line_floats(width)), np.float32)  # rows [0, used) are set
-        m = 4 * meta_col(width)  # byte offset of the bookkeeping in a line
-        self.lsn = self.data.view(np.uint64)[:, m // 8]
-        self.pin = self.data.view(np.int64)[:, m // 8 + 1]
-        line_bytes = self.data.view(np.uint8)
-        self.ref, self.dirty, self.stored = (line_bytes[:, m + 16 + k] for k in range(3))
-        self.ids = np.empty(self.capacity, dtype=np.uint64)
-        self.index = IdIndex(1024)
-        self.used = 0  # rows [0, used) are in use
-        self.charged = 0  # rows paid for from the budget (the first MIN_ROWS are free)
+        self.max_rows = budget.limit_bytes // self.row_charge  # what one table may ever hold: the whole budget
+        self.lock = threading.Lock()  # the table's: its requests, and other tables taking rows back (give_up)
+        self.capacity = 0
+        self.data = hugepages.zeros((0, line_floats(width)), np.float32)  # rows [0, used) are set
+        self.ids = hugepages.zeros(0, np.uint64)
+        self._bind()
+        self.index = IdIndex(MIN_CAPACITY)
+        self.used = 0  # rows [0, used) are in use (installed, or free-listed) and paid for
         self.hand = 0
         self.free = np.zeros(0, dtype=np.int64)  # released rows (Shrink), reused first
         self._stamp = 0
         self._seen: np.ndarray | None = None  # first_repeat's bitmap, one bit per row, kept clear
+        self._rescan_from = _NO_RESCAN  # lowest row a dirty row was moved to since collect_dirty last ran
         self.evictions = 0
+        budget.join(self)  # last: RamTierTooSmallError leaves nothing behind
+
+    def _bind(self) -> None:
+        """The views of the bookkeeping at the end of each line of `data`."""
+        m = 4 * meta_col(self.width)  # byte offset of the bookkeeping in a line
+        self.lsn = self.data.view(np.uint64)[:, m // 8]
+        self.pin = self.data.view(np.int64)[:, m // 8 + 1]
+        line_bytes = self.data.view(np.uint8)
+        self.ref, self.dirty, self.stored = (line_bytes[:, m + 16 + k] for k in range(3))
+
+    def _resize(self, capacity: int) -> None:
+        """Gives the arrays room for `capacity` rows (>= used), keeping rows [0, used). Empty views stand in
+        while the arrays move (Table.stats reads them without the lock), so nothing else keeps the old mapping."""
+        self.lsn, self.pin = np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        self.ref, self.dirty, self.stored = (np.zeros(0, np.uint8) for _ in range(3))
+        self._seen = None
+        self.data = hugepages.resize(self.__dict__.pop("data"), capacity)  # the last reference: moved in place
+        self.ids = hugepages.resize(self.__dict__.pop("ids"), capacity)
+        self.capacity = capacity
+        self._bind()
 
     def new_stamp(self) -> int:
         """A pin stamp for a new request: its rows are pinned with it and so never evicted by that request."""
@@ -247,7 +261,7 @@ class Arena:
 
     def first_repeat(self, rows: np.ndarray) -> int:
         """First position of rows (all >= 0) whose row appeared earlier in it, or -1."""
-        if self._seen is None:  # the capacity is fixed: one allocation, on the first push
+        if self._seen is None:  # allocated on the first push after each change of capacity
             self._seen = np.zeros((self.capacity + 63) // 64, dtype=np.uint64)
         return int(_first_repeat(rows, self._seen))
 
@@ -259,25 +273,27 @@ class Arena:
         ))  # fmt: skip
 
     def max_pinnable(self) -> int:
-        """How many rows one request may pin at once: half of what this table could hold now."""
-        could_hold = self.used + (self.budget.limit_bytes - self.budget.used_bytes) // self.row_charge
-        return max(1, min(self.capacity, max(MIN_ROWS, could_hold)) // 2)
+        """How many rows one request may pin at once: half of what this table is sure to hold while it serves the
+        request (its rows, or its fair share if that is more: it can take that much back from other tables). Not
+        the free budget: other tables may take that in the meantime."""
+        could_hold = max(self.used, self.budget.share_bytes() // self.row_charge)
+        return max(1, min(self.max_rows, could_hold) // 2)
 
     def grow(self, n: int, stamp: int) -> np.ndarray:
-        """Up to n unused rows: released ones first, then never-used ones (paid from the budget; the first
-        MIN_ROWS are free), pinned with stamp."""
+        """Up to n unused rows, pinned with stamp: released ones first, then new ones paid from the budget (taken
+        back from other tables while this one is under its fair share). May move the arrays (see the module)."""
         reused, self.free = self.free[:n], self.free[n:]
         self.pin[reused] = stamp
         if len(reused) == n:
             return reused
-        n -= len(reused)
-        free_rows = max(0, MIN_ROWS - self.used)
-        take = min(n, self.capacity - self.used)
-        paid = max(0, take - free_rows)
-        if paid:
-            paid = self.budget.take(paid * self.row_charge, self.row_charge) // self.row_charge
-            self.charged += paid
-        take = min(take, free_rows + paid)
+        rc = self.row_charge
+        want = min(n - len(reused), self.max_rows - self.used)
+        take = self.budget.take(want * rc, rc) // rc
+        room = self.budget.share_bytes() // rc - self.used - take
+        if take < want and room > 0:
+            take += self.budget.reclaim(self, min(want - take, room))
+        if self.used + take > self.capacity:
+            self._resize(min(self.max_rows, max(self.used + take, 2 * self.capacity, MIN_CAPACITY)))
         rows = np.arange(self.used, self.used + take, dtype=np.int64)
         self.pin[rows] = stamp  # so victims() cannot hand them out again before they are installed
         self.lsn[rows] = 0
@@ -286,6 +302,42 @@ class Arena:
         self.stored[rows] = 0
         self.used += take
         return np.concatenate([reused, rows]) if len(reused) else rows
+
+    def give_up(self, k: int) -> int:
+        """Gives up to k rows back (for MemoryBudget.reclaim, which holds this table's lock and pays the bytes back
+        to the budget); returns how many. Free rows go first, then rows in use chosen by CLOCK, as victims() chooses
+        them; the dirty ones are persisted first. The rows in use above used - k move down into the freed places,
+        and the arrays shrink to the rows left, so their memory goes back to the OS."""
+        top_free = np.sort(self.free)[::-1][:k]  # free rows nearest the end need no move
+        evicted = self.victims(k - len(top_free), self.new_stamp()) if k > len(top_free) else self.free[:0]
+        if self.persist is None:
+            evicted = evicted[self.dirty[evicted] == 0]
+        k = len(top_free) + len(evicted)
+        if k == 0:
+            return 0
+        dirty = evicted[self.dirty[evicted] == 1]
+        if len(dirty):
+            self.persist(dirty)  # if this fails, no row has gone or moved
+        gone = np.concatenate([top_free, evicted])
+        left = self.used - k
+        holes = np.sort(gone[gone < left])
+        stays = np.ones(k, dtype=bool)
+        stays[gone[gone >= left] - left] = False
+        movers = left + np.flatnonzero(stays)  # as many as holes
+        self._unindex(evicted)
+        self.evictions += len(evicted)
+        if len(movers):
+            self.data[holes] = self.data[movers]  # whole lines: row, lsn, pin and flags
+            self.ids[holes] = self.ids[movers]
+            self.index.insert(self.ids[holes], holes)
+            moved_dirty = holes[self.dirty[holes] == 1]
+            if len(moved_dirty):
+                self._rescan_from = min(self._rescan_from, int(moved_dirty[0]))
+        self.free = np.setdiff1d(self.free, gone)  # all below `left`
+        self.used = left
+        self.hand = self.hand if self.hand < left else 0
+        self._resize(left)
+        return k
 
     def victims(self, n: int, stamp: int) -> np.ndarray:
         """Up to n cold, unpinned rows in use (CLOCK); they are pinned with stamp so they are not reused twice."""
@@ -342,11 +394,15 @@ class Arena:
         self.free = np.concatenate([rows, self.free])
 
     def collect_dirty(self, start: int, k: int) -> tuple[np.ndarray, int]:
-        """Up to k dirty rows at or after row start, in order, and the row where the scan stopped."""
+        """Up to k dirty rows at or after row start, in order, and the row where the scan stopped. A scan that
+        goes on from where the last call stopped sees every row dirty at its start: if give_up moved a dirty row
+        below start since the last call, the scan resumes from that row."""
+        start = min(start, self._rescan_from)
+        self._rescan_from = _NO_RESCAN
         out = np.empty(k, dtype=np.int64)
         count, stop = _collect_dirty(self.dirty, start, self.used, k, out)
         return out[:count], stop
 
     def ram_bytes(self) -> int:
-        """Bytes this arena's rows in use take (the figure its budget accounts)."""
+        """Bytes this arena holds: its rows in use, as its budget accounts them."""
         return self.used * self.row_charge

@@ -28,6 +28,15 @@ damage, and a bad record is judged as torn with them left out (it must be the la
 record may follow it). A closed segment is cut to its last record; an older segment may end in zeros only if
 the next segment starts right after its last record, so a zeroed stretch of acknowledged records is damage. Any
 other bad record is damage: replay raises JournalCorruptError rather than drop the acknowledged pushes after it.
+
+The mark: a journal given a mark_path keeps there, in a file outside the journal's directory
+(ps.storage.sidefiles), the seq of the last record written, at each rotation and at most a second behind the
+appends (a background thread; nothing on the append path). Replay requires every record from the first one
+RocksDB lacks up to the mark, with no gap: a missing one (a deleted segment, a segment cut at a record boundary or
+in the middle, a journal deleted whole) raises JournalLossError. Past the mark, a lost tail looks like the torn
+end of a crash: without sync, an OS crash or a power failure can lose pushes that were acknowledged, and the
+warning that replay logs when it cuts says so. With accept_loss, replay logs what it cannot find or read instead
+of refusing, and goes on with the records it has.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
 from ps.errors import StorageError
 from ps.storage.checksum import checksum64, copy_with_checksum64
+from ps.storage.sidefiles import MarkWriter, read_mark
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +80,17 @@ class Record:
 
 class Journal:
     """The push journal in `directory`. Replay it before the first append; appends, rotate, trim, mark and
-    size_bytes may come from several threads (they take the journal's lock)."""
+    size_bytes may come from several threads (they take the journal's lock). mark_path: where to keep the mark
+    (see the module's docstring; None: no mark), from replay() on."""
 
-    def __init__(self, directory: str, sync: bool = False, segment_bytes: int = 256 << 20):
+    def __init__(self, directory: str, sync: bool = False, segment_bytes: int = 256 << 20,
+                 mark_path: str | None = None):  # fmt: skip
         self.dir = directory
+        self.mark_path = mark_path
+        self._marker: MarkWriter | None = None  # started by replay()
+        self.losses: list[str] = []  # what replay went on without (accept_loss)
         self.sync = sync
         self.segment_bytes = segment_bytes
-        os.makedirs(directory, exist_ok=True)
         self._lock = threading.Lock()
         self._fd = -1
         self._path = ""  # the active segment
@@ -102,23 +116,62 @@ class Journal:
         """Closes the active segment; returns (the last seq appended, a copy of `applied` as of that seq)."""
         with self._lock:
             self._close_fd()
-            return self.next_seq - 1, dict(self.applied)
+            out = self.next_seq - 1, dict(self.applied)
+        self._write_mark()
+        return out
+
+    def _write_mark(self) -> None:
+        if self._marker is not None:
+            self._marker.write()
 
     # ---- segments -------------------------------------------------------------------------------------
     def segments(self) -> list[tuple[int, str]]:
-        """(first seq, path) of every segment, oldest first."""
+        """(first seq, path) of every segment, oldest first (none if the directory is missing: it is made by the
+        first append)."""
         out = []
-        for name in os.listdir(self.dir):
+        for name in os.listdir(self.dir) if os.path.isdir(self.dir) else []:
             if name.endswith(".log") and name[:-4].isdigit():
                 out.append((int(name[:-4]), os.path.join(self.dir, name)))
         return sorted(out)
 
-    def replay(self, after_seq: int) -> Iterator[Record]:
-        """Yields the intact records with seq > after_seq, in order; afterwards appends continue past them.
+    def replay(self, after_seq: int, accept_loss: bool = False) -> Iterator[Record]:
+        """Yields the intact records with seq > after_seq (the last one RocksDB holds), in order; afterwards
+        appends continue past them and past the mark, which is kept from now on.
 
         A bad record that the module's replay rule takes for the torn end of a crash is cut off, with the zeros
-        after it; any other bad record raises JournalCorruptError and nothing is cut."""
-        last = after_seq
+        after it. Any other bad record raises JournalCorruptError, and a record missing up to the mark raises
+        JournalLossError, before anything is cut; with accept_loss, each is a warning (kept in `losses`)."""
+        last, mark, tail = yield from self._read(after_seq, accept_loss)
+        if tail is not None:
+            level, text = self._tail_message(*tail, last, mark)
+            log.log(level, "%s", text)
+            with open(tail[0], "r+b") as f:
+                f.truncate(tail[2])
+        self.next_seq = max(last, mark) + 1
+        if self.mark_path is not None:
+            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync)
+
+    def check(self, after_seq: int) -> tuple[int, str, str]:
+        """Reads the journal as replay(after_seq) would, changing nothing. Returns (records after after_seq, why
+        replay would refuse to start or "", what replay would cut with a warning or "")."""
+        count, reader = 0, self._read(after_seq, False)
+        try:
+            while True:
+                next(reader)
+                count += 1
+        except StopIteration as stop:
+            last, mark, tail = stop.value
+            level, text = self._tail_message(*tail, last, mark) if tail is not None else (0, "")
+            return count, "", text if level >= logging.WARNING else ""
+        except StorageError as e:
+            return count, str(e), ""
+
+    def _read(self, after_seq: int, accept_loss: bool):
+        """replay's reading: yields the records, checks them against the mark, cuts nothing; returns (the last
+        seq read, the mark, (path, size, pos, data_end) of a torn end to cut or None)."""
+        mark = self._read_mark(accept_loss)
+        last = expect = after_seq  # expect: the last record after after_seq yielded so far
+        tail = None
         for i, (first, path) in enumerate(segs := self.segments()):
             with open(path, "rb") as f:
                 data = f.read()
@@ -131,42 +184,87 @@ class Journal:
                     data_end = _end_of_data(data, pos)
                     unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
                     if not unused and (not newest or not _torn_tail(data, pos, data_end)):
-                        raise JournalCorruptError(
+                        self._lose(JournalCorruptError(
                             f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
                             f"with {'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
                             ": that is damage, not the torn last record of a crash, and starting would drop the "
-                            "acknowledged pushes after it. Refusing to start; restore the data dir, or move "
-                            f"{path} and the segments after it aside to start without them"
-                        )
-                    if newest:
-                        self._cut_tail(path, len(data), pos, data_end, last)
+                            "acknowledged pushes after it. Refusing to start; restore the data dir, or start with "
+                            "--accept-journal-loss to go on without the pushes from there on"
+                        ), accept_loss)  # fmt: skip
+                    elif newest:
+                        tail = (path, len(data), pos, data_end)
                     break
                 pos = end
                 seg_last = rec.seq
                 last = max(last, rec.seq)
                 self.note_applied(rec.origin)
                 if rec.seq > after_seq:
+                    if rec.seq <= expect:
+                        raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
+                                                  f"{expect}: segments overlap; refusing to start")  # fmt: skip
+                    if rec.seq > expect + 1:
+                        self._lose(self._missing(expect + 1, rec.seq - 1, after_seq, mark, path), accept_loss)
+                    expect = rec.seq
                     yield rec
-        self.next_seq = last + 1
+        if expect < mark:
+            self._lose(self._missing(expect + 1, mark, after_seq, mark, None), accept_loss)
+        return last, mark, tail
 
-    def _cut_tail(self, path: str, size: int, pos: int, data_end: int, last: int) -> None:
-        """Cuts the newest segment (size bytes) after its last intact record, at pos, and says what went: a torn
-        record (nonzero bytes up to data_end, never acknowledged) or zeros only (space prepared ahead of appends;
-        zeros that took the place of acknowledged records would look the same, see docs/storage.md)."""
-        if pos < size:
-            torn = data_end > pos
-            log.log(
-                logging.WARNING if torn else logging.INFO,
-                "journal segment %s: cut %d bytes after record %d (%s)", path, size - pos, last,
-                "a torn last record, never acknowledged" if torn else "zeros: unused space prepared ahead",
-            )  # fmt: skip
-        with open(path, "r+b") as f:
-            f.truncate(pos)
+    def _read_mark(self, accept_loss: bool) -> int:
+        if self.mark_path is None:
+            return 0
+        try:
+            return read_mark(self.mark_path)
+        except StorageError as e:
+            self._lose(JournalLossError(f"{e}. Without the mark, which journal records must be there is unknown. "
+                                        "Refusing to start; start with --accept-journal-loss to start without that "
+                                        "check"), accept_loss)  # fmt: skip
+            return 0
+
+    def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
+        """The error for journal records lo..hi missing (resumes_in: the segment that holds the record after hi)."""
+        why = [f"RocksDB holds the pushes up to record {after_seq}"]
+        if mark >= lo:
+            why.append(f"the journal mark ({self.mark_path}) says records up to {mark} were written")
+        if resumes_in is not None:
+            why.append(f"the journal goes on with record {hi + 1} in {resumes_in}")
+        return JournalLossError(
+            f"journal records {lo}..{hi} in {self.dir} are missing ({hi - lo + 1} pushes, which may have been "
+            f"acknowledged): {', and '.join(why)}. A deleted or truncated journal segment, or RocksDB losing its "
+            "latest writes (its write-ahead log, *.log), leaves such a gap"
+            + ("" if self.sync else "; so can an OS crash or a power failure, as the journal runs without --sync")
+            + ". Refusing to start; restore the data dir, or start with --accept-journal-loss to go on without them"
+        )
+
+    def _lose(self, error: StorageError, accept_loss: bool) -> None:
+        """Raises error, or (accept_loss) logs it as a warning and records it in `losses`."""
+        if not accept_loss:
+            raise error
+        text = str(error).split(" Refusing to start")[0] + " Starting anyway (--accept-journal-loss)."
+        log.warning("%s", text)
+        self.losses.append(text)
+
+    def _tail_message(self, path: str, size: int, pos: int, data_end: int, last: int, mark: int) -> tuple[int, str]:
+        """(log level, text) for cutting the newest segment (size bytes) after its last intact record, at pos:
+        zeros only (space prepared ahead of appends), or a torn record (nonzero bytes up to data_end)."""
+        head = f"journal segment {path}: cut {size - pos} bytes after record {last}"
+        if data_end == pos:
+            return logging.INFO, f"{head} (zeros: unused space prepared ahead)"
+        if self.sync:
+            why = ("The journal runs with --sync: after a crash of the process or of the machine, this is the push "
+                   "that was being written, never acknowledged")  # fmt: skip
+        else:
+            why = ("If the process was killed, this is the push that was being written, never acknowledged. The "
+                   "journal runs without --sync: after an OS crash or a power failure, it can also be pushes that "
+                   "were acknowledged and had not reached the disk")  # fmt: skip
+        marked = f" (every record up to the journal mark, {mark}, is here)" if mark else ""
+        return logging.WARNING, f"{head}: a record that is not whole{marked}. {why}"
 
     def rotate(self) -> None:
         """Closes the active segment; the next append starts a new one (named by its first seq)."""
         with self._lock:
             self._close_fd()
+        self._write_mark()
 
     def trim(self, flushed_seq: int) -> int:
         """Deletes segments whose records all have seq <= flushed_seq, except the active one. Returns count."""
@@ -281,6 +379,7 @@ class Journal:
         """Opens the segment of next_seq. A file of that name may exist only empty (a failed first append, or
         replay cut a torn record off); one holding bytes means the journal was not replayed first."""
         self._close_fd()
+        os.makedirs(self.dir, exist_ok=True)
         path = os.path.join(self.dir, f"{self.next_seq:020d}.log")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # read too: ps.accel.prefault reads ahead
         if os.fstat(fd).st_size:
@@ -312,16 +411,24 @@ class Journal:
             self._fd = -1
 
     def close(self) -> None:
-        """Closes the active segment, cut to its last record, and stops the prefault thread."""
+        """Closes the active segment, cut to its last record, writes the mark and stops the prefault and mark
+        threads."""
         try:
             with self._lock:
                 self._close_fd()
         finally:
             self._prefault.close()
+            if self._marker is not None:
+                self._marker.close()
 
 
 class JournalCorruptError(StorageError):
     """A journal record that fails its checks with intact data after it: damage, refused at start-up."""
+
+
+class JournalLossError(StorageError):
+    """Journal records that were written (up to the mark, or before a record that is there) are missing, or the
+    mark cannot be read: refused at start-up unless the loss is accepted."""
 
 
 def _end_of_data(data: bytes, pos: int) -> int:

@@ -3,46 +3,113 @@
 Layout, one RocksDB per server data dir:
     column family "meta":     b"shard"          -> JSON {"shard_id", "num_shards", "num_slots"}
                               b"table/" + name  -> JSON TableConfig.to_dict()
+                              b"tid/" + name    -> ASCII decimal: the table's number, the prefix of its row keys
                               b"count/" + name  -> JSON {"admitted": rows, "pending": ids stored for table}
                               b"clock"          -> ASCII decimal: the shard's clock (steps)
                               b"flushed_seq"    -> ASCII decimal: journal records <= this are all in RocksDB
-    column family "t." + name:  key   = slot:u16be id:u64be             (10 bytes; a slot is one key range)
-                                value = row:f32le[width] lsn:u64le      (admitted; see ps.rows.layout)
-                                      | stats:f32le[4] lsn:u64le        (not admitted yet)
-Big-endian keys make byte order numeric order, so a slot's rows are one contiguous range to scan or move.
+                              b"applied", b"restore_pending", ...: see the methods that write them
+    column family "rows":     key   = table:u32be slot:u16be id:u64be  (14 bytes)
+                              value = row:f32le[width] lsn:u64le       (admitted; see ps.rows.layout)
+                                    | stats:f32le[4] lsn:u64le         (not admitted yet)
+Big-endian keys make byte order numeric order, so a table's rows are one contiguous key range, and each of its
+slots a range inside it, to scan or move. Every table's rows share the one "rows" column family: RocksDB
+rewrites and re-reads its OPTIONS file, which lists every column family, each time one is created, so a column
+family per table would make each CreateTable slower than the one before.
+Beside RocksDB's files: shard.json, a second copy of the shard record, and the journal's mark
+(ps.storage.sidefiles), and the journal/ directory (ps.storage.journal).
+
+Damage: RocksDB opens with paranoid checks and refuses a write-ahead log damaged anywhere but in a torn last
+record (what a crash leaves). Damage it meets later (a data block whose checksum fails, a missing file) is a
+DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end.
+verify_rocksdb reads every block of every column family.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 
 import numpy as np
-from rocksdict import AccessType, BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Checkpoint,
+    DBRecoveryMode,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+    WriteOptions,
+)
 
 from ps.config import TableConfig
-from ps.errors import StorageError
-from ps.rows.layout import STATS_FLOATS
+from ps.errors import DataLossError, PsError, StorageError
+from ps.rows.layout import STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
+from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name, write_json
 
-KEY_DTYPE = np.dtype([("slot", ">u2"), ("id", ">u8")])  # packed, 10 bytes
+log = logging.getLogger(__name__)
+
+KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # packed, 14 bytes
 META_CF = "meta"
-TABLE_CF_PREFIX = "t."
+ROWS_CF = "rows"
+TABLE_ID_PREFIX = b"tid/"
 
 
-def encode_keys(ids: np.ndarray) -> list[bytes]:
-    """RocksDB keys (slot:u16be id:u64be) of ids. `.view("V10")`, not "S10": S strips trailing NUL bytes."""
+def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
+    """RocksDB keys (table:u32be slot:u16be id:u64be) of ids of table number table_id. `.view("V14")`, not
+    "S14": S strips trailing NUL bytes."""
     keys = np.empty(len(ids), dtype=KEY_DTYPE)
+    keys["table"] = table_id
     keys["slot"] = slot_of(ids)
     keys["id"] = ids
-    return keys.view("V10").tolist()
+    return keys.view(f"V{KEY_DTYPE.itemsize}").tolist()
 
 
-def _open_read_only(source: str) -> tuple[Rdict, list[str]]:
+def table_ids(meta: Rdict) -> dict[str, int]:
+    """{table name: table number} from the meta column family of a store (or of a checkpoint's)."""
+    out = {}
+    for key, raw in _items(meta, TABLE_ID_PREFIX):
+        if not key.startswith(TABLE_ID_PREFIX):
+            break
+        out[key[len(TABLE_ID_PREFIX) :].decode()] = int(raw)
+    return out
+
+
+def _open_read_only(source: str, opts: Options | None = None) -> tuple[Rdict, list[str]]:
     """A RocksDB (a checkpoint) opened read-only with all its column families, and their names."""
-    opts = Options(raw_mode=True)
+    opts = opts or Options(raw_mode=True)
     names = Rdict.list_cf(source, opts)
     return Rdict(source, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only()), names
+
+
+def _items(cf: Rdict, start: bytes | None = None, read_opts: ReadOptions | None = None):
+    """(key, value) of a column family in key order, from start (None: the first key). Raises RocksDB's error
+    if the scan meets damage, where rocksdict's items() would end early without a word."""
+    it = cf.iter(read_opts)
+    if start is None:
+        it.seek_to_first()
+    else:
+        it.seek(start)
+    while it.valid():
+        yield it.key(), it.value()
+        it.next()
+    it.status()
+
+
+def _error(path: str, doing: str, e: Exception) -> StorageError:
+    """rocksdict's error (a plain Exception) as a StorageError saying what failed; damage that RocksDB detected
+    ("Corruption: ...", a file gone) as a DataLossError."""
+    text = str(e)
+    if not (text.startswith("Corruption") or "No such file" in text):
+        return StorageError(f"RocksDB in {path} failed while {doing}: {text}")
+    return DataLossError(
+        f"RocksDB found damage in {path} while {doing}: {text}. `ps-server verify {path}` lists what is damaged; "
+        "restore the dir from a backup or checkpoint"
+    )
 
 
 def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -79,6 +146,10 @@ def rocksdb_options(block_cache_bytes: int = BLOCK_CACHE_BYTES, direct_reads: bo
     # index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache, so a read
     # the block cache misses costs one data block, not an index or filter block first
     opts.set_block_based_table_factory(table)
+    opts.set_paranoid_checks(True)  # RocksDB refuses to open on the damage it can see (file sizes, the MANIFEST)
+    # a torn last record in the write-ahead log is what a crash leaves; damage before it is refused, not dropped
+    # with everything after it (the default, point-in-time recovery)
+    opts.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     if direct_reads:
         opts.set_use_direct_reads(True)
     return opts
@@ -93,6 +164,13 @@ class Store:
             raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)
         entries = sorted(set(os.listdir(path)) - {"journal"})
+        ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
+        if ours and "CURRENT" not in entries:
+            raise DataLossError(
+                f"data dir {path} holds {' and '.join(ours)} but no RocksDB (its CURRENT file is missing): "
+                "RocksDB's files were deleted or lost. Refusing to start on it; restore the dir from a backup or "
+                "checkpoint"
+            )
         if entries and "CURRENT" not in entries:
             raise StorageError(
                 f"data dir {path} is not empty and holds no sparseps data (it has {', '.join(entries[:5])}"
@@ -114,46 +192,102 @@ class Store:
 
     # ---- shard identity and table configs -------------------------------------------------------------
     def check_identity(self, shard_id: int, num_shards: int) -> None:
-        """Records (shard_id, num_shards) on first use; StorageError if the data dir belongs to another shard."""
+        """Records (shard_id, num_shards) on first use, in RocksDB (synced) and then in shard.json beside it.
+        StorageError if the data dir belongs to another shard, if the two copies disagree, or if shard.json is
+        there and RocksDB's copy is not (RocksDB lost its latest writes). A missing shard.json is written again
+        from RocksDB's copy."""
         want = {"shard_id": shard_id, "num_shards": num_shards, "num_slots": NUM_SLOTS}
-        raw = self._meta.get(b"shard")
-        if raw is None:
-            self._meta.put(b"shard", json.dumps(want).encode(), self._write_opts)
-            return
-        have = json.loads(raw)
-        if have != want:
-            raise StorageError(
-                f"data dir {self.path} belongs to shard {have['shard_id']} of {have['num_shards']} "
-                f"(num_slots {have['num_slots']}), but this server was started as shard {shard_id} of {num_shards}"
+        file_path = os.path.join(self.path, IDENTITY_FILE)
+        in_file = read_json(file_path, tuple(want))
+        with self._rocksdb("reading the shard record"):
+            raw = self._meta.get(b"shard")
+        in_db = json.loads(raw) if raw is not None else None
+        if in_file is not None and in_db is not None and in_file != in_db:
+            raise DataLossError(
+                f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)}; one copy is "
+                "damaged. Refusing to start; restore the dir from a backup or checkpoint"
             )
+        have = in_db or in_file
+        if have is not None and have != want:
+            raise StorageError(
+                f"data dir {self.path} belongs to {shard_name(have)}, but this server was started as shard "
+                f"{shard_id} of {num_shards}"
+            )
+        if in_db is None and in_file is not None:
+            raise DataLossError(
+                f"{IDENTITY_FILE} says it is {shard_name(in_file)}, but RocksDB holds no shard record: RocksDB lost "
+                "its latest writes (its write-ahead log, *.log, deleted or damaged) or its files were replaced, and "
+                "its tables and rows may be gone with them. Refusing to start; restore the dir from a backup or "
+                "checkpoint"
+            )
+        if in_db is None:
+            sync = WriteOptions()
+            sync.sync = True
+            self._meta.put(b"shard", json.dumps(want).encode(), sync)
+        if in_file is None:
+            if in_db is not None:
+                log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
+            write_json(file_path, want, sync_dir=True)
 
     def load_tables(self) -> list[TableConfig]:
         out = []
-        for key, raw in self._meta.items(from_key=b"table/"):
-            if not key.startswith(b"table/"):
-                break
-            try:
-                out.append(TableConfig.from_dict(json.loads(raw)))
-            except (ValueError, KeyError, TypeError) as e:
-                raise StorageError(f"{self.path}: table config {key!r} is unreadable: {e}") from e
+        with self._rocksdb("reading the table configs"):
+            for key, raw in _items(self._meta, b"table/"):
+                if not key.startswith(b"table/"):
+                    break
+                try:
+                    out.append(TableConfig.from_dict(json.loads(raw)))
+                except (ValueError, KeyError, TypeError) as e:
+                    raise StorageError(f"{self.path}: table config {key!r} is unreadable: {e}") from e
         return out
 
     def create_table(self, cfg: TableConfig) -> None:
-        self._cf(cfg.name, create=True)
-        self._meta.put(b"table/" + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), self._write_opts)
+        """Records the table's config and its number (the prefix of its row keys) in one write. The cost does not
+        grow with the number of tables: the first table creates the shared "rows" column family, the others none."""
+        numbers = self._table_ids()
+        number = numbers.get(cfg.name, max(numbers.values(), default=-1) + 1)
+        self._rows(create=True)
+        meta = self._db.get_column_family_handle(META_CF)
+        batch = WriteBatch(raw_mode=True)
+        batch.put(b"table/" + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
+        batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
+        with self._rocksdb(f"creating table {cfg.name!r}"):
+            self._db.write(batch, self._write_opts)
+        numbers[cfg.name] = number
 
-    def _cf(self, table: str, create: bool = False) -> Rdict:
-        cf = self._cfs.get(table)
+    _numbers: dict[str, int] | None = None  # {table: number}, read from meta on first use (_table_ids)
+
+    def _table_ids(self) -> dict[str, int]:
+        if self._numbers is None:
+            with self._rocksdb("reading the table numbers"):
+                self._numbers = table_ids(self._meta)
+        return self._numbers
+
+    def _table_id(self, table: str) -> int:
+        number = self._table_ids().get(table)
+        if number is None:
+            raise StorageError(f"{self.path}: table {table!r} has no number (meta key tid/{table}): RocksDB is damaged")
+        return number
+
+    def _rows(self, create: bool = False) -> Rdict:
+        """The "rows" column family (the first create_table creates it)."""
+        cf = self._cfs.get(ROWS_CF)
         if cf is None:
-            name = TABLE_CF_PREFIX + table
             try:
-                cf = self._db.get_column_family(name)
+                cf = self._db.get_column_family(ROWS_CF)
             except Exception:
                 if not create:
-                    raise StorageError(f"{self.path}: column family {name} is missing") from None
-                cf = self._db.create_column_family(name, self._opts)
-            self._cfs[table] = cf
+                    raise StorageError(f"{self.path}: column family {ROWS_CF} is missing") from None
+                cf = self._db.create_column_family(ROWS_CF, self._opts)
+            self._cfs[ROWS_CF] = cf
         return cf
+
+    def _layout(self, table: str) -> RowLayout:
+        raw = self._meta.get(b"table/" + table.encode())
+        if raw is None:
+            raise StorageError(f"{self.path}: table {table!r} has no config (meta key table/{table})")
+        cfg = TableConfig.from_dict(json.loads(raw))
+        return layout_of(cfg.dim, cfg.optimizer.name)
 
     # ---- rows -----------------------------------------------------------------------------------------
     def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
@@ -164,7 +298,8 @@ class Store:
         if len(ids) == 0:
             z = np.zeros(0, dtype=bool)
             return z, np.zeros((0, width), dtype=np.float32), np.zeros(0, dtype=np.uint64), z
-        values = self._cf(table).get(encode_keys(ids))
+        with self._rocksdb(f"reading rows of table {table!r}"):
+            values = self._rows().get(encode_keys(self._table_id(table), ids))
         present = [v for v in values if v is not None]
         found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
         sizes = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
@@ -198,34 +333,34 @@ class Store:
                 packed["lsn"] = lsn[where]
                 for i, v in zip(where.tolist(), packed.view(f"V{packed.dtype.itemsize}").tolist()):
                     values[i] = v
-        handle = self._db.get_column_family_handle(TABLE_CF_PREFIX + table)
+        number = self._table_id(table)
+        handle = self._db.get_column_family_handle(ROWS_CF)
         batch = WriteBatch(raw_mode=True)
-        for key, value in zip(encode_keys(ids), values):
+        for key, value in zip(encode_keys(number, ids), values):
             batch.put(key, value, handle)
         if delete is not None:
-            for key in encode_keys(delete):
+            for key in encode_keys(number, delete):
                 batch.delete(key, handle)
         batch.put(b"count/" + table.encode(), json.dumps(counts).encode(), self._db.get_column_family_handle(META_CF))
-        self._db.write(batch, self._write_opts)
+        with self._rocksdb(f"writing rows of table {table!r}"):
+            self._db.write(batch, self._write_opts)
 
     def scan(self, table: str, width: int, after: bytes | None, limit: int):
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
         (ids, rows, lsn, complete, last key) as get_rows returns them, or None at the end. Bounded memory."""
-        it = self._cf(table).iter()
-        if after is None:
-            it.seek_to_first()
-        else:
-            it.seek(after)
-            if it.valid() and it.key() == after:
-                it.next()
+        prefix = self._table_id(table).to_bytes(4, "big")
         keys = []
-        while it.valid() and len(keys) < limit:
-            keys.append(it.key())
-            it.next()
-        del it
+        with self._rocksdb(f"scanning table {table!r}"):
+            for key, _ in _items(self._rows(), after or prefix):
+                if not key.startswith(prefix):
+                    break
+                if key != after:
+                    keys.append(key)
+                if len(keys) == limit:
+                    break
         if not keys:
             return None
-        ids = np.array([int.from_bytes(k[2:], "big") for k in keys], dtype=np.uint64)
+        ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
         _, rows, lsn, complete = self.get_rows(table, ids, width)
         return ids, rows, lsn, complete, keys[-1]
 
@@ -243,17 +378,19 @@ class Store:
         lo, hi = slots
         copied = {}
         try:
+            numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}  # the checkpoint's
             for table in tables:
                 counts = {"admitted": 0, "pending": 0}
-                if TABLE_CF_PREFIX + table in names:
-                    cf = src.get_column_family(TABLE_CF_PREFIX + table)
-                    handle = self._db.get_column_family_handle(TABLE_CF_PREFIX + table)
+                if ROWS_CF in names and table in numbers:
+                    cf = src.get_column_family(ROWS_CF)
+                    handle = self._db.get_column_family_handle(ROWS_CF)
+                    src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
                     batch = WriteBatch(raw_mode=True)
-                    for key, value in cf.items(from_key=int(lo).to_bytes(2, "big")):
-                        if int.from_bytes(key[:2], "big") >= hi:
+                    for key, value in _items(cf, src_prefix + int(lo).to_bytes(2, "big")):
+                        if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
                         counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
-                        batch.put(key, value[:-8] + bytes(8), handle)  # lsn := 0
+                        batch.put(prefix + key[4:], value[:-8] + bytes(8), handle)  # lsn := 0
                         if len(batch) >= 65536:
                             self._db.write(batch, self._write_opts)
                             batch = WriteBatch(raw_mode=True)
@@ -272,10 +409,14 @@ class Store:
         checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped."""
         src, names = _open_read_only(source)
         try:
-            if TABLE_CF_PREFIX + table not in names:
+            numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}
+            if ROWS_CF not in names or table not in numbers:
                 return
+            prefix = numbers[table].to_bytes(4, "big")
             keys, values, size = [], [], 4 * width + 8
-            for key, value in src.get_column_family(TABLE_CF_PREFIX + table).items():
+            for key, value in _items(src.get_column_family(ROWS_CF), prefix):
+                if not key.startswith(prefix):
+                    break
                 if len(value) == size:
                     keys.append(key)
                     values.append(value)
@@ -310,9 +451,10 @@ class Store:
         batch.put(b"flushed_seq", str(seq).encode(), meta)
         if applied is not None:
             batch.put(b"applied", json.dumps({str(c): list(v) for c, v in applied.items()}).encode(), meta)
-        self._db.write(batch, self._write_opts)
-        if self._write_opts.sync:
-            self._db.flush_wal(True)
+        with self._rocksdb("recording the flushed journal position"):
+            self._db.write(batch, self._write_opts)
+            if self._write_opts.sync:
+                self._db.flush_wal(True)
 
     def applied(self) -> dict[int, tuple[int, int]]:
         """The journal's `applied` table stored by the last set_flushed_seq ({} if none)."""
@@ -332,13 +474,18 @@ class Store:
         self._meta.put(b"clock", str(step).encode(), self._write_opts)
 
     def disk_bytes(self, table: str) -> int:
-        """SST bytes of the table's column family (RocksDB's estimate; memtables not included)."""
-        return int(self._cf(table).property_int_value("rocksdb.total-sst-files-size") or 0)
+        """Bytes of the table's rows in RocksDB, keys and values, from its counts (before RocksDB's compression and
+        its own overhead per key; ps.rows.layout.RowLayout.disk_bytes adds an estimate of that)."""
+        layout, c, key = self._layout(table), self.counts(table), KEY_DTYPE.itemsize
+        return c["admitted"] * (key + layout.value_bytes) + c["pending"] * (key + layout.pending_value_bytes)
 
     def iter_rows(self, table: str):
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
-        for key, value in self._cf(table).items():
-            yield int.from_bytes(key[2:], "big"), value
+        prefix = self._table_id(table).to_bytes(4, "big")
+        for key, value in _items(self._rows(), prefix):
+            if not key.startswith(prefix):
+                break
+            yield int.from_bytes(key[6:], "big"), value
 
     def flush(self) -> None:
         """Writes every column family's memtable to SST files."""
@@ -347,9 +494,49 @@ class Store:
         for cf in self._cfs.values():
             cf.flush()
 
+    @contextlib.contextmanager
+    def _rocksdb(self, doing: str):
+        """Turns RocksDB's errors inside the block into a StorageError or DataLossError saying what failed."""
+        try:
+            yield
+        except PsError:
+            raise
+        except Exception as e:
+            raise _error(self.path, doing, e) from e
+
     def close(self) -> None:
         if self._db is not None:
             self._cfs.clear()
             self._meta = None
             self._db.close()
             self._db = None
+
+
+def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
+    """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
+    verifying every block's checksum and caching none. Returns ({column family: (keys read, the damage that
+    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int}); if RocksDB does not
+    open, ({"": (0, why)}, None). Nothing is written."""
+    meta = {"shard": None, "flushed_seq": 0}
+    try:
+        db, names = _open_read_only(path, rocksdb_options(8 << 20))
+    except Exception as e:
+        return {"": (0, f"RocksDB does not open: {e}")}, None
+    read_opts = ReadOptions()
+    read_opts.set_verify_checksums(True)
+    read_opts.fill_cache(False)
+    found = {}
+    try:
+        for name in names:
+            count, damage = 0, ""
+            try:
+                for key, value in _items(db.get_column_family(name), None, read_opts):
+                    count += 1
+                    if name == META_CF and key in (b"shard", b"flushed_seq"):
+                        meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
+            except Exception as e:
+                damage = str(e)
+            found[name] = (count, damage)
+    finally:
+        db.close()
+    return found, meta

@@ -1,0 +1,120 @@
+"""Side files: what a data dir keeps outside RocksDB and the journal, so that losing one file cannot lose it.
+
+Two small JSON files beside RocksDB's files, each replaced whole (written to a temporary file, fsynced, renamed
+over the old one), so a reader finds the old content or the new, never a mix:
+    shard.json          {"shard_id": i, "num_shards": n, "num_slots": s}  the shard's identity; RocksDB's meta
+                        column family holds the same record (ps.storage.store.Store.check_identity)
+    journal-mark.json   {"written_seq": k}  every journal record <= k was written whole to the journal, so its
+                        push may have been acknowledged: none of them may be missing at start-up
+                        (ps.storage.journal.Journal.replay); MarkWriter keeps it up to date
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+
+from ps.errors import StorageError
+
+log = logging.getLogger(__name__)
+
+IDENTITY_FILE = "shard.json"
+MARK_FILE = "journal-mark.json"
+
+
+def write_json(path: str, obj: dict, sync_dir: bool = False) -> None:
+    """Replaces the file at path with obj as JSON, whole: a temporary file in the same directory, fsynced, then
+    renamed over it. sync_dir: fsync the directory too, so the rename itself survives a power loss."""
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
+        raise
+    if sync_dir:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
+    """The JSON object in the file at path (None if there is no file); StorageError if it is not a JSON object
+    holding these keys with integer values."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        obj = json.loads(raw)
+        if not isinstance(obj, dict) or any(type(obj.get(k)) is not int for k in keys):
+            raise ValueError(f"expected a JSON object with integers {', '.join(keys)}")
+    except ValueError as e:
+        raise StorageError(f"{path} is damaged: {e}; it holds {raw[:80]!r}") from None
+    return obj
+
+
+def shard_name(identity: dict) -> str:
+    """'shard 0 of 2 (num_slots 16384)' for a shard record."""
+    return f"shard {identity['shard_id']} of {identity['num_shards']} (num_slots {identity['num_slots']})"
+
+
+def read_mark(path: str) -> int:
+    """The written_seq of the journal mark at path (0 if there is no mark file)."""
+    obj = read_json(path, ("written_seq",))
+    return obj["written_seq"] if obj is not None else 0
+
+
+class MarkWriter:
+    """Keeps the journal mark at path at most interval_s behind source() (the last journal record written): a
+    daemon thread rewrites it whenever source() has grown. write() brings it up to date at once (a segment
+    rotation); close() does so and stops the thread. Nothing happens on the append path. written: what the file
+    holds now (it is never rewritten with less)."""
+
+    def __init__(self, path: str, source: Callable[[], int], written: int, interval_s: float = 1.0,
+                 sync_dir: bool = False):  # fmt: skip
+        self.path = path
+        self._source = source
+        self._interval_s = interval_s
+        self._sync_dir = sync_dir
+        self._lock = threading.Lock()  # one write at a time; `written` only grows
+        self.written = written  # the seq the file holds, as far as this writer knows
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="journal-mark", daemon=True)
+        self._thread.start()
+
+    def write(self) -> None:
+        """Writes source() to the mark file if it is above what the file holds. An OSError is logged, not raised:
+        the mark is a check, not the data, and the next write tries again."""
+        with self._lock:
+            seq = self._source()
+            if seq > self.written:
+                try:
+                    write_json(self.path, {"written_seq": seq}, self._sync_dir)
+                except OSError as e:
+                    log.warning("cannot write the journal mark %s: %s", self.path, e)
+                    return
+                self.written = seq
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.write()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.write()

@@ -1,0 +1,290 @@
+"""Damaged data dirs, black box: a ps-server process pushes, is killed -9 (or stopped), its files are damaged,
+and then the next start (a ps.server.Server, or ps-server) must refuse with a message naming the damage,
+`ps-server verify` must find it, and --accept-journal-loss must start with a warning naming what was lost.
+
+Damage: RocksDB's write-ahead log deleted, with bytes flipped or cut in half, after a flush; a data block of an
+SST file; the journal's newest segment cut in the middle of a record or at a record boundary, or the journal
+deleted whole."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.errors import PsError, StorageError
+from ps.server import Server
+from worker.client import Client
+
+DIM = 4
+PUSHES = 30
+COMMON = np.arange(1000, dtype=np.uint64)  # in every push: its rows end at -(pushes applied)
+JOURNAL_HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum (ps/storage/journal.py's grammar)
+JOURNAL_MAGIC = 0x344A5350
+
+
+def own(k: int) -> np.ndarray:
+    return np.arange(50, dtype=np.uint64) + np.uint64(100_000 + 100 * k)  # only in push k
+
+
+class ServerProcess:
+    """`python -m ps` on a data dir, its output in a file; started() waits for it to listen or to exit."""
+
+    def __init__(self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1)):
+        self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
+        args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "ps", *args, *flags], stdout=log, stderr=log)
+
+    def output(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def started(self, timeout_s: float = 120) -> str | None:
+        """The address once it listens, or None if it exits first (AssertionError if neither in timeout_s)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            found = re.search(r"listening on (\S+:\d+)", self.output())
+            if found:
+                return found.group(1)
+            if self.proc.poll() is not None:
+                return None
+            time.sleep(0.05)
+        self.proc.kill()
+        raise AssertionError(f"ps-server neither listened nor exited in {timeout_s} s:\n{self.output()}")
+
+    def refused(self) -> str:
+        """Its output, after asserting that it exits without listening, with an error and no traceback."""
+        address = self.started()
+        if address is not None:
+            self.stop()
+        assert address is None, f"ps-server started on the damaged dir:\n{self.output()}"
+        out = self.output()
+        assert self.proc.wait(30) == 2 and "ps-server: error:" in out and "Traceback" not in out, out
+        return out
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(60)
+
+
+class InProcess:
+    """A ps.server.Server on data_dir, for a with-block: its address."""
+
+    def __init__(self, data_dir, **config):
+        self.server = Server(ServerConfig(data_dir=str(data_dir), **config))
+
+    def __enter__(self) -> str:
+        return f"127.0.0.1:{self.server.start()}"
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop(grace_s=1)
+
+
+def refusal(data_dir, shard: tuple[int, int] = (0, 1)) -> str:
+    """The message of the StorageError that a Server on data_dir refuses to start with."""
+    try:
+        server = Server(ServerConfig(data_dir=str(data_dir), shard_id=shard[0], num_shards=shard[1]))
+    except StorageError as e:
+        return str(e)
+    server.start()
+    server.stop()
+    raise AssertionError(f"a server started on the damaged {data_dir}")
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
+        time.sleep(0.05)
+
+
+def settle(predicate, timeout_s: float) -> bool:
+    """Waits up to timeout_s for predicate() to hold; whether it did (the caller's assertions judge the rest)."""
+    try:
+        wait_until(predicate, timeout_s, "")
+    except AssertionError:
+        return False
+    return True
+
+
+def push_all(address: str, table: str) -> None:
+    with Client([address], timeout_s=30) as client:
+        client.create_table(TableConfig(table, DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+        for k in range(PUSHES):
+            ids = np.concatenate([COMMON, own(k)])
+            client.push(table, ids, np.ones((len(ids), DIM), dtype=np.float32))
+
+
+def pushes_applied(address: str, table: str) -> int:
+    """How many of push_all's pushes the shard holds, checking that they are the first ones, each whole."""
+    with Client([address], timeout_s=30) as client:
+        applied = int(-client.pull(table, COMMON)[0, 0])
+        for k in range(PUSHES):
+            want = -1.0 if k < applied else 0.0
+            np.testing.assert_array_equal(client.pull(table, own(k)), np.full((50, DIM), want, np.float32))
+    return applied
+
+
+def verify(data_dir) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ps", "verify", str(data_dir)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+# ---- RocksDB's write-ahead log -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def flushed_then_killed(tmp_path_factory):
+    """A data dir whose pushes are flushed to RocksDB (its write-ahead log holds them; the journal is trimmed),
+    then the server killed -9."""
+    data_dir = tmp_path_factory.mktemp("wal") / "shard"
+    server = ServerProcess(data_dir, "--flush-interval-s", "0.2")
+    address = server.started()
+    assert address, server.output()
+    push_all(address, "t")
+    journal = data_dir / "journal"
+    wait_until(lambda: not [f for f in os.listdir(journal) if os.path.getsize(journal / f)], 60, "a flush")
+    server.stop(signal.SIGKILL)
+    wal = [f for f in os.listdir(data_dir) if f.endswith(".log")]
+    assert wal and max(os.path.getsize(data_dir / f) for f in wal) > 0, "RocksDB's write-ahead log holds nothing"
+    return data_dir
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("deleted", "shard.json says it is shard 0 of 1 .*but RocksDB holds no shard record"),
+    ("bytes flipped", "cannot open RocksDB at .*: Corruption"),
+    ("cut in half", r"journal records \d+\.\.30 .* are missing \(\d+ pushes, which may have been acknowledged\)"),
+])  # fmt: skip
+def test_a_damaged_write_ahead_log_is_refused_and_the_identity_survives(flushed_then_killed, tmp_path, damage,
+                                                                        message):  # fmt: skip
+    data_dir = tmp_path / "shard"
+    shutil.copytree(flushed_then_killed, data_dir)
+    (wal,) = [data_dir / f for f in os.listdir(data_dir) if f.endswith(".log") and os.path.getsize(data_dir / f)]
+    size = os.path.getsize(wal)
+    if damage == "deleted":
+        os.remove(wal)
+    elif damage == "bytes flipped":
+        with open(wal, "r+b") as f:
+            f.seek(size // 3)
+            f.write(bytes(b ^ 0xFF for b in f.read(4)))
+    else:
+        os.truncate(wal, size // 2)
+    assert re.search(message, refusal(data_dir))
+    if damage == "deleted":  # the identity survives the loss of RocksDB's copy
+        other = ServerProcess(data_dir, shard=(1, 2)).refused()  # and ps-server says so, with no traceback
+        assert "belongs to shard 0 of 1" in other and "started as shard 1 of 2" in other
+        report = verify(data_dir)
+        assert report.returncode == 1 and "DAMAGED shard identity" in report.stdout, report.stdout + report.stderr
+        for name in os.listdir(data_dir):  # all of RocksDB's files gone: shard.json still says whose dir it is
+            if name not in ("shard.json", "journal-mark.json", "journal"):
+                os.remove(data_dir / name)
+        assert re.search(r"holds .*shard.json.* but no RocksDB \(its CURRENT file is missing\)", refusal(data_dir))
+
+
+# ---- an SST block ---------------------------------------------------------------------------------------------
+def test_a_corrupt_sst_block_is_found_by_verify_and_a_pull_meeting_it_is_data_loss(tmp_path, caplog):
+    data_dir = tmp_path / "shard"
+    server = ServerProcess(data_dir)
+    address = server.started()
+    assert address, server.output()
+    ids = np.arange(20_000, dtype=np.uint64)
+    with Client([address], timeout_s=30) as client:
+        client.create_table(TableConfig("emb", DIM))
+        client.push("emb", ids, np.ones((len(ids), DIM), dtype=np.float32))
+    server.stop()  # a clean stop: every row in SST files
+    sst = max((data_dir / f for f in os.listdir(data_dir) if f.endswith(".sst")), key=os.path.getsize)
+    with open(sst, "r+b") as f:
+        f.seek(os.path.getsize(sst) // 4)  # a data block: the index and filter blocks are at the end
+        f.write(b"\xff" * 16)
+    report = verify(data_dir)
+    assert report.returncode == 1, report.stdout + report.stderr
+    assert re.search(r"DAMAGED column family \S+: Corruption: block checksum mismatch.* in .*\.sst",
+                     report.stdout), report.stdout  # fmt: skip
+    with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
+        client.pull("emb", ids)  # the server started: the damage is in a data block, read when a pull needs it
+    assert "failed with DATA_LOSS" in str(failed.value) and os.path.basename(sst) in str(failed.value)
+    assert "INTERNAL" not in str(failed.value)
+    assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
+
+
+# ---- the journal ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def journaled_then_killed(tmp_path_factory):
+    """A data dir whose PUSHES pushes are only in the journal (no flush), covered by the journal's mark (the
+    server keeps it a second behind), then the server killed -9."""
+    data_dir = tmp_path_factory.mktemp("journal") / "shard"
+    server = ServerProcess(data_dir, "--flush-interval-s", "3600")
+    address = server.started()
+    assert address, server.output()
+    push_all(address, "t")
+    mark = data_dir / "journal-mark.json"
+
+    def marked() -> bool:
+        return mark.exists() and f'"written_seq": {PUSHES}' in mark.read_text()
+
+    settle(marked, 30)  # without the mark, a start on the damaged journal does not refuse: the tests say so
+    server.stop(signal.SIGKILL)
+    return data_dir
+
+
+def record_ends(segment) -> list[int]:
+    """The byte offset where each record of a journal segment ends, by its headers."""
+    data, ends, pos = segment.read_bytes(), [], 0
+    while pos + JOURNAL_HEADER.size <= len(data):
+        magic, _seq, payload_len, _check = JOURNAL_HEADER.unpack_from(data, pos)
+        if magic != JOURNAL_MAGIC:
+            break
+        pos += JOURNAL_HEADER.size + payload_len
+        ends.append(pos)
+    return ends
+
+
+@pytest.mark.parametrize("damage", ["cut in a record", "cut at a record boundary", "deleted"])
+def test_a_journal_missing_acknowledged_records_is_refused_unless_the_loss_is_accepted(journaled_then_killed, tmp_path,
+                                                                                        caplog, damage):  # fmt: skip
+    data_dir = tmp_path / "shard"
+    shutil.copytree(journaled_then_killed, data_dir)
+    journal = data_dir / "journal"
+    kept = 14
+    if damage == "deleted":
+        shutil.rmtree(journal)
+        kept = 0
+    else:
+        (segment,) = journal.iterdir()
+        ends = record_ends(segment)
+        assert len(ends) == PUSHES
+        os.truncate(segment, ends[kept - 1] + (100 if damage == "cut in a record" else 0))
+    lost = f"journal records {kept + 1}..{PUSHES} in {journal} are missing ({PUSHES - kept} pushes"
+    out = refusal(data_dir)
+    assert lost in out and "--accept-journal-loss" in out and "without --sync" in out, out
+    if damage == "cut in a record":
+        report = verify(data_dir)
+        assert report.returncode == 1 and "DAMAGED journal: " + lost in report.stdout, report.stdout + report.stderr
+
+    if damage == "cut at a record boundary":  # ps-server's flag
+        server = ServerProcess(data_dir, "--accept-journal-loss")
+        address = server.started()
+        assert address, server.output()
+        try:
+            assert "WARNING" in server.output() and lost in server.output() and "Starting anyway" in server.output()
+            assert pushes_applied(address, "t") == kept
+        finally:
+            server.stop()
+    else:
+        caplog.clear()
+        with InProcess(data_dir, accept_journal_loss=True) as address:
+            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert [w for w in warnings if lost in w and "Starting anyway" in w], warnings
+            assert pushes_applied(address, "t") == kept
+    caplog.clear()
+    with InProcess(data_dir) as address:  # the loss, once accepted, is not met again
+        assert pushes_applied(address, "t") == kept
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and "journal" in r.getMessage()]
