@@ -108,6 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint",
     )
     p.add_argument(
+        "--checkpoint-root", default=None, metavar="DIR",
+        help="let clients (ps-worker checkpoint save, export) write checkpoints, only inside DIR: a request's "
+        "directory is relative to DIR or absolute inside it (created if missing). Without it, saves are refused",
+    )  # fmt: skip
+    p.add_argument(
         "--metrics-port",
         type=integer(0, 65535),
         default=None,
@@ -196,7 +201,8 @@ def verify_main(argv: list[str]) -> int:
     """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
     it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir."""
     p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__)
-    p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard (it may be running)")
+    p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard, best a stopped one (RocksDB is "
+                   "opened read-only: a file that a running server deletes meanwhile would show as missing)")  # fmt: skip
     args = p.parse_args(argv)
     from ps.storage.verify import verify_data_dir
 
@@ -243,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_port=args.metrics_port,
         direct_reads=args.direct_reads,
         accept_journal_loss=args.accept_journal_loss,
+        checkpoint_root=args.checkpoint_root,
     )
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:

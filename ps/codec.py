@@ -125,8 +125,8 @@ message TableInfo
 
 message CheckpointRequest
   1  phase            LEN     string                   "hold" | "save" | "release"
-  2  dir              LEN     string                   save: the checkpoint directory, as the server sees it
-  3  hold_timeout_s   I64     double                   hold: release after this long; 0: 120
+  2  dir              LEN     string                   save: a new directory inside the server's checkpoint root
+  3  hold_timeout_s   I64     double                   hold: release after this long, <= 3600; 0: 120
   4  token            LEN     string                   save, release: the token the hold returned
 
 message CheckpointResponse
@@ -151,7 +151,7 @@ message TableStats
   12 ram_bytes        VARINT  uint64                   RAM tier bytes charged to the table
   13 cache_misses     VARINT  uint64                   ids looked up in RocksDB
   14 pending_ids      VARINT  uint64                   ids pushed but not admitted yet
-  15 disk_bytes       VARINT  uint64                   SST bytes (RocksDB's figure)
+  15 disk_bytes       VARINT  uint64                   the table's rows in RocksDB (keys + values)
   16 admitted         VARINT  uint64                   ids admitted since the server started
   17 dropped          VARINT  uint64                   ids dropped by Shrink since the server started
 

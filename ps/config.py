@@ -7,13 +7,17 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from ps.errors import InvalidArgumentError
+from ps.errors import InvalidArgumentError, echo
 
 INITIALIZERS = ("zeros", "uniform", "normal")
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
+MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as
+# float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
+# journal and the replies carry it as uint64. 2**40 steps: 35 years at 1,000 advances a second
+MAX_SEQ_JUMP = 2**20  # a PushBatch's seq may be at most this far ahead of its client's newest request on a shard
 
 
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
@@ -34,7 +38,7 @@ class InitializerConfig:
 
     def validate(self) -> None:
         if self.name not in INITIALIZERS:
-            raise InvalidArgumentError(f"initializer {self.name!r} is unknown; expected one of {INITIALIZERS}")
+            raise InvalidArgumentError(f"initializer {echo(self.name)} is unknown; expected one of {INITIALIZERS}")
         check_hyperparameter("initializer scale", self.scale)
         if not 0 <= self.seed < 2**64:
             raise InvalidArgumentError(f"initializer seed must fit in uint64, got {self.seed}")
@@ -61,13 +65,13 @@ class OptimizerConfig:
         defaults = OPTIMIZER_PARAMS.get(self.name)
         if defaults is None:
             raise InvalidArgumentError(
-                f"optimizer {self.name!r} is unknown; expected one of {sorted(OPTIMIZER_PARAMS)}"
+                f"optimizer {echo(self.name)} is unknown; expected one of {sorted(OPTIMIZER_PARAMS)}"
             )
         check_hyperparameter("learning_rate", self.learning_rate, low_inclusive=False)
         unknown = sorted(set(self.params) - set(defaults))
         if unknown:
             raise InvalidArgumentError(
-                f"optimizer {self.name!r} got unknown parameters {unknown}; expected some of {sorted(defaults)}"
+                f"optimizer {self.name!r} got unknown parameters {echo(unknown)}; expected some of {sorted(defaults)}"
             )
         p = self.all_params()
         for k, v in p.items():
@@ -143,7 +147,7 @@ class TableConfig:
     def validate(self) -> None:
         if not TABLE_NAME_RE.fullmatch(self.name):
             raise InvalidArgumentError(
-                f"table name {self.name!r} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
+                f"table name {echo(self.name)} is invalid; expected 1-128 characters of [A-Za-z0-9_.-]"
             )
         if not 1 <= self.dim <= MAX_DIM:
             raise InvalidArgumentError(f"table {self.name!r}: dim must be in 1..{MAX_DIM}, got {self.dim}")
@@ -212,6 +216,7 @@ class ServerConfig:
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
     direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
     accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
+    checkpoint_root: str | None = None  # Checkpoint saves write only inside this directory; None: saves refused
 
     def validate(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -228,6 +233,10 @@ class ServerConfig:
             raise ValueError(f"cache_bytes must be positive, got {self.cache_bytes}")
         if self.flush_interval_s <= 0:
             raise ValueError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")
+        if self.checkpoint_root is not None and not self.checkpoint_root.strip():
+            raise ValueError(
+                "--checkpoint-root is empty; give a directory, or leave the flag out to refuse checkpoints"
+            )
 
 
 _SECTIONS = {

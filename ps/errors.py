@@ -1,8 +1,32 @@
 """The exceptions a shard raises for bad requests and failures; each names the gRPC status it maps to.
 
 The service maps them to status codes in one place (`ps.service`); clients get the same classes back from
-`worker.client`. Messages say what was expected and what arrived.
+`worker.client`. Messages say what was expected and what arrived; a value that came from a client is echoed
+through `echo`, so that no message grows with the request, and the service sends at most MAX_DETAILS_BYTES of a
+message (`clip`): gRPC carries it in a trailer, and refuses trailers over its metadata limit (8 KiB by default).
 """
+
+MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
+MAX_DETAILS_BYTES = 1024  # of a status message, UTF-8; percent-encoded in the trailer, it takes at most 3x this
+
+
+def echo(value: object, limit: int = MAX_ECHO_CHARS) -> str:
+    """ascii() of a value a client sent, for an error message: cut to `limit` characters, with its length, when
+    longer (`'xxxx'... (20,000 characters)`). ascii, not repr: every character of it is one byte on the wire."""
+    text = ascii(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value):,} characters" if isinstance(value, str) else f"{len(text):,} characters as written"
+    return f"{text[:limit]}... ({size})"
+
+
+def clip(message: str, max_bytes: int = MAX_DETAILS_BYTES) -> str:
+    """message cut to at most max_bytes of UTF-8 (a note of how much was cut included), for a status's details."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= max_bytes:
+        return message
+    note = f" ... ({len(data) - max_bytes + 40:,} more bytes cut)"
+    return data[: max_bytes - 40].decode("utf-8", "ignore") + note
 
 
 class PsError(Exception):
@@ -43,6 +67,13 @@ class ReplyTooLargeError(PsError):
     ServerConfig.max_message_bytes); it is refused before anything is built. Send fewer ids per request."""
 
     status = "RESOURCE_EXHAUSTED"
+
+
+class CheckpointDirError(PsError):
+    """A checkpoint cannot be written where asked: this server has no checkpoint root (ps-server
+    --checkpoint-root), or the directory cannot be created."""
+
+    status = "FAILED_PRECONDITION"
 
 
 class ServerUnavailableError(PsError, ConnectionError):

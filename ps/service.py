@@ -9,13 +9,24 @@ server's message limit (ServerConfig.max_message_bytes, the limit gRPC sends wit
 the size and the limit, before any row is gathered or any push applied. RESOURCE_EXHAUSTED, not
 INVALID_ARGUMENT: the request is well formed and would succeed against a server with a larger limit, and it is
 the code gRPC itself gives a message over the limit, so clients handle one code for both.
+
+Status messages are clipped to ps.errors.MAX_DETAILS_BYTES: gRPC sends them in a trailer, which has a size limit.
+
+Checkpoints are written only inside the operator's checkpoint root (ServerConfig.checkpoint_root, ps-server
+--checkpoint-root); a save on a server without one is FAILED_PRECONDITION (see checkpoint_dir).
+
+Exactly once per client: PushBatch's client_id is deduplicated under the caller's identity where the server knows
+one (see client_key), and its reply's num_applied counts the ids applied by this request, 0 for a request applied
+before (a retry).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
+import os
 import time
 
 import grpc
@@ -24,7 +35,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import MAX_MESSAGE_BYTES
 from ps.engine.shard import Shard
-from ps.errors import InvalidArgumentError, PsError, ReplyTooLargeError
+from ps.errors import CheckpointDirError, InvalidArgumentError, PsError, ReplyTooLargeError, clip, echo
 
 log = logging.getLogger("ps.service")
 REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
@@ -46,17 +57,58 @@ def _rpc(method):
         except PsError as e:
             code = e.status
             log.info("%s rejected: %s", method.__name__, e)
-            context.abort(grpc.StatusCode[e.status], str(e))
+            context.abort(grpc.StatusCode[e.status], clip(str(e)))
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
             code = "INTERNAL"
             log.exception("%s failed", method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"{method.__name__} failed on the server: {type(e).__name__}: {e}")
+            context.abort(
+                grpc.StatusCode.INTERNAL, clip(f"{method.__name__} failed on the server: {type(e).__name__}: {e}")
+            )
         finally:
             if self.metrics is not None:
                 out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
                 self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
 
     return wrapper
+
+
+def checkpoint_dir(root: str | None, requested: str) -> str:
+    """The directory a Checkpoint save of `requested` writes to: requested relative to root, or an absolute path
+    inside it, resolved (symlinks followed) to an absolute path strictly inside root's own resolved path.
+    CheckpointDirError when the server has no root; InvalidArgumentError for an empty path, one with a '..'
+    part or a NUL, or one that resolves to root itself or outside it."""
+    if not root:
+        raise CheckpointDirError(
+            "this server takes no checkpoints: start ps-server with --checkpoint-root DIR (PS_CHECKPOINT_ROOT) to let "
+            "it write checkpoints inside DIR"
+        )
+    if not requested or "\0" in requested or ".." in requested.split("/"):
+        raise InvalidArgumentError(
+            f"checkpoint dir {echo(requested)} is not a usable path: give a new directory relative to the server's "
+            "checkpoint root, or absolute inside it, with no '..' part"
+        )
+    base = os.path.realpath(root)
+    try:
+        path = os.path.realpath(os.path.join(base, requested))  # an absolute `requested` replaces base
+    except (OSError, ValueError) as e:
+        raise InvalidArgumentError(f"checkpoint dir {echo(requested)} cannot be resolved: {e}") from None
+    if path == base or os.path.commonpath([base, path]) != base:
+        raise InvalidArgumentError(
+            f"checkpoint dir {echo(requested)} resolves to {echo(path)}, not inside this server's checkpoint root "
+            f"{base}: give a new directory relative to the root, or absolute inside it"
+        )
+    return path
+
+
+def client_key(client_id: int, context: grpc.ServicerContext) -> int:
+    """The key under which a PushBatch's client_id is deduplicated: client_id itself; or, when the caller
+    presented a client certificate (mutual TLS), a 64-bit hash of the certificate's identities and client_id, so
+    that a caller cannot touch the requests of a caller with another certificate. 0 (no deduplication) stays 0."""
+    identities = context.peer_identities() if client_id else None
+    if not identities:
+        return client_id
+    who = b"\0".join(sorted(identities)) + b"\0" + client_id.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little") or 1
 
 
 PRESERIALIZED = {
@@ -166,24 +218,25 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ]
         if returned:
             self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
-        step, _ = self.shard.push_batch(pushes, request.advance_clock, request.client_id, request.seq)
+        client = client_key(request.client_id, context)
+        step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
         rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
-        return codec.encode_push_batch_response(sum(len(p[1]) for p in pushes), step, rows)
+        num_applied = sum(len(p[1]) for p in pushes[len(pushes) - applied :])  # the last `applied` pushes ran now
+        return codec.encode_push_batch_response(num_applied, step, rows)
 
     @_rpc
     def Checkpoint(self, request, context):
         if request.phase == "hold":
-            clock, token = self.shard.hold(request.hold_timeout_s or 120.0)
+            clock, token = self.shard.hold(request.hold_timeout_s or Shard.DEFAULT_HOLD_S)
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
         if request.phase == "save":
-            if not request.dir:
-                raise InvalidArgumentError("checkpoint save needs a directory")
-            info = self.shard.save_checkpoint(request.dir, request.token)
+            directory = checkpoint_dir(self.shard.config.checkpoint_root, request.dir)
+            info = self.shard.save_checkpoint(directory, request.token)
             return ps_pb2.CheckpointResponse(clock=info["clock"], shard_json=json.dumps(info))
         if request.phase == "release":
             self.shard.release(request.token)
             return ps_pb2.CheckpointResponse(clock=self.shard.clock)
-        raise InvalidArgumentError(f"checkpoint phase {request.phase!r} is unknown; expected hold, save or release")
+        raise InvalidArgumentError(f"checkpoint phase {echo(request.phase)} is unknown; expected hold, save or release")
 
     @_rpc
     def AdvanceClock(self, request, context):

@@ -211,8 +211,9 @@ def _add_cluster_commands(sub) -> None:
         "checkpoint every shard at one cut into DIR (restore with ps-server --restore DIR, onto any number of servers)"
     )
     p = sub.add_parser("checkpoint", help=help_text, description=help_text[0].upper() + help_text[1:] + ". Pushes "
-                       "wait (clients retry them) while the shards flush and checkpoint. DIR must be writable by the "
-                       "servers and readable here.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                       "wait (clients retry them) while the shards flush and checkpoint. DIR must lie inside the "
+                       "servers' --checkpoint-root, under the same path here (one machine, or a shared volume).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
     p.add_argument("action", choices=["save"], help="save: write a new checkpoint")
     p.add_argument("dir", help="a new directory for the checkpoint")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")

@@ -2,8 +2,10 @@
 
 hold on every shard (each stops taking pushes once those in flight are done; pushes sent meanwhile get
 UNAVAILABLE and clients retry them) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) ->
-release on every shard, also if anything failed -> write DIR/manifest.json. DIR is a path the servers can write
-and this worker can read (on one machine, or a shared volume).
+release on every shard, also if anything failed -> write DIR/manifest.json. The servers write only inside their
+--checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path
+(a relative one is taken from this worker's working directory), so it must lie inside that root under the same
+path here and on the servers (one machine, or a volume shared at the same path).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from ps.sharding import NUM_SLOTS
 
 
 def save(client, directory: str, hold_timeout_s: float = 120.0) -> dict:
-    """Checkpoints every shard the client knows into directory (which must not hold a checkpoint); returns the
-    manifest."""
+    """Checkpoints every shard the client knows into directory (which must not hold a checkpoint, and must lie
+    inside the servers' --checkpoint-root); returns the manifest."""
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")

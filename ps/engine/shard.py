@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import secrets
 import threading
@@ -20,21 +21,25 @@ import time
 
 import numpy as np
 
-from ps.config import ServerConfig, TableConfig
+from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.table import Table
 from ps.errors import (
+    CheckpointDirError,
     CheckpointInProgressError,
+    DataLossError,
     InvalidArgumentError,
     PsError,
     StorageError,
     TableExistsError,
     TableNotFoundError,
     WrongShardError,
+    echo,
 )
 from ps.rows.finite import first_non_finite
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
+from ps.storage.sidefiles import MARK_FILE
 from ps.storage.store import Store
 from ps.wire import repeats_ids
 
@@ -60,7 +65,8 @@ class Shard:
                 summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards)
                 log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
             self.budget = MemoryBudget(config.cache_bytes)
-            self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync)
+            self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
+                                   mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
             self.tables: dict[str, Table] = {}
             for cfg in self.store.load_tables():
                 self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
@@ -70,8 +76,18 @@ class Shard:
             self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
             self.journal.applied = self.store.applied()  # client requests applied before the last flush
             self._replay()
+            if self.clock > MAX_CLOCK:
+                raise StorageError(
+                    f"data dir {config.data_dir} holds clock {self.clock:,}, past the largest clock a shard takes "
+                    f"({MAX_CLOCK:,}; an out-of-range clock advance put it there): restore the dir from a checkpoint "
+                    "taken before that advance"
+                )
         except BaseException as e:
+            if hasattr(self, "journal"):
+                self.journal.close()
             self.store.close()
+            if isinstance(e, DataLossError):
+                raise DataLossError(f"cannot start on data dir {config.data_dir}: {e}") from e
             if isinstance(e, PsError) or not isinstance(e, Exception):
                 raise
             raise StorageError(
@@ -91,18 +107,26 @@ class Shard:
         self.started = time.monotonic()
 
     def _replay(self) -> None:
+        """Applies the journal records RocksDB lacks. The journal refuses records missing or damaged below its
+        mark unless config.accept_journal_loss; a loss so accepted is flushed at once, so that RocksDB's flushed
+        position passes it and the next start does not find it again."""
         after = self.store.flushed_seq()
         records = rows = 0
         t0 = time.monotonic()
-        for rec in self.journal.replay(after):
+        for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss):
             table = self.tables.get(rec.table)
             if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
-                raise RuntimeError(f"journal record {rec.seq} names table {rec.table!r}, which does not exist")
+                raise DataLossError(
+                    f"journal record {rec.seq} is a push to table {rec.table!r}, which RocksDB does not hold: RocksDB "
+                    "lost its latest writes (its write-ahead log, *.log, deleted or damaged). Restore the dir from "
+                    "a backup or checkpoint"
+                )
             rows += table.replay(rec)
             records += 1
             self.clock = max(self.clock, rec.step)
         if records:
             log.info("replayed %d journal records (%d row updates) in %.2f s", records, rows, time.monotonic() - t0)
+        if records or self.journal.losses:
             self.flush()
 
     # ---- tables ---------------------------------------------------------------------------------------
@@ -119,15 +143,19 @@ class Shard:
                         f"(existing != requested): {'; '.join(diff)}"
                     )
                 return table
-            self.store.create_table(cfg)
-            table = self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
+            table = Table(cfg, self.store, self.journal, self.budget)  # refused before anything is written if
+            self.store.create_table(cfg)  # the RAM tier cannot take it (RamTierTooSmallError)
+            self.tables[cfg.name] = table
             return table
 
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
         if table is None:
-            known = ", ".join(sorted(self.tables)) or "none"
-            raise TableNotFoundError(f"table {name!r} does not exist on shard {self.shard_id} (tables: {known})")
+            names = sorted(self.tables)
+            known = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+            raise TableNotFoundError(
+                f"table {echo(name)} does not exist on shard {self.shard_id} (tables: {known or 'none'})"
+            )
         return table
 
     def check_owned(self, ids: np.ndarray) -> None:
@@ -202,7 +230,9 @@ class Shard:
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
         its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
         older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
-        client_seq order; a retry that arrives while its first attempt still runs waits for it.
+        client_seq order; a retry that arrives while its first attempt still runs waits for it. A client_seq more
+        than MAX_SEQ_JUMP past its client's newest is refused. A request of a clock advance alone is its client's
+        newest too (noted in memory, stored at the next flush), so a retry of it does not advance again.
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
@@ -215,15 +245,28 @@ class Shard:
         with self._lock:
             lock = self._client_locks.setdefault(client, threading.Lock())
         with lock:
-            done_seq, done_parts = self.journal.applied.get(client, (0, 0))
+            newest = self.journal.applied.get(client)
+            done_seq, done_parts = newest or (0, 0)
+            # a client this shard holds no request of (a new client, or a shard restored from a checkpoint) starts
+            # at any seq; a known one may jump at most MAX_SEQ_JUMP ahead
+            if newest is not None and client_seq > done_seq + MAX_SEQ_JUMP:
+                raise InvalidArgumentError(
+                    f"request seq {client_seq:,} is more than {MAX_SEQ_JUMP:,} ahead of this client's newest request "
+                    f"on shard {self.shard_id} ({done_seq:,}); a client numbers its requests to a shard 1, 2, 3, ...; "
+                    "nothing was applied"
+                )
             if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes)):
                 for p in pushes:  # still a bad request if it is one
                     self.check_push(*p)
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
-            return self._apply_batch(pushes, advance_clock, (client, client_seq), skip)
+            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip)
+            if not pushes:  # no journal record notes a request of an advance alone: noted here, stored at a flush
+                self.journal.note_applied((client, client_seq, -1))
+            return out
 
     def _apply_batch(self, pushes, advance_clock, request: tuple[int, int], skip: int) -> tuple:
+        self._check_advance(advance_clock)
         checked = [self.check_push(*p) for p in pushes]
         if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
             for i, (_, ids, *_rest) in enumerate(checked):
@@ -261,17 +304,24 @@ class Shard:
                 self._gate.notify_all()
 
     MAX_HOLD_S = 3600.0
+    DEFAULT_HOLD_S = 120.0  # a Checkpoint hold request's hold_timeout_s 0
 
     def hold(self, timeout_s: float) -> tuple[int, str]:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
         the pushes in flight are done; returns (clock, token): save and release need the token. Every push
-        acknowledged before this returns is in the checkpoint, none after. One hold at a time."""
+        acknowledged before this returns is in the checkpoint, none after. One hold at a time. InvalidArgumentError
+        unless 0 < timeout_s <= MAX_HOLD_S."""
+        if not (math.isfinite(timeout_s) and 0 < timeout_s <= self.MAX_HOLD_S):
+            raise InvalidArgumentError(
+                f"hold_timeout_s must be finite, > 0 and <= {self.MAX_HOLD_S:g} seconds (0 in a request: "
+                f"{self.DEFAULT_HOLD_S:g}), got {timeout_s}; nothing is held"
+            )
         with self._gate:
             if self._held_until and time.monotonic() < self._held_until:
                 raise CheckpointInProgressError(f"shard {self.shard_id} is held by another checkpoint; retry later")
             self._hold_token = secrets.token_hex(8)
-            self._held_until = time.monotonic() + min(max(timeout_s, 0.001), self.MAX_HOLD_S)
-            self._hold_s = min(max(timeout_s, 0.001), self.MAX_HOLD_S)
+            self._held_until = time.monotonic() + timeout_s
+            self._hold_s = timeout_s
             while self._pushes_in_flight:
                 self._gate.wait()
             return self.clock, self._hold_token
@@ -304,7 +354,10 @@ class Shard:
         path = os.path.join(directory, name)
         if os.path.exists(path):
             raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise CheckpointDirError(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
         self.store.checkpoint(path)
         from ps.checkpoint import file_checksums
 
@@ -318,10 +371,20 @@ class Shard:
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
+        """Moves the clock forward by steps; returns it. InvalidArgumentError, changing nothing, if it would pass
+        MAX_CLOCK."""
         with self._lock:
+            self._check_advance(steps)
             self.clock += steps
             self.store.set_clock(self.clock)
             return self.clock
+
+    def _check_advance(self, steps: int) -> None:
+        if not 0 <= steps <= MAX_CLOCK - self.clock:
+            raise InvalidArgumentError(
+                f"a clock advance of {steps:,} steps is out of range: the clock is at {self.clock:,} and a shard's "
+                f"clock stays <= {MAX_CLOCK:,}; nothing was applied"
+            )
 
     def shrink(self, name: str = "") -> dict:
         """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids."""

@@ -1,0 +1,293 @@
+"""What a hostile or careless caller can no longer do to a shard, through gRPC and the CLI (issue 16, items 1 and
+4-7): carry the clock out of range, hold pushes with a NaN timeout, write checkpoints outside the operator's
+root, stop another client's pushes with a forged sequence number, or overflow gRPC's trailer with a long name.
+Each rejected request gets a precise status, never INTERNAL, and changes nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.config import ServerConfig
+from ps.server import Server
+
+SUM_SPEC = ps_pb2.TableSpec(  # zeros and SGD with lr 1: a row is minus the sum of its grads
+    name="sum",
+    dim=2,
+    initializer=ps_pb2.InitializerSpec(name="zeros", scale=0.0),
+    optimizer=ps_pb2.OptimizerSpec(name="sgd", learning_rate=1.0),
+)
+IDS = np.arange(1, 9, dtype=np.uint64)
+TIMEOUT_S = 30
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """Factory: an in-process shard on 127.0.0.1 (port 0) with the given ServerConfig fields; stopped at teardown.
+    Returns (Server, stub)."""
+    started = []
+
+    def start(data_dir=None, **fields) -> tuple[Server, ps_pb2_grpc.ParameterServerStub]:
+        server = Server(ServerConfig(data_dir=str(data_dir or tmp_path / "d"), port=0, **fields))
+        started.append(server)
+        port = server.start()
+        if fields.get("tls_cert"):
+            return server, None
+        return server, ps_pb2_grpc.ParameterServerStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
+
+    yield start
+    for s in started:
+        try:
+            s.stop(grace_s=1)
+        except Exception:  # stopped by the test already
+            pass
+
+
+def refused(call, request) -> tuple[grpc.StatusCode, str]:
+    """(status code, details) of a call that must fail."""
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=TIMEOUT_S)
+    return e.value.code(), e.value.details() or ""
+
+
+def push_request(grads: float, ids=IDS) -> ps_pb2.PushRequest:
+    grads = np.full((len(ids), 2), grads, dtype="<f4")
+    return ps_pb2.PushRequest(table="sum", ids=ids.astype("<u8").tobytes(), grads=grads.tobytes(), dim=2)
+
+
+def rows(stub, ids=IDS) -> np.ndarray:
+    reply = stub.Pull(ps_pb2.PullRequest(table="sum", ids=ids.astype("<u8").tobytes()), timeout=TIMEOUT_S)
+    return np.frombuffer(reply.rows, dtype="<f4").reshape(len(ids), 2)
+
+
+def clock(stub) -> int:
+    return stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S).clock
+
+
+def test_a_clock_advance_out_of_range_is_refused_and_the_shard_works_on_across_a_restart(tmp_path, serve):
+    server, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    assert stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=3), timeout=TIMEOUT_S).step == 3
+    for steps in (2**64 - 1, 2**63, 2**63, 2**41):
+        code, details = refused(stub.AdvanceClock, ps_pb2.AdvanceClockRequest(steps=steps))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "out of range" in details, (steps, code, details)
+    batch = ps_pb2.PushBatchRequest(pushes=[push_request(1.0)], advance_clock=2**64 - 2, client_id=5, seq=1)
+    code, details = refused(stub.PushBatch, batch)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "nothing was applied" in details
+    assert (rows(stub) == 0).all() and clock(stub) == 3  # the push of the refused batch was not applied
+    stub.Push(push_request(1.0), timeout=TIMEOUT_S)
+    assert clock(stub) == 3 and (rows(stub) == -1).all()
+    server.stop(grace_s=1)
+
+    _, stub = serve(data_dir=tmp_path / "d")  # the clock is saved: the restarted shard must work as well
+    assert clock(stub) == 3 and (rows(stub) == -1).all()
+    reply = stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[push_request(1.0)], advance_clock=2), timeout=TIMEOUT_S)
+    assert reply.step == 5 and (rows(stub) == -2).all()
+
+
+def test_a_saved_clock_out_of_range_is_refused_at_start_with_a_clear_error(tmp_path, serve):
+    server, stub = serve()
+    stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=7), timeout=TIMEOUT_S)
+    server.shard.store.set_clock(2**64 + 5)  # as a server that took any advance left its data dir
+    server.stop(grace_s=1)
+    r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), "--stop-with-stdin"],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "holds clock 18,446,744,073,709,551,621, past the largest clock a shard takes" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_hold_with_a_bad_timeout_is_refused_and_holds_nothing(serve):
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    for timeout_s in (math.nan, math.inf, -math.inf, -1.0, 3600.5, 1e308):
+        code, details = refused(stub.Checkpoint, ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=timeout_s))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "hold_timeout_s must be finite" in details, timeout_s
+        stub.Push(push_request(1.0), timeout=TIMEOUT_S)  # not held
+    assert (rows(stub) == -6).all()
+    token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold"), timeout=TIMEOUT_S).token  # 0: the default
+    code, _ = refused(stub.Push, push_request(1.0))
+    assert code == grpc.StatusCode.UNAVAILABLE  # a valid hold holds
+    stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)
+    stub.Push(push_request(1.0), timeout=TIMEOUT_S)
+    assert (rows(stub) == -7).all()
+
+
+def test_checkpoint_save_is_refused_on_a_server_without_a_checkpoint_root(tmp_path, serve):
+    _, stub = serve()
+    token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
+    try:
+        for target in (tmp_path / "ckpt", tmp_path / "a" / "b"):
+            code, details = refused(stub.Checkpoint, ps_pb2.CheckpointRequest(phase="save", dir=str(target),
+                                                                              token=token))  # fmt: skip
+            assert code == grpc.StatusCode.FAILED_PRECONDITION and "--checkpoint-root DIR" in details, details
+            assert not target.exists()
+    finally:
+        stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)
+
+
+def has_checkpoint_root() -> bool:
+    return "checkpoint_root" in {f.name for f in dataclasses.fields(ServerConfig)}
+
+
+def test_checkpoints_are_written_only_inside_the_root(tmp_path, serve):
+    assert has_checkpoint_root(), "the operator cannot confine checkpoints: ServerConfig has no checkpoint_root"
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "link").symlink_to(outside)
+    (root / "a-file").write_text("not a directory")
+    _, stub = serve(checkpoint_root=str(root))
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    stub.Push(push_request(1.0), timeout=TIMEOUT_S)
+    token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
+
+    def save(directory: str, timeout: float = TIMEOUT_S):
+        return stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=directory, token=token), timeout=timeout)
+
+    try:
+        for bad in ("../outside/c", "x/../../outside/c", str(outside / "c"), "link/c", str(root / "link" / "c"), ".",
+                    str(root), "", "/", "c\0d"):  # fmt: skip
+            code, details = refused(save, bad)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (bad, code, details)
+            assert "checkpoint root" in details, (bad, details)
+        code, details = refused(save, "a-file/c")  # a directory that cannot be created
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "cannot create checkpoint dir" in details, details
+        assert os.listdir(outside) == [] and sorted(os.listdir(root)) == ["a-file", "link"]
+
+        assert save("runs/1").clock == 0  # relative to the root
+        assert save(str(root / "runs" / "2")).clock == 0  # or absolute inside it
+        assert sorted(os.listdir(root / "runs")) == ["1", "2"]
+        assert "shard-0" in os.listdir(root / "runs" / "1") and "shard-0" in os.listdir(root / "runs" / "2")
+        code, details = refused(save, "runs/1")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "exists already" in details
+    finally:
+        stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)
+    assert os.listdir(outside) == []
+
+
+def batch(client_id: int, seq: int, grads: float) -> ps_pb2.PushBatchRequest:
+    return ps_pb2.PushBatchRequest(pushes=[push_request(grads)], client_id=client_id, seq=seq)
+
+
+def test_a_forged_sequence_number_cannot_stop_another_clients_pushes(serve):
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    victim = 0x5EED_1234_ABCD_0001
+    assert stub.PushBatch(batch(victim, 1, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    for seq in (2**64 - 1, 2 + 2**20):  # far ahead of the victim's newest request
+        code, details = refused(stub.PushBatch, batch(victim, seq, 100.0))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "ahead of this client's newest request" in details
+    assert (rows(stub) == -1).all()
+    assert stub.PushBatch(batch(victim, 2, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)  # applied, and says so
+    assert (rows(stub) == -2).all()
+    assert stub.PushBatch(batch(victim, 2, 1.0), timeout=TIMEOUT_S).num_applied == 0  # a retry: applied before
+    assert stub.PushBatch(batch(victim, 1, 1.0), timeout=TIMEOUT_S).num_applied == 0  # an old one, late
+    assert (rows(stub) == -2).all()
+    assert stub.PushBatch(batch(victim, 2 + 2**20, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)  # at the bound
+    assert (rows(stub) == -3).all()
+    assert stub.PushBatch(batch(0x77, 2**40, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)  # new to the shard
+    assert (rows(stub) == -4).all()
+
+
+def test_an_advance_alone_counts_as_a_clients_request(serve):
+    """A client whose requests to a shard carry only clock advances for a long time (the shard holds none of its
+    ids) is not refused when it pushes again: its advances count as its requests, and a retried one applies once."""
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    client = 0xC0FFEE
+    assert stub.PushBatch(batch(client, 1, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    for seq in (2, 2 + 2**20, 2 + 2 * 2**20):
+        advance = ps_pb2.PushBatchRequest(advance_clock=1, client_id=client, seq=seq)
+        assert stub.PushBatch(advance, timeout=TIMEOUT_S).num_applied == 0
+    assert stub.PushBatch(advance, timeout=TIMEOUT_S).step == 3  # sent again: not applied again
+    assert stub.PushBatch(batch(client, 3 + 2 * 2**20, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    assert (rows(stub) == -2).all() and clock(stub) == 3
+
+
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def make_pki(d) -> None:
+    """A CA, a server certificate for 127.0.0.1 and two client certificates (CN alice, CN mallory) it signed."""
+    assert shutil.which("openssl"), "this test needs the openssl command (Debian: apt install openssl)"
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", *EC, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=ca")
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name in ("server", "alice", "mallory"):
+        openssl("req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-out",
+                f"{name}.pem", "-days", "2", "-extfile", "server.ext" if name == "server" else "client.ext")  # fmt: skip
+
+
+def test_under_mutual_tls_a_client_id_belongs_to_its_certificate(tmp_path, serve):
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_pki(pki)
+    server, _ = serve(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"))
+
+    def stub_as(name: str) -> ps_pb2_grpc.ParameterServerStub:
+        credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), (pki / f"{name}.key").read_bytes(),
+                                                   (pki / f"{name}.pem").read_bytes())  # fmt: skip
+        return ps_pb2_grpc.ParameterServerStub(grpc.secure_channel(f"127.0.0.1:{server.port}", credentials))
+
+    alice, mallory = stub_as("alice"), stub_as("mallory")
+    alice.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    shared_id = 0xA11CE
+    assert alice.PushBatch(batch(shared_id, 1, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    # mallory sends alice's next request number under alice's client id: it counts only as mallory's own request
+    assert mallory.PushBatch(batch(shared_id, 2, 10.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    assert alice.PushBatch(batch(shared_id, 2, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    assert (rows(alice) == -12).all()  # alice's second push was applied
+    assert alice.PushBatch(batch(shared_id, 2, 1.0), timeout=TIMEOUT_S).num_applied == 0  # her retry is not
+    assert (rows(alice) == -12).all()
+
+
+LONG = "x" * 20_000
+
+
+def test_errors_that_echo_a_long_name_stay_short(serve):
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    for i in range(12):  # a NOT_FOUND lists some of the tables, not all
+        spec = ps_pb2.TableSpec(name=f"t{i:03d}", dim=1)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=TIMEOUT_S)
+    wide = "\u00e9" * 9_000  # 6 bytes each once percent-encoded in the trailer
+    long_push = ps_pb2.PushRequest(table=LONG, ids=IDS.astype("<u8").tobytes(), grads=b"\0" * 64, dim=2)
+    specs = [
+        ps_pb2.TableSpec(name=LONG, dim=2),
+        ps_pb2.TableSpec(name=wide, dim=2),
+        ps_pb2.TableSpec(name="ok", dim=2, optimizer=ps_pb2.OptimizerSpec(name=LONG)),
+        ps_pb2.TableSpec(name="ok", dim=2, initializer=ps_pb2.InitializerSpec(name=LONG)),
+        ps_pb2.TableSpec(name="ok", dim=2, optimizer=ps_pb2.OptimizerSpec(params={LONG: 1.0, wide: 2.0})),
+    ]
+    calls = [(stub.CreateTable, ps_pb2.CreateTableRequest(spec=spec), "INVALID_ARGUMENT") for spec in specs] + [
+        (stub.DescribeTable, ps_pb2.DescribeTableRequest(table=LONG), "NOT_FOUND"),
+        (stub.DescribeTable, ps_pb2.DescribeTableRequest(table=wide), "NOT_FOUND"),
+        (stub.Pull, ps_pb2.PullRequest(table=LONG, ids=IDS.astype("<u8").tobytes()), "NOT_FOUND"),
+        (stub.PullBatch, ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table=wide)]), "NOT_FOUND"),
+        (stub.Push, long_push, "NOT_FOUND"),
+        (stub.PushBatch, ps_pb2.PushBatchRequest(pushes=[long_push]), "NOT_FOUND"),
+        (stub.Shrink, ps_pb2.ShrinkRequest(table=LONG), "NOT_FOUND"),
+        (stub.Checkpoint, ps_pb2.CheckpointRequest(phase=LONG), "INVALID_ARGUMENT"),
+    ]
+    for call, request, want in calls:
+        code, details = refused(call, request)
+        assert code.name == want, (call, code, details[:300])
+        assert len(details.encode()) <= 1024, (call, len(details))
+        assert "characters)" in details or "parameters" in details, details
+    _, details = refused(stub.DescribeTable, ps_pb2.DescribeTableRequest(table="missing"))
+    assert "'missing' does not exist" in details and "and 3 more" in details, details
