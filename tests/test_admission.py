@@ -5,7 +5,6 @@ import shutil
 import tempfile
 
 import numpy as np
-import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -13,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.rows.initializers import init_rows
-from ps.storage import arena
+from ps.rows.layout import layout_of
 from tests.conftest import crash
 
 EV = EvictionConfig(ttl_steps=3, score_threshold=0.9, decay=0.5, nonclk_coeff=0.25, click_coeff=1.0)
@@ -30,9 +29,7 @@ def initial(i):
     return out[0]
 
 
-@pytest.fixture(autouse=True)
-def tiny_ram_tier(monkeypatch):
-    monkeypatch.setattr(arena, "MIN_ROWS", 8)
+TINY_RAM_TIER = 8 * layout_of(2, "sgd").ram_bytes  # 8 rows
 
 
 class AdmissionModel(RuleBasedStateMachine):
@@ -46,7 +43,7 @@ class AdmissionModel(RuleBasedStateMachine):
 
     @initialize()
     def open(self):
-        self.shard = Shard(ServerConfig(data_dir=self.dir, cache_bytes=1, flush_interval_s=3600))
+        self.shard = Shard(ServerConfig(data_dir=self.dir, cache_bytes=TINY_RAM_TIER, flush_interval_s=3600))
         self.table = self.shard.create_table(CFG)
 
     @rule(ids=st.lists(st.sampled_from(POOL), unique=True, min_size=1, max_size=12), data=st.data())

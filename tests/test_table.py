@@ -16,7 +16,7 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
 from ps.rows.initializers import init_rows
-from ps.storage import arena
+from ps.rows.layout import layout_of
 from ps.storage import journal as journal_module
 from tests.conftest import crash
 
@@ -31,15 +31,12 @@ def initial(ids):
     return out
 
 
-@pytest.fixture(autouse=True)
-def tiny_ram_tier(monkeypatch):
-    """A table may hold 8 rows: requests of up to 15 ids are chunked, and rows are evicted constantly."""
-    monkeypatch.setattr(arena, "MIN_ROWS", 8)
+TINY_RAM_TIER = 8 * layout_of(3, "sgd").ram_bytes  # 8 rows: requests of up to 15 ids are chunked, much is evicted
 
 
 class TableModel(RuleBasedStateMachine):
     """The model: a dict id -> row; a missing id reads as its initial value. SGD lr=1: row -= grad.
-    The shard runs with a 1-byte RAM budget (so MIN_ROWS rows) and a flusher that never fires on its own."""
+    The shard runs with a RAM tier of 8 rows and a flusher that never fires on its own."""
 
     def __init__(self):
         super().__init__()
@@ -48,7 +45,7 @@ class TableModel(RuleBasedStateMachine):
 
     @initialize()
     def open(self):
-        self.shard = Shard(ServerConfig(data_dir=self.dir, cache_bytes=1, flush_interval_s=3600))
+        self.shard = Shard(ServerConfig(data_dir=self.dir, cache_bytes=TINY_RAM_TIER, flush_interval_s=3600))
         self.table = self.shard.create_table(CFG)
 
     def expected(self, ids):

@@ -3,177 +3,41 @@
 - pull: look the ids up in the arena; misses are read from RocksDB with one multi_get (or initialized from a
   hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows (dirty ones are written back
   first, in one WriteBatch); then one compiled gather.
-- push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, compute the updated
-  rows into a buffer (optimizer step, then statistics and admission, weight clipping; a float32 overflow is
-  rejected), append the push to the journal (durable from here on), then scatter the buffer; the rows become
-  dirty and carry the push's seq as their lsn. The Shard's flusher writes dirty rows to RocksDB.
+- push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, update the rows in
+  place (ps.rows.update: optimizer step, then statistics and admission, weight clipping) keeping an undo copy,
+  then append the push to the journal (durable from here on); a float32 overflow or a failed journal write puts
+  the undo copy back. The rows become dirty and carry the push's seq as their lsn. The Shard's flusher writes
+  dirty rows to RocksDB.
 - admission: an id's statistics (show, click, last step) count from its first push; it gets a trained row once
   its show count reaches admission.min_count (and then with admission.probability per push). Until then its
   pushes only count, its pulls return the initial value, and RocksDB keeps only its statistics.
 - shrink: decay show and click, drop ids past their TTL or under the score threshold, in RAM and RocksDB.
 - replay (start-up): journal records after the last flush are applied again to the rows whose lsn is older.
-A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows.
+A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows; a
+push in chunks computes every chunk into a buffer first and puts them into the arena once it is journaled.
 Thread-safety: one lock per table serializes pull, push, flush, shrink.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 
-import numba
 import numpy as np
 
 from ps.config import TableConfig
 from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
-from ps.hashing import mix64_scalar
-from ps.rows.finite import first_non_finite_bits
+from ps.rows import update
 from ps.rows.initializers import init_rows
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
-from ps.rows.optim import apply_kernel, get_optimizer
-from ps.rows.parallel import run_parts
-from ps.rows.rowcopy import gather, gather_for_update
+from ps.rows.optim import get_optimizer
+from ps.rows.rowcopy import gather
+from ps.rows.update import Push, RowState
 from ps.storage.arena import Arena, MemoryBudget
 from ps.storage.journal import Journal, Record
 from ps.storage.store import Store
 
-FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock: about 20 ms of RocksDB writes
+FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock: short enough not to stall pushes
 FLUSH_PAUSE_S = 0.0005  # between two such holds, so a waiting pull or push gets the lock (Python's is not fair)
-UPDATE_BLOCK = 256  # rows updated per block: gather, optimizer step and accounting while the block is in cache
-BLOCK_FLOATS = 8192  # ... and at most this many floats (32 KB, about L1): wide rows (dense tables) take fewer
-
-
-@numba.njit(inline="always")
-def _block_rows(width):
-    return max(1, min(UPDATE_BLOCK, BLOCK_FLOATS // width))
-
-
-@numba.njit(nogil=True, cache=True)
-def _account(data, rows, buf, bits, ids, shows, clicks, step, stats_col, dim, min_count, probability, bound):
-    """After the optimizer step in buf: add show/click, stamp the step, decide admission. A row that is not
-    admitted gets its old embedding and state back (its pushes only count). Clips admitted embeddings to
-    [-bound, bound] if bound > 0. Returns (ids admitted by this push, first row of buf that is not finite or
-    -1); bits is buf (C-contiguous) viewed as uint32 (an Inf or NaN has every exponent bit set)."""
-    admitted_now = 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        show = data[r, stats_col + SHOW] + shows[i]
-        admitted = data[r, stats_col + ADMITTED] > 0
-        if not admitted and show >= min_count:
-            if probability >= 1.0:
-                admitted = True
-            else:  # a pure function of (id, show): replaying the journal decides the same way
-                h = mix64_scalar(ids[i] ^ mix64_scalar(np.uint64(show * 16.0)))
-                admitted = np.float64(h >> np.uint64(11)) * (1.0 / 9007199254740992.0) < probability
-            if admitted:
-                admitted_now += 1
-        if admitted:
-            if bound > 0:
-                for j in range(dim):
-                    buf[i, j] = min(max(buf[i, j], -bound), bound)
-        else:
-            for j in range(stats_col):
-                buf[i, j] = data[r, j]
-        buf[i, stats_col + SHOW] = show
-        buf[i, stats_col + CLICK] = data[r, stats_col + CLICK] + clicks[i]
-        buf[i, stats_col + LAST_STEP] = step
-        buf[i, stats_col + ADMITTED] = 1.0 if admitted else 0.0
-    bad = first_non_finite_bits(bits.reshape(-1))  # one flat loop over the block: per row, the loop's set-up
-    return admitted_now, bad if bad < 0 else bad // buf.shape[1]  # cost more than the check (1.5 ms per 100,000)
-
-
-@numba.njit(nogil=True, cache=True)
-def _update(code, params, data, rows, grads, ids, shows, clicks, step, stats_col, dim, min_count, probability,
-            bound, buf, bits, lo, hi):  # fmt: skip
-    """buf[lo:hi] = rows[lo:hi] of data after one push: optimizer step, then _account, a block of UPDATE_BLOCK
-    rows at a time so each block is read from the arena once and then worked on in cache (three passes over a
-    100,000-row buffer cost 3x the memory traffic). Returns (ids admitted, first non-finite row or -1)."""
-    width = buf.shape[1]
-    admitted = 0
-    bad = -1
-    step_rows = _block_rows(width)
-    for b in range(lo, hi, step_rows):
-        e = min(hi, b + step_rows)
-        gather(data, rows[b:e], width, buf[b:e])
-        apply_kernel(code, buf[b:e], grads[b:e], params)
-        a, x = _account(
-            data, rows[b:e], buf[b:e], bits[b:e], ids[b:e], shows[b:e], clicks[b:e], step, stats_col, dim,
-            min_count, probability, bound,
-        )  # fmt: skip
-        admitted += a
-        if bad < 0 and x >= 0:
-            bad = b + x
-    return admitted, bad
-
-
-@numba.njit(nogil=True, cache=True)
-def _update_in_place(code, params, data, rows, grads, ids, shows, clicks, step, stats_col, dim, min_count,
-                     probability, bound, lsn, dirty, stored, ref, seq, undo, undo_lsn, undo_dirty, lo, hi):  # fmt: skip
-    """Applies a push to rows[lo:hi] of the arena itself, a block at a time (read the rows, update them in
-    cache, write them back: one pass over random memory where computing into a buffer and committing it takes
-    two). What it overwrites goes to undo, undo_lsn and undo_dirty, for _restore. The rows become dirty at lsn
-    seq and referenced (CLOCK). Returns (ids admitted, change in admitted ids, change in pending ids, first non-finite row or -1)."""
-    width = undo.shape[1]
-    admitted_col = stats_col + ADMITTED
-    block = np.empty((_block_rows(width), width), np.float32)
-    bits = block.view(np.uint32)
-    admitted = 0
-    d_admitted = 0
-    d_pending = 0
-    bad = -1
-    step_rows = _block_rows(width)
-    for b in range(lo, hi, step_rows):
-        e = min(hi, b + step_rows)
-        m = e - b
-        gather_for_update(data, rows[:hi], b, e, width, undo[b:e])
-        for i in range(m):
-            for j in range(width):
-                block[i, j] = undo[b + i, j]
-        apply_kernel(code, block[:m], grads[b:e], params)
-        a, x = _account(
-            data, rows[b:e], block[:m], bits[:m], ids[b:e], shows[b:e], clicks[b:e], step, stats_col, dim,
-            min_count, probability, bound,
-        )  # fmt: skip
-        admitted += a
-        if bad < 0 and x >= 0:
-            bad = b + x
-        for i in range(m):
-            r = rows[b + i]
-            undo_lsn[b + i] = lsn[r]
-            undo_dirty[b + i] = dirty[r]
-            if stored[r] > 0 or dirty[r] > 0:  # the id existed: it leaves its old count
-                if undo[b + i, admitted_col] > 0:
-                    d_admitted -= 1
-                else:
-                    d_pending -= 1
-            if block[i, admitted_col] > 0:
-                d_admitted += 1
-            else:
-                d_pending += 1
-            for j in range(width):
-                data[r, j] = block[i, j]
-            lsn[r] = seq
-            dirty[r] = 1
-            ref[r] = 1
-    return admitted, d_admitted, d_pending, bad
-
-
-@numba.njit(nogil=True, cache=True)
-def _restore(data, rows, undo, lsn, dirty, undo_lsn, undo_dirty, lo, hi):
-    """Undoes _update_in_place on rows[lo:hi]."""
-    width = undo.shape[1]
-    for i in range(lo, hi):
-        r = rows[i]
-        for j in range(width):
-            data[r, j] = undo[i, j]
-        lsn[r] = undo_lsn[i]
-        dirty[r] = undo_dirty[i]
-
-
-@numba.njit(nogil=True, cache=True)
-def _set_lsn(lsn, rows, seq, lo, hi):
-    for i in range(lo, hi):
-        lsn[rows[i]] = seq
 
 
 class Table:
@@ -187,15 +51,22 @@ class Table:
         self.stats_col = self.layout.stats_col
         self.store = store
         self.journal = journal
-        self.arena = Arena(self.width, budget)
+        self.arena = Arena(self.width, budget, self._persist)
+        self.hyper = update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound)  # step 0: at_step per push
         self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
         self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
-        self.lock = threading.Lock()
+        self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
         self.closed = False
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
         }  # fmt: skip
+
+    @property
+    def row_state(self) -> RowState:
+        """What the update kernel reads and writes: the arena's arrays, which move when it grows."""
+        a = self.arena
+        return RowState(a.data, a.lsn, a.dirty, a.stored, a.ref)
 
     # ---- public API -----------------------------------------------------------------------------------
     def pull(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -233,25 +104,23 @@ class Table:
                 self.counters["pushes"] += 1
                 self.counters["ids_pushed"] += len(ids)
                 return seq
-            if len(chunks) > 1:  # chunks are resolved one by one: find duplicates across all of them first
-                _, first, counts = np.unique(ids, return_index=True, return_counts=True)
-                if (counts > 1).any():
-                    self._raise_duplicate(ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
-            updates = []  # (lo, hi, rows, new rows, admitted): computed first, committed once journaled
+            # chunks are resolved one by one: find duplicates across all of them first
+            _, first, counts = np.unique(ids, return_index=True, return_counts=True)
+            if (counts > 1).any():
+                self._raise_duplicate(ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
+            hp = update.at_step(self.hyper, step)
+            updates = []  # (lo, hi, new rows, admitted): computed first, committed once journaled
             for lo, hi in chunks:
                 rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
-                buf, admitted, bad = self._updated(rows, ids[lo:hi], grads[lo:hi], shows[lo:hi], clicks[lo:hi], step)
-                if bad >= 0:
-                    raise InvalidArgumentError(
-                        f"push to table {self.name!r} would make the row of id {int(ids[lo + bad])} non-finite "
-                        f"(float32 overflow: gradient {grads[lo + bad].tolist()[:8]}); nothing was applied"
-                    )
-                updates.append((lo, hi, rows, buf, admitted))
+                push = Push(ids[lo:hi], rows, grads[lo:hi], shows[lo:hi], clicks[lo:hi])
+                target = update.buffered(hi - lo, self.width)
+                out = update.update(hp, push, self.row_state, target)
+                if out.first_bad >= 0:
+                    self._raise_non_finite(ids, grads, lo + out.first_bad)
+                updates.append((lo, hi, target.rows, out.admitted))
             seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
-            for lo, hi, rows, buf, admitted in updates:
-                if len(updates) > 1:  # an earlier chunk's rows may have been evicted (unchanged) since
-                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
-                self._commit(rows, buf, seq)
+            for lo, hi, buf, admitted in updates:  # an earlier chunk's rows may have been evicted (unchanged) since
+                self._commit(self._resolve(ids[lo:hi], self.arena.new_stamp()), buf, seq)
                 self.counters["admitted"] += admitted
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
@@ -261,57 +130,42 @@ class Table:
         """Updates the resolved rows in the arena, then journals the push; a rejected update or a failed journal
         write restores every row it touched. Nobody sees the rows in between (the table lock is held), and the
         push is acknowledged only after the journal write, so a crash in between loses nothing acknowledged."""
-        a, n, adm, opt = self.arena, len(rows), self.cfg.admission, self.optimizer
-        expected = np.uint64(self.journal.next_seq)  # the seq append() gives unless another table appends first
-        undo = np.empty((n, self.width), dtype=np.float32)
-        undo_lsn, undo_dirty = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint8)
-        shows, clicks = np.ascontiguousarray(shows), np.ascontiguousarray(clicks)
-        results = run_parts(
-            lambda lo, hi: _update_in_place(
-                opt.CODE, opt.kernel_params, a.data, rows, grads, ids, shows, clicks, np.float32(step),
-                self.stats_col, self.dim, np.float32(adm.min_count), adm.probability,
-                np.float32(self.cfg.weight_bound), a.lsn, a.dirty, a.stored, a.ref, expected, undo, undo_lsn, undo_dirty,
-                lo, hi,
-            ),
-            n,
-        )  # fmt: skip
-
-        def restore() -> None:
-            run_parts(lambda lo, hi: _restore(a.data, rows, undo, a.lsn, a.dirty, undo_lsn, undo_dirty, lo, hi), n)
-
-        bad = min((r[3] for r in results if r[3] >= 0), default=-1)
-        if bad >= 0:
-            restore()
-            raise InvalidArgumentError(
-                f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
-                f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
-            )
+        expected = self.journal.next_seq  # the seq append() gives unless another table appends first
+        target = update.in_place(len(rows), self.width, expected)
+        push = Push(ids, rows, grads, shows, clicks)
+        out = update.update(update.at_step(self.hyper, step), push, self.row_state, target)
+        if out.first_bad >= 0:
+            update.undo(self.row_state, rows, target)
+            self._raise_non_finite(ids, grads, out.first_bad)
         try:
             seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
         except BaseException:
-            restore()
+            update.undo(self.row_state, rows, target)
             raise
         if seq != expected:
-            run_parts(lambda lo, hi: _set_lsn(a.lsn, rows, np.uint64(seq), lo, hi), n)
-        self.num_rows += sum(r[1] for r in results)
-        self.num_pending += sum(r[2] for r in results)
-        self.counters["admitted"] += sum(r[0] for r in results)
+            update.restamp(self.row_state, rows, seq)
+        self.num_rows += out.d_admitted
+        self.num_pending += out.d_pending
+        self.counters["admitted"] += out.admitted
         return seq
 
     def replay(self, record: Record) -> int:
         """Applies a journal record to the rows it has not reached yet (lsn < seq). Returns rows updated."""
         updated = 0
+        hp = update.at_step(self.hyper, record.step)
         with self.lock:
             for lo, hi in self._chunks(len(record.ids)):
-                ids = record.ids[lo:hi]
-                rows = self._resolve(ids, self.arena.new_stamp())
+                rows = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
                 todo = np.flatnonzero(self.arena.lsn[rows] < np.uint64(record.seq))
-                buf, admitted, _ = self._updated(
-                    rows[todo], ids[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
-                    record.shows[lo:hi][todo], record.clicks[lo:hi][todo], record.step,
+                push = Push(
+                    record.ids[lo:hi][todo], rows[todo], np.ascontiguousarray(record.grads[lo:hi][todo]),
+                    record.shows[lo:hi][todo], record.clicks[lo:hi][todo],
                 )  # fmt: skip
-                self._commit(rows[todo], buf, record.seq)
-                self.counters["admitted"] += admitted
+                # in place: the record was accepted when it was journaled, so the same step on the same rows is too
+                out = update.update(hp, push, self.row_state, update.in_place(len(todo), self.width, record.seq))
+                self.num_rows += out.d_admitted
+                self.num_pending += out.d_pending
+                self.counters["admitted"] += out.admitted
                 updated += len(todo)
         return updated
 
@@ -328,7 +182,7 @@ class Table:
                     written += len(rows)
                 if start >= self.arena.used:
                     return written
-            time.sleep(FLUSH_PAUSE_S)  # with 65,536-row holds and no pause, pushes waited 180 ms (median) for 2.3 s
+            time.sleep(FLUSH_PAUSE_S)  # without a pause, this thread would take the lock back before a waiting push
 
     def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS) -> int:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
@@ -402,6 +256,12 @@ class Table:
             "ids must be unique: sum the gradients of duplicate ids before pushing"
         )
 
+    def _raise_non_finite(self, ids: np.ndarray, grads: np.ndarray, bad: int):
+        raise InvalidArgumentError(
+            f"push to table {self.name!r} would make the row of id {int(ids[bad])} non-finite "
+            f"(float32 overflow: gradient {grads[bad].tolist()[:8]}); nothing was applied"
+        )
+
     def _rows_for_push(self, ids: np.ndarray) -> np.ndarray:
         """Arena rows of a push's ids (one chunk), all in RAM; a repeated id raises InvalidArgumentError before
         anything changes. When every id is in RAM already (hot rows) only the index is read: no row's line is
@@ -468,27 +328,8 @@ class Table:
             rows = np.concatenate([rows, victims])
         return rows
 
-    def _updated(self, rows, ids, grads, shows, clicks, step) -> tuple[np.ndarray, int, int]:
-        """(the rows after this push in a new buffer, ids admitted by it, first row that is not finite or -1);
-        the arena is untouched."""
-        buf = np.empty((len(rows), self.width), dtype=np.float32)
-        bits, adm, opt = buf.view(np.uint32), self.cfg.admission, self.optimizer
-        shows, clicks = np.ascontiguousarray(shows), np.ascontiguousarray(clicks)
-
-        def part(lo: int, hi: int) -> tuple[int, int]:
-            return _update(
-                opt.CODE, opt.kernel_params, self.arena.data, rows, grads, ids, shows, clicks, np.float32(step),
-                self.stats_col, self.dim, np.float32(adm.min_count), adm.probability,
-                np.float32(self.cfg.weight_bound), buf, bits, lo, hi,
-            )  # fmt: skip
-
-        results = run_parts(part, len(rows))
-        admitted = sum(a for a, _ in results)
-        bad = min((b for _, b in results if b >= 0), default=-1)
-        return buf, admitted, bad
-
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
-        d_admitted, d_pending = self.arena.commit(rows, buf, seq, self.stats_col + ADMITTED)
+        d_admitted, d_pending = update.commit(self.row_state, rows, buf, seq)
         self.num_rows += d_admitted
         self.num_pending += d_pending
 

@@ -1,0 +1,350 @@
+"""The one push update path: a compiled kernel that applies a push to a table's rows, in place or into a buffer.
+
+Every push goes through `update_rows`: a push that fits in RAM (in place, keeping an undo copy), a push processed
+in chunks (into a buffer, put into the arena by `commit` once the push is journaled) and journal replay (in
+place). Per block of rows small enough to stay in cache, the kernel runs these steps, each written once:
+
+    load     the block's rows from the arena into `new`, the rows worked on (in place: through the undo copy)
+    rule     OPTIMIZE: the optimizer step (ps.rows.optim.apply_kernel); ADD_DELTA: new[:, :dim] += grads
+    account  show and click added, last step stamped, admission decided, from the old statistics still in
+             the arena; a row not admitted gets its old embedding and state back (its pushes only count);
+             admitted embeddings are clipped to the weight bound
+    check    the first value of the block that is not finite (the caller rejects the push)
+    store    in place: the arena row := new; the row becomes dirty at lsn `seq` and referenced (CLOCK);
+             buffered: the result row := new, the arena is untouched
+
+Inputs, packed so that no two arguments of one type can be swapped unnoticed:
+    hp       float64[NUM_SLOTS] built by hyper_params() once per table, the clock step set per push by at_step();
+             a slot holds a float32 value exactly where the kernel computes in float32
+    Push     ids u64 (n,), rows i64 (n,) (arena rows, unique), grads f32 (n, dim), shows f32 (n,), clicks f32 (n,)
+    RowState the arena: data f32 (capacity, line) and per row lsn u64, dirty u8, stored u8, ref u8
+    Target   rows f32 (n, width), lsn u64 (n,), dirty u8 (n,), seq u64, in_place bool. In place: the undo copy
+             of what the push overwrote (for `undo`), and seq the lsn the rows get. Buffered: the rows after the
+             push (lsn and dirty unused).
+
+Callers planned next, and where each plugs in:
+- lazy L2 on touched rows: a slot L2 and, in `_apply_rule` before the step, the embedding scaled by
+  (1 - lr * l2) ** (step - last step), the row's own last step still in its stats column then: the decay of the
+  steps the row was not pushed, paid only when it is touched.
+- a sync step that merges several workers' pushes before one optimizer step: sum grads, shows and clicks of
+  the same id over the pushes (one Push with unique ids), journal it, and run the kernel once; nothing new here.
+- GEO deltas added without the optimizer: hyper_params(..., rule=ADD_DELTA); statistics and admission still
+  apply, the optimizer state is left as it is.
+- compact and fp16 row layouts: only `_load`, `_old` and `_store` read and write RowState.data (and `_undo`
+  puts back what `_load` read); a layout decodes its rows to float32 there and encodes them back, so rule,
+  account and check stay as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from ps.config import AdmissionConfig
+from ps.hashing import mix64_scalar
+from ps.rows.finite import first_non_finite_bits
+from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
+from ps.rows.optim import OPTIMIZERS, Optimizer, apply_kernel
+from ps.rows.parallel import run_parts
+from ps.rows.rowcopy import gather_for_update
+
+UPDATE_BLOCK = 256  # rows updated per block: loaded, stepped and accounted while the block is in cache
+BLOCK_FLOATS = 8192  # ... and at most this many floats (32 KB, about L1): wide rows (dense tables) take fewer
+
+# ---- the hyper-parameter vector: slot indices ------------------------------------------------------------------
+SLOT_NAMES = (
+    "rule",  # OPTIMIZE or ADD_DELTA
+    "optimizer",  # the optimizer's kernel code (ps.rows.optim: SGD, ADAGRAD, ADAM, FTRL)
+    "lr",  # learning rate (FTRL: alpha); then the optimizer's KERNEL_PARAMS in order, unused ones 0
+    "param1",
+    "param2",
+    "param3",
+    "min_count",  # admission: an id gets a trained row once its show count reaches this ...
+    "probability",  # ... and then with this probability per push
+    "weight_bound",  # > 0: admitted embeddings are clipped to [-bound, bound]
+    "step",  # the shard's clock step of the push (stamped as the rows' last step)
+)
+RULE, OPTIMIZER, LR, PARAM1, PARAM2, PARAM3, MIN_COUNT, PROBABILITY, WEIGHT_BOUND, STEP = range(len(SLOT_NAMES))
+NUM_SLOTS = len(SLOT_NAMES)
+OPTIMIZER_PARAMS = PARAM3 - LR + 1  # lr and up to three parameters: what apply_kernel takes
+OPTIMIZE, ADD_DELTA = 0, 1  # rules: the optimizer step on grads; or grads added to the embedding as a delta
+RULES = {"optimize": OPTIMIZE, "add_delta": ADD_DELTA}
+
+
+def hyper_params(
+    optimizer: Optimizer, admission: AdmissionConfig, weight_bound: float, rule: int = OPTIMIZE
+) -> np.ndarray:
+    """The hyper-parameter vector of a table (step 0): float64[NUM_SLOTS], slots as named in SLOT_NAMES."""
+    if rule not in RULES.values():
+        raise ValueError(f"rule {rule} is unknown; expected one of {RULES}")
+    params = np.asarray(optimizer.kernel_params, dtype=np.float32)
+    if not 1 <= len(params) <= OPTIMIZER_PARAMS:
+        raise ValueError(
+            f"optimizer {optimizer.name!r} has {len(params)} kernel params, expected 1..{OPTIMIZER_PARAMS}"
+        )
+    hp = np.zeros(NUM_SLOTS, dtype=np.float64)
+    hp[RULE] = rule
+    hp[OPTIMIZER] = optimizer.CODE
+    hp[LR : LR + len(params)] = params  # float32 values, exact in float64
+    hp[MIN_COUNT] = admission.min_count
+    hp[PROBABILITY] = admission.probability
+    hp[WEIGHT_BOUND] = weight_bound
+    return hp
+
+
+def at_step(hp: np.ndarray, step: int) -> np.ndarray:
+    """A copy of hp for a push at clock step `step`."""
+    out = hp.copy()
+    out[STEP] = step
+    return out
+
+
+def describe(hp: np.ndarray) -> dict:
+    """{slot name: value} of a hyper-parameter vector, the optimizer and rule by name (for messages and tests)."""
+    if hp.shape != (NUM_SLOTS,) or hp.dtype != np.float64:
+        raise ValueError(
+            f"hyper-parameter vector has shape {hp.shape} and dtype {hp.dtype}, expected ({NUM_SLOTS},) float64"
+        )
+    out = dict(zip(SLOT_NAMES, hp.tolist()))
+    out["rule"] = {v: k for k, v in RULES.items()}[int(hp[RULE])]
+    out["optimizer"] = {cls.CODE: name for name, cls in OPTIMIZERS.items()}[int(hp[OPTIMIZER])]
+    return out
+
+
+# ---- the packed inputs (NamedTuples: compiled code reads their fields by name) ----------------------------------
+class Push(NamedTuple):
+    ids: np.ndarray  # uint64 (n,)
+    rows: np.ndarray  # int64 (n,): arena row of each id, unique
+    grads: np.ndarray  # float32 (n, dim)
+    shows: np.ndarray  # float32 (n,)
+    clicks: np.ndarray  # float32 (n,)
+
+
+class RowState(NamedTuple):
+    data: np.ndarray  # float32 (capacity, line): each row's floats first
+    lsn: np.ndarray  # uint64 (capacity,)
+    dirty: np.ndarray  # uint8 (capacity,)
+    stored: np.ndarray  # uint8 (capacity,): 0 not in RocksDB, 1 statistics only, 2 the full row
+    ref: np.ndarray  # uint8 (capacity,): CLOCK's referenced bit
+
+
+class Target(NamedTuple):
+    rows: np.ndarray  # float32 (n, width): undo copy (in place) or the updated rows (buffered)
+    lsn: np.ndarray  # uint64 (n,) in place: each row's lsn before the push
+    dirty: np.ndarray  # uint8 (n,) in place: each row's dirty flag before the push
+    seq: np.uint64  # in place: the lsn the updated rows get
+    in_place: bool
+
+
+def in_place(n: int, width: int, seq: int) -> Target:
+    """Target of a push of n rows applied to the arena itself at lsn seq, keeping what it overwrites for undo()."""
+    rows = np.empty((n, width), np.float32)
+    return Target(rows, np.empty(n, np.uint64), np.empty(n, np.uint8), np.uint64(seq), True)
+
+
+def buffered(n: int, width: int) -> Target:
+    """Target of a push of n rows computed into a new buffer (Target.rows) for commit(); the arena is untouched."""
+    rows = np.empty((n, width), np.float32)
+    return Target(rows, np.empty(0, np.uint64), np.empty(0, np.uint8), np.uint64(0), False)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    admitted: int  # ids admitted by this push
+    d_admitted: int  # in place: change in the table's admitted ids (rows with a trained row)
+    d_pending: int  # in place: change in its ids pushed but not admitted yet
+    first_bad: int  # first position of the push whose row would not be finite, or -1
+
+
+# ---- the kernel ------------------------------------------------------------------------------------------------
+# The steps are inlined into the kernels (numba's inline="always"), so each kernel compiles to one function.
+@numba.njit(inline="always")
+def _block_rows(width):
+    """Rows per block of a `width`-float row."""
+    return max(1, min(UPDATE_BLOCK, BLOCK_FLOATS // width))
+
+
+@numba.njit(inline="always")
+def _load(state, rows, b, e, out):
+    """out[:e - b] = rows[b:e] of the arena as float32 rows (prefetching rows further on in `rows` for writing)."""
+    gather_for_update(state.data, rows, b, e, out.shape[1], out)
+
+
+@numba.njit(inline="always")
+def _old(data, r, col):
+    """Column col of arena row r as float32, before the push has written it."""
+    return data[r, col]
+
+
+@numba.njit(nogil=True, cache=True)
+def _apply_rule(hp, params, new, grads):
+    if np.int64(hp[RULE]) == ADD_DELTA:
+        for i in range(grads.shape[0]):
+            for j in range(grads.shape[1]):
+                new[i, j] += grads[i, j]
+    else:
+        apply_kernel(np.int64(hp[OPTIMIZER]), new, grads, params)
+
+
+@numba.njit(inline="always")
+def _account(hp, state, new, push, b):
+    """Statistics, admission and clipping of new[i], the row of push position b + i after the rule; the arena
+    still holds the row before the push. Returns the ids this block admits."""
+    data = state.data
+    ids, rows, shows, clicks = push.ids, push.rows, push.shows, push.clicks  # once per block, as in _store
+    stats_col = new.shape[1] - STATS_FLOATS
+    dim = push.grads.shape[1]
+    min_count, probability = np.float32(hp[MIN_COUNT]), hp[PROBABILITY]
+    bound, step = np.float32(hp[WEIGHT_BOUND]), np.float32(hp[STEP])
+    admitted_now = 0
+    for i in range(new.shape[0]):
+        r = rows[b + i]
+        show = _old(data, r, stats_col + SHOW) + shows[b + i]
+        admitted = _old(data, r, stats_col + ADMITTED) > 0
+        if not admitted and show >= min_count:
+            if probability >= 1.0:
+                admitted = True
+            else:  # a pure function of (id, show): replaying the journal decides the same way
+                h = mix64_scalar(ids[b + i] ^ mix64_scalar(np.uint64(show * 16.0)))
+                admitted = np.float64(h >> np.uint64(11)) * (1.0 / 9007199254740992.0) < probability
+            if admitted:
+                admitted_now += 1
+        if admitted:
+            if bound > 0:
+                for j in range(dim):
+                    new[i, j] = min(max(new[i, j], -bound), bound)
+        else:
+            for j in range(stats_col):
+                new[i, j] = _old(data, r, j)
+        new[i, stats_col + SHOW] = show
+        new[i, stats_col + CLICK] = _old(data, r, stats_col + CLICK) + clicks[b + i]
+        new[i, stats_col + LAST_STEP] = step
+        new[i, stats_col + ADMITTED] = 1.0 if admitted else 0.0
+    return admitted_now
+
+
+@numba.njit(inline="always")
+def _store(state, rows, new, seq, undo_lsn, undo_dirty):
+    """Arena row rows[i] := new[i], dirty and referenced at lsn seq; its lsn and dirty flag before go to undo_lsn
+    and undo_dirty (as long as rows, or empty: nothing kept). Returns the change in (admitted ids, ids not
+    admitted yet): a row exists once it is stored or dirty, and leaves its old count."""
+    data, lsn, dirty, stored, ref = state  # once per block, not per row: numba counts a reference at each read
+    width = new.shape[1]
+    admitted_col = width - STATS_FLOATS + ADMITTED
+    for i in range(undo_lsn.shape[0]):  # the rows' lines are in cache: _load has just read them
+        undo_lsn[i] = lsn[rows[i]]
+        undo_dirty[i] = dirty[rows[i]]
+    d_admitted = 0
+    d_pending = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if stored[r] > 0 or dirty[r] > 0:
+            if data[r, admitted_col] > 0:
+                d_admitted -= 1
+            else:
+                d_pending -= 1
+        if new[i, admitted_col] > 0:
+            d_admitted += 1
+        else:
+            d_pending += 1
+        for j in range(width):
+            data[r, j] = new[i, j]
+        lsn[r] = seq
+        dirty[r] = 1
+        ref[r] = 1
+    return d_admitted, d_pending
+
+
+@numba.njit(nogil=True, cache=True)
+def update_rows(
+    hp: np.ndarray, push: Push, state: RowState, target: Target, lo: int, hi: int
+) -> tuple[int, int, int, int]:
+    """Applies positions [lo, hi) of push to their rows (see the module docstring), a block at a time. Returns
+    (ids admitted, change in admitted ids, change in ids not admitted yet, first position not finite or -1); the
+    two changes are 0 when buffered. Positions of other parts are only read (prefetched)."""
+    rows, grads, out = push.rows, push.grads, target.rows
+    width = out.shape[1]
+    size = _block_rows(width)
+    block = np.empty((size if target.in_place else 0, width), np.float32)  # in place: the new rows
+    params = np.zeros(OPTIMIZER_PARAMS, np.float32)
+    for k in range(OPTIMIZER_PARAMS):
+        params[k] = np.float32(hp[LR + k])
+    admitted, d_admitted, d_pending, bad = 0, 0, 0, -1
+    for b in range(lo, hi, size):
+        e = min(hi, b + size)
+        m = e - b
+        if target.in_place:  # the old rows go to out (the undo copy), the new ones are computed in block
+            new = block[:m]
+            _load(state, rows[:hi], b, e, out[b:e])
+            for i in range(m):
+                for j in range(width):
+                    new[i, j] = out[b + i, j]
+        else:  # computed in out
+            new = out[b:e]
+            _load(state, rows[:hi], b, e, new)
+        _apply_rule(hp, params, new, grads[b:e])
+        admitted += _account(hp, state, new, push, b)
+        x = first_non_finite_bits(new.view(np.uint32).reshape(-1))  # an Inf or NaN has every exponent bit set
+        if bad < 0 and x >= 0:
+            bad = b + x // width
+        if target.in_place:
+            da, dp = _store(state, rows[b:e], new, target.seq, target.lsn[b:e], target.dirty[b:e])
+            d_admitted += da
+            d_pending += dp
+    return admitted, d_admitted, d_pending, bad
+
+
+@numba.njit(nogil=True, cache=True)
+def _commit(state, rows, buf, seq, lo, hi):
+    return _store(state, rows[lo:hi], buf[lo:hi], seq, np.empty(0, np.uint64), np.empty(0, np.uint8))
+
+
+@numba.njit(nogil=True, cache=True)
+def _undo(state, rows, target, lo, hi):
+    data, lsn, dirty = state.data, state.lsn, state.dirty
+    undo_rows, undo_lsn, undo_dirty = target.rows, target.lsn, target.dirty
+    width = undo_rows.shape[1]
+    for i in range(lo, hi):
+        r = rows[i]
+        for j in range(width):
+            data[r, j] = undo_rows[i, j]
+        lsn[r] = undo_lsn[i]
+        dirty[r] = undo_dirty[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def _set_lsn(lsn, rows, seq, lo, hi):
+    for i in range(lo, hi):
+        lsn[rows[i]] = seq
+
+
+# ---- callers' entry points (the work split over threads by ps.rows.parallel) -------------------------------------
+def update(hp: np.ndarray, push: Push, state: RowState, target: Target) -> Outcome:
+    """Applies a push (unique rows) to target: the arena itself (in_place) or a buffer (buffered)."""
+    results = run_parts(lambda lo, hi: update_rows(hp, push, state, target, lo, hi), len(push.rows))
+    return Outcome(
+        admitted=sum(r[0] for r in results),
+        d_admitted=sum(r[1] for r in results),
+        d_pending=sum(r[2] for r in results),
+        first_bad=min((r[3] for r in results if r[3] >= 0), default=-1),
+    )
+
+
+def undo(state: RowState, rows: np.ndarray, target: Target) -> None:
+    """Puts back what an in-place update of rows overwrote: data, lsn and dirty flags (its CLOCK bits stay)."""
+    run_parts(lambda lo, hi: _undo(state, rows, target, lo, hi), len(rows))
+
+
+def commit(state: RowState, rows: np.ndarray, buf: np.ndarray, seq: int) -> tuple[int, int]:
+    """Puts rows computed by a buffered update into arena rows `rows` as dirty rows at lsn seq; returns the
+    change in (admitted ids, ids not admitted yet)."""
+    results = run_parts(lambda lo, hi: _commit(state, rows, buf, np.uint64(seq), lo, hi), len(rows))
+    return sum(a for a, _ in results), sum(p for _, p in results)
+
+
+def restamp(state: RowState, rows: np.ndarray, seq: int) -> None:
+    """Sets the lsn of rows to seq (an in-place update whose journal seq came out other than expected)."""
+    run_parts(lambda lo, hi: _set_lsn(state.lsn, rows, np.uint64(seq), lo, hi), len(rows))

@@ -1,0 +1,249 @@
+"""The push update kernel (ps.rows.update) against a per-row numpy oracle: every optimizer, in place and
+buffered, admission, clipping, counts, undo, the first non-finite row, and the hyper-parameter vector's slots.
+conftest splits every batch over 3 threads, so the kernel runs in parts here."""
+
+import numpy as np
+import pytest
+
+from ps.config import AdmissionConfig, OptimizerConfig
+from ps.hashing import mix64
+from ps.rows import update
+from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
+from ps.rows.optim import get_optimizer
+from ps.rows.update import Push, RowState
+from ps.storage.arena import Arena, MemoryBudget
+
+DIM = 4
+CONFIGS = {
+    "sgd": OptimizerConfig("sgd", 0.1),
+    "adagrad": OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 0.5, "epsilon": 1e-6}),
+    "adam": OptimizerConfig("adam", 0.01, {"beta1": 0.8, "beta2": 0.95, "epsilon": 1e-6}),
+    "ftrl": OptimizerConfig("ftrl", 0.5, {"beta": 1.0, "l1": 0.05, "l2": 0.1}),
+}
+
+
+class Setup:
+    """An arena of n rows in random but valid states (some admitted, some stored or dirty) and a push to all of
+    them in a shuffled order. Built from a seed, so two Setups of one seed are equal."""
+
+    def __init__(self, name: str, n: int = 600, seed: int = 0, scale: float = 1.0):
+        rng = np.random.default_rng(seed)
+        self.opt = get_optimizer(CONFIGS[name])
+        self.name, self.n = name, n
+        self.width = DIM + self.opt.state_floats(DIM) + STATS_FLOATS
+        self.sc = self.width - STATS_FLOATS
+        self.arena = a = Arena(self.width, MemoryBudget(1 << 24))
+        stamp = a.new_stamp()
+        rows = a.grow(n, stamp)
+        ids = rng.permutation(n).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)  # distinct, spread over u64
+        block = np.zeros((n, self.width), np.float32)
+        block[:, :DIM] = rng.normal(0, 0.5, (n, DIM))
+        self.opt.init_state(block[:, : self.sc], DIM)
+        state = block[:, DIM : self.sc]
+        if name == "adagrad":
+            state += rng.random(state.shape).astype(np.float32)
+        elif name == "adam":
+            state[:, :DIM] = rng.normal(0, 0.1, (n, DIM))
+            state[:, DIM : 2 * DIM] = rng.random((n, DIM))
+            state[:, 2 * DIM] = rng.integers(0, 5, n)
+        elif name == "ftrl":
+            state[:, DIM:] = rng.random((n, DIM)) * 2
+        show = rng.integers(0, 3, n).astype(np.float32)
+        block[:, self.sc + SHOW] = show
+        block[:, self.sc + CLICK] = np.minimum(show, rng.integers(0, 2, n))
+        block[:, self.sc + LAST_STEP] = rng.integers(0, 4, n)
+        block[:, self.sc + ADMITTED] = rng.random(n) < 0.4
+        a.install(rows, ids, block, rng.integers(1, 50, n).astype(np.uint64), rng.integers(0, 3, n).astype(np.uint8), stamp)  # fmt: skip
+        a.dirty[rows] = rng.integers(0, 2, n)
+        a.ref[rows] = 0
+        self.state = RowState(a.data, a.lsn, a.dirty, a.stored, a.ref)
+        order = rng.permutation(n)
+        shows = rng.integers(0, 3, n).astype(np.float32)
+        self.push = Push(
+            ids[order], rows[order], (rng.normal(0, 1, (n, DIM)) * scale).astype(np.float32),
+            shows, np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32),
+        )  # fmt: skip
+
+    def snapshot(self) -> tuple:
+        a = self.arena
+        return a.data[: a.used, : self.width].copy(), a.lsn[: a.used].copy(), a.dirty[: a.used].copy()
+
+    def rows_of_push(self) -> np.ndarray:
+        return self.arena.data[self.push.rows, : self.width]
+
+
+def optimizer_step(name: str, p: dict, lr: float, w: np.ndarray, s: np.ndarray, g: np.ndarray) -> tuple:
+    """One step for one row in float64, from the formulas; returns (w, state)."""
+    if name == "sgd":
+        return w - lr * g, s
+    if name == "adagrad":
+        acc = s + g * g
+        return w - lr * g / (np.sqrt(acc) + p["epsilon"]), acc
+    if name == "adam":
+        t = s[2 * DIM] + 1
+        m = p["beta1"] * s[:DIM] + (1 - p["beta1"]) * g
+        v = p["beta2"] * s[DIM : 2 * DIM] + (1 - p["beta2"]) * g * g
+        c1, c2 = 1 - p["beta1"] ** t, 1 - p["beta2"] ** t
+        return w - lr * (m / c1) / (np.sqrt(v / c2) + p["epsilon"]), np.concatenate([m, v, [t]])
+    z, acc = s[:DIM], s[DIM:]
+    new_acc = acc + g * g
+    z = z + g - (np.sqrt(new_acc) - np.sqrt(acc)) / lr * w
+    w = np.where(np.abs(z) <= p["l1"], 0.0, -(z - np.sign(z) * p["l1"]) / ((p["beta"] + np.sqrt(new_acc)) / lr + p["l2"]))  # fmt: skip
+    return w, np.concatenate([z, new_acc])
+
+
+def admits(i: int, show: np.float32, probability: float) -> bool:
+    h = int(mix64(np.array([i], np.uint64) ^ mix64(np.array([np.uint64(show * 16.0)])))[0])
+    return (h >> 11) * (1.0 / 2**53) < probability
+
+
+def oracle(s: Setup, old: np.ndarray, adm: AdmissionConfig, bound: float, step: int, rule: int) -> tuple:
+    """(rows after the push, ids admitted, change in admitted ids, change in pending ids), one row at a time."""
+    sc, lr, p = s.sc, float(s.opt.lr), s.opt.given_params
+    want = old.astype(np.float64)
+    admitted_now = d_admitted = d_pending = 0
+    for k in range(s.n):
+        o, g = old[k], s.push.grads[k].astype(np.float64)
+        show = np.float32(o[sc + SHOW] + s.push.shows[k])
+        was = o[sc + ADMITTED] > 0
+        now = was or (show >= adm.min_count and admits(int(s.push.ids[k]), show, adm.probability))
+        admitted_now += now and not was
+        if now:
+            if rule == update.ADD_DELTA:
+                want[k, :DIM] = o[:DIM] + g
+            else:
+                want[k, :DIM], want[k, DIM:sc] = optimizer_step(s.name, p, lr, o[:DIM].astype(np.float64), o[DIM:sc].astype(np.float64), g)  # fmt: skip
+            if bound > 0:
+                want[k, :DIM] = np.clip(want[k, :DIM], -np.float32(bound), np.float32(bound))
+        r = s.push.rows[k]
+        if s.arena.stored[r] > 0 or s.arena.dirty[r] > 0:
+            d_admitted, d_pending = d_admitted - was, d_pending - (not was)
+        d_admitted, d_pending = d_admitted + now, d_pending + (not now)
+        want[k, sc:] = show, o[sc + CLICK] + s.push.clicks[k], step, float(now)
+    return want, admitted_now, d_admitted, d_pending
+
+
+@pytest.mark.parametrize("rule", [update.OPTIMIZE, update.ADD_DELTA])
+@pytest.mark.parametrize("probability", [1.0, 0.5])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_kernel_matches_the_per_row_oracle_in_place_and_buffered(name, probability, rule):
+    adm = AdmissionConfig(min_count=2, probability=probability)
+    hp = update.at_step(update.hyper_params(get_optimizer(CONFIGS[name]), adm, 0.4, rule), 5)
+    s = Setup(name)
+    old = s.rows_of_push().copy()
+    want, admitted_now, d_admitted, d_pending = oracle(s, old, adm, 0.4, 5, rule)
+    assert 0 < (want[:, s.sc + ADMITTED] > old[:, s.sc + ADMITTED]).sum() < s.n  # some rows admitted now, not all
+    assert (want[:, :DIM] == np.float32(0.4)).any()  # and the bound clips some
+
+    buf = update.buffered(s.n, s.width)
+    before = s.snapshot()
+    out = update.update(hp, s.push, s.state, buf)
+    for a, b in zip(before, s.snapshot()):
+        np.testing.assert_array_equal(a, b)  # buffered: the arena is untouched
+    stats = slice(s.sc, s.width)
+    np.testing.assert_array_equal(buf.rows[:, stats], want[:, stats].astype(np.float32))
+    np.testing.assert_allclose(buf.rows, want, rtol=1e-4, atol=1e-5)
+    assert (out.admitted, out.first_bad) == (admitted_now, -1)
+
+    t = Setup(name)  # the same arena and push again, updated in place this time
+    out_in_place = update.update(hp, t.push, t.state, update.in_place(t.n, t.width, 77))
+    np.testing.assert_array_equal(t.rows_of_push(), buf.rows)  # bit for bit the buffered result
+    assert (out_in_place.admitted, out_in_place.d_admitted, out_in_place.d_pending) == (admitted_now, d_admitted, d_pending)  # fmt: skip
+    assert (t.arena.lsn[t.push.rows] == 77).all() and (t.arena.dirty[t.push.rows] == 1).all()
+    assert (t.arena.ref[t.push.rows] == 1).all()
+
+    assert update.commit(s.state, s.push.rows, buf.rows, 77) == (d_admitted, d_pending)
+    for a, b in zip(s.snapshot(), t.snapshot()):
+        np.testing.assert_array_equal(a, b)  # buffered + commit == in place: rows, lsn and dirty flags
+
+
+def test_probabilistic_admission_decides_alike_in_place_and_buffered():
+    adm = AdmissionConfig(min_count=1, probability=0.3)
+    s, t = Setup("adagrad", n=4000, seed=3), Setup("adagrad", n=4000, seed=3)
+    for x in (s, t):  # not admitted, no shows yet: an id is a candidate once this push shows it
+        x.arena.data[x.push.rows, x.sc + ADMITTED] = 0
+        x.arena.data[x.push.rows, x.sc + SHOW] = 0
+    hp = update.at_step(update.hyper_params(s.opt, adm, 0.0), 2)
+    buf = update.buffered(s.n, s.width)
+    a = update.update(hp, s.push, s.state, buf)
+    b = update.update(hp, t.push, t.state, update.in_place(t.n, t.width, 9))
+    got = t.rows_of_push()[:, t.sc + ADMITTED]
+    np.testing.assert_array_equal(buf.rows[:, s.sc + ADMITTED], got)
+    assert a.admitted == b.admitted == int(got.sum())
+    candidates = np.flatnonzero(s.push.shows >= 1)
+    assert abs(a.admitted / len(candidates) - 0.3) < 0.04
+    assert all(got[k] == admits(int(s.push.ids[k]), np.float32(s.push.shows[k]), 0.3) for k in candidates[:500])
+
+
+def test_undo_puts_back_rows_lsn_and_dirty_flags():
+    s = Setup("adam", seed=1)
+    before = s.snapshot()
+    target = update.in_place(s.n, s.width, 1234)
+    update.update(update.hyper_params(s.opt, AdmissionConfig(), 0.0), s.push, s.state, target)
+    assert not np.array_equal(before[0], s.snapshot()[0])
+    update.undo(s.state, s.push.rows, target)
+    for a, b in zip(before, s.snapshot()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_restamp_sets_the_lsn_of_the_rows_only():
+    s = Setup("sgd", seed=2)
+    lsn = s.arena.lsn[: s.arena.used].copy()
+    update.restamp(s.state, s.push.rows[:10], 999)
+    lsn[s.push.rows[:10]] = 999
+    np.testing.assert_array_equal(s.arena.lsn[: s.arena.used], lsn)
+
+
+@pytest.mark.parametrize("target", ["in_place", "buffered"])
+def test_the_first_row_that_would_not_be_finite_is_reported(target):
+    s = Setup("sgd", seed=4)
+    s.arena.data[s.push.rows, s.sc + ADMITTED] = 1
+    s.push.grads[[123, 400, 77]] = np.float32(3e38)  # w - 0.1 g is finite; the stats keep the row finite too
+    s.push.grads[[400, 500], 1] = -np.inf  # w + inf
+    hp = update.hyper_params(s.opt, AdmissionConfig(), 0.0)
+    tgt = update.in_place(s.n, s.width, 5) if target == "in_place" else update.buffered(s.n, s.width)
+    assert update.update(hp, s.push, s.state, tgt).first_bad == 400
+    if target == "in_place":
+        update.undo(s.state, s.push.rows, tgt)
+    s.push.grads[:] = 0
+    assert update.update(hp, s.push, s.state, tgt).first_bad == -1
+
+
+def test_add_delta_leaves_the_optimizer_state_alone():
+    s = Setup("adagrad", seed=5)
+    s.arena.data[s.push.rows, s.sc + ADMITTED] = 1
+    old = s.rows_of_push().copy()
+    hp = update.hyper_params(s.opt, AdmissionConfig(), 0.0, rule=update.ADD_DELTA)
+    update.update(hp, s.push, s.state, update.in_place(s.n, s.width, 3))
+    new = s.rows_of_push()
+    np.testing.assert_array_equal(new[:, :DIM], old[:, :DIM] + s.push.grads)
+    np.testing.assert_array_equal(new[:, DIM : s.sc], old[:, DIM : s.sc])
+
+
+def test_hyper_parameter_slots_are_named_and_hold_their_values():
+    names = update.SLOT_NAMES
+    assert len(set(names)) == update.NUM_SLOTS == len(names)
+    slots = {n: getattr(update, n.upper()) for n in names}
+    assert sorted(slots.values()) == list(range(update.NUM_SLOTS))
+    assert all(names[i] == n for n, i in slots.items())
+    opt = get_optimizer(CONFIGS["adam"])
+    base = update.hyper_params(opt, AdmissionConfig(min_count=3, probability=0.25), 0.5)
+    hp = update.at_step(base, 7)
+    assert base[update.STEP] == 0 and hp.dtype == np.float64
+    assert update.describe(hp) == {
+        "rule": "optimize", "optimizer": "adam", "lr": float(np.float32(0.01)), "param1": float(np.float32(0.8)),
+        "param2": float(np.float32(0.95)), "param3": float(np.float32(1e-6)), "min_count": 3.0,
+        "probability": 0.25, "weight_bound": 0.5, "step": 7.0,
+    }  # fmt: skip
+    sgd = update.describe(update.hyper_params(get_optimizer(CONFIGS["sgd"]), AdmissionConfig(), 0.0, update.ADD_DELTA))  # fmt: skip
+    assert (sgd["rule"], sgd["optimizer"], sgd["param1"], sgd["param2"], sgd["param3"]) == ("add_delta", "sgd", 0, 0, 0)
+
+
+def test_hyper_parameter_vectors_are_checked():
+    opt = get_optimizer(CONFIGS["sgd"])
+    with pytest.raises(ValueError, match="rule 7 is unknown"):
+        update.hyper_params(opt, AdmissionConfig(), 0.0, rule=7)
+    with pytest.raises(ValueError, match=r"expected \(10,\) float64"):
+        update.describe(np.zeros(9))
+    with pytest.raises(ValueError, match=r"expected \(10,\) float64"):
+        update.describe(np.zeros(10, np.float32))
