@@ -145,32 +145,6 @@ def _clock_victims(ref, pin, stamp, used, hand, k, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def _commit(data, rows, buf, dirty, stored, lsn, seq, admitted_col):
-    """Scatters updated rows into the arena, marks them dirty at lsn seq. Returns the change in the number of
-    admitted ids and of ids not admitted yet (a row exists once it is stored or dirty)."""
-    width = buf.shape[1]
-    d_admitted = 0
-    d_pending = 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        existed = stored[r] > 0 or dirty[r] > 0
-        if existed:
-            if data[r, admitted_col] > 0:
-                d_admitted -= 1
-            else:
-                d_pending -= 1
-        if buf[i, admitted_col] > 0:
-            d_admitted += 1
-        else:
-            d_pending += 1
-        for j in range(width):
-            data[r, j] = buf[i, j]
-        dirty[r] = 1
-        lsn[r] = seq
-    return d_admitted, d_pending
-
-
-@numba.njit(nogil=True, cache=True)
 def _collect_dirty(dirty, start, stop, k, out):
     """Up to k rows r in [start, stop) with dirty[r]; returns (count, where the scan stopped)."""
     count = 0
@@ -357,17 +331,6 @@ class Arena:
         self.ref[rows] = 1
         self.pin[rows] = stamp
         self.index.insert(ids, rows)
-
-    def commit(self, rows: np.ndarray, buf: np.ndarray, seq: int, admitted_col: int) -> tuple[int, int]:
-        """Puts updated rows (buf) into the arena as dirty rows at lsn seq; returns the change in the number
-        of admitted ids and of ids not admitted yet."""
-        results = run_parts(
-            lambda lo, hi: _commit(
-                self.data, rows[lo:hi], buf[lo:hi], self.dirty, self.stored, self.lsn, np.uint64(seq), admitted_col
-            ),
-            len(rows),
-        )  # rows are unique: the parts write disjoint rows
-        return sum(a for a, _ in results), sum(p for _, p in results)
 
     def release(self, rows: np.ndarray) -> None:
         """Drops rows from the table entirely (Shrink); their arena rows become free for reuse."""
