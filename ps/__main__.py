@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import sys
+from collections.abc import Callable
 
 from ps.accel.malloc import tune_malloc
 from ps.config import ServerConfig
@@ -26,7 +27,7 @@ def parse_bytes(text: str) -> int:
     return size
 
 
-def integer(lowest: int, highest: int | None = None):
+def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer in lowest..highest. argparse puts the flag before the message."""
 
     def parse(text: str) -> int:
@@ -42,7 +43,7 @@ def integer(lowest: int, highest: int | None = None):
     return parse
 
 
-def number(lowest: float, highest: float = math.inf):
+def number(lowest: float, highest: float = math.inf) -> Callable[[str], float]:
     """An argparse type: a finite number in lowest..highest."""
 
     def parse(text: str) -> float:

@@ -26,7 +26,7 @@ def mix64(ids: np.ndarray) -> np.ndarray:
 
 
 @numba.njit(inline="always")
-def mix64_scalar(z):
+def mix64_scalar(z: np.uint64) -> np.uint64:
     """mix64 of one uint64, for compiled loops (same function as `mix64`)."""
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)

@@ -20,6 +20,11 @@ Per shard: sparseps_clock, sparseps_ram_budget_bytes, sparseps_ram_used_bytes, s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ps.engine.shard import Shard
+
 import hmac
 import logging
 import socket
@@ -39,7 +44,7 @@ TABLE_COUNTERS = ("evictions", "ids_pulled", "ids_pushed")
 
 
 class ServerMetrics:
-    def __init__(self, shard):
+    def __init__(self, shard: Shard):
         self.registry = CollectorRegistry()
         self.requests = Counter("sparseps_requests", "RPCs served", ["method", "code"], registry=self.registry)
         self.seconds = Histogram("sparseps_request_seconds", "RPC latency", ["method"], buckets=BUCKETS,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import ssl
+from collections.abc import Callable
 
 import grpc
 
@@ -100,7 +101,9 @@ class TokenCheck(grpc.ServerInterceptor):
 
         self._deny = grpc.unary_unary_rpc_method_handler(deny)
 
-    def intercept_service(self, continuation, handler_call_details):
+    def intercept_service(
+        self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler | None:
         if handler_call_details.method.startswith(HEALTH_PREFIX):
             return continuation(handler_call_details)
         for key, value in handler_call_details.invocation_metadata or ():
@@ -117,7 +120,9 @@ class TokenHeader(grpc.UnaryUnaryClientInterceptor):
     def __init__(self, token: str):
         self._header = ("authorization", f"Bearer {token}")
 
-    def intercept_unary_unary(self, continuation, client_call_details, request):
+    def intercept_unary_unary(
+        self, continuation: Callable, client_call_details: grpc.ClientCallDetails, request: object
+    ) -> object:
         metadata = list(client_call_details.metadata or []) + [self._header]
         details = client_call_details._replace(metadata=metadata) if hasattr(client_call_details, "_replace") else None
         if details is None:

@@ -22,6 +22,13 @@ before (a retry).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.message import Message
+
+if TYPE_CHECKING:
+    from ps.metrics import ServerMetrics
+
 import functools
 import hashlib
 import json
@@ -136,7 +143,7 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
-    def __init__(self, shard: Shard, metrics=None, max_reply_bytes: int = MAX_MESSAGE_BYTES):
+    def __init__(self, shard: Shard, metrics: ServerMetrics | None = None, max_reply_bytes: int = MAX_MESSAGE_BYTES):
         self.shard = shard
         self.metrics = metrics  # ps.metrics.ServerMetrics, or None
         self.max_reply_bytes = max_reply_bytes  # the server's grpc.max_send_message_length
@@ -164,15 +171,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         )
 
     @_rpc
-    def CreateTable(self, request, context):
+    def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
         return self._info(self.shard.create_table(codec.table_config_from_proto(request.spec)))
 
     @_rpc
-    def DescribeTable(self, request, context):
+    def DescribeTable(self, request: Any, context: grpc.ServicerContext) -> Message:
         return self._info(self.shard.table(request.table))
 
     @_rpc
-    def Pull(self, request, context):
+    def Pull(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullResponse already serialized (see add_to_server)."""
         ids = wire.decode_ids(request.ids)
         dim = self.shard.table(request.table).dim
@@ -193,13 +200,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return request.table, ids, grads, shows, clicks
 
     @_rpc
-    def Push(self, request, context):
+    def Push(self, request: Any, context: grpc.ServicerContext) -> Message:
         push = self._decode_push(request)
         self.shard.push(*push)
         return ps_pb2.PushResponse(num_applied=len(push[1]))
 
     @_rpc
-    def PullBatch(self, request, context):
+    def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         shapes = []
@@ -210,7 +217,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls])
 
     @_rpc
-    def PushBatch(self, request, context):
+    def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PushBatchResponse already serialized (see add_to_server)."""
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [
@@ -225,7 +232,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return codec.encode_push_batch_response(num_applied, step, rows)
 
     @_rpc
-    def Checkpoint(self, request, context):
+    def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
         if request.phase == "hold":
             clock, token = self.shard.hold(request.hold_timeout_s or Shard.DEFAULT_HOLD_S)
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
@@ -239,15 +246,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         raise InvalidArgumentError(f"checkpoint phase {echo(request.phase)} is unknown; expected hold, save or release")
 
     @_rpc
-    def AdvanceClock(self, request, context):
+    def AdvanceClock(self, request: Any, context: grpc.ServicerContext) -> Message:
         return ps_pb2.ClockResponse(step=self.shard.advance_clock(request.steps))
 
     @_rpc
-    def Shrink(self, request, context):
+    def Shrink(self, request: Any, context: grpc.ServicerContext) -> Message:
         return ps_pb2.ShrinkResponse(**self.shard.shrink(request.table))
 
     @_rpc
-    def Stats(self, request, context):
+    def Stats(self, request: Any, context: grpc.ServicerContext) -> Message:
         s = self.shard.stats()
         tables = [ps_pb2.TableStats(**t) for t in s.pop("tables")]
         return ps_pb2.StatsResponse(tables=tables, **s)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import tomllib
+from collections.abc import Mapping
 
 CONFIG_ENV = "PS_CONFIG"
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
@@ -88,7 +89,12 @@ def _config_path(argv: list[str], environ) -> str | None:
     return environ.get(CONFIG_ENV) or None
 
 
-def apply_defaults(parser: argparse.ArgumentParser, argv: list[str], environ=None, section: str | None = None) -> None:
+def apply_defaults(
+    parser: argparse.ArgumentParser,
+    argv: list[str],
+    environ: Mapping[str, str] | None = None,
+    section: str | None = None,
+) -> None:
     """Sets the defaults of parser (and of the subcommand argv names) from the environment and the config file,
     before parser.parse_args(argv) lets the command line override them. The file's section is the subcommand's
     name, or `section` for a parser without subcommands (ps-server: "server"). ValueError for a bad value or

@@ -10,6 +10,11 @@ path here and on the servers (one machine, or a volume shared at the same path).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from worker.client import Client
+
 import json
 import os
 import time
@@ -20,7 +25,7 @@ from ps.checkpoint import FORMAT, MANIFEST
 from ps.sharding import NUM_SLOTS
 
 
-def save(client, directory: str, hold_timeout_s: float = 120.0) -> dict:
+def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
     """Checkpoints every shard the client knows into directory (which must not hold a checkpoint, and must lie
     inside the servers' --checkpoint-root); returns the manifest."""
     directory = os.path.abspath(directory)

@@ -36,7 +36,7 @@ log = logging.getLogger("worker.client")
 
 
 @numba.njit(nogil=True, cache=True)
-def segment_sum(inverse, grads, out):
+def segment_sum(inverse: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
     """out[inverse[i], :] += grads[i, :]."""
     dim = grads.shape[1]
     for i in range(inverse.shape[0]):
@@ -61,7 +61,14 @@ def _per_id(values, n: int, table: str, what: str) -> np.ndarray:
     return np.broadcast_to(flat, (n,)) if len(flat) != n else flat
 
 
-def push_arrays(table: str, ids, grads, clicks, shows, dim: int) -> tuple:
+def push_arrays(
+    table: str,
+    ids: np.ndarray,
+    grads: np.ndarray,
+    clicks: np.ndarray | None,
+    shows: np.ndarray | None,
+    dim: int,
+) -> tuple:
     """(unique ids, their grads (n, dim), shows (n,), clicks (n,), all float32, and where each given id's row is
     in them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
     show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id.

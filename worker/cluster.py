@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 from ps.errors import ServerUnavailableError
 
@@ -25,7 +26,9 @@ _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
 
 
 class LocalCluster:
-    def __init__(self, num_shards: int, root: str | None = None, start_timeout_s: float = 60.0, extra_args=()):
+    def __init__(
+        self, num_shards: int, root: str | None = None, start_timeout_s: float = 60.0, extra_args: Sequence[str] = ()
+    ):
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.num_shards = num_shards

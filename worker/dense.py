@@ -13,6 +13,7 @@ the sum and takes the new values the push returns: between syncs it computes wit
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class DenseSync:
 
     `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables)."""
 
-    def __init__(self, tables, params: list[DenseParam], sync_every: int = 1):
+    def __init__(self, tables: Any, params: list[DenseParam], sync_every: int = 1):
         if sync_every < 1:
             raise ValueError(f"--dense-sync-every is {sync_every}, expected >= 1")
         self.tables = tables

@@ -70,7 +70,7 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
         thread.join(timeout=60)
 
 
-def in_any(ids: np.ndarray, id_sets) -> np.ndarray:
+def in_any(ids: np.ndarray, id_sets: Iterable[np.ndarray]) -> np.ndarray:
     """Boolean mask over ids (unique): True where the id is in one of id_sets (each unique)."""
     mask = np.zeros(len(ids), dtype=bool)
     for other in id_sets:

@@ -19,7 +19,9 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -29,6 +31,7 @@ from worker.client import Client, segment_sum
 from worker.cluster import LocalCluster
 from worker.dense import DenseSync
 from worker.dense import table_config as dense_table_config
+from worker.features import Batch
 from worker.flags import check_input_file, check_output_file
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
@@ -172,12 +175,12 @@ class DataSource:
             numeric_columns=c.numeric_columns, libsvm_fields=self.libsvm_fields, stats=stats,
         )  # fmt: skip
 
-    def train(self):
+    def train(self) -> Iterator[Batch]:
         if self.synthetic is not None:
             return self.synthetic.batches(self.cfg.batch_size, *self.share)
         return self._read(self.cfg.data, self.cfg.worker_id, self.cfg.num_workers)
 
-    def eval(self):
+    def eval(self) -> Iterator[Batch]:
         if self.synthetic is not None:
             rows = self.cfg.synthetic_rows
             return self.synthetic.batches(self.cfg.batch_size, rows, rows + self.cfg.synthetic_eval_rows)
@@ -213,7 +216,7 @@ def count_lines(path: str, header: bool = False) -> int:
 
 
 @contextlib.contextmanager
-def cluster_addresses(cfg: TrainConfig):
+def cluster_addresses(cfg: TrainConfig) -> Iterator[list[str]]:
     """The servers to use: --servers as given, or a LocalCluster started (and stopped) here."""
     if cfg.servers:
         yield list(cfg.servers)
@@ -232,7 +235,7 @@ def client_for(cfg: TrainConfig, addresses: list[str]) -> Client:
                   tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, auth_token=token)  # fmt: skip
 
 
-def make_backend(spec: ModelSpec, cfg: TrainConfig):
+def make_backend(spec: ModelSpec, cfg: TrainConfig) -> Any:
     """The forward/backward implementation: numpy (CPU) or torch (cpu or cuda); both take and return numpy."""
     if cfg.backend == "numpy":
         from worker.models.numpy_backend import NumpyModel
@@ -273,7 +276,15 @@ def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
     return out
 
 
-def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSource, cfg: TrainConfig, telemetry=None):
+def run_epochs(
+    tables: Any,
+    spec: ModelSpec,
+    backend: Any,
+    dense: DenseSync,
+    data: DataSource,
+    cfg: TrainConfig,
+    telemetry: Any = None,
+) -> tuple[int, float, float]:
     """Trains; returns (examples, seconds, running logloss at the end). `tables` is a Client (or anything with
     its pull / push_many).
 
@@ -345,7 +356,7 @@ def run_epochs(tables, spec: ModelSpec, backend, dense: DenseSync, data: DataSou
     return examples, time.perf_counter() - started, running.value
 
 
-def evaluate(tables, spec: ModelSpec, backend, dense_values: dict, batches) -> dict:
+def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]) -> dict:
     """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data)."""
     labels, preds, oracle = [], [], []
     for batch in batches:

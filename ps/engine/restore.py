@@ -17,7 +17,7 @@ from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage.store import Store
 
 
-def check_restored(store) -> None:
+def check_restored(store: Store) -> None:
     """StorageError if a restore into this store started and did not finish (a crash in the middle)."""
     pending = store.restore_pending()
     if pending:
@@ -25,7 +25,7 @@ def check_restored(store) -> None:
                            "data dir and restore again")  # fmt: skip
 
 
-def restore_into(store, directory: str, shard_id: int, num_shards: int) -> dict:
+def restore_into(store: Store, directory: str, shard_id: int, num_shards: int) -> dict:
     """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary."""
     check_restored(store)
     manifest = read_manifest(directory)

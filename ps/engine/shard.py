@@ -179,7 +179,14 @@ class Shard:
         self.check_owned(ids)
         return table.pull(ids, out)
 
-    def check_push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> tuple:
+    def check_push(
+        self,
+        name: str,
+        ids: np.ndarray,
+        grads: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
+    ) -> tuple:
         """Validates a push without changing anything; returns (table, ids, grads, shows, clicks) for apply_push.
         shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
         table = self.table(name)
@@ -216,7 +223,14 @@ class Shard:
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
 
-    def push(self, name: str, ids: np.ndarray, grads: np.ndarray, shows=None, clicks=None) -> None:
+    def push(
+        self,
+        name: str,
+        ids: np.ndarray,
+        grads: np.ndarray,
+        shows: np.ndarray | None = None,
+        clicks: np.ndarray | None = None,
+    ) -> None:
         """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
         with self._push_gate():
             self.apply_push(self.check_push(name, ids, grads, shows, clicks))
@@ -349,15 +363,15 @@ class Shard:
                     self._held_until = time.monotonic() + self._hold_s
 
     def _save_checkpoint(self, directory: str) -> dict:
-        self.flush()
         name = f"shard-{self.shard_id}"
         path = os.path.join(directory, name)
-        if os.path.exists(path):
+        if os.path.exists(path):  # the directory is checked before the flush: a refused save changes nothing
             raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as e:
             raise CheckpointDirError(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
+        self.flush()
         self.store.checkpoint(path)
         from ps.checkpoint import file_checksums
 

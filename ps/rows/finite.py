@@ -20,7 +20,7 @@ def _count_non_finite(bits):
 
 
 @numba.njit(nogil=True, cache=True)
-def first_non_finite_bits(bits):
+def first_non_finite_bits(bits: np.ndarray) -> int:
     """Index of the first Inf or NaN in float32 values viewed as 1-D uint32 bits, or -1 (compiled callers)."""
     if _count_non_finite(bits) == 0:
         return -1

@@ -85,7 +85,7 @@ SGD, ADAGRAD, ADAM, FTRL = range(4)  # kernel codes: apply_kernel picks the loop
 
 
 @numba.njit(nogil=True, cache=True)
-def apply_kernel(code, buf, grads, p):
+def apply_kernel(code: int, buf: np.ndarray, grads: np.ndarray, p: np.ndarray) -> None:
     """One step of optimizer `code` with parameters p (float32: the learning rate, then KERNEL_PARAMS in order;
     entries past those are ignored) in place on a contiguous (n, width) buffer of rows. Callable from other
     compiled loops (ps.rows.update runs it per block of rows)."""

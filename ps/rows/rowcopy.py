@@ -4,12 +4,13 @@ row slices inside a compiled loop into plain copies)."""
 from __future__ import annotations
 
 import numba
+import numpy as np
 
 from ps.accel.prefetch import AHEAD, prefetch_row_for_write
 
 
 @numba.njit(nogil=True, cache=True)
-def gather(data, rows, cols, out):
+def gather(data: np.ndarray, rows: np.ndarray, cols: int, out: np.ndarray) -> None:
     """out[i, :cols] = data[rows[i], :cols]."""
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -18,7 +19,7 @@ def gather(data, rows, cols, out):
 
 
 @numba.njit(nogil=True, cache=True)
-def scatter(data, rows, buf):
+def scatter(data: np.ndarray, rows: np.ndarray, buf: np.ndarray) -> None:
     """data[rows[i], :] = buf[i, :]."""
     width = buf.shape[1]
     for i in range(rows.shape[0]):
@@ -28,7 +29,7 @@ def scatter(data, rows, buf):
 
 
 @numba.njit(nogil=True, cache=True)
-def gather_for_update(data, rows, lo, hi, cols, out):
+def gather_for_update(data: np.ndarray, rows: np.ndarray, lo: int, hi: int, cols: int, out: np.ndarray) -> None:
     """out[i - lo, :cols] = data[rows[i], :cols] for i in [lo, hi), prefetching the rows AHEAD places on (up to
     the end of rows) for writing: the caller updates these rows next."""
     n = rows.shape[0]

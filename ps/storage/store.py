@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterator
 
 import numpy as np
 from rocksdict import (
@@ -345,7 +346,7 @@ class Store:
         with self._rocksdb(f"writing rows of table {table!r}"):
             self._db.write(batch, self._write_opts)
 
-    def scan(self, table: str, width: int, after: bytes | None, limit: int):
+    def scan(self, table: str, width: int, after: bytes | None, limit: int) -> tuple | None:
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
         (ids, rows, lsn, complete, last key) as get_rows returns them, or None at the end. Bounded memory."""
         prefix = self._table_id(table).to_bytes(4, "big")
@@ -404,7 +405,9 @@ class Store:
         return copied
 
     @staticmethod
-    def read_table(source: str, table: str, width: int, chunk: int = 1 << 16):
+    def read_table(
+        source: str, table: str, width: int, chunk: int = 1 << 16
+    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
         checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped."""
         src, names = _open_read_only(source)
@@ -479,7 +482,7 @@ class Store:
         layout, c, key = self._layout(table), self.counts(table), KEY_DTYPE.itemsize
         return c["admitted"] * (key + layout.value_bytes) + c["pending"] * (key + layout.pending_value_bytes)
 
-    def iter_rows(self, table: str):
+    def iter_rows(self, table: str) -> Iterator[tuple[int, bytes]]:
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
         prefix = self._table_id(table).to_bytes(4, "big")
         for key, value in _items(self._rows(), prefix):

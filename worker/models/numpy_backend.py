@@ -42,13 +42,15 @@ class NumpyModel:
     def __init__(self, spec: ModelSpec):
         self.spec = spec
 
-    def predict(self, rows, dense_x, params) -> np.ndarray:
+    def predict(self, rows: np.ndarray, dense_x: np.ndarray, params: dict[str, np.ndarray]) -> np.ndarray:
         """Probabilities (n,), in the dtype of rows."""
         rows, dense_x = np.asarray(rows), np.asarray(dense_x)
         check_batch(self.spec, rows, dense_x)
         return sigmoid(self._forward(rows, dense_x, params)[0])
 
-    def forward_backward(self, rows, dense_x, params, labels):
+    def forward_backward(
+        self, rows: np.ndarray, dense_x: np.ndarray, params: dict[str, np.ndarray], labels: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(probs (n,), d loss / d rows (n, F, sparse_dim), {name: d loss / d param, shaped like the param}) of
         the summed logloss; the gradients in the dtype of rows (float32 in training)."""
         spec = self.spec

@@ -28,7 +28,7 @@ class TorchModel:
         self.spec = spec
         self.device = torch.device(device)
 
-    def predict(self, rows, dense_x, params) -> np.ndarray:
+    def predict(self, rows: np.ndarray, dense_x: np.ndarray, params: dict[str, np.ndarray]) -> np.ndarray:
         """Probabilities (n,) float32."""
         check_batch(self.spec, np.asarray(rows), np.asarray(dense_x))
         with torch.no_grad():
@@ -36,7 +36,9 @@ class TorchModel:
             logit = self._logit(self._tensor(rows), self._tensor(dense_x), params_t)
             return torch.sigmoid(logit).cpu().numpy()
 
-    def forward_backward(self, rows, dense_x, params, labels):
+    def forward_backward(
+        self, rows: np.ndarray, dense_x: np.ndarray, params: dict[str, np.ndarray], labels: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """(probs (n,), d loss / d rows (n, F, sparse_dim), {name: d loss / d param}) of the summed logloss,
         float32 numpy on the CPU."""
         check_batch(self.spec, np.asarray(rows), np.asarray(dense_x), np.asarray(labels))
