@@ -3,10 +3,12 @@
 
     python3 dev.py demo    # local cluster of 2 shards trains an FM on synthetic data, prints AUC vs the oracle
     python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite
+    python3 dev.py bench   # the benchmarks at fixed sizes (~15 min); writes the README's performance table
 
 Both create ./.venv on first use and install the package there (`pip install -e .[dev]`); later runs reuse it
 and reinstall only when pyproject.toml changes. `test` also installs PyTorch (TORCH_PIN, for the torch backend's
-tests; on this project's machines a CPU build on local disk). Extra arguments go to `ps-worker train` or to pytest.
+tests; on this project's machines a CPU build on local disk). Extra arguments go to `ps-worker train`, to pytest
+or to benchmarks/report.py.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def ensure_env(with_torch: bool = False) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("demo", "test", "env"):
+    if not argv or argv[0] not in ("demo", "test", "bench", "env"):
         print(__doc__.strip())
         return 2
     command, rest = argv[0], argv[1:]
@@ -56,6 +58,8 @@ def main(argv: list[str]) -> int:
     if command == "env":
         print(python)
         return 0
+    if command == "bench":
+        return subprocess.call([python, os.path.join("benchmarks", "report.py"), *rest], cwd=ROOT)
     if command == "demo":
         args = [python, "-m", "worker", "train", "--local-shards", "2", *rest]
         return subprocess.call(args, cwd=ROOT)
