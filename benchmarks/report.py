@@ -1,7 +1,7 @@
 """Runs the benchmarks at fixed sizes and writes one performance table into README.md, stamped with the date, the
 machine and the git revision.
 
-    python benchmarks/report.py                  # every benchmark (about 10-15 minutes on 2 cores), then README.md
+    python benchmarks/report.py                  # every benchmark (about 15 minutes on 2 cores), then README.md
     python benchmarks/report.py --dry-run        # the commands it would run, nothing else
     python benchmarks/report.py --quick --readme /tmp/README.md    # small sizes: tests this script, not a table
 
@@ -32,7 +32,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START, END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 
-# name -> (script and arguments at the report's sizes, at --quick sizes, timeout in seconds)
+FUZZ = ["-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "tests/test_fuzz.py"]
+# name -> (script and arguments at the report's sizes, at --quick sizes, timeout in seconds); "-m": a module
 RUNS: dict[str, tuple[list[str], list[str], int]] = {
     "pull_push": (["pull_push.py", "--rows", "2000000", "--ids", "100000", "--reps", "40"],
                   ["pull_push.py", "--rows", "200000", "--ids", "20000", "--reps", "5"], 600),
@@ -47,12 +48,14 @@ RUNS: dict[str, tuple[list[str], list[str], int]] = {
     "train_throughput": (["train_throughput.py", "--rows", "200000", "--backend", "numpy", "--repeats", "3"],
                          ["train_throughput.py", "--rows", "20000", "--eval-rows", "5000", "--hidden", "64,64",
                           "--repeats", "1"], 900),
+    "load": (["load.py", "--seconds", "60"], ["load.py", "--seconds", "10"], 600),
+    "fuzz": (FUZZ, FUZZ, 600),  # a test: its result is the summary it writes to SPARSEPS_FUZZ_SUMMARY
 }  # fmt: skip
 
 
 def command(name: str, quick: bool) -> str:
     script, *args = RUNS[name][1 if quick else 0]
-    return shlex.join(["python", f"benchmarks/{script}", *args])
+    return shlex.join(["python", *(["-m"] if script == "-m" else [f"benchmarks/{script}"]), *args])
 
 
 def run(name: str, quick: bool) -> dict:
@@ -61,10 +64,11 @@ def run(name: str, quick: bool) -> dict:
     script, *args = RUNS[name][1 if quick else 0]
     timeout_s = RUNS[name][2]
     print(f"== {name}: {command(name, quick)}", flush=True)
+    summary = os.path.join(tempfile.gettempdir(), f"sparseps-report-{name}-{os.getpid()}.json")
     proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "benchmarks", script), *args], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [sys.executable, *(["-m"] if script == "-m" else [os.path.join(ROOT, "benchmarks", script)]), *args],
+        cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SPARSEPS_FUZZ_SUMMARY": summary},
     )  # fmt: skip
     timer = threading.Timer(timeout_s, _interrupt, (proc,))
     timer.start()
@@ -83,7 +87,12 @@ def run(name: str, quick: bool) -> dict:
     took = time.monotonic() - t0
     if code != 0:
         raise RuntimeError(f"{name} exited with {code} after {took:.0f} s (timeout {timeout_s} s)")
-    result = json.loads(last)
+    if os.path.exists(summary):  # a test's result (tests/test_fuzz.py)
+        with open(summary) as f:
+            result = json.load(f)
+        os.unlink(summary)
+    else:
+        result = json.loads(last)
     result["seconds"] = took
     result["command"] = command(name, quick)
     result["quick"] = quick
@@ -192,6 +201,30 @@ def train_rows(r: dict) -> list[str]:
     )]  # fmt: skip
 
 
+def load_rows(r: dict) -> list[str]:
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"
+    lat = lambda m: f"{m} p50/p99 {r[f'{m}_p50_ms']:.0f}/{r[f'{m}_p99_ms']:.0f} ms"
+    return [row(
+        f"load: {r['clients']} client processes x {r['duration_s']:g} s of training steps (`Client.pull_many` + "
+        f"`push_many`, {r['ids_per_step']:,} ids) against 1 server on loopback: errors, latency, server peak RSS",
+        f"{r['errors']} errors in {r['requests']:,} calls; {lat('PullBatch')}; {lat('PushBatch')}; peak RSS "
+        f"{mib(r['peak_rss_bytes'])}", f"configured memory: RAM tier {mib(r['cache_bytes'])} + block cache "
+        f"{mib(r['block_cache_bytes'])} + memtables {mib(r['memtable_bytes'])} + {mib(r['headroom_bytes'])} = "
+        f"{mib(r['bound_bytes'])}", f"**{r['peak_rss_bytes'] / r['bound_bytes']:.2f}x** (target <= 1, 0 errors)",
+        r["command"],
+    )]  # fmt: skip
+
+
+def fuzz_rows(r: dict) -> list[str]:
+    return [row(
+        f"fuzz: {r['requests']:,} random, mutated and hostile requests over all {len(r['by_method'])} methods "
+        f"(seed {r['seed']}), in {r['duration_s']:.0f} s", f"{r['internal_or_unknown']} INTERNAL or UNKNOWN; "
+        f"{r['rejected']:,} rejected by {len(r['rules'])} rules, {r['accepted']:,} accepted",
+        f"rejections that changed the state: {len(r['problems'])}; rules never reached: "
+        f"{len(r['unreached_rules'])}", f"**{r['internal_or_unknown']}** (target 0)", r["command"],
+    )]  # fmt: skip
+
+
 def machine() -> str:
     with open("/proc/cpuinfo") as f:
         cpus = re.findall(r"^model name\s*:\s*(.+)$", f.read(), re.M)
@@ -224,6 +257,8 @@ def table(results: dict, quick: bool, minutes: float) -> str:
         *scale_rows(results["scale_1e6"], results["scale_1e7"]),
         *flush_stall_rows(results["flush_stall"]),
         *train_rows(results["train_throughput"]),
+        *load_rows(results["load"]),
+        *fuzz_rows(results["fuzz"]),
     ]
     return "\n".join(lines) + "\n"
 

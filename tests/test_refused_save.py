@@ -1,0 +1,52 @@
+"""A Checkpoint save refused for its directory (one that exists already, or one that cannot be created) changes
+nothing: the shard checks the directory before it flushes, so its dirty rows stay dirty (found by
+tests/test_fuzz.py). Black box: through gRPC, the dirty rows as Stats reports them; the background flusher is off."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.config import ServerConfig
+from ps.server import Server
+
+TIMEOUT_S = 30
+
+
+def test_a_save_refused_for_its_directory_flushes_nothing(tmp_path):
+    root = tmp_path / "root"
+    (root / "taken" / "shard-0").mkdir(parents=True)  # a checkpoint of this shard is there already
+    (root / "file").write_bytes(b"a file, not a directory")
+    fields = (
+        {"checkpoint_root": str(root)}
+        if "checkpoint_root" in {f.name for f in dataclasses.fields(ServerConfig)}
+        else {}
+    )
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, flush_interval_s=3600.0, **fields))
+    port = server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    try:
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=2)), timeout=TIMEOUT_S)
+        ids = np.arange(1, 9, dtype="<u8")
+        grads = np.ones((8, 2), dtype="<f4")
+        stub.Push(ps_pb2.PushRequest(table="t", ids=ids.tobytes(), grads=grads.tobytes(), dim=2), timeout=TIMEOUT_S)
+        dirty = lambda: stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S).tables[0].dirty_rows
+        assert dirty() == 8
+        token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
+        for target, code in ((root / "taken", grpc.StatusCode.INVALID_ARGUMENT),
+                             (root / "file" / "sub", grpc.StatusCode.FAILED_PRECONDITION)):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=str(target), token=token), timeout=TIMEOUT_S)
+            assert e.value.code() == code, (target, e.value.code(), e.value.details())
+            assert dirty() == 8, f"the save to {target} was refused ({e.value.details()}), yet it flushed the rows"
+        stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=str(root / "new"), token=token), timeout=TIMEOUT_S)
+        assert dirty() == 0  # a save that is taken flushes
+        stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)
+    finally:
+        channel.close()
+        server.stop(grace_s=1)
