@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 
@@ -131,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         "or damaged: the server logs a warning naming them and goes on without those pushes. Without it, such a "
         "start is refused. `ps-server verify DIR` says what is damaged",
     )  # fmt: skip
+    p.add_argument(
+        "--verify-on-start", action="store_true",
+        help="before serving, read every block of the data dir as `ps-server verify` does and refuse to start if "
+        "anything is damaged (a damaged RocksDB data block is otherwise found only when a request reads it, and "
+        "answered DATA_LOSS). Reads the whole data dir: start-up takes as long as reading it from disk",
+    )  # fmt: skip
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument(
         "--stop-with-stdin", action="store_true",
@@ -216,8 +224,36 @@ def verify_main(argv: list[str]) -> int:
     return 1 if damaged else 0
 
 
+def export_main(argv: list[str]) -> int:
+    """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: per table
+    `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
+    `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message."""
+    p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__)
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
+    p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
+    p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    args = p.parse_args(argv)
+    from ps.engine.restore import export
+
+    try:
+        summary = export(args.checkpoint, args.out, args.since)
+    except (StorageError, OSError) as e:
+        print(f"ps-server export: error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        what = "rows" if args.since is None else f"rows pushed at step >= {args.since}"
+        tables = ", ".join(f"{k} {v['rows']:,} x {v['dim']}" for k, v in summary["tables"].items())
+        print(f"exported the model at clock {summary['clock']} to {args.out} ({what}): {tables}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        return export_main(argv[1:])
     if argv[:1] == ["size"]:
         return size_main(argv[1:])
     if argv[:1] == ["verify"]:
@@ -255,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:
         config.validate()
+        if args.verify_on_start and os.path.isdir(args.data_dir) and os.listdir(args.data_dir):
+            from ps.storage.verify import verify_data_dir
+
+            lines, damaged = verify_data_dir(args.data_dir)
+            if damaged:
+                print("\n".join(lines), file=sys.stderr)
+                raise StorageError(f"{args.data_dir} is damaged (--verify-on-start, lines above); refusing to start")
         from ps.server import serve  # imported late: `--help` stays fast
 
         serve(config, stop_with_stdin=args.stop_with_stdin)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps.rows.layout import RAM_OVERHEAD_BYTES, layout_of
+from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, layout_of
 
 
 def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float) -> dict:
@@ -18,7 +18,7 @@ def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: 
         "floats_per_row": lay.width,
         "ram_bytes_per_row": lay.ram_bytes,
         "disk_bytes_per_row": lay.disk_bytes,
-        "raw_row_bytes": 10 + lay.value_bytes,
+        "raw_row_bytes": KEY_BYTES + lay.value_bytes,
         "disk_bytes_per_server": per_server * lay.disk_bytes,
         "ram_bytes_per_server_all_rows": per_server * lay.ram_bytes,
         "cache_bytes_per_server_for_hot_fraction": int(per_server * hot_fraction * lay.ram_bytes),

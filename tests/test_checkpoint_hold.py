@@ -3,14 +3,22 @@ hold that has not expired, only the holder releases it, and it cannot be held tw
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import CheckpointInProgressError
+from tests.waiting import wait_until
+
+
+def pushed(shard: Shard, ids: np.ndarray) -> bool:
+    """Pushes ones for ids; False if the shard refused it because a checkpoint holds it."""
+    try:
+        shard.push("t", ids, np.ones((len(ids), 2), np.float32))
+    except CheckpointInProgressError:
+        return False
+    return True
 
 
 def test_hold_save_release(tmp_path):
@@ -33,8 +41,8 @@ def test_hold_save_release(tmp_path):
         shard.push("t", ids, np.ones((3, 2), np.float32))
 
         _, token = shard.hold(0.05)  # expires before the save: pushes go on, the save is refused
-        time.sleep(0.1)
-        shard.push("t", ids, np.ones((3, 2), np.float32))
+        wait_until(lambda: pushed(shard, ids), 10, "pushes taken again once the 0.05 s hold expired")
+        np.testing.assert_array_equal(shard.pull("t", ids), np.full((3, 2), -2, np.float32))  # refused: no change
         with pytest.raises(CheckpointInProgressError, match="hold expired"):
             shard.save_checkpoint(str(tmp_path / "c2"), token)
         assert not (tmp_path / "c2").exists()

@@ -23,6 +23,7 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.errors import PsError, StorageError
 from ps.server import Server
+from tests.waiting import wait_until
 from worker.client import Client
 
 DIM = 4
@@ -51,16 +52,21 @@ class ServerProcess:
 
     def started(self, timeout_s: float = 120) -> str | None:
         """The address once it listens, or None if it exits first (AssertionError if neither in timeout_s)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def listening_or_exited() -> tuple[str | None] | None:
             found = re.search(r"listening on (\S+:\d+)", self.output())
             if found:
-                return found.group(1)
-            if self.proc.poll() is not None:
-                return None
-            time.sleep(0.05)
-        self.proc.kill()
-        raise AssertionError(f"ps-server neither listened nor exited in {timeout_s} s:\n{self.output()}")
+                return (found.group(1),)
+            return (None,) if self.proc.poll() is not None else None
+
+        try:
+            (address,) = wait_until(
+                listening_or_exited, timeout_s, lambda: f"ps-server to listen or exit:\n{self.output()}", poll_s=0.05
+            )
+        except AssertionError:
+            self.proc.kill()
+            raise
+        return address
 
     def refused(self) -> str:
         """Its output, after asserting that it exits without listening, with an error and no traceback."""
@@ -99,22 +105,6 @@ def refusal(data_dir, shard: tuple[int, int] = (0, 1)) -> str:
     server.start()
     server.stop()
     raise AssertionError(f"a server started on the damaged {data_dir}")
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(0.05)
-
-
-def settle(predicate, timeout_s: float) -> bool:
-    """Waits up to timeout_s for predicate() to hold; whether it did (the caller's assertions judge the rest)."""
-    try:
-        wait_until(predicate, timeout_s, "")
-    except AssertionError:
-        return False
-    return True
 
 
 def push_all(address: str, table: str) -> None:
@@ -208,6 +198,9 @@ def test_a_corrupt_sst_block_is_found_by_verify_and_a_pull_meeting_it_is_data_lo
     assert report.returncode == 1, report.stdout + report.stderr
     assert re.search(r"DAMAGED column family \S+: Corruption: block checksum mismatch.* in .*\.sst",
                      report.stdout), report.stdout  # fmt: skip
+    refused = ServerProcess(data_dir, "--verify-on-start")
+    assert refused.started() is None and refused.proc.wait(timeout=60) == 2, refused.output()
+    assert "damaged (--verify-on-start" in refused.output() and "block checksum mismatch" in refused.output()
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
         client.pull("emb", ids)  # the server started: the damage is in a data block, read when a pull needs it
     assert "failed with DATA_LOSS" in str(failed.value) and os.path.basename(sst) in str(failed.value)
@@ -230,7 +223,7 @@ def journaled_then_killed(tmp_path_factory):
     def marked() -> bool:
         return mark.exists() and f'"written_seq": {PUSHES}' in mark.read_text()
 
-    settle(marked, 30)  # without the mark, a start on the damaged journal does not refuse: the tests say so
+    wait_until(marked, 30, f"the journal mark to cover all {PUSHES} pushes")  # the refusals below need it
     server.stop(signal.SIGKILL)
     return data_dir
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import pathlib
 import struct
-import time
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from ps.rows import parallel
 from ps.storage import checksum as checksum_module
 from ps.storage.checksum import CHUNK, checksum64, copy_with_checksum64
 from ps.storage.journal import Journal, JournalCorruptError
+from tests.waiting import wait_until
 
 
 def _push(j: Journal, n: int, dim: int = 3, seed: int = 0):
@@ -183,16 +183,9 @@ def _record_bytes(j: Journal) -> int:
     return j._segment_size
 
 
-def _wait_until(prepared, timeout_s: float = 10.0) -> None:
-    """Waits for the journal's prefault thread: until prepared() is true."""
-    deadline = time.monotonic() + timeout_s
-    while not prepared():
-        assert time.monotonic() < deadline, "the journal prepared no space ahead of its appends"
-        time.sleep(0.01)
-
-
 def _wait_prepared(path: str, beyond: int) -> None:
-    _wait_until(lambda: os.path.getsize(path) > beyond)
+    """Waits for the journal's prefault thread to allocate the segment at path past byte `beyond`."""
+    wait_until(lambda: os.path.getsize(path) > beyond, 10, f"space prepared past byte {beyond} of {path}")
 
 
 def test_space_prepared_ahead_reads_as_zeros_and_is_not_damage(tmp_path):
@@ -305,7 +298,8 @@ def test_replay_says_what_it_cut(tmp_path, caplog):
 
 
 def _wait_mapped(j: Journal, beyond: int) -> None:
-    _wait_until(lambda: j._prefault.mapped_end > beyond)
+    """Waits for the journal's prefault thread to map and populate its active segment past byte `beyond`."""
+    wait_until(lambda: j._prefault.mapped_end > beyond, 10, f"the active segment mapped past byte {beyond}")
 
 
 @pytest.fixture

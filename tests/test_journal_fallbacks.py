@@ -8,13 +8,13 @@ import errno
 import logging
 import os
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from ps.accel import filemap, prefault
 from ps.storage.journal import Journal
+from tests.waiting import wait_until
 
 PUSHES = ((1, 40), (2, 1), (3, 5000), (4, 7))  # (seed, ids) of each push; the first of a segment is never mapped
 DIM = 3
@@ -27,13 +27,6 @@ def _push(j: Journal, seed: int, n: int) -> int:
     grads = rng.standard_normal((n, DIM)).astype(np.float32)
     shows, clicks = np.ones(n, np.float32), rng.integers(0, 2, n).astype(np.float32)
     return j.append("t", ids, grads, shows, clicks, step=seed, origin=(9, seed, 0))
-
-
-def _wait_until(condition, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.01)
 
 
 def _write(directory, before_each) -> tuple[bytes, Journal]:
@@ -58,7 +51,7 @@ def _replays_every_push(directory) -> None:
 
 
 def _prepared_ahead(j: Journal) -> None:
-    _wait_until(lambda: os.path.getsize(j._path) > j._segment_size, "space prepared ahead of the appends")
+    wait_until(lambda: os.path.getsize(j._path) > j._segment_size, 10, "space prepared ahead of the appends")
 
 
 @pytest.fixture
@@ -73,7 +66,7 @@ def mapped(tmp_path) -> bytes:
         pytest.skip(f"the journal maps segments only on ext4, xfs or tmpfs; {tmp_path} is on file system {fs!r}")
     data, j = _write(
         tmp_path / "mapped",
-        lambda j: _wait_until(lambda: j._prefault.mapped_end > j._segment_size + 200_000, "mapped space"),
+        lambda j: wait_until(lambda: j._prefault.mapped_end > j._segment_size + 200_000, 10, "mapped space"),
     )
     assert j.mapped_appends == len(PUSHES) - 1
     return data
@@ -137,7 +130,7 @@ def test_where_the_kernel_cannot_populate_the_mapping_appends_use_pwritev(mapped
     monkeypatch.setattr(filemap, "MADV_POPULATE_WRITE", 0x7FFF)
 
     def refused(j: Journal) -> None:
-        _wait_until(lambda: not j._map.populate_works, "refusal of MADV_POPULATE_WRITE")
+        wait_until(lambda: not j._map.populate_works, 10, "refusal of MADV_POPULATE_WRITE")
         _prepared_ahead(j)
         assert j._prefault.mapped_end == 0
 

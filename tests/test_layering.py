@@ -43,7 +43,6 @@ WORKER_MAY_IMPORT = {
     "ps.security",  # TLS and token settings of a client channel
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
-    "ps.engine.restore",  # `ps-worker export` reads a checkpoint's RocksDB files on the worker's machine
 }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from ps.config import TableConfig
 from ps.errors import PsError, TableNotFoundError
+from tests.waiting import wait_until
 from worker.client import Client
 
 MiB = 1 << 20
@@ -34,11 +35,13 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "ps", "--port", "0", "--data-dir", str(data_dir), *flags], stdout=log, stderr=log
             )
-        deadline = time.monotonic() + 120
-        while not (found := re.search(r"listening on (\S+:\d+)", self.output())):
-            assert self.proc.poll() is None and time.monotonic() < deadline, f"no server:\n{self.output()}"
-            time.sleep(0.05)
-        self.address = found.group(1)
+
+        def listening() -> re.Match | None:
+            found = re.search(r"listening on (\S+:\d+)", self.output())
+            assert found or self.proc.poll() is None, f"ps-server exited:\n{self.output()}"
+            return found
+
+        self.address = wait_until(listening, 120, lambda: f"ps-server to listen:\n{self.output()}", 0.05).group(1)
 
     def output(self) -> str:
         with open(self.log_path) as f:
@@ -140,20 +143,21 @@ def test_create_table_writes_no_rocksdb_options_file_and_tables_keep_their_own_r
 
 
 def test_a_table_the_ram_tier_cannot_hold_is_refused_and_leaves_nothing(server):
-    """1 MiB holds 31 rows of dim 4096: a 32nd table would get no row of its own. CreateTable says so
-    (RESOURCE_EXHAUSTED, naming --cache-bytes) and writes nothing: after a restart the table does not exist."""
-    s = server("--cache-bytes", "1M")
-    fits = MiB // ROW_BYTES
+    """A table's share of the RAM tier must hold 1 MiB of rows of dim 4096 (31 rows): 4 MiB take 4 such tables, a
+    5th would get a share under that. CreateTable says so (RESOURCE_EXHAUSTED, naming --cache-bytes) and writes
+    nothing: after a restart the table does not exist."""
+    s = server("--cache-bytes", "4M")
+    fits = 4
     with Client([s.address]) as client:
         client.wait_ready()
         for t in range(fits):
             client.create_table(TableConfig(f"w{t}", DIM))
-        with pytest.raises(PsError, match=r"--cache-bytes 1048576\) cannot take table number 32") as e:
+        with pytest.raises(PsError, match=r"--cache-bytes 4194304\) cannot take table number 5") as e:
             client.create_table(TableConfig("one_too_many", DIM))
         assert e.value.status == "RESOURCE_EXHAUSTED"
         client.pull("w0", np.arange(10, dtype=np.uint64))  # the tables there still work
     s.stop()
-    s = server("--cache-bytes", "1M")
+    s = server("--cache-bytes", "4M")
     with Client([s.address]) as client:
         client.wait_ready()
         assert len(client.stats()[0].tables) == fits

@@ -2,15 +2,19 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+
 from ps.rows.layout import layout_of
 from ps.sizing import size_report
 from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.store import encode_keys
 
 
 def test_size_report_uses_the_layout_the_server_uses():
     r = size_report(10**9, 16, "adagrad", 4, 0.1)
     assert r["floats_per_row"] == 16 + 16 + 4 and r["parameters"] == 16 * 10**9  # embedding, state, statistics
-    assert r["raw_row_bytes"] == 10 + 36 * 4 + 8  # key + floats + lsn
+    key = len(encode_keys(1, np.array([7], np.uint64))[0])  # a RocksDB key as the store writes it
+    assert key == 14 and r["raw_row_bytes"] == key + 36 * 4 + 8  # key + floats + lsn
     assert r["ram_bytes_per_row"] == Arena(36, MemoryBudget(1 << 20)).row_charge
     assert r["disk_bytes_per_server"] == 250_000_000 * layout_of(16, "adagrad").disk_bytes
     assert size_report(10, 16, "sgd", 1, 1.0)["floats_per_row"] == 20

@@ -94,7 +94,13 @@ def _add_train(sub) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics of the run at http://0.0.0.0:PORT/metrics (0: a free port)",
+        help="serve Prometheus metrics of the run at http://HOST:PORT/metrics, plain HTTP with no token (0: a free "
+        "port; HOST: --metrics-host)",
+    )
+    out.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the --metrics-port endpoint listens on (0.0.0.0: every interface; see docs/security.md)",
     )
     out.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -339,6 +345,7 @@ def _train(args) -> int:
         epochs=args.epochs,
         metrics_out=args.metrics_out,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
         table_config=args.table_config,
         progress=not args.no_progress,
         create_tables_only=args.create_tables_only,
@@ -425,23 +432,24 @@ def _checkpoint(args) -> int:
 
 
 def _export(args) -> int:
+    """A checkpoint through the servers, then `ps-server export` of it (the server package reads RocksDB files;
+    the worker does not import it)."""
     import os
     import shutil
+    import subprocess
 
-    from ps.engine.restore import export
     from worker.checkpoint import save
 
     checkpoint = os.path.join(args.out, "checkpoint")
     with _client(args) as client:
         client.wait_ready()
         save(client, checkpoint)
-    summary = export(checkpoint, args.out, args.since)
-    if not args.keep_checkpoint:
+    command = [sys.executable, "-m", "ps", "export", checkpoint, "--out", args.out]
+    command += [] if args.since is None else ["--since", str(args.since)]
+    done = subprocess.run(command)
+    if done.returncode == 0 and not args.keep_checkpoint:
         shutil.rmtree(checkpoint)
-    what = "rows" if args.since is None else f"rows pushed at step >= {args.since}"
-    print(f"exported the model at clock {summary['clock']} to {args.out} ({what}): "
-          + ", ".join(f"{k} {v['rows']:,} x {v['dim']}" for k, v in summary["tables"].items()))  # fmt: skip
-    return 0
+    return done.returncode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,9 @@
 sparseps_worker_examples_total, sparseps_worker_steps_total     examples and steps trained
 sparseps_worker_step_seconds                                    histogram of one step (compute and exchange)
 sparseps_worker_train_logloss                                   the running logloss of the progress bar
+
+The endpoint is plain HTTP with no token, so it listens on 127.0.0.1 unless `--metrics-host` widens it
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ class TrainTelemetry:
         self.step_seconds.observe(seconds)
         self.logloss.set(logloss)
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> int:
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serves GET /metrics over plain HTTP on host:port (0: a free port); returns the port."""
         self._http, _ = start_http_server(port, addr=host, registry=self.registry)
         return self._http.server_address[1]
 

@@ -84,6 +84,7 @@ class TrainConfig:
     table_config: str | None = None  # TOML: overrides the model tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
+    metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
     progress: bool = True
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
@@ -395,7 +396,8 @@ def train(cfg: TrainConfig) -> dict:
             from worker.telemetry import TrainTelemetry
 
             telemetry = TrainTelemetry()
-            log.warning("Prometheus metrics on port %d", telemetry.serve(cfg.metrics_port))
+            port = telemetry.serve(cfg.metrics_port, cfg.metrics_host)
+            log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
         try:
             examples, seconds, train_logloss = run_epochs(client, spec, backend, dense, data, cfg, telemetry)
         finally:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KEY_BYTES = 14  # table:u32be slot:u16be id:u64be (ps.storage.store)
+KEY_BYTES = 14  # table:u32be slot:u16be id:u64be: ps.storage.store.KEY_DTYPE, which refuses to import otherwise
 LSN_BYTES = 8
 STATS_FLOATS = 4
 SHOW, CLICK, LAST_STEP, ADMITTED = range(STATS_FLOATS)  # offsets inside the stats block
