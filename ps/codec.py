@@ -79,7 +79,7 @@ message PushBatchResponse
   3  rows             LEN     repeated PullResponse    one per push with return_rows, in request order
 
 message OptimizerSpec
-  1  name             LEN     string                   "sgd" | "adagrad"; empty: "adagrad"
+  1  name             LEN     string                   "sgd" | "adagrad" | "adam" | "ftrl"; empty: "adagrad"
   2  learning_rate    I64     double                   optional; unset: 0.05
   3  params           LEN     repeated OptimizerSpec.ParamsEntry  map<string, double>
 

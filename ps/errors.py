@@ -69,6 +69,21 @@ class ReplyTooLargeError(PsError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class RamTierTooSmallError(PsError, ValueError):
+    """The RAM tier (--cache-bytes) cannot hold what is asked: a new table's share of it (CreateTable), or the rows
+    one request needs at once. Raise --cache-bytes, keep fewer tables on a shard, or send fewer ids per request."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
+class ClientIdInUseError(PsError):
+    """Client side: a shard answered a PushBatch, on its first attempt, that it had applied the request (or part of
+    it) before: another caller sends requests under this client's id. The pushes it did not apply are lost to
+    this client; give each client its own id."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class CheckpointDirError(PsError):
     """A checkpoint cannot be written where asked: this server has no checkpoint root (ps-server
     --checkpoint-root), or the directory cannot be created."""

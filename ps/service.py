@@ -10,6 +10,9 @@ the size and the limit, before any row is gathered or any push applied. RESOURCE
 INVALID_ARGUMENT: the request is well formed and would succeed against a server with a larger limit, and it is
 the code gRPC itself gives a message over the limit, so clients handle one code for both.
 
+A PullBatch carries at most MAX_BATCH_ITEMS pulls and a PushBatch at most MAX_BATCH_ITEMS pushes; more is
+INVALID_ARGUMENT, checked before any pull or push of the request is looked at.
+
 Status messages are clipped to ps.errors.MAX_DETAILS_BYTES: gRPC sends them in a trailer, which has a size limit.
 
 Checkpoints are written only inside the operator's checkpoint root (ServerConfig.checkpoint_root, ps-server
@@ -45,6 +48,7 @@ from ps.engine.shard import Shard
 from ps.errors import CheckpointDirError, InvalidArgumentError, PsError, ReplyTooLargeError, clip, echo
 
 log = logging.getLogger("ps.service")
+MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
 REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengths and dim (ps.codec), and the
 # reply's own header fields (PushBatchResponse's num_applied and step)
 
@@ -77,6 +81,14 @@ def _rpc(method):
                 self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
 
     return wrapper
+
+
+def _check_count(method: str, what: str, n: int) -> None:
+    if n > MAX_BATCH_ITEMS:
+        raise InvalidArgumentError(
+            f"{method} carries {n:,} {what}, over the {MAX_BATCH_ITEMS:,} one request may carry; send several "
+            "requests; nothing was applied"
+        )
 
 
 def checkpoint_dir(root: str | None, requested: str) -> str:
@@ -208,6 +220,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
+        _check_count("PullBatch", "pulls", len(request.pulls))
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         shapes = []
         for name, ids in pulls:  # every pull checked before any runs
@@ -219,6 +232,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PushBatchResponse already serialized (see add_to_server)."""
+        _check_count("PushBatch", "pushes", len(request.pushes))
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [
             (len(ids), grads.shape[1]) for (_, ids, grads, *_), p in zip(pushes, request.pushes) if p.return_rows

@@ -5,6 +5,7 @@ import shutil
 import tempfile
 
 import numpy as np
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -13,6 +14,7 @@ from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, Optimi
 from ps.engine.shard import Shard
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
+from ps.storage import budget as budget_module
 from tests.conftest import crash
 
 EV = EvictionConfig(ttl_steps=3, score_threshold=0.9, decay=0.5, nonclk_coeff=0.25, click_coeff=1.0)
@@ -30,6 +32,12 @@ def initial(i):
 
 
 TINY_RAM_TIER = 8 * layout_of(2, "sgd").ram_bytes  # 8 rows
+
+
+@pytest.fixture(autouse=True)
+def tiny_shares(monkeypatch):
+    """A RAM tier of 8 rows holds a table: a share may be one row here (MIN_SHARE_ROWS rows otherwise)."""
+    monkeypatch.setattr(budget_module, "MIN_SHARE_ROWS", 1)
 
 
 class AdmissionModel(RuleBasedStateMachine):

@@ -1,19 +1,38 @@
 """MemoryBudget and Arena: a table under its fair share takes rows back from tables above theirs, the rows given
-back leave the arrays (which shrink), and a flush scan in progress still sees every dirty row that moved."""
+back leave the arrays (which shrink), and a flush scan in progress still sees every dirty row that moved. No byte
+of the budget leaks when a table cannot give rows back, a growth fails or a table's creation fails; a share
+never falls under the floor, and a request the RAM tier cannot hold at once is RESOURCE_EXHAUSTED.
+
+The tests of the sharing itself use budgets of a few rows: `tiny_shares` lowers the floor of a share to one row."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
+import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine import table as table_module
 from ps.engine.shard import Shard
+from ps.errors import RamTierTooSmallError, StorageError
 from ps.rows.layout import layout_of
+from ps.storage import budget as budget_module
 from ps.storage.arena import Arena, MemoryBudget
 from tests.conftest import crash
 from tests.waiting import join_thread, wait_until
+
+RC = Arena(1, MemoryBudget(1 << 20)).row_charge  # bytes of a row of width 1
+
+
+@pytest.fixture
+def tiny_shares(monkeypatch):
+    """A share may be as small as one row (the floor is MIN_SHARE_ROWS rows otherwise)."""
+    monkeypatch.setattr(budget_module, "MIN_SHARE_ROWS", 1)
+
+
+def sgd_table(name: str) -> TableConfig:
+    return TableConfig(name, 4, InitializerConfig("zeros"), OptimizerConfig("sgd", 1.0))
 
 
 def install(a: Arena, n: int, dirty: list[int]) -> np.ndarray:
@@ -24,7 +43,7 @@ def install(a: Arena, n: int, dirty: list[int]) -> np.ndarray:
     return ids
 
 
-def test_rows_given_back_are_clean_the_rest_move_and_a_flush_scan_still_sees_every_dirty_row():
+def test_rows_given_back_are_clean_the_rest_move_and_a_flush_scan_still_sees_every_dirty_row(tiny_shares):
     rc = Arena(1, MemoryBudget(1 << 20)).row_charge
     budget = MemoryBudget(16 * rc)
     a = Arena(1, budget)
@@ -39,7 +58,7 @@ def test_rows_given_back_are_clean_the_rest_move_and_a_flush_scan_still_sees_eve
     assert rows.tolist() == [0, 1] and a.ids[:2].tolist() == [106, 107]
 
 
-def test_a_table_under_its_share_takes_rows_back_and_every_table_stays_within_the_budget():
+def test_a_table_under_its_share_takes_rows_back_and_every_table_stays_within_the_budget(tiny_shares):
     rc = Arena(1, MemoryBudget(1 << 20)).row_charge
     budget = MemoryBudget(12 * rc)
     big = Arena(1, budget)
@@ -52,7 +71,7 @@ def test_a_table_under_its_share_takes_rows_back_and_every_table_stays_within_th
     assert big.data.nbytes <= budget.limit_bytes and small.data.nbytes <= budget.limit_bytes
 
 
-def test_tables_pushed_at_once_under_a_tiny_budget_apply_every_push_exactly(tmp_path, monkeypatch):
+def test_tables_pushed_at_once_under_a_tiny_budget_apply_every_push_exactly(tmp_path, monkeypatch, tiny_shares):
     """Six tables share a RAM tier of 48 rows (8 each at the end, 60 ids each); each is pushed by its own thread,
     and each joins while the ones before it are being pushed (and hold more than the new share), while the flusher
     runs every 10 ms in chunks of 3 rows. Rows move between the tables (given back, dirty ones persisted first,
@@ -97,5 +116,114 @@ def test_tables_pushed_at_once_under_a_tiny_budget_apply_every_push_exactly(tmp_
     try:
         for name in names:
             np.testing.assert_array_equal(shard.pull(name, ids), np.repeat(-counts[name][:, None], 4, axis=1))
+    finally:
+        shard.close()
+
+
+def test_a_table_that_cannot_give_rows_back_is_skipped_and_no_byte_leaks(tiny_shares, caplog):
+    """The table above its share cannot persist its dirty rows: the one under its share gets the free rows only,
+    its request does not fail with the other table's error, and the budget counts exactly the rows in use."""
+
+    def disk_gone(rows: np.ndarray) -> None:
+        raise OSError("disk gone")
+
+    budget = MemoryBudget(12 * RC)
+    big = Arena(1, budget, persist=disk_gone)
+    install(big, 10, dirty=list(range(10)))
+    small = Arena(1, budget)  # share: 6 rows; 2 rows free
+    with small.lock:
+        got = small.grow(5, small.new_stamp())
+    assert len(got) == 2 and (big.used, small.used) == (10, 2)
+    assert budget.used_bytes == (big.used + small.used) * RC
+    assert "could not give rows back" in caplog.text
+
+
+def test_a_growth_that_fails_gives_its_bytes_back(tiny_shares):
+    budget = MemoryBudget(12 * RC)
+    a = Arena(1, budget)
+
+    def no_memory(capacity: int) -> None:
+        raise MemoryError(f"no pages for {capacity} rows")
+
+    a._resize = no_memory
+    with pytest.raises(MemoryError):
+        a.grow(5, a.new_stamp())
+    assert budget.used_bytes == 0 and a.used == 0
+    del a._resize
+    assert len(a.grow(5, a.new_stamp())) == 5 and budget.used_bytes == 5 * RC
+
+
+def test_reclaim_keeps_to_the_share_as_it_is_when_each_row_moves(tiny_shares):
+    """A table joins while another is taking rows back (here from inside a giving table's persist): the share
+    drops from 4 rows to 3, and the asker takes rows up to the new share, not the one it started with."""
+    budget = MemoryBudget(12 * RC)
+    late = []
+
+    def persist_while_a_table_joins(rows: np.ndarray) -> None:
+        giver.dirty[rows] = 0
+        late.append(Arena(1, budget))
+
+    giver = Arena(1, budget, persist=persist_while_a_table_joins)
+    install(giver, 6, dirty=list(range(6)))
+    other = Arena(1, budget)
+    install(other, 6, dirty=[])
+    asker = Arena(1, budget)  # three tables: a share of 4 rows, and the budget is spent
+    with asker.lock:
+        got = asker.grow(4, asker.new_stamp())
+    assert len(late) == 1 and budget.share_bytes() == 3 * RC
+    assert len(got) == asker.used == 3  # 2 from the giver, then 1 from the other table: the share is 3 now
+    assert budget.used_bytes == (giver.used + other.used + asker.used) * RC <= budget.limit_bytes
+
+
+def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch):
+    """A RAM tier of 256 rows takes one table. The first CreateTable fails writing to RocksDB; the second, of
+    another table, must get the whole RAM tier, not be refused for the share of a table that does not exist."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=256 * layout_of(4, "sgd").ram_bytes))
+    try:
+
+        def disk_full(cfg: TableConfig) -> None:
+            raise StorageError("disk full")
+
+        monkeypatch.setattr(shard.store, "create_table", disk_full)
+        with pytest.raises(StorageError, match="disk full"):
+            shard.create_table(sgd_table("failed"))
+        monkeypatch.undo()
+        shard.create_table(sgd_table("t"))
+        assert list(shard.tables) == ["t"] and shard.budget.share_bytes() == shard.budget.limit_bytes
+    finally:
+        shard.close()
+
+
+def test_create_table_is_refused_when_a_share_would_fall_under_the_floor(tmp_path):
+    """300 rows of RAM tier hold one table of dim 4 (a share of at least 256 rows), not two."""
+    row = layout_of(4, "sgd").ram_bytes
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=300 * row))
+    try:
+        shard.create_table(sgd_table("a"))
+        with pytest.raises(RamTierTooSmallError, match=r"cannot take table number 2: .* \(256 rows of the widest"):
+            shard.create_table(sgd_table("b"))
+        assert list(shard.tables) == ["a"] and shard.budget.share_bytes() == 300 * row
+    finally:
+        shard.close()
+    wide = Arena(4096 + 4, MemoryBudget(1 << 20)).row_charge  # rows of over 16 KiB: the floor is 1 MiB
+    assert budget_module.min_share_bytes(wide) == 1 << 20 and budget_module.min_share_bytes(RC) == 256 * RC
+
+
+def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_changes_nothing(tmp_path, tiny_shares):
+    """Table 'full' holds the whole RAM tier of 16 rows; 'starved' joins (a share of 8) and is pushed while full's
+    lock is busy (a long request there), so it gets no row back and has none of its own to evict."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=16 * layout_of(4, "sgd").ram_bytes))
+    try:
+        shard.create_table(sgd_table("full"))
+        shard.push("full", np.arange(16, dtype=np.uint64), np.ones((16, 4), np.float32))
+        starved = shard.create_table(sgd_table("starved"))
+        ids = np.arange(100, 104, dtype=np.uint64)
+        with shard.table("full").lock, pytest.raises(RamTierTooSmallError, match="no evictable rows for 4 ids") as e:
+            shard.push("starved", ids, np.ones((4, 4), np.float32))
+        assert e.value.status == "RESOURCE_EXHAUSTED"
+        assert starved.num_rows == starved.arena.used == 0
+        assert shard.budget.used_bytes == 16 * starved.arena.row_charge
+        shard.push("starved", ids, np.ones((4, 4), np.float32))  # full's lock is free: rows come back
+        np.testing.assert_array_equal(shard.pull("starved", ids), -np.ones((4, 4), np.float32))
     finally:
         shard.close()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ps.config import TableConfig
-from ps.errors import PsError, ServerUnavailableError, TableNotFoundError
+from ps.errors import ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
 from ps.rows.initializers import init_rows
 from tests.conftest import random_ids
 from worker.client import Client, push_arrays, sum_duplicates
@@ -120,6 +120,23 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
             client.pull("nope", np.arange(3, dtype=np.uint64))
     with Client(addresses[::-1]) as swapped, pytest.raises(PsError, match="list the servers in shard order"):
         swapped.wait_ready()
+
+
+def test_a_second_client_under_the_same_client_id_is_refused_loudly(servers, sgd1_table):
+    """The shards hold requests 1-3 of the first client's id; the second client's first request under that id is
+    request 1, which they take for an old one and do not apply: its push raises, it is not silently lost."""
+    addresses, _ = servers(2)
+    ids = random_ids(20, seed=7)
+    with Client(addresses) as first, Client(addresses) as second:
+        first.create_table(sgd1_table)
+        second.client_id = first.client_id
+        for _ in range(3):
+            first.push("emb", ids, np.ones((20, 4), np.float32))
+        said = r"applied 0 of the \d+ ids of PushBatch request 1 of client id 0x[0-9a-f]+ on its first attempt: "
+        with pytest.raises(ClientIdInUseError, match=said + ".* another caller uses the same client id") as e:
+            second.push("emb", ids, np.ones((20, 4), np.float32))
+        assert e.value.status == "FAILED_PRECONDITION"
+        np.testing.assert_array_equal(first.pull("emb", ids), initial(sgd1_table, ids) - 1 - 1 - 1)  # 3 pushes
 
 
 def test_a_dead_server_gives_a_clear_error_not_a_hang():

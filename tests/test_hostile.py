@@ -1,7 +1,8 @@
 """What a hostile or careless caller can no longer do to a shard, through gRPC and the CLI (issue 16, items 1 and
-4-7): carry the clock out of range, hold pushes with a NaN timeout, write checkpoints outside the operator's
-root, stop another client's pushes with a forged sequence number, or overflow gRPC's trailer with a long name.
-Each rejected request gets a precise status, never INTERNAL, and changes nothing."""
+4-7): carry the clock out of range (also by racing a batch's advance), hold pushes with a NaN timeout, write
+checkpoints outside the operator's root, stop another client's pushes with a forged sequence number, push counts
+that overflow the admission hash, or overflow gRPC's trailer with a long name. Each rejected request gets a
+precise status, never INTERNAL, and changes nothing; a clock the disk did not take is not kept either."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.config import ServerConfig
+from ps.config import MAX_CLOCK, ServerConfig
 from ps.server import Server
 
 SUM_SPEC = ps_pb2.TableSpec(  # zeros and SGD with lr 1: a row is minus the sum of its grads
@@ -104,6 +105,66 @@ def test_a_saved_clock_out_of_range_is_refused_at_start_with_a_clear_error(tmp_p
     assert r.returncode == 2, r.stderr[-2000:]
     assert "holds clock 18,446,744,073,709,551,621, past the largest clock a shard takes" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_batchs_clock_advance_is_reserved_before_its_pushes_are_applied(serve, monkeypatch):
+    """An AdvanceClock arrives while a PushBatch's push is being applied, and the two together would carry the
+    clock past MAX_CLOCK: the AdvanceClock is refused, and the batch applies with its advance."""
+    server, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    shard, raced = server.shard, []
+    apply_push = shard.apply_push
+
+    def apply_then_advance(*args, **kwargs):
+        apply_push(*args, **kwargs)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=TIMEOUT_S)
+        raced.append((e.value.code(), e.value.details()))
+
+    monkeypatch.setattr(shard, "apply_push", apply_then_advance)
+    batch = ps_pb2.PushBatchRequest(pushes=[push_request(1.0)], advance_clock=MAX_CLOCK, client_id=5, seq=1)
+    reply = stub.PushBatch(batch, timeout=TIMEOUT_S)
+    assert (reply.num_applied, reply.step) == (len(IDS), MAX_CLOCK)
+    ((code, details),) = raced
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "reserved by batches in flight" in details, details
+    assert clock(stub) == MAX_CLOCK and (rows(stub) == -1).all()
+
+
+def test_a_clock_that_cannot_be_stored_is_not_kept(serve, monkeypatch):
+    server, stub = serve()
+    store = server.shard.store
+
+    def disk_gone(step: int) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(store, "set_clock", disk_gone)
+    code, _ = refused(stub.AdvanceClock, ps_pb2.AdvanceClockRequest(steps=5))
+    assert code == grpc.StatusCode.INTERNAL and clock(stub) == 0
+    monkeypatch.undo()
+    assert stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=TIMEOUT_S).step == 1
+    assert store.clock() == 1
+
+
+def test_shows_and_clicks_past_2_24_per_id_are_refused(serve):
+    """Counts that large would overflow the admission hash's uint64(show * 16); 2**24 itself is taken."""
+    _, stub = serve()
+    spec = ps_pb2.TableSpec()
+    spec.CopyFrom(SUM_SPEC)
+    spec.admission.min_count, spec.admission.probability = 2, 0.5  # admission by hash of (id, show)
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=TIMEOUT_S)
+    before = stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S).tables[0]
+    for field in ("shows", "clicks"):
+        for count in (2.0**25, 1e30, 3e38):
+            request = push_request(1.0)
+            setattr(request, field, np.full(len(IDS), count, dtype="<f4").tobytes())
+            code, details = refused(stub.Push, request)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, (field, count, code, details)
+            assert f"{field} for table 'sum' may be at most 16,777,216 per id" in details, details
+    after = stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S).tables[0]
+    assert (after.num_rows, after.pending_ids) == (before.num_rows, before.pending_ids) == (0, 0)
+    request = push_request(1.0)
+    request.shows = np.full(len(IDS), 2.0**24, dtype="<f4").tobytes()
+    assert stub.Push(request, timeout=TIMEOUT_S).num_applied == len(IDS)
 
 
 def test_a_hold_with_a_bad_timeout_is_refused_and_holds_nothing(serve):

@@ -1,6 +1,7 @@
 """Replies are bounded before they are built: a Pull, PullBatch or PushBatch(return_rows) whose reply would exceed
 the server's message limit is RESOURCE_EXHAUSTED, naming the size and the limit, without the server allocating
-the reply, and changes nothing. Through gRPC, against a server process and in-process servers."""
+the reply, and changes nothing. Batches are bounded in count too: more than MAX_BATCH_ITEMS pulls or pushes is
+INVALID_ARGUMENT. Through gRPC, against a server process and in-process servers."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ps import codec, wire
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.server import Server, grpc_options
-from ps.service import ParameterServerServicer, add_to_server
+from ps.service import MAX_BATCH_ITEMS, ParameterServerServicer, add_to_server
 from tests.conftest import random_ids
 from worker.client import Client
 from worker.cluster import LocalCluster
@@ -180,3 +181,23 @@ def test_the_client_chunks_wide_pulls_under_a_limit_equal_to_its_request_size(sm
         assert rows.shape == (10_000, DIM)
         client.push("emb", ids[:10], np.ones((10, DIM), np.float32))
         assert np.array_equal(client.pull("emb", ids[:10]), rows[:10] - 1)
+
+
+def test_a_batch_of_more_than_max_batch_items_pulls_or_pushes_is_refused_and_applies_nothing(small_limit):
+    stub, server = small_limit
+    assert MAX_BATCH_ITEMS == 4096
+    one = pull_request(np.arange(0, dtype=np.uint64))  # no ids: 4,096 rows of dim 64 would fill the reply limit
+    assert len(stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[one] * 4096), timeout=30).replies) == 4096
+    with pytest.raises(grpc.RpcError) as e:
+        stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[one] * 4097), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "PullBatch carries 4,097 pulls, over the 4,096 one request may carry" in e.value.details()
+    empty = push_request(np.arange(0, dtype=np.uint64), False)
+    before = stats_state(stub)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[empty] * 4097, advance_clock=1, client_id=3, seq=1), timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "PushBatch carries 4,097 pushes, over the 4,096 one request may carry" in e.value.details()
+    assert stats_state(stub) == before and server.shard.clock == 0 and 3 not in server.shard.journal.applied
+    batch = ps_pb2.PushBatchRequest(pushes=[empty] * 4096, advance_clock=1, client_id=3, seq=1)
+    assert stub.PushBatch(batch, timeout=30).step == 1

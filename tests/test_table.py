@@ -17,6 +17,7 @@ from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
+from ps.storage import budget as budget_module
 from ps.storage import journal as journal_module
 from tests.conftest import crash
 
@@ -32,6 +33,12 @@ def initial(ids):
 
 
 TINY_RAM_TIER = 8 * layout_of(3, "sgd").ram_bytes  # 8 rows: requests of up to 15 ids are chunked, much is evicted
+
+
+@pytest.fixture(autouse=True)
+def tiny_shares(monkeypatch):
+    """A RAM tier of 8 rows holds a table: a share may be one row here (MIN_SHARE_ROWS rows otherwise)."""
+    monkeypatch.setattr(budget_module, "MIN_SHARE_ROWS", 1)
 
 
 class TableModel(RuleBasedStateMachine):

@@ -26,7 +26,7 @@ import numpy as np
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import TableConfig
-from ps.errors import STATUS_TO_ERROR, PsError, ServerUnavailableError
+from ps.errors import STATUS_TO_ERROR, ClientIdInUseError, PsError, ServerUnavailableError
 from ps.security import client_channel
 from ps.sharding import SlotMap
 
@@ -244,7 +244,11 @@ class Client:
                 waves += [[] for _ in range(k + 1 - len(waves))]
                 waves[k].append((("PushBatch", shard, request), g))
             for wave in waves:
-                replies = self._call_mixed([call for call, _ in wave])
+                retried: set[int] = set()
+                replies = self._call_mixed([call for call, _ in wave], retried)
+                for k, (((_, shard, request), _), reply) in enumerate(zip(wave, replies)):
+                    if k not in retried:  # a retry's reply counts only what the lost attempts left undone
+                        self._check_applied(shard, request, reply)
                 if return_rows:
                     for (_, group), batch in zip(wave, replies):
                         for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
@@ -252,6 +256,18 @@ class Client:
         if not return_rows:
             return None
         return [rows if order is None else rows[order] for rows, order in plans]
+
+    def _check_applied(self, shard: int, request: ps_pb2.PushBatchRequest, reply) -> None:
+        """ClientIdInUseError when the reply to a PushBatch's first attempt applied fewer ids than it carried: the
+        shard holds a request of this client id at or past this one, which another caller sent."""
+        sent = sum(len(p.ids) // 8 for p in request.pushes)
+        if reply.num_applied < sent:
+            raise ClientIdInUseError(
+                f"shard {shard} at {self.servers[shard]} applied {reply.num_applied} of the {sent} ids of PushBatch "
+                f"request {request.seq} of client id {self.client_id:#x} on its first attempt: it had applied a "
+                "request of this client id numbered as high before, so another caller uses the same client id; the "
+                "rest was not applied. Give each client its own id"
+            )
 
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock; returns the new step (of shard 0)."""
@@ -311,10 +327,10 @@ class Client:
         """Sends all requests at once (one per entry of shards), waits for all, raises the first error."""
         return self._call_mixed([(method, s, r) for s, r in zip(shards, requests)])
 
-    def _call_mixed(self, calls: list[tuple[str, int, object]]) -> list:
+    def _call_mixed(self, calls: list[tuple[str, int, object]], retried: set[int] | None = None) -> list:
         """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
         the first error. Calls failing with UNAVAILABLE or DEADLINE_EXCEEDED are sent again (backoff) while
-        their shard has been failing for less than server_timeout_s."""
+        their shard has been failing for less than server_timeout_s; their positions are added to `retried`."""
         replies: list = [None] * len(calls)
         pending, delay = list(range(len(calls))), 0.05
         while True:
@@ -329,6 +345,8 @@ class Client:
                 except grpc.RpcError as e:
                     if e.code() in RETRYABLE and self._keep_waiting(shard, method, e):
                         retry.append(i)
+                        if retried is not None:
+                            retried.add(i)
                     else:
                         error = error or self._error(method, shard, e)
             for shard in ok - {calls[i][1] for i in retry}:

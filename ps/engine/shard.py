@@ -44,6 +44,8 @@ from ps.storage.store import Store
 from ps.wire import repeats_ids
 
 log = logging.getLogger("ps.engine.shard")
+MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a row's show count, and the admission
+# hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
 
 
 class Shard:
@@ -73,6 +75,7 @@ class Shard:
             self._lock = threading.Lock()
             self._flush_lock = threading.Lock()
             self.clock = self.store.clock()
+            self._advances_reserved = 0  # steps of the batches between their check and their advance (_lock)
             self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
             self.journal.applied = self.store.applied()  # client requests applied before the last flush
             self._replay()
@@ -144,7 +147,11 @@ class Shard:
                     )
                 return table
             table = Table(cfg, self.store, self.journal, self.budget)  # refused before anything is written if
-            self.store.create_table(cfg)  # the RAM tier cannot take it (RamTierTooSmallError)
+            try:  # the RAM tier cannot take it (RamTierTooSmallError)
+                self.store.create_table(cfg)
+            except BaseException:
+                self.budget.leave(table.arena)
+                raise
             self.tables[cfg.name] = table
             return table
 
@@ -188,7 +195,8 @@ class Shard:
         clicks: np.ndarray | None = None,
     ) -> tuple:
         """Validates a push without changing anything; returns (table, ids, grads, shows, clicks) for apply_push.
-        shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
+        shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
+        id."""
         table = self.table(name)
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
@@ -207,9 +215,14 @@ class Shard:
         for what, a in given:  # the defaults need no check
             if a.shape != (len(ids),):
                 raise InvalidArgumentError(f"{what} for table {name!r} have shape {a.shape}, expected ({len(ids)},)")
-            ok = np.isfinite(a) & (a >= 0)  # (n,) values: numpy is faster here than a loop that stops early
+            ok = (a >= 0) & (a <= MAX_COUNT_PER_ID)  # NaN fails both; numpy beats a loop that stops early here
             if not ok.all():
                 bad = int(np.flatnonzero(~ok)[0])
+                if np.isfinite(a[bad]) and a[bad] >= 0:
+                    raise InvalidArgumentError(
+                        f"{what} for table {name!r} may be at most {MAX_COUNT_PER_ID:,} per id in one push; "
+                        f"position {bad} holds {float(a[bad]):g}; nothing was applied"
+                    )
                 raise InvalidArgumentError(
                     f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
                 )
@@ -231,7 +244,8 @@ class Shard:
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
     ) -> None:
-        """shows / clicks: per id (n,) float32, finite and >= 0; None: 1 show and 0 clicks per id."""
+        """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
+        id."""
         with self._push_gate():
             self.apply_push(self.check_push(name, ids, grads, shows, clicks))
 
@@ -280,22 +294,35 @@ class Shard:
             return out
 
     def _apply_batch(self, pushes, advance_clock, request: tuple[int, int], skip: int) -> tuple:
-        self._check_advance(advance_clock)
+        """Validates every push, reserves the clock advance (so that no AdvanceClock in between can make it
+        out of range), applies the pushes from `skip` on, then advances the clock."""
         checked = [self.check_push(*p) for p in pushes]
         if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
             for i, (_, ids, *_rest) in enumerate(checked):
                 if repeats_ids(ids):
                     raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i][0]!r}) repeats ids; "
                                                "nothing was applied")  # fmt: skip
-        for i in range(skip, len(checked)):
-            try:
-                self.apply_push(checked[i], (*request, i))
-            except PsError as e:
-                if i == 0:
-                    raise
-                raise type(e)(f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}), after the "
-                              f"{i} before it were applied: {e}") from e  # fmt: skip
-        return (self.advance_clock(advance_clock) if advance_clock else self.clock), len(checked) - skip
+        if advance_clock:
+            with self._lock:
+                self._check_advance(advance_clock)
+                self._advances_reserved += advance_clock
+        try:
+            for i in range(skip, len(checked)):
+                try:
+                    self.apply_push(checked[i], (*request, i))
+                except PsError as e:
+                    if i == 0:
+                        raise
+                    raise type(e)(f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}), after the "
+                                  f"{i} before it were applied: {e}") from e  # fmt: skip
+        finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
+            if advance_clock:
+                with self._lock:
+                    self._advances_reserved -= advance_clock
+        if not advance_clock:
+            return self.clock, len(checked) - skip
+        with self._lock:
+            return self._set_clock(self.clock + advance_clock), len(checked) - skip
 
     # ---- checkpoints --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -324,7 +351,11 @@ class Shard:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
         the pushes in flight are done; returns (clock, token): save and release need the token. Every push
         acknowledged before this returns is in the checkpoint, none after. One hold at a time. InvalidArgumentError
-        unless 0 < timeout_s <= MAX_HOLD_S."""
+        unless 0 < timeout_s <= MAX_HOLD_S.
+
+        A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and nothing else: a Shrink or
+        an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
+        a later clock than the one returned here)."""
         if not (math.isfinite(timeout_s) and 0 < timeout_s <= self.MAX_HOLD_S):
             raise InvalidArgumentError(
                 f"hold_timeout_s must be finite, > 0 and <= {self.MAX_HOLD_S:g} seconds (0 in a request: "
@@ -386,18 +417,26 @@ class Shard:
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
         """Moves the clock forward by steps; returns it. InvalidArgumentError, changing nothing, if it would pass
-        MAX_CLOCK."""
+        MAX_CLOCK (counting the advances of PushBatches whose pushes are being applied)."""
         with self._lock:
             self._check_advance(steps)
-            self.clock += steps
-            self.store.set_clock(self.clock)
-            return self.clock
+            return self._set_clock(self.clock + steps)
+
+    def _set_clock(self, clock: int) -> int:
+        """Stores the clock, then sets it (so a failed write leaves it as it was); _lock held."""
+        self.store.set_clock(clock)
+        self.clock = clock
+        return clock
 
     def _check_advance(self, steps: int) -> None:
-        if not 0 <= steps <= MAX_CLOCK - self.clock:
+        """InvalidArgumentError unless the clock, with the advances reserved by batches in flight, can move by
+        steps and stay <= MAX_CLOCK; _lock held."""
+        if not 0 <= steps <= MAX_CLOCK - self.clock - self._advances_reserved:
+            reserved = f" ({self._advances_reserved:,} more steps reserved by batches in flight)"
             raise InvalidArgumentError(
-                f"a clock advance of {steps:,} steps is out of range: the clock is at {self.clock:,} and a shard's "
-                f"clock stays <= {MAX_CLOCK:,}; nothing was applied"
+                f"a clock advance of {steps:,} steps is out of range: the clock is at {self.clock:,}"
+                f"{reserved if self._advances_reserved else ''} and a shard's clock stays <= {MAX_CLOCK:,}; "
+                "nothing was applied"
             )
 
     def shrink(self, name: str = "") -> dict:

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from ps.config import TableConfig
-from ps.errors import InvalidArgumentError, ShardClosingError, StorageError
+from ps.errors import InvalidArgumentError, RamTierTooSmallError, ShardClosingError
 from ps.rows import update
 from ps.rows.initializers import init_rows
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
@@ -320,7 +320,7 @@ class Table:
             victims = self.arena.victims(n - len(rows), stamp)
             if len(victims) < n - len(rows):  # e.g. another table took the budget since this request was chunked
                 self.arena.give_back(rows)  # the victims stay as they are: live rows, still indexed
-                raise StorageError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
+                raise RamTierTooSmallError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):
                 self._persist(dirty)

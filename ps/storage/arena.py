@@ -6,7 +6,7 @@ referenced (CLOCK), dirty (newer than RocksDB), stored (RocksDB has the row). ls
 end of the row's line in `data` (ps.rows.layout); the attributes are strided views of them.
 
 Memory: every row in use [0, used) is paid for from the MemoryBudget shared by all tables of a server
-(ps.storage.budget: the budget bounds the sum, there are no free rows), and the arrays have room for `capacity`
+(ps.storage.budget: the budget bounds the sum, there are no unpaid rows), and the arrays have room for `capacity`
 rows, grown by doubling as rows are paid for, so what a table maps (virtual memory) follows what it holds: at
 most twice its rows, and never more than the budget. Growing moves the pages to a larger mapping where the OS
 can (ps.accel.hugepages.resize), so the arrays are replaced: callers re-read `data` and the views after any
@@ -256,18 +256,24 @@ class Arena:
     def grow(self, n: int, stamp: int) -> np.ndarray:
         """Up to n unused rows, pinned with stamp: released ones first, then new ones paid from the budget (taken
         back from other tables while this one is under its fair share). May move the arrays (see the module)."""
-        reused, self.free = self.free[:n], self.free[n:]
-        self.pin[reused] = stamp
+        reused = self.free[:n]
         if len(reused) == n:
+            self.free = self.free[n:]
+            self.pin[reused] = stamp
             return reused
         rc = self.row_charge
         want = min(n - len(reused), self.max_rows - self.used)
         take = self.budget.take(want * rc, rc) // rc
-        room = self.budget.share_bytes() // rc - self.used - take
-        if take < want and room > 0:
-            take += self.budget.reclaim(self, min(want - take, room))
-        if self.used + take > self.capacity:
-            self._resize(min(self.max_rows, max(self.used + take, 2 * self.capacity, MIN_CAPACITY)))
+        try:  # the rows granted are paid for: on any failure before they are in use, the bytes go back
+            if take < want and self.budget.share_bytes() // rc > self.used + take:  # reclaim checks again
+                take += self.budget.reclaim(self, want - take, self.used + take)
+            if self.used + take > self.capacity:
+                self._resize(min(self.max_rows, max(self.used + take, 2 * self.capacity, MIN_CAPACITY)))
+        except BaseException:
+            self.budget.give(take * rc)
+            raise
+        self.free = self.free[len(reused) :]
+        self.pin[reused] = stamp
         rows = np.arange(self.used, self.used + take, dtype=np.int64)
         self.pin[rows] = stamp  # so victims() cannot hand them out again before they are installed
         self.lsn[rows] = 0

@@ -7,33 +7,41 @@ outside it. Sharing:
 - once the budget is spent, a table holding less than its fair share (limit_bytes / number of tables) takes
   rows back from the tables holding more than theirs, largest first, leaving each at its share (less than one
   of its rows under it, at most): reclaim() asks the giving arena, under that table's lock, to give up its
-  coldest rows, persisting the dirty ones (Arena.give_up);
+  coldest rows, persisting the dirty ones (Arena.give_up). A table whose give_up fails (its rows cannot be
+  persisted) is logged and skipped, and so is one whose lock stays busy for RECLAIM_WAIT_S;
 - a table at or above its share reuses its own cold rows (CLOCK).
-So every table can always hold its share, also one created after the others filled the budget; join() refuses
-a table (RamTierTooSmallError, before anything is written) when the shares would fall under MIN_SHARE_ROWS rows
-of the widest table.
+So a table can hold its share, also one created after the others filled the budget; join() refuses a table
+(RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
+MIN_SHARE_ROWS rows of the widest table, or MIN_SHARE_BYTES where that is less (wide rows). A table whose
+creation fails after join() leaves again (leave()).
 
-Lock order: a table waits for another table's lock only while it holds fewer rows than its share has room for,
-and only for a table above its share. A table that gave rows back keeps all the rows its share has room for, so
-it never waits for another, and the waits cannot form a cycle. Each wait has a deadline besides
-(RECLAIM_WAIT_S), after which that table is skipped.
+Lock order: a table waits for another table's lock only while it holds its own lock and fewer rows than its
+share has room for, and only for a table it has just seen above its share; a table above its share never waits
+for another. That makes a cycle of waits unlikely, not impossible: the other tables' row counts are read without
+their locks, and the share changes as tables join, so two tables can each see the other above a share. Every
+wait therefore has a short deadline (RECLAIM_WAIT_S), after which that table is skipped: the waiting request
+goes on with the rows it has (its own cold rows, or RamTierTooSmallError when they are too few), and no cycle
+lasts longer than that deadline.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Protocol
 
-from ps.errors import PsError
+from ps.errors import RamTierTooSmallError
 
-MIN_SHARE_ROWS = 1  # a table's fair share must hold at least this many of the widest table's rows
-RECLAIM_WAIT_S = 10.0  # longest wait for the lock of a table to take rows from (it may be serving a request)
+log = logging.getLogger("ps.storage.budget")
+
+MIN_SHARE_ROWS = 256  # a table's fair share must hold this many rows of the widest table (a request is served in
+MIN_SHARE_BYTES = 1 << 20  # chunks of half a share), or this many bytes where that is less (rows of over 4 KiB)
+RECLAIM_WAIT_S = 0.5  # longest wait for the lock of a table to take rows from (it may be serving a request)
 
 
-class RamTierTooSmallError(PsError, ValueError):
-    """--cache-bytes cannot give every table the rows it needs; raise it (or keep fewer tables on a shard)."""
-
-    status = "RESOURCE_EXHAUSTED"
+def min_share_bytes(row_charge: int) -> int:
+    """The smallest fair share join() allows when the widest table's rows cost row_charge bytes each."""
+    return max(row_charge, min(MIN_SHARE_ROWS * row_charge, MIN_SHARE_BYTES))
 
 
 class Member(Protocol):
@@ -53,21 +61,29 @@ class MemoryBudget:
         self.limit_bytes = int(limit_bytes)
         self.used_bytes = 0
         self._lock = threading.Lock()
-        self._members: list[Member] = []  # tables are never dropped: members stay
+        self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
 
     def join(self, member: Member) -> None:
         """Adds a table's arena; RamTierTooSmallError (nothing changed) if the shares would get too small."""
         with self._lock:
             n = len(self._members) + 1
             widest = max([m.row_charge for m in self._members] + [member.row_charge])
-            share = self.limit_bytes // n
-            if share < MIN_SHARE_ROWS * widest:
+            share, floor = self.limit_bytes // n, min_share_bytes(widest)
+            if share < floor:
                 raise RamTierTooSmallError(
                     f"the RAM tier (--cache-bytes {self.limit_bytes}) cannot take table number {n}: shared by {n} "
-                    f"tables it gives each {share} bytes, under {MIN_SHARE_ROWS} row(s) of the widest table "
-                    f"({widest} bytes a row); raise --cache-bytes to at least {n * MIN_SHARE_ROWS * widest}"
+                    f"tables it gives each {share} bytes, under the {floor} bytes a table's share must hold "
+                    f"({floor // widest} rows of the widest table, {widest} bytes a row); raise --cache-bytes to "
+                    f"at least {n * floor}"
                 )
             self._members.append(member)
+
+    def leave(self, member: Member) -> None:
+        """Removes a table's arena that joined, for a table whose creation failed after join(); the bytes of its
+        rows (none, for a table that never served a request) go back to the budget."""
+        with self._lock:
+            self._members = [m for m in self._members if m is not member]
+            self.used_bytes -= member.used * member.row_charge
 
     def share_bytes(self) -> int:
         """A table's fair share: what it can always hold."""
@@ -83,26 +99,36 @@ class MemoryBudget:
             self.used_bytes += granted
             return granted
 
-    def reclaim(self, asker: Member, rows: int) -> int:
+    def give(self, nbytes: int) -> None:
+        """Returns bytes that take() or reclaim() granted and the caller did not keep."""
+        with self._lock:
+            self.used_bytes -= nbytes
+
+    def reclaim(self, asker: Member, rows: int, holding: int) -> int:
         """Up to `rows` rows (of asker's row_charge) taken from tables above their share and granted to asker,
-        which holds its own table's lock and is under its share by at least that much (Arena.grow checks).
-        Returns the rows granted."""
-        share = self.share_bytes()
-        granted = 0
+        which holds its own table's lock and `holding` rows (its rows in use and any granted to it and not yet in
+        use). Never grants asker more than its share has room for, the share read again before each table it
+        takes from. Returns the rows granted."""
+        rc, granted = asker.row_charge, 0
         for other in sorted(self._members, key=lambda m: m.used * m.row_charge, reverse=True):
-            if granted >= rows or other.used * other.row_charge <= share:
+            share = self.share_bytes()
+            room = min(rows, share // rc - holding) - granted
+            if room <= 0 or other.used * other.row_charge <= share:
                 break
             if other is asker or not other.lock.acquire(timeout=RECLAIM_WAIT_S):
                 continue
             try:  # other's table is idle now: its rows can move
                 surplus = -(-(other.used * other.row_charge - share) // other.row_charge)  # to under a row above share
-                wanted = -(-(rows - granted) * asker.row_charge // other.row_charge)
+                wanted = -(-room * rc // other.row_charge)
                 freed = other.give_up(min(surplus, wanted)) if surplus > 0 else 0
+            except Exception:  # e.g. its dirty rows cannot be persisted: asker's request is not the one to fail
+                log.exception("a table could not give rows back to another; skipped")
+                freed = 0
             finally:
                 other.lock.release()
             with self._lock:  # hand the freed bytes to asker before any other table can take them
                 self.used_bytes -= freed * other.row_charge
-                got = min(rows - granted, self.free_bytes() // asker.row_charge)
-                self.used_bytes += got * asker.row_charge
+                got = min(room, self.free_bytes() // rc)
+                self.used_bytes += got * rc
             granted += got
         return granted

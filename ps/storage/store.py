@@ -48,13 +48,15 @@ from rocksdict import (
 
 from ps.config import TableConfig
 from ps.errors import DataLossError, PsError, StorageError
-from ps.rows.layout import STATS_FLOATS, RowLayout, layout_of
+from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name, write_json
 
 log = logging.getLogger(__name__)
 
-KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # packed, 14 bytes
+KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # packed
+if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
+    raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
 META_CF = "meta"
 ROWS_CF = "rows"
 TABLE_ID_PREFIX = b"tid/"
@@ -374,12 +376,20 @@ class Store:
     def import_slots(self, source: str, slots: tuple[int, int], tables: list[str]) -> dict[str, dict]:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
-        {table: {"admitted": rows, "pending": ids}} copied."""
+        {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
+        checkpoint holds no table number for one of `tables` (its meta does not match its manifest)."""
         src, names = _open_read_only(source)
         lo, hi = slots
         copied = {}
         try:
             numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}  # the checkpoint's
+            missing = [t for t in tables if t not in numbers]
+            if missing:
+                raise StorageError(
+                    f"checkpoint {source} holds no table number for table(s) {', '.join(map(repr, missing[:10]))} of "
+                    "its manifest (meta key tid/<table>): its rows cannot be found, so nothing was copied from it; "
+                    "the checkpoint is damaged or its manifest belongs to another checkpoint"
+                )
             for table in tables:
                 counts = {"admitted": 0, "pending": 0}
                 if ROWS_CF in names and table in numbers:
@@ -479,7 +489,7 @@ class Store:
     def disk_bytes(self, table: str) -> int:
         """Bytes of the table's rows in RocksDB, keys and values, from its counts (before RocksDB's compression and
         its own overhead per key; ps.rows.layout.RowLayout.disk_bytes adds an estimate of that)."""
-        layout, c, key = self._layout(table), self.counts(table), KEY_DTYPE.itemsize
+        layout, c, key = self._layout(table), self.counts(table), KEY_BYTES
         return c["admitted"] * (key + layout.value_bytes) + c["pending"] * (key + layout.pending_value_bytes)
 
     def iter_rows(self, table: str) -> Iterator[tuple[int, bytes]]:
