@@ -1,0 +1,72 @@
+"""ServerProcess: `python -m ps` on a data dir as a child process, for black-box tests that measure it from /proc
+or damage its files between runs."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from tests.waiting import wait_until
+
+
+class ServerProcess:
+    """`python -m ps` on a data dir, its output in a file beside the dir; started() waits for it to listen or
+    to exit."""
+
+    def __init__(self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1)):
+        self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
+        args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "ps", *args, *flags], stdout=log, stderr=log)
+
+    def output(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def started(self, timeout_s: float = 120) -> str | None:
+        """The address once it listens, or None if it exits first (AssertionError if neither in timeout_s)."""
+
+        def listening_or_exited() -> tuple[str | None] | None:
+            found = re.search(r"listening on (\S+:\d+)", self.output())
+            if found:
+                return (found.group(1),)
+            return (None,) if self.proc.poll() is not None else None
+
+        try:
+            (address,) = wait_until(
+                listening_or_exited, timeout_s, lambda: f"ps-server to listen or exit:\n{self.output()}", poll_s=0.05
+            )
+        except AssertionError:
+            self.proc.kill()
+            raise
+        return address
+
+    def refused(self) -> str:
+        """Its output, after asserting that it exits without listening, with an error and no traceback."""
+        address = self.started()
+        if address is not None:
+            self.stop()
+        assert address is None, f"ps-server started on the damaged dir:\n{self.output()}"
+        out = self.output()
+        assert self.proc.wait(30) == 2 and "ps-server: error:" in out and "Traceback" not in out, out
+        return out
+
+    def status_kib(self, field: str) -> int:
+        """A field of /proc/<pid>/status (VmRSS, RssAnon, VmSize, ...), in KiB."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE).group(1))
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(60)
+
+    def stop_cleanly(self) -> None:
+        """SIGTERM, and asserts a clean exit (0) within 60 s; kills it otherwise."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            assert self.proc.wait(timeout=60) == 0, self.output()
+        finally:
+            self.proc.kill()
