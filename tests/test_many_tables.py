@@ -5,18 +5,13 @@ and CreateTable writes the same whatever the number of tables. tests/test_budget
 from __future__ import annotations
 
 import os
-import re
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 from ps.config import TableConfig
 from ps.errors import PsError, TableNotFoundError
-from tests.waiting import wait_until
+from tests.server_process import ServerProcess
 from worker.client import Client
 
 MiB = 1 << 20
@@ -26,57 +21,25 @@ TABLES = 12
 IDS = 400  # per table: 12 x 400 rows would be 158 MB, ten times the budget below
 
 
-class ServerProcess:
-    """`python -m ps` on a data dir, its output in a file; its address once it listens; stop() ends it."""
-
-    def __init__(self, data_dir, *flags: str):
-        self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ps", "--port", "0", "--data-dir", str(data_dir), *flags], stdout=log, stderr=log
-            )
-
-        def listening() -> re.Match | None:
-            found = re.search(r"listening on (\S+:\d+)", self.output())
-            assert found or self.proc.poll() is None, f"ps-server exited:\n{self.output()}"
-            return found
-
-        self.address = wait_until(listening, 120, lambda: f"ps-server to listen:\n{self.output()}", 0.05).group(1)
-
-    def output(self) -> str:
-        with open(self.log_path) as f:
-            return f.read()
-
-    def status_kib(self, field: str) -> int:
-        """A field of /proc/<pid>/status (VmRSS, RssAnon, VmSize, ...), in KiB."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE).group(1))
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            assert self.proc.wait(timeout=60) == 0, self.output()
-        finally:
-            self.proc.kill()
-
-
 @pytest.fixture
 def server(tmp_path):
     started = []
 
     def start(*flags: str) -> ServerProcess:
         started.append(ServerProcess(tmp_path / "data", *flags))
+        started[-1].address = started[-1].started()
+        assert started[-1].address, f"ps-server exited:\n{started[-1].output()}"
         return started[-1]
 
     yield start
     for s in started:
         if s.proc.poll() is None:
-            s.stop()
+            s.stop_cleanly()
 
 
 def linux_only():
     if not os.path.exists("/proc/self/status"):
-        pytest.skip("reads /proc/<pid>/status")
+        pytest.skip("measures the server through /proc/<pid>/status, which only Linux has")
 
 
 def test_twelve_wide_tables_keep_to_the_budget_in_rss_virtual_memory_and_stats(server):
@@ -132,7 +95,7 @@ def test_create_table_writes_no_rocksdb_options_file_and_tables_keep_their_own_r
         for t in (7, 59):
             client.push(f"t{t}", ids, np.full((3, 4), t, dtype=np.float32))
         before = {t: client.pull(f"t{t}", ids) for t in (7, 30, 59)}
-    s.stop()
+    s.stop_cleanly()
     s = server()
     with Client([s.address]) as client:
         client.wait_ready()
@@ -156,7 +119,7 @@ def test_a_table_the_ram_tier_cannot_hold_is_refused_and_leaves_nothing(server):
             client.create_table(TableConfig("one_too_many", DIM))
         assert e.value.status == "RESOURCE_EXHAUSTED"
         client.pull("w0", np.arange(10, dtype=np.uint64))  # the tables there still work
-    s.stop()
+    s.stop_cleanly()
     s = server("--cache-bytes", "4M")
     with Client([s.address]) as client:
         client.wait_ready()
