@@ -20,21 +20,20 @@ Per shard: sparseps_clock, sparseps_ram_budget_bytes, sparseps_ram_used_bytes, s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ps.engine.shard import Shard
-
 import hmac
 import logging
 import socket
 import ssl
 import threading
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+
+if TYPE_CHECKING:
+    from ps.engine.shard import Shard
 
 log = logging.getLogger("ps.metrics")
 

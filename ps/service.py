@@ -25,27 +25,25 @@ before (a retry).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from google.protobuf.message import Message
-
-if TYPE_CHECKING:
-    from ps.metrics import ServerMetrics
-
 import functools
 import hashlib
 import json
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import grpc
+from google.protobuf.message import Message
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import MAX_MESSAGE_BYTES
 from ps.engine.shard import Shard
 from ps.errors import CheckpointDirError, InvalidArgumentError, PsError, ReplyTooLargeError, clip, echo
+
+if TYPE_CHECKING:
+    from ps.metrics import ServerMetrics
 
 log = logging.getLogger("ps.service")
 MAX_BATCH_ITEMS = 4096  # pulls in a PullBatch, pushes in a PushBatch
@@ -130,11 +128,8 @@ def client_key(client_id: int, context: grpc.ServicerContext) -> int:
     return int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little") or 1
 
 
-PRESERIALIZED = {
-    "Pull",
-    "PullBatch",
-    "PushBatch",
-}  # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
+# methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
+PRESERIALIZED = {"Pull", "PullBatch", "PushBatch"}
 
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:

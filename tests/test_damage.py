@@ -15,7 +15,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.errors import PsError, StorageError
 from ps.server import Server
+from tests.server_process import ServerProcess
 from tests.waiting import wait_until
 from worker.client import Client
 
@@ -35,52 +35,6 @@ JOURNAL_MAGIC = 0x344A5350
 
 def own(k: int) -> np.ndarray:
     return np.arange(50, dtype=np.uint64) + np.uint64(100_000 + 100 * k)  # only in push k
-
-
-class ServerProcess:
-    """`python -m ps` on a data dir, its output in a file; started() waits for it to listen or to exit."""
-
-    def __init__(self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1)):
-        self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
-        args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ps", *args, *flags], stdout=log, stderr=log)
-
-    def output(self) -> str:
-        with open(self.log_path) as f:
-            return f.read()
-
-    def started(self, timeout_s: float = 120) -> str | None:
-        """The address once it listens, or None if it exits first (AssertionError if neither in timeout_s)."""
-
-        def listening_or_exited() -> tuple[str | None] | None:
-            found = re.search(r"listening on (\S+:\d+)", self.output())
-            if found:
-                return (found.group(1),)
-            return (None,) if self.proc.poll() is not None else None
-
-        try:
-            (address,) = wait_until(
-                listening_or_exited, timeout_s, lambda: f"ps-server to listen or exit:\n{self.output()}", poll_s=0.05
-            )
-        except AssertionError:
-            self.proc.kill()
-            raise
-        return address
-
-    def refused(self) -> str:
-        """Its output, after asserting that it exits without listening, with an error and no traceback."""
-        address = self.started()
-        if address is not None:
-            self.stop()
-        assert address is None, f"ps-server started on the damaged dir:\n{self.output()}"
-        out = self.output()
-        assert self.proc.wait(30) == 2 and "ps-server: error:" in out and "Traceback" not in out, out
-        return out
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        self.proc.send_signal(sig)
-        self.proc.wait(60)
 
 
 class InProcess:

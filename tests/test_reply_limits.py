@@ -83,15 +83,21 @@ LIMIT = 1 << 20  # a small message limit, so the tests stay small
 DIM = 64  # 256-byte rows: 4,096 of them fill LIMIT
 
 
+def stub_with_table(port: int) -> tuple[grpc.Channel, ps_pb2_grpc.ParameterServerStub]:
+    """A channel and a raw stub to the server on port, which has table 'emb' (dim DIM, SGD lr 1) once this returns."""
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options(64 << 20))
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    spec = codec.table_config_to_proto(TableConfig("emb", DIM, optimizer=OptimizerConfig("sgd", 1.0)))
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=30)
+    return channel, stub
+
+
 @pytest.fixture
 def small_limit(tmp_path):
     """An in-process shard with a 1 MiB message limit and table 'emb' (dim 64, SGD lr 1); a raw stub to it."""
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), port=0, max_message_bytes=LIMIT))
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}", options=grpc_options(64 << 20))
-    stub = ps_pb2_grpc.ParameterServerStub(channel)
-    spec = codec.table_config_to_proto(TableConfig("emb", DIM, optimizer=OptimizerConfig("sgd", 1.0)))
-    stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=30)
+    channel, stub = stub_with_table(server.port)
     yield stub, server
     channel.close()
     server.stop(grace_s=1)
@@ -145,10 +151,7 @@ def wide_requests(tmp_path):
     add_to_server(ParameterServerServicer(shard, max_reply_bytes=LIMIT), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=grpc_options(64 << 20))
-    stub = ps_pb2_grpc.ParameterServerStub(channel)
-    spec = codec.table_config_to_proto(TableConfig("emb", DIM, optimizer=OptimizerConfig("sgd", 1.0)))
-    stub.CreateTable(ps_pb2.CreateTableRequest(spec=spec), timeout=30)
+    channel, stub = stub_with_table(port)
     yield stub, shard
     channel.close()
     server.stop(1).wait()

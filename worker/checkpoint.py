@@ -10,19 +10,18 @@ path here and on the servers (one machine, or a volume shared at the same path).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from worker.client import Client
-
 import json
 import os
 import time
+from typing import TYPE_CHECKING
 
 from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST
 from ps.sharding import NUM_SLOTS
+
+if TYPE_CHECKING:
+    from worker.client import Client
 
 
 def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:

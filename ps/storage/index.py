@@ -34,6 +34,16 @@ def find(slots: np.ndarray, shift: np.uint64, k: np.uint64) -> np.int64:
 
 
 @numba.njit(inline="always")
+def _slot_of(slots: np.ndarray, shift: np.uint64, k: np.uint64) -> np.int64:
+    """The slot that holds key k, or the empty slot that ends its probe run (where k would go)."""
+    mask = slots.shape[0] - 1
+    h = np.int64(mix64_scalar(k) >> shift)
+    while slots[h, 1] != 0 and slots[h, 0] != k:
+        h = (h + 1) & mask
+    return h
+
+
+@numba.njit(inline="always")
 def prefetch_slot(slots: np.ndarray, shift: np.uint64, k: np.uint64) -> None:
     """Asks the cache for the home slot of key k (see ps.accel.prefetch)."""
     prefetch_row(slots, np.int64(mix64_scalar(k) >> shift))
@@ -56,13 +66,10 @@ def lookup_into(slots: np.ndarray, shift: np.uint64, ids: np.ndarray, out: np.nd
 @numba.njit(nogil=True, cache=True)
 def _insert(slots, shift, ids, rows):
     """Sets ids[i] -> rows[i]; returns how many ids were new."""
-    mask = slots.shape[0] - 1
     added = 0
     for i in range(ids.shape[0]):
         k = ids[i]
-        h = np.int64(mix64_scalar(k) >> shift)
-        while slots[h, 1] != 0 and slots[h, 0] != k:
-            h = (h + 1) & mask
+        h = _slot_of(slots, shift, k)
         if slots[h, 1] == 0:
             added += 1
             slots[h, 0] = k
@@ -76,10 +83,7 @@ def _delete(slots, shift, ids):
     mask = slots.shape[0] - 1
     removed = 0
     for n in range(ids.shape[0]):
-        k = ids[n]
-        i = np.int64(mix64_scalar(k) >> shift)
-        while slots[i, 1] != 0 and slots[i, 0] != k:
-            i = (i + 1) & mask
+        i = _slot_of(slots, shift, ids[n])
         if slots[i, 1] == 0:
             continue
         removed += 1
