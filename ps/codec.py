@@ -111,6 +111,7 @@ message TableSpec
   5  weight_bound     I64     double                   > 0: embeddings clipped to [-weight_bound, weight_bound]
   6  admission        LEN     AdmissionSpec            absent: the defaults
   7  eviction         LEN     EvictionSpec             absent: the defaults
+  8  l2               I64     double                   > 0: lazy L2, embeddings decay by (1 - lr * l2) per step
 
 message CreateTableRequest
   1  spec             LEN     TableSpec                the table to create
@@ -505,6 +506,7 @@ def table_config_to_proto(cfg: TableConfig) -> ps_pb2.TableSpec:
         weight_bound=cfg.weight_bound,
         admission=ps_pb2.AdmissionSpec(min_count=cfg.admission.min_count, probability=cfg.admission.probability),
         eviction=ps_pb2.EvictionSpec(**dataclasses.asdict(cfg.eviction)),
+        l2=cfg.l2,
     )
 
 
@@ -531,6 +533,7 @@ def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
         weight_bound=spec.weight_bound,
         admission=AdmissionConfig(**_set_fields(spec.admission)),
         eviction=EvictionConfig(**_set_fields(spec.eviction)),
+        l2=spec.l2,
     )
 
 

@@ -143,6 +143,7 @@ class TableConfig:
     weight_bound: float = 0.0  # > 0: embeddings are clipped to [-weight_bound, weight_bound] after each step
     admission: AdmissionConfig = AdmissionConfig()
     eviction: EvictionConfig = EvictionConfig()
+    l2: float = 0.0  # > 0: lazy L2, embeddings decay by (1 - learning_rate * l2) per clock step (ps.rows.update)
 
     def validate(self) -> None:
         if not TABLE_NAME_RE.fullmatch(self.name):
@@ -154,6 +155,12 @@ class TableConfig:
         self.initializer.validate()
         self.optimizer.validate()
         check_hyperparameter(f"table {self.name!r}: weight_bound", self.weight_bound)
+        check_hyperparameter(f"table {self.name!r}: l2", self.l2)
+        if self.l2 > 0 and self.optimizer.name == "ftrl":
+            raise InvalidArgumentError(
+                f"table {self.name!r}: l2 does not apply to ftrl, whose step recomputes the embedding from its state;"
+                " use the optimizer's own params.l2"
+            )
         self.admission.validate()
         self.eviction.validate()
 
@@ -175,6 +182,7 @@ class TableConfig:
             weight_bound=float(d.get("weight_bound", 0.0)),
             admission=AdmissionConfig(**d.get("admission", {})),
             eviction=EvictionConfig(**d.get("eviction", {})),
+            l2=float(d.get("l2", 0.0)),
         )
 
     def differences(self, other: TableConfig) -> list[str]:
@@ -247,12 +255,16 @@ _SECTIONS = {
 }
 
 
+_SCALARS = ("dim", "weight_bound", "l2")  # TableConfig's settings that are plain values
+
+
 def table_configs_from_toml(text: str, source: str = "table config") -> dict[str, dict]:
     """Parses a TOML file of tables, one section each, into {name: fields for TableConfig}:
 
         [fm]
         dim = 9                      # optional where the model decides it
         weight_bound = 10.0
+        l2 = 0.0                     # > 0: lazy L2 (ps.rows.update); not with ftrl, which has its own
         initializer = { name = "uniform", scale = 0.01, seed = 0 }
         optimizer = { name = "ftrl", learning_rate = 0.05, params = { l1 = 1.0, l2 = 0.1 } }
         admission = { min_count = 2 }
@@ -265,6 +277,13 @@ def table_configs_from_toml(text: str, source: str = "table config") -> dict[str
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise InvalidArgumentError(f"{source}: not valid TOML: {e}") from None
+    return table_configs_from_dict(doc, source)
+
+
+def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
+    """{name: fields for TableConfig} of parsed TOML tables, one per table name (the form of
+    table_configs_from_toml's file; a feature schema's [tables.<name>] sections parse the same way).
+    InvalidArgumentError names `source`, the table and the key that is wrong."""
     out = {}
     for name, spec in doc.items():
         if not isinstance(spec, dict):
@@ -280,11 +299,11 @@ def table_configs_from_toml(text: str, source: str = "table config") -> dict[str
                         f"{source}: [{name}.{key}] has unknown keys {unknown}; known: {sorted(known)}"
                     )
                 fields[key] = cls(**value)
-            elif key in ("dim", "weight_bound"):
+            elif key in _SCALARS:
                 fields[key] = value
             else:
                 raise InvalidArgumentError(
-                    f"{source}: [{name}] has unknown key {key!r}; known: dim, weight_bound, {', '.join(_SECTIONS)}"
+                    f"{source}: [{name}] has unknown key {key!r}; known: {', '.join(_SCALARS + tuple(_SECTIONS))}"
                 )
         out[name] = fields
     return out

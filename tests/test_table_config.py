@@ -1,10 +1,14 @@
 """Table settings: TOML files, validation, and initial rows that do not depend on the cluster."""
 
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 
+from ps import codec
 from ps.config import AdmissionConfig, EvictionConfig, OptimizerConfig, TableConfig, table_configs_from_toml
-from ps.errors import InvalidArgumentError
+from ps.errors import InvalidArgumentError, TableExistsError
 from worker.client import Client
 
 EXAMPLE = """
@@ -49,11 +53,39 @@ def test_bad_toml_names_the_table_and_key(text, message):
         (TableConfig("t", 2, eviction=EvictionConfig(decay=1.5)), r"decay must be in \(0, 1\]"),
         (TableConfig("t", 2, eviction=EvictionConfig(ttl_steps=-1)), "ttl_steps must be >= 0"),
         (TableConfig("t", 2, weight_bound=-1.0), "weight_bound must be finite, >= 0"),
+        (TableConfig("t", 2, l2=-0.5), "table 't': l2 must be finite, >= 0"),
+        (TableConfig("t", 2, l2=math.nan), "table 't': l2 must be finite, >= 0"),
+        (TableConfig("t", 2, l2=math.inf), "table 't': l2 must be finite, >= 0"),
+        (TableConfig("t", 2, optimizer=OptimizerConfig("ftrl"), l2=0.1), "table 't': l2 does not apply to ftrl"),
     ],
 )
 def test_invalid_table_settings_are_rejected(cfg, message):
     with pytest.raises(InvalidArgumentError, match=message):
         cfg.validate()
+
+
+def test_l2_travels_from_toml_through_the_stored_form_and_the_proto():
+    fields = table_configs_from_toml("[emb]\ndim = 4\nl2 = 0.5\noptimizer = { name = 'sgd' }")["emb"]
+    cfg = TableConfig(**fields).normalized()
+    assert cfg.l2 == 0.5
+    assert TableConfig.from_dict(cfg.to_dict()) == cfg
+    stored = {k: v for k, v in cfg.to_dict().items() if k != "l2"}  # a stored spec without the key: l2 0
+    assert TableConfig.from_dict(stored) == dataclasses.replace(cfg, l2=0.0)
+    spec = codec.table_config_to_proto(cfg)
+    assert spec.l2 == 0.5 and codec.table_config_from_proto(spec) == cfg
+    assert cfg.differences(dataclasses.replace(cfg, l2=0.25)) == ["l2: 0.5 != 0.25"]
+    assert TableConfig(**table_configs_from_toml("[emb]\ndim = 4")["emb"]).l2 == 0.0
+
+
+def test_a_table_created_again_with_another_l2_is_a_conflict(servers):
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.1), l2=0.5)
+    addresses, _ = servers(1)
+    with Client(addresses) as client:
+        client.create_table(cfg)
+        client.create_table(cfg)  # the same spec: a no-op
+        assert [info.spec.l2 for info in client.describe_table("emb")] == [0.5]
+        with pytest.raises(TableExistsError, match=r"l2: 0.5 != 0.25"):
+            client.create_table(dataclasses.replace(cfg, l2=0.25))
 
 
 def test_initial_rows_do_not_depend_on_shard_count_or_restarts(servers, tmp_path):

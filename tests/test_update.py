@@ -1,17 +1,20 @@
 """The push update kernel (ps.rows.update) against a per-row numpy oracle: every optimizer, in place and
-buffered, admission, clipping, counts, undo, the first non-finite row, and the hyper-parameter vector's slots.
-conftest splits every batch over 3 threads, so the kernel runs in parts here."""
+buffered, admission, clipping, counts, undo, the first non-finite row, lazy L2 (also through a table's push,
+chunked push and journal replay), and the hyper-parameter vector's slots. conftest splits every batch over 3
+threads, so the kernel runs in parts here."""
 
 import numpy as np
 import pytest
 
-from ps.config import AdmissionConfig, OptimizerConfig
+from ps.config import AdmissionConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
 from ps.hashing import mix64
 from ps.rows import update
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
 from ps.rows.optim import get_optimizer
 from ps.rows.update import Push, RowState
 from ps.storage.arena import Arena, MemoryBudget
+from tests.conftest import crash
 
 DIM = 4
 CONFIGS = {
@@ -128,7 +131,7 @@ def oracle(s: Setup, old: np.ndarray, adm: AdmissionConfig, bound: float, step: 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_kernel_matches_the_per_row_oracle_in_place_and_buffered(name, probability, rule):
     adm = AdmissionConfig(min_count=2, probability=probability)
-    hp = update.at_step(update.hyper_params(get_optimizer(CONFIGS[name]), adm, 0.4, rule), 5)
+    hp = update.at_step(update.hyper_params(get_optimizer(CONFIGS[name]), adm, 0.4, rule=rule), 5)
     s = Setup(name)
     old = s.rows_of_push().copy()
     want, admitted_now, d_admitted, d_pending = oracle(s, old, adm, 0.4, 5, rule)
@@ -227,15 +230,15 @@ def test_hyper_parameter_slots_are_named_and_hold_their_values():
     assert sorted(slots.values()) == list(range(update.NUM_SLOTS))
     assert all(names[i] == n for n, i in slots.items())
     opt = get_optimizer(CONFIGS["adam"])
-    base = update.hyper_params(opt, AdmissionConfig(min_count=3, probability=0.25), 0.5)
+    base = update.hyper_params(opt, AdmissionConfig(min_count=3, probability=0.25), 0.5, l2=0.125)
     hp = update.at_step(base, 7)
     assert base[update.STEP] == 0 and hp.dtype == np.float64
     assert update.describe(hp) == {
         "rule": "optimize", "optimizer": "adam", "lr": float(np.float32(0.01)), "param1": float(np.float32(0.8)),
         "param2": float(np.float32(0.95)), "param3": float(np.float32(1e-6)), "min_count": 3.0,
-        "probability": 0.25, "weight_bound": 0.5, "step": 7.0,
+        "probability": 0.25, "weight_bound": 0.5, "l2": 0.125, "step": 7.0,
     }  # fmt: skip
-    sgd = update.describe(update.hyper_params(get_optimizer(CONFIGS["sgd"]), AdmissionConfig(), 0.0, update.ADD_DELTA))  # fmt: skip
+    sgd = update.describe(update.hyper_params(get_optimizer(CONFIGS["sgd"]), AdmissionConfig(), 0.0, rule=update.ADD_DELTA))  # fmt: skip
     assert (sgd["rule"], sgd["optimizer"], sgd["param1"], sgd["param2"], sgd["param3"]) == ("add_delta", "sgd", 0, 0, 0)
 
 
@@ -243,7 +246,143 @@ def test_hyper_parameter_vectors_are_checked():
     opt = get_optimizer(CONFIGS["sgd"])
     with pytest.raises(ValueError, match="rule 7 is unknown"):
         update.hyper_params(opt, AdmissionConfig(), 0.0, rule=7)
-    with pytest.raises(ValueError, match=r"expected \(10,\) float64"):
-        update.describe(np.zeros(9))
-    with pytest.raises(ValueError, match=r"expected \(10,\) float64"):
-        update.describe(np.zeros(10, np.float32))
+    for l2 in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="l2 must be finite and >= 0"):
+            update.hyper_params(opt, AdmissionConfig(), 0.0, l2=l2)
+    with pytest.raises(ValueError, match=r"expected \(11,\) float64"):
+        update.describe(np.zeros(10))
+    with pytest.raises(ValueError, match=r"expected \(11,\) float64"):
+        update.describe(np.zeros(11, np.float32))
+
+
+# ---- lazy L2 ---------------------------------------------------------------------------------------------------
+class L2History:
+    """n rows never pushed (initial embedding and optimizer state, zero statistics) and pushes at clock steps:
+    rows [0, 2n/3) at step 1, every third row at step 4, every row at step 10 (rows [2n/3, n) first pushed then,
+    some rows skip step 4: gaps of 3, 6 and 9 steps). Built from a seed, so two of one seed are equal."""
+
+    def __init__(self, name: str, n: int = 300, seed: int = 11, steps: tuple = (1, 4, 10)):
+        self.setup = s = Setup(name, n=n, seed=seed)
+        s.arena.data[s.push.rows, s.sc :] = 0  # never pushed: no statistics, not admitted
+        rng = np.random.default_rng(seed + 1)
+        members = (np.arange(n) < 2 * n // 3, np.arange(n) % 3 == 0, np.ones(n, bool))
+        self.pushes = []
+        for step, member in zip(steps, members):
+            k = np.flatnonzero(member)
+            grads = rng.normal(0, 1, (len(k), DIM)).astype(np.float32)
+            push = Push(s.push.ids[k], s.push.rows[k], grads, np.ones(len(k), np.float32), np.zeros(len(k), np.float32))
+            self.pushes.append((step, k, push))
+
+    def run(self, l2: float, how: str = "in_place", rule: int = update.OPTIMIZE) -> np.ndarray:
+        """Applies the pushes through the kernel (in place, or buffered then committed); returns the rows of the
+        setup's push order after them."""
+        s = self.setup
+        base = update.hyper_params(s.opt, AdmissionConfig(), 0.0, l2=l2, rule=rule)
+        for seq, (step, k, push) in enumerate(self.pushes, 1):
+            hp = update.at_step(base, step)
+            if how == "in_place":
+                out = update.update(hp, push, s.state, update.in_place(len(k), s.width, seq))
+            else:
+                buf = update.buffered(len(k), s.width)
+                out = update.update(hp, push, s.state, buf)
+                update.commit(s.state, push.rows, buf.rows, seq)
+            assert out.first_bad == -1
+        return s.rows_of_push().copy()
+
+
+def l2_oracle(h: L2History, old: np.ndarray, l2: float) -> np.ndarray:
+    """The rows after h's pushes, one row and one push at a time: an admitted row's embedding times
+    (1 - lr * l2) ** (steps since its last push), then the optimizer step; rows stored as float32 in between."""
+    s = h.setup
+    sc, lr, p = s.sc, float(s.opt.lr), s.opt.given_params
+    rows = old.copy()
+    for step, k, push in h.pushes:
+        for pos, r in enumerate(k):
+            w, state, last, admitted = rows[r, :DIM], rows[r, DIM:sc], rows[r, sc + LAST_STEP], rows[r, sc + ADMITTED]
+            if admitted and step > last:
+                w = w * np.float32(max(0.0, 1.0 - lr * l2) ** (step - float(last)))
+            g = push.grads[pos].astype(np.float64)
+            w, state = optimizer_step(s.name, p, lr, w.astype(np.float64), state.astype(np.float64), g)
+            rows[r, :DIM], rows[r, DIM:sc] = w, state
+            rows[r, sc + SHOW] += 1
+            rows[r, sc + LAST_STEP], rows[r, sc + ADMITTED] = step, 1
+    return rows
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_lazy_l2_decays_an_admitted_row_by_the_steps_it_was_not_pushed_before_the_step(name):
+    h = L2History(name)
+    old = h.setup.rows_of_push().copy()
+    got = h.run(l2=0.5)  # lr 0.1: a factor of 0.95 per step not pushed
+    want = l2_oracle(h, old, 0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    without = l2_oracle(h, old, 0.0)
+    n = h.setup.n
+    first_at_10 = (np.arange(n) >= 2 * n // 3) & (np.arange(n) % 3 != 0)  # new rows at step 10: not decayed
+    np.testing.assert_array_equal(want[first_at_10], without[first_at_10])
+    np.testing.assert_array_equal(got[first_at_10], L2History(name).run(l2=0.0)[first_at_10])
+    assert (np.abs(want[~first_at_10, :DIM] - without[~first_at_10, :DIM]).max(axis=1) > 1e-3).all()
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+def test_lazy_l2_in_place_and_buffered_agree_bit_for_bit(name):
+    in_place, buffered = L2History(name), L2History(name)
+    np.testing.assert_array_equal(in_place.run(l2=0.5), buffered.run(l2=0.5, how="buffered"))
+    for a, b in zip(in_place.setup.snapshot(), buffered.setup.snapshot()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_l2_zero_or_no_gap_or_add_delta_change_nothing_bit_for_bit(name):
+    spread = L2History(name).run(l2=0.0)
+    same_step = L2History(name, steps=(7, 7, 7)).run(l2=0.0)
+    stats = slice(Setup(name).sc, None)
+    np.testing.assert_array_equal(spread[:, : stats.start], same_step[:, : stats.start])  # gaps do nothing at l2 0
+    if name != "ftrl":  # TableConfig refuses l2 with ftrl
+        np.testing.assert_array_equal(L2History(name, steps=(7, 7, 7)).run(l2=0.5), same_step)  # one step: no decay
+    delta = L2History(name).run(l2=0.0, rule=update.ADD_DELTA)
+    np.testing.assert_array_equal(L2History(name).run(l2=0.5, rule=update.ADD_DELTA), delta)
+
+
+def test_a_decay_factor_below_zero_is_clamped_to_zero():
+    h = L2History("sgd")
+    got = h.run(l2=20.0)  # 1 - 0.1 * 20 < 0: a row not pushed for a step loses its embedding
+    step, k, push = h.pushes[-1]
+    again = np.isin(k, h.pushes[0][1])  # pushed at step 1 and again at 10
+    np.testing.assert_array_equal(got[k[again], :DIM], np.float32(0) - np.float32(0.1) * push.grads[again])
+
+
+def test_lazy_l2_rows_agree_pushed_in_place_in_chunks_and_replayed_after_a_crash(tmp_path):
+    """A table's three paths through the kernel, each push at its own clock step: in place, in chunks (buffered,
+    then committed), and replayed from the journal at start-up (a crash before any flush loses every row)."""
+    rng = np.random.default_rng(5)
+    ids = np.arange(1, 301, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    n = len(ids)
+    members = (np.arange(n) < 2 * n // 3, np.arange(n) % 3 == 0, np.ones(n, bool))
+    schedule = [(step, np.flatnonzero(m)) for step, m in zip((1, 4, 10), members)]
+    grads = [rng.normal(0, 1, (len(k), DIM)).astype(np.float32) for _, k in schedule]
+
+    def run(directory, l2: float, chunk: int = 0) -> tuple[Shard, np.ndarray]:
+        shard = Shard(ServerConfig(data_dir=str(directory), flush_interval_s=3600))
+        table = shard.create_table(TableConfig("t", DIM, optimizer=CONFIGS["adagrad"], l2=l2))
+        if chunk:
+            table.arena.max_pinnable = lambda: chunk  # pushes of more ids are taken in chunks
+        for (step, k), g in zip(schedule, grads):
+            shard.advance_clock(step - shard.clock)
+            shard.push("t", ids[k], g)
+        return shard, table.peek(ids)
+
+    shard, in_place = run(tmp_path / "in_place", 0.5)
+    crash(shard)
+    reopened = Shard(ServerConfig(data_dir=str(tmp_path / "in_place"), flush_interval_s=3600))
+    replayed = reopened.table("t").peek(ids)
+    chunked_shard, chunked = run(tmp_path / "chunked", 0.5, chunk=64)
+    undecayed_shard, undecayed = run(tmp_path / "undecayed", 0.0)
+    for s in (reopened, chunked_shard, undecayed_shard):
+        s.close()
+    np.testing.assert_array_equal(replayed, in_place)
+    np.testing.assert_array_equal(chunked, in_place)
+    assert (in_place[:, -STATS_FLOATS + LAST_STEP] == 10).all()
+    decayed = (np.arange(n) < 2 * n // 3) | (np.arange(n) % 3 == 0)  # pushed before step 10
+    assert (np.abs(in_place[decayed, :DIM] - undecayed[decayed, :DIM]).max(axis=1) > 1e-3).all()
+    np.testing.assert_array_equal(in_place[~decayed], undecayed[~decayed])

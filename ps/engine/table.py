@@ -52,7 +52,7 @@ class Table:
         self.store = store
         self.journal = journal
         self.arena = Arena(self.width, budget, self._persist)
-        self.hyper = update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound)  # step 0: at_step per push
+        self.hyper = update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound, l2=cfg.l2)  # step 0
         self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
         self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet

@@ -5,7 +5,8 @@ in chunks (into a buffer, put into the arena by `commit` once the push is journa
 place). Per block of rows small enough to stay in cache, the kernel runs these steps, each written once:
 
     load     the block's rows from the arena into `new`, the rows worked on (in place: through the undo copy)
-    rule     OPTIMIZE: the optimizer step (ps.rows.optim.apply_kernel); ADD_DELTA: new[:, :dim] += grads
+    rule     OPTIMIZE: lazy L2, then the optimizer step (ps.rows.optim.apply_kernel); ADD_DELTA:
+             new[:, :dim] += grads
     account  show and click added, last step stamped, admission decided, from the old statistics still in
              the arena; a row not admitted gets its old embedding and state back (its pushes only count);
              admitted embeddings are clipped to the weight bound
@@ -22,10 +23,18 @@ Inputs, packed so that no two arguments of one type can be swapped unnoticed:
              of what the push overwrote (for `undo`), and seq the lsn the rows get. Buffered: the rows after the
              push (lsn and dirty unused).
 
+Lazy L2 (slot l2 > 0, rule OPTIMIZE only): w *= 1 - lr * l2 for every admitted row at every clock step, each row
+paying it when it is pushed. Before the optimizer step, the embedding (columns [0, dim), not the optimizer state nor
+the statistics) of a row admitted before this push is multiplied by max(0, 1 - lr * l2) ** (step - last_step):
+`step` is the push's clock step (hp's STEP slot, set by at_step: journal replay passes the record's step, so it
+reproduces the same rows) and last_step the row's own, still in its stats column then. A row admitted by this push,
+or never pushed, is not decayed (its embedding is the initial one; a row not admitted keeps it anyway); two pushes
+at one step decay once. A pull therefore returns a row as of its last push: the decay of the steps since is paid at
+its next push. The factor is computed in float64 and applied in float32; LAST_STEP is float32, so step gaps are
+exact below 2**24 steps (ps.config.MAX_CLOCK). FTRL recomputes its embedding from its state at each step, so
+TableConfig refuses l2 with it (FTRL has its own l2).
+
 Callers planned next, and where each plugs in:
-- lazy L2 on touched rows: a slot L2 and, in `_apply_rule` before the step, the embedding scaled by
-  (1 - lr * l2) ** (step - last step), the row's own last step still in its stats column then: the decay of the
-  steps the row was not pushed, paid only when it is touched.
 - a sync step that merges several workers' pushes before one optimizer step: sum grads, shows and clicks of
   the same id over the pushes (one Push with unique ids), journal it, and run the kernel once; nothing new here.
 - GEO deltas added without the optimizer: hyper_params(..., rule=ADD_DELTA); statistics and admission still
@@ -37,6 +46,7 @@ Callers planned next, and where each plugs in:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -65,9 +75,10 @@ SLOT_NAMES = (
     "min_count",  # admission: an id gets a trained row once its show count reaches this ...
     "probability",  # ... and then with this probability per push
     "weight_bound",  # > 0: admitted embeddings are clipped to [-bound, bound]
+    "l2",  # > 0: lazy L2, embeddings decay by (1 - lr * l2) per clock step (see the module docstring)
     "step",  # the shard's clock step of the push (stamped as the rows' last step)
 )
-RULE, OPTIMIZER, LR, PARAM1, PARAM2, PARAM3, MIN_COUNT, PROBABILITY, WEIGHT_BOUND, STEP = range(len(SLOT_NAMES))
+RULE, OPTIMIZER, LR, PARAM1, PARAM2, PARAM3, MIN_COUNT, PROBABILITY, WEIGHT_BOUND, L2, STEP = range(len(SLOT_NAMES))
 NUM_SLOTS = len(SLOT_NAMES)
 OPTIMIZER_PARAMS = PARAM3 - LR + 1  # lr and up to three parameters: what apply_kernel takes
 OPTIMIZE, ADD_DELTA = 0, 1  # rules: the optimizer step on grads; or grads added to the embedding as a delta
@@ -75,11 +86,13 @@ RULES = {"optimize": OPTIMIZE, "add_delta": ADD_DELTA}
 
 
 def hyper_params(
-    optimizer: Optimizer, admission: AdmissionConfig, weight_bound: float, rule: int = OPTIMIZE
+    optimizer: Optimizer, admission: AdmissionConfig, weight_bound: float, *, l2: float = 0.0, rule: int = OPTIMIZE
 ) -> np.ndarray:
     """The hyper-parameter vector of a table (step 0): float64[NUM_SLOTS], slots as named in SLOT_NAMES."""
     if rule not in RULES.values():
         raise ValueError(f"rule {rule} is unknown; expected one of {RULES}")
+    if not (math.isfinite(l2) and l2 >= 0):
+        raise ValueError(f"l2 must be finite and >= 0, got {l2}")
     params = np.asarray(optimizer.kernel_params, dtype=np.float32)
     if not 1 <= len(params) <= OPTIMIZER_PARAMS:
         raise ValueError(
@@ -92,6 +105,7 @@ def hyper_params(
     hp[MIN_COUNT] = admission.min_count
     hp[PROBABILITY] = admission.probability
     hp[WEIGHT_BOUND] = weight_bound
+    hp[L2] = l2
     return hp
 
 
@@ -179,6 +193,21 @@ def _old(data, r, col):
     return data[r, col]
 
 
+@numba.njit(inline="always")
+def _decay_lazily(hp, lr, new, dim):
+    """Lazy L2 of new[i], rows before the push: an admitted row's embedding times max(0, 1 - lr * l2) ** (steps
+    since its last push), its last step read from its own stats column (the rule has not written it)."""
+    stats_col = new.shape[1] - STATS_FLOATS
+    step = np.float32(hp[STEP])  # as _account stamps it: two pushes at one step see no gap
+    base = max(1.0 - np.float64(lr) * hp[L2], 0.0)
+    for i in range(new.shape[0]):
+        last = new[i, stats_col + LAST_STEP]
+        if new[i, stats_col + ADMITTED] > 0 and step > last:
+            factor = np.float32(base ** (np.float64(step) - np.float64(last)))
+            for j in range(dim):
+                new[i, j] *= factor
+
+
 @numba.njit(nogil=True, cache=True)
 def _apply_rule(hp, params, new, grads):
     if np.int64(hp[RULE]) == ADD_DELTA:
@@ -186,6 +215,8 @@ def _apply_rule(hp, params, new, grads):
             for j in range(grads.shape[1]):
                 new[i, j] += grads[i, j]
     else:
+        if hp[L2] > 0:
+            _decay_lazily(hp, params[0], new, grads.shape[1])
         apply_kernel(np.int64(hp[OPTIMIZER]), new, grads, params)
 
 
