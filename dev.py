@@ -4,10 +4,12 @@
     python3 dev.py demo    # local cluster of 2 shards trains an FM on synthetic data, prints AUC vs the oracle
     python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite
     python3 dev.py bench   # the benchmarks at fixed sizes (~15 min); writes the README's performance table
+    python3 dev.py bench benchmarks/small_data.py   # one benchmark script (any of benchmarks/*.py)
 
-Both create ./.venv on first use and install the package there (`pip install -e .[dev]`); later runs reuse it
-and reinstall only when pyproject.toml changes. `test` also installs PyTorch (TORCH_PIN, for the torch backend's
-tests; on this project's machines a CPU build on local disk). Extra arguments go to `ps-worker train`, to pytest
+Each creates ./.venv on first use and installs the package there (`pip install -e .[dev]`); later runs reuse it
+and reinstall only when pyproject.toml changes. `test` and `bench` also install PyTorch (TORCH_PIN, for the torch
+backend; on this project's machines a CPU build on local disk), and `bench` the benchmark-only extra (`.[bench]`:
+scikit-learn, the tuned logistic regression that benchmarks/small_data.py compares with). Extra arguments go to `ps-worker train`, to pytest
 or to benchmarks/report.py.
 """
 
@@ -25,8 +27,9 @@ TORCH_PIN = "torch==2.13.0"  # an unpinned torch would pull a multi-GB CUDA buil
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 
 
-def ensure_env(with_torch: bool = False) -> str:
-    """Returns the venv's python, creating the venv and installing the package (and TORCH_PIN) if needed."""
+def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
+    """Returns the venv's python, creating the venv and installing the package with `extras` (and TORCH_PIN) if
+    needed."""
     if sys.version_info < (3, 11):  # noqa: UP036 (dev.py runs on whatever python3 the user has)
         sys.exit(f"sparseps needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = os.path.join(BIN, "python")
@@ -35,11 +38,11 @@ def ensure_env(with_torch: bool = False) -> str:
         venv.EnvBuilder(with_pip=True).create(VENV)
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    stamp = os.path.join(VENV, f".installed-{digest}{'-torch' if with_torch else ''}")
+    stamp = os.path.join(VENV, f".installed-{digest}-{extras.replace(',', '-')}{'-torch' if with_torch else ''}")
     if not os.path.exists(stamp):
         print("installing sparseps and its dependencies (first run: a minute or two) ...", flush=True)
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        steps = [["--upgrade", "pip"], ["-e", f"{ROOT}[dev]"]] + ([[TORCH_PIN]] if with_torch else [])
+        steps = [["--upgrade", "pip"], ["-e", f"{ROOT}[{extras}]"]] + ([[TORCH_PIN]] if with_torch else [])
         for args in steps:
             done = subprocess.run([*pip, *args], capture_output=True, text=True)
             if done.returncode != 0:  # show pip's output only when it failed
@@ -54,11 +57,13 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip())
         return 2
     command, rest = argv[0], argv[1:]
-    python = ensure_env(with_torch=command == "test")
+    python = ensure_env(with_torch=command in ("test", "bench"), extras="dev,bench" if command == "bench" else "dev")
     if command == "env":
         print(python)
         return 0
     if command == "bench":
+        if rest and rest[0].endswith(".py"):  # one script, with its own arguments
+            return subprocess.call([python, *rest], cwd=ROOT)
         return subprocess.call([python, os.path.join("benchmarks", "report.py"), *rest], cwd=ROOT)
     if command == "demo":
         args = [python, "-m", "worker", "train", "--local-shards", "2", *rest]

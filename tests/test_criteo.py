@@ -1,9 +1,11 @@
-"""Tests for worker/criteo.py: round trips through written files, hand-written lines, and malformed input."""
+"""Tests for worker/criteo.py: round trips through written files (read through the built-in schema), hand-written
+lines, the parser's checks and the bad lines of a share."""
 
 import numpy as np
 import pytest
 
-from worker.criteo import format_criteo, read_criteo, write_criteo
+from worker.batch import Batch
+from worker.criteo import NUM_COLUMNS, format_criteo, hex_strings, parse_lines, parse_share, write_criteo
 from worker.features import (
     BIAS_ID,
     INT_MISSING_BUCKET,
@@ -12,10 +14,24 @@ from worker.features import (
     NUM_CAT_FIELDS,
     NUM_FIELDS,
     NUM_INT_FIELDS,
+    cat_values,
     example_ids,
     field_ids,
     int_bucket,
 )
+from worker.formats import read_batches
+from worker.schema import builtin_schema
+
+SCHEMA = builtin_schema("criteo", default_table="t", default_dim=4)
+
+
+def read_criteo(path, batch_size, max_bad_lines=0):
+    return list(read_batches(path, SCHEMA, batch_size, max_bad_lines=max_bad_lines))
+
+
+def ids_of(batch: Batch) -> np.ndarray:
+    """(n, 40) ids of the built-in schema's one-id fields and the bias."""
+    return np.stack([batch.fields[f.name].ids for f in SCHEMA.model_fields()], axis=1)
 
 
 def random_rows(n: int, seed: int = 0):
@@ -35,8 +51,8 @@ def random_rows(n: int, seed: int = 0):
 
 
 def read_all(path, batch_size):
-    batches = list(read_criteo(path, batch_size))
-    return batches, np.concatenate([b.labels for b in batches]), np.concatenate([b.ids for b in batches])
+    batches = read_criteo(path, batch_size)
+    return batches, np.concatenate([b.labels for b in batches]), np.concatenate([ids_of(b) for b in batches])
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 1000])
@@ -46,7 +62,7 @@ def test_round_trip_gives_the_ids_of_the_raw_values(tmp_path, batch_size):
     write_criteo(path, labels, ints, cats)
     batches, got_labels, got_ids = read_all(path, batch_size)
     assert [len(b) for b in batches[:-1]] == [batch_size] * (len(batches) - 1) and len(batches[-1]) <= batch_size
-    assert all(b.probs is None and b.labels.dtype == np.float32 and b.ids.dtype == np.uint64 for b in batches)
+    assert all(b.probs is None and b.labels.dtype == np.float32 for b in batches)
     assert np.array_equal(got_labels, labels)
     assert np.array_equal(got_ids, example_ids(ints, cats))
 
@@ -73,8 +89,8 @@ def test_hand_written_lines(tmp_path):
     path.write_bytes((line + "\r\n" + line + "\n").encode())  # CRLF line endings are accepted too
     (batch,) = read_criteo(path, 10)
     assert batch.labels.tolist() == [0.0, 0.0]
-    assert np.array_equal(batch.ids[0], batch.ids[1])
-    ids = batch.ids[0]
+    assert np.array_equal(ids_of(batch)[0], ids_of(batch)[1])
+    ids = ids_of(batch)[0]
     assert ids[-1] == BIAS_ID and len(ids) == NUM_FIELDS + 1
     assert ids[0] == field_ids(0, int_bucket(np.array([1])))[0]
     assert ids[1] == field_ids(1, np.array([INT_MISSING_BUCKET]))[0]
@@ -88,7 +104,7 @@ def test_hand_written_lines(tmp_path):
 def test_empty_file_yields_nothing(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("")
-    assert list(read_criteo(path, 4)) == []
+    assert read_criteo(path, 4) == []
     write_criteo(tmp_path / "none.txt", np.zeros(0), np.zeros((0, 13), np.int64), np.zeros((0, 26), np.uint64))
     assert (tmp_path / "none.txt").read_text() == ""
 
@@ -107,16 +123,54 @@ def with_ints(label: str, ints: list[str]) -> str:
         (GOOD + "\textra", "41 tab-separated columns, expected 40"),
         ("", "1 tab-separated columns, expected 40"),
         ("2" + GOOD[1:], "label '2', expected '0' or '1'"),
-        (with_ints("1", ["1.5"]), "integer feature I1 is '1.5'"),
-        (with_ints("0", ["3"] * 12 + ["x"]), "integer feature I13 is 'x'"),
-        (with_ints("0", ["3", "99999999999999999999"]), "integer feature I2 is '99999999999999999999'"),
-        (with_ints("0", ["-9223372036854775808"]), "integer feature I1 is '-9223372036854775808'"),
     ],
 )
-def test_malformed_line_names_file_line_and_expectation(tmp_path, bad_line, message):
-    path = tmp_path / "data.txt"
-    path.write_text("\n".join([GOOD] * 4 + [bad_line] + [GOOD]) + "\n")
+def test_parse_lines_names_file_line_and_expectation(bad_line, message):
+    text = ("\n".join([GOOD] * 4 + [bad_line] + [GOOD]) + "\n").encode()
     with pytest.raises(ValueError) as info:
-        for _ in read_criteo(path, batch_size=3):  # the bad line is in the second chunk
-            pass
-    assert f"data.txt line 5: {message}" in str(info.value)
+        parse_lines(text, "data.txt", 3)
+    assert str(info.value) == f"data.txt line 7: {message}"
+    labels, columns = parse_lines(("\n".join([GOOD] * 5)).encode(), "data.txt", 1)
+    assert labels.tolist() == [1.0] * 5 and columns.shape == (5, NUM_COLUMNS) and columns[0, 14] == b"abc"
+
+
+@pytest.mark.parametrize(
+    "ints, message",
+    [
+        (["1.5"], "integer column 'I1' is '1.5'"),
+        (["3"] * 12 + ["x"], "integer column 'I13' is 'x'"),
+        (["3", "99999999999999999999"], "integer column 'I2' is '99999999999999999999'"),
+        (["-9223372036854775808"], "integer column 'I1' is '-9223372036854775808'"),
+    ],
+)
+def test_bad_integers_are_bad_lines_of_the_builtin_schema(tmp_path, ints, message):
+    path = tmp_path / "data.txt"
+    path.write_text("\n".join([GOOD] * 4 + [with_ints("0", ints)] + [GOOD]) + "\n")
+    with pytest.raises(ValueError) as info:
+        read_criteo(path, batch_size=3)
+    assert f"data.txt line 5: {message}, expected empty or a base-10 integer in (" in str(info.value)
+
+
+def test_parse_share_reports_bad_lines_and_parses_the_rest():
+    lines = [
+        (GOOD + "\n").encode(),
+        b"1\tshort\n",
+        (GOOD.replace("1", "0", 1) + "\r\n").encode(),
+        b"2" + GOOD[1:].encode(),
+    ]
+    labels, columns, line_nos, problems = parse_share(lines, 5, 3, "f")  # file lines 5, 8, 11, 14
+    assert labels.tolist() == [1.0, 0.0] and line_nos.tolist() == [5, 11] and columns.shape == (2, NUM_COLUMNS)
+    assert problems == [(8, "2 tab-separated columns, expected 40"), (14, "label '2', expected '0' or '1'")]
+    labels, columns, line_nos, problems = parse_share([b"x\n"], 1, 1, "f")
+    assert (
+        len(labels) == 0
+        and columns.shape == (0, NUM_COLUMNS)
+        and problems == [(1, "1 tab-separated columns, expected 40")]
+    )
+
+
+def test_hex_strings_read_back_to_their_values():
+    values = np.array([0, 10, 2**32 - 1, 2**32, 2**64 - 2, MISSING_CAT], dtype=np.uint64)
+    text = hex_strings(values)
+    assert text.tolist() == ["00000000", "0000000a", "ffffffff", "0000000100000000", "fffffffffffffffe", ""]
+    np.testing.assert_array_equal(cat_values(text), values)

@@ -8,7 +8,7 @@ import numpy as np
 from ps.config import OptimizerConfig
 from tests.inprocess import InProcessTables
 from worker.dense import DenseSync, table_config, table_name
-from worker.models.spec import ModelSpec
+from worker.models.spec import ModelSpec, uniform_fields
 
 SGD1 = OptimizerConfig("sgd", 1.0)
 
@@ -21,7 +21,7 @@ def _tables(spec, optimizer=SGD1):
 
 
 def test_initial_values_are_glorot_or_zero_and_the_same_for_every_worker():
-    spec = ModelSpec("dnn", num_fields=3, num_dense=2, embedding_dim=4, hidden=(8, 8))
+    spec = ModelSpec("dnn", uniform_fields(3, 4), num_dense=2, hidden=(8, 8))
     with _tables(spec) as tables:
         a, b = DenseSync(tables, spec.dense_params()).pull(), DenseSync(tables, spec.dense_params()).pull()
         for p in spec.dense_params():
@@ -35,7 +35,7 @@ def test_initial_values_are_glorot_or_zero_and_the_same_for_every_worker():
 
 
 def test_gradients_are_summed_and_pushed_every_k_steps():
-    spec = ModelSpec("dnn", num_fields=1, num_dense=0, embedding_dim=2, hidden=(3,))
+    spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
     with _tables(spec) as tables:
         dense = DenseSync(tables, spec.dense_params(), sync_every=3)
         start = {k: v.copy() for k, v in dense.pull().items()}

@@ -206,7 +206,13 @@ def test_the_compose_services_run_as_local_processes(tmp_path):
     def env_of(name: str) -> dict:
         env = {k: substitute(v).replace("ps-0:5000,ps-1:5000", servers_arg).replace("/secrets/", f"{secrets}/")
                for k, v in (services[name].get("environment") or {}).items()}  # fmt: skip
-        return {**os.environ, **env, "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000"}
+        return {
+            **os.environ,
+            **env,
+            "PS_SYNTHETIC_ROWS": "20000",
+            "PS_SYNTHETIC_EVAL_ROWS": "5000",
+            "PS_RECIPE": "large",
+        }
 
     procs = [subprocess.Popen(local(services[n]["command"], n), env=env_of(n), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for n in ("ps-0", "ps-1")]  # fmt: skip

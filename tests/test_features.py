@@ -17,12 +17,12 @@ from worker.features import (
     NUM_CAT_FIELDS,
     NUM_FIELDS,
     NUM_INT_FIELDS,
-    Batch,
     cat_values,
     dense_features,
     example_ids,
     field_ids,
     int_bucket,
+    space_ids,
 )
 
 M64 = 2**64 - 1
@@ -156,16 +156,27 @@ def test_cat_values_specific_strings_and_shapes():
     assert np.all(cat_values(np.array(["", ""])) == MISSING_CAT)
 
 
-def test_batch_checks_shapes():
-    ids = np.zeros((3, NUM_FIELDS + 1), dtype=np.uint64)
-    assert len(Batch(labels=np.zeros(3, np.float32), ids=ids)) == 3
-    with pytest.raises(ValueError, match="expected"):
-        Batch(labels=np.zeros(2, np.float32), ids=ids)
-    with pytest.raises(ValueError, match="probs"):
-        Batch(labels=np.zeros(3, np.float32), ids=ids, probs=np.zeros(4))
-    with pytest.raises(ValueError, match="dense"):
-        Batch(labels=np.zeros(3, np.float32), ids=ids, dense=np.zeros((2, 13), np.float32))
-    assert Batch(labels=np.zeros(3, np.float32), ids=ids).dense_or_empty().shape == (3, 0)
+def space_id_py(space: int, value: int) -> int:
+    salt_index = space + 1 + (space >= NUM_FIELDS)  # the bias's salt index NUM_FIELDS + 1 is skipped
+    return mix64_py(mix64_py(value) ^ ((salt_index * 0x9E3779B97F4A7C15) & M64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 200), st.lists(st.one_of(U64, st.sampled_from([0, 1, 256, M64])), max_size=10))
+def test_space_ids_match_oracle(space, values):
+    got = space_ids(space, np.array(values, dtype=np.uint64))
+    assert [int(i) for i in got] == [space_id_py(space, v) for v in values]
+
+
+def test_space_ids_are_field_ids_below_39_and_never_the_bias_salt():
+    values = np.array([0, 7, M64], dtype=np.uint64)
+    for f in range(NUM_FIELDS):
+        np.testing.assert_array_equal(space_ids(f, values), field_ids(f, values))
+    zeros = np.zeros(1, np.uint64)
+    assert BIAS_ID not in {int(space_ids(s, zeros)[0]) for s in range(200)}
+    assert space_ids(NUM_FIELDS, zeros)[0] == space_id_py(NUM_FIELDS, 0) != BIAS_ID
+    with pytest.raises(ValueError, match="id space -1"):
+        space_ids(-1, zeros)
 
 
 def test_dense_features_are_log1p_of_present_nonnegative_ints():

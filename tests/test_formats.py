@@ -1,12 +1,14 @@
-"""Tests for worker/formats.py: criteo, csv and libsvm files (plain or gzipped) into Batches; worker shares;
-bad lines skipped, counted and fatal over the limit; the csv column options; the libsvm field rule."""
+"""Tests for worker/formats.py: criteo, csv and libsvm files (plain or gzipped) through a schema into Batches;
+worker shares; bad lines skipped, counted and fatal over the limit (bad cells included); the csv column
+options; the libsvm field rule; column_stats."""
 
 import gzip
 
 import numpy as np
 import pytest
 
-from worker.criteo import read_criteo, write_criteo
+from worker.batch import Batch
+from worker.criteo import write_criteo
 from worker.features import (
     BIAS_ID,
     MISSING_CAT,
@@ -14,32 +16,56 @@ from worker.features import (
     NUM_CAT_FIELDS,
     NUM_FIELDS,
     NUM_INT_FIELDS,
-    Batch,
     cat_values,
+    dense_features,
+    example_ids,
     field_ids,
+    space_ids,
 )
-from worker.formats import ReadStats, libsvm_field_count, read_batches, wide_field_ids
+from worker.formats import ReadStats, column_stats, libsvm_field_count, read_batches, read_csv_header
+from worker.models.spec import BIAS_FIELD
+from worker.schema import builtin_schema, load_schema, resolve_schema
 
 
-def read(path, fmt, batch_size=4, **kw):
-    return list(read_batches(path, fmt, batch_size, **kw))
+def schema_of(path, fmt, label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None):
+    """The built-in schema of a file, as a run without --schema resolves it."""
+    return resolve_schema(
+        str(path), schema_path=None, fmt=fmt, label_column=label_column, drop_columns=drop_columns,
+        numeric_columns=numeric_columns, libsvm_fields=libsvm_fields, default_table="t", default_dim=4,
+    )  # fmt: skip
 
 
-def cat(batches, attr):
-    return np.concatenate([getattr(b, attr) for b in batches])
+def read(path, fmt, batch_size=4, *, schema=None, columns=None, **kw):
+    schema = schema or schema_of(path, fmt, **(columns or {}))
+    return list(read_batches(path, schema, batch_size, **kw))
+
+
+def ids_matrix(batch: Batch) -> np.ndarray:
+    """(n, F) ids of a batch whose fields hold one id per example, checking that they do."""
+    for bags in batch.fields.values():
+        np.testing.assert_array_equal(bags.offsets, np.arange(len(batch) + 1))
+    return np.stack([bags.ids for bags in batch.fields.values()], axis=1).reshape(len(batch), -1)
+
+
+def join(batches):
+    return Batch.concat(batches)
 
 
 def assert_same_batches(a, b):
     assert [len(x) for x in a] == [len(x) for x in b]
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x.labels, y.labels)
-        np.testing.assert_array_equal(x.ids, y.ids)
+        assert list(x.fields) == list(y.fields)
+        for name in x.fields:
+            np.testing.assert_array_equal(x.fields[name].ids, y.fields[name].ids)
+            np.testing.assert_array_equal(x.fields[name].offsets, y.fields[name].offsets)
         assert (x.dense is None) == (y.dense is None)
         if x.dense is not None:
             np.testing.assert_array_equal(x.dense, y.dense)
 
 
 def random_criteo(path, n, seed=0):
+    """Write n random examples; (path, labels, int values, cat values)."""
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, 2, size=n).astype(np.float32)
     ints = rng.integers(-5, 10**6, size=(n, NUM_INT_FIELDS))
@@ -49,7 +75,7 @@ def random_criteo(path, n, seed=0):
     cats[rng.random(cats.shape) < 0.2] = rng.integers(0, 2**64 - 1, dtype=np.uint64)
     cats[rng.random(cats.shape) < 0.2] = MISSING_CAT
     write_criteo(path, labels, ints, cats)
-    return path
+    return path, labels, ints, cats
 
 
 def gzipped(path):
@@ -81,60 +107,61 @@ def sample_libsvm(tmp_path, n=23):
     return path
 
 
-SAMPLES = {"criteo": lambda p: random_criteo(p / "train.txt", 23), "csv": sample_csv, "libsvm": sample_libsvm}
+SAMPLES = {"criteo": lambda p: random_criteo(p / "train.txt", 23)[0], "csv": sample_csv, "libsvm": sample_libsvm}
 
 
 # --- criteo ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("batch_size", [1, 7, 64, 1000])
-def test_criteo_equals_read_criteo_plain_and_gzipped(tmp_path, batch_size):
-    path = random_criteo(tmp_path / "train.txt", 300)
-    expected = list(read_criteo(path, batch_size))
-    assert_same_batches(read(path, "criteo", batch_size), expected)
-    assert_same_batches(read(gzipped(path), "criteo", batch_size), expected)
+def test_criteo_gives_example_ids_and_dense_features_plain_and_gzipped(tmp_path, batch_size):
+    path, labels, ints, cats = random_criteo(tmp_path / "train.txt", 300)
+    for p in (path, gzipped(path)):
+        batches = read(p, "criteo", batch_size)
+        assert [len(b) for b in batches[:-1]] == [batch_size] * (len(batches) - 1)
+        b = join(batches)
+        np.testing.assert_array_equal(b.labels, labels)
+        np.testing.assert_array_equal(ids_matrix(b), example_ids(ints, cats))
+        np.testing.assert_array_equal(b.dense, dense_features(ints))
+        assert list(b.fields)[-1] == BIAS_FIELD and b.probs is None
 
 
 def test_criteo_crlf_and_missing_last_newline(tmp_path):
-    path = random_criteo(tmp_path / "train.txt", 10)
-    expected = list(read_criteo(path, 3))
+    path, *_ = random_criteo(tmp_path / "train.txt", 10)
     crlf = tmp_path / "crlf.txt"
     crlf.write_bytes(path.read_bytes().replace(b"\n", b"\r\n")[:-2])
-    assert_same_batches(read(crlf, "criteo", 3), expected)
+    assert_same_batches(read(crlf, "criteo", 3), read(path, "criteo", 3))
 
 
 def criteo_with_bad_lines(tmp_path):
     """50 good lines with 4 bad ones inserted: file lines 4, 11, 12 and 30."""
-    path = random_criteo(tmp_path / "good.txt", 50)
+    path, labels, ints, cats = random_criteo(tmp_path / "good.txt", 50)
     lines = path.read_text().splitlines(keepends=True)
     bad = {
         4: "2" + lines[0][1:],  # label 2
         11: "1\tnot enough columns\n",
         12: "\n",
-        30: "0\t12\tx3" + lines[0][lines[0].index("\t", 6) :],  # integer feature I2 is 'x3'
+        30: "0\t12\tx3" + lines[0][lines[0].index("\t", 6) :],  # integer column I2 is 'x3'
     }
     for line_no in sorted(bad):
         lines.insert(line_no - 1, bad[line_no])
     out = tmp_path / "bad.txt"
     out.write_text("".join(lines))
-    return path, out
+    return out, example_ids(ints, cats)
 
 
 @pytest.mark.parametrize("batch_size", [1, 5, 64])
 def test_criteo_bad_lines_are_skipped_and_counted(tmp_path, batch_size):
-    good, bad = criteo_with_bad_lines(tmp_path)
+    bad, good_ids = criteo_with_bad_lines(tmp_path)
     stats = ReadStats()
     got = read(bad, "criteo", batch_size, max_bad_lines=4, stats=stats)
     assert (stats.lines_read, stats.bad_lines) == (54, 4)
     assert stats.first_bad == f"{bad} line 4: label '2', expected '0' or '1'"
     assert [len(b) for b in got] == [batch_size] * (50 // batch_size) + ([50 % batch_size] if 50 % batch_size else [])
-    assert_same_batches([_join(got)], list(read_criteo(good, 50)))  # the good lines' ids and dense features
+    np.testing.assert_array_equal(ids_matrix(join(got)), good_ids)
 
 
-def _join(batches):
-    """One Batch of all the rows of `batches`."""
-    dense = None if batches[0].dense is None else cat(batches, "dense")
-    return Batch(labels=cat(batches, "labels"), ids=cat(batches, "ids"), dense=dense)
+INT_PROBLEM = "integer column 'I2' is 'x3', expected empty or a base-10 integer in (-9223372036854775808, "
 
 
 @pytest.mark.parametrize(
@@ -143,26 +170,21 @@ def _join(batches):
         (0, "line 4: label '2', expected '0' or '1'; 1 bad lines, more than --max-bad-lines 0"),
         (1, "line 11: 2 tab-separated columns, expected 40; 2 bad lines, more than --max-bad-lines 1"),
         (2, "line 12: 1 tab-separated columns, expected 40; 3 bad lines, more than --max-bad-lines 2"),
-        (3, "line 30: integer feature I2 is 'x3', expected empty or a base-10 integer"),
+        (3, f"line 30: {INT_PROBLEM}9223372036854775807]; 4 bad lines, more than --max-bad-lines 3"),
     ],
 )
 def test_criteo_too_many_bad_lines_raise_at_the_line_that_crossed_the_limit(tmp_path, limit, message):
-    _, bad = criteo_with_bad_lines(tmp_path)
-    for batch_size in (1, 64):  # the order of the problems does not depend on how the lines are chunked
+    bad, _ = criteo_with_bad_lines(tmp_path)
+    for batch_size in (1, 64, 10000):  # the order of the problems does not depend on how the lines are chunked
         with pytest.raises(ValueError) as e:
             read(bad, "criteo", batch_size, max_bad_lines=limit)
-        assert str(e.value).startswith(f"{bad} {message}")
-        if limit == 3:
-            assert str(e.value).endswith("; 4 bad lines, more than --max-bad-lines 3")
+        assert str(e.value) == f"{bad} {message}"
 
 
 def test_bad_lines_are_counted_by_the_worker_whose_share_they_are_in(tmp_path):
-    _, bad = criteo_with_bad_lines(tmp_path)  # bad file lines 4, 12, 30 are worker 1's, 11 worker 0's
+    bad, _ = criteo_with_bad_lines(tmp_path)  # bad file lines 4, 12, 30 are worker 1's, 11 worker 0's
     stats = [ReadStats() for _ in range(2)]
-    rows = [
-        cat(read(bad, "criteo", 8, worker_id=i, num_workers=2, max_bad_lines=9, stats=stats[i]), "ids")
-        for i in range(2)
-    ]
+    rows = [join(read(bad, "criteo", 8, worker_id=i, num_workers=2, max_bad_lines=9, stats=stats[i])) for i in range(2)]
     assert [(s.lines_read, s.bad_lines) for s in stats] == [(27, 1), (27, 3)]
     assert stats[0].first_bad.startswith(f"{bad} line 11: ")
     assert stats[1].first_bad.startswith(f"{bad} line 4: ")
@@ -178,13 +200,13 @@ def test_bad_lines_are_counted_by_the_worker_whose_share_they_are_in(tmp_path):
 def test_gzipped_file_gives_the_same_batches(tmp_path, fmt):
     path = SAMPLES[fmt](tmp_path)
     for size in (1, 5, 100):
-        assert_same_batches(read(gzipped(path), fmt, size), read(path, fmt, size))
+        assert_same_batches(read(gzipped(path), fmt, size, schema=schema_of(path, fmt)), read(path, fmt, size))
 
 
 @pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
 def test_worker_shares_are_disjoint_and_cover_every_line(tmp_path, fmt):
     path = SAMPLES[fmt](tmp_path)
-    everything = _join(read(path, fmt, 100))
+    everything = join(read(path, fmt, 100))
     assert len(everything) == 23
     for n in (2, 3, 5, 30):
         seen = []
@@ -194,9 +216,9 @@ def test_worker_shares_are_disjoint_and_cover_every_line(tmp_path, fmt):
             assert stats.lines_read == len(range(i, 23, n))
             if share:
                 assert all(len(b) == 4 for b in share[:-1])
-                part = _join(share)
+                part = join(share)
                 np.testing.assert_array_equal(part.labels, everything.labels[i::n])
-                np.testing.assert_array_equal(part.ids, everything.ids[i::n])  # same width K for libsvm too
+                np.testing.assert_array_equal(ids_matrix(part), ids_matrix(everything)[i::n])
                 seen.extend(range(i, 23, n))
         assert sorted(seen) == list(range(23))
 
@@ -212,43 +234,59 @@ def test_csv_columns_roles_quoting_and_ids(tmp_path):
         '2,"multi\nline",0,,tablet,-4\r\n'
         '3,"a,b",1,-2,,1e3\r\n'
     )
-    (b,) = read(path, "csv", 10, label_column="click", drop_columns=["id"], numeric_columns=["n2", "price"])
+    columns = {"label_column": "click", "drop_columns": ["id"], "numeric_columns": ["n2", "price"]}
+    (b,) = read(path, "csv", 10, columns=columns)
     assert b.labels.tolist() == [1, 0, 1] and b.labels.dtype == np.float32
-    assert b.dense.dtype == np.float32
+    assert b.dense.dtype == np.float32 and list(b.fields) == ["site", "device", BIAS_FIELD]
     np.testing.assert_allclose(b.dense, np.log1p([[7, 3.5], [0, 0], [1000, 0]]), rtol=1e-6)
     cats = np.array([["a,b", "phone"], ["multi\nline", "tablet"], ["a,b", ""]])
     expected = np.stack([field_ids(f, cat_values(cats[:, f])) for f in range(2)] + [np.full(3, BIAS_ID)], axis=1)
-    np.testing.assert_array_equal(b.ids, expected)
-    assert b.ids[2, 1] == field_ids(1, np.array([MISSING_CAT]))[0]  # an empty cell is the field's missing value
+    np.testing.assert_array_equal(ids_matrix(b), expected)
+    assert b.fields["device"].ids[2] == field_ids(1, np.array([MISSING_CAT]))[0]  # an empty cell: the missing id
 
 
 def test_csv_defaults_first_column_label_no_numeric(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("y,a,b\n1,x,y\n0,y,x\n")
     (b,) = read(path, "csv", 10)
-    assert b.labels.tolist() == [1, 0] and b.dense is None and b.ids.shape == (2, 3)
-    assert b.ids[0, 0] != b.ids[1, 1]  # the same string in two fields: two ids
+    assert b.labels.tolist() == [1, 0] and b.dense is None and ids_matrix(b).shape == (2, 3)
+    assert b.fields["a"].ids[0] != b.fields["b"].ids[1]  # the same string in two fields: two ids
 
 
 def test_csv_unknown_or_conflicting_columns_are_rejected(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text("y,a,b\n1,x,2\n")
     for kw in ({"numeric_columns": ["nope"]}, {"label_column": "z"}, {"drop_columns": ["a", "nope"]}):
-        with pytest.raises(ValueError, match=r"are not in the header; its columns are \['y', 'a', 'b'\]"):
-            read(path, "csv", **kw)
+        with pytest.raises(
+            ValueError, match=r"d.csv: columns .* are not in the header; its columns are \['y', 'a', 'b'\]"
+        ):
+            schema_of(path, "csv", **kw)
     with pytest.raises(ValueError, match=r"\['b'\] are both drop and numeric"):
-        read(path, "csv", drop_columns=["b"], numeric_columns=["b"])
+        schema_of(path, "csv", drop_columns=["b"], numeric_columns=["b"])
     with pytest.raises(ValueError, match=r"\['y'\] are both label and numeric"):
-        read(path, "csv", numeric_columns=["y"])
+        schema_of(path, "csv", numeric_columns=["y"])
     with pytest.raises(ValueError, match="apply to csv only"):
-        read_batches(path, "criteo", 4, numeric_columns=["b"])
+        schema_of(path, "criteo", numeric_columns=["b"])
+
+
+def test_csv_header_must_hold_the_schemas_columns(tmp_path):
+    schema = schema_of(sample_csv(tmp_path), "csv")
+    other = tmp_path / "other.csv"
+    other.write_text("click,site,price\n1,a,2\n")
+    with pytest.raises(ValueError, match=r"other.csv: columns \['id', 'device', 'count'\] are not in the header"):
+        read(other, "csv", schema=schema)
+    twice = tmp_path / "twice.csv"
+    twice.write_text("click,site,price,id,device,count,site\n")
+    with pytest.raises(ValueError, match=r"columns \['site'\] appear more than once in the header"):
+        read(twice, "csv", schema=schema)
+    assert read_csv_header(twice, ",") == ["click", "site", "price", "id", "device", "count", "site"]
 
 
 def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
     path = tmp_path / "d.csv"
     path.write_text('y,a,n\n1,x,1\n7,x,1\n0,y\n1,"two\nlines",abc\n\n1,z,inf\n0,w,\n')
     stats = ReadStats()
-    (b,) = read(path, "csv", 10, numeric_columns=["n"], max_bad_lines=5, stats=stats)
+    (b,) = read(path, "csv", 10, columns={"numeric_columns": ["n"]}, max_bad_lines=5, stats=stats)
     assert b.labels.tolist() == [1, 0] and b.dense[:, 0].tolist() == [np.log1p(np.float32(1)), 0]
     assert (stats.lines_read, stats.bad_lines) == (7, 5)
     assert stats.first_bad == f"{path} line 3: label '7', expected 0 or 1"
@@ -260,7 +298,7 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
     ]
     for limit, message in enumerate(expected, start=1):
         with pytest.raises(ValueError) as e:
-            read(path, "csv", 10, numeric_columns=["n"], max_bad_lines=limit)
+            read(path, "csv", 10, columns={"numeric_columns": ["n"]}, max_bad_lines=limit)
         assert str(e.value) == f"{path} {message}, more than --max-bad-lines {limit}"
 
 
@@ -269,10 +307,54 @@ def test_csv_more_than_39_categorical_fields(tmp_path):
     width = NUM_FIELDS + 6
     path.write_text("y," + ",".join(f"c{i}" for i in range(width)) + "\n1," + ",".join(["0"] * width) + "\n")
     (b,) = read(path, "csv")
-    assert b.ids.shape == (1, width + 1) and len(set(b.ids[0].tolist())) == width + 1
-    assert BIAS_ID not in b.ids[0, :-1]
-    assert b.ids[0, 5] == field_ids(5, np.zeros(1, np.uint64))[0]
-    np.testing.assert_array_equal(wide_field_ids(np.zeros((1, NUM_FIELDS), np.uint64))[0], b.ids[0, :NUM_FIELDS])
+    ids = ids_matrix(b)[0]
+    assert len(ids) == width + 1 and len(set(ids.tolist())) == width + 1 and BIAS_ID not in ids[:-1]
+    assert ids[5] == field_ids(5, np.zeros(1, np.uint64))[0]
+    assert ids[NUM_FIELDS + 2] == space_ids(NUM_FIELDS + 2, np.zeros(1, np.uint64))[0]
+
+
+def test_a_schema_file_reads_a_csv_with_bags_and_bad_tokens(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("tags,y,price,wt\na|b|a|c,1,2,u:2|v:0.5\n,0,,\nx,1,4,u:abc\ny|,0,6,u\nz,1,6,v:1\n")
+    schema_file = tmp_path / "s.toml"
+    schema_file.write_text(
+        'format = "csv"\nlabel = "y"\n'
+        '[[columns]]\nname = "tags"\nkind = "multi_hot"\nmax_length = 3\n'
+        '[[columns]]\nname = "wt"\nkind = "weighted"\n'
+        '[[columns]]\nname = "price"\nkind = "numeric"\ntransform = "standardize"\n'
+    )
+    schema = load_schema(str(schema_file), default_table="t", default_dim=4)
+    with pytest.raises(ValueError, match="standardize columns without mean and std"):
+        read_batches(path, schema, 4)
+    assert column_stats(path, schema) == {"price": (4.0, 2.0)}  # lines 2 and 6: lines 4 and 5 are bad
+    schema = schema.with_stats(column_stats(path, schema))
+    stats = ReadStats()
+    (b,) = read(path, "csv", 4, schema=schema, max_bad_lines=2, stats=stats)
+    assert (stats.bad_lines, stats.truncated_bags) == (2, 1)
+    assert (
+        stats.first_bad == f"{path} line 4: column 'wt' has the token 'u:abc', expected id:weight with a finite weight"
+    )
+    assert b.labels.tolist() == [1, 0, 1]
+    tags, wt = b.fields["tags"], b.fields["wt"]
+    assert tags.offsets.tolist() == [0, 3, 3, 4] and tags.weights is None
+    np.testing.assert_array_equal(tags.ids, space_ids(0, cat_values(np.array(["a", "b", "a", "z"]))))
+    assert wt.offsets.tolist() == [0, 2, 2, 3] and wt.weights.tolist() == [2.0, 0.5, 1.0]
+    np.testing.assert_array_equal(wt.ids, space_ids(1, cat_values(np.array(["u", "v", "v"]))))
+    np.testing.assert_array_equal(b.dense, [[-1.0], [0.0], [1.0]])  # a missing price is the mean
+    with pytest.raises(ValueError, match=r"line 5: column 'wt' has the token 'u', expected id:weight"):
+        read(path, "csv", 4, schema=schema, max_bad_lines=1)
+
+
+def test_column_stats_are_of_the_good_lines_present_values(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("y,a,b\n1,1,x\n0,,x\n1,3,x\n7,100,x\n0,5,x\n")  # line 5 is bad (label 7); a is missing on 3
+    schema_file = tmp_path / "s.toml"
+    schema_file.write_text('label = "y"\n[[columns]]\nname = "a"\nkind = "numeric"\ntransform = "standardize"\n')
+    schema = load_schema(str(schema_file), default_table="t", default_dim=4)
+    mean, std = column_stats(path, schema)["a"]
+    assert mean == pytest.approx(3.0) and std == pytest.approx(np.std([1, 3, 5]))
+    (b,) = read(path, "csv", 10, schema=schema.with_stats({"a": (mean, std)}), max_bad_lines=1)
+    np.testing.assert_allclose(b.dense[:, 0], (np.array([1, 3, 3, 5]) - 3) / std, rtol=1e-6)
 
 
 # --- libsvm -------------------------------------------------------------------------------------------------
@@ -288,12 +370,20 @@ def test_libsvm_labels_fields_missing_and_padding(tmp_path):
     assert stats.first_bad == f"{path} line 4: 4 features, more than 3 fields"
     raw = np.array([[3, 7, 9], [3, 8, MISSING_CAT], [4, MISSING_CAT, 9], [MISSING_CAT] * 3, [5, 6, 7]], dtype=np.uint64)
     expected = np.stack([field_ids(k, raw[:, k]) for k in range(3)] + [np.full(5, BIAS_ID)], axis=1)
-    np.testing.assert_array_equal(b.ids, expected)
+    np.testing.assert_array_equal(ids_matrix(b), expected)
     with pytest.raises(ValueError) as e:
         read(path, "libsvm", 10, max_bad_lines=1)
     assert (
         str(e.value) == f"{path} line 5: label 'x', expected 0, 1, -1 or +1; 2 bad lines, more than --max-bad-lines 1"
     )
+
+
+def test_libsvm_large_ids_keep_their_value(tmp_path):
+    path = tmp_path / "d.svm"
+    path.write_text(f"1 {2**64 - 2}:1 {2**32}:1 0:1\n")
+    (b,) = read(path, "libsvm")
+    raw = np.array([2**64 - 2, 2**32, 0], dtype=np.uint64)
+    np.testing.assert_array_equal(ids_matrix(b)[0, :3], [field_ids(k, raw[k : k + 1])[0] for k in range(3)])
 
 
 def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path):
@@ -302,11 +392,11 @@ def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path):
     assert libsvm_field_count(path) == 2
     stats = ReadStats()
     (b,) = read(path, "libsvm", worker_id=0, num_workers=2, max_bad_lines=5, stats=stats)
-    assert b.ids.shape == (1, 3) and stats.bad_lines == 1  # the share's only good line has 1 feature: K is still 2
+    assert ids_matrix(b).shape == (1, 3) and stats.bad_lines == 1  # the share's only good line has 1 feature: K is 2
     (b,) = read(path, "libsvm", worker_id=1, num_workers=2, max_bad_lines=5, stats=stats)
-    assert b.ids.shape == (1, 3) and stats.bad_lines == 2  # line 4 has 3 features
-    (b,) = read(path, "libsvm", libsvm_fields=5, max_bad_lines=1)
-    assert b.ids.shape == (3, 6)
+    assert ids_matrix(b).shape == (1, 3) and stats.bad_lines == 2  # line 4 has 3 features
+    (b,) = read(path, "libsvm", columns={"libsvm_fields": 5}, max_bad_lines=1)
+    assert ids_matrix(b).shape == (3, 6)
 
 
 @pytest.mark.parametrize(
@@ -337,29 +427,34 @@ def test_batch_sizes(tmp_path, fmt, batch_size):
     batches = read(SAMPLES[fmt](tmp_path), fmt, batch_size)
     sizes = [len(b) for b in batches]
     assert sum(sizes) == 23 and all(s == batch_size for s in sizes[:-1]) and 1 <= sizes[-1] <= batch_size
-    assert all(
-        b.ids.dtype == np.uint64 and b.labels.dtype == np.float32 and (b.ids[:, -1] == BIAS_ID).all() for b in batches
-    )
+    for b in batches:
+        assert b.labels.dtype == np.float32 and (b.fields[BIAS_FIELD].ids == BIAS_ID).all()
 
 
 def test_bad_arguments(tmp_path):
     path = tmp_path / "x.txt"
+    schema = builtin_schema("criteo", default_table="t", default_dim=4)
     for args, kw in [
-        (("tsv", 4), {}),
-        (("criteo", 0), {}),
-        (("criteo", 4), {"worker_id": 2, "num_workers": 2}),
-        (("criteo", 4), {"max_bad_lines": -1}),
-        (("criteo", 4), {"libsvm_fields": 3}),
+        ((0,), {}),
+        ((4,), {"worker_id": 2, "num_workers": 2}),
+        ((4,), {"max_bad_lines": -1}),
     ]:
         with pytest.raises(ValueError):
-            read_batches(path, *args, **kw)  # raised at the call, before any file is opened
+            read_batches(path, schema, *args, **kw)  # raised at the call, before any file is opened
+    with pytest.raises(ValueError, match="libsvm_fields is 3 for format criteo"):
+        schema_of(path, "criteo", libsvm_fields=3)
 
 
 def test_empty_files(tmp_path):
-    for fmt in ("criteo", "csv", "libsvm"):
+    for fmt in ("criteo", "libsvm"):
         path = tmp_path / f"empty.{fmt}"
         path.write_text("")
         assert read(path, fmt) == []
     header_only = tmp_path / "h.csv"
     header_only.write_text("y,a\n")
     assert read(header_only, "csv") == []
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert read(empty, "csv", schema=schema_of(header_only, "csv")) == []
+    with pytest.raises(ValueError, match="empty.csv: the file is empty"):
+        schema_of(empty, "csv")

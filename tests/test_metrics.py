@@ -56,21 +56,18 @@ def test_the_server_serves_request_and_table_metrics(tmp_path):
 
 def test_a_training_worker_counts_examples_and_steps_and_serves_them():
     from tests.inprocess import InProcessTables
-    from worker.dense import DenseSync
+    from worker.loop import run_epochs
     from worker.telemetry import TrainTelemetry
-    from worker.train import DataSource, TrainConfig, make_backend, run_epochs, table_configs
+    from worker.train import TrainConfig, loop_settings, open_job
 
-    cfg = TrainConfig(model="lr", synthetic_rows=5000, batch_size=1000, progress=False)
+    cfg = TrainConfig(model="lr", synthetic_rows=5000, batch_size=1000, epochs=1, recipe="large", progress=False)
     telemetry = TrainTelemetry()
     port = telemetry.serve(0, "127.0.0.1")
     try:
         with InProcessTables(cache_bytes=64 << 20) as tables:
-            data = DataSource(cfg)
-            spec = data.spec()
-            for t in table_configs(cfg, spec):
-                tables.create_table(t)
-            dense = DenseSync(tables, spec.dense_params())
-            _, _, train_logloss = run_epochs(tables, spec, make_backend(spec, cfg), dense, data, cfg, telemetry)
+            cfg, data, spec, backend, dense = open_job(cfg, tables)
+            result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data), telemetry=telemetry)
+            train_logloss = result.train_logloss
         m = scrape(port)
         assert m[("sparseps_worker_examples_total", ())] == 5000 and m[("sparseps_worker_steps_total", ())] == 5
         assert m[("sparseps_worker_step_seconds_count", ())] == 5

@@ -92,38 +92,28 @@ def test_recent_rows_lays_the_newest_returned_row_over_each_id():
 
 def _train(addresses, cfg, oracle: bool):
     """run_epochs, or (oracle) the plainest loop: pull every row, compute, push, dense step, clock."""
+    from worker.batch import table_ids
     from worker.client import Client
-    from worker.dense import DenseSync
-    from worker.train import DataSource, evaluate, make_backend, run_epochs, table_configs
+    from worker.loop import evaluate, field_tables, model_inputs, pull_rows, run_epochs
+    from worker.train import loop_settings, open_job
 
     with Client(addresses) as client:
         client.wait_ready()
-        data = DataSource(cfg)
-        spec = data.spec()
-        backend = make_backend(spec, cfg)
-        for t in table_configs(cfg, spec):
-            client.create_table(t)
-        dense = DenseSync(client, spec.dense_params())
-        dense.pull()
+        cfg, data, spec, backend, dense = open_job(cfg, client)
         if oracle:
             for batch in data.train():
-                n, fields = batch.ids.shape
-                rows = client.pull(spec.name, batch.ids).reshape(n, fields, spec.sparse_dim)
+                tids = table_ids(batch, field_tables(spec))
+                rows = pull_rows(client, spec, tids)
                 _, row_grads, dense_grads = backend.forward_backward(
-                    rows, batch.dense_or_empty(), dense.values, batch.labels
+                    model_inputs(spec, batch, tids, rows), dense.values, batch.labels
                 )
-                client.push(spec.name, batch.ids, row_grads.reshape(n * fields, -1), np.repeat(batch.labels, fields))
+                client.push_many([(t, ti.uniq, row_grads[t], ti.clicks, ti.shows) for t, ti in tids.items()])
                 dense.step(dense_grads)
                 client.advance_clock()
         else:
-            run_epochs(client, spec, backend, dense, data, cfg)
-        return evaluate(client, spec, backend, dense.pull(), data.eval()), client.pull(
-            spec.name, np.unique(batch_ids(data))
-        )
-
-
-def batch_ids(data):
-    return np.concatenate([b.ids.ravel() for b in data.eval()])
+            run_epochs(client, spec, backend, dense, data.train, loop_settings(cfg, data))
+        ids = np.unique(np.concatenate([bags.ids for b in data.eval() for bags in b.fields.values()]))
+        return evaluate(client, spec, backend, dense.pull(), data.eval()), client.pull(cfg.model, ids)
 
 
 def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_loop(servers, tmp_path):
@@ -133,7 +123,7 @@ def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_lo
     from worker.train import TrainConfig
 
     cfg = TrainConfig(model="deepfm", hidden=(16,), synthetic_rows=6000, synthetic_eval_rows=2000, batch_size=500,
-                      progress=False)  # fmt: skip
+                      synthetic_history=1.0, epochs=1, recipe="large", progress=False)  # fmt: skip
     runs = {}
     for label, depth in [("oracle", 0), ("0", 0), ("1", 1), ("3", 3)]:
         addresses, _ = servers(2, root=tmp_path / label)

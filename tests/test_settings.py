@@ -29,7 +29,7 @@ def test_command_line_beats_environment_beats_file_section_beats_file_top_level_
     assert args.model == "deepfm"  # environment over the file
     assert args.batch_size == 200  # the [train] section over the top level
     assert args.hidden == "16,8" and args.drop_columns == "a,b"  # a TOML array for a comma-separated flag
-    assert args.epochs == 1  # default
+    assert args.epochs is None  # default: the recipe's
     assert parse(worker_parser(), ["train"], {"PS_CONFIG": str(cfg)}).model == "lr"  # the file named by PS_CONFIG
 
 
@@ -68,7 +68,7 @@ def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, mess
 
 def test_the_clis_take_settings_from_the_environment(tmp_path):
     env = {"PS_MODEL": "lr", "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000", "PS_NO_PROGRESS": "1",
-           "PS_LOCAL_SHARDS": "2", "PATH": "/usr/bin:/bin"}  # fmt: skip
+           "PS_LOCAL_SHARDS": "2", "PS_RECIPE": "large", "PATH": "/usr/bin:/bin"}  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "worker", "train"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "trained lr (numpy" in r.stdout and "on 20,000 examples" in r.stdout

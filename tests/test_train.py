@@ -1,12 +1,19 @@
-"""worker.train's data plumbing: progress totals and one field count for the train and eval files of libsvm."""
+"""worker.train and worker.data: progress totals, one field count for libsvm train and eval files, the recipe by
+data size, the validation split, early stopping, L2 on the rows a step touches, flag checks."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 
+import numpy as np
 import pytest
 
-from worker.train import DataSource, TrainConfig, count_lines
+from tests.inprocess import InProcessTables
+from worker.data import count_lines, validation_mask
+from worker.loop import run_epochs
+from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
+from worker.train import TrainConfig, loop_settings, open_job, prepare
 
 
 def test_count_lines_reads_gzip_and_drops_a_csv_header(tmp_path):
@@ -23,11 +30,108 @@ def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):
     train, evals = tmp_path / "train.svm", tmp_path / "eval.svm"
     train.write_text("1 3:1 8:1 9:1 12:1\n0 4:1 8:1\n")
     evals.write_text("0 3:1\n1 5:1 6:1 7:1\n")  # its first line has 1 feature: alone it would mean K = 1
-    cfg = TrainConfig(data=str(train), eval_data=str(evals), format="libsvm", batch_size=10)
-    data = DataSource(cfg)
-    assert [b.ids.shape for b in data.train()] == [(2, 5)]  # K = 4, plus the bias
-    assert [b.ids.shape for b in data.eval()] == [(2, 5)]
-    assert data.spec().num_fields == 5
-    assert DataSource(TrainConfig(data=str(evals), format="libsvm", libsvm_fields=4)).spec().num_fields == 5
+    cfg = TrainConfig(data=str(train), eval_data=str(evals), format="libsvm", batch_size=10, local_shards=1)
+    _, data, spec, _ = prepare(cfg)
+    assert [len(b.fields) for b in data.train()] == [5]  # K = 4, plus the bias
+    assert [len(b.fields) for b in data.eval()] == [5]
+    assert len(spec.fields) == 5
     with pytest.raises(ValueError, match="--libsvm-fields 3: expected >= 1, with --format libsvm"):
-        TrainConfig(data=str(train), libsvm_fields=3).validate()
+        TrainConfig(data=str(train), libsvm_fields=3, local_shards=1).validate()
+
+
+def test_the_recipe_follows_the_data_size_and_flags_given_win():
+    small, line = TrainConfig(local_shards=1, synthetic_rows=5000).with_recipe(5000)
+    assert (small.batch_size, small.epochs, small.validation_fraction, small.early_stop) == (
+        SMALL.batch_size, SMALL.epochs, SMALL.validation_fraction, SMALL.early_stop)  # fmt: skip
+    assert line.startswith("small-data recipe for 5,000 training examples") and "--recipe auto" in line
+    large, line = TrainConfig(local_shards=1).with_recipe(SMALL_DATA_EXAMPLES)
+    assert (large.batch_size, large.epochs, large.validation_fraction, large.early_stop) == (
+        LARGE.batch_size, LARGE.epochs, 0.0, 0)  # fmt: skip
+    given, _ = TrainConfig(local_shards=1, batch_size=64, epochs=3, early_stop=0).with_recipe(10)
+    assert (given.batch_size, given.epochs, given.early_stop, given.validation_fraction) == (64, 3, 0, 0.1)
+    forced, line = TrainConfig(local_shards=1, recipe="large").with_recipe(10)
+    assert forced.epochs == 1 and line.startswith("large-data recipe")
+    with_file, _ = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
+    assert with_file.validation_fraction == 0.0  # a validation file replaces the split
+
+
+def test_the_validation_split_is_deterministic_disjoint_and_complete():
+    mask = validation_mask(0, 100_000, 0.1)
+    assert 0.09 < mask.mean() < 0.11
+    np.testing.assert_array_equal(np.concatenate([validation_mask(0, 500, 0.1), validation_mask(500, 500, 0.1)]),
+                                  validation_mask(0, 1000, 0.1))  # fmt: skip
+    assert not validation_mask(0, 1000, 0.0).any()
+    cfg = TrainConfig(local_shards=1, synthetic_rows=3000, batch_size=256, validation_fraction=0.2, epochs=1)
+    cfg, data, _, _ = prepare(cfg)
+    train_ids = np.concatenate([b.fields["C3"].ids for b in data.train()])
+    val = data.validation()
+    val_ids = np.concatenate([b.fields["C3"].ids for b in val])
+    assert all(len(b) == 256 for b in list(data.train())[:-1])  # rebatched to the batch size
+    every = np.concatenate([b.fields["C3"].ids for b in data.synthetic.batches(3000, 0, 3000)])
+    picked = validation_mask(0, 3000, 0.2)
+    np.testing.assert_array_equal(val_ids, every[picked])
+    np.testing.assert_array_equal(train_ids, every[~picked])
+    data.max_validation, data._validation = 100, None
+    assert sum(len(b) for b in data.validation()) == 100
+
+
+def _run(cfg: TrainConfig, field: str = "C1", train_ids: bool = False):
+    """(loop result, rows of the eval (or training) ids of `field` after training, and before)."""
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        batches = data.train() if train_ids else data.eval()
+        ids = np.unique(np.concatenate([b.fields[field].ids for b in batches]))
+        before = tables.pull(cfg.model, ids)
+        result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data), data.validation())
+        return result, tables.pull(cfg.model, ids), before
+
+
+def test_early_stopping_stops_after_p_validations_without_improvement():
+    # a learning rate far too high for FM on a few thousand rows: validation logloss soon gets worse
+    cfg = TrainConfig(local_shards=1, model="fm", synthetic_rows=4000, synthetic_eval_rows=500, learning_rate=0.5,
+                      epochs=30, early_stop=2, progress=False)  # fmt: skip
+    result, _, _ = _run(cfg)
+    assert result.stopped_early
+    losses = [e["validation_logloss"] for e in result.curve]
+    best = int(np.argmin(losses))
+    assert len(losses) == best + 3  # the best, then two evaluations without a better one
+    assert result.best["validation_logloss"] == losses[best] and result.curve[best]["best"]
+    assert [e["epoch"] for e in result.curve] == list(range(1, len(losses) + 1))
+
+
+def test_eval_every_n_steps_and_no_early_stop_runs_every_epoch():
+    cfg = TrainConfig(local_shards=1, model="lr", synthetic_rows=2000, synthetic_eval_rows=200, batch_size=200,
+                      epochs=2, early_stop=0, eval_every=3, validation_fraction=0.1, progress=False)  # fmt: skip
+    result, _, _ = _run(cfg)
+    assert not result.stopped_early
+    steps_per_epoch = -(-int(2000 - validation_mask(0, 2000, 0.1).sum()) // 200)
+    assert [e["step"] for e in result.curve] == list(range(3, 2 * steps_per_epoch + 1, 3))
+
+
+def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
+    from worker.train import table_configs
+
+    cfg = TrainConfig(local_shards=1, model="fm", synthetic_rows=500, synthetic_eval_rows=10, batch_size=250, epochs=4,
+                      recipe="large", learning_rate=0.05, progress=False)  # fmt: skip
+    _, plain, _ = _run(cfg, train_ids=True)
+    _, shrunk, _ = _run(dataclasses.replace(cfg, l2=2.0), train_ids=True)  # decay 0.9 a step between pushes
+    assert np.abs(shrunk[:, 1:]).mean() < 0.7 * np.abs(plain[:, 1:]).mean()
+    l2_cfg, _, spec, _ = prepare(dataclasses.replace(cfg, l2=2.0))
+    assert [t.l2 for t in table_configs(l2_cfg, spec)] == [2.0]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(validation_fraction=0.7), "--validation-fraction 0.7: expected a number in"),
+        (dict(dropout=1.0), "--dropout 1.0: expected a number in"),
+        (dict(l2=-1.0), "--l2 -1.0: expected a number in"),
+        (dict(early_stop=-1), "--early-stop -1: expected an integer >= 0"),
+        (dict(recipe="medium"), "--recipe 'medium' is unknown"),
+        (dict(schema="s.toml"), "--schema needs --data"),
+        (dict(validation_fraction=0.1, validation_data="v.csv"), "not both"),
+    ],
+)
+def test_bad_settings_name_their_flag(change, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TrainConfig(local_shards=1), **change).validate()

@@ -77,8 +77,52 @@ def _add_train(sub) -> None:
         default=d.dense_sync_every,
         help="push summed dense gradients and pull new MLP weights every k steps",
     )
-    model.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per step")
-    model.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
+    model.add_argument(
+        "--l2",
+        type=float,
+        default=None,
+        help="lazy L2 of the sparse tables: a row's embedding decays by (1 - learning rate * l2) per clock step, "
+        "applied by the servers when the row is next pushed (not with ftrl, which has its own; default: the recipe's)",
+    )
+    model.add_argument("--dense-l2", type=float, default=d.dense_l2, help="L2 penalty on the MLP weights")
+    model.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="dropout rate of the MLP's hidden units in training (default: the recipe's, 0)",
+    )
+    fit = p.add_argument_group(
+        "schedule and validation",
+        "Unset flags here come from a recipe for the data's size: small data (under 1M training examples) "
+        "trains in batches of 256 for up to 20 epochs, validates on a 10%% split after each and stops after 2 "
+        "without improvement; large data trains one epoch in batches of 2048. The run prints its choice.",
+    )
+    fit.add_argument(
+        "--recipe",
+        default=d.recipe,
+        choices=["auto", "small", "large"],
+        help="auto: small or large by the number of training examples",
+    )
+    fit.add_argument("--batch-size", type=int, default=None, help="examples per step (small: 256, large: 2048)")
+    fit.add_argument(
+        "--epochs", type=int, default=None, help="passes over the training data, at most (small: 20, large: 1)"
+    )
+    fit.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=None,
+        help="share of the training examples held out to validate on (small: 0.1, large: 0)",
+    )
+    fit.add_argument("--validation-data", default=None, help="a file to validate on instead of a split")
+    fit.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help="steps between validations (0: after every epoch)"
+    )
+    fit.add_argument(
+        "--early-stop",
+        type=int,
+        default=None,
+        help="stop after this many validations without a better logloss (0: never; small: 2)",
+    )
     model.add_argument(
         "--table-config", help="TOML file with table settings (optimizer and its parameters, initializer, weight "
         "bound, admission, eviction) that override the model's defaults; see docs/tables.md",
@@ -109,6 +153,13 @@ def _add_data_args(p, d) -> None:
     data = p.add_argument_group("data")
     data.add_argument("--data", help="training file (for eval: the evaluation file); .gz is read transparently")
     data.add_argument("--eval-data", help="evaluation file, same format")
+    data.add_argument(
+        "--schema",
+        default=None,
+        help="TOML feature schema: columns, kinds (categorical, multi_hot, weighted, numeric), tables "
+        "and widths, pooling, transforms (worker/schema.py; `ps-worker schema --data FILE` writes a "
+        "starting one); without it --format and the column flags make a built-in one",
+    )
     data.add_argument("--format", default=d.format, choices=["criteo", "csv", "libsvm"],
                       help="criteo: tab-separated label, 13 ints, 26 hex; csv: a header, see the column flags; "
                       "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
@@ -138,6 +189,10 @@ def _add_data_args(p, d) -> None:
     data.add_argument(
         "--synthetic-interactions", type=float, default=d.synthetic_interactions,
         help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
+    )  # fmt: skip
+    data.add_argument(
+        "--synthetic-history", type=float, default=d.synthetic_history,
+        help="strength of a planted multi-hot history column (0 = no such column)",
     )  # fmt: skip
     data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
 
@@ -179,7 +234,7 @@ def _add_eval(sub) -> None:
         help="how long to wait for a server that is down before exiting with an error",
     )
     _add_security_args(p)
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per pull")
+    p.add_argument("--batch-size", type=int, default=2048, help="examples per pull")
     _add_data_args(p, d)
     _add_model_args(p, d)
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -189,14 +244,36 @@ def _add_synth(sub) -> None:
     p = sub.add_parser(
         "synth",
         help="write synthetic Criteo-format data with a planted model",
-        description="Write rows of the synthetic generator as a Criteo-format file (label, 13 ints, 26 hex).",
+        description="Write rows of the synthetic generator: a Criteo-format file (label, 13 ints, 26 hex), or with "
+        "--history a CSV with a multi-hot history column and, beside it, the schema that reads it (OUT.schema.toml).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--start", type=int, default=0, help="first row index (use a later range for eval data)")
-    p.add_argument("--interactions", type=float, default=0.0)
+    p.add_argument("--interactions", type=float, default=0.0, help="strength of the planted pairwise interactions")
+    p.add_argument("--history", type=float, default=0.0, help="strength of a planted multi-hot history column")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        help="the small-data regime: few rows over 10^5+ values, with interactions (overfits easily)",
+    )
     p.add_argument("--seed", type=int, default=0)
+
+
+def _add_schema(sub) -> None:
+    p = sub.add_parser(
+        "schema",
+        help="print a starting feature schema inferred from a data sample",
+        description="Read the first rows of a data file and print a TOML feature schema for --schema: the label, "
+        "numeric columns (log or standardized), multi-hot columns, categorical columns. Review it before training.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--data", required=True, help="a data file (.gz read through gzip)")
+    p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
+    p.add_argument("--delimiter", default=",", help="csv: the column separator")
+    p.add_argument("--rows", type=int, default=10_000, help="rows of the sample")
+    p.add_argument("--out", default=None, help="write the schema here instead of printing it")
 
 
 def _add_cluster_commands(sub) -> None:
@@ -262,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_eval(sub)
     _add_synth(sub)
+    _add_schema(sub)
     _add_cluster_commands(sub)
     for command in sub.choices.values():
         add_config_flag(command)
@@ -318,7 +396,7 @@ def _common_config(args) -> dict:
         servers=server_list(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
         format=args.format, label_column=args.label_column, drop_columns=_names(args.drop_columns),
         numeric_columns=_names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
-        libsvm_fields=args.libsvm_fields,
+        libsvm_fields=args.libsvm_fields, schema=args.schema, synthetic_history=args.synthetic_history,
         synthetic_rows=args.synthetic_rows, synthetic_eval_rows=args.synthetic_eval_rows,
         synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
         model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,
@@ -343,6 +421,14 @@ def _train(args) -> int:
         dense_learning_rate=args.dense_learning_rate,
         dense_sync_every=args.dense_sync_every,
         epochs=args.epochs,
+        recipe=args.recipe,
+        validation_fraction=args.validation_fraction,
+        validation_data=args.validation_data,
+        eval_every=args.eval_every,
+        early_stop=args.early_stop,
+        l2=args.l2,
+        dense_l2=args.dense_l2,
+        dropout=args.dropout,
         metrics_out=args.metrics_out,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
@@ -367,11 +453,39 @@ def _eval(args) -> int:
 
 
 def _synth(args) -> int:
-    from worker.synthetic import SyntheticConfig, write_synthetic_criteo
+    import dataclasses
 
-    cfg = SyntheticConfig(rows=args.start + args.rows, seed=args.seed, interactions=args.interactions)
-    write_synthetic_criteo(args.out, cfg, args.start, args.start + args.rows)
+    from worker.synthetic import SyntheticConfig, schema_text, small_data_config, write_synthetic
+
+    if args.small:
+        cfg = dataclasses.replace(small_data_config(args.seed), rows=args.start + args.rows)
+    else:
+        cfg = SyntheticConfig(rows=args.start + args.rows, seed=args.seed, interactions=args.interactions)
+    if args.history:
+        cfg = dataclasses.replace(cfg, history=args.history)
+    write_synthetic(args.out, cfg, args.start, args.start + args.rows)
     print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}")
+    if cfg.history:
+        with open(args.out + ".schema.toml", "w") as f:
+            f.write(schema_text(cfg))
+        print(
+            f"wrote its schema to {args.out}.schema.toml (train with --data {args.out} --schema {args.out}.schema.toml)"
+        )
+    return 0
+
+
+def _schema(args) -> int:
+    from worker.flags import check_input_file
+    from worker.schema_infer import infer_schema_text
+
+    check_input_file("--data", args.data, "a data file")
+    text = infer_schema_text(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote a schema inferred from {args.data} to {args.out}")
+    else:
+        print(text, end="")
     return 0
 
 
@@ -464,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()
     try:
         _check_numbers(args)
-        commands = {"train": _train, "eval": _eval, "synth": _synth, "stats": _stats, "shrink": _shrink,
+        commands = {"train": _train, "eval": _eval, "synth": _synth, "schema": _schema, "stats": _stats, "shrink": _shrink,
                     "checkpoint": _checkpoint, "export": _export}  # fmt: skip
         return commands[args.command](args)
     except (ValueError, PsError, OSError) as e:

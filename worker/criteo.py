@@ -1,4 +1,4 @@
-"""Reader and writer for the Criteo Kaggle text format, producing Batches of hashed ids.
+"""The Criteo Kaggle text format: its line grammar, a vectorized line parser, and the writer.
 
 File grammar (one example per line, UTF-8):
 
@@ -9,112 +9,57 @@ File grammar (one example per line, UTF-8):
     int     := "" | a base-10 integer (Python int() syntax, within int64; not -2**63, which means missing)
     cat     := "" | a string without TAB or NEWLINE     # Criteo: 8 lowercase hex digits
 
-An empty column is a missing value. Raw values become ids as described in worker/features.py.
-The writer emits integers in base 10 and categoricals as lowercase hex, 8 digits for values < 2**32 and
-16 otherwise; reading a written file gives exactly the ids computed from the raw values.
+The columns are named label, I1..I13, C1..C26 (schema.CRITEO_COLUMNS). An empty column is a missing value.
+parse_lines checks the column count and the label; the integer columns are checked where a schema reads them
+as numbers (worker/encode.py), and the built-in Criteo schema (schema.builtin_schema) turns a line into the ids
+and numeric features of worker/features.py. The writer emits integers in base 10 and categoricals as lowercase
+hex, 8 digits for values < 2**32 and 16 otherwise; reading a written file through the built-in schema gives
+exactly the ids computed from the raw values.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Iterator
 
 import numpy as np
 
-from worker.features import (
-    MISSING_CAT,
-    MISSING_INT,
-    NUM_CAT_FIELDS,
-    NUM_FIELDS,
-    NUM_INT_FIELDS,
-    Batch,
-    cat_values,
-    dense_features,
-    example_ids,
-)
+from worker.features import MISSING_CAT, MISSING_INT, NUM_CAT_FIELDS, NUM_FIELDS, NUM_INT_FIELDS
 
 NUM_COLUMNS = 1 + NUM_FIELDS  # label + features
 _WRITE_ROWS = 65536  # rows formatted at a time by write_criteo
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
-def read_criteo(path: str | os.PathLike, batch_size: int) -> Iterator[Batch]:
-    """Yield Batches of up to batch_size examples (probs None), in file order. LF or CRLF line ends.
-
-    Raises ValueError naming the file, the 1-based line number, what arrived and what was expected, at the
-    first malformed line (wrong column count, label not 0/1, integer feature not an int64 integer).
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size is {batch_size}, expected >= 1")
-    name = os.fspath(path)
-    with open(path, "rb") as f:
-        first_line = 1
-        while True:
-            lines = list(itertools.islice(f, batch_size))
-            if not lines:
-                return
-            yield _parse_lines(b"".join(lines), name, first_line)
-            first_line += len(lines)
-
-
-def _parse_lines(chunk: bytes, name: str, first_line: int) -> Batch:
-    """Parse whole lines (the last newline optional) vectorized: one split of the chunk, then per column."""
+def parse_lines(chunk: bytes, name: str, first_line: int) -> tuple[np.ndarray, np.ndarray]:
+    """(labels float32 (n,), columns bytes (n, 40)) of whole lines (the last newline optional; LF or CRLF),
+    vectorized: one split of the chunk. ValueError "<name> line <L>: <problem>" at the first line with a column
+    count other than 40 or a label other than 0/1, L counted from first_line."""
     if not chunk.endswith(b"\n"):
         chunk += b"\n"
     if b"\r" in chunk:
         chunk = chunk.replace(b"\r\n", b"\n")
     buf = np.frombuffer(chunk, dtype=np.uint8)
-    line_ends = np.flatnonzero(buf == ord("\n"))
-    tabs_before = np.searchsorted(np.flatnonzero(buf == ord("\t")), line_ends)
-    counts = np.diff(tabs_before, prepend=0) + 1
+    ends = np.flatnonzero((buf == ord("\t")) | (buf == ord("\n")))  # where each field ends
+    line_ends = np.flatnonzero(buf[ends] == ord("\n"))  # the fields that end a line
+    counts = np.diff(line_ends, prepend=-1)
     bad = np.flatnonzero(counts != NUM_COLUMNS)
     if len(bad):
         i = int(bad[0])
         raise ValueError(f"{name} line {first_line + i}: {counts[i]} tab-separated columns, expected {NUM_COLUMNS}")
+    width = max(int((np.diff(ends, prepend=-1) - 1).max()), 1)  # numpy fills a known width twice as fast
     fields = chunk[:-1].replace(b"\n", b"\t").split(b"\t")
-    columns = np.array(fields, dtype=np.bytes_).reshape(len(line_ends), NUM_COLUMNS)
-
+    columns = np.array(fields, dtype=f"S{width}").reshape(len(line_ends), NUM_COLUMNS)
     label_col = columns[:, 0]
     is_one = label_col == b"1"
     bad = np.flatnonzero(~is_one & (label_col != b"0"))
     if len(bad):
         i = int(bad[0])
         raise ValueError(f"{name} line {first_line + i}: label {_text(label_col[i])!r}, expected '0' or '1'")
-
-    int_values = _parse_ints(columns[:, 1 : 1 + NUM_INT_FIELDS], name, first_line)
-    cats = cat_values(columns[:, 1 + NUM_INT_FIELDS :])
-    return Batch(labels=is_one.astype(np.float32), ids=example_ids(int_values, cats), dense=dense_features(int_values))
+    return is_one.astype(np.float32), columns
 
 
 def _text(field: bytes) -> str:
     return field.decode("utf-8", "replace")
-
-
-def _parse_ints(strings: np.ndarray, name: str, first_line: int) -> np.ndarray:
-    """(n, 13) bytes -> int64, empty -> MISSING_INT; ValueError at the first bad entry."""
-    empty = strings == b""
-    try:
-        values = np.where(empty, b"0", strings).astype(np.int64)
-        bad = np.argwhere(~empty & (values == MISSING_INT))
-    except (ValueError, OverflowError):  # slow path, only to name the first bad entry
-        values = None
-        bad = np.argwhere(~np.vectorize(_is_int64, otypes=[bool])(strings) & ~empty)
-    if len(bad) or values is None:
-        i, j = (int(k) for k in bad[0]) if len(bad) else (0, 0)
-        raise ValueError(
-            f"{name} line {first_line + i}: integer feature I{j + 1} is {_text(strings[i, j])!r}, "
-            f"expected empty or a base-10 integer in ({MISSING_INT}, {np.iinfo(np.int64).max}]"
-        )
-    values[empty] = MISSING_INT
-    return values
-
-
-def _is_int64(s: bytes) -> bool:
-    try:
-        return int(MISSING_INT) < int(s) <= np.iinfo(np.int64).max
-    except ValueError:
-        return False
 
 
 def format_criteo(labels: np.ndarray, int_values: np.ndarray, cat_values: np.ndarray) -> str:
@@ -136,12 +81,13 @@ def format_criteo(labels: np.ndarray, int_values: np.ndarray, cat_values: np.nda
     columns = np.empty((n, NUM_COLUMNS), dtype=object)
     columns[:, 0] = np.where(labels == 1, "1", "0")
     columns[:, 1 : 1 + NUM_INT_FIELDS] = np.where(int_values == MISSING_INT, "", int_values.astype(np.str_))
-    columns[:, 1 + NUM_INT_FIELDS :] = _hex_strings(cat_values)
+    columns[:, 1 + NUM_INT_FIELDS :] = hex_strings(cat_values)
     return "".join("\t".join(row) + "\n" for row in columns.tolist())
 
 
-def _hex_strings(values: np.ndarray) -> np.ndarray:
-    """uint64 -> lowercase hex str, 8 digits below 2**32 else 16; MISSING_CAT -> ''."""
+def hex_strings(values: np.ndarray) -> np.ndarray:
+    """uint64 -> lowercase hex str, 8 digits below 2**32 else 16; MISSING_CAT -> '' (features.cat_values reads
+    each back to its value)."""
     shifts = np.arange(60, -4, -4, dtype=np.uint64)
     digits = _HEX[((values[..., None] >> shifts) & np.uint64(15)).astype(np.intp)]  # (..., 16) ASCII
     digits = np.ascontiguousarray(digits)
@@ -157,3 +103,60 @@ def write_criteo(path: str | os.PathLike, labels: np.ndarray, int_values: np.nda
         for lo in range(0, max(len(labels), 1), _WRITE_ROWS):
             hi = lo + _WRITE_ROWS
             f.write(format_criteo(labels[lo:hi], int_values[lo:hi], cat_values[lo:hi]))
+
+
+def parse_share(
+    lines: list[bytes], first: int, step: int, name: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+    """parse_lines for the lines of a worker's share that may hold bad ones: (labels, columns, line numbers
+    int64 (n,), [(line number, problem)] of the bad lines), line k being file line first + k * step. The chunk
+    is parsed at once; when that fails, each line's column count and label are checked in Python and the lines
+    that pass are parsed together (by bisection should parse_lines still reject some: it is the judge)."""
+    try:
+        labels, columns = parse_lines(b"".join(lines), name, first)
+        return labels, columns, first + step * np.arange(len(labels), dtype=np.int64), []
+    except ValueError:
+        pass
+    good: list[tuple[int, bytes]] = []
+    problems: list[tuple[int, str]] = []
+    for k, line in enumerate(lines):
+        line_no, line = first + k * step, line if line.endswith(b"\n") else line + b"\n"
+        problem = _shape_problem(line)
+        if problem is None:
+            good.append((line_no, line))
+        else:
+            problems.append((line_no, problem))
+    parts = _bisect(good, name, problems) if good else []
+    if not parts:
+        return np.zeros(0, np.float32), np.zeros((0, NUM_COLUMNS), np.bytes_), np.zeros(0, np.int64), problems
+    labels, columns, line_nos = (np.concatenate(p) for p in zip(*parts))
+    return labels, columns, line_nos, problems
+
+
+def _bisect(lines: list[tuple[int, bytes]], name: str, problems: list[tuple[int, str]]) -> list[tuple]:
+    """[(labels, columns, line numbers)] of the lines that parse (in order); the others' problems appended to
+    `problems`. A block that fails is halved, so b bad lines among n cost O(b log n) vectorized parses."""
+    try:
+        labels, columns = parse_lines(b"".join(line for _, line in lines), name, lines[0][0])
+        return [(labels, columns, np.array([no for no, _ in lines], dtype=np.int64))]
+    except ValueError as e:
+        if len(lines) == 1:
+            line_no = lines[0][0]
+            problems.append((line_no, str(e).removeprefix(f"{name} line {line_no}: ")))
+            return []
+    mid = len(lines) // 2
+    return _bisect(lines[:mid], name, problems) + _bisect(lines[mid:], name, problems)
+
+
+def _shape_problem(line: bytes) -> str | None:
+    """What is wrong with a line's column count or label (worded as parse_lines words it), or None."""
+    body = line[:-1]  # the line ends with "\n"
+    if body.endswith(b"\r"):
+        body = body[:-1]
+    columns = body.count(b"\t") + 1
+    if columns != NUM_COLUMNS:
+        return f"{columns} tab-separated columns, expected {NUM_COLUMNS}"
+    label = body[: body.index(b"\t")].rstrip(b"\0")  # numpy's bytes arrays drop trailing NULs
+    if label not in (b"0", b"1"):
+        return f"label {_text(label)!r}, expected '0' or '1'"
+    return None

@@ -21,7 +21,6 @@ Strings pass through numpy str/bytes arrays, which drop trailing NUL characters 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,35 +40,6 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _FIELD_SALTS = (np.arange(1, NUM_FIELDS + 2, dtype=np.uint64) * _U64(_GOLDEN)).astype(np.uint64)
 # First integer bucket above the small values 0, 1, 2.
 _LARGE_OFFSET = 3
-
-
-@dataclass
-class Batch:
-    """A batch of n examples. labels: float32 (n,) in {0, 1}; ids: uint64 (n, F), one id per field (for the
-    Criteo schema F = NUM_FIELDS + 1, the last column BIAS_ID); dense: float32 (n, D) numeric features or None
-    (for Criteo, dense_features of the 13 integer fields); probs: float64 (n,) true click probabilities
-    (synthetic data only), else None."""
-
-    labels: np.ndarray
-    ids: np.ndarray
-    probs: np.ndarray | None = None
-    dense: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n = len(self.labels)
-        if self.ids.ndim != 2 or self.ids.shape[0] != n:
-            raise ValueError(f"ids has shape {self.ids.shape}, expected ({n}, fields)")
-        if self.probs is not None and self.probs.shape != (n,):
-            raise ValueError(f"probs has shape {self.probs.shape}, expected ({n},)")
-        if self.dense is not None and (self.dense.ndim != 2 or self.dense.shape[0] != n):
-            raise ValueError(f"dense has shape {self.dense.shape}, expected ({n}, features)")
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def dense_or_empty(self) -> np.ndarray:
-        """dense, or an (n, 0) array when the data has no numeric features."""
-        return self.dense if self.dense is not None else np.zeros((len(self), 0), dtype=np.float32)
 
 
 def dense_features(int_values: np.ndarray) -> np.ndarray:
@@ -103,6 +73,17 @@ def field_ids(field: int, values_u64: np.ndarray) -> np.ndarray:
 
 
 BIAS_ID = field_ids(NUM_FIELDS, np.zeros(1, dtype=np.uint64))[0]  # carried by every example
+
+
+def space_ids(space: int, values_u64: np.ndarray) -> np.ndarray:
+    """Hashed ids of uint64 values (any shape) in id space `space` (>= 0) of a schema: the field hash with salt
+    index space, or space + 1 from NUM_FIELDS on (NUM_FIELDS is the bias's), so spaces 0..38 give field_ids of
+    fields 0..38 and no space's ids meet BIAS_ID's salt."""
+    if space < 0:
+        raise ValueError(f"id space {space}, expected >= 0")
+    salt = np.uint64((space + 1 + (space >= NUM_FIELDS)) * 0x9E3779B97F4A7C15 % 2**64)
+    with np.errstate(over="ignore"):
+        return mix64(mix64(np.asarray(values_u64, dtype=np.uint64)) ^ salt)
 
 
 def example_ids(int_values: np.ndarray, cat_values: np.ndarray) -> np.ndarray:

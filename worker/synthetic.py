@@ -10,23 +10,54 @@ and eval sets can be disjoint ranges of one config. Per row (n = rows of a block
         value = mix64(rank ^ key(seed, 2, c)); MISSING_CAT with probability cat_missing * (c % 4) / 3
     integer field j: floor(exp(_INT_LOG_MEAN[j] + _INT_LOG_STD[j] * N(0, 1))) + _INT_OFFSET[j];
         MISSING_INT with probability int_missing
+    history (only when config.history != 0; drawn after every other draw of the block, the labels' included):
+        L     = a uniform integer in [0, history_max_length]: the bag's length (0: an empty bag)
+        value = mix64(rank ^ key(seed, 2, 26)) for each of L ranks drawn as a categorical field's, with
+                V = history_vocab; values repeat, within a bag and across rows
+        hist  = features.space_ids(HISTORY_SPACE, value)              # id space 39: after I1..I13, C1..C26
     ids   = features.example_ids(ints, cats)                      # (n, 40); column 39 is BIAS_ID
     logit = offset + sum_f w(id_f) + interactions * sum_{f<g} <u(id_f), u(id_g)> / sqrt(39 * 38 / 2)
+                   + history * mean over the bag of w_h(hist)         # 0 for an empty bag
     offset = bias - (mean over the rows of block 0 of the logit without offset), so the mean logit ~ bias
     label = 1 if uniform < sigmoid(logit) else 0;  probs = sigmoid(logit)
 
-The planted model is a function of the 39 field ids only (`SyntheticData.logits`), so a model with one
-weight per id can represent its linear part exactly. Hashed normals, for an id and a stream s:
+The planted model is a function of the 39 field ids and the history's ids only (`SyntheticData.logits`), so a
+model with one weight per id (and `pooling = "mean"` for the history) can represent its linear part exactly.
+Hashed normals, for an id and a stream s:
 
     key(seed, s, p) = mix64((seed * 0x9E3779B97F4A7C15 + s * 2**32 + p) mod 2**64)
     h_p   = mix64(id ^ key(seed, s, p)); u = (h_p >> 32) / 2**32, v = (h_p & 0xFFFFFFFF) / 2**32
     pair p: r = sqrt(-2 ln(1 - u)), t = 2 pi v -> normals r cos t, r sin t (components 2p and 2p + 1)
             (cos and sin are taken in float32, for speed: a float64 oracle agrees to ~1e-7)
-    w(id) = weight_scale * component 0 of stream 0
-    u(id) = components 0..latent_dim-1 of stream 1, times latent_dim ** -0.25
+    w(id)   = weight_scale * component 0 of stream 0
+    u(id)   = components 0..latent_dim-1 of stream 1, times latent_dim ** -0.25
+    w_h(id) = history_scale * component 0 of stream 3, history_scale = HISTORY_STD / (the std over the rows
+              of block 0 of the mean over each bag of that component), so that over block 0 the history
+              term's std is history * HISTORY_STD (= 0.5 for history = 1)
 
 Over independent ids each <u_f, u_g> has unit variance, so the interaction term's std is `interactions`;
 across real rows the spread of each part differs from its prior std, since frequent values repeat.
+
+Batches (`SyntheticData.batches`, worker/batch.py): fields FIELD_NAMES ("I1".."I13", "C1".."C26": one id each,
+columns 0..38 of ids), then HISTORY_FIELD (the bag hist) when history is on, then BIAS_FIELD (BIAS_ID);
+dense = features.dense_features(ints) (13 columns); probs as above.
+
+Files (`write_synthetic`): without history, the Criteo format of worker/criteo.py. With history, CSV:
+
+    file    := header row*
+    header  := "label,I1,...,I13,C1,...,C26,history" "\n"
+    row     := label ("," int){13} ("," cat){26} "," history "\n"
+    label   := "0" | "1"
+    int     := "" | a base-10 integer          # "" = MISSING_INT
+    cat     := "" | hex                        # "" = MISSING_CAT
+    history := "" | hex ("|" hex)*             # the bag's values in order; "" = an empty bag
+    hex     := 16 lowercase hex digits         # features.cat_values reads back the number
+
+`schema_text(config)` is the TOML schema (worker/schema.py) that reads the written file (CSV or Criteo) into
+exactly the Batches of `SyntheticData.batches`.
+
+Small data (`small_data_config`): 10,000 training rows spread over more than 10**5 distinct ids, most of them
+seen once, with planted interactions: a model that trains on it long enough overfits (eval from row 10,000 on).
 """
 
 from __future__ import annotations
@@ -39,6 +70,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ps.hashing import mix64
+from worker.batch import Bags, Batch
 from worker.criteo import format_criteo
 from worker.features import (
     MISSING_CAT,
@@ -46,11 +78,12 @@ from worker.features import (
     NUM_CAT_FIELDS,
     NUM_FIELDS,
     NUM_INT_FIELDS,
-    Batch,
     dense_features,
     example_ids,
+    space_ids,
 )
 from worker.metrics import sigmoid
+from worker.models.spec import BIAS_FIELD
 
 BLOCK_ROWS = 4096  # rows per independently seeded block; never change it: it defines the data
 
@@ -59,6 +92,13 @@ DEFAULT_CAT_VOCAB = (
     1_000, 500, 100_000, 50_000, 300, 24, 10_000, 600, 3, 20_000, 5_000, 200_000, 3_000,
     27, 10_000, 100_000, 10, 5_000, 2_000, 4, 300_000, 18, 15, 30_000, 100, 20_000,
 )  # fmt: skip
+INT_NAMES = tuple(f"I{j + 1}" for j in range(NUM_INT_FIELDS))
+CAT_NAMES = tuple(f"C{c + 1}" for c in range(NUM_CAT_FIELDS))
+FIELD_NAMES = INT_NAMES + CAT_NAMES  # field f reads column f of the ids matrix (id space f)
+HISTORY_FIELD = "history"
+HISTORY_SPACE = NUM_FIELDS  # the history's id space: the 40th in order of first appearance
+HISTORY_STD = 0.5  # the std over block 0 of the history term, per unit of config.history
+SMALL_DATA_ROWS = 10_000
 # Integer field j is floor(exp(N(_INT_LOG_MEAN[j], _INT_LOG_STD[j]))) + _INT_OFFSET[j]: counts, heavy-tailed.
 _INT_LOG_MEAN = (0.5, 2.0, 1.5, 1.5, 6.0, 3.0, 1.5, 2.5, 3.5, 0.3, 1.0, 0.3, 2.0)
 _INT_LOG_STD = (1.2, 2.0, 1.5, 1.0, 2.0, 1.5, 1.5, 1.0, 1.2, 0.6, 1.0, 0.8, 1.3)
@@ -66,8 +106,10 @@ _INT_OFFSET = (0, -3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)  # field 1 reaches -3, li
 _INT_MAX = 2**40  # draws are clipped here (never reached in practice)
 _GOLDEN = 0x9E3779B97F4A7C15
 _MASK64 = 2**64 - 1
-_STREAM_WEIGHT, _STREAM_LATENT, _STREAM_VALUE = 0, 1, 2
+_STREAM_WEIGHT, _STREAM_LATENT, _STREAM_VALUE, _STREAM_HISTORY = 0, 1, 2, 3
 _NUM_PAIRS = NUM_FIELDS * (NUM_FIELDS - 1) // 2
+_WRITE_ROWS = 16 * BLOCK_ROWS
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -85,6 +127,9 @@ class SyntheticConfig:
     latent_dim: int = 4  # size of the planted latent vectors (interactions only)
     int_missing: float = 0.1  # probability that an integer feature is missing
     cat_missing: float = 0.05  # categorical field c is missing with probability cat_missing * (c % 4) / 3
+    history: float = 0.0  # strength of the planted history term (its std is history * HISTORY_STD); 0 = none
+    history_vocab: int = 100_000  # values of the history's id space (Zipf-ranked, as a categorical field's)
+    history_max_length: int = 20  # a history bag holds 0..history_max_length values
 
     def __post_init__(self) -> None:
         checks = [
@@ -98,6 +143,9 @@ class SyntheticConfig:
             (self.latent_dim >= 1, f"latent_dim is {self.latent_dim}, expected >= 1"),
             (0 <= self.int_missing <= 1, f"int_missing is {self.int_missing}, expected in [0, 1]"),
             (0 <= self.cat_missing <= 1, f"cat_missing is {self.cat_missing}, expected in [0, 1]"),
+            (math.isfinite(self.history) and self.history >= 0, f"history is {self.history}, expected >= 0"),
+            (1 <= self.history_vocab <= 2**53, f"history_vocab is {self.history_vocab}, expected in [1, 2**53]"),
+            (self.history_max_length >= 1, f"history_max_length is {self.history_max_length}, expected >= 1"),
         ]
         for ok, message in checks:
             if not ok:
@@ -109,26 +157,41 @@ class SyntheticConfig:
         return np.maximum(1, scaled).astype(np.int64)
 
 
+def small_data_config(seed: int) -> SyntheticConfig:
+    """The small-data regime: SMALL_DATA_ROWS training rows whose categorical values are spread thin (vocabularies
+    x 30, Zipf exponent 0.8), so they hold more than 10**5 distinct ids, most seen once, and planted
+    interactions of std 1. A model overfits it when trained too long; rows from SMALL_DATA_ROWS on are unseen
+    rows of the same distribution, for evaluation. tests/test_synthetic.py measures these figures."""
+    return SyntheticConfig(rows=SMALL_DATA_ROWS, seed=seed, interactions=1.0, vocab_scale=30.0, zipf_exponent=0.8)
+
+
 @dataclass
 class RawRows:
     """Rows before hashing: labels float32 (n,), int_values int64 (n, 13) (MISSING_INT where absent),
-    cat_values uint64 (n, 26) (MISSING_CAT where absent), ids uint64 (n, 40), probs float64 (n,)."""
+    cat_values uint64 (n, 26) (MISSING_CAT where absent), ids uint64 (n, 40), probs float64 (n,),
+    history_values: each row's history as a Bags of raw values (not ids), or None without history."""
 
     labels: np.ndarray
     int_values: np.ndarray
     cat_values: np.ndarray
     ids: np.ndarray
     probs: np.ndarray
+    history_values: Bags | None = None
 
     def slice(self, lo: int, hi: int) -> RawRows:
-        return RawRows(*(a[lo:hi] for a in self._arrays()))
+        history = None if self.history_values is None else self.history_values.slice(lo, hi)
+        return RawRows(*(a[lo:hi] for a in self._arrays()), history)
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
         return self.labels, self.int_values, self.cat_values, self.ids, self.probs
 
     @staticmethod
     def concat(parts: list[RawRows]) -> RawRows:
-        return RawRows(*(np.concatenate(arrays) for arrays in zip(*(p._arrays() for p in parts))))
+        history = None
+        if parts[0].history_values is not None:
+            joined = Bags.concat([p.history_values for p in parts if p.history_values is not None])
+            history = Bags(joined.ids.copy(), joined.offsets.copy())  # fresh, like the arrays
+        return RawRows(*(np.concatenate(arrays) for arrays in zip(*(p._arrays() for p in parts))), history)
 
 
 def _key(seed: int, stream: int, index: int) -> np.uint64:
@@ -169,6 +232,18 @@ def zipf_ranks(u: np.ndarray, vocab: np.ndarray, exponent: float) -> np.ndarray:
     return np.clip(np.floor(x) - 1.0, 0, vocab - 1).astype(np.int64)
 
 
+def history_ids(history_values: Bags) -> Bags:
+    """The ids of history bags of raw values: features.space_ids(HISTORY_SPACE, value)."""
+    return Bags(space_ids(HISTORY_SPACE, history_values.ids), history_values.offsets)
+
+
+def bag_means(values: np.ndarray, bags: Bags) -> np.ndarray:
+    """float64 (n,): the mean over each bag of `values` (one per id of bags, float), 0 for an empty bag."""
+    sums = np.bincount(bags.example_of_each_id(), weights=values, minlength=len(bags))
+    lengths = bags.lengths()
+    return np.divide(sums, lengths, out=np.zeros(len(bags)), where=lengths > 0)
+
+
 class SyntheticData:
     """Generator of the rows of one SyntheticConfig (see the module docstring for the model)."""
 
@@ -176,20 +251,45 @@ class SyntheticData:
         self.config = config
         self._vocab = config.vocab_sizes()
         self._value_keys = np.array([_key(config.seed, _STREAM_VALUE, c) for c in range(NUM_CAT_FIELDS)])
+        self._history_key = _key(config.seed, _STREAM_VALUE, NUM_CAT_FIELDS)
         self._cat_missing = config.cat_missing * (np.arange(NUM_CAT_FIELDS) % 4) / 3
         self._cached: tuple[int, RawRows] | None = None
-        ints, cats, _ = self._draw(0)
+        ints, cats, _, history_values = self._draw(0)
+        ids = example_ids(ints, cats)
+        self.history_scale = 0.0  # w_h(id) = history_scale * component 0 of stream 3
+        logit = self._field_logits(ids)
+        if history_values is not None:
+            history = history_ids(history_values)
+            spread = float(bag_means(self._history_normals(history.ids), history).std())
+            self.history_scale = HISTORY_STD / spread if spread > 0 else 0.0
+            logit += self._history_logits(history)
         # Centering on block 0 (a pure function of the config) keeps the mean logit near `bias` for any seed;
         # otherwise the weights of each field's few most frequent values would move the mean CTR a lot.
-        self.offset = config.bias - float(self._field_logits(example_ids(ints, cats)).mean())
+        self.offset = config.bias - float(logit.mean())
 
     def weights(self, ids: np.ndarray) -> np.ndarray:
         """Planted weight of each id (any shape), float64."""
         return self.config.weight_scale * hashed_normals(ids, self.config.seed, _STREAM_WEIGHT, 1)[..., 0]
 
-    def logits(self, ids: np.ndarray) -> np.ndarray:
-        """Planted logit of each row of an ids matrix (n, NUM_FIELDS [+ 1]); the bias column is ignored."""
-        return self.offset + self._field_logits(ids)
+    def history_weights(self, ids: np.ndarray) -> np.ndarray:
+        """Planted weight w_h of each history id (any shape), float64."""
+        return self.history_scale * self._history_normals(ids)
+
+    def logits(self, ids: np.ndarray, history: Bags | None = None) -> np.ndarray:
+        """Planted logit of each row of an ids matrix (n, NUM_FIELDS [+ 1]) (the bias column is ignored) and
+        the rows' history ids (n bags; required when config.history != 0)."""
+        logit = self.offset + self._field_logits(ids)
+        if self.config.history != 0:
+            if history is None or len(history) != len(logit):
+                raise ValueError(f"config.history is {self.config.history}: logits needs {len(logit)} history bags")
+            logit += self._history_logits(history)
+        return logit
+
+    def _history_normals(self, ids: np.ndarray) -> np.ndarray:
+        return hashed_normals(ids, self.config.seed, _STREAM_HISTORY, 1)[..., 0]
+
+    def _history_logits(self, history: Bags) -> np.ndarray:
+        return self.config.history * bag_means(self.history_weights(history.ids), history)
 
     def _field_logits(self, ids: np.ndarray) -> np.ndarray:
         fields = np.asarray(ids, dtype=np.uint64)[:, :NUM_FIELDS]
@@ -221,8 +321,7 @@ class SyntheticData:
         if batch_size < 1:
             raise ValueError(f"batch_size is {batch_size}, expected >= 1")
         for lo in range(start, stop, batch_size):
-            rows = self.raw(lo, min(lo + batch_size, stop))
-            yield Batch(labels=rows.labels, ids=rows.ids, probs=rows.probs, dense=dense_features(rows.int_values))
+            yield to_batch(self.raw(lo, min(lo + batch_size, stop)))
 
     def _block(self, block: int) -> RawRows:
         if self._cached is None or self._cached[0] != block:
@@ -230,14 +329,14 @@ class SyntheticData:
         return self._cached[1]
 
     def _generate(self, block: int) -> RawRows:
-        ints, cats, u_label = self._draw(block)
+        ints, cats, u_label, history_values = self._draw(block)
         ids = example_ids(ints, cats)
-        probs = sigmoid(self.logits(ids))
+        probs = sigmoid(self.logits(ids, None if history_values is None else history_ids(history_values)))
         labels = (u_label < probs).astype(np.float32)
-        return RawRows(labels=labels, int_values=ints, cat_values=cats, ids=ids, probs=probs)
+        return RawRows(labels, ints, cats, ids, probs, history_values)
 
-    def _draw(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The raw int and categorical values of a block, and the uniforms that decide its labels."""
+    def _draw(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, Bags | None]:
+        """The raw int and categorical values of a block, the uniforms that decide its labels, its history."""
         cfg, n = self.config, BLOCK_ROWS
         rng = np.random.default_rng([cfg.seed, block])
         u_rank = rng.random((n, NUM_CAT_FIELDS))
@@ -253,16 +352,81 @@ class SyntheticData:
         log_ints = np.minimum(np.asarray(_INT_LOG_MEAN) + np.asarray(_INT_LOG_STD) * z_int, math.log(_INT_MAX))
         ints = np.floor(np.exp(log_ints)).astype(np.int64) + np.asarray(_INT_OFFSET, dtype=np.int64)
         ints[u_int_missing < cfg.int_missing] = MISSING_INT
-        return ints, cats, u_label
+
+        history = None
+        if cfg.history != 0:
+            lengths = rng.integers(0, cfg.history_max_length + 1, n)
+            offsets = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(lengths, out=offsets[1:])
+            u_history = rng.random(int(offsets[-1]))
+            history_ranks = zipf_ranks(u_history, np.array(cfg.history_vocab, dtype=np.int64), cfg.zipf_exponent)
+            history = Bags(mix64(history_ranks.astype(np.uint64) ^ self._history_key), offsets)
+        return ints, cats, u_label, history
 
 
-def write_synthetic_criteo(
-    path: str | os.PathLike, config: SyntheticConfig, start: int = 0, stop: int | None = None
-) -> None:
-    """Write rows [start, stop) (stop defaults to config.rows) as a Criteo file; read_criteo gives their ids."""
+def to_batch(rows: RawRows) -> Batch:
+    """The Batch of some rows (fields as in the module docstring)."""
+    fields = {name: Bags.one_per_example(rows.ids[:, f]) for f, name in enumerate(FIELD_NAMES)}
+    if rows.history_values is not None:
+        fields[HISTORY_FIELD] = history_ids(rows.history_values)
+    fields[BIAS_FIELD] = Bags.one_per_example(rows.ids[:, NUM_FIELDS])
+    return Batch(labels=rows.labels, fields=fields, dense=dense_features(rows.int_values), probs=rows.probs)
+
+
+def write_synthetic(path: str | os.PathLike, config: SyntheticConfig, start: int = 0, stop: int | None = None) -> None:
+    """Write rows [start, stop) (stop defaults to config.rows), replacing the file: a Criteo file without
+    history (read_criteo gives their ids), else the CSV of the module docstring (read by schema_text(config))."""
     data = SyntheticData(config)
     stop = config.rows if stop is None else stop
     with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for lo in range(start, stop, 16 * BLOCK_ROWS):
-            rows = data.raw(lo, min(lo + 16 * BLOCK_ROWS, stop))
-            f.write(format_criteo(rows.labels, rows.int_values, rows.cat_values))
+        if config.history != 0:
+            f.write(",".join(("label", *FIELD_NAMES, HISTORY_FIELD)) + "\n")
+        for lo in range(start, stop, _WRITE_ROWS):
+            rows = data.raw(lo, min(lo + _WRITE_ROWS, stop))
+            if rows.history_values is None:
+                f.write(format_criteo(rows.labels, rows.int_values, rows.cat_values))
+            else:
+                f.write(_format_csv(rows, rows.history_values))
+
+
+def _hex_cells(values: np.ndarray) -> np.ndarray:
+    """uint64 (any shape) -> str of 16 lowercase hex digits; MISSING_CAT -> ''."""
+    shifts = np.arange(60, -4, -4, dtype=np.uint64)
+    digits = np.ascontiguousarray(_HEX_DIGITS[((values[..., None] >> shifts) & np.uint64(15)).astype(np.intp)])
+    return np.where(values == MISSING_CAT, "", digits.view("S16")[..., 0].astype(np.str_))
+
+
+def _format_csv(rows: RawRows, history_values: Bags) -> str:
+    """The CSV rows (module docstring) of some rows, each ending with a newline."""
+    n = len(rows.labels)
+    columns = np.empty((n, 2 + NUM_FIELDS), dtype=object)
+    columns[:, 0] = np.where(rows.labels == 1, "1", "0")
+    ints = rows.int_values
+    columns[:, 1 : 1 + NUM_INT_FIELDS] = np.where(ints == MISSING_INT, "", ints.astype(np.str_))
+    columns[:, 1 + NUM_INT_FIELDS : 1 + NUM_FIELDS] = _hex_cells(rows.cat_values)
+    values, bounds = _hex_cells(history_values.ids).tolist(), history_values.offsets.tolist()
+    columns[:, 1 + NUM_FIELDS] = ["|".join(values[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    return "".join(",".join(row) + "\n" for row in columns.tolist())
+
+
+def schema_text(config: SyntheticConfig) -> str:
+    """The TOML schema (worker/schema.py) that reads the file write_synthetic writes into exactly the Batches of
+    SyntheticData(config).batches: I1..I13 (log_buckets), C1..C26 (categorical), the history (multi_hot, mean
+    pooling) when on, then I1_log..I13_log (log numeric features of I1..I13). The format is csv with history;
+    without, criteo, its columns named label, I1..I13, C1..C26 (as a schema names the Criteo format's)."""
+    history = config.history != 0
+    columns = [f'name = "{name}"\nkind = "numeric"\ntransform = "log_buckets"' for name in INT_NAMES]
+    columns += [f'name = "{name}"\nkind = "categorical"' for name in CAT_NAMES]
+    if history:
+        columns.append(
+            f'name = "{HISTORY_FIELD}"\nkind = "multi_hot"\nseparator = "|"\npooling = "mean"\n'
+            f"max_length = {config.history_max_length}"
+        )
+    columns += [f'name = "{name}_log"\nsource = "{name}"\nkind = "numeric"\ntransform = "log"' for name in INT_NAMES]
+    head = [
+        "# worker.synthetic's data: id spaces I1..I13 (0..12), C1..C26 (13..38)"
+        + (", history (39)" if history else ""),
+        'format = "csv"\ndelimiter = ","' if history else 'format = "criteo"',
+        'label = "label"',
+    ]
+    return "\n".join(head + [f"\n[[columns]]\n{c}" for c in columns]) + "\n"

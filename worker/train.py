@@ -1,13 +1,13 @@
-"""The training loop: pull a batch's rows, forward/backward locally (numpy or torch), push the gradients.
+"""A training job: settings (TrainConfig), the model and its tables from the data's schema, the loop, the results.
 
-    for each batch:  rows = tables.pull(model, ids)              # pulled ahead on a thread, overlaid with the
-                                                                 # rows the last pushes returned
-                     probs, row_grads, dense_grads = backend.forward_backward(rows, dense_x, dense params, labels)
-                     tables.push(model, ids, row_grads)          # duplicates summed, then the server optimizer;
-                                                                 # returns the rows it updated
-                     (dense gradients pushed, new values returned, with these every --dense-sync-every steps)
-Evaluation pulls only. With synthetic data the planted model's probabilities give the oracle AUC and logloss.
+    train(cfg):  data = DataSource(cfg)                    # files through the schema, or synthetic data
+                 recipe fills the flags left unset          # worker/recipe.py: small or large data
+                 spec = ModelSpec(model, schema's fields, numeric features, hidden, dropout)
+                 create the tables (one per schema table, one per dense parameter) on the servers
+                 run_epochs (worker/loop.py), evaluating the validation set as it goes
+                 evaluate the eval set; results printed, and written to --metrics-out as JSON
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
+With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 """
 
 from __future__ import annotations
@@ -17,26 +17,22 @@ import dataclasses
 import json
 import logging
 import math
-import time
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
-from worker.client import Client, segment_sum
+from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.data import DataSource
 from worker.dense import DenseSync
 from worker.dense import table_config as dense_table_config
-from worker.features import Batch
 from worker.flags import check_input_file, check_output_file
-from worker.metrics import RunningMean, auc, logloss
+from worker.loop import LoopSettings, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
-from worker.pipeline import RecentRows, in_any, prefetched
-from worker.synthetic import SyntheticConfig, SyntheticData
+from worker.recipe import RECIPES, choose, describe
 
 log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
@@ -48,6 +44,7 @@ class TrainConfig:
     local_shards: int | None = None  # train on this many throwaway shards started here instead of on `servers`
     data: str | None = None
     eval_data: str | None = None
+    schema: str | None = None  # TOML feature schema (worker/schema.py); None: the built-in one of `format`
     format: str = "criteo"
     label_column: str | None = None
     drop_columns: tuple[str, ...] = ()
@@ -57,21 +54,28 @@ class TrainConfig:
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
     synthetic_interactions: float = 0.0
+    synthetic_history: float = 0.0  # strength of the planted multi-hot history column; 0: no such column
     synthetic_seed: int = 0
     model: str = "fm"
     backend: str = "numpy"
     device: str = "cpu"
     embedding_dim: int = 8
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
+    dropout: float | None = None  # of the MLP's hidden units; None: the recipe's
     optimizer: str = "adagrad"
-    learning_rate: float = (
-        0.02  # sparse; 0.05 trains FM embeddings worse and is fragile under staleness (docs/training.md)
-    )
+    learning_rate: float = 0.02  # sparse; 0.05 trains FM embeddings worse, fragile under staleness
+    l2: float | None = None  # the sparse tables' lazy L2 (TableConfig.l2, applied by the servers); None: the recipe's
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
+    dense_l2: float = 0.0
     dense_sync_every: int = 1
-    batch_size: int = 2048
-    epochs: int = 1
+    recipe: str = "auto"  # worker/recipe.py: auto picks small or large by the number of training examples
+    batch_size: int | None = None  # None: the recipe's
+    epochs: int | None = None  # the most epochs; None: the recipe's
+    validation_fraction: float | None = None  # of the training examples held out; None: the recipe's
+    validation_data: str | None = None  # a file to validate on instead of a split
+    eval_every: int = 0  # steps between validations; 0: after every epoch
+    early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
     prefetch: int = 1
     worker_id: int = 0
     num_workers: int = 1
@@ -81,15 +85,16 @@ class TrainConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     auth_token_file: str | None = None
-    table_config: str | None = None  # TOML: overrides the model tables' initializer, optimizer, admission, ...
+    table_config: str | None = None  # TOML: overrides the tables' initializer, optimizer, admission, ...
     metrics_out: str | None = None
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
     metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
     progress: bool = True
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
-    def validate(self) -> None:
-        """ValueError naming the flag at fault (and what it expects) for the first setting that is wrong."""
+    def validate(self, needs_servers: bool = True) -> None:
+        """ValueError naming the flag at fault (and what it expects) for the first setting that is wrong
+        (needs_servers: that --servers or --local-shards is given)."""
         if self.model not in MODEL_NAMES:
             raise ValueError(f"--model {self.model!r} is unknown; expected one of {list(MODEL_NAMES)}")
         if self.backend not in ("numpy", "torch"):
@@ -100,11 +105,19 @@ class TrainConfig:
             raise ValueError("--device cuda needs --backend torch (the numpy backend runs on the CPU)")
         if self.format not in FORMATS:
             raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMATS)}")
+        if self.recipe not in RECIPES:
+            raise ValueError(f"--recipe {self.recipe!r} is unknown; expected one of {list(RECIPES)}")
         if self.eval_data and not self.data:
             raise ValueError("--eval-data needs --data (without --data the run uses synthetic data)")
+        if self.schema and not self.data:
+            raise ValueError("--schema needs --data (synthetic data has its own schema)")
+        if self.validation_data and self.validation_fraction:
+            raise ValueError("give --validation-data or --validation-fraction, not both")
         data_file = f"a {self.format} data file (.gz read through gzip)"
         check_input_file("--data", self.data, data_file)
         check_input_file("--eval-data", self.eval_data, data_file)
+        check_input_file("--validation-data", self.validation_data, data_file)
+        check_input_file("--schema", self.schema, "a TOML feature schema (ps-worker schema --data FILE writes one)")
         check_input_file("--table-config", self.table_config, "a TOML file of table settings")
         check_output_file("--metrics-out", self.metrics_out)
         self._check_numbers()
@@ -114,23 +127,34 @@ class TrainConfig:
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
         if self.servers and self.local_shards is not None:
             raise ValueError("give --servers or --local-shards, not both")
-        if not self.servers and self.local_shards is None:
+        if needs_servers and not self.servers and self.local_shards is None:
             raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
                              "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
 
     def _check_numbers(self) -> None:
-        """ValueError naming the flag of a count, a time or a port out of its range (NaN included)."""
-        at_least = [("--batch-size", self.batch_size, 1), ("--epochs", self.epochs, 1),
+        """ValueError naming the flag of a count, a rate, a time or a port out of its range (NaN included)."""
+
+        def unset_or(value, default):
+            return default if value is None else value
+
+        at_least = [("--batch-size", unset_or(self.batch_size, 1), 1), ("--epochs", unset_or(self.epochs, 1), 1),
                     ("--dense-sync-every", self.dense_sync_every, 1), ("--prefetch", self.prefetch, 0),
                     ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
                     ("--max-bad-lines", self.max_bad_lines, 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
                     ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
+                    ("--eval-every", self.eval_every, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
                     ("--local-shards", 1 if self.local_shards is None else self.local_shards, 1)]  # fmt: skip
         for flag, value, lowest in at_least:
             if value < lowest:
                 raise ValueError(f"{flag} {value}: expected an integer >= {lowest}")
         if any(width < 1 for width in self.hidden):
             raise ValueError(f"--hidden {','.join(map(str, self.hidden))}: expected widths >= 1")
+        ranges = [("--validation-fraction", unset_or(self.validation_fraction, 0.0), 0.0, 0.5),
+                  ("--dropout", unset_or(self.dropout, 0.0), 0.0, 0.95), ("--l2", unset_or(self.l2, 0.0), 0.0, 1e6),
+                  ("--dense-l2", self.dense_l2, 0.0, 1e6), ("--synthetic-history", self.synthetic_history, 0.0, 1e3)]  # fmt: skip
+        for flag, value, low, high in ranges:
+            if not (math.isfinite(value) and low <= value <= high):
+                raise ValueError(f"{flag} {value}: expected a number in [{low}, {high}]")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0")
         if not (math.isfinite(self.server_timeout_s) and self.server_timeout_s >= 0):
@@ -138,82 +162,23 @@ class TrainConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
-
-class DataSource:
-    """This worker's training batches and every eval batch, from files or from the synthetic generator."""
-
-    def __init__(self, cfg: TrainConfig):
-        self.cfg = cfg
-        self.synthetic = None
-        self.read_stats = []
-        if cfg.data is None:
-            self.synthetic = SyntheticData(
-                SyntheticConfig(
-                    rows=cfg.synthetic_rows, seed=cfg.synthetic_seed, interactions=cfg.synthetic_interactions
-                )
-            )
-            n, i = cfg.synthetic_rows, cfg.worker_id
-            self.share = (n * i // cfg.num_workers, n * (i + 1) // cfg.num_workers)
-            self.total = self.share[1] - self.share[0]
-        else:
-            self.total = count_lines(cfg.data, header=cfg.format == "csv") // cfg.num_workers
-        self.libsvm_fields = cfg.libsvm_fields
-        if cfg.format == "libsvm" and cfg.data and self.libsvm_fields is None:
-            from worker.formats import libsvm_field_count
-
-            self.libsvm_fields = libsvm_field_count(cfg.data)  # train and eval files read with the same fields
-
-    def _read(self, path: str, worker_id: int, num_workers: int, track: bool = True):
-        from worker.formats import ReadStats, read_batches
-
-        stats = ReadStats()
-        if track:  # reported at the end of the run
-            self.read_stats.append((path, stats))
-        c = self.cfg
-        return read_batches(
-            path, c.format, c.batch_size, worker_id=worker_id, num_workers=num_workers,
-            max_bad_lines=c.max_bad_lines, label_column=c.label_column, drop_columns=c.drop_columns,
-            numeric_columns=c.numeric_columns, libsvm_fields=self.libsvm_fields, stats=stats,
-        )  # fmt: skip
-
-    def train(self) -> Iterator[Batch]:
-        if self.synthetic is not None:
-            return self.synthetic.batches(self.cfg.batch_size, *self.share)
-        return self._read(self.cfg.data, self.cfg.worker_id, self.cfg.num_workers)
-
-    def eval(self) -> Iterator[Batch]:
-        if self.synthetic is not None:
-            rows = self.cfg.synthetic_rows
-            return self.synthetic.batches(self.cfg.batch_size, rows, rows + self.cfg.synthetic_eval_rows)
-        if self.cfg.eval_data:
-            return self._read(self.cfg.eval_data, 0, 1)
-        return iter(())
-
-    def spec(self) -> ModelSpec:
-        """The model's shape for this data: fields and numeric features are read off the first batch."""
-        first = next(iter(self.eval() if self.cfg.data is None else self._read(self.cfg.data, 0, 1, track=False)), None)
-        if first is None:
-            raise ValueError(f"{self.cfg.data}: no examples to train on")
-        c = self.cfg
-        return ModelSpec(c.model, first.ids.shape[1], first.dense_or_empty().shape[1], c.embedding_dim, c.hidden)
-
-    def bad_lines_report(self) -> list[str]:
-        return [
-            f"{path}: skipped {s.bad_lines:,} malformed lines of {s.lines_read:,} (first: {s.first_bad})"
-            for path, s in self.read_stats
-            if s.bad_lines
-        ]
-
-
-def count_lines(path: str, header: bool = False) -> int:
-    """Lines of a file (gzip read through), less a header line: the progress bar's total."""
-    from worker.formats import open_data
-
-    n = 0
-    with open_data(path) as f:
-        while chunk := f.read(1 << 20):
-            n += chunk.count(b"\n")
-    return max(0, n - header)
+    def with_recipe(self, examples: int) -> tuple[TrainConfig, str]:
+        """This config with the unset flags taken from the recipe for `examples` training examples (all
+        workers together), and the line that says so."""
+        r = choose(self.recipe, examples)
+        fraction = self.validation_fraction
+        if fraction is None:
+            fraction = 0.0 if self.validation_data else r.validation_fraction
+        resolved = dataclasses.replace(
+            self,
+            batch_size=r.batch_size if self.batch_size is None else self.batch_size,
+            epochs=r.epochs if self.epochs is None else self.epochs,
+            validation_fraction=fraction,
+            early_stop=r.early_stop if self.early_stop is None else self.early_stop,
+            l2=r.l2 if self.l2 is None else self.l2,
+            dropout=r.dropout if self.dropout is None else self.dropout,
+        )
+        return resolved, describe(r, examples, self.recipe == "auto")
 
 
 @contextlib.contextmanager
@@ -238,27 +203,46 @@ def client_for(cfg: TrainConfig, addresses: list[str]) -> Client:
 
 def make_backend(spec: ModelSpec, cfg: TrainConfig) -> Any:
     """The forward/backward implementation: numpy (CPU) or torch (cpu or cuda); both take and return numpy."""
+    seed = cfg.synthetic_seed * 1_000 + cfg.worker_id  # dropout masks: distinct per worker
     if cfg.backend == "numpy":
         from worker.models.numpy_backend import NumpyModel
 
-        return NumpyModel(spec)
+        return NumpyModel(spec, seed=seed)
     try:
         from worker.models.torch_backend import TorchModel
     except ImportError as e:
         raise ValueError(f"--backend torch needs PyTorch: pip install 'sparseps[torch]' ({e})") from None
-    return TorchModel(spec, cfg.device)
+    return TorchModel(spec, cfg.device, seed=seed)
 
 
-def sparse_table_config(spec: ModelSpec, cfg: TrainConfig) -> TableConfig:
-    """The model's sparse table, named after the model: LR weights start at 0, embeddings small and random."""
-    init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
-    return TableConfig(spec.name, spec.sparse_dim, init, OptimizerConfig(cfg.optimizer, cfg.learning_rate))
+def model_spec(cfg: TrainConfig, data: DataSource) -> ModelSpec:
+    """The model over the data's schema: its sparse fields and tables, its numeric features."""
+    schema = data.schema
+    return ModelSpec(cfg.model, schema.model_fields(), len(schema.dense_columns()), cfg.hidden, cfg.dropout or 0.0)
 
 
-def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
+def sparse_table_configs(spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict]) -> list[TableConfig]:
+    """One table per schema table: LR weights start at 0, embeddings small and random, --l2 as the table's lazy
+    L2 (applied by the servers to the rows a push touches, for the steps since their last push); the schema's
+    settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults."""
+    out = []
+    for name in spec.table_dims():
+        init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
+        t = TableConfig(
+            name, spec.row_dim(name), init, OptimizerConfig(cfg.optimizer, cfg.learning_rate), l2=cfg.l2 or 0.0
+        )
+        fields = {k: v for k, v in schema_overrides.get(name, {}).items() if k not in ("name", "dim")}
+        out.append(dataclasses.replace(t, **fields).normalized())
+    return out
+
+
+def table_configs(
+    cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict] | None = None
+) -> list[TableConfig]:
     """The model's tables (sparse, then one per dense parameter), with --table-config applied to those it names."""
     dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
-    tables = [sparse_table_config(spec, cfg)] + [dense_table_config(p, dense_opt) for p in spec.dense_params()]
+    tables = sparse_table_configs(spec, cfg, schema_overrides or {})
+    tables += [dense_table_config(p, dense_opt) for p in spec.dense_params()]
     if not cfg.table_config:
         return tables
     with open(cfg.table_config) as f:
@@ -277,118 +261,47 @@ def table_configs(cfg: TrainConfig, spec: ModelSpec) -> list[TableConfig]:
     return out
 
 
-def run_epochs(
-    tables: Any,
-    spec: ModelSpec,
-    backend: Any,
-    dense: DenseSync,
-    data: DataSource,
-    cfg: TrainConfig,
-    telemetry: Any = None,
-) -> tuple[int, float, float]:
-    """Trains; returns (examples, seconds, running logloss at the end). `tables` is a Client (or anything with
-    its pull / push_many).
-
-    One round trip per step: a push_many of the sparse gradients (summed per unique id), the dense gradients
-    when a sync is due and the clock advance, which returns the rows it updated. The rows of the next batch
-    come from the last pushes where they returned them and from a pull otherwise: made ahead on a thread with
-    --prefetch k, in the step without. For one worker both give exactly the rows a pull just before computing
-    would (tests/test_pipeline.py)."""
-    running = RunningMean(0.95)
-    examples, started = 0, time.perf_counter()
-    bar = tqdm(total=data.total * cfg.epochs, unit="ex", unit_scale=True, disable=not cfg.progress, smoothing=0.1)
-    name, dim = spec.name, spec.sparse_dim
-    recent = RecentRows(cfg.prefetch + 1)  # a pull runs up to depth + 1 batches ahead: depth queued, one in hand
-
-    def pull_uncovered(uniq: np.ndarray, covered: np.ndarray) -> np.ndarray:
-        """Rows of uniq, pulled where not covered; covered rows stay unset: recent.overlay lays over them the
-        rows that recent pushes returned (so they are not pulled for nothing)."""
-        rows = np.empty((len(uniq), dim), dtype=np.float32)
-        if not covered.all():
-            rows[~covered] = tables.pull(name, uniq[~covered])
-        return rows
-
-    def prepare(batch, window: deque):  # on the prefetch thread when cfg.prefetch > 0
-        """(unique ids, inverse, their rows pulled now or None). Ids that one of the depth + 1 batches before
-        this one has too are covered: by the time this batch is computed, their pushes have returned them."""
-        uniq, inverse = np.unique(batch.ids, return_inverse=True)
-        if not cfg.prefetch:
-            return uniq, inverse.ravel(), None
-        covered = in_any(uniq, window)
-        window.append(uniq)
-        return uniq, inverse.ravel(), pull_uncovered(uniq, covered)
-
-    for epoch in range(cfg.epochs):
-        step_started = time.perf_counter()
-        window: deque = deque(maxlen=cfg.prefetch + 1)  # the unique ids of the batches prepared last
-        batches = prefetched(data.train(), lambda b, window=window: prepare(b, window), cfg.prefetch)
-        for batch, (uniq, inverse, uniq_rows) in batches:
-            if uniq_rows is None:  # no prefetch: pull the rows the last push did not return
-                uniq_rows = pull_uncovered(uniq, recent.covered(uniq))
-            recent.overlay(uniq, uniq_rows)
-            n, fields = batch.ids.shape
-            probs, row_grads, dense_grads = backend.forward_backward(
-                uniq_rows[inverse].reshape(n, fields, dim), batch.dense_or_empty(), dense.values, batch.labels
-            )
-            # summed per unique id here (the Client would sort the ids again): each occurrence is one show, and
-            # one click if its example was clicked
-            summed = np.zeros((len(uniq), dim), dtype=np.float32)
-            segment_sum(inverse, np.ascontiguousarray(row_grads, dtype=np.float32).reshape(n * fields, dim), summed)
-            shows = np.bincount(inverse, minlength=len(uniq))
-            clicks = np.bincount(inverse, weights=np.repeat(batch.labels, fields), minlength=len(uniq))
-            pushes = [(name, uniq, summed, clicks, shows)]
-            sync = dense.add(dense_grads)
-            if sync:
-                pushes += dense.push_items()
-            returned = tables.push_many(pushes, advance_clock=1, return_rows=True)
-            recent.add(uniq, returned[0])
-            if sync:
-                dense.take(returned[1:])
-            running.update(logloss(batch.labels, probs))
-            if telemetry is not None:
-                now = time.perf_counter()
-                telemetry.step(n, now - step_started, running.value)
-                step_started = now
-            examples += n
-            bar.update(n)
-            bar.set_postfix(epoch=epoch, logloss=f"{running.value:.4f}", refresh=False)
-    dense.flush()
-    bar.close()
-    return examples, time.perf_counter() - started, running.value
+def prepare(cfg: TrainConfig, needs_servers: bool = True) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
+    """Checks the config, opens the data, applies the recipe: (resolved config, data, model, recipe line)."""
+    cfg.validate(needs_servers)
+    data = DataSource(cfg, default_table=cfg.model)
+    cfg, recipe_line = cfg.with_recipe(data.examples * cfg.num_workers)
+    data.cfg, data.batch_size = cfg, cfg.batch_size
+    return cfg, data, model_spec(cfg, data), recipe_line
 
 
-def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]) -> dict:
-    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data)."""
-    labels, preds, oracle = [], [], []
-    for batch in batches:
-        n, fields = batch.ids.shape
-        rows = tables.pull(spec.name, batch.ids).reshape(n, fields, spec.sparse_dim)
-        labels.append(batch.labels)
-        preds.append(backend.predict(rows, batch.dense_or_empty(), dense_values))
-        if batch.probs is not None:
-            oracle.append(batch.probs)
-    if not labels:
-        return {}
-    y, p = np.concatenate(labels), np.concatenate(preds)
-    out = {"eval_examples": int(len(y)), "eval_auc": auc(y, p), "eval_logloss": logloss(y, p)}
-    if oracle:
-        q = np.concatenate(oracle)
-        out.update(oracle_auc=auc(y, q), oracle_logloss=logloss(y, q))
-    return out
+def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
+    """The loop's settings of a resolved config (after prepare)."""
+    return LoopSettings(
+        epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2,
+        eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress,
+        total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
+    )  # fmt: skip
+
+
+def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, ModelSpec, Any, DenseSync]:
+    """prepare, the backend, the tables created on `tables` (a Client or alike), the dense parameters pulled:
+    what run_epochs needs, for tests and benchmarks that drive it themselves."""
+    cfg, data, spec, _ = prepare(cfg, needs_servers=False)
+    for table in table_configs(cfg, spec, data.schema.table_overrides()):
+        tables.create_table(table)
+    dense = DenseSync(tables, spec.dense_params(), cfg.dense_sync_every)
+    dense.pull()
+    return cfg, data, spec, make_backend(spec, cfg), dense
 
 
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
-    cfg.validate()
-    data = DataSource(cfg)
-    spec = data.spec()
+    cfg, data, spec, recipe_line = prepare(cfg)
     backend = make_backend(spec, cfg)
+    tables_cfg = table_configs(cfg, spec, data.schema.table_overrides())
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
-        for table in table_configs(cfg, spec):
+        for table in tables_cfg:
             client.create_table(table)
         if cfg.create_tables_only:
-            return {"model": cfg.model, "created_tables": [t.name for t in table_configs(cfg, spec)]}
+            return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
+        _say(recipe_line, cfg)
         dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
         dense.pull()
         telemetry = None
@@ -398,8 +311,13 @@ def train(cfg: TrainConfig) -> dict:
             telemetry = TrainTelemetry()
             port = telemetry.serve(cfg.metrics_port, cfg.metrics_host)
             log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+        validation = data.validation()
+        if validation:
+            _say(f"validating on {sum(len(b) for b in validation):,} held-out examples", cfg)
+        settings = loop_settings(cfg, data)
         try:
-            examples, seconds, train_logloss = run_epochs(client, spec, backend, dense, data, cfg, telemetry)
+            loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
+                              on_eval=lambda e: _say(format_evaluation(e), cfg))  # fmt: skip
         finally:
             if telemetry is not None:
                 telemetry.close()
@@ -409,16 +327,24 @@ def train(cfg: TrainConfig) -> dict:
             "device": cfg.device,
             "worker": f"{cfg.worker_id}/{cfg.num_workers}",
             "shards": len(addresses),
-            "train_examples": examples,
-            "train_seconds": seconds,
-            "examples_per_s": examples / seconds if seconds > 0 else 0.0,
-            "train_logloss": train_logloss,
+            "recipe": recipe_line,
+            "batch_size": cfg.batch_size,
+            "epochs_run": loop.curve[-1]["epoch"] if loop.curve else cfg.epochs,
+            "train_examples": loop.examples,
+            "train_seconds": loop.seconds,
+            "examples_per_s": loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
+            "train_logloss": loop.train_logloss,
             "dense_syncs": dense.syncs,
+            "stopped_early": loop.stopped_early,
+            "curve": loop.curve,
         }
+        if loop.best is not None:
+            results.update(best_validation_auc=loop.best["validation_auc"],
+                           best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"])  # fmt: skip
         results.update(evaluate(client, spec, backend, dense.pull(), data.eval()))
-        tables = [t for shard in client.stats() for t in shard.tables if t.name == spec.name]
-        results["table_rows"] = sum(t.num_rows for t in tables)  # ids with a trained row
-        results["pending_ids"] = sum(t.pending_ids for t in tables)  # ids seen but not admitted
+        stats = [t for shard in client.stats() for t in shard.tables if t.name in spec.table_dims()]
+        results["table_rows"] = sum(t.num_rows for t in stats)  # ids with a trained row
+        results["pending_ids"] = sum(t.pending_ids for t in stats)  # ids seen but not admitted
     for line in data.bad_lines_report():
         log.warning(line)
     results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
@@ -428,16 +354,29 @@ def train(cfg: TrainConfig) -> dict:
     return results
 
 
+def _say(line: str, cfg: TrainConfig) -> None:
+    """A line of the run's story on stdout (above the progress bar when there is one)."""
+    if cfg.progress:
+        tqdm.write(line)
+    else:
+        print(line, flush=True)
+
+
+def format_evaluation(e: dict) -> str:
+    mark = "  (best so far)" if e.get("best") else ""
+    return (f"epoch {e['epoch']} step {e['step']:,}: train logloss {e['train_logloss']:.4f}  validation AUC "
+            f"{e['validation_auc']:.4f} logloss {e['validation_logloss']:.4f}{mark}")  # fmt: skip
+
+
 def evaluate_servers(cfg: TrainConfig) -> dict:
     """`ps-worker eval`: the AUC and logloss of the model the servers hold, on --data (or synthetic eval rows)."""
-    cfg.validate()
-    data = DataSource(cfg)
-    spec = data.spec()
+    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
+    cfg, data, spec, _ = prepare(cfg)
     backend = make_backend(spec, cfg)
     eval_batches = data.eval() if cfg.data is None else data._read(cfg.data, 0, 1)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
-        for t in table_configs(cfg, spec):
+        for t in table_configs(cfg, spec, data.schema.table_overrides()):
             if client.dim(t.name) != t.dim:
                 raise ValueError(
                     f"table {t.name} on the servers has dim {client.dim(t.name)}, model {cfg.model} with "
@@ -464,6 +403,10 @@ def format_results(r: dict) -> str:
         )
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
+    if "best_validation_auc" in r:
+        stop = "stopped early" if r.get("stopped_early") else "ran every epoch"
+        lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
+                     f"  at epoch {r['best_epoch']} ({stop}; the model kept is the last one)")  # fmt: skip
     if "oracle_auc" in r:
         lines.append(f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)")
         lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")

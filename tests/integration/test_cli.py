@@ -29,7 +29,7 @@ def test_help_explains_the_flags(args):
 def test_train_on_synthetic_data_reports_auc_next_to_the_oracle(tmp_path):
     out = tmp_path / "m.json"
     r = run("-m", "worker", "train", "--local-shards", "2", "--synthetic-rows", "60000", "--synthetic-eval-rows", "20000",
-            "--no-progress", "--metrics-out", str(out))  # fmt: skip
+            "--recipe", "large", "--no-progress", "--metrics-out", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr
     m = json.loads(out.read_text())
     for key in ("eval_auc", "eval_logloss", "examples_per_s", "oracle_auc", "oracle_logloss"):
@@ -52,8 +52,14 @@ def test_train_from_criteo_files(tmp_path):
             "--model", "lr", "--no-progress", "--metrics-out", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr
     m = json.loads(out.read_text())
-    assert m["train_examples"] == 30000 and m["eval_examples"] == 10000
-    assert m["eval_auc"] > 0.725  # deterministic: 0.7309 (with the learning rate halved: 0.6937)
+    # 30,000 rows: the small-data recipe (batch 256, a 10% validation split, early stopping), said in the output
+    assert "small-data recipe for 30,000 training examples" in r.stdout, r.stdout
+    assert m["batch_size"] == 256 and m["eval_examples"] == 10000 and len(m["curve"]) == m["epochs_run"] > 1
+    assert (
+        m["train_examples"] == m["epochs_run"] * m["curve"][0]["examples"] and 26000 < m["curve"][0]["examples"] < 28000
+    )
+    assert re.search(r"epoch 1 step \d+: train logloss 0\.\d{4}  validation AUC 0\.\d{4}", r.stdout), r.stdout
+    assert m["eval_auc"] > 0.725
     assert "oracle_auc" not in m  # files carry no planted probabilities
 
 

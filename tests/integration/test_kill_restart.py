@@ -37,7 +37,7 @@ def test_kill_9_a_server_during_training_restart_it_and_nothing_is_lost_or_doubl
             ]
             trainer = subprocess.Popen(
                 [sys.executable, "-m", "worker", "train", "--servers", servers, "--model", "lr", "--synthetic-rows",
-                 "300000", "--synthetic-eval-rows", "20000", "--server-timeout", "120", "--no-progress"],
+                 "300000", "--synthetic-eval-rows", "20000", "--server-timeout", "120", "--no-progress", "--recipe", "large"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )  # fmt: skip
             out, err = PipeReader(trainer.stdout), PipeReader(trainer.stderr)

@@ -15,23 +15,24 @@ import numpy as np
 
 from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.data import DataSource
 from worker.dense import DenseSync
-from worker.train import DataSource, TrainConfig
+from worker.train import TrainConfig, prepare
 
 PY = sys.executable
 COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", "160000",
           "--synthetic-eval-rows", "40000", "--batch-size", "1024"]  # fmt: skip
-TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2"]
+TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2", "--recipe", "large"]
 # the data and model of COMMON, for the ids to probe and the model's tables
 CFG = TrainConfig(model="deepfm", hidden=(32, 16), embedding_dim=4, synthetic_rows=160_000,
-                  synthetic_eval_rows=40_000, batch_size=1024)  # fmt: skip
+                  synthetic_eval_rows=40_000, batch_size=1024, recipe="large")  # fmt: skip
 
 
 def probe_ids(data: DataSource) -> np.ndarray:
     """The ids of the first batch of each worker's half: the most pushed ids and some pushed once."""
     half = CFG.synthetic_rows // 2
     firsts = [next(data.synthetic.batches(CFG.batch_size, lo, lo + CFG.batch_size)) for lo in (0, half)]
-    return np.unique(np.concatenate([b.ids.ravel() for b in firsts]))
+    return np.unique(np.concatenate([bags.ids for b in firsts for bags in b.fields.values()]))
 
 
 def train_pair(tmp_path, backends: tuple[str, str]) -> tuple[dict, dict[str, np.ndarray]]:
@@ -49,8 +50,7 @@ def train_pair(tmp_path, backends: tuple[str, str]) -> tuple[dict, dict[str, np.
         assert r.returncode == 0, r.stderr
         result = json.loads(r.stdout)
         assert result["eval_examples"] == 40000
-        data = DataSource(CFG)
-        spec = data.spec()
+        _, data, spec, _ = prepare(CFG, needs_servers=False)
         with Client(cluster.addresses) as client:
             values = {"sparse": client.pull(spec.name, probe_ids(data))}
             values.update(DenseSync(client, spec.dense_params()).pull())
@@ -65,6 +65,9 @@ def test_a_torch_worker_trains_the_shared_model_as_a_numpy_worker_does(tmp_path)
     assert homogeneous["eval_auc"] > 0.75  # learned the planted model (0.763 here, oracle 0.780)
     assert abs(mixed["eval_auc"] - homogeneous["eval_auc"]) <= 1e-4  # 1e-8 here
     assert sorted(got) == sorted(want) and len(want) == 1 + 2 * 3  # the sparse rows, 3 layers' weights and biases
-    assert want["sparse"].shape == (len(probe_ids(DataSource(CFG))), 1 + 4)  # FM: weight, then the embedding
+    assert want["sparse"].shape == (
+        len(probe_ids(DataSource(CFG, default_table=CFG.model))),
+        1 + 4,
+    )  # FM: weight, then the embedding
     for name in sorted(want):  # float32 rounding differs between the backends: here 2e-7 at most, on values ~0.03
         np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-5, err_msg=name)

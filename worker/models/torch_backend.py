@@ -8,18 +8,44 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from worker.models.numpy_backend import check_batch
-from worker.models.spec import ModelSpec
+from worker.models.numpy_backend import check_inputs
+from worker.models.pooling import bag_scales, one_id_per_bag
+from worker.models.spec import FieldInput, ModelInputs, ModelSpec
+
+
+def pool_torch(rows: torch.Tensor, field: FieldInput, mode: str) -> torch.Tensor:
+    """(n, d) pooled bags of rows (u, d) on rows' device, as worker/models/pooling.py pools them: one id per bag
+    and no weights is a gather; otherwise a weighted sum (embedding_bag) times each bag's scale (bag_scales).
+    field holds valid int64 bags (worker.models.pooling.checked_bags)."""
+    device = rows.device
+    index = _tensor(field.index, device, np.int64)
+    if one_id_per_bag(field.offsets, field.weights):
+        return rows.index_select(0, index)
+    weights = None if field.weights is None else _tensor(field.weights, device)
+    offsets = _tensor(field.offsets, device, np.int64)
+    pooled = F.embedding_bag(index, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
+    if mode == "sum":
+        return pooled
+    return pooled * _tensor(bag_scales(field.offsets, field.weights, mode), device)[:, None]
+
+
+def _tensor(a: np.ndarray, device: torch.device, dtype: type = np.float32) -> torch.Tensor:
+    """a as a tensor on device (sharing a writable array's memory on the CPU when it has the dtype already)."""
+    a = np.ascontiguousarray(a, dtype=dtype)
+    if not a.flags.writeable:  # torch warns on read-only arrays (np.frombuffer, np.broadcast_to)
+        a = a.copy()
+    return torch.as_tensor(a, device=device)
 
 
 class TorchModel:
-    """forward_backward / predict of one ModelSpec with torch autograd on `device` ("cpu", "cuda", "cuda:1").
+    """predict / forward_backward of one ModelSpec with torch autograd on `device` ("cpu", "cuda", "cuda:1").
 
-    Same inputs and outputs as NumpyModel: rows (n, F, sparse_dim), dense_x (n, num_dense), params {name: (r, c)},
-    labels (n,); returns float32 numpy on the CPU. Raises ValueError for a CUDA device when torch sees none.
+    Same inputs and outputs as NumpyModel, float32 numpy on the CPU; dropout masks come from a torch generator
+    on the device seeded by `seed`, drawn in forward_backward only. Raises ValueError for a CUDA device when
+    torch sees none.
     """
 
-    def __init__(self, spec: ModelSpec, device: str = "cpu"):
+    def __init__(self, spec: ModelSpec, device: str = "cpu", seed: int = 0):
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(
                 f"--device {device}: no CUDA device is available to torch {torch.__version__} "
@@ -27,53 +53,77 @@ class TorchModel:
             )
         self.spec = spec
         self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
 
-    def predict(self, rows: np.ndarray, dense_x: np.ndarray, params: dict[str, np.ndarray]) -> np.ndarray:
+    def predict(self, inputs: ModelInputs, params: dict[str, np.ndarray]) -> np.ndarray:
         """Probabilities (n,) float32."""
-        check_batch(self.spec, np.asarray(rows), np.asarray(dense_x))
+        fields = check_inputs(self.spec, inputs, params)
         with torch.no_grad():
+            rows = {table: self._tensor(r) for table, r in inputs.rows.items()}
             params_t = {name: self._tensor(value) for name, value in params.items()}
-            logit = self._logit(self._tensor(rows), self._tensor(dense_x), params_t)
+            logit = self._logit(rows, fields, self._tensor(inputs.dense_x), params_t, training=False)
             return torch.sigmoid(logit).cpu().numpy()
 
     def forward_backward(
-        self, rows: np.ndarray, dense_x: np.ndarray, params: dict[str, np.ndarray], labels: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-        """(probs (n,), d loss / d rows (n, F, sparse_dim), {name: d loss / d param}) of the summed logloss,
-        float32 numpy on the CPU."""
-        check_batch(self.spec, np.asarray(rows), np.asarray(dense_x), np.asarray(labels))
-        rows_t = self._tensor(rows, requires_grad=True)
+        self, inputs: ModelInputs, params: dict[str, np.ndarray], labels: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(probs (n,), {table: d loss / d rows[table]}, {name: d loss / d param}) of the summed logloss, float32
+        numpy on the CPU."""
+        fields = check_inputs(self.spec, inputs, params, labels)
+        rows = {table: self._tensor(r, requires_grad=True) for table, r in inputs.rows.items()}
         params_t = {name: self._tensor(value, requires_grad=True) for name, value in params.items()}
-        logit = self._logit(rows_t, self._tensor(dense_x), params_t)
+        logit = self._logit(rows, fields, self._tensor(inputs.dense_x), params_t, training=True)
         loss = F.binary_cross_entropy_with_logits(logit, self._tensor(labels), reduction="sum")
         loss.backward()
         probs = torch.sigmoid(logit.detach()).cpu().numpy()
-        param_grads = {name: t.grad.cpu().numpy() for name, t in params_t.items()}
-        return probs, rows_t.grad.cpu().numpy(), param_grads
+        row_grads = {table: _grad_of(t) for table, t in rows.items()}
+        return probs, row_grads, {name: _grad_of(t) for name, t in params_t.items()}
 
-    def _tensor(self, a, requires_grad: bool = False) -> torch.Tensor:
-        """A float32 leaf tensor on self.device (sharing a writable float32 array's memory on the CPU)."""
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        if not a.flags.writeable:  # torch warns on read-only arrays (np.frombuffer, np.broadcast_to)
-            a = a.copy()
-        return torch.as_tensor(a, device=self.device).requires_grad_(requires_grad)
+    def _tensor(self, a: np.ndarray, requires_grad: bool = False) -> torch.Tensor:
+        """A float32 leaf tensor on the model's device."""
+        return _tensor(a, self.device).requires_grad_(requires_grad)
 
-    def _logit(self, rows: torch.Tensor, dense_x: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _logit(
+        self,
+        rows: dict[str, torch.Tensor],
+        fields: dict[str, FieldInput],
+        dense_x: torch.Tensor,
+        params: dict[str, torch.Tensor],
+        training: bool,
+    ) -> torch.Tensor:
         spec = self.spec
-        n = rows.shape[0]
-        logit = torch.zeros(n, dtype=torch.float32, device=self.device)
+        pooled = {f.name: pool_torch(rows[f.table], fields[f.name], f.pooling) for f in spec.fields}
+        off = spec.embedding_offset
+        v = {f.name: pooled[f.name][:, off : off + f.dim] for f in spec.fields}
+        logit = torch.zeros(dense_x.shape[0], dtype=torch.float32, device=self.device)
         if spec.name != "dnn":
-            logit = logit + rows[:, :, 0].sum(dim=1)
-        v = rows[:, :, spec.embedding_offset : spec.embedding_offset + spec.embedding_dim]
-        if spec.name in ("fm", "deepfm"):
-            s = v.sum(dim=1)
-            logit = logit + 0.5 * ((s * s).sum(dim=1) - (v * v).sum(dim=(1, 2)))
+            logit = logit + sum(p[:, 0] for p in pooled.values())
+        if spec.has_fm:
+            e = [v[f.name] if f.dim == spec.fm_width else v[f.name] @ params[f"proj.{f.table}"] for f in spec.fields]
+            s = sum(e)
+            logit = logit + 0.5 * ((s * s).sum(dim=1) - sum((x * x).sum(dim=1) for x in e))
         if spec.has_mlp:
-            h = torch.cat([v.reshape(n, -1), dense_x], dim=1)
+            h = torch.cat([v[f.name] for f in spec.fields] + [dense_x], dim=1)
             layers = len(spec.hidden) + 1
             for i in range(layers):
                 h = h @ params[f"mlp.{i}.weight"] + params[f"mlp.{i}.bias"]
                 if i < layers - 1:
                     h = torch.relu(h)
+                    if training and spec.dropout > 0:
+                        h = h * self._dropout_mask(h.shape)
             logit = logit + h[:, 0]
         return logit
+
+    def _dropout_mask(self, shape: torch.Size) -> torch.Tensor:
+        """0 with probability spec.dropout, 1 / (1 - dropout) otherwise."""
+        rate = self.spec.dropout
+        draws = torch.rand(shape, generator=self.generator, device=self.device)
+        return (draws >= rate).to(torch.float32) * (1.0 / (1.0 - rate))
+
+
+def _grad_of(t: torch.Tensor) -> np.ndarray:
+    """t's gradient as float32 numpy (zeros where autograd reached none of it)."""
+    if t.grad is None:
+        return np.zeros(tuple(t.shape), dtype=np.float32)
+    return t.grad.cpu().numpy()

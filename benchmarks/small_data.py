@@ -1,0 +1,142 @@
+"""Quality on small data: sparseps's small-data recipe against a tuned L2 logistic regression on the same rows.
+
+For each seed, the small-data regime of the synthetic generator (worker.synthetic.small_data_config: ~10K
+training rows over 10^5+ values, planted pairwise interactions) is written to files: TRAIN_ROWS training rows
+and TEST_ROWS test rows from a disjoint range. Then, on the same files:
+
+  reference  scikit-learn's LogisticRegression (L2, liblinear) on a one-hot encoding of the very ids sparseps
+             trains on (read through the same schema; an id unseen in training has no column) plus the
+             standardized numeric features; C chosen by 5-fold cross-validated AUC on the training rows over
+             C_GRID, then refit on all of them.
+  sparseps   `ps-worker train --data TRAIN --eval-data TEST --model M --local-shards 1`, every other setting left
+             to the recipe the run picks for this size (the README's small-data recipe: batch 256, up to 20
+             epochs, a 10% validation split, early stopping), for M in lr, fm, deepfm.
+
+Prints each seed's test AUCs, then per model the median over the seeds of (model AUC - reference AUC) against
+the target (>= -0.005); the last line is one JSON object. Run: `python3 dev.py bench benchmarks/small_data.py`
+(installs scikit-learn, the `bench` extra). Takes several minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from worker.batch import Batch
+from worker.formats import read_batches
+from worker.metrics import auc
+from worker.schema import builtin_schema
+from worker.synthetic import small_data_config, write_synthetic
+from worker.train import TrainConfig, train
+
+TRAIN_ROWS = 10_000
+TEST_ROWS = 20_000
+SEEDS = (1, 2, 3, 4, 5)
+MODELS = ("lr", "fm", "deepfm")
+C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+TARGET = -0.005
+
+
+def read_all(path: str) -> Batch:
+    schema = builtin_schema("criteo", default_table="t", default_dim=8)
+    return Batch.concat(list(read_batches(path, schema, 65536)))
+
+
+def one_hot(batch: Batch, columns: dict[int, int] | None):
+    """(CSR matrix: one column per training id, then the numeric features; the id -> column map)."""
+    from scipy.sparse import csr_matrix, hstack
+
+    names = [name for name in batch.fields if not name.startswith("_")]
+    ids = np.stack([batch.fields[name].ids for name in names], axis=1)  # one id per field in this regime
+    if columns is None:
+        uniq = np.unique(ids)
+        columns = dict(zip(uniq.tolist(), range(len(uniq))))
+    n = len(batch)
+    rows, cols = [], []
+    for j in range(ids.shape[1]):
+        col = np.array([columns.get(i, -1) for i in ids[:, j].tolist()])
+        keep = col >= 0
+        rows.append(np.flatnonzero(keep))
+        cols.append(col[keep])
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    sparse = csr_matrix((np.ones(len(r)), (r, c)), shape=(n, len(columns)))
+    return hstack([sparse, csr_matrix(batch.dense_or_empty().astype(np.float64))]).tocsr(), columns
+
+
+def tuned_lr(train_path: str, test_path: str) -> tuple[float, float]:
+    """(test AUC of the cross-validated L2 logistic regression, the C it chose)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import cross_val_score
+
+    train_b, test_b = read_all(train_path), read_all(test_path)
+    mean, std = train_b.dense.mean(axis=0), train_b.dense.std(axis=0) + 1e-6
+    train_b.dense, test_b.dense = (train_b.dense - mean) / std, (test_b.dense - mean) / std
+    x, columns = one_hot(train_b, None)
+    x_test, _ = one_hot(test_b, columns)
+    scores = {}
+    for c in C_GRID:
+        model = LogisticRegression(C=c, solver="liblinear", max_iter=1000)
+        scores[c] = float(np.mean(cross_val_score(model, x, train_b.labels, cv=5, scoring="roc_auc")))
+    best = max(scores, key=scores.get)
+    model = LogisticRegression(C=best, solver="liblinear", max_iter=1000).fit(x, train_b.labels)
+    return auc(test_b.labels, model.predict_proba(x_test)[:, 1]), best
+
+
+def sparseps_auc(train_path: str, test_path: str, model: str, extra: dict) -> dict:
+    cfg = TrainConfig(local_shards=1, data=train_path, eval_data=test_path, model=model, progress=False, **extra)
+    r = train(cfg)
+    return {"auc": r["eval_auc"], "epochs": r["epochs_run"], "stopped_early": r["stopped_early"],
+            "seconds": r["train_seconds"]}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
+    p.add_argument("--models", nargs="*", default=list(MODELS))
+    p.add_argument("--set", nargs="*", default=[], help="extra TrainConfig settings, key=value (for exploring)")
+    args = p.parse_args()
+    extra = {}
+    for kv in args.set:
+        key, value = kv.split("=", 1)
+        field_type = {f.name: f.type for f in dataclasses.fields(TrainConfig)}[key]
+        extra[key] = tuple(int(x) for x in value.split(",")) if "tuple" in str(field_type) else (
+            float(value) if "float" in str(field_type) else int(value) if "int" in str(field_type) else value)  # fmt: skip
+    started = time.perf_counter()
+    per_seed = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in args.seeds:
+            cfg = small_data_config(seed)
+            train_path, test_path = os.path.join(tmp, f"train{seed}.tsv"), os.path.join(tmp, f"test{seed}.tsv")
+            write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
+            write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+            ref_auc, c = tuned_lr(train_path, test_path)
+            row = {"seed": seed, "reference_auc": ref_auc, "reference_c": c}
+            for m in args.models:
+                row[m] = sparseps_auc(train_path, test_path, m, extra)
+            per_seed.append(row)
+            print(f"seed {seed}: tuned LR (C={c}) {ref_auc:.4f}  " + "  ".join(
+                f"{m} {row[m]['auc']:.4f} ({row[m]['epochs']} ep)" for m in args.models), flush=True)  # fmt: skip
+    summary = {}
+    for m in args.models:
+        gaps = [r[m]["auc"] - r["reference_auc"] for r in per_seed]
+        median = float(np.median(gaps))
+        summary[m] = {"median_gap": median, "gaps": gaps, "meets_target": median >= TARGET}
+        print(f"{m:7s} median AUC - tuned LR: {median:+.4f}  (target >= {TARGET}): "
+              f"{'met' if median >= TARGET else 'MISSED'}")  # fmt: skip
+    out = {"benchmark": "small_data", "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "seeds": args.seeds,
+           "settings": extra, "seconds": time.perf_counter() - started, "per_seed": per_seed, "summary": summary}  # fmt: skip
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,335 @@
+"""Tests for worker/schema.py: loading the grammar (and every mistake named with its file and key), the built-in
+schemas, resolve_schema, stats, the TOML round trip and the schema inferred from a sample."""
+
+import numpy as np
+import pytest
+
+from ps.config import OptimizerConfig
+from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
+from worker.models.spec import BIAS_FIELD, FieldSpec
+from worker.schema import (
+    CRITEO_COLUMNS,
+    Column,
+    TableSchema,
+    builtin_schema,
+    load_schema,
+    resolve_schema,
+)
+from worker.schema_infer import infer_schema_text
+
+EXAMPLE = """
+format = "csv"
+delimiter = ";"
+label = "click"
+bias_table = "item"
+
+[tables.item]
+dim = 16
+optimizer = { name = "adagrad", learning_rate = 0.02 }
+weight_bound = 10.0
+
+[[columns]]
+name = "clicked"
+source = "clicked_items"
+kind = "multi_hot"
+table = "item"
+id_space = "item"
+separator = "|"
+pooling = "mean"
+max_length = 50
+
+[[columns]]
+name = "item"
+kind = "categorical"
+table = "item"
+
+[[columns]]
+name = "user"
+kind = "categorical"
+ids = "raw"
+
+[[columns]]
+name = "price"
+kind = "numeric"
+transform = "standardize"
+
+[[columns]]
+name = "age"
+kind = "numeric"
+transform = "bucketize"
+boundaries = [18, 30.5, 65]
+
+[[columns]]
+name = "ratings"
+kind = "weighted"
+separator = ","
+"""
+
+
+def load(tmp_path, text, name="s.toml", default_table="fm", default_dim=8):
+    path = tmp_path / name
+    path.write_text(text)
+    return load_schema(str(path), default_table=default_table, default_dim=default_dim)
+
+
+def test_the_grammar_example_loads(tmp_path):
+    s = load(tmp_path, EXAMPLE)
+    assert (s.format, s.delimiter, s.label, s.bias_table) == ("csv", ";", "click", "item")
+    clicked, item, user, price, age, ratings = s.columns
+    assert clicked == Column("clicked", "clicked_items", "multi_hot", "item", "item", pooling="mean", max_length=50)
+    assert item == Column("item", "item", "categorical", "item", "item")
+    assert user == Column("user", "user", "categorical", "fm", None, ids="raw")
+    assert price == Column("price", "price", "numeric", transform="standardize")
+    assert age == Column("age", "age", "numeric", "fm", "age", transform="bucketize", boundaries=(18.0, 30.5, 65.0))
+    assert ratings.kind == "weighted" and ratings.separator == "," and ratings.table == "fm"
+    assert [c.name for c in s.sparse_columns()] == ["clicked", "item", "user", "age", "ratings"]
+    assert [c.name for c in s.dense_columns()] == ["price"]
+    assert s.id_spaces() == {"item": 0, "age": 1, "ratings": 2}  # clicked and item share one space; user is raw
+    assert s.model_fields() == (
+        FieldSpec("clicked", "item", 16, "mean"),
+        FieldSpec("item", "item", 16),
+        FieldSpec("user", "fm", 8),
+        FieldSpec("age", "fm", 8),
+        FieldSpec("ratings", "fm", 8),
+        FieldSpec(BIAS_FIELD, "item", 16),
+    )
+    assert s.table_dims() == {"item": 16, "fm": 8}
+    assert s.tables == {"item": TableSchema(16, s.tables["item"].overrides), "fm": TableSchema(8)}
+    overrides = s.table_overrides()
+    assert overrides["fm"] == {"name": "fm"}
+    assert overrides["item"] == {"name": "item", "optimizer": OptimizerConfig("adagrad", 0.02), "weight_bound": 10.0}
+    assert s.needs_stats()
+
+
+def test_defaults_the_first_column_label_and_the_first_sparse_table(tmp_path):
+    s = load(tmp_path, '[tables.b]\ndim = 3\n[[columns]]\nname = "n"\nkind = "numeric"\ntransform = "log"\n'
+             '[[columns]]\nname = "c"\nkind = "categorical"\ntable = "b"\n')  # fmt: skip
+    assert (s.format, s.delimiter, s.label, s.bias_table) == ("csv", ",", None, "b")
+    assert s.table_dims() == {"b": 3}
+    s = load(tmp_path, '[[columns]]\nname = "n"\nkind = "numeric"\ntransform = "none"\n', default_dim=5)
+    assert s.bias_table == "fm" and s.model_fields() == (FieldSpec(BIAS_FIELD, "fm", 5),)
+    s = load(tmp_path, '[tables.fm]\ndim = 2\n[[columns]]\nname = "c"\nkind = "categorical"\n', default_dim=5)
+    assert s.table_dims() == {"fm": 2}  # the default table declared: its section's dim
+
+
+COLUMN = '[[columns]]\nname = "a"\nkind = "categorical"\n'
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("colums = 3\n" + COLUMN, "unknown key 'colums'"),
+        ('format = "tsv"\n' + COLUMN, "format 'tsv' is unknown; expected one of"),
+        ('format = "criteo"\ndelimiter = ";"\n' + COLUMN, "delimiter is for csv only"),
+        ('delimiter = "ab"\n' + COLUMN, "delimiter 'ab', expected one character"),
+        ('format = "criteo"\nlabel = "y"\n[[columns]]\nname = "C1"\nkind = "categorical"\n', "label 'y'"),
+        ('label = "y"\n', r"no \[\[columns\]\]"),
+        ("columns = 3\n", "columns is 3, expected a list"),
+        ("[[columns]]\nkind = 'categorical'\n", r"columns\[0\]: name is missing"),
+        (COLUMN + "pooling = 'mean'\n", r"column 'a' \(categorical\): unknown key 'pooling'"),
+        ("[[columns]]\nname = 'a'\n", "column 'a': kind is missing"),
+        ("[[columns]]\nname = 'a'\nkind = 'dense'\n", "column 'a': kind 'dense' is unknown"),
+        ("[[columns]]\nname = 'a'\nkind = 'multi_hot'\npooling = 'avg'\n", "column 'a': pooling 'avg' is unknown"),
+        ("[[columns]]\nname = 'a'\nkind = 'numeric'\n", "column 'a': transform is missing"),
+        ("[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'sqrt'\n", "transform 'sqrt' is unknown"),
+        ("[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'bucketize'\n", "column 'a': boundaries is missing"),
+        (
+            "[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'bucketize'\nboundaries = [3, 1]\n",
+            r"column 'a': boundaries \[3, 1\], expected finite numbers in increasing order",
+        ),
+        (
+            "[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'bucketize'\nboundaries = [1, 1]\n",
+            "expected finite numbers in increasing order",
+        ),
+        (
+            "[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'log'\nboundaries = [1]\n",
+            "boundaries does not apply",
+        ),
+        ("[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'log'\ntable = 't'\n", "table does not apply"),
+        ("[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'standardize'\nstd = 0\n", "std 0.0, expected > 0"),
+        ("[[columns]]\nname = 'a'\nkind = 'numeric'\ntransform = 'standardize'\nmean = 'x'\n", "mean is 'x'"),
+        (COLUMN + "table = 'item'\n", "column 'a': table 'item' is not declared"),
+        (COLUMN + "table = 'a b'\n", "column 'a': table 'a b', expected 1-128 characters"),
+        (COLUMN + COLUMN, "column 'a' appears twice"),
+        ("[[columns]]\nname = '_bias'\nkind = 'categorical'\n", "a name must be non-empty and not start with '_'"),
+        ("[[columns]]\nname = ''\nkind = 'categorical'\n", "a name must be non-empty"),
+        ("[[columns]]\nname = 'a'\nkind = 'multi_hot'\nmax_length = 0\n", "column 'a': max_length 0, expected >= 1"),
+        ("[[columns]]\nname = 'a'\nkind = 'multi_hot'\nmax_length = '3'\n", "max_length is '3', expected an integer"),
+        ("[[columns]]\nname = 'a'\nkind = 'multi_hot'\nseparator = '||'\n", "column 'a': separator '||'"),
+        ("[[columns]]\nname = 'a'\nkind = 'weighted'\nseparator = ':'\n", "column 'a': separator ':'"),
+        (COLUMN + "ids = 'x'\n", "column 'a': ids 'x' is unknown"),
+        (COLUMN + "ids = 'raw'\nid_space = 's'\n", "raw ids have no id space"),
+        ("label = 'a'\n" + COLUMN, "column 'a' reads 'a', the label column"),
+        ("[tables.x]\nlr = 1\n" + COLUMN, r"\[tables\]: \[x\] has unknown key 'lr'"),
+        ("[tables.x]\ndim = 0\n" + COLUMN + "table = 'x'\n", r"\[tables.x\]: dim 0, expected 1..4096"),
+        (
+            "[tables.x]\noptimizer = { name = 'sgd', learning_rate = -1.0 }\n" + COLUMN + "table = 'x'\n",
+            r"\[tables.x\]: learning_rate must be finite",
+        ),
+        ("[tables.x]\ndim = 4\n" + COLUMN, r"tables \['x'\] are declared but no column"),
+        ("bias_table = 'zz'\n" + COLUMN, "bias_table 'zz' is not declared"),
+        ('format = "criteo"\n[[columns]]\nname = "I14"\nkind = "categorical"\n', "source 'I14' is not a criteo column"),
+        ('format = "libsvm"\n[[columns]]\nname = "x"\nkind = "categorical"\n', "source 'x' is not a libsvm column"),
+        ("[[columns\n", "not valid TOML"),
+    ],
+)
+def test_every_mistake_names_the_file_and_key(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message) as e:
+        load(tmp_path, text, name="bad.toml")
+    assert str(e.value).startswith(str(tmp_path / "bad.toml"))
+
+
+def test_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ValueError, match=f"{tmp_path / 'none.toml'}: cannot read the schema"):
+        load_schema(str(tmp_path / "none.toml"), default_table="t", default_dim=1)
+
+
+# --- built-in schemas ---------------------------------------------------------------------------------------
+
+
+def test_builtin_criteo():
+    s = builtin_schema("criteo", default_table="t", default_dim=6)
+    ints, cats = CRITEO_COLUMNS[1:14], CRITEO_COLUMNS[14:]
+    assert [c.name for c in s.sparse_columns()] == [*ints, *cats]
+    assert [(c.name, c.source, c.transform) for c in s.dense_columns()] == [(f"{i}_log", i, "log") for i in ints]
+    assert all(c.transform == "log_buckets" for c in s.columns[:NUM_INT_FIELDS])
+    assert s.id_spaces() == {name: f for f, name in enumerate([*ints, *cats])}
+    assert len(s.model_fields()) == NUM_INT_FIELDS + NUM_CAT_FIELDS + 1 and s.table_dims() == {"t": 6}
+    assert s.label == "label" and not s.needs_stats()
+
+
+def test_builtin_csv_and_libsvm():
+    header = ["id", "click", "site", "price", "device", "n"]
+    s = builtin_schema("csv", default_table="t", default_dim=4, header=header, label_column="click",
+                       drop_columns=["id"], numeric_columns=["n", "price"])  # fmt: skip
+    assert s.label == "click"
+    assert [(c.name, c.kind, c.transform) for c in s.columns] == [
+        ("site", "categorical", None),
+        ("device", "categorical", None),
+        ("n", "numeric", "log"),
+        ("price", "numeric", "log"),
+    ]
+    assert s.id_spaces() == {"site": 0, "device": 1}
+    assert builtin_schema("csv", default_table="t", default_dim=4, header=["y", "a"]).label == "y"
+    s = builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=3)
+    assert [c.source for c in s.columns] == ["f0", "f1", "f2"] and s.id_spaces() == {"f0": 0, "f1": 1, "f2": 2}
+
+
+@pytest.mark.parametrize(
+    "header, kw, message",
+    [
+        (["y", "a", "a"], {}, r"columns \['a'\] appear more than once"),
+        (["y", "_x"], {}, r"columns \['_x'\]: a field name must be non-empty"),
+        ([], {}, "the header line names no columns"),
+        (["y", "a"], {"numeric_columns": ["b"]}, r"columns \['b'\] are not in the header"),
+    ],
+)
+def test_builtin_csv_mistakes(header, kw, message):
+    with pytest.raises(ValueError, match=message):
+        builtin_schema("csv", default_table="t", default_dim=4, header=header, **kw)
+    ok = builtin_schema("csv", default_table="t", default_dim=4, header=["y", "a", "a", "_x"], drop_columns=["a", "_x"])
+    assert ok.columns == ()
+
+
+def test_resolve_schema(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("y,a,b\n1,x,2\n")
+    common = dict(fmt="csv", label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None,
+                  default_table="t", default_dim=4)  # fmt: skip
+    s = resolve_schema(str(data), schema_path=None, **{**common, "numeric_columns": ["b"]})
+    assert [c.name for c in s.columns] == ["a", "b"] and s.dense_columns()[0].transform == "log"
+    schema_file = tmp_path / "s.toml"
+    schema_file.write_text('label = "y"\n' + COLUMN)
+    assert resolve_schema(str(data), schema_path=str(schema_file), **common).columns[0].name == "a"
+    with pytest.raises(ValueError, match=r"cannot be combined with \['--numeric-columns'\]"):
+        resolve_schema(str(data), schema_path=str(schema_file), **{**common, "numeric_columns": ["b"]})
+    with pytest.raises(ValueError, match="needs the data file"):
+        resolve_schema(None, schema_path=None, **common)
+    svm = tmp_path / "d.svm"
+    svm.write_text("1 3:1 4:1\n")
+    s = resolve_schema(str(svm), schema_path=None, **{**common, "fmt": "libsvm"})
+    assert [c.name for c in s.columns] == ["f0", "f1"]
+    with pytest.raises(ValueError, match="d.csv: columns .'z'. are not in the header"):
+        resolve_schema(str(data), schema_path=None, **{**common, "label_column": "z"})
+
+
+# --- stats and the TOML round trip --------------------------------------------------------------------------
+
+
+def test_with_stats_fills_only_what_is_missing(tmp_path):
+    s = load(tmp_path, EXAMPLE.replace('transform = "standardize"', 'transform = "standardize"\nmean = 2.0'))
+    assert s.needs_stats()
+    filled = s.with_stats({"price": (9.0, 0.0)})
+    price = filled.dense_columns()[0]
+    assert (price.mean, price.std) == (2.0, 1.0) and not filled.needs_stats()  # std 0 -> 1; the given mean kept
+    with pytest.raises(ValueError, match="no statistics for standardize column 'price'"):
+        s.with_stats({})
+
+
+def test_to_toml_round_trips(tmp_path):
+    schemas = [
+        load(tmp_path, EXAMPLE),
+        load(tmp_path, EXAMPLE).with_stats({"price": (1.5, 0.25)}),
+        builtin_schema("criteo", default_table="t", default_dim=6),
+        builtin_schema("csv", default_table="t", default_dim=4, header=["y", 'a "q"', "b"], numeric_columns=["b"]),
+        load(
+            tmp_path,
+            '[tables."x.y"]\ndim = 3\noptimizer = { name = "ftrl", learning_rate = 0.1, params = { l1 = 1.0 } }\n'
+            'admission = { min_count = 2 }\n[[columns]]\nname = "é z"\nsource = "tab\\tcol"\nkind = "categorical"\n'
+            'table = "x.y"\n',
+        ),  # fmt: skip
+    ]
+    for s in schemas:
+        path = tmp_path / "round.toml"
+        path.write_text(s.to_toml())
+        assert load_schema(str(path), default_table="other", default_dim=99) == s
+
+
+# --- inferred schemas ---------------------------------------------------------------------------------------
+
+
+def test_infer_schema_from_a_small_csv(tmp_path):
+    rng = np.random.default_rng(0)
+    lines = ["id,price,count,tags,hour,city,click,ratings"]
+    for i in range(200):
+        tags = "|".join(rng.choice(["a", "b", "c", "d"], size=rng.integers(0, 4)))
+        ratings = ";".join(f"{t}:{rng.random():.2f}" for t in rng.choice(["u", "v", "w"], size=rng.integers(1, 3)))
+        city = rng.choice(["paris", "rome", "oslo"])
+        count = int(rng.pareto(1.5) * 10)
+        lines.append(f"{i},{rng.normal(10, 2):.3f},{count},{tags},{rng.integers(6)},{city},{rng.integers(2)},{ratings}")
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(lines) + "\n")
+    text = infer_schema_text(str(data), sample_rows=150)
+    assert "the first 150 rows" in text and "every value distinct: an identifier?" in text
+    path = tmp_path / "inferred.toml"
+    path.write_text(text)
+    s = load_schema(str(path), default_table="t", default_dim=4)
+    assert s.label == "click"  # a 0/1 column with a label's name, not the first
+    kinds = {c.name: (c.kind, c.transform) for c in s.columns}
+    assert kinds == {
+        "id": ("numeric", "standardize"),
+        "price": ("numeric", "standardize"),
+        "count": ("numeric", "log"),
+        "tags": ("multi_hot", None),
+        "hour": ("categorical", None),
+        "city": ("categorical", None),
+        "ratings": ("weighted", None),
+    }
+    price = next(c for c in s.columns if c.name == "price")
+    sample = np.array([float(line.split(",")[1]) for line in lines[1:151]])
+    assert price.mean == pytest.approx(sample.mean()) and price.std == pytest.approx(sample.std())
+    assert next(c for c in s.columns if c.name == "ratings").separator == ";"
+
+
+def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("a,b,_c\nx,1,0\ny,0,1\n")
+    text = infer_schema_text(str(data))
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    s = load_schema(str(path), default_table="t", default_dim=4)
+    assert s.label == "b" and [(c.name, c.source) for c in s.columns] == [("a", "a"), ("column2", "_c")]
+    svm = tmp_path / "d.svm"
+    svm.write_text("1 3:1 4:1\n")
+    path.write_text(infer_schema_text(str(svm), fmt="libsvm"))
+    assert [c.name for c in load_schema(str(path), default_table="t", default_dim=4).columns] == ["f0", "f1"]

@@ -1,0 +1,189 @@
+"""A batch of examples as the model sees it: labels, sparse fields as bags of ids (CSR), numeric features.
+
+    Bags    one sparse field of n examples in CSR form:
+            ids      uint64  (nnz,)     the ids of every example, example after example
+            offsets  int64   (n + 1,)   example i holds ids[offsets[i]:offsets[i + 1]]; offsets[0] = 0,
+                                        non-decreasing, offsets[n] = nnz; an empty bag is allowed
+            weights  float32 (nnz,) or None (every id weighs 1)
+            A categorical field is a bag of exactly one id per example (Bags.one_per_example).
+    Batch   labels float32 (n,) in {0, 1}; fields {field name: Bags}, in schema order; dense float32 (n, D) or
+            None; probs float64 (n,) (the true click probabilities of synthetic data) or None.
+
+Which table a field looks up is the model's business (worker/models/spec.py FieldSpec.table); table_ids groups
+a batch's fields by table and deduplicates the ids of each table across all of its fields, as the client pulls
+and pushes them: one unique id, one row, one summed gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Bags:
+    """One sparse field of n examples (see the module docstring)."""
+
+    ids: np.ndarray
+    offsets: np.ndarray
+    weights: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids, dtype=np.uint64)
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets[0] != 0:
+            raise ValueError(f"offsets must be a 1-d array starting at 0, got {self.offsets[:4]}...")
+        if self.ids.ndim != 1 or self.offsets[-1] != len(self.ids):
+            raise ValueError(f"offsets end at {self.offsets[-1]}, but there are {self.ids.shape} ids")
+        if (self.offsets[1:] < self.offsets[:-1]).any():
+            raise ValueError("offsets must be non-decreasing")
+        if self.weights is not None:
+            self.weights = np.asarray(self.weights, dtype=np.float32)
+            if self.weights.shape != self.ids.shape:
+                raise ValueError(f"weights have shape {self.weights.shape}, ids {self.ids.shape}")
+
+    @staticmethod
+    def one_per_example(ids: np.ndarray) -> Bags:
+        """A categorical field: example i holds ids[i] alone."""
+        ids = np.asarray(ids, dtype=np.uint64).ravel()
+        return Bags(ids, np.arange(len(ids) + 1, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        """int64 (n,): ids per example."""
+        return np.diff(self.offsets)
+
+    def example_of_each_id(self) -> np.ndarray:
+        """int64 (nnz,): the example each id belongs to."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.lengths())
+
+    def slice(self, lo: int, hi: int) -> Bags:
+        """Examples [lo, hi)."""
+        a, b = int(self.offsets[lo]), int(self.offsets[hi])
+        weights = None if self.weights is None else self.weights[a:b]
+        return Bags(self.ids[a:b], self.offsets[lo : hi + 1] - a, weights)
+
+    def take(self, examples: np.ndarray) -> Bags:
+        """The bags of the given examples (int indices), in that order."""
+        examples = np.asarray(examples, dtype=np.int64)
+        starts, lengths = self.offsets[examples], self.lengths()[examples]
+        offsets = np.zeros(len(examples) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        weights = None if self.weights is None else self.weights[positions]
+        return Bags(self.ids[positions], offsets, weights)
+
+    @staticmethod
+    def concat(parts: Sequence[Bags]) -> Bags:
+        """The examples of every part, in order (weights: 1 where a part has none, if any part has them)."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = [np.zeros(1, dtype=np.int64)]
+        base = 0
+        for p in parts:
+            offsets.append(p.offsets[1:] + base)
+            base += len(p.ids)
+        weights = None
+        if any(p.weights is not None for p in parts):
+            weights = np.concatenate(
+                [p.weights if p.weights is not None else np.ones(len(p.ids), np.float32) for p in parts]
+            )
+        return Bags(np.concatenate([p.ids for p in parts]), np.concatenate(offsets), weights)
+
+
+@dataclass
+class Batch:
+    """n examples (see the module docstring)."""
+
+    labels: np.ndarray
+    fields: dict[str, Bags]
+    dense: np.ndarray | None = None
+    probs: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.labels = np.asarray(self.labels, dtype=np.float32)
+        n = len(self.labels)
+        if self.labels.shape != (n,):
+            raise ValueError(f"labels have shape {self.labels.shape}, expected ({n},)")
+        for name, bags in self.fields.items():
+            if len(bags) != n:
+                raise ValueError(f"field {name!r} has {len(bags)} examples, the labels {n}")
+        if self.probs is not None and self.probs.shape != (n,):
+            raise ValueError(f"probs has shape {self.probs.shape}, expected ({n},)")
+        if self.dense is not None and (self.dense.ndim != 2 or self.dense.shape[0] != n):
+            raise ValueError(f"dense has shape {self.dense.shape}, expected ({n}, features)")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def dense_or_empty(self) -> np.ndarray:
+        """dense, or an (n, 0) array when the data has no numeric features."""
+        return self.dense if self.dense is not None else np.zeros((len(self), 0), dtype=np.float32)
+
+    def slice(self, lo: int, hi: int) -> Batch:
+        """Examples [lo, hi)."""
+        return Batch(
+            self.labels[lo:hi],
+            {name: bags.slice(lo, hi) for name, bags in self.fields.items()},
+            None if self.dense is None else self.dense[lo:hi],
+            None if self.probs is None else self.probs[lo:hi],
+        )
+
+    def take(self, examples: np.ndarray) -> Batch:
+        """The given examples (int indices), in that order."""
+        return Batch(
+            self.labels[examples],
+            {name: bags.take(examples) for name, bags in self.fields.items()},
+            None if self.dense is None else self.dense[examples],
+            None if self.probs is None else self.probs[examples],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[Batch]) -> Batch:
+        """The examples of every part, in order (the parts have the same fields)."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        return Batch(
+            np.concatenate([p.labels for p in parts]),
+            {name: Bags.concat([p.fields[name] for p in parts]) for name in first.fields},
+            None if first.dense is None else np.concatenate([p.dense for p in parts]),
+            None if first.probs is None else np.concatenate([p.probs for p in parts]),
+        )
+
+
+@dataclass
+class TableIds:
+    """The ids one table serves in a batch: uniq uint64 (u,) sorted; index {field: int64 (nnz_f,)}, the
+    position in uniq of each id of the field; shows and clicks float32 (u,): occurrences of each id, and
+    those of them in clicked examples."""
+
+    uniq: np.ndarray
+    index: dict[str, np.ndarray]
+    shows: np.ndarray
+    clicks: np.ndarray
+
+
+def table_ids(batch: Batch, field_tables: Mapping[str, str]) -> dict[str, TableIds]:
+    """{table: TableIds} of a batch, field_tables mapping each field of the batch to its table."""
+    by_table: dict[str, list[str]] = {}
+    for name in batch.fields:
+        by_table.setdefault(field_tables[name], []).append(name)
+    out = {}
+    for table, names in by_table.items():
+        bags = [batch.fields[name] for name in names]
+        uniq, inverse = np.unique(np.concatenate([b.ids for b in bags]), return_inverse=True)
+        inverse = inverse.ravel().astype(np.int64)
+        labels = np.concatenate([batch.labels[b.example_of_each_id()] for b in bags])
+        index, at = {}, 0
+        for name, b in zip(names, bags):
+            index[name] = inverse[at : at + len(b.ids)]
+            at += len(b.ids)
+        shows = np.bincount(inverse, minlength=len(uniq)).astype(np.float32)
+        clicks = np.bincount(inverse, weights=labels, minlength=len(uniq)).astype(np.float32)
+        out[table] = TableIds(uniq, index, shows, clicks)
+    return out

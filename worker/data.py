@@ -1,0 +1,202 @@
+"""Where a run's examples come from: files read through a schema, or the synthetic generator; the validation split.
+
+    train()       this worker's training batches (worker i of n reads its share), less the validation examples
+    validation()  the validation set, in memory: --validation-data (read whole), or the examples the split
+                  selected from this worker's share, at most max_validation examples
+    eval()        the evaluation batches: --eval-data, or the synthetic eval rows; none otherwise
+
+The split: the k-th example of this worker's share (counting good examples from 0, in file order) is a
+validation example when mix64(k ^ VALIDATION_SALT) < fraction * 2**64. The same examples are picked on every
+pass, and training never sees them; once max_validation of them are kept, later picks are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ps.hashing import mix64
+from worker.batch import Batch
+from worker.formats import ReadStats, column_stats, open_data, read_batches
+from worker.schema import Schema, resolve_schema
+from worker.synthetic import SyntheticConfig, SyntheticData
+
+log = logging.getLogger("worker.data")
+VALIDATION_SALT = np.uint64(0x5EED_0F_5A11D)
+DEFAULT_MAX_VALIDATION = 200_000
+
+
+def count_lines(path: str, header: bool = False) -> int:
+    """Lines of a file (gzip read through), less a header line."""
+    n = 0
+    with open_data(path) as f:
+        while chunk := f.read(1 << 20):
+            n += chunk.count(b"\n")
+    return max(0, n - header)
+
+
+def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
+    """Which of the examples first..first+n-1 of a share the split selects (see the module docstring)."""
+    if fraction <= 0:
+        return np.zeros(n, dtype=bool)
+    k = np.arange(first, first + n, dtype=np.uint64)
+    threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
+    return mix64(k ^ VALIDATION_SALT) < threshold
+
+
+def rebatch(parts: Iterable[Batch], size: int) -> Iterator[Batch]:
+    """Batches of exactly `size` examples (the last may be smaller) from parts of any size, in order."""
+    pending: list[Batch] = []
+    count = 0
+    for part in parts:
+        if len(part) == 0:
+            continue
+        if not pending and len(part) == size:
+            yield part
+            continue
+        pending.append(part)
+        count += len(part)
+        if count >= size:
+            whole = Batch.concat(pending)
+            lo = 0
+            while count - lo >= size:
+                yield whole.slice(lo, lo + size)
+                lo += size
+            pending = [whole.slice(lo, count)] if lo < count else []
+            count -= lo
+    if pending:
+        yield Batch.concat(pending)
+
+
+class DataSource:
+    """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py)."""
+
+    def __init__(self, cfg: Any, *, default_table: str):
+        self.cfg = cfg
+        self.read_stats: list[tuple[str, ReadStats]] = []
+        self.synthetic: SyntheticData | None = None
+        self.batch_size = cfg.batch_size
+        self.max_validation = DEFAULT_MAX_VALIDATION
+        if cfg.data is None:
+            self.synthetic = SyntheticData(
+                SyntheticConfig(
+                    rows=cfg.synthetic_rows,
+                    seed=cfg.synthetic_seed,
+                    interactions=cfg.synthetic_interactions,
+                    history=cfg.synthetic_history,
+                )
+            )
+            self.schema = self._synthetic_schema(default_table)
+            n, i = cfg.synthetic_rows, cfg.worker_id
+            self.share = (n * i // cfg.num_workers, n * (i + 1) // cfg.num_workers)
+            self.examples = self.share[1] - self.share[0]
+        else:
+            self.schema = resolve_schema(
+                cfg.data, schema_path=cfg.schema, fmt=cfg.format, label_column=cfg.label_column,
+                drop_columns=cfg.drop_columns, numeric_columns=cfg.numeric_columns, libsvm_fields=cfg.libsvm_fields,
+                default_table=default_table, default_dim=cfg.embedding_dim,
+            )  # fmt: skip
+            header = self.schema.format == "csv"
+            self.examples = count_lines(cfg.data, header=header) // cfg.num_workers
+            if self.schema.needs_stats():
+                log.warning("computing the mean and std of the standardized columns over %s (one pass)", cfg.data)
+                self.schema = self.schema.with_stats(column_stats(cfg.data, self.schema))
+        self._validation: list[Batch] | None = None
+
+    def _synthetic_schema(self, default_table: str) -> Schema:
+        import os
+        import tempfile
+
+        from worker.schema import load_schema
+        from worker.synthetic import schema_text
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "synthetic.toml")
+            with open(path, "w") as f:
+                f.write(schema_text(self.synthetic.config))
+            return load_schema(path, default_table=default_table, default_dim=self.cfg.embedding_dim)
+
+    # ---- reading ---------------------------------------------------------------------------------------
+    def _read(self, path: str, worker_id: int, num_workers: int, track: bool = True) -> Iterator[Batch]:
+        stats = ReadStats()
+        if track:  # reported at the end of the run
+            self.read_stats.append((path, stats))
+        c = self.cfg
+        return read_batches(path, self.schema, self.batch_size, worker_id=worker_id, num_workers=num_workers,
+                            max_bad_lines=c.max_bad_lines, stats=stats)  # fmt: skip
+
+    def _share(self) -> Iterator[Batch]:
+        """This worker's examples, before the split."""
+        if self.synthetic is not None:
+            return self.synthetic.batches(self.batch_size, *self.share)
+        return self._read(self.cfg.data, self.cfg.worker_id, self.cfg.num_workers)
+
+    def _split(self, want_validation: bool) -> Iterator[Batch]:
+        fraction = self.cfg.validation_fraction or 0.0
+        first = 0
+        for batch in self._share():
+            mask = validation_mask(first, len(batch), fraction)
+            first += len(batch)
+            picked = np.flatnonzero(mask if want_validation else ~mask)
+            if len(picked) == len(batch):
+                yield batch
+            elif len(picked):
+                yield batch.take(picked)
+
+    def train(self) -> Iterator[Batch]:
+        if not self.cfg.validation_fraction:
+            return self._share()
+        return rebatch(self._split(want_validation=False), self.batch_size)
+
+    def validation(self) -> list[Batch]:
+        if self._validation is None:
+            self._validation = self._load_validation()
+        return self._validation
+
+    def _load_validation(self) -> list[Batch]:
+        if self.cfg.validation_data:
+            source: Iterable[Batch] = self._read(self.cfg.validation_data, 0, 1)
+        elif self.cfg.validation_fraction:
+            source = self._split(want_validation=True)
+        else:
+            return []
+        out, kept = [], 0
+        for batch in rebatch(source, self.batch_size):
+            take = min(len(batch), self.max_validation - kept)
+            out.append(batch if take == len(batch) else batch.slice(0, take))
+            kept += take
+            if kept >= self.max_validation:
+                break
+        return out
+
+    def eval(self) -> Iterator[Batch]:
+        if self.synthetic is not None:
+            rows = self.cfg.synthetic_rows
+            return self.synthetic.batches(self.batch_size, rows, rows + self.cfg.synthetic_eval_rows)
+        if self.cfg.eval_data:
+            return self._read(self.cfg.eval_data, 0, 1)
+        return iter(())
+
+    def first_batch(self) -> Batch:
+        """The first batch of the data (to check the data against the model before training)."""
+        source = (
+            self.synthetic.batches(1, 0, 1) if self.synthetic is not None else self._read(self.cfg.data, 0, 1, False)
+        )
+        first = next(iter(source), None)
+        if first is None:
+            raise ValueError(f"{self.cfg.data}: no examples to train on")
+        return first
+
+    def bad_lines_report(self) -> list[str]:
+        out = []
+        for path, s in self.read_stats:
+            if s.bad_lines:
+                out.append(
+                    f"{path}: skipped {s.bad_lines:,} malformed lines of {s.lines_read:,} (first: {s.first_bad})"
+                )
+            if getattr(s, "truncated_bags", 0):
+                out.append(f"{path}: {s.truncated_bags:,} bags were longer than their column's max_length and cut")
+        return out

@@ -1,0 +1,365 @@
+"""Cells of a data file -> a Batch, as a schema (worker/schema.py) says.
+
+    encode_examples(schema, labels, cells) -> Encoded(batch, bad, problems, truncated_bags)
+    encode(schema, labels, cells) -> Batch                  # ValueError at the first bad example
+
+    labels  float32 (n,) in {0, 1}
+    cells   {source column: str or bytes array (n,)}, one cell per example; "" is an empty (missing) cell
+
+Per column, in schema order (the Batch's fields: the sparse columns, then BIAS_FIELD with
+Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric features, None when D = 0):
+
+    categorical  hashed: features.space_ids(space, features.cat_values(cell)); raw: the decimal number
+                 (digits only, < 2**64 - 1), an empty cell giving 2**64 - 1
+    multi_hot    the cell split at the separator; empty tokens dropped; the first max_length tokens kept (a bag
+                 cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
+    weighted     as multi_hot, each token id:weight split at its last ":", the id non-empty, the weight a
+                 finite number (weights float32)
+    numeric      a number (float(), finite) or an empty cell (missing); log_buckets: an int64 integer (int()
+                 syntax, not -2**63); then log: log(1 + max(x, 0)); none: x; standardize: (x - mean) / std;
+                 missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
+                 missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x))
+
+An example with a cell that breaks these rules is bad: it is left out of the Batch, and `problems` says what
+was wrong (its first problem in column order). Tokens past max_length are dropped unread. Work is vectorized
+per column: categorical and numeric cells with numpy string ops, bags by splitting the joined cells once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from worker.batch import Bags, Batch
+from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
+from worker.models.spec import BIAS_FIELD
+from worker.schema import Column, Schema
+
+_MAX_RAW = "18446744073709551614"  # the largest raw id, 2**64 - 2: 2**64 - 1 is the missing one
+_INT_RANGE = f"({MISSING_INT}, {np.iinfo(np.int64).max}]"
+
+
+@dataclass
+class Encoded:
+    """batch: the good examples in input order; bad: int64 (b,) the input indices of the others, ascending;
+    problems: what was wrong with each of them; truncated_bags: bags of the good examples cut to max_length."""
+
+    batch: Batch
+    bad: np.ndarray
+    problems: list[str]
+    truncated_bags: int
+
+
+def encode(schema: Schema, labels: np.ndarray, cells: dict[str, np.ndarray]) -> Batch:
+    """The Batch of n examples; ValueError naming the first bad example and its problem."""
+    out = encode_examples(schema, labels, cells)
+    if len(out.bad):
+        raise ValueError(f"example {int(out.bad[0])}: {out.problems[0]}")
+    return out.batch
+
+
+def encode_examples(schema: Schema, labels: np.ndarray, cells: dict[str, np.ndarray]) -> Encoded:
+    """The Batch of the good examples, and which were bad and why (see the module docstring)."""
+    labels = np.asarray(labels, dtype=np.float32)
+    n = len(labels)
+    problems = _Problems(n)
+    numbers = _Numbers(schema, cells, n, problems)
+    spaces = schema.id_spaces()
+    fields: dict[str, Bags] = {}
+    dense_columns = schema.dense_columns()
+    dense = np.empty((n, len(dense_columns)), dtype=np.float32) if dense_columns else None
+    truncated = np.zeros(n, dtype=np.int64)
+    hashed = _cat_values_by_source(
+        [c for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"], cells, n
+    )
+    for c in schema.columns:
+        space = spaces.get(c.id_space, -1)
+        if not c.is_sparse:
+            dense[:, dense_columns.index(c)] = numbers.dense_values(c)
+        elif c.kind == "numeric":
+            fields[c.name] = Bags.one_per_example(space_ids(space, numbers.bucket_values(c)))
+        elif c.source in hashed and c.kind == "categorical":
+            fields[c.name] = Bags.one_per_example(space_ids(space, hashed[c.source]))
+        elif c.kind == "categorical":
+            fields[c.name] = Bags.one_per_example(_ids(c, space, _cells(cells, c, n), problems, None))
+        else:
+            fields[c.name] = _bags(c, space, _cells(cells, c, n), problems, truncated)
+    fields[BIAS_FIELD] = Bags.one_per_example(np.full(n, BIAS_ID, dtype=np.uint64))
+    batch = Batch(labels, fields, dense)
+    if not problems.bad.any():
+        return Encoded(batch, np.zeros(0, dtype=np.int64), [], int(truncated.sum()))
+    good = np.flatnonzero(~problems.bad)
+    bad = np.flatnonzero(problems.bad)
+    return Encoded(batch.take(good), bad, [problems.first[i] for i in bad.tolist()], int(truncated[good].sum()))
+
+
+class _Problems:
+    """The first problem of each bad example."""
+
+    def __init__(self, n: int):
+        self.bad = np.zeros(n, dtype=bool)
+        self.first: dict[int, str] = {}
+
+    def add(self, examples: np.ndarray, messages: list[str]) -> None:
+        for i, message in zip(np.asarray(examples).tolist(), messages):
+            if i not in self.first:
+                self.first[i] = message
+                self.bad[i] = True
+
+
+def _cells(cells: dict[str, np.ndarray], c: Column, n: int) -> np.ndarray:
+    if c.source not in cells:
+        raise ValueError(f"column {c.name!r} reads {c.source!r}, which is not among the cells {sorted(cells)}")
+    arr = np.asarray(cells[c.source])
+    if arr.dtype.kind not in "SU":
+        arr = arr.astype(np.str_)
+    if arr.shape != (n,):
+        raise ValueError(f"cells of {c.source!r} have shape {arr.shape}, expected ({n},)")
+    return arr
+
+
+def _cat_values_by_source(columns: list[Column], cells: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """{source: features.cat_values of its cells} for the sources of the columns, in one call per dtype kind
+    (cat_values costs a pass per character position, whatever the number of columns)."""
+    by_kind: dict[str, dict[str, np.ndarray]] = {}
+    for c in columns:
+        arr = _cells(cells, c, n)
+        by_kind.setdefault(arr.dtype.kind, {})[c.source] = arr
+    out = {}
+    for group in by_kind.values():
+        values = cat_values(np.stack(list(group.values()), axis=1))
+        out.update({source: values[:, j] for j, source in enumerate(group)})
+    return out
+
+
+def _shown(cell: str | bytes) -> str:
+    """A cell for a message: its text (UTF-8, bad bytes replaced), cut at 80 characters."""
+    text = cell.decode("utf-8", "replace") if isinstance(cell, bytes) else str(cell)
+    return repr(text) if len(text) <= 80 else repr(text[:80]) + f"... ({len(text)} characters)"
+
+
+def _empty(cells: np.ndarray) -> str | bytes:
+    return b"" if cells.dtype.kind == "S" else ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# ids
+
+
+def _ids(c: Column, space: int, tokens: np.ndarray, problems: _Problems, example: np.ndarray | None) -> np.ndarray:
+    """uint64 ids of tokens (cells, or bag tokens of the given examples): hashed in `space`, or raw decimals."""
+    if c.ids == "hashed":
+        return space_ids(space, cat_values(tokens))
+    ids, ok = raw_ids(tokens)
+    if not ok.all():
+        at = np.flatnonzero(~ok)
+        examples = at if example is None else example[at]
+        what = "is" if example is None else "has the id"
+        problems.add(
+            examples,
+            [
+                f"column {c.source!r} {what} {_shown(tokens[i])}, expected a decimal id below 2**64 - 1"
+                for i in at.tolist()
+            ],
+        )
+    return ids
+
+
+def raw_ids(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uint64 ids, ok) of decimal cells: digits only and < 2**64 - 1; an empty cell gives 2**64 - 1, ok."""
+    cells = np.asarray(cells)
+    if len(cells) == 0:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=bool)
+    lengths = np.strings.str_len(cells)
+    ok = np.strings.isdecimal(cells) if cells.dtype.kind == "U" else np.strings.isdigit(cells)
+    ok &= (lengths < 20) | ((lengths == 20) & (cells <= cells.dtype.type(_MAX_RAW)))
+    if cells.dtype.kind == "U":  # str.isdecimal takes other scripts' digits too: ASCII digits only
+        codes = np.ascontiguousarray(cells).view(np.uint32).reshape(len(cells), -1)
+        ok &= (codes < 128).all(axis=1)
+    ids = np.full(len(cells), MISSING_CAT, dtype=np.uint64)
+    ids[ok] = cells[ok].astype(np.uint64)
+    ok |= lengths == 0
+    return ids, ok
+
+
+def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncated: np.ndarray) -> Bags:
+    """A bag per cell (see the module docstring); truncated[i] += 1 for each example whose bag was cut."""
+    n = len(cells)
+    if n == 0:
+        return Bags(
+            np.zeros(0, np.uint64), np.zeros(1, np.int64), np.zeros(0, np.float32) if c.kind == "weighted" else None
+        )
+    sep = c.separator.encode() if cells.dtype.kind == "S" else c.separator
+    per_cell = np.strings.count(cells, sep) + 1
+    tokens = np.array(sep.join(cells.tolist()).split(sep), dtype=cells.dtype.kind)
+    example = np.repeat(np.arange(n, dtype=np.int64), per_cell)
+    present = tokens != _empty(tokens)
+    tokens, example = tokens[present], example[present]
+    lengths = np.bincount(example, minlength=n)
+    starts = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    position = np.arange(len(tokens), dtype=np.int64) - starts[example]
+    cut = lengths > c.max_length
+    if cut.any():
+        truncated += cut
+        kept = position < c.max_length
+        tokens, example = tokens[kept], example[kept]
+        lengths = np.minimum(lengths, c.max_length)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    weights = None
+    if c.kind == "weighted":
+        tokens, weights = _weighted(c, tokens, example, problems)
+    return Bags(_ids(c, space, tokens, problems, example), offsets, weights)
+
+
+def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Problems) -> tuple[np.ndarray, np.ndarray]:
+    """(id tokens, float32 weights) of id:weight tokens; bad tokens reported (their ids and weights unused)."""
+    colon = b":" if tokens.dtype.kind == "S" else ":"
+    ids, sep, weight_text = np.strings.rpartition(tokens, colon)
+    values, missing, ok = float_values(weight_text)
+    ok &= (sep != _empty(sep)) & (ids != _empty(ids)) & ~missing
+    if not ok.all():
+        at = np.flatnonzero(~ok)
+        message = "expected id:weight with a finite weight"
+        problems.add(
+            example[at], [f"column {c.source!r} has the token {_shown(tokens[i])}, {message}" for i in at.tolist()]
+        )
+    return ids, np.where(ok, values, 0.0).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# numbers
+
+
+def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(float64 values, missing, ok) of numeric cells: missing where the cell is empty or blank, ok where it is
+    missing or a finite number (Python float() syntax); values 0 where missing or not ok. Vectorized unless a
+    cell is blank or not a number."""
+    cells = np.asarray(cells)
+    missing = cells == _empty(cells)
+    try:
+        values = np.where(missing, _zero(cells), cells).astype(np.float64)
+    except ValueError:  # parse the distinct cells one by one
+        uniq, inverse = np.unique(cells, return_inverse=True)
+        listed = uniq.tolist()
+        inverse = inverse.reshape(cells.shape)
+        values = np.array([_float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
+        missing = np.array([not s.strip() for s in listed], dtype=bool)[inverse]
+    values[missing] = 0.0
+    ok = missing | np.isfinite(values)
+    values[~ok] = 0.0
+    return values, missing, ok
+
+
+def _float_or_nan(s: str | bytes) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        return math.nan
+
+
+def _zero(cells: np.ndarray) -> str | bytes:
+    return b"0" if cells.dtype.kind == "S" else "0"
+
+
+def int_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values, ok) of integer cells (Python int() syntax, within int64, not -2**63): an empty cell is
+    MISSING_INT and ok; a bad cell gives MISSING_INT, not ok. Vectorized unless a cell is bad."""
+    cells = np.asarray(cells)
+    empty = cells == _empty(cells)
+    try:
+        values = np.where(empty, _zero(cells), cells).astype(np.int64)
+        ok = empty | (values != MISSING_INT)
+    except (ValueError, OverflowError):
+        uniq, inverse = np.unique(cells, return_inverse=True)
+        parsed = np.array([_int64_or_missing(s) for s in uniq.tolist()], dtype=np.int64)
+        values = parsed[inverse.reshape(cells.shape)]
+        ok = empty | (values != MISSING_INT)
+    values[empty | ~ok] = MISSING_INT
+    return values, ok
+
+
+def _int64_or_missing(s: str | bytes) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        return int(MISSING_INT)
+    return v if int(MISSING_INT) < v <= np.iinfo(np.int64).max else int(MISSING_INT)
+
+
+class _Numbers:
+    """The parsed numeric sources of one call, each parsed once: as integers where a log_buckets column reads
+    the source (all of them in one int_values call per dtype kind; a float view of them then serves the other
+    transforms), else as floats. A source's problems are reported when a column first reads it."""
+
+    def __init__(self, schema: Schema, cells: dict[str, np.ndarray], n: int, problems: _Problems):
+        self.cells, self.n, self.problems = cells, n, problems
+        self.parsed_ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        by_kind: dict[str, dict[str, np.ndarray]] = {}
+        for c in schema.columns:
+            if c.transform == "log_buckets":
+                arr = _cells(cells, c, n)
+                by_kind.setdefault(arr.dtype.kind, {})[c.source] = arr
+        for group in by_kind.values():
+            values, ok = int_values(np.stack(list(group.values()), axis=1))
+            self.parsed_ints.update({source: (values[:, j], ok[:, j]) for j, source in enumerate(group)})
+        self.ints: dict[str, np.ndarray] = {}
+        self.floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _int(self, c: Column) -> np.ndarray:
+        if c.source not in self.ints:
+            values, ok = self.parsed_ints[c.source]
+            if not ok.all():
+                cells, at = self.cells[c.source], np.flatnonzero(~ok)
+                expected = f"expected empty or a base-10 integer in {_INT_RANGE}"
+                self.problems.add(at, [f"integer column {c.source!r} is {_shown(cells[i])}, {expected}" for i in at])
+            self.ints[c.source] = values
+        return self.ints[c.source]
+
+    def _float(self, c: Column) -> tuple[np.ndarray, np.ndarray]:
+        """(float64 values, missing)."""
+        if c.source not in self.floats:
+            if c.source in self.parsed_ints:
+                ints = self._int(c)
+                missing = ints == MISSING_INT
+                self.floats[c.source] = (np.where(missing, 0, ints).astype(np.float64), missing)
+            else:
+                cells = _cells(self.cells, c, self.n)
+                values, missing, ok = float_values(cells)
+                if not ok.all():
+                    at = np.flatnonzero(~ok)
+                    self.problems.add(
+                        at,
+                        [
+                            f"numeric column {c.source!r} is {_shown(cells[i])}, expected a finite number or empty"
+                            for i in at.tolist()
+                        ],
+                    )
+                self.floats[c.source] = (values, missing)
+        return self.floats[c.source]
+
+    def bucket_values(self, c: Column) -> np.ndarray:
+        """uint64 bucket values of a bucketize or log_buckets column."""
+        if c.transform == "log_buckets":
+            return int_bucket(self._int(c))
+        x, missing = self._float(c)
+        b = np.searchsorted(np.asarray(c.boundaries), x, side="right").astype(np.uint64)
+        b[missing] = MISSING_CAT
+        return b
+
+    def dense_values(self, c: Column) -> np.ndarray:
+        """float64 (n,) of a log, none or standardize column."""
+        x, missing = self._float(c)
+        if c.transform == "log":
+            out = np.log1p(np.maximum(x, 0.0))
+        elif c.transform == "standardize":
+            if c.mean is None or c.std is None:
+                raise ValueError(f"standardize column {c.name!r} has no mean and std: Schema.with_stats gives them")
+            out = (x - c.mean) / c.std
+        else:
+            out = x.copy()
+        out[missing] = 0.0
+        return out

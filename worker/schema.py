@@ -1,0 +1,513 @@
+"""The feature schema: how the columns of a data file become a model's sparse fields and numeric features.
+
+A schema is a TOML file (`--schema FILE`); `--format criteo|csv|libsvm` with the column flags are built-in
+schemas (builtin_schema), so every run reads its data through one. Grammar (keys not listed are errors):
+
+    format    = "csv"              # csv (default) | criteo | libsvm: how a line splits into columns, and the
+                                   # columns' names (worker/formats.py): csv the header's; criteo label, I1..I13,
+                                   # C1..C26; libsvm label, f0, f1, ... (f<k> the k-th id:value token's id)
+    delimiter = ","                # csv only: one character
+    label     = "label"            # the label column (0/1); default: the first column ("label" for criteo, libsvm)
+    bias_table = "item"            # the table holding the bias row (default: the first sparse column's table)
+
+    [tables.<name>]                # one section per table; a column without `table` uses the default table
+    dim = 16                       # v's width k (floats per row: 1 + k for lr/fm/deepfm, k for dnn); default:
+                                   #   the run's --embedding-dim
+    optimizer   = { name = "adagrad", learning_rate = 0.02 }      # and initializer, admission, eviction,
+    weight_bound = 10.0                                           # as in a --table-config section
+
+    [[columns]]                    # one entry per column used, in any order; other columns are ignored
+    name      = "clicked"          # the field's name, and the data column it reads unless `source` is given
+    source    = "clicked_items"    # the data column (default: name); two fields may read one column
+    kind      = "multi_hot"        # categorical | multi_hot | weighted | numeric
+    table     = "item"             # sparse kinds and bucketized numerics: the table looked up
+    id_space  = "item"             # columns of one id space give one value one id (default: the name)
+    ids       = "hashed"           # hashed (default) | raw: the cell is a decimal uint64, used as the id
+    separator = "|"                # multi_hot / weighted: between ids (default "|"); weighted: id:weight
+    pooling   = "mean"             # multi_hot / weighted: sum (default) | mean | sqrtn
+    max_length = 256               # multi_hot / weighted: ids kept per bag, the first ones (default 256)
+    transform = "log"              # numeric: log | standardize | none -> a numeric feature;
+                                   #          bucketize | log_buckets -> an id in `table`
+    boundaries = [1.0, 10.0, 100.0] # bucketize: sorted; bucket b holds boundaries[b-1] <= x < boundaries[b]
+    mean = 3.2                     # standardize: (x - mean) / std; missing here -> one pass over the
+    std  = 1.7                     #   training data computes them (a constant column takes std 1)
+
+Rules: a field name is unique and does not start with "_" (BIAS_FIELD, the bias's field, is the last field of
+every model); the label column is no column's source; a sparse column's table is declared under [tables] or
+is the default table; a declared table is used; `table` and `id_space` belong to sparse columns and bucketized
+numerics, `ids` to sparse kinds, and raw ids have no id space. Sparse fields come in column order, numeric
+features too.
+
+Values and ids (see worker/encode.py for the arrays): a categorical or bag token's value is
+features.cat_values of its text (hex of 1..16 digits is its number, else a hash; empty = missing); a hashed id
+is features' field hash of the value with the salt of its id space: id spaces are numbered in the order their
+first column appears among the schema's sparse columns, and space i takes salt index i (skipping 39, the
+bias's), so the Criteo schema gives exactly features.example_ids. log_buckets is features.int_bucket (Criteo's
+integer treatment); a missing numeric is 0 for log and none, the mean for standardize, and its own bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+
+from ps.config import MAX_DIM, TABLE_NAME_RE, TableConfig, table_configs_from_dict
+from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
+from worker.models.spec import BIAS_FIELD, POOLINGS, FieldSpec
+
+FORMATS = ("criteo", "csv", "libsvm")
+KINDS = ("categorical", "multi_hot", "weighted", "numeric")
+ID_KINDS = ("hashed", "raw")
+DENSE_TRANSFORMS = ("log", "standardize", "none")
+BUCKET_TRANSFORMS = ("bucketize", "log_buckets")
+CRITEO_COLUMNS = ("label", *(f"I{i + 1}" for i in range(NUM_INT_FIELDS)), *(f"C{i + 1}" for i in range(NUM_CAT_FIELDS)))
+LIBSVM_COLUMN = re.compile(r"f(0|[1-9][0-9]*)")
+_TOP_KEYS = ("format", "delimiter", "label", "bias_table", "tables", "columns")
+_SPARSE_KEYS = ("table", "id_space")
+_KEYS = {
+    "categorical": ("name", "source", "kind", *_SPARSE_KEYS, "ids"),
+    "multi_hot": ("name", "source", "kind", *_SPARSE_KEYS, "ids", "separator", "pooling", "max_length"),
+    "numeric": ("name", "source", "kind", "transform", *_SPARSE_KEYS, "boundaries", "mean", "std"),
+}
+_KEYS["weighted"] = _KEYS["multi_hot"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One field of a schema (see the module docstring). Sparse columns carry their table (the default table
+    filled in) and, for hashed ids, their id space; numeric features carry neither."""
+
+    name: str
+    source: str
+    kind: str
+    table: str | None = None
+    id_space: str | None = None
+    ids: str = "hashed"
+    separator: str = "|"
+    pooling: str = "sum"
+    max_length: int = 256
+    transform: str | None = None
+    boundaries: tuple[float, ...] = ()
+    mean: float | None = None
+    std: float | None = None
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether the column gives ids (a sparse field) rather than a numeric feature."""
+        return self.kind != "numeric" or self.transform in BUCKET_TRANSFORMS
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A table of a schema: its width k, and its other TableConfig fields as table_configs_from_dict gives them
+    (name and dim left out)."""
+
+    dim: int
+    overrides: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A parsed schema (see the module docstring); label None means the csv header's first column."""
+
+    format: str
+    delimiter: str
+    label: str | None
+    columns: tuple[Column, ...]
+    tables: dict[str, TableSchema]
+    bias_table: str
+
+    def sparse_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if c.is_sparse)
+
+    def dense_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if not c.is_sparse)
+
+    def id_spaces(self) -> dict[str, int]:
+        """{id space: its number, features.space_ids' space}, in the order of first appearance among the sparse
+        columns."""
+        out: dict[str, int] = {}
+        for c in self.sparse_columns():
+            if c.id_space is not None:
+                out.setdefault(c.id_space, len(out))
+        return out
+
+    def model_fields(self) -> tuple[FieldSpec, ...]:
+        """One FieldSpec per sparse column, then the bias field on bias_table."""
+        out = [FieldSpec(c.name, c.table, self.tables[c.table].dim, c.pooling) for c in self.sparse_columns()]
+        return (*out, FieldSpec(BIAS_FIELD, self.bias_table, self.tables[self.bias_table].dim))
+
+    def table_dims(self) -> dict[str, int]:
+        """{table: its width k}, in the order the model fields first use them."""
+        return {f.table: f.dim for f in self.model_fields()}
+
+    def table_overrides(self) -> dict[str, dict]:
+        """{table: the TableConfig fields its [tables] section sets, and its name} (not dim: the schema's dim is
+        the width k, which the model turns into the row width)."""
+        return {name: {"name": name, **self.tables[name].overrides} for name in self.table_dims()}
+
+    def needs_stats(self) -> bool:
+        """Whether a standardize column lacks its mean or std (formats.column_stats computes them)."""
+        return any(c.transform == "standardize" and (c.mean is None or c.std is None) for c in self.columns)
+
+    def with_stats(self, stats: dict[str, tuple[float, float]]) -> Schema:
+        """The schema with the missing means and stds of standardize columns taken from stats {column name:
+        (mean, std)}; a std of 0 becomes 1."""
+        columns = []
+        for c in self.columns:
+            if c.transform == "standardize" and (c.mean is None or c.std is None):
+                if c.name not in stats:
+                    raise ValueError(f"no statistics for standardize column {c.name!r}; got {sorted(stats)}")
+                mean, std = (float(v) for v in stats[c.name])
+                std = std if std > 0 else 1.0
+                c = dataclasses.replace(c, mean=mean if c.mean is None else c.mean, std=std if c.std is None else c.std)
+            columns.append(c)
+        return dataclasses.replace(self, columns=tuple(columns))
+
+    def to_toml(self) -> str:
+        """The schema as a TOML file that load_schema reads back to an equal Schema (every table spelled out)."""
+        lines = [f"format = {_toml(self.format)}"]
+        if self.format == "csv":
+            lines.append(f"delimiter = {_toml(self.delimiter)}")
+        if self.label is not None:
+            lines.append(f"label = {_toml(self.label)}")
+        lines.append(f"bias_table = {_toml(self.bias_table)}")
+        for name, t in self.tables.items():
+            lines += ["", f"[tables.{_toml_key(name)}]", f"dim = {t.dim}"]
+            for key, value in t.overrides.items():
+                value = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+                lines.append(f"{key} = {_toml(value)}")
+        for c in self.columns:
+            lines += ["", "[[columns]]", *_entry(c, with_table=True)]
+        return "\n".join(lines) + "\n"
+
+
+def _toml(value: object) -> str:
+    """A TOML value: strings, numbers, booleans, lists and inline tables."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ("nan" if math.isnan(value) else f"{'-' * (value < 0)}inf")
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml(v)}" for k, v in value.items()) + " }" if value else "{}"
+    raise ValueError(f"cannot write {value!r} as TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reading a schema file
+
+
+def load_schema(path: str, *, default_table: str, default_dim: int) -> Schema:
+    """The schema of a TOML file; ValueError naming the file, the column or key, and what is expected."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the schema: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: {e}") from None
+    return _parse(doc, str(path), default_table, default_dim)
+
+
+def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema:
+    _known(doc, _TOP_KEYS, path)
+    fmt = _value(doc, "format", str, path, "csv", FORMATS)
+    delimiter = ","
+    if "delimiter" in doc:
+        if fmt != "csv":
+            raise ValueError(f"{path}: delimiter is for csv only, the format is {fmt}")
+        delimiter = _value(doc, "delimiter", str, path)
+        if len(delimiter) != 1 or delimiter in '"\r\n\0':
+            raise ValueError(f"{path}: delimiter {delimiter!r}, expected one character other than a quote or newline")
+    label = _value(doc, "label", str, path, None if fmt == "csv" else "label")
+    if fmt != "csv" and label != "label":
+        raise ValueError(f"{path}: label {label!r}: a {fmt} file's label column is 'label'")
+    tables = _tables(_value(doc, "tables", dict, path, {}), path, default_dim)
+    entries = _value(doc, "columns", list, path, [])
+    if not entries:
+        raise ValueError(f"{path}: no [[columns]]; expected at least one column")
+    columns = tuple(_column(e, path, i, fmt, default_table) for i, e in enumerate(entries))
+    _check_columns(columns, label, tables, default_table, path)
+    for c in columns:
+        if c.table is not None and c.table not in tables:
+            tables[c.table] = TableSchema(default_dim)
+    first_table = next((c.table for c in columns if c.is_sparse), default_table)
+    bias_table = _value(doc, "bias_table", str, path, first_table)
+    if bias_table not in tables and bias_table != default_table:
+        raise ValueError(f"{path}: bias_table {bias_table!r} is not declared; tables: {sorted(tables)}")
+    tables.setdefault(bias_table, TableSchema(default_dim))
+    used = {c.table for c in columns} | {bias_table}
+    unused = [t for t in tables if t not in used]
+    if unused:
+        raise ValueError(f"{path}: tables {unused} are declared but no column (nor bias_table) uses them")
+    return Schema(fmt, delimiter, label, columns, tables, bias_table)
+
+
+def _known(spec: dict, keys: tuple[str, ...], where: str) -> None:
+    unknown = [k for k in spec if k not in keys]
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r}; expected some of {list(keys)}")
+
+
+def _value(spec: dict, key: str, kind: type, where: str, default: object = ..., choices: tuple = ()) -> object:
+    """spec[key] checked to be of `kind` (and among choices); default when absent (required without one)."""
+    if key not in spec:
+        if default is ...:
+            raise ValueError(f"{where}: {key} is missing")
+        return default
+    value = spec[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        expected = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a table"}[kind]
+        raise ValueError(f"{where}: {key} is {value!r}, expected {expected}")
+    if choices and value not in choices:
+        raise ValueError(f"{where}: {key} {value!r} is unknown; expected one of {list(choices)}")
+    return value
+
+
+def _tables(doc: dict, path: str, default_dim: int) -> dict[str, TableSchema]:
+    out = {}
+    for name, fields in table_configs_from_dict(doc, f"{path} [tables]").items():
+        where = f"{path}: [tables.{name}]"
+        if not TABLE_NAME_RE.fullmatch(name):
+            raise ValueError(f"{where}: the name is invalid; expected 1-128 characters of [A-Za-z0-9_.-]")
+        dim = _value(fields, "dim", int, where, default_dim)
+        if not 1 <= dim <= MAX_DIM:
+            raise ValueError(f"{where}: dim {dim}, expected 1..{MAX_DIM}")
+        try:
+            TableConfig(**{**fields, "dim": dim}).validate()
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: {e}") from None
+        out[name] = TableSchema(dim, {k: v for k, v in fields.items() if k not in ("name", "dim")})
+    return out
+
+
+def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -> Column:
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: columns[{index}]: expected a [[columns]] table, got {spec!r}")
+    name = _value(spec, "name", str, f"{path}: columns[{index}]")
+    where = f"{path}: column {name!r}"
+    if not name or name.startswith("_"):
+        raise ValueError(f"{where}: a name must be non-empty and not start with '_' (reserved: {BIAS_FIELD!r})")
+    kind = _value(spec, "kind", str, where, ..., KINDS)
+    _known(spec, _KEYS[kind], f"{where} ({kind})")
+    source = _value(spec, "source", str, where, name)
+    if fmt == "criteo" and source not in CRITEO_COLUMNS[1:]:
+        raise ValueError(f"{where}: source {source!r} is not a criteo column; expected I1..I13 or C1..C26")
+    if fmt == "libsvm" and not LIBSVM_COLUMN.fullmatch(source):
+        raise ValueError(f"{where}: source {source!r} is not a libsvm column; expected f0, f1, ...")
+    transform = None
+    if kind == "numeric":
+        transform = _value(spec, "transform", str, where, ..., DENSE_TRANSFORMS + BUCKET_TRANSFORMS)
+    sparse = kind != "numeric" or transform in BUCKET_TRANSFORMS
+    for key, applies in (("table", sparse), ("id_space", sparse), ("boundaries", transform == "bucketize"),
+                         ("mean", transform == "standardize"), ("std", transform == "standardize")):  # fmt: skip
+        if key in spec and not applies:
+            raise ValueError(f"{where}: {key} does not apply to a {kind} column with transform {transform}")
+    ids = _value(spec, "ids", str, where, "hashed", ID_KINDS)
+    if ids == "raw" and "id_space" in spec:
+        raise ValueError(f"{where}: raw ids have no id space; drop id_space or use ids = 'hashed'")
+    table = _value(spec, "table", str, where, default_table) if sparse else None
+    if table is not None and not TABLE_NAME_RE.fullmatch(table):
+        raise ValueError(f"{where}: table {table!r}, expected 1-128 characters of [A-Za-z0-9_.-]")
+    id_space = _value(spec, "id_space", str, where, name) if sparse and ids == "hashed" else None
+    if id_space == "":
+        raise ValueError(f"{where}: id_space is empty")
+    separator = _value(spec, "separator", str, where, "|")
+    if len(separator) != 1 or separator in "\r\n\0" or (kind == "weighted" and separator == ":"):
+        raise ValueError(f"{where}: separator {separator!r}, expected one character (not a newline, nor ':')")
+    max_length = _value(spec, "max_length", int, where, 256)
+    if max_length < 1:
+        raise ValueError(f"{where}: max_length {max_length}, expected >= 1")
+    pooling = _value(spec, "pooling", str, where, "sum", POOLINGS)
+    return Column(name, source, kind, table, id_space, ids, separator, pooling, max_length, transform,
+                  _boundaries(spec, where, transform), _number(spec, "mean", where), _std(spec, where))  # fmt: skip
+
+
+def _boundaries(spec: dict, where: str, transform: str | None) -> tuple[float, ...]:
+    if transform != "bucketize":
+        return ()
+    values = _value(spec, "boundaries", list, where)
+    ok = all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+    if not values or not ok or any(a >= b for a, b in zip(values, values[1:])):
+        raise ValueError(f"{where}: boundaries {values!r}, expected finite numbers in increasing order")
+    return tuple(float(v) for v in values)
+
+
+def _number(spec: dict, key: str, where: str) -> float | None:
+    value = _value(spec, key, float, where, None)
+    if value is not None and not math.isfinite(value):
+        raise ValueError(f"{where}: {key} {value}, expected a finite number")
+    return value
+
+
+def _std(spec: dict, where: str) -> float | None:
+    std = _number(spec, "std", where)
+    if std is not None and std <= 0:
+        raise ValueError(f"{where}: std {std}, expected > 0")
+    return std
+
+
+def _check_columns(columns: tuple[Column, ...], label: str | None, tables: dict, default_table: str, path: str) -> None:
+    seen: set[str] = set()
+    for c in columns:
+        if c.name in seen:
+            raise ValueError(f"{path}: column {c.name!r} appears twice; field names must be unique")
+        seen.add(c.name)
+        if c.source == label:
+            raise ValueError(f"{path}: column {c.name!r} reads {c.source!r}, the label column")
+        if c.table is not None and c.table not in tables and c.table != default_table:
+            raise ValueError(
+                f"{path}: column {c.name!r}: table {c.table!r} is not declared ([tables.{c.table}]) and is not "
+                f"the default table {default_table!r}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Built-in schemas
+
+
+def builtin_schema(
+    fmt: str,
+    *,
+    default_table: str,
+    default_dim: int,
+    header: list[str] | None = None,
+    label_column: str | None = None,
+    drop_columns: tuple[str, ...] | list[str] = (),
+    numeric_columns: tuple[str, ...] | list[str] = (),
+    libsvm_fields: int | None = None,
+) -> Schema:
+    """The schema of `--format fmt` and the column flags, every sparse column on default_table:
+
+    criteo  sparse fields I1..I13 (log_buckets of the integer) and C1..C26 (categorical), then the numeric
+            features I1_log..I13_log (log): the ids of features.example_ids and the dense_features.
+    csv     the header's columns other than the label (label_column, default the first) and drop_columns:
+            numeric_columns are numeric features (log) in the order given, the others categorical sparse
+            fields in header order (id space f for the f-th of them).
+    libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id in id space k.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
+    if fmt != "csv" and (label_column is not None or drop_columns or numeric_columns):
+        raise ValueError(f"label_column, drop_columns and numeric_columns apply to csv only, not {fmt}")
+    if libsvm_fields is not None and (fmt != "libsvm" or libsvm_fields < 0):
+        raise ValueError(f"libsvm_fields is {libsvm_fields} for format {fmt}; expected libsvm and >= 0")
+    t = default_table
+    label: str | None = "label"
+    if fmt == "criteo":
+        ints, cats = CRITEO_COLUMNS[1 : 1 + NUM_INT_FIELDS], CRITEO_COLUMNS[1 + NUM_INT_FIELDS :]
+        columns = [Column(s, s, "numeric", t, s, transform="log_buckets") for s in ints]
+        columns += [Column(s, s, "categorical", t, s) for s in cats]
+        columns += [Column(f"{s}_log", s, "numeric", transform="log") for s in ints]
+    elif fmt == "libsvm":
+        if libsvm_fields is None:
+            raise ValueError("the built-in libsvm schema needs libsvm_fields, the number of fields K")
+        columns = [Column(f"f{k}", f"f{k}", "categorical", t, f"f{k}") for k in range(libsvm_fields)]
+    else:
+        label, numeric, categorical = _csv_roles(header, label_column, tuple(drop_columns), tuple(numeric_columns))
+        columns = [Column(h, h, "categorical", t, h) for h in categorical]
+        columns += [Column(h, h, "numeric", transform="log") for h in numeric]
+    return Schema(fmt, ",", label, tuple(columns), {t: TableSchema(default_dim)}, t)
+
+
+def _csv_roles(
+    header: list[str] | None, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
+) -> tuple[str, list[str], list[str]]:
+    """(label, numeric columns in the order given, categorical columns in header order) of a csv header."""
+    if not header:
+        raise ValueError("the header line names no columns")
+    named = ([label_column] if label_column is not None else []) + list(drop) + list(numeric)
+    unknown = [c for c in dict.fromkeys(named) if c not in header]
+    if unknown:
+        raise ValueError(f"columns {unknown} are not in the header; its columns are {header}")
+    label = header[0] if label_column is None else label_column
+    roles = {"label": {label}, "drop": set(drop), "numeric": set(numeric)}
+    for a, b in (("label", "drop"), ("label", "numeric"), ("drop", "numeric")):
+        if roles[a] & roles[b]:
+            raise ValueError(f"columns {sorted(roles[a] & roles[b])} are both {a} and {b} columns")
+    used = [h for h in header if h not in roles["drop"] and h != label]
+    repeated = sorted({h for h in [label, *used] if header.count(h) > 1})
+    if repeated:
+        raise ValueError(
+            f"columns {repeated} appear more than once in the header {header}; drop them or write a schema"
+        )
+    bad = [h for h in used if not h or h.startswith("_")]
+    if bad:
+        raise ValueError(
+            f"columns {bad}: a field name must be non-empty and not start with '_'; drop them or write a schema"
+        )
+    return label, list(numeric), [h for h in used if h not in roles["numeric"]]
+
+
+def resolve_schema(
+    data: str | None,
+    *,
+    schema_path: str | None,
+    fmt: str,
+    label_column: str | None,
+    drop_columns: tuple[str, ...] | list[str],
+    numeric_columns: tuple[str, ...] | list[str],
+    libsvm_fields: int | None,
+    default_table: str,
+    default_dim: int,
+) -> Schema:
+    """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
+    column flags, reading the csv header or the libsvm field count K from the file `data`."""
+    if schema_path is not None:
+        flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
+                 "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None}  # fmt: skip
+        given = [flag for flag, on in flags.items() if on]
+        if given:
+            raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
+        return load_schema(schema_path, default_table=default_table, default_dim=default_dim)
+    from worker.formats import libsvm_field_count, read_csv_header
+
+    header = None
+    if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
+        raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
+    if fmt == "csv":
+        header = read_csv_header(data, ",")
+        if header is None:
+            raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
+    if fmt == "libsvm" and libsvm_fields is None:
+        libsvm_fields = libsvm_field_count(data)
+    try:
+        return builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
+                              label_column=label_column, drop_columns=drop_columns, numeric_columns=numeric_columns,
+                              libsvm_fields=libsvm_fields)  # fmt: skip
+    except ValueError as e:
+        raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A starting schema from a sample of the data
+
+
+def _entry(c: Column, with_table: bool) -> list[str]:
+    """The TOML lines of one [[columns]] entry: name, kind, the table if with_table, other keys not at their
+    defaults (source and id_space are the name's by default)."""
+    defaults = dataclasses.replace(Column(c.name, c.source, c.kind), source=c.name, id_space=c.name)
+    out = []
+    for f in dataclasses.fields(Column):
+        value = getattr(c, f.name)
+        if value is None or (f.name == "table" and not with_table):
+            continue
+        if f.name in ("name", "kind", "table") or value != getattr(defaults, f.name):
+            out.append(f"{f.name} = {_toml(value)}")
+    return out

@@ -1,0 +1,110 @@
+"""`ps-worker schema --data FILE`: a starting feature schema (worker/schema.py) inferred from a sample of a file.
+
+The rules, per CSV column of the sample (the label: a column named like LABEL_NAMES holding only 0 and 1, else
+the first such column, else the first column):
+    numbers in every non-empty cell   few distinct integers -> categorical; non-negative and heavy-tailed
+                                      (skewness > 1) -> numeric, log; else numeric, standardize with the
+                                      sample's mean and std
+    cells with | ; or , whose tokens repeat   multi_hot (weighted when every token is id:number)
+    anything else                     categorical
+criteo and libsvm files get their built-in schema, written out. The TOML says in comments what was inferred
+from how many rows, for a person to review before training.
+"""
+
+from __future__ import annotations
+
+import math
+
+from worker.schema import FORMATS, Column, _entry, _toml, builtin_schema
+
+LABEL_NAMES = ("label", "click", "clicked", "y", "target")
+_BAG_SEPARATORS = "|;,"
+_FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
+_HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
+
+
+def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
+    """A starting schema for a data file, as TOML with comments saying what was inferred from how many rows.
+    csv: from the header and the first sample_rows records (see _infer_column for the rules); criteo and
+    libsvm: their built-in schema, written out."""
+    from worker.formats import libsvm_field_count, read_csv_sample
+
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
+    lines = [f"# A starting schema for {path} (ps-worker schema); see worker/schema.py for every key."]
+    if fmt != "csv":
+        k = libsvm_field_count(path) if fmt == "libsvm" else None
+        schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k)
+        lines += [f"# The built-in {fmt} schema{f' ({k} fields)' if k is not None else ''}.", f'format = "{fmt}"']
+        for c in schema.columns:
+            lines += ["", "[[columns]]", *_entry(c, with_table=False)]
+        return "\n".join(lines) + "\n"
+    header, rows = read_csv_sample(path, delimiter, sample_rows)
+    columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
+    label = next((h for h in header if h.lower() in LABEL_NAMES and _is_binary(columns[h])), None)
+    label = label or next((h for h in header if _is_binary(columns[h])), None)
+    lines.append(f"# Inferred from the header and the first {len(rows)} rows.")
+    lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
+    if label is None:
+        label = header[0]
+        lines.append("# No column holds only 0 and 1: the first column is taken as the label. Check it.")
+    lines.append(f"label = {_toml(label)}")
+    for j, h in enumerate(header):
+        if h == label:
+            continue
+        if header.index(h) != j:
+            lines += ["", f"# column {j} repeats the name {h!r}: left out"]
+            continue
+        name = h if h and not h.startswith("_") else f"column{j}"
+        column, comment = _infer_column(name, h, columns[h])
+        lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _floats(cells: list[str]) -> list[float] | None:
+    """The cells as finite numbers, or None if one is not."""
+    try:
+        values = [float(c) for c in cells]
+    except ValueError:
+        return None
+    return values if all(math.isfinite(v) for v in values) else None
+
+
+def _is_binary(cells: list[str]) -> bool:
+    values = _floats(cells)
+    return bool(cells) and values is not None and set(values) <= {0.0, 1.0}
+
+
+def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str]:
+    """The column and a comment, by the rules of the module docstring."""
+    present = [c for c in cells if c.strip()]
+    seen = f"{len(present)} of {len(cells)} cells non-empty, {len(set(present))} distinct"
+    if len(present) > 1 and len(set(present)) == len(present):
+        seen += "; every value distinct: an identifier? then delete this entry"
+    values = _floats(present)
+    if present and values is not None:
+        if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
+            return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"
+        n = len(values)
+        mean = sum(values) / n
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
+        skew = sum((v - mean) ** 3 for v in values) / n / std**3 if std > 0 else 0.0
+        if min(values) >= 0 and skew > _HEAVY_SKEW:
+            return Column(
+                name, source, "numeric", transform="log"
+            ), f"non-negative numbers, skewness {skew:.1f} ({seen}): log"
+        return (
+            Column(name, source, "numeric", transform="standardize", mean=mean, std=std if std > 0 else 1.0),
+            f"numbers, skewness {skew:.1f} ({seen}): standardize with the sample's mean and std (delete them to "
+            "compute them over the training data)",
+        )
+    for sep in _BAG_SEPARATORS:
+        tokens = [t for c in present for t in c.split(sep) if t]
+        weighted = bool(tokens) and all(t.rpartition(":")[0] and _floats([t.rpartition(":")[2]]) for t in tokens)
+        keys = [t.rpartition(":")[0] for t in tokens] if weighted else tokens
+        if any(sep in c for c in present) and len(set(keys)) <= len(keys) / 2:
+            kind = "weighted" if weighted else "multi_hot"
+            longest = max(len(c.split(sep)) for c in present)
+            comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
+            return Column(name, source, kind, separator=sep), comment
+    return Column(name, source, "categorical"), f"text ({seen}): categorical"
