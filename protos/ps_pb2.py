@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\x08sparseps\"\xaf\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\rlearning_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x33\n\x06params\x18\x03 \x03(\x0b\x32#.sparseps.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_learning_rate\"K\n\x0fInitializerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x42\x08\n\x06_scale\"_\n\rAdmissionSpec\x12\x16\n\tmin_count\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0bprobability\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_min_countB\x0e\n\x0c_probability\"\xae\x01\n\x0c\x45victionSpec\x12\x11\n\tttl_steps\x18\x01 \x01(\x04\x12\x17\n\x0fscore_threshold\x18\x02 \x01(\x01\x12\x12\n\x05\x64\x65\x63\x61y\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cnonclk_coeff\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0b\x63lick_coeff\x18\x05 \x01(\x01H\x02\x88\x01\x01\x42\x08\n\x06_decayB\x0f\n\r_nonclk_coeffB\x0e\n\x0c_click_coeff\"\xfa\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12.\n\x0binitializer\x18\x03 \x01(\x0b\x32\x19.sparseps.InitializerSpec\x12*\n\toptimizer\x18\x04 \x01(\x0b\x32\x17.sparseps.OptimizerSpec\x12\x14\n\x0cweight_bound\x18\x05 \x01(\x01\x12*\n\tadmission\x18\x06 \x01(\x0b\x32\x17.sparseps.AdmissionSpec\x12(\n\x08\x65viction\x18\x07 \x01(\x0b\x32\x16.sparseps.EvictionSpec\x12\n\n\x02l2\x18\x08 \x01(\x01\"7\n\x12\x43reateTableRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"T\n\tTableInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x12\n\nrow_floats\x18\x03 \x01(\r\")\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\")\n\x0cPullResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"y\n\x0bPushRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\r\n\x05shows\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x06 \x01(\x0c\x12\x13\n\x0breturn_rows\x18\x07 \x01(\x08\"#\n\x0cPushResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\"8\n\x10PullBatchRequest\x12$\n\x05pulls\x18\x01 \x03(\x0b\x32\x15.sparseps.PullRequest\"<\n\x11PullBatchResponse\x12\'\n\x07replies\x18\x01 \x03(\x0b\x32\x16.sparseps.PullResponse\"p\n\x10PushBatchRequest\x12%\n\x06pushes\x18\x01 \x03(\x0b\x32\x15.sparseps.PushRequest\x12\x15\n\radvance_clock\x18\x02 \x01(\x04\x12\x11\n\tclient_id\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\"\\\n\x11PushBatchResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12$\n\x04rows\x18\x03 \x03(\x0b\x32\x16.sparseps.PullResponse\"V\n\x11\x43heckpointRequest\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0b\n\x03\x64ir\x18\x02 \x01(\t\x12\x16\n\x0ehold_timeout_s\x18\x03 \x01(\x01\x12\r\n\x05token\x18\x04 \x01(\t\"F\n\x12\x43heckpointResponse\x12\r\n\x05\x63lock\x18\x01 \x01(\x04\x12\x12\n\nshard_json\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\"\x0e\n\x0cStatsRequest\"\xc7\x02\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05pulls\x18\x04 \x01(\x04\x12\x0e\n\x06pushes\x18\x05 \x01(\x04\x12\x12\n\nids_pulled\x18\x06 \x01(\x04\x12\x12\n\nids_pushed\x18\x07 \x01(\x04\x12\x13\n\x0brows_in_ram\x18\x08 \x01(\x04\x12\x14\n\x0crows_on_disk\x18\t \x01(\x04\x12\x12\n\ndirty_rows\x18\n \x01(\x04\x12\x11\n\tevictions\x18\x0b \x01(\x04\x12\x11\n\tram_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_misses\x18\r \x01(\x04\x12\x13\n\x0bpending_ids\x18\x0e \x01(\x04\x12\x12\n\ndisk_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\x10 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x11 \x01(\x04\"$\n\x13\x41\x64vanceClockRequest\x12\r\n\x05steps\x18\x01 \x01(\x04\"\x1d\n\rClockResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\"\x1e\n\rShrinkRequest\x12\r\n\x05table\x18\x01 \x01(\t\"H\n\x0eShrinkResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x04\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x13\n\x0bpending_ids\x18\x03 \x01(\x04\"\xea\x01\n\rStatsResponse\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12$\n\x06tables\x18\x04 \x03(\x0b\x32\x14.sparseps.TableStats\x12\x10\n\x08\x64\x61ta_dir\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x18\n\x10ram_budget_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eram_used_bytes\x18\x08 \x01(\x04\x12\x15\n\rjournal_bytes\x18\t \x01(\x04\x12\r\n\x05\x63lock\x18\n \x01(\x04\x32\x9b\x05\n\x0fParameterServer\x12@\n\x0b\x43reateTable\x12\x1c.sparseps.CreateTableRequest\x1a\x13.sparseps.TableInfo\x12\x44\n\rDescribeTable\x12\x1e.sparseps.DescribeTableRequest\x1a\x13.sparseps.TableInfo\x12\x35\n\x04Pull\x12\x15.sparseps.PullRequest\x1a\x16.sparseps.PullResponse\x12\x35\n\x04Push\x12\x15.sparseps.PushRequest\x1a\x16.sparseps.PushResponse\x12\x44\n\tPullBatch\x12\x1a.sparseps.PullBatchRequest\x1a\x1b.sparseps.PullBatchResponse\x12\x44\n\tPushBatch\x12\x1a.sparseps.PushBatchRequest\x1a\x1b.sparseps.PushBatchResponse\x12G\n\nCheckpoint\x12\x1b.sparseps.CheckpointRequest\x1a\x1c.sparseps.CheckpointResponse\x12\x38\n\x05Stats\x12\x16.sparseps.StatsRequest\x1a\x17.sparseps.StatsResponse\x12\x46\n\x0c\x41\x64vanceClock\x12\x1d.sparseps.AdvanceClockRequest\x1a\x17.sparseps.ClockResponse\x12;\n\x06Shrink\x12\x17.sparseps.ShrinkRequest\x1a\x18.sparseps.ShrinkResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\x08sparseps\"\xaf\x01\n\rOptimizerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1a\n\rlearning_rate\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x33\n\x06params\x18\x03 \x03(\x0b\x32#.sparseps.OptimizerSpec.ParamsEntry\x1a-\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x10\n\x0e_learning_rate\"K\n\x0fInitializerSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\x05scale\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x42\x08\n\x06_scale\"_\n\rAdmissionSpec\x12\x16\n\tmin_count\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0bprobability\x18\x02 \x01(\x01H\x01\x88\x01\x01\x42\x0c\n\n_min_countB\x0e\n\x0c_probability\"\xae\x01\n\x0c\x45victionSpec\x12\x11\n\tttl_steps\x18\x01 \x01(\x04\x12\x17\n\x0fscore_threshold\x18\x02 \x01(\x01\x12\x12\n\x05\x64\x65\x63\x61y\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x19\n\x0cnonclk_coeff\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x18\n\x0b\x63lick_coeff\x18\x05 \x01(\x01H\x02\x88\x01\x01\x42\x08\n\x06_decayB\x0f\n\r_nonclk_coeffB\x0e\n\x0c_click_coeff\"\xfa\x01\n\tTableSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12.\n\x0binitializer\x18\x03 \x01(\x0b\x32\x19.sparseps.InitializerSpec\x12*\n\toptimizer\x18\x04 \x01(\x0b\x32\x17.sparseps.OptimizerSpec\x12\x14\n\x0cweight_bound\x18\x05 \x01(\x01\x12*\n\tadmission\x18\x06 \x01(\x0b\x32\x17.sparseps.AdmissionSpec\x12(\n\x08\x65viction\x18\x07 \x01(\x0b\x32\x16.sparseps.EvictionSpec\x12\n\n\x02l2\x18\x08 \x01(\x01\"7\n\x12\x43reateTableRequest\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\"%\n\x14\x44\x65scribeTableRequest\x12\r\n\x05table\x18\x01 \x01(\t\"T\n\tTableInfo\x12!\n\x04spec\x18\x01 \x01(\x0b\x32\x13.sparseps.TableSpec\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x12\n\nrow_floats\x18\x03 \x01(\r\")\n\x0bPullRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\")\n\x0cPullResponse\x12\x0c\n\x04rows\x18\x01 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\"\x8c\x01\n\x0bPushRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x01(\x0c\x12\r\n\x05grads\x18\x03 \x01(\x0c\x12\x0b\n\x03\x64im\x18\x04 \x01(\r\x12\r\n\x05shows\x18\x05 \x01(\x0c\x12\x0e\n\x06\x63licks\x18\x06 \x01(\x0c\x12\x13\n\x0breturn_rows\x18\x07 \x01(\x08\x12\x11\n\tadd_delta\x18\x08 \x01(\x08\"#\n\x0cPushResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\"8\n\x10PullBatchRequest\x12$\n\x05pulls\x18\x01 \x03(\x0b\x32\x15.sparseps.PullRequest\"<\n\x11PullBatchResponse\x12\'\n\x07replies\x18\x01 \x03(\x0b\x32\x16.sparseps.PullResponse\"p\n\x10PushBatchRequest\x12%\n\x06pushes\x18\x01 \x03(\x0b\x32\x15.sparseps.PushRequest\x12\x15\n\radvance_clock\x18\x02 \x01(\x04\x12\x11\n\tclient_id\x18\x03 \x01(\x04\x12\x0b\n\x03seq\x18\x04 \x01(\x04\"\\\n\x11PushBatchResponse\x12\x13\n\x0bnum_applied\x18\x01 \x01(\x04\x12\x0c\n\x04step\x18\x02 \x01(\x04\x12$\n\x04rows\x18\x03 \x03(\x0b\x32\x16.sparseps.PullResponse\"V\n\x11\x43heckpointRequest\x12\r\n\x05phase\x18\x01 \x01(\t\x12\x0b\n\x03\x64ir\x18\x02 \x01(\t\x12\x16\n\x0ehold_timeout_s\x18\x03 \x01(\x01\x12\r\n\x05token\x18\x04 \x01(\t\"F\n\x12\x43heckpointResponse\x12\r\n\x05\x63lock\x18\x01 \x01(\x04\x12\x12\n\nshard_json\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\"\x0e\n\x0cStatsRequest\"\xc7\x02\n\nTableStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03\x64im\x18\x02 \x01(\r\x12\x10\n\x08num_rows\x18\x03 \x01(\x04\x12\r\n\x05pulls\x18\x04 \x01(\x04\x12\x0e\n\x06pushes\x18\x05 \x01(\x04\x12\x12\n\nids_pulled\x18\x06 \x01(\x04\x12\x12\n\nids_pushed\x18\x07 \x01(\x04\x12\x13\n\x0brows_in_ram\x18\x08 \x01(\x04\x12\x14\n\x0crows_on_disk\x18\t \x01(\x04\x12\x12\n\ndirty_rows\x18\n \x01(\x04\x12\x11\n\tevictions\x18\x0b \x01(\x04\x12\x11\n\tram_bytes\x18\x0c \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_misses\x18\r \x01(\x04\x12\x13\n\x0bpending_ids\x18\x0e \x01(\x04\x12\x12\n\ndisk_bytes\x18\x0f \x01(\x04\x12\x10\n\x08\x61\x64mitted\x18\x10 \x01(\x04\x12\x0f\n\x07\x64ropped\x18\x11 \x01(\x04\"$\n\x13\x41\x64vanceClockRequest\x12\r\n\x05steps\x18\x01 \x01(\x04\"\x1d\n\rClockResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\"\x1e\n\rShrinkRequest\x12\r\n\x05table\x18\x01 \x01(\t\"H\n\x0eShrinkResponse\x12\x0f\n\x07\x64ropped\x18\x01 \x01(\x04\x12\x10\n\x08num_rows\x18\x02 \x01(\x04\x12\x13\n\x0bpending_ids\x18\x03 \x01(\x04\"\xea\x01\n\rStatsResponse\x12\x10\n\x08shard_id\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x11\n\tnum_slots\x18\x03 \x01(\r\x12$\n\x06tables\x18\x04 \x03(\x0b\x32\x14.sparseps.TableStats\x12\x10\n\x08\x64\x61ta_dir\x18\x05 \x01(\t\x12\x10\n\x08uptime_s\x18\x06 \x01(\x01\x12\x18\n\x10ram_budget_bytes\x18\x07 \x01(\x04\x12\x16\n\x0eram_used_bytes\x18\x08 \x01(\x04\x12\x15\n\rjournal_bytes\x18\t \x01(\x04\x12\r\n\x05\x63lock\x18\n \x01(\x04\x32\x9b\x05\n\x0fParameterServer\x12@\n\x0b\x43reateTable\x12\x1c.sparseps.CreateTableRequest\x1a\x13.sparseps.TableInfo\x12\x44\n\rDescribeTable\x12\x1e.sparseps.DescribeTableRequest\x1a\x13.sparseps.TableInfo\x12\x35\n\x04Pull\x12\x15.sparseps.PullRequest\x1a\x16.sparseps.PullResponse\x12\x35\n\x04Push\x12\x15.sparseps.PushRequest\x1a\x16.sparseps.PushResponse\x12\x44\n\tPullBatch\x12\x1a.sparseps.PullBatchRequest\x1a\x1b.sparseps.PullBatchResponse\x12\x44\n\tPushBatch\x12\x1a.sparseps.PushBatchRequest\x1a\x1b.sparseps.PushBatchResponse\x12G\n\nCheckpoint\x12\x1b.sparseps.CheckpointRequest\x1a\x1c.sparseps.CheckpointResponse\x12\x38\n\x05Stats\x12\x16.sparseps.StatsRequest\x1a\x17.sparseps.StatsResponse\x12\x46\n\x0c\x41\x64vanceClock\x12\x1d.sparseps.AdvanceClockRequest\x1a\x17.sparseps.ClockResponse\x12;\n\x06Shrink\x12\x17.sparseps.ShrinkRequest\x1a\x18.sparseps.ShrinkResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -55,36 +55,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PULLREQUEST']._serialized_end=1034
   _globals['_PULLRESPONSE']._serialized_start=1036
   _globals['_PULLRESPONSE']._serialized_end=1077
-  _globals['_PUSHREQUEST']._serialized_start=1079
-  _globals['_PUSHREQUEST']._serialized_end=1200
-  _globals['_PUSHRESPONSE']._serialized_start=1202
-  _globals['_PUSHRESPONSE']._serialized_end=1237
-  _globals['_PULLBATCHREQUEST']._serialized_start=1239
-  _globals['_PULLBATCHREQUEST']._serialized_end=1295
-  _globals['_PULLBATCHRESPONSE']._serialized_start=1297
-  _globals['_PULLBATCHRESPONSE']._serialized_end=1357
-  _globals['_PUSHBATCHREQUEST']._serialized_start=1359
-  _globals['_PUSHBATCHREQUEST']._serialized_end=1471
-  _globals['_PUSHBATCHRESPONSE']._serialized_start=1473
-  _globals['_PUSHBATCHRESPONSE']._serialized_end=1565
-  _globals['_CHECKPOINTREQUEST']._serialized_start=1567
-  _globals['_CHECKPOINTREQUEST']._serialized_end=1653
-  _globals['_CHECKPOINTRESPONSE']._serialized_start=1655
-  _globals['_CHECKPOINTRESPONSE']._serialized_end=1725
-  _globals['_STATSREQUEST']._serialized_start=1727
-  _globals['_STATSREQUEST']._serialized_end=1741
-  _globals['_TABLESTATS']._serialized_start=1744
-  _globals['_TABLESTATS']._serialized_end=2071
-  _globals['_ADVANCECLOCKREQUEST']._serialized_start=2073
-  _globals['_ADVANCECLOCKREQUEST']._serialized_end=2109
-  _globals['_CLOCKRESPONSE']._serialized_start=2111
-  _globals['_CLOCKRESPONSE']._serialized_end=2140
-  _globals['_SHRINKREQUEST']._serialized_start=2142
-  _globals['_SHRINKREQUEST']._serialized_end=2172
-  _globals['_SHRINKRESPONSE']._serialized_start=2174
-  _globals['_SHRINKRESPONSE']._serialized_end=2246
-  _globals['_STATSRESPONSE']._serialized_start=2249
-  _globals['_STATSRESPONSE']._serialized_end=2483
-  _globals['_PARAMETERSERVER']._serialized_start=2486
-  _globals['_PARAMETERSERVER']._serialized_end=3153
+  _globals['_PUSHREQUEST']._serialized_start=1080
+  _globals['_PUSHREQUEST']._serialized_end=1220
+  _globals['_PUSHRESPONSE']._serialized_start=1222
+  _globals['_PUSHRESPONSE']._serialized_end=1257
+  _globals['_PULLBATCHREQUEST']._serialized_start=1259
+  _globals['_PULLBATCHREQUEST']._serialized_end=1315
+  _globals['_PULLBATCHRESPONSE']._serialized_start=1317
+  _globals['_PULLBATCHRESPONSE']._serialized_end=1377
+  _globals['_PUSHBATCHREQUEST']._serialized_start=1379
+  _globals['_PUSHBATCHREQUEST']._serialized_end=1491
+  _globals['_PUSHBATCHRESPONSE']._serialized_start=1493
+  _globals['_PUSHBATCHRESPONSE']._serialized_end=1585
+  _globals['_CHECKPOINTREQUEST']._serialized_start=1587
+  _globals['_CHECKPOINTREQUEST']._serialized_end=1673
+  _globals['_CHECKPOINTRESPONSE']._serialized_start=1675
+  _globals['_CHECKPOINTRESPONSE']._serialized_end=1745
+  _globals['_STATSREQUEST']._serialized_start=1747
+  _globals['_STATSREQUEST']._serialized_end=1761
+  _globals['_TABLESTATS']._serialized_start=1764
+  _globals['_TABLESTATS']._serialized_end=2091
+  _globals['_ADVANCECLOCKREQUEST']._serialized_start=2093
+  _globals['_ADVANCECLOCKREQUEST']._serialized_end=2129
+  _globals['_CLOCKRESPONSE']._serialized_start=2131
+  _globals['_CLOCKRESPONSE']._serialized_end=2160
+  _globals['_SHRINKREQUEST']._serialized_start=2162
+  _globals['_SHRINKREQUEST']._serialized_end=2192
+  _globals['_SHRINKRESPONSE']._serialized_start=2194
+  _globals['_SHRINKRESPONSE']._serialized_end=2266
+  _globals['_STATSRESPONSE']._serialized_start=2269
+  _globals['_STATSRESPONSE']._serialized_end=2503
+  _globals['_PARAMETERSERVER']._serialized_start=2506
+  _globals['_PARAMETERSERVER']._serialized_end=3173
 # @@protoc_insertion_point(module_scope)

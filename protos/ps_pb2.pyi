@@ -114,7 +114,7 @@ class PullResponse(_message.Message):
     def __init__(self, rows: _Optional[bytes] = ..., dim: _Optional[int] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("table", "ids", "grads", "dim", "shows", "clicks", "return_rows")
+    __slots__ = ("table", "ids", "grads", "dim", "shows", "clicks", "return_rows", "add_delta")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     GRADS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +122,7 @@ class PushRequest(_message.Message):
     SHOWS_FIELD_NUMBER: _ClassVar[int]
     CLICKS_FIELD_NUMBER: _ClassVar[int]
     RETURN_ROWS_FIELD_NUMBER: _ClassVar[int]
+    ADD_DELTA_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: bytes
     grads: bytes
@@ -129,7 +130,8 @@ class PushRequest(_message.Message):
     shows: bytes
     clicks: bytes
     return_rows: bool
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., return_rows: _Optional[bool] = ...) -> None: ...
+    add_delta: bool
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[bytes] = ..., grads: _Optional[bytes] = ..., dim: _Optional[int] = ..., shows: _Optional[bytes] = ..., clicks: _Optional[bytes] = ..., return_rows: _Optional[bool] = ..., add_delta: _Optional[bool] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("num_applied",)

@@ -196,7 +196,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return reply
 
     def _decode_push(self, request) -> tuple:
-        """(table name, ids, grads, shows, clicks) of a PushRequest, with its lengths and dim checked."""
+        """(table name, ids, grads, shows, clicks, add_delta) of a PushRequest, with its lengths and dim checked:
+        a push as Shard.push and Shard.push_batch take it."""
         table = self.shard.table(request.table)
         if request.dim != table.dim:
             raise InvalidArgumentError(f"push says dim {request.dim}, but table {request.table!r} has dim {table.dim}")
@@ -204,7 +205,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")
         shows = wire.decode_rows(request.shows, len(ids), 1, "shows")[:, 0] if request.shows else None
         clicks = wire.decode_rows(request.clicks, len(ids), 1, "clicks")[:, 0] if request.clicks else None
-        return request.table, ids, grads, shows, clicks
+        return request.table, ids, grads, shows, clicks, request.add_delta
 
     @_rpc
     def Push(self, request: Any, context: grpc.ServicerContext) -> Message:

@@ -187,9 +187,12 @@ class RequestSource:
                     "dim", "shows", "clicks", "duplicate", "overflow"]  # fmt: skip
 
     def _push(self, bad: str | None) -> ps_pb2.PushRequest:
-        if bad == "overflow":  # sgd with lr 1: -3e38 twice overflows float32
-            ids, grads = self.overflow_ids, np.full((len(self.overflow_ids), 4), -3e38, "<f4")
-            return ps_pb2.PushRequest(table="sgd", ids=ids.tobytes(), grads=grads.tobytes(), dim=4)
+        """A push; a quarter of them add their grads as deltas (add_delta), the others go through the optimizer."""
+        add_delta = self.rng.random() < 0.25
+        if bad == "overflow":  # sgd with lr 1 (or a delta): 3e38 added twice overflows float32
+            ids = self.overflow_ids
+            grads = np.full((len(ids), 4), 3e38 if add_delta else -3e38, "<f4")
+            return ps_pb2.PushRequest(table="sgd", ids=ids.tobytes(), grads=grads.tobytes(), dim=4, add_delta=add_delta)
         table = self._table(bad == "table")
         dim = self.tables[table][0] if table in self.tables else 4
         ids = self._ids(bad if bad in ("theirs", "mixed", "ragged", "random", "extremes") else None)
@@ -200,7 +203,7 @@ class RequestSource:
         req_dim = self.rng.choice([0, dim + 1, dim - 1, 2**32 - 1]) if bad == "dim" else dim
         return ps_pb2.PushRequest(
             table=table, ids=raw, grads=self._grads(n, dim, bad), dim=req_dim,
-            shows=self._counts(n, bad == "shows"), clicks=self._counts(n, bad == "clicks"),
+            shows=self._counts(n, bad == "shows"), clicks=self._counts(n, bad == "clicks"), add_delta=add_delta,
         )  # fmt: skip
 
     def push(self) -> tuple[Message, str]:

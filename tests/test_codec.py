@@ -99,12 +99,12 @@ def test_the_grammar_declares_every_field_of_ps_proto_and_no_other():
 
 def test_the_check_bites_on_a_field_added_to_ps_proto():
     def add_field(proto):
-        f = message_proto(proto, "PushRequest").field.add(name="sync", number=8)
+        f = message_proto(proto, "PushRequest").field.add(name="sync", number=9)
         f.type, f.label = FieldDescriptorProto.TYPE_BOOL, FieldDescriptorProto.LABEL_OPTIONAL
 
     FieldDescriptorProto = descriptor_pb2.FieldDescriptorProto
     assert differences(edited_file(add_field), codec.SCHEMA) == [
-        "PushRequest field 8 ('sync', 0, 'bool', False) is not in the codec's grammar"
+        "PushRequest field 9 ('sync', 0, 'bool', False) is not in the codec's grammar"
     ]
 
     def retype(proto):
@@ -212,7 +212,7 @@ uint64 = st.integers(0, 2**64 - 1)
 def push_requests(draw):
     return ps_pb2.PushRequest(
         table=draw(names), ids=draw(blobs), grads=draw(blobs), dim=draw(st.integers(0, 2**32 - 1)),
-        shows=draw(blobs), clicks=draw(blobs), return_rows=draw(st.booleans()),
+        shows=draw(blobs), clicks=draw(blobs), return_rows=draw(st.booleans()), add_delta=draw(st.booleans()),
     )  # fmt: skip
 
 

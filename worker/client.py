@@ -18,6 +18,7 @@ import logging
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 
 import grpc
 import numba
@@ -87,6 +88,16 @@ def push_arrays(
     uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
     order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
     return uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
+
+
+def _per_item(flags: bool | Sequence[bool], n: int) -> list[bool]:
+    """One flag per item of n: a single flag for all of them, or a sequence of n (ValueError for another length)."""
+    if isinstance(flags, (bool, np.bool_)):
+        return [bool(flags)] * n
+    out = [bool(f) for f in flags]
+    if len(out) != n:
+        raise ValueError(f"push_many has {len(out)} add_delta flags for {n} items")
+    return out
 
 
 class Client:
@@ -193,13 +204,21 @@ class Client:
                 rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
         return [rows[inverse.ravel()] for rows, inverse in plans]
 
-    def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None) -> None:
+    def push(
+        self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None, add_delta: bool = False
+    ) -> None:
         """Sums the grads of duplicate ids, then applies them on the owning shards. grads: (len(ids), dim).
         Each occurrence of an id is one show; clicks (len(ids),), e.g. the label of each occurrence's example,
-        are summed per id the same way (None: no clicks)."""
-        self.push_many([(table, ids, grads, clicks)])
+        are summed per id the same way (None: no clicks). add_delta: see push_many."""
+        self.push_many([(table, ids, grads, clicks)], add_delta=add_delta)
 
-    def push_many(self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False) -> list | None:
+    def push_many(
+        self,
+        items: list[tuple],
+        advance_clock: int = 0,
+        return_rows: bool = False,
+        add_delta: bool | Sequence[bool] = False,
+    ) -> list | None:
         """push() of several (table, ids, grads, clicks) at once and (if advance_clock > 0) the clock advance of
         every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight together.
         A shard applies its batch only if every push in it is valid.
@@ -210,9 +229,14 @@ class Client:
         then would: a training step's push and pull in one round trip. (Past max_request_bytes a shard gets its
         batches one after the other, and an item's rows are those after its own batch.)
 
+        add_delta (one flag for every item, or one per item): the item's grads are deltas that the shards add to
+        the embeddings as they are, with no optimizer step and the optimizer state untouched (e.g. best rows -
+        current rows, to restore a model); duplicate ids' deltas are summed, and shows and clicks count as for
+        any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
+
         Sent again while a shard is unavailable (see the module docstring), and applied once."""
         requests, plans = [], []
-        for table, ids, grads, clicks, *shows in items:
+        for (table, ids, grads, clicks, *shows), delta in zip(items, _per_item(add_delta, len(items)), strict=True):
             dim = self.dim(table)
             uniq, item_grads, item_shows, item_clicks, order = push_arrays(
                 table, ids, grads, clicks, shows[0] if shows else None, dim
@@ -227,6 +251,7 @@ class Client:
                     shows=wire.encode_rows(item_shows[sel]),
                     clicks=wire.encode_rows(item_clicks[sel]),
                     return_rows=return_rows,
+                    add_delta=delta,
                 )
                 requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
             plans.append((rows, order))

@@ -3,6 +3,10 @@
 Each method validates its whole request before touching state and raises ps.errors exceptions, which the
 service maps to gRPC status codes. Ownership: a shard accepts only ids whose slot it owns (ps.sharding).
 
+A push is (table name, ids, grads, shows, clicks[, add_delta]): grads go through the table's optimizer, or with
+add_delta true are added to the embeddings as they are (ps.rows.update's ADD_DELTA rule: the optimizer state is
+untouched; shows, clicks, admission and weight clipping apply as usual). Its journal record keeps the rule.
+
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread writes
 dirty rows to RocksDB every flush_interval_s (or once the journal has grown by journal_flush_bytes), records
 the journal position they cover, and deletes the journal segments below it. Start-up replays what is left;
@@ -36,6 +40,7 @@ from ps.errors import (
     echo,
 )
 from ps.rows.finite import first_non_finite
+from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
@@ -193,10 +198,11 @@ class Shard:
         grads: np.ndarray,
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
+        add_delta: bool = False,
     ) -> tuple:
-        """Validates a push without changing anything; returns (table, ids, grads, shows, clicks) for apply_push.
-        shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
-        id."""
+        """Validates a push without changing anything; returns (table, ids, grads, shows, clicks, rule) for
+        apply_push. shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0
+        clicks per id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
         table = self.table(name)
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
@@ -227,12 +233,13 @@ class Shard:
                     f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
                 )
         self.check_owned(ids)
-        return table, ids, grads, shows, clicks
+        return table, ids, grads, shows, clicks, ADD_DELTA if add_delta else OPTIMIZE
 
     def apply_push(self, checked: tuple, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """Applies a push that check_push accepted (journaled with its origin, then applied in RAM)."""
-        table, ids, grads, shows, clicks = checked
-        table.push(ids, grads, shows, clicks, self.clock, origin)
+        """Applies a push that check_push accepted (applied in RAM by its rule, journaled with its origin and
+        rule)."""
+        table, ids, grads, shows, clicks, rule = checked
+        table.push(ids, grads, shows, clicks, self.clock, origin, rule)
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
 
@@ -243,16 +250,17 @@ class Shard:
         grads: np.ndarray,
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
+        add_delta: bool = False,
     ) -> None:
         """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
-        id."""
+        id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
         with self._push_gate():
-            self.apply_push(self.check_push(name, ids, grads, shows, clicks))
+            self.apply_push(self.check_push(name, ids, grads, shows, clicks, add_delta))
 
     def push_batch(self, pushes: list[tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0) -> tuple:
-        """Several pushes (name, ids, grads, shows, clicks) of one request, then the clock advanced; returns
-        (clock, pushes applied now). All are validated (duplicate ids included) before any is applied; then each
-        is applied in order, journaled with (client, client_seq, its index).
+        """Several pushes (name, ids, grads, shows, clicks[, add_delta]) of one request, then the clock advanced;
+        returns (clock, pushes applied now). All are validated (duplicate ids included) before any is applied;
+        then each is applied in order, by its own rule, journaled with (client, client_seq, its index).
 
         Exactly once: a request with a client id is applied at most once however often it is retried. The
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of

@@ -4,7 +4,7 @@
   hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows (dirty ones are written back
   first, in one WriteBatch); then one compiled gather.
 - push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, update the rows in
-  place (ps.rows.update: optimizer step, then statistics and admission, weight clipping) keeping an undo copy,
+  place (ps.rows.update: the push's rule, then statistics and admission, weight clipping) keeping an undo copy,
   then append the push to the journal (durable from here on); a float32 overflow or a failed journal write puts
   the undo copy back. The rows become dirty and carry the push's seq as their lsn. The Shard's flusher writes
   dirty rows to RocksDB.
@@ -12,7 +12,12 @@
   its show count reaches admission.min_count (and then with admission.probability per push). Until then its
   pushes only count, its pulls return the initial value, and RocksDB keeps only its statistics.
 - shrink: decay show and click, drop ids past their TTL or under the score threshold, in RAM and RocksDB.
-- replay (start-up): journal records after the last flush are applied again to the rows whose lsn is older.
+- rules: a push applies its grads by one of ps.rows.update's rules: OPTIMIZE (the table's optimizer step) or
+  ADD_DELTA (grads added to the embeddings as they are, the optimizer state untouched); statistics, admission
+  and clipping apply either way. ADD_DELTA applies no lazy L2, yet stamps the rows' last step: the decay a row
+  owed since its previous push is dropped. The journal record keeps the rule.
+- replay (start-up): journal records after the last flush are applied again, each by its rule, to the rows whose
+  lsn is older.
 A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows; a
 push in chunks computes every chunk into a buffer first and puts them into the arena once it is journaled.
 Thread-safety: one lock per table serializes pull, push, flush, shrink.
@@ -25,7 +30,7 @@ import time
 import numpy as np
 
 from ps.config import TableConfig
-from ps.errors import InvalidArgumentError, RamTierTooSmallError, ShardClosingError
+from ps.errors import DataLossError, InvalidArgumentError, RamTierTooSmallError, ShardClosingError
 from ps.rows import update
 from ps.rows.initializers import init_rows
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
@@ -52,7 +57,10 @@ class Table:
         self.store = store
         self.journal = journal
         self.arena = Arena(self.width, budget, self._persist)
-        self.hyper = update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound, l2=cfg.l2)  # step 0
+        self.hyper = {  # rule -> hyper-parameter vector at step 0
+            rule: update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound, l2=cfg.l2, rule=rule)
+            for rule in update.RULES.values()
+        }
         self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
         self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
@@ -84,11 +92,12 @@ class Table:
         return out
 
     def push(self, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray, step: int,
-             origin: tuple[int, int, int] = (0, 0, 0)) -> int:  # fmt: skip
+             origin: tuple[int, int, int] = (0, 0, 0), rule: int = update.OPTIMIZE) -> int:  # fmt: skip
         """Applies one push of unique ids: (n, dim) finite grads, and per id its shows and clicks, at clock
-        step; origin (client, client_seq, part) goes into its journal record. Durable on return; returns the
-        journal seq. Nothing changes if it is rejected (duplicate ids, a
-        result that would not be finite) or the journal cannot be written."""
+        step, by `rule` (update.OPTIMIZE or update.ADD_DELTA); origin (client, client_seq, part) and the rule go
+        into its journal record. Durable on return; returns the journal seq. Nothing changes if it is rejected
+        (duplicate ids, a result that would not be finite) or the journal cannot be written."""
+        hyper = self._hyper_of(rule)
         ids = np.ascontiguousarray(ids, dtype="<u8")
         grads = np.ascontiguousarray(grads, dtype="<f4")
         shows = np.ascontiguousarray(shows, dtype="<f4")
@@ -100,7 +109,7 @@ class Table:
             chunks = list(self._chunks(len(ids)))
             if len(chunks) == 1:  # the common case: all rows fit in RAM at once
                 rows = self._rows_for_push(ids)
-                seq = self._push_in_place(rows, ids, grads, shows, clicks, step, origin)
+                seq = self._push_in_place(rows, Push(ids, rows, grads, shows, clicks), step, origin, rule)
                 self.counters["pushes"] += 1
                 self.counters["ids_pushed"] += len(ids)
                 return seq
@@ -108,7 +117,7 @@ class Table:
             _, first, counts = np.unique(ids, return_index=True, return_counts=True)
             if (counts > 1).any():
                 self._raise_duplicate(ids, int(np.setdiff1d(np.arange(len(ids)), first)[0]))
-            hp = update.at_step(self.hyper, step)
+            hp = update.at_step(hyper, step)
             updates = []  # (lo, hi, new rows, admitted): computed first, committed once journaled
             for lo, hi in chunks:
                 rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), reject_duplicates=True)
@@ -118,7 +127,7 @@ class Table:
                 if out.first_bad >= 0:
                     self._raise_non_finite(ids, grads, lo + out.first_bad)
                 updates.append((lo, hi, target.rows, out.admitted))
-            seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
+            seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin, rule)
             for lo, hi, buf, admitted in updates:  # an earlier chunk's rows may have been evicted (unchanged) since
                 self._commit(self._resolve(ids[lo:hi], self.arena.new_stamp()), buf, seq)
                 self.counters["admitted"] += admitted
@@ -126,19 +135,19 @@ class Table:
             self.counters["ids_pushed"] += len(ids)
             return seq
 
-    def _push_in_place(self, rows, ids, grads, shows, clicks, step, origin) -> int:
-        """Updates the resolved rows in the arena, then journals the push; a rejected update or a failed journal
-        write restores every row it touched. Nobody sees the rows in between (the table lock is held), and the
-        push is acknowledged only after the journal write, so a crash in between loses nothing acknowledged."""
+    def _push_in_place(self, rows, push: Push, step: int, origin, rule: int) -> int:
+        """Updates the resolved rows in the arena by the rule, then journals the push; a rejected update or a
+        failed journal write restores every row it touched. Nobody sees the rows in between (the table lock is
+        held), and the push is acknowledged only after the journal write, so a crash in between loses nothing
+        acknowledged."""
         expected = self.journal.next_seq  # the seq append() gives unless another table appends first
         target = update.in_place(len(rows), self.width, expected)
-        push = Push(ids, rows, grads, shows, clicks)
-        out = update.update(update.at_step(self.hyper, step), push, self.row_state, target)
+        out = update.update(update.at_step(self.hyper[rule], step), push, self.row_state, target)
         if out.first_bad >= 0:
             update.undo(self.row_state, rows, target)
-            self._raise_non_finite(ids, grads, out.first_bad)
+            self._raise_non_finite(push.ids, push.grads, out.first_bad)
         try:
-            seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin)
+            seq = self.journal.append(self.name, push.ids, push.grads, push.shows, push.clicks, step, origin, rule)
         except BaseException:
             update.undo(self.row_state, rows, target)
             raise
@@ -150,9 +159,16 @@ class Table:
         return seq
 
     def replay(self, record: Record) -> int:
-        """Applies a journal record to the rows it has not reached yet (lsn < seq). Returns rows updated."""
+        """Applies a journal record, by its rule, to the rows it has not reached yet (lsn < seq). Returns rows
+        updated. DataLossError for a rule that is not one of ps.rows.update's."""
+        if record.rule not in self.hyper:
+            raise DataLossError(
+                f"journal record {record.seq} (table {self.name!r}) has push rule {record.rule}, which is none of "
+                f"{sorted(update.RULES.values())} ({', '.join(update.RULES)}): restore the dir from a backup or "
+                "checkpoint"
+            )
         updated = 0
-        hp = update.at_step(self.hyper, record.step)
+        hp = update.at_step(self.hyper[record.rule], record.step)
         with self.lock:
             for lo, hi in self._chunks(len(record.ids)):
                 rows = self._resolve(record.ids[lo:hi], self.arena.new_stamp())
@@ -240,6 +256,13 @@ class Table:
         }
 
     # ---- internals (lock held) ----------------------------------------------------------------------
+    def _hyper_of(self, rule: int) -> np.ndarray:
+        """The step-0 hyper-parameter vector of a push rule; InvalidArgumentError for an unknown rule."""
+        hp = self.hyper.get(rule)
+        if hp is None:
+            raise InvalidArgumentError(f"push rule {rule} is unknown; expected one of {update.RULES}")
+        return hp
+
     def _check_open(self) -> None:
         if self.closed:
             raise ShardClosingError(f"table {self.name!r}: the server is shutting down")

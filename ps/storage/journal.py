@@ -8,6 +8,9 @@ Grammar (little-endian):
     record   := magic:u32 = 0x344A5350 ("PSJ4")  seq:u64  payload_len:u32  checksum:u64  payload
     payload  := head  ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
     head     := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64  part:u32
+                rule:u8
+    rule     := 0 (OPTIMIZE: the optimizer step on grads) | 1 (ADD_DELTA: grads added to the embeddings as they
+                are), ps.rows.update's rules; replay applies a record by its own rule (ps.engine.table)
     checksum := ps.storage.checksum.checksum64 of the buffers [magic seq payload_len, head, ids, grads, shows, clicks]
 The checksum covers the header's magic, seq and payload_len too, so a damaged seq or length fails it like a
 damaged payload. (client, client_seq, part) say which push of which client request the record is (0, 0, 0:
@@ -62,7 +65,7 @@ log = logging.getLogger(__name__)
 MAGIC = 0x344A5350  # "PSJ4"
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
-PAYLOAD_HEAD = struct.Struct("<IIQQQI")  # n, dim, step, client, client_seq, part (after the table name)
+PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
 RELEASE_BYTES = 32 << 20  # mapped records are released from the process's page tables this many bytes at a time
 
 
@@ -76,6 +79,7 @@ class Record:
     clicks: np.ndarray  # float32 (n,)
     step: int  # the shard's clock when the push was applied
     origin: tuple[int, int, int] = (0, 0, 0)  # (client, client_seq, part) of the request; 0s: none
+    rule: int = 0  # how the push applies grads: ps.rows.update's OPTIMIZE (0) or ADD_DELTA (1)
 
 
 class Journal:
@@ -297,13 +301,13 @@ class Journal:
 
     # ---- appends --------------------------------------------------------------------------------------
     def append(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray,
-               step: int, origin: tuple[int, int, int] = (0, 0, 0)) -> int:  # fmt: skip
+               step: int, origin: tuple[int, int, int] = (0, 0, 0), rule: int = 0) -> int:  # fmt: skip
         """Appends one push (ids <u8 (n,), grads <f4 (n, dim), shows and clicks <f4 (n,), all C-contiguous),
-        the clock step it was applied at and the (client, client_seq, part) it came from; returns its seq once
-        durable (and `applied` records the origin)."""
+        the clock step it was applied at, the (client, client_seq, part) it came from and its rule (0..255, see
+        the grammar); returns its seq once durable (and `applied` records the origin)."""
         n, dim = grads.shape
         name = table.encode()
-        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step, *origin)
+        head = struct.pack("<H", len(name)) + name + PAYLOAD_HEAD.pack(n, dim, step, *origin, rule)
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
         payload_len = len(head) + sum(len(a) for a in arrays)
         with self._lock:
@@ -476,7 +480,7 @@ def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
     p = start + 2 + name_len
     if p + PAYLOAD_HEAD.size > end:
         return None, pos
-    n, dim, step, *origin = PAYLOAD_HEAD.unpack_from(data, p)
+    n, dim, step, client, client_seq, part, rule = PAYLOAD_HEAD.unpack_from(data, p)
     p += PAYLOAD_HEAD.size
     ends = list(itertools.accumulate([p, 8 * n, 4 * n * dim, 4 * n, 4 * n]))  # ends of head, ids, grads, shows, clicks
     if ends[-1] != end:
@@ -495,4 +499,4 @@ def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
     p += 4 * n * dim
     shows = np.frombuffer(data, dtype="<f4", count=n, offset=p)
     clicks = np.frombuffer(data, dtype="<f4", count=n, offset=p + 4 * n)
-    return Record(seq, table, ids, grads, shows, clicks, step, tuple(origin)), end
+    return Record(seq, table, ids, grads, shows, clicks, step, (client, client_seq, part), rule), end
