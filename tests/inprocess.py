@@ -45,9 +45,11 @@ class InProcessTables:
     def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
         return [self.pull(table, ids) for table, ids in items]
 
-    def push_many(self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False) -> list | None:
+    def push_many(
+        self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False, add_delta: bool = False
+    ) -> list | None:
         """As Client.push_many: one batch, validated whole before any push is applied."""
-        self.shard.push_batch([self._item(*item) for item in items], advance_clock)
+        self.shard.push_batch([(*self._item(*item), add_delta) for item in items], advance_clock)
         return [self.pull(item[0], item[1]) for item in items] if return_rows else None
 
     def advance_clock(self, steps: int = 1) -> int:

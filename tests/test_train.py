@@ -135,3 +135,32 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
 def test_bad_settings_name_their_flag(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TrainConfig(local_shards=1), **change).validate()
+
+
+def test_early_stopping_with_one_worker_puts_the_best_model_back():
+    """The rows and dense parameters at the end equal those at the best evaluation (kept by the test when the
+    curve reported it), for the ids trained up to then."""
+    from worker.loop import evaluate
+
+    cfg = TrainConfig(local_shards=1, model="deepfm", hidden=(8,), synthetic_rows=4000, synthetic_eval_rows=500,
+                      learning_rate=0.5, epochs=30, early_stop=2, progress=False)  # fmt: skip
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        ids = np.unique(np.concatenate([bags.ids for b in data.train() for bags in b.fields.values()]))
+        kept = {}
+
+        def on_eval(entry):
+            if entry["best"]:
+                kept["rows"], kept["dense"] = (
+                    tables.pull(cfg.model, ids),
+                    {k: v.copy() for k, v in dense.values.items()},
+                )
+
+        settings = dataclasses.replace(loop_settings(cfg, data), restore_best=True)
+        result = run_epochs(tables, spec, backend, dense, data.train, settings, data.validation(), on_eval=on_eval)
+        assert result.stopped_early and result.restored_best and not result.curve[-1]["best"]
+        np.testing.assert_allclose(tables.pull(cfg.model, ids), kept["rows"], rtol=1e-5, atol=1e-6)
+        for name, value in dense.pull().items():
+            np.testing.assert_allclose(value, kept["dense"][name], rtol=1e-5, atol=1e-6)
+        again = evaluate(tables, spec, backend, dense.values, data.validation())
+        assert abs(again["eval_logloss"] - result.best["validation_logloss"]) < 1e-5

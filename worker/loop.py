@@ -9,7 +9,10 @@
                                sync is due; one clock advance)      # returns the rows it updated
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
-evaluations in a row.
+evaluations in a row. With restore_best (one worker), the model the tables hold at the best evaluation comes back
+at the end: at each new best the worker copies the rows of every id it has trained and the dense parameters
+(BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state stays as it is).
+Ids first trained after the best keep their values.
 
 Rows pulled ahead miss the pushes made meanwhile; laying the rows the last depth + 1 pushes returned over them
 (worker/pipeline.py RecentRows, one per table) makes the rows a step computes with exactly those a pull just
@@ -30,6 +33,7 @@ from tqdm import tqdm
 
 from worker.batch import Batch, TableIds, table_ids
 from worker.dense import DenseSync
+from worker.dense import table_name as dense_table
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import RecentRows, in_any, prefetched
@@ -44,6 +48,7 @@ class LoopSettings:
     dense_l2: float = 0.0  # on the dense weights (not the biases)
     eval_every: int = 0  # steps between evaluations of the validation set; 0: at the end of each epoch
     early_stop: int = 0  # stop after this many evaluations without a better validation logloss; 0: never
+    restore_best: bool = False  # end with the model of the best evaluation (one worker only)
     progress: bool = True
     total_examples: int = 0  # the progress bar's total for one epoch
 
@@ -57,6 +62,7 @@ class LoopResult:
     curve: list[dict] = field(default_factory=list)  # one entry per evaluation of the validation set
     stopped_early: bool = False
     best: dict | None = None  # the curve's entry with the lowest validation logloss
+    restored_best: bool = False  # the tables hold the model of `best` (else the last one)
 
 
 def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray]) -> ModelInputs:
@@ -113,6 +119,55 @@ def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, bat
     return out
 
 
+MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
+
+
+class BestModel:
+    """The ids trained so far per table and, at each new best, a copy of their rows and of the dense parameters;
+    restore() pushes the difference back (see the module docstring)."""
+
+    def __init__(self, tables: Any, spec: ModelSpec):
+        self.tables, self.spec = tables, spec
+        self.seen: dict[str, list[np.ndarray]] = {t: [] for t in spec.table_dims()}
+        self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.dense: dict[str, np.ndarray] = {}
+        self.too_big = False
+
+    def add(self, tids: dict[str, TableIds]) -> None:
+        for t, ti in tids.items():
+            seen = self.seen[t]
+            seen.append(ti.uniq)
+            if len(seen) >= 64:
+                self.seen[t] = [np.unique(np.concatenate(seen))]
+
+    def keep(self, dense_values: dict[str, np.ndarray]) -> None:
+        ids = {t: np.unique(np.concatenate(s)) if s else np.zeros(0, np.uint64) for t, s in self.seen.items()}
+        self.seen = {t: [u] for t, u in ids.items()}
+        floats = sum(len(u) * self.spec.row_dim(t) for t, u in ids.items())
+        if floats > MAX_BEST_FLOATS:
+            self.too_big, self.rows = True, {}
+            return
+        pulled = self.tables.pull_many(list(ids.items()))
+        self.rows = {t: (u, r.copy()) for (t, u), r in zip(ids.items(), pulled)}
+        self.dense = {k: v.copy() for k, v in dense_values.items()}
+
+    def restore(self, dense: DenseSync) -> bool:
+        """Pushes best - current for every kept row and dense parameter; False if nothing was kept."""
+        if self.too_big or not self.rows:
+            return False
+        items = [(t, u) for t, (u, _) in self.rows.items()]
+        now = self.tables.pull_many(items)
+        pushes = [(t, u, self.rows[t][1] - cur, None, np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)]
+        current = dense.pull()
+        for p in dense.params:
+            name = p.name
+            pushes.append((dense_table(p), dense.ids[name], self.dense[name] - current[name], None,
+                           np.zeros(p.shape[0], np.float32)))  # fmt: skip
+        self.tables.push_many(pushes, add_delta=True)
+        dense.pull()
+        return True
+
+
 class _Prepared:
     __slots__ = ("batch", "tids", "rows")
 
@@ -142,6 +197,7 @@ def run_epochs(
     depth = s.prefetch
     recent = {t: RecentRows(depth + 1) for t in spec.table_dims()}  # a pull runs up to depth + 1 batches ahead
     since_best = 0
+    best_model = BestModel(tables, spec) if s.restore_best and validation else None
 
     def prepare(batch: Batch, window: deque) -> _Prepared:  # on the prefetch thread when depth > 0
         tids = table_ids(batch, tmap)
@@ -163,6 +219,8 @@ def run_epochs(
         improved = result.best is None or entry["validation_logloss"] < result.best["validation_logloss"]
         if improved:
             result.best, since_best = entry, 0
+            if best_model is not None:
+                best_model.keep(dense.values)
         else:
             since_best += 1
         entry["best"] = improved
@@ -181,6 +239,8 @@ def run_epochs(
                 rows = pull_rows(tables, spec, tids, {t: recent[t].covered(ti.uniq) for t, ti in tids.items()})
             for t, ti in tids.items():
                 recent[t].overlay(ti.uniq, rows[t])
+            if best_model is not None:
+                best_model.add(tids)
             probs, row_grads, dense_grads = backend.forward_backward(
                 model_inputs(spec, batch, tids, rows), dense.values, batch.labels
             )
@@ -216,6 +276,8 @@ def run_epochs(
             stop = True
             break
     dense.flush()
+    if best_model is not None and result.curve and not result.curve[-1]["best"]:
+        result.restored_best = best_model.restore(dense)
     bar.close()
     result.seconds = time.perf_counter() - started
     result.train_logloss = running.value

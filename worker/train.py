@@ -275,6 +275,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
     return LoopSettings(
         epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2,
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress,
+        restore_best=bool(cfg.early_stop) and cfg.num_workers == 1,
         total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
     )  # fmt: skip
 
@@ -336,6 +337,8 @@ def train(cfg: TrainConfig) -> dict:
             "train_logloss": loop.train_logloss,
             "dense_syncs": dense.syncs,
             "stopped_early": loop.stopped_early,
+            "restored_best": loop.restored_best,
+            "model_is_best": loop.restored_best or bool(loop.curve and loop.curve[-1]["best"]),
             "curve": loop.curve,
         }
         if loop.best is not None:
@@ -405,8 +408,9 @@ def format_results(r: dict) -> str:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "best_validation_auc" in r:
         stop = "stopped early" if r.get("stopped_early") else "ran every epoch"
+        kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
-                     f"  at epoch {r['best_epoch']} ({stop}; the model kept is the last one)")  # fmt: skip
+                     f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
     if "oracle_auc" in r:
         lines.append(f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)")
         lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")

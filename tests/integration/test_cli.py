@@ -18,7 +18,13 @@ def run(*args, timeout=300):
 
 
 @pytest.mark.parametrize(
-    "args", [("-m", "ps", "--help"), ("-m", "worker", "train", "--help"), ("-m", "worker", "synth", "--help")]
+    "args",
+    [
+        ("-m", "ps", "--help"),
+        ("-m", "worker", "train", "--help"),
+        ("-m", "worker", "synth", "--help"),
+        ("-m", "worker", "schema", "--help"),
+    ],  # fmt: skip
 )
 def test_help_explains_the_flags(args):
     r = run(*args)
@@ -61,6 +67,30 @@ def test_train_from_criteo_files(tmp_path):
     assert re.search(r"epoch 1 step \d+: train logloss 0\.\d{4}  validation AUC 0\.\d{4}", r.stdout), r.stdout
     assert m["eval_auc"] > 0.725
     assert "oracle_auc" not in m  # files carry no planted probabilities
+
+
+def test_a_synthetic_csv_with_a_history_bag_trains_through_its_schema(tmp_path):
+    """synth --history writes a CSV with a multi-hot column and the schema that reads it; train --schema uses
+    it; ps-worker schema infers a starting schema from the same file (the history column: multi_hot)."""
+    train, test = tmp_path / "train.csv", tmp_path / "test.csv"
+    r = run("-m", "worker", "synth", "--out", str(train), "--rows", "20000", "--history", "1")
+    assert r.returncode == 0, r.stderr
+    assert "wrote its schema to" in r.stdout and (tmp_path / "train.csv.schema.toml").exists()
+    assert train.read_text().split("\n")[0].endswith(",C26,history")
+    r = run("-m", "worker", "synth", "--out", str(test), "--rows", "5000", "--start", "20000", "--history", "1")
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "m.json"
+    r = run("-m", "worker", "train", "--local-shards", "1", "--data", str(train), "--eval-data", str(test),
+            "--schema", str(tmp_path / "train.csv.schema.toml"), "--model", "deepfm", "--hidden", "16",
+            "--recipe", "large", "--no-progress", "--metrics-out", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    m = json.loads(out.read_text())
+    assert m["train_examples"] == 20000 and m["eval_examples"] == 5000 and m["eval_auc"] > 0.65
+    inferred = run("-m", "worker", "schema", "--data", str(train), "--rows", "2000")
+    assert inferred.returncode == 0, inferred.stderr
+    assert 'label = "label"' in inferred.stdout
+    history = inferred.stdout.split("# 'history': ")[1].split("\n\n")[0]
+    assert history.startswith("lists split by '|'") and 'kind = "multi_hot"' in history
 
 
 def test_bad_arguments_fail_with_a_message_not_a_traceback(tmp_path):
