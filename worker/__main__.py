@@ -57,11 +57,14 @@ def _add_train(sub) -> None:
     model = p.add_argument_group("optimizer")
     model.add_argument(
         "--optimizer",
-        default=d.optimizer,
+        default=None,
         choices=["adagrad", "adam", "ftrl", "sgd"],
-        help="server-side optimizer of the sparse table",
+        help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
+        "adagrad for large)",
     )
-    model.add_argument("--learning-rate", type=float, default=d.learning_rate, help="sparse optimizer step size")
+    model.add_argument("--learning-rate", type=float, default=None,
+                       help="sparse optimizer step size (default: the recipe's, or 0.02 adagrad, 0.05 ftrl, 0.001 "
+                       "adam, 0.01 sgd)")  # fmt: skip
     model.add_argument(
         "--dense-optimizer",
         default=d.dense_optimizer,

@@ -16,7 +16,7 @@ and pushes them: one unique id, one row, one summed gradient.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,3 +187,27 @@ def table_ids(batch: Batch, field_tables: Mapping[str, str]) -> dict[str, TableI
         clicks = np.bincount(inverse, weights=labels, minlength=len(uniq)).astype(np.float32)
         out[table] = TableIds(uniq, index, shows, clicks)
     return out
+
+
+def rebatch(parts: Iterable[Batch], size: int) -> Iterator[Batch]:
+    """Batches of exactly `size` examples (the last may be smaller) from parts of any size, in order."""
+    pending: list[Batch] = []
+    count = 0
+    for part in parts:
+        if len(part) == 0:
+            continue
+        if not pending and len(part) == size:
+            yield part
+            continue
+        pending.append(part)
+        count += len(part)
+        if count >= size:
+            whole = Batch.concat(pending)
+            lo = 0
+            while count - lo >= size:
+                yield whole.slice(lo, lo + size)
+                lo += size
+            pending = [whole.slice(lo, count)] if lo < count else []
+            count -= lo
+    if pending:
+        yield Batch.concat(pending)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ps.hashing import mix64
-from worker.batch import Batch
+from worker.batch import Batch, rebatch
 from worker.formats import ReadStats, column_stats, open_data, read_batches
 from worker.schema import Schema, resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
@@ -45,30 +45,6 @@ def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
     k = np.arange(first, first + n, dtype=np.uint64)
     threshold = np.uint64(min(int(fraction * 2.0**64), 2**64 - 1))
     return mix64(k ^ VALIDATION_SALT) < threshold
-
-
-def rebatch(parts: Iterable[Batch], size: int) -> Iterator[Batch]:
-    """Batches of exactly `size` examples (the last may be smaller) from parts of any size, in order."""
-    pending: list[Batch] = []
-    count = 0
-    for part in parts:
-        if len(part) == 0:
-            continue
-        if not pending and len(part) == size:
-            yield part
-            continue
-        pending.append(part)
-        count += len(part)
-        if count >= size:
-            whole = Batch.concat(pending)
-            lo = 0
-            while count - lo >= size:
-                yield whole.slice(lo, lo + size)
-                lo += size
-            pending = [whole.slice(lo, count)] if lo < count else []
-            count -= lo
-    if pending:
-        yield Batch.concat(pending)
 
 
 class DataSource:

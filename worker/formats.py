@@ -55,7 +55,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from worker.batch import Batch
+from worker.batch import Batch, rebatch
 from worker.criteo import NUM_COLUMNS, hex_strings, parse_share
 from worker.encode import encode_examples, float_values
 from worker.features import MISSING_CAT
@@ -98,7 +98,7 @@ def read_batches(
     name = os.fspath(path)
     stats = stats if stats is not None else ReadStats()
     share = _Share(worker_id, num_workers, _BadLines(name, max_bad_lines, stats))
-    return _rebatch(_encoded(name, schema, batch_size, share), batch_size)
+    return rebatch(_encoded(name, schema, batch_size, share), batch_size)
 
 
 def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[float, float]]:
@@ -200,28 +200,6 @@ def _cell_chunks(name: str, schema: Schema, size: int, share: _Share) -> Iterato
     if schema.format == "libsvm":
         return _libsvm_cells(name, schema, size, share)
     return _csv_cells(name, schema, size, share)
-
-
-def _rebatch(parts: Iterable[Batch], size: int) -> Iterator[Batch]:
-    """Batches of exactly `size` examples (the last may be smaller) from parts of any size, in order."""
-    pending: list[Batch] = []
-    count = 0
-    for part in parts:
-        if not pending and len(part) == size:  # the common case: no copy
-            yield part
-            continue
-        pending.append(part)
-        count += len(part)
-        if count >= size:
-            whole = Batch.concat(pending)
-            lo = 0
-            while count - lo >= size:
-                yield whole.slice(lo, lo + size)
-                lo += size
-            pending = [whole.slice(lo, count)] if lo < count else []
-            count -= lo
-    if pending:
-        yield Batch.concat(pending)
 
 
 # ---------------------------------------------------------------------------------------------------------

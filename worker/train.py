@@ -32,7 +32,7 @@ from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_output_file
 from worker.loop import LoopSettings, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
-from worker.recipe import RECIPES, choose, describe
+from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
 
 log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
@@ -62,8 +62,9 @@ class TrainConfig:
     embedding_dim: int = 8
     hidden: tuple[int, ...] = DEFAULT_HIDDEN
     dropout: float | None = None  # of the MLP's hidden units; None: the recipe's
-    optimizer: str = "adagrad"
-    learning_rate: float = 0.02  # sparse; 0.05 trains FM embeddings worse, fragile under staleness
+    optimizer: str | None = None  # sparse; None: the recipe's (ftrl for small data, adagrad for large)
+    learning_rate: float | None = None  # None: the recipe's, or DEFAULT_LEARNING_RATES of --optimizer
+    optimizer_params: dict | None = None  # e.g. ftrl's l1, l2; None: the recipe's when it picks the optimizer
     l2: float | None = None  # the sparse tables' lazy L2 (TableConfig.l2, applied by the servers); None: the recipe's
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
@@ -166,6 +167,11 @@ class TrainConfig:
         """This config with the unset flags taken from the recipe for `examples` training examples (all
         workers together), and the line that says so."""
         r = choose(self.recipe, examples)
+        optimizer, rate, params = self.optimizer, self.learning_rate, self.optimizer_params
+        if optimizer is None:
+            optimizer, params = r.optimizer, r.optimizer_params if params is None else params
+            rate = r.learning_rate if rate is None else rate
+        rate = DEFAULT_LEARNING_RATES.get(optimizer, 0.01) if rate is None else rate
         fraction = self.validation_fraction
         if fraction is None:
             fraction = 0.0 if self.validation_data else r.validation_fraction
@@ -177,6 +183,9 @@ class TrainConfig:
             early_stop=r.early_stop if self.early_stop is None else self.early_stop,
             l2=r.l2 if self.l2 is None else self.l2,
             dropout=r.dropout if self.dropout is None else self.dropout,
+            optimizer=optimizer,
+            learning_rate=rate,
+            optimizer_params=dict(params or {}),
         )
         return resolved, describe(r, examples, self.recipe == "auto")
 
@@ -229,7 +238,11 @@ def sparse_table_configs(spec: ModelSpec, cfg: TrainConfig, schema_overrides: di
     for name in spec.table_dims():
         init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
         t = TableConfig(
-            name, spec.row_dim(name), init, OptimizerConfig(cfg.optimizer, cfg.learning_rate), l2=cfg.l2 or 0.0
+            name,
+            spec.row_dim(name),
+            init,
+            OptimizerConfig(cfg.optimizer, cfg.learning_rate, dict(cfg.optimizer_params or {})),
+            l2=cfg.l2 or 0.0,
         )
         fields = {k: v for k, v in schema_overrides.get(name, {}).items() if k not in ("name", "dim")}
         out.append(dataclasses.replace(t, **fields).normalized())
