@@ -30,7 +30,8 @@ from tests.inprocess import InProcessTables
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.dense import DenseSync
-from worker.train import DataSource, TrainConfig, evaluate, make_backend, run_epochs, table_configs
+from worker.loop import evaluate, run_epochs
+from worker.train import TrainConfig, loop_settings, make_backend, prepare, table_configs
 
 
 def warm_up(tables: Client | InProcessTables, configs: list[TableConfig]) -> None:
@@ -49,17 +50,16 @@ def warm_up(tables: Client | InProcessTables, configs: list[TableConfig]) -> Non
 
 
 def one_run(tables: Client | InProcessTables, cfg: TrainConfig) -> dict:
-    data = DataSource(cfg)
-    spec = data.spec()
+    cfg, data, spec, _ = prepare(cfg, needs_servers=False)
     backend = make_backend(spec, cfg)
-    configs = table_configs(cfg, spec)
+    configs = table_configs(cfg, spec, data.schema.table_overrides())
     warm_up(tables, configs)
     for t in configs:
         tables.create_table(t)
     dense = DenseSync(tables, spec.dense_params(), cfg.dense_sync_every)
     dense.pull()
-    examples, seconds, _ = run_epochs(tables, spec, backend, dense, data, cfg)
-    r = {"examples": examples, "seconds": seconds, "examples_per_s": examples / seconds}
+    loop = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
+    r = {"examples": loop.examples, "seconds": loop.seconds, "examples_per_s": loop.examples / loop.seconds}
     r.update(evaluate(tables, spec, backend, dense.pull(), data.eval()))
     return r
 
@@ -81,7 +81,7 @@ def main() -> None:
     tune_malloc()
     cfg = TrainConfig(
         model="deepfm", backend=args.backend, synthetic_rows=args.rows, synthetic_eval_rows=args.eval_rows,
-        hidden=tuple(int(h) for h in args.hidden.split(",")), progress=False,
+        hidden=tuple(int(h) for h in args.hidden.split(",")), recipe="large", progress=False,
     )  # fmt: skip
     ps_runs, local_runs = [], []
     for rep in range(args.repeats):  # alternated, so a change in the machine's speed during the run hits both
