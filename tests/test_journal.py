@@ -95,13 +95,14 @@ def test_a_damaged_record_with_records_after_it_is_refused_not_dropped(tmp_path,
 
 def test_a_record_of_another_format_is_refused_not_cut(tmp_path):
     """The journal reads one record format. A whole record with another magic, even the last one, is not what a
-    crash leaves (a torn record has this format's header, or too few bytes for one): replay refuses it."""
+    crash leaves (a torn record has this format's header, or too few bytes for one): replay refuses it, and names
+    an older format's magic as such rather than as damage."""
     path = _one_segment(tmp_path, (1, 2))
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.seek(size // 2)  # the second record's magic
         f.write(struct.pack("<I", 0x334A5350))
-    with pytest.raises(JournalCorruptError, match=f"corrupt at byte {size // 2} .* Refusing to start"):
+    with pytest.raises(JournalCorruptError, match=rf"older journal format \(PSJ3\) at byte {size // 2}; .* Refusing"):
         list(Journal(str(tmp_path)).replay(0))
     assert os.path.getsize(path) == size
 

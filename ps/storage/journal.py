@@ -5,7 +5,7 @@ trim(seq) deletes the segments whose records are all <= seq (their effects are i
 
 Grammar (little-endian):
     segment  := record* zero*
-    record   := magic:u32 = 0x344A5350 ("PSJ4")  seq:u64  payload_len:u32  checksum:u64  payload
+    record   := magic:u32 = 0x354A5350 ("PSJ5")  seq:u64  payload_len:u32  checksum:u64  payload
     payload  := head  ids:u64[n]  grads:f32[n*dim]  shows:f32[n]  clicks:f32[n]
     head     := table_len:u16  table:utf8[table_len]  n:u32  dim:u32  step:u64  client:u64  client_seq:u64  part:u32
                 rule:u8
@@ -62,7 +62,8 @@ from ps.storage.sidefiles import MarkWriter, read_mark
 
 log = logging.getLogger(__name__)
 
-MAGIC = 0x344A5350  # "PSJ4"
+MAGIC = 0x354A5350  # "PSJ5"
+OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: refused by name, not as damage
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
@@ -187,7 +188,14 @@ class Journal:
                     newest = i == len(segs) - 1
                     data_end = _end_of_data(data, pos)
                     unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
-                    if not unused and (not newest or not _torn_tail(data, pos, data_end)):
+                    if data[pos : pos + 4] in OLDER_MAGICS:
+                        self._lose(JournalCorruptError(
+                            f"journal segment {path} holds a record of an older journal format "
+                            f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads PSJ5. "
+                            "Refusing to start; stop the server version that wrote it cleanly (a clean stop writes "
+                            "every push to RocksDB), or start with --accept-journal-loss to go on without those pushes"
+                        ), accept_loss)  # fmt: skip
+                    elif not unused and (not newest or not _torn_tail(data, pos, data_end)):
                         self._lose(JournalCorruptError(
                             f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
                             f"with {'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
