@@ -458,3 +458,15 @@ def test_empty_files(tmp_path):
     assert read(empty, "csv", schema=schema_of(header_only, "csv")) == []
     with pytest.raises(ValueError, match="empty.csv: the file is empty"):
         schema_of(empty, "csv")
+
+
+def test_a_bag_cell_longer_than_the_csv_modules_field_limit_is_read_and_cut(tmp_path):
+    long = "|".join(f"{i:x}" for i in range(30_000))  # ~150K characters: past csv's default 128 KiB field limit
+    path = tmp_path / "long.csv"
+    path.write_text(f"label,clicked\n1,{long}\n0,a|b\n")
+    schema = tmp_path / "s.toml"
+    schema.write_text('label = "label"\n[[columns]]\nname = "clicked"\nkind = "multi_hot"\nmax_length = 5\n')
+    stats = ReadStats()
+    (batch,) = read_batches(path, load_schema(str(schema), default_table="t", default_dim=4), 8, stats=stats)
+    assert stats.bad_lines == 0 and stats.truncated_bags == 1
+    assert batch.fields["clicked"].lengths().tolist() == [5, 2]

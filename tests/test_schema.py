@@ -333,3 +333,11 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     svm.write_text("1 3:1 4:1\n")
     path.write_text(infer_schema_text(str(svm), fmt="libsvm"))
     assert [c.name for c in load_schema(str(path), default_table="t", default_dim=4).columns] == ["f0", "f1"]
+
+
+def test_a_table_named_like_the_mlps_tables_is_refused(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text('[tables."dense.mlp.0.bias"]\ndim = 4\n[[columns]]\nname = "a"\nkind = "categorical"\n'
+                    'table = "dense.mlp.0.bias"\n')  # fmt: skip
+    with pytest.raises(ValueError, match=r"\[tables.dense.mlp.0.bias\]: names starting with 'dense.' are the MLP's"):
+        load_schema(str(path), default_table="t", default_dim=4)

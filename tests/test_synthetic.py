@@ -397,3 +397,13 @@ def test_small_data_config_spreads_few_rows_over_many_ids():
     assert np.isin(held_out.ids[:, NUM_FIELDS - 26 : NUM_FIELDS], distinct).mean() < 0.8  # unseen values abound
     assert 0.2 < held_out.labels.mean() < 0.35
     assert auc(held_out.labels, held_out.probs) > 0.8  # measured 0.8395
+
+
+def test_a_path_ending_in_gz_is_written_gzipped(tmp_path):
+    import gzip
+
+    cfg = SyntheticConfig(rows=300)
+    write_synthetic(tmp_path / "a.tsv", cfg)
+    write_synthetic(tmp_path / "a.tsv.gz", cfg)
+    with gzip.open(tmp_path / "a.tsv.gz", "rt") as f:
+        assert f.read() == (tmp_path / "a.tsv").read_text()

@@ -213,3 +213,36 @@ def test_a_schema_of_two_tables_of_two_widths_with_a_shared_id_space_trains(tmp_
         run_epochs(tables, spec, backend, dense, data_source.train, loop_settings(cfg, data_source))
         # the planted rule (items 0-9 clicked 80%, the others 20%) scores AUC 0.72; a model that learned nothing 0.5
         assert evaluate(tables, spec, backend, dense.values, data_source.eval())["eval_auc"] > 0.7
+
+
+def _csv(tmp_path, rows: int, bad: int = 0):
+    lines = ["label,item,price"] + [f"{i % 2},i{i % 7},{i % 5}" for i in range(rows)] + ["1,x,notanumber"] * bad
+    path = tmp_path / "d.csv"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_bad_lines_are_reported_once_per_file_however_many_passes(tmp_path):
+    cfg = TrainConfig(local_shards=1, data=_csv(tmp_path, 60, bad=3), format="csv", numeric_columns=("price",),
+                      max_bad_lines=3, epochs=3, validation_fraction=0.2, early_stop=0, progress=False)  # fmt: skip
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data), data.validation())
+    assert [s.bad_lines for _, s in data.read_stats] == [3]
+    assert len(data.bad_lines_report()) == 1 and "skipped 3 malformed lines of 63" in data.bad_lines_report()[0]
+
+
+def test_no_examples_is_an_error_not_a_run_of_zero(tmp_path):
+    with pytest.raises(ValueError, match="no examples to train on"):
+        prepare(TrainConfig(local_shards=1, data=_csv(tmp_path, 0), format="csv"))
+
+
+def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path):
+    data = _csv(tmp_path, 40)
+    schema = tmp_path / "s.toml"
+    schema.write_text('label = "label"\n[[columns]]\nname = "item"\nkind = "categorical"\n'
+                      '[[columns]]\nname = "price"\nkind = "numeric"\ntransform = "standardize"\n')  # fmt: skip
+    cfg = TrainConfig(local_shards=1, data=data, schema=str(schema), model="lr")
+    prepare(cfg)  # training computes them
+    with pytest.raises(ValueError, match=r"columns \['price'\] are standardized without a mean and std"):
+        prepare(cfg, training=False)

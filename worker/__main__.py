@@ -482,6 +482,8 @@ def _schema(args) -> int:
     from worker.schema_infer import infer_schema_text
 
     check_input_file("--data", args.data, "a data file")
+    if len(args.delimiter) != 1 or args.delimiter in '"\r\n':
+        raise ValueError(f"--delimiter {args.delimiter!r}: expected one character other than a quote or a newline")
     text = infer_schema_text(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
     if args.out:
         with open(args.out, "w") as f:

@@ -50,7 +50,7 @@ def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
 class DataSource:
     """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py)."""
 
-    def __init__(self, cfg: Any, *, default_table: str):
+    def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True):
         self.cfg = cfg
         self.read_stats: list[tuple[str, ReadStats]] = []
         self.synthetic: SyntheticData | None = None
@@ -78,8 +78,15 @@ class DataSource:
             header = self.schema.format == "csv"
             self.examples = count_lines(cfg.data, header=header) // cfg.num_workers
             if self.schema.needs_stats():
-                log.warning("computing the mean and std of the standardized columns over %s (one pass)", cfg.data)
-                self.schema = self.schema.with_stats(column_stats(cfg.data, self.schema))
+                if not standardize_here:
+                    missing = [c.name for c in self.schema.columns if c.transform == "standardize" and c.std is None]
+                    raise ValueError(f"columns {missing} are standardized without a mean and std in the schema: this "
+                                     "command cannot recompute the training data's; copy into the schema the mean "
+                                     "and std the training run printed")  # fmt: skip
+                stats = column_stats(cfg.data, self.schema)
+                log.warning("standardized columns, mean and std over %s: %s (put them in the schema to fix them)",
+                            cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip
+                self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
 
     def _synthetic_schema(self, default_table: str) -> Schema:
@@ -96,12 +103,15 @@ class DataSource:
             return load_schema(path, default_table=default_table, default_dim=self.cfg.embedding_dim)
 
     # ---- reading ---------------------------------------------------------------------------------------
-    def _read(self, path: str, worker_id: int, num_workers: int, track: bool = True) -> Iterator[Batch]:
+    def _read(
+        self, path: str, worker_id: int, num_workers: int, track: bool = True, batch_size: int | None = None
+    ) -> Iterator[Batch]:
         stats = ReadStats()
-        if track:  # reported at the end of the run
+        if track and path not in {p for p, _ in self.read_stats}:  # the first pass over a file is reported
             self.read_stats.append((path, stats))
         c = self.cfg
-        return read_batches(path, self.schema, self.batch_size, worker_id=worker_id, num_workers=num_workers,
+        size = batch_size or self.batch_size
+        return read_batches(path, self.schema, size, worker_id=worker_id, num_workers=num_workers,
                             max_bad_lines=c.max_bad_lines, stats=stats)  # fmt: skip
 
     def _share(self) -> Iterator[Batch]:
@@ -159,7 +169,7 @@ class DataSource:
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""
         source = (
-            self.synthetic.batches(1, 0, 1) if self.synthetic is not None else self._read(self.cfg.data, 0, 1, False)
+            self.synthetic.batches(1, 0, 1) if self.synthetic is not None else self._read(self.cfg.data, 0, 1, False, 1)
         )
         first = next(iter(source), None)
         if first is None:

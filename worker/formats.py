@@ -290,12 +290,16 @@ def _libsvm_values(rows: list[list[int]], k_fields: int) -> np.ndarray:
 # csv
 
 
+MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
+
+
 class _csv_reader:
     """A context manager giving a csv.reader over a file (gzip read through), UTF-8 with a BOM ignored."""
 
     def __init__(self, name: str, delimiter: str):
         self.raw = open_data(name)
         text = io.TextIOWrapper(self.raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
         self.reader = csv.reader(text, delimiter=delimiter)
 
     def __enter__(self):

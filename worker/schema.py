@@ -286,6 +286,8 @@ def _tables(doc: dict, path: str, default_dim: int) -> dict[str, TableSchema]:
         where = f"{path}: [tables.{name}]"
         if not TABLE_NAME_RE.fullmatch(name):
             raise ValueError(f"{where}: the name is invalid; expected 1-128 characters of [A-Za-z0-9_.-]")
+        if name.startswith("dense."):
+            raise ValueError(f"{where}: names starting with 'dense.' are the MLP's tables; choose another name")
         dim = _value(fields, "dim", int, where, default_dim)
         if not 1 <= dim <= MAX_DIM:
             raise ValueError(f"{where}: dim {dim}, expected 1..{MAX_DIM}")

@@ -62,6 +62,7 @@ seen once, with planted interactions: a model that trains on it long enough over
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
 from collections.abc import Iterator
@@ -375,10 +376,12 @@ def to_batch(rows: RawRows) -> Batch:
 
 def write_synthetic(path: str | os.PathLike, config: SyntheticConfig, start: int = 0, stop: int | None = None) -> None:
     """Write rows [start, stop) (stop defaults to config.rows), replacing the file: a Criteo file without
-    history (read_criteo gives their ids), else the CSV of the module docstring (read by schema_text(config))."""
+    history (the built-in criteo schema reads their ids), else the CSV of the module docstring (read by
+    schema_text(config)); gzip-compressed when the path ends in .gz."""
     data = SyntheticData(config)
     stop = config.rows if stop is None else stop
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
+    opener = gzip.open if os.fspath(path).endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8", newline="\n") as f:
         if config.history != 0:
             f.write(",".join(("label", *FIELD_NAMES, HISTORY_FIELD)) + "\n")
         for lo in range(start, stop, _WRITE_ROWS):

@@ -245,7 +245,11 @@ def sparse_table_configs(spec: ModelSpec, cfg: TrainConfig, schema_overrides: di
             l2=cfg.l2 or 0.0,
         )
         fields = {k: v for k, v in schema_overrides.get(name, {}).items() if k not in ("name", "dim")}
-        out.append(dataclasses.replace(t, **fields).normalized())
+        t = dataclasses.replace(t, **fields)
+        if t.optimizer.name == "ftrl" and t.l2 and "l2" not in fields:
+            log.warning("--l2 does not apply to table %s: its optimizer is ftrl, which has its own l2", name)
+            t = dataclasses.replace(t, l2=0.0)
+        out.append(t.normalized())
     return out
 
 
@@ -274,10 +278,15 @@ def table_configs(
     return out
 
 
-def prepare(cfg: TrainConfig, needs_servers: bool = True) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
-    """Checks the config, opens the data, applies the recipe: (resolved config, data, model, recipe line)."""
+def prepare(
+    cfg: TrainConfig, needs_servers: bool = True, training: bool = True
+) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
+    """Checks the config, opens the data (ValueError when it holds no example), applies the recipe: (resolved
+    config, data, model, recipe line). training=False (eval): standardized columns must have their statistics in
+    the schema, since the training data's cannot be recomputed from another file."""
     cfg.validate(needs_servers)
-    data = DataSource(cfg, default_table=cfg.model)
+    data = DataSource(cfg, default_table=cfg.model, standardize_here=training)
+    data.first_batch()
     cfg, recipe_line = cfg.with_recipe(data.examples * cfg.num_workers)
     data.cfg, data.batch_size = cfg, cfg.batch_size
     return cfg, data, model_spec(cfg, data), recipe_line
@@ -387,7 +396,7 @@ def format_evaluation(e: dict) -> str:
 def evaluate_servers(cfg: TrainConfig) -> dict:
     """`ps-worker eval`: the AUC and logloss of the model the servers hold, on --data (or synthetic eval rows)."""
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
-    cfg, data, spec, _ = prepare(cfg)
+    cfg, data, spec, _ = prepare(cfg, training=False)
     backend = make_backend(spec, cfg)
     eval_batches = data.eval() if cfg.data is None else data._read(cfg.data, 0, 1)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
