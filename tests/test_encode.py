@@ -210,3 +210,13 @@ def test_missing_source_and_shape_are_named():
         encode(schema_of(cat("a")), np.zeros(1, np.float32), {})
     with pytest.raises(ValueError, match=r"cells of 'a' have shape \(2,\), expected \(1,\)"):
         encode(schema_of(bag("a")), np.zeros(1, np.float32), {"a": np.array(["x", "y"])})
+
+
+def test_a_numeric_feature_past_float32s_range_is_a_bad_example_not_inf():
+    schema = Schema(
+        format="csv", delimiter=",", label="label",
+        columns=(Column("x", "x", "numeric", transform="none"),), tables={}, bias_table="t",
+    )  # fmt: skip
+    out = encode_examples(schema, np.array([0, 1, 0], np.float32), {"x": np.array(["1.5", "1e39", "-2"])})
+    assert out.bad.tolist() == [1] and "past float32's range" in out.problems[0]
+    np.testing.assert_array_equal(out.batch.dense[:, 0], [1.5, -2.0])

@@ -290,6 +290,9 @@ def _int64_or_missing(s: str | bytes) -> int:
     return v if int(MISSING_INT) < v <= np.iinfo(np.int64).max else int(MISSING_INT)
 
 
+_FEATURE_MAX = float(np.finfo(np.float32).max)  # a numeric feature past this would be inf in float32
+
+
 class _Numbers:
     """The parsed numeric sources of one call, each parsed once: as integers where a log_buckets column reads
     the source (all of them in one int_values call per dtype kind; a float view of them then serves the other
@@ -362,4 +365,11 @@ class _Numbers:
         else:
             out = x.copy()
         out[missing] = 0.0
+        too_big = ~(np.abs(out) <= _FEATURE_MAX)
+        if too_big.any():
+            at = np.flatnonzero(too_big)
+            cells = self.cells.get(c.source)
+            self.problems.add(at, [f"numeric column {c.source!r} is {_shown(cells[i]) if cells is not None else x[i]}:"
+                                   f" its {c.transform} feature {out[i]:.3g} is past float32's range" for i in at])  # fmt: skip
+            out[too_big] = 0.0
         return out

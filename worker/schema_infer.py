@@ -52,8 +52,8 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
     for j, h in enumerate(header):
         if h == label:
             continue
-        if header.index(h) != j:
-            lines += ["", f"# column {j} repeats the name {h!r}: left out"]
+        if header.count(h) > 1:  # the reader cannot tell such columns apart
+            lines += ["", f"# column {j}: the header names {header.count(h)} columns {h!r}: left out (rename them)"]
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
         column, comment = _infer_column(name, h, columns[h])
