@@ -341,3 +341,10 @@ def test_a_table_named_like_the_mlps_tables_is_refused(tmp_path):
                     'table = "dense.mlp.0.bias"\n')  # fmt: skip
     with pytest.raises(ValueError, match=r"\[tables.dense.mlp.0.bias\]: names starting with 'dense.' are the MLP's"):
         load_schema(str(path), default_table="t", default_dim=4)
+
+
+def test_a_schema_file_that_is_not_utf8_is_named_in_the_error(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_bytes(b'label = "\xff"\n')
+    with pytest.raises(ValueError, match=r"s.toml: not valid TOML: not UTF-8 text"):
+        load_schema(str(path), default_table="t", default_dim=4)

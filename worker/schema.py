@@ -220,6 +220,8 @@ def load_schema(path: str, *, default_table: str, default_dim: int) -> Schema:
         raise ValueError(f"{path}: cannot read the schema: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid TOML: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return _parse(doc, str(path), default_table, default_dim)
 
 

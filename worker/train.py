@@ -318,6 +318,9 @@ def train(cfg: TrainConfig) -> dict:
     cfg, data, spec, recipe_line = prepare(cfg)
     backend = make_backend(spec, cfg)
     tables_cfg = table_configs(cfg, spec, data.schema.table_overrides())
+    own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
+    if own:
+        recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         for table in tables_cfg:
