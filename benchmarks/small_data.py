@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from worker.batch import Batch
 from worker.formats import read_batches
 from worker.metrics import auc
-from worker.schema import builtin_schema
+from worker.schema_builtin import builtin_schema
 from worker.synthetic import small_data_config, write_synthetic
 from worker.train import TrainConfig, train
 

@@ -20,7 +20,7 @@ from worker.features import (
     int_bucket,
 )
 from worker.formats import read_batches
-from worker.schema import builtin_schema
+from worker.schema_builtin import builtin_schema
 
 SCHEMA = builtin_schema("criteo", default_table="t", default_dim=4)
 

@@ -24,7 +24,8 @@ from worker.features import (
 )
 from worker.formats import ReadStats, column_stats, libsvm_field_count, read_batches, read_csv_header
 from worker.models.spec import BIAS_FIELD
-from worker.schema import builtin_schema, load_schema, resolve_schema
+from worker.schema import load_schema
+from worker.schema_builtin import builtin_schema, resolve_schema
 
 
 def schema_of(path, fmt, label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None):

@@ -7,14 +7,8 @@ import pytest
 from ps.config import OptimizerConfig
 from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.models.spec import BIAS_FIELD, FieldSpec
-from worker.schema import (
-    CRITEO_COLUMNS,
-    Column,
-    TableSchema,
-    builtin_schema,
-    load_schema,
-    resolve_schema,
-)
+from worker.schema import CRITEO_COLUMNS, Column, TableSchema, load_schema
+from worker.schema_builtin import builtin_schema, resolve_schema
 from worker.schema_infer import infer_schema_text
 
 EXAMPLE = """

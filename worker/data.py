@@ -21,7 +21,8 @@ import numpy as np
 from ps.hashing import mix64
 from worker.batch import Batch, rebatch
 from worker.formats import ReadStats, column_stats, open_data, read_batches
-from worker.schema import Schema, resolve_schema
+from worker.schema import Schema
+from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
 
 log = logging.getLogger("worker.data")

@@ -1,7 +1,7 @@
 """The feature schema: how the columns of a data file become a model's sparse fields and numeric features.
 
 A schema is a TOML file (`--schema FILE`); `--format criteo|csv|libsvm` with the column flags are built-in
-schemas (builtin_schema), so every run reads its data through one. Grammar (keys not listed are errors):
+schemas (worker/schema_builtin.py), so every run reads its data through one. Grammar (keys not listed are errors):
 
     format    = "csv"              # csv (default) | criteo | libsvm: how a line splits into columns, and the
                                    # columns' names (worker/formats.py): csv the header's; criteo label, I1..I13,
@@ -383,124 +383,7 @@ def _check_columns(columns: tuple[Column, ...], label: str | None, tables: dict,
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Built-in schemas
-
-
-def builtin_schema(
-    fmt: str,
-    *,
-    default_table: str,
-    default_dim: int,
-    header: list[str] | None = None,
-    label_column: str | None = None,
-    drop_columns: tuple[str, ...] | list[str] = (),
-    numeric_columns: tuple[str, ...] | list[str] = (),
-    libsvm_fields: int | None = None,
-) -> Schema:
-    """The schema of `--format fmt` and the column flags, every sparse column on default_table:
-
-    criteo  sparse fields I1..I13 (log_buckets of the integer) and C1..C26 (categorical), then the numeric
-            features I1_log..I13_log (log): the ids of features.example_ids and the dense_features.
-    csv     the header's columns other than the label (label_column, default the first) and drop_columns:
-            numeric_columns are numeric features (log) in the order given, the others categorical sparse
-            fields in header order (id space f for the f-th of them).
-    libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id in id space k.
-    """
-    if fmt not in FORMATS:
-        raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
-    if fmt != "csv" and (label_column is not None or drop_columns or numeric_columns):
-        raise ValueError(f"label_column, drop_columns and numeric_columns apply to csv only, not {fmt}")
-    if libsvm_fields is not None and (fmt != "libsvm" or libsvm_fields < 0):
-        raise ValueError(f"libsvm_fields is {libsvm_fields} for format {fmt}; expected libsvm and >= 0")
-    t = default_table
-    label: str | None = "label"
-    if fmt == "criteo":
-        ints, cats = CRITEO_COLUMNS[1 : 1 + NUM_INT_FIELDS], CRITEO_COLUMNS[1 + NUM_INT_FIELDS :]
-        columns = [Column(s, s, "numeric", t, s, transform="log_buckets") for s in ints]
-        columns += [Column(s, s, "categorical", t, s) for s in cats]
-        columns += [Column(f"{s}_log", s, "numeric", transform="log") for s in ints]
-    elif fmt == "libsvm":
-        if libsvm_fields is None:
-            raise ValueError("the built-in libsvm schema needs libsvm_fields, the number of fields K")
-        columns = [Column(f"f{k}", f"f{k}", "categorical", t, f"f{k}") for k in range(libsvm_fields)]
-    else:
-        label, numeric, categorical = _csv_roles(header, label_column, tuple(drop_columns), tuple(numeric_columns))
-        columns = [Column(h, h, "categorical", t, h) for h in categorical]
-        columns += [Column(h, h, "numeric", transform="log") for h in numeric]
-    return Schema(fmt, ",", label, tuple(columns), {t: TableSchema(default_dim)}, t)
-
-
-def _csv_roles(
-    header: list[str] | None, label_column: str | None, drop: tuple[str, ...], numeric: tuple[str, ...]
-) -> tuple[str, list[str], list[str]]:
-    """(label, numeric columns in the order given, categorical columns in header order) of a csv header."""
-    if not header:
-        raise ValueError("the header line names no columns")
-    named = ([label_column] if label_column is not None else []) + list(drop) + list(numeric)
-    unknown = [c for c in dict.fromkeys(named) if c not in header]
-    if unknown:
-        raise ValueError(f"columns {unknown} are not in the header; its columns are {header}")
-    label = header[0] if label_column is None else label_column
-    roles = {"label": {label}, "drop": set(drop), "numeric": set(numeric)}
-    for a, b in (("label", "drop"), ("label", "numeric"), ("drop", "numeric")):
-        if roles[a] & roles[b]:
-            raise ValueError(f"columns {sorted(roles[a] & roles[b])} are both {a} and {b} columns")
-    used = [h for h in header if h not in roles["drop"] and h != label]
-    repeated = sorted({h for h in [label, *used] if header.count(h) > 1})
-    if repeated:
-        raise ValueError(
-            f"columns {repeated} appear more than once in the header {header}; drop them or write a schema"
-        )
-    bad = [h for h in used if not h or h.startswith("_")]
-    if bad:
-        raise ValueError(
-            f"columns {bad}: a field name must be non-empty and not start with '_'; drop them or write a schema"
-        )
-    return label, list(numeric), [h for h in used if h not in roles["numeric"]]
-
-
-def resolve_schema(
-    data: str | None,
-    *,
-    schema_path: str | None,
-    fmt: str,
-    label_column: str | None,
-    drop_columns: tuple[str, ...] | list[str],
-    numeric_columns: tuple[str, ...] | list[str],
-    libsvm_fields: int | None,
-    default_table: str,
-    default_dim: int,
-) -> Schema:
-    """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
-    column flags, reading the csv header or the libsvm field count K from the file `data`."""
-    if schema_path is not None:
-        flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
-                 "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None}  # fmt: skip
-        given = [flag for flag, on in flags.items() if on]
-        if given:
-            raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
-        return load_schema(schema_path, default_table=default_table, default_dim=default_dim)
-    from worker.formats import libsvm_field_count, read_csv_header
-
-    header = None
-    if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
-        raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
-    if fmt == "csv":
-        header = read_csv_header(data, ",")
-        if header is None:
-            raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
-    if fmt == "libsvm" and libsvm_fields is None:
-        libsvm_fields = libsvm_field_count(data)
-    try:
-        return builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
-                              label_column=label_column, drop_columns=drop_columns, numeric_columns=numeric_columns,
-                              libsvm_fields=libsvm_fields)  # fmt: skip
-    except ValueError as e:
-        raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
-
-
-# ---------------------------------------------------------------------------------------------------------
-# A starting schema from a sample of the data
+# A column as TOML (Schema.to_toml, ps-worker schema)
 
 
 def _entry(c: Column, with_table: bool) -> list[str]:

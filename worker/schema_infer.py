@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 
-from worker.schema import FORMATS, Column, _entry, _toml, builtin_schema
+from worker.schema import FORMATS, Column, _entry, _toml
+from worker.schema_builtin import builtin_schema
 
 LABEL_NAMES = ("label", "click", "clicked", "y", "target")
 _BAG_SEPARATORS = "|;,"
