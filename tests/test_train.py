@@ -55,10 +55,11 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
         {"l2": 300.0},
         0.7,
     )
-    assert "sparse ftrl 0.05 l2=300, dropout 0.7" in TrainConfig(local_shards=1).with_recipe(10)[1]
+    assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1" in TrainConfig(local_shards=1).with_recipe(10)[1]
     chosen, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
     assert (chosen.optimizer, chosen.learning_rate, chosen.optimizer_params) == ("adagrad", 0.02, {})
     assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, 0.0)
+    assert (small.dense_l2, large.dense_l2) == (1.0, 0.0)
     forced, line = TrainConfig(local_shards=1, recipe="large").with_recipe(10)
     assert forced.epochs == 1 and line.startswith("large-data recipe")
     with_file, _ = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)

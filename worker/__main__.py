@@ -87,7 +87,8 @@ def _add_train(sub) -> None:
         help="lazy L2 of the sparse tables: a row's embedding decays by (1 - learning rate * l2) per clock step, "
         "applied by the servers when the row is next pushed (not with ftrl, which has its own; default: the recipe's)",
     )
-    model.add_argument("--dense-l2", type=float, default=d.dense_l2, help="L2 penalty on the MLP weights")
+    model.add_argument("--dense-l2", type=float, default=None,
+                       help="L2 penalty on the MLP weights (default: the recipe's: 1 for small data, 0 for large)")  # fmt: skip
     model.add_argument(
         "--dropout",
         type=float,

@@ -1,15 +1,15 @@
 """Training settings that suit the size of the data, for the flags a user leaves unset (`--recipe auto`).
 
-    recipe  used when                     batch  epochs (at most)  validation  early stop  sparse optimizer        dropout
-    small   under SMALL_DATA_EXAMPLES      256    20                10% split   2           ftrl a=0.05, l2=300     0.7
-            training examples
-    large   otherwise                     2048   1                 none        none        adagrad 0.02            0
+    recipe  used when                     batch  epochs (at most)  validation  early stop  sparse optimizer     MLP
+    small   under SMALL_DATA_EXAMPLES      256    20                10% split   2           ftrl a=0.05, l2=300  dropout 0.7,
+            training examples                                                                                   dense l2 1
+    large   otherwise                     2048   1                 none        none        adagrad 0.02         -
 
 Small data overfits: most of its ids are seen once or twice, so several epochs of small steps help at first and
 then hurt, and the weights of rare ids are mostly noise. Evaluating a held-out split after every epoch and
 stopping once its logloss stops improving (the best model is put back) keeps the good epochs; FTRL-proximal with
 a strong l2 shrinks rare ids far more than frequent ones (its l2 adds to a denominator that grows with an id's
-accumulated squared gradients); dropout keeps the MLP from memorizing the rows. On the small-data regime of the
+accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. On the small-data regime of the
 synthetic generator, benchmarks/small_data.py measures these settings against a tuned L2 logistic regression.
 Large data is seen once, in big batches for throughput. Flags given explicitly always win; the run prints the
 recipe it chose and why.
@@ -32,15 +32,16 @@ class Recipe:
     early_stop: int
     l2: float
     dropout: float
+    dense_l2: float
     optimizer: str
     learning_rate: float
     optimizer_params: dict
 
 
 SMALL = Recipe("small", batch_size=256, epochs=20, validation_fraction=0.1, early_stop=2, l2=0.0, dropout=0.7,
-               optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0})  # fmt: skip
+               dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0})  # fmt: skip
 LARGE = Recipe("large", batch_size=2048, epochs=1, validation_fraction=0.0, early_stop=0, l2=0.0, dropout=0.0,
-               optimizer="adagrad", learning_rate=0.02, optimizer_params={})  # fmt: skip
+               dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={})  # fmt: skip
 # the sparse learning rate of an optimizer given without --learning-rate
 DEFAULT_LEARNING_RATES = {"adagrad": 0.02, "ftrl": 0.05, "adam": 0.001, "sgd": 0.01}
 
@@ -58,7 +59,7 @@ def describe(r: Recipe, examples: int, auto: bool) -> str:
     """One line saying which settings the recipe set, for the run's output."""
     why = f"{examples:,} training examples" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r is SMALL else "")
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
-    what += f"dropout {r.dropout}, " if r.dropout else ""
+    what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout else ""
     what += f"batch {r.batch_size}, "
     if r.early_stop:
         what += (f"up to {r.epochs} epochs, evaluated on a {r.validation_fraction:.0%} validation split after each, "

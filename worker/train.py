@@ -68,7 +68,7 @@ class TrainConfig:
     l2: float | None = None  # the sparse tables' lazy L2 (TableConfig.l2, applied by the servers); None: the recipe's
     dense_optimizer: str = "adam"
     dense_learning_rate: float = 0.001
-    dense_l2: float = 0.0
+    dense_l2: float | None = None  # on the MLP weights; None: the recipe's
     dense_sync_every: int = 1
     recipe: str = "auto"  # worker/recipe.py: auto picks small or large by the number of training examples
     batch_size: int | None = None  # None: the recipe's
@@ -152,7 +152,7 @@ class TrainConfig:
             raise ValueError(f"--hidden {','.join(map(str, self.hidden))}: expected widths >= 1")
         ranges = [("--validation-fraction", unset_or(self.validation_fraction, 0.0), 0.0, 0.5),
                   ("--dropout", unset_or(self.dropout, 0.0), 0.0, 0.95), ("--l2", unset_or(self.l2, 0.0), 0.0, 1e6),
-                  ("--dense-l2", self.dense_l2, 0.0, 1e6), ("--synthetic-history", self.synthetic_history, 0.0, 1e3)]  # fmt: skip
+                  ("--dense-l2", unset_or(self.dense_l2, 0.0), 0.0, 1e6), ("--synthetic-history", self.synthetic_history, 0.0, 1e3)]  # fmt: skip
         for flag, value, low, high in ranges:
             if not (math.isfinite(value) and low <= value <= high):
                 raise ValueError(f"{flag} {value}: expected a number in [{low}, {high}]")
@@ -183,6 +183,7 @@ class TrainConfig:
             early_stop=r.early_stop if self.early_stop is None else self.early_stop,
             l2=r.l2 if self.l2 is None else self.l2,
             dropout=r.dropout if self.dropout is None else self.dropout,
+            dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,
             optimizer=optimizer,
             learning_rate=rate,
             optimizer_params=dict(params or {}),
@@ -295,7 +296,7 @@ def prepare(
 def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
     """The loop's settings of a resolved config (after prepare)."""
     return LoopSettings(
-        epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2,
+        epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1,
         total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
