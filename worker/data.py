@@ -21,7 +21,7 @@ import numpy as np
 from ps.hashing import mix64
 from worker.batch import Batch, rebatch
 from worker.formats import ReadStats, column_stats, open_data, read_batches
-from worker.schema import Schema
+from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
 
@@ -91,17 +91,10 @@ class DataSource:
         self._validation: list[Batch] | None = None
 
     def _synthetic_schema(self, default_table: str) -> Schema:
-        import os
-        import tempfile
-
-        from worker.schema import load_schema
         from worker.synthetic import schema_text
 
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "synthetic.toml")
-            with open(path, "w") as f:
-                f.write(schema_text(self.synthetic.config))
-            return load_schema(path, default_table=default_table, default_dim=self.cfg.embedding_dim)
+        return schema_from_text(schema_text(self.synthetic.config), "the synthetic data's schema",
+                                default_table=default_table, default_dim=self.cfg.embedding_dim)  # fmt: skip
 
     # ---- reading ---------------------------------------------------------------------------------------
     def _read(

@@ -215,14 +215,21 @@ def load_schema(path: str, *, default_table: str, default_dim: int) -> Schema:
     """The schema of a TOML file; ValueError naming the file, the column or key, and what is expected."""
     try:
         with open(path, "rb") as f:
-            doc = tomllib.load(f)
+            text = f.read().decode("utf-8")
     except OSError as e:
         raise ValueError(f"{path}: cannot read the schema: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"{path}: not valid TOML: {e}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return _parse(doc, str(path), default_table, default_dim)
+    return schema_from_text(text, str(path), default_table=default_table, default_dim=default_dim)
+
+
+def schema_from_text(text: str, source: str, *, default_table: str, default_dim: int) -> Schema:
+    """The schema of TOML text; errors name `source` as load_schema's name the file."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{source}: not valid TOML: {e}") from None
+    return _parse(doc, source, default_table, default_dim)
 
 
 def _parse(doc: dict, path: str, default_table: str, default_dim: int) -> Schema:
