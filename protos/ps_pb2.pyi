@@ -139,39 +139,67 @@ class PushResponse(_message.Message):
     num_applied: int
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
+class WorkerStamp(_message.Message):
+    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_FIELD_NUMBER: _ClassVar[int]
+    SYNC_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    job: int
+    worker: int
+    num_workers: int
+    step: int
+    staleness: int
+    sync: bool
+    barrier_timeout_s: float
+    done: bool
+    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ...) -> None: ...
+
 class PullBatchRequest(_message.Message):
-    __slots__ = ("pulls",)
+    __slots__ = ("pulls", "stamp")
     PULLS_FIELD_NUMBER: _ClassVar[int]
+    STAMP_FIELD_NUMBER: _ClassVar[int]
     pulls: _containers.RepeatedCompositeFieldContainer[PullRequest]
-    def __init__(self, pulls: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ...) -> None: ...
+    stamp: WorkerStamp
+    def __init__(self, pulls: _Optional[_Iterable[_Union[PullRequest, _Mapping]]] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ...) -> None: ...
 
 class PullBatchResponse(_message.Message):
-    __slots__ = ("replies",)
+    __slots__ = ("replies", "min_clock")
     REPLIES_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLOCK_FIELD_NUMBER: _ClassVar[int]
     replies: _containers.RepeatedCompositeFieldContainer[PullResponse]
-    def __init__(self, replies: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
+    min_clock: int
+    def __init__(self, replies: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., min_clock: _Optional[int] = ...) -> None: ...
 
 class PushBatchRequest(_message.Message):
-    __slots__ = ("pushes", "advance_clock", "client_id", "seq")
+    __slots__ = ("pushes", "advance_clock", "client_id", "seq", "stamp")
     PUSHES_FIELD_NUMBER: _ClassVar[int]
     ADVANCE_CLOCK_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    STAMP_FIELD_NUMBER: _ClassVar[int]
     pushes: _containers.RepeatedCompositeFieldContainer[PushRequest]
     advance_clock: int
     client_id: int
     seq: int
-    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ..., client_id: _Optional[int] = ..., seq: _Optional[int] = ...) -> None: ...
+    stamp: WorkerStamp
+    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ..., client_id: _Optional[int] = ..., seq: _Optional[int] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ...) -> None: ...
 
 class PushBatchResponse(_message.Message):
-    __slots__ = ("num_applied", "step", "rows")
+    __slots__ = ("num_applied", "step", "rows", "min_clock")
     NUM_APPLIED_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLOCK_FIELD_NUMBER: _ClassVar[int]
     num_applied: int
     step: int
     rows: _containers.RepeatedCompositeFieldContainer[PullResponse]
-    def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ...) -> None: ...
+    min_clock: int
+    def __init__(self, num_applied: _Optional[int] = ..., step: _Optional[int] = ..., rows: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., min_clock: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ("phase", "dir", "hold_timeout_s", "token")
@@ -266,7 +294,7 @@ class ShrinkResponse(_message.Message):
     def __init__(self, dropped: _Optional[int] = ..., num_rows: _Optional[int] = ..., pending_ids: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock")
+    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock", "job", "num_workers", "min_clock", "max_gap")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -277,6 +305,10 @@ class StatsResponse(_message.Message):
     RAM_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLOCK_FIELD_NUMBER: _ClassVar[int]
+    MAX_GAP_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     num_shards: int
     num_slots: int
@@ -287,4 +319,8 @@ class StatsResponse(_message.Message):
     ram_used_bytes: int
     journal_bytes: int
     clock: int
-    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ...) -> None: ...
+    job: int
+    num_workers: int
+    min_clock: int
+    max_gap: int
+    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ..., job: _Optional[int] = ..., num_workers: _Optional[int] = ..., min_clock: _Optional[int] = ..., max_gap: _Optional[int] = ...) -> None: ...

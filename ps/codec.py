@@ -62,22 +62,36 @@ message PushRequest
 message PushResponse
   1  num_applied      VARINT  uint64                   ids applied
 
+message WorkerStamp
+  1  job              VARINT  uint64                   the training job's id, nonzero
+  2  worker           VARINT  uint32                   this worker, in [0, num_workers)
+  3  num_workers      VARINT  uint32                   the job's workers
+  4  step             VARINT  uint64                   pull: the step about to be computed; push: the step pushed
+  5  staleness        VARINT  uint32                   pull: waits until every worker pushed steps < step - this
+  6  sync             VARINT  bool                     push: the step's pushes of every worker applied as one sum
+  7  barrier_timeout_s I64    double                   how long a wait may last; 0: 60
+  8  done             VARINT  bool                     push with no pushes: the worker has finished
+
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull
+  2  stamp            LEN     WorkerStamp              absent: async, no wait
 
 message PullBatchResponse
   1  replies          LEN     repeated PullResponse    one per pull, in request order
+  2  min_clock        VARINT  uint64                   stamped: the job's slowest clock when the pulls were served
 
 message PushBatchRequest
   1  pushes           LEN     repeated PushRequest     one per push, applied in order
   2  advance_clock    VARINT  uint64                   steps to advance the clock after the pushes
   3  client_id        VARINT  uint64                   nonzero: applied at most once per (client_id, seq)
   4  seq              VARINT  uint64                   the client's request number on this shard
+  5  stamp            LEN     WorkerStamp              absent: async
 
 message PushBatchResponse
   1  num_applied      VARINT  uint64                   ids applied, over all pushes
   2  step             VARINT  uint64                   the clock after the batch
   3  rows             LEN     repeated PullResponse    one per push with return_rows, in request order
+  4  min_clock        VARINT  uint64                   stamped: the job's slowest clock after the batch
 
 message OptimizerSpec
   1  name             LEN     string                   "sgd" | "adagrad" | "adam" | "ftrl"; empty: "adagrad"
@@ -182,6 +196,10 @@ message StatsResponse
   8  ram_used_bytes   VARINT  uint64                   RAM tier bytes in use
   9  journal_bytes    VARINT  uint64                   pushes not yet flushed to RocksDB
   10 clock            VARINT  uint64                   the shard's clock (steps)
+  11 job              VARINT  uint64                   the job whose worker clocks the shard follows; 0: none
+  12 num_workers      VARINT  uint32                   its workers
+  13 min_clock        VARINT  uint64                   its slowest worker's clock
+  14 max_gap          VARINT  uint64                   the largest step - min_clock a stamped pull was served at
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
@@ -425,8 +443,10 @@ def _tag(message: str, name: str) -> bytes:
 
 
 _ROWS, _DIM = _tag("PullResponse", "rows"), _tag("PullResponse", "dim")
-_REPLIES = _tag("PullBatchResponse", "replies")
-_NUM_APPLIED, _STEP, _PUSHED_ROWS = (_tag("PushBatchResponse", n) for n in ("num_applied", "step", "rows"))
+_REPLIES, _PULLED_MIN_CLOCK = _tag("PullBatchResponse", "replies"), _tag("PullBatchResponse", "min_clock")
+_NUM_APPLIED, _STEP, _PUSHED_ROWS, _PUSHED_MIN_CLOCK = (
+    _tag("PushBatchResponse", n) for n in ("num_applied", "step", "rows", "min_clock")
+)
 
 
 def _pull_response_frame(n: int, dim: int) -> tuple[bytes, bytes]:
@@ -480,16 +500,23 @@ def pull_response_to_fill(n: int, dim: int) -> tuple[bytes, np.ndarray]:
     return reply, raw[len(head) : total - len(tail)].view(ROWS_DTYPE).reshape(n, dim)
 
 
-def encode_pull_batch_response(rows: list[np.ndarray]) -> bytes:
-    """The PullBatchResponse {replies} of several row arrays, with one copy of each."""
-    return b"".join(p for r in rows for p in _nested(_REPLIES, _pull_response_parts(r)))
+def encode_pull_batch_response(rows: list[np.ndarray], min_clock: int = 0) -> bytes:
+    """The PullBatchResponse {replies, min_clock} of several row arrays, with one copy of each (min_clock 0 is
+    left out, as protobuf leaves out a zero)."""
+    parts = [p for r in rows for p in _nested(_REPLIES, _pull_response_parts(r))]
+    if min_clock:
+        parts += [_PULLED_MIN_CLOCK, _encode_varint(min_clock)]
+    return b"".join(parts)
 
 
-def encode_push_batch_response(num_applied: int, step: int, rows: list[np.ndarray]) -> bytes:
-    """The PushBatchResponse {num_applied, step, rows} with one copy of each row array."""
+def encode_push_batch_response(num_applied: int, step: int, rows: list[np.ndarray], min_clock: int = 0) -> bytes:
+    """The PushBatchResponse {num_applied, step, rows, min_clock} with one copy of each row array (min_clock 0 is
+    left out)."""
     parts = [_NUM_APPLIED, _encode_varint(num_applied), _STEP, _encode_varint(step)]
     for r in rows:
         parts += _nested(_PUSHED_ROWS, _pull_response_parts(r))
+    if min_clock:
+        parts += [_PUSHED_MIN_CLOCK, _encode_varint(min_clock)]
     return b"".join(parts)
 
 

@@ -109,6 +109,14 @@ class CheckpointInProgressError(PsError):
     status = "UNAVAILABLE"
 
 
+class BarrierTimeoutError(PsError):
+    """A stamped request's wait for the other workers of its training job ended without them (ps.engine.jobs):
+    its barrier_timeout_s passed, or another job took the shard over. The message names the workers waited for.
+    Never retried: the job stops (a worker that is gone does not come back by waiting longer)."""
+
+    status = "ABORTED"
+
+
 class StorageError(PsError):
     """The on-disk store failed or holds data that cannot be read back."""
 
@@ -131,6 +139,7 @@ STATUS_TO_ERROR = {
         WrongShardError,
         ReplyTooLargeError,
         ServerUnavailableError,
+        BarrierTimeoutError,
         DataLossError,
     )
 }

@@ -18,6 +18,11 @@ Status messages are clipped to ps.errors.MAX_DETAILS_BYTES: gRPC sends them in a
 Checkpoints are written only inside the operator's checkpoint root (ServerConfig.checkpoint_root, ps-server
 --checkpoint-root); a save on a server without one is FAILED_PRECONDITION (see checkpoint_dir).
 
+Stamped PullBatch and PushBatch requests (a training job's workers in a mode other than async) wait on the
+shard's JobClocks (ps.engine.jobs) after they are validated, on this RPC thread: ServerConfig.threads should be
+at least 2 x the job's workers. Their replies carry the job's min_clock; a wait that ends without its workers is
+ABORTED (BarrierTimeoutError), naming them.
+
 Exactly once per client: PushBatch's client_id is deduplicated under the caller's identity where the server knows
 one (see client_key), and its reply's num_applied counts the ids applied by this request, 0 for a request applied
 before (a retry).
@@ -39,6 +44,7 @@ from google.protobuf.message import Message
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import MAX_MESSAGE_BYTES
+from ps.engine.jobs import Stamp
 from ps.engine.shard import Shard
 from ps.errors import CheckpointDirError, InvalidArgumentError, PsError, ReplyTooLargeError, clip, echo
 
@@ -126,6 +132,17 @@ def client_key(client_id: int, context: grpc.ServicerContext) -> int:
         return client_id
     who = b"\0".join(sorted(identities)) + b"\0" + client_id.to_bytes(8, "little")
     return int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little") or 1
+
+
+def stamp_of(request: Any) -> Stamp | None:
+    """The Stamp of a PullBatch or PushBatch request (a codec View, or a generated message), None without one."""
+    if isinstance(request, Message):
+        m = request.stamp if request.HasField("stamp") else None
+    else:
+        m = request.stamp
+    if m is None:
+        return None
+    return Stamp(m.job, m.worker, m.num_workers, m.step, m.staleness, m.sync, m.barrier_timeout_s, m.done)
 
 
 # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)
@@ -217,13 +234,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
         _check_count("PullBatch", "pulls", len(request.pulls))
+        stamp = stamp_of(request)
+        if stamp is not None:
+            self.shard.jobs.check(stamp, pull=True)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         shapes = []
         for name, ids in pulls:  # every pull checked before any runs
             shapes.append((len(ids), self.shard.table(name).dim))
             self.shard.check_owned(ids)
         self._check_reply("PullBatch", shapes)
-        return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls])
+        min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp)
+        return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls], min_clock)
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -235,11 +256,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ]
         if returned:
             self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
-        client = client_key(request.client_id, context)
-        step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
+        client, stamp, min_clock = client_key(request.client_id, context), stamp_of(request), 0
+        if stamp is None:
+            step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
+            num_applied = sum(len(p[1]) for p in pushes[len(pushes) - applied :])  # the last `applied` ran now
+        else:
+            step, num_applied, min_clock = self.shard.push_stamped(
+                pushes, request.advance_clock, client, request.seq, stamp
+            )
         rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
-        num_applied = sum(len(p[1]) for p in pushes[len(pushes) - applied :])  # the last `applied` pushes ran now
-        return codec.encode_push_batch_response(num_applied, step, rows)
+        return codec.encode_push_batch_response(num_applied, step, rows, min_clock)
 
     @_rpc
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:

@@ -363,11 +363,14 @@ def test_a_pull_response_filled_in_place_is_the_one_built_from_rows(n, dim):
 def test_hand_built_batch_responses_parse_as_the_generated_messages(shapes):
     rng = np.random.default_rng(len(shapes))
     rows = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    pulls = ps_pb2.PullBatchResponse.FromString(codec.encode_pull_batch_response(rows))
-    assert [(r.rows, r.dim) for r in pulls.replies] == [(x.tobytes(), x.shape[1]) for x in rows]
-    for num_applied, step in [(0, 0), (7, 1), (2**40, 2**63)]:
-        push = ps_pb2.PushBatchResponse.FromString(codec.encode_push_batch_response(num_applied, step, rows))
-        assert (push.num_applied, push.step) == (num_applied, step)
+    for min_clock in (0, 1, 2**64 - 1):
+        pulls = ps_pb2.PullBatchResponse.FromString(codec.encode_pull_batch_response(rows, min_clock))
+        assert [(r.rows, r.dim) for r in pulls.replies] == [(x.tobytes(), x.shape[1]) for x in rows]
+        assert pulls.min_clock == min_clock
+    for num_applied, step, min_clock in [(0, 0, 0), (7, 1, 3), (2**40, 2**63, 2**64 - 1)]:
+        reply = codec.encode_push_batch_response(num_applied, step, rows, min_clock)
+        push = ps_pb2.PushBatchResponse.FromString(reply)
+        assert (push.num_applied, push.step, push.min_clock) == (num_applied, step, min_clock)
         assert [(r.rows, r.dim) for r in push.rows] == [(x.tobytes(), x.shape[1]) for x in rows]
 
 

@@ -10,6 +10,13 @@ is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing
 raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too.
+
+Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
+every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
+semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
+push of the step, summed and applied once); finish() says the worker is done. A stamped call's deadline is
+timeout_s + the stamp's barrier_timeout_s (a wait is not a dead server); a wait that ends without the other
+workers raises BarrierTimeoutError (ABORTED), never retried.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import grpc
 import numba
@@ -98,6 +106,30 @@ def _per_item(flags: bool | Sequence[bool], n: int) -> list[bool]:
     if len(out) != n:
         raise ValueError(f"push_many has {len(out)} add_delta flags for {n} items")
     return out
+
+
+@dataclass(frozen=True)
+class WorkerStamp:
+    """What a training job's worker stamps its requests with in a mode other than async (protos/ps.proto,
+    WorkerStamp): job (nonzero, the same for every worker, one id per run: a shard remembers the sync steps it
+    applied under it), this worker in [0, num_workers), the step (a pull's: about to be computed; a push's: whose
+    gradients these are), staleness (a pull waits until every worker pushed the steps < step - staleness), sync
+    (a push's step is summed over every worker and applied once), how long a wait may last, and done (finish)."""
+
+    job: int
+    worker: int
+    num_workers: int
+    step: int
+    staleness: int = 0
+    sync: bool = False
+    barrier_timeout_s: float = 60.0
+    done: bool = False
+
+    def to_proto(self) -> ps_pb2.WorkerStamp:
+        return ps_pb2.WorkerStamp(
+            job=self.job, worker=self.worker, num_workers=self.num_workers, step=self.step,
+            staleness=self.staleness, sync=self.sync, barrier_timeout_s=self.barrier_timeout_s, done=self.done,
+        )  # fmt: skip
 
 
 class Client:
@@ -183,9 +215,13 @@ class Client:
         """(len(ids), dim) float32 rows of ids (any shape, flattened; duplicates allowed), in order."""
         return self.pull_many([(table, ids)])[0]
 
-    def pull_many(self, items: list[tuple[str, np.ndarray]]) -> list[np.ndarray]:
+    def pull_many(
+        self, items: list[tuple[str, np.ndarray]], stamp: WorkerStamp | None = None
+    ) -> list[np.ndarray] | tuple[list[np.ndarray], int]:
         """pull() of several (table, ids) at once: one PullBatch per shard (more past max_request_bytes), all in
-        flight together, one wait."""
+        flight together, one wait. With a stamp, every shard gets a PullBatch carrying it (an empty one where it
+        holds none of the ids, so that the pull waits for the job on every shard), and this returns (the rows,
+        the job's min_clock: the smallest any shard answered)."""
         plans, requests = [], []
         for table, ids in items:
             ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
@@ -196,13 +232,16 @@ class Client:
                 request = ps_pb2.PullRequest(table=table, ids=wire.encode_ids(uniq[sel]))
                 requests.append((shard, request, len(sel) * (4 * dim + 8), (rows, sel, dim)))
             plans.append((rows, inverse))
-        groups = self._group(requests)
-        calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g])) for shard, g in groups]
-        replies = self._call_mixed(calls)
+        groups = self._group(requests, every_shard=stamp is not None)
+        proto = None if stamp is None else stamp.to_proto()
+        calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g], stamp=proto))
+                 for shard, g in groups]  # fmt: skip
+        replies = self._call_mixed(calls, timeout_s=self._deadline(stamp))
         for (_, group), batch in zip(groups, replies):
             for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.replies, strict=True):
                 rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
-        return [rows[inverse.ravel()] for rows, inverse in plans]
+        out = [rows[inverse.ravel()] for rows, inverse in plans]
+        return out if stamp is None else (out, min(r.min_clock for r in replies))
 
     def push(
         self, table: str, ids: np.ndarray, grads: np.ndarray, clicks: np.ndarray | None = None, add_delta: bool = False
@@ -218,7 +257,8 @@ class Client:
         advance_clock: int = 0,
         return_rows: bool = False,
         add_delta: bool | Sequence[bool] = False,
-    ) -> list | None:
+        stamp: WorkerStamp | None = None,
+    ) -> list | None | tuple[list | None, int]:
         """push() of several (table, ids, grads, clicks) at once and (if advance_clock > 0) the clock advance of
         every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight together.
         A shard applies its batch only if every push in it is valid.
@@ -234,7 +274,13 @@ class Client:
         current rows, to restore a model); duplicate ids' deltas are summed, and shows and clicks count as for
         any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
 
-        Sent again while a shard is unavailable (see the module docstring), and applied once."""
+        Sent again while a shard is unavailable (see the module docstring), and applied once.
+
+        stamp: every shard gets a batch carrying it and this returns (what it returns without one, the job's
+        min_clock: the smallest any shard answered). Not sync: a shard's last batch carries the stamp (its
+        worker's clock moves once the shard has every push of the step). Sync: each shard gets exactly one
+        batch, whatever its size (the worker's contribution to the step), sent without this client's id: the
+        shard applies the step's sum under the job's key."""
         requests, plans = [], []
         for (table, ids, grads, clicks, *shows), delta in zip(items, _per_item(add_delta, len(items)), strict=True):
             dim = self.dim(table)
@@ -255,32 +301,51 @@ class Client:
                 )
                 requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
             plans.append((rows, order))
-        groups = self._group(requests, every_shard=advance_clock > 0)
+        sync = stamp is not None and stamp.sync
+        groups = self._group(requests, every_shard=advance_clock > 0 or stamp is not None, whole=sync)
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
+        proto = None if stamp is None else stamp.to_proto()
         with self._push_lock:
             waves: list[list] = []  # wave k: the k-th batch of each shard; a shard's batches go in order
             for i, (shard, g) in enumerate(groups):
-                self._request_seq[shard] += 1
                 request = ps_pb2.PushBatchRequest(
                     pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0,
-                    client_id=self.client_id, seq=self._request_seq[shard],
+                    stamp=proto if last[shard] == i else None,
                 )  # fmt: skip
+                if not sync:  # a sync batch is applied under the job's key, not this client's
+                    self._request_seq[shard] += 1
+                    request.client_id, request.seq = self.client_id, self._request_seq[shard]
                 k = sum(1 for s, _ in groups[:i] if s == shard)
                 waves += [[] for _ in range(k + 1 - len(waves))]
                 waves[k].append((("PushBatch", shard, request), g))
+            min_clock = None
             for wave in waves:
                 retried: set[int] = set()
-                replies = self._call_mixed([call for call, _ in wave], retried)
+                replies = self._call_mixed([call for call, _ in wave], retried, timeout_s=self._deadline(stamp))
                 for k, (((_, shard, request), _), reply) in enumerate(zip(wave, replies)):
-                    if k not in retried:  # a retry's reply counts only what the lost attempts left undone
-                        self._check_applied(shard, request, reply)
+                    if k not in retried and not sync:  # a retry's reply counts only what the lost attempts left
+                        self._check_applied(shard, request, reply)  # undone
+                    if request.HasField("stamp"):
+                        min_clock = reply.min_clock if min_clock is None else min(min_clock, reply.min_clock)
                 if return_rows:
                     for (_, group), batch in zip(wave, replies):
                         for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
                             rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
-        if not return_rows:
-            return None
-        return [rows if order is None else rows[order] for rows, order in plans]
+        out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
+        return out if stamp is None else (out, min_clock or 0)
+
+    def finish(self, stamp: WorkerStamp) -> int:
+        """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
+        job's min_clock."""
+        done = ps_pb2.PushBatchRequest(stamp=replace(stamp, done=True, sync=False).to_proto())
+        replies = self._call_mixed(
+            [("PushBatch", s, done) for s in range(len(self._stubs))], timeout_s=self._deadline(stamp)
+        )
+        return min(r.min_clock for r in replies)
+
+    def _deadline(self, stamp: WorkerStamp | None) -> float:
+        """A call's deadline: timeout_s, plus the stamp's barrier_timeout_s for a stamped call (it may wait)."""
+        return self.timeout_s + (0.0 if stamp is None else stamp.barrier_timeout_s or 60.0)
 
     def _check_applied(self, shard: int, request: ps_pb2.PushBatchRequest, reply) -> None:
         """ClientIdInUseError when the reply to a PushBatch's first attempt applied fewer ids than it carried: the
@@ -328,15 +393,15 @@ class Client:
             for start in range(0, len(sel), chunk):
                 yield shard, sel[start : start + chunk]
 
-    def _group(self, requests: list[tuple], every_shard: bool = False) -> list[tuple[int, list]]:
+    def _group(self, requests: list[tuple], every_shard: bool = False, whole: bool = False) -> list[tuple[int, list]]:
         """Packs (shard, request, bytes, extra) into (shard, [those tuples]) batches of at most
-        max_request_bytes each (a larger request alone), in order; every_shard: an empty batch for each shard
-        that has none."""
+        max_request_bytes each (a larger request alone), in order; whole: one batch per shard, whatever its size;
+        every_shard: an empty batch for each shard that has none."""
         groups, open_group = [], {}
         for r in requests:
             shard, size = r[0], r[2]
             g = open_group.get(shard)
-            if g is None or (g[1] and g[2] + size > self.max_request_bytes):
+            if g is None or (not whole and g[1] and g[2] + size > self.max_request_bytes):
                 g = open_group[shard] = [shard, [], 0]
                 groups.append(g)
             g[1].append(r)
@@ -352,14 +417,17 @@ class Client:
         """Sends all requests at once (one per entry of shards), waits for all, raises the first error."""
         return self._call_mixed([(method, s, r) for s, r in zip(shards, requests)])
 
-    def _call_mixed(self, calls: list[tuple[str, int, object]], retried: set[int] | None = None) -> list:
+    def _call_mixed(
+        self, calls: list[tuple[str, int, object]], retried: set[int] | None = None, timeout_s: float | None = None
+    ) -> list:
         """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
-        the first error. Calls failing with UNAVAILABLE or DEADLINE_EXCEEDED are sent again (backoff) while
-        their shard has been failing for less than server_timeout_s; their positions are added to `retried`."""
+        the first error. Each attempt's deadline is timeout_s (None: self.timeout_s). Calls failing with
+        UNAVAILABLE or DEADLINE_EXCEEDED are sent again (backoff) while their shard has been failing for less
+        than server_timeout_s; their positions are added to `retried`."""
         replies: list = [None] * len(calls)
-        pending, delay = list(range(len(calls))), 0.05
+        pending, delay, timeout_s = list(range(len(calls))), 0.05, timeout_s or self.timeout_s
         while True:
-            futures = [(i, getattr(self._stubs[calls[i][1]], calls[i][0]).future(calls[i][2], timeout=self.timeout_s))
+            futures = [(i, getattr(self._stubs[calls[i][1]], calls[i][0]).future(calls[i][2], timeout=timeout_s))
                        for i in pending]  # fmt: skip
             retry, error, ok = [], None, set()
             for i, future in futures:

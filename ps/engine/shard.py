@@ -7,6 +7,9 @@ A push is (table name, ids, grads, shows, clicks[, add_delta]): grads go through
 add_delta true are added to the embeddings as they are (ps.rows.update's ADD_DELTA rule: the optimizer state is
 untouched; shows, clicks, admission and weight clipping apply as usual). Its journal record keeps the rule.
 
+Training modes other than async (stamped requests: a job's worker clocks, sync steps) are ps.engine.jobs's,
+one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch.
+
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread writes
 dirty rows to RocksDB every flush_interval_s (or once the journal has grown by journal_flush_bytes), records
 the journal position they cover, and deletes the journal segments below it. Start-up replays what is left;
@@ -26,6 +29,7 @@ import time
 import numpy as np
 
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
+from ps.engine.jobs import JobClocks, Stamp, contribution
 from ps.engine.table import Table
 from ps.errors import (
     CheckpointDirError,
@@ -84,6 +88,7 @@ class Shard:
             self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
             self.journal.applied = self.store.applied()  # client requests applied before the last flush
             self._replay()
+            self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0])
             if self.clock > MAX_CLOCK:
                 raise StorageError(
                     f"data dir {config.data_dir} holds clock {self.clock:,}, past the largest clock a shard takes "
@@ -332,6 +337,39 @@ class Shard:
         with self._lock:
             return self._set_clock(self.clock + advance_clock), len(checked) - skip
 
+    # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
+    def push_stamped(
+        self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int, stamp: Stamp
+    ) -> tuple:
+        """A PushBatch of a job's worker (see ps.engine.jobs): done (no pushes), sync (a contribution to the
+        step's sum, applied once the step is complete; client and client_seq are not used) or not (push_batch,
+        then the worker's clock moves). Returns (clock, ids applied by this request, min_clock). A rejected
+        request changes nothing."""
+        self.jobs.check(stamp, pull=False)
+        if stamp.done:
+            if pushes or advance_clock:
+                raise InvalidArgumentError("a done stamp comes in a PushBatch without pushes and without a clock "
+                                           "advance; nothing was applied")  # fmt: skip
+            return self.clock, 0, self.jobs.finish(stamp)
+        if stamp.sync:
+            applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
+                                               self._apply_sum)  # fmt: skip
+            return self.clock, applied, low
+        clock, applied = self.push_batch(pushes, advance_clock, client, client_seq)
+        return clock, sum(len(p[1]) for p in pushes[len(pushes) - applied :]), self.jobs.pushed(stamp)
+
+    def _contribution(self, pushes: list[tuple], advance_clock: int) -> list[tuple]:
+        """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too."""
+        out = contribution(pushes, self.check_push)
+        with self._lock:
+            self._check_advance(advance_clock)
+        return out
+
+    def _apply_sum(self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int) -> None:
+        """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
+        with self._push_gate():
+            self._push_batch(pushes, advance_clock, client, client_seq)
+
     # ---- checkpoints --------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _push_gate(self):
@@ -494,11 +532,13 @@ class Shard:
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
             "clock": self.clock,
+            **self.jobs.stats(),
         }
 
     def close(self) -> None:
         """Stops the flusher, flushes every dirty row, closes the journal and RocksDB. Requests that arrive
-        later get ShardClosingError (UNAVAILABLE); none waits forever."""
+        later get ShardClosingError (UNAVAILABLE); none waits forever, nor do stamped waits."""
+        self.jobs.close()
         self._closed.set()
         self._wake.set()
         self._flusher.join()

@@ -1,0 +1,385 @@
+"""JobClocks: a training job's worker clocks on one shard, and the waits of the modes that follow them.
+
+A worker of a job in a mode other than async stamps its PullBatch and PushBatch requests (Stamp, the proto's
+WorkerStamp); requests without a stamp are async: they never wait and never come here.
+
+Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
+stamped pushes, 0 before any. A worker that said it is done counts as infinitely far ahead. min_clock is the
+smallest clock (when every worker is done, the largest).
+
+- A stamped pull of step s with staleness k waits, before it reads, until min_clock >= s - k (k = 0: every worker
+  has pushed every step before s). max_gap records the largest s - min_clock a pull was served at.
+- A stamped push (not sync) is applied at once, as an async one is; then its worker's clock moves to step + 1.
+- A sync push of step t is a contribution: it waits until every worker not done has contributed to t, then the
+  contributions are summed (sum_contributions: per table the union of ids, grads, shows and clicks summed per id)
+  and applied once, as one PushBatch of the job: client sync_key(job), request number t + 1, so the sum is
+  journaled and durable, and the journal's exactly-once rule applies it once across restarts too: applying the
+  same sum again applies only the pushes (tables) a crash left unapplied, or nothing. Every contributor's reply
+  waits for the whole sum to be applied. A contribution sent again before the sum is applied replaces the
+  worker's earlier one (a retry). A contribution to a step this process applied, or older than the newest step
+  the journal holds, is answered without applying anything. After a restart, the newest step the journal holds
+  may be partly applied (a crash between its records, one per table): its contributions are gathered and the sum
+  applied again (the rest of it applied); a contribution to a later step proves that step complete (its sender
+  had its reply, which comes only after the whole sum), and answers the step's other contributors.
+- A done stamp (a PushBatch without pushes) marks its worker done; a sync step that waits only for done workers
+  is applied with the contributions it has.
+
+One job at a time: a stamp of another job starts that one (its clocks seeded from the journal: every step below
+the newest sync step the journal applied for it is done by every worker) and the old job's waits fail.
+A job id is for one run: a shard remembers the sync steps it applied under it.
+
+Waits hold the server's RPC threads: ServerConfig.threads should be at least 2 x the job's workers (each may
+have a pull and a push waiting). Every wait is on one threading.Condition, notified when a clock moves, a worker
+is done, a sync step is applied or fails, or the job changes; each ends by its deadline (the stamp's
+barrier_timeout_s) with BarrierTimeoutError naming every worker it waited for and its clock. A sync step whose
+deadline passes drops its contributions: nothing of it was applied or acknowledged.
+
+Clocks live in memory. A restarted shard knows of a job only what its journal proves: every sync step before the
+newest one it holds is complete; an ssp job's clocks start again from there, and its pulls wait for the workers'
+next pushes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ps.config import MAX_CLOCK
+from ps.errors import BarrierTimeoutError, InvalidArgumentError, PsError, ShardClosingError, StorageError
+from ps.rows.update import OPTIMIZE
+from ps.wire import repeats_ids
+
+log = logging.getLogger("ps.engine.jobs")
+DEFAULT_BARRIER_S = 60.0  # a stamp's barrier_timeout_s 0
+MAX_BARRIER_S = 3600.0
+MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
+NAMED_WORKERS = 20  # workers named in a timeout's message, at most
+
+
+@dataclass(frozen=True)
+class Stamp:
+    """A stamped request's WorkerStamp (protos/ps.proto says what each field holds)."""
+
+    job: int
+    worker: int
+    num_workers: int
+    step: int
+    staleness: int = 0
+    sync: bool = False
+    barrier_timeout_s: float = 0.0
+    done: bool = False
+
+    @property
+    def timeout_s(self) -> float:
+        return self.barrier_timeout_s or DEFAULT_BARRIER_S
+
+
+def check_stamp(stamp: Stamp, pull: bool) -> None:
+    """InvalidArgumentError for a stamp no job can have (a pull's or a PushBatch's: done is for pushes)."""
+    bad = ""
+    if stamp.job == 0:
+        bad = "job 0 is no job id; give every job a nonzero id"
+    elif not 1 <= stamp.num_workers <= MAX_WORKERS:
+        bad = f"num_workers {stamp.num_workers:,} is out of range: a job has 1 to {MAX_WORKERS:,} workers"
+    elif stamp.worker >= stamp.num_workers:
+        bad = f"worker {stamp.worker:,} is out of range for a job of {stamp.num_workers:,} workers (0 to "
+        bad += f"{stamp.num_workers - 1:,})"
+    elif stamp.step > MAX_CLOCK:
+        bad = f"step {stamp.step:,} is past the largest step a shard takes ({MAX_CLOCK:,})"
+    elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
+        bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 (60 s) to {MAX_BARRIER_S:g} seconds"
+    elif pull and stamp.done:
+        bad = "done is said by a PushBatch without pushes, not by a pull"
+    if bad:
+        raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was applied")
+
+
+def sync_key(job: int) -> int:
+    """The client key under which a job's sync sums are applied exactly once: a nonzero 64-bit hash of job."""
+    digest = hashlib.blake2b(b"sync\0" + job.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+def contribution(pushes: list[tuple], check_push: Callable[..., tuple]) -> list[tuple]:
+    """Copies (name, ids, grads, shows, clicks) of a sync push's pushes (name, ids, grads, shows, clicks,
+    add_delta), each validated by check_push (Shard.check_push) and for repeated ids; InvalidArgumentError for an
+    add_delta push (deltas are not summed across workers)."""
+    out = []
+    for i, p in enumerate(pushes):
+        _, ids, grads, shows, clicks, rule = check_push(*p)
+        if rule != OPTIMIZE:
+            raise InvalidArgumentError(f"push {i} of the batch (table {p[0]!r}) is add_delta, which a sync push "
+                                       "cannot carry; nothing was applied")  # fmt: skip
+        if repeats_ids(ids):
+            raise InvalidArgumentError(f"push {i} of the batch (table {p[0]!r}) repeats ids; nothing was applied")
+        out.append((p[0], *(np.array(a) for a in (ids, grads, shows, clicks))))
+    return out
+
+
+def sum_contributions(contributions: list[list[tuple]]) -> list[tuple]:
+    """One push (name, ids, grads, shows, clicks) per table, in name order, of contributions (each a list of
+    such pushes, ids unique within each): per table the union of the ids, sorted, with grads, shows and clicks
+    summed per id, in the order of the contributions. Tables without ids are left out."""
+    by_table: dict[str, list[tuple]] = {}
+    for pushes in contributions:
+        for name, *arrays in pushes:
+            by_table.setdefault(name, []).append(arrays)
+    out = []
+    for name in sorted(by_table):
+        ids, grads, shows, clicks = (np.concatenate(a) for a in zip(*by_table[name]))
+        if not len(ids):
+            continue
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+        sums = [np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks)]
+        out.append((name, ids[starts], *sums))
+    return out
+
+
+class _SyncStep:
+    """A sync step's contributions: worker -> (pushes, advance_clock); state gathering -> applying -> applied,
+    or failed (error set) from gathering or applying."""
+
+    def __init__(self, step: int):
+        self.step = step
+        self.contributions: dict[int, tuple[list[tuple], int]] = {}
+        self.applying = self.applied = False
+        self.error: BaseException | None = None
+
+
+def _again(error: BaseException) -> BaseException:
+    """A new exception saying what error says, for another thread to raise."""
+    if isinstance(error, PsError):
+        return type(error)(str(error))
+    return StorageError(f"applying the sum of a sync step failed: {type(error).__name__}: {error}")
+
+
+class JobClocks:
+    def __init__(self, shard_id: int, sync_steps_applied: Callable[[int], int]):
+        """sync_steps_applied(key): the request number of the newest request of client `key` the journal has
+        applied (0: none), in part or whole; for sync_key(job), the newest sync step (+ 1) it holds."""
+        self.shard_id = shard_id
+        self._sync_steps_applied = sync_steps_applied
+        self._applied_here = 0  # the newest sync step (+ 1) of the job whose whole sum this process applied
+        self._cond = threading.Condition()
+        self.job = 0
+        self.num_workers = 0
+        self.max_gap = 0  # the largest step - min_clock a stamped pull of this job was served at
+        self._clocks: list[int] = []
+        self._done: list[bool] = []
+        self._steps: dict[int, _SyncStep] = {}
+        self._generation = 0  # moves when the job changes: waits of an older job fail
+        self._closed = False
+
+    # ---- the job --------------------------------------------------------------------------------------
+    def check(self, stamp: Stamp, pull: bool) -> None:
+        """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp, or the
+        job's worker count differs from the one the job started with)."""
+        check_stamp(stamp, pull)
+        with self._cond:
+            self._check_workers(stamp)
+
+    def _check_workers(self, stamp: Stamp) -> None:
+        if stamp.job == self.job and stamp.num_workers != self.num_workers:
+            raise InvalidArgumentError(
+                f"bad worker stamp: job {stamp.job:#x} has {self.num_workers:,} workers on shard {self.shard_id}, "
+                f"the stamp says {stamp.num_workers:,}; every worker of a job gives the same count; nothing was "
+                "applied"
+            )
+
+    def _enter(self, stamp: Stamp) -> int:
+        """Starts the stamp's job if it is another one; returns the job's generation. Lock held."""
+        if self._closed:
+            raise ShardClosingError(f"shard {self.shard_id} is shutting down")
+        if stamp.job != self.job:
+            self._start(stamp.job, stamp.num_workers)
+        self._check_workers(stamp)
+        return self._generation
+
+    def _start(self, job: int, num_workers: int) -> None:
+        seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
+        log.info("shard %d follows job %#x of %d workers (clocks from %d)%s", self.shard_id, job, num_workers, seed,
+                 f", in place of job {self.job:#x}" if self.job else "")  # fmt: skip
+        replaced = BarrierTimeoutError(
+            f"shard {self.shard_id}: job {self.job:#x} was replaced by job {job:#x} (a stamp of that job came); "
+            "the job stops"
+        )
+        for step in self._steps.values():
+            step.error = replaced
+        self._steps = {}
+        self.job, self.num_workers, self.max_gap, self._applied_here = job, num_workers, 0, 0
+        self._clocks, self._done = [seed] * num_workers, [False] * num_workers
+        self._generation += 1
+        self._cond.notify_all()
+
+    def min_clock(self) -> int:
+        with self._cond:
+            return self._min_clock()
+
+    def _min_clock(self) -> int:
+        live = [c for c, done in zip(self._clocks, self._done) if not done]
+        return min(live) if live else max(self._clocks, default=0)
+
+    def _reach(self, clock: int, workers) -> None:
+        """Moves the clocks of workers up to clock; notifies the waits. Lock held."""
+        for w in workers:
+            self._clocks[w] = max(self._clocks[w], clock)
+        self._cond.notify_all()
+
+    def stats(self) -> dict:
+        """job, num_workers, min_clock and max_gap, as StatsResponse has them."""
+        with self._cond:
+            return {"job": self.job, "num_workers": self.num_workers, "min_clock": self._min_clock(),
+                    "max_gap": self.max_gap}  # fmt: skip
+
+    def close(self) -> None:
+        """Ends every wait with ShardClosingError (UNAVAILABLE: clients retry on the restarted shard)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # ---- pulls, pushes, done ----------------------------------------------------------------------------
+    def wait_for_pull(self, stamp: Stamp) -> int:
+        """Waits until min_clock >= stamp.step - stamp.staleness; returns min_clock then. BarrierTimeoutError
+        past the stamp's barrier timeout, naming the workers it waited for."""
+        need = stamp.step - stamp.staleness
+        with self._cond:
+            generation = self._enter(stamp)
+            started = time.monotonic()
+            while True:
+                self._check_alive(generation)
+                low = self._min_clock()
+                if low >= need:
+                    self.max_gap = max(self.max_gap, stamp.step - low)
+                    return low
+                waited = time.monotonic() - started
+                if waited >= stamp.timeout_s:
+                    behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
+                    raise BarrierTimeoutError(
+                        f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
+                        f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job {stamp.job:#x}; "
+                        "is it alive? the job stops"
+                    )
+                self._cond.wait(stamp.timeout_s - waited)
+
+    def pushed(self, stamp: Stamp) -> int:
+        """Notes that the stamp's worker pushed its step (applied): its clock moves to step + 1. Returns
+        min_clock."""
+        with self._cond:
+            self._enter(stamp)
+            self._reach(stamp.step + 1, [stamp.worker])
+            return self._min_clock()
+
+    def finish(self, stamp: Stamp) -> int:
+        """Marks the stamp's worker done: no wait counts it any more. Returns min_clock."""
+        with self._cond:
+            self._enter(stamp)
+            if not self._done[stamp.worker]:
+                log.info("shard %d: worker %d of job %#x is done", self.shard_id, stamp.worker, stamp.job)
+            self._done[stamp.worker] = True
+            self._cond.notify_all()
+            return self._min_clock()
+
+    def _check_alive(self, generation: int) -> None:
+        if self._closed:
+            raise ShardClosingError(f"shard {self.shard_id} is shutting down")
+        if generation != self._generation:
+            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job:#x} (a stamp "
+                                      "of that job came); the job stops")  # fmt: skip
+
+    def _named(self, workers: list[int]) -> str:
+        """'worker 1 (at step 3)' or 'workers 1 (at step 3), 4 (at step 0)', the first NAMED_WORKERS of them."""
+        named = ", ".join(f"{w} (at step {self._clocks[w]})" for w in workers[:NAMED_WORKERS])
+        more = f" and {len(workers) - NAMED_WORKERS} more" if len(workers) > NAMED_WORKERS else ""
+        return f"worker{'s' if len(workers) > 1 else ''} {named}{more}"
+
+    # ---- sync -------------------------------------------------------------------------------------------
+    def push_sync(
+        self,
+        stamp: Stamp,
+        pushes: list[tuple],
+        advance_clock: int,
+        apply: Callable[[list[tuple], int, int, int], object],
+    ) -> tuple[int, int]:
+        """Contributes pushes (name, ids, grads, shows, clicks; validated, copies) to the stamp's sync step and
+        waits until its sum is applied: apply(sum pushes, advance_clock, client, client_seq) applies it, as a
+        PushBatch, with advance_clock the largest of the contributions'. Returns (ids of this contribution
+        applied now: 0 for a step applied before, min_clock). BarrierTimeoutError past the deadline (the step's
+        contributions dropped: nothing applied); the error of apply, if it fails, for every contributor."""
+        key, seq = sync_key(stamp.job), stamp.step + 1
+        with self._cond:
+            generation = self._enter(stamp)
+            step = self._steps.get(stamp.step)
+            if step is None and (self._applied_here >= seq or self._sync_steps_applied(key) > seq):
+                self._reach(seq, range(self.num_workers))  # a retry of a step applied before: all contributed
+                return 0, self._min_clock()
+            for earlier in [s for s in self._steps.values() if s.step < stamp.step and not s.applying]:
+                self._proven(earlier)  # this worker had its reply to an earlier step: that sum is applied
+            if step is None:
+                step = self._steps[stamp.step] = _SyncStep(stamp.step)
+            if not step.applying:
+                step.contributions[stamp.worker] = (pushes, advance_clock)
+            started = time.monotonic()
+            while True:
+                if step.error is not None:
+                    raise _again(step.error)
+                if step.applied:
+                    return sum(len(p[1]) for p in pushes), self._min_clock()
+                self._check_alive(generation)
+                if not step.applying and self._complete(step):
+                    step.applying = True
+                    break
+                waited = time.monotonic() - started
+                if waited >= stamp.timeout_s:
+                    missing = [w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions]
+                    self._fail(step, BarrierTimeoutError(
+                        f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
+                        f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job:#x}; nothing of "
+                        "the step was applied; is it alive? the job stops"
+                    ))  # fmt: skip
+                    raise _again(step.error)
+                self._cond.wait(stamp.timeout_s - waited)
+        return self._apply(step, key, seq, apply, sum(len(p[1]) for p in pushes))
+
+    def _complete(self, step: _SyncStep) -> bool:
+        return all(self._done[w] or w in step.contributions for w in range(self.num_workers))
+
+    def _apply(self, step: _SyncStep, key: int, seq: int, apply: Callable, mine: int) -> tuple[int, int]:
+        """Applies a complete step's sum (this thread claimed it), outside the lock; then wakes its waiters."""
+        contributions = [step.contributions[w] for w in sorted(step.contributions)]
+        try:
+            apply(sum_contributions([p for p, _ in contributions]), max(a for _, a in contributions), key, seq)
+        except BaseException as e:
+            with self._cond:
+                self._fail(step, e)
+            raise
+        with self._cond:
+            step.applied = True
+            self._applied_here = max(self._applied_here, seq)
+            if self._steps.get(step.step) is step:
+                del self._steps[step.step]
+                self._reach(seq, list(step.contributions))
+            self._cond.notify_all()
+            return mine, self._min_clock()
+
+    def _proven(self, step: _SyncStep) -> None:
+        """Ends a gathering step known to be applied whole (after a restart): its waiters are answered. Lock held."""
+        step.applied = True
+        del self._steps[step.step]
+        self._applied_here = max(self._applied_here, step.step + 1)
+        self._reach(step.step + 1, range(self.num_workers))
+
+    def _fail(self, step: _SyncStep, error: BaseException) -> None:
+        """Ends a step with error: its contributions are dropped, its waiters raise the error. Lock held."""
+        step.error = error
+        if self._steps.get(step.step) is step:
+            del self._steps[step.step]
+        self._cond.notify_all()

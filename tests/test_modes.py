@@ -1,0 +1,462 @@
+"""Training modes on the servers' clock (ps.engine.jobs): sync steps summed over the workers and applied once,
+bounded-staleness pulls that wait for the slowest worker, deadlines that name the missing workers, and the
+client's stamps over gRPC."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps import codec, wire
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.jobs import Stamp, sum_contributions, sync_key
+from ps.engine.shard import Shard
+from ps.errors import BarrierTimeoutError, InvalidArgumentError
+from ps.rows.initializers import init_rows
+from tests.conftest import crash, random_ids
+from tests.waiting import join_thread, wait_until
+from worker.client import Client, WorkerStamp, sum_duplicates
+
+JOB = 0x5EED
+SGD = TableConfig("emb", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
+
+
+def open_shard(path, *tables: TableConfig) -> Shard:
+    shard = Shard(ServerConfig(data_dir=str(path)))
+    for cfg in tables or (SGD,):
+        shard.create_table(cfg)
+    return shard
+
+
+def stamp(worker: int, step: int, **kw) -> Stamp:
+    kw.setdefault("barrier_timeout_s", 30.0)
+    return Stamp(JOB, worker, kw.pop("num_workers", 2), step, **kw)
+
+
+def push(ids, grads, shows=None, clicks=None, table="emb") -> tuple:
+    return (table, ids, np.asarray(grads, np.float32), shows, clicks, False)
+
+
+class Concurrently:
+    """Runs functions on threads; join() returns their results in order, or raises the first exception."""
+
+    def __init__(self, *fns):
+        self.results: list = [None] * len(fns)
+        self.errors: list = [None] * len(fns)
+        self.threads = [threading.Thread(target=self._run, args=(i, f), daemon=True) for i, f in enumerate(fns)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, i, fn):
+        try:
+            self.results[i] = fn()
+        except BaseException as e:
+            self.errors[i] = e
+
+    def join(self, timeout_s: float = 60) -> list:
+        for t in self.threads:
+            join_thread(t, timeout_s, "a worker thread")
+        for e in self.errors:
+            if e is not None:
+                raise e
+        return self.results
+
+
+def step_data(rng, worker: int, step: int, dim: int) -> tuple:
+    """A worker's push of a step: unique ids overlapping the other worker's, grads, shows, clicks."""
+    ids = np.unique(rng.integers(0, 60, 40)).astype(np.uint64) + np.uint64(1000 * (step % 2))
+    n = len(ids)
+    grads = rng.standard_normal((n, dim)).astype(np.float32)
+    shows = rng.integers(1, 4, n).astype(np.float32)
+    clicks = np.minimum(shows, rng.integers(0, 2, n)).astype(np.float32)
+    return ids, grads, shows, clicks
+
+
+# ---- sync ---------------------------------------------------------------------------------------------
+
+
+def test_sum_contributions_against_a_loop():
+    a = [("t", np.array([5, 1], np.uint64), np.array([[1.0], [2.0]], np.float32), np.ones(2, np.float32),
+          np.zeros(2, np.float32))]  # fmt: skip
+    b = [("u", np.array([9], np.uint64), np.array([[7.0]], np.float32), np.ones(1, np.float32),
+          np.ones(1, np.float32)),
+         ("t", np.array([1, 3], np.uint64), np.array([[10.0], [20.0]], np.float32), np.full(2, 2, np.float32),
+          np.ones(2, np.float32))]  # fmt: skip
+    (t, ids, grads, shows, clicks), (u, *_rest) = sum_contributions([a, b, []])
+    assert (t, u) == ("t", "u")
+    assert ids.tolist() == [1, 3, 5] and grads[:, 0].tolist() == [12.0, 20.0, 1.0]
+    assert shows.tolist() == [3.0, 2.0, 1.0] and clicks.tolist() == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("optimizer", [OptimizerConfig("adagrad", 0.1), OptimizerConfig("adam", 0.01)])
+def test_a_sync_step_is_the_sum_of_the_workers_pushes_applied_once(tmp_path, optimizer):
+    cfg = TableConfig("emb", 3, InitializerConfig("uniform", 0.1, 3), optimizer)
+    synced, oracle = open_shard(tmp_path / "sync", cfg), open_shard(tmp_path / "oracle", cfg)
+    try:
+        rng = np.random.default_rng(0)
+        data = [[step_data(rng, w, s, 3) for s in range(5)] for w in range(2)]
+
+        def worker(w):
+            return [synced.push_stamped([push(*data[w][s])], 1, 0, 0, stamp(w, s, sync=True)) for s in range(5)]
+
+        replies = Concurrently(lambda: worker(0), lambda: worker(1)).join()
+        for s in range(5):  # the oracle: one unstamped push per step of the concatenated ids, duplicates summed
+            ids, grads, shows, clicks = (np.concatenate([data[w][s][k] for w in range(2)]) for k in range(4))
+            uniq, summed = sum_duplicates(ids, np.concatenate([grads, shows[:, None], clicks[:, None]], axis=1))
+            oracle.push_batch([push(uniq, summed[:, :3], summed[:, 3].copy(), summed[:, 4].copy())], 1)
+        ids = np.unique(np.concatenate([d[0] for w in data for d in w]))
+        np.testing.assert_allclose(synced.table("emb").peek(ids), oracle.table("emb").peek(ids), rtol=1e-6, atol=1e-7)
+        assert synced.clock == oracle.clock == 5  # advanced once per step, not once per worker
+        for w in range(2):  # every contributor's reply: after its step's sum, every clock at step + 1
+            assert [(clock, n, low) for clock, n, low in replies[w]] == [
+                (s + 1, len(data[w][s][0]), s + 1) for s in range(5)
+            ]
+        assert synced.jobs.stats() == {"job": JOB, "num_workers": 2, "min_clock": 5, "max_gap": 0}
+    finally:
+        synced.close()
+        oracle.close()
+
+
+def sync_steps(shard, steps: range, value: float = 1.0) -> None:
+    """Two workers push value to ids A (worker 0) and B (worker 1) in each sync step."""
+    for s in steps:
+        Concurrently(
+            lambda s=s: shard.push_stamped([push(A, np.full((len(A), 4), value))], 1, 0, 0, stamp(0, s, sync=True)),
+            lambda s=s: shard.push_stamped([push(B, np.full((len(B), 4), value))], 1, 0, 0, stamp(1, s, sync=True)),
+        ).join()
+
+
+A, B = random_ids(20, seed=1), random_ids(30, seed=2)
+
+
+@pytest.mark.parametrize("restart", [None, "close", "crash"])
+def test_a_retried_contribution_to_an_applied_step_applies_nothing(tmp_path, restart):
+    """Without a restart the shard knows the step was applied whole and answers at once; after one, the newest
+    step the journal holds may be partly applied, so its contributions are gathered again and the sum applied
+    again: the journal's exactly-once rule applies none of it a second time."""
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(3))
+        assert (shard.pull("emb", A) == -3).all() and shard.clock == 3
+        if restart == "close":
+            shard.close()
+        elif restart == "crash":  # kill -9: the journal is what is left, replayed at start
+            crash(shard)
+        if restart:
+            shard = open_shard(tmp_path)
+            assert shard.journal.applied[sync_key(JOB)][0] == 3
+        journaled = shard.journal.next_seq
+        got = shard.push_stamped([push(A, np.full((len(A), 4), 50.0))], 1, 0, 0, stamp(0, 0, sync=True))
+        assert got == (3, 0, 2 if restart else 3)  # older than the newest step the journal holds: answered at
+        # once; after a restart min_clock says only what the journal proves (the newest step may be partial)
+        if restart:  # the newest: both workers send it again (neither had its reply)
+            sync_steps(shard, range(2, 3), value=50.0)
+        else:
+            got = shard.push_stamped([push(A, np.full((len(A), 4), 50.0))], 1, 0, 0, stamp(0, 2, sync=True))
+            assert got == (3, 0, 3)
+        assert (shard.pull("emb", A) == -3).all() and (shard.pull("emb", B) == -3).all() and shard.clock == 3
+        assert shard.journal.next_seq == journaled
+        sync_steps(shard, range(3, 4))  # the job goes on
+        assert (shard.pull("emb", B) == -4).all() and shard.clock == 4
+    finally:
+        shard.close()
+
+
+def test_a_sync_sum_a_crash_left_half_applied_is_completed_once_after_the_restart(tmp_path):
+    """Step 3's sum spans two tables; a crash came after its first table's record: the workers send step 3 again
+    and the restarted shard applies the second table's push, and not the first's again."""
+    other = dataclasses.replace(SGD, name="other")
+    shard = open_shard(tmp_path, SGD, other)
+
+    def both(ids, v):
+        return [push(ids, np.full((len(ids), 4), v)), push(ids, np.full((len(ids), 4), v), table="other")]
+
+    for s in range(4):
+        Concurrently(
+            *(lambda s=s, w=w, ids=ids: shard.push_stamped(both(ids, 1.0), 1, 0, 0, stamp(w, s, sync=True))
+              for w, ids in ((0, A), (1, B)))
+        ).join()  # fmt: skip
+    assert (shard.pull("other", A) == -4).all()
+    crash(shard)
+    shard = open_shard(tmp_path, SGD, other)
+    try:
+        applied = shard.journal.applied[sync_key(JOB)]
+        assert applied[0] == 4
+        shard.journal.applied[sync_key(JOB)] = (4, 1)  # as if the crash came after the first table's record
+        for ids in (A, B):  # and the second table's push never happened: its rows back by one step
+            shard.push("other", ids, np.full((len(ids), 4), 1.0), None, None, True)
+        assert (shard.pull("other", A) == -3).all() and (shard.pull("emb", A) == -4).all()
+        Concurrently(
+            *(lambda w=w, ids=ids: shard.push_stamped(both(ids, 1.0), 1, 0, 0, stamp(w, 3, sync=True))
+              for w, ids in ((0, A), (1, B)))
+        ).join()  # fmt: skip
+        for table in ("emb", "other"):
+            assert (shard.pull(table, A) == -4).all() and (shard.pull(table, B) == -4).all(), table
+    finally:
+        shard.close()
+
+
+def test_a_contribution_to_a_later_step_answers_the_retries_of_an_earlier_one(tmp_path):
+    """After a restart, worker 1 retries step 2 (the newest the journal holds); worker 0 had its reply and sends
+    step 3: that proves step 2 whole, so worker 1's retry is answered, and step 3 goes on."""
+    shard = open_shard(tmp_path)
+    sync_steps(shard, range(3))
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        retry = Concurrently(
+            lambda: shard.push_stamped([push(B, np.full((len(B), 4), 9.0))], 1, 0, 0, stamp(1, 2, sync=True))
+        )
+        time.sleep(0.3)
+        later = Concurrently(
+            lambda: shard.push_stamped([push(A, np.full((len(A), 4), 1.0))], 1, 0, 0, stamp(0, 3, sync=True))
+        )
+        retry.join(timeout_s=10)
+        shard.push_stamped([push(B, np.full((len(B), 4), 1.0))], 1, 0, 0, stamp(1, 3, sync=True))
+        later.join(timeout_s=10)
+        assert (shard.pull("emb", A) == -4).all() and (shard.pull("emb", B) == -4).all() and shard.clock == 4
+    finally:
+        shard.close()
+
+
+def test_a_sync_step_missing_a_worker_fails_at_its_deadline_and_applies_nothing(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(1))
+        before, journaled = shard.table("emb").peek(A), shard.journal.next_seq
+        started = time.monotonic()
+        with pytest.raises(BarrierTimeoutError) as info:
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True, barrier_timeout_s=0.5))
+        assert 0.5 <= time.monotonic() - started < 10
+        assert info.value.status == "ABORTED"
+        message = str(info.value)
+        assert "worker 1 (at step 1)" in message and f"job {JOB:#x}" in message and "worker 0's" in message
+        assert "nothing of the step was applied" in message
+        assert (shard.table("emb").peek(A) == before).all() and shard.journal.next_seq == journaled
+        assert shard.clock == 1 and not shard.jobs._steps  # the contribution was dropped
+        # worker 1 contributes later alone: it waits for worker 0 again, whose contribution is gone
+        with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 0 \(at step 1\)"):
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 1, sync=True, barrier_timeout_s=0.2))
+        assert (shard.pull("emb", B) == -1).all()
+    finally:
+        shard.close()
+
+
+def test_a_done_worker_lets_the_others_step_complete(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(1))
+        waiting = Concurrently(
+            lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True))
+        )
+        wait_until(lambda: 1 in shard.jobs._steps and shard.jobs._steps[1].contributions, 30, "worker 0's push")
+        assert (shard.pull("emb", A) == -1).all()  # not applied: worker 1 has not pushed step 1
+        assert shard.push_stamped([], 0, 0, 0, stamp(1, 1, done=True)) == (1, 0, 1)
+        assert waiting.join() == [(2, len(A), 2)]  # worker 1 done: only worker 0's clock counts
+        assert (shard.pull("emb", A) == -2).all() and (shard.pull("emb", B) == -1).all()
+        # later steps of worker 0 complete at once
+        assert shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 2, sync=True)) == (3, len(A), 3)
+    finally:
+        shard.close()
+
+
+# ---- bounded staleness ----------------------------------------------------------------------------------
+
+
+def ssp_push(shard, worker: int, step: int, ids) -> tuple:
+    return shard.push_stamped([push(ids, np.ones((len(ids), 4)))], 0, 0, 0, stamp(worker, step, staleness=2))
+
+
+def test_a_pull_waits_for_the_slowest_worker_within_its_staleness_and_no_longer(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        for s in range(5):
+            assert ssp_push(shard, 0, s, A)[2] == 0  # worker 1 has pushed nothing: min_clock 0
+        for s in range(2):
+            ssp_push(shard, 1, s, B)
+        assert shard.jobs.min_clock() == 2
+        assert shard.jobs.wait_for_pull(stamp(0, 4, staleness=2)) == 2  # 4 - 2 <= 2: served at once
+        pushed = threading.Event()
+        served = []
+
+        def pull():
+            low = shard.jobs.wait_for_pull(stamp(0, 5, staleness=2))  # needs worker 1's step 2 (min_clock 3)
+            served.append((pushed.is_set(), low))
+
+        waiting = Concurrently(pull)
+        time.sleep(0.3)  # the pull must still be waiting: worker 1 has pushed steps 0 and 1 only
+        assert not served
+        pushed.set()
+        assert ssp_push(shard, 1, 2, B)[2] == 3
+        waiting.join(30)  # served once worker 1's step 2 is in
+        assert served == [(True, 3)]
+        assert shard.jobs.max_gap == 2 and shard.stats()["max_gap"] == 2  # step 5 served at min_clock 3
+    finally:
+        shard.close()
+
+
+def test_a_pull_past_its_deadline_names_every_worker_it_waited_for(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        for s in range(7):
+            ssp_push(shard, 0, s, A)
+        ssp_push(shard, 1, 0, B)
+        with pytest.raises(BarrierTimeoutError) as info:
+            shard.jobs.wait_for_pull(stamp(0, 7, staleness=1, num_workers=2, barrier_timeout_s=0.3))
+        message = str(info.value)
+        assert message.startswith("shard 0: worker 0's pull of step 7 (staleness 1) waited 0.3")
+        assert "for worker 1 (at step 1) of job" in message and "the job stops" in message
+        assert "worker 0 (" not in message  # worker 0 is at step 7, not waited for
+    finally:
+        shard.close()
+
+
+def test_a_stamp_of_another_job_replaces_the_job_and_ends_its_waits(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        ssp_push(shard, 0, 0, A)
+        waiting = Concurrently(lambda: shard.jobs.wait_for_pull(stamp(0, 5)))
+        wait_until(lambda: shard.jobs._cond._waiters, 30, "the pull to wait")
+        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 3, 0)) == 0  # a new job of 3 workers, at step 0
+        with pytest.raises(BarrierTimeoutError, match="replaced by job"):
+            waiting.join()
+        assert shard.stats()["job"] == JOB + 1 and shard.stats()["num_workers"] == 3
+    finally:
+        shard.close()
+
+
+# ---- bad stamps -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server1(servers):
+    addresses, (server,) = servers(1)
+    channel = grpc.insecure_channel(addresses[0])
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD)))
+    yield addresses, stub, server.shard
+    channel.close()
+
+
+def push_request(ids, value: float = 1.0, add_delta: bool = False) -> ps_pb2.PushRequest:
+    grads = wire.encode_rows(np.full((len(ids), 4), value, np.float32))
+    return ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(ids), grads=grads, dim=4, add_delta=add_delta)
+
+
+def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
+    _, stub, shard = server1
+    good = dict(job=JOB, worker=0, num_workers=2, step=0)
+    stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good)))
+    before = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
+    bad = [
+        ({"job": 0}, "job 0 is no job id"),
+        ({"worker": 2}, "worker 2 is out of range for a job of 2 workers"),
+        ({"num_workers": 0}, "num_workers 0 is out of range"),
+        ({"num_workers": 3}, "has 2 workers on shard 0, the stamp says 3"),
+        ({"barrier_timeout_s": -1.0}, "barrier_timeout_s -1.0 is out of range"),
+        ({"barrier_timeout_s": float("nan")}, "barrier_timeout_s nan is out of range"),
+        ({"step": 2**50}, "is past the largest step"),
+    ]
+    for fields, fragment in bad:
+        s = ps_pb2.WorkerStamp(**{**good, **fields})
+        pull = ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table="emb", ids=b"")], stamp=s)
+        for method, request in ((stub.PullBatch, pull), (stub.PushBatch, ps_pb2.PushBatchRequest(stamp=s))):
+            with pytest.raises(grpc.RpcError) as info:
+                method(request)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+            assert fragment in info.value.details()
+    refusals = [
+        (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, done=True)), "not by a pull"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, done=True)),
+         "without pushes"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A, add_delta=True)], stamp=ps_pb2.WorkerStamp(**good, sync=True)),
+         "is add_delta, which a sync push cannot carry"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A, np.nan)], stamp=ps_pb2.WorkerStamp(**good, sync=True)),
+         "non-finite"),
+    ]  # fmt: skip
+    for request, fragment in refusals:
+        method = stub.PullBatch if isinstance(request, ps_pb2.PullBatchRequest) else stub.PushBatch
+        with pytest.raises(grpc.RpcError) as info:
+            method(request)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
+    after = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
+    assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs._steps
+
+
+def test_a_stamp_of_another_worker_count_is_refused_in_process(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        ssp_push(shard, 0, 0, A)
+        with pytest.raises(InvalidArgumentError, match="has 2 workers"):
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0, stamp(0, 1, num_workers=4))
+        assert (shard.pull("emb", A) == -1).all()
+    finally:
+        shard.close()
+
+
+# ---- the client over gRPC -------------------------------------------------------------------------------
+
+
+def test_clients_stamps_reach_every_shard_and_return_min_clock(servers):
+    addresses, started = servers(2)
+    ids = [random_ids(50, seed=10)] * 2  # both workers push the same ids: each step adds -(1 + 2) to a row
+    history: list[list] = [[], []]
+
+    def worker(w):
+        with Client(addresses, timeout_s=30) as client:
+            client.create_table(SGD)
+            for s in range(3):
+                pull = WorkerStamp(JOB, w, 2, s, staleness=0, sync=True, barrier_timeout_s=30)
+                rows, pulled_min = client.pull_many([("emb", ids[w])], stamp=pull)
+                grads = np.full((len(ids[w]), 4), float(w + 1), np.float32)
+                returned, pushed_min = client.push_many([("emb", ids[w], grads, None)], advance_clock=1,
+                                                        return_rows=True, stamp=pull)  # fmt: skip
+                history[w].append((pulled_min, pushed_min, rows[0][:, 0].copy(), returned[0][:, 0].copy()))
+            return client.finish(WorkerStamp(JOB, w, 2, 3))
+
+    Concurrently(lambda: worker(0), lambda: worker(1)).join()
+    for w in range(2):
+        for s, (pulled_min, pushed_min, rows, returned) in enumerate(history[w]):
+            assert pulled_min == s and pushed_min == s + 1  # a pull of step s is served once every step < s is in
+            np.testing.assert_array_equal(rows, np.full(len(ids[w]), -3.0 * s))  # both workers' steps < s
+            np.testing.assert_array_equal(returned, np.full(len(ids[w]), -3.0 * (s + 1)))
+    for server in started:  # every shard followed the job and got every step once
+        stats = server.shard.stats()
+        assert (stats["job"], stats["num_workers"], stats["min_clock"], server.shard.clock) == (JOB, 2, 3, 3)
+        assert server.shard.journal.applied[sync_key(JOB)][0] == 3
+
+
+def test_a_clients_stamped_wait_past_its_deadline_is_aborted_and_not_retried(servers):
+    addresses, _ = servers(2)
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(SGD)
+        client.push_many([("emb", A, np.ones((len(A), 4)), None)], stamp=WorkerStamp(JOB, 0, 2, 0))
+        started = time.monotonic()
+        with pytest.raises(BarrierTimeoutError, match=r"waited 0\.[0-9]+ s for worker 1 \(at step 0\)"):
+            client.pull_many([("emb", A)], stamp=WorkerStamp(JOB, 0, 2, 1, barrier_timeout_s=0.3))
+        assert time.monotonic() - started < 10
+        rows, low = client.pull_many([("emb", A)], stamp=WorkerStamp(JOB, 1, 2, 0))  # step 0 never waits
+        assert low == 0 and (rows[0] == -1).all()
+        assert client.finish(WorkerStamp(JOB, 1, 2, 0)) == 1  # worker 1 done: worker 0's clock is the job's
+        rows, low = client.pull_many([("emb", A)], stamp=WorkerStamp(JOB, 0, 2, 1, barrier_timeout_s=0.3))
+        assert low == 1
+
+
+def test_initial_rows_come_back_with_a_stamp_on_a_shard_without_the_ids(servers):
+    """A stamped pull of ids of one shard still reaches the other (an empty PullBatch) and waits there too."""
+    addresses, started = servers(2)
+    mine = A[started[0].shard.slot_map.shard_of(A) == 0][:3]
+    cfg = TableConfig("init", 2, InitializerConfig("uniform", 0.5, 4))
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(cfg)
+        rows, low = client.pull_many([("init", mine)], stamp=WorkerStamp(JOB, 0, 1, 0))
+    want = np.empty((len(mine), 2), np.float32)
+    init_rows(cfg.initializer, mine, want, 2)
+    np.testing.assert_array_equal(rows[0], want)
+    assert low == 0 and [s.shard.jobs.job for s in started] == [JOB, JOB]
