@@ -1,14 +1,20 @@
 """Dense parameters on the servers: every worker starts from the same initial values, gradients are summed
-over --dense-sync-every steps and applied by the server's optimizer."""
+over --dense-sync-every steps and applied by the server's optimizer; with staleness k a background thread pushes
+them, and the values of step s include every gradient of the steps before s - k."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
+import pytest
 
 from ps.config import OptimizerConfig
 from tests.inprocess import InProcessTables
+from tests.waiting import join_thread, wait_until
 from worker.dense import DenseSync, table_config, table_name
-from worker.models.spec import ModelSpec, uniform_fields
+from worker.models.spec import DenseParam, ModelSpec, uniform_fields
 
 SGD1 = OptimizerConfig("sgd", 1.0)
 
@@ -53,3 +59,135 @@ def test_gradients_are_summed_and_pushed_every_k_steps():
         assert dense.syncs == 2
         for k in start:
             np.testing.assert_allclose(dense.values[k], start[k] - 4.0, rtol=1e-6)
+
+
+# ---- background pushes (staleness k > 0) ----------------------------------------------------------------------
+STEPS = 40
+PARAMS = [DenseParam("w", (2, STEPS), "glorot"), DenseParam("b", (1, STEPS), "zeros")]
+
+
+class SgdTables:
+    """Dense tables that start at zero and apply plain SGD with lr 1 (a push of g turns rows r into r - g),
+    recording every push's gradients. A push waits for a permit of `gate` (if given) after a random delay of up
+    to delay_s, or raises `fail`."""
+
+    def __init__(self, delay_s: float = 0.0, gate: threading.Semaphore | None = None, fail: Exception | None = None):
+        self.rows = {table_name(p): np.zeros(p.shape, np.float32) for p in PARAMS}
+        self.pushes: list[dict[str, np.ndarray]] = []
+        self.started = 0  # pushes begun
+        self.delay_s, self.gate, self.fail = delay_s, gate, fail
+        self.rng = np.random.default_rng(0)
+
+    def pull_many(self, items):
+        return [self.rows[t][ids.astype(np.int64)].copy() for t, ids in items]
+
+    def push_many(self, items, advance_clock=0, return_rows=False, add_delta=False):
+        assert return_rows and not add_delta and advance_clock == 0
+        if self.fail is not None:
+            raise self.fail
+        self.started += 1
+        time.sleep(self.rng.uniform(0, self.delay_s))
+        if self.gate is not None:
+            assert self.gate.acquire(timeout=10), "the test never released this push"
+        self.pushes.append({t: g.copy() for t, _, g, _ in items})
+        for t, ids, g, _ in items:
+            self.rows[t][ids.astype(np.int64)] -= g
+        return self.pull_many([(t, ids) for t, ids, *_ in items])
+
+
+def step_grads(s: int) -> dict[str, np.ndarray]:
+    """Step s's gradients: -1 in column s, so a value of 1 in column s says step s is applied."""
+    out = {p.name: np.zeros(p.shape, np.float32) for p in PARAMS}
+    for g in out.values():
+        g[:, s] = -1.0
+    return out
+
+
+def applied_steps(values: dict[str, np.ndarray]) -> np.ndarray:
+    """The steps whose gradients values include (every parameter agreeing)."""
+    cols = [v == 1.0 for v in values.values()]
+    assert all(((v == 0.0) | (v == 1.0)).all() for v in values.values())
+    assert all((c == cols[0][0]).all() for c in cols)
+    return np.flatnonzero(cols[0][0])
+
+
+@pytest.mark.parametrize("staleness", [1, 3])
+def test_the_values_of_step_s_include_every_step_before_s_minus_k(staleness):
+    tables = SgdTables(delay_s=0.003)
+    dense = DenseSync(tables, PARAMS, staleness=staleness)
+    assert not dense.inline
+    dense.pull()
+    lags = []
+    for s in range(STEPS):
+        applied = applied_steps(dense.values)  # what step s computes with
+        assert set(range(s - staleness)) <= set(applied) and set(applied) <= set(range(s)), (s, applied)
+        lags.append(s - len(applied))
+        dense.step(step_grads(s))
+    dense.flush()
+    assert list(applied_steps(dense.values)) == list(range(STEPS))
+    assert list(applied_steps({p.name: tables.rows[table_name(p)] for p in PARAMS})) == list(range(STEPS))
+    assert dense.syncs == len(tables.pushes) and max(lags) <= staleness
+    dense.close()
+    dense.close()
+
+
+def test_a_step_blocks_past_k_unapplied_steps_and_the_pending_steps_go_in_one_push():
+    gate = threading.Semaphore(0)
+    tables = SgdTables(gate=gate)
+    dense = DenseSync(tables, PARAMS, staleness=2)
+    dense.pull()
+    dense.step(step_grads(0))
+    wait_until(lambda: tables.started == 1, 10, "the push of step 0")  # it waits at the gate
+    dense.step(step_grads(1))  # 2 steps unapplied: returns
+    third = threading.Thread(target=dense.step, args=(step_grads(2),))
+    third.start()
+    third.join(0.3)
+    assert third.is_alive()  # 3 unapplied > 2
+    gate.release()  # step 0's push returns
+    join_thread(third, 10, "step 2, once step 0 was applied")
+    assert list(applied_steps(dense.values)) == [0]
+    gate.release()
+    dense.flush()
+    assert list(applied_steps(dense.values)) == [0, 1, 2]
+    merged = tables.pushes[1]["dense.w"]
+    assert len(tables.pushes) == 2 and dense.syncs == 2
+    np.testing.assert_array_equal(np.flatnonzero(merged[0]), [1, 2])  # steps 1 and 2 in one push
+    dense.close()
+
+
+def test_an_error_of_the_thread_is_raised_by_the_next_step_and_by_flush():
+    dense = DenseSync(SgdTables(fail=ConnectionError("server 1 is gone")), PARAMS, staleness=1)
+    dense.pull()
+    dense.step(step_grads(0))
+    with pytest.raises(ConnectionError, match="server 1 is gone"):
+        dense.step(step_grads(1))  # 2 unapplied > 1, and the push of step 0 failed
+    with pytest.raises(ConnectionError, match="server 1 is gone"):
+        dense.flush()
+    dense.close()
+    with pytest.raises(ConnectionError):
+        dense.step(step_grads(2))
+
+
+def test_background_pushes_reach_the_servers_optimizer():
+    spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
+    with _tables(spec) as tables:
+        dense = DenseSync(tables, spec.dense_params(), staleness=2)
+        start = {k: v.copy() for k, v in dense.pull().items()}
+        for _ in range(7):
+            dense.step({p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()})
+        dense.flush()
+        assert 1 <= dense.syncs <= 7
+        for p in spec.dense_params():
+            np.testing.assert_allclose(dense.values[p.name], start[p.name] - 7.0, rtol=1e-6)
+            np.testing.assert_allclose(dense.pull()[p.name], start[p.name] - 7.0, rtol=1e-6)
+        dense.close()
+        with pytest.raises(RuntimeError, match="after close"):
+            dense.step({p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()})
+
+
+def test_staleness_is_checked():
+    assert DenseSync(None, PARAMS).inline
+    with pytest.raises(ValueError, match="--dense-staleness is -1"):
+        DenseSync(None, PARAMS, staleness=-1)
+    with pytest.raises(ValueError, match="--dense-sync-every 1"):
+        DenseSync(None, PARAMS, sync_every=4, staleness=2)

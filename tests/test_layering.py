@@ -43,6 +43,7 @@ WORKER_MAY_IMPORT = {
     "ps.security",  # TLS and token settings of a client channel
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
+    "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
 }  # fmt: skip
 
 

@@ -6,14 +6,31 @@ the shards by id, so one big matrix loads every server a little). The table's in
 the same initial values (uniform in +-glorot_scale, or zeros, seeded by the parameter's name); its optimizer
 (Adam by default) runs on the servers, so a numpy worker and a torch worker share one model.
 
-A worker pulls every dense parameter at the start, adds up its gradients, and every `sync_every` steps pushes
-the sum and takes the new values the push returns: between syncs it computes with the values of the last sync.
+A dense path (DensePath: DenseSync here, worker.allreduce.AllReduceDense among torch workers) gives the training
+loop `values`, the weights the next forward uses, and takes each step's gradients:
+    inline True:   the loop sends add() / push_items() with its sparse push and take()s the rows it returns
+    inline False:  the loop calls step(grads)
+    flush():       every gradient given so far applied, values fresh, the model on the servers complete
+    close():       threads stopped (idempotent); syncs counts the pushes (or allreduces) done
+DenseSync pulls every dense parameter at the start and then, by `staleness` k:
+    k = 0 (inline): it adds up the gradients, and every `sync_every` steps the loop pushes the sum with its
+        sparse push and takes the new values the push returns; between syncs a step computes with the values
+        of the last sync (they miss the gradients of at most the sync_every - 1 steps before it).
+    k > 0 (background, sync_every 1): step() adds the gradients to a pending sum and returns; a thread
+        repeatedly takes the whole pending sum (the steps given while its last push was out, merged into one
+        push), pushes it (return_rows) and sets values to the rows it returns. The bound is in steps: step()
+        blocks while more than k steps have gradients not yet applied (given, but not returned by a push), so
+        the values step s computes with (steps counted from 0, values read after step s - 1's step() returns)
+        include the gradients of every step before s - k, and of steps s - k .. s - 1 those whose push returned.
+        An error of the thread is raised by the next step() or flush(); close() ends the thread, dropping what
+        is pending (flush() first to keep it). pull() flushes first.
 """
 
 from __future__ import annotations
 
+import threading
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,40 +55,97 @@ def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZ
     return TableConfig(table_name(param), param.shape[1], init, optimizer)
 
 
+class DensePath(Protocol):
+    """What the training loop uses of a dense path (see the module docstring)."""
+
+    params: list[DenseParam]
+    values: dict[str, np.ndarray]  # {name: (r, c) float32}, the weights the next forward uses
+    inline: bool
+    syncs: int  # pushes (PS) or allreduces done
+
+    def pull(self) -> dict[str, np.ndarray]: ...
+
+    def step(self, grads: dict[str, np.ndarray]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class DenseSync:
-    """The dense parameters of one worker: values from the servers, gradients accumulated between syncs.
+    """The dense parameters of one worker: values from the servers, gradients accumulated between syncs
+    (staleness 0) or pushed by a background thread (staleness k > 0); see the module docstring.
 
-    `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables)."""
+    `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables); with
+    staleness > 0 its push_many is called from the thread while the loop uses it too."""
 
-    def __init__(self, tables: Any, params: list[DenseParam], sync_every: int = 1):
+    def __init__(self, tables: Any, params: list[DenseParam], sync_every: int = 1, staleness: int = 0):
         if sync_every < 1:
             raise ValueError(f"--dense-sync-every is {sync_every}, expected >= 1")
+        if staleness < 0:
+            raise ValueError(f"--dense-staleness is {staleness}, expected >= 0")
+        if staleness > 0 and sync_every > 1:
+            raise ValueError(
+                f"--dense-sync-every is {sync_every} with --dense-staleness {staleness}: a background push takes "
+                "every step pending, so expected --dense-sync-every 1 (or --dense-staleness 0)"
+            )
         self.tables = tables
         self.params = params
         self.sync_every = sync_every
+        self.staleness = staleness
+        self.inline = staleness == 0
         self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
         self.values: dict[str, np.ndarray] = {}
-        self.pending: dict[str, np.ndarray] = {p.name: np.zeros(p.shape, dtype=np.float32) for p in params}
-        self.steps_pending = 0
+        self.pending: dict[str, np.ndarray] = self._zeros()
+        self.steps_pending = 0  # steps added to pending
         self.syncs = 0
+        # background (staleness > 0): the thread and what it shares with step() and flush(), under _cond
+        self._cond = threading.Condition()
+        self._unapplied = 0  # steps given whose gradients values do not include yet (pending or being pushed)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+
+    def _zeros(self) -> dict[str, np.ndarray]:
+        return {p.name: np.zeros(p.shape, dtype=np.float32) for p in self.params}
 
     def pull(self) -> dict[str, np.ndarray]:
-        """Fetches every dense parameter from the servers (one round trip); returns {name: (r, c) float32}."""
+        """Fetches every dense parameter from the servers (one round trip); returns {name: (r, c) float32}.
+        In the background mode it flushes first, so no push is in flight."""
+        if not self.inline:
+            self.flush()
         self.take(self.tables.pull_many([(table_name(p), self.ids[p.name]) for p in self.params]))
         return self.values
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
-        """Adds one step's gradients; every sync_every steps pushes their sum and takes the new values."""
-        if self.add(grads):
+        """Adds one step's gradients. Staleness 0: every sync_every steps pushes their sum and takes the new
+        values. Staleness k: hands them to the thread; returns once at most k steps are unapplied."""
+        if not self.inline:
+            self._step_background(grads)
+        elif self.add(grads):
             self.flush()
 
     def flush(self) -> None:
-        """Pushes the gradients added since the last sync (if any) and takes the new values the push returns."""
+        """Every gradient given so far pushed and the values it returned taken: staleness 0 pushes those added
+        since the last sync (if any); staleness k waits for the thread to push everything given."""
+        if not self.inline:
+            self._wait_until_applied(0)
+            return
         items = self.push_items()
         if items:
             self.take(self.tables.push_many(items, return_rows=True))
 
-    # ---- the same in phases, so a training step can send them with its sparse push ------------------
+    def close(self) -> None:
+        """Ends the background thread (if any), after its push in flight; what is pending is not pushed.
+        Idempotent."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    # ---- the same in phases, so a training step can send them with its sparse push (staleness 0) -----------
     def add(self, grads: dict[str, np.ndarray]) -> bool:
         """Adds one step's gradients; True when a sync is due: send push_items (return_rows), then take."""
         if not self.params:
@@ -95,3 +169,57 @@ class DenseSync:
     def take(self, rows: list[np.ndarray]) -> None:
         """Stores rows of every dense parameter, in params order (a pull's, or those push_many returned)."""
         self.values = {p.name: r.reshape(p.shape) for p, r in zip(self.params, rows, strict=True)}
+
+    # ---- background pushes (staleness > 0) ------------------------------------------------------------------
+    def _step_background(self, grads: dict[str, np.ndarray]) -> None:
+        if not self.params:
+            return
+        with self._cond:
+            self._raise_if_failed()
+            if self._closed:
+                raise RuntimeError("DenseSync.step after close()")
+            for name, g in grads.items():
+                self.pending[name] += g
+            self.steps_pending += 1
+            self._unapplied += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._push_pending, name="dense-push", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        self._wait_until_applied(self.staleness)
+
+    def _wait_until_applied(self, most_unapplied: int) -> None:
+        """Blocks while more than most_unapplied steps are unapplied; raises the thread's error, if any."""
+        with self._cond:
+            while self._unapplied > most_unapplied and self._error is None:
+                if self._thread is None or not self._thread.is_alive():
+                    raise RuntimeError(f"{self._unapplied} dense steps unapplied and no thread to push them")
+                self._cond.wait()
+            self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _push_pending(self) -> None:
+        """The thread: pushes whatever is pending, merged, until close(); an error ends it, kept for step()."""
+        try:
+            while True:
+                with self._cond:
+                    while self.steps_pending == 0 and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    grads, steps = self.pending, self.steps_pending
+                    self.pending, self.steps_pending = self._zeros(), 0
+                items = [(table_name(p), self.ids[p.name], grads[p.name], None) for p in self.params]
+                rows = self.tables.push_many(items, return_rows=True)
+                with self._cond:
+                    self.take(rows)
+                    self._unapplied -= steps
+                    self.syncs += 1
+                    self._cond.notify_all()
+        except BaseException as e:  # kept, and raised in the thread of step()
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()

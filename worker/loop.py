@@ -1,29 +1,29 @@
-"""The training step and evaluation: pull a batch's rows per table, forward/backward locally, push the gradients.
+"""The training step and evaluation: rows of a batch per table, forward/backward locally, gradients pushed.
 
     for each batch:  ids of each table deduplicated across all of the batch's fields and bags (batch.table_ids)
-                     rows = pull_many(every table's ids)            # ahead on a thread with --prefetch k, then
-                                                                    # overlaid with the rows the last pushes returned
+                     rows = source.rows(step, ids)       # by mode (worker/steprows.py): pulled ahead on a thread
+                                                         # with --prefetch k; async lays the rows its last pushes
+                                                         # returned over them; sync and ssp pulls wait on the
+                                                         # servers' clock; geo reads local copies
                      probs, row grads per table, dense grads = backend.forward_backward(ModelInputs, params, labels)
                      + dense_l2 * W on the dense weights (the sparse tables' L2 is the servers': TableConfig.l2)
-                     push_many(per table: unique ids, summed grads, clicks, shows; the dense gradients when a
-                               sync is due; one clock advance)      # returns the rows it updated
+                     source.push(step, per table: unique ids, summed grads, clicks, shows; with an inline dense
+                                 path the MLP's gradients when a sync is due)   # one clock advance
+                     dense.step(dense grads) otherwise   # background PS push, or allreduce (worker/allreduce.py)
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
-evaluations in a row. With restore_best (one worker), the model the tables hold at the best evaluation comes back
-at the end: at each new best the worker copies the rows of every id it has trained and the dense parameters
-(BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state stays as it is).
-Ids first trained after the best keep their values.
-
-Rows pulled ahead miss the pushes made meanwhile; laying the rows the last depth + 1 pushes returned over them
-(worker/pipeline.py RecentRows, one per table) makes the rows a step computes with exactly those a pull just
-before computing would give, for one worker (tests/test_pipeline.py).
+evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
+evaluation comes back at the end: at each new best the worker copies the rows of every id it has trained and the
+dense parameters (BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state
+stays as it is). Ids first trained after the best keep their values. However the loop ends, source.finish() tells
+the servers this worker is done, so that no other worker waits for it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +36,8 @@ from worker.dense import DenseSync
 from worker.dense import table_name as dense_table
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
-from worker.pipeline import RecentRows, in_any, prefetched
+from worker.pipeline import prefetched
+from worker.steprows import AsyncRows, pull_rows
 
 
 @dataclass
@@ -50,6 +51,8 @@ class LoopSettings:
     early_stop: int = 0  # stop after this many evaluations without a better validation logloss; 0: never
     restore_best: bool = False  # end with the model of the best evaluation (one worker only)
     progress: bool = True
+    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout (for ps-worker launch)
+    worker: int = 0  # this worker's id, in progress lines
     total_examples: int = 0  # the progress bar's total for one epoch
 
 
@@ -63,6 +66,7 @@ class LoopResult:
     stopped_early: bool = False
     best: dict | None = None  # the curve's entry with the lowest validation logloss
     restored_best: bool = False  # the tables hold the model of `best` (else the last one)
+    source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
 
 
 def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray]) -> ModelInputs:
@@ -76,26 +80,6 @@ def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows:
 
 def field_tables(spec: ModelSpec) -> dict[str, str]:
     return {f.name: f.table for f in spec.fields}
-
-
-def pull_rows(
-    tables: Any, spec: ModelSpec, tids: dict[str, TableIds], covered: dict[str, np.ndarray] | None = None
-) -> dict[str, np.ndarray]:
-    """{table: rows of its unique ids}, pulled in one pull_many; rows where covered[table] is True are left unset
-    (the overlay of recent pushes fills them)."""
-    wanted, out = [], {}
-    for t, ti in tids.items():
-        out[t] = np.empty((len(ti.uniq), spec.row_dim(t)), dtype=np.float32)
-        mask = None if covered is None else ~covered[t]
-        if mask is None or mask.any():
-            wanted.append((t, ti.uniq if mask is None else ti.uniq[mask], mask))
-    if wanted:
-        for (t, _, mask), rows in zip(wanted, tables.pull_many([(t, ids) for t, ids, _ in wanted])):
-            if mask is None:
-                out[t] = rows
-            else:
-                out[t][mask] = rows
-    return out
 
 
 def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]) -> dict:
@@ -158,7 +142,7 @@ class BestModel:
         items = [(t, u) for t, (u, _) in self.rows.items()]
         now = self.tables.pull_many(items)
         pushes = [(t, u, self.rows[t][1] - cur, None, np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)]
-        current = dense.pull()
+        current = dense.pull()  # a DenseSync (restore_best runs with the PS dense path only)
         for p in dense.params:
             name = p.name
             pushes.append((dense_table(p), dense.ids[name], self.dense[name] - current[name], None,
@@ -169,49 +153,69 @@ class BestModel:
 
 
 class _Prepared:
-    __slots__ = ("batch", "tids", "rows")
+    __slots__ = ("step", "batch", "tids", "rows")
 
-    def __init__(self, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray] | None):
-        self.batch, self.tids, self.rows = batch, tids, rows
+    def __init__(self, step: int, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray] | None):
+        self.step, self.batch, self.tids, self.rows = step, batch, tids, rows
+
+
+class _ProgressLines:
+    """'PROGRESS {json}' on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch)."""
+
+    def __init__(self, worker: int, total: int, every_s: float = 2.0):
+        self.worker, self.total, self.every_s = worker, total, every_s
+        self.last = time.perf_counter()
+
+    def update(self, result: LoopResult, logloss: float, started: float, extra: dict, final: bool = False) -> None:
+        now = time.perf_counter()
+        if not final and now - self.last < self.every_s:
+            return
+        self.last = now
+        line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": self.total,
+                "logloss": None if math.isnan(logloss) else round(logloss, 5),
+                "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
+        print("PROGRESS " + json.dumps(line), flush=True)
 
 
 def run_epochs(
     tables: Any,
     spec: ModelSpec,
     backend: Any,
-    dense: DenseSync,
+    dense: Any,
     train_batches: Callable[[], Iterable[Batch]],
     settings: LoopSettings,
     validation: list[Batch] | None = None,
     telemetry: Any = None,
     on_eval: Callable[[dict], None] | None = None,
+    source: Any = None,
 ) -> LoopResult:
     """Trains for settings.epochs passes over train_batches() (called once per epoch); returns what happened.
-    `tables` is a Client (or anything with its pull_many / push_many). on_eval receives each curve entry."""
+    `tables` is a Client (or anything with its pull_many / push_many); `dense` a dense path (worker/dense.py
+    DenseSync, worker/allreduce.py AllReduceDense); `source` where rows come from and pushes go by mode
+    (worker/steprows.py; default: AsyncRows). on_eval receives each curve entry."""
     s = settings
     result = LoopResult()
     running = RunningMean(0.95)
     started = time.perf_counter()
     bar = tqdm(total=s.total_examples * s.epochs, unit="ex", unit_scale=True, disable=not s.progress, smoothing=0.1)
+    lines = _ProgressLines(s.worker, s.total_examples * s.epochs) if s.progress_lines else None
     tmap = field_tables(spec)
-    depth = s.prefetch
-    recent = {t: RecentRows(depth + 1) for t in spec.table_dims()}  # a pull runs up to depth + 1 batches ahead
+    source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
     best_model = BestModel(tables, spec) if s.restore_best and validation else None
+    step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
 
-    def prepare(batch: Batch, window: deque) -> _Prepared:  # on the prefetch thread when depth > 0
+    def prepare(batch: Batch) -> _Prepared:  # on the prefetch thread when depth > 0
+        step = next(step_counter)
         tids = table_ids(batch, tmap)
-        if not depth:
-            return _Prepared(batch, tids, None)
-        covered = {t: in_any(ti.uniq, [w[t] for w in window if t in w]) for t, ti in tids.items()}
-        window.append({t: ti.uniq for t, ti in tids.items()})
-        return _Prepared(batch, tids, pull_rows(tables, spec, tids, covered))
+        return _Prepared(step, batch, tids, source.prepare(step, tids))
 
     def evaluation(epoch: int) -> bool:
         """Evaluates the validation set; True when training should stop."""
         nonlocal since_best
         if not validation:
             return False
+        dense.flush()
         figures = evaluate(tables, spec, backend, dense.values, validation)
         entry = {"epoch": epoch, "step": result.steps, "examples": result.examples,
                  "train_logloss": running.value, "validation_auc": figures["eval_auc"],
@@ -230,56 +234,62 @@ def run_epochs(
         return bool(s.early_stop) and since_best >= s.early_stop
 
     stop = False
-    for epoch in range(s.epochs):
-        step_started = time.perf_counter()
-        window: deque = deque(maxlen=depth + 1)  # the unique ids per table of the batches prepared last
-        for _, item in prefetched(train_batches(), lambda b, window=window: prepare(b, window), depth):
-            batch, tids, rows = item.batch, item.tids, item.rows
-            if rows is None:  # no prefetch: pull the rows the last pushes did not return
-                rows = pull_rows(tables, spec, tids, {t: recent[t].covered(ti.uniq) for t, ti in tids.items()})
-            for t, ti in tids.items():
-                recent[t].overlay(ti.uniq, rows[t])
-            if best_model is not None:
-                best_model.add(tids)
-            probs, row_grads, dense_grads = backend.forward_backward(
-                model_inputs(spec, batch, tids, rows), dense.values, batch.labels
-            )
-            pushes = [(t, ti.uniq, row_grads[t], ti.clicks, ti.shows) for t, ti in tids.items()]
-            if s.dense_l2:
-                for name, g in dense_grads.items():
-                    if not name.endswith(".bias"):
-                        g += np.float32(s.dense_l2) * dense.values[name]
-            sync = dense.add(dense_grads)
-            if sync:
-                pushes += dense.push_items()
-            returned = tables.push_many(pushes, advance_clock=1, return_rows=True)
-            for (t, ti), updated in zip(tids.items(), returned):
-                recent[t].add(ti.uniq, updated)
-            if sync:
-                dense.take(returned[len(tids) :])
-            n = len(batch)
-            running.update(logloss(batch.labels, probs))
-            if telemetry is not None:
-                now = time.perf_counter()
-                telemetry.step(n, now - step_started, running.value)
-                step_started = now
-            result.examples += n
-            result.steps += 1
-            bar.update(n)
-            bar.set_postfix(epoch=epoch + 1, logloss=f"{running.value:.4f}", refresh=False)
-            if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
+    try:
+        for epoch in range(s.epochs):
+            step_started = time.perf_counter()
+            source.start_epoch()
+            for _, item in prefetched(train_batches(), prepare, s.prefetch):
+                batch, tids = item.batch, item.tids
+                rows = source.rows(item.step, tids, item.rows)
+                if best_model is not None:
+                    best_model.add(tids)
+                probs, row_grads, dense_grads = backend.forward_backward(
+                    model_inputs(spec, batch, tids, rows), dense.values, batch.labels
+                )
+                if s.dense_l2:
+                    for name, g in dense_grads.items():
+                        if not name.endswith(".bias"):
+                            g += np.float32(s.dense_l2) * dense.values[name]
+                due = dense.inline and dense.add(dense_grads)  # the MLP's push goes with the rows' push
+                returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
+                if due:
+                    dense.take(returned)
+                elif not dense.inline:
+                    dense.step(dense_grads)
+                n = len(batch)
+                running.update(logloss(batch.labels, probs))
+                if telemetry is not None:
+                    now = time.perf_counter()
+                    telemetry.step(n, now - step_started, running.value)
+                    step_started = now
+                result.examples += n
+                result.steps += 1
+                bar.update(n)
+                cache = source.stats()
+                postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
+                if "cache_hit_rate" in cache:
+                    postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
+                bar.set_postfix(postfix, refresh=False)
+                if lines is not None:
+                    lines.update(result, running.value, started, cache)
+                if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
+                    stop = True
+                    break
+            if stop:
+                break
+            if not s.eval_every and evaluation(epoch + 1):
                 stop = True
                 break
-        if stop:
-            break
-        if not s.eval_every and evaluation(epoch + 1):
-            stop = True
-            break
-    dense.flush()
+        dense.flush()
+    finally:
+        source.finish()  # no worker waits for this one any more, however it ended
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)
     bar.close()
     result.seconds = time.perf_counter() - started
     result.train_logloss = running.value
     result.stopped_early = stop
+    result.source_stats = source.stats()
+    if lines is not None:
+        lines.update(result, running.value, started, result.source_stats, final=True)
     return result

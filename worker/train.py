@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import math
+import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -33,9 +34,14 @@ from worker.flags import check_input_file, check_output_file
 from worker.loop import LoopSettings, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
 from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
+from worker.steprows import row_source
 
 log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
+MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
+DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
+DEFAULT_DENSE_STALENESS = 2  # --dense ps outside sync: steps the MLP may lag, fetched on a background thread
+DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,14 @@ class TrainConfig:
     prefetch: int = 1
     worker_id: int = 0
     num_workers: int = 1
+    mode: str = "async"  # MODES
+    staleness: int = 4  # ssp: steps a worker may run ahead of the slowest
+    geo_every: int = 4  # geo: steps between pushes of the local rows' deltas
+    barrier_timeout_s: float = 60.0  # the longest a sync or ssp wait for another worker may last
+    job_id: int | None = None  # the job's id, the same on all its workers (sync, ssp); None: one is made up
+    row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0
+    dense: str = "ps"  # DENSE_PATHS
+    dense_staleness: int | None = None  # --dense ps: steps the MLP may lag; None: 0 for sync, else the default
     timeout_s: float = 60.0
     server_timeout_s: float = 300.0  # how long a down server is waited for (retrying) before the run fails
     tls_ca: str | None = None  # TLS to the servers (ps/security.py)
@@ -91,6 +105,7 @@ class TrainConfig:
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
     metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
     progress: bool = True
+    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar (for ps-worker launch)
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
     def validate(self, needs_servers: bool = True) -> None:
@@ -106,6 +121,25 @@ class TrainConfig:
             raise ValueError("--device cuda needs --backend torch (the numpy backend runs on the CPU)")
         if self.format not in FORMATS:
             raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMATS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode {self.mode!r} is unknown; expected one of {list(MODES)}")
+        if self.dense not in DENSE_PATHS:
+            raise ValueError(f"--dense {self.dense!r} is unknown; expected one of {list(DENSE_PATHS)}")
+        if self.dense == "allreduce" and self.backend != "torch":
+            raise ValueError("--dense allreduce needs --backend torch (torch.distributed averages the MLP's "
+                             "gradients); mixed numpy and torch workers share the MLP with --dense ps")  # fmt: skip
+        if self.dense == "allreduce" and self.mode == "sync":
+            raise ValueError("--mode sync sums every worker's gradients on the servers; its MLP goes with them: "
+                             "use --dense ps (the default) with --mode sync")  # fmt: skip
+        if self.mode == "sync" and self.dense_staleness:
+            raise ValueError(f"--dense-staleness {self.dense_staleness} with --mode sync: a sync step's MLP "
+                             "gradients are summed with its rows', so the MLP cannot lag (give 0 or leave it unset)")  # fmt: skip
+        if self.num_workers > 1 and self.mode in ("sync", "ssp") and not self.job_id:
+            raise ValueError(f"--mode {self.mode} with {self.num_workers} workers needs --job-id: the same for all "
+                             "the job's workers, a new one per job (`ps-worker launch` and torchrun give one)")  # fmt: skip
+        if self.row_cache_bytes and self.mode != "ssp":
+            raise ValueError(f"--row-cache-bytes serves rows within ssp's staleness bound; --mode {self.mode} "
+                             "has none (geo keeps its own local rows)")  # fmt: skip
         if self.recipe not in RECIPES:
             raise ValueError(f"--recipe {self.recipe!r} is unknown; expected one of {list(RECIPES)}")
         if self.eval_data and not self.data:
@@ -144,6 +178,9 @@ class TrainConfig:
                     ("--max-bad-lines", self.max_bad_lines, 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
                     ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
                     ("--eval-every", self.eval_every, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
+                    ("--staleness", self.staleness, 0), ("--geo-every", self.geo_every, 1),
+                    ("--dense-staleness", unset_or(self.dense_staleness, 0), 0),
+                    ("--row-cache-bytes", unset_or(self.row_cache_bytes, 0), 0),
                     ("--local-shards", 1 if self.local_shards is None else self.local_shards, 1)]  # fmt: skip
         for flag, value, lowest in at_least:
             if value < lowest:
@@ -158,6 +195,8 @@ class TrainConfig:
                 raise ValueError(f"{flag} {value}: expected a number in [{low}, {high}]")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0")
+        if not (math.isfinite(self.barrier_timeout_s) and self.barrier_timeout_s > 0):
+            raise ValueError(f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0")
         if not (math.isfinite(self.server_timeout_s) and self.server_timeout_s >= 0):
             raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries)")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
@@ -187,8 +226,17 @@ class TrainConfig:
             optimizer=optimizer,
             learning_rate=rate,
             optimizer_params=dict(params or {}),
-        )
+            dense_staleness=self.dense_staleness_or_default(),
+            row_cache_bytes=(DEFAULT_ROW_CACHE_BYTES if self.mode == "ssp" else 0) if self.row_cache_bytes is None
+            else self.row_cache_bytes,
+            job_id=self.job_id or (secrets.randbits(63) | 1),
+        )  # fmt: skip
         return resolved, describe(r, examples, self.recipe == "auto")
+
+    def dense_staleness_or_default(self) -> int:
+        if self.dense_staleness is not None:
+            return self.dense_staleness
+        return 0 if self.mode == "sync" else DEFAULT_DENSE_STALENESS
 
 
 @contextlib.contextmanager
@@ -297,10 +345,44 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
     """The loop's settings of a resolved config (after prepare)."""
     return LoopSettings(
         epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
-        eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress,
-        restore_best=bool(cfg.early_stop) and cfg.num_workers == 1,
+        eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress and not cfg.progress_lines,
+        restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
+        progress_lines=cfg.progress_lines, worker=cfg.worker_id,
         total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
     )  # fmt: skip
+
+
+def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> Any:
+    """The MLP's path of a resolved config: on the servers (DenseSync: in the step, or on a background thread
+    within --dense-staleness steps), or averaged among torch workers (AllReduceDense)."""
+    dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
+    if cfg.dense == "allreduce":
+        from worker.allreduce import AllReduceDense
+
+        return AllReduceDense(tables, spec.dense_params(), dense_opt, device=cfg.device)
+    return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
+
+
+def mode_line(cfg: TrainConfig) -> str:
+    """What the run's mode means, in one line of output."""
+    who = f"worker {cfg.worker_id} of {cfg.num_workers}"
+    what = {
+        "async": "async: each push applied as it arrives",
+        "sync": f"sync: each step's pushes of all workers summed, applied once (waits up to {cfg.barrier_timeout_s:g} s)",
+        "ssp": f"ssp: at most {cfg.staleness} steps ahead of the slowest worker (waits up to {cfg.barrier_timeout_s:g} s)"
+        + (f", row cache {cfg.row_cache_bytes / (1 << 20):.0f} MiB" if cfg.row_cache_bytes else ""),
+        "geo": f"geo: local rows, their deltas pushed every {cfg.geo_every} steps",
+    }[cfg.mode]
+    dense = (
+        "allreduce among the torch workers"
+        if cfg.dense == "allreduce"
+        else (
+            f"on the servers, at most {cfg.dense_staleness} steps behind"
+            if cfg.dense_staleness
+            else "on the servers, in the step"
+        )
+    )
+    return f"{who}, mode {what}; MLP {dense}"
 
 
 def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, ModelSpec, Any, DenseSync]:
@@ -329,8 +411,11 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
-        dense = DenseSync(client, spec.dense_params(), cfg.dense_sync_every)
+        if cfg.num_workers > 1 or cfg.mode != "async":
+            _say(mode_line(cfg), cfg)
+        dense = dense_path(cfg, client, spec)
         dense.pull()
+        source = row_source(cfg, client, spec, tables_cfg)
         telemetry = None
         if cfg.metrics_port is not None:
             from worker.telemetry import TrainTelemetry
@@ -344,8 +429,9 @@ def train(cfg: TrainConfig) -> dict:
         settings = loop_settings(cfg, data)
         try:
             loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
-                              on_eval=lambda e: _say(format_evaluation(e), cfg))  # fmt: skip
+                              on_eval=lambda e: _say(format_evaluation(e), cfg), source=source)  # fmt: skip
         finally:
+            dense.close()
             if telemetry is not None:
                 telemetry.close()
         results = {
@@ -361,7 +447,10 @@ def train(cfg: TrainConfig) -> dict:
             "train_seconds": loop.seconds,
             "examples_per_s": loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
             "train_logloss": loop.train_logloss,
+            "mode": cfg.mode,
+            "dense": cfg.dense,
             "dense_syncs": dense.syncs,
+            **loop.source_stats,
             "stopped_early": loop.stopped_early,
             "restored_best": loop.restored_best,
             "model_is_best": loop.restored_best or bool(loop.curve and loop.curve[-1]["best"]),
@@ -370,7 +459,8 @@ def train(cfg: TrainConfig) -> dict:
         if loop.best is not None:
             results.update(best_validation_auc=loop.best["validation_auc"],
                            best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"])  # fmt: skip
-        results.update(evaluate(client, spec, backend, dense.pull(), data.eval()))
+        final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
+        results.update(evaluate(client, spec, backend, final_dense, data.eval()))
         stats = [t for shard in client.stats() for t in shard.tables if t.name in spec.table_dims()]
         results["table_rows"] = sum(t.num_rows for t in stats)  # ids with a trained row
         results["pending_ids"] = sum(t.pending_ids for t in stats)  # ids seen but not admitted

@@ -1,0 +1,200 @@
+"""The allreduce dense path: two gloo workers with different gradients hold the same weights, bit for bit, after
+every step, equal to one process applying the optimizer to the mean gradient from the PS path's initial values;
+the servers hold the trained values after flush; the local optimizer is the servers' rule."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the allreduce dense path runs among torch workers only")
+dist = pytest.importorskip("torch.distributed", reason="torch without torch.distributed")
+mp = pytest.importorskip("torch.multiprocessing", reason="torch without torch.multiprocessing")
+
+from ps.config import OptimizerConfig  # noqa: E402
+from ps.rows.optim import get_optimizer  # noqa: E402
+from tests.inprocess import InProcessTables  # noqa: E402
+from worker.allreduce import ENV_VARS, AllReduceDense, LocalOptimizer, init_process_group_from_env  # noqa: E402
+from worker.dense import DenseSync, table_config  # noqa: E402
+from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
+
+PARAMS = ModelSpec("dnn", uniform_fields(3, 4), num_dense=2, hidden=(8, 8)).dense_params()
+OPTIMIZERS = {
+    "sgd": OptimizerConfig("sgd", 0.05),
+    "adagrad": OptimizerConfig("adagrad", 0.1),
+    "adam": OptimizerConfig("adam", 0.01),
+}
+STEPS = 20
+WORLD = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dense_tables() -> InProcessTables:
+    tables = InProcessTables(cache_bytes=16 << 20)
+    for p in PARAMS:
+        tables.create_table(table_config(p))
+    return tables
+
+
+def flat(values: dict[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([values[p.name].ravel() for p in PARAMS])
+
+
+def grads_of(rank: int, step: int) -> dict[str, np.ndarray]:
+    """Rank `rank`'s gradients at `step`: different on every rank and step."""
+    rng = np.random.default_rng([rank, step])
+    return {p.name: rng.normal(0, 1 + rank, p.shape).astype(np.float32) for p in PARAMS}
+
+
+def run_worker(rank: int, port: int, out_dir: str) -> None:
+    """One worker (a spawned process): for each optimizer, pull, STEPS steps, flush; saves what it held (rank 0
+    also what the servers hold after flush)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    assert init_process_group_from_env("cpu") == (rank, WORLD)
+    for name, optimizer in OPTIMIZERS.items():
+        tables = dense_tables() if rank == 0 else None  # fresh servers: every optimizer starts at the initial values
+        dense = AllReduceDense(tables, PARAMS, optimizer)
+        held = [flat(dense.pull())]
+        for s in range(STEPS):
+            dense.step(grads_of(rank, s))
+            held.append(flat(dense.values))
+        dense.flush()
+        assert dense.syncs == STEPS
+        np.save(pathlib.Path(out_dir, f"{name}.{rank}.npy"), np.stack(held))
+        if tables is not None:
+            np.save(pathlib.Path(out_dir, f"{name}.servers.npy"), flat(DenseSync(tables, PARAMS).pull()))
+            tables.close()
+        dense.close()
+        assert dist.is_initialized()  # close() leaves a group it did not create
+    dist.destroy_process_group()
+
+
+def oracle(name: str, start: np.ndarray, world: int = WORLD) -> np.ndarray:
+    """(STEPS + 1, size): the weights of one process applying the optimizer (float64, ps.rows.optim's rules) to
+    the mean of the gradients of ranks 0 .. world - 1."""
+    cfg, w = OPTIMIZERS[name], start.astype(np.float64)
+    p, lr = cfg.all_params(), cfg.learning_rate
+    m, v, a = np.zeros_like(w), np.zeros_like(w), np.full_like(w, p.get("initial_accumulator", 0.0))
+    out = [w.copy()]
+    for s in range(STEPS):
+        g = np.mean([flat(grads_of(r, s)).astype(np.float64) for r in range(world)], axis=0)
+        if name == "sgd":
+            w = w - lr * g
+        elif name == "adagrad":
+            a = a + g * g
+            w = w - lr * g / (np.sqrt(a) + p["epsilon"])
+        else:
+            t = s + 1
+            m = p["beta1"] * m + (1 - p["beta1"]) * g
+            v = p["beta2"] * v + (1 - p["beta2"]) * g * g
+            w = w - lr * (m / (1 - p["beta1"] ** t)) / (np.sqrt(v / (1 - p["beta2"] ** t)) + p["epsilon"])
+        out.append(w.copy())
+    return np.stack(out)
+
+
+def spawn_workers(out_dir: str, timeout_s: float = 60.0) -> None:
+    context = mp.spawn(run_worker, args=(free_port(), out_dir), nprocs=WORLD, join=False)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=0.5):  # raises when a worker failed
+            assert time.monotonic() < deadline, f"the workers still run after {timeout_s:g} s"
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def test_two_workers_hold_equal_weights_after_every_step_equal_to_the_mean_gradient_oracle(tmp_path):
+    spawn_workers(str(tmp_path))
+    with dense_tables() as tables:
+        start = flat(DenseSync(tables, PARAMS).pull())  # the PS path's initial values
+    for name in OPTIMIZERS:
+        rank0, rank1 = (np.load(tmp_path / f"{name}.{r}.npy") for r in range(WORLD))
+        assert rank0.shape == (STEPS + 1, start.size)
+        for s in range(STEPS + 1):
+            np.testing.assert_array_equal(rank0[s], rank1[s], err_msg=f"{name}, after step {s}")
+        np.testing.assert_array_equal(rank0[0], start)
+        np.testing.assert_allclose(rank0, oracle(name, start), rtol=1e-6, atol=1e-6, err_msg=name)
+        assert np.abs(rank0[-1] - start).max() > 0.05  # the steps moved the weights
+        servers = np.load(tmp_path / f"{name}.servers.npy")
+        np.testing.assert_allclose(servers, rank0[-1], rtol=1e-6, atol=1e-7, err_msg=f"{name}: the servers' values")
+
+
+class UnreachableTables:
+    def pull_many(self, items):
+        raise ConnectionError("no server answers")
+
+
+def test_one_worker_creates_and_destroys_its_group(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not dist.is_initialized()
+    with dense_tables() as tables:
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
+        try:
+            assert dist.is_initialized() and (dense.rank, dense.world_size) == (0, 1) and not dense.inline
+            start = flat(dense.pull())
+            for s in range(3):
+                dense.step(grads_of(0, s))
+            dense.flush()
+            np.testing.assert_allclose(flat(dense.values), oracle("adam", start, world=1)[3], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), flat(dense.values), atol=1e-7)
+            dense.tables = UnreachableTables()
+            with pytest.raises(ConnectionError, match="no server"):
+                dense.flush()
+        finally:
+            dense.close()
+        dense.close()
+        assert not dist.is_initialized()
+        with pytest.raises(RuntimeError, match="after close"):
+            dense.step(grads_of(0, 0))
+
+
+def test_missing_environment_variables_are_named(monkeypatch):
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="missing: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE"):
+        init_process_group_from_env("cpu")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ValueError, match="missing: MASTER_PORT, WORLD_SIZE$"):
+        AllReduceDense(None, PARAMS)
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_the_local_optimizer_is_the_servers_rule(name):
+    """LocalOptimizer against ps.rows.optim's kernel on rows [w | state], 20 steps of random gradients."""
+    rng = np.random.default_rng(1)
+    rows, dim = 3, 5
+    server = get_optimizer(OPTIMIZERS[name])
+    buf = np.zeros((rows, dim + server.state_floats(dim)), np.float32)
+    buf[:, :dim] = rng.uniform(-1, 1, (rows, dim))
+    server.init_state(buf, dim)
+    local = LocalOptimizer(OPTIMIZERS[name], rows * dim)
+    weights = buf[:, :dim].ravel().copy()
+    for _ in range(20):
+        g = rng.normal(0, 1, (rows, dim)).astype(np.float32)
+        server.apply(buf, g)
+        local.apply(weights, g.ravel())
+    # the servers' kernels are compiled with fastmath (reassociated float32): adam drifts ~1e-6 in 20 steps
+    np.testing.assert_allclose(weights, buf[:, :dim].ravel(), rtol=0, atol=3e-6)
+
+
+def test_ftrl_is_refused():
+    with pytest.raises(ValueError, match="not 'ftrl'"):
+        LocalOptimizer(OptimizerConfig("ftrl", 0.1), 4)

@@ -1,0 +1,202 @@
+"""GeoTables against in-process servers and simple oracles: plain optimizer pushes (SGD is linear, so deltas
+added every k steps give the same rows), a numpy Adagrad run locally with its deltas added every 4 steps, two
+workers that see each other's deltas at their pushes, the shows and clicks the servers count, the memory bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps.config import OptimizerConfig, TableConfig
+from ps.rows.layout import CLICK, SHOW
+from tests.inprocess import InProcessTables
+from worker.geo import GeoTables
+from worker.rowcache import SLOT_BYTES
+
+F32 = np.float32
+SGD = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5), weight_bound=0.02)
+ADAGRAD = TableConfig("ada", 3, optimizer=OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 0.2}))
+
+
+@pytest.fixture
+def server():
+    tables = InProcessTables(cache_bytes=64 << 20)
+    yield tables
+    tables.close()
+
+
+def make_steps(seed: int, n: int, dim: int, pool: int = 60, per_step: int = 20, hot: int = 0) -> list[tuple]:
+    """(ids unique sorted, grads, shows, clicks) per step, ids from a pool (and id `hot` every step if given)."""
+    rng = np.random.default_rng(seed)
+    universe = rng.integers(1, 2**63, pool, dtype=np.uint64)
+    out = []
+    for _ in range(n):
+        ids = np.unique(np.concatenate([rng.choice(universe, per_step), np.array([hot] if hot else [], np.uint64)]))
+        shows = rng.integers(1, 4, len(ids)).astype(F32)
+        clicks = np.minimum(rng.integers(0, 2, len(ids)), shows).astype(F32)
+        out.append((ids, rng.standard_normal((len(ids), dim)).astype(F32) * 0.01, shows, clicks))
+    return out
+
+
+def all_ids(steps: list[tuple]) -> np.ndarray:
+    return np.unique(np.concatenate([s[0] for s in steps]))
+
+
+def train(geo: GeoTables, table: str, steps: list[tuple]) -> list[bool]:
+    pushed = []
+    for ids, grads, shows, clicks in steps:
+        geo.rows({table: ids})
+        geo.apply(table, ids, grads, shows, clicks)
+        pushed.append(geo.end_step())
+    return pushed
+
+
+def test_sgd_every_step_gives_the_rows_of_plain_pushes(server):
+    plain = InProcessTables(cache_bytes=64 << 20)
+    try:
+        server.create_table(SGD)
+        plain.create_table(SGD)
+        geo = GeoTables(server, {"emb": SGD}, every=1)
+        for ids, grads, shows, clicks in make_steps(0, 25, 4):
+            rows = geo.rows({"emb": ids})["emb"]
+            np.testing.assert_allclose(rows, plain.pull("emb", ids), rtol=1e-6, atol=1e-9)
+            geo.apply("emb", ids, grads, shows, clicks)
+            assert geo.end_step()
+            plain.push_many([("emb", ids, grads, clicks, shows)])
+        ids = all_ids(make_steps(0, 25, 4))
+        expected = plain.pull("emb", ids)
+        assert np.abs(expected).max() == pytest.approx(0.02)  # the weight bound was reached: clipped locally too
+        np.testing.assert_allclose(server.pull("emb", ids), expected, rtol=1e-6, atol=1e-9)
+        assert geo.pushes == 25 and geo.ids_pushed == sum(len(s[0]) for s in make_steps(0, 25, 4))
+    finally:
+        plain.close()
+
+
+def adagrad_oracle(initial: dict[int, np.ndarray], steps: list[tuple], every: int, cfg: TableConfig) -> dict:
+    """Server rows after GEO with a local numpy Adagrad, deltas added every `every` steps and once at the end."""
+    lr, p = F32(cfg.optimizer.learning_rate), cfg.optimizer.all_params()
+    eps, acc0 = F32(p["epsilon"]), F32(p["initial_accumulator"])
+    server = {i: r.copy() for i, r in initial.items()}
+    local: dict[int, list[np.ndarray]] = {}  # id -> [w, accumulator, base]
+    changed: set[int] = set()
+
+    def push() -> None:
+        for i in changed:
+            w, _, base = local[i]
+            server[i] = server[i] + (w - base)
+            local[i][0], local[i][2] = server[i].copy(), server[i].copy()
+        changed.clear()
+
+    for k, (ids, grads, _, _) in enumerate(steps):
+        for i, g in zip(ids.tolist(), grads):
+            if i not in local:
+                local[i] = [server[i].copy(), np.full(cfg.dim, acc0, F32), server[i].copy()]
+            w, a, _ = local[i]
+            a += g * g
+            w -= lr * g / (np.sqrt(a) + eps)
+            changed.add(i)
+        if (k + 1) % every == 0:
+            push()
+    push()
+    return server
+
+
+def test_adagrad_every_4_steps_matches_a_local_numpy_adagrad_whose_deltas_are_added(server):
+    server.create_table(ADAGRAD)
+    steps = make_steps(1, 22, 3)
+    ids = all_ids(steps)
+    initial = dict(zip(ids.tolist(), server.pull("ada", ids)))
+    geo = GeoTables(server, {"ada": ADAGRAD}, every=4)
+    pushed = train(geo, "ada", steps)
+    assert pushed == [(k + 1) % 4 == 0 for k in range(22)]
+    assert geo.flush() and not geo.flush()  # steps 21 and 22 were pending; then nothing is
+    oracle = adagrad_oracle(initial, steps, 4, ADAGRAD)
+    np.testing.assert_allclose(server.pull("ada", ids), np.stack([oracle[i] for i in ids.tolist()]), rtol=1e-5,
+                               atol=1e-8)  # fmt: skip
+    table = server.shard.table("ada")
+    state = table.peek(ids)[:, 3 : table.stats_col]
+    assert (state == F32(0.2)).all()  # the servers ran no optimizer: their accumulators are the initial ones
+    seen, new_rows_at = set(), 0
+    for step_ids, *_ in steps:
+        new_rows_at += not set(step_ids.tolist()) <= seen
+        seen |= set(step_ids.tolist())
+    assert geo.pulls == new_rows_at and geo.ids_pulled == len(ids)  # each row pulled once, then the local copy
+
+
+def test_the_servers_count_the_shows_and_clicks_of_the_pushed_deltas(server):
+    server.create_table(ADAGRAD)
+    steps = make_steps(2, 10, 3)
+    geo = GeoTables(server, {"ada": ADAGRAD}, every=3)
+    train(geo, "ada", steps)
+    geo.flush()
+    ids = all_ids(steps)
+    shows, clicks = dict.fromkeys(ids.tolist(), 0.0), dict.fromkeys(ids.tolist(), 0.0)
+    for step_ids, _, s, c in steps:
+        for i, si, ci in zip(step_ids.tolist(), s, c):
+            shows[i] += si
+            clicks[i] += ci
+    table = server.shard.table("ada")
+    stats = table.peek(ids)[:, table.stats_col :]
+    np.testing.assert_array_equal(stats[:, SHOW], [shows[i] for i in ids.tolist()])
+    np.testing.assert_array_equal(stats[:, CLICK], [clicks[i] for i in ids.tolist()])
+    assert stats[:, CLICK].sum() > 0
+
+
+def test_two_workers_see_each_others_deltas_at_their_own_pushes(server):
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
+    server.create_table(cfg)
+    a, b = GeoTables(server, {"emb": cfg}, every=2), GeoTables(server, {"emb": cfg}, every=2)
+    ids = np.array([3, 5, 8], np.uint64)
+    initial = server.pull("emb", ids)
+    rng = np.random.default_rng(3)
+    total = np.zeros((3, 4), F32)
+    for step in range(6):
+        for worker in (b, a):  # b pushes first; a's push returns rows with b's deltas in them
+            worker.rows({"emb": ids})
+            grads = rng.standard_normal((3, 4)).astype(F32)
+            worker.apply("emb", ids, grads, 1, 0)
+            total -= F32(0.5) * grads
+            if worker.end_step() and worker is a:
+                np.testing.assert_array_equal(a.rows({"emb": ids})["emb"], server.pull("emb", ids))
+                np.testing.assert_allclose(server.pull("emb", ids), initial + total, rtol=1e-5, atol=1e-6)
+                assert not np.allclose(b.rows({"emb": ids})["emb"], server.pull("emb", ids))  # b: not before its push
+        if step == 0:  # no push yet: a's local rows have its step, the servers' rows none
+            assert not np.allclose(a.rows({"emb": ids})["emb"], initial)
+            np.testing.assert_array_equal(server.pull("emb", ids), initial)
+    assert a.pushes == b.pushes == 3
+
+
+def test_memory_stays_within_capacity_after_each_push_and_training_stays_exact(server):
+    """SGD keeps no state, so rows dropped and pulled again continue exactly: the servers hold the rows of plain
+    pushes, clipped to the weight bound, however small the memory."""
+    plain = InProcessTables(cache_bytes=64 << 20)
+    try:
+        server.create_table(SGD)
+        plain.create_table(SGD)
+        steps = make_steps(4, 40, 4, pool=200, per_step=15, hot=77)
+        capacity = 30 * (4 * 4 + 4 * 4 + 9 + SLOT_BYTES)  # 30 rows; a push carries up to 3 x 16 ids
+        geo = GeoTables(server, {"emb": SGD}, every=3, capacity_bytes=capacity)
+        for ids, grads, shows, clicks in steps:
+            geo.rows({"emb": ids})
+            geo.apply("emb", ids, grads, shows, clicks)
+            plain.push_many([("emb", ids, grads, clicks, shows)])
+            if geo.end_step():
+                assert geo.bytes_used <= capacity and geo.held("emb", np.array([77], np.uint64)).all()
+            else:
+                assert geo.local_rows >= 30 or geo.bytes_used <= capacity  # between pushes pending rows stay
+        geo.flush()
+        assert geo.bytes_used <= capacity and geo.ids_pulled > len(all_ids(steps)) + 50  # dropped rows came back
+        ids = all_ids(steps)
+        np.testing.assert_allclose(server.pull("emb", ids), plain.pull("emb", ids), rtol=1e-6, atol=1e-9)
+    finally:
+        plain.close()
+
+
+def test_apply_needs_the_rows_held_and_every_must_be_positive(server):
+    server.create_table(ADAGRAD)
+    geo = GeoTables(server, {"ada": ADAGRAD}, every=1)
+    with pytest.raises(KeyError, match="not held"):
+        geo.apply("ada", np.array([1], np.uint64), np.zeros((1, 3), F32), 1, 0)
+    with pytest.raises(ValueError, match="every"):
+        GeoTables(server, {"ada": ADAGRAD}, every=0)
+    assert not geo.end_step()  # nothing pending: no push

@@ -1,0 +1,169 @@
+"""Training modes end to end on real servers: sync equals one worker at the summed batch; ssp never serves a pull
+past its staleness bound; geo and ssp train; a worker that stops early lets the others finish."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from worker.client import Client
+from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.train import TrainConfig, loop_settings, open_job, table_configs
+
+
+def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
+    """One worker's run_epochs, as `ps-worker train` runs it; returns the loop's result and its tables view."""
+    from worker.loop import run_epochs
+    from worker.steprows import row_source
+
+    with Client(addresses, timeout_s=30) as client:
+        client.wait_ready()
+        cfg, data, spec, backend, dense = open_job(cfg, client)
+        if slow_s:
+            compute = backend.forward_backward
+
+            def slowly(*args):
+                time.sleep(slow_s)
+                return compute(*args)
+
+            backend.forward_backward = slowly
+        tables = table_configs(cfg, spec, data.schema.table_overrides())
+        source = row_source(cfg, client, spec, tables)
+        result = run_epochs(client, spec, backend, dense, data.train, loop_settings(cfg, data), source=source)
+        return {"result": result, "spec": spec, "data": data}
+
+
+def _run_job(addresses, cfgs: list[TrainConfig], slow: dict | None = None) -> list[dict]:
+    """Runs one worker per config on threads; re-raises the first failure."""
+    out: list = [None] * len(cfgs)
+    errors: list = []
+
+    def run(i):
+        try:
+            out[i] = _run_worker(addresses, cfgs[i], (slow or {}).get(i, 0.0))
+        except BaseException as e:  # handed to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cfgs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def _model(addresses, cfg: TrainConfig, path) -> tuple[np.ndarray, dict]:
+    """The rows of every id in the data file and the dense parameters, as the servers hold them."""
+    from worker.batch import table_ids
+    from worker.dense import DenseSync
+    from worker.loop import field_tables
+
+    with Client(addresses) as client:
+        cfg, data, spec, _, _ = open_job(dataclasses.replace(cfg, worker_id=0, num_workers=1, batch_size=4096), client)
+        ids = np.unique(np.concatenate([table_ids(b, field_tables(spec))[cfg.model].uniq for b in data.train()]))
+        dense = DenseSync(client, spec.dense_params()).pull()
+        return client.pull(cfg.model, ids), {k: v.copy() for k, v in dense.items()}
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    path = tmp_path / "train.txt"
+    write_synthetic(path, SyntheticConfig(rows=3200, seed=3))
+    return str(path)
+
+
+def test_sync_two_workers_train_the_model_of_one_worker_at_the_summed_batch(servers, tmp_path, data_file):
+    """2 workers at batch 32 (the file's lines dealt round-robin) in sync mode leave the rows and the MLP where one
+    worker at batch 64 leaves them after the same 50 steps, with the default optimizers (Adagrad, Adam): the servers
+    sum each step's pushes before their optimizers see them."""
+    base = TrainConfig(data=data_file, model="deepfm", hidden=(16, 8), recipe="large", epochs=1, progress=False,
+                       validation_fraction=0.0, synthetic_eval_rows=0, prefetch=1)  # fmt: skip
+    one, _ = servers(2, root=tmp_path / "one")
+    [solo] = _run_job(one, [dataclasses.replace(base, batch_size=64)])
+    assert solo["result"].steps == 50
+    two, _ = servers(2, root=tmp_path / "two")
+    sync = dataclasses.replace(base, batch_size=32, mode="sync", num_workers=2, job_id=7)
+    runs = _run_job(two, [dataclasses.replace(sync, worker_id=i) for i in range(2)])
+    assert [r["result"].steps for r in runs] == [50, 50]
+    want_rows, want_dense = _model(one, base, data_file)
+    got_rows, got_dense = _model(two, base, data_file)
+    assert np.abs(want_rows).max() > 0.01  # trained: the initial rows are within 0.01
+    # float32 sums in another order (two partial sums, then their sum) differ in the last bits: atol 1e-6
+    np.testing.assert_allclose(got_rows, want_rows, rtol=1e-5, atol=1e-6)
+    for name, want in want_dense.items():
+        np.testing.assert_allclose(got_dense[name], want, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_sync_differs_from_async_so_the_comparison_above_can_fail(servers, tmp_path, data_file):
+    base = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, batch_size=32,
+                       validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, job_id=9)  # fmt: skip
+    one, _ = servers(2, root=tmp_path / "one")
+    _run_job(one, [dataclasses.replace(base, batch_size=64, num_workers=1)])
+    two, _ = servers(2, root=tmp_path / "two")
+    _run_job(two, [dataclasses.replace(base, worker_id=i) for i in range(2)])
+    want, _ = _model(one, base, data_file)
+    got, _ = _model(two, base, data_file)
+    assert not np.allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_ssp_no_pull_is_served_past_the_staleness_bound(servers, tmp_path, data_file):
+    """One worker is slowed down; the fast one runs ahead until the bound stops it: every shard saw a clock gap of
+    exactly k at most, and reached it."""
+    k = 2
+    addresses, started = servers(2)
+    cfg = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, batch_size=64,
+                      validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, job_id=11, mode="ssp",
+                      staleness=k, row_cache_bytes=0)  # fmt: skip
+    runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=i) for i in range(2)], slow={1: 0.03})
+    assert [r["result"].steps for r in runs] == [25, 25]
+    gaps = [s.shard.jobs.max_gap for s in started]
+    assert max(gaps) == k, gaps
+
+
+def test_ssp_row_cache_serves_rows_within_the_bound(servers, tmp_path, data_file):
+    addresses, started = servers(2)
+    cfg = TrainConfig(data=data_file, model="fm", recipe="large", epochs=2, progress=False, batch_size=64,
+                      validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, job_id=13, mode="ssp",
+                      staleness=4, row_cache_bytes=8 << 20)  # fmt: skip
+    runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=i) for i in range(2)])
+    for r in runs:
+        stats = r["result"].source_stats
+        assert 0 < stats["cache_hit_rate"] < 1, stats
+        assert stats["cache_bytes_saved"] > 0
+    assert max(s.shard.jobs.max_gap for s in started) <= 4
+
+
+@pytest.mark.parametrize("mode", ["geo", "ssp", "async"])
+def test_two_workers_train_in_every_mode(servers, tmp_path, mode):
+    """Each mode learns the planted model on a small sample (the oracle comparison at scale is
+    benchmarks/train_modes.py)."""
+    from worker.loop import evaluate
+
+    addresses, _ = servers(2)
+    cfg = TrainConfig(model="fm", recipe="large", epochs=1, progress=False, batch_size=256, synthetic_rows=40_000,
+                      synthetic_eval_rows=5000, num_workers=2, job_id=17, mode=mode, staleness=4, geo_every=4)  # fmt: skip
+    runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=i) for i in range(2)])
+    assert sum(r["result"].examples for r in runs) == 40_000
+    with Client(addresses) as client:
+        cfg, data, spec, backend, dense = open_job(dataclasses.replace(cfg, worker_id=0), client)
+        figures = evaluate(client, spec, backend, dense.pull(), data.eval())
+    assert figures["eval_auc"] > 0.70, figures
+    assert figures["oracle_auc"] - figures["eval_auc"] < 0.035, figures  # async and geo ~0.022 here
+
+
+def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp_path, data_file):
+    """Worker 1 trains one epoch, worker 0 two: once worker 1 is done, worker 0's steps complete without it."""
+    addresses, _ = servers(1)
+    cfg = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, batch_size=1000,
+                      validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, job_id=19, mode="sync",
+                      barrier_timeout_s=20)  # fmt: skip
+    started = time.monotonic()
+    runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=0, epochs=2), dataclasses.replace(cfg, worker_id=1)])
+    assert [r["result"].steps for r in runs] == [4, 2]  # 1600 lines each: batches of 1000 and 600
+    assert time.monotonic() - started < 15

@@ -1,0 +1,241 @@
+"""The dense path among torch workers: every worker holds the whole MLP, and gradients are averaged by allreduce.
+
+The servers hold the dense parameters (worker.dense's tables) only at the ends: pull() has rank 0 read their
+initial values and broadcast them, so every worker starts identical and equal to the PS path's start; flush()
+has rank 0 write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
+MLP from the servers. In between, a step's gradients (every parameter flattened, in params order, into one
+float32 buffer) go through one all_reduce (SUM) and are divided by the world size; each worker then applies the
+optimizer to that mean itself (LocalOptimizer: the servers' rule per element), so equal inputs leave every
+worker with equal weights, bit for bit.
+
+pull, step and flush are collective: every rank of the group calls them, in the same order, the same number of
+times. A failure of rank 0's pull or flush reaches every rank as an error (after rank 0's own).
+
+The process group: torch.distributed, from the environment torchrun sets (env://: MASTER_ADDR, MASTER_PORT, RANK,
+WORLD_SIZE), gloo for a cpu device and nccl for a cuda one, whose device is this rank's GPU ("cuda:<LOCAL_RANK>").
+torch is imported inside the functions, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ps.config import OptimizerConfig
+from worker.dense import DEFAULT_OPTIMIZER, table_name
+from worker.models.spec import DenseParam
+
+ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+
+def init_process_group_from_env(device: str) -> tuple[int, int]:
+    """Joins the default torch.distributed group the environment describes (env://): gloo for a cpu device,
+    nccl for cuda (its GPU made the current one). Returns (rank, world_size); a default group already
+    initialized is returned as it is. ValueError naming the missing variables when some of ENV_VARS are unset."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    missing = [v for v in ENV_VARS if not os.environ.get(v)]
+    if missing:
+        raise ValueError(
+            f"the allreduce dense path reads {', '.join(ENV_VARS)} from the environment (torchrun sets them); "
+            f"missing: {', '.join(missing)}"
+        )
+    if torch.device(device).type == "cuda":
+        torch.cuda.set_device(torch.device(device))
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend, init_method="env://")
+    return dist.get_rank(), dist.get_world_size()
+
+
+class LocalOptimizer:
+    """ps.rows.optim's update (sgd, adagrad, adam) of one flat float32 vector, in numpy: each element as the
+    servers' kernels compute it, every operation a single IEEE-rounded float32 one (none fused or reordered), so
+    equal inputs give equal bits on any machine. Adam's bias correction counts this optimizer's steps (each
+    step updates every element, as a server counts each id's updates)."""
+
+    SUPPORTED = ("sgd", "adagrad", "adam")
+
+    def __init__(self, cfg: OptimizerConfig, size: int):
+        cfg.validate()
+        if cfg.name not in self.SUPPORTED:
+            raise ValueError(f"the allreduce dense path runs {list(self.SUPPORTED)}, not {cfg.name!r}")
+        p = {k: np.float32(v) for k, v in cfg.all_params().items()}
+        self.name, self.lr, self.params, self.steps = cfg.name, np.float32(cfg.learning_rate), p, 0
+        self._tmp = np.empty(size, np.float32)
+        self._tmp2 = np.empty(size, np.float32)
+        if cfg.name == "adagrad":
+            self.accumulator = np.full(size, p["initial_accumulator"], np.float32)
+        if cfg.name == "adam":
+            self.m = np.zeros(size, np.float32)
+            self.v = np.zeros(size, np.float32)
+
+    def apply(self, weights: np.ndarray, grads: np.ndarray) -> None:
+        """One step on weights (float32, in place) with grads of the same shape."""
+        self.steps += 1
+        tmp, tmp2, lr = self._tmp, self._tmp2, self.lr
+        if self.name == "sgd":  # w -= lr g
+            np.multiply(grads, lr, out=tmp)
+        elif self.name == "adagrad":  # a += g g; w -= lr g / (sqrt(a) + eps)
+            a = self.accumulator
+            np.multiply(grads, grads, out=tmp)
+            np.add(a, tmp, out=a)
+            np.sqrt(a, out=tmp2)
+            np.add(tmp2, self.params["epsilon"], out=tmp2)
+            np.multiply(grads, lr, out=tmp)
+            np.divide(tmp, tmp2, out=tmp)
+        else:  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; w -= lr (m / c1) / (sqrt(v / c2) + eps)
+            b1, b2 = self.params["beta1"], self.params["beta2"]
+            c1 = np.float32(1.0 - float(b1) ** self.steps)  # 1 - b^t rounded once, to float32
+            c2 = np.float32(1.0 - float(b2) ** self.steps)
+            np.multiply(self.m, b1, out=self.m)
+            np.multiply(grads, np.float32(1.0) - b1, out=tmp)
+            np.add(self.m, tmp, out=self.m)
+            np.multiply(self.v, b2, out=self.v)
+            np.multiply(grads, np.float32(1.0) - b2, out=tmp)
+            np.multiply(tmp, grads, out=tmp)
+            np.add(self.v, tmp, out=self.v)
+            np.divide(self.v, c2, out=tmp2)
+            np.sqrt(tmp2, out=tmp2)
+            np.add(tmp2, self.params["epsilon"], out=tmp2)
+            np.divide(self.m, c1, out=tmp)
+            np.multiply(tmp, lr, out=tmp)
+            np.divide(tmp, tmp2, out=tmp)
+        np.subtract(weights, tmp, out=weights)
+
+
+class AllReduceDense:
+    """The dense parameters of one torch worker, kept here and averaged over the group (see the module docstring).
+
+    tables: anything with the Client's pull_many and push_many (used by rank 0 only); optimizer: the update run
+    on every worker; group: a torch.distributed process group, or None for the default group (initialized from
+    the environment when it is not yet, and then destroyed by close())."""
+
+    inline = False
+
+    def __init__(
+        self,
+        tables: Any,
+        params: list[DenseParam],
+        optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
+        device: str = "cpu",
+        group: Any = None,
+    ):
+        import torch
+        import torch.distributed as dist
+
+        self.tables, self.params, self.group = tables, params, group
+        self.sizes = [p.shape[0] * p.shape[1] for p in params]
+        self.optimizer = LocalOptimizer(optimizer, sum(self.sizes))
+        self.device = torch.device(device)
+        self._owns_group = group is None and not dist.is_initialized()
+        if group is None:
+            init_process_group_from_env(device)
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self._src = 0 if group is None else dist.get_global_rank(group, 0)  # rank 0 of the group
+        self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
+        self.weights = np.zeros(sum(self.sizes), np.float32)  # every parameter, flattened in params order
+        self._grads = np.empty_like(self.weights)
+        self.values: dict[str, np.ndarray] = {}
+        self.syncs = 0
+        self._closed = False
+
+    def pull(self) -> dict[str, np.ndarray]:
+        """Rank 0 reads every dense parameter from the servers and broadcasts them; returns {name: (r, c)}. The
+        optimizer's state stays as it is."""
+        error = None
+        if self.rank == 0:
+            try:
+                rows = self.tables.pull_many([(table_name(p), self.ids[p.name]) for p in self.params])
+                if rows:
+                    self.weights[:] = np.concatenate([r.ravel() for r in rows])
+            except Exception as e:  # every rank learns of it below, rather than waiting in the broadcast
+                error = e
+        self._agree_rank0_ok(error, "pull the dense parameters from the servers")
+        self._collective("broadcast", self.weights)
+        self.values = self._split(self.weights)
+        return self.values
+
+    def step(self, grads: dict[str, np.ndarray]) -> None:
+        """Averages grads ({name: (r, c)}) over the group in one all_reduce and applies the optimizer to the mean."""
+        if self._closed:
+            raise RuntimeError("AllReduceDense.step after close()")
+        if not self.params:
+            return
+        start = 0
+        for p, size in zip(self.params, self.sizes, strict=True):
+            g = grads[p.name]
+            if g.shape != p.shape:
+                raise ValueError(f"gradient of {p.name} has shape {g.shape}, expected {p.shape}")
+            self._grads[start : start + size] = g.ravel()
+            start += size
+        self._collective("all_reduce", self._grads)
+        if self.world_size > 1:
+            np.divide(self._grads, np.float32(self.world_size), out=self._grads)
+        self.optimizer.apply(self.weights, self._grads)
+        self.values = self._split(self.weights)
+        self.syncs += 1
+
+    def flush(self) -> None:
+        """Rank 0 writes its values to the servers' dense tables (add-delta pushes of values - the servers'
+        values, one show per id: a row is admitted, and takes a delta, once it has a show); every rank returns
+        once it is done."""
+        error = None
+        if self.rank == 0 and self.params:
+            try:
+                items = [(table_name(p), self.ids[p.name]) for p in self.params]
+                current = self.tables.pull_many(items)
+                pushes = [
+                    (t, ids, self.values[p.name] - now.reshape(p.shape), None, np.ones(len(ids), np.float32))
+                    for (t, ids), p, now in zip(items, self.params, current, strict=True)
+                ]
+                self.tables.push_many(pushes, add_delta=True)
+            except Exception as e:
+                error = e
+        self._agree_rank0_ok(error, "write the dense parameters to the servers")
+
+    def close(self) -> None:
+        """Destroys the process group if this object created it. Idempotent."""
+        import torch.distributed as dist
+
+        if not self._closed and self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self._closed = True
+
+    # ---- collectives ------------------------------------------------------------------------------------------
+    def _split(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """{name: (r, c)} copies of flat's slices (callers may keep them across steps)."""
+        out, start = {}, 0
+        for p, size in zip(self.params, self.sizes, strict=True):
+            out[p.name] = flat[start : start + size].reshape(p.shape).copy()
+            start += size
+        return out
+
+    def _collective(self, op: str, flat: np.ndarray) -> None:
+        """broadcast from rank 0, or all_reduce SUM, of flat (float32, in place) over the group, on the device."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.from_numpy(flat).to(self.device)  # the array's own memory on the CPU
+        if op == "broadcast":
+            dist.broadcast(tensor, src=self._src, group=self.group)
+        else:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        if tensor.device.type != "cpu":
+            flat[:] = tensor.cpu().numpy()
+
+    def _agree_rank0_ok(self, error: Exception | None, what: str) -> None:
+        """Rank 0's outcome sent to every rank, which returns only once rank 0 is done: raises error on rank 0, a
+        RuntimeError on the others."""
+        flag = np.array([0.0 if error is None else 1.0], np.float32)
+        self._collective("broadcast", flag)
+        if error is not None:
+            raise error
+        if flag[0] != 0.0:
+            raise RuntimeError(f"rank 0 failed to {what} (its log says why)")

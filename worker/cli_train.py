@@ -1,0 +1,419 @@
+"""The `train` and `eval` commands of ps-worker: their flags, the TrainConfig they make, and running them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import zlib
+
+from ps.settings import add_config_flag, apply_defaults
+from worker.flags import server_list
+from worker.train import DENSE_PATHS, MODES, TrainConfig
+
+
+def _size(text: str) -> int:
+    """Bytes of a size flag: an integer with an optional K, M or G suffix (powers of 1024)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    try:
+        value = int(digits) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, e.g. 67108864 or 64M") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes >= 0")
+    return value
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    from worker.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "train",
+        help="train a CTR model against parameter servers",
+        description="Train a CTR model (LR, FM, DeepFM or DNN; numpy on the CPU or PyTorch on the CPU or a GPU) on "
+        "Criteo, CSV or libsvm files, or on synthetic data with a planted model. Sparse rows and dense (MLP) "
+        "parameters live on the servers, so workers of either backend can train one model together. With "
+        "--local-shards N instead of --servers it starts N server processes on 127.0.0.1 and stops them, with the "
+        "model, at the end. Prints eval AUC / logloss / examples per second (and the oracle's, for synthetic data).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    where = p.add_argument_group("servers")
+    where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
+    where.add_argument(
+        "--local-shards", type=int, default=None,
+        help="instead of --servers: train on N throwaway shards started on 127.0.0.1 (the model goes with them)",
+    )  # fmt: skip
+    where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    add_security_args(p)
+    where.add_argument(
+        "--server-timeout",
+        type=float,
+        default=d.server_timeout_s,
+        help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error",
+    )
+    add_data_args(p, d)
+    work = p.add_argument_group("workers")
+    work.add_argument("--worker-id", type=int, default=None,
+                      help="this worker's index: it trains on its share of the data (default: $RANK, else 0)")  # fmt: skip
+    work.add_argument("--num-workers", type=int, default=None,
+                      help="workers sharing the data and the tables (default: $WORLD_SIZE, else 1)")  # fmt: skip
+    work.add_argument(
+        "--prefetch",
+        type=int,
+        default=d.prefetch,
+        help="batches whose rows are pulled ahead on a thread while one computes; rows the last pushes returned are laid over them, so training sees the rows a pull just before computing would (0: pull in the step)",
+    )
+    modes = p.add_argument_group(
+        "training modes (several workers)",
+        "How workers agree, on the servers' clock: async (each push applied as it comes), sync (a step's pushes of "
+        "all workers summed and applied once, before any worker's next pull), ssp (no worker more than --staleness "
+        "steps ahead of the slowest), geo (each worker trains local copies of its rows and pushes their deltas "
+        "every --geo-every steps). A wait has a deadline (--barrier-timeout): past it the job stops, naming the "
+        "worker it waited for. `ps-worker launch` starts several workers with one command.",
+    )
+    modes.add_argument("--mode", default=d.mode, choices=list(MODES), help="how workers agree (see above)")
+    modes.add_argument("--staleness", type=int, default=d.staleness, help="ssp: steps a worker may run ahead (0: sync)")
+    modes.add_argument("--geo-every", type=int, default=d.geo_every, help="geo: steps between pushes of deltas")
+    modes.add_argument("--barrier-timeout", type=float, default=d.barrier_timeout_s,
+                       help="seconds a sync or ssp wait for another worker may last before the job stops")  # fmt: skip
+    modes.add_argument("--job-id", default=None,
+                       help="the job's id, the same for all its workers (sync and ssp with several workers; a "
+                       "new one per job; torchrun's TORCHELASTIC_RUN_ID when set; `ps-worker launch` picks one)")  # fmt: skip
+    modes.add_argument("--row-cache-bytes", type=_size, default=None,
+                       help="ssp: a worker cache of rows served while within the staleness bound, evicting the "
+                       "least frequently used (e.g. 64M; default 64M for ssp, 0 otherwise)")  # fmt: skip
+    modes.add_argument("--dense", default=d.dense, choices=list(DENSE_PATHS),
+                       help="ps: the MLP on the servers (any backend); allreduce: on each torch worker, gradients "
+                       "averaged with torch.distributed (env:// rendezvous, as torchrun or `ps-worker launch` set it)")  # fmt: skip
+    modes.add_argument("--dense-staleness", type=int, default=None,
+                       help="--dense ps: steps the MLP weights may lag, pushed and fetched on a background thread "
+                       "(0: in the step; default 0 for sync, 2 otherwise)")  # fmt: skip
+    add_model_args(p, d)
+    model = p.add_argument_group("optimizer")
+    model.add_argument(
+        "--optimizer",
+        default=None,
+        choices=["adagrad", "adam", "ftrl", "sgd"],
+        help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
+        "adagrad for large)",
+    )
+    model.add_argument("--learning-rate", type=float, default=None,
+                       help="sparse optimizer step size (default: the recipe's, or 0.02 adagrad, 0.05 ftrl, 0.001 "
+                       "adam, 0.01 sgd)")  # fmt: skip
+    model.add_argument(
+        "--dense-optimizer",
+        default=d.dense_optimizer,
+        choices=["adam", "sgd", "adagrad"],
+        help="server-side optimizer of the MLP",
+    )
+    model.add_argument(
+        "--dense-learning-rate", type=float, default=d.dense_learning_rate, help="dense optimizer step size"
+    )
+    model.add_argument(
+        "--dense-sync-every",
+        type=int,
+        default=d.dense_sync_every,
+        help="push summed dense gradients and pull new MLP weights every k steps",
+    )
+    model.add_argument(
+        "--l2",
+        type=float,
+        default=None,
+        help="lazy L2 of the sparse tables: a row's embedding decays by (1 - learning rate * l2) per clock step, "
+        "applied by the servers when the row is next pushed (not with ftrl, which has its own; default: the recipe's)",
+    )
+    model.add_argument("--dense-l2", type=float, default=None,
+                       help="L2 penalty on the MLP weights (default: the recipe's: 1 for small data, 0 for large)")  # fmt: skip
+    model.add_argument(
+        "--dropout",
+        type=float,
+        default=None,
+        help="dropout rate of the MLP's hidden units in training (default: the recipe's, 0)",
+    )
+    fit = p.add_argument_group(
+        "schedule and validation",
+        "Unset flags here come from a recipe for the data's size: small data (under 1M training examples) "
+        "trains in batches of 256 for up to 20 epochs, validates on a 10%% split after each and stops after 2 "
+        "without improvement; large data trains one epoch in batches of 2048. The run prints its choice.",
+    )
+    fit.add_argument(
+        "--recipe",
+        default=d.recipe,
+        choices=["auto", "small", "large"],
+        help="auto: small or large by the number of training examples",
+    )
+    fit.add_argument("--batch-size", type=int, default=None, help="examples per step (small: 256, large: 2048)")
+    fit.add_argument(
+        "--epochs", type=int, default=None, help="passes over the training data, at most (small: 20, large: 1)"
+    )
+    fit.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=None,
+        help="share of the training examples held out to validate on (small: 0.1, large: 0)",
+    )
+    fit.add_argument("--validation-data", default=None, help="a file to validate on instead of a split")
+    fit.add_argument(
+        "--eval-every", type=int, default=d.eval_every, help="steps between validations (0: after every epoch)"
+    )
+    fit.add_argument(
+        "--early-stop",
+        type=int,
+        default=None,
+        help="stop after this many validations without a better logloss (0: never; small: 2)",
+    )
+    model.add_argument(
+        "--table-config", help="TOML file with table settings (optimizer and its parameters, initializer, weight "
+        "bound, admission, eviction) that override the model's defaults; see docs/tables.md",
+    )  # fmt: skip
+    out = p.add_argument_group("output")
+    out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
+    out.add_argument(
+        "--create-tables-only",
+        action="store_true",
+        help="create the model's tables on the servers (idempotent) and exit: a one-shot setup job",
+    )
+    out.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics of the run at http://HOST:PORT/metrics, plain HTTP with no token (0: a free "
+        "port; HOST: --metrics-host)",
+    )
+    out.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="address the --metrics-port endpoint listens on (0.0.0.0: every interface; see docs/security.md)",
+    )
+    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument("--progress-lines", action="store_true",
+                     help="instead of a bar, a line 'PROGRESS {json}' on stdout every 2 s (for `ps-worker launch`)")  # fmt: skip
+
+
+def add_data_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    data = p.add_argument_group("data")
+    data.add_argument("--data", help="training file (for eval: the evaluation file); .gz is read transparently")
+    data.add_argument("--eval-data", help="evaluation file, same format")
+    data.add_argument(
+        "--schema",
+        default=None,
+        help="TOML feature schema: columns, kinds (categorical, multi_hot, weighted, numeric), tables "
+        "and widths, pooling, transforms (worker/schema.py; `ps-worker schema --data FILE` writes a "
+        "starting one); without it --format and the column flags make a built-in one",
+    )
+    data.add_argument("--format", default=d.format, choices=["criteo", "csv", "libsvm"],
+                      help="criteo: tab-separated label, 13 ints, 26 hex; csv: a header, see the column flags; "
+                      "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
+    data.add_argument("--label-column", help="csv: the label column (default: the first)")
+    data.add_argument("--drop-columns", default="", help="csv: comma-separated columns to ignore")
+    data.add_argument(
+        "--numeric-columns",
+        default="",
+        help="csv: comma-separated numeric columns (dense features); the others are categorical",
+    )
+    data.add_argument(
+        "--libsvm-fields",
+        type=int,
+        default=None,
+        help="libsvm: the number of fields K (default: the feature count of the first line of --data; give the training file's K to eval)",
+    )
+    data.add_argument(
+        "--max-bad-lines",
+        type=int,
+        default=d.max_bad_lines,
+        help="malformed lines skipped (and reported) before the run fails",
+    )
+    data.add_argument(
+        "--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)"
+    )
+    data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
+    data.add_argument(
+        "--synthetic-interactions", type=float, default=d.synthetic_interactions,
+        help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
+    )  # fmt: skip
+    data.add_argument(
+        "--synthetic-history", type=float, default=d.synthetic_history,
+        help="strength of a planted multi-hot history column (0 = no such column)",
+    )  # fmt: skip
+    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
+
+
+def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+    model = p.add_argument_group("model")
+    model.add_argument("--model", default=d.model, choices=["lr", "fm", "deepfm", "dnn"],
+                       help="lr: logistic regression; fm: factorization machine; deepfm: FM + MLP; dnn: embeddings + MLP")  # fmt: skip
+    model.add_argument(
+        "--backend",
+        default=d.backend,
+        choices=["numpy", "torch"],
+        help="where forward/backward run: numpy (CPU) or PyTorch",
+    )
+    model.add_argument(
+        "--device", default=d.device, choices=["cpu", "cuda"], help="torch device (cuda needs --backend torch)"
+    )
+    model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="embedding (FM latent) floats per id")
+    model.add_argument("--hidden", default=",".join(map(str, d.hidden)), help="MLP hidden widths (deepfm, dnn)")
+
+
+def add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    from worker.train import TrainConfig
+
+    d = TrainConfig()
+    p = sub.add_parser(
+        "eval",
+        help="evaluate the model the servers hold",
+        description="Pull the rows and dense parameters the servers hold and report AUC and logloss on --data "
+        "(or on the synthetic eval rows). The model flags must be those the model was trained with.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
+    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    p.add_argument(
+        "--server-timeout",
+        type=float,
+        default=d.server_timeout_s,
+        help="how long to wait for a server that is down before exiting with an error",
+    )
+    add_security_args(p)
+    p.add_argument("--batch-size", type=int, default=2048, help="examples per pull")
+    add_data_args(p, d)
+    add_model_args(p, d)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def names(text: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in text.split(",") if s.strip())
+
+
+def hidden_widths(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in names(text))
+    except ValueError:
+        raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400") from None
+
+
+def add_security_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("security (servers started with TLS or a token)")
+    g.add_argument("--tls-ca", default=None, help="PEM CA to verify the servers' TLS certificates (turns TLS on)")
+    g.add_argument("--tls-cert", default=None, help="PEM client certificate, for servers that require one (mutual TLS)")
+    g.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    g.add_argument("--auth-token-file", default=None, help="file holding the token the servers require")
+
+
+def common_config(args: argparse.Namespace) -> dict:
+    """TrainConfig fields that train and eval share."""
+    return dict(
+        servers=server_list(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
+        format=args.format, label_column=args.label_column, drop_columns=names(args.drop_columns),
+        numeric_columns=names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
+        libsvm_fields=args.libsvm_fields, schema=args.schema, synthetic_history=args.synthetic_history,
+        synthetic_rows=args.synthetic_rows, synthetic_eval_rows=args.synthetic_eval_rows,
+        synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
+        model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,
+        hidden=hidden_widths(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
+        server_timeout_s=args.server_timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        auth_token_file=args.auth_token_file,
+    )  # fmt: skip
+
+
+def job_id(text: str | None) -> int | None:
+    """The job id of --job-id (an integer, or any other text hashed to one), else torchrun's TORCHELASTIC_RUN_ID
+    hashed, else None."""
+    text = text if text is not None else os.environ.get("TORCHELASTIC_RUN_ID")
+    if text is None:
+        return None
+    try:
+        value = int(text, 0)
+    except ValueError:
+        value = zlib.crc32(text.encode()) | (zlib.adler32(text.encode()) << 32)
+    if not 0 < value < 2**64:
+        raise ValueError(f"--job-id {text}: expected an integer in [1, 2**64) or a name")
+    return value
+
+
+def _from_env(value: int | None, variable: str, default: int) -> int:
+    """A flag's value, else the environment variable torchrun sets, else default."""
+    if value is not None:
+        return value
+    text = os.environ.get(variable)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"${variable} is {text!r}: expected an integer") from None
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed `train` arguments (--worker-id and --num-workers default to torchrun's $RANK and
+    $WORLD_SIZE)."""
+    worker_id = _from_env(args.worker_id, "RANK", 0)
+    num_workers = _from_env(args.num_workers, "WORLD_SIZE", 1)
+    return TrainConfig(
+        **common_config(args),
+        local_shards=args.local_shards,
+        worker_id=worker_id,
+        num_workers=num_workers,
+        prefetch=args.prefetch,
+        optimizer=args.optimizer,
+        learning_rate=args.learning_rate,
+        dense_optimizer=args.dense_optimizer,
+        dense_learning_rate=args.dense_learning_rate,
+        dense_sync_every=args.dense_sync_every,
+        epochs=args.epochs,
+        recipe=args.recipe,
+        validation_fraction=args.validation_fraction,
+        validation_data=args.validation_data,
+        eval_every=args.eval_every,
+        early_stop=args.early_stop,
+        l2=args.l2,
+        dense_l2=args.dense_l2,
+        dropout=args.dropout,
+        metrics_out=args.metrics_out,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        table_config=args.table_config,
+        progress=not args.no_progress,
+        create_tables_only=args.create_tables_only,
+        mode=args.mode,
+        staleness=args.staleness,
+        geo_every=args.geo_every,
+        barrier_timeout_s=args.barrier_timeout,
+        job_id=job_id(args.job_id),
+        row_cache_bytes=args.row_cache_bytes,
+        dense=args.dense,
+        dense_staleness=args.dense_staleness,
+        progress_lines=args.progress_lines,
+    )
+
+
+def train_config_from_argv(argv: list[str]) -> TrainConfig:
+    """The TrainConfig `ps-worker train ARGV` would run with (ValueError, or SystemExit from argparse, when the
+    arguments are wrong)."""
+    parser = argparse.ArgumentParser(prog="ps-worker")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_parser(sub)
+    add_config_flag(sub.choices["train"])
+    apply_defaults(parser, ["train", *argv])
+    return train_config(parser.parse_args(["train", *argv]))
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from worker.train import format_results, train
+
+    cfg = train_config(args)
+    print(format_results(train(cfg)), flush=True)
+    if cfg.metrics_out:
+        print(f"metrics written to {cfg.metrics_out}")
+    return 0
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from worker.train import TrainConfig, evaluate_servers, format_results
+
+    r = evaluate_servers(TrainConfig(**common_config(args)))
+    print(json.dumps(r) if args.json else format_results(r), flush=True)
+    return 0

@@ -1,0 +1,197 @@
+"""GeoTables: GEO-SGD on a worker. It trains local copies of the rows it touches with each table's own optimizer
+and pushes the accumulated deltas every `every` steps; the servers add them without their optimizer.
+
+    rows(ids)     the local embeddings of the ids asked for; ids not held are pulled (one pull_many for every
+                  table) and kept: local = [pulled embedding | Optimizer.init_state], base = pulled embedding
+    apply(...)    one step of the table's optimizer (ps.rows.optim) on the local rows, in its layout
+                  [embedding | optimizer state], then the clip to the table's weight_bound that the servers apply;
+                  shows and clicks are summed per id
+    end_step()    every `every` steps, one push_many (add_delta=True, return_rows=True) of, per table, every id
+                  changed since the last push: delta = local embedding - base, its shows and its clicks. Then
+                  base = local embedding = the rows returned, which carry the other workers' deltas too; the local
+                  optimizer state stays. The caller advances the clock.
+    memory        after a push, past capacity_bytes, held rows leave least frequently used first
+                  (worker.rowcache.evict_lfu; frequencies count rows() requests and halve every DECAY_STEPS steps);
+                  a row coming back starts again from the pulled embedding and the initial optimizer state. Between
+                  pushes every row changed since the last one stays (its delta is pending).
+
+Bytes of one held row (row_bytes): local 4 (dim + state floats), base 4 dim, shows and clicks 8, changed flag 1,
+and worker.rowcache.SLOT_BYTES of bookkeeping.
+
+What the servers do and the local step does not: the lazy L2 of TableConfig.l2 (it decays rows at optimizer
+pushes; an add-delta push adds the delta as it is, so a GEO job gets no L2 on its tables); admission (an id that
+the server has not admitted yet only counts its shows, and its delta is dropped: its row comes back at its
+initial value). Rows held but not changed between two pushes keep the embedding of their last refresh. FTRL
+derives its embedding from its local state at each step, so for it the other workers' deltas last only until
+this worker's next step on the row.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from ps.config import TableConfig
+from ps.rows.optim import get_optimizer
+from worker.rowcache import SLOT_BYTES, IdSlots, evict_lfu, grown
+
+DECAY_STEPS = 64  # steps between halvings of the rows' use frequencies
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather(src, slots, out):
+    """out[i] = src[slots[i], :out.shape[1]]."""
+    for i in range(slots.shape[0]):
+        for j in range(out.shape[1]):
+            out[i, j] = src[slots[i], j]
+
+
+@numba.njit(nogil=True, cache=True)
+def _scatter(dst, slots, src):
+    """dst[slots[i], :src.shape[1]] = src[i]."""
+    for i in range(slots.shape[0]):
+        for j in range(src.shape[1]):
+            dst[slots[i], j] = src[i, j]
+
+
+def _gathered(src: np.ndarray, slots: np.ndarray, cols: int) -> np.ndarray:
+    out = np.empty((len(slots), cols), src.dtype)
+    _gather(src, slots, out)
+    return out
+
+
+class _LocalTable:
+    """One table's held rows: slots from an IdSlots, and per slot the arrays of the module docstring."""
+
+    def __init__(self, cfg: TableConfig, capacity_bytes: int, seed: int):
+        self.cfg, self.dim = cfg, cfg.dim
+        self.optimizer = get_optimizer(cfg.optimizer)
+        self.width = cfg.dim + self.optimizer.state_floats(cfg.dim)
+        self.row_bytes = 4 * self.width + 4 * cfg.dim + 8 + 1 + SLOT_BYTES
+        self.slots = IdSlots(capacity_bytes // self.row_bytes, seed)
+        self.local = np.zeros((0, self.width), np.float32)
+        self.base = np.zeros((0, self.dim), np.float32)
+        self.counts = np.zeros((0, 2), np.float32)  # shows, clicks since the last push
+        self.changed = np.zeros(0, np.bool_)
+
+    def hold(self, ids: np.ndarray, embeddings: np.ndarray) -> None:
+        """Keeps ids (not held) with their pulled embeddings and the optimizer's initial state."""
+        new = self.slots.add(ids)
+        n = self.slots.capacity
+        self.local, self.base = grown(self.local, n), grown(self.base, n)
+        self.counts, self.changed = grown(self.counts, n), grown(self.changed, n)
+        rows = np.zeros((len(ids), self.width), np.float32)
+        rows[:, : self.dim] = embeddings
+        self.optimizer.init_state(rows, self.dim)
+        _scatter(self.local, new, rows)
+        _scatter(self.base, new, np.ascontiguousarray(embeddings, np.float32))
+        self.counts[new] = 0
+        self.changed[new] = False
+
+    def pending(self) -> np.ndarray:
+        """Slots changed since the last push, in the order of their ids."""
+        slots = np.flatnonzero(self.changed & (self.slots.live == 1))
+        return slots[np.argsort(self.slots.keys[slots])]
+
+
+class GeoTables:
+    """Local rows of several tables over a Client (or anything with its pull_many / push_many); see the module
+    docstring. Not thread-safe."""
+
+    def __init__(self, tables: Any, configs: dict[str, TableConfig], every: int, capacity_bytes: int = 1 << 30):
+        """configs: the TableConfig of each table trained here (as the servers hold it); every: steps per push."""
+        if every < 1:
+            raise ValueError(f"GeoTables needs every >= 1 step per push, got {every}")
+        self.tables, self.every, self.capacity_bytes = tables, every, int(capacity_bytes)
+        self._local = {t: _LocalTable(cfg, self.capacity_bytes, i) for i, (t, cfg) in enumerate(configs.items())}
+        self.steps = self.pushes = self.ids_pushed = self.pulls = self.ids_pulled = 0
+
+    @property
+    def local_rows(self) -> int:
+        return sum(len(L.slots) for L in self._local.values())
+
+    @property
+    def bytes_used(self) -> int:
+        return sum(len(L.slots) * L.row_bytes for L in self._local.values())
+
+    def held(self, table: str, ids: np.ndarray) -> np.ndarray:
+        """bool per id: whether its row is held here."""
+        return self._local[table].slots.find(ids) >= 0
+
+    def rows(self, tids: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """{table: the local embeddings (n, dim) of its ids}, pulling (one pull_many) and keeping those not held."""
+        found = {t: self._local[t].slots.find(ids) for t, ids in tids.items()}
+        for t, slots in found.items():
+            self._local[t].slots.touch(slots)
+        missing = [(t, np.unique(np.asarray(tids[t], np.uint64)[slots < 0])) for t, slots in found.items()]
+        missing = [(t, ids) for t, ids in missing if len(ids)]
+        if missing:
+            pulled = self.tables.pull_many(missing)
+            self.pulls += 1
+            for (t, ids), embeddings in zip(missing, pulled):
+                self._local[t].hold(ids, embeddings)
+                self.ids_pulled += len(ids)
+        out = {}
+        for t, ids in tids.items():
+            local, slots = self._local[t], found[t]
+            new = slots < 0
+            if new.any():
+                slots[new] = local.slots.find(np.asarray(ids, np.uint64)[new])
+            out[t] = _gathered(local.local, slots, local.dim)
+        return out
+
+    def apply(self, table: str, ids: np.ndarray, grads: np.ndarray, shows: Any, clicks: Any) -> None:
+        """One optimizer step on the local rows of ids (unique, held: rows() first) with grads (n, dim); shows
+        and clicks (per id, or one value for all) are added to the ids' counts for the next push."""
+        local = self._local[table]
+        slots = local.slots.find(ids)
+        if (slots < 0).any():
+            raise KeyError(
+                f"GeoTables.apply to {table!r}: {int((slots < 0).sum())} ids are not held; call rows() first"
+            )
+        rows = _gathered(local.local, slots, local.width)
+        local.optimizer.apply(rows, np.ascontiguousarray(grads, np.float32).reshape(len(slots), local.dim))
+        bound = local.cfg.weight_bound
+        if bound > 0:
+            np.clip(rows[:, : local.dim], -bound, bound, out=rows[:, : local.dim])
+        _scatter(local.local, slots, rows)
+        local.counts[slots, 0] += np.asarray(shows, np.float32)
+        local.counts[slots, 1] += np.asarray(clicks, np.float32)
+        local.changed[slots] = True
+
+    def end_step(self) -> bool:
+        """Counts a step; every `every` steps pushes what is pending (see the module docstring). True if it
+        pushed."""
+        self.steps += 1
+        if self.steps % DECAY_STEPS == 0:
+            for local in self._local.values():
+                local.slots.decay()
+        return self.steps % self.every == 0 and self.flush()
+
+    def flush(self) -> bool:
+        """Pushes every pending delta now, refreshes those rows, then keeps memory within capacity_bytes. True if
+        anything was pending."""
+        plan = [(t, local, local.pending()) for t, local in self._local.items()]
+        plan = [(t, local, slots) for t, local, slots in plan if len(slots)]
+        if plan:
+            items = []
+            for t, local, slots in plan:
+                delta = _gathered(local.local, slots, local.dim) - local.base[slots]
+                counts = local.counts[slots]
+                items.append((t, local.slots.keys[slots], delta, counts[:, 1], counts[:, 0]))
+            returned = self.tables.push_many(items, return_rows=True, add_delta=True)
+            for (_, local, slots), rows in zip(plan, returned):
+                rows = np.ascontiguousarray(rows, np.float32)
+                _scatter(local.local, slots, rows)
+                _scatter(local.base, slots, rows)
+                local.counts[slots] = 0
+                local.changed[slots] = False
+                self.ids_pushed += len(slots)
+            self.pushes += 1
+        over = self.bytes_used - self.capacity_bytes
+        if over > 0:
+            sets = list(self._local.values())
+            evict_lfu([s.slots for s in sets], [s.row_bytes for s in sets], over, self.pushes)
+        return bool(plan)

@@ -1,0 +1,246 @@
+"""Where a training step's rows come from and where its gradients go, one class per mode (--mode).
+
+    mode   rows of step s                                        the step's push
+    async  pulled (ahead on the prefetch thread), with the rows  applied as it arrives; returns the rows it
+           this worker's last pushes returned laid over them     updated (AsyncRows)
+    ssp    pulled with the worker's stamp: a shard serves them   applied as it arrives, stamped: the worker's
+           once every worker has pushed steps < s - staleness;   clock moves (ClockedRows)
+           rows the row cache holds fresh enough are not pulled
+    sync   ssp with staleness 0                                  every worker's push of step s summed on the
+                                                                 servers and applied once (ClockedRows, sync)
+    geo    the worker's local copies (worker/geo.py), pulled     the table's optimizer on the local copies;
+           once when an id is new to it                          their deltas pushed every --geo-every steps
+                                                                 (GeoRows)
+
+Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
+rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
+step's push; returns the rows the push returned for them), finish() (the worker is done: nobody waits for it)
+and stats() ({"cache_hit_rate", "cache_bytes_saved"} where a cache serves rows).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from worker.batch import TableIds
+from worker.models.spec import ModelSpec
+from worker.pipeline import RecentRows, in_any
+
+if TYPE_CHECKING:
+    from worker.client import WorkerStamp
+
+
+def pull_rows(
+    tables: Any, spec: ModelSpec, tids: dict[str, TableIds], covered: dict[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """{table: rows of its unique ids}, pulled in one pull_many; rows where covered[table] is True are left unset
+    (for the caller to fill)."""
+    wanted, out = [], {}
+    for t, ti in tids.items():
+        out[t] = np.empty((len(ti.uniq), spec.row_dim(t)), dtype=np.float32)
+        mask = None if covered is None else ~covered[t]
+        if mask is None or mask.any():
+            wanted.append((t, ti.uniq if mask is None else ti.uniq[mask], mask))
+    if wanted:
+        for (t, _, mask), rows in zip(wanted, tables.pull_many([(t, ids) for t, ids, _ in wanted])):
+            if mask is None:
+                out[t] = rows
+            else:
+                out[t][mask] = rows
+    return out
+
+
+def _sparse_pushes(tids: dict[str, TableIds], row_grads: dict[str, np.ndarray]) -> list[tuple]:
+    return [(t, ti.uniq, row_grads[t], ti.clicks, ti.shows) for t, ti in tids.items()]
+
+
+class AsyncRows:
+    """One worker's exact view with prefetch (worker/pipeline.py): rows pulled ahead, and the rows its last
+    depth + 1 pushes returned laid over them."""
+
+    def __init__(self, tables: Any, spec: ModelSpec, depth: int):
+        self.tables, self.spec, self.depth = tables, spec, depth
+        self.recent = {t: RecentRows(depth + 1) for t in spec.table_dims()}  # a pull runs up to depth + 1 ahead
+        self.window: deque = deque(maxlen=depth + 1)  # the unique ids per table of the batches prepared last
+
+    def start_epoch(self) -> None:
+        self.window = deque(maxlen=self.depth + 1)
+
+    def prepare(self, step: int, tids: dict[str, TableIds]) -> dict[str, np.ndarray] | None:
+        if not self.depth:
+            return None
+        covered = {t: in_any(ti.uniq, [w[t] for w in self.window if t in w]) for t, ti in tids.items()}
+        self.window.append({t: ti.uniq for t, ti in tids.items()})
+        return pull_rows(self.tables, self.spec, tids, covered)
+
+    def rows(self, step: int, tids: dict[str, TableIds], prepared: dict | None) -> dict[str, np.ndarray]:
+        rows = prepared
+        if rows is None:  # no prefetch: pull the rows the last pushes did not return
+            rows = pull_rows(
+                self.tables, self.spec, tids, {t: self.recent[t].covered(ti.uniq) for t, ti in tids.items()}
+            )
+        for t, ti in tids.items():
+            self.recent[t].overlay(ti.uniq, rows[t])
+        return rows
+
+    def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
+        returned = self.tables.push_many(_sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True)
+        for (t, ti), updated in zip(tids.items(), returned):
+            self.recent[t].add(ti.uniq, updated)
+        return returned[len(tids) :]
+
+    def finish(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        return {}
+
+
+class ClockedRows:
+    """sync and ssp: every pull and push carries the worker's stamp (worker.client.WorkerStamp); the shards make
+    a pull of step s wait until every worker has pushed steps < s - staleness, and with sync sum a step's pushes
+    of all workers before applying them once.
+
+    A RowCache (worker/rowcache.py), if given, keeps the rows pulls and pushes returned, stamped with the slowest
+    worker's clock the shards reported when they read them, and serves a row at step s while its stamp is
+    >= s - staleness: a pull then would be allowed to return that very row. The rows a push returns include this
+    worker's own update, so cached rows read this worker's writes.
+
+    Prefetch: the thread pulls, for step s, the ids that none of the batches before it in flight (the last
+    prefetch + 1) holds; the step's other ids may be pushed by those batches' steps, so the step reads them itself,
+    after those pushes: from the cache when it holds them fresh enough (a push just returned them), else pulled."""
+
+    def __init__(self, tables: Any, spec: ModelSpec, stamp: WorkerStamp, cache: Any = None, depth: int = 1):
+        self.tables, self.spec, self.stamp, self.cache, self.depth = tables, spec, stamp, cache, depth
+        self._cache_lock = threading.Lock()  # the prefetch thread looks up and stores, the step stores
+        self.window: deque = deque(maxlen=depth + 1)
+
+    def start_epoch(self) -> None:
+        self.window = deque(maxlen=self.depth + 1)
+
+    def _at(self, step: int, **changes: Any) -> WorkerStamp:
+        from dataclasses import replace
+
+        return replace(self.stamp, step=step, **changes)
+
+    def _read(self, step: int, tids: dict[str, TableIds], out: dict, wanted: dict[str, np.ndarray]) -> None:
+        """Fills out[t][wanted[t]] (boolean masks over tids[t].uniq): from the cache where it is fresh enough for
+        step, the rest pulled with the step's stamp (and cached)."""
+        if self.cache is not None:
+            with self._cache_lock:
+                for t, mask in wanted.items():
+                    if mask.any():
+                        rows, hit = self.cache.lookup(t, tids[t].uniq[mask], step - self.stamp.staleness)
+                        where = np.flatnonzero(mask)
+                        out[t][where[hit]] = rows[hit]
+                        mask[where[hit]] = False
+        pulls = [(t, tids[t].uniq[mask], mask) for t, mask in wanted.items() if mask.any()]
+        if not pulls:
+            return
+        pulled, min_clock = self.tables.pull_many([(t, ids) for t, ids, _ in pulls], stamp=self._at(step))
+        for (t, _, mask), rows in zip(pulls, pulled):
+            out[t][mask] = rows
+        if self.cache is not None:
+            with self._cache_lock:
+                for (t, ids, _), rows in zip(pulls, pulled):
+                    self.cache.store(t, ids, rows, min_clock)
+
+    def prepare(self, step: int, tids: dict[str, TableIds]) -> tuple[dict, dict]:
+        covered = {t: in_any(ti.uniq, [w[t] for w in self.window if t in w]) for t, ti in tids.items()}
+        self.window.append({t: ti.uniq for t, ti in tids.items()})
+        out = {t: np.empty((len(ti.uniq), self.spec.row_dim(t)), dtype=np.float32) for t, ti in tids.items()}
+        self._read(step, tids, out, {t: ~c for t, c in covered.items()})
+        return out, covered
+
+    def rows(self, step: int, tids: dict[str, TableIds], prepared: tuple[dict, dict]) -> dict[str, np.ndarray]:
+        out, covered = prepared
+        self._read(step, tids, out, covered)
+        return out
+
+    def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
+        returned, min_clock = self.tables.push_many(
+            _sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True, stamp=self._at(step)
+        )
+        if self.cache is not None:
+            with self._cache_lock:
+                for (t, ti), rows in zip(tids.items(), returned):
+                    self.cache.store(t, ti.uniq, rows, min_clock)
+        return returned[len(tids) :]
+
+    def finish(self) -> None:
+        self.tables.finish(self._at(0, done=True))
+
+    def stats(self) -> dict:
+        if self.cache is None:
+            return {}
+        return {"cache_hit_rate": self.cache.hit_rate, "cache_bytes_saved": int(self.cache.bytes_saved)}
+
+
+class GeoRows:
+    """geo: rows from the worker's local copies (worker/geo.py GeoTables), which it trains with the tables'
+    optimizers and whose deltas it pushes every `every` steps; the shards' clock advances by `every` then."""
+
+    def __init__(self, tables: Any, geo: Any):
+        self.tables, self.geo = tables, geo
+        self.requested = self.local = 0
+
+    def start_epoch(self) -> None:
+        pass
+
+    def prepare(self, step: int, tids: dict[str, TableIds]) -> None:
+        return None  # the local copies change in every step: read them in the step
+
+    def rows(self, step: int, tids: dict[str, TableIds], prepared: dict | None) -> dict[str, np.ndarray]:
+        pulls_before = self.geo.ids_pulled
+        rows = self.geo.rows({t: ti.uniq for t, ti in tids.items()})
+        requested = sum(len(ti.uniq) for ti in tids.values())
+        self.requested += requested
+        self.local += requested - (self.geo.ids_pulled - pulls_before)
+        return rows
+
+    def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
+        for t, ti in tids.items():
+            self.geo.apply(t, ti.uniq, row_grads[t], ti.shows, ti.clicks)
+        if self.geo.end_step():
+            self.tables.advance_clock(self.geo.every)
+        return self.tables.push_many(extra, return_rows=True) if extra else []
+
+    def finish(self) -> None:
+        self.geo.flush()
+
+    def stats(self) -> dict:
+        rate = self.local / self.requested if self.requested else 0.0
+        return {"cache_hit_rate": rate, "local_rows": int(self.geo.local_rows)}
+
+
+def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> Any:
+    """The row source of a resolved TrainConfig's --mode (table_configs: the model's sparse tables, for geo's
+    local optimizers)."""
+    if cfg.mode == "async":
+        return AsyncRows(tables, spec, cfg.prefetch)
+    if cfg.mode == "geo":
+        from worker.geo import GeoTables
+
+        configs = {t.name: t for t in table_configs if t.name in spec.table_dims()}
+        return GeoRows(tables, GeoTables(tables, configs, cfg.geo_every))
+    from worker.client import WorkerStamp
+
+    stamp = WorkerStamp(
+        job=cfg.job_id,
+        worker=cfg.worker_id,
+        num_workers=cfg.num_workers,
+        step=0,
+        staleness=0 if cfg.mode == "sync" else cfg.staleness,
+        sync=cfg.mode == "sync",
+        barrier_timeout_s=cfg.barrier_timeout_s,
+    )
+    cache = None
+    if cfg.row_cache_bytes:
+        from worker.rowcache import RowCache
+
+        cache = RowCache(cfg.row_cache_bytes, {t: spec.row_dim(t) for t in spec.table_dims()})
+    return ClockedRows(tables, spec, stamp, cache, cfg.prefetch)
