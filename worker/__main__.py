@@ -12,6 +12,7 @@ from ps.errors import PsError
 from ps.settings import add_config_flag, apply_defaults
 from worker.cli_train import add_eval_parser, add_security_args, add_train_parser, run_eval, run_train
 from worker.flags import server_list
+from worker.launch import add_launch_parser, run_launch
 
 
 def _add_synth(sub) -> None:
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_eval_parser(sub)
+    add_launch_parser(sub)
     _add_synth(sub)
     _add_schema(sub)
     _add_cluster_commands(sub)
@@ -268,11 +270,15 @@ def main(argv: list[str] | None = None) -> int:
         apply_defaults(parser, argv)
     except ValueError as e:
         parser.error(str(e))
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)  # launch passes the flags it does not know to each worker's train
+    if rest and args.command != "launch":
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
         _check_numbers(args)
+        if args.command == "launch":
+            return run_launch(args, rest)
         commands = {"train": run_train, "eval": run_eval, "synth": _synth, "schema": _schema, "stats": _stats, "shrink": _shrink,
                     "checkpoint": _checkpoint, "export": _export}  # fmt: skip
         return commands[args.command](args)

@@ -1,0 +1,467 @@
+"""`ps-worker launch` (worker/launch.py): argument checks, the workers' command lines and environment, merging of
+PROGRESS lines and metrics, and the lifecycle of the children, run with fake worker scripts: a failing worker
+stops the others, Ctrl-C and SIGTERM stop them all, and no process is left behind."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.waiting import wait_until
+from worker.launch import (
+    MergedProgress,
+    add_launch_parser,
+    check_train_flags,
+    expand_backends,
+    format_progress,
+    format_summary,
+    merge_metrics,
+    merge_progress,
+    parse_progress,
+    plan_launch,
+    run_launch,
+    worker_commands,
+    worker_environment,
+)
+from worker.train import TrainConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = "127.0.0.1:7"
+EVALUATION = {"eval_auc": 0.75, "eval_logloss": 0.5, "eval_examples": 1000, "oracle_auc": 0.8, "oracle_logloss": 0.45}
+
+# A stand-in for `ps-worker train`: behaves as plan["workers"][its --worker-id] says, records its pid (and its
+# child's) under plan["pids"], prints its environment and flags, then its PROGRESS lines, waits for the files
+# named in "wait_for", and acts: metrics (write --metrics-out, exit 0), exit (code), kill (SIGKILL itself), sleep.
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    plan = json.load(open(sys.argv[1]))
+    train = sys.argv[sys.argv.index("train") + 1 :]
+    flag = lambda name: train[len(train) - 1 - train[::-1].index(name) + 1]  # the last occurrence wins
+    i = int(flag("--worker-id"))
+    me, pids = plan["workers"][i], plan["pids"]
+
+    def record(name, pid):
+        with open(os.path.join(pids, name + ".tmp"), "w") as f:
+            f.write(str(pid))
+        os.replace(os.path.join(pids, name + ".tmp"), os.path.join(pids, name))
+
+    if me.get("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if me.get("grandchild"):
+        record(f"grandchild-{i}", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
+    print(f"hello from {i}: RANK={os.environ['RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']} "
+          f"LOCAL_RANK={os.environ['LOCAL_RANK']} MASTER={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+          f"backend={flag('--backend')} job={flag('--job-id')} servers={flag('--servers')} "
+          f"lines={'--progress-lines' in train} argv={' '.join(train[:train.index('--servers')])}")
+    print("a line on stderr", file=sys.stderr)
+    for report in me.get("progress", []):
+        print("PROGRESS " + json.dumps(dict(report, worker=i)))
+    sys.stdout.flush()
+    record(f"worker-{i}", os.getpid())
+    deadline = time.monotonic() + 30
+    while not all(os.path.exists(os.path.join(pids, n)) for n in me.get("wait_for", [])):
+        assert time.monotonic() < deadline, "the other fake workers did not start"
+        time.sleep(0.01)
+    if me["action"] == "metrics":
+        with open(flag("--metrics-out"), "w") as f:
+            json.dump(me["metrics"], f)
+    elif me["action"] == "exit":
+        print("\\n".join(f"boom {k}" for k in range(3)), flush=True)
+        sys.exit(me["code"])
+    elif me["action"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif me["action"] == "sleep":
+        time.sleep(600)
+""")
+
+
+def launch_args(*argv: str) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog="ps-worker")
+    add_launch_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_known_args(["launch", *argv])
+
+
+def stand_in_train_config(argv: list[str]) -> TrainConfig:
+    """The TrainConfig the fake workers' flags make: the defaults, with the servers given."""
+    return TrainConfig(servers=(SERVERS,))
+
+
+def alive(pid: int) -> bool:
+    """pid runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def recorded_pids(pids: Path) -> dict[str, int]:
+    return {p.name: int(p.read_text()) for p in pids.iterdir() if not p.name.endswith(".tmp")}
+
+
+def assert_all_gone(pids: Path, expected: set[str]) -> None:
+    got = recorded_pids(pids)
+    assert set(got) == expected
+    wait_until(lambda: not any(alive(pid) for pid in got.values()), 10, lambda: f"the end of {got}")
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    """Factory: (worker_command, pids dir) for fake workers behaving as `workers` (a list of dicts) say."""
+
+    def make(workers: list[dict]) -> tuple[list[str], Path]:
+        script, plan, pids = tmp_path / "fake_worker.py", tmp_path / "plan.json", tmp_path / "pids"
+        script.write_text(FAKE_WORKER)
+        pids.mkdir()
+        plan.write_text(json.dumps({"workers": workers, "pids": str(pids)}))
+        return [sys.executable, str(script), str(plan)], pids
+
+    return make
+
+
+# --- arguments ---------------------------------------------------------------------------------------------------
+
+
+def test_backends_one_per_worker_or_one_for_all():
+    assert expand_backends("torch", 3) == ("torch", "torch", "torch")
+    assert expand_backends("numpy, torch,numpy", 3) == ("numpy", "torch", "numpy")
+    with pytest.raises(ValueError, match="names 2 backends for --workers 3"):
+        expand_backends("numpy,torch", 3)
+    with pytest.raises(ValueError, match="'jax' is not a backend"):
+        expand_backends("numpy,jax", 2)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--worker-id", "1"], "--worker-id is set by launch"),
+        (["--worker", "1"], "--worker-id is set by launch"),  # train's parser takes the abbreviation: so does the check
+        (["--num-workers=2"], "--num-workers is set by launch"),
+        (["--backend", "torch"], "--backend is set by launch: .* --backends"),
+        (["--job-id", "7"], "--job-id is set by launch"),
+        (["--progress-lines"], "--progress-lines is set by launch"),
+        (["--create-tables-only"], "--create-tables-only is set by launch"),
+        (["--metrics-o", "x.json"], "--metrics-out is launch's own flag: spell it out"),
+        (["--epochz", "3"], "unrecognized arguments: --epochz 3"),
+        (["--epochs", "three"], "--epochs: invalid int value"),
+        (["--model", "gbdt"], "--model: invalid choice"),
+    ],
+)
+def test_train_flags_launch_sets_or_train_refuses_fail_before_anything_starts(flags, message):
+    with pytest.raises(ValueError, match=message):
+        check_train_flags(["--model", "lr", *flags])
+
+
+def test_train_flags_of_train_pass():
+    check_train_flags(
+        ["--model", "deepfm", "--epochs", "2", "--mode", "sync", "--hidden=16,8", "--learning-rate", "-1"]
+    )
+
+
+def test_plan_takes_launch_flags_and_passes_the_rest_in_order():
+    seen = []
+    args, rest = launch_args("--workers", "2", "--model", "lr", "--servers", SERVERS, "--epochs", "3",
+                             "--metrics-out", "out.json", "--no-progress", "--barrier-timeout", "5")  # fmt: skip
+    plan = plan_launch(args, rest, lambda argv: seen.append(argv) or stand_in_train_config(argv))
+    assert plan.train_flags == ("--model", "lr", "--epochs", "3", "--barrier-timeout", "5.0")
+    assert plan.servers == (SERVERS,) and plan.metrics_out == "out.json" and not plan.progress_bar
+    assert 0 < plan.job_id < 2**64
+    assert seen == [[*plan.train_flags, "--servers", SERVERS, "--worker-id", "0", "--num-workers", "2",
+                     "--job-id", str(plan.job_id)]]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workers", "2", "--servers", SERVERS, "--backend", "torch"], "--backend is set by launch"),
+        (["--workers", "2"], "no servers"),
+        (["--workers", "0", "--servers", SERVERS], "--workers 0"),
+        (["--workers", "2", "--local-shards", "0"], "--local-shards 0"),
+        (["--workers", "2", "--servers", ""], "--servers is empty"),
+        (["--workers", "3", "--servers", SERVERS, "--backends", "numpy,torch"], "names 2 backends"),
+    ],
+)
+def test_plan_refuses(argv, message):
+    args, rest = launch_args(*argv)
+    with pytest.raises(ValueError, match=message):
+        plan_launch(args, rest, stand_in_train_config)
+
+
+def test_servers_and_local_shards_are_refused_together():
+    with pytest.raises(SystemExit):  # the parser's mutually exclusive group
+        launch_args("--workers", "2", "--servers", SERVERS, "--local-shards", "1")
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS)
+    args.local_shards = 1
+    with pytest.raises(ValueError, match="give --servers or --local-shards, not both"):
+        plan_launch(args, rest, stand_in_train_config)
+
+
+def test_plan_with_trains_own_config_checks_every_backend():
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--model", "lr", "--mode", "sync")
+    plan = plan_launch(args, rest)
+    assert (plan.train_config.model, plan.train_config.mode, plan.train_config.job_id) == ("lr", "sync", plan.job_id)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,numpy", "--model", "dnn",
+                             "--dense", "allreduce")  # fmt: skip
+    with pytest.raises(ValueError, match="--dense allreduce needs --backend torch"):
+        plan_launch(args, rest)
+
+
+def test_worker_commands_and_environment():
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch", "--epochs", "1")
+    args.log_level = "INFO"
+    plan = plan_launch(args, rest, stand_in_train_config)
+    commands = worker_commands(plan, ["h:1", "h:2"], "/m", ["prog"])
+    assert commands[1] == ["prog", "--log-level", "INFO", "train", "--epochs", "1", "--servers", "h:1,h:2",
+                           "--worker-id", "1", "--num-workers", "2", "--backend", "torch", "--job-id",
+                           str(plan.job_id), "--metrics-out", "/m/worker-1.json", "--progress-lines"]  # fmt: skip
+    env = worker_environment(1, 2, 29500, {"PATH": "/bin", "MKL_NUM_THREADS": "3"})
+    share = str(max(1, (os.cpu_count() or 1) // 2))  # each worker's share of the cores, unless base sets one
+    assert env == {"PATH": "/bin", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "PYTHONUNBUFFERED": "1",
+                   "OMP_NUM_THREADS": share, "OPENBLAS_NUM_THREADS": share, "MKL_NUM_THREADS": "3"}  # fmt: skip
+
+
+# --- merging -----------------------------------------------------------------------------------------------------
+
+
+def test_parse_progress():
+    assert parse_progress('PROGRESS {"worker": 1, "examples": 5, "total": 0}') == {
+        "worker": 1,
+        "examples": 5,
+        "total": 0,
+    }
+    assert parse_progress("PROGRESS {not json") is None
+    assert parse_progress('PROGRESS {"steps": 3}') is None  # no examples: an output line
+    assert parse_progress('progress {"examples": 5}') is None
+
+
+def test_merge_progress_against_sums_and_means():
+    a = {"examples": 100, "total": 400, "logloss": 0.6, "examples_per_s": 50.0, "cache_hit_rate": 0.5}
+    b = {"examples": 300, "total": 600, "logloss": None, "examples_per_s": 25.0, "cache_hit_rate": 0.9}
+    c = {"examples": 0, "total": 0, "logloss": 0.4, "examples_per_s": 0.0}
+    assert merge_progress([a, b], 2) == {"examples": 400, "total": 1000, "examples_per_s": 75.0, "logloss": 0.6,
+                                         "cache_hit_rate": (0.5 * 100 + 0.9 * 300) / 400}  # fmt: skip
+    assert merge_progress([a, b], 3)["total"] == 0  # a worker has not reported: the total is unknown
+    m = merge_progress([a, c], 2)
+    assert (m["total"], m["logloss"], m["cache_hit_rate"]) == (0, pytest.approx(0.5), 0.5)
+    assert merge_progress([c], 1)["cache_hit_rate"] is None
+    assert format_progress(merge_progress([a, b], 2)) == (
+        "progress: 400 / 1,000 examples (40%), 75 examples/s, logloss 0.6000, cache hit rate 0.800"
+    )
+    assert format_progress(merge_progress([c], 2)) == "progress: 0 examples, 0 examples/s, logloss 0.4000"
+
+
+def test_merged_progress_line_every_period_and_at_the_end():
+    out = io.StringIO()
+    progress = MergedProgress(2, bar=False, every_s=10.0, out=out)
+    start = time.monotonic()
+    progress.tick(start + 11)  # nothing reported yet: no line
+    progress.report(0, {"examples": 10, "total": 20, "logloss": 0.5, "examples_per_s": 4})
+    progress.print("[worker 0] hello")
+    progress.tick(start + 12)  # within 10 s of the last check
+    progress.tick(start + 22)
+    progress.report(1, {"examples": 20, "total": 20, "logloss": 0.7, "examples_per_s": 6})
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "[worker 0] hello",
+        "progress: 10 examples, 4 examples/s, logloss 0.5000",
+        "progress: 30 / 40 examples (75%), 10 examples/s, logloss 0.6000",
+    ]
+
+
+def test_merged_progress_bar_counts_every_workers_examples():
+    progress = MergedProgress(2, bar=True, out=io.StringIO())
+    progress.open()
+    try:
+        progress.report(0, {"examples": 10, "total": 50, "logloss": 0.5, "cache_hit_rate": 0.25})
+        progress.report(1, {"examples": 30, "total": 50, "logloss": 0.7})
+        progress.report(0, {"examples": 25, "total": 50, "logloss": 0.5, "cache_hit_rate": 0.25})
+        bar = progress._bar
+        assert (bar.n, bar.total) == (55, 100)
+        assert bar.postfix == "logloss=0.6000, hit=0.250"
+    finally:
+        progress.close()
+
+
+def test_merge_metrics_and_summary():
+    workers = [
+        {"train_examples": 100, "train_seconds": 2.0, "cache_hit_rate": 0.5, "backend": "numpy"},
+        {"train_examples": 300, "train_seconds": 4.0, "cache_hit_rate": 0.9, "backend": "torch"},
+    ]
+    m = merge_metrics(workers, ["numpy", "torch"], "sync", EVALUATION, 2)
+    assert m == {"workers": 2, "backends": ["numpy", "torch"], "mode": "sync", "shards": 2, "train_examples": 400,
+                 "train_seconds": 4.0, "examples_per_s": 100.0, **EVALUATION, "cache_hit_rate": pytest.approx(0.8),
+                 "per_worker": workers}  # fmt: skip
+    assert "cache_hit_rate" not in merge_metrics([{"train_examples": 1, "train_seconds": 1.0}], ["numpy"], "a", {}, 1)
+    assert format_summary(m).splitlines() == [
+        "launched 2 workers (numpy, torch; mode sync) on 2 shards: 400 examples in 4.0 s (the slowest worker): "
+        "100 examples/s",
+        "eval   AUC 0.7500  logloss 0.5000  (1,000 examples)",
+        "oracle AUC 0.8000  logloss 0.4500  (the planted model)",
+        "gap    AUC +0.0500",
+        "cache  hit rate 0.800 (examples-weighted over the workers)",
+    ]
+
+
+# --- the children ------------------------------------------------------------------------------------------------
+
+
+def test_a_job_of_fake_workers_merges_their_output_progress_and_metrics(fakes, tmp_path, capsys):
+    progress = [
+        [{"examples": 10, "steps": 1, "total": 20, "logloss": 0.6, "examples_per_s": 5},
+         {"examples": 20, "steps": 2, "total": 20, "logloss": 0.4, "examples_per_s": 10, "cache_hit_rate": 0.5}],
+        [{"examples": 20, "steps": 2, "total": 20, "logloss": 0.6, "examples_per_s": 10, "cache_hit_rate": 1.0}],
+    ]  # fmt: skip
+    metrics = [{"train_examples": 20, "train_seconds": 1.0, "cache_hit_rate": 0.5},
+               {"train_examples": 20, "train_seconds": 2.0, "cache_hit_rate": 1.0}]  # fmt: skip
+    command, pids = fakes([{"progress": p, "metrics": m, "action": "metrics"} for p, m in zip(progress, metrics)])
+    out = tmp_path / "job.json"
+    args, rest = launch_args("--workers", "2", "--backends", "numpy,torch", "--servers", SERVERS, "--no-progress",
+                             "--metrics-out", str(out), "--model", "lr", "--epochs", "1")  # fmt: skip
+    evaluated = []
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: evaluated.append(cfg) or EVALUATION)  # fmt: skip
+    stdout = capsys.readouterr().out
+    assert rc == 0, stdout
+    hello = [line for line in stdout.splitlines() if "hello from" in line]
+    assert len(hello) == 2 and hello[0].startswith("[worker 0] hello from 0: RANK=0 WORLD_SIZE=2 LOCAL_RANK=0")
+    port, job = hello[0].split("MASTER=")[1].split()[0], hello[0].split("job=")[1].split()[0]
+    assert f"MASTER={port} backend=torch job={job} servers={SERVERS} lines=True argv=--model lr --epochs 1" in hello[1]
+    assert port.startswith("127.0.0.1:") and int(job) > 0
+    assert "[worker 1] a line on stderr" in stdout and "PROGRESS" not in stdout
+    assert "progress: 40 / 40 examples (100%), 20 examples/s, logloss 0.5000, cache hit rate 0.750" in stdout
+    assert "launched 2 workers (numpy, torch; mode async) on 1 shards: 40 examples in 2.0 s" in stdout
+    job_metrics = json.loads(out.read_text())
+    assert job_metrics == merge_metrics(metrics, ["numpy", "torch"], "async", EVALUATION, 1)
+    assert job_metrics["examples_per_s"] == 20.0 and job_metrics["cache_hit_rate"] == 0.75
+    [cfg] = evaluated
+    assert (cfg.servers, cfg.local_shards, cfg.backend, cfg.worker_id, cfg.num_workers) == (
+        (SERVERS,),
+        None,
+        "numpy",
+        0,
+        1,
+    )
+    assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
+@pytest.mark.parametrize("action, how", [({"action": "exit", "code": 3}, "exited with code 3"),
+                                         ({"action": "kill"}, "was killed by SIGKILL")])  # fmt: skip
+def test_a_failing_worker_stops_the_others_and_their_children(fakes, capsys, action, how):
+    wait = {"wait_for": ["worker-1", "grandchild-1", "worker-2"]}
+    command, pids = fakes([{**action, **wait}, {"action": "sleep", "grandchild": True}, {"action": "sleep"}])
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, "--no-progress")
+    started = time.monotonic()
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: pytest.fail("no evaluation after a failure"), grace_s=60.0)  # fmt: skip
+    assert time.monotonic() - started < 60.0  # SIGTERM did it: no wait for the grace period
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert f"worker 0 {how}; the other workers were stopped" in err
+    if action["action"] == "exit":
+        assert "  [worker 0] boom 2" in err and "  [worker 0] a line on stderr" in err
+    assert_all_gone(pids, {"worker-0", "worker-1", "grandchild-1", "worker-2"})
+
+
+def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):
+    command, pids = fakes([{"action": "exit", "code": 2, "wait_for": ["worker-1"]},
+                           {"action": "sleep", "ignore_term": True}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    started = time.monotonic()
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config, grace_s=0.5)
+    assert rc == 1 and time.monotonic() - started >= 0.5
+    assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
+def test_a_worker_without_metrics_fails_the_job(fakes, capsys):
+    command, pids = fakes([{"action": "none"}])
+    args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress")
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: pytest.fail("no evaluation without metrics"))  # fmt: skip
+    assert rc == 1 and "worker 0 exited 0 but its metrics" in capsys.readouterr().err
+
+
+class FakeCluster:
+    """worker.cluster.LocalCluster's stand-in: records how it was made and whether it was stopped."""
+
+    made: list[FakeCluster] = []
+
+    def __init__(self, num_shards: int, extra_args: list[str] = ()):
+        self.num_shards, self.extra_args, self.stopped = num_shards, list(extra_args), False
+        self.addresses = [f"127.0.0.1:{17 + i}" for i in range(num_shards)]
+        FakeCluster.made.append(self)
+
+    def __enter__(self) -> FakeCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopped = True
+
+
+def test_local_shards_start_first_with_threads_for_the_workers_and_stop_at_the_end(fakes, monkeypatch, capsys):
+    monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
+    FakeCluster.made = []
+    command, pids = fakes([{"action": "sleep"}, {"action": "sleep"}, {"action": "exit", "code": 1,
+                                                                      "wait_for": ["worker-0", "worker-1"]}])  # fmt: skip
+    args, rest = launch_args("--workers", "3", "--local-shards", "2", "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
+    [cluster] = FakeCluster.made
+    assert (cluster.num_shards, cluster.extra_args, cluster.stopped) == (2, ["--threads", "10"], True)
+    assert "servers=127.0.0.1:17,127.0.0.1:18" in capsys.readouterr().out
+    assert_all_gone(pids, {"worker-0", "worker-1", "worker-2"})
+
+
+DRIVER = textwrap.dedent("""
+    import argparse, sys
+    sys.path.insert(0, sys.argv[1])
+    from worker.launch import add_launch_parser, run_launch
+    from worker.train import TrainConfig
+    parser = argparse.ArgumentParser()
+    add_launch_parser(parser.add_subparsers(dest="command"))
+    args, rest = parser.parse_known_args(["launch", "--workers", "2", "--servers", "127.0.0.1:7", "--no-progress"])
+    sys.exit(run_launch(args, rest, worker_command=sys.argv[2:], train_config=lambda argv: TrainConfig(servers=("127.0.0.1:7",)),
+                        evaluate=lambda cfg: {}))
+""")
+
+
+def start_driver(fakes, tmp_path, grandchild: bool) -> tuple[subprocess.Popen, Path]:
+    """A launch of two sleeping fake workers (worker 0 with a child) in a process of its own, once both run."""
+    command, pids = fakes([{"action": "sleep", "grandchild": grandchild}, {"action": "sleep"}])
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    proc = subprocess.Popen([sys.executable, str(driver), str(ROOT), *command], stdout=subprocess.DEVNULL)
+    wait_until(lambda: len(recorded_pids(pids)) == 2 + grandchild or proc.poll() is not None, 60, "the workers")
+    assert proc.poll() is None, f"the launch exited with {proc.returncode}"
+    return proc, pids
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_stops_every_worker(fakes, tmp_path, signum, code):
+    proc, pids = start_driver(fakes, tmp_path, grandchild=True)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=60) == code
+    assert_all_gone(pids, {"worker-0", "grandchild-0", "worker-1"})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_killed_launcher(fakes, tmp_path):
+    proc, pids = start_driver(fakes, tmp_path, grandchild=False)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert_all_gone(pids, {"worker-0", "worker-1"})  # SIGTERM from the kernel (a worker stops its own children)

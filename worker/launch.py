@@ -1,0 +1,615 @@
+"""`ps-worker launch`: a job's workers started as child processes of one command, watched, and summed up.
+
+    launch --workers N [--backends b0,b1,..] (--servers a,b | --local-shards S) [--metrics-out F] [TRAIN FLAGS]
+      1. checks before anything starts: the TRAIN FLAGS through train's own parser, then the TrainConfig they make
+         (worker/cli_train.py train_config_from_argv) validated for every backend; flags launch sets are refused
+      2. --local-shards S: a LocalCluster (worker/cluster.py) with --threads 2 x N + 4 (sync waits hold threads)
+      3. worker i:  python -m worker train TRAIN FLAGS --servers ADDRESSES --worker-id i --num-workers N
+                      --backend b_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
+                    environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
+                    rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port
+      4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
+      5. all exit 0: the model evaluated once on the servers; a summary printed, --metrics-out written
+Failure: a worker exits non-zero or is killed: the others get SIGTERM, SIGKILL after the grace period (10 s), the
+local shards stop, the failed worker's exit code and last lines are printed, exit 1. Ctrl-C: the same, exit 130
+(SIGTERM to launch: exit 143). Each worker runs in its own process group (a terminal's Ctrl-C reaches launch
+only, and a stop reaches the worker's children too) and, on Linux, gets SIGTERM when launch dies however it dies
+(prctl PR_SET_PDEATHSIG); local shards stop when launch's end of their stdin pipe closes.
+
+PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; read here):
+    PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
+              [, "cache_hit_rate": h]}
+    n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
+    unknown); x: its running train logloss (null before the first step). A line that does not parse is output.
+--metrics-out (one JSON object):
+    {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
+     "train_seconds": the longest worker's, "examples_per_s": train_examples / train_seconds, "eval_auc",
+     "eval_logloss", "eval_examples", ["oracle_auc", "oracle_logloss": synthetic data], ["cache_hit_rate":
+     examples-weighted mean of the workers' that report one], "per_worker": [worker i's --metrics-out object]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from worker.flags import check_output_file, server_list
+
+BACKENDS = ("numpy", "torch")
+GRACE_S = 10.0  # SIGTERM to SIGKILL
+PROGRESS_PREFIX = "PROGRESS "
+TAIL_LINES = 20  # lines of a failed worker's output repeated in the failure report
+_REFUSED = {  # train dests launch sets for every worker: (flag, what launch gives)
+    "worker_id": ("--worker-id", "worker i gets --worker-id i"),
+    "num_workers": ("--num-workers", "every worker gets --num-workers N (set N with --workers)"),
+    "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
+    "job_id": ("--job-id", "every worker gets the same random job id"),
+    "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
+    "create_tables_only": ("--create-tables-only", "launch trains; `ps-worker train --create-tables-only` does that"),
+}
+_OWN = ("servers", "local_shards", "metrics_out", "no_progress")  # launch's flags (abbreviated, they reach train)
+_UNSET = object()
+
+
+def add_launch_parser(subparsers: Any) -> None:
+    """The `launch` subcommand; its unknown flags are the workers' train flags (parse with parse_known_args)."""
+    p = subparsers.add_parser(
+        "launch",
+        help="start several training workers on this machine with one command",
+        allow_abbrev=False,  # a shortened train flag (--backend for --backends) must reach the train checks
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="ps-worker launch --workers N [--backends B,...] (--servers HOST:PORT,... | --local-shards S)\n"
+        "       [--metrics-out FILE] [--no-progress] [--barrier-timeout S] [TRAIN FLAGS ...]",
+        description="Start N `ps-worker train` workers as child processes of one job: other flags go to every\n"
+        "worker's train (checked before anything starts); launch sets --servers, --worker-id, --num-workers,\n"
+        "--backend, --job-id, --metrics-out and --progress-lines of each, and RANK, WORLD_SIZE, LOCAL_RANK,\n"
+        "MASTER_ADDR, MASTER_PORT (torch.distributed's env://, for --dense allreduce).\n"
+        "Output lines come as '[worker i] ...'; progress is one merged bar (or a line every 10 s).\n"
+        "If a worker fails (or on Ctrl-C) the others get SIGTERM, then SIGKILL after 10 s, local shards stop,\n"
+        "the failed worker's exit code and last lines are printed, and launch exits 1 (Ctrl-C: 130).\n"
+        "At the end the model is evaluated once on the servers and a summary printed (and --metrics-out written).",
+        epilog="example: ps-worker launch --workers 4 --backends numpy,numpy,torch,torch --local-shards 2 "
+        "--mode sync --model deepfm --synthetic-rows 200000",
+    )
+    p.add_argument("--workers", type=int, required=True, help="worker processes to start")
+    p.add_argument(
+        "--backends", default="numpy", help="comma-separated: one backend per worker, or one for all (default: numpy)"
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
+    where.add_argument("--local-shards", type=int, default=None,
+                       help="instead of --servers: N throwaway shards started here first and stopped at the end")  # fmt: skip
+    p.add_argument("--metrics-out", default=None, help="write the job's figures as one JSON object to this file")
+    p.add_argument("--no-progress", action="store_true", help="a merged progress line every 10 s instead of a bar")
+    p.add_argument("--barrier-timeout", type=float, default=None,
+                   help="given to every worker's train: seconds a sync or ssp wait may last (default: train's)")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """What a launch runs, checked: the workers' shared train flags, their backends, where the servers are."""
+
+    workers: int
+    backends: tuple[str, ...]
+    servers: tuple[str, ...]  # () with local_shards
+    local_shards: int | None
+    train_flags: tuple[str, ...]  # every worker's train flags before launch's own
+    train_config: Any  # the TrainConfig of train_flags (worker 0's), for the final evaluation
+    job_id: int  # random, nonzero, 64 bits: the same for every worker
+    metrics_out: str | None = None
+    progress_bar: bool = True
+    global_flags: tuple[str, ...] = ()  # before `train`: --log-level
+
+
+def expand_backends(text: str, workers: int) -> tuple[str, ...]:
+    """One backend per worker from --backends: as many names as workers, or one for all. ValueError otherwise."""
+    names = tuple(s.strip() for s in text.split(","))
+    unknown = [b for b in names if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"--backends {text!r}: {unknown[0]!r} is not a backend; expected {' or '.join(BACKENDS)}")
+    if len(names) == 1:
+        return names * workers
+    if len(names) != workers:
+        raise ValueError(f"--backends {text!r} names {len(names)} backends for --workers {workers}: give one per "
+                         "worker, or one for all")  # fmt: skip
+    return names
+
+
+def check_train_flags(flags: Sequence[str]) -> None:
+    """ValueError when train's parser rejects `flags` (unknown flag, bad value) or when they set what launch sets."""
+    from ps.settings import add_config_flag
+    from worker.cli_train import add_train_parser
+
+    def fail(message: str) -> None:
+        raise ValueError(f"{message} (flags launch does not know go to every worker's `ps-worker train`)")
+
+    sub = argparse.ArgumentParser(prog="ps-worker").add_subparsers(dest="command")
+    add_train_parser(sub)
+    train = sub.choices["train"]
+    add_config_flag(train)
+    train.error = fail  # type: ignore[method-assign]  # argparse's messages, as a ValueError
+    train.set_defaults(**dict.fromkeys((*_REFUSED, *_OWN), _UNSET))
+    parsed = vars(train.parse_args(list(flags)))
+    for dest, (flag, why) in _REFUSED.items():
+        if parsed.get(dest, _UNSET) is not _UNSET:
+            raise ValueError(f"{flag} is set by launch: {why}")
+    for dest in _OWN:
+        if parsed.get(dest, _UNSET) is not _UNSET:
+            raise ValueError(f"--{dest.replace('_', '-')} is launch's own flag: spell it out in full")
+
+
+def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
+                train_config: Callable[[list[str]], Any] | None = None) -> LaunchPlan:  # fmt: skip
+    """The checked plan of `launch` arguments; ValueError naming the flag at fault. train_config(argv): the
+    TrainConfig `ps-worker train ARGV` would run with (default: worker.cli_train.train_config_from_argv)."""
+    if args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: expected an integer >= 1")
+    backends = expand_backends(args.backends, args.workers)
+    if args.servers is not None and args.local_shards is not None:
+        raise ValueError("give --servers or --local-shards, not both")
+    servers = server_list(args.servers)
+    if not servers and args.local_shards is None:
+        raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N")
+    if args.local_shards is not None and args.local_shards < 1:
+        raise ValueError(f"--local-shards {args.local_shards}: expected an integer >= 1")
+    check_output_file("--metrics-out", args.metrics_out)
+    config = getattr(args, "config", None)
+    flags = [*passthrough, *(["--config", config] if config else [])]
+    check_train_flags(flags)
+    if args.barrier_timeout is not None:
+        flags += ["--barrier-timeout", repr(args.barrier_timeout)]
+    if train_config is None:
+        from worker.cli_train import train_config_from_argv as train_config
+    where = ["--servers", ",".join(servers)] if servers else ["--local-shards", str(args.local_shards)]
+    job_id = secrets.randbelow(2**64 - 1) + 1
+    try:
+        cfg = train_config([*flags, *where, "--worker-id", "0", "--num-workers", str(args.workers), "--job-id",
+                            str(job_id)])  # fmt: skip
+    except SystemExit:
+        raise ValueError("the train flags were refused (see the message above)") from None
+    for backend in sorted(set(backends)):
+        dataclasses.replace(cfg, backend=backend).validate()
+    log_level = getattr(args, "log_level", None)
+    return LaunchPlan(
+        workers=args.workers, backends=backends, servers=servers, local_shards=args.local_shards,
+        train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
+        global_flags=("--log-level", log_level) if log_level else (),
+    )  # fmt: skip
+
+
+def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str,
+                    program: Sequence[str]) -> list[list[str]]:  # fmt: skip
+    """Every worker's command line: program (e.g. python -m worker), --log-level, `train` and its flags."""
+    return [
+        [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
+         "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--job-id",
+         str(plan.job_id), "--metrics-out", os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines"]
+        for i, backend in enumerate(plan.backends)
+    ]  # fmt: skip
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def worker_environment(rank: int, world_size: int, master_port: int, base: dict[str, str]) -> dict[str, str]:
+    """base with torch.distributed's env:// variables for worker `rank`, unbuffered Python output, and each
+    worker's math libraries (numpy's BLAS, torch) limited to its share of this machine's cores, cores // workers
+    (at least 1), unless base sets their thread counts: workers on one machine otherwise each start a thread per
+    core, and the threads of all of them fight over the cores."""
+    threads = str(max(1, (os.cpu_count() or 1) // world_size))
+    limits = {name: base.get(name, threads) for name in THREAD_VARIABLES}
+    return {**base, **limits, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+            "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_progress(line: str) -> dict | None:
+    """The report of a PROGRESS line, or None for any other line."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        report = json.loads(line[len(PROGRESS_PREFIX) :])
+    except ValueError:
+        return None
+    ok = isinstance(report, dict) and isinstance(report.get("examples"), int | float)
+    return report if ok else None
+
+
+def weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
+    """sum(value * weight) / sum(weight) of (value, weight) pairs; the plain mean when the weights sum to 0; None
+    for no pairs."""
+    if not pairs:
+        return None
+    weight = sum(w for _, w in pairs)
+    if weight <= 0:
+        return sum(v for v, _ in pairs) / len(pairs)
+    return sum(v * w for v, w in pairs) / weight
+
+
+def _number(report: dict, key: str) -> float | None:
+    value = report.get(key)
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def merge_progress(reports: Sequence[dict], workers: int) -> dict:
+    """The workers' latest PROGRESS reports as one: examples and examples_per_s summed, total summed (0 while a
+    worker has not reported or reports 0: unknown), logloss the mean, cache_hit_rate examples-weighted (None when
+    none reports one)."""
+    totals = [_number(r, "total") or 0 for r in reports]
+    losses = [x for x in (_number(r, "logloss") for r in reports) if x is not None]
+    hits = [(h, _number(r, "examples") or 0) for r in reports if (h := _number(r, "cache_hit_rate")) is not None]
+    return {
+        "examples": int(sum(_number(r, "examples") or 0 for r in reports)),
+        "total": int(sum(totals)) if len(reports) == workers and all(totals) else 0,
+        "examples_per_s": sum(_number(r, "examples_per_s") or 0 for r in reports),
+        "logloss": sum(losses) / len(losses) if losses else None,
+        "cache_hit_rate": weighted_mean(hits),
+    }
+
+
+def format_progress(m: dict) -> str:
+    """One line of merge_progress's figures."""
+    done = f"{m['examples']:,}" + (f" / {m['total']:,} examples ({m['examples'] / m['total']:.0%})" if m["total"]
+                                   else " examples")  # fmt: skip
+    parts = [f"progress: {done}", f"{m['examples_per_s']:,.0f} examples/s"]
+    if m["logloss"] is not None:
+        parts.append(f"logloss {m['logloss']:.4f}")
+    if m["cache_hit_rate"] is not None:
+        parts.append(f"cache hit rate {m['cache_hit_rate']:.3f}")
+    return ", ".join(parts)
+
+
+class MergedProgress:
+    """The workers' output and PROGRESS reports, shown together: one tqdm bar (examples of all workers over the
+    sum of their totals; postfix the mean logloss and the hit rate) or, without a bar, format_progress's line
+    every every_s seconds (tick()) and at the end (close()). Thread-safe: the output threads call report() and print()."""
+
+    def __init__(self, workers: int, bar: bool, every_s: float = 10.0, out: Any = None):
+        self.workers, self.bar, self.every_s, self.out = workers, bar, every_s, out
+        self._reports: dict[int, dict] = {}
+        self._lock = threading.Lock()
+        self._next_line_at = time.monotonic() + every_s
+        self._bar: Any = None
+
+    def open(self) -> None:
+        """Shows the bar (tqdm starts a monitor thread: after the workers are started)."""
+        if self.bar:
+            from tqdm import tqdm
+
+            with self._lock:
+                self._bar = tqdm(total=None, unit="ex", unit_scale=True, smoothing=0.1, desc=f"{self.workers} workers")
+
+    def merged(self) -> dict:
+        with self._lock:
+            return merge_progress(list(self._reports.values()), self.workers)
+
+    def report(self, worker: int, report: dict) -> None:
+        with self._lock:
+            self._reports[worker] = report
+            if self._bar is None:
+                return
+            m = merge_progress(list(self._reports.values()), self.workers)
+            self._bar.total = m["total"] or None
+            postfix = {} if m["logloss"] is None else {"logloss": f"{m['logloss']:.4f}"}
+            if m["cache_hit_rate"] is not None:
+                postfix["hit"] = f"{m['cache_hit_rate']:.3f}"
+            self._bar.set_postfix(postfix, refresh=False)
+            self._bar.update(max(0, m["examples"] - self._bar.n))
+
+    def print(self, text: str) -> None:
+        """A line on stdout (above the bar)."""
+        with self._lock:
+            out = self.out or sys.stdout
+            if self._bar is not None:
+                self._bar.write(text, file=out)
+            else:
+                print(text, file=out, flush=True)
+
+    def tick(self, now: float) -> None:
+        """Without a bar: the merged line, when every_s have passed since the last (and a worker has reported)."""
+        if self.bar or now < self._next_line_at:
+            return
+        self._next_line_at = now + self.every_s
+        if self._reports:
+            self.print(format_progress(self.merged()))
+
+    def close(self) -> None:
+        """Closes the bar; without one, the last merged line."""
+        if not self.bar and self._reports:
+            self.print(format_progress(self.merged()))
+        with self._lock:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+
+def _child_setup() -> Callable[[], None]:
+    """preexec_fn of a worker: its own process group; on Linux SIGTERM when launch dies (PR_SET_PDEATHSIG), at
+    once if launch died before it was set. libc is loaded here, before the fork: the child only calls it."""
+    parent = os.getpid()
+    prctl = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def setup() -> None:
+        os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), sigterm)
+
+    return setup
+
+
+def _signal_group(proc: subprocess.Popen, signum: int) -> None:
+    """signum to the worker and to its process group (the worker's children, unless they left it)."""
+    proc.send_signal(signum)
+    try:
+        os.killpg(proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class WorkerGroup:
+    """The job's worker processes: started together, their output read by one thread each (PROGRESS lines to
+    on_progress(i, report), other lines to on_output(i, line) and the last TAIL_LINES kept), stopped together."""
+
+    def __init__(self, commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
+                 on_output: Callable[[int, str], None], on_progress: Callable[[int, dict], None]):  # fmt: skip
+        self.commands, self.envs = [list(c) for c in commands], list(envs)
+        self.on_output, self.on_progress = on_output, on_progress
+        self.procs: list[subprocess.Popen] = []
+        self.tails: list[deque[str]] = [deque(maxlen=TAIL_LINES) for _ in self.commands]
+        self._threads: list[threading.Thread] = []
+        self._changed = threading.Event()
+
+    def start(self) -> None:
+        """Starts every worker; call before any thread of this process starts (preexec_fn runs after a fork)."""
+        setup = _child_setup()
+        for command, env in zip(self.commands, self.envs):
+            self.procs.append(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, preexec_fn=setup))  # fmt: skip
+
+    def read_output(self) -> None:
+        """Starts the output threads."""
+        for i in range(len(self.procs)):
+            thread = threading.Thread(target=self._read, args=(i,), name=f"launch-worker-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _read(self, i: int) -> None:
+        pipe = self.procs[i].stdout
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\r\n")
+            report = parse_progress(line)
+            if report is not None:
+                self.on_progress(i, report)
+            else:
+                self.tails[i].append(line)
+                self.on_output(i, line)
+        self._changed.set()
+
+    def wait(self, tick: Callable[[float], None] = lambda now: None, poll_s: float = 0.5) -> tuple[int, int] | None:
+        """Until every worker exited 0 (None) or one did not: (its index, its exit code; -N: killed by signal N).
+        tick(now) runs between checks."""
+        while True:
+            codes = [p.poll() for p in self.procs]
+            failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                return failed[0]
+            if all(c == 0 for c in codes):
+                return None
+            self._changed.wait(poll_s)
+            self._changed.clear()
+            tick(time.monotonic())
+
+    def stop(self, grace_s: float = GRACE_S) -> None:
+        """SIGTERM to every worker's process group, SIGKILL to them after grace_s; reaps the workers and ends the
+        output threads. Interrupted (a second Ctrl-C), it kills at once."""
+        for p in self.procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        try:
+            for p in self.procs:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            for p in self.procs:
+                _signal_group(p, signal.SIGKILL)  # the group's stragglers too
+                p.wait()
+            for thread in self._threads:
+                thread.join(timeout=5.0)
+            for i, p in enumerate(self.procs):
+                if i >= len(self._threads) or not self._threads[i].is_alive():  # a reader holds its pipe's lock
+                    p.stdout.close()  # (a process outside the group keeps the pipe open: its thread, a daemon, stays)
+
+
+def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str, evaluation: dict,
+                  shards: int) -> dict:  # fmt: skip
+    """The job's --metrics-out object (grammar in the module docstring) from the workers' and the evaluation's."""
+    examples = sum(int(m.get("train_examples", 0)) for m in per_worker)
+    seconds = max((float(m.get("train_seconds", 0.0)) for m in per_worker), default=0.0)
+    out = {"workers": len(per_worker), "backends": list(backends), "mode": mode, "shards": shards,
+           "train_examples": examples, "train_seconds": seconds,
+           "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
+    out.update({k: evaluation[k] for k in ("eval_auc", "eval_logloss", "eval_examples") if k in evaluation})
+    out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss") if k in evaluation})
+    hits = [
+        (m["cache_hit_rate"], m.get("train_examples", 0)) for m in per_worker if m.get("cache_hit_rate") is not None
+    ]
+    if hits:
+        out["cache_hit_rate"] = weighted_mean(hits)
+    out["per_worker"] = list(per_worker)
+    return out
+
+
+def format_summary(m: dict) -> str:
+    """merge_metrics's figures as lines, as format_results (worker/train.py) writes a worker's."""
+    lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
+             f"shards: {m['train_examples']:,} examples in {m['train_seconds']:.1f} s (the slowest worker): "
+             f"{m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
+    if "eval_auc" in m:
+        lines.append(
+            f"eval   AUC {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  ({m['eval_examples']:,} examples)"
+        )
+    if "oracle_auc" in m:
+        lines.append(f"oracle AUC {m['oracle_auc']:.4f}  logloss {m['oracle_logloss']:.4f}  (the planted model)")
+        if "eval_auc" in m:
+            lines.append(f"gap    AUC {m['oracle_auc'] - m['eval_auc']:+.4f}")
+    if "cache_hit_rate" in m:
+        lines.append(f"cache  hit rate {m['cache_hit_rate']:.3f} (examples-weighted over the workers)")
+    return "\n".join(lines)
+
+
+class _Terminated(Exception):
+    """SIGTERM reached launch."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _servers(plan: LaunchPlan) -> Iterator[list[str]]:
+    """The plan's servers, or its local shards started (and stopped on the way out)."""
+    if plan.local_shards is None:
+        yield list(plan.servers)
+        return
+    from worker.cluster import LocalCluster
+
+    threads = 2 * plan.workers + 4  # a sync step's waits hold one server thread per worker
+    with LocalCluster(plan.local_shards, extra_args=["--threads", str(threads)]) as cluster:
+        print(f"started {plan.local_shards} local shards: {','.join(cluster.addresses)}", flush=True)
+        yield cluster.addresses
+
+
+def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_command: Sequence[str] | None = None,
+               train_config: Callable[[list[str]], Any] | None = None,
+               evaluate: Callable[[Any], dict] | None = None, grace_s: float = GRACE_S,
+               progress_every_s: float = 10.0) -> int:  # fmt: skip
+    """Runs `ps-worker launch`; the exit code: 0, 1 when a worker failed, 130 on Ctrl-C, 143 on SIGTERM. ValueError
+    for wrong arguments, before anything starts. worker_command: the program before `train` (default: this
+    Python's -m worker); train_config: see plan_launch; evaluate(cfg): the final evaluation (default:
+    worker.train.evaluate_servers)."""
+    plan = plan_launch(args, passthrough, train_config)
+    program = list(worker_command) if worker_command is not None else [sys.executable, "-m", "worker"]
+    try:
+        with _sigterm_raises():
+            return _run(plan, program, evaluate, grace_s, progress_every_s)
+    except KeyboardInterrupt:
+        print("ps-worker launch: interrupted; the workers were stopped", file=sys.stderr)
+        return 130
+    except _Terminated:
+        print("ps-worker launch: terminated; the workers were stopped", file=sys.stderr)
+        return 143
+
+
+def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] | None, grace_s: float,
+         progress_every_s: float) -> int:  # fmt: skip
+    metrics_dir = tempfile.mkdtemp(prefix="sparseps-launch-")
+    try:
+        with _servers(plan) as addresses:
+            commands = worker_commands(plan, addresses, metrics_dir, program)
+            port, base = free_port(), dict(os.environ)
+            envs = [worker_environment(i, plan.workers, port, base) for i in range(plan.workers)]
+            progress = MergedProgress(plan.workers, plan.progress_bar, progress_every_s)
+            group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
+            try:
+                group.start()
+                progress.open()
+                group.read_output()
+                failure = group.wait(progress.tick)
+            finally:
+                try:
+                    group.stop(grace_s)
+                finally:
+                    progress.close()
+            if failure is not None:
+                _report_failure(*failure, group.tails[failure[0]])
+                return 1
+            per_worker = _read_worker_metrics(metrics_dir, plan.workers)
+            if per_worker is None:
+                return 1
+            cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
+                                      num_workers=1, backend=plan.backends[0], metrics_out=None)  # fmt: skip
+            if evaluate is None:
+                from worker.train import evaluate_servers as evaluate
+            evaluation = evaluate(cfg)
+        mode = getattr(plan.train_config, "mode", "async")
+        merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
+        print(format_summary(merged), flush=True)
+        if plan.metrics_out:
+            with open(plan.metrics_out, "w") as f:
+                json.dump(merged, f, indent=2)
+            print(f"metrics written to {plan.metrics_out}", flush=True)
+        return 0
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _report_failure(worker: int, code: int, tail: Sequence[str]) -> None:
+    how = f"exited with code {code}"
+    if code < 0:
+        try:
+            how = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+    print(f"ps-worker launch: worker {worker} {how}; the other workers were stopped. Its last lines:", file=sys.stderr)
+    for line in tail:
+        print(f"  [worker {worker}] {line}", file=sys.stderr)
+
+
+def _read_worker_metrics(metrics_dir: str, workers: int) -> list[dict] | None:
+    """Every worker's --metrics-out object; None (reported) when one is missing or not JSON."""
+    out = []
+    for i in range(workers):
+        path = os.path.join(metrics_dir, f"worker-{i}.json")
+        try:
+            with open(path) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {e}", file=sys.stderr)
+            return None
+    return out
