@@ -217,8 +217,8 @@ def test_plan_with_trains_own_config_checks_every_backend():
     plan = plan_launch(args, rest)
     assert (plan.train_config.model, plan.train_config.mode, plan.train_config.job_id) == ("lr", "sync", plan.job_id)
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,numpy", "--model", "dnn",
-                             "--dense", "allreduce")  # fmt: skip
-    with pytest.raises(ValueError, match="--dense allreduce needs --backend torch"):
+                             "--device", "cuda")  # fmt: skip
+    with pytest.raises(ValueError, match="--device cuda needs --backend torch"):
         plan_launch(args, rest)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numba
 import numpy as np
 
 from ps.config import OptimizerConfig
@@ -55,9 +56,9 @@ def init_process_group_from_env(device: str) -> tuple[int, int]:
 
 
 class LocalOptimizer:
-    """ps.rows.optim's update (sgd, adagrad, adam) of one flat float32 vector, in numpy: each element as the
-    servers' kernels compute it, every operation a single IEEE-rounded float32 one (none fused or reordered), so
-    equal inputs give equal bits on any machine. Adam's bias correction counts this optimizer's steps (each
+    """ps.rows.optim's update (sgd, adagrad, adam) of one flat float32 vector: each element as the servers'
+    kernels compute it, every operation a single IEEE-rounded float32 one (none fused or reordered), so equal
+    inputs give equal bits on any machine. Adam's bias correction counts this optimizer's steps (each
     step updates every element, as a server counts each id's updates)."""
 
     SUPPORTED = ("sgd", "adagrad", "adam")
@@ -68,8 +69,6 @@ class LocalOptimizer:
             raise ValueError(f"the allreduce dense path runs {list(self.SUPPORTED)}, not {cfg.name!r}")
         p = {k: np.float32(v) for k, v in cfg.all_params().items()}
         self.name, self.lr, self.params, self.steps = cfg.name, np.float32(cfg.learning_rate), p, 0
-        self._tmp = np.empty(size, np.float32)
-        self._tmp2 = np.empty(size, np.float32)
         if cfg.name == "adagrad":
             self.accumulator = np.full(size, p["initial_accumulator"], np.float32)
         if cfg.name == "adam":
@@ -77,37 +76,41 @@ class LocalOptimizer:
             self.v = np.zeros(size, np.float32)
 
     def apply(self, weights: np.ndarray, grads: np.ndarray) -> None:
-        """One step on weights (float32, in place) with grads of the same shape."""
+        """One step on weights (float32, in place) with grads of the same shape: one compiled pass."""
         self.steps += 1
-        tmp, tmp2, lr = self._tmp, self._tmp2, self.lr
-        if self.name == "sgd":  # w -= lr g
-            np.multiply(grads, lr, out=tmp)
-        elif self.name == "adagrad":  # a += g g; w -= lr g / (sqrt(a) + eps)
-            a = self.accumulator
-            np.multiply(grads, grads, out=tmp)
-            np.add(a, tmp, out=a)
-            np.sqrt(a, out=tmp2)
-            np.add(tmp2, self.params["epsilon"], out=tmp2)
-            np.multiply(grads, lr, out=tmp)
-            np.divide(tmp, tmp2, out=tmp)
-        else:  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g; w -= lr (m / c1) / (sqrt(v / c2) + eps)
-            b1, b2 = self.params["beta1"], self.params["beta2"]
-            c1 = np.float32(1.0 - float(b1) ** self.steps)  # 1 - b^t rounded once, to float32
-            c2 = np.float32(1.0 - float(b2) ** self.steps)
-            np.multiply(self.m, b1, out=self.m)
-            np.multiply(grads, np.float32(1.0) - b1, out=tmp)
-            np.add(self.m, tmp, out=self.m)
-            np.multiply(self.v, b2, out=self.v)
-            np.multiply(grads, np.float32(1.0) - b2, out=tmp)
-            np.multiply(tmp, grads, out=tmp)
-            np.add(self.v, tmp, out=self.v)
-            np.divide(self.v, c2, out=tmp2)
-            np.sqrt(tmp2, out=tmp2)
-            np.add(tmp2, self.params["epsilon"], out=tmp2)
-            np.divide(self.m, c1, out=tmp)
-            np.multiply(tmp, lr, out=tmp)
-            np.divide(tmp, tmp2, out=tmp)
-        np.subtract(weights, tmp, out=weights)
+        p = self.params
+        if self.name == "sgd":
+            _sgd_step(weights, grads, self.lr)
+        elif self.name == "adagrad":
+            _adagrad_step(weights, grads, self.accumulator, self.lr, p["epsilon"])
+        else:
+            c1 = np.float32(1.0 - float(p["beta1"]) ** self.steps)  # 1 - b^t rounded once, to float32
+            c2 = np.float32(1.0 - float(p["beta2"]) ** self.steps)
+            _adam_step(weights, grads, self.m, self.v, self.lr, p["beta1"], p["beta2"], p["epsilon"], c1, c2)
+
+
+# One pass over the vector each, every operation a float32 one in the order written (no fastmath: nothing fused
+# or reordered), so equal inputs give equal bits on every worker.
+@numba.njit(nogil=True, cache=True)
+def _sgd_step(w, g, lr):  # w -= lr g
+    for i in range(w.shape[0]):
+        w[i] -= lr * g[i]
+
+
+@numba.njit(nogil=True, cache=True)
+def _adagrad_step(w, g, a, lr, eps):  # a += g g; w -= lr g / (sqrt(a) + eps)
+    for i in range(w.shape[0]):
+        a[i] += g[i] * g[i]
+        w[i] -= lr * g[i] / (np.sqrt(a[i]) + eps)
+
+
+@numba.njit(nogil=True, cache=True)
+def _adam_step(w, g, m, v, lr, b1, b2, eps, c1, c2):  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g
+    one = np.float32(1.0)  # w -= lr (m / c1) / (sqrt(v / c2) + eps)
+    for i in range(w.shape[0]):
+        m[i] = b1 * m[i] + (one - b1) * g[i]
+        v[i] = b2 * v[i] + (one - b2) * g[i] * g[i]
+        w[i] -= lr * (m[i] / c1) / (np.sqrt(v[i] / c2) + eps)
 
 
 class AllReduceDense:

@@ -84,8 +84,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        help="ssp: a worker cache of rows served while within the staleness bound, evicting the "
                        "least frequently used (e.g. 64M; default 64M for ssp, 0 otherwise)")  # fmt: skip
     modes.add_argument("--dense", default=d.dense, choices=list(DENSE_PATHS),
-                       help="ps: the MLP on the servers (any backend); allreduce: on each torch worker, gradients "
-                       "averaged with torch.distributed (env:// rendezvous, as torchrun or `ps-worker launch` set it)")  # fmt: skip
+                       help="ps: the MLP on the servers; allreduce: on each worker, gradients averaged with "
+                       "torch.distributed (needs PyTorch; env:// rendezvous, as torchrun or `ps-worker launch` set it)")  # fmt: skip
     modes.add_argument("--dense-staleness", type=int, default=None,
                        help="--dense ps: steps the MLP weights may lag, pushed and fetched on a background thread "
                        "(0: in the step; default 0 for sync, 2 otherwise)")  # fmt: skip

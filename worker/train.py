@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
+import os
 import secrets
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -125,9 +128,6 @@ class TrainConfig:
             raise ValueError(f"--mode {self.mode!r} is unknown; expected one of {list(MODES)}")
         if self.dense not in DENSE_PATHS:
             raise ValueError(f"--dense {self.dense!r} is unknown; expected one of {list(DENSE_PATHS)}")
-        if self.dense == "allreduce" and self.backend != "torch":
-            raise ValueError("--dense allreduce needs --backend torch (torch.distributed averages the MLP's "
-                             "gradients); mixed numpy and torch workers share the MLP with --dense ps")  # fmt: skip
         if self.dense == "allreduce" and self.mode == "sync":
             raise ValueError("--mode sync sums every worker's gradients on the servers; its MLP goes with them: "
                              "use --dense ps (the default) with --mode sync")  # fmt: skip
@@ -359,8 +359,18 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> Any:
     if cfg.dense == "allreduce":
         from worker.allreduce import AllReduceDense
 
+        if importlib.util.find_spec("torch") is None:
+            raise ValueError("--dense allreduce needs PyTorch (torch.distributed): pip install 'sparseps[torch]'")
+        if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:  # a group of one needs no launcher
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
         return AllReduceDense(tables, spec.dense_params(), dense_opt, device=cfg.device)
     return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def mode_line(cfg: TrainConfig) -> str:

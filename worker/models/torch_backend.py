@@ -93,10 +93,23 @@ class TorchModel:
         training: bool,
     ) -> torch.Tensor:
         spec = self.spec
+        n = dense_x.shape[0]
+        logit = torch.zeros(n, dtype=torch.float32, device=self.device)
+        stacked = self._stacked(rows, fields)
+        if stacked is not None:  # one table, one id per bag: one gather for every field, (n, fields, width)
+            off, dim = spec.embedding_offset, spec.fields[0].dim
+            vs = stacked[:, :, off : off + dim]
+            if spec.name != "dnn":
+                logit = logit + stacked[:, :, 0].sum(dim=1)
+            if spec.has_fm:
+                s = vs.sum(dim=1)
+                logit = logit + 0.5 * ((s * s).sum(dim=1) - (vs * vs).sum(dim=(1, 2)))
+            if spec.has_mlp:
+                logit = logit + self._mlp(torch.cat([vs.reshape(n, -1), dense_x], dim=1), params, training)
+            return logit
         pooled = {f.name: pool_torch(rows[f.table], fields[f.name], f.pooling) for f in spec.fields}
         off = spec.embedding_offset
         v = {f.name: pooled[f.name][:, off : off + f.dim] for f in spec.fields}
-        logit = torch.zeros(dense_x.shape[0], dtype=torch.float32, device=self.device)
         if spec.name != "dnn":
             logit = logit + sum(p[:, 0] for p in pooled.values())
         if spec.has_fm:
@@ -104,16 +117,32 @@ class TorchModel:
             s = sum(e)
             logit = logit + 0.5 * ((s * s).sum(dim=1) - sum((x * x).sum(dim=1) for x in e))
         if spec.has_mlp:
-            h = torch.cat([v[f.name] for f in spec.fields] + [dense_x], dim=1)
-            layers = len(spec.hidden) + 1
-            for i in range(layers):
-                h = h @ params[f"mlp.{i}.weight"] + params[f"mlp.{i}.bias"]
-                if i < layers - 1:
-                    h = torch.relu(h)
-                    if training and spec.dropout > 0:
-                        h = h * self._dropout_mask(h.shape)
-            logit = logit + h[:, 0]
+            logit = logit + self._mlp(torch.cat([v[f.name] for f in spec.fields] + [dense_x], dim=1), params, training)
         return logit
+
+    def _stacked(self, rows: dict[str, torch.Tensor], fields: dict[str, FieldInput]) -> torch.Tensor | None:
+        """The rows of every field gathered at once, (n, fields, width), when every field is of one table and
+        holds one id per bag without weights (pooling is then a gather, whatever its mode); else None."""
+        spec = self.spec
+        if len(rows) != 1 or not all(
+            one_id_per_bag(fields[f.name].offsets, fields[f.name].weights) for f in spec.fields
+        ):
+            return None
+        table = next(iter(rows.values()))
+        index = np.stack([fields[f.name].index for f in spec.fields], axis=1)
+        gathered = table.index_select(0, _tensor(index.reshape(-1), self.device, np.int64))
+        return gathered.view(index.shape[0], len(spec.fields), table.shape[1])
+
+    def _mlp(self, h: torch.Tensor, params: dict[str, torch.Tensor], training: bool) -> torch.Tensor:
+        """The MLP's output (n,) of its input h."""
+        layers = len(self.spec.hidden) + 1
+        for i in range(layers):
+            h = h @ params[f"mlp.{i}.weight"] + params[f"mlp.{i}.bias"]
+            if i < layers - 1:
+                h = torch.relu(h)
+                if training and self.spec.dropout > 0:
+                    h = h * self._dropout_mask(h.shape)
+        return h[:, 0]
 
     def _dropout_mask(self, shape: torch.Size) -> torch.Tensor:
         """0 with probability spec.dropout, 1 / (1 - dropout) otherwise."""
