@@ -72,7 +72,12 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "every --geo-every steps). A wait has a deadline (--barrier-timeout): past it the job stops, naming the "
         "worker it waited for. `ps-worker launch` starts several workers with one command.",
     )
-    modes.add_argument("--mode", default=d.mode, choices=list(MODES), help="how workers agree (see above)")
+    modes.add_argument(
+        "--mode",
+        default=d.mode,
+        choices=list(MODES),
+        help="how the workers agree: async, sync, ssp or geo (see the group's description in --help)",
+    )
     modes.add_argument("--staleness", type=int, default=d.staleness, help="ssp: steps a worker may run ahead (0: sync)")
     modes.add_argument("--geo-every", type=int, default=d.geo_every, help="geo: steps between pushes of deltas")
     modes.add_argument("--barrier-timeout", type=float, default=d.barrier_timeout_s,

@@ -231,7 +231,15 @@ class TrainConfig:
             else self.row_cache_bytes,
             job_id=self.job_id or (secrets.randbits(63) | 1),
         )  # fmt: skip
-        return resolved, describe(r, examples, self.recipe == "auto")
+        given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
+                 ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
+                 ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
+                 ("--early-stop", self.early_stop), ("--l2", self.l2)) if value is not None]  # fmt: skip
+        line = describe(r, examples, self.recipe == "auto")
+        if given:
+            line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
+                                                         else f"{flag} {value}" for flag, value in given)  # fmt: skip
+        return resolved, line
 
     def dense_staleness_or_default(self) -> int:
         if self.dense_staleness is not None:

@@ -1,0 +1,108 @@
+"""A sync job whose worker is killed ends within the barrier deadline, naming the worker, and leaves no process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.waiting import wait_until
+
+PY = sys.executable
+TRAIN = ["--model", "fm", "--recipe", "large", "--batch-size", "256", "--synthetic-rows", "2000000",
+         "--synthetic-eval-rows", "1000", "--mode", "sync"]  # fmt: skip
+
+
+def _children(pid: int) -> list[int]:
+    """The pids of pid's children (Linux /proc)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_worker_killed_in_a_sync_launch_stops_the_job_naming_it(tmp_path):
+    launcher = subprocess.Popen([PY, "-m", "worker", "launch", "--workers", "2", "--local-shards", "2",
+                                 "--no-progress", "--barrier-timeout", "20", *TRAIN],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        victim = []
+
+        def worker_one_trains() -> bool:
+            if launcher.poll() is not None:
+                raise AssertionError(f"launch exited with {launcher.returncode}: {launcher.stdout.read()}")
+            kids = [p for p in _descendants(launcher.pid) if "--worker-id 1" in _cmdline(p)]
+            victim[:] = kids[:1]
+            return bool(kids)
+
+        wait_until(worker_one_trains, timeout_s=60, what="worker 1 to start")
+        time.sleep(8)  # into training: the workers import, the shards start, steps run
+        everything = _descendants(launcher.pid)
+        assert launcher.poll() is None, "the job ended before the kill"
+        killed_at = time.monotonic()
+        os.kill(victim[0], signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=60)
+        took = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 1, output
+    assert "worker 1 was killed by SIGKILL" in output, output[-3000:]
+    assert took < 20, took  # launch sees the death at once; the barrier deadline bounds it anyway
+    left = [p for p in everything if _alive(p)]
+    assert not left, [(p, _cmdline(p)) for p in left]
+
+
+def test_a_sync_worker_whose_peer_died_stops_at_the_barrier_deadline_naming_it(servers):
+    """Without a launcher: worker 0 waits for killed worker 1 at most --barrier-timeout, then exits naming it."""
+    addresses, started = servers(2)
+    common = ["--servers", ",".join(addresses), "--num-workers", "2", "--job-id", "23", "--barrier-timeout", "6",
+              "--no-progress", *TRAIN]  # fmt: skip
+    procs = [subprocess.Popen([PY, "-m", "worker", "train", *common, "--worker-id", str(i)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]  # fmt: skip
+    try:
+        wait_until(lambda: started[0].shard.jobs.min_clock() >= 3, timeout_s=90, what="both workers to train")
+        procs[1].kill()
+        killed_at = time.monotonic()
+        _, err = procs[0].communicate(timeout=60)
+        took = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 2, err
+    assert "worker 1" in err and "is it alive" in err, err[-3000:]
+    assert took < 6 + 10, took  # the deadline, and the time to say so
