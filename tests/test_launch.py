@@ -253,16 +253,24 @@ def test_parse_progress():
 
 def test_merge_progress_against_sums_and_means():
     a = {"examples": 100, "total": 400, "logloss": 0.6, "examples_per_s": 50.0, "cache_hit_rate": 0.5}
-    b = {"examples": 300, "total": 600, "logloss": None, "examples_per_s": 25.0, "cache_hit_rate": 0.9}
+    b = {
+        "examples": 300,
+        "total": 600,
+        "logloss": None,
+        "examples_per_s": 25.0,
+        "cache_hit_rate": 0.9,
+        "cache_bytes_saved": 3 << 20,
+    }
     c = {"examples": 0, "total": 0, "logloss": 0.4, "examples_per_s": 0.0}
     assert merge_progress([a, b], 2) == {"examples": 400, "total": 1000, "examples_per_s": 75.0, "logloss": 0.6,
-                                         "cache_hit_rate": (0.5 * 100 + 0.9 * 300) / 400}  # fmt: skip
+                                         "cache_hit_rate": (0.5 * 100 + 0.9 * 300) / 400,
+                                         "cache_bytes_saved": 3 << 20}  # fmt: skip
     assert merge_progress([a, b], 3)["total"] == 0  # a worker has not reported: the total is unknown
     m = merge_progress([a, c], 2)
     assert (m["total"], m["logloss"], m["cache_hit_rate"]) == (0, pytest.approx(0.5), 0.5)
     assert merge_progress([c], 1)["cache_hit_rate"] is None
     assert format_progress(merge_progress([a, b], 2)) == (
-        "progress: 400 / 1,000 examples (40%), 75 examples/s, logloss 0.6000, cache hit rate 0.800"
+        "progress: 400 / 1,000 examples (40%), 75 examples/s, logloss 0.6000, cache hit rate 0.800, 3 MiB not pulled"
     )
     assert format_progress(merge_progress([c], 2)) == "progress: 0 examples, 0 examples/s, logloss 0.4000"
 

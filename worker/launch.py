@@ -267,6 +267,7 @@ def merge_progress(reports: Sequence[dict], workers: int) -> dict:
         "examples_per_s": sum(_number(r, "examples_per_s") or 0 for r in reports),
         "logloss": sum(losses) / len(losses) if losses else None,
         "cache_hit_rate": weighted_mean(hits),
+        "cache_bytes_saved": sum(_number(r, "cache_bytes_saved") or 0 for r in reports),
     }
 
 
@@ -279,6 +280,8 @@ def format_progress(m: dict) -> str:
         parts.append(f"logloss {m['logloss']:.4f}")
     if m["cache_hit_rate"] is not None:
         parts.append(f"cache hit rate {m['cache_hit_rate']:.3f}")
+    if m.get("cache_bytes_saved"):
+        parts.append(f"{m['cache_bytes_saved'] / (1 << 20):,.0f} MiB not pulled")
     return ", ".join(parts)
 
 
@@ -316,6 +319,8 @@ class MergedProgress:
             postfix = {} if m["logloss"] is None else {"logloss": f"{m['logloss']:.4f}"}
             if m["cache_hit_rate"] is not None:
                 postfix["hit"] = f"{m['cache_hit_rate']:.3f}"
+            if m.get("cache_bytes_saved"):
+                postfix["saved"] = f"{m['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(max(0, m["examples"] - self._bar.n))
 
@@ -469,6 +474,9 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
     ]
     if hits:
         out["cache_hit_rate"] = weighted_mean(hits)
+    saved = [m["cache_bytes_saved"] for m in per_worker if m.get("cache_bytes_saved") is not None]
+    if saved:
+        out["cache_bytes_saved"] = int(sum(saved))
     out["per_worker"] = list(per_worker)
     return out
 

@@ -269,6 +269,8 @@ def run_epochs(
                 postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
                 if "cache_hit_rate" in cache:
                     postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
+                if "cache_bytes_saved" in cache:
+                    postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
                 bar.set_postfix(postfix, refresh=False)
                 if lines is not None:
                     lines.update(result, running.value, started, cache)
