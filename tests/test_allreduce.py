@@ -31,6 +31,7 @@ OPTIMIZERS = {
 }
 STEPS = 20
 WORLD = 2
+SHORT = 5  # rank 1 runs out of batches SHORT steps before rank 0: finish() keeps it in rank 0's last steps
 
 
 def free_port() -> int:
@@ -65,10 +66,11 @@ def run_worker(rank: int, port: int, out_dir: str) -> None:
         tables = dense_tables() if rank == 0 else None  # fresh servers: every optimizer starts at the initial values
         dense = AllReduceDense(tables, PARAMS, optimizer)
         held = [flat(dense.pull())]
-        for s in range(STEPS):
+        for s in range(STEPS - SHORT * rank):
             dense.step(grads_of(rank, s))
             held.append(flat(dense.values))
-        dense.flush()
+        dense.finish()  # rank 1 takes part in rank 0's last SHORT steps, then both write to the servers
+        held.append(flat(dense.values))
         assert dense.syncs == STEPS
         np.save(pathlib.Path(out_dir, f"{name}.{rank}.npy"), np.stack(held))
         if tables is not None:
@@ -81,13 +83,14 @@ def run_worker(rank: int, port: int, out_dir: str) -> None:
 
 def oracle(name: str, start: np.ndarray, world: int = WORLD) -> np.ndarray:
     """(STEPS + 1, size): the weights of one process applying the optimizer (float64, ps.rows.optim's rules) to
-    the mean of the gradients of ranks 0 .. world - 1."""
+    the mean of the gradients of the ranks 0 .. world - 1 that have a batch at that step (rank r has
+    STEPS - SHORT * r)."""
     cfg, w = OPTIMIZERS[name], start.astype(np.float64)
     p, lr = cfg.all_params(), cfg.learning_rate
     m, v, a = np.zeros_like(w), np.zeros_like(w), np.full_like(w, p.get("initial_accumulator", 0.0))
     out = [w.copy()]
     for s in range(STEPS):
-        g = np.mean([flat(grads_of(r, s)).astype(np.float64) for r in range(world)], axis=0)
+        g = np.mean([flat(grads_of(r, s)).astype(np.float64) for r in range(world) if s < STEPS - SHORT * r], axis=0)
         if name == "sgd":
             w = w - lr * g
         elif name == "adagrad":
@@ -121,9 +124,12 @@ def test_two_workers_hold_equal_weights_after_every_step_equal_to_the_mean_gradi
         start = flat(DenseSync(tables, PARAMS).pull())  # the PS path's initial values
     for name in OPTIMIZERS:
         rank0, rank1 = (np.load(tmp_path / f"{name}.{r}.npy") for r in range(WORLD))
-        assert rank0.shape == (STEPS + 1, start.size)
-        for s in range(STEPS + 1):
+        assert rank0.shape == (STEPS + 2, start.size) and rank1.shape == (STEPS - SHORT + 2, start.size)
+        np.testing.assert_array_equal(rank0[-1], rank0[-2])  # finish() after rank 0's last step: no more steps
+        rank0 = rank0[:-1]
+        for s in range(STEPS - SHORT + 1):
             np.testing.assert_array_equal(rank0[s], rank1[s], err_msg=f"{name}, after step {s}")
+        np.testing.assert_array_equal(rank0[-1], rank1[-1], err_msg=f"{name}, at the end")
         np.testing.assert_array_equal(rank0[0], start)
         np.testing.assert_allclose(rank0, oracle(name, start), rtol=1e-6, atol=1e-6, err_msg=name)
         assert np.abs(rank0[-1] - start).max() > 0.05  # the steps moved the weights

@@ -147,7 +147,8 @@ def test_two_workers_train_in_every_mode(servers, tmp_path, mode):
 
     addresses, _ = servers(2)
     cfg = TrainConfig(model="fm", recipe="large", epochs=1, progress=False, batch_size=256, synthetic_rows=40_000,
-                      synthetic_eval_rows=5000, num_workers=2, job_id=17, mode=mode, staleness=4, geo_every=4)  # fmt: skip
+                      synthetic_eval_rows=5000, num_workers=2, job_id=17, mode=mode,
+                      staleness=4 if mode == "ssp" else None, geo_every=4 if mode == "geo" else None)  # fmt: skip
     runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=i) for i in range(2)])
     assert sum(r["result"].examples for r in runs) == 40_000
     with Client(addresses) as client:
@@ -167,3 +168,32 @@ def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp
     runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=0, epochs=2), dataclasses.replace(cfg, worker_id=1)])
     assert [r["result"].steps for r in runs] == [4, 2]  # 1600 lines each: batches of 1000 and 600
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"mode": "sync", "staleness": 2}, "--staleness 2 is ssp's"),
+        ({"mode": "ssp", "geo_every": 3}, "--geo-every 3 is geo's"),
+        ({"dense": "allreduce", "dense_staleness": 1}, "--dense-staleness 1 is the --dense ps path's"),
+        ({"dense_sync_every": 3, "dense_staleness": 1}, "--dense-sync-every 3 applies"),
+        ({"local_shards": 2, "num_workers": 2, "worker_id": 1}, "each worker would start shards of its own"),
+        ({"mode": "ssp", "num_workers": 2}, "needs --job-id"),
+        ({"mode": "async", "row_cache_bytes": 1 << 20}, "--row-cache-bytes serves rows within ssp's"),
+    ],
+)
+def test_settings_a_mode_would_ignore_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TrainConfig(servers=("h:1",)), **changes).validate()
+
+
+def test_every_worker_of_a_job_picks_the_same_recipe():
+    """The recipe goes by the job's examples, not by a worker's share (shares of 999,999 rows differ by one)."""
+    from worker.train import prepare
+
+    chosen = set()
+    for i in range(2):
+        cfg = TrainConfig(servers=("h:1",), synthetic_rows=999_999, num_workers=2, worker_id=i, progress=False)
+        resolved, _, _, line = prepare(cfg)
+        chosen.add((resolved.batch_size, resolved.epochs, resolved.optimizer, line))
+    assert len(chosen) == 1, chosen

@@ -4,12 +4,16 @@ The servers hold the dense parameters (worker.dense's tables) only at the ends: 
 initial values and broadcast them, so every worker starts identical and equal to the PS path's start; flush()
 has rank 0 write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
 MLP from the servers. In between, a step's gradients (every parameter flattened, in params order, into one
-float32 buffer) go through one all_reduce (SUM) and are divided by the world size; each worker then applies the
-optimizer to that mean itself (LocalOptimizer: the servers' rule per element), so equal inputs leave every
-worker with equal weights, bit for bit.
+float32 buffer, followed by one float: 1 from a worker with a batch) go through one all_reduce (SUM) and are
+divided by the number of workers that had a batch; each worker then applies the optimizer to that mean itself
+(LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for
+bit.
 
-pull, step and flush are collective: every rank of the group calls them, in the same order, the same number of
-times. A failure of rank 0's pull or flush reaches every rank as an error (after rank 0's own).
+Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
+finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
+mean as the others, until every worker is done; then flush(). pull, step, finish and flush are collective: every
+rank of the group calls pull, finish and flush once, in that order, and step between them as often as it has
+batches. A failure of rank 0's pull or flush reaches every rank as an error (after rank 0's own).
 
 The process group: torch.distributed, from the environment torchrun sets (env://: MASTER_ADDR, MASTER_PORT, RANK,
 WORLD_SIZE), gloo for a cpu device and nccl for a cuda one, whose device is this rank's GPU ("cuda:<LOCAL_RANK>").
@@ -18,6 +22,7 @@ torch is imported inside the functions, so this module imports without it.
 
 from __future__ import annotations
 
+import datetime
 import os
 from typing import Any
 
@@ -31,7 +36,7 @@ from worker.models.spec import DenseParam
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
-def init_process_group_from_env(device: str) -> tuple[int, int]:
+def init_process_group_from_env(device: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Joins the default torch.distributed group the environment describes (env://): gloo for a cpu device,
     nccl for cuda (its GPU made the current one). Returns (rank, world_size); a default group already
     initialized is returned as it is. ValueError naming the missing variables when some of ENV_VARS are unset."""
@@ -51,7 +56,10 @@ def init_process_group_from_env(device: str) -> tuple[int, int]:
         backend = "nccl"
     else:
         backend = "gloo"
-    dist.init_process_group(backend, init_method="env://")
+    if timeout_s is None:
+        dist.init_process_group(backend, init_method="env://")
+    else:  # a collective waiting longer for a peer (one that died) fails instead of hanging
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -129,6 +137,7 @@ class AllReduceDense:
         optimizer: OptimizerConfig = DEFAULT_OPTIMIZER,
         device: str = "cpu",
         group: Any = None,
+        timeout_s: float | None = None,
     ):
         import torch
         import torch.distributed as dist
@@ -139,12 +148,13 @@ class AllReduceDense:
         self.device = torch.device(device)
         self._owns_group = group is None and not dist.is_initialized()
         if group is None:
-            init_process_group_from_env(device)
+            init_process_group_from_env(device, timeout_s)
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self._src = 0 if group is None else dist.get_global_rank(group, 0)  # rank 0 of the group
         self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
         self.weights = np.zeros(sum(self.sizes), np.float32)  # every parameter, flattened in params order
-        self._grads = np.empty_like(self.weights)
+        self._buffer = np.empty(len(self.weights) + 1, np.float32)  # the gradients, then the count of workers
+        self._grads = self._buffer[:-1]
         self.values: dict[str, np.ndarray] = {}
         self.syncs = 0
         self._closed = False
@@ -166,7 +176,8 @@ class AllReduceDense:
         return self.values
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
-        """Averages grads ({name: (r, c)}) over the group in one all_reduce and applies the optimizer to the mean."""
+        """Averages grads ({name: (r, c)}) over the workers with a batch in one all_reduce and applies the
+        optimizer to the mean."""
         if self._closed:
             raise RuntimeError("AllReduceDense.step after close()")
         if not self.params:
@@ -178,15 +189,34 @@ class AllReduceDense:
                 raise ValueError(f"gradient of {p.name} has shape {g.shape}, expected {p.shape}")
             self._grads[start : start + size] = g.ravel()
             start += size
-        self._collective("all_reduce", self._grads)
-        if self.world_size > 1:
-            np.divide(self._grads, np.float32(self.world_size), out=self._grads)
+        self._reduce_and_apply(1.0)
+
+    def finish(self) -> None:
+        """This worker has no more batches: it takes part in the others' steps (adding no gradient) until every
+        worker is done, then flush()."""
+        while self.params and self._reduce_and_apply(0.0):
+            pass
+        self.flush()
+
+    def _reduce_and_apply(self, has_batch: float) -> int:
+        """One all_reduce of the buffer (this worker's gradients, or zeros without a batch); applies the mean
+        over the workers that had a batch. Returns how many had one (0: every worker is done, nothing applied)."""
+        if not has_batch:
+            self._grads[:] = 0.0
+        self._buffer[-1] = has_batch
+        self._collective("all_reduce", self._buffer)
+        active = int(round(float(self._buffer[-1])))
+        if active == 0:
+            return 0
+        if active > 1:
+            np.divide(self._grads, np.float32(active), out=self._grads)
         self.optimizer.apply(self.weights, self._grads)
         self.values = self._split(self.weights)
         self.syncs += 1
+        return active
 
     def flush(self) -> None:
-        """Rank 0 writes its values to the servers' dense tables (add-delta pushes of values - the servers'
+        """(Collective: after finish(), or when every rank has taken the same steps.) Rank 0 writes its values to the servers' dense tables (add-delta pushes of values - the servers'
         values, one show per id: a row is admitted, and takes a delta, once it has a show); every rank returns
         once it is done."""
         error = None

@@ -8,7 +8,7 @@ import zlib
 
 from ps.settings import add_config_flag, apply_defaults
 from worker.flags import server_list
-from worker.train import DENSE_PATHS, MODES, TrainConfig
+from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
 
 def _size(text: str) -> int:
@@ -78,8 +78,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         choices=list(MODES),
         help="how the workers agree: async, sync, ssp or geo (see the group's description in --help)",
     )
-    modes.add_argument("--staleness", type=int, default=d.staleness, help="ssp: steps a worker may run ahead (0: sync)")
-    modes.add_argument("--geo-every", type=int, default=d.geo_every, help="geo: steps between pushes of deltas")
+    modes.add_argument("--staleness", type=int, default=None,
+                       help=f"ssp: steps a worker may run ahead of the slowest (default {DEFAULT_STALENESS})")  # fmt: skip
+    modes.add_argument("--geo-every", type=int, default=None,
+                       help=f"geo: steps between pushes of the local rows' deltas (default {DEFAULT_GEO_EVERY})")  # fmt: skip
     modes.add_argument("--barrier-timeout", type=float, default=d.barrier_timeout_s,
                        help="seconds a sync or ssp wait for another worker may last before the job stops")  # fmt: skip
     modes.add_argument("--job-id", default=None,

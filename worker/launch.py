@@ -152,6 +152,9 @@ def check_train_flags(flags: Sequence[str]) -> None:
     for dest in _OWN:
         if parsed.get(dest, _UNSET) is not _UNSET:
             raise ValueError(f"--{dest.replace('_', '-')} is launch's own flag: spell it out in full")
+    if parsed.get("metrics_port"):
+        raise ValueError(f"--metrics-port {parsed['metrics_port']} would be every worker's port: give 0 (each worker "
+                         "takes a free port and logs it)")  # fmt: skip
 
 
 def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
@@ -205,15 +208,21 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+LAUNCH_SETS_VARIABLES = frozenset(  # ps.settings' variables of the train flags launch sets for each worker
+    f"PS_{dest.upper()}" for dest in ("servers", "local_shards", "worker_id", "num_workers", "backend", "job_id",
+                                      "metrics_out", "progress_lines", "no_progress", "create_tables_only")
+)  # fmt: skip
 
 
 def worker_environment(rank: int, world_size: int, master_port: int, base: dict[str, str]) -> dict[str, str]:
-    """base with torch.distributed's env:// variables for worker `rank`, unbuffered Python output, and each
+    """base less the PS_* variables of the flags launch sets itself, with torch.distributed's env:// variables
+    for worker `rank`, unbuffered Python output, and each
     worker's math libraries (numpy's BLAS, torch) limited to its share of this machine's cores, cores // workers
     (at least 1), unless base sets their thread counts: workers on one machine otherwise each start a thread per
     core, and the threads of all of them fight over the cores."""
     threads = str(max(1, (os.cpu_count() or 1) // world_size))
     limits = {name: base.get(name, threads) for name in THREAD_VARIABLES}
+    base = {k: v for k, v in base.items() if k not in LAUNCH_SETS_VARIABLES}  # launch gives these as flags
     return {**base, **limits, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
             "PYTHONUNBUFFERED": "1"}  # fmt: skip

@@ -15,8 +15,10 @@ and kept in the run's curve; with --early-stop P training stops once validation 
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
 evaluation comes back at the end: at each new best the worker copies the rows of every id it has trained and the
 dense parameters (BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state
-stays as it is). Ids first trained after the best keep their values. However the loop ends, source.finish() tells
-the servers this worker is done, so that no other worker waits for it.
+stays as it is). Ids first trained after the best keep their values. When the loop ends (its data, or an early
+stop), source.finish() tells the servers this worker is done, so that no other worker waits for it; an error
+does not, so the other workers of a sync or ssp job stop at their deadline, naming this one. The training time
+(examples/s) leaves out the evaluations.
 """
 
 from __future__ import annotations
@@ -212,10 +214,12 @@ def run_epochs(
 
     def evaluation(epoch: int) -> bool:
         """Evaluates the validation set; True when training should stop."""
-        nonlocal since_best
+        nonlocal since_best, eval_seconds
         if not validation:
             return False
-        dense.flush()
+        eval_started = time.perf_counter()
+        if dense.inline or not hasattr(dense, "finish"):  # the PS path: its pending gradients applied first
+            dense.flush()  # (allreduce's values are current, and its flush is collective: not here)
         figures = evaluate(tables, spec, backend, dense.values, validation)
         entry = {"epoch": epoch, "step": result.steps, "examples": result.examples,
                  "train_logloss": running.value, "validation_auc": figures["eval_auc"],
@@ -231,14 +235,17 @@ def run_epochs(
         result.curve.append(entry)
         if on_eval is not None:
             on_eval(entry)
+        eval_seconds += time.perf_counter() - eval_started
         return bool(s.early_stop) and since_best >= s.early_stop
 
     stop = False
-    try:
-        for epoch in range(s.epochs):
-            step_started = time.perf_counter()
-            source.start_epoch()
-            for _, item in prefetched(train_batches(), prepare, s.prefetch):
+    eval_seconds = 0.0  # evaluating the validation set: not training time
+    for epoch in range(s.epochs):
+        step_started = time.perf_counter()
+        source.start_epoch()
+        batches = prefetched(train_batches(), prepare, s.prefetch)
+        try:
+            for _, item in batches:
                 batch, tids = item.batch, item.tids
                 rows = source.rows(item.step, tids, item.rows)
                 if best_model is not None:
@@ -277,18 +284,21 @@ def run_epochs(
                 if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
                     stop = True
                     break
-            if stop:
-                break
-            if not s.eval_every and evaluation(epoch + 1):
-                stop = True
-                break
-        dense.flush()
-    finally:
-        source.finish()  # no worker waits for this one any more, however it ended
+        finally:
+            if stop:  # this worker is done: no other worker waits for it, nor its own prefetched stamped pull
+                source.finish()
+            batches.close()
+        if stop:
+            break
+        if not s.eval_every and evaluation(epoch + 1):
+            stop = True
+            break
+    source.finish()  # (an error skips it: the other workers of a sync or ssp job stop at their deadline)
+    getattr(dense, "finish", dense.flush)()  # the MLP's last gradients applied (allreduce: with the others')
+    result.seconds = time.perf_counter() - started - eval_seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)
     bar.close()
-    result.seconds = time.perf_counter() - started
     result.train_logloss = running.value
     result.stopped_early = stop
     result.source_stats = source.stats()

@@ -118,6 +118,7 @@ class ClockedRows:
         self.tables, self.spec, self.stamp, self.cache, self.depth = tables, spec, stamp, cache, depth
         self._cache_lock = threading.Lock()  # the prefetch thread looks up and stores, the step stores
         self.window: deque = deque(maxlen=depth + 1)
+        self._finished = False
 
     def start_epoch(self) -> None:
         self.window = deque(maxlen=self.depth + 1)
@@ -172,7 +173,9 @@ class ClockedRows:
         return returned[len(tids) :]
 
     def finish(self) -> None:
-        self.tables.finish(self._at(0, done=True))
+        if not self._finished:
+            self._finished = True
+            self.tables.finish(self._at(0, done=True))
 
     def stats(self) -> dict:
         if self.cache is None:
@@ -187,6 +190,7 @@ class GeoRows:
     def __init__(self, tables: Any, geo: Any):
         self.tables, self.geo = tables, geo
         self.requested = self.local = 0
+        self._failed = False  # a push of deltas failed: some shards may have applied it, so it is not sent again
 
     def start_epoch(self) -> None:
         pass
@@ -205,12 +209,18 @@ class GeoRows:
     def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
         for t, ti in tids.items():
             self.geo.apply(t, ti.uniq, row_grads[t], ti.shows, ti.clicks)
-        if self.geo.end_step():
+        try:
+            pushed = self.geo.end_step()
+        except BaseException:
+            self._failed = True
+            raise
+        if pushed:
             self.tables.advance_clock(self.geo.every)
         return self.tables.push_many(extra, return_rows=True) if extra else []
 
     def finish(self) -> None:
-        self.geo.flush()
+        if not self._failed:
+            self.geo.flush()
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0

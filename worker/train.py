@@ -45,6 +45,8 @@ MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
 DEFAULT_DENSE_STALENESS = 2  # --dense ps outside sync: steps the MLP may lag, fetched on a background thread
 DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
+DEFAULT_STALENESS = 4  # ssp
+DEFAULT_GEO_EVERY = 4  # geo
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,8 @@ class TrainConfig:
     worker_id: int = 0
     num_workers: int = 1
     mode: str = "async"  # MODES
-    staleness: int = 4  # ssp: steps a worker may run ahead of the slowest
-    geo_every: int = 4  # geo: steps between pushes of the local rows' deltas
+    staleness: int | None = None  # ssp: steps a worker may run ahead of the slowest; None: DEFAULT_STALENESS
+    geo_every: int | None = None  # geo: steps between pushes of the local rows' deltas; None: DEFAULT_GEO_EVERY
     barrier_timeout_s: float = 60.0  # the longest a sync or ssp wait for another worker may last
     job_id: int | None = None  # the job's id, the same on all its workers (sync, ssp); None: one is made up
     row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0
@@ -134,6 +136,19 @@ class TrainConfig:
         if self.mode == "sync" and self.dense_staleness:
             raise ValueError(f"--dense-staleness {self.dense_staleness} with --mode sync: a sync step's MLP "
                              "gradients are summed with its rows', so the MLP cannot lag (give 0 or leave it unset)")  # fmt: skip
+        only = [("--staleness", self.staleness, self.mode == "ssp", "ssp's (sync is staleness 0)"),
+                ("--geo-every", self.geo_every, self.mode == "geo", "geo's"),
+                ("--dense-staleness", self.dense_staleness, self.dense == "ps", "the --dense ps path's")]  # fmt: skip
+        for flag, value, applies, whose in only:
+            if value is not None and not applies:
+                raise ValueError(f"{flag} {value} is {whose} setting; this run has --mode {self.mode} --dense "
+                                 f"{self.dense}, which would ignore it")  # fmt: skip
+        if self.dense_sync_every > 1 and (self.dense == "allreduce" or self.dense_staleness):
+            raise ValueError(f"--dense-sync-every {self.dense_sync_every} applies to the --dense ps path in the step "
+                             "(--dense-staleness 0) only")  # fmt: skip
+        if self.local_shards is not None and self.num_workers > 1:
+            raise ValueError(f"--local-shards with --num-workers {self.num_workers}: each worker would start shards "
+                             "of its own; `ps-worker launch --workers N --local-shards S` starts one set for all")  # fmt: skip
         if self.num_workers > 1 and self.mode in ("sync", "ssp") and not self.job_id:
             raise ValueError(f"--mode {self.mode} with {self.num_workers} workers needs --job-id: the same for all "
                              "the job's workers, a new one per job (`ps-worker launch` and torchrun give one)")  # fmt: skip
@@ -178,7 +193,7 @@ class TrainConfig:
                     ("--max-bad-lines", self.max_bad_lines, 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
                     ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
                     ("--eval-every", self.eval_every, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
-                    ("--staleness", self.staleness, 0), ("--geo-every", self.geo_every, 1),
+                    ("--staleness", unset_or(self.staleness, 0), 0), ("--geo-every", unset_or(self.geo_every, 1), 1),
                     ("--dense-staleness", unset_or(self.dense_staleness, 0), 0),
                     ("--row-cache-bytes", unset_or(self.row_cache_bytes, 0), 0),
                     ("--local-shards", 1 if self.local_shards is None else self.local_shards, 1)]  # fmt: skip
@@ -226,7 +241,9 @@ class TrainConfig:
             optimizer=optimizer,
             learning_rate=rate,
             optimizer_params=dict(params or {}),
-            dense_staleness=self.dense_staleness_or_default(),
+            dense_staleness=self.dense_staleness_or_default() if self.dense == "ps" else None,
+            staleness=DEFAULT_STALENESS if self.staleness is None and self.mode == "ssp" else self.staleness,
+            geo_every=DEFAULT_GEO_EVERY if self.geo_every is None and self.mode == "geo" else self.geo_every,
             row_cache_bytes=(DEFAULT_ROW_CACHE_BYTES if self.mode == "ssp" else 0) if self.row_cache_bytes is None
             else self.row_cache_bytes,
             job_id=self.job_id or (secrets.randbits(63) | 1),
@@ -244,7 +261,7 @@ class TrainConfig:
     def dense_staleness_or_default(self) -> int:
         if self.dense_staleness is not None:
             return self.dense_staleness
-        return 0 if self.mode == "sync" else DEFAULT_DENSE_STALENESS
+        return 0 if self.mode == "sync" or self.dense_sync_every > 1 else DEFAULT_DENSE_STALENESS
 
 
 @contextlib.contextmanager
@@ -344,7 +361,8 @@ def prepare(
     cfg.validate(needs_servers)
     data = DataSource(cfg, default_table=cfg.model, standardize_here=training)
     data.first_batch()
-    cfg, recipe_line = cfg.with_recipe(data.examples * cfg.num_workers)
+    job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
+    cfg, recipe_line = cfg.with_recipe(job_examples)
     data.cfg, data.batch_size = cfg, cfg.batch_size
     return cfg, data, model_spec(cfg, data), recipe_line
 
@@ -371,7 +389,9 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> Any:
             raise ValueError("--dense allreduce needs PyTorch (torch.distributed): pip install 'sparseps[torch]'")
         if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:  # a group of one needs no launcher
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
-        return AllReduceDense(tables, spec.dense_params(), dense_opt, device=cfg.device)
+        return AllReduceDense(
+            tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
+        )
     return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
 
 
