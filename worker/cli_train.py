@@ -95,7 +95,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        "torch.distributed (needs PyTorch; env:// rendezvous, as torchrun or `ps-worker launch` set it)")  # fmt: skip
     modes.add_argument("--dense-staleness", type=int, default=None,
                        help="--dense ps: steps the MLP weights may lag, pushed and fetched on a background thread "
-                       "(0: in the step; default 0 for sync, 2 otherwise)")  # fmt: skip
+                       "(default 0: in the step, sent with the rows' push; not with --mode sync)")  # fmt: skip
     add_model_args(p, d)
     model = p.add_argument_group("optimizer")
     model.add_argument(

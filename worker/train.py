@@ -43,7 +43,6 @@ log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
-DEFAULT_DENSE_STALENESS = 2  # --dense ps outside sync: steps the MLP may lag, fetched on a background thread
 DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
 DEFAULT_STALENESS = 4  # ssp
 DEFAULT_GEO_EVERY = 4  # geo
@@ -98,7 +97,7 @@ class TrainConfig:
     job_id: int | None = None  # the job's id, the same on all its workers (sync, ssp); None: one is made up
     row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0
     dense: str = "ps"  # DENSE_PATHS
-    dense_staleness: int | None = None  # --dense ps: steps the MLP may lag; None: 0 for sync, else the default
+    dense_staleness: int | None = None  # --dense ps: steps the MLP may lag on a background thread; None: 0
     timeout_s: float = 60.0
     server_timeout_s: float = 300.0  # how long a down server is waited for (retrying) before the run fails
     tls_ca: str | None = None  # TLS to the servers (ps/security.py)
@@ -261,7 +260,7 @@ class TrainConfig:
     def dense_staleness_or_default(self) -> int:
         if self.dense_staleness is not None:
             return self.dense_staleness
-        return 0 if self.mode == "sync" or self.dense_sync_every > 1 else DEFAULT_DENSE_STALENESS
+        return 0  # in the step, with the rows' push: on 2 cores the background thread measured slower (README)
 
 
 @contextlib.contextmanager
