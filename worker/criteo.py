@@ -12,7 +12,9 @@ File grammar (one example per line, UTF-8):
 The columns are named label, I1..I13, C1..C26 (schema.CRITEO_COLUMNS). An empty column is a missing value.
 parse_lines checks the column count and the label; the integer columns are checked where a schema reads them
 as numbers (worker/encode.py), and the built-in Criteo schema (schema.builtin_schema) turns a line into the ids
-and numeric features of worker/features.py. The writer emits integers in base 10 and categoricals as lowercase
+and numeric features of worker/features.py. worker/criteo_fast.py reads the lines common data is made of in one
+compiled scan, giving what these functions and worker/encode.py give; parse_lines and parse_share judge the rest
+(bad lines and their messages). The writer emits integers in base 10 and categoricals as lowercase
 hex, 8 digits for values < 2**32 and 16 otherwise; reading a written file through the built-in schema gives
 exactly the ids computed from the raw values.
 """

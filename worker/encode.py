@@ -1,10 +1,13 @@
 """Cells of a data file -> a Batch, as a schema (worker/schema.py) says.
 
-    encode_examples(schema, labels, cells) -> Encoded(batch, bad, problems, truncated_bags)
+    encode_examples(schema, labels, cells, parsed=None) -> Encoded(batch, bad, problems, truncated_bags)
     encode(schema, labels, cells) -> Batch                  # ValueError at the first bad example
+    parsed_sources(schema) -> (int sources, cat sources)    # what a Parsed may hold
 
     labels  float32 (n,) in {0, 1}
     cells   {source column: str or bytes array (n,)}, one cell per example; "" is an empty (missing) cell
+    parsed  Parsed: sources the caller has already read as integers (int_values) or categorical values
+            (features.cat_values); their cells are not read
 
 Per column, in schema order (the Batch's fields: the sparse columns, then BIAS_FIELD with
 Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric features, None when D = 0):
@@ -22,13 +25,15 @@ Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric fea
 
 An example with a cell that breaks these rules is bad: it is left out of the Batch, and `problems` says what
 was wrong (its first problem in column order). Tokens past max_length are dropped unread. Work is vectorized
-per column: categorical and numeric cells with numpy string ops, bags by splitting the joined cells once.
+per column: categorical and numeric cells with numpy string ops, bags by splitting the joined cells once; the
+ids of all one-id columns (categorical hashed, bucketized) are hashed together, in one space_ids call.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,6 +57,24 @@ class Encoded:
     truncated_bags: int
 
 
+@dataclass
+class Parsed:
+    """Sources read before encode_examples, as it would read them: ints {source: int64 (n,)} as int_values
+    gives them, of cells that are all ok (MISSING_INT where empty); cats {source: uint64 (n,)} as
+    features.cat_values gives them."""
+
+    ints: dict[str, np.ndarray] = field(default_factory=dict)
+    cats: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def parsed_sources(schema: Schema) -> tuple[set[str], set[str]]:
+    """(the sources encode_examples reads with int_values: those of log_buckets columns; those it reads with
+    features.cat_values: those of hashed categorical columns), which a Parsed may hold."""
+    ints = {c.source for c in schema.columns if c.transform == "log_buckets"}
+    cats = {c.source for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"}
+    return ints, cats
+
+
 def encode(schema: Schema, labels: np.ndarray, cells: dict[str, np.ndarray]) -> Batch:
     """The Batch of n examples; ValueError naming the first bad example and its problem."""
     out = encode_examples(schema, labels, cells)
@@ -60,32 +83,45 @@ def encode(schema: Schema, labels: np.ndarray, cells: dict[str, np.ndarray]) -> 
     return out.batch
 
 
-def encode_examples(schema: Schema, labels: np.ndarray, cells: dict[str, np.ndarray]) -> Encoded:
+def encode_examples(
+    schema: Schema, labels: np.ndarray, cells: Mapping[str, np.ndarray], parsed: Parsed | None = None
+) -> Encoded:
     """The Batch of the good examples, and which were bad and why (see the module docstring)."""
     labels = np.asarray(labels, dtype=np.float32)
     n = len(labels)
+    parsed = parsed if parsed is not None else Parsed()
     problems = _Problems(n)
-    numbers = _Numbers(schema, cells, n, problems)
+    numbers = _Numbers(schema, cells, n, problems, _checked(parsed.ints, np.int64, n))
     spaces = schema.id_spaces()
     fields: dict[str, Bags] = {}
     dense_columns = schema.dense_columns()
     dense = np.empty((n, len(dense_columns)), dtype=np.float32) if dense_columns else None
     truncated = np.zeros(n, dtype=np.int64)
     hashed = _cat_values_by_source(
-        [c for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"], cells, n
+        [c for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"],
+        cells,
+        n,
+        _checked(parsed.cats, np.uint64, n),
     )
+    hashed_values: dict[str, tuple[int, np.ndarray]] = {}  # one-id columns: (space, uint64 values), hashed at once
     for c in schema.columns:
         space = spaces.get(c.id_space, -1)
         if not c.is_sparse:
             dense[:, dense_columns.index(c)] = numbers.dense_values(c)
         elif c.kind == "numeric":
-            fields[c.name] = Bags.one_per_example(space_ids(space, numbers.bucket_values(c)))
+            hashed_values[c.name] = (space, numbers.bucket_values(c))
         elif c.source in hashed and c.kind == "categorical":
-            fields[c.name] = Bags.one_per_example(space_ids(space, hashed[c.source]))
+            hashed_values[c.name] = (space, hashed[c.source])
         elif c.kind == "categorical":
             fields[c.name] = Bags.one_per_example(_ids(c, space, _cells(cells, c, n), problems, None))
         else:
             fields[c.name] = _bags(c, space, _cells(cells, c, n), problems, truncated)
+    if hashed_values:
+        ids = space_ids(
+            [space for space, _ in hashed_values.values()], np.stack([v for _, v in hashed_values.values()])
+        )
+        fields.update({name: Bags.one_per_example(row) for name, row in zip(hashed_values, ids)})
+    fields = {c.name: fields[c.name] for c in schema.columns if c.is_sparse}  # in schema order
     fields[BIAS_FIELD] = Bags.one_per_example(np.full(n, BIAS_ID, dtype=np.uint64))
     batch = Batch(labels, fields, dense)
     if not problems.bad.any():
@@ -109,7 +145,15 @@ class _Problems:
                 self.bad[i] = True
 
 
-def _cells(cells: dict[str, np.ndarray], c: Column, n: int) -> np.ndarray:
+def _checked(values: dict[str, np.ndarray], dtype: type, n: int) -> dict[str, np.ndarray]:
+    """Parsed values, each checked to be a (n,) array of dtype."""
+    for source, v in values.items():
+        if v.dtype != dtype or v.shape != (n,):
+            raise ValueError(f"parsed values of {source!r} are {v.dtype} {v.shape}, expected {np.dtype(dtype)} ({n},)")
+    return values
+
+
+def _cells(cells: Mapping[str, np.ndarray], c: Column, n: int) -> np.ndarray:
     if c.source not in cells:
         raise ValueError(f"column {c.name!r} reads {c.source!r}, which is not among the cells {sorted(cells)}")
     arr = np.asarray(cells[c.source])
@@ -120,14 +164,19 @@ def _cells(cells: dict[str, np.ndarray], c: Column, n: int) -> np.ndarray:
     return arr
 
 
-def _cat_values_by_source(columns: list[Column], cells: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
-    """{source: features.cat_values of its cells} for the sources of the columns, in one call per dtype kind
-    (cat_values costs a pass per character position, whatever the number of columns)."""
+def _cat_values_by_source(
+    columns: list[Column], cells: Mapping[str, np.ndarray], n: int, parsed: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """{source: features.cat_values of its cells} for the sources of the columns, taken from parsed where it
+    holds them, else in one call per dtype kind (cat_values costs a pass per character position, whatever the
+    number of columns)."""
     by_kind: dict[str, dict[str, np.ndarray]] = {}
+    out = {c.source: parsed[c.source] for c in columns if c.source in parsed}
     for c in columns:
+        if c.source in parsed:
+            continue
         arr = _cells(cells, c, n)
         by_kind.setdefault(arr.dtype.kind, {})[c.source] = arr
-    out = {}
     for group in by_kind.values():
         values = cat_values(np.stack(list(group.values()), axis=1))
         out.update({source: values[:, j] for j, source in enumerate(group)})
@@ -295,15 +344,21 @@ _FEATURE_MAX = float(np.finfo(np.float32).max)  # a numeric feature past this wo
 
 class _Numbers:
     """The parsed numeric sources of one call, each parsed once: as integers where a log_buckets column reads
-    the source (all of them in one int_values call per dtype kind; a float view of them then serves the other
-    transforms), else as floats. A source's problems are reported when a column first reads it."""
+    the source (taken from `ints` where it holds them, else all of them in one int_values call per dtype kind; a
+    float view of them then serves the other transforms), else as floats. A source's problems are reported
+    when a column first reads it. The integer sources' buckets and float views are computed for all of them
+    at once, when a column first needs one."""
 
-    def __init__(self, schema: Schema, cells: dict[str, np.ndarray], n: int, problems: _Problems):
+    def __init__(
+        self, schema: Schema, cells: Mapping[str, np.ndarray], n: int, problems: _Problems, ints: dict[str, np.ndarray]
+    ):
         self.cells, self.n, self.problems = cells, n, problems
         self.parsed_ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         by_kind: dict[str, dict[str, np.ndarray]] = {}
         for c in schema.columns:
-            if c.transform == "log_buckets":
+            if c.transform == "log_buckets" and c.source in ints:
+                self.parsed_ints[c.source] = (ints[c.source], np.ones(n, dtype=bool))
+            elif c.transform == "log_buckets":
                 arr = _cells(cells, c, n)
                 by_kind.setdefault(arr.dtype.kind, {})[c.source] = arr
         for group in by_kind.values():
@@ -311,6 +366,8 @@ class _Numbers:
             self.parsed_ints.update({source: (values[:, j], ok[:, j]) for j, source in enumerate(group)})
         self.ints: dict[str, np.ndarray] = {}
         self.floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.buckets: dict[str, np.ndarray] = {}
+        self.int_floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def _int(self, c: Column) -> np.ndarray:
         if c.source not in self.ints:
@@ -322,13 +379,21 @@ class _Numbers:
             self.ints[c.source] = values
         return self.ints[c.source]
 
+    def _all_ints(self) -> np.ndarray:
+        """int64 (k, n): the values of the k integer sources (MISSING_INT where not ok), in parsed_ints order."""
+        return np.stack([values for values, _ in self.parsed_ints.values()]).reshape(len(self.parsed_ints), self.n)
+
     def _float(self, c: Column) -> tuple[np.ndarray, np.ndarray]:
         """(float64 values, missing)."""
         if c.source not in self.floats:
             if c.source in self.parsed_ints:
-                ints = self._int(c)
-                missing = ints == MISSING_INT
-                self.floats[c.source] = (np.where(missing, 0, ints).astype(np.float64), missing)
+                self._int(c)  # its problems
+                if not self.int_floats:
+                    ints = self._all_ints()
+                    missing = ints == MISSING_INT
+                    floats = np.where(missing, 0, ints).astype(np.float64)
+                    self.int_floats = {s: (floats[j], missing[j]) for j, s in enumerate(self.parsed_ints)}
+                self.floats[c.source] = self.int_floats[c.source]
             else:
                 cells = _cells(self.cells, c, self.n)
                 values, missing, ok = float_values(cells)
@@ -347,7 +412,10 @@ class _Numbers:
     def bucket_values(self, c: Column) -> np.ndarray:
         """uint64 bucket values of a bucketize or log_buckets column."""
         if c.transform == "log_buckets":
-            return int_bucket(self._int(c))
+            self._int(c)  # its problems
+            if not self.buckets:
+                self.buckets = dict(zip(self.parsed_ints, int_bucket(self._all_ints())))
+            return self.buckets[c.source]
         x, missing = self._float(c)
         b = np.searchsorted(np.asarray(c.boundaries), x, side="right").astype(np.uint64)
         b[missing] = MISSING_CAT

@@ -21,10 +21,12 @@ Strings pass through numpy str/bytes arrays, which drop trailing NUL characters 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
+import numba
 import numpy as np
 
-from ps.hashing import mix64
+from ps.hashing import mix64, mix64_scalar
 
 NUM_INT_FIELDS = 13
 NUM_CAT_FIELDS = 26
@@ -75,15 +77,30 @@ def field_ids(field: int, values_u64: np.ndarray) -> np.ndarray:
 BIAS_ID = field_ids(NUM_FIELDS, np.zeros(1, dtype=np.uint64))[0]  # carried by every example
 
 
-def space_ids(space: int, values_u64: np.ndarray) -> np.ndarray:
+def space_ids(space: int | Sequence[int], values_u64: np.ndarray) -> np.ndarray:
     """Hashed ids of uint64 values (any shape) in id space `space` (>= 0) of a schema: the field hash with salt
     index space, or space + 1 from NUM_FIELDS on (NUM_FIELDS is the bias's), so spaces 0..38 give field_ids of
-    fields 0..38 and no space's ids meet BIAS_ID's salt."""
-    if space < 0:
+    fields 0..38 and no space's ids meet BIAS_ID's salt. With m spaces, values of shape (m, ...): row r's in
+    space[r]. Compiled: one pass over the values."""
+    values = np.asarray(values_u64, dtype=np.uint64, order="C")
+    spaces = np.asarray(space, dtype=np.int64)
+    if spaces.ndim > 1 or (spaces.ndim == 1 and (values.ndim == 0 or len(values) != len(spaces))):
+        raise ValueError(f"{spaces.shape} id spaces for values of shape {values.shape}: expected one, or one a row")
+    if (spaces < 0).any():
         raise ValueError(f"id space {space}, expected >= 0")
-    salt = np.uint64((space + 1 + (space >= NUM_FIELDS)) * 0x9E3779B97F4A7C15 % 2**64)
-    with np.errstate(over="ignore"):
-        return mix64(mix64(np.asarray(values_u64, dtype=np.uint64)) ^ salt)
+    salts = (spaces + 1 + (spaces >= NUM_FIELDS)).astype(np.uint64).reshape(-1) * _U64(_GOLDEN)  # mod 2**64
+    out = np.empty_like(values)
+    per_row = values.size // len(salts) if len(salts) else 0
+    _hash_rows(values.reshape(len(salts), per_row), salts, out.reshape(len(salts), per_row))
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _hash_rows(values, salts, out):
+    """out[r, i] = mix64(mix64(values[r, i]) ^ salts[r])."""
+    for r in range(values.shape[0]):
+        for i in range(values.shape[1]):
+            out[r, i] = mix64_scalar(mix64_scalar(values[r, i]) ^ salts[r])
 
 
 def example_ids(int_values: np.ndarray, cat_values: np.ndarray) -> np.ndarray:

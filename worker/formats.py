@@ -25,7 +25,8 @@ Common to all formats:
 
 Formats (the columns a schema's sources name):
   criteo  label TAB I1..I13 TAB C1..C26 (worker/criteo.py): columns I1..I13, C1..C26. Bad: a column count
-          other than 40, a label other than 0/1.
+          other than 40, a label other than 0/1. A chunk is read by worker/criteo_fast.py's compiled scan, or
+          when it holds a line the scan does not handle, by criteo.parse_share (with the same result).
   csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
           quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
           label column (default: the first) holds 0 or 1 (any text that float() reads as 0 or 1).
@@ -49,7 +50,7 @@ import math
 import os
 import sys
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -57,12 +58,14 @@ import numpy as np
 
 from worker.batch import Batch, rebatch
 from worker.criteo import NUM_COLUMNS, hex_strings, parse_share
-from worker.encode import encode_examples, float_values
+from worker.criteo_fast import scan_lines
+from worker.encode import Parsed, encode_examples, float_values, parsed_sources
 from worker.features import MISSING_CAT
 from worker.schema import CRITEO_COLUMNS, LIBSVM_COLUMN, Schema
 
 _MISSING = int(MISSING_CAT)
 _MIN_CHUNK = 4096  # lines split and encoded at a time, at least (per-column costs are paid once a chunk)
+CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
 
 
 @dataclass
@@ -113,7 +116,7 @@ def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[flo
     moments = {c.name: (0, 0.0, 0.0) for c in columns}  # count, mean, sum of squared deviations
     for chunk in _cell_chunks(name, placeholder, _MIN_CHUNK, share):
         good = np.ones(len(chunk.labels), dtype=bool)
-        good[encode_examples(placeholder, chunk.labels, chunk.cells).bad] = False
+        good[encode_examples(placeholder, chunk.labels, chunk.cells, chunk.parsed).bad] = False
         for c in columns:
             x, missing, _ = float_values(chunk.cells[c.source])
             moments[c.name] = _merge(moments[c.name], x[good & ~missing])
@@ -175,17 +178,19 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
 @dataclass
 class _Cells:
     """A chunk of a worker's share: labels float32 (m,), cells {column: (m,)} and line numbers int64 (m,) of
-    its good lines as the format splits them; problems [(line number, problem)] of the others."""
+    its good lines as the format splits them; problems [(line number, problem)] of the others; parsed: the
+    columns the format has already read for encode_examples, if any."""
 
     labels: np.ndarray
-    cells: dict[str, np.ndarray]
+    cells: Mapping[str, np.ndarray]
     line_nos: np.ndarray
     problems: list[tuple[int, str]]
+    parsed: Parsed | None = None
 
 
 def _encoded(name: str, schema: Schema, batch_size: int, share: _Share) -> Iterator[Batch]:
     for chunk in _cell_chunks(name, schema, max(batch_size, _MIN_CHUNK), share):
-        out = encode_examples(schema, chunk.labels, chunk.cells)
+        out = encode_examples(schema, chunk.labels, chunk.cells, chunk.parsed)
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
         for line_no, problem in sorted(problems):  # in file order, so the limit is crossed at the right line
             share.bad.add(line_no, problem)
@@ -196,7 +201,7 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: _Share) -> Itera
 
 def _cell_chunks(name: str, schema: Schema, size: int, share: _Share) -> Iterator[_Cells]:
     if schema.format == "criteo":
-        return _criteo_cells(name, size, share)
+        return _criteo_cells(name, schema, size, share)
     if schema.format == "libsvm":
         return _libsvm_cells(name, schema, size, share)
     return _csv_cells(name, schema, size, share)
@@ -206,9 +211,15 @@ def _cell_chunks(name: str, schema: Schema, size: int, share: _Share) -> Iterato
 # criteo
 
 
-def _criteo_cells(name: str, size: int, share: _Share) -> Iterator[_Cells]:
+def _criteo_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[_Cells]:
+    int_sources, cat_sources = parsed_sources(schema)
     with open_data(name) as f:
         for lines, first in share.chunks(f, size):
+            scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
+            if scanned is not None:
+                line_nos = first + share.num_workers * np.arange(len(lines), dtype=np.int64)
+                yield _Cells(scanned.labels, scanned.cells, line_nos, [], scanned.parsed)
+                continue
             labels, columns, line_nos, problems = parse_share(lines, first, share.num_workers, name)
             cells = {CRITEO_COLUMNS[j]: columns[:, j] for j in range(1, NUM_COLUMNS)}
             yield _Cells(labels, cells, line_nos, problems)
