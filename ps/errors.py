@@ -84,6 +84,27 @@ class ClientIdInUseError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class WorkerDoneError(PsError):
+    """A push of a training job's worker that the shard holds as done (its done stamp came): a done worker pushes
+    nothing more, so the job id is being used by a second run (ps.engine.jobs)."""
+
+    status = "FAILED_PRECONDITION"
+
+
+class JobIdReusedError(PsError):
+    """Client side: a shard answered the first attempt of a sync push that it had applied that step of the job
+    before: the job id was used by an earlier run, and this contribution was dropped. A job id is for one run."""
+
+    status = "FAILED_PRECONDITION"
+
+
+class RpcThreadsExhaustedError(PsError):
+    """A stamped request would wait for a job's other workers while too few of the server's RPC threads are free
+    for the requests that end the waits (ps.engine.jobs); refused, changing nothing. Raise ps-server --threads."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class CheckpointDirError(PsError):
     """A checkpoint cannot be written where asked: this server has no checkpoint root (ps-server
     --checkpoint-root), or the directory cannot be created."""

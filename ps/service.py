@@ -20,8 +20,9 @@ Checkpoints are written only inside the operator's checkpoint root (ServerConfig
 
 Stamped PullBatch and PushBatch requests (a training job's workers in a mode other than async) wait on the
 shard's JobClocks (ps.engine.jobs) after they are validated, on this RPC thread: ServerConfig.threads should be
-at least 2 x the job's workers. Their replies carry the job's min_clock; a wait that ends without its workers is
-ABORTED (BarrierTimeoutError), naming them.
+at least 2 x the job's workers + 2 (a wait that would hold the last free thread is RESOURCE_EXHAUSTED). Their
+replies carry the job's min_clock; a wait that ends without its workers is ABORTED (BarrierTimeoutError), naming
+them.
 
 Exactly once per client: PushBatch's client_id is deduplicated under the caller's identity where the server knows
 one (see client_key), and its reply's num_applied counts the ids applied by this request, 0 for a request applied
@@ -142,7 +143,7 @@ def stamp_of(request: Any) -> Stamp | None:
         m = request.stamp
     if m is None:
         return None
-    return Stamp(m.job, m.worker, m.num_workers, m.step, m.staleness, m.sync, m.barrier_timeout_s, m.done)
+    return Stamp(m.job, m.worker, m.num_workers, m.step, m.staleness, m.sync, m.barrier_timeout_s, m.done, m.acked)
 
 
 # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)

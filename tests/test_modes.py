@@ -15,9 +15,16 @@ import pytest
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
-from ps.engine.jobs import Stamp, sum_contributions, sync_key
-from ps.engine.shard import Shard
-from ps.errors import BarrierTimeoutError, InvalidArgumentError
+from ps.engine.jobs import JobClocks, Stamp, sum_contributions, sync_key
+from ps.engine.shard import MAX_COUNT_PER_ID, Shard
+from ps.errors import (
+    BarrierTimeoutError,
+    InvalidArgumentError,
+    JobIdReusedError,
+    PsError,
+    RpcThreadsExhaustedError,
+    WorkerDoneError,
+)
 from ps.rows.initializers import init_rows
 from tests.conftest import crash, random_ids
 from tests.waiting import join_thread, wait_until
@@ -27,8 +34,8 @@ JOB = 0x5EED
 SGD = TableConfig("emb", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
 
 
-def open_shard(path, *tables: TableConfig) -> Shard:
-    shard = Shard(ServerConfig(data_dir=str(path)))
+def open_shard(path, *tables: TableConfig, threads: int = 8) -> Shard:
+    shard = Shard(ServerConfig(data_dir=str(path), threads=threads))
     for cfg in tables or (SGD,):
         shard.create_table(cfg)
     return shard
@@ -88,10 +95,30 @@ def test_sum_contributions_against_a_loop():
           np.ones(1, np.float32)),
          ("t", np.array([1, 3], np.uint64), np.array([[10.0], [20.0]], np.float32), np.full(2, 2, np.float32),
           np.ones(2, np.float32))]  # fmt: skip
-    (t, ids, grads, shows, clicks), (u, *_rest) = sum_contributions([a, b, []])
+    (t, ids, grads, shows, clicks), (u, *_rest) = sum_contributions([a, b, []], MAX_COUNT_PER_ID)
     assert (t, u) == ("t", "u")
     assert ids.tolist() == [1, 3, 5] and grads[:, 0].tolist() == [12.0, 20.0, 1.0]
     assert shows.tolist() == [3.0, 2.0, 1.0] and clicks.tolist() == [1.0, 1.0, 0.0]
+    (t, ids, grads, shows, clicks), _ = sum_contributions([a, b, b], 2.0)  # counts clipped, grads not
+    assert grads[:, 0].tolist() == [22.0, 40.0, 1.0]
+    assert shows.tolist() == [2.0, 2.0, 1.0] and clicks.tolist() == [2.0, 2.0, 0.0]
+
+
+def test_a_sync_sum_past_the_per_id_count_limit_is_applied_with_counts_clipped_to_it(tmp_path):
+    """Each contribution carries the most shows a push may (MAX_COUNT_PER_ID per id); their sum is more: the
+    step is applied, with the sum's counts clipped to the limit, not failed for every worker."""
+    shard = open_shard(tmp_path)
+    try:
+        ids, most = A[:2], np.full(2, MAX_COUNT_PER_ID, np.float32)
+        Concurrently(
+            *(lambda w=w: shard.push_stamped([push(ids, np.ones((2, 4)), most, most)], 1, 0, 0, stamp(w, 0, sync=True))
+              for w in range(2))
+        ).join()  # fmt: skip
+        rows = shard.table("emb").peek(ids)
+        assert (rows[:, :4] == -2).all() and (rows[:, -4] == MAX_COUNT_PER_ID).all()  # the embedding, show count
+        assert (rows[:, -3] == MAX_COUNT_PER_ID).all() and shard.clock == 1  # click count
+    finally:
+        shard.close()
 
 
 @pytest.mark.parametrize("optimizer", [OptimizerConfig("adagrad", 0.1), OptimizerConfig("adam", 0.01)])
@@ -266,11 +293,223 @@ def test_a_done_worker_lets_the_others_step_complete(tmp_path):
         shard.close()
 
 
+def test_a_push_of_a_worker_held_as_done_is_refused_and_changes_nothing(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(1))
+        for _ in range(2):  # a done stamp said again changes nothing
+            assert shard.push_stamped([], 0, 0, 0, stamp(1, 1, done=True, acked=1)) == (1, 0, 1)
+        before, journaled = shard.table("emb").peek(B), shard.journal.next_seq
+        for again in (stamp(1, 1, sync=True, barrier_timeout_s=1), stamp(1, 1, barrier_timeout_s=1)):
+            with pytest.raises(WorkerDoneError) as info:  # a second run under the job id, most likely
+                shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, again)
+            assert info.value.status == "FAILED_PRECONDITION"
+            assert f"worker 1 of job {JOB:#x} said it is done" in str(info.value)
+            assert "a job id is for one run; give a new --job-id; nothing was applied" in str(info.value)
+        assert (shard.table("emb").peek(B) == before).all() and shard.journal.next_seq == journaled
+        assert shard.clock == 1 and not shard.jobs._steps
+    finally:
+        shard.close()
+
+
+def test_a_pull_when_every_worker_is_done_is_served_at_once(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(2))
+        for w in range(2):
+            shard.push_stamped([], 0, 0, 0, stamp(w, 2, done=True, acked=2))
+        started = time.monotonic()
+        assert shard.jobs.wait_for_pull(stamp(0, 100, barrier_timeout_s=2)) == 2  # no worker left to wait for
+        assert time.monotonic() - started < 1
+    finally:
+        shard.close()
+
+
+# ---- a shard restart in the middle of a job ----------------------------------------------------------------
+
+
+def sync_worker(shard, worker: int, steps: range, ids, retry: int | None = None) -> None:
+    """A worker's loop from a restart on: its push of step `retry` sent again (its reply was lost), then per step
+    a stamped pull and a sync push, each stamp saying the steps it had its replies to; then done."""
+    if retry is not None:
+        shard.push_stamped([push(ids, np.ones((len(ids), 4)))], 1, 0, 0, stamp(worker, retry, sync=True, acked=retry))
+    for s in steps:
+        shard.jobs.wait_for_pull(stamp(worker, s, acked=s, barrier_timeout_s=5))
+        shard.push_stamped([push(ids, np.ones((len(ids), 4)))], 1, 0, 0, stamp(worker, s, sync=True, acked=s))
+    shard.push_stamped([], 0, 0, 0, stamp(worker, steps.stop, done=True, acked=steps.stop))
+
+
+@pytest.mark.parametrize("retry_first", [True, False])
+def test_a_sync_job_goes_on_to_its_end_after_a_shard_restart_in_its_middle(tmp_path, retry_first):
+    """Steps 0-2 are applied; worker 0 had its reply to step 2, worker 1's was lost in the crash. After the
+    restart worker 1 sends step 2 again and worker 0 pulls step 3 (acked 3), in either order: worker 0's acked
+    proves step 2 whole (the journal holds it), so neither waits for the other, and both go on to the end."""
+    shard = open_shard(tmp_path)
+    sync_steps(shard, range(3))
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        first, second = (1, 0) if retry_first else (0, 1)
+        run = {0: lambda: sync_worker(shard, 0, range(3, 6), A), 1: lambda: sync_worker(shard, 1, range(3, 6), B, 2)}
+        started = Concurrently(run[first])
+        wait_until(lambda: shard.jobs._cond._waiters, 30, f"worker {first} to wait")  # its step 2, or its pull
+        Concurrently(run[second]).join()
+        started.join()
+        assert (shard.pull("emb", A) == -6).all() and (shard.pull("emb", B) == -6).all()  # every step once
+        assert shard.clock == 6 and shard.journal.applied[sync_key(JOB)][0] == 6
+        assert shard.jobs.stats()["min_clock"] == 6
+    finally:
+        shard.close()
+
+
+def test_an_ssp_job_goes_on_to_its_end_after_a_shard_restart(tmp_path):
+    """Worker 0 pushed steps 0-3, worker 1 steps 0-2; after the restart their clocks are known again from their
+    next pulls' acked, which serve each other within staleness 1, and both go on to the end."""
+    shard = open_shard(tmp_path)
+    for s in range(4):
+        ssp_push(shard, 0, s, A, staleness=1, acked=s)
+    for s in range(3):
+        ssp_push(shard, 1, s, B, staleness=1, acked=s)
+    crash(shard)
+    shard = open_shard(tmp_path)
+    gaps: list[int] = []
+
+    def worker(w, steps, ids):
+        for s in steps:
+            gaps.append(s - shard.jobs.wait_for_pull(stamp(w, s, staleness=1, acked=s, barrier_timeout_s=5)))
+            ssp_push(shard, w, s, ids, staleness=1, acked=s)
+
+    try:
+        Concurrently(lambda: worker(0, range(4, 8), A), lambda: worker(1, range(3, 8), B)).join()
+        assert (shard.pull("emb", A) == -8).all() and (shard.pull("emb", B) == -8).all()
+        assert shard.jobs.min_clock() == 8 and max(gaps) <= 1
+    finally:
+        shard.close()
+
+
+def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
+    """Worker 0 contributes to step 1; stamps of worker 1 with a later step and a larger acked come (a buggy or
+    hostile caller): step 1 was never applied, so it still waits for worker 1's contribution, and fails at its
+    deadline with nothing applied."""
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(1))
+        before, journaled = shard.table("emb").peek(A), shard.journal.next_seq
+        gathering = Concurrently(
+            lambda: shard.push_stamped(
+                [push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True, barrier_timeout_s=2)
+            )
+        )
+        wait_until(lambda: 1 in shard.jobs._steps, 30, "worker 0's contribution")
+        with pytest.raises(BarrierTimeoutError):
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0,
+                               stamp(1, 7, sync=True, acked=7, barrier_timeout_s=0.2))  # fmt: skip
+        with pytest.raises(BarrierTimeoutError):
+            shard.jobs.wait_for_pull(stamp(1, 9, acked=9, barrier_timeout_s=0.2))
+        with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 1 \(at step 9\).*nothing of the step"):
+            gathering.join()
+        assert (shard.table("emb").peek(A) == before).all() and shard.journal.next_seq == journaled
+    finally:
+        shard.close()
+
+
+def test_a_worker_done_before_a_restart_is_waited_for_until_it_says_done_again(tmp_path):
+    """Done flags live in memory (the limit ps.engine.jobs states): after the restart worker 0 waits for worker 1,
+    which finished before it; a done stamp of worker 1 sent again ends the wait."""
+    shard = open_shard(tmp_path)
+    sync_steps(shard, range(2))
+    shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2))
+    shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 2, sync=True, acked=2))  # alone
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        with pytest.raises(BarrierTimeoutError, match=r"for worker 1 \(at step 2\)"):
+            shard.jobs.wait_for_pull(stamp(0, 3, acked=3, barrier_timeout_s=0.3))
+        assert shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2)) == (3, 0, 3)
+        assert shard.jobs.wait_for_pull(stamp(0, 3, acked=3)) == 3
+        assert shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 3, sync=True, acked=3)) == (
+            4, len(A), 4)  # fmt: skip
+        assert (shard.pull("emb", A) == -4).all() and (shard.pull("emb", B) == -2).all()
+    finally:
+        shard.close()
+
+
+# ---- the server's RPC threads, job switches ------------------------------------------------------------------
+
+
+def test_a_wait_that_would_hold_the_last_free_rpc_thread_is_refused(tmp_path):
+    """2 RPC threads: worker 0's sync push of step 0 waits on one; its prefetched pull of step 1 would wait on
+    the other, which worker 1's push needs: it is refused at once, naming --threads, and worker 1's push
+    completes the step."""
+    shard = open_shard(tmp_path, threads=2)
+    try:
+        waiting = Concurrently(
+            lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 0, sync=True))
+        )
+        wait_until(lambda: 0 in shard.jobs._steps, 30, "worker 0's push to wait")
+        started = time.monotonic()
+        with pytest.raises(RpcThreadsExhaustedError) as info:
+            shard.jobs.wait_for_pull(stamp(0, 1, barrier_timeout_s=2))
+        assert time.monotonic() - started < 1 and info.value.status == "RESOURCE_EXHAUSTED"
+        message = str(info.value)
+        assert (
+            "worker 0's pull of step 1" in message
+            and "while waits hold 1 of this server's 2 RPC threads (--threads)" in message
+        )
+        assert "start ps-server with --threads >= 2 x workers + 2 (6)" in message
+        assert shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 0, sync=True)) == (1, len(B), 1)
+        assert waiting.join() == [(1, len(A), 1)]
+    finally:
+        shard.close()
+
+
+def test_a_contribution_refused_for_want_of_threads_fails_its_step_for_every_contributor(tmp_path):
+    shard = open_shard(tmp_path, threads=2)
+    try:
+        three = dict(num_workers=3, sync=True, barrier_timeout_s=5)
+        waiting = Concurrently(
+            lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 0, **three))
+        )
+        wait_until(lambda: 0 in shard.jobs._steps, 30, "worker 0's push to wait")
+        with pytest.raises(RpcThreadsExhaustedError, match=r"--threads >= 2 x workers \+ 2 \(8\)"):
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 0, **three))
+        with pytest.raises(RpcThreadsExhaustedError, match="worker 1's sync push of step 0"):
+            waiting.join()
+        assert (shard.pull("emb", A) == 0).all() and shard.clock == 0 and not shard.jobs._steps
+    finally:
+        shard.close()
+
+
+def test_a_sum_applied_after_a_job_switch_changes_nothing_of_the_new_job():
+    """Job JOB's step 3 is being applied when a stamp of another job comes: that job's steps are its own, each
+    applied once, none taken for the old job's step."""
+    held, applied, release = {}, [], threading.Event()
+
+    def apply(pushes, advance_clock, key, seq):
+        if key == sync_key(JOB):
+            release.wait(30)
+        applied.append((key, seq))
+        held[key] = seq
+
+    jobs = JobClocks(0, lambda key: held.get(key, 0), threads=8, max_count=MAX_COUNT_PER_ID)
+    one = [("emb", A[:3], np.ones((3, 4), np.float32), np.ones(3, np.float32), np.zeros(3, np.float32))]
+    old = Concurrently(lambda: jobs.push_sync(Stamp(JOB, 0, 1, 3, sync=True), one, 1, apply))
+    wait_until(lambda: 3 in jobs._steps and jobs._steps[3].applying, 30, "job JOB's step 3 to be applied")
+    other = JOB + 1
+    assert jobs.wait_for_pull(Stamp(other, 0, 1, 0)) == 0  # the job switch
+    release.set()
+    old.join()
+    for s in range(5):
+        assert jobs.push_sync(Stamp(other, 0, 1, s, sync=True), one, 1, apply) == (3, s + 1)
+    assert applied == [(sync_key(JOB), 4)] + [(sync_key(other), s + 1) for s in range(5)]
+
+
 # ---- bounded staleness ----------------------------------------------------------------------------------
 
 
-def ssp_push(shard, worker: int, step: int, ids) -> tuple:
-    return shard.push_stamped([push(ids, np.ones((len(ids), 4)))], 0, 0, 0, stamp(worker, step, staleness=2))
+def ssp_push(shard, worker: int, step: int, ids, **kw) -> tuple:
+    kw.setdefault("staleness", 2)
+    return shard.push_stamped([push(ids, np.ones((len(ids), 4)))], 0, 0, 0, stamp(worker, step, **kw))
 
 
 def test_a_pull_waits_for_the_slowest_worker_within_its_staleness_and_no_longer(tmp_path):
@@ -362,6 +601,7 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
         ({"barrier_timeout_s": -1.0}, "barrier_timeout_s -1.0 is out of range"),
         ({"barrier_timeout_s": float("nan")}, "barrier_timeout_s nan is out of range"),
         ({"step": 2**50}, "is past the largest step"),
+        ({"acked": 1}, "acked 1 is past step 0"),
     ]
     for fields, fragment in bad:
         s = ps_pb2.WorkerStamp(**{**good, **fields})
@@ -460,3 +700,52 @@ def test_initial_rows_come_back_with_a_stamp_on_a_shard_without_the_ids(servers)
     init_rows(cfg.initializer, mine, want, 2)
     np.testing.assert_array_equal(rows[0], want)
     assert low == 0 and [s.shard.jobs.job for s in started] == [JOB, JOB]
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
+    """Run 1 of the job applies steps 0 and 1 (its workers finish, or are killed before they do); run 2 under the
+    same job id, against the same servers: its step 0 was applied before, so its push is an error, not silently
+    dropped: FAILED_PRECONDITION from a shard holding the worker as done, or JobIdReusedError from the client
+    for a shard answering that it applied the step before."""
+    addresses, _ = servers(2)
+
+    def run1(w):
+        with Client(addresses, timeout_s=30) as client:
+            client.create_table(SGD)
+            for s in range(2):
+                sync = WorkerStamp(JOB, w, 2, s, sync=True, barrier_timeout_s=30, acked=s)
+                assert sync.to_proto().acked == s
+                client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1, stamp=sync)
+            if finished:
+                client.finish(WorkerStamp(JOB, w, 2, 2, acked=2))
+
+    Concurrently(lambda: run1(0), lambda: run1(1)).join()
+    with Client(addresses, timeout_s=30) as client:
+        assert (client.pull("emb", A) == -4).all()
+        expected = PsError if finished else JobIdReusedError
+        with pytest.raises(expected, match="give a new --job-id") as info:
+            client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1,
+                             stamp=WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=5))  # fmt: skip
+        if finished:
+            assert "FAILED_PRECONDITION" in str(info.value) and "said it is done" in str(info.value)
+        else:
+            assert f"job id {JOB:#x}'s step 0 was applied before on shard" in str(info.value)
+        assert (client.pull("emb", A) == -4).all()
+
+
+def test_calls_on_two_threads_that_find_a_shard_back_note_it_once(servers):
+    """Both calls see the shard marked down, then answered: the mark is dropped once, without a KeyError."""
+    addresses, _ = servers(1)
+    both_looked = threading.Barrier(2)
+
+    class SeenByBoth(dict):
+        def __contains__(self, key):  # answers after the other thread's look too
+            found = super().__contains__(key)
+            both_looked.wait(10)
+            return found
+
+    with Client(addresses, timeout_s=30) as client:
+        client._down = SeenByBoth({0: time.monotonic()})
+        Concurrently(client.stats, client.stats).join()
+        assert dict(client._down) == {}

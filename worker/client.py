@@ -16,7 +16,8 @@ every shard a request carrying it, and return the job's min_clock with their row
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
 push of the step, summed and applied once); finish() says the worker is done. A stamped call's deadline is
 timeout_s + the stamp's barrier_timeout_s (a wait is not a dead server); a wait that ends without the other
-workers raises BarrierTimeoutError (ABORTED), never retried.
+workers raises BarrierTimeoutError (ABORTED), never retried. A sync push's first attempt that a shard answers
+as applied before (a second run under the job's id) raises JobIdReusedError.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import numpy as np
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import TableConfig
-from ps.errors import STATUS_TO_ERROR, ClientIdInUseError, PsError, ServerUnavailableError
+from ps.errors import STATUS_TO_ERROR, ClientIdInUseError, JobIdReusedError, PsError, ServerUnavailableError
 from ps.security import client_channel
 from ps.sharding import SlotMap
 
@@ -114,7 +115,9 @@ class WorkerStamp:
     WorkerStamp): job (nonzero, the same for every worker, one id per run: a shard remembers the sync steps it
     applied under it), this worker in [0, num_workers), the step (a pull's: about to be computed; a push's: whose
     gradients these are), staleness (a pull waits until every worker pushed the steps < step - staleness), sync
-    (a push's step is summed over every worker and applied once), how long a wait may last, and done (finish)."""
+    (a push's step is summed over every worker and applied once), how long a wait may last, done (finish), and
+    acked: the number of this worker's steps whose push has had its reply (at most step, but for done; a shard
+    that restarted learns the worker's clock from it)."""
 
     job: int
     worker: int
@@ -124,11 +127,13 @@ class WorkerStamp:
     sync: bool = False
     barrier_timeout_s: float = 60.0
     done: bool = False
+    acked: int = 0
 
     def to_proto(self) -> ps_pb2.WorkerStamp:
         return ps_pb2.WorkerStamp(
             job=self.job, worker=self.worker, num_workers=self.num_workers, step=self.step,
             staleness=self.staleness, sync=self.sync, barrier_timeout_s=self.barrier_timeout_s, done=self.done,
+            acked=self.acked,
         )  # fmt: skip
 
 
@@ -157,7 +162,8 @@ class Client:
         self.client_id = secrets.randbits(64) | 1  # nonzero: the shards deduplicate this client's pushes
         self._request_seq = [0] * len(servers)  # PushBatch requests sent to each shard
         self._push_lock = threading.Lock()  # one push_many at a time: each shard gets requests in seq order
-        self._down: dict[int, float] = {}  # shard -> when it started failing
+        self._down: dict[int, float] = {}  # shard -> when it started failing (_down_lock: calls run on any thread)
+        self._down_lock = threading.Lock()
         self.slot_map = SlotMap.contiguous(len(servers))
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -323,8 +329,10 @@ class Client:
                 retried: set[int] = set()
                 replies = self._call_mixed([call for call, _ in wave], retried, timeout_s=self._deadline(stamp))
                 for k, (((_, shard, request), _), reply) in enumerate(zip(wave, replies)):
-                    if k not in retried and not sync:  # a retry's reply counts only what the lost attempts left
-                        self._check_applied(shard, request, reply)  # undone
+                    if k not in retried and sync:  # a retry's reply counts only what the lost attempts left
+                        self._check_contributed(shard, request, reply, stamp)  # undone
+                    elif k not in retried:
+                        self._check_applied(shard, request, reply)
                     if request.HasField("stamp"):
                         min_clock = reply.min_clock if min_clock is None else min(min_clock, reply.min_clock)
                 if return_rows:
@@ -336,7 +344,8 @@ class Client:
 
     def finish(self, stamp: WorkerStamp) -> int:
         """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
-        job's min_clock."""
+        job's min_clock. Idempotent: a shard that restarted forgets it, and is told again by calling this again.
+        The stamp's acked should count every step of the worker (a shard raises the worker's clock to it)."""
         done = ps_pb2.PushBatchRequest(stamp=replace(stamp, done=True, sync=False).to_proto())
         replies = self._call_mixed(
             [("PushBatch", s, done) for s in range(len(self._stubs))], timeout_s=self._deadline(stamp)
@@ -357,6 +366,15 @@ class Client:
                 f"request {request.seq} of client id {self.client_id:#x} on its first attempt: it had applied a "
                 "request of this client id numbered as high before, so another caller uses the same client id; the "
                 "rest was not applied. Give each client its own id"
+            )
+
+    def _check_contributed(self, shard: int, request: ps_pb2.PushBatchRequest, reply, stamp: WorkerStamp) -> None:
+        """JobIdReusedError when the reply to a sync PushBatch's first attempt carrying ids applied none: the shard
+        had applied that step of the job before, under an earlier run of the job id; the contribution was dropped."""
+        if reply.num_applied == 0 and any(p.ids for p in request.pushes):
+            raise JobIdReusedError(
+                f"job id {stamp.job:#x}'s step {stamp.step} was applied before on shard {shard} at "
+                f"{self.servers[shard]}: a job id is for one run; give a new --job-id (this step's push was dropped)"
             )
 
     def advance_clock(self, steps: int = 1) -> int:
@@ -443,9 +461,11 @@ class Client:
                     else:
                         error = error or self._error(method, shard, e)
             for shard in ok - {calls[i][1] for i in retry}:
-                if shard in self._down:
+                with self._down_lock:
+                    since = self._down.pop(shard, None)
+                if since is not None:
                     log.warning("shard %d at %s is back after %.1f s", shard, self.servers[shard],
-                                time.monotonic() - self._down.pop(shard))  # fmt: skip
+                                time.monotonic() - since)  # fmt: skip
             if error is not None:
                 raise error
             if not retry:
@@ -458,16 +478,19 @@ class Client:
         if self.server_timeout_s <= 0:
             return False
         now = time.monotonic()
-        if shard not in self._down:
-            self._down[shard] = now
+        with self._down_lock:
+            since = self._down.setdefault(shard, now)
+        if since is now:  # this call marked it
             log.warning("shard %d at %s is unavailable (%s: %s); waiting for it for up to %.0f s",
                         shard, self.servers[shard], e.code().name, e.details(), self.server_timeout_s)  # fmt: skip
-        return now - self._down[shard] < self.server_timeout_s
+        return now - since < self.server_timeout_s
 
     def _error(self, method: str, shard: int, e: grpc.RpcError) -> PsError:
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         if code in RETRYABLE:
-            waited = time.monotonic() - self._down.pop(shard, time.monotonic())
+            with self._down_lock:
+                since = self._down.pop(shard, None)
+            waited = 0.0 if since is None else time.monotonic() - since
             tried = f"; it has been failing for {waited:.0f} s (server timeout {self.server_timeout_s:.0f} s)"
             return ServerUnavailableError(
                 f"{where} did not answer {method} within {self.timeout_s:.0f} s ({code.name}: {e.details()})"

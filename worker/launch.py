@@ -179,7 +179,8 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         flags += ["--barrier-timeout", repr(args.barrier_timeout)]
     if train_config is None:
         from worker.cli_train import train_config_from_argv as train_config
-    where = ["--servers", ",".join(servers)] if servers else ["--local-shards", str(args.local_shards)]
+    # the workers get the local shards' addresses: checked with a stand-in address
+    where = ["--servers", ",".join(servers) if servers else "127.0.0.1:1"]
     job_id = secrets.randbelow(2**64 - 1) + 1
     try:
         cfg = train_config([*flags, *where, "--worker-id", "0", "--num-workers", str(args.workers), "--job-id",

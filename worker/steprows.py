@@ -119,14 +119,17 @@ class ClockedRows:
         self._cache_lock = threading.Lock()  # the prefetch thread looks up and stores, the step stores
         self.window: deque = deque(maxlen=depth + 1)
         self._finished = False
+        self.acked = 0  # this worker's pushes that have had their reply
 
     def start_epoch(self) -> None:
         self.window = deque(maxlen=self.depth + 1)
 
     def _at(self, step: int, **changes: Any) -> WorkerStamp:
+        """The stamp of a request of step: it also says how many of this worker's pushes have had their reply
+        (acked), so that a restarted shard learns the clocks its waits need."""
         from dataclasses import replace
 
-        return replace(self.stamp, step=step, **changes)
+        return replace(self.stamp, step=step, acked=min(self.acked, step), **changes)
 
     def _read(self, step: int, tids: dict[str, TableIds], out: dict, wanted: dict[str, np.ndarray]) -> None:
         """Fills out[t][wanted[t]] (boolean masks over tids[t].uniq): from the cache where it is fresh enough for
@@ -166,6 +169,7 @@ class ClockedRows:
         returned, min_clock = self.tables.push_many(
             _sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True, stamp=self._at(step)
         )
+        self.acked = step + 1
         if self.cache is not None:
             with self._cache_lock:
                 for (t, ti), rows in zip(tids.items(), returned):
@@ -175,7 +179,9 @@ class ClockedRows:
     def finish(self) -> None:
         if not self._finished:
             self._finished = True
-            self.tables.finish(self._at(0, done=True))
+            from dataclasses import replace
+
+            self.tables.finish(replace(self.stamp, step=0, acked=self.acked, done=True))
 
     def stats(self) -> dict:
         if self.cache is None:

@@ -4,39 +4,52 @@ A worker of a job in a mode other than async stamps its PullBatch and PushBatch 
 WorkerStamp); requests without a stamp are async: they never wait and never come here.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
-stamped pushes, 0 before any. A worker that said it is done counts as infinitely far ahead. min_clock is the
+stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
+worker counts them); 0 before any. A worker that said it is done counts as infinitely far ahead. min_clock is the
 smallest clock (when every worker is done, the largest).
 
 - A stamped pull of step s with staleness k waits, before it reads, until min_clock >= s - k (k = 0: every worker
-  has pushed every step before s). max_gap records the largest s - min_clock a pull was served at.
+  has pushed every step before s); when every worker is done it is served at once. max_gap records the largest
+  s - min_clock a pull was served at.
 - A stamped push (not sync) is applied at once, as an async one is; then its worker's clock moves to step + 1.
 - A sync push of step t is a contribution: it waits until every worker not done has contributed to t, then the
-  contributions are summed (sum_contributions: per table the union of ids, grads, shows and clicks summed per id)
-  and applied once, as one PushBatch of the job: client sync_key(job), request number t + 1, so the sum is
-  journaled and durable, and the journal's exactly-once rule applies it once across restarts too: applying the
-  same sum again applies only the pushes (tables) a crash left unapplied, or nothing. Every contributor's reply
-  waits for the whole sum to be applied. A contribution sent again before the sum is applied replaces the
-  worker's earlier one (a retry). A contribution to a step this process applied, or older than the newest step
-  the journal holds, is answered without applying anything. After a restart, the newest step the journal holds
-  may be partly applied (a crash between its records, one per table): its contributions are gathered and the sum
-  applied again (the rest of it applied); a contribution to a later step proves that step complete (its sender
-  had its reply, which comes only after the whole sum), and answers the step's other contributors.
-- A done stamp (a PushBatch without pushes) marks its worker done; a sync step that waits only for done workers
-  is applied with the contributions it has.
+  contributions are summed (sum_contributions: per table the union of ids, grads, shows and clicks summed per id,
+  shows and clicks clipped to a push's limit per id) and applied once, as one PushBatch of the job: client
+  sync_key(job), request number t + 1, so the sum is journaled and durable, and the journal's exactly-once rule
+  applies it once across restarts too: applying the same sum again applies only the pushes (tables) a crash left
+  unapplied, or nothing. Every contributor's reply waits for the whole sum to be applied. A contribution sent
+  again before the sum is applied replaces the worker's earlier one (a retry). A contribution to a step this
+  process applied, or older than the newest step the journal holds, is answered without applying anything
+  (num_applied 0).
+- A done stamp (a PushBatch without pushes) marks its worker done (again: no change); a sync step that waits only
+  for done workers is applied with the contributions it has. A push of a worker held as done is refused
+  (WorkerDoneError, FAILED_PRECONDITION): a done worker pushes nothing more.
 
-One job at a time: a stamp of another job starts that one (its clocks seeded from the journal: every step below
-the newest sync step the journal applied for it is done by every worker) and the old job's waits fail.
-A job id is for one run: a shard remembers the sync steps it applied under it.
+Restarts. Clocks and done flags live in memory; a restarted shard knows of a job what its journal proves and what
+the stamps' acked say. Every sync step before the newest one the journal holds is complete: the clocks start
+there (an ssp job's at 0), and each stamp raises its worker's clock to its acked, so that the pulls of the
+workers' next steps are served once every worker has sent one. The newest step the journal holds may be partly
+applied (a crash between its records, one per table): its contributions are gathered and the sum applied again
+(the rest of it applied). A gathering step t, or a contribution to it, is proven applied whole (its contributors
+answered, every clock moved to t + 1) when the journal holds t (its newest sync step of the job is >= t) and a
+stamp says acked > t or a worker contributes to a later step: that worker had its reply to t, which comes only
+after the whole sum. Stamps are trusted that far and no further: no stamp proves a step the journal does not hold.
+Limit: a worker that finished before the restart is not known as done: its peers wait for it (its clock is what
+the journal and its last stamps proved) until their deadline, unless it sends its done stamp again.
 
-Waits hold the server's RPC threads: ServerConfig.threads should be at least 2 x the job's workers (each may
-have a pull and a push waiting). Every wait is on one threading.Condition, notified when a clock moves, a worker
-is done, a sync step is applied or fails, or the job changes; each ends by its deadline (the stamp's
-barrier_timeout_s) with BarrierTimeoutError naming every worker it waited for and its clock. A sync step whose
-deadline passes drops its contributions: nothing of it was applied or acknowledged.
+One job at a time: a stamp of another job starts that one (its clocks seeded from the journal) and the old job's
+waits fail; a sum of the old job applied after the switch changes nothing of the new one. A job id is for one
+run: a shard remembers the sync steps it applied under it, and answers a second run's contributions to them with
+num_applied 0 (worker.client raises JobIdReusedError for such an answer to a first attempt).
 
-Clocks live in memory. A restarted shard knows of a job only what its journal proves: every sync step before the
-newest one it holds is complete; an ssp job's clocks start again from there, and its pulls wait for the workers'
-next pushes.
+Threads. Each wait holds one of the server's RPC threads (ServerConfig.threads, --threads), and a job may have a
+pull and a push of every worker waiting at once: a server needs 2 x workers + 2 threads. A wait that would leave
+no thread free for the request that ends the waits is refused at once (RpcThreadsExhaustedError,
+RESOURCE_EXHAUSTED, naming --threads); a refused contribution fails its step for every contributor. Every wait is
+on one threading.Condition, notified when a clock moves, a worker is done, a sync step is applied or fails, or the
+job changes; each ends by its deadline (the stamp's barrier_timeout_s) with BarrierTimeoutError naming every
+worker it waited for and its clock. A sync step whose deadline passes drops its contributions: nothing of it was
+applied or acknowledged.
 """
 
 from __future__ import annotations
@@ -52,7 +65,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ps.config import MAX_CLOCK
-from ps.errors import BarrierTimeoutError, InvalidArgumentError, PsError, ShardClosingError, StorageError
+from ps.errors import (
+    BarrierTimeoutError,
+    InvalidArgumentError,
+    PsError,
+    RpcThreadsExhaustedError,
+    ShardClosingError,
+    StorageError,
+    WorkerDoneError,
+)
 from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
 
@@ -75,6 +96,7 @@ class Stamp:
     sync: bool = False
     barrier_timeout_s: float = 0.0
     done: bool = False
+    acked: int = 0
 
     @property
     def timeout_s(self) -> float:
@@ -93,6 +115,9 @@ def check_stamp(stamp: Stamp, pull: bool) -> None:
         bad += f"{stamp.num_workers - 1:,})"
     elif stamp.step > MAX_CLOCK:
         bad = f"step {stamp.step:,} is past the largest step a shard takes ({MAX_CLOCK:,})"
+    elif stamp.acked > (MAX_CLOCK if stamp.done else stamp.step):
+        bad = f"acked {stamp.acked:,} is past step {stamp.step:,}: a worker has had the replies of its steps "
+        bad += "before the one it stamps at most"
     elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
         bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 (60 s) to {MAX_BARRIER_S:g} seconds"
     elif pull and stamp.done:
@@ -123,10 +148,11 @@ def contribution(pushes: list[tuple], check_push: Callable[..., tuple]) -> list[
     return out
 
 
-def sum_contributions(contributions: list[list[tuple]]) -> list[tuple]:
+def sum_contributions(contributions: list[list[tuple]], max_count: float) -> list[tuple]:
     """One push (name, ids, grads, shows, clicks) per table, in name order, of contributions (each a list of
     such pushes, ids unique within each): per table the union of the ids, sorted, with grads, shows and clicks
-    summed per id, in the order of the contributions. Tables without ids are left out."""
+    summed per id, in the order of the contributions, and shows and clicks clipped to max_count (a push's limit
+    per id, which contributions within it may sum past). Tables without ids are left out."""
     by_table: dict[str, list[tuple]] = {}
     for pushes in contributions:
         for name, *arrays in pushes:
@@ -139,8 +165,8 @@ def sum_contributions(contributions: list[list[tuple]]) -> list[tuple]:
         order = np.argsort(ids, kind="stable")
         ids = ids[order]
         starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
-        sums = [np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks)]
-        out.append((name, ids[starts], *sums))
+        grads, shows, clicks = (np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks))
+        out.append((name, ids[starts], grads, np.minimum(shows, max_count), np.minimum(clicks, max_count)))
     return out
 
 
@@ -163,12 +189,17 @@ def _again(error: BaseException) -> BaseException:
 
 
 class JobClocks:
-    def __init__(self, shard_id: int, sync_steps_applied: Callable[[int], int]):
+    def __init__(self, shard_id: int, sync_steps_applied: Callable[[int], int], threads: int, max_count: float):
         """sync_steps_applied(key): the request number of the newest request of client `key` the journal has
-        applied (0: none), in part or whole; for sync_key(job), the newest sync step (+ 1) it holds."""
+        applied (0: none), in part or whole; for sync_key(job), the newest sync step (+ 1) it holds. threads: the
+        server's RPC threads (0: no limit on waits); max_count: a push's shows (and clicks) per id at most."""
         self.shard_id = shard_id
         self._sync_steps_applied = sync_steps_applied
+        self.threads = threads
+        self.max_count = max_count
+        self._waiting = 0  # threads in a wait here
         self._applied_here = 0  # the newest sync step (+ 1) of the job whose whole sum this process applied
+        self._acked = 0  # the largest acked of the job's stamps
         self._cond = threading.Condition()
         self.job = 0
         self.num_workers = 0
@@ -182,10 +213,13 @@ class JobClocks:
     # ---- the job --------------------------------------------------------------------------------------
     def check(self, stamp: Stamp, pull: bool) -> None:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp, or the
-        job's worker count differs from the one the job started with)."""
+        job's worker count differs from the one the job started with); WorkerDoneError for a push of a worker
+        held as done."""
         check_stamp(stamp, pull)
         with self._cond:
             self._check_workers(stamp)
+            if not pull:
+                self._check_not_done(stamp)
 
     def _check_workers(self, stamp: Stamp) -> None:
         if stamp.job == self.job and stamp.num_workers != self.num_workers:
@@ -195,13 +229,28 @@ class JobClocks:
                 "applied"
             )
 
+    def _check_not_done(self, stamp: Stamp) -> None:
+        """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
+        if not stamp.done and stamp.job == self.job and self._done[stamp.worker]:
+            raise WorkerDoneError(
+                f"shard {self.shard_id}: worker {stamp.worker} of job {stamp.job:#x} said it is done, and a done "
+                "worker pushes nothing more: is a second run using the job id? a job id is for one run; give a new "
+                "--job-id; nothing was applied"
+            )
+
     def _enter(self, stamp: Stamp) -> int:
-        """Starts the stamp's job if it is another one; returns the job's generation. Lock held."""
+        """Starts the stamp's job if it is another one and takes in its acked; returns the job's generation. Lock
+        held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
         if stamp.job != self.job:
             self._start(stamp.job, stamp.num_workers)
         self._check_workers(stamp)
+        if stamp.acked > self._clocks[stamp.worker]:
+            self._reach(stamp.acked, [stamp.worker])
+        if stamp.acked > self._acked:
+            self._acked = stamp.acked
+            self._prove_below(stamp.acked)
         return self._generation
 
     def _start(self, job: int, num_workers: int) -> None:
@@ -215,7 +264,7 @@ class JobClocks:
         for step in self._steps.values():
             step.error = replaced
         self._steps = {}
-        self.job, self.num_workers, self.max_gap, self._applied_here = job, num_workers, 0, 0
+        self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
@@ -248,27 +297,39 @@ class JobClocks:
 
     # ---- pulls, pushes, done ----------------------------------------------------------------------------
     def wait_for_pull(self, stamp: Stamp) -> int:
-        """Waits until min_clock >= stamp.step - stamp.staleness; returns min_clock then. BarrierTimeoutError
-        past the stamp's barrier timeout, naming the workers it waited for."""
+        """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
+        BarrierTimeoutError past the stamp's barrier timeout, naming the workers it waited for;
+        RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread."""
         need = stamp.step - stamp.staleness
         with self._cond:
             generation = self._enter(stamp)
-            started = time.monotonic()
-            while True:
-                self._check_alive(generation)
-                low = self._min_clock()
-                if low >= need:
-                    self.max_gap = max(self.max_gap, stamp.step - low)
-                    return low
-                waited = time.monotonic() - started
-                if waited >= stamp.timeout_s:
-                    behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
-                    raise BarrierTimeoutError(
-                        f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
-                        f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job {stamp.job:#x}; "
-                        "is it alive? the job stops"
-                    )
-                self._cond.wait(stamp.timeout_s - waited)
+            started, waiting = time.monotonic(), False
+            try:
+                while True:
+                    self._check_alive(generation)
+                    low = self._min_clock()
+                    if low >= need:
+                        self.max_gap = max(self.max_gap, stamp.step - low)
+                        return low
+                    if all(self._done):
+                        return low
+                    waited = time.monotonic() - started
+                    if waited >= stamp.timeout_s:
+                        behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
+                        raise BarrierTimeoutError(
+                            f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
+                            f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job "
+                            f"{stamp.job:#x}; is it alive? the job stops"
+                        )
+                    if not waiting:
+                        refused = self._threads_refusal(stamp, f"pull of step {stamp.step}")
+                        if refused is not None:
+                            raise refused
+                        self._waiting, waiting = self._waiting + 1, True
+                    self._cond.wait(stamp.timeout_s - waited)
+            finally:
+                if waiting:
+                    self._waiting -= 1
 
     def pushed(self, stamp: Stamp) -> int:
         """Notes that the stamp's worker pushed its step (applied): its clock moves to step + 1. Returns
@@ -279,13 +340,13 @@ class JobClocks:
             return self._min_clock()
 
     def finish(self, stamp: Stamp) -> int:
-        """Marks the stamp's worker done: no wait counts it any more. Returns min_clock."""
+        """Marks the stamp's worker done (idempotent): no wait counts it any more. Returns min_clock."""
         with self._cond:
             self._enter(stamp)
             if not self._done[stamp.worker]:
                 log.info("shard %d: worker %d of job %#x is done", self.shard_id, stamp.worker, stamp.job)
-            self._done[stamp.worker] = True
-            self._cond.notify_all()
+                self._done[stamp.worker] = True
+                self._cond.notify_all()
             return self._min_clock()
 
     def _check_alive(self, generation: int) -> None:
@@ -294,6 +355,19 @@ class JobClocks:
         if generation != self._generation:
             raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job:#x} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
+
+    def _threads_refusal(self, stamp: Stamp, what: str) -> RpcThreadsExhaustedError | None:
+        """The error for a wait that would leave no RPC thread free (None: it may wait). Lock held."""
+        if not self.threads or self._waiting + 2 <= self.threads:
+            return None
+        n = self.num_workers
+        return RpcThreadsExhaustedError(
+            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {stamp.job:#x} would wait for the other "
+            f"workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
+            f"leaving none for the requests that end them; a job of {n:,} workers may have 2 x {n:,} "
+            f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); nothing was applied; the "
+            "job stops"
+        )
 
     def _named(self, workers: list[int]) -> str:
         """'worker 1 (at step 3)' or 'workers 1 (at step 3), 4 (at step 0)', the first NAMED_WORKERS of them."""
@@ -313,60 +387,92 @@ class JobClocks:
         waits until its sum is applied: apply(sum pushes, advance_clock, client, client_seq) applies it, as a
         PushBatch, with advance_clock the largest of the contributions'. Returns (ids of this contribution
         applied now: 0 for a step applied before, min_clock). BarrierTimeoutError past the deadline (the step's
-        contributions dropped: nothing applied); the error of apply, if it fails, for every contributor."""
+        contributions dropped: nothing applied); the error of apply, if it fails, for every contributor;
+        WorkerDoneError for a worker held as done; RpcThreadsExhaustedError (the step failed) instead of a wait
+        that would hold the last free RPC thread."""
         key, seq = sync_key(stamp.job), stamp.step + 1
         with self._cond:
+            self._check_not_done(stamp)
             generation = self._enter(stamp)
             step = self._steps.get(stamp.step)
-            if step is None and (self._applied_here >= seq or self._sync_steps_applied(key) > seq):
-                self._reach(seq, range(self.num_workers))  # a retry of a step applied before: all contributed
+            if step is None and self._known_applied(stamp.step):
+                self._reach(seq, range(self.num_workers))  # a step applied before: every worker contributed
                 return 0, self._min_clock()
-            for earlier in [s for s in self._steps.values() if s.step < stamp.step and not s.applying]:
-                self._proven(earlier)  # this worker had its reply to an earlier step: that sum is applied
+            self._prove_below(stamp.step)  # this worker had its reply to every earlier step
             if step is None:
                 step = self._steps[stamp.step] = _SyncStep(stamp.step)
             if not step.applying:
                 step.contributions[stamp.worker] = (pushes, advance_clock)
-            started = time.monotonic()
-            while True:
-                if step.error is not None:
-                    raise _again(step.error)
-                if step.applied:
-                    return sum(len(p[1]) for p in pushes), self._min_clock()
-                self._check_alive(generation)
-                if not step.applying and self._complete(step):
-                    step.applying = True
-                    break
-                waited = time.monotonic() - started
-                if waited >= stamp.timeout_s:
-                    missing = [w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions]
-                    self._fail(step, BarrierTimeoutError(
-                        f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
-                        f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job:#x}; nothing of "
-                        "the step was applied; is it alive? the job stops"
-                    ))  # fmt: skip
-                    raise _again(step.error)
-                self._cond.wait(stamp.timeout_s - waited)
-        return self._apply(step, key, seq, apply, sum(len(p[1]) for p in pushes))
+            started, waiting = time.monotonic(), False
+            try:
+                while True:
+                    if step.error is not None:
+                        raise _again(step.error)
+                    if step.applied:
+                        return sum(len(p[1]) for p in pushes), self._min_clock()
+                    self._check_alive(generation)
+                    if not step.applying and self._complete(step):
+                        step.applying = True
+                        break
+                    waited = time.monotonic() - started
+                    if waited >= stamp.timeout_s:
+                        missing = [
+                            w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions
+                        ]
+                        self._fail(step, BarrierTimeoutError(
+                            f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
+                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job:#x}; nothing "
+                            "of the step was applied; is it alive? the job stops"
+                        ))  # fmt: skip
+                        raise _again(step.error)
+                    if not waiting:
+                        refused = self._threads_refusal(stamp, f"sync push of step {stamp.step}")
+                        if refused is not None:
+                            self._fail(step, refused)
+                            raise _again(refused)
+                        self._waiting, waiting = self._waiting + 1, True
+                    self._cond.wait(stamp.timeout_s - waited)
+            finally:
+                if waiting:
+                    self._waiting -= 1
+        return self._apply(step, key, seq, apply, sum(len(p[1]) for p in pushes), generation)
 
     def _complete(self, step: _SyncStep) -> bool:
         return all(self._done[w] or w in step.contributions for w in range(self.num_workers))
 
-    def _apply(self, step: _SyncStep, key: int, seq: int, apply: Callable, mine: int) -> tuple[int, int]:
-        """Applies a complete step's sum (this thread claimed it), outside the lock; then wakes its waiters."""
+    def _known_applied(self, step: int) -> bool:
+        """Whether the job's sync step is known to be applied whole: this process applied it, the journal holds
+        a later one, or the journal holds it and a stamp's acked passed it. Lock held."""
+        held = self._sync_steps_applied(sync_key(self.job))
+        return self._applied_here > step or held > step + 1 or (held > step and self._acked > step)
+
+    def _prove_below(self, bound: int) -> None:
+        """Ends, as applied whole, every gathering step before bound that the journal holds: a worker had its reply
+        to it (its stamp's acked, or its contribution to a later step, says so). Lock held."""
+        held = self._sync_steps_applied(sync_key(self.job))
+        for step in [s for s in self._steps.values() if s.step < min(bound, held) and not s.applying]:
+            self._proven(step)
+
+    def _apply(
+        self, step: _SyncStep, key: int, seq: int, apply: Callable, mine: int, generation: int
+    ) -> tuple[int, int]:
+        """Applies a complete step's sum (this thread claimed it), outside the lock; then wakes its waiters. The
+        job's state moves only if the job is still the one the step is of (generation)."""
         contributions = [step.contributions[w] for w in sorted(step.contributions)]
         try:
-            apply(sum_contributions([p for p, _ in contributions]), max(a for _, a in contributions), key, seq)
+            summed = sum_contributions([p for p, _ in contributions], self.max_count)
+            apply(summed, max(a for _, a in contributions), key, seq)
         except BaseException as e:
             with self._cond:
                 self._fail(step, e)
             raise
         with self._cond:
             step.applied = True
-            self._applied_here = max(self._applied_here, seq)
-            if self._steps.get(step.step) is step:
-                del self._steps[step.step]
-                self._reach(seq, list(step.contributions))
+            if generation == self._generation:
+                self._applied_here = max(self._applied_here, seq)
+                if self._steps.get(step.step) is step:
+                    del self._steps[step.step]
+                    self._reach(seq, list(step.contributions))
             self._cond.notify_all()
             return mine, self._min_clock()
 

@@ -88,7 +88,8 @@ class Shard:
             self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
             self.journal.applied = self.store.applied()  # client requests applied before the last flush
             self._replay()
-            self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0])
+            self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
+                                  config.threads, MAX_COUNT_PER_ID)  # fmt: skip
             if self.clock > MAX_CLOCK:
                 raise StorageError(
                     f"data dir {config.data_dir} holds clock {self.clock:,}, past the largest clock a shard takes "
@@ -344,7 +345,7 @@ class Shard:
         """A PushBatch of a job's worker (see ps.engine.jobs): done (no pushes), sync (a contribution to the
         step's sum, applied once the step is complete; client and client_seq are not used) or not (push_batch,
         then the worker's clock moves). Returns (clock, ids applied by this request, min_clock). A rejected
-        request changes nothing."""
+        request (a bad stamp, a push of a worker held as done) changes nothing."""
         self.jobs.check(stamp, pull=False)
         if stamp.done:
             if pushes or advance_clock:
