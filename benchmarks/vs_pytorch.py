@@ -70,7 +70,8 @@ if TYPE_CHECKING:  # imported at run time inside main(), after the user's enviro
     from worker.schema import Schema
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_VARIANTS = ("--dense ps", "--dense allreduce")  # one run of sparseps per entry: its extra `ps-worker train` flags
+# one run of sparseps per entry: its extra `ps-worker train` flags
+DEFAULT_VARIANTS = ("--dense ps", "--dense allreduce")
 EMBEDDING_DIM = 10
 HIDDEN = (400, 400, 400)
 BATCH_SIZE = 1000
