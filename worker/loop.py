@@ -27,6 +27,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -240,6 +241,7 @@ def run_epochs(
 
     stop = False
     eval_seconds = 0.0  # evaluating the validation set: not training time
+    pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; collected with the loop
     for epoch in range(s.epochs):
         step_started = time.perf_counter()
         source.start_epoch()
@@ -257,12 +259,15 @@ def run_epochs(
                     for name, g in dense_grads.items():
                         if not name.endswith(".bias"):
                             g += np.float32(s.dense_l2) * dense.values[name]
-                due = dense.inline and dense.add(dense_grads)  # the MLP's push goes with the rows' push
-                returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
-                if due:
-                    dense.take(returned)
-                elif not dense.inline:
+                if dense.inline:  # the MLP's push goes with the rows' push when one is due
+                    due = dense.add(dense_grads)
+                    returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
+                    if due:
+                        dense.take(returned)
+                else:  # the rows' push in flight (on a thread) while the MLP's step runs here
+                    pushing = pusher.submit(source.push, item.step, tids, row_grads, [])
                     dense.step(dense_grads)
+                    pushing.result()
                 n = len(batch)
                 running.update(logloss(batch.labels, probs))
                 if telemetry is not None:
@@ -293,6 +298,7 @@ def run_epochs(
         if not s.eval_every and evaluation(epoch + 1):
             stop = True
             break
+    pusher.shutdown()
     source.finish()  # (an error skips it: the other workers of a sync or ssp job stop at their deadline)
     getattr(dense, "finish", dense.flush)()  # the MLP's last gradients applied (allreduce: with the others')
     result.seconds = time.perf_counter() - started - eval_seconds

@@ -1,0 +1,31 @@
+"""ps-worker launch end to end, with real workers and shards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="--dense allreduce runs torch.distributed")
+
+
+def test_allreduce_workers_with_unequal_batch_counts_finish_and_leave_the_mlp_on_the_servers(tmp_path):
+    """1,001 rows in batches of 100 over 2 workers: 6 batches for one, 5 for the other. The worker that runs out
+    takes part in the other's last all_reduce; the job ends, and the evaluation on the servers scores exactly what
+    each worker scored with the MLP it held (the servers hold the trained MLP, not their initial one)."""
+    out = tmp_path / "job.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "worker", "launch", "--workers", "2", "--local-shards", "1", "--backends", "torch",
+         "--metrics-out", str(out), "--no-progress", "--model", "dnn", "--hidden", "16", "--dense", "allreduce",
+         "--recipe", "large", "--synthetic-rows", "1001", "--batch-size", "100", "--synthetic-eval-rows", "2000",
+         "--dense-learning-rate", "0.01", "--barrier-timeout", "30"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    m = json.loads(out.read_text())
+    assert m["workers"] == 2 and m["train_examples"] == 1001
+    assert [w["dense_syncs"] for w in m["per_worker"]] == [6, 6]  # one all_reduce per step of the longer share
+    for w in m["per_worker"]:
+        assert w["eval_auc"] == pytest.approx(m["eval_auc"], abs=1e-6), (w["eval_auc"], m["eval_auc"])
