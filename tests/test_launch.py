@@ -19,19 +19,21 @@ import pytest
 
 from tests.waiting import wait_until
 from worker.launch import (
-    MergedProgress,
     add_launch_parser,
     check_train_flags,
     expand_backends,
+    plan_launch,
+    run_launch,
+    worker_commands,
+    worker_environment,
+)
+from worker.launch_report import (
+    MergedProgress,
     format_progress,
     format_summary,
     merge_metrics,
     merge_progress,
     parse_progress,
-    plan_launch,
-    run_launch,
-    worker_commands,
-    worker_environment,
 )
 from worker.train import TrainConfig
 

@@ -16,16 +16,7 @@ local shards stop, the failed worker's exit code and last lines are printed, exi
 only, and a stop reaches the worker's children too) and, on Linux, gets SIGTERM when launch dies however it dies
 (prctl PR_SET_PDEATHSIG); local shards stop when launch's end of their stdin pipe closes.
 
-PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; read here):
-    PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
-              [, "cache_hit_rate": h]}
-    n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
-    unknown); x: its running train logloss (null before the first step). A line that does not parse is output.
---metrics-out (one JSON object):
-    {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
-     "train_seconds": the longest worker's, "examples_per_s": train_examples / train_seconds, "eval_auc",
-     "eval_logloss", "eval_examples", ["oracle_auc", "oracle_logloss": synthetic data], ["cache_hit_rate":
-     examples-weighted mean of the workers' that report one], "per_worker": [worker i's --metrics-out object]}
+The PROGRESS lines it reads and the --metrics-out object it writes: worker/launch_report.py.
 """
 
 from __future__ import annotations
@@ -34,7 +25,6 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import secrets
 import shutil
@@ -50,10 +40,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from worker.flags import check_output_file, server_list
+from worker.launch_report import MergedProgress, format_summary, merge_metrics, parse_progress
 
 BACKENDS = ("numpy", "torch")
 GRACE_S = 10.0  # SIGTERM to SIGKILL
-PROGRESS_PREFIX = "PROGRESS "
 TAIL_LINES = 20  # lines of a failed worker's output repeated in the failure report
 _REFUSED = {  # train dests launch sets for every worker: (flag, what launch gives)
     "worker_id": ("--worker-id", "worker i gets --worker-id i"),
@@ -236,131 +226,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def parse_progress(line: str) -> dict | None:
-    """The report of a PROGRESS line, or None for any other line."""
-    if not line.startswith(PROGRESS_PREFIX):
-        return None
-    try:
-        report = json.loads(line[len(PROGRESS_PREFIX) :])
-    except ValueError:
-        return None
-    ok = isinstance(report, dict) and isinstance(report.get("examples"), int | float)
-    return report if ok else None
-
-
-def weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """sum(value * weight) / sum(weight) of (value, weight) pairs; the plain mean when the weights sum to 0; None
-    for no pairs."""
-    if not pairs:
-        return None
-    weight = sum(w for _, w in pairs)
-    if weight <= 0:
-        return sum(v for v, _ in pairs) / len(pairs)
-    return sum(v * w for v, w in pairs) / weight
-
-
-def _number(report: dict, key: str) -> float | None:
-    value = report.get(key)
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
-
-
-def merge_progress(reports: Sequence[dict], workers: int) -> dict:
-    """The workers' latest PROGRESS reports as one: examples and examples_per_s summed, total summed (0 while a
-    worker has not reported or reports 0: unknown), logloss the mean, cache_hit_rate examples-weighted (None when
-    none reports one)."""
-    totals = [_number(r, "total") or 0 for r in reports]
-    losses = [x for x in (_number(r, "logloss") for r in reports) if x is not None]
-    hits = [(h, _number(r, "examples") or 0) for r in reports if (h := _number(r, "cache_hit_rate")) is not None]
-    return {
-        "examples": int(sum(_number(r, "examples") or 0 for r in reports)),
-        "total": int(sum(totals)) if len(reports) == workers and all(totals) else 0,
-        "examples_per_s": sum(_number(r, "examples_per_s") or 0 for r in reports),
-        "logloss": sum(losses) / len(losses) if losses else None,
-        "cache_hit_rate": weighted_mean(hits),
-        "cache_bytes_saved": sum(_number(r, "cache_bytes_saved") or 0 for r in reports),
-    }
-
-
-def format_progress(m: dict) -> str:
-    """One line of merge_progress's figures."""
-    done = f"{m['examples']:,}" + (f" / {m['total']:,} examples ({m['examples'] / m['total']:.0%})" if m["total"]
-                                   else " examples")  # fmt: skip
-    parts = [f"progress: {done}", f"{m['examples_per_s']:,.0f} examples/s"]
-    if m["logloss"] is not None:
-        parts.append(f"logloss {m['logloss']:.4f}")
-    if m["cache_hit_rate"] is not None:
-        parts.append(f"cache hit rate {m['cache_hit_rate']:.3f}")
-    if m.get("cache_bytes_saved"):
-        parts.append(f"{m['cache_bytes_saved'] / (1 << 20):,.0f} MiB not pulled")
-    return ", ".join(parts)
-
-
-class MergedProgress:
-    """The workers' output and PROGRESS reports, shown together: one tqdm bar (examples of all workers over the
-    sum of their totals; postfix the mean logloss and the hit rate) or, without a bar, format_progress's line
-    every every_s seconds (tick()) and at the end (close()). Thread-safe: the output threads call report() and print()."""
-
-    def __init__(self, workers: int, bar: bool, every_s: float = 10.0, out: Any = None):
-        self.workers, self.bar, self.every_s, self.out = workers, bar, every_s, out
-        self._reports: dict[int, dict] = {}
-        self._lock = threading.Lock()
-        self._next_line_at = time.monotonic() + every_s
-        self._bar: Any = None
-
-    def open(self) -> None:
-        """Shows the bar (tqdm starts a monitor thread: after the workers are started)."""
-        if self.bar:
-            from tqdm import tqdm
-
-            with self._lock:
-                self._bar = tqdm(total=None, unit="ex", unit_scale=True, smoothing=0.1, desc=f"{self.workers} workers")
-
-    def merged(self) -> dict:
-        with self._lock:
-            return merge_progress(list(self._reports.values()), self.workers)
-
-    def report(self, worker: int, report: dict) -> None:
-        with self._lock:
-            self._reports[worker] = report
-            if self._bar is None:
-                return
-            m = merge_progress(list(self._reports.values()), self.workers)
-            self._bar.total = m["total"] or None
-            postfix = {} if m["logloss"] is None else {"logloss": f"{m['logloss']:.4f}"}
-            if m["cache_hit_rate"] is not None:
-                postfix["hit"] = f"{m['cache_hit_rate']:.3f}"
-            if m.get("cache_bytes_saved"):
-                postfix["saved"] = f"{m['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
-            self._bar.set_postfix(postfix, refresh=False)
-            self._bar.update(max(0, m["examples"] - self._bar.n))
-
-    def print(self, text: str) -> None:
-        """A line on stdout (above the bar)."""
-        with self._lock:
-            out = self.out or sys.stdout
-            if self._bar is not None:
-                self._bar.write(text, file=out)
-            else:
-                print(text, file=out, flush=True)
-
-    def tick(self, now: float) -> None:
-        """Without a bar: the merged line, when every_s have passed since the last (and a worker has reported)."""
-        if self.bar or now < self._next_line_at:
-            return
-        self._next_line_at = now + self.every_s
-        if self._reports:
-            self.print(format_progress(self.merged()))
-
-    def close(self) -> None:
-        """Closes the bar; without one, the last merged line."""
-        if not self.bar and self._reports:
-            self.print(format_progress(self.merged()))
-        with self._lock:
-            if self._bar is not None:
-                self._bar.close()
-                self._bar = None
-
-
 def _child_setup() -> Callable[[], None]:
     """preexec_fn of a worker: its own process group; on Linux SIGTERM when launch dies (PR_SET_PDEATHSIG), at
     once if launch died before it was set. libc is loaded here, before the fork: the child only calls it."""
@@ -467,46 +332,6 @@ class WorkerGroup:
             for i, p in enumerate(self.procs):
                 if i >= len(self._threads) or not self._threads[i].is_alive():  # a reader holds its pipe's lock
                     p.stdout.close()  # (a process outside the group keeps the pipe open: its thread, a daemon, stays)
-
-
-def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str, evaluation: dict,
-                  shards: int) -> dict:  # fmt: skip
-    """The job's --metrics-out object (grammar in the module docstring) from the workers' and the evaluation's."""
-    examples = sum(int(m.get("train_examples", 0)) for m in per_worker)
-    seconds = max((float(m.get("train_seconds", 0.0)) for m in per_worker), default=0.0)
-    out = {"workers": len(per_worker), "backends": list(backends), "mode": mode, "shards": shards,
-           "train_examples": examples, "train_seconds": seconds,
-           "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
-    out.update({k: evaluation[k] for k in ("eval_auc", "eval_logloss", "eval_examples") if k in evaluation})
-    out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss") if k in evaluation})
-    hits = [
-        (m["cache_hit_rate"], m.get("train_examples", 0)) for m in per_worker if m.get("cache_hit_rate") is not None
-    ]
-    if hits:
-        out["cache_hit_rate"] = weighted_mean(hits)
-    saved = [m["cache_bytes_saved"] for m in per_worker if m.get("cache_bytes_saved") is not None]
-    if saved:
-        out["cache_bytes_saved"] = int(sum(saved))
-    out["per_worker"] = list(per_worker)
-    return out
-
-
-def format_summary(m: dict) -> str:
-    """merge_metrics's figures as lines, as format_results (worker/train.py) writes a worker's."""
-    lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
-             f"shards: {m['train_examples']:,} examples in {m['train_seconds']:.1f} s (the slowest worker): "
-             f"{m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
-    if "eval_auc" in m:
-        lines.append(
-            f"eval   AUC {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  ({m['eval_examples']:,} examples)"
-        )
-    if "oracle_auc" in m:
-        lines.append(f"oracle AUC {m['oracle_auc']:.4f}  logloss {m['oracle_logloss']:.4f}  (the planted model)")
-        if "eval_auc" in m:
-            lines.append(f"gap    AUC {m['oracle_auc'] - m['eval_auc']:+.4f}")
-    if "cache_hit_rate" in m:
-        lines.append(f"cache  hit rate {m['cache_hit_rate']:.3f} (examples-weighted over the workers)")
-    return "\n".join(lines)
 
 
 class _Terminated(Exception):
