@@ -349,7 +349,7 @@ def test_a_job_of_fake_workers_merges_their_output_progress_and_metrics(fakes, t
                     evaluate=lambda cfg: evaluated.append(cfg) or EVALUATION)  # fmt: skip
     stdout = capsys.readouterr().out
     assert rc == 0, stdout
-    hello = [line for line in stdout.splitlines() if "hello from" in line]
+    hello = sorted(line for line in stdout.splitlines() if "hello from" in line)  # the workers' lines interleave
     assert len(hello) == 2 and hello[0].startswith("[worker 0] hello from 0: RANK=0 WORLD_SIZE=2 LOCAL_RANK=0")
     port, job = hello[0].split("MASTER=")[1].split()[0], hello[0].split("job=")[1].split()[0]
     assert f"MASTER={port} backend=torch job={job} servers={SERVERS} lines=True argv=--model lr --epochs 1" in hello[1]
