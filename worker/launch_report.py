@@ -177,17 +177,12 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
 
 def format_summary(m: dict) -> str:
     """merge_metrics's figures as lines, as format_results (worker/train.py) writes a worker's."""
+    from worker.train import eval_lines, oracle_lines
+
     lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
              f"shards: {m['train_examples']:,} examples in {m['train_seconds']:.1f} s (the slowest worker): "
              f"{m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
-    if "eval_auc" in m:
-        lines.append(
-            f"eval   AUC {m['eval_auc']:.4f}  logloss {m['eval_logloss']:.4f}  ({m['eval_examples']:,} examples)"
-        )
-    if "oracle_auc" in m:
-        lines.append(f"oracle AUC {m['oracle_auc']:.4f}  logloss {m['oracle_logloss']:.4f}  (the planted model)")
-        if "eval_auc" in m:
-            lines.append(f"gap    AUC {m['oracle_auc'] - m['eval_auc']:+.4f}")
+    lines += eval_lines(m) + oracle_lines(m)
     if "cache_hit_rate" in m:
         lines.append(f"cache  hit rate {m['cache_hit_rate']:.3f} (examples-weighted over the workers)")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -54,6 +55,14 @@ def pull_rows(
     return out
 
 
+def _in_flight(window: deque, tids: dict[str, TableIds]) -> dict[str, np.ndarray]:
+    """{table: mask over its unique ids}: True where a batch in window (the last batches prepared, whose pushes
+    may not have happened yet) holds the id; then appends this batch's ids to window."""
+    covered = {t: in_any(ti.uniq, [w[t] for w in window if t in w]) for t, ti in tids.items()}
+    window.append({t: ti.uniq for t, ti in tids.items()})
+    return covered
+
+
 def _sparse_pushes(tids: dict[str, TableIds], row_grads: dict[str, np.ndarray]) -> list[tuple]:
     return [(t, ti.uniq, row_grads[t], ti.clicks, ti.shows) for t, ti in tids.items()]
 
@@ -73,8 +82,7 @@ class AsyncRows:
     def prepare(self, step: int, tids: dict[str, TableIds]) -> dict[str, np.ndarray] | None:
         if not self.depth:
             return None
-        covered = {t: in_any(ti.uniq, [w[t] for w in self.window if t in w]) for t, ti in tids.items()}
-        self.window.append({t: ti.uniq for t, ti in tids.items()})
+        covered = _in_flight(self.window, tids)
         return pull_rows(self.tables, self.spec, tids, covered)
 
     def rows(self, step: int, tids: dict[str, TableIds], prepared: dict | None) -> dict[str, np.ndarray]:
@@ -127,8 +135,6 @@ class ClockedRows:
     def _at(self, step: int, **changes: Any) -> WorkerStamp:
         """The stamp of a request of step: it also says how many of this worker's pushes have had their reply
         (acked), so that a restarted shard learns the clocks its waits need."""
-        from dataclasses import replace
-
         return replace(self.stamp, step=step, acked=min(self.acked, step), **changes)
 
     def _read(self, step: int, tids: dict[str, TableIds], out: dict, wanted: dict[str, np.ndarray]) -> None:
@@ -154,8 +160,7 @@ class ClockedRows:
                     self.cache.store(t, ids, rows, min_clock)
 
     def prepare(self, step: int, tids: dict[str, TableIds]) -> tuple[dict, dict]:
-        covered = {t: in_any(ti.uniq, [w[t] for w in self.window if t in w]) for t, ti in tids.items()}
-        self.window.append({t: ti.uniq for t, ti in tids.items()})
+        covered = _in_flight(self.window, tids)
         out = {t: np.empty((len(ti.uniq), self.spec.row_dim(t)), dtype=np.float32) for t, ti in tids.items()}
         self._read(step, tids, out, {t: ~c for t, c in covered.items()})
         return out, covered
@@ -179,8 +184,6 @@ class ClockedRows:
     def finish(self) -> None:
         if not self._finished:
             self._finished = True
-            from dataclasses import replace
-
             self.tables.finish(replace(self.stamp, step=0, acked=self.acked, done=True))
 
     def stats(self) -> dict:

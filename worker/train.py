@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import secrets
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -387,17 +386,13 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> Any:
         if importlib.util.find_spec("torch") is None:
             raise ValueError("--dense allreduce needs PyTorch (torch.distributed): pip install 'sparseps[torch]'")
         if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:  # a group of one needs no launcher
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1")
+            from worker.launch import free_port
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
         return AllReduceDense(
             tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
         )
     return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def mode_line(cfg: TrainConfig) -> str:
@@ -553,10 +548,7 @@ def format_results(r: dict) -> str:
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
                      f"{r['train_examples']:,} examples with {r['shards']} shards in {r['train_seconds']:.1f} s: "
                      f"{r['examples_per_s']:,.0f} examples/s")  # fmt: skip
-    if "eval_auc" in r:
-        lines.append(
-            f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)"
-        )
+    lines += eval_lines(r)
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "best_validation_auc" in r:
@@ -564,7 +556,22 @@ def format_results(r: dict) -> str:
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
                      f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
-    if "oracle_auc" in r:
-        lines.append(f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)")
-        lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")
+    lines += oracle_lines(r)
     return "\n".join(lines)
+
+
+def eval_lines(r: dict) -> list[str]:
+    """The eval line of a run's (or a job's) figures, if they have one."""
+    if "eval_auc" not in r:
+        return []
+    return [f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)"]
+
+
+def oracle_lines(r: dict) -> list[str]:
+    """The planted model's line and the gap to it, for figures on synthetic data."""
+    if "oracle_auc" not in r:
+        return []
+    lines = [f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)"]
+    if "eval_auc" in r:
+        lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")
+    return lines
