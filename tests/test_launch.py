@@ -433,7 +433,9 @@ def test_local_shards_start_first_with_threads_for_the_workers_and_stop_at_the_e
     assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
     [cluster] = FakeCluster.made
     assert (cluster.num_shards, cluster.extra_args, cluster.stopped) == (2, ["--threads", "10"], True)
-    assert "servers=127.0.0.1:17,127.0.0.1:18" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "servers=127.0.0.1:17,127.0.0.1:18" in out
+    assert "worker 2 exited with code 1" in err, f"another worker failed first:\n{out}\n{err}"
     assert_all_gone(pids, {"worker-0", "worker-1", "worker-2"})
 
 
