@@ -158,7 +158,7 @@ def build_size_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ids", type=number(1), required=True, help="number of distinct ids (1e9 is fine)")
     p.add_argument("--dim", type=integer(1), required=True, help="embedding dim")
-    p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adam or ftrl")
+    p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adagrad_rowwise, adam or ftrl")
     p.add_argument("--servers", type=integer(1), default=1)
     p.add_argument("--hot-fraction", type=number(0, 1), default=0.1, help="share of rows to keep in the RAM tier")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")

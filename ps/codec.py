@@ -95,7 +95,7 @@ message PushBatchResponse
   4  min_clock        VARINT  uint64                   stamped: the job's slowest clock after the batch
 
 message OptimizerSpec
-  1  name             LEN     string                   "sgd" | "adagrad" | "adam" | "ftrl"; empty: "adagrad"
+  1  name             LEN     string                   "sgd" | "adagrad" | "adagrad_rowwise" | "adam" | "ftrl"; empty: "adagrad"
   2  learning_rate    I64     double                   optional; unset: 0.05
   3  params           LEN     repeated OptimizerSpec.ParamsEntry  map<string, double>
 

@@ -47,6 +47,7 @@ class InitializerConfig:
 OPTIMIZER_PARAMS: dict[str, dict[str, float]] = {
     "sgd": {},
     "adagrad": {"initial_accumulator": 0.1, "epsilon": 1e-7},
+    "adagrad_rowwise": {"initial_accumulator": 0.1, "epsilon": 1e-7},
     "adam": {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
     "ftrl": {"beta": 1.0, "l1": 0.0, "l2": 0.0},
 }
@@ -76,9 +77,9 @@ class OptimizerConfig:
         p = self.all_params()
         for k, v in p.items():
             check_hyperparameter(f"optimizer {self.name!r} parameter {k}", v, low=-MAX_HYPERPARAMETER)
-        if self.name == "adagrad":
-            check_hyperparameter("adagrad initial_accumulator", p["initial_accumulator"])
-            check_hyperparameter("adagrad epsilon", p["epsilon"], low_inclusive=False)
+        if self.name in ("adagrad", "adagrad_rowwise"):
+            check_hyperparameter(f"{self.name} initial_accumulator", p["initial_accumulator"])
+            check_hyperparameter(f"{self.name} epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "adam":
             for b in ("beta1", "beta2"):
                 if not 0 <= p[b] < 1:

@@ -101,7 +101,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     model.add_argument(
         "--optimizer",
         default=None,
-        choices=["adagrad", "adam", "ftrl", "sgd"],
+        choices=["adagrad", "adagrad_rowwise", "adam", "ftrl", "sgd"],
         help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
         "adagrad for large)",
     )

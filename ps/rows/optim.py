@@ -6,6 +6,9 @@ each block of a push while the block is in cache.
 
     sgd:      w -= lr * g
     adagrad:  a += g*g;  w -= lr * g / (sqrt(a) + epsilon)       state: a (dim floats), starts at initial_accumulator
+    adagrad_rowwise:  a += mean_j(g_j^2);  w -= lr * g / (sqrt(a) + epsilon)
+              state: a (1 float per row), starts at initial_accumulator (TorchRec/FBGEMM's rowwise Adagrad: the
+              row shares one step size, for dim - 1 fewer floats per row than adagrad)
     adam:     t += 1; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
               state: m (dim), v (dim), t (1): the bias correction uses each id's own update count
     ftrl:     sigma = (sqrt(n + g^2) - sqrt(n)) / lr; z += g - sigma w; n += g^2;
@@ -41,6 +44,22 @@ def _adagrad(buf, grads, lr, eps):
         for j in range(dim):
             buf[i, dim + j] = acc[j]
             buf[i, j] -= lr * grads[i, j] / (np.sqrt(acc[j]) + eps)
+
+
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
+def _adagrad_rowwise(buf, grads, lr, eps):
+    n, dim = grads.shape
+    inv_dim = np.float32(1.0) / np.float32(dim)
+    for i in range(n):
+        sum_sq = np.float32(0.0)
+        for j in range(dim):
+            g = grads[i, j]
+            sum_sq += g * g
+        acc = buf[i, dim] + sum_sq * inv_dim
+        buf[i, dim] = acc
+        step = lr / (np.sqrt(acc) + eps)
+        for j in range(dim):
+            buf[i, j] -= step * grads[i, j]
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
@@ -81,7 +100,8 @@ def _ftrl(buf, grads, alpha, beta, l1, l2):
                 buf[i, j] = -(z - sign * l1) / ((beta + np.sqrt(acc_new)) / alpha + l2)
 
 
-SGD, ADAGRAD, ADAM, FTRL = range(4)  # kernel codes: apply_kernel picks the loop, so callers compile once
+# kernel codes: apply_kernel picks the loop, so callers compile once
+SGD, ADAGRAD, ADAM, FTRL, ADAGRAD_ROWWISE = range(5)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -95,8 +115,10 @@ def apply_kernel(code: int, buf: np.ndarray, grads: np.ndarray, p: np.ndarray) -
         _adagrad(buf, grads, p[0], p[1])
     elif code == ADAM:
         _adam(buf, grads, p[0], p[1], p[2], p[3])
-    else:
+    elif code == FTRL:
         _ftrl(buf, grads, p[0], p[1], p[2], p[3])
+    else:
+        _adagrad_rowwise(buf, grads, p[0], p[1])
 
 
 class Optimizer:
@@ -147,6 +169,21 @@ class Adagrad(Optimizer):
         rows[:, dim:] = self.params["initial_accumulator"]
 
 
+class AdagradRowwise(Optimizer):
+    """Adagrad with one accumulator per row (the mean over the row's dims of g^2), so one step size per row."""
+
+    name = "adagrad_rowwise"
+    CODE = ADAGRAD_ROWWISE
+    KERNEL_PARAMS = ("epsilon",)
+
+    @classmethod
+    def state_floats_for(cls, dim: int) -> int:
+        return 1
+
+    def init_state(self, rows: np.ndarray, dim: int) -> None:
+        rows[:, dim:] = self.params["initial_accumulator"]
+
+
 class Adam(Optimizer):
     """state: m (dim), v (dim), t (1: this id's update count, for its bias correction)."""
 
@@ -179,7 +216,7 @@ class Ftrl(Optimizer):
         rows[:, 2 * dim : 3 * dim] = 0.0
 
 
-OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad, Adam, Ftrl)}
+OPTIMIZERS = {cls.name: cls for cls in (Sgd, Adagrad, AdagradRowwise, Adam, Ftrl)}
 
 
 def get_optimizer(cfg: OptimizerConfig) -> Optimizer:

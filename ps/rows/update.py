@@ -67,7 +67,7 @@ BLOCK_FLOATS = 8192  # ... and at most this many floats (32 KB, about L1): wide 
 # ---- the hyper-parameter vector: slot indices ------------------------------------------------------------------
 SLOT_NAMES = (
     "rule",  # OPTIMIZE or ADD_DELTA
-    "optimizer",  # the optimizer's kernel code (ps.rows.optim: SGD, ADAGRAD, ADAM, FTRL)
+    "optimizer",  # the optimizer's kernel code (ps.rows.optim: SGD, ADAGRAD, ADAGRAD_ROWWISE, ADAM, FTRL)
     "lr",  # learning rate (FTRL: alpha); then the optimizer's KERNEL_PARAMS in order, unused ones 0
     "param1",
     "param2",
