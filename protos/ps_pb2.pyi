@@ -296,7 +296,7 @@ class ShrinkResponse(_message.Message):
     def __init__(self, dropped: _Optional[int] = ..., num_rows: _Optional[int] = ..., pending_ids: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock", "job", "num_workers", "min_clock", "max_gap")
+    __slots__ = ("shard_id", "num_shards", "num_slots", "tables", "data_dir", "uptime_s", "ram_budget_bytes", "ram_used_bytes", "journal_bytes", "clock", "job", "num_workers", "min_clock", "max_gap", "memory_budget_bytes", "block_cache_budget_bytes", "block_cache_used_bytes", "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes")
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     NUM_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -311,6 +311,13 @@ class StatsResponse(_message.Message):
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
     MIN_CLOCK_FIELD_NUMBER: _ClassVar[int]
     MAX_GAP_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_CACHE_BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_CACHE_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMTABLE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TABLE_READER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_BEHIND_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_MAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     shard_id: int
     num_shards: int
     num_slots: int
@@ -325,4 +332,11 @@ class StatsResponse(_message.Message):
     num_workers: int
     min_clock: int
     max_gap: int
-    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ..., job: _Optional[int] = ..., num_workers: _Optional[int] = ..., min_clock: _Optional[int] = ..., max_gap: _Optional[int] = ...) -> None: ...
+    memory_budget_bytes: int
+    block_cache_budget_bytes: int
+    block_cache_used_bytes: int
+    memtable_bytes: int
+    table_reader_bytes: int
+    write_behind_bytes: int
+    journal_map_bytes: int
+    def __init__(self, shard_id: _Optional[int] = ..., num_shards: _Optional[int] = ..., num_slots: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[TableStats, _Mapping]]] = ..., data_dir: _Optional[str] = ..., uptime_s: _Optional[float] = ..., ram_budget_bytes: _Optional[int] = ..., ram_used_bytes: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., clock: _Optional[int] = ..., job: _Optional[int] = ..., num_workers: _Optional[int] = ..., min_clock: _Optional[int] = ..., max_gap: _Optional[int] = ..., memory_budget_bytes: _Optional[int] = ..., block_cache_budget_bytes: _Optional[int] = ..., block_cache_used_bytes: _Optional[int] = ..., memtable_bytes: _Optional[int] = ..., table_reader_bytes: _Optional[int] = ..., write_behind_bytes: _Optional[int] = ..., journal_map_bytes: _Optional[int] = ...) -> None: ...

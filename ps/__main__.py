@@ -14,6 +14,7 @@ from ps.accel.malloc import tune_malloc
 from ps.config import ServerConfig
 from ps.errors import StorageError
 from ps.settings import add_config_flag, apply_defaults
+from ps.storage.memory import plan_memory
 
 
 def parse_bytes(text: str) -> int:
@@ -90,9 +91,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=integer(1), default=8, help="gRPC worker threads")
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
-        "--cache-bytes", type=parse_bytes, default="2G",
-        help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB",
+        "--cache-bytes", type=parse_bytes, default=None,
+        help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB. "
+        "Default: 2G, or with --memory-bytes what RocksDB and the journal leave of it",
     )  # fmt: skip
+    p.add_argument(
+        "--memory-bytes", type=parse_bytes, default=None,
+        help="one bound for the memory that holds data: the RAM tier, RocksDB's block cache (index and filter "
+        "blocks included) and memtables, rows waiting to be written, the mapped journal segment. The split is "
+        "logged at start and reported by `ps-worker stats`; the process's fixed overhead (an idle server's) "
+        "comes on top. Default: no overall bound",
+    )  # fmt: skip
+    p.add_argument(
+        "--read-threads",
+        type=integer(1, 64),
+        default=2,
+        help="threads that read a request's missed rows from RocksDB at once (it reads without Python's lock)",
+    )
     p.add_argument("--flush-interval-s", type=seconds, default=30.0, help="how often dirty rows are written to RocksDB")
     p.add_argument("--tls-cert", default=None, help="PEM certificate to serve TLS with (needs --tls-key)")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -277,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         threads=args.threads,
         sync=args.sync,
         cache_bytes=args.cache_bytes,
+        memory_bytes=args.memory_bytes,
+        read_threads=args.read_threads,
         flush_interval_s=args.flush_interval_s,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
@@ -291,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:
         config.validate()
+        logging.getLogger("ps.server").info(plan_memory(config.memory_bytes, config.cache_bytes).describe())
         if args.verify_on_start and os.path.isdir(args.data_dir) and os.listdir(args.data_dir):
             from ps.storage.verify import verify_data_dir
 

@@ -201,6 +201,13 @@ message StatsResponse
   12 num_workers      VARINT  uint32                   its workers
   13 min_clock        VARINT  uint64                   its slowest worker's clock
   14 max_gap          VARINT  uint64                   the largest step - min_clock a stamped pull was served at
+  15 memory_budget_bytes VARINT uint64                 --memory-bytes; 0: no overall bound
+  16 block_cache_budget_bytes VARINT uint64            RocksDB's block cache capacity
+  17 block_cache_used_bytes VARINT uint64              in use (index and filter blocks too, under --memory-bytes)
+  18 memtable_bytes   VARINT  uint64                   RocksDB's memtables
+  19 table_reader_bytes VARINT uint64                  RocksDB's table readers (index, filters without --memory-bytes)
+  20 write_behind_bytes VARINT uint64                  evicted rows waiting for their RocksDB write
+  21 journal_map_bytes VARINT uint64                   the mapped journal segment
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -214,7 +214,9 @@ class ServerConfig:
     threads: int = 8
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
-    cache_bytes: int = 2 << 30  # RAM tier budget shared by all tables of this shard
+    cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
+    memory_bytes: int | None = None  # one bound for the data: RAM tier, RocksDB, write-behind (ps.storage.memory)
+    read_threads: int = 2  # threads reading a request's missed rows from RocksDB
     flush_interval_s: float = 30.0  # the background flusher writes dirty rows to RocksDB this often
     journal_flush_bytes: int = 1 << 30  # ... or as soon as the journal has grown by this much
     tls_cert: str | None = None  # PEM certificate and key: serve TLS (ps/security.py)
@@ -238,8 +240,12 @@ class ServerConfig:
             raise ValueError(f"shard_id must be in 0..{self.num_shards - 1}, got {self.shard_id}")
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in 0..65535, got {self.port}")
-        if self.cache_bytes < 1:
+        if self.cache_bytes is not None and self.cache_bytes < 1:
             raise ValueError(f"cache_bytes must be positive, got {self.cache_bytes}")
+        if self.memory_bytes is not None and self.memory_bytes < 1:
+            raise ValueError(f"memory_bytes must be positive, got {self.memory_bytes}")
+        if self.read_threads < 1:
+            raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
         if self.flush_interval_s <= 0:
             raise ValueError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")
         if self.checkpoint_root is not None and not self.checkpoint_root.strip():

@@ -15,7 +15,9 @@ Per table (`table` label), read from the shard at each scrape:
     sparseps_table_rows, sparseps_table_pending_ids, sparseps_table_rows_in_ram, sparseps_table_rows_on_disk,
     sparseps_table_dirty_rows, sparseps_table_ram_bytes, sparseps_table_disk_bytes      (gauges)
     sparseps_table_evictions_total, sparseps_table_ids_pulled_total, sparseps_table_ids_pushed_total (counters)
-Per shard: sparseps_clock, sparseps_ram_budget_bytes, sparseps_ram_used_bytes, sparseps_journal_bytes.
+Per shard: sparseps_clock, sparseps_ram_budget_bytes, sparseps_ram_used_bytes, sparseps_journal_bytes, and the memory
+plan's parts: sparseps_memory_budget_bytes, sparseps_block_cache_used_bytes, sparseps_memtable_bytes,
+sparseps_table_reader_bytes, sparseps_write_behind_bytes.
 """
 
 from __future__ import annotations
@@ -146,7 +148,12 @@ class _ShardCollector:
         for name, key, text in (("sparseps_clock", "clock", "the shard's clock (steps)"),
                                 ("sparseps_ram_budget_bytes", "ram_budget_bytes", "--cache-bytes"),
                                 ("sparseps_ram_used_bytes", "ram_used_bytes", "RAM tier bytes in use"),
-                                ("sparseps_journal_bytes", "journal_bytes", "journal bytes on disk")):  # fmt: skip
+                                ("sparseps_journal_bytes", "journal_bytes", "journal bytes on disk"),
+                                ("sparseps_memory_budget_bytes", "memory_budget_bytes", "--memory-bytes; 0: none"),
+                                ("sparseps_block_cache_used_bytes", "block_cache_used_bytes", "RocksDB block cache"),
+                                ("sparseps_memtable_bytes", "memtable_bytes", "RocksDB memtables"),
+                                ("sparseps_table_reader_bytes", "table_reader_bytes", "RocksDB table readers"),
+                                ("sparseps_write_behind_bytes", "write_behind_bytes", "rows waiting to be written")):  # fmt: skip
             family = GaugeMetricFamily(name, text)
             family.add_metric([], s.get(key, 0))
             yield family

@@ -205,6 +205,13 @@ def _stats(args) -> int:
             print(f"{s.shard_id:>5} {t.name:<12} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
         print(f"{s.shard_id:>5} clock {s.clock}, RAM {s.ram_used_bytes / 2**20:,.1f} of "
               f"{s.ram_budget_bytes / 2**20:,.0f} MiB, journal {s.journal_bytes / 2**20:,.1f} MiB")  # fmt: skip
+        bound = f"of {s.memory_budget_bytes / 2**20:,.0f} MiB" if s.memory_budget_bytes else "(no --memory-bytes)"
+        print(
+            f"{s.shard_id:>5} memory {bound}: block cache {s.block_cache_used_bytes / 2**20:,.1f} of "
+            f"{s.block_cache_budget_bytes / 2**20:,.0f} MiB, memtables {s.memtable_bytes / 2**20:,.1f} MiB, "
+            f"table readers {s.table_reader_bytes / 2**20:,.1f} MiB, write-behind "
+            f"{s.write_behind_bytes / 2**20:,.1f} MiB, journal map {s.journal_map_bytes / 2**20:,.0f} MiB"
+        )
     return 0
 
 

@@ -48,6 +48,7 @@ from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
+from ps.storage.memory import plan_memory
 from ps.storage.sidefiles import MARK_FILE
 from ps.storage.store import Store
 from ps.wire import repeats_ids
@@ -64,7 +65,12 @@ class Shard:
         self.shard_id = config.shard_id
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
-        self.store = Store(config.data_dir, sync=config.sync, direct_reads=config.direct_reads)
+        self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
+        self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
+                           direct_reads=config.direct_reads, read_threads=config.read_threads,
+                           write_behind_bytes=self.memory.write_behind_bytes,
+                           write_buffer_bytes=self.memory.write_buffer_bytes,
+                           index_in_cache=self.memory.bounded)  # fmt: skip
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
             from ps.engine.restore import check_restored
@@ -75,8 +81,9 @@ class Shard:
 
                 summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards)
                 log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
-            self.budget = MemoryBudget(config.cache_bytes)
+            self.budget = MemoryBudget(self.memory.ram_tier_bytes)
             self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
+                                   segment_bytes=self.memory.journal_segment_bytes,
                                    mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
             self.tables: dict[str, Table] = {}
             for cfg in self.store.load_tables():
@@ -532,8 +539,22 @@ class Shard:
             "ram_budget_bytes": self.budget.limit_bytes,
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
+            **self.memory_stats(),
             "clock": self.clock,
             **self.jobs.stats(),
+        }
+
+    def memory_stats(self) -> dict[str, int]:
+        """The memory plan's bound and each part's use now (bytes; memory_budget_bytes 0: no overall bound)."""
+        rocksdb = self.store.memory_usage()
+        return {
+            "memory_budget_bytes": self.memory.memory_bytes or 0,
+            "block_cache_budget_bytes": self.memory.block_cache_bytes,
+            "block_cache_used_bytes": rocksdb["block_cache"],
+            "memtable_bytes": rocksdb["memtables"],
+            "table_reader_bytes": rocksdb["table_readers"],
+            "write_behind_bytes": self.store.write_behind_bytes,
+            "journal_map_bytes": self.memory.journal_segment_bytes,
         }
 
     def close(self) -> None:

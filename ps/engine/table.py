@@ -1,8 +1,9 @@
 """Table: one sparse table of one shard: a bounded RAM Arena in front of the Store, with journaled pushes.
 
-- pull: look the ids up in the arena; misses are read from RocksDB with one multi_get (or initialized from a
-  hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows (dirty ones are written back
-  first, in one WriteBatch); then one compiled gather.
+- pull: look the ids up in the arena; misses are read from RocksDB with one multi_get over the store's reader
+  threads (or initialized from a hash of the id when RocksDB has no row) and admitted to RAM, evicting cold rows
+  (dirty ones handed to the store's write-behind thread, which writes them in one WriteBatch while the request
+  goes on; reads see them meanwhile); then one compiled gather.
 - push: resolve rows the same way (a cache fill, no visible change), reject duplicate ids, update the rows in
   place (ps.rows.update: the push's rule, then statistics and admission, weight clipping) keeping an undo copy,
   then append the push to the journal (durable from here on); a float32 overflow or a failed journal write puts
@@ -346,7 +347,7 @@ class Table:
                 raise RamTierTooSmallError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):
-                self._persist(dirty)
+                self._persist(dirty, background=True)
             self.arena.forget(victims)
             rows = np.concatenate([rows, victims])
         return rows
@@ -363,15 +364,16 @@ class Table:
         c["pending"] += int(np.count_nonzero(after == 1)) - int(np.count_nonzero(before == 1))
         return c
 
-    def _persist(self, rows: np.ndarray) -> None:
-        """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored."""
+    def _persist(self, rows: np.ndarray, background: bool = False) -> None:
+        """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored.
+        background: by the store's write-behind thread (reads see them at once)."""
         a = self.arena
         buf = np.empty((len(rows), self.width), dtype=np.float32)
         gather(a.data, rows, self.width, buf)
         complete = buf[:, self.stats_col + ADMITTED] > 0
         after = np.where(complete, 2, 1).astype(np.uint8)
         counts = self._counts_after(a.stored[rows], after)
-        self.store.put_rows(self.name, a.ids[rows], buf, a.lsn[rows], complete, counts)
+        self.store.put_rows(self.name, a.ids[rows], buf, a.lsn[rows], complete, counts, background=background)
         self.stored_counts = counts
         a.stored[rows] = after
         a.dirty[rows] = 0

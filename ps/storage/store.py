@@ -27,10 +27,12 @@ verify_rocksdb reads every block of every column family.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from rocksdict import (
@@ -38,6 +40,7 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     Checkpoint,
+    DBCompressionType,
     DBRecoveryMode,
     Options,
     Rdict,
@@ -50,7 +53,9 @@ from ps.config import TableConfig
 from ps.errors import DataLossError, PsError, StorageError
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
+from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_WRITE_BEHIND_BYTES, DEFAULT_WRITE_BUFFER_BYTES
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name, write_json
+from ps.storage.writebehind import PendingBatch, WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -125,29 +130,44 @@ def _value_dtype(width: int) -> np.dtype:
     return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
 
 
-BLOCK_CACHE_BYTES = 128 << 20  # RocksDB's block cache per shard (uncompressed data blocks)
+BLOCK_CACHE_BYTES = DEFAULT_BLOCK_CACHE_BYTES  # RocksDB's block cache per shard (uncompressed data blocks)
+MAX_WRITE_BUFFERS = 2  # memtables per column family (ps.storage.memory counts them)
+MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in parts of at least this many keys
 
 
-def rocksdb_options(block_cache_bytes: int = BLOCK_CACHE_BYTES, direct_reads: bool = False) -> Options:
+def rocksdb_options(
+    block_cache_bytes: int = BLOCK_CACHE_BYTES,
+    direct_reads: bool = False,
+    write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES,
+    index_in_cache: bool = False,
+) -> Options:
     """The options a Store opens RocksDB with, for every column family; anything that reads a shard's files and
     should behave as the server does (benchmarks/cold_pull.py's multi_get reference) opens them with these.
     direct_reads: read SST files with O_DIRECT, past the OS page cache (RocksDB's block cache still applies), so
     that a read the block cache misses goes to the disk; for benchmarks and hosts that keep little page cache.
-    The data dir's file system must accept O_DIRECT; where it does not, RocksDB's reads of its files fail."""
+    The data dir's file system must accept O_DIRECT; where it does not, RocksDB's reads of its files fail.
+    index_in_cache: index and filter blocks are cached in the block cache (level 0's pinned), inside its bound,
+    instead of in table-reader memory outside it (ps.storage.memory: a server given --memory-bytes)."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_max_total_wal_size(256 << 20)  # flush the column families that pin old WAL files past this
-    opts.set_write_buffer_size(16 << 20)  # memtables: RocksDB's share of RSS stays small beside the RAM tier
-    opts.set_max_write_buffer_number(2)
+    opts.set_write_buffer_size(write_buffer_bytes)  # memtables: RocksDB's share of RSS stays small beside the RAM
+    opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS)  # tier
+    # Rows are float32 values that hardly compress (about 1% with Snappy) while every read of a compressed block
+    # pays its decompression: off, a point read from the page cache costs about half as much.
+    opts.set_compression_type(DBCompressionType.none())
     table = BlockBasedOptions()
     table.set_block_cache(Cache(block_cache_bytes))
     table.set_bloom_filter(8, False)  # ~2% false positives; at 10^8 keys 100 MB of filters instead of 125
     table.set_format_version(5)  # the newer, more accurate Bloom filter and delta-encoded index values
     table.set_index_block_restart_interval(16)  # prefix-compressed index blocks: table readers 17 -> 12 MB
     # at 10^7 rows (estimate-table-readers-mem)
-    # index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache, so a read
-    # the block cache misses costs one data block, not an index or filter block first
+    # By default index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache,
+    # so a read the block cache misses costs one data block, not an index or filter block first.
+    if index_in_cache:
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     opts.set_paranoid_checks(True)  # RocksDB refuses to open on the damage it can see (file sizes, the MANIFEST)
     # a torn last record in the write-ahead log is what a crash leaves; damage before it is refused, not dropped
@@ -162,7 +182,12 @@ class Store:
     """Rows of every table of one shard, keyed by (slot, id). Writes go through WriteBatches (atomic)."""
 
     def __init__(self, path: str, block_cache_bytes: int = BLOCK_CACHE_BYTES, sync: bool = False,
-                 direct_reads: bool = False):  # fmt: skip
+                 direct_reads: bool = False, read_threads: int = 1,
+                 write_behind_bytes: int = DEFAULT_WRITE_BEHIND_BYTES,
+                 write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, index_in_cache: bool = False):  # fmt: skip
+        """read_threads: a multi_get of many keys is split over this many threads (RocksDB reads without
+        Python's lock). write_behind_bytes: the bound of rows written in the background (put_rows(background=)).
+        write_buffer_bytes, index_in_cache: see rocksdb_options."""
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)
@@ -180,7 +205,7 @@ class Store:
                 f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
             )
         self.path = path
-        self._opts = rocksdb_options(block_cache_bytes, direct_reads)
+        self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache)
         try:  # rocksdict raises plain Exception
             existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
             # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
@@ -192,6 +217,9 @@ class Store:
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
         self._cfs: dict[str, Rdict] = {}
+        self.read_threads = max(1, read_threads)
+        self._readers = ThreadPoolExecutor(self.read_threads, "ps-rocksdb-read") if self.read_threads > 1 else None
+        self._behind = WriteBehind(self._write_pending, write_behind_bytes)
 
     # ---- shard identity and table configs -------------------------------------------------------------
     def check_identity(self, shard_id: int, num_shards: int) -> None:
@@ -294,52 +322,110 @@ class Store:
 
     # ---- rows -----------------------------------------------------------------------------------------
     def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
-        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64, complete bool), one multi_get.
-        A row that is not complete (an id not admitted yet) holds only its statistics, in its last
-        STATS_FLOATS columns; its other columns are zero."""
-        full, short = _value_dtype(width), _value_dtype(STATS_FLOATS)
-        if len(ids) == 0:
-            z = np.zeros(0, dtype=bool)
-            return z, np.zeros((0, width), dtype=np.float32), np.zeros(0, dtype=np.uint64), z
+        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64, complete bool): one multi_get (split
+        over the reader threads), with the rows still waiting in the write-behind laid over it. A row that is not
+        complete (an id not admitted yet) holds only its statistics, in its last STATS_FLOATS columns; its other
+        columns are zero. No Python code runs per id: the values are sorted and parsed by numpy."""
+        n = len(ids)
+        found = np.zeros(n, dtype=bool)
+        rows = np.zeros((n, width), dtype=np.float32)
+        lsn = np.zeros(n, dtype=np.uint64)
+        complete = np.zeros(n, dtype=bool)
+        if n == 0:
+            return found, rows, lsn, complete
+        pending = self._behind.snapshot(table)  # before the read: a batch written since is in RocksDB
         with self._rocksdb(f"reading rows of table {table!r}"):
-            values = self._rows().get(encode_keys(self._table_id(table), ids))
-        present = [v for v in values if v is not None]
-        found = np.fromiter((v is not None for v in values), dtype=bool, count=len(values))
-        sizes = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
-        complete = sizes == full.itemsize
-        bad = ~complete & (sizes != short.itemsize)
+            values = np.empty(n, dtype=object)
+            values[:] = self._multi_get(encode_keys(self._table_id(table), ids))
+        found = np.not_equal(values, None)
+        sizes = np.fromiter(map(len, values[found]), dtype=np.int64, count=int(found.sum()))
+        full, short = _value_dtype(width), _value_dtype(STATS_FLOATS)
+        bad = (sizes != full.itemsize) & (sizes != short.itemsize)
         if bad.any():
             raise StorageError(
                 f"{self.path}: table {table} holds a row of {int(sizes[bad][0])} bytes, expected "
                 f"{full.itemsize} (a trained row) or {short.itemsize} (statistics only)"
             )
-        rows = np.zeros((len(present), width), dtype=np.float32)
-        lsn = np.empty(len(present), dtype=np.uint64)
-        for mask, dtype in ((complete, full), (~complete, short)):
+        where = np.flatnonzero(found)
+        complete[where] = sizes == full.itemsize
+        for mask, dtype in ((found & complete, full), (found & ~complete, short)):
             if mask.any():
-                parsed = np.frombuffer(b"".join(v for v, m in zip(present, mask) if m), dtype=dtype)
+                parsed = np.frombuffer(b"".join(values[mask]), dtype=dtype)
                 rows[mask, width - dtype["row"].shape[0] :] = parsed["row"]
                 lsn[mask] = parsed["lsn"]
-        return found, rows, lsn, complete
+        for batch in pending:  # oldest first: a later batch of the same id wins, as in RocksDB
+            hit, at = batch.find(ids)
+            if len(at):
+                found[hit], lsn[hit], complete[hit] = True, batch.lsn[at], batch.complete[at]
+                rows[hit] = np.where(batch.complete[at, None], batch.rows[at], 0.0)
+                rows[hit, width - STATS_FLOATS :] = batch.rows[at, width - STATS_FLOATS :]
+        return found, rows[found], lsn[found], complete[found]
+
+    def _multi_get(self, keys: list[bytes]) -> list:
+        cf, parts = self._rows(), min(self.read_threads, len(keys) // MIN_KEYS_PER_READER)
+        if parts <= 1:
+            return cf.get(keys)
+        bounds = [len(keys) * i // parts for i in range(parts + 1)]
+        chunks = [keys[lo:hi] for lo, hi in itertools.pairwise(bounds)]
+        return list(itertools.chain.from_iterable(self._readers.map(cf.get, chunks)))
 
     def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, complete: np.ndarray,
-                 counts: dict, delete: np.ndarray | None = None) -> None:  # fmt: skip
+                 counts: dict, delete: np.ndarray | None = None, background: bool = False) -> None:  # fmt: skip
         """Writes rows (n, width) with their lsn for ids, deletes the rows of `delete`, and writes the table's
-        counts, in one atomic WriteBatch. Rows that are not complete are stored as their last STATS_FLOATS
-        columns only."""
-        values = [None] * len(ids)
+        counts, in one atomic WriteBatch, after every write still pending. Rows that are not complete are stored
+        as their last STATS_FLOATS columns only. background: queued for the write-behind thread instead (the
+        arrays must not change afterwards; no delete); get_rows sees the rows at once, RocksDB once drain()
+        returns."""
+        if background:
+            if delete is not None:
+                raise ValueError("put_rows(background=True) takes no deletes")
+            self._behind.submit(PendingBatch(table, ids, rows, lsn, complete, counts))
+            return
+        self.drain()
+        self._write_rows(table, ids, rows, lsn, complete, counts, delete)
+
+    def drain(self) -> None:
+        """Returns once every row written in the background is in RocksDB; a failed background write's
+        StorageError otherwise."""
+        self._behind.drain()
+
+    @property
+    def write_behind_bytes(self) -> int:
+        """Bytes of rows waiting for their background write."""
+        return self._behind.pending_bytes
+
+    def memory_usage(self) -> dict[str, int]:
+        """RocksDB's memory now: {"block_cache", "memtables", "table_readers"} bytes (its own estimates; index and
+        filter blocks count in the block cache when cached there, else in table_readers)."""
+        cfs = [self._db, self._meta, *self._cfs.values()]
+
+        def total(name: str, where: list) -> int:
+            return sum(int(cf.property_int_value(name) or 0) for cf in where)
+
+        with self._rocksdb("reading RocksDB's memory use"):
+            return {
+                "block_cache": int(self._db.property_int_value("rocksdb.block-cache-usage") or 0),
+                "memtables": total("rocksdb.cur-size-all-mem-tables", cfs),
+                "table_readers": total("rocksdb.estimate-table-readers-mem", cfs),
+            }
+
+    def _write_pending(self, batch: PendingBatch) -> None:
+        self._write_rows(batch.table, batch.ids, batch.rows, batch.lsn, batch.complete, batch.counts, None)
+
+    def _write_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, complete: np.ndarray,
+                    counts: dict, delete: np.ndarray | None) -> None:  # fmt: skip
+        values = np.empty(len(ids), dtype=object)
         for mask, part in ((complete, rows), (~complete, rows[:, rows.shape[1] - STATS_FLOATS :])):
             where = np.flatnonzero(mask)
             if len(where):
                 packed = np.empty(len(where), dtype=_value_dtype(part.shape[1]))
                 packed["row"] = part[where]
                 packed["lsn"] = lsn[where]
-                for i, v in zip(where.tolist(), packed.view(f"V{packed.dtype.itemsize}").tolist()):
-                    values[i] = v
+                values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()
         number = self._table_id(table)
         handle = self._db.get_column_family_handle(ROWS_CF)
         batch = WriteBatch(raw_mode=True)
-        for key, value in zip(encode_keys(number, ids), values):
+        for key, value in zip(encode_keys(number, ids), values.tolist()):
             batch.put(key, value, handle)
         if delete is not None:
             for key in encode_keys(number, delete):
@@ -351,6 +437,7 @@ class Store:
     def scan(self, table: str, width: int, after: bytes | None, limit: int) -> tuple | None:
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
         (ids, rows, lsn, complete, last key) as get_rows returns them, or None at the end. Bounded memory."""
+        self.drain()
         prefix = self._table_id(table).to_bytes(4, "big")
         keys = []
         with self._rocksdb(f"scanning table {table!r}"):
@@ -370,6 +457,7 @@ class Store:
     # ---- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, path: str) -> None:
         """A RocksDB checkpoint of everything written so far at path (hard links to the SST files)."""
+        self.drain()
         self._db.flush()
         Checkpoint(self._db).create_checkpoint(path)
 
@@ -458,7 +546,9 @@ class Store:
 
     def set_flushed_seq(self, seq: int, applied: dict[int, tuple[int, int]] | None = None) -> None:
         """Records that every journal record <= seq is in RocksDB, and (if given) the journal's `applied` table
-        of client requests as of seq, in one write (durably, if the store syncs)."""
+        of client requests as of seq, in one write (durably, if the store syncs), once the rows written in the
+        background are in RocksDB."""
+        self.drain()
         batch = WriteBatch(raw_mode=True)
         meta = self._db.get_column_family_handle(META_CF)
         batch.put(b"flushed_seq", str(seq).encode(), meta)
@@ -494,6 +584,7 @@ class Store:
 
     def iter_rows(self, table: str) -> Iterator[tuple[int, bytes]]:
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
+        self.drain()
         prefix = self._table_id(table).to_bytes(4, "big")
         for key, value in _items(self._rows(), prefix):
             if not key.startswith(prefix):
@@ -501,7 +592,8 @@ class Store:
             yield int.from_bytes(key[6:], "big"), value
 
     def flush(self) -> None:
-        """Writes every column family's memtable to SST files."""
+        """Writes every column family's memtable to SST files (the rows written in the background first)."""
+        self.drain()
         self._db.flush()
         self._meta.flush()
         for cf in self._cfs.values():
@@ -518,6 +610,11 @@ class Store:
             raise _error(self.path, doing, e) from e
 
     def close(self) -> None:
+        """Writes the rows pending in the background (a failed write leaves them to the journal's replay), stops
+        the threads and closes RocksDB."""
+        self._behind.close()
+        if self._readers is not None:
+            self._readers.shutdown()
         if self._db is not None:
             self._cfs.clear()
             self._meta = None

@@ -1,0 +1,99 @@
+"""MemoryPlan: how one server's memory for data is split among the parts that hold it.
+
+    part           holds                                                          with --memory-bytes M
+    ram_tier       arena rows and their id index (--cache-bytes)                  what the others leave
+    block_cache    RocksDB's data blocks, and its index and filter blocks          clamp(M / 8, 16 MiB, 128 MiB)
+    memtables      RocksDB's write buffers: 2 column families x 2 buffers          4 x clamp(M / 64, 2 MiB, 16 MiB)
+    write_behind   evicted rows waiting for their RocksDB write                   clamp(M / 32, 4 MiB, 32 MiB)
+    journal_map    the journal segment mapped for appends                         clamp(M / 16, 16 MiB, 256 MiB)
+
+With --memory-bytes, RocksDB keeps its index and filter blocks in the block cache (those of level-0 files pinned
+there), so they are inside its bound; without it they live in RocksDB's table readers, about 2 bytes per row
+outside any bound, the block cache is 128 MiB, and --cache-bytes is the RAM tier (2 GiB if not given).
+Given both, --cache-bytes must fit in what --memory-bytes leaves. What is not data (the Python runtime, gRPC,
+compiled code, request buffers) is outside the plan: `ps-server` started idle shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MiB = 1 << 20
+DEFAULT_RAM_TIER_BYTES = 2 << 30
+DEFAULT_BLOCK_CACHE_BYTES = 128 * MiB
+DEFAULT_WRITE_BUFFER_BYTES = 16 * MiB
+DEFAULT_WRITE_BEHIND_BYTES = 32 * MiB
+DEFAULT_JOURNAL_SEGMENT_BYTES = 256 * MiB
+WRITE_BUFFERS = 2 * 2  # column families ("meta", "rows") x buffers each (max_write_buffer_number)
+MIN_RAM_TIER_BYTES = 16 * MiB
+
+
+def _clamp(value: int, low: int, high: int) -> int:
+    return max(low, min(high, value))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes of each part; memory_bytes None: no overall bound (the defaults)."""
+
+    memory_bytes: int | None
+    ram_tier_bytes: int
+    block_cache_bytes: int
+    write_buffer_bytes: int  # one memtable
+    write_behind_bytes: int
+    journal_segment_bytes: int
+
+    @property
+    def memtable_bytes(self) -> int:
+        return WRITE_BUFFERS * self.write_buffer_bytes
+
+    @property
+    def bounded(self) -> bool:
+        """Whether RocksDB's index and filter blocks go into the block cache (inside the plan)."""
+        return self.memory_bytes is not None
+
+    def parts(self) -> dict[str, int]:
+        return {
+            "ram_tier": self.ram_tier_bytes,
+            "block_cache": self.block_cache_bytes,
+            "memtables": self.memtable_bytes,
+            "write_behind": self.write_behind_bytes,
+            "journal_map": self.journal_segment_bytes,
+        }
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{name} {size / MiB:,.0f} MiB" for name, size in self.parts().items())
+        head = f"memory {self.memory_bytes / MiB:,.0f} MiB" if self.bounded else "memory unbounded"
+        return f"{head}: {parts}"
+
+
+def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan:
+    """The plan for --memory-bytes and --cache-bytes (either may be None). ValueError, naming the parts, when
+    --cache-bytes does not fit in --memory-bytes or --memory-bytes leaves the RAM tier under MIN_RAM_TIER_BYTES."""
+    if memory_bytes is None:
+        return MemoryPlan(None, cache_bytes if cache_bytes is not None else DEFAULT_RAM_TIER_BYTES,
+                          DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_WRITE_BUFFER_BYTES, DEFAULT_WRITE_BEHIND_BYTES,
+                          DEFAULT_JOURNAL_SEGMENT_BYTES)  # fmt: skip
+    m = memory_bytes
+    fixed = MemoryPlan(m, 0, _clamp(m // 8, 16 * MiB, DEFAULT_BLOCK_CACHE_BYTES),
+                       _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
+                       _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
+                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES))  # fmt: skip
+    others = sum(fixed.parts().values())
+    left = m - others
+    detail = ", ".join(f"{name} {size / MiB:,.0f} MiB" for name, size in fixed.parts().items() if name != "ram_tier")
+    if cache_bytes is not None:
+        if cache_bytes > left:
+            raise ValueError(
+                f"--cache-bytes {cache_bytes / MiB:,.0f} MiB does not fit in --memory-bytes {m / MiB:,.0f} MiB: "
+                f"{detail} take {others / MiB:,.0f} MiB, leaving {max(left, 0) / MiB:,.0f} MiB for the RAM tier; "
+                "give a larger --memory-bytes or a smaller --cache-bytes (or leave it out: it takes what is left)"
+            )
+        left = cache_bytes
+    elif left < MIN_RAM_TIER_BYTES:
+        raise ValueError(
+            f"--memory-bytes {m / MiB:,.0f} MiB is too small: {detail} take {others / MiB:,.0f} MiB, leaving "
+            f"{max(left, 0) / MiB:,.0f} MiB for the RAM tier (at least {MIN_RAM_TIER_BYTES / MiB:,.0f} MiB)"
+        )
+    return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
+                      fixed.journal_segment_bytes)  # fmt: skip

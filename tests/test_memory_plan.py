@@ -1,0 +1,65 @@
+"""--memory-bytes (ps.storage.memory): the split of one bound over the parts that hold data, the refusals, and a
+server that reports each part."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ps.config import ServerConfig, TableConfig
+from ps.engine.shard import Shard
+from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, MIN_RAM_TIER_BYTES, MiB, plan_memory
+
+
+@pytest.mark.parametrize("memory", [96 * MiB, 256 * MiB, 640 * MiB, 8 << 30])
+def test_the_parts_add_up_to_the_bound(memory):
+    plan = plan_memory(memory, None)
+    assert sum(plan.parts().values()) == memory
+    assert plan.ram_tier_bytes >= MIN_RAM_TIER_BYTES and plan.bounded
+    assert plan.block_cache_bytes <= DEFAULT_BLOCK_CACHE_BYTES
+
+
+def test_a_given_cache_must_fit_and_keeps_its_size():
+    plan = plan_memory(640 * MiB, 256 * MiB)
+    assert plan.ram_tier_bytes == 256 * MiB and sum(plan.parts().values()) <= 640 * MiB
+    with pytest.raises(ValueError, match=r"--cache-bytes 1,024 MiB does not fit in --memory-bytes 640 MiB"):
+        plan_memory(640 * MiB, 1 << 30)
+    with pytest.raises(ValueError, match=r"--memory-bytes 48 MiB is too small: .* leaving 4 MiB for the RAM tier"):
+        plan_memory(48 * MiB, None)
+
+
+def test_without_a_bound_the_defaults_hold():
+    plan = plan_memory(None, None)
+    assert (plan.ram_tier_bytes, plan.block_cache_bytes, plan.bounded) == (2 << 30, DEFAULT_BLOCK_CACHE_BYTES, False)
+    assert plan_memory(None, 5 * MiB).ram_tier_bytes == 5 * MiB
+
+
+def test_a_bounded_shard_uses_the_plan_and_reports_every_part(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), memory_bytes=256 * MiB))
+    try:
+        plan = plan_memory(256 * MiB, None)
+        shard.create_table(TableConfig(name="t", dim=4))
+        ids = np.arange(1000, dtype=np.uint64)
+        shard.push_batch([("t", ids, np.ones((1000, 4), np.float32), np.ones(1000, np.float32),
+                           np.zeros(1000, np.float32))])  # fmt: skip
+        shard.flush()
+        shard.store.flush()
+        shard.pull("t", ids)
+        s = shard.stats()
+        assert s["memory_budget_bytes"] == 256 * MiB and s["ram_budget_bytes"] == plan.ram_tier_bytes
+        assert s["block_cache_budget_bytes"] == plan.block_cache_bytes and s["journal_map_bytes"] > 0
+        assert 0 < s["block_cache_used_bytes"] <= plan.block_cache_bytes  # index and filter blocks are cached
+        assert s["table_reader_bytes"] >= 0 and s["memtable_bytes"] > 0 and s["write_behind_bytes"] == 0
+    finally:
+        shard.close()
+
+
+def test_the_server_refuses_a_cache_that_does_not_fit(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), "--memory-bytes", "256M",
+                           "--cache-bytes", "1G"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--cache-bytes 1,024 MiB does not fit in --memory-bytes 256 MiB" in done.stderr
+    assert not (tmp_path / "d").exists()  # refused before anything was created

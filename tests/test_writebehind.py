@@ -1,0 +1,147 @@
+"""The write-behind of evicted rows (ps.storage.writebehind, Store.put_rows(background=True)): readers see a
+pending batch before RocksDB has it, batches land in order, the pending bytes are bounded, a failed write is
+raised (never reported written) and its rows stay visible; a table whose writer is slow still reads its own
+evicted rows back exactly."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ps.config import ServerConfig, TableConfig
+from ps.engine.shard import Shard
+from ps.errors import StorageError
+from ps.storage.store import Store, encode_keys
+from ps.storage.writebehind import PendingBatch, WriteBehind
+
+WIDTH = 8
+
+
+def batch(table: str, ids, value: float) -> PendingBatch:
+    ids = np.asarray(ids, dtype=np.uint64)
+    rows = np.full((len(ids), WIDTH), value, dtype=np.float32)
+    return PendingBatch(table, ids, rows, np.full(len(ids), int(value), np.uint64), np.ones(len(ids), bool), {})
+
+
+class Gate:
+    """A writer that records what it wrote and waits for open() before each write (or fails when told)."""
+
+    def __init__(self):
+        self.opened, self.written, self.fail = threading.Event(), [], None
+
+    def __call__(self, b: PendingBatch) -> None:
+        assert self.opened.wait(10)
+        if self.fail is not None:
+            raise self.fail
+        self.written.append(b)
+
+
+def test_pending_batches_are_visible_until_written_in_order_then_drained():
+    gate = Gate()
+    wb = WriteBehind(gate, max_pending_bytes=1 << 20)
+    first, second, other = batch("t", [5, 1, 9], 1.0), batch("t", [9, 2], 2.0), batch("u", [5], 3.0)
+    for b in (first, second, other):
+        wb.submit(b)
+    assert wb.snapshot("t") == [first, second] and wb.snapshot("u") == [other]
+    assert wb.pending_bytes == sum(b.nbytes for b in (first, second, other))
+    hit, at = first.find(np.array([9, 3, 5], dtype=np.uint64))
+    assert hit.tolist() == [True, False, True] and first.ids[at].tolist() == [9, 5]
+    gate.opened.set()
+    wb.drain()
+    assert gate.written == [first, second, other] and wb.snapshot("t") == [] and wb.pending_bytes == 0
+    wb.close()
+
+
+def test_submit_waits_while_the_pending_bytes_are_over_the_bound():
+    gate = Gate()
+    one = batch("t", range(10), 1.0)
+    wb = WriteBehind(gate, max_pending_bytes=one.nbytes)
+    wb.submit(one)  # one batch is always taken, even alone over the bound
+    done = threading.Event()
+    threading.Thread(target=lambda: (wb.submit(batch("t", range(10), 2.0)), done.set()), daemon=True).start()
+    assert not done.wait(0.3), "a second batch over the bound was taken before the first was written"
+    gate.opened.set()
+    assert done.wait(10)
+    wb.close()
+    assert [float(b.rows[0, 0]) for b in gate.written] == [1.0, 2.0]
+
+
+def test_a_failed_write_is_raised_and_its_rows_stay_visible():
+    gate = Gate()
+    gate.fail = StorageError("disk full")
+    wb = WriteBehind(gate, max_pending_bytes=1 << 20)
+    b = batch("t", [1, 2], 1.0)
+    wb.submit(b)
+    gate.opened.set()
+    with pytest.raises(StorageError, match="disk full"):
+        wb.drain()
+    with pytest.raises(StorageError, match="disk full"):
+        wb.submit(batch("t", [3], 2.0))
+    assert wb.snapshot("t") == [b] and gate.written == []
+    wb.close()
+
+
+def test_store_reads_pending_rows_before_rocksdb_has_them_and_the_newest_wins(tmp_path):
+    store = Store(str(tmp_path / "db"))
+    store.create_table(TableConfig(name="t", dim=2))
+    width = 2 + 2 + 4  # embedding, adagrad state, statistics
+    real_write, gate = store._behind._write, Gate()
+
+    def gated(b: PendingBatch) -> None:
+        gate(b)
+        real_write(b)
+
+    store._behind._write = gated
+    ids = np.array([7, 3], dtype=np.uint64)
+    rows1 = np.arange(2 * width, dtype=np.float32).reshape(2, width)
+    rows2 = rows1 + 100
+    complete = np.array([True, False])  # id 3 is not admitted: only its statistics are kept
+    store.put_rows("t", ids, rows1, np.array([1, 1], np.uint64), complete, {"admitted": 1, "pending": 1},
+                   background=True)  # fmt: skip
+    store.put_rows("t", ids[:1], rows2[:1], np.array([2], np.uint64), complete[:1], {"admitted": 1, "pending": 1},
+                   background=True)  # fmt: skip
+    query = np.array([3, 7, 11], dtype=np.uint64)
+    found, rows, lsn, got_complete = store.get_rows("t", query, width)
+    assert found.tolist() == [True, True, False] and lsn.tolist() == [1, 2] and got_complete.tolist() == [False, True]
+    expected_3 = np.zeros(width, np.float32)
+    expected_3[-4:] = rows1[1, -4:]
+    np.testing.assert_array_equal(rows, np.stack([expected_3, rows2[0]]))
+    assert store._multi_get(encode_keys(store._table_id("t"), query)) == [None, None, None]  # RocksDB: not yet
+    gate.opened.set()
+    store.drain()
+    assert store.write_behind_bytes == 0
+    found2, rows_after, lsn_after, complete_after = store.get_rows("t", query, width)
+    assert found2.tolist() == found.tolist() and lsn_after.tolist() == [1, 2]
+    np.testing.assert_array_equal(rows_after, rows)  # what RocksDB holds is what the overlay showed
+    assert complete_after.tolist() == [False, True]
+    store.close()
+
+
+def test_a_table_with_a_slow_writer_reads_its_evicted_rows_back_exactly(tmp_path):
+    """A RAM tier of a few hundred rows, pushes over 4,000 ids: every push evicts dirty rows to a writer that
+    lags; the rows pulled afterwards are what an in-RAM table holds for the same pushes."""
+    rng = np.random.default_rng(0)
+    calls = [np.unique(rng.integers(0, 4000, 300)).astype(np.uint64) for _ in range(30)]
+    grads = [rng.standard_normal((len(c), 4)).astype(np.float32) for c in calls]
+
+    def train(data_dir: str, cache_bytes: int, slow: bool) -> np.ndarray:
+        shard = Shard(ServerConfig(data_dir=data_dir, cache_bytes=cache_bytes))
+        shard.create_table(TableConfig(name="t", dim=4))
+        if slow:
+            write = shard.store._behind._write
+            shard.store._behind._write = lambda b: (threading.Event().wait(0.02), write(b))
+        for ids, g in zip(calls, grads):
+            ones = np.ones(len(ids), np.float32)
+            shard.push_batch([("t", ids, g, ones, np.zeros(len(ids), np.float32))])
+        if slow:
+            evictions = shard.table("t").arena.evictions
+            assert evictions > 1000, evictions
+        out = shard.pull("t", np.arange(4000, dtype=np.uint64))
+        shard.close()
+        return out
+
+    small = train(str(tmp_path / "small"), 64 << 10, slow=True)
+    big = train(str(tmp_path / "big"), 64 << 20, slow=False)
+    np.testing.assert_array_equal(small, big)
