@@ -21,7 +21,8 @@
   lsn is older.
 A request bigger than half of what the table may hold is processed in chunks, so it never evicts its own rows; a
 push in chunks computes every chunk into a buffer first and puts them into the arena once it is journaled.
-Thread-safety: one lock per table serializes pull, push, flush, shrink.
+Thread-safety: one lock per table serializes pull, push, flush, shrink; a pull of one chunk releases it while it
+reads its misses from RocksDB (ReadAhead), and rows written to RocksDB meanwhile are read again under it.
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Table:
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
         self.closed = False
+        self._watchers: list[list[np.ndarray]] = []  # of the reads ahead in progress: ids written since they began
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
         }  # fmt: skip
@@ -79,15 +81,38 @@ class Table:
 
     # ---- public API -----------------------------------------------------------------------------------
     def pull(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """(n, dim) embeddings of ids (duplicates allowed), in order; into out (n, dim) float32 if given."""
+        """(n, dim) embeddings of ids (duplicates allowed), in order; into out (n, dim) float32 if given.
+        A request of one chunk reads its misses from RocksDB without the table lock (_read_ahead), so a pull
+        that comes while a push is applied (a worker's prefetch) loads its misses meanwhile."""
         if out is None:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
         with self.lock:
             self._check_open()
-            for lo, hi in self._chunks(len(ids)):
-                if self.arena.gather_hits(ids[lo:hi], self.dim, out[lo:hi]):  # some missed: admit them
-                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
-                    gather(self.arena.data, rows, self.dim, out[lo:hi])
+            chunks = list(self._chunks(len(ids)))
+            if len(chunks) == 1 and self.arena.gather_hits(ids, self.dim, out):
+                ahead = self._read_ahead_start(ids)
+            else:
+                ahead = None
+                for lo, hi in chunks if len(chunks) > 1 else ():
+                    if self.arena.gather_hits(ids[lo:hi], self.dim, out[lo:hi]):  # some missed: admit them
+                        rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                        gather(self.arena.data, rows, self.dim, out[lo:hi])
+                self.counters["pulls"] += 1
+                self.counters["ids_pulled"] += len(ids)
+        if ahead is None:
+            return out
+        try:
+            ahead.read(self.store, self.name, self.width)
+        except BaseException:
+            with self.lock:
+                self._watchers.remove(ahead.written)
+                self._check_open()  # a read cut short by the shard closing is its error, not the store's
+            raise
+        with self.lock:
+            self._watchers.remove(ahead.written)  # with the resolve, in one hold: no write goes unseen
+            self._check_open()
+            rows = self._resolve(ids, self.arena.new_stamp(), ahead=ahead)
+            gather(self.arena.data, rows, self.dim, out)
             self.counters["pulls"] += 1
             self.counters["ids_pulled"] += len(ids)
         return out
@@ -298,9 +323,18 @@ class Table:
             self._raise_duplicate(ids, dup)
         return rows
 
-    def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False) -> np.ndarray:
-        """Arena row of each id; admits missing ids to RAM. With reject_duplicates, a repeated id raises
-        InvalidArgumentError before anything is admitted."""
+    def _read_ahead_start(self, ids: np.ndarray) -> ReadAhead:
+        """The ids of a request missing from RAM now, to read without the lock; from here until the read is done,
+        the ids of every row written to RocksDB are collected in its `written` (their read may be stale)."""
+        rows, _ = self.arena.find_rows(ids)
+        ahead = ReadAhead(np.unique(ids[rows < 0]))
+        self._watchers.append(ahead.written)
+        return ahead
+
+    def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False,
+                 ahead: ReadAhead | None = None) -> np.ndarray:  # fmt: skip
+        """Arena row of each id; admits missing ids to RAM (with the rows `ahead` read, where still current). With
+        reject_duplicates, a repeated id raises InvalidArgumentError before anything is admitted."""
         rows, dup = self.arena.lookup(ids, stamp)
         miss = np.flatnonzero(rows < 0)
         missing = first = inverse = None
@@ -312,7 +346,7 @@ class Table:
         if reject_duplicates and dup >= 0:
             self._raise_duplicate(ids, dup)
         if missing is not None:
-            rows[miss] = self._admit(missing, stamp)[inverse.ravel()]
+            rows[miss] = self._admit(missing, stamp, ahead)[inverse.ravel()]
             self.counters["cache_misses"] += len(missing)
         return rows
 
@@ -323,15 +357,13 @@ class Table:
         self.optimizer.init_state(block[:, : self.stats_col], self.dim)
         return block
 
-    def _admit(self, ids: np.ndarray, stamp: int) -> np.ndarray:
-        found, stored_rows, stored_lsn, complete = self.store.get_rows(self.name, ids, self.width)
+    def _admit(self, ids: np.ndarray, stamp: int, ahead: ReadAhead | None = None) -> np.ndarray:
+        """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows."""
+        found, stored_rows, lsn, complete = ReadAhead.expand(self.store.get_rows, self.name, ids, self.width, ahead)
         block = self._initial(ids)
-        lsn = np.zeros(len(ids), dtype=np.uint64)
-        where = np.flatnonzero(found)
-        full, partial = where[complete], where[~complete]
-        block[full] = stored_rows[complete]
-        block[partial, self.stats_col :] = stored_rows[~complete, self.stats_col :]
-        lsn[where] = stored_lsn
+        full, partial = found & complete, found & ~complete
+        block[full] = stored_rows[full]
+        block[partial, self.stats_col :] = stored_rows[partial, self.stats_col :]
         stored = np.zeros(len(ids), dtype=np.uint8)
         stored[partial], stored[full] = 1, 2
         rows = self._make_room(len(ids), stamp)
@@ -373,7 +405,10 @@ class Table:
         complete = buf[:, self.stats_col + ADMITTED] > 0
         after = np.where(complete, 2, 1).astype(np.uint8)
         counts = self._counts_after(a.stored[rows], after)
-        self.store.put_rows(self.name, a.ids[rows], buf, a.lsn[rows], complete, counts, background=background)
+        ids = a.ids[rows]
+        self.store.put_rows(self.name, ids, buf, a.lsn[rows], complete, counts, background=background)
+        for written in self._watchers:
+            written.append(ids)
         self.stored_counts = counts
         a.stored[rows] = after
         a.dirty[rows] = 0
@@ -390,6 +425,8 @@ class Table:
         self.num_rows -= int(np.count_nonzero(drop & complete))
         self.num_pending -= int(np.count_nonzero(drop & ~complete))
         self.store.put_rows(self.name, ids[keep], rows[keep], lsn[keep], complete[keep], counts, delete=ids[drop])
+        for written in self._watchers:
+            written.append(ids)
         self.stored_counts = counts
         kept_ram, dropped_ram = in_ram[keep & (in_ram >= 0)], in_ram[drop & (in_ram >= 0)]
         a.data[kept_ram, : self.width] = rows[keep & (in_ram >= 0)]
@@ -398,3 +435,46 @@ class Table:
         if len(dropped_ram):
             a.release(dropped_ram)
         self.counters["dropped"] += int(drop.sum())
+
+
+class ReadAhead:
+    """A read of rows from RocksDB done without the table lock: the ids missing from RAM when it began
+    (`missing`, sorted), what the store returned for them (expanded to one entry per id), and `written`: the
+    arrays of ids the table wrote to RocksDB since it began. Where the read is used, an id that was written
+    meanwhile, or was not missing when it began, is read again (under the lock)."""
+
+    def __init__(self, missing: np.ndarray):
+        self.missing = missing
+        self.written: list[np.ndarray] = []
+        self.stored: tuple[np.ndarray, ...] | None = None
+
+    def read(self, store: Store, table: str, width: int) -> None:
+        self.stored = ReadAhead.expand(store.get_rows, table, self.missing, width, None)
+
+    @staticmethod
+    def expand(get_rows, table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None) -> tuple:
+        """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else by
+        get_rows (Store.get_rows), whose answer holds only the found ids."""
+        n = len(ids)
+        found, rows = np.zeros(n, dtype=bool), np.zeros((n, width), dtype=np.float32)
+        lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
+        fresh = np.zeros(n, dtype=bool)
+        if ahead is not None and ahead.stored is not None and len(ahead.missing):
+            at = np.minimum(np.searchsorted(ahead.missing, ids), len(ahead.missing) - 1)
+            fresh = ahead.missing[at] == ids
+            if ahead.written:
+                fresh &= ~np.isin(ids, np.concatenate(ahead.written))
+            src = at[fresh]
+            a_found, a_rows, a_lsn, a_complete = ahead.stored
+            found[fresh], rows[fresh], lsn[fresh], complete[fresh] = (
+                a_found[src],
+                a_rows[src],
+                a_lsn[src],
+                a_complete[src],
+            )
+        rest = np.flatnonzero(~fresh)
+        if len(rest):
+            r_found, r_rows, r_lsn, r_complete = get_rows(table, ids[rest], width)
+            where = rest[r_found]
+            found[where], rows[where], lsn[where], complete[where] = True, r_rows, r_lsn, r_complete
+        return found, rows, lsn, complete

@@ -1,0 +1,94 @@
+"""A pull's misses are read from RocksDB without the table lock (ps.engine.table.ReadAhead): a push goes on
+meanwhile, and a row written to RocksDB while the read was out is read again, never served stale."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ps.config import ServerConfig, TableConfig
+from ps.engine.shard import Shard
+
+DIM = 4
+
+
+def push(shard: Shard, ids: np.ndarray, value: float) -> None:
+    n = len(ids)
+    shard.push_batch([("t", ids, np.full((n, DIM), value, np.float32), np.ones(n, np.float32),
+                       np.zeros(n, np.float32))])  # fmt: skip
+
+
+def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), cache_bytes=64 << 10))
+    try:
+        shard.create_table(TableConfig(name="t", dim=DIM))
+        table, hot = shard.table("t"), np.arange(10, dtype=np.uint64)
+        cold = np.arange(1000, 3000, dtype=np.uint64)
+        push(shard, hot, 1.0)
+        shard.pull("t", cold)  # evicts the hot ids: RocksDB has them, RAM does not
+        assert (table.arena.find_rows(hot)[0] < 0).all()
+        real_get, read_done, go_on = shard.store.get_rows, threading.Event(), threading.Event()
+
+        def slow_get_rows(*args):
+            got = real_get(*args)
+            if threading.current_thread().name == "reader":
+                read_done.set()
+                assert go_on.wait(20)  # the answer is held while the rows change
+            return got
+
+        shard.store.get_rows = slow_get_rows
+        result = {}
+        reader = threading.Thread(target=lambda: result.update(rows=shard.pull("t", hot)), name="reader")
+        reader.start()
+        assert read_done.wait(20)
+        push(shard, hot, -3.0)  # not blocked by the pull's read: the lock is free while it reads
+        shard.pull("t", cold)  # and evicted again: the new rows go to RocksDB (written behind)
+        assert (table.arena.find_rows(hot)[0] < 0).all()
+        go_on.set()
+        reader.join(20)
+        assert not reader.is_alive()
+        assert not table._watchers  # every read ahead unregistered
+    finally:
+        shard.close()
+    reference = Shard(ServerConfig(data_dir=str(tmp_path / "ref")))  # the same pushes, all in RAM
+    try:
+        reference.create_table(TableConfig(name="t", dim=DIM))
+        push(reference, hot, 1.0)
+        push(reference, hot, -3.0)
+        np.testing.assert_array_equal(result["rows"], reference.pull("t", hot))
+    finally:
+        reference.close()
+
+
+def test_reads_ahead_give_what_pulls_under_the_lock_give(tmp_path):
+    """Pulls and pushes from two threads over a small RAM tier end with the rows a one-thread run leaves."""
+    rng = np.random.default_rng(3)
+    calls = [np.unique(rng.integers(0, 3000, 200)).astype(np.uint64) for _ in range(40)]
+
+    def run(data_dir: str, threads: int) -> np.ndarray:
+        shard = Shard(ServerConfig(data_dir=data_dir, cache_bytes=64 << 10))
+        shard.create_table(TableConfig(name="t", dim=DIM))
+        for ids in calls:
+            push(shard, ids, 0.5)
+        if threads > 1:  # pulls of other ids race the pushes; rows only change by pushes, so the end is the same
+            stop = threading.Event()
+
+            def pull_loop():
+                while not stop.is_set():
+                    shard.pull("t", rng.integers(0, 3000, 300).astype(np.uint64))
+
+            t = threading.Thread(target=pull_loop)
+            t.start()
+            for ids in calls:
+                push(shard, ids, -0.25)
+            stop.set()
+            t.join()
+        else:
+            for ids in calls:
+                push(shard, ids, -0.25)
+        out = shard.pull("t", np.arange(3000, dtype=np.uint64))
+        shard.close()
+        return out
+
+    np.testing.assert_array_equal(run(str(tmp_path / "a"), 2), run(str(tmp_path / "b"), 1))
