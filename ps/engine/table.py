@@ -360,9 +360,12 @@ class Table:
     def _admit(self, ids: np.ndarray, stamp: int, ahead: ReadAhead | None = None) -> np.ndarray:
         """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows."""
         found, stored_rows, lsn, complete = ReadAhead.expand(self.store.get_rows, self.name, ids, self.width, ahead)
-        block = self._initial(ids)
         full, partial = found & complete, found & ~complete
+        block = np.empty((len(ids), self.width), dtype=np.float32)
         block[full] = stored_rows[full]
+        fresh = np.flatnonzero(~full)  # initial rows only where RocksDB holds none (or only statistics)
+        if len(fresh):
+            block[fresh] = self._initial(ids[fresh])
         block[partial, self.stats_col :] = stored_rows[partial, self.stats_col :]
         stored = np.zeros(len(ids), dtype=np.uint8)
         stored[partial], stored[full] = 1, 2
