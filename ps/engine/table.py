@@ -28,6 +28,7 @@ reads its misses from RocksDB (ReadAhead), and rows written to RocksDB meanwhile
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -314,7 +315,7 @@ class Table:
     def _rows_for_push(self, ids: np.ndarray) -> np.ndarray:
         """Arena rows of a push's ids (one chunk), all in RAM; a repeated id raises InvalidArgumentError before
         anything changes. When every id is in RAM already (hot rows) only the index is read: no row's line is
-        touched until the update, which marks it referenced; nothing is admitted, so nothing needs pinning."""
+        touched until the update, which counts a use of it; nothing is admitted, so nothing needs pinning."""
         rows, misses = self.arena.find_rows(ids)
         if misses:
             return self._resolve(ids, self.arena.new_stamp(), reject_duplicates=True)
@@ -455,7 +456,9 @@ class ReadAhead:
         self.stored = ReadAhead.expand(store.get_rows, table, self.missing, width, None)
 
     @staticmethod
-    def expand(get_rows, table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None) -> tuple:
+    def expand(
+        get_rows: Callable[..., tuple], table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None
+    ) -> tuple:
         """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else by
         get_rows (Store.get_rows), whose answer holds only the found ids."""
         n = len(ids)

@@ -10,10 +10,10 @@ Grammar of the RocksDB value (little-endian), after the 14-byte key table:u32be 
 crash applies each push to each row exactly once. last_step is exact up to 2**24 clock steps.
 
 In RAM a row is one arena line: the row's float32 (padded to an even count), then META_FLOATS of bookkeeping
-    meta := lsn:u64  pin:i64  referenced:u8  dirty:u8  stored:u8  pad:u8[5]
+    meta := lsn:u64  pin:i64  uses:u8  dirty:u8  stored:u8  pad:u8[5]
 kept in the line itself so that looking a row up, updating it and marking it touch one place in memory (in
-separate arrays they would cost four more cache misses per id); plus RAM_OVERHEAD_BYTES outside the line (its id
-and its share of the IdIndex).
+separate arrays they would cost four more cache misses per id); plus RAM_OVERHEAD_BYTES outside the line (its id,
+its share of the IdIndex, and its place in the eviction policy's probation queue and ghost fingerprints).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ META_FLOATS = 6  # lsn, pin, flags: 24 bytes at the end of each arena line
 # per arena row outside its line: id u64 and the IdIndex's 2-4 slots of 16 B (keys u64 + vals i64 at load
 # 1/2..1/4; the worst case is charged).
 INDEX_BYTES_PER_ROW = 64
-RAM_OVERHEAD_BYTES = 8 + INDEX_BYTES_PER_ROW
+EVICTION_BYTES_PER_ROW = 10  # ps.storage.arena: a probation queue entry (id u64) and a ghost fingerprint (u16)
+RAM_OVERHEAD_BYTES = 8 + INDEX_BYTES_PER_ROW + EVICTION_BYTES_PER_ROW
 
 
 def meta_col(width: int) -> int:

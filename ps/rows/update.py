@@ -11,7 +11,8 @@ place). Per block of rows small enough to stay in cache, the kernel runs these s
              the arena; a row not admitted gets its old embedding and state back (its pushes only count);
              admitted embeddings are clipped to the weight bound
     check    the first value of the block that is not finite (the caller rejects the push)
-    store    in place: the arena row := new; the row becomes dirty at lsn `seq` and referenced (CLOCK);
+    store    in place: the arena row := new; the row becomes dirty at lsn `seq` and is touched (its use count,
+             which eviction reads, goes up: see `touch`);
              buffered: the result row := new, the arena is untouched
 
 Inputs, packed so that no two arguments of one type can be swapped unnoticed:
@@ -63,6 +64,18 @@ from ps.rows.rowcopy import gather_for_update
 
 UPDATE_BLOCK = 256  # rows updated per block: loaded, stepped and accounted while the block is in cache
 BLOCK_FLOATS = 8192  # ... and at most this many floats (32 KB, about L1): wide rows (dense tables) take fewer
+
+USE_CAP = 7  # a row's use count (RowState.ref) stops here
+
+
+@numba.njit(inline="always")
+def touch(uses: np.ndarray, r: int) -> None:
+    """Counts one use of arena row r (a lookup, a pull's gather, a push): its use count goes up by one, to
+    USE_CAP. A count at the cap is not written, so the line of a hot row stays clean. Used by every path that
+    reads or writes a row for a request; ps.storage.arena's eviction lowers the counts and evicts at 0."""
+    if uses[r] < USE_CAP:
+        uses[r] += 1
+
 
 # ---- the hyper-parameter vector: slot indices ------------------------------------------------------------------
 SLOT_NAMES = (
@@ -142,7 +155,7 @@ class RowState(NamedTuple):
     lsn: np.ndarray  # uint64 (capacity,)
     dirty: np.ndarray  # uint8 (capacity,)
     stored: np.ndarray  # uint8 (capacity,): 0 not in RocksDB, 1 statistics only, 2 the full row
-    ref: np.ndarray  # uint8 (capacity,): CLOCK's referenced bit
+    ref: np.ndarray  # uint8 (capacity,): use count, 0..USE_CAP (see touch; ps.storage.arena's eviction reads it)
 
 
 class Target(NamedTuple):
@@ -259,7 +272,7 @@ def _account(hp, state, new, push, b):
 
 @numba.njit(inline="always")
 def _store(state, rows, new, seq, undo_lsn, undo_dirty):
-    """Arena row rows[i] := new[i], dirty and referenced at lsn seq; its lsn and dirty flag before go to undo_lsn
+    """Arena row rows[i] := new[i], dirty at lsn seq and touched; its lsn and dirty flag before go to undo_lsn
     and undo_dirty (as long as rows, or empty: nothing kept). Returns the change in (admitted ids, ids not
     admitted yet): a row exists once it is stored or dirty, and leaves its old count."""
     data, lsn, dirty, stored, ref = state  # once per block, not per row: numba counts a reference at each read
@@ -285,7 +298,7 @@ def _store(state, rows, new, seq, undo_lsn, undo_dirty):
             data[r, j] = new[i, j]
         lsn[r] = seq
         dirty[r] = 1
-        ref[r] = 1
+        touch(ref, r)
     return d_admitted, d_pending
 
 
@@ -365,7 +378,7 @@ def update(hp: np.ndarray, push: Push, state: RowState, target: Target) -> Outco
 
 
 def undo(state: RowState, rows: np.ndarray, target: Target) -> None:
-    """Puts back what an in-place update of rows overwrote: data, lsn and dirty flags (its CLOCK bits stay)."""
+    """Puts back what an in-place update of rows overwrote: data, lsn and dirty flags (use counts stay)."""
     run_parts(lambda lo, hi: _undo(state, rows, target, lo, hi), len(rows))
 
 

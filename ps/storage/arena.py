@@ -1,8 +1,8 @@
-"""Arena: the RAM tier of one table, rows drawn from the server's MemoryBudget, with CLOCK eviction.
+"""Arena: the RAM tier of one table, rows drawn from the server's MemoryBudget, with frequency-aware eviction.
 
 An arena is arrays indexed by arena row plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal
-seq of the last push applied), a pin stamp (rows of the request in progress are never evicted), and flags:
-referenced (CLOCK), dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin and the flags live at the
+seq of the last push applied), a pin stamp (rows of the request in progress are never evicted), a use count `ref`
+and flags: dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin, the count and the flags live at the
 end of the row's line in `data` (ps.rows.layout); the attributes are strided views of them.
 
 Memory: every row in use [0, used) is paid for from the MemoryBudget shared by all tables of a server
@@ -10,9 +10,29 @@ Memory: every row in use [0, used) is paid for from the MemoryBudget shared by a
 rows, grown by doubling as rows are paid for, so what a table maps (virtual memory) follows what it holds: at
 most twice its rows, and never more than the budget. Growing moves the pages to a larger mapping where the OS
 can (ps.accel.hugepages.resize), so the arrays are replaced: callers re-read `data` and the views after any
-call that admits rows (grow). When the budget is spent a table reuses its own cold rows (CLOCK: a sweeping hand
-clears the referenced bit of each row it passes and takes rows whose bit is already clear); a table under its
-fair share takes rows back from tables above theirs (give_up).
+call that admits rows (grow). When the budget is spent a table reuses its own cold rows (victims); a table under
+its fair share takes rows back from tables above theirs (give_up).
+
+Eviction keeps the ids that come back, as CTR ids are Zipf-distributed: most of a request's misses are ids seen
+once in a long while, which should leave first, while ids used again should stay. The scheme is S3-FIFO (Yang et
+al., SOSP 2023) on arena rows:
+- Use count: every lookup, pull gather and push of a row adds one, up to USE_CAP (ps.rows.update.touch; a count
+  at the cap is not written, so a hot row's line stays clean).
+- Probation: install gives a row count 0 and puts its id at the back of a FIFO queue; victims() takes rows from the
+  front of the queue first. A queued row that has reached PROMOTE_USES uses leaves the queue without being taken
+  (in training the admitting request's push is one use, the next request's pull one more), as does an id no
+  longer in RAM; a row pinned by the request in progress keeps its entry. The queue holds at most as many ids as
+  there are rows in use (an id taken by the hand leaves an entry behind until the queue reaches it), oldest
+  entries dropped first: their rows stay, as any other row.
+- Ghost: the ids taken from the queue are remembered in a direct-mapped table of 16-bit fingerprints, a slot per
+  row the arrays have room for (rounded down to a power of two). An id admitted again while remembered skips the
+  queue: an id that comes back after its turn in the queue, but before the ghost forgets it, stays from then on.
+- CLOCK over the counts: when the queue has no row to give, a hand sweeps the rows, takes a row whose count is 0
+  and lowers any other count by one, so USE_CAP + 1 sweeps reach every row that is not pinned.
+Rows pinned by the request in progress and free rows are never taken. Beyond the rows' charge, the queue takes 8
+bytes per id on it (at most one per row in use) and the ghost 2 bytes per row the arrays have room for.
+`_plain_clock` (private, for tests and benchmarks/eviction.py, which measure against it) makes this plain CLOCK:
+no queue and no ghost, a row admitted as used, and the hand clears a count instead of lowering it.
 All per-row work is in compiled loops; the Table serializes calls with `lock`, which reclaim takes too.
 """
 
@@ -30,12 +50,14 @@ from ps.hashing import mix64_scalar
 from ps.rows.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
 from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.rowcopy import scatter
+from ps.rows.update import USE_CAP, touch
 from ps.storage.budget import MemoryBudget
 from ps.storage.index import IdIndex, find, lookup_into, prefetch_slot
 
 __all__ = ["Arena", "MemoryBudget"]
 
 MIN_CAPACITY = 16  # rows the arrays get at their first growth
+PROMOTE_USES = 2  # uses since admission that take a row off probation
 _NO_RESCAN = 1 << 62
 
 
@@ -61,8 +83,8 @@ def _group_by_home(ids, shift, k):
 
 
 @numba.njit(nogil=True, cache=True)
-def _lookup_touch(slots, shift, ids, positions, out, ref, pin, stamp):
-    """For i in positions (in order): out[i] = row of ids[i] or -1; marks hits referenced and pinned. Returns
+def _lookup_touch(slots, shift, ids, positions, out, uses, pin, stamp):
+    """For i in positions (in order): out[i] = row of ids[i] or -1; touches and pins hits. Returns
     the first position whose id repeats an earlier hit of this call (pin already == stamp), or -1."""
     dup = -1
     n = positions.shape[0]
@@ -73,7 +95,7 @@ def _lookup_touch(slots, shift, ids, positions, out, ref, pin, stamp):
         r = find(slots, shift, ids[i])
         out[i] = r
         if r >= 0:
-            ref[r] = 1
+            touch(uses, r)
             if pin[r] == stamp and dup < 0:
                 dup = i
             pin[r] = stamp
@@ -81,10 +103,11 @@ def _lookup_touch(slots, shift, ids, positions, out, ref, pin, stamp):
 
 
 @numba.njit(nogil=True, cache=True)
-def _lookup_gather(slots, shift, ids, data, cols, out, ref):
-    """The all-hits fast path of a pull: out[i, :cols] = data[row of ids[i], :cols] and ref = 1 for every id
+def _lookup_gather(slots, shift, ids, data, cols, out, uses):
+    """The all-hits fast path of a pull: out[i, :cols] = data[row of ids[i], :cols] and a touch for every id
     found; returns how many ids were not found (their out rows are left as they were).
-    Two simple loops (look up all, then copy all) rather than one fused loop: more cache misses overlap."""
+    Two simple loops (look up all, then copy all) rather than one fused loop: more cache misses overlap. Parts
+    run on several threads may touch one row at once: a use may go uncounted, the count never passes the cap."""
     n = ids.shape[0]
     rows = np.empty(n, np.int64)
     lookup_into(slots, shift, ids, rows)
@@ -96,8 +119,7 @@ def _lookup_gather(slots, shift, ids, data, cols, out, ref):
         if r < 0:
             misses += 1
             continue
-        if ref[r] == 0:  # a hot row's bit is set already: leave its line clean (no write-back to memory)
-            ref[r] = 1
+        touch(uses, r)
         for j in range(cols):
             out[i, j] = data[r, j]
     return misses
@@ -122,21 +144,81 @@ def _first_repeat(rows, seen):
     return first
 
 
+@numba.njit(inline="always")
+def _ghost_slot(ghost, k):
+    """(slot, fingerprint) of id k in the ghost table (a power-of-two length): the slot from the high half of
+    mix64(k), the fingerprint from bits 16-31 (the low bits choose the id's shard, ps.sharding); fingerprint 0
+    marks an empty slot."""
+    h = mix64_scalar(k)
+    slot = np.int64(h >> np.uint64(32)) & (ghost.shape[0] - 1)
+    fp = np.uint16((h >> np.uint64(16)) & np.uint64(0xFFFF))
+    return slot, fp if fp != 0 else np.uint16(1)
+
+
 @numba.njit(nogil=True, cache=True)
-def _clock_victims(ref, pin, stamp, used, hand, k, out):
-    """Up to k unpinned rows in [0, used) by CLOCK; returns (count, new hand). Two sweeps at most."""
+def _probation_victims(queue, slots, shift, uses, pin, stamp, k, out, ghost):
+    """Up to k rows of ids in the probation queue, front first, into out (see the module), each id taken put in
+    the ghost; returns (count, first entry left). Entries taken or dropped are consumed; those of rows pinned by
+    this request are kept and moved up to just before the first entry left, in order, so the queue afterwards is
+    queue[first entry left:]."""
+    n = queue.shape[0]
+    kept = np.empty(n, np.uint64)
+    nk = 0
+    count = 0
+    p = 0
+    while p < n and count < k:
+        if p + AHEAD < n:
+            prefetch_slot(slots, shift, queue[p + AHEAD])
+        i = queue[p]
+        p += 1
+        r = find(slots, shift, i)
+        if r < 0 or uses[r] >= PROMOTE_USES:
+            continue  # no longer in RAM, or used again: off probation
+        if pin[r] == stamp:
+            kept[nk] = i
+            nk += 1
+            continue
+        out[count] = r
+        pin[r] = stamp  # not chosen twice
+        count += 1
+        slot, fp = _ghost_slot(ghost, i)
+        ghost[slot] = fp
+    queue[p - nk : p] = kept[:nk]
+    return count, p - nk
+
+
+@numba.njit(nogil=True, cache=True)
+def _not_in_ghost(ids, ghost):
+    """Which ids the ghost does not remember (they go on probation); the ids it remembers are forgotten there."""
+    out = np.ones(ids.shape[0], np.bool_)
+    for i in range(ids.shape[0]):
+        slot, fp = _ghost_slot(ghost, ids[i])
+        if ghost[slot] == fp:
+            ghost[slot] = 0
+            out[i] = False
+    return out
+
+
+@numba.njit(nogil=True, cache=True)
+def _clock_victims(uses, pin, stamp, used, hand, k, out, plain):
+    """Up to k unpinned rows in [0, used) by CLOCK over use counts; returns (count, new hand). The hand takes a
+    row whose count is 0 and lowers any other count by one (plain: clears it). USE_CAP + 1 sweeps at most; it
+    stops early once a whole sweep has passed no row it could take or lower."""
     count = 0
     steps = 0
-    while count < k and steps < 2 * used:
+    idle = 0  # steps since the hand last passed a row that is neither pinned nor free
+    while count < k and steps < (USE_CAP + 1) * used and idle < used:
         r = hand
         hand += 1
         if hand >= used:
             hand = 0
         steps += 1
         if pin[r] == stamp or pin[r] < 0:  # pinned by this request, or released (free)
+            idle += 1
             continue
-        if ref[r]:
-            ref[r] = 0
+        idle = 0
+        if uses[r]:
+            uses[r] = 0 if plain else uses[r] - 1
             continue
         out[count] = r
         pin[r] = stamp  # not chosen twice
@@ -176,6 +258,9 @@ class Arena:
         self.index = IdIndex(MIN_CAPACITY)
         self.used = 0  # rows [0, used) are in use (installed, or free-listed) and paid for
         self.hand = 0
+        self._probation = np.zeros(0, dtype=np.uint64)  # ids on probation, front first (see the module)
+        self._ghost = np.zeros(1, dtype=np.uint16)  # fingerprints of ids taken from probation (see the module)
+        self._plain_clock = False  # plain CLOCK instead (see the module): tests and benchmarks measure against it
         self.free = np.zeros(0, dtype=np.int64)  # released rows (Shrink), reused first
         self._stamp = 0
         self._seen: np.ndarray | None = None  # first_repeat's bitmap, one bit per row, kept clear
@@ -200,6 +285,7 @@ class Arena:
         self.data = hugepages.resize(self.__dict__.pop("data"), capacity)  # the last reference: moved in place
         self.ids = hugepages.resize(self.__dict__.pop("ids"), capacity)
         self.capacity = capacity
+        self._ghost = np.zeros(1 << max(0, int(capacity).bit_length() - 1), dtype=np.uint16)  # what it held is lost
         self._bind()
 
     def new_stamp(self) -> int:
@@ -208,7 +294,7 @@ class Arena:
         return self._stamp
 
     def lookup(self, ids: np.ndarray, stamp: int) -> tuple[np.ndarray, int]:
-        """(row of each id or -1, index of the first repeated hit or -1); hits become referenced and pinned."""
+        """(row of each id or -1, index of the first repeated hit or -1); hits are touched and pinned."""
         out = np.empty(len(ids), dtype=np.int64)
         slots, shift = self.index.slots, self.index.shift
         k = len(parts(len(ids)))  # split by home slot, not by position: repeats of an id stay in one part
@@ -240,7 +326,8 @@ class Arena:
         return int(_first_repeat(rows, self._seen))
 
     def gather_hits(self, ids: np.ndarray, cols: int, out: np.ndarray) -> int:
-        """Copies the first cols floats of every id present into out; returns how many ids are absent."""
+        """Copies the first cols floats of every id present into out and touches its row; returns how many ids
+        are absent."""
         slots, shift = self.index.slots, self.index.shift
         return sum(run_parts(
             lambda lo, hi: _lookup_gather(slots, shift, ids[lo:hi], self.data, cols, out[lo:hi], self.ref), len(ids)
@@ -285,8 +372,8 @@ class Arena:
 
     def give_up(self, k: int) -> int:
         """Gives up to k rows back (for MemoryBudget.reclaim, which holds this table's lock and pays the bytes back
-        to the budget); returns how many. Free rows go first, then rows in use chosen by CLOCK, as victims() chooses
-        them; the dirty ones are persisted first. The rows in use above used - k move down into the freed places,
+        to the budget); returns how many. Free rows go first, then rows in use as victims() chooses them; the dirty
+        ones are persisted first. The rows in use above used - k move down into the freed places,
         and the arrays shrink to the rows left, so their memory goes back to the OS."""
         top_free = np.sort(self.free)[::-1][:k]  # free rows nearest the end need no move
         evicted = self.victims(k - len(top_free), self.new_stamp()) if k > len(top_free) else self.free[:0]
@@ -320,23 +407,44 @@ class Arena:
         return k
 
     def victims(self, n: int, stamp: int) -> np.ndarray:
-        """Up to n cold, unpinned rows in use (CLOCK); they are pinned with stamp so they are not reused twice."""
+        """Up to n cold, unpinned rows in use, dirty or not (rows on probation first, then by CLOCK over use
+        counts: see the module); they are pinned with stamp so they are not reused twice. Fewer than n only when
+        fewer rows in use are neither pinned with stamp nor free."""
         out = np.empty(n, dtype=np.int64)
-        count, self.hand = _clock_victims(self.ref, self.pin, stamp, self.used, self.hand, n, out)
+        count = 0
+        if len(self._probation) and n:
+            slots, shift = self.index.slots, self.index.shift
+            count, first_left = _probation_victims(
+                self._probation, slots, shift, self.ref, self.pin, stamp, n, out, self._ghost
+            )
+            self._probation = self._probation[first_left:]
+        if count < n:
+            more, self.hand = _clock_victims(
+                self.ref, self.pin, stamp, self.used, self.hand, n - count, out[count:], self._plain_clock
+            )
+            count += more
         return out[:count]
 
     def install(
         self, rows: np.ndarray, ids: np.ndarray, block: np.ndarray, lsn: np.ndarray, stored: np.ndarray, stamp: int
     ) -> None:
-        """Puts rows of ids (data, lsn, stored flags) into arena rows (free or evicted ones)."""
+        """Puts rows of ids (data, lsn, stored flags) into arena rows (free or evicted ones), unused, on probation
+        unless the ghost remembers the id (see the module)."""
         scatter(self.data, rows, block)
         self.ids[rows] = ids
         self.lsn[rows] = lsn
         self.stored[rows] = stored
         self.dirty[rows] = 0
-        self.ref[rows] = 1
         self.pin[rows] = stamp
         self.index.insert(ids, rows)
+        if self._plain_clock:
+            self.ref[rows] = 1
+            return
+        self.ref[rows] = 0
+        ids = np.asarray(ids, dtype=np.uint64)
+        keep = max(MIN_CAPACITY, self.used)  # newest entries kept
+        queue = np.concatenate([self._probation, ids[_not_in_ghost(ids, self._ghost)]])
+        self._probation = queue if len(queue) <= keep else queue[-keep:].copy()
 
     def release(self, rows: np.ndarray) -> None:
         """Drops rows from the table entirely (Shrink); their arena rows become free for reuse."""
@@ -358,7 +466,7 @@ class Arena:
         self.index.delete(ids[self.index.lookup(ids) == rows])
 
     def give_back(self, rows: np.ndarray) -> None:
-        """Puts rows on the free list (reused first by grow()); a free row is never a CLOCK victim."""
+        """Puts rows on the free list (reused first by grow()); a free row is never a victim."""
         self.pin[rows] = -1
         self.free = np.concatenate([rows, self.free])
 
