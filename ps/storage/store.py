@@ -122,11 +122,12 @@ def _error(path: str, doing: str, e: Exception) -> StorageError:
 
 def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
-    packed = np.frombuffer(b"".join(values), dtype=_value_dtype(width))
+    packed = np.frombuffer(b"".join(values), dtype=value_dtype(width))
     return ids, np.ascontiguousarray(packed["row"])
 
 
-def _value_dtype(width: int) -> np.dtype:
+def value_dtype(width: int) -> np.dtype:
+    """A stored row value of `width` floats: row:f32le[width] lsn:u64le (the module's grammar)."""
     return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
 
 
@@ -339,7 +340,7 @@ class Store:
             values[:] = self._multi_get(encode_keys(self._table_id(table), ids))
         found = np.not_equal(values, None)
         sizes = np.fromiter(map(len, values[found]), dtype=np.int64, count=int(found.sum()))
-        full, short = _value_dtype(width), _value_dtype(STATS_FLOATS)
+        full, short = value_dtype(width), value_dtype(STATS_FLOATS)
         bad = (sizes != full.itemsize) & (sizes != short.itemsize)
         if bad.any():
             raise StorageError(
@@ -418,7 +419,7 @@ class Store:
         for mask, part in ((complete, rows), (~complete, rows[:, rows.shape[1] - STATS_FLOATS :])):
             where = np.flatnonzero(mask)
             if len(where):
-                packed = np.empty(len(where), dtype=_value_dtype(part.shape[1]))
+                packed = np.empty(len(where), dtype=value_dtype(part.shape[1]))
                 packed["row"] = part[where]
                 packed["lsn"] = lsn[where]
                 values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()

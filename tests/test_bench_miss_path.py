@@ -1,0 +1,125 @@
+"""benchmarks/miss_path.py: its request ids and server flags against plain oracles, a run end to end at a small
+size (a table that fits in the RAM tier and one that does not, filled by ingest), and a push fill then reused."""
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from worker.cluster import LocalCluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "miss_path.py")
+SMALL = ["--ids", "5000", "--cache-bytes", "8M", "--seconds", "1", "--warmup-s", "0.2", "--idle-s", "0.2",
+         "--reference-s", "0.5", "--reference-warmup", "1"]  # fmt: skip
+
+
+def load_script():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # its `import harness`
+    spec = importlib.util.spec_from_file_location("miss_path", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_request_ids_are_fresh_unique_sorted_and_drawn_again_from_their_seed():
+    mp = load_script()
+    permutation = np.random.default_rng(0).permutation(1000).astype(np.uint64)
+    for distribution in ("zipf", "uniform"):
+        ids = mp.request_ids(distribution, permutation, 5000, [1, 2, 3])
+        assert ids.dtype == np.uint64 and len(ids) > 0 and ids.max() < 1000
+        assert np.array_equal(ids, np.unique(ids))
+        assert np.array_equal(ids, mp.request_ids(distribution, permutation, 5000, [1, 2, 3]))
+        assert not np.array_equal(ids, mp.request_ids(distribution, permutation, 5000, [1, 2, 4]))
+    # Zipf: rank r is id permutation[r], so the hottest ids are spread over the ids, not 0..k
+    calls = [mp.request_ids("zipf", permutation, 200, [7, k]) for k in range(200)]
+    counts = np.bincount(np.concatenate(calls).astype(np.int64), minlength=1000)  # calls each id is in
+    assert counts[int(permutation[0])] == 200
+    assert counts[permutation[:10].astype(np.int64)].min() > counts[permutation[500:].astype(np.int64)].max()
+
+
+def test_server_flags_are_parsed_as_the_server_parses_them():
+    mp = load_script()
+    flags = mp.server_flags(256 << 20, 3, "--memory-bytes 1G --direct-reads")
+    assert flags.args == ["--cache-bytes", str(256 << 20), "--read-threads", "3", "--memory-bytes", "1G",
+                          "--direct-reads"]  # fmt: skip
+    assert (flags.read_threads, flags.direct_reads) == (3, True)
+    assert flags.plan.ram_tier_bytes == 256 << 20 and flags.plan.bounded
+    assert flags.budget == (1 << 30, "--memory-bytes")
+    plain = mp.server_flags(256 << 20, None, "--read-threads 4")  # the last of a repeated flag wins, as there
+    assert plain.read_threads == 4 and not plain.plan.bounded
+    assert plain.budget[0] == 256 << 20
+    assert mp.server_flags(0, 1, "").args == ["--read-threads", "1"]
+
+
+def run(*args: str) -> dict:
+    done = subprocess.run([sys.executable, SCRIPT, *SMALL, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_small_run_end_to_end(tmp_path):
+    keep = str(tmp_path / "data")
+    out = run("--rows-list", "20000,60000", "--distributions", "zipf", "--keep-data", keep)  # 20,000 rows fit in
+    # the 8 MiB RAM tier, 60,000 do not
+    assert [(f["rows"], f["method"], f["reused"], f["checked"]) for f in out["fills"]] == [
+        (20000, "ingest", False, True), (60000, "ingest", False, True)]  # fmt: skip
+    assert all(f["data_bytes"] > f["rows"] * 150 for f in out["fills"])  # 14-byte key + 152-byte value per row
+    fits, larger = out["results"]
+    assert (fits["rows"], larger["rows"]) == (20000, 60000)
+    for r in (fits, larger):
+        assert r["distribution"] == "zipf" and r["pairs"] >= 3 and r["pull_ids_per_s"] > 0 and r["push_ids_per_s"] > 0
+        assert 0 < r["unique_ids_per_call"] <= 5000
+        assert 0 < r["idle_peak_rss_bytes"] <= r["peak_rss_bytes"]
+        assert r["reference_calls"] >= 1 and r["reference_us_per_key"] > 0
+    # every row pulled into RAM before the calls: nothing misses
+    assert fits["misses_per_pull"] == 0 and fits["server_us_per_miss"] is None and fits["pull_ratio"] == 1.0
+    assert larger["misses_per_pull"] > 0 and larger["server_us_per_miss"] > 0
+    assert larger["pull_ratio"] == larger["pull_ids_per_s"] / fits["pull_ids_per_s"]
+    assert [c["check"] for c in out["checks"]] == [
+        "20,000 zipf: peak RSS <= budget + idle peak + 64 MiB",
+        "60,000 zipf: pull rate / first size's",
+        "60,000 zipf: server us/miss (bound) / reference us/key",
+        "60,000 zipf: peak RSS <= budget + idle peak + 64 MiB",
+    ]
+    assert out["all_ok"] == all(c["ok"] for c in out["checks"])
+    assert sorted(os.listdir(keep)) == ["rows-20000", "rows-60000"]
+
+
+def test_checks_against_the_targets():
+    mp = load_script()
+
+    def result(rows, distribution, ratio, us_per_miss, peak):
+        return {"rows": rows, "distribution": distribution, "pull_ratio": ratio, "server_us_per_miss": us_per_miss,
+                "reference_us_per_key": 10.0, "peak_rss_bytes": peak, "rss_limit_bytes": 100}  # fmt: skip
+
+    got = mp.checks([result(10, "uniform", 1.0, None, 100), result(99, "uniform", 0.07, 15.0, 101),
+                     result(99, "zipf", 0.24, 15.1, 50)], first_rows=10)  # fmt: skip
+    assert [(c["check"], c["ok"]) for c in got] == [
+        ("10 uniform: peak RSS <= budget + idle peak + 64 MiB", True),
+        ("99 uniform: pull rate / first size's", True),
+        ("99 uniform: server us/miss (bound) / reference us/key", True),
+        ("99 uniform: peak RSS <= budget + idle peak + 64 MiB", False),
+        ("99 zipf: pull rate / first size's", False),
+        ("99 zipf: server us/miss (bound) / reference us/key", False),
+        ("99 zipf: peak RSS <= budget + idle peak + 64 MiB", True),
+    ]
+
+
+def test_push_fill_then_reuse(tmp_path):
+    mp = load_script()
+    args = argparse.Namespace(fill="push", fill_ids=4000, fill_streams=3)
+    cluster = LocalCluster(1, root=str(tmp_path / "rows-10000"))
+    try:
+        fill = mp.prepare(cluster, 10_000, args, np.random.default_rng(0))
+        assert (fill.method, fill.reused, fill.checked, fill.sample) == ("push", False, False, None)
+        # a server started on it reports 10,000 rows: reused, not filled again
+        assert mp.prepare(cluster, 10_000, args, np.random.default_rng(0)).reused
+    finally:
+        cluster.cleanup()
