@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ps.accel.malloc import tune_malloc
+from ps.accel.malloc import BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import ServerConfig
 from ps.errors import StorageError
 from ps.settings import add_config_flag, apply_defaults
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    tune_malloc()
+    tune_malloc(BOUNDED_TRIM_THRESHOLD if args.memory_bytes is not None else 64 << 20)
     config = ServerConfig(
         data_dir=args.data_dir,
         shard_id=args.shard_id,

@@ -10,12 +10,15 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
+BOUNDED_TRIM_THRESHOLD = 4 << 20  # under a memory bound (ps-server --memory-bytes): freed heap goes back sooner
 
-def tune_malloc() -> bool:
+
+def tune_malloc(trim_threshold: int = 64 << 20) -> bool:
     """Stops glibc from mmap-ing (and page-faulting) every large message buffer; True if every setting took.
 
-    Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to 64 MiB through mallopt (freed heap above that goes
-    back to the OS: a server's RSS stays near its budget), and M_ARENA_MAX to 2: each malloc arena may keep up
+    Sets M_MMAP_THRESHOLD to 16 MiB and M_TRIM_THRESHOLD to trim_threshold (64 MiB) through mallopt (freed heap
+    above that goes back to the OS: a server's RSS stays near its budget; a server given --memory-bytes uses
+    BOUNDED_TRIM_THRESHOLD), and M_ARENA_MAX to 2: each malloc arena may keep up
     to the trim threshold of freed memory, and without a cap every gRPC and kernel thread gets its own. Call at
     process start-up, before the first big allocation. Returns False where glibc's mallopt is not available
     (nothing is changed then).
@@ -28,4 +31,4 @@ def tune_malloc() -> bool:
     m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
     ok = mallopt(m_mmap_threshold, 16 << 20) == 1
     ok = ok and mallopt(m_arena_max, 2) == 1
-    return ok and mallopt(m_trim_threshold, 64 << 20) == 1
+    return ok and mallopt(m_trim_threshold, trim_threshold) == 1
