@@ -1,11 +1,17 @@
-"""deploy/: the compose file and the Kubernetes manifests parse, have the parts an operator needs, run every
+"""deploy/: the compose files and the Kubernetes manifests parse, have the parts an operator needs, run every
 server with TLS and a token and every client with the CA and the token, and every command in them is accepted by
-the CLI; and the compose services, run as local processes (127.0.0.1, ports remapped, small data, secrets made by
-deploy/gen-secrets.sh), train to completion over TLS with health checks SERVING and metrics served only with the
-token. No Docker engine runs on this project's machine: no image is built or run here."""
+the CLI; the manifests and the Secret deploy/gen-secrets.sh makes pass the Kubernetes schemas (offline, with
+kubernetes-validate's bundled schemas); the host-network override puts every server on its own 127.0.0.1 ports;
+the exact-sum pusher deploy/smoke.sh runs finds a lost or doubled push; and the compose services, run as local
+processes (127.0.0.1, ports remapped, small data, secrets made by deploy/gen-secrets.sh), train to completion over
+TLS with health checks SERVING and metrics served only with the token. deploy/smoke.sh itself (images built,
+the cluster run in containers, a server killed) runs only where a Docker engine answers: skipped otherwise."""
 
 from __future__ import annotations
 
+import base64
+import copy
+import importlib.util
 import os
 import re
 import shutil
@@ -16,19 +22,39 @@ import sys
 import urllib.error
 import urllib.request
 
+import pytest
 import yaml
 
 from ps.__main__ import build_parser as server_parser
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.settings import apply_defaults
+from tests.inprocess import InProcessTables
 from tests.waiting import PipeReader
 from worker.__main__ import build_parser as worker_parser
 
 DEPLOY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy")
 
 
-def compose() -> dict:
-    with open(os.path.join(DEPLOY, "docker-compose.yml")) as f:
+def compose(name: str = "docker-compose.yml") -> dict:
+    with open(os.path.join(DEPLOY, name)) as f:
         return yaml.safe_load(f)
+
+
+def merged(base: dict, override: dict) -> dict:
+    """base with override laid over it as compose merges files, for the keys these tests read: mappings merge
+    key by key, anything else (a command, a list) is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def host_network_services() -> dict:
+    """docker-compose.yml's services with docker-compose.host.yml over them."""
+    return merged(compose(), compose("docker-compose.host.yml"))["services"]
 
 
 def k8s() -> list[dict]:
@@ -112,7 +138,7 @@ def has(args, settings: dict) -> bool:
     return all(getattr(args, k) == v for k, v in settings.items())
 
 
-def test_compose_runs_every_server_with_tls_and_a_token_and_publishes_only_on_loopback():
+def test_compose_runs_every_server_with_tls_and_a_token_and_publishes_no_port():
     services = compose()["services"]
     secrets = services["secrets"]
     names = secrets["command"][3:]  # gen-secrets.sh DIR NAME...: the names the servers' certificate holds
@@ -128,8 +154,9 @@ def test_compose_runs_every_server_with_tls_and_a_token_and_publishes_only_on_lo
         else:
             assert has(args, CLIENT_SECRETS), name
             assert all(a.split(":")[0] in names for a in args.servers.split(",")), args.servers
-        for port in s.get("ports", []):
-            assert port.startswith("127.0.0.1:"), (name, port)  # metrics on the host's loopback only
+        # a published port would stay under docker-compose.host.yml (compose merges port lists), where host
+        # networking refuses it
+        assert "ports" not in s, name
     assert secrets["volumes"] == ["secrets:/secrets"] and "secrets" in compose()["volumes"]
 
 
@@ -168,6 +195,164 @@ def test_the_dockerfile_copies_the_package_and_checks_health():
     assert "HEALTHCHECK" in text and "ps-server health" in text and "ARG TORCH" in text
     assert "COPY deploy/gen-secrets.sh" in text and "/secrets" in text
     assert "0.0.0.0" not in text.split("ENV ", 1)[1]  # the image alone listens on the container's loopback
+
+
+def test_the_dockerfile_builds_from_a_base_argument_and_installs_torch_only_when_asked():
+    with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+        text = f.read()
+    assert "ARG BASE=python:3.11-slim\nFROM ${BASE}\n" in text  # deploy/base-image.sh's image stands in for it
+    assert 'ARG TORCH=""' in text and 'sh deploy/install-torch.sh "$TORCH"' in text
+    with open(os.path.join(DEPLOY, "install-torch.sh")) as f:
+        script = f.read()
+    assert '"") exit 0 ;;' in script  # no torch by default
+    assert 'cpu) set -- "torch==$version" --index-url "$index/cpu" ;;' in script  # the CPU wheel index
+    # any other choice but cuda/cuNNN is refused if pip's plan holds an nvidia-* wheel, before downloading it
+    assert "--dry-run" in script and 'startswith("nvidia-")' in script
+
+
+def test_the_host_network_override_runs_every_service_on_the_host_network_with_its_own_loopback_ports():
+    services = host_network_services()
+    servers = {name: s for name, s in services.items() if s["command"][0] == "ps-server"}
+    assert set(servers) == {"ps-0", "ps-1"}
+    addresses, metrics_ports = [], []
+    for name, s in services.items():
+        assert s["network_mode"] == "host" and s["build"]["network"] == "host", name
+        env = {k: substitute(v) for k, v in (s.get("environment") or {}).items()}
+        if name == "secrets":
+            continue
+        args = accepted([substitute(a) for a in s["command"]], env)
+        if name in servers:
+            assert args.host == "127.0.0.1" and has(args, SERVER_SECRETS), name  # nothing on another interface
+            assert args.shard_id == int(name[-1]) and args.num_shards == 2
+            addresses.append(f"127.0.0.1:{args.port}")
+            metrics_ports.append(args.metrics_port)
+            assert s["healthcheck"]["test"][1:4] == ["ps-server", "health", addresses[-1]], name
+        else:
+            assert has(args, CLIENT_SECRETS), name
+        if args.metrics_port is not None and name not in servers:
+            metrics_ports.append(args.metrics_port)
+    for name, s in services.items():
+        if s["command"][0] == "ps-worker":
+            env = {k: substitute(v) for k, v in (s.get("environment") or {}).items()}
+            args = accepted([substitute(a) for a in s["command"]], env)
+            assert args.servers == ",".join(addresses), name  # in shard order
+    ports = [int(a.split(":")[1]) for a in addresses] + metrics_ports
+    assert len(ports) == len(set(ports)) == 2 + 2 + 3, ports  # gRPC, server metrics, 3 workers' metrics
+
+
+def kubernetes_validate():
+    """The kubernetes-validate package (the dev extra): Kubernetes' JSON schemas of every release, offline."""
+    import kubernetes_validate
+
+    return kubernetes_validate
+
+
+# 1.28: the oldest release with the pod-index label the StatefulSet reads; and the newest the validator knows
+KUBERNETES_VERSIONS = ("1.28.0", "latest")
+
+
+def validate(doc: dict, version: str) -> None:
+    kv = kubernetes_validate()
+    kv.validate(doc, kv.latest_version() if version == "latest" else version, strict=True)
+
+
+def secret_as_kubectl_makes_it(directory: str) -> dict:
+    """What `kubectl create secret generic sparseps-secrets --from-file=DIR` sends: a key per file, base64."""
+    data = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            data[name] = base64.b64encode(f.read()).decode()
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "sparseps-secrets"},
+        "type": "Opaque",
+        "data": data,
+    }
+
+
+def test_the_kubernetes_manifests_pass_the_kubernetes_schemas_offline():
+    docs = k8s()
+    assert {d["kind"] for d in docs} == {"ConfigMap", "NetworkPolicy", "Service", "StatefulSet", "Job"}
+    for version in KUBERNETES_VERSIONS:
+        for doc in docs:
+            validate(doc, version)  # strict: an unknown field fails too
+
+
+def test_the_schema_validation_catches_a_misspelled_field_and_a_wrong_type():
+    kv = kubernetes_validate()
+    sts = next(d for d in k8s() if d["kind"] == "StatefulSet")
+    misspelled = copy.deepcopy(sts)
+    misspelled["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = misspelled["spec"]["template"]["spec"][
+        "containers"
+    ][0].pop("readinessProbe")
+    wrong_type = copy.deepcopy(sts)
+    wrong_type["spec"]["replicas"] = "two"
+    for bad in (misspelled, wrong_type):
+        with pytest.raises(kv.ValidationError):
+            validate(bad, "latest")
+
+
+def test_the_secret_gen_secrets_makes_passes_the_schema_and_holds_every_key_the_pods_mount(tmp_path):
+    assert shutil.which("openssl"), "deploy/gen-secrets.sh needs the openssl command (Debian: apt install openssl)"
+    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(tmp_path / "secrets"),
+                           "sparseps-0.sparseps", "sparseps-1.sparseps"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    secret = secret_as_kubectl_makes_it(str(tmp_path / "secrets"))
+    for version in KUBERNETES_VERSIONS:
+        validate(secret, version)
+    mounted = set()
+    for doc in k8s():
+        if doc["kind"] in ("StatefulSet", "Job"):
+            for volume in doc["spec"]["template"]["spec"]["volumes"]:
+                if "secret" in volume:
+                    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+                    mounted |= {item["key"] for item in volume["secret"]["items"]}
+    assert mounted == {"server.pem", "server.key", "ca.pem", "token"} and mounted <= set(secret["data"])
+
+
+def exact_sum_pusher():
+    """deploy/exact_sum_pusher.py, the check deploy/smoke.sh runs against the cluster in containers."""
+    spec = importlib.util.spec_from_file_location("exact_sum_pusher", os.path.join(DEPLOY, "exact_sum_pusher.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_exact_sum_pusher_finds_a_lost_and_a_doubled_push():
+    pusher = exact_sum_pusher()
+    tables = InProcessTables()
+    try:
+        tables.create_table(TableConfig("s", pusher.DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+        for k in range(1, 6):
+            pusher.push(tables, "s", k)
+        assert pusher.check(tables, "s", 5) == []
+        assert tables.pull("s", pusher.SHARED[:1]).tolist() == [[-5.0, -10.0, -15.0, -20.0]]
+        lost = pusher.check(tables, "s", 6)  # as if push 6 had been acknowledged and then lost
+        assert any("push 6 " in w for w in lost) and any("shared rows differ" in w for w in lost)
+        pusher.push(tables, "s", 3)  # push 3 applied twice
+        doubled = pusher.check(tables, "s", 5)
+        assert any("push 3 " in w and "-2.0" in w for w in doubled), doubled
+    finally:
+        tables.close()
+
+
+def docker_engine_answers() -> bool:
+    if not shutil.which("docker"):
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.skipif(
+    not docker_engine_answers(), reason="no Docker engine answers `docker info` (deploy/smoke.sh starts one as root)"
+)
+def test_the_smoke_script_builds_and_runs_the_cluster_in_containers():
+    """deploy/smoke.sh against the running engine: images built, the host-network cluster trained, ps-1 killed
+    and restarted, no acknowledged push lost (several minutes)."""
+    done = subprocess.run(["bash", os.path.join(DEPLOY, "smoke.sh")], capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "no acknowledged push lost or doubled" in done.stdout and "PASSED" in done.stdout
+    assert done.stdout.count("within 0.02") == 2
 
 
 def free_port() -> int:
