@@ -168,6 +168,8 @@ class Client:
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # a restarted shard is found within ~2 s, not after gRPC's default backoff (up to 120 s)
+            ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         self._channels = [client_channel(a, options, tls_ca, tls_cert, tls_key, auth_token) for a in self.servers]
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
