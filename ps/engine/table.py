@@ -28,7 +28,6 @@ reads its misses from RocksDB (ReadAhead), and rows written to RocksDB meanwhile
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -89,19 +88,18 @@ class Table:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
         with self.lock:
             self._check_open()
-            chunks = list(self._chunks(len(ids)))
-            if len(chunks) == 1 and self.arena.gather_hits(ids, self.dim, out):
-                ahead = self._read_ahead_start(ids)
+            chunks, ahead = list(self._chunks(len(ids))), None
+            if len(chunks) == 1:
+                if self.arena.gather_hits(ids, self.dim, out):  # some missed: read them without the lock
+                    ahead = self._read_ahead_start(ids)
             else:
-                ahead = None
-                for lo, hi in chunks if len(chunks) > 1 else ():
+                for lo, hi in chunks:
                     if self.arena.gather_hits(ids[lo:hi], self.dim, out[lo:hi]):  # some missed: admit them
                         rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
                         gather(self.arena.data, rows, self.dim, out[lo:hi])
-                self.counters["pulls"] += 1
-                self.counters["ids_pulled"] += len(ids)
-        if ahead is None:
-            return out
+            if ahead is None:
+                self._count_pull(len(ids))
+                return out
         try:
             ahead.read(self.store, self.name, self.width)
         except BaseException:
@@ -114,9 +112,12 @@ class Table:
             self._check_open()
             rows = self._resolve(ids, self.arena.new_stamp(), ahead=ahead)
             gather(self.arena.data, rows, self.dim, out)
-            self.counters["pulls"] += 1
-            self.counters["ids_pulled"] += len(ids)
+            self._count_pull(len(ids))
         return out
+
+    def _count_pull(self, n: int) -> None:
+        self.counters["pulls"] += 1
+        self.counters["ids_pulled"] += n
 
     def push(self, ids: np.ndarray, grads: np.ndarray, shows: np.ndarray, clicks: np.ndarray, step: int,
              origin: tuple[int, int, int] = (0, 0, 0), rule: int = update.OPTIMIZE) -> int:  # fmt: skip
@@ -360,7 +361,7 @@ class Table:
 
     def _admit(self, ids: np.ndarray, stamp: int, ahead: ReadAhead | None = None) -> np.ndarray:
         """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows."""
-        found, stored_rows, lsn, complete = ReadAhead.expand(self.store.get_rows, self.name, ids, self.width, ahead)
+        found, stored_rows, lsn, complete = ReadAhead.expand(self.store, self.name, ids, self.width, ahead)
         full, partial = found & complete, found & ~complete
         block = np.empty((len(ids), self.width), dtype=np.float32)
         block[full] = stored_rows[full]
@@ -411,11 +412,15 @@ class Table:
         counts = self._counts_after(a.stored[rows], after)
         ids = a.ids[rows]
         self.store.put_rows(self.name, ids, buf, a.lsn[rows], complete, counts, background=background)
-        for written in self._watchers:
-            written.append(ids)
+        self._note_written(ids)
         self.stored_counts = counts
         a.stored[rows] = after
         a.dirty[rows] = 0
+
+    def _note_written(self, ids: np.ndarray) -> None:
+        """ids were written to RocksDB: a read ahead in progress reads them again (ReadAhead)."""
+        for written in self._watchers:
+            written.append(ids)
 
     def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop) -> None:
         """Writes a shrink chunk: decayed rows kept, dropped rows deleted, in RocksDB and RAM."""
@@ -429,8 +434,7 @@ class Table:
         self.num_rows -= int(np.count_nonzero(drop & complete))
         self.num_pending -= int(np.count_nonzero(drop & ~complete))
         self.store.put_rows(self.name, ids[keep], rows[keep], lsn[keep], complete[keep], counts, delete=ids[drop])
-        for written in self._watchers:
-            written.append(ids)
+        self._note_written(ids)
         self.stored_counts = counts
         kept_ram, dropped_ram = in_ram[keep & (in_ram >= 0)], in_ram[drop & (in_ram >= 0)]
         a.data[kept_ram, : self.width] = rows[keep & (in_ram >= 0)]
@@ -453,14 +457,12 @@ class ReadAhead:
         self.stored: tuple[np.ndarray, ...] | None = None
 
     def read(self, store: Store, table: str, width: int) -> None:
-        self.stored = ReadAhead.expand(store.get_rows, table, self.missing, width, None)
+        self.stored = ReadAhead.expand(store, table, self.missing, width, None)
 
     @staticmethod
-    def expand(
-        get_rows: Callable[..., tuple], table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None
-    ) -> tuple:
-        """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else by
-        get_rows (Store.get_rows), whose answer holds only the found ids."""
+    def expand(store: Store, table: str, ids: np.ndarray, width: int, ahead: ReadAhead | None) -> tuple:
+        """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else
+        read by store.get_rows, whose answer holds only the found ids."""
         n = len(ids)
         found, rows = np.zeros(n, dtype=bool), np.zeros((n, width), dtype=np.float32)
         lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
@@ -480,7 +482,7 @@ class ReadAhead:
             )
         rest = np.flatnonzero(~fresh)
         if len(rest):
-            r_found, r_rows, r_lsn, r_complete = get_rows(table, ids[rest], width)
+            r_found, r_rows, r_lsn, r_complete = store.get_rows(table, ids[rest], width)
             where = rest[r_found]
             found[where], rows[where], lsn[where], complete[where] = True, r_rows, r_lsn, r_complete
         return found, rows, lsn, complete
