@@ -2,7 +2,6 @@
 size (a table that fits in the RAM tier and one that does not, filled by ingest), and a push fill then reused."""
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 
 import numpy as np
 
+from tests.benchscripts import load_benchmark
 from worker.cluster import LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,17 +18,8 @@ SMALL = ["--ids", "5000", "--cache-bytes", "8M", "--seconds", "1", "--warmup-s",
          "--reference-s", "0.5", "--reference-warmup", "1"]  # fmt: skip
 
 
-def load_script():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # its `import harness`
-    spec = importlib.util.spec_from_file_location("miss_path", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_request_ids_are_fresh_unique_sorted_and_drawn_again_from_their_seed():
-    mp = load_script()
+    mp = load_benchmark("miss_path")
     permutation = np.random.default_rng(0).permutation(1000).astype(np.uint64)
     for distribution in ("zipf", "uniform"):
         ids = mp.request_ids(distribution, permutation, 5000, [1, 2, 3])
@@ -44,7 +35,7 @@ def test_request_ids_are_fresh_unique_sorted_and_drawn_again_from_their_seed():
 
 
 def test_server_flags_are_parsed_as_the_server_parses_them():
-    mp = load_script()
+    mp = load_benchmark("miss_path")
     flags = mp.server_flags(256 << 20, 3, "--memory-bytes 1G --direct-reads")
     assert flags.args == ["--cache-bytes", str(256 << 20), "--read-threads", "3", "--memory-bytes", "1G",
                           "--direct-reads"]  # fmt: skip
@@ -93,7 +84,7 @@ def test_small_run_end_to_end(tmp_path):
 
 
 def test_checks_against_the_targets():
-    mp = load_script()
+    mp = load_benchmark("miss_path")
 
     def result(rows, distribution, ratio, us_per_miss, peak):
         return {"rows": rows, "distribution": distribution, "pull_ratio": ratio, "server_us_per_miss": us_per_miss,
@@ -113,7 +104,7 @@ def test_checks_against_the_targets():
 
 
 def test_push_fill_then_reuse(tmp_path):
-    mp = load_script()
+    mp = load_benchmark("miss_path")
     args = argparse.Namespace(fill="push", fill_ids=4000, fill_streams=3)
     cluster = LocalCluster(1, root=str(tmp_path / "rows-10000"))
     try:

@@ -1,26 +1,19 @@
 """benchmarks/vs_pytorch.py end to end at a small size (5,000 rows, one run of each system): both models train, their
 parameter counts agree, a variant whose flag `ps-worker train` lacks is skipped; and its flag check alone."""
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
+from tests.benchscripts import load_benchmark
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "vs_pytorch.py")
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("vs_pytorch", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_unlisted_flags_matches_whole_flags_only():
-    unlisted = load_script().unlisted_flags
+    unlisted = load_benchmark("vs_pytorch").unlisted_flags
     help_text = "  [--dense-optimizer {adam,sgd}] [--hidden HIDDEN]\n  --staleness STALENESS"
     assert unlisted("--dense ps", help_text) == ["--dense"]  # a prefix of a listed flag is not listed
     assert unlisted("--hidden 8,8 --staleness=2", help_text) == []
