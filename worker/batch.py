@@ -19,7 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import numba
 import numpy as np
+
+from ps.hashing import mix64_scalar
 
 
 @dataclass
@@ -48,10 +51,21 @@ class Bags:
     def one_per_example(ids: np.ndarray) -> Bags:
         """A categorical field: example i holds ids[i] alone."""
         ids = np.asarray(ids, dtype=np.uint64).ravel()
-        return Bags(ids, np.arange(len(ids) + 1, dtype=np.int64))
+        return Bags._valid(ids, np.arange(len(ids) + 1, dtype=np.int64), None)
+
+    @staticmethod
+    def _valid(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) -> Bags:
+        """Bags of arrays already known valid (parts of valid bags), without __post_init__'s checks."""
+        bags = object.__new__(Bags)
+        bags.ids, bags.offsets, bags.weights = ids, offsets, weights
+        return bags
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
+
+    def is_one_per_example(self) -> bool:
+        """Whether every example holds exactly one id, unweighted (a categorical field)."""
+        return self.weights is None and len(self.ids) == len(self) and bool((self.lengths() == 1).all())
 
     def lengths(self) -> np.ndarray:
         """int64 (n,): ids per example."""
@@ -65,7 +79,7 @@ class Bags:
         """Examples [lo, hi)."""
         a, b = int(self.offsets[lo]), int(self.offsets[hi])
         weights = None if self.weights is None else self.weights[a:b]
-        return Bags(self.ids[a:b], self.offsets[lo : hi + 1] - a, weights)
+        return Bags._valid(self.ids[a:b], self.offsets[lo : hi + 1] - a, weights)
 
     def take(self, examples: np.ndarray) -> Bags:
         """The bags of the given examples (int indices), in that order."""
@@ -75,7 +89,7 @@ class Bags:
         np.cumsum(lengths, out=offsets[1:])
         positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
         weights = None if self.weights is None else self.weights[positions]
-        return Bags(self.ids[positions], offsets, weights)
+        return Bags._valid(self.ids[positions], offsets, weights)
 
     @staticmethod
     def concat(parts: Sequence[Bags]) -> Bags:
@@ -92,7 +106,7 @@ class Bags:
             weights = np.concatenate(
                 [p.weights if p.weights is not None else np.ones(len(p.ids), np.float32) for p in parts]
             )
-        return Bags(np.concatenate([p.ids for p in parts]), np.concatenate(offsets), weights)
+        return Bags._valid(np.concatenate([p.ids for p in parts]), np.concatenate(offsets), weights)
 
 
 @dataclass
@@ -176,9 +190,11 @@ def table_ids(batch: Batch, field_tables: Mapping[str, str]) -> dict[str, TableI
     out = {}
     for table, names in by_table.items():
         bags = [batch.fields[name] for name in names]
-        uniq, inverse = np.unique(np.concatenate([b.ids for b in bags]), return_inverse=True)
-        inverse = inverse.ravel().astype(np.int64)
-        labels = np.concatenate([batch.labels[b.example_of_each_id()] for b in bags])
+        uniq, inverse = unique_inverse(np.concatenate([b.ids for b in bags]))
+        # a bag of one id per example (the common categorical field) labels its ids with the labels as they are
+        labels = np.concatenate(
+            [batch.labels if b.is_one_per_example() else batch.labels[b.example_of_each_id()] for b in bags]
+        )
         index, at = {}, 0
         for name, b in zip(names, bags):
             index[name] = inverse[at : at + len(b.ids)]
@@ -187,6 +203,53 @@ def table_ids(batch: Batch, field_tables: Mapping[str, str]) -> dict[str, TableI
         clicks = np.bincount(inverse, weights=labels, minlength=len(uniq)).astype(np.float32)
         out[table] = TableIds(uniq, index, shows, clicks)
     return out
+
+
+def unique_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(uniq, inverse) as np.unique(ids, return_inverse=True) gives them (uniq sorted, inverse int64 with
+    uniq[inverse] == ids), found with a hash table: a batch's ids repeat, so sorting its few unique ids beats
+    sorting all of them."""
+    seen, inverse = _first_seen(np.ascontiguousarray(ids, dtype=np.uint64))
+    order = np.argsort(seen)
+    rank = np.empty(len(seen), dtype=np.int64)
+    rank[order] = np.arange(len(seen), dtype=np.int64)
+    return seen[order], rank[inverse]
+
+
+@numba.njit(nogil=True, cache=True)
+def _first_seen(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct ids in the order first seen, the position of each id among them): open addressing on
+    mix64, the table kept at most half full (grown 4x, its entries put again)."""
+    n = len(ids)
+    cap = 1024
+    slots = np.full(cap, -1, np.int64)
+    seen = np.empty(n, np.uint64)
+    inverse = np.empty(n, np.int64)
+    u = 0
+    for i in range(n):
+        x = ids[i]
+        mask = np.uint64(cap - 1)
+        h = mix64_scalar(x) & mask
+        while True:
+            s = slots[h]
+            if s < 0:
+                slots[h], seen[u], inverse[i] = u, x, u
+                u += 1
+                if 2 * u > cap:
+                    cap *= 4
+                    slots = np.full(cap, -1, np.int64)
+                    mask = np.uint64(cap - 1)
+                    for k in range(u):
+                        g = mix64_scalar(seen[k]) & mask
+                        while slots[g] >= 0:
+                            g = (g + np.uint64(1)) & mask
+                        slots[g] = k
+                break
+            if seen[s] == x:
+                inverse[i] = s
+                break
+            h = (h + np.uint64(1)) & mask
+    return seen[:u], inverse
 
 
 def rebatch(parts: Iterable[Batch], size: int) -> Iterator[Batch]:

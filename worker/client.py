@@ -2,7 +2,9 @@
 
 Every call: dedup the ids once (`np.unique`), sum the gradients of duplicates, route each unique id to the
 shard that owns its slot (ps.sharding), send one request per shard (chunked past `max_request_bytes`) with a
-deadline of `timeout_s`, all in flight at once, and reassemble the answers in the caller's order.
+deadline of `timeout_s`, all in flight at once, and reassemble the answers in the caller's order. A call is a
+blocking unary call: the caller's thread makes one, a small pool of the client's threads the others at once (a
+gRPC future would start a polling thread per call whenever none is in flight: ~0.6 ms of a step each time).
 
 Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting or stuck)
 is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
@@ -27,6 +29,7 @@ import secrets
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import grpc
@@ -175,6 +178,8 @@ class Client:
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
         self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}  # see _route
+        # the calls of a batch past its first; several threads (prefetch, push, dense) may call at once
+        self._callers = ThreadPoolExecutor(16 * len(self.servers), thread_name_prefix="ps-call")  # made as needed
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> None:
@@ -447,15 +452,15 @@ class Client:
         replies: list = [None] * len(calls)
         pending, delay, timeout_s = list(range(len(calls))), 0.05, timeout_s or self.timeout_s
         while True:
-            futures = [(i, getattr(self._stubs[calls[i][1]], calls[i][0]).future(calls[i][2], timeout=timeout_s))
-                       for i in pending]  # fmt: skip
+            outcomes = self._send([calls[i] for i in pending], timeout_s)
             retry, error, ok = [], None, set()
-            for i, future in futures:
+            for i, outcome in zip(pending, outcomes):
                 method, shard, _ = calls[i]
-                try:
-                    replies[i] = future.result()
+                if not isinstance(outcome, grpc.RpcError):
+                    replies[i] = outcome
                     ok.add(shard)
-                except grpc.RpcError as e:
+                else:
+                    e = outcome
                     if e.code() in RETRYABLE and self._keep_waiting(shard, method, e):
                         retry.append(i)
                         if retried is not None:
@@ -474,6 +479,22 @@ class Client:
                 return replies
             time.sleep(delay)
             delay, pending = min(2 * delay, 2.0), retry
+
+    def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:
+        """Makes every (method, shard, request) call at once: the first on this thread, the others on the pool.
+        Returns each call's reply, or the grpc.RpcError it failed with; other exceptions are raised."""
+
+        def call(c: tuple[str, int, object]):
+            try:
+                return getattr(self._stubs[c[1]], c[0])(c[2], timeout=timeout_s)
+            except grpc.RpcError as e:
+                return e
+
+        if not calls:
+            return []
+        others = [self._callers.submit(call, c) for c in calls[1:]]
+        first = call(calls[0])
+        return [first, *(f.result() for f in others)]
 
     def _keep_waiting(self, shard: int, method: str, e: grpc.RpcError) -> bool:
         """True while the shard has been failing for less than server_timeout_s (logs when it starts)."""
@@ -502,6 +523,7 @@ class Client:
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
     def close(self) -> None:
+        self._callers.shutdown(wait=True)
         for c in self._channels:
             c.close()
 

@@ -1,0 +1,64 @@
+"""worker/batch.py: table_ids and its hash-table dedup against np.unique, bags built from valid parts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from worker.batch import Bags, Batch, rebatch, table_ids, unique_inverse
+
+
+@pytest.mark.parametrize("draws,high", [(0, 10), (1, 10), (40_000, 50), (40_000, 1 << 62), (5_000, 3_000)])
+def test_unique_inverse_equals_np_unique(draws, high):
+    ids = np.random.default_rng(draws).integers(0, high, draws, dtype=np.uint64)
+    ids[: draws // 3] *= np.uint64(0x9E3779B97F4A7C15)  # ids over the whole uint64 range too
+    uniq, inverse = unique_inverse(ids)
+    want_uniq, want_inverse = np.unique(ids, return_inverse=True)
+    np.testing.assert_array_equal(uniq, want_uniq)
+    np.testing.assert_array_equal(inverse, want_inverse.ravel())
+    assert inverse.dtype == np.int64
+
+
+def _batch(rng: np.random.Generator, n: int) -> Batch:
+    lengths = rng.integers(0, 4, n)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    bag = Bags(rng.integers(0, 30, offsets[-1]).astype(np.uint64), offsets)
+    weighted = Bags(rng.integers(0, 30, n).astype(np.uint64), np.arange(n + 1), np.full(n, 0.5, np.float32))
+    fields = {"a": Bags.one_per_example(rng.integers(0, 30, n)), "bag": bag, "w": weighted}
+    return Batch(rng.integers(0, 2, n).astype(np.float32), fields)
+
+
+def test_table_ids_counts_shows_and_clicks_per_unique_id():
+    rng = np.random.default_rng(3)
+    batch = _batch(rng, 200)
+    got = table_ids(batch, {"a": "t", "bag": "t", "w": "u"})["t"]
+    ids = np.concatenate([batch.fields["a"].ids, batch.fields["bag"].ids])
+    labels = np.concatenate([batch.labels, np.repeat(batch.labels, np.diff(batch.fields["bag"].offsets))])
+    np.testing.assert_array_equal(got.uniq, np.unique(ids))
+    for name in ("a", "bag"):
+        np.testing.assert_array_equal(got.uniq[got.index[name]], batch.fields[name].ids)
+    for k, i in enumerate(got.uniq):
+        assert got.shows[k] == np.sum(ids == i) and got.clicks[k] == np.sum(labels[ids == i])
+
+
+def test_one_per_example_tells_categorical_fields_from_bags():
+    rng = np.random.default_rng(4)
+    batch = _batch(rng, 50)
+    assert batch.fields["a"].is_one_per_example()
+    assert not batch.fields["w"].is_one_per_example()  # weighted
+    assert not Bags(np.arange(2, dtype=np.uint64), [0, 0, 2]).is_one_per_example()  # 2 ids for 2 examples
+
+
+def test_rebatch_slices_and_joins_parts_into_exact_batches():
+    rng = np.random.default_rng(5)
+    parts = [_batch(rng, n) for n in (7, 30, 1, 12)]
+    whole = Batch.concat(parts)
+    got = list(rebatch(parts, 16))
+    assert [len(b) for b in got] == [16, 16, 16, 2]
+    joined = Batch.concat(got)
+    for name, bags in whole.fields.items():
+        np.testing.assert_array_equal(joined.fields[name].ids, bags.ids)
+        np.testing.assert_array_equal(joined.fields[name].offsets, bags.offsets)
+    np.testing.assert_array_equal(joined.labels, whole.labels)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        Bags(np.arange(2, dtype=np.uint64), [0, 2, 1, 2])
