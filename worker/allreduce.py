@@ -98,21 +98,22 @@ class LocalOptimizer:
 
 
 # One pass over the vector each, every operation a float32 one in the order written (no fastmath: nothing fused
-# or reordered), so equal inputs give equal bits on every worker.
-@numba.njit(nogil=True, cache=True)
+# or reordered), so equal inputs give equal bits on every worker. error_model="numpy": a division is IEEE's (no
+# check for a zero divisor, which none of these can be), so the loops vectorize (Adam 3.1 -> 0.7 ms at 487K).
+@numba.njit(nogil=True, error_model="numpy", cache=True)
 def _sgd_step(w, g, lr):  # w -= lr g
     for i in range(w.shape[0]):
         w[i] -= lr * g[i]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, error_model="numpy", cache=True)
 def _adagrad_step(w, g, a, lr, eps):  # a += g g; w -= lr g / (sqrt(a) + eps)
     for i in range(w.shape[0]):
         a[i] += g[i] * g[i]
         w[i] -= lr * g[i] / (np.sqrt(a[i]) + eps)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, error_model="numpy", cache=True)
 def _adam_step(w, g, m, v, lr, b1, b2, eps, c1, c2):  # m = b1 m + (1-b1) g; v = b2 v + (1-b2) g g
     one = np.float32(1.0)  # w -= lr (m / c1) / (sqrt(v / c2) + eps)
     for i in range(w.shape[0]):

@@ -71,11 +71,20 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
 
 
 def in_any(ids: np.ndarray, id_sets: Iterable[np.ndarray]) -> np.ndarray:
-    """Boolean mask over ids (unique): True where the id is in one of id_sets (each unique)."""
+    """Boolean mask over ids: True where the id is in one of id_sets (each sorted and unique)."""
     mask = np.zeros(len(ids), dtype=bool)
     for other in id_sets:
-        mask |= np.isin(ids, other, assume_unique=True)
+        mask |= found_in_sorted(ids, other)[0]
     return mask
+
+
+def found_in_sorted(ids: np.ndarray, sorted_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mask over ids: True where the id is in sorted_ids (sorted, unique), each id's position in sorted_ids
+    where it is there): binary search, no sort."""
+    where = np.searchsorted(sorted_ids, ids)
+    where[where == len(sorted_ids)] = 0
+    found = sorted_ids[where] == ids if len(sorted_ids) else np.zeros(len(ids), dtype=bool)
+    return found, where
 
 
 class RecentRows:
@@ -96,5 +105,5 @@ class RecentRows:
     def overlay(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """rows[i] = the newest recorded row of ids[i], where there is one (ids unique; rows updated in place)."""
         for pushed, pushed_rows in self._pushed:  # oldest first: newer pushes overwrite
-            hit = np.flatnonzero(np.isin(ids, pushed, assume_unique=True))
-            rows[hit] = pushed_rows[np.searchsorted(pushed, ids[hit])]
+            found, where = found_in_sorted(ids, pushed)
+            rows[found] = pushed_rows[where[found]]
