@@ -62,3 +62,30 @@ def test_rebatch_slices_and_joins_parts_into_exact_batches():
     np.testing.assert_array_equal(joined.labels, whole.labels)
     with pytest.raises(ValueError, match="non-decreasing"):
         Bags(np.arange(2, dtype=np.uint64), [0, 2, 1, 2])
+
+
+def test_the_one_per_bag_hint_is_checked_and_only_taken_where_true():
+    from worker.models.numpy_backend import check_inputs
+    from worker.models.spec import FieldInput, ModelInputs, ModelSpec, uniform_fields
+
+    spec = ModelSpec("lr", uniform_fields(3, 1), 0, ())
+    rows = {"t": np.zeros((5, spec.row_dim("t")), np.float32)}
+    n = 3
+    single = FieldInput(np.array([0, 4, 2]), np.arange(n + 1), None, True)
+    bag_hinted = FieldInput(np.array([0, 1, 2]), np.array([0, 0, 2, 3]), None, True)  # a wrong hint
+    fields = {"f0": single, "f1": bag_hinted, "_bias": FieldInput(np.zeros(n, np.int64), np.arange(n + 1))}
+    checked = check_inputs(spec, ModelInputs(rows, fields, np.zeros((n, 0), np.float32)), {})
+    assert checked["f0"].one_per_bag and not checked["f1"].one_per_bag and checked["_bias"].one_per_bag
+    np.testing.assert_array_equal(checked["f1"].offsets, [0, 0, 2, 3])
+    out_of_range = {**fields, "f0": FieldInput(np.array([0, 5, 2]), np.arange(n + 1), None, True)}
+    with pytest.raises(ValueError, match="index runs from 0 to 5, expected 0 to 4"):
+        check_inputs(spec, ModelInputs(rows, out_of_range, np.zeros((n, 0), np.float32)), {})
+
+
+def test_bags_cut_from_categorical_fields_stay_categorical_and_others_are_checked():
+    cat = Bags.one_per_example(np.arange(6))
+    assert cat.slice(1, 4).is_one_per_example() and cat.take(np.array([5, 0])).is_one_per_example()
+    mixed = Bags(np.arange(4, dtype=np.uint64), [0, 2, 3, 4])
+    assert not mixed.is_one_per_example()
+    assert mixed.slice(1, 3).is_one_per_example()  # examples 1 and 2 hold one id each
+    assert not Bags.concat([cat, mixed]).is_one_per_example()

@@ -32,6 +32,7 @@ class Bags:
     ids: np.ndarray
     offsets: np.ndarray
     weights: np.ndarray | None = None
+    _one_each = None  # is_one_per_example(), once known (bags are not changed after they are made)
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids, dtype=np.uint64)
@@ -51,13 +52,16 @@ class Bags:
     def one_per_example(ids: np.ndarray) -> Bags:
         """A categorical field: example i holds ids[i] alone."""
         ids = np.asarray(ids, dtype=np.uint64).ravel()
-        return Bags._valid(ids, np.arange(len(ids) + 1, dtype=np.int64), None)
+        return Bags._valid(ids, np.arange(len(ids) + 1, dtype=np.int64), None, True)
 
     @staticmethod
-    def _valid(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None) -> Bags:
-        """Bags of arrays already known valid (parts of valid bags), without __post_init__'s checks."""
+    def _valid(ids: np.ndarray, offsets: np.ndarray, weights: np.ndarray | None, one_each: bool | None = None) -> Bags:
+        """Bags of arrays already known valid (parts of valid bags), without __post_init__'s checks; one_each:
+        is_one_per_example() where known."""
         bags = object.__new__(Bags)
         bags.ids, bags.offsets, bags.weights = ids, offsets, weights
+        if one_each is not None:
+            bags._one_each = one_each
         return bags
 
     def __len__(self) -> int:
@@ -65,7 +69,9 @@ class Bags:
 
     def is_one_per_example(self) -> bool:
         """Whether every example holds exactly one id, unweighted (a categorical field)."""
-        return self.weights is None and len(self.ids) == len(self) and bool((self.lengths() == 1).all())
+        if self._one_each is None:
+            self._one_each = self.weights is None and len(self.ids) == len(self) and bool((self.lengths() == 1).all())
+        return self._one_each
 
     def lengths(self) -> np.ndarray:
         """int64 (n,): ids per example."""
@@ -79,7 +85,7 @@ class Bags:
         """Examples [lo, hi)."""
         a, b = int(self.offsets[lo]), int(self.offsets[hi])
         weights = None if self.weights is None else self.weights[a:b]
-        return Bags._valid(self.ids[a:b], self.offsets[lo : hi + 1] - a, weights)
+        return Bags._valid(self.ids[a:b], self.offsets[lo : hi + 1] - a, weights, self._one_each or None)
 
     def take(self, examples: np.ndarray) -> Bags:
         """The bags of the given examples (int indices), in that order."""
@@ -89,7 +95,7 @@ class Bags:
         np.cumsum(lengths, out=offsets[1:])
         positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
         weights = None if self.weights is None else self.weights[positions]
-        return Bags._valid(self.ids[positions], offsets, weights)
+        return Bags._valid(self.ids[positions], offsets, weights, self._one_each or None)
 
     @staticmethod
     def concat(parts: Sequence[Bags]) -> Bags:
@@ -106,7 +112,8 @@ class Bags:
             weights = np.concatenate(
                 [p.weights if p.weights is not None else np.ones(len(p.ids), np.float32) for p in parts]
             )
-        return Bags._valid(np.concatenate([p.ids for p in parts]), np.concatenate(offsets), weights)
+        one_each = all(p._one_each for p in parts) or None  # None: not known
+        return Bags._valid(np.concatenate([p.ids for p in parts]), np.concatenate(offsets), weights, one_each)
 
 
 @dataclass

@@ -77,7 +77,7 @@ def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows:
     fields = {}
     for f in spec.fields:
         bags = batch.fields[f.name]
-        fields[f.name] = FieldInput(tids[f.table].index[f.name], bags.offsets, bags.weights)
+        fields[f.name] = FieldInput(tids[f.table].index[f.name], bags.offsets, bags.weights, bags.is_one_per_example())
     return ModelInputs(rows, fields, batch.dense_or_empty())
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.metrics import sigmoid
-from worker.models.pooling import checked_bags, pool, pool_backward
+from worker.models.pooling import checked_bags, checked_index, one_id_per_bag, pool, pool_backward
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 
 
@@ -46,11 +46,17 @@ def check_inputs(
             )
     _check_names("fields", inputs.fields, [f.name for f in spec.fields], spec.name)
     fields = {}
+    one_each = np.arange(n + 1, dtype=np.int64)  # the offsets of one id per example
     for f in spec.fields:
         given = inputs.fields[f.name]
         what = f"model {spec.name}: field {f.name}"
         num_rows = len(inputs.rows[f.table])
-        fields[f.name] = FieldInput(*checked_bags(given.index, given.offsets, given.weights, num_rows, n, what))
+        if given.one_per_bag and given.weights is None and np.array_equal(given.offsets, one_each):
+            index = checked_index(given.index, num_rows, n, what)
+            fields[f.name] = FieldInput(index, one_each, None, True)
+        else:
+            index, offsets, weights = checked_bags(given.index, given.offsets, given.weights, num_rows, n, what)
+            fields[f.name] = FieldInput(index, offsets, weights, one_id_per_bag(offsets, weights))
     shapes = {p.name: p.shape for p in spec.dense_params()}
     _check_names("params", params, shapes, spec.name)
     for name, shape in shapes.items():

@@ -56,6 +56,16 @@ def checked_bags(
     return index.astype(np.int64, copy=False), offsets.astype(np.int64, copy=False), weights
 
 
+def checked_index(index: np.ndarray, num_rows: int, nnz: int, what: str = "bags") -> np.ndarray:
+    """index as int64, checked as checked_bags checks it: 1-d integers in [0, num_rows), nnz of them."""
+    index = np.asarray(index)
+    if index.shape != (nnz,) or not (index.dtype.kind in "iu" or index.size == 0):
+        raise ValueError(f"{what}: index has shape {index.shape} and dtype {index.dtype}, expected ({nnz},) integers")
+    if index.size and (index.min() < 0 or index.max() >= num_rows):
+        raise ValueError(f"{what}: index runs from {index.min()} to {index.max()}, expected 0 to {num_rows - 1}")
+    return index.astype(np.int64, copy=False)
+
+
 def one_id_per_bag(offsets: np.ndarray, weights: np.ndarray | None) -> bool:
     """Whether every bag holds exactly one id and there are no weights: pooling is then a gather (any mode)."""
     return weights is None and bool((offsets[1:] - offsets[:-1] == 1).all())

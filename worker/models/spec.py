@@ -80,11 +80,14 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class FieldInput:
-    """One field's bags as indices into its table's unique rows (see the module docstring)."""
+    """One field's bags as indices into its table's unique rows (see the module docstring). one_per_bag: every
+    bag holds exactly one id, unweighted (a categorical field; pooling is a gather): a hint the backends' input
+    check verifies in one comparison, and sets on the fields it returns."""
 
     index: np.ndarray
     offsets: np.ndarray
     weights: np.ndarray | None = None
+    one_per_bag: bool = False
 
 
 @dataclass

@@ -9,17 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.numpy_backend import check_inputs
-from worker.models.pooling import bag_scales, one_id_per_bag
+from worker.models.pooling import bag_scales
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 
 
 def pool_torch(rows: torch.Tensor, field: FieldInput, mode: str) -> torch.Tensor:
     """(n, d) pooled bags of rows (u, d) on rows' device, as worker/models/pooling.py pools them: one id per bag
     and no weights is a gather; otherwise a weighted sum (embedding_bag) times each bag's scale (bag_scales).
-    field holds valid int64 bags (worker.models.pooling.checked_bags)."""
+    field holds valid int64 bags, one_per_bag set (worker.models.numpy_backend.check_inputs)."""
     device = rows.device
     index = _tensor(field.index, device, np.int64)
-    if one_id_per_bag(field.offsets, field.weights):
+    if field.one_per_bag:
         return rows.index_select(0, index)
     weights = None if field.weights is None else _tensor(field.weights, device)
     offsets = _tensor(field.offsets, device, np.int64)
@@ -124,9 +124,7 @@ class TorchModel:
         """The rows of every field gathered at once, (n, fields, width), when every field is of one table and
         holds one id per bag without weights (pooling is then a gather, whatever its mode); else None."""
         spec = self.spec
-        if len(rows) != 1 or not all(
-            one_id_per_bag(fields[f.name].offsets, fields[f.name].weights) for f in spec.fields
-        ):
+        if len(rows) != 1 or not all(fields[f.name].one_per_bag for f in spec.fields):
             return None
         table = next(iter(rows.values()))
         index = np.stack([fields[f.name].index for f in spec.fields], axis=1)
