@@ -153,3 +153,22 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang():
         ):
             client.stats()  # retried for the server timeout, then a clear error
     assert 2.0 <= time.monotonic() - started < 15
+
+
+def test_call_threads_run_calls_at_once_on_reused_daemon_threads():
+    import threading as _threading
+
+    from worker.client import _CallThreads
+
+    calls = _CallThreads()
+    gate = _threading.Barrier(3, timeout=10)  # three calls must be in flight together to pass it
+    futures = [calls.submit(gate.wait) for _ in range(3)]
+    assert sorted(f.result(timeout=10) for f in futures) == [0, 1, 2]
+    threads = {t for t in _threading.enumerate() if t.name == "ps-call"}
+    assert len(threads) >= 3 and all(t.daemon for t in threads)
+    failed = calls.submit(int, "not a number")
+    with pytest.raises(ValueError, match="invalid literal"):
+        failed.result(timeout=10)
+    for _ in range(20):  # one at a time: the idle threads take them, no new ones start
+        calls.submit(len, "abc").result(timeout=10)
+    assert {t for t in _threading.enumerate() if t.name == "ps-call"} <= threads

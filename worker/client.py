@@ -25,11 +25,12 @@ as applied before (a second run under the job's id) raises JobIdReusedError.
 from __future__ import annotations
 
 import logging
+import queue
 import secrets
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 import grpc
@@ -178,8 +179,7 @@ class Client:
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
         self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}  # see _route
-        # the calls of a batch past its first; several threads (prefetch, push, dense) may call at once
-        self._callers = ThreadPoolExecutor(16 * len(self.servers), thread_name_prefix="ps-call")  # made as needed
+        self._callers = _CallThreads()  # the calls of a batch past its first
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> None:
@@ -523,7 +523,6 @@ class Client:
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
     def close(self) -> None:
-        self._callers.shutdown(wait=True)
         for c in self._channels:
             c.close()
 
@@ -532,3 +531,39 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _CallThreads:
+    """Daemon threads that make a Client's calls past the first of a batch, one more started whenever none is
+    idle (several threads of a worker call at once: prefetch, push, dense). Daemons: a call in flight, such as a
+    pull waiting at a barrier, never holds up the process's exit."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+
+    def submit(self, fn, *args) -> Future:
+        """fn(*args) on one of the threads; its Future."""
+        future: Future = Future()
+        with self._lock:
+            if self._idle:
+                self._idle -= 1
+            else:
+                threading.Thread(target=self._run, name="ps-call", daemon=True).start()
+        self._work.put((future, fn, args))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._work.get()
+            try:
+                result, error = fn(*args), None
+            except BaseException as e:  # handed to the caller
+                result, error = None, e
+            with self._lock:  # idle before the caller hears: its next call finds this thread
+                self._idle += 1
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
