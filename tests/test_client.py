@@ -172,3 +172,22 @@ def test_call_threads_run_calls_at_once_on_reused_daemon_threads():
     for _ in range(20):  # one at a time: the idle threads take them, no new ones start
         calls.submit(len, "abc").result(timeout=10)
     assert {t for t in _threading.enumerate() if t.name == "ps-call"} <= threads
+
+
+def test_call_threads_end_when_closed():
+    import threading as _threading
+
+    from worker.client import _CallThreads
+
+    calls = _CallThreads()
+    gate = _threading.Barrier(2, timeout=10)
+    futures = [calls.submit(gate.wait) for _ in range(2)]
+    assert sorted(f.result(timeout=10) for f in futures) == [0, 1]
+    mine = [t for t in _threading.enumerate() if t.name == "ps-call" and t.is_alive()]
+    calls.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        calls.submit(len, "x")
+    deadline = time.monotonic() + 10
+    while sum(t.is_alive() for t in mine) > len(mine) - 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sum(t.is_alive() for t in mine) <= len(mine) - 2  # this instance's two threads ended

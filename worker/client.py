@@ -523,6 +523,7 @@ class Client:
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
     def close(self) -> None:
+        self._callers.close()
         for c in self._channels:
             c.close()
 
@@ -542,21 +543,36 @@ class _CallThreads:
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._idle = 0
+        self._threads = 0
+        self._closed = False
+
+    def close(self) -> None:
+        """Each thread ends once it is done with the calls already given; submit raises RuntimeError after."""
+        with self._lock:
+            threads, self._closed = self._threads, True
+        for _ in range(threads):
+            self._work.put(None)
 
     def submit(self, fn, *args) -> Future:
         """fn(*args) on one of the threads; its Future."""
         future: Future = Future()
         with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
             if self._idle:
                 self._idle -= 1
             else:
+                self._threads += 1
                 threading.Thread(target=self._run, name="ps-call", daemon=True).start()
         self._work.put((future, fn, args))
         return future
 
     def _run(self) -> None:
         while True:
-            future, fn, args = self._work.get()
+            item = self._work.get()
+            if item is None:
+                return
+            future, fn, args = item
             try:
                 result, error = fn(*args), None
             except BaseException as e:  # handed to the caller
