@@ -82,6 +82,10 @@ def test_pull_and_push_with_duplicates_across_three_shards(servers, sgd1_table, 
         expected = {int(i): r - summed[int(i)] for i, r in zip(ids, initial(sgd1_table, ids))}
         got = client.pull("emb", ids.reshape(41, 10))  # any shape, flattened
         np.testing.assert_array_equal(got, np.array([expected[i] for i in ids.tolist()]))
+        increasing = np.unique(ids)  # unique and sorted: sent as given, rows in that order
+        np.testing.assert_array_equal(
+            client.pull("emb", increasing), np.array([expected[i] for i in increasing.tolist()])
+        )
         assert sum(t.num_rows for s in client.stats() for t in s.tables) == 300
 
 
