@@ -4,7 +4,8 @@ import pytest
 from ps.config import OptimizerConfig, TableConfig
 from ps.errors import StorageError
 from ps.sharding import slot_of
-from ps.storage.store import Store, encode_keys
+from ps.storage import store as store_module
+from ps.storage.store import Store, encode_keys, multi_get
 
 
 def test_keys_are_table_slot_then_id_big_endian_and_sort_numerically():
@@ -52,4 +53,46 @@ def test_a_row_of_the_wrong_size_is_reported(tmp_path):
     s.put_rows("emb", np.array([1], dtype=np.uint64), np.ones((1, 7), np.float32), np.zeros(1), one, {})
     with pytest.raises(StorageError, match=r"row of 36 bytes, expected 32 \(a trained row\) or 24"):
         s.get_rows("emb", np.array([1], dtype=np.uint64), 6)
+    s._rows().put(encode_keys(s._table_id("emb"), np.array([2], dtype=np.uint64))[0], b"")  # an empty value
+    with pytest.raises(StorageError, match=r"row of 0 bytes, expected 32"):
+        s.get_rows("emb", np.array([3, 2], dtype=np.uint64), 6)
     s.close()
+
+
+@pytest.mark.parametrize("read_threads", [1, 3])
+def test_multi_get_reads_in_order_across_calls_and_threads(tmp_path, monkeypatch, read_threads):
+    """A read of more keys than one MultiGet call takes (and than one reader's part) answers each key in order:
+    the value where the row is stored, None where it is not."""
+    monkeypatch.setattr(store_module, "MAX_KEYS_PER_GET", 7)
+    monkeypatch.setattr(store_module, "MIN_KEYS_PER_READER", 10)
+    s = Store(str(tmp_path), read_threads=read_threads, index_in_cache=True)
+    s.check_identity(0, 1)
+    s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
+    stored = np.arange(0, 200, 3, dtype=np.uint64)  # every third id
+    rows = np.repeat(stored.astype(np.float32)[:, None], 6, axis=1)
+    s.put_rows("emb", stored, rows, stored, np.ones(len(stored), dtype=bool), {"admitted": len(stored), "pending": 0})
+    query = np.random.default_rng(0).permutation(np.arange(200, dtype=np.uint64))[:61]
+    values = multi_get(s._rows(), encode_keys(s._table_id("emb"), query), s._readers, s.read_threads)
+    assert len(values) == len(query)
+    for i, v in zip(query.tolist(), values):
+        assert (v is None) == (i % 3 != 0)
+        if v is not None:
+            assert np.frombuffer(v[:24], dtype=np.float32).tolist() == [float(i)] * 6
+    found, got, lsn, _ = s.get_rows("emb", query, 6)
+    assert found.tolist() == [i % 3 == 0 for i in query.tolist()]
+    assert np.array_equal(got[:, 0], query[found].astype(np.float32)) and np.array_equal(lsn, query[found])
+    s.close()
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_a_bounded_store_partitions_its_index_and_filters(tmp_path, bounded):
+    """Under a memory bound (index and filter blocks in the block cache) they are partitioned under a pinned top
+    level and the last level keeps no filters; without one, whole index and filter blocks stay with the tables."""
+    Store(str(tmp_path), index_in_cache=bounded).close()
+    newest = max((p for p in tmp_path.iterdir() if p.name.startswith("OPTIONS-")), key=lambda p: p.name)
+    text = newest.read_text()
+    section = text[text.index('[TableOptions/BlockBasedTable "meta"]') :]
+    assert ("index_type=kTwoLevelIndexSearch" in section) == bounded
+    assert ("partition_filters=true" in section) == bounded
+    meta_cf = text[text.index('[CFOptions "meta"]') :]
+    assert ("optimize_filters_for_hits=true" in meta_cf.split("[", 2)[1]) == bounded

@@ -363,8 +363,11 @@ class Table:
         """Rows for ids (unique, none in RAM): what RocksDB holds (or `ahead` read of it), else initial rows."""
         found, stored_rows, lsn, complete = ReadAhead.expand(self.store, self.name, ids, self.width, ahead)
         full, partial = found & complete, found & ~complete
-        block = np.empty((len(ids), self.width), dtype=np.float32)
-        block[full] = stored_rows[full]
+        if full.all():  # every row trained before and read whole: install them as read
+            block = stored_rows
+        else:
+            block = np.empty((len(ids), self.width), dtype=np.float32)
+            block[full] = stored_rows[full]
         fresh = np.flatnonzero(~full)  # initial rows only where RocksDB holds none (or only statistics)
         if len(fresh):
             block[fresh] = self._initial(ids[fresh])
@@ -464,6 +467,8 @@ class ReadAhead:
         """(found (n,), rows (n, width), lsn (n,), complete (n,)) of ids: from `ahead` where it is current, else
         read by store.get_rows, whose answer holds only the found ids."""
         n = len(ids)
+        if ahead is not None and ahead.stored is not None and not ahead.written and np.array_equal(ids, ahead.missing):
+            return ahead.stored  # the read ahead is of exactly these ids, and nothing was written meanwhile
         found, rows = np.zeros(n, dtype=bool), np.zeros((n, width), dtype=np.float32)
         lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
         fresh = np.zeros(n, dtype=bool)
@@ -483,6 +488,8 @@ class ReadAhead:
         rest = np.flatnonzero(~fresh)
         if len(rest):
             r_found, r_rows, r_lsn, r_complete = store.get_rows(table, ids[rest], width)
+            if len(rest) == n and r_found.all():  # all read now, all found: the answer is already one per id
+                return r_found, r_rows, r_lsn, r_complete
             where = rest[r_found]
             found[where], rows[where], lsn[where], complete[where] = True, r_rows, r_lsn, r_complete
         return found, rows, lsn, complete

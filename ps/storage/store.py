@@ -31,12 +31,13 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from rocksdict import (
     AccessType,
+    BlockBasedIndexType,
     BlockBasedOptions,
     Cache,
     Checkpoint,
@@ -133,7 +134,9 @@ def value_dtype(width: int) -> np.dtype:
 
 BLOCK_CACHE_BYTES = DEFAULT_BLOCK_CACHE_BYTES  # RocksDB's block cache per shard (uncompressed data blocks)
 MAX_WRITE_BUFFERS = 2  # memtables per column family (ps.storage.memory counts them)
+METADATA_BLOCK_BYTES = 4096  # index and filter partitions of a bounded server's tables
 MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in parts of at least this many keys
+MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 
 
 def rocksdb_options(
@@ -167,8 +170,19 @@ def rocksdb_options(
     # By default index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache,
     # so a read the block cache misses costs one data block, not an index or filter block first.
     if index_in_cache:
+        # In the block cache they compete with data blocks. A whole file's index or filter block (hundreds of KB
+        # for a file of 500,000 rows) evicted and read again for one key made random reads of a table 20x the
+        # cache copy 3x more metadata than data: partitioned into 4 KB blocks under a pinned top level, a read
+        # the cache misses costs at most one small index block besides its data block. The last level, where
+        # nearly every row is, keeps no filter (optimize_filters_for_hits): filters of a table far larger than
+        # the cache would be evicted before their next use, and a shard's reads are mostly of rows that exist.
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        table.set_index_type(BlockBasedIndexType.two_level_index_search())
+        table.set_partition_filters(True)
+        table.set_metadata_block_size(METADATA_BLOCK_BYTES)
+        table.set_pin_top_level_index_and_filter(True)
+        opts.set_optimize_filters_for_hits(True)
     opts.set_block_based_table_factory(table)
     opts.set_paranoid_checks(True)  # RocksDB refuses to open on the damage it can see (file sizes, the MANIFEST)
     # a torn last record in the write-ahead log is what a crash leaves; damage before it is refused, not dropped
@@ -177,6 +191,40 @@ def rocksdb_options(
     if direct_reads:
         opts.set_use_direct_reads(True)
     return opts
+
+
+def multi_get(cf: Rdict, keys: list[bytes], readers: ThreadPoolExecutor | None = None, threads: int = 1) -> list:
+    """The values of keys in cf (None where absent), in order: how a Store reads rows (read_in_calls), for anything
+    that should read as it does (benchmarks/miss_path.py's reference)."""
+    out: list = [None] * len(keys)
+
+    def keep(values: list, at: int) -> None:
+        out[at : at + len(values)] = values
+
+    read_in_calls(cf, keys, keep, readers, threads)
+    return out
+
+
+def read_in_calls(cf: Rdict, keys: list[bytes], consume: Callable[[list, int], None],
+                  readers: ThreadPoolExecutor | None = None, threads: int = 1) -> None:  # fmt: skip
+    """Reads keys with RocksDB MultiGet calls of at most MAX_KEYS_PER_GET keys, handing each call's values (None
+    where absent) and the index of its first key to consume, on the thread that read them. With readers, the keys
+    are split over `threads` of its threads in parts of at least MIN_KEYS_PER_READER keys (RocksDB reads without
+    the GIL), so consume must be safe to call for different parts at once. A MultiGet holds the data block of every
+    key it found until it returns (past the block cache's capacity if need be): one call of 100,000 keys in
+    distinct 4 KB blocks held 400 MB at once, and evicted every index block from the cache."""
+
+    def read_part(lo: int, hi: int) -> None:
+        for at in range(lo, hi, MAX_KEYS_PER_GET):
+            consume(cf.get(keys[at : min(at + MAX_KEYS_PER_GET, hi)]), at)
+
+    parts = min(threads, len(keys) // MIN_KEYS_PER_READER) if readers is not None else 1
+    if parts <= 1:
+        read_part(0, len(keys))
+        return
+    bounds = [len(keys) * i // parts for i in range(parts + 1)]
+    for done in [readers.submit(read_part, lo, hi) for lo, hi in itertools.pairwise(bounds)]:
+        done.result()
 
 
 class Store:
@@ -323,52 +371,56 @@ class Store:
 
     # ---- rows -----------------------------------------------------------------------------------------
     def get_rows(self, table: str, ids: np.ndarray, width: int) -> tuple[np.ndarray, ...]:
-        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64, complete bool): one multi_get (split
-        over the reader threads), with the rows still waiting in the write-behind laid over it. A row that is not
-        complete (an id not admitted yet) holds only its statistics, in its last STATS_FLOATS columns; its other
-        columns are zero. No Python code runs per id: the values are sorted and parsed by numpy."""
+        """(found bool (n,), rows float32 (found.sum(), width), lsn uint64, complete bool): MultiGet calls over the
+        reader threads (read_in_calls), each call's values parsed by numpy on its reader thread as it returns,
+        with the rows still waiting in the write-behind laid over them. A row that is not complete (an id not
+        admitted yet) holds only its statistics, in its last STATS_FLOATS columns; its other columns are zero. No
+        Python code runs per id."""
         n = len(ids)
-        found = np.zeros(n, dtype=bool)
+        sizes = np.full(n, -1, dtype=np.int64)  # bytes of each stored value; -1: none
         rows = np.zeros((n, width), dtype=np.float32)
         lsn = np.zeros(n, dtype=np.uint64)
-        complete = np.zeros(n, dtype=bool)
         if n == 0:
-            return found, rows, lsn, complete
+            return sizes >= 0, rows, lsn, sizes >= 0
+        full, short = value_dtype(width), value_dtype(STATS_FLOATS)
+
+        def parse(values: list, at: int) -> None:
+            got = np.empty(len(values), dtype=object)
+            got[:] = values
+            where = np.flatnonzero(np.not_equal(got, None))
+            lengths = np.fromiter(map(len, got[where]), dtype=np.int64, count=len(where))
+            sizes[at + where] = lengths
+            for dtype in (full, short):  # a value of neither size is left unparsed; get_rows raises for it
+                mine = lengths == dtype.itemsize
+                if mine.any():
+                    parsed = np.frombuffer(b"".join(got[where[mine]]), dtype=dtype)
+                    rows[at + where[mine], width - dtype["row"].shape[0] :] = parsed["row"]
+                    lsn[at + where[mine]] = parsed["lsn"]
+
         pending = self._behind.snapshot(table)  # before the read: a batch written since is in RocksDB
         with self._rocksdb(f"reading rows of table {table!r}"):
-            values = np.empty(n, dtype=object)
-            values[:] = self._multi_get(encode_keys(self._table_id(table), ids))
-        found = np.not_equal(values, None)
-        sizes = np.fromiter(map(len, values[found]), dtype=np.int64, count=int(found.sum()))
-        full, short = value_dtype(width), value_dtype(STATS_FLOATS)
-        bad = (sizes != full.itemsize) & (sizes != short.itemsize)
+            read_in_calls(self._rows(), encode_keys(self._table_id(table), ids), parse, self._readers,
+                          self.read_threads)  # fmt: skip
+        found = sizes >= 0
+        bad = found & (sizes != full.itemsize) & (sizes != short.itemsize)
         if bad.any():
             raise StorageError(
                 f"{self.path}: table {table} holds a row of {int(sizes[bad][0])} bytes, expected "
                 f"{full.itemsize} (a trained row) or {short.itemsize} (statistics only)"
             )
-        where = np.flatnonzero(found)
-        complete[where] = sizes == full.itemsize
-        for mask, dtype in ((found & complete, full), (found & ~complete, short)):
-            if mask.any():
-                parsed = np.frombuffer(b"".join(values[mask]), dtype=dtype)
-                rows[mask, width - dtype["row"].shape[0] :] = parsed["row"]
-                lsn[mask] = parsed["lsn"]
+        complete = sizes == full.itemsize
         for batch in pending:  # oldest first: a later batch of the same id wins, as in RocksDB
             hit, at = batch.find(ids)
             if len(at):
                 found[hit], lsn[hit], complete[hit] = True, batch.lsn[at], batch.complete[at]
                 rows[hit] = np.where(batch.complete[at, None], batch.rows[at], 0.0)
                 rows[hit, width - STATS_FLOATS :] = batch.rows[at, width - STATS_FLOATS :]
+        if found.all():  # every id stored, as for the misses of rows trained before: no copies
+            return found, rows, lsn, complete
         return found, rows[found], lsn[found], complete[found]
 
     def _multi_get(self, keys: list[bytes]) -> list:
-        cf, parts = self._rows(), min(self.read_threads, len(keys) // MIN_KEYS_PER_READER)
-        if parts <= 1:
-            return cf.get(keys)
-        bounds = [len(keys) * i // parts for i in range(parts + 1)]
-        chunks = [keys[lo:hi] for lo, hi in itertools.pairwise(bounds)]
-        return list(itertools.chain.from_iterable(self._readers.map(cf.get, chunks)))
+        return multi_get(self._rows(), keys, self._readers, self.read_threads)
 
     def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, complete: np.ndarray,
                  counts: dict, delete: np.ndarray | None = None, background: bool = False) -> None:  # fmt: skip
