@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from ps.accel.malloc import BOUNDED_TRIM_THRESHOLD, tune_malloc
+from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import ServerConfig
 from ps.errors import StorageError
 from ps.settings import add_config_flag, apply_defaults
@@ -282,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    tune_malloc(BOUNDED_TRIM_THRESHOLD if args.memory_bytes is not None else 64 << 20)
+    if args.memory_bytes is not None:
+        tune_malloc(BOUNDED_TRIM_THRESHOLD, BOUNDED_MMAP_THRESHOLD)
+    else:
+        tune_malloc()
     config = ServerConfig(
         data_dir=args.data_dir,
         shard_id=args.shard_id,

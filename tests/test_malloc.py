@@ -45,3 +45,11 @@ def test_it_sets_the_three_thresholds_and_says_whether_they_took(monkeypatch, an
     m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
     expected = [(m_mmap_threshold, 16 << 20), (m_arena_max, 2), (m_trim_threshold, 64 << 20)]
     assert libc.calls == (expected if ok else expected[:1])  # a refusal stops at the first setting
+
+
+def test_a_memory_bound_maps_buffers_from_a_smaller_size(monkeypatch):
+    libc = _RecordingLibc(1)
+    monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: libc)
+    assert malloc.tune_malloc(malloc.BOUNDED_TRIM_THRESHOLD, malloc.BOUNDED_MMAP_THRESHOLD) is True
+    m_trim_threshold, m_mmap_threshold, m_arena_max = -1, -3, -8
+    assert libc.calls == [(m_mmap_threshold, 1 << 20), (m_arena_max, 2), (m_trim_threshold, 4 << 20)]
