@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
+from ps.engine.warmup import warm_up
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, add_to_server
@@ -143,6 +144,8 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
         flush=True,
     )
+    if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
+        threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
     stop.wait()
     server.stop()
     print(f"ps-server shard {config.shard_id}: stopped cleanly", file=sys.stderr, flush=True)

@@ -1,0 +1,59 @@
+"""warm_up: loads a server's compiled kernels before its first request, by pulling and pushing a scratch table.
+
+The first pull and push of a server load its compiled kernels (numba's cached machine code, and LLVM to link it):
+about 0.75 s and 78 MB of RSS that otherwise land on the first request. A server given --memory-bytes runs
+warm_up at start, on a background thread, so that its fixed footprint (code and runtime) is in place before data
+arrives: what grows afterwards is data, inside the bound. The scratch table has its own small RocksDB, journal
+(1 MiB segments) and RAM tier in a temporary directory, removed afterwards; the shard's own data is not touched.
+Optional: a failure is logged and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from ps.config import TableConfig
+from ps.engine.table import Table
+from ps.storage.budget import MemoryBudget
+from ps.storage.journal import Journal
+from ps.storage.store import Store
+
+log = logging.getLogger("ps.engine.warmup")
+SCRATCH_BYTES = 1 << 20  # block cache, memtable, journal segment and RAM tier of the scratch table, each
+SCRATCH_IDS = 8
+
+
+def warm_up() -> bool:
+    """Pulls, pushes and pulls again SCRATCH_IDS ids of a scratch table (default settings, dim 8) in a temporary
+    directory; True if it ran through (False, with a log line, if anything failed)."""
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="ps-warm-up-") as tmp:
+            store = Store(os.path.join(tmp, "rows"), block_cache_bytes=SCRATCH_BYTES, write_buffer_bytes=SCRATCH_BYTES)
+            journal = Journal(os.path.join(tmp, "journal"), segment_bytes=SCRATCH_BYTES)
+            try:
+                store.check_identity(0, 1)
+                for _ in journal.replay(0):  # a new journal: nothing to replay; appends may follow
+                    pass
+                cfg = TableConfig("warm-up", 8).normalized()
+                store.create_table(cfg)
+                table = Table(cfg, store, journal, MemoryBudget(SCRATCH_BYTES))
+                ids = np.arange(SCRATCH_IDS, dtype=np.uint64)
+                table.pull(ids)
+                ones = np.ones(SCRATCH_IDS, dtype=np.float32)
+                table.push(ids, np.full((SCRATCH_IDS, 8), 0.01, dtype=np.float32), ones, ones * 0, 1)
+                table.pull(ids)
+                table.flush()
+            finally:
+                journal.close()
+                store.close()
+    except Exception as e:  # optional: the first request loads what this did not
+        log.warning("warm-up of the compiled kernels failed (the first request loads them instead): %s", e)
+        return False
+    log.info("compiled kernels loaded in %.2f s", time.perf_counter() - start)
+    return True
