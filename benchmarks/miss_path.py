@@ -37,17 +37,19 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
 - reference: with the server stopped, its data dir is opened read-only with ps.storage.store.rocksdb_options as
   the server's flags set them (ps.storage.memory.plan_memory: its block cache size, index and filter blocks in
   the cache under --memory-bytes; --direct-reads), a block cache of its own, empty at first; the ids of the
-  timed pulls, drawn again from their seeds, are encoded (ps.storage.store.encode_keys, not timed) and read with
-  multi_get (Rdict.get of the key list) of the "rows" column family, in as many equal parts as the server has
-  --read-threads, read by as many threads at once as its readers do: every id of each call, hits of the server's
-  RAM tier too.
+  timed pulls, drawn again from their seeds, are encoded (ps.storage.store.encode_keys, not timed) and read from
+  the "rows" column family with ps.storage.store.multi_get, the server's own read: the same parts over as many
+  threads as its --read-threads, the same RocksDB MultiGet calls (Rdict.get of a key list) of at most
+  MAX_KEYS_PER_GET keys; every id of each call, hits of the server's RAM tier too.
   The first --reference-warmup calls are untimed; then calls until --reference-s.
 Rates are unique ids per second of a call, medians over the timed calls; ratios divide them by the rate of the
 same distribution at the first size of the same run. The server's cost per missed id is
     bound  pull seconds / ids the pull read from RocksDB        (everything the call did, charged to its misses)
     net    (pull seconds - unique ids x the first size's seconds per pulled id) / misses
 medians over the pulls that missed; `bound` is an upper bound of a miss's cost, `net` what a miss costs beyond
-a hit. The reference's cost is multi_get seconds per key, median over its calls.
+a hit. The reference's cost is multi_get seconds per key, median over its calls. `ref bound` is the pull ratio a
+server would reach if each of its misses cost the reference's seconds per key and each other id the first size's
+seconds per pulled id (median ids and misses per call): what the pull targets ask of RocksDB's reads alone.
 Targets (checks at the end): at every size after the first, Zipf pulls >= 0.25x and uniform pulls >= 0.07x of the
 first size's rate; server us per miss (bound) <= 1.5x reference us per key; peak RSS <= budget + idle peak +
 64 MiB, where the budget is --memory-bytes when the server has it, else its RAM tier (--cache-bytes).
@@ -57,7 +59,6 @@ Progress goes to stderr; the last line of stdout is one JSON object (harness.emi
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import secrets
 import shlex
@@ -81,7 +82,16 @@ from ps.config import TableConfig
 from ps.rows.layout import ADMITTED, SHOW, layout_of
 from ps.sharding import slot_of
 from ps.storage.memory import MemoryPlan, plan_memory
-from ps.storage.store import META_CF, ROWS_CF, Store, encode_keys, rocksdb_options, table_ids, value_dtype
+from ps.storage.store import (
+    META_CF,
+    ROWS_CF,
+    Store,
+    encode_keys,
+    multi_get,
+    rocksdb_options,
+    table_ids,
+    value_dtype,
+)
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -430,18 +440,11 @@ def reference(path: str, flags: ServerFlags, phase: Phase, permutation: np.ndarr
     try:
         cf, number = db.get_column_family(ROWS_CF), table_ids(db.get_column_family(META_CF))[TABLE]
 
-        def get(keys: list[bytes]) -> list:
-            if pool is None:
-                return cf.get(keys)
-            bounds = [len(keys) * i // threads for i in range(threads + 1)]
-            parts = [keys[lo:hi] for lo, hi in itertools.pairwise(bounds)]
-            return list(itertools.chain.from_iterable(pool.map(cf.get, parts)))
-
         start = time.perf_counter()
         for k, call_seed in enumerate(phase.seeds):
             keys = encode_keys(number, request_ids(phase.distribution, permutation, args.ids, call_seed))
             t = time.perf_counter()
-            found = get(keys)
+            found = multi_get(cf, keys, pool, threads)
             took = time.perf_counter() - t
             missing = sum(v is None for v in found)
             if missing:
@@ -484,6 +487,11 @@ def summary(phase: Phase, base: Phase | None, flags: ServerFlags) -> dict:
         if phase.reference_s else None
     )  # fmt: skip
     r["reference_calls"] = len(phase.reference_s)
+    r["reference_bound_ratio"] = None  # the pull ratio if a miss cost the reference's us per key, a hit the base's
+    if base is not None and r["reference_us_per_key"]:
+        unique, misses = r["unique_ids_per_call"], r["misses_per_pull"]
+        seconds = (unique - misses) * hit_s + misses * r["reference_us_per_key"] / 1e6
+        r["reference_bound_ratio"] = unique / seconds / median_rate(ref.ids, ref.pull_s)
     budget, _ = flags.budget
     r |= {"peak_rss_bytes": phase.peak, "idle_peak_rss_bytes": phase.idle_peak, "budget_bytes": budget,
           "rss_limit_bytes": budget + phase.idle_peak + RSS_SLACK, "start_s": phase.start_s, "stop_s": phase.stop_s,
@@ -514,14 +522,15 @@ def print_table(results: list[dict]) -> None:
     mib = lambda b: f"{b / MiB:,.0f}"
     us = lambda x: "-" if x is None else f"{x:.2f}"
     head = ("rows", "dist", "pull ids/s", "ratio", "push ids/s", "ratio", "ids/call", "miss/pull", "miss/push",
-            "us/miss", "net", "ref us/key", "peak MiB", "idle MiB", "limit MiB")  # fmt: skip
+            "us/miss", "net", "ref us/key", "ref bound", "peak MiB", "idle MiB", "limit MiB")  # fmt: skip
     lines = [head]
     for r in results:
         lines.append((
             f"{r['rows']:,}", r["distribution"], f"{r['pull_ids_per_s'] / 1e6:.3f}M", f"{r['pull_ratio']:.3f}x",
             f"{r['push_ids_per_s'] / 1e6:.3f}M", f"{r['push_ratio']:.3f}x", f"{r['unique_ids_per_call']:,.0f}",
             f"{r['misses_per_pull']:,.0f}", f"{r['misses_per_push']:,.0f}", us(r["server_us_per_miss"]),
-            us(r["server_net_us_per_miss"]), us(r["reference_us_per_key"]), mib(r["peak_rss_bytes"]),
+            us(r["server_net_us_per_miss"]), us(r["reference_us_per_key"]),
+            "-" if r["reference_bound_ratio"] is None else f"{r['reference_bound_ratio']:.3f}x", mib(r["peak_rss_bytes"]),
             mib(r["idle_peak_rss_bytes"]), mib(r["rss_limit_bytes"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
