@@ -134,7 +134,7 @@ def value_dtype(width: int) -> np.dtype:
 
 BLOCK_CACHE_BYTES = DEFAULT_BLOCK_CACHE_BYTES  # RocksDB's block cache per shard (uncompressed data blocks)
 MAX_WRITE_BUFFERS = 2  # memtables per column family (ps.storage.memory counts them)
-METADATA_BLOCK_BYTES = 4096  # index and filter partitions of a bounded server's tables
+METADATA_BLOCK_BYTES = 4096  # index partitions of a bounded server's tables
 MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in parts of at least this many keys
 MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 
@@ -170,16 +170,18 @@ def rocksdb_options(
     # By default index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache,
     # so a read the block cache misses costs one data block, not an index or filter block first.
     if index_in_cache:
-        # In the block cache they compete with data blocks. A whole file's index or filter block (hundreds of KB
-        # for a file of 500,000 rows) evicted and read again for one key made random reads of a table 20x the
-        # cache copy 3x more metadata than data: partitioned into 4 KB blocks under a pinned top level, a read
+        # In the block cache they compete with data blocks. A file's whole index block (hundreds of KB for a file
+        # of 500,000 rows) evicted and read again for one key made random reads of a table 20x the cache copy 3x
+        # more metadata than data: the index is partitioned into 4 KB blocks under a pinned top level, so a read
         # the cache misses costs at most one small index block besides its data block. The last level, where
         # nearly every row is, keeps no filter (optimize_filters_for_hits): filters of a table far larger than
         # the cache would be evicted before their next use, and a shard's reads are mostly of rows that exist.
+        # The levels above keep whole filters, a few MB at 3x10^7 rows: partitioned, each of the (often 10 or
+        # more) files a read probes first cost a top-level search too, and raw multi_get after a run of writes
+        # took 15-18 us per key instead of 8-10.
         table.set_cache_index_and_filter_blocks(True)
         table.set_pin_l0_filter_and_index_blocks_in_cache(True)
         table.set_index_type(BlockBasedIndexType.two_level_index_search())
-        table.set_partition_filters(True)
         table.set_metadata_block_size(METADATA_BLOCK_BYTES)
         table.set_pin_top_level_index_and_filter(True)
         opts.set_optimize_filters_for_hits(True)
