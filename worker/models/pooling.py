@@ -45,8 +45,7 @@ def checked_bags(
         )
     if len(offsets) > 1 and (offsets[1:] < offsets[:-1]).any():
         raise ValueError(f"{what}: offsets decrease")
-    if index.size and (index.min() < 0 or index.max() >= num_rows):
-        raise ValueError(f"{what}: index runs from {index.min()} to {index.max()}, expected 0 to {num_rows - 1}")
+    _check_index_range(index, num_rows, what)
     if weights is not None:
         weights = np.asarray(weights)
         if weights.shape != index.shape or weights.dtype.kind != "f":
@@ -61,9 +60,13 @@ def checked_index(index: np.ndarray, num_rows: int, nnz: int, what: str = "bags"
     index = np.asarray(index)
     if index.shape != (nnz,) or not (index.dtype.kind in "iu" or index.size == 0):
         raise ValueError(f"{what}: index has shape {index.shape} and dtype {index.dtype}, expected ({nnz},) integers")
+    _check_index_range(index, num_rows, what)
+    return index.astype(np.int64, copy=False)
+
+
+def _check_index_range(index: np.ndarray, num_rows: int, what: str) -> None:
     if index.size and (index.min() < 0 or index.max() >= num_rows):
         raise ValueError(f"{what}: index runs from {index.min()} to {index.max()}, expected 0 to {num_rows - 1}")
-    return index.astype(np.int64, copy=False)
 
 
 def one_id_per_bag(offsets: np.ndarray, weights: np.ndarray | None) -> bool:
