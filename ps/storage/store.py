@@ -421,9 +421,6 @@ class Store:
             return found, rows, lsn, complete
         return found, rows[found], lsn[found], complete[found]
 
-    def _multi_get(self, keys: list[bytes]) -> list:
-        return multi_get(self._rows(), keys, self._readers, self.read_threads)
-
     def put_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, complete: np.ndarray,
                  counts: dict, delete: np.ndarray | None = None, background: bool = False) -> None:  # fmt: skip
         """Writes rows (n, width) with their lsn for ids, deletes the rows of `delete`, and writes the table's
