@@ -97,3 +97,8 @@ def test_a_bounded_store_partitions_its_index(tmp_path, bounded):
     assert "partition_filters=false" in section
     meta_cf = text[text.index('[CFOptions "meta"]') :]
     assert ("optimize_filters_for_hits=true" in meta_cf.split("[", 2)[1]) == bounded
+    cf_sections = text.split("[CFOptions ")[1:]
+    assert len(cf_sections) >= 2
+    for cf_section in cf_sections:  # reads skip a memtable's skip list for keys its Bloom filter does not hold
+        assert "memtable_whole_key_filtering=true" in cf_section
+        assert "memtable_prefix_bloom_size_ratio=0.020000" in cf_section

@@ -137,6 +137,7 @@ MAX_WRITE_BUFFERS = 2  # memtables per column family (ps.storage.memory counts t
 METADATA_BLOCK_BYTES = 4096  # index partitions of a bounded server's tables
 MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in parts of at least this many keys
 MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
+MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
 
 
 def rocksdb_options(
@@ -158,6 +159,12 @@ def rocksdb_options(
     opts.set_max_total_wal_size(256 << 20)  # flush the column families that pin old WAL files past this
     opts.set_write_buffer_size(write_buffer_bytes)  # memtables: RocksDB's share of RSS stays small beside the RAM
     opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS)  # tier
+    # Every read searches the memtables first, and nearly every key a read asks for is not in them: a Bloom filter
+    # of each memtable's keys (about 30 bits per row, from the memtable's own memory) answers that without the
+    # skip-list search, which cost about a third of a read from the page cache with 80,000 rows in the memtable
+    # (9.1 -> 6.5 us per key, one thread).
+    opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
+    opts.set_memtable_whole_key_filtering(True)
     # Rows are float32 values that hardly compress (about 1% with Snappy) while every read of a compressed block
     # pays its decompression: off, a point read from the page cache costs about half as much.
     opts.set_compression_type(DBCompressionType.none())
