@@ -161,8 +161,8 @@ def rocksdb_options(
     opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS)  # tier
     # Every read searches the memtables first, and nearly every key a read asks for is not in them: a Bloom filter
     # of each memtable's keys (about 30 bits per row, from the memtable's own memory) answers that without the
-    # skip-list search, which cost about a third of a read from the page cache with 80,000 rows in the memtable
-    # (9.1 -> 6.5 us per key, one thread).
+    # skip-list search, which cost about a third of a read with 60,000 rows in the memtable (benchmarks/
+    # memtable_filter.py: 11.9 -> 8.3 us per key, one thread).
     opts.set_memtable_prefix_bloom_ratio(MEMTABLE_BLOOM_RATIO)
     opts.set_memtable_whole_key_filtering(True)
     # Rows are float32 values that hardly compress (about 1% with Snappy) while every read of a compressed block
