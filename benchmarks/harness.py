@@ -177,6 +177,18 @@ def direct_io_dir(candidates: list[str]) -> tuple[str, str]:
     raise RuntimeError(f"no directory on a disk that reads with O_DIRECT among {', '.join(tried)}; give --dir")
 
 
+def read_into_page_cache(path: str) -> tuple[int, float]:
+    """Reads every file under path once (the OS keeps them in its page cache while it has room); (bytes,
+    seconds)."""
+    t0, total, buf = time.perf_counter(), 0, bytearray(8 << 20)
+    for root, _, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb", buffering=0) as f:
+                while n := f.readinto(buf):
+                    total += n
+    return total, time.perf_counter() - t0
+
+
 # ---- timing ----------------------------------------------------------------------------------------------
 def timed(fn: Callable[[], object], reps: int, warmup: int = 2, max_s: float = 60.0) -> list[float]:
     """Seconds per call of fn over reps calls after warmup calls (stops early after max_s)."""

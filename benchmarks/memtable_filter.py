@@ -54,11 +54,7 @@ def fill(path: str, memtable_filter: bool, args: argparse.Namespace, value: byte
     db.compact_range(None, None)
     write(db, np.random.default_rng(2).choice(args.rows, args.memtable_rows, replace=False).astype(np.uint64) * 2 + 1,
           value)  # fmt: skip
-    for name in os.listdir(path):
-        if name.endswith(".sst"):
-            with open(os.path.join(path, name), "rb") as f:
-                while f.read(1 << 24):
-                    pass
+    harness.read_into_page_cache(path)
     return db
 
 

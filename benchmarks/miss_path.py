@@ -270,18 +270,6 @@ class Fill:
     checked: bool = False  # a server started on the data dir reported the rows (and the sample) as written
 
 
-def read_into_page_cache(path: str) -> tuple[int, float]:
-    """Reads every file under path once (the OS keeps them in its page cache while it has room); (bytes,
-    seconds)."""
-    t0, total, buf = time.perf_counter(), 0, bytearray(8 * MiB)
-    for root, _, files in os.walk(path):
-        for name in files:
-            with open(os.path.join(root, name), "rb", buffering=0) as f:
-                while n := f.readinto(buf):
-                    total += n
-    return total, time.perf_counter() - t0
-
-
 def prepare(cluster: LocalCluster, rows: int, args: argparse.Namespace, rng: np.random.Generator) -> Fill:
     """A data dir holding the table with rows rows: the kept one if it does, else filled anew."""
     fill = Fill(rows, args.fill)
@@ -579,7 +567,7 @@ def main() -> None:
         cluster = LocalCluster(1, root=root, start_timeout_s=600, extra_args=flags.args)
         try:
             fill = prepare(cluster, rows, args, np.random.default_rng([args.seed, rows % 2**32]))
-            fill.data_bytes, fill.read_s = read_into_page_cache(cluster.data_dir(0))
+            fill.data_bytes, fill.read_s = harness.read_into_page_cache(cluster.data_dir(0))
             progress(f"read the data dir ({fill.data_bytes / 2**30:.2f} GiB) in {fill.read_s:.1f} s")
             fills.append(fill)
             permutation = np.random.default_rng([args.seed, 2]).permutation(rows).astype(np.uint64)
