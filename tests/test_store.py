@@ -84,14 +84,18 @@ def test_multi_get_reads_in_order_across_calls_and_threads(tmp_path, monkeypatch
     s.close()
 
 
+def newest_options_text(path) -> str:
+    """The OPTIONS file RocksDB wrote last in a data dir (OPTIONS-NNNNNN, zero-padded: the greatest name)."""
+    return max((p for p in path.iterdir() if p.name.startswith("OPTIONS-")), key=lambda p: p.name).read_text()
+
+
 @pytest.mark.parametrize("bounded", [False, True])
 def test_a_bounded_store_partitions_its_index(tmp_path, bounded):
     """Under a memory bound (index and filter blocks in the block cache) the index is partitioned under a pinned
     top level and the last level keeps no filters; without one, whole index and filter blocks stay with the
     tables. Filters are whole either way."""
     Store(str(tmp_path), index_in_cache=bounded).close()
-    newest = max((p for p in tmp_path.iterdir() if p.name.startswith("OPTIONS-")), key=lambda p: p.name)
-    text = newest.read_text()
+    text = newest_options_text(tmp_path)
     section = text[text.index('[TableOptions/BlockBasedTable "meta"]') :]
     assert ("index_type=kTwoLevelIndexSearch" in section) == bounded
     assert "partition_filters=false" in section
@@ -112,8 +116,7 @@ def test_every_memtable_keeps_a_bloom_filter_of_its_keys(tmp_path, bounded):
     found, got, _, _ = s.get_rows("emb", np.arange(3000, dtype=np.uint64), 6)
     assert found.tolist() == [i % 3 == 0 for i in range(3000)] and np.array_equal(got, rows)
     s.close()
-    newest = max((p for p in tmp_path.iterdir() if p.name.startswith("OPTIONS-")), key=lambda p: p.name)
-    cf_sections = newest.read_text().split("[CFOptions ")[1:]
+    cf_sections = newest_options_text(tmp_path).split("[CFOptions ")[1:]
     assert len(cf_sections) >= 2
     for cf_section in cf_sections:
         assert "memtable_whole_key_filtering=true" in cf_section
