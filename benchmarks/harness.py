@@ -94,6 +94,25 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S  # utime, stime: fields 14 and 15 of stat(5)
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of the process's live threads, summed by OS thread name less a trailing "_N" (a pool's
+    threads: ps-rpc_0 and ps-rpc_1 count as ps-rpc). A server names its threads (ps.accel.threadnames), RocksDB
+    its own (rocksdb:low compacts, rocksdb:high flushes memtables)."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        head, _, tail = name.rpartition("_")
+        name = head if head and tail.isdigit() else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
+    return out
+
+
 def wait_idle(pid: int, window_s: float = 0.1, timeout_s: float = 10.0) -> bool:
     """Waits until the process used at most one clock tick of CPU over two successive windows (its deferred work
     is done); False if it did not go idle within timeout_s."""

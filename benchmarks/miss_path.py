@@ -33,6 +33,9 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
 - warm-up: when the table fits in the RAM tier, a pull of every id first (the baseline is a table served from
   RAM); then pairs, unrecorded, until the RAM tier is full (the table's evictions in Stats > 0; at once when the
   table fits) and --warmup-s passed, or --warmup-max-s passed. Then pairs for --seconds, recorded.
+- CPU: the server's CPU seconds per second of the timed calls, in all and by thread (harness.thread_cpu_s):
+  ps-rpc serves the requests, ps-rocksdb-read reads misses, ps-write-behind writes evicted dirty rows, ps-flusher
+  writes every dirty row each --flush-interval-s, rocksdb:low compacts, rocksdb:high flushes memtables.
 - peak: VmHWM of the server after the calls; then it stops cleanly.
 - reference: with the server stopped, its data dir is opened read-only with ps.storage.store.rocksdb_options as
   the server's flags set them (ps.storage.memory.plan_memory: its block cache size, index and filter blocks in
@@ -323,6 +326,7 @@ class Phase:
     start_s: float = 0.0
     stop_s: float = 0.0
     stats: dict = field(default_factory=dict)
+    cpu: dict = field(default_factory=dict)  # the server's CPU seconds per second of the timed calls, by thread
     reference_keys: list[int] = field(default_factory=list)
     reference_s: list[float] = field(default_factory=list)
 
@@ -372,10 +376,14 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
                 break
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
                  grads_rng, table, timed=False)  # fmt: skip
-        start = time.perf_counter()
+        threads0, cpu0, start = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter()
         while time.perf_counter() - start < args.seconds or len(phase.seeds) < 3:
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
                  grads_rng, table, timed=True)  # fmt: skip
+        threads1, cpu1, wall = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter() - start
+        phase.cpu = {"all": (cpu1 - cpu0) / wall}
+        phase.cpu |= {name: (c - threads0.get(name, 0.0)) / wall for name, c in sorted(threads1.items())
+                      if c - threads0.get(name, 0.0) >= 0.005 * wall}  # fmt: skip
         phase.peak = harness.peak_rss_bytes(pid)
         stats = client.stats()[0]
         last = next(t for t in stats.tables if t.name == TABLE)
@@ -483,7 +491,7 @@ def summary(phase: Phase, base: Phase | None, flags: ServerFlags) -> dict:
     budget, _ = flags.budget
     r |= {"peak_rss_bytes": phase.peak, "idle_peak_rss_bytes": phase.idle_peak, "budget_bytes": budget,
           "rss_limit_bytes": budget + phase.idle_peak + RSS_SLACK, "start_s": phase.start_s, "stop_s": phase.stop_s,
-          "server_stats": phase.stats}  # fmt: skip
+          "server_stats": phase.stats, "server_cpu_cores": phase.cpu}  # fmt: skip
     return r
 
 
@@ -605,6 +613,11 @@ def main() -> None:
         m = r["server_stats"]
         parts = ", ".join(f"{name.removesuffix('_bytes')} {m[name] / MiB:,.0f}" for name in STAT_FIELDS if name in m)
         print(f"Stats after {r['rows']:,} {r['distribution']} (MiB): {parts}; rows in RAM {m['rows_in_ram']:,}")
+    for r in results:
+        cores = dict(r["server_cpu_cores"])
+        every = cores.pop("all", 0.0)
+        parts = ", ".join(f"{name} {c:.2f}" for name, c in sorted(cores.items(), key=lambda kv: -kv[1]))
+        print(f"server CPU during the timed calls, {r['rows']:,} {r['distribution']} (cores): {every:.2f}: {parts}")
     found = checks(results, first)
     for c in found:
         figure = f"{c['figure'] / MiB:,.0f} MiB" if "RSS" in c["check"] else f"{c['figure']:.3f}x"

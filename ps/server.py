@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ps.accel.threadnames import name_os_thread
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.engine.warmup import warm_up
@@ -46,7 +47,7 @@ class Server:
         self.shard = Shard(config)
         self.health = health.HealthServicer()
         self._grpc = grpc.server(
-            ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc"),
+            ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],

@@ -69,6 +69,8 @@ def test_small_run_end_to_end(tmp_path):
         assert 0 < r["unique_ids_per_call"] <= 5000
         assert 0 < r["idle_peak_rss_bytes"] <= r["peak_rss_bytes"]
         assert r["reference_calls"] >= 1 and r["reference_us_per_key"] > 0
+        cores = r["server_cpu_cores"]  # CPU per second of the timed calls, in all and by the server's threads
+        assert cores["all"] > 0 and cores["ps-rpc"] > 0 and sum(cores.values()) <= 2 * cores["all"] + 0.5
     # every row pulled into RAM before the calls: nothing misses
     assert fits["misses_per_pull"] == 0 and fits["server_us_per_miss"] is None and fits["pull_ratio"] == 1.0
     assert larger["misses_per_pull"] > 0 and larger["server_us_per_miss"] > 0

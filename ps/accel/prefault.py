@@ -29,6 +29,7 @@ import threading
 import numpy as np
 
 from ps.accel.filemap import FileMap
+from ps.accel.threadnames import name_os_thread
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class Prefaulter:
             self._thread.join()
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             self._wake.wait()
             self._wake.clear()

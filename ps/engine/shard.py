@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from ps.accel.threadnames import name_os_thread
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.jobs import JobClocks, Stamp, contribution
 from ps.engine.table import Table
@@ -518,6 +519,7 @@ class Shard:
             return written
 
     def _flush_loop(self) -> None:
+        name_os_thread()
         while not self._closed.is_set():
             self._wake.wait(self.config.flush_interval_s)
             self._wake.clear()

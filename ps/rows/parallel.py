@@ -18,6 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from ps.accel.threadnames import name_os_thread
+
 T = TypeVar("T")
 
 
@@ -45,7 +47,9 @@ def _executor() -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=max(1, THREADS - 1), thread_name_prefix="ps-kernel")
+            _pool = ThreadPoolExecutor(
+                max_workers=max(1, THREADS - 1), thread_name_prefix="ps-kernel", initializer=name_os_thread
+            )
         return _pool
 
 

@@ -18,6 +18,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 
+from ps.accel.threadnames import name_os_thread
 from ps.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class MarkWriter:
                 self.written = seq
 
     def _run(self) -> None:
+        name_os_thread()
         while not self._stop.wait(self._interval_s):
             self.write()
 

@@ -50,6 +50,7 @@ from rocksdict import (
     WriteOptions,
 )
 
+from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
 from ps.errors import DataLossError, PsError, StorageError
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
@@ -276,7 +277,9 @@ class Store:
         self._write_opts.sync = sync
         self._cfs: dict[str, Rdict] = {}
         self.read_threads = max(1, read_threads)
-        self._readers = ThreadPoolExecutor(self.read_threads, "ps-rocksdb-read") if self.read_threads > 1 else None
+        self._readers = (
+            ThreadPoolExecutor(self.read_threads, "ps-rocksdb-read", name_os_thread) if self.read_threads > 1 else None
+        )
         self._behind = WriteBehind(self._write_pending, write_behind_bytes)
 
     # ---- shard identity and table configs -------------------------------------------------------------

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ps.accel.threadnames import name_os_thread
+
 
 @dataclass(frozen=True)
 class PendingBatch:
@@ -111,6 +113,7 @@ class WriteBehind:
             raise self._error
 
     def _run(self) -> None:
+        name_os_thread()
         while True:
             with self._cv:
                 while not self._pending and not self._closing:
