@@ -5,6 +5,7 @@ stops the others, Ctrl-C and SIGTERM stop them all, and no process is left behin
 from __future__ import annotations
 
 import argparse
+import inspect
 import io
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -19,6 +21,7 @@ import pytest
 
 from tests.waiting import wait_until
 from worker.launch import (
+    WorkerGroup,
     add_launch_parser,
     check_train_flags,
     expand_backends,
@@ -477,3 +480,41 @@ def test_workers_die_with_a_killed_launcher(fakes, tmp_path):
     proc.kill()
     proc.wait(timeout=60)
     assert_all_gone(pids, {"worker-0", "worker-1"})  # SIGTERM from the kernel (a worker stops its own children)
+
+
+def ctrl_c_at_check(n: int):
+    """A profile hook that raises KeyboardInterrupt at the main thread's n-th check for signals from now (each
+    Python call but a generator's resume, and the return of each C call), as a Ctrl-C landing there would."""
+    checks = [0]
+
+    def hook(frame, event, arg) -> None:
+        if event == "c_return" or (event == "call" and not frame.f_code.co_flags & inspect.CO_GENERATOR):
+            checks[0] += 1
+            if checks[0] > n:
+                sys.setprofile(None)
+                raise KeyboardInterrupt
+
+    return hook
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="runs the `sleep` program")
+def test_a_ctrl_c_at_any_point_of_wait_still_lets_stop_end_the_workers():
+    """A Ctrl-C at each of wait()'s first checks for signals in turn: stop() must still end the worker within its
+    grace period. (One landing just after Popen.poll() took the Popen's lock, before its try, left the lock held and
+    stop()'s wait() blocked on it forever.)"""
+    for n in range(30):
+        group = WorkerGroup([["sleep", "60"]], [dict(os.environ)], lambda i, line: None, lambda i, report: None)
+        group.start()
+        group.read_output()
+        sys.setprofile(ctrl_c_at_check(n))
+        try:
+            group.wait(poll_s=0.01)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.setprofile(None)
+        stopper = threading.Thread(target=group.stop, args=(1.0,), daemon=True)
+        stopper.start()
+        stopper.join(timeout=20)
+        assert not stopper.is_alive(), f"stop() hung after a Ctrl-C at check {n} of wait()"
+        assert group.procs[0].returncode is not None

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import queue
 import secrets
 import shutil
 import signal
@@ -270,7 +271,12 @@ class WorkerGroup:
         self.procs: list[subprocess.Popen] = []
         self.tails: list[deque[str]] = [deque(maxlen=TAIL_LINES) for _ in self.commands]
         self._threads: list[threading.Thread] = []
-        self._changed = threading.Event()
+        # Each worker's exit is awaited by a thread of its own, never by the main thread: a Ctrl-C raised there
+        # just after Popen.poll() took the Popen's lock (before its try) left the lock held, and stop()'s wait()
+        # then blocked forever. Wake-ups go through a SimpleQueue (in C: no Python-level lock for a
+        # KeyboardInterrupt to leave held, as one raised inside Event.wait() can leave the Event's).
+        self._reapers: list[threading.Thread] = []
+        self._changed: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     def start(self) -> None:
         """Starts every worker; call before any thread of this process starts (preexec_fn runs after a fork)."""
@@ -280,8 +286,11 @@ class WorkerGroup:
                                                stderr=subprocess.STDOUT, preexec_fn=setup))  # fmt: skip
 
     def read_output(self) -> None:
-        """Starts the output threads."""
+        """Starts the output threads and the threads that await the workers' exits."""
         for i in range(len(self.procs)):
+            reaper = threading.Thread(target=self._reap, args=(i,), name=f"launch-reap-{i}", daemon=True)
+            reaper.start()
+            self._reapers.append(reaper)
             thread = threading.Thread(target=self._read, args=(i,), name=f"launch-worker-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -296,20 +305,24 @@ class WorkerGroup:
             else:
                 self.tails[i].append(line)
                 self.on_output(i, line)
-        self._changed.set()
+        self._changed.put(None)
+
+    def _reap(self, i: int) -> None:
+        self.procs[i].wait()
+        self._changed.put(None)
 
     def wait(self, tick: Callable[[float], None] = lambda now: None, poll_s: float = 0.5) -> tuple[int, int] | None:
         """Until every worker exited 0 (None) or one did not: (its index, its exit code; -N: killed by signal N).
-        tick(now) runs between checks."""
+        tick(now) runs between checks. Call after read_output (its threads reap the workers)."""
         while True:
-            codes = [p.poll() for p in self.procs]
+            codes = [p.returncode for p in self.procs]  # set by the reapers (read_output)
             failed = [(i, c) for i, c in enumerate(codes) if c not in (None, 0)]
             if failed:
                 return failed[0]
             if all(c == 0 for c in codes):
                 return None
-            self._changed.wait(poll_s)
-            self._changed.clear()
+            with contextlib.suppress(queue.Empty):
+                self._changed.get(timeout=poll_s)
             tick(time.monotonic())
 
     def stop(self, grace_s: float = GRACE_S) -> None:
