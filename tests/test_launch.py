@@ -443,7 +443,9 @@ def test_local_shards_start_first_with_threads_for_the_workers_and_stop_at_the_e
 
 
 DRIVER = textwrap.dedent("""
-    import argparse, sys
+    import argparse, signal, sys
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C raises, even if the tests run as a shell's
+    # background job: one starts with SIGINT ignored, and Python keeps an inherited SIG_IGN
     sys.path.insert(0, sys.argv[1])
     from worker.launch import add_launch_parser, run_launch
     from worker.train import TrainConfig
