@@ -86,12 +86,16 @@ def zipf_ids(rng: np.random.Generator, n: int, num_rows: int, exponent: float = 
 
 
 # ---- a process's CPU and memory, from /proc --------------------------------------------------------------
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads, exited ones included) the process has used; /proc/PID/stat
-    counts in clock ticks (CLOCK_TICK_S)."""
-    with open(f"/proc/{pid}/stat") as f:
+def _stat_cpu_s(path: str) -> float:
+    """user + system CPU seconds of a /proc stat file (a process's or a thread's), counted in clock ticks."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S  # utime, stime: fields 14 and 15 of stat(5)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads, exited ones included) the process has used."""
+    return _stat_cpu_s(f"/proc/{pid}/stat")
 
 
 def thread_cpu_s(pid: int) -> dict[str, float]:
@@ -103,13 +107,12 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            seconds = _stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
         except OSError:  # the thread ended meanwhile
             continue
         head, _, tail = name.rpartition("_")
         name = head if head and tail.isdigit() else name
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) * CLOCK_TICK_S
+        out[name] = out.get(name, 0.0) + seconds
     return out
 
 

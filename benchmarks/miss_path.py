@@ -381,9 +381,8 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
                  grads_rng, table, timed=True)  # fmt: skip
         threads1, cpu1, wall = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter() - start
-        phase.cpu = {"all": (cpu1 - cpu0) / wall}
-        phase.cpu |= {name: (c - threads0.get(name, 0.0)) / wall for name, c in sorted(threads1.items())
-                      if c - threads0.get(name, 0.0) >= 0.005 * wall}  # fmt: skip
+        used = {name: c - threads0.get(name, 0.0) for name, c in sorted(threads1.items())}
+        phase.cpu = {"all": (cpu1 - cpu0) / wall} | {name: c / wall for name, c in used.items() if c >= 0.005 * wall}
         phase.peak = harness.peak_rss_bytes(pid)
         stats = client.stats()[0]
         last = next(t for t in stats.tables if t.name == TABLE)

@@ -275,7 +275,6 @@ class WorkerGroup:
         # just after Popen.poll() took the Popen's lock (before its try) left the lock held, and stop()'s wait()
         # then blocked forever. Wake-ups go through a SimpleQueue (in C: no Python-level lock for a
         # KeyboardInterrupt to leave held, as one raised inside Event.wait() can leave the Event's).
-        self._reapers: list[threading.Thread] = []
         self._changed: queue.SimpleQueue[None] = queue.SimpleQueue()
 
     def start(self) -> None:
@@ -288,9 +287,7 @@ class WorkerGroup:
     def read_output(self) -> None:
         """Starts the output threads and the threads that await the workers' exits."""
         for i in range(len(self.procs)):
-            reaper = threading.Thread(target=self._reap, args=(i,), name=f"launch-reap-{i}", daemon=True)
-            reaper.start()
-            self._reapers.append(reaper)
+            threading.Thread(target=self._reap, args=(i,), name=f"launch-reap-{i}", daemon=True).start()
             thread = threading.Thread(target=self._read, args=(i,), name=f"launch-worker-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
