@@ -61,6 +61,58 @@ def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
         reference.close()
 
 
+def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
+    """Two reads ahead out at once (each with nothing written yet), the later one done first: a row written after
+    that is still read again by the earlier one."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), cache_bytes=64 << 10))
+    try:
+        shard.create_table(TableConfig(name="t", dim=DIM))
+        table, hot = shard.table("t"), np.arange(10, dtype=np.uint64)
+        cold, other = np.arange(1000, 3000, dtype=np.uint64), np.arange(5000, 5100, dtype=np.uint64)
+        push(shard, hot, 1.0)
+        push(shard, other, 1.0)
+        shard.pull("t", cold)  # evicts both: RocksDB has them, RAM does not
+        assert (table.arena.find_rows(np.concatenate([hot, other]))[0] < 0).all()
+        real_get, read_done, go_on = shard.store.get_rows, threading.Event(), threading.Event()
+
+        def slow_get_rows(*args):
+            got = real_get(*args)
+            if threading.current_thread().name == "reader":
+                read_done.set()
+                assert go_on.wait(20)
+            return got
+
+        shard.store.get_rows = slow_get_rows
+        result, errors = {}, []
+
+        def pull_hot():
+            try:
+                result["rows"] = shard.pull("t", hot)
+            except Exception as e:  # noqa: BLE001 - the test reports it
+                errors.append(e)
+
+        reader = threading.Thread(target=pull_hot, name="reader")
+        reader.start()
+        assert read_done.wait(20)
+        shard.pull("t", other)  # a second read ahead, begun and ended while the first is out
+        push(shard, hot, -3.0)
+        shard.pull("t", cold)  # the new rows go to RocksDB while the first read is still out
+        go_on.set()
+        reader.join(20)
+        assert not reader.is_alive() and not errors, errors
+        assert not table._watchers
+    finally:
+        shard.close()
+    reference = Shard(ServerConfig(data_dir=str(tmp_path / "ref")))
+    try:
+        reference.create_table(TableConfig(name="t", dim=DIM))
+        push(reference, hot, 1.0)
+        push(reference, hot, -3.0)
+        np.testing.assert_array_equal(result["rows"], reference.pull("t", hot))
+    finally:
+        reference.close()
+
+
 def test_reads_ahead_give_what_pulls_under_the_lock_give(tmp_path):
     """Pulls and pushes from two threads over a small RAM tier end with the rows a one-thread run leaves."""
     rng = np.random.default_rng(3)

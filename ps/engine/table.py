@@ -68,7 +68,7 @@ class Table:
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
         self.closed = False
-        self._watchers: list[list[np.ndarray]] = []  # of the reads ahead in progress: ids written since they began
+        self._watchers: set[ReadAhead] = set()  # the reads ahead in progress (each collects the ids written since)
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
         }  # fmt: skip
@@ -104,11 +104,11 @@ class Table:
             ahead.read(self.store, self.name, self.width)
         except BaseException:
             with self.lock:
-                self._watchers.remove(ahead.written)
+                self._watchers.remove(ahead)
                 self._check_open()  # a read cut short by the shard closing is its error, not the store's
             raise
         with self.lock:
-            self._watchers.remove(ahead.written)  # with the resolve, in one hold: no write goes unseen
+            self._watchers.remove(ahead)  # with the resolve, in one hold: no write goes unseen
             self._check_open()
             rows = self._resolve(ids, self.arena.new_stamp(), ahead=ahead)
             gather(self.arena.data, rows, self.dim, out)
@@ -330,7 +330,7 @@ class Table:
         the ids of every row written to RocksDB are collected in its `written` (their read may be stale)."""
         rows, _ = self.arena.find_rows(ids)
         ahead = ReadAhead(np.unique(ids[rows < 0]))
-        self._watchers.append(ahead.written)
+        self._watchers.add(ahead)
         return ahead
 
     def _resolve(self, ids: np.ndarray, stamp: int, reject_duplicates: bool = False,
@@ -422,8 +422,8 @@ class Table:
 
     def _note_written(self, ids: np.ndarray) -> None:
         """ids were written to RocksDB: a read ahead in progress reads them again (ReadAhead)."""
-        for written in self._watchers:
-            written.append(ids)
+        for ahead in self._watchers:
+            ahead.written.append(ids)
 
     def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop) -> None:
         """Writes a shrink chunk: decayed rows kept, dropped rows deleted, in RocksDB and RAM."""
