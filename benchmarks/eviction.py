@@ -126,6 +126,7 @@ def serve(a: Arena, ids: np.ndarray, out: np.ndarray, push_rows: np.ndarray) -> 
     rows, absent = a.find_rows(ids)
     assert absent == 0
     update.commit(RowState(a.data, a.lsn, a.dirty, a.stored, a.ref), rows, push_rows[:n], 1)
+    a.pushed(rows)
     return n - misses
 
 

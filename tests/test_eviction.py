@@ -3,7 +3,8 @@ pinned and free rows are never taken, dirty victims go back to the caller to be 
 
 `serve` drives an arena as ps.engine.table.Table does for one training request: a pull (gather_hits; on a miss,
 lookup, then grow / victims / forget / install for the missing ids) and then a push of the same ids, whose store
-step (ps.rows.update.commit) touches the rows. Plain CLOCK (the arena's private `_plain_clock`) serves the same
+step (ps.rows.update.commit) touches the rows; `pull` and `push` are its halves, for a worker that pulls the next
+request's rows before it pushes. Plain CLOCK (the arena's private `_plain_clock`) serves the same
 streams as the reference the policy must beat.
 """
 
@@ -15,6 +16,7 @@ from ps.engine.shard import Shard
 from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.update import USE_CAP, RowState
+from ps.storage import arena as arena_module
 from ps.storage.arena import Arena, MemoryBudget
 
 WIDTH = 4  # the statistics only: what the push's store step reads
@@ -41,8 +43,8 @@ def admit(a: Arena, ids: np.ndarray, stamp: int) -> np.ndarray:
     return rows
 
 
-def serve(a: Arena, ids: np.ndarray) -> np.ndarray:
-    """One request of unique ids: pull, then push. Returns which ids the pull found in RAM."""
+def pull(a: Arena, ids: np.ndarray) -> np.ndarray:
+    """A pull of unique ids, as Table.pull: returns which ids it found in RAM."""
     stamp = a.new_stamp()
     found = a.index.lookup(ids) >= 0
     misses = a.gather_hits(ids, 1, np.empty((len(ids), 1), np.float32))
@@ -50,10 +52,28 @@ def serve(a: Arena, ids: np.ndarray) -> np.ndarray:
     if misses:
         rows, _ = a.lookup(ids, stamp)
         admit(a, ids[rows < 0], stamp)
+    return found
+
+
+def push(a: Arena, ids: np.ndarray) -> int:
+    """A push of unique ids, as Table.push: ids missing from RAM are admitted first (Table._rows_for_push), then the
+    store step (ps.rows.update.commit) touches every row and the arena hears the push was applied. Returns how
+    many ids were missing."""
     rows, absent = a.find_rows(ids)
-    assert absent == 0
+    if absent:
+        stamp = a.new_stamp()
+        rows, _ = a.lookup(ids, stamp)
+        rows[rows < 0] = admit(a, ids[rows < 0], stamp)
     state = RowState(a.data, a.lsn, a.dirty, a.stored, a.ref)
-    update.commit(state, rows, np.zeros((len(ids), WIDTH), np.float32), 1)  # the push's store step: a touch
+    update.commit(state, rows, np.zeros((len(ids), WIDTH), np.float32), 1)
+    a.pushed(rows)
+    return absent
+
+
+def serve(a: Arena, ids: np.ndarray) -> np.ndarray:
+    """One request of unique ids: pull, then push. Returns which ids the pull found in RAM."""
+    found = pull(a, ids)
+    assert push(a, ids) == 0
     return found
 
 
@@ -119,6 +139,46 @@ def test_zipf_hit_rate_closes_most_of_clocks_gap_to_a_perfect_cache():
         rates[plain] = np.mean([serve(a, ids).mean() for ids in reqs][60:])
     perfect = np.mean([np.mean(r < 2_000) for r in ranks[60:]])
     assert rates[False] - rates[True] > 0.6 * (perfect - rates[True])
+
+
+def push_misses_pulling_ahead(a: Arena, reqs: list[np.ndarray]) -> int:
+    """Serves reqs as a worker with a prefetch of one batch does (pull of request k + 1, then push of request k);
+    returns how many ids the pushes found missing after the first 20 requests."""
+    pull(a, reqs[0])
+    missing = 0
+    for k in range(len(reqs) - 1):
+        pull(a, reqs[k + 1])
+        missing += push(a, reqs[k]) if k >= 20 else 0
+    return missing
+
+
+def test_rows_pulled_for_a_push_still_to_come_stay_until_it(monkeypatch):
+    # A RAM tier of 4,000 rows, requests of 1,000 Zipf draws (~700 unique ids, 1/6 of the tier): the pull of the
+    # next request must make room while the rows of the request before it still wait for their push. Without the
+    # wait (RECENT_SHARE 0: only the request in progress is pinned), the next pull takes some of them and the push
+    # reads them again.
+    reqs, _ = zipf_stream(200, 60_000, 1_000, seed=4)
+    assert np.mean([len(r) for r in reqs]) < 4_000 * arena_module.RECENT_SHARE / 2
+    assert push_misses_pulling_ahead(arena_of(4_000), reqs) == 0
+    monkeypatch.setattr(arena_module, "RECENT_SHARE", 0.0)
+    assert push_misses_pulling_ahead(arena_of(4_000), reqs) > 1_000
+
+
+def test_rows_waiting_for_their_push_are_taken_only_when_no_other_can_be(monkeypatch):
+    a = arena_of(400)
+    used_twice, waiting, fresh = (np.arange(k * 1_000, k * 1_000 + n, dtype=np.uint64) for k, n in
+                                  enumerate((320, 80, 80)))  # fmt: skip
+    serve(a, used_twice)
+    serve(a, used_twice)  # off probation: their counts are up
+    pull(a, waiting)  # the arena is full; these rows, the only ones on probation, wait for a push
+    pull(a, fresh)
+    assert (a.index.lookup(waiting) >= 0).all() and (a.index.lookup(fresh) >= 0).all()
+    assert np.count_nonzero(a.index.lookup(used_twice) >= 0) == 240
+    # When the waiting rows are all there is to take (a window as large as the arena), they are taken.
+    monkeypatch.setattr(arena_module, "RECENT_SHARE", 1.0)
+    more = np.arange(10_000, 10_200, dtype=np.uint64)
+    pull(a, more)  # admit() asserts it got every row it needed
+    assert (a.index.lookup(more) >= 0).all() and a.used == 400
 
 
 def test_victims_never_takes_pinned_or_free_rows_and_finds_every_other_one():

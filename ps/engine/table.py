@@ -138,6 +138,7 @@ class Table:
             if len(chunks) == 1:  # the common case: all rows fit in RAM at once
                 rows = self._rows_for_push(ids)
                 seq = self._push_in_place(rows, Push(ids, rows, grads, shows, clicks), step, origin, rule)
+                self.arena.pushed(rows)
                 self.counters["pushes"] += 1
                 self.counters["ids_pushed"] += len(ids)
                 return seq
@@ -157,7 +158,9 @@ class Table:
                 updates.append((lo, hi, target.rows, out.admitted))
             seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin, rule)
             for lo, hi, buf, admitted in updates:  # an earlier chunk's rows may have been evicted (unchanged) since
-                self._commit(self._resolve(ids[lo:hi], self.arena.new_stamp()), buf, seq)
+                rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
+                self._commit(rows, buf, seq)
+                self.arena.pushed(rows)
                 self.counters["admitted"] += admitted
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
