@@ -9,10 +9,15 @@ plain CLOCK (the arena's private `_plain_clock`: one referenced bit per row). Ea
 --draws draws from Zipf(1.1) over --rows ids, drawn fresh (harness.zipf_ids), through a fixed random permutation of
 the ids; it is served as ps.engine.table.Table serves training: a pull (gather_hits; on a miss, lookup, then grow /
 victims / forget / install for the missing ids, their rows zeros: nothing is read from disk here) and then a push
-of the same ids (ps.rows.update.commit, the push's store step, which touches the rows). The hit rate of a request
+of the same ids (ps.rows.update.commit, the push's store step, which touches the rows; then Arena.pushed). The
+hit rate of a request
 is the fraction of its unique ids the pull finds in RAM, averaged over the requests after --warmup (the arenas
 fill and settle first). The perfect cache holds the ids of the top ranks, as many as the arena holds: its hit rate
 is the fraction of a request's unique ids whose rank is under that.
+Pulled ahead: fresh arenas serve the same requests as a worker with a prefetch of one batch does, the pull of
+request q + 1 before the push of request q, which admits the ids it finds missing (a server reads them again):
+misses per pull and ids missing at the push, for the Arena's eviction, for it without the wait for a push
+(arena.RECENT_SHARE 0) and for plain CLOCK.
 Hit path: gather_hits (the pull of ids all in RAM) and lookup (touch and pin) on the same ids of rows in RAM, the
 Arena's kernels next to copies of the kernels as they were with one referenced bit (`ref = 1`), alternated
 (harness.alternate); "settled" leaves each row's count as the previous call left it (a hot row's line is not
@@ -35,6 +40,7 @@ from ps.rows import update
 from ps.rows.layout import layout_of
 from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.update import RowState
+from ps.storage import arena as arena_module
 from ps.storage.arena import Arena, MemoryBudget, _group_by_home
 from ps.storage.index import find, lookup_into, prefetch_slot
 
@@ -106,28 +112,70 @@ def lookup_bit(a: Arena, ids: np.ndarray, stamp: int) -> np.ndarray:
 
 
 # ---- serving a request as the Table does ----------------------------------------------------------------------
-def serve(a: Arena, ids: np.ndarray, out: np.ndarray, push_rows: np.ndarray) -> int:
-    """Pull then push of unique ids; returns how many the pull found in RAM."""
+def admit(a: Arena, missing: np.ndarray, stamp: int, push_rows: np.ndarray) -> np.ndarray:
+    """Rows for missing ids (new ones first, then victims), installed with zero rows; returns them."""
+    room = a.grow(len(missing), stamp)
+    if len(room) < len(missing):
+        victims = a.victims(len(missing) - len(room), stamp)
+        if len(victims) < len(missing) - len(room):
+            raise RuntimeError("no evictable rows: the RAM tier is too small for one request")
+        a.forget(victims)
+        room = np.concatenate([room, victims])
+    m = len(missing)
+    a.install(room, missing, push_rows[:m], np.zeros(m, np.uint64), np.zeros(m, np.uint8), stamp)
+    return room
+
+
+def pull(a: Arena, ids: np.ndarray, out: np.ndarray, push_rows: np.ndarray) -> int:
+    """A pull of unique ids; returns how many it found in RAM."""
     n = len(ids)
     misses = a.gather_hits(ids, DIM, out[:n])
     if misses:
         stamp = a.new_stamp()
         rows, _ = a.lookup(ids, stamp)
-        missing = ids[rows < 0]
-        room = a.grow(len(missing), stamp)
-        if len(room) < len(missing):
-            victims = a.victims(len(missing) - len(room), stamp)
-            if len(victims) < len(missing) - len(room):
-                raise RuntimeError("no evictable rows: the RAM tier is too small for one request")
-            a.forget(victims)
-            room = np.concatenate([room, victims])
-        m = len(missing)
-        a.install(room, missing, push_rows[:m], np.zeros(m, np.uint64), np.zeros(m, np.uint8), stamp)
-    rows, absent = a.find_rows(ids)
-    assert absent == 0
-    update.commit(RowState(a.data, a.lsn, a.dirty, a.stored, a.ref), rows, push_rows[:n], 1)
-    a.pushed(rows)
+        admit(a, ids[rows < 0], stamp, push_rows)
     return n - misses
+
+
+def push(a: Arena, ids: np.ndarray, push_rows: np.ndarray) -> int:
+    """A push of unique ids (Table._rows_for_push admits ids missing from RAM first: read again, in a server);
+    returns how many were missing."""
+    rows, absent = a.find_rows(ids)
+    if absent:
+        stamp = a.new_stamp()
+        rows, _ = a.lookup(ids, stamp)
+        rows[rows < 0] = admit(a, ids[rows < 0], stamp, push_rows)
+    update.commit(RowState(a.data, a.lsn, a.dirty, a.stored, a.ref), rows, push_rows[: len(ids)], 1)
+    a.pushed(rows)
+    return absent
+
+
+def serve(a: Arena, ids: np.ndarray, out: np.ndarray, push_rows: np.ndarray) -> int:
+    """Pull then push of unique ids; returns how many the pull found in RAM."""
+    found = pull(a, ids, out, push_rows)
+    if push(a, ids, push_rows):
+        raise RuntimeError("a push found ids of its own pull missing")
+    return found
+
+
+def pulling_ahead(a: Arena, stream: list[np.ndarray], warmup: int, out: np.ndarray, push_rows: np.ndarray,
+                  recent_share: float) -> tuple[float, float]:  # fmt: skip
+    """Serves stream as a worker with a prefetch of one request does (the pull of request q + 1, then the push of
+    request q), with arena.RECENT_SHARE set to recent_share; (misses per pull, ids missing per push) averaged over
+    the requests after warmup."""
+    saved, arena_module.RECENT_SHARE = arena_module.RECENT_SHARE, recent_share
+    try:
+        pull(a, stream[0], out, push_rows)
+        pulls, pushes = [], []
+        for q in range(len(stream) - 1):
+            found = pull(a, stream[q + 1], out, push_rows)
+            missing = push(a, stream[q], push_rows)
+            if q >= warmup:
+                pulls.append(len(stream[q + 1]) - found)
+                pushes.append(missing)
+        return statistics.fmean(pulls), statistics.fmean(pushes)
+    finally:
+        arena_module.RECENT_SHARE = saved
 
 
 def main() -> int:
@@ -153,12 +201,13 @@ def main() -> int:
     out = np.empty((args.draws, DIM), np.float32)
     push_rows = np.zeros((args.draws, layout.width), np.float32)
     hit_rates = {name: [] for name in [*arenas, "perfect"]}
-    unique = []
+    unique, stream = [], []
     serve_s = dict.fromkeys(arenas, 0.0)
     t0 = time.perf_counter()
     for q in range(args.requests):
         ranks = np.unique(harness.zipf_ids(rng, args.draws, args.rows, args.exponent))
         ids = np.sort(perm[ranks])  # the client sends its unique ids sorted
+        stream.append(ids)
         for name, a in arenas.items():
             t = time.perf_counter()
             found = serve(a, ids, out, push_rows)
@@ -169,6 +218,12 @@ def main() -> int:
             hit_rates["perfect"].append(float(np.mean(ranks < ram_rows)))
             unique.append(len(ids))
     stream_s = time.perf_counter() - t0
+    ahead = {}  # the same requests, pulled ahead of their push
+    for name, plain, share in (("wait", False, arena_module.RECENT_SHARE), ("no wait", False, 0.0),
+                               ("clock", True, 0.0)):  # fmt: skip
+        fresh = Arena(layout.width, MemoryBudget(ram_rows * charge))
+        fresh._plain_clock = plain
+        ahead[name] = pulling_ahead(fresh, stream, args.warmup, out, push_rows, share)
     rate = {name: statistics.fmean(v) for name, v in hit_rates.items()}
     ids_per_request = statistics.fmean(unique)
 
@@ -202,6 +257,10 @@ def main() -> int:
     fewer = 1 - (1 - rate["s3fifo"]) / (1 - rate["clock"])
     closed = (rate["s3fifo"] - rate["clock"]) / (rate["perfect"] - rate["clock"])
     print(f"misses: {fewer:.1%} fewer than plain CLOCK; {closed:.0%} of CLOCK's gap to the perfect cache closed")
+    print(f"pulled ahead (a worker's prefetch: the pull of request q + 1, then the push of request q), misses per "
+          f"pull + ids missing at the push (read again): Arena's eviction {ahead['wait'][0]:,.0f} + "
+          f"{ahead['wait'][1]:,.0f}; without the wait for a push {ahead['no wait'][0]:,.0f} + "
+          f"{ahead['no wait'][1]:,.0f}; plain CLOCK {ahead['clock'][0]:,.0f} + {ahead['clock'][1]:,.0f}")  # fmt: skip
     ms = {name: 1e3 * v / len(unique) for name, v in serve_s.items()}
     print(f"serving a request in RAM (no disk; misses installed as zeros): Arena's eviction {ms['s3fifo']:.1f} ms, "
           f"plain CLOCK {ms['clock']:.1f} ms")  # fmt: skip
@@ -220,6 +279,7 @@ def main() -> int:
         "perfect_hit_rate": rate["perfect"],
         "fewer_misses_than_clock": fewer,
         "gap_closed": closed,
+        "pulled_ahead_misses_per_request": {name: {"pull": p, "push": q} for name, (p, q) in ahead.items()},
         "serve_ms_per_request": ms["s3fifo"],
         "clock_serve_ms_per_request": ms["clock"],
         "hit_path_ns_per_id": {name.replace(" ", "_"): v for name, v in ns_per_id.items()},

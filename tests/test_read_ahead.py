@@ -88,7 +88,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
         def pull_hot():
             try:
                 result["rows"] = shard.pull("t", hot)
-            except Exception as e:  # noqa: BLE001 - the test reports it
+            except Exception as e:  # the test reports it
                 errors.append(e)
 
         reader = threading.Thread(target=pull_hot, name="reader")
