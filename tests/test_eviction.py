@@ -166,19 +166,46 @@ def test_rows_pulled_for_a_push_still_to_come_stay_until_it(monkeypatch):
 
 def test_rows_waiting_for_their_push_are_taken_only_when_no_other_can_be(monkeypatch):
     a = arena_of(400)
-    used_twice, waiting, fresh = (np.arange(k * 1_000, k * 1_000 + n, dtype=np.uint64) for k, n in
-                                  enumerate((320, 80, 80)))  # fmt: skip
+    used_twice, waiting, fresh, more, most = (np.arange(k * 1_000, k * 1_000 + n, dtype=np.uint64) for k, n in
+                                              enumerate((320, 80, 80, 200, 200)))  # fmt: skip
     serve(a, used_twice)
     serve(a, used_twice)  # off probation: their counts are up
     pull(a, waiting)  # the arena is full; these rows, the only ones on probation, wait for a push
+    assert push(a, used_twice[:10]) == 0  # pushes are being applied: training
     pull(a, fresh)
     assert (a.index.lookup(waiting) >= 0).all() and (a.index.lookup(fresh) >= 0).all()
     assert np.count_nonzero(a.index.lookup(used_twice) >= 0) == 240
-    # When the waiting rows are all there is to take (a window as large as the arena), they are taken.
+    # A window as large as the arena: the 360 rows of the last three pulls wait, 40 others are left to take.
     monkeypatch.setattr(arena_module, "RECENT_SHARE", 1.0)
-    more = np.arange(10_000, 10_200, dtype=np.uint64)
-    pull(a, more)  # admit() asserts it got every row it needed
-    assert (a.index.lookup(more) >= 0).all() and a.used == 400
+    pull(a, more)
+    assert np.count_nonzero(a.index.lookup(used_twice) >= 0) == 40
+    pull(a, most)  # 200 rows: the 40, then 160 of the waiting ones (admit() asserts it got them all)
+    waited = np.concatenate([waiting, fresh, more])
+    assert (a.index.lookup(most) >= 0).all() and (a.index.lookup(used_twice) < 0).all()
+    assert np.count_nonzero(a.index.lookup(waited) >= 0) == 200 and a.used == 400
+
+
+def test_without_pushes_nothing_waits():
+    # Pulls only (evaluation, serving): the same hit rate as with no wait at all (RECENT_SHARE 0), and the rows of
+    # the last pull go first if they are the front of the probation queue.
+    reqs, _ = zipf_stream(200, 60_000, 2_000, seed=5)
+    rates = []
+    for share in (arena_module.RECENT_SHARE, 0.0):
+        saved, arena_module.RECENT_SHARE = arena_module.RECENT_SHARE, share
+        try:
+            a = arena_of(2_000)
+            rates.append([pull(a, ids).mean() for ids in reqs])
+        finally:
+            arena_module.RECENT_SHARE = saved
+    assert rates[0] == rates[1]
+    a = arena_of(400)  # as in the test above, but no push after the pull of `waiting`
+    used_twice, waiting, fresh = (np.arange(k * 1_000, k * 1_000 + n, dtype=np.uint64) for k, n in
+                                  enumerate((320, 80, 80)))  # fmt: skip
+    serve(a, used_twice)
+    serve(a, used_twice)
+    pull(a, waiting)
+    pull(a, fresh)
+    assert (a.index.lookup(waiting) < 0).all()  # the front of the probation queue: taken first
 
 
 def test_victims_never_takes_pinned_or_free_rows_and_finds_every_other_one():

@@ -21,6 +21,7 @@ def push(shard: Shard, ids: np.ndarray, value: float) -> None:
 
 def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), cache_bytes=64 << 10))
+    go_on = threading.Event()  # lets the held read go on
     try:
         shard.create_table(TableConfig(name="t", dim=DIM))
         table, hot = shard.table("t"), np.arange(10, dtype=np.uint64)
@@ -28,7 +29,7 @@ def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
         push(shard, hot, 1.0)
         shard.pull("t", cold)  # evicts the hot ids: RocksDB has them, RAM does not
         assert (table.arena.find_rows(hot)[0] < 0).all()
-        real_get, read_done, go_on = shard.store.get_rows, threading.Event(), threading.Event()
+        real_get, read_done = shard.store.get_rows, threading.Event()
 
         def slow_get_rows(*args):
             got = real_get(*args)
@@ -50,6 +51,7 @@ def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
         assert not reader.is_alive()
         assert not table._watchers  # every read ahead unregistered
     finally:
+        go_on.set()  # a failure above must not leave the reader blocked
         shard.close()
     reference = Shard(ServerConfig(data_dir=str(tmp_path / "ref")))  # the same pushes, all in RAM
     try:
@@ -65,6 +67,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
     """Two reads ahead out at once (each with nothing written yet), the later one done first: a row written after
     that is still read again by the earlier one."""
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), cache_bytes=64 << 10))
+    go_on = threading.Event()  # lets the held read go on
     try:
         shard.create_table(TableConfig(name="t", dim=DIM))
         table, hot = shard.table("t"), np.arange(10, dtype=np.uint64)
@@ -73,7 +76,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
         push(shard, other, 1.0)
         shard.pull("t", cold)  # evicts both: RocksDB has them, RAM does not
         assert (table.arena.find_rows(np.concatenate([hot, other]))[0] < 0).all()
-        real_get, read_done, go_on = shard.store.get_rows, threading.Event(), threading.Event()
+        real_get, read_done = shard.store.get_rows, threading.Event()
 
         def slow_get_rows(*args):
             got = real_get(*args)
@@ -102,6 +105,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
         assert not reader.is_alive() and not errors, errors
         assert not table._watchers
     finally:
+        go_on.set()  # a failure above must not leave the reader blocked
         shard.close()
     reference = Shard(ServerConfig(data_dir=str(tmp_path / "ref")))
     try:

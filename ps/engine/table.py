@@ -210,6 +210,7 @@ class Table:
                 )  # fmt: skip
                 # in place: the record was accepted when it was journaled, so the same step on the same rows is too
                 out = update.update(hp, push, self.row_state, update.in_place(len(todo), self.width, record.seq))
+                self.arena.pushed(rows)
                 self.num_rows += out.d_admitted
                 self.num_pending += out.d_pending
                 self.counters["admitted"] += out.admitted

@@ -32,12 +32,12 @@ al., SOSP 2023) on arena rows:
   and lowers any other count by one, so USE_CAP + 1 sweeps reach every row that is not pinned.
 - Waiting for their push: in training a worker pulls the next batch's rows before it pushes the current one's
   (its prefetch), so a row admitted by a pull is needed again by a push one or more requests later; taken in
-  between, it is read from RocksDB again for the push. A row pinned by one of the latest requests (as many of
-  them as looked up at most RECENT_SHARE of the rows in use, with repeats) that no push has applied since
-  (`pushed` sets its pin to 0) is taken, from the queue or by the hand, only when no other row can be. Without
-  the wait the queue's front is the previous request's rows: benchmarks/eviction.py, pulled ahead, read 13,868
-  ids per pull and 13,135 more per push, against 13,107 and 0 with it (plain CLOCK 15,837 and 0), and the demo's
-  job with a RAM tier of 12% of each shard (benchmarks/small_tier.py) 1.40M rows per run against 0.76M.
+  between (the queue's front is the previous request's rows), it is read from RocksDB again for the push. While
+  pushes are being applied (one since the oldest of the lookups below), a row pinned by one of the latest
+  lookups (as many as looked up at most RECENT_SHARE of the rows in use, with repeats) that no push has applied
+  since (`pushed` sets its pin to 0) is taken, from the queue or by the hand, only when no other row can be.
+  Pull-only traffic (evaluation, serving) keeps the policy above as it is. A push of rows that another pull
+  also asked for ends their wait too. benchmarks/eviction.py measures it on a stream pulled ahead.
 Rows pinned by the request in progress and free rows are never taken. Beyond the rows' charge, the queue takes 8
 bytes per id on it (at most one per row in use) and the ghost 2 bytes per row the arrays have room for.
 `_plain_clock` (private, for tests and benchmarks/eviction.py, which measure against it) makes this plain CLOCK:
@@ -171,7 +171,8 @@ def _ghost_slot(ghost, k):
 def _probation_victims(queue, slots, shift, uses, pin, stamp, floor, k, out, ghost):
     """Up to k rows of ids in the probation queue, front first, into out (see the module), each id taken put in
     the ghost; returns (count, first entry left). Rows pinned with a stamp >= floor are not taken (floor = stamp:
-    only this request's). Entries taken or dropped are consumed; those of rows not taken for their pin are kept and moved up to just before the first entry left, in order, so the queue afterwards is
+    only this request's). Entries taken or dropped are consumed; those of rows not taken for their pin are kept
+    and moved up to just before the first entry left, in order, so the queue afterwards is
     queue[first entry left:]."""
     n = queue.shape[0]
     kept = np.empty(n, np.uint64)
@@ -277,6 +278,7 @@ class Arena:
         self.free = np.zeros(0, dtype=np.int64)  # released rows (Shrink), reused first
         self._stamp = 0
         self._recent: collections.deque = collections.deque(maxlen=RECENT_REQUESTS)  # (stamp, ids looked up)
+        self._pushed_at = 0  # the latest stamp when a push was last applied
         self._seen: np.ndarray | None = None  # first_repeat's bitmap, one bit per row, kept clear
         self._rescan_from = _NO_RESCAN  # lowest row a dirty row was moved to since collect_dirty last ran
         self.evictions = 0
@@ -328,13 +330,14 @@ class Arena:
 
     def pushed(self, rows: np.ndarray) -> None:
         """A push has applied rows: they wait for no push any more (see the module); the Table calls this once a
-        push is applied."""
+        push is applied (or replayed)."""
         self.pin[rows] = 0
+        self._pushed_at = self._stamp
 
     def _recent_floor(self, stamp: int) -> int:
         """The oldest stamp of the latest lookups before `stamp` whose ids (counted with repeats) add up to at most
-        RECENT_SHARE of the rows in use; stamp itself if the last one alone is more. Rows pinned from there on
-        wait for their push."""
+        RECENT_SHARE of the rows in use, if a push was applied since it; else (or if the last lookup alone is more)
+        stamp itself. Rows pinned from there on wait for their push."""
         room, floor = int(self.used * RECENT_SHARE), stamp
         for s, n in reversed(self._recent):
             if s >= stamp:
@@ -343,7 +346,7 @@ class Arena:
             if room < 0:
                 break
             floor = s
-        return floor
+        return floor if self._pushed_at >= floor else stamp
 
     def find_rows(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
         """(row of each id or -1, how many ids are absent), reading only the index: no row is touched, marked or
@@ -448,7 +451,8 @@ class Arena:
         out = np.empty(n, dtype=np.int64)
         count = 0
         recent = self._recent_floor(stamp)
-        for floor in (recent, stamp) if recent < stamp else (stamp,):
+        floors = (recent, stamp) if recent < stamp else (stamp,)  # rows waiting for their push go last
+        for floor in floors:
             if len(self._probation) and count < n:
                 slots, shift = self.index.slots, self.index.shift
                 more, first_left = _probation_victims(

@@ -476,11 +476,11 @@ class Store:
 
     def _write_rows(self, table: str, ids: np.ndarray, rows: np.ndarray, lsn: np.ndarray, complete: np.ndarray,
                     counts: dict, delete: np.ndarray | None) -> None:  # fmt: skip
-        """One WriteBatch of the rows, in key order, and the deletes, with the table's counts. Rows come in arena
-        order, random in key order; RocksDB inserts a batch's keys into the memtable's skip list each from where
-        the one before went in, so sorted keys are cheaper: in benchmarks/miss_path.py (uniform, 3x10^7 rows,
-        96,000 evicted rows written per call) the write-behind thread's CPU went from 1.1-1.8 to 0.7-0.8 us per
-        row."""
+        """One WriteBatch of the rows, in key order, and the deletes, with the table's counts. Evicted and flushed
+        rows come in arena order, random in key order; RocksDB inserts a batch's keys into the memtable's skip list
+        each from where the one before went in, so sorted keys are cheaper: in benchmarks/miss_path.py (uniform,
+        3x10^7 rows, 96,000 evicted rows written per call) the write-behind thread's CPU was 0.7-0.8 us per row
+        sorted, 1.1-1.8 unsorted."""
         order = np.lexsort((ids, slot_of(ids)))  # the key's order: table (one here), slot, id; stable
         ids, rows, lsn, complete = ids[order], rows[order], lsn[order], complete[order]
         values = np.empty(len(ids), dtype=object)
