@@ -46,6 +46,26 @@ def test_rows_tables_and_counts_survive_reopen(tmp_path):
     s.close()
 
 
+def test_a_write_in_any_order_reads_back_row_by_row(tmp_path):
+    # put_rows writes in key order: each id must keep its own row, lsn and completeness, whatever order they come in.
+    rng = np.random.default_rng(8)
+    s = Store(str(tmp_path))
+    s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
+    ids = rng.choice(2**40, 5_000, replace=False).astype(np.uint64)
+    rows = rng.standard_normal((5_000, 6)).astype(np.float32)
+    lsn = rng.integers(0, 2**63, 5_000, dtype=np.uint64)
+    complete = rng.random(5_000) < 0.7
+    for background in (False, True):
+        s.put_rows("emb", ids, rows, lsn, complete, {"admitted": 0, "pending": 0}, background=background)
+        s.drain()
+        found, got, got_lsn, got_complete = s.get_rows("emb", ids, 6)
+        assert found.all() and np.array_equal(got_lsn, lsn) and np.array_equal(got_complete, complete)
+        assert np.array_equal(got[complete], rows[complete])
+        assert np.array_equal(got[~complete, 2:], rows[~complete, 2:]) and not got[~complete, :2].any()
+        rows = rows + 1.0
+    s.close()
+
+
 def test_a_row_of_the_wrong_size_is_reported(tmp_path):
     s = Store(str(tmp_path))
     s.create_table(TableConfig("emb", 2))
