@@ -1,10 +1,10 @@
 """Arena: the RAM tier of one table, rows drawn from the server's MemoryBudget, with frequency-aware eviction.
 
 An arena is arrays indexed by arena row plus an IdIndex id -> row. Per row: data float32[width], id, lsn (journal
-seq of the last push applied), a pin stamp (the request that last looked the row up or admitted it, 0 once a
-push has applied it: see "Waiting for their push" below), a use count `ref`
-and flags: dirty (newer than RocksDB), stored (RocksDB has the row). lsn, pin, the count and the flags live at the
-end of the row's line in `data` (ps.rows.layout); the attributes are strided views of them.
+seq of the last push applied), a pin stamp (of the request that last looked the row up or admitted it; 0 once a
+push has applied it, see "Waiting for their push" below), a use count `ref` and flags: dirty (newer than
+RocksDB), stored (RocksDB has the row). lsn, pin, the count and the flags live at the end of the row's line in
+`data` (ps.rows.layout); the attributes are strided views of them.
 
 Memory: every row in use [0, used) is paid for from the MemoryBudget shared by all tables of a server
 (ps.storage.budget: the budget bounds the sum, there are no unpaid rows), and the arrays have room for `capacity`
@@ -215,9 +215,8 @@ def _not_in_ghost(ids, ghost):
 @numba.njit(nogil=True, cache=True)
 def _clock_victims(uses, pin, stamp, floor, used, hand, k, out, plain):
     """Up to k rows in [0, used) not pinned with a stamp >= floor, by CLOCK over use counts; returns (count, new
-    hand). The hand takes a
-    row whose count is 0 and lowers any other count by one (plain: clears it). USE_CAP + 1 sweeps at most; it
-    stops early once a whole sweep has passed no row it could take or lower."""
+    hand). The hand takes a row whose count is 0 and lowers any other count by one (plain: clears it). USE_CAP + 1
+    sweeps at most; it stops early once a whole sweep has passed no row it could take or lower."""
     count = 0
     steps = 0
     idle = 0  # steps since the hand last passed a row that is neither pinned nor free
