@@ -421,8 +421,8 @@ def test_mapped_records_are_released_from_the_process_page_tables(mapped_dir, mo
     monkeypatch.setattr(journal_module, "RELEASE_BYTES", 1 << 20)
     j = Journal(str(mapped_dir))
     _push(j, 10, seed=0)
-    for seed in range(1, 101):  # ~40 MB of records of ~400 KB
-        _wait_mapped(j, _record_bytes(j) + 500_000)
+    for seed in range(1, 101):  # 70 MB of records of 700 KB (25,000 ids of 28 bytes)
+        _wait_mapped(j, _record_bytes(j) + 800_000)  # room for the whole record: else it is written, not copied
         _push(j, 25_000, seed=seed)
     assert j.mapped_appends == 100
     with j._prefault._lock:  # no prefault step in flight: every page it has populated is below mapped_end
