@@ -19,6 +19,34 @@ def push(shard: Shard, ids: np.ndarray, value: float) -> None:
                        np.zeros(n, np.float32))])  # fmt: skip
 
 
+def hold_reads_of_thread(shard: Shard, name: str, go_on: threading.Event) -> threading.Event:
+    """Makes the store's reads on the thread called `name` hold their answer until go_on is set; returns the event
+    set once such a read has its answer."""
+    real_get, read_done = shard.store.get_rows, threading.Event()
+
+    def slow_get_rows(*args):
+        got = real_get(*args)
+        if threading.current_thread().name == name:
+            read_done.set()
+            assert go_on.wait(20)  # the answer is held while the rows change
+        return got
+
+    shard.store.get_rows = slow_get_rows
+    return read_done
+
+
+def rows_after_two_pushes(data_dir: str, ids: np.ndarray) -> np.ndarray:
+    """The rows of ids after pushes of 1.0 and then -3.0, on a shard that keeps them all in RAM: the reference."""
+    reference = Shard(ServerConfig(data_dir=data_dir))
+    try:
+        reference.create_table(TableConfig(name="t", dim=DIM))
+        push(reference, ids, 1.0)
+        push(reference, ids, -3.0)
+        return reference.pull("t", ids)
+    finally:
+        reference.close()
+
+
 def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), cache_bytes=64 << 10))
     go_on = threading.Event()  # lets the held read go on
@@ -29,16 +57,7 @@ def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
         push(shard, hot, 1.0)
         shard.pull("t", cold)  # evicts the hot ids: RocksDB has them, RAM does not
         assert (table.arena.find_rows(hot)[0] < 0).all()
-        real_get, read_done = shard.store.get_rows, threading.Event()
-
-        def slow_get_rows(*args):
-            got = real_get(*args)
-            if threading.current_thread().name == "reader":
-                read_done.set()
-                assert go_on.wait(20)  # the answer is held while the rows change
-            return got
-
-        shard.store.get_rows = slow_get_rows
+        read_done = hold_reads_of_thread(shard, "reader", go_on)
         result = {}
         reader = threading.Thread(target=lambda: result.update(rows=shard.pull("t", hot)), name="reader")
         reader.start()
@@ -53,14 +72,7 @@ def test_a_row_written_while_the_read_was_out_is_read_again(tmp_path):
     finally:
         go_on.set()  # a failure above must not leave the reader blocked
         shard.close()
-    reference = Shard(ServerConfig(data_dir=str(tmp_path / "ref")))  # the same pushes, all in RAM
-    try:
-        reference.create_table(TableConfig(name="t", dim=DIM))
-        push(reference, hot, 1.0)
-        push(reference, hot, -3.0)
-        np.testing.assert_array_equal(result["rows"], reference.pull("t", hot))
-    finally:
-        reference.close()
+    np.testing.assert_array_equal(result["rows"], rows_after_two_pushes(str(tmp_path / "ref"), hot))
 
 
 def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
@@ -76,16 +88,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
         push(shard, other, 1.0)
         shard.pull("t", cold)  # evicts both: RocksDB has them, RAM does not
         assert (table.arena.find_rows(np.concatenate([hot, other]))[0] < 0).all()
-        real_get, read_done = shard.store.get_rows, threading.Event()
-
-        def slow_get_rows(*args):
-            got = real_get(*args)
-            if threading.current_thread().name == "reader":
-                read_done.set()
-                assert go_on.wait(20)
-            return got
-
-        shard.store.get_rows = slow_get_rows
+        read_done = hold_reads_of_thread(shard, "reader", go_on)
         result, errors = {}, []
 
         def pull_hot():
@@ -107,14 +110,7 @@ def test_a_read_ahead_that_ends_first_leaves_the_other_watching(tmp_path):
     finally:
         go_on.set()  # a failure above must not leave the reader blocked
         shard.close()
-    reference = Shard(ServerConfig(data_dir=str(tmp_path / "ref")))
-    try:
-        reference.create_table(TableConfig(name="t", dim=DIM))
-        push(reference, hot, 1.0)
-        push(reference, hot, -3.0)
-        np.testing.assert_array_equal(result["rows"], reference.pull("t", hot))
-    finally:
-        reference.close()
+    np.testing.assert_array_equal(result["rows"], rows_after_two_pushes(str(tmp_path / "ref"), hot))
 
 
 def test_reads_ahead_give_what_pulls_under_the_lock_give(tmp_path):
