@@ -9,6 +9,7 @@ import numpy as np
 
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
+from ps.engine.table import ReadAhead
 
 DIM = 4
 
@@ -144,3 +145,36 @@ def test_reads_ahead_give_what_pulls_under_the_lock_give(tmp_path):
         return out
 
     np.testing.assert_array_equal(run(str(tmp_path / "a"), 2), run(str(tmp_path / "b"), 1))
+
+
+def test_a_read_ahead_keeps_only_the_written_ids_it_reads():
+    """Rows written while a read is out make it stale only where they are its ids: note_written keeps those, and a
+    read whose ids were not written is used as it is (the same arrays), whatever else was written."""
+    ahead = ReadAhead(np.array([3, 5, 9], dtype=np.uint64))
+    ahead.note_written(np.array([1, 2, 4, 10], dtype=np.uint64))
+    assert ahead.written == []
+    ahead.stored = (np.ones(3, bool), np.zeros((3, 2), np.float32), np.zeros(3, np.uint64), np.ones(3, bool))
+    assert ReadAhead.expand(None, "t", ahead.missing, 2, ahead) is ahead.stored  # no store read: nothing stale
+    ahead.note_written(np.array([10, 9, 1, 3], dtype=np.uint64))
+    assert [w.tolist() for w in ahead.written] == [[9, 3]]
+
+
+def test_a_pull_of_missing_ids_in_any_order_and_repeated_reads_each_row(tmp_path):
+    """A pull whose ids miss, in any order and repeated, gets their rows in the request's order, as a pull of the
+    same ids sorted and unique gives them afterwards."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), cache_bytes=64 << 10))
+    try:
+        shard.create_table(TableConfig(name="t", dim=DIM))
+        table, ids = shard.table("t"), np.arange(500, dtype=np.uint64)
+        push(shard, ids, 1.0)
+        asked = np.random.default_rng(0).permutation(np.concatenate([ids[::-1], ids[::3]]))
+        for k in range(1, 4):  # other ids, each used twice (not on probation): most of ours go
+            for _ in range(2):
+                shard.pull("t", np.arange(1000 * k, 1000 * k + 1000, dtype=np.uint64))
+        assert np.count_nonzero(table.arena.find_rows(asked)[0] < 0) > len(asked) // 2
+        got = shard.pull("t", asked)
+        expected = shard.pull("t", ids)
+    finally:
+        shard.close()
+    np.testing.assert_array_equal(got, expected[asked.astype(np.int64)])
+    assert len(np.unique(expected, axis=0)) == len(ids)  # every row differs: a row given for another id shows

@@ -331,9 +331,12 @@ class Table:
 
     def _read_ahead_start(self, ids: np.ndarray) -> ReadAhead:
         """The ids of a request missing from RAM now, to read without the lock; from here until the read is done,
-        the ids of every row written to RocksDB are collected in its `written` (their read may be stale)."""
+        those of them written to RocksDB are collected in its `written` (their read may be stale)."""
         rows, _ = self.arena.find_rows(ids)
-        ahead = ReadAhead(np.unique(ids[rows < 0]))
+        missing = ids[rows < 0]
+        if len(missing) > 1 and not (missing[1:] > missing[:-1]).all():  # a client sends them sorted and unique
+            missing = np.unique(missing)
+        ahead = ReadAhead(missing)
         self._watchers.add(ahead)
         return ahead
 
@@ -425,9 +428,9 @@ class Table:
         a.dirty[rows] = 0
 
     def _note_written(self, ids: np.ndarray) -> None:
-        """ids were written to RocksDB: a read ahead in progress reads them again (ReadAhead)."""
+        """ids were written to RocksDB: a read ahead in progress reads those of them it read again (ReadAhead)."""
         for ahead in self._watchers:
-            ahead.written.append(ids)
+            ahead.note_written(ids)
 
     def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop) -> None:
         """Writes a shrink chunk: decayed rows kept, dropped rows deleted, in RocksDB and RAM."""
@@ -454,14 +457,24 @@ class Table:
 
 class ReadAhead:
     """A read of rows from RocksDB done without the table lock: the ids missing from RAM when it began
-    (`missing`, sorted), what the store returned for them (expanded to one entry per id), and `written`: the
-    arrays of ids the table wrote to RocksDB since it began. Where the read is used, an id that was written
-    meanwhile, or was not missing when it began, is read again (under the lock)."""
+    (`missing`, sorted and unique), what the store returned for them (expanded to one entry per id), and `written`:
+    the arrays of those of them the table wrote to RocksDB since it began (note_written keeps no other ids: a write
+    of another row cannot make this read stale). Where the read is used, an id that was written meanwhile, or was
+    not missing when it began, is read again (under the lock)."""
 
     def __init__(self, missing: np.ndarray):
         self.missing = missing
         self.written: list[np.ndarray] = []
         self.stored: tuple[np.ndarray, ...] | None = None
+
+    def note_written(self, ids: np.ndarray) -> None:
+        """ids were written to RocksDB: keeps those this read is for."""
+        if len(self.missing) == 0 or len(ids) == 0:
+            return
+        at = np.minimum(np.searchsorted(self.missing, ids), len(self.missing) - 1)
+        mine = ids[self.missing[at] == ids]
+        if len(mine):
+            self.written.append(mine)
 
     def read(self, store: Store, table: str, width: int) -> None:
         self.stored = ReadAhead.expand(store, table, self.missing, width, None)
