@@ -471,6 +471,7 @@ class ReadAhead:
         """ids were written to RocksDB: keeps those this read is for."""
         if len(self.missing) == 0 or len(ids) == 0:
             return
+        ids = ids.astype(self.missing.dtype, copy=False)  # one dtype: mixed int64/uint64 would compare as floats
         at = np.minimum(np.searchsorted(self.missing, ids), len(self.missing) - 1)
         mine = ids[self.missing[at] == ids]
         if len(mine):
