@@ -467,13 +467,18 @@ class ReadAhead:
         self.written: list[np.ndarray] = []
         self.stored: tuple[np.ndarray, ...] | None = None
 
+    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(mine bool (len(ids),): the ids this read is for, the index in `missing` of each id where mine).
+        missing must not be empty."""
+        ids = ids.astype(self.missing.dtype, copy=False)  # one dtype: mixed int64/uint64 would compare as floats
+        at = np.minimum(np.searchsorted(self.missing, ids), len(self.missing) - 1)
+        return self.missing[at] == ids, at
+
     def note_written(self, ids: np.ndarray) -> None:
         """ids were written to RocksDB: keeps those this read is for."""
         if len(self.missing) == 0 or len(ids) == 0:
             return
-        ids = ids.astype(self.missing.dtype, copy=False)  # one dtype: mixed int64/uint64 would compare as floats
-        at = np.minimum(np.searchsorted(self.missing, ids), len(self.missing) - 1)
-        mine = ids[self.missing[at] == ids]
+        mine = ids[self.find(ids)[0]]
         if len(mine):
             self.written.append(mine)
 
@@ -491,8 +496,7 @@ class ReadAhead:
         lsn, complete = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=bool)
         fresh = np.zeros(n, dtype=bool)
         if ahead is not None and ahead.stored is not None and len(ahead.missing):
-            at = np.minimum(np.searchsorted(ahead.missing, ids), len(ahead.missing) - 1)
-            fresh = ahead.missing[at] == ids
+            fresh, at = ahead.find(ids)
             if ahead.written:
                 fresh &= ~np.isin(ids, np.concatenate(ahead.written))
             src = at[fresh]
