@@ -32,29 +32,40 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
   has its own count of ids read from RocksDB.
 - warm-up: when the table fits in the RAM tier, a pull of every id first (the baseline is a table served from
   RAM); then pairs, unrecorded, until the RAM tier is full (the table's evictions in Stats > 0; at once when the
-  table fits) and --warmup-s passed, or --warmup-max-s passed. Then pairs for --seconds, recorded.
-- CPU: the server's CPU seconds per second of the timed calls, in all and by thread (harness.thread_cpu_s):
+  table fits) and --warmup-s passed, or --warmup-max-s passed. Then pairs for --seconds (the live reference's
+  reads not counted), recorded.
+- CPU: the server's CPU seconds per second of the timed calls, in all and by thread (harness.thread_cpu_s),
+  the live reference's reads (time and the server's CPU meanwhile) left out:
   ps-rpc serves the requests, ps-rocksdb-read reads misses, ps-write-behind writes evicted dirty rows, ps-flusher
   writes every dirty row each --flush-interval-s, rocksdb:low compacts, rocksdb:high flushes memtables.
 - peak: VmHWM of the server after the calls; then it stops cleanly.
-- reference: with the server stopped, its data dir is opened read-only with ps.storage.store.rocksdb_options as
-  the server's flags set them (ps.storage.memory.plan_memory: its block cache size, index and filter blocks in
-  the cache under --memory-bytes; --direct-reads), a block cache of its own, empty at first; the ids of the
-  timed pulls, drawn again from their seeds, are encoded (ps.storage.store.encode_keys, not timed) and read from
-  the "rows" column family with ps.storage.store.multi_get, the server's own read: the same parts over as many
-  threads as its --read-threads, the same RocksDB MultiGet calls (Rdict.get of a key list) of at most
-  MAX_KEYS_PER_GET keys; every id of each call, hits of the server's RAM tier too.
-  The first --reference-warmup calls are untimed; then calls until --reference-s.
+- live reference: after each pair (warm-up pairs too, untimed), with the server idle between calls, a raw
+  multi_get of as many fresh draws of their own (not the ids the server just read, so neither side reads the
+  blocks the other just touched) on the running server's files: its data dir opened as a RocksDB secondary
+  instance (read-only; it catches up with the server's flushes and compactions before each read, untimed) with
+  ps.storage.store.rocksdb_options as the server's flags set them (ps.storage.memory.plan_memory: its block cache
+  size, index and filter blocks in the cache under --memory-bytes; --direct-reads) and a block cache of its own,
+  read with ps.storage.store.multi_get, the server's own read: the same parts over as many threads as its
+  --read-threads, the same RocksDB MultiGet calls (Rdict.get of a key list) of at most MAX_KEYS_PER_GET keys;
+  every id of each draw, ids the server holds in RAM too. Alternated with the server's calls, it reads the same
+  tree under the same background work (compaction, the flusher), and a change of the machine's speed during a
+  run moves both sides alike. --no-live leaves it out.
+- reference after the stop: with the server stopped, its data dir is opened read-only with the same options and
+  a block cache of its own, empty at first; the ids of the timed pulls, drawn again from their seeds, are
+  encoded (ps.storage.store.encode_keys, not timed) and read the same way. The first --reference-warmup calls
+  are untimed; then calls until --reference-s.
 Rates are unique ids per second of a call, medians over the timed calls; ratios divide them by the rate of the
 same distribution at the first size of the same run. The server's cost per missed id is
     bound  pull seconds / ids the pull read from RocksDB        (everything the call did, charged to its misses)
     net    (pull seconds - unique ids x the first size's seconds per pulled id) / misses
 medians over the pulls that missed; `bound` is an upper bound of a miss's cost, `net` what a miss costs beyond
-a hit. The reference's cost is multi_get seconds per key, median over its calls. `ref bound` is the pull ratio a
-server would reach if each of its misses cost the reference's seconds per key and each other id the first size's
-seconds per pulled id (median ids and misses per call): what the pull targets ask of RocksDB's reads alone.
+a hit. A reference's cost is multi_get seconds per key, median over its calls; `ref us/key` (the JSON's
+reference_us_per_key) is the live reference's where it ran, else the one after the stop; both are printed.
+`ref bound` is the pull ratio a server would reach if each of its misses cost `ref us/key` and each other id the
+first size's seconds per pulled id (median ids and misses per call): what the pull targets ask of RocksDB's reads
+alone.
 Targets (checks at the end): at every size after the first, Zipf pulls >= 0.25x and uniform pulls >= 0.07x of the
-first size's rate; server us per miss (bound) <= 1.5x reference us per key; peak RSS <= budget + idle peak +
+first size's rate; server us per miss (bound) <= 1.5x `ref us/key`; peak RSS <= budget + idle peak +
 64 MiB, where the budget is --memory-bytes when the server has it, else its RAM tier (--cache-bytes).
 Progress goes to stderr; the last line of stdout is one JSON object (harness.emit).
 """
@@ -329,12 +340,68 @@ class Phase:
     cpu: dict = field(default_factory=dict)  # the server's CPU seconds per second of the timed calls, by thread
     reference_keys: list[int] = field(default_factory=list)
     reference_s: list[float] = field(default_factory=list)
+    live_keys: list[int] = field(default_factory=list)  # the live reference, one read after each timed pair
+    live_s: list[float] = field(default_factory=list)
 
 
 STAT_FIELDS = (  # memory figures of the server's Stats, those it has
     "memory_budget_bytes", "ram_budget_bytes", "ram_used_bytes", "block_cache_budget_bytes", "block_cache_used_bytes",
     "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes",
 )  # fmt: skip
+
+
+@dataclass
+class Aside:
+    """Wall seconds and the server's CPU seconds (in all, by thread) of the live reference's reads."""
+
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    threads: dict[str, float] = field(default_factory=dict)
+
+    def add(self, wall_s: float, cpu_s: float, threads1: dict[str, float], threads0: dict[str, float]) -> None:
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+        for name, c in threads1.items():
+            self.threads[name] = self.threads.get(name, 0.0) + c - threads0.get(name, 0.0)
+
+
+class LiveReference:
+    """multi_get of a pair's ids right after it, on the running server's files: its data dir opened as a RocksDB
+    secondary instance (read-only, following the server's flushes and compactions: try_catch_up_with_primary
+    before each read, untimed) with the server's options and a block cache of its own, read with
+    ps.storage.store.multi_get on as many threads as the server's reader threads. It reads while the server is idle
+    between calls, on the same files, under the same background work (compaction, the flusher), alternated with
+    the server's calls, so a change of the machine's speed over a run moves both sides alike."""
+
+    def __init__(self, path: str, flags: ServerFlags, scratch: str, server_pid: int):
+        """server_pid: the server, whose CPU during the reads (background work only) is kept apart (`aside`)."""
+        self.server_pid = server_pid
+        self.aside = Aside()
+        opts = flags.reference_options()
+        self.db = Rdict(path, opts, column_families=dict.fromkeys(Rdict.list_cf(path, opts), opts),
+                        access_type=AccessType.secondary(scratch))  # fmt: skip
+        self.cf, self.number = self.db.get_column_family(ROWS_CF), table_ids(self.db.get_column_family(META_CF))[TABLE]
+        self.threads = flags.read_threads
+        self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
+
+    def read(self, ids: np.ndarray) -> float:
+        """Seconds of the multi_get of ids; RuntimeError unless every id has a row."""
+        threads0, cpu0, t0 = harness.thread_cpu_s(self.server_pid), harness.cpu_s(self.server_pid), time.perf_counter()
+        self.db.try_catch_up_with_primary()
+        keys = encode_keys(self.number, ids)
+        t = time.perf_counter()
+        found = multi_get(self.cf, keys, self.pool, self.threads)
+        took = time.perf_counter() - t
+        self.aside.add(time.perf_counter() - t0, harness.cpu_s(self.server_pid) - cpu0,
+                       harness.thread_cpu_s(self.server_pid), threads0)  # fmt: skip
+        if missing := sum(v is None for v in found):
+            raise RuntimeError(f"the live reference found no row for {missing} of {len(keys)} ids")
+        return took
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        self.db.close()
 
 
 def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: argparse.Namespace, flags: ServerFlags,
@@ -360,6 +427,9 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
 
         ch = harness.channel(address)
         pull_batch, push_batch = harness.raw_method(ch, "PullBatch"), harness.raw_method(ch, "PushBatch")
+        live = None
+        if args.live:
+            live = LiveReference(cluster.data_dir(0), flags, os.path.join(cluster.root, "secondary"), pid)
         fits = phase.rows * layout_of(DIM, OPTIMIZER).ram_bytes <= flags.plan.ram_tier_bytes
         if fits:  # every row into the RAM tier: the baseline is a table served from RAM
             for lo in range(0, phase.rows, args.ids):
@@ -375,20 +445,29 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
                     progress(f"  (the RAM tier did not fill in the {args.warmup_max_s:g} s of warm-up)")
                 break
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
-                 grads_rng, table, timed=False)  # fmt: skip
+                 grads_rng, table, live, timed=False)  # fmt: skip
+        aside = Aside()  # the live reference's reads: out of the CPU figures
+        if live is not None:
+            live.aside = aside
         threads0, cpu0, start = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter()
-        while time.perf_counter() - start < args.seconds or len(phase.seeds) < 3:
+        while time.perf_counter() - start < args.seconds + aside.wall_s or len(phase.seeds) < 3:
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
-                 grads_rng, table, timed=True)  # fmt: skip
+                 grads_rng, table, live, timed=True)  # fmt: skip
         threads1, cpu1, wall = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter() - start
-        used = {name: c - threads0.get(name, 0.0) for name, c in sorted(threads1.items())}
-        phase.cpu = {"all": (cpu1 - cpu0) / wall} | {name: c / wall for name, c in used.items() if c >= 0.005 * wall}
+        wall -= aside.wall_s
+        used = {
+            name: c - threads0.get(name, 0.0) - aside.threads.get(name, 0.0) for name, c in sorted(threads1.items())
+        }
+        phase.cpu = {"all": (cpu1 - cpu0 - aside.cpu_s) / wall}
+        phase.cpu |= {name: c / wall for name, c in used.items() if c >= 0.005 * wall}
         phase.peak = harness.peak_rss_bytes(pid)
         stats = client.stats()[0]
         last = next(t for t in stats.tables if t.name == TABLE)
         phase.stats = {name: int(getattr(stats, name)) for name in STAT_FIELDS if hasattr(stats, name)}
         phase.stats |= {"rows_in_ram": int(last.rows_in_ram), "evictions": int(last.evictions)}
         ch.close()
+        if live is not None:
+            live.close()
     t = time.perf_counter()
     cluster.stop()
     phase.stop_s = time.perf_counter() - t
@@ -396,9 +475,11 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
 
 def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: np.ndarray, args: argparse.Namespace,
          seed: list[int], client_id: int, grads_rng: np.random.Generator, table: Callable[[], ps_pb2.TableStats],
-         timed: bool) -> None:  # fmt: skip
-    """One PullBatch of fresh ids, then one PushBatch of random gradients for the same ids; recorded in phase if
-    timed. Its ids are drawn from seed + [its number]: the reference draws them again."""
+         live: LiveReference | None, timed: bool) -> None:  # fmt: skip
+    """One PullBatch of fresh ids, then one PushBatch of random gradients for the same ids, then (with live) the
+    live reference's read of as many draws of their own (seed + [its number, 1]: ids the server did not just
+    read, so neither side reads blocks the other just touched); recorded in phase if timed. Its ids are drawn
+    from seed + [its number]: the reference draws them again."""
     k = phase.warmup_pairs + len(phase.seeds)
     call_seed = [*seed, k]
     ids = request_ids(phase.distribution, permutation, args.ids, call_seed)
@@ -414,6 +495,8 @@ def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: 
     push_batch(push, timeout=600)
     push_s = time.perf_counter() - t
     m2 = table().cache_misses
+    live_ids = request_ids(phase.distribution, permutation, args.ids, [*call_seed, 1]) if live is not None else None
+    live_s = live.read(live_ids) if live is not None else None
     if not timed:
         phase.warmup_pairs += 1
         return
@@ -423,6 +506,9 @@ def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: 
     phase.push_s.append(push_s)
     phase.pull_misses.append(int(m1 - m0))
     phase.push_misses.append(int(m2 - m1))
+    if live_s is not None:
+        phase.live_keys.append(len(live_ids))
+        phase.live_s.append(live_s)
 
 
 def reference(path: str, flags: ServerFlags, phase: Phase, permutation: np.ndarray, args: argparse.Namespace) -> None:
@@ -477,11 +563,14 @@ def summary(phase: Phase, base: Phase | None, flags: ServerFlags) -> dict:
     r["server_us_per_miss"] = statistics.median(1e6 * s / m for s, _, m in missed) if missed else None
     net = [1e6 * (s - n * hit_s) / m for s, n, m in missed]
     r["server_net_us_per_miss"] = statistics.median(net) if net and base is not None else None
-    r["reference_us_per_key"] = (
-        statistics.median(1e6 * s / n for s, n in zip(phase.reference_s, phase.reference_keys))
-        if phase.reference_s else None
-    )  # fmt: skip
-    r["reference_calls"] = len(phase.reference_s)
+    per_key = lambda keys, seconds: statistics.median(1e6 * s / n for s, n in zip(seconds, keys)) if seconds else None
+    r["stopped_reference_us_per_key"] = per_key(phase.reference_keys, phase.reference_s)
+    r["stopped_reference_calls"] = len(phase.reference_s)
+    r["live_reference_us_per_key"] = per_key(phase.live_keys, phase.live_s)
+    r["live_reference_calls"] = len(phase.live_s)
+    # the reference the check and the bound use: the live one where it ran (the same moments as the server's calls)
+    r["reference"] = "live" if phase.live_s else "stopped"
+    r["reference_us_per_key"] = r[f"{r['reference']}_reference_us_per_key"]
     r["reference_bound_ratio"] = None  # the pull ratio if a miss cost the reference's us per key, a hit the base's
     if base is not None and r["reference_us_per_key"]:
         unique, misses = r["unique_ids_per_call"], r["misses_per_pull"]
@@ -517,14 +606,14 @@ def print_table(results: list[dict]) -> None:
     mib = lambda b: f"{b / MiB:,.0f}"
     us = lambda x: "-" if x is None else f"{x:.2f}"
     head = ("rows", "dist", "pull ids/s", "ratio", "push ids/s", "ratio", "ids/call", "miss/pull", "miss/push",
-            "us/miss", "net", "ref us/key", "ref bound", "peak MiB", "idle MiB", "limit MiB")  # fmt: skip
+            "us/miss", "net", "ref us/key", "after stop", "ref bound", "peak MiB", "idle MiB", "limit MiB")  # fmt: skip
     lines = [head]
     for r in results:
         lines.append((
             f"{r['rows']:,}", r["distribution"], f"{r['pull_ids_per_s'] / 1e6:.3f}M", f"{r['pull_ratio']:.3f}x",
             f"{r['push_ids_per_s'] / 1e6:.3f}M", f"{r['push_ratio']:.3f}x", f"{r['unique_ids_per_call']:,.0f}",
             f"{r['misses_per_pull']:,.0f}", f"{r['misses_per_push']:,.0f}", us(r["server_us_per_miss"]),
-            us(r["server_net_us_per_miss"]), us(r["reference_us_per_key"]),
+            us(r["server_net_us_per_miss"]), us(r["reference_us_per_key"]), us(r["stopped_reference_us_per_key"]),
             "-" if r["reference_bound_ratio"] is None else f"{r['reference_bound_ratio']:.3f}x", mib(r["peak_rss_bytes"]),
             mib(r["idle_peak_rss_bytes"]), mib(r["rss_limit_bytes"]),
         ))  # fmt: skip
@@ -556,6 +645,12 @@ def main() -> None:
     p.add_argument("--idle-s", type=float, default=3.0, help="the idle server's wait before its peak is read")
     p.add_argument("--reference-s", type=float, default=8.0, help="the reference's timed calls, at most")
     p.add_argument("--reference-warmup", type=int, default=2, help="the reference's untimed first calls")
+    p.add_argument(
+        "--live",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the live reference: multi_get of fresh draws after each pair, on the running server's files",
+    )
     p.add_argument("--fill", choices=["ingest", "push"], default="ingest")
     p.add_argument("--fill-ids", type=int, default=100_000, help="push fill: new ids per PushBatch")
     p.add_argument("--fill-streams", type=int, default=3, help="push fill: PushBatch requests in flight")

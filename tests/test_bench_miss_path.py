@@ -1,5 +1,6 @@
 """benchmarks/miss_path.py: its request ids and server flags against plain oracles, a run end to end at a small
-size (a table that fits in the RAM tier and one that does not, filled by ingest), and a push fill then reused."""
+size (a table that fits in the RAM tier and one that does not, filled by ingest; with and without the live
+reference), and a push fill then reused."""
 
 import argparse
 import json
@@ -68,7 +69,10 @@ def test_small_run_end_to_end(tmp_path):
         assert r["distribution"] == "zipf" and r["pairs"] >= 3 and r["pull_ids_per_s"] > 0 and r["push_ids_per_s"] > 0
         assert 0 < r["unique_ids_per_call"] <= 5000
         assert 0 < r["idle_peak_rss_bytes"] <= r["peak_rss_bytes"]
-        assert r["reference_calls"] >= 1 and r["reference_us_per_key"] > 0
+        assert r["stopped_reference_calls"] >= 1 and r["stopped_reference_us_per_key"] > 0
+        # the live reference read after every timed pair, and is the one the check uses
+        assert r["live_reference_calls"] == r["pairs"] and r["live_reference_us_per_key"] > 0
+        assert r["reference"] == "live" and r["reference_us_per_key"] == r["live_reference_us_per_key"]
         cores = r["server_cpu_cores"]  # CPU per second of the timed calls, in all and by the server's threads
         assert cores["all"] > 0 and cores["ps-rpc"] > 0 and sum(cores.values()) <= 2 * cores["all"] + 0.5
     # every row pulled into RAM before the calls: nothing misses
@@ -83,6 +87,16 @@ def test_small_run_end_to_end(tmp_path):
     ]
     assert out["all_ok"] == all(c["ok"] for c in out["checks"])
     assert sorted(os.listdir(keep)) == ["rows-20000", "rows-60000"]
+
+
+def test_without_the_live_reference_the_check_uses_the_one_after_the_stop(tmp_path):
+    out = run("--rows-list", "20000,60000", "--distributions", "uniform", "--no-live", "--keep-data",
+              str(tmp_path / "data"))  # fmt: skip
+    larger = out["results"][1]
+    assert larger["live_reference_calls"] == 0 and larger["live_reference_us_per_key"] is None
+    assert larger["reference"] == "stopped" and larger["reference_us_per_key"] == larger["stopped_reference_us_per_key"]
+    ratio = next(c for c in out["checks"] if "us/miss" in c["check"])["figure"]
+    assert ratio == larger["server_us_per_miss"] / larger["stopped_reference_us_per_key"]
 
 
 def test_checks_against_the_targets():
