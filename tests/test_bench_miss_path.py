@@ -35,6 +35,18 @@ def test_request_ids_are_fresh_unique_sorted_and_drawn_again_from_their_seed():
     assert counts[permutation[:10].astype(np.int64)].min() > counts[permutation[500:].astype(np.int64)].max()
 
 
+def test_request_ids_past_a_rank_are_the_draws_a_cache_of_the_top_ranks_would_miss():
+    mp = load_benchmark("miss_path")
+    permutation = np.random.default_rng(0).permutation(1000).astype(np.uint64)
+    rank_of = np.argsort(permutation)  # id -> its Zipf rank
+    every = mp.request_ids("zipf", permutation, 5000, [4, 5])
+    past = mp.request_ids("zipf", permutation, 5000, [4, 5], past_rank=50)
+    assert len(past) > 0 and np.array_equal(past, every[rank_of[every] >= 50])
+    assert np.array_equal(mp.request_ids("zipf", permutation, 5000, [4, 5], past_rank=0), every)
+    uniform = mp.request_ids("uniform", permutation, 5000, [4, 5])  # no ranks: every draw
+    assert np.array_equal(mp.request_ids("uniform", permutation, 5000, [4, 5], past_rank=50), uniform)
+
+
 def test_server_flags_are_parsed_as_the_server_parses_them():
     mp = load_benchmark("miss_path")
     flags = mp.server_flags(256 << 20, 3, "--memory-bytes 1G --direct-reads")
