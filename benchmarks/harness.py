@@ -143,6 +143,11 @@ def rss_bytes(pid: int) -> int:
     return _status_bytes(pid, "VmRSS")
 
 
+def file_rss_bytes(pid: int) -> int:
+    """Resident pages of mapped files now (RssFile): part of VmRSS, page cache the OS can reclaim."""
+    return _status_bytes(pid, "RssFile")
+
+
 def peak_rss_bytes(pid: int) -> int:
     """The largest resident memory the process has had (VmHWM): the peak, however short."""
     return _status_bytes(pid, "VmHWM")

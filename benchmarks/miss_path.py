@@ -9,9 +9,11 @@ For each size of --rows-list (the first is the baseline, a table that fits in RA
 random values. The fill (--fill):
     ingest  the default, and the fastest: a server creates the table and stops; the rows (random embeddings,
             Adagrad accumulators, one show, admitted, journal position 0) are written in RocksDB's key order
-            (slot, id) to SST files with the server's RocksDB options, ingested into its "rows" column family,
-            and the table's counts written through ps.storage.store.Store, with the server stopped. The files
-            land fully compacted, as a long-running server's mostly are (most rows in the last level).
+            (slot, id) to SST files with the server's RocksDB options as its compaction writes the last level
+            (ServerFlags.last_level_options: under --memory-bytes, no Bloom filters), ingested into its "rows"
+            column family, and the table's counts written through ps.storage.store.Store, with the server
+            stopped. The files land fully compacted, as a long-running server's mostly are (most rows in the last
+            level).
     push    the trainable path: PushBatch of --fill-ids new ids at a time, --fill-streams in flight (each stream
             its own client id), random gradients; then the server stops (its clean shutdown flushes every row).
 Either way the first server started on the result must report exactly that many rows (and, after an ingest, the
@@ -38,7 +40,8 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
   the live reference's reads (time and the server's CPU meanwhile) left out:
   ps-rpc serves the requests, ps-rocksdb-read reads misses, ps-write-behind writes evicted dirty rows, ps-flusher
   writes every dirty row each --flush-interval-s, rocksdb:low compacts, rocksdb:high flushes memtables.
-- peak: VmHWM of the server after the calls; then it stops cleanly.
+- peak: VmHWM of the server after the calls, and its RssFile then ("file": resident pages of mapped files, part
+  of the peak; with --mmap-reads, the pages of RocksDB's files it has read); then it stops cleanly.
 - live reference: after each pair (warm-up pairs too, untimed), with the server idle between calls, a raw
   multi_get of the ids a miss reads: as many fresh draws of their own (not the ids the server just read, so
   neither side reads blocks the other just touched), less, for Zipf, the draws of the ranks the RAM tier can
@@ -108,6 +111,7 @@ from ps.storage.store import (
     multi_get,
     rocksdb_options,
     table_ids,
+    table_options,
     value_dtype,
 )
 from worker.client import Client
@@ -134,11 +138,20 @@ class ServerFlags:
     plan: MemoryPlan
     read_threads: int
     direct_reads: bool
+    mmap_reads: bool = False
 
     def reference_options(self) -> Options:
         """RocksDB options as the server opens its data dir with these flags."""
         return rocksdb_options(block_cache_bytes=self.plan.block_cache_bytes, direct_reads=self.direct_reads,
-                               index_in_cache=self.plan.bounded)  # fmt: skip
+                               index_in_cache=self.plan.bounded, mmap_reads=self.mmap_reads)  # fmt: skip
+
+    def last_level_options(self) -> Options:
+        """reference_options as the server's compaction writes its last level: under --memory-bytes without Bloom
+        filters (optimize_filters_for_hits; see ps.storage.store.table_options)."""
+        opts = self.reference_options()
+        if self.plan.bounded:
+            opts.set_block_based_table_factory(table_options(self.plan.block_cache_bytes, True, bloom_bits=0))
+        return opts
 
     @property
     def budget(self) -> tuple[int, str]:
@@ -156,7 +169,7 @@ def server_flags(cache_bytes: int, threads: int | None, extra: str) -> ServerFla
     args += shlex.split(extra)
     parsed = build_parser().parse_args([*args, "--data-dir", "unused"])
     plan = plan_memory(parsed.memory_bytes, parsed.cache_bytes)
-    return ServerFlags(args, plan, parsed.read_threads, parsed.direct_reads)
+    return ServerFlags(args, plan, parsed.read_threads, parsed.direct_reads, parsed.mmap_reads)
 
 
 # ---- the fill ------------------------------------------------------------------------------------------------
@@ -183,11 +196,13 @@ def random_rows(rng: np.random.Generator, n: int) -> np.ndarray:
     return rows
 
 
-def fill_ingest(cluster: LocalCluster, rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Creates the table and ingests rows random rows (see the module docstring), server stopped; returns a sample
-    (ids, embeddings) of what was written."""
+def fill_ingest(
+    cluster: LocalCluster, rows: int, rng: np.random.Generator, opts: Options
+) -> tuple[np.ndarray, np.ndarray]:
+    """Creates the table and ingests rows random rows (see the module docstring) written with opts, server stopped;
+    returns a sample (ids, embeddings) of what was written."""
     create_table(cluster)
-    path, opts = cluster.data_dir(0), rocksdb_options()
+    path = cluster.data_dir(0)
     ids = np.arange(rows, dtype=np.uint64)
     ids = ids[np.lexsort((ids, slot_of(ids)))]  # RocksDB's key order: (slot, id)
     value = value_dtype(layout_of(DIM, OPTIMIZER).width)  # the store's value grammar: row, lsn
@@ -288,7 +303,8 @@ class Fill:
     checked: bool = False  # a server started on the data dir reported the rows (and the sample) as written
 
 
-def prepare(cluster: LocalCluster, rows: int, args: argparse.Namespace, rng: np.random.Generator) -> Fill:
+def prepare(cluster: LocalCluster, rows: int, args: argparse.Namespace, rng: np.random.Generator,
+            flags: ServerFlags) -> Fill:  # fmt: skip
     """A data dir holding the table with rows rows: the kept one if it does, else filled anew."""
     fill = Fill(rows, args.fill)
     if os.path.isdir(cluster.data_dir(0)):
@@ -302,7 +318,7 @@ def prepare(cluster: LocalCluster, rows: int, args: argparse.Namespace, rng: np.
     progress(f"filling {rows:,} rows ({args.fill}) into {cluster.data_dir(0)}")
     t0 = time.perf_counter()
     if args.fill == "ingest":
-        fill.sample = fill_ingest(cluster, rows, rng)
+        fill.sample = fill_ingest(cluster, rows, rng, flags.last_level_options())
     else:
         fill.stop_s = fill_push(cluster, rows, args.fill_ids, args.fill_streams, rng)
     fill.seconds = time.perf_counter() - t0
@@ -339,6 +355,7 @@ class Phase:
     warmup_pairs: int = 0
     idle_peak: int = 0
     peak: int = 0
+    file_rss: int = 0  # RssFile after the calls: pages of mapped files (--mmap-reads maps RocksDB's)
     start_s: float = 0.0
     stop_s: float = 0.0
     stats: dict = field(default_factory=dict)
@@ -465,7 +482,7 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
         }
         phase.cpu = {"all": (cpu1 - cpu0 - aside.cpu_s) / wall}
         phase.cpu |= {name: c / wall for name, c in used.items() if c >= 0.005 * wall}
-        phase.peak = harness.peak_rss_bytes(pid)
+        phase.peak, phase.file_rss = harness.peak_rss_bytes(pid), harness.file_rss_bytes(pid)
         stats = client.stats()[0]
         last = next(t for t in stats.tables if t.name == TABLE)
         phase.stats = {name: int(getattr(stats, name)) for name in STAT_FIELDS if hasattr(stats, name)}
@@ -584,7 +601,7 @@ def summary(phase: Phase, base: Phase | None, flags: ServerFlags) -> dict:
         seconds = (unique - misses) * hit_s + misses * r["reference_us_per_key"] / 1e6
         r["reference_bound_ratio"] = unique / seconds / median_rate(ref.ids, ref.pull_s)
     budget, _ = flags.budget
-    r |= {"peak_rss_bytes": phase.peak, "idle_peak_rss_bytes": phase.idle_peak, "budget_bytes": budget,
+    r |= {"peak_rss_bytes": phase.peak, "file_rss_bytes": phase.file_rss, "idle_peak_rss_bytes": phase.idle_peak, "budget_bytes": budget,
           "rss_limit_bytes": budget + phase.idle_peak + RSS_SLACK, "start_s": phase.start_s, "stop_s": phase.stop_s,
           "server_stats": phase.stats, "server_cpu_cores": phase.cpu}  # fmt: skip
     return r
@@ -613,7 +630,8 @@ def print_table(results: list[dict]) -> None:
     mib = lambda b: f"{b / MiB:,.0f}"
     us = lambda x: "-" if x is None else f"{x:.2f}"
     head = ("rows", "dist", "pull ids/s", "ratio", "push ids/s", "ratio", "ids/call", "miss/pull", "miss/push",
-            "us/miss", "net", "ref us/key", "after stop", "ref bound", "peak MiB", "idle MiB", "limit MiB")  # fmt: skip
+            "us/miss", "net", "ref us/key", "after stop", "ref bound", "peak MiB", "file MiB", "idle MiB",
+            "limit MiB")  # fmt: skip
     lines = [head]
     for r in results:
         lines.append((
@@ -622,7 +640,7 @@ def print_table(results: list[dict]) -> None:
             f"{r['misses_per_pull']:,.0f}", f"{r['misses_per_push']:,.0f}", us(r["server_us_per_miss"]),
             us(r["server_net_us_per_miss"]), us(r["reference_us_per_key"]), us(r["stopped_reference_us_per_key"]),
             "-" if r["reference_bound_ratio"] is None else f"{r['reference_bound_ratio']:.3f}x", mib(r["peak_rss_bytes"]),
-            mib(r["idle_peak_rss_bytes"]), mib(r["rss_limit_bytes"]),
+            mib(r["file_rss_bytes"]), mib(r["idle_peak_rss_bytes"]), mib(r["rss_limit_bytes"]),
         ))  # fmt: skip
     widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
     for line in lines:
@@ -675,7 +693,7 @@ def main() -> None:
         root = os.path.join(args.keep_data, f"rows-{rows}") if args.keep_data else None
         cluster = LocalCluster(1, root=root, start_timeout_s=600, extra_args=flags.args)
         try:
-            fill = prepare(cluster, rows, args, np.random.default_rng([args.seed, rows % 2**32]))
+            fill = prepare(cluster, rows, args, np.random.default_rng([args.seed, rows % 2**32]), flags)
             fill.data_bytes, fill.read_s = harness.read_into_page_cache(cluster.data_dir(0))
             progress(f"read the data dir ({fill.data_bytes / 2**30:.2f} GiB) in {fill.read_s:.1f} s")
             fills.append(fill)

@@ -226,10 +226,13 @@ class ServerConfig:
     restore_dir: str | None = None  # a checkpoint to fill a new data dir from (ps/checkpoint.py)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
     direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
+    mmap_reads: bool = False  # RocksDB reads SST files through memory maps (ps.storage.store.rocksdb_options)
     accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
     checkpoint_root: str | None = None  # Checkpoint saves write only inside this directory; None: saves refused
 
     def validate(self) -> None:
+        if self.direct_reads and self.mmap_reads:
+            raise ValueError("--direct-reads and --mmap-reads exclude each other: give one of them")
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("give both --tls-cert and --tls-key, or neither")
         if self.tls_ca and not self.tls_cert:

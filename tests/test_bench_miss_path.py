@@ -1,14 +1,16 @@
 """benchmarks/miss_path.py: its request ids and server flags against plain oracles, a run end to end at a small
 size (a table that fits in the RAM tier and one that does not, filled by ingest; with and without the live
-reference), and a push fill then reused."""
+reference), the fill's file format, and a push fill then reused."""
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
+from rocksdict import Rdict, SstFileWriter
 
 from tests.benchscripts import load_benchmark
 from worker.cluster import LocalCluster
@@ -59,6 +61,34 @@ def test_server_flags_are_parsed_as_the_server_parses_them():
     assert plain.read_threads == 4 and not plain.plan.bounded
     assert plain.budget[0] == 256 << 20
     assert mp.server_flags(0, 1, "").args == ["--read-threads", "1"]
+    assert mp.server_flags(0, None, "--mmap-reads").mmap_reads and not plain.mmap_reads
+
+
+def filter_bytes(opts, tmp_path) -> int:
+    """The filter block bytes of an SST file of 1,000 keys written and ingested with opts."""
+    os.makedirs(tmp_path)
+    sst, db_path = str(tmp_path / "one.sst"), str(tmp_path / "db")
+    writer = SstFileWriter(opts)
+    writer.open(sst)
+    for i in range(1000):
+        writer[i.to_bytes(8, "big")] = bytes(100)
+    writer.finish()
+    db = Rdict(db_path, opts)
+    try:
+        db.ingest_external_file([sst])
+        props = db.property_value("rocksdb.aggregated-table-properties")
+    finally:
+        db.close()
+    return int(re.search(r"filter block size=(\d+)", props).group(1))
+
+
+def test_the_fill_writes_the_last_level_as_the_servers_compaction_does(tmp_path):
+    mp = load_benchmark("miss_path")
+    bounded = mp.server_flags(256 << 20, None, "--memory-bytes 1G")  # the last level keeps no filter
+    assert filter_bytes(bounded.last_level_options(), tmp_path / "bounded") == 0
+    assert filter_bytes(bounded.reference_options(), tmp_path / "upper") > 1000 * 15 // 8  # 16 bits per key
+    plain = mp.server_flags(256 << 20, None, "")  # every level keeps its filter: 8 bits per key
+    assert 1000 * 7 // 8 < filter_bytes(plain.last_level_options(), tmp_path / "plain") < 1000 * 12 // 8
 
 
 def run(*args: str) -> dict:
@@ -136,9 +166,10 @@ def test_push_fill_then_reuse(tmp_path):
     args = argparse.Namespace(fill="push", fill_ids=4000, fill_streams=3)
     cluster = LocalCluster(1, root=str(tmp_path / "rows-10000"))
     try:
-        fill = mp.prepare(cluster, 10_000, args, np.random.default_rng(0))
+        flags = mp.server_flags(0, None, "")
+        fill = mp.prepare(cluster, 10_000, args, np.random.default_rng(0), flags)
         assert (fill.method, fill.reused, fill.checked, fill.sample) == ("push", False, False, None)
         # a server started on it reports 10,000 rows: reused, not filled again
-        assert mp.prepare(cluster, 10_000, args, np.random.default_rng(0)).reused
+        assert mp.prepare(cluster, 10_000, args, np.random.default_rng(0), flags).reused
     finally:
         cluster.cleanup()

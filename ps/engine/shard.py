@@ -68,7 +68,8 @@ class Shard:
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
-                           direct_reads=config.direct_reads, read_threads=config.read_threads,
+                           direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
+                           read_threads=config.read_threads,
                            write_behind_bytes=self.memory.write_behind_bytes,
                            write_buffer_bytes=self.memory.write_buffer_bytes,
                            index_in_cache=self.memory.bounded)  # fmt: skip

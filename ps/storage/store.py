@@ -138,7 +138,46 @@ MAX_WRITE_BUFFERS = 2  # memtables per column family (ps.storage.memory counts t
 METADATA_BLOCK_BYTES = 4096  # index partitions of a bounded server's tables
 MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in parts of at least this many keys
 MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
+BLOOM_BITS = 8  # per key of every file's filter: ~2% false positives; at 10^8 keys 100 MB of filters, not 125
+BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): ~0.1%
 MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
+
+
+def table_options(block_cache_bytes: int = BLOCK_CACHE_BYTES, index_in_cache: bool = False,
+                  bloom_bits: int | None = None) -> BlockBasedOptions:  # fmt: skip
+    """The block-based table options of rocksdb_options (its arguments of the same names): the SST files' format
+    and how their blocks are cached. bloom_bits: bits per key of each file's Bloom filter (0: no filter); by
+    default BLOOM_BITS_UPPER_LEVELS with index_in_cache, else BLOOM_BITS."""
+    table = BlockBasedOptions()
+    table.set_block_cache(Cache(block_cache_bytes))
+    if bloom_bits is None:
+        bloom_bits = BLOOM_BITS_UPPER_LEVELS if index_in_cache else BLOOM_BITS
+    if bloom_bits:
+        table.set_bloom_filter(bloom_bits, False)
+    table.set_format_version(5)  # the newer, more accurate Bloom filter and delta-encoded index values
+    table.set_index_block_restart_interval(16)  # prefix-compressed index blocks: table readers 17 -> 12 MB
+    # at 10^7 rows (estimate-table-readers-mem)
+    # By default index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache,
+    # so a read the block cache misses costs one data block, not an index or filter block first.
+    if index_in_cache:
+        # In the block cache they compete with data blocks. A file's whole index block (hundreds of KB for a file
+        # of 500,000 rows) evicted and read again for one key made random reads of a table 20x the cache copy 3x
+        # more metadata than data: the index is partitioned into 4 KB blocks under a pinned top level, so a read
+        # the cache misses costs at most one small index block besides its data block. The last level, where
+        # nearly every row is, keeps no filter (optimize_filters_for_hits): filters of a table far larger than
+        # the cache would be evicted before their next use, and a shard's reads are mostly of rows that exist.
+        # The levels above keep whole filters, a few MB at 3x10^7 rows: partitioned, each of the (often 10 or
+        # more) files a read probes first cost a top-level search too, and raw multi_get after a run of writes
+        # took 15-18 us per key instead of 8-10. Those filters hold about a tenth of the keys, so they get twice
+        # the bits (BLOOM_BITS_UPPER_LEVELS): a read probes every one of them (16 filters per key in a tree
+        # with 15 files in level 0), and at 8 bits per key their false positives added 0.28 data block reads to
+        # every 1.0 a read needs.
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        table.set_index_type(BlockBasedIndexType.two_level_index_search())
+        table.set_metadata_block_size(METADATA_BLOCK_BYTES)
+        table.set_pin_top_level_index_and_filter(True)
+    return table
 
 
 def rocksdb_options(
@@ -146,6 +185,7 @@ def rocksdb_options(
     direct_reads: bool = False,
     write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES,
     index_in_cache: bool = False,
+    mmap_reads: bool = False,
 ) -> Options:
     """The options a Store opens RocksDB with, for every column family; anything that reads a shard's files and
     should behave as the server does (benchmarks/cold_pull.py's multi_get reference) opens them with these.
@@ -153,7 +193,13 @@ def rocksdb_options(
     that a read the block cache misses goes to the disk; for benchmarks and hosts that keep little page cache.
     The data dir's file system must accept O_DIRECT; where it does not, RocksDB's reads of its files fail.
     index_in_cache: index and filter blocks are cached in the block cache (level 0's pinned), inside its bound,
-    instead of in table-reader memory outside it (ps.storage.memory: a server given --memory-bytes)."""
+    instead of in table-reader memory outside it (ps.storage.memory: a server given --memory-bytes).
+    mmap_reads: read SST files through memory maps, without a read call and a copy per block: a point read of a
+    file in the page cache takes about 0.6x the time (benchmarks/block_reads.py), but the pages read count in the
+    process's RSS, and a file damaged or cut short under the running process raises SIGBUS instead of an error.
+    ValueError with direct_reads, which it excludes."""
+    if direct_reads and mmap_reads:
+        raise ValueError("direct reads and mmap reads exclude each other")
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
@@ -169,37 +215,17 @@ def rocksdb_options(
     # Rows are float32 values that hardly compress (about 1% with Snappy) while every read of a compressed block
     # pays its decompression: off, a point read from the page cache costs about half as much.
     opts.set_compression_type(DBCompressionType.none())
-    table = BlockBasedOptions()
-    table.set_block_cache(Cache(block_cache_bytes))
-    table.set_bloom_filter(8, False)  # ~2% false positives; at 10^8 keys 100 MB of filters instead of 125
-    table.set_format_version(5)  # the newer, more accurate Bloom filter and delta-encoded index values
-    table.set_index_block_restart_interval(16)  # prefix-compressed index blocks: table readers 17 -> 12 MB
-    # at 10^7 rows (estimate-table-readers-mem)
-    # By default index and filter blocks stay in table-reader memory (~2 bytes per key), outside the block cache,
-    # so a read the block cache misses costs one data block, not an index or filter block first.
+    opts.set_block_based_table_factory(table_options(block_cache_bytes, index_in_cache))
     if index_in_cache:
-        # In the block cache they compete with data blocks. A file's whole index block (hundreds of KB for a file
-        # of 500,000 rows) evicted and read again for one key made random reads of a table 20x the cache copy 3x
-        # more metadata than data: the index is partitioned into 4 KB blocks under a pinned top level, so a read
-        # the cache misses costs at most one small index block besides its data block. The last level, where
-        # nearly every row is, keeps no filter (optimize_filters_for_hits): filters of a table far larger than
-        # the cache would be evicted before their next use, and a shard's reads are mostly of rows that exist.
-        # The levels above keep whole filters, a few MB at 3x10^7 rows: partitioned, each of the (often 10 or
-        # more) files a read probes first cost a top-level search too, and raw multi_get after a run of writes
-        # took 15-18 us per key instead of 8-10.
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
-        table.set_index_type(BlockBasedIndexType.two_level_index_search())
-        table.set_metadata_block_size(METADATA_BLOCK_BYTES)
-        table.set_pin_top_level_index_and_filter(True)
-        opts.set_optimize_filters_for_hits(True)
-    opts.set_block_based_table_factory(table)
+        opts.set_optimize_filters_for_hits(True)  # see table_options
     opts.set_paranoid_checks(True)  # RocksDB refuses to open on the damage it can see (file sizes, the MANIFEST)
     # a torn last record in the write-ahead log is what a crash leaves; damage before it is refused, not dropped
     # with everything after it (the default, point-in-time recovery)
     opts.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     if direct_reads:
         opts.set_use_direct_reads(True)
+    if mmap_reads:
+        opts.set_allow_mmap_reads(True)
     return opts
 
 
@@ -243,10 +269,11 @@ class Store:
     def __init__(self, path: str, block_cache_bytes: int = BLOCK_CACHE_BYTES, sync: bool = False,
                  direct_reads: bool = False, read_threads: int = 1,
                  write_behind_bytes: int = DEFAULT_WRITE_BEHIND_BYTES,
-                 write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, index_in_cache: bool = False):  # fmt: skip
+                 write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, index_in_cache: bool = False,
+                 mmap_reads: bool = False):  # fmt: skip
         """read_threads: a multi_get of many keys is split over this many threads (RocksDB reads without
         Python's lock). write_behind_bytes: the bound of rows written in the background (put_rows(background=)).
-        write_buffer_bytes, index_in_cache: see rocksdb_options."""
+        direct_reads, write_buffer_bytes, index_in_cache, mmap_reads: see rocksdb_options."""
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)
@@ -264,7 +291,7 @@ class Store:
                 f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
             )
         self.path = path
-        self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache)
+        self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
         try:  # rocksdict raises plain Exception
             existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
             # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.

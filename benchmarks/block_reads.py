@@ -1,0 +1,160 @@
+"""Point reads of a table far larger than RocksDB's block cache, from the OS page cache: the server's read against
+variants of the SST format and of how files are read, the same keys in the same run.
+
+    python benchmarks/block_reads.py [--rows 10000000] [--ids 100000] [--reps 30] [--threads 2]
+                                     [--memory-bytes 512M] [--variants pread,2K blocks,hash index,mmap]
+
+Each variant is its own RocksDB dir (in a temporary directory) holding --rows keys of a table
+(ps.storage.store.encode_keys, ids 0..rows-1) with random values of a dim-16 Adagrad row's size, written in key
+order (slot, id) to SST files of 500,000 rows and ingested (one sorted run in the last level, as a long-running server's rows
+mostly are). Files are written and read with ps.storage.store.rocksdb_options as a server given --memory-bytes
+opens its data dir (its block cache size from ps.storage.memory.plan_memory, index partitioned into the block
+cache), except where the variant says:
+    pread        the server's options: each block a read call into a buffer, inserted into the block cache
+    2K blocks    data blocks of 2 KB instead of 4 KB (smaller reads and searches, twice the index)
+    1K blocks    data blocks of 1 KB
+    hash index   a hash index in each data block beside its binary-search restart points
+    mmap         the server's options with mmap reads (ps-server --mmap-reads): blocks read from memory maps
+Every dir's files are read once first, so every variant reads from the page cache. Each request reads --ids
+random keys (unique, sorted) with ps.storage.store.multi_get on --threads threads (the server's read: MultiGet
+calls of at most 1,024 keys); the same keys go to every variant in turn (harness.alternate), so a change in this
+shared machine's speed hits all alike. The figure is microseconds per key, median over --reps requests, and each
+variant's ratio to pread. The process's RssFile after the reads shows what mmap reads leave resident (file pages).
+No target: it informs the server's options. The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import harness  # before numpy: see its docstring
+import numpy as np
+from rocksdict import DataBlockIndexType, IngestExternalFileOptions, Options, Rdict, SstFileWriter
+
+from ps.__main__ import parse_bytes
+from ps.rows.layout import layout_of
+from ps.sharding import slot_of
+from ps.storage.memory import plan_memory
+from ps.storage.store import encode_keys, multi_get, rocksdb_options, table_options
+
+TABLE_NUMBER = 1
+FILE_ROWS = 500_000
+VARIANTS = ("pread", "2K blocks", "1K blocks", "hash index", "mmap")
+
+
+def options(variant: str, block_cache_bytes: int) -> Options:
+    """The server's options under --memory-bytes, changed as the variant says (see the module)."""
+    opts = rocksdb_options(block_cache_bytes, index_in_cache=True, mmap_reads=variant == "mmap")
+    if variant in ("2K blocks", "1K blocks", "hash index"):
+        table = table_options(block_cache_bytes, index_in_cache=True)
+        if variant == "hash index":
+            table.set_data_block_index_type(DataBlockIndexType.binary_and_hash())
+        else:
+            table.set_block_size(1024 * int(variant[0]))
+        opts.set_block_based_table_factory(table)
+    return opts
+
+
+def build(path: str, opts: Options, rows: int, values: list[bytes]) -> float:
+    """Writes and ingests the table (see the module); returns the seconds it took."""
+    t0 = time.perf_counter()
+    os.makedirs(path)
+    ids = np.arange(rows, dtype=np.uint64)
+    ids = ids[np.lexsort((ids, slot_of(ids)))]  # RocksDB's key order: (slot, id)
+    files = []
+    for k, lo in enumerate(range(0, rows, FILE_ROWS)):
+        files.append(os.path.join(path, f"ingest-{k}.sst"))
+        writer = SstFileWriter(opts)
+        writer.open(files[-1])
+        for key, value in zip(encode_keys(TABLE_NUMBER, ids[lo : lo + FILE_ROWS]), values):
+            writer[key] = value
+        writer.finish()
+    db = Rdict(os.path.join(path, "db"), opts)
+    try:
+        ingest = IngestExternalFileOptions()
+        ingest.set_move_files(True)
+        db.ingest_external_file(files, ingest)
+    finally:
+        db.close()
+    return time.perf_counter() - t0
+
+
+def data_blocks(db: Rdict) -> int:
+    """The data blocks of db's SST files (its table properties)."""
+    return int(re.search(r"# data blocks=(\d+)", db.property_value("rocksdb.aggregated-table-properties")).group(1))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=10_000_000, help="keys of the table")
+    p.add_argument("--ids", type=int, default=100_000, help="keys read per request")
+    p.add_argument("--reps", type=int, default=30, help="timed requests of each variant")
+    p.add_argument("--threads", type=int, default=2, help="reader threads (the server's --read-threads)")
+    p.add_argument("--memory-bytes", type=parse_bytes, default="512M", help="the server's --memory-bytes")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
+    args = p.parse_args()
+    variants = [v.strip() for v in args.variants.split(",")]
+    if unknown := set(variants) - set(VARIANTS):
+        p.error(f"unknown variants {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    if "pread" not in variants:
+        variants.insert(0, "pread")
+    cache = plan_memory(args.memory_bytes, None).block_cache_bytes
+    rng = np.random.default_rng(1)
+    value_bytes = layout_of(16, "adagrad").width * 4 + 8  # row:f32le[width] lsn:u64le
+    values = [bytes(v) for v in rng.integers(0, 256, (FILE_ROWS, value_bytes), dtype=np.uint8)]
+    pool = ThreadPoolExecutor(args.threads) if args.threads > 1 else None
+    with tempfile.TemporaryDirectory(prefix="block-reads-") as tmp:
+        dbs, disk, blocks = {}, {}, {}
+        for variant in variants:
+            opts = options(variant, cache)
+            path = os.path.join(tmp, variant.replace(" ", "-"))
+            took = build(path, opts, args.rows, values)
+            dbs[variant] = Rdict(os.path.join(path, "db"), opts)
+            blocks[variant] = data_blocks(dbs[variant])
+            disk[variant], _ = harness.read_into_page_cache(path)
+            print(f"{variant}: {args.rows:,} rows written and ingested in {took:.0f} s, {disk[variant] / 2**30:.2f} GiB",
+                  flush=True)  # fmt: skip
+        keys: list = []
+
+        def prepare() -> None:
+            keys[:] = encode_keys(
+                TABLE_NUMBER, np.sort(rng.choice(args.rows, args.ids, replace=False)).astype(np.uint64)
+            )
+
+        def read(variant: str):
+            def call(_) -> None:
+                if any(v is None for v in multi_get(dbs[variant], keys, pool, args.threads)):
+                    raise RuntimeError(f"{variant}: a key of the table was not found")
+
+            return call
+
+        legs = [harness.Leg(v, read(v), prepare if i == 0 else (lambda: None)) for i, v in enumerate(variants)]
+        harness.alternate(legs, args.reps, warmup=3)
+        us = {leg.name: 1e6 * statistics.median(leg.seconds) / args.ids for leg in legs}
+        low = {leg.name: 1e6 * min(leg.seconds) / args.ids for leg in legs}
+        high = {leg.name: 1e6 * max(leg.seconds) / args.ids for leg in legs}
+        file_rss = harness.file_rss_bytes(os.getpid())  # before the maps are closed with their dbs
+        for db in dbs.values():
+            db.close()
+    if pool is not None:
+        pool.shutdown()
+    print(f"{args.rows:,} rows, block cache {cache >> 20} MiB (--memory-bytes {args.memory_bytes >> 20} MiB), "
+          f"{args.ids:,} random keys per request on {args.threads} thread(s), {len(legs[0].seconds)} requests each")  # fmt: skip
+    print(f"{'variant':<12} {'us per key':>10} {'min-max':>13} {'vs pread':>9} {'GiB':>6} {'data blocks':>11}")
+    for v in variants:
+        print(f"{v:<12} {us[v]:>10.2f} {low[v]:>6.2f}-{high[v]:<6.2f} {us[v] / us['pread']:>8.2f}x "
+              f"{disk[v] / 2**30:>6.2f} {blocks[v]:>11,}")  # fmt: skip
+    print(f"RssFile after the reads: {file_rss / 2**20:,.0f} MiB")
+    harness.emit({"rows": args.rows, "ids": args.ids, "threads": args.threads, "block_cache_bytes": cache,
+                  "requests": len(legs[0].seconds), "us_per_key": us, "ratio_to_pread": {v: us[v] / us["pread"] for v
+                  in variants}, "disk_bytes": disk, "data_blocks": blocks, "file_rss_bytes": file_rss})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
