@@ -6,10 +6,10 @@ variants of the SST format and of how files are read, the same keys in the same 
 
 Each variant is its own RocksDB dir (in a temporary directory) holding --rows keys of a table
 (ps.storage.store.encode_keys, ids 0..rows-1) with random values of a dim-16 Adagrad row's size, written in key
-order (slot, id) to SST files of 500,000 rows and ingested (one sorted run in the last level, as a long-running server's rows
-mostly are). Files are written and read with ps.storage.store.rocksdb_options as a server given --memory-bytes
-opens its data dir (its block cache size from ps.storage.memory.plan_memory, index partitioned into the block
-cache), except where the variant says:
+order (slot, id) to SST files of 500,000 rows and ingested (one sorted run in the last level, as a long-running
+server's rows mostly are). Files are written and read with ps.storage.store.rocksdb_options as a server given
+--memory-bytes opens its data dir (its block cache size from ps.storage.memory.plan_memory, index partitioned into
+the block cache), except where the variant says:
     pread        the server's options: each block a read call into a buffer, inserted into the block cache
     2K blocks    data blocks of 2 KB instead of 4 KB (smaller reads and searches, twice the index)
     1K blocks    data blocks of 1 KB
@@ -118,8 +118,8 @@ def main() -> None:
             dbs[variant] = Rdict(os.path.join(path, "db"), opts)
             blocks[variant] = data_blocks(dbs[variant])
             disk[variant], _ = harness.read_into_page_cache(path)
-            print(f"{variant}: {args.rows:,} rows written and ingested in {took:.0f} s, {disk[variant] / 2**30:.2f} GiB",
-                  flush=True)  # fmt: skip
+            size = disk[variant] / 2**30
+            print(f"{variant}: {args.rows:,} rows written and ingested in {took:.0f} s, {size:.2f} GiB", flush=True)
         keys: list = []
 
         def prepare() -> None:
@@ -145,7 +145,8 @@ def main() -> None:
     if pool is not None:
         pool.shutdown()
     print(f"{args.rows:,} rows, block cache {cache >> 20} MiB (--memory-bytes {args.memory_bytes >> 20} MiB), "
-          f"{args.ids:,} random keys per request on {args.threads} thread(s), {len(legs[0].seconds)} requests each")  # fmt: skip
+          f"{args.ids:,} random keys per request on {args.threads} thread(s), "
+          f"{len(legs[0].seconds)} requests each")  # fmt: skip
     print(f"{'variant':<12} {'us per key':>10} {'min-max':>13} {'vs pread':>9} {'GiB':>6} {'data blocks':>11}")
     for v in variants:
         print(f"{v:<12} {us[v]:>10.2f} {low[v]:>6.2f}-{high[v]:<6.2f} {us[v] / us['pread']:>8.2f}x "

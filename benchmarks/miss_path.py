@@ -601,7 +601,8 @@ def summary(phase: Phase, base: Phase | None, flags: ServerFlags) -> dict:
         seconds = (unique - misses) * hit_s + misses * r["reference_us_per_key"] / 1e6
         r["reference_bound_ratio"] = unique / seconds / median_rate(ref.ids, ref.pull_s)
     budget, _ = flags.budget
-    r |= {"peak_rss_bytes": phase.peak, "file_rss_bytes": phase.file_rss, "idle_peak_rss_bytes": phase.idle_peak, "budget_bytes": budget,
+    r |= {"peak_rss_bytes": phase.peak, "file_rss_bytes": phase.file_rss, "idle_peak_rss_bytes": phase.idle_peak,
+          "budget_bytes": budget,
           "rss_limit_bytes": budget + phase.idle_peak + RSS_SLACK, "start_s": phase.start_s, "stop_s": phase.stop_s,
           "server_stats": phase.stats, "server_cpu_cores": phase.cpu}  # fmt: skip
     return r

@@ -139,7 +139,7 @@ METADATA_BLOCK_BYTES = 4096  # index partitions of a bounded server's tables
 MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in parts of at least this many keys
 MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 BLOOM_BITS = 8  # per key of every file's filter: ~2% false positives; at 10^8 keys 100 MB of filters, not 125
-BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): ~0.1%
+BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): well under 1%
 MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
 
 
