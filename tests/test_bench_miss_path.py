@@ -17,7 +17,7 @@ from worker.cluster import LocalCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "miss_path.py")
-SMALL = ["--ids", "5000", "--cache-bytes", "8M", "--seconds", "1", "--warmup-s", "0.2", "--idle-s", "0.2",
+SMALL = ["--ids", "5000", "--cache-bytes", "8M", "--server-args", "", "--seconds", "1", "--warmup-s", "0.2", "--idle-s", "0.2",
          "--reference-s", "0.5", "--reference-warmup", "1"]  # fmt: skip
 
 
