@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--mmap-reads", action="store_true",
         help="read RocksDB's files through memory maps instead of read calls, sparing a system call and a copy "
         "per block: point reads of one sorted run in the page cache take 0.6x the time (benchmarks/block_reads.py), "
-        "a server's misses under sustained write-back 0.93-1x (benchmarks/miss_path.py). The pages read count in "
+        "a server's misses under sustained write-back 0.75-1.02x (benchmarks/miss_path.py). The pages read count in "
         "the server's RSS (page cache the OS can reclaim, outside --memory-bytes), and a file "
         "damaged or cut short while the server runs stops it (SIGBUS) instead of failing one request. Not with "
         "--direct-reads",
