@@ -35,13 +35,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import harness  # before numpy: see its docstring
 import numpy as np
-from rocksdict import DataBlockIndexType, IngestExternalFileOptions, Options, Rdict, SstFileWriter
+from rocksdict import DataBlockIndexType, Options, Rdict
 
 from ps.__main__ import parse_bytes
 from ps.rows.layout import layout_of
-from ps.sharding import slot_of
 from ps.storage.memory import plan_memory
-from ps.storage.store import encode_keys, multi_get, rocksdb_options, table_options
+from ps.storage.store import encode_keys, multi_get, rocksdb_options, table_options, value_dtype
 
 TABLE_NUMBER = 1
 FILE_ROWS = 500_000
@@ -65,21 +64,10 @@ def build(path: str, opts: Options, rows: int, values: list[bytes]) -> float:
     """Writes and ingests the table (see the module); returns the seconds it took."""
     t0 = time.perf_counter()
     os.makedirs(path)
-    ids = np.arange(rows, dtype=np.uint64)
-    ids = ids[np.lexsort((ids, slot_of(ids)))]  # RocksDB's key order: (slot, id)
-    files = []
-    for k, lo in enumerate(range(0, rows, FILE_ROWS)):
-        files.append(os.path.join(path, f"ingest-{k}.sst"))
-        writer = SstFileWriter(opts)
-        writer.open(files[-1])
-        for key, value in zip(encode_keys(TABLE_NUMBER, ids[lo : lo + FILE_ROWS]), values):
-            writer[key] = value
-        writer.finish()
     db = Rdict(os.path.join(path, "db"), opts)
     try:
-        ingest = IngestExternalFileOptions()
-        ingest.set_move_files(True)
-        db.ingest_external_file(files, ingest)
+        harness.ingest_in_key_order(db, opts, TABLE_NUMBER, np.arange(rows, dtype=np.uint64),
+                                    lambda k, part: values[: len(part)], path, FILE_ROWS)  # fmt: skip
     finally:
         db.close()
     return time.perf_counter() - t0
@@ -106,7 +94,7 @@ def main() -> None:
         variants.insert(0, "pread")
     cache = plan_memory(args.memory_bytes, None).block_cache_bytes
     rng = np.random.default_rng(1)
-    value_bytes = layout_of(16, "adagrad").width * 4 + 8  # row:f32le[width] lsn:u64le
+    value_bytes = value_dtype(layout_of(16, "adagrad").width).itemsize  # the store's value grammar: row, lsn
     values = [bytes(v) for v in rng.integers(0, 256, (FILE_ROWS, value_bytes), dtype=np.uint8)]
     pool = ThreadPoolExecutor(args.threads) if args.threads > 1 else None
     with tempfile.TemporaryDirectory(prefix="block-reads-") as tmp:

@@ -28,9 +28,12 @@ import worker  # noqa: E402, F401  (before numpy: it sets how OpenBLAS threads w
 # isort: split
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
+from rocksdict import IngestExternalFileOptions, Options, Rdict, SstFileWriter  # noqa: E402
 
 from protos import ps_pb2  # noqa: E402
 from ps.server import grpc_options  # noqa: E402
+from ps.sharding import slot_of  # noqa: E402
+from ps.storage.store import encode_keys  # noqa: E402
 
 MAX_MSG = 512 << 20
 SERVICE = "/sparseps.ParameterServer/"
@@ -202,6 +205,29 @@ def direct_io_dir(candidates: list[str]) -> tuple[str, str]:
             if os.path.exists(probe):
                 os.unlink(probe)
     raise RuntimeError(f"no directory on a disk that reads with O_DIRECT among {', '.join(tried)}; give --dir")
+
+
+def ingest_in_key_order(cf: Rdict, opts: Options, number: int, ids: np.ndarray,
+                        values: Callable[[int, np.ndarray], list[bytes]], scratch: str, file_rows: int,
+                        done: Callable[[int], None] = lambda rows: None) -> None:  # fmt: skip
+    """Ingests rows of ids into cf (a RocksDB or one of its column families), keyed ps.storage.store.encode_keys(
+    number, id): written in RocksDB's key order (slot, id) with opts to SST files of file_rows rows under scratch,
+    then moved into cf. values(k, part): the stored values (one bytes per id) of part, the ids of the k-th file in
+    key order. done(rows written so far) after each file."""
+    ids = ids[np.lexsort((ids, slot_of(ids)))]
+    files = []
+    for k, lo in enumerate(range(0, len(ids), file_rows)):
+        part = ids[lo : lo + file_rows]
+        files.append(os.path.join(scratch, f"ingest-{k}.sst"))
+        writer = SstFileWriter(opts)
+        writer.open(files[-1])
+        for key, value in zip(encode_keys(number, part), values(k, part), strict=True):
+            writer[key] = value
+        writer.finish()
+        done(lo + len(part))
+    ingest = IngestExternalFileOptions()
+    ingest.set_move_files(True)
+    cf.ingest_external_file(files, ingest)
 
 
 def read_into_page_cache(path: str) -> tuple[int, float]:

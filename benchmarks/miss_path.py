@@ -94,14 +94,13 @@ from dataclasses import dataclass, field
 
 import harness  # before numpy: see its docstring
 import numpy as np
-from rocksdict import AccessType, IngestExternalFileOptions, Options, Rdict, SstFileWriter
+from rocksdict import AccessType, Options, Rdict
 
 from protos import ps_pb2
 from ps.__main__ import build_parser, parse_bytes
 from ps.accel.malloc import tune_malloc
 from ps.config import TableConfig
 from ps.rows.layout import ADMITTED, SHOW, layout_of
-from ps.sharding import slot_of
 from ps.storage.memory import MemoryPlan, plan_memory
 from ps.storage.store import (
     META_CF,
@@ -202,30 +201,24 @@ def fill_ingest(
     """Creates the table and ingests rows random rows (see the module docstring) written with opts, server stopped;
     returns a sample (ids, embeddings) of what was written."""
     create_table(cluster)
-    path = cluster.data_dir(0)
-    ids = np.arange(rows, dtype=np.uint64)
-    ids = ids[np.lexsort((ids, slot_of(ids)))]  # RocksDB's key order: (slot, id)
+    path, t0, sample = cluster.data_dir(0), time.perf_counter(), []
     value = value_dtype(layout_of(DIM, OPTIMIZER).width)  # the store's value grammar: row, lsn
+
+    def file_values(k: int, part: np.ndarray) -> list[bytes]:
+        values = np.zeros(len(part), dtype=value)
+        values["row"] = random_rows(rng, len(part))
+        if k == 0:
+            sample[:] = part[:SAMPLE_IDS].copy(), values["row"][:SAMPLE_IDS, :DIM].copy()
+        return values.view(f"V{value.itemsize}").tolist()
+
+    def wrote(done: int) -> None:
+        progress(f"  wrote {done:,} of {rows:,} rows to SST files ({done / (time.perf_counter() - t0):,.0f}/s)")
+
     db = Rdict(path, opts, column_families=dict.fromkeys(Rdict.list_cf(path, opts), opts))
     try:
-        number, files, t0 = table_ids(db.get_column_family(META_CF))[TABLE], [], time.perf_counter()
-        for k, lo in enumerate(range(0, rows, INGEST_FILE_ROWS)):
-            part = ids[lo : lo + INGEST_FILE_ROWS]
-            values = np.zeros(len(part), dtype=value)
-            values["row"] = random_rows(rng, len(part))
-            if k == 0:
-                sample = (part[:SAMPLE_IDS].copy(), values["row"][:SAMPLE_IDS, :DIM].copy())
-            files.append(os.path.join(cluster.root, f"ingest-{k}.sst"))
-            writer = SstFileWriter(opts)
-            writer.open(files[-1])
-            for key, v in zip(encode_keys(number, part), values.view(f"V{value.itemsize}").tolist()):
-                writer[key] = v
-            writer.finish()
-            done = lo + len(part)
-            progress(f"  wrote {done:,} of {rows:,} rows to SST files ({done / (time.perf_counter() - t0):,.0f}/s)")
-        ingest = IngestExternalFileOptions()
-        ingest.set_move_files(True)
-        db.get_column_family(ROWS_CF).ingest_external_file(files, ingest)
+        number = table_ids(db.get_column_family(META_CF))[TABLE]
+        harness.ingest_in_key_order(db.get_column_family(ROWS_CF), opts, number, np.arange(rows, dtype=np.uint64),
+                                    file_values, cluster.root, INGEST_FILE_ROWS, wrote)  # fmt: skip
     finally:
         db.close()
     store = Store(path)  # the table's counts, in the store's own format (a write of no rows)
@@ -235,7 +228,7 @@ def fill_ingest(
                        np.zeros(0, bool), {"admitted": rows, "pending": 0})  # fmt: skip
     finally:
         store.close()
-    return sample
+    return tuple(sample)
 
 
 def fill_push(cluster: LocalCluster, rows: int, batch: int, streams: int, rng: np.random.Generator) -> float:
