@@ -1,13 +1,21 @@
-"""Loading a script of benchmarks/ as a module, for the tests of its pieces."""
+"""Running a script of benchmarks/, or loading it as a module, for the tests of it and its pieces."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
 import sys
 from types import ModuleType
 
-BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "benchmarks")
+
+
+def run_benchmark(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python benchmarks/<name>.py args` from the repository root, its output captured as text."""
+    script = os.path.join(BENCHMARKS, f"{name}.py")
+    return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def load_benchmark(name: str) -> ModuleType:

@@ -2,17 +2,13 @@
 variants' files differ as they say (block sizes)."""
 
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "block_reads.py")
+from tests.benchscripts import run_benchmark
 
 
 def test_block_reads_runs_small_and_reports_every_variant():
     args = ["--rows", "30000", "--ids", "2000", "--reps", "2", "--variants", "1K blocks,mmap"]
-    done = subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_benchmark("block_reads", *args)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert list(result["us_per_key"]) == ["pread", "1K blocks", "mmap"]  # pread, the server's read, always first
@@ -24,6 +20,5 @@ def test_block_reads_runs_small_and_reports_every_variant():
 
 
 def test_unknown_variants_are_refused():
-    done = subprocess.run([sys.executable, SCRIPT, "--variants", "pread,4K"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = run_benchmark("block_reads", "--variants", "pread,4K", timeout=60)
     assert done.returncode == 2 and "unknown variants ['4K']" in done.stderr

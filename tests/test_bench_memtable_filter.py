@@ -2,17 +2,13 @@
 and each side timed the same number of reads."""
 
 import json
-import os
-import subprocess
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "memtable_filter.py")
+from tests.benchscripts import run_benchmark
 
 
 def test_memtable_filter_runs_small_and_reports_both_sides():
     args = ["--rows", "20000", "--memtable-rows", "3000", "--ids", "2000", "--reps", "3"]
-    done = subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_benchmark("memtable_filter", *args)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["memtable_rows"] == 3000 and result["ids"] == 2000

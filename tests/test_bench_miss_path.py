@@ -6,17 +6,13 @@ import argparse
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 from rocksdict import Rdict, SstFileWriter
 
-from tests.benchscripts import load_benchmark
+from tests.benchscripts import load_benchmark, run_benchmark
 from worker.cluster import LocalCluster
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "miss_path.py")
 SMALL = ["--ids", "5000", "--cache-bytes", "8M", "--server-args", "", "--seconds", "1", "--warmup-s", "0.2", "--idle-s", "0.2",
          "--reference-s", "0.5", "--reference-warmup", "1"]  # fmt: skip
 
@@ -92,8 +88,7 @@ def test_the_fill_writes_the_last_level_as_the_servers_compaction_does(tmp_path)
 
 
 def run(*args: str) -> dict:
-    done = subprocess.run([sys.executable, SCRIPT, *SMALL, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    done = run_benchmark("miss_path", *SMALL, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -2,14 +2,8 @@
 parameter counts agree, a variant whose flag `ps-worker train` lacks is skipped; and its flag check alone."""
 
 import json
-import os
-import subprocess
-import sys
 
-from tests.benchscripts import load_benchmark
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "benchmarks", "vs_pytorch.py")
+from tests.benchscripts import load_benchmark, run_benchmark
 
 
 def test_unlisted_flags_matches_whole_flags_only():
@@ -22,9 +16,8 @@ def test_unlisted_flags_matches_whole_flags_only():
 
 
 def test_small_run_end_to_end():
-    command = [sys.executable, SCRIPT, "--rows", "5000", "--test-rows", "2000", "--repeats", "1",
-               "--sparseps-args", "", "--sparseps-args", "--no-such-flag 3"]  # fmt: skip
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = run_benchmark("vs_pytorch", "--rows", "5000", "--test-rows", "2000", "--repeats", "1",
+                         "--sparseps-args", "", "--sparseps-args", "--no-such-flag 3")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.strip().splitlines()
     assert any("skipping sparseps variant '--no-such-flag 3'" in line for line in lines), done.stdout

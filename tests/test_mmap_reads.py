@@ -3,44 +3,21 @@ written without it read back the same with it, and it is refused beside --direct
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from ps.__main__ import build_parser
-from ps.config import ServerConfig, TableConfig
+from ps.config import ServerConfig
 from ps.engine.shard import Shard
-from ps.storage.store import Store, rocksdb_options
-
-
-def options_say(path: str) -> str:
-    """The allow_mmap_reads line of the newest OPTIONS file RocksDB wrote in path."""
-    newest = max(glob.glob(os.path.join(path, "OPTIONS-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
-    with open(newest) as f:
-        return next(line.strip() for line in f if line.strip().startswith("allow_mmap_reads="))
+from ps.storage.store import rocksdb_options
+from tests.readmodes import check_rows_read_back_the_same, options_say
 
 
 def test_rows_written_without_mmap_reads_read_back_the_same_with_them(tmp_path):
-    ids = np.arange(0, 5000, 7, dtype=np.uint64)
-    rows = np.random.default_rng(0).standard_normal((len(ids), 6)).astype(np.float32)
-    s = Store(str(tmp_path))
-    s.create_table(TableConfig("emb", 2))
-    s.put_rows("emb", ids, rows, np.arange(len(ids), dtype=np.uint64), np.ones(len(ids), bool), {})
-    s.flush()  # into SST files, which the reopened store reads through maps
-    s.close()
-    assert options_say(str(tmp_path)) == "allow_mmap_reads=false"
-    s = Store(str(tmp_path), mmap_reads=True, index_in_cache=True)
-    try:
-        assert options_say(str(tmp_path)) == "allow_mmap_reads=true"
-        found, got, lsn, complete = s.get_rows("emb", np.concatenate([ids[::-1], [1, 2]]).astype(np.uint64), 6)
-        assert found.tolist() == [True] * len(ids) + [False, False] and complete.all()
-        assert np.array_equal(got, rows[::-1]) and lsn.tolist() == list(range(len(ids)))[::-1]
-    finally:
-        s.close()
+    check_rows_read_back_the_same(str(tmp_path), "allow_mmap_reads", mmap_reads=True, index_in_cache=True)
 
 
 def test_the_flag_reaches_the_shards_store(tmp_path):
@@ -48,7 +25,7 @@ def test_the_flag_reaches_the_shards_store(tmp_path):
     assert build_parser().parse_args(["--data-dir", "d", "--mmap-reads"]).mmap_reads is True
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "shard"), mmap_reads=True))
     try:
-        assert options_say(str(tmp_path / "shard")) == "allow_mmap_reads=true"
+        assert options_say(str(tmp_path / "shard"), "allow_mmap_reads") == "allow_mmap_reads=true"
     finally:
         shard.close()
 
