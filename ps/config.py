@@ -7,12 +7,17 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ps.errors import InvalidArgumentError, echo
 
 INITIALIZERS = ("zeros", "uniform", "normal")
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
+ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest float32 below 1
+MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal float32 whose reciprocal is finite
+# (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as
 # float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
@@ -21,7 +26,10 @@ MAX_SEQ_JUMP = 2**20  # a PushBatch's seq may be at most this far ahead of its c
 
 
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:
-    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER."""
+    """InvalidArgumentError unless low (<= or <) value <= MAX_HYPERPARAMETER; `> 0` means at least
+    MIN_POSITIVE_HYPERPARAMETER."""
+    if not low_inclusive and low == 0:
+        low, low_inclusive = MIN_POSITIVE_HYPERPARAMETER, True
     ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= MAX_HYPERPARAMETER
     if not ok:
         op = ">=" if low_inclusive else ">"
@@ -81,9 +89,11 @@ class OptimizerConfig:
             check_hyperparameter(f"{self.name} initial_accumulator", p["initial_accumulator"])
             check_hyperparameter(f"{self.name} epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "adam":
-            for b in ("beta1", "beta2"):
-                if not 0 <= p[b] < 1:
-                    raise InvalidArgumentError(f"adam {b} must be in [0, 1), got {p[b]}")
+            for b in ("beta1", "beta2"):  # the kernel's 1 - b ** t divides: b must stay below 1 in float32
+                if not (0 <= p[b] < 1 and np.float32(p[b]) < 1):
+                    raise InvalidArgumentError(
+                        f"adam {b} must be in [0, 1) and below 1 in float32 (at most {ADAM_BETA_MAX!r}), got {p[b]}"
+                    )
             check_hyperparameter("adam epsilon", p["epsilon"], low_inclusive=False)
         elif self.name == "ftrl":
             for k in ("beta", "l1", "l2"):

@@ -10,12 +10,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.engine.warmup import warm_up
+from ps.health import SERVING, HealthServicer
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, add_to_server
@@ -45,7 +46,7 @@ class Server:
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
         )  # read before anything starts: a missing key file fails here, with its name
         self.shard = Shard(config)
-        self.health = health.HealthServicer()
+        self.health = HealthServicer()
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,
@@ -78,7 +79,7 @@ class Server:
             log.info("Prometheus metrics on %s://%s:%d/metrics%s", "https" if tls else "http", c.host,
                      self.metrics_port, " (bearer token required)" if self._token else "")  # fmt: skip
         for name in ("", SERVICE_NAME):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            self.health.set(name, SERVING)
         return self.port
 
     def stop(self, grace_s: float = 5.0) -> None:

@@ -84,3 +84,17 @@ def test_ps_server_exits_with_the_message(good_dir, tmp_path):
                        text=True, timeout=120)  # fmt: skip
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "cannot open RocksDB" in r.stderr and "Corruption" in r.stderr
+
+
+def test_a_manifest_cut_short_is_refused_without_deleting_the_files_it_lost(good_dir, tmp_path):
+    """A RocksDB whose MANIFEST lost its edits opens read-write as a database without them, and deletes the SST
+    files they listed: the refusal must come first and leave every file as it was."""
+    path = str(tmp_path / "cut")
+    shutil.copytree(good_dir, path)
+    (manifest,) = [os.path.join(path, f) for f in os.listdir(path) if f.startswith("MANIFEST-")]
+    os.truncate(manifest, 200)
+    before = {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".sst")}
+    assert before
+    with pytest.raises(StorageError, match=r"RocksDB holds no shard record.*MANIFEST.*Refusing to start"):
+        Shard(ServerConfig(data_dir=path))
+    assert {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".sst")} == before

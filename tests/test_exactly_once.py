@@ -64,6 +64,74 @@ def test_a_retry_after_a_crash_between_two_pushes_applies_only_the_rest(tmp_path
         shard.close()
 
 
+def empty_push() -> tuple:
+    return ("sum", np.zeros(0, np.uint64), np.zeros((0, 2), np.float32), None, None)
+
+
+@pytest.mark.parametrize("pushes", [[], [empty_push()]], ids=["advance alone", "pushes without ids"])
+def test_a_clock_advance_is_applied_once_across_retries_and_a_crash(tmp_path, pushes):
+    """No journal record notes these requests; the note that a request advanced the clock is stored with the
+    clock, so neither a retry nor a retry after kill -9 (before any flush) advances it again."""
+    shard = open_shard(tmp_path)
+    assert shard.push_batch(pushes, 4, client=9, client_seq=1)[0] == 4
+    assert shard.push_batch(pushes, 4, client=9, client_seq=1)[0] == 4  # a retry
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.clock == 4
+        assert shard.push_batch(pushes, 4, client=9, client_seq=1)[0] == 4  # a retry after the restart
+        assert shard.push_batch(pushes, 4, client=9, client_seq=2)[0] == 8  # the next request
+        with pytest.raises(InvalidArgumentError, match="ahead of this client's newest request"):
+            shard.push_batch(pushes, 4, client=9, client_seq=3 + 2**20)
+    finally:
+        shard.close()
+
+
+def test_a_clock_advance_that_failed_after_its_pushes_is_applied_by_the_retry(tmp_path, monkeypatch):
+    """The pushes are journaled, then storing the clock fails: the retry applies no push again and advances the
+    clock once; so does a retry after a crash at that point."""
+    shard = open_shard(tmp_path)
+
+    def disk_gone(step, advanced_by=None):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(shard.store, "set_clock", disk_gone)
+    with pytest.raises(OSError):
+        shard.push_batch([push(A, 1.0)], 3, client=5, client_seq=1)
+    monkeypatch.undo()
+    assert shard.clock == 0 and (rows(shard, A) == -1).all()
+    assert shard.push_batch([push(A, 1.0)], 3, client=5, client_seq=1) == (3, 0)
+    assert shard.push_batch([push(A, 1.0)], 3, client=5, client_seq=1) == (3, 0)
+    assert (rows(shard, A) == -1).all()
+
+    shard.apply_push(shard.check_push(*push(B, 1.0)[:3]), origin=(5, 2, 0))  # request 2's push, then kill -9
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.clock == 3 and shard.journal.applied[5] == (2, 1)
+        assert shard.push_batch([push(B, 1.0)], 3, client=5, client_seq=2) == (6, 0)
+        assert shard.push_batch([push(B, 1.0)], 3, client=5, client_seq=2) == (6, 0)
+        assert (rows(shard, B) == -1).all()
+    finally:
+        shard.close()
+
+
+def test_a_batch_push_refused_while_applied_says_what_stays_applied(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        shard.push_batch([push(A[:1], -3e38)], 0)
+        with pytest.raises(InvalidArgumentError) as e:
+            shard.push_batch([push(B, 1.0), push(A[:1], -3e38)], 2, client=6, client_seq=1)
+        message = str(e.value)
+        assert "push 1 of 2 in the batch (table 'sum') was refused: " in message
+        assert "float32 overflow" in message and "nothing was applied" not in message
+        assert "The push 0 before it was applied and stays applied, and the clock was not advanced" in message
+        assert "a retry of this request (same client_id and seq) applies pushes 1 on" in message
+        assert (rows(shard, B) == -1).all() and shard.clock == 0
+    finally:
+        shard.close()
+
+
 @pytest.mark.parametrize("stop", [crash, Shard.close])
 def test_what_was_applied_survives_a_flush_that_trims_the_journal(tmp_path, stop):
     shard = open_shard(tmp_path)

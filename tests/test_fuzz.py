@@ -46,7 +46,7 @@ LIMIT_BYTES = 1 << 20  # the shard's message limit: replies over it are refused 
 TIMEOUT_S = 30
 REJECTED = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
             "UNAVAILABLE"}  # fmt: skip
-PARTLY_APPLIED = "before it were applied"  # a batch push that failed while applying keeps the pushes before it
+PARTLY_APPLIED = "applied, and the clock was not advanced"  # a batch push refused while applied: those before stay
 RULES = [  # (name, status code, pattern of the message); the first match names a rejection
     ("string not UTF-8", "INVALID_ARGUMENT", r"is not valid protobuf: .*not UTF-8"),
     ("bytes not protobuf", "INVALID_ARGUMENT", r"is not valid protobuf"),
@@ -55,7 +55,7 @@ RULES = [  # (name, status code, pattern of the message); the first match names 
     ("optimizer unknown", "INVALID_ARGUMENT", r"^optimizer .* is unknown"),
     ("optimizer parameter unknown", "INVALID_ARGUMENT", r"got unknown parameters"),
     ("adam beta out of range", "INVALID_ARGUMENT", r"^adam beta. must be in"),
-    ("hyperparameter out of range", "INVALID_ARGUMENT", r"must be finite, >=? -?[\d.e+]+ and <= 1e\+30"),
+    ("hyperparameter out of range", "INVALID_ARGUMENT", r"must be finite, >=? -?[\d.e+-]+ and <= 1e\+30"),
     ("initializer unknown", "INVALID_ARGUMENT", r"^initializer .* is unknown"),
     ("admission min_count out of range", "INVALID_ARGUMENT", r"^admission min_count must be in"),
     ("admission probability out of range", "INVALID_ARGUMENT", r"^admission probability must be in"),

@@ -134,7 +134,7 @@ def test_a_clock_that_cannot_be_stored_is_not_kept(serve, monkeypatch):
     server, stub = serve()
     store = server.shard.store
 
-    def disk_gone(step: int) -> None:
+    def disk_gone(step: int, advanced_by=None) -> None:
         raise OSError("disk gone")
 
     monkeypatch.setattr(store, "set_clock", disk_gone)

@@ -121,6 +121,36 @@ def test_a_sync_sum_past_the_per_id_count_limit_is_applied_with_counts_clipped_t
         shard.close()
 
 
+def test_a_sync_sum_that_overflows_float32_is_refused_for_what_it_is_and_applies_nothing(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        ids = A[:2]
+        before = shard.table("emb").peek(ids)
+        results = Concurrently(
+            *(lambda w=w: shard.push_stamped([push(ids, np.full((2, 4), 3e38))], 1, 0, 0, stamp(w, 0, sync=True))
+              for w in range(2))
+        )  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match=r"sum of the workers' gradients for id \d+ of table 'emb' "
+                           r"overflows float32 \(each worker's is finite"):  # fmt: skip
+            results.join()
+        np.testing.assert_array_equal(shard.table("emb").peek(ids), before)
+        assert shard.clock == 0
+    finally:
+        shard.close()
+
+
+def test_a_sync_step_far_past_the_jobs_newest_is_refused_naming_steps(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        shard.push_stamped([push(A[:2], np.ones((2, 4)))], 1, 0, 0, stamp(0, 0, sync=True, num_workers=1))
+        with pytest.raises(InvalidArgumentError, match=r"sync step 2,097,152 is more than 1,048,576 steps past the "
+                           r"newest step of job 0x5eed applied on shard 0 \(0\)"):  # fmt: skip
+            shard.push_stamped([push(A[:2], np.ones((2, 4)))], 1, 0, 0, stamp(0, 2**21, sync=True, num_workers=1))
+        assert shard.clock == 1
+    finally:
+        shard.close()
+
+
 @pytest.mark.parametrize("optimizer", [OptimizerConfig("adagrad", 0.1), OptimizerConfig("adam", 0.01)])
 def test_a_sync_step_is_the_sum_of_the_workers_pushes_applied_once(tmp_path, optimizer):
     cfg = TableConfig("emb", 3, InitializerConfig("uniform", 0.1, 3), optimizer)

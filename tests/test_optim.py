@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from ps.config import OptimizerConfig
+from ps.config import ADAM_BETA_MAX, OptimizerConfig
 from ps.errors import InvalidArgumentError
 from ps.rows.optim import get_optimizer
 
@@ -45,10 +45,15 @@ def test_adagrad_matches_per_element_reference_loop():
         (OptimizerConfig("ftrl", 0.1, {"l1": -1.0}), "ftrl l1 must be finite, >= 0"),
         (OptimizerConfig("adagrad", 0.1, {"beta1": 0.9}), r"unknown parameters \[.beta1.\]"),
         (OptimizerConfig("adagrad", 0.1, {"initial_accumulator": -1}), "initial_accumulator must be finite, >= 0"),
-        (OptimizerConfig("adagrad", 0.1, {"epsilon": 0.0}), "epsilon must be finite, > 0"),
+        (OptimizerConfig("adagrad", 0.1, {"epsilon": 0.0}), "epsilon must be finite, >= 1e-30"),
         (OptimizerConfig("adagrad", 0.1, {"epsilon": float("nan")}), "epsilon must be finite"),
         (OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 1e39}), "<= 1e\\+30, got 1e\\+39"),
         (OptimizerConfig("sgd", 0.1, {"x": 1.0}), "unknown parameters"),
+        # values that pass in float64 but not in the kernels' float32: 1 - beta ** t would be 0, epsilon 0
+        (OptimizerConfig("adam", 0.1, {"beta2": 0.99999999}), r"beta2 must be in \[0, 1\) and below 1 in float32"),
+        (OptimizerConfig("adam", 0.1, {"epsilon": 1e-50}), "adam epsilon must be finite, >= 1e-30"),
+        (OptimizerConfig("ftrl", 1e-50), "learning_rate must be finite, >= 1e-30"),
+        (OptimizerConfig("adagrad", 0.1, {"epsilon": 1e-40, "initial_accumulator": 0.0}), "epsilon must be finite"),
     ],
 )
 def test_bad_optimizer_configs_are_rejected(cfg, message):
@@ -58,8 +63,26 @@ def test_bad_optimizer_configs_are_rejected(cfg, message):
 
 @pytest.mark.parametrize("lr", [0.0, -1.0, float("inf"), 1e39])
 def test_bad_learning_rates_are_rejected(lr):
-    with pytest.raises(InvalidArgumentError, match="learning_rate must be finite, > 0"):
+    with pytest.raises(InvalidArgumentError, match="learning_rate must be finite, >= 1e-30"):
         OptimizerConfig("sgd", lr).validate()
+
+
+def test_the_smallest_values_taken_keep_every_kernel_finite_on_zero_gradients():
+    """At the limits validation takes, a zero gradient on a fresh row (zero accumulators) divides by epsilon or
+    by 1 - beta ** t at their smallest: every result stays finite (the kernels never raise: numpy's error model)."""
+    smallest = {
+        "sgd": {},
+        "adagrad": {"epsilon": 1e-30, "initial_accumulator": 0.0},
+        "adagrad_rowwise": {"epsilon": 1e-30, "initial_accumulator": 0.0},
+        "adam": {"beta1": ADAM_BETA_MAX, "beta2": ADAM_BETA_MAX, "epsilon": 1e-30},
+        "ftrl": {},
+    }
+    for name, params in smallest.items():
+        opt = get_optimizer(OptimizerConfig(name, 1e-30, params))
+        rows = np.zeros((4, 3 + opt.state_floats(3)), np.float32)
+        opt.init_state(rows, 3)
+        opt.apply(rows, np.zeros((4, 3), np.float32))
+        assert np.isfinite(rows).all(), name
 
 
 def test_spelled_out_defaults_mean_the_same_optimizer():

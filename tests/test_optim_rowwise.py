@@ -223,7 +223,7 @@ def test_bytes_per_row_at_dim_16():
     "params, message",
     [
         ({"initial_accumulator": -1.0}, "adagrad_rowwise initial_accumulator must be finite, >= 0"),
-        ({"epsilon": 0.0}, "adagrad_rowwise epsilon must be finite, > 0"),
+        ({"epsilon": 0.0}, "adagrad_rowwise epsilon must be finite, >= 1e-30"),
         ({"beta1": 0.9}, r"unknown parameters \[.beta1.\]"),
     ],
 )

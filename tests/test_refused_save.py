@@ -1,6 +1,6 @@
 """A Checkpoint save refused for its directory (one that exists already, or one that cannot be created) changes
 nothing: the shard checks the directory before it flushes, so its dirty rows stay dirty (found by
-tests/test_fuzz.py). Black box: through gRPC, the dirty rows as Stats reports them; the background flusher is off."""
+tests/test_fuzz.py), and the parents it created for it are removed again. Black box: through gRPC, the dirty rows as Stats reports them; the background flusher is off."""
 
 from __future__ import annotations
 
@@ -39,11 +39,13 @@ def test_a_save_refused_for_its_directory_flushes_nothing(tmp_path):
         assert dirty() == 8
         token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
         for target, code in ((root / "taken", grpc.StatusCode.INVALID_ARGUMENT),
-                             (root / "file" / "sub", grpc.StatusCode.FAILED_PRECONDITION)):  # fmt: skip
+                             (root / "file" / "sub", grpc.StatusCode.FAILED_PRECONDITION),
+                             (root / "new" / "deeper" / ("x" * 300), grpc.StatusCode.INVALID_ARGUMENT)):  # fmt: skip
             with pytest.raises(grpc.RpcError) as e:
                 stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=str(target), token=token), timeout=TIMEOUT_S)
             assert e.value.code() == code, (target, e.value.code(), e.value.details())
             assert dirty() == 8, f"the save to {target} was refused ({e.value.details()}), yet it flushed the rows"
+            assert sorted(p.name for p in root.iterdir()) == ["file", "taken"], "a refused save left directories"
         stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=str(root / "new"), token=token), timeout=TIMEOUT_S)
         assert dirty() == 0  # a save that is taken flushes
         stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)

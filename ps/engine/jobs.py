@@ -64,7 +64,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.config import MAX_CLOCK
+from ps.config import MAX_CLOCK, MAX_SEQ_JUMP
 from ps.errors import (
     BarrierTimeoutError,
     InvalidArgumentError,
@@ -152,7 +152,8 @@ def sum_contributions(contributions: list[list[tuple]], max_count: float) -> lis
     """One push (name, ids, grads, shows, clicks) per table, in name order, of contributions (each a list of
     such pushes, ids unique within each): per table the union of the ids, sorted, with grads, shows and clicks
     summed per id, in the order of the contributions, and shows and clicks clipped to max_count (a push's limit
-    per id, which contributions within it may sum past). Tables without ids are left out."""
+    per id, which contributions within it may sum past). Tables without ids are left out. InvalidArgumentError
+    if a sum of gradients overflows float32."""
     by_table: dict[str, list[tuple]] = {}
     for pushes in contributions:
         for name, *arrays in pushes:
@@ -165,7 +166,15 @@ def sum_contributions(contributions: list[list[tuple]], max_count: float) -> lis
         order = np.argsort(ids, kind="stable")
         ids = ids[order]
         starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
-        grads, shows, clicks = (np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks))
+        with np.errstate(over="ignore"):
+            grads, shows, clicks = (np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks))
+        if not np.isfinite(grads).all():
+            bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
+            raise InvalidArgumentError(
+                f"the sum of the workers' gradients for id {int(ids[starts][bad])} of table {name!r} overflows "
+                f"float32 (each worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was "
+                "applied"
+            )
         out.append((name, ids[starts], grads, np.minimum(shows, max_count), np.minimum(clicks, max_count)))
     return out
 
@@ -391,6 +400,13 @@ class JobClocks:
         WorkerDoneError for a worker held as done; RpcThreadsExhaustedError (the step failed) instead of a wait
         that would hold the last free RPC thread."""
         key, seq = sync_key(stamp.job), stamp.step + 1
+        newest = self._sync_steps_applied(key)
+        if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
+            raise InvalidArgumentError(
+                f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
+                f"step of job {stamp.job:#x} applied on shard {self.shard_id} ({newest - 1:,}); a job's workers "
+                "count their steps 0, 1, 2, ...; nothing was applied"
+            )
         with self._cond:
             self._check_not_done(stamp)
             generation = self._enter(stamp)

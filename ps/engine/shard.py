@@ -19,6 +19,7 @@ a clean close flushes everything.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import math
 import os
@@ -59,6 +60,34 @@ MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a ro
 # hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
 
 
+def _make_dirs(directory: str) -> list[str]:
+    """Creates directory and its missing parents; returns those it created, parents first. A directory that
+    cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
+    too long), CheckpointDirError for the others (no permission, a file in the way, a full disk)."""
+    missing = []
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d) and os.path.dirname(d) != d:
+        missing.append(d)
+        d = os.path.dirname(d)
+    created = []
+    try:
+        for d in reversed(missing):
+            os.mkdir(d)
+            created.append(d)
+    except OSError as e:
+        _remove_dirs(created)
+        error = InvalidArgumentError if e.errno in (errno.ENAMETOOLONG, errno.EINVAL) else CheckpointDirError
+        raise error(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
+    return created
+
+
+def _remove_dirs(created: list[str]) -> None:
+    """Removes the (empty) directories _make_dirs created, children first."""
+    for d in reversed(created):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
+
+
 class Shard:
     def __init__(self, config: ServerConfig):
         config.validate()
@@ -97,6 +126,11 @@ class Shard:
             self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
             self.journal.applied = self.store.applied()  # client requests applied before the last flush
             self._replay()
+            # client -> its newest request whose clock advance is applied; such a request is applied whole (the
+            # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids)
+            self._advanced = self.store.advanced()
+            for client, client_seq in self._advanced.items():
+                self.journal.note_applied((client, client_seq, -1))
             self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                                   config.threads, MAX_COUNT_PER_ID)  # fmt: skip
             if self.clock > MAX_CLOCK:
@@ -282,8 +316,10 @@ class Shard:
         its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
         older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
         client_seq order; a retry that arrives while its first attempt still runs waits for it. A client_seq more
-        than MAX_SEQ_JUMP past its client's newest is refused. A request of a clock advance alone is its client's
-        newest too (noted in memory, stored at the next flush), so a retry of it does not advance again.
+        than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of a request is stored together
+        with the note that this request made it (Store.set_clock), so a retry advances the clock if and only if
+        no attempt before did, across restarts too; a request whose pushes carry no ids (or a clock advance
+        alone) is its client's newest as well.
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
@@ -306,14 +342,16 @@ class Shard:
                     f"on shard {self.shard_id} ({done_seq:,}); a client numbers its requests to a shard 1, 2, 3, ...; "
                     "nothing was applied"
                 )
-            if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes)):
+            if self._advanced.get(client, 0) >= client_seq:  # this request's advance is applied (or an older
+                advance_clock = 0  # one: a request of its own seq was, so is this one, and whole)
+            if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes) and not advance_clock):
                 for p in pushes:  # still a bad request if it is one
                     self.check_push(*p)
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
             out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip)
-            if not pushes:  # no journal record notes a request of an advance alone: noted here, stored at a flush
-                self.journal.note_applied((client, client_seq, -1))
+            # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
+            self.journal.note_applied((client, client_seq, len(pushes) - 1))
             return out
 
     def _apply_batch(self, pushes, advance_clock, request: tuple[int, int], skip: int) -> tuple:
@@ -334,10 +372,17 @@ class Shard:
                 try:
                     self.apply_push(checked[i], (*request, i))
                 except PsError as e:
-                    if i == 0:
+                    if i == skip:
                         raise
-                    raise type(e)(f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}), after the "
-                                  f"{i} before it were applied: {e}") from e  # fmt: skip
+                    what = str(e).removesuffix("; nothing was applied")  # of this push; those before it stay
+                    before = (f"push {skip} before it was applied and stays" if i - skip == 1
+                              else f"pushes {skip} to {i - 1} before it were applied and stay")  # fmt: skip
+                    retry = (f"a retry of this request (same client_id and seq) applies pushes {i} on" if request[0]
+                             else "a retry without a client_id applies them all again")  # fmt: skip
+                    raise type(e)(
+                        f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}) was refused: {what}. The "
+                        f"{before} applied, and the clock was not advanced; {retry}"
+                    ) from e
         finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
             if advance_clock:
                 with self._lock:
@@ -345,7 +390,7 @@ class Shard:
         if not advance_clock:
             return self.clock, len(checked) - skip
         with self._lock:
-            return self._set_clock(self.clock + advance_clock), len(checked) - skip
+            return self._set_clock(self.clock + advance_clock, request if request[0] else None), len(checked) - skip
 
     # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
     def push_stamped(
@@ -454,12 +499,13 @@ class Shard:
         path = os.path.join(directory, name)
         if os.path.exists(path):  # the directory is checked before the flush: a refused save changes nothing
             raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
+        created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
         try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as e:
-            raise CheckpointDirError(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
-        self.flush()
-        self.store.checkpoint(path)
+            self.flush()
+            self.store.checkpoint(path)
+        except BaseException:
+            _remove_dirs(created)
+            raise
         from ps.checkpoint import file_checksums
 
         return {
@@ -478,10 +524,13 @@ class Shard:
             self._check_advance(steps)
             return self._set_clock(self.clock + steps)
 
-    def _set_clock(self, clock: int) -> int:
-        """Stores the clock, then sets it (so a failed write leaves it as it was); _lock held."""
-        self.store.set_clock(clock)
+    def _set_clock(self, clock: int, advanced_by: tuple[int, int] | None = None) -> int:
+        """Stores the clock (and, given advanced_by = (client, client_seq), that this request advanced it), then
+        sets it (so a failed write leaves it as it was); _lock held."""
+        self.store.set_clock(clock, advanced_by)
         self.clock = clock
+        if advanced_by is not None:
+            self._advanced[advanced_by[0]] = advanced_by[1]
         return clock
 
     def _check_advance(self, steps: int) -> None:

@@ -13,6 +13,9 @@ each block of a push while the block is in cache.
               state: m (dim), v (dim), t (1): the bias correction uses each id's own update count
     ftrl:     sigma = (sqrt(n + g^2) - sqrt(n)) / lr; z += g - sigma w; n += g^2;
               w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / lr + l2)      state: z (dim), n (dim)
+
+The kernels compute in float32 with numpy's error model: a division by zero gives an Inf or NaN, never an
+exception, so a result that is not finite is found by ps.rows.update's check and the push refused whole.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 from ps.config import OptimizerConfig
 
 
-@numba.njit(nogil=True, fastmath=True, cache=True)
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 def _sgd(buf, grads, lr):
     n, dim = grads.shape
     for i in range(n):
@@ -62,7 +65,7 @@ def _adagrad_rowwise(buf, grads, lr, eps):
             buf[i, j] -= step * grads[i, j]
 
 
-@numba.njit(nogil=True, fastmath=True, cache=True)
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 def _adam(buf, grads, lr, b1, b2, eps):
     n, dim = grads.shape
     t_col = 3 * dim
@@ -80,7 +83,7 @@ def _adam(buf, grads, lr, b1, b2, eps):
             buf[i, j] -= lr * (m / c1) / (np.sqrt(v / c2) + eps)
 
 
-@numba.njit(nogil=True, fastmath=True, cache=True)
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
 def _ftrl(buf, grads, alpha, beta, l1, l2):
     n, dim = grads.shape
     for i in range(n):

@@ -6,6 +6,9 @@ Layout, one RocksDB per server data dir:
                               b"tid/" + name    -> ASCII decimal: the table's number, the prefix of its row keys
                               b"count/" + name  -> JSON {"admitted": rows, "pending": ids stored for table}
                               b"clock"          -> ASCII decimal: the shard's clock (steps)
+                              b"advanced/" + client:u64be -> ASCII decimal: the client_seq of that client's
+                                                   newest request whose clock advance is applied (written with
+                                                   the clock it set, in one batch)
                               b"flushed_seq"    -> ASCII decimal: journal records <= this are all in RocksDB
                               b"applied", b"restore_pending", ...: see the methods that write them
     column family "rows":     key   = table:u32be slot:u16be id:u64be  (14 bytes)
@@ -65,6 +68,7 @@ KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # pack
 if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
 META_CF = "meta"
+ADVANCED_PREFIX = b"advanced/"
 ROWS_CF = "rows"
 TABLE_ID_PREFIX = b"tid/"
 
@@ -94,6 +98,37 @@ def _open_read_only(source: str, opts: Options | None = None) -> tuple[Rdict, li
     opts = opts or Options(raw_mode=True)
     names = Rdict.list_cf(source, opts)
     return Rdict(source, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only()), names
+
+
+def _lost_shard_record(in_file: dict) -> DataLossError:
+    return DataLossError(
+        f"{IDENTITY_FILE} says it is {shard_name(in_file)}, but RocksDB holds no shard record: RocksDB lost its "
+        "latest writes (its write-ahead log, *.log, or its MANIFEST deleted, cut short or damaged) or its files were "
+        "replaced, and its tables and rows may be gone with them. Refusing to start; restore the dir from a backup "
+        "or checkpoint"
+    )
+
+
+def _check_shard_record_survived(path: str, opts: Options) -> None:
+    """The DataLossError of Store.check_identity for a RocksDB that lost its shard record, found by a read-only
+    open: a read-write open of a RocksDB whose MANIFEST lost its latest edits deletes every SST file the MANIFEST
+    no longer lists, so the refusal must come before it. A RocksDB that does not open read-only is left to the
+    read-write open to report."""
+    in_file = read_json(os.path.join(path, IDENTITY_FILE), ("shard_id", "num_shards", "num_slots"))
+    if in_file is None:
+        return
+    try:  # rocksdict raises plain Exception
+        db, names = _open_read_only(path, opts)
+    except Exception:
+        return
+    try:
+        raw = db.get_column_family(META_CF).get(b"shard") if META_CF in names else None
+    except Exception:
+        raw = b"unreadable: left to the read-write open"
+    finally:
+        db.close()
+    if raw is None:
+        raise _lost_shard_record(in_file)
 
 
 def _items(cf: Rdict, start: bytes | None = None, read_opts: ReadOptions | None = None):
@@ -292,6 +327,8 @@ class Store:
             )
         self.path = path
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
+        if "CURRENT" in entries and IDENTITY_FILE in entries:
+            _check_shard_record_survived(path, self._opts)
         try:  # rocksdict raises plain Exception
             existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
             # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
@@ -333,12 +370,7 @@ class Store:
                 f"{shard_id} of {num_shards}"
             )
         if in_db is None and in_file is not None:
-            raise DataLossError(
-                f"{IDENTITY_FILE} says it is {shard_name(in_file)}, but RocksDB holds no shard record: RocksDB lost "
-                "its latest writes (its write-ahead log, *.log, deleted or damaged) or its files were replaced, and "
-                "its tables and rows may be gone with them. Refusing to start; restore the dir from a backup or "
-                "checkpoint"
-            )
+            raise _lost_shard_record(in_file)
         if in_db is None:
             sync = WriteOptions()
             sync.sync = True
@@ -669,8 +701,26 @@ class Store:
         raw = self._meta.get(b"clock")
         return int(raw) if raw is not None else 0
 
-    def set_clock(self, step: int) -> None:
-        self._meta.put(b"clock", str(step).encode(), self._write_opts)
+    def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
+        """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
+        client advanced it (advanced())."""
+        meta = self._db.get_column_family_handle(META_CF)
+        batch = WriteBatch(raw_mode=True)
+        batch.put(b"clock", str(step).encode(), meta)
+        if advanced_by is not None:
+            client, client_seq = advanced_by
+            batch.put(ADVANCED_PREFIX + client.to_bytes(8, "big"), str(client_seq).encode(), meta)
+        self._db.write(batch, self._write_opts)
+
+    def advanced(self) -> dict[int, int]:
+        """client -> the client_seq of its newest request whose clock advance is stored (set_clock)."""
+        out = {}
+        with self._rocksdb("reading the clock advances of client requests"):
+            for key, raw in _items(self._meta, ADVANCED_PREFIX):
+                if not key.startswith(ADVANCED_PREFIX):
+                    break
+                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = int(raw)
+        return out
 
     def disk_bytes(self, table: str) -> int:
         """Bytes of the table's rows in RocksDB, keys and values, from its counts (before RocksDB's compression and

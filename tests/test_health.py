@@ -1,0 +1,53 @@
+"""The health service: Check and Watch as the gRPC health protocol says, and a stop that Watch streams being
+cancelled at the same moment cannot hang (grpc_health's own servicer sends under the lock their close takes)."""
+
+import threading
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ps.config import ServerConfig
+from ps.server import Server
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def start(tmp_path, name: str) -> Server:
+    server = Server(ServerConfig(data_dir=str(tmp_path / name), port=0, threads=4))
+    server.start()
+    return server
+
+
+def test_watch_hears_serving_then_not_serving_at_stop(tmp_path):
+    server = start(tmp_path, "a")
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        assert next(stream).status == SERVING
+        stopping = threading.Thread(target=server.stop, kwargs={"grace_s": 1})
+        stopping.start()
+        assert next(stream).status == NOT_SERVING
+        stopping.join(30)
+        assert not stopping.is_alive()
+        server.health.set("", SERVING)  # ignored after the shutdown began
+        assert server.health._server_status[""] == NOT_SERVING
+
+
+def test_a_stop_while_watch_streams_are_cancelled_does_not_hang(tmp_path):
+    for trial in range(6):
+        server = start(tmp_path, f"s{trial}")
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+        health = health_pb2_grpc.HealthStub(channel)
+        streams = [health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=60) for _ in range(32)]
+        for stream in streams:
+            assert next(stream).status == SERVING
+        stopping = threading.Thread(target=server.stop, kwargs={"grace_s": 1}, daemon=True)
+        if trial % 2:
+            stopping.start()
+        for stream in streams:
+            stream.cancel()
+        if not trial % 2:
+            stopping.start()
+        stopping.join(30)
+        channel.close()
+        assert not stopping.is_alive(), f"trial {trial}: Server.stop hung with Watch streams being cancelled"
