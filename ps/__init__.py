@@ -1,3 +1,34 @@
-"""sparseps server package: sharded gRPC parameter servers backed by RocksDB."""
+"""sparseps server package: sharded gRPC parameter servers backed by RocksDB.
+
+Importing it gives numba a cache dir it can write, before any kernel is compiled: numba caches compiled kernels
+beside their source files (__pycache__) or, where the package is not writable, in the user's cache dir
+(~/.cache); a user with neither (a service account without a home, on a read-only install) got a RuntimeError
+at the first compile. Then NUMBA_CACHE_DIR is set to a dir of this user's under the temp dir, unless it is set.
+"""
+
+import os
+import tempfile
 
 __version__ = "0.1.0"
+
+
+def _writable(path: str) -> bool:
+    """Whether path, or the nearest of its parents that exists, is writable by this process."""
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return os.access(path, os.W_OK)
+
+
+def numba_cache_dir() -> str | None:
+    """The NUMBA_CACHE_DIR to set (None: numba's defaults can write, or the variable is set)."""
+    if "NUMBA_CACHE_DIR" in os.environ or _writable(os.path.dirname(os.path.abspath(__file__))):
+        return None
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if _writable(user_cache):
+        return None
+    return os.path.join(tempfile.gettempdir(), f"sparseps-numba-cache-{os.getuid()}")
+
+
+_cache_dir = numba_cache_dir()
+if _cache_dir is not None:
+    os.environ["NUMBA_CACHE_DIR"] = _cache_dir

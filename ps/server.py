@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,9 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 class Server:
-    """One shard: a Shard behind a gRPC server. `start()` returns the bound port."""
+    """One shard: a Shard behind a gRPC server. The port is bound (and the metrics port checked) before the data
+    dir is opened, so a server that cannot listen leaves the data dir as it was; `start()` serves and returns the
+    port."""
 
     def __init__(self, config: ServerConfig):
         if config.threads < 1:  # before anything is opened; ThreadPoolExecutor's own message names no setting
@@ -45,37 +48,51 @@ class Server:
         self._credentials = (
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
         )  # read before anything starts: a missing key file fails here, with its name
-        self.shard = Shard(config)
-        self.health = HealthServicer()
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
+        self.port = self._bind()
+        try:
+            if config.metrics_port:
+                check_port_free(config.host, config.metrics_port, "--metrics-port")
+            self.shard = Shard(config)
+        except BaseException:
+            self._grpc.stop(None)
+            raise
+        self.health = HealthServicer()
         self.metrics = ServerMetrics(self.shard) if config.metrics_port is not None else None
         self.metrics_port = None
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=config.max_message_bytes)
         add_to_server(servicer, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
-        self.port = None
 
-    def start(self) -> int:
+    def _bind(self) -> int:
         address = f"{self.config.host}:{self.config.port}"
+        hint = "is the port in use by another process, or the host not an address of this machine?"
         try:
             if self._credentials is not None:
-                self.port = self._grpc.add_secure_port(address, self._credentials)
+                port = self._grpc.add_secure_port(address, self._credentials)
             else:
-                self.port = self._grpc.add_insecure_port(address)
+                port = self._grpc.add_insecure_port(address)
         except RuntimeError as e:  # grpc raises this when the port is taken or the host is not an address
-            raise OSError(f"cannot listen on {address}: {e}") from None
-        if not self.port:
-            raise OSError(f"cannot listen on {address}")
+            raise OSError(f"cannot listen on {address} (--host, --port): {e}; {hint}") from None
+        if not port:
+            raise OSError(f"cannot listen on {address} (--host, --port): {hint}")
+        return port
+
+    def start(self) -> int:
         self._grpc.start()
         if self.metrics is not None:
             c = self.config  # the metrics port is guarded as the gRPC port is (ps.metrics)
             tls = (c.tls_cert, c.tls_key, c.tls_ca) if c.tls_cert else None
-            self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token)
+            try:
+                self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token)
+            except OSError as e:
+                self._grpc.stop(None)
+                raise OSError(f"cannot listen on {c.host}:{c.metrics_port} (--metrics-port): {e.strerror or e}") from e
             log.info("Prometheus metrics on %s://%s:%d/metrics%s", "https" if tls else "http", c.host,
                      self.metrics_port, " (bearer token required)" if self._token else "")  # fmt: skip
         for name in ("", SERVICE_NAME):
@@ -92,6 +109,17 @@ class Server:
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """OSError naming flag and the address unless host:port can be bound now (the port is released again)."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds it
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise OSError(f"cannot listen on {host}:{port} ({flag}): {e.strerror}; is the port in use?") from None
 
 
 def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None, tls_cert: str | None = None,

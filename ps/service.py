@@ -72,7 +72,9 @@ def _rpc(method):
             return reply
         except PsError as e:
             code = e.status
-            log.info("%s rejected: %s", method.__name__, e)
+            # a client's mistake is routine; damage on this server's disk (DATA_LOSS) or a failed write is not
+            level = logging.ERROR if e.status in ("DATA_LOSS", "INTERNAL") else logging.INFO
+            log.log(level, "%s rejected: %s", method.__name__, e)
             context.abort(grpc.StatusCode[e.status], clip(str(e)))
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
             code = "INTERNAL"

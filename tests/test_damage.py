@@ -160,6 +160,8 @@ def test_a_corrupt_sst_block_is_found_by_verify_and_a_pull_meeting_it_is_data_lo
     assert "failed with DATA_LOSS" in str(failed.value) and os.path.basename(sst) in str(failed.value)
     assert "INTERNAL" not in str(failed.value)
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
+    logged = [r for r in caplog.records if r.name == "ps.service" and "block checksum mismatch" in r.getMessage()]
+    assert logged and all(r.levelname == "ERROR" for r in logged), "the damage was not logged as an error"
 
 
 # ---- the journal ----------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
 from tests.conftest import crash
+from tests.server_process import ServerProcess
 
 
 @pytest.fixture
@@ -98,3 +99,13 @@ def test_a_manifest_cut_short_is_refused_without_deleting_the_files_it_lost(good
     with pytest.raises(StorageError, match=r"RocksDB holds no shard record.*MANIFEST.*Refusing to start"):
         Shard(ServerConfig(data_dir=path))
     assert {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".sst")} == before
+
+
+def test_a_data_dir_a_running_server_holds_is_refused_as_in_use(good_dir):
+    running = ServerProcess(good_dir)
+    try:
+        assert running.started(), running.output()
+        with pytest.raises(StorageError, match=r"is in use by another process .*is a server already running on it"):
+            Shard(ServerConfig(data_dir=good_dir))
+    finally:
+        running.stop()

@@ -15,3 +15,5 @@ import os
 
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")  # 2**4 cycles: BLAS threads sleep as soon as they are done
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import ps  # noqa: F401  (before numba is imported: a cache dir it can write, see ps/__init__.py)

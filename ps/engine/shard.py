@@ -101,7 +101,8 @@ class Shard:
                            read_threads=config.read_threads,
                            write_behind_bytes=self.memory.write_behind_bytes,
                            write_buffer_bytes=self.memory.write_buffer_bytes,
-                           index_in_cache=self.memory.bounded)  # fmt: skip
+                           index_in_cache=self.memory.bounded,
+                           shard=(config.shard_id, config.num_shards))  # fmt: skip
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
             from ps.engine.restore import check_restored

@@ -67,6 +67,11 @@ class MemoryPlan:
         return f"{head}: {parts}"
 
 
+def _size(n: int) -> str:
+    """A size as MiB, or as bytes below 1 MiB (which rounds to 0 MiB)."""
+    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n:,} bytes"
+
+
 def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan:
     """The plan for --memory-bytes and --cache-bytes (either may be None). ValueError, naming the parts, when
     --cache-bytes does not fit in --memory-bytes or --memory-bytes leaves the RAM tier under MIN_RAM_TIER_BYTES."""
@@ -85,14 +90,14 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
     if cache_bytes is not None:
         if cache_bytes > left:
             raise ValueError(
-                f"--cache-bytes {cache_bytes / MiB:,.0f} MiB does not fit in --memory-bytes {m / MiB:,.0f} MiB: "
+                f"--cache-bytes {_size(cache_bytes)} does not fit in --memory-bytes {_size(m)}: "
                 f"{detail} take {others / MiB:,.0f} MiB, leaving {max(left, 0) / MiB:,.0f} MiB for the RAM tier; "
                 "give a larger --memory-bytes or a smaller --cache-bytes (or leave it out: it takes what is left)"
             )
         left = cache_bytes
     elif left < MIN_RAM_TIER_BYTES:
         raise ValueError(
-            f"--memory-bytes {m / MiB:,.0f} MiB is too small: {detail} take {others / MiB:,.0f} MiB, leaving "
+            f"--memory-bytes {_size(m)} is too small: {detail} take {others / MiB:,.0f} MiB, leaving "
             f"{max(left, 0) / MiB:,.0f} MiB for the RAM tier (at least {MIN_RAM_TIER_BYTES / MiB:,.0f} MiB)"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,

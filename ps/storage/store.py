@@ -100,6 +100,17 @@ def _open_read_only(source: str, opts: Options | None = None) -> tuple[Rdict, li
     return Rdict(source, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only()), names
 
 
+def _identity(shard: tuple[int, int]) -> dict:
+    return {"shard_id": shard[0], "num_shards": shard[1], "num_slots": NUM_SLOTS}
+
+
+def _belongs_elsewhere(path: str, have: dict, want: dict) -> StorageError:
+    return StorageError(
+        f"data dir {path} belongs to {shard_name(have)}, but this server was started as shard {want['shard_id']} "
+        f"of {want['num_shards']}"
+    )
+
+
 def _lost_shard_record(in_file: dict) -> DataLossError:
     return DataLossError(
         f"{IDENTITY_FILE} says it is {shard_name(in_file)}, but RocksDB holds no shard record: RocksDB lost its "
@@ -109,14 +120,16 @@ def _lost_shard_record(in_file: dict) -> DataLossError:
     )
 
 
-def _check_shard_record_survived(path: str, opts: Options) -> None:
-    """The DataLossError of Store.check_identity for a RocksDB that lost its shard record, found by a read-only
-    open: a read-write open of a RocksDB whose MANIFEST lost its latest edits deletes every SST file the MANIFEST
-    no longer lists, so the refusal must come before it. A RocksDB that does not open read-only is left to the
-    read-write open to report."""
+def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int] | None) -> None:
+    """The refusals of Store.check_identity that a read-only open can find: the dir belongs to another shard
+    than `shard` (by shard.json), or RocksDB lost its shard record. A read-write open of a RocksDB whose MANIFEST
+    lost its latest edits deletes every SST file the MANIFEST no longer lists, so the refusal must come before
+    it. A RocksDB that does not open read-only is left to the read-write open to report."""
     in_file = read_json(os.path.join(path, IDENTITY_FILE), ("shard_id", "num_shards", "num_slots"))
     if in_file is None:
         return
+    if shard is not None and in_file != _identity(shard):
+        raise _belongs_elsewhere(path, in_file, _identity(shard))
     try:  # rocksdict raises plain Exception
         db, names = _open_read_only(path, opts)
     except Exception:
@@ -305,8 +318,9 @@ class Store:
                  direct_reads: bool = False, read_threads: int = 1,
                  write_behind_bytes: int = DEFAULT_WRITE_BEHIND_BYTES,
                  write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, index_in_cache: bool = False,
-                 mmap_reads: bool = False):  # fmt: skip
-        """read_threads: a multi_get of many keys is split over this many threads (RocksDB reads without
+                 mmap_reads: bool = False, shard: tuple[int, int] | None = None):  # fmt: skip
+        """shard: (shard_id, num_shards) this store is opened as, checked against the dir's shard.json before
+        RocksDB is opened read-write (check_identity checks the rest). read_threads: a multi_get of many keys is split over this many threads (RocksDB reads without
         Python's lock). write_behind_bytes: the bound of rows written in the background (put_rows(background=)).
         direct_reads, write_buffer_bytes, index_in_cache, mmap_reads: see rocksdb_options."""
         if os.path.exists(path) and not os.path.isdir(path):
@@ -328,13 +342,18 @@ class Store:
         self.path = path
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
         if "CURRENT" in entries and IDENTITY_FILE in entries:
-            _check_shard_record_survived(path, self._opts)
+            _check_shard_record_survived(path, self._opts, shard)
         try:  # rocksdict raises plain Exception
             existing = Rdict.list_cf(path, self._opts) if "CURRENT" in entries else []
             # Pass each column family's options explicitly: otherwise a reopen takes them from the OPTIONS file.
             cfs = dict.fromkeys(set(existing) | {META_CF}, self._opts)
             self._db = Rdict(path, self._opts, column_families=cfs)
         except Exception as e:
+            if "While lock file" in str(e):
+                raise StorageError(
+                    f"data dir {path} is in use by another process (RocksDB's LOCK file is held): is a server already "
+                    f"running on it? ({e})"
+                ) from e
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         self._meta = self._db.get_column_family(META_CF)
         self._write_opts = WriteOptions()
@@ -352,7 +371,7 @@ class Store:
         StorageError if the data dir belongs to another shard, if the two copies disagree, or if shard.json is
         there and RocksDB's copy is not (RocksDB lost its latest writes). A missing shard.json is written again
         from RocksDB's copy."""
-        want = {"shard_id": shard_id, "num_shards": num_shards, "num_slots": NUM_SLOTS}
+        want = _identity((shard_id, num_shards))
         file_path = os.path.join(self.path, IDENTITY_FILE)
         in_file = read_json(file_path, tuple(want))
         with self._rocksdb("reading the shard record"):
@@ -365,10 +384,7 @@ class Store:
             )
         have = in_db or in_file
         if have is not None and have != want:
-            raise StorageError(
-                f"data dir {self.path} belongs to {shard_name(have)}, but this server was started as shard "
-                f"{shard_id} of {num_shards}"
-            )
+            raise _belongs_elsewhere(self.path, have, want)
         if in_db is None and in_file is not None:
             raise _lost_shard_record(in_file)
         if in_db is None:

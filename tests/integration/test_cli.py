@@ -115,15 +115,19 @@ def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path):
     assert r.returncode == 2 and "belongs to shard 0 of 1" in r.stderr
 
 
-def test_a_taken_port_is_a_clear_error(tmp_path):
+def test_a_taken_port_is_a_clear_error_and_leaves_the_data_dir_alone(tmp_path):
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = run("-m", "ps", "--data-dir", str(tmp_path), "--port", str(port))
-    assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in r.stderr and "Traceback" not in r.stderr
+        r = run("-m", "ps", "--data-dir", str(tmp_path / "d"), "--port", str(port))
+        assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port} (--host, --port)" in r.stderr
+        assert "Traceback" not in r.stderr and not (tmp_path / "d").exists()
+        r = run("-m", "ps", "--data-dir", str(tmp_path / "d"), "--port", "0", "--metrics-port", str(port))
+        assert r.returncode == 2 and f"cannot listen on 127.0.0.1:{port} (--metrics-port)" in r.stderr
+        assert "Traceback" not in r.stderr and not (tmp_path / "d").exists()
 
 
 def test_two_servers_cannot_share_a_port(servers, tmp_path):
