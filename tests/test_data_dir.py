@@ -14,6 +14,8 @@ import pytest
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
+from ps.storage.sidefiles import MARK_FILE
+from ps.storage.verify import verify_data_dir
 from tests.conftest import crash
 from tests.server_process import ServerProcess
 
@@ -109,3 +111,43 @@ def test_a_data_dir_a_running_server_holds_is_refused_as_in_use(good_dir):
             Shard(ServerConfig(data_dir=good_dir))
     finally:
         running.stop()
+
+
+def test_a_journal_mark_deleted_after_a_flush_is_refused_unless_the_loss_is_accepted(good_dir):
+    os.remove(os.path.join(good_dir, MARK_FILE))  # RocksDB holds pushes up to a journal record: the mark was there
+    with pytest.raises(StorageError, match=r"journal mark .* is missing, though RocksDB holds the pushes up to "
+                                           r"journal record \d+ .*it was deleted.*Refusing to start"):  # fmt: skip
+        Shard(ServerConfig(data_dir=good_dir))
+    lines, damaged = verify_data_dir(good_dir)
+    assert damaged and any("DAMAGED journal: the journal mark" in line for line in lines), lines
+    Shard(ServerConfig(data_dir=good_dir, accept_journal_loss=True)).close()
+
+
+def test_verify_finds_journal_records_of_a_table_rocksdb_lost(tmp_path):
+    """RocksDB's write-ahead log cut short after the table was created and pushed to: the journal holds pushes to
+    a table RocksDB does not hold; start-up refuses, and verify must say so as well."""
+    live, path = str(tmp_path / "live"), str(tmp_path / "d")
+    shard = Shard(ServerConfig(data_dir=live))
+    shard.store.flush()  # the shard record in an SST file; what follows only in the write-ahead log
+    shard.create_table(TableConfig("t", 4))
+    shard.push("t", np.arange(50, dtype=np.uint64), np.ones((50, 4), np.float32))
+    shutil.copytree(live, path)  # the files as kill -9 would leave them
+    shard.close()
+    (wal,) = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".log") and os.path.getsize(
+        os.path.join(path, f))]  # fmt: skip
+    os.truncate(wal, 0)
+    with pytest.raises(StorageError, match="journal record 1 is a push to table 't', which RocksDB does not hold"):
+        Shard(ServerConfig(data_dir=path))
+    lines, damaged = verify_data_dir(path)
+    assert damaged and any("DAMAGED journal: record 1 is a push to table 't', which RocksDB" in x for x in lines), lines
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser to act as nobody")
+def test_verify_by_a_user_who_cannot_read_the_dir_is_an_error_not_damage(good_dir, tmp_path):
+    os.chmod(tmp_path, 0o755)
+    os.chmod(good_dir, 0o700)  # root's; nobody cannot read it
+    env = {"PATH": os.environ["PATH"], "HOME": "/nonexistent", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-m", "ps", "verify", good_dir],
+                       capture_output=True, text=True, env=env, cwd="/", timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "permission denied; run verify as the user the server runs as" in r.stderr, r
+    assert "DAMAGED" not in r.stdout

@@ -156,25 +156,27 @@ class Journal:
         if self.mark_path is not None:
             self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync)
 
-    def check(self, after_seq: int) -> tuple[int, str, str]:
+    def check(self, after_seq: int) -> tuple[int, str, str, dict[str, int]]:
         """Reads the journal as replay(after_seq) would, changing nothing. Returns (records after after_seq, why
-        replay would refuse to start or "", what replay would cut with a warning or "")."""
-        count, reader = 0, self._read(after_seq, False)
+        replay would refuse to start or "", what replay would cut with a warning or "", {table: the seq of the
+        first record of it read})."""
+        count, reader, tables = 0, self._read(after_seq, False), {}
         try:
             while True:
-                next(reader)
+                rec = next(reader)
+                tables.setdefault(rec.table, rec.seq)
                 count += 1
         except StopIteration as stop:
             last, mark, tail = stop.value
             level, text = self._tail_message(*tail, last, mark) if tail is not None else (0, "")
-            return count, "", text if level >= logging.WARNING else ""
+            return count, "", text if level >= logging.WARNING else "", tables
         except StorageError as e:
-            return count, str(e), ""
+            return count, str(e), "", tables
 
     def _read(self, after_seq: int, accept_loss: bool):
         """replay's reading: yields the records, checks them against the mark, cuts nothing; returns (the last
         seq read, the mark, (path, size, pos, data_end) of a torn end to cut or None)."""
-        mark = self._read_mark(accept_loss)
+        mark = self._read_mark(accept_loss, after_seq)
         last = expect = after_seq  # expect: the last record after after_seq yielded so far
         tail = None
         for i, (first, path) in enumerate(segs := self.segments()):
@@ -222,16 +224,24 @@ class Journal:
             self._lose(self._missing(expect + 1, mark, after_seq, mark, None), accept_loss)
         return last, mark, tail
 
-    def _read_mark(self, accept_loss: bool) -> int:
+    def _read_mark(self, accept_loss: bool, after_seq: int) -> int:
+        """The mark (0: none). A mark file that is unreadable, or missing while RocksDB holds pushes (after_seq >
+        0: every flush writes the mark first), is a loss: which records must be there is unknown."""
         if self.mark_path is None:
             return 0
+        unknown = ("Without the mark, which journal records must be there is unknown. Refusing to start; start with "
+                   "--accept-journal-loss to start without that check")  # fmt: skip
         try:
-            return read_mark(self.mark_path)
+            mark = read_mark(self.mark_path)
         except StorageError as e:
-            self._lose(JournalLossError(f"{e}. Without the mark, which journal records must be there is unknown. "
-                                        "Refusing to start; start with --accept-journal-loss to start without that "
-                                        "check"), accept_loss)  # fmt: skip
+            self._lose(JournalLossError(f"{e}. {unknown}"), accept_loss)
             return 0
+        if after_seq > 0 and not os.path.exists(self.mark_path):
+            self._lose(JournalLossError(
+                f"the journal mark {self.mark_path} is missing, though RocksDB holds the pushes up to journal record "
+                f"{after_seq} (each flush writes the mark first): it was deleted. {unknown}"
+            ), accept_loss)  # fmt: skip
+        return mark
 
     def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
         """The error for journal records lo..hi missing (resumes_in: the segment that holds the record after hi)."""

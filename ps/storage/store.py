@@ -787,9 +787,9 @@ class Store:
 def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
     verifying every block's checksum and caching none. Returns ({column family: (keys read, the damage that
-    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int}); if RocksDB does not
-    open, ({"": (0, why)}, None). Nothing is written."""
-    meta = {"shard": None, "flushed_seq": 0}
+    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "tables": names}); if
+    RocksDB does not open, ({"": (0, why)}, None). Nothing is written."""
+    meta = {"shard": None, "flushed_seq": 0, "tables": set()}
     try:
         db, names = _open_read_only(path, rocksdb_options(8 << 20))
     except Exception as e:
@@ -806,6 +806,8 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
                     count += 1
                     if name == META_CF and key in (b"shard", b"flushed_seq"):
                         meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
+                    elif name == META_CF and key.startswith(b"table/"):
+                        meta["tables"].add(key[len(b"table/") :].decode())
             except Exception as e:
                 damage = str(e)
             found[name] = (count, damage)

@@ -17,15 +17,24 @@ from ps.storage.journal import Journal
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name
 from ps.storage.store import verify_rocksdb
 
+AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
+
 
 def verify_data_dir(path: str) -> tuple[list[str], bool]:
     """(report lines, whether anything is damaged). StorageError if path is not a shard's data dir at all."""
     if not os.path.isdir(path):
+        try:
+            os.stat(path)
+        except PermissionError:
+            raise StorageError(f"cannot read {path}: permission denied; {AS_THE_SERVER}") from None
+        except FileNotFoundError:
+            raise StorageError(f"{path} does not exist") from None
         raise StorageError(f"{path} is not a directory")
     names = set(os.listdir(path))
     if not names & {"CURRENT", IDENTITY_FILE, MARK_FILE}:
         raise StorageError(f"{path} is not a shard's data dir: it holds no RocksDB CURRENT file, {IDENTITY_FILE} or "
                            f"{MARK_FILE}")  # fmt: skip
+    _check_readable(path)
     lines: list[str] = []
     damaged = False
 
@@ -50,7 +59,7 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
         lines.append("note    shard identity and journal: not checked against RocksDB, which cannot be read")
     else:
         _identity(path, meta["shard"], found, lines)
-        _journal(path, meta["flushed_seq"], found, lines)
+        _journal(path, meta["flushed_seq"], meta["tables"], found, lines)
     problems = sum(line.startswith("DAMAGED") for line in lines)
     lines.append(f"verify {path}: {f'{problems} damaged' if damaged else 'nothing damaged'}")
     return lines, damaged
@@ -76,13 +85,27 @@ def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:
         lines.append("note    shard identity: none recorded (a shard that never started)")
 
 
-def _journal(path: str, flushed_seq: int, found, lines: list[str]) -> None:
-    journal = Journal(os.path.join(path, "journal"), mark_path=os.path.join(path, MARK_FILE))
-    count, refusal, warning = journal.check(flushed_seq)
+def _check_readable(path: str) -> None:
+    """StorageError (not damage) if this user cannot read the dir or one of its files."""
+    for root, dirs, files in os.walk(path):  # a dir it cannot list is checked as an entry of its parent
+        for name in [root, *(os.path.join(root, f) for f in dirs + files)]:
+            if not os.access(name, os.R_OK | (os.X_OK if os.path.isdir(name) else 0)):
+                raise StorageError(f"cannot read {name}: permission denied; {AS_THE_SERVER}")
+
+
+def _journal(path: str, flushed_seq: int, tables: set[str], found, lines: list[str]) -> None:
+    mark_path = os.path.join(path, MARK_FILE)
+    journal = Journal(os.path.join(path, "journal"), mark_path=mark_path)
+    count, refusal, warning, pushed = journal.check(flushed_seq)
     if refusal:
         found(False, f"journal: {refusal}")
     else:
+        upto = "up to the journal mark" if os.path.exists(mark_path) else f"(no journal mark: {MARK_FILE} is absent)"
         found(True, f"journal: {count:,} records after record {flushed_seq} (RocksDB's flushed position), none "
-                    "missing up to the journal mark")  # fmt: skip
+                    f"missing {upto}")  # fmt: skip
+    for table, seq in sorted(pushed.items(), key=lambda item: item[1]):
+        if table not in tables:  # as start-up's replay refuses them (ps.engine.shard)
+            found(False, f"journal: record {seq} is a push to table {table!r}, which RocksDB does not hold: RocksDB "
+                         "lost its latest writes (its write-ahead log, *.log, deleted, cut short or damaged)")  # fmt: skip
     if warning:
         lines.append(f"note    journal: start-up would log: {warning}")
