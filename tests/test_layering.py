@@ -7,9 +7,9 @@ x`, relative, inside functions too), with no exemptions:
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
       engine      ps.engine.*   Table and Shard: one shard's state without gRPC; restore and export
-      process     ps.service, ps.server, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__
+      process     ps.service, ps.server, ps.health, ps.security, ps.metrics, ps.settings, ps.sizing, ps.__main__
 - only ps/storage/store.py imports RocksDB (rocksdict);
-- in ps/, only the process modules that speak gRPC (service, server, security) import grpc, and only they and
+- in ps/, only the process modules that speak gRPC (service, server, health, security) import grpc, and only they and
   the codec import the generated stubs (protos);
 - ps/ never imports worker/, tests/ or benchmarks/; worker/ never imports tests/ or benchmarks/;
 - worker/ imports only the pieces of ps/ that both sides share (WORKER_MAY_IMPORT).
@@ -35,8 +35,9 @@ FOUNDATION = {
     "ps.wire",
     "ps.codec",
 }
-PROCESS = {"ps.service", "ps.server", "ps.security", "ps.metrics", "ps.settings", "ps.sizing", "ps.__main__"}
-GRPC_USERS = {"ps.service", "ps.server", "ps.security"}
+PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.sizing",
+           "ps.__main__"}  # fmt: skip
+GRPC_USERS = {"ps.service", "ps.server", "ps.health", "ps.security"}
 STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.hashing", "ps.config", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",

@@ -61,7 +61,8 @@ MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a ro
 
 
 def _make_dirs(directory: str) -> list[str]:
-    """Creates directory and its missing parents; returns those it created, parents first. A directory that
+    """Creates directory and its missing parents; returns those it created, parents first (not those another
+    process made meanwhile: the shards of a checkpoint save into one directory at once). A directory that
     cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
     too long), CheckpointDirError for the others (no permission, a file in the way, a full disk)."""
     missing = []
@@ -72,7 +73,12 @@ def _make_dirs(directory: str) -> list[str]:
     created = []
     try:
         for d in reversed(missing):
-            os.mkdir(d)
+            try:
+                os.mkdir(d)
+            except FileExistsError:  # another shard of this checkpoint made it meanwhile: not ours to remove
+                if not os.path.isdir(d):
+                    raise
+                continue
             created.append(d)
     except OSError as e:
         _remove_dirs(created)
