@@ -38,7 +38,8 @@ from worker.launch_report import (
     merge_progress,
     parse_progress,
 )
-from worker.train import TrainConfig
+from worker.loop import LoopResult, _ProgressLines
+from worker.train import NOT_EVALUATED, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = "127.0.0.1:7"
@@ -164,7 +165,9 @@ def test_backends_one_per_worker_or_one_for_all():
         (["--create-tables-only"], "--create-tables-only is set by launch"),
         (["--metrics-o", "x.json"], "--metrics-out is launch's own flag: spell it out"),
         (["--epochz", "3"], "unrecognized arguments: --epochz 3"),
-        (["--epochs", "three"], "--epochs: invalid int value"),
+        (["--epochs", "three"], "--epochs: expected an integer, got 'three'"),
+        (["--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),
+        (["--learning-rate", "-1"], "--learning-rate: expected a number > 0"),
         (["--model", "gbdt"], "--model: invalid choice"),
     ],
 )
@@ -175,7 +178,7 @@ def test_train_flags_launch_sets_or_train_refuses_fail_before_anything_starts(fl
 
 def test_train_flags_of_train_pass():
     check_train_flags(
-        ["--model", "deepfm", "--epochs", "2", "--mode", "sync", "--hidden=16,8", "--learning-rate", "-1"]
+        ["--model", "deepfm", "--epochs", "2", "--mode", "sync", "--hidden=16,8", "--synthetic-interactions", "-1"]
     )
 
 
@@ -280,6 +283,21 @@ def test_merge_progress_against_sums_and_means():
     assert format_progress(merge_progress([c], 2)) == "progress: 0 examples, 0 examples/s, logloss 0.4000"
 
 
+def test_progress_lines_never_count_past_their_total_and_end_at_the_examples_trained(capsys):
+    """A worker's total is an estimate (its share of the lines, less the validation split's expected share)."""
+    lines = _ProgressLines(worker=0, total=90, every_s=0.0)
+    result = LoopResult()
+    for examples, final in ((50, False), (92, False), (92, True)):
+        result.examples = examples
+        lines.update(result, 0.5, started=0.0, extra={}, final=final)
+    reports = [parse_progress(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["examples"], r["total"]) for r in reports] == [(50, 90), (92, 92), (92, 92)]
+    early = _ProgressLines(worker=0, total=900, every_s=60.0)
+    result.examples = 300
+    early.update(result, 0.5, started=0.0, extra={}, final=True)  # stopped early: done at what it trained
+    assert parse_progress(capsys.readouterr().out)["total"] == 300
+
+
 def test_merged_progress_line_every_period_and_at_the_end():
     out = io.StringIO()
     progress = MergedProgress(2, bar=False, every_s=10.0, out=out)
@@ -321,7 +339,9 @@ def test_merge_metrics_and_summary():
     assert m == {"workers": 2, "backends": ["numpy", "torch"], "mode": "sync", "shards": 2, "train_examples": 400,
                  "train_seconds": 4.0, "examples_per_s": 100.0, **EVALUATION, "cache_hit_rate": pytest.approx(0.8),
                  "per_worker": workers}  # fmt: skip
-    assert "cache_hit_rate" not in merge_metrics([{"train_examples": 1, "train_seconds": 1.0}], ["numpy"], "a", {}, 1)
+    unevaluated = merge_metrics([{"train_examples": 1, "train_seconds": 1.0}], ["numpy"], "a", {}, 1)
+    assert "cache_hit_rate" not in unevaluated and "eval_auc" not in unevaluated
+    assert format_summary(unevaluated).splitlines()[1] == NOT_EVALUATED
     assert format_summary(m).splitlines() == [
         "launched 2 workers (numpy, torch; mode sync) on 2 shards: 400 examples in 4.0 s (the slowest worker): "
         "100 examples/s",
@@ -372,6 +392,21 @@ def test_a_job_of_fake_workers_merges_their_output_progress_and_metrics(fakes, t
         1,
     )
     assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
+def test_a_job_on_a_data_file_without_eval_data_is_not_evaluated_and_says_so(fakes, tmp_path, capsys):
+    """The training file's figures are no evaluation: launch scores --eval-data (evaluate_servers) or nothing."""
+    command, pids = fakes([{"metrics": {"train_examples": 20, "train_seconds": 1.0}, "action": "metrics"}])
+    out = tmp_path / "job.json"
+    args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress", "--metrics-out", str(out))
+    (tmp_path / "train.tsv").write_text("")  # checked to exist; the fake worker reads nothing
+    on_file = TrainConfig(servers=(SERVERS,), data=str(tmp_path / "train.tsv"))
+    rc = run_launch(args, rest, worker_command=command, train_config=lambda argv: on_file,
+                    evaluate=lambda cfg: pytest.fail("the training file evaluated as if held out"))  # fmt: skip
+    assert rc == 0
+    assert NOT_EVALUATED in capsys.readouterr().out
+    assert not {"eval_auc", "eval_logloss", "eval_examples"} & set(json.loads(out.read_text()))
+    assert_all_gone(pids, {"worker-0"})
 
 
 @pytest.mark.parametrize("action, how", [({"action": "exit", "code": 3}, "exited with code 3"),
@@ -462,7 +497,10 @@ def start_driver(fakes, tmp_path, grandchild: bool) -> tuple[subprocess.Popen, P
     command, pids = fakes([{"action": "sleep", "grandchild": grandchild}, {"action": "sleep"}])
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
-    proc = subprocess.Popen([sys.executable, str(driver), str(ROOT), *command], stdout=subprocess.DEVNULL)
+    temp = tmp_path / "temp"  # the launch's TMPDIR: where its metrics directory goes
+    temp.mkdir()
+    proc = subprocess.Popen([sys.executable, str(driver), str(ROOT), *command], stdout=subprocess.DEVNULL,
+                            env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
     wait_until(lambda: len(recorded_pids(pids)) == 2 + grandchild or proc.poll() is not None, 60, "the workers")
     assert proc.poll() is None, f"the launch exited with {proc.returncode}"
     return proc, pids
@@ -474,6 +512,7 @@ def test_ctrl_c_or_sigterm_stops_every_worker(fakes, tmp_path, signum, code):
     proc.send_signal(signum)
     assert proc.wait(timeout=60) == code
     assert_all_gone(pids, {"worker-0", "grandchild-0", "worker-1"})
+    assert os.listdir(tmp_path / "temp") == []  # its metrics directory removed
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

@@ -98,7 +98,7 @@ def test_local_shards_start_only_when_asked_for(capsys):
     code, err = worker(["train", "--servers", "127.0.0.1:5000", "--local-shards", "2", *TINY_RUN], capsys)
     assert code == 2 and "give --servers or --local-shards, not both" in err, err
     code, err = worker(["train", "--local-shards", "0", *TINY_RUN], capsys)
-    assert code == 2 and "--local-shards 0: expected an integer >= 1" in err, err
+    assert code == 2 and "argument --local-shards: expected an integer >= 1, got 0" in err, err
 
 
 @pytest.mark.parametrize("servers, entry", [("a:1,,b:2", "entry 1 ('')"), ("ps-0", "entry 0 ('ps-0')"),
@@ -214,12 +214,12 @@ def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, mess
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["train", "--local-shards", "1", "--batch-size", "0"], "--batch-size 0: expected an integer >= 1"),
-        (["train", "--local-shards", "1", "--embedding-dim", "0"], "--embedding-dim 0: expected an integer >= 1"),
-        (["train", "--local-shards", "1", "--num-workers", "0"], "--num-workers 0: expected an integer >= 1"),
-        (["train", "--local-shards", "1", "--timeout-s", "nan"], "--timeout-s nan: expected a number > 0"),
-        (["train", "--local-shards", "1", "--server-timeout", "-1"], "--server-timeout -1.0: expected a number >= 0"),
-        (["train", "--local-shards", "1", "--metrics-port", "70000"], "--metrics-port 70000: expected a port"),
+        (["train", "--local-shards", "1", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got 0"),
+        (["train", "--local-shards", "1", "--embedding-dim", "0"], "--embedding-dim: expected an integer >= 1, got 0"),
+        (["train", "--local-shards", "1", "--num-workers", "0"], "--num-workers: expected an integer >= 1, got 0"),
+        (["train", "--local-shards", "1", "--timeout-s", "nan"], "--timeout-s: expected a number > 0, got 'nan'"),
+        (["train", "--local-shards", "1", "--server-timeout", "-1"], "--server-timeout: expected a number >= 0, got '-1'"),
+        (["train", "--local-shards", "1", "--metrics-port", "70000"], "--metrics-port: expected an integer in 0..65535"),
         (["train", "--local-shards", "1", "--metrics-out", "/nonexistent-dir/m.json"],
          "--metrics-out /nonexistent-dir/m.json: its directory /nonexistent-dir does not exist"),
         (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:5000", "--hold-timeout-s", "nan"],

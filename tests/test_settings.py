@@ -66,6 +66,29 @@ def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, mess
         apply_defaults(server_parser(), argv, env)
 
 
+@pytest.mark.parametrize("env, toml, message", [
+    ({"PS_EPOCHS": "abc"}, "", r"environment variable PS_EPOCHS \(for --epochs\): expected an integer, got 'abc'"),
+    ({"PS_BATCH_SIZE": "-3"}, "", r"PS_BATCH_SIZE \(for --batch-size\): expected an integer >= 1, got -3"),
+    ({"PS_LEARNING_RATE": "-1"}, "", r"PS_LEARNING_RATE \(for --learning-rate\): expected a number > 0"),
+    ({}, "[train]\nbatch_size = 0\n", r"c.toml \[train\] 'batch_size' \(for --batch-size\): expected an integer >= 1"),
+    ({}, "dropout = 2.0\n", r"c.toml top level 'dropout' \(for --dropout\): expected a number >= 0 and <= 0.95"),
+])  # fmt: skip
+def test_bad_worker_values_name_their_source(tmp_path, env, toml, message):
+    argv = ["train"]
+    if toml:
+        (tmp_path / "c.toml").write_text(toml)
+        argv += ["--config", str(tmp_path / "c.toml")]
+    with pytest.raises(ValueError, match=message):
+        apply_defaults(worker_parser(), argv, env)
+
+
+def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse(worker_parser(), ["train", "--learning-rate", "-1"], {})
+    assert stopped.value.code == 2
+    assert "argument --learning-rate: expected a number > 0 and <= 1e+30, got '-1'" in capsys.readouterr().err
+
+
 def test_the_clis_take_settings_from_the_environment(tmp_path):
     env = {"PS_MODEL": "lr", "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000", "PS_NO_PROGRESS": "1",
            "PS_LOCAL_SHARDS": "2", "PS_RECIPE": "large", "PATH": "/usr/bin:/bin"}  # fmt: skip

@@ -55,7 +55,10 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
         {"l2": 300.0},
         0.7,
     )
-    assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1" in TrainConfig(local_shards=1).with_recipe(10)[1]
+    mlp_line = TrainConfig(local_shards=1, model="deepfm").with_recipe(10)[1]
+    assert "sparse ftrl 0.05 l2=300, dropout 0.7, dense l2 1, batch 256" in mlp_line
+    for no_mlp in ("lr", "fm"):  # no MLP: no dropout, no dense l2
+        assert "sparse ftrl 0.05 l2=300, batch 256" in TrainConfig(local_shards=1, model=no_mlp).with_recipe(10)[1]
     chosen, _ = TrainConfig(local_shards=1, optimizer="adagrad").with_recipe(10)
     assert (chosen.optimizer, chosen.learning_rate, chosen.optimizer_params) == ("adagrad", 0.02, {})
     assert (large.optimizer, large.learning_rate, large.dropout) == ("adagrad", 0.02, 0.0)
@@ -138,6 +141,8 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
         (dict(dropout=1.0), "--dropout 1.0: expected a number in"),
         (dict(l2=-1.0), "--l2 -1.0: expected a number in"),
         (dict(early_stop=-1), "--early-stop -1: expected an integer >= 0"),
+        (dict(learning_rate=-1.0), r"--learning-rate -1.0: expected a number > 0 and <= 1e\+30"),
+        (dict(dense_learning_rate=float("nan")), "--dense-learning-rate nan: expected a number > 0"),
         (dict(recipe="medium"), "--recipe 'medium' is unknown"),
         (dict(schema="s.toml"), "--schema needs --data"),
         (dict(validation_fraction=0.1, validation_data="v.csv"), "not both"),

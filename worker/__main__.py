@@ -11,8 +11,10 @@ from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
 from ps.settings import add_config_flag, apply_defaults
 from worker.cli_train import add_eval_parser, add_security_args, add_train_parser, run_eval, run_train
-from worker.flags import server_list
+from worker.flags import HelpFormatter, check_not_an_input, server_list
 from worker.launch import add_launch_parser, run_launch
+from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
+from worker.terminate import Terminated, sigterm_raises
 
 
 def _add_synth(sub) -> None:
@@ -21,10 +23,10 @@ def _add_synth(sub) -> None:
         help="write synthetic Criteo-format data with a planted model",
         description="Write rows of the synthetic generator: a Criteo-format file (label, 13 ints, 26 hex), or with "
         "--history a CSV with a multi-hot history column and, beside it, the schema that reads it (OUT.schema.toml).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--rows", type=int, default=100_000, help="rows to write")
     p.add_argument("--start", type=int, default=0, help="first row index (use a later range for eval data)")
     p.add_argument("--interactions", type=float, default=0.0, help="strength of the planted pairwise interactions")
     p.add_argument("--history", type=float, default=0.0, help="strength of a planted multi-hot history column")
@@ -33,7 +35,7 @@ def _add_synth(sub) -> None:
         action="store_true",
         help="the small-data regime: few rows over 10^5+ values, with interactions (overfits easily)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the generator: its planted model and its rows")
 
 
 def _add_schema(sub) -> None:
@@ -42,7 +44,7 @@ def _add_schema(sub) -> None:
         help="print a starting feature schema inferred from a data sample",
         description="Read the first rows of a data file and print a TOML feature schema for --schema: the label, "
         "numeric columns (log or standardized), multi-hot columns, categorical columns. Review it before training.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--data", required=True, help="a data file (.gz read through gzip)")
     p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
@@ -57,7 +59,7 @@ def _add_cluster_commands(sub) -> None:
         ("shrink", "run the tables' eviction rules (TTL, decayed score) on every shard; print how many ids went"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                           formatter_class=HelpFormatter)  # fmt: skip
         p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
         p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
         _add_server_timeout(p)
@@ -71,7 +73,7 @@ def _add_cluster_commands(sub) -> None:
     p = sub.add_parser("checkpoint", help=help_text, description=help_text[0].upper() + help_text[1:] + ". Pushes "
                        "wait (clients retry them) while the shards flush and checkpoint. DIR must lie inside the "
                        "servers' --checkpoint-root, under the same path here (one machine, or a shared volume).",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                       formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("action", choices=["save"], help="save: write a new checkpoint")
     p.add_argument("dir", help="a new directory for the checkpoint")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
@@ -88,7 +90,7 @@ def _add_cluster_commands(sub) -> None:
     p = sub.add_parser("export", help=help_text, description=help_text[0].upper() + help_text[1:] + " (optimizer "
                        "state left out), from a checkpoint taken first into OUT/checkpoint. --since STEP writes only "
                        "the rows pushed at clock step >= STEP: a delta for an online store.",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                       formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("out", help="output directory")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
@@ -108,8 +110,12 @@ def _add_server_timeout(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ps-worker", description="sparseps worker: train CTR models on parameter servers.")
-    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p = argparse.ArgumentParser(
+        prog="ps-worker",
+        description="sparseps worker: train CTR models on parameter servers.",
+        formatter_class=HelpFormatter,
+    )
+    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="what to log")
     sub = p.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_eval_parser(sub)
@@ -132,6 +138,7 @@ def _client(args):
                   tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, auth_token=token)  # fmt: skip
 
 
+_OUTPUTS = ("out", "metrics_out")  # the dests of the flags that name a file a command writes
 _POSITIVE = ("timeout_s", "hold_timeout_s", "rows")  # flags' dests whose value must be > 0
 _NOT_NEGATIVE = ("server_timeout", "since", "start")  # ... >= 0
 
@@ -145,6 +152,12 @@ def _check_numbers(args) -> None:
         positive = dest in _POSITIVE
         if not math.isfinite(value) or value < 0 or (positive and value == 0):
             raise ValueError(f"--{dest.replace('_', '-')} {value}: expected a number {'>' if positive else '>='} 0")
+
+
+def _check_config_not_written(args) -> None:
+    """ValueError when an output flag names the --config file (each command checks its other inputs)."""
+    for dest in _OUTPUTS:
+        check_not_an_input(f"--{dest.replace('_', '-')}", getattr(args, dest, None), {"--config": args.config})
 
 
 def _synth(args) -> int:
@@ -174,6 +187,7 @@ def _schema(args) -> int:
     from worker.schema_infer import infer_schema_text
 
     check_input_file("--data", args.data, "a data file")
+    check_not_an_input("--out", args.out, {"--data": args.data})
     if len(args.delimiter) != 1 or args.delimiter in '"\r\n':
         raise ValueError(f"--delimiter {args.delimiter!r}: expected one character other than a quote or a newline")
     text = infer_schema_text(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
@@ -283,18 +297,27 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:
-        _check_numbers(args)
-        if args.command == "launch":
-            return run_launch(args, rest)
-        commands = {"train": run_train, "eval": run_eval, "synth": _synth, "schema": _schema, "stats": _stats, "shrink": _shrink,
-                    "checkpoint": _checkpoint, "export": _export}  # fmt: skip
-        return commands[args.command](args)
+        with sigterm_raises():
+            return _run_command(args, rest)
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ps-worker: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("ps-worker: terminated", file=sys.stderr)
+        return TERMINATED_EXIT_CODE
+
+
+def _run_command(args, rest: list[str]) -> int:
+    _check_numbers(args)
+    _check_config_not_written(args)
+    if args.command == "launch":
+        return run_launch(args, rest)
+    commands = {"train": run_train, "eval": run_eval, "synth": _synth, "schema": _schema, "stats": _stats,
+                "shrink": _shrink, "checkpoint": _checkpoint, "export": _export}  # fmt: skip
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import zlib
 
+from ps.config import MAX_HYPERPARAMETER
 from ps.settings import add_config_flag, apply_defaults
-from worker.flags import server_list
+from worker.flags import HelpFormatter, integer, number, server_list
+from worker.recipe import LARGE, SMALL
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
+
+SECONDS = number(0, above=True)  # argparse types of the train and eval flags
+SECONDS_OR_0 = number(0)
+RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
 
 def _size(text: str) -> int:
@@ -36,31 +43,31 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "parameters live on the servers, so workers of either backend can train one model together. With "
         "--local-shards N instead of --servers it starts N server processes on 127.0.0.1 and stops them, with the "
         "model, at the end. Prints eval AUC / logloss / examples per second (and the oracle's, for synthetic data).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     where = p.add_argument_group("servers")
     where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
     where.add_argument(
-        "--local-shards", type=int, default=None,
+        "--local-shards", type=integer(1), default=None,
         help="instead of --servers: train on N throwaway shards started on 127.0.0.1 (the model goes with them)",
     )  # fmt: skip
-    where.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    where.add_argument("--timeout-s", type=SECONDS, default=d.timeout_s, help="deadline of every server call")
     add_security_args(p)
     where.add_argument(
         "--server-timeout",
-        type=float,
+        type=SECONDS_OR_0,
         default=d.server_timeout_s,
         help="how long to wait for a server that is down (retrying, and logging which one) before exiting with an error",
     )
-    add_data_args(p, d)
+    add_data_args(p, d, "train")
     work = p.add_argument_group("workers")
-    work.add_argument("--worker-id", type=int, default=None,
+    work.add_argument("--worker-id", type=integer(0), default=None,
                       help="this worker's index: it trains on its share of the data (default: $RANK, else 0)")  # fmt: skip
-    work.add_argument("--num-workers", type=int, default=None,
+    work.add_argument("--num-workers", type=integer(1), default=None,
                       help="workers sharing the data and the tables (default: $WORLD_SIZE, else 1)")  # fmt: skip
     work.add_argument(
         "--prefetch",
-        type=int,
+        type=integer(0),
         default=d.prefetch,
         help="batches whose rows are pulled ahead on a thread while one computes; rows the last pushes returned are laid over them, so training sees the rows a pull just before computing would (0: pull in the step)",
     )
@@ -78,11 +85,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         choices=list(MODES),
         help="how the workers agree: async, sync, ssp or geo (see the group's description in --help)",
     )
-    modes.add_argument("--staleness", type=int, default=None,
+    modes.add_argument("--staleness", type=integer(0), default=None,
                        help=f"ssp: steps a worker may run ahead of the slowest (default {DEFAULT_STALENESS})")  # fmt: skip
-    modes.add_argument("--geo-every", type=int, default=None,
+    modes.add_argument("--geo-every", type=integer(1), default=None,
                        help=f"geo: steps between pushes of the local rows' deltas (default {DEFAULT_GEO_EVERY})")  # fmt: skip
-    modes.add_argument("--barrier-timeout", type=float, default=d.barrier_timeout_s,
+    modes.add_argument("--barrier-timeout", type=SECONDS, default=d.barrier_timeout_s,
                        help="seconds a sync or ssp wait for another worker may last before the job stops")  # fmt: skip
     modes.add_argument("--job-id", default=None,
                        help="the job's id, the same for all its workers (sync and ssp with several workers; a "
@@ -93,7 +100,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     modes.add_argument("--dense", default=d.dense, choices=list(DENSE_PATHS),
                        help="ps: the MLP on the servers; allreduce: on each worker, gradients averaged with "
                        "torch.distributed (needs PyTorch; env:// rendezvous, as torchrun or `ps-worker launch` set it)")  # fmt: skip
-    modes.add_argument("--dense-staleness", type=int, default=None,
+    modes.add_argument("--dense-staleness", type=integer(0), default=None,
                        help="--dense ps: steps the MLP weights may lag, pushed and fetched on a background thread "
                        "(default 0: in the step, sent with the rows' push; not with --mode sync)")  # fmt: skip
     add_model_args(p, d)
@@ -105,7 +112,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
         "adagrad for large)",
     )
-    model.add_argument("--learning-rate", type=float, default=None,
+    model.add_argument("--learning-rate", type=RATE, default=None,
                        help="sparse optimizer step size (default: the recipe's, or 0.02 adagrad, 0.05 ftrl, 0.001 "
                        "adam, 0.01 sgd)")  # fmt: skip
     model.add_argument(
@@ -115,33 +122,35 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="server-side optimizer of the MLP",
     )
     model.add_argument(
-        "--dense-learning-rate", type=float, default=d.dense_learning_rate, help="dense optimizer step size"
+        "--dense-learning-rate", type=RATE, default=d.dense_learning_rate, help="dense optimizer step size"
     )
     model.add_argument(
         "--dense-sync-every",
-        type=int,
+        type=integer(1),
         default=d.dense_sync_every,
         help="push summed dense gradients and pull new MLP weights every k steps",
     )
     model.add_argument(
         "--l2",
-        type=float,
+        type=number(0, 1e6),
         default=None,
         help="lazy L2 of the sparse tables: a row's embedding decays by (1 - learning rate * l2) per clock step, "
         "applied by the servers when the row is next pushed (not with ftrl, which has its own; default: the recipe's)",
     )
-    model.add_argument("--dense-l2", type=float, default=None,
-                       help="L2 penalty on the MLP weights (default: the recipe's: 1 for small data, 0 for large)")  # fmt: skip
+    model.add_argument("--dense-l2", type=number(0, 1e6), default=None,
+                       help=f"L2 penalty on the MLP weights (default: the recipe's: {SMALL.dense_l2:g} for small data, "
+                       f"{LARGE.dense_l2:g} for large)")  # fmt: skip
     model.add_argument(
         "--dropout",
-        type=float,
+        type=number(0, 0.95),
         default=None,
-        help="dropout rate of the MLP's hidden units in training (default: the recipe's, 0)",
+        help=f"dropout rate of the MLP's hidden units in training (default: the recipe's: {SMALL.dropout:g} for "
+        f"small data, {LARGE.dropout:g} for large)",
     )
     fit = p.add_argument_group(
         "schedule and validation",
         "Unset flags here come from a recipe for the data's size: small data (under 1M training examples) "
-        "trains in batches of 256 for up to 20 epochs, validates on a 10%% split after each and stops after 2 "
+        "trains in batches of 256 for up to 20 epochs, validates on a 10% split after each and stops after 2 "
         "without improvement; large data trains one epoch in batches of 2048. The run prints its choice.",
     )
     fit.add_argument(
@@ -150,25 +159,30 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         choices=["auto", "small", "large"],
         help="auto: small or large by the number of training examples",
     )
-    fit.add_argument("--batch-size", type=int, default=None, help="examples per step (small: 256, large: 2048)")
     fit.add_argument(
-        "--epochs", type=int, default=None, help="passes over the training data, at most (small: 20, large: 1)"
+        "--batch-size", type=integer(1), default=None, help="examples per step (default: small: 256, large: 2048)"
+    )
+    fit.add_argument(
+        "--epochs",
+        type=integer(1),
+        default=None,
+        help="passes over the training data, at most (default: small: 20, large: 1)",
     )
     fit.add_argument(
         "--validation-fraction",
-        type=float,
+        type=number(0, 0.5),
         default=None,
-        help="share of the training examples held out to validate on (small: 0.1, large: 0)",
+        help="share of the training examples held out to validate on (default: small: 0.1, large: 0)",
     )
     fit.add_argument("--validation-data", default=None, help="a file to validate on instead of a split")
     fit.add_argument(
-        "--eval-every", type=int, default=d.eval_every, help="steps between validations (0: after every epoch)"
+        "--eval-every", type=integer(0), default=d.eval_every, help="steps between validations (0: after every epoch)"
     )
     fit.add_argument(
         "--early-stop",
-        type=int,
+        type=integer(0),
         default=None,
-        help="stop after this many validations without a better logloss (0: never; small: 2)",
+        help="stop after this many validations without a better logloss (0: never; default: small: 2, large: 0)",
     )
     model.add_argument(
         "--table-config", help="TOML file with table settings (optimizer and its parameters, initializer, weight "
@@ -183,7 +197,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     out.add_argument(
         "--metrics-port",
-        type=int,
+        type=integer(0, 65535),
         default=None,
         help="serve Prometheus metrics of the run at http://HOST:PORT/metrics, plain HTTP with no token (0: a free "
         "port; HOST: --metrics-host)",
@@ -198,10 +212,16 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                      help="instead of a bar, a line 'PROGRESS {json}' on stdout every 2 s (for `ps-worker launch`)")  # fmt: skip
 
 
-def add_data_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
+def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> None:
+    """The data flags of `train` or `eval` (command)."""
     data = p.add_argument_group("data")
-    data.add_argument("--data", help="training file (for eval: the evaluation file); .gz is read transparently")
-    data.add_argument("--eval-data", help="evaluation file, same format")
+    if command == "eval":
+        data.add_argument("--data", help="the training file, whose first lines give the schema (a csv header, "
+                          "libsvm's field count); scored when no --eval-data is given; .gz read transparently")  # fmt: skip
+        data.add_argument("--eval-data", help="the file to score, in the training file's format")
+    else:
+        data.add_argument("--data", help="training file; .gz is read transparently (without it: synthetic data)")
+        data.add_argument("--eval-data", help="a held-out file, same format, scored after training (the eval line)")
     data.add_argument(
         "--schema",
         default=None,
@@ -221,26 +241,28 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     )
     data.add_argument(
         "--libsvm-fields",
-        type=int,
+        type=integer(1),
         default=None,
         help="libsvm: the number of fields K (default: the feature count of the first line of --data; give the training file's K to eval)",
     )
     data.add_argument(
         "--max-bad-lines",
-        type=int,
+        type=integer(0),
         default=d.max_bad_lines,
         help="malformed lines skipped (and reported) before the run fails",
     )
     data.add_argument(
-        "--synthetic-rows", type=int, default=d.synthetic_rows, help="synthetic training rows (no --data)"
+        "--synthetic-rows", type=integer(1), default=d.synthetic_rows, help="synthetic training rows (no --data)"
     )
-    data.add_argument("--synthetic-eval-rows", type=int, default=d.synthetic_eval_rows, help="synthetic eval rows")
+    data.add_argument(
+        "--synthetic-eval-rows", type=integer(0), default=d.synthetic_eval_rows, help="synthetic eval rows"
+    )
     data.add_argument(
         "--synthetic-interactions", type=float, default=d.synthetic_interactions,
         help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
     )  # fmt: skip
     data.add_argument(
-        "--synthetic-history", type=float, default=d.synthetic_history,
+        "--synthetic-history", type=number(0, 1e3), default=d.synthetic_history,
         help="strength of a planted multi-hot history column (0 = no such column)",
     )  # fmt: skip
     data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
@@ -259,7 +281,9 @@ def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     model.add_argument(
         "--device", default=d.device, choices=["cpu", "cuda"], help="torch device (cuda needs --backend torch)"
     )
-    model.add_argument("--embedding-dim", type=int, default=d.embedding_dim, help="embedding (FM latent) floats per id")
+    model.add_argument(
+        "--embedding-dim", type=integer(1), default=d.embedding_dim, help="embedding (FM latent) floats per id"
+    )
     model.add_argument("--hidden", default=",".join(map(str, d.hidden)), help="MLP hidden widths (deepfm, dnn)")
 
 
@@ -270,21 +294,22 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "eval",
         help="evaluate the model the servers hold",
-        description="Pull the rows and dense parameters the servers hold and report AUC and logloss on --data "
-        "(or on the synthetic eval rows). The model flags must be those the model was trained with.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Pull the rows and dense parameters the servers hold and report AUC and logloss on --eval-data, "
+        "else on --data (or, with neither, on the synthetic eval rows). The model and data flags must be those the "
+        "model was trained with.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="deadline of every server call")
+    p.add_argument("--timeout-s", type=SECONDS, default=d.timeout_s, help="deadline of every server call")
     p.add_argument(
         "--server-timeout",
-        type=float,
+        type=SECONDS_OR_0,
         default=d.server_timeout_s,
         help="how long to wait for a server that is down before exiting with an error",
     )
     add_security_args(p)
-    p.add_argument("--batch-size", type=int, default=2048, help="examples per pull")
-    add_data_args(p, d)
+    p.add_argument("--batch-size", type=integer(1), default=2048, help="examples per pull")
+    add_data_args(p, d, "eval")
     add_model_args(p, d)
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -416,11 +441,20 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def eval_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed `eval` arguments: --eval-data alone also stands for --data (the file whose first
+    lines give the schema)."""
+    cfg = TrainConfig(**common_config(args))
+    if cfg.data is None and cfg.eval_data is not None:
+        cfg = dataclasses.replace(cfg, data=cfg.eval_data)
+    return cfg
+
+
 def run_eval(args: argparse.Namespace) -> int:
     import json
 
-    from worker.train import TrainConfig, evaluate_servers, format_results
+    from worker.train import evaluate_servers, format_results
 
-    r = evaluate_servers(TrainConfig(**common_config(args)))
+    r = evaluate_servers(eval_config(args))
     print(json.dumps(r) if args.json else format_results(r), flush=True)
     return 0

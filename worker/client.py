@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Sequence
@@ -47,6 +48,19 @@ from ps.sharding import SlotMap
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 log = logging.getLogger("worker.client")
+
+
+def _why_not_ready(address: str, timeout_s: float = 1.0) -> str:
+    """A hint for a server whose gRPC channel did not become ready: "" when no TCP connection can be made there
+    (nothing listens: the server is down), else that something listens but does not speak gRPC as expected."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError):
+        return ""
+    return ("; something listens there, but it did not answer as a sparseps server (gRPC): it may be another "
+            "service's port (HTTP, a metrics endpoint), or the server's TLS setting differs from --tls-ca")  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
@@ -195,6 +209,7 @@ class Client:
             except grpc.FutureTimeoutError:
                 raise ServerUnavailableError(
                     f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
+                    + _why_not_ready(self.servers[i])
                 ) from None
         for i, stats in enumerate(self.stats()):
             if (stats.shard_id, stats.num_shards) != (i, len(self.servers)):

@@ -146,7 +146,14 @@ class LocalCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
-        self.start()
+        """start(); interrupted (Ctrl-C, SIGTERM), it cleans up as __exit__ would. A shard that fails to start
+        leaves the root, whose shard log the error names."""
+        try:
+            self.start()
+        except BaseException as e:
+            if not isinstance(e, Exception):  # KeyboardInterrupt, worker.terminate.Terminated
+                self.cleanup()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

@@ -151,14 +151,21 @@ def _bisect(lines: list[tuple[int, bytes]], name: str, problems: list[tuple[int,
 
 
 def _shape_problem(line: bytes) -> str | None:
-    """What is wrong with a line's column count or label (worded as parse_lines words it), or None."""
+    """What is wrong with a line's column count or label (worded as parse_lines words it, with a hint for a line
+    that looks like CSV), or None."""
     body = line[:-1]  # the line ends with "\n"
     if body.endswith(b"\r"):
         body = body[:-1]
     columns = body.count(b"\t") + 1
     if columns != NUM_COLUMNS:
-        return f"{columns} tab-separated columns, expected {NUM_COLUMNS}"
+        hint = " (it looks comma-separated: --format csv reads a CSV file with a header)" if _csv_like(body) else ""
+        return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
     label = body[: body.index(b"\t")].rstrip(b"\0")  # numpy's bytes arrays drop trailing NULs
     if label not in (b"0", b"1"):
         return f"label {_text(label)!r}, expected '0' or '1'"
     return None
+
+
+def _csv_like(body: bytes) -> bool:
+    """Whether a line that is not Criteo TSV looks like a CSV line: commas, no tabs."""
+    return b"," in body and b"\t" not in body

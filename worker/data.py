@@ -4,6 +4,8 @@
     validation()  the validation set, in memory: --validation-data (read whole), or the examples the split
                   selected from this worker's share, at most max_validation examples
     eval()        the evaluation batches: --eval-data, or the synthetic eval rows; none otherwise
+    check_eval()  reads --eval-data once before training (a malformed line fails the run before anything is
+                  trained), keeping its batches for eval() when it holds at most max_validation examples
 
 The split: the k-th example of this worker's share (counting good examples from 0, in file order) is a
 validation example when mix64(k ^ VALIDATION_SALT) < fraction * 2**64. The same examples are picked on every
@@ -89,6 +91,7 @@ class DataSource:
                             cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
+        self._eval: list[Batch] | None = None  # --eval-data's batches, once check_eval has kept them
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
@@ -107,6 +110,10 @@ class DataSource:
         size = batch_size or self.batch_size
         return read_batches(path, self.schema, size, worker_id=worker_id, num_workers=num_workers,
                             max_bad_lines=c.max_bad_lines, stats=stats)  # fmt: skip
+
+    def read_whole(self, path: str) -> Iterator[Batch]:
+        """Every example of a file (not this worker's share), through the schema."""
+        return self._read(path, 0, 1)
 
     def _share(self) -> Iterator[Batch]:
         """This worker's examples, before the split."""
@@ -156,9 +163,25 @@ class DataSource:
         if self.synthetic is not None:
             rows = self.cfg.synthetic_rows
             return self.synthetic.batches(self.batch_size, rows, rows + self.cfg.synthetic_eval_rows)
+        if self._eval is not None:
+            return iter(self._eval)
         if self.cfg.eval_data:
-            return self._read(self.cfg.eval_data, 0, 1)
+            return self.read_whole(self.cfg.eval_data)
         return iter(())
+
+    def check_eval(self) -> None:
+        """Reads --eval-data (if given) through the schema, so that a malformed line (past --max-bad-lines) fails
+        now rather than after training; keeps the batches for eval() when they hold at most max_validation
+        examples (a larger file is read again by eval())."""
+        if self.synthetic is not None or not self.cfg.eval_data:
+            return
+        kept: list[Batch] = []
+        examples = 0
+        for batch in self.read_whole(self.cfg.eval_data):
+            examples += len(batch)
+            if examples <= self.max_validation:
+                kept.append(batch)
+        self._eval = kept if examples <= self.max_validation else None
 
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""

@@ -9,7 +9,8 @@
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
                     rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
-      5. all exit 0: the model evaluated once on the servers; a summary printed, --metrics-out written
+      5. all exit 0: the model evaluated once on the servers, on --eval-data or the synthetic eval rows (a job on
+         --data without --eval-data is not: no held-out file); a summary printed, --metrics-out written
 Failure: a worker exits non-zero or is killed: the others get SIGTERM, SIGKILL after the grace period (10 s), the
 local shards stop, the failed worker's exit code and last lines are printed, exit 1. Ctrl-C: the same, exit 130
 (SIGTERM to launch: exit 143). Each worker runs in its own process group (a terminal's Ctrl-C reaches launch
@@ -40,8 +41,10 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from worker.flags import check_output_file, server_list
+from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics, parse_progress
+from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
+from worker.terminate import Terminated, sigterm_raises
 
 BACKENDS = ("numpy", "torch")
 GRACE_S = 10.0  # SIGTERM to SIGKILL
@@ -74,7 +77,8 @@ def add_launch_parser(subparsers: Any) -> None:
         "Output lines come as '[worker i] ...'; progress is one merged bar (or a line every 10 s).\n"
         "If a worker fails (or on Ctrl-C) the others get SIGTERM, then SIGKILL after 10 s, local shards stop,\n"
         "the failed worker's exit code and last lines are printed, and launch exits 1 (Ctrl-C: 130).\n"
-        "At the end the model is evaluated once on the servers and a summary printed (and --metrics-out written).",
+        "At the end the model is evaluated once on the servers, on --eval-data (or the synthetic eval rows; not\n"
+        "without --eval-data when training on --data), and a summary printed (and --metrics-out written).",
         epilog="example: ps-worker launch --workers 4 --backends numpy,numpy,torch,torch --local-shards 2 "
         "--mode sync --model deepfm --synthetic-rows 200000",
     )
@@ -180,6 +184,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError("the train flags were refused (see the message above)") from None
     for backend in sorted(set(backends)):
         dataclasses.replace(cfg, backend=backend).validate()
+    check_not_an_input("--metrics-out", args.metrics_out, {**cfg.input_files(), "--config": config})
     log_level = getattr(args, "log_level", None)
     return LaunchPlan(
         workers=args.workers, backends=backends, servers=servers, local_shards=args.local_shards,
@@ -344,26 +349,6 @@ class WorkerGroup:
                     p.stdout.close()  # (a process outside the group keeps the pipe open: its thread, a daemon, stays)
 
 
-class _Terminated(Exception):
-    """SIGTERM reached launch."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_terminated(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @contextlib.contextmanager
 def _servers(plan: LaunchPlan) -> Iterator[list[str]]:
     """The plan's servers, or its local shards started (and stopped on the way out)."""
@@ -389,14 +374,14 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
     plan = plan_launch(args, passthrough, train_config)
     program = list(worker_command) if worker_command is not None else [sys.executable, "-m", "worker"]
     try:
-        with _sigterm_raises():
+        with sigterm_raises():
             return _run(plan, program, evaluate, grace_s, progress_every_s)
     except KeyboardInterrupt:
         print("ps-worker launch: interrupted; the workers were stopped", file=sys.stderr)
         return 130
-    except _Terminated:
+    except Terminated:
         print("ps-worker launch: terminated; the workers were stopped", file=sys.stderr)
-        return 143
+        return TERMINATED_EXIT_CODE
 
 
 def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] | None, grace_s: float,
@@ -427,9 +412,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 return 1
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=plan.backends[0], metrics_out=None)  # fmt: skip
-            if evaluate is None:
-                from worker.train import evaluate_servers as evaluate
-            evaluation = evaluate(cfg)
+            evaluation = final_evaluation(cfg, evaluate)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)
@@ -440,6 +423,17 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         return 0
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None) -> dict:
+    """The job's figures on its eval set: evaluate(cfg) (default: worker.train.evaluate_servers) on --eval-data,
+    or on the synthetic eval rows without --data; {} for a job on --data without --eval-data, which has no
+    held-out file to score (format_summary says so)."""
+    if cfg.data is not None and cfg.eval_data is None:
+        return {}
+    if evaluate is None:
+        from worker.train import evaluate_servers as evaluate
+    return evaluate(cfg)
 
 
 def _report_failure(worker: int, code: int, tail: Sequence[str]) -> None:

@@ -9,8 +9,9 @@ PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; r
     its hits did not pull (geo: the share of rows read locally). A line that does not parse is output.
 --metrics-out (one JSON object):
     {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
-     "train_seconds": the longest worker's, "examples_per_s": train_examples / train_seconds, "eval_auc",
-     "eval_logloss", "eval_examples", ["oracle_auc", "oracle_logloss": synthetic data], ["cache_hit_rate":
+     "train_seconds": the longest worker's, "examples_per_s": train_examples / train_seconds, ["eval_auc",
+     "eval_logloss", "eval_examples": on --eval-data or the synthetic eval rows; absent when the job had no eval
+     set], ["oracle_auc", "oracle_logloss": synthetic data], ["cache_hit_rate":
      examples-weighted mean of the workers' that report one, "cache_bytes_saved": their sum], "per_worker":
      [worker i's --metrics-out object]}
 """
@@ -177,12 +178,12 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
 
 def format_summary(m: dict) -> str:
     """merge_metrics's figures as lines, as format_results (worker/train.py) writes a worker's."""
-    from worker.train import eval_lines, oracle_lines
+    from worker.train import NOT_EVALUATED, eval_lines, oracle_lines
 
     lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
              f"shards: {m['train_examples']:,} examples in {m['train_seconds']:.1f} s (the slowest worker): "
              f"{m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
-    lines += eval_lines(m) + oracle_lines(m)
+    lines += (eval_lines(m) or [NOT_EVALUATED]) + oracle_lines(m)
     if "cache_hit_rate" in m:
         lines.append(f"cache  hit rate {m['cache_hit_rate']:.3f} (examples-weighted over the workers)")
     return "\n".join(lines)

@@ -17,8 +17,10 @@ evaluation comes back at the end: at each new best the worker copies the rows of
 dense parameters (BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state
 stays as it is). Ids first trained after the best keep their values. When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it; an error
-does not, so the other workers of a sync or ssp job stop at their deadline, naming this one. The training time
-(examples/s) leaves out the evaluations.
+does not, so the other workers of a sync or ssp job stop at their deadline, naming this one. A ValueError
+raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
+out as TrainingDataError, which says how many steps had pushed by then. The training time (examples/s) leaves out
+the evaluations.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +157,23 @@ class BestModel:
         return True
 
 
+class TrainingDataError(ValueError):
+    """A ValueError raised while the training batches were read and prepared (a malformed line, most often), after
+    `steps` steps of `examples` examples had pushed their updates to the tables."""
+
+    def __init__(self, message: str, steps: int, examples: int):
+        super().__init__(message)
+        self.steps, self.examples = steps, examples
+
+
+def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
+    """batches, with a ValueError their iterator raises re-raised as TrainingDataError (steps so far)."""
+    try:
+        yield from batches
+    except ValueError as e:
+        raise TrainingDataError(str(e), result.steps, result.examples) from e
+
+
 class _Prepared:
     __slots__ = ("step", "batch", "tids", "rows")
 
@@ -174,7 +193,8 @@ class _ProgressLines:
         if not final and now - self.last < self.every_s:
             return
         self.last = now
-        line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": self.total,
+        total = result.examples if final else max(self.total, result.examples)  # the total was an estimate
+        line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": total,
                 "logloss": None if math.isnan(logloss) else round(logloss, 5),
                 "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
         print("PROGRESS " + json.dumps(line), flush=True)
@@ -247,7 +267,7 @@ def run_epochs(
         source.start_epoch()
         batches = prefetched(train_batches(), prepare, s.prefetch)
         try:
-            for _, item in batches:
+            for _, item in _read_errors_named(batches, result):
                 batch, tids = item.batch, item.tids
                 rows = source.rows(item.step, tids, item.rows)
                 if best_model is not None:

@@ -41,6 +41,7 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
         return "\n".join(lines) + "\n"
     header, rows = read_csv_sample(path, delimiter, sample_rows)
+    _check_not_tab_separated(path, header, delimiter)
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     label = next((h for h in header if h.lower() in LABEL_NAMES and _is_binary(columns[h])), None)
     label = label or next((h for h in header if _is_binary(columns[h])), None)
@@ -60,6 +61,15 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
         column, comment = _infer_column(name, h, columns[h])
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
     return "\n".join(lines) + "\n"
+
+
+def _check_not_tab_separated(path: str, header: list[str], delimiter: str) -> None:
+    """ValueError when the header is one column holding tabs: a tab-separated file read with another delimiter,
+    whose schema would be a label made of the whole first line."""
+    if delimiter != "\t" and len(header) == 1 and "\t" in header[0]:
+        raise ValueError(f"{path}: its first line has tabs and no {delimiter!r}: a tab-separated file? Give --format "
+                         "criteo for Criteo TSV (label, 13 ints, 26 hex; no header line), or --delimiter $'\\t' for a "
+                         "tab-separated file with a header line")  # fmt: skip
 
 
 def _floats(cells: list[str]) -> list[float] | None:

@@ -3,9 +3,12 @@
     train(cfg):  data = DataSource(cfg)                    # files through the schema, or synthetic data
                  recipe fills the flags left unset          # worker/recipe.py: small or large data
                  spec = ModelSpec(model, schema's fields, numeric features, hidden, dropout)
+                 read the validation set and --eval-data       # a malformed line fails here, before any server
                  create the tables (one per schema table, one per dense parameter) on the servers
                  run_epochs (worker/loop.py), evaluating the validation set as it goes
                  evaluate the eval set; results printed, and written to --metrics-out as JSON
+A malformed line of --data met while training fails the run; with --servers its message says that the servers
+hold the partly trained model.
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 """
@@ -26,15 +29,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.config import MAX_HYPERPARAMETER, InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
 from worker.dense import DenseSync
 from worker.dense import table_config as dense_table_config
-from worker.flags import check_input_file, check_output_file
-from worker.loop import LoopSettings, evaluate, run_epochs
-from worker.models.spec import DEFAULT_HIDDEN, MODEL_NAMES, ModelSpec
+from worker.flags import check_input_file, check_not_an_input, check_output_file
+from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
+from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
 from worker.steprows import row_source
 
@@ -168,6 +171,7 @@ class TrainConfig:
         check_input_file("--schema", self.schema, "a TOML feature schema (ps-worker schema --data FILE writes one)")
         check_input_file("--table-config", self.table_config, "a TOML file of table settings")
         check_output_file("--metrics-out", self.metrics_out)
+        check_not_an_input("--metrics-out", self.metrics_out, self.input_files())
         self._check_numbers()
         if not 0 <= self.worker_id < self.num_workers:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
@@ -178,6 +182,12 @@ class TrainConfig:
         if needs_servers and not self.servers and self.local_shards is None:
             raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
                              "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
+
+    def input_files(self) -> dict[str, str | None]:
+        """The files the run reads, by flag (None: not given)."""
+        return {"--data": self.data, "--eval-data": self.eval_data, "--validation-data": self.validation_data,
+                "--schema": self.schema, "--table-config": self.table_config, "--tls-ca": self.tls_ca,
+                "--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--auth-token-file": self.auth_token_file}  # fmt: skip
 
     def _check_numbers(self) -> None:
         """ValueError naming the flag of a count, a rate, a time or a port out of its range (NaN included)."""
@@ -206,6 +216,13 @@ class TrainConfig:
         for flag, value, low, high in ranges:
             if not (math.isfinite(value) and low <= value <= high):
                 raise ValueError(f"{flag} {value}: expected a number in [{low}, {high}]")
+        rates = [
+            ("--learning-rate", unset_or(self.learning_rate, 1.0)),
+            ("--dense-learning-rate", self.dense_learning_rate),
+        ]
+        for flag, value in rates:
+            if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
+                raise ValueError(f"{flag} {value}: expected a number > 0 and <= {MAX_HYPERPARAMETER:g}")
         if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
             raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0")
         if not (math.isfinite(self.barrier_timeout_s) and self.barrier_timeout_s > 0):
@@ -250,7 +267,7 @@ class TrainConfig:
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
                  ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
                  ("--early-stop", self.early_stop), ("--l2", self.l2)) if value is not None]  # fmt: skip
-        line = describe(r, examples, self.recipe == "auto")
+        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS)
         if given:
             line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
                                                          else f"{flag} {value}" for flag, value in given)  # fmt: skip
@@ -431,6 +448,9 @@ def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, Mo
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
     cfg, data, spec, recipe_line = prepare(cfg)
+    if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
+        data.validation()
+        data.check_eval()
     backend = make_backend(spec, cfg)
     tables_cfg = table_configs(cfg, spec, data.schema.table_overrides())
     own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
@@ -462,6 +482,8 @@ def train(cfg: TrainConfig) -> dict:
         try:
             loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
                               on_eval=lambda e: _say(format_evaluation(e), cfg), source=source)  # fmt: skip
+        except TrainingDataError as e:
+            raise ValueError(stopped_message(e, cfg)) from None
         finally:
             dense.close()
             if telemetry is not None:
@@ -505,6 +527,14 @@ def train(cfg: TrainConfig) -> dict:
     return results
 
 
+def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
+    """The error of a run that stopped on bad training data, saying what its pushes left on the servers."""
+    if not e.steps or cfg.local_shards:  # local shards go, with what was pushed to them
+        return str(e)
+    return (f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
+            "servers now hold a partly trained model")  # fmt: skip
+
+
 def _say(line: str, cfg: TrainConfig) -> None:
     """A line of the run's story on stdout (above the progress bar when there is one)."""
     if cfg.progress:
@@ -520,11 +550,12 @@ def format_evaluation(e: dict) -> str:
 
 
 def evaluate_servers(cfg: TrainConfig) -> dict:
-    """`ps-worker eval`: the AUC and logloss of the model the servers hold, on --data (or synthetic eval rows)."""
+    """`ps-worker eval` and launch's final evaluation: the AUC and logloss of the model the servers hold, on
+    --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema."""
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
     cfg, data, spec, _ = prepare(cfg, training=False)
     backend = make_backend(spec, cfg)
-    eval_batches = data.eval() if cfg.data is None else data._read(cfg.data, 0, 1)
+    eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         for t in table_configs(cfg, spec, data.schema.table_overrides()):
@@ -548,7 +579,7 @@ def format_results(r: dict) -> str:
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
                      f"{r['train_examples']:,} examples with {r['shards']} shards in {r['train_seconds']:.1f} s: "
                      f"{r['examples_per_s']:,.0f} examples/s")  # fmt: skip
-    lines += eval_lines(r)
+    lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "best_validation_auc" in r:
@@ -558,6 +589,9 @@ def format_results(r: dict) -> str:
                      f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
     lines += oracle_lines(r)
     return "\n".join(lines)
+
+
+NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
 
 
 def eval_lines(r: dict) -> list[str]:

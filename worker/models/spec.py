@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MODEL_NAMES = ("lr", "fm", "deepfm", "dnn")
+MLP_MODELS = ("deepfm", "dnn")  # the models with an MLP (hidden layers, dropout, dense L2)
 POOLINGS = ("sum", "mean", "sqrtn")
 DEFAULT_HIDDEN = (400, 400, 400)  # PaddleRec's Criteo DNN and DeepFM
 BIAS_FIELD = "_bias"  # the field every example carries, its one id the bias; it looks up the first table
@@ -138,7 +139,7 @@ class ModelSpec:
 
     @property
     def has_mlp(self) -> bool:
-        return self.name in ("deepfm", "dnn")
+        return self.name in MLP_MODELS
 
     @property
     def has_fm(self) -> bool:

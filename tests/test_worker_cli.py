@@ -1,0 +1,179 @@
+"""ps-worker's promises to its user, run in this process: the eval set is the one named, an output never replaces
+an input, bad input fails before anything is trained and says what to do, and --help tells the true defaults."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ps.errors import ServerUnavailableError
+from worker.__main__ import build_parser, main
+from worker.client import Client
+from worker.cluster import LocalCluster
+from worker.schema_infer import infer_schema_text
+from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.terminate import Terminated
+from worker.train import TrainConfig, evaluate_servers, prepare, train
+
+TRAIN_ROWS, TEST_ROWS = 600, 150
+
+
+@pytest.fixture
+def files(tmp_path):
+    """(train, test): Criteo files of TRAIN_ROWS and TEST_ROWS rows of one synthetic generator."""
+    train_path, test_path = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    cfg = SyntheticConfig(rows=TRAIN_ROWS)
+    write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
+    write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+    return str(train_path), str(test_path)
+
+
+def small_run(servers: list[str], data: str, **more) -> TrainConfig:
+    return TrainConfig(servers=tuple(servers), data=data, model="lr", recipe="large", batch_size=100, progress=False,
+                       server_timeout_s=0, **more)  # fmt: skip
+
+
+# --- the eval set --------------------------------------------------------------------------------------------------
+
+
+def test_eval_and_launchs_final_evaluation_score_eval_data_not_the_training_file(servers, files, capsys):
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    assert evaluate_servers(small_run(addresses, train_path, eval_data=test_path))["eval_examples"] == TEST_ROWS
+    assert evaluate_servers(small_run(addresses, train_path))["eval_examples"] == TRAIN_ROWS  # eval --data alone
+    capsys.readouterr()
+    for given in (["--data", train_path, "--eval-data", test_path], ["--eval-data", test_path]):
+        assert main(["eval", "--servers", addresses[0], "--model", "lr", *given]) == 0
+        out, err = capsys.readouterr()
+        assert f"({TEST_ROWS} examples)" in out, (given, out, err)
+
+
+# --- outputs never replace inputs ----------------------------------------------------------------------------------
+
+
+def test_an_output_flag_naming_an_input_file_is_refused_and_the_file_kept(tmp_path, files, capsys):
+    train_path, _ = files
+    before = Path(train_path).read_text()
+    (tmp_path / "link.tsv").symlink_to(train_path)
+    config = tmp_path / "c.toml"
+    config.write_text('[train]\nmodel = "lr"\n')
+    cases = [
+        (["schema", "--data", train_path, "--out", train_path], "--out .* is the file of --data"),
+        (["train", "--local-shards", "1", "--data", train_path, "--metrics-out", str(tmp_path / "link.tsv")],
+         "--metrics-out .*link.tsv is the file of --data"),
+        (["train", "--local-shards", "1", "--config", str(config), "--metrics-out", str(config)],
+         "--metrics-out .* is the file of --config"),
+        (["launch", "--workers", "1", "--local-shards", "1", "--data", train_path, "--metrics-out", train_path],
+         "--metrics-out .* is the file of --data"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert re.search(message, err) and "Traceback" not in err, (argv, err)
+    assert Path(train_path).read_text() == before and config.read_text() == '[train]\nmodel = "lr"\n'
+
+
+# --- bad data fails early, and says what it left ------------------------------------------------------------------
+
+
+def test_a_malformed_eval_data_line_fails_before_any_server_is_touched(files, tmp_path):
+    train_path, test_path = files
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(Path(test_path).read_text() + "1\t2\t3\n")
+    nowhere = small_run(["127.0.0.1:1"], train_path, eval_data=str(bad), timeout_s=1.0)  # no server listens there
+    with pytest.raises(ValueError, match=rf"bad.tsv line {TEST_ROWS + 1}: 3 tab-separated columns"):
+        train(nowhere)
+
+
+def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_trained_model(servers, files, tmp_path):
+    addresses, _ = servers(1)
+    train_path, _ = files
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(Path(train_path).read_text() * 20 + "1\t2\t3\n")  # past the reader's first chunks
+    with pytest.raises(ValueError, match=r"line 12001: .*pushed their updates: the servers now hold a partly trained"):
+        train(small_run(addresses, str(bad)))
+
+
+def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
+    csv_file = tmp_path / "my.csv"
+    csv_file.write_text("label,a,b\n1,x,y\n0,z,w\n")
+    with pytest.raises(ValueError, match=r"line 1: 1 tab-separated columns, expected 40 \(it looks comma-separated: "
+                       r"--format csv"):  # fmt: skip
+        prepare(TrainConfig(local_shards=1, data=str(csv_file)))
+    tsv_file = tmp_path / "my.tsv"
+    tsv_file.write_text("1\t2\t3\n0\t4\t5\n")
+    with pytest.raises(ValueError, match=r"its first line has tabs and no ',': .*--format criteo.*--delimiter"):
+        infer_schema_text(str(tsv_file))
+    assert 'delimiter = "\\t"' in infer_schema_text(str(tsv_file), delimiter="\t")
+
+
+def test_a_server_address_that_is_not_a_sparseps_server_says_so():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{httpd.server_address[1]}"
+        with (
+            Client([address], timeout_s=1.0, server_timeout_s=1.0) as client,
+            pytest.raises(ServerUnavailableError, match="it did not answer as a sparseps server"),
+        ):
+            client.wait_ready()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+# --- stopping -----------------------------------------------------------------------------------------------------
+
+
+def test_local_shards_interrupted_while_starting_are_stopped_and_their_root_removed(monkeypatch):
+    started = []
+
+    def spawn(self, shard_id, port=0):
+        started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE))  # fmt: skip
+        return started[-1]
+
+    def interrupted(self, shard_id, proc, deadline):
+        raise Terminated
+
+    monkeypatch.setattr(LocalCluster, "_spawn", spawn)
+    monkeypatch.setattr(LocalCluster, "_await_port", interrupted)
+    cluster = LocalCluster(1)
+    with pytest.raises(Terminated), cluster:
+        pytest.fail("the block must not run")
+    assert not os.path.exists(cluster.root)
+    assert started[0].poll() is not None
+
+
+# --- --help --------------------------------------------------------------------------------------------------------
+
+
+def command_help(command: str) -> str:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and command in a.choices)
+    return " ".join(sub.choices[command].format_help().split())  # one line: help wraps anywhere
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "synth", "schema", "stats", "shrink", "checkpoint", "export"])
+def test_help_states_each_default_once_and_no_argparse_placeholders(command):
+    text = command_help(command)
+    assert "(default: None)" not in text and "(default: )" not in text and "%%" not in text
+    assert "(default: False)" not in text
+    assert not re.search(r"default[^()]*\)\s*\(default:", text), text  # prose that gives a default, then argparse's
+
+
+def test_help_gives_the_recipes_dropout_and_the_synth_defaults():
+    train_help = command_help("train")
+    assert "(default: the recipe's: 0.7 for small data, 0 for large)" in train_help
+    assert "a 10% split" in train_help
+    synth_help = command_help("synth")
+    assert "rows to write (default: 100000)" in synth_help and "(default: 0)" in synth_help
+    assert "--table TABLE only this table (default: all) --" in command_help("shrink")
