@@ -8,12 +8,11 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Callable
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import ServerConfig
 from ps.errors import StorageError
-from ps.settings import add_config_flag, apply_defaults
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from ps.storage.memory import plan_memory
 
 
@@ -30,38 +29,6 @@ def parse_bytes(text: str) -> int:
     return size
 
 
-def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer in lowest..highest. argparse puts the flag before the message."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < lowest or (highest is not None and value > highest):
-            span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
-            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
-        return value
-
-    return parse
-
-
-def number(lowest: float, highest: float = math.inf) -> Callable[[str], float]:
-    """An argparse type: a finite number in lowest..highest."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not (math.isfinite(value) and lowest <= value <= highest):
-            span = f">= {lowest:g}" if highest == math.inf else f"in {lowest:g}..{highest:g}"
-            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
-        return value
-
-    return parse
-
-
 def seconds(text: str) -> float:
     """An argparse type: a finite number of seconds > 0."""
     try:
@@ -73,15 +40,20 @@ def seconds(text: str) -> float:
     return value
 
 
+COMMANDS = ("export", "size", "verify", "health")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
+        usage="ps-server --data-dir DIR [flags]  (run a shard)\n       ps-server {export,size,verify,health} ... "
+        "(see ps-server COMMAND --help)",
         description="Run one shard of a sparseps parameter server. Each shard owns a contiguous range of the "
         "16384 hash slots, keeps hot rows in RAM and all rows in RocksDB under --data-dir, and serves "
         "Pull/Push/CreateTable/DescribeTable/Stats plus the gRPC health service. "
         "`ps-server size --help`: how much RAM and disk a table needs; `ps-server verify DIR`: what is damaged in a "
         "data dir.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--port", type=integer(0, 65535), default=0, help="TCP port; 0 takes a free one and prints it")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all interfaces)")
@@ -178,12 +150,12 @@ def build_size_parser() -> argparse.ArgumentParser:
         prog="ps-server size",
         description="Print the RAM and disk a table needs, per id and per server, from the row layout the "
         "server uses (ps/rows/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--ids", type=number(1), required=True, help="number of distinct ids (1e9 is fine)")
     p.add_argument("--dim", type=integer(1), required=True, help="embedding dim")
     p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adagrad_rowwise, adam or ftrl")
-    p.add_argument("--servers", type=integer(1), default=1)
+    p.add_argument("--servers", type=integer(1), default=1, help="servers the table is sharded over")
     p.add_argument("--hot-fraction", type=number(0, 1), default=0.1, help="share of rows to keep in the RAM tier")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return p
@@ -209,7 +181,8 @@ def health_main(argv: list[str]) -> int:
     health checks; the shard asks no token for it, but TLS and mutual TLS apply)."""
     p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__)
     p.add_argument("address", help="host:port of the shard")
-    p.add_argument("--timeout-s", type=float, default=3.0)
+    p.add_argument("--timeout-s", type=number(0, above=True), default=3.0,
+                   help="seconds to wait for the answer before calling the shard unhealthy")  # fmt: skip
     p.add_argument("--tls-ca", default=None, help="PEM CA to verify the shard's certificate, if it serves TLS")
     p.add_argument("--tls-cert", default=None, help="PEM client certificate, if the shard requires one (mutual TLS)")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
@@ -285,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["health"]:
         return health_main(argv[1:])
     parser = build_parser()
+    if argv and not argv[0].startswith("-"):  # a mistyped command would otherwise be told to give --data-dir
+        parser.error(f"unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)}; without one, "
+                     "ps-server runs a shard (flags only)")  # fmt: skip
     try:
         apply_defaults(parser, argv, section="server")
     except ValueError as e:

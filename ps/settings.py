@@ -18,9 +18,10 @@ accept true/false, 1/0, yes/no. Positional arguments (a checkpoint dir) only com
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 CONFIG_ENV = "PS_CONFIG"
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
@@ -147,3 +148,50 @@ def settings_table(parser: argparse.ArgumentParser) -> list[tuple[str, str, str,
     """(flag, environment variable, default, help) of every settable flag, for documentation."""
     return [(_flag(a), env_name(d), repr(a.default) if a.default is not None else "", a.help or "")
             for d, a in _settable(parser).items()]  # fmt: skip
+
+
+# ---- argparse types and help of both CLIs (ps-server, ps-worker) --------------------------------------------
+def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in lowest..highest (argparse puts the flag before its message)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < lowest or (highest is not None and value > highest):
+            span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
+        return value
+
+    return parse
+
+
+def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in lowest..highest (above: lowest itself excluded)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        low_ok = value > lowest if above else value >= lowest
+        if not (math.isfinite(value) and low_ok and value <= highest):
+            low = f"{'>' if above else '>='} {lowest:g}"
+            span = low if highest == math.inf else f"{low} and <= {highest:g}"
+            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
+        return value
+
+    return parse
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each option's default appended, "(default: X)", unless the help already speaks of its
+    default, the default is None or empty (the help says what happens without the flag), or the option takes no
+    value (--json)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text.lower() or action.default in (None, "", argparse.SUPPRESS) or action.nargs == 0:
+            return action.help
+        return super()._get_help_string(action)

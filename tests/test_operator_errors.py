@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -238,10 +239,24 @@ def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, 
         (["--dim", "0"], "argument --dim: expected an integer >= 1, got 0"),
         (["--servers", "0"], "argument --servers: expected an integer >= 1, got 0"),
         (["--ids", "inf"], "argument --ids: expected a number >= 1, got 'inf'"),
-        (["--hot-fraction", "2"], "argument --hot-fraction: expected a number in 0..1, got '2'"),
+        (["--hot-fraction", "2"], "argument --hot-fraction: expected a number >= 0 and <= 1, got '2'"),
     ],
 )
 def test_size_checks_its_counts_and_names_the_flag(argv, message):
     r = subprocess.run([PY, "-m", "ps", "size", "--ids", "1e6", "--dim", "8", *argv], capture_output=True, text=True,
                        timeout=60)  # fmt: skip
     assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_a_mistyped_server_command_is_named_and_touches_nothing(tmp_path):
+    r = subprocess.run([PY, "-m", "ps", "verfy", str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "unknown command 'verfy': the commands are export, size, verify, health" in r.stderr
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("command", [[], ["size"], ["health"], ["verify"], ["export"]])
+def test_server_help_states_each_default_once(command):
+    r = subprocess.run([PY, "-m", "ps", *command, "--help"], capture_output=True, text=True, timeout=60)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "(default: None)" not in text and "(default: False)" not in text, text
+    assert not re.search(r"default[^()]*\)\s*\(default:", text), text

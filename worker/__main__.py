@@ -9,9 +9,9 @@ import sys
 
 from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
-from ps.settings import add_config_flag, apply_defaults
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults
 from worker.cli_train import add_eval_parser, add_security_args, add_train_parser, run_eval, run_train
-from worker.flags import HelpFormatter, check_not_an_input, server_list
+from worker.flags import check_not_an_input, server_list
 from worker.launch import add_launch_parser, run_launch
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises

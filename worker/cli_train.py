@@ -8,8 +8,8 @@ import os
 import zlib
 
 from ps.config import MAX_HYPERPARAMETER
-from ps.settings import add_config_flag, apply_defaults
-from worker.flags import HelpFormatter, integer, number, server_list
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from worker.flags import server_list
 from worker.recipe import LARGE, SMALL
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 

@@ -9,11 +9,9 @@ variable or config file key of a value they refuse.
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 _ADDRESS = re.compile(r"(\S+):(\d{1,5})")
 
@@ -79,49 +77,3 @@ def same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
-
-
-def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer in lowest..highest (argparse puts the flag before its message)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < lowest or (highest is not None and value > highest):
-            span = f">= {lowest}" if highest is None else f"in {lowest}..{highest}"
-            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {value}")
-        return value
-
-    return parse
-
-
-def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number in lowest..highest (above: lowest itself excluded)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        low_ok = value > lowest if above else value >= lowest
-        if not (math.isfinite(value) and low_ok and value <= highest):
-            low = f"{'>' if above else '>='} {lowest:g}"
-            span = low if highest == math.inf else f"{low} and <= {highest:g}"
-            raise argparse.ArgumentTypeError(f"expected a number {span}, got {text!r}")
-        return value
-
-    return parse
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """argparse's help with each option's default appended, "(default: X)", unless the help already speaks of its
-    default, the default is None or empty (the help says what happens without the flag), or the option takes no
-    value (--json)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        if "default" in text.lower() or action.default in (None, "", argparse.SUPPRESS) or action.nargs == 0:
-            return action.help
-        return super()._get_help_string(action)

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
+from ps.checkpoint import MANIFEST
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.jobs import JobClocks, Stamp, contribution
 from ps.engine.table import Table
@@ -102,6 +103,9 @@ class Shard:
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
+        if config.restore_dir and not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+            raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
+                               "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
         self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
                            direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
                            read_threads=config.read_threads,

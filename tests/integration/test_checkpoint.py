@@ -156,8 +156,9 @@ def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
         f.write(b"\xff\xff")
     with pytest.raises(StorageError, match=rf"shard-0/{sst} does not match its checksum"):
         Server(ServerConfig(data_dir=str(tmp_path / "r"), restore_dir=str(tmp_path / "ckpt")))
-    with pytest.raises(StorageError, match="is not a checkpoint"):
+    with pytest.raises(StorageError, match="is not a checkpoint: .* the data dir was not touched"):
         Server(ServerConfig(data_dir=str(tmp_path / "r2"), restore_dir=str(tmp_path)))
+    assert not (tmp_path / "r2").exists()
 
 
 def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
