@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -85,6 +86,9 @@ class Server:
 
     def start(self) -> int:
         self._grpc.start()
+        warning = exposure_warning(self.config.host, self._credentials is not None, self._token is not None)
+        if warning:
+            log.warning("%s", warning)
         if self.metrics is not None:
             c = self.config  # the metrics port is guarded as the gRPC port is (ps.metrics)
             tls = (c.tls_cert, c.tls_key, c.tls_ca) if c.tls_cert else None
@@ -109,6 +113,23 @@ class Server:
 
     def wait(self) -> None:
         self._grpc.wait_for_termination()
+
+
+def exposure_warning(host: str, tls: bool, token: bool) -> str | None:
+    """What a server listening on host says when others may reach it with neither TLS nor a token (None for a
+    loopback address, or when it has either)."""
+    if tls or token or host in ("localhost", "") or _is_loopback(host):
+        return None
+    return (f"listening on {host} with neither TLS nor a token: anyone who can reach this port can read and "
+            "overwrite every table; give --tls-cert/--tls-key and --auth-token-file (docs/security.md), or listen "
+            "on 127.0.0.1")  # fmt: skip
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: only its resolution would tell
+        return False
 
 
 def check_port_free(host: str, port: int, flag: str) -> None:

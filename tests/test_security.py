@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig, TableConfig
 from ps.errors import PsError, ServerUnavailableError
-from ps.server import Server
+from ps.server import Server, exposure_warning
 from worker.client import Client
 
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -192,3 +192,20 @@ def test_the_health_command_probes_a_mutual_tls_server_with_a_token(pki, start):
     assert wrong_name.returncode == 1 and "Traceback" not in wrong_name.stderr
     half = health_cli(address, *ca, "--tls-cert", str(pki / "client.pem"))
     assert half.returncode == 2 and "give both --tls-cert and --tls-key" in half.stderr
+
+
+@pytest.mark.parametrize("host, tls, token, warns", [
+    ("0.0.0.0", False, False, True),
+    ("10.1.2.3", False, False, True),
+    ("ps-0.example", False, False, True),
+    ("0.0.0.0", True, False, False),
+    ("0.0.0.0", False, True, False),
+    ("127.0.0.1", False, False, False),
+    ("[::1]", False, False, False),
+    ("localhost", False, False, False),
+])  # fmt: skip
+def test_a_server_others_may_reach_without_tls_or_token_says_so(host, tls, token, warns):
+    warning = exposure_warning(host, tls, token)
+    assert (warning is not None) == warns
+    if warns:
+        assert f"listening on {host} with neither TLS nor a token" in warning and "--auth-token-file" in warning
