@@ -298,6 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config.validate()
         logging.getLogger("ps.server").info(plan_memory(config.memory_bytes, config.cache_bytes).describe())
+        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        for flag, size in (("--memory-bytes", config.memory_bytes), ("--cache-bytes", config.cache_bytes)):
+            if size is not None and size > physical:
+                logging.getLogger("ps.server").warning(
+                    "%s %.1f GiB is more than this machine's %.1f GiB of RAM: the server will not be held to it, "
+                    "and the RAM tier may grow until the machine swaps or the kernel kills the server", flag,
+                    size / 2**30, physical / 2**30)  # fmt: skip
         if args.verify_on_start and os.path.isdir(args.data_dir) and os.listdir(args.data_dir):
             from ps.storage.verify import verify_data_dir
 

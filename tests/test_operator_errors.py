@@ -260,3 +260,12 @@ def test_server_help_states_each_default_once(command):
     text = " ".join(r.stdout.split())
     assert r.returncode == 0 and "(default: None)" not in text and "(default: False)" not in text, text
     assert not re.search(r"default[^()]*\)\s*\(default:", text), text
+
+
+def test_a_memory_bound_past_the_machines_ram_is_warned_of(tmp_path):
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", str(physical * 4)])
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"WARNING .*--memory-bytes [\d.]+ GiB is more than this machine's [\d.]+ GiB of RAM", r.stderr)
+    r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", "1G"])
+    assert r.returncode == 0 and "more than this machine's" not in r.stderr, r.stderr
