@@ -1,9 +1,14 @@
 """sparseps server package: sharded gRPC parameter servers backed by RocksDB.
 
-Importing it gives numba a cache dir it can write, before any kernel is compiled: numba caches compiled kernels
-beside their source files (__pycache__) or, where the package is not writable, in the user's cache dir
-(~/.cache); a user with neither (a service account without a home, on a read-only install) got a RuntimeError
-at the first compile. Then NUMBA_CACHE_DIR is set to a dir of this user's under the temp dir, unless it is set.
+Importing it sets two things before gRPC and numba load (unless the variables are set already):
+- GRPC_ENABLE_FORK_SUPPORT=false. With gRPC's fork support on (its default), a process with live channels that
+  starts a child through fork (subprocess.Popen with preexec_fn, as `ps-worker launch` starts its workers) has
+  gRPC restart its poller in the child, where Popen's closing of file descriptors makes it abort (SIGABRT) before
+  the exec: 5 of 150 such children here (grpc/grpc#43055). sparseps never uses gRPC in a forked child.
+- NUMBA_CACHE_DIR, where numba's defaults cannot write: numba caches compiled kernels beside their source files
+  (__pycache__) or, where the package is not writable, in the user's cache dir (~/.cache); a user with neither
+  (a service account without a home, on a read-only install) got a RuntimeError at the first compile. Then it is
+  a dir of this user's under the temp dir.
 """
 
 import os
@@ -29,6 +34,7 @@ def numba_cache_dir() -> str | None:
     return os.path.join(tempfile.gettempdir(), f"sparseps-numba-cache-{os.getuid()}")
 
 
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 _cache_dir = numba_cache_dir()
 if _cache_dir is not None:
     os.environ["NUMBA_CACHE_DIR"] = _cache_dir

@@ -103,7 +103,9 @@ class Shard:
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
-        if config.restore_dir and not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+        new_dir = not os.path.isdir(config.data_dir) or not os.listdir(config.data_dir)
+        if config.restore_dir and new_dir and not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+            # before the new dir is made (a dir with data gets the refusals of check_restored and restore_into)
             raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
                                "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
         self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
