@@ -320,9 +320,10 @@ class Store:
                  write_buffer_bytes: int = DEFAULT_WRITE_BUFFER_BYTES, index_in_cache: bool = False,
                  mmap_reads: bool = False, shard: tuple[int, int] | None = None):  # fmt: skip
         """shard: (shard_id, num_shards) this store is opened as, checked against the dir's shard.json before
-        RocksDB is opened read-write (check_identity checks the rest). read_threads: a multi_get of many keys is split over this many threads (RocksDB reads without
-        Python's lock). write_behind_bytes: the bound of rows written in the background (put_rows(background=)).
-        direct_reads, write_buffer_bytes, index_in_cache, mmap_reads: see rocksdb_options."""
+        RocksDB is opened read-write (check_identity checks the rest). read_threads: a multi_get of many keys is
+        split over this many threads (RocksDB reads without Python's lock). write_behind_bytes: the bound of rows
+        written in the background (put_rows(background=)). direct_reads, write_buffer_bytes, index_in_cache,
+        mmap_reads: see rocksdb_options."""
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)

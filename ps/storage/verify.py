@@ -105,7 +105,8 @@ def _journal(path: str, flushed_seq: int, tables: set[str], found, lines: list[s
                     f"missing {upto}")  # fmt: skip
     for table, seq in sorted(pushed.items(), key=lambda item: item[1]):
         if table not in tables:  # as start-up's replay refuses them (ps.engine.shard)
-            found(False, f"journal: record {seq} is a push to table {table!r}, which RocksDB does not hold: RocksDB "
-                         "lost its latest writes (its write-ahead log, *.log, deleted, cut short or damaged)")  # fmt: skip
+            found(False, f"journal: record {seq} is a push to table {table!r}, which RocksDB does not hold: "
+                         "RocksDB lost its latest writes (its write-ahead log, *.log, deleted, cut short or "
+                         "damaged)")  # fmt: skip
     if warning:
         lines.append(f"note    journal: start-up would log: {warning}")
