@@ -131,11 +131,16 @@ def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int
     if shard is not None and in_file != _identity(shard):
         raise _belongs_elsewhere(path, in_file, _identity(shard))
     try:  # rocksdict raises plain Exception
-        db, names = _open_read_only(path, opts)
+        if META_CF not in Rdict.list_cf(path, opts):
+            raise _lost_shard_record(in_file)
+        # the meta column family alone: its write-ahead log records are replayed into memory, not every row's
+        db = Rdict(path, opts, column_families={META_CF: opts}, access_type=AccessType.read_only())
+    except DataLossError:
+        raise
     except Exception:
         return
     try:
-        raw = db.get_column_family(META_CF).get(b"shard") if META_CF in names else None
+        raw = db.get_column_family(META_CF).get(b"shard")
     except Exception:
         raw = b"unreadable: left to the read-write open"
     finally:
