@@ -204,6 +204,8 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--flush-interval-s", "nan"], {}, "argument --flush-interval-s: expected a number of seconds > 0"),
         (["--cache-bytes", "0"], {}, "argument --cache-bytes: expected a size of at least 1 byte"),
         (["--cache-bytes", "infG"], {}, "argument --cache-bytes: expected a size such as 512M or 2G"),
+        (["--cache-bytes", "1"], {}, "--cache-bytes 1 byte is less than any table can use"),
+        (["--cache-bytes", "20K"], {"PS_MEMORY_BYTES": "1G"}, "--cache-bytes 20,480 bytes is less than any table"),
     ],
 )
 def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, message, tmp_path):

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ps.rows.layout import layout_of
+from ps.storage import budget
+
 MiB = 1 << 20
 DEFAULT_RAM_TIER_BYTES = 2 << 30
 DEFAULT_BLOCK_CACHE_BYTES = 128 * MiB
@@ -69,12 +72,34 @@ class MemoryPlan:
 
 def _size(n: int) -> str:
     """A size as MiB, or as bytes below 1 MiB (which rounds to 0 MiB)."""
-    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n:,} bytes"
+    return f"{n / MiB:,.0f} MiB" if n >= MiB else f"{n:,} byte{'' if n == 1 else 's'}"
+
+
+def smallest_ram_tier_bytes() -> int:
+    """The least RAM tier any table can use: the floor of one table's share (ps.storage.budget) for the narrowest
+    row there is (dim 1, sgd)."""
+    return budget.min_share_bytes(layout_of(1, "sgd").ram_bytes)
+
+
+def check_ram_tier(cache_bytes: int) -> None:
+    """ValueError, saying what a table needs, when --cache-bytes is under what the narrowest table can use: such a
+    server would start and refuse every CreateTable."""
+    floor = smallest_ram_tier_bytes()
+    if cache_bytes < floor:
+        typical = budget.min_share_bytes(layout_of(16, "adagrad").ram_bytes)
+        raise ValueError(
+            f"--cache-bytes {_size(cache_bytes)} is less than any table can use: a table's RAM tier must hold "
+            f"{budget.MIN_SHARE_ROWS} rows ({_size(floor)} for the narrowest, dim 1 with sgd; {_size(typical)} for "
+            "dim 16 with adagrad, times the number of tables); give a larger --cache-bytes"
+        )
 
 
 def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan:
     """The plan for --memory-bytes and --cache-bytes (either may be None). ValueError, naming the parts, when
-    --cache-bytes does not fit in --memory-bytes or --memory-bytes leaves the RAM tier under MIN_RAM_TIER_BYTES."""
+    --cache-bytes does not fit in --memory-bytes or is under what any table can use (check_ram_tier), or
+    --memory-bytes leaves the RAM tier under MIN_RAM_TIER_BYTES."""
+    if cache_bytes is not None:
+        check_ram_tier(cache_bytes)
     if memory_bytes is None:
         return MemoryPlan(None, cache_bytes if cache_bytes is not None else DEFAULT_RAM_TIER_BYTES,
                           DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_WRITE_BUFFER_BYTES, DEFAULT_WRITE_BEHIND_BYTES,
