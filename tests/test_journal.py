@@ -431,3 +431,26 @@ def test_mapped_records_are_released_from_the_process_page_tables(mapped_dir, mo
     assert rss <= ahead + (1 << 20) + 8192 < _record_bytes(j) // 2, (rss, ahead, _record_bytes(j))
     j.close()
     assert [r.seq for r in _replayed(str(mapped_dir))] == list(range(1, 102))
+
+
+def test_a_damaged_last_record_the_mark_says_was_written_is_called_damage_not_a_torn_end(tmp_path):
+    """A crash tears only a record never acknowledged: past the mark. A last record the mark covers that fails
+    its checksum is damage, and the refusal says so (not "missing")."""
+    mark_path = str(tmp_path / "journal.mark")
+    j = Journal(str(tmp_path / "j"), mark_path=mark_path)
+    list(j.replay(0))
+    for seed in (1, 2, 3):
+        _push(j, 10, seed=seed)
+    j.close()
+    (path,) = [os.path.join(tmp_path / "j", f) for f in os.listdir(tmp_path / "j")]
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 5)  # inside the last record's clicks
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(JournalCorruptError, match=r"corrupt at byte \d+ .*where record 3 should be: the journal mark"):
+        list(Journal(str(tmp_path / "j"), mark_path=mark_path).replay(0))
+    accepted = Journal(str(tmp_path / "j"), mark_path=mark_path)
+    assert [r.seq for r in accepted.replay(0, accept_loss=True)] == [1, 2]
+    assert len(accepted.losses) == 1 and "where record 3 should be" in accepted.losses[0]
+    accepted.close()

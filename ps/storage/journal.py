@@ -179,6 +179,7 @@ class Journal:
         mark = self._read_mark(accept_loss, after_seq)
         last = expect = after_seq  # expect: the last record after after_seq yielded so far
         tail = None
+        whole = False  # whether the bad bytes at the torn end are as long as the record their header announces
         for i, (first, path) in enumerate(segs := self.segments()):
             with open(path, "rb") as f:
                 data = f.read()
@@ -207,6 +208,7 @@ class Journal:
                         ), accept_loss)  # fmt: skip
                     elif newest:
                         tail = (path, len(data), pos, data_end)
+                        whole = _holds_a_whole_record(data, pos, data_end)
                     break
                 pos = end
                 seg_last = rec.seq
@@ -221,8 +223,22 @@ class Journal:
                     expect = rec.seq
                     yield rec
         if expect < mark:
-            self._lose(self._missing(expect + 1, mark, after_seq, mark, None), accept_loss)
+            error = self._missing(expect + 1, mark, after_seq, mark, None)
+            self._lose(self._damaged_end(tail, expect + 1, mark) if whole else error, accept_loss)
         return last, mark, tail
+
+    def _damaged_end(self, tail: tuple[str, int, int, int], first: int, mark: int) -> JournalCorruptError:
+        """The error for a whole record at the end of the newest segment (tail: path, size, pos, data_end) that
+        fails its checks where the mark says records first..mark were written: damage, not a torn record (a cut
+        one, shorter than its header says, is a loss: _missing)."""
+        path, _size, pos, data_end = tail
+        more = f" (and {mark - first} written after it)" if mark > first else ""
+        return JournalCorruptError(
+            f"journal segment {path} is corrupt at byte {pos} ({data_end - pos} bytes there fail a record's checks), "
+            f"where record {first}{more} should be: the journal mark ({self.mark_path}) says records up to {mark} "
+            "were written, so that is damage, not the torn last record of a crash. Refusing to start; restore the "
+            "data dir, or start with --accept-journal-loss to go on without the pushes from there on"
+        )
 
     def _read_mark(self, accept_loss: bool, after_seq: int) -> int:
         """The mark (0: none). A mark file that is unreadable, or missing while RocksDB holds pushes (after_seq >
@@ -464,6 +480,14 @@ def _end_of_data(data: bytes, pos: int) -> int:
             return lo + int(nonzero[-1]) + 1
         end = lo
     return pos
+
+
+def _holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
+    """Whether data[pos:end] is at least as long as the record its header announces (a header of this format)."""
+    if end - pos < HEADER.size:
+        return False
+    magic, _seq, payload_len, _check = HEADER.unpack_from(data, pos)
+    return magic == MAGIC and end - pos >= HEADER.size + payload_len
 
 
 def _torn_tail(data: bytes, pos: int, end: int) -> bool:
