@@ -104,7 +104,8 @@ def flushed_then_killed(tmp_path_factory):
 
 @pytest.mark.parametrize("damage, message", [
     ("deleted", "shard.json says it is shard 0 of 1 .*but RocksDB holds no shard record"),
-    ("bytes flipped", "cannot open RocksDB at .*: Corruption"),
+    ("bytes flipped", r"RocksDB at .* is damaged and does not open: Corruption: .*write-ahead logs it replays at "
+                      r"open: \d+\.log \([\d,]+ bytes\)"),
     ("cut in half", r"journal records \d+\.\.30 .* are missing \(\d+ pushes, which may have been acknowledged\)"),
 ])  # fmt: skip
 def test_a_damaged_write_ahead_log_is_refused_and_the_identity_survives(flushed_then_killed, tmp_path, damage,
@@ -122,6 +123,11 @@ def test_a_damaged_write_ahead_log_is_refused_and_the_identity_survives(flushed_
     else:
         os.truncate(wal, size // 2)
     assert re.search(message, refusal(data_dir))
+    if damage == "bytes flipped":
+        report = verify(data_dir)
+        assert report.returncode == 1 and re.search(
+            r"DAMAGED RocksDB does not open: Corruption: .*\d+\.log", report.stdout
+        ), report.stdout + report.stderr
     if damage == "deleted":  # the identity survives the loss of RocksDB's copy
         other = ServerProcess(data_dir, shard=(1, 2)).refused()  # and ps-server says so, with no traceback
         assert "belongs to shard 0 of 1" in other and "started as shard 1 of 2" in other

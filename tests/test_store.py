@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -141,3 +143,11 @@ def test_every_memtable_keeps_a_bloom_filter_of_its_keys(tmp_path, bounded):
     for cf_section in cf_sections:
         assert "memtable_whole_key_filtering=true" in cf_section
         assert "memtable_prefix_bloom_size_ratio=0.020000" in cf_section
+
+
+def test_rocksdbs_own_text_logs_are_kept_to_a_few(tmp_path):
+    """Each open rotates RocksDB's LOG; a data dir keeps KEEP_INFO_LOGS of them, not one per start ever."""
+    for _ in range(store_module.KEEP_INFO_LOGS + 4):
+        Store(str(tmp_path)).close()
+    logs = [f for f in os.listdir(tmp_path) if f.startswith("LOG")]
+    assert len(logs) == store_module.KEEP_INFO_LOGS, logs

@@ -34,6 +34,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -175,6 +176,18 @@ def _error(path: str, doing: str, e: Exception) -> StorageError:
     )
 
 
+def _open_failure(path: str, e: Exception) -> str:
+    """rocksdict's error at open, with the write-ahead logs named where RocksDB reports damage without a file
+    (its "Corruption: checksum mismatch" of a damaged log record): an open reads the MANIFEST, named when it
+    is the one, and replays those logs."""
+    text = str(e)
+    if not text.startswith("Corruption") or re.search(r"MANIFEST|\.sst|\.log|/", text):
+        return text
+    logs = sorted(f for f in os.listdir(path) if f.endswith(".log"))
+    sizes = ", ".join(f"{f} ({os.path.getsize(os.path.join(path, f)):,} bytes)" for f in logs)
+    return f"{text} (in no file RocksDB names; the write-ahead logs it replays at open: {sizes or 'none'})"
+
+
 def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["id"].astype(np.uint64)
     packed = np.frombuffer(b"".join(values), dtype=value_dtype(width))
@@ -193,6 +206,7 @@ MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in p
 MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 BLOOM_BITS = 8  # per key of every file's filter: ~2% false positives; at 10^8 keys 100 MB of filters, not 125
 BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): well under 1%
+KEEP_INFO_LOGS = 8  # RocksDB's own text logs (LOG, LOG.old.*) kept in a data dir
 MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
 
 
@@ -271,6 +285,7 @@ def rocksdb_options(
     opts.set_block_based_table_factory(table_options(block_cache_bytes, index_in_cache))
     if index_in_cache:
         opts.set_optimize_filters_for_hits(True)  # see table_options
+    opts.set_keep_log_file_num(KEEP_INFO_LOGS)  # each open, a start's read-only check too, starts a new LOG
     opts.set_paranoid_checks(True)  # RocksDB refuses to open on the damage it can see (file sizes, the MANIFEST)
     # a torn last record in the write-ahead log is what a crash leaves; damage before it is refused, not dropped
     # with everything after it (the default, point-in-time recovery)
@@ -359,6 +374,11 @@ class Store:
                 raise StorageError(
                     f"data dir {path} is in use by another process (RocksDB's LOCK file is held): is a server already "
                     f"running on it? ({e})"
+                ) from e
+            if str(e).startswith("Corruption"):
+                raise DataLossError(
+                    f"RocksDB at {path} is damaged and does not open: {_open_failure(path, e)}. `ps-server verify "
+                    f"{path}` lists what is damaged; restore the dir from a backup or checkpoint"
                 ) from e
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         self._meta = self._db.get_column_family(META_CF)
@@ -799,7 +819,7 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     try:
         db, names = _open_read_only(path, rocksdb_options(8 << 20))
     except Exception as e:
-        return {"": (0, f"RocksDB does not open: {e}")}, None
+        return {"": (0, f"RocksDB does not open: {_open_failure(path, e)}")}, None
     read_opts = ReadOptions()
     read_opts.set_verify_checksums(True)
     read_opts.fill_cache(False)
