@@ -121,7 +121,8 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
     if path == base or os.path.commonpath([base, path]) != base:
         raise InvalidArgumentError(
             f"checkpoint dir {echo(requested)} resolves to {echo(path)}, not inside this server's checkpoint root "
-            f"{base}: give a new directory relative to the root, or absolute inside it"
+            f"{base}: give a new directory inside the root, as an absolute path or relative to the root in the "
+            "request (`ps-worker checkpoint save DIR` sends DIR made absolute from its own working directory)"
         )
     return path
 
