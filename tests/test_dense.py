@@ -69,7 +69,7 @@ PARAMS = [DenseParam("w", (2, STEPS), "glorot"), DenseParam("b", (1, STEPS), "ze
 class SgdTables:
     """Dense tables that start at zero and apply plain SGD with lr 1 (a push of g turns rows r into r - g),
     recording every push's gradients. A push waits for a permit of `gate` (if given) after a random delay of up
-    to delay_s, or raises `fail`."""
+    to delay_s, then raises `fail` (if given)."""
 
     def __init__(self, delay_s: float = 0.0, gate: threading.Semaphore | None = None, fail: Exception | None = None):
         self.rows = {table_name(p): np.zeros(p.shape, np.float32) for p in PARAMS}
@@ -83,12 +83,12 @@ class SgdTables:
 
     def push_many(self, items, advance_clock=0, return_rows=False, add_delta=False):
         assert return_rows and not add_delta and advance_clock == 0
-        if self.fail is not None:
-            raise self.fail
         self.started += 1
         time.sleep(self.rng.uniform(0, self.delay_s))
         if self.gate is not None:
             assert self.gate.acquire(timeout=10), "the test never released this push"
+        if self.fail is not None:
+            raise self.fail
         self.pushes.append({t: g.copy() for t, _, g, _ in items})
         for t, ids, g, _ in items:
             self.rows[t][ids.astype(np.int64)] -= g
@@ -156,9 +156,11 @@ def test_a_step_blocks_past_k_unapplied_steps_and_the_pending_steps_go_in_one_pu
 
 
 def test_an_error_of_the_thread_is_raised_by_the_next_step_and_by_flush():
-    dense = DenseSync(SgdTables(fail=ConnectionError("server 1 is gone")), PARAMS, staleness=1)
+    gate = threading.Semaphore(0)
+    dense = DenseSync(SgdTables(gate=gate, fail=ConnectionError("server 1 is gone")), PARAMS, staleness=1)
     dense.pull()
-    dense.step(step_grads(0))
+    dense.step(step_grads(0))  # returns at once: its push is held at the gate, and 1 step may be unapplied
+    gate.release()  # now it fails
     with pytest.raises(ConnectionError, match="server 1 is gone"):
         dense.step(step_grads(1))  # 2 unapplied > 1, and the push of step 0 failed
     with pytest.raises(ConnectionError, match="server 1 is gone"):

@@ -181,7 +181,7 @@ def _open_failure(path: str, e: Exception) -> str:
     (its "Corruption: checksum mismatch" of a damaged log record): an open reads the MANIFEST, named when it
     is the one, and replays those logs."""
     text = str(e)
-    if not text.startswith("Corruption") or re.search(r"MANIFEST|\.sst|\.log|/", text):
+    if not text.startswith("Corruption") or re.search(r"MANIFEST|CURRENT|OPTIONS|IDENTITY|\.sst|\.log|/", text):
         return text
     logs = sorted(f for f in os.listdir(path) if f.endswith(".log"))
     sizes = ", ".join(f"{f} ({os.path.getsize(os.path.join(path, f)):,} bytes)" for f in logs)
