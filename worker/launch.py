@@ -90,7 +90,11 @@ def add_launch_parser(subparsers: Any) -> None:
     where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
     where.add_argument("--local-shards", type=int, default=None,
                        help="instead of --servers: N throwaway shards started here first and stopped at the end")  # fmt: skip
-    p.add_argument("--metrics-out", default=None, help="write the job's figures as one JSON object to this file")
+    p.add_argument(
+        "--metrics-out",
+        default=None,
+        help="write the job's figures as one JSON object to this file (replaced if it exists)",
+    )
     p.add_argument("--no-progress", action="store_true", help="a merged progress line every 10 s instead of a bar")
     p.add_argument("--barrier-timeout", type=float, default=None,
                    help="given to every worker's train: seconds a sync or ssp wait may last (default: train's)")  # fmt: skip

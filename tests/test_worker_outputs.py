@@ -1,0 +1,120 @@
+"""What ps-worker's commands write, and what they say they did: an existing output is replaced only when asked
+(--overwrite) and a refused command changes nothing on disk."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import numpy as np
+import pytest
+
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.server import Server
+from worker.__main__ import main
+from worker.client import Client
+
+
+def worker(argv: list[str], capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `ps-worker ARGV`, run in this process."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tree(path) -> dict[str, bytes]:
+    """{relative path: bytes} of every file under path."""
+    out = {}
+    for parent, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(parent, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
+@pytest.fixture
+def dead_address():
+    """host:port of a port bound by nobody that listens (held for the test, so no one else takes it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"127.0.0.1:{s.getsockname()[1]}"
+
+
+# --- an existing output is kept unless --overwrite -----------------------------------------------------------------
+
+
+def test_synth_refuses_an_existing_file_and_replaces_it_with_overwrite(tmp_path, capsys):
+    out = tmp_path / "data.tsv"
+    out.write_text("mine\n")
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "10"], capsys)
+    assert code == 2 and f"--out {out} exists; nothing was written" in err and "--overwrite" in err, err
+    assert out.read_text() == "mine\n"
+    code, stdout, err = worker(["synth", "--out", str(out), "--rows", "10", "--overwrite"], capsys)
+    assert code == 0 and "wrote rows [0, 10)" in stdout, err
+    assert len(out.read_text().splitlines()) == 10
+
+
+def test_synth_with_history_checks_its_schema_file_before_writing_the_data(tmp_path, capsys):
+    out, schema = tmp_path / "h.csv", tmp_path / "h.csv.schema.toml"
+    schema.write_text("# reviewed by hand\n")
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "10", "--history", "1"], capsys)
+    assert code == 2 and f"the schema beside --out {schema} exists" in err, err
+    assert not out.exists() and schema.read_text() == "# reviewed by hand\n"
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "10", "--history", "1", "--overwrite"], capsys)
+    assert code == 0 and out.exists() and schema.read_text() != "# reviewed by hand\n", err
+
+
+def test_schema_out_refuses_an_existing_file_and_replaces_it_with_overwrite(tmp_path, capsys):
+    data, out = tmp_path / "d.csv", tmp_path / "s.toml"
+    data.write_text("label,item\n1,a\n0,b\n")
+    out.write_text("# edited by hand\n")
+    code, _, err = worker(["schema", "--data", str(data), "--out", str(out)], capsys)
+    assert code == 2 and f"--out {out} exists; nothing was written" in err and "--overwrite" in err, err
+    assert out.read_text() == "# edited by hand\n"
+    code, _, err = worker(["schema", "--data", str(data), "--out", str(out), "--overwrite"], capsys)
+    assert code == 0 and "item" in out.read_text(), err
+
+
+@pytest.mark.parametrize("command", [["export"], ["checkpoint", "save"]])
+def test_export_and_checkpoint_refuse_a_non_empty_directory_before_any_server_is_asked(
+    command, tmp_path, capsys, dead_address
+):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine\n")
+    code, _, err = worker([*command, str(target), "--servers", dead_address, "--server-timeout", "0", "--timeout-s", "1"],
+                         capsys)  # fmt: skip
+    name = "OUT" if command == ["export"] else "DIR"
+    assert code == 2 and f"{name} {target} is not empty (it holds notes.txt); nothing was written" in err, err
+    assert ("--overwrite" in err) == (command == ["export"]), err  # a checkpoint is never written over
+    assert tree(target) == {"notes.txt": b"mine\n"}
+
+
+def test_export_with_overwrite_replaces_an_earlier_export_and_its_kept_checkpoint(tmp_path, capsys):
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        out = tmp_path / "export"
+        export = ["export", str(out), "--servers", address, "--keep-checkpoint"]
+        assert worker(export, capsys)[0] == 0
+        code, _, err = worker(export, capsys)
+        assert code == 2 and "--overwrite" in err, err
+        with Client([address]) as client:
+            client.push("emb", np.arange(5, 8, dtype=np.uint64), np.ones((3, 2), np.float32))
+        code, _, err = worker([*export, "--overwrite"], capsys)
+        assert code == 0, err
+    finally:
+        server.stop(grace_s=1)
+    assert len(np.load(out / "emb.ids.npy")) == 8 and (out / "checkpoint" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "launch"])
+def test_help_says_metrics_out_replaces_an_existing_file(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "to this file (replaced if it exists)" in " ".join(capsys.readouterr().out.split())
