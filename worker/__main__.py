@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 
 from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
-from ps.settings import HelpFormatter, add_config_flag, apply_defaults
-from worker.cli_train import add_eval_parser, add_security_args, add_train_parser, run_eval, run_train
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from worker.cli_train import (
+    SECONDS,
+    SECONDS_OR_0,
+    add_eval_parser,
+    add_security_args,
+    add_train_parser,
+    run_eval,
+    run_train,
+)
 from worker.flags import check_new_dir, check_new_file, check_not_an_input, check_output_file, server_list
 from worker.launch import add_launch_parser, run_launch
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
@@ -26,16 +33,18 @@ def _add_synth(sub) -> None:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--rows", type=int, default=100_000, help="rows to write")
-    p.add_argument("--start", type=int, default=0, help="first row index (use a later range for eval data)")
+    p.add_argument("--rows", type=integer(1), default=100_000, help="rows to write")
+    p.add_argument("--start", type=integer(0), default=0, help="first row index (use a later range for eval data)")
     p.add_argument("--interactions", type=float, default=0.0, help="strength of the planted pairwise interactions")
-    p.add_argument("--history", type=float, default=0.0, help="strength of a planted multi-hot history column")
+    p.add_argument("--history", type=number(0, 1e3), default=0.0, help="strength of a planted multi-hot history column")
     p.add_argument(
         "--small",
         action="store_true",
         help="the small-data regime: few rows over 10^5+ values, with interactions (overfits easily)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the generator: its planted model and its rows")
+    p.add_argument(
+        "--seed", type=integer(0, 2**63 - 1), default=0, help="seed of the generator: its planted model and its rows"
+    )
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out (and OUT.schema.toml) if they exist; without it an existing file is an error")  # fmt: skip
 
@@ -51,7 +60,7 @@ def _add_schema(sub) -> None:
     p.add_argument("--data", required=True, help="a data file (.gz read through gzip)")
     p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
     p.add_argument("--delimiter", default=",", help="csv: the column separator")
-    p.add_argument("--rows", type=int, default=10_000, help="rows of the sample")
+    p.add_argument("--rows", type=integer(1), default=10_000, help="rows of the sample")
     p.add_argument("--out", default=None, help="write the schema here instead of printing it")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --out if it exists (a schema you edited, say); without it an existing file is an error")  # fmt: skip
@@ -65,7 +74,7 @@ def _add_cluster_commands(sub) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
                            formatter_class=HelpFormatter)  # fmt: skip
         p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-        p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+        p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
         _add_server_timeout(p)
         p.add_argument("--json", action="store_true", help="print one JSON object")
         add_security_args(p)
@@ -85,11 +94,11 @@ def _add_cluster_commands(sub) -> None:
         "another, nor beside other files",
     )
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     p.add_argument(
         "--hold-timeout-s",
-        type=float,
+        type=SECONDS,
         default=120.0,
         help="shards take pushes again after this long even if the save never finished",
     )
@@ -101,7 +110,7 @@ def _add_cluster_commands(sub) -> None:
                        formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("out", help="output directory: new or empty, unless --overwrite")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-    p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument(
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
@@ -111,14 +120,14 @@ def _add_cluster_commands(sub) -> None:
         help="write into a non-empty OUT: the files of an earlier "
         "export there are replaced, and its OUT/checkpoint removed first (others are left as they are)",
     )
-    p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)
 
 
 def _add_server_timeout(p) -> None:
     p.add_argument(
-        "--server-timeout", type=float, default=30.0,
+        "--server-timeout", type=SECONDS_OR_0, default=30.0,
         help="how long to wait for a server that is down (retrying) before exiting with an error",
     )  # fmt: skip
 
@@ -153,19 +162,6 @@ def _client(args):
 
 
 _OUTPUTS = ("out", "metrics_out")  # the dests of the flags that name a file a command writes
-_POSITIVE = ("timeout_s", "hold_timeout_s", "rows")  # flags' dests whose value must be > 0
-_NOT_NEGATIVE = ("server_timeout", "since", "start")  # ... >= 0
-
-
-def _check_numbers(args) -> None:
-    """ValueError naming the flag of a time, count or step of a command out of its range (NaN included)."""
-    for dest in _POSITIVE + _NOT_NEGATIVE:
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        positive = dest in _POSITIVE
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ValueError(f"--{dest.replace('_', '-')} {value}: expected a number {'>' if positive else '>='} 0")
 
 
 def _check_config_not_written(args) -> None:
@@ -336,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_command(args, rest: list[str]) -> int:
-    _check_numbers(args)
     _check_config_not_written(args)
     if args.command == "launch":
         return run_launch(args, rest)
