@@ -8,11 +8,16 @@ import socket
 
 import numpy as np
 import pytest
+from tqdm import tqdm
 
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.server import Server
+from tests.inprocess import InProcessTables
 from worker.__main__ import main
 from worker.client import Client
+from worker.loop import run_epochs
+from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.train import TrainConfig, loop_settings, open_job
 
 
 def worker(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -118,3 +123,46 @@ def test_help_says_metrics_out_replaces_an_existing_file(command, capsys):
     with pytest.raises(SystemExit):
         main([command, "--help"])
     assert "to this file (replaced if it exists)" in " ".join(capsys.readouterr().out.split())
+
+
+# --- the progress bar ----------------------------------------------------------------------------------------------
+
+
+def bar_of_a_run(monkeypatch, cfg: TrainConfig) -> tuple[list[tuple[int, int]], tuple[int, int], int]:
+    """(every (count, total) the training bar showed, its (count, total) as it closed, examples trained) of a run
+    of cfg's training loop on in-process tables."""
+    shown, closed = [], []
+
+    class Recording(tqdm):
+        def update(self, n=1):
+            super().update(n)
+            shown.append((self.n, self.total))
+
+        def close(self):
+            if not self.disable and not closed:
+                closed.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr("worker.loop.tqdm", Recording)
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
+    return shown, closed[0], result.examples
+
+
+@pytest.mark.parametrize("last_newline, bad_lines", [(False, 0), (True, 3)])
+def test_the_training_bar_never_passes_its_total_and_closes_at_the_examples_trained(
+    monkeypatch, tmp_path, last_newline, bad_lines
+):
+    """The bar's total is the data's line count: one short for a file whose last line has no newline, too many
+    when lines are malformed."""
+    path = tmp_path / "train.tsv"
+    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
+    text = path.read_text() + "1\t2\t3\n" * bad_lines
+    path.write_text(text if last_newline else text.rstrip("\n"))
+    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=2,
+                      max_bad_lines=bad_lines)  # fmt: skip
+    shown, closed, examples = bar_of_a_run(monkeypatch, cfg)
+    assert examples == 1200
+    assert all(n <= total for n, total in shown), shown
+    assert closed == (1200, 1200)
