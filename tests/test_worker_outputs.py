@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 
@@ -15,6 +16,7 @@ from ps.server import Server
 from tests.inprocess import InProcessTables
 from worker.__main__ import main
 from worker.client import Client
+from worker.launch_report import format_summary, merge_metrics
 from worker.loop import run_epochs
 from worker.synthetic import SyntheticConfig, write_synthetic
 from worker.train import TrainConfig, loop_settings, open_job
@@ -166,3 +168,31 @@ def test_the_training_bar_never_passes_its_total_and_closes_at_the_examples_trai
     assert examples == 1200
     assert all(n <= total for n, total in shown), shown
     assert closed == (1200, 1200)
+
+
+# --- examples trained and lines skipped ----------------------------------------------------------------------------
+
+
+def test_skipped_lines_are_reported_beside_the_examples_trained_never_counted_as_examples(servers, tmp_path, capsys):
+    addresses, _ = servers(1)
+    data, metrics = tmp_path / "bad.tsv", tmp_path / "m.json"
+    write_synthetic(data, SyntheticConfig(rows=600), 0, 600)
+    data.write_text(data.read_text() + "1\t2\t3\n\nnot a line\n")  # 3 malformed lines: 603 lines, 600 examples
+    code, out, err = worker(["train", "--servers", addresses[0], "--data", str(data), "--max-bad-lines", "5",
+                             "--model", "lr", "--recipe", "large", "--no-progress", "--metrics-out", str(metrics)],
+                            capsys)  # fmt: skip
+    assert code == 0, err
+    assert "large-data recipe for 603 lines of training data" in out and "603 training examples" not in out, out
+    assert "on 600 examples (3 malformed lines skipped per pass) with 1 shards" in out, out
+    m = json.loads(metrics.read_text())
+    assert (m["train_examples"], m["skipped_lines"]) == (600, 3)
+
+
+def test_launchs_summary_sums_the_workers_skipped_lines_apart_from_their_examples():
+    per_worker = [{"train_examples": 600, "skipped_lines": 2, "train_seconds": 1.0},
+                  {"train_examples": 500, "skipped_lines": 1, "train_seconds": 2.0}]  # fmt: skip
+    merged = merge_metrics(per_worker, ["numpy", "numpy"], "async", {}, 1)
+    assert (merged["train_examples"], merged["skipped_lines"]) == (1100, 3)
+    assert "shards: 1,100 examples (3 malformed lines skipped per pass) in 2.0 s" in format_summary(merged)
+    clean = merge_metrics([{"train_examples": 600, "train_seconds": 1.0}], ["numpy"], "async", {}, 1)
+    assert "shards: 600 examples in 1.0 s" in format_summary(clean)
