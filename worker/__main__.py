@@ -88,11 +88,8 @@ def _add_cluster_commands(sub) -> None:
                        "servers' --checkpoint-root, under the same path here (one machine, or a shared volume).",
                        formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("action", choices=["save"], help="save: write a new checkpoint")
-    p.add_argument(
-        "dir",
-        help="a new (or empty) directory for the checkpoint; a checkpoint is never written over "
-        "another, nor beside other files",
-    )
+    p.add_argument("dir", help="a new (or empty) directory for the checkpoint; a checkpoint is never written over "
+                   "another, nor beside other files")  # fmt: skip
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
@@ -114,12 +111,8 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument(
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="write into a non-empty OUT: the files of an earlier "
-        "export there are replaced, and its OUT/checkpoint removed first (others are left as they are)",
-    )
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
+                   "export there are replaced, and its OUT/checkpoint removed first (others are left as they are)")  # fmt: skip
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)
