@@ -533,8 +533,8 @@ def test_the_directory_of_a_killed_launcher_is_removed_by_the_next_launch(fakes,
     [left] = os.listdir(tmp_path / "temp")  # SIGKILL: nothing could remove it
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "temp"))
     worker = tmp_path / "metrics_worker.py"  # writes its --metrics-out and exits 0
-    worker.write_text("import json, sys\n"
-                      "json.dump({'train_examples': 1}, open(sys.argv[sys.argv.index('--metrics-out') + 1], 'w'))\n")  # fmt: skip
+    worker.write_text("import json, sys\nout = sys.argv[sys.argv.index('--metrics-out') + 1]\n"
+                      "json.dump({'train_examples': 1}, open(out, 'w'))\n")  # fmt: skip
     args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress")
     with caplog.at_level("WARNING", logger="worker.launch"):
         rc = run_launch(args, rest, worker_command=[sys.executable, str(worker)], train_config=stand_in_train_config,

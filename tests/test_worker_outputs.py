@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -38,14 +37,6 @@ def tree(path) -> dict[str, bytes]:
             with open(full, "rb") as f:
                 out[os.path.relpath(full, path)] = f.read()
     return out
-
-
-@pytest.fixture
-def dead_address():
-    """host:port of a port bound by nobody that listens (held for the test, so no one else takes it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        yield f"127.0.0.1:{s.getsockname()[1]}"
 
 
 # --- an existing output is kept unless --overwrite -----------------------------------------------------------------
@@ -84,14 +75,12 @@ def test_schema_out_refuses_an_existing_file_and_replaces_it_with_overwrite(tmp_
 
 
 @pytest.mark.parametrize("command", [["export"], ["checkpoint", "save"]])
-def test_export_and_checkpoint_refuse_a_non_empty_directory_before_any_server_is_asked(
-    command, tmp_path, capsys, dead_address
-):
+def test_export_and_checkpoint_refuse_a_non_empty_directory_before_any_server_is_asked(command, tmp_path, capsys):
     target = tmp_path / "out"
     target.mkdir()
     (target / "notes.txt").write_text("mine\n")
-    code, _, err = worker([*command, str(target), "--servers", dead_address, "--server-timeout", "0", "--timeout-s", "1"],
-                         capsys)  # fmt: skip
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]  # old code failed fast
+    code, _, err = worker([*command, str(target), *nowhere], capsys)
     name = "OUT" if command == ["export"] else "DIR"
     assert code == 2 and f"{name} {target} is not empty (it holds notes.txt); nothing was written" in err, err
     assert ("--overwrite" in err) == (command == ["export"]), err  # a checkpoint is never written over

@@ -45,8 +45,8 @@ def _add_synth(sub) -> None:
     p.add_argument(
         "--seed", type=integer(0, 2**63 - 1), default=0, help="seed of the generator: its planted model and its rows"
     )
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace --out (and OUT.schema.toml) if they exist; without it an existing file is an error")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace --out (and OUT.schema.toml) if they exist; "
+                   "without it an existing file is an error")  # fmt: skip
 
 
 def _add_schema(sub) -> None:
@@ -62,8 +62,8 @@ def _add_schema(sub) -> None:
     p.add_argument("--delimiter", default=",", help="csv: the column separator")
     p.add_argument("--rows", type=integer(1), default=10_000, help="rows of the sample")
     p.add_argument("--out", default=None, help="write the schema here instead of printing it")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace --out if it exists (a schema you edited, say); without it an existing file is an error")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (a schema you edited, say); "
+                   "without it an existing file is an error")  # fmt: skip
 
 
 def _add_cluster_commands(sub) -> None:
@@ -112,7 +112,7 @@ def _add_cluster_commands(sub) -> None:
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
-                   "export there are replaced, and its OUT/checkpoint removed first (others are left as they are)")  # fmt: skip
+                   "export there are replaced, its OUT/checkpoint removed first (others are left as they are)")  # fmt: skip
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)
