@@ -30,6 +30,7 @@ from worker.launch import (
     worker_commands,
     worker_environment,
 )
+from worker.launch_dirs import PREFIX, make_launch_dir, remove_stale_launch_dirs
 from worker.launch_report import (
     MergedProgress,
     format_progress,
@@ -498,7 +499,7 @@ def start_driver(fakes, tmp_path, grandchild: bool) -> tuple[subprocess.Popen, P
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     temp = tmp_path / "temp"  # the launch's TMPDIR: where its metrics directory goes
-    temp.mkdir()
+    temp.mkdir(exist_ok=True)
     proc = subprocess.Popen([sys.executable, str(driver), str(ROOT), *command], stdout=subprocess.DEVNULL,
                             env={**os.environ, "TMPDIR": str(temp)})  # fmt: skip
     wait_until(lambda: len(recorded_pids(pids)) == 2 + grandchild or proc.poll() is not None, 60, "the workers")
@@ -521,6 +522,59 @@ def test_workers_die_with_a_killed_launcher(fakes, tmp_path):
     proc.kill()
     proc.wait(timeout=60)
     assert_all_gone(pids, {"worker-0", "worker-1"})  # SIGTERM from the kernel (a worker stops its own children)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_directory_of_a_killed_launcher_is_removed_by_the_next_launch(fakes, tmp_path, monkeypatch, caplog):
+    proc, pids = start_driver(fakes, tmp_path, grandchild=False)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert_all_gone(pids, {"worker-0", "worker-1"})
+    [left] = os.listdir(tmp_path / "temp")  # SIGKILL: nothing could remove it
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "temp"))
+    worker = tmp_path / "metrics_worker.py"  # writes its --metrics-out and exits 0
+    worker.write_text("import json, sys\nout = sys.argv[sys.argv.index('--metrics-out') + 1]\n"
+                      "json.dump({'train_examples': 1}, open(out, 'w'))\n")  # fmt: skip
+    args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress")
+    with caplog.at_level("WARNING", logger="worker.launch"):
+        rc = run_launch(args, rest, worker_command=[sys.executable, str(worker)], train_config=stand_in_train_config,
+                        evaluate=lambda cfg: {})  # fmt: skip
+    assert rc == 0 and os.listdir(tmp_path / "temp") == []
+    assert f"removed {tmp_path / 'temp' / left}, left by an earlier launch (pid {proc.pid}) that is gone" in caplog.text
+
+
+def test_only_the_directories_of_gone_launches_of_this_user_and_host_are_removed(tmp_path, caplog):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        made = Path(make_launch_dir())
+        made.rmdir()
+        host = made.name.split("-", 3)[3].rsplit("-", 1)[0]  # sparseps-launch-<pid>-<host>-<random>
+        names = {
+            "dead": f"{PREFIX}{gone.pid}-{host}-abc_123",
+            "alive": f"{PREFIX}{alive.pid}-{host}-abc_123",
+            "mine": f"{PREFIX}{os.getpid()}-{host}-abc_123",
+            "other host": f"{PREFIX}{gone.pid}-not{host}-abc_123",
+            "no pid": f"{PREFIX}abc_123",
+            "a file": f"{PREFIX}{gone.pid}-{host}-file_1",
+            "a link": f"{PREFIX}{gone.pid}-{host}-link_1",
+        }
+        for what, name in names.items():
+            if what == "a file":
+                (tmp_path / name).write_text("x")
+            elif what == "a link":
+                (tmp_path / name).symlink_to(tmp_path / names["alive"])
+            else:
+                (tmp_path / name).mkdir()
+                (tmp_path / name / "worker-0.json").write_text("{}")
+        with caplog.at_level("WARNING", logger="worker.launch"):
+            assert remove_stale_launch_dirs(str(tmp_path)) == [str(tmp_path / names["dead"])]
+        assert sorted(os.listdir(tmp_path)) == sorted(n for w, n in names.items() if w != "dead")
+        assert f"left by an earlier launch (pid {gone.pid}) that is gone" in caplog.text
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def ctrl_c_at_check(n: int):

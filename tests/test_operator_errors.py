@@ -226,8 +226,8 @@ def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, mess
         (["train", "--local-shards", "1", "--metrics-out", "/nonexistent-dir/m.json"],
          "--metrics-out /nonexistent-dir/m.json: its directory /nonexistent-dir does not exist"),
         (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:5000", "--hold-timeout-s", "nan"],
-         "--hold-timeout-s nan: expected a number > 0"),
-        (["export", "out", "--servers", "127.0.0.1:5000", "--since", "-1"], "--since -1: expected a number >= 0"),
+         "argument --hold-timeout-s: expected a number > 0, got 'nan'"),
+        (["export", "out", "--servers", "127.0.0.1:5000", "--since", "-1"], "argument --since: expected an integer >= 0, got -1"),
     ],
 )  # fmt: skip
 def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, capsys):

@@ -81,6 +81,42 @@ def test_an_output_flag_naming_an_input_file_is_refused_and_the_file_kept(tmp_pa
     assert Path(train_path).read_text() == before and config.read_text() == '[train]\nmodel = "lr"\n'
 
 
+# --- a bad number names where it came from --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, env, source",
+    [
+        (["stats", "--servers", "127.0.0.1:1"], {"PS_TIMEOUT_S": "-1"},
+         "environment variable PS_TIMEOUT_S (for --timeout-s): expected a number > 0, got '-1'"),
+        (["shrink", "--servers", "127.0.0.1:1"], {"PS_SERVER_TIMEOUT": "nan"},
+         "environment variable PS_SERVER_TIMEOUT (for --server-timeout): expected a number >= 0, got 'nan'"),
+        (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:1"], {"PS_HOLD_TIMEOUT_S": "0"},
+         "environment variable PS_HOLD_TIMEOUT_S (for --hold-timeout-s): expected a number > 0, got '0'"),
+        (["export", "out", "--servers", "127.0.0.1:1"], {"PS_SINCE": "-3"},
+         "environment variable PS_SINCE (for --since): expected an integer >= 0, got -3"),
+        (["synth", "--out", "never.tsv"], {"PS_ROWS": "0"},
+         "environment variable PS_ROWS (for --rows): expected an integer >= 1, got 0"),
+        (["schema", "--data", "never.csv"], {"PS_ROWS": "-5"},
+         "environment variable PS_ROWS (for --rows): expected an integer >= 1, got -5"),
+        (["stats", "--servers", "127.0.0.1:1", "--config", "{config}"], {},
+         "config file {config} [stats] 'timeout_s' (for --timeout-s): expected a number > 0, got '-5.0'"),
+    ],
+)  # fmt: skip
+def test_a_bad_number_from_the_environment_or_config_names_its_source(argv, env, source, tmp_path, capsys,
+                                                                     monkeypatch):  # fmt: skip
+    config = tmp_path / "c.toml"
+    config.write_text("[stats]\ntimeout_s = -5.0\n")
+    monkeypatch.chdir(tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as e:  # the parser's error: before anything runs
+        main([a.format(config=config) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and source.format(config=config) in err, err
+    assert os.listdir(tmp_path) == ["c.toml"]
+
+
 # --- bad data fails early, and says what it left ------------------------------------------------------------------
 
 

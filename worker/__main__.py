@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
 
 from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
-from ps.settings import HelpFormatter, add_config_flag, apply_defaults
-from worker.cli_train import add_eval_parser, add_security_args, add_train_parser, run_eval, run_train
-from worker.flags import check_not_an_input, server_list
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from worker.cli_train import (
+    SECONDS,
+    SECONDS_OR_0,
+    add_eval_parser,
+    add_security_args,
+    add_train_parser,
+    run_eval,
+    run_train,
+)
+from worker.flags import check_new_dir, check_new_file, check_not_an_input, check_output_file, server_list
 from worker.launch import add_launch_parser, run_launch
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises
@@ -26,16 +33,20 @@ def _add_synth(sub) -> None:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--rows", type=int, default=100_000, help="rows to write")
-    p.add_argument("--start", type=int, default=0, help="first row index (use a later range for eval data)")
+    p.add_argument("--rows", type=integer(1), default=100_000, help="rows to write")
+    p.add_argument("--start", type=integer(0), default=0, help="first row index (use a later range for eval data)")
     p.add_argument("--interactions", type=float, default=0.0, help="strength of the planted pairwise interactions")
-    p.add_argument("--history", type=float, default=0.0, help="strength of a planted multi-hot history column")
+    p.add_argument("--history", type=number(0, 1e3), default=0.0, help="strength of a planted multi-hot history column")
     p.add_argument(
         "--small",
         action="store_true",
         help="the small-data regime: few rows over 10^5+ values, with interactions (overfits easily)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the generator: its planted model and its rows")
+    p.add_argument(
+        "--seed", type=integer(0, 2**63 - 1), default=0, help="seed of the generator: its planted model and its rows"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace --out (and OUT.schema.toml) if they exist; "
+                   "without it an existing file is an error")  # fmt: skip
 
 
 def _add_schema(sub) -> None:
@@ -49,8 +60,10 @@ def _add_schema(sub) -> None:
     p.add_argument("--data", required=True, help="a data file (.gz read through gzip)")
     p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
     p.add_argument("--delimiter", default=",", help="csv: the column separator")
-    p.add_argument("--rows", type=int, default=10_000, help="rows of the sample")
+    p.add_argument("--rows", type=integer(1), default=10_000, help="rows of the sample")
     p.add_argument("--out", default=None, help="write the schema here instead of printing it")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (a schema you edited, say); "
+                   "without it an existing file is an error")  # fmt: skip
 
 
 def _add_cluster_commands(sub) -> None:
@@ -61,7 +74,7 @@ def _add_cluster_commands(sub) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
                            formatter_class=HelpFormatter)  # fmt: skip
         p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-        p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+        p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
         _add_server_timeout(p)
         p.add_argument("--json", action="store_true", help="print one JSON object")
         add_security_args(p)
@@ -75,13 +88,14 @@ def _add_cluster_commands(sub) -> None:
                        "servers' --checkpoint-root, under the same path here (one machine, or a shared volume).",
                        formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("action", choices=["save"], help="save: write a new checkpoint")
-    p.add_argument("dir", help="a new directory for the checkpoint")
+    p.add_argument("dir", help="a new (or empty) directory for the checkpoint; a checkpoint is never written over "
+                   "another, nor beside other files")  # fmt: skip
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     p.add_argument(
         "--hold-timeout-s",
-        type=float,
+        type=SECONDS,
         default=120.0,
         help="shards take pushes again after this long even if the save never finished",
     )
@@ -91,20 +105,22 @@ def _add_cluster_commands(sub) -> None:
                        "state left out), from a checkpoint taken first into OUT/checkpoint. --since STEP writes only "
                        "the rows pushed at clock step >= STEP: a delta for an online store.",
                        formatter_class=HelpFormatter)  # fmt: skip
-    p.add_argument("out", help="output directory")
+    p.add_argument("out", help="output directory: new or empty, unless --overwrite")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
-    p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument(
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
-    p.add_argument("--timeout-s", type=float, default=600.0, help="deadline of each server call")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
+                   "export there are replaced, its OUT/checkpoint removed first (others are left as they are)")  # fmt: skip
+    p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)
 
 
 def _add_server_timeout(p) -> None:
     p.add_argument(
-        "--server-timeout", type=float, default=30.0,
+        "--server-timeout", type=SECONDS_OR_0, default=30.0,
         help="how long to wait for a server that is down (retrying) before exiting with an error",
     )  # fmt: skip
 
@@ -139,19 +155,6 @@ def _client(args):
 
 
 _OUTPUTS = ("out", "metrics_out")  # the dests of the flags that name a file a command writes
-_POSITIVE = ("timeout_s", "hold_timeout_s", "rows")  # flags' dests whose value must be > 0
-_NOT_NEGATIVE = ("server_timeout", "since", "start")  # ... >= 0
-
-
-def _check_numbers(args) -> None:
-    """ValueError naming the flag of a time, count or step of a command out of its range (NaN included)."""
-    for dest in _POSITIVE + _NOT_NEGATIVE:
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        positive = dest in _POSITIVE
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ValueError(f"--{dest.replace('_', '-')} {value}: expected a number {'>' if positive else '>='} 0")
 
 
 def _check_config_not_written(args) -> None:
@@ -171,6 +174,10 @@ def _synth(args) -> int:
         cfg = SyntheticConfig(rows=args.start + args.rows, seed=args.seed, interactions=args.interactions)
     if args.history:
         cfg = dataclasses.replace(cfg, history=args.history)
+    for flag, path in (("--out", args.out), ("the schema beside --out", args.out + ".schema.toml")):
+        if flag == "--out" or cfg.history:  # checked before anything is written
+            check_output_file(flag, path)
+            check_new_file(flag, path, args.overwrite)
     write_synthetic(args.out, cfg, args.start, args.start + args.rows)
     print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}")
     if cfg.history:
@@ -188,6 +195,8 @@ def _schema(args) -> int:
 
     check_input_file("--data", args.data, "a data file")
     check_not_an_input("--out", args.out, {"--data": args.data})
+    check_output_file("--out", args.out)
+    check_new_file("--out", args.out, args.overwrite)
     if len(args.delimiter) != 1 or args.delimiter in '"\r\n':
         raise ValueError(f"--delimiter {args.delimiter!r}: expected one character other than a quote or a newline")
     text = infer_schema_text(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
@@ -252,8 +261,9 @@ def _shrink(args) -> int:
 
 
 def _checkpoint(args) -> int:
-    from worker.checkpoint import save
+    from worker.checkpoint import NEW_DIR, save
 
+    check_new_dir("DIR", args.dir, NEW_DIR)  # before any server is asked (save checks again)
     with _client(args) as client:
         client.wait_ready()
         m = save(client, args.dir, args.hold_timeout_s)
@@ -273,8 +283,12 @@ def _export(args) -> int:
     from worker.checkpoint import save
 
     checkpoint = os.path.join(args.out, "checkpoint")
+    if not args.overwrite:
+        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there")
     with _client(args) as client:
         client.wait_ready()
+        if args.overwrite and os.path.isdir(checkpoint):
+            shutil.rmtree(checkpoint)  # the earlier export's (--keep-checkpoint)
         save(client, checkpoint)
     command = [sys.executable, "-m", "ps", "export", checkpoint, "--out", args.out]
     command += [] if args.since is None else ["--since", str(args.since)]
@@ -311,7 +325,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_command(args, rest: list[str]) -> int:
-    _check_numbers(args)
     _check_config_not_written(args)
     if args.command == "launch":
         return run_launch(args, rest)

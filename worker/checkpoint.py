@@ -19,17 +19,22 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST
 from ps.sharding import NUM_SLOTS
+from worker.flags import check_new_dir
 
 if TYPE_CHECKING:
     from worker.client import Client
 
+NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
+
 
 def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
-    """Checkpoints every shard the client knows into directory (which must not hold a checkpoint, and must lie
-    inside the servers' --checkpoint-root); returns the manifest."""
+    """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
+    --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
+    a checkpoint or any other file."""
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
+    check_new_dir("checkpoint dir", directory, NEW_DIR)
     n = len(client.servers)
     started = time.monotonic()
     tokens = [""] * n

@@ -189,7 +189,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "bound, admission, eviction) that override the model's defaults; see docs/tables.md",
     )  # fmt: skip
     out = p.add_argument_group("output")
-    out.add_argument("--metrics-out", help="write the final figures as one JSON object to this file")
+    out.add_argument(
+        "--metrics-out", help="write the final figures as one JSON object to this file (replaced if it exists)"
+    )
     out.add_argument(
         "--create-tables-only",
         action="store_true",

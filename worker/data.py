@@ -79,7 +79,7 @@ class DataSource:
                 default_table=default_table, default_dim=cfg.embedding_dim,
             )  # fmt: skip
             header = self.schema.format == "csv"
-            self.examples = count_lines(cfg.data, header=header) // cfg.num_workers
+            self.examples = count_lines(cfg.data, header=header) // cfg.num_workers  # malformed lines included
             if self.schema.needs_stats():
                 if not standardize_here:
                     missing = [c.name for c in self.schema.columns if c.transform == "standardize" and c.std is None]
@@ -192,6 +192,11 @@ class DataSource:
         if first is None:
             raise ValueError(f"{self.cfg.data}: no examples to train on")
         return first
+
+    def skipped_lines(self) -> int:
+        """Malformed lines of the training data skipped in the first pass over this worker's share (0 for synthetic
+        data). The examples trained never count them; self.examples, a line count made before reading, does."""
+        return sum(s.bad_lines for path, s in self.read_stats if path == self.cfg.data)
 
     def bad_lines_report(self) -> list[str]:
         out = []

@@ -60,6 +60,28 @@ def check_output_file(flag: str, path: str | None) -> None:
         raise ValueError(f"{flag} {path}: its directory {parent} is not writable by this user")
 
 
+def check_new_file(flag: str, path: str | None, overwrite: bool) -> None:
+    """ValueError naming the flag when the file `path` exists and overwrite is False: a command that writes a file
+    replaces one only when told to (--overwrite). None: the flag not given."""
+    if path is not None and not overwrite and os.path.lexists(path):
+        raise ValueError(f"{flag} {path} exists; nothing was written: give another file name, or --overwrite to "
+                         "replace it")  # fmt: skip
+
+
+def check_new_dir(name: str, path: str, how: str) -> None:
+    """ValueError naming `name` (a flag, or the metavar of a positional argument) unless path does not exist or
+    is an empty directory: a command that fills a directory does not mix its files with others. `how` ends the
+    message, saying how to proceed."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise ValueError(f"{name} {path} exists and is not a directory; {how}")
+    entries = sorted(os.listdir(path))
+    if entries:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        raise ValueError(f"{name} {path} is not empty (it holds {shown}); nothing was written: {how}")
+
+
 def check_not_an_input(flag: str, path: str | None, inputs: Mapping[str, str | None]) -> None:
     """ValueError when the output file `path` of `flag` is the file of one of `inputs` (flag -> path, None for a
     flag not given): writing it would replace that input."""

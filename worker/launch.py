@@ -15,7 +15,9 @@ Failure: a worker exits non-zero or is killed: the others get SIGTERM, SIGKILL a
 local shards stop, the failed worker's exit code and last lines are printed, exit 1. Ctrl-C: the same, exit 130
 (SIGTERM to launch: exit 143). Each worker runs in its own process group (a terminal's Ctrl-C reaches launch
 only, and a stop reaches the worker's children too) and, on Linux, gets SIGTERM when launch dies however it dies
-(prctl PR_SET_PDEATHSIG); local shards stop when launch's end of their stdin pipe closes.
+(prctl PR_SET_PDEATHSIG); local shards stop when launch's end of their stdin pipe closes. The workers' metrics go
+to a temporary directory that launch removes, or, if it was killed by SIGKILL, the next launch does
+(worker/launch_dirs.py).
 
 The PROGRESS lines it reads and the --metrics-out object it writes: worker/launch_report.py.
 """
@@ -34,7 +36,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -42,6 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from worker.flags import check_not_an_input, check_output_file, server_list
+from worker.launch_dirs import make_launch_dir, remove_stale_launch_dirs
 from worker.launch_report import MergedProgress, format_summary, merge_metrics, parse_progress
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises
@@ -90,7 +92,11 @@ def add_launch_parser(subparsers: Any) -> None:
     where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
     where.add_argument("--local-shards", type=int, default=None,
                        help="instead of --servers: N throwaway shards started here first and stopped at the end")  # fmt: skip
-    p.add_argument("--metrics-out", default=None, help="write the job's figures as one JSON object to this file")
+    p.add_argument(
+        "--metrics-out",
+        default=None,
+        help="write the job's figures as one JSON object to this file (replaced if it exists)",
+    )
     p.add_argument("--no-progress", action="store_true", help="a merged progress line every 10 s instead of a bar")
     p.add_argument("--barrier-timeout", type=float, default=None,
                    help="given to every worker's train: seconds a sync or ssp wait may last (default: train's)")  # fmt: skip
@@ -386,7 +392,8 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
 
 def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] | None, grace_s: float,
          progress_every_s: float) -> int:  # fmt: skip
-    metrics_dir = tempfile.mkdtemp(prefix="sparseps-launch-")
+    remove_stale_launch_dirs()  # those of earlier launches killed by SIGKILL
+    metrics_dir = make_launch_dir()
     try:
         with _servers(plan) as addresses:
             commands = worker_commands(plan, addresses, metrics_dir, program)

@@ -9,11 +9,12 @@ PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; r
     its hits did not pull (geo: the share of rows read locally). A line that does not parse is output.
 --metrics-out (one JSON object):
     {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
-     "train_seconds": the longest worker's, "examples_per_s": train_examples / train_seconds, ["eval_auc",
-     "eval_logloss", "eval_examples": on --eval-data or the synthetic eval rows; absent when the job had no eval
-     set], ["oracle_auc", "oracle_logloss": synthetic data], ["cache_hit_rate":
-     examples-weighted mean of the workers' that report one, "cache_bytes_saved": their sum], "per_worker":
-     [worker i's --metrics-out object]}
+     ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
+     train_examples); absent when none was], "train_seconds": the longest worker's, "examples_per_s":
+     train_examples / train_seconds, ["eval_auc", "eval_logloss", "eval_examples": on --eval-data or the synthetic
+     eval rows; absent when the job had no eval set], ["oracle_auc", "oracle_logloss": synthetic data],
+     ["cache_hit_rate": examples-weighted mean of the workers' that report one, "cache_bytes_saved": their sum],
+     "per_worker": [worker i's --metrics-out object]}
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
     """The job's --metrics-out object (grammar in the module docstring) from the workers' and the evaluation's."""
     examples = sum(int(m.get("train_examples", 0)) for m in per_worker)
     seconds = max((float(m.get("train_seconds", 0.0)) for m in per_worker), default=0.0)
+    skipped = sum(int(m.get("skipped_lines", 0)) for m in per_worker)
     out = {"workers": len(per_worker), "backends": list(backends), "mode": mode, "shards": shards,
-           "train_examples": examples, "train_seconds": seconds,
+           "train_examples": examples, **({"skipped_lines": skipped} if skipped else {}), "train_seconds": seconds,
            "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
     out.update({k: evaluation[k] for k in ("eval_auc", "eval_logloss", "eval_examples") if k in evaluation})
     out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss") if k in evaluation})
@@ -178,11 +180,11 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
 
 def format_summary(m: dict) -> str:
     """merge_metrics's figures as lines, as format_results (worker/train.py) writes a worker's."""
-    from worker.train import NOT_EVALUATED, eval_lines, oracle_lines
+    from worker.train import NOT_EVALUATED, eval_lines, oracle_lines, skipped_note
 
     lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
-             f"shards: {m['train_examples']:,} examples in {m['train_seconds']:.1f} s (the slowest worker): "
-             f"{m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
+             f"shards: {m['train_examples']:,} examples{skipped_note(m)} in {m['train_seconds']:.1f} s (the slowest "
+             f"worker): {m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
     lines += (eval_lines(m) or [NOT_EVALUATED]) + oracle_lines(m)
     if "cache_hit_rate" in m:
         lines.append(f"cache  hit rate {m['cache_hit_rate']:.3f} (examples-weighted over the workers)")

@@ -181,6 +181,22 @@ class _Prepared:
         self.step, self.batch, self.tids, self.rows = step, batch, tids, rows
 
 
+def _advance(bar: tqdm, n: int) -> None:
+    """bar.update(n), its total grown to the new count first when n would take it past the total (an estimate:
+    the data's line count, the split's expected share), so that the bar never shows more than 100%."""
+    if bar.total and bar.n + n > bar.total:
+        bar.total = bar.n + n
+    bar.update(n)
+
+
+def _close_at_count(bar: tqdm) -> None:
+    """Closes the bar at the true count: its total set to the examples trained (fewer than the estimate when
+    lines were malformed or training stopped early)."""
+    if not bar.disable:
+        bar.total = bar.n
+    bar.close()
+
+
 class _ProgressLines:
     """'PROGRESS {json}' on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch)."""
 
@@ -296,7 +312,7 @@ def run_epochs(
                     step_started = now
                 result.examples += n
                 result.steps += 1
-                bar.update(n)
+                _advance(bar, n)
                 cache = source.stats()
                 postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
                 if "cache_hit_rate" in cache:
@@ -324,7 +340,7 @@ def run_epochs(
     result.seconds = time.perf_counter() - started - eval_seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)
-    bar.close()
+    _close_at_count(bar)
     result.train_logloss = running.value
     result.stopped_early = stop
     result.source_stats = source.stats()

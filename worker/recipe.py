@@ -55,10 +55,11 @@ def choose(recipe: str, examples: int) -> Recipe:
     return SMALL if recipe == "small" else LARGE
 
 
-def describe(r: Recipe, examples: int, auto: bool, mlp: bool = True) -> str:
+def describe(r: Recipe, examples: int, auto: bool, mlp: bool = True, unit: str = "training examples") -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
-    which the dropout and dense l2 settings are for)."""
-    why = f"{examples:,} training examples" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r is SMALL else "")
+    which the dropout and dense l2 settings are for; unit: what `examples` counts, e.g. "lines of training data"
+    for a count made before the data is read, malformed lines included)."""
+    why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r is SMALL else "")
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
     what += f"batch {r.batch_size}, "

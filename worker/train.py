@@ -232,9 +232,9 @@ class TrainConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
-    def with_recipe(self, examples: int) -> tuple[TrainConfig, str]:
+    def with_recipe(self, examples: int, unit: str = "training examples") -> tuple[TrainConfig, str]:
         """This config with the unset flags taken from the recipe for `examples` training examples (all
-        workers together), and the line that says so."""
+        workers together), and the line that says so (`unit`: what `examples` counts, see recipe.describe)."""
         r = choose(self.recipe, examples)
         optimizer, rate, params = self.optimizer, self.learning_rate, self.optimizer_params
         if optimizer is None:
@@ -267,7 +267,7 @@ class TrainConfig:
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
                  ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
                  ("--early-stop", self.early_stop), ("--l2", self.l2)) if value is not None]  # fmt: skip
-        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS)
+        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit)
         if given:
             line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
                                                          else f"{flag} {value}" for flag, value in given)  # fmt: skip
@@ -377,7 +377,10 @@ def prepare(
     data = DataSource(cfg, default_table=cfg.model, standardize_here=training)
     data.first_batch()
     job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
-    cfg, recipe_line = cfg.with_recipe(job_examples)
+    # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
+    cfg, recipe_line = cfg.with_recipe(
+        job_examples, "training examples" if cfg.data is None else "lines of training data"
+    )
     data.cfg, data.batch_size = cfg, cfg.batch_size
     return cfg, data, model_spec(cfg, data), recipe_line
 
@@ -520,7 +523,8 @@ def train(cfg: TrainConfig) -> dict:
         results["pending_ids"] = sum(t.pending_ids for t in stats)  # ids seen but not admitted
     for line in data.bad_lines_report():
         log.warning(line)
-    results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
+    results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)  # every file's: training, validation, eval
+    results["skipped_lines"] = data.skipped_lines()  # the training data's, one pass; never in train_examples
     if cfg.metrics_out:
         with open(cfg.metrics_out, "w") as f:
             json.dump({"config": dataclasses.asdict(cfg), **results}, f, indent=2)
@@ -577,8 +581,8 @@ def format_results(r: dict) -> str:
     lines = [f"created tables {', '.join(r['created_tables'])} for model {r['model']}"] if "created_tables" in r else []
     if "train_examples" in r:
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
-                     f"{r['train_examples']:,} examples with {r['shards']} shards in {r['train_seconds']:.1f} s: "
-                     f"{r['examples_per_s']:,.0f} examples/s")  # fmt: skip
+                     f"{r['train_examples']:,} examples{skipped_note(r)} with {r['shards']} shards in "
+                     f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s")  # fmt: skip
     lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
@@ -589,6 +593,14 @@ def format_results(r: dict) -> str:
                      f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
     lines += oracle_lines(r)
     return "\n".join(lines)
+
+
+def skipped_note(r: dict) -> str:
+    """The note after the examples trained of a run's figures (or a job's), " (N malformed lines skipped per
+    pass)", when they count skipped lines of the training data; else ""."""
+    if not r.get("skipped_lines"):
+        return ""
+    return f" ({r['skipped_lines']:,} malformed lines skipped per pass)"
 
 
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"

@@ -59,7 +59,7 @@ def test_train_from_criteo_files(tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads(out.read_text())
     # 30,000 rows: the small-data recipe (batch 256, a 10% validation split, early stopping), said in the output
-    assert "small-data recipe for 30,000 training examples" in r.stdout, r.stdout
+    assert "small-data recipe for 30,000 lines of training data" in r.stdout, r.stdout
     assert m["batch_size"] == 256 and m["eval_examples"] == 10000 and len(m["curve"]) == m["epochs_run"] > 1
     assert (
         m["train_examples"] == m["epochs_run"] * m["curve"][0]["examples"] and 26000 < m["curve"][0]["examples"] < 28000

@@ -1,0 +1,187 @@
+"""What ps-worker's commands write, and what they say they did: an existing output is replaced only when asked
+(--overwrite) and a refused command changes nothing on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tqdm import tqdm
+
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.server import Server
+from tests.inprocess import InProcessTables
+from worker.__main__ import main
+from worker.client import Client
+from worker.launch_report import format_summary, merge_metrics
+from worker.loop import run_epochs
+from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.train import TrainConfig, loop_settings, open_job
+
+
+def worker(argv: list[str], capsys) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `ps-worker ARGV`, run in this process."""
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tree(path) -> dict[str, bytes]:
+    """{relative path: bytes} of every file under path."""
+    out = {}
+    for parent, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(parent, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
+# --- an existing output is kept unless --overwrite -----------------------------------------------------------------
+
+
+def test_synth_refuses_an_existing_file_and_replaces_it_with_overwrite(tmp_path, capsys):
+    out = tmp_path / "data.tsv"
+    out.write_text("mine\n")
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "10"], capsys)
+    assert code == 2 and f"--out {out} exists; nothing was written" in err and "--overwrite" in err, err
+    assert out.read_text() == "mine\n"
+    code, stdout, err = worker(["synth", "--out", str(out), "--rows", "10", "--overwrite"], capsys)
+    assert code == 0 and "wrote rows [0, 10)" in stdout, err
+    assert len(out.read_text().splitlines()) == 10
+
+
+def test_synth_with_history_checks_its_schema_file_before_writing_the_data(tmp_path, capsys):
+    out, schema = tmp_path / "h.csv", tmp_path / "h.csv.schema.toml"
+    schema.write_text("# reviewed by hand\n")
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "10", "--history", "1"], capsys)
+    assert code == 2 and f"the schema beside --out {schema} exists" in err, err
+    assert not out.exists() and schema.read_text() == "# reviewed by hand\n"
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "10", "--history", "1", "--overwrite"], capsys)
+    assert code == 0 and out.exists() and schema.read_text() != "# reviewed by hand\n", err
+
+
+def test_schema_out_refuses_an_existing_file_and_replaces_it_with_overwrite(tmp_path, capsys):
+    data, out = tmp_path / "d.csv", tmp_path / "s.toml"
+    data.write_text("label,item\n1,a\n0,b\n")
+    out.write_text("# edited by hand\n")
+    code, _, err = worker(["schema", "--data", str(data), "--out", str(out)], capsys)
+    assert code == 2 and f"--out {out} exists; nothing was written" in err and "--overwrite" in err, err
+    assert out.read_text() == "# edited by hand\n"
+    code, _, err = worker(["schema", "--data", str(data), "--out", str(out), "--overwrite"], capsys)
+    assert code == 0 and "item" in out.read_text(), err
+
+
+@pytest.mark.parametrize("command", [["export"], ["checkpoint", "save"]])
+def test_export_and_checkpoint_refuse_a_non_empty_directory_before_any_server_is_asked(command, tmp_path, capsys):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine\n")
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]  # old code failed fast
+    code, _, err = worker([*command, str(target), *nowhere], capsys)
+    name = "OUT" if command == ["export"] else "DIR"
+    assert code == 2 and f"{name} {target} is not empty (it holds notes.txt); nothing was written" in err, err
+    assert ("--overwrite" in err) == (command == ["export"]), err  # a checkpoint is never written over
+    assert tree(target) == {"notes.txt": b"mine\n"}
+
+
+def test_export_with_overwrite_replaces_an_earlier_export_and_its_kept_checkpoint(tmp_path, capsys):
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        out = tmp_path / "export"
+        export = ["export", str(out), "--servers", address, "--keep-checkpoint"]
+        assert worker(export, capsys)[0] == 0
+        code, _, err = worker(export, capsys)
+        assert code == 2 and "--overwrite" in err, err
+        with Client([address]) as client:
+            client.push("emb", np.arange(5, 8, dtype=np.uint64), np.ones((3, 2), np.float32))
+        code, _, err = worker([*export, "--overwrite"], capsys)
+        assert code == 0, err
+    finally:
+        server.stop(grace_s=1)
+    assert len(np.load(out / "emb.ids.npy")) == 8 and (out / "checkpoint" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "launch"])
+def test_help_says_metrics_out_replaces_an_existing_file(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "to this file (replaced if it exists)" in " ".join(capsys.readouterr().out.split())
+
+
+# --- the progress bar ----------------------------------------------------------------------------------------------
+
+
+def bar_of_a_run(monkeypatch, cfg: TrainConfig) -> tuple[list[tuple[int, int]], tuple[int, int], int]:
+    """(every (count, total) the training bar showed, its (count, total) as it closed, examples trained) of a run
+    of cfg's training loop on in-process tables."""
+    shown, closed = [], []
+
+    class Recording(tqdm):
+        def update(self, n=1):
+            super().update(n)
+            shown.append((self.n, self.total))
+
+        def close(self):
+            if not self.disable and not closed:
+                closed.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr("worker.loop.tqdm", Recording)
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
+    return shown, closed[0], result.examples
+
+
+@pytest.mark.parametrize("last_newline, bad_lines", [(False, 0), (True, 3)])
+def test_the_training_bar_never_passes_its_total_and_closes_at_the_examples_trained(
+    monkeypatch, tmp_path, last_newline, bad_lines
+):
+    """The bar's total is the data's line count: one short for a file whose last line has no newline, too many
+    when lines are malformed."""
+    path = tmp_path / "train.tsv"
+    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
+    text = path.read_text() + "1\t2\t3\n" * bad_lines
+    path.write_text(text if last_newline else text.rstrip("\n"))
+    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=2,
+                      max_bad_lines=bad_lines)  # fmt: skip
+    shown, closed, examples = bar_of_a_run(monkeypatch, cfg)
+    assert examples == 1200
+    assert all(n <= total for n, total in shown), shown
+    assert closed == (1200, 1200)
+
+
+# --- examples trained and lines skipped ----------------------------------------------------------------------------
+
+
+def test_skipped_lines_are_reported_beside_the_examples_trained_never_counted_as_examples(servers, tmp_path, capsys):
+    addresses, _ = servers(1)
+    data, metrics = tmp_path / "bad.tsv", tmp_path / "m.json"
+    write_synthetic(data, SyntheticConfig(rows=600), 0, 600)
+    data.write_text(data.read_text() + "1\t2\t3\n\nnot a line\n")  # 3 malformed lines: 603 lines, 600 examples
+    code, out, err = worker(["train", "--servers", addresses[0], "--data", str(data), "--max-bad-lines", "5",
+                             "--model", "lr", "--recipe", "large", "--no-progress", "--metrics-out", str(metrics)],
+                            capsys)  # fmt: skip
+    assert code == 0, err
+    assert "large-data recipe for 603 lines of training data" in out and "603 training examples" not in out, out
+    assert "on 600 examples (3 malformed lines skipped per pass) with 1 shards" in out, out
+    m = json.loads(metrics.read_text())
+    assert (m["train_examples"], m["skipped_lines"]) == (600, 3)
+
+
+def test_launchs_summary_sums_the_workers_skipped_lines_apart_from_their_examples():
+    per_worker = [{"train_examples": 600, "skipped_lines": 2, "train_seconds": 1.0},
+                  {"train_examples": 500, "skipped_lines": 1, "train_seconds": 2.0}]  # fmt: skip
+    merged = merge_metrics(per_worker, ["numpy", "numpy"], "async", {}, 1)
+    assert (merged["train_examples"], merged["skipped_lines"]) == (1100, 3)
+    assert "shards: 1,100 examples (3 malformed lines skipped per pass) in 2.0 s" in format_summary(merged)
+    clean = merge_metrics([{"train_examples": 600, "train_seconds": 1.0}], ["numpy"], "async", {}, 1)
+    assert "shards: 600 examples in 1.0 s" in format_summary(clean)
