@@ -380,7 +380,7 @@ def test_a_job_of_fake_workers_merges_their_output_progress_and_metrics(fakes, t
     assert port.startswith("127.0.0.1:") and int(job) > 0
     assert "[worker 1] a line on stderr" in stdout and "PROGRESS" not in stdout
     assert "progress: 40 / 40 examples (100%), 20 examples/s, logloss 0.5000, cache hit rate 0.750" in stdout
-    assert "launched 2 workers (numpy, torch; mode async) on 1 shards: 40 examples in 2.0 s" in stdout
+    assert "launched 2 workers (numpy, torch; mode async) on 1 shard: 40 examples in 2.0 s" in stdout
     job_metrics = json.loads(out.read_text())
     assert job_metrics == merge_metrics(metrics, ["numpy", "torch"], "async", EVALUATION, 1)
     assert job_metrics["examples_per_s"] == 20.0 and job_metrics["cache_hit_rate"] == 0.75

@@ -172,7 +172,7 @@ def test_skipped_lines_are_reported_beside_the_examples_trained_never_counted_as
                             capsys)  # fmt: skip
     assert code == 0, err
     assert "large-data recipe for 603 lines of training data" in out and "603 training examples" not in out, out
-    assert "on 600 examples (3 malformed lines skipped per pass) with 1 shards" in out, out
+    assert "on 600 examples (3 malformed lines skipped per pass) with 1 shard" in out, out
     m = json.loads(metrics.read_text())
     assert (m["train_examples"], m["skipped_lines"]) == (600, 3)
 
@@ -182,6 +182,6 @@ def test_launchs_summary_sums_the_workers_skipped_lines_apart_from_their_example
                   {"train_examples": 500, "skipped_lines": 1, "train_seconds": 2.0}]  # fmt: skip
     merged = merge_metrics(per_worker, ["numpy", "numpy"], "async", {}, 1)
     assert (merged["train_examples"], merged["skipped_lines"]) == (1100, 3)
-    assert "shards: 1,100 examples (3 malformed lines skipped per pass) in 2.0 s" in format_summary(merged)
+    assert "on 1 shard: 1,100 examples (3 malformed lines skipped per pass) in 2.0 s" in format_summary(merged)
     clean = merge_metrics([{"train_examples": 600, "train_seconds": 1.0}], ["numpy"], "async", {}, 1)
-    assert "shards: 600 examples in 1.0 s" in format_summary(clean)
+    assert "on 1 shard: 600 examples in 1.0 s" in format_summary(clean)

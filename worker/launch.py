@@ -365,7 +365,10 @@ def _servers(plan: LaunchPlan) -> Iterator[list[str]]:
 
     threads = 2 * plan.workers + 4  # a sync step's waits hold one server thread per worker
     with LocalCluster(plan.local_shards, extra_args=["--threads", str(threads)]) as cluster:
-        print(f"started {plan.local_shards} local shards: {','.join(cluster.addresses)}", flush=True)
+        print(
+            f"started {plan.local_shards} local shard{'s' * (plan.local_shards != 1)}: {','.join(cluster.addresses)}",
+            flush=True,
+        )
         yield cluster.addresses
 
 

@@ -183,7 +183,7 @@ def format_summary(m: dict) -> str:
     from worker.train import NOT_EVALUATED, eval_lines, oracle_lines, skipped_note
 
     lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
-             f"shards: {m['train_examples']:,} examples{skipped_note(m)} in {m['train_seconds']:.1f} s (the slowest "
+             f"shard{'s' * (m['shards'] != 1)}: {m['train_examples']:,} examples{skipped_note(m)} in {m['train_seconds']:.1f} s (the slowest "
              f"worker): {m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
     lines += (eval_lines(m) or [NOT_EVALUATED]) + oracle_lines(m)
     if "cache_hit_rate" in m:
