@@ -2,7 +2,7 @@
 """The two commands a newcomer needs, with nothing but Python 3.11+ installed:
 
     python3 dev.py demo    # local cluster of 2 shards trains an FM on synthetic data, prints AUC vs the oracle
-    python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite
+    python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite (pytest-xdist)
     python3 dev.py bench   # the benchmarks at fixed sizes (~15 min); writes the README's performance table
     python3 dev.py bench benchmarks/small_data.py   # one benchmark script (any of benchmarks/*.py)
 
@@ -74,7 +74,16 @@ def main(argv: list[str]) -> int:
             if subprocess.call([python, "-m", "ruff", *lint], cwd=ROOT) != 0:
                 print("lint failed: `.venv/bin/ruff check --fix . && .venv/bin/ruff format .` fixes most of it")
                 return 1
-    return subprocess.call([python, "-m", "pytest", *rest], cwd=ROOT)
+    return subprocess.call([python, "-m", "pytest", *test_processes(rest), *rest], cwd=ROOT)
+
+
+def test_processes(args: list[str]) -> list[str]:
+    """pytest-xdist's flag for 2-4 test processes (the CPU count, within that), unless args choose (-n,
+    --numprocesses, -p no:xdist). Most tests wait on servers and workers in processes of their own, so two test
+    processes halve the suite's time on 2 cores; more than 4 would crowd the servers each test starts."""
+    if any(a.startswith(("-n", "--numprocesses")) or a == "no:xdist" for a in args):
+        return []
+    return ["-n", str(max(2, min(4, os.cpu_count() or 2)))]
 
 
 if __name__ == "__main__":
