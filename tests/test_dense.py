@@ -63,7 +63,7 @@ def test_gradients_are_summed_and_pushed_every_k_steps():
 
 # ---- background pushes (staleness k > 0) ----------------------------------------------------------------------
 STEPS = 40
-PARAMS = [DenseParam("w", (2, STEPS), "glorot"), DenseParam("b", (1, STEPS), "zeros")]
+PARAMS = [DenseParam("w", (2, STEPS), "glorot", "dnn"), DenseParam("b", (1, STEPS), "zeros", "dnn")]
 
 
 class SgdTables:
@@ -149,7 +149,7 @@ def test_a_step_blocks_past_k_unapplied_steps_and_the_pending_steps_go_in_one_pu
     gate.release()
     dense.flush()
     assert list(applied_steps(dense.values)) == [0, 1, 2]
-    merged = tables.pushes[1]["dense.w"]
+    merged = tables.pushes[1]["dense.dnn.w"]
     assert len(tables.pushes) == 2 and dense.syncs == 2
     np.testing.assert_array_equal(np.flatnonzero(merged[0]), [1, 2])  # steps 1 and 2 in one push
     dense.close()

@@ -42,7 +42,9 @@ DEFAULT_OPTIMIZER = OptimizerConfig("adam", 0.001)
 
 
 def table_name(param: DenseParam) -> str:
-    return TABLE_PREFIX + param.name
+    """The server table of a dense parameter: dense.<model>.<name> ("dense.deepfm.mlp.0.weight"), so that two
+    models with an MLP of the same widths never train each other's."""
+    return f"{TABLE_PREFIX}{param.model}.{param.name}"
 
 
 def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZER) -> TableConfig:

@@ -51,11 +51,13 @@ BIAS_FIELD = "_bias"  # the field every example carries, its one id the bias; it
 
 @dataclass(frozen=True)
 class DenseParam:
-    """One dense parameter tensor: a weight (in, out) or a bias (1, out)."""
+    """One dense parameter tensor: a weight (in, out) or a bias (1, out), of model `model` (its server table is
+    named after both: worker.dense.table_name)."""
 
     name: str
     shape: tuple[int, int]
     init: str  # "glorot": uniform in +-sqrt(6 / (in + out)); "zeros"
+    model: str
 
     @property
     def glorot_scale(self) -> float:
@@ -171,12 +173,12 @@ class ModelSpec:
         if self.has_fm:
             for table, k in self.table_dims().items():
                 if k != self.fm_width:
-                    out.append(DenseParam(f"proj.{table}", (k, self.fm_width), "glorot"))
+                    out.append(DenseParam(f"proj.{table}", (k, self.fm_width), "glorot", self.name))
         if self.has_mlp:
             widths = [self.mlp_input, *self.hidden, 1]
             for i, (a, b) in enumerate(zip(widths, widths[1:])):
-                out.append(DenseParam(f"mlp.{i}.weight", (a, b), "glorot"))
-                out.append(DenseParam(f"mlp.{i}.bias", (1, b), "zeros"))
+                out.append(DenseParam(f"mlp.{i}.weight", (a, b), "glorot", self.name))
+                out.append(DenseParam(f"mlp.{i}.bias", (1, b), "zeros", self.name))
         return out
 
     def initial_params(self, seed: int = 0) -> dict[str, np.ndarray]:
