@@ -40,6 +40,7 @@ from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
 from worker.steprows import row_source
+from worker.tables import check_tables
 
 log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
@@ -461,6 +462,7 @@ def train(cfg: TrainConfig) -> dict:
         recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
+        check_tables(client, tables_cfg, "nothing was created")
         for table in tables_cfg:
             client.create_table(table)
         if cfg.create_tables_only:
@@ -562,12 +564,8 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
     eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
-        for t in table_configs(cfg, spec, data.schema.table_overrides()):
-            if client.dim(t.name) != t.dim:
-                raise ValueError(
-                    f"table {t.name} on the servers has dim {client.dim(t.name)}, model {cfg.model} with "
-                    f"--embedding-dim {cfg.embedding_dim} needs {t.dim}"
-                )
+        check_tables(client, table_configs(cfg, spec, data.schema.table_overrides()), "nothing was evaluated",
+                     for_eval=True)  # fmt: skip
         dense = DenseSync(client, spec.dense_params())
         results = {
             "model": cfg.model,

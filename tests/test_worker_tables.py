@@ -1,0 +1,66 @@
+"""A run's tables against those the servers hold (worker/tables.py): every difference found before any table is
+created or read, and models that never share an MLP."""
+
+from __future__ import annotations
+
+import pytest
+
+from ps.config import InitializerConfig, TableConfig
+from ps.errors import TableNotFoundError
+from worker.__main__ import main as worker_main
+from worker.client import Client
+from worker.cluster import LocalCluster
+from worker.dense import table_name
+from worker.models.spec import FieldSpec, ModelSpec
+
+SMALL = ["--synthetic-rows", "2000", "--synthetic-eval-rows", "500", "--batch-size", "256"]
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        code = worker_main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def test_deepfm_and_dnn_with_equal_widths_keep_mlps_of_their_own():
+    fields = (FieldSpec("a", "t", 4), FieldSpec("_bias", "t", 4))
+    deepfm, dnn = (ModelSpec(m, fields, num_dense=2, hidden=(8,)) for m in ("deepfm", "dnn"))
+    names = [{table_name(p) for p in spec.dense_params()} for spec in (deepfm, dnn)]
+    assert [p.name for p in deepfm.dense_params()] == [p.name for p in dnn.dense_params()]  # the same parameters
+    assert not names[0] & names[1] and "dense.deepfm.mlp.0.weight" in names[0], names
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with LocalCluster(1) as cluster:
+        yield ",".join(cluster.addresses)
+
+
+def test_a_run_with_other_settings_is_refused_before_it_creates_any_table(servers, capsys):
+    """dnn's last MLP layer exists with another shape: the run is refused naming it, and the tables before it
+    in the run's order (the sparse table, the first layers) are not created."""
+    with Client(servers.split(",")) as client:
+        client.create_table(TableConfig("dense.dnn.mlp.1.weight", 1, InitializerConfig("uniform", 0.5, seed=1)))
+    code, err = run(["train", "--servers", servers, "--model", "dnn", "--hidden", "4", "--create-tables-only",
+                     *SMALL], capsys)  # fmt: skip
+    assert code == 2, err
+    assert "the servers hold tables of this model with other settings than this run's" in err, err
+    assert "dense.dnn.mlp.1.weight: initializer.scale: 0.5 != " in err and "nothing was created" in err, err
+    with Client(servers.split(",")) as client:
+        for name in ("dnn", "dense.dnn.mlp.0.weight", "dense.dnn.mlp.0.bias"):
+            with pytest.raises(TableNotFoundError):
+                client.describe_table(name)
+
+
+def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimizer(servers, capsys):
+    code, err = run(["train", "--servers", servers, "--model", "deepfm", "--hidden", "4", "--no-progress",
+                     "--learning-rate", "0.05", *SMALL], capsys)  # fmt: skip
+    assert code == 0, err
+    code, err = run(["eval", "--servers", servers, "--model", "deepfm", "--hidden", "4", *SMALL], capsys)
+    assert code == 0, err  # trained with another learning rate: the forward pass is the same
+    code, err = run(["eval", "--servers", servers, "--model", "deepfm", "--hidden", "6", *SMALL], capsys)
+    assert code == 2 and "dense.deepfm.mlp.0.weight: dim: 4 != 6" in err and "nothing was evaluated" in err, err
+    code, err = run(["eval", "--servers", servers, "--model", "fm", *SMALL], capsys)
+    assert code == 2 and "the servers hold no table fm" in err, err

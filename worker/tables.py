@@ -1,0 +1,66 @@
+"""The model's tables against those the servers hold, compared before a run creates or reads any of them.
+
+A run creates its tables one at a time (CreateTable is idempotent for the same spec); a run whose settings differ
+from the run that made the tables (another --embedding-dim, --hidden, optimizer, schema) would otherwise create
+the first missing ones, then be refused at the first that differs, and leave tables behind that the next run,
+with the right settings, is refused by. check_tables finds every difference first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ps import codec
+from ps.config import TableConfig
+from ps.errors import TableNotFoundError
+from worker.dense import TABLE_PREFIX
+
+SHAPE_FIELDS = ("dim", "initializer.scale")  # what a forward pass depends on (the scale of an MLP parameter's
+# glorot initializer is set by its shape, so it tells another --hidden or MLP input width)
+
+
+def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None
+                ) -> tuple[dict[str, list[str]], list[str]]:  # fmt: skip
+    """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
+    another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
+    lacks])."""
+    differ, missing = {}, []
+    for t in wanted:
+        try:
+            infos = client.describe_table(t.name)
+        except TableNotFoundError:
+            missing.append(t.name)
+            continue
+        diff = codec.table_config_from_proto(infos[0].spec).normalized().differences(t.normalized())
+        if fields is not None:
+            keep = fields if t.name.startswith(TABLE_PREFIX) else ("dim",)
+            diff = [d for d in diff if d.split(":")[0] in keep]
+        if diff:
+            differ[t.name] = diff
+    return differ, missing
+
+
+def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False) -> None:
+    """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
+    created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS), and a missing table is
+    an error too. doing: what the run was about to do ("nothing was created")."""
+    differ, missing = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None)
+    parts = []
+    if differ:
+        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name)}" for name, diff in differ.items()]
+        parts.append("the servers hold tables of this model with other settings than this run's (on the servers "
+                     "!= this run):\n" + "\n".join(lines))  # fmt: skip
+    if for_eval and missing:
+        parts.append(f"the servers hold no table {', '.join(missing)} (tables a run with these settings trains)")
+    if parts:
+        raise ValueError(
+            "; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables (--model, "
+            "--embedding-dim, --hidden, the schema and its data, --table-config, the optimizers), or other servers"
+        )
+
+
+def _dense_hint(name: str) -> str:
+    if not name.startswith(TABLE_PREFIX):
+        return ""
+    return (" (an MLP parameter of another shape shows as another initializer scale: --hidden, or the MLP's input, "
+            "the fields' widths and numeric columns, differ)")  # fmt: skip
