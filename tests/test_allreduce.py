@@ -204,3 +204,15 @@ def test_the_local_optimizer_is_the_servers_rule(name):
 def test_ftrl_is_refused():
     with pytest.raises(ValueError, match="not 'ftrl'"):
         LocalOptimizer(OptimizerConfig("ftrl", 0.1), 4)
+
+
+def test_a_group_that_not_every_worker_joins_is_a_timeout_that_says_what_to_check(monkeypatch):
+    """A worker of WORLD_SIZE 2 whose peer never comes (a --dense ps worker, say) fails after the timeout with a
+    message, not torch's DistStoreError traceback, and leaves no group behind."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(TimeoutError, match=r"1/2 clients joined\. Every worker of the job must run with --dense allr"):
+        init_process_group_from_env("cpu", timeout_s=1)
+    assert not dist.is_initialized()

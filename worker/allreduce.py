@@ -56,10 +56,19 @@ def init_process_group_from_env(device: str, timeout_s: float | None = None) -> 
         backend = "nccl"
     else:
         backend = "gloo"
-    if timeout_s is None:
-        dist.init_process_group(backend, init_method="env://")
-    else:  # a collective waiting longer for a peer (one that died) fails instead of hanging
-        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        if timeout_s is None:
+            dist.init_process_group(backend, init_method="env://")
+        else:  # a collective waiting longer for a peer (one that died) fails instead of hanging
+            dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    except dist.DistStoreError as e:  # the rendezvous: not every rank came
+        env = {v: os.environ[v] for v in ENV_VARS}
+        raise TimeoutError(
+            f"not every worker joined the allreduce group at {env['MASTER_ADDR']}:{env['MASTER_PORT']} (RANK "
+            f"{env['RANK']} of WORLD_SIZE {env['WORLD_SIZE']}) in time: {str(e).splitlines()[0]} Every worker of "
+            "the job must run with --dense allreduce and the same WORLD_SIZE (a --dense ps worker never joins); "
+            "a worker that died or has not started yet leaves the group short too"
+        ) from None
     return dist.get_rank(), dist.get_world_size()
 
 
