@@ -122,8 +122,15 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
             TableNotFoundError, match=r"shard 0 at 127\.0\.0\.1:\d+: DescribeTable failed with NOT_FOUND"
         ):
             client.pull("nope", np.arange(3, dtype=np.uint64))
-    with Client(addresses[::-1]) as swapped, pytest.raises(PsError, match="list the servers in shard order"):
-        swapped.wait_ready()
+    wrong_lists = {
+        "the servers are not in shard order": addresses[::-1],
+        "shard 0 is listed more than once": [addresses[0], addresses[0]],
+        "the cluster has 2 shards, the list 1; shards 1 are missing": addresses[:1],
+        "shard 1 is listed more than once": [*addresses, addresses[1]],
+    }
+    for what, servers_listed in wrong_lists.items():
+        with Client(servers_listed) as client, pytest.raises(PsError, match=f"does not match the cluster: {what}"):
+            client.wait_ready()
 
 
 def test_a_second_client_under_the_same_client_id_is_refused_loudly(servers, sgd1_table):

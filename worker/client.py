@@ -50,6 +50,28 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 log = logging.getLogger("worker.client")
 
 
+def _server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
+    """What is wrong with a server list whose servers say they are shards found[i] = (shard_id, num_shards):
+    a server listed twice, shards missing or extra, or the order."""
+    listed = [f"{a} (shard {sid} of {n})" for a, (sid, n) in zip(servers, found)]
+    ids = [sid for sid, _ in found]
+    counts = {n for _, n in found}
+    if len(set(ids)) < len(ids):
+        twice = sorted({sid for sid in ids if ids.count(sid) > 1})
+        what = f"shard {', '.join(map(str, twice))} is listed more than once (the same server twice?)"
+    elif len(counts) > 1:
+        what = "the servers belong to clusters of different shard counts"
+    elif counts != {len(servers)}:
+        (n,) = counts
+        absent = sorted(set(range(n)) - set(ids))
+        what = f"the cluster has {n} shards, the list {len(servers)}" + (
+            f"; shards {', '.join(map(str, absent))} are missing" if absent else "")  # fmt: skip
+    else:
+        what = "the servers are not in shard order"
+    return (f"the server list does not match the cluster: {what}. Listed: {', '.join(listed)}; give every shard's "
+            "address once, in shard order")  # fmt: skip
+
+
 def _why_not_ready(address: str, timeout_s: float = 1.0) -> str:
     """A hint for a server whose gRPC channel did not become ready: "" when no TCP connection can be made there
     (nothing listens: the server is down), else that something listens but does not speak gRPC as expected."""
@@ -211,12 +233,9 @@ class Client:
                     f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
                     + _why_not_ready(self.servers[i])
                 ) from None
-        for i, stats in enumerate(self.stats()):
-            if (stats.shard_id, stats.num_shards) != (i, len(self.servers)):
-                raise PsError(
-                    f"server {self.servers[i]} is shard {stats.shard_id} of {stats.num_shards}, but it is at "
-                    f"position {i} of {len(self.servers)} in the server list; list the servers in shard order"
-                )
+        found = [(s.shard_id, s.num_shards) for s in self.stats()]
+        if found != [(i, len(self.servers)) for i in range(len(self.servers))]:
+            raise PsError(_server_list_error(self.servers, found))
 
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))
