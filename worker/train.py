@@ -578,8 +578,9 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
 def format_results(r: dict) -> str:
     lines = [f"created tables {', '.join(r['created_tables'])} for model {r['model']}"] if "created_tables" in r else []
     if "train_examples" in r:
+        shards = f"{r['shards']} shard{'s' * (r['shards'] != 1)}"
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
-                     f"{r['train_examples']:,} examples{skipped_note(r)} with {r['shards']} shard{'s' * (r['shards'] != 1)} in "
+                     f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
                      f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s")  # fmt: skip
     lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
     if "table_rows" in r:
