@@ -305,6 +305,29 @@ def test_a_sync_step_missing_a_worker_fails_at_its_deadline_and_applies_nothing(
         shard.close()
 
 
+def test_two_workers_of_one_worker_id_fail_the_step_for_both_naming_the_duplicate(tmp_path):
+    """Worker 0's step 1 from client 11 waits for worker 1; a second process says it is worker 0 too (client
+    12): the step fails for both with the duplicate named, not at the deadline as a missing worker 1."""
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(1))
+        before = shard.table("emb").peek(A)
+        first = Concurrently(
+            lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 11, 0, stamp(0, 1, sync=True))
+        )
+        wait_until(lambda: 1 in shard.jobs._steps and shard.jobs._steps[1].contributions, 30, "worker 0's push")
+        started = time.monotonic()
+        duplicate = "two workers of job .* say they are worker 0 .*give each worker its own --worker-id in 0..1"
+        with pytest.raises(InvalidArgumentError, match=duplicate):
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 12, 0, stamp(0, 1, sync=True))
+        with pytest.raises(InvalidArgumentError, match=duplicate):
+            first.join()
+        assert time.monotonic() - started < 10  # not the 30 s deadline
+        assert (shard.table("emb").peek(A) == before).all() and shard.clock == 1
+    finally:
+        shard.close()
+
+
 def test_a_done_worker_lets_the_others_step_complete(tmp_path):
     shard = open_shard(tmp_path)
     try:

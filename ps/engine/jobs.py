@@ -186,6 +186,7 @@ class _SyncStep:
     def __init__(self, step: int):
         self.step = step
         self.contributions: dict[int, tuple[list[tuple], int]] = {}
+        self.clients: dict[int, int] = {}  # worker -> the client (PushBatch client_id) its contribution came from
         self.applying = self.applied = False
         self.error: BaseException | None = None
 
@@ -391,6 +392,7 @@ class JobClocks:
         pushes: list[tuple],
         advance_clock: int,
         apply: Callable[[list[tuple], int, int, int], object],
+        client: int = 0,
     ) -> tuple[int, int]:
         """Contributes pushes (name, ids, grads, shows, clicks; validated, copies) to the stamp's sync step and
         waits until its sum is applied: apply(sum pushes, advance_clock, client, client_seq) applies it, as a
@@ -398,7 +400,9 @@ class JobClocks:
         applied now: 0 for a step applied before, min_clock). BarrierTimeoutError past the deadline (the step's
         contributions dropped: nothing applied); the error of apply, if it fails, for every contributor;
         WorkerDoneError for a worker held as done; RpcThreadsExhaustedError (the step failed) instead of a wait
-        that would hold the last free RPC thread."""
+        that would hold the last free RPC thread. client: the PushBatch's client id (0: unknown); a contribution
+        of a worker from another client than its earlier one to the same step (two processes given one worker
+        id; a retry comes from the same client) fails the step for every contributor (InvalidArgumentError)."""
         key, seq = sync_key(stamp.job), stamp.step + 1
         newest = self._sync_steps_applied(key)
         if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
@@ -418,7 +422,16 @@ class JobClocks:
             if step is None:
                 step = self._steps[stamp.step] = _SyncStep(stamp.step)
             if not step.applying:
+                earlier = step.clients.get(stamp.worker, 0)
+                if client and earlier and earlier != client:
+                    self._fail(step, InvalidArgumentError(
+                        f"bad worker stamp: two workers of job {stamp.job:#x} say they are worker {stamp.worker} "
+                        f"(their pushes of sync step {stamp.step:,} come from two clients): give each worker its own "
+                        f"--worker-id in 0..{self.num_workers - 1}; the step was not applied"
+                    ))  # fmt: skip
+                    raise _again(step.error)
                 step.contributions[stamp.worker] = (pushes, advance_clock)
+                step.clients[stamp.worker] = client
             started, waiting = time.monotonic(), False
             try:
                 while True:

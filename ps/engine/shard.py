@@ -410,8 +410,8 @@ class Shard:
         self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int, stamp: Stamp
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done (no pushes), sync (a contribution to the
-        step's sum, applied once the step is complete; client and client_seq are not used) or not (push_batch,
-        then the worker's clock moves). Returns (clock, ids applied by this request, min_clock). A rejected
+        step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
+        is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this request, min_clock). A rejected
         request (a bad stamp, a push of a worker held as done) changes nothing."""
         self.jobs.check(stamp, pull=False)
         if stamp.done:
@@ -421,7 +421,7 @@ class Shard:
             return self.clock, 0, self.jobs.finish(stamp)
         if stamp.sync:
             applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
-                                               self._apply_sum)  # fmt: skip
+                                               self._apply_sum, client)  # fmt: skip
             return self.clock, applied, low
         clock, applied = self.push_batch(pushes, advance_clock, client, client_seq)
         return clock, sum(len(p[1]) for p in pushes[len(pushes) - applied :]), self.jobs.pushed(stamp)
