@@ -1,10 +1,10 @@
 """The gRPC health service of a shard: grpc_health's servicer, with status changes that never send under its lock.
 
-grpc_health's HealthServicer sends the new status to every open Watch stream while it holds its lock, and a send
-can wait for gRPC's event thread; that thread runs the close callback of a cancelled Watch, which takes the same
-lock. Watch streams cancelled while a server stops (no token is needed for health calls) so left the server
-hanging after SIGTERM, serving nothing. Here the lock only guards the state: the watchers to notify are copied
-under it and sent to after it is released.
+grpc_health's HealthServicer sends while it holds its lock: the new status to every open Watch stream, and a new
+Watch stream's first response. A send can wait for gRPC's event thread; that thread runs the close callback of a
+cancelled Watch, which takes the same lock. Watch streams cancelled while a server stops or while others open (no
+token is needed for health calls) so left the server hanging after SIGTERM, serving nothing. Here the lock only
+guards the state: the watchers to notify are copied under it and sent to after it is released.
 """
 
 from __future__ import annotations
@@ -20,6 +20,26 @@ class HealthServicer(health.HealthServicer):
     notify the watchers outside the lock. Relies on grpc_health's state attributes (_lock, _server_status,
     _send_response_callbacks, _gracefully_shutting_down); tests/test_health.py checks both the protocol and the
     shutdown race."""
+
+    def Watch(self, request, context, send_response_callback=None):
+        """Sends the service's status, then every change, with no send under the lock: the watcher is registered
+        after its first response, and a change in between is sent too (once more, at worst)."""
+        if send_response_callback is None:  # a server without non-blocking streaming: grpc_health's own way
+            return super().Watch(request, context)
+        service = request.service
+        with self._lock:
+            status = self._server_status.get(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+        self._send([send_response_callback], status)
+        with self._lock:
+            self._send_response_callbacks.setdefault(service, set()).add(send_response_callback)
+            now = self._server_status.get(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+        if not context.add_callback(self._on_close_callback(send_response_callback, service)):
+            with self._lock:  # the stream ended before the callback was added: it will never run
+                self._send_response_callbacks[service].discard(send_response_callback)
+            return None
+        if now != status:
+            self._send([send_response_callback], now)
+        return None
 
     def set(self, service: str, status: int) -> None:
         """Sets a service's status and sends it to the service's watchers; ignored after enter_graceful_shutdown."""

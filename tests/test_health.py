@@ -51,3 +51,44 @@ def test_a_stop_while_watch_streams_are_cancelled_does_not_hang(tmp_path):
         stopping.join(30)
         channel.close()
         assert not stopping.is_alive(), f"trial {trial}: Server.stop hung with Watch streams being cancelled"
+
+
+class FakeContext:
+    def __init__(self):
+        self.callbacks = []
+
+    def add_callback(self, callback) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+
+def test_no_response_is_sent_while_the_servicers_lock_is_held():
+    """Every send (a Watch's first response, a status change, the shutdown's NOT_SERVING) happens with the lock
+    free: another thread (gRPC's event thread, closing a cancelled Watch, takes the lock) can take it meanwhile.
+    grpc_health's own Watch sends its first response under the lock: a stop could hang on it (1 in ~150 trials
+    of the test above on a loaded machine)."""
+    from ps.health import HealthServicer
+
+    servicer = HealthServicer()
+    sent = []
+
+    def try_the_lock(taken: list) -> None:
+        taken.append(servicer._lock.acquire(timeout=2))
+        if taken[0]:
+            servicer._lock.release()
+
+    def send(response):
+        taken = []
+        probe = threading.Thread(target=try_the_lock, args=(taken,))
+        probe.start()
+        probe.join()
+        sent.append((None if response is None else response.status, taken[0]))
+
+    context = FakeContext()
+    servicer.Watch(health_pb2.HealthCheckRequest(service=""), context, send)
+    servicer.set("", NOT_SERVING)
+    servicer.set("", SERVING)
+    servicer.enter_graceful_shutdown()
+    context.callbacks[0]()  # the stream closes
+    assert sent == [(SERVING, True), (NOT_SERVING, True), (SERVING, True), (NOT_SERVING, True), (None, True)]
+    assert servicer._send_response_callbacks[""] == set()
