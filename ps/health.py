@@ -9,6 +9,9 @@ guards the state: the watchers to notify are copied under it and sent to after i
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import grpc
 from grpc_health.v1 import health, health_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -21,7 +24,8 @@ class HealthServicer(health.HealthServicer):
     _send_response_callbacks, _gracefully_shutting_down); tests/test_health.py checks both the protocol and the
     shutdown race."""
 
-    def Watch(self, request, context, send_response_callback=None):
+    def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext,
+              send_response_callback: Callable | None = None) -> object:  # fmt: skip
         """Sends the service's status, then every change, with no send under the lock: the watcher is registered
         after its first response, and a change in between is sent too (once more, at worst)."""
         if send_response_callback is None:  # a server without non-blocking streaming: grpc_health's own way
