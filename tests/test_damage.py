@@ -115,7 +115,7 @@ def flushed_then_killed(tmp_path_factory):
 
 @pytest.mark.parametrize("damage, message", [
     ("deleted", "shard.json says it is shard 0 of 1 .*but RocksDB holds no shard record"),
-    ("bytes flipped", r"RocksDB at .* is damaged and does not open: Corruption: .*write-ahead logs it replays at "
+    ("bytes flipped", r"RocksDB found damage in .* while opening it: Corruption: .*write-ahead logs it replays at "
                       r"open: \d+\.log \([\d,]+ bytes\)"),
     ("cut in half", r"journal records \d+\.\.30 .* are missing \(\d+ pushes, which may have been acknowledged\)"),
 ])  # fmt: skip

@@ -48,7 +48,7 @@ def damaged_copy(good_dir, tmp_path, damage) -> str:
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("CURRENT", "RocksDB at .* is damaged and does not open: Corruption: CURRENT file corrupted. `ps-server verify"),
+    ("CURRENT", "RocksDB found damage in .* while opening it: Corruption: CURRENT file corrupted. `ps-server verify"),
     ("sst", "cannot start on data dir .*checksum mismatch.*restore the dir"),
 ])  # fmt: skip
 def test_a_damaged_rocksdb_is_a_clear_error(good_dir, tmp_path, damage, message):
@@ -88,7 +88,7 @@ def test_ps_server_exits_with_the_message(good_dir, tmp_path):
     r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", path, "--port", "0"], capture_output=True,
                        text=True, timeout=120)  # fmt: skip
     assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert re.search(r"RocksDB at .* is damaged and does not open: Corruption", r.stderr), r.stderr
+    assert re.search(r"RocksDB found damage in .* while opening it: Corruption", r.stderr), r.stderr
 
 
 def test_a_manifest_cut_short_is_refused_without_deleting_the_files_it_lost(good_dir, tmp_path):

@@ -411,8 +411,8 @@ class Shard:
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done (no pushes), sync (a contribution to the
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
-        is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this request, min_clock). A rejected
-        request (a bad stamp, a push of a worker held as done) changes nothing."""
+        is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this
+        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing."""
         self.jobs.check(stamp, pull=False)
         if stamp.done:
             if pushes or advance_clock:

@@ -164,10 +164,10 @@ def _items(cf: Rdict, start: bytes | None = None, read_opts: ReadOptions | None 
     it.status()
 
 
-def _error(path: str, doing: str, e: Exception) -> StorageError:
+def _error(path: str, doing: str, e: Exception, text: str | None = None) -> StorageError:
     """rocksdict's error (a plain Exception) as a StorageError saying what failed; damage that RocksDB detected
-    ("Corruption: ...", a file gone) as a DataLossError."""
-    text = str(e)
+    ("Corruption: ...", a file gone) as a DataLossError. text: what to say of e (default: str(e))."""
+    text = str(e) if text is None else text
     if not (text.startswith("Corruption") or "No such file" in text):
         return StorageError(f"RocksDB in {path} failed while {doing}: {text}")
     return DataLossError(
@@ -376,10 +376,7 @@ class Store:
                     f"running on it? ({e})"
                 ) from e
             if str(e).startswith("Corruption"):
-                raise DataLossError(
-                    f"RocksDB at {path} is damaged and does not open: {_open_failure(path, e)}. `ps-server verify "
-                    f"{path}` lists what is damaged; restore the dir from a backup or checkpoint"
-                ) from e
+                raise _error(path, "opening it", e, _open_failure(path, e)) from e
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         self._meta = self._db.get_column_family(META_CF)
         self._write_opts = WriteOptions()
