@@ -140,7 +140,7 @@ class PushResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
 class WorkerStamp(_message.Message):
-    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked")
+    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -150,6 +150,7 @@ class WorkerStamp(_message.Message):
     BARRIER_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     ACKED_FIELD_NUMBER: _ClassVar[int]
+    SETUP_FIELD_NUMBER: _ClassVar[int]
     job: int
     worker: int
     num_workers: int
@@ -159,7 +160,8 @@ class WorkerStamp(_message.Message):
     barrier_timeout_s: float
     done: bool
     acked: int
-    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ...) -> None: ...
+    setup: str
+    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ...) -> None: ...
 
 class PullBatchRequest(_message.Message):
     __slots__ = ("pulls", "stamp")

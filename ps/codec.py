@@ -72,6 +72,7 @@ message WorkerStamp
   7  barrier_timeout_s I64    double                   how long a wait may last; 0: 60
   8  done             VARINT  bool                     push with no pushes: the worker has finished
   9  acked            VARINT  uint64                   the worker's steps whose push has had its reply
+  10 setup            LEN     string                   key=value pairs every worker of the job runs alike
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull

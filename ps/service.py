@@ -146,7 +146,9 @@ def stamp_of(request: Any) -> Stamp | None:
         m = request.stamp
     if m is None:
         return None
-    return Stamp(m.job, m.worker, m.num_workers, m.step, m.staleness, m.sync, m.barrier_timeout_s, m.done, m.acked)
+    return Stamp(
+        m.job, m.worker, m.num_workers, m.step, m.staleness, m.sync, m.barrier_timeout_s, m.done, m.acked, m.setup
+    )
 
 
 # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)

@@ -5,6 +5,7 @@ client's stamps over gRPC."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 
@@ -180,13 +181,15 @@ def test_a_sync_step_is_the_sum_of_the_workers_pushes_applied_once(tmp_path, opt
         oracle.close()
 
 
-def sync_steps(shard, steps: range, value: float = 1.0) -> None:
-    """Two workers push value to ids A (worker 0) and B (worker 1) in each sync step."""
+def sync_steps(shard, steps: range, value: float = 1.0, setup: str = "") -> None:
+    """Two workers push value to ids A (worker 0) and B (worker 1) in each sync step, stamped with setup."""
     for s in steps:
         Concurrently(
-            lambda s=s: shard.push_stamped([push(A, np.full((len(A), 4), value))], 1, 0, 0, stamp(0, s, sync=True)),
-            lambda s=s: shard.push_stamped([push(B, np.full((len(B), 4), value))], 1, 0, 0, stamp(1, s, sync=True)),
-        ).join()
+            lambda s=s: shard.push_stamped([push(A, np.full((len(A), 4), value))], 1, 0, 0,
+                                           stamp(0, s, sync=True, setup=setup)),
+            lambda s=s: shard.push_stamped([push(B, np.full((len(B), 4), value))], 1, 0, 0,
+                                           stamp(1, s, sync=True, setup=setup)),
+        ).join()  # fmt: skip
 
 
 A, B = random_ids(20, seed=1), random_ids(30, seed=2)
@@ -324,6 +327,68 @@ def test_two_workers_of_one_worker_id_fail_the_step_for_both_naming_the_duplicat
             first.join()
         assert time.monotonic() - started < 10  # not the 30 s deadline
         assert (shard.table("emb").peek(A) == before).all() and shard.clock == 1
+    finally:
+        shard.close()
+
+
+SETUP = "mode=sync model=fm fields=3:0a1b2c3d numeric=0"
+
+
+def test_a_worker_of_another_setup_stops_the_job_and_every_worker_hears_why(tmp_path):
+    """Worker 0 (its setup starts the job) waits in sync step 1 and in a pull; worker 1 comes with another model
+    and hidden widths: it is refused naming both keys, and worker 0's waits end at once with the same reason, not
+    at their deadline; later stamps of the job are refused too, and nothing of step 1 was applied. A new job id
+    starts afresh."""
+    shard = open_shard(tmp_path)
+    try:
+        sync_steps(shard, range(1), setup=SETUP)
+        before, journaled = shard.table("emb").peek(A), shard.journal.next_seq
+        waiting = Concurrently(
+            lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 11, 0, stamp(0, 1, sync=True, setup=SETUP)),
+            lambda: shard.jobs.wait_for_pull(stamp(0, 2, sync=True, setup=SETUP)),
+        )  # fmt: skip
+        wait_until(lambda: 1 in shard.jobs._steps and shard.jobs._steps[1].contributions, 30, "worker 0's push")
+        wait_until(lambda: shard.jobs._waiting == 2, 30, "worker 0's two waits")
+        started = time.monotonic()
+        other = SETUP.replace("model=fm", "model=deepfm") + " hidden=400,400 dense=ps"
+        expected = (
+            r"worker 1 of job 0x5eed runs another setup than the job started with here \((worker 0's|its own) first "
+            r"stamp\): "
+            r"'model' 'deepfm' \(the job's: 'fm'\), 'hidden' '400,400' \(the job's: '\(unset\)'\), 'dense' 'ps' "
+            r"\(the job's: '\(unset\)'\); every worker of a job runs the same mode, model and tables"
+        )
+        with pytest.raises(InvalidArgumentError, match=expected):
+            shard.jobs.check(stamp(1, 1, sync=True, setup=other), pull=False)
+        assert not join_all(waiting)
+        for error in waiting.errors:
+            assert isinstance(error, InvalidArgumentError) and re.search(expected, str(error)), error
+        assert time.monotonic() - started < 10  # not the 30 s deadline
+        assert (shard.table("emb").peek(A) == before).all() and shard.journal.next_seq == journaled
+        with pytest.raises(InvalidArgumentError, match=expected):  # the job stays stopped, for the right setup too
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 12, 0, stamp(1, 1, sync=True, setup=SETUP))
+        assert (shard.pull("emb", B) == -1).all()
+        # the pairs, not their order, are the setup; a new job follows its own first stamp
+        reordered = " ".join(reversed(SETUP.split()))
+        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 1, 0, setup=reordered)) == 0
+        shard.jobs.check(Stamp(JOB + 1, 0, 1, 0, setup=SETUP), pull=True)
+        assert shard.jobs.job == JOB + 1
+    finally:
+        shard.close()
+
+
+def join_all(waiting: Concurrently) -> bool:
+    """Joins the threads of waiting; whether none of them failed."""
+    for t in waiting.threads:
+        join_thread(t, 60, "a worker thread")
+    return not any(waiting.errors)
+
+
+def test_a_setup_past_its_limit_is_a_bad_stamp(tmp_path):
+    shard = open_shard(tmp_path)
+    try:
+        with pytest.raises(InvalidArgumentError, match="bad worker stamp: setup of 1,001 characters is longer"):
+            shard.jobs.check(stamp(0, 0, setup="x" * 1001), pull=True)
+        assert shard.jobs.job == 0
     finally:
         shard.close()
 
@@ -777,7 +842,7 @@ def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
     with Client(addresses, timeout_s=30) as client:
         assert (client.pull("emb", A) == -4).all()
         expected = PsError if finished else JobIdReusedError
-        with pytest.raises(expected, match="give a new --job-id") as info:
+        with pytest.raises(expected, match="a new --job-id") as info:
             client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1,
                              stamp=WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=5))  # fmt: skip
         if finished:

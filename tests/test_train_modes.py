@@ -4,6 +4,7 @@ past its staleness bound; geo and ssp train; a worker that stops early lets the 
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 
@@ -168,6 +169,58 @@ def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp
     runs = _run_job(addresses, [dataclasses.replace(cfg, worker_id=0, epochs=2), dataclasses.replace(cfg, worker_id=1)])
     assert [r["result"].steps for r in runs] == [4, 2]  # 1600 lines each: batches of 1000 and 600
     assert time.monotonic() - started < 15
+
+
+def test_workers_of_one_job_with_other_models_both_stop_at_once_naming_the_model(servers, tmp_path, data_file):
+    """An fm worker and a deepfm worker given one sync job: whichever stamp comes second is refused, which stops
+    the job, so both fail with the models named, long before the 60 s barrier would have ended the wait."""
+    from ps.errors import InvalidArgumentError
+
+    addresses, _ = servers(2)
+    cfg = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, batch_size=400,
+                      validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, job_id=23, mode="sync",
+                      barrier_timeout_s=60)  # fmt: skip
+    cfgs = [dataclasses.replace(cfg, worker_id=0), dataclasses.replace(cfg, worker_id=1, model="deepfm", hidden=(8,))]
+    errors: list = [None, None]
+
+    def run(i):
+        try:
+            _run_worker(addresses, cfgs[i])
+        except Exception as e:  # the test looks at both
+            errors[i] = e
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert time.monotonic() - started < 30
+    for e in errors:
+        assert isinstance(e, InvalidArgumentError), e
+        assert "runs another setup than the job started with" in str(e) and "the job stops" in str(e), e
+        assert re.search(r"'model' '(fm|deepfm)' \(the job's: '(deepfm|fm)'\)", str(e)), e
+
+
+def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_chooses():
+    from worker.steprows import job_setup
+    from worker.train import prepare
+
+    def setup(**changes) -> str:
+        cfg = TrainConfig(servers=("h:1",), synthetic_rows=20_000, num_workers=2, job_id=5, mode="sync",
+                          model="deepfm", hidden=(16,), progress=False)  # fmt: skip
+        resolved, _, spec, _ = prepare(dataclasses.replace(cfg, **changes))
+        return job_setup(resolved, spec)
+
+    base = setup()
+    assert base.startswith("mode=sync model=deepfm fields=") and "hidden=16 dense=ps" in base
+    for own in ({"worker_id": 1}, {"batch_size": 64}, {"backend": "numpy", "epochs": 3}, {"prefetch": 2}):
+        assert setup(**own) == base, own
+    shared = [{"mode": "ssp", "staleness": 2}, {"model": "dnn"}, {"hidden": (8,)}, {"embedding_dim": 4},
+              {"mode": "ssp", "dense": "allreduce"}]  # fmt: skip
+    assert len({base, *(setup(**c) for c in shared)}) == len(shared) + 1
+    assert "staleness=2" in setup(mode="ssp", staleness=2)
+    assert "dense_optimizer=adam:0.001" in setup(mode="ssp", dense="allreduce")
 
 
 @pytest.mark.parametrize(

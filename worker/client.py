@@ -157,7 +157,8 @@ class WorkerStamp:
     gradients these are), staleness (a pull waits until every worker pushed the steps < step - staleness), sync
     (a push's step is summed over every worker and applied once), how long a wait may last, done (finish), and
     acked: the number of this worker's steps whose push has had its reply (at most step, but for done; a shard
-    that restarted learns the worker's clock from it)."""
+    that restarted learns the worker's clock from it), and setup: what every worker of the job runs alike
+    (worker.steprows.job_setup; the shards refuse a worker of another setup, which stops the job)."""
 
     job: int
     worker: int
@@ -168,12 +169,13 @@ class WorkerStamp:
     barrier_timeout_s: float = 60.0
     done: bool = False
     acked: int = 0
+    setup: str = ""
 
     def to_proto(self) -> ps_pb2.WorkerStamp:
         return ps_pb2.WorkerStamp(
             job=self.job, worker=self.worker, num_workers=self.num_workers, step=self.step,
             staleness=self.staleness, sync=self.sync, barrier_timeout_s=self.barrier_timeout_s, done=self.done,
-            acked=self.acked,
+            acked=self.acked, setup=self.setup,
         )  # fmt: skip
 
 
@@ -414,11 +416,14 @@ class Client:
 
     def _check_contributed(self, shard: int, request: ps_pb2.PushBatchRequest, reply, stamp: WorkerStamp) -> None:
         """JobIdReusedError when the reply to a sync PushBatch's first attempt carrying ids applied none: the shard
-        had applied that step of the job before, under an earlier run of the job id; the contribution was dropped."""
+        had applied that step of the job before (an earlier run of the job id, or this worker restarted within its
+        job); the contribution was dropped."""
         if reply.num_applied == 0 and any(p.ids for p in request.pushes):
             raise JobIdReusedError(
                 f"job id {stamp.job:#x}'s step {stamp.step} was applied before on shard {shard} at "
-                f"{self.servers[shard]}: a job id is for one run; give a new --job-id (this step's push was dropped)"
+                f"{self.servers[shard]}, so this push of it was dropped: an earlier run used the job id, or this "
+                "worker restarted within a running sync job, which a worker cannot rejoin; a job id is for one run: "
+                "start every worker of the job again under a new --job-id"
             )
 
     def advance_clock(self, steps: int = 1) -> int:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from ps.errors import PsError
 from worker.batch import Batch, TableIds, table_ids
 from worker.dense import DenseSync
 from worker.dense import table_name as dense_table
@@ -167,9 +168,12 @@ class TrainingDataError(ValueError):
 
 
 def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
-    """batches, with a ValueError their iterator raises re-raised as TrainingDataError (steps so far)."""
+    """batches, with a ValueError their iterator raises re-raised as TrainingDataError (steps so far); a shard's
+    refusal of a pull made on the way (a PsError) passes as it is."""
     try:
         yield from batches
+    except PsError:
+        raise
     except ValueError as e:
         raise TrainingDataError(str(e), result.steps, result.examples) from e
 

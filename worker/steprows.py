@@ -20,6 +20,7 @@ and stats() ({"cache_hit_rate", "cache_bytes_saved"} where a cache serves rows).
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
 from dataclasses import replace
@@ -236,6 +237,25 @@ class GeoRows:
         return {"cache_hit_rate": rate, "local_rows": int(self.geo.local_rows)}
 
 
+def job_setup(cfg: Any, spec: ModelSpec) -> str:
+    """What every worker of a sync or ssp job must run alike, as the stamp's key=value pairs (the shards refuse a
+    worker whose pairs differ from the job's: ps.engine.jobs): the mode (and ssp's staleness), the model, its
+    fields (their count and a digest of each field's name, table, width and pooling), the numeric features, and
+    for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer). Left out
+    on purpose: what a worker may choose for its own hardware or share (backend, device, batch size, epochs,
+    prefetch, its data)."""
+    fields = hashlib.blake2b(repr(spec.fields).encode(), digest_size=4).hexdigest()
+    pairs = [f"mode={cfg.mode}"] + ([f"staleness={cfg.staleness}"] if cfg.mode == "ssp" else [])
+    pairs += [f"model={spec.name}", f"fields={len(spec.fields)}:{fields}", f"numeric={spec.num_dense}"]
+    if spec.has_mlp:
+        pairs.append("hidden=" + ",".join(map(str, spec.hidden)))
+    if spec.dense_params():
+        pairs.append(f"dense={cfg.dense}")
+        if cfg.dense == "allreduce":
+            pairs.append(f"dense_optimizer={cfg.dense_optimizer}:{cfg.dense_learning_rate:g}")
+    return " ".join(pairs)
+
+
 def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> Any:
     """The row source of a resolved TrainConfig's --mode (table_configs: the model's sparse tables, for geo's
     local optimizers)."""
@@ -256,6 +276,7 @@ def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> A
         staleness=0 if cfg.mode == "sync" else cfg.staleness,
         sync=cfg.mode == "sync",
         barrier_timeout_s=cfg.barrier_timeout_s,
+        setup=job_setup(cfg, spec),
     )
     cache = None
     if cfg.row_cache_bytes:

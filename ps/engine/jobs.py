@@ -37,6 +37,11 @@ after the whole sum. Stamps are trusted that far and no further: no stamp proves
 Limit: a worker that finished before the restart is not known as done: its peers wait for it (its clock is what
 the journal and its last stamps proved) until their deadline, unless it sends its done stamp again.
 
+Setup. The first stamp of a job on a shard sets the job's setup (its `setup`: key=value pairs the worker says every
+worker of the job must run alike: mode, model, tables). A stamp of the job whose pairs differ is refused
+(InvalidArgumentError naming the keys that differ) and stops the job: its waits and every later stamp of it get
+that error, so every worker learns why at once instead of waiting out its barrier for a worker that has failed.
+
 One job at a time: a stamp of another job starts that one (its clocks seeded from the journal) and the old job's
 waits fail; a sum of the old job applied after the switch changes nothing of the new one. A job id is for one
 run: a shard remembers the sync steps it applied under it, and answers a second run's contributions to them with
@@ -73,6 +78,7 @@ from ps.errors import (
     ShardClosingError,
     StorageError,
     WorkerDoneError,
+    echo,
 )
 from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
@@ -81,6 +87,8 @@ log = logging.getLogger("ps.engine.jobs")
 DEFAULT_BARRIER_S = 60.0  # a stamp's barrier_timeout_s 0
 MAX_BARRIER_S = 3600.0
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
+MAX_SETUP_CHARS = 1000  # of a stamp's setup
+NAMED_KEYS = 8  # setup keys named in a refusal, at most
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 
 
@@ -97,6 +105,7 @@ class Stamp:
     barrier_timeout_s: float = 0.0
     done: bool = False
     acked: int = 0
+    setup: str = ""
 
     @property
     def timeout_s(self) -> float:
@@ -120,10 +129,26 @@ def check_stamp(stamp: Stamp, pull: bool) -> None:
         bad += "before the one it stamps at most"
     elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
         bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 (60 s) to {MAX_BARRIER_S:g} seconds"
+    elif len(stamp.setup) > MAX_SETUP_CHARS:
+        bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
     elif pull and stamp.done:
         bad = "done is said by a PushBatch without pushes, not by a pull"
     if bad:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was applied")
+
+
+def setup_pairs(setup: str) -> dict[str, str]:
+    """The key=value pairs of a stamp's setup (a token without '=' is a key with an empty value)."""
+    return dict(token.partition("=")[::2] for token in setup.split())
+
+
+def setup_difference(setup: str, job_setup: str) -> str:
+    """The keys whose values differ between two setups, each as "key 'value' (the job's: 'value')"."""
+    mine, job = setup_pairs(setup), setup_pairs(job_setup)
+    keys = [k for k in dict.fromkeys([*job, *mine]) if mine.get(k) != job.get(k)]
+    named = ", ".join(f"{echo(k)} {echo(mine.get(k, '(unset)'), 40)} (the job's: {echo(job.get(k, '(unset)'), 40)})"
+                      for k in keys[:NAMED_KEYS])  # fmt: skip
+    return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
 
 
 def sync_key(job: int) -> int:
@@ -213,6 +238,9 @@ class JobClocks:
         self._cond = threading.Condition()
         self.job = 0
         self.num_workers = 0
+        self.setup = ""  # the job's, from its first stamp here
+        self._setup_from = 0  # the worker of that stamp
+        self._stopped: BaseException | None = None  # why the job stopped (a worker of another setup came)
         self.max_gap = 0  # the largest step - min_clock a stamped pull of this job was served at
         self._clocks: list[int] = []
         self._done: list[bool] = []
@@ -223,8 +251,9 @@ class JobClocks:
     # ---- the job --------------------------------------------------------------------------------------
     def check(self, stamp: Stamp, pull: bool) -> None:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp, or the
-        job's worker count differs from the one the job started with); WorkerDoneError for a push of a worker
-        held as done."""
+        job's worker count differs from the one the job started with), and for one of a stopped job or of
+        another setup than its job's (which stops the job); WorkerDoneError for a push of a worker held as
+        done."""
         check_stamp(stamp, pull)
         with self._cond:
             self._check_workers(stamp)
@@ -232,12 +261,35 @@ class JobClocks:
                 self._check_not_done(stamp)
 
     def _check_workers(self, stamp: Stamp) -> None:
-        if stamp.job == self.job and stamp.num_workers != self.num_workers:
+        """The stamp's job, if it is the one followed, against what it started with. Lock held."""
+        if stamp.job != self.job:
+            return
+        if self._stopped is not None:
+            raise _again(self._stopped)
+        if stamp.num_workers != self.num_workers:
             raise InvalidArgumentError(
                 f"bad worker stamp: job {stamp.job:#x} has {self.num_workers:,} workers on shard {self.shard_id}, "
-                f"the stamp says {stamp.num_workers:,}; every worker of a job gives the same count; nothing was "
-                "applied"
+                f"the stamp says {stamp.num_workers:,}; every worker of a job gives the same count (a second run "
+                "under the job id? a job id is for one run: give a new --job-id); nothing was applied"
             )
+        if stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
+            first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
+            self._stop(InvalidArgumentError(
+                f"bad worker stamp: shard {self.shard_id}: worker {stamp.worker} of job {stamp.job:#x} runs another "
+                f"setup than the job started with here ({first} first stamp): "
+                f"{setup_difference(stamp.setup, self.setup)}; every worker of a job runs the same mode, model and "
+                "tables (a second run under the job id? a job id is for one run: give a new --job-id); nothing "
+                "was applied; the job stops"
+            ))  # fmt: skip
+            raise _again(self._stopped)
+
+    def _stop(self, error: BaseException) -> None:
+        """Stops the job: its gathering steps and waits fail with error, and so does every later stamp of it (a
+        step whose sum is being applied is left to finish). Lock held."""
+        self._stopped = error
+        for step in [s for s in self._steps.values() if not s.applying]:
+            self._fail(step, error)
+        self._cond.notify_all()
 
     def _check_not_done(self, stamp: Stamp) -> None:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
@@ -254,7 +306,7 @@ class JobClocks:
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
         if stamp.job != self.job:
-            self._start(stamp.job, stamp.num_workers)
+            self._start(stamp)
         self._check_workers(stamp)
         if stamp.acked > self._clocks[stamp.worker]:
             self._reach(stamp.acked, [stamp.worker])
@@ -263,7 +315,10 @@ class JobClocks:
             self._prove_below(stamp.acked)
         return self._generation
 
-    def _start(self, job: int, num_workers: int) -> None:
+    def _start(self, stamp: Stamp) -> None:
+        """Follows the stamp's job in place of the one followed: clocks seeded from the journal, the stamp's
+        setup the job's. Lock held."""
+        job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
         log.info("shard %d follows job %#x of %d workers (clocks from %d)%s", self.shard_id, job, num_workers, seed,
                  f", in place of job {self.job:#x}" if self.job else "")  # fmt: skip
@@ -275,6 +330,7 @@ class JobClocks:
             step.error = replaced
         self._steps = {}
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
+        self.setup, self._setup_from, self._stopped = stamp.setup, stamp.worker, None
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
@@ -362,6 +418,8 @@ class JobClocks:
     def _check_alive(self, generation: int) -> None:
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
+        if generation == self._generation and self._stopped is not None:
+            raise _again(self._stopped)
         if generation != self._generation:
             raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job:#x} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
