@@ -4,6 +4,7 @@ an input, bad input fails before anything is trained and says what to do, and --
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -54,6 +55,21 @@ def test_eval_and_launchs_final_evaluation_score_eval_data_not_the_training_file
         assert main(["eval", "--servers", addresses[0], "--model", "lr", *given]) == 0
         out, err = capsys.readouterr()
         assert f"({TEST_ROWS} examples)" in out, (given, out, err)
+
+
+def test_eval_on_synthetic_rows_says_which_rows_and_what_they_are_held_out_from(servers, capsys):
+    addresses, _ = servers(1)
+    flags = ["--model", "lr", "--synthetic-rows", "3000", "--synthetic-eval-rows", "500", "--synthetic-seed", "4"]
+    assert main(["train", "--servers", addresses[0], "--no-progress", "--epochs", "1", *flags]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--servers", addresses[0], *flags]) == 0
+    out = capsys.readouterr().out
+    assert "(500 examples)" in out
+    assert ("data   synthetic rows 3,000 to 3,499 of seed 4: held out only from a training run of --synthetic-rows "
+            "3,000 or fewer with the same --synthetic-* flags") in out, out  # fmt: skip
+    assert main(["eval", "--servers", addresses[0], *flags, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["synthetic_eval_rows"] == [3000, 3500] and r["synthetic_seed"] == 4
 
 
 # --- outputs never replace inputs ----------------------------------------------------------------------------------

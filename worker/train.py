@@ -572,6 +572,9 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
             "shards": len(addresses),
             **evaluate(client, spec, backend, dense.pull(), eval_batches),
         }
+    if data.synthetic is not None:  # which rows: they follow the training rows of --synthetic-rows
+        results["synthetic_eval_rows"] = [cfg.synthetic_rows, cfg.synthetic_rows + cfg.synthetic_eval_rows]
+        results["synthetic_seed"] = cfg.synthetic_seed
     return results
 
 
@@ -583,6 +586,10 @@ def format_results(r: dict) -> str:
                      f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
                      f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s")  # fmt: skip
     lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
+    if "synthetic_eval_rows" in r:
+        start, stop = r["synthetic_eval_rows"]
+        lines.append(f"data   synthetic rows {start:,} to {stop - 1:,} of seed {r['synthetic_seed']}: held out only "
+                     f"from a training run of --synthetic-rows {start:,} or fewer with the same --synthetic-* flags")  # fmt: skip
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "best_validation_auc" in r:
