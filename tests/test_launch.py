@@ -30,7 +30,6 @@ from worker.launch import (
     worker_commands,
     worker_environment,
 )
-from worker.launch_dirs import PREFIX, make_launch_dir, remove_stale_launch_dirs
 from worker.launch_report import (
     MergedProgress,
     format_progress,
@@ -40,6 +39,7 @@ from worker.launch_report import (
     parse_progress,
 )
 from worker.loop import LoopResult, _ProgressLines
+from worker.temp_dirs import KEPT, make_temp_dir, remove_stale_temp_dirs
 from worker.train import NOT_EVALUATED, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -536,29 +536,33 @@ def test_the_directory_of_a_killed_launcher_is_removed_by_the_next_launch(fakes,
     worker.write_text("import json, sys\nout = sys.argv[sys.argv.index('--metrics-out') + 1]\n"
                       "json.dump({'train_examples': 1}, open(out, 'w'))\n")  # fmt: skip
     args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress")
-    with caplog.at_level("WARNING", logger="worker.launch"):
+    with caplog.at_level("WARNING", logger="worker.temp_dirs"):
         rc = run_launch(args, rest, worker_command=[sys.executable, str(worker)], train_config=stand_in_train_config,
                         evaluate=lambda cfg: {})  # fmt: skip
     assert rc == 0 and os.listdir(tmp_path / "temp") == []
-    assert f"removed {tmp_path / 'temp' / left}, left by an earlier launch (pid {proc.pid}) that is gone" in caplog.text
+    assert f"removed {tmp_path / 'temp' / left}, left by an earlier run (pid {proc.pid}) that is gone" in caplog.text
 
 
-def test_only_the_directories_of_gone_launches_of_this_user_and_host_are_removed(tmp_path, caplog):
+def test_only_the_directories_of_gone_runs_of_this_user_and_host_not_kept_are_removed(tmp_path, caplog):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        made = Path(make_launch_dir())
+        made = Path(make_temp_dir("launch"))
         made.rmdir()
         host = made.name.split("-", 3)[3].rsplit("-", 1)[0]  # sparseps-launch-<pid>-<host>-<random>
+        launch, local = "sparseps-launch-", "sparseps-local-"
         names = {
-            "dead": f"{PREFIX}{gone.pid}-{host}-abc_123",
-            "alive": f"{PREFIX}{alive.pid}-{host}-abc_123",
-            "mine": f"{PREFIX}{os.getpid()}-{host}-abc_123",
-            "other host": f"{PREFIX}{gone.pid}-not{host}-abc_123",
-            "no pid": f"{PREFIX}abc_123",
-            "a file": f"{PREFIX}{gone.pid}-{host}-file_1",
-            "a link": f"{PREFIX}{gone.pid}-{host}-link_1",
+            "dead": f"{launch}{gone.pid}-{host}-abc_123",
+            "dead local": f"{local}{gone.pid}-{host}-abc_123",
+            "kept local": f"{local}{gone.pid}-{host}-kept_1",
+            "alive": f"{launch}{alive.pid}-{host}-abc_123",
+            "mine": f"{local}{os.getpid()}-{host}-abc_123",
+            "other host": f"{launch}{gone.pid}-not{host}-abc_123",
+            "other kind": f"sparseps-other-{gone.pid}-{host}-abc_123",
+            "no pid": f"{launch}abc_123",
+            "a file": f"{launch}{gone.pid}-{host}-file_1",
+            "a link": f"{launch}{gone.pid}-{host}-link_1",
         }
         for what, name in names.items():
             if what == "a file":
@@ -568,10 +572,12 @@ def test_only_the_directories_of_gone_launches_of_this_user_and_host_are_removed
             else:
                 (tmp_path / name).mkdir()
                 (tmp_path / name / "worker-0.json").write_text("{}")
-        with caplog.at_level("WARNING", logger="worker.launch"):
-            assert remove_stale_launch_dirs(str(tmp_path)) == [str(tmp_path / names["dead"])]
-        assert sorted(os.listdir(tmp_path)) == sorted(n for w, n in names.items() if w != "dead")
-        assert f"left by an earlier launch (pid {gone.pid}) that is gone" in caplog.text
+        (tmp_path / names["kept local"] / KEPT).write_text("a local shard failed to start\n")
+        removed = [str(tmp_path / names["dead"]), str(tmp_path / names["dead local"])]
+        with caplog.at_level("WARNING", logger="worker.temp_dirs"):
+            assert remove_stale_temp_dirs(str(tmp_path)) == removed
+        assert sorted(os.listdir(tmp_path)) == sorted(n for w, n in names.items() if not w.startswith("dead"))
+        assert f"left by an earlier run (pid {gone.pid}) that is gone" in caplog.text
     finally:
         alive.kill()
         alive.wait()

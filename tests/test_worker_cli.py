@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from ps.errors import ServerUnavailableError
+from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.schema_infer import infer_schema_text
 from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.temp_dirs import KEPT
 from worker.terminate import Terminated
 from worker.train import TrainConfig, evaluate_servers, prepare, train
 
@@ -203,6 +205,54 @@ def test_local_shards_interrupted_while_starting_are_stopped_and_their_root_remo
         pytest.fail("the block must not run")
     assert not os.path.exists(cluster.root)
     assert started[0].poll() is not None
+
+
+def test_a_shard_that_fails_to_start_keeps_its_root_with_a_note_saying_why(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    cluster = LocalCluster(1, extra_args=["--cache-bytes", "1"])  # refused at start: below any table's floor
+    with pytest.raises(ServerUnavailableError, match="exited with code .* before listening"), cluster:
+        pytest.fail("the block must not run")
+    assert re.fullmatch(rf"sparseps-local-{os.getpid()}-.+", Path(cluster.root).name)
+    note = (Path(cluster.root) / KEPT).read_text()
+    assert note.startswith("a local shard failed to start: local shard 0 exited with code"), note
+    assert (Path(cluster.root) / "shard-0.log").exists()
+
+
+def processes_naming(text: str) -> list[int]:
+    """The pids of the processes whose command line holds text (Linux's /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
+def test_the_local_shards_dir_of_a_killed_train_is_removed_by_the_next_one(tmp_path):
+    """SIGKILL leaves train --local-shards no way to remove its shards' directory (the shards stop with it); the
+    next such run on the host removes it and says so."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    cmd = [sys.executable, "-m", "worker", "train", "--local-shards", "1", "--no-progress", "--model", "lr"]
+    first = subprocess.Popen([*cmd, "--synthetic-rows", "5000000"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_until(lambda: list(temp.glob("sparseps-local-*/shard-0/CURRENT")), 120, "the first run's shard")
+    finally:
+        first.kill()
+        first.wait(timeout=60)
+    [left] = os.listdir(temp)
+    assert left.startswith(f"sparseps-local-{first.pid}-")
+    wait_until(lambda: not processes_naming(str(temp / left)), 60, "the killed run's shard to stop")
+    second = subprocess.run([*cmd, "--synthetic-rows", "3000", "--synthetic-eval-rows", "500", "--epochs", "1"],
+                            env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert f"removed {temp / left}, left by an earlier run (pid {first.pid}) that is gone" in second.stderr
+    assert os.listdir(temp) == []
 
 
 # --- --help --------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """LocalCluster: N ps-server child processes on 127.0.0.1, for `ps-worker train --local-shards N` and tests.
 
 Each shard runs `python -m ps --port 0` on its own data dir (`<root>/shard-<i>`), logs to `<root>/shard-<i>.log`,
-and reports its port on stdout; start() waits for every port and for the shards to answer, with a deadline.
+and reports its port on stdout (root, unless given: a temporary directory of kind "local", worker/temp_dirs.py); start() waits for every port and for the shards to answer, with a deadline.
 stop() sends SIGTERM, waits, then kills. Restarting on the same root gives the shards their rows back.
 Each shard's standard input is a pipe this process holds (`--stop-with-stdin`): when this process dies, however
 it dies, the pipe closes and the shards stop cleanly instead of running on without their parent.
@@ -16,11 +16,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 
 from ps.errors import ServerUnavailableError
+from worker.temp_dirs import keep, make_temp_dir
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
 
@@ -33,7 +33,7 @@ class LocalCluster:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.num_shards = num_shards
         self._own_root = root is None
-        self.root = root or tempfile.mkdtemp(prefix="sparseps-")
+        self.root = root or make_temp_dir("local")
         self.start_timeout_s = start_timeout_s
         self.extra_args = list(extra_args)
         self.procs: list[subprocess.Popen] = []
@@ -147,12 +147,15 @@ class LocalCluster:
 
     def __enter__(self) -> LocalCluster:
         """start(); interrupted (Ctrl-C, SIGTERM), it cleans up as __exit__ would. A shard that fails to start
-        leaves the root, whose shard log the error names."""
+        leaves the root, whose shard log the error names (kept: worker.temp_dirs.keep)."""
         try:
             self.start()
         except BaseException as e:
             if not isinstance(e, Exception):  # KeyboardInterrupt, worker.terminate.Terminated
                 self.cleanup()
+            elif self._own_root:
+                first_line = str(e).splitlines()[0] if str(e) else repr(e)
+                keep(self.root, f"a local shard failed to start: {first_line}")
             raise
         return self
 

@@ -16,8 +16,8 @@ local shards stop, the failed worker's exit code and last lines are printed, exi
 (SIGTERM to launch: exit 143). Each worker runs in its own process group (a terminal's Ctrl-C reaches launch
 only, and a stop reaches the worker's children too) and, on Linux, gets SIGTERM when launch dies however it dies
 (prctl PR_SET_PDEATHSIG); local shards stop when launch's end of their stdin pipe closes. The workers' metrics go
-to a temporary directory that launch removes, or, if it was killed by SIGKILL, the next launch does
-(worker/launch_dirs.py).
+to a temporary directory that launch removes, or, if it was killed by SIGKILL, the next launch (or train with
+--local-shards) does (worker/temp_dirs.py).
 
 The PROGRESS lines it reads and the --metrics-out object it writes: worker/launch_report.py.
 """
@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from worker.flags import check_not_an_input, check_output_file, server_list
-from worker.launch_dirs import make_launch_dir, remove_stale_launch_dirs
 from worker.launch_report import MergedProgress, format_summary, merge_metrics, parse_progress
+from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises
 
@@ -395,8 +395,8 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
 
 def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] | None, grace_s: float,
          progress_every_s: float) -> int:  # fmt: skip
-    remove_stale_launch_dirs()  # those of earlier launches killed by SIGKILL
-    metrics_dir = make_launch_dir()
+    remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
+    metrics_dir = make_temp_dir("launch")
     try:
         with _servers(plan) as addresses:
             commands = worker_commands(plan, addresses, metrics_dir, program)

@@ -41,6 +41,7 @@ from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpe
 from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
 from worker.steprows import row_source
 from worker.tables import check_tables
+from worker.temp_dirs import remove_stale_temp_dirs
 
 log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
@@ -286,6 +287,7 @@ def cluster_addresses(cfg: TrainConfig) -> Iterator[list[str]]:
     if cfg.servers:
         yield list(cfg.servers)
         return
+    remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
     with LocalCluster(cfg.local_shards) as cluster:
         log.info("started %d local shards: %s (data in %s)", cfg.local_shards, cluster.addresses, cluster.root)
         yield cluster.addresses

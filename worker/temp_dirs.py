@@ -1,0 +1,103 @@
+"""The temporary directories of a run, and the removal of those that earlier runs left behind.
+
+    <tmp>/sparseps-<kind>-<pid>-<host>-<random>    <kind>: "launch" (a `ps-worker launch`'s workers' --metrics-out
+                                                   files) or "local" (the shards of --local-shards: data dirs and
+                                                   logs); <pid>: the run's process; <host>: this machine's name
+    <dir>/KEPT                                     a note: the directory was left on purpose (a shard failed to
+                                                   start and the error names its log here)
+
+A run removes its directory on the way out, also on Ctrl-C and SIGTERM; a run killed by SIGKILL cannot (its
+local shards stop with it: their stdin pipe closes). The next launch, or train with --local-shards, on the host
+removes every such directory whose <pid> no longer runs (os.kill(pid, 0)), if it is a directory (not a link) owned
+by this user without a KEPT note, and logs each removal. Directories of other hosts (a /tmp shared by containers,
+whose pids are not comparable), of running processes, and kept ones are left alone; a pid taken again by another
+process keeps its directory until that process ends, which errs on the safe side.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import socket
+import stat
+import tempfile
+
+log = logging.getLogger("worker.temp_dirs")
+KINDS = ("launch", "local")
+KEPT = "KEPT"  # the note in a directory left on purpose
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64] or "localhost"
+
+
+def make_temp_dir(kind: str) -> str:
+    """A new directory of kind (KINDS) under the temporary directory, named after this process and host (see the
+    module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"temporary directory kind {kind!r}, expected one of {list(KINDS)}")
+    return tempfile.mkdtemp(prefix=f"sparseps-{kind}-{os.getpid()}-{_host()}-")
+
+
+def keep(path: str, why: str) -> None:
+    """Leaves a KEPT note in path saying why: remove_stale_temp_dirs leaves the directory alone."""
+    try:
+        with open(os.path.join(path, KEPT), "w") as f:
+            f.write(why + "\n")
+    except OSError as e:
+        log.warning("could not write %s in %s: %s", KEPT, path, e)
+
+
+def remove_stale_temp_dirs(root: str | None = None) -> list[str]:
+    """Removes the directories under root (default: the temporary directory) that runs on this host left behind
+    and whose process is gone, but kept ones; returns their paths. One that cannot be removed is logged and
+    left."""
+    root = root or tempfile.gettempdir()
+    kinds = "|".join(KINDS)
+    pattern = re.compile(rf"sparseps-(?:{kinds})-(\d{{1,10}})-" + re.escape(_host()) + r"-[A-Za-z0-9_]+")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = pattern.fullmatch(name)
+        path = os.path.join(root, name)
+        if m is None or _running(int(m.group(1))) or not _own_directory(path):
+            continue
+        if os.path.lexists(os.path.join(path, KEPT)):
+            continue
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:  # another run removed it first
+            continue
+        except OSError as e:
+            log.warning("could not remove %s, left by an earlier run (pid %s): %s", path, m.group(1), e)
+            continue
+        log.warning("removed %s, left by an earlier run (pid %s) that is gone", path, m.group(1))
+        removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process pid exists (this one included; any pid that cannot be asked about counts as running)."""
+    if pid <= 0 or pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _own_directory(path: str) -> bool:
+    """Whether path is a directory, not a link to one, owned by this user."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
