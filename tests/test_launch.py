@@ -5,10 +5,12 @@ stops the others, Ctrl-C and SIGTERM stop them all, and no process is left behin
 from __future__ import annotations
 
 import argparse
+import fcntl
 import inspect
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -39,7 +41,7 @@ from worker.launch_report import (
     parse_progress,
 )
 from worker.loop import LoopResult, _ProgressLines
-from worker.temp_dirs import KEPT, make_temp_dir, remove_stale_temp_dirs
+from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
 from worker.train import NOT_EVALUATED, TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -548,14 +550,17 @@ def test_only_the_directories_of_gone_runs_of_this_user_and_host_not_kept_are_re
     gone.wait()
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        made = Path(make_temp_dir("launch"))
-        made.rmdir()
+        made, lock_fd = make_temp_dir("launch")
+        os.close(lock_fd)
+        shutil.rmtree(made)
+        made = Path(made)
         host = made.name.split("-", 3)[3].rsplit("-", 1)[0]  # sparseps-launch-<pid>-<host>-<random>
         launch, local = "sparseps-launch-", "sparseps-local-"
         names = {
             "dead": f"{launch}{gone.pid}-{host}-abc_123",
             "dead local": f"{local}{gone.pid}-{host}-abc_123",
             "kept local": f"{local}{gone.pid}-{host}-kept_1",
+            "in use": f"{local}{gone.pid}-{host}-used_1",
             "alive": f"{launch}{alive.pid}-{host}-abc_123",
             "mine": f"{local}{os.getpid()}-{host}-abc_123",
             "other host": f"{launch}{gone.pid}-not{host}-abc_123",
@@ -573,11 +578,15 @@ def test_only_the_directories_of_gone_runs_of_this_user_and_host_not_kept_are_re
                 (tmp_path / name).mkdir()
                 (tmp_path / name / "worker-0.json").write_text("{}")
         (tmp_path / names["kept local"] / KEPT).write_text("a local shard failed to start\n")
+        (tmp_path / names["dead"] / LOCK).write_text("")  # a lock nobody holds
         removed = [str(tmp_path / names["dead"]), str(tmp_path / names["dead local"])]
-        with caplog.at_level("WARNING", logger="worker.temp_dirs"):
-            assert remove_stale_temp_dirs(str(tmp_path)) == removed
+        with open(tmp_path / names["in use"] / LOCK, "w") as holder:  # a shard of a killed run, still stopping
+            fcntl.flock(holder, fcntl.LOCK_EX)
+            with caplog.at_level("WARNING", logger="worker.temp_dirs"):
+                assert remove_stale_temp_dirs(str(tmp_path)) == removed
         assert sorted(os.listdir(tmp_path)) == sorted(n for w, n in names.items() if not w.startswith("dead"))
         assert f"left by an earlier run (pid {gone.pid}) that is gone" in caplog.text
+        assert remove_stale_temp_dirs(str(tmp_path)) == [str(tmp_path / names["in use"])]
     finally:
         alive.kill()
         alive.wait()

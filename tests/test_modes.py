@@ -352,8 +352,8 @@ def test_a_worker_of_another_setup_stops_the_job_and_every_worker_hears_why(tmp_
         started = time.monotonic()
         other = SETUP.replace("model=fm", "model=deepfm") + " hidden=400,400 dense=ps"
         expected = (
-            r"worker 1 of job 0x5eed runs another setup than the job started with here \((worker 0's|its own) first "
-            r"stamp\): "
+            r"shard 0: job 0x5eed stops: worker 1 runs another setup than the job started with here \((worker 0's|its "
+            r"own) first stamp\): "
             r"'model' 'deepfm' \(the job's: 'fm'\), 'hidden' '400,400' \(the job's: '\(unset\)'\), 'dense' 'ps' "
             r"\(the job's: '\(unset\)'\); every worker of a job runs the same mode, model and tables"
         )
@@ -374,6 +374,37 @@ def test_a_worker_of_another_setup_stops_the_job_and_every_worker_hears_why(tmp_
         assert shard.jobs.job == JOB + 1
     finally:
         shard.close()
+
+
+def test_a_stop_leaves_a_sum_being_applied_and_a_push_applied_since_its_check_as_applied():
+    """The stop fails what is not yet applied only: contributors of a step whose sum is being applied get their
+    replies as applied, and a stamped push applied after its check moves its worker's clock without an error."""
+    jobs = JobClocks(0, lambda key: 0, threads=8, max_count=1e6)
+    release, applying = threading.Event(), threading.Event()
+
+    def apply(pushes, advance, key, seq):
+        applying.set()
+        assert release.wait(30)
+
+    contributors = Concurrently(
+        *(lambda w=w: jobs.push_sync(stamp(w, 0, sync=True, setup=SETUP), [("emb", A, np.ones((len(A), 4)),
+                                     np.ones(len(A)), np.zeros(len(A)))], 1, apply) for w in range(2))
+    )  # fmt: skip
+    assert applying.wait(30)
+    with pytest.raises(InvalidArgumentError, match="job 0x5eed stops: worker 1 runs another setup"):
+        jobs.check(stamp(1, 1, setup="model=lr"), pull=False)
+    release.set()
+    assert [r[0] for r in contributors.join()] == [len(A), len(A)]
+
+    ssp = JobClocks(0, lambda key: 0, threads=8, max_count=1e6)
+    ssp.check(stamp(0, 0, staleness=2, setup=SETUP), pull=False)
+    assert ssp.pushed(stamp(1, 0, staleness=2, setup=SETUP)) == 0  # the job starts here
+    ssp.check(stamp(0, 0, staleness=2, setup=SETUP), pull=False)
+    with pytest.raises(InvalidArgumentError, match="stops"):
+        ssp.check(stamp(1, 1, staleness=2, setup="model=lr"), pull=False)
+    assert ssp.pushed(stamp(0, 0, staleness=2, setup=SETUP)) == 1  # applied after its check: not an error
+    with pytest.raises(InvalidArgumentError, match="stops"):
+        ssp.check(stamp(0, 1, staleness=2, setup=SETUP), pull=False)
 
 
 def join_all(waiting: Concurrently) -> bool:

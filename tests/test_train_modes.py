@@ -198,7 +198,7 @@ def test_workers_of_one_job_with_other_models_both_stop_at_once_naming_the_model
     assert time.monotonic() - started < 30
     for e in errors:
         assert isinstance(e, InvalidArgumentError), e
-        assert "runs another setup than the job started with" in str(e) and "the job stops" in str(e), e
+        assert "stops: worker" in str(e) and "runs another setup than the job started with" in str(e), e
         assert re.search(r"'model' '(fm|deepfm)' \(the job's: '(deepfm|fm)'\)", str(e)), e
 
 

@@ -7,6 +7,7 @@ import http.server
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.schema_infer import infer_schema_text
 from worker.synthetic import SyntheticConfig, write_synthetic
-from worker.temp_dirs import KEPT
+from worker.temp_dirs import KEPT, remove_stale_temp_dirs
 from worker.terminate import Terminated
 from worker.train import TrainConfig, evaluate_servers, prepare, train
 
@@ -232,21 +233,28 @@ def processes_naming(text: str) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads Linux's /proc")
 def test_the_local_shards_dir_of_a_killed_train_is_removed_by_the_next_one(tmp_path):
-    """SIGKILL leaves train --local-shards no way to remove its shards' directory (the shards stop with it); the
-    next such run on the host removes it and says so."""
+    """SIGKILL leaves train --local-shards no way to remove its shards' directory (the shards stop with it); while
+    a shard of it still runs, the directory is in use and stays; then the next such run removes it and says so."""
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp)}
     cmd = [sys.executable, "-m", "worker", "train", "--local-shards", "1", "--no-progress", "--model", "lr"]
     first = subprocess.Popen([*cmd, "--synthetic-rows", "5000000"], env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)  # fmt: skip
+    shard = None
     try:
         wait_until(lambda: list(temp.glob("sparseps-local-*/shard-0/CURRENT")), 120, "the first run's shard")
+        [left] = os.listdir(temp)
+        [shard] = processes_naming(str(temp / left / "shard-0"))
+        os.kill(shard, signal.SIGSTOP)  # a shard that has not stopped yet
     finally:
         first.kill()
         first.wait(timeout=60)
-    [left] = os.listdir(temp)
-    assert left.startswith(f"sparseps-local-{first.pid}-")
+    try:
+        assert left.startswith(f"sparseps-local-{first.pid}-")
+        assert remove_stale_temp_dirs(str(temp)) == [] and os.listdir(temp) == [left]  # the shard holds its lock
+    finally:
+        os.kill(shard, signal.SIGCONT)
     wait_until(lambda: not processes_naming(str(temp / left)), 60, "the killed run's shard to stop")
     second = subprocess.run([*cmd, "--synthetic-rows", "3000", "--synthetic-eval-rows", "500", "--epochs", "1"],
                             env=env, capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -1,7 +1,8 @@
 """LocalCluster: N ps-server child processes on 127.0.0.1, for `ps-worker train --local-shards N` and tests.
 
 Each shard runs `python -m ps --port 0` on its own data dir (`<root>/shard-<i>`), logs to `<root>/shard-<i>.log`,
-and reports its port on stdout (root, unless given: a temporary directory of kind "local", worker/temp_dirs.py); start() waits for every port and for the shards to answer, with a deadline.
+and reports its port on stdout; root, unless given, is a temporary directory of kind "local" (worker/temp_dirs.py).
+start() waits for every port and for the shards to answer, with a deadline.
 stop() sends SIGTERM, waits, then kills. Restarting on the same root gives the shards their rows back.
 Each shard's standard input is a pipe this process holds (`--stop-with-stdin`): when this process dies, however
 it dies, the pipe closes and the shards stop cleanly instead of running on without their parent.
@@ -33,7 +34,10 @@ class LocalCluster:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         self.num_shards = num_shards
         self._own_root = root is None
-        self.root = root or make_temp_dir("local")
+        self._lock_fd: int | None = None  # held by this process and the shards while they use a root made here
+        if root is None:
+            root, self._lock_fd = make_temp_dir("local")
+        self.root = root
         self.start_timeout_s = start_timeout_s
         self.extra_args = list(extra_args)
         self.procs: list[subprocess.Popen] = []
@@ -68,7 +72,8 @@ class LocalCluster:
             *self.extra_args,
         ]  # fmt: skip
         with open(self.log_path(shard_id), "ab") as log:  # the child keeps its own copy of the descriptor
-            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE)
+            held = () if self._lock_fd is None else (self._lock_fd,)
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, pass_fds=held)
 
     def _await_port(self, shard_id: int, proc: subprocess.Popen, deadline: float) -> str:
         out = b""
@@ -144,6 +149,12 @@ class LocalCluster:
         self.stop()
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def __enter__(self) -> LocalCluster:
         """start(); interrupted (Ctrl-C, SIGTERM), it cleans up as __exit__ would. A shard that fails to start
@@ -156,6 +167,7 @@ class LocalCluster:
             elif self._own_root:
                 first_line = str(e).splitlines()[0] if str(e) else repr(e)
                 keep(self.root, f"a local shard failed to start: {first_line}")
+                self._release()
             raise
         return self
 

@@ -396,7 +396,7 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
 def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] | None, grace_s: float,
          progress_every_s: float) -> int:  # fmt: skip
     remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
-    metrics_dir = make_temp_dir("launch")
+    metrics_dir, lock_fd = make_temp_dir("launch")
     try:
         with _servers(plan) as addresses:
             commands = worker_commands(plan, addresses, metrics_dir, program)
@@ -433,6 +433,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         return 0
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.close(lock_fd)
 
 
 def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None) -> dict:

@@ -19,7 +19,8 @@ stays as it is). Ids first trained after the best keep their values. When the lo
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it; an error
 does not, so the other workers of a sync or ssp job stop at their deadline, naming this one. A ValueError
 raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
-out as TrainingDataError, which says how many steps had pushed by then. The training time (examples/s) leaves out
+out as TrainingDataError, which says how many steps had pushed by then; a shard's refusal of a pull made there (a
+PsError) comes out as it is. The training time (examples/s) leaves out
 the evaluations.
 """
 

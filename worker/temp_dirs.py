@@ -3,15 +3,18 @@
     <tmp>/sparseps-<kind>-<pid>-<host>-<random>    <kind>: "launch" (a `ps-worker launch`'s workers' --metrics-out
                                                    files) or "local" (the shards of --local-shards: data dirs and
                                                    logs); <pid>: the run's process; <host>: this machine's name
+    <dir>/LOCK                                     empty; the run holds an exclusive flock on it (and so do its
+                                                   local shards, which inherit the descriptor) while it uses <dir>
     <dir>/KEPT                                     a note: the directory was left on purpose (a shard failed to
                                                    start and the error names its log here)
 
 A run removes its directory on the way out, also on Ctrl-C and SIGTERM; a run killed by SIGKILL cannot (its
-local shards stop with it: their stdin pipe closes). The next launch, or train with --local-shards, on the host
-removes every such directory whose <pid> no longer runs (os.kill(pid, 0)), if it is a directory (not a link) owned
-by this user without a KEPT note, and logs each removal. Directories of other hosts (a /tmp shared by containers,
-whose pids are not comparable), of running processes, and kept ones are left alone; a pid taken again by another
-process keeps its directory until that process ends, which errs on the safe side.
+local shards stop with it, their stdin pipe closed, but may still be flushing). The next launch, or train with
+--local-shards, on the host removes every such directory whose <pid> no longer runs (os.kill(pid, 0)) and whose
+LOCK nobody holds, if it is a directory (not a link) owned by this user without a KEPT note, and logs each
+removal. Directories of other hosts, of running processes, in use (a shard of a killed run still stopping; a run
+in a container sharing /tmp, whose pids are not comparable), and kept ones are left alone; a pid taken again by
+another process keeps its directory until that process ends, which errs on the safe side.
 """
 
 from __future__ import annotations
@@ -24,21 +27,30 @@ import socket
 import stat
 import tempfile
 
+if os.name == "posix":
+    import fcntl
+
 log = logging.getLogger("worker.temp_dirs")
 KINDS = ("launch", "local")
 KEPT = "KEPT"  # the note in a directory left on purpose
+LOCK = "LOCK"  # flocked while the directory is in use
 
 
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64] or "localhost"
 
 
-def make_temp_dir(kind: str) -> str:
-    """A new directory of kind (KINDS) under the temporary directory, named after this process and host (see the
-    module docstring)."""
+def make_temp_dir(kind: str) -> tuple[str, int]:
+    """A new directory of kind (KINDS) under the temporary directory, named after this process and host, and a
+    descriptor holding the flock on its LOCK (see the module docstring): close it once the directory is removed
+    or left for good. Child processes given the descriptor (pass_fds) hold the lock too."""
     if kind not in KINDS:
         raise ValueError(f"temporary directory kind {kind!r}, expected one of {list(KINDS)}")
-    return tempfile.mkdtemp(prefix=f"sparseps-{kind}-{os.getpid()}-{_host()}-")
+    path = tempfile.mkdtemp(prefix=f"sparseps-{kind}-{os.getpid()}-{_host()}-")
+    fd = os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    if os.name == "posix":
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return path, fd
 
 
 def keep(path: str, why: str) -> None:
@@ -67,7 +79,7 @@ def remove_stale_temp_dirs(root: str | None = None) -> list[str]:
         path = os.path.join(root, name)
         if m is None or _running(int(m.group(1))) or not _own_directory(path):
             continue
-        if os.path.lexists(os.path.join(path, KEPT)):
+        if os.path.lexists(os.path.join(path, KEPT)) or _in_use(path):
             continue
         try:
             shutil.rmtree(path)
@@ -92,6 +104,26 @@ def _running(pid: int) -> bool:
     except (PermissionError, OverflowError):
         return True
     return True
+
+
+def _in_use(path: str) -> bool:
+    """Whether a process holds the flock on path's LOCK (a directory without one, or where flock is unknown, is
+    not in use)."""
+    if os.name != "posix":
+        return False
+    try:
+        fd = os.open(os.path.join(path, LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 def _own_directory(path: str) -> bool:

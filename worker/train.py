@@ -574,7 +574,9 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
             "shards": len(addresses),
             **evaluate(client, spec, backend, dense.pull(), eval_batches),
         }
-    if data.synthetic is not None:  # which rows: they follow the training rows of --synthetic-rows
+    if (
+        data.synthetic is not None and cfg.synthetic_eval_rows
+    ):  # which rows: they follow the training rows of --synthetic-rows
         results["synthetic_eval_rows"] = [cfg.synthetic_rows, cfg.synthetic_rows + cfg.synthetic_eval_rows]
         results["synthetic_seed"] = cfg.synthetic_seed
     return results

@@ -260,11 +260,12 @@ class JobClocks:
             if not pull:
                 self._check_not_done(stamp)
 
-    def _check_workers(self, stamp: Stamp) -> None:
-        """The stamp's job, if it is the one followed, against what it started with. Lock held."""
+    def _check_workers(self, stamp: Stamp, applied: bool = False) -> None:
+        """The stamp's job, if it is the one followed, against what it started with (applied: the stamp's push
+        was applied, after check(): neither a stopped job nor another setup raises). Lock held."""
         if stamp.job != self.job:
             return
-        if self._stopped is not None:
+        if self._stopped is not None and not applied:
             raise _again(self._stopped)
         if stamp.num_workers != self.num_workers:
             raise InvalidArgumentError(
@@ -272,14 +273,13 @@ class JobClocks:
                 f"the stamp says {stamp.num_workers:,}; every worker of a job gives the same count (a second run "
                 "under the job id? a job id is for one run: give a new --job-id); nothing was applied"
             )
-        if stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
+        if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
             first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
             self._stop(InvalidArgumentError(
-                f"bad worker stamp: shard {self.shard_id}: worker {stamp.worker} of job {stamp.job:#x} runs another "
-                f"setup than the job started with here ({first} first stamp): "
-                f"{setup_difference(stamp.setup, self.setup)}; every worker of a job runs the same mode, model and "
-                "tables (a second run under the job id? a job id is for one run: give a new --job-id); nothing "
-                "was applied; the job stops"
+                f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} runs another setup than the "
+                f"job started with here ({first} first stamp): {setup_difference(stamp.setup, self.setup)}; every "
+                "worker of a job runs the same mode, model and tables (a second run under the job id? a job id is "
+                "for one run: give a new --job-id); the request was not applied"
             ))  # fmt: skip
             raise _again(self._stopped)
 
@@ -300,14 +300,14 @@ class JobClocks:
                 "--job-id; nothing was applied"
             )
 
-    def _enter(self, stamp: Stamp) -> int:
-        """Starts the stamp's job if it is another one and takes in its acked; returns the job's generation. Lock
-        held."""
+    def _enter(self, stamp: Stamp, applied: bool = False) -> int:
+        """Starts the stamp's job if it is another one and takes in its acked; returns the job's generation
+        (applied: as _check_workers). Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
         if stamp.job != self.job:
             self._start(stamp)
-        self._check_workers(stamp)
+        self._check_workers(stamp, applied)
         if stamp.acked > self._clocks[stamp.worker]:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
@@ -398,10 +398,10 @@ class JobClocks:
                     self._waiting -= 1
 
     def pushed(self, stamp: Stamp) -> int:
-        """Notes that the stamp's worker pushed its step (applied): its clock moves to step + 1. Returns
-        min_clock."""
+        """Notes that the stamp's worker pushed its step (applied): its clock moves to step + 1, also in a job
+        stopped since its check. Returns min_clock."""
         with self._cond:
-            self._enter(stamp)
+            self._enter(stamp, applied=True)
             self._reach(stamp.step + 1, [stamp.worker])
             return self._min_clock()
 
@@ -415,10 +415,11 @@ class JobClocks:
                 self._cond.notify_all()
             return self._min_clock()
 
-    def _check_alive(self, generation: int) -> None:
+    def _check_alive(self, generation: int, stopping: bool = True) -> None:
+        """Raises what ends a wait: the shard closing, the job stopped (if stopping), or replaced. Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-        if generation == self._generation and self._stopped is not None:
+        if stopping and generation == self._generation and self._stopped is not None:
             raise _again(self._stopped)
         if generation != self._generation:
             raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job:#x} (a stamp "
@@ -497,7 +498,7 @@ class JobClocks:
                         raise _again(step.error)
                     if step.applied:
                         return sum(len(p[1]) for p in pushes), self._min_clock()
-                    self._check_alive(generation)
+                    self._check_alive(generation, stopping=not step.applying)  # a sum being applied ends as applied
                     if not step.applying and self._complete(step):
                         step.applying = True
                         break
