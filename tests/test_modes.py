@@ -746,7 +746,6 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
         ({"job": 0}, "job 0 is no job id"),
         ({"worker": 2}, "worker 2 is out of range for a job of 2 workers"),
         ({"num_workers": 0}, "num_workers 0 is out of range"),
-        ({"num_workers": 3}, "has 2 workers on shard 0, the stamp says 3"),
         ({"barrier_timeout_s": -1.0}, "barrier_timeout_s -1.0 is out of range"),
         ({"barrier_timeout_s": float("nan")}, "barrier_timeout_s nan is out of range"),
         ({"step": 2**50}, "is past the largest step"),
@@ -776,14 +775,31 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
     after = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
     assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs._steps
+    # another worker count: refused, and the job stops
+    s = ps_pb2.WorkerStamp(**{**good, "num_workers": 3, "worker": 2})
+    with pytest.raises(grpc.RpcError) as info:
+        stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=s))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    count = "job 0x5eed stops: worker 2 says the job has 3 workers; it started here with 2 (worker 0's first stamp)"
+    assert count in info.value.details()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good)))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and count in info.value.details()
+    assert (shard.table("emb").peek(A) == before[0]).all() and shard.journal.next_seq == before[1]
 
 
-def test_a_stamp_of_another_worker_count_is_refused_in_process(tmp_path):
+def test_a_stamp_of_another_worker_count_stops_the_job_and_ends_the_waits_in_process(tmp_path):
     shard = open_shard(tmp_path)
     try:
         ssp_push(shard, 0, 0, A)
-        with pytest.raises(InvalidArgumentError, match="has 2 workers"):
-            shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0, stamp(0, 1, num_workers=4))
+        waiting = Concurrently(lambda: shard.jobs.wait_for_pull(stamp(0, 2, staleness=0)))  # for worker 1's step 0
+        wait_until(lambda: shard.jobs._waiting == 1, 30, "worker 0's pull")
+        started = time.monotonic()
+        with pytest.raises(InvalidArgumentError, match="worker 1 says the job has 4 workers; it started here with 2"):
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0, stamp(1, 0, num_workers=4))
+        with pytest.raises(InvalidArgumentError, match="says the job has 4 workers"):
+            waiting.join()
+        assert time.monotonic() - started < 10  # not the 30 s deadline
         assert (shard.pull("emb", A) == -1).all()
     finally:
         shard.close()

@@ -37,10 +37,11 @@ after the whole sum. Stamps are trusted that far and no further: no stamp proves
 Limit: a worker that finished before the restart is not known as done: its peers wait for it (its clock is what
 the journal and its last stamps proved) until their deadline, unless it sends its done stamp again.
 
-Setup. The first stamp of a job on a shard sets the job's setup (its `setup`: key=value pairs the worker says every
-worker of the job must run alike: mode, model, tables). A stamp of the job whose pairs differ is refused
-(InvalidArgumentError naming the keys that differ) and stops the job: its waits and every later stamp of it get
-that error, so every worker learns why at once instead of waiting out its barrier for a worker that has failed.
+Setup. The first stamp of a job on a shard sets the job's worker count and setup (its `setup`: key=value pairs the
+worker says every worker of the job must run alike: mode, model, tables). A stamp of the job with another count,
+or whose pairs differ, is refused (InvalidArgumentError naming what differs) and stops the job: its waits and
+every later stamp of it get that error, so every worker learns why at once instead of waiting out its barrier for
+a worker that has failed.
 
 One job at a time: a stamp of another job starts that one (its clocks seeded from the journal) and the old job's
 waits fail; a sum of the old job applied after the switch changes nothing of the new one. A job id is for one
@@ -250,10 +251,9 @@ class JobClocks:
 
     # ---- the job --------------------------------------------------------------------------------------
     def check(self, stamp: Stamp, pull: bool) -> None:
-        """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp, or the
-        job's worker count differs from the one the job started with), and for one of a stopped job or of
-        another setup than its job's (which stops the job); WorkerDoneError for a push of a worker held as
-        done."""
+        """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
+        a stopped job, and for one whose worker count or setup differs from what its job started with (which
+        stops the job); WorkerDoneError for a push of a worker held as done."""
         check_stamp(stamp, pull)
         with self._cond:
             self._check_workers(stamp)
@@ -267,19 +267,24 @@ class JobClocks:
             return
         if self._stopped is not None and not applied:
             raise _again(self._stopped)
+        first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
+        stops = f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker}"
+        reuse = "(a second run under the job id? a job id is for one run: give a new --job-id)"
         if stamp.num_workers != self.num_workers:
-            raise InvalidArgumentError(
-                f"bad worker stamp: job {stamp.job:#x} has {self.num_workers:,} workers on shard {self.shard_id}, "
-                f"the stamp says {stamp.num_workers:,}; every worker of a job gives the same count (a second run "
-                "under the job id? a job id is for one run: give a new --job-id); nothing was applied"
+            error = InvalidArgumentError(
+                f"{stops} says the job has {stamp.num_workers:,} workers; it started here with {self.num_workers:,} "
+                f"({first} first stamp); every worker of a job gives the same count {reuse}; the request was not "
+                "applied"
             )
+            if applied:  # the job changed since the push's check: leave the new one be
+                raise error
+            self._stop(error)
+            raise _again(error)
         if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
-            first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
             self._stop(InvalidArgumentError(
-                f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} runs another setup than the "
-                f"job started with here ({first} first stamp): {setup_difference(stamp.setup, self.setup)}; every "
-                "worker of a job runs the same mode, model and tables (a second run under the job id? a job id is "
-                "for one run: give a new --job-id); the request was not applied"
+                f"{stops} runs another setup than the job started with here ({first} first stamp): "
+                f"{setup_difference(stamp.setup, self.setup)}; every worker of a job runs the same mode, model and "
+                f"tables {reuse}; the request was not applied"
             ))  # fmt: skip
             raise _again(self._stopped)
 
