@@ -98,3 +98,11 @@ def test_the_clis_take_settings_from_the_environment(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "ps"], env={"PS_DATA_DIR": str(tmp_path), "PS_PORT": "x", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "PS_PORT" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_flag_tables_of_docs_configuration_md_are_the_parsers_own():
+    from tests.settings_doc import DOC, render
+
+    text = DOC.read_text()
+    assert render(text) == text, f"{DOC}'s flag tables are stale: run python -m tests.settings_doc"
+    assert render(text.replace("| `--cache-bytes` |", "| `--cache-byte` |")) == text  # a stale row is rewritten

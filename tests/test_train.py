@@ -252,3 +252,22 @@ def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schem
     prepare(cfg)  # training computes them
     with pytest.raises(ValueError, match=r"columns \['price'\] are standardized without a mean and std"):
         prepare(cfg, training=False)
+
+
+def test_the_recipe_line_names_what_table_config_changes(tmp_path):
+    """The recipe says ftrl; a --table-config that sets table fm's optimizer (and one that sets only its
+    admission) is reported as it is, so the line does not claim an optimizer the table does not use."""
+    from worker.train import table_config_note, table_configs
+
+    cfg, data, spec, _ = prepare(TrainConfig(servers=("h:1",), synthetic_rows=20_000, progress=False))
+    assert cfg.optimizer == "ftrl"
+    sets = tmp_path / "sets.toml"
+    sets.write_text('[fm]\noptimizer = { name = "adagrad", learning_rate = 0.05 }\nl2 = 0.5\n')
+    admits = tmp_path / "admits.toml"
+    admits.write_text("[fm]\nadmission = { min_count = 2 }\n")
+    overrides = data.schema.table_overrides()
+    for path, expected in ((sets, "; --table-config sets table fm: adagrad 0.05 epsilon=1e-07 initial_accumulator=0.1, "
+                                  "lazy l2 0.5 instead"), (admits, "")):  # fmt: skip
+        with_file = dataclasses.replace(cfg, table_config=str(path))
+        assert table_config_note(with_file, spec, overrides, table_configs(with_file, spec, overrides)) == expected
+    assert table_config_note(cfg, spec, overrides, table_configs(cfg, spec, overrides)) == ""

@@ -104,9 +104,15 @@ def test_export_with_overwrite_replaces_an_earlier_export_and_its_kept_checkpoin
             client.push("emb", np.arange(5, 8, dtype=np.uint64), np.ones((3, 2), np.float32))
         code, _, err = worker([*export, "--overwrite"], capsys)
         assert code == 0, err
+        assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
+        code, _, err = worker(["export", str(tmp_path / "gone"), "--servers", address], capsys)  # checkpoint deleted
+        assert code == 0, err
     finally:
         server.stop(grace_s=1)
     assert len(np.load(out / "emb.ids.npy")) == 8 and (out / "checkpoint" / "manifest.json").exists()
+    summary = json.loads((tmp_path / "gone" / "export.json").read_text())
+    assert summary["checkpoint"] is None and summary["tables"]["emb"]["rows"] == 8
+    assert sorted(os.listdir(tmp_path / "gone")) == ["emb.ids.npy", "emb.rows.npy", "export.json"]
 
 
 @pytest.mark.parametrize("command", ["train", "launch"])

@@ -295,7 +295,22 @@ def _export(args) -> int:
     done = subprocess.run(command)
     if done.returncode == 0 and not args.keep_checkpoint:
         shutil.rmtree(checkpoint)
+        _forget_checkpoint(os.path.join(args.out, "export.json"))
     return done.returncode
+
+
+def _forget_checkpoint(path: str) -> None:
+    """Sets export.json's "checkpoint" (the path of the checkpoint exported) to null once that checkpoint is
+    deleted, replacing the file whole."""
+    import json
+    import os
+
+    with open(path) as f:
+        summary = json.load(f)
+    summary["checkpoint"] = None
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -370,6 +370,28 @@ def table_configs(
     return out
 
 
+def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict],
+                      tables: list[TableConfig]) -> str:  # fmt: skip
+    """ "; --table-config sets ..." naming the sparse tables whose optimizer or l2 --table-config changed from what
+    the recipe and flags chose (tables: table_configs of cfg), with what they use; "" if none."""
+    if not cfg.table_config:
+        return ""
+    chosen = {t.name: t for t in sparse_table_configs(spec, cfg, schema_overrides)}
+    changed = []
+    for t in tables:
+        if t.name not in chosen:
+            continue
+        before, parts = chosen[t.name].normalized(), []
+        if t.optimizer != before.optimizer:
+            params = "".join(f" {k}={v:g}" for k, v in sorted(t.optimizer.params.items()))
+            parts.append(f"{t.optimizer.name} {t.optimizer.learning_rate:g}{params}")
+        if t.l2 != before.l2:
+            parts.append(f"lazy l2 {t.l2:g}")
+        if parts:
+            changed.append(f"{t.name}: {', '.join(parts)}")
+    return f"; --table-config sets table {'; '.join(changed)} instead" if changed else ""
+
+
 def prepare(
     cfg: TrainConfig, needs_servers: bool = True, training: bool = True
 ) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
@@ -462,6 +484,7 @@ def train(cfg: TrainConfig) -> dict:
     own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
     if own:
         recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
+    recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         check_tables(client, tables_cfg, "nothing was created")
