@@ -130,6 +130,13 @@ class CheckpointInProgressError(PsError):
     status = "UNAVAILABLE"
 
 
+class CheckpointHoldError(PsError):
+    """A checkpoint's hold cannot be had (another checkpoint holds the shard) or was lost (it expired, or was
+    released, before the save). Not retried: waiting does not end another checkpoint, nor revive an expired hold."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class BarrierTimeoutError(PsError):
     """A stamped request's wait for the other workers of its training job ended without them (ps.engine.jobs):
     its barrier_timeout_s passed, or another job took the shard over. The message names the workers waited for.

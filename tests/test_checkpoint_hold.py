@@ -3,12 +3,14 @@ hold that has not expired, only the holder releases it, and it cannot be held tw
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.errors import CheckpointInProgressError
+from ps.errors import CheckpointHoldError, CheckpointInProgressError
 from tests.waiting import wait_until
 
 
@@ -29,12 +31,12 @@ def test_hold_save_release(tmp_path):
         _, token = shard.hold(60)
         with pytest.raises(CheckpointInProgressError, match="taking a checkpoint"):
             shard.push("t", ids, np.ones((3, 2), np.float32))
-        with pytest.raises(CheckpointInProgressError, match="held by another checkpoint"):
+        with pytest.raises(CheckpointHoldError, match=r"held by another checkpoint \(for \d+ s more at most\)"):
             shard.hold(60)
         shard.release("not-the-token")  # a stale token releases nothing
         with pytest.raises(CheckpointInProgressError):
             shard.push("t", ids, np.ones((3, 2), np.float32))
-        with pytest.raises(CheckpointInProgressError, match="hold expired or was released"):
+        with pytest.raises(CheckpointHoldError, match="hold expired or was released"):
             shard.save_checkpoint(str(tmp_path / "c1"), "not-the-token")
         assert shard.save_checkpoint(str(tmp_path / "c1"), token)["rows"] == {"t": 0}
         shard.release(token)
@@ -43,7 +45,7 @@ def test_hold_save_release(tmp_path):
         _, token = shard.hold(0.05)  # expires before the save: pushes go on, the save is refused
         wait_until(lambda: pushed(shard, ids), 10, "pushes taken again once the 0.05 s hold expired")
         np.testing.assert_array_equal(shard.pull("t", ids), np.full((3, 2), -2, np.float32))  # refused: no change
-        with pytest.raises(CheckpointInProgressError, match="hold expired"):
+        with pytest.raises(CheckpointHoldError, match="hold expired"):
             shard.save_checkpoint(str(tmp_path / "c2"), token)
         assert not (tmp_path / "c2").exists()
     finally:
@@ -61,3 +63,47 @@ def test_a_restore_that_did_not_finish_is_refused_at_start(tmp_path):
     for restore in (None, str(tmp_path / "ckpt")):
         with pytest.raises(StorageError, match="holds a restore from /backups/ckpt that did not finish"):
             Shard(ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=restore))
+
+
+def test_a_save_meeting_another_checkpoints_hold_fails_at_once_and_releases_what_it_held(tmp_path):
+    """Another checkpoint holds shard 1: a save holds shard 0 (shard order), is refused at shard 1 at once
+    (FAILED_PRECONDITION, not retried until the server timeout), and releases shard 0; once the other hold ends,
+    the save goes through."""
+    from ps.errors import PsError
+    from ps.server import Server
+    from worker.checkpoint import save
+    from worker.client import Client
+
+    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"d{i}"), shard_id=i, num_shards=2, port=0,
+                                   checkpoint_root=str(tmp_path))) for i in range(2)]  # fmt: skip
+    for s in servers:
+        s.start()
+    try:
+        with Client([f"127.0.0.1:{s.port}" for s in servers], timeout_s=10, server_timeout_s=30) as client:
+            client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
+            _, other = servers[1].shard.hold(60)
+            started = time.monotonic()
+            with pytest.raises(PsError, match="FAILED_PRECONDITION: shard 1 is held by another checkpoint"):
+                save(client, str(tmp_path / "c1"))
+            assert time.monotonic() - started < 5  # not the 30 s server timeout
+            assert servers[0].shard._held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))
+            assert not (tmp_path / "c1").exists()
+            servers[1].shard.release(other)
+            assert save(client, str(tmp_path / "c2"))["num_shards"] == 2
+    finally:
+        for s in servers:
+            s.stop(grace_s=1)
+
+
+def test_a_save_into_a_dir_the_server_cannot_write_is_refused_as_the_operators_fault(tmp_path, monkeypatch):
+    from ps.errors import CheckpointDirError
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    try:
+        _, token = shard.hold(60)
+        monkeypatch.setattr("ps.engine.shard.os.access", lambda path, mode: False)  # as a read-only dir is
+        with pytest.raises(CheckpointDirError, match=r"checkpoint dir .*/c/new is not writable by this server"):
+            shard.save_checkpoint(str(tmp_path / "c" / "new"), token)
+        assert CheckpointDirError.status == "FAILED_PRECONDITION" and not (tmp_path / "c").exists()
+    finally:
+        shard.close()

@@ -166,6 +166,32 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang():
     assert 2.0 <= time.monotonic() - started < 15
 
 
+def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, sgd1_table):
+    """A Shrink (or AdvanceClock) that outlives its deadline may still apply on the shard: sending it again would
+    decay the scores (move the clock) twice, so the client raises instead, having sent it once."""
+    addresses, (server,) = servers(1)
+    calls = {"shrink": 0, "advance_clock": 0}
+    for name in calls:
+        real = getattr(server.shard, name)
+
+        def slow(*args, real=real, name=name, **kw):
+            calls[name] += 1
+            time.sleep(0.6)
+            return real(*args, **kw)
+
+        setattr(server.shard, name, slow)
+    with Client(addresses, timeout_s=0.2, server_timeout_s=10) as client:
+        for method, call in (("Shrink", client.shrink), ("AdvanceClock", client.advance_clock)):
+            started = time.monotonic()
+            with pytest.raises(ServerUnavailableError, match=rf"did not answer {method} within 0.2 s: it may still be "
+                                                             "running there, or be done; it was not sent again"):  # fmt: skip
+                call()
+            assert time.monotonic() - started < 2  # not the 10 s server timeout
+    time.sleep(0.8)  # the calls in the server end
+    assert calls == {"shrink": 1, "advance_clock": 1}
+    assert server.shard.clock == 1  # advanced once
+
+
 def test_call_threads_run_calls_at_once_on_reused_daemon_threads():
     import threading as _threading
 

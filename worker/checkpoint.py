@@ -1,8 +1,9 @@
 """`ps-worker checkpoint save`: a checkpoint of every shard at one cut, with a manifest (format: ps/checkpoint.py).
 
-hold on every shard (each stops taking pushes once those in flight are done; pushes sent meanwhile get
-UNAVAILABLE and clients retry them) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) ->
-release on every shard, also if anything failed -> write DIR/manifest.json. The servers write only inside their
+hold on every shard, one after another in shard order (each stops taking pushes once those in flight are done;
+pushes sent meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds refuses at once,
+FAILED_PRECONDITION) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) -> release on every shard
+held, also if anything failed -> write DIR/manifest.json. The servers write only inside their
 --checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path
 (a relative one is taken from this worker's working directory), so it must lie inside that root under the same
 path here and on the servers (one machine, or a volume shared at the same path).
@@ -37,18 +38,18 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
     check_new_dir("checkpoint dir", directory, NEW_DIR)
     n = len(client.servers)
     started = time.monotonic()
-    tokens = [""] * n
+    tokens: list[str] = []  # of the shards held so far, in shard order
     try:
-        holds = client._call_all(
-            "Checkpoint", [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)] * n
-        )
-        tokens = [h.token for h in holds]
+        for shard in range(n):  # in shard order: two saves at once never hold a shard each and wait on the other
+            hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)
+            tokens.append(client._call_many("Checkpoint", [shard], [hold])[0].token)
         held = time.monotonic()
         replies = client._call_all(
             "Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=t) for t in tokens]
         )
-    finally:
-        client._call_all("Checkpoint", [ps_pb2.CheckpointRequest(phase="release", token=t) for t in tokens])
+    finally:  # every hold taken is released, whatever failed
+        client._call_many("Checkpoint", list(range(len(tokens))),
+                          [ps_pb2.CheckpointRequest(phase="release", token=t) for t in tokens])  # fmt: skip
     shards = [json.loads(r.shard_json) for r in replies]
     names = sorted({name for s in shards for name in s["rows"]})
     tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]

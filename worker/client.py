@@ -11,7 +11,10 @@ is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing
 `server_timeout_s`; the client logs which shard it is waiting for and when it is back, and past the timeout
 raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
-arrives (ps.engine.shard.Shard.push_batch), across its restarts too.
+arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink and AdvanceClock carry no such id: one
+whose deadline passed may be running or done on its shard, so it is not sent again (a repeat would decay the
+scores, or move the clock, once more) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down
+or closing: nothing was applied) is retried as for the others.
 
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
@@ -47,6 +50,7 @@ from ps.sharding import SlotMap
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+APPLIED_AGAIN_IF_SENT_AGAIN = ("Shrink", "AdvanceClock")  # no request id: never sent again after a deadline
 log = logging.getLogger("worker.client")
 
 
@@ -503,12 +507,13 @@ class Client:
                     ok.add(shard)
                 else:
                     e = outcome
-                    if e.code() in RETRYABLE and self._keep_waiting(shard, method, e):
+                    once = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and method in APPLIED_AGAIN_IF_SENT_AGAIN
+                    if e.code() in RETRYABLE and not once and self._keep_waiting(shard, method, e):
                         retry.append(i)
                         if retried is not None:
                             retried.add(i)
                     else:
-                        error = error or self._error(method, shard, e)
+                        error = error or self._error(method, shard, e, timeout_s)
             for shard in ok - {calls[i][1] for i in retry}:
                 with self._down_lock:
                     since = self._down.pop(shard, None)
@@ -550,15 +555,21 @@ class Client:
                         shard, self.servers[shard], e.code().name, e.details(), self.server_timeout_s)  # fmt: skip
         return now - since < self.server_timeout_s
 
-    def _error(self, method: str, shard: int, e: grpc.RpcError) -> PsError:
+    def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float) -> PsError:
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and method in APPLIED_AGAIN_IF_SENT_AGAIN:
+            return ServerUnavailableError(
+                f"{where} did not answer {method} within {timeout_s:g} s: it may still be running there, or be done; "
+                "it was not sent again, since a repeat would apply it once more (a larger --timeout-s gives a "
+                "large table's Shrink the time it needs; `ps-worker stats` shows the rows left)"
+            )
         if code in RETRYABLE:
             with self._down_lock:
                 since = self._down.pop(shard, None)
             waited = 0.0 if since is None else time.monotonic() - since
             tried = f"; it has been failing for {waited:.0f} s (server timeout {self.server_timeout_s:.0f} s)"
             return ServerUnavailableError(
-                f"{where} did not answer {method} within {self.timeout_s:.0f} s ({code.name}: {e.details()})"
+                f"{where} did not answer {method} within {timeout_s:g} s ({code.name}: {e.details()})"
                 + (tried if self.server_timeout_s > 0 else "")
             )
         cls = STATUS_TO_ERROR.get(code.name, PsError)

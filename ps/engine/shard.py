@@ -36,6 +36,7 @@ from ps.engine.jobs import JobClocks, Stamp, contribution
 from ps.engine.table import Table
 from ps.errors import (
     CheckpointDirError,
+    CheckpointHoldError,
     CheckpointInProgressError,
     DataLossError,
     InvalidArgumentError,
@@ -464,8 +465,8 @@ class Shard:
     def hold(self, timeout_s: float) -> tuple[int, str]:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
         the pushes in flight are done; returns (clock, token): save and release need the token. Every push
-        acknowledged before this returns is in the checkpoint, none after. One hold at a time. InvalidArgumentError
-        unless 0 < timeout_s <= MAX_HOLD_S.
+        acknowledged before this returns is in the checkpoint, none after. One hold at a time: CheckpointHoldError
+        while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S.
 
         A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and nothing else: a Shrink or
         an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
@@ -476,8 +477,13 @@ class Shard:
                 f"{self.DEFAULT_HOLD_S:g}), got {timeout_s}; nothing is held"
             )
         with self._gate:
-            if self._held_until and time.monotonic() < self._held_until:
-                raise CheckpointInProgressError(f"shard {self.shard_id} is held by another checkpoint; retry later")
+            now = time.monotonic()
+            if self._held_until and now < self._held_until:
+                left = "while it saves" if math.isinf(self._held_until) else f"for {self._held_until - now:.0f} s more"
+                raise CheckpointHoldError(
+                    f"shard {self.shard_id} is held by another checkpoint ({left} at most); one checkpoint at a "
+                    "time: take this one once that one has ended; nothing is held"
+                )
             self._hold_token = secrets.token_hex(8)
             self._held_until = time.monotonic() + timeout_s
             self._hold_s = timeout_s
@@ -497,8 +503,8 @@ class Shard:
         returned token (which cannot expire while this runs); returns what the manifest records of it."""
         with self._gate:
             if token != self._hold_token or not self._held_until or time.monotonic() >= self._held_until:
-                raise CheckpointInProgressError(f"shard {self.shard_id}: the checkpoint's hold expired or was "
-                                                "released before the save; nothing saved, take it again")  # fmt: skip
+                raise CheckpointHoldError(f"shard {self.shard_id}: the checkpoint's hold expired or was released "
+                                          "before the save (raise --hold-timeout-s?); nothing saved, take it again")  # fmt: skip
             self._held_until = float("inf")  # no expiry during the save
         try:
             return self._save_checkpoint(directory)
@@ -513,6 +519,10 @@ class Shard:
         if os.path.exists(path):  # the directory is checked before the flush: a refused save changes nothing
             raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
         created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
+        if not os.access(directory, os.W_OK | os.X_OK):
+            _remove_dirs(created)
+            raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
+                                     f"{os.geteuid()}); nothing saved")  # fmt: skip
         try:
             self.flush()
             self.store.checkpoint(path)
