@@ -3,7 +3,9 @@
 A checkpoint directory (written by `ps-worker checkpoint save`, see worker/checkpoint.py):
     manifest.json      {"format": 1, "num_shards", "num_slots", "clock", "created",
                         "tables": [TableConfig.to_dict()], "shards": [{"shard_id", "dir", "clock", "rows",
-                        "files": {name: sha256}}]}
+                        "files": {name: sha256}}], "sha256"}
+                       shards: one entry per shard_id in 0..num_shards-1, dir "shard-<shard_id>"; sha256: of the
+                       manifest without it (manifest_digest); a manifest without it (older) is read unchecked
     shard-<i>/         a RocksDB checkpoint of shard i (ps/storage/store.py layout), taken after a flush
 
 The cut: every shard stops taking pushes (waits for the ones in flight), then each flushes and checkpoints,
@@ -42,8 +44,48 @@ def file_checksums(path: str) -> dict[str, str]:
     return out
 
 
-def read_manifest(directory: str) -> dict:
-    """The manifest, with every file of every shard checked against its checksum (StorageError if not)."""
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest's JSON without its "sha256" key (keys sorted, no spaces)."""
+    body = {k: v for k, v in manifest.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_structure(manifest: dict, path: str) -> None:
+    """StorageError naming what is wrong for a manifest whose entries do not hang together (see the grammar)."""
+    from ps.config import TableConfig
+
+    def bad(what: str) -> StorageError:
+        return StorageError(f"checkpoint manifest {path} {what}; the checkpoint is damaged (or was edited)")
+
+    n, clock, tables, shards = (manifest.get(k) for k in ("num_shards", "clock", "tables", "shards"))
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise bad(f"has num_shards {n!r}, expected an integer >= 1")
+    if not isinstance(clock, int) or isinstance(clock, bool) or clock < 0:
+        raise bad(f"has clock {clock!r}, expected an integer >= 0")
+    if not isinstance(tables, list) or not isinstance(shards, list):
+        raise bad("lacks its list of tables or of shards")
+    names = []
+    for t in tables:
+        try:
+            names.append(TableConfig.from_dict(t).name)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise bad(f"holds a table it cannot read ({type(e).__name__}: {e})") from None
+    if len(set(names)) != len(names):
+        raise bad(f"lists a table twice: {sorted(x for x in set(names) if names.count(x) > 1)}")
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict) or not isinstance(shard.get("files"), dict):
+            raise bad(f"has a shard entry {i} it cannot read")
+        if shard.get("dir") != f"shard-{shard.get('shard_id')}":
+            raise bad(f"has shard entry {i} of shard_id {shard.get('shard_id')!r} in dir {shard.get('dir')!r}, "
+                      "expected shard-<shard_id>")  # fmt: skip
+    ids = sorted(shard["shard_id"] for shard in shards if isinstance(shard["shard_id"], int))
+    if ids != list(range(n)):
+        raise bad(f"lists shards {ids[:20]} for num_shards {n}, expected each of 0..{n - 1} once")
+
+
+def load_manifest(directory: str) -> dict:
+    """The manifest, checked against its own checksum and for entries that hang together (StorageError if not);
+    the shards' files are not read."""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -52,9 +94,21 @@ def read_manifest(directory: str) -> dict:
         raise StorageError(f"{directory} is not a checkpoint: it has no {MANIFEST}") from None
     except (OSError, ValueError) as e:
         raise StorageError(f"checkpoint manifest {path} cannot be read: {e}") from None
+    if not isinstance(manifest, dict):
+        raise StorageError(f"checkpoint manifest {path} is not a JSON object; the checkpoint is damaged")
+    if "sha256" in manifest and manifest["sha256"] != manifest_digest(manifest):
+        raise StorageError(f"checkpoint manifest {path} does not match its checksum (sha256); the checkpoint is "
+                           "damaged (or the manifest was edited)")  # fmt: skip
     if manifest.get("format") != FORMAT or manifest.get("num_slots") != NUM_SLOTS:
         raise StorageError(f"checkpoint {directory} has format {manifest.get('format')} and "
                            f"{manifest.get('num_slots')} slots; this server reads format {FORMAT}, {NUM_SLOTS} slots")  # fmt: skip
+    _check_structure(manifest, path)
+    return manifest
+
+
+def read_manifest(directory: str) -> dict:
+    """load_manifest, with every file of every shard checked against its checksum (StorageError if not)."""
+    manifest = load_manifest(directory)
     for shard in manifest["shards"]:
         shard_dir = os.path.join(directory, shard["dir"])
         have = file_checksums(shard_dir) if os.path.isdir(shard_dir) else {}

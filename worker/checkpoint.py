@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from protos import ps_pb2
 from ps import codec
-from ps.checkpoint import FORMAT, MANIFEST
+from ps.checkpoint import FORMAT, MANIFEST, manifest_digest
 from ps.sharding import NUM_SLOTS
 from worker.flags import check_new_dir
 
@@ -63,6 +63,7 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
         "tables": tables,
         "shards": shards,
     }
+    manifest["sha256"] = manifest_digest(manifest)
     tmp = os.path.join(directory, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
         json.dump(manifest, f, indent=1)

@@ -38,7 +38,8 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int) -
     slots = slot_range(shard_id, num_shards)
     rows = {cfg.name: {"admitted": 0, "pending": 0} for cfg in tables}
     for shard in manifest["shards"]:
-        copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables])
+        widths = {t.name: layout_of(t.dim, t.optimizer.name).width for t in tables}
+        copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables], widths)
         for name, counts in copied.items():
             for k, v in counts.items():
                 rows[name][k] += v

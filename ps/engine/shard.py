@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST
+from ps.checkpoint import MANIFEST, load_manifest
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.jobs import JobClocks, Stamp, contribution
 from ps.engine.table import Table
@@ -105,10 +105,15 @@ class Shard:
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         new_dir = not os.path.isdir(config.data_dir) or not os.listdir(config.data_dir)
-        if config.restore_dir and new_dir and not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
-            # before the new dir is made (a dir with data gets the refusals of check_restored and restore_into)
-            raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
-                               "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
+        if config.restore_dir and new_dir:  # before the new dir is made (a dir with data gets the refusals of
+            # check_restored and restore_into); the shards' files are checked by restore_into
+            if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+                raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
+                                   "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
+            try:
+                load_manifest(config.restore_dir)
+            except StorageError as e:
+                raise StorageError(f"{e}; the data dir was not touched") from None
         self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
                            direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
                            read_threads=config.read_threads,

@@ -628,11 +628,15 @@ class Store:
         self._db.flush()
         Checkpoint(self._db).create_checkpoint(path)
 
-    def import_slots(self, source: str, slots: tuple[int, int], tables: list[str]) -> dict[str, dict]:
+    def import_slots(
+        self, source: str, slots: tuple[int, int], tables: list[str], widths: dict[str, int] | None = None
+    ) -> dict[str, dict]:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
         {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
-        checkpoint holds no table number for one of `tables` (its meta does not match its manifest)."""
+        checkpoint holds no table number for one of `tables` (its meta does not match its manifest); and, where
+        stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
+        RowLayout.width) or a pending id's."""
         src, names = _open_read_only(source)
         lo, hi = slots
         copied = {}
@@ -652,9 +656,16 @@ class Store:
                     handle = self._db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
                     batch = WriteBatch(raw_mode=True)
+                    sizes = (4 * STATS_FLOATS + 8, 4 * widths[table] + 8) if widths and table in widths else ()
                     for key, value in _items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
+                        if sizes and len(value) not in sizes:
+                            raise StorageError(
+                                f"checkpoint {source}: table {table!r} holds a row of {len(value)} bytes, where its "
+                                f"manifest's config makes rows of {sizes[1]} bytes (and pending ids of {sizes[0]}): "
+                                "the manifest does not match the checkpoint's rows; the restore stopped"
+                            )
                         counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
                         batch.put(prefix + key[4:], value[:-8] + bytes(8), handle)  # lsn := 0
                         if len(batch) >= 65536:

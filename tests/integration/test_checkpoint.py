@@ -189,3 +189,54 @@ def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
     assert sorted(delta_ids.tolist()) == sorted(np.concatenate([IDS[:10], IDS[300:350]]).tolist())
     assert len(np.load(tmp_path / "delta" / "dense.w.ids.npy")) == 0  # not pushed since
     assert not os.path.exists(tmp_path / "full" / "checkpoint")
+
+
+def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(tmp_path):
+    """A checkpoint of 2 shards: its manifest with an entry removed, an entry repeated, a table's dim changed, or
+    its clock removed is refused, with its checksum (sha256) and, without it (an older manifest), for what does
+    not hang together; the data dir is left untouched."""
+    import json
+
+    from ps.checkpoint import manifest_digest
+
+    original, addresses = start_servers(tmp_path / "original", 2)
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
+            from worker.checkpoint import save
+
+            saved = save(client, str(tmp_path / "ckpt"))
+    finally:
+        stop(original)
+    path = tmp_path / "ckpt" / "manifest.json"
+    good = json.loads(path.read_text())
+    assert good["sha256"] == saved["sha256"] == manifest_digest(good)
+    edits = {
+        "an entry removed": (lambda m: m["shards"].pop(1), "lists shards \\[0\\] for num_shards 2"),
+        "an entry repeated": (lambda m: m["shards"].append(m["shards"][0]), "lists shards \\[0, 0, 1\\]"),
+        "a dim changed": (
+            lambda m: m["tables"][0].update(dim=17),
+            "table 'busy' holds a row of 32 bytes, where its manifest's config makes rows of 92 bytes",
+        ),
+        "the clock removed": (lambda m: m.pop("clock"), "has clock None, expected an integer"),
+    }
+    for i, (what, (edit, unchecked)) in enumerate(edits.items()):
+        for checked in (True, False):
+            m = json.loads(json.dumps(good))
+            edit(m)
+            if not checked:
+                del m["sha256"]
+            path.write_text(json.dumps(m))
+            data_dir = tmp_path / f"r{i}{checked}"
+            expected = "does not match its checksum" if checked else unchecked
+            with pytest.raises(StorageError, match=expected):
+                Server(ServerConfig(data_dir=str(data_dir), restore_dir=str(tmp_path / "ckpt")))
+            if what == "a dim changed" and not checked:  # found as the rows are read: the dir says so at start
+                with pytest.raises(StorageError, match="holds a restore from .* that did not finish"):
+                    Server(ServerConfig(data_dir=str(data_dir)))
+            else:
+                assert not data_dir.exists(), what
+    path.write_text(json.dumps(good))
+    restored, _ = start_servers(tmp_path / "restored", 1, restore=str(tmp_path / "ckpt"))
+    stop(restored)
