@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from protos import ps_pb2
 from ps.config import TableConfig
 from ps.errors import ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
 from ps.rows.initializers import init_rows
@@ -167,10 +168,11 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang():
 
 
 def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, sgd1_table):
-    """A Shrink (or AdvanceClock) that outlives its deadline may still apply on the shard: sending it again would
-    decay the scores (move the clock) twice, so the client raises instead, having sent it once."""
+    """A Shrink (AdvanceClock, Checkpoint) that outlives its deadline may still apply on the shard: sending it
+    again would decay the scores (move the clock, meet its own hold) twice, so the client raises instead, having
+    sent it once."""
     addresses, (server,) = servers(1)
-    calls = {"shrink": 0, "advance_clock": 0}
+    calls = {"shrink": 0, "advance_clock": 0, "hold": 0}
     for name in calls:
         real = getattr(server.shard, name)
 
@@ -181,14 +183,16 @@ def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, 
 
         setattr(server.shard, name, slow)
     with Client(addresses, timeout_s=0.2, server_timeout_s=10) as client:
-        for method, call in (("Shrink", client.shrink), ("AdvanceClock", client.advance_clock)):
+        hold = [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=5)]
+        for method, call in (("Shrink", client.shrink), ("AdvanceClock", client.advance_clock),
+                             ("Checkpoint", lambda: client._call_all("Checkpoint", hold))):  # fmt: skip
             started = time.monotonic()
             with pytest.raises(ServerUnavailableError, match=rf"did not answer {method} within 0.2 s: it may still be "
                                                              "running there, or be done; it was not sent again"):  # fmt: skip
                 call()
             assert time.monotonic() - started < 2  # not the 10 s server timeout
     time.sleep(0.8)  # the calls in the server end
-    assert calls == {"shrink": 1, "advance_clock": 1}
+    assert calls == {"shrink": 1, "advance_clock": 1, "hold": 1}
     assert server.shard.clock == 1  # advanced once
 
 

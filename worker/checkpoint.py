@@ -65,8 +65,14 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
     }
     manifest["sha256"] = manifest_digest(manifest)
     tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    try:
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+        os.replace(tmp, os.path.join(directory, MANIFEST))
+    except OSError as e:
+        raise OSError(
+            f"the shards saved their files in {directory}, but writing its {MANIFEST} failed ({e}): "
+            "without it the checkpoint cannot be restored; remove the directory and save again"
+        ) from e
     manifest["seconds"] = round(time.monotonic() - started, 3)
     return manifest

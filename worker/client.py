@@ -11,10 +11,11 @@ is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing
 `server_timeout_s`; the client logs which shard it is waiting for and when it is back, and past the timeout
 raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
-arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink and AdvanceClock carry no such id: one
-whose deadline passed may be running or done on its shard, so it is not sent again (a repeat would decay the
-scores, or move the clock, once more) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down
-or closing: nothing was applied) is retried as for the others.
+arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink, AdvanceClock and Checkpoint carry no
+such id: one whose deadline passed may be running or done on its shard, so it is not sent again (a repeat would
+decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files) and raises
+ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was applied) is retried as for
+the others.
 
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
@@ -50,7 +51,7 @@ from ps.sharding import SlotMap
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-APPLIED_AGAIN_IF_SENT_AGAIN = ("Shrink", "AdvanceClock")  # no request id: never sent again after a deadline
+APPLIED_AGAIN_IF_SENT_AGAIN = ("Shrink", "AdvanceClock", "Checkpoint")  # never sent again after a deadline
 log = logging.getLogger("worker.client")
 
 
