@@ -73,12 +73,13 @@ def _check_structure(manifest: dict, path: str) -> None:
     if len(set(names)) != len(names):
         raise bad(f"lists a table twice: {sorted(x for x in set(names) if names.count(x) > 1)}")
     for i, shard in enumerate(shards):
-        if not isinstance(shard, dict) or not isinstance(shard.get("files"), dict):
-            raise bad(f"has a shard entry {i} it cannot read")
+        shard_id = shard.get("shard_id") if isinstance(shard, dict) else None
+        if not isinstance(shard_id, int) or isinstance(shard_id, bool) or not isinstance(shard.get("files"), dict):
+            raise bad(f"has a shard entry {i} it cannot read (a shard_id and its files)")
         if shard.get("dir") != f"shard-{shard.get('shard_id')}":
             raise bad(f"has shard entry {i} of shard_id {shard.get('shard_id')!r} in dir {shard.get('dir')!r}, "
                       "expected shard-<shard_id>")  # fmt: skip
-    ids = sorted(shard["shard_id"] for shard in shards if isinstance(shard["shard_id"], int))
+    ids = sorted(shard["shard_id"] for shard in shards)
     if ids != list(range(n)):
         raise bad(f"lists shards {ids[:20]} for num_shards {n}, expected each of 0..{n - 1} once")
 

@@ -101,7 +101,7 @@ def test_a_save_into_a_dir_the_server_cannot_write_is_refused_as_the_operators_f
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         _, token = shard.hold(60)
-        monkeypatch.setattr("ps.engine.shard.os.access", lambda path, mode: False)  # as a read-only dir is
+        monkeypatch.setattr("ps.engine.shard.os.access", lambda path, mode, **kw: False)  # as a read-only dir is
         with pytest.raises(CheckpointDirError, match=r"checkpoint dir .*/c/new is not writable by this server"):
             shard.save_checkpoint(str(tmp_path / "c" / "new"), token)
         assert CheckpointDirError.status == "FAILED_PRECONDITION" and not (tmp_path / "c").exists()

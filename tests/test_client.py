@@ -12,7 +12,7 @@ from ps.config import TableConfig
 from ps.errors import ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
 from ps.rows.initializers import init_rows
 from tests.conftest import random_ids
-from worker.client import Client, push_arrays, sum_duplicates
+from worker.client import Client, _sent_once, push_arrays, sum_duplicates
 
 
 def initial(cfg: TableConfig, ids):
@@ -191,6 +191,7 @@ def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, 
                                                              "running there, or be done; it was not sent again"):  # fmt: skip
                 call()
             assert time.monotonic() - started < 2  # not the 10 s server timeout
+    assert _sent_once("Checkpoint", hold[0]) and not _sent_once("Checkpoint", ps_pb2.CheckpointRequest(phase="release"))
     time.sleep(0.8)  # the calls in the server end
     assert calls == {"shrink": 1, "advance_clock": 1, "hold": 1}
     assert server.shard.clock == 1  # advanced once

@@ -1,8 +1,8 @@
 """`ps-worker checkpoint save`: a checkpoint of every shard at one cut, with a manifest (format: ps/checkpoint.py).
 
-hold on every shard, one after another in shard order (each stops taking pushes once those in flight are done;
-pushes sent meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds refuses at once,
-FAILED_PRECONDITION) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) -> release on every shard
+hold on shard 0, then on the others at once (each stops taking pushes once those in flight are done; pushes sent
+meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds refuses at once,
+FAILED_PRECONDITION: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) -> release on every shard
 held, also if anything failed -> write DIR/manifest.json. The servers write only inside their
 --checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path
 (a relative one is taken from this worker's working directory), so it must lie inside that root under the same
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from protos import ps_pb2
@@ -24,6 +25,14 @@ from worker.flags import check_new_dir
 
 if TYPE_CHECKING:
     from worker.client import Client
+
+
+def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, str]) -> float:
+    """Holds shard (its token into tokens); returns when it was held (time.monotonic)."""
+    hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)
+    tokens[shard] = client._call_many("Checkpoint", [shard], [hold])[0].token
+    return time.monotonic()
+
 
 NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
 
@@ -38,18 +47,22 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
     check_new_dir("checkpoint dir", directory, NEW_DIR)
     n = len(client.servers)
     started = time.monotonic()
-    tokens: list[str] = []  # of the shards held so far, in shard order
+    tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
     try:
-        for shard in range(n):  # in shard order: two saves at once never hold a shard each and wait on the other
-            hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)
-            tokens.append(client._call_many("Checkpoint", [shard], [hold])[0].token)
-        held = time.monotonic()
+        held = _hold(client, 0, hold_timeout_s, tokens)  # first alone: of two saves at once, one gets it
+        if n > 1:
+            with ThreadPoolExecutor(min(n - 1, 32)) as pool:
+                futures = [pool.submit(_hold, client, s, hold_timeout_s, tokens) for s in range(1, n)]
+                errors = [f.exception() for f in futures]  # every hold has ended (its token kept) first
+            first = next((e for e in errors if e is not None), None)
+            if first is not None:
+                raise first
         replies = client._call_all(
-            "Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=t) for t in tokens]
+            "Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)]
         )
     finally:  # every hold taken is released, whatever failed
-        client._call_many("Checkpoint", list(range(len(tokens))),
-                          [ps_pb2.CheckpointRequest(phase="release", token=t) for t in tokens])  # fmt: skip
+        client._call_many("Checkpoint", sorted(tokens),
+                          [ps_pb2.CheckpointRequest(phase="release", token=tokens[s]) for s in sorted(tokens)])  # fmt: skip
     shards = [json.loads(r.shard_json) for r in replies]
     names = sorted({name for s in shards for name in s["rows"]})
     tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]

@@ -13,8 +13,8 @@ raises ServerUnavailableError naming the shard. Pushes are safe to send again: e
 client's random id and a per-shard request number, and the shard applies a request once however often it
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink, AdvanceClock and Checkpoint carry no
 such id: one whose deadline passed may be running or done on its shard, so it is not sent again (a repeat would
-decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files) and raises
-ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was applied) is retried as for
+decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
+sent again) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was applied) is retried as for
 the others.
 
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
@@ -51,7 +51,21 @@ from ps.sharding import SlotMap
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-APPLIED_AGAIN_IF_SENT_AGAIN = ("Shrink", "AdvanceClock", "Checkpoint")  # never sent again after a deadline
+# never sent again after a deadline (but a Checkpoint release), with what to do then
+APPLIED_AGAIN_IF_SENT_AGAIN = {
+    "Shrink": "a larger --timeout-s gives a large table's Shrink the time it needs; `ps-worker stats` shows the rows "
+    "left",
+    "AdvanceClock": "`ps-worker stats` shows each shard's clock",
+    "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes for up to --hold-timeout-s; a "
+    "larger --timeout-s gives a large shard's save the time it needs",
+}
+
+
+def _sent_once(method: str, request: object) -> bool:
+    """Whether a call of method with request is not sent again after its deadline (APPLIED_AGAIN_IF_SENT_AGAIN)."""
+    return method in APPLIED_AGAIN_IF_SENT_AGAIN and getattr(request, "phase", "") != "release"
+
+
 log = logging.getLogger("worker.client")
 
 
@@ -502,19 +516,19 @@ class Client:
             outcomes = self._send([calls[i] for i in pending], timeout_s)
             retry, error, ok = [], None, set()
             for i, outcome in zip(pending, outcomes):
-                method, shard, _ = calls[i]
+                method, shard, request = calls[i]
                 if not isinstance(outcome, grpc.RpcError):
                     replies[i] = outcome
                     ok.add(shard)
                 else:
                     e = outcome
-                    once = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and method in APPLIED_AGAIN_IF_SENT_AGAIN
+                    once = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and _sent_once(method, request)
                     if e.code() in RETRYABLE and not once and self._keep_waiting(shard, method, e):
                         retry.append(i)
                         if retried is not None:
                             retried.add(i)
                     else:
-                        error = error or self._error(method, shard, e, timeout_s)
+                        error = error or self._error(method, shard, e, timeout_s, request)
             for shard in ok - {calls[i][1] for i in retry}:
                 with self._down_lock:
                     since = self._down.pop(shard, None)
@@ -556,13 +570,12 @@ class Client:
                         shard, self.servers[shard], e.code().name, e.details(), self.server_timeout_s)  # fmt: skip
         return now - since < self.server_timeout_s
 
-    def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float) -> PsError:
+    def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED and method in APPLIED_AGAIN_IF_SENT_AGAIN:
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and _sent_once(method, request):
             return ServerUnavailableError(
                 f"{where} did not answer {method} within {timeout_s:g} s: it may still be running there, or be done; "
-                "it was not sent again, since a repeat would apply it once more (a larger --timeout-s gives a "
-                "large table's Shrink the time it needs; `ps-worker stats` shows the rows left)"
+                f"it was not sent again, since a repeat would apply it once more ({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
         if code in RETRYABLE:
             with self._down_lock:

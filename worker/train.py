@@ -322,10 +322,13 @@ def model_spec(cfg: TrainConfig, data: DataSource) -> ModelSpec:
     return ModelSpec(cfg.model, schema.model_fields(), len(schema.dense_columns()), cfg.hidden, cfg.dropout or 0.0)
 
 
-def sparse_table_configs(spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict]) -> list[TableConfig]:
+def sparse_table_configs(
+    spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict], warn: bool = True
+) -> list[TableConfig]:
     """One table per schema table: LR weights start at 0, embeddings small and random, --l2 as the table's lazy
     L2 (applied by the servers to the rows a push touches, for the steps since their last push); the schema's
-    settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults."""
+    settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults. warn: log that --l2
+    does not apply to an ftrl table."""
     out = []
     for name in spec.table_dims():
         init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
@@ -339,7 +342,8 @@ def sparse_table_configs(spec: ModelSpec, cfg: TrainConfig, schema_overrides: di
         fields = {k: v for k, v in schema_overrides.get(name, {}).items() if k not in ("name", "dim")}
         t = dataclasses.replace(t, **fields)
         if t.optimizer.name == "ftrl" and t.l2 and "l2" not in fields:
-            log.warning("--l2 does not apply to table %s: its optimizer is ftrl, which has its own l2", name)
+            if warn:
+                log.warning("--l2 does not apply to table %s: its optimizer is ftrl, which has its own l2", name)
             t = dataclasses.replace(t, l2=0.0)
         out.append(t.normalized())
     return out
@@ -376,7 +380,7 @@ def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[
     the recipe and flags chose (tables: table_configs of cfg), with what they use; "" if none."""
     if not cfg.table_config:
         return ""
-    chosen = {t.name: t for t in sparse_table_configs(spec, cfg, schema_overrides)}
+    chosen = {t.name: t for t in sparse_table_configs(spec, cfg, schema_overrides, warn=False)}
     changed = []
     for t in tables:
         if t.name not in chosen:

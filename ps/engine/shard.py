@@ -524,7 +524,7 @@ class Shard:
         if os.path.exists(path):  # the directory is checked before the flush: a refused save changes nothing
             raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
         created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
-        if not os.access(directory, os.W_OK | os.X_OK):
+        if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             _remove_dirs(created)
             raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
                                      f"{os.geteuid()}); nothing saved")  # fmt: skip

@@ -220,6 +220,11 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
             "table 'busy' holds a row of 32 bytes, where its manifest's config makes rows of 92 bytes",
         ),
         "the clock removed": (lambda m: m.pop("clock"), "has clock None, expected an integer"),
+        "a shard_id removed": (lambda m: m["shards"][1].pop("shard_id"), "has a shard entry 1 it cannot read"),
+        "a shard_id made true": (
+            lambda m: m["shards"][1].update(shard_id=True, dir="shard-True"),
+            "has a shard entry 1 it cannot read",
+        ),  # fmt: skip
     }
     for i, (what, (edit, unchecked)) in enumerate(edits.items()):
         for checked in (True, False):
