@@ -74,7 +74,7 @@ cleanup() {
             compose logs --no-color --tail 30 2>&1 | sed 's/^/  /'
             docker logs --tail 30 "$project-pusher" 2>&1 | sed 's/^/  pusher | /'
         fi
-        docker rm -f "$project-pusher" >/dev/null 2>&1
+        docker rm -f -v "$project-pusher" >/dev/null 2>&1
         compose down -v --remove-orphans >/dev/null 2>&1 && say "cluster torn down (containers and volumes)"
     fi
     [ -n "$wheel_server" ] && kill "$wheel_server" 2>/dev/null
