@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="fill a new --data-dir from the checkpoint in DIR (ps-worker checkpoint save) before serving; any number of shards can restore one checkpoint",
     )
     p.add_argument(
+        "--cluster", default="", metavar="NAME",
+        help="the name of the cluster this shard belongs to (letters, digits, '.', '_', '-'), the same on every "
+        "shard of it: clients refuse a server list whose shards give different names (shards of two clusters "
+        "mixed up); default: unnamed",
+    )  # fmt: skip
+    p.add_argument(
         "--checkpoint-root", default=None, metavar="DIR",
         help="let clients (ps-worker checkpoint save, export) write checkpoints, only inside DIR: a request's "
         "directory is relative to DIR or absolute inside it (created if missing). Without it, saves are refused",
@@ -293,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         mmap_reads=args.mmap_reads,
         accept_journal_loss=args.accept_journal_loss,
         checkpoint_root=args.checkpoint_root,
+        cluster=args.cluster,
     )
     logging.getLogger("ps.server").info("effective configuration: %s", config)
     try:

@@ -209,6 +209,7 @@ message StatsResponse
   19 table_reader_bytes VARINT uint64                  RocksDB's table readers (index, filters without --memory-bytes)
   20 write_behind_bytes VARINT uint64                  evicted rows waiting for their RocksDB write
   21 journal_map_bytes VARINT uint64                   the mapped journal segment
+  22 cluster          LEN     string                   --cluster: the cluster's name; empty: unnamed
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -19,6 +19,7 @@ ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest
 MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal float32 whose reciprocal is finite
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
+MAX_CLUSTER_CHARS = 64  # of a --cluster name
 MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as
 # float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
 # journal and the replies carry it as uint64. 2**40 steps: 35 years at 1,000 advances a second
@@ -239,6 +240,7 @@ class ServerConfig:
     mmap_reads: bool = False  # RocksDB reads SST files through memory maps (ps.storage.store.rocksdb_options)
     accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
     checkpoint_root: str | None = None  # Checkpoint saves write only inside this directory; None: saves refused
+    cluster: str = ""  # the name of the cluster this shard belongs to, in Stats (clients compare their shards')
 
     def validate(self) -> None:
         if self.direct_reads and self.mmap_reads:
@@ -261,6 +263,11 @@ class ServerConfig:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
         if self.flush_interval_s <= 0:
             raise ValueError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")
+        if len(self.cluster) > MAX_CLUSTER_CHARS or not all(
+            c.isascii() and (c.isalnum() or c in "._-") for c in self.cluster
+        ):
+            raise ValueError(f"--cluster {self.cluster[:MAX_CLUSTER_CHARS + 1]!r}: expected at most "
+                             f"{MAX_CLUSTER_CHARS} letters, digits, '.', '_' or '-'")  # fmt: skip
         if self.checkpoint_root is not None and not self.checkpoint_root.strip():
             raise ValueError(
                 "--checkpoint-root is empty; give a directory, or leave the flag out to refuse checkpoints"

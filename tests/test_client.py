@@ -233,3 +233,37 @@ def test_call_threads_end_when_closed():
     while sum(t.is_alive() for t in mine) > len(mine) - 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sum(t.is_alive() for t in mine) <= len(mine) - 2  # this instance's two threads ended
+
+
+def test_a_server_list_that_mixes_two_clusters_shards_is_refused(tmp_path):
+    """Two 2-shard clusters named a and b: shard 0 of a with shard 1 of b passes every shard-id check but not the
+    names; one cluster's list is fine, and so is an unnamed cluster."""
+    from ps.config import ServerConfig
+    from ps.server import Server
+
+    started = {}
+    for name in ("a", "b", ""):
+        for i in range(2):
+            config = ServerConfig(data_dir=str(tmp_path / f"{name or 'none'}-{i}"), shard_id=i, num_shards=2, port=0,
+                                  cluster=name)  # fmt: skip
+            started[name, i] = Server(config)
+            started[name, i].start()
+    try:
+        address = {k: f"127.0.0.1:{s.port}" for k, s in started.items()}
+        for name in ("a", "b", ""):
+            with Client([address[name, 0], address[name, 1]]) as client:
+                client.wait_ready()
+        for mixed, said in (
+            ((("a", 0), ("b", 1)), "says 'a', .* says 'b'"),
+            ((("", 0), ("a", 1)), "says '\\(unnamed\\)'"),
+        ):
+            with (
+                Client([address[k] for k in mixed]) as client,
+                pytest.raises(PsError, match="mixes clusters: .*" + said),
+            ):
+                client.wait_ready()
+        with pytest.raises(ValueError, match="--cluster 'a b': expected at most 64 letters"):
+            ServerConfig(data_dir=str(tmp_path / "x"), cluster="a b").validate()
+    finally:
+        for s in started.values():
+            s.stop(grace_s=1)

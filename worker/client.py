@@ -241,7 +241,7 @@ class Client:
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Waits up to timeout_s for every shard to answer, and checks that shard i says it is shard i of
-        len(servers). timeout_s None: server_timeout_s, the time a shard that is down is waited for (when that
+        len(servers) and that they all give one cluster name (ps-server --cluster). timeout_s None: server_timeout_s, the time a shard that is down is waited for (when that
         is 0, one call's deadline, timeout_s of the constructor)."""
         if timeout_s is None:
             timeout_s = self.server_timeout_s if self.server_timeout_s > 0 else self.timeout_s
@@ -254,9 +254,17 @@ class Client:
                     f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
                     + _why_not_ready(self.servers[i])
                 ) from None
-        found = [(s.shard_id, s.num_shards) for s in self.stats()]
+        stats = self.stats()
+        found = [(s.shard_id, s.num_shards) for s in stats]
         if found != [(i, len(self.servers)) for i in range(len(self.servers))]:
             raise PsError(_server_list_error(self.servers, found))
+        names = [s.cluster for s in stats]
+        if len(set(names)) > 1:
+            said = ", ".join(
+                f"{a} (shard {i}) says {n or '(unnamed)'!r}" for i, (a, n) in enumerate(zip(self.servers, names))
+            )
+            raise PsError(f"the server list mixes clusters: {said} (ps-server --cluster); give the addresses of one "
+                          "cluster's shards")  # fmt: skip
 
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))

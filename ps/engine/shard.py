@@ -613,6 +613,7 @@ class Shard:
             "shard_id": self.shard_id,
             "num_shards": self.num_shards,
             "num_slots": NUM_SLOTS,
+            "cluster": self.config.cluster,
             "data_dir": self.config.data_dir,
             "uptime_s": time.monotonic() - self.started,
             "tables": [t.stats() for t in list(self.tables.values())],
