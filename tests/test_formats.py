@@ -471,3 +471,32 @@ def test_a_bag_cell_longer_than_the_csv_modules_field_limit_is_read_and_cut(tmp_
     (batch,) = read_batches(path, load_schema(str(schema), default_table="t", default_dim=4), 8, stats=stats)
     assert stats.bad_lines == 0 and stats.truncated_bags == 1
     assert batch.fields["clicked"].lengths().tolist() == [5, 2]
+
+
+def test_a_long_csv_cell_shrinks_its_chunk_not_the_memory_and_reads_the_same(tmp_path, monkeypatch):
+    """numpy's string arrays pad each cell to a chunk's longest: a 100,000-character cell among 4,096 rows took
+    1.6 GB a column. A chunk holds at most CHUNK_CHARS of rows x longest cell, and the batches are those of one
+    chunk per batch."""
+    import worker.formats as formats
+
+    path = tmp_path / "long.csv"
+    rows = [f"{i % 2},u{i % 37},{'x' * 20_000 if i == 10 else f'i{i % 11}'}" for i in range(3000)]
+    path.write_text("label,user,item\n" + "\n".join(rows) + "\n")
+    schema = builtin_schema("csv", default_table="t", default_dim=4, header=["label", "user", "item"])
+    chunks = list(formats._csv_cells(str(path), schema, 4096, formats._Share(0, 1, formats._BadLines(str(path), 0,
+                                                                                                   ReadStats()))))  # fmt: skip
+    for chunk in chunks:
+        longest = max(max(len(c) for c in col) for col in chunk.cells.values())
+        assert len(chunk.labels) == 1 or len(chunk.labels) * longest <= formats.CHUNK_CHARS, (
+            len(chunk.labels),
+            longest,
+        )
+    assert sum(len(c.labels) for c in chunks) == 3000 and len(chunks) > 1
+    small = list(read_batches(path, schema, 1000))
+    monkeypatch.setattr(formats, "CHUNK_CHARS", 1 << 40)  # one chunk: the batches must not change
+    whole = list(read_batches(path, schema, 1000))
+    assert [len(b) for b in small] == [len(b) for b in whole] == [1000, 1000, 1000]
+    for a, b in zip(small, whole):
+        np.testing.assert_array_equal(a.labels, b.labels)
+        for name in a.fields:
+            np.testing.assert_array_equal(a.fields[name].ids, b.fields[name].ids)

@@ -302,6 +302,8 @@ def _libsvm_values(rows: list[list[int]], k_fields: int) -> np.ndarray:
 
 
 MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
+CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alone may pass it): numpy's string
+# arrays pad every cell to the longest, 4 bytes a character, so one 100 KB cell among 4,096 rows took 1.6 GB a column
 
 
 class _csv_reader:
@@ -348,7 +350,7 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[
         rows: list[list[str]] = []
         line_nos: list[int] = []
         problems: list[tuple[int, str]] = []
-        end, lines = reader.line_num, 0
+        end, lines, longest = reader.line_num, 0, 0
         for index in itertools.count():
             start = end + 1  # the record's first physical line
             try:
@@ -366,12 +368,17 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[
             if problem is not None:
                 problems.append((start, problem))
             else:
+                width = max(map(len, row))
+                if rows and max(longest, width) * (len(rows) + 1) > CHUNK_CHARS:  # the chunk so far first
+                    yield _csv_chunk(labels, rows, line_nos, problems, sources)
+                    labels, rows, line_nos, problems, lines, longest = [], [], [], [], 1, 0
+                longest = max(longest, width)
                 labels.append(float(row[label_at]))
                 rows.append(row)
                 line_nos.append(start)
             if lines == size:
                 yield _csv_chunk(labels, rows, line_nos, problems, sources)
-                labels, rows, line_nos, problems, lines = [], [], [], [], 0
+                labels, rows, line_nos, problems, lines, longest = [], [], [], [], 0, 0
         if lines:
             yield _csv_chunk(labels, rows, line_nos, problems, sources)
 
