@@ -500,3 +500,19 @@ def test_a_long_csv_cell_shrinks_its_chunk_not_the_memory_and_reads_the_same(tmp
         np.testing.assert_array_equal(a.labels, b.labels)
         for name in a.fields:
             np.testing.assert_array_equal(a.fields[name].ids, b.fields[name].ids)
+
+
+def test_a_stray_quote_loses_each_line_it_swallows_as_a_bad_line(tmp_path):
+    """A quote left open on line 12 runs its record to the end of the file: that is 300 lines lost, counted as
+    such (the run fails at the limit, naming the span), not as one bad line."""
+    quote = '"'
+    rows = [f"{i % 2},{quote if i == 10 else ''}u{i},i{i % 7}" for i in range(300)]
+    path = tmp_path / "quote.csv"
+    path.write_text("label,user,item\n" + "\n".join(rows) + "\n")
+    schema = builtin_schema("csv", default_table="t", default_dim=4, header=["label", "user", "item"])
+    with pytest.raises(ValueError, match=r"line 13: .*\(a record from line 12 to line 301: a quoted field spans "
+                                         r"them; a stray quote\?\); 2 bad lines, more than --max-bad-lines 1"):  # fmt: skip
+        list(read_batches(path, schema, 64, max_bad_lines=1))
+    stats = ReadStats()
+    assert sum(len(b) for b in read_batches(path, schema, 64, max_bad_lines=290, stats=stats)) == 10
+    assert stats.bad_lines == 290

@@ -11,7 +11,8 @@ into the Batch's ids and numeric features as the schema says.
 Common to all formats:
   - A path ending in ".gz" is read through gzip.
   - Data lines are numbered from 0, the CSV header excluded (for CSV a "line" is a record, which may span
-    several physical lines inside quotes). Worker i of n reads the data lines whose number % n == i, so n
+    several physical lines inside quotes; a bad record that does counts each of its lines as a bad line, so that
+    a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line). Worker i of n reads the data lines whose number % n == i, so n
     workers together read every line exactly once.
   - A malformed data line (an empty line included) is skipped and counted in `stats` (ReadStats): one the
     format cannot split (the problems listed below), or one with a cell the schema cannot read (encode.py: a
@@ -365,7 +366,10 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[
             share.bad.stats.lines_read += 1
             lines += 1
             problem = _csv_problem(row, len(header), label_at)
-            if problem is not None:
+            if problem is not None and end > start:  # a bad record over several lines: each of them is lost
+                spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
+                problems += [(line, problem + spans) for line in range(start, end + 1)]
+            elif problem is not None:
                 problems.append((start, problem))
             else:
                 width = max(map(len, row))
