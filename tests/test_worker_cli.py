@@ -287,3 +287,17 @@ def test_help_gives_the_recipes_dropout_and_the_synth_defaults():
     synth_help = command_help("synth")
     assert "rows to write (default: 100000)" in synth_help and "(default: 0)" in synth_help
     assert "--table TABLE only this table (default: all) --" in command_help("shrink")
+
+
+@pytest.mark.parametrize("flag, what", [("--eval-data", "evaluate"), ("--validation-data", "validate")])
+@pytest.mark.parametrize("content", ["", "label,user\n", "label,user\n7,u1\n"])
+def test_an_eval_or_validation_file_without_examples_fails_before_any_server_is_touched(
+    tmp_path, capsys, flag, what, content
+):
+    train_path = tmp_path / "train.csv"
+    train_path.write_text("label,user\n" + "".join(f"{i % 2},u{i % 9}\n" for i in range(200)))
+    (tmp_path / "held.csv").write_text(content)
+    flags = ["--data", str(train_path), "--format", "csv", flag, str(tmp_path / "held.csv"), "--max-bad-lines", "5"]
+    assert main(["train", "--servers", "127.0.0.1:1", "--server-timeout", "0", *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"held.csv: no examples to {what} on ({flag} is empty, or holds only a header or malformed lines)" in err

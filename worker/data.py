@@ -157,6 +157,9 @@ class DataSource:
             kept += take
             if kept >= self.max_validation:
                 break
+        if not out and self.cfg.validation_data:
+            raise ValueError(f"{self.cfg.validation_data}: no examples to validate on (--validation-data is empty, "
+                             "or holds only a header or malformed lines)")  # fmt: skip
         return out
 
     def eval(self) -> Iterator[Batch]:
@@ -181,6 +184,9 @@ class DataSource:
             examples += len(batch)
             if examples <= self.max_validation:
                 kept.append(batch)
+        if not examples:
+            raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
+                             "only a header or malformed lines)")  # fmt: skip
         self._eval = kept if examples <= self.max_validation else None
 
     def first_batch(self) -> Batch:
