@@ -516,3 +516,22 @@ def test_a_stray_quote_loses_each_line_it_swallows_as_a_bad_line(tmp_path):
     stats = ReadStats()
     assert sum(len(b) for b in read_batches(path, schema, 64, max_bad_lines=290, stats=stats)) == 10
     assert stats.bad_lines == 290
+
+
+def test_a_schema_without_a_label_takes_the_training_files_first_column_for_every_file(tmp_path):
+    """The eval file puts its columns in another order: it is still scored against the training file's label
+    column, not against whatever column comes first in it."""
+    from worker.schema_builtin import resolve_schema
+
+    (tmp_path / "s.toml").write_text('format = "csv"\n[[columns]]\nname = "user"\nkind = "categorical"\n'
+                                     '[[columns]]\nname = "flag"\nkind = "categorical"\n')  # fmt: skip
+    train = tmp_path / "train.csv"
+    train.write_text("label,flag,user\n" + "".join(f"{i % 2},{1 - i % 2},u{i}\n" for i in range(50)))
+    held = tmp_path / "eval.csv"
+    held.write_text("flag,label,user\n" + "".join(f"{1 - i % 2},{i % 2},u{i}\n" for i in range(50)))
+    flags = dict(fmt="csv", label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None,
+                 default_table="t", default_dim=4)  # fmt: skip
+    schema = resolve_schema(str(train), schema_path=str(tmp_path / "s.toml"), **flags)
+    assert schema.label == "label"
+    labels = np.concatenate([b.labels for b in read_batches(held, schema, 64)])
+    np.testing.assert_array_equal(labels, np.arange(50) % 2)

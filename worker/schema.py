@@ -7,7 +7,8 @@ schemas (worker/schema_builtin.py), so every run reads its data through one. Gra
                                    # columns' names (worker/formats.py): csv the header's; criteo label, I1..I13,
                                    # C1..C26; libsvm label, f0, f1, ... (f<k> the k-th id:value token's id)
     delimiter = ","                # csv only: one character
-    label     = "label"            # the label column (0/1); default: the first column ("label" for criteo, libsvm)
+    label     = "label"            # the label column (0/1); default: the training file's first column, for
+                                   #   every file the run reads ("label" for criteo, libsvm)
     bias_table = "item"            # the table holding the bias row (default: the first sparse column's table)
 
     [tables.<name>]                # one section per table; a column without `table` uses the default table

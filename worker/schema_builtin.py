@@ -3,6 +3,8 @@ run reads its data through one; resolve_schema picks between them and a --schema
 
 from __future__ import annotations
 
+import dataclasses
+
 from worker.features import NUM_INT_FIELDS
 from worker.schema import CRITEO_COLUMNS, FORMATS, Column, Schema, TableSchema, load_schema
 
@@ -100,7 +102,14 @@ def resolve_schema(
         given = [flag for flag, on in flags.items() if on]
         if given:
             raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
-        return load_schema(schema_path, default_table=default_table, default_dim=default_dim)
+        schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim)
+        if schema.format == "csv" and schema.label is None and data is not None:  # the training file's first
+            from worker.formats import read_csv_header  # column, for every file read through it (eval's too)
+
+            header = read_csv_header(data, schema.delimiter)
+            if header:
+                schema = dataclasses.replace(schema, label=header[0])
+        return schema
     from worker.formats import libsvm_field_count, read_csv_header
 
     header = None
