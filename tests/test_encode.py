@@ -174,7 +174,7 @@ def test_bad_examples_are_left_out_with_their_first_problem():
         "column 'r' is '3x', expected a decimal id below 2**64 - 1",
         "integer column 'i' is '1.5', expected empty or a base-10 integer in "
         "(-9223372036854775808, 9223372036854775807]",
-        "numeric column 'x' is 'inf', expected a finite number or empty",
+        "numeric column 'x' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty",
         "column 'w' has the token 'b', expected id:weight with a finite weight",
         "column 'w' has the token ':2', expected id:weight with a finite weight",
         "column 'r' is '-8', expected a decimal id below 2**64 - 1",
@@ -218,5 +218,15 @@ def test_a_numeric_feature_past_float32s_range_is_a_bad_example_not_inf():
         columns=(Column("x", "x", "numeric", transform="none"),), tables={}, bias_table="t",
     )  # fmt: skip
     out = encode_examples(schema, np.array([0, 1, 0], np.float32), {"x": np.array(["1.5", "1e39", "-2"])})
-    assert out.bad.tolist() == [1] and "past float32's range" in out.problems[0]
+    assert out.bad.tolist() == [1] and "expected a finite float32 number (|x| <= 3.4e38)" in out.problems[0]
     np.testing.assert_array_equal(out.batch.dense[:, 0], [1.5, -2.0])
+
+
+def test_a_numeric_cell_past_float32_is_bad_in_every_pass():
+    """1e39 parses as a finite float64 but is inf in the float32 features: the statistics pass and training read
+    it alike, as a bad cell (the largest float32 passes)."""
+    from worker.encode import float_values
+
+    values, missing, ok = float_values(np.array(["1e39", "-1e39", "3.4e38", "", "nan", "2"]))
+    assert ok.tolist() == [False, False, True, True, False, True]
+    assert values.tolist()[:3] == [0.0, 0.0, 3.4e38] and missing.tolist()[3]

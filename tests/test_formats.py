@@ -293,9 +293,9 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
     assert stats.first_bad == f"{path} line 3: label '7', expected 0 or 1"
     expected = [
         "line 4: 2 columns, expected 3 as in the header; 2 bad lines",
-        "line 5: numeric column 'n' is 'abc', expected a finite number or empty; 3 bad lines",
+        "line 5: numeric column 'n' is 'abc', expected a finite float32 number (|x| <= 3.4e38) or empty; 3 bad lines",
         "line 7: empty line; 4 bad lines",
-        "line 8: numeric column 'n' is 'inf', expected a finite number or empty; 5 bad lines",
+        "line 8: numeric column 'n' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty; 5 bad lines",
     ]
     for limit, message in enumerate(expected, start=1):
         with pytest.raises(ValueError) as e:

@@ -18,8 +18,8 @@ Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric fea
                  cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
     weighted     as multi_hot, each token id:weight split at its last ":", the id non-empty, the weight a
                  finite number (weights float32)
-    numeric      a number (float(), finite) or an empty cell (missing); log_buckets: an int64 integer (int()
-                 syntax, not -2**63); then log: log(1 + max(x, 0)); none: x; standardize: (x - mean) / std;
+    numeric      a number (float(), |x| <= 3.4e38, float32's largest) or an empty cell (missing); log_buckets:
+                 an int64 integer (int() syntax, not -2**63); then log: log(1 + max(x, 0)); none: x; standardize: (x - mean) / std;
                  missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
                  missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x))
 
@@ -42,6 +42,7 @@ from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_b
 from worker.models.spec import BIAS_FIELD
 from worker.schema import Column, Schema
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest numeric cell (float32 features)
 _MAX_RAW = "18446744073709551614"  # the largest raw id, 2**64 - 2: 2**64 - 1 is the missing one
 _INT_RANGE = f"({MISSING_INT}, {np.iinfo(np.int64).max}]"
 
@@ -285,8 +286,8 @@ def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Pro
 
 def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(float64 values, missing, ok) of numeric cells: missing where the cell is empty or blank, ok where it is
-    missing or a finite number (Python float() syntax); values 0 where missing or not ok. Vectorized unless a
-    cell is blank or not a number."""
+    missing or a number float32 holds (Python float() syntax, |x| <= 3.4e38: a larger one would become inf in
+    the float32 features); values 0 where missing or not ok. Vectorized unless a cell is blank or not a number."""
     cells = np.asarray(cells)
     missing = cells == _empty(cells)
     try:
@@ -298,7 +299,7 @@ def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         values = np.array([_float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
         missing = np.array([not s.strip() for s in listed], dtype=bool)[inverse]
     values[missing] = 0.0
-    ok = missing | np.isfinite(values)
+    ok = missing | (np.abs(values) <= FLOAT32_MAX)  # nan and inf fail it too
     values[~ok] = 0.0
     return values, missing, ok
 
@@ -402,7 +403,7 @@ class _Numbers:
                     self.problems.add(
                         at,
                         [
-                            f"numeric column {c.source!r} is {_shown(cells[i])}, expected a finite number or empty"
+                            f"numeric column {c.source!r} is {_shown(cells[i])}, expected a finite float32 number (|x| <= 3.4e38) or empty"
                             for i in at.tolist()
                         ],
                     )
