@@ -288,20 +288,21 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     for i in range(200):
         tags = "|".join(rng.choice(["a", "b", "c", "d"], size=rng.integers(0, 4)))
         ratings = ";".join(f"{t}:{rng.random():.2f}" for t in rng.choice(["u", "v", "w"], size=rng.integers(1, 3)))
-        city = rng.choice(["paris", "rome", "oslo"])
+        city = '"portland, or"' if i == 5 else rng.choice(["paris", "rome", "oslo"])  # one comma: not a list
         count = int(rng.pareto(1.5) * 10)
         lines.append(f"{i},{rng.normal(10, 2):.3f},{count},{tags},{rng.integers(6)},{city},{rng.integers(2)},{ratings}")
     data = tmp_path / "d.csv"
     data.write_text("\n".join(lines) + "\n")
     text = infer_schema_text(str(data), sample_rows=150)
     assert "the first 150 rows" in text and "every value distinct: an identifier?" in text
+    assert "integers in a column named like an id" in text
     path = tmp_path / "inferred.toml"
     path.write_text(text)
     s = load_schema(str(path), default_table="t", default_dim=4)
     assert s.label == "click"  # a 0/1 column with a label's name, not the first
     kinds = {c.name: (c.kind, c.transform) for c in s.columns}
     assert kinds == {
-        "id": ("numeric", "standardize"),
+        "id": ("categorical", None),  # integers, named like an id
         "price": ("numeric", "standardize"),
         "count": ("numeric", "log"),
         "tags": ("multi_hot", None),

@@ -2,10 +2,12 @@
 
 The rules, per CSV column of the sample (the label: a column named like LABEL_NAMES holding only 0 and 1, else
 the first such column, else the first column):
-    numbers in every non-empty cell   few distinct integers -> categorical; non-negative and heavy-tailed
+    numbers in every non-empty cell   few distinct integers, or integers in a column named like an id
+                                      (`id`, `user_id`, `itemId`) -> categorical; non-negative and heavy-tailed
                                       (skewness > 1) -> numeric, log; else numeric, standardize with the
                                       sample's mean and std
-    cells with | ; or , whose tokens repeat   multi_hot (weighted when every token is id:number)
+    cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat
+                                      multi_hot (weighted when every token is id:number)
     anything else                     categorical
 criteo and libsvm files get their built-in schema, written out. The TOML says in comments what was inferred
 from how many rows, for a person to review before training.
@@ -14,6 +16,7 @@ from how many rows, for a person to review before training.
 from __future__ import annotations
 
 import math
+import re
 
 from worker.schema import FORMATS, Column, _entry, _toml
 from worker.schema_builtin import builtin_schema
@@ -22,6 +25,8 @@ LABEL_NAMES = ("label", "click", "clicked", "y", "target")
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
+_BAG_SHARE = 0.1  # a column is a list when at least this share of its non-empty cells holds the separator
+_ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
 
 
 def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
@@ -96,6 +101,8 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
     if present and values is not None:
         if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
             return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"
+        if all(v.is_integer() for v in values) and _ID_NAME.search(source):
+            return Column(name, source, "categorical"), f"integers in a column named like an id ({seen}): categorical"
         n = len(values)
         mean = sum(values) / n
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
@@ -113,7 +120,7 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
         tokens = [t for c in present for t in c.split(sep) if t]
         weighted = bool(tokens) and all(t.rpartition(":")[0] and _floats([t.rpartition(":")[2]]) for t in tokens)
         keys = [t.rpartition(":")[0] for t in tokens] if weighted else tokens
-        if any(sep in c for c in present) and len(set(keys)) <= len(keys) / 2:
+        if sum(sep in c for c in present) >= _BAG_SHARE * len(present) and len(set(keys)) <= len(keys) / 2:
             kind = "weighted" if weighted else "multi_hot"
             longest = max(len(c.split(sep)) for c in present)
             comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
