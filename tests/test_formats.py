@@ -3,6 +3,7 @@ worker shares; bad lines skipped, counted and fatal over the limit (bad cells in
 options; the libsvm field rule; column_stats."""
 
 import gzip
+import re
 
 import numpy as np
 import pytest
@@ -535,3 +536,15 @@ def test_a_schema_without_a_label_takes_the_training_files_first_column_for_ever
     assert schema.label == "label"
     labels = np.concatenate([b.labels for b in read_batches(held, schema, 64)])
     np.testing.assert_array_equal(labels, np.arange(50) % 2)
+
+
+@pytest.mark.parametrize("sep", ["\t", ";"])
+def test_a_csv_whose_header_holds_another_separator_is_named_as_such(tmp_path, sep):
+    from worker.schema_builtin import resolve_schema
+
+    path = tmp_path / "d.txt"
+    path.write_text(f"label{sep}user\n1{sep}u1\n")
+    flags = dict(fmt="csv", label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None,
+                 default_table="t", default_dim=4)  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(f"one column holding {sep!r} and no ',': a {sep!r}-separated")):
+        resolve_schema(str(path), schema_path=None, **flags)

@@ -119,6 +119,13 @@ def resolve_schema(
         header = read_csv_header(data, ",")
         if header is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
+        other = [d for d in "\t;|" if len(header) == 1 and d in header[0]]
+        if other:
+            raise ValueError(
+                f"{data}: its header line is one column holding {other[0]!r} and no ',': a {other[0]!r}-separated "
+                "file? --format csv reads commas: write a schema with `ps-worker schema --data FILE --delimiter "
+                "...` and give it as --schema (or --format criteo for Criteo TSV, which has no header)"
+            )
     if fmt == "libsvm" and libsvm_fields is None:
         libsvm_fields = libsvm_field_count(data)
     try:
