@@ -511,12 +511,19 @@ def test_a_stray_quote_loses_each_line_it_swallows_as_a_bad_line(tmp_path):
     path = tmp_path / "quote.csv"
     path.write_text("label,user,item\n" + "\n".join(rows) + "\n")
     schema = builtin_schema("csv", default_table="t", default_dim=4, header=["label", "user", "item"])
-    with pytest.raises(ValueError, match=r"line 13: .*\(a record from line 12 to line 301: a quoted field spans "
-                                         r"them; a stray quote\?\); 2 bad lines, more than --max-bad-lines 1"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"line 12: .*\(a record from line 12 to line 301: a quoted field spans "
+                                         r"them; a stray quote\?\); 290 bad lines, more than --max-bad-lines 1"):  # fmt: skip
         list(read_batches(path, schema, 64, max_bad_lines=1))
     stats = ReadStats()
     assert sum(len(b) for b in read_batches(path, schema, 64, max_bad_lines=290, stats=stats)) == 10
-    assert stats.bad_lines == 290
+    assert stats.bad_lines == 290 and stats.lines_read == 300
+    # the quote in the last column: the record has the header's column count, and is bad for its length
+    path.write_text("label,user,item\n" + "\n".join(f"{i % 2},u{i},{quote if i == 10 else ''}i{i % 7}"
+                                                      for i in range(300)) + "\n")  # fmt: skip
+    with pytest.raises(ValueError, match=r"line 12: a record of 290 lines, more than 100 \(a record from line 12"):
+        list(read_batches(path, schema, 64))
+    path.write_text('label,user,item\n1,"two\nlines",i1\n0,u2,i2\n')  # a short multi-line field is a record
+    assert [len(b) for b in read_batches(path, schema, 64)] == [2]
 
 
 def test_a_schema_without_a_label_takes_the_training_files_first_column_for_every_file(tmp_path):
@@ -548,3 +555,13 @@ def test_a_csv_whose_header_holds_another_separator_is_named_as_such(tmp_path, s
                  default_table="t", default_dim=4)  # fmt: skip
     with pytest.raises(ValueError, match=re.escape(f"one column holding {sep!r} and no ',': a {sep!r}-separated")):
         resolve_schema(str(path), schema_path=None, **flags)
+
+
+def test_a_label_only_csv_whose_header_name_holds_a_bar_is_read(tmp_path):
+    from worker.schema_builtin import resolve_schema
+
+    path = tmp_path / "d.csv"
+    path.write_text("is|click\n1\n0\n")
+    flags = dict(fmt="csv", label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None,
+                 default_table="t", default_dim=4)  # fmt: skip
+    assert resolve_schema(str(path), schema_path=None, **flags).label in (None, "is|click")

@@ -343,3 +343,12 @@ def test_a_schema_file_that_is_not_utf8_is_named_in_the_error(tmp_path):
     path.write_bytes(b'label = "\xff"\n')
     with pytest.raises(ValueError, match=r"s.toml: not valid TOML: not UTF-8 text"):
         load_schema(str(path), default_table="t", default_dim=4)
+
+
+def test_infer_a_column_empty_in_the_whole_sample_is_categorical(tmp_path):
+    data = tmp_path / "e.csv"
+    data.write_text("label,a,b\n1,,x\n0,,y\n")
+    path = tmp_path / "s.toml"
+    path.write_text(infer_schema_text(str(data)))
+    kinds = {c.name: c.kind for c in load_schema(str(path), default_table="t", default_dim=4).columns}
+    assert kinds == {"a": "categorical", "b": "categorical"}

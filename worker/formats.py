@@ -179,7 +179,8 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
 @dataclass
 class _Cells:
     """A chunk of a worker's share: labels float32 (m,), cells {column: (m,)} and line numbers int64 (m,) of
-    its good lines as the format splits them; problems [(line number, problem)] of the others; parsed: the
+    its good lines as the format splits them; problems [(line number, problem[, lines])] of the others (lines:
+    the physical lines the bad record took, 1 unless given); parsed: the
     columns the format has already read for encode_examples, if any."""
 
     labels: np.ndarray
@@ -193,8 +194,8 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: _Share) -> Itera
     for chunk in _cell_chunks(name, schema, max(batch_size, _MIN_CHUNK), share):
         out = encode_examples(schema, chunk.labels, chunk.cells, chunk.parsed)
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
-        for line_no, problem in sorted(problems):  # in file order, so the limit is crossed at the right line
-            share.bad.add(line_no, problem)
+        for line_no, problem, *lines in sorted(problems):  # in file order: the limit is crossed at the right line
+            share.bad.add(line_no, problem, *lines)
         share.bad.stats.truncated_bags += out.truncated_bags
         if len(out.batch):
             yield out.batch
@@ -305,6 +306,7 @@ def _libsvm_values(rows: list[list[int]], k_fields: int) -> np.ndarray:
 MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
 CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alone may pass it): numpy's string
 # arrays pad every cell to the longest, 4 bytes a character, so one 100 KB cell among 4,096 rows took 1.6 GB a column
+MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (a bad record)
 
 
 class _csv_reader:
@@ -351,7 +353,7 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[
         rows: list[list[str]] = []
         line_nos: list[int] = []
         problems: list[tuple[int, str]] = []
-        end, lines, longest = reader.line_num, 0, 0
+        end, lines = reader.line_num, 0
         for index in itertools.count():
             start = end + 1  # the record's first physical line
             try:
@@ -366,25 +368,47 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[
             share.bad.stats.lines_read += 1
             lines += 1
             problem = _csv_problem(row, len(header), label_at)
+            if problem is None and end - start >= MAX_RECORD_LINES:
+                problem = f"a record of {end - start + 1:,} lines, more than {MAX_RECORD_LINES}"
             if problem is not None and end > start:  # a bad record over several lines: each of them is lost
+                share.bad.stats.lines_read += end - start
                 spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
-                problems += [(line, problem + spans) for line in range(start, end + 1)]
+                problems.append((start, problem + spans, end - start + 1))
             elif problem is not None:
                 problems.append((start, problem))
             else:
-                width = max(map(len, row))
-                if rows and max(longest, width) * (len(rows) + 1) > CHUNK_CHARS:  # the chunk so far first
-                    yield _csv_chunk(labels, rows, line_nos, problems, sources)
-                    labels, rows, line_nos, problems, lines, longest = [], [], [], [], 1, 0
-                longest = max(longest, width)
                 labels.append(float(row[label_at]))
                 rows.append(row)
                 line_nos.append(start)
             if lines == size:
-                yield _csv_chunk(labels, rows, line_nos, problems, sources)
-                labels, rows, line_nos, problems, lines, longest = [], [], [], [], 0, 0
+                yield from _csv_chunks(labels, rows, line_nos, problems, sources)
+                labels, rows, line_nos, problems, lines = [], [], [], [], 0
         if lines:
-            yield _csv_chunk(labels, rows, line_nos, problems, sources)
+            yield from _csv_chunks(labels, rows, line_nos, problems, sources)
+
+
+def _csv_chunks(
+    labels: list[float], rows: list[list[str]], line_nos: list[int], problems: list, sources: dict
+) -> Iterator[_Cells]:
+    """The chunk of these records, cut where rows x the longest cell read would pass CHUNK_CHARS (each piece
+    with the problems of the lines before the next piece)."""
+    columns = {s: [r[i] for r in rows] for s, i in sources.items()}
+    if not rows or max((max(map(len, c)) for c in columns.values()), default=0) * len(rows) <= CHUNK_CHARS:
+        cells = {s: np.array(c, dtype=np.str_) for s, c in columns.items()}
+        yield _Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
+        return
+    widths = [max(w) for w in zip(*(map(len, c) for c in columns.values()))]
+    cuts, longest, first = [], 0, 0
+    for k, w in enumerate(widths):
+        if k > first and max(longest, w) * (k - first + 1) > CHUNK_CHARS:
+            cuts.append(k)
+            first, longest = k, 0
+        longest = max(longest, w)
+    bounds = [0, *cuts, len(rows)]
+    for a, b in zip(bounds, bounds[1:]):
+        last = b == len(rows)
+        mine = [p for p in problems if (last or p[0] < line_nos[b]) and (a == 0 or p[0] >= line_nos[a])]
+        yield _csv_chunk(labels[a:b], rows[a:b], line_nos[a:b], mine, sources)
 
 
 def _csv_chunk(
@@ -455,9 +479,10 @@ class _BadLines:
     def __init__(self, name: str, limit: int, stats: ReadStats):
         self.name, self.limit, self.stats = name, limit, stats
 
-    def add(self, line_no: int, problem: str) -> None:
+    def add(self, line_no: int, problem: str, lines: int = 1) -> None:
+        """Counts a bad record of `lines` physical lines from line_no; ValueError past the limit."""
         s = self.stats
-        s.bad_lines += 1
+        s.bad_lines += lines
         message = f"{self.name} line {line_no}: {problem}"
         if s.first_bad is None:
             s.first_bad = message

@@ -110,7 +110,7 @@ def resolve_schema(
             if header:
                 schema = dataclasses.replace(schema, label=header[0])
         return schema
-    from worker.formats import libsvm_field_count, read_csv_header
+    from worker.formats import libsvm_field_count, read_csv_header, read_csv_sample
 
     header = None
     if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
@@ -119,7 +119,8 @@ def resolve_schema(
         header = read_csv_header(data, ",")
         if header is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
-        other = [d for d in "\t;|" if len(header) == 1 and d in header[0]]
+        first = read_csv_sample(data, ",", 1)[1] if len(header) == 1 else []  # a label-only file's row holds none
+        other = [d for d in "\t;|" if len(header) == 1 and d in header[0] and first and d in first[0][0]]
         if other:
             raise ValueError(
                 f"{data}: its header line is one column holding {other[0]!r} and no ',': a {other[0]!r}-separated "

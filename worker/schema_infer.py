@@ -120,7 +120,7 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
         tokens = [t for c in present for t in c.split(sep) if t]
         weighted = bool(tokens) and all(t.rpartition(":")[0] and _floats([t.rpartition(":")[2]]) for t in tokens)
         keys = [t.rpartition(":")[0] for t in tokens] if weighted else tokens
-        if sum(sep in c for c in present) >= _BAG_SHARE * len(present) and len(set(keys)) <= len(keys) / 2:
+        if present and sum(sep in c for c in present) >= _BAG_SHARE * len(present) and len(set(keys)) <= len(keys) / 2:
             kind = "weighted" if weighted else "multi_hot"
             longest = max(len(c.split(sep)) for c in present)
             comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
