@@ -76,8 +76,8 @@ def _check_structure(manifest: dict, path: str) -> None:
         shard_id = shard.get("shard_id") if isinstance(shard, dict) else None
         if not isinstance(shard_id, int) or isinstance(shard_id, bool) or not isinstance(shard.get("files"), dict):
             raise bad(f"has a shard entry {i} it cannot read (a shard_id and its files)")
-        if shard.get("dir") != f"shard-{shard.get('shard_id')}":
-            raise bad(f"has shard entry {i} of shard_id {shard.get('shard_id')!r} in dir {shard.get('dir')!r}, "
+        if shard.get("dir") != f"shard-{shard_id}":
+            raise bad(f"has shard entry {i} of shard_id {shard_id} in dir {shard.get('dir')!r}, "
                       "expected shard-<shard_id>")  # fmt: skip
     ids = sorted(shard["shard_id"] for shard in shards)
     if ids != list(range(n)):

@@ -2,8 +2,9 @@
 
 hold on shard 0, then on the others at once (each stops taking pushes once those in flight are done; pushes sent
 meanwhile get UNAVAILABLE and clients retry them; a shard another checkpoint holds refuses at once,
-FAILED_PRECONDITION: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush, RocksDB checkpoint to DIR/shard-<i>) -> release on every shard
-held, also if anything failed -> write DIR/manifest.json. The servers write only inside their
+FAILED_PRECONDITION: of two saves at once, the one that holds shard 0 goes on) -> save on every shard (flush,
+RocksDB checkpoint to DIR/shard-<i>) -> release on every shard held, also if anything failed -> write
+DIR/manifest.json. The servers write only inside their
 --checkpoint-root (ps.service.checkpoint_dir), and this worker writes the manifest: DIR is sent as an absolute path
 (a relative one is taken from this worker's working directory), so it must lie inside that root under the same
 path here and on the servers (one machine, or a volume shared at the same path).
@@ -61,8 +62,9 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
             "Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)]
         )
     finally:  # every hold taken is released, whatever failed
-        client._call_many("Checkpoint", sorted(tokens),
-                          [ps_pb2.CheckpointRequest(phase="release", token=tokens[s]) for s in sorted(tokens)])  # fmt: skip
+        held_shards = sorted(tokens)
+        releases = [ps_pb2.CheckpointRequest(phase="release", token=tokens[s]) for s in held_shards]
+        client._call_many("Checkpoint", held_shards, releases)
     shards = [json.loads(r.shard_json) for r in replies]
     names = sorted({name for s in shards for name in s["rows"]})
     tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]

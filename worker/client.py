@@ -14,8 +14,8 @@ client's random id and a per-shard request number, and the shard applies a reque
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink, AdvanceClock and Checkpoint carry no
 such id: one whose deadline passed may be running or done on its shard, so it is not sent again (a repeat would
 decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
-sent again) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was applied) is retried as for
-the others.
+sent again) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was
+applied) is retried as for the others.
 
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
@@ -241,8 +241,9 @@ class Client:
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Waits up to timeout_s for every shard to answer, and checks that shard i says it is shard i of
-        len(servers) and that they all give one cluster name (ps-server --cluster). timeout_s None: server_timeout_s, the time a shard that is down is waited for (when that
-        is 0, one call's deadline, timeout_s of the constructor)."""
+        len(servers) and that they all give one cluster name (ps-server --cluster). timeout_s None:
+        server_timeout_s, the time a shard that is down is waited for (when that is 0, one call's deadline,
+        timeout_s of the constructor)."""
         if timeout_s is None:
             timeout_s = self.server_timeout_s if self.server_timeout_s > 0 else self.timeout_s
         deadline = time.monotonic() + timeout_s
@@ -583,7 +584,8 @@ class Client:
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and _sent_once(method, request):
             return ServerUnavailableError(
                 f"{where} did not answer {method} within {timeout_s:g} s: it may still be running there, or be done; "
-                f"it was not sent again, since a repeat would apply it once more ({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
+                "it was not sent again, since a repeat would apply it once more "
+                f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
         if code in RETRYABLE:
             with self._down_lock:

@@ -19,8 +19,8 @@ Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric fea
     weighted     as multi_hot, each token id:weight split at its last ":", the id non-empty, the weight a
                  finite number (weights float32)
     numeric      a number (float(), |x| <= 3.4e38, float32's largest) or an empty cell (missing); log_buckets:
-                 an int64 integer (int() syntax, not -2**63); then log: log(1 + max(x, 0)); none: x; standardize: (x - mean) / std;
-                 missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
+                 an int64 integer (int() syntax, not -2**63); then log: log(1 + max(x, 0)); none: x;
+                 standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
                  missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x))
 
 An example with a cell that breaks these rules is bad: it is left out of the Batch, and `problems` says what
@@ -403,7 +403,8 @@ class _Numbers:
                     self.problems.add(
                         at,
                         [
-                            f"numeric column {c.source!r} is {_shown(cells[i])}, expected a finite float32 number (|x| <= 3.4e38) or empty"
+                            f"numeric column {c.source!r} is {_shown(cells[i])}, expected a finite float32 number "
+                            "(|x| <= 3.4e38) or empty"
                             for i in at.tolist()
                         ],
                     )

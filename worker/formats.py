@@ -12,8 +12,8 @@ Common to all formats:
   - A path ending in ".gz" is read through gzip.
   - Data lines are numbered from 0, the CSV header excluded (for CSV a "line" is a record, which may span
     several physical lines inside quotes; a bad record that does counts each of its lines as a bad line, so that
-    a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line). Worker i of n reads the data lines whose number % n == i, so n
-    workers together read every line exactly once.
+    a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line).
+    Worker i of n reads the data lines whose number % n == i, so n workers together read every line exactly once.
   - A malformed data line (an empty line included) is skipped and counted in `stats` (ReadStats): one the
     format cannot split (the problems listed below), or one with a cell the schema cannot read (encode.py: a
     numeric cell that is not a number, an integer column that is not an int64 integer, a bag token that is
@@ -394,8 +394,7 @@ def _csv_chunks(
     with the problems of the lines before the next piece)."""
     columns = {s: [r[i] for r in rows] for s, i in sources.items()}
     if not rows or max((max(map(len, c)) for c in columns.values()), default=0) * len(rows) <= CHUNK_CHARS:
-        cells = {s: np.array(c, dtype=np.str_) for s, c in columns.items()}
-        yield _Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
+        yield _csv_chunk(labels, columns, line_nos, problems)
         return
     widths = [max(w) for w in zip(*(map(len, c) for c in columns.values()))]
     cuts, longest, first = [], 0, 0
@@ -408,13 +407,11 @@ def _csv_chunks(
     for a, b in zip(bounds, bounds[1:]):
         last = b == len(rows)
         mine = [p for p in problems if (last or p[0] < line_nos[b]) and (a == 0 or p[0] >= line_nos[a])]
-        yield _csv_chunk(labels[a:b], rows[a:b], line_nos[a:b], mine, sources)
+        yield _csv_chunk(labels[a:b], {s: c[a:b] for s, c in columns.items()}, line_nos[a:b], mine)
 
 
-def _csv_chunk(
-    labels: list[float], rows: list[list[str]], line_nos: list[int], problems: list, sources: dict
-) -> _Cells:
-    cells = {s: np.array([r[i] for r in rows], dtype=np.str_) for s, i in sources.items()}
+def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: list[int], problems: list) -> _Cells:
+    cells = {s: np.array(c, dtype=np.str_) for s, c in columns.items()}
     return _Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
 
 

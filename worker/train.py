@@ -604,9 +604,7 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
     if "eval_examples" not in results and (cfg.eval_data or cfg.data):
         raise ValueError(f"{cfg.eval_data or cfg.data}: no examples to evaluate on (the file is empty, or holds only "
                          "a header or malformed lines)")  # fmt: skip
-    if (
-        data.synthetic is not None and cfg.synthetic_eval_rows
-    ):  # which rows: they follow the training rows of --synthetic-rows
+    if data.synthetic is not None and cfg.synthetic_eval_rows:  # they follow the training rows of --synthetic-rows
         results["synthetic_eval_rows"] = [cfg.synthetic_rows, cfg.synthetic_rows + cfg.synthetic_eval_rows]
         results["synthetic_seed"] = cfg.synthetic_seed
     return results

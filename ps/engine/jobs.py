@@ -267,26 +267,27 @@ class JobClocks:
             return
         if self._stopped is not None and not applied:
             raise _again(self._stopped)
-        first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
-        stops = f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker}"
-        reuse = "(a second run under the job id? a job id is for one run: give a new --job-id)"
         if stamp.num_workers != self.num_workers:
-            error = InvalidArgumentError(
-                f"{stops} says the job has {stamp.num_workers:,} workers; it started here with {self.num_workers:,} "
-                f"({first} first stamp); every worker of a job gives the same count {reuse}; the request was not "
-                "applied"
-            )
+            error = self._mismatch(stamp, f"says the job has {stamp.num_workers:,} workers; it started here with "
+                                          f"{self.num_workers:,}", "gives the same count")  # fmt: skip
             if applied:  # the job changed since the push's check: leave the new one be
                 raise error
             self._stop(error)
             raise _again(error)
         if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
-            self._stop(InvalidArgumentError(
-                f"{stops} runs another setup than the job started with here ({first} first stamp): "
-                f"{setup_difference(stamp.setup, self.setup)}; every worker of a job runs the same mode, model and "
-                f"tables {reuse}; the request was not applied"
-            ))  # fmt: skip
+            self._stop(self._mismatch(stamp, "runs another setup than the job started with here",
+                                      "runs the same mode, model and tables",
+                                      f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
             raise _again(self._stopped)
+
+    def _mismatch(self, stamp: Stamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
+        """The error that stops the job for a stamp that does not match what the job started with. Lock held."""
+        first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
+        return InvalidArgumentError(
+            f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} {what} ({first} first stamp)"
+            f"{detail}; every worker of a job {rule} (a second run under the job id? a job id is for one run: give "
+            "a new --job-id); the request was not applied"
+        )
 
     def _stop(self, error: BaseException) -> None:
         """Stops the job: its gathering steps and waits fail with error, and so does every later stamp of it (a

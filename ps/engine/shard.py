@@ -508,8 +508,10 @@ class Shard:
         returned token (which cannot expire while this runs); returns what the manifest records of it."""
         with self._gate:
             if token != self._hold_token or not self._held_until or time.monotonic() >= self._held_until:
-                raise CheckpointHoldError(f"shard {self.shard_id}: the checkpoint's hold expired or was released "
-                                          "before the save (raise --hold-timeout-s?); nothing saved, take it again")  # fmt: skip
+                raise CheckpointHoldError(
+                    f"shard {self.shard_id}: the checkpoint's hold expired or was released before the save (raise "
+                    "--hold-timeout-s?); nothing saved, take it again"
+                )
             self._held_until = float("inf")  # no expiry during the save
         try:
             return self._save_checkpoint(directory)
