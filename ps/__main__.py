@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cluster", default="", metavar="NAME",
         help="the name of the cluster this shard belongs to (letters, digits, '.', '_', '-'), the same on every "
         "shard of it: clients refuse a server list whose shards give different names (shards of two clusters "
-        "mixed up); default: unnamed",
+        "mixed up). A data dir keeps the first name it runs with and refuses to start under another; default: "
+        "unnamed",
     )  # fmt: skip
     p.add_argument(
         "--checkpoint-root", default=None, metavar="DIR",

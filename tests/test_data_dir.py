@@ -105,6 +105,18 @@ def test_a_manifest_cut_short_is_refused_without_deleting_the_files_it_lost(good
     assert {f: os.path.getsize(os.path.join(path, f)) for f in os.listdir(path) if f.endswith(".sst")} == before
 
 
+def test_a_shard_started_under_another_cluster_name_is_refused(good_dir):
+    shard = Shard(ServerConfig(data_dir=good_dir, cluster="prod"))  # an unnamed dir takes the first name
+    before = shard.pull("t", np.arange(50, dtype=np.uint64)).copy()
+    shard.close()
+    for other in ("staging", ""):
+        with pytest.raises(StorageError, match="belongs to cluster 'prod'.*start it with --cluster prod"):
+            Shard(ServerConfig(data_dir=good_dir, cluster=other))
+    shard = Shard(ServerConfig(data_dir=good_dir, cluster="prod"))
+    assert np.array_equal(shard.pull("t", np.arange(50, dtype=np.uint64)), before)  # the refusals changed nothing
+    shard.close()
+
+
 def test_a_data_dir_a_running_server_holds_is_refused_as_in_use(good_dir):
     running = ServerProcess(good_dir)
     try:

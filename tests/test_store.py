@@ -151,3 +151,19 @@ def test_rocksdbs_own_text_logs_are_kept_to_a_few(tmp_path):
         Store(str(tmp_path)).close()
     logs = [f for f in os.listdir(tmp_path) if f.startswith("LOG")]
     assert len(logs) == store_module.KEEP_INFO_LOGS, logs
+
+
+def test_a_data_dir_keeps_the_first_cluster_name_it_runs_with(tmp_path):
+    s = Store(str(tmp_path))
+    s.check_cluster("")  # unnamed: nothing recorded, so a name may come later
+    s.check_cluster("prod")
+    s.check_cluster("prod")
+    for other, said in (("staging", "--cluster 'staging'"), ("", "no --cluster")):
+        with pytest.raises(StorageError, match=f"belongs to cluster 'prod', but this server was started with {said}"):
+            s.check_cluster(other)
+    s.close()
+    s = Store(str(tmp_path))
+    with pytest.raises(StorageError, match="start it with --cluster prod"):
+        s.check_cluster("staging")
+    s.check_cluster("prod")
+    s.close()

@@ -123,6 +123,7 @@ class Shard:
                            shard=(config.shard_id, config.num_shards))  # fmt: skip
         try:
             self.store.check_identity(config.shard_id, config.num_shards)
+            self.store.check_cluster(config.cluster)
             from ps.engine.restore import check_restored
 
             check_restored(self.store)
