@@ -239,8 +239,15 @@ def test_bad_lines_are_reported_once_per_file_however_many_passes(tmp_path):
 
 
 def test_no_examples_is_an_error_not_a_run_of_zero(tmp_path):
-    with pytest.raises(ValueError, match="no examples to train on"):
+    with pytest.raises(ValueError, match=r"no examples to train on \(it is empty, or holds only a header\)"):
         prepare(TrainConfig(local_shards=1, data=_csv(tmp_path, 0), format="csv"))
+    with pytest.raises(ValueError, match=r"no examples to train on: all 3 of its lines are malformed \(first: .*"
+                                         r"d.csv line 2: "):  # fmt: skip
+        prepare(
+            TrainConfig(
+                local_shards=1, data=_csv(tmp_path, 0, bad=3), format="csv", max_bad_lines=5, numeric_columns=("price",)
+            )
+        )
 
 
 def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path):

@@ -101,9 +101,15 @@ class DataSource:
 
     # ---- reading ---------------------------------------------------------------------------------------
     def _read(
-        self, path: str, worker_id: int, num_workers: int, track: bool = True, batch_size: int | None = None
+        self,
+        path: str,
+        worker_id: int,
+        num_workers: int,
+        track: bool = True,
+        batch_size: int | None = None,
+        stats: ReadStats | None = None,
     ) -> Iterator[Batch]:
-        stats = ReadStats()
+        stats = stats if stats is not None else ReadStats()
         if track and path not in {p for p, _ in self.read_stats}:  # the first pass over a file is reported
             self.read_stats.append((path, stats))
         c = self.cfg
@@ -191,12 +197,20 @@ class DataSource:
 
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""
+        stats = ReadStats()
         source = (
-            self.synthetic.batches(1, 0, 1) if self.synthetic is not None else self._read(self.cfg.data, 0, 1, False, 1)
+            self.synthetic.batches(1, 0, 1)
+            if self.synthetic is not None
+            else self._read(self.cfg.data, 0, 1, False, 1, stats)
         )
         first = next(iter(source), None)
         if first is None:
-            raise ValueError(f"{self.cfg.data}: no examples to train on")
+            why = (
+                f": all {stats.lines_read:,} of its lines are malformed (first: {stats.first_bad})"
+                if stats.bad_lines
+                else " (it is empty, or holds only a header)"
+            )
+            raise ValueError(f"{self.cfg.data}: no examples to train on{why}")
         return first
 
     def skipped_lines(self) -> int:
