@@ -13,7 +13,7 @@ from tests.inprocess import InProcessTables
 from worker.data import count_lines, validation_mask
 from worker.loop import run_epochs
 from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
-from worker.train import TrainConfig, loop_settings, open_job, prepare
+from worker.train import TrainConfig, loop_settings, open_job, prepare, train
 
 
 def test_count_lines_reads_gzip_and_drops_a_csv_header(tmp_path):
@@ -67,6 +67,25 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert forced.epochs == 1 and line.startswith("large-data recipe")
     with_file, _ = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
     assert with_file.validation_fraction == 0.0  # a validation file replaces the split
+
+
+def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):
+    """Large data is read as it trains: a stray line would stop a long run part way. Small data is read whole
+    (its validation split) before the first push."""
+    data = _csv(tmp_path, 300, bad=2)
+    large = TrainConfig(local_shards=1, data=data, format="csv", numeric_columns=("price",), recipe="large",
+                        progress=False)  # fmt: skip
+    resolved, line = large.with_recipe(300, "lines of training data")
+    assert resolved.max_bad_lines == LARGE.max_bad_lines == 1000 and "up to 1,000 malformed lines skipped" in line
+    assert "malformed" not in TrainConfig(local_shards=1, recipe="large").with_recipe(300)[1]  # synthetic rows
+    result = train(large)
+    assert (result["train_examples"], result["skipped_lines"]) == (300, 2)
+    small, line = dataclasses.replace(large, recipe="auto").with_recipe(300, "lines of training data")
+    assert small.max_bad_lines == 0 and "malformed" not in line
+    with pytest.raises(ValueError, match="2 bad lines, more than --max-bad-lines 1"):
+        train(dataclasses.replace(large, max_bad_lines=1))
+    given = dataclasses.replace(large, max_bad_lines=5).with_recipe(300)[1]
+    assert given.endswith("instead, as given: --max-bad-lines 5")
 
 
 def test_the_validation_split_is_deterministic_disjoint_and_complete():

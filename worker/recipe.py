@@ -5,14 +5,18 @@
             training examples                                                                                   dense l2 1
     large   otherwise                     2048   1                 none        none        adagrad 0.02         -
 
+    malformed lines skipped (and reported) before the run fails: small 0, large 1,000
+
 Small data overfits: most of its ids are seen once or twice, so several epochs of small steps help at first and
 then hurt, and the weights of rare ids are mostly noise. Evaluating a held-out split after every epoch and
 stopping once its logloss stops improving (the best model is put back) keeps the good epochs; FTRL-proximal with
 a strong l2 shrinks rare ids far more than frequent ones (its l2 adds to a denominator that grows with an id's
 accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. On the small-data regime of the
 synthetic generator, benchmarks/small_data.py measures these settings against a tuned L2 logistic regression.
-Large data is seen once, in big batches for throughput. Flags given explicitly always win; the run prints the
-recipe it chose and why.
+Large data is seen once, in big batches for throughput. Small data is read whole before the first push to take its
+validation split, so a malformed line stops the run before it changes the model; large data is read as it trains,
+so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and reports
+them. Flags given explicitly always win; the run prints the recipe it chose and why.
 """
 
 from __future__ import annotations
@@ -36,12 +40,15 @@ class Recipe:
     optimizer: str
     learning_rate: float
     optimizer_params: dict
+    max_bad_lines: int  # malformed lines skipped (and reported) before the run fails
 
 
 SMALL = Recipe("small", batch_size=256, epochs=20, validation_fraction=0.1, early_stop=2, l2=0.0, dropout=0.7,
-               dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0})  # fmt: skip
+               dense_l2=1.0, optimizer="ftrl", learning_rate=0.05, optimizer_params={"l2": 300.0},
+               max_bad_lines=0)  # fmt: skip
 LARGE = Recipe("large", batch_size=2048, epochs=1, validation_fraction=0.0, early_stop=0, l2=0.0, dropout=0.0,
-               dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={})  # fmt: skip
+               dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={},
+               max_bad_lines=1000)  # fmt: skip
 # the sparse learning rate of an optimizer given without --learning-rate
 DEFAULT_LEARNING_RATES = {"adagrad": 0.02, "adagrad_rowwise": 0.02, "ftrl": 0.05, "adam": 0.001, "sgd": 0.01}
 
@@ -55,10 +62,13 @@ def choose(recipe: str, examples: int) -> Recipe:
     return SMALL if recipe == "small" else LARGE
 
 
-def describe(r: Recipe, examples: int, auto: bool, mlp: bool = True, unit: str = "training examples") -> str:
+def describe(
+    r: Recipe, examples: int, auto: bool, mlp: bool = True, unit: str = "training examples", files: bool = False
+) -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
     which the dropout and dense l2 settings are for; unit: what `examples` counts, e.g. "lines of training data"
-    for a count made before the data is read, malformed lines included)."""
+    for a count made before the data is read, malformed lines included; files: whether the data is read from
+    files, which may hold malformed lines)."""
     why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r is SMALL else "")
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
@@ -68,6 +78,8 @@ def describe(r: Recipe, examples: int, auto: bool, mlp: bool = True, unit: str =
                  f"stopping after {r.early_stop} without a better validation logloss")  # fmt: skip
     else:
         what += f"{r.epochs} epoch{'s' if r.epochs > 1 else ''}"
+    if files and r.max_bad_lines:
+        what += f", up to {r.max_bad_lines:,} malformed lines skipped"
     how = "chosen by --recipe auto; flags you give win" if auto else f"--recipe {r.name}; flags you give win"
     return f"{r.name}-data recipe for {why}: {what} ({how})"
 

@@ -63,7 +63,7 @@ class TrainConfig:
     label_column: str | None = None
     drop_columns: tuple[str, ...] = ()
     numeric_columns: tuple[str, ...] = ()
-    max_bad_lines: int = 0
+    max_bad_lines: int | None = None  # None: the recipe's (0 for small data, 1,000 for large)
     libsvm_fields: int | None = None  # libsvm: fields per example; None: those of the first line of `data`
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
@@ -200,7 +200,7 @@ class TrainConfig:
         at_least = [("--batch-size", unset_or(self.batch_size, 1), 1), ("--epochs", unset_or(self.epochs, 1), 1),
                     ("--dense-sync-every", self.dense_sync_every, 1), ("--prefetch", self.prefetch, 0),
                     ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
-                    ("--max-bad-lines", self.max_bad_lines, 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
+                    ("--max-bad-lines", unset_or(self.max_bad_lines, 0), 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
                     ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
                     ("--eval-every", self.eval_every, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
                     ("--staleness", unset_or(self.staleness, 0), 0), ("--geo-every", unset_or(self.geo_every, 1), 1),
@@ -252,6 +252,7 @@ class TrainConfig:
             epochs=r.epochs if self.epochs is None else self.epochs,
             validation_fraction=fraction,
             early_stop=r.early_stop if self.early_stop is None else self.early_stop,
+            max_bad_lines=r.max_bad_lines if self.max_bad_lines is None else self.max_bad_lines,
             l2=r.l2 if self.l2 is None else self.l2,
             dropout=r.dropout if self.dropout is None else self.dropout,
             dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,
@@ -268,8 +269,10 @@ class TrainConfig:
         given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
                  ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
-                 ("--early-stop", self.early_stop), ("--l2", self.l2)) if value is not None]  # fmt: skip
-        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit)
+                 ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines))
+                 if value is not None]  # fmt: skip
+        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
+                        files=self.data is not None)  # fmt: skip
         if given:
             line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
                                                          else f"{flag} {value}" for flag, value in given)  # fmt: skip
@@ -404,13 +407,13 @@ def prepare(
     the schema, since the training data's cannot be recomputed from another file."""
     cfg.validate(needs_servers)
     data = DataSource(cfg, default_table=cfg.model, standardize_here=training)
-    data.first_batch()
     job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
     # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
     cfg, recipe_line = cfg.with_recipe(
         job_examples, "training examples" if cfg.data is None else "lines of training data"
     )
     data.cfg, data.batch_size = cfg, cfg.batch_size
+    data.first_batch()
     return cfg, data, model_spec(cfg, data), recipe_line
 
 
@@ -587,7 +590,8 @@ def format_evaluation(e: dict) -> str:
 def evaluate_servers(cfg: TrainConfig) -> dict:
     """`ps-worker eval` and launch's final evaluation: the AUC and logloss of the model the servers hold, on
     --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema."""
-    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
+    strict = 0 if cfg.max_bad_lines is None else cfg.max_bad_lines  # not the large recipe's: eval reports no skips
+    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0, max_bad_lines=strict)
     cfg, data, spec, _ = prepare(cfg, training=False)
     backend = make_backend(spec, cfg)
     eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
