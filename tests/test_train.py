@@ -269,6 +269,17 @@ def test_no_examples_is_an_error_not_a_run_of_zero(tmp_path):
         )
 
 
+def test_a_schema_of_no_feature_is_refused_before_any_server_is_touched(tmp_path):
+    data = _csv(tmp_path, 20)
+    with pytest.raises(ValueError, match=r"d.csv: no feature to train on: its header has no column besides the label "
+                                         r"'label', and --drop-columns drops item, price; a model needs at least one"):  # fmt: skip
+        prepare(TrainConfig(servers=("127.0.0.1:1",), data=data, format="csv", drop_columns=("item", "price")))
+    svm = tmp_path / "labels.svm"
+    svm.write_text("1\n0\n")
+    with pytest.raises(ValueError, match="labels.svm: no feature to train on: no line of it has an id:value token"):
+        prepare(TrainConfig(servers=("127.0.0.1:1",), data=str(svm), format="libsvm"))
+
+
 def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path):
     data = _csv(tmp_path, 40)
     schema = tmp_path / "s.toml"

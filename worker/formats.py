@@ -247,7 +247,9 @@ def _libsvm_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterat
                 if isinstance(parsed, str):
                     problems.append((line_no, parsed))
                 elif len(parsed[1]) > k_fields:
-                    problems.append((line_no, f"{len(parsed[1])} features, more than {k_fields} fields"))
+                    problems.append((line_no, f"{len(parsed[1])} features, more than the schema's {k_fields} fields "
+                                              "(the built-in schema's count is that of the training file's first line "
+                                              "with features; --libsvm-fields sets it)"))  # fmt: skip
                 else:
                     labels.append(parsed[0])
                     rows.append(parsed[1])

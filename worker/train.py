@@ -39,6 +39,7 @@ from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
+from worker.schema import Schema
 from worker.steprows import row_source
 from worker.tables import check_tables
 from worker.temp_dirs import remove_stale_temp_dirs
@@ -414,7 +415,21 @@ def prepare(
     )
     data.cfg, data.batch_size = cfg, cfg.batch_size
     data.first_batch()
+    if not data.schema.columns:
+        raise ValueError(no_features_message(cfg, data.schema))
     return cfg, data, model_spec(cfg, data), recipe_line
+
+
+def no_features_message(cfg: TrainConfig, schema: Schema) -> str:
+    """Why a run whose schema reads no feature column (only the label) is refused."""
+    if schema.format == "libsvm":
+        why = "no line of it has an id:value token"
+    elif schema.format == "csv" and not cfg.schema:
+        dropped = f", and --drop-columns drops {', '.join(cfg.drop_columns)}" if cfg.drop_columns else ""
+        why = f"its header has no column besides the label {schema.label!r}{dropped}"
+    else:
+        why = "the schema has no column besides the label"
+    return f"{cfg.data}: no feature to train on: {why}; a model needs at least one feature"
 
 
 def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
