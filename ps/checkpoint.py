@@ -44,6 +44,17 @@ def file_checksums(path: str) -> dict[str, str]:
     return out
 
 
+def checkpoint_holding(path: str) -> str | None:
+    """The checkpoint directory whose shard folder path is (its parent holds a manifest and its name is
+    shard-<i>), else None: a server started on one would change the checkpoint's files."""
+    path = os.path.abspath(path)
+    parent, name = os.path.split(path)
+    shard = name.removeprefix("shard-")
+    if shard != name and shard.isdigit() and os.path.isfile(os.path.join(parent, MANIFEST)):
+        return parent
+    return None
+
+
 def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's JSON without its "sha256" key (keys sorted, no spaces)."""
     body = {k: v for k, v in manifest.items() if k != "sha256"}
@@ -112,7 +123,10 @@ def read_manifest(directory: str) -> dict:
     manifest = load_manifest(directory)
     for shard in manifest["shards"]:
         shard_dir = os.path.join(directory, shard["dir"])
-        have = file_checksums(shard_dir) if os.path.isdir(shard_dir) else {}
+        try:
+            have = file_checksums(shard_dir) if os.path.isdir(shard_dir) else {}
+        except OSError as e:
+            raise StorageError(f"checkpoint {directory}: cannot read {shard['dir']}: {e}") from None
         for name, digest in shard["files"].items():
             if have.get(name) != digest:
                 what = "is missing" if name not in have else "does not match its checksum"

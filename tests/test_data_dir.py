@@ -117,6 +117,21 @@ def test_a_shard_started_under_another_cluster_name_is_refused(good_dir):
     shard.close()
 
 
+def test_a_failed_start_reports_its_error_even_when_closing_the_store_fails(good_dir, monkeypatch, caplog):
+    """A full disk: the start fails, and closing RocksDB then fails as well (rocksdict's plain Exception)."""
+    from ps.storage.store import Store
+
+    Shard(ServerConfig(data_dir=good_dir, cluster="prod")).close()
+
+    def close_fails(self):
+        raise Exception("IO error: No space left on device: While appending to file: 000012.log")
+
+    monkeypatch.setattr(Store, "close", close_fails)
+    with pytest.raises(StorageError, match="belongs to cluster 'prod'"):
+        Shard(ServerConfig(data_dir=good_dir, cluster="other"))
+    assert "after a failed start: IO error: No space left on device" in caplog.text
+
+
 def test_a_data_dir_a_running_server_holds_is_refused_as_in_use(good_dir):
     running = ServerProcess(good_dir)
     try:

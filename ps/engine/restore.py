@@ -25,14 +25,16 @@ def check_restored(store: Store) -> None:
                            "data dir and restore again")  # fmt: skip
 
 
-def restore_into(store: Store, directory: str, shard_id: int, num_shards: int) -> dict:
-    """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary."""
+def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, manifest: dict | None = None) -> dict:
+    """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary. manifest:
+    the checkpoint's, from read_manifest (None: read here). From its first write, the store is marked as holding
+    a restore that did not finish (check_restored) until every row is in."""
     check_restored(store)
-    manifest = read_manifest(directory)
     if store.load_tables():
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already")
-    tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
     store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
+    manifest = manifest if manifest is not None else read_manifest(directory)
+    tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
     for cfg in tables:
         store.create_table(cfg)
     slots = slot_range(shard_id, num_shards)

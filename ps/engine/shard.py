@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST, load_manifest
+from ps.checkpoint import MANIFEST, checkpoint_holding, read_manifest
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.jobs import JobClocks, Stamp, contribution
 from ps.engine.table import Table
@@ -104,14 +104,20 @@ class Shard:
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
+        checkpoint = checkpoint_holding(config.data_dir)
+        if checkpoint is not None:
+            raise StorageError(
+                f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
+                f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"
+            )
         new_dir = not os.path.isdir(config.data_dir) or not os.listdir(config.data_dir)
-        if config.restore_dir and new_dir:  # before the new dir is made (a dir with data gets the refusals of
-            # check_restored and restore_into); the shards' files are checked by restore_into
+        manifest = None  # the checkpoint's, checked with every file of it before a new dir is made
+        if config.restore_dir and new_dir:  # (a dir with data gets the refusals of check_restored and restore_into)
             if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
                 raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
                                    "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
             try:
-                load_manifest(config.restore_dir)
+                manifest = read_manifest(config.restore_dir)
             except StorageError as e:
                 raise StorageError(f"{e}; the data dir was not touched") from None
         self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
@@ -130,7 +136,7 @@ class Shard:
             if config.restore_dir:
                 from ps.engine.restore import restore_into
 
-                summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards)
+                summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
                 log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
             self.budget = MemoryBudget(self.memory.ram_tier_bytes)
             self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
@@ -162,7 +168,10 @@ class Shard:
         except BaseException as e:
             if hasattr(self, "journal"):
                 self.journal.close()
-            self.store.close()
+            try:
+                self.store.close()
+            except Exception as close_error:  # (a full disk, say) the error that stopped the start is the news
+                log.warning("closing data dir %s after a failed start: %s", config.data_dir, close_error)
             if isinstance(e, DataLossError):
                 raise DataLossError(f"cannot start on data dir {config.data_dir}: {e}") from e
             if isinstance(e, PsError) or not isinstance(e, Exception):

@@ -35,6 +35,8 @@ import json
 import logging
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -94,11 +96,41 @@ def table_ids(meta: Rdict) -> dict[str, int]:
     return out
 
 
-def _open_read_only(source: str, opts: Options | None = None) -> tuple[Rdict, list[str]]:
-    """A RocksDB (a checkpoint) opened read-only with all its column families, and their names."""
+_NOT_IN_VIEW = re.compile(r"LOCK|LOG(\.old\..*)?|rocksdict-config\.json")  # files a read-only open may write
+
+
+@contextlib.contextmanager
+def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tuple[Rdict, list[str], str]]:
+    """(db, its column families' names, view) of the RocksDB at source (a checkpoint, or a data dir to verify)
+    opened read-only, with nothing written into source: rocksdict rewrites rocksdict-config.json at every open,
+    read-only ones too, which fails on a read-only disk and would change a checkpoint's checksummed files. So
+    RocksDB opens `view`, a temporary directory of symlinks to source's files (RocksDB reads through them; what the
+    open writes stays in the view), removed on exit. An exception leaving the block names source, not the view."""
     opts = opts or Options(raw_mode=True)
-    names = Rdict.list_cf(source, opts)
-    return Rdict(source, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only()), names
+    view = tempfile.mkdtemp(prefix="sparseps-read-only-")
+    try:
+        if os.path.isdir(source):
+            for name in os.listdir(source):
+                full = os.path.join(os.path.abspath(source), name)
+                if not _NOT_IN_VIEW.fullmatch(name) and os.path.isfile(full):
+                    os.symlink(full, os.path.join(view, name))
+        try:
+            names = Rdict.list_cf(view, opts)
+            db = Rdict(view, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only())
+        except Exception as e:  # rocksdict raises plain Exception
+            raise Exception(str(e).replace(view, source)) from None
+        try:
+            yield db, names, view
+        except StorageError:
+            raise
+        except Exception as e:
+            if view not in str(e):
+                raise
+            raise Exception(str(e).replace(view, source)) from None
+        finally:
+            db.close()
+    finally:
+        shutil.rmtree(view, ignore_errors=True)
 
 
 def _identity(shard: tuple[int, int]) -> dict:
@@ -657,10 +689,9 @@ class Store:
         checkpoint holds no table number for one of `tables` (its meta does not match its manifest); and, where
         stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
         RowLayout.width) or a pending id's."""
-        src, names = _open_read_only(source)
         lo, hi = slots
         copied = {}
-        try:
+        with _opened_read_only(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}  # the checkpoint's
             missing = [t for t in tables if t not in numbers]
             if missing:
@@ -696,8 +727,6 @@ class Store:
                 self._meta.put(b"count/" + table.encode(), json.dumps(
                     {k: old[k] + counts[k] for k in counts}).encode(), self._write_opts)  # fmt: skip
                 copied[table] = counts
-        finally:
-            src.close()
         return copied
 
     @staticmethod
@@ -706,8 +735,7 @@ class Store:
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
         checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped."""
-        src, names = _open_read_only(source)
-        try:
+        with _opened_read_only(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
                 return
@@ -724,8 +752,6 @@ class Store:
                     keys, values = [], []
             if keys:
                 yield _decode_chunk(keys, values, width)
-        finally:
-            src.close()
 
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
@@ -844,27 +870,28 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "tables": names}); if
     RocksDB does not open, ({"": (0, why)}, None). Nothing is written."""
     meta = {"shard": None, "flushed_seq": 0, "tables": set()}
-    try:
-        db, names = _open_read_only(path, rocksdb_options(8 << 20))
-    except Exception as e:
-        return {"": (0, f"RocksDB does not open: {_open_failure(path, e)}")}, None
     read_opts = ReadOptions()
     read_opts.set_verify_checksums(True)
     read_opts.fill_cache(False)
     found = {}
+    opened = False
     try:
-        for name in names:
-            count, damage = 0, ""
-            try:
-                for key, value in _items(db.get_column_family(name), None, read_opts):
-                    count += 1
-                    if name == META_CF and key in (b"shard", b"flushed_seq"):
-                        meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
-                    elif name == META_CF and key.startswith(b"table/"):
-                        meta["tables"].add(key[len(b"table/") :].decode())
-            except Exception as e:
-                damage = str(e)
-            found[name] = (count, damage)
-    finally:
-        db.close()
+        with _opened_read_only(path, rocksdb_options(8 << 20)) as (db, names, view):
+            opened = True
+            for name in names:
+                count, damage = 0, ""
+                try:
+                    for key, value in _items(db.get_column_family(name), None, read_opts):
+                        count += 1
+                        if name == META_CF and key in (b"shard", b"flushed_seq"):
+                            meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
+                        elif name == META_CF and key.startswith(b"table/"):
+                            meta["tables"].add(key[len(b"table/") :].decode())
+                except Exception as e:
+                    damage = str(e).replace(view, path)
+                found[name] = (count, damage)
+    except Exception as e:
+        if opened:
+            raise
+        return {"": (0, f"RocksDB does not open: {_open_failure(path, e)}")}, None
     return found, meta

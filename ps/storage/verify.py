@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+from ps.checkpoint import checkpoint_holding
 from ps.errors import StorageError
 from ps.storage.journal import Journal
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name
@@ -30,6 +31,10 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
         except FileNotFoundError:
             raise StorageError(f"{path} does not exist") from None
         raise StorageError(f"{path} is not a directory")
+    checkpoint = checkpoint_holding(path)
+    if checkpoint is not None:
+        raise StorageError(f"{path} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a restore "
+                           f"checks a checkpoint's files against its manifest (ps-server --restore {checkpoint})")  # fmt: skip
     names = set(os.listdir(path))
     if not names & {"CURRENT", IDENTITY_FILE, MARK_FILE}:
         raise StorageError(f"{path} is not a shard's data dir: it holds no RocksDB CURRENT file, {IDENTITY_FILE} or "

@@ -154,11 +154,54 @@ def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
     with open(shard_dir / sst, "r+b") as f:
         f.seek(20)
         f.write(b"\xff\xff")
-    with pytest.raises(StorageError, match=rf"shard-0/{sst} does not match its checksum"):
+    with pytest.raises(StorageError, match=rf"shard-0/{sst} does not match its checksum.*data dir was not touched"):
         Server(ServerConfig(data_dir=str(tmp_path / "r"), restore_dir=str(tmp_path / "ckpt")))
+    assert not (tmp_path / "r").exists()  # checked before the data dir is made: no empty shard left to start on
     with pytest.raises(StorageError, match="is not a checkpoint: .* the data dir was not touched"):
         Server(ServerConfig(data_dir=str(tmp_path / "r2"), restore_dir=str(tmp_path)))
     assert not (tmp_path / "r2").exists()
+
+
+def files_of(root) -> dict:
+    """{relative path: (size, mtime_ns, bytes)} of every file under root."""
+    out = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            full = os.path.join(folder, name)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, root)] = (os.path.getsize(full), os.stat(full).st_mtime_ns, f.read())
+    return out
+
+
+def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
+    """rocksdict writes a file at every open, read-only ones too: a checkpoint on a read-only disk could not be
+    read, and one read by another rocksdict version would fail its own checksums."""
+    from ps.engine.restore import export
+    from ps.engine.shard import Shard
+    from ps.storage.verify import verify_data_dir
+    from worker.checkpoint import save
+
+    original, addresses = start_servers(tmp_path / "original", 1)
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
+            save(client, str(tmp_path / "ckpt"))
+    finally:
+        stop(original)
+    checkpoint, data_dir = tmp_path / "ckpt", tmp_path / "original" / "shard-0"
+    before, data_before = files_of(checkpoint), files_of(data_dir)
+    Shard(ServerConfig(data_dir=str(tmp_path / "r"), restore_dir=str(checkpoint))).close()
+    export(str(checkpoint), str(tmp_path / "out"))
+    report, damaged = verify_data_dir(str(data_dir))
+    assert not damaged, report
+    with pytest.raises(StorageError, match=r"ckpt/shard-0 is a shard's folder of the checkpoint .*ckpt, not a data "
+                                           r"dir: a server on it would change the checkpoint. .*--restore"):  # fmt: skip
+        Shard(ServerConfig(data_dir=str(checkpoint / "shard-0")))
+    with pytest.raises(StorageError, match="is a shard's folder of the checkpoint"):
+        verify_data_dir(str(checkpoint / "shard-0"))
+    assert files_of(checkpoint) == before and files_of(data_dir) == data_before
+    assert np.load(tmp_path / "out" / "busy.rows.npy").sum() == -200
 
 
 def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
