@@ -10,7 +10,7 @@ import os
 import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-from ps.config import ServerConfig
+from ps.config import MAX_INTERVAL_S, ServerConfig
 from ps.errors import StorageError
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from ps.storage.memory import plan_memory
@@ -30,13 +30,13 @@ def parse_bytes(text: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """An argparse type: a finite number of seconds > 0."""
+    """An argparse type: a finite number of seconds > 0 and <= MAX_INTERVAL_S."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not (math.isfinite(value) and 0 < value <= MAX_INTERVAL_S):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and <= {MAX_INTERVAL_S:g}, got {text!r}")
     return value
 
 

@@ -20,6 +20,7 @@ MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal floa
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 MAX_CLUSTER_CHARS = 64  # of a --cluster name
+MAX_INTERVAL_S = 1e7  # of a time flag (~115 days): Python's waits take at most threading.TIMEOUT_MAX (~9.2e9 s)
 MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as
 # float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
 # journal and the replies carry it as uint64. 2**40 steps: 35 years at 1,000 advances a second
@@ -261,8 +262,8 @@ class ServerConfig:
             raise ValueError(f"memory_bytes must be positive, got {self.memory_bytes}")
         if self.read_threads < 1:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
-        if self.flush_interval_s <= 0:
-            raise ValueError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")
+        if not 0 < self.flush_interval_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--flush-interval-s must be > 0 and <= {MAX_INTERVAL_S:g} s, got {self.flush_interval_s}")
         if len(self.cluster) > MAX_CLUSTER_CHARS or not all(
             c.isascii() and (c.isalnum() or c in "._-") for c in self.cluster
         ):

@@ -107,11 +107,11 @@ def test_an_output_flag_naming_an_input_file_is_refused_and_the_file_kept(tmp_pa
     "argv, env, source",
     [
         (["stats", "--servers", "127.0.0.1:1"], {"PS_TIMEOUT_S": "-1"},
-         "environment variable PS_TIMEOUT_S (for --timeout-s): expected a number > 0, got '-1'"),
+         "environment variable PS_TIMEOUT_S (for --timeout-s): expected a number > 0 and <= 1e+07, got '-1'"),
         (["shrink", "--servers", "127.0.0.1:1"], {"PS_SERVER_TIMEOUT": "nan"},
-         "environment variable PS_SERVER_TIMEOUT (for --server-timeout): expected a number >= 0, got 'nan'"),
+         "environment variable PS_SERVER_TIMEOUT (for --server-timeout): expected a number >= 0 and <= 1e+07, got 'nan'"),
         (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:1"], {"PS_HOLD_TIMEOUT_S": "0"},
-         "environment variable PS_HOLD_TIMEOUT_S (for --hold-timeout-s): expected a number > 0, got '0'"),
+         "environment variable PS_HOLD_TIMEOUT_S (for --hold-timeout-s): expected a number > 0 and <= 1e+07, got '0'"),
         (["export", "out", "--servers", "127.0.0.1:1"], {"PS_SINCE": "-3"},
          "environment variable PS_SINCE (for --since): expected an integer >= 0, got -3"),
         (["synth", "--out", "never.tsv"], {"PS_ROWS": "0"},
@@ -119,7 +119,7 @@ def test_an_output_flag_naming_an_input_file_is_refused_and_the_file_kept(tmp_pa
         (["schema", "--data", "never.csv"], {"PS_ROWS": "-5"},
          "environment variable PS_ROWS (for --rows): expected an integer >= 1, got -5"),
         (["stats", "--servers", "127.0.0.1:1", "--config", "{config}"], {},
-         "config file {config} [stats] 'timeout_s' (for --timeout-s): expected a number > 0, got '-5.0'"),
+         "config file {config} [stats] 'timeout_s' (for --timeout-s): expected a number > 0 and <= 1e+07, got '-5.0'"),
     ],
 )  # fmt: skip
 def test_a_bad_number_from_the_environment_or_config_names_its_source(argv, env, source, tmp_path, capsys,

@@ -7,14 +7,14 @@ import dataclasses
 import os
 import zlib
 
-from ps.config import MAX_HYPERPARAMETER
+from ps.config import MAX_HYPERPARAMETER, MAX_INTERVAL_S
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from worker.flags import server_list
 from worker.recipe import LARGE, SMALL
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
-SECONDS = number(0, above=True)  # argparse types of the train and eval flags
-SECONDS_OR_0 = number(0)
+SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
+SECONDS_OR_0 = number(0, MAX_INTERVAL_S)
 RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
 

@@ -29,7 +29,14 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ps.config import MAX_HYPERPARAMETER, InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.config import (
+    MAX_HYPERPARAMETER,
+    MAX_INTERVAL_S,
+    InitializerConfig,
+    OptimizerConfig,
+    TableConfig,
+    table_configs_from_toml,
+)
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
@@ -226,12 +233,15 @@ class TrainConfig:
         for flag, value in rates:
             if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
                 raise ValueError(f"{flag} {value}: expected a number > 0 and <= {MAX_HYPERPARAMETER:g}")
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0")
-        if not (math.isfinite(self.barrier_timeout_s) and self.barrier_timeout_s > 0):
-            raise ValueError(f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0")
-        if not (math.isfinite(self.server_timeout_s) and self.server_timeout_s >= 0):
-            raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries)")
+        if not 0 < self.timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}")
+        if not 0 < self.barrier_timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(
+                f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}"
+            )
+        if not 0 <= self.server_timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries) and <= "
+                             f"{MAX_INTERVAL_S:g}")  # fmt: skip
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
