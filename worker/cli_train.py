@@ -7,7 +7,7 @@ import dataclasses
 import os
 import zlib
 
-from ps.config import MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from ps.config import MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from worker.flags import server_list
 from worker.recipe import LARGE, SMALL
@@ -89,7 +89,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        help=f"ssp: steps a worker may run ahead of the slowest (default {DEFAULT_STALENESS})")  # fmt: skip
     modes.add_argument("--geo-every", type=integer(1), default=None,
                        help=f"geo: steps between pushes of the local rows' deltas (default {DEFAULT_GEO_EVERY})")  # fmt: skip
-    modes.add_argument("--barrier-timeout", type=SECONDS, default=d.barrier_timeout_s,
+    modes.add_argument("--barrier-timeout", type=number(0, MAX_BARRIER_S, above=True), default=d.barrier_timeout_s,
                        help="seconds a sync or ssp wait for another worker may last before the job stops")  # fmt: skip
     modes.add_argument("--job-id", default=None,
                        help="the job's id, the same for all its workers (sync and ssp with several workers; a "

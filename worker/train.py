@@ -30,6 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ps.config import (
+    MAX_BARRIER_S,
     MAX_HYPERPARAMETER,
     MAX_INTERVAL_S,
     InitializerConfig,
@@ -235,9 +236,9 @@ class TrainConfig:
                 raise ValueError(f"{flag} {value}: expected a number > 0 and <= {MAX_HYPERPARAMETER:g}")
         if not 0 < self.timeout_s <= MAX_INTERVAL_S:
             raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}")
-        if not 0 < self.barrier_timeout_s <= MAX_INTERVAL_S:
+        if not 0 < self.barrier_timeout_s <= MAX_BARRIER_S:
             raise ValueError(
-                f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}"
+                f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0 and <= {MAX_BARRIER_S:g}"
             )
         if not 0 <= self.server_timeout_s <= MAX_INTERVAL_S:
             raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries) and <= "

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.config import MAX_CLOCK, MAX_SEQ_JUMP
+from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP
 from ps.errors import (
     BarrierTimeoutError,
     InvalidArgumentError,
@@ -86,7 +86,6 @@ from ps.wire import repeats_ids
 
 log = logging.getLogger("ps.engine.jobs")
 DEFAULT_BARRIER_S = 60.0  # a stamp's barrier_timeout_s 0
-MAX_BARRIER_S = 3600.0
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
 MAX_SETUP_CHARS = 1000  # of a stamp's setup
 NAMED_KEYS = 8  # setup keys named in a refusal, at most
