@@ -837,6 +837,26 @@ def test_clients_stamps_reach_every_shard_and_return_min_clock(servers):
         assert server.shard.journal.applied[sync_key(JOB)][0] == 3
 
 
+def test_two_client_processes_given_one_worker_id_fail_their_sync_step_at_once(servers):
+    """Through the Client: sync batches carry the client's id (not a request number), so the shard tells two
+    processes given one --worker-id apart instead of waiting out the barrier for the worker neither is."""
+    addresses, (server,) = servers(1)
+    with Client(addresses, timeout_s=30) as first, Client(addresses, timeout_s=30) as second:
+        first.create_table(SGD)
+        step = WorkerStamp(JOB, 0, 2, 0, sync=True, barrier_timeout_s=30)
+        waiting = Concurrently(lambda: first.push_many([("emb", A, np.ones((len(A), 4)), None)], stamp=step))
+        jobs = server.shard.jobs
+        wait_until(lambda: 0 in jobs._steps and jobs._steps[0].contributions, 30, "the first push")
+        started = time.monotonic()
+        duplicate = "two workers of job .* say they are worker 0"
+        with pytest.raises(InvalidArgumentError, match=duplicate):
+            second.push_many([("emb", A, np.ones((len(A), 4)), None)], stamp=step)
+        with pytest.raises(InvalidArgumentError, match=duplicate):
+            waiting.join()
+        assert time.monotonic() - started < 10  # not the 30 s barrier
+        assert (first.pull("emb", A) == 0).all()  # nothing of the step was applied
+
+
 def test_a_clients_stamped_wait_past_its_deadline_is_aborted_and_not_retried(servers):
     addresses, _ = servers(2)
     with Client(addresses, timeout_s=30) as client:

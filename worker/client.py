@@ -392,9 +392,10 @@ class Client:
                     pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0,
                     stamp=proto if last[shard] == i else None,
                 )  # fmt: skip
-                if not sync:  # a sync batch is applied under the job's key, not this client's
+                request.client_id = self.client_id  # a sync batch's tells two workers of one worker id apart
+                if not sync:  # a sync batch is applied under the job's key, not this client's request numbers
                     self._request_seq[shard] += 1
-                    request.client_id, request.seq = self.client_id, self._request_seq[shard]
+                    request.seq = self._request_seq[shard]
                 k = sum(1 for s, _ in groups[:i] if s == shard)
                 waves += [[] for _ in range(k + 1 - len(waves))]
                 waves[k].append((("PushBatch", shard, request), g))
