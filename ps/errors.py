@@ -98,6 +98,14 @@ class JobIdReusedError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class JobConflictError(PsError):
+    """A stamped request that conflicts with the job a shard follows (ps.engine.jobs): a stamp of another job while
+    that one is running, or an ssp push of a worker from another process than its earlier pushes (a restarted
+    worker, or two processes given one worker id). Nothing was applied."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class RpcThreadsExhaustedError(PsError):
     """A stamped request would wait for a job's other workers while too few of the server's RPC threads are free
     for the requests that end the waits (ps.engine.jobs); refused, changing nothing. Raise ps-server --threads."""

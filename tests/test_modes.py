@@ -21,6 +21,7 @@ from ps.engine.shard import MAX_COUNT_PER_ID, Shard
 from ps.errors import (
     BarrierTimeoutError,
     InvalidArgumentError,
+    JobConflictError,
     JobIdReusedError,
     PsError,
     RpcThreadsExhaustedError,
@@ -642,9 +643,10 @@ def test_a_sum_applied_after_a_job_switch_changes_nothing_of_the_new_job():
 
     jobs = JobClocks(0, lambda key: held.get(key, 0), threads=8, max_count=MAX_COUNT_PER_ID)
     one = [("emb", A[:3], np.ones((3, 4), np.float32), np.ones(3, np.float32), np.zeros(3, np.float32))]
-    old = Concurrently(lambda: jobs.push_sync(Stamp(JOB, 0, 1, 3, sync=True), one, 1, apply))
+    old = Concurrently(lambda: jobs.push_sync(Stamp(JOB, 0, 1, 3, sync=True, barrier_timeout_s=0.5), one, 1, apply))
     wait_until(lambda: 3 in jobs._steps and jobs._steps[3].applying, 30, "job JOB's step 3 to be applied")
     other = JOB + 1
+    time.sleep(0.6)  # no stamp of JOB for its barrier timeout: another job may start
     assert jobs.wait_for_pull(Stamp(other, 0, 1, 0)) == 0  # the job switch
     release.set()
     old.join()
@@ -705,16 +707,46 @@ def test_a_pull_past_its_deadline_names_every_worker_it_waited_for(tmp_path):
         shard.close()
 
 
-def test_a_stamp_of_another_job_replaces_the_job_and_ends_its_waits(tmp_path):
+def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once_that_one_is_over(tmp_path):
+    """A second job's stamps are refused, changing nothing, while the job followed runs; once no stamp of it has
+    come for its barrier timeout (its workers are gone) the new job starts, and a job whose workers are all done
+    gives way at once."""
     shard = open_shard(tmp_path)
     try:
-        ssp_push(shard, 0, 0, A)
-        waiting = Concurrently(lambda: shard.jobs.wait_for_pull(stamp(0, 5)))
-        wait_until(lambda: shard.jobs._cond._waiters, 30, "the pull to wait")
-        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 3, 0)) == 0  # a new job of 3 workers, at step 0
-        with pytest.raises(BarrierTimeoutError, match="replaced by job"):
-            waiting.join()
+        ssp_push(shard, 0, 0, A, barrier_timeout_s=1.0)
+        busy = r"shard 0 is running job .* \(2 of its 2 workers not done, .*cannot start here: wait .* dropped"
+        with pytest.raises(JobConflictError, match=busy):
+            shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 3, 0))
+        with pytest.raises(JobConflictError, match=busy):
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, Stamp(JOB + 1, 0, 3, 0))
+        assert (shard.pull("emb", B) == 0).all() and shard.stats()["job"] == JOB  # nothing applied
+        time.sleep(1.2)
+        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 3, 0)) == 0  # JOB's workers are gone: a new job of 3
         assert shard.stats()["job"] == JOB + 1 and shard.stats()["num_workers"] == 3
+        for w in range(3):
+            shard.jobs.finish(Stamp(JOB + 1, w, 3, 0))
+        assert shard.jobs.wait_for_pull(Stamp(JOB + 2, 0, 1, 0)) == 0  # every worker done: over at once
+        assert shard.stats()["job"] == JOB + 2
+    finally:
+        shard.close()
+
+
+def test_an_ssp_worker_pushing_from_a_second_process_stops_the_job(tmp_path):
+    """Worker 1 restarted mid-job (another client id) would train its share again: refused, nothing applied, and
+    the job stops for every worker."""
+    shard = open_shard(tmp_path)
+    try:
+        for s in range(3):
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 11, s + 1, stamp(0, s, staleness=2))
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 12, s + 1, stamp(1, s, staleness=2))
+        shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 12, 4, stamp(1, 3, staleness=2))  # a retry: fine
+        before = shard.pull("emb", B).copy()
+        restarted = r"job .* stops: worker 1's push of step 0 comes from another process .*its clock here is 4"
+        with pytest.raises(JobConflictError, match=restarted):
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 13, 1, stamp(1, 0, staleness=2))
+        assert (shard.pull("emb", B) == before).all()
+        with pytest.raises(JobConflictError, match=restarted):  # worker 0 hears why at once
+            shard.jobs.wait_for_pull(stamp(0, 3, staleness=2))
     finally:
         shard.close()
 

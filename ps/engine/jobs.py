@@ -43,8 +43,16 @@ or whose pairs differ, is refused (InvalidArgumentError naming what differs) and
 every later stamp of it get that error, so every worker learns why at once instead of waiting out its barrier for
 a worker that has failed.
 
-One job at a time: a stamp of another job starts that one (its clocks seeded from the journal) and the old job's
-waits fail; a sum of the old job applied after the switch changes nothing of the new one. A job id is for one
+One job at a time: a stamp of another job is refused (JobConflictError, FAILED_PRECONDITION, changing nothing)
+while the one followed runs: until every worker of it is done, it stops, or no stamp of it has come for its
+barrier timeout (the largest its stamps gave: its waits would have ended by then, so its workers are gone). Then
+a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
+the old job applied after the switch changes nothing of the new one.
+
+Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
+another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or
+two processes given one worker id) is refused and stops the job (JobConflictError); sync steps check the same per
+step (push_sync). A restarted shard knows no worker's client: the first push after it sets it. A job id is for one
 run: a shard remembers the sync steps it applied under it, and answers a second run's contributions to them with
 num_applied 0 (worker.client raises JobIdReusedError for such an answer to a first attempt).
 
@@ -74,6 +82,7 @@ from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP
 from ps.errors import (
     BarrierTimeoutError,
     InvalidArgumentError,
+    JobConflictError,
     PsError,
     RpcThreadsExhaustedError,
     ShardClosingError,
@@ -244,20 +253,61 @@ class JobClocks:
         self.max_gap = 0  # the largest step - min_clock a stamped pull of this job was served at
         self._clocks: list[int] = []
         self._done: list[bool] = []
+        self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
+        self._heard = 0.0  # monotonic time of the job's latest stamp here
+        self._patience_s = 0.0  # the largest barrier timeout its stamps gave
         self._steps: dict[int, _SyncStep] = {}
         self._generation = 0  # moves when the job changes: waits of an older job fail
         self._closed = False
 
     # ---- the job --------------------------------------------------------------------------------------
-    def check(self, stamp: Stamp, pull: bool) -> None:
+    def check(self, stamp: Stamp, pull: bool, client: int = 0) -> None:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
-        stops the job); WorkerDoneError for a push of a worker held as done."""
+        stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
+        another job while the one followed runs, and for an ssp push from another client (the PushBatch's
+        client_id; 0: unknown) than the worker's earlier pushes (which stops the job)."""
         check_stamp(stamp, pull)
         with self._cond:
+            self._check_job(stamp)
             self._check_workers(stamp)
             if not pull:
                 self._check_not_done(stamp)
+                if not stamp.sync and not stamp.done:
+                    self._check_client(stamp, client)
+
+    def _running(self) -> bool:
+        """Whether the job followed still runs: not every worker done, not stopped, a stamp within its barrier
+        timeout. Lock held."""
+        if not self.job or self._stopped is not None or all(self._done):
+            return False
+        return time.monotonic() - self._heard <= self._patience_s
+
+    def _check_job(self, stamp: Stamp) -> None:
+        """JobConflictError for a stamp of another job while the one followed runs. Lock held."""
+        if stamp.job == self.job or not self._running():
+            return
+        left = max(0.0, self._patience_s - (time.monotonic() - self._heard))
+        live = sum(not d for d in self._done)
+        raise JobConflictError(
+            f"shard {self.shard_id} is running job {self.job:#x} ({live} of its {self.num_workers} workers not done, "
+            f"its last stamp {time.monotonic() - self._heard:.3g} s ago); a shard runs one sync or ssp job at a time, "
+            f"so job {stamp.job:#x} cannot start here: wait for that job to end (if its workers are gone, it is "
+            f"dropped {left:.3g} s from now, its barrier timeout after its last stamp); nothing was applied"
+        )
+
+    def _check_client(self, stamp: Stamp, client: int) -> None:
+        """JobConflictError, stopping the job, for a push of the followed job's worker from another client than
+        its earlier pushes here. Lock held."""
+        if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
+            return
+        self._stop(JobConflictError(
+            f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker}'s push of step {stamp.step:,} "
+            f"comes from another process than its earlier pushes (its clock here is {self._clocks[stamp.worker]:,}): "
+            "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
+            "start the job anew under a new --job-id; the request was not applied"
+        ))  # fmt: skip
+        raise _again(self._stopped)
 
     def _check_workers(self, stamp: Stamp, applied: bool = False) -> None:
         """The stamp's job, if it is the one followed, against what it started with (applied: the stamp's push
@@ -311,8 +361,11 @@ class JobClocks:
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
         if stamp.job != self.job:
+            self._check_job(stamp)
             self._start(stamp)
         self._check_workers(stamp, applied)
+        self._heard = time.monotonic()
+        self._patience_s = max(self._patience_s, stamp.timeout_s)
         if stamp.acked > self._clocks[stamp.worker]:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
@@ -337,6 +390,7 @@ class JobClocks:
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
         self.setup, self._setup_from, self._stopped = stamp.setup, stamp.worker, None
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
+        self._clients, self._patience_s = [0] * num_workers, 0.0
         self._generation += 1
         self._cond.notify_all()
 
@@ -402,12 +456,17 @@ class JobClocks:
                 if waiting:
                     self._waiting -= 1
 
-    def pushed(self, stamp: Stamp) -> int:
-        """Notes that the stamp's worker pushed its step (applied): its clock moves to step + 1, also in a job
-        stopped since its check. Returns min_clock."""
+    def pushed(self, stamp: Stamp, client: int = 0) -> int:
+        """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
+        a job stopped since its check. Returns min_clock. (Another job that started since the check and runs: the
+        push stays applied, and no clock moves.)"""
         with self._cond:
+            if stamp.job != self.job and self._running():
+                return self._min_clock()
             self._enter(stamp, applied=True)
             self._reach(stamp.step + 1, [stamp.worker])
+            if client and not self._clients[stamp.worker]:
+                self._clients[stamp.worker] = client
             return self._min_clock()
 
     def finish(self, stamp: Stamp) -> int:

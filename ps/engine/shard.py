@@ -429,7 +429,7 @@ class Shard:
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
         is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing."""
-        self.jobs.check(stamp, pull=False)
+        self.jobs.check(stamp, pull=False, client=client)
         if stamp.done:
             if pushes or advance_clock:
                 raise InvalidArgumentError("a done stamp comes in a PushBatch without pushes and without a clock "
@@ -440,7 +440,7 @@ class Shard:
                                                self._apply_sum, client)  # fmt: skip
             return self.clock, applied, low
         clock, applied = self.push_batch(pushes, advance_clock, client, client_seq)
-        return clock, sum(len(p[1]) for p in pushes[len(pushes) - applied :]), self.jobs.pushed(stamp)
+        return clock, sum(len(p[1]) for p in pushes[len(pushes) - applied :]), self.jobs.pushed(stamp, client)
 
     def _contribution(self, pushes: list[tuple], advance_clock: int) -> list[tuple]:
         """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too."""
