@@ -9,7 +9,7 @@ from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.models.spec import BIAS_FIELD, FieldSpec
 from worker.schema import CRITEO_COLUMNS, Column, TableSchema, load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
-from worker.schema_infer import infer_schema_text
+from worker.schema_infer import _infer_column, infer_schema_text
 
 EXAMPLE = """
 format = "csv"
@@ -304,7 +304,9 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     assert kinds == {
         "id": ("categorical", None),  # integers, named like an id
         "price": ("numeric", "standardize"),
+        "price_bucket": ("numeric", "bucketize"),  # a sparse twin of each numeric column, for lr and fm
         "count": ("numeric", "log"),
+        "count_bucket": ("numeric", "bucketize"),
         "tags": ("multi_hot", None),
         "hour": ("categorical", None),
         "city": ("categorical", None),
@@ -314,6 +316,13 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     sample = np.array([float(line.split(",")[1]) for line in lines[1:151]])
     assert price.mean == pytest.approx(sample.mean()) and price.std == pytest.approx(sample.std())
     assert next(c for c in s.columns if c.name == "ratings").separator == ";"
+    twin = next(c for c in s.columns if c.name == "price_bucket")
+    quantiles = np.quantile(sample, np.arange(1, 16) / 16)
+    assert twin.source == "price" and twin.is_sparse and len(twin.boundaries) == 15
+    assert np.allclose(twin.boundaries, quantiles, atol=0.1)  # the sample's 16-quantiles
+    for name in ("uid", "userid", "item_id", "adId"):  # named like ids; "paid" is not
+        assert _infer_column(name, name, [str(i) for i in range(100)])[0].kind == "categorical"
+    assert _infer_column("paid", "paid", [str(i) for i in range(100)])[0].kind == "numeric"
 
 
 def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):

@@ -280,6 +280,23 @@ def test_a_schema_of_no_feature_is_refused_before_any_server_is_touched(tmp_path
         prepare(TrainConfig(servers=("127.0.0.1:1",), data=str(svm), format="libsvm"))
 
 
+def test_lr_and_fm_say_which_numeric_features_they_do_not_use(tmp_path, caplog):
+    from worker.schema_infer import infer_schema_text
+
+    data = str(tmp_path / "d.csv")
+    with open(data, "w") as f:
+        f.write("label,item,price\n" + "".join(f"{i % 2},i{i % 7},{i * 1.37 % 50:.2f}\n" for i in range(80)))
+    prepare(TrainConfig(servers=("127.0.0.1:1",), data=data, format="csv", numeric_columns=("price",), model="lr"))
+    assert "lr uses sparse fields only: the numeric features price are not used" in caplog.text
+    caplog.clear()
+    prepare(TrainConfig(servers=("127.0.0.1:1",), data=data, format="csv", numeric_columns=("price",), model="deepfm"))
+    schema = tmp_path / "s.toml"
+    schema.write_text(infer_schema_text(data))  # price with a bucketized twin
+    assert "price_bucket" in schema.read_text()
+    prepare(TrainConfig(servers=("127.0.0.1:1",), data=data, schema=str(schema), model="fm"))
+    assert "sparse fields only" not in caplog.text
+
+
 def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path):
     data = _csv(tmp_path, 40)
     schema = tmp_path / "s.toml"

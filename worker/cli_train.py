@@ -239,7 +239,8 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
     data.add_argument(
         "--numeric-columns",
         default="",
-        help="csv: comma-separated numeric columns (dense features); the others are categorical",
+        help="csv: comma-separated numeric columns (dense features, which only deepfm and dnn use; `ps-worker schema` "
+        "writes a schema that bucketizes them for lr and fm too); the others are categorical",
     )
     data.add_argument(
         "--libsvm-fields",

@@ -3,9 +3,11 @@
 The rules, per CSV column of the sample (the label: a column named like LABEL_NAMES holding only 0 and 1, else
 the first such column, else the first column):
     numbers in every non-empty cell   few distinct integers, or integers in a column named like an id
-                                      (`id`, `user_id`, `itemId`) -> categorical; non-negative and heavy-tailed
-                                      (skewness > 1) -> numeric, log; else numeric, standardize with the
-                                      sample's mean and std
+                                      (`id`, `user_id`, `itemId`, `uid`, `userid`) -> categorical;
+                                      non-negative and heavy-tailed (skewness > 1) -> numeric, log; else
+                                      numeric, standardize with the sample's mean and std; and beside it
+                                      `<name>_bucket`, the same cells bucketized at the sample's 16-quantiles,
+                                      a sparse field: lr and fm use sparse fields only, and an MLP gets both
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat
                                       multi_hot (weighted when every token is id:number)
     anything else                     categorical
@@ -26,7 +28,12 @@ _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
 _BAG_SHARE = 0.1  # a column is a list when at least this share of its non-empty cells holds the separator
+_BUCKETS = 16  # a numeric column's twin is bucketized at the sample's quantiles k / _BUCKETS
 _ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
+_ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its noun, in one word
+    r"(?i)(?:u|uu|gu|user|item|ad|doc|product|session|device|campaign|query|shop|cat|category|creative|advertiser|"
+    r"account|customer|member|video|song|movie|news|page|site|app|publisher|order|sku|vendor|seller|buyer)_?id"
+)
 
 
 def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
@@ -65,6 +72,10 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
         name = h if h and not h.startswith("_") else f"column{j}"
         column, comment = _infer_column(name, h, columns[h])
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
+        if column.kind == "numeric":
+            twin = _bucket_twin(column, _floats([c for c in columns[h] if c.strip()]), set(header))
+            lines += [f"# {h!r} bucketized at the sample's quantiles: a sparse field (lr and fm use no numeric "
+                      "feature)", "[[columns]]", *_entry(twin, with_table=False)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -75,6 +86,17 @@ def _check_not_tab_separated(path: str, header: list[str], delimiter: str) -> No
         raise ValueError(f"{path}: its first line has tabs and no {delimiter!r}: a tab-separated file? Give --format "
                          "criteo for Criteo TSV (label, 13 ints, 26 hex; no header line), or --delimiter $'\\t' for a "
                          "tab-separated file with a header line")  # fmt: skip
+
+
+def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column:
+    """A bucketize column reading column's cells, at the distinct _BUCKETS-quantiles of values (6 significant
+    digits), named <name>_bucket (or _bucket2, ... past a name in taken)."""
+    ordered = sorted(values)
+    cuts = sorted({float(f"{ordered[len(ordered) * k // _BUCKETS]:.6g}") for k in range(1, _BUCKETS)})
+    name, k = f"{column.name}_bucket", 2
+    while name in taken:
+        name, k = f"{column.name}_bucket{k}", k + 1
+    return Column(name, column.source, "numeric", transform="bucketize", boundaries=tuple(cuts))
 
 
 def _floats(cells: list[str]) -> list[float] | None:
@@ -101,7 +123,7 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
     if present and values is not None:
         if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
             return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"
-        if all(v.is_integer() for v in values) and _ID_NAME.search(source):
+        if all(v.is_integer() for v in values) and (_ID_NAME.search(source) or _ID_WORD.fullmatch(source)):
             return Column(name, source, "categorical"), f"integers in a column named like an id ({seen}): categorical"
         n = len(values)
         mean = sum(values) / n

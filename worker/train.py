@@ -428,6 +428,12 @@ def prepare(
     data.first_batch()
     if not data.schema.columns:
         raise ValueError(no_features_message(cfg, data.schema))
+    bucketized = {c.source for c in data.schema.sparse_columns() if c.kind == "numeric"}
+    unused = [c.name for c in data.schema.dense_columns() if c.source not in bucketized]
+    if unused and cfg.model not in MLP_MODELS:
+        log.warning("%s uses sparse fields only: the numeric features %s are not used; bucketize them (transform = "
+                    "\"bucketize\" in a schema: `ps-worker schema` writes a bucketized twin of each numeric column), "
+                    "or train deepfm or dnn", cfg.model, ", ".join(unused[:10]) + (" ..." if len(unused) > 10 else ""))  # fmt: skip
     return cfg, data, model_spec(cfg, data), recipe_line
 
 
