@@ -7,7 +7,7 @@ not used: its default threading layer aborts when two Python threads call parall
 gRPC server does.
 
 Contract for a kernel run in parts: part i touches only its own slice of the outputs, and rows shared by two
-parts are only read (or written with the same value, like a CLOCK referenced bit).
+parts are only read (or, like a row's use count, updated where a lost update is harmless).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ outside it. Sharing:
   of its rows under it, at most): reclaim() asks the giving arena, under that table's lock, to give up its
   coldest rows, persisting the dirty ones (Arena.give_up). A table whose give_up fails (its rows cannot be
   persisted) is logged and skipped, and so is one whose lock stays busy for RECLAIM_WAIT_S;
-- a table at or above its share reuses its own cold rows (CLOCK).
+- a table at or above its share reuses its own cold rows (S3-FIFO, ps/storage/arena.py).
 So a table can hold its share, also one created after the others filled the budget; join() refuses a table
 (RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
 MIN_SHARE_ROWS rows of the widest table, or MIN_SHARE_BYTES where that is less (wide rows). A table whose
