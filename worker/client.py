@@ -91,17 +91,22 @@ def _server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
             "address once, in shard order")  # fmt: skip
 
 
+NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
+READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
+
+
 def _why_not_ready(address: str, timeout_s: float = 1.0) -> str:
-    """A hint for a server whose gRPC channel did not become ready: "" when no TCP connection can be made there
-    (nothing listens: the server is down), else that something listens but does not speak gRPC as expected."""
+    """A hint for a server whose gRPC channel did not become ready: NOTHING_LISTENS when no TCP connection can be
+    made there (the server is down), else that something listens but does not speak gRPC as expected."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             pass
     except (OSError, ValueError):
-        return ""
+        return NOTHING_LISTENS
     return ("; something listens there, but it did not answer as a sparseps server (gRPC): it may be another "
-            "service's port (HTTP, a metrics endpoint), or the server's TLS setting differs from --tls-ca")  # fmt: skip
+            "service's port (HTTP, a metrics endpoint), the server's TLS setting may differ from --tls-ca, or the "
+            "server is too busy to answer")  # fmt: skip
 
 
 @numba.njit(nogil=True, cache=True)
@@ -248,13 +253,21 @@ class Client:
             timeout_s = self.server_timeout_s if self.server_timeout_s > 0 else self.timeout_s
         deadline = time.monotonic() + timeout_s
         for i, channel in enumerate(self._channels):
+            ready = grpc.channel_ready_future(channel)
             try:
-                grpc.channel_ready_future(channel).result(timeout=max(0.1, deadline - time.monotonic()))
+                ready.result(timeout=min(READY_PATIENCE_S, max(0.1, deadline - time.monotonic())))
             except grpc.FutureTimeoutError:
-                raise ServerUnavailableError(
-                    f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
-                    + _why_not_ready(self.servers[i])
-                ) from None
+                left = deadline - time.monotonic()
+                if left > 0:
+                    log.warning("shard %d at %s does not answer yet%s; waiting for it for up to %.0f s", i,
+                                self.servers[i], _why_not_ready(self.servers[i]), left)  # fmt: skip
+                try:
+                    ready.result(timeout=max(0.1, left))
+                except grpc.FutureTimeoutError:
+                    raise ServerUnavailableError(
+                        f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
+                        + _why_not_ready(self.servers[i])
+                    ) from None
         stats = self.stats()
         found = [(s.shard_id, s.num_shards) for s in stats]
         if found != [(i, len(self.servers)) for i in range(len(self.servers))]:
