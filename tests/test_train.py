@@ -69,6 +69,18 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert with_file.validation_fraction == 0.0  # a validation file replaces the split
 
 
+def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched():
+    geo, line = TrainConfig(local_shards=1, mode="geo").with_recipe(10)
+    assert (geo.optimizer, geo.learning_rate, geo.optimizer_params) == ("adagrad", 0.02, {})
+    assert line.startswith("small-data recipe for 10 training examples (under 1,000,000)")
+    assert line.endswith("; sparse adagrad, not ftrl, in geo mode (see --mode)")
+    assert TrainConfig(local_shards=1, mode="async").with_recipe(10)[0].optimizer == "ftrl"
+    nowhere = TrainConfig(servers=("127.0.0.1:1",), mode="geo", optimizer="ftrl", synthetic_rows=1000,
+                          synthetic_eval_rows=100, timeout_s=1.0, server_timeout_s=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"--mode geo cannot train table\(s\) fm with ftrl: FTRL derives"):
+        train(nowhere)
+
+
 def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):
     """Large data is read as it trains: a stray line would stop a long run part way. Small data is read whole
     (its validation split) before the first push."""

@@ -76,7 +76,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "How workers agree, on the servers' clock: async (each push applied as it comes), sync (a step's pushes of "
         "all workers summed and applied once, before any worker's next pull), ssp (no worker more than --staleness "
         "steps ahead of the slowest), geo (each worker trains local copies of its rows and pushes their deltas "
-        "every --geo-every steps). A wait has a deadline (--barrier-timeout): past it the job stops, naming the "
+        "every --geo-every steps; not with ftrl, whose other workers' deltas it would lose: the small-data recipe takes "
+        "adagrad under it). A wait has a deadline (--barrier-timeout): past it the job stops, naming the "
         "worker it waited for. `ps-worker launch` starts several workers with one command.",
     )
     modes.add_argument(

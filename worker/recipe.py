@@ -69,7 +69,7 @@ def describe(
     which the dropout and dense l2 settings are for; unit: what `examples` counts, e.g. "lines of training data"
     for a count made before the data is read, malformed lines included; files: whether the data is read from
     files, which may hold malformed lines)."""
-    why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r is SMALL else "")
+    why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r.name == "small" else "")
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
     what += f"batch {r.batch_size}, "

@@ -46,7 +46,7 @@ from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
-from worker.recipe import DEFAULT_LEARNING_RATES, RECIPES, choose, describe
+from worker.recipe import DEFAULT_LEARNING_RATES, LARGE, RECIPES, choose, describe
 from worker.schema import Schema
 from worker.steprows import row_source
 from worker.tables import check_tables
@@ -250,6 +250,11 @@ class TrainConfig:
         """This config with the unset flags taken from the recipe for `examples` training examples (all
         workers together), and the line that says so (`unit`: what `examples` counts, see recipe.describe)."""
         r = choose(self.recipe, examples)
+        geo_instead = self.mode == "geo" and r.optimizer == "ftrl"  # geo loses the other workers' ftrl learning
+        if geo_instead:
+            r = dataclasses.replace(
+                r, optimizer=LARGE.optimizer, learning_rate=LARGE.learning_rate, optimizer_params={}
+            )
         optimizer, rate, params = self.optimizer, self.learning_rate, self.optimizer_params
         if optimizer is None:
             optimizer, params = r.optimizer, r.optimizer_params if params is None else params
@@ -285,6 +290,8 @@ class TrainConfig:
                  if value is not None]  # fmt: skip
         line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
                         files=self.data is not None)  # fmt: skip
+        if geo_instead:
+            line += f"; sparse {r.optimizer}, not ftrl, in geo mode (see --mode)"
         if given:
             line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
                                                          else f"{flag} {value}" for flag, value in given)  # fmt: skip
@@ -501,6 +508,21 @@ def mode_line(cfg: TrainConfig) -> str:
     return f"{who}, mode {what}; MLP {dense}"
 
 
+GEO_FTRL = (
+    "FTRL derives a row's embedding from its optimizer state at each step, so in geo mode the other workers' "
+    "deltas last only until this worker's next step on the row: their learning is mostly lost"
+)
+
+
+def check_geo_optimizers(tables: list[TableConfig], spec: ModelSpec) -> None:
+    """ValueError for a sparse table trained with ftrl in geo mode (GEO_FTRL), before any server is touched."""
+    ftrl = [t.name for t in tables if t.name in spec.table_dims() and t.optimizer.name == "ftrl"]
+    if ftrl:
+        raise ValueError(f"--mode geo cannot train table(s) {', '.join(ftrl)} with ftrl: {GEO_FTRL}; give them "
+                         "another optimizer (--optimizer adagrad, or in --table-config / the schema), or another "
+                         "--mode")  # fmt: skip
+
+
 def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, ModelSpec, Any, DenseSync]:
     """prepare, the backend, the tables created on `tables` (a Client or alike), the dense parameters pulled:
     what run_epochs needs, for tests and benchmarks that drive it themselves."""
@@ -524,6 +546,8 @@ def train(cfg: TrainConfig) -> dict:
     if own:
         recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
     recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
+    if cfg.mode == "geo":
+        check_geo_optimizers(tables_cfg, spec)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         check_tables(client, tables_cfg, "nothing was created")
