@@ -301,3 +301,24 @@ def test_an_eval_or_validation_file_without_examples_fails_before_any_server_is_
     assert main(["train", "--servers", "127.0.0.1:1", "--server-timeout", "0", *flags]) == 2
     err = capsys.readouterr().err
     assert f"held.csv: no examples to {what} on ({flag} is empty, or holds only a header or malformed lines)" in err
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(servers, tmp_path, sig, code):
+    """Worker 0 of a 2-worker sync job waits (up to its 60 s barrier) for worker 1, which never comes: a signal
+    ends it within seconds, not when the wait ends."""
+    addresses, (server,) = servers(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "worker", "train", "--servers", addresses[0], "--mode", "sync", "--num-workers", "2",
+         "--worker-id", "0", "--job-id", "77", "--synthetic-rows", "5000", "--synthetic-eval-rows", "100",
+         "--barrier-timeout", "60", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: server.shard.jobs._waiting >= 1, 60, "worker 0 to wait at the barrier")
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, out
+    assert ("interrupted" if sig == signal.SIGINT else "terminated") in out, out

@@ -566,8 +566,10 @@ class Client:
             delay, pending = min(2 * delay, 2.0), retry
 
     def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:
-        """Makes every (method, shard, request) call at once: the first on this thread, the others on the pool.
-        Returns each call's reply, or the grpc.RpcError it failed with; other exceptions are raised."""
+        """Makes every (method, shard, request) call at once: the first from this thread (as a gRPC future, whose
+        wait a signal interrupts: Ctrl-C during a sync or ssp wait stops the worker at once, cancelling the call),
+        the others on the pool. Returns each call's reply, or the grpc.RpcError it failed with; other exceptions
+        are raised."""
 
         def call(c: tuple[str, int, object]):
             try:
@@ -578,7 +580,15 @@ class Client:
         if not calls:
             return []
         others = [self._callers.submit(call, c) for c in calls[1:]]
-        first = call(calls[0])
+        method, shard, request = calls[0]
+        future = getattr(self._stubs[shard], method).future(request, timeout=timeout_s)
+        try:
+            first = future.result()
+        except grpc.RpcError as e:
+            first = e
+        except BaseException:  # KeyboardInterrupt, or SystemExit from a SIGTERM handler
+            future.cancel()
+            raise
         return [first, *(f.result() for f in others)]
 
     def _keep_waiting(self, shard: int, method: str, e: grpc.RpcError) -> bool:

@@ -27,7 +27,9 @@ class _Failed:
 
 def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tuple]:
     """Yields (batch, pull(batch)) for each batch, in order, pulling up to depth batches ahead on a thread.
-    An exception in reading or pulling is raised here, at the batch where it happened."""
+    An exception in reading or pulling is raised here, at the batch where it happened. Closed early, it waits a
+    second for the thread, whose pull in flight (a sync or ssp pull may wait out its barrier) is then left to end
+    on its own (the thread is a daemon, and its result is dropped)."""
     if depth < 0:
         raise ValueError(f"--prefetch is {depth}, expected >= 0")
     if depth == 0:
@@ -65,9 +67,9 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
             if isinstance(item, _Failed):
                 raise item.error
             yield item
-    finally:
-        stop.set()  # the consumer stopped early (or failed): let the producer end
-        thread.join(timeout=60)
+    finally:  # the consumer stopped early, or failed (Ctrl-C too): let the producer end
+        stop.set()
+        thread.join(timeout=1.0)  # a pull of it may wait at a barrier for minutes: the daemon thread is left to it
 
 
 def in_any(ids: np.ndarray, id_sets: Iterable[np.ndarray]) -> np.ndarray:
