@@ -186,7 +186,7 @@ def size_main(argv: list[str]) -> int:
 def health_main(argv: list[str]) -> int:
     """`ps-server health HOST:PORT`: exit 0 if the shard's gRPC health service says SERVING (for container
     health checks; the shard asks no token for it, but TLS and mutual TLS apply)."""
-    p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__)
+    p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("address", help="host:port of the shard")
     p.add_argument("--timeout-s", type=number(0, above=True), default=3.0,
                    help="seconds to wait for the answer before calling the shard unhealthy")  # fmt: skip
@@ -194,10 +194,11 @@ def health_main(argv: list[str]) -> int:
     p.add_argument("--tls-cert", default=None, help="PEM client certificate, if the shard requires one (mutual TLS)")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument("--tls-server-name", default=None, help="name the shard's certificate holds, if not the address")
-    p.add_argument("--auth-token-file", default=None, help="file holding the shard's token (sent with the probe)")
+    p.add_argument("--auth-token-file", default=None, help="not needed: the shard answers health checks without its "
+                   "token (accepted, and checked, so that a probe can share its clients' flags)")  # fmt: skip
     args = p.parse_args(argv)
+    from ps.health import check_health  # imported late: grpc stays out of `--help`
     from ps.security import read_token
-    from ps.server import check_health  # imported late: grpc stays out of `--help`
 
     try:
         token = read_token(args.auth_token_file) if args.auth_token_file else None
@@ -213,7 +214,7 @@ def health_main(argv: list[str]) -> int:
 def verify_main(argv: list[str]) -> int:
     """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
     it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir."""
-    p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__)
+    p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard, best a stopped one (RocksDB is "
                    "opened read-only: a file that a running server deletes meanwhile would show as missing)")  # fmt: skip
     args = p.parse_args(argv)
@@ -232,7 +233,7 @@ def export_main(argv: list[str]) -> int:
     """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: per table
     `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
     `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message."""
-    p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__)
+    p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
     p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")

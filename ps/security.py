@@ -33,9 +33,50 @@ def read_file(path: str, what: str) -> bytes:
     return data
 
 
+TOKEN_FILE = "auth token file (--auth-token-file)"
+_CONTROL_NAMES = {0x00: "a NUL byte", 0x09: "a tab", 0x0B: "a vertical tab", 0x0C: "a form feed", 0x1B: "an escape",
+                  0x7F: "a DEL"}  # fmt: skip
+
+
+def token_problem(token: bytes, offset: int = 0, of: str = "the token") -> str | None:
+    """What makes token unfit to send (None if nothing does): it must be one line of printable ASCII, 0x20-0x7E,
+    as gRPC metadata values and HTTP headers are, and not empty. Says where the first bad byte is (byte offset + N
+    of `of`, counting from 1) and what kind it is, never the token itself."""
+    if not token:
+        return "it is empty"
+    for i, byte in enumerate(token):
+        if 0x20 <= byte <= 0x7E:
+            continue
+        where = f"byte {offset + i + 1} of {of}"
+        if byte in (0x0A, 0x0D):
+            return f"it holds more than one line (a line break at {where})"
+        if byte >= 0x80:
+            return (f"{where} is not ASCII (a letter such as é, a typographic quote, a byte-order mark, or a binary "
+                    "file?)")  # fmt: skip
+        return f"{where} is a control character ({_CONTROL_NAMES.get(byte, f'0x{byte:02x}')})"
+    return None
+
+
 def read_token(path: str) -> str:
-    """The token in a file (surrounding whitespace ignored)."""
-    return read_file(path, "auth token file").decode().strip()
+    """The token in a file, surrounding whitespace (a trailing newline) ignored. ValueError naming the flag and the
+    file, and what is wrong but never the token, for a file that cannot be read, is empty, or holds anything but
+    one line of printable ASCII (gRPC would refuse every call that carried it: "Invalid metadata")."""
+    data = read_file(path, TOKEN_FILE)
+    token = data.strip()  # bytes.strip: ASCII whitespace only
+    problem = token_problem(token, offset=len(data) - len(data.lstrip()), of="the file")
+    if problem:
+        raise ValueError(f"{TOKEN_FILE} {path} does not hold a usable token: {problem}; the token must be one line "
+                         "of printable ASCII (0x20-0x7E)")  # fmt: skip
+    return token.decode("ascii")
+
+
+def check_token(token: str) -> str:
+    """token, if it can be sent as `authorization: Bearer <token>`; else ValueError saying why (not showing it)."""
+    problem = token_problem(token.encode("utf-8", "surrogateescape"))
+    if problem:
+        raise ValueError(f"the auth token is unusable: {problem}; it must be one line of printable ASCII "
+                         "(0x20-0x7E)")  # fmt: skip
+    return token
 
 
 def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> None:
@@ -92,9 +133,7 @@ class TokenCheck(grpc.ServerInterceptor):
     """Rejects, with UNAUTHENTICATED, every call but health checks that lacks `authorization: Bearer <token>`."""
 
     def __init__(self, token: str):
-        if not token:
-            raise ValueError("the auth token is empty")
-        self._expected = f"Bearer {token}".encode()
+        self._expected = f"Bearer {check_token(token)}".encode()
 
         def deny(request, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token (authorization: Bearer ...)")
@@ -118,7 +157,7 @@ class TokenHeader(grpc.UnaryUnaryClientInterceptor):
     """Adds `authorization: Bearer <token>` to every call of a channel."""
 
     def __init__(self, token: str):
-        self._header = ("authorization", f"Bearer {token}")
+        self._header = ("authorization", f"Bearer {check_token(token)}")
 
     def intercept_unary_unary(
         self, continuation: Callable, client_call_details: grpc.ClientCallDetails, request: object

@@ -12,7 +12,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import ServerConfig
@@ -141,24 +141,6 @@ def check_port_free(host: str, port: int, flag: str) -> None:
             probe.bind((host, port))
         except OSError as e:
             raise OSError(f"cannot listen on {host}:{port} ({flag}): {e.strerror}; is the port in use?") from None
-
-
-def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None, tls_cert: str | None = None,
-                 tls_key: str | None = None, token: str | None = None,
-                 tls_server_name: str | None = None) -> tuple[bool, str]:  # fmt: skip
-    """(True if the shard at address reports SERVING, its status or the error) via the gRPC health service, over
-    TLS (tls_ca), mutual TLS (tls_cert, tls_key) and with a token as given; tls_server_name: the name to expect in
-    the server's certificate when it does not name the address dialed (a probe of 127.0.0.1, say)."""
-    from ps.security import client_channel
-
-    options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-    try:
-        with client_channel(address, options, tls_ca, tls_cert, tls_key, token) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
-    except grpc.RpcError as e:
-        return False, f"{e.code().name}: {e.details()}"
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    return reply.status == health_pb2.HealthCheckResponse.SERVING, status
 
 
 def _stop_at_end_of_stdin(stop: threading.Event) -> None:

@@ -1,6 +1,7 @@
 """The health service: Check and Watch as the gRPC health protocol says, and a stop that Watch streams being
 cancelled at the same moment cannot hang (grpc_health's own servicer sends under the lock their close takes)."""
 
+import socket
 import threading
 
 import grpc
@@ -92,3 +93,31 @@ def test_no_response_is_sent_while_the_servicers_lock_is_held():
     context.callbacks[0]()  # the stream closes
     assert sent == [(SERVING, True), (NOT_SERVING, True), (SERVING, True), (NOT_SERVING, True), (None, True)]
     assert servicer._send_response_callbacks[""] == set()
+
+
+def test_a_health_probe_of_a_port_that_does_not_speak_grpc_says_so():
+    """An HTTP listener (a metrics port, say) given as the shard's address: the probe's UNAVAILABLE says what
+    answered there; with --tls-ca, that it does not serve TLS."""
+    from ps.health import check_health
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_http() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        serving, text = check_health(address, 5)
+        assert not serving and text.startswith("UNAVAILABLE: ") and text.endswith(
+            "; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another "
+            "service's port (HTTP, a metrics endpoint)"), text  # fmt: skip
+    finally:
+        listener.close()

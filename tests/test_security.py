@@ -4,7 +4,9 @@ refused with a clear error, and health checks need no token. Certificates are ma
 from __future__ import annotations
 
 import http.client
+import re
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -18,6 +20,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig, TableConfig
 from ps.errors import PsError, ServerUnavailableError
+from ps.health import check_health
+from ps.security import TokenHeader, read_token
 from ps.server import Server, exposure_warning
 from worker.client import Client
 
@@ -209,3 +213,114 @@ def test_a_server_others_may_reach_without_tls_or_token_says_so(host, tls, token
     assert (warning is not None) == warns
     if warns:
         assert f"listening on {host} with neither TLS nor a token" in warning and "--auth-token-file" in warning
+
+
+# ---- token files: one line of printable ASCII, or refused at start naming the flag and the file --------------
+
+
+@pytest.mark.parametrize("content, token", [
+    (b"s3cret-token\n", "s3cret-token"),
+    (b"  s3cret-token \r\n\n", "s3cret-token"),
+    (b"with inner spaces ~!", "with inner spaces ~!"),
+])  # fmt: skip
+def test_a_token_file_of_one_printable_ascii_line_is_read_without_the_surrounding_whitespace(content, token, tmp_path):
+    (tmp_path / "token").write_bytes(content)
+    assert read_token(str(tmp_path / "token")) == token
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("h\u00e9llo-token\n".encode(), "byte 2 of the file is not ASCII"),
+    (b"\xef\xbb\xbfhello-token\n", "byte 1 of the file is not ASCII (a letter such as \u00e9, a typographic quote, a "
+                                      "byte-order mark, or a binary file?)"),
+    (b"\xff\xfe\x00hello-token", "byte 1 of the file is not ASCII"),
+    (b"hello-token-one\nhello-token-two\n", "it holds more than one line (a line break at byte 16 of the file)"),
+    (b"\nhello-token-one\r\nhello-token-two", "it holds more than one line (a line break at byte 17 of the file)"),
+    (b"hello\x01token", "byte 6 of the file is a control character (0x01)"),
+    (b"hello\ttoken", "byte 6 of the file is a control character (a tab)"),
+    (b"hello-token\x00\n", "byte 12 of the file is a control character (a NUL byte)"),
+])  # fmt: skip
+def test_a_token_file_gRPC_could_not_send_is_refused_naming_the_flag_the_file_and_the_byte(content, problem, tmp_path):
+    """Before: accepted (or a bare UnicodeDecodeError), then every call failed with INTERNAL: Invalid metadata."""
+    path = tmp_path / "token"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as e:
+        read_token(str(path))
+    message = str(e.value)
+    assert message.startswith(f"auth token file (--auth-token-file) {path} does not hold a usable token: "), message
+    assert problem in message and message.endswith("the token must be one line of printable ASCII (0x20-0x7E)")
+    assert "llo-token" not in message  # the secret itself is never shown
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read auth token file (--auth-token-file) {path}: No such file or directory"),
+    ("dir", "cannot read auth token file (--auth-token-file) {path}: Is a directory"),
+    (b" \n\n", "auth token file (--auth-token-file) {path} is empty"),
+])  # fmt: skip
+def test_a_missing_directory_or_empty_token_file_is_refused(content, message, tmp_path):
+    path = tmp_path / "token"
+    if content == "dir":
+        path.mkdir()
+    elif content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(message.format(path=path))):
+        read_token(str(path))
+
+
+def test_a_token_given_in_code_is_checked_as_well():
+    for token, problem in (("h\u00e9llo", "byte 2 of the token is not ASCII"), ("a\nb", "it holds more than one line"),
+                           ("", "it is empty")):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(f"the auth token is unusable: {problem}")):
+            TokenHeader(token)
+
+
+def test_the_server_worker_and_health_commands_refuse_a_bad_token_file_at_start(tmp_path):
+    """Each command that reads --auth-token-file says what is wrong, exit code 2, no traceback."""
+    path = tmp_path / "token"
+    path.write_bytes(b"abc\ndef\n")
+    expected = f"auth token file (--auth-token-file) {path} does not hold a usable token: it holds more than one line"
+    commands = {
+        "ps-server": [sys.executable, "-m", "ps", "--stop-with-stdin", "--data-dir", str(tmp_path / "shard"),
+                      "--port", "0"],
+        "ps-worker": [sys.executable, "-m", "worker", "stats", "--servers", "127.0.0.1:1"],
+        "ps-server health": [sys.executable, "-m", "ps", "health", "127.0.0.1:1"],
+    }  # fmt: skip
+    for command, argv in commands.items():
+        run = subprocess.run([*argv, "--auth-token-file", str(path)], stdin=subprocess.DEVNULL, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 2 and f"{command}: error: {expected}" in run.stderr, (command, run.stderr)
+        assert "Traceback" not in run.stderr and "listening on" not in run.stdout, (command, run.stderr)
+
+
+# ---- the health probe says which TLS flag is missing or too many ------------------------------------------
+
+
+def test_a_health_probe_whose_tls_setting_differs_from_the_shards_says_which_flag(pki, start):
+    """Before: "UNAVAILABLE: ... Socket closed" and nothing more."""
+    ca = {"tls_ca": str(pki / "ca.pem")}
+    client = {"tls_cert": str(pki / "client.pem"), "tls_key": str(pki / "client.key")}
+    tls = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"))
+    mutual = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), **ca)
+    plain = start()
+    assert check_health(tls, 5, **ca) == (True, "SERVING")
+    assert check_health(mutual, 5, **ca, **client) == (True, "SERVING")
+    cases = {
+        "TLS, probed plain": (tls, {}, "; the shard serves TLS: give --tls-ca (the CA that signed its certificate), "
+                              "as its clients do"),
+        "mutual TLS, probed plain": (mutual, {}, "; the shard serves TLS: give --tls-ca (the CA that signed its "
+                                     "certificate) and --tls-cert/--tls-key (it requires a client certificate: "
+                                     "mutual TLS), as its clients do"),
+        "mutual TLS, no client certificate": (mutual, ca, "; the shard requires a client certificate (mutual TLS): "
+                                              "give --tls-cert and --tls-key, a certificate its CA signed"),
+        "plain, probed with TLS": (plain, ca, "; something listens there, but it does not serve TLS: if it is the "
+                                   "shard, it runs without TLS (drop --tls-ca, --tls-cert and --tls-key)"),
+    }  # fmt: skip
+    for what, (address, flags, hint) in cases.items():
+        serving, text = check_health(address, 5, **flags)
+        assert not serving and text.startswith("UNAVAILABLE: ") and text.endswith(hint), (what, text)
+
+
+def test_a_health_probe_of_a_port_where_nothing_listens_gives_no_tls_hint():
+    with socket.socket() as held:  # bound, not listening: connections are refused
+        held.bind(("127.0.0.1", 0))
+        serving, text = check_health(f"127.0.0.1:{held.getsockname()[1]}", 5)
+    assert not serving and text.startswith("UNAVAILABLE: ") and "TLS" not in text and "listens" not in text, text
