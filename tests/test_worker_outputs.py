@@ -191,3 +191,28 @@ def test_launchs_summary_sums_the_workers_skipped_lines_apart_from_their_example
     assert "on 1 shard: 1,100 examples (3 malformed lines skipped per pass) in 2.0 s" in format_summary(merged)
     clean = merge_metrics([{"train_examples": 600, "train_seconds": 1.0}], ["numpy"], "async", {}, 1)
     assert "on 1 shard: 600 examples in 1.0 s" in format_summary(clean)
+
+
+def test_a_workers_figures_say_what_its_evaluations_are_of():
+    from worker.train import format_results
+
+    one = {"model": "fm", "backend": "numpy", "device": "cpu", "worker": "0/1", "shards": 1, "train_examples": 10,
+           "train_seconds": 1.0, "examples_per_s": 10.0, "eval_auc": 0.7, "eval_logloss": 0.5, "eval_examples": 5,
+           "best_validation_auc": 0.71, "best_validation_logloss": 0.49, "best_epoch": 20, "epochs_run": 20,
+           "stopped_early": False, "model_is_best": True}  # fmt: skip
+    text = format_results(one)
+    assert "(5 examples)\n" in text and "the model kept is this best one" in text
+    assert "the last epoch was the best: validation logloss was still improving, so a larger --epochs" in text
+    assert "still improving" not in format_results({**one, "best_epoch": 12})
+    job = format_results({**one, "worker": "1/2", "model_is_best": False})
+    assert "(5 examples; the model as this worker finished: others may train on (ps-worker eval scores" in job
+    assert "this worker's evaluations; the servers keep the job's model, which every worker trains" in job
+
+
+def test_the_mode_line_names_the_mlp_path_only_for_models_with_an_mlp():
+    from worker.train import mode_line
+
+    assert mode_line(TrainConfig(mode="sync", num_workers=2, model="deepfm")).endswith(
+        "; MLP on the servers, in the step"
+    )
+    assert "MLP" not in mode_line(TrainConfig(mode="sync", num_workers=2, model="fm"))

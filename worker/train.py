@@ -505,7 +505,7 @@ def mode_line(cfg: TrainConfig) -> str:
             else "on the servers, in the step"
         )
     )
-    return f"{who}, mode {what}; MLP {dense}"
+    return f"{who}, mode {what}" + (f"; MLP {dense}" if cfg.model in MLP_MODELS else "")
 
 
 GEO_FTRL = (
@@ -600,7 +600,7 @@ def train(cfg: TrainConfig) -> dict:
             **loop.source_stats,
             "stopped_early": loop.stopped_early,
             "restored_best": loop.restored_best,
-            "model_is_best": loop.restored_best or bool(loop.curve and loop.curve[-1]["best"]),
+            "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
             "curve": loop.curve,
         }
         if loop.best is not None:
@@ -687,8 +687,13 @@ def format_results(r: dict) -> str:
     if "best_validation_auc" in r:
         stop = "stopped early" if r.get("stopped_early") else "ran every epoch"
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
+        if _workers(r) > 1:
+            kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
                      f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
+        if not r.get("stopped_early") and r["best_epoch"] == r.get("epochs_run") and r["best_epoch"] > 1:
+            lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
+                         "--epochs may give a better model")  # fmt: skip
     lines += oracle_lines(r)
     return "\n".join(lines)
 
@@ -704,11 +709,19 @@ def skipped_note(r: dict) -> str:
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
 
 
+def _workers(r: dict) -> int:
+    """The job's worker count of a worker's figures ("worker": "i/n"); 1 for others."""
+    return int(str(r.get("worker", "0/1")).partition("/")[2] or 1)
+
+
 def eval_lines(r: dict) -> list[str]:
     """The eval line of a run's (or a job's) figures, if they have one."""
     if "eval_auc" not in r:
         return []
-    return [f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples)"]
+    when = ""
+    if "train_examples" in r and _workers(r) > 1:
+        when = "; the model as this worker finished: others may train on (ps-worker eval scores the final one)"
+    return [f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"]
 
 
 def oracle_lines(r: dict) -> list[str]:
