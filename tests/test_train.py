@@ -65,8 +65,9 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert (small.dense_l2, large.dense_l2) == (1.0, 0.0)
     forced, line = TrainConfig(local_shards=1, recipe="large").with_recipe(10)
     assert forced.epochs == 1 and line.startswith("large-data recipe")
-    with_file, _ = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
+    with_file, line = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
     assert with_file.validation_fraction == 0.0  # a validation file replaces the split
+    assert "up to 20 epochs, evaluated on v.csv after each" in line
 
 
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched():

@@ -63,18 +63,25 @@ def choose(recipe: str, examples: int) -> Recipe:
 
 
 def describe(
-    r: Recipe, examples: int, auto: bool, mlp: bool = True, unit: str = "training examples", files: bool = False
+    r: Recipe,
+    examples: int,
+    auto: bool,
+    mlp: bool = True,
+    unit: str = "training examples",
+    files: bool = False,
+    validation_file: str | None = None,
 ) -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
     which the dropout and dense l2 settings are for; unit: what `examples` counts, e.g. "lines of training data"
     for a count made before the data is read, malformed lines included; files: whether the data is read from
-    files, which may hold malformed lines)."""
+    files, which may hold malformed lines; validation_file: --validation-data, evaluated instead of a split)."""
     why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r.name == "small" else "")
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
     what += f"batch {r.batch_size}, "
     if r.early_stop:
-        what += (f"up to {r.epochs} epochs, evaluated on a {r.validation_fraction:.0%} validation split after each, "
+        held_out = validation_file or f"a {r.validation_fraction:.0%} validation split"
+        what += (f"up to {r.epochs} epochs, evaluated on {held_out} after each, "
                  f"stopping after {r.early_stop} without a better validation logloss")  # fmt: skip
     else:
         what += f"{r.epochs} epoch{'s' if r.epochs > 1 else ''}"

@@ -289,7 +289,7 @@ class TrainConfig:
                  ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines))
                  if value is not None]  # fmt: skip
         line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
-                        files=self.data is not None)  # fmt: skip
+                        files=self.data is not None, validation_file=self.validation_data)  # fmt: skip
         if geo_instead:
             line += f"; sparse {r.optimizer}, not ftrl, in geo mode (see --mode)"
         if given:
@@ -570,7 +570,8 @@ def train(cfg: TrainConfig) -> dict:
             log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
         validation = data.validation()
         if validation:
-            _say(f"validating on {sum(len(b) for b in validation):,} held-out examples", cfg)
+            source = f" of {cfg.validation_data}" if cfg.validation_data else ""
+            _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{source}", cfg)
         settings = loop_settings(cfg, data)
         try:
             loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
