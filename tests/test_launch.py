@@ -214,6 +214,18 @@ def test_plan_refuses(argv, message):
         plan_launch(args, rest, stand_in_train_config)
 
 
+def test_torch_backends_without_pytorch_are_refused_before_anything_starts(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch")
+    with pytest.raises(ValueError, match=r"--backends torch needs PyTorch, .*pip install torch==2.13.0"):
+        plan_launch(args, rest, stand_in_train_config)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS)
+    assert list(plan_launch(args, rest, stand_in_train_config).backends) == ["numpy", "numpy"]
+
+
 def test_servers_and_local_shards_are_refused_together():
     with pytest.raises(SystemExit):  # the parser's mutually exclusive group
         launch_args("--workers", "2", "--servers", SERVERS, "--local-shards", "1")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import queue
@@ -165,6 +166,10 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: expected an integer >= 1")
     backends = expand_backends(args.backends, args.workers)
+    if "torch" in backends and importlib.util.find_spec("torch") is None:
+        from worker.train import TORCH_HINT
+
+        raise ValueError(f"--backends torch needs PyTorch, which this Python does not have: {TORCH_HINT}")
     if args.servers is not None and args.local_shards is not None:
         raise ValueError("give --servers or --local-shards, not both")
     servers = server_list(args.servers)

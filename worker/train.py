@@ -56,6 +56,7 @@ log = logging.getLogger("worker.train")
 FORMATS = ("criteo", "csv", "libsvm")
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
+TORCH_HINT = "pip install torch==2.13.0 (a CPU build; `python3 dev.py test` installs it into ./.venv)"
 DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
 DEFAULT_STALENESS = 4  # ssp
 DEFAULT_GEO_EVERY = 4  # geo
@@ -334,7 +335,7 @@ def make_backend(spec: ModelSpec, cfg: TrainConfig) -> Any:
     try:
         from worker.models.torch_backend import TorchModel
     except ImportError as e:
-        raise ValueError(f"--backend torch needs PyTorch: pip install 'sparseps[torch]' ({e})") from None
+        raise ValueError(f"--backend torch needs PyTorch ({e}): {TORCH_HINT}") from None
     return TorchModel(spec, cfg.device, seed=seed)
 
 
@@ -475,7 +476,7 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> Any:
         from worker.allreduce import AllReduceDense
 
         if importlib.util.find_spec("torch") is None:
-            raise ValueError("--dense allreduce needs PyTorch (torch.distributed): pip install 'sparseps[torch]'")
+            raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed): {TORCH_HINT}")
         if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:  # a group of one needs no launcher
             from worker.launch import free_port
 
