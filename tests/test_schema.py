@@ -325,6 +325,17 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     assert _infer_column("paid", "paid", [str(i) for i in range(100)])[0].kind == "numeric"
 
 
+def test_infer_names_a_semicolon_separated_file_and_reads_a_bar_in_a_label_only_header(tmp_path):
+    semi = tmp_path / "semi.csv"
+    semi.write_text("label;a;b\n1;x;2\n0;y;3\n")
+    with pytest.raises(ValueError, match="its first line has ';' and no ',': a ';'-separated file\\? Give --delimiter"):
+        infer_schema_text(str(semi))
+    assert 'delimiter = ";"' in infer_schema_text(str(semi), delimiter=";")
+    bar = tmp_path / "bar.csv"
+    bar.write_text("is|click\n1\n0\n")
+    assert "label = " in infer_schema_text(str(bar))
+
+
 def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     data = tmp_path / "d.csv"
     data.write_text("a,b,_c\nx,1,0\ny,0,1\n")

@@ -53,7 +53,7 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
         return "\n".join(lines) + "\n"
     header, rows = read_csv_sample(path, delimiter, sample_rows)
-    _check_not_tab_separated(path, header, delimiter)
+    _check_not_tab_separated(path, header, delimiter, rows[0] if rows else [])
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     label = next((h for h in header if h.lower() in LABEL_NAMES and _is_binary(columns[h])), None)
     label = label or next((h for h in header if _is_binary(columns[h])), None)
@@ -79,13 +79,19 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
     return "\n".join(lines) + "\n"
 
 
-def _check_not_tab_separated(path: str, header: list[str], delimiter: str) -> None:
-    """ValueError when the header is one column holding tabs: a tab-separated file read with another delimiter,
-    whose schema would be a label made of the whole first line."""
+def _check_not_tab_separated(path: str, header: list[str], delimiter: str, first: list[str]) -> None:
+    """ValueError when the header is one column holding tabs, or ';' or '|' that the first record (first) holds
+    too: a file separated by them read with another delimiter, whose schema would be a label made of the whole
+    first line."""
     if delimiter != "\t" and len(header) == 1 and "\t" in header[0]:
         raise ValueError(f"{path}: its first line has tabs and no {delimiter!r}: a tab-separated file? Give --format "
                          "criteo for Criteo TSV (label, 13 ints, 26 hex; no header line), or --delimiter $'\\t' for a "
                          "tab-separated file with a header line")  # fmt: skip
+    other = next((d for d in ";|" if d != delimiter and len(header) == 1 and d in header[0] and first
+                  and d in first[0]), None)  # fmt: skip
+    if other is not None:
+        raise ValueError(f"{path}: its first line has {other!r} and no {delimiter!r}: a {other!r}-separated file? "
+                         f"Give --delimiter {other!r}")  # fmt: skip
 
 
 def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column:
