@@ -213,6 +213,136 @@ def test_a_group_that_not_every_worker_joins_is_a_timeout_that_says_what_to_chec
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(TimeoutError, match=r"1/2 clients joined\. Every worker of the job must run with --dense allr"):
+    with pytest.raises(
+        TimeoutError, match=r"1/2 clients joined\. Every worker of the job must run with --dense allr"
+    ) as e:
         init_process_group_from_env("cpu", timeout_s=1)
+    assert isinstance(e.value.__cause__, dist.DistStoreError)  # chained, for debugging
     assert not dist.is_initialized()
+
+
+def test_a_rank_whose_rank_0_never_starts_times_out_with_a_message_naming_the_address(monkeypatch):
+    """RANK 1 of 2 with nothing at MASTER_ADDR:MASTER_PORT: torch's DistNetworkError (not a DistStoreError) becomes
+    a TimeoutError (an OSError: the CLI prints its message) that names the address, the timeout and what to check."""
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(TimeoutError) as info:
+        init_process_group_from_env("cpu", timeout_s=1)
+    assert str(info.value).startswith(
+        f"RANK 1 of WORLD_SIZE 2 could not reach the allreduce group's rendezvous at 127.0.0.1:{port} (MASTER_ADDR:"
+        "MASTER_PORT, hosted by RANK 0) within the timeout of 1 s (--barrier-timeout): The client socket has timed out"
+    )
+    assert "RANK 0 must run with --dense allreduce and the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE" in str(
+        info.value
+    )
+    assert isinstance(info.value.__cause__, dist.DistNetworkError)
+    assert not dist.is_initialized()
+
+
+def test_a_master_port_in_use_is_a_connection_error_that_says_what_to_change(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        with pytest.raises(ConnectionError) as info:
+            init_process_group_from_env("cpu", timeout_s=1)
+    message = str(info.value)
+    assert message.startswith(f"RANK 0 of WORLD_SIZE 2 could not set up the allreduce group at 127.0.0.1:{port} ")
+    assert "EADDRINUSE" in message and "MASTER_PORT a port no other process holds" in message
+    assert isinstance(info.value.__cause__, dist.DistError)
+    assert not dist.is_initialized()
+
+
+def peer_case(rank: str, fate: str, timeout_s: str, out: str) -> None:
+    """One of two workers (a process of its own: a fresh default group's store keys match the other's): pull and
+    one step; then rank 1 meets its fate ("die": SIGKILL; "stop": SIGSTOP), and rank 0 writes to `out` (JSON) the
+    error of its second step and whether close() destroyed its group. Both start the group on a line on stdin
+    (the group's timeout is the rendezvous's too: they join at once, not as each has imported torch)."""
+    import json
+    import signal
+    import sys
+
+    tables = dense_tables() if rank == "0" else None
+    print("ready", flush=True)
+    sys.stdin.readline()
+    dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["sgd"], timeout_s=float(timeout_s))
+    dense.pull()
+    dense.step(grads_of(int(rank), 0))
+    if rank == "1":
+        os.kill(os.getpid(), signal.SIGKILL if fate == "die" else signal.SIGSTOP)
+    start, result = time.monotonic(), {}
+    try:
+        dense.step(grads_of(0, 1))  # the peer is gone or stopped: never a hang
+    except Exception as e:
+        result = {"type": type(e).__name__, "message": str(e), "cause": type(e.__cause__).__name__}
+    result["seconds"] = time.monotonic() - start
+    dense.close()
+    result["closed"] = not dist.is_initialized()
+    pathlib.Path(out).write_text(json.dumps(result))
+
+
+def peer_fails_in_a_step(tmp_path, fate: str, timeout_s: float) -> tuple[dict, int]:
+    """peer_case's result on rank 0, and MASTER_PORT."""
+    import json
+    import select
+    import subprocess
+    import sys
+
+    port, out = free_port(), tmp_path / "rank0.json"
+    workers = []
+    try:
+        for rank in range(2):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
+            code = "import sys; from tests.test_allreduce import peer_case; peer_case(*sys.argv[1:])"
+            args = [sys.executable, "-c", code, str(rank), fate, str(timeout_s), str(out)]
+            root = pathlib.Path(__file__).resolve().parents[1]
+            kw = dict(cwd=root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            workers.append(subprocess.Popen(args, **kw))
+        for w in workers:
+            assert select.select([w.stdout], [], [], 60)[0] and w.stdout.readline() == "ready\n", "a worker failed"
+        for w in workers:
+            w.stdin.write("go\n")
+            w.stdin.flush()
+        assert workers[0].wait(timeout=20 + timeout_s) == 0
+        return json.loads(out.read_text()), port
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()  # rank 1, stopped; or any worker of a failed test
+            w.wait()
+            w.stdin.close()
+            w.stdout.close()
+
+
+def test_a_peer_that_dies_fails_the_step_at_once_with_a_connection_error_naming_the_operation(tmp_path):
+    error, port = peer_fails_in_a_step(tmp_path, "die", timeout_s=30)
+    assert error["type"] == "ConnectionError", error  # an OSError: the CLI prints it as one line
+    assert error["message"].startswith(
+        f"rank 0 of the allreduce group (2 workers at 127.0.0.1:{port}): the all_reduce of the dense gradients failed:"
+        " a peer worker is gone (its process died or was killed, or the connection to it broke): "
+    ), error
+    assert error["message"].endswith("the other workers' output says what happened to them; rerun the job")
+    assert error["cause"] == "RuntimeError" and error["closed"]  # torch's error chained; the group destroyed
+    assert error["seconds"] < 10  # not the timeout: a closed connection is seen at once
+
+
+def test_a_peer_that_stops_fails_the_step_after_the_timeout_with_a_timeout_error_naming_it(tmp_path):
+    error, port = peer_fails_in_a_step(tmp_path, "stop", timeout_s=2)
+    assert error["type"] == "TimeoutError", error
+    assert error["message"].startswith(
+        f"rank 0 of the allreduce group (2 workers at 127.0.0.1:{port}): the all_reduce of the dense gradients failed,"
+        " a peer worker not answering within its timeout of 2 s (--barrier-timeout): Timed out waiting 2000ms for recv"
+    ), error
+    assert (
+        "The peer is stalled (stopped, hung, or busy outside the step for longer than that) or gone" in error["message"]
+    )
+    assert error["message"].endswith("rerun the job, with a larger --barrier-timeout if a worker is only slow")
+    assert error["cause"] == "RuntimeError" and error["closed"]
+    assert 1.5 < error["seconds"] < 10

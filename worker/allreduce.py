@@ -13,7 +13,9 @@ Workers may run out of batches at different steps (shares of a file differ by a 
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
 mean as the others, until every worker is done; then flush(). pull, step, finish and flush are collective: every
 rank of the group calls pull, finish and flush once, in that order, and step between them as often as it has
-batches. A failure of rank 0's pull or flush reaches every rank as an error (after rank 0's own).
+batches. A failure of rank 0's pull or flush reaches every rank as an error (after rank 0's own). A peer worker
+that dies makes the collective it is missing from fail at once on the others (a ConnectionError); one that stalls
+(stopped, hung), after the group's timeout (a TimeoutError): each says which operation, and what to check.
 
 The process group: torch.distributed, from the environment torchrun sets (env://: MASTER_ADDR, MASTER_PORT, RANK,
 WORLD_SIZE), gloo for a cpu device and nccl for a cuda one, whose device is this rank's GPU ("cuda:<LOCAL_RANK>").
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from typing import Any
 
 import numba
@@ -39,7 +42,10 @@ ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 def init_process_group_from_env(device: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Joins the default torch.distributed group the environment describes (env://): gloo for a cpu device,
     nccl for cuda (its GPU made the current one). Returns (rank, world_size); a default group already
-    initialized is returned as it is. ValueError naming the missing variables when some of ENV_VARS are unset."""
+    initialized is returned as it is. ValueError naming the missing variables when some of ENV_VARS are unset;
+    TimeoutError when not every rank joined within timeout_s (None: torch's default), or this rank could not reach
+    the rendezvous at MASTER_ADDR:MASTER_PORT in time; ConnectionError when the group could not be set up otherwise
+    (MASTER_PORT in use on rank 0, say). Both are OSErrors: the CLI prints their message, torch's error chained."""
     import torch
     import torch.distributed as dist
 
@@ -68,8 +74,48 @@ def init_process_group_from_env(device: str, timeout_s: float | None = None) -> 
             f"{env['RANK']} of WORLD_SIZE {env['WORLD_SIZE']}) in time: {str(e).splitlines()[0]} Every worker of "
             "the job must run with --dense allreduce and the same WORLD_SIZE (a --dense ps worker never joins); "
             "a worker that died or has not started yet leaves the group short too"
-        ) from None
+        ) from e
+    except RuntimeError as e:  # DistNetworkError (the store's socket), another DistError, the backend's own
+        raise _init_error(e, timeout_s) from e
     return dist.get_rank(), dist.get_world_size()
+
+
+def torch_reason(e: BaseException) -> str:
+    """The gist of a torch.distributed error for a message: its first line, at most 300 characters; of a line
+    from gloo's transport ("[.../pair.cc:553] Connection closed by peer [addr]:port. This is typically caused
+    by ..."), the first sentence without the source file."""
+    lines = str(e).strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    text = re.sub(r"^\[[^\]]*\]\s*", "", line)
+    if text != line:
+        text = text.split(". ", 1)[0]
+    text = text.rstrip(".") or type(e).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _timed_out(e: BaseException) -> bool:
+    return "timed out" in str(e).lower() or "timeout" in str(e).lower()
+
+
+def _init_error(e: RuntimeError, timeout_s: float | None) -> OSError:
+    """The error of a failed init_process_group (other than the rendezvous timing out on the store's host): a
+    TimeoutError when this rank could not reach the store in time, else a ConnectionError."""
+    env = {v: os.environ[v] for v in ENV_VARS}
+    where, rank, world = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}", env["RANK"], env["WORLD_SIZE"]
+    within = "in time" if timeout_s is None else f"within the timeout of {timeout_s:g} s (--barrier-timeout)"
+    if _timed_out(e):
+        return TimeoutError(
+            f"RANK {rank} of WORLD_SIZE {world} could not reach the allreduce group's rendezvous at {where} "
+            f"(MASTER_ADDR:MASTER_PORT, hosted by RANK 0) {within}: {torch_reason(e)}. RANK 0 must run with --dense "
+            "allreduce and the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and this machine must reach that address; "
+            "a RANK 0 that died or has not started yet leaves the group short too"
+        )
+    return ConnectionError(
+        f"RANK {rank} of WORLD_SIZE {world} could not set up the allreduce group at {where} (MASTER_ADDR:MASTER_PORT): "
+        f"{torch_reason(e)}. RANK 0 hosts the group there: MASTER_ADDR must be an address of RANK 0's machine that "
+        "every worker reaches, and MASTER_PORT a port no other process holds (another job's group, say); every "
+        "worker must have the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE"
+    )
 
 
 class LocalOptimizer:
@@ -152,7 +198,7 @@ class AllReduceDense:
         import torch
         import torch.distributed as dist
 
-        self.tables, self.params, self.group = tables, params, group
+        self.tables, self.params, self.group, self.timeout_s = tables, params, group, timeout_s
         self.sizes = [p.shape[0] * p.shape[1] for p in params]
         self.optimizer = LocalOptimizer(optimizer, sum(self.sizes))
         self.device = torch.device(device)
@@ -181,7 +227,7 @@ class AllReduceDense:
             except Exception as e:  # every rank learns of it below, rather than waiting in the broadcast
                 error = e
         self._agree_rank0_ok(error, "pull the dense parameters from the servers")
-        self._collective("broadcast", self.weights)
+        self._collective("broadcast", self.weights, "the dense parameters rank 0 read from the servers")
         self.values = self._split(self.weights)
         return self.values
 
@@ -214,7 +260,7 @@ class AllReduceDense:
         if not has_batch:
             self._grads[:] = 0.0
         self._buffer[-1] = has_batch
-        self._collective("all_reduce", self._buffer)
+        self._collective("all_reduce", self._buffer, "the dense gradients")
         active = int(round(float(self._buffer[-1])))
         if active == 0:
             return 0
@@ -260,24 +306,61 @@ class AllReduceDense:
             start += size
         return out
 
-    def _collective(self, op: str, flat: np.ndarray) -> None:
-        """broadcast from rank 0, or all_reduce SUM, of flat (float32, in place) over the group, on the device."""
+    def _collective(self, op: str, flat: np.ndarray, what: str) -> None:
+        """broadcast from rank 0, or all_reduce SUM, of flat (float32, in place) over the group, on the device. A
+        failure of the group (a peer worker died, or stalled past the group's timeout) raises a ConnectionError or a
+        TimeoutError that names op and what (see _peer_error)."""
         import torch
         import torch.distributed as dist
 
         tensor = torch.from_numpy(flat).to(self.device)  # the array's own memory on the CPU
-        if op == "broadcast":
-            dist.broadcast(tensor, src=self._src, group=self.group)
-        else:
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        try:
+            if op == "broadcast":
+                dist.broadcast(tensor, src=self._src, group=self.group)
+            else:
+                dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
+        except RuntimeError as e:  # gloo's, or DistBackendError (nccl): the tensor is ours and valid, the group failed
+            raise self._peer_error(op, what, e) from e
         if tensor.device.type != "cpu":
             flat[:] = tensor.cpu().numpy()
+
+    def _peer_error(self, op: str, what: str, e: RuntimeError) -> OSError:
+        """The error of a failed collective, for the CLI's one line: a TimeoutError when torch's says it timed out
+        (a peer stalled, or died without closing its connections), else a ConnectionError (a peer is gone)."""
+        at = ""
+        if self.group is None and os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+            at = f" at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        head = f"rank {self.rank} of the allreduce group ({self.world_size} workers{at}): the {op} of {what} failed"
+        then = "The run cannot go on without every worker: the other workers' output says what happened to them; "
+        if _timed_out(e):
+            timeout = self._timeout_s()
+            limit = "its timeout" if timeout is None else f"its timeout of {timeout:g} s"
+            return TimeoutError(
+                f"{head}, a peer worker not answering within {limit} (--barrier-timeout): {torch_reason(e)}. The peer "
+                "is stalled (stopped, hung, or busy outside the step for longer than that) or gone. "
+                f"{then}rerun the job, with a larger --barrier-timeout if a worker is only slow"
+            )
+        return ConnectionError(
+            f"{head}: a peer worker is gone (its process died or was killed, or the connection to it broke): "
+            f"{torch_reason(e)}. {then}rerun the job"
+        )
+
+    def _timeout_s(self) -> float | None:
+        """The group's timeout in seconds, as its backend holds it (else the one given, None when neither is
+        known)."""
+        import torch.distributed as dist
+
+        try:
+            group = self.group if self.group is not None else dist.distributed_c10d._get_default_group()
+            return group._get_backend(self.device).options._timeout.total_seconds()
+        except Exception:  # a private API: torch may change it
+            return self.timeout_s
 
     def _agree_rank0_ok(self, error: Exception | None, what: str) -> None:
         """Rank 0's outcome sent to every rank, which returns only once rank 0 is done: raises error on rank 0, a
         RuntimeError on the others."""
         flag = np.array([0.0 if error is None else 1.0], np.float32)
-        self._collective("broadcast", flag)
+        self._collective("broadcast", flag, f"whether rank 0 could {what}")
         if error is not None:
             raise error
         if flag[0] != 0.0:
