@@ -4,7 +4,13 @@ The service maps them to status codes in one place (`ps.service`); clients get t
 `worker.client`. Messages say what was expected and what arrived; a value that came from a client is echoed
 through `echo`, so that no message grows with the request, and the service sends at most MAX_DETAILS_BYTES of a
 message (`clip`): gRPC carries it in a trailer, and refuses trailers over its metadata limit (8 KiB by default).
+
+A full disk is classified here, once (`disk_full_reason`): the journal, the store and the checkpoint save turn
+such a failure into a DiskFullError naming the path, and the service maps any other error that carries one to
+RESOURCE_EXHAUSTED as well.
 """
+
+import errno
 
 MAX_ECHO_CHARS = 100  # of a client's value echoed in a message
 MAX_DETAILS_BYTES = 1024  # of a status message, UTF-8; percent-encoded in the trailer, it takes at most 3x this
@@ -151,6 +157,60 @@ class BarrierTimeoutError(PsError):
     Never retried: the job stops (a worker that is gone does not come back by waiting longer)."""
 
     status = "ABORTED"
+
+
+# errno of a write that found no room: the disk is full, or the user's disk quota is spent
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+DISK_FULL_PREFIX = "the server's disk is full"  # how a DiskFullError's message starts (the client tells it by it)
+# their texts, as RocksDB's errors carry them ("IO error: No space left on device: <file>"; a plain Exception)
+DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
+
+
+def disk_full_reason(e: BaseException) -> str | None:
+    """Why e says a write found the disk full, or None: "No space left on device" (ENOSPC) or "Disk quota
+    exceeded" (EDQUOT), for an OSError of either errno, a DiskFullError, or an error that is no OSError whose
+    text holds either (rocksdict raises RocksDB's "IO error: ..." as a plain Exception)."""
+    if isinstance(e, DiskFullError):
+        return e.reason or DISK_FULL_TEXTS[0]
+    if isinstance(e, OSError) and e.errno is not None:
+        return DISK_FULL_TEXTS[DISK_FULL_ERRNOS.index(e.errno)] if e.errno in DISK_FULL_ERRNOS else None
+    text = str(e)
+    return next((t for t in DISK_FULL_TEXTS if t in text), None)
+
+
+class DiskFullError(PsError):
+    """A write this server needed found its disk full (ENOSPC) or its disk quota spent (EDQUOT):
+    RESOURCE_EXHAUSTED, gRPC's code for "the entire file system is out of space". The message says so, names the
+    path (the data dir, its journal, or the checkpoint dir) and says what of the request was applied: nothing,
+    unless it says otherwise (a PushBatch's pushes before the one that failed). Not retried by the client: it
+    fails the same way until space is freed on the server."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, reason: str = "", what: str = "", disk: str = ""):
+        super().__init__(message)
+        self.reason = reason  # DISK_FULL_TEXTS' entry, where known
+        self.what = what  # what failed, and where
+        self.disk = disk  # a path on the disk that is full, where `what` names more than one
+
+    @classmethod
+    def of(cls, reason: str, what: str, outcome: str = "nothing was applied", disk: str = "") -> "DiskFullError":
+        """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
+        outcome: what of the request stands, the message's end (Shard.push_batch rewrites a trailing "; nothing
+        was applied" when earlier pushes of the batch were applied); disk: a path on the full disk, named when
+        `what` names more than one."""
+        where = f"the disk of {disk}" if disk else "that disk"
+        return cls(
+            f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} (or raise the quota) and retry; {outcome}",
+            reason,
+            what,
+            disk,
+        )
+
+    def instead(self, outcome: str, disk: str | None = None) -> "DiskFullError":
+        """The same error with another outcome (and disk, if given)."""
+        disk = self.disk if disk is None else disk
+        return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk)
 
 
 class StorageError(PsError):

@@ -1,7 +1,10 @@
 """The gRPC servicer: decodes and validates requests, calls the Shard, maps every exception to a status.
 
 No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGUMENT (ps.codec reads every
-request), ps.errors exceptions map to their status, anything else is INTERNAL, logged.
+request), ps.errors exceptions map to their status, anything else is INTERNAL, logged. A full disk (ENOSPC,
+EDQUOT) is RESOURCE_EXHAUSTED: the journal, the store and the checkpoint save raise ps.errors.DiskFullError,
+naming the path and what of the request stands; any other error of a full disk (ps.errors.disk_full_reason) is
+mapped to RESOURCE_EXHAUSTED here too.
 
 Replies are bounded before they are built: Pull, PullBatch (all its pulls together) and PushBatch with
 return_rows compute the size of the rows they would return from ids x dim, and a reply that would not fit in the
@@ -47,7 +50,16 @@ from ps import codec, wire
 from ps.config import MAX_MESSAGE_BYTES
 from ps.engine.jobs import Stamp
 from ps.engine.shard import Shard
-from ps.errors import CheckpointDirError, InvalidArgumentError, PsError, ReplyTooLargeError, clip, echo
+from ps.errors import (
+    CheckpointDirError,
+    DiskFullError,
+    InvalidArgumentError,
+    PsError,
+    ReplyTooLargeError,
+    clip,
+    disk_full_reason,
+    echo,
+)
 
 if TYPE_CHECKING:
     from ps.metrics import ServerMetrics
@@ -72,16 +84,25 @@ def _rpc(method):
             return reply
         except PsError as e:
             code = e.status
-            # a client's mistake is routine; damage on this server's disk (DATA_LOSS) or a failed write is not
-            level = logging.ERROR if e.status in ("DATA_LOSS", "INTERNAL") else logging.INFO
-            log.log(level, "%s rejected: %s", method.__name__, e)
+            # a client's mistake is routine; damage on this server's disk (DATA_LOSS), a failed write or a full
+            # disk is not
+            serious = e.status in ("DATA_LOSS", "INTERNAL") or isinstance(e, DiskFullError)
+            level = logging.ERROR if serious else logging.INFO
+            # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
+            # what its frames hold (a failed RocksDB write's: the RocksDB, open)
+            log.log(level, "%s rejected: %s", method.__name__, str(e))
             context.abort(grpc.StatusCode[e.status], clip(str(e)))
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
-            code = "INTERNAL"
             log.exception("%s failed", method.__name__)
-            context.abort(
-                grpc.StatusCode.INTERNAL, clip(f"{method.__name__} failed on the server: {type(e).__name__}: {e}")
-            )
+            failed = f"{method.__name__} failed on the server: {type(e).__name__}: {e}"
+            reason = disk_full_reason(e)
+            if reason is not None:  # a full disk that no storage layer named (those raise DiskFullError)
+                full = DiskFullError(f"the server's disk is full ({reason}): {failed}; free space on that disk (or "
+                                     "raise the quota) and retry")  # fmt: skip
+                code, failed = full.status, str(full)
+            else:
+                code = "INTERNAL"
+            context.abort(grpc.StatusCode[code], clip(failed))
         finally:
             if self.metrics is not None:
                 out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)

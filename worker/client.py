@@ -45,7 +45,15 @@ import numpy as np
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import TableConfig
-from ps.errors import STATUS_TO_ERROR, ClientIdInUseError, JobIdReusedError, PsError, ServerUnavailableError
+from ps.errors import (
+    DISK_FULL_PREFIX,
+    STATUS_TO_ERROR,
+    ClientIdInUseError,
+    DiskFullError,
+    JobIdReusedError,
+    PsError,
+    ServerUnavailableError,
+)
 from ps.security import client_channel
 from ps.sharding import SlotMap
 
@@ -621,6 +629,8 @@ class Client:
                 + (tried if self.server_timeout_s > 0 else "")
             )
         cls = STATUS_TO_ERROR.get(code.name, PsError)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and (e.details() or "").startswith(DISK_FULL_PREFIX):
+            cls = DiskFullError
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
     def close(self) -> None:

@@ -39,12 +39,14 @@ from ps.errors import (
     CheckpointHoldError,
     CheckpointInProgressError,
     DataLossError,
+    DiskFullError,
     InvalidArgumentError,
     PsError,
     StorageError,
     TableExistsError,
     TableNotFoundError,
     WrongShardError,
+    disk_full_reason,
     echo,
 )
 from ps.rows.finite import first_non_finite
@@ -66,7 +68,8 @@ def _make_dirs(directory: str) -> list[str]:
     """Creates directory and its missing parents; returns those it created, parents first (not those another
     process made meanwhile: the shards of a checkpoint save into one directory at once). A directory that
     cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
-    too long), CheckpointDirError for the others (no permission, a file in the way, a full disk)."""
+    too long), DiskFullError for a full disk, CheckpointDirError for the others (no permission, a file in the
+    way)."""
     missing = []
     d = os.path.abspath(directory)
     while not os.path.isdir(d) and os.path.dirname(d) != d:
@@ -84,6 +87,9 @@ def _make_dirs(directory: str) -> list[str]:
             created.append(d)
     except OSError as e:
         _remove_dirs(created)
+        reason = disk_full_reason(e)
+        if reason is not None:
+            raise DiskFullError.of(reason, f"cannot create checkpoint dir {directory}", "nothing was saved") from None
         error = InvalidArgumentError if e.errno in (errno.ENAMETOOLONG, errno.EINVAL) else CheckpointDirError
         raise error(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
     return created
@@ -543,6 +549,14 @@ class Shard:
         try:
             self.flush()
             self.store.checkpoint(path)
+        except DiskFullError as e:  # the data dir's (the flush) or the checkpoint dir's: say which, and what stands
+            _remove_dirs(created)
+            disk = e.disk  # the checkpoint's own dir was removed again: name the nearest one that is there
+            if disk and os.path.isabs(disk) and os.path.commonpath([disk, directory]) == directory:
+                while not os.path.isdir(disk) and os.path.dirname(disk) != disk:
+                    disk = os.path.dirname(disk)
+            raise e.instead(f"the checkpoint was not saved, nothing of it is left in {directory}; the shard's rows are "
+                            "as they were", disk) from e  # fmt: skip
         except BaseException:
             _remove_dirs(created)
             raise

@@ -22,7 +22,10 @@ ps.accel.filemap has mapped the segment, it is copied into the mapping: the head
 the payload copied and checksummed in one pass (copy_with_checksum64), then the checksum. Both ways leave the
 same bytes in the file; the mapped copy is optional and never used with sync. With sync=True every append is
 fsynced before it returns (it survives power loss, not only a crash of the process). A failed append is cut off
-before the error is raised, so the file ends with the last acknowledged record.
+before the error is raised, so the file ends with the last acknowledged record, and takes no seq: the next append
+writes the same seq at the same offset. A short pwritev (a disk that filled up part-way) is written on once, to
+complete the record or to get the real error; a full disk (ENOSPC, EDQUOT) is a ps.errors.DiskFullError naming
+the journal's directory.
 
 Replay rule: a crash of the process leaves at most one short or unchecked record at the end of the active
 segment, never acknowledged; replay cuts it off. The active segment's next bytes are allocated ahead of the
@@ -44,6 +47,7 @@ of refusing, and goes on with the records it has.
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
@@ -56,7 +60,7 @@ import numpy as np
 
 from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
-from ps.errors import StorageError
+from ps.errors import DiskFullError, StorageError, disk_full_reason
 from ps.storage.checksum import checksum64, copy_with_checksum64
 from ps.storage.sidefiles import MarkWriter, read_mark
 
@@ -347,39 +351,67 @@ class Journal:
         with self._lock:
             if self._failed:
                 raise StorageError(self._failed)
-            if self._fd < 0 or self._segment_size >= self.segment_bytes:
-                self._open_segment()
-            seq = self.next_seq
-            total = HEADER.size + payload_len
-            if self._map is not None and self._segment_size + total <= self._prefault.mapped_end:
-                try:
-                    self._copy_into_map(seq, payload_len, head, arrays)  # prepared space: memory copies, no syscall
-                except BaseException:
-                    self._cut_back()  # no part of the record may stay after the last whole one
+            try:
+                return self._append(head, arrays, payload_len, origin)
+            except OSError as e:
+                reason = disk_full_reason(e)
+                if reason is None:
                     raise
-            else:
-                check = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
-                try:
-                    written = os.pwritev(self._fd, [HEADER.pack(MAGIC, seq, payload_len, check), head, *arrays],
-                                         self._segment_size)  # fmt: skip
-                except OSError:
-                    self._cut_back()
-                    raise
-                if written != total:  # e.g. disk full: cut the partial record off and fail the push
-                    self._cut_back()
-                    raise OSError(f"journal write of {total} bytes wrote {written}")
-            if self.sync:
-                try:
-                    os.fsync(self._fd)
-                except OSError:  # not durable: take the record back, or replay would apply a failed push
-                    self._cut_back()
-                    raise
-            self._segment_size += total
-            self.bytes_written += total
-            self.next_seq = seq + 1
-            self.note_applied(origin)
-            self._prefault.appended(self._segment_size, total)
-            return seq
+                if self._failed:  # freeing space is not enough: the failed record may still be on the disk
+                    raise StorageError(self._failed) from e
+                raise DiskFullError.of(
+                    reason, f"the journal in {self.dir} cannot take a push of {HEADER.size + payload_len:,} bytes"
+                ) from e
+
+    def _append(self, head: bytes, arrays: list[np.ndarray], payload_len: int, origin: tuple[int, int, int]) -> int:
+        """append's write, under the lock. Nothing moves (next_seq, the segment's end, `applied`) until the
+        record is whole in the file (and, with sync, durable); a failed write is cut off first (_cut_back)."""
+        if self._fd < 0 or self._segment_size >= self.segment_bytes:
+            self._open_segment()
+        seq = self.next_seq
+        total = HEADER.size + payload_len
+        if self._map is not None and self._segment_size + total <= self._prefault.mapped_end:
+            try:
+                self._copy_into_map(seq, payload_len, head, arrays)  # prepared space: memory copies, no syscall
+            except BaseException:
+                self._cut_back()  # no part of the record may stay after the last whole one
+                raise
+        else:
+            check = checksum64([HEADER_CHECKED.pack(MAGIC, seq, payload_len), head, *arrays])
+            try:
+                self._write(total, [HEADER.pack(MAGIC, seq, payload_len, check), head, *arrays])
+            except BaseException:
+                self._cut_back()
+                raise
+        if self.sync:
+            try:
+                os.fsync(self._fd)
+            except OSError:  # not durable: take the record back, or replay would apply a failed push
+                self._cut_back()
+                raise
+        self._segment_size += total
+        self.bytes_written += total
+        self.next_seq = seq + 1
+        self.note_applied(origin)
+        self._prefault.appended(self._segment_size, total)
+        return seq
+
+    def _write(self, total: int, parts: list) -> None:
+        """Writes the record's parts (total bytes) at the segment's end with pwritev. A short write is what a
+        disk that fills up part-way gives; the rest is written once more, which either completes the record (the
+        short write had another cause) or fails with the real error (ENOSPC, EDQUOT, EIO, ...). A second short
+        write raises OSError, with ENOSPC when the file system has no free blocks left (os.fstatvfs)."""
+        written = os.pwritev(self._fd, parts, self._segment_size)
+        if written == total:
+            return
+        more = os.pwritev(self._fd, _after(parts, written), self._segment_size + written)
+        if written + more == total:
+            return
+        text = f"journal write of {total} bytes wrote {written}, then {more} of the remaining {total - written}"
+        free = os.fstatvfs(self._fd)
+        if free.f_bavail == 0 or free.f_bfree == 0:
+            raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} ({text}; the file system has no free blocks)")
+        raise OSError(text)
 
     def _copy_into_map(self, seq: int, payload_len: int, head: bytes, arrays: list[np.ndarray]) -> None:
         """Writes a record at the end of the active segment through its mapping: the header first, with a zero
@@ -467,6 +499,19 @@ class JournalCorruptError(StorageError):
 class JournalLossError(StorageError):
     """Journal records that were written (up to the mark, or before a record that is there) are missing, or the
     mark cannot be read: refused at start-up unless the loss is accepted."""
+
+
+def _after(parts: list, skip: int) -> list[memoryview]:
+    """The buffers `parts` (bytes or arrays) less their first `skip` bytes, as byte views (no copies)."""
+    out = []
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if skip >= len(view):
+            skip -= len(view)
+            continue
+        out.append(view[skip:])
+        skip = 0
+    return out
 
 
 def _end_of_data(data: bytes, pos: int) -> int:

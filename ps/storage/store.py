@@ -58,7 +58,7 @@ from rocksdict import (
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
-from ps.errors import DataLossError, PsError, StorageError
+from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_WRITE_BEHIND_BYTES, DEFAULT_WRITE_BUFFER_BYTES
@@ -196,11 +196,20 @@ def _items(cf: Rdict, start: bytes | None = None, read_opts: ReadOptions | None 
     it.status()
 
 
-def _error(path: str, doing: str, e: Exception, text: str | None = None) -> StorageError:
-    """rocksdict's error (a plain Exception) as a StorageError saying what failed; damage that RocksDB detected
-    ("Corruption: ...", a file gone) as a DataLossError. text: what to say of e (default: str(e))."""
+def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome: str = "nothing was applied",
+           target: str | None = None) -> StorageError | DiskFullError:  # fmt: skip
+    """rocksdict's error (a plain Exception) as a StorageError saying what failed; a full disk ("IO error: No space
+    left on device: <file>") as a DiskFullError ending with outcome (what of the request stands); damage that
+    RocksDB detected ("Corruption: ...", a file gone) as a DataLossError, unless the error names target (a
+    directory outside path that was being written, a checkpoint's). text: what to say of e (default: str(e))."""
     text = str(e) if text is None else text
-    if not (text.startswith("Corruption") or "No such file" in text):
+    elsewhere = target is not None and target in text
+    reason = disk_full_reason(e)
+    if reason is not None:
+        what = f"RocksDB in the data dir {path} failed while {doing} ({text})"
+        return DiskFullError.of(reason, what, outcome, os.path.dirname(target) if elsewhere else path)
+    damage = text.startswith("Corruption") or "No such file" in text
+    if not damage or elsewhere:
         return StorageError(f"RocksDB in {path} failed while {doing}: {text}")
     return DataLossError(
         f"RocksDB found damage in {path} while {doing}: {text}. `ps-server verify {path}` lists what is damaged; "
@@ -488,12 +497,12 @@ class Store:
         grow with the number of tables: the first table creates the shared "rows" column family, the others none."""
         numbers = self._table_ids()
         number = numbers.get(cfg.name, max(numbers.values(), default=-1) + 1)
-        self._rows(create=True)
-        meta = self._db.get_column_family_handle(META_CF)
-        batch = WriteBatch(raw_mode=True)
-        batch.put(b"table/" + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
-        batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
-        with self._rocksdb(f"creating table {cfg.name!r}"):
+        with self._rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
+            self._rows(create=True)
+            meta = self._db.get_column_family_handle(META_CF)
+            batch = WriteBatch(raw_mode=True)
+            batch.put(b"table/" + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
+            batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
             self._db.write(batch, self._write_opts)
         numbers[cfg.name] = number
 
@@ -675,10 +684,15 @@ class Store:
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, path: str) -> None:
-        """A RocksDB checkpoint of everything written so far at path (hard links to the SST files)."""
-        self.drain()
-        self._db.flush()
-        Checkpoint(self._db).create_checkpoint(path)
+        """A RocksDB checkpoint of everything written so far at path (hard links to the SST files, or copies of
+        them on another file system). RocksDB removes what it wrote of a checkpoint that fails. A full disk is a
+        DiskFullError: of this data dir while its memtables are flushed first, of path's while the checkpoint
+        is written."""
+        with self._rocksdb(f"flushing its memtables for checkpoint {path}", "nothing was saved"):
+            self.drain()
+            self._db.flush()
+        with self._rocksdb(f"writing checkpoint {path}", "nothing was saved", target=path):
+            Checkpoint(self._db).create_checkpoint(path)
 
     def import_slots(
         self, source: str, slots: tuple[int, int], tables: list[str], widths: dict[str, int] | None = None
@@ -842,14 +856,15 @@ class Store:
             cf.flush()
 
     @contextlib.contextmanager
-    def _rocksdb(self, doing: str):
-        """Turns RocksDB's errors inside the block into a StorageError or DataLossError saying what failed."""
+    def _rocksdb(self, doing: str, outcome: str = "nothing was applied", target: str | None = None):
+        """Turns RocksDB's errors inside the block into a StorageError, DiskFullError or DataLossError saying what
+        failed (see _error for outcome and target)."""
         try:
             yield
         except PsError:
             raise
         except Exception as e:
-            raise _error(self.path, doing, e) from e
+            raise _error(self.path, doing, e, outcome=outcome, target=target) from e
 
     def close(self) -> None:
         """Writes the rows pending in the background (a failed write leaves them to the journal's replay), stops
