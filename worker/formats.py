@@ -427,8 +427,10 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int) -> str |
         return f"{len(row)} columns, expected {width} as in the header"
     label = row[label_at]
     if _number(label) not in (0.0, 1.0):
-        return (f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
-                "the schema's `label` names another)")
+        return (
+            f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
+            "the schema's `label` names another)"
+        )
     return None
 
 
