@@ -238,9 +238,16 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
     p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--overwrite", action="store_true", help="write over an earlier export in --out (its export.json "
+                   "and .npy files); without it such a directory is an error")  # fmt: skip
     args = p.parse_args(argv)
     from ps.engine.restore import export
 
+    earlier = os.path.isdir(args.out) and [n for n in os.listdir(args.out) if n == "export.json" or n.endswith(".npy")]
+    if earlier and not args.overwrite:
+        print(f"ps-server export: error: --out {args.out} holds an earlier export ({', '.join(sorted(earlier)[:3])}"
+              f"{', ...' if len(earlier) > 3 else ''}): give a new directory, or --overwrite", file=sys.stderr)  # fmt: skip
+        return 2
     try:
         summary = export(args.checkpoint, args.out, args.since)
     except (StorageError, OSError) as e:

@@ -290,7 +290,7 @@ def _export(args) -> int:
         if args.overwrite and os.path.isdir(checkpoint):
             shutil.rmtree(checkpoint)  # the earlier export's (--keep-checkpoint)
         save(client, checkpoint)
-    command = [sys.executable, "-m", "ps", "export", checkpoint, "--out", args.out]
+    command = [sys.executable, "-m", "ps", "export", checkpoint, "--out", args.out, "--overwrite"]  # OUT checked
     command += [] if args.since is None else ["--since", str(args.since)]
     done = subprocess.run(command)
     if done.returncode == 0 and not args.keep_checkpoint:

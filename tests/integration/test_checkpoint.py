@@ -202,6 +202,12 @@ def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
         verify_data_dir(str(checkpoint / "shard-0"))
     assert files_of(checkpoint) == before and files_of(data_dir) == data_before
     assert np.load(tmp_path / "out" / "busy.rows.npy").sum() == -200
+    again = [sys.executable, "-m", "ps", "export", str(checkpoint), "--out", str(tmp_path / "out")]
+    refused = subprocess.run(again, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "holds an earlier export (busy.ids.npy, busy.rows.npy, export.json)" in (
+        refused.stderr
+    ), refused.stderr
+    assert subprocess.run([*again, "--overwrite"], capture_output=True, timeout=120).returncode == 0
 
 
 def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
