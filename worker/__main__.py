@@ -235,6 +235,8 @@ def _stats(args) -> int:
             f"table readers {s.table_reader_bytes / 2**20:,.1f} MiB, write-behind "
             f"{s.write_behind_bytes / 2**20:,.1f} MiB, journal map {s.journal_map_bytes / 2**20:,.0f} MiB"
         )
+    print("evictions, admitted, dropped, pulls and pushes count since each server started; num_rows and "
+          "pending_ids are what its tables hold")  # fmt: skip
     return 0
 
 

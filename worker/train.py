@@ -176,7 +176,8 @@ class TrainConfig:
             raise ValueError("--schema needs --data (synthetic data has its own schema)")
         if self.validation_data and self.validation_fraction:
             raise ValueError("give --validation-data or --validation-fraction, not both")
-        data_file = f"a {self.format} data file (.gz read through gzip)"
+        data_file = "a data file" if self.schema else f"a {self.format} data file"
+        data_file += " (.gz read through gzip)"
         check_input_file("--data", self.data, data_file)
         check_input_file("--eval-data", self.eval_data, data_file)
         check_input_file("--validation-data", self.validation_data, data_file)
