@@ -572,8 +572,8 @@ def train(cfg: TrainConfig) -> dict:
             log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
         validation = data.validation()
         if validation:
-            source = f" of {cfg.validation_data}" if cfg.validation_data else ""
-            _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{source}", cfg)
+            named = f" of {cfg.validation_data}" if cfg.validation_data else ""
+            _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{named}", cfg)
         settings = loop_settings(cfg, data)
         try:
             loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
