@@ -65,9 +65,9 @@ def main(argv: list[str]) -> int:
         if rest and rest[0].endswith(".py"):  # one script, with its own arguments
             return subprocess.call([python, *rest], cwd=ROOT)
         return subprocess.call([python, os.path.join("benchmarks", "report.py"), *rest], cwd=ROOT)
-    if command == "demo":
+    if command == "demo":  # in the caller's directory: paths it gives (--metrics-out m.json) are its own
         args = [python, "-m", "worker", "train", "--local-shards", "2", *rest]
-        return subprocess.call(args, cwd=ROOT)
+        return subprocess.call(args)
     if not rest:  # lint the whole tree first; `dev.py test -k name` runs just those tests
         for lint in (["check", "."], ["format", "--check", "."]):
             print(f"ruff {' '.join(lint)}", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass, field
 
@@ -274,6 +275,13 @@ class ServerConfig:
             raise ValueError(
                 "--checkpoint-root is empty; give a directory, or leave the flag out to refuse checkpoints"
             )
+        if self.checkpoint_root and os.path.exists(self.checkpoint_root) and not os.path.isdir(self.checkpoint_root):
+            raise ValueError(f"--checkpoint-root {self.checkpoint_root} is not a directory; give a directory, or "
+                             "leave the flag out to refuse checkpoints")  # fmt: skip
+        if not self.data_dir.strip():
+            raise ValueError("--data-dir is empty; give the shard's data directory")
+        if self.metrics_port and self.metrics_port == self.port:
+            raise ValueError(f"--metrics-port {self.metrics_port} is --port too: give the metrics their own port")
 
 
 _SECTIONS = {

@@ -443,7 +443,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     cfg = train_config(args)
     print(format_results(train(cfg)), flush=True)
-    if cfg.metrics_out:
+    if cfg.metrics_out and not cfg.progress_lines:  # progress lines: a launcher reads the file (and removes it)
         print(f"metrics written to {cfg.metrics_out}")
     return 0
 
