@@ -152,6 +152,14 @@ def test_a_journal_mark_deleted_after_a_flush_is_refused_unless_the_loss_is_acce
     Shard(ServerConfig(data_dir=good_dir, accept_journal_loss=True)).close()
 
 
+@pytest.mark.parametrize("written", ["-5", "2.5", '"7"'])
+def test_a_journal_mark_of_no_count_is_damage(good_dir, written):
+    with open(os.path.join(good_dir, MARK_FILE), "w") as f:
+        f.write('{"written_seq": ' + written + "}")
+    with pytest.raises(StorageError, match=r"journal-mark.json is damaged: expected a JSON object with integers >= 0"):
+        Shard(ServerConfig(data_dir=good_dir))
+
+
 def test_verify_finds_journal_records_of_a_table_rocksdb_lost(tmp_path):
     """RocksDB's write-ahead log cut short after the table was created and pushed to: the journal holds pushes to
     a table RocksDB does not hold; start-up refuses, and verify must say so as well."""

@@ -54,7 +54,7 @@ def write_json(path: str, obj: dict, sync_dir: bool = False) -> None:
 
 def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
     """The JSON object in the file at path (None if there is no file); StorageError if it is not a JSON object
-    holding these keys with integer values."""
+    holding these keys with integer values >= 0 (every value these files record is a count or a number)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -62,8 +62,8 @@ def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
         return None
     try:
         obj = json.loads(raw)
-        if not isinstance(obj, dict) or any(type(obj.get(k)) is not int for k in keys):
-            raise ValueError(f"expected a JSON object with integers {', '.join(keys)}")
+        if not isinstance(obj, dict) or any(type(obj.get(k)) is not int or obj[k] < 0 for k in keys):
+            raise ValueError(f"expected a JSON object with integers >= 0 {', '.join(keys)}")
     except ValueError as e:
         raise StorageError(f"{path} is damaged: {e}; it holds {raw[:80]!r}") from None
     return obj
