@@ -707,6 +707,18 @@ def test_a_pull_past_its_deadline_names_every_worker_it_waited_for(tmp_path):
         shard.close()
 
 
+def test_a_pull_timeout_names_the_others_not_the_caller_whose_own_step_waits_for_them(tmp_path):
+    """Worker 0's pull of step 1 needs every clock at 1, its own too (its sync step 0 waits for worker 1): the
+    timeout names worker 1, the one to look at."""
+    shard = open_shard(tmp_path)
+    try:
+        with pytest.raises(BarrierTimeoutError) as info:
+            shard.jobs.wait_for_pull(stamp(0, 1, sync=True, barrier_timeout_s=0.2))
+        assert "for worker 1 (at step 0) of job" in str(info.value) and "worker 0 (" not in str(info.value)
+    finally:
+        shard.close()
+
+
 def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once_that_one_is_over(tmp_path):
     """A second job's stamps are refused, changing nothing, while the job followed runs; once no stamp of it has
     come for its barrier timeout (its workers are gone) the new job starts, and a job whose workers are all done

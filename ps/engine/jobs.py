@@ -334,8 +334,8 @@ class JobClocks:
         first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
         return InvalidArgumentError(
             f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} {what} ({first} first stamp)"
-            f"{detail}; every worker of a job {rule} (a second run under the job id? a job id is for one run: give "
-            "a new --job-id); the request was not applied"
+            f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
+            "job id: a job id is for one run, give a new --job-id); the request was not applied"
         )
 
     def _stop(self, error: BaseException) -> None:
@@ -441,6 +441,7 @@ class JobClocks:
                     waited = time.monotonic() - started
                     if waited >= stamp.timeout_s:
                         behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
+                        behind = [w for w in behind if w != stamp.worker] or behind  # its own step waits for them
                         raise BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
                             f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job "
