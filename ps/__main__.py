@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(see ps-server COMMAND --help)",
         description="Run one shard of a sparseps parameter server. Each shard owns a contiguous range of the "
         "16384 hash slots, keeps hot rows in RAM and all rows in RocksDB under --data-dir, and serves "
-        "Pull/Push/CreateTable/DescribeTable/Stats plus the gRPC health service. "
+        "the ParameterServer service of protos/ps.proto (CreateTable, DescribeTable, Pull, Push, PullBatch, PushBatch, "
+        "Checkpoint, Stats, AdvanceClock, Shrink) plus the gRPC health service. "
         "`ps-server size --help`: how much RAM and disk a table needs; `ps-server verify DIR`: what is damaged in a "
         "data dir.",
         formatter_class=HelpFormatter,
