@@ -45,14 +45,20 @@ def file_checksums(path: str) -> dict[str, str]:
 
 
 def checkpoint_holding(path: str) -> str | None:
-    """The checkpoint directory whose shard folder path is (its parent holds a manifest and its name is
-    shard-<i>), else None: a server started on one would change the checkpoint's files."""
+    """The checkpoint directory whose shard folder path is (its parent's manifest lists it as a shard's dir, and
+    it holds no journal, as a data dir does), else None: a server started on one would change the checkpoint's
+    files."""
     path = os.path.abspath(path)
     parent, name = os.path.split(path)
-    shard = name.removeprefix("shard-")
-    if shard != name and shard.isdigit() and os.path.isfile(os.path.join(parent, MANIFEST)):
-        return parent
-    return None
+    if not name.startswith("shard-") or os.path.exists(os.path.join(path, "journal")):
+        return None
+    try:
+        with open(os.path.join(parent, MANIFEST)) as f:
+            manifest = json.load(f)
+        listed = {shard.get("dir") for shard in manifest["shards"] if isinstance(shard, dict)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return parent if name in listed else None
 
 
 def manifest_digest(manifest: dict) -> str:

@@ -154,5 +154,5 @@ def tls_hint(address: str, tls: bool, client_cert: bool, timeout_s: float = 1.0)
                 "(drop --tls-ca, --tls-cert and --tls-key)")  # fmt: skip
     if found == "plain":
         return ("; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another "
-                "service's port (HTTP, a metrics endpoint)")  # fmt: skip
+                "service's port (HTTP, a metrics endpoint), or a shard too busy to answer")  # fmt: skip
     return ""

@@ -148,6 +148,20 @@ def test_a_malformed_eval_data_line_fails_before_any_server_is_touched(files, tm
         train(nowhere)
 
 
+def test_eval_skips_and_reports_a_few_malformed_lines_of_its_file(servers, files, tmp_path, caplog):
+    """launch's final evaluation reads --eval-data as its workers did: a cut last line is skipped and reported."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(Path(test_path).read_text() + "1\t2\t3\n")
+    result = evaluate_servers(small_run(addresses, train_path, eval_data=str(bad)))
+    assert (result["eval_examples"], result["bad_lines"]) == (TEST_ROWS, 1)
+    assert f"bad.tsv: skipped 1 malformed lines of {TEST_ROWS + 1:,}" in caplog.text
+    with pytest.raises(ValueError, match="1 bad lines, more than --max-bad-lines 0"):
+        evaluate_servers(small_run(addresses, train_path, eval_data=str(bad), max_bad_lines=0))
+
+
 def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_trained_model(servers, files, tmp_path):
     addresses, _ = servers(1)
     train_path, _ = files

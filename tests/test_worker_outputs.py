@@ -199,11 +199,11 @@ def test_a_workers_figures_say_what_its_evaluations_are_of():
     one = {"model": "fm", "backend": "numpy", "device": "cpu", "worker": "0/1", "shards": 1, "train_examples": 10,
            "train_seconds": 1.0, "examples_per_s": 10.0, "eval_auc": 0.7, "eval_logloss": 0.5, "eval_examples": 5,
            "best_validation_auc": 0.71, "best_validation_logloss": 0.49, "best_epoch": 20, "epochs_run": 20,
-           "stopped_early": False, "model_is_best": True}  # fmt: skip
+           "stopped_early": False, "model_is_best": True, "curve": [{"best": False}, {"best": True}]}  # fmt: skip
     text = format_results(one)
     assert "(5 examples)\n" in text and "the model kept is this best one" in text
     assert "the last epoch was the best: validation logloss was still improving, so a larger --epochs" in text
-    assert "still improving" not in format_results({**one, "best_epoch": 12})
+    assert "still improving" not in format_results({**one, "curve": [{"best": True}, {"best": False}]})
     job = format_results({**one, "worker": "1/2", "model_is_best": False})
     assert "(5 examples; the model as this worker finished: others may train on (ps-worker eval scores" in job
     assert "this worker's evaluations; the servers keep the job's model, which every worker trains" in job

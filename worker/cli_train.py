@@ -256,7 +256,7 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         help="malformed lines skipped (and reported) before the run fails (default: the recipe's: 0 for small data, "
         "read whole before the first push to take a validation split; 1,000 for large data, which is read as it trains)"
         if command == "train"
-        else "malformed lines skipped before the evaluation fails (default: 0)",
+        else "malformed lines skipped (and reported) before the evaluation fails (default: 1,000)",
     )
     data.add_argument(
         "--synthetic-rows", type=integer(1), default=d.synthetic_rows, help="synthetic training rows (no --data)"

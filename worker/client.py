@@ -629,7 +629,7 @@ class Client:
                 + (tried if self.server_timeout_s > 0 else "")
             )
         cls = STATUS_TO_ERROR.get(code.name, PsError)
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and (e.details() or "").startswith(DISK_FULL_PREFIX):
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and DISK_FULL_PREFIX in (e.details() or ""):
             cls = DiskFullError
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 

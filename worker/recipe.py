@@ -14,7 +14,7 @@ a strong l2 shrinks rare ids far more than frequent ones (its l2 adds to a denom
 accumulated squared gradients); dropout and an L2 penalty keep the MLP from memorizing the rows. On the small-data regime of the
 synthetic generator, benchmarks/small_data.py measures these settings against a tuned L2 logistic regression.
 Large data is seen once, in big batches for throughput. Small data is read whole before the first push to take its
-validation split, so a malformed line stops the run before it changes the model; large data is read as it trains,
+validation split (the default), so a malformed line stops the run before it changes the model; large data is read as it trains,
 so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and reports
 them. Flags given explicitly always win; the run prints the recipe it chose and why.
 """

@@ -252,7 +252,7 @@ class TrainConfig:
         """This config with the unset flags taken from the recipe for `examples` training examples (all
         workers together), and the line that says so (`unit`: what `examples` counts, see recipe.describe)."""
         r = choose(self.recipe, examples)
-        geo_instead = self.mode == "geo" and r.optimizer == "ftrl"  # geo loses the other workers' ftrl learning
+        geo_instead = self.mode == "geo" and r.optimizer == "ftrl" and self.optimizer is None  # (GEO_FTRL)
         if geo_instead:
             r = dataclasses.replace(
                 r, optimizer=LARGE.optimizer, learning_rate=LARGE.learning_rate, optimizer_params={}
@@ -649,8 +649,7 @@ def format_evaluation(e: dict) -> str:
 def evaluate_servers(cfg: TrainConfig) -> dict:
     """`ps-worker eval` and launch's final evaluation: the AUC and logloss of the model the servers hold, on
     --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema."""
-    strict = 0 if cfg.max_bad_lines is None else cfg.max_bad_lines  # not the large recipe's: eval reports no skips
-    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0, max_bad_lines=strict)
+    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)  # --max-bad-lines: 1,000 unless given
     cfg, data, spec, _ = prepare(cfg, training=False)
     backend = make_backend(spec, cfg)
     eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
@@ -664,6 +663,9 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
             "shards": len(addresses),
             **evaluate(client, spec, backend, dense.pull(), eval_batches),
         }
+    for line in data.bad_lines_report():
+        log.warning(line)
+    results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
     if "eval_examples" not in results and (cfg.eval_data or cfg.data):
         raise ValueError(f"{cfg.eval_data or cfg.data}: no examples to evaluate on (the file is empty, or holds only "
                          "a header or malformed lines)")  # fmt: skip
@@ -694,7 +696,8 @@ def format_results(r: dict) -> str:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
                      f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
-        if not r.get("stopped_early") and r["best_epoch"] == r.get("epochs_run") and r["best_epoch"] > 1:
+        last = (r.get("curve") or [{}])[-1]
+        if not r.get("stopped_early") and last.get("best") and r["best_epoch"] > 1:
             lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
                          "--epochs may give a better model")  # fmt: skip
     lines += oracle_lines(r)

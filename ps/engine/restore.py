@@ -27,13 +27,13 @@ def check_restored(store: Store) -> None:
 
 def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, manifest: dict | None = None) -> dict:
     """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary. manifest:
-    the checkpoint's, from read_manifest (None: read here). From its first write, the store is marked as holding
-    a restore that did not finish (check_restored) until every row is in."""
+    the checkpoint's, from read_manifest (None: read here, before anything is written). From its first write, the
+    store is marked as holding a restore that did not finish (check_restored) until every row is in."""
     check_restored(store)
     if store.load_tables():
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already")
-    store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     manifest = manifest if manifest is not None else read_manifest(directory)
+    store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
     for cfg in tables:
         store.create_table(cfg)

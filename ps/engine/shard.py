@@ -172,8 +172,11 @@ class Shard:
                     "taken before that advance"
                 )
         except BaseException as e:
-            if hasattr(self, "journal"):
-                self.journal.close()
+            try:
+                if hasattr(self, "journal"):
+                    self.journal.close()
+            except Exception as close_error:
+                log.warning("closing the journal of %s after a failed start: %s", config.data_dir, close_error)
             try:
                 self.store.close()
             except Exception as close_error:  # (a full disk, say) the error that stopped the start is the news

@@ -105,15 +105,28 @@ def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tupl
     opened read-only, with nothing written into source: rocksdict rewrites rocksdict-config.json at every open,
     read-only ones too, which fails on a read-only disk and would change a checkpoint's checksummed files. So
     RocksDB opens `view`, a temporary directory of symlinks to source's files (RocksDB reads through them; what the
-    open writes stays in the view), removed on exit. An exception leaving the block names source, not the view."""
+    open writes stays in the view), removed on exit. An exception leaving the block names source, not the view.
+    Without a writable temporary directory, source itself is opened (a warning says so)."""
     opts = opts or Options(raw_mode=True)
-    view = tempfile.mkdtemp(prefix="sparseps-read-only-")
+    view = None
     try:
+        view = tempfile.mkdtemp(prefix="sparseps-read-only-")
         if os.path.isdir(source):
             for name in os.listdir(source):
                 full = os.path.join(os.path.abspath(source), name)
                 if not _NOT_IN_VIEW.fullmatch(name) and os.path.isfile(full):
                     os.symlink(full, os.path.join(view, name))
+    except OSError as e:
+        log.warning("no temporary directory for a read-only view of %s (%s): opening it in place, which rewrites its "
+                    "rocksdict-config.json", source, e)  # fmt: skip
+        if view is not None:
+            shutil.rmtree(view, ignore_errors=True)
+        view = None
+    with contextlib.ExitStack() as cleanup:
+        if view is not None:
+            cleanup.callback(shutil.rmtree, view, True)
+        else:
+            view = source
         try:
             names = Rdict.list_cf(view, opts)
             db = Rdict(view, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only())
@@ -129,8 +142,6 @@ def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tupl
             raise Exception(str(e).replace(view, source)) from None
         finally:
             db.close()
-    finally:
-        shutil.rmtree(view, ignore_errors=True)
 
 
 def _identity(shard: tuple[int, int]) -> dict:

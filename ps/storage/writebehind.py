@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
+from ps.errors import DISK_FULL_PREFIX, DISK_FULL_TEXTS, DiskFullError
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,21 @@ class WriteBehind:
         self._thread.join()
 
     def _raise_failure(self) -> None:
-        if self._error is not None:
-            raise self._error
+        """Raises the failed background write's error (again): the rows it held stay pending in RAM, readable,
+        and no later write goes on until a restart, which replays them from the journal. A full disk's error says
+        so instead of "retry"."""
+        if self._error is None:
+            return
+        e = self._error
+        if isinstance(e, DiskFullError):
+            raise DiskFullError(
+                f"{DISK_FULL_PREFIX} ({e.reason or DISK_FULL_TEXTS[0]}): {e.what or e}; the background writer of "
+                "evicted rows stopped there: free space on that disk, then restart the server (its journal replays "
+                "every acknowledged push)",
+                e.reason,
+                e.what,
+            )
+        raise e
 
     def _run(self) -> None:
         name_os_thread()

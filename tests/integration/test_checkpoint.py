@@ -160,6 +160,17 @@ def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
     with pytest.raises(StorageError, match="is not a checkpoint: .* the data dir was not touched"):
         Server(ServerConfig(data_dir=str(tmp_path / "r2"), restore_dir=str(tmp_path)))
     assert not (tmp_path / "r2").exists()
+    from ps.engine.shard import Shard
+
+    started = tmp_path / "started"  # a shard's dir without tables: the checkpoint is checked in restore_into
+    Shard(ServerConfig(data_dir=str(started))).close()
+    with pytest.raises(StorageError, match=rf"shard-0/{sst} does not match its checksum"):
+        Server(ServerConfig(data_dir=str(started), restore_dir=str(tmp_path / "ckpt")))
+    Shard(ServerConfig(data_dir=str(started))).close()  # no restore mark left: the dir is usable
+    other = tmp_path / "other"  # another tool's manifest.json beside a data dir named shard-0
+    (other / "shard-0").mkdir(parents=True)
+    (other / "manifest.json").write_text('{"files": ["a"]}')
+    Shard(ServerConfig(data_dir=str(other / "shard-0"))).close()
 
 
 def files_of(root) -> dict:
