@@ -221,14 +221,19 @@ def test_a_group_that_not_every_worker_joins_is_a_timeout_that_says_what_to_chec
     assert not dist.is_initialized()
 
 
+def group_env(monkeypatch, port: int, rank: int, world_size: int = 2) -> None:
+    """torch.distributed's env:// variables for rank of world_size at 127.0.0.1:port."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", str(world_size))
+
+
 def test_a_rank_whose_rank_0_never_starts_times_out_with_a_message_naming_the_address(monkeypatch):
     """RANK 1 of 2 with nothing at MASTER_ADDR:MASTER_PORT: torch's DistNetworkError (not a DistStoreError) becomes
     a TimeoutError (an OSError: the CLI prints its message) that names the address, the timeout and what to check."""
     port = free_port()
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    group_env(monkeypatch, port, rank=1)
     with pytest.raises(TimeoutError) as info:
         init_process_group_from_env("cpu", timeout_s=1)
     assert str(info.value).startswith(
@@ -247,10 +252,7 @@ def test_a_master_port_in_use_is_a_connection_error_that_says_what_to_change(mon
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-        monkeypatch.setenv("MASTER_PORT", str(port))
-        monkeypatch.setenv("RANK", "0")
-        monkeypatch.setenv("WORLD_SIZE", "2")
+        group_env(monkeypatch, port, rank=0)
         with pytest.raises(ConnectionError) as info:
             init_process_group_from_env("cpu", timeout_s=1)
     message = str(info.value)

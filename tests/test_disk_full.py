@@ -359,12 +359,19 @@ def test_create_table_on_a_full_disk(serve, monkeypatch):
     assert np.array_equal(pull(stub, IDS, "u"), rows)
 
 
-def test_a_checkpoint_into_a_full_checkpoint_root(serve, tmp_path, monkeypatch):
+def serving_checkpoints(serve, tmp_path):
+    """(root, server, stub): a server whose checkpoint root is tmp_path/root (resolved, as the server resolves it),
+    with the test's table created."""
     root = tmp_path / "root"
     root.mkdir()
-    root = type(root)(os.path.realpath(root))  # as the server resolves it
+    root = type(root)(os.path.realpath(root))
     server, stub = serve(root=root)
     create(stub)
+    return root, server, stub
+
+
+def test_a_checkpoint_into_a_full_checkpoint_root(serve, tmp_path, monkeypatch):
+    root, server, stub = serving_checkpoints(serve, tmp_path)
     stub.Push(push_request(IDS, 1.0), timeout=TIMEOUT_S)
     rows = pull(stub, IDS)
     seq = server.shard.journal.next_seq
@@ -402,11 +409,7 @@ def test_a_checkpoint_into_a_full_checkpoint_root(serve, tmp_path, monkeypatch):
 
 
 def test_a_checkpoint_whose_flush_finds_the_data_disk_full(serve, tmp_path, monkeypatch):
-    root = tmp_path / "root"
-    root.mkdir()
-    root = type(root)(os.path.realpath(root))  # as the server resolves it
-    server, stub = serve(root=root)
-    create(stub)
+    root, server, stub = serving_checkpoints(serve, tmp_path)
     stub.Push(push_request(IDS, 1.0), timeout=TIMEOUT_S)
     rows = pull(stub, IDS)
     store = server.shard.store
@@ -431,11 +434,7 @@ def test_a_checkpoint_whose_flush_finds_the_data_disk_full(serve, tmp_path, monk
 
 
 def test_a_checkpoint_dir_that_cannot_be_made_on_a_full_disk(serve, tmp_path, monkeypatch):
-    root = tmp_path / "root"
-    root.mkdir()
-    root = type(root)(os.path.realpath(root))  # as the server resolves it
-    server, stub = serve(root=root)
-    create(stub)
+    root, server, stub = serving_checkpoints(serve, tmp_path)
     real_mkdir = os.mkdir
 
     def mkdir(path, *args, **kwargs):

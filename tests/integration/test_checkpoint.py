@@ -136,19 +136,29 @@ def test_save_while_pushing_then_restore_onto_1_2_and_3_shards(tmp_path):
             stop(restored)
 
 
-def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
+def busy_checkpoint(tmp_path, while_up=None) -> None:
+    """One shard (data in tmp_path/original) with table busy, 100 ids pushed once, saved to tmp_path/ckpt, then
+    stopped; while_up(client, save) runs before the stop."""
+    from worker.checkpoint import save
+
     original, addresses = start_servers(tmp_path / "original", 1)
     try:
         with Client(addresses) as client:
             client.create_table(BUSY)
             client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
-            from worker.checkpoint import save
-
             save(client, str(tmp_path / "ckpt"))
-            with pytest.raises(ValueError, match="holds a checkpoint already"):
-                save(client, str(tmp_path / "ckpt"))
+            if while_up is not None:
+                while_up(client, save)
     finally:
         stop(original)
+
+
+def test_a_damaged_or_missing_checkpoint_is_refused(tmp_path):
+    def save_again(client, save):
+        with pytest.raises(ValueError, match="holds a checkpoint already"):
+            save(client, str(tmp_path / "ckpt"))
+
+    busy_checkpoint(tmp_path, save_again)
     shard_dir = tmp_path / "ckpt" / "shard-0"
     sst = sorted(p for p in os.listdir(shard_dir) if p.endswith(".sst"))[0]
     with open(shard_dir / sst, "r+b") as f:
@@ -190,16 +200,8 @@ def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
     from ps.engine.restore import export
     from ps.engine.shard import Shard
     from ps.storage.verify import verify_data_dir
-    from worker.checkpoint import save
 
-    original, addresses = start_servers(tmp_path / "original", 1)
-    try:
-        with Client(addresses) as client:
-            client.create_table(BUSY)
-            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
-            save(client, str(tmp_path / "ckpt"))
-    finally:
-        stop(original)
+    busy_checkpoint(tmp_path)
     checkpoint, data_dir = tmp_path / "ckpt", tmp_path / "original" / "shard-0"
     before, data_before = files_of(checkpoint), files_of(data_dir)
     Shard(ServerConfig(data_dir=str(tmp_path / "r"), restore_dir=str(checkpoint))).close()
