@@ -329,6 +329,12 @@ def test_merged_progress_line_every_period_and_at_the_end():
         "progress: 10 examples, 4 examples/s, logloss 0.5000",
         "progress: 30 / 40 examples (75%), 10 examples/s, logloss 0.6000",
     ]
+    out = io.StringIO()
+    progress = MergedProgress(1, bar=False, every_s=10.0, out=out)
+    progress.report(0, {"examples": 20, "total": 20, "logloss": 0.5, "examples_per_s": 4})
+    progress.tick(start + 11)
+    progress.close()  # nothing new since the last line: not printed twice
+    assert out.getvalue().splitlines() == ["progress: 20 / 20 examples (100%), 4 examples/s, logloss 0.5000"]
 
 
 def test_merged_progress_bar_counts_every_workers_examples():

@@ -99,6 +99,7 @@ class MergedProgress:
         self._reports: dict[int, dict] = {}
         self._lock = threading.Lock()
         self._next_line_at = time.monotonic() + every_s
+        self._last_line = ""  # the merged line printed last (close() does not print it again)
         self._bar: Any = None
 
     def open(self) -> None:
@@ -143,11 +144,12 @@ class MergedProgress:
             return
         self._next_line_at = now + self.every_s
         if self._reports:
-            self.print(format_progress(self.merged()))
+            self._last_line = format_progress(self.merged())
+            self.print(self._last_line)
 
     def close(self) -> None:
-        """Closes the bar; without one, the last merged line."""
-        if not self.bar and self._reports:
+        """Closes the bar; without one, the last merged line (unless tick() printed it already)."""
+        if not self.bar and self._reports and format_progress(self.merged()) != self._last_line:
             self.print(format_progress(self.merged()))
         with self._lock:
             if self._bar is not None:
