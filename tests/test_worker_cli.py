@@ -336,3 +336,15 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
         proc.kill()
     assert proc.returncode == code, out
     assert ("interrupted" if sig == signal.SIGINT else "terminated") in out, out
+
+
+def test_allreduce_refuses_a_worker_id_that_its_rank_contradicts(monkeypatch):
+    from worker.cli_train import train_config_from_argv
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"--worker-id 0 but \$RANK is 1: --dense allreduce takes its rank from"):
+        train_config_from_argv(["--local-shards", "1", "--dense", "allreduce", "--worker-id", "0"])
+    agreed = train_config_from_argv(["--local-shards", "1", "--dense", "allreduce", "--worker-id", "1"])
+    assert (agreed.worker_id, agreed.num_workers) == (1, 2)
+    assert train_config_from_argv(["--local-shards", "1", "--worker-id", "0"]).worker_id == 0  # the PS path: no rank

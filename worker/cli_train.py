@@ -389,6 +389,12 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     $WORLD_SIZE)."""
     worker_id = _from_env(args.worker_id, "RANK", 0)
     num_workers = _from_env(args.num_workers, "WORLD_SIZE", 1)
+    if getattr(args, "dense", None) == "allreduce":  # the data share follows the flags, the group's rank the env
+        for flag, value, variable in (("--worker-id", worker_id, "RANK"), ("--num-workers", num_workers, "WORLD_SIZE")):
+            if os.environ.get(variable) not in (None, str(value)):
+                raise ValueError(f"{flag} {value} but ${variable} is {os.environ[variable]}: --dense allreduce takes "
+                                 f"its rank from ${variable}, so the worker would train one share and average as "
+                                 "another; leave the flag out, or make them agree")  # fmt: skip
     return TrainConfig(
         **common_config(args),
         local_shards=args.local_shards,
