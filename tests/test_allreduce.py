@@ -336,15 +336,15 @@ def test_a_peer_that_dies_fails_the_step_at_once_with_a_connection_error_naming_
 
 
 def test_a_peer_that_stops_fails_the_step_after_the_timeout_with_a_timeout_error_naming_it(tmp_path):
-    error, port = peer_fails_in_a_step(tmp_path, "stop", timeout_s=2)
+    error, port = peer_fails_in_a_step(tmp_path, "stop", timeout_s=6)  # the setup's broadcasts must fit in it
     assert error["type"] == "TimeoutError", error
     assert error["message"].startswith(
         f"rank 0 of the allreduce group (2 workers at 127.0.0.1:{port}): the all_reduce of the dense gradients failed,"
-        " a peer worker not answering within its timeout of 2 s (--barrier-timeout): Timed out waiting 2000ms for recv"
+        " a peer worker not answering within its timeout of 6 s (--barrier-timeout): Timed out waiting 6000ms for recv"
     ), error
     assert (
         "The peer is stalled (stopped, hung, or busy outside the step for longer than that) or gone" in error["message"]
     )
     assert error["message"].endswith("rerun the job, with a larger --barrier-timeout if a worker is only slow")
     assert error["cause"] == "RuntimeError" and error["closed"]
-    assert 1.5 < error["seconds"] < 10
+    assert 5 < error["seconds"] < 20

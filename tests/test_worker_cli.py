@@ -327,7 +327,8 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
          "--worker-id", "0", "--job-id", "77", "--synthetic-rows", "5000", "--synthetic-eval-rows", "100",
          "--barrier-timeout", "60", "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job: a background job
+    )  # fmt: skip                                                        # (CI) would ignore SIGINT from its start
     try:
         wait_until(lambda: server.shard.jobs._waiting >= 1, 60, "worker 0 to wait at the barrier")
         proc.send_signal(sig)
