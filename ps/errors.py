@@ -194,23 +194,26 @@ class DiskFullError(PsError):
         self.disk = disk  # a path on the disk that is full, where `what` names more than one
 
     @classmethod
-    def of(cls, reason: str, what: str, outcome: str = "nothing was applied", disk: str = "") -> "DiskFullError":
+    def of(
+        cls, reason: str, what: str, outcome: str = "nothing was applied", disk: str = "", remedy: str = "retry"
+    ) -> "DiskFullError":
         """The error for `what` (what failed, naming the path) failing for `reason` (disk_full_reason's);
-        outcome: what of the request stands, the message's end (Shard.push_batch rewrites a trailing "; nothing
-        was applied" when earlier pushes of the batch were applied); disk: a path on the full disk, named when
-        `what` names more than one."""
+        outcome: what of the request stands, the message's end ("": none; Shard.push_batch rewrites a trailing
+        "; nothing was applied" when earlier pushes of the batch were applied); disk: a path on the full disk,
+        named when `what` names more than one; remedy: what to do once space is freed."""
         where = f"the disk of {disk}" if disk else "that disk"
         return cls(
-            f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} (or raise the quota) and retry; {outcome}",
+            f"{DISK_FULL_PREFIX} ({reason}): {what}; free space on {where} (or raise the quota) and {remedy}"
+            + (f"; {outcome}" if outcome else ""),
             reason,
             what,
             disk,
         )
 
-    def instead(self, outcome: str, disk: str | None = None) -> "DiskFullError":
-        """The same error with another outcome (and disk, if given)."""
+    def instead(self, outcome: str, disk: str | None = None, remedy: str = "retry") -> "DiskFullError":
+        """The same error with another outcome (and disk, and remedy, if given)."""
         disk = self.disk if disk is None else disk
-        return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk)
+        return DiskFullError.of(self.reason or DISK_FULL_TEXTS[0], self.what or str(self), outcome, disk, remedy)
 
 
 class StorageError(PsError):

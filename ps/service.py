@@ -97,8 +97,7 @@ def _rpc(method):
             failed = f"{method.__name__} failed on the server: {type(e).__name__}: {e}"
             reason = disk_full_reason(e)
             if reason is not None:  # a full disk that no storage layer named (those raise DiskFullError)
-                full = DiskFullError(f"the server's disk is full ({reason}): {failed}; free space on that disk (or "
-                                     "raise the quota) and retry")  # fmt: skip
+                full = DiskFullError.of(reason, failed, outcome="")
                 code, failed = full.status, str(full)
             else:
                 code = "INTERNAL"

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.errors import DISK_FULL_PREFIX, DISK_FULL_TEXTS, DiskFullError
+from ps.errors import DiskFullError
 
 
 @dataclass(frozen=True)
@@ -117,13 +117,8 @@ class WriteBehind:
             return
         e = self._error
         if isinstance(e, DiskFullError):
-            raise DiskFullError(
-                f"{DISK_FULL_PREFIX} ({e.reason or DISK_FULL_TEXTS[0]}): {e.what or e}; the background writer of "
-                "evicted rows stopped there: free space on that disk, then restart the server (its journal replays "
-                "every acknowledged push)",
-                e.reason,
-                e.what,
-            )
+            raise e.instead("the background writer of evicted rows stopped there",
+                            remedy="restart the server (its journal replays every acknowledged push)")  # fmt: skip
         raise e
 
     def _run(self) -> None:
