@@ -82,6 +82,14 @@ def _csv_roles(
     return label, list(numeric), [h for h in used if h not in roles["numeric"]]
 
 
+def separator_of_one_column(header: list[str], first: list[str], delimiter: str, separators: str) -> str | None:
+    """The first of separators (other than delimiter) that a one-column header and the first record's cell (first:
+    its cells) both hold: a file separated by it, read with delimiter. None if there is none, or no record."""
+    if len(header) != 1 or not first:
+        return None
+    return next((d for d in separators if d != delimiter and d in header[0] and d in first[0]), None)
+
+
 def resolve_schema(
     data: str | None,
     *,
@@ -120,10 +128,10 @@ def resolve_schema(
         if header is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
         first = read_csv_sample(data, ",", 1)[1] if len(header) == 1 else []  # a label-only file's row holds none
-        other = [d for d in "\t;|" if len(header) == 1 and d in header[0] and first and d in first[0][0]]
+        other = separator_of_one_column(header, first[0] if first else [], ",", "\t;|")
         if other:
             raise ValueError(
-                f"{data}: its header line is one column holding {other[0]!r} and no ',': a {other[0]!r}-separated "
+                f"{data}: its header line is one column holding {other!r} and no ',': a {other!r}-separated "
                 "file? --format csv reads commas: write a schema with `ps-worker schema --data FILE --delimiter "
                 "...` and give it as --schema (or --format criteo for Criteo TSV, which has no header)"
             )

@@ -21,7 +21,7 @@ import math
 import re
 
 from worker.schema import FORMATS, Column, _entry, _toml
-from worker.schema_builtin import builtin_schema
+from worker.schema_builtin import builtin_schema, separator_of_one_column
 
 LABEL_NAMES = ("label", "click", "clicked", "y", "target")
 _BAG_SEPARATORS = "|;,"
@@ -87,8 +87,7 @@ def _check_not_tab_separated(path: str, header: list[str], delimiter: str, first
         raise ValueError(f"{path}: its first line has tabs and no {delimiter!r}: a tab-separated file? Give --format "
                          "criteo for Criteo TSV (label, 13 ints, 26 hex; no header line), or --delimiter $'\\t' for a "
                          "tab-separated file with a header line")  # fmt: skip
-    other = next((d for d in ";|" if d != delimiter and len(header) == 1 and d in header[0] and first
-                  and d in first[0]), None)  # fmt: skip
+    other = separator_of_one_column(header, first, delimiter, ";|")
     if other is not None:
         raise ValueError(f"{path}: its first line has {other!r} and no {delimiter!r}: a {other!r}-separated file? "
                          f"Give --delimiter {other!r}")  # fmt: skip
