@@ -53,7 +53,7 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
         return "\n".join(lines) + "\n"
     header, rows = read_csv_sample(path, delimiter, sample_rows)
-    _check_not_tab_separated(path, header, delimiter, rows[0] if rows else [])
+    _check_separator(path, header, delimiter, rows[0] if rows else [])
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     label = next((h for h in header if h.lower() in LABEL_NAMES and _is_binary(columns[h])), None)
     label = label or next((h for h in header if _is_binary(columns[h])), None)
@@ -79,7 +79,7 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
     return "\n".join(lines) + "\n"
 
 
-def _check_not_tab_separated(path: str, header: list[str], delimiter: str, first: list[str]) -> None:
+def _check_separator(path: str, header: list[str], delimiter: str, first: list[str]) -> None:
     """ValueError when the header is one column holding tabs, or ';' or '|' that the first record (first) holds
     too: a file separated by them read with another delimiter, whose schema would be a label made of the whole
     first line."""
