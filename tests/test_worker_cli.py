@@ -330,7 +330,8 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's job: a background job
     )  # fmt: skip                                                        # (CI) would ignore SIGINT from its start
     try:
-        wait_until(lambda: server.shard.jobs._waiting >= 1, 60, "worker 0 to wait at the barrier")
+        jobs = server.shard.jobs  # its step's push waiting: the main thread is in the wait, past its kernels' load
+        wait_until(lambda: any(s.contributions for s in list(jobs._steps.values())), 120, "worker 0's sync push")
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=15)
     finally:
