@@ -560,7 +560,7 @@ def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
         o = spec.optimizer
         opt = OptimizerConfig(
             name=o.name or opt.name,
-            learning_rate=o.learning_rate if o.HasField("learning_rate") else opt.learning_rate,
+            learning_rate=o.learning_rate if o.HasField("learning_rate") else None,
             params=dict(sorted(o.params.items())),
         )
     return TableConfig(

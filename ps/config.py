@@ -65,14 +65,24 @@ OPTIMIZER_PARAMS: dict[str, dict[str, float]] = {
 }
 """Each optimizer's parameters and their defaults (the update rules are in ps.rows.optim)."""
 
+DEFAULT_LEARNING_RATES: dict[str, float] = {
+    "sgd": 0.01, "adagrad": 0.02, "adagrad_rowwise": 0.02, "adam": 0.001, "ftrl": 0.05,
+}  # fmt: skip
+"""Each optimizer's learning rate where none is given (a table spec, a table config, --optimizer)."""
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The server-side optimizer of a table; `params` holds optimizer-specific values (OPTIMIZER_PARAMS)."""
+    """The server-side optimizer of a table; `params` holds optimizer-specific values (OPTIMIZER_PARAMS).
+    A learning_rate of None takes the optimizer's DEFAULT_LEARNING_RATES entry."""
 
     name: str = "adagrad"
-    learning_rate: float = 0.05
+    learning_rate: float | None = None
     params: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.learning_rate is None:  # an unknown name keeps None: validate() names the optimizer
+            object.__setattr__(self, "learning_rate", DEFAULT_LEARNING_RATES.get(self.name))
 
     def validate(self) -> None:
         defaults = OPTIMIZER_PARAMS.get(self.name)
@@ -334,6 +344,10 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
                 if unknown:
                     raise InvalidArgumentError(
                         f"{source}: [{name}.{key}] has unknown keys {unknown}; known: {sorted(known)}"
+                    )
+                if key == "optimizer" and "name" not in value:  # its defaults (learning rate, params) are per name
+                    raise InvalidArgumentError(
+                        f"{source}: [{name}.optimizer] needs a name, one of {sorted(OPTIMIZER_PARAMS)}"
                     )
                 fields[key] = cls(**value)
             elif key in _SCALARS:

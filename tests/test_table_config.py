@@ -7,9 +7,18 @@ import numpy as np
 import pytest
 
 from ps import codec
-from ps.config import AdmissionConfig, EvictionConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from ps.config import (
+    DEFAULT_LEARNING_RATES,
+    OPTIMIZER_PARAMS,
+    AdmissionConfig,
+    EvictionConfig,
+    OptimizerConfig,
+    TableConfig,
+    table_configs_from_toml,
+)
 from ps.errors import InvalidArgumentError, TableExistsError
 from worker.client import Client
+from worker.train import TrainConfig
 
 EXAMPLE = """
 [fm]
@@ -38,6 +47,7 @@ def test_a_toml_file_gives_every_setting():
         ("[fm]\noptimizer = { name = 'sgd', lr = 1 }", r"\[fm.optimizer\] has unknown keys \['lr'\]"),
         ("[fm\n", "not valid TOML"),
         ("fm = 3", r"\[fm\] must be a table"),
+        ("[fm]\noptimizer = { learning_rate = 0.1 }", r"\[fm.optimizer\] needs a name, one of \['adagrad'"),
     ],
 )
 def test_bad_toml_names_the_table_and_key(text, message):
@@ -62,6 +72,19 @@ def test_bad_toml_names_the_table_and_key(text, message):
 def test_invalid_table_settings_are_rejected(cfg, message):
     with pytest.raises(InvalidArgumentError, match=message):
         cfg.validate()
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZER_PARAMS))
+def test_an_optimizer_without_a_learning_rate_takes_its_own_default_everywhere(name):
+    """A table config, a CreateTable spec without the field, and --optimizer without --learning-rate agree."""
+    from_toml = TableConfig(**table_configs_from_toml(f"[emb]\ndim = 4\noptimizer = {{ name = '{name}' }}")["emb"])
+    spec = codec.table_config_to_proto(TableConfig("emb", 4, optimizer=OptimizerConfig(name, 1.0)))
+    spec.optimizer.ClearField("learning_rate")
+    from_proto = codec.table_config_from_proto(spec)
+    from_flags, _ = TrainConfig(data="x", optimizer=name).with_recipe(100)
+    rates = {from_toml.optimizer.learning_rate, from_proto.optimizer.learning_rate, from_flags.learning_rate}
+    assert rates == {DEFAULT_LEARNING_RATES[name]}
+    assert TableConfig("emb", 4).optimizer.learning_rate == DEFAULT_LEARNING_RATES["adagrad"]
 
 
 def test_l2_travels_from_toml_through_the_stored_form_and_the_proto():

@@ -49,8 +49,6 @@ SMALL = Recipe("small", batch_size=256, epochs=20, validation_fraction=0.1, earl
 LARGE = Recipe("large", batch_size=2048, epochs=1, validation_fraction=0.0, early_stop=0, l2=0.0, dropout=0.0,
                dense_l2=0.0, optimizer="adagrad", learning_rate=0.02, optimizer_params={},
                max_bad_lines=1000)  # fmt: skip
-# the sparse learning rate of an optimizer given without --learning-rate
-DEFAULT_LEARNING_RATES = {"adagrad": 0.02, "adagrad_rowwise": 0.02, "ftrl": 0.05, "adam": 0.001, "sgd": 0.01}
 
 
 def choose(recipe: str, examples: int) -> Recipe:

@@ -30,6 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ps.config import (
+    DEFAULT_LEARNING_RATES,
     MAX_BARRIER_S,
     MAX_HYPERPARAMETER,
     MAX_INTERVAL_S,
@@ -46,7 +47,7 @@ from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
-from worker.recipe import DEFAULT_LEARNING_RATES, LARGE, RECIPES, choose, describe
+from worker.recipe import LARGE, RECIPES, choose, describe
 from worker.schema import Schema
 from worker.steprows import row_source
 from worker.tables import check_tables
