@@ -73,6 +73,7 @@ message WorkerStamp
   8  done             VARINT  bool                     push with no pushes: the worker has finished
   9  acked            VARINT  uint64                   the worker's steps whose push has had its reply
   10 setup            LEN     string                   key=value pairs every worker of the job runs alike
+  11 stopped          LEN     string                   push with no pushes: why the worker stopped before its end
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull

@@ -167,7 +167,17 @@ def stamp_of(request: Any) -> Stamp | None:
     if m is None:
         return None
     return Stamp(
-        m.job, m.worker, m.num_workers, m.step, m.staleness, m.sync, m.barrier_timeout_s, m.done, m.acked, m.setup
+        m.job,
+        m.worker,
+        m.num_workers,
+        m.step,
+        m.staleness,
+        m.sync,
+        m.barrier_timeout_s,
+        m.done,
+        m.acked,
+        m.setup,
+        m.stopped,
     )
 
 

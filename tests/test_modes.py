@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import socket
 import threading
 import time
 
@@ -743,6 +744,40 @@ def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once
         shard.close()
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_shard(tmp_path, sync):
+    """Worker 1's stop stamp ends worker 0's wait at once (not at its 30 s barrier), naming worker 1 and why;
+    nothing of the step is applied, later stamps of the job are refused the same way, and another job may start
+    at once. A stop stamp of a job the shard does not follow changes nothing."""
+    shard = open_shard(tmp_path)
+    try:
+        ssp_push(shard, 0, 0, A)
+        ssp_push(shard, 1, 0, B)
+        before = shard.pull("emb", A).copy()
+        shard.push_stamped([], 0, 0, 0, Stamp(JOB + 7, 0, 2, 0, stopped="not this job"))  # not followed: nothing
+        assert shard.stats()["job"] == JOB and shard.jobs._stopped is None
+        if sync:
+            waiting = Concurrently(lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 11, 0,
+                                                              stamp(0, 1, sync=True)))  # fmt: skip
+            wait_until(lambda: shard.jobs._steps, 10, "worker 0's contribution")
+        else:
+            waiting = Concurrently(lambda: shard.jobs.wait_for_pull(stamp(0, 4, staleness=2)))
+            wait_until(lambda: shard.jobs._waiting, 10, "worker 0's pull to wait")
+        started = time.monotonic()
+        shard.push_stamped([], 0, 0, 0, stamp(1, 0, stopped="interrupted (Ctrl-C)"))
+        why = r"job 0x5eed stops: worker 1 stopped before its end \('interrupted \(Ctrl-C\)'\); start the job anew"
+        with pytest.raises(BarrierTimeoutError, match=why):
+            waiting.join()
+        assert time.monotonic() - started < 5
+        assert (shard.pull("emb", A) == before).all()
+        with pytest.raises(BarrierTimeoutError, match=why):
+            ssp_push(shard, 0, 1, A)
+        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 1, 0)) == 0  # another job starts at once
+        assert shard.stats()["job"] == JOB + 1
+    finally:
+        shard.close()
+
+
 def test_an_ssp_worker_pushing_from_a_second_process_stops_the_job(tmp_path):
     """Worker 1 restarted mid-job (another client id) would train its share again: refused, nothing applied, and
     the job stops for every worker."""
@@ -805,6 +840,11 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
             assert fragment in info.value.details()
     refusals = [
         (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, done=True)), "not by a pull"),
+        (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, stopped="x")), "stopped is said by a PushBatch"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, stopped="x")),
+         "a stop stamp comes in a PushBatch without pushes"),
+        (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, done=True, stopped="x")), "not both"),
+        (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, stopped="x" * 1001)), "stopped of 1,001 characters"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, done=True)),
          "without pushes"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A, add_delta=True)], stamp=ps_pb2.WorkerStamp(**good, sync=True)),
@@ -879,6 +919,26 @@ def test_clients_stamps_reach_every_shard_and_return_min_clock(servers):
         stats = server.shard.stats()
         assert (stats["job"], stats["num_workers"], stats["min_clock"], server.shard.clock) == (JOB, 2, 3, 3)
         assert server.shard.journal.applied[sync_key(JOB)][0] == 3
+
+
+def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(servers):
+    """Client.stop_job stops the job on each live shard and returns a line for a shard that is down, within its
+    deadline, without retrying (a stopping worker does not wait)."""
+    addresses, started = servers(2)
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(SGD)
+        client.pull_many([("emb", A)], stamp=WorkerStamp(JOB, 0, 2, 0, staleness=3))  # both shards follow JOB
+        assert client.stop_job(WorkerStamp(JOB, 0, 2, 0), "ValueError: a bad line") == []
+    for server in started:
+        assert "worker 0 stopped before its end ('ValueError: a bad line')" in str(server.shard.jobs._stopped)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"  # bound, never listening: connections are refused
+        with Client([addresses[0], closed], timeout_s=30, server_timeout_s=300) as client:
+            started_s = time.monotonic()
+            lines = client.stop_job(WorkerStamp(JOB + 1, 0, 2, 0), "x" * 5000)
+            assert time.monotonic() - started_s < 5
+    assert len(lines) == 1 and lines[0].startswith(f"shard 1 at {closed}: UNAVAILABLE"), lines
 
 
 def test_two_client_processes_given_one_worker_id_fail_their_sync_step_at_once(servers):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ps.engine.jobs import Stamp
 from ps.errors import ServerUnavailableError
 from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
@@ -320,7 +321,7 @@ def test_an_eval_or_validation_file_without_examples_fails_before_any_server_is_
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(servers, tmp_path, sig, code):
     """Worker 0 of a 2-worker sync job waits (up to its 60 s barrier) for worker 1, which never comes: a signal
-    ends it within seconds, not when the wait ends."""
+    ends it within seconds, not when the wait ends, and it tells the shard, which stops the job."""
     addresses, (server,) = servers(1)
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "train", "--servers", addresses[0], "--mode", "sync", "--num-workers", "2",
@@ -338,6 +339,9 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
         proc.kill()
     assert proc.returncode == code, out
     assert ("interrupted" if sig == signal.SIGINT else "terminated") in out, out
+    why = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)"
+    assert f"worker 0 stopped before its end ('{why}')" in str(jobs._stopped)  # its peers need not wait
+    assert jobs.wait_for_pull(Stamp(78, 0, 1, 0)) == 0  # and the shard takes another job at once
 
 
 def test_allreduce_refuses_a_worker_id_that_its_rank_contradicts(monkeypatch):

@@ -100,6 +100,8 @@ def _server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
 
 
 NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
+STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does not wait long
+MAX_STOP_REASON = 1000  # characters of a stop stamp's reason (ps.engine.jobs MAX_SETUP_CHARS)
 READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
 
 
@@ -190,7 +192,8 @@ class WorkerStamp:
     (a push's step is summed over every worker and applied once), how long a wait may last, done (finish), and
     acked: the number of this worker's steps whose push has had its reply (at most step, but for done; a shard
     that restarted learns the worker's clock from it), and setup: what every worker of the job runs alike
-    (worker.steprows.job_setup; the shards refuse a worker of another setup, which stops the job)."""
+    (worker.steprows.job_setup; the shards refuse a worker of another setup, which stops the job); stopped: why
+    the worker stopped before its end (stop_job)."""
 
     job: int
     worker: int
@@ -202,12 +205,13 @@ class WorkerStamp:
     done: bool = False
     acked: int = 0
     setup: str = ""
+    stopped: str = ""
 
     def to_proto(self) -> ps_pb2.WorkerStamp:
         return ps_pb2.WorkerStamp(
             job=self.job, worker=self.worker, num_workers=self.num_workers, step=self.step,
             staleness=self.staleness, sync=self.sync, barrier_timeout_s=self.barrier_timeout_s, done=self.done,
-            acked=self.acked, setup=self.setup,
+            acked=self.acked, setup=self.setup, stopped=self.stopped,
         )  # fmt: skip
 
 
@@ -447,6 +451,20 @@ class Client:
             [("PushBatch", s, done) for s in range(len(self._stubs))], timeout_s=self._deadline(stamp)
         )
         return min(r.min_clock for r in replies)
+
+    def stop_job(self, stamp: WorkerStamp, reason: str, timeout_s: float = STOP_TIMEOUT_S) -> list[str]:
+        """Tells every shard that the stamp's worker stopped before its end, and why (reason, cut to
+        MAX_STOP_REASON characters): each stops the job if it follows it, so that the other workers' waits end
+        now, naming this worker, instead of at their barrier timeout, and another job may start. One attempt per
+        shard, each within timeout_s, never retried: the worker is on its way out. Returns a line per shard that
+        did not take it (empty: every shard did)."""
+        why = reason if len(reason) <= MAX_STOP_REASON else reason[: MAX_STOP_REASON - 3] + "..."
+        stop = ps_pb2.PushBatchRequest(
+            stamp=replace(stamp, stopped=why or "stopped", done=False, sync=False).to_proto()
+        )
+        outcomes = self._send([("PushBatch", s, stop) for s in range(len(self._stubs))], timeout_s)
+        return [f"shard {s} at {self.servers[s]}: {o.code().name}: {o.details()}"
+                for s, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]  # fmt: skip
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
         """A call's deadline: timeout_s, plus the stamp's barrier_timeout_s for a stamped call (it may wait)."""

@@ -16,8 +16,8 @@ evaluations in a row. With restore_best (one worker, the PS dense path), the mod
 evaluation comes back at the end: at each new best the worker copies the rows of every id it has trained and the
 dense parameters (BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state
 stays as it is). Ids first trained after the best keep their values. When the loop ends (its data, or an early
-stop), source.finish() tells the servers this worker is done, so that no other worker waits for it; an error
-does not, so the other workers of a sync or ssp job stop at their deadline, naming this one. A ValueError
+stop), source.finish() tells the servers this worker is done, so that no other worker waits for it (when an
+error, Ctrl-C or SIGTERM ends it before, worker.train has source.abandon tell them it stopped). A ValueError
 raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
 out as TrainingDataError, which says how many steps had pushed by then; a shard's refusal of a pull made there (a
 PsError) comes out as it is. The training time (examples/s) leaves out
@@ -340,7 +340,7 @@ def run_epochs(
             stop = True
             break
     pusher.shutdown()
-    source.finish()  # (an error skips it: the other workers of a sync or ssp job stop at their deadline)
+    source.finish()
     getattr(dense, "finish", dense.flush)()  # the MLP's last gradients applied (allreduce: with the others')
     result.seconds = time.perf_counter() - started - eval_seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:

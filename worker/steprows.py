@@ -14,13 +14,16 @@
 
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
-step's push; returns the rows the push returned for them), finish() (the worker is done: nobody waits for it)
-and stats() ({"cache_hit_rate", "cache_bytes_saved"} where a cache serves rows).
+step's push; returns the rows the push returned for them), finish() (the worker is done: nobody waits for it),
+abandon(reason) (the worker stops before its end: sync and ssp stop the job on the shards, so that no other worker
+waits for it; the other modes have no one waiting) and stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
+cache serves rows).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import deque
 from dataclasses import replace
@@ -31,9 +34,12 @@ import numpy as np
 from worker.batch import TableIds
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
+from worker.terminate import Terminated
 
 if TYPE_CHECKING:
     from worker.client import WorkerStamp
+
+log = logging.getLogger("worker.steprows")
 
 
 def pull_rows(
@@ -103,6 +109,9 @@ class AsyncRows:
         return returned[len(tids) :]
 
     def finish(self) -> None:
+        pass
+
+    def abandon(self, reason: str) -> None:
         pass
 
     def stats(self) -> dict:
@@ -187,6 +196,16 @@ class ClockedRows:
             self._finished = True
             self.tables.finish(replace(self.stamp, step=0, acked=self.acked, done=True))
 
+    def abandon(self, reason: str) -> None:
+        """Stops the job on every shard (Client.stop_job), unless this worker finished; a shard that did not take
+        it is logged (its other workers then wait out their barrier)."""
+        if self._finished:
+            return
+        self._finished = True
+        for line in self.tables.stop_job(replace(self.stamp, step=0, acked=self.acked), reason):
+            log.warning("could not tell %s that this worker stopped: its other workers wait for it until their "
+                        "barrier timeout", line)  # fmt: skip
+
     def stats(self) -> dict:
         if self.cache is None:
             return {}
@@ -232,9 +251,32 @@ class GeoRows:
         if not self._failed:
             self.geo.flush()
 
+    def abandon(self, reason: str) -> None:
+        pass
+
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
         return {"cache_hit_rate": rate, "local_rows": int(self.geo.local_rows)}
+
+
+def stop_reason(e: BaseException) -> str:
+    """Why a worker stopped, for its job's other workers: "interrupted (Ctrl-C)", "terminated (SIGTERM)", or the
+    error's class and the first line of its message."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    if isinstance(e, Terminated):
+        return "terminated (SIGTERM)"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def abandon(source: Any, e: BaseException) -> None:
+    """source.abandon(stop_reason(e)) for a worker that e stops before its end; a failure of that is logged, not
+    raised: e is the error to report."""
+    try:
+        source.abandon(stop_reason(e))
+    except Exception as failed:
+        log.warning("could not tell the servers that this worker stopped: %s", failed)
 
 
 def job_setup(cfg: Any, spec: ModelSpec) -> str:

@@ -49,7 +49,7 @@ from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import LARGE, RECIPES, choose, describe
 from worker.schema import Schema
-from worker.steprows import row_source
+from worker.steprows import abandon, row_source
 from worker.tables import check_tables
 from worker.temp_dirs import remove_stale_temp_dirs
 
@@ -579,8 +579,11 @@ def train(cfg: TrainConfig) -> dict:
         try:
             loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
                               on_eval=lambda e: _say(format_evaluation(e), cfg), source=source)  # fmt: skip
-        except TrainingDataError as e:
-            raise ValueError(stopped_message(e, cfg)) from None
+        except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
+            abandon(source, e)
+            if isinstance(e, TrainingDataError):
+                raise ValueError(stopped_message(e, cfg)) from None
+            raise
         finally:
             dense.close()
             if telemetry is not None:

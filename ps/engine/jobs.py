@@ -24,6 +24,11 @@ smallest clock (when every worker is done, the largest).
 - A done stamp (a PushBatch without pushes) marks its worker done (again: no change); a sync step that waits only
   for done workers is applied with the contributions it has. A push of a worker held as done is refused
   (WorkerDoneError, FAILED_PRECONDITION): a done worker pushes nothing more.
+- A stop stamp (a PushBatch without pushes whose `stopped` says why) comes from a worker that ends before its
+  work is done (interrupted, or failed): the job stops at once, as for a worker of another setup (below), with
+  BarrierTimeoutError (ABORTED) naming the worker and its reason, instead of its peers waiting out their barrier
+  for a worker that is gone; and another job may start. A stop stamp of a job the shard does not follow, or of one
+  stopped already, changes nothing.
 
 Restarts. Clocks and done flags live in memory; a restarted shard knows of a job what its journal proves and what
 the stamps' acked say. Every sync step before the newest one the journal holds is complete: the clocks start
@@ -44,7 +49,7 @@ every later stamp of it get that error, so every worker learns why at once inste
 a worker that has failed.
 
 One job at a time: a stamp of another job is refused (JobConflictError, FAILED_PRECONDITION, changing nothing)
-while the one followed runs: until every worker of it is done, it stops, or no stamp of it has come for its
+while the one followed runs: until every worker of it is done, it stops (a stop stamp, a refused stamp), or no stamp of it has come for its
 barrier timeout (the largest its stamps gave: its waits would have ended by then, so its workers are gone). Then
 a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
 the old job applied after the switch changes nothing of the new one.
@@ -115,6 +120,7 @@ class Stamp:
     done: bool = False
     acked: int = 0
     setup: str = ""
+    stopped: str = ""  # why the worker stopped before its end; nonempty: a stop stamp
 
     @property
     def timeout_s(self) -> float:
@@ -140,8 +146,12 @@ def check_stamp(stamp: Stamp, pull: bool) -> None:
         bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 (60 s) to {MAX_BARRIER_S:g} seconds"
     elif len(stamp.setup) > MAX_SETUP_CHARS:
         bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
-    elif pull and stamp.done:
-        bad = "done is said by a PushBatch without pushes, not by a pull"
+    elif len(stamp.stopped) > MAX_SETUP_CHARS:
+        bad = f"stopped of {len(stamp.stopped):,} characters is longer than {MAX_SETUP_CHARS:,}"
+    elif pull and (stamp.done or stamp.stopped):
+        bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a pull"
+    elif stamp.done and stamp.stopped:
+        bad = "a stamp says done (the worker finished) or stopped (it did not), not both"
     if bad:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was applied")
 
@@ -478,6 +488,21 @@ class JobClocks:
                 log.info("shard %d: worker %d of job %#x is done", self.shard_id, stamp.worker, stamp.job)
                 self._done[stamp.worker] = True
                 self._cond.notify_all()
+            return self._min_clock()
+
+    def abandon(self, stamp: Stamp) -> int:
+        """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
+        BarrierTimeoutError naming the worker and why; otherwise changes nothing. Returns min_clock."""
+        with self._cond:
+            if self._closed:
+                raise ShardClosingError(f"shard {self.shard_id} is shutting down")
+            if stamp.job == self.job and self._stopped is None and not all(self._done):
+                log.warning("shard %d: job %#x stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
+                            echo(stamp.stopped, 200))  # fmt: skip
+                self._stop(BarrierTimeoutError(
+                    f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} stopped before its end "
+                    f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
+                ))  # fmt: skip
             return self._min_clock()
 
     def _check_alive(self, generation: int, stopping: bool = True) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 from ps.accel.threadnames import name_os_thread
 from ps.checkpoint import MANIFEST, checkpoint_holding, read_manifest
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
-from ps.engine.jobs import JobClocks, Stamp, contribution
+from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
 from ps.engine.table import Table
 from ps.errors import (
     CheckpointDirError,
@@ -434,10 +434,16 @@ class Shard:
     def push_stamped(
         self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int, stamp: Stamp
     ) -> tuple:
-        """A PushBatch of a job's worker (see ps.engine.jobs): done (no pushes), sync (a contribution to the
+        """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to the
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
         is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing."""
+        if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
+            check_stamp(stamp, pull=False)
+            if pushes or advance_clock:
+                raise InvalidArgumentError("a stop stamp comes in a PushBatch without pushes and without a clock "
+                                           "advance; nothing was applied")  # fmt: skip
+            return self.clock, 0, self.jobs.abandon(stamp)
         self.jobs.check(stamp, pull=False, client=client)
         if stamp.done:
             if pushes or advance_clock:
