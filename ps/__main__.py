@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "anything is damaged (a damaged RocksDB data block is otherwise found only when a request reads it, and "
         "answered DATA_LOSS). Reads the whole data dir: start-up takes as long as reading it from disk",
     )  # fmt: skip
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="what to log")
     p.add_argument(
         "--stop-with-stdin", action="store_true",
         help="stop cleanly (as on SIGTERM) once standard input is closed: ps-worker's local clusters start their "
@@ -184,9 +184,7 @@ def size_main(argv: list[str]) -> int:
     return 0
 
 
-def health_main(argv: list[str]) -> int:
-    """`ps-server health HOST:PORT`: exit 0 if the shard's gRPC health service says SERVING (for container
-    health checks; the shard asks no token for it, but TLS and mutual TLS apply)."""
+def build_health_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("address", help="host:port of the shard")
     p.add_argument("--timeout-s", type=number(0, above=True), default=3.0,
@@ -197,7 +195,13 @@ def health_main(argv: list[str]) -> int:
     p.add_argument("--tls-server-name", default=None, help="name the shard's certificate holds, if not the address")
     p.add_argument("--auth-token-file", default=None, help="not needed: the shard answers health checks without its "
                    "token (accepted, and checked, so that a probe can share its clients' flags)")  # fmt: skip
-    args = p.parse_args(argv)
+    return p
+
+
+def health_main(argv: list[str]) -> int:
+    """`ps-server health HOST:PORT`: exit 0 if the shard's gRPC health service says SERVING (for container
+    health checks; the shard asks no token for it, but TLS and mutual TLS apply)."""
+    args = build_health_parser().parse_args(argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
     from ps.security import read_token
 
@@ -212,13 +216,17 @@ def health_main(argv: list[str]) -> int:
     return 0 if serving else 1
 
 
-def verify_main(argv: list[str]) -> int:
-    """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
-    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir."""
+def build_verify_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard, best a stopped one (RocksDB is "
                    "opened read-only: a file that a running server deletes meanwhile would show as missing)")  # fmt: skip
-    args = p.parse_args(argv)
+    return p
+
+
+def verify_main(argv: list[str]) -> int:
+    """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
+    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir."""
+    args = build_verify_parser().parse_args(argv)
     from ps.storage.verify import verify_data_dir
 
     try:
@@ -230,10 +238,7 @@ def verify_main(argv: list[str]) -> int:
     return 1 if damaged else 0
 
 
-def export_main(argv: list[str]) -> int:
-    """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: per table
-    `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
-    `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message."""
+def build_export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
@@ -241,7 +246,14 @@ def export_main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--overwrite", action="store_true", help="write over an earlier export in --out (its export.json "
                    "and .npy files); without it such a directory is an error")  # fmt: skip
-    args = p.parse_args(argv)
+    return p
+
+
+def export_main(argv: list[str]) -> int:
+    """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: per table
+    `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
+    `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message."""
+    args = build_export_parser().parse_args(argv)
     from ps.engine.restore import export
 
     earlier = os.path.isdir(args.out) and [n for n in os.listdir(args.out) if n == "export.json" or n.endswith(".npy")]
@@ -263,16 +275,18 @@ def export_main(argv: list[str]) -> int:
     return 0
 
 
+COMMAND_PARSERS = {
+    "export": build_export_parser, "size": build_size_parser, "verify": build_verify_parser,
+    "health": build_health_parser,
+}  # fmt: skip
+"""Each command's parser (flags only: no environment variable or --config file applies to them)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["export"]:
-        return export_main(argv[1:])
-    if argv[:1] == ["size"]:
-        return size_main(argv[1:])
-    if argv[:1] == ["verify"]:
-        return verify_main(argv[1:])
-    if argv[:1] == ["health"]:
-        return health_main(argv[1:])
+    commands = {"export": export_main, "size": size_main, "verify": verify_main, "health": health_main}
+    if argv[:1] and argv[0] in commands:
+        return commands[argv[0]](argv[1:])
     parser = build_parser()
     if argv and not argv[0].startswith("-"):  # a mistyped command would otherwise be told to give --data-dir
         parser.error(f"unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)}; without one, "
