@@ -48,7 +48,7 @@ from google.protobuf.message import Message
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import MAX_MESSAGE_BYTES
-from ps.engine.jobs import Stamp
+from ps.engine.jobs import SYNC_KEY_BIT, Stamp
 from ps.engine.shard import Shard
 from ps.errors import (
     CheckpointDirError,
@@ -150,12 +150,13 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
 def client_key(client_id: int, context: grpc.ServicerContext) -> int:
     """The key under which a PushBatch's client_id is deduplicated: client_id itself; or, when the caller
     presented a client certificate (mutual TLS), a 64-bit hash of the certificate's identities and client_id, so
-    that a caller cannot touch the requests of a caller with another certificate. 0 (no deduplication) stays 0."""
+    that a caller cannot touch the requests of a caller with another certificate. Either with SYNC_KEY_BIT clear
+    (nonzero): the keys of the jobs' sync sums are not a client's to use. 0 (no deduplication) stays 0."""
     identities = context.peer_identities() if client_id else None
-    if not identities:
-        return client_id
-    who = b"\0".join(sorted(identities)) + b"\0" + client_id.to_bytes(8, "little")
-    return int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little") or 1
+    if identities:
+        who = b"\0".join(sorted(identities)) + b"\0" + client_id.to_bytes(8, "little")
+        client_id = int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little")
+    return (client_id & ~SYNC_KEY_BIT) or (1 if client_id else 0)
 
 
 def stamp_of(request: Any) -> Stamp | None:

@@ -872,6 +872,22 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
     assert (shard.table("emb").peek(A) == before[0]).all() and shard.journal.next_seq == before[1]
 
 
+def test_a_client_cannot_push_under_a_jobs_sync_key(server1):
+    """A PushBatch whose client_id is a job's sync key (computable from the job id) is applied under another key:
+    it cannot make the journal say the job's steps were applied, so the job's sums are applied, not dropped."""
+    _, stub, shard = server1
+    stub.PushBatch(ps_pb2.PushBatchRequest(client_id=sync_key(JOB), seq=100))  # no pushes: only a request number
+    assert shard.journal.applied.get(sync_key(JOB)) is None
+
+    def contribute(worker: int, value: float):
+        s = ps_pb2.WorkerStamp(job=JOB, worker=worker, num_workers=2, step=0, sync=True, barrier_timeout_s=30)
+        request = ps_pb2.PushBatchRequest(pushes=[push_request(A, value)], client_id=11 + worker, seq=1, stamp=s)
+        return stub.PushBatch(request, timeout=60).num_applied
+
+    assert Concurrently(lambda: contribute(0, 1.0), lambda: contribute(1, 2.0)).join() == [len(A), len(A)]
+    np.testing.assert_array_equal(shard.pull("emb", A), np.full((len(A), 4), -3.0, np.float32))
+
+
 def test_a_stamp_of_another_worker_count_stops_the_job_and_ends_the_waits_in_process(tmp_path):
     shard = open_shard(tmp_path)
     try:

@@ -170,10 +170,15 @@ def setup_difference(setup: str, job_setup: str) -> str:
     return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
 
 
+SYNC_KEY_BIT = 1 << 63  # set in every sync key, clear in every client's (ps.service.client_key): apart
+
+
 def sync_key(job: int) -> int:
-    """The client key under which a job's sync sums are applied exactly once: a nonzero 64-bit hash of job."""
+    """The client key under which a job's sync sums are applied exactly once: a 64-bit hash of job with
+    SYNC_KEY_BIT set, a key no client's PushBatch is applied under (a client that could apply a request under it
+    would make the journal say the job's steps were applied)."""
     digest = hashlib.blake2b(b"sync\0" + job.to_bytes(8, "little"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") or 1
+    return int.from_bytes(digest, "little") | SYNC_KEY_BIT
 
 
 def contribution(pushes: list[tuple], check_push: Callable[..., tuple]) -> list[tuple]:
