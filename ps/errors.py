@@ -151,6 +151,13 @@ class CheckpointHoldError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class CallerGoneError(PsError):
+    """A stamped request's wait ended because its caller left: its RPC was cancelled or passed its deadline
+    (ps.engine.jobs). Nobody reads the status; the wait's RPC thread is free again."""
+
+    status = "CANCELLED"
+
+
 class BarrierTimeoutError(PsError):
     """A stamped request's wait for the other workers of its training job ended without them (ps.engine.jobs):
     its barrier_timeout_s passed, or another job took the shard over. The message names the workers waited for.

@@ -872,6 +872,31 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
     assert (shard.table("emb").peek(A) == before[0]).all() and shard.journal.next_seq == before[1]
 
 
+def test_waits_whose_callers_left_free_their_threads_at_once(server1):
+    """Stamped pulls and sync pushes whose callers gave up (a 1 s deadline, against a 60 s barrier) stop waiting
+    then: they do not hold the server's RPC threads until their barrier timeout, so the job's other workers are
+    not refused for want of threads; a sync contribution whose caller left still counts in its step."""
+    _, stub, shard = server1
+    stamp = dict(job=JOB, num_workers=2, barrier_timeout_s=60)
+
+    def gives_up(request, method):
+        with pytest.raises(grpc.RpcError) as info:
+            method(request, timeout=1.0)
+        return info.value.code()
+
+    pull = ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table="emb", ids=b"")],
+                                   stamp=ps_pb2.WorkerStamp(worker=0, step=5, **stamp))  # fmt: skip
+    sync = ps_pb2.PushBatchRequest(pushes=[push_request(A, 1.0)], client_id=21, seq=1,
+                                   stamp=ps_pb2.WorkerStamp(worker=0, step=0, sync=True, **stamp))  # fmt: skip
+    calls = [lambda: gives_up(pull, stub.PullBatch)] * 5 + [lambda: gives_up(sync, stub.PushBatch)]
+    assert set(Concurrently(*calls).join()) == {grpc.StatusCode.DEADLINE_EXCEEDED}
+    wait_until(lambda: shard.jobs._waiting == 0, 5, "the waits whose callers left to end")
+    other = ps_pb2.PushBatchRequest(pushes=[push_request(A, 2.0)], client_id=22, seq=1,
+                                    stamp=ps_pb2.WorkerStamp(worker=1, step=0, sync=True, **stamp))  # fmt: skip
+    assert stub.PushBatch(other, timeout=10).num_applied == len(A)  # worker 0's contribution was kept
+    np.testing.assert_array_equal(shard.pull("emb", A), np.full((len(A), 4), -3.0, np.float32))
+
+
 def test_a_client_cannot_push_under_a_jobs_sync_key(server1):
     """A PushBatch whose client_id is a job's sync key (computable from the job id) is applied under another key:
     it cannot make the journal say the job's steps were applied, so the job's sums are applied, not dropped."""

@@ -67,8 +67,9 @@ no thread free for the request that ends the waits is refused at once (RpcThread
 RESOURCE_EXHAUSTED, naming --threads); a refused contribution fails its step for every contributor. Every wait is
 on one threading.Condition, notified when a clock moves, a worker is done, a sync step is applied or fails, or the
 job changes; each ends by its deadline (the stamp's barrier_timeout_s) with BarrierTimeoutError naming every
-worker it waited for and its clock. A sync step whose deadline passes drops its contributions: nothing of it was
-applied or acknowledged.
+worker it waited for and its clock (its worker then stops, and its stop stamp stops the job). A sync step whose
+deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller left (its
+RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread (CallerGoneError).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ import numpy as np
 from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP
 from ps.errors import (
     BarrierTimeoutError,
+    CallerGoneError,
     InvalidArgumentError,
     JobConflictError,
     PsError,
@@ -226,6 +228,13 @@ def sum_contributions(contributions: list[list[tuple]], max_count: float) -> lis
             )
         out.append((name, ids[starts], grads, np.minimum(shows, max_count), np.minimum(clicks, max_count)))
     return out
+
+
+def _check_caller(caller_gone: Callable[[], bool] | None, stamp: Stamp, what: str) -> None:
+    """CallerGoneError if the waiting request's caller left."""
+    if caller_gone is not None and caller_gone():
+        raise CallerGoneError(f"worker {stamp.worker}'s {what} of step {stamp.step} stopped waiting: its caller "
+                              "left (its deadline passed, or it was cancelled)")  # fmt: skip
 
 
 class _SyncStep:
@@ -436,10 +445,17 @@ class JobClocks:
             self._cond.notify_all()
 
     # ---- pulls, pushes, done ----------------------------------------------------------------------------
-    def wait_for_pull(self, stamp: Stamp) -> int:
+    def wake(self) -> None:
+        """Wakes every wait to look again (a caller_gone of one may have turned true)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def wait_for_pull(self, stamp: Stamp, caller_gone: Callable[[], bool] | None = None) -> int:
         """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
         BarrierTimeoutError past the stamp's barrier timeout, naming the workers it waited for;
-        RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread."""
+        RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
+        the request's caller left (its RPC ended; wake() when it turns true): the wait ends then, with
+        CallerGoneError, freeing its thread."""
         need = stamp.step - stamp.staleness
         with self._cond:
             generation = self._enter(stamp)
@@ -447,6 +463,7 @@ class JobClocks:
             try:
                 while True:
                     self._check_alive(generation)
+                    _check_caller(caller_gone, stamp, "pull")
                     low = self._min_clock()
                     if low >= need:
                         self.max_gap = max(self.max_gap, stamp.step - low)
@@ -547,6 +564,7 @@ class JobClocks:
         advance_clock: int,
         apply: Callable[[list[tuple], int, int, int], object],
         client: int = 0,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
         """Contributes pushes (name, ids, grads, shows, clicks; validated, copies) to the stamp's sync step and
         waits until its sum is applied: apply(sum pushes, advance_clock, client, client_seq) applies it, as a
@@ -556,7 +574,9 @@ class JobClocks:
         WorkerDoneError for a worker held as done; RpcThreadsExhaustedError (the step failed) instead of a wait
         that would hold the last free RPC thread. client: the PushBatch's client id (0: unknown); a contribution
         of a worker from another client than its earlier one to the same step (two processes given one worker
-        id; a retry comes from the same client) fails the step for every contributor (InvalidArgumentError)."""
+        id; a retry comes from the same client) fails the step for every contributor (InvalidArgumentError).
+        caller_gone: as for wait_for_pull; a contribution whose caller left stays in the step (a retry replaces it,
+        and the step is applied once complete)."""
         key, seq = sync_key(stamp.job), stamp.step + 1
         newest = self._sync_steps_applied(key)
         if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
@@ -597,6 +617,7 @@ class JobClocks:
                     if not step.applying and self._complete(step):
                         step.applying = True
                         break
+                    _check_caller(caller_gone, stamp, "sync push")
                     waited = time.monotonic() - started
                     if waited >= stamp.timeout_s:
                         missing = [

@@ -26,6 +26,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -432,12 +433,19 @@ class Shard:
 
     # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
     def push_stamped(
-        self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int, stamp: Stamp
+        self,
+        pushes: list[tuple],
+        advance_clock: int,
+        client: int,
+        client_seq: int,
+        stamp: Stamp,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to the
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
         is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this
-        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing."""
+        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
+        caller_gone: see JobClocks.push_sync."""
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
             if pushes or advance_clock:
@@ -452,7 +460,7 @@ class Shard:
             return self.clock, 0, self.jobs.finish(stamp)
         if stamp.sync:
             applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
-                                               self._apply_sum, client)  # fmt: skip
+                                               self._apply_sum, client, caller_gone)  # fmt: skip
             return self.clock, applied, low
         clock, applied = self.push_batch(pushes, advance_clock, client, client_seq)
         return clock, sum(len(p[1]) for p in pushes[len(pushes) - applied :]), self.jobs.pushed(stamp, client)
