@@ -104,8 +104,11 @@ class Server:
         return self.port
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store."""
+        """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store.
+        Waits of training jobs end first (UNAVAILABLE: their clients send them again, to the restarted shard), as
+        they would outlast the grace; gRPC cancels what is left at its end (clients send that again too)."""
         self.health.enter_graceful_shutdown()
+        self.shard.jobs.close()
         self._grpc.stop(grace_s).wait()
         if self.metrics is not None:
             self.metrics.close()

@@ -9,7 +9,7 @@ import pytest
 
 from protos import ps_pb2
 from ps.config import TableConfig
-from ps.errors import ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
+from ps.errors import CallerGoneError, ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
 from ps.rows.initializers import init_rows
 from tests.conftest import random_ids
 from worker.client import Client, _sent_once, push_arrays, sum_duplicates
@@ -199,6 +199,32 @@ def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, 
     time.sleep(0.8)  # the calls in the server end
     assert calls == {"shrink": 1, "advance_clock": 1, "hold": 1}
     assert server.shard.clock == 1  # advanced once
+
+
+def test_a_call_its_shard_cancelled_is_sent_again_unless_it_could_apply_twice(servers, sgd1_table):
+    """A stopping server cancels the calls it has not finished (CANCELLED): a push is sent again (applied once:
+    it carries its request number), a Shrink is not (it may have run), and says so."""
+    addresses, (server,) = servers(1)
+    calls = {"push_batch": 0, "shrink": 0}
+    for name in calls:
+        real = getattr(server.shard, name)
+
+        def cancelled_once(*args, real=real, name=name, **kw):
+            calls[name] += 1
+            if calls[name] == 1:
+                raise CallerGoneError("cancelled, as a stopping server cancels the calls it has not finished")
+            return real(*args, **kw)
+
+        setattr(server.shard, name, cancelled_once)
+    ids = random_ids(10)
+    with Client(addresses, timeout_s=10, server_timeout_s=30) as client:
+        client.create_table(sgd1_table)
+        client.push("emb", ids, np.ones((len(ids), 4), np.float32))
+        np.testing.assert_array_equal(client.pull("emb", ids), initial(sgd1_table, ids) - 1)  # applied once
+        with pytest.raises(ServerUnavailableError, match=r"cancelled Shrink \(is it stopping\?\): it may still be "
+                                                         "running there, or be done; it was not sent again"):  # fmt: skip
+            client.shrink()
+    assert calls == {"push_batch": 2, "shrink": 1}
 
 
 def test_call_threads_run_calls_at_once_on_reused_daemon_threads():

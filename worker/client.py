@@ -6,13 +6,15 @@ deadline of `timeout_s`, all in flight at once, and reassemble the answers in th
 blocking unary call: the caller's thread makes one, a small pool of the client's threads the others at once (a
 gRPC future would start a polling thread per call whenever none is in flight: ~0.6 ms of a step each time).
 
-Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting or stuck)
+Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting or stuck),
+or CANCELLED (a server stopping cancels the calls it has not finished; this client cancels none it goes on with),
 is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
 `server_timeout_s`; the client logs which shard it is waiting for and when it is back, and past the timeout
 raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink, AdvanceClock and Checkpoint carry no
-such id: one whose deadline passed may be running or done on its shard, so it is not sent again (a repeat would
+such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
+so it is not sent again (a repeat would
 decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
 sent again) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was
 applied) is retried as for the others.
@@ -58,7 +60,9 @@ from ps.security import client_channel
 from ps.sharding import SlotMap
 
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# a call that ended so may have run on its shard (a stopping server cancels the calls it has not finished)
+MAY_HAVE_RUN = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # never sent again after a deadline (but a Checkpoint release), with what to do then
 APPLIED_AGAIN_IF_SENT_AGAIN = {
     "Shrink": "a larger --timeout-s gives a large table's Shrink the time it needs; `ps-worker stats` shows the rows "
@@ -242,6 +246,7 @@ class Client:
         self._push_lock = threading.Lock()  # one push_many at a time: each shard gets requests in seq order
         self._down: dict[int, float] = {}  # shard -> when it started failing (_down_lock: calls run on any thread)
         self._down_lock = threading.Lock()
+        self._closed = False
         self.slot_map = SlotMap.contiguous(len(servers))
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -557,7 +562,7 @@ class Client:
     ) -> list:
         """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
         the first error. Each attempt's deadline is timeout_s (None: self.timeout_s). Calls failing with
-        UNAVAILABLE or DEADLINE_EXCEEDED are sent again (backoff) while their shard has been failing for less
+        UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED are sent again (backoff) while their shard has been failing for less
         than server_timeout_s; their positions are added to `retried`."""
         replies: list = [None] * len(calls)
         pending, delay, timeout_s = list(range(len(calls))), 0.05, timeout_s or self.timeout_s
@@ -571,8 +576,8 @@ class Client:
                     ok.add(shard)
                 else:
                     e = outcome
-                    once = e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and _sent_once(method, request)
-                    if e.code() in RETRYABLE and not once and self._keep_waiting(shard, method, e):
+                    once = e.code() in MAY_HAVE_RUN and _sent_once(method, request)
+                    if e.code() in RETRYABLE and not once and not self._closed and self._keep_waiting(shard, method, e):
                         retry.append(i)
                         if retried is not None:
                             retried.add(i)
@@ -631,9 +636,11 @@ class Client:
 
     def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED and _sent_once(method, request):
+        if code in MAY_HAVE_RUN and _sent_once(method, request):
+            ended = f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
+                else f"cancelled {method} (is it stopping?)"  # fmt: skip
             return ServerUnavailableError(
-                f"{where} did not answer {method} within {timeout_s:g} s: it may still be running there, or be done; "
+                f"{where} {ended}: it may still be running there, or be done; "
                 "it was not sent again, since a repeat would apply it once more "
                 f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
@@ -652,6 +659,7 @@ class Client:
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
     def close(self) -> None:
+        self._closed = True  # a call the closing cancels is not sent again
         self._callers.close()
         for c in self._channels:
             c.close()
