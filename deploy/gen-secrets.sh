@@ -19,8 +19,24 @@ mkdir -p "$dir"
 cd "$dir"
 if [ -s token ] && [ -s server.pem ] && [ -s server.key ] && [ -s ca.pem ]; then
     echo "sparseps secrets in $dir exist already; kept"
+    names=$(openssl x509 -in server.pem -noout -ext subjectAltName 2>/dev/null || true)
+    for name in "$@"; do
+        case "$names" in
+            *"DNS:$name,"* | *"DNS:$name") ;;
+            *) echo "warning: the kept server certificate does not name $name: to add it, remove $dir, run this" \
+                   "again and restart every server and worker" >&2 ;;
+        esac
+    done
     exit 0
 fi
+for f in token server.pem server.key ca.pem; do
+    if [ -e "$f" ]; then
+        echo "error: $dir holds part of a set of secrets ($f, but not all of token, ca.pem, server.pem and" \
+             "server.key): making a new set would lock out the servers and workers that use the old one; remove" \
+             "$dir to make a new set, then restart every server and worker" >&2
+        exit 1
+    fi
+done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"

@@ -15,7 +15,7 @@
 #      finds the exact sum of every push the servers acknowledged
 #   8. everything torn down (containers, volumes, what the script started); exit 0 only if every check passed
 # Every failure prints "smoke: FAILED: <what>" and exits 1.
-#   sudo deploy/smoke.sh
+#   deploy/smoke.sh                  (as root; `sudo deploy/smoke.sh` where you are not)
 # Environment:
 #   SMOKE_ROWS=600000 SMOKE_EVAL_ROWS=50000   synthetic training rows (shared by the 2 workers), eval rows
 #   SMOKE_TORCH=""         TORCH build argument (deploy/Dockerfile); cpu: the workers train with --backend torch
@@ -314,6 +314,16 @@ for i in (0, 1):
           f"{m['examples_per_s']:,.0f} examples/s")
 sys.exit(0 if ok else 1)
 EOF
+# a checkpoint of the trained model, written by the servers into their `checkpoints` volume (owned by the image's
+# user: a volume Docker creates on a path the image lacks would be root's, and the save refused)
+docker run --rm --network host -e PS_TLS_CA=/secrets/ca.pem -e PS_AUTH_TOKEN_FILE=/secrets/token \
+    -v "${project}_secrets:/secrets:ro" -v "${project}_checkpoints:/checkpoints" "$image" \
+    ps-worker checkpoint save /checkpoints/smoke \
+    --servers 127.0.0.1:5000,127.0.0.1:5001 | sed 's/^/  /' || fail "ps-worker checkpoint save failed"
+for i in 0 1; do
+    docker exec "$(cid ps-$i)" test -f /checkpoints/smoke/manifest.json || fail "ps-$i sees no checkpoint manifest"
+done
+say "checkpoint saved into the servers' checkpoints volume"
 if [ "$kill_server" = 1 ]; then
     say "training finished in containers, ps-1 back after kill -9, no acknowledged push lost or doubled"
 else

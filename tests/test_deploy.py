@@ -121,7 +121,7 @@ def test_kubernetes_manifests_have_a_statefulset_a_headless_service_a_job_and_a_
                 "$(JOB_COMPLETION_INDEX)", "3") for a in c["command"] + c["args"]]  # fmt: skip
             args = accepted(argv, env)
             if argv[0] == "ps-server":
-                assert (args.shard_id, args.num_shards, args.cache_bytes) == (1, 2, 8 << 30)
+                assert (args.shard_id, args.num_shards, args.memory_bytes) == (1, 2, 9 << 30)
             elif not args.create_tables_only:
                 assert (args.worker_id, args.num_workers, args.model) == (3, 4, "deepfm")
 
@@ -177,7 +177,8 @@ def test_kubernetes_runs_every_server_with_tls_and_a_token_and_limits_who_reache
             assert has(accepted(argv, {}), wanted), c["name"]
             assert {"name": volume["name"], "mountPath": "/secrets", "readOnly": True} in c["volumeMounts"]
     server = server_pod["containers"][0]
-    for probe in (server["readinessProbe"], server["livenessProbe"]):  # kubelet's gRPC probe cannot speak TLS
+    for probe in (server["startupProbe"], server["readinessProbe"], server["livenessProbe"]):  # kubelet's gRPC
+        # probe cannot speak TLS
         assert probe["exec"]["command"] == ["ps-server", "health", "127.0.0.1:5000", "--tls-ca", "/secrets/ca.pem"]
     assert policy["spec"]["podSelector"] == sts["spec"]["selector"]
     grpc_rule = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": 5000, "protocol": "TCP"}]]
