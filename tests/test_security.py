@@ -10,6 +10,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 
@@ -18,11 +19,13 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from protos import ps_pb2
 from ps.config import ServerConfig, TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
 from ps.security import TokenHeader, read_token
 from ps.server import Server, exposure_warning
+from tests.server_process import ServerProcess
 from worker.client import Client
 
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
@@ -105,6 +108,37 @@ def test_a_token_is_required_on_every_call_but_health_checks(pki, start):
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_caller_without_the_token_is_refused_before_its_request_is_read(tmp_path):
+    """Requests of 256 MiB without the token (4 at once, as many as the message limit and the threads allow) cost
+    the server no memory: the refusal reads no request, so nothing is taken in, decompressed or parsed."""
+    (tmp_path / "token").write_text("s3cret-token\n")
+    server = ServerProcess(tmp_path / "data", "--auth-token-file", str(tmp_path / "token"))
+    address = server.started()
+    try:
+        before = server.status_kib("VmHWM")
+        big = ps_pb2.PullRequest(table="emb", ids=bytes(256 << 20)).SerializeToString()
+        with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 1 << 30)]) as channel:
+            pull = channel.unary_unary("/sparseps.ParameterServer/Pull", request_serializer=None,
+                                       response_deserializer=None)  # fmt: skip
+            codes = []
+
+            def call():
+                with pytest.raises(grpc.RpcError) as info:
+                    pull(big, timeout=60)
+                codes.append(info.value.code())
+
+            threads = [threading.Thread(target=call) for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(90)
+        assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 4
+        grown = (server.status_kib("VmHWM") - before) >> 10
+        assert grown < 64, f"the server's peak RSS grew by {grown} MiB for requests it refused"
+    finally:
+        server.stop_cleanly()
 
 
 def test_the_worker_cli_passes_tls_and_token(pki, start):
