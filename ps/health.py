@@ -21,6 +21,58 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+HEALTH_SERVICE = "grpc.health.v1.Health"
+
+
+def add_to_server(servicer: HealthServicer, server: grpc.Server) -> None:
+    """Registers the health service as health_pb2_grpc.add_HealthServicer_to_server does, except that a request
+    that does not decode is answered INVALID_ARGUMENT (the generated deserializer raises: INTERNAL)."""
+    methods = {  # name: (handler kind, request class, response class)
+        "Check": (grpc.unary_unary_rpc_method_handler, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse),
+        "List": (grpc.unary_unary_rpc_method_handler, health_pb2.HealthListRequest, health_pb2.HealthListResponse),
+        "Watch": (grpc.unary_stream_rpc_method_handler, health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse),
+    }
+    handlers = {
+        name: kind(
+            _decoded(getattr(servicer, name)),
+            request_deserializer=_tolerant(request.FromString),
+            response_serializer=response.SerializeToString,
+        )  # fmt: skip
+        for name, (kind, request, response) in methods.items()
+        if hasattr(servicer, name)
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(HEALTH_SERVICE, handlers),))
+
+
+class _Undecodable:
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(parse: Callable) -> Callable:
+    def deserialize(data: bytes) -> object:
+        try:
+            return parse(data)
+        except Exception as e:  # DecodeError, or what a malformed message raises inside protobuf
+            return _Undecodable(e)
+
+    return deserialize
+
+
+def _decoded(method: Callable) -> Callable:
+    """method, answering a request that did not decode with INVALID_ARGUMENT (grpc's attributes kept)."""
+
+    def behavior(request: object, context: grpc.ServicerContext, *args: object, **kwargs: object) -> object:
+        if isinstance(request, _Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a health request that does not decode: {request.error}")
+        return method(request, context, *args, **kwargs)
+
+    for attr in ("experimental_non_blocking", "experimental_thread_pool"):  # how grpc calls Watch
+        if hasattr(method, attr):
+            setattr(behavior, attr, getattr(method, attr))
+    return behavior
+
+
 class HealthServicer(health.HealthServicer):
     """Check and Watch as grpc_health serves them (Watch streams hold no thread); set and enter_graceful_shutdown
     notify the watchers outside the lock. Relies on grpc_health's state attributes (_lock, _server_status,

@@ -12,13 +12,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.engine.warmup import warm_up
 from ps.health import SERVING, HealthServicer
+from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, add_to_server
@@ -68,7 +68,7 @@ class Server:
         self.metrics_port = None
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=config.max_message_bytes)
         add_to_server(servicer, self._grpc)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc)
+        add_health_to_server(self.health, self._grpc)
 
     def _bind(self) -> int:
         address = f"{self.config.host}:{self.config.port}"

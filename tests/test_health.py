@@ -5,6 +5,7 @@ import socket
 import threading
 
 import grpc
+import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
@@ -121,3 +122,19 @@ def test_a_health_probe_of_a_port_that_does_not_speak_grpc_says_so():
             "service's port (HTTP, a metrics endpoint), or a shard too busy to answer"), text  # fmt: skip
     finally:
         listener.close()
+
+
+def test_a_health_request_that_does_not_decode_is_an_invalid_argument(servers):
+    """Health calls need no token: garbage there is the caller's fault, not INTERNAL."""
+    addresses, _ = servers(1)
+    with grpc.insecure_channel(addresses[0]) as channel:
+        for method, call in (("Check", channel.unary_unary), ("Watch", channel.unary_stream)):
+            raw = call(f"/grpc.health.v1.Health/{method}", request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as info:
+                reply = raw(b"\xff", timeout=10)
+                if method == "Watch":
+                    next(reply)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+            assert "a health request that does not decode" in info.value.details()
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
