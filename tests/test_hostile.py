@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -231,6 +232,25 @@ def test_checkpoints_are_written_only_inside_the_root(tmp_path, serve):
         assert "shard-0" in os.listdir(root / "runs" / "1") and "shard-0" in os.listdir(root / "runs" / "2")
         code, details = refused(save, "runs/1")
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "exists already" in details
+        kept = sorted(os.listdir(root / "runs" / "1" / "shard-0"))
+        for nested in ("runs/1/shard-0", "runs/1/shard-0/x/y"):  # inside a checkpoint's RocksDB directory
+            code, details = refused(save, nested)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "is inside" in details, (nested, details)
+        assert sorted(os.listdir(root / "runs" / "1" / "shard-0")) == kept
+
+        # saves to one directory at once (a retry after a client's deadline): one is saved, the others refused
+        def attempt(_) -> str:
+            try:
+                save("runs/3")
+                return "saved"
+            except grpc.RpcError as e:
+                return f"{e.code().name}: {e.details()}"
+
+        with ThreadPoolExecutor(4) as pool:
+            outcomes = sorted(pool.map(attempt, range(4)))
+        assert outcomes[-1] == "saved" and all(
+            o.startswith("INVALID_ARGUMENT: checkpoint dir") and "exists already" in o for o in outcomes[:-1]
+        ), outcomes
     finally:
         stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)
     assert os.listdir(outside) == []

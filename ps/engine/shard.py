@@ -191,6 +191,7 @@ class Shard:
                 "dir from a backup or checkpoint, or start on an empty one)"
             ) from e
         self._gate = threading.Condition()  # checkpoints hold pushes (hold / release)
+        self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
         self._held_until = 0.0  # monotonic time the hold expires; 0: not held
         self._hold_token: str | None = None
         self._hold_s = 0.0
@@ -547,17 +548,33 @@ class Shard:
                 )
             self._held_until = float("inf")  # no expiry during the save
         try:
-            return self._save_checkpoint(directory)
+            with self._saving:
+                return self._save_checkpoint(directory)
         finally:
             with self._gate:
                 if self._hold_token == token:
                     self._held_until = time.monotonic() + self._hold_s
+
+    def _inside_a_checkpoint(self, directory: str) -> str | None:
+        """The directory, or the nearest of its parents below the checkpoint root, that holds a checkpoint's
+        manifest or a RocksDB directory (its CURRENT file), else None."""
+        root = os.path.abspath(self.config.checkpoint_root or os.sep)
+        path = os.path.abspath(directory)
+        while path != root and os.path.dirname(path) != path:
+            if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, "CURRENT")):
+                return path
+            path = os.path.dirname(path)
+        return None
 
     def _save_checkpoint(self, directory: str) -> dict:
         name = f"shard-{self.shard_id}"
         path = os.path.join(directory, name)
         if os.path.exists(path):  # the directory is checked before the flush: a refused save changes nothing
             raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
+        inside = self._inside_a_checkpoint(directory)
+        if inside is not None:
+            raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
+                                       "directory; give a directory of its own")  # fmt: skip
         created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
         if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             _remove_dirs(created)
