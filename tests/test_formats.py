@@ -142,7 +142,7 @@ def criteo_with_bad_lines(tmp_path):
     bad = {
         4: "2" + lines[0][1:],  # label 2
         11: "1\tnot enough columns\n",
-        12: "\n",
+        12: "0\n",  # (an empty line is no bad line: test_empty_lines_are_skipped_not_bad_in_every_format)
         30: "0\t12\tx3" + lines[0][lines[0].index("\t", 6) :],  # integer column I2 is 'x3'
     }
     for line_no in sorted(bad):
@@ -169,7 +169,7 @@ INT_PROBLEM = "integer column 'I2' is 'x3', expected empty or a base-10 integer 
 @pytest.mark.parametrize(
     "limit, message",
     [
-        (0, "line 4: label '2', expected '0' or '1'; 1 bad lines, more than --max-bad-lines 0"),
+        (0, "line 4: label '2', expected '0' or '1'; 1 bad line, more than --max-bad-lines 0"),
         (1, "line 11: 2 tab-separated columns, expected 40; 2 bad lines, more than --max-bad-lines 1"),
         (2, "line 12: 1 tab-separated columns, expected 40; 3 bad lines, more than --max-bad-lines 2"),
         (3, f"line 30: {INT_PROBLEM}9223372036854775807]; 4 bad lines, more than --max-bad-lines 3"),
@@ -290,20 +290,33 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
     stats = ReadStats()
     (b,) = read(path, "csv", 10, columns={"numeric_columns": ["n"]}, max_bad_lines=5, stats=stats)
     assert b.labels.tolist() == [1, 0] and b.dense[:, 0].tolist() == [np.log1p(np.float32(1)), 0]
-    assert (stats.lines_read, stats.bad_lines) == (7, 5)
+    assert (stats.lines_read, stats.bad_lines, stats.empty_lines) == (7, 4, 1)  # line 6 is empty: skipped
     assert stats.first_bad.startswith(
         f"{path} line 3: label '7', expected 0 or 1 (the label is the header's first column unless --label-column"
     )
     expected = [
         "line 4: 2 columns, expected 3 as in the header; 2 bad lines",
         "line 5: numeric column 'n' is 'abc', expected a finite float32 number (|x| <= 3.4e38) or empty; 3 bad lines",
-        "line 7: empty line; 4 bad lines",
-        "line 8: numeric column 'n' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty; 5 bad lines",
+        "line 8: numeric column 'n' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty; 4 bad lines",
     ]
     for limit, message in enumerate(expected, start=1):
         with pytest.raises(ValueError) as e:
             read(path, "csv", 10, columns={"numeric_columns": ["n"]}, max_bad_lines=limit)
         assert str(e.value) == f"{path} {message}, more than --max-bad-lines {limit}"
+
+
+@pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])
+def test_empty_lines_are_skipped_not_bad_in_every_format(tmp_path, fmt):
+    """Blank lines (in the middle, at the end, CRLF, whitespace only) are no examples and no bad lines: a file
+    that a spreadsheet saved with trailing blank lines reads under --max-bad-lines 0."""
+    line = {"csv": "1,x,2", "criteo": "1" + "\t" * 39, "libsvm": "1 3:1 5:1"}[fmt]
+    header = "y,a,n\r\n" if fmt == "csv" else ""
+    path = tmp_path / f"blank.{fmt}"
+    path.write_bytes((header + f"{line}\r\n\r\n{line}\r\n   \r\n{line}\n\n\n").encode())
+    stats = ReadStats()
+    (b,) = read(path, fmt, 10, max_bad_lines=0, stats=stats)
+    assert b.labels.tolist() == [1, 1, 1]
+    assert (stats.lines_read, stats.bad_lines, stats.empty_lines) == (7, 0, 4)
 
 
 def test_csv_more_than_39_categorical_fields(tmp_path):
@@ -421,7 +434,7 @@ def test_libsvm_bad_tokens(tmp_path, token, problem):
     path.write_text(f"1 1:1 2:1\n0 1:1 {token}\n")
     with pytest.raises(ValueError) as e:
         read(path, "libsvm")
-    assert str(e.value) == f"{path} line 2: {problem}; 1 bad lines, more than --max-bad-lines 0"
+    assert str(e.value) == f"{path} line 2: {problem}; 1 bad line, more than --max-bad-lines 0"
 
 
 # --- arguments and batch sizes ------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ NUM_COLUMNS = 1 + NUM_FIELDS  # label + features
 _WRITE_ROWS = 65536  # rows formatted at a time by write_criteo
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
+EMPTY_LINE = "empty line"  # a line of nothing but whitespace: skipped, not a bad line (worker/formats.py)
+
 
 def parse_lines(chunk: bytes, name: str, first_line: int) -> tuple[np.ndarray, np.ndarray]:
     """(labels float32 (n,), columns bytes (n, 40)) of whole lines (the last newline optional; LF or CRLF),
@@ -156,6 +158,8 @@ def _shape_problem(line: bytes) -> str | None:
     body = line[:-1]  # the line ends with "\n"
     if body.endswith(b"\r"):
         body = body[:-1]
+    if not body.strip():
+        return EMPTY_LINE
     columns = body.count(b"\t") + 1
     if columns != NUM_COLUMNS:
         hint = " (it looks comma-separated: --format csv reads a CSV file with a header)" if _csv_like(body) else ""

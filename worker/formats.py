@@ -14,7 +14,9 @@ Common to all formats:
     several physical lines inside quotes; a bad record that does counts each of its lines as a bad line, so that
     a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line).
     Worker i of n reads the data lines whose number % n == i, so n workers together read every line exactly once.
-  - A malformed data line (an empty line included) is skipped and counted in `stats` (ReadStats): one the
+  - An empty data line (nothing but whitespace, as spreadsheet exports often end with) is skipped and counted
+    in stats.empty_lines, not as a bad line.
+  - A malformed data line is skipped and counted in `stats` (ReadStats): one the
     format cannot split (the problems listed below), or one with a cell the schema cannot read (encode.py: a
     numeric cell that is not a number, an integer column that is not an int64 integer, a bag token that is
     not id:weight, a raw id that is not a decimal). A worker counts only the bad lines of its share; when its
@@ -58,7 +60,7 @@ from typing import BinaryIO
 import numpy as np
 
 from worker.batch import Batch, rebatch
-from worker.criteo import NUM_COLUMNS, hex_strings, parse_share
+from worker.criteo import EMPTY_LINE, NUM_COLUMNS, hex_strings, parse_share
 from worker.criteo_fast import scan_lines
 from worker.encode import Parsed, encode_examples, float_values, parsed_sources
 from worker.features import MISSING_CAT
@@ -75,6 +77,7 @@ class ReadStats:
 
     lines_read: int = 0  # data lines of this worker's share read so far, bad ones included
     bad_lines: int = 0  # of which malformed (skipped)
+    empty_lines: int = 0  # of which empty (skipped, not bad)
     first_bad: str | None = None  # the first problem: "<file> line <L>: <what was wrong>"
     truncated_bags: int = 0  # bags of the good lines cut to their column's max_length
 
@@ -195,7 +198,10 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: _Share) -> Itera
         out = encode_examples(schema, chunk.labels, chunk.cells, chunk.parsed)
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
         for line_no, problem, *lines in sorted(problems):  # in file order: the limit is crossed at the right line
-            share.bad.add(line_no, problem, *lines)
+            if problem == EMPTY_LINE:
+                share.bad.stats.empty_lines += 1
+            else:
+                share.bad.add(line_no, problem, *lines)
         share.bad.stats.truncated_bags += out.truncated_bags
         if len(out.batch):
             yield out.batch
@@ -263,7 +269,7 @@ def _libsvm_line(line: bytes) -> tuple[float, list[int]] | str:
     """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong."""
     tokens = line.split()
     if not tokens:
-        return "empty line"
+        return EMPTY_LINE
     label = _LIBSVM_LABELS.get(tokens[0])
     if label is None:
         try:
@@ -421,8 +427,8 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int) -> str |
     """What is wrong with a record, or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
-    if not row:
-        return "empty line"
+    if not row or (len(row) == 1 and not row[0].strip()):
+        return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
     label = row[label_at]
@@ -489,7 +495,8 @@ class _BadLines:
         if s.first_bad is None:
             s.first_bad = message
         if s.bad_lines > self.limit:
-            raise ValueError(f"{message}; {s.bad_lines} bad lines, more than --max-bad-lines {self.limit}")
+            lines = f"{s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''}"
+            raise ValueError(f"{message}; {lines}, more than --max-bad-lines {self.limit}")
 
 
 @dataclass
