@@ -202,7 +202,9 @@ def test_number_parsers():
     assert ok.tolist() == [[True, True], [False, True]]
     values, ok = int_values(np.array(["3", "1.0", "99999999999999999999"]))
     assert values.tolist() == [3, int(MISSING_INT), int(MISSING_INT)] and ok.tolist() == [True, False, False]
-    assert float_values(np.array(["nan"]))[2].tolist() == [False]  # not finite
+    values, missing, ok = float_values(np.array(["nan", "NA", "null", "None", "?", "N/A", "inf"]))  # markers
+    assert missing.tolist() == [1, 1, 1, 1, 1, 1, 0] and ok.tolist() == [1, 1, 1, 1, 1, 1, 0]  # inf: not finite
+    assert float_values(np.array(["NaN", "2"]))[1].tolist() == [True, False]  # the vectorized path too
 
 
 def test_missing_source_and_shape_are_named():
@@ -227,6 +229,6 @@ def test_a_numeric_cell_past_float32_is_bad_in_every_pass():
     it alike, as a bad cell (the largest float32 passes)."""
     from worker.encode import float_values
 
-    values, missing, ok = float_values(np.array(["1e39", "-1e39", "3.4e38", "", "nan", "2"]))
+    values, missing, ok = float_values(np.array(["1e39", "-1e39", "3.4e38", "", "inf", "2"]))
     assert ok.tolist() == [False, False, True, True, False, True]
     assert values.tolist()[:3] == [0.0, 0.0, 3.4e38] and missing.tolist()[3]

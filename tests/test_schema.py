@@ -6,10 +6,11 @@ import pytest
 
 from ps.config import OptimizerConfig
 from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
+from worker.formats import read_batches
 from worker.models.spec import BIAS_FIELD, FieldSpec
 from worker.schema import CRITEO_COLUMNS, Column, TableSchema, load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
-from worker.schema_infer import _infer_column, infer_schema_text
+from worker.schema_infer import _infer_column, infer_schema, infer_schema_text
 
 EXAMPLE = """
 format = "csv"
@@ -344,10 +345,35 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     path.write_text(text)
     s = load_schema(str(path), default_table="t", default_dim=4)
     assert s.label == "b" and [(c.name, c.source) for c in s.columns] == [("a", "a"), ("column2", "_c")]
+    assert "# CHECK: the label is a guess: 'b' is the first column holding only 0 and 1 (of 'b', '_c')" in text
     svm = tmp_path / "d.svm"
     svm.write_text("1 3:1 4:1\n")
     path.write_text(infer_schema_text(str(svm), fmt="libsvm"))
     assert [c.name for c in load_schema(str(path), default_table="t", default_dim=4).columns] == ["f0", "f1"]
+
+
+def test_infer_prefers_a_label_by_its_name_keeps_codes_and_reads_missing_markers(tmp_path):
+    """is_click, not the first 0/1 column, is the label; zip codes with leading zeros stay categorical; numbers
+    with NA / nan markers are numeric, and the reader takes the markers as missing."""
+    rng = np.random.default_rng(1)
+    rows = ["is_mobile,zip,score,is_click"]
+    for i in range(300):
+        score = ("NA", "nan", "NULL")[i % 3] if i % 10 == 0 else f"{rng.normal(5, 2):.3f}"
+        rows.append(f"{rng.integers(2)},{rng.integers(0, 3000):05d},{score},{rng.integers(2)}")
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(rows) + "\n")
+    text, checks = infer_schema(str(data))
+    assert checks == [] and "CHECK" not in text
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    s = load_schema(str(path), default_table="t", default_dim=4)
+    kinds = {c.name: (c.kind, c.transform) for c in s.columns}
+    assert s.label == "is_click"
+    assert kinds["is_mobile"] == ("categorical", None) and kinds["zip"] == ("categorical", None)
+    assert kinds["score"] == ("numeric", "standardize") and "integers with leading zeros, codes" in text
+    (batch,) = read_batches(str(data), s, 1000)
+    score = next(i for i, c in enumerate(s.dense_columns()) if c.name == "score")
+    assert len(batch) == 300 and (batch.dense[::10, score] == 0).all()  # missing: the mean, standardized to 0
 
 
 def test_a_table_named_like_the_mlps_tables_is_refused(tmp_path):

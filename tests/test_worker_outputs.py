@@ -172,7 +172,7 @@ def test_skipped_lines_are_reported_beside_the_examples_trained_never_counted_as
     addresses, _ = servers(1)
     data, metrics = tmp_path / "bad.tsv", tmp_path / "m.json"
     write_synthetic(data, SyntheticConfig(rows=600), 0, 600)
-    data.write_text(data.read_text() + "1\t2\t3\n\nnot a line\n")  # 3 malformed lines: 603 lines, 600 examples
+    data.write_text(data.read_text() + "1\t2\t3\n0\nnot a line\n")  # 3 malformed lines: 603 lines, 600 examples
     code, out, err = worker(["train", "--servers", addresses[0], "--data", str(data), "--max-bad-lines", "5",
                              "--model", "lr", "--recipe", "large", "--no-progress", "--metrics-out", str(metrics)],
                             capsys)  # fmt: skip

@@ -191,7 +191,7 @@ def _synth(args) -> int:
 
 def _schema(args) -> int:
     from worker.flags import check_input_file
-    from worker.schema_infer import infer_schema_text
+    from worker.schema_infer import infer_schema
 
     check_input_file("--data", args.data, "a data file")
     check_not_an_input("--out", args.out, {"--data": args.data})
@@ -199,7 +199,9 @@ def _schema(args) -> int:
     check_new_file("--out", args.out, args.overwrite)
     if len(args.delimiter) != 1 or args.delimiter in '"\r\n':
         raise ValueError(f"--delimiter {args.delimiter!r}: expected one character other than a quote or a newline")
-    text = infer_schema_text(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
+    text, checks = infer_schema(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
+    for check in checks:
+        print(f"ps-worker schema: {check}", file=sys.stderr)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

@@ -284,20 +284,33 @@ def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Pro
 # numbers
 
 
+MISSING_TEXTS = frozenset({"na", "n/a", "nan", "null", "none", "?"})
+"""What a numeric cell may hold for a missing value besides nothing, in any case (R's NA, numpy's nan, SQL's
+NULL, Python's None, the UCI files' ?)."""
+
+
+def is_missing_text(cell: str | bytes) -> bool:
+    """Whether a numeric cell says its value is missing: empty, blank, or one of MISSING_TEXTS."""
+    text = cell.decode("latin-1") if isinstance(cell, bytes) else cell
+    return not text.strip() or text.strip().lower() in MISSING_TEXTS
+
+
 def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(float64 values, missing, ok) of numeric cells: missing where the cell is empty or blank, ok where it is
-    missing or a number float32 holds (Python float() syntax, |x| <= 3.4e38: a larger one would become inf in
-    the float32 features); values 0 where missing or not ok. Vectorized unless a cell is blank or not a number."""
+    """(float64 values, missing, ok) of numeric cells: missing where the cell is empty, blank or one of
+    MISSING_TEXTS, ok where it is missing or a number float32 holds (Python float() syntax, |x| <= 3.4e38: a larger
+    one would become inf in the float32 features); values 0 where missing or not ok. Vectorized unless a cell is
+    blank or not a number."""
     cells = np.asarray(cells)
     missing = cells == _empty(cells)
     try:
         values = np.where(missing, _zero(cells), cells).astype(np.float64)
+        missing |= np.isnan(values)  # "nan", "NaN": the only texts float() reads as nan
     except ValueError:  # parse the distinct cells one by one
         uniq, inverse = np.unique(cells, return_inverse=True)
         listed = uniq.tolist()
         inverse = inverse.reshape(cells.shape)
         values = np.array([_float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
-        missing = np.array([not s.strip() for s in listed], dtype=bool)[inverse]
+        missing = np.array([is_missing_text(s) for s in listed], dtype=bool)[inverse]
     values[missing] = 0.0
     ok = missing | (np.abs(values) <= FLOAT32_MAX)  # nan and inf fail it too
     values[~ok] = 0.0

@@ -44,7 +44,8 @@ features.cat_values of its text (hex of 1..16 digits is its number, else a hash;
 is features' field hash of the value with the salt of its id space: id spaces are numbered in the order their
 first column appears among the schema's sparse columns, and space i takes salt index i (skipping 39, the
 bias's), so the Criteo schema gives exactly features.example_ids. log_buckets is features.int_bucket (Criteo's
-integer treatment); a missing numeric is 0 for log and none, the mean for standardize, and its own bucket.
+integer treatment); a numeric cell that is empty or says NA, nan, null, none or ? (encode.MISSING_TEXTS, any
+case) is missing: 0 for log and none, the mean for standardize, and its own bucket.
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
 """`ps-worker schema --data FILE`: a starting feature schema (worker/schema.py) inferred from a sample of a file.
 
-The rules, per CSV column of the sample (the label: a column named like LABEL_NAMES holding only 0 and 1, else
-the first such column, else the first column):
-    numbers in every non-empty cell   few distinct integers, or integers in a column named like an id
-                                      (`id`, `user_id`, `itemId`, `uid`, `userid`) -> categorical;
+The label: a column named like LABEL_NAMES holding only 0 and 1, else such a column whose name holds one of
+LABEL_WORDS (`is_click`, `converted`), else the first such column, else the first column; the last two are
+guesses, said in the schema and on stderr. The rules, per other CSV column of the sample (a cell that is empty or
+one of encode.MISSING_TEXTS is missing):
+    numbers in every non-empty cell   few distinct integers, integers in a column named like an id (`id`,
+                                      `user_id`, `itemId`, `uid`, `userid`), or integers written with leading
+                                      zeros (codes: `02415`) -> categorical;
                                       non-negative and heavy-tailed (skewness > 1) -> numeric, log; else
                                       numeric, standardize with the sample's mean and std; and beside it
                                       `<name>_bucket`, the same cells bucketized at the sample's 16-quantiles,
@@ -20,10 +23,12 @@ from __future__ import annotations
 import math
 import re
 
+from worker.encode import is_missing_text
 from worker.schema import FORMATS, Column, _entry, _toml
 from worker.schema_builtin import builtin_schema, separator_of_one_column
 
 LABEL_NAMES = ("label", "click", "clicked", "y", "target")
+LABEL_WORDS = re.compile(r"(?i)click|label|target|conver|purchase|bought|outcome")
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
@@ -40,6 +45,13 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
     """A starting schema for a data file, as TOML with comments saying what was inferred from how many rows.
     csv: from the header and the first sample_rows records (see _infer_column for the rules); criteo and
     libsvm: their built-in schema, written out."""
+    return infer_schema(path, fmt=fmt, delimiter=delimiter, sample_rows=sample_rows)[0]
+
+
+def infer_schema(
+    path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000
+) -> tuple[str, list[str]]:
+    """(infer_schema_text's TOML, what a person must check before training: a label that is a guess)."""
     from worker.formats import libsvm_field_count, read_csv_sample
 
     if fmt not in FORMATS:
@@ -51,17 +63,27 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
         lines += [f"# The built-in {fmt} schema{f' ({k} fields)' if k is not None else ''}.", f'format = "{fmt}"']
         for c in schema.columns:
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
-        return "\n".join(lines) + "\n"
+        return "\n".join(lines) + "\n", []
     header, rows = read_csv_sample(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
-    label = next((h for h in header if h.lower() in LABEL_NAMES and _is_binary(columns[h])), None)
-    label = label or next((h for h in header if _is_binary(columns[h])), None)
+    binary = [h for h in header if _is_binary(columns[h])]
+    label = next((h for h in binary if h.lower() in LABEL_NAMES), None)
+    label = label or next((h for h in binary if LABEL_WORDS.search(h)), None)
     lines.append(f"# Inferred from the header and the first {len(rows)} rows.")
     lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
-    if label is None:
+    guess = None
+    if label is None and binary:
+        label = binary[0]
+        others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
+        guess = (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and no column "
+                 "is named like a label (click, label, target, ...): check `label`, the column the model predicts")  # fmt: skip
+    elif label is None:
         label = header[0]
-        lines.append("# No column holds only 0 and 1: the first column is taken as the label. Check it.")
+        guess = (f"the label is a guess: no column holds only 0 and 1, so the first column, {label!r}, is taken: "
+                 "check `label`, the column the model predicts (its values must be 0 or 1)")  # fmt: skip
+    if guess:
+        lines.append(f"# CHECK: {guess}.")
     lines.append(f"label = {_toml(label)}")
     for j, h in enumerate(header):
         if h == label:
@@ -73,10 +95,10 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
         column, comment = _infer_column(name, h, columns[h])
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
         if column.kind == "numeric":
-            twin = _bucket_twin(column, _floats([c for c in columns[h] if c.strip()]), set(header))
+            twin = _bucket_twin(column, _floats([c for c in columns[h] if not is_missing_text(c)]), set(header))
             lines += [f"# {h!r} bucketized at the sample's quantiles: a sparse field (lr and fm use no numeric "
                       "feature)", "[[columns]]", *_entry(twin, with_table=False)]  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", [guess] if guess else []
 
 
 def _check_separator(path: str, header: list[str], delimiter: str, first: list[str]) -> None:
@@ -118,9 +140,14 @@ def _is_binary(cells: list[str]) -> bool:
     return bool(cells) and values is not None and set(values) <= {0.0, 1.0}
 
 
+def _leading_zeros(cells: list[str]) -> bool:
+    """Whether some cell is an integer written with a leading zero ("02415"): a code, which a number would lose."""
+    return any(len(c) > 1 and c[0] == "0" and c.isdigit() for c in (c.strip() for c in cells))
+
+
 def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str]:
     """The column and a comment, by the rules of the module docstring."""
-    present = [c for c in cells if c.strip()]
+    present = [c for c in cells if not is_missing_text(c)]
     seen = f"{len(present)} of {len(cells)} cells non-empty, {len(set(present))} distinct"
     if len(present) > 1 and len(set(present)) == len(present):
         seen += "; every value distinct: an identifier? then delete this entry"
@@ -128,12 +155,16 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
     if present and values is not None:
         if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
             return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"
+        if _leading_zeros(present):
+            return Column(name, source, "categorical"), f"integers with leading zeros, codes ({seen}): categorical"
         if all(v.is_integer() for v in values) and (_ID_NAME.search(source) or _ID_WORD.fullmatch(source)):
             return Column(name, source, "categorical"), f"integers in a column named like an id ({seen}): categorical"
         n = len(values)
         mean = sum(values) / n
         std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
         skew = sum((v - mean) ** 3 for v in values) / n / std**3 if std > 0 else 0.0
+        if all(v.is_integer() for v in values):  # counts, or codes? a person knows
+            seen += '; if these integers are codes or ids, not quantities, make it kind = "categorical"'
         if min(values) >= 0 and skew > _HEAVY_SKEW:
             return Column(
                 name, source, "numeric", transform="log"
