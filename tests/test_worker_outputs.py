@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -141,6 +142,7 @@ def bar_of_a_run(monkeypatch, cfg: TrainConfig) -> tuple[list[tuple[int, int]], 
             super().close()
 
     monkeypatch.setattr("worker.loop.tqdm", Recording)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal's bar (a log file gets lines)
     with InProcessTables(cache_bytes=64 << 20) as tables:
         cfg, data, spec, backend, dense = open_job(cfg, tables)
         result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
@@ -163,6 +165,24 @@ def test_the_training_bar_never_passes_its_total_and_closes_at_the_examples_trai
     assert examples == 1200
     assert all(n <= total for n, total in shown), shown
     assert closed == (1200, 1200)
+
+
+def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, capsys):
+    """With stderr not a terminal, a run prints a plain 'progress:' line every PLAIN_EVERY_S (and one at its
+    end) instead of a bar's carriage-return redraws."""
+    from worker import loop
+
+    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    path = tmp_path / "train.tsv"
+    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
+    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=1)
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("progress: ")]
+    assert "\r" not in err and len(lines) == 7, err  # 6 steps and the end
+    assert lines[-1].startswith("progress: 600 of 600 examples (100%), ") and "train logloss 0." in lines[-1]
 
 
 # --- examples trained and lines skipped ----------------------------------------------------------------------------

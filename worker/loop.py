@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -203,10 +204,13 @@ def _close_at_count(bar: tqdm) -> None:
 
 
 class _ProgressLines:
-    """'PROGRESS {json}' on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch)."""
+    """'PROGRESS {json}' on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch); or,
+    plain, 'progress: ...' lines for a person on stderr (a bar's redraws would fill a log file)."""
 
-    def __init__(self, worker: int, total: int, every_s: float = 2.0):
-        self.worker, self.total, self.every_s = worker, total, every_s
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, worker: int, total: int, every_s: float = 2.0, plain: bool = False):
+        self.worker, self.total, self.every_s, self.plain = worker, total, every_s, plain
         self.last = time.perf_counter()
 
     def update(self, result: LoopResult, logloss: float, started: float, extra: dict, final: bool = False) -> None:
@@ -218,7 +222,13 @@ class _ProgressLines:
         line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": total,
                 "logloss": None if math.isnan(logloss) else round(logloss, 5),
                 "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
-        print("PROGRESS " + json.dumps(line), flush=True)
+        if self.plain:
+            done = f" ({result.examples / total:.0%})" if total else ""
+            loss = "" if line["logloss"] is None else f", train logloss {line['logloss']:.4f}"
+            print(f"progress: {result.examples:,} of {total:,} examples{done}, {line['examples_per_s']:,.0f} "
+                  f"examples/s{loss}", file=sys.stderr, flush=True)  # fmt: skip
+        else:
+            print("PROGRESS " + json.dumps(line), flush=True)
 
 
 def run_epochs(
@@ -241,8 +251,14 @@ def run_epochs(
     result = LoopResult()
     running = RunningMean(0.95)
     started = time.perf_counter()
-    bar = tqdm(total=s.total_examples * s.epochs, unit="ex", unit_scale=True, disable=not s.progress, smoothing=0.1)
-    lines = _ProgressLines(s.worker, s.total_examples * s.epochs) if s.progress_lines else None
+    plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
+    bar = tqdm(total=s.total_examples * s.epochs, unit="ex", unit_scale=True, disable=not s.progress or plain,
+               smoothing=0.1)  # fmt: skip
+    lines = None
+    if s.progress_lines or plain:
+        total = s.total_examples * s.epochs
+        lines = _ProgressLines(s.worker, total, _ProgressLines.PLAIN_EVERY_S, plain=True) if plain \
+            else _ProgressLines(s.worker, total)  # fmt: skip
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
