@@ -225,7 +225,7 @@ def test_a_workers_figures_say_what_its_evaluations_are_of():
     assert "the last epoch was the best: validation logloss was still improving, so a larger --epochs" in text
     assert "still improving" not in format_results({**one, "curve": [{"best": True}, {"best": False}]})
     job = format_results({**one, "worker": "1/2", "model_is_best": False})
-    assert "(5 examples; the model as this worker finished: others may train on (ps-worker eval scores" in job
+    assert "(5 examples; the model as this worker finished, which others may have trained since: ps-worker eval" in job
     assert "this worker's evaluations; the servers keep the job's model, which every worker trains" in job
 
 

@@ -730,7 +730,8 @@ def eval_lines(r: dict) -> list[str]:
         return []
     when = ""
     if "train_examples" in r and _workers(r) > 1:
-        when = "; the model as this worker finished: others may train on (ps-worker eval scores the final one)"
+        when = "; the model as this worker finished, which others may have trained since: ps-worker eval scores the "
+        when += "final one"
     return [f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"]
 
 
