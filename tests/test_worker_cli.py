@@ -13,6 +13,7 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ps.engine.jobs import Stamp
@@ -59,6 +60,33 @@ def test_eval_and_launchs_final_evaluation_score_eval_data_not_the_training_file
         assert main(["eval", "--servers", addresses[0], "--model", "lr", *given]) == 0
         out, err = capsys.readouterr()
         assert f"({TEST_ROWS} examples)" in out, (given, out, err)
+
+
+def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_further(servers, files, capsys):
+    addresses, _ = servers(1)
+    train_path, _ = files
+    train(small_run(addresses, train_path))
+    assert "trained rows already" not in capsys.readouterr().out  # the first run: new tables
+    train(small_run(addresses, train_path))
+    out = capsys.readouterr().out
+    assert "the servers hold this model's tables with " in out and "this run trains that model further" in out
+
+
+def test_a_validation_set_with_few_examples_of_a_label_is_warned_about():
+    from worker.train import validation_too_small
+
+    class Labels:  # what the check reads of a Batch
+        def __init__(self, labels):
+            self.labels = np.array(labels, np.float32)
+
+        def __len__(self):
+            return len(self.labels)
+
+    batch = Labels
+
+    assert validation_too_small([batch([1] * 40 + [0] * 40)]) is None
+    few = validation_too_small([batch([1] * 5 + [0] * 40), batch([0] * 4)])
+    assert few.startswith("the validation set holds 5 positive and 44 negative examples: too few to tell epochs")
 
 
 def test_eval_on_synthetic_rows_says_which_rows_and_what_they_are_held_out_from(servers, capsys):

@@ -554,11 +554,15 @@ def train(cfg: TrainConfig) -> dict:
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         check_tables(client, tables_cfg, "nothing was created")
+        held = trained_rows(client, spec) if cfg.num_workers == 1 and not cfg.create_tables_only else 0
         for table in tables_cfg:
             client.create_table(table)
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
+        if held:
+            _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
+                 "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
         if cfg.num_workers > 1 or cfg.mode != "async":
             _say(mode_line(cfg), cfg)
         dense = dense_path(cfg, client, spec)
@@ -575,6 +579,9 @@ def train(cfg: TrainConfig) -> dict:
         if validation:
             named = f" of {cfg.validation_data}" if cfg.validation_data else ""
             _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{named}", cfg)
+            few = validation_too_small(validation)
+            if few:
+                log.warning("%s", few)
         settings = loop_settings(cfg, data)
         try:
             loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
@@ -634,6 +641,28 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
         return str(e)
     return (f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
             "servers now hold a partly trained model")  # fmt: skip
+
+
+MIN_VALIDATION_CLASS = 30  # of each label: fewer, and the validation AUC's noise picks the epochs
+
+
+def validation_too_small(validation: list) -> str | None:
+    """A warning when the validation batches hold fewer than MIN_VALIDATION_CLASS examples of either label, else
+    None."""
+    n = sum(len(b) for b in validation)
+    ones = int(sum(float(b.labels.sum()) for b in validation))
+    if min(ones, n - ones) >= MIN_VALIDATION_CLASS:
+        return None
+    return (f"the validation set holds {ones:,} positive and {n - ones:,} negative examples: too few to tell epochs "
+            "apart (its AUC moves by chance), so early stopping and the best epoch follow noise; give "
+            "--validation-data a larger held-out file, a larger --validation-fraction, or --epochs with "
+            "--early-stop 0")  # fmt: skip
+
+
+def trained_rows(client: Client, spec: ModelSpec) -> int:
+    """The rows the servers' tables of the model's sparse tables hold (0: none, or no such tables yet)."""
+    names = set(spec.table_dims())
+    return sum(t.num_rows for shard in client.stats() for t in shard.tables if t.name in names)
 
 
 def _say(line: str, cfg: TrainConfig) -> None:
