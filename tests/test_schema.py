@@ -376,6 +376,15 @@ def test_infer_prefers_a_label_by_its_name_keeps_codes_and_reads_missing_markers
     assert len(batch) == 300 and (batch.dense[::10, score] == 0).all()  # missing: the mean, standardized to 0
 
 
+def test_infer_says_which_columns_carry_nothing_or_are_dates():
+    dates = [f"2023-12-{d % 28 + 1:02d} {d % 24:02d}:{d % 60:02d}:00" for d in range(200)]
+    assert "dates or times: as ids, nearly every value is new" in _infer_column("ts", "ts", dates)[1]
+    assert "one value only: it carries nothing" in _infer_column("c", "c", ["7"] * 50)[1]
+    assert "no value at all: it carries nothing" in _infer_column("e", "e", ["", "NA"] * 25)[1]
+    near = [f"u{i}" for i in range(190)] + ["u1"] * 10
+    assert "nearly every value distinct" in _infer_column("u", "u", near)[1]
+
+
 def test_a_table_named_like_the_mlps_tables_is_refused(tmp_path):
     path = tmp_path / "s.toml"
     path.write_text('[tables."dense.mlp.0.bias"]\ndim = 4\n[[columns]]\nname = "a"\nkind = "categorical"\n'

@@ -34,6 +34,7 @@ _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
 _BAG_SHARE = 0.1  # a column is a list when at least this share of its non-empty cells holds the separator
 _BUCKETS = 16  # a numeric column's twin is bucketized at the sample's quantiles k / _BUCKETS
+_DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
 _ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
 _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its noun, in one word
     r"(?i)(?:u|uu|gu|user|item|ad|doc|product|session|device|campaign|query|shop|cat|category|creative|advertiser|"
@@ -148,9 +149,19 @@ def _leading_zeros(cells: list[str]) -> bool:
 def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str]:
     """The column and a comment, by the rules of the module docstring."""
     present = [c for c in cells if not is_missing_text(c)]
-    seen = f"{len(present)} of {len(cells)} cells non-empty, {len(set(present))} distinct"
-    if len(present) > 1 and len(set(present)) == len(present):
+    distinct = len(set(present))
+    seen = f"{len(present)} of {len(cells)} cells non-empty, {distinct} distinct"
+    if not present:
+        seen += "; no value at all: it carries nothing, delete this entry"
+    elif distinct == 1:
+        seen += "; one value only: it carries nothing, delete this entry"
+    elif _DATE.match(present[0]) and sum(bool(_DATE.match(c)) for c in present) >= 0.9 * len(present):
+        seen += ("; dates or times: as ids, nearly every value is new; derive columns such as the hour or the weekday "
+                 "from it, and delete this entry")  # fmt: skip
+    elif len(present) > 1 and distinct == len(present):
         seen += "; every value distinct: an identifier? then delete this entry"
+    elif len(present) >= 100 and distinct >= 0.9 * len(present):
+        seen += "; nearly every value distinct: an identifier or a time? such ids rarely come back"
     values = _floats(present)
     if present and values is not None:
         if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
