@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import json
 
 import numpy as np
 import pytest
@@ -308,6 +309,17 @@ def test_lr_and_fm_say_which_numeric_features_they_do_not_use(tmp_path, caplog):
     assert "price_bucket" in schema.read_text()
     prepare(TrainConfig(servers=("127.0.0.1:1",), data=data, schema=str(schema), model="fm"))
     assert "sparse fields only" not in caplog.text
+
+
+def test_metrics_out_records_the_format_of_the_schema_file(servers, tmp_path):
+    addresses, _ = servers(1)
+    data = _csv(tmp_path, 40)
+    schema = tmp_path / "s.toml"
+    schema.write_text('label = "label"\n[[columns]]\nname = "item"\nkind = "categorical"\n')
+    metrics = tmp_path / "m.json"
+    train(TrainConfig(servers=tuple(addresses), data=data, schema=str(schema), model="lr", progress=False,
+                      metrics_out=str(metrics), recipe="large"))  # fmt: skip
+    assert json.loads(metrics.read_text())["config"]["format"] == "csv"  # the schema's, not --format's default
 
 
 def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path):

@@ -631,7 +631,8 @@ def train(cfg: TrainConfig) -> dict:
     results["skipped_lines"] = data.skipped_lines()  # the training data's, one pass; never in train_examples
     if cfg.metrics_out:
         with open(cfg.metrics_out, "w") as f:
-            json.dump({"config": dataclasses.asdict(cfg), **results}, f, indent=2)
+            config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
+            json.dump({"config": config, **results}, f, indent=2)
     return results
 
 
