@@ -98,7 +98,7 @@ message PushBatchResponse
 
 message OptimizerSpec
   1  name             LEN     string                   "sgd" | "adagrad" | "adagrad_rowwise" | "adam" | "ftrl"; empty: "adagrad"
-  2  learning_rate    I64     double                   optional; unset: 0.05
+  2  learning_rate    I64     double                   optional; unset: the optimizer's (DEFAULT_LEARNING_RATES)
   3  params           LEN     repeated OptimizerSpec.ParamsEntry  map<string, double>
 
 message OptimizerSpec.ParamsEntry

@@ -160,6 +160,22 @@ def client_key(client_id: int, context: grpc.ServicerContext) -> int:
     return (client_id & ~SYNC_KEY_BIT) or (1 if client_id else 0)
 
 
+class CallerGone:
+    """For a stamped request's wait (ps.engine.jobs): called, whether the request's caller is gone (its RPC
+    cancelled, or past its deadline); watch(wake) has wake() called when the RPC ends, so that a wait whose caller
+    left frees its RPC thread at once. Only a wait watches: an RPC that does not wait wakes no one as it ends."""
+
+    def __init__(self, context: grpc.ServicerContext):
+        self._context = context
+
+    def __call__(self) -> bool:
+        return not self._context.is_active()
+
+    def watch(self, wake: Callable[[], None]) -> bool:
+        """Registers wake for the RPC's end; False if it has ended already (wake will not be called)."""
+        return bool(self._context.add_callback(wake))
+
+
 def stamp_of(request: Any) -> Stamp | None:
     """The Stamp of a PullBatch or PushBatch request (a codec View, or a generated message), None without one."""
     if isinstance(request, Message):
@@ -268,11 +284,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.shard.push(*push)
         return ps_pb2.PushResponse(num_applied=len(push[1]))
 
-    def _caller_gone(self, context: grpc.ServicerContext) -> Callable[[], bool]:
-        """For a stamped request's wait: whether its caller is gone (the RPC cancelled, or past its deadline); its
-        end wakes the waits, so that a wait whose caller left frees its RPC thread at once."""
-        context.add_callback(self.shard.jobs.wake)
-        return lambda: not context.is_active()
+    def _caller_gone(self, context: grpc.ServicerContext) -> CallerGone:
+        return CallerGone(context)
 
     @_rpc
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:

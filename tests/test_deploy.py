@@ -121,7 +121,7 @@ def test_kubernetes_manifests_have_a_statefulset_a_headless_service_a_job_and_a_
                 "$(JOB_COMPLETION_INDEX)", "3") for a in c["command"] + c["args"]]  # fmt: skip
             args = accepted(argv, env)
             if argv[0] == "ps-server":
-                assert (args.shard_id, args.num_shards, args.memory_bytes) == (1, 2, 9 << 30)
+                assert (args.shard_id, args.num_shards, args.memory_bytes) == (1, 2, 8 << 30)
             elif not args.create_tables_only:
                 assert (args.worker_id, args.num_workers, args.model) == (3, 4, "deepfm")
 

@@ -205,6 +205,7 @@ def test_number_parsers():
     values, missing, ok = float_values(np.array(["nan", "NA", "null", "None", "?", "N/A", "inf"]))  # markers
     assert missing.tolist() == [1, 1, 1, 1, 1, 1, 0] and ok.tolist() == [1, 1, 1, 1, 1, 1, 0]  # inf: not finite
     assert float_values(np.array(["NaN", "2"]))[1].tolist() == [True, False]  # the vectorized path too
+    assert float_values(np.array(["-nan", "NA"]))[1].tolist() == [True, True]  # either path: alike
 
 
 def test_missing_source_and_shape_are_named():

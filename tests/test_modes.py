@@ -897,6 +897,31 @@ def test_waits_whose_callers_left_free_their_threads_at_once(server1):
     np.testing.assert_array_equal(shard.pull("emb", A), np.full((len(A), 4), -3.0, np.float32))
 
 
+def test_a_stopping_server_ends_the_waits_of_jobs_first(servers):
+    """A stamped pull waiting for a worker (60 s barrier) ends with UNAVAILABLE as its server stops, which takes
+    no longer than the stop itself: the client sends it again, to the restarted shard."""
+    addresses, (server,) = servers(1)
+    channel = grpc.insecure_channel(addresses[0])
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD)))
+    pull = ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table="emb", ids=b"")],
+                                   stamp=ps_pb2.WorkerStamp(job=JOB, worker=0, num_workers=2, step=5,
+                                                            barrier_timeout_s=60))  # fmt: skip
+
+    def waits():
+        with pytest.raises(grpc.RpcError) as info:
+            stub.PullBatch(pull, timeout=60)
+        return info.value.code()
+
+    waiting = Concurrently(waits)
+    wait_until(lambda: server.shard.jobs._waiting == 1, 10, "the pull to wait")
+    started = time.monotonic()
+    server.stop(grace_s=30)
+    assert waiting.join() == [grpc.StatusCode.UNAVAILABLE]
+    assert time.monotonic() - started < 10  # not the 30 s grace, nor the 60 s barrier
+    channel.close()
+
+
 def test_a_client_cannot_push_under_a_jobs_sync_key(server1):
     """A PushBatch whose client_id is a job's sync key (computable from the job id) is applied under another key:
     it cannot make the journal say the job's steps were applied, so the job's sums are applied, not dropped."""

@@ -380,7 +380,12 @@ def test_infer_says_which_columns_carry_nothing_or_are_dates():
     dates = [f"2023-12-{d % 28 + 1:02d} {d % 24:02d}:{d % 60:02d}:00" for d in range(200)]
     assert "dates or times: as ids, nearly every value is new" in _infer_column("ts", "ts", dates)[1]
     assert "one value only: it carries nothing" in _infer_column("c", "c", ["7"] * 50)[1]
-    assert "no value at all: it carries nothing" in _infer_column("e", "e", ["", "NA"] * 25)[1]
+    assert "no value at all: it carries nothing" in _infer_column("e", "e", ["", " "] * 25)[1]
+    assert "one value only" in _infer_column("na", "na", ["", "NA"] * 25)[1]  # a category's NA is a value
+    card = _infer_column("pay", "pay", ["none", "card"] * 25)
+    assert card[0].kind == "categorical" and "carries nothing" not in card[1]
+    prices = _infer_column("price", "price", [f"{i * 1.37:.2f}" for i in range(150)])[1]
+    assert "nearly every value distinct" not in prices  # numbers: no identifiers
     near = [f"u{i}" for i in range(190)] + ["u1"] * 10
     assert "nearly every value distinct" in _infer_column("u", "u", near)[1]
 

@@ -210,7 +210,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default="127.0.0.1",
         help="address the --metrics-port endpoint listens on (0.0.0.0: every interface; see docs/security.md)",
     )
-    out.add_argument("--no-progress", action="store_true", help="no progress bar")
+    out.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (when stderr is no terminal, a plain progress line every 30 s takes the bar's place)",
+    )
     out.add_argument("--progress-lines", action="store_true",
                      help="instead of a bar, a line 'PROGRESS {json}' on stdout every 2 s (for `ps-worker launch`)")  # fmt: skip
 

@@ -241,7 +241,7 @@ class Client:
         self.timeout_s = timeout_s
         self.server_timeout_s = server_timeout_s
         self.max_request_bytes = max_request_bytes
-        self.client_id = secrets.randbits(64) | 1  # nonzero: the shards deduplicate this client's pushes
+        self.client_id = secrets.randbits(63) | 1  # nonzero, top bit clear (ps.service.client_key): deduplicated
         self._request_seq = [0] * len(servers)  # PushBatch requests sent to each shard
         self._push_lock = threading.Lock()  # one push_many at a time: each shard gets requests in seq order
         self._down: dict[int, float] = {}  # shard -> when it started failing (_down_lock: calls run on any thread)
@@ -594,6 +594,10 @@ class Client:
             if not retry:
                 return replies
             time.sleep(delay)
+            if self._closed:  # closed while it slept: the first call's last error stands
+                i = retry[0]
+                method, shard, request = calls[i]
+                raise self._error(method, shard, outcomes[pending.index(i)], timeout_s, request)
             delay, pending = min(2 * delay, 2.0), retry
 
     def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:

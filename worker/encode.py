@@ -310,11 +310,19 @@ def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         listed = uniq.tolist()
         inverse = inverse.reshape(cells.shape)
         values = np.array([_float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
-        missing = np.array([is_missing_text(s) for s in listed], dtype=bool)[inverse]
+        missing = np.array([is_missing_text(s) or _is_nan_number(s) for s in listed], dtype=bool)[inverse]
     values[missing] = 0.0
     ok = missing | (np.abs(values) <= FLOAT32_MAX)  # nan and inf fail it too
     values[~ok] = 0.0
     return values, missing, ok
+
+
+def _is_nan_number(s: str | bytes) -> bool:
+    """Whether float() reads s as nan ("nan", "-NaN"): missing, as on the vectorized path."""
+    try:
+        return math.isnan(float(s))
+    except ValueError:
+        return False
 
 
 def _float_or_nan(s: str | bytes) -> float:

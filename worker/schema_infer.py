@@ -148,21 +148,25 @@ def _leading_zeros(cells: list[str]) -> bool:
 
 def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str]:
     """The column and a comment, by the rules of the module docstring."""
-    present = [c for c in cells if not is_missing_text(c)]
+    present = [c for c in cells if c.strip()]  # a categorical's NA is a value; a number's is missing
+    numbers = [c for c in present if not is_missing_text(c)]
+    values = _floats(numbers) if numbers else None
     distinct = len(set(present))
     seen = f"{len(present)} of {len(cells)} cells non-empty, {distinct} distinct"
     if not present:
         seen += "; no value at all: it carries nothing, delete this entry"
     elif distinct == 1:
         seen += "; one value only: it carries nothing, delete this entry"
-    elif _DATE.match(present[0]) and sum(bool(_DATE.match(c)) for c in present) >= 0.9 * len(present):
+    elif _DATE.match(present[0] if present else "") and sum(bool(_DATE.match(c)) for c in present) >= 0.9 * len(
+        present
+    ):
         seen += ("; dates or times: as ids, nearly every value is new; derive columns such as the hour or the weekday "
                  "from it, and delete this entry")  # fmt: skip
     elif len(present) > 1 and distinct == len(present):
         seen += "; every value distinct: an identifier? then delete this entry"
-    elif len(present) >= 100 and distinct >= 0.9 * len(present):
+    elif values is None and len(present) >= 100 and distinct >= 0.9 * len(present):
         seen += "; nearly every value distinct: an identifier or a time? such ids rarely come back"
-    values = _floats(present)
+    present = numbers if values is not None else present
     if present and values is not None:
         if all(v.is_integer() for v in values) and len(set(values)) <= _FEW_INTEGERS:
             return Column(name, source, "categorical"), f"few distinct integers ({seen}): categorical"

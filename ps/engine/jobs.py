@@ -49,8 +49,9 @@ every later stamp of it get that error, so every worker learns why at once inste
 a worker that has failed.
 
 One job at a time: a stamp of another job is refused (JobConflictError, FAILED_PRECONDITION, changing nothing)
-while the one followed runs: until every worker of it is done, it stops (a stop stamp, a refused stamp), or no stamp of it has come for its
-barrier timeout (the largest its stamps gave: its waits would have ended by then, so its workers are gone). Then
+while the one followed runs: until every worker of it is done, it stops (a stop stamp, a refused stamp), or no
+stamp of it has come for its barrier timeout (the largest its stamps gave: its waits would have ended by then, so
+its workers are gone). Then
 a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
 the old job applied after the switch changes nothing of the new one.
 
@@ -233,8 +234,20 @@ def sum_contributions(contributions: list[list[tuple]], max_count: float) -> lis
 def _check_caller(caller_gone: Callable[[], bool] | None, stamp: Stamp, what: str) -> None:
     """CallerGoneError if the waiting request's caller left."""
     if caller_gone is not None and caller_gone():
-        raise CallerGoneError(f"worker {stamp.worker}'s {what} of step {stamp.step} stopped waiting: its caller "
-                              "left (its deadline passed, or it was cancelled)")  # fmt: skip
+        raise _caller_left(stamp, what)
+
+
+def _watch_caller(caller_gone: Callable[[], bool] | None, wake: Callable[[], None], stamp: Stamp, what: str) -> None:
+    """Before a wait's first sleep: has wake() called when its caller leaves (caller_gone.watch, where it has one);
+    CallerGoneError if the caller left already (no wake would come). Lock held: a wake waits for the sleep."""
+    watch = getattr(caller_gone, "watch", None)
+    if watch is not None and not watch(wake):
+        raise _caller_left(stamp, what)
+
+
+def _caller_left(stamp: Stamp, what: str) -> CallerGoneError:
+    return CallerGoneError(f"worker {stamp.worker}'s {what} of step {stamp.step} stopped waiting: its caller left "
+                           "(its deadline passed, or it was cancelled)")  # fmt: skip
 
 
 class _SyncStep:
@@ -454,8 +467,8 @@ class JobClocks:
         """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
         BarrierTimeoutError past the stamp's barrier timeout, naming the workers it waited for;
         RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
-        the request's caller left (its RPC ended; wake() when it turns true): the wait ends then, with
-        CallerGoneError, freeing its thread."""
+        the request's caller left (its RPC ended); where it has watch(wake) (ps.service.CallerGone), the wait has
+        wake() called when it turns true: the wait ends then, with CallerGoneError, freeing its thread."""
         need = stamp.step - stamp.staleness
         with self._cond:
             generation = self._enter(stamp)
@@ -483,6 +496,7 @@ class JobClocks:
                         refused = self._threads_refusal(stamp, f"pull of step {stamp.step}")
                         if refused is not None:
                             raise refused
+                        _watch_caller(caller_gone, self.wake, stamp, "pull")
                         self._waiting, waiting = self._waiting + 1, True
                     self._cond.wait(stamp.timeout_s - waited)
             finally:
@@ -634,6 +648,7 @@ class JobClocks:
                         if refused is not None:
                             self._fail(step, refused)
                             raise _again(refused)
+                        _watch_caller(caller_gone, self.wake, stamp, "sync push")
                         self._waiting, waiting = self._waiting + 1, True
                     self._cond.wait(stamp.timeout_s - waited)
             finally:
