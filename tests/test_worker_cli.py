@@ -382,3 +382,34 @@ def test_allreduce_refuses_a_worker_id_that_its_rank_contradicts(monkeypatch):
     agreed = train_config_from_argv(["--local-shards", "1", "--dense", "allreduce", "--worker-id", "1"])
     assert (agreed.worker_id, agreed.num_workers) == (1, 2)
     assert train_config_from_argv(["--local-shards", "1", "--worker-id", "0"]).worker_id == 0  # the PS path: no rank
+
+
+def test_a_sigterm_while_numba_compiles_raises_once_the_kernel_is_compiled():
+    """An exception raised by a signal handler inside numba's compile (whose LLVM calls back into Python) could
+    crash the process: within sigterm_raises the signal waits for the compiler lock to be let go of."""
+    import numba
+    from numba.core import event
+
+    from worker.terminate import sigterm_raises
+
+    @numba.njit(cache=False)
+    def add(a, b):
+        return a + b
+
+    class SignalMidCompile(event.Listener):
+        def on_start(self, ev):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def on_end(self, ev):
+            pass
+
+    listener = SignalMidCompile()
+    with sigterm_raises():
+        event.register("numba:compile", listener)
+        try:
+            with pytest.raises(Terminated):
+                add(1, 2)
+        finally:
+            event.unregister("numba:compile", listener)
+    assert add.signatures  # compiled whole before Terminated was raised
+    assert add(2, 3) == 5

@@ -5,6 +5,11 @@ on Ctrl-C: local shards stopped, temporary directories removed, a message, exit 
         ...                  # the first SIGTERM raises Terminated here; later ones are ignored while it unwinds
 
 Terminated is a BaseException, as KeyboardInterrupt is: an `except Exception` on the way does not swallow it.
+
+Within the block, SIGTERM and Ctrl-C (SIGINT, unless the process ignores it) that arrive while the main thread
+holds numba's compiler lock (compiling a kernel, or loading one from numba's cache) raise once it lets go of it:
+numba calls back into Python from LLVM (its lock callbacks), and an exception raised there by a signal handler
+crashed the process (exit -11) instead of unwinding it.
 """
 
 from __future__ import annotations
@@ -22,20 +27,73 @@ class Terminated(BaseException):
     """SIGTERM reached this process."""
 
 
+class _CompileGuard:
+    """Defers the exceptions of signal handlers while the main thread holds numba's compiler lock (the
+    "numba:compiler_lock" event, which nests): raise_now(error) raises at once, or keeps the first error for when
+    the lock is let go of."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: type[BaseException] | None = None
+        self.installed = False
+
+    def install(self) -> None:
+        """Listens to numba's compiler-lock events (once; numba is imported here, not before)."""
+        if self.installed:
+            return
+        from numba.core import event
+
+        guard = self
+
+        class Listener(event.Listener):
+            def on_start(self, ev: Any) -> None:
+                if threading.current_thread() is threading.main_thread():
+                    guard.depth += 1
+
+            def on_end(self, ev: Any) -> None:
+                if threading.current_thread() is not threading.main_thread():
+                    return
+                guard.depth = max(0, guard.depth - 1)
+                if guard.depth == 0 and guard.pending is not None:
+                    error, guard.pending = guard.pending, None
+                    raise error
+
+        event.register("numba:compiler_lock", Listener())
+        self.installed = True
+
+    def raise_now(self, error: type[BaseException]) -> None:
+        if self.depth > 0:
+            self.pending = self.pending or error
+            return
+        raise error
+
+
+_GUARD = _CompileGuard()
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Within the block, SIGTERM raises Terminated in the main thread (once: a second SIGTERM while the first
-    unwinds is ignored, so that the cleanup it triggers runs to its end); the previous handler comes back after."""
+    unwinds is ignored, so that the cleanup it triggers runs to its end); the previous handler comes back after.
+    SIGTERM and Ctrl-C that arrive while numba compiles raise when it is done (see the module docstring)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def raise_terminated(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated
+        _GUARD.raise_now(Terminated)
 
+    def raise_interrupt(signum: int, frame: Any) -> None:
+        _GUARD.raise_now(KeyboardInterrupt)
+
+    _GUARD.install()
     previous = signal.signal(signal.SIGTERM, raise_terminated)
+    interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
+    previous_int = signal.signal(signal.SIGINT, raise_interrupt) if interrupting else None
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
