@@ -2,8 +2,10 @@
 
 import dataclasses
 import socket
+import threading
 import time
 
+import grpc
 import numpy as np
 import pytest
 
@@ -227,6 +229,38 @@ def test_a_call_its_shard_cancelled_is_sent_again_unless_it_could_apply_twice(se
                                                          "running there, or be done; it was not sent again"):  # fmt: skip
             client.shrink()
     assert calls == {"push_batch": 2, "shrink": 1}
+
+
+def test_a_call_is_sent_again_while_another_of_its_batch_still_waits(servers):
+    """A stamped call can wait on one shard (at a barrier) for what the retry of another, on a restarted shard,
+    brings: each call of a batch is sent again on its own, not once the whole batch has answered."""
+    addresses, _ = servers(2)
+    retried = threading.Event()
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "restarting"
+
+    attempts = []
+
+    def attempt(call, timeout_s, interruptible):
+        attempts.append(call[1])
+        if call[1] == 0:  # waits, as at a barrier, until shard 1's call is sent again
+            assert retried.wait(10), "shard 1's call was not sent again while shard 0's waited"
+            return "reply 0"
+        if attempts.count(1) == 1:
+            return Unavailable()
+        retried.set()
+        return "reply 1"
+
+    with Client(addresses, timeout_s=5, server_timeout_s=30) as client:
+        client._attempt = attempt
+        done: set[int] = set()
+        assert client._call_mixed([("PullBatch", 0, None), ("PullBatch", 1, None)], done) == ["reply 0", "reply 1"]
+    assert done == {1} and attempts.count(1) == 2
 
 
 def test_call_threads_run_calls_at_once_on_reused_daemon_threads():

@@ -26,6 +26,7 @@ from ps.errors import (
     JobIdReusedError,
     PsError,
     RpcThreadsExhaustedError,
+    ShardClosingError,
     WorkerDoneError,
 )
 from ps.rows.initializers import init_rows
@@ -764,7 +765,7 @@ def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_
             waiting = Concurrently(lambda: shard.jobs.wait_for_pull(stamp(0, 4, staleness=2)))
             wait_until(lambda: shard.jobs._waiting, 10, "worker 0's pull to wait")
         started = time.monotonic()
-        shard.push_stamped([], 0, 0, 0, stamp(1, 0, stopped="interrupted (Ctrl-C)"))
+        shard.push_stamped([], 0, 0, 0, stamp(1, 0, acked=1, stopped="interrupted (Ctrl-C)"))
         why = r"job 0x5eed stops: worker 1 stopped before its end \('interrupted \(Ctrl-C\)'\); start the job anew"
         with pytest.raises(BarrierTimeoutError, match=why):
             waiting.join()
@@ -994,7 +995,8 @@ def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(ser
     with Client(addresses, timeout_s=30) as client:
         client.create_table(SGD)
         client.pull_many([("emb", A)], stamp=WorkerStamp(JOB, 0, 2, 0, staleness=3))  # both shards follow JOB
-        assert client.stop_job(WorkerStamp(JOB, 0, 2, 0), "ValueError: a bad line") == []
+        stopped = WorkerStamp(JOB, 0, 2, 0, acked=41)  # a worker past its first steps: acked > step is fine here
+        assert client.stop_job(stopped, "ValueError: a bad line") == []
     for server in started:
         assert "worker 0 stopped before its end ('ValueError: a bad line')" in str(server.shard.jobs._stopped)
     with socket.socket() as s:
@@ -1004,7 +1006,30 @@ def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(ser
             started_s = time.monotonic()
             lines = client.stop_job(WorkerStamp(JOB + 1, 0, 2, 0), "x" * 5000)
             assert time.monotonic() - started_s < 5
-    assert len(lines) == 1 and lines[0].startswith(f"shard 1 at {closed}: UNAVAILABLE"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"shard 1 at {closed} (UNAVAILABLE: "), lines
+
+
+def test_a_stamped_request_sent_again_carries_the_acked_the_worker_has_then(servers):
+    """A pull sent ahead of its step's previous push carries the acked of then; if its shard restarts meanwhile,
+    the retry must say what the worker knows now, or the restarted shard holds the worker behind itself."""
+    addresses, (server,) = servers(1)
+    seen = []
+    real = server.shard.jobs.wait_for_pull
+
+    def lost_once(stamp, caller_gone=None):
+        seen.append(stamp.acked)
+        if len(seen) == 1:
+            raise ShardClosingError("shard 0 is shutting down")  # UNAVAILABLE: the client sends it again
+        return real(stamp, caller_gone)
+
+    ids = random_ids(8, seed=3)
+    with Client(addresses, timeout_s=30, server_timeout_s=30) as client:
+        client.create_table(SGD)
+        client.push_many([("emb", ids, np.ones((8, 4), np.float32), None)], advance_clock=1,
+                         stamp=WorkerStamp(JOB, 0, 1, 0, sync=True))  # fmt: skip
+        server.shard.jobs.wait_for_pull = lost_once
+        client.pull_many([("emb", ids)], stamp=WorkerStamp(JOB, 0, 1, 1, acked=0))  # sent before step 0's reply
+    assert seen == [0, 1]
 
 
 def test_two_client_processes_given_one_worker_id_fail_their_sync_step_at_once(servers):

@@ -22,7 +22,8 @@ applied) is retried as for the others.
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
-push of the step, summed and applied once); finish() says the worker is done. A stamped call's deadline is
+push of the step, summed and applied once); finish() says the worker is done. A stamped call sent again carries
+the acked the worker has then (the steps whose stamped push_many returned), not that of its first attempt. A stamped call's deadline is
 timeout_s + the stamp's barrier_timeout_s (a wait is not a dead server); a wait that ends without the other
 workers raises BarrierTimeoutError (ABORTED), never retried. A sync push's first attempt that a shard answers
 as applied before (a second run under the job's id) raises JobIdReusedError.
@@ -247,6 +248,7 @@ class Client:
         self._down: dict[int, float] = {}  # shard -> when it started failing (_down_lock: calls run on any thread)
         self._down_lock = threading.Lock()
         self._closed = False
+        self._acked: dict[int, int] = {}  # job -> this worker's steps whose stamped push had every shard's reply
         self.slot_map = SlotMap.contiguous(len(servers))
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -445,7 +447,10 @@ class Client:
                         for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
                             rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
         out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
-        return out if stamp is None else (out, min_clock or 0)
+        if stamp is None:
+            return out
+        self._acked[stamp.job] = max(self._acked.get(stamp.job, 0), stamp.step + 1)  # every shard answered
+        return out, min_clock or 0
 
     def finish(self, stamp: WorkerStamp) -> int:
         """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
@@ -468,7 +473,7 @@ class Client:
             stamp=replace(stamp, stopped=why or "stopped", done=False, sync=False).to_proto()
         )
         outcomes = self._send([("PushBatch", s, stop) for s in range(len(self._stubs))], timeout_s)
-        return [f"shard {s} at {self.servers[s]}: {o.code().name}: {o.details()}"
+        return [f"shard {s} at {self.servers[s]} ({o.code().name}: {o.details()})"
                 for s, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]  # fmt: skip
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
@@ -561,70 +566,92 @@ class Client:
         self, calls: list[tuple[str, int, object]], retried: set[int] | None = None, timeout_s: float | None = None
     ) -> list:
         """Sends every (method, shard, request) at once, waits for all; returns the replies in order or raises
-        the first error. Each attempt's deadline is timeout_s (None: self.timeout_s). Calls failing with
-        UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED are sent again (backoff) while their shard has been failing for less
-        than server_timeout_s; their positions are added to `retried`."""
-        replies: list = [None] * len(calls)
-        pending, delay, timeout_s = list(range(len(calls))), 0.05, timeout_s or self.timeout_s
+        the first error. Each attempt's deadline is timeout_s (None: self.timeout_s). A call failing with
+        UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED is sent again (backoff) while its shard has been failing for less
+        than server_timeout_s, on its own: a call waiting at a job's barrier on one shard may wait for the retry of
+        another on a restarted one. The positions of calls sent again are added to `retried`."""
+        timeout_s = timeout_s or self.timeout_s
+        if not calls:
+            return []
+        others = [self._callers.submit(self._call_until_answered, c, i, retried, timeout_s, False)
+                  for i, c in enumerate(calls[1:], start=1)]  # fmt: skip
+        outcomes = [self._call_until_answered(calls[0], 0, retried, timeout_s, True)]
+        outcomes += [f.result() for f in others]
+        for outcome in outcomes:
+            if isinstance(outcome, PsError):
+                raise outcome
+        return outcomes
+
+    def _call_until_answered(
+        self, call: tuple[str, int, object], i: int, retried: set[int] | None, timeout_s: float, interruptible: bool
+    ) -> object:
+        """One call of _call_mixed, sent again as it says: its reply, or the PsError it ends with (returned)."""
+        method, shard, request = call
+        delay = 0.05
         while True:
-            outcomes = self._send([calls[i] for i in pending], timeout_s)
-            retry, error, ok = [], None, set()
-            for i, outcome in zip(pending, outcomes):
-                method, shard, request = calls[i]
-                if not isinstance(outcome, grpc.RpcError):
-                    replies[i] = outcome
-                    ok.add(shard)
-                else:
-                    e = outcome
-                    once = e.code() in MAY_HAVE_RUN and _sent_once(method, request)
-                    if e.code() in RETRYABLE and not once and not self._closed and self._keep_waiting(shard, method, e):
-                        retry.append(i)
-                        if retried is not None:
-                            retried.add(i)
-                    else:
-                        error = error or self._error(method, shard, e, timeout_s, request)
-            for shard in ok - {calls[i][1] for i in retry}:
+            outcome = self._attempt(call, timeout_s, interruptible)
+            if not isinstance(outcome, grpc.RpcError):
                 with self._down_lock:
                     since = self._down.pop(shard, None)
                 if since is not None:
                     log.warning("shard %d at %s is back after %.1f s", shard, self.servers[shard],
                                 time.monotonic() - since)  # fmt: skip
-            if error is not None:
-                raise error
-            if not retry:
-                return replies
+                return outcome
+            once = outcome.code() in MAY_HAVE_RUN and _sent_once(method, request)
+            if (
+                outcome.code() not in RETRYABLE
+                or once
+                or self._closed
+                or not self._keep_waiting(shard, method, outcome)
+            ):
+                return self._error(method, shard, outcome, timeout_s, request)
+            if retried is not None:
+                retried.add(i)
             time.sleep(delay)
-            if self._closed:  # closed while it slept: the first call's last error stands
-                i = retry[0]
-                method, shard, request = calls[i]
-                raise self._error(method, shard, outcomes[pending.index(i)], timeout_s, request)
-            delay, pending = min(2 * delay, 2.0), retry
+            if self._closed:  # closed while it slept: its last error stands
+                return self._error(method, shard, outcome, timeout_s, request)
+            self._restamp(request)
+            delay = min(2 * delay, 2.0)
 
-    def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:
-        """Makes every (method, shard, request) call at once: the first from this thread (as a gRPC future, whose
-        wait a signal interrupts: Ctrl-C during a sync or ssp wait stops the worker at once, cancelling the call),
-        the others on the pool. Returns each call's reply, or the grpc.RpcError it failed with; other exceptions
-        are raised."""
-
-        def call(c: tuple[str, int, object]):
+    def _attempt(self, call: tuple[str, int, object], timeout_s: float, interruptible: bool) -> object:
+        """One attempt of a call: its reply, or the grpc.RpcError it failed with. interruptible: as a gRPC future,
+        whose wait a signal interrupts (the caller's thread: Ctrl-C during a sync or ssp wait stops the worker at
+        once, cancelling the call)."""
+        method, shard, request = call
+        stub = getattr(self._stubs[shard], method)
+        if not interruptible:
             try:
-                return getattr(self._stubs[c[1]], c[0])(c[2], timeout=timeout_s)
+                return stub(request, timeout=timeout_s)
             except grpc.RpcError as e:
                 return e
-
-        if not calls:
-            return []
-        others = [self._callers.submit(call, c) for c in calls[1:]]
-        method, shard, request = calls[0]
-        future = getattr(self._stubs[shard], method).future(request, timeout=timeout_s)
+        future = stub.future(request, timeout=timeout_s)
         try:
-            first = future.result()
+            return future.result()
         except grpc.RpcError as e:
-            first = e
-        except BaseException:  # KeyboardInterrupt, or SystemExit from a SIGTERM handler
+            return e
+        except BaseException:  # KeyboardInterrupt, or Terminated from a SIGTERM handler
             future.cancel()
             raise
-        return [first, *(f.result() for f in others)]
+
+    def _restamp(self, request: object) -> None:
+        """Raises the acked of a stamped request about to be sent again to what this worker knows now: a pull sent
+        ahead of its step's previous push carried the acked of then, and a shard restarted meanwhile learns the
+        worker's clock from stamps alone (ps.engine.jobs), so the old one could hold the worker behind itself."""
+        stamp = request.stamp if isinstance(request, (ps_pb2.PullBatchRequest, ps_pb2.PushBatchRequest)) and \
+            request.HasField("stamp") else None  # fmt: skip
+        if stamp is None or stamp.done or stamp.stopped:
+            return
+        acked = min(self._acked.get(stamp.job, 0), stamp.step)
+        if acked > stamp.acked:
+            stamp.acked = acked
+
+    def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:
+        """Makes every (method, shard, request) call at once, once: the first from this thread (interruptible,
+        see _attempt), the others on the pool. Returns each call's reply, or the grpc.RpcError it failed with."""
+        if not calls:
+            return []
+        others = [self._callers.submit(self._attempt, c, timeout_s, False) for c in calls[1:]]
+        return [self._attempt(calls[0], timeout_s, True), *(f.result() for f in others)]
 
     def _keep_waiting(self, shard: int, method: str, e: grpc.RpcError) -> bool:
         """True while the shard has been failing for less than server_timeout_s (logs when it starts)."""

@@ -202,9 +202,9 @@ class ClockedRows:
         if self._finished:
             return
         self._finished = True
-        for line in self.tables.stop_job(replace(self.stamp, step=0, acked=self.acked), reason):
-            log.warning("could not tell %s that this worker stopped: its other workers wait for it until their "
-                        "barrier timeout", line)  # fmt: skip
+        for line in self.tables.stop_job(replace(self.stamp, step=self.acked, acked=self.acked), reason):
+            log.warning("could not tell %s that this worker stopped; its other workers there wait for it until "
+                        "their barrier timeout", line)  # fmt: skip
 
     def stats(self) -> dict:
         if self.cache is None:

@@ -142,7 +142,7 @@ def check_stamp(stamp: Stamp, pull: bool) -> None:
         bad += f"{stamp.num_workers - 1:,})"
     elif stamp.step > MAX_CLOCK:
         bad = f"step {stamp.step:,} is past the largest step a shard takes ({MAX_CLOCK:,})"
-    elif stamp.acked > (MAX_CLOCK if stamp.done else stamp.step):
+    elif stamp.acked > (MAX_CLOCK if stamp.done or stamp.stopped else stamp.step):
         bad = f"acked {stamp.acked:,} is past step {stamp.step:,}: a worker has had the replies of its steps "
         bad += "before the one it stamps at most"
     elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
