@@ -263,6 +263,19 @@ def test_a_call_is_sent_again_while_another_of_its_batch_still_waits(servers):
     assert done == {1} and attempts.count(1) == 2
 
 
+def test_a_channel_whose_close_hangs_does_not_hold_the_client(servers, caplog):
+    addresses, _ = servers(1)
+    client = Client(addresses, timeout_s=5)
+    released = threading.Event()
+    real_close = client._channels[0].close
+    client._channels[0].close = lambda: released.wait(30)  # as seen once after a SIGTERM inside a call
+    started = time.monotonic()
+    client.close(timeout_s=0.5)
+    assert time.monotonic() - started < 5 and "did not close within 0.5 s; going on without them" in caplog.text
+    released.set()
+    real_close()
+
+
 def test_call_threads_run_calls_at_once_on_reused_daemon_threads():
     import threading as _threading
 

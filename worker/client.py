@@ -105,6 +105,7 @@ def _server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
 
 
 NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
+CLOSE_TIMEOUT_S = 5.0  # Client.close's wait for its channels
 STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does not wait long
 MAX_STOP_REASON = 1000  # characters of a stop stamp's reason (ps.engine.jobs MAX_SETUP_CHARS)
 READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
@@ -689,11 +690,16 @@ class Client:
             cls = DiskFullError
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Closes the channels (their calls in flight are cancelled), for at most timeout_s: a channel whose close
+        does not return by then (seen once after a SIGTERM landed inside a call) is left to the process's end."""
         self._closed = True  # a call the closing cancels is not sent again
         self._callers.close()
-        for c in self._channels:
-            c.close()
+        closing = threading.Thread(target=lambda: [c.close() for c in self._channels], name="ps-close", daemon=True)
+        closing.start()
+        closing.join(timeout_s)
+        if closing.is_alive():
+            log.warning("the client's gRPC channels did not close within %.3g s; going on without them", timeout_s)
 
     def __enter__(self) -> Client:
         return self

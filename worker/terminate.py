@@ -5,6 +5,8 @@ on Ctrl-C: local shards stopped, temporary directories removed, a message, exit 
         ...                  # the first SIGTERM raises Terminated here; later ones are ignored while it unwinds
 
 Terminated is a BaseException, as KeyboardInterrupt is: an `except Exception` on the way does not swallow it.
+Later SIGTERMs are ignored, so a cleanup that hangs could keep the process for good: CLEANUP_LIMIT_S after the
+first, it exits with EXIT_CODE whatever it is doing (local shards stop on their own once it is gone).
 
 Within the block, SIGTERM and Ctrl-C (SIGINT, unless the process ignores it) that arrive while the main thread
 holds numba's compiler lock (compiling a kernel, or loading one from numba's cache) raise once it lets go of it:
@@ -15,12 +17,14 @@ crashed the process (exit -11) instead of unwinding it.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
+CLEANUP_LIMIT_S = 120.0  # after a SIGTERM, the process exits (EXIT_CODE) by then even if its cleanup hangs
 
 
 class Terminated(BaseException):
@@ -82,6 +86,9 @@ def sigterm_raises() -> Iterator[None]:
 
     def raise_terminated(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        watchdog = threading.Timer(CLEANUP_LIMIT_S, os._exit, args=(EXIT_CODE,))  # later SIGTERMs are ignored:
+        watchdog.daemon = True  # a cleanup that hangs must not keep the process for good
+        watchdog.start()
         _GUARD.raise_now(Terminated)
 
     def raise_interrupt(signum: int, frame: Any) -> None:
