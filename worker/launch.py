@@ -407,7 +407,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             commands = worker_commands(plan, addresses, metrics_dir, program)
             port, base = free_port(), dict(os.environ)
             envs = [worker_environment(i, plan.workers, port, base) for i in range(plan.workers)]
-            progress = MergedProgress(plan.workers, plan.progress_bar, progress_every_s)
+            bar = plan.progress_bar and sys.stderr.isatty()  # a log file gets the plain lines, not a bar's redraws
+            progress = MergedProgress(plan.workers, bar, progress_every_s)
             group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
             try:
                 group.start()
