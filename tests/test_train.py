@@ -146,13 +146,14 @@ def test_early_stopping_stops_after_p_validations_without_improvement():
     assert [e["epoch"] for e in result.curve] == list(range(1, len(losses) + 1))
 
 
-def test_eval_every_n_steps_and_no_early_stop_runs_every_epoch():
+def test_eval_every_n_steps_and_no_early_stop_runs_every_epoch_and_validates_each_epochs_end():
     cfg = TrainConfig(local_shards=1, model="lr", synthetic_rows=2000, synthetic_eval_rows=200, batch_size=200,
-                      epochs=2, early_stop=0, eval_every=3, validation_fraction=0.1, progress=False)  # fmt: skip
+                      epochs=2, early_stop=0, eval_every=4, validation_fraction=0.1, progress=False)  # fmt: skip
     result, _, _ = _run(cfg)
     assert not result.stopped_early
     steps_per_epoch = -(-int(2000 - validation_mask(0, 2000, 0.1).sum()) // 200)
-    assert [e["step"] for e in result.curve] == list(range(3, 2 * steps_per_epoch + 1, 3))
+    assert steps_per_epoch == 9
+    assert [e["step"] for e in result.curve] == [4, 8, 9, 12, 16, 18]  # and the model as each epoch ended
 
 
 def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
@@ -350,3 +351,14 @@ def test_the_recipe_line_names_what_table_config_changes(tmp_path):
         with_file = dataclasses.replace(cfg, table_config=str(path))
         assert table_config_note(with_file, spec, overrides, table_configs(with_file, spec, overrides)) == expected
     assert table_config_note(cfg, spec, overrides, table_configs(cfg, spec, overrides)) == ""
+
+
+def test_the_best_line_names_the_step_where_the_run_validated_every_few_steps():
+    from worker.train import format_results
+
+    r = {"best_validation_auc": 0.79, "best_validation_logloss": 0.45, "best_epoch": 1, "best_step": 1500,
+         "model_is_best": True, "curve": [{"best": False}]}  # fmt: skip
+    assert "at epoch 1, step 1,500 (ran to its end; the model kept is this best one)" in format_results(
+        {**r, "eval_every": 500}
+    )
+    assert "at epoch 1 (ran to its end;" in format_results({**r, "eval_every": 0})

@@ -177,7 +177,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     )
     fit.add_argument("--validation-data", default=None, help="a file to validate on instead of a split")
     fit.add_argument(
-        "--eval-every", type=integer(0), default=d.eval_every, help="steps between validations (0: after every epoch)"
+        "--eval-every",
+        type=integer(0),
+        default=d.eval_every,
+        help="steps between validations, and one at each epoch's end (0: at each epoch's end only)",
     )
     fit.add_argument(
         "--early-stop",

@@ -55,7 +55,8 @@ class LoopSettings:
     epochs: int = 1
     prefetch: int = 1
     dense_l2: float = 0.0  # on the dense weights (not the biases)
-    eval_every: int = 0  # steps between evaluations of the validation set; 0: at the end of each epoch
+    eval_every: int = 0  # steps between evaluations of the validation set (and at each epoch's end); 0: at the end of
+    # each epoch only
     early_stop: int = 0  # stop after this many evaluations without a better validation logloss; 0: never
     restore_best: bool = False  # end with the model of the best evaluation (one worker only)
     progress: bool = True
@@ -352,7 +353,8 @@ def run_epochs(
             batches.close()
         if stop:
             break
-        if not s.eval_every and evaluation(epoch + 1):
+        validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
+        if not validated and evaluation(epoch + 1):
             stop = True
             break
     pusher.shutdown()

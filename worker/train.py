@@ -613,13 +613,15 @@ def train(cfg: TrainConfig) -> dict:
             "dense_syncs": dense.syncs,
             **loop.source_stats,
             "stopped_early": loop.stopped_early,
+            "eval_every": cfg.eval_every,
             "restored_best": loop.restored_best,
             "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
             "curve": loop.curve,
         }
         if loop.best is not None:
             results.update(best_validation_auc=loop.best["validation_auc"],
-                           best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"])  # fmt: skip
+                           best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"],
+                           best_step=loop.best["step"])  # fmt: skip
         final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
         results.update(evaluate(client, spec, backend, final_dense, data.eval()))
         stats = [t for shard in client.stats() for t in shard.tables if t.name in spec.table_dims()]
@@ -724,12 +726,12 @@ def format_results(r: dict) -> str:
     if "table_rows" in r:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "best_validation_auc" in r:
-        stop = "stopped early" if r.get("stopped_early") else "ran every epoch"
+        stop = "stopped early" if r.get("stopped_early") else "ran to its end"
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
         if _workers(r) > 1:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
-                     f"  at epoch {r['best_epoch']} ({stop}; {kept})")  # fmt: skip
+                     f"  at epoch {r['best_epoch']}{at_step(r)} ({stop}; {kept})")  # fmt: skip
         last = (r.get("curve") or [{}])[-1]
         if not r.get("stopped_early") and last.get("best") and r["best_epoch"] > 1:
             lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
@@ -752,6 +754,11 @@ NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model o
 def _workers(r: dict) -> int:
     """The job's worker count of a worker's figures ("worker": "i/n"); 1 for others."""
     return int(str(r.get("worker", "0/1")).partition("/")[2] or 1)
+
+
+def at_step(r: dict) -> str:
+    """ ", step N" of the best evaluation, where the run evaluated every --eval-every steps."""
+    return f", step {r['best_step']:,}" if r.get("eval_every") and r.get("best_step") is not None else ""
 
 
 def eval_lines(r: dict) -> list[str]:
