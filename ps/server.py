@@ -17,6 +17,7 @@ from ps.accel.threadnames import name_os_thread
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.engine.warmup import warm_up
+from ps.errors import DiskFullError
 from ps.health import SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
@@ -183,5 +184,19 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
     stop.wait()
-    server.stop()
-    print(f"ps-server shard {config.shard_id}: stopped cleanly", file=sys.stderr, flush=True)
+    code = stop_server(server, config.shard_id)
+    if code:
+        raise SystemExit(code)
+
+
+def stop_server(server: Server, shard_id: int) -> int:
+    """Stops a serving shard and says how it went: 0, or 1 when its disk was too full to write its last rows
+    (the journal holds them: nothing acknowledged is lost)."""
+    try:
+        server.stop()
+    except DiskFullError as e:
+        print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB: {e}. Every acknowledged "
+              "push is in its journal, replayed at the next start once the disk has room", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    print(f"ps-server shard {shard_id}: stopped cleanly", file=sys.stderr, flush=True)
+    return 0

@@ -486,3 +486,18 @@ def test_disk_full_reason():
     assert disk_full_reason(Exception("IO error: Disk quota exceeded: /d/x.sst")) == "Disk quota exceeded"
     assert disk_full_reason(Exception("Corruption: block checksum mismatch")) is None
     assert DiskFullError.of("No space left on device", "x").status == "RESOURCE_EXHAUSTED"
+
+
+def test_a_server_whose_disk_is_full_at_its_stop_says_so_in_a_line(capsys):
+    from ps.server import stop_server
+
+    class FullAtStop:
+        def stop(self):
+            raise DiskFullError.of("No space left on device", "RocksDB in /data failed while writing rows",
+                                   outcome="", remedy="restart the server")  # fmt: skip
+
+    assert stop_server(FullAtStop(), 3) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ps-server shard 3: stopped without writing its last rows to RocksDB: the server's disk is")
+    assert err.rstrip().endswith("Every acknowledged push is in its journal, replayed at the next start once the disk "
+                                 "has room")  # fmt: skip
