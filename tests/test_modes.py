@@ -148,7 +148,7 @@ def test_a_sync_step_far_past_the_jobs_newest_is_refused_naming_steps(tmp_path):
     try:
         shard.push_stamped([push(A[:2], np.ones((2, 4)))], 1, 0, 0, stamp(0, 0, sync=True, num_workers=1))
         with pytest.raises(InvalidArgumentError, match=r"sync step 2,097,152 is more than 1,048,576 steps past the "
-                           r"newest step of job 0x5eed applied on shard 0 \(0\)"):  # fmt: skip
+                           r"newest step of job 24301 applied on shard 0 \(0\)"):  # fmt: skip
             shard.push_stamped([push(A[:2], np.ones((2, 4)))], 1, 0, 0, stamp(0, 2**21, sync=True, num_workers=1))
         assert shard.clock == 1
     finally:
@@ -299,7 +299,7 @@ def test_a_sync_step_missing_a_worker_fails_at_its_deadline_and_applies_nothing(
         assert 0.5 <= time.monotonic() - started < 10
         assert info.value.status == "ABORTED"
         message = str(info.value)
-        assert "worker 1 (at step 1)" in message and f"job {JOB:#x}" in message and "worker 0's" in message
+        assert "worker 1 (at step 1)" in message and f"job {JOB}" in message and "worker 0's" in message
         assert "nothing of the step was applied" in message
         assert (shard.table("emb").peek(A) == before).all() and shard.journal.next_seq == journaled
         assert shard.clock == 1 and not shard.jobs._steps  # the contribution was dropped
@@ -355,7 +355,7 @@ def test_a_worker_of_another_setup_stops_the_job_and_every_worker_hears_why(tmp_
         started = time.monotonic()
         other = SETUP.replace("model=fm", "model=deepfm") + " hidden=400,400 dense=ps"
         expected = (
-            r"shard 0: job 0x5eed stops: worker 1 runs another setup than the job started with here \((worker 0's|its "
+            r"shard 0: job 24301 stops: worker 1 runs another setup than the job started with here \((worker 0's|its "
             r"own) first stamp\): "
             r"'model' 'deepfm' \(the job's: 'fm'\), 'hidden' '400,400' \(the job's: '\(unset\)'\), 'dense' 'ps' "
             r"\(the job's: '\(unset\)'\); every worker of a job runs the same mode, model and tables"
@@ -394,7 +394,7 @@ def test_a_stop_leaves_a_sum_being_applied_and_a_push_applied_since_its_check_as
                                      np.ones(len(A)), np.zeros(len(A)))], 1, apply) for w in range(2))
     )  # fmt: skip
     assert applying.wait(30)
-    with pytest.raises(InvalidArgumentError, match="job 0x5eed stops: worker 1 runs another setup"):
+    with pytest.raises(InvalidArgumentError, match="job 24301 stops: worker 1 runs another setup"):
         jobs.check(stamp(1, 1, setup="model=lr"), pull=False)
     release.set()
     assert [r[0] for r in contributors.join()] == [len(A), len(A)]
@@ -456,7 +456,7 @@ def test_a_push_of_a_worker_held_as_done_is_refused_and_changes_nothing(tmp_path
             with pytest.raises(WorkerDoneError) as info:  # a second run under the job id, most likely
                 shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, again)
             assert info.value.status == "FAILED_PRECONDITION"
-            assert f"worker 1 of job {JOB:#x} said it is done" in str(info.value)
+            assert f"worker 1 of job {JOB} said it is done" in str(info.value)
             assert "a job id is for one run; give a new --job-id; nothing was applied" in str(info.value)
         assert (shard.table("emb").peek(B) == before).all() and shard.journal.next_seq == journaled
         assert shard.clock == 1 and not shard.jobs._steps
@@ -766,7 +766,7 @@ def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_
             wait_until(lambda: shard.jobs._waiting, 10, "worker 0's pull to wait")
         started = time.monotonic()
         shard.push_stamped([], 0, 0, 0, stamp(1, 0, acked=1, stopped="interrupted (Ctrl-C)"))
-        why = r"job 0x5eed stops: worker 1 stopped before its end \('interrupted \(Ctrl-C\)'\); start the job anew"
+        why = r"job 24301 stops: worker 1 stopped before its end \('interrupted \(Ctrl-C\)'\); start the job anew"
         with pytest.raises(BarrierTimeoutError, match=why):
             waiting.join()
         assert time.monotonic() - started < 5
@@ -865,7 +865,7 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
     with pytest.raises(grpc.RpcError) as info:
         stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=s))
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    count = "job 0x5eed stops: worker 2 says the job has 3 workers; it started here with 2 (worker 0's first stamp)"
+    count = "job 24301 stops: worker 2 says the job has 3 workers; it started here with 2 (worker 0's first stamp)"
     assert count in info.value.details()
     with pytest.raises(grpc.RpcError) as info:
         stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good)))
@@ -1110,7 +1110,7 @@ def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
         if finished:
             assert "FAILED_PRECONDITION" in str(info.value) and "said it is done" in str(info.value)
         else:
-            assert f"job id {JOB:#x}'s step 0 was applied before on shard" in str(info.value)
+            assert f"job id {JOB}'s step 0 was applied before on shard" in str(info.value)
         assert (client.pull("emb", A) == -4).all()
 
 

@@ -327,9 +327,9 @@ class JobClocks:
         left = max(0.0, self._patience_s - (time.monotonic() - self._heard))
         live = sum(not d for d in self._done)
         raise JobConflictError(
-            f"shard {self.shard_id} is running job {self.job:#x} ({live} of its {self.num_workers} workers not done, "
+            f"shard {self.shard_id} is running job {self.job} ({live} of its {self.num_workers} workers not done, "
             f"its last stamp {time.monotonic() - self._heard:.3g} s ago); a shard runs one sync or ssp job at a time, "
-            f"so job {stamp.job:#x} cannot start here: wait for that job to end (if its workers are gone, it is "
+            f"so job {stamp.job} cannot start here: wait for that job to end (if its workers are gone, it is "
             f"dropped {left:.3g} s from now, its barrier timeout after its last stamp); nothing was applied"
         )
 
@@ -339,7 +339,7 @@ class JobClocks:
         if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
             return
         self._stop(JobConflictError(
-            f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker}'s push of step {stamp.step:,} "
+            f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker}'s push of step {stamp.step:,} "
             f"comes from another process than its earlier pushes (its clock here is {self._clocks[stamp.worker]:,}): "
             "a worker restarted mid-job would train its share again, and two processes cannot share a --worker-id; "
             "start the job anew under a new --job-id; the request was not applied"
@@ -370,7 +370,7 @@ class JobClocks:
         """The error that stops the job for a stamp that does not match what the job started with. Lock held."""
         first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
         return InvalidArgumentError(
-            f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} {what} ({first} first stamp)"
+            f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker} {what} ({first} first stamp)"
             f"{detail}; every worker of a job {rule} (a flag given to some workers only? or a second run under the "
             "job id: a job id is for one run, give a new --job-id); the request was not applied"
         )
@@ -387,7 +387,7 @@ class JobClocks:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
         if not stamp.done and stamp.job == self.job and self._done[stamp.worker]:
             raise WorkerDoneError(
-                f"shard {self.shard_id}: worker {stamp.worker} of job {stamp.job:#x} said it is done, and a done "
+                f"shard {self.shard_id}: worker {stamp.worker} of job {stamp.job} said it is done, and a done "
                 "worker pushes nothing more: is a second run using the job id? a job id is for one run; give a new "
                 "--job-id; nothing was applied"
             )
@@ -415,11 +415,10 @@ class JobClocks:
         setup the job's. Lock held."""
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
-        log.info("shard %d follows job %#x of %d workers (clocks from %d)%s", self.shard_id, job, num_workers, seed,
-                 f", in place of job {self.job:#x}" if self.job else "")  # fmt: skip
+        log.info("shard %d follows job %d of %d workers (clocks from %d)%s", self.shard_id, job, num_workers, seed,
+                 f", in place of job {self.job}" if self.job else "")  # fmt: skip
         replaced = BarrierTimeoutError(
-            f"shard {self.shard_id}: job {self.job:#x} was replaced by job {job:#x} (a stamp of that job came); "
-            "the job stops"
+            f"shard {self.shard_id}: job {self.job} was replaced by job {job} (a stamp of that job came); the job stops"
         )
         for step in self._steps.values():
             step.error = replaced
@@ -490,7 +489,7 @@ class JobClocks:
                         raise BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s pull of step {stamp.step} (staleness "
                             f"{stamp.staleness}) waited {waited:.3g} s for {self._named(behind)} of job "
-                            f"{stamp.job:#x}; is it alive? the job stops"
+                            f"{stamp.job}; is it alive? the job stops"
                         )
                     if not waiting:
                         refused = self._threads_refusal(stamp, f"pull of step {stamp.step}")
@@ -521,7 +520,7 @@ class JobClocks:
         with self._cond:
             self._enter(stamp)
             if not self._done[stamp.worker]:
-                log.info("shard %d: worker %d of job %#x is done", self.shard_id, stamp.worker, stamp.job)
+                log.info("shard %d: worker %d of job %d is done", self.shard_id, stamp.worker, stamp.job)
                 self._done[stamp.worker] = True
                 self._cond.notify_all()
             return self._min_clock()
@@ -533,10 +532,10 @@ class JobClocks:
             if self._closed:
                 raise ShardClosingError(f"shard {self.shard_id} is shutting down")
             if stamp.job == self.job and self._stopped is None and not all(self._done):
-                log.warning("shard %d: job %#x stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
+                log.warning("shard %d: job %d stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
                             echo(stamp.stopped, 200))  # fmt: skip
                 self._stop(BarrierTimeoutError(
-                    f"shard {self.shard_id}: job {stamp.job:#x} stops: worker {stamp.worker} stopped before its end "
+                    f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker} stopped before its end "
                     f"({echo(stamp.stopped, 200)}); start the job anew under a new --job-id"
                 ))  # fmt: skip
             return self._min_clock()
@@ -548,7 +547,7 @@ class JobClocks:
         if stopping and generation == self._generation and self._stopped is not None:
             raise _again(self._stopped)
         if generation != self._generation:
-            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job:#x} (a stamp "
+            raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
 
     def _threads_refusal(self, stamp: Stamp, what: str) -> RpcThreadsExhaustedError | None:
@@ -557,7 +556,7 @@ class JobClocks:
             return None
         n = self.num_workers
         return RpcThreadsExhaustedError(
-            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {stamp.job:#x} would wait for the other "
+            f"shard {self.shard_id}: worker {stamp.worker}'s {what} of job {stamp.job} would wait for the other "
             f"workers while waits hold {self._waiting} of this server's {self.threads} RPC threads (--threads), "
             f"leaving none for the requests that end them; a job of {n:,} workers may have 2 x {n:,} "
             f"waits: start ps-server with --threads >= 2 x workers + 2 ({2 * n + 2:,}); nothing was applied; the "
@@ -596,7 +595,7 @@ class JobClocks:
         if newest and seq > newest + MAX_SEQ_JUMP:  # refused as the PushBatch that applies its sum would be
             raise InvalidArgumentError(
                 f"bad worker stamp: sync step {stamp.step:,} is more than {MAX_SEQ_JUMP:,} steps past the newest "
-                f"step of job {stamp.job:#x} applied on shard {self.shard_id} ({newest - 1:,}); a job's workers "
+                f"step of job {stamp.job} applied on shard {self.shard_id} ({newest - 1:,}); a job's workers "
                 "count their steps 0, 1, 2, ...; nothing was applied"
             )
         with self._cond:
@@ -613,7 +612,7 @@ class JobClocks:
                 earlier = step.clients.get(stamp.worker, 0)
                 if client and earlier and earlier != client:
                     self._fail(step, InvalidArgumentError(
-                        f"bad worker stamp: two workers of job {stamp.job:#x} say they are worker {stamp.worker} "
+                        f"bad worker stamp: two workers of job {stamp.job} say they are worker {stamp.worker} "
                         f"(their pushes of sync step {stamp.step:,} come from two clients): give each worker its own "
                         f"--worker-id in 0..{self.num_workers - 1}; the step was not applied"
                     ))  # fmt: skip
@@ -639,7 +638,7 @@ class JobClocks:
                         ]
                         self._fail(step, BarrierTimeoutError(
                             f"shard {self.shard_id}: worker {stamp.worker}'s sync push of step {stamp.step} waited "
-                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job:#x}; nothing "
+                            f"{waited:.3g} s for the pushes of {self._named(missing)} of job {stamp.job}; nothing "
                             "of the step was applied; is it alive? the job stops"
                         ))  # fmt: skip
                         raise _again(step.error)
