@@ -74,6 +74,17 @@ APPLIED_AGAIN_IF_SENT_AGAIN = {
 }
 
 
+def _why(e: grpc.RpcError) -> str:
+    """What a failed call's status says, in short: gRPC's text for a refused connection names every address it
+    tried ("failed to connect to all addresses; last error: ..."), its code's name for a cancelled call."""
+    details = e.details() or ""
+    if "Connection refused" in details:
+        return "connection refused: nothing listens there"
+    if e.code() == grpc.StatusCode.CANCELLED:
+        return "CANCELLED: the server stopped the call"
+    return f"{e.code().name}: {details}"
+
+
 def _sent_once(method: str, request: object) -> bool:
     """Whether a call of method with request is not sent again after its deadline (APPLIED_AGAIN_IF_SENT_AGAIN)."""
     return method in APPLIED_AGAIN_IF_SENT_AGAIN and getattr(request, "phase", "") != "release"
@@ -474,7 +485,7 @@ class Client:
             stamp=replace(stamp, stopped=why or "stopped", done=False, sync=False).to_proto()
         )
         outcomes = self._send([("PushBatch", s, stop) for s in range(len(self._stubs))], timeout_s)
-        return [f"shard {s} at {self.servers[s]} ({o.code().name}: {o.details()})"
+        return [f"shard {s} at {self.servers[s]} ({_why(o)})"
                 for s, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]  # fmt: skip
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
@@ -662,8 +673,8 @@ class Client:
         with self._down_lock:
             since = self._down.setdefault(shard, now)
         if since is now:  # this call marked it
-            log.warning("shard %d at %s is unavailable (%s: %s); waiting for it for up to %.0f s",
-                        shard, self.servers[shard], e.code().name, e.details(), self.server_timeout_s)  # fmt: skip
+            log.warning("shard %d at %s is unavailable (%s); waiting for it for up to %.0f s",
+                        shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
         return now - since < self.server_timeout_s
 
     def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
