@@ -176,11 +176,15 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     except BaseException:
         server.shard.close()
         raise
-    print(
-        f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
-        f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
-        flush=True,
-    )
+    try:
+        print(
+            f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
+            f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
+            flush=True,
+        )
+    except BrokenPipeError:  # whoever read this server's output is gone (a killed parent): serve, and stop as told
+        log.warning("standard output is a pipe nobody reads any more; its lines are dropped")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
     stop.wait()
