@@ -284,9 +284,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.shard.push(*push)
         return ps_pb2.PushResponse(num_applied=len(push[1]))
 
-    def _caller_gone(self, context: grpc.ServicerContext) -> CallerGone:
-        return CallerGone(context)
-
     @_rpc
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PullBatchResponse already serialized (see add_to_server)."""
@@ -300,7 +297,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             shapes.append((len(ids), self.shard.table(name).dim))
             self.shard.check_owned(ids)
         self._check_reply("PullBatch", shapes)
-        min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, self._caller_gone(context))
+        min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
         return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls], min_clock)
 
     @_rpc
@@ -319,7 +316,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             num_applied = sum(len(p[1]) for p in pushes[len(pushes) - applied :])  # the last `applied` ran now
         else:
             step, num_applied, min_clock = self.shard.push_stamped(
-                pushes, request.advance_clock, client, request.seq, stamp, self._caller_gone(context)
+                pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context)
             )
         rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
         return codec.encode_push_batch_response(num_applied, step, rows, min_clock)

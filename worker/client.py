@@ -23,8 +23,8 @@ Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a train
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
 push of the step, summed and applied once); finish() says the worker is done. A stamped call sent again carries
-the acked the worker has then (the steps whose stamped push_many returned), not that of its first attempt. A stamped call's deadline is
-timeout_s + the stamp's barrier_timeout_s (a wait is not a dead server); a wait that ends without the other
+the acked the worker has then (the steps whose stamped push_many returned), not that of its first attempt. A
+stamped call's deadline is timeout_s + the stamp's barrier_timeout_s (a wait is not a dead server); a wait that ends without the other
 workers raises BarrierTimeoutError (ABORTED), never retried. A sync push's first attempt that a shard answers
 as applied before (a second run under the job's id) raises JobIdReusedError.
 """
@@ -37,7 +37,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
@@ -583,12 +583,9 @@ class Client:
         than server_timeout_s, on its own: a call waiting at a job's barrier on one shard may wait for the retry of
         another on a restarted one. The positions of calls sent again are added to `retried`."""
         timeout_s = timeout_s or self.timeout_s
-        if not calls:
-            return []
-        others = [self._callers.submit(self._call_until_answered, c, i, retried, timeout_s, False)
-                  for i, c in enumerate(calls[1:], start=1)]  # fmt: skip
-        outcomes = [self._call_until_answered(calls[0], 0, retried, timeout_s, True)]
-        outcomes += [f.result() for f in others]
+        outcomes = self._at_once(
+            calls, lambda c, i, interruptible: self._call_until_answered(c, i, retried, timeout_s, interruptible)
+        )
         for outcome in outcomes:
             if isinstance(outcome, PsError):
                 raise outcome
@@ -660,10 +657,15 @@ class Client:
     def _send(self, calls: list[tuple[str, int, object]], timeout_s: float) -> list:
         """Makes every (method, shard, request) call at once, once: the first from this thread (interruptible,
         see _attempt), the others on the pool. Returns each call's reply, or the grpc.RpcError it failed with."""
+        return self._at_once(calls, lambda c, i, interruptible: self._attempt(c, timeout_s, interruptible))
+
+    def _at_once(self, calls: list, run: Callable[[tuple, int, bool], object]) -> list:
+        """[run(call, its position, interruptible)] of every call at once: the first on this thread (interruptible:
+        a signal stops the wait, see _attempt), the others on the pool; in order."""
         if not calls:
             return []
-        others = [self._callers.submit(self._attempt, c, timeout_s, False) for c in calls[1:]]
-        return [self._attempt(calls[0], timeout_s, True), *(f.result() for f in others)]
+        others = [self._callers.submit(run, c, i, False) for i, c in enumerate(calls[1:], start=1)]
+        return [run(calls[0], 0, True), *(f.result() for f in others)]
 
     def _keep_waiting(self, shard: int, method: str, e: grpc.RpcError) -> bool:
         """True while the shard has been failing for less than server_timeout_s (logs when it starts)."""

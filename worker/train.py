@@ -554,7 +554,9 @@ def train(cfg: TrainConfig) -> dict:
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
         check_tables(client, tables_cfg, "nothing was created")
-        held = trained_rows(client, spec) if cfg.num_workers == 1 and not cfg.create_tables_only else 0
+        held = 0
+        if cfg.num_workers == 1 and not cfg.create_tables_only:
+            held = sum(t.num_rows for t in sparse_table_stats(client, spec))
         for table in tables_cfg:
             client.create_table(table)
         if cfg.create_tables_only:
@@ -624,7 +626,7 @@ def train(cfg: TrainConfig) -> dict:
                            best_step=loop.best["step"])  # fmt: skip
         final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
         results.update(evaluate(client, spec, backend, final_dense, data.eval()))
-        stats = [t for shard in client.stats() for t in shard.tables if t.name in spec.table_dims()]
+        stats = sparse_table_stats(client, spec)
         results["table_rows"] = sum(t.num_rows for t in stats)  # ids with a trained row
         results["pending_ids"] = sum(t.pending_ids for t in stats)  # ids seen but not admitted
     for line in data.bad_lines_report():
@@ -662,10 +664,10 @@ def validation_too_small(validation: list) -> str | None:
             "--early-stop 0")  # fmt: skip
 
 
-def trained_rows(client: Client, spec: ModelSpec) -> int:
-    """The rows the servers' tables of the model's sparse tables hold (0: none, or no such tables yet)."""
+def sparse_table_stats(client: Client, spec: ModelSpec) -> list:
+    """Every shard's Stats of the model's sparse tables (none where they do not exist yet)."""
     names = set(spec.table_dims())
-    return sum(t.num_rows for shard in client.stats() for t in shard.tables if t.name in names)
+    return [t for shard in client.stats() for t in shard.tables if t.name in names]
 
 
 def _say(line: str, cfg: TrainConfig) -> None:
