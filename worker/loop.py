@@ -208,10 +208,11 @@ class _ProgressLines:
     """'PROGRESS {json}' on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch); or,
     plain, 'progress: ...' lines for a person on stderr (a bar's redraws would fill a log file)."""
 
-    PLAIN_EVERY_S = 30.0
+    JSON_EVERY_S, PLAIN_EVERY_S = 2.0, 30.0
 
-    def __init__(self, worker: int, total: int, every_s: float = 2.0, plain: bool = False):
-        self.worker, self.total, self.every_s, self.plain = worker, total, every_s, plain
+    def __init__(self, worker: int, total: int, plain: bool = False, every_s: float | None = None):
+        self.worker, self.total, self.plain = worker, total, plain
+        self.every_s = every_s if every_s is not None else self.PLAIN_EVERY_S if plain else self.JSON_EVERY_S
         self.last = time.perf_counter()
 
     def update(self, result: LoopResult, logloss: float, started: float, extra: dict, final: bool = False) -> None:
@@ -255,11 +256,7 @@ def run_epochs(
     plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
     bar = tqdm(total=s.total_examples * s.epochs, unit="ex", unit_scale=True, disable=not s.progress or plain,
                smoothing=0.1)  # fmt: skip
-    lines = None
-    if s.progress_lines or plain:
-        total = s.total_examples * s.epochs
-        lines = _ProgressLines(s.worker, total, _ProgressLines.PLAIN_EVERY_S, plain=True) if plain \
-            else _ProgressLines(s.worker, total)  # fmt: skip
+    lines = _ProgressLines(s.worker, s.total_examples * s.epochs, plain) if s.progress_lines or plain else None
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
