@@ -448,6 +448,24 @@ def test_a_failing_worker_stops_the_others_and_their_children(fakes, capsys, act
     assert_all_gone(pids, {"worker-0", "worker-1", "grandchild-1", "worker-2"})
 
 
+def test_a_job_that_stops_says_which_skip_trains_on_from_where_its_slowest_worker_was(fakes, capsys):
+    """The workers' last PROGRESS reports (a stopped worker writes one as it stops), after a resumed run's skip."""
+    wait = {"wait_for": ["worker-1"]}
+    command, pids = fakes([{"action": "exit", "code": 3, "progress": [{"examples": 300}], **wait},
+                           {"action": "sleep", "progress": [{"examples": 100}, {"examples": 500}]}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    resumed = TrainConfig(servers=(SERVERS,), skip_examples=1000)
+    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: resumed) == 1
+    err = capsys.readouterr().err
+    assert ("the workers had trained 1,300, 1,500 examples of their shares (their last progress reports), which the "
+            "servers keep; to train on from there, run the same command with --skip-examples 1300 (worker 0's: the "
+            "others train up to 200 examples again)") in err, err  # fmt: skip
+    assert_all_gone(pids, {"worker-0", "worker-1"})
+    args, rest = launch_args("--workers", "2", "--local-shards", "1", "--no-progress")
+    with pytest.raises(ValueError, match="--skip-examples resumes training a model that servers hold"):
+        run_launch(args, rest, worker_command=command, train_config=lambda argv: resumed)
+
+
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):
     command, pids = fakes([{"action": "exit", "code": 2, "wait_for": ["worker-1"]},
                            {"action": "sleep", "ignore_term": True}])  # fmt: skip

@@ -180,6 +180,8 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
         (dict(recipe="medium"), "--recipe 'medium' is unknown"),
         (dict(schema="s.toml"), "--schema needs --data"),
         (dict(validation_fraction=0.1, validation_data="v.csv"), "not both"),
+        (dict(skip_examples=-1), "--skip-examples -1: expected an integer >= 0"),
+        (dict(skip_examples=100), "--skip-examples resumes training a model that servers hold; --local-shards"),
     ],
 )
 def test_bad_settings_name_their_flag(change, message):

@@ -200,6 +200,54 @@ def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_traine
         train(small_run(addresses, str(bad), max_bad_lines=0))  # the large recipe's default skips a few
 
 
+def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_an_uninterrupted_one(
+    servers, files, tmp_path, monkeypatch, capsys
+):
+    """6 steps per epoch, 2 epochs: Ctrl-C as step 9's batch is read; the rerun with the --skip-examples the
+    stopped run printed ends with the model (its predictions on every training example) of a run never stopped."""
+    from worker.data import DataSource
+
+    train_path, _ = files
+    whole, _ = servers(1, root=tmp_path / "whole")
+    stopped, _ = servers(1, root=tmp_path / "stopped")
+    run = dict(epochs=2, prefetch=1)
+    train(small_run(whole, train_path, **run))
+    capsys.readouterr()
+    read = DataSource.train
+    batches_read = 0
+
+    def interrupted(self):
+        nonlocal batches_read
+        for batch in read(self):
+            batches_read += 1
+            if batches_read == 9:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(DataSource, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_run(stopped, train_path, **run))
+    monkeypatch.setattr(DataSource, "train", read)
+    err = capsys.readouterr().err
+    assert "stopped in epoch 2 of 2 after 800 training examples (this run's 800 in 8 steps)" in err, err
+    skip = int(re.search(r"--skip-examples (\d+)", err).group(1))
+    resumed = train(small_run(stopped, train_path, skip_examples=skip, **run))
+    assert resumed["train_examples"] == 2 * TRAIN_ROWS - 800 and resumed["skipped_examples"] == 800
+    assert "resuming: the first 800 training examples are read and skipped" in capsys.readouterr().out
+    scores = [evaluate_servers(small_run(a, train_path))["eval_logloss"] for a in (whole, stopped)]
+    assert scores[0] == scores[1]
+    with pytest.raises(ValueError, match=r"--skip-examples 1,200 skips every training example of this worker's 2 "):
+        train(small_run(stopped, train_path, skip_examples=1200, **run))
+
+    monkeypatch.setattr(DataSource, "train", interrupted)  # under launch: a last PROGRESS line, launch's hint
+    batches_read = 0
+    with pytest.raises(KeyboardInterrupt):
+        train(small_run(stopped, train_path, progress_lines=True, **run))
+    out, err = capsys.readouterr()
+    last = json.loads(out.strip().splitlines()[-1].removeprefix("PROGRESS "))
+    assert (last["examples"], last["steps"]) == (800, 8) and "--skip-examples" not in err
+
+
 def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     csv_file = tmp_path / "my.csv"
     csv_file.write_text("label,a,b\n1,x,y\n0,z,w\n")

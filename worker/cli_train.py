@@ -188,6 +188,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="stop after this many validations without a better logloss (0: never; default: small: 2, large: 0)",
     )
+    fit.add_argument(
+        "--skip-examples",
+        type=integer(0),
+        default=d.skip_examples,
+        help="resume a stopped run: read and skip the first N training examples of this worker's share (counted "
+        "over epochs) and train on from there, on the servers that hold that run's model; a stopped run prints its N",
+    )
     model.add_argument(
         "--table-config", help="TOML file with table settings (optimizer and its parameters, initializer, weight "
         "bound, admission, eviction) that override the model's defaults; see docs/tables.md",
@@ -418,6 +425,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         validation_fraction=args.validation_fraction,
         validation_data=args.validation_data,
         eval_every=args.eval_every,
+        skip_examples=args.skip_examples,
         early_stop=args.early_stop,
         l2=args.l2,
         dense_l2=args.dense_l2,

@@ -195,6 +195,9 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError("the train flags were refused (see the message above)") from None
     for backend in sorted(set(backends)):
         dataclasses.replace(cfg, backend=backend).validate()
+    if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
+        raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
+                         "empty ones (give --servers)")  # fmt: skip
     check_not_an_input("--metrics-out", args.metrics_out, {**cfg.input_files(), "--config": config})
     log_level = getattr(args, "log_level", None)
     return LaunchPlan(
@@ -410,16 +413,21 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             bar = plan.progress_bar and sys.stderr.isatty()  # a log file gets the plain lines, not a bar's redraws
             progress = MergedProgress(plan.workers, bar, progress_every_s)
             group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
+            failure: tuple[int, int] | None = None
+            finished = False
             try:
                 group.start()
                 progress.open()
                 group.read_output()
                 failure = group.wait(progress.tick)
+                finished = failure is None
             finally:
                 try:
                     group.stop(grace_s)
                 finally:
                     progress.close()
+                    if not finished and plan.local_shards is None:
+                        _say_where_to_resume(plan, progress.latest())
             if failure is not None:
                 _report_failure(*failure, group.tails[failure[0]])
                 return 1
@@ -451,6 +459,22 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None) -> dict:
     if evaluate is None:
         from worker.train import evaluate_servers as evaluate
     return evaluate(cfg)
+
+
+def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
+    """After a job that did not finish: how many examples each worker had trained (its last PROGRESS line: a
+    worker stopped by a signal writes one as it stops), and the --skip-examples that trains on from there: the
+    fewest, so that no worker leaves examples out (the others train up to the difference twice)."""
+    trained = [int(reports[i].get("examples") or 0) if i in reports else 0 for i in range(plan.workers)]
+    if not any(trained):
+        return
+    skip = getattr(plan.train_config, "skip_examples", 0)
+    done = [skip + n for n in trained]
+    listed = ", ".join(f"{n:,}" for n in done)
+    print(f"ps-worker launch: the workers had trained {listed} examples of their shares (their last progress "
+          f"reports), which the servers keep; to train on from there, run the same command with --skip-examples "
+          f"{min(done)}" + (f" (worker {done.index(min(done))}'s: the others train up to {max(done) - min(done):,} "
+                            "examples again)" if max(done) > min(done) else ""), file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _report_failure(worker: int, code: int, tail: Sequence[str]) -> None:

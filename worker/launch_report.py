@@ -6,7 +6,8 @@ PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; r
               [, "cache_hit_rate": h, "cache_bytes_saved": b]}
     n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
     unknown); x: its running train logloss (null before the first step); h, b: its row cache's hit rate and the bytes
-    its hits did not pull (geo: the share of rows read locally). A line that does not parse is output.
+    its hits did not pull (geo: the share of rows read locally). A worker stopped before its end (a signal, an
+    error) writes one as it stops, its t equal to n. A line that does not parse is output.
 --metrics-out (one JSON object):
     {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
@@ -113,6 +114,11 @@ class MergedProgress:
     def merged(self) -> dict:
         with self._lock:
             return merge_progress(list(self._reports.values()), self.workers)
+
+    def latest(self) -> dict[int, dict]:
+        """Each worker's last PROGRESS report, by worker index (those that sent one)."""
+        with self._lock:
+            return dict(self._reports)
 
     def report(self, worker: int, report: dict) -> None:
         with self._lock:

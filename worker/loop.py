@@ -10,6 +10,7 @@
                      source.push(step, per table: unique ids, summed grads, clicks, shows; with an inline dense
                                  path the MLP's gradients when a sync is due)   # one clock advance
                      dense.step(dense grads) otherwise   # background PS push, or allreduce (worker/allreduce.py)
+A resumed run (--skip-examples N) reads and drops the first N examples of the stream before its first step.
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
@@ -63,13 +64,15 @@ class LoopSettings:
     progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout (for ps-worker launch)
     worker: int = 0  # this worker's id, in progress lines
     total_examples: int = 0  # the progress bar's total for one epoch
+    skip_examples: int = 0  # the first examples of the stream (over epochs) dropped untrained: a resumed run's
 
 
 @dataclass
 class LoopResult:
-    examples: int = 0
+    examples: int = 0  # trained: their pushes answered
     seconds: float = 0.0
     steps: int = 0
+    epoch: int = 0  # the epoch being trained (from 1)
     train_logloss: float = math.nan
     curve: list[dict] = field(default_factory=list)  # one entry per evaluation of the validation set
     stopped_early: bool = False
@@ -181,6 +184,59 @@ def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
         raise TrainingDataError(str(e), result.steps, result.examples) from e
 
 
+class _Skipping:
+    """Drops the first `left` examples of the batches it is given, over as many epochs' streams as that takes;
+    `seconds` is the time spent reading them."""
+
+    def __init__(self, left: int):
+        self.left, self.seconds = left, 0.0
+
+    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        started = time.perf_counter() if self.left else None
+        for batch in batches:
+            if self.left >= len(batch):
+                self.left -= len(batch)
+                continue
+            if self.left:
+                batch, self.left = batch.slice(self.left, len(batch)), 0
+            if started is not None:
+                self.seconds += time.perf_counter() - started
+                started = None
+            yield batch
+        if started is not None:
+            self.seconds += time.perf_counter() - started
+
+
+class _Step:
+    """One training step of a prepared batch: its rows from the source, forward/backward, the gradients pushed
+    (with the MLP's when the dense path is inline and a sync is due), the MLP's step; returns the predictions."""
+
+    def __init__(self, spec: ModelSpec, backend: Any, dense: Any, source: Any, dense_l2: float):
+        self.spec, self.backend, self.dense, self.source, self.dense_l2 = spec, backend, dense, source, dense_l2
+        self.pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; shut by the loop
+
+    def __call__(self, item: _Prepared) -> np.ndarray:
+        dense, source, batch, tids = self.dense, self.source, item.batch, item.tids
+        rows = source.rows(item.step, tids, item.rows)
+        probs, row_grads, dense_grads = self.backend.forward_backward(
+            model_inputs(self.spec, batch, tids, rows), dense.values, batch.labels
+        )
+        if self.dense_l2:
+            for name, g in dense_grads.items():
+                if not name.endswith(".bias"):
+                    g += np.float32(self.dense_l2) * dense.values[name]
+        if dense.inline:  # the MLP's push goes with the rows' push when one is due
+            due = dense.add(dense_grads)
+            returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
+            if due:
+                dense.take(returned)
+        else:  # the rows' push in flight (on a thread) while the MLP's step runs here
+            pushing = self.pusher.submit(source.push, item.step, tids, row_grads, [])
+            dense.step(dense_grads)
+            pushing.result()
+        return probs
+
+
 class _Prepared:
     __slots__ = ("step", "batch", "tids", "rows")
 
@@ -244,19 +300,25 @@ def run_epochs(
     telemetry: Any = None,
     on_eval: Callable[[dict], None] | None = None,
     source: Any = None,
+    result: LoopResult | None = None,
 ) -> LoopResult:
     """Trains for settings.epochs passes over train_batches() (called once per epoch); returns what happened.
     `tables` is a Client (or anything with its pull_many / push_many); `dense` a dense path (worker/dense.py
     DenseSync, worker/allreduce.py AllReduceDense); `source` where rows come from and pushes go by mode
-    (worker/steprows.py; default: AsyncRows). on_eval receives each curve entry."""
+    (worker/steprows.py; default: AsyncRows). on_eval receives each curve entry. `result`, when given, is filled
+    as training goes: a caller reads how far it got after an exception.
+
+    settings.skip_examples: that many examples of the stream are read and dropped before the first step (whole
+    epochs when it holds more; not training time); an epoch they cover whole is not validated."""
     s = settings
-    result = LoopResult()
+    result = result if result is not None else LoopResult()
     running = RunningMean(0.95)
     started = time.perf_counter()
     plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
-    bar = tqdm(total=s.total_examples * s.epochs, unit="ex", unit_scale=True, disable=not s.progress or plain,
-               smoothing=0.1)  # fmt: skip
-    lines = _ProgressLines(s.worker, s.total_examples * s.epochs, plain) if s.progress_lines or plain else None
+    total = max(0, s.total_examples * s.epochs - s.skip_examples)
+    bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1)
+    lines = _ProgressLines(s.worker, total, plain) if s.progress_lines or plain else None
+    skipping = _Skipping(s.skip_examples)
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
@@ -296,68 +358,60 @@ def run_epochs(
 
     stop = False
     eval_seconds = 0.0  # evaluating the validation set: not training time
-    pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; collected with the loop
-    for epoch in range(s.epochs):
-        step_started = time.perf_counter()
-        source.start_epoch()
-        batches = prefetched(train_batches(), prepare, s.prefetch)
-        try:
-            for _, item in _read_errors_named(batches, result):
-                batch, tids = item.batch, item.tids
-                rows = source.rows(item.step, tids, item.rows)
-                if best_model is not None:
-                    best_model.add(tids)
-                probs, row_grads, dense_grads = backend.forward_backward(
-                    model_inputs(spec, batch, tids, rows), dense.values, batch.labels
-                )
-                if s.dense_l2:
-                    for name, g in dense_grads.items():
-                        if not name.endswith(".bias"):
-                            g += np.float32(s.dense_l2) * dense.values[name]
-                if dense.inline:  # the MLP's push goes with the rows' push when one is due
-                    due = dense.add(dense_grads)
-                    returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
-                    if due:
-                        dense.take(returned)
-                else:  # the rows' push in flight (on a thread) while the MLP's step runs here
-                    pushing = pusher.submit(source.push, item.step, tids, row_grads, [])
-                    dense.step(dense_grads)
-                    pushing.result()
-                n = len(batch)
-                running.update(logloss(batch.labels, probs))
-                if telemetry is not None:
-                    now = time.perf_counter()
-                    telemetry.step(n, now - step_started, running.value)
-                    step_started = now
-                result.examples += n
-                result.steps += 1
-                _advance(bar, n)
-                cache = source.stats()
-                postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
-                if "cache_hit_rate" in cache:
-                    postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
-                if "cache_bytes_saved" in cache:
-                    postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
-                bar.set_postfix(postfix, refresh=False)
-                if lines is not None:
-                    lines.update(result, running.value, started, cache)
-                if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
-                    stop = True
-                    break
-        finally:
-            if stop:  # this worker is done: no other worker waits for it, nor its own prefetched stamped pull
-                source.finish()
-            batches.close()
-        if stop:
-            break
-        validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
-        if not validated and evaluation(epoch + 1):
-            stop = True
-            break
-    pusher.shutdown()
+    step = _Step(spec, backend, dense, source, s.dense_l2)
+    try:
+        for epoch in range(s.epochs):
+            step_started = time.perf_counter()
+            result.epoch, steps_before = epoch + 1, result.steps
+            source.start_epoch()
+            batches = prefetched(skipping(train_batches()), prepare, s.prefetch)
+            try:
+                for _, item in _read_errors_named(batches, result):
+                    batch = item.batch
+                    if best_model is not None:
+                        best_model.add(item.tids)
+                    probs = step(item)
+                    n = len(batch)
+                    running.update(logloss(batch.labels, probs))
+                    if telemetry is not None:
+                        now = time.perf_counter()
+                        telemetry.step(n, now - step_started, running.value)
+                        step_started = now
+                    result.examples += n
+                    result.steps += 1
+                    _advance(bar, n)
+                    cache = source.stats()
+                    postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
+                    if "cache_hit_rate" in cache:
+                        postfix["hits"] = f"{cache['cache_hit_rate']:.0%}"
+                    if "cache_bytes_saved" in cache:
+                        postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
+                    bar.set_postfix(postfix, refresh=False)
+                    if lines is not None:
+                        lines.update(result, running.value, started, cache)
+                    if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
+                        stop = True
+                        break
+            finally:
+                if stop:  # this worker is done: no other worker waits for it, nor its own prefetched stamped pull
+                    source.finish()
+                batches.close()
+            if stop:
+                break
+            validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
+            if result.steps == steps_before and s.skip_examples:  # an epoch skipped whole
+                continue
+            if not validated and evaluation(epoch + 1):
+                stop = True
+                break
+    except BaseException:  # how far it got, for launch (a stopped worker's last PROGRESS line)
+        if lines is not None and not lines.plain:
+            lines.update(result, running.value, started, {}, final=True)
+        raise
+    step.pusher.shutdown()
     source.finish()
     getattr(dense, "finish", dense.flush)()  # the MLP's last gradients applied (allreduce: with the others')
-    result.seconds = time.perf_counter() - started - eval_seconds
+    result.seconds = time.perf_counter() - started - eval_seconds - skipping.seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)
     _close_at_count(bar)

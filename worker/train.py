@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +46,7 @@ from worker.data import DataSource
 from worker.dense import DenseSync
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
-from worker.loop import LoopSettings, TrainingDataError, evaluate, run_epochs
+from worker.loop import LoopResult, LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import LARGE, RECIPES, choose, describe
 from worker.schema import Schema
@@ -101,6 +102,7 @@ class TrainConfig:
     validation_fraction: float | None = None  # of the training examples held out; None: the recipe's
     validation_data: str | None = None  # a file to validate on instead of a split
     eval_every: int = 0  # steps between validations; 0: after every epoch
+    skip_examples: int = 0  # the first training examples of this worker's stream (over epochs) left out: a resumed run
     early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
     prefetch: int = 1
     worker_id: int = 0
@@ -193,6 +195,9 @@ class TrainConfig:
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
         if self.servers and self.local_shards is not None:
             raise ValueError("give --servers or --local-shards, not both")
+        if self.skip_examples and self.local_shards is not None:
+            raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
+                             "empty ones (give --servers)")  # fmt: skip
         if needs_servers and not self.servers and self.local_shards is None:
             raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
                              "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
@@ -214,7 +219,7 @@ class TrainConfig:
                     ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
                     ("--max-bad-lines", unset_or(self.max_bad_lines, 0), 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
                     ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
-                    ("--eval-every", self.eval_every, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
+                    ("--eval-every", self.eval_every, 0), ("--skip-examples", self.skip_examples, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
                     ("--staleness", unset_or(self.staleness, 0), 0), ("--geo-every", unset_or(self.geo_every, 1), 1),
                     ("--dense-staleness", unset_or(self.dense_staleness, 0), 0),
                     ("--row-cache-bytes", unset_or(self.row_cache_bytes, 0), 0),
@@ -466,7 +471,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress and not cfg.progress_lines,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
-        total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
+        total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))), skip_examples=cfg.skip_examples,
     )  # fmt: skip
 
 
@@ -562,7 +567,13 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
-        if held:
+        if cfg.skip_examples:
+            _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
+            if held == 0 and cfg.num_workers == 1:
+                log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
+                            "will not be trained (is --servers the cluster of the run this resumes?)",
+                            cfg.skip_examples)  # fmt: skip
+        elif held:
             _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
                  "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
         if cfg.num_workers > 1 or cfg.mode != "async":
@@ -585,18 +596,24 @@ def train(cfg: TrainConfig) -> dict:
             if few:
                 log.warning("%s", few)
         settings = loop_settings(cfg, data)
+        loop = LoopResult()
         try:
-            loop = run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
-                              on_eval=lambda e: _say(format_evaluation(e), cfg), source=source)  # fmt: skip
+            run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
+                       on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop)  # fmt: skip
         except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
             abandon(source, e)
             if isinstance(e, TrainingDataError):
                 raise ValueError(stopped_message(e, cfg)) from None
+            if loop.examples and not cfg.local_shards and not cfg.progress_lines:  # launch's says it for the job
+                print(resume_hint(loop, cfg), file=sys.stderr, flush=True)
             raise
         finally:
             dense.close()
             if telemetry is not None:
                 telemetry.close()
+        if cfg.skip_examples and not loop.examples:
+            raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
+                             f"{cfg.epochs} epochs: nothing was trained")  # fmt: skip
         results = {
             "model": cfg.model,
             "backend": cfg.backend,
@@ -607,6 +624,7 @@ def train(cfg: TrainConfig) -> dict:
             "batch_size": cfg.batch_size,
             "epochs_run": loop.curve[-1]["epoch"] if loop.curve else cfg.epochs,
             "train_examples": loop.examples,
+            "skipped_examples": cfg.skip_examples,
             "train_seconds": loop.seconds,
             "examples_per_s": loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
             "train_logloss": loop.train_logloss,
@@ -645,7 +663,26 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
     if not e.steps or cfg.local_shards:  # local shards go, with what was pushed to them
         return str(e)
     return (f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
-            "servers now hold a partly trained model")  # fmt: skip
+            f"servers now hold a partly trained model (once the line is fixed or --max-bad-lines raised, "
+            f"{_resume_flags(cfg.skip_examples + e.examples, cfg)} trains on from there)")  # fmt: skip
+
+
+def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
+    """What an interrupted run trained, and the flags that train on from there."""
+    done = cfg.skip_examples + loop.examples
+    return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
+            f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep; to train "
+            f"on from there, run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
+
+
+def _resume_flags(done: int, cfg: TrainConfig) -> str:
+    """The flags of a run that resumes after `done` training examples."""
+    job = (
+        " and a new --job-id (every worker of the job resumed with its own count)"
+        if cfg.mode in ("sync", "ssp")
+        else ""
+    )
+    return f"--skip-examples {done}{job}"
 
 
 MIN_VALIDATION_CLASS = 30  # of each label: fewer, and the validation AUC's noise picks the epochs
@@ -744,10 +781,12 @@ def format_results(r: dict) -> str:
 
 def skipped_note(r: dict) -> str:
     """The note after the examples trained of a run's figures (or a job's), " (N malformed lines skipped per
-    pass)", when they count skipped lines of the training data; else ""."""
-    if not r.get("skipped_lines"):
-        return ""
-    return f" ({r['skipped_lines']:,} malformed lines skipped per pass)"
+    pass)", when they count skipped lines of the training data, with "after N skipped by --skip-examples" for a
+    resumed run; else ""."""
+    notes = [f"{r['skipped_lines']:,} malformed lines skipped per pass"] if r.get("skipped_lines") else []
+    if r.get("skipped_examples"):
+        notes.append(f"after {r['skipped_examples']:,} skipped by --skip-examples")
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
