@@ -54,6 +54,27 @@ def test_synth_refuses_an_existing_file_and_replaces_it_with_overwrite(tmp_path,
     assert len(out.read_text().splitlines()) == 10
 
 
+def test_synth_says_the_planted_models_auc_on_the_rows_it_wrote(tmp_path, capsys):
+    """The oracle's figures of rows [start, stop), as train reports them for the same synthetic rows."""
+    import re
+
+    import numpy as np
+
+    from worker.metrics import auc
+    from worker.synthetic import SyntheticConfig, SyntheticData
+
+    code, stdout, err = worker(["synth", "--out", str(tmp_path / "d.tsv"), "--rows", "3000", "--start", "500"], capsys)
+    said = re.search(
+        r"click rate ([\d.]+)%; the planted model that drew their labels scores AUC ([\d.]+), logloss ", stdout
+    )
+    assert code == 0 and said, (stdout, err)
+    batches = list(SyntheticData(SyntheticConfig(rows=3500)).batches(1000, 500, 3500))
+    labels, probs = np.concatenate([b.labels for b in batches]), np.concatenate([b.probs for b in batches])
+    assert float(said.group(1)) == round(100 * labels.mean(), 1) and float(said.group(2)) == round(
+        auc(labels, probs), 4
+    )
+
+
 def test_synth_with_history_checks_its_schema_file_before_writing_the_data(tmp_path, capsys):
     out, schema = tmp_path / "h.csv", tmp_path / "h.csv.schema.toml"
     schema.write_text("# reviewed by hand\n")

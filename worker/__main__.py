@@ -178,8 +178,10 @@ def _synth(args) -> int:
         if flag == "--out" or cfg.history:  # checked before anything is written
             check_output_file(flag, path)
             check_new_file(flag, path, args.overwrite)
-    write_synthetic(args.out, cfg, args.start, args.start + args.rows)
-    print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}")
+    written = write_synthetic(args.out, cfg, args.start, args.start + args.rows)
+    print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}: click rate {written['click_rate']:.1%}; "
+          f"the planted model that drew their labels scores AUC {written['oracle_auc']:.4f}, logloss "
+          f"{written['oracle_logloss']:.4f} on them: the mark for a model evaluated on these rows")  # fmt: skip
     if cfg.history:
         with open(args.out + ".schema.toml", "w") as f:
             f.write(schema_text(cfg))

@@ -83,7 +83,7 @@ from worker.features import (
     example_ids,
     space_ids,
 )
-from worker.metrics import sigmoid
+from worker.metrics import auc, logloss, sigmoid
 from worker.models.spec import BIAS_FIELD
 
 BLOCK_ROWS = 4096  # rows per independently seeded block; never change it: it defines the data
@@ -374,22 +374,30 @@ def to_batch(rows: RawRows) -> Batch:
     return Batch(labels=rows.labels, fields=fields, dense=dense_features(rows.int_values), probs=rows.probs)
 
 
-def write_synthetic(path: str | os.PathLike, config: SyntheticConfig, start: int = 0, stop: int | None = None) -> None:
+def write_synthetic(path: str | os.PathLike, config: SyntheticConfig, start: int = 0, stop: int | None = None) -> dict:
     """Write rows [start, stop) (stop defaults to config.rows), replacing the file: a Criteo file without
     history (the built-in criteo schema reads their ids), else the CSV of the module docstring (read by
-    schema_text(config)); gzip-compressed when the path ends in .gz."""
+    schema_text(config)); gzip-compressed when the path ends in .gz. Returns the rows' click rate and the planted
+    model's AUC and logloss on them: {"rows", "click_rate", "oracle_auc", "oracle_logloss"}."""
     data = SyntheticData(config)
     stop = config.rows if stop is None else stop
     opener = gzip.open if os.fspath(path).endswith(".gz") else open
+    labels, probs = [], []
     with opener(path, "wt", encoding="utf-8", newline="\n") as f:
         if config.history != 0:
             f.write(",".join(("label", *FIELD_NAMES, HISTORY_FIELD)) + "\n")
         for lo in range(start, stop, _WRITE_ROWS):
             rows = data.raw(lo, min(lo + _WRITE_ROWS, stop))
+            labels.append(rows.labels)
+            probs.append(rows.probs)
             if rows.history_values is None:
                 f.write(format_criteo(rows.labels, rows.int_values, rows.cat_values))
             else:
                 f.write(_format_csv(rows, rows.history_values))
+    if not labels:
+        return {"rows": 0, "click_rate": math.nan, "oracle_auc": math.nan, "oracle_logloss": math.nan}
+    y, p = np.concatenate(labels), np.concatenate(probs)
+    return {"rows": len(y), "click_rate": float(y.mean()), "oracle_auc": auc(y, p), "oracle_logloss": logloss(y, p)}
 
 
 def _hex_cells(values: np.ndarray) -> np.ndarray:
