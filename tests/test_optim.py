@@ -1,13 +1,21 @@
 import numpy as np
 import pytest
 
-from ps.config import ADAM_BETA_MAX, OptimizerConfig
+from ps.config import ADAM_BETA_MAX, DEFAULT_LEARNING_RATES, OPTIMIZER_PARAMS, OptimizerConfig
 from ps.errors import InvalidArgumentError
-from ps.rows.optim import get_optimizer
+from ps.rows.optim import OPTIMIZERS, get_optimizer
 
 
 def _rows(n, width, seed=0):
     return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+def test_every_optimizer_has_an_update_rule_its_parameters_and_a_default_rate():
+    """The three registries name the same optimizers: one added to only one would be refused or rejected elsewhere
+    (ps-worker train --optimizer takes its choices from OPTIMIZER_PARAMS)."""
+    assert set(OPTIMIZERS) == set(OPTIMIZER_PARAMS) == set(DEFAULT_LEARNING_RATES)
+    for name, rule in OPTIMIZERS.items():
+        assert set(rule.KERNEL_PARAMS) <= set(OPTIMIZER_PARAMS[name]), name
 
 
 def test_sgd_matches_reference():

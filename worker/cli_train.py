@@ -7,10 +7,12 @@ import dataclasses
 import os
 import zlib
 
-from ps.config import MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S, OPTIMIZER_PARAMS
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from worker.flags import server_list
-from worker.recipe import LARGE, SMALL
+from worker.models.spec import MODEL_NAMES
+from worker.recipe import LARGE, RECIPES, SMALL
+from worker.schema import FORMATS
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
@@ -32,8 +34,6 @@ def _size(text: str) -> int:
 
 
 def add_train_parser(sub: argparse._SubParsersAction) -> None:
-    from worker.train import TrainConfig
-
     d = TrainConfig()
     p = sub.add_parser(
         "train",
@@ -109,13 +109,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     model.add_argument(
         "--optimizer",
         default=None,
-        choices=["adagrad", "adagrad_rowwise", "adam", "ftrl", "sgd"],
+        choices=sorted(OPTIMIZER_PARAMS),
         help="server-side optimizer of the sparse tables (default: the recipe's: ftrl with l2 300 for small data, "
         "adagrad for large)",
     )
     model.add_argument("--learning-rate", type=RATE, default=None,
-                       help="sparse optimizer step size (default: the recipe's, or 0.02 adagrad, 0.05 ftrl, 0.001 "
-                       "adam, 0.01 sgd)")  # fmt: skip
+                       help="sparse optimizer step size (default: the recipe's, or the optimizer's: "
+                       + ", ".join(f"{rate:g} {name}" for name, rate in DEFAULT_LEARNING_RATES.items()) + ")")  # fmt: skip
     model.add_argument(
         "--dense-optimizer",
         default=d.dense_optimizer,
@@ -157,7 +157,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument(
         "--recipe",
         default=d.recipe,
-        choices=["auto", "small", "large"],
+        choices=list(RECIPES),
         help="auto: small or large by the number of training examples",
     )
     fit.add_argument(
@@ -246,7 +246,7 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         "and widths, pooling, transforms (worker/schema.py; `ps-worker schema --data FILE` writes a "
         "starting one); without it --format and the column flags make a built-in one",
     )
-    data.add_argument("--format", default=d.format, choices=["criteo", "csv", "libsvm"],
+    data.add_argument("--format", default=d.format, choices=list(FORMATS),
                       help="criteo: tab-separated label, 13 ints, 26 hex; csv: a header, see the column flags; "
                       "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
     data.add_argument("--label-column", help="csv: the label column (default: the first)")
@@ -291,7 +291,7 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
 
 def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
     model = p.add_argument_group("model")
-    model.add_argument("--model", default=d.model, choices=["lr", "fm", "deepfm", "dnn"],
+    model.add_argument("--model", default=d.model, choices=list(MODEL_NAMES),
                        help="lr: logistic regression; fm: factorization machine; deepfm: FM + MLP; dnn: embeddings + MLP")  # fmt: skip
     model.add_argument(
         "--backend",
@@ -309,8 +309,6 @@ def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
-    from worker.train import TrainConfig
-
     d = TrainConfig()
     p = sub.add_parser(
         "eval",

@@ -93,7 +93,7 @@ SLOT_NAMES = (
 )
 RULE, OPTIMIZER, LR, PARAM1, PARAM2, PARAM3, MIN_COUNT, PROBABILITY, WEIGHT_BOUND, L2, STEP = range(len(SLOT_NAMES))
 NUM_SLOTS = len(SLOT_NAMES)
-OPTIMIZER_PARAMS = PARAM3 - LR + 1  # lr and up to three parameters: what apply_kernel takes
+KERNEL_PARAM_SLOTS = PARAM3 - LR + 1  # lr and up to three parameters: what apply_kernel takes
 OPTIMIZE, ADD_DELTA = 0, 1  # rules: the optimizer step on grads; or grads added to the embedding as a delta
 RULES = {"optimize": OPTIMIZE, "add_delta": ADD_DELTA}
 
@@ -107,9 +107,9 @@ def hyper_params(
     if not (math.isfinite(l2) and l2 >= 0):
         raise ValueError(f"l2 must be finite and >= 0, got {l2}")
     params = np.asarray(optimizer.kernel_params, dtype=np.float32)
-    if not 1 <= len(params) <= OPTIMIZER_PARAMS:
+    if not 1 <= len(params) <= KERNEL_PARAM_SLOTS:
         raise ValueError(
-            f"optimizer {optimizer.name!r} has {len(params)} kernel params, expected 1..{OPTIMIZER_PARAMS}"
+            f"optimizer {optimizer.name!r} has {len(params)} kernel params, expected 1..{KERNEL_PARAM_SLOTS}"
         )
     hp = np.zeros(NUM_SLOTS, dtype=np.float64)
     hp[RULE] = rule
@@ -313,8 +313,8 @@ def update_rows(
     width = out.shape[1]
     size = _block_rows(width)
     block = np.empty((size if target.in_place else 0, width), np.float32)  # in place: the new rows
-    params = np.zeros(OPTIMIZER_PARAMS, np.float32)
-    for k in range(OPTIMIZER_PARAMS):
+    params = np.zeros(KERNEL_PARAM_SLOTS, np.float32)
+    for k in range(KERNEL_PARAM_SLOTS):
         params[k] = np.float32(hp[LR + k])
     admitted, d_admitted, d_pending, bad = 0, 0, 0, -1
     for b in range(lo, hi, size):
