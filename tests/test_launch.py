@@ -38,9 +38,9 @@ from worker.launch_report import (
     format_summary,
     merge_metrics,
     merge_progress,
-    parse_progress,
 )
 from worker.loop import LoopResult, _ProgressLines
+from worker.progress_lines import parse_progress
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
 from worker.train import NOT_EVALUATED, TrainConfig
 

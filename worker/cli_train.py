@@ -11,6 +11,7 @@ from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER,
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
+from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import LARGE, RECIPES, SMALL
 from worker.schema import FORMATS
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
@@ -226,7 +227,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="no progress bar (when stderr is no terminal, a plain progress line every 30 s takes the bar's place)",
     )
     out.add_argument("--progress-lines", action="store_true",
-                     help="instead of a bar, a line 'PROGRESS {json}' on stdout every 2 s (for `ps-worker launch`)")  # fmt: skip
+                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s (for `ps-worker launch`)")  # fmt: skip
 
 
 def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> None:

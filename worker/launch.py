@@ -44,7 +44,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from worker.flags import check_not_an_input, check_output_file, server_list
-from worker.launch_report import MergedProgress, format_summary, merge_metrics, parse_progress
+from worker.launch_report import MergedProgress, format_summary, merge_metrics
+from worker.progress_lines import parse_progress
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises

@@ -1,13 +1,7 @@
 """What `ps-worker launch` reads from its workers and reports for the job: PROGRESS lines merged into one progress
 bar or line, and the job's --metrics-out object.
 
-PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; read here):
-    PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
-              [, "cache_hit_rate": h, "cache_bytes_saved": b]}
-    n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
-    unknown); x: its running train logloss (null before the first step); h, b: its row cache's hit rate and the bytes
-    its hits did not pull (geo: the share of rows read locally). A worker stopped before its end (a signal, an
-    error) writes one as it stops, its t equal to n. A line that does not parse is output.
+PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
 --metrics-out (one JSON object):
     {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
@@ -20,27 +14,12 @@ PROGRESS lines (written by `ps-worker train --progress-lines`, worker/loop.py; r
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
-
-PROGRESS_PREFIX = "PROGRESS "
-
-
-def parse_progress(line: str) -> dict | None:
-    """The report of a PROGRESS line, or None for any other line."""
-    if not line.startswith(PROGRESS_PREFIX):
-        return None
-    try:
-        report = json.loads(line[len(PROGRESS_PREFIX) :])
-    except ValueError:
-        return None
-    ok = isinstance(report, dict) and isinstance(report.get("examples"), int | float)
-    return report if ok else None
 
 
 def weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:

@@ -27,7 +27,6 @@ the evaluations.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -46,6 +45,7 @@ from worker.dense import table_name as dense_table
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
+from worker.progress_lines import JSON_EVERY_S, progress_line
 from worker.steprows import AsyncRows, pull_rows
 
 
@@ -261,10 +261,11 @@ def _close_at_count(bar: tqdm) -> None:
 
 
 class _ProgressLines:
-    """'PROGRESS {json}' on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch); or,
-    plain, 'progress: ...' lines for a person on stderr (a bar's redraws would fill a log file)."""
+    """PROGRESS lines on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch; grammar in
+    worker/progress_lines.py); or, plain, 'progress: ...' lines for a person on stderr (a bar's redraws would fill
+    a log file)."""
 
-    JSON_EVERY_S, PLAIN_EVERY_S = 2.0, 30.0
+    JSON_EVERY_S, PLAIN_EVERY_S = JSON_EVERY_S, 30.0
 
     def __init__(self, worker: int, total: int, plain: bool = False, every_s: float | None = None):
         self.worker, self.total, self.plain = worker, total, plain
@@ -286,7 +287,7 @@ class _ProgressLines:
             print(f"progress: {result.examples:,} of {total:,} examples{done}, {line['examples_per_s']:,.0f} "
                   f"examples/s{loss}", file=sys.stderr, flush=True)  # fmt: skip
         else:
-            print("PROGRESS " + json.dumps(line), flush=True)
+            print(progress_line(line), flush=True)
 
 
 def run_epochs(

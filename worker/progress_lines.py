@@ -1,0 +1,36 @@
+"""The PROGRESS lines a worker writes on stdout under `ps-worker train --progress-lines` (worker/loop.py) and
+`ps-worker launch` reads (worker/launch.py, merged by worker/launch_report.py):
+
+    PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
+              [, "cache_hit_rate": h, "cache_bytes_saved": b]}
+
+n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
+unknown); x: its running train logloss (null before the first step); h, b: its row cache's hit rate and the bytes
+its hits did not pull (geo: the share of rows read locally). One every 2 s (JSON_EVERY_S) and one at the end; a
+worker stopped before its end (a signal, an error) writes one as it stops, its t equal to n. A line that does not
+parse is output, not progress.
+"""
+
+from __future__ import annotations
+
+import json
+
+PREFIX = "PROGRESS "
+JSON_EVERY_S = 2.0  # between a worker's lines
+
+
+def progress_line(report: dict) -> str:
+    """The line of a report (the grammar above)."""
+    return PREFIX + json.dumps(report)
+
+
+def parse_progress(line: str) -> dict | None:
+    """The report of a PROGRESS line, or None for any other line."""
+    if not line.startswith(PREFIX):
+        return None
+    try:
+        report = json.loads(line[len(PREFIX) :])
+    except ValueError:
+        return None
+    ok = isinstance(report, dict) and isinstance(report.get("examples"), int | float)
+    return report if ok else None
