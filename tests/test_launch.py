@@ -41,8 +41,9 @@ from worker.launch_report import (
 )
 from worker.loop import LoopResult, _ProgressLines
 from worker.progress_lines import parse_progress
+from worker.results import NOT_EVALUATED
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
-from worker.train import NOT_EVALUATED, TrainConfig
+from worker.train import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = "127.0.0.1:7"

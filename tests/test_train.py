@@ -356,7 +356,7 @@ def test_the_recipe_line_names_what_table_config_changes(tmp_path):
 
 
 def test_the_best_line_names_the_step_where_the_run_validated_every_few_steps():
-    from worker.train import format_results
+    from worker.results import format_results
 
     r = {"best_validation_auc": 0.79, "best_validation_logloss": 0.45, "best_epoch": 1, "best_step": 1500,
          "model_is_best": True, "curve": [{"best": False}]}  # fmt: skip

@@ -235,7 +235,7 @@ def test_launchs_summary_sums_the_workers_skipped_lines_apart_from_their_example
 
 
 def test_a_workers_figures_say_what_its_evaluations_are_of():
-    from worker.train import format_results
+    from worker.results import format_results
 
     one = {"model": "fm", "backend": "numpy", "device": "cpu", "worker": "0/1", "shards": 1, "train_examples": 10,
            "train_seconds": 1.0, "examples_per_s": 10.0, "eval_auc": 0.7, "eval_logloss": 0.5, "eval_examples": 5,

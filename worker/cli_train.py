@@ -13,6 +13,7 @@ from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import LARGE, RECIPES, SMALL
+from worker.results import format_results
 from worker.schema import FORMATS
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
@@ -459,7 +460,7 @@ def train_config_from_argv(argv: list[str]) -> TrainConfig:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from worker.train import format_results, train
+    from worker.train import train
 
     cfg = train_config(args)
     print(format_results(train(cfg)), flush=True)
@@ -480,7 +481,7 @@ def eval_config(args: argparse.Namespace) -> TrainConfig:
 def run_eval(args: argparse.Namespace) -> int:
     import json
 
-    from worker.train import evaluate_servers, format_results
+    from worker.train import evaluate_servers
 
     r = evaluate_servers(eval_config(args))
     print(json.dumps(r) if args.json else format_results(r), flush=True)

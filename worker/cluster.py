@@ -15,6 +15,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,13 @@ from ps.errors import ServerUnavailableError
 from worker.temp_dirs import keep, make_temp_dir
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class LocalCluster:

@@ -34,7 +34,6 @@ import queue
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from worker.cluster import free_port
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
@@ -238,13 +238,6 @@ def worker_environment(rank: int, world_size: int, master_port: int, base: dict[
     return {**base, **limits, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
             "PYTHONUNBUFFERED": "1"}  # fmt: skip
-
-
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _child_setup() -> Callable[[], None]:

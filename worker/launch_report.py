@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from worker.results import NOT_EVALUATED, eval_lines, oracle_lines, skipped_note
+
 
 def weighted_mean(pairs: Sequence[tuple[float, float]]) -> float | None:
     """sum(value * weight) / sum(weight) of (value, weight) pairs; the plain mean when the weights sum to 0; None
@@ -166,8 +168,7 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
 
 
 def format_summary(m: dict) -> str:
-    """merge_metrics's figures as lines, as format_results (worker/train.py) writes a worker's."""
-    from worker.train import NOT_EVALUATED, eval_lines, oracle_lines, skipped_note
+    """merge_metrics's figures as lines, as format_results (worker/results.py) writes a worker's."""
 
     lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
              f"shard{'s' * (m['shards'] != 1)}: {m['train_examples']:,} examples{skipped_note(m)} in {m['train_seconds']:.1f} s (the slowest "

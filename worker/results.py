@@ -1,0 +1,83 @@
+"""What `ps-worker train`, `eval` and `launch` print of a run's figures (train's and evaluate_servers' dicts,
+worker/train.py; a job's, worker/launch_report.py): one labelled line per fact, the label padded to 6 characters."""
+
+from __future__ import annotations
+
+
+def format_evaluation(e: dict) -> str:
+    mark = "  (best so far)" if e.get("best") else ""
+    return (f"epoch {e['epoch']} step {e['step']:,}: train logloss {e['train_logloss']:.4f}  validation AUC "
+            f"{e['validation_auc']:.4f} logloss {e['validation_logloss']:.4f}{mark}")  # fmt: skip
+
+
+def format_results(r: dict) -> str:
+    lines = [f"created tables {', '.join(r['created_tables'])} for model {r['model']}"] if "created_tables" in r else []
+    if "train_examples" in r:
+        shards = f"{r['shards']} shard{'s' * (r['shards'] != 1)}"
+        lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
+                     f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
+                     f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s")  # fmt: skip
+    lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
+    if "synthetic_eval_rows" in r:
+        start, stop = r["synthetic_eval_rows"]
+        lines.append(f"data   synthetic rows {start:,} to {stop - 1:,} of seed {r['synthetic_seed']}: held out only "
+                     f"from a training run of --synthetic-rows {start:,} or fewer with the same --synthetic-* flags")  # fmt: skip
+    if "table_rows" in r:
+        lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
+    if "best_validation_auc" in r:
+        stop = "stopped early" if r.get("stopped_early") else "ran to its end"
+        kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
+        if _workers(r) > 1:
+            kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
+        lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
+                     f"  at epoch {r['best_epoch']}{at_step(r)} ({stop}; {kept})")  # fmt: skip
+        last = (r.get("curve") or [{}])[-1]
+        if not r.get("stopped_early") and last.get("best") and r["best_epoch"] > 1:
+            lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
+                         "--epochs may give a better model")  # fmt: skip
+    lines += oracle_lines(r)
+    return "\n".join(lines)
+
+
+def skipped_note(r: dict) -> str:
+    """The note after the examples trained of a run's figures (or a job's), " (N malformed lines skipped per
+    pass)", when they count skipped lines of the training data, with "after N skipped by --skip-examples" for a
+    resumed run; else ""."""
+    notes = [f"{r['skipped_lines']:,} malformed lines skipped per pass"] if r.get("skipped_lines") else []
+    if r.get("skipped_examples"):
+        notes.append(f"after {r['skipped_examples']:,} skipped by --skip-examples")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
+
+
+def _workers(r: dict) -> int:
+    """The job's worker count of a worker's figures ("worker": "i/n"); 1 for others."""
+    return int(str(r.get("worker", "0/1")).partition("/")[2] or 1)
+
+
+def at_step(r: dict) -> str:
+    """ ", step N" of the best evaluation, where the run evaluated every --eval-every steps."""
+    return f", step {r['best_step']:,}" if r.get("eval_every") and r.get("best_step") is not None else ""
+
+
+def eval_lines(r: dict) -> list[str]:
+    """The eval line of a run's (or a job's) figures, if they have one."""
+    if "eval_auc" not in r:
+        return []
+    when = ""
+    if "train_examples" in r and _workers(r) > 1:
+        when = "; the model as this worker finished, which others may have trained since: ps-worker eval scores the "
+        when += "final one"
+    return [f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"]
+
+
+def oracle_lines(r: dict) -> list[str]:
+    """The planted model's line and the gap to it, for figures on synthetic data."""
+    if "oracle_auc" not in r:
+        return []
+    lines = [f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)"]
+    if "eval_auc" in r:
+        lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")
+    return lines
