@@ -185,6 +185,7 @@ class AllReduceDense:
     the environment when it is not yet, and then destroyed by close())."""
 
     inline = False
+    collective = True  # flush() and finish() are collective
 
     def __init__(
         self,

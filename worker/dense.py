@@ -62,7 +62,8 @@ class DensePath(Protocol):
 
     params: list[DenseParam]
     values: dict[str, np.ndarray]  # {name: (r, c) float32}, the weights the next forward uses
-    inline: bool
+    inline: bool  # a step's gradients go with its sparse push: add(), push_items(), take() (DenseSync's)
+    collective: bool  # flush() is a step every worker takes together (allreduce): not the loop's to call alone
     syncs: int  # pushes (PS) or allreduces done
 
     def pull(self) -> dict[str, np.ndarray]: ...
@@ -70,6 +71,8 @@ class DensePath(Protocol):
     def step(self, grads: dict[str, np.ndarray]) -> None: ...
 
     def flush(self) -> None: ...
+
+    def finish(self) -> None: ...  # this worker has no more batches: its last gradients applied
 
     def close(self) -> None: ...
 
@@ -96,6 +99,7 @@ class DenseSync:
         self.sync_every = sync_every
         self.staleness = staleness
         self.inline = staleness == 0
+        self.collective = False
         self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
         self.values: dict[str, np.ndarray] = {}
         self.pending: dict[str, np.ndarray] = self._zeros()
@@ -136,6 +140,10 @@ class DenseSync:
         items = self.push_items()
         if items:
             self.take(self.tables.push_many(items, return_rows=True))
+
+    def finish(self) -> None:
+        """flush(): this worker's last gradients pushed."""
+        self.flush()
 
     def close(self) -> None:
         """Ends the background thread (if any), after its push in flight; what is pending is not pushed.

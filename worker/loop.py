@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from ps.errors import PsError
 from worker.batch import Batch, TableIds, table_ids
-from worker.dense import DenseSync
+from worker.dense import DensePath, DenseSync
 from worker.dense import table_name as dense_table
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
@@ -211,7 +211,7 @@ class _Step:
     """One training step of a prepared batch: its rows from the source, forward/backward, the gradients pushed
     (with the MLP's when the dense path is inline and a sync is due), the MLP's step; returns the predictions."""
 
-    def __init__(self, spec: ModelSpec, backend: Any, dense: Any, source: Any, dense_l2: float):
+    def __init__(self, spec: ModelSpec, backend: Any, dense: DensePath, source: Any, dense_l2: float):
         self.spec, self.backend, self.dense, self.source, self.dense_l2 = spec, backend, dense, source, dense_l2
         self.pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; shut by the loop
 
@@ -294,7 +294,7 @@ def run_epochs(
     tables: Any,
     spec: ModelSpec,
     backend: Any,
-    dense: Any,
+    dense: DensePath,
     train_batches: Callable[[], Iterable[Batch]],
     settings: LoopSettings,
     validation: list[Batch] | None = None,
@@ -337,8 +337,8 @@ def run_epochs(
         if not validation:
             return False
         eval_started = time.perf_counter()
-        if dense.inline or not hasattr(dense, "finish"):  # the PS path: its pending gradients applied first
-            dense.flush()  # (allreduce's values are current, and its flush is collective: not here)
+        if not dense.collective:  # the PS path: its pending gradients applied first (allreduce's values are
+            dense.flush()  # current, and its flush is a step of every worker: not here)
         figures = evaluate(tables, spec, backend, dense.values, validation)
         entry = {"epoch": epoch, "step": result.steps, "examples": result.examples,
                  "train_logloss": running.value, "validation_auc": figures["eval_auc"],
@@ -411,7 +411,7 @@ def run_epochs(
         raise
     step.pusher.shutdown()
     source.finish()
-    getattr(dense, "finish", dense.flush)()  # the MLP's last gradients applied (allreduce: with the others')
+    dense.finish()  # the MLP's last gradients applied (allreduce: with the others')
     result.seconds = time.perf_counter() - started - eval_seconds - skipping.seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)

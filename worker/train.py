@@ -43,7 +43,7 @@ from ps.config import (
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
-from worker.dense import DenseSync
+from worker.dense import DensePath, DenseSync
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.loop import LoopResult, LoopSettings, TrainingDataError, evaluate, run_epochs
@@ -475,7 +475,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
     )  # fmt: skip
 
 
-def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> Any:
+def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> DensePath:
     """The MLP's path of a resolved config: on the servers (DenseSync: in the step, or on a background thread
     within --dense-staleness steps), or averaged among torch workers (AllReduceDense)."""
     dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
