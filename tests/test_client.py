@@ -191,7 +191,7 @@ def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, 
     with Client(addresses, timeout_s=0.2, server_timeout_s=10) as client:
         hold = [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=5)]
         for method, call in (("Shrink", client.shrink), ("AdvanceClock", client.advance_clock),
-                             ("Checkpoint", lambda: client._call_all("Checkpoint", hold))):  # fmt: skip
+                             ("Checkpoint", lambda: client.checkpoint({0: hold[0]}))):  # fmt: skip
             started = time.monotonic()
             with pytest.raises(ServerUnavailableError, match=rf"did not answer {method} within 0.2 s: it may still be "
                                                              "running there, or be done; it was not sent again"):  # fmt: skip

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, str]) -> float:
     """Holds shard (its token into tokens); returns when it was held (time.monotonic)."""
     hold = ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=hold_timeout_s)
-    tokens[shard] = client._call_many("Checkpoint", [shard], [hold])[0].token
+    tokens[shard] = client.checkpoint({shard: hold})[0].token
     return time.monotonic()
 
 
@@ -58,13 +58,11 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
-        replies = client._call_all(
-            "Checkpoint", [ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)]
+        replies = client.checkpoint(
+            {s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)}
         )
     finally:  # every hold taken is released, whatever failed
-        held_shards = sorted(tokens)
-        releases = [ps_pb2.CheckpointRequest(phase="release", token=tokens[s]) for s in held_shards]
-        client._call_many("Checkpoint", held_shards, releases)
+        client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
     shards = [json.loads(r.shard_json) for r in replies]
     names = sorted({name for s in shards for name in s["rows"]})
     tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]

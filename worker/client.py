@@ -525,6 +525,12 @@ class Client:
         """Runs the eviction rules of one table (or all) on every shard."""
         return self._call_all("Shrink", [ps_pb2.ShrinkRequest(table=table)] * len(self._stubs))
 
+    def checkpoint(self, requests: dict[int, ps_pb2.CheckpointRequest]) -> list[ps_pb2.CheckpointResponse]:
+        """Sends each shard its Checkpoint phase (hold, save or release: worker/checkpoint.py runs them) at once;
+        the replies in shard order. A hold or save whose deadline passed is not sent again (module docstring)."""
+        shards = sorted(requests)
+        return self._call_many("Checkpoint", shards, [requests[s] for s in shards])
+
     # ---- plumbing -------------------------------------------------------------------------------------
     def _route(self, uniq: np.ndarray, dim: int) -> list[tuple[int, np.ndarray]]:
         """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes. The routes of
