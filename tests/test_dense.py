@@ -89,8 +89,8 @@ class SgdTables:
             assert self.gate.acquire(timeout=10), "the test never released this push"
         if self.fail is not None:
             raise self.fail
-        self.pushes.append({t: g.copy() for t, _, g, _ in items})
-        for t, ids, g, _ in items:
+        self.pushes.append({t: g.copy() for t, _, g, *_ in items})
+        for t, ids, g, *_ in items:
             self.rows[t][ids.astype(np.int64)] -= g
         return self.pull_many([(t, ids) for t, ids, *_ in items])
 

@@ -33,6 +33,7 @@ import numba
 import numpy as np
 
 from ps.config import OptimizerConfig
+from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
 from worker.models.spec import DenseParam
 
@@ -282,7 +283,7 @@ class AllReduceDense:
                 items = [(table_name(p), self.ids[p.name]) for p in self.params]
                 current = self.tables.pull_many(items)
                 pushes = [
-                    (t, ids, self.values[p.name] - now.reshape(p.shape), None, np.ones(len(ids), np.float32))
+                    PushItem(t, ids, self.values[p.name] - now.reshape(p.shape), shows=np.ones(len(ids), np.float32))
                     for (t, ids), p, now in zip(items, self.params, current, strict=True)
                 ]
                 self.tables.push_many(pushes, add_delta=True)

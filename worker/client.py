@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import grpc
 import numba
@@ -83,6 +84,17 @@ def _why(e: grpc.RpcError) -> str:
     if e.code() == grpc.StatusCode.CANCELLED:
         return "CANCELLED: the server stopped the call"
     return f"{e.code().name}: {details}"
+
+
+class PushItem(NamedTuple):
+    """One table's push in push_many: ids (n,) with grads (n, dim), one show per occurrence and clicks (n,) summed
+    per id the same way (None: no clicks); or, with shows (n,), ids already unique and every count given per id."""
+
+    table: str
+    ids: np.ndarray
+    grads: np.ndarray
+    clicks: np.ndarray | None = None
+    shows: np.ndarray | None = None
 
 
 def _sent_once(method: str, request: object) -> bool:
@@ -373,22 +385,22 @@ class Client:
         """Sums the grads of duplicate ids, then applies them on the owning shards. grads: (len(ids), dim).
         Each occurrence of an id is one show; clicks (len(ids),), e.g. the label of each occurrence's example,
         are summed per id the same way (None: no clicks). add_delta: see push_many."""
-        self.push_many([(table, ids, grads, clicks)], add_delta=add_delta)
+        self.push_many([PushItem(table, ids, grads, clicks=clicks)], add_delta=add_delta)
 
     def push_many(
         self,
-        items: list[tuple],
+        items: Sequence[PushItem | tuple],
         advance_clock: int = 0,
         return_rows: bool = False,
         add_delta: bool | Sequence[bool] = False,
         stamp: WorkerStamp | None = None,
     ) -> list | None | tuple[list | None, int]:
-        """push() of several (table, ids, grads, clicks) at once and (if advance_clock > 0) the clock advance of
-        every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight together.
-        A shard applies its batch only if every push in it is valid.
+        """push() of several PushItems (or tuples in its order) at once and (if advance_clock > 0) the clock
+        advance of every shard after them: one PushBatch per shard (more past max_request_bytes), all in flight
+        together. A shard applies its batch only if every push in it is valid.
 
-        An item may carry a fifth entry, shows (len(ids),): then its ids must be unique (a shard rejects
-        duplicates) and grads, clicks and shows are sent per id as given, for a caller that summed them already.
+        An item with shows: its ids must be unique (a shard rejects duplicates) and grads, clicks and shows are
+        sent per id as given, for a caller that summed them already.
         return_rows: returns, per item, the rows of its ids (in its order) right after the push, as a pull()
         then would: a training step's push and pull in one round trip. (Past max_request_bytes a shard gets its
         batches one after the other, and an item's rows are those after its own batch.)
@@ -406,11 +418,10 @@ class Client:
         batch, whatever its size (the worker's contribution to the step), sent without this client's id: the
         shard applies the step's sum under the job's key."""
         requests, plans = [], []
-        for (table, ids, grads, clicks, *shows), delta in zip(items, _per_item(add_delta, len(items)), strict=True):
+        for item, delta in zip(items, _per_item(add_delta, len(items)), strict=True):
+            table, ids, grads, clicks, shows = PushItem(*item)
             dim = self.dim(table)
-            uniq, item_grads, item_shows, item_clicks, order = push_arrays(
-                table, ids, grads, clicks, shows[0] if shows else None, dim
-            )
+            uniq, item_grads, item_shows, item_clicks, order = push_arrays(table, ids, grads, clicks, shows, dim)
             rows = np.empty((len(uniq), dim), dtype=np.float32) if return_rows else None
             for shard, sel in self._route(uniq, dim):
                 request = ps_pb2.PushRequest(

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from worker.client import PushItem
 from worker.models.spec import DenseParam
 
 TABLE_PREFIX = "dense."
@@ -165,11 +166,11 @@ class DenseSync:
         self.steps_pending += 1
         return self.steps_pending >= self.sync_every
 
-    def push_items(self) -> list[tuple]:
+    def push_items(self) -> list[PushItem]:
         """The pushes of the gradients added since the last sync ([] if none), for push_many; resets them."""
         if not self.params or self.steps_pending == 0:
             return []
-        items = [(table_name(p), self.ids[p.name], self.pending[p.name].copy(), None) for p in self.params]
+        items = [PushItem(table_name(p), self.ids[p.name], self.pending[p.name].copy()) for p in self.params]
         for g in self.pending.values():
             g[:] = 0.0
         self.steps_pending = 0
@@ -222,7 +223,7 @@ class DenseSync:
                         return
                     grads, steps = self.pending, self.steps_pending
                     self.pending, self.steps_pending = self._zeros(), 0
-                items = [(table_name(p), self.ids[p.name], grads[p.name], None) for p in self.params]
+                items = [PushItem(table_name(p), self.ids[p.name], grads[p.name]) for p in self.params]
                 rows = self.tables.push_many(items, return_rows=True)
                 with self._cond:
                     self.take(rows)

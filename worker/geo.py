@@ -35,6 +35,7 @@ import numpy as np
 
 from ps.config import TableConfig
 from ps.rows.optim import get_optimizer
+from worker.client import PushItem
 from worker.rowcache import SLOT_BYTES, IdSlots, evict_lfu, grown
 
 DECAY_STEPS = 64  # steps between halvings of the rows' use frequencies
@@ -180,7 +181,7 @@ class GeoTables:
             for t, local, slots in plan:
                 delta = _gathered(local.local, slots, local.dim) - local.base[slots]
                 counts = local.counts[slots]
-                items.append((t, local.slots.keys[slots], delta, counts[:, 1], counts[:, 0]))
+                items.append(PushItem(t, local.slots.keys[slots], delta, clicks=counts[:, 1], shows=counts[:, 0]))
             returned = self.tables.push_many(items, return_rows=True, add_delta=True)
             for (_, local, slots), rows in zip(plan, returned):
                 rows = np.ascontiguousarray(rows, np.float32)

@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from ps.errors import PsError
 from worker.batch import Batch, TableIds, table_ids
+from worker.client import PushItem
 from worker.dense import DensePath, DenseSync
 from worker.dense import table_name as dense_table
 from worker.metrics import RunningMean, auc, logloss
@@ -153,12 +154,14 @@ class BestModel:
             return False
         items = [(t, u) for t, (u, _) in self.rows.items()]
         now = self.tables.pull_many(items)
-        pushes = [(t, u, self.rows[t][1] - cur, None, np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)]
+        pushes = [
+            PushItem(t, u, self.rows[t][1] - cur, shows=np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)
+        ]
         current = dense.pull()  # a DenseSync (restore_best runs with the PS dense path only)
         for p in dense.params:
             name = p.name
-            pushes.append((dense_table(p), dense.ids[name], self.dense[name] - current[name], None,
-                           np.zeros(p.shape[0], np.float32)))  # fmt: skip
+            pushes.append(PushItem(dense_table(p), dense.ids[name], self.dense[name] - current[name],
+                                   shows=np.zeros(p.shape[0], np.float32)))  # fmt: skip
         self.tables.push_many(pushes, add_delta=True)
         dense.pull()
         return True

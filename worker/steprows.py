@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from worker.batch import TableIds
+from worker.client import PushItem
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
 from worker.terminate import Terminated
@@ -70,8 +71,8 @@ def _in_flight(window: deque, tids: dict[str, TableIds]) -> dict[str, np.ndarray
     return covered
 
 
-def _sparse_pushes(tids: dict[str, TableIds], row_grads: dict[str, np.ndarray]) -> list[tuple]:
-    return [(t, ti.uniq, row_grads[t], ti.clicks, ti.shows) for t, ti in tids.items()]
+def _sparse_pushes(tids: dict[str, TableIds], row_grads: dict[str, np.ndarray]) -> list[PushItem]:
+    return [PushItem(t, ti.uniq, row_grads[t], clicks=ti.clicks, shows=ti.shows) for t, ti in tids.items()]
 
 
 class AsyncRows:
