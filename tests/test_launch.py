@@ -286,8 +286,8 @@ def test_merge_progress_against_sums_and_means():
         "cache_bytes_saved": 3 << 20,
     }
     c = {"examples": 0, "total": 0, "logloss": 0.4, "examples_per_s": 0.0}
-    assert merge_progress([a, b], 2) == {"examples": 400, "total": 1000, "examples_per_s": 75.0, "logloss": 0.6,
-                                         "cache_hit_rate": (0.5 * 100 + 0.9 * 300) / 400,
+    assert merge_progress([a, b], 2) == {"examples": 400, "total": 1000, "at_most": False, "examples_per_s": 75.0,
+                                         "logloss": 0.6, "cache_hit_rate": (0.5 * 100 + 0.9 * 300) / 400,
                                          "cache_bytes_saved": 3 << 20}  # fmt: skip
     assert merge_progress([a, b], 3)["total"] == 0  # a worker has not reported: the total is unknown
     m = merge_progress([a, c], 2)
@@ -297,6 +297,8 @@ def test_merge_progress_against_sums_and_means():
         "progress: 400 / 1,000 examples (40%), 75 examples/s, logloss 0.6000, cache hit rate 0.800, 3 MiB not pulled"
     )
     assert format_progress(merge_progress([c], 2)) == "progress: 0 examples, 0 examples/s, logloss 0.4000"
+    stopping = merge_progress([a, {**b, "at_most": True}], 2)  # early stopping may end b's run sooner
+    assert format_progress(stopping).startswith("progress: 400 / at most 1,000 examples (40%), ")
 
 
 def test_progress_lines_never_count_past_their_total_and_end_at_the_examples_trained(capsys):
@@ -312,6 +314,13 @@ def test_progress_lines_never_count_past_their_total_and_end_at_the_examples_tra
     result.examples = 300
     early.update(result, 0.5, started=0.0, extra={}, final=True)  # stopped early: done at what it trained
     assert parse_progress(capsys.readouterr().out)["total"] == 300
+    bounded = _ProgressLines(worker=0, total=900, every_s=0.0, at_most=True)  # --early-stop over several epochs
+    bounded.update(result, 0.5, started=0.0, extra={})
+    bounded.update(result, 0.5, started=0.0, extra={}, final=True)
+    assert [parse_progress(line).get("at_most") for line in capsys.readouterr().out.splitlines()] == [True, None]
+    plain = _ProgressLines(worker=0, total=900, plain=True, every_s=0.0, at_most=True)
+    plain.update(result, 0.5, started=0.0, extra={})
+    assert "progress: 300 of at most 900 examples (33%)" in capsys.readouterr().err
 
 
 def test_merged_progress_line_every_period_and_at_the_end():

@@ -42,14 +42,15 @@ def _number(report: dict, key: str) -> float | None:
 
 def merge_progress(reports: Sequence[dict], workers: int) -> dict:
     """The workers' latest PROGRESS reports as one: examples and examples_per_s summed, total summed (0 while a
-    worker has not reported or reports 0: unknown), logloss the mean, cache_hit_rate examples-weighted (None when
-    none reports one)."""
+    worker has not reported or reports 0: unknown; at_most when any worker's is an upper bound), logloss the mean,
+    cache_hit_rate examples-weighted (None when none reports one)."""
     totals = [_number(r, "total") or 0 for r in reports]
     losses = [x for x in (_number(r, "logloss") for r in reports) if x is not None]
     hits = [(h, _number(r, "examples") or 0) for r in reports if (h := _number(r, "cache_hit_rate")) is not None]
     return {
         "examples": int(sum(_number(r, "examples") or 0 for r in reports)),
         "total": int(sum(totals)) if len(reports) == workers and all(totals) else 0,
+        "at_most": any(r.get("at_most") for r in reports),
         "examples_per_s": sum(_number(r, "examples_per_s") or 0 for r in reports),
         "logloss": sum(losses) / len(losses) if losses else None,
         "cache_hit_rate": weighted_mean(hits),
@@ -59,8 +60,9 @@ def merge_progress(reports: Sequence[dict], workers: int) -> dict:
 
 def format_progress(m: dict) -> str:
     """One line of merge_progress's figures."""
-    done = f"{m['examples']:,}" + (f" / {m['total']:,} examples ({m['examples'] / m['total']:.0%})" if m["total"]
-                                   else " examples")  # fmt: skip
+    bound = "at most " if m.get("at_most") else ""
+    done = f"{m['examples']:,}" + (f" / {bound}{m['total']:,} examples ({m['examples'] / m['total']:.0%})"
+                                   if m["total"] else " examples")  # fmt: skip
     parts = [f"progress: {done}", f"{m['examples_per_s']:,.0f} examples/s"]
     if m["logloss"] is not None:
         parts.append(f"logloss {m['logloss']:.4f}")

@@ -270,8 +270,9 @@ class _ProgressLines:
 
     JSON_EVERY_S, PLAIN_EVERY_S = JSON_EVERY_S, 30.0
 
-    def __init__(self, worker: int, total: int, plain: bool = False, every_s: float | None = None):
-        self.worker, self.total, self.plain = worker, total, plain
+    def __init__(self, worker: int, total: int, plain: bool = False, every_s: float | None = None,
+                 at_most: bool = False):  # fmt: skip
+        self.worker, self.total, self.plain, self.at_most = worker, total, plain, at_most
         self.every_s = every_s if every_s is not None else self.PLAIN_EVERY_S if plain else self.JSON_EVERY_S
         self.last = time.perf_counter()
 
@@ -284,10 +285,13 @@ class _ProgressLines:
         line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": total,
                 "logloss": None if math.isnan(logloss) else round(logloss, 5),
                 "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
+        if self.at_most and not final:
+            line["at_most"] = True
         if self.plain:
             done = f" ({result.examples / total:.0%})" if total else ""
+            total_text = f"at most {total:,}" if line.get("at_most") else f"{total:,}"
             loss = "" if line["logloss"] is None else f", train logloss {line['logloss']:.4f}"
-            print(f"progress: {result.examples:,} of {total:,} examples{done}, {line['examples_per_s']:,.0f} "
+            print(f"progress: {result.examples:,} of {total_text} examples{done}, {line['examples_per_s']:,.0f} "
                   f"examples/s{loss}", file=sys.stderr, flush=True)  # fmt: skip
         else:
             print(progress_line(line), flush=True)
@@ -321,7 +325,8 @@ def run_epochs(
     plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
     total = max(0, s.total_examples * s.epochs - s.skip_examples)
     bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1)
-    lines = _ProgressLines(s.worker, total, plain) if s.progress_lines or plain else None
+    at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
+    lines = _ProgressLines(s.worker, total, plain, at_most=at_most) if s.progress_lines or plain else None
     skipping = _Skipping(s.skip_examples)
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)

@@ -2,13 +2,13 @@
 `ps-worker launch` reads (worker/launch.py, merged by worker/launch_report.py):
 
     PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
-              [, "cache_hit_rate": h, "cache_bytes_saved": b]}
+              [, "at_most": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}
 
 n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
-unknown); x: its running train logloss (null before the first step); h, b: its row cache's hit rate and the bytes
-its hits did not pull (geo: the share of rows read locally). One every 2 s (JSON_EVERY_S) and one at the end; a
-worker stopped before its end (a signal, an error) writes one as it stops, its t equal to n. A line that does not
-parse is output, not progress.
+unknown; with at_most, an upper bound: early stopping may end the run sooner); x: its running train logloss (null
+before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
+read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
+error) writes one as it stops, its t equal to n. A line that does not parse is output, not progress.
 """
 
 from __future__ import annotations
