@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
@@ -286,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"export": export_main, "size": size_main, "verify": verify_main, "health": health_main}
     if argv[:1] and argv[0] in commands:
-        return commands[argv[0]](argv[1:])
+        try:
+            return commands[argv[0]](argv[1:])
+        except BrokenPipeError:  # its reader left (`| head`): quiet, as other command-line tools
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail too
+            return 128 + signal.SIGPIPE
     parser = build_parser()
     if argv and not argv[0].startswith("-"):  # a mistyped command would otherwise be told to give --data-dir
         parser.error(f"unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)}; without one, "

@@ -39,7 +39,7 @@ def format_report(r: dict) -> str:
     return "\n".join(
         [
             f"table: {r['ids']:,} ids x dim {r['dim']} ({r['parameters']:,} parameters), optimizer {r['optimizer']}, "
-            f"{r['servers']} servers",
+            f"{r['servers']} server{'s' * (r['servers'] != 1)}",
             f"row: {r['floats_per_row']} float32 (embedding + optimizer state + 4 statistics) + 8-byte lsn",
             f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
             f"(raw key+value {r['raw_row_bytes']} B)",

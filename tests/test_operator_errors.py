@@ -276,3 +276,21 @@ def test_a_memory_bound_past_the_machines_ram_is_warned_of(tmp_path):
     assert re.search(r"WARNING .*--memory-bytes [\d.]+ GiB is more than this machine's [\d.]+ GiB of RAM", r.stderr)
     r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", "1G"])
     assert r.returncode == 0 and "more than this machine's" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["-m", "ps", "size", "--ids", "1e6", "--dim", "8", "--optimizer", "adagrad", "--servers", "2"],
+     ["-m", "worker", "synth", "--rows", "10", "--out", "{tmp}/s.tsv"]],
+)  # fmt: skip
+def test_a_command_whose_output_reader_left_exits_quietly(argv, tmp_path):
+    """`ps-server size | head -1`: the pipe's reader gone, the command stops as other tools do (exit 141, no
+    traceback), not with Python's BrokenPipeError."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # gone before the first write
+    try:
+        argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+        done = subprocess.run([sys.executable, *argv], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141 and done.stderr == "", done.stderr

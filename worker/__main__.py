@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import sys
 
 from ps.accel.malloc import tune_malloc
@@ -334,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_raises():
             return _run_command(args, rest)
+    except BrokenPipeError:  # the reader of its output left (`| head`): quiet, as other command-line tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail too
+        return 128 + signal.SIGPIPE
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2

@@ -707,14 +707,13 @@ class Client:
                 f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
         if code in RETRYABLE:
-            with self._down_lock:
-                since = self._down.pop(shard, None)
+            with self._down_lock:  # kept: the shard is down until a call succeeds (which logs that it is back)
+                since = self._down.get(shard)
             waited = 0.0 if since is None else time.monotonic() - since
             tried = f"; it has been failing for {waited:.0f} s (server timeout {self.server_timeout_s:.0f} s)"
-            return ServerUnavailableError(
-                f"{where} did not answer {method} within {timeout_s:g} s ({code.name}: {e.details()})"
-                + (tried if self.server_timeout_s > 0 else "")
-            )
+            ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
+                else f": {method} failed ({_why(e)})"  # fmt: skip
+            return ServerUnavailableError(where + ended + (tried if self.server_timeout_s > 0 else ""))
         cls = STATUS_TO_ERROR.get(code.name, PsError)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and DISK_FULL_PREFIX in (e.details() or ""):
             cls = DiskFullError
