@@ -72,6 +72,27 @@ def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_fu
     assert "the servers hold this model's tables with " in out and "this run trains that model further" in out
 
 
+def test_a_shard_holding_almost_none_of_a_trained_tables_rows_is_named():
+    """Ids spread evenly over shards: a shard with under a tenth of its share was started on another data dir."""
+    from protos import ps_pb2
+    from worker.train import missing_shares
+
+    spec = prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=100))[2]
+    [table] = spec.table_dims()
+
+    def shard(rows: int, clock: int, data_dir: str) -> ps_pb2.StatsResponse:
+        return ps_pb2.StatsResponse(
+            tables=[ps_pb2.TableStats(name=table, num_rows=rows)], clock=clock, data_dir=data_dir
+        )
+
+    servers = ["h:1", "h:2", "h:3"]
+    [warning] = missing_shares([shard(6000, 90, "/a"), shard(0, 3, "/new"), shard(5900, 90, "/c")], spec, servers)
+    assert warning.startswith(f"shard 1 at h:2 holds 0 rows of table '{table}' while the other shards hold 11,900, "
+                              "and its clock is 3: was it started on a new or another --data-dir (its: /new)?")  # fmt: skip
+    assert missing_shares([shard(6000, 90, "/a"), shard(5000, 90, "/b"), shard(5900, 90, "/c")], spec, servers) == []
+    assert missing_shares([shard(60, 1, "/a"), shard(0, 1, "/b"), shard(50, 1, "/c")], spec, servers) == []  # few
+
+
 def test_a_validation_set_with_few_examples_of_a_label_is_warned_about():
     from worker.train import validation_too_small
 

@@ -561,7 +561,10 @@ def train(cfg: TrainConfig) -> dict:
         check_tables(client, tables_cfg, "nothing was created")
         held = 0
         if cfg.num_workers == 1 and not cfg.create_tables_only:
-            held = sum(t.num_rows for t in sparse_table_stats(client, spec))
+            shard_stats = client.stats()
+            held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
+            for warning in missing_shares(shard_stats, spec, client.servers):
+                log.warning("%s", warning)
         for table in tables_cfg:
             client.create_table(table)
         if cfg.create_tables_only:
@@ -701,10 +704,34 @@ def validation_too_small(validation: list) -> str | None:
             "--early-stop 0")  # fmt: skip
 
 
-def sparse_table_stats(client: Client, spec: ModelSpec) -> list:
-    """Every shard's Stats of the model's sparse tables (none where they do not exist yet)."""
+def sparse_table_stats(client: Client, spec: ModelSpec, shard_stats: list | None = None) -> list:
+    """Every shard's Stats of the model's sparse tables (none where they do not exist yet); shard_stats: the
+    shards' StatsResponses when the caller has them."""
     names = set(spec.table_dims())
-    return [t for shard in client.stats() for t in shard.tables if t.name in names]
+    return [t for shard in (shard_stats or client.stats()) for t in shard.tables if t.name in names]
+
+
+MISSING_SHARE = 0.1  # a shard holding less than this share of a table's rows per shard is named
+
+
+def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> list[str]:
+    """Warnings for the shards that hold (almost) none of a trained table's rows while the others hold many: ids
+    spread evenly over the shards, so such a shard was most likely started on a new or another --data-dir, and
+    the model the run continues lacks its part."""
+    out = []
+    for name in spec.table_dims():
+        rows = [next((t.num_rows for t in shard.tables if t.name == name), 0) for shard in shard_stats]
+        per_shard = sum(rows) / max(len(rows), 1)
+        if len(rows) < 2 or per_shard < 100:
+            continue
+        for i, (n, shard) in enumerate(zip(rows, shard_stats)):
+            if n < MISSING_SHARE * per_shard:
+                others = sum(rows) - n
+                out.append(f"shard {i} at {servers[i]} holds {n:,} rows of table {name!r} while the other shards "
+                           f"hold {others:,}, and its clock is {shard.clock:,}: was it started on a new or another "
+                           f"--data-dir (its: {shard.data_dir or 'unknown'})? The model this run trains further lacks "
+                           "that shard's rows")  # fmt: skip
+    return out
 
 
 def _say(line: str, cfg: TrainConfig) -> None:
