@@ -139,9 +139,13 @@ class ShardClosingError(PsError):
 
 
 class CheckpointInProgressError(PsError):
-    """The shard holds pushes while a checkpoint is taken (seconds); clients retry."""
+    """The shard holds pushes while a checkpoint is taken (seconds); clients retry. Its message holds
+    CHECKPOINT_PAUSE (the client tells a routine pause from an outage by it)."""
 
     status = "UNAVAILABLE"
+
+
+CHECKPOINT_PAUSE = "is taking a checkpoint"
 
 
 class CheckpointHoldError(PsError):

@@ -347,3 +347,16 @@ def test_a_server_list_that_mixes_two_clusters_shards_is_refused(tmp_path):
     finally:
         for s in started.values():
             s.stop(grace_s=1)
+
+
+def test_a_push_held_by_a_checkpoint_waits_and_says_so_at_info_not_as_an_outage(servers, sgd1_table, caplog):
+    """A checkpoint holds pushes for seconds, routinely: the client waits it out, logging at INFO only."""
+    addresses, (server,) = servers(1)
+    _, token = server.shard.hold(60)
+    threading.Timer(0.5, server.shard.release, args=(token,)).start()
+    with Client(addresses, timeout_s=5.0, server_timeout_s=30.0) as client, caplog.at_level("INFO", "worker.client"):
+        client.create_table(sgd1_table)
+        client.push(sgd1_table.name, np.arange(4, dtype=np.uint64), np.ones((4, sgd1_table.dim), np.float32))
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
+    assert [level for level, _ in said] == ["INFO", "INFO"], said
+    assert "shard 0 is taking a checkpoint" in said[0][1] and "is back after" in said[1][1]

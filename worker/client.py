@@ -50,6 +50,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import TableConfig
 from ps.errors import (
+    CHECKPOINT_PAUSE,
     DISK_FULL_PREFIX,
     STATUS_TO_ERROR,
     ClientIdInUseError,
@@ -270,6 +271,7 @@ class Client:
         self._request_seq = [0] * len(servers)  # PushBatch requests sent to each shard
         self._push_lock = threading.Lock()  # one push_many at a time: each shard gets requests in seq order
         self._down: dict[int, float] = {}  # shard -> when it started failing (_down_lock: calls run on any thread)
+        self._pausing: set[int] = set()  # the shards of _down held by a checkpoint: logged at INFO, not WARNING
         self._down_lock = threading.Lock()
         self._closed = False
         self._acked: dict[int, int] = {}  # job -> this worker's steps whose stamped push had every shard's reply
@@ -619,9 +621,11 @@ class Client:
             if not isinstance(outcome, grpc.RpcError):
                 with self._down_lock:
                     since = self._down.pop(shard, None)
+                    paused = shard in self._pausing
+                    self._pausing.discard(shard)
                 if since is not None:
-                    log.warning("shard %d at %s is back after %.1f s", shard, self.servers[shard],
-                                time.monotonic() - since)  # fmt: skip
+                    log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is back after %.1f s", shard,
+                            self.servers[shard], time.monotonic() - since)  # fmt: skip
                 return outcome
             once = outcome.code() in MAY_HAVE_RUN and _sent_once(method, request)
             if (
@@ -689,11 +693,14 @@ class Client:
         if self.server_timeout_s <= 0:
             return False
         now = time.monotonic()
+        paused = CHECKPOINT_PAUSE in (e.details() or "")  # a routine pause of pushes, seconds long
         with self._down_lock:
             since = self._down.setdefault(shard, now)
+            if since is now and paused:
+                self._pausing.add(shard)
         if since is now:  # this call marked it
-            log.warning("shard %d at %s is unavailable (%s); waiting for it for up to %.0f s",
-                        shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
+            log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is unavailable (%s); waiting for it "
+                    "for up to %.0f s", shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
         return now - since < self.server_timeout_s
 
     def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
