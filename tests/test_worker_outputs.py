@@ -257,3 +257,20 @@ def test_the_mode_line_names_the_mlp_path_only_for_models_with_an_mlp():
         "; MLP on the servers, in the step"
     )
     assert "MLP" not in mode_line(TrainConfig(mode="sync", num_workers=2, model="fm"))
+
+
+def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_data_dir(servers, capsys):
+    addresses, shards = servers(2)
+    with Client(addresses) as client:
+        client.create_table(TableConfig("t", 2))
+        client.push("t", np.arange(1000, dtype=np.uint64), np.ones((1000, 2), np.float32))
+    code, out, err = worker(["stats", "--servers", ",".join(addresses), "--json"], capsys)
+    assert code == 0, err
+    figures = json.loads(out)
+    [[first], [second]] = [s["tables"] for s in figures]
+    assert first["num_rows"] + second["num_rows"] == 1000 and isinstance(first["num_rows"], int)
+    assert first["pending_ids"] == 0 and figures[0]["shard_id"] == 0 and figures[1]["shard_id"] == 1  # zeros too
+    code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
+    for i, shard in enumerate(shards):
+        assert f"{i:>5} data dir {shard.config.data_dir}, up " in out, out
+    assert "cache_misses" in out and "pulls (lookups: pulls and pushes that return rows)" in out

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from ps.accel.malloc import tune_malloc
 from ps.errors import PsError
@@ -218,22 +219,21 @@ def _schema(args) -> int:
 def _stats(args) -> int:
     import json
 
-    from google.protobuf.json_format import MessageToDict
-
     with _client(args) as client:
         client.wait_ready()
         shards = client.stats()
-    if args.json:
-        print(json.dumps([MessageToDict(s, preserving_proto_field_name=True) for s in shards]))
+    if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings)
+        print(json.dumps([message_dict(s) for s in shards]))
         return 0
     cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
-            "admitted", "dropped", "pulls", "pushes")  # fmt: skip
+            "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
     print(f"{'shard':>5} {'table':<12} " + " ".join(f"{c:>12}" for c in cols))
     for s in shards:
         for t in s.tables:
             print(f"{s.shard_id:>5} {t.name:<12} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
-        print(f"{s.shard_id:>5} clock {s.clock}, RAM {s.ram_used_bytes / 2**20:,.1f} of "
-              f"{s.ram_budget_bytes / 2**20:,.0f} MiB, journal {s.journal_bytes / 2**20:,.1f} MiB")  # fmt: skip
+        print(f"{s.shard_id:>5} data dir {s.data_dir}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
+              f"{s.ram_used_bytes / 2**20:,.1f} of {s.ram_budget_bytes / 2**20:,.0f} MiB, journal "
+              f"{s.journal_bytes / 2**20:,.1f} MiB")  # fmt: skip
         bound = f"of {s.memory_budget_bytes / 2**20:,.0f} MiB" if s.memory_budget_bytes else "(no --memory-bytes)"
         print(
             f"{s.shard_id:>5} memory {bound}: block cache {s.block_cache_used_bytes / 2**20:,.1f} of "
@@ -241,9 +241,23 @@ def _stats(args) -> int:
             f"table readers {s.table_reader_bytes / 2**20:,.1f} MiB, write-behind "
             f"{s.write_behind_bytes / 2**20:,.1f} MiB, journal map {s.journal_map_bytes / 2**20:,.0f} MiB"
         )
-    print("evictions, admitted, dropped, pulls and pushes count since each server started; num_rows and "
-          "pending_ids are what its tables hold")  # fmt: skip
+    print("evictions, cache_misses (ids read from RocksDB), admitted, dropped, pulls (lookups: pulls and pushes that "
+          "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
+          "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
     return 0
+
+
+def message_dict(message: Any) -> dict:
+    """Every field of a protobuf message (its defaults too) as plain JSON values, by field name."""
+    out = {}
+    for f in message.DESCRIPTOR.fields:
+        value = getattr(message, f.name)
+        if f.message_type is not None:
+            value = [message_dict(v) for v in value] if f.is_repeated else message_dict(value)
+        elif f.is_repeated:
+            value = list(value)
+        out[f.name] = value
+    return out
 
 
 def _shrink(args) -> int:
