@@ -295,7 +295,7 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     data = tmp_path / "d.csv"
     data.write_text("\n".join(lines) + "\n")
     text = infer_schema_text(str(data), sample_rows=150)
-    assert "the first 150 rows" in text and "every value distinct: an identifier?" in text
+    assert "a sample of 150 rows" in text and "every value distinct: an identifier?" in text
     assert "integers in a column named like an id" in text
     path = tmp_path / "inferred.toml"
     path.write_text(text)
@@ -412,3 +412,29 @@ def test_infer_a_column_empty_in_the_whole_sample_is_categorical(tmp_path):
     path.write_text(infer_schema_text(str(data)))
     kinds = {c.name: c.kind for c in load_schema(str(path), default_table="t", default_dim=4).columns}
     assert kinds == {"a": "categorical", "b": "categorical"}
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path, gz):
+    """A log sorted by time whose 'promo' column is filled only in its last third: the sample takes half the file's
+    first records and half from spots spread over the rest, so it sees them (a .gz file: the first records only)."""
+    import gzip
+    import re
+
+    from worker.formats import read_csv_sample
+
+    n = 250_000
+    text = "click,promo,price\n" + "".join(
+        f"{i % 5 == 0:d},{f'p{i % 7}' if i >= 2 * n // 3 else ''},{i % 100}\n" for i in range(n)
+    )
+    path = tmp_path / ("log.csv.gz" if gz else "log.csv")
+    with gzip.open(path, "wt") if gz else open(path, "w") as f:
+        f.write(text)
+    header, rows = read_csv_sample(path, ",", 2000)
+    assert header == ["click", "promo", "price"] and len(rows) == 2000
+    first = [line.split(",") for line in text.splitlines()[1:2001]]
+    assert rows == first if gz else rows[:1000] == first[:1000]  # the first half: the file's first records
+    filled = sum(r[1] != "" for r in rows)
+    assert filled == 0 if gz else 250 <= filled <= 400, filled  # a third of the spread half
+    said = re.search(r"'promo': text \((\d+) of 2000 cells non-empty", infer_schema_text(str(path), sample_rows=2000))
+    assert gz or (said and int(said.group(1)) == filled)

@@ -63,7 +63,12 @@ def _add_schema(sub) -> None:
     p.add_argument("--data", required=True, help="a data file (.gz read through gzip)")
     p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
     p.add_argument("--delimiter", default=",", help="csv: the column separator")
-    p.add_argument("--rows", type=integer(1), default=10_000, help="rows of the sample")
+    p.add_argument(
+        "--rows",
+        type=integer(1),
+        default=10_000,
+        help="rows of the sample: half the file's first, half spread over the rest (all from the start of a .gz file)",
+    )
     p.add_argument("--out", default=None, help="write the schema here instead of printing it")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists (a schema you edited, say); "
                    "without it an existing file is an error")  # fmt: skip

@@ -55,7 +55,7 @@ import sys
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -145,24 +145,63 @@ def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None
         return next(reader, None)
 
 
+SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
+SPREAD_MIN_BYTES = SAMPLE_SPOTS << 15  # ... when at least this much of the file lies past that half-sample
+
+
 def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
-    """(header, the first `rows` records that have the header's column count). ValueError for an empty file."""
+    """(header, up to `rows` records that have the header's column count). ValueError for an empty file. The first
+    half are the file's first records; the other half follow them, or, in an uncompressed file with at least
+    SPREAD_MIN_BYTES more, come from SAMPLE_SPOTS places spread evenly over the rest (each from the line after a
+    byte offset), so that a file sorted by time or by label is seen whole. A record cut by a spot's start (a quoted
+    field over lines) is dropped with the others of the wrong column count."""
     name = os.fspath(path)
-    with _csv_reader(name, delimiter) as reader:
+    opened = _csv_reader(name, delimiter)
+    with opened as reader:
         header = next(reader, None)
         if header is None:
             raise ValueError(f"{name}: the file is empty; expected a header line")
-        sample: list[list[str]] = []
-        while len(sample) < rows:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error:
-                continue
-            if len(row) == len(header):
-                sample.append(row)
+        sample = _good_records(reader, len(header), rows - rows // 2)
+        start = opened.raw.tell()  # past the half-sample (by at most the text layer's read-ahead)
+        spread = len(sample) == rows - rows // 2 and not name.endswith(".gz")
+        spread = spread and os.path.getsize(name) - start >= SPREAD_MIN_BYTES
+        if not spread:
+            sample += _good_records(reader, len(header), rows - len(sample))
+    if spread:
+        sample += _spread_records(name, delimiter, len(header), rows - len(sample), start)
     return header, sample
+
+
+def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
+    """Up to `limit` records of the reader with `width` columns (the csv module's errors skipped)."""
+    out: list[list[str]] = []
+    while len(out) < limit:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            continue
+        if len(row) == width:
+            out.append(row)
+    return out
+
+
+def _spread_records(name: str, delimiter: str, width: int, want: int, start: int) -> list[list[str]]:
+    """Up to `want` records of `width` columns from SAMPLE_SPOTS offsets spread over bytes [start, end)."""
+    size = os.path.getsize(name)
+    out: list[list[str]] = []
+    per_spot = -(-want // SAMPLE_SPOTS)
+    with open(name, "rb") as f:
+        for k in range(SAMPLE_SPOTS):
+            f.seek(start + (size - start) * k // SAMPLE_SPOTS)
+            f.readline()  # the rest of the line the offset fell in
+            text = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape", newline="")
+            out += _good_records(csv.reader(text, delimiter=delimiter), width, min(per_spot, want - len(out)))
+            text.detach()
+            if len(out) >= want:
+                break
+    return out
 
 
 def libsvm_field_count(path: str | os.PathLike) -> int:

@@ -44,7 +44,8 @@ _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its nou
 
 def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
     """A starting schema for a data file, as TOML with comments saying what was inferred from how many rows.
-    csv: from the header and the first sample_rows records (see _infer_column for the rules); criteo and
+    csv: from the header and sample_rows records (read_csv_sample: half the file's first, half spread over the rest
+    of an uncompressed file; see _infer_column for the rules); criteo and
     libsvm: their built-in schema, written out."""
     return infer_schema(path, fmt=fmt, delimiter=delimiter, sample_rows=sample_rows)[0]
 
@@ -71,7 +72,7 @@ def infer_schema(
     binary = [h for h in header if _is_binary(columns[h])]
     label = next((h for h in binary if h.lower() in LABEL_NAMES), None)
     label = label or next((h for h in binary if LABEL_WORDS.search(h)), None)
-    lines.append(f"# Inferred from the header and the first {len(rows)} rows.")
+    lines.append(f"# Inferred from the header and a sample of {len(rows)} rows (worker/formats.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
     guess = None
     if label is None and binary:
