@@ -86,7 +86,7 @@ def test_a_save_meeting_another_checkpoints_hold_fails_at_once_and_releases_what
             with pytest.raises(PsError, match="FAILED_PRECONDITION: shard 1 is held by another checkpoint"):
                 save(client, str(tmp_path / "c1"))
             assert time.monotonic() - started < 5  # not the 30 s server timeout
-            assert servers[0].shard._held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))
+            assert servers[0].shard._hold.held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))
             assert not (tmp_path / "c1").exists()
             servers[1].shard.release(other)
             assert save(client, str(tmp_path / "c2"))["num_shards"] == 2

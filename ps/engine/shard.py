@@ -8,7 +8,8 @@ add_delta true are added to the embeddings as they are (ps.rows.update's ADD_DEL
 untouched; shows, clicks, admission and weight clipping apply as usual). Its journal record keeps the rule.
 
 Training modes other than async (stamped requests: a job's worker clocks, sync steps) are ps.engine.jobs's,
-one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch.
+one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch. Checkpoints (hold, save, release) are
+ps.engine.hold's, one PushHold per shard, which every push passes through.
 
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread writes
 dirty rows to RocksDB every flush_interval_s (or once the journal has grown by journal_flush_bytes), records
@@ -18,12 +19,8 @@ a clean close flushes everything.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
-import math
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -31,23 +28,20 @@ from collections.abc import Callable
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST, checkpoint_holding, read_manifest
+from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, read_manifest
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
+from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
+from ps.engine.restore import check_restored, restore_into
 from ps.engine.table import Table
 from ps.errors import (
-    CheckpointDirError,
-    CheckpointHoldError,
-    CheckpointInProgressError,
     DataLossError,
-    DiskFullError,
     InvalidArgumentError,
     PsError,
     StorageError,
     TableExistsError,
     TableNotFoundError,
     WrongShardError,
-    disk_full_reason,
     echo,
 )
 from ps.rows.finite import first_non_finite
@@ -65,123 +59,54 @@ MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a ro
 # hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
 
 
-def _make_dirs(directory: str) -> list[str]:
-    """Creates directory and its missing parents; returns those it created, parents first (not those another
-    process made meanwhile: the shards of a checkpoint save into one directory at once). A directory that
-    cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
-    too long), DiskFullError for a full disk, CheckpointDirError for the others (no permission, a file in the
-    way)."""
-    missing = []
-    d = os.path.abspath(directory)
-    while not os.path.isdir(d) and os.path.dirname(d) != d:
-        missing.append(d)
-        d = os.path.dirname(d)
-    created = []
+def _restore_manifest(config: ServerConfig) -> dict | None:
+    """StorageError if config.data_dir is a shard's folder of a checkpoint. For a restore into a new (missing or
+    empty) data dir: the checkpoint's manifest, checked with every file of it before the dir is made; else None (a
+    dir with data gets the refusals of check_restored and restore_into)."""
+    checkpoint = checkpoint_holding(config.data_dir)
+    if checkpoint is not None:
+        raise StorageError(
+            f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
+            f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"
+        )
+    new_dir = not os.path.isdir(config.data_dir) or not os.listdir(config.data_dir)
+    if not (config.restore_dir and new_dir):
+        return None
+    if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+        raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
+                           "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
     try:
-        for d in reversed(missing):
-            try:
-                os.mkdir(d)
-            except FileExistsError:  # another shard of this checkpoint made it meanwhile: not ours to remove
-                if not os.path.isdir(d):
-                    raise
-                continue
-            created.append(d)
-    except OSError as e:
-        _remove_dirs(created)
-        reason = disk_full_reason(e)
-        if reason is not None:
-            raise DiskFullError.of(reason, f"cannot create checkpoint dir {directory}", "nothing was saved") from None
-        error = InvalidArgumentError if e.errno in (errno.ENAMETOOLONG, errno.EINVAL) else CheckpointDirError
-        raise error(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
-    return created
-
-
-def _remove_dirs(created: list[str]) -> None:
-    """Removes the (empty) directories _make_dirs created, children first."""
-    for d in reversed(created):
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
+        return read_manifest(config.restore_dir)
+    except StorageError as e:
+        raise StorageError(f"{e}; the data dir was not touched") from None
 
 
 class Shard:
+    MAX_HOLD_S = PushHold.MAX_HOLD_S
+    DEFAULT_HOLD_S = PushHold.DEFAULT_HOLD_S  # a Checkpoint hold request's hold_timeout_s 0
+
     def __init__(self, config: ServerConfig):
+        """Opens (or restores into, with config.restore_dir) the data dir, replays its journal and starts the
+        flusher. A dir that cannot be served raises a ps.errors error (DataLossError for lost writes; a StorageError
+        naming the dir for any other failure) and leaves nothing open; ValueError if the cache does not fit."""
         config.validate()
         self.config = config
         self.shard_id = config.shard_id
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
-        checkpoint = checkpoint_holding(config.data_dir)
-        if checkpoint is not None:
-            raise StorageError(
-                f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
-                f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"
-            )
-        new_dir = not os.path.isdir(config.data_dir) or not os.listdir(config.data_dir)
-        manifest = None  # the checkpoint's, checked with every file of it before a new dir is made
-        if config.restore_dir and new_dir:  # (a dir with data gets the refusals of check_restored and restore_into)
-            if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
-                raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
-                                   "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
-            try:
-                manifest = read_manifest(config.restore_dir)
-            except StorageError as e:
-                raise StorageError(f"{e}; the data dir was not touched") from None
-        self.store = Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
-                           direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
-                           read_threads=config.read_threads,
-                           write_behind_bytes=self.memory.write_behind_bytes,
-                           write_buffer_bytes=self.memory.write_buffer_bytes,
-                           index_in_cache=self.memory.bounded,
-                           shard=(config.shard_id, config.num_shards))  # fmt: skip
+        manifest = _restore_manifest(config)
+        self.store = self._open_store()
         try:
-            self.store.check_identity(config.shard_id, config.num_shards)
-            self.store.check_cluster(config.cluster)
-            from ps.engine.restore import check_restored
-
-            check_restored(self.store)
-            if config.restore_dir:
-                from ps.engine.restore import restore_into
-
-                summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
-                log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
-            self.budget = MemoryBudget(self.memory.ram_tier_bytes)
-            self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
-                                   segment_bytes=self.memory.journal_segment_bytes,
-                                   mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
-            self.tables: dict[str, Table] = {}
-            for cfg in self.store.load_tables():
-                self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
-            self._lock = threading.Lock()
-            self._flush_lock = threading.Lock()
-            self.clock = self.store.clock()
-            self._advances_reserved = 0  # steps of the batches between their check and their advance (_lock)
-            self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
-            self.journal.applied = self.store.applied()  # client requests applied before the last flush
-            self._replay()
-            # client -> its newest request whose clock advance is applied; such a request is applied whole (the
-            # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids)
-            self._advanced = self.store.advanced()
-            for client, client_seq in self._advanced.items():
-                self.journal.note_applied((client, client_seq, -1))
+            self._check_store(manifest)
+            self._open_tables()
+            self._load_requests()
             self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                                   config.threads, MAX_COUNT_PER_ID)  # fmt: skip
-            if self.clock > MAX_CLOCK:
-                raise StorageError(
-                    f"data dir {config.data_dir} holds clock {self.clock:,}, past the largest clock a shard takes "
-                    f"({MAX_CLOCK:,}; an out-of-range clock advance put it there): restore the dir from a checkpoint "
-                    "taken before that advance"
-                )
-        except BaseException as e:
-            try:
-                if hasattr(self, "journal"):
-                    self.journal.close()
-            except Exception as close_error:
-                log.warning("closing the journal of %s after a failed start: %s", config.data_dir, close_error)
-            try:
-                self.store.close()
-            except Exception as close_error:  # (a full disk, say) the error that stopped the start is the news
-                log.warning("closing data dir %s after a failed start: %s", config.data_dir, close_error)
+            self._check_clock()
+        except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
+            # keep RocksDB's handles, and the data dir's lock, alive until a garbage collection
+            self._close_after_failed_start()
             if isinstance(e, DataLossError):
                 raise DataLossError(f"cannot start on data dir {config.data_dir}: {e}") from e
             if isinstance(e, PsError) or not isinstance(e, Exception):
@@ -190,18 +115,80 @@ class Shard:
                 f"cannot start on data dir {config.data_dir}: {type(e).__name__}: {e} (corrupt files? restore the "
                 "dir from a backup or checkpoint, or start on an empty one)"
             ) from e
-        self._gate = threading.Condition()  # checkpoints hold pushes (hold / release)
-        self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
-        self._held_until = 0.0  # monotonic time the hold expires; 0: not held
-        self._hold_token: str | None = None
-        self._hold_s = 0.0
-        self._pushes_in_flight = 0
+        self._hold = PushHold(self.shard_id)  # checkpoints hold pushes (hold / save_checkpoint / release)
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written
         self._flusher = threading.Thread(target=self._flush_loop, name="ps-flusher", daemon=True)
         self._flusher.start()
         self.started = time.monotonic()
+
+    def _open_store(self) -> Store:
+        config = self.config
+        return Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
+                     direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
+                     read_threads=config.read_threads,
+                     write_behind_bytes=self.memory.write_behind_bytes,
+                     write_buffer_bytes=self.memory.write_buffer_bytes,
+                     index_in_cache=self.memory.bounded,
+                     shard=(config.shard_id, config.num_shards))  # fmt: skip
+
+    def _check_store(self, manifest: dict | None) -> None:
+        """Refuses a store of another shard, cluster or an unfinished restore; restores into it if configured."""
+        config = self.config
+        self.store.check_identity(config.shard_id, config.num_shards)
+        self.store.check_cluster(config.cluster)
+        check_restored(self.store)
+        if config.restore_dir:
+            summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
+            log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
+
+    def _open_tables(self) -> None:
+        """Opens the journal and the tables RocksDB holds, over one RAM tier budget."""
+        config = self.config
+        self.budget = MemoryBudget(self.memory.ram_tier_bytes)
+        self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
+                               segment_bytes=self.memory.journal_segment_bytes,
+                               mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
+        self.tables: dict[str, Table] = {}
+        for cfg in self.store.load_tables():
+            self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+
+    def _load_requests(self) -> None:
+        """Reads the clock and the clients' applied requests, then replays the journal past what RocksDB holds."""
+        self.clock = self.store.clock()
+        self._advances_reserved = 0  # steps of the batches between their check and their advance (_lock)
+        self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
+        self.journal.applied = self.store.applied()  # client requests applied before the last flush
+        self._replay()
+        # client -> its newest request whose clock advance is applied; such a request is applied whole (the
+        # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids)
+        self._advanced = self.store.advanced()
+        for client, client_seq in self._advanced.items():
+            self.journal.note_applied((client, client_seq, -1))
+
+    def _check_clock(self) -> None:
+        if self.clock > MAX_CLOCK:
+            raise StorageError(
+                f"data dir {self.config.data_dir} holds clock {self.clock:,}, past the largest clock a shard takes "
+                f"({MAX_CLOCK:,}; an out-of-range clock advance put it there): restore the dir from a checkpoint "
+                "taken before that advance"
+            )
+
+    def _close_after_failed_start(self) -> None:
+        """Closes the journal (if it was opened) and the store; their errors are logged, not raised: the error that
+        stopped the start is the news."""
+        try:
+            if hasattr(self, "journal"):
+                self.journal.close()
+        except Exception as close_error:
+            log.warning("closing the journal of %s after a failed start: %s", self.config.data_dir, close_error)
+        try:
+            self.store.close()
+        except Exception as close_error:  # (a full disk, say)
+            log.warning("closing data dir %s after a failed start: %s", self.config.data_dir, close_error)
 
     def _replay(self) -> None:
         """Applies the journal records RocksDB lacks. The journal refuses records missing or damaged below its
@@ -343,7 +330,7 @@ class Shard:
     ) -> None:
         """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
         id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
-        with self._push_gate():
+        with self._hold.push_gate():
             self.apply_push(self.check_push(name, ids, grads, shows, clicks, add_delta))
 
     def push_batch(self, pushes: list[tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0) -> tuple:
@@ -363,7 +350,7 @@ class Shard:
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
-        with self._push_gate():
+        with self._hold.push_gate():
             return self._push_batch(pushes, advance_clock, client, client_seq)
 
     def _push_batch(self, pushes, advance_clock, client, client_seq) -> tuple:
@@ -475,32 +462,10 @@ class Shard:
 
     def _apply_sum(self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int) -> None:
         """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
-        with self._push_gate():
+        with self._hold.push_gate():
             self._push_batch(pushes, advance_clock, client, client_seq)
 
-    # ---- checkpoints --------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _push_gate(self):
-        """Counts a push in flight; refuses it (UNAVAILABLE, the client retries) while a checkpoint holds pushes
-        (until it releases, or its hold expires). Refused, not queued: waiting pushes would take the RPC threads
-        the checkpoint's own calls need."""
-        with self._gate:
-            if self._held_until:
-                if time.monotonic() < self._held_until:
-                    raise CheckpointInProgressError(f"shard {self.shard_id} is taking a checkpoint; retry shortly")
-                log.warning("checkpoint hold expired without a release: taking pushes again")
-                self._held_until = 0.0
-            self._pushes_in_flight += 1
-        try:
-            yield
-        finally:
-            with self._gate:
-                self._pushes_in_flight -= 1
-                self._gate.notify_all()
-
-    MAX_HOLD_S = 3600.0
-    DEFAULT_HOLD_S = 120.0  # a Checkpoint hold request's hold_timeout_s 0
-
+    # ---- checkpoints (ps.engine.hold) ------------------------------------------------------------------
     def hold(self, timeout_s: float) -> tuple[int, str]:
         """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
         the pushes in flight are done; returns (clock, token): save and release need the token. Every push
@@ -510,99 +475,30 @@ class Shard:
         A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and nothing else: a Shrink or
         an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
         a later clock than the one returned here)."""
-        if not (math.isfinite(timeout_s) and 0 < timeout_s <= self.MAX_HOLD_S):
-            raise InvalidArgumentError(
-                f"hold_timeout_s must be finite, > 0 and <= {self.MAX_HOLD_S:g} seconds (0 in a request: "
-                f"{self.DEFAULT_HOLD_S:g}), got {timeout_s}; nothing is held"
-            )
-        with self._gate:
-            now = time.monotonic()
-            if self._held_until and now < self._held_until:
-                left = "while it saves" if math.isinf(self._held_until) else f"for {self._held_until - now:.0f} s more"
-                raise CheckpointHoldError(
-                    f"shard {self.shard_id} is held by another checkpoint ({left} at most); one checkpoint at a "
-                    "time: take this one once that one has ended; nothing is held"
-                )
-            self._hold_token = secrets.token_hex(8)
-            self._held_until = time.monotonic() + timeout_s
-            self._hold_s = timeout_s
-            while self._pushes_in_flight:
-                self._gate.wait()
-            return self.clock, self._hold_token
+        return self._hold.hold(timeout_s, lambda: self.clock)
 
     def release(self, token: str) -> None:
         """Ends the hold that returned token (a stale token releases nothing)."""
-        with self._gate:
-            if token == self._hold_token:
-                self._held_until, self._hold_token = 0.0, None
-                self._gate.notify_all()
+        self._hold.release(token)
 
     def save_checkpoint(self, directory: str, token: str) -> dict:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
-        returned token (which cannot expire while this runs); returns what the manifest records of it."""
-        with self._gate:
-            if token != self._hold_token or not self._held_until or time.monotonic() >= self._held_until:
-                raise CheckpointHoldError(
-                    f"shard {self.shard_id}: the checkpoint's hold expired or was released before the save (raise "
-                    "--hold-timeout-s?); nothing saved, take it again"
-                )
-            self._held_until = float("inf")  # no expiry during the save
-        try:
-            with self._saving:
-                return self._save_checkpoint(directory)
-        finally:
-            with self._gate:
-                if self._hold_token == token:
-                    self._held_until = time.monotonic() + self._hold_s
+        returned token (which cannot expire while this runs); returns what the manifest records of it. Refusals
+        and failures leave nothing behind (PushHold.saving, save_into)."""
+        with self._hold.saving(token):
+            name = f"shard-{self.shard_id}"
+            path = save_into(directory, name, self.config.checkpoint_root, self._write_checkpoint)
+            return {
+                "shard_id": self.shard_id,
+                "dir": name,
+                "clock": self.clock,
+                "files": file_checksums(path),
+                "rows": {t.name: t.num_rows for t in self.tables.values()},
+            }
 
-    def _inside_a_checkpoint(self, directory: str) -> str | None:
-        """The directory, or the nearest of its parents below the checkpoint root, that holds a checkpoint's
-        manifest or a RocksDB directory (its CURRENT file), else None."""
-        root = os.path.abspath(self.config.checkpoint_root or os.sep)
-        path = os.path.abspath(directory)
-        while path != root and os.path.dirname(path) != path:
-            if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, "CURRENT")):
-                return path
-            path = os.path.dirname(path)
-        return None
-
-    def _save_checkpoint(self, directory: str) -> dict:
-        name = f"shard-{self.shard_id}"
-        path = os.path.join(directory, name)
-        if os.path.exists(path):  # the directory is checked before the flush: a refused save changes nothing
-            raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
-        inside = self._inside_a_checkpoint(directory)
-        if inside is not None:
-            raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
-                                       "directory; give a directory of its own")  # fmt: skip
-        created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
-        if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
-            _remove_dirs(created)
-            raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
-                                     f"{os.geteuid()}); nothing saved")  # fmt: skip
-        try:
-            self.flush()
-            self.store.checkpoint(path)
-        except DiskFullError as e:  # the data dir's (the flush) or the checkpoint dir's: say which, and what stands
-            _remove_dirs(created)
-            disk = e.disk  # the checkpoint's own dir was removed again: name the nearest one that is there
-            if disk and os.path.isabs(disk) and os.path.commonpath([disk, directory]) == directory:
-                while not os.path.isdir(disk) and os.path.dirname(disk) != disk:
-                    disk = os.path.dirname(disk)
-            raise e.instead(f"the checkpoint was not saved, nothing of it is left in {directory}; the shard's rows are "
-                            "as they were", disk) from e  # fmt: skip
-        except BaseException:
-            _remove_dirs(created)
-            raise
-        from ps.checkpoint import file_checksums
-
-        return {
-            "shard_id": self.shard_id,
-            "dir": name,
-            "clock": self.clock,
-            "files": file_checksums(path),
-            "rows": {t.name: t.num_rows for t in self.tables.values()},
-        }
+    def _write_checkpoint(self, path: str) -> None:
+        self.flush()
+        self.store.checkpoint(path)
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:

@@ -1,0 +1,202 @@
+"""PushHold: a shard's push gate, the checkpoint hold that closes it, and saving a checkpoint under the hold.
+
+A checkpoint of a running cluster holds every shard (hold: the shard stops taking pushes once the ones in flight
+are done), saves each (a flush, then a RocksDB checkpoint into <dir>/shard-<id>: save_into) under its hold's token,
+then releases them. A hold stops pushes and nothing else. The Shard owns one PushHold and delegates to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from ps.checkpoint import MANIFEST
+from ps.errors import (
+    CheckpointDirError,
+    CheckpointHoldError,
+    CheckpointInProgressError,
+    DiskFullError,
+    InvalidArgumentError,
+    disk_full_reason,
+)
+
+log = logging.getLogger("ps.engine.shard")  # the shard's: a hold is a part of its shard
+
+
+class PushHold:
+    """Counts the pushes in flight and refuses new ones while a checkpoint holds them; one hold at a time, and
+    one save at a time."""
+
+    MAX_HOLD_S = 3600.0
+    DEFAULT_HOLD_S = 120.0  # a Checkpoint hold request's hold_timeout_s 0
+
+    def __init__(self, shard_id: int):
+        self.shard_id = shard_id
+        self._gate = threading.Condition()  # guards the fields below; notified when a push ends or a hold does
+        self._saving = threading.Lock()  # one checkpoint save at a time (a second one to the same dir is refused)
+        self.held_until = 0.0  # monotonic time the hold expires; 0: not held; inf: a save runs under it
+        self.token: str | None = None  # the hold's, which save and release need
+        self._hold_s = 0.0  # the hold's timeout, counted again from the end of a save
+        self._pushes_in_flight = 0
+
+    @contextlib.contextmanager
+    def push_gate(self) -> Iterator[None]:
+        """Counts a push in flight; refuses it (UNAVAILABLE, the client retries) while a checkpoint holds pushes
+        (until it releases, or its hold expires). Refused, not queued: waiting pushes would take the RPC threads
+        the checkpoint's own calls need."""
+        with self._gate:
+            if self.held_until:
+                if time.monotonic() < self.held_until:
+                    raise CheckpointInProgressError(f"shard {self.shard_id} is taking a checkpoint; retry shortly")
+                log.warning("checkpoint hold expired without a release: taking pushes again")
+                self.held_until = 0.0
+            self._pushes_in_flight += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._pushes_in_flight -= 1
+                self._gate.notify_all()
+
+    def hold(self, timeout_s: float, clock: Callable[[], int]) -> tuple[int, str]:
+        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
+        the pushes in flight are done; returns (clock(), read then, token): save and release need the token. Every
+        push acknowledged before this returns is in the checkpoint, none after. One hold at a time:
+        CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S."""
+        if not (math.isfinite(timeout_s) and 0 < timeout_s <= self.MAX_HOLD_S):
+            raise InvalidArgumentError(
+                f"hold_timeout_s must be finite, > 0 and <= {self.MAX_HOLD_S:g} seconds (0 in a request: "
+                f"{self.DEFAULT_HOLD_S:g}), got {timeout_s}; nothing is held"
+            )
+        with self._gate:
+            now = time.monotonic()
+            if self.held_until and now < self.held_until:
+                left = "while it saves" if math.isinf(self.held_until) else f"for {self.held_until - now:.0f} s more"
+                raise CheckpointHoldError(
+                    f"shard {self.shard_id} is held by another checkpoint ({left} at most); one checkpoint at a "
+                    "time: take this one once that one has ended; nothing is held"
+                )
+            self.token = secrets.token_hex(8)
+            self.held_until = time.monotonic() + timeout_s
+            self._hold_s = timeout_s
+            while self._pushes_in_flight:
+                self._gate.wait()
+            return clock(), self.token
+
+    def release(self, token: str) -> None:
+        """Ends the hold that returned token (a stale token releases nothing)."""
+        with self._gate:
+            if token == self.token:
+                self.held_until, self.token = 0.0, None
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def saving(self, token: str) -> Iterator[None]:
+        """Runs a save under the hold that returned token, one save at a time: CheckpointHoldError if that hold
+        expired or was released. The hold cannot expire while the save runs; its timeout counts again after."""
+        with self._gate:
+            if token != self.token or not self.held_until or time.monotonic() >= self.held_until:
+                raise CheckpointHoldError(
+                    f"shard {self.shard_id}: the checkpoint's hold expired or was released before the save (raise "
+                    "--hold-timeout-s?); nothing saved, take it again"
+                )
+            self.held_until = float("inf")  # no expiry during the save
+        try:
+            with self._saving:
+                yield
+        finally:
+            with self._gate:
+                if self.token == token:
+                    self.held_until = time.monotonic() + self._hold_s
+
+
+def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], None]) -> str:
+    """Creates directory (and its missing parents), then write(path) writes the shard's checkpoint to path,
+    <directory>/<name>; returns path. Refused before anything is written: InvalidArgumentError if path exists or
+    directory lies inside a checkpoint or a RocksDB directory (below checkpoint_root; "": the file system's root);
+    CheckpointDirError (or InvalidArgumentError, DiskFullError: see _make_dirs) if directory cannot be created or
+    written. A failed write leaves none of the directories this created; a DiskFullError of it names the nearest
+    directory that is there."""
+    path = os.path.join(directory, name)
+    if os.path.exists(path):  # the directory is checked before the write: a refused save changes nothing
+        raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
+    inside = _inside_a_checkpoint(directory, checkpoint_root)
+    if inside is not None:
+        raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
+                                   "directory; give a directory of its own")  # fmt: skip
+    created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
+    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        _remove_dirs(created)
+        raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
+                                 f"{os.geteuid()}); nothing saved")  # fmt: skip
+    try:
+        write(path)
+    except DiskFullError as e:  # the data dir's (the flush) or the checkpoint dir's: say which, and what stands
+        _remove_dirs(created)
+        disk = e.disk  # the checkpoint's own dir was removed again: name the nearest one that is there
+        if disk and os.path.isabs(disk) and os.path.commonpath([disk, directory]) == directory:
+            while not os.path.isdir(disk) and os.path.dirname(disk) != disk:
+                disk = os.path.dirname(disk)
+        raise e.instead(f"the checkpoint was not saved, nothing of it is left in {directory}; the shard's rows are "
+                        "as they were", disk) from e  # fmt: skip
+    except BaseException:
+        _remove_dirs(created)
+        raise
+    return path
+
+
+def _inside_a_checkpoint(directory: str, checkpoint_root: str) -> str | None:
+    """The directory, or the nearest of its parents below checkpoint_root, that holds a checkpoint's manifest or a
+    RocksDB directory (its CURRENT file), else None."""
+    root = os.path.abspath(checkpoint_root or os.sep)
+    path = os.path.abspath(directory)
+    while path != root and os.path.dirname(path) != path:
+        if any(os.path.exists(os.path.join(path, name)) for name in (MANIFEST, "CURRENT")):
+            return path
+        path = os.path.dirname(path)
+    return None
+
+
+def _make_dirs(directory: str) -> list[str]:
+    """Creates directory and its missing parents; returns those it created, parents first (not those another
+    process made meanwhile: the shards of a checkpoint save into one directory at once). A directory that
+    cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
+    too long), DiskFullError for a full disk, CheckpointDirError for the others (no permission, a file in the
+    way)."""
+    missing = []
+    d = os.path.abspath(directory)
+    while not os.path.isdir(d) and os.path.dirname(d) != d:
+        missing.append(d)
+        d = os.path.dirname(d)
+    created = []
+    try:
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:  # another shard of this checkpoint made it meanwhile: not ours to remove
+                if not os.path.isdir(d):
+                    raise
+                continue
+            created.append(d)
+    except OSError as e:
+        _remove_dirs(created)
+        reason = disk_full_reason(e)
+        if reason is not None:
+            raise DiskFullError.of(reason, f"cannot create checkpoint dir {directory}", "nothing was saved") from None
+        error = InvalidArgumentError if e.errno in (errno.ENAMETOOLONG, errno.EINVAL) else CheckpointDirError
+        raise error(f"cannot create checkpoint dir {directory}: {e.strerror}; nothing saved") from None
+    return created
+
+
+def _remove_dirs(created: list[str]) -> None:
+    """Removes the (empty) directories _make_dirs created, children first."""
+    for d in reversed(created):
+        with contextlib.suppress(OSError):
+            os.rmdir(d)
