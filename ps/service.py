@@ -50,6 +50,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import MAX_MESSAGE_BYTES
 from ps.engine.jobs import SYNC_KEY_BIT, Stamp
+from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
     CheckpointDirError,
@@ -266,9 +267,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.shard.pull(request.table, ids, out=rows)  # gathered straight into the reply
         return reply
 
-    def _decode_push(self, request) -> tuple:
-        """(table name, ids, grads, shows, clicks, add_delta) of a PushRequest, with its lengths and dim checked:
-        a push as Shard.push and Shard.push_batch take it."""
+    def _decode_push(self, request) -> TablePush:
+        """A PushRequest as a push of the shard's, with its lengths and dim checked."""
         table = self.shard.table(request.table)
         if request.dim != table.dim:
             raise InvalidArgumentError(f"push says dim {request.dim}, but table {request.table!r} has dim {table.dim}")
@@ -276,13 +276,14 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         grads = wire.decode_rows(request.grads, len(ids), table.dim, field="grads")
         shows = wire.decode_rows(request.shows, len(ids), 1, "shows")[:, 0] if request.shows else None
         clicks = wire.decode_rows(request.clicks, len(ids), 1, "clicks")[:, 0] if request.clicks else None
-        return request.table, ids, grads, shows, clicks, request.add_delta
+        return TablePush(name=request.table, ids=ids, grads=grads, shows=shows, clicks=clicks,
+                         add_delta=request.add_delta)  # fmt: skip
 
     @_rpc
     def Push(self, request: Any, context: grpc.ServicerContext) -> Message:
         push = self._decode_push(request)
-        self.shard.push(*push)
-        return ps_pb2.PushResponse(num_applied=len(push[1]))
+        self.shard.push(**push._asdict())
+        return ps_pb2.PushResponse(num_applied=len(push.ids))
 
     @_rpc
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -305,20 +306,18 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         """Returns the PushBatchResponse already serialized (see add_to_server)."""
         _check_count("PushBatch", "pushes", len(request.pushes))
         pushes = [self._decode_push(p) for p in request.pushes]
-        returned = [
-            (len(ids), grads.shape[1]) for (_, ids, grads, *_), p in zip(pushes, request.pushes) if p.return_rows
-        ]
+        returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
         if returned:
             self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
         client, stamp, min_clock = client_key(request.client_id, context), stamp_of(request), 0
         if stamp is None:
             step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
-            num_applied = sum(len(p[1]) for p in pushes[len(pushes) - applied :])  # the last `applied` ran now
+            num_applied = ids_applied(pushes, applied)
         else:
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context)
             )
-        rows = [self.shard.pull(name, ids) for (name, ids, *_), p in zip(pushes, request.pushes) if p.return_rows]
+        rows = [self.shard.pull(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
         return codec.encode_push_batch_response(num_applied, step, rows, min_clock)
 
     @_rpc

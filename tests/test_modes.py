@@ -18,6 +18,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.jobs import JobClocks, Stamp, sum_contributions, sync_key
+from ps.engine.push import TablePush
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
 from ps.errors import (
     BarrierTimeoutError,
@@ -50,8 +51,8 @@ def stamp(worker: int, step: int, **kw) -> Stamp:
     return Stamp(JOB, worker, kw.pop("num_workers", 2), step, **kw)
 
 
-def push(ids, grads, shows=None, clicks=None, table="emb") -> tuple:
-    return (table, ids, np.asarray(grads, np.float32), shows, clicks, False)
+def push(ids, grads, shows=None, clicks=None, table="emb") -> TablePush:
+    return TablePush(name=table, ids=ids, grads=np.asarray(grads, np.float32), shows=shows, clicks=clicks)
 
 
 class Concurrently:
@@ -93,19 +94,18 @@ def step_data(rng, worker: int, step: int, dim: int) -> tuple:
 
 
 def test_sum_contributions_against_a_loop():
-    a = [("t", np.array([5, 1], np.uint64), np.array([[1.0], [2.0]], np.float32), np.ones(2, np.float32),
-          np.zeros(2, np.float32))]  # fmt: skip
-    b = [("u", np.array([9], np.uint64), np.array([[7.0]], np.float32), np.ones(1, np.float32),
-          np.ones(1, np.float32)),
-         ("t", np.array([1, 3], np.uint64), np.array([[10.0], [20.0]], np.float32), np.full(2, 2, np.float32),
-          np.ones(2, np.float32))]  # fmt: skip
-    (t, ids, grads, shows, clicks), (u, *_rest) = sum_contributions([a, b, []], MAX_COUNT_PER_ID)
-    assert (t, u) == ("t", "u")
-    assert ids.tolist() == [1, 3, 5] and grads[:, 0].tolist() == [12.0, 20.0, 1.0]
-    assert shows.tolist() == [3.0, 2.0, 1.0] and clicks.tolist() == [1.0, 1.0, 0.0]
-    (t, ids, grads, shows, clicks), _ = sum_contributions([a, b, b], 2.0)  # counts clipped, grads not
-    assert grads[:, 0].tolist() == [22.0, 40.0, 1.0]
-    assert shows.tolist() == [2.0, 2.0, 1.0] and clicks.tolist() == [2.0, 2.0, 0.0]
+    a = [push(np.array([5, 1], np.uint64), [[1.0], [2.0]], np.ones(2, np.float32), np.zeros(2, np.float32), "t")]
+    b = [
+        push(np.array([9], np.uint64), [[7.0]], np.ones(1, np.float32), np.ones(1, np.float32), "u"),
+        push(np.array([1, 3], np.uint64), [[10.0], [20.0]], np.full(2, 2, np.float32), np.ones(2, np.float32), "t"),
+    ]
+    t, u = sum_contributions([a, b, []], MAX_COUNT_PER_ID)
+    assert (t.name, u.name) == ("t", "u") and not t.add_delta
+    assert t.ids.tolist() == [1, 3, 5] and t.grads[:, 0].tolist() == [12.0, 20.0, 1.0]
+    assert t.shows.tolist() == [3.0, 2.0, 1.0] and t.clicks.tolist() == [1.0, 1.0, 0.0]
+    t, _ = sum_contributions([a, b, b], 2.0)  # counts clipped, grads not
+    assert t.grads[:, 0].tolist() == [22.0, 40.0, 1.0]
+    assert t.shows.tolist() == [2.0, 2.0, 1.0] and t.clicks.tolist() == [2.0, 2.0, 0.0]
 
 
 def test_a_sync_sum_past_the_per_id_count_limit_is_applied_with_counts_clipped_to_it(tmp_path):
@@ -390,7 +390,7 @@ def test_a_stop_leaves_a_sum_being_applied_and_a_push_applied_since_its_check_as
         assert release.wait(30)
 
     contributors = Concurrently(
-        *(lambda w=w: jobs.push_sync(stamp(w, 0, sync=True, setup=SETUP), [("emb", A, np.ones((len(A), 4)),
+        *(lambda w=w: jobs.push_sync(stamp(w, 0, sync=True, setup=SETUP), [push(A, np.ones((len(A), 4)),
                                      np.ones(len(A)), np.zeros(len(A)))], 1, apply) for w in range(2))
     )  # fmt: skip
     assert applying.wait(30)
@@ -644,7 +644,7 @@ def test_a_sum_applied_after_a_job_switch_changes_nothing_of_the_new_job():
         held[key] = seq
 
     jobs = JobClocks(0, lambda key: held.get(key, 0), threads=8, max_count=MAX_COUNT_PER_ID)
-    one = [("emb", A[:3], np.ones((3, 4), np.float32), np.ones(3, np.float32), np.zeros(3, np.float32))]
+    one = [push(A[:3], np.ones((3, 4)), np.ones(3, np.float32), np.zeros(3, np.float32))]
     old = Concurrently(lambda: jobs.push_sync(Stamp(JOB, 0, 1, 3, sync=True, barrier_timeout_s=0.5), one, 1, apply))
     wait_until(lambda: 3 in jobs._steps and jobs._steps[3].applying, 30, "job JOB's step 3 to be applied")
     other = JOB + 1

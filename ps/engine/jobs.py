@@ -86,6 +86,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP
+from ps.engine.push import CheckedPush, TablePush
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -184,35 +185,37 @@ def sync_key(job: int) -> int:
     return int.from_bytes(digest, "little") | SYNC_KEY_BIT
 
 
-def contribution(pushes: list[tuple], check_push: Callable[..., tuple]) -> list[tuple]:
-    """Copies (name, ids, grads, shows, clicks) of a sync push's pushes (name, ids, grads, shows, clicks,
-    add_delta), each validated by check_push (Shard.check_push) and for repeated ids; InvalidArgumentError for an
-    add_delta push (deltas are not summed across workers)."""
+def contribution(pushes: list[TablePush], check_push: Callable[[TablePush], CheckedPush]) -> list[TablePush]:
+    """Copies of a sync push's pushes, shows and clicks filled in (add_delta false), each validated by check_push
+    (Shard.check_push) and for repeated ids; InvalidArgumentError for an add_delta push (deltas are not summed
+    across workers)."""
     out = []
     for i, p in enumerate(pushes):
-        _, ids, grads, shows, clicks, rule = check_push(*p)
-        if rule != OPTIMIZE:
-            raise InvalidArgumentError(f"push {i} of the batch (table {p[0]!r}) is add_delta, which a sync push "
+        c = check_push(p)
+        if c.rule != OPTIMIZE:
+            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) is add_delta, which a sync push "
                                        "cannot carry; nothing was applied")  # fmt: skip
-        if repeats_ids(ids):
-            raise InvalidArgumentError(f"push {i} of the batch (table {p[0]!r}) repeats ids; nothing was applied")
-        out.append((p[0], *(np.array(a) for a in (ids, grads, shows, clicks))))
+        if repeats_ids(c.ids):
+            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) repeats ids; nothing was applied")
+        out.append(TablePush(name=p.name, ids=np.array(c.ids), grads=np.array(c.grads), shows=np.array(c.shows),
+                             clicks=np.array(c.clicks)))  # fmt: skip
     return out
 
 
-def sum_contributions(contributions: list[list[tuple]], max_count: float) -> list[tuple]:
-    """One push (name, ids, grads, shows, clicks) per table, in name order, of contributions (each a list of
-    such pushes, ids unique within each): per table the union of the ids, sorted, with grads, shows and clicks
-    summed per id, in the order of the contributions, and shows and clicks clipped to max_count (a push's limit
-    per id, which contributions within it may sum past). Tables without ids are left out. InvalidArgumentError
-    if a sum of gradients overflows float32."""
-    by_table: dict[str, list[tuple]] = {}
+def sum_contributions(contributions: list[list[TablePush]], max_count: float) -> list[TablePush]:
+    """One push per table, in name order, of contributions (each a list of pushes with shows and clicks, ids
+    unique within each): per table the union of the ids, sorted, with grads, shows and clicks summed per id, in
+    the order of the contributions, and shows and clicks clipped to max_count (a push's limit per id, which
+    contributions within it may sum past). Tables without ids are left out. InvalidArgumentError if a sum of
+    gradients overflows float32."""
+    by_table: dict[str, list[TablePush]] = {}
     for pushes in contributions:
-        for name, *arrays in pushes:
-            by_table.setdefault(name, []).append(arrays)
+        for p in pushes:
+            by_table.setdefault(p.name, []).append(p)
     out = []
     for name in sorted(by_table):
-        ids, grads, shows, clicks = (np.concatenate(a) for a in zip(*by_table[name]))
+        arrays = zip(*((p.ids, p.grads, p.shows, p.clicks) for p in by_table[name]))
+        ids, grads, shows, clicks = (np.concatenate(a) for a in arrays)
         if not len(ids):
             continue
         order = np.argsort(ids, kind="stable")
@@ -227,7 +230,8 @@ def sum_contributions(contributions: list[list[tuple]], max_count: float) -> lis
                 f"float32 (each worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was "
                 "applied"
             )
-        out.append((name, ids[starts], grads, np.minimum(shows, max_count), np.minimum(clicks, max_count)))
+        out.append(TablePush(name=name, ids=ids[starts], grads=grads, shows=np.minimum(shows, max_count),
+                             clicks=np.minimum(clicks, max_count)))  # fmt: skip
     return out
 
 
@@ -256,7 +260,7 @@ class _SyncStep:
 
     def __init__(self, step: int):
         self.step = step
-        self.contributions: dict[int, tuple[list[tuple], int]] = {}
+        self.contributions: dict[int, tuple[list[TablePush], int]] = {}
         self.clients: dict[int, int] = {}  # worker -> the client (PushBatch client_id) its contribution came from
         self.applying = self.applied = False
         self.error: BaseException | None = None
@@ -573,13 +577,13 @@ class JobClocks:
     def push_sync(
         self,
         stamp: Stamp,
-        pushes: list[tuple],
+        pushes: list[TablePush],
         advance_clock: int,
-        apply: Callable[[list[tuple], int, int, int], object],
+        apply: Callable[[list[TablePush], int, int, int], object],
         client: int = 0,
         caller_gone: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
-        """Contributes pushes (name, ids, grads, shows, clicks; validated, copies) to the stamp's sync step and
+        """Contributes pushes (contribution's: validated copies, with shows and clicks) to the stamp's sync step and
         waits until its sum is applied: apply(sum pushes, advance_clock, client, client_seq) applies it, as a
         PushBatch, with advance_clock the largest of the contributions'. Returns (ids of this contribution
         applied now: 0 for a step applied before, min_clock). BarrierTimeoutError past the deadline (the step's
@@ -625,7 +629,7 @@ class JobClocks:
                     if step.error is not None:
                         raise _again(step.error)
                     if step.applied:
-                        return sum(len(p[1]) for p in pushes), self._min_clock()
+                        return sum(len(p.ids) for p in pushes), self._min_clock()
                     self._check_alive(generation, stopping=not step.applying)  # a sum being applied ends as applied
                     if not step.applying and self._complete(step):
                         step.applying = True
@@ -653,7 +657,7 @@ class JobClocks:
             finally:
                 if waiting:
                     self._waiting -= 1
-        return self._apply(step, key, seq, apply, sum(len(p[1]) for p in pushes), generation)
+        return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
 
     def _complete(self, step: _SyncStep) -> bool:
         return all(self._done[w] or w in step.contributions for w in range(self.num_workers))

@@ -3,9 +3,10 @@
 Each method validates its whole request before touching state and raises ps.errors exceptions, which the
 service maps to gRPC status codes. Ownership: a shard accepts only ids whose slot it owns (ps.sharding).
 
-A push is (table name, ids, grads, shows, clicks[, add_delta]): grads go through the table's optimizer, or with
-add_delta true are added to the embeddings as they are (ps.rows.update's ADD_DELTA rule: the optimizer state is
-untouched; shows, clicks, admission and weight clipping apply as usual). Its journal record keeps the rule.
+A push (ps.engine.push.TablePush) is a table name, ids, grads, shows, clicks and add_delta: grads go through the
+table's optimizer, or with add_delta true are added to the embeddings as they are (ps.rows.update's ADD_DELTA rule:
+the optimizer state is untouched; shows, clicks, admission and weight clipping apply as usual). Its journal record
+keeps the rule.
 
 Training modes other than async (stamped requests: a job's worker clocks, sync steps) are ps.engine.jobs's,
 one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch. Checkpoints (hold, save, release) are
@@ -23,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, read_man
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
+from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.table import Table
 from ps.errors import (
@@ -267,18 +269,11 @@ class Shard:
         self.check_owned(ids)
         return table.pull(ids, out)
 
-    def check_push(
-        self,
-        name: str,
-        ids: np.ndarray,
-        grads: np.ndarray,
-        shows: np.ndarray | None = None,
-        clicks: np.ndarray | None = None,
-        add_delta: bool = False,
-    ) -> tuple:
-        """Validates a push without changing anything; returns (table, ids, grads, shows, clicks, rule) for
-        apply_push. shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0
-        clicks per id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
+    def check_push(self, push: TablePush) -> CheckedPush:
+        """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
+        (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per id. add_delta: grads are
+        deltas added to the embeddings (see the module docstring)."""
+        name, ids, grads = push.name, push.ids, push.grads
         table = self.table(name)
         if grads.shape != (len(ids), table.dim):
             raise InvalidArgumentError(
@@ -291,9 +286,9 @@ class Shard:
                 f"grads for table {name!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
                 f"{grads[bad].tolist()[:8]}; nothing was applied"
             )
-        given = [(what, a) for what, a in (("shows", shows), ("clicks", clicks)) if a is not None]
-        shows = np.ones(len(ids), dtype=np.float32) if shows is None else shows
-        clicks = np.zeros(len(ids), dtype=np.float32) if clicks is None else clicks
+        given = [(what, a) for what, a in (("shows", push.shows), ("clicks", push.clicks)) if a is not None]
+        shows = np.ones(len(ids), dtype=np.float32) if push.shows is None else push.shows
+        clicks = np.zeros(len(ids), dtype=np.float32) if push.clicks is None else push.clicks
         for what, a in given:  # the defaults need no check
             if a.shape != (len(ids),):
                 raise InvalidArgumentError(f"{what} for table {name!r} have shape {a.shape}, expected ({len(ids)},)")
@@ -309,13 +304,14 @@ class Shard:
                     f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
                 )
         self.check_owned(ids)
-        return table, ids, grads, shows, clicks, ADD_DELTA if add_delta else OPTIMIZE
+        rule = ADD_DELTA if push.add_delta else OPTIMIZE
+        return CheckedPush(table=table, ids=ids, grads=grads, shows=shows, clicks=clicks, rule=rule)
 
-    def apply_push(self, checked: tuple, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
+    def apply_push(self, checked: CheckedPush, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
         """Applies a push that check_push accepted (applied in RAM by its rule, journaled with its origin and
         rule)."""
-        table, ids, grads, shows, clicks, rule = checked
-        table.push(ids, grads, shows, clicks, self.clock, origin, rule)
+        c = checked
+        c.table.push(c.ids, c.grads, c.shows, c.clicks, self.clock, origin, c.rule)
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
 
@@ -330,13 +326,17 @@ class Shard:
     ) -> None:
         """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
         id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
+        push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
         with self._hold.push_gate():
-            self.apply_push(self.check_push(name, ids, grads, shows, clicks, add_delta))
+            self.apply_push(self.check_push(push))
 
-    def push_batch(self, pushes: list[tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0) -> tuple:
-        """Several pushes (name, ids, grads, shows, clicks[, add_delta]) of one request, then the clock advanced;
-        returns (clock, pushes applied now). All are validated (duplicate ids included) before any is applied;
-        then each is applied in order, by its own rule, journaled with (client, client_seq, its index).
+    def push_batch(
+        self, pushes: Sequence[TablePush | tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0
+    ) -> tuple[int, int]:
+        """Several pushes of one request (TablePushes, or tuples in its field order: ps.engine.push.as_pushes), then
+        the clock advanced; returns (clock, pushes applied now: the last ones; ps.engine.push.ids_applied counts
+        their ids). All are validated (duplicate ids included) before any is applied; then each is applied in
+        order, by its own rule, journaled with (client, client_seq, its index).
 
         Exactly once: a request with a client id is applied at most once however often it is retried. The
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
@@ -351,9 +351,9 @@ class Shard:
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
         with self._hold.push_gate():
-            return self._push_batch(pushes, advance_clock, client, client_seq)
+            return self._push_batch(as_pushes(pushes), advance_clock, client, client_seq)
 
-    def _push_batch(self, pushes, advance_clock, client, client_seq) -> tuple:
+    def _push_batch(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> tuple[int, int]:
         if not client:
             return self._apply_batch(pushes, advance_clock, (0, 0), 0)
         with self._lock:
@@ -373,7 +373,7 @@ class Shard:
                 advance_clock = 0  # one: a request of its own seq was, so is this one, and whole)
             if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes) and not advance_clock):
                 for p in pushes:  # still a bad request if it is one
-                    self.check_push(*p)
+                    self.check_push(p)
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
             out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip)
@@ -381,14 +381,16 @@ class Shard:
             self.journal.note_applied((client, client_seq, len(pushes) - 1))
             return out
 
-    def _apply_batch(self, pushes, advance_clock, request: tuple[int, int], skip: int) -> tuple:
+    def _apply_batch(
+        self, pushes: list[TablePush], advance_clock: int, request: tuple[int, int], skip: int
+    ) -> tuple[int, int]:
         """Validates every push, reserves the clock advance (so that no AdvanceClock in between can make it
         out of range), applies the pushes from `skip` on, then advances the clock."""
-        checked = [self.check_push(*p) for p in pushes]
+        checked = [self.check_push(p) for p in pushes]
         if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
-            for i, (_, ids, *_rest) in enumerate(checked):
-                if repeats_ids(ids):
-                    raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i][0]!r}) repeats ids; "
+            for i, c in enumerate(checked):
+                if repeats_ids(c.ids):
+                    raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
                                                "nothing was applied")  # fmt: skip
         if advance_clock:
             with self._lock:
@@ -407,7 +409,7 @@ class Shard:
                     retry = (f"a retry of this request (same client_id and seq) applies pushes {i} on" if request[0]
                              else "a retry without a client_id applies them all again")  # fmt: skip
                     raise type(e)(
-                        f"push {i} of {len(checked)} in the batch (table {pushes[i][0]!r}) was refused: {what}. The "
+                        f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused: {what}. The "
                         f"{before} applied, and the clock was not advanced; {retry}"
                     ) from e
         finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
@@ -422,7 +424,7 @@ class Shard:
     # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
     def push_stamped(
         self,
-        pushes: list[tuple],
+        pushes: Sequence[TablePush | tuple],
         advance_clock: int,
         client: int,
         client_seq: int,
@@ -433,7 +435,8 @@ class Shard:
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
         is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
-        caller_gone: see JobClocks.push_sync."""
+        caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them."""
+        pushes = as_pushes(pushes)
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
             if pushes or advance_clock:
@@ -451,16 +454,16 @@ class Shard:
                                                self._apply_sum, client, caller_gone)  # fmt: skip
             return self.clock, applied, low
         clock, applied = self.push_batch(pushes, advance_clock, client, client_seq)
-        return clock, sum(len(p[1]) for p in pushes[len(pushes) - applied :]), self.jobs.pushed(stamp, client)
+        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client)
 
-    def _contribution(self, pushes: list[tuple], advance_clock: int) -> list[tuple]:
+    def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
         """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too."""
         out = contribution(pushes, self.check_push)
         with self._lock:
             self._check_advance(advance_clock)
         return out
 
-    def _apply_sum(self, pushes: list[tuple], advance_clock: int, client: int, client_seq: int) -> None:
+    def _apply_sum(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> None:
         """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
         with self._hold.push_gate():
             self._push_batch(pushes, advance_clock, client, client_seq)
