@@ -3,11 +3,9 @@
 A row is `width` float32: the embedding, the optimizer state, then STATS_FLOATS per-id statistics:
     row   := embedding:f32[dim]  state:f32[state_floats(optimizer, dim)]  stats
     stats := show:f32  click:f32  last_step:f32  admitted:f32 (0 or 1)
-Grammar of the RocksDB value (little-endian), after the 14-byte key table:u32be slot:u16be id:u64be:
-    value := row lsn:u64          an admitted id (it has a trained row)
-           | stats lsn:u64        an id not admitted yet: its embedding and state are the initial ones
-`lsn` is the journal sequence number of the last push applied to the row, so replaying the journal after a
-crash applies each push to each row exactly once. last_step is exact up to 2**24 clock steps.
+last_step is exact up to 2**24 clock steps. On disk, RocksDB holds an admitted id's row, or a not yet admitted
+id's stats, each with its lsn (the journal sequence number of the last push applied to it), under a KEY_BYTES key:
+ps.storage.store, the module that writes them, has the grammar of keys and values.
 
 In RAM a row is one arena line: the row's float32 (padded to an even count), then META_FLOATS of bookkeeping
     meta := lsn:u64  pin:i64  uses:u8  dirty:u8  stored:u8  pad:u8[5]

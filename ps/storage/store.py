@@ -1,19 +1,33 @@
 """Store: one shard's RocksDB (via rocksdict, the only module that imports it). The system of record.
 
-Layout, one RocksDB per server data dir:
-    column family "meta":     b"shard"          -> JSON {"shard_id", "num_shards", "num_slots"}
-                              b"table/" + name  -> JSON TableConfig.to_dict()
-                              b"tid/" + name    -> ASCII decimal: the table's number, the prefix of its row keys
-                              b"count/" + name  -> JSON {"admitted": rows, "pending": ids stored for table}
-                              b"clock"          -> ASCII decimal: the shard's clock (steps)
-                              b"advanced/" + client:u64be -> ASCII decimal: the client_seq of that client's
-                                                   newest request whose clock advance is applied (written with
-                                                   the clock it set, in one batch)
-                              b"flushed_seq"    -> ASCII decimal: journal records <= this are all in RocksDB
-                              b"applied", b"restore_pending", ...: see the methods that write them
-    column family "rows":     key   = table:u32be slot:u16be id:u64be  (14 bytes)
-                              value = row:f32le[width] lsn:u64le       (admitted; see ps.rows.layout)
-                                    | stats:f32le[4] lsn:u64le         (not admitted yet)
+Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decimal" an ASCII decimal integer.
+    column family "meta", key -> value:
+        "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
+                                    at the first start; shard.json beside RocksDB holds a copy)
+        "cluster"                -> the --cluster name   (check_cluster, synced, the first time the dir runs with a
+                                    nonempty one; absent: the dir takes any name)
+        "table/" name            -> JSON TableConfig.to_dict()                        (create_table: both in one
+        "tid/" name              -> decimal: the table's number, its rows' key prefix  batch)
+        "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
+                                    admitted yet}   (in the batch of every write of the table's rows)
+        "clock"                  -> decimal: the shard's clock (steps)
+        "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
+                                    is applied   (set_clock: with the clock it set, in one batch)
+        "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
+        "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the journal's
+                                    `applied` table as of flushed_seq, each client's newest request and how many
+                                    of its pushes are applied   (set_flushed_seq: with flushed_seq, in one batch)
+        "restore_pending"        -> the absolute path of the checkpoint a restore copies from; there only from the
+                                    restore's first write to its end (set_restore_pending, ps.engine.restore)
+    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX and ADVANCED_PREFIX.
+    column family "rows":
+        key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
+        value := row lsn:u64le                     an admitted id (it has a trained row)
+               | stats lsn:u64le                   an id not admitted yet: its embedding and state are the
+                                                   initial ones
+    row and stats are float32 little-endian, as ps.rows.layout defines them (a row is `width` floats, stats its
+    last STATS_FLOATS). lsn is the journal sequence number of the last push applied to the row, so replaying the
+    journal after a crash applies each push to each row exactly once; a restore's copy sets it to 0.
 Big-endian keys make byte order numeric order, so a table's rows are one contiguous key range, and each of its
 slots a range inside it, to scan or move. Every table's rows share the one "rows" column family: RocksDB
 rewrites and re-reads its OPTIONS file, which lists every column family, each time one is created, so a column
@@ -71,9 +85,11 @@ KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # pack
 if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
 META_CF = "meta"
-ADVANCED_PREFIX = b"advanced/"
 ROWS_CF = "rows"
+TABLE_CONFIG_PREFIX = b"table/"
 TABLE_ID_PREFIX = b"tid/"
+COUNT_PREFIX = b"count/"
+ADVANCED_PREFIX = b"advanced/"
 
 
 def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
@@ -494,8 +510,8 @@ class Store:
     def load_tables(self) -> list[TableConfig]:
         out = []
         with self._rocksdb("reading the table configs"):
-            for key, raw in _items(self._meta, b"table/"):
-                if not key.startswith(b"table/"):
+            for key, raw in _items(self._meta, TABLE_CONFIG_PREFIX):
+                if not key.startswith(TABLE_CONFIG_PREFIX):
                     break
                 try:
                     out.append(TableConfig.from_dict(json.loads(raw)))
@@ -512,7 +528,7 @@ class Store:
             self._rows(create=True)
             meta = self._db.get_column_family_handle(META_CF)
             batch = WriteBatch(raw_mode=True)
-            batch.put(b"table/" + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
+            batch.put(TABLE_CONFIG_PREFIX + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
             batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
             self._db.write(batch, self._write_opts)
         numbers[cfg.name] = number
@@ -545,7 +561,7 @@ class Store:
         return cf
 
     def _layout(self, table: str) -> RowLayout:
-        raw = self._meta.get(b"table/" + table.encode())
+        raw = self._meta.get(TABLE_CONFIG_PREFIX + table.encode())
         if raw is None:
             raise StorageError(f"{self.path}: table {table!r} has no config (meta key table/{table})")
         cfg = TableConfig.from_dict(json.loads(raw))
@@ -669,7 +685,9 @@ class Store:
         if delete is not None:
             for key in encode_keys(number, delete):
                 batch.delete(key, handle)
-        batch.put(b"count/" + table.encode(), json.dumps(counts).encode(), self._db.get_column_family_handle(META_CF))
+        batch.put(
+            COUNT_PREFIX + table.encode(), json.dumps(counts).encode(), self._db.get_column_family_handle(META_CF)
+        )
         with self._rocksdb(f"writing rows of table {table!r}"):
             self._db.write(batch, self._write_opts)
 
@@ -749,7 +767,7 @@ class Store:
                             batch = WriteBatch(raw_mode=True)
                     self._db.write(batch, self._write_opts)
                 old = self.counts(table)
-                self._meta.put(b"count/" + table.encode(), json.dumps(
+                self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(
                     {k: old[k] + counts[k] for k in counts}).encode(), self._write_opts)  # fmt: skip
                 copied[table] = counts
         return copied
@@ -815,7 +833,7 @@ class Store:
 
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids} stored for table (kept in meta, updated atomically with rows)."""
-        raw = self._meta.get(b"count/" + table.encode())
+        raw = self._meta.get(COUNT_PREFIX + table.encode())
         return json.loads(raw) if raw is not None else {"admitted": 0, "pending": 0}
 
     def clock(self) -> int:
@@ -911,8 +929,8 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
                         count += 1
                         if name == META_CF and key in (b"shard", b"flushed_seq"):
                             meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
-                        elif name == META_CF and key.startswith(b"table/"):
-                            meta["tables"].add(key[len(b"table/") :].decode())
+                        elif name == META_CF and key.startswith(TABLE_CONFIG_PREFIX):
+                            meta["tables"].add(key[len(TABLE_CONFIG_PREFIX) :].decode())
                 except Exception as e:
                     damage = str(e).replace(view, path)
                 found[name] = (count, damage)
