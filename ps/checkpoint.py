@@ -1,20 +1,29 @@
 """The checkpoint format: a manifest over every shard's RocksDB checkpoint at one cut (read by restore and export).
 
 A checkpoint directory (written by `ps-worker checkpoint save`, see worker/checkpoint.py):
-    manifest.json      {"format": 1, "num_shards", "num_slots", "clock", "created",
-                        "tables": [TableConfig.to_dict()], "shards": [{"shard_id", "dir", "clock", "rows",
-                        "files": {name: sha256}}], "sha256"}
-                       shards: one entry per shard_id in 0..num_shards-1, dir "shard-<shard_id>"; sha256: of the
-                       manifest without it (manifest_digest); a manifest without it (older) is read unchecked
-    shard-<i>/         a RocksDB checkpoint of shard i (ps/storage/store.py layout), taken after a flush
+    manifest.json   manifest := {"format": 1, "num_shards": n, "num_slots": NUM_SLOTS, "clock": int,
+                                 "created": "YYYY-MM-DDTHH:MM:SSZ", "pushes_held_s": float,
+                                 "tables": [TableConfig.to_dict()], "shards": [shard], "sha256": hex}
+                    shard    := {"shard_id": i, "dir": "shard-<i>", "clock": int, "rows": {table name: rows},
+                                 "files": {relative path: sha256 hex}}
+    shard-<i>/      a RocksDB checkpoint of shard i (ps/storage/store.py layout), taken after a flush
+clock: the largest of the shards' clocks. created: the UTC time the manifest was made, after the release.
+pushes_held_s: seconds, to the millisecond, from the hold of shard 0 (held first) to the release of every shard.
+tables: every table of the shards, in name order. shards: one entry per shard_id in 0..n-1; rows: the shard's rows
+per table (Table.num_rows); files: every file under its dir. sha256: of the manifest without it (manifest_digest).
+Reading (load_manifest) checks format, num_slots, sha256 where the manifest has one (a manifest without it is read
+without that check), and that num_shards, clock, tables and shards hang together; read_manifest checks every file
+too. created and pushes_held_s are informational: no reader checks them (`ps-worker checkpoint save` prints
+pushes_held_s).
 
 The cut: every shard stops taking pushes (waits for the ones in flight), then each flushes and checkpoints,
 then all take pushes again. Every push acknowledged before the hold is in the checkpoint and none after; one
 training step's pushes to two shards can fall on either side on each of them.
 
-Restore (`ps-server --restore DIR`, ps.engine.restore, on a new data dir): shard i of n copies, from every checkpointed shard, the
-rows of the slots it owns now (a slot is a key range), with their journal positions reset; the tables, their
-row counts and the clock come along. Pulls then return exactly what they returned at the cut, whatever n.
+Restore (`ps-server --restore DIR`, ps.engine.restore, on a new data dir): shard i of n copies, from every
+checkpointed shard, the rows of the slots it owns now (a slot is a key range), with their journal positions reset;
+the tables, their row counts and the clock come along. Pulls then return exactly what they returned at the cut,
+whatever n.
 """
 
 from __future__ import annotations
