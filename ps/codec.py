@@ -477,12 +477,6 @@ def _nested(tag: bytes, parts: list) -> list:
     return [tag, _encode_varint(sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)), *parts]
 
 
-def encode_pull_response(rows: np.ndarray) -> bytes:
-    """The PullResponse {rows, dim} of (n, dim) float32 rows, with one copy of the payload (through the generated
-    class it is copied three times: tobytes, the message, SerializeToString)."""
-    return b"".join(_pull_response_parts(rows))
-
-
 _new_bytes = ctypes.pythonapi.PyBytes_FromStringAndSize  # (NULL, n): a bytes object of n bytes, not yet written
 _new_bytes.restype = ctypes.py_object
 _new_bytes.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
