@@ -11,9 +11,9 @@ clock: the largest of the shards' clocks. created: the UTC time the manifest was
 pushes_held_s: seconds, to the millisecond, from the hold of shard 0 (held first) to the release of every shard.
 tables: every table of the shards, in name order. shards: one entry per shard_id in 0..n-1; rows: the shard's rows
 per table (Table.num_rows); files: every file under its dir. sha256: of the manifest without it (manifest_digest).
-Reading (load_manifest) checks format, num_slots, sha256 where the manifest has one (a manifest without it is read
-without that check), and that num_shards, clock, tables and shards hang together; read_manifest checks every file
-too. created and pushes_held_s are informational: no reader checks them (`ps-worker checkpoint save` prints
+Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused: every save writes it),
+and that num_shards, clock, tables and shards hang together; read_manifest checks every file too, and that a shard's
+dir holds no file its entry does not list (RocksDB would read it: a stray write-ahead log replays into the rows). created and pushes_held_s are informational: no reader checks them (`ps-worker checkpoint save` prints
 pushes_held_s).
 
 The cut: every shard stops taking pushes (waits for the ones in flight), then each flushes and checkpoints,
@@ -76,6 +76,17 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def write_manifest(directory: str, manifest: dict) -> dict:
+    """Writes manifest (the grammar above, without sha256) as directory/manifest.json, its sha256 added, whole or
+    not at all (a temporary file renamed); returns it with the sha256. OSError if it cannot be written."""
+    manifest = {**manifest, "sha256": manifest_digest(manifest)}
+    tmp = os.path.join(directory, MANIFEST + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(tmp, os.path.join(directory, MANIFEST))
+    return manifest
+
+
 def _check_structure(manifest: dict, path: str) -> None:
     """StorageError naming what is wrong for a manifest whose entries do not hang together (see the grammar)."""
     from ps.config import TableConfig
@@ -123,7 +134,10 @@ def load_manifest(directory: str) -> dict:
         raise StorageError(f"checkpoint manifest {path} cannot be read: {e}") from None
     if not isinstance(manifest, dict):
         raise StorageError(f"checkpoint manifest {path} is not a JSON object; the checkpoint is damaged")
-    if "sha256" in manifest and manifest["sha256"] != manifest_digest(manifest):
+    if "sha256" not in manifest:
+        raise StorageError(f"checkpoint manifest {path} has no checksum of itself (sha256), which every save writes: "
+                           "it was edited or written by hand, and the checkpoint cannot be trusted")  # fmt: skip
+    if manifest["sha256"] != manifest_digest(manifest):
         raise StorageError(f"checkpoint manifest {path} does not match its checksum (sha256); the checkpoint is "
                            "damaged (or the manifest was edited)")  # fmt: skip
     if manifest.get("format") != FORMAT or manifest.get("num_slots") != NUM_SLOTS:
@@ -134,7 +148,8 @@ def load_manifest(directory: str) -> dict:
 
 
 def read_manifest(directory: str) -> dict:
-    """load_manifest, with every file of every shard checked against its checksum (StorageError if not)."""
+    """load_manifest, with every file of every shard checked against its checksum, and no other file there
+    (StorageError if not)."""
     manifest = load_manifest(directory)
     for shard in manifest["shards"]:
         shard_dir = os.path.join(directory, shard["dir"])
@@ -142,10 +157,18 @@ def read_manifest(directory: str) -> dict:
             have = file_checksums(shard_dir) if os.path.isdir(shard_dir) else {}
         except OSError as e:
             raise StorageError(f"checkpoint {directory}: cannot read {shard['dir']}: {e}") from None
+        if not shard["files"]:
+            raise StorageError(f"checkpoint {directory}: its manifest lists no file of {shard['dir']}; the checkpoint "
+                               "is damaged")  # fmt: skip
         for name, digest in shard["files"].items():
             if have.get(name) != digest:
                 what = "is missing" if name not in have else "does not match its checksum"
                 raise StorageError(f"checkpoint {directory}: {shard['dir']}/{name} {what}; the checkpoint is damaged")
+        extra = sorted(set(have) - set(shard["files"]))
+        if extra:  # RocksDB would read them: a write-ahead log there replays into every restore and export
+            raise StorageError(f"checkpoint {directory}: {shard['dir']} holds files its manifest does not list "
+                               f"({', '.join(extra[:5])}{', ...' if len(extra) > 5 else ''}): files were added after "
+                               "the save; remove them (or restore from another checkpoint)")  # fmt: skip
     return manifest
 
 

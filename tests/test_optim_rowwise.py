@@ -5,13 +5,10 @@ from RocksDB with their accumulator), a restart and a checkpoint restore, GEO's 
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 import pytest
 
-from ps.checkpoint import FORMAT, MANIFEST
+from ps.checkpoint import FORMAT, write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig, table_configs_from_toml
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
@@ -165,8 +162,7 @@ def test_a_checkpoint_restores_the_rows_and_their_accumulators(tmp_path):
         shard.close()
     manifest = {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock, "created": "now",
                 "tables": [CFG.to_dict()], "shards": [info]}  # fmt: skip
-    with open(os.path.join(tmp_path / "ckpt", MANIFEST), "w") as f:
-        json.dump(manifest, f)
+    write_manifest(str(tmp_path / "ckpt"), manifest)
     restored = Shard(ServerConfig(data_dir=str(tmp_path / "copy"), restore_dir=str(tmp_path / "ckpt")))
     try:
         ids = np.array(sorted(oracle.rows), np.uint64)

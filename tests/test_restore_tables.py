@@ -4,13 +4,10 @@ table, not a table restored empty."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import numpy as np
 import pytest
 
-from ps.checkpoint import FORMAT, MANIFEST
+from ps.checkpoint import FORMAT, write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
@@ -30,8 +27,7 @@ def checkpoint(shard: Shard, directory: str, tables: list[TableConfig]) -> None:
         shard.release(token)
     manifest = {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock, "created": "now",
                 "tables": [t.to_dict() for t in tables], "shards": [info]}  # fmt: skip
-    with open(os.path.join(directory, MANIFEST), "w") as f:
-        json.dump(manifest, f)
+    write_manifest(directory, manifest)
 
 
 def test_a_table_of_the_manifest_the_checkpoint_lacks_is_refused_by_name(tmp_path):

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from protos import ps_pb2
 from ps import codec
-from ps.checkpoint import FORMAT, MANIFEST, manifest_digest
+from ps.checkpoint import FORMAT, MANIFEST, write_manifest
 from ps.sharding import NUM_SLOTS
 from worker.flags import check_new_dir
 
@@ -76,12 +76,8 @@ def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
         "tables": tables,
         "shards": shards,
     }
-    manifest["sha256"] = manifest_digest(manifest)
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
     try:
-        with open(tmp, "w") as f:
-            json.dump(manifest, f, indent=1)
-        os.replace(tmp, os.path.join(directory, MANIFEST))
+        manifest = write_manifest(directory, manifest)
     except OSError as e:
         raise OSError(
             f"the shards saved their files in {directory}, but writing its {MANIFEST} failed ({e}): "

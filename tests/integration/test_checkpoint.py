@@ -255,8 +255,10 @@ def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
 
 def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(tmp_path):
     """A checkpoint of 2 shards: its manifest with an entry removed, an entry repeated, a table's dim changed, or
-    its clock removed is refused, with its checksum (sha256) and, without it (an older manifest), for what does
-    not hang together; the data dir is left untouched."""
+    its clock removed is refused, by its checksum (sha256) and, with the checksum made again, for what does not
+    hang together; a manifest without a checksum, a shard whose files it does not list, and a file added to a
+    shard's dir (a stray write-ahead log would replay into the rows) are refused too; the data dir is left
+    untouched."""
     import json
 
     from ps.checkpoint import manifest_digest
@@ -293,7 +295,7 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
             m = json.loads(json.dumps(good))
             edit(m)
             if not checked:
-                del m["sha256"]
+                m["sha256"] = manifest_digest(m)
             path.write_text(json.dumps(m))
             data_dir = tmp_path / f"r{i}{checked}"
             expected = "does not match its checksum" if checked else unchecked
@@ -304,6 +306,26 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
                     Server(ServerConfig(data_dir=str(data_dir)))
             else:
                 assert not data_dir.exists(), what
+    unsigned = {k: v for k, v in good.items() if k != "sha256"}
+    no_files = json.loads(json.dumps(good))
+    no_files["shards"][0]["files"] = {}
+    no_files["sha256"] = manifest_digest(no_files)
+    for m, expected in ((unsigned, "has no checksum of itself"), (no_files, "lists no file of shard-0")):
+        path.write_text(json.dumps(m))
+        with pytest.raises(StorageError, match=expected):
+            Server(ServerConfig(data_dir=str(tmp_path / "unsigned"), restore_dir=str(tmp_path / "ckpt")))
+        assert not (tmp_path / "unsigned").exists()
     path.write_text(json.dumps(good))
+    stray = tmp_path / "ckpt" / "shard-1" / "000099.log"
+    stray.write_bytes(b"a write-ahead log of another db")
+    added = r"shard-1 holds files its manifest does not list \(000099.log\): files were added after the save"
+    with pytest.raises(StorageError, match=added):
+        Server(ServerConfig(data_dir=str(tmp_path / "stray"), restore_dir=str(tmp_path / "ckpt")))
+    from ps.engine.restore import export
+
+    with pytest.raises(StorageError, match=added):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "stray-export"))
+    assert not (tmp_path / "stray").exists() and not (tmp_path / "stray-export").exists()
+    stray.unlink()
     restored, _ = start_servers(tmp_path / "restored", 1, restore=str(tmp_path / "ckpt"))
     stop(restored)
