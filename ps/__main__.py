@@ -243,7 +243,7 @@ def build_export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
-    p.add_argument("--since", type=int, default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--overwrite", action="store_true", help="write over an earlier export in --out (its export.json "
                    "and .npy files); without it such a directory is an error")  # fmt: skip
@@ -264,7 +264,7 @@ def export_main(argv: list[str]) -> int:
         return 2
     try:
         summary = export(args.checkpoint, args.out, args.since)
-    except (StorageError, OSError) as e:
+    except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2
     if args.json:

@@ -301,40 +301,52 @@ def _checkpoint(args) -> int:
 
 
 def _export(args) -> int:
-    """A checkpoint through the servers, then `ps-server export` of it (the server package reads RocksDB files;
-    the worker does not import it)."""
+    """A checkpoint through the servers into a new folder of OUT, then `ps-server export` of it (the server package
+    reads RocksDB files; the worker does not import it). Only once both succeeded is an earlier export's
+    checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was, but for the new folder's removal."""
     import os
+    import secrets
     import shutil
     import subprocess
 
     from worker.checkpoint import save
 
-    checkpoint = os.path.join(args.out, "checkpoint")
+    kept = os.path.join(args.out, "checkpoint")
+    fresh = os.path.join(args.out, f"checkpoint.new-{secrets.token_hex(4)}")
     if not args.overwrite:
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there")
-    with _client(args) as client:
-        client.wait_ready()
-        if args.overwrite and os.path.isdir(checkpoint):
-            shutil.rmtree(checkpoint)  # the earlier export's (--keep-checkpoint)
-        save(client, checkpoint)
-    command = [sys.executable, "-m", "ps", "export", checkpoint, "--out", args.out, "--overwrite"]  # OUT checked
-    command += [] if args.since is None else ["--since", str(args.since)]
-    done = subprocess.run(command)
-    if done.returncode == 0 and not args.keep_checkpoint:
-        shutil.rmtree(checkpoint)
-        _forget_checkpoint(os.path.join(args.out, "export.json"))
-    return done.returncode
+    try:
+        with _client(args) as client:
+            client.wait_ready()
+            save(client, fresh)
+        command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
+        command += [] if args.since is None else ["--since", str(args.since)]
+        done = subprocess.run(command)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
+        shutil.rmtree(fresh, ignore_errors=True)
+        return done.returncode
+    if os.path.isdir(kept):
+        shutil.rmtree(kept)  # the earlier export's, now replaced
+    if args.keep_checkpoint:
+        os.replace(fresh, kept)
+    else:
+        shutil.rmtree(fresh)
+    _record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
+    return 0
 
 
-def _forget_checkpoint(path: str) -> None:
-    """Sets export.json's "checkpoint" (the path of the checkpoint exported) to null once that checkpoint is
-    deleted, replacing the file whole."""
+def _record_checkpoint(path: str, checkpoint: str | None) -> None:
+    """Sets export.json's "checkpoint" (the path of the checkpoint exported; null once it is deleted), replacing
+    the file whole."""
     import json
     import os
 
     with open(path) as f:
         summary = json.load(f)
-    summary["checkpoint"] = None
+    summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
     with open(path + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)
     os.replace(path + ".tmp", path)

@@ -5,6 +5,7 @@ The checkpoint format is in ps.checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -57,27 +58,73 @@ def export(directory: str, out: str, since: int | None = None) -> dict:
     and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state), admitted rows only, and
     `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows pushed at clock step
     >= since (a delta to apply over an earlier export). Dense parameters are tables too: `dense.<name>` row i
-    is row i of the matrix."""
+    is row i of the matrix.
+
+    Every file is written under a temporary name and renamed once all are written (export.json last), so a
+    failure leaves an earlier export in out as it was. ValueError for an out inside the checkpoint; StorageError
+    for a damaged checkpoint, and for a shard whose admitted rows of a table differ from its manifest's count."""
     manifest = read_manifest(directory)
+    source, target = os.path.realpath(directory), os.path.realpath(out)
+    if os.path.commonpath([source, target]) == source:
+        raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
+                         "checkpoint; give a directory outside it")  # fmt: skip
     os.makedirs(out, exist_ok=True)
     summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
-    for t in manifest["tables"]:
-        cfg = TableConfig.from_dict(t)
-        layout = layout_of(cfg.dim, cfg.optimizer.name)
-        ids_parts, rows_parts = [], []
-        for shard in manifest["shards"]:
-            for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
-                if since is not None:
-                    keep = rows[:, layout.stats_col + LAST_STEP] >= since
-                    ids, rows = ids[keep], rows[keep]
-                ids_parts.append(ids)
-                rows_parts.append(rows[:, : cfg.dim])
-        ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
-        rows = np.concatenate(rows_parts) if rows_parts else np.zeros((0, cfg.dim), np.float32)
-        order = np.argsort(ids, kind="stable")
-        np.save(os.path.join(out, f"{cfg.name}.ids.npy"), ids[order])
-        np.save(os.path.join(out, f"{cfg.name}.rows.npy"), rows[order])
-        summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(len(ids))}
-    with open(os.path.join(out, "export.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    written: list[tuple[str, str]] = []  # (temporary, final) paths
+    try:
+        for t in manifest["tables"]:
+            cfg = TableConfig.from_dict(t)
+            ids, rows = _table_rows(directory, manifest, cfg, since)
+            order = np.argsort(ids, kind="stable")
+            for suffix, array in (("ids", ids[order]), ("rows", rows[order])):
+                written.append(_write_npy(os.path.join(out, f"{cfg.name}.{suffix}.npy"), array))
+            summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(len(ids))}
+        final = os.path.join(out, "export.json")
+        with open(final + ".tmp", "w") as f:
+            json.dump(summary, f, indent=1)
+        written.append((final + ".tmp", final))
+    except BaseException:
+        for tmp, _ in written:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        raise
+    for tmp, final in written:
+        os.replace(tmp, final)
     return summary
+
+
+def _table_rows(directory: str, manifest: dict, cfg: TableConfig, since: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, embeddings) of a table's admitted rows over every shard of the checkpoint (since: pushed at step >=
+    since); StorageError when a shard holds another number of them than its manifest entry says."""
+    layout = layout_of(cfg.dim, cfg.optimizer.name)
+    ids_parts, rows_parts = [], []
+    for shard in manifest["shards"]:
+        held = 0
+        for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
+            held += len(ids)
+            if since is not None:
+                keep = rows[:, layout.stats_col + LAST_STEP] >= since
+                ids, rows = ids[keep], rows[keep]
+            ids_parts.append(ids)
+            rows_parts.append(rows[:, : cfg.dim])
+        expected = shard["rows"].get(cfg.name, 0)
+        if held != expected:
+            raise StorageError(f"checkpoint {directory}: {shard['dir']} holds {held:,} rows of table {cfg.name!r} "
+                               f"where its manifest says {expected:,} (rows of another size, or of another table "
+                               "number); the checkpoint is damaged")  # fmt: skip
+    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
+    rows = np.concatenate(rows_parts) if rows_parts else np.zeros((0, cfg.dim), np.float32)
+    return ids, rows
+
+
+def _write_npy(path: str, array: np.ndarray) -> tuple[str, str]:
+    """array written as .npy to path + ".tmp"; returns (that temporary path, path)."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, array)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise OSError(f"writing {tmp} failed ({e}); nothing of an earlier export there was changed") from e
+    return tmp, path

@@ -253,6 +253,53 @@ def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
     assert not os.path.exists(tmp_path / "full" / "checkpoint")
 
 
+def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_was(tmp_path, monkeypatch):
+    """ps-worker export --overwrite --keep-checkpoint whose save fails (another checkpoint holds a shard) keeps the
+    earlier export and its checkpoint; ps-server export failing mid-way (a write error) changes no earlier file;
+    an --out inside the checkpoint is refused."""
+    import json
+
+    from ps.checkpoint import read_manifest
+    from ps.engine import restore
+    from tests.test_worker_outputs import tree
+    from worker.__main__ import main
+
+    original, addresses = start_servers(tmp_path / "original", 2)
+    out = tmp_path / "serving"
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", IDS[:100], np.ones((100, 2), np.float32))
+        base = ["export", "--servers", ",".join(addresses), str(out), "--keep-checkpoint"]
+        assert main(base) == 0
+        earlier = tree(out)
+        _, token = original[1].shard.hold(60)  # another checkpoint's: the next save fails
+        try:
+            assert main([*base, "--overwrite"]) != 0
+        finally:
+            original[1].shard.release(token)
+    finally:
+        stop(original)
+    assert tree(out) == earlier and sorted(os.listdir(out)) == ["busy.ids.npy", "busy.rows.npy", "checkpoint",
+                                                                 "export.json"]  # fmt: skip
+    assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
+    read_manifest(str(out / "checkpoint"))  # still whole
+    saves = []
+
+    def failing_save(f, array):  # the second file cannot be written
+        saves.append(1)
+        if len(saves) == 2:
+            raise OSError(28, "No space left on device")
+        np.lib.format.write_array(f, array)
+
+    monkeypatch.setattr(restore.np, "save", failing_save)
+    with pytest.raises(OSError, match=r"busy.rows.npy.tmp failed .*; nothing of an earlier export there was changed"):
+        restore.export(str(out / "checkpoint"), str(out))
+    assert tree(out) == earlier
+    with pytest.raises(ValueError, match="lies inside the checkpoint"):
+        restore.export(str(out / "checkpoint"), str(out / "checkpoint" / "shard-0"))
+
+
 def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(tmp_path):
     """A checkpoint of 2 shards: its manifest with an entry removed, an entry repeated, a table's dim changed, or
     its clock removed is refused, by its checksum (sha256) and, with the checksum made again, for what does not
@@ -304,6 +351,10 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
             if what == "a dim changed" and not checked:  # found as the rows are read: the dir says so at start
                 with pytest.raises(StorageError, match="holds a restore from .* that did not finish"):
                     Server(ServerConfig(data_dir=str(data_dir)))
+                from ps.engine.restore import export  # which reads rows of that size only: it counts them
+
+                with pytest.raises(StorageError, match=r"shard-0 holds 0 rows of table 'busy' where its manifest says"):
+                    export(str(tmp_path / "ckpt"), str(tmp_path / "dim-export"))
             else:
                 assert not data_dir.exists(), what
     unsigned = {k: v for k, v in good.items() if k != "sha256"}
