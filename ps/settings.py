@@ -11,7 +11,8 @@ Precedence, highest first:
            model = "deepfm"                   # level; a command reads only its own section
     4. the built-in default
 Values from the environment and the file are checked as a command-line value would be (type, choices); a key
-the command does not know is an error, so is a value that does not parse. Flags that take no value (--sync)
+the command does not know is an error, so are a section that is no command's (CONFIG_SECTIONS) and a value that
+does not parse. Flags that take no value (--sync)
 accept true/false, 1/0, yes/no. Positional arguments (a checkpoint dir) only come from the command line.
 """
 
@@ -24,6 +25,9 @@ import tomllib
 from collections.abc import Callable, Mapping
 
 CONFIG_ENV = "PS_CONFIG"
+CONFIG_SECTIONS = ("server", "train", "eval", "launch", "stats", "shrink", "checkpoint", "export", "synth", "schema")
+"""The sections a config file may hold: ps-server's, and ps-worker's commands (one file can serve both). Another
+is an error, not ignored: a misspelled [Server] would have dropped its settings (a token file, --sync) silently."""
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
 
@@ -118,6 +122,11 @@ def apply_defaults(
     for p, _ in parsers:
         known |= set(_settable(p))
     sections = {k for k, v in doc.items() if isinstance(v, dict)}
+    unknown = sorted(sections - set(CONFIG_SECTIONS))
+    if unknown:
+        raise ValueError(f"config file {path}: section [{unknown[0]}] is not one of ps-server's or ps-worker's; "
+                         f"the sections are [server] (ps-server) and {', '.join(f'[{c}]' for c in CONFIG_SECTIONS[1:])} "
+                         "(ps-worker's commands)")  # fmt: skip
     top = {k: v for k, v in doc.items() if k not in sections}
     section = doc.get(command, {}) if command else {}
     for key in list(top) + list(section):

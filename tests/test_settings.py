@@ -56,6 +56,8 @@ def test_server_settings_from_the_environment_are_typed_and_satisfy_required_fla
     ({"PS_LOG_LEVEL": "LOUD"}, "", "'LOUD' is not one of"),
     ({}, "cache_bytes = 12\nwarp_speed = 9\n", "'warp_speed' is not a setting of this command"),
     ({}, "port = [", "not valid TOML"),
+    ({}, '[Server]\nsync = true\nauth_token_file = "t"\n', r"section \[Server\] is not one of ps-server's or ps-worker's"),
+    ({}, "[serve]\nsync = true\n", r"section \[serve\] is not one of"),
 ])  # fmt: skip
 def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, message):
     argv = ["--data-dir", str(tmp_path)]
@@ -80,6 +82,20 @@ def test_bad_worker_values_name_their_source(tmp_path, env, toml, message):
         argv += ["--config", str(tmp_path / "c.toml")]
     with pytest.raises(ValueError, match=message):
         apply_defaults(worker_parser(), argv, env)
+
+
+def test_a_config_file_may_hold_the_section_of_every_command_of_both_clis(tmp_path):
+    """One file for a cluster: [server] and each ps-worker command's section, each read by its command only."""
+    from ps.settings import CONFIG_SECTIONS
+
+    commands = set(worker_parser()._subparsers._group_actions[0].choices)
+    assert {"server", *commands} == set(CONFIG_SECTIONS)
+    (tmp_path / "c.toml").write_text(
+        "".join(f"[{c}]\n" + ("sync = true\n" if c == "server" else "") for c in CONFIG_SECTIONS)
+    )
+    parser = server_parser()
+    apply_defaults(parser, ["--data-dir", str(tmp_path), "--config", str(tmp_path / "c.toml")], {}, section="server")
+    assert parser.parse_args(["--data-dir", str(tmp_path)]).sync is True
 
 
 def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
