@@ -415,7 +415,7 @@ class Store:
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
         os.makedirs(path, exist_ok=True)
-        entries = sorted(set(os.listdir(path)) - {"journal"})
+        entries = sorted(set(os.listdir(path)) - {"journal", "lost+found"})  # lost+found: a volume's root (ext4)
         ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
         if ours and "CURRENT" not in entries:
             raise DataLossError(
