@@ -177,11 +177,8 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         server.shard.close()
         raise
     try:
-        print(
-            f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
-            f"(data dir {config.data_dir}, tables: {', '.join(sorted(server.shard.tables)) or 'none'})",
-            flush=True,
-        )
+        print(f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
+              f"(data dir {config.data_dir}: {server.shard.describe_start()})", flush=True)  # fmt: skip
     except BrokenPipeError:  # whoever read this server's output is gone (a killed parent): serve, and stop as told
         log.warning("standard output is a pipe nobody reads any more; its lines are dropped")
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)

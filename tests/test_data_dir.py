@@ -191,3 +191,21 @@ def test_verify_by_a_user_who_cannot_read_the_dir_is_an_error_not_damage(good_di
     r = asnobody.run([sys.executable, "-m", "ps", "verify", good_dir])
     assert r.returncode == 2 and "permission denied; run verify as the user the server runs as" in r.stderr, r
     assert "DAMAGED" not in r.stdout
+
+
+def test_the_first_line_says_whether_the_data_dir_was_new_and_what_it_holds(tmp_path, caplog):
+    """A server started on a mistyped --data-dir says "new, no tables" where its operator expected a model."""
+    path = str(tmp_path / "d")
+    shard = Shard(ServerConfig(data_dir=path))
+    assert shard.describe_start() == "new, no tables"
+    with caplog.at_level("INFO", "ps.engine.shard"):
+        shard.create_table(TableConfig("t", 4))
+    assert "created table t: dim 4, adagrad" in caplog.text
+    shard.push("t", np.arange(1500, dtype=np.uint64), np.ones((1500, 4), np.float32))
+    shard.advance_clock(3)
+    shard.close()
+    shard = Shard(ServerConfig(data_dir=path))
+    try:
+        assert shard.describe_start() == "existing, tables t 1,500 rows, clock 3"
+    finally:
+        shard.close()

@@ -59,6 +59,7 @@ from ps.wire import repeats_ids
 log = logging.getLogger("ps.engine.shard")
 MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a row's show count, and the admission
 # hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
+REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
 
 
 def _restore_manifest(config: ServerConfig) -> dict | None:
@@ -125,6 +126,17 @@ class Shard:
         self._flusher.start()
         self.started = time.monotonic()
 
+    def describe_start(self) -> str:
+        """What the data dir held at start, for the server's first line: "new, no tables", or the tables with their
+        rows and the clock (an operator who mistyped --data-dir sees "new" where a model was expected)."""
+        origin = "new" if self.store.created else "existing"
+        if self.config.restore_dir:
+            origin = f"restored from {self.config.restore_dir}"
+        if not self.tables:
+            return f"{origin}, no tables"
+        tables = ", ".join(f"{name} {t.num_rows:,} rows" for name, t in sorted(self.tables.items()))
+        return f"{origin}, tables {tables}, clock {self.clock:,}"
+
     def _open_store(self) -> Store:
         config = self.config
         return Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
@@ -142,8 +154,11 @@ class Shard:
         self.store.check_cluster(config.cluster)
         check_restored(self.store)
         if config.restore_dir:
+            started = time.monotonic()
             summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
-            log.info("restored from checkpoint %s: %s", config.restore_dir, summary)
+            tables = ", ".join(f"{name} {counts['admitted']:,} rows" for name, counts in summary["tables"].items())
+            log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
+                     summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
 
     def _open_tables(self) -> None:
         """Opens the journal and the tables RocksDB holds, over one RAM tier budget."""
@@ -199,7 +214,14 @@ class Shard:
         after = self.store.flushed_seq()
         records = rows = 0
         t0 = time.monotonic()
+        said = t0
         for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss):
+            if not records:
+                log.info("replaying the journal past record %s: the pushes RocksDB had not been written when the "
+                         "last run stopped", f"{after:,}")  # fmt: skip
+            elif time.monotonic() - said >= REPLAY_PROGRESS_S:
+                said = time.monotonic()
+                log.info("replaying: %s journal records so far (at record %s)", f"{records:,}", f"{rec.seq:,}")
             table = self.tables.get(rec.table)
             if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
                 raise DataLossError(
@@ -211,7 +233,8 @@ class Shard:
             records += 1
             self.clock = max(self.clock, rec.step)
         if records:
-            log.info("replayed %d journal records (%d row updates) in %.2f s", records, rows, time.monotonic() - t0)
+            log.info("replayed %s journal records (%s row updates) in %.2f s", f"{records:,}", f"{rows:,}",
+                     time.monotonic() - t0)  # fmt: skip
         if records or self.journal.losses:
             self.flush()
 
@@ -236,7 +259,8 @@ class Shard:
                 self.budget.leave(table.arena)
                 raise
             self.tables[cfg.name] = table
-            return table
+        log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
+        return table
 
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
@@ -537,7 +561,8 @@ class Shard:
         self.flush()  # shrink scans RocksDB: it must hold every row
         dropped = sum(t.shrink(self.clock) for t in tables)
         self.flush()
-        log.info("shrink at step %d dropped %d ids from %s", self.clock, dropped, [t.name for t in tables])
+        log.info("shrink at step %s dropped %s ids from %s", f"{self.clock:,}", f"{dropped:,}",
+                 ", ".join(t.name for t in tables) or "no table")  # fmt: skip
         return {
             "dropped": dropped,
             "num_rows": sum(t.num_rows for t in tables),
@@ -606,7 +631,7 @@ class Shard:
         self._flusher.join()
         t0 = time.monotonic()
         rows = self.flush()
-        log.info("flushed %d dirty rows to RocksDB in %.1f s", rows, time.monotonic() - t0)
+        log.info("flushed %s dirty rows to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
         with self._lock:
             for t in list(self.tables.values()):
                 with t.lock:

@@ -429,6 +429,7 @@ class Store:
                 f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
             )
         self.path = path
+        self.created = "CURRENT" not in entries  # a new data dir: no RocksDB was there
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
         if "CURRENT" in entries and IDENTITY_FILE in entries:
             _check_shard_record_survived(path, self._opts, shard)
