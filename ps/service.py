@@ -54,6 +54,7 @@ from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
     CheckpointDirError,
+    CheckpointInProgressError,
     DiskFullError,
     InvalidArgumentError,
     PsError,
@@ -90,6 +91,8 @@ def _rpc(method):
             # disk is not
             serious = e.status in ("DATA_LOSS", "INTERNAL") or isinstance(e, DiskFullError)
             level = logging.ERROR if serious else logging.INFO
+            if isinstance(e, CheckpointInProgressError):  # a hold's refusals: counted, told at its release
+                level = logging.DEBUG
             # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
             # what its frames hold (a failed RocksDB write's: the RocksDB, open)
             log.log(level, "%s rejected: %s", method.__name__, str(e))

@@ -3,6 +3,7 @@ hold that has not expired, only the holder releases it, and it cannot be held tw
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -23,7 +24,8 @@ def pushed(shard: Shard, ids: np.ndarray) -> bool:
     return True
 
 
-def test_hold_save_release(tmp_path):
+def test_hold_save_release(tmp_path, caplog):
+    caplog.set_level("INFO", "ps.engine.shard")
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
     try:
         shard.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
@@ -40,6 +42,14 @@ def test_hold_save_release(tmp_path):
             shard.save_checkpoint(str(tmp_path / "c1"), "not-the-token")
         assert shard.save_checkpoint(str(tmp_path / "c1"), token)["rows"] == {"t": 0}
         shard.release(token)
+        told = [r.getMessage() for r in caplog.records if "checkpoint" in r.getMessage()]
+        assert told[0] == "checkpoint hold taken: pushes paused for at most 60 s", told
+        assert (
+            told[1].startswith(f"checkpoint saved to {tmp_path / 'c1' / 'shard-0'} in ")
+            and " 0 rows, clock 0" in told[1]
+        )
+        assert re.fullmatch(r"checkpoint hold released after [\d.]+ s: taking pushes again \(2 refused meanwhile, "
+                            r"which clients retry\)", told[2]), told  # fmt: skip
         shard.push("t", ids, np.ones((3, 2), np.float32))
 
         _, token = shard.hold(0.05)  # expires before the save: pushes go on, the save is refused
@@ -48,6 +58,9 @@ def test_hold_save_release(tmp_path):
         with pytest.raises(CheckpointHoldError, match="hold expired"):
             shard.save_checkpoint(str(tmp_path / "c2"), token)
         assert not (tmp_path / "c2").exists()
+        assert "checkpoint hold expired 0 s after it was taken, without a release (the process that took it died" in (
+            caplog.text
+        )
     finally:
         shard.close()
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 from ps.checkpoint import MANIFEST
 from ps.errors import (
+    CHECKPOINT_PAUSE,
     CheckpointDirError,
     CheckpointHoldError,
     CheckpointInProgressError,
@@ -45,6 +46,8 @@ class PushHold:
         self.token: str | None = None  # the hold's, which save and release need
         self._hold_s = 0.0  # the hold's timeout, counted again from the end of a save
         self._pushes_in_flight = 0
+        self._held_at = 0.0  # monotonic time the hold was taken
+        self._refused = 0  # pushes the hold refused (told once, at its end, not per push)
 
     @contextlib.contextmanager
     def push_gate(self) -> Iterator[None]:
@@ -54,9 +57,13 @@ class PushHold:
         with self._gate:
             if self.held_until:
                 if time.monotonic() < self.held_until:
-                    raise CheckpointInProgressError(f"shard {self.shard_id} is taking a checkpoint; retry shortly")
-                log.warning("checkpoint hold expired without a release: taking pushes again")
-                self.held_until = 0.0
+                    self._refused += 1
+                    raise CheckpointInProgressError(f"shard {self.shard_id} {CHECKPOINT_PAUSE}; retry shortly")
+                log.warning("checkpoint hold expired %.0f s after it was taken, without a release (the process that "
+                            "took it died, or its save outlived --hold-timeout-s): taking pushes again; %s pushes "
+                            "were refused meanwhile (clients retry them)", time.monotonic() - self._held_at,
+                            f"{self._refused:,}")  # fmt: skip
+                self.held_until, self.token = 0.0, None
             self._pushes_in_flight += 1
         try:
             yield
@@ -84,10 +91,12 @@ class PushHold:
                     "time: take this one once that one has ended; nothing is held"
                 )
             self.token = secrets.token_hex(8)
-            self.held_until = time.monotonic() + timeout_s
-            self._hold_s = timeout_s
+            self._held_at = time.monotonic()
+            self.held_until = self._held_at + timeout_s
+            self._hold_s, self._refused = timeout_s, 0
             while self._pushes_in_flight:
                 self._gate.wait()
+            log.info("checkpoint hold taken: pushes paused for at most %g s", timeout_s)
             return clock(), self.token
 
     def release(self, token: str) -> None:
@@ -96,6 +105,8 @@ class PushHold:
             if token == self.token:
                 self.held_until, self.token = 0.0, None
                 self._gate.notify_all()
+                log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, which "
+                         "clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
 
     @contextlib.contextmanager
     def saving(self, token: str) -> Iterator[None]:

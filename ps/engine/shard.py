@@ -513,15 +513,19 @@ class Shard:
         returned token (which cannot expire while this runs); returns what the manifest records of it. Refusals
         and failures leave nothing behind (PushHold.saving, save_into)."""
         with self._hold.saving(token):
+            started = time.monotonic()
             name = f"shard-{self.shard_id}"
             path = save_into(directory, name, self.config.checkpoint_root, self._write_checkpoint)
-            return {
+            saved = {
                 "shard_id": self.shard_id,
                 "dir": name,
                 "clock": self.clock,
                 "files": file_checksums(path),
                 "rows": {t.name: t.num_rows for t in self.tables.values()},
             }
+            log.info("checkpoint saved to %s in %.1f s: %s rows, clock %s", path, time.monotonic() - started,
+                     f"{sum(saved['rows'].values()):,}", f"{self.clock:,}")  # fmt: skip
+            return saved
 
     def _write_checkpoint(self, path: str) -> None:
         self.flush()
