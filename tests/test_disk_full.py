@@ -501,3 +501,30 @@ def test_a_server_whose_disk_is_full_at_its_stop_says_so_in_a_line(capsys):
     assert err.startswith("ps-server shard 3: stopped without writing its last rows to RocksDB: the server's disk is")
     assert err.rstrip().endswith("Every acknowledged push is in its journal, replayed at the next start once the disk "
                                  "has room")  # fmt: skip
+
+
+def test_a_background_flush_that_keeps_failing_is_told_once_and_its_recovery_too(tmp_path, caplog):
+    """A full disk fails every flush until space is freed: one ERROR line with the cause (no traceback: the
+    message says it), not one per interval, then a line when a flush succeeds again."""
+    from ps.engine.shard import Shard
+    from tests.waiting import wait_until
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), flush_interval_s=0.02))
+    real, calls = shard.flush, []
+
+    def flush():
+        calls.append(1)
+        if len(calls) <= 5:
+            raise DiskFullError.of("No space left on device", "a flush of 10 rows", outcome="")
+        return real()
+
+    shard.flush = flush
+    try:
+        with caplog.at_level("INFO", "ps.engine.shard"):
+            wait_until(lambda: "background flush succeeded" in caplog.text, 30, "the flush's recovery")
+    finally:
+        shard.close()
+    told = [r for r in caplog.records if "background flush" in r.getMessage()]
+    assert [r.levelname for r in told] == ["ERROR", "WARNING"] and told[0].exc_info is None, told
+    assert told[0].getMessage().startswith("background flush failed: the server's disk is full")
+    assert told[1].getMessage().startswith("background flush succeeded after 5 failed attempts over ")

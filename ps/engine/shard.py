@@ -60,6 +60,7 @@ log = logging.getLogger("ps.engine.shard")
 MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a row's show count, and the admission
 # hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
 REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
+FLUSH_FAILURE_LOG_S = 300.0  # between the log lines of a background flush that keeps failing
 
 
 def _restore_manifest(config: ServerConfig) -> dict | None:
@@ -585,7 +586,11 @@ class Shard:
             return written
 
     def _flush_loop(self) -> None:
+        """Flushes every flush_interval_s (or when woken). A failure keeps serving (the journal holds every
+        acknowledged push) and is logged once, with its cause, then at most every FLUSH_FAILURE_LOG_S while it
+        lasts; the flush that succeeds after says so."""
         name_os_thread()
+        failures, since, told = 0, 0.0, 0.0
         while not self._closed.is_set():
             self._wake.wait(self.config.flush_interval_s)
             self._wake.clear()
@@ -593,8 +598,23 @@ class Shard:
                 return
             try:
                 self.flush()
-            except Exception:  # keep serving: the journal still holds every acknowledged push
-                log.exception("background flush failed; will retry")
+            except Exception as e:  # keep serving: the journal still holds every acknowledged push
+                failures += 1
+                now = time.monotonic()
+                if failures == 1:
+                    since = told = now
+                    known = isinstance(e, PsError)  # a full disk, damage: its message says it; anything else: a bug
+                    log.error("background flush failed: %s; the journal keeps every acknowledged push; retrying "
+                              "every %g s", e if known else f"{type(e).__name__}: {e}", self.config.flush_interval_s,
+                              exc_info=not known)  # fmt: skip
+                elif now - told >= FLUSH_FAILURE_LOG_S:
+                    told = now
+                    log.error("background flush still failing after %.0f s (%d attempts): %s", now - since, failures, e)
+                continue
+            if failures:
+                log.warning("background flush succeeded after %d failed attempts over %.0f s", failures,
+                            time.monotonic() - since)  # fmt: skip
+                failures = 0
 
     def stats(self) -> dict:
         return {
