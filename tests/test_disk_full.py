@@ -525,6 +525,6 @@ def test_a_background_flush_that_keeps_failing_is_told_once_and_its_recovery_too
     finally:
         shard.close()
     told = [r for r in caplog.records if "background flush" in r.getMessage()]
-    assert [r.levelname for r in told] == ["ERROR", "WARNING"] and told[0].exc_info is None, told
+    assert [r.levelname for r in told] == ["ERROR", "WARNING"] and not told[0].exc_info, told
     assert told[0].getMessage().startswith("background flush failed: the server's disk is full")
     assert told[1].getMessage().startswith("background flush succeeded after 5 failed attempts over ")
