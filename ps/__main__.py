@@ -12,7 +12,7 @@ import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import MAX_INTERVAL_S, ServerConfig
-from ps.errors import StorageError
+from ps.errors import PsError, StorageError
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from ps.storage.memory import plan_memory
 
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         from ps.server import serve  # imported late: `--help` stays fast
 
         serve(config, stop_with_stdin=args.stop_with_stdin)
-    except (ValueError, StorageError, OSError) as e:
+    except (ValueError, PsError, OSError) as e:  # PsError: StorageError, DiskFullError (a replay's flush), ...
         print(f"ps-server: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -209,3 +209,31 @@ def test_the_first_line_says_whether_the_data_dir_was_new_and_what_it_holds(tmp_
         assert shard.describe_start() == "existing, tables t 1,500 rows, clock 3"
     finally:
         shard.close()
+
+
+def test_a_start_stopped_by_permissions_or_a_full_disk_says_so_not_damage(good_dir, monkeypatch):
+    """Neither is damage: the message names the file and the user, or the full disk, and what to do."""
+    import ps.engine.shard as shard_module
+    from ps.errors import DiskFullError
+
+    journal_dir = os.path.join(good_dir, "journal")
+
+    def unreadable(*args, **kw):
+        raise PermissionError(13, "Permission denied", journal_dir)
+
+    monkeypatch.setattr(shard_module, "Journal", unreadable)
+    with pytest.raises(StorageError, match=rf"permission denied on {re.escape(journal_dir)} \(Permission denied\): "
+                                           r"run ps-server as the user that owns the data dir") as refused:  # fmt: skip
+        Shard(ServerConfig(data_dir=good_dir))
+    assert "corrupt" not in str(refused.value)
+    monkeypatch.undo()
+
+    def full(self):
+        raise Exception("IO error: No space left on device: While appending to file: 000012.log")
+
+    monkeypatch.setattr(shard_module.Shard, "_load_requests", full)
+    with pytest.raises(DiskFullError, match=r"the server's disk is full \(No space left on device\): starting on data "
+                                            r"dir .*; free space on that disk .* and start the server again"):  # fmt: skip
+        Shard(ServerConfig(data_dir=good_dir))
+    monkeypatch.undo()
+    Shard(ServerConfig(data_dir=good_dir)).close()  # nothing was changed

@@ -38,12 +38,14 @@ from ps.engine.restore import check_restored, restore_into
 from ps.engine.table import Table
 from ps.errors import (
     DataLossError,
+    DiskFullError,
     InvalidArgumentError,
     PsError,
     StorageError,
     TableExistsError,
     TableNotFoundError,
     WrongShardError,
+    disk_full_reason,
     echo,
 )
 from ps.rows.finite import first_non_finite
@@ -61,6 +63,21 @@ MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a ro
 # hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
 REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
 FLUSH_FAILURE_LOG_S = 300.0  # between the log lines of a background flush that keeps failing
+
+
+def _start_error(e: Exception, data_dir: str) -> PsError | None:
+    """The error to report for a start that e stopped, when e is not damage: a file the server may not read or
+    write (PermissionError), or a full disk; None otherwise (StorageErrors and the like say what they are)."""
+    if isinstance(e, PermissionError):
+        return StorageError(f"cannot start on data dir {data_dir}: permission denied on {e.filename or 'a file'} "
+                            f"({e.strerror}): run ps-server as the user that owns the data dir (uid {os.geteuid()} "
+                            "runs it now), or give that user access; nothing was changed")  # fmt: skip
+    reason = disk_full_reason(e)
+    if reason is not None and not isinstance(e, DiskFullError):
+        return DiskFullError.of(reason, f"starting on data dir {data_dir}", outcome="", remedy="start the server again")
+    if isinstance(e, DiskFullError):
+        return e.instead("", disk=data_dir, remedy="start the server again (nothing acknowledged is lost)")
+    return None
 
 
 def _restore_manifest(config: ServerConfig) -> dict | None:
@@ -100,7 +117,13 @@ class Shard:
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         manifest = _restore_manifest(config)
-        self.store = self._open_store()
+        try:
+            self.store = self._open_store()
+        except Exception as e:
+            known = _start_error(e, config.data_dir)
+            if known is None:
+                raise
+            raise known from e
         try:
             self._check_store(manifest)
             self._open_tables()
@@ -113,6 +136,9 @@ class Shard:
             self._close_after_failed_start()
             if isinstance(e, DataLossError):
                 raise DataLossError(f"cannot start on data dir {config.data_dir}: {e}") from e
+            known = _start_error(e, config.data_dir) if isinstance(e, Exception) else None
+            if known is not None:
+                raise known from e
             if isinstance(e, PsError) or not isinstance(e, Exception):
                 raise
             raise StorageError(
