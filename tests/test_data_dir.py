@@ -237,3 +237,34 @@ def test_a_start_stopped_by_permissions_or_a_full_disk_says_so_not_damage(good_d
         Shard(ServerConfig(data_dir=good_dir))
     monkeypatch.undo()
     Shard(ServerConfig(data_dir=good_dir)).close()  # nothing was changed
+
+
+def test_a_checkpoint_folder_or_a_lone_journal_given_as_a_data_dir_is_named_and_left_as_it_was(good_dir, tmp_path):
+    """A checkpoint's shard folder copied in as a data dir points to --restore; a dir whose RocksDB files are gone
+    but whose journal is there is data loss; neither start writes anything into the dir."""
+    from tests.test_worker_outputs import tree
+
+    shard = Shard(ServerConfig(data_dir=good_dir, checkpoint_root=str(tmp_path)))
+    try:
+        _, token = shard.hold(60)
+        shard.save_checkpoint(str(tmp_path / "ckpt"), token)
+        shard.release(token)
+    finally:
+        shard.close()
+    copied = tmp_path / "copied"
+    shutil.copytree(tmp_path / "ckpt" / "shard-0", copied)
+    before = tree(copied)
+    with pytest.raises(
+        StorageError, match="a checkpoint's shard-<i> folder\\? To start from a checkpoint, give --restore"
+    ):
+        Shard(ServerConfig(data_dir=str(copied)))
+    assert tree(copied) == before
+    shard = Shard(ServerConfig(data_dir=good_dir))
+    shard.push("t", np.arange(5, dtype=np.uint64), np.ones((5, 4), np.float32))  # journaled, not flushed
+    crash(shard)
+    lone = tmp_path / "lone"  # what is left when RocksDB's files are deleted
+    shutil.copytree(os.path.join(good_dir, "journal"), lone / "journal")
+    before = tree(lone)
+    with pytest.raises(StorageError, match="holds a journal but no RocksDB"):
+        Shard(ServerConfig(data_dir=str(lone)))
+    assert tree(lone) == before

@@ -54,7 +54,7 @@ from ps.sharding import NUM_SLOTS, SlotMap
 from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
 from ps.storage.memory import plan_memory
-from ps.storage.sidefiles import MARK_FILE
+from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
 from ps.storage.store import Store
 from ps.wire import repeats_ids
 
@@ -78,6 +78,21 @@ def _start_error(e: Exception, data_dir: str) -> PsError | None:
     if isinstance(e, DiskFullError):
         return e.instead("", disk=data_dir, remedy="start the server again (nothing acknowledged is lost)")
     return None
+
+
+def _refuse_lone_rocksdb(config: ServerConfig) -> None:
+    """StorageError, before RocksDB is opened (which writes), for a data dir that holds RocksDB's files and nothing
+    else of a shard's: most likely a checkpoint's shard folder copied in (unless config.accept_journal_loss)."""
+    path = config.data_dir
+    if config.accept_journal_loss or not os.path.exists(os.path.join(path, "CURRENT")):
+        return
+    if not any(os.path.exists(os.path.join(path, n)) for n in (IDENTITY_FILE, MARK_FILE, "journal")):
+        raise StorageError(
+            f"data dir {path} holds RocksDB's files and nothing else of a shard's (no {IDENTITY_FILE}, journal or "
+            "journal mark): a checkpoint's shard-<i> folder? To start from a checkpoint, give --restore CHECKPOINT "
+            "with a new data dir. If this is a data dir that lost those files, --accept-journal-loss starts on what "
+            "RocksDB holds; nothing was changed"
+        )
 
 
 def _restore_manifest(config: ServerConfig) -> dict | None:
@@ -117,6 +132,7 @@ class Shard:
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         manifest = _restore_manifest(config)
+        _refuse_lone_rocksdb(config)
         try:
             self.store = self._open_store()
         except Exception as e:

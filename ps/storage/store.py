@@ -417,6 +417,9 @@ class Store:
         os.makedirs(path, exist_ok=True)
         entries = sorted(set(os.listdir(path)) - {"journal", "lost+found"})  # lost+found: a volume's root (ext4)
         ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
+        journal = os.path.join(path, "journal")
+        if os.path.isdir(journal) and os.listdir(journal):
+            ours.append("a journal")
         if ours and "CURRENT" not in entries:
             raise DataLossError(
                 f"data dir {path} holds {' and '.join(ours)} but no RocksDB (its CURRENT file is missing): "
