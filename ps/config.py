@@ -290,8 +290,18 @@ class ServerConfig:
                              "leave the flag out to refuse checkpoints")  # fmt: skip
         if not self.data_dir.strip():
             raise ValueError("--data-dir is empty; give the shard's data directory")
+        if self.checkpoint_root and _within(self.checkpoint_root, self.data_dir):
+            raise ValueError(f"--checkpoint-root {self.checkpoint_root} lies inside --data-dir {self.data_dir}: a "
+                             "checkpoint there would be written into the shard's own files; give a directory "
+                             "outside it (a checkpoint's files are hard links on the same file system)")  # fmt: skip
         if self.metrics_port and self.metrics_port == self.port:
             raise ValueError(f"--metrics-port {self.metrics_port} is --port too: give the metrics their own port")
+
+
+def _within(path: str, directory: str) -> bool:
+    """path is directory or lies inside it (symbolic links resolved)."""
+    path, directory = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([path, directory]) == directory
 
 
 _SECTIONS = {

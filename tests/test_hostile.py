@@ -372,3 +372,19 @@ def test_errors_that_echo_a_long_name_stay_short(serve):
         assert "characters)" in details or "parameters" in details, details
     _, details = refused(stub.DescribeTable, ps_pb2.DescribeTableRequest(table="missing"))
     assert "'missing' does not exist" in details and "and 3 more" in details, details
+
+
+def test_a_checkpoint_is_never_written_into_a_shards_own_data_dir(serve, tmp_path):
+    """--checkpoint-root inside --data-dir is refused at start; a save into the data dir under a root that holds
+    it is refused (a checkpoint's hard links among the shard's live files)."""
+    root = tmp_path / "root"
+    with pytest.raises(ValueError, match="--checkpoint-root .* lies inside --data-dir"):
+        ServerConfig(data_dir=str(root / "d"), checkpoint_root=str(root / "d")).validate()
+    with pytest.raises(ValueError, match="--checkpoint-root .* lies inside --data-dir"):
+        ServerConfig(data_dir=str(root / "d"), checkpoint_root=str(root / "d" / "journal")).validate()
+    _, stub = serve(data_dir=root / "d", checkpoint_root=str(root))
+    token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
+    for inside in ("d/ck", "d/journal/ck", "d"):
+        code, details = refused(stub.Checkpoint, ps_pb2.CheckpointRequest(phase="save", dir=inside, token=token))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "lies inside shard 0's data dir" in details, details
+    assert stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir="ck", token=token), timeout=TIMEOUT_S).clock == 0

@@ -555,6 +555,10 @@ class Shard:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
         returned token (which cannot expire while this runs); returns what the manifest records of it. Refusals
         and failures leave nothing behind (PushHold.saving, save_into)."""
+        data_dir = os.path.realpath(self.config.data_dir)
+        if os.path.commonpath([os.path.realpath(directory), data_dir]) == data_dir:
+            raise InvalidArgumentError(f"checkpoint dir {directory} lies inside shard {self.shard_id}'s data dir "
+                                       f"{self.config.data_dir}; give a directory outside it")  # fmt: skip
         with self._hold.saving(token):
             started = time.monotonic()
             name = f"shard-{self.shard_id}"
