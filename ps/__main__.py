@@ -13,7 +13,7 @@ import sys
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import MAX_INTERVAL_S, ServerConfig
 from ps.errors import PsError, StorageError
-from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from ps.settings import HelpFormatter, add_config_flag, address, apply_defaults, integer, number
 from ps.storage.memory import plan_memory
 
 
@@ -187,7 +187,7 @@ def size_main(argv: list[str]) -> int:
 
 def build_health_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server health", description=health_main.__doc__, formatter_class=HelpFormatter)
-    p.add_argument("address", help="host:port of the shard")
+    p.add_argument("address", type=address, help="host:port of the shard")
     p.add_argument("--timeout-s", type=number(0, above=True), default=3.0,
                    help="seconds to wait for the answer before calling the shard unhealthy")  # fmt: skip
     p.add_argument("--tls-ca", default=None, help="PEM CA to verify the shard's certificate, if it serves TLS")

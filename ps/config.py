@@ -21,6 +21,8 @@ MIN_POSITIVE_HYPERPARAMETER = 1e-30  # a learning rate or epsilon: a normal floa
 # (smaller ones become 0 or subnormal in the kernels' float32, and a division by them overflows)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024  # default gRPC message limit, both ways; the servicer bounds replies by it
 MAX_CLUSTER_CHARS = 64  # of a --cluster name
+MAX_HOLD_S = 3600.0  # of a checkpoint's hold (ps-worker checkpoint --hold-timeout-s, a Checkpoint hold request)
+DEFAULT_HOLD_S = 120.0  # a hold's, where none is given (a Checkpoint hold request's hold_timeout_s 0)
 MAX_BARRIER_S = 3600.0  # of a sync or ssp wait (a stamp's barrier_timeout_s, --barrier-timeout)
 MAX_INTERVAL_S = 1e7  # of a time flag (~115 days): Python's waits take at most threading.TIMEOUT_MAX (~9.2e9 s)
 MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is refused. Rows stamp the clock as

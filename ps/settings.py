@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping
 
@@ -174,6 +175,22 @@ def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+ADDRESS = re.compile(r"(\S+):(\d{1,5})")  # host:port (a port in 1..65535: see is_address)
+
+
+def is_address(text: str) -> bool:
+    """text is host:port with a port in 1..65535."""
+    m = ADDRESS.fullmatch(text)
+    return m is not None and 1 <= int(m.group(2)) <= 65535
+
+
+def address(text: str) -> str:
+    """An argparse type: host:port with a port in 1..65535."""
+    if not is_address(text):
+        raise argparse.ArgumentTypeError(f"expected host:port with a port in 1..65535, got {text!r}")
+    return text
 
 
 def number(lowest: float, highest: float = math.inf, *, above: bool = False) -> Callable[[str], float]:

@@ -231,7 +231,9 @@ def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, mess
         (["train", "--local-shards", "1", "--metrics-out", "/nonexistent-dir/m.json"],
          "--metrics-out /nonexistent-dir/m.json: its directory /nonexistent-dir does not exist"),
         (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:5000", "--hold-timeout-s", "nan"],
-         "argument --hold-timeout-s: expected a number > 0 and <= 1e+07, got 'nan'"),
+         "argument --hold-timeout-s: expected a number > 0 and <= 3600, got 'nan'"),
+        (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:5000", "--hold-timeout-s", "5000"],
+         "argument --hold-timeout-s: expected a number > 0 and <= 3600, got '5000'"),  # the servers' bound
         (["export", "out", "--servers", "127.0.0.1:5000", "--since", "-1"], "argument --since: expected an integer >= 0, got -1"),
     ],
 )  # fmt: skip
@@ -294,3 +296,10 @@ def test_a_command_whose_output_reader_left_exits_quietly(argv, tmp_path):
     finally:
         os.close(write_end)
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "nohost", "host:"])
+def test_a_health_probe_of_an_address_that_is_not_host_port_is_refused(address):
+    """A port past 65535 was probed modulo 65536 (another process's port): refused, as the worker refuses it."""
+    r = subprocess.run([sys.executable, "-m", "ps", "health", address], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"expected host:port with a port in 1..65535, got {address!r}" in r.stderr, r.stderr

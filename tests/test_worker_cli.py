@@ -161,7 +161,7 @@ def test_an_output_flag_naming_an_input_file_is_refused_and_the_file_kept(tmp_pa
         (["shrink", "--servers", "127.0.0.1:1"], {"PS_SERVER_TIMEOUT": "nan"},
          "environment variable PS_SERVER_TIMEOUT (for --server-timeout): expected a number >= 0 and <= 1e+07, got 'nan'"),
         (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:1"], {"PS_HOLD_TIMEOUT_S": "0"},
-         "environment variable PS_HOLD_TIMEOUT_S (for --hold-timeout-s): expected a number > 0 and <= 1e+07, got '0'"),
+         "environment variable PS_HOLD_TIMEOUT_S (for --hold-timeout-s): expected a number > 0 and <= 3600, got '0'"),
         (["export", "out", "--servers", "127.0.0.1:1"], {"PS_SINCE": "-3"},
          "environment variable PS_SINCE (for --since): expected an integer >= 0, got -3"),
         (["synth", "--out", "never.tsv"], {"PS_ROWS": "0"},

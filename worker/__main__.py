@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ps.accel.malloc import tune_malloc
+from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import PsError
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
 from worker.cli_train import (
@@ -103,8 +104,8 @@ def _add_cluster_commands(sub) -> None:
     _add_server_timeout(p)
     p.add_argument(
         "--hold-timeout-s",
-        type=SECONDS,
-        default=120.0,
+        type=number(0, MAX_HOLD_S, above=True),
+        default=DEFAULT_HOLD_S,
         help="shards take pushes again after this long even if the save never finished",
     )
     add_security_args(p)

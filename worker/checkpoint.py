@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, write_manifest
+from ps.config import DEFAULT_HOLD_S
 from ps.sharding import NUM_SLOTS
 from worker.flags import check_new_dir
 
@@ -38,7 +39,7 @@ def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, s
 NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
 
 
-def save(client: Client, directory: str, hold_timeout_s: float = 120.0) -> dict:
+def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
     a checkpoint or any other file."""

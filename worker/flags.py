@@ -10,10 +10,9 @@ variable or config file key of a value they refuse.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
-_ADDRESS = re.compile(r"(\S+):(\d{1,5})")
+from ps.settings import is_address
 
 
 def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
@@ -25,8 +24,7 @@ def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
     if not any(addresses):
         raise ValueError(f"{flag} is empty ({text!r}); expected host:port,... in shard order (an unset variable?)")
     for i, address in enumerate(addresses):
-        m = _ADDRESS.fullmatch(address)
-        if m is None or not 1 <= int(m.group(2)) <= 65535:
+        if not is_address(address):
             raise ValueError(f"{flag} {text!r}: entry {i} ({address!r}) is not host:port with a port in 1..65535")
     return addresses
 

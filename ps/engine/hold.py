@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from ps.checkpoint import MANIFEST
+from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import (
     CHECKPOINT_PAUSE,
     CheckpointDirError,
@@ -35,8 +36,8 @@ class PushHold:
     """Counts the pushes in flight and refuses new ones while a checkpoint holds them; one hold at a time, and
     one save at a time."""
 
-    MAX_HOLD_S = 3600.0
-    DEFAULT_HOLD_S = 120.0  # a Checkpoint hold request's hold_timeout_s 0
+    MAX_HOLD_S = MAX_HOLD_S
+    DEFAULT_HOLD_S = DEFAULT_HOLD_S
 
     def __init__(self, shard_id: int):
         self.shard_id = shard_id
