@@ -134,6 +134,12 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
     for what, servers_listed in wrong_lists.items():
         with Client(servers_listed) as client, pytest.raises(PsError, match=f"does not match the cluster: {what}"):
             client.wait_ready()
+    from worker.client import _server_list_error
+
+    assert "shard 0 is listed more than once (the same address twice)" in _server_list_error(["a:1", "a:1"],
+                                                                                             [(0, 2), (0, 2)])  # fmt: skip
+    assert ("shard 0 is listed more than once (a:1 and b:2 both say they are shard 0: was one started without its "
+            "--shard-id, which defaults to 0?)") in _server_list_error(["a:1", "b:2"], [(0, 2), (0, 2)])  # fmt: skip
 
 
 def test_a_second_client_under_the_same_client_id_is_refused_loudly(servers, sgd1_table):

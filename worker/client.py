@@ -114,7 +114,11 @@ def _server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
     counts = {n for _, n in found}
     if len(set(ids)) < len(ids):
         twice = sorted({sid for sid in ids if ids.count(sid) > 1})
-        what = f"shard {', '.join(map(str, twice))} is listed more than once (the same server twice?)"
+        same = [a for a, sid in zip(servers, ids) if sid == twice[0]]
+        what = f"shard {', '.join(map(str, twice))} is listed more than once"
+        what += (" (the same address twice)" if len(set(same)) < len(same) else
+                 f" ({' and '.join(same)} both say they are shard {twice[0]}: was one started without its --shard-id, "
+                 "which defaults to 0?)")  # fmt: skip
     elif len(counts) > 1:
         what = "the servers belong to clusters of different shard counts"
     elif counts != {len(servers)}:
