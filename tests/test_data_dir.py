@@ -67,6 +67,8 @@ def test_a_file_or_a_foreign_directory_is_refused(tmp_path):
     with pytest.raises(StorageError, match=r"is not empty and holds no sparseps data \(it has cat.jpg\)"):
         Shard(ServerConfig(data_dir=str(foreign)))
     assert os.listdir(foreign) == ["cat.jpg"]  # nothing written into it
+    with pytest.raises(StorageError, match=r"data dir .*a_file/shard cannot be created: Not a directory"):
+        Shard(ServerConfig(data_dir=str(a_file / "shard")))
     volume = tmp_path / "volume"  # the root of a new ext4 volume (a Kubernetes data dir) holds lost+found
     (volume / "lost+found").mkdir(parents=True)
     Shard(ServerConfig(data_dir=str(volume))).close()

@@ -414,7 +414,11 @@ class Store:
         mmap_reads: see rocksdb_options."""
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except (NotADirectoryError, FileNotFoundError, FileExistsError) as e:  # a file on the way, say
+            raise StorageError(f"data dir {path} cannot be created: {e.strerror} ({e.filename}); give a path whose "
+                               "parents are directories") from None  # fmt: skip
         entries = sorted(set(os.listdir(path)) - {"journal", "lost+found"})  # lost+found: a volume's root (ext4)
         ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
         journal = os.path.join(path, "journal")
