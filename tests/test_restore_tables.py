@@ -47,3 +47,33 @@ def test_a_table_of_the_manifest_the_checkpoint_lacks_is_refused_by_name(tmp_pat
         restored.close()
     with pytest.raises(StorageError, match=r"holds no table number for table\(s\) 'lost' of its manifest"):
         Shard(ServerConfig(data_dir=str(tmp_path / "b"), restore_dir=str(tmp_path / "bad")))
+
+
+def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_holds(tmp_path, caplog):
+    """PS_RESTORE kept in a container's environment: the restart neither copies the checkpoint again (rows
+    trained since stay) nor refuses; another checkpoint is refused, saying how to start."""
+    ids = np.arange(1, 6, dtype=np.uint64)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(table("kept"))
+        shard.push("kept", ids, np.ones((5, 2), np.float32))
+        checkpoint(shard, str(tmp_path / "one"), [table("kept")])
+        shard.push("kept", ids, np.ones((5, 2), np.float32))
+        checkpoint(shard, str(tmp_path / "two"), [table("kept")])
+    finally:
+        shard.close()
+    restored = Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one")))
+    assert restored.describe_start().startswith(f"restored from {tmp_path / 'one'}, tables kept 5 rows")
+    restored.push("kept", ids, np.ones((5, 2), np.float32))  # trained after the restore
+    restored.close()
+    with caplog.at_level("INFO", "ps.engine.shard"):
+        again = Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one")))
+    try:
+        np.testing.assert_array_equal(again.pull("kept", ids), -2 * np.ones((5, 2), np.float32))
+        assert again.describe_start().startswith("existing, tables kept 5 rows")
+        assert "was restored from" in caplog.text and "starting on what it holds" in caplog.text
+    finally:
+        again.close()
+    with pytest.raises(StorageError, match=r"has tables already \(and was not restored from that checkpoint\): leave "
+                                           r"--restore \(PS_RESTORE\) out"):  # fmt: skip
+        Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "two")))

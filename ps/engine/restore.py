@@ -32,7 +32,9 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, m
     store is marked as holding a restore that did not finish (check_restored) until every row is in."""
     check_restored(store)
     if store.load_tables():
-        raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already")
+        raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
+                           "restored from that checkpoint): leave --restore (PS_RESTORE) out to start on what it "
+                           "holds, or give a new data dir")  # fmt: skip
     manifest = manifest if manifest is not None else read_manifest(directory)
     store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
@@ -48,6 +50,7 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, m
                 rows[name][k] += v
     store.set_clock(int(manifest["clock"]))
     store.flush()
+    store.set_restored(os.path.abspath(directory), manifest["sha256"])
     store.set_restore_pending(None)
     store.flush()
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, read_manifest
+from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest, read_manifest
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
@@ -173,7 +173,7 @@ class Shard:
         """What the data dir held at start, for the server's first line: "new, no tables", or the tables with their
         rows and the clock (an operator who mistyped --data-dir sees "new" where a model was expected)."""
         origin = "new" if self.store.created else "existing"
-        if self.config.restore_dir:
+        if self.restored_now:
             origin = f"restored from {self.config.restore_dir}"
         if not self.tables:
             return f"{origin}, no tables"
@@ -196,12 +196,31 @@ class Shard:
         self.store.check_identity(config.shard_id, config.num_shards)
         self.store.check_cluster(config.cluster)
         check_restored(self.store)
+        self.restored_now = False
+        if config.restore_dir and self._restored_already(config.restore_dir):
+            return
         if config.restore_dir:
             started = time.monotonic()
             summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
             tables = ", ".join(f"{name} {counts['admitted']:,} rows" for name, counts in summary["tables"].items())
             log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
                      summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
+            self.restored_now = True
+
+    def _restored_already(self, checkpoint: str) -> bool:
+        """True (logged) when this dir was restored from that checkpoint (the same manifest) before: a restart with
+        --restore still given (PS_RESTORE kept in a container's environment) starts on what the dir holds."""
+        done = self.store.restored()
+        if done is None or not self.store.load_tables():
+            return False
+        try:
+            same = load_manifest(checkpoint)["sha256"] == done["sha256"]
+        except StorageError:
+            same = False
+        if same:
+            log.info("data dir %s was restored from %s before: starting on what it holds (--restore is done; leave it "
+                     "out)", self.config.data_dir, checkpoint)  # fmt: skip
+        return same
 
     def _open_tables(self) -> None:
         """Opens the journal and the tables RocksDB holds, over one RAM tier budget."""

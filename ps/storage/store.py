@@ -19,6 +19,8 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     of its pushes are applied   (set_flushed_seq: with flushed_seq, in one batch)
         "restore_pending"        -> the absolute path of the checkpoint a restore copies from; there only from the
                                     restore's first write to its end (set_restore_pending, ps.engine.restore)
+        "restored"               -> JSON {"checkpoint": its absolute path, "sha256": its manifest's}: the restore
+                                    the dir began from   (set_restored, with the end of the restore)
     The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX and ADVANCED_PREFIX.
     column family "rows":
         key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
@@ -808,6 +810,14 @@ class Store:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
         raw = self._meta.get(b"restore_pending")
         return raw.decode() if raw is not None else None
+
+    def restored(self) -> dict | None:
+        """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
+        raw = self._meta.get(b"restored")
+        return json.loads(raw) if raw is not None else None
+
+    def set_restored(self, checkpoint: str, sha256: str) -> None:
+        self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._write_opts)
 
     def set_restore_pending(self, directory: str | None) -> None:
         if directory is None:
