@@ -11,13 +11,10 @@ Per RPC method (`method` label), observed by the servicer:
     sparseps_requests_total{method, code}          calls, by gRPC status code name
     sparseps_request_seconds{method}                latency histogram
     sparseps_request_bytes_total{method, direction} request ("in") and reply ("out") bytes
-Per table (`table` label), read from the shard at each scrape:
-    sparseps_table_rows, sparseps_table_pending_ids, sparseps_table_rows_in_ram, sparseps_table_rows_on_disk,
-    sparseps_table_dirty_rows, sparseps_table_ram_bytes, sparseps_table_disk_bytes      (gauges)
-    sparseps_table_evictions_total, sparseps_table_ids_pulled_total, sparseps_table_ids_pushed_total (counters)
-Per shard: sparseps_clock, sparseps_ram_budget_bytes, sparseps_ram_used_bytes, sparseps_journal_bytes, and the memory
-plan's parts: sparseps_memory_budget_bytes, sparseps_block_cache_used_bytes, sparseps_memtable_bytes,
-sparseps_table_reader_bytes, sparseps_write_behind_bytes.
+Per table (`table` label), read from the shard at each scrape: sparseps_table_rows and sparseps_table_<k> for
+each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per shard: SHARD_GAUGES (the clock, the
+memory plan's parts, the data dir's bytes and its disk's free bytes, failed flushes in a row). The process:
+prometheus-client's process_* (resident memory, CPU seconds, start time, open files).
 """
 
 from __future__ import annotations
@@ -30,7 +27,7 @@ import threading
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
@@ -40,8 +37,46 @@ if TYPE_CHECKING:
 log = logging.getLogger("ps.metrics")
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-TABLE_GAUGES = ("rows_in_ram", "rows_on_disk", "dirty_rows", "ram_bytes", "disk_bytes", "pending_ids")
-TABLE_COUNTERS = ("evictions", "ids_pulled", "ids_pushed")
+TABLE_GAUGES = {  # key of a table's stats -> help
+    "rows_in_ram": "rows in the RAM tier",
+    "rows_on_disk": "rows in RocksDB",
+    "dirty_rows": "RAM rows newer than RocksDB (their pushes are in the journal)",
+    "ram_bytes": "RAM tier bytes charged to the table",
+    "disk_bytes": "bytes of the table's rows in RocksDB, from its row counts (the data dir holds more: "
+    "sparseps_data_dir_bytes)",
+    "pending_ids": "ids pushed but not admitted yet (statistics only)",
+}
+TABLE_COUNTERS = {
+    "evictions": "rows dropped from the RAM tier to make room",
+    "cache_misses": "ids looked up in RocksDB: misses of the RAM tier, ids never seen before included",
+    "admitted": "ids admitted (given a trained row)",
+    "dropped": "ids dropped by Shrink",
+    "pulls": "lookups: pulls, and pushes that return rows",
+    "pushes": "pushes applied",
+    "ids_pulled": "ids looked up",
+    "ids_pushed": "ids pushed",
+}
+SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
+    ("sparseps_clock", "clock", "the shard's clock (steps)"),
+    ("sparseps_uptime_seconds", "uptime_s", "seconds since the shard started"),
+    ("sparseps_ram_budget_bytes", "ram_budget_bytes", "the RAM tier's budget (--cache-bytes)"),
+    ("sparseps_ram_used_bytes", "ram_used_bytes", "RAM tier bytes in use"),
+    ("sparseps_journal_bytes", "journal_bytes", "journal bytes on disk: pushes not yet flushed to RocksDB"),
+    ("sparseps_memory_budget_bytes", "memory_budget_bytes", "--memory-bytes; 0: no overall bound"),
+    ("sparseps_block_cache_budget_bytes", "block_cache_budget_bytes", "RocksDB's block cache capacity"),
+    ("sparseps_block_cache_used_bytes", "block_cache_used_bytes", "RocksDB's block cache in use"),
+    ("sparseps_memtable_bytes", "memtable_bytes", "RocksDB's memtables"),
+    ("sparseps_table_reader_bytes", "table_reader_bytes", "RocksDB's table readers (index and filter blocks)"),
+    ("sparseps_write_behind_bytes", "write_behind_bytes", "evicted rows waiting for their RocksDB write"),
+    ("sparseps_journal_map_bytes", "journal_map_bytes", "the mapped journal segment"),
+    (
+        "sparseps_data_dir_bytes",
+        "data_dir_bytes",
+        "bytes of the data dir's files: RocksDB (write-ahead logs included) and the journal",
+    ),
+    ("sparseps_disk_free_bytes", "disk_free_bytes", "bytes free (to this user) on the data dir's file system"),
+    ("sparseps_flush_failures", "flush_failures", "background flushes failed in a row (0: the last one succeeded)"),
+)
 
 
 class ServerMetrics:
@@ -53,6 +88,7 @@ class ServerMetrics:
         self.bytes = Counter("sparseps_request_bytes", "RPC payload bytes", ["method", "direction"],
                              registry=self.registry)  # fmt: skip
         self.registry.register(_ShardCollector(shard))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_start_time_seconds, ...
 
     def observe(self, method: str, code: str, seconds: float, bytes_in: int, bytes_out: int) -> None:
         self.requests.labels(method, code).inc()
@@ -132,11 +168,13 @@ class _ShardCollector:
         self.shard = shard
 
     def collect(self):
-        s = self.shard.stats()
-        gauges = {k: GaugeMetricFamily(f"sparseps_table_{k}", f"table {k}", labels=["table"]) for k in TABLE_GAUGES}
+        s = {**self.shard.stats(), **self.shard.disk_stats()}
+        gauges = {
+            k: GaugeMetricFamily(f"sparseps_table_{k}", text, labels=["table"]) for k, text in TABLE_GAUGES.items()
+        }
         gauges["num_rows"] = GaugeMetricFamily("sparseps_table_rows", "ids with a trained row", labels=["table"])
         counters = {
-            k: CounterMetricFamily(f"sparseps_table_{k}", f"table {k}", labels=["table"]) for k in TABLE_COUNTERS
+            k: CounterMetricFamily(f"sparseps_table_{k}", text, labels=["table"]) for k, text in TABLE_COUNTERS.items()
         }
         for t in s["tables"]:
             for k, family in gauges.items():
@@ -145,15 +183,7 @@ class _ShardCollector:
                 family.add_metric([t["name"]], t.get(k, 0))
         yield from gauges.values()
         yield from counters.values()
-        for name, key, text in (("sparseps_clock", "clock", "the shard's clock (steps)"),
-                                ("sparseps_ram_budget_bytes", "ram_budget_bytes", "--cache-bytes"),
-                                ("sparseps_ram_used_bytes", "ram_used_bytes", "RAM tier bytes in use"),
-                                ("sparseps_journal_bytes", "journal_bytes", "journal bytes on disk"),
-                                ("sparseps_memory_budget_bytes", "memory_budget_bytes", "--memory-bytes; 0: none"),
-                                ("sparseps_block_cache_used_bytes", "block_cache_used_bytes", "RocksDB block cache"),
-                                ("sparseps_memtable_bytes", "memtable_bytes", "RocksDB memtables"),
-                                ("sparseps_table_reader_bytes", "table_reader_bytes", "RocksDB table readers"),
-                                ("sparseps_write_behind_bytes", "write_behind_bytes", "rows waiting to be written")):  # fmt: skip
+        for name, key, text in SHARD_GAUGES:
             family = GaugeMetricFamily(name, text)
             family.add_metric([], s.get(key, 0))
             yield family

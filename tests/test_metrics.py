@@ -50,6 +50,15 @@ def test_the_server_serves_request_and_table_metrics(tmp_path):
         assert m[("sparseps_table_evictions_total", table)] > 0  # a 256 KiB RAM tier cannot hold 5000 rows
         assert m[("sparseps_table_rows_in_ram", table)] < 5000
         assert m[("sparseps_ram_budget_bytes", ())] == 256 << 10
+        assert m[("sparseps_table_admitted_total", table)] == 5000 and m[("sparseps_table_pushes_total", table)] == 3
+        assert m[("sparseps_table_cache_misses_total", table)] >= 5000  # new ids are looked up in RocksDB
+        assert m[("sparseps_flush_failures", ())] == 0 and m[("sparseps_uptime_seconds", ())] > 0
+        files = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+        assert m[("sparseps_data_dir_bytes", ())] > 0 and abs(m[("sparseps_data_dir_bytes", ())] - files) < files / 2
+        assert m[("sparseps_disk_free_bytes", ())] > 0 and m[("process_resident_memory_bytes", ())] > 50 << 20
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+        helps = [line for line in text.splitlines() if line.startswith("# HELP sparseps_")]
+        assert helps and not [h for h in helps if h.split(" ", 3)[3].startswith("table ")], helps  # each says what
     finally:
         server.stop(grace_s=1)
 

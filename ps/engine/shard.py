@@ -20,6 +20,7 @@ a clean close flushes everything.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -165,6 +166,7 @@ class Shard:
         self._closed = threading.Event()
         self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written
+        self.flush_failures = 0  # background flushes failed in a row
         self._flusher = threading.Thread(target=self._flush_loop, name="ps-flusher", daemon=True)
         self._flusher.start()
         self.started = time.monotonic()
@@ -655,7 +657,7 @@ class Shard:
         acknowledged push) and is logged once, with its cause, then at most every FLUSH_FAILURE_LOG_S while it
         lasts; the flush that succeeds after says so."""
         name_os_thread()
-        failures, since, told = 0, 0.0, 0.0
+        since, told = 0.0, 0.0
         while not self._closed.is_set():
             self._wake.wait(self.config.flush_interval_s)
             self._wake.clear()
@@ -664,8 +666,8 @@ class Shard:
             try:
                 self.flush()
             except Exception as e:  # keep serving: the journal still holds every acknowledged push
-                failures += 1
-                now = time.monotonic()
+                self.flush_failures += 1
+                failures, now = self.flush_failures, time.monotonic()
                 if failures == 1:
                     since = told = now
                     known = isinstance(e, PsError)  # a full disk, damage: its message says it; anything else: a bug
@@ -676,10 +678,10 @@ class Shard:
                     told = now
                     log.error("background flush still failing after %.0f s (%d attempts): %s", now - since, failures, e)
                 continue
-            if failures:
-                log.warning("background flush succeeded after %d failed attempts over %.0f s", failures,
+            if self.flush_failures:
+                log.warning("background flush succeeded after %d failed attempts over %.0f s", self.flush_failures,
                             time.monotonic() - since)  # fmt: skip
-                failures = 0
+                self.flush_failures = 0
 
     def stats(self) -> dict:
         return {
@@ -696,6 +698,21 @@ class Shard:
             **self.memory_stats(),
             "clock": self.clock,
             **self.jobs.stats(),
+        }
+
+    def disk_stats(self) -> dict[str, int]:
+        """The data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal), the bytes free to
+        this user on its file system, and the background flushes failed in a row."""
+        used = 0
+        for root, _, files in os.walk(self.config.data_dir):
+            for name in files:
+                with contextlib.suppress(OSError):  # RocksDB deletes files as it compacts
+                    used += os.stat(os.path.join(root, name)).st_size
+        fs = os.statvfs(self.config.data_dir)
+        return {
+            "data_dir_bytes": used,
+            "disk_free_bytes": fs.f_bavail * fs.f_frsize,
+            "flush_failures": self.flush_failures,
         }
 
     def memory_stats(self) -> dict[str, int]:
