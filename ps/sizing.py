@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from ps.config import ServerConfig
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, layout_of
+from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, MAX_WAL_BYTES
+
+LOG_BYTES = ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + MAX_WAL_BYTES
+"""Disk a server's logs may take beside its rows, at most: the journal until a flush (--flush-interval-s, or once
+it grew by journal_flush_bytes) plus the segment in use, and RocksDB's write-ahead logs."""
 
 
 def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float) -> dict:
@@ -20,6 +26,7 @@ def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: 
         "disk_bytes_per_row": lay.disk_bytes,
         "raw_row_bytes": KEY_BYTES + lay.value_bytes,
         "disk_bytes_per_server": per_server * lay.disk_bytes,
+        "log_bytes_per_server": LOG_BYTES,
         "ram_bytes_per_server_all_rows": per_server * lay.ram_bytes,
         "cache_bytes_per_server_for_hot_fraction": int(per_server * hot_fraction * lay.ram_bytes),
         "hot_fraction": hot_fraction,
@@ -43,7 +50,8 @@ def format_report(r: dict) -> str:
             f"row: {r['floats_per_row']} float32 (embedding + optimizer state + 4 statistics) + 8-byte lsn",
             f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
             f"(raw key+value {r['raw_row_bytes']} B)",
-            f"per server:  disk {human(r['disk_bytes_per_server'])}    RAM for every row "
+            f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "
+            "journal and write-ahead logs, + free space for compaction)    RAM for every row "
             f"{human(r['ram_bytes_per_server_all_rows'])}    --cache-bytes for the hottest {r['hot_fraction']:.0%}: "
             f"{human(r['cache_bytes_per_server_for_hot_fraction'])}",
         ]

@@ -27,6 +27,7 @@ DEFAULT_BLOCK_CACHE_BYTES = 128 * MiB
 DEFAULT_WRITE_BUFFER_BYTES = 16 * MiB
 DEFAULT_WRITE_BEHIND_BYTES = 32 * MiB
 DEFAULT_JOURNAL_SEGMENT_BYTES = 256 * MiB
+MAX_WAL_BYTES = 256 * MiB  # RocksDB's write-ahead logs, at most (max_total_wal_size): disk, not memory
 WRITE_BUFFERS = 2 * 2  # column families ("meta", "rows") x buffers each (max_write_buffer_number)
 MIN_RAM_TIER_BYTES = 16 * MiB
 

@@ -77,7 +77,12 @@ from ps.config import TableConfig
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
-from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_WRITE_BEHIND_BYTES, DEFAULT_WRITE_BUFFER_BYTES
+from ps.storage.memory import (
+    DEFAULT_BLOCK_CACHE_BYTES,
+    DEFAULT_WRITE_BEHIND_BYTES,
+    DEFAULT_WRITE_BUFFER_BYTES,
+    MAX_WAL_BYTES,
+)
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name, write_json
 from ps.storage.writebehind import PendingBatch, WriteBehind
 
@@ -340,7 +345,7 @@ def rocksdb_options(
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
-    opts.set_max_total_wal_size(256 << 20)  # flush the column families that pin old WAL files past this
+    opts.set_max_total_wal_size(MAX_WAL_BYTES)  # flush the column families that pin old WAL files past this
     opts.set_write_buffer_size(write_buffer_bytes)  # memtables: RocksDB's share of RSS stays small beside the RAM
     opts.set_max_write_buffer_number(MAX_WRITE_BUFFERS)  # tier
     # Every read searches the memtables first, and nearly every key a read asks for is not in them: a Bloom filter
