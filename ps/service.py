@@ -34,6 +34,7 @@ before (a retry).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -188,19 +189,7 @@ def stamp_of(request: Any) -> Stamp | None:
         m = request.stamp
     if m is None:
         return None
-    return Stamp(
-        m.job,
-        m.worker,
-        m.num_workers,
-        m.step,
-        m.staleness,
-        m.sync,
-        m.barrier_timeout_s,
-        m.done,
-        m.acked,
-        m.setup,
-        m.stopped,
-    )
+    return Stamp(**{f.name: getattr(m, f.name) for f in dataclasses.fields(Stamp)})
 
 
 # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)

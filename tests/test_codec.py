@@ -389,3 +389,19 @@ def test_table_config_round_trips_through_proto():
 
 def test_unset_proto_fields_take_defaults():
     assert codec.table_config_from_proto(ps_pb2.TableSpec(name="t", dim=3)) == TableConfig("t", 3)
+
+
+def test_the_stamp_classes_of_both_ends_have_the_protos_fields_in_its_order():
+    """WorkerStamp.to_proto and ps.service.stamp_of copy the fields by name: a field added to the proto must be
+    added to both classes (and the other way round)."""
+    import dataclasses
+
+    from ps.engine.jobs import Stamp
+    from ps.service import stamp_of
+    from worker.client import WorkerStamp
+
+    proto = [f.name for f in ps_pb2.WorkerStamp.DESCRIPTOR.fields]
+    assert [f.name for f in dataclasses.fields(WorkerStamp)] == proto == [f.name for f in dataclasses.fields(Stamp)]
+    stamp = WorkerStamp(job=7, worker=1, num_workers=2, step=9, staleness=3, sync=True, barrier_timeout_s=5.0,
+                        done=False, acked=8, setup="s", stopped="")  # fmt: skip
+    assert dataclasses.asdict(stamp_of(ps_pb2.PullBatchRequest(stamp=stamp.to_proto()))) == dataclasses.asdict(stamp)

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import NamedTuple
 
 import grpc
@@ -48,7 +48,7 @@ import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import TableConfig
+from ps.config import DEFAULT_BARRIER_S, MAX_MESSAGE_BYTES, MAX_STAMP_TEXT, TableConfig
 from ps.errors import (
     CHECKPOINT_PAUSE,
     DISK_FULL_PREFIX,
@@ -62,7 +62,6 @@ from ps.errors import (
 from ps.security import client_channel
 from ps.sharding import SlotMap
 
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # a call that ended so may have run on its shard (a stopping server cancels the calls it has not finished)
 MAY_HAVE_RUN = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -135,7 +134,7 @@ def _server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
 NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
 CLOSE_TIMEOUT_S = 5.0  # Client.close's wait for its channels
 STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does not wait long
-MAX_STOP_REASON = 1000  # characters of a stop stamp's reason (ps.engine.jobs MAX_SETUP_CHARS)
+MAX_STOP_REASON = MAX_STAMP_TEXT  # characters of a stop stamp's reason, as the shards take it
 READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
 
 
@@ -235,18 +234,15 @@ class WorkerStamp:
     step: int
     staleness: int = 0
     sync: bool = False
-    barrier_timeout_s: float = 60.0
+    barrier_timeout_s: float = DEFAULT_BARRIER_S
     done: bool = False
     acked: int = 0
     setup: str = ""
     stopped: str = ""
 
     def to_proto(self) -> ps_pb2.WorkerStamp:
-        return ps_pb2.WorkerStamp(
-            job=self.job, worker=self.worker, num_workers=self.num_workers, step=self.step,
-            staleness=self.staleness, sync=self.sync, barrier_timeout_s=self.barrier_timeout_s, done=self.done,
-            acked=self.acked, setup=self.setup, stopped=self.stopped,
-        )  # fmt: skip
+        """The message of every field (the proto's fields and this class's are one list: tests/test_codec.py)."""
+        return ps_pb2.WorkerStamp(**asdict(self))
 
 
 class Client:
@@ -507,7 +503,7 @@ class Client:
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
         """A call's deadline: timeout_s, plus the stamp's barrier_timeout_s for a stamped call (it may wait)."""
-        return self.timeout_s + (0.0 if stamp is None else stamp.barrier_timeout_s or 60.0)
+        return self.timeout_s + (0.0 if stamp is None else stamp.barrier_timeout_s or DEFAULT_BARRIER_S)
 
     def _check_applied(self, shard: int, request: ps_pb2.PushBatchRequest, reply) -> None:
         """ClientIdInUseError when the reply to a PushBatch's first attempt applied fewer ids than it carried: the

@@ -64,7 +64,7 @@ class PushHold:
                             "took it died, or its save outlived --hold-timeout-s): taking pushes again; %s pushes "
                             "were refused meanwhile (clients retry them)", time.monotonic() - self._held_at,
                             f"{self._refused:,}")  # fmt: skip
-                self.held_until, self.token = 0.0, None
+                self.held_until = 0.0
             self._pushes_in_flight += 1
         try:
             yield
@@ -104,10 +104,12 @@ class PushHold:
         """Ends the hold that returned token (a stale token releases nothing)."""
         with self._gate:
             if token == self.token:
+                expired = not self.held_until  # which a push found, and said
                 self.held_until, self.token = 0.0, None
                 self._gate.notify_all()
-                log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, which "
-                         "clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
+                if not expired:
+                    log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, "
+                             "which clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
 
     @contextlib.contextmanager
     def saving(self, token: str) -> Iterator[None]:

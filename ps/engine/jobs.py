@@ -85,7 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP
+from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP, MAX_STAMP_TEXT
 from ps.engine.push import CheckedPush, TablePush
 from ps.errors import (
     BarrierTimeoutError,
@@ -103,9 +103,8 @@ from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
 
 log = logging.getLogger("ps.engine.jobs")
-DEFAULT_BARRIER_S = 60.0  # a stamp's barrier_timeout_s 0
 MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
-MAX_SETUP_CHARS = 1000  # of a stamp's setup
+MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
 NAMED_KEYS = 8  # setup keys named in a refusal, at most
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 
