@@ -190,3 +190,14 @@ def test_the_rules_allow_a_right_import():
 def test_cycles_are_found():
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_every_module_is_named_in_docs_architecture_md():
+    """The map of the code names every module of ps/ and worker/ (by path, or by file name in its list)."""
+    import re
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [str(p.relative_to(ROOT)) for pkg in ("ps", "worker") for p in sorted((ROOT / pkg).rglob("*.py"))
+               if p.name != "__init__.py" and not re.search(rf"(?<![\w/]){re.escape(p.name)}\b", doc)
+               and str(p.relative_to(ROOT)) not in doc]  # fmt: skip
+    assert unnamed == [], f"docs/architecture.md does not name {unnamed}"
