@@ -62,5 +62,6 @@ def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimi
     assert code == 0, err  # trained with another learning rate: the forward pass is the same
     code, err = run(["eval", "--servers", servers, "--model", "deepfm", "--hidden", "6", *SMALL], capsys)
     assert code == 2 and "dense.deepfm.mlp.0.weight: dim: 4 != 6" in err and "nothing was evaluated" in err, err
+    assert "(--model, --embedding-dim, --hidden, the schema and its data), or other" in err  # eval's flags only
     code, err = run(["eval", "--servers", servers, "--model", "fm", *SMALL], capsys)
     assert code == 2 and "the servers hold no table fm" in err, err

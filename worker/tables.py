@@ -53,10 +53,11 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     if for_eval and missing:
         parts.append(f"the servers hold no table {', '.join(missing)} (tables a run with these settings trains)")
     if parts:
-        raise ValueError(
-            "; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables (--model, "
-            "--embedding-dim, --hidden, the schema and its data, --table-config, the optimizers), or other servers"
-        )
+        settings = "--model, --embedding-dim, --hidden, the schema and its data"  # those eval has: shapes only
+        if not for_eval:
+            settings += ", --table-config, the optimizers"
+        raise ValueError("; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables "
+                         f"({settings}), or other servers")  # fmt: skip
 
 
 def _dense_hint(name: str) -> str:
