@@ -14,7 +14,9 @@ an admitted caller can do; deploy/gen-secrets.sh makes a token, a CA and certifi
 from __future__ import annotations
 
 import hmac
+import socket
 import ssl
+import time
 from collections.abc import Callable
 
 import grpc
@@ -188,3 +190,60 @@ def client_channel(address: str, options: list, tls_ca: str | None = None, tls_c
     else:
         channel = grpc.insecure_channel(address, options=options)
     return grpc.intercept_channel(channel, TokenHeader(token)) if token else channel
+
+
+# ---- what a client that cannot connect tells its user ---------------------------------------------------------
+def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
+    """What listens at host:port, as a TLS handshake that verifies nothing and presents no certificate finds it
+    within timeout_s: "tls" (a TLS server that took the connection), "mutual" (a TLS server that closed it after
+    the handshake: it wants a client certificate), "plain" (it answered, not in TLS), None (no connection, no
+    answer, or not host:port)."""
+    deadline = time.monotonic() + timeout_s
+    host, _, port = address.rpartition(":")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    try:
+        raw = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+    except (OSError, ValueError):
+        return None
+    with raw:
+        try:
+            raw.settimeout(max(deadline - time.monotonic(), 0.01))
+            tls = context.wrap_socket(raw)
+        except TimeoutError:
+            return None
+        except ssl.SSLError as e:  # an alert is the other side speaking TLS; any other failure: it does not
+            return "tls" if "ALERT" in str(e.reason or "") else "plain"
+        except OSError:  # reset or closed at our hello
+            return "plain"
+        with tls:  # gRPC sends its HTTP/2 settings at once to a client it took; one wanting a certificate closes
+            try:
+                tls.settimeout(max(deadline - time.monotonic(), 0.01))
+                return "tls" if tls.recv(1) else "mutual"
+            except TimeoutError:
+                return "tls"
+            except OSError:  # an alert (certificate required) or a reset
+                return "mutual"
+
+
+def tls_hint(address: str, tls: bool, client_cert: bool, timeout_s: float = 1.0) -> str:
+    """ "; ..." saying which TLS flag a probe of address that failed with UNAVAILABLE lacks (or has too many), as
+    speaks_tls finds the shard; "" where its TLS setting is not the cause, or is unknown (nothing listens)."""
+    found = speaks_tls(address, timeout_s)
+    if found in ("tls", "mutual") and not tls:
+        also = (" and --tls-cert/--tls-key (it requires a client certificate: mutual TLS)" if found == "mutual"
+                else "")  # fmt: skip
+        return (f"; the shard serves TLS: give --tls-ca (the CA that signed its certificate){also}, as its clients "
+                "do")  # fmt: skip
+    if found == "mutual" and not client_cert:
+        return ("; the shard requires a client certificate (mutual TLS): give --tls-cert and --tls-key, a "
+                "certificate its CA signed")  # fmt: skip
+    if found == "plain" and tls:
+        return ("; something listens there, but it does not serve TLS: if it is the shard, it runs without TLS "
+                "(drop --tls-ca, --tls-cert and --tls-key)")  # fmt: skip
+    if found == "plain":
+        return ("; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another "
+                "service's port (HTTP, a metrics endpoint), or a shard too busy to answer")  # fmt: skip
+    return ""

@@ -93,6 +93,13 @@ def test_mutual_tls_requires_a_client_certificate_signed_by_the_ca(pki, start):
     assert works(address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "client.pem"), tls_key=str(pki / "client.key"))
     with pytest.raises(ServerUnavailableError):
         works(address, tls_ca=str(pki / "ca.pem"))  # no client certificate
+    with (
+        Client([address], tls_ca=str(pki / "ca.pem"), timeout_s=2, server_timeout_s=1) as client,
+        pytest.raises(
+            ServerUnavailableError, match=r"the shard requires a client certificate \(mutual TLS\): give --tls-cert"
+        ),
+    ):
+        client.wait_ready()  # says what it lacks, as ps-server health does
     with pytest.raises(ServerUnavailableError):
         works(
             address, tls_ca=str(pki / "ca.pem"), tls_cert=str(pki / "intruder.pem"), tls_key=str(pki / "intruder.key")

@@ -289,7 +289,7 @@ def test_a_server_address_that_is_not_a_sparseps_server_says_so():
         address = f"127.0.0.1:{httpd.server_address[1]}"
         with (
             Client([address], timeout_s=1.0, server_timeout_s=1.0) as client,
-            pytest.raises(ServerUnavailableError, match="it did not answer as a sparseps server"),
+            pytest.raises(ServerUnavailableError, match="it did not answer as a sparseps shard"),
         ):
             client.wait_ready()
     finally:

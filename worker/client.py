@@ -59,7 +59,7 @@ from ps.errors import (
     PsError,
     ServerUnavailableError,
 )
-from ps.security import client_channel
+from ps.security import client_channel, tls_hint
 from ps.sharding import SlotMap
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -138,18 +138,20 @@ MAX_STOP_REASON = MAX_STAMP_TEXT  # characters of a stop stamp's reason, as the 
 READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
 
 
-def _why_not_ready(address: str, timeout_s: float = 1.0) -> str:
+def _why_not_ready(address: str, tls: bool, client_cert: bool, timeout_s: float = 1.0) -> str:
     """A hint for a server whose gRPC channel did not become ready: NOTHING_LISTENS when no TCP connection can be
-    made there (the server is down), else that something listens but does not speak gRPC as expected."""
+    made there (the server is down); the TLS flag the shard wants, or has not, as a probe finds it
+    (ps.security.tls_hint); else that something listens but does not answer as a sparseps shard."""
     host, _, port = address.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             pass
     except (OSError, ValueError):
         return NOTHING_LISTENS
-    return ("; something listens there, but it did not answer as a sparseps server (gRPC): it may be another "
-            "service's port (HTTP, a metrics endpoint), the server's TLS setting may differ from --tls-ca, or the "
-            "server is too busy to answer")  # fmt: skip
+    return tls_hint(address, tls, client_cert, timeout_s) or (
+        "; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another service's "
+        "port (HTTP, a metrics endpoint), or a shard too busy to answer"
+    )
 
 
 @numba.njit(nogil=True, cache=True)
@@ -283,12 +285,16 @@ class Client:
             ("grpc.max_reconnect_backoff_ms", 2000),
         ]
         self._channels = [client_channel(a, options, tls_ca, tls_cert, tls_key, auth_token) for a in self.servers]
+        self._tls = (bool(tls_ca or tls_cert or tls_key), bool(tls_cert))  # for _why_not_ready
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
         self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}  # see _route
         self._callers = _CallThreads()  # the calls of a batch past its first
 
     # ---- cluster --------------------------------------------------------------------------------------
+    def _why_not_ready(self, shard: int) -> str:
+        return _why_not_ready(self.servers[shard], *self._tls)
+
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Waits up to timeout_s for every shard to answer, and checks that shard i says it is shard i of
         len(servers) and that they all give one cluster name (ps-server --cluster). timeout_s None:
@@ -305,13 +311,13 @@ class Client:
                 left = deadline - time.monotonic()
                 if left > 0:
                     log.warning("shard %d at %s does not answer yet%s; waiting for it for up to %.0f s", i,
-                                self.servers[i], _why_not_ready(self.servers[i]), left)  # fmt: skip
+                                self.servers[i], self._why_not_ready(i), left)  # fmt: skip
                 try:
                     ready.result(timeout=max(0.1, left))
                 except grpc.FutureTimeoutError:
                     raise ServerUnavailableError(
                         f"shard {i} at {self.servers[i]} did not accept a connection within {timeout_s:g} s"
-                        + _why_not_ready(self.servers[i])
+                        + self._why_not_ready(i)
                     ) from None
         stats = self.stats()
         found = [(s.shard_id, s.num_shards) for s in stats]
