@@ -438,3 +438,12 @@ def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path
     assert filled == 0 if gz else 250 <= filled <= 400, filled  # a third of the spread half
     said = re.search(r"'promo': text \((\d+) of 2000 cells non-empty", infer_schema_text(str(path), sample_rows=2000))
     assert gz or (said and int(said.group(1)) == filled)
+
+
+def test_a_label_column_with_some_empty_cells_is_still_the_label_and_the_blanks_are_counted(tmp_path):
+    data = tmp_path / "d.csv"
+    data.write_text("city,clicked,price\nparis,1,3\nrome,0,4\noslo,,5\nrome,0,6\nparis,1,2\n")
+    text, checks = infer_schema(str(data))
+    assert 'label = "clicked"' in text
+    assert checks == ["1 of the sample's 5 rows have no label (an empty 'clicked' cell): training stops at the first "
+                      "such line, unless --max-bad-lines lets it skip them: remove those rows"]  # fmt: skip

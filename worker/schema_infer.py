@@ -75,6 +75,14 @@ def infer_schema(
     lines.append(f"# Inferred from the header and a sample of {len(rows)} rows (worker/formats.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
     guess = None
+    if label is None:  # a label column with some cells empty (rows not labelled yet, say) is still the label
+        blank = [h for h in header if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
+        blank = [h for h in blank if _is_binary([c for c in columns[h] if c.strip()])]
+        if blank:
+            label = blank[0]
+            empty = sum(not c.strip() for c in columns[label])
+            guess = (f"{empty:,} of the sample's {len(rows):,} rows have no label (an empty {label!r} cell): training "
+                     "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
     if label is None and binary:
         label = binary[0]
         others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
