@@ -57,7 +57,7 @@ def _add_schema(sub) -> None:
     p = sub.add_parser(
         "schema",
         help="print a starting feature schema inferred from a data sample",
-        description="Read the first rows of a data file and print a TOML feature schema for --schema: the label, "
+        description="Read a sample of a data file's rows and print a TOML feature schema for --schema: the label, "
         "numeric columns (log or standardized), multi-hot columns, categorical columns. Review it before training.",
         formatter_class=HelpFormatter,
     )
@@ -233,10 +233,11 @@ def _stats(args) -> int:
         return 0
     cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
             "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
-    print(f"{'shard':>5} {'table':<12} " + " ".join(f"{c:>12}" for c in cols))
+    width = max([12, *(len(t.name) for s in shards for t in s.tables)])  # dense.deepfm.mlp.0.weight and the like
+    print(f"{'shard':>5} {'table':<{width}} " + " ".join(f"{c:>12}" for c in cols))
     for s in shards:
         for t in s.tables:
-            print(f"{s.shard_id:>5} {t.name:<12} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
+            print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
         print(f"{s.shard_id:>5} data dir {s.data_dir}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
               f"{s.ram_used_bytes / 2**20:,.1f} of {s.ram_budget_bytes / 2**20:,.0f} MiB, journal "
               f"{s.journal_bytes / 2**20:,.1f} MiB")  # fmt: skip
@@ -297,7 +298,7 @@ def _checkpoint(args) -> int:
         m = save(client, args.dir, args.hold_timeout_s)
     rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
     print(f"checkpoint of {m['num_shards']} shards at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
-          f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} rows" for k, v in rows.items()))  # fmt: skip
+          f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} row{'s' * (v != 1)}" for k, v in rows.items()))  # fmt: skip
     return 0
 
 
