@@ -161,7 +161,7 @@ def build_size_parser() -> argparse.ArgumentParser:
         "server uses (ps/rows/layout.py). RocksDB overhead is the measured figure from benchmarks/scale.py.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--ids", type=number(1), required=True, help="number of distinct ids (1e9 is fine)")
+    p.add_argument("--ids", type=number(1, 2**64), required=True, help="number of distinct ids (1e9 is fine)")
     p.add_argument("--dim", type=integer(1), required=True, help="embedding dim")
     p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adagrad_rowwise, adam or ftrl")
     p.add_argument("--servers", type=integer(1), default=1, help="servers the table is sharded over")

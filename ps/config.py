@@ -267,11 +267,12 @@ class ServerConfig:
         if self.tls_ca and not self.tls_cert:
             raise ValueError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key")
         if not self.num_shards >= 1:
-            raise ValueError(f"num_shards must be >= 1, got {self.num_shards}")
+            raise ValueError(f"--num-shards must be >= 1, got {self.num_shards}")
         if not 0 <= self.shard_id < self.num_shards:
-            raise ValueError(f"shard_id must be in 0..{self.num_shards - 1}, got {self.shard_id}")
+            raise ValueError(f"--shard-id {self.shard_id} must be in 0..{self.num_shards - 1} (--num-shards "
+                             f"{self.num_shards})")  # fmt: skip
         if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.cache_bytes is not None and self.cache_bytes < 1:
             raise ValueError(f"cache_bytes must be positive, got {self.cache_bytes}")
         if self.memory_bytes is not None and self.memory_bytes < 1:

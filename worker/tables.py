@@ -47,7 +47,7 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     differ, missing = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None)
     parts = []
     if differ:
-        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name)}" for name, diff in differ.items()]
+        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name) or _dim_hint(diff)}" for name, diff in differ.items()]
         parts.append("the servers hold tables of this model with other settings than this run's (on the servers "
                      "!= this run):\n" + "\n".join(lines))  # fmt: skip
     if for_eval and missing:
@@ -58,6 +58,14 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
             settings += ", --table-config, the optimizers"
         raise ValueError("; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
+
+
+def _dim_hint(diff: list[str]) -> str:
+    """A note for a sparse table whose rows differ in width: a row is not --embedding-dim floats wide."""
+    if not any(d.startswith("dim:") for d in diff):
+        return ""
+    return (" (a row's floats: fm and deepfm hold --embedding-dim plus 1 for the linear term, dnn --embedding-dim, "
+            "lr 1)")  # fmt: skip
 
 
 def _dense_hint(name: str) -> str:

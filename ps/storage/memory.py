@@ -66,8 +66,8 @@ class MemoryPlan:
         }
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {size / MiB:,.0f} MiB" for name, size in self.parts().items())
-        head = f"memory {self.memory_bytes / MiB:,.0f} MiB" if self.bounded else "memory unbounded"
+        parts = ", ".join(f"{name} {_size(size)}" for name, size in self.parts().items())
+        head = f"memory {_size(self.memory_bytes)}" if self.bounded else "memory unbounded"
         return f"{head}: {parts}"
 
 

@@ -97,7 +97,7 @@ def test_bad_arguments_fail_with_a_message_not_a_traceback(tmp_path):
     r = run("-m", "worker", "train", "--data", str(tmp_path / "missing.txt"))
     assert r.returncode == 2 and "missing.txt does not exist" in r.stderr and "Traceback" not in r.stderr
     r = run("-m", "ps", "--data-dir", str(tmp_path), "--shard-id", "3", "--num-shards", "2")
-    assert r.returncode == 2 and "shard_id must be in 0..1, got 3" in r.stderr
+    assert r.returncode == 2 and "--shard-id 3 must be in 0..1 (--num-shards 2)" in r.stderr
 
 
 def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path):
