@@ -283,6 +283,19 @@ COMMAND_PARSERS = {
 """Each command's parser (flags only: no environment variable or --config file applies to them)."""
 
 
+def _given_settings(args: argparse.Namespace) -> str:
+    """The flags whose values differ from their built-in defaults (from the command line, PS_* variables or
+    --config alike), as a command line would give them: a token file's path, never a token."""
+    out = []
+    for action in build_parser()._actions:  # a new parser: its defaults are the built-in ones
+        if not action.option_strings or action.dest in ("help", "config"):
+            continue
+        value = getattr(args, action.dest, None)
+        if value != action.default:
+            out.append(action.option_strings[-1] if value is True else f"{action.option_strings[-1]} {value}")
+    return " ".join(out) or "none"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"export": export_main, "size": size_main, "verify": verify_main, "health": health_main}
@@ -330,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_root=args.checkpoint_root,
         cluster=args.cluster,
     )
-    logging.getLogger("ps.server").info("effective configuration: %s", config)
+    logging.getLogger("ps.server").info("settings (defaults left out): %s", _given_settings(args))
     try:
         config.validate()
         logging.getLogger("ps.server").info(plan_memory(config.memory_bytes, config.cache_bytes).describe())

@@ -122,3 +122,13 @@ def test_the_flag_tables_of_docs_configuration_md_are_the_parsers_own():
     text = DOC.read_text()
     assert render(text) == text, f"{DOC}'s flag tables are stale: run python -m tests.settings_doc"
     assert render(text.replace("| `--cache-bytes` |", "| `--cache-byte` |")) == text  # a stale row is rewritten
+
+
+def test_the_servers_settings_line_gives_what_differs_from_the_defaults_as_flags(tmp_path):
+    from ps.__main__ import _given_settings
+
+    parser = server_parser()
+    argv = ["--data-dir", str(tmp_path), "--sync"]
+    apply_defaults(parser, argv, {"PS_CACHE_BYTES": "64M", "PS_AUTH_TOKEN_FILE": "/run/token"}, section="server")
+    line = _given_settings(parser.parse_args(argv))
+    assert line == f"--data-dir {tmp_path} --sync --cache-bytes 67108864 --auth-token-file /run/token", line
