@@ -281,7 +281,7 @@ class Shard:
         said = t0
         for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss):
             if not records:
-                log.info("replaying the journal past record %s: the pushes RocksDB had not been written when the "
+                log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "
                          "last run stopped", f"{after:,}")  # fmt: skip
             elif time.monotonic() - said >= REPLAY_PROGRESS_S:
                 said = time.monotonic()
