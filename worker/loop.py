@@ -276,9 +276,12 @@ class _ProgressLines:
         self.every_s = every_s if every_s is not None else self.PLAIN_EVERY_S if plain else self.JSON_EVERY_S
         self.last = time.perf_counter()
 
-    def update(self, result: LoopResult, logloss: float, started: float, extra: dict, final: bool = False) -> None:
+    def update(self, result: LoopResult, logloss: float, started: float, extra: dict, final: bool = False,
+               stopped: bool = False) -> None:  # fmt: skip
+        """A line every every_s seconds; at once when final (the run's end: its total the examples trained) or
+        stopped (an error or a signal ended it: the total stays what the run meant to train)."""
         now = time.perf_counter()
-        if not final and now - self.last < self.every_s:
+        if not (final or stopped) and now - self.last < self.every_s:
             return
         self.last = now
         total = result.examples if final else max(self.total, result.examples)  # the total was an estimate
@@ -415,7 +418,7 @@ def run_epochs(
                 break
     except BaseException:  # how far it got, for launch (a stopped worker's last PROGRESS line)
         if lines is not None and not lines.plain:
-            lines.update(result, running.value, started, {}, final=True)
+            lines.update(result, running.value, started, {}, stopped=True)
         raise
     step.pusher.shutdown()
     source.finish()

@@ -8,7 +8,7 @@ n, s: examples and steps the worker has trained so far, all epochs; t: examples 
 unknown; with at_most, an upper bound: early stopping may end the run sooner); x: its running train logloss (null
 before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
 read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
-error) writes one as it stops, its t equal to n. A line that does not parse is output, not progress.
+error) writes one as it stops. A line that does not parse is output, not progress.
 """
 
 from __future__ import annotations
