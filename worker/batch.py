@@ -6,8 +6,10 @@
                                         non-decreasing, offsets[n] = nnz; an empty bag is allowed
             weights  float32 (nnz,) or None (every id weighs 1)
             A categorical field is a bag of exactly one id per example (Bags.one_per_example).
-    Batch   labels float32 (n,) in {0, 1}; fields {field name: Bags}, in schema order; dense float32 (n, D) or
-            None; probs float64 (n,) (the true click probabilities of synthetic data) or None.
+    Batch   labels float32 (n,) in {0, 1}, or NaN for every example of a file without labels (read only by
+            `ps-worker predict`); fields {field name: Bags}, in schema order; dense float32 (n, D) or None; probs
+            float64 (n,) (the true click probabilities of synthetic data) or None; line_nos int64 (n,) (the 1-based
+            physical line of each example in the file it was read from) or None.
 
 Which table a field looks up is the model's business (worker/models/spec.py FieldSpec.table); table_ids groups
 a batch's fields by table and deduplicates the ids of each table across all of its fields, as the client pulls
@@ -124,6 +126,7 @@ class Batch:
     fields: dict[str, Bags]
     dense: np.ndarray | None = None
     probs: np.ndarray | None = None
+    line_nos: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.labels = np.asarray(self.labels, dtype=np.float32)
@@ -135,6 +138,8 @@ class Batch:
                 raise ValueError(f"field {name!r} has {len(bags)} examples, the labels {n}")
         if self.probs is not None and self.probs.shape != (n,):
             raise ValueError(f"probs has shape {self.probs.shape}, expected ({n},)")
+        if self.line_nos is not None and self.line_nos.shape != (n,):
+            raise ValueError(f"line_nos has shape {self.line_nos.shape}, expected ({n},)")
         if self.dense is not None and (self.dense.ndim != 2 or self.dense.shape[0] != n):
             raise ValueError(f"dense has shape {self.dense.shape}, expected ({n}, features)")
 
@@ -152,6 +157,7 @@ class Batch:
             {name: bags.slice(lo, hi) for name, bags in self.fields.items()},
             None if self.dense is None else self.dense[lo:hi],
             None if self.probs is None else self.probs[lo:hi],
+            None if self.line_nos is None else self.line_nos[lo:hi],
         )
 
     def take(self, examples: np.ndarray) -> Batch:
@@ -161,6 +167,7 @@ class Batch:
             {name: bags.take(examples) for name, bags in self.fields.items()},
             None if self.dense is None else self.dense[examples],
             None if self.probs is None else self.probs[examples],
+            None if self.line_nos is None else self.line_nos[examples],
         )
 
     @staticmethod
@@ -174,6 +181,7 @@ class Batch:
             {name: Bags.concat([p.fields[name] for p in parts]) for name in first.fields},
             None if first.dense is None else np.concatenate([p.dense for p in parts]),
             None if first.probs is None else np.concatenate([p.probs for p in parts]),
+            None if first.line_nos is None else np.concatenate([p.line_nos for p in parts]),
         )
 
 

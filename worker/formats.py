@@ -1,7 +1,8 @@
 """Training data in three formats, read through a schema into Batches: Criteo TSV, CSV with a header, libsvm.
 
-    read_batches(path, schema, batch_size, *, worker_id=0, num_workers=1, max_bad_lines=0, stats=None)
-        -> Iterator[Batch]
+    read_batches(path, schema, batch_size, *, worker_id=0, num_workers=1, max_bad_lines=0, stats=None,
+                 labeled=True) -> Iterator[Batch]
+    file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
 
@@ -23,7 +24,8 @@ Common to all formats:
     count exceeds max_bad_lines the reader raises ValueError
     "<file> line <L>: <problem>; <k> bad lines, more than --max-bad-lines <max>", L the 1-based physical line
     of the bad line that crossed the limit. Bad lines are counted in file order.
-  - Batches hold batch_size good examples each (the last may hold fewer), in file order; probs is None.
+  - Batches hold batch_size good examples each (the last may hold fewer), in file order; probs is None;
+    line_nos holds each example's 1-based physical line (a CSV record's first line; the header is line 1).
     Bags cut to their column's max_length are counted in stats.truncated_bags.
 
 Formats (the columns a schema's sources name):
@@ -41,6 +43,17 @@ Formats (the columns a schema's sources name):
           without any): a line with fewer than K features has empty cells in its last columns; one with more
           is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
           Bad: a bad label, a token other than id:value, more than K features.
+
+Files without labels (read_batches labeled=False; only `ps-worker predict` reads them, training and eval
+always read with labels, and refuse such a file's lines as bad): every example's label is NaN, and
+  criteo  I1..I13 TAB C1..C26: 39 columns. Bad: a column count other than 39.
+  csv     the header has no column named as the schema's label; the other rules hold.
+  libsvm  id:value id:value ...: every token a feature. Bad: a token other than id:value, more than K features.
+file_has_labels tells them apart by the file's start: a csv header naming the label column (a schema without a
+label takes the first column: always labeled); a criteo file is unlabeled when the first of its first
+LABEL_PROBE_LINES lines with 39 or 40 columns has 39; a libsvm file when the first of them whose first token is
+id:value (a non-negative integer id) or has no ":" (a label) is the former. libsvm_field_count counts the
+features of such a file's lines the same way.
 """
 
 from __future__ import annotations
@@ -51,9 +64,10 @@ import io
 import itertools
 import math
 import os
+import re
 import sys
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -91,9 +105,10 @@ def read_batches(
     num_workers: int = 1,
     max_bad_lines: int = 0,
     stats: ReadStats | None = None,
+    labeled: bool = True,
 ) -> Iterator[Batch]:
-    """Batches of this worker's share of the file (see the module docstring). Arguments are checked here;
-    the file (and a CSV header against the schema) when iteration starts."""
+    """Batches of this worker's share of the file (see the module docstring; labeled=False: a file without
+    labels). Arguments are checked here; the file (and a CSV header against the schema) when iteration starts."""
     if batch_size < 1:
         raise ValueError(f"batch_size is {batch_size}, expected >= 1")
     if num_workers < 1 or not 0 <= worker_id < num_workers:
@@ -105,7 +120,7 @@ def read_batches(
     name = os.fspath(path)
     stats = stats if stats is not None else ReadStats()
     share = _Share(worker_id, num_workers, _BadLines(name, max_bad_lines, stats))
-    return rebatch(_encoded(name, schema, batch_size, share), batch_size)
+    return rebatch(_encoded(name, schema, batch_size, share, labeled), batch_size)
 
 
 def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[float, float]]:
@@ -205,13 +220,56 @@ def _spread_records(name: str, delimiter: str, width: int, want: int, start: int
 
 
 def libsvm_field_count(path: str | os.PathLike) -> int:
-    """K of a libsvm file: the feature count of its first good line with at least one feature, else 0."""
+    """K of a libsvm file: the feature count of its first good line with at least one feature, else 0 (lines
+    read without a label when the file has none, as file_has_labels tells)."""
+    labeled = _libsvm_labeled(os.fspath(path))
     with open_data(os.fspath(path)) as f:
         for line in f:
-            parsed = _libsvm_line(line)
+            parsed = _libsvm_line(line, labeled)
             if not isinstance(parsed, str) and parsed[1]:
                 return len(parsed[1])
     return 0
+
+
+def file_has_labels(path: str | os.PathLike, schema: Schema) -> bool:
+    """Whether the file holds labels, told by its start (see "Files without labels" in the module docstring);
+    True for an empty file."""
+    name = os.fspath(path)
+    if schema.format == "csv":
+        header = read_csv_header(name, schema.delimiter)
+        return not header or schema.label is None or schema.label in header
+    if schema.format == "libsvm":
+        return _libsvm_labeled(name)
+    columns = _first_line(name, lambda line: _criteo_body(line).count(b"\t") + 1 in (NUM_COLUMNS - 1, NUM_COLUMNS))
+    return columns is None or _criteo_body(columns).count(b"\t") + 1 == NUM_COLUMNS
+
+
+LABEL_PROBE_LINES = 1000  # lines file_has_labels reads at most
+
+
+def _first_line(name: str, fits: Callable[[bytes], bool]) -> bytes | None:
+    """The first of the first LABEL_PROBE_LINES lines of a line file that fits, or None."""
+    with open_data(name) as f:
+        return next((line for line in itertools.islice(f, LABEL_PROBE_LINES) if fits(line)), None)
+
+
+def _libsvm_labeled(name: str) -> bool:
+    """Whether a libsvm file's lines start with a label (see file_has_labels)."""
+
+    def first_token(line: bytes) -> bytes:
+        return (line.split() or [b""])[0]
+
+    def fits(line: bytes) -> bool:  # a label (any token without ":") or an id:value
+        token = first_token(line)
+        return (bool(token) and b":" not in token) or token.partition(b":")[0].isdigit()
+
+    line = _first_line(name, fits)
+    return line is None or b":" not in first_token(line)
+
+
+def _criteo_body(line: bytes) -> bytes:
+    """A Criteo line without its line end."""
+    return line.rstrip(b"\n").removesuffix(b"\r")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -232,9 +290,10 @@ class _Cells:
     parsed: Parsed | None = None
 
 
-def _encoded(name: str, schema: Schema, batch_size: int, share: _Share) -> Iterator[Batch]:
-    for chunk in _cell_chunks(name, schema, max(batch_size, _MIN_CHUNK), share):
+def _encoded(name: str, schema: Schema, batch_size: int, share: _Share, labeled: bool) -> Iterator[Batch]:
+    for chunk in _cell_chunks(name, schema, max(batch_size, _MIN_CHUNK), share, labeled):
         out = encode_examples(schema, chunk.labels, chunk.cells, chunk.parsed)
+        out.batch.line_nos = np.delete(chunk.line_nos, out.bad)  # of the good examples, as out.batch holds them
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
         for line_no, problem, *lines in sorted(problems):  # in file order: the limit is crossed at the right line
             if problem == EMPTY_LINE:
@@ -246,30 +305,50 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: _Share) -> Itera
             yield out.batch
 
 
-def _cell_chunks(name: str, schema: Schema, size: int, share: _Share) -> Iterator[_Cells]:
+def _cell_chunks(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
     if schema.format == "criteo":
-        return _criteo_cells(name, schema, size, share)
+        return _criteo_cells(name, schema, size, share, labeled)
     if schema.format == "libsvm":
-        return _libsvm_cells(name, schema, size, share)
-    return _csv_cells(name, schema, size, share)
+        return _libsvm_cells(name, schema, size, share, labeled)
+    return _csv_cells(name, schema, size, share, labeled)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # criteo
 
 
-def _criteo_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[_Cells]:
+def _criteo_cells(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
+    """labeled=False: each non-empty line is read as if a label column "0" began it (so a good line has 40
+    columns), its label then NaN, and a column count in a bad line's problem told without that column."""
     int_sources, cat_sources = parsed_sources(schema)
     with open_data(name) as f:
         for lines, first in share.chunks(f, size):
+            if not labeled:
+                lines = [b"0\t" + line if _criteo_body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
             scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
             if scanned is not None:
                 line_nos = first + share.num_workers * np.arange(len(lines), dtype=np.int64)
-                yield _Cells(scanned.labels, scanned.cells, line_nos, [], scanned.parsed)
+                labels = scanned.labels if labeled else np.full(len(lines), np.nan, np.float32)
+                yield _Cells(labels, scanned.cells, line_nos, [], scanned.parsed)
                 continue
             labels, columns, line_nos, problems = parse_share(lines, first, share.num_workers, name)
             cells = {CRITEO_COLUMNS[j]: columns[:, j] for j in range(1, NUM_COLUMNS)}
+            if not labeled:
+                labels = np.full(len(labels), np.nan, np.float32)
+                problems = [(line_no, _without_label(problem)) for line_no, problem in problems]
             yield _Cells(labels, cells, line_nos, problems)
+
+
+_COLUMN_COUNT = re.compile(rf"(\d+) tab-separated columns, expected {NUM_COLUMNS}")  # criteo.py's wording
+
+
+def _without_label(problem: str) -> str:
+    """A criteo problem of a line read with a label column put before it, told of the line as it is."""
+    m = _COLUMN_COUNT.match(problem)
+    if m is None:
+        return problem
+    return (f"{int(m[1]) - 1} tab-separated columns, expected {NUM_COLUMNS - 1} (a file without labels, as its "
+            f"first line is){problem[m.end():]}")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -278,7 +357,7 @@ def _criteo_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterat
 _LIBSVM_LABELS = {b"0": 0.0, b"1": 1.0, b"-1": 0.0, b"+1": 1.0}
 
 
-def _libsvm_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[_Cells]:
+def _libsvm_cells(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
     wanted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns})
     k_fields = wanted[-1] + 1 if wanted else 0
     with open_data(name) as f:
@@ -288,7 +367,7 @@ def _libsvm_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterat
             line_nos: list[int] = []
             problems: list[tuple[int, str]] = []
             for k, line in enumerate(lines):
-                line_no, parsed = first + k * share.num_workers, _libsvm_line(line)
+                line_no, parsed = first + k * share.num_workers, _libsvm_line(line, labeled)
                 if isinstance(parsed, str):
                     problems.append((line_no, parsed))
                 elif len(parsed[1]) > k_fields:
@@ -304,12 +383,13 @@ def _libsvm_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterat
             yield _Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
 
 
-def _libsvm_line(line: bytes) -> tuple[float, list[int]] | str:
-    """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong."""
+def _libsvm_line(line: bytes, labeled: bool = True) -> tuple[float, list[int]] | str:
+    """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong; labeled=False:
+    every token is a feature, the label NaN."""
     tokens = line.split()
     if not tokens:
         return EMPTY_LINE
-    label = _LIBSVM_LABELS.get(tokens[0])
+    label = _LIBSVM_LABELS.get(tokens[0]) if labeled else math.nan
     if label is None:
         try:
             v = float(tokens[0])
@@ -319,7 +399,7 @@ def _libsvm_line(line: bytes) -> tuple[float, list[int]] | str:
             return f"label {_text(tokens[0])!r}, expected 0, 1, -1 or +1"
         label = float(v == 1.0)
     values = []
-    for tok in tokens[1:]:
+    for tok in tokens[1:] if labeled else tokens:
         key, sep, value = tok.partition(b":")
         if not sep or not key.isdigit():
             return f"feature {_text(tok)!r}, expected id:value with a non-negative integer id"
@@ -372,13 +452,17 @@ class _csv_reader:
         self.raw.close()
 
 
-def _csv_columns(name: str, header: list[str], schema: Schema) -> tuple[int, dict[str, int]]:
-    """(label index, {source: index}) of a header, or ValueError naming what the schema needs that it lacks."""
+def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True
+                 ) -> tuple[int | None, dict[str, int]]:  # fmt: skip
+    """(label index, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
+    labeled=False: no label is read (index None)."""
     if not header:
         raise ValueError(f"{name}: the header line names no columns")
     label = schema.label if schema.label is not None else (header[0] if header else None)
     sources = list(dict.fromkeys(c.source for c in schema.columns))
-    named = [label, *sources]
+    if not labeled:
+        label = None
+    named = [label, *sources] if labeled else sources
     unknown = [c for c in named if c not in header]
     if unknown:
         raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}")
@@ -387,15 +471,15 @@ def _csv_columns(name: str, header: list[str], schema: Schema) -> tuple[int, dic
         raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
     if label in sources:
         raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
-    return header.index(label), {s: header.index(s) for s in sources}
+    return (header.index(label) if labeled else None), {s: header.index(s) for s in sources}
 
 
-def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[_Cells]:
+def _csv_cells(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
     with _csv_reader(name, schema.delimiter) as reader:
         header = next(reader, None)
         if header is None:
             return
-        label_at, sources = _csv_columns(name, header, schema)
+        label_at, sources = _csv_columns(name, header, schema, labeled)
         labels: list[float] = []
         rows: list[list[str]] = []
         line_nos: list[int] = []
@@ -424,7 +508,7 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share) -> Iterator[
             elif problem is not None:
                 problems.append((start, problem))
             else:
-                labels.append(float(row[label_at]))
+                labels.append(math.nan if label_at is None else float(row[label_at]))
                 rows.append(row)
                 line_nos.append(start)
             if lines == size:
@@ -462,14 +546,16 @@ def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: lis
     return _Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
 
 
-def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int) -> str | None:
-    """What is wrong with a record, or None."""
+def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int | None) -> str | None:
+    """What is wrong with a record (label_at None: it has no label), or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
     if not row or (len(row) == 1 and not row[0].strip()):
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
+    if label_at is None:
+        return None
     label = row[label_at]
     if _number(label) not in (0.0, 1.0):
         return (
