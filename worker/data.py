@@ -22,7 +22,7 @@ import numpy as np
 
 from ps.hashing import mix64
 from worker.batch import Batch, rebatch
-from worker.formats import ReadStats, column_stats, open_data, read_batches
+from worker.formats import ReadStats, column_stats, file_has_labels, open_data, read_batches
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
@@ -51,10 +51,13 @@ def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
 
 
 class DataSource:
-    """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py)."""
+    """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py).
+    labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
+    predict`), its labels NaN; otherwise every file is read with labels (a line without one is bad)."""
 
-    def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True):
+    def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True, labels_optional: bool = False):
         self.cfg = cfg
+        self.labels_optional = labels_optional
         self.read_stats: list[tuple[str, ReadStats]] = []
         self.synthetic: SyntheticData | None = None
         self.batch_size = cfg.batch_size
@@ -114,8 +117,9 @@ class DataSource:
             self.read_stats.append((path, stats))
         c = self.cfg
         size = batch_size or self.batch_size
+        labeled = not self.labels_optional or file_has_labels(path, self.schema)
         return read_batches(path, self.schema, size, worker_id=worker_id, num_workers=num_workers,
-                            max_bad_lines=c.max_bad_lines, stats=stats)  # fmt: skip
+                            max_bad_lines=c.max_bad_lines, stats=stats, labeled=labeled)  # fmt: skip
 
     def read_whole(self, path: str) -> Iterator[Batch]:
         """Every example of a file (not this worker's share), through the schema."""

@@ -95,15 +95,24 @@ def field_tables(spec: ModelSpec) -> dict[str, str]:
     return {f.name: f.table for f in spec.fields}
 
 
-def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]) -> dict:
-    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data)."""
-    labels, preds, oracle = [], [], []
+def predictions(
+    tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]
+) -> Iterator[tuple[Batch, np.ndarray]]:
+    """(batch, its probabilities (n,)) of each batch, as the model the tables hold now (their rows pulled as each
+    batch comes) and dense_values give them."""
     tmap = field_tables(spec)
     for batch in batches:
         tids = table_ids(batch, tmap)
         rows = pull_rows(tables, spec, tids)
+        yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
+
+
+def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]) -> dict:
+    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data)."""
+    labels, preds, oracle = [], [], []
+    for batch, probs in predictions(tables, spec, backend, dense_values, batches):
         labels.append(batch.labels)
-        preds.append(backend.predict(model_inputs(spec, batch, tids, rows), dense_values))
+        preds.append(probs)
         if batch.probs is not None:
             oracle.append(batch.probs)
     if not labels:

@@ -427,13 +427,14 @@ def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[
 
 
 def prepare(
-    cfg: TrainConfig, needs_servers: bool = True, training: bool = True
+    cfg: TrainConfig, needs_servers: bool = True, training: bool = True, labels_optional: bool = False
 ) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
     """Checks the config, opens the data (ValueError when it holds no example), applies the recipe: (resolved
-    config, data, model, recipe line). training=False (eval): standardized columns must have their statistics in
-    the schema, since the training data's cannot be recomputed from another file."""
+    config, data, model, recipe line). training=False (eval, predict): standardized columns must have their
+    statistics in the schema, since the training data's cannot be recomputed from another file. labels_optional
+    (predict): files without labels are read as such (DataSource)."""
     cfg.validate(needs_servers)
-    data = DataSource(cfg, default_table=cfg.model, standardize_here=training)
+    data = DataSource(cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional)
     job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
     # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
     cfg, recipe_line = cfg.with_recipe(
@@ -742,22 +743,46 @@ def _say(line: str, cfg: TrainConfig) -> None:
         print(line, flush=True)
 
 
+@dataclass
+class ServedModel:
+    """What eval and predict score with: the resolved config, its data and model, the backend, a client of the
+    servers, the dense parameters they hold, the shard count."""
+
+    cfg: TrainConfig
+    data: DataSource
+    spec: ModelSpec
+    backend: Any
+    client: Client
+    dense_values: dict
+    shards: int
+
+
+@contextlib.contextmanager
+def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) -> Iterator[ServedModel]:
+    """The model of cfg's flags as the servers hold it, for eval and predict: prepare (the large recipe, no
+    validation split: --max-bad-lines 1,000 unless given), then, once the servers answer, ValueError unless they
+    hold every table of that model with its shapes (check_tables for_eval; doing: what was not done, for the
+    message), and the dense parameters pulled. labels_optional: as prepare's."""
+    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
+    cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional)
+    backend = make_backend(spec, cfg)
+    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
+        client.wait_ready()
+        check_tables(client, table_configs(cfg, spec, data.schema.table_overrides()), doing, for_eval=True)
+        dense_values = DenseSync(client, spec.dense_params()).pull()
+        yield ServedModel(cfg, data, spec, backend, client, dense_values, len(addresses))
+
+
 def evaluate_servers(cfg: TrainConfig) -> dict:
     """`ps-worker eval` and launch's final evaluation: the AUC and logloss of the model the servers hold, on
     --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema."""
-    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)  # --max-bad-lines: 1,000 unless given
-    cfg, data, spec, _ = prepare(cfg, training=False)
-    backend = make_backend(spec, cfg)
-    eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
-    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
-        client.wait_ready()
-        check_tables(client, table_configs(cfg, spec, data.schema.table_overrides()), "nothing was evaluated",
-                     for_eval=True)  # fmt: skip
-        dense = DenseSync(client, spec.dense_params())
+    with served_model(cfg, "nothing was evaluated") as m:
+        cfg, data = m.cfg, m.data
+        eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
         results = {
             "model": cfg.model,
-            "shards": len(addresses),
-            **evaluate(client, spec, backend, dense.pull(), eval_batches),
+            "shards": m.shards,
+            **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches),
         }
     for line in data.bad_lines_report():
         log.warning(line)
