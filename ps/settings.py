@@ -26,7 +26,8 @@ import tomllib
 from collections.abc import Callable, Mapping
 
 CONFIG_ENV = "PS_CONFIG"
-CONFIG_SECTIONS = ("server", "train", "eval", "launch", "stats", "shrink", "checkpoint", "export", "synth", "schema")
+CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shrink", "checkpoint", "export",
+                   "synth", "schema")  # fmt: skip
 """The sections a config file may hold: ps-server's, and ps-worker's commands (one file can serve both). Another
 is an error, not ignored: a misspelled [Server] would have dropped its settings (a token file, --sync) silently."""
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}

@@ -13,6 +13,7 @@ from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import PsError
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from worker.cli_predict import add_predict_parser, run_predict
 from worker.cli_train import (
     SECONDS,
     SECONDS_OR_0,
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_eval_parser(sub)
+    add_predict_parser(sub)
     add_launch_parser(sub)
     _add_synth(sub)
     _add_schema(sub)
@@ -387,7 +389,7 @@ def _run_command(args, rest: list[str]) -> int:
     _check_config_not_written(args)
     if args.command == "launch":
         return run_launch(args, rest)
-    commands = {"train": run_train, "eval": run_eval, "synth": _synth, "schema": _schema, "stats": _stats,
+    commands = {"train": run_train, "eval": run_eval, "predict": run_predict, "synth": _synth, "schema": _schema, "stats": _stats,
                 "shrink": _shrink, "checkpoint": _checkpoint, "export": _export}  # fmt: skip
     return commands[args.command](args)
 

@@ -1,4 +1,5 @@
-"""The `train` and `eval` commands of ps-worker: their flags, the TrainConfig they make, and running them."""
+"""The `train` and `eval` commands of ps-worker: their flags, the TrainConfig they make, and running them; the flag
+groups `predict` (worker/cli_predict.py) shares with them."""
 
 from __future__ import annotations
 
@@ -232,12 +233,17 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> None:
-    """The data flags of `train` or `eval` (command)."""
+    """The data flags of `train`, `eval` or `predict` (command); predict has no synthetic data."""
     data = p.add_argument_group("data")
-    if command == "eval":
+    if command in ("eval", "predict"):
+        other = f"--{command}-data"
         data.add_argument("--data", help="the training file, whose first lines give the schema (a csv header, "
-                          "libsvm's field count); scored when no --eval-data is given; .gz read transparently")  # fmt: skip
-        data.add_argument("--eval-data", help="the file to score, in the training file's format")
+                          f"libsvm's field count); scored when no {other} is given; .gz read transparently")  # fmt: skip
+        if command == "eval":
+            data.add_argument("--eval-data", help="the file to score, in the training file's format")
+        else:
+            data.add_argument("--predict-data", help="the file to score, in the training file's format, with or "
+                              "without its labels (csv: no label column; criteo: 39 columns; libsvm: no label token)")  # fmt: skip
     else:
         data.add_argument("--data", help="training file; .gz is read transparently (without it: synthetic data)")
         data.add_argument("--eval-data", help="a held-out file, same format, scored after training (the eval line)")
@@ -272,8 +278,11 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         help="malformed lines skipped (and reported) before the run fails (default: the recipe's: 0 for small data, "
         "read whole before the first push to take a validation split; 1,000 for large data, which is read as it trains)"
         if command == "train"
-        else "malformed lines skipped (and reported) before the evaluation fails (default: 1,000)",
+        else f"malformed lines skipped (and reported) before {'the evaluation' if command == 'eval' else 'predict'} "
+        "fails (default: 1,000)",
     )
+    if command == "predict":
+        return
     data.add_argument(
         "--synthetic-rows", type=integer(1), default=d.synthetic_rows, help="synthetic training rows (no --data)"
     )
@@ -311,7 +320,6 @@ def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
 
 
 def add_eval_parser(sub: argparse._SubParsersAction) -> None:
-    d = TrainConfig()
     p = sub.add_parser(
         "eval",
         help="evaluate the model the servers hold",
@@ -320,6 +328,13 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         "model was trained with.",
         formatter_class=HelpFormatter,
     )
+    add_served_model_args(p, "eval")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_served_model_args(p: argparse.ArgumentParser, command: str) -> None:
+    """The flags of `eval` and `predict` (command) that find the servers and rebuild the model they hold."""
+    d = TrainConfig()
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--timeout-s", type=SECONDS, default=d.timeout_s, help="deadline of every server call")
     p.add_argument(
@@ -330,9 +345,8 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_security_args(p)
     p.add_argument("--batch-size", type=integer(1), default=2048, help="examples per pull")
-    add_data_args(p, d, "eval")
+    add_data_args(p, d, command)
     add_model_args(p, d)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def names(text: str) -> tuple[str, ...]:
@@ -355,15 +369,16 @@ def add_security_args(p: argparse.ArgumentParser) -> None:
 
 
 def common_config(args: argparse.Namespace) -> dict:
-    """TrainConfig fields that train and eval share."""
+    """TrainConfig fields that train, eval and predict share (predict's synthetic ones left at their defaults)."""
+    synthetic = ("synthetic_history", "synthetic_rows", "synthetic_eval_rows", "synthetic_interactions",
+                 "synthetic_seed")  # fmt: skip
     return dict(
+        **{k: getattr(args, k) for k in synthetic if hasattr(args, k)},
         servers=server_list(args.servers), data=args.data, eval_data=getattr(args, "eval_data", None),
         format=args.format, label_column=args.label_column, drop_columns=names(args.drop_columns),
         numeric_columns=names(args.numeric_columns), max_bad_lines=args.max_bad_lines,
-        libsvm_fields=args.libsvm_fields, schema=args.schema, synthetic_history=args.synthetic_history,
-        synthetic_rows=args.synthetic_rows, synthetic_eval_rows=args.synthetic_eval_rows,
-        synthetic_interactions=args.synthetic_interactions, synthetic_seed=args.synthetic_seed,
-        model=args.model, backend=args.backend, device=args.device, embedding_dim=args.embedding_dim,
+        libsvm_fields=args.libsvm_fields, schema=args.schema, model=args.model, backend=args.backend,
+        device=args.device, embedding_dim=args.embedding_dim,
         hidden=hidden_widths(args.hidden), batch_size=args.batch_size, timeout_s=args.timeout_s,
         server_timeout_s=args.server_timeout, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
         auth_token_file=args.auth_token_file,

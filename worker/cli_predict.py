@@ -1,0 +1,60 @@
+"""The `predict` command of ps-worker: its flags (eval's, plus the output file), the PredictConfig they make, and
+running it (worker/predict.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ps.settings import HelpFormatter
+from worker.cli_train import add_served_model_args, common_config
+from worker.predict import PredictConfig, predict_servers
+from worker.train import TrainConfig
+
+
+def add_predict_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "predict",
+        help="score a file with the model the servers hold: one probability per example, written as CSV",
+        description="Pull the rows and dense parameters the servers hold and write the model's click probability "
+        "of every example of --predict-data (else of --data) to --out: a CSV file 'line,probability[,label]', one "
+        "row per example in file order, `line` its line in the input (worker/predict.py). The file may lack "
+        "labels. The model and data flags must be those the model was trained with; --data the training file, "
+        "whose first lines give the schema (a CSV without the label column needs it, or a --schema).",
+        formatter_class=HelpFormatter,
+    )
+    add_served_model_args(p, "predict")
+    out = p.add_argument_group("output")
+    out.add_argument("--out", required=True, help="the CSV file to write (written whole under a temporary name, "
+                     "then renamed)")  # fmt: skip
+    out.add_argument("--overwrite", action="store_true", help="replace --out if it exists; without it an existing "
+                     "file is an error")  # fmt: skip
+    out.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (when stderr is no terminal, a plain progress line every 30 s takes the bar's place)",
+    )
+    out.add_argument("--json", action="store_true", help="print one JSON object instead of the final line")
+
+
+def predict_config(args: argparse.Namespace) -> PredictConfig:
+    """The PredictConfig of parsed `predict` arguments: --predict-data alone also stands for --data (the file whose
+    first lines give the schema), and --data alone is the file scored."""
+    scored = args.predict_data or args.data
+    if scored is None:
+        raise ValueError("predict scores a file: give --predict-data FILE (with --data, the training file whose first "
+                         "lines give the schema), or --data FILE alone")  # fmt: skip
+    run = TrainConfig(**{**common_config(args), "data": args.data or scored})
+    return PredictConfig(run, scored, args.out, overwrite=args.overwrite, progress=not args.no_progress)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    r = predict_servers(predict_config(args))
+    if args.json:
+        print(json.dumps(r), flush=True)
+        return 0
+    columns = "line, probability" + (", label" if r["labeled"] else "")
+    skipped = f"; skipped {r['bad_lines']:,} malformed lines (first: {r['first_bad']})" if r["bad_lines"] else ""
+    print(f"wrote {r['rows']:,} predictions of {r['model']} ({columns}) for {r['predict_data']} to {r['out']}"
+          f"{skipped}", flush=True)  # fmt: skip
+    return 0
