@@ -1,0 +1,200 @@
+"""Tests for `ps-worker predict` (worker/predict.py): against a model trained on in-process servers, its
+probabilities equal a reference FM's on the rows the servers hold and give eval's AUC and logloss; a file without
+labels scores as the same file with them (criteo, csv, libsvm); malformed lines keep `line` right; --out refusals.
+Training and eval still refuse a file without labels."""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.reference_models import FactorizationMachine
+from worker.__main__ import main
+from worker.client import Client
+from worker.formats import read_batches
+from worker.metrics import auc, logloss
+from worker.models.spec import BIAS_FIELD
+from worker.schema_builtin import builtin_schema
+from worker.synthetic import SyntheticConfig, write_synthetic
+from worker.train import TrainConfig, evaluate_servers, train
+
+TRAIN_ROWS, TEST_ROWS = 600, 150
+
+
+@pytest.fixture
+def files(tmp_path):
+    """(train, test): Criteo files of one synthetic generator."""
+    train_path, test_path = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    cfg = SyntheticConfig(rows=TRAIN_ROWS)
+    write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
+    write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+    return str(train_path), str(test_path)
+
+
+def small_run(servers: list[str], data: str, **more) -> TrainConfig:
+    more = {"model": "fm", **more}
+    return TrainConfig(servers=tuple(servers), data=data, recipe="large", batch_size=100, progress=False,
+                       server_timeout_s=0, **more)  # fmt: skip
+
+
+def predict(address: str, out, *flags: str) -> int:
+    return main(["predict", "--servers", address, "--out", str(out), "--no-progress", "--batch-size", "64", *flags])
+
+
+def read_out(path) -> tuple[list[str], dict[str, np.ndarray]]:
+    """(header, {column: values}) of a predict output file."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], np.array(rows[1:], dtype=np.float64).reshape(-1, len(rows[0]))
+    return header, {name: body[:, k] for k, name in enumerate(header)}
+
+
+def without_label(src, dst, fmt: str) -> None:
+    """dst: src with its label column taken out (csv: the first column; criteo, libsvm: the first token)."""
+    with open(src) as f, open(dst, "w") as g:
+        for line in f:
+            sep = {"criteo": "\t", "csv": ",", "libsvm": " "}[fmt]
+            g.write(line.split(sep, 1)[1] if sep in line else line)
+
+
+def test_probabilities_are_a_reference_fms_and_give_evals_figures(servers, files, tmp_path, capsys):
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    out = tmp_path / "p.csv"
+    assert predict(addresses[0], out, "--data", train_path, "--predict-data", test_path, "--model", "fm") == 0
+    assert f"wrote {TEST_ROWS} predictions of fm (line, probability, label) for {test_path} to {out}" in (
+        capsys.readouterr().out
+    )
+    header, got = read_out(out)
+    assert header == ["line", "probability", "label"]
+    assert got["line"].tolist() == list(range(1, TEST_ROWS + 1))
+    labels = np.array([float(line.split("\t")[0]) for line in Path(test_path).read_text().splitlines()])
+    assert np.array_equal(got["label"], labels)
+
+    figures = evaluate_servers(small_run(addresses, train_path, eval_data=test_path))
+    assert auc(got["label"], got["probability"]) == pytest.approx(figures["eval_auc"], abs=1e-6)
+    assert logloss(got["label"], got["probability"]) == pytest.approx(figures["eval_logloss"], abs=1e-6)
+
+    # the oracle: each example's rows pulled one field at a time, through tests/reference_models.py's FM
+    schema = builtin_schema("criteo", default_table="fm", default_dim=8)
+    (batch,) = read_batches(test_path, schema, TEST_ROWS)
+    with Client(addresses) as client:
+        rows = np.stack([client.pull("fm", bags.ids) for bags in batch.fields.values()], axis=1)
+    assert BIAS_FIELD in batch.fields and rows.shape == (TEST_ROWS, 40, 9)
+    expected = FactorizationMachine(8, None).predict(rows.astype(np.float64))
+    np.testing.assert_allclose(got["probability"], expected, rtol=0, atol=2e-6)
+
+
+def to_csv(src, dst) -> None:
+    """A CSV of a Criteo file's label and its categorical columns C1..C6."""
+    with open(src) as f, open(dst, "w") as g:
+        g.write("click," + ",".join(f"C{k}" for k in range(1, 7)) + "\n")
+        for line in f:
+            cells = line.rstrip("\n").split("\t")
+            g.write(",".join([cells[0], *cells[14:20]]) + "\n")
+
+
+def to_libsvm(src, dst) -> None:
+    """A libsvm file of a Criteo file's label and its columns C1..C6 (an empty cell: id 0 with value 0)."""
+    with open(src) as f, open(dst, "w") as g:
+        for line in f:
+            cells = line.rstrip("\n").split("\t")
+            tokens = [f"{int(c, 16)}:1" if c else "0:0" for c in cells[14:20]]
+            g.write(" ".join([cells[0], *tokens]) + "\n")
+
+
+CONVERT = {"criteo": lambda src, dst: os.link(src, dst), "csv": to_csv, "libsvm": to_libsvm}
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
+def test_a_file_without_labels_scores_as_the_file_with_them(servers, files, tmp_path, fmt):
+    addresses, _ = servers(1)
+    train_path, test_path = (str(tmp_path / f"{name}.{fmt}") for name in ("train", "test"))
+    for src, dst in zip(files, (train_path, test_path)):
+        CONVERT[fmt](src, dst)
+    train(small_run(addresses, train_path, model="lr", format=fmt))
+    unlabeled = str(tmp_path / f"new.{fmt}")
+    without_label(test_path, unlabeled, fmt)
+    flags = ["--data", train_path, "--format", fmt, "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "labeled.out", *flags, "--predict-data", test_path) == 0
+    assert predict(addresses[0], tmp_path / "new.out", *flags, "--predict-data", unlabeled) == 0
+    header, labeled = read_out(tmp_path / "labeled.out")
+    new_header, new = read_out(tmp_path / "new.out")
+    assert (header, new_header) == (["line", "probability", "label"], ["line", "probability"])
+    assert np.array_equal(new["line"], labeled["line"]) and len(new["line"]) == TEST_ROWS
+    assert np.array_equal(new["probability"], labeled["probability"])
+    assert len(np.unique(new["probability"])) > 10  # the model tells examples apart
+    if fmt != "csv":  # the unlabeled file alone gives the schema (a csv header would take its first column)
+        assert predict(addresses[0], tmp_path / "alone.out", "--format", fmt, "--model", "lr", "--data", unlabeled) == 0
+        assert np.array_equal(read_out(tmp_path / "alone.out")[1]["probability"], labeled["probability"])
+    # training and eval refuse it, as any file without labels
+    with pytest.raises(ValueError, match="label|columns"):
+        evaluate_servers(small_run(addresses, train_path, model="lr", format=fmt, eval_data=unlabeled))
+    with pytest.raises(ValueError, match="label|columns"):
+        train(small_run(addresses, unlabeled, model="lr", format=fmt, max_bad_lines=0))
+
+
+def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, capsys, caplog):
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path, model="lr"))
+    flags = ["--data", train_path, "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "clean.csv", *flags, "--predict-data", test_path) == 0
+    clean = read_out(tmp_path / "clean.csv")[1]
+    lines = Path(test_path).read_text().splitlines(keepends=True)
+    unlabeled = [line.split("\t", 1)[1] for line in lines]
+    damaged, where = [], []  # where: the line of each original example in the damaged file
+    for k, line in enumerate(unlabeled):
+        if k in (0, 7, 70):
+            damaged.append("not\ta criteo line\n")
+        if k == 30:
+            damaged.append("\n")
+        damaged.append(line)
+        where.append(len(damaged))
+    (tmp_path / "damaged.tsv").write_text("".join(damaged))
+    capsys.readouterr()
+    out = tmp_path / "damaged.csv"
+    assert predict(addresses[0], out, *flags, "--predict-data", str(tmp_path / "damaged.tsv")) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {TEST_ROWS} predictions" in said and "skipped 3 malformed lines" in said
+    assert "line 1: 2 tab-separated columns, expected 39" in said
+    header, got = read_out(out)
+    assert header == ["line", "probability"]
+    assert got["line"].tolist() == where
+    assert np.array_equal(got["probability"], clean["probability"])
+    # past --max-bad-lines: an error, and no file (nor a partial one) left
+    assert predict(addresses[0], tmp_path / "none.csv", *flags, "--predict-data", str(tmp_path / "damaged.tsv"),
+                   "--max-bad-lines", "2") == 2  # fmt: skip
+    assert "more than --max-bad-lines 2" in capsys.readouterr().err
+    assert not [name for name in os.listdir(tmp_path) if name.startswith((".none", "none"))]
+
+
+def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_model(servers, files, tmp_path, capsys):
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    flags = ["--data", train_path, "--predict-data", test_path, "--model", "lr"]
+    out = tmp_path / "p.csv"
+    assert predict(addresses[0], out, *flags) == 2  # no model on the servers yet
+    assert "the servers hold no table lr" in capsys.readouterr().err and not out.exists()
+    train(small_run(addresses, train_path, model="lr"))
+    out.write_text("mine\n")
+    assert predict(addresses[0], out, *flags) == 2
+    assert f"--out {out} exists; nothing was written" in capsys.readouterr().err
+    assert out.read_text() == "mine\n"
+    for input_file in (train_path, test_path):
+        assert predict(addresses[0], input_file, *flags, "--overwrite") == 2
+        assert f"--out {input_file} is the file of --" in capsys.readouterr().err
+    assert predict(addresses[0], tmp_path, *flags) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert predict(addresses[0], tmp_path / "no" / "p.csv", *flags) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert predict(addresses[0], out, *flags, "--model", "fm") == 2  # another model than the servers hold
+    assert "nothing was written" in capsys.readouterr().err and out.read_text() == "mine\n"
+    assert predict(addresses[0], out, *flags, "--overwrite") == 0
+    assert read_out(out)[0] == ["line", "probability", "label"]
+    assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were
