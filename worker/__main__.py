@@ -112,7 +112,9 @@ def _add_cluster_commands(sub) -> None:
     add_security_args(p)
     help_text = "write the model the servers hold, at one cut, for serving: per table ids and embeddings as .npy"
     p = sub.add_parser("export", help=help_text, description=help_text[0].upper() + help_text[1:] + " (optimizer "
-                       "state left out), from a checkpoint taken first into OUT/checkpoint. --since STEP writes only "
+                       "state left out), from a checkpoint taken first into a folder of OUT (kept as OUT/checkpoint "
+                       "with --keep-checkpoint), so OUT must lie inside the servers' --checkpoint-root, at the same path "
+                       "here and on the servers. --since STEP writes only "
                        "the rows pushed at clock step >= STEP: a delta for an online store.",
                        formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument("out", help="output directory: new or empty, unless --overwrite")
