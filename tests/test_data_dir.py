@@ -71,6 +71,9 @@ def test_a_file_or_a_foreign_directory_is_refused(tmp_path):
         Shard(ServerConfig(data_dir=str(a_file / "shard")))
     volume = tmp_path / "volume"  # the root of a new ext4 volume (a Kubernetes data dir) holds lost+found
     (volume / "lost+found").mkdir(parents=True)
+    with pytest.raises(StorageError, match="is not a checkpoint: .*; the data dir was not touched"):
+        Shard(ServerConfig(data_dir=str(volume), restore_dir=str(tmp_path / "photos")))  # checked first there too
+    assert os.listdir(volume) == ["lost+found"]
     Shard(ServerConfig(data_dir=str(volume))).close()
 
 

@@ -4,6 +4,8 @@ table, not a table restored empty."""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -77,3 +79,5 @@ def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_hold
     with pytest.raises(StorageError, match=r"has tables already \(and was not restored from that checkpoint\): leave "
                                            r"--restore \(PS_RESTORE\) out"):  # fmt: skip
         Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "two")))
+    shutil.rmtree(tmp_path / "one")  # pruned since: its path still names the restore
+    Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one"))).close()

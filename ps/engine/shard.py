@@ -106,7 +106,7 @@ def _restore_manifest(config: ServerConfig) -> dict | None:
             f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
             f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"
         )
-    new_dir = not os.path.isdir(config.data_dir) or not os.listdir(config.data_dir)
+    new_dir = not os.path.isdir(config.data_dir) or not set(os.listdir(config.data_dir)) - {"lost+found"}
     if not (config.restore_dir and new_dir):
         return None
     if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
@@ -217,8 +217,8 @@ class Shard:
             return False
         try:
             same = load_manifest(checkpoint)["sha256"] == done["sha256"]
-        except StorageError:
-            same = False
+        except StorageError:  # gone since (old checkpoints pruned): the same path is the same restore
+            same = done["checkpoint"] == os.path.abspath(checkpoint)
         if same:
             log.info("data dir %s was restored from %s before: starting on what it holds (--restore is done; leave it "
                      "out)", self.config.data_dir, checkpoint)  # fmt: skip
