@@ -447,3 +447,16 @@ def test_a_label_column_with_some_empty_cells_is_still_the_label_and_the_blanks_
     assert 'label = "clicked"' in text
     assert checks == ["1 of the sample's 5 rows have no label (an empty 'clicked' cell): training stops at the first "
                       "such line, unless --max-bad-lines lets it skip them: remove those rows"]  # fmt: skip
+
+
+def test_the_spread_sample_reads_no_record_twice_even_of_long_lines(tmp_path):
+    """Spans end where the next begins: a file of 400-byte lines barely past the spread threshold, sampled for
+    more rows than it holds, gives each of its rows once at most."""
+    from worker.formats import read_csv_sample
+
+    path = tmp_path / "wide.csv"
+    with open(path, "w") as f:
+        f.write("click,id,text\n" + "".join(f"{i % 2},{i},{'x' * 390}\n" for i in range(7720)))
+    _, rows = read_csv_sample(path, ",", 10_000)
+    ids = [r[1] for r in rows]
+    assert len(ids) == len(set(ids)) and len(ids) > 5000, (len(ids), len(set(ids)))

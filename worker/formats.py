@@ -162,6 +162,7 @@ def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None
 
 SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
 SPREAD_MIN_BYTES = SAMPLE_SPOTS << 15  # ... when at least this much of the file lies past that half-sample
+MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
 
 
 def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
@@ -203,17 +204,23 @@ def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
 
 
 def _spread_records(name: str, delimiter: str, width: int, want: int, start: int) -> list[list[str]]:
-    """Up to `want` records of `width` columns from SAMPLE_SPOTS offsets spread over bytes [start, end)."""
+    """Up to `want` records of `width` columns from SAMPLE_SPOTS spans spread evenly over bytes [start, end): each
+    span's whole lines (the one its start cuts into, and the one its end cuts, left out), at most want/SAMPLE_SPOTS
+    records of it, so no record is read twice."""
     size = os.path.getsize(name)
     out: list[list[str]] = []
     per_spot = -(-want // SAMPLE_SPOTS)
+    bounds = [start + (size - start) * k // SAMPLE_SPOTS for k in range(SAMPLE_SPOTS + 1)]
     with open(name, "rb") as f:
-        for k in range(SAMPLE_SPOTS):
-            f.seek(start + (size - start) * k // SAMPLE_SPOTS)
-            f.readline()  # the rest of the line the offset fell in
-            text = io.TextIOWrapper(f, encoding="utf-8", errors="surrogateescape", newline="")
+        for lo, hi in itertools.pairwise(bounds):
+            f.seek(lo)
+            span = f.read(min(hi - lo, MAX_SPOT_BYTES))
+            first = span.find(b"\n")  # the line the offset fell in is the span before's
+            span = span[first + 1 :] if first >= 0 else b""
+            if lo + len(span) < size:
+                span = span[: span.rfind(b"\n") + 1]  # a line the span's end cuts is the next span's
+            text = io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline="")
             out += _good_records(csv.reader(text, delimiter=delimiter), width, min(per_spot, want - len(out)))
-            text.detach()
             if len(out) >= want:
                 break
     return out
