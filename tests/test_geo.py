@@ -200,3 +200,25 @@ def test_apply_needs_the_rows_held_and_every_must_be_positive(server):
     with pytest.raises(ValueError, match="every"):
         GeoTables(server, {"ada": ADAGRAD}, every=0)
     assert not geo.end_step()  # nothing pending: no push
+
+
+def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_the_servers_failed():
+    """So that the examples a stopped run says it trained (its --skip-examples) are on the servers."""
+    from ps.errors import ServerUnavailableError
+    from worker.steprows import GeoRows, abandon
+
+    class Geo:
+        flushes = 0
+
+        def flush(self):
+            self.flushes += 1
+
+    geo = Geo()
+    abandon(GeoRows(None, geo), KeyboardInterrupt())
+    abandon(GeoRows(None, geo), ValueError("a bad line"))
+    assert geo.flushes == 2
+    abandon(GeoRows(None, geo), ServerUnavailableError("shard 0 did not answer"))
+    failed = GeoRows(None, geo)
+    failed._failed = True  # a push of deltas failed: some shards may have applied it
+    abandon(failed, KeyboardInterrupt())
+    assert geo.flushes == 2

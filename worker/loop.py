@@ -74,6 +74,7 @@ class LoopResult:
     seconds: float = 0.0
     steps: int = 0
     epoch: int = 0  # the epoch being trained (from 1)
+    trained_all: bool = False  # every step ran (what follows: the last pushes, putting the best model back)
     train_logloss: float = math.nan
     curve: list[dict] = field(default_factory=list)  # one entry per evaluation of the validation set
     stopped_early: bool = False
@@ -429,6 +430,7 @@ def run_epochs(
         if lines is not None and not lines.plain:
             lines.update(result, running.value, started, {}, stopped=True)
         raise
+    result.trained_all = True
     step.pusher.shutdown()
     source.finish()
     dense.finish()  # the MLP's last gradients applied (allreduce: with the others')

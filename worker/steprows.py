@@ -15,8 +15,9 @@
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
 step's push; returns the rows the push returned for them), finish() (the worker is done: nobody waits for it),
-abandon(reason) (the worker stops before its end: sync and ssp stop the job on the shards, so that no other worker
-waits for it; the other modes have no one waiting) and stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
+abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
+other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async has nothing to do) and
+stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
 """
 
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ps.errors import PsError
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
@@ -112,7 +114,7 @@ class AsyncRows:
     def finish(self) -> None:
         pass
 
-    def abandon(self, reason: str) -> None:
+    def abandon(self, reason: str, servers_ok: bool = True) -> None:
         pass
 
     def stats(self) -> dict:
@@ -197,7 +199,7 @@ class ClockedRows:
             self._finished = True
             self.tables.finish(replace(self.stamp, step=0, acked=self.acked, done=True))
 
-    def abandon(self, reason: str) -> None:
+    def abandon(self, reason: str, servers_ok: bool = True) -> None:
         """Stops the job on every shard (Client.stop_job), unless this worker finished; a shard that did not take
         it is logged (its other workers then wait out their barrier)."""
         if self._finished:
@@ -252,8 +254,11 @@ class GeoRows:
         if not self._failed:
             self.geo.flush()
 
-    def abandon(self, reason: str) -> None:
-        pass
+    def abandon(self, reason: str, servers_ok: bool = True) -> None:
+        """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
+        examples holds them), unless the servers are what failed."""
+        if servers_ok and not self._failed:
+            self.geo.flush()
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
@@ -272,10 +277,10 @@ def stop_reason(e: BaseException) -> str:
 
 
 def abandon(source: Any, e: BaseException) -> None:
-    """source.abandon(stop_reason(e)) for a worker that e stops before its end; a failure of that is logged, not
-    raised: e is the error to report."""
+    """source.abandon(stop_reason(e), servers_ok) for a worker that e stops before its end (servers_ok: e is no
+    server's error, PsError); a failure of that is logged, not raised: e is the error to report."""
     try:
-        source.abandon(stop_reason(e))
+        source.abandon(stop_reason(e), servers_ok=not isinstance(e, PsError))
     except Exception as failed:
         log.warning("could not tell the servers that this worker stopped: %s", failed)
 

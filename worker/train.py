@@ -666,14 +666,20 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
     """The error of a run that stopped on bad training data, saying what its pushes left on the servers."""
     if not e.steps or cfg.local_shards:  # local shards go, with what was pushed to them
         return str(e)
+    if cfg.progress_lines:  # under launch, which says where the job's workers can resume
+        return f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates"
     return (f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
             f"servers now hold a partly trained model (once the line is fixed or --max-bad-lines raised, "
             f"{_resume_flags(cfg.skip_examples + e.examples, cfg)} trains on from there)")  # fmt: skip
 
 
 def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
-    """What an interrupted run trained, and the flags that train on from there."""
+    """What an interrupted run trained, and the flags that train on from there (none: it had trained every
+    example)."""
     done = cfg.skip_examples + loop.examples
+    if loop.trained_all:
+        return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
+                "nothing to resume")  # fmt: skip
     return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
             f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep; to train "
             f"on from there, run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
