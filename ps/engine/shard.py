@@ -589,7 +589,7 @@ class Shard:
                 "dir": name,
                 "clock": self.clock,
                 "files": file_checksums(path),
-                "rows": {t.name: t.num_rows for t in self.tables.values()},
+                "rows": Store.admitted_counts(path),  # as saved: a Shrink may run during the save
             }
             log.info("checkpoint saved to %s in %.1f s: %s rows, clock %s", path, time.monotonic() - started,
                      f"{sum(saved['rows'].values()):,}", f"{self.clock:,}")  # fmt: skip

@@ -811,6 +811,21 @@ class Store:
             if keys:
                 yield _decode_chunk(keys, values, width)
 
+    @staticmethod
+    def admitted_counts(source: str) -> dict[str, int]:
+        """{table name: admitted rows} as the RocksDB at `source` (a checkpoint, opened read-only) records them: its
+        count/ keys, written in the batch of every write of the rows they count."""
+        with _opened_read_only(source) as (src, names, _):
+            if META_CF not in names:
+                return {}
+            meta = src.get_column_family(META_CF)
+            out = dict.fromkeys(table_ids(meta), 0)  # a table with no row written has no count yet
+            for key, raw in _items(meta, COUNT_PREFIX):
+                if not key.startswith(COUNT_PREFIX):
+                    break
+                out[key[len(COUNT_PREFIX) :].decode()] = int(json.loads(raw)["admitted"])
+            return out
+
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
         raw = self._meta.get(b"restore_pending")
