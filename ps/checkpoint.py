@@ -10,11 +10,12 @@ A checkpoint directory (written by `ps-worker checkpoint save`, see worker/check
 clock: the largest of the shards' clocks. created: the UTC time the manifest was made, after the release.
 pushes_held_s: seconds, to the millisecond, from the hold of shard 0 (held first) to the release of every shard.
 tables: every table of the shards, in name order. shards: one entry per shard_id in 0..n-1; rows: the shard's rows
-per table (Table.num_rows); files: every file under its dir. sha256: of the manifest without it (manifest_digest).
-Reading (load_manifest) checks format, num_slots, sha256 (a manifest without it is refused: every save writes it),
-and that num_shards, clock, tables and shards hang together; read_manifest checks every file too, and that a shard's
-dir holds no file its entry does not list (RocksDB would read it: a stray write-ahead log replays into the rows). created and pushes_held_s are informational: no reader checks them (`ps-worker checkpoint save` prints
-pushes_held_s).
+per table, as its checkpoint records them (Store.admitted_counts); files: every file under its dir. sha256: of the
+manifest without it (manifest_digest). Reading (load_manifest) checks format, num_slots, sha256 (a manifest
+without it is refused: every save writes it), and that num_shards, clock, tables and shards hang together;
+read_manifest checks every file too, and that a shard's dir holds no file its entry does not list (RocksDB would
+read it: a stray write-ahead log replays into the rows). created and pushes_held_s are informational: no reader
+checks them (`ps-worker checkpoint save` prints pushes_held_s).
 
 The cut: every shard stops taking pushes (waits for the ones in flight), then each flushes and checkpoints,
 then all take pushes again. Every push acknowledged before the hold is in the checkpoint and none after; one
@@ -135,8 +136,8 @@ def load_manifest(directory: str) -> dict:
     if not isinstance(manifest, dict):
         raise StorageError(f"checkpoint manifest {path} is not a JSON object; the checkpoint is damaged")
     if "sha256" not in manifest:
-        raise StorageError(f"checkpoint manifest {path} has no checksum of itself (sha256), which every save writes: "
-                           "it was edited or written by hand, and the checkpoint cannot be trusted")  # fmt: skip
+        raise StorageError(f"checkpoint manifest {path} has no checksum of itself (sha256): it was edited, or saved by "
+                           "a sparseps before manifests carried one; its files cannot be checked, so it is not read")  # fmt: skip
     if manifest["sha256"] != manifest_digest(manifest):
         raise StorageError(f"checkpoint manifest {path} does not match its checksum (sha256); the checkpoint is "
                            "damaged (or the manifest was edited)")  # fmt: skip

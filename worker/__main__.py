@@ -124,7 +124,8 @@ def _add_cluster_commands(sub) -> None:
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
-                   "export there are replaced, its OUT/checkpoint removed first (others are left as they are)")  # fmt: skip
+                   "export there, and its OUT/checkpoint, are replaced once the new export is whole (others are left "
+                   "as they are)")  # fmt: skip
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)
