@@ -366,3 +366,24 @@ def test_a_push_held_by_a_checkpoint_waits_and_says_so_at_info_not_as_an_outage(
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
     assert [level for level, _ in said] == ["INFO", "INFO"], said
     assert "shard 0 is taking a checkpoint" in said[0][1] and "is back after" in said[1][1]
+
+
+def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
+    """The pause is told at INFO; a failure of another kind while it lasts is an outage: a WARNING."""
+
+    class Failed(grpc.RpcError):
+        def __init__(self, details: str):
+            self._details = details
+
+        def details(self) -> str:
+            return self._details
+
+        def code(self) -> grpc.StatusCode:
+            return grpc.StatusCode.UNAVAILABLE
+
+    with Client(["127.0.0.1:1"], server_timeout_s=30) as client, caplog.at_level("INFO", "worker.client"):
+        assert client._keep_waiting(0, "PushBatch", Failed("shard 0 is taking a checkpoint; retry shortly"))
+        assert client._keep_waiting(0, "PushBatch", Failed("Connection refused"))
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
+    assert [level for level, _ in said] == ["INFO", "WARNING"], said
+    assert "is unavailable (connection refused: nothing listens there) after a checkpoint's pause" in said[1][1]

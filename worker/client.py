@@ -704,6 +704,12 @@ class Client:
             since = self._down.setdefault(shard, now)
             if since is now and paused:
                 self._pausing.add(shard)
+            outage = not paused and shard in self._pausing  # a shard that failed during a checkpoint's pause
+            if outage:
+                self._pausing.discard(shard)
+        if outage:
+            log.warning("shard %d at %s is unavailable (%s) after a checkpoint's pause; waiting for it for up to "
+                        "%.0f s more", shard, self.servers[shard], _why(e), self.server_timeout_s - (now - since))  # fmt: skip
         if since is now:  # this call marked it
             log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is unavailable (%s); waiting for it "
                     "for up to %.0f s", shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
@@ -720,8 +726,9 @@ class Client:
                 f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
         if code in RETRYABLE:
-            with self._down_lock:  # kept: the shard is down until a call succeeds (which logs that it is back)
-                since = self._down.get(shard)
+            with self._down_lock:  # a later call waits for the shard anew, for its own server timeout
+                since = self._down.pop(shard, None)
+                self._pausing.discard(shard)
             waited = 0.0 if since is None else time.monotonic() - since
             tried = f"; it has been failing for {waited:.0f} s (server timeout {self.server_timeout_s:.0f} s)"
             ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
