@@ -247,7 +247,7 @@ def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, 
     [
         (["--dim", "0"], "argument --dim: expected an integer >= 1, got 0"),
         (["--servers", "0"], "argument --servers: expected an integer >= 1, got 0"),
-        (["--ids", "inf"], "argument --ids: expected a number >= 1, got 'inf'"),
+        (["--ids", "inf"], "argument --ids: expected a number >= 1 and <= 1.84467e+19, got 'inf'"),
         (["--hot-fraction", "2"], "argument --hot-fraction: expected a number >= 0 and <= 1, got '2'"),
     ],
 )
