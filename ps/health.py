@@ -146,6 +146,11 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.RpcError as e:
         text = f"{e.code().name}: {e.details()}"
+        if "Connection refused" in (e.details() or ""):  # gRPC's text names every address it tried
+            return False, (f"{e.code().name}: connection refused: nothing listens there (a shard listens once its "
+                           "start is done: a journal replay, --restore or --verify-on-start may take minutes)")  # fmt: skip
+        if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            text = f"{e.code().name}: no answer within {timeout_s:g} s"
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             text += tls_hint(address, bool(tls_ca or tls_cert or tls_key), bool(tls_cert), min(timeout_s, 2.0))
         return False, text
