@@ -138,16 +138,3 @@ def test_a_health_request_that_does_not_decode_is_an_invalid_argument(servers):
             assert "a health request that does not decode" in info.value.details()
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
         assert check.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def test_a_health_probe_of_a_port_where_nothing_listens_says_so_and_why_a_shard_may_not_listen_yet():
-    import socket
-
-    from ps.health import check_health
-
-    with socket.socket() as s:  # a port with nobody listening
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
-    serving, text = check_health(address, timeout_s=2.0)
-    assert not serving and text.startswith("UNAVAILABLE: connection refused: nothing listens there (a shard listens "
-                                           "once its start is done"), text  # fmt: skip
