@@ -12,6 +12,7 @@ from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.rows import parallel
 from ps.server import Server
 from tests.waiting import join_thread
+from worker.synthetic import SyntheticConfig, write_synthetic
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -117,3 +118,16 @@ def _flush_until(shard, point: str, meanwhile: Callable[[], object] | None) -> N
     finally:
         delattr(owner, step)
     raise AssertionError(f"Shard.flush finished without reaching {point!r}: the crash points no longer match it")
+
+
+TRAIN_ROWS, TEST_ROWS = 600, 150  # of the files fixture
+
+
+@pytest.fixture
+def files(tmp_path):
+    """(train, test): Criteo files of TRAIN_ROWS and TEST_ROWS rows of one synthetic generator."""
+    train_path, test_path = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    cfg = SyntheticConfig(rows=TRAIN_ROWS)
+    write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
+    write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+    return str(train_path), str(test_path)

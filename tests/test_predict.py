@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import TEST_ROWS
 from tests.reference_models import FactorizationMachine
 from worker.__main__ import main
 from worker.client import Client
@@ -19,20 +20,7 @@ from worker.formats import read_batches
 from worker.metrics import auc, logloss
 from worker.models.spec import BIAS_FIELD
 from worker.schema_builtin import builtin_schema
-from worker.synthetic import SyntheticConfig, write_synthetic
 from worker.train import TrainConfig, evaluate_servers, train
-
-TRAIN_ROWS, TEST_ROWS = 600, 150
-
-
-@pytest.fixture
-def files(tmp_path):
-    """(train, test): Criteo files of one synthetic generator."""
-    train_path, test_path = tmp_path / "train.tsv", tmp_path / "test.tsv"
-    cfg = SyntheticConfig(rows=TRAIN_ROWS)
-    write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
-    write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
-    return str(train_path), str(test_path)
 
 
 def small_run(servers: list[str], data: str, **more) -> TrainConfig:

@@ -18,27 +18,15 @@ import pytest
 
 from ps.engine.jobs import Stamp
 from ps.errors import ServerUnavailableError
+from tests.conftest import TEST_ROWS, TRAIN_ROWS
 from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.schema_infer import infer_schema_text
-from worker.synthetic import SyntheticConfig, write_synthetic
 from worker.temp_dirs import KEPT, remove_stale_temp_dirs
 from worker.terminate import Terminated
 from worker.train import TrainConfig, evaluate_servers, prepare, train
-
-TRAIN_ROWS, TEST_ROWS = 600, 150
-
-
-@pytest.fixture
-def files(tmp_path):
-    """(train, test): Criteo files of TRAIN_ROWS and TEST_ROWS rows of one synthetic generator."""
-    train_path, test_path = tmp_path / "train.tsv", tmp_path / "test.tsv"
-    cfg = SyntheticConfig(rows=TRAIN_ROWS)
-    write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
-    write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
-    return str(train_path), str(test_path)
 
 
 def small_run(servers: list[str], data: str, **more) -> TrainConfig:
