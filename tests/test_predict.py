@@ -183,6 +183,13 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
     assert "does not exist" in capsys.readouterr().err
     assert predict(addresses[0], out, *flags, "--model", "fm") == 2  # another model than the servers hold
     assert "nothing was written" in capsys.readouterr().err and out.read_text() == "mine\n"
+    fifo, link = tmp_path / "fifo", tmp_path / "link"
+    os.mkfifo(fifo)
+    link.symlink_to(out)
+    for special in (fifo, link):  # --overwrite would have renamed a regular file over them (over /dev/null as root)
+        assert predict(addresses[0], special, *flags, "--overwrite") == 2
+        assert "is not a regular file (a link, a device or a FIFO): it is never replaced" in capsys.readouterr().err
+    assert os.path.islink(link) and not os.path.isfile(fifo) and out.read_text() == "mine\n"
     assert predict(addresses[0], out, *flags, "--overwrite") == 0
     assert read_out(out)[0] == ["line", "probability", "label"]
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were

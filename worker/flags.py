@@ -60,7 +60,12 @@ def check_output_file(flag: str, path: str | None) -> None:
 
 def check_new_file(flag: str, path: str | None, overwrite: bool) -> None:
     """ValueError naming the flag when the file `path` exists and overwrite is False: a command that writes a file
-    replaces one only when told to (--overwrite). None: the flag not given."""
+    replaces one only when told to (--overwrite); and, overwrite or not, when `path` is there but no regular file
+    (a symbolic link, a device such as /dev/null, a FIFO), which a replacement would turn into one. None: the flag
+    not given."""
+    if path is not None and os.path.lexists(path) and (os.path.islink(path) or not os.path.isfile(path)):
+        raise ValueError(f"{flag} {path} is not a regular file (a link, a device or a FIFO): it is never replaced; "
+                         "nothing was written: give the name of a regular file, or a new one")  # fmt: skip
     if path is not None and not overwrite and os.path.lexists(path):
         raise ValueError(f"{flag} {path} exists; nothing was written: give another file name, or --overwrite to "
                          "replace it")  # fmt: skip
