@@ -75,6 +75,7 @@ class LoopResult:
     steps: int = 0
     epoch: int = 0  # the epoch being trained (from 1)
     trained_all: bool = False  # every step ran (what follows: the last pushes, putting the best model back)
+    in_flight: int = 0  # examples of the step under way (its push may have reached the servers), 0 between steps
     train_logloss: float = math.nan
     curve: list[dict] = field(default_factory=list)  # one entry per evaluation of the validation set
     stopped_early: bool = False
@@ -392,8 +393,8 @@ def run_epochs(
                     batch = item.batch
                     if best_model is not None:
                         best_model.add(item.tids)
-                    probs = step(item)
-                    n = len(batch)
+                    n = result.in_flight = len(batch)  # its push may reach the servers, and a stop come before it
+                    probs = step(item)  # returns (counted below)
                     running.update(logloss(batch.labels, probs))
                     if telemetry is not None:
                         now = time.perf_counter()
@@ -401,6 +402,7 @@ def run_epochs(
                         step_started = now
                     result.examples += n
                     result.steps += 1
+                    result.in_flight = 0
                     _advance(bar, n)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}

@@ -680,9 +680,11 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
     if loop.trained_all:
         return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
                 "nothing to resume")  # fmt: skip
+    flight = (f" (the step under way as it stopped, {loop.in_flight:,} examples more, may have reached some shards "
+              "too: a resumed run trains it again)") if loop.in_flight else ""  # fmt: skip
     return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
-            f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep; to train "
-            f"on from there, run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
+            f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep{flight}; "
+            f"to train on from there, run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
 
 
 def _resume_flags(done: int, cfg: TrainConfig) -> str:
