@@ -470,3 +470,36 @@ def test_a_sigterm_while_numba_compiles_raises_once_the_kernel_is_compiled():
             event.unregister("numba:compile", listener)
     assert add.signatures  # compiled whole before Terminated was raised
     assert add(2, 3) == 5
+
+
+def test_a_stop_before_the_first_step_or_in_the_final_evaluation_says_what_to_do(servers, files, monkeypatch, capsys):
+    """While a resumed run still skips: run it again as it was. In the final evaluation: nothing to resume."""
+    import worker.train as train_module
+    from worker.data import DataSource
+
+    addresses, _ = servers(1)
+    train_path, _ = files
+    read = DataSource.train
+
+    def interrupted_while_skipping(self):
+        for k, batch in enumerate(read(self)):
+            if k == 2:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(DataSource, "train", interrupted_while_skipping)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_run(addresses, train_path, skip_examples=500, prefetch=0))
+    assert ("stopped before its first step, while reading the 500 examples it skips: to train on, run the same "
+            "command again (--skip-examples 500)") in capsys.readouterr().err  # fmt: skip
+    monkeypatch.setattr(DataSource, "train", read)
+
+    def interrupted(*args, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "evaluate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_run(addresses, train_path))
+    assert f"had trained all its {TRAIN_ROWS} examples when it stopped, in its final evaluation: nothing to resume" in (
+        capsys.readouterr().err
+    )

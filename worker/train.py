@@ -608,7 +608,8 @@ def train(cfg: TrainConfig) -> dict:
             abandon(source, e)
             if isinstance(e, TrainingDataError):
                 raise ValueError(stopped_message(e, cfg)) from None
-            if loop.examples and not cfg.local_shards and not cfg.progress_lines:  # launch's says it for the job
+            told = loop.examples or cfg.skip_examples
+            if told and not cfg.local_shards and not cfg.progress_lines:  # launch's says it for the job
                 print(resume_hint(loop, cfg), file=sys.stderr, flush=True)
             raise
         finally:
@@ -646,9 +647,16 @@ def train(cfg: TrainConfig) -> dict:
             results.update(best_validation_auc=loop.best["validation_auc"],
                            best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"],
                            best_step=loop.best["step"])  # fmt: skip
-        final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
-        results.update(evaluate(client, spec, backend, final_dense, data.eval()))
-        stats = sparse_table_stats(client, spec)
+        try:
+            final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
+            results.update(evaluate(client, spec, backend, final_dense, data.eval()))
+            stats = sparse_table_stats(client, spec)
+        except BaseException:  # a Ctrl-C, say: the training is done and kept
+            if not cfg.local_shards and not cfg.progress_lines:
+                print(f"ps-worker: the run had trained all its {cfg.skip_examples + loop.examples:,} examples when it "
+                      "stopped, in its final evaluation: nothing to resume (ps-worker eval scores the model the "
+                      "servers hold)", file=sys.stderr, flush=True)  # fmt: skip
+            raise
         results["table_rows"] = sum(t.num_rows for t in stats)  # ids with a trained row
         results["pending_ids"] = sum(t.pending_ids for t in stats)  # ids seen but not admitted
     for line in data.bad_lines_report():
@@ -677,6 +685,9 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
     """What an interrupted run trained, and the flags that train on from there (none: it had trained every
     example)."""
     done = cfg.skip_examples + loop.examples
+    if not loop.examples:
+        return (f"ps-worker: stopped before its first step, while reading the {done:,} examples it skips: to train on, "
+                f"run the same command again ({_resume_flags(done, cfg)})")  # fmt: skip
     if loop.trained_all:
         return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
                 "nothing to resume")  # fmt: skip
