@@ -14,7 +14,8 @@ import pytest
 
 from tests.conftest import TEST_ROWS
 from tests.reference_models import FactorizationMachine
-from worker.__main__ import main
+from worker.__main__ import build_parser, main
+from worker.cli_predict import predict_config
 from worker.client import Client
 from worker.formats import read_batches
 from worker.metrics import auc, logloss
@@ -117,9 +118,15 @@ def test_a_file_without_labels_scores_as_the_file_with_them(servers, files, tmp_
     assert np.array_equal(new["line"], labeled["line"]) and len(new["line"]) == TEST_ROWS
     assert np.array_equal(new["probability"], labeled["probability"])
     assert len(np.unique(new["probability"])) > 10  # the model tells examples apart
-    if fmt != "csv":  # the unlabeled file alone gives the schema (a csv header would take its first column)
-        assert predict(addresses[0], tmp_path / "alone.out", "--format", fmt, "--model", "lr", "--data", unlabeled) == 0
+    alone = ["--format", fmt, "--model", "lr", "--data", unlabeled]
+    if fmt != "csv":  # the unlabeled file alone gives the schema
+        assert predict(addresses[0], tmp_path / "alone.out", *alone) == 0
         assert np.array_equal(read_out(tmp_path / "alone.out")[1]["probability"], labeled["probability"])
+    else:  # a csv header's first column would be taken for the label: refused unless that column holds labels
+        with pytest.raises(ValueError, match="its label column is unknown"):
+            predict_config(build_parser().parse_args(["predict", "--servers", addresses[0], "--out",
+                                                      str(tmp_path / "alone.out"), *alone])).validate()  # fmt: skip
+        assert predict(addresses[0], tmp_path / "itself.out", *alone[:-1], test_path) == 0  # a labeled file alone
     # training and eval refuse it, as any file without labels
     with pytest.raises(ValueError, match="label|columns"):
         evaluate_servers(small_run(addresses, train_path, model="lr", format=fmt, eval_data=unlabeled))

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from worker.batch import Batch
 from worker.data import count_lines
 from worker.flags import check_input_file, check_new_file, check_not_an_input, check_output_file, same_file
-from worker.formats import file_has_labels
+from worker.formats import file_has_labels, read_csv_sample
 from worker.loop import predictions
 from worker.train import TrainConfig, served_model
 
@@ -63,6 +63,19 @@ class PredictConfig:
         check_output_file("--out", self.out)
         check_not_an_input("--out", self.out, {**self.run.input_files(), "--predict-data": self.data})
         check_new_file("--out", self.out, self.overwrite)
+        r = self.run
+        if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
+                not _first_column_is_labels(self.data):  # fmt: skip
+            raise ValueError(f"--predict-data {self.data}: a CSV scored with neither the training file (--data), nor a "
+                             "--schema or --label-column: its label column is unknown (the built-in CSV schema takes "
+                             "the first column), and in a file without labels a feature would be taken for it; give "
+                             "one of them")  # fmt: skip
+
+
+def _first_column_is_labels(path: str) -> bool:
+    """The first column of a CSV file's first records holds only 0 and 1 (the built-in schema's label; commas)."""
+    _, rows = read_csv_sample(path, ",", 1000)
+    return bool(rows) and all(r[0].strip() in ("0", "1") for r in rows)
 
 
 def predict_servers(cfg: PredictConfig) -> dict:
