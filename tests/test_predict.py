@@ -197,6 +197,13 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
         assert predict(addresses[0], special, *flags, "--overwrite") == 2
         assert "is not a regular file (a link, a device or a FIFO): it is never replaced" in capsys.readouterr().err
     assert os.path.islink(link) and not os.path.isfile(fifo) and out.read_text() == "mine\n"
+    empty_labels = tmp_path / "empty-labels.tsv"  # a file exported for scoring with its label cells left empty
+    empty_labels.write_text(
+        "".join("\t" + line.split("\t", 1)[1] for line in Path(test_path).read_text().splitlines(True))
+    )
+    assert predict(addresses[0], tmp_path / "e.csv", "--data", train_path, "--predict-data", str(empty_labels),
+                   "--model", "lr") == 2  # fmt: skip
+    assert "no examples to score" in (err := capsys.readouterr().err) and "label '', expected '0' or '1'" in err, err
     assert predict(addresses[0], out, *flags, "--overwrite") == 0
     assert read_out(out)[0] == ["line", "probability", "label"]
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were

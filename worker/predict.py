@@ -93,10 +93,11 @@ def predict_servers(cfg: PredictConfig) -> dict:
         scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches)
         rows = _write(cfg.out, scored, labeled, _Progress(total, cfg.progress))
         shards = m.shards
-    if rows == 0:  # _write removed its file
-        raise ValueError(f"{cfg.data}: no examples to score (the file is empty, or holds only a header or malformed "
-                         "lines); nothing was written")  # fmt: skip
     stats = next(s for path, s in m.data.read_stats if path == cfg.data)
+    if rows == 0:  # _write removed its file
+        why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
+        raise ValueError(f"{cfg.data}: no examples to score (the file is empty, or holds only a header or malformed "
+                         f"lines{why}); nothing was written")  # fmt: skip
     for line in m.data.bad_lines_report():
         log.warning(line)
     return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "out": cfg.out, "rows": rows,
