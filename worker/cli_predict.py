@@ -54,7 +54,8 @@ def run_predict(args: argparse.Namespace) -> int:
         print(json.dumps(r), flush=True)
         return 0
     columns = "line, probability" + (", label" if r["labeled"] else "")
-    skipped = f"; skipped {r['bad_lines']:,} malformed lines (first: {r['first_bad']})" if r["bad_lines"] else ""
-    print(f"wrote {r['rows']:,} predictions of {r['model']} ({columns}) for {r['predict_data']} to {r['out']}"
+    lines = f"{r['bad_lines']:,} malformed line{'s' * (r['bad_lines'] != 1)}"
+    skipped = f"; skipped {lines} (first: {r['first_bad']})" if r["bad_lines"] else ""
+    print(f"wrote {r['rows']:,} prediction{'s' * (r['rows'] != 1)} of {r['model']} ({columns}) for {r['predict_data']} to {r['out']}"
           f"{skipped}", flush=True)  # fmt: skip
     return 0

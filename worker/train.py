@@ -618,7 +618,7 @@ def train(cfg: TrainConfig) -> dict:
                 telemetry.close()
         if cfg.skip_examples and not loop.examples:
             raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
-                             f"{cfg.epochs} epochs: nothing was trained")  # fmt: skip
+                             f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip
         results = {
             "model": cfg.model,
             "backend": cfg.backend,
@@ -701,7 +701,7 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
 def _resume_flags(done: int, cfg: TrainConfig) -> str:
     """The flags of a run that resumes after `done` training examples."""
     job = (
-        " and a new --job-id (every worker of the job resumed with its own count)"
+        " (and a new --job-id, if you gave one: each worker of the job resumed with its own count)"
         if cfg.mode in ("sync", "ssp")
         else ""
     )
