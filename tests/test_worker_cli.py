@@ -503,3 +503,27 @@ def test_a_stop_before_the_first_step_or_in_the_final_evaluation_says_what_to_do
     assert f"had trained all its {TRAIN_ROWS} examples when it stopped, in its final evaluation: nothing to resume" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize("signal_error, code, said", [(KeyboardInterrupt, 130, "interrupted"),
+                                                      (Terminated, 143, "terminated")])  # fmt: skip
+def test_a_signal_that_numba_wrapped_in_a_system_error_ends_the_command_as_the_signal(monkeypatch, capsys,
+                                                                                     signal_error, code, said):  # fmt: skip
+    """numba's callbacks into Python (unpickling a cached kernel's constants) turn a signal's exception into a
+    SystemError: the command still ends as on the signal, with its message and exit code, not a traceback."""
+    import worker.__main__ as cli
+    from worker.steprows import stop_reason
+
+    def run(args, rest):
+        try:
+            raise signal_error
+        except BaseException as e:
+            raise SystemError("<function _numba_unpickle> returned a result with an exception set") from e
+
+    monkeypatch.setattr(cli, "_run_command", run)
+    assert main(["stats", "--servers", "127.0.0.1:1"]) == code
+    assert capsys.readouterr().err.strip() == f"ps-worker: {said}"
+    try:
+        run(None, None)
+    except SystemError as wrapped:
+        assert stop_reason(wrapped) == ("interrupted (Ctrl-C)" if code == 130 else "terminated (SIGTERM)")

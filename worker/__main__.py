@@ -26,7 +26,7 @@ from worker.cli_train import (
 from worker.flags import check_new_dir, check_new_file, check_not_an_input, check_output_file, server_list
 from worker.launch import add_launch_parser, run_launch
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from worker.terminate import Terminated, sigterm_raises
+from worker.terminate import Terminated, signal_behind, sigterm_raises
 
 
 def _add_synth(sub) -> None:
@@ -386,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("ps-worker: terminated", file=sys.stderr)
         return TERMINATED_EXIT_CODE
+    except SystemError as e:  # numba's callbacks into Python carry a signal's exception this way (worker/terminate.py)
+        behind = signal_behind(e)
+        if behind is None:
+            raise
+        interrupted = isinstance(behind, KeyboardInterrupt)
+        print(f"ps-worker: {'interrupted' if interrupted else 'terminated'}", file=sys.stderr)
+        return 130 if interrupted else TERMINATED_EXIT_CODE
 
 
 def _run_command(args, rest: list[str]) -> int:

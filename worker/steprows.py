@@ -37,7 +37,7 @@ from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
-from worker.terminate import Terminated
+from worker.terminate import Terminated, signal_behind
 
 if TYPE_CHECKING:
     from worker.client import WorkerStamp
@@ -268,6 +268,7 @@ class GeoRows:
 def stop_reason(e: BaseException) -> str:
     """Why a worker stopped, for its job's other workers: "interrupted (Ctrl-C)", "terminated (SIGTERM)", or the
     error's class and the first line of its message."""
+    e = signal_behind(e) or e  # numba can wrap a signal's exception in a SystemError
     if isinstance(e, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
     if isinstance(e, Terminated):

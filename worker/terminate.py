@@ -75,6 +75,19 @@ class _CompileGuard:
 _GUARD = _CompileGuard()
 
 
+def signal_behind(e: BaseException) -> BaseException | None:
+    """The KeyboardInterrupt or Terminated that e was raised from or while handling (its __cause__ or __context__
+    chain), else None: numba's compiled code that calls back into Python (unpickling a cached kernel's constants)
+    turns a signal's exception there into a SystemError that carries it."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (KeyboardInterrupt, Terminated)):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
     """Within the block, SIGTERM raises Terminated in the main thread (once: a second SIGTERM while the first
