@@ -393,8 +393,8 @@ def run_epochs(
                     batch = item.batch
                     if best_model is not None:
                         best_model.add(item.tids)
-                    n = result.in_flight = len(batch)  # its push may reach the servers, and a stop come before it
-                    probs = step(item)  # returns (counted below)
+                    n = result.in_flight = len(batch)  # a stop inside the step may come after its push arrived
+                    probs = step(item)  # its push answered: counted below
                     running.update(logloss(batch.labels, probs))
                     if telemetry is not None:
                         now = time.perf_counter()
