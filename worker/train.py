@@ -46,6 +46,7 @@ from worker.data import DataSource
 from worker.dense import DensePath, DenseSync
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
+from worker.formats import file_has_labels
 from worker.loop import LoopResult, LoopSettings, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import LARGE, RECIPES, choose, describe
@@ -797,6 +798,11 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
     --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema."""
     with served_model(cfg, "nothing was evaluated") as m:
         cfg, data = m.cfg, m.data
+        scored = cfg.eval_data or cfg.data
+        if scored is not None and not file_has_labels(scored, data.schema):
+            raise ValueError(f"{scored} holds no labels (as its first lines show): eval scores a model against them; "
+                             "`ps-worker predict` writes the model's probability for each row of a file without "
+                             "labels; nothing was evaluated")  # fmt: skip
         eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
         results = {
             "model": cfg.model,
