@@ -189,6 +189,13 @@ def disk_full_reason(e: BaseException) -> str | None:
     return next((t for t in DISK_FULL_TEXTS if t in text), None)
 
 
+class FileTooLargeError(PsError):
+    """A write the limit on a file's size refused (EFBIG: the process's `ulimit -f`, or the file system's largest
+    file): a resource of the server, as a full disk is."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class DiskFullError(PsError):
     """A write this server needed found its disk full (ENOSPC) or its disk quota spent (EDQUOT):
     RESOURCE_EXHAUSTED, gRPC's code for "the entire file system is out of space". The message says so, names the

@@ -57,6 +57,7 @@ from ps.errors import (
     CheckpointDirError,
     CheckpointInProgressError,
     DiskFullError,
+    FileTooLargeError,
     InvalidArgumentError,
     PsError,
     ReplyTooLargeError,
@@ -90,7 +91,7 @@ def _rpc(method):
             code = e.status
             # a client's mistake is routine; damage on this server's disk (DATA_LOSS), a failed write or a full
             # disk is not
-            serious = e.status in ("DATA_LOSS", "INTERNAL") or isinstance(e, DiskFullError)
+            serious = e.status in ("DATA_LOSS", "INTERNAL") or isinstance(e, DiskFullError | FileTooLargeError)
             level = logging.ERROR if serious else logging.INFO
             if isinstance(e, CheckpointInProgressError):  # a hold's refusals: counted, told at its release
                 level = logging.DEBUG

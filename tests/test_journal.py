@@ -454,3 +454,32 @@ def test_a_damaged_last_record_the_mark_says_was_written_is_called_damage_not_a_
     assert [r.seq for r in accepted.replay(0, accept_loss=True)] == [1, 2]
     assert len(accepted.losses) == 1 and "where record 3 should be" in accepted.losses[0]
     accepted.close()
+
+
+def test_a_file_size_limit_refuses_the_push_as_a_resource_not_an_internal_error(tmp_path):
+    """`ulimit -f` below a segment's size (EFBIG): RESOURCE_EXHAUSTED naming the limit, and the pushes journaled
+    before it replay whole (a child process, so that the limit binds no one else)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import resource, numpy as np
+        from ps.errors import FileTooLargeError
+        from ps.storage.journal import Journal
+        j = Journal({str(tmp_path)!r})
+        assert list(j.replay(0)) == []  # a journal is replayed before its first append
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+        ids, done = np.arange(1000, dtype="<u8"), 0
+        try:
+            for k in range(1000):
+                j.append("t", ids, np.ones((1000, 16), "<f4"), np.ones(1000, "<f4"), np.zeros(1000, "<f4"), k)
+                done += 1
+        except FileTooLargeError as e:
+            print(done, e.status, e, flush=True)
+        """)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    done, status, message = out.stdout.split(" ", 2)
+    assert status == "RESOURCE_EXHAUSTED" and "`ulimit -f`, is 1,048,576 bytes" in message, out.stdout + out.stderr
+    assert "nothing was applied" in message and int(done) > 0
+    assert len(list(Journal(str(tmp_path)).replay(0))) == int(done)  # each acknowledged record, whole

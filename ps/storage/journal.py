@@ -51,6 +51,7 @@ import errno
 import itertools
 import logging
 import os
+import resource
 import struct
 import threading
 from collections.abc import Iterator
@@ -60,7 +61,7 @@ import numpy as np
 
 from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
-from ps.errors import DiskFullError, StorageError, disk_full_reason
+from ps.errors import DiskFullError, FileTooLargeError, StorageError, disk_full_reason
 from ps.storage.checksum import checksum64, copy_with_checksum64
 from ps.storage.sidefiles import MarkWriter, read_mark
 
@@ -355,6 +356,14 @@ class Journal:
                 return self._append(head, arrays, payload_len, origin)
             except OSError as e:
                 reason = disk_full_reason(e)
+                if reason is None and e.errno == errno.EFBIG and not self._failed:
+                    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+                    shown = "unlimited" if limit == resource.RLIM_INFINITY else f"{limit:,} bytes"
+                    raise FileTooLargeError(
+                        f"the journal's segment in {self.dir} cannot grow by {HEADER.size + payload_len:,} bytes: "
+                        f"{e.strerror} (the server's limit on a file's size, `ulimit -f`, is {shown}; or the file "
+                        "system's largest file): raise it (`prlimit --fsize` for the running server); nothing was applied"
+                    ) from e
                 if reason is None:
                     raise
                 if self._failed:  # freeing space is not enough: the failed record may still be on the disk
