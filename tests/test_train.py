@@ -364,3 +364,13 @@ def test_the_best_line_names_the_step_where_the_run_validated_every_few_steps():
         {**r, "eval_every": 500}
     )
     assert "at epoch 1 (ran to its end;" in format_results({**r, "eval_every": 0})
+
+
+def test_a_resumed_runs_best_line_says_it_judges_its_own_part_and_gives_no_epochs_advice():
+    from worker.results import format_results
+
+    r = {"best_validation_auc": 0.79, "best_validation_logloss": 0.45, "best_epoch": 2, "best_step": 64,
+         "model_is_best": True, "curve": [{"best": True}]}  # fmt: skip
+    assert "a larger --epochs may give a better model" in format_results(r)
+    resumed = format_results({**r, "skipped_examples": 475_136})
+    assert "of this resumed run's evaluations only" in resumed and "a larger --epochs" not in resumed

@@ -29,10 +29,12 @@ def format_results(r: dict) -> str:
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
         if _workers(r) > 1:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
+        if r.get("skipped_examples"):  # a resumed run: the stopped run's evaluations are not in its curve
+            kept += "; of this resumed run's evaluations only, its steps counted from the resume"
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
                      f"  at epoch {r['best_epoch']}{at_step(r)} ({stop}; {kept})")  # fmt: skip
         last = (r.get("curve") or [{}])[-1]
-        if not r.get("stopped_early") and last.get("best") and r["best_epoch"] > 1:
+        if not r.get("stopped_early") and last.get("best") and r["best_epoch"] > 1 and not r.get("skipped_examples"):
             lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
                          "--epochs may give a better model")  # fmt: skip
     lines += oracle_lines(r)
