@@ -310,7 +310,8 @@ def _checkpoint(args) -> int:
 def _export(args) -> int:
     """A checkpoint through the servers into a new folder of OUT, then `ps-server export` of it (the server package
     reads RocksDB files; the worker does not import it). Only once both succeeded is an earlier export's
-    checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was, but for the new folder's removal."""
+    checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was (an OUT the save created is removed)."""
+    import contextlib
     import os
     import secrets
     import shutil
@@ -322,6 +323,14 @@ def _export(args) -> int:
     fresh = os.path.join(args.out, f"checkpoint.new-{secrets.token_hex(4)}")
     if not args.overwrite:
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there")
+    new_out = not os.path.exists(args.out)
+
+    def undo() -> None:
+        shutil.rmtree(fresh, ignore_errors=True)
+        if new_out:
+            with contextlib.suppress(OSError):  # an OUT the save created, if nothing else is in it
+                os.rmdir(args.out)
+
     try:
         with _client(args) as client:
             client.wait_ready()
@@ -330,10 +339,10 @@ def _export(args) -> int:
         command += [] if args.since is None else ["--since", str(args.since)]
         done = subprocess.run(command)
     except BaseException:
-        shutil.rmtree(fresh, ignore_errors=True)
+        undo()
         raise
     if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
-        shutil.rmtree(fresh, ignore_errors=True)
+        undo()
         return done.returncode
     if os.path.isdir(kept):
         shutil.rmtree(kept)  # the earlier export's, now replaced

@@ -278,6 +278,11 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
             assert main([*base, "--overwrite"]) != 0
         finally:
             original[1].shard.release(token)
+        failed = subprocess.CompletedProcess([], 2)  # ps-server export fails after the save made a new OUT
+        monkeypatch.setattr(subprocess, "run", lambda *args, **kw: failed)
+        assert main(["export", "--servers", ",".join(addresses), str(tmp_path / "new-out")]) == 2
+        monkeypatch.undo()
+        assert not (tmp_path / "new-out").exists()  # the save's folder and the OUT it made, removed
     finally:
         stop(original)
     assert tree(out) == earlier and sorted(os.listdir(out)) == ["busy.ids.npy", "busy.rows.npy", "checkpoint",
