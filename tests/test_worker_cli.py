@@ -461,7 +461,7 @@ def test_a_sigterm_while_numba_compiles_raises_once_the_kernel_is_compiled():
             pass
 
     listener = SignalMidCompile()
-    with sigterm_raises():
+    with sigterm_raises(cleanup_limit_s=None):  # no watchdog ending this test process 120 s later
         event.register("numba:compile", listener)
         try:
             with pytest.raises(Terminated):
@@ -527,3 +527,24 @@ def test_a_signal_that_numba_wrapped_in_a_system_error_ends_the_command_as_the_s
         run(None, None)
     except SystemError as wrapped:
         assert stop_reason(wrapped) == ("interrupted (Ctrl-C)" if code == 130 else "terminated (SIGTERM)")
+
+
+@pytest.mark.parametrize("signum, error", [(signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, Terminated)])
+def test_a_signal_inside_a_step_waits_for_its_end_or_its_grace(signum, error):
+    """signals_after_step: the signal raises once the block is done (its push counted), or, if the block runs on
+    past the grace (a barrier's wait), inside it then."""
+    import time
+
+    from worker.terminate import signals_after_step, sigterm_raises
+
+    reached = []
+    with sigterm_raises(cleanup_limit_s=None), pytest.raises(error), signals_after_step(5.0):
+        os.kill(os.getpid(), signum)
+        time.sleep(0.2)  # the handler has run by now: the signal waits
+        reached.append("the step's end")
+    assert reached == ["the step's end"]
+    started = time.monotonic()
+    with sigterm_raises(cleanup_limit_s=None), pytest.raises(error), signals_after_step(0.5):
+        os.kill(os.getpid(), signum)
+        time.sleep(10)  # a wait that outlives the grace: interrupted
+    assert time.monotonic() - started < 5

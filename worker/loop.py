@@ -48,6 +48,7 @@ from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
 from worker.progress_lines import JSON_EVERY_S, progress_line
 from worker.steprows import AsyncRows, pull_rows
+from worker.terminate import signals_after_step
 
 
 @dataclass
@@ -127,6 +128,7 @@ def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, bat
     return out
 
 
+STEP_GRACE_S = 5.0  # a signal inside a step waits this long at most for the step's push (signals_after_step)
 MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
 
 
@@ -393,16 +395,17 @@ def run_epochs(
                     batch = item.batch
                     if best_model is not None:
                         best_model.add(item.tids)
-                    n = result.in_flight = len(batch)  # a stop inside the step may come after its push arrived
-                    probs = step(item)  # its push answered: counted below
+                    with signals_after_step(STEP_GRACE_S):  # a Ctrl-C or SIGTERM here waits for the step's count
+                        n = result.in_flight = len(batch)  # a stop inside the step may come after its push arrived
+                        probs = step(item)  # its push answered: counted below
+                        result.examples += n
+                        result.steps += 1
+                        result.in_flight = 0
                     running.update(logloss(batch.labels, probs))
                     if telemetry is not None:
                         now = time.perf_counter()
                         telemetry.step(n, now - step_started, running.value)
                         step_started = now
-                    result.examples += n
-                    result.steps += 1
-                    result.in_flight = 0
                     _advance(bar, n)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}

@@ -11,7 +11,9 @@ first, it exits with EXIT_CODE whatever it is doing (local shards stop on their 
 Within the block, SIGTERM and Ctrl-C (SIGINT, unless the process ignores it) that arrive while the main thread
 holds numba's compiler lock (compiling a kernel, or loading one from numba's cache) raise once it lets go of it:
 numba calls back into Python from LLVM (its lock callbacks), and an exception raised there by a signal handler
-crashed the process (exit -11) instead of unwinding it.
+crashed the process (exit -11) instead of unwinding it. Inside a signals_after_step block (a training step) they
+raise at the block's end, or once the block has run grace_s past the signal (the timer nudges the main thread
+with RAISE_PENDING_SIGNAL, whose handler raises them).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class _CompileGuard:
         self.depth = 0
         self.pending: type[BaseException] | None = None
         self.installed = False
+        self.handling = False  # sigterm_raises's handlers are in place
+        self.holding = False  # a signals_after_step block runs
+        self.grace_s = 0.0
+        self._timer: threading.Timer | None = None
 
     def install(self) -> None:
         """Listens to numba's compiler-lock events (once; numba is imported here, not before)."""
@@ -58,7 +64,7 @@ class _CompileGuard:
                 if threading.current_thread() is not threading.main_thread():
                     return
                 guard.depth = max(0, guard.depth - 1)
-                if guard.depth == 0 and guard.pending is not None:
+                if guard.depth == 0 and guard.pending is not None and not guard.holding:
                     error, guard.pending = guard.pending, None
                     raise error
 
@@ -66,13 +72,57 @@ class _CompileGuard:
         self.installed = True
 
     def raise_now(self, error: type[BaseException]) -> None:
-        if self.depth > 0:
+        if self.depth > 0 or self.holding:
+            if self.holding and self._timer is None:  # the step's grace: raised then, wherever the main thread is
+                self._timer = threading.Timer(self.grace_s, self._grace_over)
+                self._timer.daemon = True
+                self._timer.start()
             self.pending = self.pending or error
             return
         raise error
 
+    def _grace_over(self) -> None:
+        """(timer thread) The held step outlived its grace: its signal is raised now, in the main thread."""
+        self.holding = False
+        if self.pending is not None:
+            signal.pthread_kill(threading.main_thread().ident, RAISE_PENDING_SIGNAL)
+
+    def take_pending(self) -> type[BaseException] | None:
+        """The deferred error, unless numba's compiler lock still defers it (it raises at the lock's end)."""
+        if self.depth > 0:
+            return None
+        error, self.pending = self.pending, None
+        return error
+
 
 _GUARD = _CompileGuard()
+RAISE_PENDING_SIGNAL = signal.SIGUSR1  # the grace timer's nudge to the main thread (its handler raises the signal's)
+
+
+@contextlib.contextmanager
+def signals_after_step(grace_s: float) -> Iterator[None]:
+    """Within the block (a training step: its push, then its count), Ctrl-C and SIGTERM raise at its end, so that
+    a stopped run's count of trained examples holds every push the servers applied; if the block runs on for
+    grace_s after the signal (a sync barrier's wait, a shard's outage), they raise then, inside it. Under
+    sigterm_raises in the main thread only; elsewhere the block runs as it is. An exception that ends the block
+    drops a deferred signal (that error ends the run)."""
+    if not _GUARD.handling or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _GUARD.holding, _GUARD.grace_s = True, grace_s
+    try:
+        yield
+    except BaseException:
+        _GUARD.pending = None if _GUARD.depth == 0 else _GUARD.pending
+        raise
+    finally:
+        _GUARD.holding = False
+        if _GUARD._timer is not None:
+            _GUARD._timer.cancel()
+            _GUARD._timer = None
+    error = _GUARD.take_pending()
+    if error is not None:
+        raise error
 
 
 def signal_behind(e: BaseException) -> BaseException | None:
@@ -89,31 +139,43 @@ def signal_behind(e: BaseException) -> BaseException | None:
 
 
 @contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
+def sigterm_raises(cleanup_limit_s: float | None = CLEANUP_LIMIT_S) -> Iterator[None]:
     """Within the block, SIGTERM raises Terminated in the main thread (once: a second SIGTERM while the first
     unwinds is ignored, so that the cleanup it triggers runs to its end); the previous handler comes back after.
-    SIGTERM and Ctrl-C that arrive while numba compiles raise when it is done (see the module docstring)."""
+    SIGTERM and Ctrl-C that arrive while numba compiles raise when it is done (see the module docstring).
+    cleanup_limit_s: the process exits (EXIT_CODE) that long after a SIGTERM whatever it does; None: never (tests
+    that send SIGTERM to their own process)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def raise_terminated(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        watchdog = threading.Timer(CLEANUP_LIMIT_S, os._exit, args=(EXIT_CODE,))  # later SIGTERMs are ignored:
-        watchdog.daemon = True  # a cleanup that hangs must not keep the process for good
-        watchdog.start()
+        if cleanup_limit_s is not None:  # later SIGTERMs are ignored: a cleanup that hangs must not keep the
+            watchdog = threading.Timer(cleanup_limit_s, os._exit, args=(EXIT_CODE,))  # process for good
+            watchdog.daemon = True
+            watchdog.start()
         _GUARD.raise_now(Terminated)
 
     def raise_interrupt(signum: int, frame: Any) -> None:
         _GUARD.raise_now(KeyboardInterrupt)
 
+    def raise_pending(signum: int, frame: Any) -> None:
+        error = _GUARD.take_pending()
+        if error is not None:
+            raise error
+
     _GUARD.install()
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
     previous_int = signal.signal(signal.SIGINT, raise_interrupt) if interrupting else None
+    previous_nudge = signal.signal(RAISE_PENDING_SIGNAL, raise_pending)
+    _GUARD.handling = True
     try:
         yield
     finally:
+        _GUARD.handling = False
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(RAISE_PENDING_SIGNAL, previous_nudge)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
