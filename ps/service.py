@@ -49,7 +49,7 @@ from google.protobuf.message import Message
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import MAX_MESSAGE_BYTES
+from ps.config import DEFAULT_HOLD_S, MAX_MESSAGE_BYTES
 from ps.engine.jobs import SYNC_KEY_BIT, Stamp
 from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
@@ -316,7 +316,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:
         if request.phase == "hold":
-            clock, token = self.shard.hold(request.hold_timeout_s or Shard.DEFAULT_HOLD_S)
+            clock, token = self.shard.hold(request.hold_timeout_s or DEFAULT_HOLD_S)
             return ps_pb2.CheckpointResponse(clock=clock, token=token)
         if request.phase == "save":
             directory = checkpoint_dir(self.shard.config.checkpoint_root, request.dir)

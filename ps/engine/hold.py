@@ -36,9 +36,6 @@ class PushHold:
     """Counts the pushes in flight and refuses new ones while a checkpoint holds them; one hold at a time, and
     one save at a time."""
 
-    MAX_HOLD_S = MAX_HOLD_S
-    DEFAULT_HOLD_S = DEFAULT_HOLD_S
-
     def __init__(self, shard_id: int):
         self.shard_id = shard_id
         self._gate = threading.Condition()  # guards the fields below; notified when a push ends or a hold does
@@ -78,10 +75,10 @@ class PushHold:
         the pushes in flight are done; returns (clock(), read then, token): save and release need the token. Every
         push acknowledged before this returns is in the checkpoint, none after. One hold at a time:
         CheckpointHoldError while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S."""
-        if not (math.isfinite(timeout_s) and 0 < timeout_s <= self.MAX_HOLD_S):
+        if not (math.isfinite(timeout_s) and 0 < timeout_s <= MAX_HOLD_S):
             raise InvalidArgumentError(
-                f"hold_timeout_s must be finite, > 0 and <= {self.MAX_HOLD_S:g} seconds (0 in a request: "
-                f"{self.DEFAULT_HOLD_S:g}), got {timeout_s}; nothing is held"
+                f"hold_timeout_s must be finite, > 0 and <= {MAX_HOLD_S:g} seconds (0 in a request: "
+                f"{DEFAULT_HOLD_S:g}), got {timeout_s}; nothing is held"
             )
         with self._gate:
             now = time.monotonic()

@@ -119,9 +119,6 @@ def _restore_manifest(config: ServerConfig) -> dict | None:
 
 
 class Shard:
-    MAX_HOLD_S = PushHold.MAX_HOLD_S
-    DEFAULT_HOLD_S = PushHold.DEFAULT_HOLD_S  # a Checkpoint hold request's hold_timeout_s 0
-
     def __init__(self, config: ServerConfig):
         """Opens (or restores into, with config.restore_dir) the data dir, replays its journal and starts the
         flusher. A dir that cannot be served raises a ps.errors error (DataLossError for lost writes; a StorageError
@@ -558,7 +555,7 @@ class Shard:
 
     # ---- checkpoints (ps.engine.hold) ------------------------------------------------------------------
     def hold(self, timeout_s: float) -> tuple[int, str]:
-        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most MAX_HOLD_S), once
+        """Stops taking pushes (they get CheckpointInProgressError) for up to timeout_s (at most ps.config MAX_HOLD_S), once
         the pushes in flight are done; returns (clock, token): save and release need the token. Every push
         acknowledged before this returns is in the checkpoint, none after. One hold at a time: CheckpointHoldError
         while another lasts. InvalidArgumentError unless 0 < timeout_s <= MAX_HOLD_S.
