@@ -7,13 +7,12 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import MAX_INTERVAL_S, ServerConfig
 from ps.errors import PsError, StorageError
-from ps.settings import HelpFormatter, add_config_flag, address, apply_defaults, integer, number
+from ps.settings import HelpFormatter, add_config_flag, address, apply_defaults, integer, number, reader_gone
 from ps.storage.memory import plan_memory
 
 
@@ -302,9 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] and argv[0] in commands:
         try:
             return commands[argv[0]](argv[1:])
-        except BrokenPipeError:  # its reader left (`| head`): quiet, as other command-line tools
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail too
-            return 128 + signal.SIGPIPE
+        except BrokenPipeError:
+            return reader_gone()
     parser = build_parser()
     if argv and not argv[0].startswith("-"):  # a mistyped command would otherwise be told to give --data-dir
         parser.error(f"unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)}; without one, "

@@ -22,6 +22,8 @@ import argparse
 import math
 import os
 import re
+import signal
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 
@@ -159,6 +161,14 @@ def settings_table(parser: argparse.ArgumentParser) -> list[tuple[str, str, str,
     """(flag, environment variable, default, help) of every settable flag, for documentation."""
     return [(_flag(a), env_name(d), repr(a.default) if a.default is not None else "", a.help or "")
             for d, a in _settable(parser).items()]  # fmt: skip
+
+
+def reader_gone() -> int:
+    """For both CLIs' `except BrokenPipeError`: the reader of stdout left (`| head`); the command ends quietly, as
+    other command-line tools do (stdout pointed at /dev/null: Python's flush at exit would fail too). Returns the
+    exit code, 141 (SIGPIPE's)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 128 + signal.SIGPIPE
 
 
 # ---- argparse types and help of both CLIs (ps-server, ps-worker) --------------------------------------------

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
 from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import PsError
-from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number, reader_gone
 from worker.cli_predict import add_predict_parser, run_predict
 from worker.cli_train import (
     SECONDS,
@@ -312,7 +311,6 @@ def _export(args) -> int:
     reads RocksDB files; the worker does not import it). Only once both succeeded is an earlier export's
     checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was (an OUT the save created is removed)."""
     import contextlib
-    import os
     import secrets
     import shutil
     import subprocess
@@ -358,7 +356,6 @@ def _record_checkpoint(path: str, checkpoint: str | None) -> None:
     """Sets export.json's "checkpoint" (the path of the checkpoint exported; null once it is deleted), replacing
     the file whole."""
     import json
-    import os
 
     with open(path) as f:
         summary = json.load(f)
@@ -383,9 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_raises():
             return _run_command(args, rest)
-    except BrokenPipeError:  # the reader of its output left (`| head`): quiet, as other command-line tools
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail too
-        return 128 + signal.SIGPIPE
+    except BrokenPipeError:
+        return reader_gone()
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2
