@@ -174,9 +174,12 @@ def scale_rows(small: dict, large: dict) -> list[str]:
         out.append(
             row(
                 f"Zipf {kind}, fresh requests of ~{large['unique_ids_per_request']:,.0f} unique ids over "
-                f"{large['rows']:,} rows",
+                f"{large['rows']:,} rows, right after a restart (the RAM tier filling: "
+                f"{large.get(f'misses_per_{kind}', float('nan')):,.0f} ids per call read from RocksDB, "
+                f"{large.get('evictions', float('nan')):,} evicted)",
                 mega(large[key], "ids/s"),
-                f"the same at {small['rows']:,} rows: {mega(small[key], 'ids/s')}",
+                f"the same at {small['rows']:,} rows ({small.get(f'misses_per_{kind}', float('nan')):,.0f} read per "
+                f"call): {mega(small[key], 'ids/s')}",
                 f"**{large[key] / small[key]:.2f}x** (target >= 0.5 at 10^8 rows)",
                 large["command"],
             )

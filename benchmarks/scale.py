@@ -8,10 +8,14 @@ server is stopped (its clean shutdown flushes every dirty row) and started again
 server that is not busy flushing the fill. Every timed call draws 100,000 new ids with Zipf(1.1) frequencies over
 all N ids (harness.zipf_ids; rank r is id r) and sends the unique ones, sorted, as one PullBatch, and the next
 call as one PushBatch of random gradients (request bytes built before the call, reply unparsed; pulls and pushes
-alternate). No request is repeated: the head of the distribution stays hot in the RAM tier while its tail
-reaches RocksDB and the page cache, as it does in training. Rates are unique ids per second, medians of the
-calls after --warmup. Peak RSS is the largest VmHWM (/proc/PID/status) of the filling and the serving
-processes, read before each stops; disk bytes are every file in the data dir after the final clean stop.
+alternate). No request is repeated. The restarted server's RAM tier starts empty and, at the report's sizes
+(--cache-bytes 2G: about 8 million rows of dim 16), the timed calls do not fill it: a call's misses (ids read
+from RocksDB, from the page cache) are ids no call since the restart has touched, not rows the tier evicted, so
+the rates are those of a server warming up after a restart, not of one whose table outgrew its RAM tier (that
+is benchmarks/miss_path.py). The misses per call and the evictions (the table's Stats, read between calls,
+untimed) are printed and in the JSON. Rates are unique ids per second, medians of the calls after --warmup.
+Peak RSS is the largest VmHWM (/proc/PID/status) of the filling and the serving processes, read before each
+stops; disk bytes are every file in the data dir after the final clean stop.
 Targets: peak RSS <= --cache-bytes + 1 GiB; disk <= 1.5x the raw row bytes; Zipf throughput at 10^8 rows within
 2x of 10^6 (two runs; benchmarks/report.py compares the sizes it runs).
 """
@@ -57,27 +61,46 @@ def fill(cluster: LocalCluster, rows: int, rng: np.random.Generator) -> tuple[fl
     return time.perf_counter() - t0, harness.peak_rss_bytes(pid)
 
 
+def table_counts(client: Client) -> tuple[int, int]:
+    """(cache_misses, evictions) of the table "big" so far (Stats)."""
+    table = next(t for t in client.stats()[0].tables if t.name == "big")
+    return int(table.cache_misses), int(table.evictions)
+
+
 def zipf_calls(address: str, rows: int, reps: int, warmup: int, rng: np.random.Generator) -> dict[str, list]:
-    """Alternated PullBatch and PushBatch calls of fresh Zipf ids; per call after warmup: unique ids, seconds."""
+    """Alternated PullBatch and PushBatch calls of fresh Zipf ids; per call after warmup: unique ids, seconds,
+    ids read from RocksDB (misses); and the table's evictions over the whole run."""
     ch = harness.channel(address)
     pull_batch, push_batch = harness.raw_method(ch, "PullBatch"), harness.raw_method(ch, "PushBatch")
-    client_id, out = secrets.randbits(63) | 1, {"pull_ids": [], "pull_s": [], "push_ids": [], "push_s": []}
-    for k in range(warmup + reps):
-        for kind in ("pull", "push"):
-            ids = np.unique(harness.zipf_ids(rng, BATCH, rows))
-            if kind == "pull":
-                call, request = pull_batch, harness.pull_batch_bytes("big", ids)
-            else:
-                grads = (rng.standard_normal((len(ids), DIM)) * 0.01).astype(np.float32)
-                body = harness.push_batch_body("big", ids, grads)
-                call, request = push_batch, body + harness.push_batch_tail(client_id, k + 1)
-            t = time.perf_counter()
-            call(request, timeout=600)
-            took = time.perf_counter() - t
-            if k >= warmup:
-                out[f"{kind}_ids"].append(len(ids))
-                out[f"{kind}_s"].append(took)
+    client_id = secrets.randbits(63) | 1
+    out: dict[str, list] = {f"{kind}_{x}": [] for kind in ("pull", "push") for x in ("ids", "s", "misses")}
+    with Client([address], timeout_s=600) as client:
+        evictions0 = table_counts(client)[1]
+        for k in range(warmup + reps):
+            zipf_pair(client, pull_batch, push_batch, client_id, k, rows, rng, out if k >= warmup else None)
+        out["evictions"] = [table_counts(client)[1] - evictions0]
     return out
+
+
+def zipf_pair(client: Client, pull_batch, push_batch, client_id: int, k: int, rows: int, rng: np.random.Generator,
+              out: dict[str, list] | None) -> None:  # fmt: skip
+    """Pull k, then push k, of fresh Zipf ids; recorded in out unless it is None."""
+    for kind in ("pull", "push"):
+        ids = np.unique(harness.zipf_ids(rng, BATCH, rows))
+        if kind == "pull":
+            call, request = pull_batch, harness.pull_batch_bytes("big", ids)
+        else:
+            grads = (rng.standard_normal((len(ids), DIM)) * 0.01).astype(np.float32)
+            body = harness.push_batch_body("big", ids, grads)
+            call, request = push_batch, body + harness.push_batch_tail(client_id, k + 1)
+        misses0 = table_counts(client)[0]
+        t = time.perf_counter()
+        call(request, timeout=600)
+        took = time.perf_counter() - t
+        if out is not None:
+            out[f"{kind}_ids"].append(len(ids))
+            out[f"{kind}_s"].append(took)
+            out[f"{kind}_misses"].append(table_counts(client)[0] - misses0)
 
 
 def main() -> None:
@@ -123,6 +146,9 @@ def main() -> None:
         "unique_ids_per_request": statistics.median(calls["pull_ids"] + calls["push_ids"]),
         "zipf_pull_ids_per_s": statistics.median(pull_rates),
         "zipf_push_ids_per_s": statistics.median(push_rates),
+        "misses_per_pull": statistics.median(calls["pull_misses"]),
+        "misses_per_push": statistics.median(calls["push_misses"]),
+        "evictions": calls["evictions"][0],
         "reps": len(pull_rates),
     }
     gib = lambda b: f"{b / 2**30:.2f} GiB"
@@ -136,6 +162,9 @@ def main() -> None:
     print(f"zipf pull: {mega(pull_rates)} ids/s, fresh requests of ~{r['unique_ids_per_request']:,.0f} unique ids, "
           f"{len(pull_rates)} calls")  # fmt: skip
     print(f"zipf push: {mega(push_rates)} ids/s")
+    print(f"misses (ids read from RocksDB) per call, median: pull {r['misses_per_pull']:,.0f}, push "
+          f"{r['misses_per_push']:,.0f}; evictions during the calls: {r['evictions']:,} (0: the RAM tier never "
+          "filled, and the misses are ids first touched since the restart)")  # fmt: skip
     harness.emit(r)
 
 
