@@ -59,7 +59,14 @@ def one_run(tables: Client | InProcessTables, cfg: TrainConfig) -> dict:
     dense = DenseSync(tables, spec.dense_params(), cfg.dense_sync_every)
     dense.pull()
     loop = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data))
-    r = {"examples": loop.examples, "seconds": loop.seconds, "examples_per_s": loop.examples / loop.seconds}
+    r = {
+        "examples": loop.examples,
+        "seconds": loop.seconds,
+        "examples_per_s": loop.examples / loop.seconds,
+        "batch_size": cfg.batch_size,
+        "optimizer": cfg.optimizer,
+        "learning_rate": cfg.learning_rate,
+    }  # the recipe's
     r.update(evaluate(tables, spec, backend, dense.pull(), data.eval()))
     return r
 
@@ -98,8 +105,8 @@ def main() -> None:
     ps, local = _median_run(ps_runs), _median_run(local_runs)
     ratio = ps["examples_per_s"] / local["examples_per_s"]
     print(
-        f"DeepFM ({args.backend}, hidden {args.hidden}), {args.rows:,} synthetic rows, batch {cfg.batch_size}, "
-        f"median of {args.repeats} alternated runs each"
+        f"DeepFM ({args.backend}, hidden {args.hidden}), {args.rows:,} synthetic rows, batch {ps['batch_size']}, "
+        f"sparse {ps['optimizer']} {ps['learning_rate']}, median of {args.repeats} alternated runs each"
     )
     print(
         f"against {args.shards} server processes: {ps['examples_per_s']:,.0f} examples/s   eval AUC {ps['eval_auc']:.4f}"
@@ -108,6 +115,7 @@ def main() -> None:
     print(f"oracle AUC {ps['oracle_auc']:.4f}; PS / in-process = {ratio:.2f} (target >= 0.8)")
     harness.emit({
         "model": "deepfm", "backend": args.backend, "rows": args.rows, "shards": args.shards,
+        "batch_size": ps["batch_size"],
         "ps_examples_per_s": ps["examples_per_s"], "inprocess_examples_per_s": local["examples_per_s"],
         "ps_vs_inprocess": ratio, "ps_eval_auc": ps["eval_auc"], "inprocess_eval_auc": local["eval_auc"],
         "oracle_auc": ps["oracle_auc"], "repeats": args.repeats,
