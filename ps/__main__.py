@@ -195,25 +195,35 @@ def build_health_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-server-name", default=None, help="name the shard's certificate holds, if not the address")
     p.add_argument("--auth-token-file", default=None, help="not needed: the shard answers health checks without its "
                    "token (accepted, and checked, so that a probe can share its clients' flags)")  # fmt: skip
+    p.add_argument("--starting-ok", action="store_true", help="exit 0 for a shard that is starting too (a liveness "
+                   "probe: a shard replaying its journal for an hour is alive, and says how far it is)")  # fmt: skip
     return p
 
 
+HEALTH_STARTING = 3  # ps-server health's exit status for a shard that listens and is starting
+
+
 def health_main(argv: list[str]) -> int:
-    """`ps-server health HOST:PORT`: exit 0 if the shard's gRPC health service says SERVING (for container
-    health checks; the shard asks no token for it, but TLS and mutual TLS apply)."""
+    """`ps-server health HOST:PORT`: asks the shard's gRPC health service (for container health checks; the shard
+    asks no token for it, but TLS and mutual TLS apply) and prints its answer. Exit 0: SERVING. Exit 3: the shard
+    listens but its start (a journal replay, --restore, --verify-on-start) is not done: NOT_SERVING, printed with
+    what it is doing and how far ("replaying its journal, 43% (12 s so far)"); with --starting-ok, 0. Exit 1:
+    anything else (nothing listens, no answer in --timeout-s, a TLS mismatch, NOT_SERVING while it stops).
+    Exit 2: a flag is wrong."""
     args = build_health_parser().parse_args(argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
     from ps.security import read_token
 
     try:
         token = read_token(args.auth_token_file) if args.auth_token_file else None
-        serving, text = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key, token,
-                                     args.tls_server_name)  # fmt: skip
+        health = check_health(args.address, args.timeout_s, args.tls_ca, args.tls_cert, args.tls_key, token,
+                              args.tls_server_name)  # fmt: skip
     except ValueError as e:  # an unreadable key, half a key pair
         print(f"ps-server health: error: {e}", file=sys.stderr)
         return 2
-    print(f"{args.address}: {text}", file=sys.stdout if serving else sys.stderr)
-    return 0 if serving else 1
+    code = 0 if health.serving else (0 if args.starting_ok else HEALTH_STARTING) if health.starting else 1
+    print(f"{args.address}: {health.text}", file=sys.stderr if code else sys.stdout)
+    return code
 
 
 def build_verify_parser() -> argparse.ArgumentParser:
@@ -340,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         accept_journal_loss=args.accept_journal_loss,
         checkpoint_root=args.checkpoint_root,
         cluster=args.cluster,
+        verify_on_start=args.verify_on_start,
     )
     logging.getLogger("ps.server").info("settings (defaults left out): %s", _given_settings(args))
     try:
@@ -352,13 +363,6 @@ def main(argv: list[str] | None = None) -> int:
                     "%s %.1f GiB is more than this machine's %.1f GiB of RAM: the server will not be held to it, "
                     "and the RAM tier may grow until the machine swaps or the kernel kills the server", flag,
                     size / 2**30, physical / 2**30)  # fmt: skip
-        if args.verify_on_start and os.path.isdir(args.data_dir) and os.listdir(args.data_dir):
-            from ps.storage.verify import verify_data_dir
-
-            lines, damaged = verify_data_dir(args.data_dir)
-            if damaged:
-                print("\n".join(lines), file=sys.stderr)
-                raise StorageError(f"{args.data_dir} is damaged (--verify-on-start, lines above); refusing to start")
         from ps.server import serve  # imported late: `--help` stays fast
 
         serve(config, stop_with_stdin=args.stop_with_stdin)

@@ -258,6 +258,7 @@ class ServerConfig:
     accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
     checkpoint_root: str | None = None  # Checkpoint saves write only inside this directory; None: saves refused
     cluster: str = ""  # the name of the cluster this shard belongs to, in Stats (clients compare their shards')
+    verify_on_start: bool = False  # read every block of a data dir with data first; refuse it if damaged (ps.server)
 
     def validate(self) -> None:
         if self.direct_reads and self.mmap_reads:

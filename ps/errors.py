@@ -148,6 +148,16 @@ class CheckpointInProgressError(PsError):
 CHECKPOINT_PAUSE = "is taking a checkpoint"
 
 
+class ShardStartingError(PsError):
+    """The shard listens but its start (opening its data dir, a restore, a journal replay) is not done; clients
+    retry as for an outage. Its message holds SHARD_STARTING, then what the start is doing (ps.engine.startup)."""
+
+    status = "UNAVAILABLE"
+
+
+SHARD_STARTING = "is starting"
+
+
 class CheckpointHoldError(PsError):
     """A checkpoint's hold cannot be had (another checkpoint holds the shard) or was lost (it expired, or was
     released, before the save). Not retried: waiting does not end another checkpoint, nor revive an expired hold."""

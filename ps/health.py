@@ -5,11 +5,17 @@ Watch stream's first response. A send can wait for gRPC's event thread; that thr
 cancelled Watch, which takes the same lock. Watch streams cancelled while a server stops or while others open (no
 token is needed for health calls) so left the server hanging after SIGTERM, serving nothing. Here the lock only
 guards the state: the watchers to notify are copied under it and sent to after it is released.
+
+A shard listens while it starts (ps.server): its services are NOT_SERVING until the start is done, and a Check
+answered NOT_SERVING then carries what the start is doing in its trailing metadata, under STARTING_KEY (UTF-8:
+"shard 0 is starting: replaying its journal, 43% (12 s so far)"). The standard protocol has no field for a
+reason; probes that do not look for the key see a plain NOT_SERVING. check_health reads it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,6 +27,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
+STARTING_KEY = "sparseps-starting-bin"  # trailing metadata of a NOT_SERVING Check: what the start is doing
 
 
 def add_to_server(servicer: HealthServicer, server: grpc.Server) -> None:
@@ -76,7 +83,21 @@ class HealthServicer(health.HealthServicer):
     """Check and Watch as grpc_health serves them (Watch streams hold no thread); set and enter_graceful_shutdown
     notify the watchers outside the lock. Relies on grpc_health's state attributes (_lock, _server_status,
     _send_response_callbacks, _gracefully_shutting_down); tests/test_health.py checks both the protocol and the
-    shutdown race."""
+    shutdown race. starting: what the shard's start is doing, or None once it is done (see the module's
+    docstring); grpc_health's "" starts SERVING, so a server that starts its shard after listening sets NOT_SERVING
+    first."""
+
+    def __init__(self, starting: Callable[[], str | None] | None = None):
+        super().__init__()
+        self._starting = starting
+
+    def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> object:
+        """grpc_health's Check; a NOT_SERVING answer of a starting shard says why (STARTING_KEY)."""
+        reply = super().Check(request, context)
+        why = self._starting() if self._starting is not None and reply.status == NOT_SERVING else None
+        if why:
+            context.set_trailing_metadata(((STARTING_KEY, why.encode()),))
+        return reply
 
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext,
               send_response_callback: Callable | None = None) -> object:  # fmt: skip
@@ -130,29 +151,41 @@ class HealthServicer(health.HealthServicer):
                 pass
 
 
+class Health(NamedTuple):
+    """check_health's answer: serving (SERVING), starting (NOT_SERVING from a shard whose start is not done), and
+    the text to print: the status (with what the start is doing, if starting) or the error."""
+
+    serving: bool
+    starting: bool
+    text: str
+
+
 def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, token: str | None = None,
-                 tls_server_name: str | None = None) -> tuple[bool, str]:  # fmt: skip
-    """(True if the shard at address reports SERVING, its status or the error) via the gRPC health service, over
-    TLS (tls_ca), mutual TLS (tls_cert, tls_key) and with a token as given; tls_server_name: the name to expect in
-    the server's certificate when it does not name the address dialed (a probe of 127.0.0.1, say). An UNAVAILABLE
-    whose cause is a TLS setting that differs from the shard's (gRPC says only "Socket closed") says which flag is
-    missing or too many (tls_hint)."""
+                 tls_server_name: str | None = None) -> Health:  # fmt: skip
+    """What the gRPC health service of the shard at address says (Health), over TLS (tls_ca), mutual TLS (tls_cert,
+    tls_key) and with a token as given; tls_server_name: the name to expect in the server's certificate when it
+    does not name the address dialed (a probe of 127.0.0.1, say). An UNAVAILABLE whose cause is a TLS setting that
+    differs from the shard's (gRPC says only "Socket closed") says which flag is missing or too many (tls_hint)."""
     from ps.security import client_channel
 
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
     try:
         with client_channel(address, options, tls_ca, tls_cert, tls_key, token) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            stub = health_pb2_grpc.HealthStub(channel)
+            reply, call = stub.Check.with_call(health_pb2.HealthCheckRequest(), timeout=timeout_s)
     except grpc.RpcError as e:
         text = f"{e.code().name}: {e.details()}"
         if "Connection refused" in (e.details() or ""):  # gRPC's text names every address it tried
-            return False, (f"{e.code().name}: connection refused: nothing listens there (a shard listens once its "
-                           "start is done: a journal replay, --restore or --verify-on-start may take minutes)")  # fmt: skip
+            return Health(False, False, f"{e.code().name}: connection refused: nothing listens there (a shard "
+                          "listens within seconds of its start, before it opens its data dir: is it running?)")  # fmt: skip
         if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             text = f"{e.code().name}: no answer within {timeout_s:g} s"
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             text += tls_hint(address, bool(tls_ca or tls_cert or tls_key), bool(tls_cert), min(timeout_s, 2.0))
-        return False, text
+        return Health(False, False, text)
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    return reply.status == SERVING, status
+    why = [v for k, v in (call.trailing_metadata() or ()) if k == STARTING_KEY]
+    if reply.status == NOT_SERVING and why:
+        return Health(False, True, f"{status}: {why[0].decode('utf-8', 'replace')}")
+    return Health(reply.status == SERVING, False, status)

@@ -7,14 +7,21 @@ request without `Authorization: Bearer <token>`. Only GET /metrics answers; ever
 Prometheus scrapes that with `scheme: https`, `tls_config: {ca_file, cert_file, key_file}` and
 `authorization: {credentials_file}` (docs/security.md).
 
+The port serves from before the shard opens its data dir (ps.server), while it starts:
+    sparseps_starting                               1 while the shard starts (health NOT_SERVING), 0 once it serves
+    sparseps_start_phase{phase}                     1 for the phase the start is in (ps.engine.startup.PHASES)
+    sparseps_start_progress                         the fraction of that phase done (replaying: of the journal's
+                                                    bytes); absent for a phase that has no measure
+    sparseps_start_seconds                          seconds the start has taken so far, or took
 Per RPC method (`method` label), observed by the servicer:
     sparseps_requests_total{method, code}          calls, by gRPC status code name
     sparseps_request_seconds{method}                latency histogram
     sparseps_request_bytes_total{method, direction} request ("in") and reply ("out") bytes
 Per table (`table` label), read from the shard at each scrape: sparseps_table_rows and sparseps_table_<k> for
 each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per shard: SHARD_GAUGES (the clock, the
-memory plan's parts, the data dir's bytes and its disk's free bytes, failed flushes in a row). The process:
-prometheus-client's process_* (resident memory, CPU seconds, start time, open files).
+memory plan's parts, the data dir's bytes and its disk's free bytes, failed flushes in a row): these, per table and
+per shard, once the shard serves. The process: prometheus-client's process_* (resident memory, CPU seconds, start
+time, open files).
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
+
+from ps.engine.startup import PHASES, StartProgress
 
 if TYPE_CHECKING:
     from ps.engine.shard import Shard
@@ -80,15 +89,23 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
 
 
 class ServerMetrics:
-    def __init__(self, shard: Shard):
+    """A shard's metrics: the start's from the first scrape (progress), the shard's once attach() gives it."""
+
+    def __init__(self, progress: StartProgress):
         self.registry = CollectorRegistry()
         self.requests = Counter("sparseps_requests", "RPCs served", ["method", "code"], registry=self.registry)
         self.seconds = Histogram("sparseps_request_seconds", "RPC latency", ["method"], buckets=BUCKETS,
                                  registry=self.registry)  # fmt: skip
         self.bytes = Counter("sparseps_request_bytes", "RPC payload bytes", ["method", "direction"],
                              registry=self.registry)  # fmt: skip
-        self.registry.register(_ShardCollector(shard))
+        self.registry.register(_StartCollector(progress))
+        self._shard = _ShardCollector()
+        self.registry.register(self._shard)
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, process_start_time_seconds, ...
+
+    def attach(self, shard: Shard) -> None:
+        """The shard's metrics are served from now on (its start is done)."""
+        self._shard.shard = shard
 
     def observe(self, method: str, code: str, seconds: float, bytes_in: int, bytes_out: int) -> None:
         self.requests.labels(method, code).inc()
@@ -163,11 +180,36 @@ class _Handler(WSGIRequestHandler):
         pass
 
 
-class _ShardCollector:
-    def __init__(self, shard):
-        self.shard = shard
+class _StartCollector:
+    def __init__(self, progress: StartProgress):
+        self.progress = progress
 
     def collect(self):
+        phase, fraction, took_s = self.progress.snapshot()
+        starting = GaugeMetricFamily("sparseps_starting", "1 while the shard starts (health NOT_SERVING, every call "
+                                     "UNAVAILABLE), 0 once it serves")  # fmt: skip
+        starting.add_metric([], float(phase != "serving"))
+        phases = GaugeMetricFamily("sparseps_start_phase", "1 for the phase the shard's start is in",
+                                   labels=["phase"])  # fmt: skip
+        for name in PHASES:
+            phases.add_metric([name], float(name == phase))
+        seconds = GaugeMetricFamily("sparseps_start_seconds", "seconds the shard's start has taken so far, or took")
+        seconds.add_metric([], took_s)
+        yield from (starting, phases, seconds)
+        if fraction is not None:
+            progress = GaugeMetricFamily("sparseps_start_progress", "fraction of the start's phase done (replaying: "
+                                         "of the journal's bytes)")  # fmt: skip
+            progress.add_metric([], fraction)
+            yield progress
+
+
+class _ShardCollector:
+    def __init__(self):
+        self.shard: Shard | None = None  # set once the shard serves
+
+    def collect(self):
+        if self.shard is None:
+            return
         s = {**self.shard.stats(), **self.shard.disk_stats()}
         gauges = {
             k: GaugeMetricFamily(f"sparseps_table_{k}", text, labels=["table"]) for k, text in TABLE_GAUGES.items()

@@ -1,4 +1,4 @@
-"""Server process lifecycle: start the gRPC server (ParameterServer + health), report the port, stop cleanly."""
+"""Server process lifecycle: listen (ParameterServer + health), build the shard meanwhile, serve, stop cleanly."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import ipaddress
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,13 +16,15 @@ import grpc
 from ps.accel.threadnames import name_os_thread
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
+from ps.engine.startup import StartProgress, StartStopped
 from ps.engine.warmup import warm_up
-from ps.errors import DiskFullError
-from ps.health import SERVING, HealthServicer
+from ps.errors import SHARD_STARTING, DiskFullError, StorageError
+from ps.health import NOT_SERVING, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
-from ps.service import ParameterServerServicer, add_to_server
+from ps.service import ParameterServerServicer, StartGate
+from ps.storage.verify import verify_data_dir
 
 log = logging.getLogger("ps.server")
 SERVICE_NAME = "sparseps.ParameterServer"
@@ -37,14 +39,23 @@ def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
 
 
 class Server:
-    """One shard: a Shard behind a gRPC server. The port is bound (and the metrics port checked) before the data
-    dir is opened, so a server that cannot listen leaves the data dir as it was; `start()` serves and returns the
-    port."""
+    """One shard: a Shard behind a gRPC server, which listens while the Shard is built. Server(config) binds the
+    port and the metrics port (a taken one fails before the data dir is looked at), starts listening, then builds
+    the Shard (verify, checks, RocksDB, restore, journal replay: ps.engine.startup's phases, told to `progress`).
+    Meanwhile health says NOT_SERVING (with what the start is doing, ps.health), every ParameterServer call is
+    UNAVAILABLE saying the same (ps.service.StartGate), and the metrics port serves the start's gauges. A start
+    that fails, or is stopped (StartStopped), stops listening before it raises. `start()` then serves: SERVING;
+    it returns the port."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, progress: StartProgress | None = None,
+                 on_listening: Callable[[Server], None] | None = None):  # fmt: skip
+        """progress: where the start says what it does, and its stop (None: a new one). on_listening: called with
+        this server (its port and metrics_port set, no shard yet) once it listens, before the data dir is looked
+        at."""
         if config.threads < 1:  # before anything is opened; ThreadPoolExecutor's own message names no setting
             raise ValueError(f"threads (--threads) must be >= 1, got {config.threads}")
         self.config = config
+        self.progress = progress if progress is not None else StartProgress()
         self._token = read_token(config.auth_token_file) if config.auth_token_file else None
         interceptors = [TokenCheck(self._token)] if self._token else []
         self._credentials = (
@@ -56,20 +67,35 @@ class Server:
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
-        self.port = self._bind()
-        try:
-            if config.metrics_port:
-                check_port_free(config.host, config.metrics_port, "--metrics-port")
-            self.shard = Shard(config)
-        except BaseException:
-            self._grpc.stop(None)
-            raise
-        self.health = HealthServicer()
-        self.metrics = ServerMetrics(self.shard) if config.metrics_port is not None else None
-        self.metrics_port = None
-        servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=config.max_message_bytes)
-        add_to_server(servicer, self._grpc)
+        self.health = HealthServicer(starting=self._starting)
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, NOT_SERVING)
+        self._gate = StartGate(lambda: self._starting() or "")
+        self._grpc.add_generic_rpc_handlers((self._gate,))
         add_health_to_server(self.health, self._grpc)
+        self.port = self._bind()
+        self.metrics = ServerMetrics(self.progress) if config.metrics_port is not None else None
+        self.metrics_port = None
+        self.shard: Shard | None = None
+        try:
+            self._listen()
+            if on_listening is not None:
+                on_listening(self)
+            self.shard = self._build_shard()
+            self.progress.enter("ready")  # a stop asked for meanwhile: the shard just built is closed cleanly
+        except BaseException:
+            try:
+                if self.shard is not None:
+                    self.shard.close()
+            finally:
+                self._stop_listening()
+            raise
+
+    def _starting(self) -> str | None:
+        """What a shard that is starting says it does; None once it serves."""
+        if not self.progress.starting:
+            return None
+        return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
 
     def _bind(self) -> int:
         address = f"{self.config.host}:{self.config.port}"
@@ -85,21 +111,48 @@ class Server:
             raise OSError(f"cannot listen on {address} (--host, --port): {hint}")
         return port
 
-    def start(self) -> int:
-        self._grpc.start()
-        warning = exposure_warning(self.config.host, self._credentials is not None, self._token is not None)
-        if warning:
-            log.warning("%s", warning)
-        if self.metrics is not None:
-            c = self.config  # the metrics port is guarded as the gRPC port is (ps.metrics)
+    def _listen(self) -> None:
+        """Serves the metrics port (if any), then the gRPC port: health NOT_SERVING, calls UNAVAILABLE."""
+        c = self.config
+        if self.metrics is not None:  # the metrics port is guarded as the gRPC port is (ps.metrics)
             tls = (c.tls_cert, c.tls_key, c.tls_ca) if c.tls_cert else None
             try:
                 self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token)
             except OSError as e:
-                self._grpc.stop(None)
-                raise OSError(f"cannot listen on {c.host}:{c.metrics_port} (--metrics-port): {e.strerror or e}") from e
+                raise OSError(f"cannot listen on {c.host}:{c.metrics_port} (--metrics-port): {e.strerror or e}; is "
+                              "the port in use?") from e  # fmt: skip
             log.info("Prometheus metrics on %s://%s:%d/metrics%s", "https" if tls else "http", c.host,
                      self.metrics_port, " (bearer token required)" if self._token else "")  # fmt: skip
+        self._grpc.start()
+        warning = exposure_warning(c.host, self._credentials is not None, self._token is not None)
+        if warning:
+            log.warning("%s", warning)
+
+    def _build_shard(self) -> Shard:
+        """--verify-on-start's reading (read-only: a stop may end it anywhere), then the Shard."""
+        c = self.config
+        if c.verify_on_start and os.path.isdir(c.data_dir) and os.listdir(c.data_dir):
+            with self.progress.read_only("verifying"):
+                lines, damaged = verify_data_dir(c.data_dir)
+            if damaged:
+                found = "\n".join(line for line in lines if not line.startswith("ok "))
+                raise StorageError(f"{c.data_dir} is damaged (--verify-on-start); refusing to start:\n{found}")
+        return Shard(c, self.progress)
+
+    def _stop_listening(self) -> None:
+        """After a failed or stopped start: both ports closed, and no gRPC thread left running a call."""
+        self.health.enter_graceful_shutdown()
+        self._grpc.stop(None).wait()
+        if self.metrics is not None:
+            self.metrics.close()
+
+    def start(self) -> int:
+        """Serves the shard built: the calls go to it, health says SERVING, the metrics port serves its figures."""
+        servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes)
+        if self.metrics is not None:
+            self.metrics.attach(self.shard)
+        self._gate.open(servicer)
+        self.progress.finish()
         for name in ("", SERVICE_NAME):
             self.health.set(name, SERVING)
         return self.port
@@ -136,17 +189,6 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def check_port_free(host: str, port: int, flag: str) -> None:
-    """OSError naming flag and the address unless host:port can be bound now (the port is released again)."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds it
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise OSError(f"cannot listen on {host}:{port} ({flag}): {e.strerror}; is the port in use?") from None
-
-
 def _stop_at_end_of_stdin(stop: threading.Event) -> None:
     try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
         while os.read(0, 4096):
@@ -159,35 +201,57 @@ def _stop_at_end_of_stdin(stop: threading.Event) -> None:
 
 def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     """Runs a shard until SIGTERM or SIGINT (or, with stop_with_stdin, until standard input is closed: the
-    parent that holds its other end is gone); prints `listening on HOST:PORT` once it serves."""
+    parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING)
+    and `listening on HOST:PORT` once it serves. A stop during the start ends it at its next safe point
+    (ps.engine.startup) and returns, saying so."""
     stop = threading.Event()
+    progress = StartProgress(stop)
 
     def on_signal(signum, frame):
-        log.info("received %s, shutting down", signal.Signals(signum).name)
+        log.info("received %s, shutting down%s", signal.Signals(signum).name, _stop_note(progress))
         stop.set()
+        if progress.interruptible:  # a read-only phase: stopped where it is
+            raise StartStopped(progress.describe())
 
     signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
     if stop_with_stdin:
         threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
-    server = Server(config)
+    where = f"ps-server shard {config.shard_id}/{config.num_shards}"
     try:
-        port = server.start()
-    except BaseException:
-        server.shard.close()
-        raise
-    try:
-        print(f"ps-server shard {config.shard_id}/{config.num_shards} listening on {config.host}:{port} "
-              f"(data dir {config.data_dir}: {server.shard.describe_start()})", flush=True)  # fmt: skip
-    except BrokenPipeError:  # whoever read this server's output is gone (a killed parent): serve, and stop as told
-        log.warning("standard output is a pipe nobody reads any more; its lines are dropped")
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
+        server = Server(config, progress, on_listening=lambda server: _say(
+            f"{where} starting on {config.host}:{server.port} (data dir {config.data_dir}; health says NOT_SERVING, "
+            "and what the start is doing, until it serves)"))  # fmt: skip
+    except StartStopped as e:
+        print(f"{where}: stopped during its start ({e}); its data dir is as the next start can use",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
+    port = server.start()
+    _say(f"{where} listening on {config.host}:{port} (data dir {config.data_dir}: {server.shard.describe_start()})")
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
     stop.wait()
     code = stop_server(server, config.shard_id)
     if code:
         raise SystemExit(code)
+
+
+def _stop_note(progress: StartProgress) -> str:
+    """What a stop asked for now does to the start, for the log line that says it was asked for."""
+    if not progress.starting:
+        return ""
+    if progress.phase == "restoring":
+        return " once the restore is done (stopped in the middle, the data dir would have to be deleted)"
+    return f" (the start stops now: {progress.describe()})"
+
+
+def _say(line: str) -> None:
+    """line on standard output; a reader that is gone (a killed parent) leaves the rest of the lines unsaid."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:  # whoever read this server's output is gone: serve, and stop as told
+        log.warning("standard output is a pipe nobody reads any more; its lines are dropped")
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the rest of the process)
 
 
 def stop_server(server: Server, shard_id: int) -> int:

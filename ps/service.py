@@ -27,6 +27,10 @@ at least 2 x the job's workers + 2 (a wait that would hold the last free thread 
 replies carry the job's min_clock; a wait that ends without its workers is ABORTED (BarrierTimeoutError), naming
 them.
 
+While the shard starts (ps.server listens before its data dir is open), StartGate stands in for the servicer: every
+method is UNAVAILABLE (ps.errors.ShardStartingError) saying what the start is doing, and clients retry it as an
+outage; once the shard is built, the gate hands every call to the servicer.
+
 Exactly once per client: PushBatch's client_id is deduplicated under the caller's identity where the server knows
 one (see client_key), and its reply's num_applied counts the ids applied by this request, 0 for a request applied
 before (a retry).
@@ -61,6 +65,7 @@ from ps.errors import (
     InvalidArgumentError,
     PsError,
     ReplyTooLargeError,
+    ShardStartingError,
     clip,
     disk_full_reason,
     echo,
@@ -198,10 +203,15 @@ PRESERIALIZED = {"Pull", "PullBatch", "PushBatch"}
 
 
 def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
-    """Registers the servicer's methods, as the generated add_ParameterServerServicer_to_server does, except
-    that ps.codec reads every request (the bulk ones as views of the request's bytes, not copies; bytes that do
-    not decode as a codec.Undecodable), and the methods in PRESERIALIZED send the bytes their servicer returns as
-    they are."""
+    """Registers the servicer's methods (see handler)."""
+    server.add_generic_rpc_handlers((handler(servicer),))
+
+
+def handler(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
+    """The servicer's methods, as the generated add_ParameterServerServicer_to_server registers them, except that
+    ps.codec reads every request (the bulk ones as views of the request's bytes, not copies; bytes that do not
+    decode as a codec.Undecodable), and the methods in PRESERIALIZED send the bytes their servicer returns as they
+    are."""
     service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {}
     for method in service.methods:
@@ -211,7 +221,34 @@ def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> Non
             request_deserializer=codec.request_reader(method.name),
             response_serializer=bytes if method.name in PRESERIALIZED else response_cls.SerializeToString,
         )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+class StartGate(grpc.GenericRpcHandler):
+    """The ParameterServer service of a server whose shard is starting: until open(), every method is answered
+    UNAVAILABLE (ShardStartingError) with starting()'s text, before its request is read, so that clients wait and
+    retry as for an outage; from open() on, every call goes to the servicer's handler. Registered before the
+    server starts (gRPC takes no handlers after): the token check (ps.security) still comes first."""
+
+    def __init__(self, starting: Callable[[], str]):
+        service = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+        self._methods = {f"/{service.full_name}/{m.name}" for m in service.methods}
+        self._starting = starting
+        self._refusal = grpc.unary_unary_rpc_method_handler(self._refuse)  # no deserializer: the bytes, unread
+        self._open: grpc.GenericRpcHandler | None = None
+
+    def open(self, servicer: ParameterServerServicer) -> None:
+        self._open = handler(servicer)
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        served = self._open
+        if served is not None:
+            return served.service(handler_call_details)
+        return self._refusal if handler_call_details.method in self._methods else None
+
+    def _refuse(self, request: bytes, context: grpc.ServicerContext) -> None:
+        e = ShardStartingError(self._starting())
+        context.abort(grpc.StatusCode[e.status], clip(str(e)))
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

@@ -14,13 +14,15 @@ from tests.waiting import wait_until
 
 class ServerProcess:
     """`python -m ps` on a data dir, its output in a file beside the dir; started() waits for it to listen or
-    to exit."""
+    to exit. launcher: what runs ps-server's main (tests.slow_start: a start held as long as the test needs)."""
 
-    def __init__(self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1)):
+    def __init__(
+        self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1), launcher: tuple[str, ...] = ("-m", "ps")
+    ):
         self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
         args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "ps", *args, *flags], stdout=log, stderr=log)
+            self.proc = subprocess.Popen([sys.executable, *launcher, *args, *flags], stdout=log, stderr=log)
 
     def output(self) -> str:
         with open(self.log_path) as f:
@@ -43,6 +45,12 @@ class ServerProcess:
             self.proc.kill()
             raise
         return address
+
+    def answering(self, timeout_s: float = 120) -> str:
+        """The address once it listens while it starts (`starting on HOST:PORT`); AssertionError if it does not."""
+        found = wait_until(lambda: re.search(r"starting on (\S+:\d+)", self.output()), timeout_s,
+                           lambda: f"ps-server to listen while it starts:\n{self.output()}", poll_s=0.05)  # fmt: skip
+        return found.group(1)
 
     def refused(self) -> str:
         """Its output, after asserting that it exits without listening, with an error and no traceback."""

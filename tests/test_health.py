@@ -116,8 +116,8 @@ def test_a_health_probe_of_a_port_that_does_not_speak_grpc_says_so():
     threading.Thread(target=answer_http, daemon=True).start()
     address = f"127.0.0.1:{listener.getsockname()[1]}"
     try:
-        serving, text = check_health(address, 5)
-        assert not serving and text.startswith("UNAVAILABLE: ") and text.endswith(
+        serving, starting, text = check_health(address, 5)
+        assert not serving and not starting and text.startswith("UNAVAILABLE: ") and text.endswith(
             "; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another "
             "service's port (HTTP, a metrics endpoint), or a shard too busy to answer"), text  # fmt: skip
     finally:

@@ -101,8 +101,10 @@ def test_a_saved_clock_out_of_range_is_refused_at_start_with_a_clear_error(tmp_p
     stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=7), timeout=TIMEOUT_S)
     server.shard.store.set_clock(2**64 + 5)  # as a server that took any advance left its data dir
     server.stop(grace_s=1)
-    r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), "--stop-with-stdin"],
-                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)  # fmt: skip
+    # no --stop-with-stdin with stdin closed: that would stop the start before its refusal (a server that did
+    # start would run into the timeout, failing the test)
+    r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d")], capture_output=True,
+                       text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2, r.stderr[-2000:]
     assert "holds clock 18,446,744,073,709,551,621, past the largest clock a shard takes" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -342,8 +342,8 @@ def test_a_health_probe_whose_tls_setting_differs_from_the_shards_says_which_fla
     tls = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"))
     mutual = start(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), **ca)
     plain = start()
-    assert check_health(tls, 5, **ca) == (True, "SERVING")
-    assert check_health(mutual, 5, **ca, **client) == (True, "SERVING")
+    assert check_health(tls, 5, **ca) == (True, False, "SERVING")
+    assert check_health(mutual, 5, **ca, **client) == (True, False, "SERVING")
     cases = {
         "TLS, probed plain": (tls, {}, "; the shard serves TLS: give --tls-ca (the CA that signed its certificate), "
                               "as its clients do"),
@@ -356,14 +356,14 @@ def test_a_health_probe_whose_tls_setting_differs_from_the_shards_says_which_fla
                                    "shard, it runs without TLS (drop --tls-ca, --tls-cert and --tls-key)"),
     }  # fmt: skip
     for what, (address, flags, hint) in cases.items():
-        serving, text = check_health(address, 5, **flags)
-        assert not serving and text.startswith("UNAVAILABLE: ") and text.endswith(hint), (what, text)
+        serving, starting, text = check_health(address, 5, **flags)
+        assert not serving and not starting and text.startswith("UNAVAILABLE: ") and text.endswith(hint), (what, text)
 
 
 def test_a_health_probe_of_a_port_where_nothing_listens_gives_no_tls_hint():
     with socket.socket() as held:  # bound, not listening: connections are refused
         held.bind(("127.0.0.1", 0))
-        serving, text = check_health(f"127.0.0.1:{held.getsockname()[1]}", 5)
-    assert not serving and "TLS" not in text, text  # not a TLS setting: nothing listens
-    assert text.startswith("UNAVAILABLE: connection refused: nothing listens there (a shard listens once its start is "
-                           "done"), text  # fmt: skip
+        serving, starting, text = check_health(f"127.0.0.1:{held.getsockname()[1]}", 5)
+    assert not serving and not starting and "TLS" not in text, text  # not a TLS setting: nothing listens
+    assert text.startswith("UNAVAILABLE: connection refused: nothing listens there (a shard listens within seconds "
+                           "of its start"), text  # fmt: skip

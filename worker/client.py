@@ -6,11 +6,12 @@ deadline of `timeout_s`, all in flight at once, and reassemble the answers in th
 blocking unary call: the caller's thread makes one, a small pool of the client's threads the others at once (a
 gRPC future would start a polling thread per call whenever none is in flight: ~0.6 ms of a step each time).
 
-Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting or stuck),
-or CANCELLED (a server stopping cancels the calls it has not finished; this client cancels none it goes on with),
-is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
-`server_timeout_s`; the client logs which shard it is waiting for and when it is back, and past the timeout
-raises ServerUnavailableError naming the shard. Pushes are safe to send again: each PushBatch carries this
+Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting, starting or
+stuck), or CANCELLED (a server stopping cancels the calls it has not finished; this client cancels none it goes on
+with), is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
+`server_timeout_s`; the client logs which shard it is waiting for (for a shard that is starting, what its start is
+doing: ps.errors.ShardStartingError) and when it is back, and past the timeout raises ServerUnavailableError
+naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink, AdvanceClock and Checkpoint carry no
 such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
@@ -52,6 +53,7 @@ from ps.config import DEFAULT_BARRIER_S, MAX_MESSAGE_BYTES, MAX_STAMP_TEXT, Tabl
 from ps.errors import (
     CHECKPOINT_PAUSE,
     DISK_FULL_PREFIX,
+    SHARD_STARTING,
     STATUS_TO_ERROR,
     ClientIdInUseError,
     DiskFullError,
@@ -77,8 +79,11 @@ APPLIED_AGAIN_IF_SENT_AGAIN = {
 
 def _why(e: grpc.RpcError) -> str:
     """What a failed call's status says, in short: gRPC's text for a refused connection names every address it
-    tried ("failed to connect to all addresses; last error: ..."), its code's name for a cancelled call."""
+    tried ("failed to connect to all addresses; last error: ..."), its code's name for a cancelled call, what the
+    start of a shard that is starting is doing."""
     details = e.details() or ""
+    if _starting(e):
+        return f"starting: {_starting(e)}"
     if "Connection refused" in details:
         return "connection refused: nothing listens there"
     if e.code() == grpc.StatusCode.CANCELLED:
@@ -95,6 +100,15 @@ class PushItem(NamedTuple):
     grads: np.ndarray
     clicks: np.ndarray | None = None
     shows: np.ndarray | None = None
+
+
+def _starting(e: grpc.RpcError) -> str:
+    """What the start of the shard that refused the call is doing ("replaying its journal, 43% (12 s so far)"), or
+    "" when the shard was not starting (ps.errors.ShardStartingError)."""
+    details = e.details() or ""
+    if e.code() != grpc.StatusCode.UNAVAILABLE or f" {SHARD_STARTING}: " not in details:
+        return ""
+    return details.split(f" {SHARD_STARTING}: ", 1)[1]
 
 
 def _sent_once(method: str, request: object) -> bool:
@@ -710,7 +724,10 @@ class Client:
         if outage:
             log.warning("shard %d at %s is unavailable (%s) after a checkpoint's pause; waiting for it for up to "
                         "%.0f s more", shard, self.servers[shard], _why(e), self.server_timeout_s - (now - since))  # fmt: skip
-        if since is now:  # this call marked it
+        if since is now and _starting(e):  # this call marked it
+            log.warning("shard %d at %s is starting (%s); waiting for it for up to %.0f s", shard, self.servers[shard],
+                        _starting(e), self.server_timeout_s)  # fmt: skip
+        elif since is now:
             log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is unavailable (%s); waiting for it "
                     "for up to %.0f s", shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
         return now - since < self.server_timeout_s
@@ -731,6 +748,8 @@ class Client:
                 self._pausing.discard(shard)
             waited = 0.0 if since is None else time.monotonic() - since
             tried = f"; it has been failing for {waited:.0f} s (server timeout {self.server_timeout_s:.0f} s)"
+            if _starting(e):  # a journal replay or a restore can take longer than the timeout: say how to wait
+                tried += "; a larger server timeout (--server-timeout) waits for a start that takes longer"
             ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
                 else f": {method} failed ({_why(e)})"  # fmt: skip
             return ServerUnavailableError(where + ended + (tried if self.server_timeout_s > 0 else ""))

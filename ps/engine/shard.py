@@ -36,6 +36,7 @@ from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.restore import check_restored, restore_into
+from ps.engine.startup import StartProgress
 from ps.engine.table import Table
 from ps.errors import (
     DataLossError,
@@ -119,18 +120,23 @@ def _restore_manifest(config: ServerConfig) -> dict | None:
 
 
 class Shard:
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, progress: StartProgress | None = None):
         """Opens (or restores into, with config.restore_dir) the data dir, replays its journal and starts the
         flusher. A dir that cannot be served raises a ps.errors error (DataLossError for lost writes; a StorageError
-        naming the dir for any other failure) and leaves nothing open; ValueError if the cache does not fit."""
+        naming the dir for any other failure) and leaves nothing open; ValueError if the cache does not fit.
+        progress: told each phase as it begins; a stop asked of it raises StartStopped at the next safe point
+        (ps.engine.startup), with nothing left open."""
         config.validate()
+        self._progress = progress = progress if progress is not None else StartProgress()
         self.config = config
         self.shard_id = config.shard_id
         self.num_shards = config.num_shards
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
+        progress.enter("checking")
         manifest = _restore_manifest(config)
         _refuse_lone_rocksdb(config)
+        progress.enter("opening")
         try:
             self.store = self._open_store()
         except Exception as e:
@@ -199,6 +205,7 @@ class Shard:
         if config.restore_dir and self._restored_already(config.restore_dir):
             return
         if config.restore_dir:
+            self._progress.enter("restoring")
             started = time.monotonic()
             summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
             tables = ", ".join(f"{name} {counts['admitted']:,} rows" for name, counts in summary["tables"].items())
@@ -276,7 +283,10 @@ class Shard:
         records = rows = 0
         t0 = time.monotonic()
         said = t0
+        read = lambda: self.journal.replay_bytes[0] / max(1, self.journal.replay_bytes[1])
+        self._progress.enter("replaying", read)
         for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss):
+            self._progress.check()  # between records: a stop leaves them all to the next start's replay
             if not records:
                 log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "
                          "last run stopped", f"{after:,}")  # fmt: skip
@@ -297,6 +307,7 @@ class Shard:
             log.info("replayed %s journal records (%s row updates) in %.2f s", f"{records:,}", f"{rows:,}",
                      time.monotonic() - t0)  # fmt: skip
         if records or self.journal.losses:
+            self._progress.enter("flushing")
             self.flush()
 
     # ---- tables ---------------------------------------------------------------------------------------

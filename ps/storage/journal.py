@@ -113,6 +113,7 @@ class Journal:
         self.next_seq = 1
         self.bytes_written = 0
         self.applied: dict[int, tuple[int, int]] = {}  # client -> (client_seq, parts done) of its newest request
+        self.replay_bytes = (0, 0)  # (read, to read) of the segments' bytes, as a replay goes: its progress
 
     def note_applied(self, origin: tuple[int, int, int]) -> None:
         """Records that push `part` of request (client, client_seq) is applied (newest wins; 0 client: none)."""
@@ -185,9 +186,13 @@ class Journal:
         last = expect = after_seq  # expect: the last record after after_seq yielded so far
         tail = None
         whole = False  # whether the bad bytes at the torn end are as long as the record their header announces
-        for i, (first, path) in enumerate(segs := self.segments()):
+        segs = self.segments()
+        sizes = [_file_size(path) for _, path in segs]
+        for i, (first, path) in enumerate(segs):
             with open(path, "rb") as f:
                 data = f.read()
+            sizes[i] = _end_of_data(data, 0)  # a prepared tail of zeros is no work
+            done, total = sum(sizes[:i]), sum(sizes)
             pos = 0
             seg_last = first - 1  # the seq of the segment's last record so far
             while pos < len(data):
@@ -216,6 +221,7 @@ class Journal:
                         whole = _holds_a_whole_record(data, pos, data_end)
                     break
                 pos = end
+                self.replay_bytes = (done + pos, total)
                 seg_last = rec.seq
                 last = max(last, rec.seq)
                 self.note_applied(rec.origin)
@@ -521,6 +527,13 @@ def _after(parts: list, skip: int) -> list[memoryview]:
         out.append(view[skip:])
         skip = 0
     return out
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # reading it says what is wrong
+        return 0
 
 
 def _end_of_data(data: bytes, pos: int) -> int:

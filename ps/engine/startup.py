@@ -1,0 +1,113 @@
+"""StartProgress: what a shard's start is doing (its phase, how far along), for whoever asks meanwhile, and the
+stop that ends a start at its next safe point.
+
+A start moves through PHASES in order (some are skipped): ps.server runs the first and the last, the Shard's
+constructor (ps.engine.shard) the others, calling enter() as each begins. Other threads read describe() (the
+health service's reason and the UNAVAILABLE of every call, ps.server and ps.service) and snapshot() (the metrics
+port, ps.metrics) at any time; the writer replaces one tuple, so a reader never sees half a change.
+
+Stopping: a SIGTERM (or a closed stdin, ps.server) sets the `stop` event. check(), and every enter(), raise
+StartStopped once it is set, so a start stops only where stopping leaves the data dir as the next start can use:
+before RocksDB is opened, between journal records (replayed again next time: a row's lsn says which records it
+has), before the flush that ends a replay. A read-only phase run under read_only() (--verify-on-start) may be
+stopped anywhere inside it: the signal handler raises StartStopped itself while `interruptible` is true. A restore is not stopped in the middle (it
+would leave a dir that must be deleted and restored again): a stop asked for meanwhile is obeyed once it is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+PHASES = {  # phase -> what the shard is doing, as describe() says it
+    "verifying": "verifying every block of its data dir (--verify-on-start)",
+    "checking": "checking its data dir and the checkpoint to restore",
+    "opening": "opening RocksDB",
+    "restoring": "restoring from its checkpoint (--restore)",
+    "replaying": "replaying its journal",
+    "flushing": "writing the replayed rows to RocksDB",
+    "ready": "about to serve",
+    "serving": "serving",
+}
+
+
+class StartStopped(BaseException):
+    """Raised by a start that was asked to stop (the phase it was in is its message). Not an Exception: no
+    `except Exception` on its way may take it for a failure of the start."""
+
+
+class StartProgress:
+    def __init__(self, stop: threading.Event | None = None):
+        """stop: the event a SIGTERM sets (None: a new one, which only this object's owner can set)."""
+        self.stop = stop if stop is not None else threading.Event()
+        self.started = time.monotonic()
+        self._state: tuple[str, Callable[[], float | None] | None, bool] = ("checking", None, False)
+        self._took_s: float | None = None  # once serving: how long the start took
+
+    def enter(self, phase: str, fraction: Callable[[], float | None] | None = None) -> None:
+        """Begins a phase of PHASES, after check(): callers enter a phase where stopping is safe. fraction: how
+        much of the phase is done (0..1, None: unknown), called by readers on their threads."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown start phase {phase!r}; expected one of {', '.join(PHASES)}")
+        self.check()
+        self._state = (phase, fraction, False)
+
+    @contextlib.contextmanager
+    def read_only(self, phase: str) -> Iterator[None]:
+        """Enters phase for the with block, which writes nothing: a stop may end it anywhere inside (the signal
+        handler raises StartStopped while `interruptible`), and nowhere after it."""
+        self.enter(phase)
+        self._state = (phase, None, True)
+        try:
+            yield
+        finally:
+            self._state = (phase, None, False)
+
+    def check(self) -> None:
+        """Raises StartStopped if a stop was asked for (and the shard does not serve yet)."""
+        if self.stop.is_set() and self._took_s is None:
+            raise StartStopped(self.describe())
+
+    def finish(self) -> None:
+        """The start is done: the shard serves."""
+        self._took_s = time.monotonic() - self.started
+        self._state = ("serving", None, False)
+
+    @property
+    def phase(self) -> str:
+        return self._state[0]
+
+    @property
+    def interruptible(self) -> bool:
+        return self._state[2] and self._took_s is None
+
+    @property
+    def starting(self) -> bool:
+        return self._took_s is None
+
+    def snapshot(self) -> tuple[str, float | None, float]:
+        """(phase, fraction of it done or None, seconds the start has taken so far, or took)."""
+        phase, fraction, _ = self._state
+        took = self._took_s if self._took_s is not None else time.monotonic() - self.started
+        return phase, _clamped(fraction), took
+
+    def describe(self) -> str:
+        """What the start is doing, as "replaying its journal, 43% (12 s so far)"; "serving" once done."""
+        phase, done, took = self.snapshot()
+        if phase == "serving":
+            return PHASES[phase]
+        share = "" if done is None else f", {int(done * 100)}%"
+        return f"{PHASES[phase]}{share} ({took:.0f} s so far)"
+
+
+def _clamped(fraction: Callable[[], float | None] | None) -> float | None:
+    """fraction() within 0..1, or None (none given, or it failed: a reader never fails for a progress figure)."""
+    if fraction is None:
+        return None
+    try:
+        value = fraction()
+    except Exception:
+        return None
+    return None if value is None else min(1.0, max(0.0, float(value)))

@@ -1,0 +1,48 @@
+"""`python -m tests.slow_start GATE AT [ps-server flags]`: ps-server whose start waits, until the file GATE exists,
+at AT: `verify` (before --verify-on-start's reading) or a number K (before its journal replay applies its K-th
+record). A start as long as a test needs, watched from outside (health, calls, signals); nothing else differs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import ps.server
+from ps.__main__ import main
+from ps.engine.table import Table
+
+
+def wait_for(gate: str) -> None:
+    while not os.path.exists(gate):
+        time.sleep(0.01)  # a signal's handler runs in between, as it would between two steps of the start
+
+
+def hold_replay(gate: str, at_record: int) -> None:
+    """Makes Table.replay wait, before the at_record-th record (counting from 1), until the file gate exists."""
+    replay, seen = Table.replay, [0]
+
+    def held(self: Table, record) -> int:
+        seen[0] += 1
+        if seen[0] == at_record:
+            wait_for(gate)
+        return replay(self, record)
+
+    Table.replay = held
+
+
+def hold_verify(gate: str) -> None:
+    """Makes the server's --verify-on-start reading wait, before it reads anything, until the file gate exists."""
+    verify = ps.server.verify_data_dir
+
+    def held(path: str) -> tuple[list[str], bool]:
+        wait_for(gate)
+        return verify(path)
+
+    ps.server.verify_data_dir = held
+
+
+if __name__ == "__main__":
+    gate, at = sys.argv[1], sys.argv[2]
+    hold_verify(gate) if at == "verify" else hold_replay(gate, int(at))
+    sys.exit(main(sys.argv[3:]))
