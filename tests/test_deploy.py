@@ -177,9 +177,11 @@ def test_kubernetes_runs_every_server_with_tls_and_a_token_and_limits_who_reache
             assert has(accepted(argv, {}), wanted), c["name"]
             assert {"name": volume["name"], "mountPath": "/secrets", "readOnly": True} in c["volumeMounts"]
     server = server_pod["containers"][0]
-    for probe in (server["startupProbe"], server["readinessProbe"], server["livenessProbe"]):  # kubelet's gRPC
-        # probe cannot speak TLS
-        assert probe["exec"]["command"] == ["ps-server", "health", "127.0.0.1:5000", "--tls-ca", "/secrets/ca.pem"]
+    probe = ["ps-server", "health", "127.0.0.1:5000", "--tls-ca", "/secrets/ca.pem"]  # kubelet's gRPC probe cannot
+    # speak TLS; a starting shard is alive (not restarted) but not ready (no traffic)
+    assert server["readinessProbe"]["exec"]["command"] == probe
+    for alive in (server["startupProbe"], server["livenessProbe"]):
+        assert alive["exec"]["command"] == [*probe, "--starting-ok"]
     assert policy["spec"]["podSelector"] == sts["spec"]["selector"]
     grpc_rule = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": 5000, "protocol": "TCP"}]]
     assert grpc_rule[0]["from"] == [{"podSelector": {"matchLabels": job["spec"]["template"]["metadata"]["labels"]}}]
