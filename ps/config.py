@@ -31,6 +31,14 @@ MAX_CLOCK = 2**40  # a shard's clock never passes it: an advance that would is r
 # float32 last_step, exact up to 2**24 and within 2**-24 of the clock above (65,536 steps at MAX_CLOCK); the
 # journal and the replies carry it as uint64. 2**40 steps: 35 years at 1,000 advances a second
 MAX_SEQ_JUMP = 2**20  # a PushBatch's seq may be at most this far ahead of its client's newest request on a shard
+# The exactly-once table (ps.storage.applied): a shard forgets a client's newest request once it is unchanged for
+# REQUEST_RETENTION_S, and a worker's Client sends no attempt of a request once its first attempt is RETRY_WINDOW_S
+# old, so no retry meets a forgotten request. RETRY_MARGIN_S covers an attempt's way to its shard and a server's
+# wall clock set forward. MAX_CLIENTS: entries a shard keeps (~250 bytes of RAM each); a new client past it is refused
+REQUEST_RETENTION_S = 7 * 86400.0
+RETRY_MARGIN_S = 86400.0
+RETRY_WINDOW_S = REQUEST_RETENTION_S - RETRY_MARGIN_S
+MAX_CLIENTS = 1_000_000
 
 
 def check_hyperparameter(what: str, value: float, low: float = 0.0, low_inclusive: bool = True) -> None:

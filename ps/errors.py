@@ -112,6 +112,18 @@ class JobConflictError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class ClientTableFullError(PsError):
+    """A request of a new client that a shard refused because its exactly-once table holds ps.config MAX_CLIENTS
+    clients (ps.storage.applied: it drops none that may still be retried). Nothing was applied; the clients it
+    holds go on. A process should keep one Client, not make one per request. Its message holds CLIENT_TABLE_FULL
+    (the client tells it from the other RESOURCE_EXHAUSTED errors by it)."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
+CLIENT_TABLE_FULL = "takes no new client"
+
+
 class RpcThreadsExhaustedError(PsError):
     """A stamped request would wait for a job's other workers while too few of the server's RPC threads are free
     for the requests that end the waits (ps.engine.jobs); refused, changing nothing. Raise ps-server --threads."""

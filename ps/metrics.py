@@ -85,6 +85,11 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     ),
     ("sparseps_disk_free_bytes", "disk_free_bytes", "bytes free (to this user) on the data dir's file system"),
     ("sparseps_flush_failures", "flush_failures", "background flushes failed in a row (0: the last one succeeded)"),
+    (
+        "sparseps_clients",
+        "clients",
+        "clients whose newest request the shard keeps, to apply a retry of it once (ps.storage.applied)",
+    ),
 )
 
 

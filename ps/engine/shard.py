@@ -39,6 +39,8 @@ from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table
 from ps.errors import (
+    CLIENT_TABLE_FULL,
+    ClientTableFullError,
     DataLossError,
     DiskFullError,
     InvalidArgumentError,
@@ -245,11 +247,15 @@ class Shard:
         """Reads the clock and the clients' applied requests, then replays the journal past what RocksDB holds."""
         self.clock = self.store.clock()
         self._advances_reserved = 0  # steps of the batches between their check and their advance (_lock)
-        self._client_locks: dict[int, threading.Lock] = {}  # one request of a client at a time (push_batch)
-        self.journal.applied = self.store.applied()  # client requests applied before the last flush
+        self._full_logged = float("-inf")  # monotonic time a refusal of a new client was last logged (_table_full)
+        # client -> [its lock, the requests holding or waiting for it]: one request of a client at a time
+        # (push_batch); an entry lives while a request of its client is in flight (_client_lock)
+        self._client_locks: dict[int, list] = {}
+        self.journal.applied.load(self.store.applied())  # client requests applied before the last flush
         self._replay()
         # client -> its newest request whose clock advance is applied; such a request is applied whole (the
-        # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids)
+        # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
+        # entries go with the clients' `applied` entries (_forget_advances)
         self._advanced = self.store.advanced()
         for client, client_seq in self._advanced.items():
             self.journal.note_applied((client, client_seq, -1))
@@ -452,11 +458,11 @@ class Shard:
     def _push_batch(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> tuple[int, int]:
         if not client:
             return self._apply_batch(pushes, advance_clock, (0, 0), 0)
-        with self._lock:
-            lock = self._client_locks.setdefault(client, threading.Lock())
-        with lock:
+        with self._client_lock(client):
             newest = self.journal.applied.get(client)
             done_seq, done_parts = newest or (0, 0)
+            if newest is None and self.journal.applied.full():
+                raise self._table_full()
             # a client this shard holds no request of (a new client, or a shard restored from a checkpoint) starts
             # at any seq; a known one may jump at most MAX_SEQ_JUMP ahead
             if newest is not None and client_seq > done_seq + MAX_SEQ_JUMP:
@@ -476,6 +482,37 @@ class Shard:
             # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
             self.journal.note_applied((client, client_seq, len(pushes) - 1))
             return out
+
+    @contextlib.contextmanager
+    def _client_lock(self, client: int):
+        """Holds the client's lock: one request of a client at a time (a retry that overtakes its first attempt
+        waits for it). The lock is kept only while a request of the client holds or waits for it."""
+        with self._lock:
+            held = self._client_locks.setdefault(client, [threading.Lock(), 0])
+            held[1] += 1
+        try:
+            with held[0]:
+                yield
+        finally:
+            with self._lock:
+                held[1] -= 1
+                if not held[1]:
+                    del self._client_locks[client]
+
+    def _table_full(self) -> ClientTableFullError:
+        """The refusal of a new client when the exactly-once table is full (ps.storage.applied), logged at most
+        every FLUSH_FAILURE_LOG_S."""
+        applied = self.journal.applied
+        text = (f"shard {self.shard_id} keeps the newest requests of {len(applied):,} clients, the most it keeps "
+                f"({applied.max_clients:,}, ps.config MAX_CLIENTS), and {CLIENT_TABLE_FULL} until some are "
+                f"{applied.retention_s / 86400:.3g} days unused: a process that makes a new Client (a new random "
+                "client id) per request, or a caller making ids up, fills it. Reuse one Client per process; the "
+                "clients it holds go on; nothing was applied")  # fmt: skip
+        now = time.monotonic()
+        if now - self._full_logged >= FLUSH_FAILURE_LOG_S:
+            self._full_logged = now
+            log.warning("%s", text)
+        return ClientTableFullError(text)
 
     def _apply_batch(
         self, pushes: list[TablePush], advance_clock: int, request: tuple[int, int], skip: int
@@ -653,12 +690,28 @@ class Shard:
     def flush(self) -> int:
         """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows."""
         with self._flush_lock:
-            covered, applied = self.journal.mark()  # every record <= covered is applied (appends happen under
+            covered, changes = self.journal.mark()  # every record <= covered is applied (appends happen under
             self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
-            written = sum(t.flush() for t in list(self.tables.values()))
-            self.store.set_flushed_seq(covered, applied)
+            try:
+                written = sum(t.flush() for t in list(self.tables.values()))
+                self.store.set_flushed_seq(covered, changes)
+            except BaseException:
+                self.journal.applied.put_back(changes)  # written by the next flush
+                raise
+            self._forget_advances(changes.dropped)
             self.journal.trim(covered)
             return written
+
+    def _forget_advances(self, dropped: dict[int, int]) -> None:
+        """Deletes the advance notes (_advanced, and the store's) of clients dropped from the exactly-once table,
+        {client: the client_seq its entry held}, unless a newer request of the client advanced the clock since. A
+        note that stays (this write failed) brings its client's entry back at the next start, to be dropped again."""
+        with self._lock:  # as set_clock, which writes these notes
+            gone = [c for c, seq in dropped.items() if c in self._advanced and self._advanced[c] <= seq]
+            if gone:
+                self.store.forget_advanced(gone)
+                for c in gone:
+                    del self._advanced[c]
 
     def _flush_loop(self) -> None:
         """Flushes every flush_interval_s (or when woken). A failure keeps serving (the journal holds every
@@ -709,9 +762,10 @@ class Shard:
         }
 
     def disk_stats(self) -> dict[str, int]:
-        """The data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal), the bytes free to
-        this user on its file system, and the background flushes failed in a row. A stat per file, each Prometheus
-        scrape: cheap for the few thousand files of a data dir."""
+        """For the metrics: the data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal),
+        the bytes free to this user on its file system, the background flushes failed in a row, and the clients in
+        the exactly-once table (ps.storage.applied). A stat per file, each Prometheus scrape: cheap for the few
+        thousand files of a data dir."""
         used = 0
         for root, _, files in os.walk(self.config.data_dir):
             for name in files:
@@ -722,6 +776,7 @@ class Shard:
             "data_dir_bytes": used,
             "disk_free_bytes": fs.f_bavail * fs.f_frsize,
             "flush_failures": self.flush_failures,
+            "clients": len(self.journal.applied),
         }
 
     def memory_stats(self) -> dict[str, int]:

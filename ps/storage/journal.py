@@ -14,8 +14,9 @@ Grammar (little-endian):
     checksum := ps.storage.checksum.checksum64 of the buffers [magic seq payload_len, head, ids, grads, shows, clicks]
 The checksum covers the header's magic, seq and payload_len too, so a damaged seq or length fails it like a
 damaged payload. (client, client_seq, part) say which push of which client request the record is (0, 0, 0:
-none): `applied` maps each client to the (client_seq, parts done) of its newest request, kept as records are
-appended and replayed, so a shard can tell a retried request from a new one (ps.engine.shard.Shard.push_batch).
+none): `applied` (ps.storage.applied.AppliedTable) maps each client to the (client_seq, parts done) of its newest
+request, kept as records are appended and replayed, so a shard can tell a retried request from a new one
+(ps.engine.shard.Shard.push_batch).
 
 Writing: a record is written with one pwritev; or, where ps.accel.prefault has prepared the space and
 ps.accel.filemap has mapped the segment, it is copied into the mapping: the header with a zero checksum, then
@@ -62,6 +63,7 @@ import numpy as np
 from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
 from ps.errors import DiskFullError, FileTooLargeError, StorageError, disk_full_reason
+from ps.storage.applied import AppliedChanges, AppliedTable
 from ps.storage.checksum import checksum64, copy_with_checksum64
 from ps.storage.sidefiles import MarkWriter, read_mark
 
@@ -112,22 +114,22 @@ class Journal:
         self._failed = ""  # why appends are refused (a failed append that could not be cut off), or ""
         self.next_seq = 1
         self.bytes_written = 0
-        self.applied: dict[int, tuple[int, int]] = {}  # client -> (client_seq, parts done) of its newest request
+        self.applied = AppliedTable()  # client -> (client_seq, parts done) of its newest request
         self.replay_bytes = (0, 0)  # (read, to read) of the segments' bytes, as a replay goes: its progress
 
     def note_applied(self, origin: tuple[int, int, int]) -> None:
         """Records that push `part` of request (client, client_seq) is applied (newest wins; 0 client: none)."""
         client, client_seq, part = origin
         if client:
-            done = (client_seq, part + 1)
-            if self.applied.get(client, (0, 0)) < done:
-                self.applied[client] = done
+            self.applied.note(client, client_seq, part)
 
-    def mark(self) -> tuple[int, dict[int, tuple[int, int]]]:
-        """Closes the active segment; returns (the last seq appended, a copy of `applied` as of that seq)."""
+    def mark(self) -> tuple[int, AppliedChanges]:
+        """Closes the active segment; returns (the last seq appended, `applied`'s changes since the last mark:
+        AppliedTable.take_changes under the lock that appends note under, so they cover every record up to that seq
+        and none after it)."""
         with self._lock:
             self._close_fd()
-            out = self.next_seq - 1, dict(self.applied)
+            out = self.next_seq - 1, self.applied.take_changes()
         self._write_mark()
         return out
 

@@ -12,16 +12,22 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     admitted yet}   (in the batch of every write of the table's rows)
         "clock"                  -> decimal: the shard's clock (steps)
         "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
-                                    is applied   (set_clock: with the clock it set, in one batch)
+                                    is applied   (set_clock: with the clock it set, in one batch; deleted once
+                                    the client's "applied/" entry is dropped: forget_advanced)
         "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
-        "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the journal's
-                                    `applied` table as of flushed_seq, each client's newest request and how many
-                                    of its pushes are applied   (set_flushed_seq: with flushed_seq, in one batch)
+        "applied/" client:u64be  -> JSON [client_seq, parts, used_s]: that client's entry of the journal's
+                                    `applied` table (ps.storage.applied) as of flushed_seq: its newest request, how
+                                    many of its pushes are applied, and when the entry last changed (whole seconds
+                                    since the epoch, rounded up)   (set_flushed_seq: the entries changed since the
+                                    last flush written, those dropped deleted, with flushed_seq in one batch)
+        "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the whole table as
+                                    one value, as versions before "applied/" wrote it; read by applied(), deleted by
+                                    the first set_flushed_seq given changes, which writes its entries as "applied/"
         "restore_pending"        -> the absolute path of the checkpoint a restore copies from; there only from the
                                     restore's first write to its end (set_restore_pending, ps.engine.restore)
         "restored"               -> JSON {"checkpoint": its absolute path, "sha256": its manifest's}: the restore
                                     the dir began from   (set_restored, with the end of the restore)
-    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX and ADVANCED_PREFIX.
+    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX.
     column family "rows":
         key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
         value := row lsn:u64le                     an admitted id (it has a trained row)
@@ -49,6 +55,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -77,6 +84,7 @@ from ps.config import TableConfig
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
+from ps.storage.applied import AppliedChanges
 from ps.storage.memory import (
     DEFAULT_BLOCK_CACHE_BYTES,
     DEFAULT_WRITE_BEHIND_BYTES,
@@ -97,6 +105,8 @@ TABLE_CONFIG_PREFIX = b"table/"
 TABLE_ID_PREFIX = b"tid/"
 COUNT_PREFIX = b"count/"
 ADVANCED_PREFIX = b"advanced/"
+APPLIED_PREFIX = b"applied/"
+LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 
 
 def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
@@ -849,25 +859,48 @@ class Store:
         raw = self._meta.get(b"flushed_seq")
         return int(raw) if raw is not None else 0
 
-    def set_flushed_seq(self, seq: int, applied: dict[int, tuple[int, int]] | None = None) -> None:
-        """Records that every journal record <= seq is in RocksDB, and (if given) the journal's `applied` table
-        of client requests as of seq, in one write (durably, if the store syncs), once the rows written in the
-        background are in RocksDB."""
+    def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
+        """Records that every journal record <= seq is in RocksDB and (if given) the changes of the journal's
+        `applied` table (AppliedTable.take_changes: entries written, dropped ones deleted) as of seq, in one write
+        (durably, if the store syncs), once the rows written in the background are in RocksDB. The first one given
+        changes deletes the legacy single value that applied() read: its entries must be among changes.written
+        (AppliedTable.load counts them as changed)."""
         self.drain()
         batch = WriteBatch(raw_mode=True)
         meta = self._db.get_column_family_handle(META_CF)
         batch.put(b"flushed_seq", str(seq).encode(), meta)
-        if applied is not None:
-            batch.put(b"applied", json.dumps({str(c): list(v) for c, v in applied.items()}).encode(), meta)
+        if changes is not None:
+            for client, e in changes.written.items():
+                value = json.dumps([e.client_seq, e.parts, math.ceil(e.used_s)]).encode()
+                batch.put(APPLIED_PREFIX + client.to_bytes(8, "big"), value, meta)
+            for client in changes.dropped:
+                batch.delete(APPLIED_PREFIX + client.to_bytes(8, "big"), meta)
+            if self._legacy_applied:
+                batch.delete(LEGACY_APPLIED, meta)
         with self._rocksdb("recording the flushed journal position"):
             self._db.write(batch, self._write_opts)
             if self._write_opts.sync:
                 self._db.flush_wal(True)
+        if changes is not None:
+            self._legacy_applied = False
 
-    def applied(self) -> dict[int, tuple[int, int]]:
-        """The journal's `applied` table stored by the last set_flushed_seq ({} if none)."""
-        raw = self._meta.get(b"applied")
-        return {int(c): (int(v[0]), int(v[1])) for c, v in json.loads(raw).items()} if raw is not None else {}
+    _legacy_applied = False  # whether the legacy single `applied` value is stored (applied() found it)
+
+    def applied(self) -> dict[int, tuple[int, int, float | None]]:
+        """The journal's `applied` table as the set_flushed_seq calls stored it: {client: (client_seq, parts,
+        used_s)}; used_s None for an entry of the legacy single value (it kept no times)."""
+        out: dict[int, tuple[int, int, float | None]] = {}
+        with self._rocksdb("reading the exactly-once table of client requests"):
+            raw = self._meta.get(LEGACY_APPLIED)
+            if raw is not None:
+                self._legacy_applied = True
+                out = {int(c): (int(v[0]), int(v[1]), None) for c, v in json.loads(raw).items()}
+            for key, value in _items(self._meta, APPLIED_PREFIX):
+                if not key.startswith(APPLIED_PREFIX):
+                    break
+                seq, parts, used = json.loads(value)
+                out[int.from_bytes(key[len(APPLIED_PREFIX) :], "big")] = (int(seq), int(parts), float(used))
+        return out
 
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids} stored for table (kept in meta, updated atomically with rows)."""
@@ -888,6 +921,17 @@ class Store:
             client, client_seq = advanced_by
             batch.put(ADVANCED_PREFIX + client.to_bytes(8, "big"), str(client_seq).encode(), meta)
         self._db.write(batch, self._write_opts)
+
+    def forget_advanced(self, clients: list[int]) -> None:
+        """Deletes the notes of set_clock's advanced_by of these clients (whose `applied` entries were dropped)."""
+        if not clients:
+            return
+        meta = self._db.get_column_family_handle(META_CF)
+        batch = WriteBatch(raw_mode=True)
+        for client in clients:
+            batch.delete(ADVANCED_PREFIX + client.to_bytes(8, "big"), meta)
+        with self._rocksdb("deleting the clock advance notes of clients dropped from the exactly-once table"):
+            self._db.write(batch, self._write_opts)
 
     def advanced(self) -> dict[int, int]:
         """client -> the client_seq of its newest request whose clock advance is stored (set_clock)."""

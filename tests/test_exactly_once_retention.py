@@ -1,0 +1,232 @@
+"""The exactly-once table is bounded (ps.storage.applied): a client's entry is dropped at a flush once it is
+REQUEST_RETENTION_S unused, a new client past MAX_CLIENTS is refused, a flush writes only the entries that changed,
+a data dir that stored the table the old way (one JSON value) opens and converts. Wall time is a fake clock here
+(ps.storage.applied.wall_time)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ps.config import REQUEST_RETENTION_S, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.push import TablePush
+from ps.engine.shard import Shard
+from ps.errors import ClientTableFullError
+from ps.storage import applied as applied_module
+from ps.storage.applied import AppliedTable
+from ps.storage.store import APPLIED_PREFIX, LEGACY_APPLIED, Store
+from tests.conftest import crash, random_ids
+
+SUM = TableConfig("sum", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
+A, B = random_ids(20, seed=1), random_ids(30, seed=2)
+R = REQUEST_RETENTION_S
+
+
+class WallClock:
+    def __init__(self) -> None:
+        self.now = 1.7e9
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def wall(monkeypatch) -> WallClock:
+    clock = WallClock()
+    monkeypatch.setattr(applied_module, "wall_time", clock)
+    return clock
+
+
+def push(ids, value: float) -> TablePush:
+    return TablePush(name="sum", ids=ids, grads=np.full((len(ids), 2), value, np.float32))
+
+
+def open_shard(path) -> Shard:
+    shard = Shard(ServerConfig(data_dir=str(path)))
+    shard.create_table(SUM)
+    return shard
+
+
+def rows(shard, ids) -> np.ndarray:
+    return shard.pull("sum", ids)[:, 0]
+
+
+def stored(path) -> tuple[dict, dict, bytes | None]:
+    """(applied(), advanced(), the legacy single value) of the data dir's RocksDB (no shard open on it)."""
+    store = Store(str(path))
+    try:
+        return store.applied(), store.advanced(), store._meta.get(LEGACY_APPLIED)
+    finally:
+        store.close()
+
+
+def test_a_client_unused_past_the_retention_is_dropped_at_a_flush_and_its_next_request_is_new(tmp_path, wall):
+    shard = open_shard(tmp_path)
+    assert shard.push_batch([push(A, 1.0)], 1, client=7, client_seq=1) == (1, 1)  # with a clock advance
+    wall.now += R - 1
+    shard.push_batch([push(B, 1.0)], 0, client=9, client_seq=1)
+    shard.flush()
+    assert 7 in shard.journal.applied  # R - 1 old: kept
+    wall.now += 2
+    shard.flush()
+    assert 7 not in shard.journal.applied and shard.journal.applied[9] == (1, 1)
+    shard.close()
+    entries, advanced, _ = stored(tmp_path)
+    assert set(entries) == {9} and 7 not in advanced  # its clock advance note went with it
+
+    shard = open_shard(tmp_path)  # nothing brings it back at start-up
+    try:
+        assert 7 not in shard.journal.applied
+        assert shard.push_batch([push(A, 1.0)], 1, client=7, client_seq=2) == (2, 1)  # its next request: applied
+        assert (rows(shard, A) == -2).all() and shard.journal.applied[7] == (2, 1)
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("stop", ["flush, then kill -9", "kill -9 before a flush"])
+def test_a_retry_within_the_retention_is_applied_once_across_a_restart(tmp_path, wall, stop):
+    shard = open_shard(tmp_path)
+    shard.push_batch([push(A, 1.0)], 1, client=7, client_seq=1)
+    shard.push_batch([push(A, 1.0), push(B, 2.0)], 1, client=7, client_seq=2)
+    if stop.startswith("flush"):
+        wall.now += R - 60
+        shard.flush()  # kept; the journal is trimmed: the entry comes from RocksDB
+        assert shard.journal.size_bytes() == 0
+    crash(shard)
+    if stop.startswith("kill"):
+        wall.now += 3 * 86400  # the replay takes place 3 days after the request
+    shard = open_shard(tmp_path)
+    try:
+        if stop.startswith("kill"):
+            wall.now += R - 60  # R - 60 after the replay, more than R after the request: a rebuilt entry is kept
+        shard.flush()
+        assert shard.push_batch([push(A, 1.0), push(B, 2.0)], 1, client=7, client_seq=2) == (2, 0)  # a retry
+        assert (rows(shard, A) == -2).all() and (rows(shard, B) == -2).all() and shard.clock == 2
+        wall.now += 61  # a retry changes nothing, its time included: R + 1 after the entry's time, dropped
+        shard.flush()
+        assert 7 not in shard.journal.applied
+    finally:
+        shard.close()
+
+
+def test_past_max_clients_a_new_client_is_refused_and_the_known_ones_go_on(tmp_path, wall):
+    shard = open_shard(tmp_path)
+    try:
+        shard.journal.applied.max_clients = 2
+        shard.push_batch([push(A, 1.0)], 0, client=1, client_seq=1)
+        shard.push_batch([push(A, 1.0)], 0, client=2, client_seq=1)
+        with pytest.raises(ClientTableFullError, match="keeps the newest requests of 2 clients.*nothing was applied"):
+            shard.push_batch([push(A, 1.0)], 1, client=3, client_seq=1)
+        assert (rows(shard, A) == -2).all() and shard.clock == 0 and 3 not in shard.journal.applied
+        shard.push_batch([push(A, 1.0)], 0, client=1, client_seq=2)  # a client it holds goes on
+        assert shard.push_batch([push(A, 1.0)], 0, client=2, client_seq=1) == (0, 0)  # and a retry is still a retry
+        wall.now += R + 1
+        shard.flush()  # both dropped: room again
+        assert shard.push_batch([push(A, 1.0)], 0, client=3, client_seq=1) == (0, 1)
+        assert (rows(shard, A) == -4).all()
+    finally:
+        shard.close()
+
+
+def test_a_flush_writes_only_the_entries_changed_since_the_last_one(tmp_path, wall, monkeypatch):
+    shard = open_shard(tmp_path)
+    written = []
+    set_flushed_seq = shard.store.set_flushed_seq
+
+    def record(seq, changes=None):
+        written.append(changes)
+        set_flushed_seq(seq, changes)
+
+    monkeypatch.setattr(shard.store, "set_flushed_seq", record)
+    for client in range(1, 201):
+        shard.push_batch([push(A[:1], 1.0)], 0, client=client, client_seq=1)
+    shard.flush()
+    assert len(written[-1].written) == 200
+    changed = list(range(50, 60))
+    for client in changed:
+        shard.push_batch([push(A[:1], 1.0)], 0, client=client, client_seq=2)
+    shard.push_batch([push(A[:1], 1.0)], 0, client=7, client_seq=1)  # a retry changes nothing
+    shard.flush()
+    assert sorted(written[-1].written) == changed and not written[-1].dropped
+    shard.flush()
+    assert not written[-1].written
+    assert not shard._client_locks  # a client's lock lives only while a request of it is in flight
+    shard.close()
+    entries, _, legacy = stored(tmp_path)
+    assert len(entries) == 200 and legacy is None
+    assert all(entries[c][:2] == ((2, 1) if c in changed else (1, 1)) for c in range(1, 201))
+
+
+def write_the_old_way(path, table: dict[int, tuple[int, int]]) -> None:
+    """Rewrites the data dir's exactly-once table as versions before "applied/" stored it: one JSON value."""
+    store = Store(str(path))
+    try:
+        for client in list(store.applied()):
+            store._meta.delete(APPLIED_PREFIX + client.to_bytes(8, "big"))
+        store._meta.put(LEGACY_APPLIED, json.dumps({str(c): list(v) for c, v in table.items()}).encode())
+    finally:
+        store.close()
+
+
+def test_a_data_dir_with_the_old_single_applied_value_opens_keeps_its_entries_and_converts(tmp_path, wall):
+    shard = open_shard(tmp_path)
+    shard.push_batch([push(A, 1.0), push(B, 1.0)], 0, client=7, client_seq=3)
+    shard.push_batch([push(B, 1.0)], 0, client=2**63 + 5, client_seq=4)  # a sync key: the top bit set
+    shard.close()
+    write_the_old_way(tmp_path, {7: (3, 2), 2**63 + 5: (4, 1)})
+    assert json.loads(stored(tmp_path)[2]) == {"7": [3, 2], str(2**63 + 5): [4, 1]}
+
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.journal.applied == {7: (3, 2), 2**63 + 5: (4, 1)}
+        assert shard.push_batch([push(A, 1.0), push(B, 1.0)], 0, client=7, client_seq=3) == (0, 0)  # a retry
+        assert (rows(shard, A) == -1).all() and (rows(shard, B) == -2).all()
+        shard.flush()  # converts
+    finally:
+        shard.close()
+    entries, _, legacy = stored(tmp_path)
+    assert legacy is None and entries == {7: (3, 2, math.ceil(wall.now)), 2**63 + 5: (4, 1, math.ceil(wall.now))}
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.journal.applied == {7: (3, 2), 2**63 + 5: (4, 1)}
+    finally:
+        shard.close()
+
+
+def test_the_table_and_the_store_match_a_dict_model_under_random_notes_flushes_and_reopens(tmp_path, wall):
+    """Random notes, time steps, flushes (a fifth of them failing: put back), and reopens from what RocksDB holds,
+    against a dict model: client -> (seq, parts, time of its last change), dropped once older than the retention
+    at a flush."""
+    rng = np.random.default_rng(11)
+    store = Store(str(tmp_path))
+    table, model, held = AppliedTable(retention_s=100.0), {}, {}  # held: what RocksDB should hold
+    try:
+        for op in range(4000):
+            r = rng.random()
+            if r < 0.6:
+                client, seq, part = int(rng.integers(1, 50)), int(rng.integers(1, 8)), int(rng.integers(-1, 3))
+                table.note(client, seq, part)
+                if client not in model or model[client][:2] < (seq, part + 1):
+                    model[client] = (seq, part + 1, wall.now)
+            elif r < 0.8:
+                wall.now += float(rng.integers(0, 30))
+            elif r < 0.97:
+                changes = table.take_changes()
+                model = {c: e for c, e in model.items() if wall.now - e[2] <= 100.0}
+                if rng.random() < 0.2:
+                    table.put_back(changes)  # the write failed
+                    continue
+                store.set_flushed_seq(op, changes)
+                held = dict(model)
+                assert store.applied() == held
+            else:  # a restart that lost what no flush wrote (a journal's replay would bring it back)
+                table = AppliedTable(retention_s=100.0)
+                table.load(store.applied())
+                model = dict(held)
+            assert dict(table) == {c: e[:2] for c, e in model.items()}
+            assert all(table.entry(c).used_s == e[2] for c, e in model.items())
+    finally:
+        store.close()
