@@ -144,6 +144,12 @@ class ServerUnavailableError(PsError, ConnectionError):
     status = "UNAVAILABLE"
 
 
+class RequestOutcomeUnknownError(ServerUnavailableError):
+    """Client side: a PushBatch was not answered before its first attempt was ps.config RETRY_WINDOW_S old, so it
+    is not sent again (its shard forgets a request REQUEST_RETENTION_S after it was applied, and a later retry
+    could be applied a second time). It may or may not have been applied."""
+
+
 class ShardClosingError(PsError):
     """The server is shutting down and takes no more requests (retry on its replacement)."""
 

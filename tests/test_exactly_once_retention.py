@@ -1,7 +1,8 @@
 """The exactly-once table is bounded (ps.storage.applied): a client's entry is dropped at a flush once it is
 REQUEST_RETENTION_S unused, a new client past MAX_CLIENTS is refused, a flush writes only the entries that changed,
-a data dir that stored the table the old way (one JSON value) opens and converts. Wall time is a fake clock here
-(ps.storage.applied.wall_time)."""
+a data dir that stored the table the old way (one JSON value) opens and converts; and the Client sends no attempt
+of a push once its first attempt is RETRY_WINDOW_S old. Wall time is a fake clock here (ps.storage.applied
+.wall_time), the client's window a second."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ import pytest
 from ps.config import REQUEST_RETENTION_S, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
-from ps.errors import ClientTableFullError
+from ps.errors import ClientTableFullError, RequestOutcomeUnknownError, ServerUnavailableError, ShardClosingError
 from ps.storage import applied as applied_module
 from ps.storage.applied import AppliedTable
 from ps.storage.store import APPLIED_PREFIX, LEGACY_APPLIED, Store
 from tests.conftest import crash, random_ids
+from worker import client as client_module
+from worker.client import Client
 
 SUM = TableConfig("sum", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
 A, B = random_ids(20, seed=1), random_ids(30, seed=2)
@@ -131,6 +134,17 @@ def test_past_max_clients_a_new_client_is_refused_and_the_known_ones_go_on(tmp_p
         shard.close()
 
 
+def test_a_new_client_refused_by_a_full_table_gets_client_table_full_error(servers):
+    addresses, started = servers(1)
+    started[0].shard.journal.applied.max_clients = 1
+    with Client(addresses) as first, Client(addresses) as second:
+        first.create_table(SUM)
+        first.push("sum", A, np.ones((len(A), 2), np.float32))
+        with pytest.raises(ClientTableFullError, match="takes no new client"):
+            second.push("sum", A, np.ones((len(A), 2), np.float32))
+        np.testing.assert_array_equal(first.pull("sum", A), np.full((len(A), 2), -1.0))
+
+
 def test_a_flush_writes_only_the_entries_changed_since_the_last_one(tmp_path, wall, monkeypatch):
     shard = open_shard(tmp_path)
     written = []
@@ -230,3 +244,26 @@ def test_the_table_and_the_store_match_a_dict_model_under_random_notes_flushes_a
             assert all(table.entry(c).used_s == e[2] for c, e in model.items())
     finally:
         store.close()
+
+
+def test_the_client_gives_up_on_a_push_past_the_retry_window_saying_its_outcome_is_unknown(servers, monkeypatch):
+    addresses, started = servers(1)
+    shard = started[0].shard
+    attempts = []
+    push_batch = shard.push_batch
+
+    def apply_then_lose_every_reply(*args, **kwargs):
+        result = push_batch(*args, **kwargs)
+        attempts.append(result)
+        raise ShardClosingError("the server went away before replying")  # UNAVAILABLE: sent again
+
+    with Client(addresses, timeout_s=5, server_timeout_s=1e6) as client:
+        client.create_table(SUM)
+        monkeypatch.setattr(client_module, "RETRY_WINDOW_S", 1.0)
+        monkeypatch.setattr(shard, "push_batch", apply_then_lose_every_reply)
+        with pytest.raises(RequestOutcomeUnknownError, match="it may or may not have been applied") as e:
+            client.push("sum", A, np.ones((len(A), 2), np.float32))
+        assert isinstance(e.value, ServerUnavailableError) and "within 1.16e-05 days" in str(e.value)
+        assert len(attempts) >= 2 and [n for _, n in attempts[1:]] == [0] * (len(attempts) - 1)  # retries: applied once
+        monkeypatch.undo()
+        np.testing.assert_array_equal(client.pull("sum", A), np.full((len(A), 2), -1.0))

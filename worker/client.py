@@ -13,7 +13,10 @@ with), is sent again, with backoff from 0.05 s to 2 s, while the shard has been 
 doing: ps.errors.ShardStartingError) and when it is back, and past the timeout raises ServerUnavailableError
 naming the shard. Pushes are safe to send again: each PushBatch carries this
 client's random id and a per-shard request number, and the shard applies a request once however often it
-arrives (ps.engine.shard.Shard.push_batch), across its restarts too. Shrink, AdvanceClock and Checkpoint carry no
+arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long as it keeps the request
+(ps.storage.applied: REQUEST_RETENTION_S after it was applied). So no attempt of a PushBatch goes out once its
+first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
+deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. Shrink, AdvanceClock and Checkpoint carry no
 such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
 so it is not sent again (a repeat would
 decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
@@ -49,16 +52,26 @@ import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import DEFAULT_BARRIER_S, MAX_MESSAGE_BYTES, MAX_STAMP_TEXT, TableConfig
+from ps.config import (
+    DEFAULT_BARRIER_S,
+    MAX_MESSAGE_BYTES,
+    MAX_STAMP_TEXT,
+    REQUEST_RETENTION_S,
+    RETRY_WINDOW_S,
+    TableConfig,
+)
 from ps.errors import (
     CHECKPOINT_PAUSE,
+    CLIENT_TABLE_FULL,
     DISK_FULL_PREFIX,
     SHARD_STARTING,
     STATUS_TO_ERROR,
     ClientIdInUseError,
+    ClientTableFullError,
     DiskFullError,
     JobIdReusedError,
     PsError,
+    RequestOutcomeUnknownError,
     ServerUnavailableError,
 )
 from ps.security import client_channel, tls_hint
@@ -109,6 +122,15 @@ def _starting(e: grpc.RpcError) -> str:
     if e.code() != grpc.StatusCode.UNAVAILABLE or f" {SHARD_STARTING}: " not in details:
         return ""
     return details.split(f" {SHARD_STARTING}: ", 1)[1]
+
+
+def _retry_window_left(method: str, request: object, started: tuple[float, float]) -> float:
+    """Seconds left to send attempts of a call first sent at started (time.monotonic(), time.time()): of
+    RETRY_WINDOW_S for a PushBatch with a client id (its shard keeps it only so long), by whichever clock has
+    moved more (monotonic time stops while the machine sleeps; wall time can be set back); inf for the others."""
+    if method != "PushBatch" or not getattr(request, "client_id", 0):
+        return float("inf")
+    return RETRY_WINDOW_S - max(time.monotonic() - started[0], time.time() - started[1])
 
 
 def _sent_once(method: str, request: object) -> bool:
@@ -635,9 +657,10 @@ class Client:
     ) -> object:
         """One call of _call_mixed, sent again as it says: its reply, or the PsError it ends with (returned)."""
         method, shard, request = call
-        delay = 0.05
+        delay, started = 0.05, (time.monotonic(), time.time())
+        left = _retry_window_left(method, request, started)
         while True:
-            outcome = self._attempt(call, timeout_s, interruptible)
+            outcome = self._attempt(call, min(timeout_s, left), interruptible)
             if not isinstance(outcome, grpc.RpcError):
                 with self._down_lock:
                     since = self._down.pop(shard, None)
@@ -660,6 +683,9 @@ class Client:
             time.sleep(delay)
             if self._closed:  # closed while it slept: its last error stands
                 return self._error(method, shard, outcome, timeout_s, request)
+            left = _retry_window_left(method, request, started)
+            if left <= 0:
+                return self._outcome_unknown(shard, request, outcome)
             self._restamp(request)
             delay = min(2 * delay, 2.0)
 
@@ -732,6 +758,20 @@ class Client:
                     "for up to %.0f s", shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
         return now - since < self.server_timeout_s
 
+    def _outcome_unknown(self, shard: int, request: ps_pb2.PushBatchRequest, e: grpc.RpcError) -> PsError:
+        """The error of a PushBatch not answered within RETRY_WINDOW_S of its first attempt."""
+        with self._down_lock:  # a later call waits for the shard anew
+            self._down.pop(shard, None)
+            self._pausing.discard(shard)
+        return RequestOutcomeUnknownError(
+            f"shard {shard} at {self.servers[shard]} did not answer PushBatch request {request.seq} of client id "
+            f"{self.client_id:#x} within {RETRY_WINDOW_S / 86400:.3g} days of its first attempt (last: {_why(e)}), so "
+            f"it is not sent again: a shard forgets a request {REQUEST_RETENTION_S / 86400:.3g} days after applying "
+            "it, and an attempt after that would be applied a second time. Its outcome is unknown: it may or may not "
+            "have been applied. To be exact, restore the servers from a checkpoint saved before it (ps-server "
+            "--restore) and go on from there; a job that can take one push lost or applied can go on as it is"
+        )
+
     def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         if code in MAY_HAVE_RUN and _sent_once(method, request):
@@ -756,6 +796,8 @@ class Client:
         cls = STATUS_TO_ERROR.get(code.name, PsError)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and DISK_FULL_PREFIX in (e.details() or ""):
             cls = DiskFullError
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and CLIENT_TABLE_FULL in (e.details() or ""):
+            cls = ClientTableFullError
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
