@@ -15,11 +15,12 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once
                                     the client's "applied/" entry is dropped: forget_advanced)
         "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
-        "applied/" client:u64be  -> JSON [client_seq, parts, used_s]: that client's entry of the journal's
-                                    `applied` table (ps.storage.applied) as of flushed_seq: its newest request, how
-                                    many of its pushes are applied, and when the entry last changed (whole seconds
-                                    since the epoch, rounded up)   (set_flushed_seq: the entries changed since the
-                                    last flush written, those dropped deleted, with flushed_seq in one batch)
+        "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le   (20 bytes, APPLIED_VALUE): that
+                                    client's entry of the journal's `applied` table (ps.storage.applied) as of
+                                    flushed_seq: its newest request, how many of its pushes are applied, and when
+                                    the entry last changed (whole seconds since the epoch, rounded up)
+                                    (set_flushed_seq: the entries changed since the last flush written, those
+                                    dropped deleted, with flushed_seq in one batch)
         "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the whole table as
                                     one value, as versions before "applied/" wrote it; read by applied(), deleted by
                                     the first set_flushed_seq given changes, which writes its entries as "applied/"
@@ -59,6 +60,7 @@ import math
 import os
 import re
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +108,7 @@ TABLE_ID_PREFIX = b"tid/"
 COUNT_PREFIX = b"count/"
 ADVANCED_PREFIX = b"advanced/"
 APPLIED_PREFIX = b"applied/"
+APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 
 
@@ -871,7 +874,7 @@ class Store:
         batch.put(b"flushed_seq", str(seq).encode(), meta)
         if changes is not None:
             for client, e in changes.written.items():
-                value = json.dumps([e.client_seq, e.parts, math.ceil(e.used_s)]).encode()
+                value = APPLIED_VALUE.pack(e.client_seq, e.parts, math.ceil(e.used_s))
                 batch.put(APPLIED_PREFIX + client.to_bytes(8, "big"), value, meta)
             for client in changes.dropped:
                 batch.delete(APPLIED_PREFIX + client.to_bytes(8, "big"), meta)
@@ -898,8 +901,8 @@ class Store:
             for key, value in _items(self._meta, APPLIED_PREFIX):
                 if not key.startswith(APPLIED_PREFIX):
                     break
-                seq, parts, used = json.loads(value)
-                out[int.from_bytes(key[len(APPLIED_PREFIX) :], "big")] = (int(seq), int(parts), float(used))
+                seq, parts, used = APPLIED_VALUE.unpack(value)
+                out[int.from_bytes(key[len(APPLIED_PREFIX) :], "big")] = (seq, parts, float(used))
         return out
 
     def counts(self, table: str) -> dict:
