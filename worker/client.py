@@ -16,8 +16,8 @@ client's random id and a per-shard request number, and the shard applies a reque
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long as it keeps the request
 (ps.storage.applied: REQUEST_RETENTION_S after it was applied). So no attempt of a PushBatch goes out once its
 first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
-deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. Shrink, AdvanceClock and Checkpoint carry no
-such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
+deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied.
+Shrink, AdvanceClock and Checkpoint carry no such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
 so it is not sent again (a repeat would
 decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
 sent again) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was
@@ -763,13 +763,15 @@ class Client:
         with self._down_lock:  # a later call waits for the shard anew
             self._down.pop(shard, None)
             self._pausing.discard(shard)
+        what = f"PushBatch request {request.seq}" if request.seq else "a sync PushBatch"
         return RequestOutcomeUnknownError(
-            f"shard {shard} at {self.servers[shard]} did not answer PushBatch request {request.seq} of client id "
-            f"{self.client_id:#x} within {RETRY_WINDOW_S / 86400:.3g} days of its first attempt (last: {_why(e)}), so "
-            f"it is not sent again: a shard forgets a request {REQUEST_RETENTION_S / 86400:.3g} days after applying "
-            "it, and an attempt after that would be applied a second time. Its outcome is unknown: it may or may not "
-            "have been applied. To be exact, restore the servers from a checkpoint saved before it (ps-server "
-            "--restore) and go on from there; a job that can take one push lost or applied can go on as it is"
+            f"shard {shard} at {self.servers[shard]} did not answer {what} of client id {self.client_id:#x} within "
+            f"{RETRY_WINDOW_S / 86400:.3g} days of its first attempt (last: {_why(e)}), so it is not sent again: a "
+            f"shard forgets a request {REQUEST_RETENTION_S / 86400:.3g} days after applying it, and an attempt after "
+            "that would be applied a second time. Its outcome is unknown: it may or may not have been applied. To be "
+            "exact, restore the servers from a checkpoint saved before it (ps-server --restore) and train on from "
+            "there; a job that can take one push lost or kept (async SGD, say) can start again on the "
+            "servers as they are"
         )
 
     def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
