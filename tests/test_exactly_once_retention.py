@@ -89,6 +89,25 @@ def test_a_client_unused_past_the_retention_is_dropped_at_a_flush_and_its_next_r
         shard.close()
 
 
+def test_a_start_whose_replay_ends_in_a_flush_that_drops_an_aged_entry_starts(tmp_path, wall):
+    """kill -9 left journal records, and a client's stored entry aged past the retention while the shard was down:
+    the flush that ends the replay drops it (and its clock advance note), and the start goes on."""
+    shard = open_shard(tmp_path)
+    shard.push_batch([push(A, 1.0)], 1, client=7, client_seq=1)  # with a clock advance: an advanced/ note
+    shard.flush()  # client 7's entry is in RocksDB
+    wall.now += R + 1
+    shard.push_batch([push(B, 1.0)], 0, client=9, client_seq=1)  # a journal record no flush wrote
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        assert 7 not in shard.journal.applied and 7 not in shard._advanced and shard.journal.applied[9] == (1, 1)
+        assert (rows(shard, A) == -1).all() and (rows(shard, B) == -1).all() and shard.clock == 1
+    finally:
+        shard.close()
+    entries, advanced, _ = stored(tmp_path)
+    assert set(entries) == {9} and not advanced
+
+
 @pytest.mark.parametrize("stop", ["flush, then kill -9", "kill -9 before a flush"])
 def test_a_retry_within_the_retention_is_applied_once_across_a_restart(tmp_path, wall, stop):
     shard = open_shard(tmp_path)

@@ -252,11 +252,12 @@ class Shard:
         # (push_batch); an entry lives while a request of its client is in flight (_client_lock)
         self._client_locks: dict[int, list] = {}
         self.journal.applied.load(self.store.applied())  # client requests applied before the last flush
-        self._replay()
         # client -> its newest request whose clock advance is applied; such a request is applied whole (the
         # clock moves after its pushes), even one that no journal record notes (its pushes carry no ids). Its
-        # entries go with the clients' `applied` entries (_forget_advances)
+        # entries go with the clients' `applied` entries (_forget_advances): read before the replay, whose flush
+        # may drop entries that aged past the retention while the shard was down
         self._advanced = self.store.advanced()
+        self._replay()
         for client, client_seq in self._advanced.items():
             self.journal.note_applied((client, client_seq, -1))
 
