@@ -18,7 +18,7 @@ from ps.engine.shard import Shard
 from ps.errors import ClientTableFullError, RequestOutcomeUnknownError, ServerUnavailableError, ShardClosingError
 from ps.storage import applied as applied_module
 from ps.storage.applied import AppliedTable
-from ps.storage.store import APPLIED_PREFIX, LEGACY_APPLIED, Store
+from ps.storage.store import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED, Store
 from tests.conftest import crash, random_ids
 from worker import client as client_module
 from worker.client import Client
@@ -292,3 +292,16 @@ def test_the_client_gives_up_on_a_push_past_the_retry_window_saying_its_outcome_
         assert len(attempts) >= 2 and [n for _, n in attempts[1:]] == [0] * (len(attempts) - 1)  # retries: applied once
         monkeypatch.undo()
         np.testing.assert_array_equal(client.pull("sum", A), np.full((len(A), 2), -1.0))
+
+
+def test_a_client_in_both_the_old_value_and_a_key_keeps_the_newer_request(tmp_path):
+    """An older version may write the single value after this one wrote a client's key (a downgrade, then an
+    upgrade again): per client the newer (client_seq, parts) of the two holds, whichever place has it."""
+    store = Store(str(tmp_path))
+    try:
+        store._meta.put(APPLIED_PREFIX + (7).to_bytes(8, "big"), APPLIED_VALUE.pack(3, 1, 100))
+        store._meta.put(APPLIED_PREFIX + (8).to_bytes(8, "big"), APPLIED_VALUE.pack(9, 2, 100))
+        store._meta.put(LEGACY_APPLIED, json.dumps({"7": [9, 2], "8": [3, 1], "5": [1, 1]}).encode())
+        assert store.applied() == {7: (9, 2, None), 8: (9, 2, 100.0), 5: (1, 1, None)}
+    finally:
+        store.close()

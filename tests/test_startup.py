@@ -63,6 +63,13 @@ def health_cli(address: str, *flags: str) -> subprocess.CompletedProcess:
                           timeout=60)  # fmt: skip
 
 
+def health_cli_once(address: str, says: str, *flags: str) -> subprocess.CompletedProcess:
+    """`ps-server health` run until its output holds says (the start may still be in an earlier phase, opening
+    RocksDB, when the server first answers)."""
+    return wait_until(lambda: says in ((p := health_cli(address, *flags)).stdout + p.stderr) and p, 60,
+                      f"ps-server health to say {says!r}")  # fmt: skip
+
+
 def test_a_starting_shard_says_so_to_health_calls_and_metrics_then_serves(tmp_path, monkeypatch, caplog):
     rows = crashed_with_a_journal(tmp_path / "d")
     gate = tmp_path / "gate"
@@ -184,7 +191,7 @@ def test_a_start_that_fails_after_listening_exits_with_its_message(tmp_path):
     server = slow_server(tmp_path, gate, 1)
     try:
         address = server.answering()
-        probe = health_cli(address)
+        probe = health_cli_once(address, "NOT_SERVING: shard 0 is starting: replaying its journal")
         assert probe.returncode == 3 and "NOT_SERVING: shard 0 is starting: replaying its journal" in probe.stderr
         gate.touch()
         assert server.proc.wait(60) == 2, server.output()
@@ -203,7 +210,7 @@ def test_sigterm_during_the_start_stops_it_and_the_next_start_has_every_push(tmp
     server = slow_server(tmp_path, gate, 2)
     try:
         address = server.answering()
-        alive = health_cli(address, "--starting-ok")
+        alive = health_cli_once(address, "replaying its journal", "--starting-ok")
         assert alive.returncode == 0 and "NOT_SERVING: shard 0 is starting: replaying its journal" in alive.stdout
         server.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "received SIGTERM" in server.output(), 30, "the server to take the signal")
@@ -229,7 +236,7 @@ def test_sigterm_during_verify_on_start_stops_it_at_once(tmp_path):
     server = slow_server(tmp_path, tmp_path / "gate", "verify", "--verify-on-start")
     try:
         address = server.answering()
-        probe = health_cli(address)
+        probe = health_cli_once(address, "verifying every block")
         assert probe.returncode == 3, probe.stderr
         assert "NOT_SERVING: shard 0 is starting: verifying every block of its data dir (--verify-on-start)" in (
             probe.stderr

@@ -891,7 +891,9 @@ class Store:
 
     def applied(self) -> dict[int, tuple[int, int, float | None]]:
         """The journal's `applied` table as the set_flushed_seq calls stored it: {client: (client_seq, parts,
-        used_s)}; used_s None for an entry of the legacy single value (it kept no times)."""
+        used_s)}; used_s None for an entry of the legacy single value (it kept no times). A client in both the
+        legacy value and an `applied/` key (an older version wrote the value after this one wrote the key) gets
+        the newer (client_seq, parts) of the two, with used_s None when that is the legacy one."""
         out: dict[int, tuple[int, int, float | None]] = {}
         with self._rocksdb("reading the exactly-once table of client requests"):
             raw = self._meta.get(LEGACY_APPLIED)
@@ -902,7 +904,9 @@ class Store:
                 if not key.startswith(APPLIED_PREFIX):
                     break
                 seq, parts, used = APPLIED_VALUE.unpack(value)
-                out[int.from_bytes(key[len(APPLIED_PREFIX) :], "big")] = (seq, parts, float(used))
+                client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
+                if client not in out or out[client][:2] <= (seq, parts):
+                    out[client] = (seq, parts, float(used))
         return out
 
     def counts(self, table: str) -> dict:
