@@ -126,13 +126,18 @@ class ServerMetrics:
         carry `Authorization: Bearer <token>`."""
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
-        self._http = make_server(host, port, _guarded(make_wsgi_app(self.registry), token), server_class, _Handler)
-        if tls is not None:
-            self._http.socket = _tls_context(*tls).wrap_socket(
-                self._http.socket, server_side=True, do_handshake_on_connect=False
-            )  # the handshake runs in the request's thread (_Handler.setup): a slow client holds only that one
-        threading.Thread(target=self._http.serve_forever, name="ps-metrics", daemon=True).start()
-        return self._http.server_address[1]
+        http = make_server(host, port, _guarded(make_wsgi_app(self.registry), token), server_class, _Handler)
+        try:
+            if tls is not None:
+                http.socket = _tls_context(*tls).wrap_socket(
+                    http.socket, server_side=True, do_handshake_on_connect=False
+                )  # the handshake runs in the request's thread (_Handler.setup): a slow client holds only that one
+        except BaseException:
+            http.server_close()
+            raise
+        self._http = http  # set only with its serve_forever thread started: close()'s shutdown() waits for that
+        threading.Thread(target=http.serve_forever, name="ps-metrics", daemon=True).start()
+        return http.server_address[1]
 
     def close(self) -> None:
         http = getattr(self, "_http", None)
