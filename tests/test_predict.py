@@ -6,6 +6,7 @@ Training and eval still refuse a file without labels."""
 from __future__ import annotations
 
 import csv
+import gzip
 import os
 from pathlib import Path
 
@@ -167,6 +168,25 @@ def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, cap
                    "--max-bad-lines", "2") == 2  # fmt: skip
     assert "more than --max-bad-lines 2" in capsys.readouterr().err
     assert not [name for name in os.listdir(tmp_path) if name.startswith((".none", "none"))]
+
+
+def test_eval_and_predict_read_only_the_start_of_the_training_file(servers, files, tmp_path, capsys):
+    """--data gives eval and predict the schema, from its first lines: they make no pass over the whole file (a
+    large training file took minutes to count, gzip ones most), so a gzip file cut short past its start serves."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    packed = gzip.compress(Path(train_path).read_bytes() * 200)  # 120,000 lines, about 55 MB unpacked
+    cut = tmp_path / "cut.tsv.gz"
+    cut.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(ValueError, match="does not read as gzip"):  # what a pass over it meets
+        train(small_run(addresses, str(cut)))
+    figures = evaluate_servers(small_run(addresses, str(cut), eval_data=test_path))
+    assert figures == evaluate_servers(small_run(addresses, train_path, eval_data=test_path))
+    capsys.readouterr()
+    out = tmp_path / "p.csv"
+    assert predict(addresses[0], out, "--data", str(cut), "--predict-data", test_path, "--model", "fm") == 0
+    assert f"wrote {TEST_ROWS} predictions of fm" in capsys.readouterr().out
 
 
 def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_model(servers, files, tmp_path, capsys):

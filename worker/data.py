@@ -53,9 +53,12 @@ def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
 class DataSource:
     """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py).
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
-    predict`), its labels NaN; otherwise every file is read with labels (a line without one is bad)."""
+    predict`), its labels NaN; otherwise every file is read with labels (a line without one is bad).
+    count: self.examples is this worker's share of --data's lines, counted now (a pass over the file); without
+    it, 0 (eval and predict, which read --data's first lines only, for the schema)."""
 
-    def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True, labels_optional: bool = False):
+    def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True, labels_optional: bool = False,
+                 count: bool = True):  # fmt: skip
         self.cfg = cfg
         self.labels_optional = labels_optional
         self.read_stats: list[tuple[str, ReadStats]] = []
@@ -82,7 +85,9 @@ class DataSource:
                 default_table=default_table, default_dim=cfg.embedding_dim,
             )  # fmt: skip
             header = self.schema.format == "csv"
-            self.examples = count_lines(cfg.data, header=header) // cfg.num_workers  # malformed lines included
+            # malformed lines included; a pass over the whole file, so only where a count is used (training's
+            # recipe and progress total), not for eval and predict, which read --data only for its schema
+            self.examples = count_lines(cfg.data, header=header) // cfg.num_workers if count else 0
             if self.schema.needs_stats():
                 if not standardize_here:
                     missing = [c.name for c in self.schema.columns if c.transform == "standardize" and c.std is None]

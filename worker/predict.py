@@ -88,7 +88,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
         header = m.data.schema.format == "csv"
         total = 0
         if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them)
-            total = m.data.examples if same_file(cfg.data, m.cfg.data) else count_lines(cfg.data, header=header)
+            total = count_lines(cfg.data, header=header)
         batches = m.data.read_whole(cfg.data)
         scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches)
         rows = _write(cfg.out, scored, labeled, _Progress(total, cfg.progress))

@@ -435,7 +435,10 @@ def prepare(
     statistics in the schema, since the training data's cannot be recomputed from another file. labels_optional
     (predict): files without labels are read as such (DataSource)."""
     cfg.validate(needs_servers)
-    data = DataSource(cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional)
+    # eval and predict (training=False) read --data for its schema only: no pass over the file to count its lines
+    data = DataSource(
+        cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional, count=training
+    )
     job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
     # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
     cfg, recipe_line = cfg.with_recipe(
