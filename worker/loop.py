@@ -340,10 +340,11 @@ def run_epochs(
     started = time.perf_counter()
     plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
     total = max(0, s.total_examples * s.epochs - s.skip_examples)
-    bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1)
+    skipping = _Skipping(s.skip_examples)
+    desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
+    bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1)
     at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
     lines = _ProgressLines(s.worker, total, plain, at_most=at_most) if s.progress_lines or plain else None
-    skipping = _Skipping(s.skip_examples)
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
@@ -406,6 +407,10 @@ def run_epochs(
                         now = time.perf_counter()
                         telemetry.step(n, now - step_started, running.value)
                         step_started = now
+                    if desc is not None:  # the first step after a skip: the bar's clock and rate start here
+                        desc = None
+                        bar.set_description_str(None, refresh=False)
+                        bar.reset(bar.total)
                     _advance(bar, n)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
@@ -414,8 +419,8 @@ def run_epochs(
                     if "cache_bytes_saved" in cache:
                         postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
                     bar.set_postfix(postfix, refresh=False)
-                    if lines is not None:
-                        lines.update(result, running.value, started, cache)
+                    if lines is not None:  # their rate leaves out the time a resumed run spent skipping
+                        lines.update(result, running.value, started + skipping.seconds, cache)
                     if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
                         stop = True
                         break
@@ -433,7 +438,7 @@ def run_epochs(
                 break
     except BaseException:  # how far it got, for launch (a stopped worker's last PROGRESS line)
         if lines is not None and not lines.plain:
-            lines.update(result, running.value, started, {}, stopped=True)
+            lines.update(result, running.value, started + skipping.seconds, {}, stopped=True)
         raise
     result.trained_all = True
     step.pusher.shutdown()
@@ -447,5 +452,5 @@ def run_epochs(
     result.stopped_early = stop
     result.source_stats = source.stats()
     if lines is not None:
-        lines.update(result, running.value, started, result.source_stats, final=True)
+        lines.update(result, running.value, started + skipping.seconds, result.source_stats, final=True)
     return result
