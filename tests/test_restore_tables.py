@@ -81,3 +81,35 @@ def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_hold
         Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "two")))
     shutil.rmtree(tmp_path / "one")  # pruned since: its path still names the restore
     Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one"))).close()
+
+
+def test_export_holds_about_two_copies_of_what_it_writes_not_the_whole_rows(tmp_path):
+    """ps-server export reads a table's rows (embedding, optimizer state, statistics: 28 floats for adam at dim 8)
+    and writes the embeddings sorted by id. It held views of the whole rows and every sorted copy at once: 4.1x
+    the bytes it wrote here (1.8 GB for a 12M-row table of 536 MB); now a copy of the embeddings per chunk read,
+    and each sorted array written before the next is made."""
+    import tracemalloc
+
+    from ps.engine.restore import export
+
+    n, spec = 1_000_000, TableConfig("emb", 8, optimizer=OptimizerConfig("adam", 0.01))
+    ids = np.random.default_rng(0).permutation(np.arange(1, n + 1, dtype=np.uint64) * np.uint64(7919))
+    grads = np.random.default_rng(1).standard_normal((n, 8)).astype(np.float32)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("emb", ids, grads)
+        want = shard.pull("emb", np.sort(ids))
+        checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+    finally:
+        shard.close()
+    tracemalloc.start()
+    try:
+        export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    written = n * (8 + 8 * 4)  # ids and embeddings
+    assert peak < 2.5 * written, f"{peak / written:.2f}x"
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.ids.npy"), np.sort(ids))
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.rows.npy"), want)

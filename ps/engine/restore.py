@@ -78,10 +78,14 @@ def export(directory: str, out: str, since: int | None = None) -> dict:
         for t in manifest["tables"]:
             cfg = TableConfig.from_dict(t)
             ids, rows = _table_rows(directory, manifest, cfg, since)
-            order = np.argsort(ids, kind="stable")
-            for suffix, array in (("ids", ids[order]), ("rows", rows[order])):
-                written.append(_write_npy(os.path.join(out, f"{cfg.name}.{suffix}.npy"), array))
-            summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(len(ids))}
+            n, order = len(ids), np.argsort(ids, kind="stable")
+            ids = ids[order]  # sorted and written one array at a time: a table's copies are not all held at once
+            written.append(_write_npy(os.path.join(out, f"{cfg.name}.ids.npy"), ids))
+            del ids
+            rows = rows[order]
+            written.append(_write_npy(os.path.join(out, f"{cfg.name}.rows.npy"), rows))
+            del rows, order
+            summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n)}
         final = os.path.join(out, "export.json")
         with open(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
@@ -109,7 +113,7 @@ def _table_rows(directory: str, manifest: dict, cfg: TableConfig, since: int | N
                 keep = rows[:, layout.stats_col + LAST_STEP] >= since
                 ids, rows = ids[keep], rows[keep]
             ids_parts.append(ids)
-            rows_parts.append(rows[:, : cfg.dim])
+            rows_parts.append(np.ascontiguousarray(rows[:, : cfg.dim]))  # a copy: not a view holding the whole row
         expected = shard["rows"].get(cfg.name, 0)
         if held != expected:
             raise StorageError(f"checkpoint {directory}: {shard['dir']} holds {held:,} rows of table {cfg.name!r} "
