@@ -325,13 +325,17 @@ def test_metrics_out_records_the_format_of_the_schema_file(servers, tmp_path):
     assert json.loads(metrics.read_text())["config"]["format"] == "csv"  # the schema's, not --format's default
 
 
-def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path):
+def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schema(tmp_path, caplog):
     data = _csv(tmp_path, 40)
     schema = tmp_path / "s.toml"
     schema.write_text('label = "label"\n[[columns]]\nname = "item"\nkind = "categorical"\n'
                       '[[columns]]\nname = "price"\nkind = "numeric"\ntransform = "standardize"\n')  # fmt: skip
     cfg = TrainConfig(local_shards=1, data=data, schema=str(schema), model="lr")
-    prepare(cfg)  # training computes them
+    prepare(cfg)  # training computes them, in a pass over the file it says it makes (minutes on a large one)
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.data"]
+    assert said[0] == (f"computing the mean and std of standardized columns price over {data}: a pass over the "
+                       "whole file before training starts (give them in the schema to skip it)")  # fmt: skip
+    assert said[1].startswith(f"standardized columns, mean and std over {data}: price mean = ")
     with pytest.raises(ValueError, match=r"columns \['price'\] are standardized without a mean and std"):
         prepare(cfg, training=False)
 

@@ -89,11 +89,15 @@ class DataSource:
             # recipe and progress total), not for eval and predict, which read --data only for its schema
             self.examples = count_lines(cfg.data, header=header) // cfg.num_workers if count else 0
             if self.schema.needs_stats():
+                missing = [c.name for c in self.schema.columns
+                           if c.transform == "standardize" and (c.mean is None or c.std is None)]  # fmt: skip
                 if not standardize_here:
-                    missing = [c.name for c in self.schema.columns if c.transform == "standardize" and c.std is None]
                     raise ValueError(f"columns {missing} are standardized without a mean and std in the schema: this "
                                      "command cannot recompute the training data's; copy into the schema the mean "
                                      "and std the training run printed")  # fmt: skip
+                log.warning("computing the mean and std of standardized columns %s over %s: a pass over the whole "
+                            "file before training starts (give them in the schema to skip it)", ", ".join(missing),
+                            cfg.data)  # fmt: skip
                 stats = column_stats(cfg.data, self.schema)
                 log.warning("standardized columns, mean and std over %s: %s (put them in the schema to fix them)",
                             cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip

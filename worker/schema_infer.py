@@ -196,7 +196,8 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
         return (
             Column(name, source, "numeric", transform="standardize", mean=mean, std=std if std > 0 else 1.0),
             f"numbers, skewness {skew:.1f} ({seen}): standardize with the sample's mean and std (deleted, train "
-            "computes them over its data and prints them: eval and predict need them back in the schema)",
+            "computes them in a pass over its whole file before training, and prints them: eval and predict need "
+            "them back in the schema)",
         )
     for sep in _BAG_SEPARATORS:
         tokens = [t for c in present for t in c.split(sep) if t]
