@@ -200,6 +200,31 @@ def test_eval_skips_and_reports_a_few_malformed_lines_of_its_file(servers, files
         evaluate_servers(small_run(addresses, train_path, eval_data=str(bad), max_bad_lines=0))
 
 
+def test_eval_and_trains_final_evaluation_show_their_progress(servers, files, tmp_path, monkeypatch, capsys):
+    """Scoring a large eval file takes minutes (2M CSV rows: 54 s, with nothing shown): eval, and train's final
+    evaluation, show progress as predict does (plain lines on stderr that is no terminal); eval --no-progress
+    shows none."""
+    import dataclasses
+
+    from worker.loop import ScoringProgress
+
+    monkeypatch.setattr(ScoringProgress, "PLAIN_EVERY_S", 0.0)
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(dataclasses.replace(small_run(addresses, train_path, eval_data=test_path), progress=True))
+    err = capsys.readouterr().err
+    assert f"progress: 100 of about {TEST_ROWS} (67%) examples scored, " in err, err
+    flags = ["eval", "--servers", addresses[0], "--data", train_path, "--eval-data", test_path, "--model", "lr",
+             "--batch-size", "50"]  # fmt: skip
+    assert main(flags) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress: ")]
+    assert [line.split(" examples scored")[0] for line in lines] == [
+        f"progress: {n} of about {TEST_ROWS} ({n / TEST_ROWS:.0%})" for n in (50, 100, 150)
+    ], lines
+    assert main([*flags, "--no-progress"]) == 0
+    assert "progress: " not in capsys.readouterr().err
+
+
 def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_trained_model(servers, files, tmp_path):
     addresses, _ = servers(1)
     train_path, _ = files

@@ -329,6 +329,11 @@ def add_eval_parser(sub: argparse._SubParsersAction) -> None:
         formatter_class=HelpFormatter,
     )
     add_served_model_args(p, "eval")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (when stderr is no terminal, a plain progress line every 30 s takes the bar's place)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -487,7 +492,7 @@ def run_train(args: argparse.Namespace) -> int:
 def eval_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed `eval` arguments: --eval-data alone also stands for --data (the file whose first
     lines give the schema)."""
-    cfg = TrainConfig(**common_config(args))
+    cfg = TrainConfig(**common_config(args), progress=not args.no_progress)
     if cfg.data is None and cfg.eval_data is not None:
         cfg = dataclasses.replace(cfg, data=cfg.eval_data)
     return cfg

@@ -104,6 +104,8 @@ class DataSource:
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self._eval: list[Batch] | None = None  # --eval-data's batches, once check_eval has kept them
+        # the examples eval() gives, once known (check_eval counts --eval-data's); 0: unknown
+        self.eval_examples = cfg.synthetic_eval_rows if self.synthetic is not None else 0
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
@@ -207,6 +209,7 @@ class DataSource:
             raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
                              "only a header or malformed lines)")  # fmt: skip
         self._eval = kept if examples <= self.max_validation else None
+        self.eval_examples = examples
 
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""

@@ -110,14 +110,59 @@ def predictions(
         yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
 
 
-def evaluate(tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]) -> dict:
-    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data)."""
+class ScoringProgress:
+    """The progress of scoring a file (eval, predict) as train shows its own: a bar on a terminal, a plain
+    'progress: ...' line every PLAIN_EVERY_S seconds on stderr that is none (a log file), nothing when off.
+    total: the lines of the file, an estimate (0: unknown)."""
+
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, total: int, on: bool):
+        self.plain = on and not sys.stderr.isatty()
+        self.bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not on or self.plain, smoothing=0.1)
+        self.total, self.done = total, 0
+        self.started = self.last = time.perf_counter()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar.total and self.bar.n + n > self.bar.total:  # never past 100%
+            self.bar.total = self.bar.n + n
+        self.bar.update(n)
+        now = time.perf_counter()
+        if self.plain and now - self.last >= self.PLAIN_EVERY_S:
+            self.last = now
+            of = f" of about {self.total:,} ({min(self.done / self.total, 1):.0%})" if self.total else ""
+            rate = self.done / max(now - self.started, 1e-9)
+            print(f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if not self.bar.disable:
+            self.bar.total = self.bar.n
+        self.bar.close()
+
+
+def evaluate(
+    tables: Any,
+    spec: ModelSpec,
+    backend: Any,
+    dense_values: dict,
+    batches: Iterable[Batch],
+    progress: ScoringProgress | None = None,
+) -> dict:
+    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data);
+    progress, when given, is advanced by each batch and closed at the end."""
     labels, preds, oracle = [], [], []
-    for batch, probs in predictions(tables, spec, backend, dense_values, batches):
-        labels.append(batch.labels)
-        preds.append(probs)
-        if batch.probs is not None:
-            oracle.append(batch.probs)
+    try:
+        for batch, probs in predictions(tables, spec, backend, dense_values, batches):
+            labels.append(batch.labels)
+            preds.append(probs)
+            if batch.probs is not None:
+                oracle.append(batch.probs)
+            if progress is not None:
+                progress.update(len(batch))
+    finally:
+        if progress is not None:
+            progress.close()
     if not labels:
         return {}
     y, p = np.concatenate(labels), np.concatenate(preds)

@@ -26,23 +26,19 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from worker.batch import Batch
 from worker.data import count_lines
 from worker.flags import check_input_file, check_new_file, check_not_an_input, check_output_file, same_file
 from worker.formats import file_has_labels, read_csv_sample
-from worker.loop import predictions
+from worker.loop import ScoringProgress, predictions
 from worker.train import TrainConfig, served_model
 
 log = logging.getLogger("worker.predict")
-PLAIN_EVERY_S = 30.0  # a plain progress line on stderr this often when it is no terminal, as train's
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
             total = count_lines(cfg.data, header=header)
         batches = m.data.read_whole(cfg.data)
         scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches)
-        rows = _write(cfg.out, scored, labeled, _Progress(total, cfg.progress))
+        rows = _write(cfg.out, scored, labeled, ScoringProgress(total, cfg.progress))
         shards = m.shards
     stats = next(s for path, s in m.data.read_stats if path == cfg.data)
     if rows == 0:  # _write removed its file
@@ -112,7 +108,7 @@ def format_rows(line_nos: np.ndarray, probs: np.ndarray, labels: np.ndarray | No
     return "".join(f"{n},{q:.9g},{y:.0f}\n" for n, q, y in zip(line_nos.tolist(), p, labels.tolist()))
 
 
-def _write(out: str, scored: Iterable[tuple[Batch, np.ndarray]], labeled: bool, progress: _Progress) -> int:
+def _write(out: str, scored: Iterable[tuple[Batch, np.ndarray]], labeled: bool, progress: ScoringProgress) -> int:
     """Writes the header and the rows of (batch, probabilities) pairs to a temporary file, renamed to `out` when
     they are all written and there is at least one; returns the row count."""
     folder, name = os.path.split(os.path.abspath(out))
@@ -132,31 +128,3 @@ def _write(out: str, scored: Iterable[tuple[Batch, np.ndarray]], labeled: bool, 
         if os.path.lexists(partial):
             os.remove(partial)
     return rows
-
-
-class _Progress:
-    """train's progress display: a bar on a terminal, a plain 'progress: ...' line every PLAIN_EVERY_S seconds on
-    stderr that is none (a log file), nothing when off. total: the lines of the file, an estimate."""
-
-    def __init__(self, total: int, on: bool):
-        self.plain = on and not sys.stderr.isatty()
-        self.bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not on or self.plain, smoothing=0.1)
-        self.total, self.done = total, 0
-        self.started = self.last = time.perf_counter()
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar.total and self.bar.n + n > self.bar.total:  # never past 100%
-            self.bar.total = self.bar.n + n
-        self.bar.update(n)
-        now = time.perf_counter()
-        if self.plain and now - self.last >= PLAIN_EVERY_S:
-            self.last = now
-            of = f" of about {self.total:,} ({min(self.done / self.total, 1):.0%})" if self.total else ""
-            rate = self.done / max(now - self.started, 1e-9)
-            print(f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if not self.bar.disable:
-            self.bar.total = self.bar.n
-        self.bar.close()

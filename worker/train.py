@@ -42,12 +42,12 @@ from ps.config import (
 )
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.data import DataSource
+from worker.data import DataSource, count_lines
 from worker.dense import DensePath, DenseSync
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.formats import file_has_labels
-from worker.loop import LoopResult, LoopSettings, TrainingDataError, evaluate, run_epochs
+from worker.loop import LoopResult, LoopSettings, ScoringProgress, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import LARGE, RECIPES, choose, describe
 from worker.results import format_evaluation
@@ -653,7 +653,9 @@ def train(cfg: TrainConfig) -> dict:
                            best_step=loop.best["step"])  # fmt: skip
         try:
             final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
-            results.update(evaluate(client, spec, backend, final_dense, data.eval()))
+            shown = cfg.progress and not cfg.progress_lines  # a large eval file takes minutes: its own bar
+            progress = ScoringProgress(data.eval_examples, shown) if shown and data.eval_examples else None
+            results.update(evaluate(client, spec, backend, final_dense, data.eval(), progress))
             stats = sparse_table_stats(client, spec)
         except BaseException:  # a Ctrl-C, say: the training is done and kept
             if not cfg.local_shards and not cfg.progress_lines:
@@ -807,10 +809,15 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
                              "`ps-worker predict` writes the model's probability for each row of a file without "
                              "labels; nothing was evaluated")  # fmt: skip
         eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
+        progress = None
+        if cfg.progress:  # total: the file's lines, an estimate of its examples (bad and empty lines among them)
+            header = data.schema.format == "csv"
+            total = cfg.synthetic_eval_rows if scored is None else count_lines(scored, header=header)
+            progress = ScoringProgress(total, True)
         results = {
             "model": cfg.model,
             "shards": m.shards,
-            **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches),
+            **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches, progress),
         }
     for line in data.bad_lines_report():
         log.warning(line)
