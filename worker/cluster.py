@@ -5,7 +5,8 @@ and reports its port on stdout; root, unless given, is a temporary directory of 
 start() waits for every port and for the shards to answer, with a deadline.
 stop() sends SIGTERM, waits, then kills. Restarting on the same root gives the shards their rows back.
 Each shard's standard input is a pipe this process holds (`--stop-with-stdin`): when this process dies, however
-it dies, the pipe closes and the shards stop cleanly instead of running on without their parent.
+it dies, the pipe closes and the shards stop cleanly instead of running on without their parent. The shards
+run in a session of their own: a terminal's Ctrl-C reaches this process alone, which stops them itself.
 """
 
 from __future__ import annotations
@@ -81,7 +82,10 @@ class LocalCluster:
         ]  # fmt: skip
         with open(self.log_path(shard_id), "ab") as log:  # the child keeps its own copy of the descriptor
             held = () if self._lock_fd is None else (self._lock_fd,)
-            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, pass_fds=held)
+            # a session of its own: a terminal's Ctrl-C goes to this process alone, which ends its step and then
+            # stops the shards; sent to them too, they quit under its step, which logged them as down
+            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, pass_fds=held,
+                                    start_new_session=True)  # fmt: skip
 
     def _await_port(self, shard_id: int, proc: subprocess.Popen, deadline: float) -> str:
         out = b""

@@ -1,6 +1,7 @@
 """The command-line entry points, as a user runs them."""
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -196,3 +197,27 @@ def test_local_shards_stop_cleanly_when_the_process_that_started_them_is_killed(
     for shard in range(2):
         log = (tmp_path / f"shard-{shard}.log").read_text()
         assert "standard input closed" in log and "stopped cleanly" in log, log[-2000:]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_terminals_ctrl_c_reaches_the_trainer_not_its_local_shards(tmp_path):
+    """A terminal sends Ctrl-C's SIGINT to its foreground process group. The local shards run in a session of
+    their own, so it reaches the trainer alone, which stops them once its step is done; when they got it too
+    they quit under that step, which logged them as down ('waiting for it for up to 300 s') and sometimes
+    waited out its 5 s grace. Here the trainer, a bare script, dies of it: its shards stop on their closed
+    stdin, not on the SIGINT."""
+    parent = subprocess.Popen([PY, "-c", PARENT, str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True, start_new_session=True)  # fmt: skip
+    try:
+        line = PipeReader(parent.stdout).wait_for(r"^(\d+) (\d+)$", 120, "the pids of the 2 local shards")
+        pids = [int(p) for p in line.groups()]
+        os.killpg(parent.pid, signal.SIGINT)  # the terminal's Ctrl-C: to the parent's process group
+        parent.wait(timeout=30)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=30)
+    wait_until(lambda: not any(_alive(p) for p in pids), 60, "the local shards to stop after their parent")
+    for shard in range(2):
+        log = (tmp_path / f"shard-{shard}.log").read_text()
+        assert "standard input closed" in log and "received SIGINT" not in log, log[-2000:]
