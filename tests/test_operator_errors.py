@@ -161,13 +161,20 @@ def test_the_start_up_wait_for_the_servers_is_server_timeout(command, dead_addre
 # ---- data files -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flag", ["--data", "--eval-data", "--table-config"])
-def test_a_directory_given_as_a_file_is_called_a_directory(flag, tmp_path, capsys):
+def test_a_directory_given_as_a_file_is_called_a_directory(tmp_path, capsys):
+    code, err = worker(["train", "--local-shards", "1", "--table-config", str(tmp_path), *TINY_RUN], capsys)
+    assert code == 2 and f"--table-config {tmp_path} is a directory; expected a" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--data", "--eval-data", "--validation-data"])
+def test_a_data_directory_without_data_files_says_so(flag, tmp_path, capsys):
     data = tmp_path / "train.txt"
     data.write_text("")
-    extra = ["--data", str(data)] if flag == "--eval-data" else []
-    code, err = worker(["train", "--local-shards", "1", *extra, flag, str(tmp_path), *TINY_RUN], capsys)
-    assert code == 2 and f"{flag} {tmp_path} is a directory; expected a" in err, err
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "_SUCCESS").write_text("")
+    extra = ["--data", str(data)] if flag != "--data" else []
+    code, err = worker(["train", "--local-shards", "1", *extra, flag, str(tmp_path / "empty"), *TINY_RUN], capsys)
+    assert code == 2 and f"{flag}: {tmp_path / 'empty'} is a directory holding no data file" in err, err
 
 
 def test_a_missing_data_file_says_so_and_what_is_expected(tmp_path, capsys):

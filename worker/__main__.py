@@ -61,7 +61,12 @@ def _add_schema(sub) -> None:
         "numeric columns (log or standardized), multi-hot columns, categorical columns. Review it before training.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--data", required=True, help="a data file (.gz read through gzip)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="a data file (.gz read through gzip), or many: a directory, a "
+        "quoted glob or a comma-separated list, sampled across their files",
+    )
     p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
     p.add_argument("--delimiter", default=",", help="csv: the column separator")
     p.add_argument(
@@ -205,10 +210,10 @@ def _synth(args) -> int:
 
 
 def _schema(args) -> int:
-    from worker.flags import check_input_file
+    from worker.datafiles import check_data_input
     from worker.schema_infer import infer_schema
 
-    check_input_file("--data", args.data, "a data file")
+    check_data_input("--data", args.data, "a data file, or a directory, glob or comma-separated list of them")
     check_not_an_input("--out", args.out, {"--data": args.data})
     check_output_file("--out", args.out)
     check_new_file("--out", args.out, args.overwrite)

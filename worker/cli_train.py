@@ -178,7 +178,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="share of the training examples held out to validate on (default: small: 0.1, large: 0)",
     )
-    fit.add_argument("--validation-data", default=None, help="a file to validate on instead of a split")
+    fit.add_argument("--validation-data", default=None, help="data to validate on instead of a split (a file, or "
+                     "many as --data)")  # fmt: skip
     fit.add_argument(
         "--eval-every",
         type=integer(0),
@@ -237,16 +238,22 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
     data = p.add_argument_group("data")
     if command in ("eval", "predict"):
         other = f"--{command}-data"
-        data.add_argument("--data", help="the training file, whose first lines give the schema (a csv header, "
-                          f"libsvm's field count); scored when no {other} is given; .gz read transparently")  # fmt: skip
+        data.add_argument("--data", help="the training data, whose first file's first lines give the schema (a csv "
+                          f"header, libsvm's field count); scored when no {other} is given; .gz read transparently; "
+                          "a file, or many as for train" + (" (predict scores one file)" if command == "predict" else ""))  # fmt: skip
         if command == "eval":
-            data.add_argument("--eval-data", help="the file to score, in the training file's format")
+            data.add_argument("--eval-data", help="the data to score, in the training data's format (a file, or many "
+                              "as --data)")  # fmt: skip
         else:
             data.add_argument("--predict-data", help="the file to score, in the training file's format, with or "
                               "without its labels (csv: no label column; criteo: 39 columns; libsvm: no label token)")  # fmt: skip
     else:
-        data.add_argument("--data", help="training file; .gz is read transparently (without it: synthetic data)")
-        data.add_argument("--eval-data", help="a held-out file, same format, scored after training (the eval line)")
+        data.add_argument("--data", help="training data: a file (.gz is read transparently), or many read in order as "
+                          "one stream: a directory (its files by name; hidden, _SUCCESS-like and .crc/.md/.json/.toml "
+                          "files skipped), a quoted glob ('day_*.gz'), or a comma-separated list of these; all in one "
+                          "format (without it: synthetic data)")  # fmt: skip
+        data.add_argument("--eval-data", help="held-out data (a file, or many as --data), same format, scored after "
+                          "training (the eval line)")  # fmt: skip
     data.add_argument(
         "--schema",
         default=None,

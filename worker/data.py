@@ -22,7 +22,8 @@ import numpy as np
 
 from ps.hashing import mix64
 from worker.batch import Batch, rebatch
-from worker.formats import ReadStats, column_stats, file_has_labels, open_data, read_batches
+from worker.datafiles import data_files
+from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, open_data, read_batches
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
@@ -33,7 +34,11 @@ DEFAULT_MAX_VALIDATION = 200_000
 
 
 def count_lines(path: str, header: bool = False) -> int:
-    """Lines of a file (gzip read through), less a header line."""
+    """Lines of a data input's files (worker/datafiles.py; gzip read through), less each file's header line."""
+    return sum(_count_file_lines(name, header) for name in data_files(path))
+
+
+def _count_file_lines(path: str, header: bool) -> int:
     n = 0
     with open_data(path) as f:
         while chunk := f.read(1 << 20):
@@ -84,6 +89,9 @@ class DataSource:
                 drop_columns=cfg.drop_columns, numeric_columns=cfg.numeric_columns, libsvm_fields=cfg.libsvm_fields,
                 default_table=default_table, default_dim=cfg.embedding_dim,
             )  # fmt: skip
+            for spec in (cfg.data, cfg.validation_data, cfg.eval_data):
+                if spec:
+                    check_same_format(spec, self.schema)
             header = self.schema.format == "csv"
             # malformed lines included; a pass over the whole file, so only where a count is used (training's
             # recipe and progress total), not for eval and predict, which read --data only for its schema

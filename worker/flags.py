@@ -90,8 +90,14 @@ def check_not_an_input(flag: str, path: str | None, inputs: Mapping[str, str | N
     flag not given): writing it would replace that input."""
     if path is None:
         return
+    from worker.datafiles import data_files
+
     for input_flag, input_path in inputs.items():
-        if input_path is not None and same_file(path, input_path):
+        try:
+            files = data_files(input_path) if input_path is not None else []
+        except ValueError:  # nothing matched: refused by the input's own check
+            files = []
+        if any(same_file(path, f) for f in [input_path] * (input_path is not None) + files):
             raise ValueError(f"{flag} {path} is the file of {input_flag} {input_path}: writing it would replace "
                              "that input; give another file name")  # fmt: skip
 

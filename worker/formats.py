@@ -4,6 +4,7 @@
                  labeled=True) -> Iterator[Batch]
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
+    check_same_format(path, schema)             # ValueError naming the first file unlike the first one
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
 
 A format (schema.format) splits each data line into a label and named cells; worker/encode.py turns the cells
@@ -15,6 +16,11 @@ Common to all formats:
     several physical lines inside quotes; a bad record that does counts each of its lines as a bad line, so that
     a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line).
     Worker i of n reads the data lines whose number % n == i, so n workers together read every line exactly once.
+  - `path` may name many files (worker/datafiles.py: a directory, a glob, a comma-separated list), read in order
+    as one stream: batches run on across files, and bad lines count against max_bad_lines over the stream, each
+    named by its own file and line. Worker i reads, of the k-th file (from 0), the lines whose number % n ==
+    (i + k) % n: still every line exactly once, and small files spread over the workers rather than all to worker
+    0. check_same_format refuses files that differ in format from the first.
   - An empty data line (nothing but whitespace, as spreadsheet exports often end with) is skipped and counted
     in stats.empty_lines, not as a bad line.
   - A malformed data line is skipped and counted in `stats` (ReadStats): one the
@@ -76,6 +82,7 @@ import numpy as np
 from worker.batch import Batch, rebatch
 from worker.criteo import EMPTY_LINE, NUM_COLUMNS, hex_strings, parse_share
 from worker.criteo_fast import scan_lines
+from worker.datafiles import data_files
 from worker.encode import Parsed, encode_examples, float_values, parsed_sources
 from worker.features import MISSING_CAT
 from worker.schema import CRITEO_COLUMNS, LIBSVM_COLUMN, Schema
@@ -117,10 +124,15 @@ def read_batches(
         raise ValueError(f"max_bad_lines is {max_bad_lines}, expected >= 0")
     if schema.needs_stats():
         raise ValueError("the schema has standardize columns without mean and std: column_stats and with_stats")
-    name = os.fspath(path)
+    files = data_files(path)
     stats = stats if stats is not None else ReadStats()
-    share = _Share(worker_id, num_workers, _BadLines(name, max_bad_lines, stats))
-    return rebatch(_encoded(name, schema, batch_size, share, labeled), batch_size)
+
+    def stream() -> Iterator[Batch]:
+        for k, name in enumerate(files):  # file k's share: its lines whose number % n == (worker_id + k) % n
+            share = _Share((worker_id + k) % num_workers, num_workers, _BadLines(name, max_bad_lines, stats))
+            yield from _encoded(name, schema, batch_size, share, labeled)
+
+    return rebatch(stream(), batch_size)
 
 
 def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[float, float]]:
@@ -129,11 +141,12 @@ def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[flo
     columns = [c for c in schema.dense_columns() if c.transform == "standardize"]
     if not columns:
         return {}
-    name = os.fspath(path)
     placeholder = schema.with_stats({c.name: (0.0, 1.0) for c in columns})  # to find the bad lines
-    share = _Share(0, 1, _BadLines(name, sys.maxsize, ReadStats()))
     moments = {c.name: (0, 0.0, 0.0) for c in columns}  # count, mean, sum of squared deviations
-    for chunk in _cell_chunks(name, placeholder, _MIN_CHUNK, share):
+    for chunk in itertools.chain.from_iterable(
+        _cell_chunks(name, placeholder, _MIN_CHUNK, _Share(0, 1, _BadLines(name, sys.maxsize, ReadStats())))
+        for name in data_files(path)
+    ):
         good = np.ones(len(chunk.labels), dtype=bool)
         good[encode_examples(placeholder, chunk.labels, chunk.cells, chunk.parsed).bad] = False
         for c in columns:
@@ -152,6 +165,44 @@ def _merge(a: tuple[int, float, float], x: np.ndarray) -> tuple[int, float, floa
     n = n_a + n_b
     delta = mean_b - mean_a
     return n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n
+
+
+def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
+    """ValueError naming the first file of `path` (many files, see worker/datafiles.py) whose format differs from
+    the first file's, and how: a CSV header other than the first's; a first data line the format cannot split
+    (Criteo: 39 or 40 tab-separated columns; libsvm: label and id:value tokens); labels where the first file has
+    none, or none where it has them. Only each file's start is read."""
+    files = data_files(path)
+    if len(files) < 2:
+        return
+    first, labeled = files[0], file_has_labels(files[0], schema)
+    header = read_csv_header(first, schema.delimiter) if schema.format == "csv" else None
+    for name in files:
+        if schema.format == "csv":
+            other = read_csv_header(name, schema.delimiter)
+            if other != header:
+                raise ValueError(f"{name}: its CSV header {other} differs from that of {first}, {header}: every "
+                                 "file of the data must have the same columns in the same order")  # fmt: skip
+        else:
+            problem = _first_line_problem(name, schema.format, labeled)
+            if problem:
+                raise ValueError(f"{name}: {problem}, unlike {first}: every file of the data must be {schema.format}")
+        if file_has_labels(name, schema) != labeled:
+            has = "has no labels" if labeled else "has labels"
+            raise ValueError(f"{name} {has}, unlike {first}: every file of the data must be alike")
+
+
+def _first_line_problem(name: str, fmt: str, labeled: bool) -> str | None:
+    """Why the first non-empty line of a criteo or libsvm file is not of that format, or None."""
+    line = _first_line(name, lambda line: bool(line.strip()))
+    if line is None:
+        return None
+    if fmt == "criteo":
+        columns = _criteo_body(line).count(b"\t") + 1
+        return None if columns in (NUM_COLUMNS - 1, NUM_COLUMNS) else f"its first line has {columns} tab-separated " \
+            f"columns, expected {NUM_COLUMNS} (Criteo TSV)"  # fmt: skip
+    parsed = _libsvm_line(line, labeled)
+    return f"its first line is not libsvm: {parsed}" if isinstance(parsed, str) else None
 
 
 def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None:

@@ -103,7 +103,11 @@ def resolve_schema(
     default_dim: int,
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
-    column flags, reading the csv header or the libsvm field count K from the file `data`."""
+    column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first)."""
+    if data is not None:
+        from worker.datafiles import data_files
+
+        data = data_files(data)[0]
     if schema_path is not None:
         flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
                  "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None}  # fmt: skip

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 
+from worker.datafiles import data_files
 from worker.encode import is_missing_text
 from worker.schema import FORMATS, Column, _entry, _toml
 from worker.schema_builtin import builtin_schema, separator_of_one_column
@@ -42,6 +43,26 @@ _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its nou
 )
 
 
+SAMPLED_FILES = 8  # files of many a csv sample is taken from, at most (spread evenly over their list)
+
+
+def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
+    """read_csv_sample's (header, records) of one file; of many (worker/datafiles.py), rows / m records from each
+    of m = SAMPLED_FILES of them at most, spread over the list, refusing one whose header differs from the first's."""
+    from worker.formats import read_csv_sample
+
+    files = data_files(path)
+    m = min(len(files), SAMPLED_FILES)
+    picked = [files[j * len(files) // m] for j in range(m)]
+    header, sample = None, []
+    for name in picked:
+        h, records = read_csv_sample(name, delimiter, -(-rows // m))
+        if header is not None and h != header:
+            raise ValueError(f"{name}: its CSV header {h} differs from that of {picked[0]}, {header}")
+        header, sample = h, sample + records
+    return header, sample[:rows]
+
+
 def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
     """A starting schema for a data file, as TOML with comments saying what was inferred from how many rows.
     csv: from the header and sample_rows records (read_csv_sample: half the file's first, half spread over the rest
@@ -54,19 +75,19 @@ def infer_schema(
     path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000
 ) -> tuple[str, list[str]]:
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess)."""
-    from worker.formats import libsvm_field_count, read_csv_sample
+    from worker.formats import libsvm_field_count
 
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
     lines = [f"# A starting schema for {path} (ps-worker schema); see worker/schema.py for every key."]
     if fmt != "csv":
-        k = libsvm_field_count(path) if fmt == "libsvm" else None
+        k = libsvm_field_count(data_files(path)[0]) if fmt == "libsvm" else None
         schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k)
         lines += [f"# The built-in {fmt} schema{f' ({k} fields)' if k is not None else ''}.", f'format = "{fmt}"']
         for c in schema.columns:
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
         return "\n".join(lines) + "\n", []
-    header, rows = read_csv_sample(path, delimiter, sample_rows)
+    header, rows = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     binary = [h for h in header if _is_binary(columns[h])]

@@ -43,6 +43,7 @@ from ps.config import (
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource, count_lines
+from worker.datafiles import check_data_input
 from worker.dense import DensePath, DenseSync
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
@@ -181,10 +182,10 @@ class TrainConfig:
         if self.validation_data and self.validation_fraction:
             raise ValueError("give --validation-data or --validation-fraction, not both")
         data_file = "a data file" if self.schema else f"a {self.format} data file"
-        data_file += " (.gz read through gzip)"
-        check_input_file("--data", self.data, data_file)
-        check_input_file("--eval-data", self.eval_data, data_file)
-        check_input_file("--validation-data", self.validation_data, data_file)
+        data_file += " (.gz read through gzip), or a directory, glob or comma-separated list of them"
+        check_data_input("--data", self.data, data_file)
+        check_data_input("--eval-data", self.eval_data, data_file)
+        check_data_input("--validation-data", self.validation_data, data_file)
         check_input_file("--schema", self.schema, "a TOML feature schema (ps-worker schema --data FILE writes one)")
         check_input_file("--table-config", self.table_config, "a TOML file of table settings")
         check_output_file("--metrics-out", self.metrics_out)

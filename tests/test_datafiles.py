@@ -1,0 +1,156 @@
+"""Tests for worker/datafiles.py and many-file reading (worker/formats.py): a directory, a glob or a list reads
+the examples of the files' concatenation (the single-file reader is the oracle); worker shares across file
+boundaries; files of another format refused by name; bad lines named by their own file and line."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from tests.test_formats import SAMPLES, assert_same_batches, ids_matrix, join, read, schema_of
+from tests.test_operator_errors import TINY_RUN, worker
+from worker.data import count_lines
+from worker.datafiles import data_files
+from worker.formats import check_same_format
+from worker.schema_infer import infer_schema
+
+
+def split(path, out_dir, sizes, fmt, gz=()):
+    """Cut a data file into files of `sizes` data lines (a csv header repeated in each), the k-th gzipped when
+    k is in gz; (their paths in order, the oracle: the whole file)."""
+    lines = path.read_bytes().splitlines(keepends=True)
+    header, body = (lines[:1], lines[1:]) if fmt == "csv" else ([], lines)
+    assert sum(sizes) == len(body)
+    out_dir.mkdir()
+    paths, at = [], 0
+    for k, n in enumerate(sizes):
+        name = out_dir / f"part-{k:05d}.{fmt}" if k not in gz else out_dir / f"part-{k:05d}.{fmt}.gz"
+        text = b"".join(header + body[at : at + n])
+        name.write_bytes(gzip.compress(text) if k in gz else text)
+        paths.append(name)
+        at += n
+    return paths, path
+
+
+SIZES = [5, 1, 0, 9, 8]  # 23 lines: files of odd and even lengths, one empty
+
+
+def specs(paths):
+    d = paths[0].parent
+    return {
+        "directory": str(d),
+        "glob": str(d / "part-*"),
+        "list": ",".join(map(str, paths)),
+        "list of globs and files": f"{paths[0]},{d / 'part-0000[1-3]*'},{paths[4]}",
+    }
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
+@pytest.mark.parametrize("batch_size", [1, 4, 7])
+def test_many_files_read_the_batches_of_their_concatenation(tmp_path, fmt, batch_size):
+    paths, whole = split(SAMPLES[fmt](tmp_path), tmp_path / "parts", SIZES, fmt, gz={1, 3})
+    schema = schema_of(whole, fmt)
+    expected = read(whole, fmt, batch_size, schema=schema)
+    assert sum(map(len, expected)) == 23
+    for how, spec in specs(paths).items():
+        assert data_files(spec) == [str(p) for p in paths], how
+        assert_same_batches(read(spec, fmt, batch_size, schema=schema), expected)
+        assert count_lines(spec, header=fmt == "csv") == 23
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
+@pytest.mark.parametrize("num_workers", [2, 3])
+def test_worker_shares_of_many_files_cover_every_example_once(tmp_path, fmt, num_workers):
+    paths, whole = split(SAMPLES[fmt](tmp_path), tmp_path / "parts", SIZES, fmt)
+    schema = schema_of(whole, fmt)
+    spec = specs(paths)["directory"]
+
+    def rows(batches):
+        joined = join(batches)
+        return sorted(map(tuple, np.column_stack([joined.labels, ids_matrix(joined)]).tolist()))
+
+    shares = [read(spec, fmt, 4, schema=schema, worker_id=i, num_workers=num_workers) for i in range(num_workers)]
+    assert sorted(sum((rows(s) for s in shares), [])) == rows(read(whole, fmt, 4, schema=schema))
+    sizes = [sum(map(len, s)) for s in shares]
+    assert max(sizes) - min(sizes) <= 2  # the files' extra lines go to different workers
+
+
+def test_one_line_files_spread_over_the_workers(tmp_path):
+    paths, whole = split(SAMPLES["criteo"](tmp_path), tmp_path / "parts", [1] * 23, "criteo")
+    schema = schema_of(whole, "criteo")
+    sizes = [sum(map(len, read(str(tmp_path / "parts"), "criteo", 4, schema=schema, worker_id=i, num_workers=2)))
+             for i in range(2)]  # fmt: skip
+    assert sizes == [12, 11]
+
+
+def test_a_bad_line_is_named_by_its_own_file_and_line(tmp_path):
+    paths, whole = split(SAMPLES["criteo"](tmp_path), tmp_path / "parts", SIZES, "criteo")
+    lines = paths[3].read_text().splitlines(keepends=True)
+    lines[2] = "2\tnot a criteo line\n"
+    paths[3].write_text("".join(lines))
+    schema = schema_of(whole, "criteo")
+    with pytest.raises(ValueError, match=rf"^{paths[3]} line 3: "):
+        read(str(tmp_path / "parts"), "criteo", 4, schema=schema)
+    with pytest.raises(ValueError, match=rf"^{paths[3]} line 3: "):  # the second worker's share of file 3
+        read(str(tmp_path / "parts"), "criteo", 4, schema=schema, worker_id=1, num_workers=2)
+
+
+def test_a_directory_skips_hidden_and_side_files(tmp_path):
+    for name in ["b.tsv", "a.tsv.gz", ".hidden", "_SUCCESS", "a.tsv.crc", "schema.toml", "README.md"]:
+        (tmp_path / name).write_text("")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.tsv").write_text("")
+    assert data_files(tmp_path) == [str(tmp_path / "a.tsv.gz"), str(tmp_path / "b.tsv")]
+    assert data_files(tmp_path / "_SUCCESS") == [str(tmp_path / "_SUCCESS")]  # named alone, it is read
+
+
+def test_empty_matches_and_repeats_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"the pattern '.*day_\*\.tsv' matches no data file"):
+        data_files(str(tmp_path / "day_*.tsv"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="is a directory holding no data file"):
+        data_files(tmp_path / "empty")
+    (tmp_path / "a.tsv").write_text("")
+    with pytest.raises(ValueError, match="a.tsv is named twice"):
+        data_files(f"{tmp_path / 'a.tsv'},{tmp_path / '*.tsv'}")
+
+
+def test_a_file_of_another_format_or_header_is_refused_naming_it(tmp_path):
+    paths, whole = split(SAMPLES["csv"](tmp_path), tmp_path / "parts", SIZES, "csv")
+    schema = schema_of(whole, "csv")
+    check_same_format(str(tmp_path / "parts"), schema)
+    paths[3].write_text(paths[3].read_text().replace("click,site,price", "click,price,site", 1))
+    with pytest.raises(ValueError, match=rf"^{paths[3]}: its CSV header \['click', 'price'.* differs from that of "):
+        check_same_format(str(tmp_path / "parts"), schema)
+    criteo_paths, criteo = split(SAMPLES["criteo"](tmp_path), tmp_path / "c", SIZES, "criteo")
+    libsvm = SAMPLES["libsvm"](tmp_path)
+    with pytest.raises(ValueError, match=rf"^{libsvm}: its first line has 1 tab-separated columns, expected 40"):
+        check_same_format(f"{criteo_paths[0]},{libsvm}", schema_of(criteo, "criteo"))
+    with pytest.raises(ValueError, match=rf"^{criteo}: its first line is not libsvm"):
+        check_same_format(f"{libsvm},{criteo}", schema_of(libsvm, "libsvm"))
+
+
+def test_train_refuses_a_differing_file_and_an_empty_glob_before_training(tmp_path, capsys):
+    paths, whole = split(SAMPLES["csv"](tmp_path), tmp_path / "parts", SIZES, "csv")
+    paths[4].write_text("label,other\n1,2\n")
+    code, err = worker(["train", "--local-shards", "1", "--format", "csv", "--data", str(tmp_path / "parts"),
+                        *TINY_RUN], capsys)  # fmt: skip
+    assert code == 2 and f"{paths[4]}: its CSV header ['label', 'other'] differs" in err, err
+    code, err = worker(["train", "--local-shards", "1", "--data", str(tmp_path / "day_*"), *TINY_RUN], capsys)
+    assert code == 2 and f"--data: the pattern '{tmp_path / 'day_*'}' matches no data file" in err, err
+
+
+def test_train_on_a_directory_of_gzipped_and_plain_files(tmp_path, capsys):
+    split(SAMPLES["criteo"](tmp_path), tmp_path / "parts", SIZES, "criteo", gz={0, 3})
+    code, err = worker(["train", "--local-shards", "1", "--data", str(tmp_path / "parts"), "--model", "lr",
+                        "--no-progress", "--epochs", "1"], capsys)  # fmt: skip
+    assert code == 0, err
+
+
+def test_schema_inference_samples_every_file_and_refuses_another_header(tmp_path):
+    paths, whole = split(SAMPLES["csv"](tmp_path), tmp_path / "parts", SIZES, "csv")
+    text, _ = infer_schema(str(tmp_path / "parts"), sample_rows=100)
+    assert text == infer_schema(str(whole), sample_rows=100)[0].replace(str(whole), str(tmp_path / "parts"))
+    paths[4].write_text("label,other\n1,2\n")
+    with pytest.raises(ValueError, match=rf"^{paths[4]}: its CSV header"):
+        infer_schema(str(tmp_path / "parts"))

@@ -1,0 +1,83 @@
+"""A data flag's value as the files it names: one file, a directory, a glob, or a comma-separated list of them.
+
+    data_files(spec) -> [path, ...]            # in reading order; ValueError for a pattern or directory that
+                                               # matches no file, or a file named twice
+    check_data_input(flag, spec, expected)     # ValueError naming the flag unless every file is a readable file
+
+The grammar of spec (--data, --eval-data, --validation-data, and the data `ps-worker schema` reads):
+    spec   := a path that is a regular file (taken whole, even if it holds ',' or '*')
+            | entry (',' entry)*
+    entry  := a directory  -> its regular files (not its subdirectories), sorted by name, less SKIPPED ones
+            | a glob       -> (an entry holding *, ? or [) the regular files it matches, sorted, less SKIPPED ones
+            | a path       -> that file (checked by check_data_input)
+SKIPPED: a name starting with '.' (hidden) or '_' (Spark and Hadoop's _SUCCESS, _committed_*), or ending in
+one of NOT_DATA (checksums, schemas, notes written next to the data). Named on its own, such a file is read.
+
+The files are read in this order as one stream (worker/formats.py read_batches): a run over day_0..day_23 reads
+the same examples, in the same order, as over their concatenation.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+NOT_DATA = (".crc", ".md", ".json", ".toml", ".yaml", ".yml", ".py", ".sh", ".schema")
+_GLOB_CHARS = frozenset("*?[")
+
+
+def data_files(spec: str | os.PathLike) -> list[str]:
+    """The files of spec, in reading order (see the module docstring)."""
+    spec = os.fspath(spec)
+    if os.path.isfile(spec):
+        return [spec]
+    files: list[str] = []
+    for entry in spec.split(","):
+        entry = entry.strip()
+        if not entry:
+            raise ValueError(f"{spec!r}: an empty entry in a comma-separated list of data files")
+        files += _entry_files(entry)
+    seen: set[str] = set()
+    for f in files:
+        real = os.path.realpath(f)
+        if real in seen:
+            raise ValueError(f"{spec!r}: the file {f} is named twice: its examples would be read twice")
+        seen.add(real)
+    return files
+
+
+def _entry_files(entry: str) -> list[str]:
+    if os.path.isdir(entry):
+        names = sorted(n for n in os.listdir(entry) if _is_data(n) and os.path.isfile(os.path.join(entry, n)))
+        if not names:
+            raise ValueError(f"{entry} is a directory holding no data file (hidden files, names starting with '_' "
+                             f"and names ending in {', '.join(NOT_DATA)} are skipped)")  # fmt: skip
+        return [os.path.join(entry, n) for n in names]
+    if _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
+        matched = sorted(p for p in glob.glob(entry) if os.path.isfile(p) and _is_data(os.path.basename(p)))
+        if not matched:
+            raise ValueError(f"the pattern {entry!r} matches no data file")
+        return matched
+    return [entry]
+
+
+def _is_data(name: str) -> bool:
+    return not name.startswith((".", "_")) and not name.endswith(NOT_DATA)
+
+
+def check_data_input(flag: str, spec: str | None, expected: str) -> None:
+    """ValueError naming the flag unless spec is None or names files (data_files) that are all readable regular
+    files; `expected` says what they should be."""
+    if spec is None:
+        return
+    try:
+        files = data_files(spec)
+    except ValueError as e:
+        raise ValueError(f"{flag}: {e}; expected {expected}") from None
+    for path in files:
+        if not os.path.exists(path):
+            raise ValueError(f"{flag} {path} does not exist; expected {expected}")
+        if not os.path.isfile(path):
+            raise ValueError(f"{flag} {path} is not a regular file; expected {expected}")
+        if not os.access(path, os.R_OK):
+            raise ValueError(f"{flag} {path} is not readable by this user")
