@@ -3,6 +3,7 @@ the examples of the files' concatenation (the single-file reader is the oracle);
 boundaries; files of another format refused by name; bad lines named by their own file and line."""
 
 import gzip
+import os
 
 import numpy as np
 import pytest
@@ -154,3 +155,12 @@ def test_schema_inference_samples_every_file_and_refuses_another_header(tmp_path
     paths[4].write_text("label,other\n1,2\n")
     with pytest.raises(ValueError, match=rf"^{paths[4]}: its CSV header"):
         infer_schema(str(tmp_path / "parts"))
+
+
+def test_a_directory_and_a_glob_read_numbered_files_in_number_order(tmp_path):
+    names = ["day_10", "day_2", "day_0", "day_1", "part-9", "part-10"]
+    for n in names:
+        (tmp_path / n).write_text("x\n")
+    expected = ["day_0", "day_1", "day_2", "day_10", "part-9", "part-10"]
+    assert [os.path.basename(p) for p in data_files(str(tmp_path))] == expected
+    assert [os.path.basename(p) for p in data_files(str(tmp_path / "day_*"))] == expected[:4]

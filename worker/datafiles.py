@@ -7,11 +7,13 @@
 The grammar of spec (--data, --eval-data, --validation-data, and the data `ps-worker schema` reads):
     spec   := a path that is a regular file (taken whole, even if it holds ',' or '*')
             | entry (',' entry)*
-    entry  := a directory  -> its regular files (not its subdirectories), sorted by name, less SKIPPED ones
-            | a glob       -> (an entry holding *, ? or [) the regular files it matches, sorted, less SKIPPED ones
+    entry  := a directory  -> its regular files (not its subdirectories) in name order, less SKIPPED ones
+            | a glob       -> (an entry holding *, ? or [) the regular files it matches, in name order, less
+                              SKIPPED ones
             | a path       -> that file (checked by check_data_input)
 SKIPPED: a name starting with '.' (hidden) or '_' (Spark and Hadoop's _SUCCESS, _committed_*), or ending in
 one of NOT_DATA (checksums, schemas, notes written next to the data). Named on its own, such a file is read.
+Name order compares runs of digits as numbers (name_order): day_2 comes before day_10, as it does in time.
 
 The files are read in this order as one stream (worker/formats.py read_batches): a run over day_0..day_23 reads
 the same examples, in the same order, as over their concatenation.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 NOT_DATA = (".crc", ".md", ".json", ".toml", ".yaml", ".yml", ".py", ".sh", ".schema")
 _GLOB_CHARS = frozenset("*?[")
@@ -46,15 +49,23 @@ def data_files(spec: str | os.PathLike) -> list[str]:
     return files
 
 
+def name_order(path: str) -> tuple:
+    """The sort key of a data file: its path with each run of digits compared as a number (day_2 < day_10,
+    part-9 < part-10), then the path itself (part-01 and part-1 keep one order)."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", path) if t), path
+
+
 def _entry_files(entry: str) -> list[str]:
     if os.path.isdir(entry):
-        names = sorted(n for n in os.listdir(entry) if _is_data(n) and os.path.isfile(os.path.join(entry, n)))
+        names = sorted((n for n in os.listdir(entry) if _is_data(n) and os.path.isfile(os.path.join(entry, n))),
+                       key=name_order)  # fmt: skip
         if not names:
             raise ValueError(f"{entry} is a directory holding no data file (hidden files, names starting with '_' "
                              f"and names ending in {', '.join(NOT_DATA)} are skipped)")  # fmt: skip
         return [os.path.join(entry, n) for n in names]
     if _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
-        matched = sorted(p for p in glob.glob(entry) if os.path.isfile(p) and _is_data(os.path.basename(p)))
+        matched = sorted((p for p in glob.glob(entry) if os.path.isfile(p) and _is_data(os.path.basename(p))),
+                         key=name_order)  # fmt: skip
         if not matched:
             raise ValueError(f"the pattern {entry!r} matches no data file")
         return matched
