@@ -211,6 +211,9 @@ message StatsResponse
   20 write_behind_bytes VARINT uint64                  evicted rows waiting for their RocksDB write
   21 journal_map_bytes VARINT uint64                   the mapped journal segment
   22 cluster          LEN     string                   --cluster: the cluster's name; empty: unnamed
+  23 data_dir_bytes   VARINT  uint64                   every file under data_dir: RocksDB, its logs, the journal
+  24 disk_free_bytes  VARINT  uint64                   free to the server's user on data_dir's file system
+  25 disk_total_bytes VARINT  uint64                   that file system's size
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

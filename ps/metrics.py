@@ -19,7 +19,8 @@ Per RPC method (`method` label), observed by the servicer:
     sparseps_request_bytes_total{method, direction} request ("in") and reply ("out") bytes
 Per table (`table` label), read from the shard at each scrape: sparseps_table_rows and sparseps_table_<k> for
 each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per shard: SHARD_GAUGES (the clock, the
-memory plan's parts, the data dir's bytes and its disk's free bytes, failed flushes in a row): these, per table and
+memory plan's parts, the data dir's bytes and its disk's free and total bytes, whether that disk is low and the
+free bytes under which it is (ps.storage.diskspace), failed flushes in a row): these, per table and
 per shard, once the shard serves. The process: prometheus-client's process_* (resident memory, CPU seconds, start
 time, open files).
 """
@@ -84,6 +85,18 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
         "bytes of the data dir's files: RocksDB (write-ahead logs included) and the journal",
     ),
     ("sparseps_disk_free_bytes", "disk_free_bytes", "bytes free (to this user) on the data dir's file system"),
+    ("sparseps_disk_total_bytes", "disk_total_bytes", "the size of the data dir's file system"),
+    (
+        "sparseps_disk_low",
+        "disk_low",
+        "1 while the data dir's disk has less free space than sparseps_disk_low_bytes (at the flusher's last "
+        "look, every 30 s; the server logs a warning): 0 otherwise",
+    ),
+    (
+        "sparseps_disk_low_bytes",
+        "disk_low_bytes",
+        "free bytes under which the disk is low: the largest of 5% of the disk, 2 GiB and a tenth of the data dir",
+    ),
     ("sparseps_flush_failures", "flush_failures", "background flushes failed in a row (0: the last one succeeded)"),
     (
         "sparseps_clients",
@@ -220,7 +233,7 @@ class _ShardCollector:
     def collect(self):
         if self.shard is None:
             return
-        s = {**self.shard.stats(), **self.shard.disk_stats()}
+        s = {**self.shard.stats(), **self.shard.health_stats()}
         gauges = {
             k: GaugeMetricFamily(f"sparseps_table_{k}", text, labels=["table"]) for k, text in TABLE_GAUGES.items()
         }

@@ -56,6 +56,11 @@ def test_the_server_serves_request_and_table_metrics(tmp_path):
         files = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
         assert m[("sparseps_data_dir_bytes", ())] > 0 and abs(m[("sparseps_data_dir_bytes", ())] - files) < files / 2
         assert m[("sparseps_disk_free_bytes", ())] > 0 and m[("process_resident_memory_bytes", ())] > 50 << 20
+        assert m[("sparseps_disk_total_bytes", ())] >= m[("sparseps_disk_free_bytes", ())]
+        assert m[("sparseps_disk_low_bytes", ())] >= 0.05 * m[("sparseps_disk_total_bytes", ())] - 1
+        assert m[("sparseps_disk_low", ())] == float(
+            m[("sparseps_disk_free_bytes", ())] < m[("sparseps_disk_low_bytes", ())]
+        )
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
         helps = [line for line in text.splitlines() if line.startswith("# HELP sparseps_")]
         assert helps and not [h for h in helps if h.split(" ", 3)[3].startswith("table ")], helps  # each says what

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import numpy as np
@@ -302,7 +303,16 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
     [[first], [second]] = [s["tables"] for s in figures]
     assert first["num_rows"] + second["num_rows"] == 1000 and isinstance(first["num_rows"], int)
     assert first["pending_ids"] == 0 and figures[0]["shard_id"] == 0 and figures[1]["shard_id"] == 1  # zeros too
+    for s in figures:  # the disk: the data dir's bytes, the file system's free and total bytes
+        assert isinstance(s["data_dir_bytes"], int) and s["data_dir_bytes"] > 0
+        assert isinstance(s["disk_total_bytes"], int) and 0 < s["disk_free_bytes"] <= s["disk_total_bytes"]
     code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
     for i, shard in enumerate(shards):
         assert f"{i:>5} data dir {shard.config.data_dir}, up " in out, out
+        [disk] = re.findall(rf"^{i:>5} disk: data dir ([\d,.]+) MiB, free ([\d,.]+) of ([\d,.]+) GiB \(([\d.]+)%\)$",
+                            out, re.MULTILINE)  # fmt: skip
+        used_mib, free_gib, total_gib, percent = (float(x.replace(",", "")) for x in disk)
+        assert used_mib > 0 and abs(used_mib - figures[i]["data_dir_bytes"] / 2**20) < 8, (disk, figures[i])
+        assert total_gib == round(figures[i]["disk_total_bytes"] / 2**30, 2) and 0 < free_gib <= total_gib
+        assert abs(percent - 100 * free_gib / total_gib) < 0.2
     assert "cache_misses" in out and "pulls (lookups: pulls and pushes that return rows)" in out

@@ -82,7 +82,7 @@ def _add_schema(sub) -> None:
 
 def _add_cluster_commands(sub) -> None:
     for name, help_text in (
-        ("stats", "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters"),
+        ("stats", "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters, its disk's use"),
         ("shrink", "run the tables' eviction rules (TTL, decayed score) on every shard; print how many ids went"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
@@ -257,6 +257,8 @@ def _stats(args) -> int:
             f"table readers {s.table_reader_bytes / 2**20:,.1f} MiB, write-behind "
             f"{s.write_behind_bytes / 2**20:,.1f} MiB, journal map {s.journal_map_bytes / 2**20:,.0f} MiB"
         )
+        print(f"{s.shard_id:>5} disk: data dir {s.data_dir_bytes / 2**20:,.1f} MiB, free {s.disk_free_bytes / 2**30:,.2f} "
+              f"of {s.disk_total_bytes / 2**30:,.2f} GiB ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%})")  # fmt: skip
     print("evictions, cache_misses (ids read from RocksDB), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip

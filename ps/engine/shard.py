@@ -56,6 +56,7 @@ from ps.rows.finite import first_non_finite
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.storage.arena import MemoryBudget
+from ps.storage.diskspace import DiskWatch, low_bytes, measure
 from ps.storage.journal import Journal
 from ps.storage.memory import plan_memory
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
@@ -172,6 +173,8 @@ class Shard:
         self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written
         self.flush_failures = 0  # background flushes failed in a row
+        self.disk_watch = DiskWatch(config.data_dir)  # polled by the flusher: logs while the disk is low
+        self.disk_watch.poll()  # a shard starting on a disk already low says so at once
         self._flusher = threading.Thread(target=self._flush_loop, name="ps-flusher", daemon=True)
         self._flusher.start()
         self.started = time.monotonic()
@@ -717,7 +720,8 @@ class Shard:
     def _flush_loop(self) -> None:
         """Flushes every flush_interval_s (or when woken). A failure keeps serving (the journal holds every
         acknowledged push) and is logged once, with its cause, then at most every FLUSH_FAILURE_LOG_S while it
-        lasts; the flush that succeeds after says so."""
+        lasts; the flush that succeeds after says so. Before each flush, disk_watch.poll() (ps.storage.diskspace:
+        a warning while the disk runs low)."""
         name_os_thread()
         since, told = 0.0, 0.0
         while not self._closed.is_set():
@@ -725,6 +729,7 @@ class Shard:
             self._wake.clear()
             if self._closed.is_set():
                 return
+            self.disk_watch.poll()
             try:
                 self.flush()
             except Exception as e:  # keep serving: the journal still holds every acknowledged push
@@ -757,27 +762,28 @@ class Shard:
             "ram_budget_bytes": self.budget.limit_bytes,
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
+            **self.disk_stats(),
             **self.memory_stats(),
             "clock": self.clock,
             **self.jobs.stats(),
         }
 
     def disk_stats(self) -> dict[str, int]:
-        """For the metrics: the data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal),
-        the bytes free to this user on its file system, the background flushes failed in a row, and the clients in
-        the exactly-once table (ps.storage.applied). A stat per file, each Prometheus scrape: cheap for the few
-        thousand files of a data dir."""
-        used = 0
-        for root, _, files in os.walk(self.config.data_dir):
-            for name in files:
-                with contextlib.suppress(OSError):  # RocksDB deletes files as it compacts
-                    used += os.stat(os.path.join(root, name)).st_size
-        fs = os.statvfs(self.config.data_dir)
+        """The data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal) and the free and
+        total bytes of its file system, measured now (ps.storage.diskspace.measure: a stat per file, cheap for the
+        few thousand files of a data dir)."""
+        return measure(self.config.data_dir)._asdict()
+
+    def health_stats(self) -> dict[str, int]:
+        """For the metrics: the background flushes failed in a row, the clients in the exactly-once table
+        (ps.storage.applied), whether the disk was low at the flusher's last look (ps.storage.diskspace) and the
+        free bytes under which it is low, from that look (0 before the first)."""
+        last = self.disk_watch.last
         return {
-            "data_dir_bytes": used,
-            "disk_free_bytes": fs.f_bavail * fs.f_frsize,
             "flush_failures": self.flush_failures,
             "clients": len(self.journal.applied),
+            "disk_low": int(self.disk_watch.low),
+            "disk_low_bytes": low_bytes(last.disk_total_bytes, last.data_dir_bytes) if last else 0,
         }
 
     def memory_stats(self) -> dict[str, int]:
