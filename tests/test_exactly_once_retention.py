@@ -12,19 +12,16 @@ import math
 import numpy as np
 import pytest
 
-from ps.config import REQUEST_RETENTION_S, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
-from ps.engine.push import TablePush
-from ps.engine.shard import Shard
+from ps.config import REQUEST_RETENTION_S
 from ps.errors import ClientTableFullError, RequestOutcomeUnknownError, ServerUnavailableError, ShardClosingError
 from ps.storage import applied as applied_module
 from ps.storage.applied import AppliedTable
 from ps.storage.store import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED, Store
-from tests.conftest import crash, random_ids
+from tests.conftest import crash
+from tests.test_exactly_once import SUM, A, B, open_shard, push, rows
 from worker import client as client_module
 from worker.client import Client
 
-SUM = TableConfig("sum", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
-A, B = random_ids(20, seed=1), random_ids(30, seed=2)
 R = REQUEST_RETENTION_S
 
 
@@ -41,20 +38,6 @@ def wall(monkeypatch) -> WallClock:
     clock = WallClock()
     monkeypatch.setattr(applied_module, "wall_time", clock)
     return clock
-
-
-def push(ids, value: float) -> TablePush:
-    return TablePush(name="sum", ids=ids, grads=np.full((len(ids), 2), value, np.float32))
-
-
-def open_shard(path) -> Shard:
-    shard = Shard(ServerConfig(data_dir=str(path)))
-    shard.create_table(SUM)
-    return shard
-
-
-def rows(shard, ids) -> np.ndarray:
-    return shard.pull("sum", ids)[:, 0]
 
 
 def stored(path) -> tuple[dict, dict, bytes | None]:
