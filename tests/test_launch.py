@@ -286,7 +286,8 @@ def test_merge_progress_against_sums_and_means():
         "cache_bytes_saved": 3 << 20,
     }
     c = {"examples": 0, "total": 0, "logloss": 0.4, "examples_per_s": 0.0}
-    assert merge_progress([a, b], 2) == {"examples": 400, "total": 1000, "at_most": False, "examples_per_s": 75.0,
+    assert merge_progress([a, b], 2) == {"examples": 400, "total": 1000, "at_most": False, "estimated": False,
+                                         "examples_per_s": 75.0,
                                          "logloss": 0.6, "cache_hit_rate": (0.5 * 100 + 0.9 * 300) / 400,
                                          "cache_bytes_saved": 3 << 20}  # fmt: skip
     assert merge_progress([a, b], 3)["total"] == 0  # a worker has not reported: the total is unknown
@@ -321,6 +322,31 @@ def test_progress_lines_never_count_past_their_total_and_end_at_the_examples_tra
     plain = _ProgressLines(worker=0, total=900, plain=True, every_s=0.0, at_most=True)
     plain.update(result, 0.5, started=0.0, extra={})
     assert "progress: 300 of at most 900 examples (33%)" in capsys.readouterr().err
+
+
+def test_an_estimated_total_is_marked_about_and_never_reads_100_percent_before_the_end(capsys):
+    """A large file's total is an estimate from its bytes (worker/linecount.py): the count may pass it."""
+    lines = _ProgressLines(worker=0, total=1000, every_s=0.0, estimated=True)
+    result = LoopResult()
+    for examples, final in ((400, False), (1000, False), (1500, False), (1500, True)):
+        result.examples = examples
+        lines.update(result, 0.5, started=0.0, extra={}, final=final)
+    reports = [parse_progress(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r.get("estimated") for r in reports] == [True, True, True, None]
+    assert reports[0]["total"] == 1000 and reports[-1]["total"] == 1500  # the end: the examples trained
+    assert all(round(100 * r["examples"] / r["total"]) <= 99 for r in reports[:-1]), reports
+    plain = _ProgressLines(worker=0, total=1000, plain=True, every_s=0.0, estimated=True)
+    result.examples = 1000
+    plain.update(result, 0.5, started=0.0, extra={})
+    assert "progress: 1,000 of about 1,012 examples (99%)" in capsys.readouterr().err
+    a = {"examples": 600, "total": 500, "examples_per_s": 1.0, "estimated": True}  # past its estimate
+    b = {"examples": 100, "total": 500, "examples_per_s": 1.0}
+    m = merge_progress([a, b], 2)
+    assert m["estimated"] and m["total"] == 1000
+    assert format_progress(m).startswith("progress: 700 / about 1,000 examples (70%), ")
+    assert format_progress(merge_progress([{**a, "examples": 995}, b], 2)).startswith(
+        "progress: 1,095 / about 1,108 examples (99%), "
+    )
 
 
 def test_merged_progress_line_every_period_and_at_the_end():

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from tests.inprocess import InProcessTables
+from worker import recipe
 from worker.data import count_lines, validation_mask
+from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
 from worker.loop import run_epochs
 from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
 from worker.train import TrainConfig, loop_settings, open_job, prepare, train
@@ -25,6 +27,38 @@ def test_count_lines_reads_gzip_and_drops_a_csv_header(tmp_path):
         f.write(text)
     assert count_lines(str(plain)) == count_lines(str(packed)) == 8
     assert count_lines(str(packed), header=True) == 7
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_file_over_the_threshold_takes_the_large_recipe_after_reading_a_bounded_prefix(tmp_path, monkeypatch,
+                                                                                        packed):  # fmt: skip
+    """The count stops at the recipe's threshold: the progress total of a larger file is estimated from bytes."""
+    monkeypatch.setattr(recipe, "SMALL_DATA_EXAMPLES", 100)
+    path = tmp_path / ("big.svm.gz" if packed else "big.svm")
+    text = "".join(f"{i % 2} {i % 97}:1 {100 + i % 13}:1\n" for i in range(30_000))
+    with gzip.open(path, "wt") if packed else open(path, "w") as f:
+        f.write(text)
+    cfg, data, _, line = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
+    counted = data.line_count
+    assert (counted.lines, counted.more) == (100, True)
+    assert counted.bytes_read <= max(CHUNK_BYTES, path.stat().st_size // 4)  # not the whole file
+    assert line.startswith("large-data recipe for at least 100 lines of training data (counted no further): ")
+    assert cfg.batch_size == LARGE.batch_size
+    settings = loop_settings(cfg, data)
+    assert settings.total_estimated and 15_000 < settings.total_examples < 60_000  # 30,000: an estimate
+
+
+def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, monkeypatch):
+    monkeypatch.setattr(recipe, "SMALL_DATA_EXAMPLES", 100)
+    path = tmp_path / "small.svm"
+    path.write_text("".join(f"{i % 2} {i}:1\n" for i in range(99)))  # one under the threshold
+    cfg, data, _, line = prepare(TrainConfig(data=str(path), format="libsvm", local_shards=1, progress=False))
+    assert (data.line_count.lines, data.line_count.more) == (99, False)
+    assert line.startswith("small-data recipe for 99 lines of training data (under 100): ")
+    settings = loop_settings(cfg, data)
+    assert (settings.total_examples, settings.total_estimated) == (int(99 * 0.9), False)
+    assert count_lines_upto(str(path), 99) == LineCount(99, True, 99, path.stat().st_size)  # at the threshold: more
+    assert count_lines_upto(str(path), None).lines == count_lines(str(path)) == 99
 
 
 def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):

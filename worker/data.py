@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 
 from ps.hashing import mix64
+from worker import recipe
 from worker.batch import Batch, rebatch
 from worker.datafiles import data_files
 from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, open_data, read_batches
+from worker.linecount import LineCount, count_files_upto
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
@@ -59,8 +61,10 @@ class DataSource:
     """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py).
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
     predict`), its labels NaN; otherwise every file is read with labels (a line without one is bad).
-    count: self.examples is this worker's share of --data's lines, counted now (a pass over the file); without
-    it, 0 (eval and predict, which read --data's first lines only, for the schema)."""
+    count: self.examples is this worker's share of --data's lines, counted now up to the recipe's threshold
+    (worker/linecount.py): the exact count of a smaller file, an estimate from bytes of a larger one (then
+    line_count.more); without it, 0 (eval and predict, which read --data's first lines only, for the schema).
+    line_count: the count, None for synthetic data or without `count`."""
 
     def __init__(self, cfg: Any, *, default_table: str, standardize_here: bool = True, labels_optional: bool = False,
                  count: bool = True):  # fmt: skip
@@ -68,6 +72,8 @@ class DataSource:
         self.labels_optional = labels_optional
         self.read_stats: list[tuple[str, ReadStats]] = []
         self.synthetic: SyntheticData | None = None
+        self.line_count: LineCount | None = None
+        self.examples = 0
         self.batch_size = cfg.batch_size
         self.max_validation = DEFAULT_MAX_VALIDATION
         if cfg.data is None:
@@ -93,9 +99,11 @@ class DataSource:
                 if spec:
                     check_same_format(spec, self.schema)
             header = self.schema.format == "csv"
-            # malformed lines included; a pass over the whole file, so only where a count is used (training's
-            # recipe and progress total), not for eval and predict, which read --data only for its schema
-            self.examples = count_lines(cfg.data, header=header) // cfg.num_workers if count else 0
+            # malformed lines included; only where a count is used (training's recipe and progress total), not for
+            # eval and predict, which read --data only for its schema; no further than the recipe's threshold
+            if count:
+                self.line_count = count_files_upto(data_files(cfg.data), recipe.SMALL_DATA_EXAMPLES, header=header)
+                self.examples = self.line_count.estimate // cfg.num_workers
             if self.schema.needs_stats():
                 missing = [c.name for c in self.schema.columns
                            if c.transform == "standardize" and (c.mean is None or c.std is None)]  # fmt: skip

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from worker.progress_lines import ABOUT_BAR_FORMAT, about_total
 from worker.results import NOT_EVALUATED, eval_lines, oracle_lines, skipped_note
 
 
@@ -42,15 +43,20 @@ def _number(report: dict, key: str) -> float | None:
 
 def merge_progress(reports: Sequence[dict], workers: int) -> dict:
     """The workers' latest PROGRESS reports as one: examples and examples_per_s summed, total summed (0 while a
-    worker has not reported or reports 0: unknown; at_most when any worker's is an upper bound), logloss the mean,
+    worker has not reported or reports 0: unknown; at_most when any worker's is an upper bound; estimated when any
+    worker's is an estimate, the sum then kept below 100% by about_total), logloss the mean,
     cache_hit_rate examples-weighted (None when none reports one)."""
     totals = [_number(r, "total") or 0 for r in reports]
     losses = [x for x in (_number(r, "logloss") for r in reports) if x is not None]
     hits = [(h, _number(r, "examples") or 0) for r in reports if (h := _number(r, "cache_hit_rate")) is not None]
+    examples = int(sum(_number(r, "examples") or 0 for r in reports))
+    total = int(sum(totals)) if len(reports) == workers and all(totals) else 0
+    estimated = bool(total) and any(r.get("estimated") for r in reports)
     return {
-        "examples": int(sum(_number(r, "examples") or 0 for r in reports)),
-        "total": int(sum(totals)) if len(reports) == workers and all(totals) else 0,
+        "examples": examples,
+        "total": about_total(examples, total) if estimated else total,
         "at_most": any(r.get("at_most") for r in reports),
+        "estimated": estimated,
         "examples_per_s": sum(_number(r, "examples_per_s") or 0 for r in reports),
         "logloss": sum(losses) / len(losses) if losses else None,
         "cache_hit_rate": weighted_mean(hits),
@@ -60,7 +66,7 @@ def merge_progress(reports: Sequence[dict], workers: int) -> dict:
 
 def format_progress(m: dict) -> str:
     """One line of merge_progress's figures."""
-    bound = "at most " if m.get("at_most") else ""
+    bound = ("at most " if m.get("at_most") else "") + ("about " if m.get("estimated") else "")
     done = f"{m['examples']:,}" + (f" / {bound}{m['total']:,} examples ({m['examples'] / m['total']:.0%})"
                                    if m["total"] else " examples")  # fmt: skip
     parts = [f"progress: {done}", f"{m['examples_per_s']:,.0f} examples/s"]
@@ -110,6 +116,8 @@ class MergedProgress:
                 return
             m = merge_progress(list(self._reports.values()), self.workers)
             self._bar.total = m["total"] or None
+            if m.get("estimated"):  # no time left shown: the total is a guess
+                self._bar.bar_format = ABOUT_BAR_FORMAT
             postfix = {} if m["logloss"] is None else {"logloss": f"{m['logloss']:.4f}"}
             if m["cache_hit_rate"] is not None:
                 postfix["hit"] = f"{m['cache_hit_rate']:.3f}"

@@ -46,7 +46,7 @@ from worker.dense import table_name as dense_table
 from worker.metrics import RunningMean, auc, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
-from worker.progress_lines import JSON_EVERY_S, progress_line
+from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, progress_line
 from worker.steprows import AsyncRows, pull_rows
 from worker.terminate import signals_after_step
 
@@ -66,6 +66,7 @@ class LoopSettings:
     progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout (for ps-worker launch)
     worker: int = 0  # this worker's id, in progress lines
     total_examples: int = 0  # the progress bar's total for one epoch
+    total_estimated: bool = False  # total_examples is an estimate from the file's bytes (worker/linecount.py)
     skip_examples: int = 0  # the first examples of the stream (over epochs) dropped untrained: a resumed run's
 
 
@@ -305,10 +306,13 @@ class _Prepared:
         self.step, self.batch, self.tids, self.rows = step, batch, tids, rows
 
 
-def _advance(bar: tqdm, n: int) -> None:
+def _advance(bar: tqdm, n: int, estimated: bool = False) -> None:
     """bar.update(n), its total grown to the new count first when n would take it past the total (an estimate:
-    the data's line count, the split's expected share), so that the bar never shows more than 100%."""
-    if bar.total and bar.n + n > bar.total:
+    the data's line count, the split's expected share), so that the bar never shows more than 100%; estimated
+    (a total from bytes): never 100% either, until the run's end (about_total)."""
+    if bar.total and estimated:
+        bar.total = about_total(bar.n + n, bar.total)
+    elif bar.total and bar.n + n > bar.total:
         bar.total = bar.n + n
     bar.update(n)
 
@@ -329,8 +333,9 @@ class _ProgressLines:
     JSON_EVERY_S, PLAIN_EVERY_S = JSON_EVERY_S, 30.0
 
     def __init__(self, worker: int, total: int, plain: bool = False, every_s: float | None = None,
-                 at_most: bool = False):  # fmt: skip
+                 at_most: bool = False, estimated: bool = False):  # fmt: skip
         self.worker, self.total, self.plain, self.at_most = worker, total, plain, at_most
+        self.estimated = estimated and total > 0
         self.every_s = every_s if every_s is not None else self.PLAIN_EVERY_S if plain else self.JSON_EVERY_S
         self.last = time.perf_counter()
 
@@ -343,14 +348,19 @@ class _ProgressLines:
             return
         self.last = now
         total = result.examples if final else max(self.total, result.examples)  # the total was an estimate
+        estimated = self.estimated and not final
+        total = about_total(result.examples, total) if estimated else total
         line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": total,
                 "logloss": None if math.isnan(logloss) else round(logloss, 5),
                 "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
         if self.at_most and not final:
             line["at_most"] = True
+        if estimated:
+            line["estimated"] = True
         if self.plain:
             done = f" ({result.examples / total:.0%})" if total else ""
-            total_text = f"at most {total:,}" if line.get("at_most") else f"{total:,}"
+            bound = "at most " if line.get("at_most") else ""
+            total_text = f"{bound}{'about ' if estimated else ''}{total:,}"
             loss = "" if line["logloss"] is None else f", train logloss {line['logloss']:.4f}"
             print(f"progress: {result.examples:,} of {total_text} examples{done}, {line['examples_per_s']:,.0f} "
                   f"examples/s{loss}", file=sys.stderr, flush=True)  # fmt: skip
@@ -387,9 +397,12 @@ def run_epochs(
     total = max(0, s.total_examples * s.epochs - s.skip_examples)
     skipping = _Skipping(s.skip_examples)
     desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
-    bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1)
+    estimated = s.total_estimated and total > 0
+    bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1,
+               bar_format=ABOUT_BAR_FORMAT if estimated else None)  # fmt: skip
     at_most = bool(s.early_stop) and s.epochs > 1  # early stopping may end the run before its last epoch
-    lines = _ProgressLines(s.worker, total, plain, at_most=at_most) if s.progress_lines or plain else None
+    lines = (_ProgressLines(s.worker, total, plain, at_most=at_most, estimated=estimated)
+             if s.progress_lines or plain else None)  # fmt: skip
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
@@ -456,7 +469,7 @@ def run_epochs(
                         desc = None
                         bar.set_description_str(None, refresh=False)
                         bar.reset(bar.total)
-                    _advance(bar, n)
+                    _advance(bar, n, estimated)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
                     if "cache_hit_rate" in cache:

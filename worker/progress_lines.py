@@ -2,10 +2,12 @@
 `ps-worker launch` reads (worker/launch.py, merged by worker/launch_report.py):
 
     PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
-              [, "at_most": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}
+              [, "at_most": true] [, "estimated": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}
 
 n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
-unknown; with at_most, an upper bound: early stopping may end the run sooner); x: its running train logloss (null
+unknown; with at_most, an upper bound: early stopping may end the run sooner; with estimated, an estimate from
+the file's bytes (worker/linecount.py), which the count may pass: t is then kept above n, see about_total, and
+shown as "about t", with no time left); x: its running train logloss (null
 before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
 read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
 error) writes one as it stops. A line that does not parse is output, not progress.
@@ -14,9 +16,18 @@ error) writes one as it stops. A line that does not parse is output, not progres
 from __future__ import annotations
 
 import json
+import math
 
 PREFIX = "PROGRESS "
 JSON_EVERY_S = 2.0  # between a worker's lines
+# a tqdm bar over an estimated total: "about", and no time left (tqdm's would be a guess shown as a figure)
+ABOUT_BAR_FORMAT = "{l_bar}{bar}| {n_fmt} of about {total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+
+
+def about_total(done: int, total: int) -> int:
+    """The total to show for `done` examples of an estimated `total`: total, or more once done nears it, so
+    that the share shown (rounded to a percent) stays at most 99% until the run's end says it is done."""
+    return max(total, math.ceil(done / 0.99) + 1)
 
 
 def progress_line(report: dict) -> str:

@@ -68,12 +68,16 @@ def describe(
     unit: str = "training examples",
     files: bool = False,
     validation_file: str | None = None,
+    at_least: bool = False,
 ) -> str:
     """One line saying which settings the recipe set, for the run's output (mlp: whether the model has an MLP,
     which the dropout and dense l2 settings are for; unit: what `examples` counts, e.g. "lines of training data"
     for a count made before the data is read, malformed lines included; files: whether the data is read from
-    files, which may hold malformed lines; validation_file: --validation-data, evaluated instead of a split)."""
+    files, which may hold malformed lines; validation_file: --validation-data, evaluated instead of a split;
+    at_least: the count stopped at `examples`, and the data holds more, e.g. "at least 1,000,000 lines of training
+    data (counted no further)": worker/linecount.py)."""
     why = f"{examples:,} {unit}" + (f" (under {SMALL_DATA_EXAMPLES:,})" if r.name == "small" else "")
+    why = f"at least {why} (counted no further)" if at_least else why
     what = f"sparse {r.optimizer} {r.learning_rate}{_params(r.optimizer_params)}, "
     what += f"dropout {r.dropout}, dense l2 {r.dense_l2:g}, " if r.dropout and mlp else ""
     what += f"batch {r.batch_size}, "

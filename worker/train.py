@@ -256,9 +256,12 @@ class TrainConfig:
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
 
-    def with_recipe(self, examples: int, unit: str = "training examples") -> tuple[TrainConfig, str]:
+    def with_recipe(
+        self, examples: int, unit: str = "training examples", at_least: bool = False
+    ) -> tuple[TrainConfig, str]:
         """This config with the unset flags taken from the recipe for `examples` training examples (all
-        workers together), and the line that says so (`unit`: what `examples` counts, see recipe.describe)."""
+        workers together), and the line that says so (`unit`: what `examples` counts; at_least: the count
+        stopped there, and there are more; see recipe.describe)."""
         r = choose(self.recipe, examples)
         geo_instead = self.mode == "geo" and r.optimizer == "ftrl" and self.optimizer is None  # (GEO_FTRL)
         if geo_instead:
@@ -299,7 +302,7 @@ class TrainConfig:
                  ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines))
                  if value is not None]  # fmt: skip
         line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
-                        files=self.data is not None, validation_file=self.validation_data)  # fmt: skip
+                        files=self.data is not None, validation_file=self.validation_data, at_least=at_least)  # fmt: skip
         if geo_instead:
             line += f"; sparse {r.optimizer}, not ftrl, in geo mode (see --mode)"
         if given:
@@ -441,9 +444,13 @@ def prepare(
         cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional, count=training
     )
     job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
+    counted = data.line_count
+    at_least = counted is not None and counted.more  # the count stopped at the recipe's threshold
     # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
     cfg, recipe_line = cfg.with_recipe(
-        job_examples, "training examples" if cfg.data is None else "lines of training data"
+        counted.lines if at_least else job_examples,
+        "training examples" if cfg.data is None else "lines of training data",
+        at_least=at_least,
     )
     data.cfg, data.batch_size = cfg, cfg.batch_size
     data.first_batch()
@@ -478,6 +485,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
         total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))), skip_examples=cfg.skip_examples,
+        total_estimated=data.line_count is not None and data.line_count.more,
     )  # fmt: skip
 
 

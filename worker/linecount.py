@@ -1,0 +1,104 @@
+"""How many lines a training file holds, counted no further than a limit, with an estimate from bytes beyond it.
+
+`ps-worker train` needs the count twice before its first step: to choose the recipe (worker/recipe.py: small
+under SMALL_DATA_EXAMPLES lines, large otherwise) and to give the progress bar a total. Counting a 5 GB file
+takes as long as reading it (about 15 s; a 10^9-line file, minutes), so the count stops at the recipe's
+threshold: a file that reaches it is large whatever follows, and its total is estimated from the bytes the
+counted lines took (uncompressed files: the file's size; gzip: the compressed bytes read, since the
+uncompressed size is unknown until the end, and the compressed bytes a line takes are known as it is read). Nothing else needs the exact count: a worker's share of a file is
+every num_workers-th line (worker/formats.py), and the validation split is a hash of an example's index
+(worker/data.py), neither of which depends on how many lines there are.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+CHUNK_BYTES = 1 << 16  # read at a time: past the limit's line, at most this many bytes more are read
+
+
+@dataclass(frozen=True)
+class LineCount:
+    """lines: the lines counted (less a header line): the file's exact count when not `more`, else the limit;
+    more: the file has at least `limit` lines, and the count stopped there; estimate: the file's lines, exact
+    when not `more`, else from bytes (an estimate, never below lines); bytes_read: the bytes of the file read
+    (compressed bytes for gzip)."""
+
+    lines: int
+    more: bool
+    estimate: int
+    bytes_read: int
+
+
+def count_lines_upto(path: str, limit: int | None, header: bool = False) -> LineCount:
+    """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
+    the end). A line is a newline byte, as count_lines counts them (a last line without one is not counted).
+    ValueError names a .gz file that does not read as gzip."""
+    target = None if limit is None else limit + header  # newlines to reach, header included
+    newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last newline counted
+    with open(path, "rb") as raw:
+        size = os.fstat(raw.fileno()).st_size
+        for chunk, chunk_bytes in _chunks(raw, path):
+            n = chunk.count(b"\n")
+            if header and not head and n:
+                head = (chunk.index(b"\n") + 1) * chunk_bytes / len(chunk)  # the header's share of the file
+            if target is not None and newlines + n >= target:  # the limit's line is in this chunk
+                read += (_nth_newline(chunk, target - newlines) + 1) * chunk_bytes / len(chunk)
+                estimate = round(limit * (size - head) / max(read - head, 1))
+                return LineCount(limit, True, max(limit, estimate), raw.tell())
+            newlines += n
+            read += chunk_bytes
+        lines = max(0, newlines - header)
+        return LineCount(lines, False, lines, raw.tell())
+
+
+def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False) -> LineCount:
+    """count_lines_upto over files read one after another (worker/datafiles.py: a data input of several files,
+    each with its own header line when header): the count stops once `limit` lines are counted in all; the
+    files not reached then are estimated at the lines per byte of the file where the count stopped."""
+    lines = read = 0
+    for i, path in enumerate(paths):
+        count = count_lines_upto(path, None if limit is None else limit - lines, header)
+        read += count.bytes_read
+        if count.more:
+            per_byte = count.estimate / max(os.path.getsize(path), 1)
+            rest = round(sum(os.path.getsize(p) for p in paths[i + 1 :]) * per_byte)
+            return LineCount(lines + count.lines, True, lines + count.estimate + rest, read)
+        lines += count.lines
+    return LineCount(lines, False, lines, read)
+
+
+def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
+    """The file's bytes (decompressed when its name ends in .gz, every gzip member), each chunk with the number
+    of file bytes it came from (decompressing in small pieces keeps that close)."""
+    if not path.endswith(".gz"):
+        while chunk := raw.read(CHUNK_BYTES):
+            yield chunk, len(chunk)
+        return
+    z, open_member = zlib.decompressobj(wbits=31), False
+    try:
+        while packed := raw.read(CHUNK_BYTES // 4):
+            while packed:
+                open_member = True
+                chunk = z.decompress(packed)
+                used, packed = len(packed) - len(z.unused_data), z.unused_data
+                if z.eof:  # another member may follow
+                    z, open_member = zlib.decompressobj(wbits=31), False
+                if chunk:
+                    yield chunk, used
+    except zlib.error as e:
+        raise ValueError(f"{path}: its name ends in .gz, but it does not read as gzip: {e}") from None
+    if open_member:
+        raise ValueError(f"{path}: its name ends in .gz, but it does not read as gzip: it is cut short")
+
+
+def _nth_newline(chunk: bytes, k: int) -> int:
+    """The offset of the k-th newline of chunk (k >= 1, and chunk holds at least k)."""
+    at = -1
+    for _ in range(k):
+        at = chunk.index(b"\n", at + 1)
+    return at
