@@ -253,7 +253,8 @@ def test_worker_commands_and_environment():
     commands = worker_commands(plan, ["h:1", "h:2"], "/m", ["prog"])
     assert commands[1] == ["prog", "--log-level", "INFO", "train", "--epochs", "1", "--servers", "h:1,h:2",
                            "--worker-id", "1", "--num-workers", "2", "--backend", "torch", "--job-id",
-                           str(plan.job_id), "--metrics-out", "/m/worker-1.json", "--progress-lines"]  # fmt: skip
+                           str(plan.job_id), "--metrics-out", "/m/worker-1.json", "--progress-lines",
+                           "--no-final-eval"]  # fmt: skip
     env = worker_environment(1, 2, 29500, {"PATH": "/bin", "MKL_NUM_THREADS": "3"})
     share = str(max(1, (os.cpu_count() or 1) // 2))  # each worker's share of the cores, unless base sets one
     assert env == {"PATH": "/bin", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",

@@ -23,6 +23,7 @@ from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
 from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.results import EVAL_LEFT_TO_LAUNCH, format_results
 from worker.schema_infer import infer_schema_text
 from worker.temp_dirs import KEPT, remove_stale_temp_dirs
 from worker.terminate import Terminated
@@ -48,6 +49,22 @@ def test_eval_and_launchs_final_evaluation_score_eval_data_not_the_training_file
         assert main(["eval", "--servers", addresses[0], "--model", "lr", *given]) == 0
         out, err = capsys.readouterr()
         assert f"({TEST_ROWS} examples)" in out, (given, out, err)
+
+
+def test_a_worker_under_launch_leaves_the_final_evaluation_to_launch(servers, files, monkeypatch):
+    """launch gives its workers --no-final-eval and scores the job's model once: N workers, 1 evaluation."""
+    import worker.train as train_module
+
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    scored = []
+    real = train_module.evaluate
+    monkeypatch.setattr(train_module, "evaluate", lambda *a, **k: scored.append(1) or real(*a, **k))
+    results = train(small_run(addresses, train_path, eval_data=test_path, final_eval=False))
+    assert scored == [] and "eval_auc" not in results and results["final_eval_skipped"]
+    assert EVAL_LEFT_TO_LAUNCH in format_results(results).splitlines()
+    train(small_run(addresses, train_path, eval_data=test_path))
+    assert scored == [1]  # without it a worker scores --eval-data at its end, as before
 
 
 def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_further(servers, files, capsys):

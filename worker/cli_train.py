@@ -229,6 +229,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="no progress bar (when stderr is no terminal, a plain progress line every 30 s takes the bar's place)",
     )
+    out.add_argument("--no-final-eval", action="store_true",
+                     help="no evaluation of the eval set after training (`ps-worker launch` gives it to its workers and "
+                     "scores the job's model once, after all of them)")  # fmt: skip
     out.add_argument("--progress-lines", action="store_true",
                      help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s (for `ps-worker launch`)")  # fmt: skip
 
@@ -472,6 +475,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         dense=args.dense,
         dense_staleness=args.dense_staleness,
         progress_lines=args.progress_lines,
+        final_eval=not args.no_final_eval,
     )
 
 

@@ -234,3 +234,9 @@ class DenseSync:
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
+
+
+def dense_norm(values: dict[str, np.ndarray]) -> float:
+    """The L2 norm of all the dense parameters together (float64): a fingerprint of an MLP, to compare the one a
+    worker ended with against the one the servers hold (launch's metrics carry both)."""
+    return float(np.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in values.values())))

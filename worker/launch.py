@@ -5,12 +5,13 @@
          (worker/cli_train.py train_config_from_argv) validated for every backend; flags launch sets are refused
       2. --local-shards S: a LocalCluster (worker/cluster.py) with --threads 2 x N + 4 (sync waits hold threads)
       3. worker i:  python -m worker train TRAIN FLAGS --servers ADDRESSES --worker-id i --num-workers N
-                      --backend b_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
+                      --backend b_i --job-id J --metrics-out TMP/worker-i.json --progress-lines --no-final-eval
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
                     rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
       5. all exit 0: the model evaluated once on the servers, on --eval-data or the synthetic eval rows (a job on
-         --data without --eval-data is not: no held-out file); a summary printed, --metrics-out written
+         --data without --eval-data is not: no held-out file), by launch only: the workers, under --no-final-eval,
+         do not score it as each finishes; a summary printed, --metrics-out written
 Failure: a worker exits non-zero or is killed: the others get SIGTERM, SIGKILL after the grace period (10 s), the
 local shards stop, the failed worker's exit code and last lines are printed, exit 1. Ctrl-C: the same, exit 130
 (SIGTERM to launch: exit 143). Each worker runs in its own process group (a terminal's Ctrl-C reaches launch
@@ -59,6 +60,7 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
     "job_id": ("--job-id", "every worker gets the same random job id"),
     "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
+    "no_final_eval": ("--no-final-eval", "every worker gets it: launch scores the job's model once, at the end"),
     "create_tables_only": ("--create-tables-only", "launch trains; `ps-worker train --create-tables-only` does that"),
 }
 _OWN = ("servers", "local_shards", "metrics_out", "no_progress")  # launch's flags (abbreviated, they reach train)
@@ -76,7 +78,8 @@ def add_launch_parser(subparsers: Any) -> None:
         "       [--metrics-out FILE] [--no-progress] [--barrier-timeout S] [TRAIN FLAGS ...]",
         description="Start N `ps-worker train` workers as child processes of one job: other flags go to every\n"
         "worker's train (checked before anything starts); launch sets --servers, --worker-id, --num-workers,\n"
-        "--backend, --job-id, --metrics-out and --progress-lines of each, and RANK, WORLD_SIZE, LOCAL_RANK,\n"
+        "--backend, --job-id, --metrics-out, --progress-lines and --no-final-eval of each (launch scores the\n"
+        "job's model once, at the end), and RANK, WORLD_SIZE, LOCAL_RANK,\n"
         "MASTER_ADDR, MASTER_PORT (torch.distributed's env://, for --dense allreduce).\n"
         "Output lines come as '[worker i] ...'; progress is one merged bar (or a line every 10 s).\n"
         "If a worker fails (or on Ctrl-C) the others get SIGTERM, then SIGKILL after 10 s, local shards stop,\n"
@@ -214,7 +217,8 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
     return [
         [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
          "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--job-id",
-         str(plan.job_id), "--metrics-out", os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines"]
+         str(plan.job_id), "--metrics-out", os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines",
+         "--no-final-eval"]
         for i, backend in enumerate(plan.backends)
     ]  # fmt: skip
 
@@ -222,7 +226,8 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 LAUNCH_SETS_VARIABLES = frozenset(  # ps.settings' variables of the train flags launch sets for each worker
     f"PS_{dest.upper()}" for dest in ("servers", "local_shards", "worker_id", "num_workers", "backend", "job_id",
-                                      "metrics_out", "progress_lines", "no_progress", "create_tables_only")
+                                      "metrics_out", "progress_lines", "no_progress", "create_tables_only",
+                                      "no_final_eval")
 )  # fmt: skip
 
 

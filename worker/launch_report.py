@@ -8,6 +8,8 @@ PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
      train_examples); absent when none was], "train_seconds": the longest worker's, "examples_per_s":
      train_examples / train_seconds, ["eval_auc", "eval_logloss", "eval_examples": on --eval-data or the synthetic
      eval rows; absent when the job had no eval set], ["oracle_auc", "oracle_logloss": synthetic data],
+     ["dense_norm": the L2 norm of the MLP the servers held at the evaluation (worker/dense.py); a worker's
+     object has its own MLP's, as it ended],
      ["cache_hit_rate": examples-weighted mean of the workers' that report one, "cache_bytes_saved": their sum],
      "per_worker": [worker i's --metrics-out object]}
 """
@@ -164,7 +166,7 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
            "train_examples": examples, **({"skipped_lines": skipped} if skipped else {}), "train_seconds": seconds,
            "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
     out.update({k: evaluation[k] for k in ("eval_auc", "eval_logloss", "eval_examples") if k in evaluation})
-    out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss") if k in evaluation})
+    out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss", "dense_norm") if k in evaluation})
     hits = [
         (m["cache_hit_rate"], m.get("train_examples", 0)) for m in per_worker if m.get("cache_hit_rate") is not None
     ]

@@ -17,7 +17,10 @@ def format_results(r: dict) -> str:
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
                      f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
                      f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s")  # fmt: skip
-    lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
+    if r.get("final_eval_skipped"):
+        lines.append(EVAL_LEFT_TO_LAUNCH)
+    else:
+        lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
     if "synthetic_eval_rows" in r:
         start, stop = r["synthetic_eval_rows"]
         lines.append(f"data   synthetic rows {start:,} to {stop - 1:,} of seed {r['synthetic_seed']}: held out only "
@@ -51,6 +54,9 @@ def skipped_note(r: dict) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
+EVAL_LEFT_TO_LAUNCH = (
+    "eval   not here (--no-final-eval): ps-worker launch scores the job's model once, after all workers"
+)
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
 
 

@@ -44,7 +44,7 @@ from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource, count_lines
 from worker.datafiles import check_data_input
-from worker.dense import DensePath, DenseSync
+from worker.dense import DensePath, DenseSync, dense_norm
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.formats import file_has_labels
@@ -129,6 +129,7 @@ class TrainConfig:
     metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
     progress: bool = True
     progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar (for ps-worker launch)
+    final_eval: bool = True  # score the eval set after training; launch's workers do not: launch scores it once
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
     def validate(self, needs_servers: bool = True) -> None:
@@ -664,7 +665,12 @@ def train(cfg: TrainConfig) -> dict:
             final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
             shown = cfg.progress and not cfg.progress_lines  # a large eval file takes minutes: its own bar
             progress = ScoringProgress(data.eval_examples, shown) if shown and data.eval_examples else None
-            results.update(evaluate(client, spec, backend, final_dense, data.eval(), progress))
+            if final_dense:  # the MLP this worker ended with
+                results["dense_norm"] = dense_norm(final_dense)
+            if cfg.final_eval:
+                results.update(evaluate(client, spec, backend, final_dense, data.eval(), progress))
+            else:  # --no-final-eval: ps-worker launch scores the job's model once, after all its workers
+                results["final_eval_skipped"] = True
             stats = sparse_table_stats(client, spec)
         except BaseException:  # a Ctrl-C, say: the training is done and kept
             if not cfg.local_shards and not cfg.progress_lines:
@@ -828,6 +834,8 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
             "shards": m.shards,
             **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches, progress),
         }
+        if m.dense_values:  # the MLP the servers hold
+            results["dense_norm"] = dense_norm(m.dense_values)
     for line in data.bad_lines_report():
         log.warning(line)
     results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
