@@ -242,6 +242,20 @@ def test_eval_and_trains_final_evaluation_show_their_progress(servers, files, tm
     assert "progress: " not in capsys.readouterr().err
 
 
+def test_scoring_progress_over_an_estimated_total_says_about_and_stays_under_100_percent(monkeypatch, capsys):
+    """eval and predict count a large file no further than SCORING_COUNT_LINES: its total is a guess from bytes."""
+    from worker.loop import ScoringProgress
+
+    monkeypatch.setattr(ScoringProgress, "PLAIN_EVERY_S", 0.0)
+    progress = ScoringProgress(1000, True, estimated=True)
+    for n in (500, 500, 300):
+        progress.update(n)
+    progress.close()
+    lines = [line.split(" examples scored")[0] for line in capsys.readouterr().err.splitlines()]
+    assert lines == ["progress: 500 of about 1,000 (50%)", "progress: 1,000 of about 1,012 (99%)",
+                     "progress: 1,300 of about 1,315 (99%)"], lines  # fmt: skip
+
+
 def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_trained_model(servers, files, tmp_path):
     addresses, _ = servers(1)
     train_path, _ = files

@@ -24,7 +24,7 @@ from ps.hashing import mix64
 from worker import recipe
 from worker.batch import Batch, rebatch
 from worker.datafiles import data_files
-from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, open_data, read_batches
+from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, read_batches
 from worker.linecount import LineCount, count_files_upto
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
@@ -36,16 +36,9 @@ DEFAULT_MAX_VALIDATION = 200_000
 
 
 def count_lines(path: str, header: bool = False) -> int:
-    """Lines of a data input's files (worker/datafiles.py; gzip read through), less each file's header line."""
-    return sum(_count_file_lines(name, header) for name in data_files(path))
-
-
-def _count_file_lines(path: str, header: bool) -> int:
-    n = 0
-    with open_data(path) as f:
-        while chunk := f.read(1 << 20):
-            n += chunk.count(b"\n")
-    return max(0, n - header)
+    """Lines of a data input's files (worker/datafiles.py; gzip read through), less each file's header line: all
+    of them (worker/linecount.py)."""
+    return count_files_upto(data_files(path), None, header=header).lines
 
 
 def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:

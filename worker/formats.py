@@ -291,8 +291,9 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
 
 def file_has_labels(path: str | os.PathLike, schema: Schema) -> bool:
     """Whether the file holds labels, told by its start (see "Files without labels" in the module docstring);
-    True for an empty file."""
-    name = os.fspath(path)
+    True for an empty file. Of many files (worker/datafiles.py), the first tells (check_same_format: the others
+    agree)."""
+    name = data_files(path)[0]
     if schema.format == "csv":
         header = read_csv_header(name, schema.delimiter)
         return not header or schema.label is None or schema.label in header

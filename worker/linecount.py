@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO
 
+SCORING_COUNT_LINES = 1_000_000  # eval and predict: lines counted for a progress total, an estimate past them
 CHUNK_BYTES = 1 << 16  # read at a time: past the limit's line, at most this many bytes more are read
 
 

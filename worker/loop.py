@@ -114,25 +114,27 @@ def predictions(
 class ScoringProgress:
     """The progress of scoring a file (eval, predict) as train shows its own: a bar on a terminal, a plain
     'progress: ...' line every PLAIN_EVERY_S seconds on stderr that is none (a log file), nothing when off.
-    total: the lines of the file, an estimate (0: unknown)."""
+    total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from bytes
+    (worker/linecount.py), shown with no time left and never as 100% until close()."""
 
     PLAIN_EVERY_S = 30.0
 
-    def __init__(self, total: int, on: bool):
+    def __init__(self, total: int, on: bool, estimated: bool = False):
         self.plain = on and not sys.stderr.isatty()
-        self.bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not on or self.plain, smoothing=0.1)
+        self.estimated = estimated and total > 0
+        self.bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not on or self.plain, smoothing=0.1,
+                        bar_format=ABOUT_BAR_FORMAT if self.estimated else None)  # fmt: skip
         self.total, self.done = total, 0
         self.started = self.last = time.perf_counter()
 
     def update(self, n: int) -> None:
         self.done += n
-        if self.bar.total and self.bar.n + n > self.bar.total:  # never past 100%
-            self.bar.total = self.bar.n + n
-        self.bar.update(n)
+        _advance(self.bar, n, self.estimated)
         now = time.perf_counter()
         if self.plain and now - self.last >= self.PLAIN_EVERY_S:
             self.last = now
-            of = f" of about {self.total:,} ({min(self.done / self.total, 1):.0%})" if self.total else ""
+            total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+            of = f" of about {total:,} ({self.done / total:.0%})" if self.total else ""
             rate = self.done / max(now - self.started, 1e-9)
             print(f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s", file=sys.stderr, flush=True)
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.batch import Batch
-from worker.data import count_lines
 from worker.flags import check_input_file, check_new_file, check_not_an_input, check_output_file, same_file
 from worker.formats import file_has_labels, read_csv_sample
+from worker.linecount import SCORING_COUNT_LINES, LineCount, count_lines_upto
 from worker.loop import ScoringProgress, predictions
 from worker.train import TrainConfig, served_model
 
@@ -82,12 +82,12 @@ def predict_servers(cfg: PredictConfig) -> dict:
     with served_model(cfg.run, "nothing was written", labels_optional=True) as m:
         labeled = file_has_labels(cfg.data, m.data.schema)
         header = m.data.schema.format == "csv"
-        total = 0
-        if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them)
-            total = count_lines(cfg.data, header=header)
+        counted = LineCount(0, False, 0, 0)
+        if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of a large
+            counted = count_lines_upto(cfg.data, SCORING_COUNT_LINES, header=header)  # file, from bytes
         batches = m.data.read_whole(cfg.data)
         scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches)
-        rows = _write(cfg.out, scored, labeled, ScoringProgress(total, cfg.progress))
+        rows = _write(cfg.out, scored, labeled, ScoringProgress(counted.estimate, cfg.progress, counted.more))
         shards = m.shards
     stats = next(s for path, s in m.data.read_stats if path == cfg.data)
     if rows == 0:  # _write removed its file

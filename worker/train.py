@@ -42,12 +42,13 @@ from ps.config import (
 )
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.data import DataSource, count_lines
-from worker.datafiles import check_data_input
+from worker.data import DataSource
+from worker.datafiles import check_data_input, data_files
 from worker.dense import DensePath, DenseSync, dense_norm
 from worker.dense import table_config as dense_table_config
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.formats import file_has_labels
+from worker.linecount import SCORING_COUNT_LINES, count_files_upto
 from worker.loop import LoopResult, LoopSettings, ScoringProgress, TrainingDataError, evaluate, run_epochs
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES, ModelSpec
 from worker.recipe import LARGE, RECIPES, choose, describe
@@ -827,8 +828,9 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
         progress = None
         if cfg.progress:  # total: the file's lines, an estimate of its examples (bad and empty lines among them)
             header = data.schema.format == "csv"
-            total = cfg.synthetic_eval_rows if scored is None else count_lines(scored, header=header)
-            progress = ScoringProgress(total, True)
+            counted = None if scored is None else count_files_upto(data_files(scored), SCORING_COUNT_LINES, header)
+            total = cfg.synthetic_eval_rows if counted is None else counted.estimate
+            progress = ScoringProgress(total, True, estimated=counted is not None and counted.more)
         results = {
             "model": cfg.model,
             "shards": m.shards,
