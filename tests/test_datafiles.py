@@ -13,6 +13,7 @@ from tests.test_operator_errors import TINY_RUN, worker
 from worker.data import count_lines
 from worker.datafiles import data_files
 from worker.formats import check_same_format
+from worker.linecount import LineCount, count_files_upto
 from worker.schema_infer import infer_schema
 
 
@@ -164,3 +165,21 @@ def test_a_directory_and_a_glob_read_numbered_files_in_number_order(tmp_path):
     expected = ["day_0", "day_1", "day_2", "day_10", "part-9", "part-10"]
     assert [os.path.basename(p) for p in data_files(str(tmp_path))] == expected
     assert [os.path.basename(p) for p in data_files(str(tmp_path / "day_*"))] == expected[:4]
+
+
+def test_a_count_over_many_files_stops_at_its_limit_and_estimates_the_files_not_reached(tmp_path):
+    d = tmp_path / "parts"
+    d.mkdir()
+    for k, gz in enumerate([False, True, False]):
+        text = b"".join(b"%06d\tline\n" % i for i in range(50))
+        (d / f"day_{k}{'.gz' if gz else ''}").write_bytes(gzip.compress(text) if gz else text)
+    files = data_files(str(d))
+    assert count_files_upto(files, None) == LineCount(150, False, 150, sum(os.path.getsize(f) for f in files))
+    assert count_lines(str(d)) == 150
+    counted = count_files_upto(files, 70)  # stops in the gzip'ed second file; the third is estimated from bytes
+    assert (
+        counted.lines == 70
+        and counted.more
+        and counted.bytes_read <= os.path.getsize(files[0]) + os.path.getsize(files[1])
+    )
+    assert 140 <= counted.estimate <= 160, counted  # the third file at the first's lines per byte: 50

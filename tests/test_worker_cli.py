@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -604,3 +605,15 @@ def test_a_signal_inside_a_step_waits_for_its_end_or_its_grace(signum, error):
         os.kill(os.getpid(), signum)
         time.sleep(10)  # a wait that outlives the grace: interrupted
     assert time.monotonic() - started < 5
+
+
+def test_eval_scores_an_eval_data_directory_of_many_files_with_progress(servers, files, tmp_path):
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    lines = Path(test_path).read_bytes().splitlines(keepends=True)
+    (tmp_path / "parts").mkdir()
+    for k, at in enumerate(range(0, len(lines), 300)):
+        (tmp_path / "parts" / f"day_{k}").write_bytes(b"".join(lines[at : at + 300]))
+    cfg = replace(small_run(addresses, train_path, eval_data=str(tmp_path / "parts")), progress=True)
+    assert evaluate_servers(cfg)["eval_examples"] == TEST_ROWS

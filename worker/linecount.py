@@ -59,16 +59,25 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False) -> Line
 
 def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = False) -> LineCount:
     """count_lines_upto over files read one after another (worker/datafiles.py: a data input of several files,
-    each with its own header line when header): the count stops once `limit` lines are counted in all; the
-    files not reached then are estimated at the lines per byte of the file where the count stopped."""
+    each with its own header line when header): the count stops once `limit` lines are counted in all. The files
+    not reached then are estimated from their sizes at the lines per byte of the files of their kind (gzip'ed or
+    not) counted so far, the file where the count stopped included."""
     lines = read = 0
+    per_kind: dict[bool, list[float]] = {True: [0.0, 0.0], False: [0.0, 0.0]}  # gzip'ed? -> [lines, bytes]
     for i, path in enumerate(paths):
         count = count_lines_upto(path, None if limit is None else limit - lines, header)
         read += count.bytes_read
+        kind = per_kind[path.endswith(".gz")]
+        kind[0] += count.estimate
+        kind[1] += os.path.getsize(path)
         if count.more:
-            per_byte = count.estimate / max(os.path.getsize(path), 1)
-            rest = round(sum(os.path.getsize(p) for p in paths[i + 1 :]) * per_byte)
-            return LineCount(lines + count.lines, True, lines + count.estimate + rest, read)
+            rest = 0.0
+            for other in paths[i + 1 :]:
+                seen_lines, seen_bytes = per_kind[other.endswith(".gz")]
+                if not seen_bytes:  # no file of its kind counted: the one where the count stopped tells
+                    seen_lines, seen_bytes = kind
+                rest += os.path.getsize(other) * seen_lines / max(seen_bytes, 1.0)
+            return LineCount(lines + count.lines, True, lines + count.estimate + round(rest), read)
         lines += count.lines
     return LineCount(lines, False, lines, read)
 
