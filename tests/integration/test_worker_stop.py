@@ -24,7 +24,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 def test_sigterm_to_train_stops_its_local_shards_and_removes_their_directory(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # LocalCluster makes its root there
-    p = subprocess.Popen([sys.executable, "-m", "worker", "train", "--local-shards", "1", "--synthetic-rows", "300000",
+    p = subprocess.Popen([sys.executable, "-m", "worker", "train", "--local-shards", "1", "--synthetic-rows", "5000000",
                           "--recipe", "large", "--no-progress"], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
