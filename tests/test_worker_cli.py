@@ -213,7 +213,7 @@ def test_eval_skips_and_reports_a_few_malformed_lines_of_its_file(servers, files
     bad.write_text(Path(test_path).read_text() + "1\t2\t3\n")
     result = evaluate_servers(small_run(addresses, train_path, eval_data=str(bad)))
     assert (result["eval_examples"], result["bad_lines"]) == (TEST_ROWS, 1)
-    assert f"bad.tsv: skipped 1 malformed lines of {TEST_ROWS + 1:,}" in caplog.text
+    assert f"bad.tsv: skipped 1 malformed line of {TEST_ROWS + 1:,}" in caplog.text
     with pytest.raises(ValueError, match="1 bad line, more than --max-bad-lines 0"):
         evaluate_servers(small_run(addresses, train_path, eval_data=str(bad), max_bad_lines=0))
 

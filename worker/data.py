@@ -247,9 +247,8 @@ class DataSource:
         out = []
         for path, s in self.read_stats:
             if s.bad_lines:
-                out.append(
-                    f"{path}: skipped {s.bad_lines:,} malformed lines of {s.lines_read:,} (first: {s.first_bad})"
-                )
+                lines = "malformed line" if s.bad_lines == 1 else "malformed lines"
+                out.append(f"{path}: skipped {s.bad_lines:,} {lines} of {s.lines_read:,} (first: {s.first_bad})")
             if getattr(s, "truncated_bags", 0):
                 out.append(f"{path}: {s.truncated_bags:,} bags were longer than their column's max_length and cut")
         return out

@@ -48,7 +48,8 @@ def skipped_note(r: dict) -> str:
     """The note after the examples trained of a run's figures (or a job's), " (N malformed lines skipped per
     pass)", when they count skipped lines of the training data, with "after N skipped by --skip-examples" for a
     resumed run; else ""."""
-    notes = [f"{r['skipped_lines']:,} malformed lines skipped per pass"] if r.get("skipped_lines") else []
+    skipped = r.get("skipped_lines") or 0
+    notes = [f"{skipped:,} malformed {'line' if skipped == 1 else 'lines'} skipped per pass"] if skipped else []
     if r.get("skipped_examples"):
         notes.append(f"after {r['skipped_examples']:,} skipped by --skip-examples")
     return f" ({'; '.join(notes)})" if notes else ""
