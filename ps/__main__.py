@@ -254,6 +254,8 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
+                   "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="write over an earlier export in --out (its export.json "
                    "and .npy files); without it such a directory is an error")  # fmt: skip
     return p
@@ -272,7 +274,7 @@ def export_main(argv: list[str]) -> int:
               f"{', ...' if len(earlier) > 3 else ''}): give a new directory, or --overwrite", file=sys.stderr)  # fmt: skip
         return 2
     try:
-        summary = export(args.checkpoint, args.out, args.since)
+        summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress)
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2

@@ -113,3 +113,34 @@ def test_export_holds_about_two_copies_of_what_it_writes_not_the_whole_rows(tmp_
     assert peak < 2.5 * written, f"{peak / written:.2f}x"
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.ids.npy"), np.sort(ids))
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.rows.npy"), want)
+
+
+@pytest.mark.parametrize("no_progress", [False, True])
+def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_progress, tmp_path, capsys, monkeypatch):
+    """A plain progress line (stderr no terminal) per table, rows read of the manifest's count; none with
+    --no-progress; the files written are the same either way."""
+    from ps.__main__ import main
+    from ps.engine.restore import ExportProgress
+
+    monkeypatch.setattr(ExportProgress, "PLAIN_EVERY_S", 0.0)
+    specs = [TableConfig("a", 2), TableConfig("b", 3)]
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        for spec, n in zip(specs, (700, 40), strict=True):
+            shard.create_table(spec)
+            shard.push(spec.name, np.arange(1, n + 1, dtype=np.uint64), np.ones((n, spec.dim), np.float32))
+        checkpoint(shard, str(tmp_path / "ckpt"), specs)
+    finally:
+        shard.close()
+    flag = ["--no-progress"] if no_progress else []
+    assert main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out"), *flag]) == 0
+    out, err = capsys.readouterr()
+    lines = [x for x in err.splitlines() if x.startswith("export: ")]
+    if no_progress:
+        assert lines == [], err
+    else:
+        assert "export: table a: 700 of 700 rows read (100%), " in err and lines[-1].startswith(
+            "export: table b: 40 of 40 rows read (100%), "
+        ), err
+    assert "exported the model" in out
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "a.ids.npy"), np.arange(1, 701, dtype=np.uint64))

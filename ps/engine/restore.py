@@ -8,8 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
+import time
+from collections.abc import Callable
 
 import numpy as np
+from tqdm import tqdm
 
 from ps.checkpoint import read_manifest, slot_range
 from ps.config import TableConfig
@@ -56,7 +60,45 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, m
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
 
 
-def export(directory: str, out: str, since: int | None = None) -> dict:
+class ExportProgress:
+    """export's progress per table, rows read of the manifest's count, as ps-worker predict shows its own: a bar
+    on a terminal, a plain 'export: ...' line every PLAIN_EVERY_S seconds on stderr that is none (a log file),
+    nothing when off."""
+
+    PLAIN_EVERY_S = 30.0
+
+    def __init__(self, on: bool):
+        self.on, self.plain = on, on and not sys.stderr.isatty()
+        self.bar: tqdm | None = None
+        self.name, self.total, self.done = "", 0, 0
+        self.started = self.last = time.perf_counter()
+
+    def table(self, name: str, total: int) -> None:
+        """Starts the count of table name's rows (total: the manifest's, over every shard)."""
+        self.close()
+        self.name, self.total, self.done = name, total, 0
+        self.started = self.last = time.perf_counter()
+        if self.on and not self.plain:
+            self.bar = tqdm(total=total, unit="row", unit_scale=True, desc=f"export {name}", smoothing=0.1)
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.update(n)
+        now = time.perf_counter()
+        if self.plain and now - self.last >= self.PLAIN_EVERY_S:
+            self.last = now
+            rate = self.done / max(now - self.started, 1e-9)
+            print(f"export: table {self.name}: {self.done:,} of {self.total:,} rows read "
+                  f"({self.done / max(self.total, 1):.0%}), {rate:,.0f} rows/s", file=sys.stderr, flush=True)  # fmt: skip
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
     """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64)
     and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state), admitted rows only, and
     `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows pushed at clock step
@@ -64,7 +106,8 @@ def export(directory: str, out: str, since: int | None = None) -> dict:
     is row i of the matrix.
 
     Every file is written under a temporary name and renamed once all are written (export.json last), so a
-    failure leaves an earlier export in out as it was. ValueError for an out inside the checkpoint; StorageError
+    failure leaves an earlier export in out as it was. progress: show the rows read per table (ExportProgress, on
+    stderr). ValueError for an out inside the checkpoint; StorageError
     for a damaged checkpoint, and for a shard whose admitted rows of a table differ from its manifest's count."""
     manifest = read_manifest(directory)
     source, target = os.path.realpath(directory), os.path.realpath(out)
@@ -74,10 +117,12 @@ def export(directory: str, out: str, since: int | None = None) -> dict:
     os.makedirs(out, exist_ok=True)
     summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
     written: list[tuple[str, str]] = []  # (temporary, final) paths
+    shown = ExportProgress(progress)
     try:
         for t in manifest["tables"]:
             cfg = TableConfig.from_dict(t)
-            ids, rows = _table_rows(directory, manifest, cfg, since)
+            shown.table(cfg.name, sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"]))
+            ids, rows = _table_rows(directory, manifest, cfg, since, shown.update)
             n, order = len(ids), np.argsort(ids, kind="stable")
             ids = ids[order]  # sorted and written one array at a time: a table's copies are not all held at once
             written.append(_write_npy(os.path.join(out, f"{cfg.name}.ids.npy"), ids))
@@ -90,7 +135,9 @@ def export(directory: str, out: str, since: int | None = None) -> dict:
         with open(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
         written.append((final + ".tmp", final))
+        shown.close()
     except BaseException:
+        shown.close()
         for tmp, _ in written:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
@@ -100,15 +147,18 @@ def export(directory: str, out: str, since: int | None = None) -> dict:
     return summary
 
 
-def _table_rows(directory: str, manifest: dict, cfg: TableConfig, since: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _table_rows(directory: str, manifest: dict, cfg: TableConfig, since: int | None,
+                on_read: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(ids, embeddings) of a table's admitted rows over every shard of the checkpoint (since: pushed at step >=
-    since); StorageError when a shard holds another number of them than its manifest entry says."""
+    since; on_read: told the number of rows of each batch read); StorageError when a shard holds another number of them than its manifest entry says."""
     layout = layout_of(cfg.dim, cfg.optimizer.name)
     ids_parts, rows_parts = [], []
     for shard in manifest["shards"]:
         held = 0
         for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
             held += len(ids)
+            if on_read is not None:
+                on_read(len(ids))
             if since is not None:
                 keep = rows[:, layout.stats_col + LAST_STEP] >= since
                 ids, rows = ids[keep], rows[keep]
