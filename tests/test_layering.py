@@ -45,6 +45,7 @@ WORKER_MAY_IMPORT = {
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
+    "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)
 }  # fmt: skip
 
 

@@ -316,3 +316,58 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
         assert total_gib == round(figures[i]["disk_total_bytes"] / 2**30, 2) and 0 < free_gib <= total_gib
         assert abs(percent - 100 * free_gib / total_gib) < 0.2
     assert "cache_misses" in out and "pulls (lookups: pulls and pushes that return rows)" in out
+
+
+@pytest.mark.parametrize("low", [True, False])
+def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers, capsys, monkeypatch):
+    """The disk: line ends with LOW (and --json's disk_low is 1) when free space is under
+    ps.storage.diskspace.low_bytes of the shard's figures; a real test machine's disk is faked to be low."""
+    from ps.storage.diskspace import low_bytes
+
+    addresses, _ = servers(1)
+    real = Client.stats
+
+    def stats(self):
+        shards = real(self)
+        for s in shards:
+            s.disk_total_bytes, s.data_dir_bytes = 100 * 2**30, 2**20
+            s.disk_free_bytes = low_bytes(s.disk_total_bytes, s.data_dir_bytes) + (-1 if low else 1)
+        return shards
+
+    monkeypatch.setattr(Client, "stats", stats)
+    code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    assert code == 0, err
+    [line] = [x for x in out.splitlines() if x.startswith("    0 disk: ")]
+    assert line.endswith("GiB (5.0%), LOW: below 5.00 GiB, pushes fail once full") == low, line
+    assert ("LOW" in line) == low, line
+    code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["disk_low"] == int(low)
+
+
+@pytest.mark.parametrize("no_progress", [False, True])
+def test_export_passes_no_progress_to_ps_server_export(no_progress, tmp_path, capsys, monkeypatch):
+    import subprocess
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    commands = []
+    real = subprocess.run
+
+    def run(command, *args, **kwargs):
+        commands.append(command)
+        return real(command, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", run)
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        flag = ["--no-progress"] if no_progress else []
+        code, _, err = worker(["export", str(tmp_path / "out"), "--servers", address, *flag], capsys)
+    finally:
+        server.stop(grace_s=1)
+    assert code == 0, err
+    [command] = commands
+    assert command[1:4] == ["-m", "ps", "export"] and ("--no-progress" in command) == no_progress, command

@@ -127,6 +127,8 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument(
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
+                   "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
                    "export there, and its OUT/checkpoint, are replaced once the new export is whole (others are left "
                    "as they are)")  # fmt: skip
@@ -237,8 +239,9 @@ def _stats(args) -> int:
     with _client(args) as client:
         client.wait_ready()
         shards = client.stats()
-    if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings)
-        print(json.dumps([message_dict(s) for s in shards]))
+    if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings); disk_low 0 or 1
+        low = [int(s.disk_free_bytes < _disk_low_bytes(s)) for s in shards]
+        print(json.dumps([{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]))
         return 0
     cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
             "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
@@ -257,12 +260,21 @@ def _stats(args) -> int:
             f"table readers {s.table_reader_bytes / 2**20:,.1f} MiB, write-behind "
             f"{s.write_behind_bytes / 2**20:,.1f} MiB, journal map {s.journal_map_bytes / 2**20:,.0f} MiB"
         )
+        low = _disk_low_bytes(s)
+        mark = f", LOW: below {low / 2**30:,.2f} GiB, pushes fail once full" if s.disk_free_bytes < low else ""
         print(f"{s.shard_id:>5} disk: data dir {s.data_dir_bytes / 2**20:,.1f} MiB, free {s.disk_free_bytes / 2**30:,.2f} "
-              f"of {s.disk_total_bytes / 2**30:,.2f} GiB ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%})")  # fmt: skip
+              f"of {s.disk_total_bytes / 2**30:,.2f} GiB ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
     print("evictions, cache_misses (ids read from RocksDB), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
     return 0
+
+
+def _disk_low_bytes(s: Any) -> int:
+    """The free bytes under which a shard's disk (its Stats) is low, as its server reckons (ps.storage.diskspace)."""
+    from ps.storage.diskspace import low_bytes
+
+    return low_bytes(s.disk_total_bytes, s.data_dir_bytes)
 
 
 def message_dict(message: Any) -> dict:
@@ -342,6 +354,7 @@ def _export(args) -> int:
             save(client, fresh)
         command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
         command += [] if args.since is None else ["--since", str(args.since)]
+        command += ["--no-progress"] if args.no_progress else []
         done = subprocess.run(command)
     except BaseException:
         undo()
