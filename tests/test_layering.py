@@ -34,6 +34,7 @@ FOUNDATION = {
     "ps.checkpoint",
     "ps.wire",
     "ps.codec",
+    "ps.progress",
 }
 PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.sizing",
            "ps.__main__"}  # fmt: skip
@@ -45,6 +46,7 @@ WORKER_MAY_IMPORT = {
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
+    "ps.progress",  # the bar or plain lines of a long count (export, eval, predict)
     "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)
 }  # fmt: skip
 

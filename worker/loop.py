@@ -39,6 +39,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ps.errors import PsError
+from ps.progress import CountProgress
 from worker.batch import Batch, TableIds, table_ids
 from worker.client import PushItem
 from worker.dense import DensePath, DenseSync
@@ -111,37 +112,27 @@ def predictions(
         yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
 
 
-class ScoringProgress:
-    """The progress of scoring a file (eval, predict) as train shows its own: a bar on a terminal, a plain
-    'progress: ...' line every PLAIN_EVERY_S seconds on stderr that is none (a log file), nothing when off.
-    total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from bytes
-    (worker/linecount.py), shown with no time left and never as 100% until close()."""
-
-    PLAIN_EVERY_S = 30.0
+class ScoringProgress(CountProgress):
+    """The progress of scoring a file (eval, predict) as train shows its own (ps.progress: a bar, or a plain
+    'progress: ...' line). total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from
+    bytes (worker/linecount.py), shown with no time left and never as 100% until close()."""
 
     def __init__(self, total: int, on: bool, estimated: bool = False):
-        self.plain = on and not sys.stderr.isatty()
         self.estimated = estimated and total > 0
-        self.bar = tqdm(total=total, unit="ex", unit_scale=True, disable=not on or self.plain, smoothing=0.1,
-                        bar_format=ABOUT_BAR_FORMAT if self.estimated else None)  # fmt: skip
-        self.total, self.done = total, 0
-        self.started = self.last = time.perf_counter()
+        super().__init__(total, on, unit="ex", bar_format=ABOUT_BAR_FORMAT if self.estimated else None)
 
-    def update(self, n: int) -> None:
-        self.done += n
+    def advance_bar(self, n: int) -> None:
         _advance(self.bar, n, self.estimated)
-        now = time.perf_counter()
-        if self.plain and now - self.last >= self.PLAIN_EVERY_S:
-            self.last = now
-            total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
-            of = f" of about {total:,} ({self.done / total:.0%})" if self.total else ""
-            rate = self.done / max(now - self.started, 1e-9)
-            print(f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s", file=sys.stderr, flush=True)
+
+    def line(self, rate: float) -> str:
+        total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+        of = f" of about {total:,} ({self.done / total:.0%})" if self.total else ""
+        return f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s"
 
     def close(self) -> None:
         if not self.bar.disable:
             self.bar.total = self.bar.n
-        self.bar.close()
+        super().close()
 
 
 def evaluate(

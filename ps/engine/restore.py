@@ -8,16 +8,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
-import time
 from collections.abc import Callable
 
 import numpy as np
-from tqdm import tqdm
 
 from ps.checkpoint import read_manifest, slot_range
 from ps.config import TableConfig
 from ps.errors import StorageError
+from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage.store import Store
 
@@ -60,42 +58,17 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, m
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
 
 
-class ExportProgress:
-    """export's progress per table, rows read of the manifest's count, as ps-worker predict shows its own: a bar
-    on a terminal, a plain 'export: ...' line every PLAIN_EVERY_S seconds on stderr that is none (a log file),
-    nothing when off."""
+class ExportProgress(CountProgress):
+    """One table's export progress, rows read of the manifest's count (ps.progress: a bar, or a plain 'export: ...'
+    line)."""
 
-    PLAIN_EVERY_S = 30.0
+    def __init__(self, name: str, total: int, on: bool):
+        super().__init__(total, on, unit="row", desc=f"export {name}")
+        self.name = name
 
-    def __init__(self, on: bool):
-        self.on, self.plain = on, on and not sys.stderr.isatty()
-        self.bar: tqdm | None = None
-        self.name, self.total, self.done = "", 0, 0
-        self.started = self.last = time.perf_counter()
-
-    def table(self, name: str, total: int) -> None:
-        """Starts the count of table name's rows (total: the manifest's, over every shard)."""
-        self.close()
-        self.name, self.total, self.done = name, total, 0
-        self.started = self.last = time.perf_counter()
-        if self.on and not self.plain:
-            self.bar = tqdm(total=total, unit="row", unit_scale=True, desc=f"export {name}", smoothing=0.1)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if self.bar is not None:
-            self.bar.update(n)
-        now = time.perf_counter()
-        if self.plain and now - self.last >= self.PLAIN_EVERY_S:
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-9)
-            print(f"export: table {self.name}: {self.done:,} of {self.total:,} rows read "
-                  f"({self.done / max(self.total, 1):.0%}), {rate:,.0f} rows/s", file=sys.stderr, flush=True)  # fmt: skip
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
+    def line(self, rate: float) -> str:
+        return (f"export: table {self.name}: {self.done:,} of {self.total:,} rows read "
+                f"({self.done / max(self.total, 1):.0%}), {rate:,.0f} rows/s")  # fmt: skip
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
@@ -117,12 +90,14 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     os.makedirs(out, exist_ok=True)
     summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
     written: list[tuple[str, str]] = []  # (temporary, final) paths
-    shown = ExportProgress(progress)
+    shown: ExportProgress | None = None
     try:
         for t in manifest["tables"]:
             cfg = TableConfig.from_dict(t)
-            shown.table(cfg.name, sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"]))
+            total = sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"])
+            shown = ExportProgress(cfg.name, total, progress)
             ids, rows = _table_rows(directory, manifest, cfg, since, shown.update)
+            shown.close()
             n, order = len(ids), np.argsort(ids, kind="stable")
             ids = ids[order]  # sorted and written one array at a time: a table's copies are not all held at once
             written.append(_write_npy(os.path.join(out, f"{cfg.name}.ids.npy"), ids))
@@ -135,9 +110,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         with open(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
         written.append((final + ".tmp", final))
-        shown.close()
     except BaseException:
-        shown.close()
+        if shown is not None:
+            shown.close()
         for tmp, _ in written:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
