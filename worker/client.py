@@ -95,8 +95,8 @@ def _why(e: grpc.RpcError) -> str:
     tried ("failed to connect to all addresses; last error: ..."), its code's name for a cancelled call, what the
     start of a shard that is starting is doing."""
     details = e.details() or ""
-    if _starting(e):
-        return f"starting: {_starting(e)}"
+    if doing := _starting(e):
+        return f"starting: {doing}"
     if "Connection refused" in details:
         return "connection refused: nothing listens there"
     if e.code() == grpc.StatusCode.CANCELLED:
@@ -750,9 +750,10 @@ class Client:
         if outage:
             log.warning("shard %d at %s is unavailable (%s) after a checkpoint's pause; waiting for it for up to "
                         "%.0f s more", shard, self.servers[shard], _why(e), self.server_timeout_s - (now - since))  # fmt: skip
-        if since is now and _starting(e):  # this call marked it
+        doing = _starting(e)
+        if since is now and doing:  # this call marked it
             log.warning("shard %d at %s is starting (%s); waiting for it for up to %.0f s", shard, self.servers[shard],
-                        _starting(e), self.server_timeout_s)  # fmt: skip
+                        doing, self.server_timeout_s)  # fmt: skip
         elif since is now:
             log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is unavailable (%s); waiting for it "
                     "for up to %.0f s", shard, self.servers[shard], _why(e), self.server_timeout_s)  # fmt: skip
