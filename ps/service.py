@@ -202,11 +202,6 @@ def stamp_of(request: Any) -> Stamp | None:
 PRESERIALIZED = {"Pull", "PullBatch", "PushBatch"}
 
 
-def add_to_server(servicer: ParameterServerServicer, server: grpc.Server) -> None:
-    """Registers the servicer's methods (see handler)."""
-    server.add_generic_rpc_handlers((handler(servicer),))
-
-
 def handler(servicer: ParameterServerServicer) -> grpc.GenericRpcHandler:
     """The servicer's methods, as the generated add_ParameterServerServicer_to_server registers them, except that
     ps.codec reads every request (the bulk ones as views of the request's bytes, not copies; bytes that do not
@@ -289,7 +284,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def Pull(self, request: Any, context: grpc.ServicerContext) -> bytes:
-        """Returns the PullResponse already serialized (see add_to_server)."""
+        """Returns the PullResponse already serialized (see handler)."""
         ids = wire.decode_ids(request.ids)
         dim = self.shard.table(request.table).dim
         self._check_reply("Pull", [(len(ids), dim)])
@@ -317,7 +312,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def PullBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
-        """Returns the PullBatchResponse already serialized (see add_to_server)."""
+        """Returns the PullBatchResponse already serialized (see handler)."""
         _check_count("PullBatch", "pulls", len(request.pulls))
         stamp = stamp_of(request)
         if stamp is not None:
@@ -333,7 +328,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
-        """Returns the PushBatchResponse already serialized (see add_to_server)."""
+        """Returns the PushBatchResponse already serialized (see handler)."""
         _check_count("PushBatch", "pushes", len(request.pushes))
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]

@@ -16,7 +16,7 @@ from ps import codec, wire
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.server import Server, grpc_options
-from ps.service import MAX_BATCH_ITEMS, ParameterServerServicer, add_to_server
+from ps.service import MAX_BATCH_ITEMS, ParameterServerServicer, handler
 from tests.conftest import random_ids
 from worker.client import Client
 from worker.cluster import LocalCluster
@@ -150,7 +150,7 @@ def wide_requests(tmp_path):
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "shard")))
     server = grpc.server(ThreadPoolExecutor(2), options=[("grpc.max_send_message_length", LIMIT),
                                                          ("grpc.max_receive_message_length", 64 << 20)])  # fmt: skip
-    add_to_server(ParameterServerServicer(shard, max_reply_bytes=LIMIT), server)
+    server.add_generic_rpc_handlers((handler(ParameterServerServicer(shard, max_reply_bytes=LIMIT)),))
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel, stub = stub_with_table(port)
