@@ -59,29 +59,34 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, m
 
 
 class ExportProgress(CountProgress):
-    """One table's export progress, rows read of the manifest's count (ps.progress: a bar, or a plain 'export: ...'
-    line)."""
+    """One table's export progress in one phase, rows read of the manifest's count, then rows written of those kept
+    (ps.progress: a bar, or a plain 'export: ...' line)."""
 
-    def __init__(self, name: str, total: int, on: bool):
-        super().__init__(total, on, unit="row", desc=f"export {name}")
-        self.name = name
+    def __init__(self, name: str, total: int, on: bool, phase: str = "read"):
+        super().__init__(total, on, unit="row", desc=f"export {name}" + ("" if phase == "read" else f" ({phase})"))
+        self.name, self.phase = name, phase
 
     def line(self, rate: float) -> str:
-        return (f"export: table {self.name}: {self.done:,} of {self.total:,} rows read "
+        return (f"export: table {self.name}: {self.done:,} of {self.total:,} rows {self.phase} "
                 f"({self.done / max(self.total, 1):.0%}), {rate:,.0f} rows/s")  # fmt: skip
 
 
-def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
-    """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64)
-    and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state), admitted rows only, and
-    `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows pushed at clock step
-    >= since (a delta to apply over an earlier export). Dense parameters are tables too: `dense.<name>` row i
-    is row i of the matrix.
+WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 
-    Every file is written under a temporary name and renamed once all are written (export.json last), so a
-    failure leaves an earlier export in out as it was. progress: show the rows read per table (ExportProgress, on
-    stderr). ValueError for an out inside the checkpoint; StorageError
-    for a damaged checkpoint, and for a shard whose admitted rows of a table differ from its manifest's count."""
+
+def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
+    """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64,
+    sorted) and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state, row i of id i),
+    admitted rows only, and `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows
+    pushed at clock step >= since (a delta to apply over an earlier export). Dense parameters are tables too:
+    `dense.<name>` row i is row i of the matrix.
+
+    Memory: one table's embeddings and three id-sized arrays (ids, their sort order, the sorted ids) at a time,
+    about what it writes for the table plus 16 bytes a row; the rows are written in sorted order WRITE_ROWS at a
+    time. Every file is written under a temporary name and renamed once all are written (export.json last), so a
+    failure leaves an earlier export in out as it was. progress: show rows read, then rows written, per table
+    (ExportProgress, on stderr). ValueError for an out inside the checkpoint; StorageError for a damaged
+    checkpoint, and for a shard whose admitted rows of a table differ from its manifest's count."""
     manifest = read_manifest(directory)
     source, target = os.path.realpath(directory), os.path.realpath(out)
     if os.path.commonpath([source, target]) == source:
@@ -96,14 +101,14 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
             cfg = TableConfig.from_dict(t)
             total = sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"])
             shown = ExportProgress(cfg.name, total, progress)
-            ids, rows = _table_rows(directory, manifest, cfg, since, shown.update)
+            ids, rows = _table_rows(directory, manifest, cfg, total, since, shown.update)
             shown.close()
             n, order = len(ids), np.argsort(ids, kind="stable")
-            ids = ids[order]  # sorted and written one array at a time: a table's copies are not all held at once
-            written.append(_write_npy(os.path.join(out, f"{cfg.name}.ids.npy"), ids))
+            written.append(_write_npy(os.path.join(out, f"{cfg.name}.ids.npy"), ids[order]))
             del ids
-            rows = rows[order]
-            written.append(_write_npy(os.path.join(out, f"{cfg.name}.rows.npy"), rows))
+            shown = ExportProgress(cfg.name, n, progress, phase="written")
+            written.append(_write_npy(os.path.join(out, f"{cfg.name}.rows.npy"), rows, order, shown.update))
+            shown.close()
             del rows, order
             summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n)}
         final = os.path.join(out, "export.json")
@@ -122,39 +127,53 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     return summary
 
 
-def _table_rows(directory: str, manifest: dict, cfg: TableConfig, since: int | None,
+def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, since: int | None,
                 on_read: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """(ids, embeddings) of a table's admitted rows over every shard of the checkpoint (since: pushed at step >=
-    since; on_read: told the number of rows of each batch read); StorageError when a shard holds another number of them than its manifest entry says."""
+    """(ids, embeddings) of a table's admitted rows over every shard of the checkpoint, in arrays of the manifest's
+    total count filled as read (since: only those pushed at step >= since, a prefix of them; on_read: told the
+    number of rows of each batch read); StorageError when a shard holds another number of them than its manifest
+    entry says."""
     layout = layout_of(cfg.dim, cfg.optimizer.name)
-    ids_parts, rows_parts = [], []
+    ids_out, rows_out, kept = np.zeros(total, np.uint64), np.zeros((total, cfg.dim), np.float32), 0
     for shard in manifest["shards"]:
-        held = 0
+        held, expected = 0, int(shard["rows"].get(cfg.name, 0))
         for ids, rows in Store.read_table(os.path.join(directory, shard["dir"]), cfg.name, layout.width):
             held += len(ids)
+            if held > expected:
+                break  # more rows than the manifest says: refused below, before any is placed past the arrays
             if on_read is not None:
                 on_read(len(ids))
             if since is not None:
                 keep = rows[:, layout.stats_col + LAST_STEP] >= since
                 ids, rows = ids[keep], rows[keep]
-            ids_parts.append(ids)
-            rows_parts.append(np.ascontiguousarray(rows[:, : cfg.dim]))  # a copy: not a view holding the whole row
-        expected = shard["rows"].get(cfg.name, 0)
+            ids_out[kept : kept + len(ids)] = ids
+            rows_out[kept : kept + len(ids)] = rows[:, : cfg.dim]
+            kept += len(ids)
         if held != expected:
-            raise StorageError(f"checkpoint {directory}: {shard['dir']} holds {held:,} rows of table {cfg.name!r} "
+            count = f"more than {expected:,}" if held > expected else f"{held:,}"
+            raise StorageError(f"checkpoint {directory}: {shard['dir']} holds {count} rows of table {cfg.name!r} "
                                f"where its manifest says {expected:,} (rows of another size, or of another table "
                                "number); the checkpoint is damaged")  # fmt: skip
-    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, np.uint64)
-    rows = np.concatenate(rows_parts) if rows_parts else np.zeros((0, cfg.dim), np.float32)
-    return ids, rows
+    return ids_out[:kept], rows_out[:kept]  # views: fewer than the arrays hold only with since
 
 
-def _write_npy(path: str, array: np.ndarray) -> tuple[str, str]:
-    """array written as .npy to path + ".tmp"; returns (that temporary path, path)."""
+def _write_npy(
+    path: str, array: np.ndarray, order: np.ndarray | None = None, on_written: Callable[[int], None] | None = None
+) -> tuple[str, str]:
+    """array (or array[order], gathered WRITE_ROWS rows at a time) written as .npy to path + ".tmp"; returns (that
+    temporary path, path). on_written: told the number of rows of each piece written."""
     tmp = path + ".tmp"
+    n = len(array) if order is None else len(order)
     try:
         with open(tmp, "wb") as f:
-            np.save(f, array)
+            header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False,
+                      "shape": (n, *array.shape[1:])}  # fmt: skip
+            np.lib.format.write_array_header_1_0(f, header)
+            for start in range(0, n, WRITE_ROWS):
+                piece = array[start : start + WRITE_ROWS] if order is None else array[order[start : start + WRITE_ROWS]]
+                f.write(np.ascontiguousarray(piece).data)
+                if on_written is not None:
+                    on_written(len(piece))
     except OSError as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
