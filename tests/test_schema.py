@@ -295,7 +295,12 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     data = tmp_path / "d.csv"
     data.write_text("\n".join(lines) + "\n")
     text = infer_schema_text(str(data), sample_rows=150)
-    assert "a sample of 150 rows" in text and "every value distinct: an identifier?" in text
+    assert (
+        "a sample of 150 rows" in text
+        and "150 of 150 cells non-empty, 150 distinct; every value distinct in the sample: ids that come back" in text
+    )  # 200 rows: the sample is not the whole file
+    whole = infer_schema_text(str(data), sample_rows=1000)
+    assert "200 of 200 cells non-empty, 200 distinct; every value distinct: an identifier? then delete" in whole
     assert "integers in a column named like an id" in text
     path = tmp_path / "inferred.toml"
     path.write_text(text)
@@ -387,7 +392,11 @@ def test_infer_says_which_columns_carry_nothing_or_are_dates():
     prices = _infer_column("price", "price", [f"{i * 1.37:.2f}" for i in range(150)])[1]
     assert "nearly every value distinct" not in prices  # numbers: no identifiers
     near = [f"u{i}" for i in range(190)] + ["u1"] * 10
-    assert "nearly every value distinct" in _infer_column("u", "u", near)[1]
+    assert "nearly every value distinct: an identifier or a time?" in _infer_column("u", "u", near)[1]
+    assert "nearly every value distinct in the sample: ids that come back" in _infer_column("u", "u", near, True)[1]
+    assert "distinct in the sample" not in _infer_column("u", "u", [f"u{i % 50}" for i in range(200)], True)[1]
+    for sampled in (False, True):  # measurements: distinct values are no sign of an identifier
+        assert "identifier" not in _infer_column("p", "p", [f"{i * 1.37:.2f}" for i in range(150)], sampled)[1]
 
 
 def test_a_table_named_like_the_mlps_tables_is_refused(tmp_path):

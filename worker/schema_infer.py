@@ -46,21 +46,22 @@ _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its nou
 SAMPLED_FILES = 8  # files of many a csv sample is taken from, at most (spread evenly over their list)
 
 
-def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
+def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list[list[str]], bool]:
     """read_csv_sample's (header, records) of one file; of many (worker/datafiles.py), rows / m records from each
-    of m = SAMPLED_FILES of them at most, spread over the list, refusing one whose header differs from the first's."""
+    of m = SAMPLED_FILES of them at most, spread over the list, refusing one whose header differs from the first's;
+    and whether the records are every record of every file (fewer than asked of each, every file sampled)."""
     from worker.formats import read_csv_sample
 
     files = data_files(path)
     m = min(len(files), SAMPLED_FILES)
     picked = [files[j * len(files) // m] for j in range(m)]
-    header, sample = None, []
+    header, sample, whole = None, [], m == len(files)
     for name in picked:
         h, records = read_csv_sample(name, delimiter, -(-rows // m))
         if header is not None and h != header:
             raise ValueError(f"{name}: its CSV header {h} differs from that of {picked[0]}, {header}")
-        header, sample = h, sample + records
-    return header, sample[:rows]
+        header, sample, whole = h, sample + records, whole and len(records) < -(-rows // m)
+    return header, sample[:rows], whole and len(sample) <= rows
 
 
 def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
@@ -87,7 +88,7 @@ def infer_schema(
         for c in schema.columns:
             lines += ["", "[[columns]]", *_entry(c, with_table=False)]
         return "\n".join(lines) + "\n", []
-    header, rows = _sample_files(path, delimiter, sample_rows)
+    header, rows, whole = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     binary = [h for h in header if _is_binary(columns[h])]
@@ -123,7 +124,7 @@ def infer_schema(
             lines += ["", f"# column {j}: the header names {header.count(h)} columns {h!r}: left out (rename them)"]
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
-        column, comment = _infer_column(name, h, columns[h])
+        column, comment = _infer_column(name, h, columns[h], sampled=not whole)
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
         if column.kind == "numeric":
             twin = _bucket_twin(column, _floats([c for c in columns[h] if not is_missing_text(c)]), set(header))
@@ -176,8 +177,9 @@ def _leading_zeros(cells: list[str]) -> bool:
     return any(len(c) > 1 and c[0] == "0" and c.isdigit() for c in (c.strip() for c in cells))
 
 
-def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str]:
-    """The column and a comment, by the rules of the module docstring."""
+def _infer_column(name: str, source: str, cells: list[str], sampled: bool = False) -> tuple[Column, str]:
+    """The column and a comment, by the rules of the module docstring. sampled: the cells are a sample of a larger
+    file, where values seen once here may come back (a user id seen a few times in all is distinct in a sample)."""
     present = [c for c in cells if c.strip()]  # a categorical's NA is a value; a number's is missing
     numbers = [c for c in present if not is_missing_text(c)]
     values = _floats(numbers) if numbers else None
@@ -192,6 +194,12 @@ def _infer_column(name: str, source: str, cells: list[str]) -> tuple[Column, str
     ):
         seen += ("; dates or times: as ids, nearly every value is new; derive columns such as the hour or the weekday "
                  "from it, and delete this entry")  # fmt: skip
+    elif values is not None and not all(v.is_integer() for v in values):
+        pass  # measurements: distinct values say nothing of an identifier
+    elif sampled and len(present) > 1 and distinct >= (1.0 if values is not None else 0.9) * len(present):
+        seen += (f"; {'every' if distinct == len(present) else 'nearly every'} value distinct in the sample: ids "
+                 "that come back a few times over the whole file (a user, an item) look like this in a sample too; "
+                 "delete this entry only if its values are new on nearly every row (a row's own id, a time)")  # fmt: skip
     elif len(present) > 1 and distinct == len(present):
         seen += "; every value distinct: an identifier? then delete this entry"
     elif values is None and len(present) >= 100 and distinct >= 0.9 * len(present):
