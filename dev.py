@@ -5,10 +5,12 @@
     python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite (pytest-xdist)
     python3 dev.py bench   # the benchmarks at fixed sizes (~15 min); writes the README's performance table
     python3 dev.py bench benchmarks/small_data.py   # one benchmark script (any of benchmarks/*.py)
+    python3 dev.py env     # only create or update ./.venv (the others do it first)
 
 Each creates ./.venv on first use and installs the package there (`pip install -e .[dev]`); later runs reuse it
 and reinstall only when pyproject.toml changes. `test` and `bench` also install PyTorch (TORCH_PIN, for the torch
-backend; on this project's machines a CPU build on local disk), and `bench` the benchmark-only extra (`.[bench]`:
+backend: the CPU build where pip finds one, as on this project's machines; PyPI's Linux wheel is the CUDA
+build, so elsewhere set PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu), and `bench` the benchmark-only extra (`.[bench]`:
 scikit-learn, the tuned logistic regression that benchmarks/small_data.py compares with). Extra arguments go to `ps-worker train`, to pytest
 or to benchmarks/report.py.
 """
@@ -23,7 +25,7 @@ import venv
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 VENV = os.path.join(ROOT, ".venv")
-TORCH_PIN = "torch==2.13.0"  # an unpinned torch would pull a multi-GB CUDA build
+TORCH_PIN = "torch==2.13.0"  # pinned: the version the torch backend is tested with
 BIN = os.path.join(VENV, "Scripts" if os.name == "nt" else "bin")
 
 

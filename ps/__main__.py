@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the ParameterServer service of protos/ps.proto (CreateTable, DescribeTable, Pull, Push, PullBatch, PushBatch, "
         "Checkpoint, Stats, AdvanceClock, Shrink) plus the gRPC health service. "
         "`ps-server size --help`: how much RAM and disk a table needs; `ps-server verify DIR`: what is damaged in a "
-        "data dir.",
+        "data dir; `ps-server export CHECKPOINT`: a checkpoint's embeddings as .npy for serving; `ps-server health "
+        "HOST:PORT`: whether a shard serves (a probe's exit code).",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--port", type=integer(0, 65535), default=0, help="TCP port; 0 takes a free one and prints it")
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard-id", type=integer(0), default=0, help="this shard's index, 0..num-shards-1")
     p.add_argument("--num-shards", type=integer(1), default=1, help="number of shards in the cluster")
     p.add_argument("--data-dir", required=True, help="RocksDB directory of this shard (created if missing)")
-    p.add_argument("--threads", type=integer(1), default=8, help="gRPC worker threads")
+    p.add_argument("--threads", type=integer(1), default=8,
+                   help="gRPC worker threads; a sync or ssp job's waits hold them: give at least 2 x its workers + 2")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
@@ -81,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=2,
         help="threads that read a request's missed rows from RocksDB at once (it reads without Python's lock)",
     )
-    p.add_argument("--flush-interval-s", type=seconds, default=30.0, help="how often dirty rows are written to RocksDB")
+    p.add_argument(
+        "--flush-interval-s",
+        type=seconds,
+        default=30.0,
+        help="how often dirty rows are written to RocksDB (and whenever the journal has grown by 1 GiB)",
+    )
     p.add_argument("--tls-cert", default=None, help="PEM certificate to serve TLS with (needs --tls-key)")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument(
@@ -100,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--cluster", default="", metavar="NAME",
-        help="the name of the cluster this shard belongs to (letters, digits, '.', '_', '-'), the same on every "
+        help="the name of the cluster this shard belongs to (at most 64 letters, digits, '.', '_', '-'), the same on every "
         "shard of it: clients refuse a server list whose shards give different names (shards of two clusters "
         "mixed up). A data dir keeps the first name it runs with and refuses to start under another; default: "
         "unnamed",
@@ -114,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--metrics-port",
         type=integer(0, 65535),
         default=None,
-        help="serve Prometheus metrics at http://HOST:PORT/metrics (0: a free port; default: off)",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (https with --tls-cert; with --auth-token-file, "
+        "requests must carry it as `Authorization: Bearer`) (0: a free port; default: off)",
     )
     p.add_argument(
         "--direct-reads", action="store_true",

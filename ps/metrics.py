@@ -89,8 +89,8 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     (
         "sparseps_disk_low",
         "disk_low",
-        "1 while the data dir's disk has less free space than sparseps_disk_low_bytes (at the flusher's last "
-        "look, every 30 s; the server logs a warning): 0 otherwise",
+        "1 from when the data dir's disk has less free space than sparseps_disk_low_bytes until it has 10% more "
+        "than that (at the flusher's last look, every 30 s; the server logs a warning): 0 otherwise",
     ),
     (
         "sparseps_disk_low_bytes",

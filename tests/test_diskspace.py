@@ -147,6 +147,21 @@ def test_the_flusher_polls_the_disk_and_the_metrics_show_it_low(tmp_path, monkey
     assert levels == [logging.WARNING, logging.INFO]  # polled many times while low: warned once
 
 
+def test_the_disk_is_watched_every_check_s_even_when_flushes_are_minutes_apart(tmp_path, monkeypatch):
+    monkeypatch.setattr(diskspace, "CHECK_S", 0.1)
+    free = [50.0]
+    monkeypatch.setattr(diskspace, "measure", lambda d: DiskSpace(GiB, int(free[0] * GiB), 100 * GiB))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), flush_interval_s=600.0))
+    try:
+        free[0] = 1.0
+        deadline = time.monotonic() + 20
+        while not shard.health_stats()["disk_low"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shard.health_stats()["disk_low"] == 1  # seen within seconds, not at the flush 10 minutes on
+    finally:
+        shard.close()
+
+
 def test_stats_reports_the_data_dirs_bytes_and_its_disks_space(servers):
     addresses, shards = servers(2)
     with Client(addresses) as client:

@@ -80,7 +80,8 @@ def add_launch_parser(subparsers: Any) -> None:
         "worker's train (checked before anything starts); launch sets --servers, --worker-id, --num-workers,\n"
         "--backend, --job-id, --metrics-out, --progress-lines and --no-final-eval of each (launch scores the\n"
         "job's model once, at the end), and RANK, WORLD_SIZE, LOCAL_RANK,\n"
-        "MASTER_ADDR, MASTER_PORT (torch.distributed's env://, for --dense allreduce).\n"
+        "MASTER_ADDR, MASTER_PORT (torch.distributed's env://, for --dense allreduce); giving one of those\n"
+        "flags, or --create-tables-only (ps-worker train does that), is refused.\n"
         "Output lines come as '[worker i] ...'; progress is one merged bar (or a line every 10 s).\n"
         "If a worker fails (or on Ctrl-C) the others get SIGTERM, then SIGKILL after 10 s, local shards stop,\n"
         "the failed worker's exit code and last lines are printed, and launch exits 1 (Ctrl-C: 130).\n"
@@ -370,7 +371,7 @@ def _servers(plan: LaunchPlan) -> Iterator[list[str]]:
         return
     from worker.cluster import LocalCluster
 
-    threads = 2 * plan.workers + 4  # a sync step's waits hold one server thread per worker
+    threads = 2 * plan.workers + 4  # a sync step's waits hold server threads: at least 2 x workers + 2 (ps.service)
     with LocalCluster(plan.local_shards, extra_args=["--threads", str(threads)]) as cluster:
         print(
             f"started {plan.local_shards} local shard{'s' * (plan.local_shards != 1)}: {','.join(cluster.addresses)}",

@@ -55,6 +55,7 @@ from ps.errors import (
 from ps.rows.finite import first_non_finite
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
+from ps.storage import diskspace
 from ps.storage.arena import MemoryBudget
 from ps.storage.diskspace import DiskWatch, low_bytes, measure
 from ps.storage.journal import Journal
@@ -720,16 +721,21 @@ class Shard:
     def _flush_loop(self) -> None:
         """Flushes every flush_interval_s (or when woken). A failure keeps serving (the journal holds every
         acknowledged push) and is logged once, with its cause, then at most every FLUSH_FAILURE_LOG_S while it
-        lasts; the flush that succeeds after says so. Before each flush, disk_watch.poll() (ps.storage.diskspace:
-        a warning while the disk runs low)."""
+        lasts; the flush that succeeds after says so. Every diskspace.CHECK_S, and before each flush,
+        disk_watch.poll() (a warning while the disk runs low), whatever flush_interval_s is."""
         name_os_thread()
         since, told = 0.0, 0.0
+        next_flush = time.monotonic() + self.config.flush_interval_s
         while not self._closed.is_set():
-            self._wake.wait(self.config.flush_interval_s)
+            disk_due = max(diskspace.CHECK_S, 1.0)  # at least a second: a CHECK_S of 0 must not spin
+            woken = self._wake.wait(max(0.0, min(next_flush - time.monotonic(), disk_due)))
             self._wake.clear()
             if self._closed.is_set():
                 return
             self.disk_watch.poll()
+            if not woken and time.monotonic() < next_flush:
+                continue  # woke for the disk only
+            next_flush = time.monotonic() + self.config.flush_interval_s
             try:
                 self.flush()
             except Exception as e:  # keep serving: the journal still holds every acknowledged push

@@ -1,7 +1,7 @@
 """Journal: the push log that makes a push durable before it is acknowledged, replayed at start-up.
 
-Files: <data_dir>/journal/<first_seq:020d>.log, one active segment at a time; rotate() starts a new one and
-trim(seq) deletes the segments whose records are all <= seq (their effects are in RocksDB).
+Files: <data_dir>/journal/<first_seq:020d>.log, one active segment at a time, a new one started when it
+reaches segment_bytes; trim(seq) deletes the segments whose records are all <= seq (their effects are in RocksDB).
 
 Grammar (little-endian):
     segment  := record* zero*
@@ -91,7 +91,7 @@ class Record:
 
 
 class Journal:
-    """The push journal in `directory`. Replay it before the first append; appends, rotate, trim, mark and
+    """The push journal in `directory`. Replay it before the first append; appends, trim, mark and
     size_bytes may come from several threads (they take the journal's lock). mark_path: where to keep the mark
     (see the module's docstring; None: no mark), from replay() on."""
 
@@ -310,12 +310,6 @@ class Journal:
                    "were acknowledged and had not reached the disk")  # fmt: skip
         marked = f" (every record up to the journal mark, {mark}, is here)" if mark else ""
         return logging.WARNING, f"{head}: a record that is not whole{marked}. {why}"
-
-    def rotate(self) -> None:
-        """Closes the active segment; the next append starts a new one (named by its first seq)."""
-        with self._lock:
-            self._close_fd()
-        self._write_mark()
 
     def trim(self, flushed_seq: int) -> int:
         """Deletes segments whose records all have seq <= flushed_seq, except the active one. Returns count."""

@@ -182,8 +182,8 @@ class ModelSpec:
         return out
 
     def initial_params(self, seed: int = 0) -> dict[str, np.ndarray]:
-        """Initial dense parameters drawn locally (for tests and the in-process baseline; a PS run takes its
-        initial values from the servers' initializers instead)."""
+        """Initial dense parameters drawn locally (for tests; a PS run takes its initial values from the servers'
+        initializers instead)."""
         rng = np.random.default_rng(seed)
         out = {}
         for p in self.dense_params():
@@ -195,7 +195,7 @@ class ModelSpec:
 
 
 def uniform_fields(num_fields: int, dim: int, table: str = "t", pooling: str = "sum") -> tuple[FieldSpec, ...]:
-    """num_fields fields f0.. on one table of width dim, the last of them the bias field (for tests and
-    benchmarks that need a plain model)."""
+    """num_fields fields f0.. on one table of width dim, the last of them the bias field (for tests that
+    need a plain model)."""
     names = [f"f{i}" for i in range(num_fields - 1)] + [BIAS_FIELD]
     return tuple(FieldSpec(name, table, dim, pooling) for name in names)
