@@ -56,7 +56,8 @@ def skipped_note(r: dict) -> str:
 
 
 EVAL_LEFT_TO_LAUNCH = (
-    "eval   not here (--no-final-eval): ps-worker launch scores the job's model once, after all workers"
+    "eval   skipped (--no-final-eval): ps-worker launch scores the job's model once, after all workers; "
+    "elsewhere, ps-worker eval scores it"
 )
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
 
