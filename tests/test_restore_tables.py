@@ -177,3 +177,48 @@ def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_wri
     with pytest.raises(StorageError, match=r"shard-0 holds more than 3 rows of table 'emb' where its manifest says 3"):
         export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert not any((tmp_path / "out").iterdir())
+
+
+def test_a_restore_stopped_midway_is_started_over_by_the_next_start_with_the_same_restore(tmp_path, caplog):
+    """A stop (SIGTERM) during a restore ends it after a batch of rows; the dir is marked unfinished: a start
+    without --restore, or with another checkpoint, is refused and deletes nothing; one with the same checkpoint
+    empties the dir and restores it whole (the rows of a restore that never stopped)."""
+    from ps.engine.startup import StartProgress, StartStopped
+
+    specs = [TableConfig("a", 2), TableConfig("b", 3)]
+    ids = np.arange(1, 301, dtype=np.uint64)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        for spec in specs:
+            shard.create_table(spec)
+            shard.push(spec.name, ids, np.ones((len(ids), spec.dim), np.float32))
+        want = {spec.name: shard.pull(spec.name, ids) for spec in specs}
+        checkpoint(shard, str(tmp_path / "ckpt"), specs)
+        shard.push("a", ids, np.ones((len(ids), 2), np.float32))
+        checkpoint(shard, str(tmp_path / "other"), specs)
+    finally:
+        shard.close()
+
+    class StopAfterABatch(StartProgress):
+        def check(self) -> None:
+            if self.phase == "restoring":  # the first check in the phase: after the restore's first batch
+                self.stop.set()
+            super().check()
+
+    cfg = ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=str(tmp_path / "ckpt"))
+    with pytest.raises(StartStopped, match="restoring from its checkpoint"):
+        Shard(cfg, StopAfterABatch())
+    for restore in (None, str(tmp_path / "other")):
+        with pytest.raises(StorageError, match=rf"holds a restore from {tmp_path / 'ckpt'} that did not finish; "
+                                               rf"start with --restore {tmp_path / 'ckpt'} to start it over"):  # fmt: skip
+            Shard(ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=restore))
+        assert (tmp_path / "d" / "CURRENT").exists()  # still the dir's RocksDB, still marked (the next refusal)
+    with caplog.at_level("WARNING", "ps.engine.shard"):
+        again = Shard(cfg)
+    try:
+        assert "that did not finish (the server stopped during it): starting it over" in caplog.text
+        assert again.describe_start().startswith(f"restored from {tmp_path / 'ckpt'}, tables a 300 rows, b 300 rows")
+        for spec in specs:
+            np.testing.assert_array_equal(again.pull(spec.name, ids), want[spec.name])
+    finally:
+        again.close()

@@ -21,17 +21,27 @@ from ps.storage.store import Store
 
 
 def check_restored(store: Store) -> None:
-    """StorageError if a restore into this store started and did not finish (a crash in the middle)."""
+    """StorageError if a restore into this store started and did not finish (a crash or a stop in the middle)."""
     pending = store.restore_pending()
     if pending:
-        raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; delete the "
-                           "data dir and restore again")  # fmt: skip
+        raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; start with "
+                           f"--restore {pending} to start it over (the dir holds nothing else), or delete the data "
+                           "dir")  # fmt: skip
 
 
-def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, manifest: dict | None = None) -> dict:
+def restore_into(
+    store: Store,
+    directory: str,
+    shard_id: int,
+    num_shards: int,
+    manifest: dict | None = None,
+    on_written: Callable[[int], None] | None = None,
+) -> dict:
     """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary. manifest:
     the checkpoint's, from read_manifest (None: read here, before anything is written). From its first write, the
-    store is marked as holding a restore that did not finish (check_restored) until every row is in."""
+    store is marked as holding a restore that did not finish (check_restored) until every row is in.
+    on_written: told the rows (and pending ids) of each batch written; it may raise to stop the restore there,
+    which leaves that mark."""
     check_restored(store)
     if store.load_tables():
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
@@ -46,7 +56,8 @@ def restore_into(store: Store, directory: str, shard_id: int, num_shards: int, m
     rows = {cfg.name: {"admitted": 0, "pending": 0} for cfg in tables}
     for shard in manifest["shards"]:
         widths = {t.name: layout_of(t.dim, t.optimizer.name).width for t in tables}
-        copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables], widths)
+        copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables], widths,
+                                    on_written)  # fmt: skip
         for name, counts in copied.items():
             for k, v in counts.items():
                 rows[name][k] += v

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest, read_manifest
+from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest, read_manifest, slot_range
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
@@ -202,22 +203,60 @@ class Shard:
                      shard=(config.shard_id, config.num_shards))  # fmt: skip
 
     def _check_store(self, manifest: dict | None) -> None:
-        """Refuses a store of another shard, cluster or an unfinished restore; restores into it if configured."""
+        """Refuses a store of another shard, cluster or an unfinished restore (one from the checkpoint restore_dir
+        names is started over); restores into it if configured. The restore checks for a stop after every batch of
+        rows it writes: a stop leaves the dir marked as an unfinished restore, which the next start with the same
+        --restore starts over."""
         config = self.config
         self.store.check_identity(config.shard_id, config.num_shards)
         self.store.check_cluster(config.cluster)
+        pending = self.store.restore_pending()
+        if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
+            manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
+            self._empty_unfinished_restore(pending)
         check_restored(self.store)
         self.restored_now = False
         if config.restore_dir and self._restored_already(config.restore_dir):
             return
         if config.restore_dir:
-            self._progress.enter("restoring")
+            written = [0]
+
+            def on_written(n: int) -> None:
+                written[0] += n
+                self._progress.check()  # a stop here leaves the dir marked: the next start starts the restore over
+
+            self._progress.enter("restoring", None if manifest is None else self._restore_share(manifest, written))
             started = time.monotonic()
-            summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest)
+            summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest,
+                                   on_written)  # fmt: skip
             tables = ", ".join(f"{name} {counts['admitted']:,} rows" for name, counts in summary["tables"].items())
             log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
                      summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
             self.restored_now = True
+
+    def _restore_share(self, manifest: dict, written: list[int]) -> Callable[[], float]:
+        """The share of the restore done, from the rows written (written[0]) over this shard's slots' share of the
+        rows the manifest counts (an estimate: slots hold about equal rows)."""
+        lo, hi = slot_range(self.config.shard_id, self.config.num_shards)
+        expected = max(1.0, sum(sum(s["rows"].values()) for s in manifest["shards"]) * (hi - lo) / NUM_SLOTS)
+        return lambda: written[0] / expected
+
+    def _empty_unfinished_restore(self, checkpoint: str) -> None:
+        """Empties the data dir, which holds only a restore from checkpoint that did not finish (a restore takes a
+        new dir and marks it before its first write; a marked dir never serves), and opens it anew."""
+        config = self.config
+        log.warning("data dir %s holds a restore from %s that did not finish (the server stopped during it): "
+                    "starting it over", config.data_dir, checkpoint)  # fmt: skip
+        self.store.close()
+        for name in sorted(set(os.listdir(config.data_dir)) - {"lost+found"}):
+            path = os.path.join(config.data_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        self.store = self._open_store()
+        self.store.check_identity(config.shard_id, config.num_shards)
+        self.store.check_cluster(config.cluster)
 
     def _restored_already(self, checkpoint: str) -> bool:
         """True (logged) when this dir was restored from that checkpoint (the same manifest) before: a restart with

@@ -752,14 +752,20 @@ class Store:
             Checkpoint(self._db).create_checkpoint(path)
 
     def import_slots(
-        self, source: str, slots: tuple[int, int], tables: list[str], widths: dict[str, int] | None = None
+        self,
+        source: str,
+        slots: tuple[int, int],
+        tables: list[str],
+        widths: dict[str, int] | None = None,
+        on_written: Callable[[int], None] | None = None,
     ) -> dict[str, dict]:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
         {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
         checkpoint holds no table number for one of `tables` (its meta does not match its manifest); and, where
         stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
-        RowLayout.width) or a pending id's."""
+        RowLayout.width) or a pending id's. on_written: told the number of rows of each batch written (it may raise
+        to stop the copy there)."""
         lo, hi = slots
         copied = {}
         with _opened_read_only(source) as (src, names, _):
@@ -791,14 +797,20 @@ class Store:
                         counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
                         batch.put(prefix + key[4:], value[:-8] + bytes(8), handle)  # lsn := 0
                         if len(batch) >= 65536:
-                            self._db.write(batch, self._write_opts)
+                            self._write_counted(batch, on_written)
                             batch = WriteBatch(raw_mode=True)
-                    self._db.write(batch, self._write_opts)
+                    self._write_counted(batch, on_written)
                 old = self.counts(table)
                 self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(
                     {k: old[k] + counts[k] for k in counts}).encode(), self._write_opts)  # fmt: skip
                 copied[table] = counts
         return copied
+
+    def _write_counted(self, batch: WriteBatch, on_written: Callable[[int], None] | None) -> None:
+        n = len(batch)
+        self._db.write(batch, self._write_opts)
+        if on_written is not None:
+            on_written(n)
 
     @staticmethod
     def read_table(
