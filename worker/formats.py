@@ -41,7 +41,9 @@ Formats (the columns a schema's sources name):
   csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
           quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
           label column (default: the first) holds 0 or 1 (any text that float() reads as 0 or 1).
-          Bad: a column count other than the header's, a bad label.
+          Bad: a column count other than the header's, a bad label. A chunk is read by worker/csv_fast.py's
+          compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
+          (with the same result).
   libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
           Column f<k> holds the id of the k-th feature token, written in hex (so a hashed categorical column's
           value is the id itself), or is empty when the token's value is 0 (missing: CTR libsvm data is
@@ -82,6 +84,7 @@ import numpy as np
 from worker.batch import Batch, rebatch
 from worker.criteo import EMPTY_LINE, NUM_COLUMNS, hex_strings, parse_share
 from worker.criteo_fast import scan_lines
+from worker.csv_fast import CsvLines, Plain, Scanned, scan_plain
 from worker.datafiles import data_files
 from worker.encode import Parsed, encode_examples, float_values, parsed_sources
 from worker.features import MISSING_CAT
@@ -90,6 +93,7 @@ from worker.schema import CRITEO_COLUMNS, LIBSVM_COLUMN, Schema
 _MISSING = int(MISSING_CAT)
 _MIN_CHUNK = 4096  # lines split and encoded at a time, at least (per-column costs are paid once a chunk)
 CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
+CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
 
 
 @dataclass
@@ -534,47 +538,121 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
 
 
 def _csv_cells(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
-    with _csv_reader(name, schema.delimiter) as reader:
+    """Chunks of `size` records of the share: each a run of plain lines through csv_fast where CSV_SCAN allows
+    it, else (and from where a run stops, to the chunk's end) records of the csv module."""
+    with open_data(name) as raw:
+        lines = CsvLines(raw)
+        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
+        reader = csv.reader(lines.texts(), delimiter=schema.delimiter)
         header = next(reader, None)
         if header is None:
             return
         label_at, sources = _csv_columns(name, header, schema, labeled)
-        labels: list[float] = []
-        rows: list[list[str]] = []
-        line_nos: list[int] = []
-        problems: list[tuple[int, str]] = []
-        end, lines = reader.line_num, 0
-        for index in itertools.count():
-            start = end + 1  # the record's first physical line
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:  # e.g. a field over the csv module's size limit
-                row = e
-            end = reader.line_num
-            if index % share.num_workers != share.worker_id:
-                continue
-            share.bad.stats.lines_read += 1
-            lines += 1
-            problem = _csv_problem(row, len(header), label_at)
-            if problem is None and end - start >= MAX_RECORD_LINES:
-                problem = f"a record of {end - start + 1:,} lines, more than {MAX_RECORD_LINES}"
-            if problem is not None and end > start:  # a bad record over several lines: each of them is lost
-                share.bad.stats.lines_read += end - start
-                spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
-                problems.append((start, problem + spans, end - start + 1))
-            elif problem is not None:
-                problems.append((start, problem))
-            else:
-                labels.append(math.nan if label_at is None else float(row[label_at]))
-                rows.append(row)
-                line_nos.append(start)
-            if lines == size:
-                yield from _csv_chunks(labels, rows, line_nos, problems, sources)
-                labels, rows, line_nos, problems, lines = [], [], [], [], 0
-        if lines:
-            yield from _csv_chunks(labels, rows, line_nos, problems, sources)
+        hex_sources = sorted(parsed_sources(schema)[1])
+        scan = CSV_SCAN and ord(schema.delimiter) < 128
+        n, index = share.num_workers, 0  # index: the records read so far
+        while True:
+            chunk = _CsvRecords(share.bad.stats, len(header), label_at)
+            if scan:
+                base = lines.consumed
+                plain = lines.take_plain(share.worker_id, n, index, size)
+                index += plain.lines
+                line_nos = base + 1 + plain.first + n * np.arange(plain.count, dtype=np.int64)
+                if not plain.stopped and _utf8(plain):
+                    share.bad.stats.lines_read += plain.count
+                    if plain.count:
+                        scanned = scan_plain(plain, schema.delimiter, len(header), label_at, sources, hex_sources)
+                        yield from _scanned_chunks(scanned, line_nos, len(header), label_at)
+                    if plain.count < size:  # the end of the file
+                        return
+                    continue
+                text = plain.buf.tobytes().decode("utf-8", "surrogateescape").split("\n")[:-1]
+                for row, line_no in zip(csv.reader(text, delimiter=schema.delimiter), line_nos.tolist()):
+                    chunk.add(row, line_no, line_no)
+            ended = False
+            while chunk.lines < size:
+                start = lines.consumed + 1  # the record's first physical line
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    ended = True
+                    break
+                except csv.Error as e:  # e.g. a field over the csv module's size limit
+                    row = e
+                index += 1
+                if (index - 1) % n == share.worker_id:
+                    chunk.add(row, start, lines.consumed)
+            if chunk.lines:
+                yield from _csv_chunks(chunk.labels, chunk.rows, chunk.line_nos, chunk.problems, sources)
+            if ended:
+                return
+
+
+def _utf8(plain: Plain) -> bool:
+    """Whether a run's lines are UTF-8 (the scan's cells hash as their text only then)."""
+    if plain.ascii:
+        return True
+    try:
+        plain.buf.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class _CsvRecords:
+    """A chunk's records as the csv module reads them: the good ones' labels, rows and first lines; problems."""
+
+    def __init__(self, stats: ReadStats, width: int, label_at: int | None):
+        self.stats, self.width, self.label_at = stats, width, label_at
+        self.labels: list[float] = []
+        self.rows: list[list[str]] = []
+        self.line_nos: list[int] = []
+        self.problems: list[tuple] = []
+        self.lines = 0  # records of the chunk, bad ones included
+
+    def add(self, row: list[str] | csv.Error, start: int, end: int) -> None:
+        """A record of physical lines start..end."""
+        self.stats.lines_read += 1
+        self.lines += 1
+        problem = _csv_problem(row, self.width, self.label_at)
+        if problem is None and end - start >= MAX_RECORD_LINES:
+            problem = f"a record of {end - start + 1:,} lines, more than {MAX_RECORD_LINES}"
+        if problem is not None and end > start:  # a bad record over several lines: each of them is lost
+            self.stats.lines_read += end - start
+            spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
+            self.problems.append((start, problem + spans, end - start + 1))
+        elif problem is not None:
+            self.problems.append((start, problem))
+        else:
+            self.labels.append(math.nan if self.label_at is None else float(row[self.label_at]))
+            self.rows.append(row)
+            self.line_nos.append(start)
+
+
+def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label_at: int | None) -> Iterator[_Cells]:
+    """The chunk of a scanned run (the rules of _csv_problem), cut as _csv_chunks cuts."""
+    columns, problems = scanned.columns, []
+    bad = columns != width
+    for i in np.flatnonzero(bad | (columns == 1)).tolist():
+        if columns[i] == 0 or (columns[i] == 1 and not scanned.line(i).strip()):
+            problems.append((int(line_nos[i]), EMPTY_LINE))
+            bad[i] = True
+        elif bad[i]:
+            problems.append((int(line_nos[i]), f"{columns[i]} columns, expected {width} as in the header"))
+    if label_at is not None:
+        bad_label = ~bad & (scanned.labels != 0) & (scanned.labels != 1)
+        problems += [(int(line_nos[i]), _label_problem(scanned.label(i))) for i in np.flatnonzero(bad_label)]
+        bad |= bad_label
+    problems.sort()
+    good = np.flatnonzero(~bad)
+    labels, line_nos, widths = scanned.labels[good].astype(np.float32), line_nos[good], scanned.widths[good]
+    cells, cats = scanned.cells.rows(good), {s: v[good] for s, v in scanned.hex.items()}
+    bounds = _cut_bounds(widths.tolist()) if len(good) and int(widths.max()) * len(good) > CHUNK_CHARS else None
+    bounds = bounds or [0, len(good)]
+    for a, b in itertools.pairwise(bounds):
+        mine = _piece_problems(problems, line_nos.tolist(), a, b)
+        piece = cells.rows(slice(a, b)) if len(bounds) > 2 else cells
+        yield _Cells(labels[a:b], piece, line_nos[a:b], mine, Parsed(cats={s: v[a:b] for s, v in cats.items()}))
 
 
 def _csv_chunks(
@@ -586,18 +664,28 @@ def _csv_chunks(
     if not rows or max((max(map(len, c)) for c in columns.values()), default=0) * len(rows) <= CHUNK_CHARS:
         yield _csv_chunk(labels, columns, line_nos, problems)
         return
-    widths = [max(w) for w in zip(*(map(len, c) for c in columns.values()))]
+    bounds = _cut_bounds([max(w) for w in zip(*(map(len, c) for c in columns.values()))])
+    for a, b in itertools.pairwise(bounds):
+        mine = _piece_problems(problems, line_nos, a, b)
+        yield _csv_chunk(labels[a:b], {s: c[a:b] for s, c in columns.items()}, line_nos[a:b], mine)
+
+
+def _cut_bounds(widths: list[int]) -> list[int]:
+    """[0, cuts..., len(widths)]: rows cut into pieces where rows x the longest cell would pass CHUNK_CHARS."""
     cuts, longest, first = [], 0, 0
     for k, w in enumerate(widths):
         if k > first and max(longest, w) * (k - first + 1) > CHUNK_CHARS:
             cuts.append(k)
             first, longest = k, 0
         longest = max(longest, w)
-    bounds = [0, *cuts, len(rows)]
-    for a, b in zip(bounds, bounds[1:]):
-        last = b == len(rows)
-        mine = [p for p in problems if (last or p[0] < line_nos[b]) and (a == 0 or p[0] >= line_nos[a])]
-        yield _csv_chunk(labels[a:b], {s: c[a:b] for s, c in columns.items()}, line_nos[a:b], mine)
+    return [0, *cuts, len(widths)]
+
+
+def _piece_problems(problems: list, line_nos: list[int], a: int, b: int) -> list:
+    """The problems of the piece of rows a:b of a chunk: those of the lines before row b's (all, for the last
+    piece) and from row a's on (all, for the first)."""
+    last = b == len(line_nos)
+    return [p for p in problems if (last or p[0] < line_nos[b]) and (a == 0 or p[0] >= line_nos[a])]
 
 
 def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: list[int], problems: list) -> _Cells:
@@ -613,15 +701,16 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int | None) -
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
-    if label_at is None:
+    if label_at is None or _number(row[label_at]) in (0.0, 1.0):
         return None
-    label = row[label_at]
-    if _number(label) not in (0.0, 1.0):
-        return (
-            f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
-            "the schema's `label` names another)"
-        )
-    return None
+    return _label_problem(row[label_at])
+
+
+def _label_problem(label: str) -> str:
+    return (
+        f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
+        "the schema's `label` names another)"
+    )
 
 
 def _number(s: str) -> float:

@@ -1,0 +1,256 @@
+"""Tests for worker/csv_fast.py: reading CSV files with the compiled scan of plain lines gives exactly what the csv
+module alone gives (formats.CSV_SCAN = False): the same batches (labels, ids, weights, dense features, line
+numbers), bad-line counts, first problems and errors, over random files (quotes, delimiters and newlines inside
+quotes, CRLF and lone CR line ends, empty and blank lines, bad column counts, labels and cells, non-ASCII text,
+bytes that are not UTF-8, a BOM, a missing last newline, gzip) with several workers and chunk sizes, and over
+hand-made cases (a header over two lines, files without labels, a label-only file, CHUNK_CHARS cuts, other
+delimiters). The scan is also shown to be the path that plain data takes."""
+
+import gzip
+
+import numpy as np
+import pytest
+
+from worker import csv_fast, formats
+from worker.formats import ReadStats, read_batches
+from worker.schema import load_schema
+from worker.schema_builtin import builtin_schema
+
+HEADER = ["y", "c1", "raw", "n1", "n2", "n3", "tags", "wt", "skip"]
+SCHEMA_TEXT = """format = "csv"
+delimiter = "{delimiter}"
+label = "y"
+[[columns]]
+name = "c1"
+kind = "categorical"
+[[columns]]
+name = "raw"
+kind = "categorical"
+ids = "raw"
+[[columns]]
+name = "n1"
+kind = "numeric"
+transform = "log"
+[[columns]]
+name = "n2"
+kind = "numeric"
+transform = "bucketize"
+boundaries = [0.0, 1.5, 10.0]
+[[columns]]
+name = "n3"
+kind = "numeric"
+transform = "log_buckets"
+[[columns]]
+name = "tags"
+kind = "multi_hot"
+max_length = 3
+[[columns]]
+name = "wt"
+kind = "weighted"
+[[columns]]
+name = "c1_again"
+source = "c1"
+kind = "categorical"
+"""
+# (good cells, bad or odd ones) per column kind
+LABELS = (["0", "1"], ["1.0", " 0", "+1", "2", "x", "", "0e0", "nan"])
+CATS = (["", "0", "a", "68fd1e64", "DEADBEEF", "fedcba9876543210", "word", "café", "東京"],
+        ["f" * 16, "f" * 17, "g", " a", "a b", "-", "0x1f", "\x00"])  # fmt: skip
+RAWS = (["", "0", "12", "18446744073709551614"], ["18446744073709551615", "x", "1.5", "٣"])
+NUMBERS = (["", "0", "1", "-3", "2.5", "1e3"], [" 4 ", "nan", "NA", "?", "inf", "1e40", "abc", "1_000", "+7", "٣"])
+INTS = (["", "0", "1", "-3", "12"], ["2.5", "x", " 4", "99999999999999999999"])
+TAGS = (["", "a", "a|b", "é|ü"], ["a|b|c|d", "|", "x||y"])
+WEIGHTS = (["", "u:1", "u:2|v:0.5"], ["u", "u:x", ":1", "a:b:2"])
+QUOTED = ['"a,b"', '"line\nbreak"', '"say ""hi"""', '""', '"x"y', 'a"b', '"open']
+POOLS = [LABELS, CATS, RAWS, NUMBERS, NUMBERS, INTS, TAGS, WEIGHTS, CATS]
+ENDS = ["\n"] * 12 + ["\r\n"] * 4 + ["\r"]
+
+
+def random_csv(rng: np.random.Generator, rows: int, delimiter: str = ",", plain: float = 0.97, ends=ENDS) -> bytes:
+    """A random CSV file (see the module docstring); `plain` is the chance that a line holds no quote."""
+    out = [delimiter.join(HEADER) + "\n"]
+    for _ in range(rows):
+        kind = rng.random()
+        if kind < 0.03:
+            out.append(rng.choice(["", "  ", "\t", "\u3000"]) + str(rng.choice(ends)))
+            continue
+        cells = [str(rng.choice(good if rng.random() < 0.95 else bad)) for good, bad in POOLS]
+        if kind < 0.05:
+            cells = cells[: rng.integers(1, len(cells))] if rng.random() < 0.5 else cells + ["extra"]
+        if rng.random() > plain:
+            cells[rng.integers(len(cells))] = str(rng.choice(QUOTED))
+        out.append(delimiter.join(cells) + str(rng.choice(ends)))
+    text = "".join(out)
+    if rng.random() < 0.3:
+        text = text.rstrip("\r\n")  # no line end at the end
+    data = text.encode()
+    if rng.random() < 0.3:
+        data = b"\xef\xbb\xbf" + data
+    if rng.random() < 0.1:
+        at = data.index(b"\n") + 1 + int(rng.integers(len(data) // 2))
+        data = data[:at] + b"\xff" + data[at:]  # not UTF-8
+    return data
+
+
+def schema(tmp_path, delimiter=","):
+    path = tmp_path / "s.toml"
+    path.write_text(SCHEMA_TEXT.format(delimiter=delimiter.replace("\t", "\\t")))
+    return load_schema(str(path), default_table="t", default_dim=4)
+
+
+def read(path, schema, batch_size, *, scan=True, **kw):
+    """(batches, stats, error message or None) of a read with or without the scan."""
+    stats, batches, error = ReadStats(), [], None
+    saved, formats.CSV_SCAN = formats.CSV_SCAN, scan
+    try:
+        for b in read_batches(path, schema, batch_size, stats=stats, **kw):
+            batches.append(b)
+    except ValueError as e:
+        error = str(e)
+    finally:
+        formats.CSV_SCAN = saved
+    return batches, stats, error
+
+
+def assert_same_reads(path, schema, batch_size=5, **kw):
+    """The scan and the csv module read path alike; returns the scan's read."""
+    fast, reference = read(path, schema, batch_size, **kw), read(path, schema, batch_size, scan=False, **kw)
+    assert fast[1:] == reference[1:]  # stats and error
+    assert len(fast[0]) == len(reference[0])
+    for a, b in zip(fast[0], reference[0]):
+        np.testing.assert_array_equal(a.labels, b.labels, strict=True)
+        np.testing.assert_array_equal(a.line_nos, b.line_nos, strict=True)
+        assert list(a.fields) == list(b.fields)
+        for name in a.fields:
+            np.testing.assert_array_equal(a.fields[name].ids, b.fields[name].ids, strict=True)
+            np.testing.assert_array_equal(a.fields[name].offsets, b.fields[name].offsets, strict=True)
+            assert (a.fields[name].weights is None) == (b.fields[name].weights is None)
+            if a.fields[name].weights is not None:
+                np.testing.assert_array_equal(a.fields[name].weights, b.fields[name].weights, strict=True)
+        assert (a.dense is None) == (b.dense is None)
+        if a.dense is not None:
+            assert a.dense.tobytes() == b.dense.tobytes() and a.dense.shape == b.dense.shape
+    return fast
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of a few records, so that a small file has plain chunks, chunks with quotes, and runs cut by them."""
+    monkeypatch.setattr(formats, "_MIN_CHUNK", 7)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_files_read_alike(tmp_path, small_chunks, seed):
+    rng = np.random.default_rng(seed)
+    delimiter = str(rng.choice([",", ",", ";", "\t"]))
+    data = random_csv(rng, int(rng.integers(1, 120)), delimiter, plain=float(rng.choice([1.0, 0.97, 0.8])))
+    path = tmp_path / ("d.csv.gz" if seed % 5 == 0 else "d.csv")
+    path.write_bytes(gzip.compress(data) if seed % 5 == 0 else data)
+    s = schema(tmp_path, delimiter)
+    for num_workers in (1, 3):
+        for worker_id in range(num_workers):
+            kw = dict(worker_id=worker_id, num_workers=num_workers)
+            assert_same_reads(path, s, int(rng.integers(1, 9)), max_bad_lines=10**6, **kw)
+            assert_same_reads(path, s, 4, max_bad_lines=int(rng.integers(0, 6)), **kw)  # stops at a bad line
+
+
+def test_plain_files_take_the_scan_and_quoted_chunks_the_csv_module(tmp_path, small_chunks, monkeypatch):
+    scans = []
+    real = formats.scan_plain
+    monkeypatch.setattr(formats, "scan_plain", lambda plain, *a: scans.append(plain.count) or real(plain, *a))
+    path = tmp_path / "d.csv"
+    path.write_bytes(random_csv(np.random.default_rng(0), 100, plain=1.0, ends=["\n", "\r\n"]))
+    (batches, stats, error) = assert_same_reads(path, schema(tmp_path), max_bad_lines=10**6)
+    assert sum(scans) == stats.lines_read == 100 and error is None and batches
+    scans.clear()
+    text = path.read_text().split("\n")
+    text[30] = text[30].replace(",", ',"q",', 1)  # line 31: a quote, in the chunk of records 28..34 (lines 30..36)
+    path.write_text("\n".join(text))
+    assert_same_reads(path, schema(tmp_path), max_bad_lines=10**6)
+    assert sum(scans) == 100 - 7 and len(scans) == 14  # that chunk, all of it, through the csv module
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_known_file_reads_as_written(tmp_path, scan):
+    path = tmp_path / "d.csv"
+    path.write_bytes(b"\xef\xbb\xbfy,c1,raw,n1,n2,n3,tags,wt,skip\r\n1,a,12,0,2,3,a|b,u:2,\r\n\r\n"
+                     b'0,"b,c",,,,,,,\r\n2,a,1,1,1,1,,,\r\n1,a,1\n0,caf\xc3\xa9,5,1,1,1,x,,z')  # fmt: skip
+    stats = ReadStats()
+    batches, stats, error = read(path, schema(tmp_path), 10, scan=scan, max_bad_lines=2)
+    (b,) = batches
+    assert error is None and b.labels.tolist() == [1, 0, 0] and b.line_nos.tolist() == [2, 4, 7]
+    assert (stats.lines_read, stats.bad_lines, stats.empty_lines) == (6, 2, 1)
+    assert stats.first_bad.endswith("line 5: label '2', expected 0 or 1 (the label is the header's first column "
+                                    "unless --label-column or the schema's `label` names another)")  # fmt: skip
+    assert b.fields["raw"].ids.tolist() == [12, 2**64 - 1, 5]
+
+
+def test_a_header_over_two_lines_and_a_file_without_labels(tmp_path, small_chunks):
+    path = tmp_path / "d.csv"
+    body = random_csv(np.random.default_rng(1), 60, plain=1.0, ends=["\n"]).split(b"\n", 1)[1]
+    path.write_bytes(b'y,"c\n1",c1,raw,n1,n2,n3,tags,wt,skip\n' + body.replace(b",", b",0,", 1))
+    s = schema(tmp_path)
+    assert_same_reads(path, s, max_bad_lines=10**6)
+    header = b"c1,raw,n1,n2,n3,tags,wt,skip\n"
+    path.write_bytes(header + b"".join(line.split(b",", 1)[-1] + b"\n" for line in body.split(b"\n")))
+    (batches, stats, _) = assert_same_reads(path, s, labeled=False, max_bad_lines=10**6)
+    assert all(np.isnan(b.labels).all() for b in batches) and stats.lines_read > 0
+
+
+def test_a_label_only_file_and_blank_lines(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("y\n1\n0\n \n\n1.0\nx\n0,1\n")
+    s = builtin_schema("csv", default_table="t", default_dim=4, header=["y"])
+    (batches, stats, _) = assert_same_reads(path, s, max_bad_lines=10)
+    assert [b.labels.tolist() for b in batches] == [[1, 0, 1]] and (stats.empty_lines, stats.bad_lines) == (2, 2)
+
+
+def pieces(path, schema, size, *, scan):
+    """[(line numbers, problems)] of the chunks formats cuts the file into."""
+    share = formats._Share(0, 1, formats._BadLines(str(path), 10**9, ReadStats()))
+    saved, formats.CSV_SCAN = formats.CSV_SCAN, scan
+    try:
+        return [(c.line_nos.tolist(), c.problems) for c in formats._cell_chunks(str(path), schema, size, share)]
+    finally:
+        formats.CSV_SCAN = saved
+
+
+def test_long_cells_cut_chunks_alike(tmp_path, monkeypatch):
+    monkeypatch.setattr(formats, "CHUNK_CHARS", 200)
+    path = tmp_path / "d.csv"
+    data = random_csv(np.random.default_rng(2), 300, plain=1.0, ends=["\n"]).split(b"\n")
+    for k in (5, 40, 41, 90, 200):  # long cells, in characters fewer than in bytes
+        data[k] = b",".join([b"1", "é".encode() * (20 + k % 7), *data[k].split(b",")[2:]])
+    path.write_bytes(b"\n".join(data))
+    s = schema(tmp_path)
+    cut = pieces(path, s, 64, scan=True)
+    assert cut == pieces(path, s, 64, scan=False) and len(cut) > 300 // 64 + 3
+    assert_same_reads(path, s, max_bad_lines=10**6)
+
+
+def test_the_scan_splits_lines_as_the_csv_module(tmp_path):
+    lines = csv_fast.CsvLines(_Raw(b"\xef\xbb\xbfa\r\n\rb\r\rc\n\nd\r"))
+    assert list(lines.texts()) == ["a\r\n", "\r", "b\r", "\r", "c\n", "\n", "d\r"] and lines.consumed == 7
+    lines = csv_fast.CsvLines(_Raw(b"a\r\nb,c\n\nd\ne"))
+    plain = lines.take_plain(1, 2, 0, 10)
+    assert plain.buf.tobytes() == b"b,c\nd\n" and (plain.count, plain.lines, plain.first) == (2, 5, 1)
+    assert not plain.stopped and plain.ascii and lines.consumed == 5
+    lines = csv_fast.CsvLines(_Raw(b'a\nb\n"c\nd\n'))
+    plain = lines.take_plain(0, 1, 0, 10)
+    assert plain.stopped and plain.buf.tobytes() == b"a\nb\n" and list(lines.texts()) == ['"c\n', "d\n"]
+
+
+class _Raw:
+    """A binary file of some bytes, read in small pieces (lines cut across reads)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read(self, n: int) -> bytes:
+        out, self.data = self.data[:3], self.data[3:]
+        return out
+
+    def readline(self) -> bytes:
+        at = self.data.find(b"\n") + 1 or len(self.data)
+        out, self.data = self.data[:at], self.data[at:]
+        return out

@@ -1,0 +1,330 @@
+"""A CSV file's physical lines as bytes, and a compiled scan of the plain lines common data is made of.
+
+    CsvLines(raw)                                   # the lines after a leading BOM (UTF-8)
+        .texts() -> Iterator[str]                   # each line decoded, for the csv module
+        .take_plain(worker_id, num_workers, index, want) -> Plain   # a run of plain lines, this share's
+    scan_plain(plain, delimiter, width, label_at, sources, hex_sources) -> Scanned
+
+Optional speed machinery: worker/formats.py reads a CSV chunk through take_plain and scan_plain when its lines
+are plain, else through the csv module over texts() (formats.CSV_SCAN = False: always), with the same result.
+
+Physical lines end at "\n", "\r\n" or a lone "\r" (as io.TextIOWrapper(newline="") splits them, the way the
+csv module reads a file), or at the end of the file. A line is plain when it holds no quote character ("),
+no NUL and no lone "\r", and is at most MAX_PLAIN_BYTES long. The csv module reads a plain line as exactly one
+record: its text without the line end, split at every delimiter (an empty line: no cell). So, over a run of
+plain lines, records are lines, and record k of the file belongs to worker k % n.
+
+Plain (take_plain): of the plain lines from the current one, those of the share (record index % num_workers
+== worker_id, counting from `index`, the records before), each copied without its line end and followed by
+"\n", until `want` of them or a line that is not plain (where the run stops, unread) or the end of the file.
+
+Scanned (scan_plain), per line of a Plain:
+    columns  its cell count (an empty line: 0)
+    label    the label cell's float ("0" and "1" read in the scan, other text by float()), NaN if unread
+    cells    of the sources (header positions), gathered on first use: bytes arrays (dtype S) when the run is
+             ASCII, else str arrays of the UTF-8 text
+    hex      of each of hex_sources: as features.cat_values reads the cell (1..16 hex digits, not all f: the
+             number, read in the scan; "" -> MISSING_CAT; other text -> cat_values of its UTF-8 bytes)
+    widths   the longest source cell, in characters
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numba
+import numpy as np
+
+from worker.features import cat_values
+
+BLOCK_BYTES = 1 << 22  # read from the file at a time (then up to the end of the line it cuts)
+MAX_PLAIN_BYTES = 1 << 30  # a longer line goes to the csv module, which judges its field size limit
+_BOM = b"\xef\xbb\xbf"
+_RUN, _FULL, _STOPPED = 0, 1, 2  # _select's outcomes: the block ended, `want` lines taken, a line not plain
+
+
+@dataclass
+class Plain:
+    """A run of plain lines: buf, uint8, this share's lines, each ending in "\\n"; lines: the physical lines the
+    run took, every share's; first: the offset in the run of this share's first line (then every n-th); stopped:
+    whether it ended at a line that is not plain; ascii: whether buf holds only ASCII."""
+
+    buf: np.ndarray
+    count: int
+    lines: int
+    first: int
+    stopped: bool
+    ascii: bool
+
+
+class CsvLines:
+    """The physical lines of a binary file (see the module docstring); `consumed` counts those taken so far."""
+
+    def __init__(self, raw: BinaryIO):
+        self._raw, self._buf, self._pos, self._eof, self._start = raw, b"", 0, False, True
+        self.consumed = 0
+
+    def _fill(self) -> bool:
+        """Whether lines are left; buf[pos:] then holds whole lines (the last one may be the file's end)."""
+        while self._pos >= len(self._buf):
+            if self._eof:
+                return False
+            data = self._raw.read(BLOCK_BYTES)
+            if data and not data.endswith(b"\n"):
+                data += self._raw.readline()
+            self._eof = not data
+            self._buf, self._pos = data.removeprefix(_BOM) if self._start else data, 0
+            self._start = False
+        return True
+
+    def texts(self) -> Iterator[str]:
+        """The lines from the current one, each decoded (UTF-8, bad bytes as surrogates) with its line end."""
+        while self._fill():
+            buf, pos = self._buf, self._pos
+            nl = buf.find(b"\n", pos)
+            end = len(buf) if nl < 0 else nl + 1
+            cr = buf.find(b"\r", pos, end)
+            if cr >= 0 and cr + 1 < end and cr + 1 != nl:  # a lone CR ends a line
+                end = cr + 1
+            self._pos = end
+            self.consumed += 1
+            yield buf[pos:end].decode("utf-8", "surrogateescape")
+
+    def take_plain(self, worker_id: int, num_workers: int, index: int, want: int) -> Plain:
+        """This share's plain lines from the current one (see Plain and the module docstring)."""
+        parts, count, lines, status, ascii_ = [], 0, 0, _RUN, True
+        first = (worker_id - index) % num_workers
+        while count < want and status == _RUN and self._fill():
+            block = np.frombuffer(self._buf, dtype=np.uint8)
+            out = np.empty(len(block) - self._pos + 1, dtype=np.uint8)
+            skip = (first - lines) % num_workers
+            pos, k, taken, used, status, high = _select(block, self._pos, skip, num_workers, want - count, out)
+            parts.append(out[:used] if 2 * used > len(out) else out[:used].copy())  # a share's 1/n: copied
+            self._pos, lines, count, ascii_ = pos, lines + k, count + taken, ascii_ and not high
+        self.consumed += lines
+        buf = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
+        return Plain(buf, count, lines, first, status == _STOPPED, ascii_)
+
+
+_NL, _CR = 10, 13
+_QUOTE_OR_NUL = np.zeros(256, dtype=np.bool_)
+_QUOTE_OR_NUL[[ord('"'), 0]] = True
+
+
+@numba.njit(nogil=True, cache=True)
+def _select(block, pos, skip, n, want, out):
+    """(pos, lines, taken, used, outcome, high): from block[pos:] (whole lines), the plain lines, of which every
+    n-th from the skip-th is copied to out (used bytes) until `want` are or a line is not plain (pos stays at its
+    start); high: whether a copied byte is >= 128."""
+    lines, taken, used, high = 0, 0, 0, False
+    end = len(block)
+    while pos < end:
+        if taken == want:
+            return pos, lines, taken, used, _FULL, high
+        mine = lines >= skip and (lines - skip) % n == 0
+        e = pos
+        while e < end and block[e] != _NL:
+            c = block[e]
+            if _QUOTE_OR_NUL[c] or (c == _CR and (e + 1 == end or block[e + 1] != _NL)):
+                return pos, lines, taken, used, _STOPPED, high
+            e += 1
+        stop = e - 1 if e > pos and block[e - 1] == _CR else e  # the line without its line end
+        if stop - pos > MAX_PLAIN_BYTES:
+            return pos, lines, taken, used, _STOPPED, high
+        if mine:
+            for p in range(pos, stop):
+                high |= block[p] >= 128
+                out[used] = block[p]
+                used += 1
+            out[used] = _NL
+            used += 1
+            taken += 1
+        lines += 1
+        pos = e + 1 if e < end else e
+    return pos, lines, taken, used, _FULL if taken == want else _RUN, high
+
+
+@dataclass
+class Scanned:
+    """Per line of a Plain (see the module docstring): columns int64 (m,); labels float32 (m,); cells
+    {source: (m,) array}; hex {source: uint64 (m,)}; widths int64 (m,); line(i) and label(i) give the text of a
+    line (without its end) and of its label cell."""
+
+    columns: np.ndarray
+    labels: np.ndarray
+    cells: _LazyCells
+    hex: dict[str, np.ndarray]
+    widths: np.ndarray
+    _buf: np.ndarray
+    _bounds: np.ndarray
+    _label_starts: np.ndarray
+    _label_ends: np.ndarray
+
+    def line(self, i: int) -> str:
+        return _text(self._buf[self._bounds[i] : self._bounds[i + 1] - 1])
+
+    def label(self, i: int) -> str:
+        return _text(self._buf[self._label_starts[i] : self._label_ends[i]])
+
+
+def _text(cell: np.ndarray) -> str:
+    return cell.tobytes().decode("utf-8", "surrogateescape")
+
+
+def scan_plain(plain: Plain, delimiter: str, width: int, label_at: int | None, sources: dict[str, int],
+               hex_sources: Sequence[str]) -> Scanned:  # fmt: skip
+    """The lines of a Plain split at the delimiter (one ASCII character), of a header of `width` columns:
+    the label at label_at (None: none read), sources {name: header position}; the cells of hex_sources read as
+    features.cat_values would. Cells past a line's count are empty (its count says it is bad)."""
+    m, names = plain.count, list(sources)
+    slots = [label_at if label_at is not None else -1, *(sources[s] for s in names)]
+    slot_of = np.full(width, -1, dtype=np.int64)
+    for k, j in enumerate(slots):
+        if j >= 0:
+            slot_of[j] = k
+    hexed = np.array([False] + [s in hex_sources for s in names], dtype=np.bool_)
+    columns = np.empty(m, dtype=np.int64)
+    starts = np.zeros((m, len(slots)), dtype=np.int64)
+    ends = np.zeros((m, len(slots)), dtype=np.int64)
+    values = np.zeros((m, len(slots)), dtype=np.uint64)
+    other = np.zeros((m, len(slots)), dtype=np.bool_)
+    widths = np.zeros(m, dtype=np.int64)
+    bounds = np.zeros(m + 1, dtype=np.int64)
+    _scan(plain.buf, ord(delimiter), slot_of, hexed, columns, starts, ends, values, other, widths, plain.ascii, bounds)
+    labels = np.full(m, np.nan, dtype=np.float32)
+    if label_at is not None:
+        labels = _labels(plain.buf, starts[:, 0], ends[:, 0])
+    hex_values = {}
+    for k, s in enumerate(names, start=1):
+        if hexed[k]:
+            v = values[:, k]
+            if other[:, k].any():
+                at = np.flatnonzero(other[:, k])
+                v[at] = cat_values(_gathered(plain.buf, starts[at, k], ends[at, k]))
+            hex_values[s] = v
+    cells = _LazyCells(plain.buf, starts, ends, {s: k for k, s in enumerate(names, start=1)}, plain.ascii)
+    return Scanned(columns, labels, cells, hex_values, widths, plain.buf, bounds, starts[:, 0], ends[:, 0])
+
+
+def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """float32 of label cells: "0" and "1" directly, any other text by float() (NaN if it reads as none)."""
+    one = (ends - starts == 1) & (buf[starts] == ord("1"))
+    zero = (ends - starts == 1) & (buf[starts] == ord("0"))
+    labels = np.where(one, 1.0, 0.0).astype(np.float32)
+    for i in np.flatnonzero(~(one | zero)).tolist():
+        labels[i] = _number(_text(buf[starts[i] : ends[i]]))
+    return labels
+
+
+def _number(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        return math.nan
+
+
+class _LazyCells(Mapping):
+    """{source: (m,) cells} of a scanned Plain, each gathered on first use (see Scanned); rows(at) keeps lines."""
+
+    def __init__(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, slots: dict[str, int], ascii_: bool):
+        self._buf, self._starts, self._ends, self._slots, self._ascii = buf, starts, ends, slots, ascii_
+        self._columns: dict[str, np.ndarray] = {}
+
+    def rows(self, at: np.ndarray | slice) -> _LazyCells:
+        return _LazyCells(self._buf, self._starts[at], self._ends[at], self._slots, self._ascii)
+
+    def __getitem__(self, source: str) -> np.ndarray:
+        if source not in self._columns:
+            k = self._slots[source]
+            cells = _gathered(self._buf, self._starts[:, k], self._ends[:, k])
+            self._columns[source] = cells if self._ascii else np.strings.decode(cells, "utf-8")
+        return self._columns[source]
+
+    def __contains__(self, source: object) -> bool:
+        return source in self._slots
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._slots)
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+
+def _gathered(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The cells buf[starts[i]:ends[i]] as a bytes array (n,), as wide as the widest (at least 1)."""
+    width = max(int((ends - starts).max(initial=0)), 1)
+    out = np.zeros((len(starts), width), dtype=np.uint8)
+    _gather(buf, starts, ends, out)
+    return out.view(f"S{width}").reshape(len(starts))
+
+
+@numba.njit(nogil=True, cache=True)
+def _gather(buf, starts, ends, out):
+    for i in range(len(starts)):
+        s = starts[i]
+        for j in range(ends[i] - s):
+            out[i, j] = buf[s + j]
+
+
+_MISSING_CAT = np.uint64(2**64 - 1)
+_NOT_HEX = np.uint8(255)
+_HEX_DIGITS = np.full(256, _NOT_HEX, dtype=np.uint8)  # byte -> its value as a hex digit (either case)
+_HEX_DIGITS[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16)
+_HEX_DIGITS[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
+
+
+@numba.njit(nogil=True, cache=True)
+def _scan(buf, delimiter, slot_of, hexed, columns, starts, ends, values, other, widths, ascii_, bounds):
+    """Fill the arrays (see scan_plain) from buf: len(columns) lines, each ending in NEWLINE."""
+    s = 0
+    for i in range(len(columns)):
+        bounds[i] = s
+        j = 0
+        if buf[s] == _NL:  # an empty line: no cell
+            columns[i] = 0
+            s += 1
+            continue
+        while True:
+            e = s
+            while buf[e] != delimiter and buf[e] != _NL:
+                e += 1
+            if j < len(slot_of) and slot_of[j] >= 0:
+                k = slot_of[j]
+                starts[i, k], ends[i, k] = s, e
+                if k > 0:
+                    w = e - s
+                    if not ascii_:
+                        for p in range(s, e):
+                            w -= (buf[p] & 0xC0) == 0x80  # UTF-8 continuation bytes are no characters
+                    widths[i] = max(widths[i], w)
+                if hexed[k]:
+                    ok, v = _hex_cell(buf, s, e)
+                    values[i, k] = v
+                    other[i, k] = not ok
+            j += 1
+            last = buf[e] == _NL
+            s = e + 1
+            if last:
+                break
+        columns[i] = j
+    bounds[len(columns)] = s
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _hex_cell(buf, s, end):
+    """(ok, value) of a categorical cell: "" -> MISSING_CAT; 1..16 hex digits -> their number, unless it is
+    MISSING_CAT; not ok for any other cell."""
+    if s == end:
+        return True, _MISSING_CAT
+    if end - s > 16:
+        return False, np.uint64(0)
+    v = np.uint64(0)
+    for p in range(s, end):
+        d = _HEX_DIGITS[buf[p]]
+        if d == _NOT_HEX:
+            return False, np.uint64(0)
+        v = (v << np.uint64(4)) | np.uint64(d)
+    return v != _MISSING_CAT, v
