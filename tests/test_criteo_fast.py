@@ -21,7 +21,7 @@ from worker.schema_builtin import builtin_schema
 from worker.synthetic import SyntheticConfig, write_synthetic
 
 SCHEMA = builtin_schema("criteo", default_table="t", default_dim=4)
-INTS, CATS = parsed_sources(SCHEMA)
+INTS, CATS, _ = parsed_sources(SCHEMA)
 GOOD_INTS = ["", "0", "7", "-3", "+5", "-0", "007", "123456789", str(2**63 - 1), str(-(2**63 - 1))]
 DIGITS = list("0123456789")
 GOOD_CATS = ["", "0", "a", "68fd1e64", "80e26c9b", "DEADBEEF", "aBcD", "fedcba9876543210", "f" * 15]
@@ -178,7 +178,7 @@ def test_an_integer_column_read_as_a_float_only_is_not_checked_as_an_integer():
         default_table="t",
         default_dim=4,
     )
-    ints, cats = parsed_sources(schema)
+    ints, cats, _ = parsed_sources(schema)
     assert (ints, cats) == (set(), set())
     got = scan_lines([line(ints=first_int("1.5e3"))], ints, cats)
     assert got is not None and got.cells["I1"].tolist() == [b"1.5e3"]

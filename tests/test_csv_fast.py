@@ -7,11 +7,14 @@ hand-made cases (a header over two lines, files without labels, a label-only fil
 delimiters). The scan is also shown to be the path that plain data takes."""
 
 import gzip
+import io
 
 import numpy as np
 import pytest
 
 from worker import csv_fast, formats
+from worker.encode import float_values, int_values
+from worker.features import cat_values
 from worker.formats import ReadStats, read_batches
 from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema
@@ -57,7 +60,26 @@ LABELS = (["0", "1"], ["1.0", " 0", "+1", "2", "x", "", "0e0", "nan"])
 CATS = (["", "0", "a", "68fd1e64", "DEADBEEF", "fedcba9876543210", "word", "café", "東京"],
         ["f" * 16, "f" * 17, "g", " a", "a b", "-", "0x1f", "\x00"])  # fmt: skip
 RAWS = (["", "0", "12", "18446744073709551614"], ["18446744073709551615", "x", "1.5", "٣"])
-NUMBERS = (["", "0", "1", "-3", "2.5", "1e3"], [" 4 ", "nan", "NA", "?", "inf", "1e40", "abc", "1_000", "+7", "٣"])
+NUMBERS = (
+    [
+        "",
+        "0",
+        "1",
+        "-3",
+        "2.5",
+        "0.3",
+        "-0",
+        "123.456",
+        "-0.000123",
+        "3.14159265358979",
+        ".5",
+        "5.",
+        "99999999999999.9",
+        "007.70",
+        "1e3",
+    ],
+    [" 4 ", "nan", "NA", "?", "inf", "1e40", "abc", "1_000", "+7", "٣"],
+)
 INTS = (["", "0", "1", "-3", "12"], ["2.5", "x", " 4", "99999999999999999999"])
 TAGS = (["", "a", "a|b", "é|ü"], ["a|b|c|d", "|", "x||y"])
 WEIGHTS = (["", "u:1", "u:2|v:0.5"], ["u", "u:x", ":1", "a:b:2"])
@@ -254,3 +276,29 @@ class _Raw:
         at = self.data.find(b"\n") + 1 or len(self.data)
         out, self.data = self.data[:at], self.data[at:]
         return out
+
+
+def test_the_scan_reads_cells_as_encode_does(tmp_path):
+    """Cell by cell, bit for bit: floats as float_values, ints as int_values, cats as cat_values read them."""
+    rng = np.random.default_rng(3)
+    digits = ["".join(rng.choice(list("0123456789"), rng.integers(1, 18))) for _ in range(3000)]
+    floats = [str(rng.choice(["", "-", "+"])) + d[:k] + "." + d[k:] for d in digits for k in [rng.integers(len(d) + 1)]]
+    floats += digits + ["", "-0", "0.1", "0.3", "1e3", " 1", "1_0", ".", "-", "nan", "9" * 15, "9" * 16]
+    ints = digits + ["-" + d for d in digits] + ["", "-0", "+5", str(2**63 - 1), str(-(2**63)), "1.0", " 2"]
+    cats = CATS[0] + CATS[1][:-1] + [f"{v:x}" for v in rng.integers(0, 2**63, 500)]  # no NUL: plain lines
+    m = max(len(floats), len(ints), len(cats))
+    columns = [[c[k % len(c)] for k in range(m)] for c in (floats, ints, cats)]
+    lines = csv_fast.CsvLines(io.BytesIO("".join(f"{f};{i};{c}\n" for f, i, c in zip(*columns)).encode()))
+    plain = lines.take_plain(0, 1, 0, m)
+    assert plain.count == m
+    scanned = csv_fast.scan_plain(plain, ";", 3, None, {"f": 0, "i": 1, "c": 2}, ({"i"}, {"c"}, {"f"}))
+    values, missing, simple = scanned.floats["f"]
+    want, want_missing, ok = float_values(np.array(columns[0]))
+    assert simple.mean() > 0.5 and (ok | ~simple).all()
+    np.testing.assert_array_equal(values[simple].view(np.uint64), want[simple].view(np.uint64))
+    np.testing.assert_array_equal(missing[simple], want_missing[simple])
+    values, simple = scanned.ints["i"]
+    want, ok = int_values(np.array(columns[1]))
+    assert simple.mean() > 0.5 and (ok | ~simple).all()
+    np.testing.assert_array_equal(values[simple], want[simple])
+    np.testing.assert_array_equal(scanned.cats["c"], cat_values(np.array(columns[2])))

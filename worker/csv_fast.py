@@ -3,7 +3,7 @@
     CsvLines(raw)                                   # the lines after a leading BOM (UTF-8)
         .texts() -> Iterator[str]                   # each line decoded, for the csv module
         .take_plain(worker_id, num_workers, index, want) -> Plain   # a run of plain lines, this share's
-    scan_plain(plain, delimiter, width, label_at, sources, hex_sources) -> Scanned
+    scan_plain(plain, delimiter, width, label_at, sources, parsed) -> Scanned
 
 Optional speed machinery: worker/formats.py reads a CSV chunk through take_plain and scan_plain when its lines
 are plain, else through the csv module over texts() (formats.CSV_SCAN = False: always), with the same result.
@@ -23,22 +23,29 @@ Scanned (scan_plain), per line of a Plain:
     label    the label cell's float ("0" and "1" read in the scan, other text by float()), NaN if unread
     cells    of the sources (header positions), gathered on first use: bytes arrays (dtype S) when the run is
              ASCII, else str arrays of the UTF-8 text
-    hex      of each of hex_sources: as features.cat_values reads the cell (1..16 hex digits, not all f: the
-             number, read in the scan; "" -> MISSING_CAT; other text -> cat_values of its UTF-8 bytes)
     widths   the longest source cell, in characters
+and the cells of parsed's sources (int, cat and float: encode.parsed_sources) as worker/encode.py reads them:
+    cats     "" -> MISSING_CAT; 1..16 hex digits, not all f -> their number (in the scan); other text ->
+             features.cat_values of its UTF-8 bytes
+    ints     "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63) -> its value; other cells: not simple
+    floats   "" -> 0, missing; sign? digit* ("." digit*)? with 1..15 digits, at most 22 after the point ->
+             mantissa / 10**(digits after the point), one correctly rounded division of exact float64s, so the
+             value float() gives; other cells: not simple
+The caller takes a column's ints or floats where all of its good lines' cells are simple, else leaves the
+column to worker/encode.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import numba
 import numpy as np
 
-from worker.features import cat_values
+from worker.features import MISSING_INT, cat_values
 
 BLOCK_BYTES = 1 << 22  # read from the file at a time (then up to the end of the line it cuts)
 MAX_PLAIN_BYTES = 1 << 30  # a longer line goes to the csv module, which judges its field size limit
@@ -110,8 +117,11 @@ class CsvLines:
 
 
 _NL, _CR = 10, 13
-_QUOTE_OR_NUL = np.zeros(256, dtype=np.bool_)
-_QUOTE_OR_NUL[[ord('"'), 0]] = True
+_PLAIN, _END, _NOT_PLAIN, _CR_CLASS, _HIGH = 0, 1, 2, 3, 4  # _select's byte classes
+_CLASSES = np.zeros(256, dtype=np.uint8)
+_CLASSES[128:] = _HIGH
+_CLASSES[[ord('"'), 0]] = _NOT_PLAIN
+_CLASSES[_CR], _CLASSES[_NL] = _CR_CLASS, _END
 
 
 @numba.njit(nogil=True, cache=True)
@@ -124,24 +134,26 @@ def _select(block, pos, skip, n, want, out):
     while pos < end:
         if taken == want:
             return pos, lines, taken, used, _FULL, high
-        mine = lines >= skip and (lines - skip) % n == 0
-        e = pos
-        while e < end and block[e] != _NL:
-            c = block[e]
-            if _QUOTE_OR_NUL[c] or (c == _CR and (e + 1 == end or block[e + 1] != _NL)):
-                return pos, lines, taken, used, _STOPPED, high
+        e, line_high = pos, False
+        while e < end:
+            k = _CLASSES[block[e]]
+            if k != _PLAIN:
+                if k == _END:
+                    break
+                if k == _NOT_PLAIN or (k == _CR_CLASS and (e + 1 == end or block[e + 1] != _NL)):
+                    return pos, lines, taken, used, _STOPPED, high
+                line_high |= k == _HIGH
             e += 1
         stop = e - 1 if e > pos and block[e - 1] == _CR else e  # the line without its line end
         if stop - pos > MAX_PLAIN_BYTES:
             return pos, lines, taken, used, _STOPPED, high
-        if mine:
-            for p in range(pos, stop):
-                high |= block[p] >= 128
-                out[used] = block[p]
-                used += 1
+        if lines >= skip and (lines - skip) % n == 0:
+            out[used : used + stop - pos] = block[pos:stop]
+            used += stop - pos
             out[used] = _NL
             used += 1
             taken += 1
+            high |= line_high
         lines += 1
         pos = e + 1 if e < end else e
     return pos, lines, taken, used, _FULL if taken == want else _RUN, high
@@ -150,13 +162,16 @@ def _select(block, pos, skip, n, want, out):
 @dataclass
 class Scanned:
     """Per line of a Plain (see the module docstring): columns int64 (m,); labels float32 (m,); cells
-    {source: (m,) array}; hex {source: uint64 (m,)}; widths int64 (m,); line(i) and label(i) give the text of a
-    line (without its end) and of its label cell."""
+    {source: (m,) array}; cats {source: uint64 (m,)}; ints {source: (int64 values, simple)}; floats {source:
+    (float64 values, missing, simple)}; widths int64 (m,); line(i) and label(i) give the text of a line (without
+    its end) and of its label cell."""
 
     columns: np.ndarray
     labels: np.ndarray
     cells: _LazyCells
-    hex: dict[str, np.ndarray]
+    cats: dict[str, np.ndarray]
+    ints: dict[str, tuple[np.ndarray, np.ndarray]]
+    floats: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
     widths: np.ndarray
     _buf: np.ndarray
     _bounds: np.ndarray
@@ -175,45 +190,55 @@ def _text(cell: np.ndarray) -> str:
 
 
 def scan_plain(plain: Plain, delimiter: str, width: int, label_at: int | None, sources: dict[str, int],
-               hex_sources: Sequence[str]) -> Scanned:  # fmt: skip
-    """The lines of a Plain split at the delimiter (one ASCII character), of a header of `width` columns:
-    the label at label_at (None: none read), sources {name: header position}; the cells of hex_sources read as
-    features.cat_values would. Cells past a line's count are empty (its count says it is bad)."""
+               parsed: tuple[Collection[str], Collection[str], Collection[str]]) -> Scanned:  # fmt: skip
+    """The lines of a Plain split at the delimiter (one ASCII character), of a header of `width` columns: the
+    label at label_at (None: none read), sources {name: header position}; of parsed (int, cat and float sources,
+    encode.parsed_sources) the cells read as the module docstring says. Cells past a line's count are empty (its
+    count says it is bad)."""
     m, names = plain.count, list(sources)
+    ints, cats, floats = parsed
     slots = [label_at if label_at is not None else -1, *(sources[s] for s in names)]
     slot_of = np.full(width, -1, dtype=np.int64)
     for k, j in enumerate(slots):
         if j >= 0:
             slot_of[j] = k
-    hexed = np.array([False] + [s in hex_sources for s in names], dtype=np.bool_)
+    modes = [_INT if s in ints else _HEX if s in cats else _FLOAT if s in floats else _SKIP for s in names]
+    modes = np.array([_SKIP, *modes], dtype=np.uint8)
     columns = np.empty(m, dtype=np.int64)
     starts = np.zeros((m, len(slots)), dtype=np.int64)
     ends = np.zeros((m, len(slots)), dtype=np.int64)
-    values = np.zeros((m, len(slots)), dtype=np.uint64)
-    other = np.zeros((m, len(slots)), dtype=np.bool_)
+    values = np.zeros((m, len(slots)), dtype=np.uint64)  # cat values or int64 bits
+    numbers = np.zeros((m, len(slots)), dtype=np.float64)
+    other = np.zeros((m, len(slots)), dtype=np.bool_)  # cells outside the scan's grammar
     widths = np.zeros(m, dtype=np.int64)
     bounds = np.zeros(m + 1, dtype=np.int64)
-    _scan(plain.buf, ord(delimiter), slot_of, hexed, columns, starts, ends, values, other, widths, plain.ascii, bounds)
-    labels = np.full(m, np.nan, dtype=np.float32)
+    _scan(plain.buf, ord(delimiter), slot_of, modes, columns, starts, ends, values, numbers, other, widths,
+          plain.ascii, bounds)  # fmt: skip
+    labels = np.full(m, np.nan, dtype=np.float64)
     if label_at is not None:
         labels = _labels(plain.buf, starts[:, 0], ends[:, 0])
-    hex_values = {}
+    out_cats, out_ints, out_floats = {}, {}, {}
     for k, s in enumerate(names, start=1):
-        if hexed[k]:
+        if modes[k] == _HEX:
             v = values[:, k]
             if other[:, k].any():
                 at = np.flatnonzero(other[:, k])
                 v[at] = cat_values(_gathered(plain.buf, starts[at, k], ends[at, k]))
-            hex_values[s] = v
+            out_cats[s] = v
+        elif modes[k] == _INT:
+            out_ints[s] = (values[:, k].view(np.int64), ~other[:, k])
+        elif modes[k] == _FLOAT:
+            out_floats[s] = (numbers[:, k], ends[:, k] == starts[:, k], ~other[:, k])
     cells = _LazyCells(plain.buf, starts, ends, {s: k for k, s in enumerate(names, start=1)}, plain.ascii)
-    return Scanned(columns, labels, cells, hex_values, widths, plain.buf, bounds, starts[:, 0], ends[:, 0])
+    return Scanned(columns, labels, cells, out_cats, out_ints, out_floats, widths, plain.buf, bounds,
+                   starts[:, 0], ends[:, 0])  # fmt: skip
 
 
 def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """float32 of label cells: "0" and "1" directly, any other text by float() (NaN if it reads as none)."""
+    """float64 of label cells: "0" and "1" directly, any other text by float() (NaN if it reads as none)."""
     one = (ends - starts == 1) & (buf[starts] == ord("1"))
     zero = (ends - starts == 1) & (buf[starts] == ord("0"))
-    labels = np.where(one, 1.0, 0.0).astype(np.float32)
+    labels = np.where(one, 1.0, 0.0)
     for i in np.flatnonzero(~(one | zero)).tolist():
         labels[i] = _number(_text(buf[starts[i] : ends[i]]))
     return labels
@@ -269,7 +294,12 @@ def _gather(buf, starts, ends, out):
             out[i, j] = buf[s + j]
 
 
+_SKIP, _HEX, _INT, _FLOAT = 0, 1, 2, 3  # how the scan reads a slot's cells
 _MISSING_CAT = np.uint64(2**64 - 1)
+_MISSING_INT_BITS = np.uint64(int(MISSING_INT) % 2**64)
+_TENTH_MAX = np.uint64((2**63 - 1) // 10)  # an int64 magnitude v may take another digit d if v * 10 + d < 2**63
+_MAX_DIGITS = 15  # a float cell's digits at most: the mantissa is exact in a float64 (< 2**53)
+_POWERS = 10.0 ** np.arange(23)  # exact in a float64 up to 10**22
 _NOT_HEX = np.uint8(255)
 _HEX_DIGITS = np.full(256, _NOT_HEX, dtype=np.uint8)  # byte -> its value as a hex digit (either case)
 _HEX_DIGITS[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16)
@@ -277,7 +307,7 @@ _HEX_DIGITS[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
 
 
 @numba.njit(nogil=True, cache=True)
-def _scan(buf, delimiter, slot_of, hexed, columns, starts, ends, values, other, widths, ascii_, bounds):
+def _scan(buf, delimiter, slot_of, modes, columns, starts, ends, values, numbers, other, widths, ascii_, bounds):
     """Fill the arrays (see scan_plain) from buf: len(columns) lines, each ending in NEWLINE."""
     s = 0
     for i in range(len(columns)):
@@ -300,9 +330,17 @@ def _scan(buf, delimiter, slot_of, hexed, columns, starts, ends, values, other, 
                         for p in range(s, e):
                             w -= (buf[p] & 0xC0) == 0x80  # UTF-8 continuation bytes are no characters
                     widths[i] = max(widths[i], w)
-                if hexed[k]:
+                if modes[k] == _HEX:
                     ok, v = _hex_cell(buf, s, e)
                     values[i, k] = v
+                    other[i, k] = not ok
+                elif modes[k] == _INT:
+                    ok, v = _int_cell(buf, s, e)
+                    values[i, k] = v
+                    other[i, k] = not ok
+                elif modes[k] == _FLOAT:
+                    ok, x = _float_cell(buf, s, e)
+                    numbers[i, k] = x
                     other[i, k] = not ok
             j += 1
             last = buf[e] == _NL
@@ -328,3 +366,49 @@ def _hex_cell(buf, s, end):
             return False, np.uint64(0)
         v = (v << np.uint64(4)) | np.uint64(d)
     return v != _MISSING_CAT, v
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _int_cell(buf, s, end):
+    """(ok, int64 bits) of an integer cell: "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63)."""
+    if s == end:
+        return True, _MISSING_INT_BITS
+    negative = buf[s] == 45  # "-"
+    if negative or buf[s] == 43:  # "+"
+        s += 1
+        if s == end:
+            return False, np.uint64(0)
+    v = np.uint64(0)
+    for p in range(s, end):
+        d = buf[p] - 48
+        if buf[p] < 48 or d > 9 or v > _TENTH_MAX or (v == _TENTH_MAX and d > 7):
+            return False, np.uint64(0)
+        v = v * np.uint64(10) + np.uint64(d)
+    return True, (np.uint64(0) - v) if negative else v
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _float_cell(buf, s, end):
+    """(ok, value) of a numeric cell: "" -> 0 (missing); sign? digit* ("." digit*)? with 1.._MAX_DIGITS digits,
+    at most 22 after the point -> mantissa / 10**fraction digits: one correctly rounded division of two exact
+    float64s, so float()'s value; not ok for any other cell."""
+    if s == end:
+        return True, 0.0
+    negative = buf[s] == 45  # "-"
+    if negative or buf[s] == 43:  # "+"
+        s += 1
+    m, digits, fraction, point = 0, 0, 0, False
+    for p in range(s, end):
+        c = buf[p]
+        if 48 <= c <= 57:
+            m = m * 10 + (c - 48)
+            digits += 1
+            fraction += point
+        elif c == 46 and not point:  # "."
+            point = True
+        else:
+            return False, 0.0
+    if digits == 0 or digits > _MAX_DIGITS or fraction > 22:
+        return False, 0.0
+    x = float(m) / _POWERS[fraction]
+    return True, -x if negative else x

@@ -2,12 +2,12 @@
 
     encode_examples(schema, labels, cells, parsed=None) -> Encoded(batch, bad, problems, truncated_bags)
     encode(schema, labels, cells) -> Batch                  # ValueError at the first bad example
-    parsed_sources(schema) -> (int sources, cat sources)    # what a Parsed may hold
+    parsed_sources(schema) -> (int, cat, float sources)     # what a Parsed may hold
 
     labels  float32 (n,) in {0, 1}
     cells   {source column: str or bytes array (n,)}, one cell per example; "" is an empty (missing) cell
-    parsed  Parsed: sources the caller has already read as integers (int_values) or categorical values
-            (features.cat_values); their cells are not read
+    parsed  Parsed: sources the caller has already read as integers (int_values), categorical values
+            (features.cat_values) or numbers (float_values); their cells are not read
 
 Per column, in schema order (the Batch's fields: the sparse columns, then BIAS_FIELD with
 Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric features, None when D = 0):
@@ -62,18 +62,22 @@ class Encoded:
 class Parsed:
     """Sources read before encode_examples, as it would read them: ints {source: int64 (n,)} as int_values
     gives them, of cells that are all ok (MISSING_INT where empty); cats {source: uint64 (n,)} as
-    features.cat_values gives them."""
+    features.cat_values gives them; floats {source: (float64 values, missing) (n,)} as float_values gives them,
+    of cells that are all ok."""
 
     ints: dict[str, np.ndarray] = field(default_factory=dict)
     cats: dict[str, np.ndarray] = field(default_factory=dict)
+    floats: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
-def parsed_sources(schema: Schema) -> tuple[set[str], set[str]]:
+def parsed_sources(schema: Schema) -> tuple[set[str], set[str], set[str]]:
     """(the sources encode_examples reads with int_values: those of log_buckets columns; those it reads with
-    features.cat_values: those of hashed categorical columns), which a Parsed may hold."""
+    features.cat_values: those of hashed categorical columns; those it reads with float_values: those of the
+    other numeric columns, less the int ones), which a Parsed may hold."""
     ints = {c.source for c in schema.columns if c.transform == "log_buckets"}
     cats = {c.source for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"}
-    return ints, cats
+    floats = {c.source for c in schema.columns if c.kind == "numeric"} - ints
+    return ints, cats, floats
 
 
 def encode(schema: Schema, labels: np.ndarray, cells: dict[str, np.ndarray]) -> Batch:
@@ -92,7 +96,10 @@ def encode_examples(
     n = len(labels)
     parsed = parsed if parsed is not None else Parsed()
     problems = _Problems(n)
-    numbers = _Numbers(schema, cells, n, problems, _checked(parsed.ints, np.int64, n))
+    floats = {s: (values, missing) for s, (values, missing) in parsed.floats.items()}
+    _checked({s: v for s, (v, _) in floats.items()}, np.float64, n)
+    _checked({s: m for s, (_, m) in floats.items()}, np.bool_, n)
+    numbers = _Numbers(schema, cells, n, problems, _checked(parsed.ints, np.int64, n), floats)
     spaces = schema.id_spaces()
     fields: dict[str, Bags] = {}
     dense_columns = schema.dense_columns()
@@ -369,11 +376,10 @@ class _Numbers:
     the source (taken from `ints` where it holds them, else all of them in one int_values call per dtype kind; a
     float view of them then serves the other transforms), else as floats. A source's problems are reported
     when a column first reads it. The integer sources' buckets and float views are computed for all of them
-    at once, when a column first needs one."""
+    at once, when a column first needs one. Float sources in `floats` are taken from it (all ok)."""
 
-    def __init__(
-        self, schema: Schema, cells: Mapping[str, np.ndarray], n: int, problems: _Problems, ints: dict[str, np.ndarray]
-    ):
+    def __init__(self, schema: Schema, cells: Mapping[str, np.ndarray], n: int, problems: _Problems,
+                 ints: dict[str, np.ndarray], floats: dict[str, tuple[np.ndarray, np.ndarray]]):  # fmt: skip
         self.cells, self.n, self.problems = cells, n, problems
         self.parsed_ints: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         by_kind: dict[str, dict[str, np.ndarray]] = {}
@@ -387,7 +393,7 @@ class _Numbers:
             values, ok = int_values(np.stack(list(group.values()), axis=1))
             self.parsed_ints.update({source: (values[:, j], ok[:, j]) for j, source in enumerate(group)})
         self.ints: dict[str, np.ndarray] = {}
-        self.floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.floats = {s: v for s, v in floats.items() if s not in self.parsed_ints}
         self.buckets: dict[str, np.ndarray] = {}
         self.int_floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 

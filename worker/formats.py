@@ -383,7 +383,7 @@ def _cell_chunks(name: str, schema: Schema, size: int, share: _Share, labeled: b
 def _criteo_cells(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
     """labeled=False: each non-empty line is read as if a label column "0" began it (so a good line has 40
     columns), its label then NaN, and a column count in a bad line's problem told without that column."""
-    int_sources, cat_sources = parsed_sources(schema)
+    int_sources, cat_sources, _ = parsed_sources(schema)
     with open_data(name) as f:
         for lines, first in share.chunks(f, size):
             if not labeled:
@@ -548,7 +548,7 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share, labeled: boo
         if header is None:
             return
         label_at, sources = _csv_columns(name, header, schema, labeled)
-        hex_sources = sorted(parsed_sources(schema)[1])
+        parsed = parsed_sources(schema)
         scan = CSV_SCAN and ord(schema.delimiter) < 128
         n, index = share.num_workers, 0  # index: the records read so far
         while True:
@@ -561,7 +561,7 @@ def _csv_cells(name: str, schema: Schema, size: int, share: _Share, labeled: boo
                 if not plain.stopped and _utf8(plain):
                     share.bad.stats.lines_read += plain.count
                     if plain.count:
-                        scanned = scan_plain(plain, schema.delimiter, len(header), label_at, sources, hex_sources)
+                        scanned = scan_plain(plain, schema.delimiter, len(header), label_at, sources, parsed)
                         yield from _scanned_chunks(scanned, line_nos, len(header), label_at)
                     if plain.count < size:  # the end of the file
                         return
@@ -646,13 +646,17 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label_at
     problems.sort()
     good = np.flatnonzero(~bad)
     labels, line_nos, widths = scanned.labels[good].astype(np.float32), line_nos[good], scanned.widths[good]
-    cells, cats = scanned.cells.rows(good), {s: v[good] for s, v in scanned.hex.items()}
+    cells, cats = scanned.cells.rows(good), {s: v[good] for s, v in scanned.cats.items()}
+    ints = {s: v[good] for s, (v, simple) in scanned.ints.items() if simple[good].all()}  # else encode reads them
+    floats = {s: (v[good], m[good]) for s, (v, m, simple) in scanned.floats.items() if simple[good].all()}
     bounds = _cut_bounds(widths.tolist()) if len(good) and int(widths.max()) * len(good) > CHUNK_CHARS else None
     bounds = bounds or [0, len(good)]
     for a, b in itertools.pairwise(bounds):
         mine = _piece_problems(problems, line_nos.tolist(), a, b)
         piece = cells.rows(slice(a, b)) if len(bounds) > 2 else cells
-        yield _Cells(labels[a:b], piece, line_nos[a:b], mine, Parsed(cats={s: v[a:b] for s, v in cats.items()}))
+        part = Parsed({s: v[a:b] for s, v in ints.items()}, {s: v[a:b] for s, v in cats.items()},
+                      {s: (v[a:b], m[a:b]) for s, (v, m) in floats.items()})  # fmt: skip
+        yield _Cells(labels[a:b], piece, line_nos[a:b], mine, part)
 
 
 def _csv_chunks(
