@@ -3,12 +3,14 @@
 One file's rows (worker.synthetic's draws: a label, 13 integer columns, some empty, 26 categorical columns of hex
 ids, some empty, of which TEXT_COLUMNS hold words instead) are written twice, then read in turn (alternated):
 
-  csv         read_batches over the CSV (a header; one quoted cell holding a comma, in row QUOTED_ROW) through
+  csv         read_batches over the CSV (a header; one quoted cell holding a comma, in row QUOTED_ROW, so that
+              its chunk of 4,096 rows goes through the csv module, the others through the compiled scan) through
               the built-in csv schema with --numeric-columns I1..I13: C1..C26 categorical (hashed), I1..I13
               numeric (log)
   criteo      read_batches over the same rows as Criteo TSV, through the built-in criteo schema (C1..C26 the
               same, I1..I13 both log_buckets ids and log features): the compiled scan's rate, the reference
-  csv_module  csv.reader alone iterating the CSV's records, nothing encoded: the floor of a reader built on it
+  csv_module  csv.reader alone iterating the CSV's records, nothing encoded: the floor of a reader built on the csv
+              module (the compiled scan is not)
 
 Prints rows/s (median of the reps) of each; the last line is one JSON object.
 Run: `.venv/bin/python benchmarks/parse.py` (about a minute on 2 cores with the defaults).

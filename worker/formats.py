@@ -538,8 +538,9 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
 
 
 def _csv_cells(name: str, schema: Schema, size: int, share: _Share, labeled: bool = True) -> Iterator[_Cells]:
-    """Chunks of `size` records of the share: each a run of plain lines through csv_fast where CSV_SCAN allows
-    it, else (and from where a run stops, to the chunk's end) records of the csv module."""
+    """Chunks of `size` records of the share: through csv_fast's scan when CSV_SCAN allows it and all of the
+    chunk's lines are plain and UTF-8, else through the csv module (the lines of the run taken before the first
+    that is not, each read from its text; then records from there on)."""
     with open_data(name) as raw:
         lines = CsvLines(raw)
         csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
