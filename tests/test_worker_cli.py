@@ -204,6 +204,71 @@ def test_a_malformed_eval_data_line_fails_before_any_server_is_touched(files, tm
         train(nowhere)
 
 
+def test_a_malformed_first_eval_data_line_or_no_example_fails_before_any_server_is_touched(files, tmp_path):
+    """check_eval reads --eval-data's start only; a file whose first line is malformed, or with no example, fails
+    before training as a file malformed further on does when its bad line is in that start."""
+    train_path, test_path = files
+    bad_first, header_only = tmp_path / "bad_first.tsv", tmp_path / "empty.tsv"
+    bad_first.write_text("1\t2\t3\n" + Path(test_path).read_text())
+    header_only.write_text("")
+    nowhere = small_run(["127.0.0.1:1"], train_path, eval_data=str(bad_first), timeout_s=1.0, max_bad_lines=0)
+    with pytest.raises(ValueError, match="bad_first.tsv line 1: 3 tab-separated columns"):
+        train(nowhere)
+    with pytest.raises(ValueError, match="empty.tsv: no examples to evaluate on"):
+        train(replace(nowhere, eval_data=str(header_only)))
+
+
+def _long_eval_file_with_a_bad_last_line(tmp_path: Path, rows: int = 5000) -> Path:
+    """A Criteo eval file of `rows` examples (more than the first chunk check_eval reads) and a cut last line."""
+    from worker.synthetic import SyntheticConfig, write_synthetic
+
+    path = tmp_path / "long_eval.tsv"
+    write_synthetic(path, SyntheticConfig(rows=TRAIN_ROWS), TRAIN_ROWS, TRAIN_ROWS + rows)
+    with open(path, "a") as f:
+        f.write("1\t2\t3\n")
+    return path
+
+
+def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, tmp_path):
+    """Only --eval-data's start is read before training: a malformed line past it (and past --max-bad-lines 0)
+    fails the final evaluation, which says the training had finished; the model trained is on the servers."""
+    train_path, _ = files
+    long_eval = _long_eval_file_with_a_bad_last_line(tmp_path)
+    cfg = small_run(["127.0.0.1:1"], train_path, eval_data=str(long_eval), max_bad_lines=0)
+    cfg, data, _, _ = prepare(cfg)
+    data.check_eval()  # no error: the bad line is past the start
+    eval_batches = data.eval()
+    assert len(next(eval_batches)) == cfg.batch_size  # lazily read: the file's end not reached yet
+    with pytest.raises(ValueError, match=r"long_eval.tsv line 5001: 3 tab-separated columns"):
+        list(eval_batches)
+    addresses, _ = servers(1)
+    with pytest.raises(ValueError, match="in the final evaluation on --eval-data, after training had finished"):
+        train(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=0))
+    figures = evaluate_servers(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=1))
+    assert (figures["eval_examples"], figures["bad_lines"]) == (5000, 1)
+
+
+def test_the_final_evaluation_streamed_gives_the_figures_of_the_eval_set_scored_in_memory(servers, files):
+    """Streaming --eval-data changes no figure: train's final AUC and logloss are those of evaluate() on the
+    file's batches read whole into a list first (the former path), with the model the servers hold."""
+    from worker.dense import DenseSync
+    from worker.loop import evaluate
+    from worker.train import make_backend
+
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    cfg = replace(small_run(addresses, train_path, eval_data=test_path), batch_size=32)  # 150 examples: 5 batches
+    results = train(cfg)
+    cfg, data, spec, _ = prepare(cfg)
+    with Client(addresses) as client:
+        dense_values = DenseSync(client, spec.dense_params()).pull()
+        in_memory = list(data.read_whole(test_path))
+        assert len(in_memory) == 5
+        expected = evaluate(client, spec, make_backend(spec, cfg), dense_values, in_memory)
+    assert expected["eval_examples"] == TEST_ROWS
+    assert {k: results[k] for k in expected} == expected
+
+
 def test_eval_skips_and_reports_a_few_malformed_lines_of_its_file(servers, files, tmp_path, caplog):
     """launch's final evaluation reads --eval-data as its workers did: a cut last line is skipped and reported."""
     addresses, _ = servers(1)

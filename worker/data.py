@@ -1,11 +1,15 @@
 """Where a run's examples come from: files read through a schema, or the synthetic generator; the validation split.
 
     train()       this worker's training batches (worker i of n reads its share), less the validation examples
-    validation()  the validation set, in memory: --validation-data (read whole), or the examples the split
-                  selected from this worker's share, at most max_validation examples
-    eval()        the evaluation batches: --eval-data, or the synthetic eval rows; none otherwise
-    check_eval()  reads --eval-data once before training (a malformed line fails the run before anything is
-                  trained), keeping its batches for eval() when it holds at most max_validation examples
+    validation()  the validation set, in memory (evaluated many times): the first max_validation examples of
+                  --validation-data, or the examples the split selected from this worker's share, at most
+                  max_validation of them; its memory is bounded by max_validation, not by the file
+    eval()        the evaluation batches, read as they are asked for (one chunk of lines in memory, not the
+                  file): --eval-data, or the synthetic eval rows; none otherwise
+    check_eval()  reads the start of --eval-data through the schema before training (its header or first lines
+                  wrong, or no example in it, fails the run before anything is trained); a malformed line further
+                  on is met, as --max-bad-lines says, when eval() reads it
+    eval_count()  --eval-data's lines, counted up to SCORING_COUNT_LINES, for a progress total
 
 The split: the k-th example of this worker's share (counting good examples from 0, in file order) is a
 validation example when mix64(k ^ VALIDATION_SALT) < fraction * 2**64. The same examples are picked on every
@@ -25,7 +29,7 @@ from worker import recipe
 from worker.batch import Batch, rebatch
 from worker.datafiles import data_files
 from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, read_batches
-from worker.linecount import LineCount, count_files_upto
+from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
@@ -112,9 +116,6 @@ class DataSource:
                             cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
-        self._eval: list[Batch] | None = None  # --eval-data's batches, once check_eval has kept them
-        # the examples eval() gives, once known (check_eval counts --eval-data's); 0: unknown
-        self.eval_examples = cfg.synthetic_eval_rows if self.synthetic is not None else 0
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
@@ -196,29 +197,31 @@ class DataSource:
         if self.synthetic is not None:
             rows = self.cfg.synthetic_rows
             return self.synthetic.batches(self.batch_size, rows, rows + self.cfg.synthetic_eval_rows)
-        if self._eval is not None:
-            return iter(self._eval)
         if self.cfg.eval_data:
             return self.read_whole(self.cfg.eval_data)
         return iter(())
 
     def check_eval(self) -> None:
-        """Reads --eval-data (if given) through the schema, so that a malformed line (past --max-bad-lines) fails
-        now rather than after training; keeps the batches for eval() when they hold at most max_validation
-        examples (a larger file is read again by eval())."""
+        """ValueError now, before training, when --eval-data (if given) is plainly wrong: its CSV header is not the
+        schema's, its first lines are malformed past --max-bad-lines, or it holds no example. Only its start is
+        read: the first chunk of lines worker/formats.py splits (4,096; a smaller file whole), and on until a good
+        line when the chunk holds none; its files' formats were compared in __init__."""
         if self.synthetic is not None or not self.cfg.eval_data:
             return
-        kept: list[Batch] = []
-        examples = 0
-        for batch in self.read_whole(self.cfg.eval_data):
-            examples += len(batch)
-            if examples <= self.max_validation:
-                kept.append(batch)
-        if not examples:
+        stats = ReadStats()
+        first = next(iter(self._read(self.cfg.eval_data, 0, 1, track=False, batch_size=1, stats=stats)), None)
+        if first is None:
+            why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
             raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
-                             "only a header or malformed lines)")  # fmt: skip
-        self._eval = kept if examples <= self.max_validation else None
-        self.eval_examples = examples
+                             f"only a header or malformed lines){why}")  # fmt: skip
+
+    def eval_count(self) -> LineCount | None:
+        """The lines of --eval-data (less headers), counted up to SCORING_COUNT_LINES (an estimate from bytes past
+        them): a progress total for eval(); None for synthetic data (synthetic_eval_rows) or without --eval-data."""
+        if self.synthetic is not None or not self.cfg.eval_data:
+            return None
+        header = self.schema.format == "csv"
+        return count_files_upto(data_files(self.cfg.eval_data), SCORING_COUNT_LINES, header=header)
 
     def first_batch(self) -> Batch:
         """The first batch of the data (to check the data against the model before training)."""

@@ -3,12 +3,15 @@
     train(cfg):  data = DataSource(cfg)                    # files through the schema, or synthetic data
                  recipe fills the flags left unset          # worker/recipe.py: small or large data
                  spec = ModelSpec(model, schema's fields, numeric features, hidden, dropout)
-                 read the validation set and --eval-data       # a malformed line fails here, before any server
+                 read the validation set (at most 200,000 examples, kept in memory) and --eval-data's start: a
+                 malformed line there fails here, before any server is touched
                  create the tables (one per schema table, one per dense parameter) on the servers
                  run_epochs (worker/loop.py), evaluating the validation set as it goes
-                 evaluate the eval set; results printed, and written to --metrics-out as JSON
+                 evaluate the eval set, read batch by batch as it is scored; results printed, and written to
+                 --metrics-out as JSON
 A malformed line of --data met while training fails the run; with --servers its message says that the servers
-hold the partly trained model.
+hold the partly trained model. One of --eval-data past its start is met in the final evaluation (past
+--max-bad-lines, it fails the run then, saying that the training had finished).
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 """
@@ -40,6 +43,7 @@ from ps.config import (
     TableConfig,
     table_configs_from_toml,
 )
+from ps.errors import PsError
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
@@ -563,7 +567,7 @@ def train(cfg: TrainConfig) -> dict:
     cfg, data, spec, recipe_line = prepare(cfg)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
         data.validation()
-        data.check_eval()
+        data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
     backend = make_backend(spec, cfg)
     tables_cfg = table_configs(cfg, spec, data.schema.table_overrides())
     own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
@@ -664,12 +668,10 @@ def train(cfg: TrainConfig) -> dict:
                            best_step=loop.best["step"])  # fmt: skip
         try:
             final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
-            shown = cfg.progress and not cfg.progress_lines  # a large eval file takes minutes: its own bar
-            progress = ScoringProgress(data.eval_examples, shown) if shown and data.eval_examples else None
             if final_dense:  # the MLP this worker ended with
                 results["dense_norm"] = dense_norm(final_dense)
             if cfg.final_eval:
-                results.update(evaluate(client, spec, backend, final_dense, data.eval(), progress))
+                results.update(final_evaluation(cfg, data, client, spec, backend, final_dense))
             else:  # --no-final-eval: ps-worker launch scores the job's model once, after all its workers
                 results["final_eval_skipped"] = True
             stats = sparse_table_stats(client, spec)
@@ -690,6 +692,27 @@ def train(cfg: TrainConfig) -> dict:
             config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
             json.dump({"config": config, **results}, f, indent=2)
     return results
+
+
+def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: ModelSpec, backend: Any,
+                     dense_values: dict) -> dict:  # fmt: skip
+    """evaluate() on data.eval(), read as it is scored, with its own progress (a large eval file takes minutes);
+    a malformed line of --eval-data past --max-bad-lines (met only now: check_eval read its start) comes out as a
+    ValueError that says the training had finished."""
+    progress = None
+    if cfg.progress and not cfg.progress_lines:
+        counted = data.eval_count()  # None: the synthetic eval rows, or no --eval-data
+        total = cfg.synthetic_eval_rows if data.synthetic is not None else counted.estimate if counted else 0
+        progress = ScoringProgress(total, True, estimated=bool(counted and counted.more)) if total else None
+    try:
+        return evaluate(client, spec, backend, dense_values, data.eval(), progress)
+    except PsError:
+        raise
+    except ValueError as e:
+        raise ValueError(
+            f"{e}; in the final evaluation on --eval-data, after training had finished (ps-worker eval "
+            "scores the model the servers hold once the file is fixed or --max-bad-lines raised)"
+        ) from None
 
 
 def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
