@@ -408,6 +408,11 @@ def test_merge_metrics_and_summary():
         "gap    AUC +0.0500",
         "cache  hit rate 0.800 (examples-weighted over the workers)",
     ]
+    limited = [dict(w, max_examples=400, stopped_at_max_examples=i == 1) for i, w in enumerate(workers)]
+    m = merge_metrics(limited, ["numpy", "torch"], "sync", {}, 2)
+    assert (m["max_examples"], m["stopped_at_max_examples"]) == (400, True)
+    assert format_summary(m).splitlines()[0].startswith("launched 2 workers (numpy, torch; mode sync) on 2 shards: "
+                                                        "400 examples (stopped at --max-examples 400) in 4.0 s")  # fmt: skip
 
 
 # --- the children ------------------------------------------------------------------------------------------------

@@ -190,6 +190,59 @@ def test_eval_every_n_steps_and_no_early_stop_runs_every_epoch_and_validates_eac
     assert [e["step"] for e in result.curve] == [4, 8, 9, 12, 16, 18]  # and the model as each epoch ended
 
 
+def test_max_examples_ends_training_part_way_through_an_epoch_and_validates_there():
+    """4,000 examples of a stream of 3 epochs of ~2,700: epoch 2 stops part way (its last batch cut to fit), the
+    validation set is evaluated there, and no third epoch starts."""
+    cfg = TrainConfig(local_shards=1, model="lr", synthetic_rows=3000, synthetic_eval_rows=200, batch_size=256,
+                      epochs=3, early_stop=0, validation_fraction=0.1, max_examples=4000, progress=False)  # fmt: skip
+    result, _, _ = _run(cfg)
+    assert (result.examples, result.epoch, result.stopped_at_limit) == (4000, 2, True)
+    per_epoch = int(3000 - validation_mask(0, 3000, 0.1).sum())
+    assert result.steps == -(-per_epoch // 256) + -(-(4000 - per_epoch) // 256)
+    assert [(e["epoch"], e["examples"]) for e in result.curve] == [(1, per_epoch), (2, 4000)]
+    unlimited, _, _ = _run(dataclasses.replace(cfg, max_examples=0))
+    assert (unlimited.examples, unlimited.epoch, unlimited.stopped_at_limit) == (3 * per_epoch, 3, False)
+
+
+def test_a_run_resumed_under_max_examples_ends_where_the_stopped_run_would_have():
+    """--skip-examples counts toward --max-examples: 1,400 examples, then a resume from 1,400 to the same limit of
+    2,600 (into epoch 2), train the model one run of 2,600 does (one async worker, the same batches: exactly), and
+    no example past the limit."""
+    from worker.dense import DenseSync
+
+    base = TrainConfig(servers=("127.0.0.1:1",), model="fm", synthetic_rows=2000, synthetic_eval_rows=10,
+                       batch_size=200, epochs=2, recipe="large", early_stop=0, learning_rate=0.05, progress=False)  # fmt: skip
+
+    def rows(*runs: TrainConfig) -> tuple[list[int], np.ndarray]:
+        trained = []
+        with InProcessTables(cache_bytes=64 << 20) as tables:
+            for cfg in runs:
+                cfg, data, spec, backend, dense = open_job(cfg, tables)
+                trained.append(run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data)).examples)
+                DenseSync(tables, spec.dense_params()).pull()
+            ids = np.unique(np.concatenate([b.fields["C1"].ids for b in data.train()]))
+            return trained, tables.pull(cfg.model, ids)
+
+    whole, one_run = rows(dataclasses.replace(base, max_examples=2600))
+    parts, resumed = rows(dataclasses.replace(base, max_examples=1400),
+                          dataclasses.replace(base, max_examples=2600, skip_examples=1400))  # fmt: skip
+    assert whole == [2600] and parts == [1400, 1200]
+    np.testing.assert_array_equal(resumed, one_run)
+    _, further = rows(dataclasses.replace(base, max_examples=2800))
+    assert not np.array_equal(further, one_run)  # the comparison can tell one step more
+
+
+def test_max_examples_is_the_jobs_total_shared_by_its_workers():
+    shares = [TrainConfig(max_examples=10, num_workers=3, worker_id=i).worker_max_examples() for i in range(3)]
+    assert shares == [3, 3, 4] and TrainConfig(max_examples=0, num_workers=3).worker_max_examples() == 0
+    with pytest.raises(ValueError, match="--max-examples 2 is the job's total, shared by its 3 workers"):
+        TrainConfig(servers=("h:1",), max_examples=2, num_workers=3).validate()
+    with pytest.raises(ValueError, match=r"--skip-examples 3 reaches this worker's --max-examples limit \(3 "):
+        TrainConfig(servers=("h:1",), max_examples=10, num_workers=3, skip_examples=3).validate()
+    with pytest.raises(ValueError, match="--max-examples -1: expected an integer >= 0"):
+        TrainConfig(local_shards=1, max_examples=-1).validate()
+
+
 def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
     from worker.train import table_configs
 

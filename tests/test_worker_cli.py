@@ -68,6 +68,29 @@ def test_a_worker_under_launch_leaves_the_final_evaluation_to_launch(servers, fi
     assert scored == [1]  # without it a worker scores --eval-data at its end, as before
 
 
+def test_max_examples_ends_the_run_as_its_end_and_the_summary_says_so(servers, files, tmp_path, capsys):
+    """ps-worker train --max-examples 250 on 600 lines over 2 epochs: 250 examples trained, the final evaluation
+    scored, the summary and --metrics-out say the limit stopped it; a worker of 2 takes half."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    metrics = tmp_path / "m.json"
+    flags = ["train", "--servers", addresses[0], "--server-timeout", "0", "--data", train_path, "--eval-data",
+             test_path, "--model", "lr", "--recipe", "large", "--batch-size", "100", "--epochs", "2", "--no-progress",
+             "--max-examples", "250", "--metrics-out", str(metrics)]  # fmt: skip
+    assert main(flags) == 0
+    out = capsys.readouterr().out
+    assert "on 250 examples (stopped at --max-examples 250) with 1 shard in " in out, out
+    m = json.loads(metrics.read_text())
+    assert (m["train_examples"], m["epochs_run"], m["stopped_at_max_examples"]) == (250, 1, True)
+    assert m["eval_examples"] == TEST_ROWS
+    assert main([*flags, "--num-workers", "2", "--worker-id", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "on 125 examples (stopped at --max-examples 250, the job total) with " in out, out
+    assert main([*flags[:-4], "--metrics-out", str(metrics)]) == 0  # no limit: both epochs
+    m = json.loads(metrics.read_text())
+    assert (m["train_examples"], m["epochs_run"], m["stopped_at_max_examples"]) == (2 * TRAIN_ROWS, 2, False)
+
+
 def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_further(servers, files, capsys):
     addresses, _ = servers(1)
     train_path, _ = files

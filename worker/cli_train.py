@@ -199,6 +199,15 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="resume a stopped run: read and skip the first N training examples of this worker's share (counted "
         "over epochs) and train on from there, on the servers that hold that run's model; a stopped run prints its N",
     )
+    fit.add_argument(
+        "--max-examples",
+        type=integer(0),
+        default=d.max_examples,
+        help="stop training after N examples, counted over epochs from the data's start, and end the run as at its "
+        "last epoch (validation, final evaluation, summary); N is the job's total: worker i of n (--num-workers, "
+        "launch's --workers) stops at its share, N*(i+1)//n - N*i//n examples of its own stream; a resumed run's "
+        "--skip-examples count toward it, so the same N ends it where the stopped run would have ended (0: no limit)",
+    )
     model.add_argument(
         "--table-config", help="TOML file with table settings (optimizer and its parameters, initializer, weight "
         "bound, admission, eviction) that override the model's defaults; see docs/tables.md",
@@ -456,6 +465,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         validation_data=args.validation_data,
         eval_every=args.eval_every,
         skip_examples=args.skip_examples,
+        max_examples=args.max_examples,
         early_stop=args.early_stop,
         l2=args.l2,
         dense_l2=args.dense_l2,

@@ -5,7 +5,8 @@ PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
 --metrics-out (one JSON object):
     {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
-     train_examples); absent when none was], "train_seconds": the longest worker's, "examples_per_s":
+     train_examples); absent when none was], ["max_examples": the job's --max-examples, "stopped_at_max_examples":
+     true; when a worker's training stopped there], "train_seconds": the longest worker's, "examples_per_s":
      train_examples / train_seconds, ["eval_auc", "eval_logloss", "eval_examples": on --eval-data or the synthetic
      eval rows; absent when the job had no eval set], ["oracle_auc", "oracle_logloss": synthetic data],
      ["dense_norm": the L2 norm of the MLP the servers held at the evaluation (worker/dense.py); a worker's
@@ -165,6 +166,8 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
     out = {"workers": len(per_worker), "backends": list(backends), "mode": mode, "shards": shards,
            "train_examples": examples, **({"skipped_lines": skipped} if skipped else {}), "train_seconds": seconds,
            "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
+    if any(m.get("stopped_at_max_examples") for m in per_worker):  # the limit is the job's: every worker's is the same
+        out.update(max_examples=int(per_worker[0]["max_examples"]), stopped_at_max_examples=True)
     out.update({k: evaluation[k] for k in ("eval_auc", "eval_logloss", "eval_examples") if k in evaluation})
     out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss", "dense_norm") if k in evaluation})
     hits = [

@@ -10,7 +10,9 @@
                      source.push(step, per table: unique ids, summed grads, clicks, shows; with an inline dense
                                  path the MLP's gradients when a sync is due)   # one clock advance
                      dense.step(dense grads) otherwise   # background PS push, or allreduce (worker/allreduce.py)
-A resumed run (--skip-examples N) reads and drops the first N examples of the stream before its first step.
+A resumed run (--skip-examples N) reads and drops the first N examples of the stream before its first step; with
+--max-examples the stream ends at the worker's limit (counted from the stream's start, over epochs, the skipped
+examples included), part way through an epoch if need be, and the run ends as at its last epoch's end.
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
@@ -69,6 +71,7 @@ class LoopSettings:
     total_examples: int = 0  # the progress bar's total for one epoch
     total_estimated: bool = False  # total_examples is an estimate from the file's bytes (worker/linecount.py)
     skip_examples: int = 0  # the first examples of the stream (over epochs) dropped untrained: a resumed run's
+    max_examples: int = 0  # the stream (over epochs, the skipped examples included) ends here; 0: no limit
 
 
 @dataclass
@@ -82,6 +85,7 @@ class LoopResult:
     train_logloss: float = math.nan
     curve: list[dict] = field(default_factory=list)  # one entry per evaluation of the validation set
     stopped_early: bool = False
+    stopped_at_limit: bool = False  # the stream reached settings.max_examples
     best: dict | None = None  # the curve's entry with the lowest validation logloss
     restored_best: bool = False  # the tables hold the model of `best` (else the last one)
     source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
@@ -239,6 +243,34 @@ def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
         raise TrainingDataError(str(e), result.steps, result.examples) from e
 
 
+class _Limit:
+    """Passes on the first `left` examples of the batches it is given (the last batch cut to fit), over as many
+    epochs' streams as that takes, then nothing; left 0: no limit. `reached`: the limit ended the stream."""
+
+    def __init__(self, left: int):
+        self.on, self.left, self.reached = left > 0, left, False
+
+    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        if not self.on:
+            yield from batches
+            return
+        if self.reached:
+            return
+        it = iter(batches)
+        try:
+            for batch in it:
+                if len(batch) >= self.left:
+                    yield batch if len(batch) == self.left else batch.slice(0, self.left)
+                    self.left, self.reached = 0, True
+                    return
+                self.left -= len(batch)
+                yield batch
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:  # a file's reader, left part way: closed now, not when collected
+                close()
+
+
 class _Skipping:
     """Drops the first `left` examples of the batches it is given, over as many epochs' streams as that takes;
     `seconds` is the time spent reading them."""
@@ -381,14 +413,18 @@ def run_epochs(
     as training goes: a caller reads how far it got after an exception.
 
     settings.skip_examples: that many examples of the stream are read and dropped before the first step (whole
-    epochs when it holds more; not training time); an epoch they cover whole is not validated."""
+    epochs when it holds more; not training time); an epoch they cover whole is not validated.
+    settings.max_examples: the stream (the skipped examples included) ends after that many examples, part way
+    through an epoch if need be; the run then ends as at its last epoch's end (the validation set evaluated,
+    result.stopped_at_limit)."""
     s = settings
     result = result if result is not None else LoopResult()
     running = RunningMean(0.95)
     started = time.perf_counter()
     plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
-    total = max(0, s.total_examples * s.epochs - s.skip_examples)
-    skipping = _Skipping(s.skip_examples)
+    planned = s.total_examples * s.epochs
+    total = max(0, (min(planned, s.max_examples) if s.max_examples else planned) - s.skip_examples)
+    skipping, limit = _Skipping(s.skip_examples), _Limit(s.max_examples)
     desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
     estimated = s.total_estimated and total > 0
     bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1,
@@ -441,7 +477,7 @@ def run_epochs(
             step_started = time.perf_counter()
             result.epoch, steps_before = epoch + 1, result.steps
             source.start_epoch()
-            batches = prefetched(skipping(train_batches()), prepare, s.prefetch)
+            batches = prefetched(skipping(limit(train_batches())), prepare, s.prefetch)
             try:
                 for _, item in _read_errors_named(batches, result):
                     batch = item.batch
@@ -487,6 +523,8 @@ def run_epochs(
             if not validated and evaluation(epoch + 1):
                 stop = True
                 break
+            if limit.reached:  # no epoch after it
+                break
     except BaseException:  # how far it got, for launch (a stopped worker's last PROGRESS line)
         if lines is not None and not lines.plain:
             lines.update(result, running.value, started + skipping.seconds, {}, stopped=True)
@@ -501,6 +539,7 @@ def run_epochs(
     _close_at_count(bar)
     result.train_logloss = running.value
     result.stopped_early = stop
+    result.stopped_at_limit = bool(s.max_examples) and s.skip_examples + result.examples >= s.max_examples
     result.source_stats = source.stats()
     if lines is not None:
         lines.update(result, running.value, started + skipping.seconds, result.source_stats, final=True)

@@ -110,6 +110,7 @@ class TrainConfig:
     validation_data: str | None = None  # a file to validate on instead of a split
     eval_every: int = 0  # steps between validations; 0: after every epoch
     skip_examples: int = 0  # the first training examples of this worker's stream (over epochs) left out: a resumed run
+    max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
     early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
     prefetch: int = 1
     worker_id: int = 0
@@ -203,12 +204,26 @@ class TrainConfig:
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
         if self.servers and self.local_shards is not None:
             raise ValueError("give --servers or --local-shards, not both")
+        limit = self.worker_max_examples()
+        if self.max_examples and self.max_examples < self.num_workers:
+            raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
+                             "workers: expected at least one example a worker (or 0: no limit)")  # fmt: skip
+        if limit and self.skip_examples >= limit:
+            raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
+                             f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
         if self.skip_examples and self.local_shards is not None:
             raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                              "empty ones (give --servers)")  # fmt: skip
         if needs_servers and not self.servers and self.local_shards is None:
             raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
                              "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
+
+    def worker_max_examples(self) -> int:
+        """The position in this worker's stream of training examples (counted over epochs, the examples
+        --skip-examples skips included) where its training stops: worker i of n takes its share of the job's
+        --max-examples N, N*(i+1)//n - N*i//n; 0: no limit."""
+        n, i = self.num_workers, self.worker_id
+        return self.max_examples * (i + 1) // n - self.max_examples * i // n
 
     def input_files(self) -> dict[str, str | None]:
         """The files the run reads, by flag (None: not given)."""
@@ -227,7 +242,7 @@ class TrainConfig:
                     ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
                     ("--max-bad-lines", unset_or(self.max_bad_lines, 0), 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
                     ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
-                    ("--eval-every", self.eval_every, 0), ("--skip-examples", self.skip_examples, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
+                    ("--eval-every", self.eval_every, 0), ("--skip-examples", self.skip_examples, 0), ("--max-examples", self.max_examples, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
                     ("--staleness", unset_or(self.staleness, 0), 0), ("--geo-every", unset_or(self.geo_every, 1), 1),
                     ("--dense-staleness", unset_or(self.dense_staleness, 0), 0),
                     ("--row-cache-bytes", unset_or(self.row_cache_bytes, 0), 0),
@@ -491,6 +506,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
         total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))), skip_examples=cfg.skip_examples,
+        max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,
     )  # fmt: skip
 
@@ -646,7 +662,7 @@ def train(cfg: TrainConfig) -> dict:
             "shards": len(addresses),
             "recipe": recipe_line,
             "batch_size": cfg.batch_size,
-            "epochs_run": loop.curve[-1]["epoch"] if loop.curve else cfg.epochs,
+            "epochs_run": loop.curve[-1]["epoch"] if loop.curve else loop.epoch,
             "train_examples": loop.examples,
             "skipped_examples": cfg.skip_examples,
             "train_seconds": loop.seconds,
@@ -657,6 +673,8 @@ def train(cfg: TrainConfig) -> dict:
             "dense_syncs": dense.syncs,
             **loop.source_stats,
             "stopped_early": loop.stopped_early,
+            "max_examples": cfg.max_examples,
+            "stopped_at_max_examples": loop.stopped_at_limit,
             "eval_every": cfg.eval_every,
             "restored_best": loop.restored_best,
             "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
