@@ -27,6 +27,7 @@ from worker.launch import (
     add_launch_parser,
     check_train_flags,
     expand_backends,
+    final_evaluation,
     plan_launch,
     run_launch,
     worker_commands,
@@ -386,6 +387,21 @@ def test_merged_progress_bar_counts_every_workers_examples():
         assert bar.postfix == "logloss=0.6000, hit=0.250"
     finally:
         progress.close()
+
+
+def test_a_final_evaluation_that_meets_a_bad_eval_line_says_the_training_had_finished():
+    """The workers check --eval-data's start only; a bad line further on fails launch's final evaluation, which
+    says so (and, on --servers, that the model is kept there)."""
+
+    def bad_line(cfg):
+        raise ValueError("test.tsv line 9: 3 tab-separated columns")
+
+    cfg = TrainConfig(servers=("h:1",), data="train.tsv", eval_data="test.tsv")
+    with pytest.raises(ValueError, match=r"line 9: .*; in the job's final evaluation, after every worker had "
+                       r"finished training \(the model stays on the servers: ps-worker eval scores it"):  # fmt: skip
+        final_evaluation(cfg, bad_line)
+    with pytest.raises(ValueError, match=r"after every worker had finished training$"):
+        final_evaluation(cfg, bad_line, local_shards=True)
 
 
 def test_merge_metrics_and_summary():

@@ -116,6 +116,59 @@ def _train(addresses, cfg, oracle: bool):
         return evaluate(client, spec, backend, dense.pull(), data.eval()), client.pull(cfg.model, ids)
 
 
+def test_stages_closed_early_stop_their_threads_and_close_their_source():
+    """Scoring chains two prefetched stages: closed part way through an endless source, both threads end and the
+    source generator is closed (by the thread that ran it)."""
+    closed = threading.Event()
+
+    def endless():
+        try:
+            k = 0
+            while True:
+                yield k
+                k += 1
+        finally:
+            closed.set()
+
+    before = {t for t in threading.enumerate() if t.name == "prefetch"}
+    chained = prefetched(prefetched(endless(), lambda b: -b, 2), lambda item: item[1] * 2, 2)
+    assert [next(chained) for _ in range(3)] == [((0, 0), 0), ((1, -1), -2), ((2, -2), -4)]
+    chained.close()
+    wait_until(closed.is_set, 10, lambda: "the source to be closed")
+    wait_until(lambda: not {t for t in threading.enumerate() if t.name == "prefetch"} - before, 10,
+               lambda: "both stages' threads to end")  # fmt: skip
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_scoring_reads_and_pulls_the_next_batch_while_one_is_scored(depth):
+    """predictions (eval, predict): with prefetch 1, batch k+1 is read and its rows pulled while batch k is
+    scored (the backend's predict waits for that pull); with 0, each batch in turn. Either way the same
+    probabilities, in order."""
+    from worker.batch import Bags, Batch
+    from worker.loop import predictions
+    from worker.models.spec import FieldSpec, ModelSpec
+
+    spec = ModelSpec("lr", (FieldSpec("f", "lr", 1),), 0)
+    pulled = [threading.Event() for _ in range(4)]
+
+    class Tables:
+        def pull_many(self, items):
+            out = [np.asarray(ids, dtype=np.float32).reshape(-1, 1) for _, ids in items]
+            pulled[int(items[0][1][0])].set()  # batch k holds the id k
+            return out
+
+    class Backend:
+        def predict(self, inputs, dense_values):
+            k = int(inputs.rows["lr"][0, 0])
+            waited = pulled[k + 1].wait(timeout=0.5 if depth == 0 else 30) if k + 1 < len(pulled) else True
+            return np.full(2, (k + 1) / 4 if waited else -1.0, dtype=np.float32)
+
+    batches = (Batch(np.zeros(2), {"f": Bags.one_per_example(np.full(2, k, dtype=np.uint64))}) for k in range(4))
+    probs = [p.tolist() for _, p in predictions(Tables(), spec, Backend(), {}, batches, prefetch=depth)]
+    overlapped = [[0.25] * 2, [0.5] * 2, [0.75] * 2, [1.0] * 2]
+    assert probs == (overlapped if depth else [[-1.0] * 2] * 3 + [[1.0] * 2])
+
+
 def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_loop(servers, tmp_path):
     """Rows pulled ahead (prefetch 1 and 3) or not (0), overlaid with the rows the last pushes returned: one
     worker trains exactly the model of the plainest loop (Zipf ids repeat from batch to batch, so a stale row

@@ -44,7 +44,7 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
     if scored is None:
         raise ValueError("predict scores a file: give --predict-data FILE (with --data, the training file whose first "
                          "lines give the schema), or --data FILE alone")  # fmt: skip
-    run = TrainConfig(**{**common_config(args), "data": args.data or scored})
+    run = TrainConfig(**{**common_config(args), "data": args.data or scored, "prefetch": args.prefetch})
     return PredictConfig(run, scored, args.out, overwrite=args.overwrite, progress=not args.no_progress)
 
 

@@ -369,6 +369,9 @@ def add_served_model_args(p: argparse.ArgumentParser, command: str) -> None:
     )
     add_security_args(p)
     p.add_argument("--batch-size", type=integer(1), default=2048, help="examples per pull")
+    p.add_argument("--prefetch", type=integer(0), default=d.prefetch,
+                   help="batches read and their rows pulled ahead on a thread while one is scored (0: each in turn); "
+                   "the scores are the same")  # fmt: skip
     add_data_args(p, d, command)
     add_model_args(p, d)
 
@@ -513,7 +516,7 @@ def run_train(args: argparse.Namespace) -> int:
 def eval_config(args: argparse.Namespace) -> TrainConfig:
     """The TrainConfig of parsed `eval` arguments: --eval-data alone also stands for --data (the file whose first
     lines give the schema)."""
-    cfg = TrainConfig(**common_config(args), progress=not args.no_progress)
+    cfg = TrainConfig(**common_config(args), prefetch=args.prefetch, progress=not args.no_progress)
     if cfg.data is None and cfg.eval_data is not None:
         cfg = dataclasses.replace(cfg, data=cfg.eval_data)
     return cfg

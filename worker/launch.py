@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ps.errors import PsError
 from worker.cluster import free_port
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
@@ -436,7 +437,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 return 1
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=plan.backends[0], metrics_out=None)  # fmt: skip
-            evaluation = final_evaluation(cfg, evaluate)
+            evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)
@@ -450,15 +451,26 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         os.close(lock_fd)
 
 
-def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None) -> dict:
+def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_shards: bool = False) -> dict:
     """The job's figures on its eval set: evaluate(cfg) (default: worker.train.evaluate_servers) on --eval-data,
     or on the synthetic eval rows without --data; {} for a job on --data without --eval-data, which has no
-    held-out file to score (format_summary says so)."""
+    held-out file to score (format_summary says so). --eval-data is read as it is scored (the workers checked its
+    start only): a ValueError of reading it (a malformed line past --max-bad-lines) says the training had
+    finished (local_shards: the model goes with them, else it stays on the servers)."""
     if cfg.data is not None and cfg.eval_data is None:
         return {}
     if evaluate is None:
         from worker.train import evaluate_servers as evaluate
-    return evaluate(cfg)
+    try:
+        return evaluate(cfg)
+    except PsError:
+        raise
+    except ValueError as e:
+        kept = "" if local_shards else (" (the model stays on the servers: ps-worker eval scores it once the file "
+                                         "is fixed or --max-bad-lines raised)")  # fmt: skip
+        raise ValueError(
+            f"{e}; in the job's final evaluation, after every worker had finished training{kept}"
+        ) from None
 
 
 def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:

@@ -105,15 +105,22 @@ def field_tables(spec: ModelSpec) -> dict[str, str]:
 
 
 def predictions(
-    tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch]
+    tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch], prefetch: int = 1
 ) -> Iterator[tuple[Batch, np.ndarray]]:
-    """(batch, its probabilities (n,)) of each batch, as the model the tables hold now (their rows pulled as each
-    batch comes) and dense_values give them."""
+    """(batch, its probabilities (n,)) of each batch, in order, as the model the tables hold now and dense_values
+    give them. prefetch k: a pipeline of three stages, each up to k batches ahead of the next (worker/pipeline.py
+    prefetched): one thread reads and parses the batches and finds their ids per table, another pulls their rows
+    (a pull waits on the servers without the GIL), and the caller's thread scores one batch while both work
+    ahead; 0: each batch read, pulled and scored in turn. Scoring pushes nothing, so a row pulled ahead is the row
+    a pull in turn would give, unless another worker pushes meanwhile (as it may between pulls in turn)."""
     tmap = field_tables(spec)
-    for batch in batches:
-        tids = table_ids(batch, tmap)
-        rows = pull_rows(tables, spec, tids)
-        yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
+    parsed = prefetched(batches, lambda batch: table_ids(batch, tmap), prefetch)  # (batch, tids)
+    ahead = prefetched(parsed, lambda item: pull_rows(tables, spec, item[1]), prefetch)
+    try:
+        for (batch, tids), rows in ahead:
+            yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
+    finally:  # stopped early (an error, Ctrl-C): the thread stops reading
+        ahead.close()
 
 
 class ScoringProgress(CountProgress):
@@ -146,12 +153,15 @@ def evaluate(
     dense_values: dict,
     batches: Iterable[Batch],
     progress: ScoringProgress | None = None,
+    prefetch: int = 1,
 ) -> dict:
     """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data);
-    progress, when given, is advanced by each batch and closed at the end."""
+    progress, when given, is advanced by each batch and closed at the end. Batches are read and their rows pulled
+    up to `prefetch` ahead of the one scored (predictions)."""
     labels, preds, oracle = [], [], []
+    scored = predictions(tables, spec, backend, dense_values, batches, prefetch)
     try:
-        for batch, probs in predictions(tables, spec, backend, dense_values, batches):
+        for batch, probs in scored:
             labels.append(batch.labels)
             preds.append(probs)
             if batch.probs is not None:
@@ -159,6 +169,7 @@ def evaluate(
             if progress is not None:
                 progress.update(len(batch))
     finally:
+        scored.close()
         if progress is not None:
             progress.close()
     if not labels:
@@ -451,7 +462,7 @@ def run_epochs(
         eval_started = time.perf_counter()
         if not dense.collective:  # the PS path: its pending gradients applied first (allreduce's values are
             dense.flush()  # current, and its flush is a step of every worker: not here)
-        figures = evaluate(tables, spec, backend, dense.values, validation)
+        figures = evaluate(tables, spec, backend, dense.values, validation, prefetch=s.prefetch)
         entry = {"epoch": epoch, "step": result.steps, "examples": result.examples,
                  "train_logloss": running.value, "validation_auc": figures["eval_auc"],
                  "validation_logloss": figures["eval_logloss"]}  # fmt: skip

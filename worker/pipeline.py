@@ -6,6 +6,8 @@ of the up to depth + 1 batches before it, and even one step of such staleness tr
 small tables at a high learning rate. So every push returns the rows it updated, and the consumer lays the rows
 its last depth + 1 pushes returned over the rows pulled ahead (RecentRows): the rows it computes with are then
 exactly those of a run without prefetch (tests/test_pipeline.py), and no pull waits in the step.
+Scoring (eval, predict: worker/loop.py predictions) pushes nothing and needs no overlay; it chains two stages,
+reading on one thread and pulling on another, so a pull's wait overlaps the parsing of the batches after it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
     """Yields (batch, pull(batch)) for each batch, in order, pulling up to depth batches ahead on a thread.
     An exception in reading or pulling is raised here, at the batch where it happened. Closed early, it waits a
     second for the thread, whose pull in flight (a sync or ssp pull may wait out its barrier) is then left to end
-    on its own (the thread is a daemon, and its result is dropped)."""
+    on its own (the thread is a daemon, and its result is dropped). The thread closes `batches` (a generator left
+    part way: its files, or the thread of a prefetched() it is) as it ends, being the thread that ran it."""
     if depth < 0:
         raise ValueError(f"--prefetch is {depth}, expected >= 0")
     if depth == 0:
@@ -56,6 +59,10 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
             put(_END)
         except BaseException as e:  # handed to the consumer, raised there
             put(_Failed(e))
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
 
     thread = threading.Thread(target=produce, name="prefetch", daemon=True)
     thread.start()

@@ -23,6 +23,7 @@ leaves no OUT (and with --overwrite, the earlier OUT as it was).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -86,8 +87,9 @@ def predict_servers(cfg: PredictConfig) -> dict:
         if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of a large
             counted = count_lines_upto(cfg.data, SCORING_COUNT_LINES, header=header)  # file, from bytes
         batches = m.data.read_whole(cfg.data)
-        scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches)
-        rows = _write(cfg.out, scored, labeled, ScoringProgress(counted.estimate, cfg.progress, counted.more))
+        scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches, m.cfg.prefetch)
+        with contextlib.closing(scored):  # read and pulled ahead on a thread, stopped with it
+            rows = _write(cfg.out, scored, labeled, ScoringProgress(counted.estimate, cfg.progress, counted.more))
         shards = m.shards
     stats = next(s for path, s in m.data.read_stats if path == cfg.data)
     if rows == 0:  # _write removed its file

@@ -723,7 +723,7 @@ def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: M
         total = cfg.synthetic_eval_rows if data.synthetic is not None else counted.estimate if counted else 0
         progress = ScoringProgress(total, True, estimated=bool(counted and counted.more)) if total else None
     try:
-        return evaluate(client, spec, backend, dense_values, data.eval(), progress)
+        return evaluate(client, spec, backend, dense_values, data.eval(), progress, cfg.prefetch)
     except PsError:
         raise
     except ValueError as e:
@@ -875,7 +875,7 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
         results = {
             "model": cfg.model,
             "shards": m.shards,
-            **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches, progress),
+            **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches, progress, cfg.prefetch),
         }
         if m.dense_values:  # the MLP the servers hold
             results["dense_norm"] = dense_norm(m.dense_values)
