@@ -281,6 +281,9 @@ def test_a_workers_figures_say_what_its_evaluations_are_of():
     job = format_results({**one, "worker": "1/2", "model_is_best": False})
     assert "(5 examples; the model as this worker finished, which others may have trained since: ps-worker eval" in job
     assert "this worker's evaluations; the servers keep the job's model, which every worker trains" in job
+    limited = format_results({**one, "max_examples": 10, "stopped_at_max_examples": True})
+    assert "on 10 examples (stopped at --max-examples 10) with 1 shard" in limited
+    assert "at epoch 20 (stopped at --max-examples; the model kept" in limited and "still improving" not in limited
 
 
 def test_the_mode_line_names_the_mlp_path_only_for_models_with_an_mlp():

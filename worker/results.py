@@ -29,6 +29,8 @@ def format_results(r: dict) -> str:
         lines.append(f"table  {r['table_rows']:,} trained rows, {r['pending_ids']:,} ids seen but not admitted")
     if "best_validation_auc" in r:
         stop = "stopped early" if r.get("stopped_early") else "ran to its end"
+        if r.get("stopped_at_max_examples") and not r.get("stopped_early"):
+            stop = "stopped at --max-examples"
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
         if _workers(r) > 1:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
@@ -37,7 +39,8 @@ def format_results(r: dict) -> str:
         lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
                      f"  at epoch {r['best_epoch']}{at_step(r)} ({stop}; {kept})")  # fmt: skip
         last = (r.get("curve") or [{}])[-1]
-        if not r.get("stopped_early") and last.get("best") and r["best_epoch"] > 1 and not r.get("skipped_examples"):
+        cut_short = r.get("stopped_early") or r.get("stopped_at_max_examples")  # more epochs would not run
+        if not cut_short and not r.get("skipped_examples") and last.get("best") and r["best_epoch"] > 1:
             lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
                          "--epochs may give a better model")  # fmt: skip
     lines += oracle_lines(r)
