@@ -244,3 +244,44 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
     assert predict(addresses[0], out, *flags, "--overwrite") == 0
     assert read_out(out)[0] == ["line", "probability", "label"]
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were
+
+
+def test_many_files_are_scored_in_order_with_a_file_column_as_each_alone(servers, files, tmp_path, capsys):
+    """A directory (its _SUCCESS skipped) is scored file by file in name order: each row names its file, and a
+    file's rows are those predict writes for it alone; --data alone may name the directory; a file of another
+    format is refused by name and nothing is written."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    lines = Path(test_path).read_text().splitlines(keepends=True)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    (parts / "part-10").write_text("".join(lines[TEST_ROWS // 2 :]))  # after part-2, in number order
+    (parts / "part-2").write_text("".join(lines[: TEST_ROWS // 2]))
+    (parts / "_SUCCESS").write_text("")
+    out = tmp_path / "all.csv"
+    assert predict(addresses[0], out, "--data", train_path, "--predict-data", str(parts), "--model", "fm") == 0
+    assert f"(file, line, probability, label) for {parts} (2 files) to {out}" in capsys.readouterr().out
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["file", "line", "probability", "label"] and len(rows) == TEST_ROWS + 1
+    for name in ("part-2", "part-10"):
+        alone = tmp_path / f"{name}.csv"
+        assert (
+            predict(addresses[0], alone, "--data", train_path, "--predict-data", str(parts / name), "--model", "fm")
+            == 0
+        )
+        with open(alone, newline="") as f:
+            want = list(csv.reader(f))[1:]
+        assert [r[1:] for r in rows[1:] if r[0] == str(parts / name)] == want
+    assert [r[0] for r in rows[1:]] == [str(parts / "part-2")] * (TEST_ROWS // 2) + [str(parts / "part-10")] * (
+        TEST_ROWS - TEST_ROWS // 2
+    )
+    by_data = tmp_path / "by-data.csv"
+    assert predict(addresses[0], by_data, "--data", str(parts), "--model", "fm") == 0
+    assert by_data.read_text() == out.read_text()
+    (parts / "part-3").write_text("1\t2\t3\n")
+    capsys.readouterr()
+    assert predict(addresses[0], tmp_path / "none.csv", "--data", train_path, "--predict-data", str(parts)) == 2
+    assert "part-3: its first line has 3 tab-separated columns, expected 40" in capsys.readouterr().err
+    assert not (tmp_path / "none.csv").exists()

@@ -15,11 +15,12 @@ from worker.train import TrainConfig
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "predict",
-        help="score a file with the model the servers hold: one probability per example, written as CSV",
+        help="score files with the model the servers hold: one probability per example, written as CSV",
         description="Pull the rows and dense parameters the servers hold and write the model's click probability "
         "of every example of --predict-data (else of --data) to --out: a CSV file 'line,probability[,label]', one "
-        "row per example in file order, `line` its line in the input (worker/predict.py). The file may lack "
-        "labels. The model and data flags must be those the model was trained with; --data the training file, "
+        "row per example in file order, `line` its line in the input (worker/predict.py); of many files (a "
+        "directory, a glob, a comma-separated list, as for train), 'file,line,probability[,label]'. The files may "
+        "lack labels. The model and data flags must be those the model was trained with; --data the training file, "
         "whose first lines give the schema (a CSV without the label column needs it, or a --schema).",
         formatter_class=HelpFormatter,
     )
@@ -45,7 +46,8 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
         raise ValueError("predict scores a file: give --predict-data FILE (with --data, the training file whose first "
                          "lines give the schema), or --data FILE alone")  # fmt: skip
     run = TrainConfig(**{**common_config(args), "data": args.data or scored, "prefetch": args.prefetch})
-    return PredictConfig(run, scored, args.out, overwrite=args.overwrite, progress=not args.no_progress)
+    flag = "--predict-data" if args.predict_data else "--data"
+    return PredictConfig(run, scored, args.out, overwrite=args.overwrite, progress=not args.no_progress, flag=flag)
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -53,9 +55,10 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r), flush=True)
         return 0
-    columns = "line, probability" + (", label" if r["labeled"] else "")
+    columns = ("file, " if r["files"] > 1 else "") + "line, probability" + (", label" if r["labeled"] else "")
     lines = f"{r['bad_lines']:,} malformed line{'s' * (r['bad_lines'] != 1)}"
     skipped = f"; skipped {lines} (first: {r['first_bad']})" if r["bad_lines"] else ""
-    print(f"wrote {r['rows']:,} prediction{'s' * (r['rows'] != 1)} of {r['model']} ({columns}) for {r['predict_data']} to {r['out']}"
+    of_files = f" ({r['files']:,} files)" if r["files"] > 1 else ""
+    print(f"wrote {r['rows']:,} prediction{'s' * (r['rows'] != 1)} of {r['model']} ({columns}) for {r['predict_data']}{of_files} to {r['out']}"
           f"{skipped}", flush=True)  # fmt: skip
     return 0

@@ -1,19 +1,23 @@
-"""Scoring a file with the model the servers hold: one probability per example, written to a CSV file as it is read.
+"""Scoring files with the model the servers hold: one probability per example, written to a CSV file as it is read.
 
     predict_servers(cfg: PredictConfig) -> dict      # `ps-worker predict` (flags: worker/cli_predict.py)
 
-The output file (UTF-8, "\n" line ends):
+The input is a file, or many (worker/datafiles.py: a directory, a glob, a comma-separated list), scored in order,
+each the same format as the first (formats.check_same_format). The output file (UTF-8, "\n" line ends):
 
     file        := header row*
-    header      := "line,probability" [",label"] "\n"      # ",label" when the input file holds labels
-    row         := line "," probability ["," label] "\n"
-    line        := the 1-based physical line of the example in the input file, in decimal (a CSV header is
+    header      := ["file,"] "line,probability" [",label"] "\n"   # "file," for many input files; ",label" when
+                                                                  # the input holds labels
+    row         := [path ","] line "," probability ["," label] "\n"
+    path        := the input file of the example as its flag named it (data_files), quoted as the csv module
+                   quotes a field (only when it holds a comma, a quote or a line end)
+    line        := the 1-based physical line of the example in its input file, in decimal (a CSV header is
                    line 1; a CSV record over several lines: its first)
     probability := the model's click probability as printf's "%.9g" writes a float32 (enough digits to read
                    the same float32 back; "1e-05" style for small ones)
     label       := "0" | "1"                                # the input's label of the example
 
-One row per example, in the input's order. Malformed lines skipped (up to --max-bad-lines, reported at the
+One row per example, in the input's order (file by file). Malformed lines skipped (up to --max-bad-lines, reported at the
 end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv header without
 the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is scored
 all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
@@ -24,46 +28,51 @@ leaves no OUT (and with --overwrite, the earlier OUT as it was).
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import logging
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from worker.batch import Batch
-from worker.flags import check_input_file, check_new_file, check_not_an_input, check_output_file, same_file
-from worker.formats import file_has_labels, read_csv_sample
-from worker.linecount import SCORING_COUNT_LINES, LineCount, count_lines_upto
+from worker.datafiles import check_data_input, data_files
+from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
+from worker.formats import check_same_format, file_has_labels, read_csv_sample
+from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.loop import ScoringProgress, predictions
-from worker.train import TrainConfig, served_model
+from worker.train import ServedModel, TrainConfig, served_model
 
 log = logging.getLogger("worker.predict")
 
 
 @dataclass(frozen=True)
 class PredictConfig:
-    """run: the model's and the data's flags, as eval's (run.data: the training file whose first lines give the
-    schema); data: the file to score; out: the CSV file written (replaced only with overwrite)."""
+    """run: the model's and the data's flags, as eval's (run.data: the training data whose first lines give the
+    schema); data: the files to score (worker/datafiles.py), given by `flag`; out: the CSV file written (replaced
+    only with overwrite)."""
 
     run: TrainConfig
     data: str
     out: str
     overwrite: bool = False
     progress: bool = True
+    flag: str = "--predict-data"
 
     def validate(self) -> None:
         """ValueError naming the flag at fault, before any server is asked or anything is written."""
         self.run.validate()
-        check_input_file("--predict-data", self.data, "a data file to score (.gz read through gzip)")
+        check_data_input(self.flag, self.data, "data files to score (.gz read through gzip)")
         check_output_file("--out", self.out)
-        check_not_an_input("--out", self.out, {**self.run.input_files(), "--predict-data": self.data})
+        check_not_an_input("--out", self.out, {**self.run.input_files(), self.flag: self.data})
         check_new_file("--out", self.out, self.overwrite)
         r = self.run
         if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
-                not _first_column_is_labels(self.data):  # fmt: skip
-            raise ValueError(f"--predict-data {self.data}: a CSV scored with neither the training file (--data), nor a "
+                not _first_column_is_labels(data_files(self.data)[0]):  # fmt: skip
+            raise ValueError(f"{self.flag} {self.data}: a CSV scored with neither the training file (--data), nor a "
                              "--schema or --label-column: its label column is unknown (the built-in CSV schema takes "
                              "the first column), and in a file without labels a feature would be taken for it; give "
                              "one of them")  # fmt: skip
@@ -76,51 +85,78 @@ def _first_column_is_labels(path: str) -> bool:
 
 
 def predict_servers(cfg: PredictConfig) -> dict:
-    """Writes cfg.out (see the module docstring) and returns what was done: model, shards, predict_data, out,
-    rows, labeled, bad_lines, first_bad. ValueError when the servers lack the model's tables (nothing written) or
-    the file holds no example."""
+    """Writes cfg.out (see the module docstring) and returns what was done: model, shards, predict_data, files,
+    out, rows, labeled, bad_lines, first_bad. ValueError when the servers lack the model's tables, a file differs
+    in format from the first, or the files hold no example (nothing written)."""
     cfg.validate()
+    files = data_files(cfg.data)
     with served_model(cfg.run, "nothing was written", labels_optional=True) as m:
-        labeled = file_has_labels(cfg.data, m.data.schema)
+        check_same_format(cfg.data, m.data.schema)
+        labeled = file_has_labels(files[0], m.data.schema)
         header = m.data.schema.format == "csv"
         counted = LineCount(0, False, 0, 0)
-        if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of a large
-            counted = count_lines_upto(cfg.data, SCORING_COUNT_LINES, header=header)  # file, from bytes
-        batches = m.data.read_whole(cfg.data)
-        scored = predictions(m.client, m.spec, m.backend, m.dense_values, batches, m.cfg.prefetch)
-        with contextlib.closing(scored):  # read and pulled ahead on a thread, stopped with it
-            rows = _write(cfg.out, scored, labeled, ScoringProgress(counted.estimate, cfg.progress, counted.more))
+        if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of large files,
+            counted = count_files_upto(files, SCORING_COUNT_LINES, header=header)  # from their bytes
+        scored = _scored(m, files)
+        with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
+            progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
+            rows = _write(cfg.out, scored, labeled, len(files) > 1, progress)
         shards = m.shards
-    stats = next(s for path, s in m.data.read_stats if path == cfg.data)
+    stats = [s for path, s in m.data.read_stats if path in files]
+    bad_lines = sum(s.bad_lines for s in stats)
+    first_bad = next((s.first_bad for s in stats if s.first_bad), None)
     if rows == 0:  # _write removed its file
-        why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
-        raise ValueError(f"{cfg.data}: no examples to score (the file is empty, or holds only a header or malformed "
+        why = f"; the first malformed one: {first_bad}" if bad_lines else ""
+        what = "the file is" if len(files) == 1 else f"its {len(files)} files are"
+        raise ValueError(f"{cfg.data}: no examples to score ({what} empty, or hold only a header or malformed "
                          f"lines{why}); nothing was written")  # fmt: skip
     for line in m.data.bad_lines_report():
         log.warning(line)
-    return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "out": cfg.out, "rows": rows,
-            "labeled": labeled, "bad_lines": stats.bad_lines, "first_bad": stats.first_bad}  # fmt: skip
+    return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "files": len(files), "out": cfg.out,
+            "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad}  # fmt: skip
 
 
-def format_rows(line_nos: np.ndarray, probs: np.ndarray, labels: np.ndarray | None) -> str:
-    """The rows of a batch (the module docstring's grammar); labels None: the file has none."""
+def _scored(m: ServedModel, files: list[str]) -> Iterator[tuple[str, Batch, np.ndarray]]:
+    """(file, batch, probabilities) of every batch of the files, in order (each file read and pulled ahead on
+    threads, which closing this generator stops)."""
+    for name in files:
+        batches = m.data.read_whole(name)
+        with contextlib.closing(predictions(m.client, m.spec, m.backend, m.dense_values, batches, m.cfg.prefetch)) as s:
+            for batch, probs in s:
+                yield name, batch, probs
+
+
+def format_rows(line_nos: np.ndarray, probs: np.ndarray, labels: np.ndarray | None, path: str | None = None) -> str:
+    """The rows of a batch (the module docstring's grammar); labels None: the file has none; path: the file column's
+    value (None: no file column)."""
     p = np.asarray(probs, dtype=np.float32).tolist()
+    lead = "" if path is None else _csv_field(path) + ","
     if labels is None:
-        return "".join(f"{n},{q:.9g}\n" for n, q in zip(line_nos.tolist(), p))
-    return "".join(f"{n},{q:.9g},{y:.0f}\n" for n, q, y in zip(line_nos.tolist(), p, labels.tolist()))
+        return "".join(f"{lead}{n},{q:.9g}\n" for n, q in zip(line_nos.tolist(), p))
+    return "".join(f"{lead}{n},{q:.9g},{y:.0f}\n" for n, q, y in zip(line_nos.tolist(), p, labels.tolist()))
 
 
-def _write(out: str, scored: Iterable[tuple[Batch, np.ndarray]], labeled: bool, progress: ScoringProgress) -> int:
-    """Writes the header and the rows of (batch, probabilities) pairs to a temporary file, renamed to `out` when
-    they are all written and there is at least one; returns the row count."""
+def _csv_field(text: str) -> str:
+    """text as one CSV field, quoted only when it must be (csv.QUOTE_MINIMAL)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\r\n").writerow([text])  # a field holding "\r" or "\n" is quoted
+    return out.getvalue()[:-2]
+
+
+def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
+           progress: ScoringProgress) -> int:  # fmt: skip
+    """Writes the header and the rows of (file, batch, probabilities) to a temporary file, renamed to `out` when
+    they are all written and there is at least one; with_file: a file column first. Returns the row count."""
     folder, name = os.path.split(os.path.abspath(out))
     partial = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.partial")
     rows = 0
     try:
         with open(partial, "w", encoding="utf-8", newline="\n") as f:
-            f.write("line,probability,label\n" if labeled else "line,probability\n")
-            for batch, probs in scored:
-                f.write(format_rows(batch.line_nos, probs, batch.labels if labeled else None))
+            f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
+            for path, batch, probs in scored:
+                f.write(
+                    format_rows(batch.line_nos, probs, batch.labels if labeled else None, path if with_file else None)
+                )
                 rows += len(batch)
                 progress.update(len(batch))
         if rows:
