@@ -24,12 +24,13 @@ RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
 
 def _size(text: str) -> int:
-    """Bytes of a size flag: an integer with an optional K, M or G suffix (powers of 1024)."""
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
-    digits = text[:-1] if scale > 1 else text
+    """Bytes of a size flag, spelled as the server's sizes are: a number with an optional K, M, G or T suffix
+    (powers of 1024; "64M", "64MiB", "64MB" and "1.5G" alike), or plain bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
-        value = int(digits) * scale
-    except ValueError:
+        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, e.g. 67108864 or 64M") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected bytes >= 0")
@@ -252,17 +253,18 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         other = f"--{command}-data"
         data.add_argument("--data", help="the training data, whose first file's first lines give the schema (a csv "
                           f"header, libsvm's field count); scored when no {other} is given; .gz read transparently; "
-                          "a file, or many as for train" + (" (predict scores one file)" if command == "predict" else ""))  # fmt: skip
+                          "a file, or many as for train")  # fmt: skip
         if command == "eval":
             data.add_argument("--eval-data", help="the data to score, in the training data's format (a file, or many "
                               "as --data)")  # fmt: skip
         else:
-            data.add_argument("--predict-data", help="the file to score, in the training file's format, with or "
-                              "without its labels (csv: no label column; criteo: 39 columns; libsvm: no label token)")  # fmt: skip
+            data.add_argument("--predict-data", help="the data to score (a file, or many as --data: the output then "
+                              "names each row's file), in the training data's format, with or without labels (csv: no "
+                              "label column; criteo: 39 columns; libsvm: no label token)")  # fmt: skip
     else:
         data.add_argument("--data", help="training data: a file (.gz is read transparently), or many read in order as "
-                          "one stream: a directory (its files by name; hidden, _SUCCESS-like and .crc/.md/.json/.toml "
-                          "files skipped), a quoted glob ('day_*.gz'), or a comma-separated list of these; all in one "
+                          "one stream: a directory (its files by name; hidden files, names starting with '_' and "
+                          "non-data suffixes such as .crc/.md/.json skipped), a quoted glob ('day_*.gz'), or a comma-separated list of these; all in one "
                           "format (without it: synthetic data)")  # fmt: skip
         data.add_argument("--eval-data", help="held-out data (a file, or many as --data), same format, scored after "
                           "training (the eval line)")  # fmt: skip

@@ -137,7 +137,8 @@ class ScoringProgress(CountProgress):
 
     def line(self, rate: float) -> str:
         total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
-        of = f" of about {total:,} ({self.done / total:.0%})" if self.total else ""
+        about = "about " if self.estimated else ""
+        of = f" of {about}{total:,} ({self.done / total:.0%})" if self.total else ""
         return f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s"
 
     def close(self) -> None:

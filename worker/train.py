@@ -9,7 +9,7 @@
                  run_epochs (worker/loop.py), evaluating the validation set as it goes
                  evaluate the eval set, read batch by batch as it is scored; results printed, and written to
                  --metrics-out as JSON
-A malformed line of --data met while training fails the run; with --servers its message says that the servers
+Malformed lines of --data met while training are skipped and counted; one past --max-bad-lines fails the run; with --servers its message says that the servers
 hold the partly trained model. One of --eval-data past its start is met in the final evaluation (past
 --max-bad-lines, it fails the run then, saying that the training had finished).
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
@@ -569,7 +569,7 @@ def check_geo_optimizers(tables: list[TableConfig], spec: ModelSpec) -> None:
 
 def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, ModelSpec, Any, DenseSync]:
     """prepare, the backend, the tables created on `tables` (a Client or alike), the dense parameters pulled:
-    what run_epochs needs, for tests and benchmarks that drive it themselves."""
+    what run_epochs needs, for tests that drive it themselves."""
     cfg, data, spec, _ = prepare(cfg, needs_servers=False)
     for table in table_configs(cfg, spec, data.schema.table_overrides()):
         tables.create_table(table)
