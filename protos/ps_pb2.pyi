@@ -56,7 +56,7 @@ class EvictionSpec(_message.Message):
     def __init__(self, ttl_steps: _Optional[int] = ..., score_threshold: _Optional[float] = ..., decay: _Optional[float] = ..., nonclk_coeff: _Optional[float] = ..., click_coeff: _Optional[float] = ...) -> None: ...
 
 class TableSpec(_message.Message):
-    __slots__ = ("name", "dim", "initializer", "optimizer", "weight_bound", "admission", "eviction", "l2")
+    __slots__ = ("name", "dim", "initializer", "optimizer", "weight_bound", "admission", "eviction", "l2", "features")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     INITIALIZER_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class TableSpec(_message.Message):
     ADMISSION_FIELD_NUMBER: _ClassVar[int]
     EVICTION_FIELD_NUMBER: _ClassVar[int]
     L2_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     initializer: InitializerSpec
@@ -73,7 +74,8 @@ class TableSpec(_message.Message):
     admission: AdmissionSpec
     eviction: EvictionSpec
     l2: float
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ..., l2: _Optional[float] = ...) -> None: ...
+    features: str
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ..., l2: _Optional[float] = ..., features: _Optional[str] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
     __slots__ = ("spec",)

@@ -130,6 +130,7 @@ message TableSpec
   6  admission        LEN     AdmissionSpec            absent: the defaults
   7  eviction         LEN     EvictionSpec             absent: the defaults
   8  l2               I64     double                   > 0: lazy L2, embeddings decay by (1 - lr * l2) per step
+  9  features         LEN     string                   what the ids mean ("" none; at most 64 of [A-Za-z0-9_.:-])
 
 message CreateTableRequest
   1  spec             LEN     TableSpec                the table to create
@@ -543,6 +544,7 @@ def table_config_to_proto(cfg: TableConfig) -> ps_pb2.TableSpec:
         admission=ps_pb2.AdmissionSpec(min_count=cfg.admission.min_count, probability=cfg.admission.probability),
         eviction=ps_pb2.EvictionSpec(**dataclasses.asdict(cfg.eviction)),
         l2=cfg.l2,
+        features=cfg.features,
     )
 
 
@@ -570,6 +572,7 @@ def table_config_from_proto(spec: ps_pb2.TableSpec) -> TableConfig:
         admission=AdmissionConfig(**_set_fields(spec.admission)),
         eviction=EvictionConfig(**_set_fields(spec.eviction)),
         l2=spec.l2,
+        features=spec.features,
     )
 
 

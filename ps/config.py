@@ -14,6 +14,7 @@ from ps.errors import InvalidArgumentError, echo
 
 INITIALIZERS = ("zeros", "uniform", "normal")
 TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+FEATURES_RE = re.compile(r"[A-Za-z0-9_.:-]{0,64}")  # a TableConfig.features value
 MAX_DIM = 4096
 MAX_HYPERPARAMETER = 1e30  # rows are float32 (max 3.4e38): larger factors overflow them at once
 ADAM_BETA_MAX = float(np.nextafter(np.float32(1), np.float32(0)))  # the largest float32 below 1
@@ -181,6 +182,10 @@ class TableConfig:
     admission: AdmissionConfig = AdmissionConfig()
     eviction: EvictionConfig = EvictionConfig()
     l2: float = 0.0  # > 0: lazy L2, embeddings decay by (1 - learning_rate * l2) per clock step (ps.rows.update)
+    # What the table's ids mean, as its creator names it (a worker: a fingerprint of its schema, "schema:<hex>"); ""
+    # none. Part of the spec like the rest, except that "" on either side of a comparison matches any value (a
+    # table made before fingerprints, or by a client that sends none).
+    features: str = ""
 
     def validate(self) -> None:
         if not TABLE_NAME_RE.fullmatch(self.name):
@@ -200,6 +205,9 @@ class TableConfig:
             )
         self.admission.validate()
         self.eviction.validate()
+        if not FEATURES_RE.fullmatch(self.features):
+            raise InvalidArgumentError(f"table {self.name!r}: features {echo(self.features)} is invalid; expected at "
+                                       "most 64 characters of [A-Za-z0-9_.:-]")  # fmt: skip
 
     def normalized(self) -> TableConfig:
         """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
@@ -220,11 +228,15 @@ class TableConfig:
             admission=AdmissionConfig(**d.get("admission", {})),
             eviction=EvictionConfig(**d.get("eviction", {})),
             l2=float(d.get("l2", 0.0)),
+            features=str(d.get("features", "")),
         )
 
     def differences(self, other: TableConfig) -> list[str]:
-        """Human-readable list of fields where self and other differ ("dim: 8 != 16")."""
+        """Human-readable list of fields where self and other differ ("dim: 8 != 16"); features only when both
+        are set."""
         a, b = _flatten(self.to_dict()), _flatten(other.to_dict())
+        if not (a["features"] and b["features"]):
+            del a["features"], b["features"]
         return [f"{k}: {a.get(k)!r} != {b.get(k)!r}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 

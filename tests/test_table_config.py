@@ -67,6 +67,8 @@ def test_bad_toml_names_the_table_and_key(text, message):
         (TableConfig("t", 2, l2=math.nan), "table 't': l2 must be finite, >= 0"),
         (TableConfig("t", 2, l2=math.inf), "table 't': l2 must be finite, >= 0"),
         (TableConfig("t", 2, optimizer=OptimizerConfig("ftrl"), l2=0.1), "table 't': l2 does not apply to ftrl"),
+        (TableConfig("t", 2, features="schema 1"), r"table 't': features 'schema 1' is invalid; expected at most 64"),
+        (TableConfig("t", 2, features="x" * 65), r"features 'x+' is invalid"),
     ],
 )
 def test_invalid_table_settings_are_rejected(cfg, message):

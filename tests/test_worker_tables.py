@@ -3,10 +3,11 @@ created or read, and models that never share an MLP."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, TableConfig
-from ps.errors import TableNotFoundError
+from ps.errors import TableExistsError, TableNotFoundError
 from worker.__main__ import main as worker_main
 from worker.client import Client
 from worker.cluster import LocalCluster
@@ -65,3 +66,49 @@ def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimi
     assert "(--model, --embedding-dim, --hidden, the schema and its data), or other" in err  # eval's flags only
     code, err = run(["eval", "--servers", servers, "--model", "fm", *SMALL], capsys)
     assert code == 2 and "the servers hold no table fm" in err, err
+
+
+def test_tables_remember_the_schema_another_is_refused_and_new_data_of_the_same_is_not(tmp_path, capsys):
+    """Each table carries its schema's fingerprint: a run whose schema gives ids another meaning (another column
+    in a position) is refused by train and eval before anything is created or scored; the same schema over other
+    data (other means and stds) trains further; a table with no fingerprint takes any."""
+    rng = np.random.default_rng(0)
+
+    def csv_file(name: str, shift: float) -> str:
+        lines = ["click,price,city,device"] + [
+            f"{rng.integers(2)},{rng.normal(10 + shift, 2):.3f},{rng.choice(['a', 'b', 'c'])},{rng.choice(['x', 'y'])}"
+            for _ in range(400)
+        ]
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        return str(tmp_path / name)
+
+    first, second = csv_file("day1.csv", 0.0), csv_file("day2.csv", 5.0)
+    schema = tmp_path / "s.toml"
+    schema.write_text('format = "csv"\nlabel = "click"\n[[columns]]\nname = "price"\nkind = "numeric"\n'
+                      'transform = "standardize"\n[[columns]]\nname = "city"\nkind = "categorical"\n'
+                      '[[columns]]\nname = "device"\nkind = "categorical"\n')  # fmt: skip
+    other = tmp_path / "other.toml"  # city and device swapped: the same ids, other features (mean and std given)
+    other.write_text(schema.read_text().replace('"standardize"', '"standardize"\nmean = 10.0\nstd = 2.0').replace('"city"', '"tmp"').replace('"device"', '"city"').replace('"tmp"',
+                                                                                                        '"device"'))  # fmt: skip
+    with LocalCluster(1) as cluster:
+        servers = ",".join(cluster.addresses)
+        base = ["--servers", servers, "--model", "fm", "--no-progress"]
+        code, err = run(["train", *base, "--data", first, "--schema", str(schema), "--epochs", "1"], capsys)
+        assert code == 0, err
+        with Client(cluster.addresses) as client:
+            (info,) = client.describe_table("fm")
+            assert info.spec.features.startswith("schema:") and len(info.spec.features) == 23
+        code, err = run(["train", *base, "--data", first, "--schema", str(other), "--epochs", "1"], capsys)
+        assert code == 2 and "the servers hold this model's tables trained with another schema (" in err, err
+        assert "nothing was created" in err, err
+        code, err = run(["eval", *base, "--data", first, "--schema", str(other), "--eval-data", second], capsys)
+        assert code == 2 and "trained with another schema" in err and "nothing was evaluated" in err, err
+        code, err = run(["train", *base, "--data", second, "--schema", str(schema), "--epochs", "1"], capsys)
+        assert code == 0, err  # another day's data, its own mean and std: the same meaning
+        with Client(cluster.addresses) as client:
+            client.create_table(TableConfig("plain", 2))  # as a client that sends no fingerprint makes it
+            client.create_table(TableConfig("plain", 2, features="schema:0123456789abcdef"))
+            client.create_table(TableConfig("marked", 2, features="schema:0123456789abcdef"))
+            client.create_table(TableConfig("marked", 2))  # a client that sends none
+            with pytest.raises(TableExistsError, match=r": features: 'schema:0123456789abcdef' != 'schema:1111"):
+                client.create_table(TableConfig("marked", 2, features="schema:1111111111111111"))

@@ -51,6 +51,7 @@ case) is missing: 0 for log and none, the mean for standardize, and its own buck
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -125,6 +126,16 @@ class Schema:
 
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)
+
+    def fingerprint(self) -> str:
+        """ "schema:" and 16 hex digits of a hash of what the model's rows mean: every column in order, less where
+        its cells come from (source) and the statistics train computes from the data (mean, std), and the bias
+        table. Each table the model creates carries it (TableConfig.features): another schema, whose ids would
+        land on rows trained for other features, is refused by the servers' tables (worker/tables.py)."""
+        drop = {"source", "mean", "std"}
+        columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop} for c in self.columns]
+        text = json.dumps({"columns": columns, "bias_table": self.bias_table}, sort_keys=True, default=list)
+        return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def dense_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if not c.is_sparse)

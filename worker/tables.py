@@ -15,8 +15,9 @@ from ps.config import TableConfig
 from ps.errors import TableNotFoundError
 from worker.dense import TABLE_PREFIX
 
-SHAPE_FIELDS = ("dim", "initializer.scale")  # what a forward pass depends on (the scale of an MLP parameter's
-# glorot initializer is set by its shape, so it tells another --hidden or MLP input width)
+SHAPE_FIELDS = ("dim", "initializer.scale", "features")  # what a forward pass depends on (the scale of an MLP
+# parameter's glorot initializer is set by its shape, so it tells another --hidden or MLP input width; features: the
+# schema that gave the rows their meaning)
 
 
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None
@@ -33,7 +34,7 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
             continue
         diff = codec.table_config_from_proto(infos[0].spec).normalized().differences(t.normalized())
         if fields is not None:
-            keep = fields if t.name.startswith(TABLE_PREFIX) else ("dim",)
+            keep = fields if t.name.startswith(TABLE_PREFIX) else ("dim", "features")
             diff = [d for d in diff if d.split(":")[0] in keep]
         if diff:
             differ[t.name] = diff
@@ -46,8 +47,14 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     an error too. doing: what the run was about to do ("nothing was created")."""
     differ, missing = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None)
     parts = []
+    if differ and all(d[0].startswith("features:") and len(d) == 1 for d in differ.values()):
+        held = next(iter(differ.values()))[0].split(": ", 1)[1]
+        parts.append(f"the servers hold this model's tables trained with another schema ({held}, on the servers != "
+                     f"this run): {FEATURES_HINT}")  # fmt: skip
+        differ = {}
     if differ:
-        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name) or _dim_hint(diff)}" for name, diff in differ.items()]
+        lines = [f"  {name}: {'; '.join(diff)}{_dense_hint(name) or _dim_hint(diff) or _features_hint(diff)}"
+                 for name, diff in differ.items()]  # fmt: skip
         parts.append("the servers hold tables of this model with other settings than this run's (on the servers "
                      "!= this run):\n" + "\n".join(lines))  # fmt: skip
     if for_eval and missing:
@@ -58,6 +65,16 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
             settings += ", --table-config, the optimizers"
         raise ValueError("; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
+
+
+FEATURES_HINT = (
+    "its columns, their order, kinds, id spaces or buckets differ from this run's, so the same ids "
+    "would stand for other features (a schema inferred anew, or one of another dataset?)"
+)
+
+
+def _features_hint(diff: list[str]) -> str:
+    return f" ({FEATURES_HINT})" if any(d.startswith("features:") for d in diff) else ""
 
 
 def _dim_hint(diff: list[str]) -> str:

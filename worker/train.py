@@ -406,12 +406,14 @@ def sparse_table_configs(
 
 
 def table_configs(
-    cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict] | None = None
+    cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict] | None = None, features: str = ""
 ) -> list[TableConfig]:
-    """The model's tables (sparse, then one per dense parameter), with --table-config applied to those it names."""
+    """The model's tables (sparse, then one per dense parameter), with --table-config applied to those it names;
+    features: what their rows mean (Schema.fingerprint), set on every one of them."""
     dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
     tables = sparse_table_configs(spec, cfg, schema_overrides or {})
     tables += [dense_table_config(p, dense_opt) for p in spec.dense_params()]
+    tables = [dataclasses.replace(t, features=features) for t in tables]
     if not cfg.table_config:
         return tables
     with open(cfg.table_config) as f:
@@ -571,7 +573,7 @@ def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, Mo
     """prepare, the backend, the tables created on `tables` (a Client or alike), the dense parameters pulled:
     what run_epochs needs, for tests that drive it themselves."""
     cfg, data, spec, _ = prepare(cfg, needs_servers=False)
-    for table in table_configs(cfg, spec, data.schema.table_overrides()):
+    for table in table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint()):
         tables.create_table(table)
     dense = DenseSync(tables, spec.dense_params(), cfg.dense_sync_every)
     dense.pull()
@@ -585,7 +587,7 @@ def train(cfg: TrainConfig) -> dict:
         data.validation()
         data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
     backend = make_backend(spec, cfg)
-    tables_cfg = table_configs(cfg, spec, data.schema.table_overrides())
+    tables_cfg = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
     own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
     if own:
         recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
@@ -850,7 +852,12 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
     backend = make_backend(spec, cfg)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
-        check_tables(client, table_configs(cfg, spec, data.schema.table_overrides()), doing, for_eval=True)
+        check_tables(
+            client,
+            table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint()),
+            doing,
+            for_eval=True,
+        )
         dense_values = DenseSync(client, spec.dense_params()).pull()
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(addresses))
 
