@@ -1,5 +1,5 @@
 """Tests for worker/criteo_fast.py: reading Criteo files through the compiled scan gives exactly what the
-reference path (criteo.parse_share, then encode on bytes cells; formats.CRITEO_SCAN = False) gives: the same
+reference path (criteo.parse_share, then encode on bytes cells; criteo_reader.CRITEO_SCAN = False) gives: the same
 batches, bad-line counts, first problems and errors, on synthetic data, hand-made edge cases, worker shares,
 gzip, other schemas over the criteo columns and random lines. The scan is also checked cell by cell against
 parse_lines with int_values and cat_values, and the chunks it leaves to the reference path are the ones its
@@ -10,12 +10,12 @@ import gzip
 import numpy as np
 import pytest
 
-from worker import formats
 from worker.criteo import parse_lines
 from worker.criteo_fast import scan_lines
 from worker.encode import int_values, parsed_sources
 from worker.features import cat_values
 from worker.formats import ReadStats, column_stats, read_batches
+from worker.readers import criteo_reader
 from worker.schema import CRITEO_COLUMNS, schema_from_text
 from worker.schema_builtin import builtin_schema
 from worker.synthetic import SyntheticConfig, write_synthetic
@@ -48,14 +48,14 @@ def random_good_lines(rng: np.random.Generator, n: int) -> list[bytes]:
 def read(path, schema=SCHEMA, batch_size=7, *, scan=True, **kw):
     """(batches, stats, error message or None) of a read with or without the scan."""
     stats, batches, error = ReadStats(), [], None
-    saved, formats.CRITEO_SCAN = formats.CRITEO_SCAN, scan
+    saved, criteo_reader.CRITEO_SCAN = criteo_reader.CRITEO_SCAN, scan
     try:
         for b in read_batches(path, schema, batch_size, stats=stats, **kw):
             batches.append(b)
     except ValueError as e:
         error = str(e)
     finally:
-        formats.CRITEO_SCAN = saved
+        criteo_reader.CRITEO_SCAN = saved
     return batches, stats, error
 
 
@@ -89,7 +89,7 @@ def scanned_chunks(monkeypatch):
         seen.append(out is not None)
         return out
 
-    monkeypatch.setattr(formats, "scan_lines", spy)
+    monkeypatch.setattr(criteo_reader, "scan_lines", spy)
     return seen
 
 
@@ -316,11 +316,11 @@ def test_other_schemas_over_the_criteo_columns_read_alike(tmp_path, scanned_chun
     path.write_bytes(b"".join(lines))
     schema = schema_from_text(OTHER_SCHEMA, "s", default_table="t", default_dim=4)
     fast_stats, reference_stats = column_stats(path, schema), None
-    saved, formats.CRITEO_SCAN = formats.CRITEO_SCAN, False
+    saved, criteo_reader.CRITEO_SCAN = criteo_reader.CRITEO_SCAN, False
     try:
         reference_stats = column_stats(path, schema)
     finally:
-        formats.CRITEO_SCAN = saved
+        criteo_reader.CRITEO_SCAN = saved
     assert fast_stats == reference_stats
     schema = schema.with_stats(fast_stats)
     scanned_chunks.clear()

@@ -1,5 +1,5 @@
 """Tests for worker/csv_fast.py: reading CSV files with the compiled scan of plain lines gives exactly what the csv
-module alone gives (formats.CSV_SCAN = False): the same batches (labels, ids, weights, dense features, line
+module alone gives (csv_reader.CSV_SCAN = False): the same batches (labels, ids, weights, dense features, line
 numbers), bad-line counts, first problems and errors, over random files (quotes, delimiters and newlines inside
 quotes, CRLF and lone CR line ends, empty and blank lines, bad column counts, labels and cells, non-ASCII text,
 bytes that are not UTF-8, a BOM, a missing last newline, gzip) with several workers and chunk sizes, and over
@@ -16,6 +16,8 @@ from worker import csv_fast, formats
 from worker.encode import float_values, int_values
 from worker.features import cat_values
 from worker.formats import ReadStats, read_batches
+from worker.readers import csv_reader
+from worker.readers.share import BadLines, Share
 from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema
 
@@ -123,14 +125,14 @@ def schema(tmp_path, delimiter=","):
 def read(path, schema, batch_size, *, scan=True, **kw):
     """(batches, stats, error message or None) of a read with or without the scan."""
     stats, batches, error = ReadStats(), [], None
-    saved, formats.CSV_SCAN = formats.CSV_SCAN, scan
+    saved, csv_reader.CSV_SCAN = csv_reader.CSV_SCAN, scan
     try:
         for b in read_batches(path, schema, batch_size, stats=stats, **kw):
             batches.append(b)
     except ValueError as e:
         error = str(e)
     finally:
-        formats.CSV_SCAN = saved
+        csv_reader.CSV_SCAN = saved
     return batches, stats, error
 
 
@@ -178,8 +180,8 @@ def test_random_files_read_alike(tmp_path, small_chunks, seed):
 
 def test_plain_files_take_the_scan_and_quoted_chunks_the_csv_module(tmp_path, small_chunks, monkeypatch):
     scans = []
-    real = formats.scan_plain
-    monkeypatch.setattr(formats, "scan_plain", lambda plain, *a: scans.append(plain.count) or real(plain, *a))
+    real = csv_reader.scan_plain
+    monkeypatch.setattr(csv_reader, "scan_plain", lambda plain, *a: scans.append(plain.count) or real(plain, *a))
     path = tmp_path / "d.csv"
     path.write_bytes(random_csv(np.random.default_rng(0), 100, plain=1.0, ends=["\n", "\r\n"]))
     (batches, stats, error) = assert_same_reads(path, schema(tmp_path), max_bad_lines=10**6)
@@ -229,16 +231,16 @@ def test_a_label_only_file_and_blank_lines(tmp_path):
 
 def pieces(path, schema, size, *, scan):
     """[(line numbers, problems)] of the chunks formats cuts the file into."""
-    share = formats._Share(0, 1, formats._BadLines(str(path), 10**9, ReadStats()))
-    saved, formats.CSV_SCAN = formats.CSV_SCAN, scan
+    share = Share(0, 1, BadLines(str(path), 10**9, ReadStats()))
+    saved, csv_reader.CSV_SCAN = csv_reader.CSV_SCAN, scan
     try:
         return [(c.line_nos.tolist(), c.problems) for c in formats._cell_chunks(str(path), schema, size, share)]
     finally:
-        formats.CSV_SCAN = saved
+        csv_reader.CSV_SCAN = saved
 
 
 def test_long_cells_cut_chunks_alike(tmp_path, monkeypatch):
-    monkeypatch.setattr(formats, "CHUNK_CHARS", 200)
+    monkeypatch.setattr(csv_reader, "CHUNK_CHARS", 200)
     path = tmp_path / "d.csv"
     data = random_csv(np.random.default_rng(2), 300, plain=1.0, ends=["\n"]).split(b"\n")
     for k in (5, 40, 41, 90, 200):  # long cells, in characters fewer than in bytes

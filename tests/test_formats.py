@@ -1,6 +1,6 @@
-"""Tests for worker/formats.py: criteo, csv and libsvm files (plain or gzipped) through a schema into Batches;
-worker shares; bad lines skipped, counted and fatal over the limit (bad cells included); the csv column
-options; the libsvm field rule; column_stats."""
+"""Tests for worker/formats.py and worker/readers/: criteo, csv and libsvm files (plain or gzipped) through a
+schema into Batches; worker shares; bad lines skipped, counted and fatal over the limit (bad cells included); the
+csv column options; the libsvm field rule; column_stats."""
 
 import gzip
 import re
@@ -495,23 +495,24 @@ def test_a_long_csv_cell_shrinks_its_chunk_not_the_memory_and_reads_the_same(tmp
     """numpy's string arrays pad each cell to a chunk's longest: a 100,000-character cell among 4,096 rows took
     1.6 GB a column. A chunk holds at most CHUNK_CHARS of rows x longest cell, and the batches are those of one
     chunk per batch."""
-    import worker.formats as formats
+    from worker.readers import csv_reader
+    from worker.readers.share import BadLines, Share
 
     path = tmp_path / "long.csv"
     rows = [f"{i % 2},u{i % 37},{'x' * 20_000 if i == 10 else f'i{i % 11}'}" for i in range(3000)]
     path.write_text("label,user,item\n" + "\n".join(rows) + "\n")
     schema = builtin_schema("csv", default_table="t", default_dim=4, header=["label", "user", "item"])
-    chunks = list(formats._csv_cells(str(path), schema, 4096, formats._Share(0, 1, formats._BadLines(str(path), 0,
-                                                                                                   ReadStats()))))  # fmt: skip
+    share = Share(0, 1, BadLines(str(path), 0, ReadStats()))
+    chunks = list(csv_reader.csv_cells(str(path), schema, 4096, share))
     for chunk in chunks:
         longest = max(max(len(c) for c in col) for col in chunk.cells.values())
-        assert len(chunk.labels) == 1 or len(chunk.labels) * longest <= formats.CHUNK_CHARS, (
+        assert len(chunk.labels) == 1 or len(chunk.labels) * longest <= csv_reader.CHUNK_CHARS, (
             len(chunk.labels),
             longest,
         )
     assert sum(len(c.labels) for c in chunks) == 3000 and len(chunks) > 1
     small = list(read_batches(path, schema, 1000))
-    monkeypatch.setattr(formats, "CHUNK_CHARS", 1 << 40)  # one chunk: the batches must not change
+    monkeypatch.setattr(csv_reader, "CHUNK_CHARS", 1 << 40)  # one chunk: the batches must not change
     whole = list(read_batches(path, schema, 1000))
     assert [len(b) for b in small] == [len(b) for b in whole] == [1000, 1000, 1000]
     for a, b in zip(small, whole):

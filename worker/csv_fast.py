@@ -5,8 +5,9 @@
         .take_plain(worker_id, num_workers, index, want) -> Plain   # a run of plain lines, this share's
     scan_plain(plain, delimiter, width, label_at, sources, parsed) -> Scanned
 
-Optional speed machinery: worker/formats.py reads a CSV chunk through take_plain and scan_plain when its lines
-are plain, else through the csv module over texts() (formats.CSV_SCAN = False: always), with the same result.
+Optional speed machinery: worker/readers/csv_reader.py reads a CSV chunk through take_plain and scan_plain when
+its lines are plain, else through the csv module over texts() (csv_reader.CSV_SCAN = False: always), with the
+same result.
 
 Physical lines end at "\n", "\r\n" or a lone "\r" (as io.TextIOWrapper(newline="") splits them, the way the
 csv module reads a file), or at the end of the file. A line is plain when it holds no quote character ("),

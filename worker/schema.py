@@ -4,7 +4,7 @@ A schema is a TOML file (`--schema FILE`); `--format criteo|csv|libsvm` with the
 schemas (worker/schema_builtin.py), so every run reads its data through one. Grammar (keys not listed are errors):
 
     format    = "csv"              # csv (default) | criteo | libsvm: how a line splits into columns, and the
-                                   # columns' names (worker/formats.py): csv the header's; criteo label, I1..I13,
+                                   # columns' names (worker/readers/): csv the header's; criteo label, I1..I13,
                                    # C1..C26; libsvm label, f0, f1, ... (f<k> the k-th id:value token's id)
     delimiter = ","                # csv only: one character
     label     = "label"            # the label column (0/1); default: the training file's first column, for

@@ -1,0 +1,78 @@
+"""The Criteo TSV reader: a worker's share of a Criteo file as chunks of cells (worker/formats.py reads them).
+
+criteo  label TAB I1..I13 TAB C1..C26 (worker/criteo.py): columns I1..I13, C1..C26. Bad: a column count
+        other than 40, a label other than 0/1. A chunk is read by worker/criteo_fast.py's compiled scan, or
+        when it holds a line the scan does not handle, by criteo.parse_share (with the same result).
+Without labels: I1..I13 TAB C1..C26: 39 columns. Bad: a column count other than 39. A file is without labels
+        when the first of its first LABEL_PROBE_LINES lines with 39 or 40 columns has 39 (has_labels).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import numpy as np
+
+from worker.criteo import NUM_COLUMNS, parse_share
+from worker.criteo_fast import scan_lines
+from worker.encode import parsed_sources
+from worker.readers.share import Cells, Share, first_line, open_data
+from worker.schema import CRITEO_COLUMNS, Schema
+
+CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
+
+
+def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
+    """Chunks of `size` lines of the share as cells, by the module docstring's rules. labeled=False: each non-empty line is read as if a label column "0" began it (so a good line has 40
+    columns), its label then NaN, and a column count in a bad line's problem told without that column."""
+    int_sources, cat_sources, _ = parsed_sources(schema)
+    with open_data(name) as f:
+        for lines, first in share.chunks(f, size):
+            if not labeled:
+                lines = [b"0\t" + line if _body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
+            scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
+            if scanned is not None:
+                line_nos = first + share.num_workers * np.arange(len(lines), dtype=np.int64)
+                labels = scanned.labels if labeled else np.full(len(lines), np.nan, np.float32)
+                yield Cells(labels, scanned.cells, line_nos, [], scanned.parsed)
+                continue
+            labels, columns, line_nos, problems = parse_share(lines, first, share.num_workers, name)
+            cells = {CRITEO_COLUMNS[j]: columns[:, j] for j in range(1, NUM_COLUMNS)}
+            if not labeled:
+                labels = np.full(len(labels), np.nan, np.float32)
+                problems = [(line_no, _without_label(problem)) for line_no, problem in problems]
+            yield Cells(labels, cells, line_nos, problems)
+
+
+_COLUMN_COUNT = re.compile(rf"(\d+) tab-separated columns, expected {NUM_COLUMNS}")  # criteo.py's wording
+
+
+def _without_label(problem: str) -> str:
+    """A criteo problem of a line read with a label column put before it, told of the line as it is."""
+    m = _COLUMN_COUNT.match(problem)
+    if m is None:
+        return problem
+    return (f"{int(m[1]) - 1} tab-separated columns, expected {NUM_COLUMNS - 1} (a file without labels, as its "
+            f"first line is){problem[m.end():]}")  # fmt: skip
+
+
+def has_labels(name: str) -> bool:
+    """Whether a Criteo file's lines start with a label (see the module docstring); True for an empty file."""
+    line = first_line(name, lambda line: _body(line).count(b"\t") + 1 in (NUM_COLUMNS - 1, NUM_COLUMNS))
+    return line is None or _body(line).count(b"\t") + 1 == NUM_COLUMNS
+
+
+def first_line_problem(name: str) -> str | None:
+    """Why the first non-empty line of a file is not Criteo TSV (39 or 40 columns), or None."""
+    line = first_line(name, lambda line: bool(line.strip()))
+    if line is None:
+        return None
+    columns = _body(line).count(b"\t") + 1
+    return None if columns in (NUM_COLUMNS - 1, NUM_COLUMNS) else f"its first line has {columns} tab-separated " \
+        f"columns, expected {NUM_COLUMNS} (Criteo TSV)"  # fmt: skip
+
+
+def _body(line: bytes) -> bytes:
+    """A Criteo line without its line end."""
+    return line.rstrip(b"\n").removesuffix(b"\r")

@@ -1,0 +1,275 @@
+"""The CSV reader: a worker's share of a CSV file's records as chunks of cells (worker/formats.py reads them).
+
+csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
+        quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
+        label column (default: the first) holds 0 or 1 (any text that float() reads as 0 or 1).
+        Bad: a column count other than the header's, a bad label. A chunk is read by worker/csv_fast.py's
+        compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
+        (with the same result).
+Without labels: the header has no column named as the schema's label; the other rules hold. has_labels tells
+        by the header: one naming the label column (a schema without a label takes the first column: always
+        labeled).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import math
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from worker.criteo import EMPTY_LINE
+from worker.csv_fast import CsvLines, Plain, Scanned, scan_plain
+from worker.encode import Parsed, parsed_sources
+from worker.readers.share import Cells, ReadStats, Share, open_data
+from worker.schema import Schema
+
+CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
+MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
+CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alone may pass it): numpy's string
+# arrays pad every cell to the longest, 4 bytes a character, so one 100 KB cell among 4,096 rows took 1.6 GB a column
+MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (a bad record)
+
+
+class open_csv:
+    """A context manager giving a csv.reader over a file (gzip read through), UTF-8 with a BOM ignored; raw: the
+    file in bytes."""
+
+    def __init__(self, name: str, delimiter: str):
+        self.raw = open_data(name)
+        text = io.TextIOWrapper(self.raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
+        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
+        self.reader = csv.reader(text, delimiter=delimiter)
+
+    def __enter__(self) -> Any:  # the csv.reader
+        return self.reader
+
+    def __exit__(self, *exc: object) -> None:
+        self.raw.close()
+
+
+def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None:
+    """The header's column names of a csv file, or None for an empty file."""
+    with open_csv(os.fspath(path), delimiter) as reader:
+        return next(reader, None)
+
+
+def has_labels(name: str, schema: Schema) -> bool:
+    """Whether a CSV file holds labels (see the module docstring); True for an empty file."""
+    header = read_csv_header(name, schema.delimiter)
+    return not header or schema.label is None or schema.label in header
+
+
+def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True
+                 ) -> tuple[int | None, dict[str, int]]:  # fmt: skip
+    """(label index, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
+    labeled=False: no label is read (index None)."""
+    if not header:
+        raise ValueError(f"{name}: the header line names no columns")
+    label = schema.label if schema.label is not None else (header[0] if header else None)
+    sources = list(dict.fromkeys(c.source for c in schema.columns))
+    if not labeled:
+        label = None
+    named = [label, *sources] if labeled else sources
+    unknown = [c for c in named if c not in header]
+    if unknown:
+        raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}")
+    repeated = [c for c in named if header.count(c) > 1]
+    if repeated:
+        raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
+    if label in sources:
+        raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
+    return (header.index(label) if labeled else None), {s: header.index(s) for s in sources}
+
+
+def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
+    """Chunks of `size` records of the share (labeled=False: without labels): through csv_fast's scan when
+    CSV_SCAN allows it and all of the chunk's lines are plain and UTF-8, else through the csv module (the lines
+    of the run taken before the first that is not, each read from its text; then records from there on)."""
+    with open_data(name) as raw:
+        lines = CsvLines(raw)
+        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
+        reader = csv.reader(lines.texts(), delimiter=schema.delimiter)
+        header = next(reader, None)
+        if header is None:
+            return
+        label_at, sources = _csv_columns(name, header, schema, labeled)
+        parsed = parsed_sources(schema)
+        scan = CSV_SCAN and ord(schema.delimiter) < 128
+        n, index = share.num_workers, 0  # index: the records read so far
+        while True:
+            chunk = _CsvRecords(share.bad.stats, len(header), label_at)
+            if scan:
+                base = lines.consumed
+                plain = lines.take_plain(share.worker_id, n, index, size)
+                index += plain.lines
+                line_nos = base + 1 + plain.first + n * np.arange(plain.count, dtype=np.int64)
+                if not plain.stopped and _utf8(plain):
+                    share.bad.stats.lines_read += plain.count
+                    if plain.count:
+                        scanned = scan_plain(plain, schema.delimiter, len(header), label_at, sources, parsed)
+                        yield from _scanned_chunks(scanned, line_nos, len(header), label_at)
+                    if plain.count < size:  # the end of the file
+                        return
+                    continue
+                text = plain.buf.tobytes().decode("utf-8", "surrogateescape").split("\n")[:-1]
+                for row, line_no in zip(csv.reader(text, delimiter=schema.delimiter), line_nos.tolist()):
+                    chunk.add(row, line_no, line_no)
+            ended = False
+            while chunk.lines < size:
+                start = lines.consumed + 1  # the record's first physical line
+                try:
+                    row = next(reader)
+                except StopIteration:
+                    ended = True
+                    break
+                except csv.Error as e:  # e.g. a field over the csv module's size limit
+                    row = e
+                index += 1
+                if (index - 1) % n == share.worker_id:
+                    chunk.add(row, start, lines.consumed)
+            if chunk.lines:
+                yield from _csv_chunks(chunk.labels, chunk.rows, chunk.line_nos, chunk.problems, sources)
+            if ended:
+                return
+
+
+def _utf8(plain: Plain) -> bool:
+    """Whether a run's lines are UTF-8 (the scan's cells hash as their text only then)."""
+    if plain.ascii:
+        return True
+    try:
+        plain.buf.tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class _CsvRecords:
+    """A chunk's records as the csv module reads them: the good ones' labels, rows and first lines; problems."""
+
+    def __init__(self, stats: ReadStats, width: int, label_at: int | None):
+        self.stats, self.width, self.label_at = stats, width, label_at
+        self.labels: list[float] = []
+        self.rows: list[list[str]] = []
+        self.line_nos: list[int] = []
+        self.problems: list[tuple] = []
+        self.lines = 0  # records of the chunk, bad ones included
+
+    def add(self, row: list[str] | csv.Error, start: int, end: int) -> None:
+        """A record of physical lines start..end."""
+        self.stats.lines_read += 1
+        self.lines += 1
+        problem = _csv_problem(row, self.width, self.label_at)
+        if problem is None and end - start >= MAX_RECORD_LINES:
+            problem = f"a record of {end - start + 1:,} lines, more than {MAX_RECORD_LINES}"
+        if problem is not None and end > start:  # a bad record over several lines: each of them is lost
+            self.stats.lines_read += end - start
+            spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
+            self.problems.append((start, problem + spans, end - start + 1))
+        elif problem is not None:
+            self.problems.append((start, problem))
+        else:
+            self.labels.append(math.nan if self.label_at is None else float(row[self.label_at]))
+            self.rows.append(row)
+            self.line_nos.append(start)
+
+
+def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label_at: int | None) -> Iterator[Cells]:
+    """The chunk of a scanned run (the rules of _csv_problem), cut as _csv_chunks cuts."""
+    columns, problems = scanned.columns, []
+    bad = columns != width
+    for i in np.flatnonzero(bad | (columns == 1)).tolist():
+        if columns[i] == 0 or (columns[i] == 1 and not scanned.line(i).strip()):
+            problems.append((int(line_nos[i]), EMPTY_LINE))
+            bad[i] = True
+        elif bad[i]:
+            problems.append((int(line_nos[i]), f"{columns[i]} columns, expected {width} as in the header"))
+    if label_at is not None:
+        bad_label = ~bad & (scanned.labels != 0) & (scanned.labels != 1)
+        problems += [(int(line_nos[i]), _label_problem(scanned.label(i))) for i in np.flatnonzero(bad_label)]
+        bad |= bad_label
+    problems.sort()
+    good = np.flatnonzero(~bad)
+    labels, line_nos, widths = scanned.labels[good].astype(np.float32), line_nos[good], scanned.widths[good]
+    cells, cats = scanned.cells.rows(good), {s: v[good] for s, v in scanned.cats.items()}
+    ints = {s: v[good] for s, (v, simple) in scanned.ints.items() if simple[good].all()}  # else encode reads them
+    floats = {s: (v[good], m[good]) for s, (v, m, simple) in scanned.floats.items() if simple[good].all()}
+    bounds = _cut_bounds(widths.tolist()) if len(good) and int(widths.max()) * len(good) > CHUNK_CHARS else None
+    bounds = bounds or [0, len(good)]
+    for a, b in itertools.pairwise(bounds):
+        mine = _piece_problems(problems, line_nos.tolist(), a, b)
+        piece = cells.rows(slice(a, b)) if len(bounds) > 2 else cells
+        part = Parsed({s: v[a:b] for s, v in ints.items()}, {s: v[a:b] for s, v in cats.items()},
+                      {s: (v[a:b], m[a:b]) for s, (v, m) in floats.items()})  # fmt: skip
+        yield Cells(labels[a:b], piece, line_nos[a:b], mine, part)
+
+
+def _csv_chunks(
+    labels: list[float], rows: list[list[str]], line_nos: list[int], problems: list, sources: dict
+) -> Iterator[Cells]:
+    """The chunk of these records, cut where rows x the longest cell read would pass CHUNK_CHARS (each piece
+    with the problems of the lines before the next piece)."""
+    columns = {s: [r[i] for r in rows] for s, i in sources.items()}
+    if not rows or max((max(map(len, c)) for c in columns.values()), default=0) * len(rows) <= CHUNK_CHARS:
+        yield _csv_chunk(labels, columns, line_nos, problems)
+        return
+    bounds = _cut_bounds([max(w) for w in zip(*(map(len, c) for c in columns.values()))])
+    for a, b in itertools.pairwise(bounds):
+        mine = _piece_problems(problems, line_nos, a, b)
+        yield _csv_chunk(labels[a:b], {s: c[a:b] for s, c in columns.items()}, line_nos[a:b], mine)
+
+
+def _cut_bounds(widths: list[int]) -> list[int]:
+    """[0, cuts..., len(widths)]: rows cut into pieces where rows x the longest cell would pass CHUNK_CHARS."""
+    cuts, longest, first = [], 0, 0
+    for k, w in enumerate(widths):
+        if k > first and max(longest, w) * (k - first + 1) > CHUNK_CHARS:
+            cuts.append(k)
+            first, longest = k, 0
+        longest = max(longest, w)
+    return [0, *cuts, len(widths)]
+
+
+def _piece_problems(problems: list, line_nos: list[int], a: int, b: int) -> list:
+    """The problems of the piece of rows a:b of a chunk: those of the lines before row b's (all, for the last
+    piece) and from row a's on (all, for the first)."""
+    last = b == len(line_nos)
+    return [p for p in problems if (last or p[0] < line_nos[b]) and (a == 0 or p[0] >= line_nos[a])]
+
+
+def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: list[int], problems: list) -> Cells:
+    cells = {s: np.array(c, dtype=np.str_) for s, c in columns.items()}
+    return Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
+
+
+def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int | None) -> str | None:
+    """What is wrong with a record (label_at None: it has no label), or None."""
+    if isinstance(row, csv.Error):
+        return f"unreadable CSV: {row}"
+    if not row or (len(row) == 1 and not row[0].strip()):
+        return EMPTY_LINE
+    if len(row) != width:
+        return f"{len(row)} columns, expected {width} as in the header"
+    if label_at is None or _number(row[label_at]) in (0.0, 1.0):
+        return None
+    return _label_problem(row[label_at])
+
+
+def _label_problem(label: str) -> str:
+    return (
+        f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
+        "the schema's `label` names another)"
+    )
+
+
+def _number(s: str) -> float:
+    try:
+        return float(s)
+    except ValueError:
+        return math.nan

@@ -1,0 +1,76 @@
+"""A sample of a CSV file's records, spread over the file, for schema inference (worker/schema_infer.py)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import os
+from typing import Any
+
+from worker.readers.csv_reader import open_csv
+
+SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
+SPREAD_MIN_BYTES = SAMPLE_SPOTS << 15  # ... when at least this much of the file lies past that half-sample
+MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
+
+
+def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
+    """(header, up to `rows` records that have the header's column count). ValueError for an empty file. The first
+    half are the file's first records; the other half follow them, or, in an uncompressed file with at least
+    SPREAD_MIN_BYTES more, come from SAMPLE_SPOTS places spread evenly over the rest (each from the line after a
+    byte offset), so that a file sorted by time or by label is seen whole. A record cut by a spot's start (a quoted
+    field over lines) is dropped with the others of the wrong column count."""
+    name = os.fspath(path)
+    opened = open_csv(name, delimiter)
+    with opened as reader:
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{name}: the file is empty; expected a header line")
+        sample = _good_records(reader, len(header), rows - rows // 2)
+        start = opened.raw.tell()  # past the half-sample (by at most the text layer's read-ahead)
+        spread = len(sample) == rows - rows // 2 and not name.endswith(".gz")
+        spread = spread and os.path.getsize(name) - start >= SPREAD_MIN_BYTES
+        if not spread:
+            sample += _good_records(reader, len(header), rows - len(sample))
+    if spread:
+        sample += _spread_records(name, delimiter, len(header), rows - len(sample), start)
+    return header, sample
+
+
+def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
+    """Up to `limit` records of the reader with `width` columns (the csv module's errors skipped)."""
+    out: list[list[str]] = []
+    while len(out) < limit:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            continue
+        if len(row) == width:
+            out.append(row)
+    return out
+
+
+def _spread_records(name: str, delimiter: str, width: int, want: int, start: int) -> list[list[str]]:
+    """Up to `want` records of `width` columns from SAMPLE_SPOTS spans spread evenly over bytes [start, end): each
+    span's whole lines (the one its start cuts into, and the one its end cuts, left out), at most want/SAMPLE_SPOTS
+    records of it, so no record is read twice."""
+    size = os.path.getsize(name)
+    out: list[list[str]] = []
+    per_spot = -(-want // SAMPLE_SPOTS)
+    bounds = [start + (size - start) * k // SAMPLE_SPOTS for k in range(SAMPLE_SPOTS + 1)]
+    with open(name, "rb") as f:
+        for lo, hi in itertools.pairwise(bounds):
+            f.seek(lo)
+            span = f.read(min(hi - lo, MAX_SPOT_BYTES))
+            first = span.find(b"\n")  # the line the offset fell in is the span before's
+            span = span[first + 1 :] if first >= 0 else b""
+            if lo + len(span) < size:
+                span = span[: span.rfind(b"\n") + 1]  # a line the span's end cuts is the next span's
+            text = io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline="")
+            out += _good_records(csv.reader(text, delimiter=delimiter), width, min(per_spot, want - len(out)))
+            if len(out) >= want:
+                break
+    return out

@@ -1,0 +1,141 @@
+"""The libsvm reader: a worker's share of a libsvm file as chunks of cells (worker/formats.py reads them).
+
+libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
+        Column f<k> holds the id of the k-th feature token, written in hex (so a hashed categorical column's
+        value is the id itself), or is empty when the token's value is 0 (missing: CTR libsvm data is
+        one-hot, any other finite value is ignored). K = 1 + the largest k among the schema's columns (0
+        without any): a line with fewer than K features has empty cells in its last columns; one with more
+        is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
+        Bad: a bad label, a token other than id:value, more than K features.
+Without labels: id:value id:value ...: every token a feature. Bad: a token other than id:value, more than K
+        features. A file is without labels when the first of its first LABEL_PROBE_LINES lines whose first
+        token is id:value (a non-negative integer id) or has no ":" (a label) is the former (has_labels).
+        libsvm_field_count counts the features of such a file's lines the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from worker.criteo import EMPTY_LINE, hex_strings
+from worker.features import MISSING_CAT
+from worker.readers.share import Cells, Share, first_line, open_data
+from worker.schema import LIBSVM_COLUMN, Schema
+
+_MISSING = int(MISSING_CAT)
+_LIBSVM_LABELS = {b"0": 0.0, b"1": 1.0, b"-1": 0.0, b"+1": 1.0}
+
+
+def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
+    """Chunks of `size` lines of the share as cells, by the module docstring's rules (labeled=False: without
+    labels)."""
+    wanted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns})
+    k_fields = wanted[-1] + 1 if wanted else 0
+    with open_data(name) as f:
+        for lines, first in share.chunks(f, size):
+            labels: list[float] = []
+            rows: list[list[int]] = []
+            line_nos: list[int] = []
+            problems: list[tuple[int, str]] = []
+            for k, line in enumerate(lines):
+                line_no, parsed = first + k * share.num_workers, _libsvm_line(line, labeled)
+                if isinstance(parsed, str):
+                    problems.append((line_no, parsed))
+                elif len(parsed[1]) > k_fields:
+                    problems.append((line_no, f"{len(parsed[1])} features, more than the schema's {k_fields} fields "
+                                              "(the built-in schema's count is that of the training file's first line "
+                                              "with features; --libsvm-fields sets it)"))  # fmt: skip
+                else:
+                    labels.append(parsed[0])
+                    rows.append(parsed[1])
+                    line_nos.append(line_no)
+            values = _libsvm_values(rows, k_fields)
+            cells = {f"f{k}": hex_strings(values[:, k]) for k in wanted}
+            yield Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
+
+
+def _libsvm_line(line: bytes, labeled: bool = True) -> tuple[float, list[int]] | str:
+    """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong; labeled=False:
+    every token is a feature, the label NaN."""
+    tokens = line.split()
+    if not tokens:
+        return EMPTY_LINE
+    label = _LIBSVM_LABELS.get(tokens[0]) if labeled else math.nan
+    if label is None:
+        try:
+            v = float(tokens[0])
+        except ValueError:
+            v = math.nan
+        if v not in (0.0, 1.0, -1.0):
+            return f"label {_text(tokens[0])!r}, expected 0, 1, -1 or +1"
+        label = float(v == 1.0)
+    values = []
+    for tok in tokens[1:] if labeled else tokens:
+        key, sep, value = tok.partition(b":")
+        if not sep or not key.isdigit():
+            return f"feature {_text(tok)!r}, expected id:value with a non-negative integer id"
+        ident = int(key)
+        if ident >= _MISSING:
+            return f"feature {_text(tok)!r}: id too large, expected < 2**64 - 1"
+        try:
+            v = float(value)
+        except ValueError:
+            v = math.nan
+        if not math.isfinite(v):
+            return f"feature {_text(tok)!r}: value {_text(value)!r}, expected a finite number"
+        values.append(ident if v != 0 else _MISSING)
+    return label, values
+
+
+def _libsvm_values(rows: list[list[int]], k_fields: int) -> np.ndarray:
+    """uint64 (n, K): the rows' values, MISSING_CAT past a row's last feature."""
+    n = len(rows)
+    lengths = np.fromiter((len(r) for r in rows), dtype=np.intp, count=n)
+    values = np.full((n, k_fields), MISSING_CAT, dtype=np.uint64)
+    present = np.arange(k_fields)[None, :] < lengths[:, None]
+    values[present] = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.uint64, count=int(lengths.sum()))
+    return values
+
+
+def libsvm_field_count(path: str | os.PathLike) -> int:
+    """K of a libsvm file: the feature count of its first good line with at least one feature, else 0 (lines
+    read without a label when the file has none, as file_has_labels tells)."""
+    labeled = has_labels(os.fspath(path))
+    with open_data(os.fspath(path)) as f:
+        for line in f:
+            parsed = _libsvm_line(line, labeled)
+            if not isinstance(parsed, str) and parsed[1]:
+                return len(parsed[1])
+    return 0
+
+
+def has_labels(name: str) -> bool:
+    """Whether a libsvm file's lines start with a label (see the module docstring); True for an empty file."""
+
+    def first_token(line: bytes) -> bytes:
+        return (line.split() or [b""])[0]
+
+    def fits(line: bytes) -> bool:  # a label (any token without ":") or an id:value
+        token = first_token(line)
+        return (bool(token) and b":" not in token) or token.partition(b":")[0].isdigit()
+
+    line = first_line(name, fits)
+    return line is None or b":" not in first_token(line)
+
+
+def first_line_problem(name: str, labeled: bool) -> str | None:
+    """Why the first non-empty line of a file is not libsvm (read with a label or without), or None."""
+    line = first_line(name, lambda line: bool(line.strip()))
+    if line is None:
+        return None
+    parsed = _libsvm_line(line, labeled)
+    return f"its first line is not libsvm: {parsed}" if isinstance(parsed, str) else None
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")

@@ -1,0 +1,118 @@
+"""What every format reader shares: ReadStats, a worker's share of a file, bad-line accounting, opening files.
+
+A reader (worker/readers/*_reader.py) turns a file into chunks of Cells: the labels, cells and line numbers of a
+chunk's good lines, and the problems of its bad ones; worker/formats.py encodes them into Batches, counting the
+bad lines through the Share's BadLines, which raises past the limit. The rules (which lines are a worker's share,
+the message past the limit) are worker/formats.py's module docstring.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+
+from worker.encode import Parsed
+
+LABEL_PROBE_LINES = 1000  # lines file_has_labels reads at most (first_line)
+
+
+@dataclass
+class ReadStats:
+    """Filled in by read_batches as it reads (after each chunk of max(batch_size, 4096) lines it splits)."""
+
+    lines_read: int = 0  # data lines of this worker's share read so far, bad ones included
+    bad_lines: int = 0  # of which malformed (skipped)
+    empty_lines: int = 0  # of which empty (skipped, not bad)
+    first_bad: str | None = None  # the first problem: "<file> line <L>: <what was wrong>"
+    truncated_bags: int = 0  # bags of the good lines cut to their column's max_length
+
+
+@dataclass
+class Cells:
+    """A chunk of a worker's share: labels float32 (m,), cells {column: (m,)} and line numbers int64 (m,) of
+    its good lines as the format splits them; problems [(line number, problem[, lines])] of the others (lines:
+    the physical lines the bad record took, 1 unless given); parsed: the
+    columns the format has already read for encode_examples, if any."""
+
+    labels: np.ndarray
+    cells: Mapping[str, np.ndarray]
+    line_nos: np.ndarray
+    problems: list[tuple[int, str]]
+    parsed: Parsed | None = None
+
+
+def open_data(name: str) -> BinaryIO:
+    """A data file opened for binary reading, through gzip if its name ends in .gz."""
+    return _GzipData(name, "rb") if name.endswith(".gz") else open(name, "rb")
+
+
+class _GzipData(gzip.GzipFile):
+    """A .gz file whose read errors (not gzip, damaged, cut short) are ValueErrors that name it: gzip's own
+    name neither the file nor gzip. Iteration and io.TextIOWrapper read through these methods."""
+
+    def read(self, size: int = -1) -> bytes:
+        return self._named(super().read, size)
+
+    def read1(self, size: int = -1) -> bytes:
+        return self._named(super().read1, size)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._named(super().peek, n)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._named(super().readline, size)
+
+    def _named(self, method, arg: int) -> bytes:
+        try:
+            return method(arg)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f"{self.name}: its name ends in .gz, but it does not read as gzip: {e}") from None
+
+
+class BadLines:
+    """The bad lines of one file of a stream, counted into stats (those of the whole stream) against the limit."""
+
+    def __init__(self, name: str, limit: int, stats: ReadStats):
+        self.name, self.limit, self.stats = name, limit, stats
+
+    def add(self, line_no: int, problem: str, lines: int = 1) -> None:
+        """Counts a bad record of `lines` physical lines from line_no; ValueError past the limit."""
+        s = self.stats
+        s.bad_lines += lines
+        message = f"{self.name} line {line_no}: {problem}"
+        if s.first_bad is None:
+            s.first_bad = message
+        if s.bad_lines > self.limit:
+            lines = f"{s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''}"
+            raise ValueError(f"{message}; {lines}, more than --max-bad-lines {self.limit}")
+
+
+@dataclass
+class Share:
+    """A worker's share of one file: its lines whose number % num_workers == worker_id; bad counts its bad lines."""
+
+    worker_id: int
+    num_workers: int
+    bad: BadLines
+
+    def chunks(self, lines: Iterable[bytes], size: int) -> Iterator[tuple[list[bytes], int]]:
+        """This worker's lines of a headerless line file, in chunks of up to `size`, each with the 1-based
+        line number of its first line (the k-th line of a chunk is at first + k * num_workers)."""
+        mine = itertools.islice(lines, self.worker_id, None, self.num_workers)
+        first = self.worker_id + 1
+        while chunk := list(itertools.islice(mine, size)):
+            self.bad.stats.lines_read += len(chunk)
+            yield chunk, first
+            first += len(chunk) * self.num_workers
+
+
+def first_line(name: str, fits: Callable[[bytes], bool]) -> bytes | None:
+    """The first of the first LABEL_PROBE_LINES lines of a line file that fits, or None."""
+    with open_data(name) as f:
+        return next((line for line in itertools.islice(f, LABEL_PROBE_LINES) if fits(line)), None)
