@@ -1,19 +1,26 @@
 """`ps-worker schema --data FILE`: a starting feature schema (worker/schema.py) inferred from a sample of a file.
 
-The label: a column named like LABEL_NAMES holding only 0 and 1, else such a column whose name holds one of
-LABEL_WORDS (`is_click`, `converted`), else the first such column, else the first column; the last two are
-guesses, said in the schema and on stderr. The rules, per other CSV column of the sample (a cell that is empty or
-one of encode.MISSING_TEXTS is missing):
+The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, any case), else such a column
+whose name holds one of LABEL_WORDS (`is_click`, `converted`), else the first such column, else the first column;
+the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
+stderr. The rules, per other CSV column of the sample (a cell that is empty or one of encode.MISSING_TEXTS is
+missing):
     numbers in every non-empty cell   few distinct integers, integers in a column named like an id (`id`,
                                       `user_id`, `itemId`, `uid`, `userid`), or integers written with leading
                                       zeros (codes: `02415`) -> categorical;
                                       non-negative and heavy-tailed (skewness > 1) -> numeric, log; else
                                       numeric, standardize with the sample's mean and std; and beside it
                                       `<name>_bucket`, the same cells bucketized at the sample's 16-quantiles,
-                                      a sparse field: lr and fm use sparse fields only, and an MLP gets both
-    cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat
+                                      a sparse field: lr and fm use sparse fields only, and an MLP gets both;
+                                      integers of at most _MANY_CODES values, each seen _CODE_REPEATS times on
+                                      average (codes, or small counts), also `<name>_code`: each value its own id
+    numbers with a decimal comma (`0,6792` in most cells)
+                                      categorical, and on stderr: convert them to decimal points
+    cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
+    prose (most of its commas followed by a space)
                                       multi_hot (weighted when every token is id:number)
     anything else                     categorical
+A column whose name the header gives twice is left out, said in the schema and on stderr.
 criteo and libsvm files get their built-in schema, written out. The TOML says in comments what was inferred
 from how many rows, for a person to review before training.
 """
@@ -35,6 +42,10 @@ _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
 _BAG_SHARE = 0.1  # a column is a list when at least this share of its non-empty cells holds the separator
 _BUCKETS = 16  # a numeric column's twin is bucketized at the sample's quantiles k / _BUCKETS
+_MANY_CODES = 1000  # an integer column of at most this many distinct values ...
+_CODE_REPEATS = 10  # ... each seen this many times on average in the sample gets a categorical twin
+_DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written with a decimal comma
+_TRUTH = {"true": 1.0, "false": 0.0}
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
 _ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
 _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its noun, in one word
@@ -114,23 +125,44 @@ def infer_schema(
         label = header[0]
         guess = (f"the label is a guess: no column holds only 0 and 1, so the first column, {label!r}, is taken: "
                  "check `label`, the column the model predicts (its values must be 0 or 1)")  # fmt: skip
+    named = [h for h in binary if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
+    if guess is None and len(named) > 1:
+        guess = (f"the label is {label!r}, the first of the columns named like a label that hold only 0 and 1 "
+                 f"({', '.join(map(repr, named))}): check `label`, the column the model predicts; the others are "
+                 "features here (delete the entry of one that is another outcome, known only after the click)")  # fmt: skip
+    checks = [guess] if guess else []
     if guess:
         lines.append(f"# CHECK: {guess}.")
     lines.append(f"label = {_toml(label)}")
+    repeated: set[str] = set()
     for j, h in enumerate(header):
         if h == label:
             continue
         if header.count(h) > 1:  # the reader cannot tell such columns apart
             lines += ["", f"# column {j}: the header names {header.count(h)} columns {h!r}: left out (rename them)"]
+            if h not in repeated:
+                repeated.add(h)
+                checks.append(f"the header names {header.count(h)} columns {h!r}: they are left out (rename them)")
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
         column, comment = _infer_column(name, h, columns[h], sampled=not whole)
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
+        present = [c for c in columns[h] if c.strip()]
+        if present and _decimal_commas(present):
+            checks.append(f"{h!r} holds numbers written with a decimal comma (as {present[0].strip()!r}): read as text "
+                          "they are categories; convert them to decimal points (pandas: read_csv(..., decimal=',') "
+                          "then to_csv) and infer the schema again")  # fmt: skip
         if column.kind == "numeric":
-            twin = _bucket_twin(column, _floats([c for c in columns[h] if not is_missing_text(c)]), set(header))
+            values = _floats([c for c in columns[h] if not is_missing_text(c)])
+            twin = _bucket_twin(column, values, set(header))
             lines += [f"# {h!r} bucketized at the sample's quantiles: a sparse field (lr and fm use no numeric "
                       "feature)", "[[columns]]", *_entry(twin, with_table=False)]  # fmt: skip
-    return "\n".join(lines) + "\n", [guess] if guess else []
+            code = _code_twin(column, values, set(header) | {twin.name})
+            if code is not None:
+                lines += [f"# {h!r}: {len(set(values))} distinct integers, each seen {len(values) / len(set(values)):.0f} "
+                          "times on average: codes or small counts; each value its own id too (delete this entry if "
+                          "they are plain quantities)", "[[columns]]", *_entry(code, with_table=False)]  # fmt: skip
+    return "\n".join(lines) + "\n", checks
 
 
 def _check_separator(path: str, header: list[str], delimiter: str, first: list[str]) -> None:
@@ -158,6 +190,25 @@ def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column
     return Column(name, column.source, "numeric", transform="bucketize", boundaries=tuple(cuts))
 
 
+def _decimal_commas(cells: list[str]) -> bool:
+    """Whether nine in ten of the (non-empty) cells are numbers written with a decimal comma (0,6792)."""
+    return sum(bool(_DECIMAL_COMMA.fullmatch(c)) for c in cells) >= 0.9 * len(cells)
+
+
+def _code_twin(column: Column, values: list[float], taken: set[str]) -> Column | None:
+    """A categorical column reading column's cells, named <name>_code (or _code2, ... past a name in taken), when
+    its values are integers of at most _MANY_CODES distinct ones seen _CODE_REPEATS times each on average; else
+    None."""
+    distinct = len(set(values))
+    if not values or not all(v.is_integer() for v in values) or distinct > _MANY_CODES or \
+            distinct * _CODE_REPEATS > len(values):  # fmt: skip
+        return None
+    name, k = f"{column.name}_code", 2
+    while name in taken:
+        name, k = f"{column.name}_code{k}", k + 1
+    return Column(name, column.source, "categorical")
+
+
 def _floats(cells: list[str]) -> list[float] | None:
     """The cells as finite numbers, or None if one is not."""
     try:
@@ -168,7 +219,8 @@ def _floats(cells: list[str]) -> list[float] | None:
 
 
 def _is_binary(cells: list[str]) -> bool:
-    values = _floats(cells)
+    """Whether every cell is 0 or 1 as a number, or true or false (any case): a label's cells."""
+    values = _floats([str(_TRUTH.get(c.strip().lower(), c)) for c in cells])
     return bool(cells) and values is not None and set(values) <= {0.0, 1.0}
 
 
@@ -224,11 +276,17 @@ def _infer_column(name: str, source: str, cells: list[str], sampled: bool = Fals
             ), f"non-negative numbers, skewness {skew:.1f} ({seen}): log"
         return (
             Column(name, source, "numeric", transform="standardize", mean=mean, std=std if std > 0 else 1.0),
-            f"numbers, skewness {skew:.1f} ({seen}): standardize with the sample's mean and std (deleted, train "
-            "computes them in a pass over its whole file before training, and prints them: eval and predict need "
-            "them back in the schema)",
+            f"numbers, skewness {skew:.1f} ({seen}): standardize with the sample's mean and std below (if you "
+            "delete them, train computes them in a pass over its whole file before training and prints them: eval "
+            "and predict need them back in the schema)",
         )
+    if present and _decimal_commas(present):
+        comment = f"numbers with a decimal comma ({seen}): categorical, as text; convert them to decimal points"
+        return Column(name, source, "categorical"), comment
     for sep in _BAG_SEPARATORS:
+        holding = [c for c in present if sep in c]
+        if sep == "," and holding and sum(", " in c for c in holding) >= 0.5 * len(holding):
+            continue  # prose ("Big sale, 50% off"), not a list
         tokens = [t for c in present for t in c.split(sep) if t]
         weighted = bool(tokens) and all(t.rpartition(":")[0] and _floats([t.rpartition(":")[2]]) for t in tokens)
         keys = [t.rpartition(":")[0] for t in tokens] if weighted else tokens
