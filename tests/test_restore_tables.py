@@ -222,3 +222,68 @@ def test_a_restore_stopped_midway_is_started_over_by_the_next_start_with_the_sam
             np.testing.assert_array_equal(again.pull(spec.name, ids), want[spec.name])
     finally:
         again.close()
+
+
+def test_starting_a_restore_over_deletes_keys_not_files_so_a_checkpoint_inside_the_data_dir_stays(tmp_path):
+    """A data dir a server once started on (no tables), a checkpoint copied into it, a restore from there stopped
+    midway: the start-over deletes the restore's keys in RocksDB, and every file but RocksDB's own is as it was."""
+    import shutil
+
+    from ps.engine.startup import StartProgress, StartStopped
+
+    spec = TableConfig("a", 2)
+    ids = np.arange(1, 301, dtype=np.uint64)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("a", ids, np.ones((len(ids), 2), np.float32))
+        want = shard.pull("a", ids)
+        checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+    finally:
+        shard.close()
+    Shard(ServerConfig(data_dir=str(tmp_path / "data"))).close()
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "data" / "ckpt")
+    before = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "data" / "ckpt").rglob("*"))
+
+    class StopAfterABatch(StartProgress):
+        def check(self) -> None:
+            if self.phase == "restoring":
+                self.stop.set()
+            super().check()
+
+    cfg = ServerConfig(data_dir=str(tmp_path / "data"), restore_dir=str(tmp_path / "data" / "ckpt"))
+    with pytest.raises(StartStopped):
+        Shard(cfg, StopAfterABatch())
+    again = Shard(cfg)
+    try:
+        np.testing.assert_array_equal(again.pull("a", ids), want)
+        assert again.describe_start().startswith("restored from")
+    finally:
+        again.close()
+    assert sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "data" / "ckpt").rglob("*")) == before
+
+
+def test_an_export_stopped_while_it_writes_rows_leaves_no_partial_file(tmp_path, monkeypatch):
+    """Ctrl-C (or a MemoryError) while the sorted rows are written removes the file being written, as an OSError
+    does."""
+    from ps.engine import restore
+
+    spec = TableConfig("a", 2)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("a", np.arange(1, 101, dtype=np.uint64), np.ones((100, 2), np.float32))
+        checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+    finally:
+        shard.close()
+    update = restore.ExportProgress.update
+
+    def interrupted(self, n: int) -> None:
+        if self.phase == "written":
+            raise KeyboardInterrupt
+        update(self, n)
+
+    monkeypatch.setattr(restore.ExportProgress, "update", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        restore.export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []

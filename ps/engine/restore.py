@@ -185,8 +185,10 @@ def _write_npy(
                 f.write(np.ascontiguousarray(piece).data)
                 if on_written is not None:
                     on_written(len(piece))
-    except OSError as e:
+    except BaseException as e:  # a failed write, or anything else midway (Ctrl-C, MemoryError): no partial file
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        raise OSError(f"writing {tmp} failed ({e}); nothing of an earlier export there was changed") from e
+        if isinstance(e, OSError):
+            raise OSError(f"writing {tmp} failed ({e}); nothing of an earlier export there was changed") from e
+        raise
     return tmp, path

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -204,7 +203,8 @@ class Shard:
 
     def _check_store(self, manifest: dict | None) -> None:
         """Refuses a store of another shard, cluster or an unfinished restore (one from the checkpoint restore_dir
-        names is started over); restores into it if configured. The restore checks for a stop after every batch of
+        names is started over: Store.forget_unfinished_restore deletes its keys, no file); restores into it if
+        configured. The restore checks for a stop after every batch of
         rows it writes: a stop leaves the dir marked as an unfinished restore, which the next start with the same
         --restore starts over."""
         config = self.config
@@ -213,7 +213,9 @@ class Shard:
         pending = self.store.restore_pending()
         if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
             manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
-            self._empty_unfinished_restore(pending)
+            log.warning("data dir %s holds a restore from %s that did not finish (the server stopped during it): "
+                        "starting it over", config.data_dir, pending)  # fmt: skip
+            self.store.forget_unfinished_restore()
         check_restored(self.store)
         self.restored_now = False
         if config.restore_dir and self._restored_already(config.restore_dir):
@@ -240,23 +242,6 @@ class Shard:
         lo, hi = slot_range(self.config.shard_id, self.config.num_shards)
         expected = max(1.0, sum(sum(s["rows"].values()) for s in manifest["shards"]) * (hi - lo) / NUM_SLOTS)
         return lambda: written[0] / expected
-
-    def _empty_unfinished_restore(self, checkpoint: str) -> None:
-        """Empties the data dir, which holds only a restore from checkpoint that did not finish (a restore takes a
-        new dir and marks it before its first write; a marked dir never serves), and opens it anew."""
-        config = self.config
-        log.warning("data dir %s holds a restore from %s that did not finish (the server stopped during it): "
-                    "starting it over", config.data_dir, checkpoint)  # fmt: skip
-        self.store.close()
-        for name in sorted(set(os.listdir(config.data_dir)) - {"lost+found"}):
-            path = os.path.join(config.data_dir, name)
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.remove(path)
-        self.store = self._open_store()
-        self.store.check_identity(config.shard_id, config.num_shards)
-        self.store.check_cluster(config.cluster)
 
     def _restored_already(self, checkpoint: str) -> bool:
         """True (logged) when this dir was restored from that checkpoint (the same manifest) before: a restart with
@@ -768,13 +753,13 @@ class Shard:
         while not self._closed.is_set():
             disk_due = max(diskspace.CHECK_S, 1.0)  # at least a second: a CHECK_S of 0 must not spin
             woken = self._wake.wait(max(0.0, min(next_flush - time.monotonic(), disk_due)))
-            self._wake.clear()
+            if woken:  # cleared only when seen: a wake that comes after a timed-out wait is kept for the next one
+                self._wake.clear()
             if self._closed.is_set():
                 return
             self.disk_watch.poll()
             if not woken and time.monotonic() < next_flush:
                 continue  # woke for the disk only
-            next_flush = time.monotonic() + self.config.flush_interval_s
             try:
                 self.flush()
             except Exception as e:  # keep serving: the journal still holds every acknowledged push
@@ -790,6 +775,8 @@ class Shard:
                     told = now
                     log.error("background flush still failing after %.0f s (%d attempts): %s", now - since, failures, e)
                 continue
+            finally:  # the interval runs from the end of a flush: a slow one is not followed by another at once
+                next_flush = time.monotonic() + self.config.flush_interval_s
             if self.flush_failures:
                 log.warning("background flush succeeded after %d failed attempts over %.0f s", self.flush_failures,
                             time.monotonic() - since)  # fmt: skip

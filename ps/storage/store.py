@@ -764,8 +764,8 @@ class Store:
         {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
         checkpoint holds no table number for one of `tables` (its meta does not match its manifest); and, where
         stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
-        RowLayout.width) or a pending id's. on_written: told the number of rows of each batch written (it may raise
-        to stop the copy there)."""
+        RowLayout.width) or a pending id's. on_written: told the admitted rows of each batch written (it may raise to
+        stop the copy there)."""
         lo, hi = slots
         copied = {}
         with _opened_read_only(source) as (src, names, _):
@@ -783,7 +783,7 @@ class Store:
                     cf = src.get_column_family(ROWS_CF)
                     handle = self._db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
-                    batch = WriteBatch(raw_mode=True)
+                    batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
                     sizes = (4 * STATS_FLOATS + 8, 4 * widths[table] + 8) if widths and table in widths else ()
                     for key, value in _items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
@@ -797,20 +797,19 @@ class Store:
                         counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
                         batch.put(prefix + key[4:], value[:-8] + bytes(8), handle)  # lsn := 0
                         if len(batch) >= 65536:
-                            self._write_counted(batch, on_written)
-                            batch = WriteBatch(raw_mode=True)
-                    self._write_counted(batch, on_written)
+                            self._write_counted(batch, on_written, counts["admitted"] - admitted)
+                            batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
+                    self._write_counted(batch, on_written, counts["admitted"] - admitted)
                 old = self.counts(table)
                 self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(
                     {k: old[k] + counts[k] for k in counts}).encode(), self._write_opts)  # fmt: skip
                 copied[table] = counts
         return copied
 
-    def _write_counted(self, batch: WriteBatch, on_written: Callable[[int], None] | None) -> None:
-        n = len(batch)
+    def _write_counted(self, batch: WriteBatch, on_written: Callable[[int], None] | None, admitted: int) -> None:
         self._db.write(batch, self._write_opts)
         if on_written is not None:
-            on_written(n)
+            on_written(admitted)
 
     @staticmethod
     def read_table(
@@ -863,6 +862,31 @@ class Store:
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
         self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._write_opts)
+
+    def forget_unfinished_restore(self) -> None:
+        """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,
+        the clock, the note of a finished restore) and the mark of the unfinished one. RocksDB deletes the keys;
+        no file is touched, and the shard record, the cluster name and the journal's flushed_seq stay."""
+        sync = WriteOptions()
+        sync.sync = True
+        with self._rocksdb("deleting an unfinished restore's rows", "nothing was deleted"):
+            meta = self._db.get_column_family_handle(META_CF)
+            batch = WriteBatch(raw_mode=True)
+            try:
+                rows = self._db.get_column_family_handle(ROWS_CF)
+            except Exception:  # no table was created: no rows
+                rows = None
+            if rows is not None:
+                batch.delete_range(b"", b"\xff" * 16, rows)  # every row key (14 bytes)
+            for prefix in (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX):
+                for key, _ in _items(self._meta, prefix):
+                    if not key.startswith(prefix):
+                        break
+                    batch.delete(key, meta)
+            for key in (b"clock", b"restored", b"restore_pending"):
+                batch.delete(key, meta)
+            self._db.write(batch, sync)
+        self._numbers = None
 
     def set_restore_pending(self, directory: str | None) -> None:
         if directory is None:
