@@ -58,7 +58,7 @@ source = "c1"
 kind = "categorical"
 """
 # (good cells, bad or odd ones) per column kind
-LABELS = (["0", "1"], ["1.0", " 0", "+1", "2", "x", "", "0e0", "nan"])
+LABELS = (["0", "1"], ["1.0", " 0", "+1", "2", "x", "", "0e0", "nan", "True", "false", " TRUE ", "tru", "yes"])
 CATS = (["", "0", "a", "68fd1e64", "DEADBEEF", "fedcba9876543210", "word", "café", "東京"],
         ["f" * 16, "f" * 17, "g", " a", "a b", "-", "0x1f", "\x00"])  # fmt: skip
 RAWS = (["", "0", "12", "18446744073709551614"], ["18446744073709551615", "x", "1.5", "٣"])

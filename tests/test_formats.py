@@ -305,6 +305,19 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
         assert str(e.value) == f"{path} {message}, more than --max-bad-lines {limit}"
 
 
+@pytest.mark.parametrize("scan", [True, False])
+def test_csv_labels_true_and_false_as_pandas_writes_them_read_as_1_and_0(tmp_path, monkeypatch, scan):
+    from worker.readers import csv_reader
+
+    monkeypatch.setattr(csv_reader, "CSV_SCAN", scan)
+    path = tmp_path / "d.csv"
+    path.write_text("clicked,site\nTrue,a\nFalse,b\n true ,c\nFALSE,d\nfalse,e\nyes,f\n")
+    stats = ReadStats()
+    (b,) = read(path, "csv", 10, max_bad_lines=1, stats=stats)
+    assert b.labels.tolist() == [1, 0, 1, 0, 0] and b.line_nos.tolist() == [2, 3, 4, 5, 6]
+    assert stats.bad_lines == 1 and stats.first_bad.startswith(f"{path} line 7: label 'yes', expected 0 or 1")
+
+
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])
 def test_empty_lines_are_skipped_not_bad_in_every_format(tmp_path, fmt):
     """Blank lines (in the middle, at the end, CRLF, whitespace only) are no examples and no bad lines: a file

@@ -4,6 +4,7 @@
         .texts() -> Iterator[str]                   # each line decoded, for the csv module
         .take_plain(worker_id, num_workers, index, want) -> Plain   # a run of plain lines, this share's
     scan_plain(plain, delimiter, width, label_at, sources, parsed) -> Scanned
+    label_value(cell) -> float                      # a label cell's value, for the scan and the csv module alike
 
 Optional speed machinery: worker/readers/csv_reader.py reads a CSV chunk through take_plain and scan_plain when
 its lines are plain, else through the csv module over texts() (csv_reader.CSV_SCAN = False: always), with the
@@ -21,7 +22,7 @@ Plain (take_plain): of the plain lines from the current one, those of the share 
 
 Scanned (scan_plain), per line of a Plain:
     columns  its cell count (an empty line: 0)
-    label    the label cell's float ("0" and "1" read in the scan, other text by float()), NaN if unread
+    label    the label cell's value ("0" and "1" read in the scan, other text by label_value), NaN if unread
     cells    of the sources (header positions), gathered on first use: bytes arrays (dtype S) when the run is
              ASCII, else str arrays of the UTF-8 text
     widths   the longest source cell, in characters
@@ -236,20 +237,25 @@ def scan_plain(plain: Plain, delimiter: str, width: int, label_at: int | None, s
 
 
 def _labels(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """float64 of label cells: "0" and "1" directly, any other text by float() (NaN if it reads as none)."""
+    """float64 of label cells: "0" and "1" directly, any other text by label_value."""
     one = (ends - starts == 1) & (buf[starts] == ord("1"))
     zero = (ends - starts == 1) & (buf[starts] == ord("0"))
     labels = np.where(one, 1.0, 0.0)
     for i in np.flatnonzero(~(one | zero)).tolist():
-        labels[i] = _number(_text(buf[starts[i] : ends[i]]))
+        labels[i] = label_value(_text(buf[starts[i] : ends[i]]))
     return labels
 
 
-def _number(s: str) -> float:
+_BOOLS = {"true": 1.0, "false": 0.0}
+
+
+def label_value(cell: str) -> float:
+    """A CSV label cell's value: float()'s, else 1 for true and 0 for false in any case, surrounding whitespace
+    allowed (pandas writes a bool column as True and False), else NaN."""
     try:
-        return float(s)
+        return float(cell)
     except ValueError:
-        return math.nan
+        return _BOOLS.get(cell.strip().lower(), math.nan)
 
 
 class _LazyCells(Mapping):

@@ -2,7 +2,8 @@
 
 csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
         quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
-        label column (default: the first) holds 0 or 1 (any text that float() reads as 0 or 1).
+        label column (default: the first) holds 0 or 1: any text that float() reads as 0 or 1, or true or false
+        in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label. A chunk is read by worker/csv_fast.py's
         compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
         (with the same result).
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from worker.criteo import EMPTY_LINE
-from worker.csv_fast import CsvLines, Plain, Scanned, scan_plain
+from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, open_data
 from worker.schema import Schema
@@ -175,7 +176,7 @@ class _CsvRecords:
         elif problem is not None:
             self.problems.append((start, problem))
         else:
-            self.labels.append(math.nan if self.label_at is None else float(row[self.label_at]))
+            self.labels.append(math.nan if self.label_at is None else label_value(row[self.label_at]))
             self.rows.append(row)
             self.line_nos.append(start)
 
@@ -256,7 +257,7 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int | None) -
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
-    if label_at is None or _number(row[label_at]) in (0.0, 1.0):
+    if label_at is None or label_value(row[label_at]) in (0.0, 1.0):
         return None
     return _label_problem(row[label_at])
 
@@ -266,10 +267,3 @@ def _label_problem(label: str) -> str:
         f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
         "the schema's `label` names another)"
     )
-
-
-def _number(s: str) -> float:
-    try:
-        return float(s)
-    except ValueError:
-        return math.nan
