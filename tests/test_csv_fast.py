@@ -101,6 +101,8 @@ def random_csv(rng: np.random.Generator, rows: int, delimiter: str = ",", plain:
         cells = [str(rng.choice(good if rng.random() < 0.95 else bad)) for good, bad in POOLS]
         if kind < 0.05:
             cells = cells[: rng.integers(1, len(cells))] if rng.random() < 0.5 else cells + ["extra"]
+        elif kind < 0.06:
+            cells = list(HEADER)  # a repeated header line
         if rng.random() > plain:
             cells[rng.integers(len(cells))] = str(rng.choice(QUOTED))
         out.append(delimiter.join(cells) + str(rng.choice(ends)))
@@ -204,8 +206,7 @@ def test_a_known_file_reads_as_written(tmp_path, scan):
     (b,) = batches
     assert error is None and b.labels.tolist() == [1, 0, 0] and b.line_nos.tolist() == [2, 4, 7]
     assert (stats.lines_read, stats.bad_lines, stats.empty_lines) == (6, 2, 1)
-    assert stats.first_bad.endswith("line 5: label '2', expected 0 or 1 (the label is the header's first column "
-                                    "unless --label-column or the schema's `label` names another)")  # fmt: skip
+    assert stats.first_bad.endswith("line 5: label '2', expected 0 or 1 (column 'y', the schema's label)")
     assert b.fields["raw"].ids.tolist() == [12, 2**64 - 1, 5]
 
 

@@ -292,7 +292,8 @@ def test_csv_bad_rows_are_skipped_with_their_line_numbers(tmp_path):
     assert b.labels.tolist() == [1, 0] and b.dense[:, 0].tolist() == [np.log1p(np.float32(1)), 0]
     assert (stats.lines_read, stats.bad_lines, stats.empty_lines) == (7, 4, 1)  # line 6 is empty: skipped
     assert stats.first_bad.startswith(
-        f"{path} line 3: label '7', expected 0 or 1 (the label is the header's first column unless --label-column"
+        f"{path} line 3: label '7', expected 0 or 1 (column 'y', the first column, the built-in default: "
+        "--label-column or the schema's `label` names another)"
     )
     expected = [
         "line 4: 2 columns, expected 3 as in the header; 2 bad lines",
@@ -316,6 +317,39 @@ def test_csv_labels_true_and_false_as_pandas_writes_them_read_as_1_and_0(tmp_pat
     (b,) = read(path, "csv", 10, max_bad_lines=1, stats=stats)
     assert b.labels.tolist() == [1, 0, 1, 0, 0] and b.line_nos.tolist() == [2, 3, 4, 5, 6]
     assert stats.bad_lines == 1 and stats.first_bad.startswith(f"{path} line 7: label 'yes', expected 0 or 1")
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_header_is_named(
+    tmp_path, monkeypatch, scan
+):
+    from worker.readers import csv_reader
+
+    monkeypatch.setattr(csv_reader, "CSV_SCAN", scan)
+    part = "id,click,site\n" + "".join(f"u{i},{i % 2},s{i}\n" for i in range(3))
+    path = tmp_path / "cat.csv"
+    path.write_text(part + part + "u9,,s9\n")  # `cat a.csv b.csv`: line 5 repeats the header; line 9's label is empty
+    (tmp_path / "s.toml").write_text(
+        'format = "csv"\nlabel = "click"\n[[columns]]\nname = "site"\nkind = "categorical"\n'
+    )
+    schema = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+    stats = ReadStats()
+    (b,) = read(path, "csv", 10, schema=schema, max_bad_lines=2, stats=stats)
+    assert len(b) == 6 and stats.bad_lines == 2
+    assert stats.first_bad == f"{path} line 5: a repeated header line (files concatenated?)"
+    with pytest.raises(ValueError, match=re.escape("line 9: an empty label, expected 0 or 1 (column 'click', the "
+                                                   "schema's label); 2 bad lines")):  # fmt: skip
+        read(path, "csv", 10, schema=schema, max_bad_lines=1)
+    flagged = schema_of(path, "csv", label_column="click")
+    with pytest.raises(ValueError, match=re.escape("line 9: an empty label, expected 0 or 1 (column 'click', given "
+                                                   "by --label-column); 2 bad lines")):  # fmt: skip
+        read(path, "csv", 10, schema=flagged, max_bad_lines=1)
+    first = tmp_path / "first.csv"
+    first.write_text("click,site\n1,a\nclick,site\n2,b\n")
+    with pytest.raises(ValueError, match=re.escape("line 4: label '2', expected 0 or 1 (column 'click', the first "
+                                                   "column, the built-in default: --label-column or the schema's "
+                                                   "`label` names another); 2 bad lines")):  # fmt: skip
+        read(first, "csv", 10, max_bad_lines=1)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])

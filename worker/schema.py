@@ -115,7 +115,10 @@ class TableSchema:
 
 @dataclass(frozen=True)
 class Schema:
-    """A parsed schema (see the module docstring); label None means the csv header's first column."""
+    """A parsed schema (see the module docstring); label None means the csv header's first column. label_from
+    says where label came from, for messages about it: "schema" (a schema's `label`), "--label-column", or
+    "first column" (the training file's first column, the built-in default); it is no part of the schema's value
+    (equality, to_toml, fingerprint)."""
 
     format: str
     delimiter: str
@@ -123,6 +126,7 @@ class Schema:
     columns: tuple[Column, ...]
     tables: dict[str, TableSchema]
     bias_table: str
+    label_from: str = field(default="schema", compare=False)
 
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)

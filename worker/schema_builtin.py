@@ -50,7 +50,8 @@ def builtin_schema(
         label, numeric, categorical = _csv_roles(header, label_column, tuple(drop_columns), tuple(numeric_columns))
         columns = [Column(h, h, "categorical", t, h) for h in categorical]
         columns += [Column(h, h, "numeric", transform="log") for h in numeric]
-    return Schema(fmt, ",", label, tuple(columns), {t: TableSchema(default_dim)}, t)
+    label_from = "--label-column" if label_column is not None else "first column" if fmt == "csv" else "schema"
+    return Schema(fmt, ",", label, tuple(columns), {t: TableSchema(default_dim)}, t, label_from)
 
 
 def _csv_roles(
@@ -120,7 +121,7 @@ def resolve_schema(
 
             header = read_csv_header(data, schema.delimiter)
             if header:
-                schema = dataclasses.replace(schema, label=header[0])
+                schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
     from worker.formats import libsvm_field_count, read_csv_header, read_csv_sample
 

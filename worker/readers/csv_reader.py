@@ -4,7 +4,8 @@ csv     A header line names the columns (the csv module's dialect with the schem
         quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
         label column (default: the first) holds 0 or 1: any text that float() reads as 0 or 1, or true or false
         in any case, surrounding whitespace allowed (csv_fast.label_value).
-        Bad: a column count other than the header's, a bad label. A chunk is read by worker/csv_fast.py's
+        Bad: a column count other than the header's, a bad label (a record equal to the header, as a
+        concatenation of files repeats it, is named as such). A chunk is read by worker/csv_fast.py's
         compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
         (with the same result).
 Without labels: the header has no column named as the schema's label; the other rules hold. has_labels tells
@@ -20,6 +21,7 @@ import itertools
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -66,9 +68,32 @@ def has_labels(name: str, schema: Schema) -> bool:
     return not header or schema.label is None or schema.label in header
 
 
-def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True
-                 ) -> tuple[int | None, dict[str, int]]:  # fmt: skip
-    """(label index, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
+@dataclass(frozen=True)
+class _Label:
+    """The label column of a header as a file is read: at, its index (None: no label read), name, and origin,
+    where the schema took it (Schema.label_from); problem() says what is wrong with a bad label."""
+
+    at: int | None
+    name: str | None
+    origin: str
+    header: list[str]
+
+    def problem(self, cell: str, row: list[str]) -> str:
+        """Why a record (row: its cells) whose label cell is `cell` is bad."""
+        first = [row[0].removeprefix("\ufeff"), *row[1:]] if row else row
+        if first == self.header:
+            return "a repeated header line (files concatenated?)"
+        what = f"label {cell!r}" if cell.strip() else "an empty label"
+        if self.origin == "schema":
+            return f"{what}, expected 0 or 1 (column {self.name!r}, the schema's label)"
+        if self.origin == "--label-column":
+            return f"{what}, expected 0 or 1 (column {self.name!r}, given by --label-column)"
+        return (f"{what}, expected 0 or 1 (column {self.name!r}, the first column, the built-in default: "
+                "--label-column or the schema's `label` names another)")  # fmt: skip
+
+
+def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True) -> tuple[_Label, dict[str, int]]:
+    """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
     labeled=False: no label is read (index None)."""
     if not header:
         raise ValueError(f"{name}: the header line names no columns")
@@ -85,7 +110,9 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
         raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
     if label in sources:
         raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
-    return (header.index(label) if labeled else None), {s: header.index(s) for s in sources}
+    origin = schema.label_from if schema.label is not None else "first column"
+    at = header.index(label) if labeled else None
+    return _Label(at, label, origin, header), {s: header.index(s) for s in sources}
 
 
 def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
@@ -99,12 +126,12 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
         header = next(reader, None)
         if header is None:
             return
-        label_at, sources = _csv_columns(name, header, schema, labeled)
+        label, sources = _csv_columns(name, header, schema, labeled)
         parsed = parsed_sources(schema)
         scan = CSV_SCAN and ord(schema.delimiter) < 128
         n, index = share.num_workers, 0  # index: the records read so far
         while True:
-            chunk = _CsvRecords(share.bad.stats, len(header), label_at)
+            chunk = _CsvRecords(share.bad.stats, len(header), label)
             if scan:
                 base = lines.consumed
                 plain = lines.take_plain(share.worker_id, n, index, size)
@@ -113,8 +140,8 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
                 if not plain.stopped and _utf8(plain):
                     share.bad.stats.lines_read += plain.count
                     if plain.count:
-                        scanned = scan_plain(plain, schema.delimiter, len(header), label_at, sources, parsed)
-                        yield from _scanned_chunks(scanned, line_nos, len(header), label_at)
+                        scanned = scan_plain(plain, schema.delimiter, len(header), label.at, sources, parsed)
+                        yield from _scanned_chunks(scanned, line_nos, len(header), label, schema.delimiter)
                     if plain.count < size:  # the end of the file
                         return
                     continue
@@ -154,8 +181,8 @@ def _utf8(plain: Plain) -> bool:
 class _CsvRecords:
     """A chunk's records as the csv module reads them: the good ones' labels, rows and first lines; problems."""
 
-    def __init__(self, stats: ReadStats, width: int, label_at: int | None):
-        self.stats, self.width, self.label_at = stats, width, label_at
+    def __init__(self, stats: ReadStats, width: int, label: _Label):
+        self.stats, self.width, self.label = stats, width, label
         self.labels: list[float] = []
         self.rows: list[list[str]] = []
         self.line_nos: list[int] = []
@@ -166,7 +193,7 @@ class _CsvRecords:
         """A record of physical lines start..end."""
         self.stats.lines_read += 1
         self.lines += 1
-        problem = _csv_problem(row, self.width, self.label_at)
+        problem = _csv_problem(row, self.width, self.label)
         if problem is None and end - start >= MAX_RECORD_LINES:
             problem = f"a record of {end - start + 1:,} lines, more than {MAX_RECORD_LINES}"
         if problem is not None and end > start:  # a bad record over several lines: each of them is lost
@@ -176,12 +203,13 @@ class _CsvRecords:
         elif problem is not None:
             self.problems.append((start, problem))
         else:
-            self.labels.append(math.nan if self.label_at is None else label_value(row[self.label_at]))
+            self.labels.append(math.nan if self.label.at is None else label_value(row[self.label.at]))
             self.rows.append(row)
             self.line_nos.append(start)
 
 
-def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label_at: int | None) -> Iterator[Cells]:
+def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _Label, delimiter: str
+                    ) -> Iterator[Cells]:  # fmt: skip
     """The chunk of a scanned run (the rules of _csv_problem), cut as _csv_chunks cuts."""
     columns, problems = scanned.columns, []
     bad = columns != width
@@ -191,9 +219,10 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label_at
             bad[i] = True
         elif bad[i]:
             problems.append((int(line_nos[i]), f"{columns[i]} columns, expected {width} as in the header"))
-    if label_at is not None:
+    if label.at is not None:
         bad_label = ~bad & (scanned.labels != 0) & (scanned.labels != 1)
-        problems += [(int(line_nos[i]), _label_problem(scanned.label(i))) for i in np.flatnonzero(bad_label)]
+        problems += [(int(line_nos[i]), label.problem(scanned.label(i), scanned.line(i).split(delimiter)))
+                     for i in np.flatnonzero(bad_label)]  # fmt: skip
         bad |= bad_label
     problems.sort()
     good = np.flatnonzero(~bad)
@@ -249,21 +278,14 @@ def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: lis
     return Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
 
 
-def _csv_problem(row: list[str] | csv.Error, width: int, label_at: int | None) -> str | None:
-    """What is wrong with a record (label_at None: it has no label), or None."""
+def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str | None:
+    """What is wrong with a record (label.at None: it has no label), or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
     if not row or (len(row) == 1 and not row[0].strip()):
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
-    if label_at is None or label_value(row[label_at]) in (0.0, 1.0):
+    if label.at is None or label_value(row[label.at]) in (0.0, 1.0):
         return None
-    return _label_problem(row[label_at])
-
-
-def _label_problem(label: str) -> str:
-    return (
-        f"label {label!r}, expected 0 or 1 (the label is the header's first column unless --label-column or "
-        "the schema's `label` names another)"
-    )
+    return label.problem(row[label.at], row)
