@@ -12,7 +12,7 @@ from tests.test_formats import SAMPLES, assert_same_batches, ids_matrix, join, r
 from tests.test_operator_errors import TINY_RUN, worker
 from worker.data import count_lines
 from worker.datafiles import data_files
-from worker.formats import check_same_format
+from worker.formats import check_same_format, file_has_labels, first_with_content
 from worker.linecount import LineCount, count_files_upto
 from worker.schema_infer import infer_schema
 
@@ -156,6 +156,38 @@ def test_schema_inference_samples_every_file_and_refuses_another_header(tmp_path
     paths[4].write_text("label,other\n1,2\n")
     with pytest.raises(ValueError, match=rf"^{paths[4]}: its CSV header"):
         infer_schema(str(tmp_path / "parts"))
+
+
+def test_empty_part_files_of_a_directory_hold_no_examples(tmp_path, capsys):
+    """Spark writes a gzip'ed part file of no content for an empty partition: among others it is read as no
+    examples, by the format check, the schema, the sampler, the reader and a train run; alone, it is refused."""
+    paths, whole = split(SAMPLES["csv"](tmp_path), tmp_path / "parts", [0, 12, 0, 11], "csv", gz={0, 2})
+    paths[0].write_bytes(gzip.compress(b""))
+    paths[2].write_bytes(gzip.compress(b" \n\n"))
+    parts = str(tmp_path / "parts")
+    schema = schema_of(parts, "csv")
+    assert schema == schema_of(whole, "csv")
+    check_same_format(parts, schema)
+    assert file_has_labels(parts, schema) and first_with_content(parts) == str(paths[1])
+    assert_same_batches(read(parts, "csv", 5, schema=schema), read(whole, "csv", 5, schema=schema))
+    text, _ = infer_schema(parts, sample_rows=100)
+    assert text == infer_schema(str(whole), sample_rows=100)[0].replace(str(whole), parts)
+    code, err = worker(["schema", "--data", parts], capsys)
+    assert code == 0, err
+    code, err = worker(["train", "--local-shards", "1", "--format", "csv", "--data", parts, "--model", "lr",
+                        "--no-progress", "--epochs", "1"], capsys)  # fmt: skip
+    assert code == 0, err
+    with pytest.raises(ValueError, match=rf"^{paths[0]}: the file is empty; expected a header line"):
+        infer_schema(str(paths[0]))
+    with pytest.raises(ValueError, match=rf"^{paths[2]}: the file is empty; a csv file starts with a header line"):
+        schema_of(paths[2], "csv")
+    with pytest.raises(ValueError, match=r"its 2 files are all empty: no examples to read"):
+        check_same_format(f"{paths[0]},{paths[2]}", schema)
+    criteo_paths, criteo = split(SAMPLES["criteo"](tmp_path), tmp_path / "c", [0, 23], "criteo", gz={0})
+    unlabeled = tmp_path / "c" / "part-00001.criteo"
+    unlabeled.write_bytes(b"".join(line.split(b"\t", 1)[1] for line in criteo.read_bytes().splitlines(True)))
+    assert not file_has_labels(str(tmp_path / "c"), schema_of(criteo, "criteo"))
+    check_same_format(str(tmp_path / "c"), schema_of(criteo, "criteo"))
 
 
 def test_a_directory_and_a_glob_read_numbered_files_in_number_order(tmp_path):

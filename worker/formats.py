@@ -5,6 +5,7 @@
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
+    first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
 
 A format (schema.format) splits each data line into a label and named cells; worker/encode.py turns the cells
@@ -27,7 +28,9 @@ Common to all formats:
     as one stream: batches run on across files, and bad lines count against max_bad_lines over the stream, each
     named by its own file and line. Worker i reads, of the k-th file (from 0), the lines whose number % n ==
     (i + k) % n: still every line exactly once, and small files spread over the workers rather than all to worker
-    0. check_same_format refuses files that differ in format from the first.
+    0. check_same_format refuses files that differ in format from the first. A file of no content (no bytes, or
+    whitespace only: Spark's gzip'ed part file of an empty partition) among others holds no examples: the first
+    file, wherever one file speaks for all (the header, labels or not), is the first one with content.
   - An empty data line (nothing but whitespace, as spreadsheet exports often end with) is skipped and counted
     in stats.empty_lines, not as a bad line.
   - A malformed data line is skipped and counted in `stats` (ReadStats): one the
@@ -65,13 +68,14 @@ from worker.readers import criteo_reader, csv_reader, libsvm_reader
 from worker.readers.csv_reader import read_csv_header
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
-from worker.readers.share import BadLines, Cells, ReadStats, Share
+from worker.readers.share import BadLines, Cells, ReadStats, Share, is_blank
 from worker.schema import Schema
 
 __all__ = [  # the public API; ReadStats and the last three live in worker/readers/, importable from here
     "check_same_format",
     "column_stats",
     "file_has_labels",
+    "first_with_content",
     "read_batches",
     "ReadStats",
     "libsvm_field_count",
@@ -148,12 +152,16 @@ def _merge(a: tuple[int, float, float], x: np.ndarray) -> tuple[int, float, floa
 
 def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
     """ValueError naming the first file of `path` (many files, see worker/datafiles.py) whose format differs from
-    the first file's, and how: a CSV header other than the first's; a first data line the format cannot split
-    (Criteo: 39 or 40 tab-separated columns; libsvm: label and id:value tokens); labels where the first file has
-    none, or none where it has them. Only each file's start is read."""
+    the first file's with content, and how: a CSV header other than the first's; a first data line the format
+    cannot split (Criteo: 39 or 40 tab-separated columns; libsvm: label and id:value tokens); labels where the
+    first file has none, or none where it has them. Files of no content (share.is_blank) are left out; ValueError
+    if every file is such. Only each file's start is read."""
     files = data_files(path)
     if len(files) < 2:
         return
+    files = [name for name in files if not is_blank(name)]
+    if not files:
+        raise ValueError(f"{os.fspath(path)}: its {len(data_files(path))} files are all empty: no examples to read")
     first, labeled = files[0], file_has_labels(files[0], schema)
     header = read_csv_header(first, schema.delimiter) if schema.format == "csv" else None
     for name in files:
@@ -177,14 +185,23 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
 
 def file_has_labels(path: str | os.PathLike, schema: Schema) -> bool:
     """Whether the file holds labels, told by its start (see "Files without labels" in the module docstring);
-    True for an empty file. Of many files (worker/datafiles.py), the first tells (check_same_format: the others
-    agree)."""
-    name = data_files(path)[0]
+    True for an empty file. Of many files (worker/datafiles.py), the first with content tells (check_same_format:
+    the others agree)."""
+    name = first_with_content(path)
     if schema.format == "csv":
         return csv_reader.has_labels(name, schema)
     if schema.format == "libsvm":
         return libsvm_reader.has_labels(name)
     return criteo_reader.has_labels(name)
+
+
+def first_with_content(path: str | os.PathLike) -> str:
+    """The first file of path (worker/datafiles.py) that holds more than whitespace (share.is_blank); the first
+    file if none does."""
+    files = data_files(path)
+    if len(files) == 1:
+        return files[0]
+    return next((name for name in files if not is_blank(name)), files[0])
 
 
 def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: bool) -> Iterator[Batch]:

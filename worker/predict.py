@@ -41,7 +41,7 @@ import numpy as np
 from worker.batch import Batch
 from worker.datafiles import check_data_input, data_files
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
-from worker.formats import check_same_format, file_has_labels, read_csv_sample
+from worker.formats import check_same_format, file_has_labels, first_with_content, read_csv_sample
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.loop import ScoringProgress, predictions
 from worker.train import ServedModel, TrainConfig, served_model
@@ -71,7 +71,7 @@ class PredictConfig:
         check_new_file("--out", self.out, self.overwrite)
         r = self.run
         if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
-                not _first_column_is_labels(data_files(self.data)[0]):  # fmt: skip
+                not _first_column_is_labels(first_with_content(self.data)):  # fmt: skip
             raise ValueError(f"{self.flag} {self.data}: a CSV scored with neither the training file (--data), nor a "
                              "--schema or --label-column: its label column is unknown (the built-in CSV schema takes "
                              "the first column), and in a file without labels a feature would be taken for it; give "
@@ -92,7 +92,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
     files = data_files(cfg.data)
     with served_model(cfg.run, "nothing was written", labels_optional=True) as m:
         check_same_format(cfg.data, m.data.schema)
-        labeled = file_has_labels(files[0], m.data.schema)
+        labeled = file_has_labels(cfg.data, m.data.schema)
         header = m.data.schema.format == "csv"
         counted = LineCount(0, False, 0, 0)
         if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of large files,

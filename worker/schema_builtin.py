@@ -104,11 +104,12 @@ def resolve_schema(
     default_dim: int,
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
-    column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first)."""
+    column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
+    with content: formats.first_with_content)."""
     if data is not None:
-        from worker.datafiles import data_files
+        from worker.formats import first_with_content
 
-        data = data_files(data)[0]
+        data = first_with_content(data)
     if schema_path is not None:
         flags = {"--label-column": label_column is not None, "--drop-columns": bool(drop_columns),
                  "--numeric-columns": bool(numeric_columns), "--libsvm-fields": libsvm_fields is not None}  # fmt: skip

@@ -61,9 +61,10 @@ def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list
     """read_csv_sample's (header, records) of one file; of many (worker/datafiles.py), rows / m records from each
     of m = SAMPLED_FILES of them at most, spread over the list, refusing one whose header differs from the first's;
     and whether the records are every record of every file (fewer than asked of each, every file sampled)."""
-    from worker.formats import read_csv_sample
+    from worker.formats import read_csv_header, read_csv_sample
 
     files = data_files(path)
+    files = [f for f in files if read_csv_header(f, delimiter) is not None] or files  # less part files of no content
     m = min(len(files), SAMPLED_FILES)
     picked = [files[j * len(files) // m] for j in range(m)]
     header, sample, whole = None, [], m == len(files)

@@ -8,6 +8,7 @@ csv     A header line names the columns (the csv module's dialect with the schem
         concatenation of files repeats it, is named as such). A chunk is read by worker/csv_fast.py's
         compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
         (with the same result).
+Empty: a file of no content (share.is_blank: no bytes, or whitespace only) holds no records and no header.
 Without labels: the header has no column named as the schema's label; the other rules hold. has_labels tells
         by the header: one naming the label column (a schema without a label takes the first column: always
         labeled).
@@ -29,7 +30,7 @@ import numpy as np
 from worker.criteo import EMPTY_LINE
 from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, parsed_sources
-from worker.readers.share import Cells, ReadStats, Share, open_data
+from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
 from worker.schema import Schema
 
 CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
@@ -57,8 +58,12 @@ class open_csv:
 
 
 def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None:
-    """The header's column names of a csv file, or None for an empty file."""
-    with open_csv(os.fspath(path), delimiter) as reader:
+    """The header's column names of a csv file, or None for a file of no content (share.is_blank: empty, or
+    whitespace only)."""
+    name = os.fspath(path)
+    if is_blank(name):
+        return None
+    with open_csv(name, delimiter) as reader:
         return next(reader, None)
 
 
@@ -124,7 +129,7 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
         csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
         reader = csv.reader(lines.texts(), delimiter=schema.delimiter)
         header = next(reader, None)
-        if header is None:
+        if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
             return
         label, sources = _csv_columns(name, header, schema, labeled)
         parsed = parsed_sources(schema)

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from worker.readers.csv_reader import open_csv
+from worker.readers.share import is_blank
 
 SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
 SPREAD_MIN_BYTES = SAMPLE_SPOTS << 15  # ... when at least this much of the file lies past that half-sample
@@ -16,12 +17,15 @@ MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
 
 
 def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
-    """(header, up to `rows` records that have the header's column count). ValueError for an empty file. The first
+    """(header, up to `rows` records that have the header's column count). ValueError for a file of no content
+    (share.is_blank: empty, or whitespace only). The first
     half are the file's first records; the other half follow them, or, in an uncompressed file with at least
     SPREAD_MIN_BYTES more, come from SAMPLE_SPOTS places spread evenly over the rest (each from the line after a
     byte offset), so that a file sorted by time or by label is seen whole. A record cut by a spot's start (a quoted
     field over lines) is dropped with the others of the wrong column count."""
     name = os.fspath(path)
+    if is_blank(name):
+        raise ValueError(f"{name}: the file is empty; expected a header line")
     opened = open_csv(name, delimiter)
     with opened as reader:
         header = next(reader, None)

@@ -112,6 +112,19 @@ class Share:
             first += len(chunk) * self.num_workers
 
 
+def is_blank(name: str) -> bool:
+    """Whether a data file holds nothing but whitespace (after a UTF-8 BOM), or nothing at all, as the gzip'ed
+    part file Spark writes for an empty partition: a file of no examples (and, CSV, no header). Reads up to the
+    first other byte."""
+    with open_data(name) as f:
+        start = True
+        while block := f.read(1 << 16):
+            if (block.removeprefix(b"\xef\xbb\xbf") if start else block).strip():
+                return False
+            start = False
+    return True
+
+
 def first_line(name: str, fits: Callable[[bytes], bool]) -> bytes | None:
     """The first of the first LABEL_PROBE_LINES lines of a line file that fits, or None."""
     with open_data(name) as f:
