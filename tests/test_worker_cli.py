@@ -415,6 +415,18 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     assert 'delimiter = "\\t"' in infer_schema_text(str(tsv_file), delimiter="\t")
 
 
+def test_schema_delimiter_takes_a_tab_as_typed_in_a_shell_and_refuses_other_words(tmp_path, capsys):
+    tsv_file = tmp_path / "my.tsv"
+    tsv_file.write_text("click\tsite\n1\ta\n0\tb\n")
+    for typed in ["\\t", "tab", "TAB", "\t"]:
+        assert main(["schema", "--data", str(tsv_file), "--delimiter", typed]) == 0, typed
+        out = capsys.readouterr().out
+        assert 'delimiter = "\\t"' in out and 'label = "click"' in out, (typed, out)
+    assert main(["schema", "--data", str(tsv_file), "--delimiter", "ab"]) == 2
+    err = capsys.readouterr().err
+    assert "--delimiter 'ab': expected one character other than a quote or a newline (a tab: $'\\t'" in err, err
+
+
 def test_a_server_address_that_is_not_a_sparseps_server_says_so():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

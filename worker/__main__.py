@@ -22,7 +22,7 @@ from worker.cli_train import (
     run_eval,
     run_train,
 )
-from worker.flags import check_new_dir, check_new_file, check_not_an_input, check_output_file, server_list
+from worker.flags import check_new_dir, check_new_file, check_not_an_input, check_output_file, delimiter, server_list
 from worker.launch import add_launch_parser, run_launch
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, signal_behind, sigterm_raises
@@ -68,7 +68,9 @@ def _add_schema(sub) -> None:
         "quoted glob or a comma-separated list, sampled across their files",
     )
     p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
-    p.add_argument("--delimiter", default=",", help="csv: the column separator")
+    p.add_argument(
+        "--delimiter", default=",", help="csv: the column separator, one character ($'\\t', '\\t' or tab: a tab)"
+    )
     p.add_argument(
         "--rows",
         type=integer(1),
@@ -219,9 +221,7 @@ def _schema(args) -> int:
     check_not_an_input("--out", args.out, {"--data": args.data})
     check_output_file("--out", args.out)
     check_new_file("--out", args.out, args.overwrite)
-    if len(args.delimiter) != 1 or args.delimiter in '"\r\n':
-        raise ValueError(f"--delimiter {args.delimiter!r}: expected one character other than a quote or a newline")
-    text, checks = infer_schema(args.data, fmt=args.format, delimiter=args.delimiter, sample_rows=args.rows)
+    text, checks = infer_schema(args.data, fmt=args.format, delimiter=delimiter(args.delimiter), sample_rows=args.rows)
     for check in checks:
         print(f"ps-worker schema: {check}", file=sys.stderr)
     if args.out:

@@ -1,5 +1,5 @@
 """Checks of the worker's command-line values that name the flag at fault: server lists, files to read and write,
-numbers in range; and the help formatter of its commands.
+a CSV delimiter, numbers in range; and the help formatter of its commands.
 
 Each check raises ValueError with the flag, the value that arrived and what was expected, before anything starts:
 an unset shell variable in `--servers "$SERVERS"` is an error here, not a run on throwaway local shards. The
@@ -27,6 +27,20 @@ def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
         if not is_address(address):
             raise ValueError(f"{flag} {text!r}: entry {i} ({address!r}) is not host:port with a port in 1..65535")
     return addresses
+
+
+TAB_NAMES = ("\\t", "tab")  # a --delimiter value naming a tab: as typed in a shell without $'\t', or the word
+
+
+def delimiter(text: str, flag: str = "--delimiter") -> str:
+    """A CSV delimiter: one character other than a quote, a NUL or a line end; a backslash and t (as a shell passes
+    '\\t') or `tab` (any case) is a tab. ValueError for anything else."""
+    if text.lower() in TAB_NAMES:
+        return "\t"
+    if len(text) != 1 or text in '"\r\n\0':
+        raise ValueError(f"{flag} {text!r}: expected one character other than a quote or a newline (a tab: $'\\t', "
+                         "'\\t' or tab)")  # fmt: skip
+    return text
 
 
 def check_input_file(flag: str, path: str | None, expected: str) -> None:
