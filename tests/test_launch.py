@@ -42,7 +42,7 @@ from worker.launch_report import (
 )
 from worker.loop import LoopResult, _ProgressLines
 from worker.progress_lines import parse_progress
-from worker.results import NOT_EVALUATED
+from worker.results import NOT_EVALUATED, local_shards_gone
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
 from worker.train import TrainConfig
 
@@ -572,6 +572,21 @@ def test_local_shards_start_first_with_threads_for_the_workers_and_stop_at_the_e
     assert "servers=127.0.0.1:17,127.0.0.1:18" in out
     assert "worker 2 exited with code 1" in err, f"another worker failed first:\n{out}\n{err}"
     assert_all_gone(pids, {"worker-0", "worker-1", "worker-2"})
+
+
+def test_a_job_on_local_shards_ends_saying_the_model_went_with_them(fakes, monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
+    FakeCluster.made = []
+    command, pids = fakes([{"metrics": {"train_examples": 20, "train_seconds": 1.0}, "action": "metrics"}])
+    out = tmp_path / "job.json"
+    args, rest = launch_args("--workers", "1", "--local-shards", "1", "--no-progress", "--metrics-out", str(out))
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: EVALUATION)  # fmt: skip
+    [cluster] = FakeCluster.made
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and cluster.stopped and lines[-2:] == [f"metrics written to {out}", local_shards_gone("launch")]
+    assert "launch with --servers to keep it for eval, predict and export" in lines[-1]
+    assert_all_gone(pids, {"worker-0"})
 
 
 DRIVER = textwrap.dedent("""

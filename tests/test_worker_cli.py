@@ -24,7 +24,7 @@ from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.results import EVAL_LEFT_TO_LAUNCH, format_results
+from worker.results import EVAL_LEFT_TO_LAUNCH, format_results, local_shards_gone
 from worker.schema_infer import infer_schema_text
 from worker.temp_dirs import KEPT, remove_stale_temp_dirs
 from worker.terminate import Terminated
@@ -413,6 +413,16 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     with pytest.raises(ValueError, match=r"its first line has tabs and no ',': .*--format criteo.*--delimiter"):
         infer_schema_text(str(tsv_file))
     assert 'delimiter = "\\t"' in infer_schema_text(str(tsv_file), delimiter="\t")
+
+
+def test_a_train_on_local_shards_ends_saying_the_model_went_with_them(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    argv = ["train", "--local-shards", "1", "--model", "lr", "--synthetic-rows", "2000", "--synthetic-eval-rows",
+            "500", "--no-progress", "--epochs", "1", "--metrics-out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == [f"metrics written to {out}", local_shards_gone("train")]
+    assert "gone: it was on local shards" in lines[-1] and "train with --servers to keep it" in lines[-1]
 
 
 def test_schema_delimiter_takes_a_tab_as_typed_in_a_shell_and_refuses_other_words(tmp_path, capsys):

@@ -14,7 +14,7 @@ from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import LARGE, RECIPES, SMALL
-from worker.results import format_results
+from worker.results import format_results, local_shards_gone
 from worker.schema import FORMATS
 from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
@@ -512,6 +512,8 @@ def run_train(args: argparse.Namespace) -> int:
     print(format_results(train(cfg)), flush=True)
     if cfg.metrics_out and not cfg.progress_lines:  # progress lines: a launcher reads the file (and removes it)
         print(f"metrics written to {cfg.metrics_out}")
+    if cfg.local_shards is not None:
+        print(local_shards_gone("train"), flush=True)
     return 0
 
 

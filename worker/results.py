@@ -67,6 +67,12 @@ EVAL_LEFT_TO_LAUNCH = (
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
 
 
+def local_shards_gone(command: str) -> str:
+    """The closing line of a `ps-worker train` or `launch` (command) on --local-shards, after its summary."""
+    return (f"model  gone: it was on local shards, stopped with this run: {command} with --servers to keep it for "
+            "eval, predict and export")  # fmt: skip
+
+
 def _workers(r: dict) -> int:
     """The job's worker count of a worker's figures ("worker": "i/n"); 1 for others."""
     return int(str(r.get("worker", "0/1")).partition("/")[2] or 1)
