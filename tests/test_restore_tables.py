@@ -123,6 +123,30 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.rows.npy"), want)
 
 
+def test_export_json_names_each_tables_features_and_optimizer(tmp_path):
+    """What a serving system needs to read the rows: the schema fingerprint the tables carry and the optimizer."""
+    import json
+
+    from ps.engine.restore import export
+
+    made = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.05), features="schema:0123456789abcdef")
+    specs = [made, table("plain")]
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        for spec in specs:
+            shard.create_table(spec)
+            shard.push(spec.name, np.arange(1, 4, dtype=np.uint64), np.ones((3, spec.dim), np.float32))
+        checkpoint(shard, str(tmp_path / "ckpt"), specs)
+    finally:
+        shard.close()
+    summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert json.loads((tmp_path / "out" / "export.json").read_text()) == summary
+    assert summary["tables"] == {
+        "emb": {"dim": 4, "rows": 3, "features": "schema:0123456789abcdef", "optimizer": "adagrad"},
+        "plain": {"dim": 2, "rows": 3, "features": "", "optimizer": "sgd"},
+    }
+
+
 @pytest.mark.parametrize("no_progress", [False, True])
 def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_progress, tmp_path, capsys, monkeypatch):
     """A plain progress line (stderr no terminal) per table, rows read of the manifest's count; none with

@@ -88,7 +88,9 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
     """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64,
     sorted) and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state, row i of id i),
-    admitted rows only, and `export.json` (tables, dims, row counts, the checkpoint's clock). since: only rows
+    admitted rows only, and `export.json`: {clock, since, checkpoint, tables: {name: {dim, rows, features,
+    optimizer}}} (features: TableConfig.features, what the ids mean, "" if its creator named none; optimizer: the
+    name of the one that trained it; clock: the checkpoint's). since: only rows
     pushed at clock step >= since (a delta to apply over an earlier export). Dense parameters are tables too:
     `dense.<name>` row i is row i of the matrix.
 
@@ -121,7 +123,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
             written.append(_write_npy(os.path.join(out, f"{cfg.name}.rows.npy"), rows, order, shown.update))
             shown.close()
             del rows, order
-            summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n)}
+            summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n), "features": cfg.features,
+                                           "optimizer": cfg.optimizer.name}  # fmt: skip
         final = os.path.join(out, "export.json")
         with open(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
