@@ -23,13 +23,15 @@ def table(name: str) -> TableConfig:
     return TableConfig(name, 2, InitializerConfig("zeros"), OptimizerConfig("sgd", 1.0))
 
 
-def checkpoint(shard: Shard, directory: str, tables: list[TableConfig]) -> None:
-    """A checkpoint of one shard whose manifest lists `tables` (as `ps-worker checkpoint save` writes it)."""
+def checkpoint(shard: Shard, directory: str, tables: list[TableConfig], edit=lambda info: None) -> None:
+    """A checkpoint of one shard whose manifest lists `tables` (as `ps-worker checkpoint save` writes it); edit:
+    changes the shard's manifest entry first (a damaged manifest, its checksum made again)."""
     clock, token = shard.hold(60)
     try:
         info = shard.save_checkpoint(directory, token)
     finally:
         shard.release(token)
+    edit(info)
     manifest = {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock, "created": "now",
                 "tables": [t.to_dict() for t in tables], "shards": [info]}  # fmt: skip
     write_manifest(directory, manifest)
@@ -188,16 +190,9 @@ def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_wri
     try:
         shard.create_table(spec)
         shard.push("emb", np.arange(1, 6, dtype=np.uint64), np.ones((5, 2), np.float32))
-        clock, token = shard.hold(60)
-        try:
-            info = shard.save_checkpoint(str(tmp_path / "ckpt"), token)
-        finally:
-            shard.release(token)
+        checkpoint(shard, str(tmp_path / "ckpt"), [spec], edit=lambda info: info["rows"].update(emb=3))
     finally:
         shard.close()
-    info["rows"]["emb"] = 3
-    write_manifest(str(tmp_path / "ckpt"), {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock,
-                                            "created": "now", "tables": [spec.to_dict()], "shards": [info]})  # fmt: skip
     with pytest.raises(StorageError, match=r"shard-0 holds more than 3 rows of table 'emb' where its manifest says 3"):
         export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert not any((tmp_path / "out").iterdir())

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from worker.cells_fast import HEX_DIGITS, MISSING_CAT, gathered, hex_cell, int_cell
 from worker.encode import Parsed
-from worker.features import MISSING_INT, cat_values
+from worker.features import cat_values
 from worker.schema import CRITEO_COLUMNS
 
 _SOURCES = CRITEO_COLUMNS[1:]  # I1..I13, C1..C26: the cells after the label
@@ -62,7 +63,7 @@ def scan_lines(lines: Sequence[bytes], int_sources: Collection[str], cat_sources
         return None
     if other.any():
         at = np.nonzero(other)
-        values[at] = cat_values(_gathered(buf, starts[at], ends[at]))
+        values[at] = cat_values(gathered(buf, starts[at], ends[at]))
     ints = {s: values[:, k].view(np.int64) for k, s in enumerate(_SOURCES) if modes[k] == _INT}
     cats = {s: values[:, k] for k, s in enumerate(_SOURCES) if modes[k] == _HEX}
     return Scanned(labels, _LazyCells(buf, starts, ends), Parsed(ints, cats))
@@ -80,7 +81,7 @@ class _LazyCells(Mapping):
             if source not in _SOURCES:
                 raise KeyError(source)
             k = _SOURCES.index(source)
-            self._columns[source] = _gathered(self._buf, self._starts[:, k], self._ends[:, k])
+            self._columns[source] = gathered(self._buf, self._starts[:, k], self._ends[:, k])
         return self._columns[source]
 
     def __contains__(self, source: object) -> bool:
@@ -93,34 +94,9 @@ class _LazyCells(Mapping):
         return len(_SOURCES)
 
 
-def _gathered(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The cells buf[starts[i]:ends[i]] as a bytes array (n,), as wide as the widest (at least 1)."""
-    width = max(int((ends - starts).max(initial=0)), 1)
-    out = np.zeros((len(starts), width), dtype=np.uint8)
-    _gather(buf, starts, ends, out)
-    return out.view(f"S{width}").reshape(len(starts))
-
-
-@numba.njit(nogil=True, cache=True)
-def _gather(buf, starts, ends, out):
-    for i in range(len(starts)):
-        s = starts[i]
-        for j in range(ends[i] - s):
-            out[i, j] = buf[s + j]
-
-
 _TAB, _NL, _CR = 9, 10, 13
-_MISSING_INT_BITS = np.uint64(int(MISSING_INT) % 2**64)
-_MISSING_CAT = np.uint64(2**64 - 1)
-_TENTH_MAX = np.uint64((2**63 - 1) // 10)  # an int64 magnitude v may take another digit d if v * 10 + d < 2**63
-_NOT_DIGIT = np.uint8(255)
-_DIGITS = np.full(256, _NOT_DIGIT, dtype=np.uint8)  # byte -> its value as a decimal digit, else _NOT_DIGIT
-_DIGITS[np.frombuffer(b"0123456789", np.uint8)] = np.arange(10)
-_HEX_DIGITS = _DIGITS.copy()  # byte -> its value as a hex digit (either case), else _NOT_DIGIT
-_HEX_DIGITS[np.frombuffer(b"abcdef", np.uint8)] = np.arange(10, 16)
-_HEX_DIGITS[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
 _OTHER_CLASS, _END_CLASS = np.uint8(16), np.uint8(17)
-_CLASSES = np.minimum(_HEX_DIGITS, _OTHER_CLASS)  # byte -> hex digit value, _OTHER_CLASS, or _END_CLASS for
+_CLASSES = np.minimum(HEX_DIGITS, _OTHER_CLASS)  # byte -> hex digit value, _OTHER_CLASS, or _END_CLASS for
 _CLASSES[[_TAB, _NL]] = _END_CLASS  # the bytes that end a cell
 
 
@@ -157,54 +133,18 @@ def _scan(buf, modes, labels, starts, ends, values, other):
             k = j - 1
             starts[i, k], ends[i, k] = s, end
             if modes[k] == _INT:
-                ok, value = _int_cell(buf, s, end)
+                ok, value = int_cell(buf, s, end)
                 if not ok:
                     return False
                 values[i, k] = value
             elif modes[k] == _HEX:
                 if end != e:  # a CR cut off: read again
-                    hex_digits, v = _hex_cell(buf, s, end)
+                    hex_digits, v = hex_cell(buf, s, end)
                 elif s == e:
-                    v = _MISSING_CAT
+                    v = MISSING_CAT
                 else:
-                    hex_digits &= e - s <= 16 and v != _MISSING_CAT
+                    hex_digits &= e - s <= 16 and v != MISSING_CAT
                 values[i, k] = v
                 other[i, k] = not hex_digits
             s = e + 1
     return s == len(buf)
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _int_cell(buf, s, end):
-    """(ok, int64 bits) of an integer cell: "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63)."""
-    if s == end:
-        return True, _MISSING_INT_BITS
-    negative = buf[s] == 45  # "-"
-    if negative or buf[s] == 43:  # "+"
-        s += 1
-        if s == end:
-            return False, np.uint64(0)
-    v = np.uint64(0)
-    for p in range(s, end):
-        d = _DIGITS[buf[p]]
-        if d == _NOT_DIGIT or v > _TENTH_MAX or (v == _TENTH_MAX and d > 7):
-            return False, np.uint64(0)
-        v = v * np.uint64(10) + np.uint64(d)
-    return True, (np.uint64(0) - v) if negative else v
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _hex_cell(buf, s, end):
-    """(ok, value) of a categorical cell: "" -> MISSING_CAT; 1..16 hex digits -> their number, unless it is
-    MISSING_CAT; not ok for any other cell."""
-    if s == end:
-        return True, _MISSING_CAT
-    if end - s > 16:
-        return False, np.uint64(0)
-    v = np.uint64(0)
-    for p in range(s, end):
-        d = _HEX_DIGITS[buf[p]]
-        if d == _NOT_DIGIT:
-            return False, np.uint64(0)
-        v = (v << np.uint64(4)) | np.uint64(d)
-    return v != _MISSING_CAT, v

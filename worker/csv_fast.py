@@ -47,7 +47,8 @@ from typing import BinaryIO
 import numba
 import numpy as np
 
-from worker.features import MISSING_INT, cat_values
+from worker.cells_fast import float_cell, gathered, hex_cell, int_cell
+from worker.features import cat_values
 
 BLOCK_BYTES = 1 << 22  # read from the file at a time (then up to the end of the line it cuts)
 MAX_PLAIN_BYTES = 1 << 30  # a longer line goes to the csv module, which judges its field size limit
@@ -225,7 +226,7 @@ def scan_plain(plain: Plain, delimiter: str, width: int, label_at: int | None, s
             v = values[:, k]
             if other[:, k].any():
                 at = np.flatnonzero(other[:, k])
-                v[at] = cat_values(_gathered(plain.buf, starts[at, k], ends[at, k]))
+                v[at] = cat_values(gathered(plain.buf, starts[at, k], ends[at, k]))
             out_cats[s] = v
         elif modes[k] == _INT:
             out_ints[s] = (values[:, k].view(np.int64), ~other[:, k])
@@ -271,7 +272,7 @@ class _LazyCells(Mapping):
     def __getitem__(self, source: str) -> np.ndarray:
         if source not in self._columns:
             k = self._slots[source]
-            cells = _gathered(self._buf, self._starts[:, k], self._ends[:, k])
+            cells = gathered(self._buf, self._starts[:, k], self._ends[:, k])
             self._columns[source] = cells if self._ascii else np.strings.decode(cells, "utf-8")
         return self._columns[source]
 
@@ -285,32 +286,7 @@ class _LazyCells(Mapping):
         return len(self._slots)
 
 
-def _gathered(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The cells buf[starts[i]:ends[i]] as a bytes array (n,), as wide as the widest (at least 1)."""
-    width = max(int((ends - starts).max(initial=0)), 1)
-    out = np.zeros((len(starts), width), dtype=np.uint8)
-    _gather(buf, starts, ends, out)
-    return out.view(f"S{width}").reshape(len(starts))
-
-
-@numba.njit(nogil=True, cache=True)
-def _gather(buf, starts, ends, out):
-    for i in range(len(starts)):
-        s = starts[i]
-        for j in range(ends[i] - s):
-            out[i, j] = buf[s + j]
-
-
 _SKIP, _HEX, _INT, _FLOAT = 0, 1, 2, 3  # how the scan reads a slot's cells
-_MISSING_CAT = np.uint64(2**64 - 1)
-_MISSING_INT_BITS = np.uint64(int(MISSING_INT) % 2**64)
-_TENTH_MAX = np.uint64((2**63 - 1) // 10)  # an int64 magnitude v may take another digit d if v * 10 + d < 2**63
-_MAX_DIGITS = 15  # a float cell's digits at most: the mantissa is exact in a float64 (< 2**53)
-_POWERS = 10.0 ** np.arange(23)  # exact in a float64 up to 10**22
-_NOT_HEX = np.uint8(255)
-_HEX_DIGITS = np.full(256, _NOT_HEX, dtype=np.uint8)  # byte -> its value as a hex digit (either case)
-_HEX_DIGITS[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16)
-_HEX_DIGITS[np.frombuffer(b"ABCDEF", np.uint8)] = np.arange(10, 16)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -338,15 +314,15 @@ def _scan(buf, delimiter, slot_of, modes, columns, starts, ends, values, numbers
                             w -= (buf[p] & 0xC0) == 0x80  # UTF-8 continuation bytes are no characters
                     widths[i] = max(widths[i], w)
                 if modes[k] == _HEX:
-                    ok, v = _hex_cell(buf, s, e)
+                    ok, v = hex_cell(buf, s, e)
                     values[i, k] = v
                     other[i, k] = not ok
                 elif modes[k] == _INT:
-                    ok, v = _int_cell(buf, s, e)
+                    ok, v = int_cell(buf, s, e)
                     values[i, k] = v
                     other[i, k] = not ok
                 elif modes[k] == _FLOAT:
-                    ok, x = _float_cell(buf, s, e)
+                    ok, x = float_cell(buf, s, e)
                     numbers[i, k] = x
                     other[i, k] = not ok
             j += 1
@@ -356,66 +332,3 @@ def _scan(buf, delimiter, slot_of, modes, columns, starts, ends, values, numbers
                 break
         columns[i] = j
     bounds[len(columns)] = s
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _hex_cell(buf, s, end):
-    """(ok, value) of a categorical cell: "" -> MISSING_CAT; 1..16 hex digits -> their number, unless it is
-    MISSING_CAT; not ok for any other cell."""
-    if s == end:
-        return True, _MISSING_CAT
-    if end - s > 16:
-        return False, np.uint64(0)
-    v = np.uint64(0)
-    for p in range(s, end):
-        d = _HEX_DIGITS[buf[p]]
-        if d == _NOT_HEX:
-            return False, np.uint64(0)
-        v = (v << np.uint64(4)) | np.uint64(d)
-    return v != _MISSING_CAT, v
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _int_cell(buf, s, end):
-    """(ok, int64 bits) of an integer cell: "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63)."""
-    if s == end:
-        return True, _MISSING_INT_BITS
-    negative = buf[s] == 45  # "-"
-    if negative or buf[s] == 43:  # "+"
-        s += 1
-        if s == end:
-            return False, np.uint64(0)
-    v = np.uint64(0)
-    for p in range(s, end):
-        d = buf[p] - 48
-        if buf[p] < 48 or d > 9 or v > _TENTH_MAX or (v == _TENTH_MAX and d > 7):
-            return False, np.uint64(0)
-        v = v * np.uint64(10) + np.uint64(d)
-    return True, (np.uint64(0) - v) if negative else v
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _float_cell(buf, s, end):
-    """(ok, value) of a numeric cell: "" -> 0 (missing); sign? digit* ("." digit*)? with 1.._MAX_DIGITS digits,
-    at most 22 after the point -> mantissa / 10**fraction digits: one correctly rounded division of two exact
-    float64s, so float()'s value; not ok for any other cell."""
-    if s == end:
-        return True, 0.0
-    negative = buf[s] == 45  # "-"
-    if negative or buf[s] == 43:  # "+"
-        s += 1
-    m, digits, fraction, point = 0, 0, 0, False
-    for p in range(s, end):
-        c = buf[p]
-        if 48 <= c <= 57:
-            m = m * 10 + (c - 48)
-            digits += 1
-            fraction += point
-        elif c == 46 and not point:  # "."
-            point = True
-        else:
-            return False, 0.0
-    if digits == 0 or digits > _MAX_DIGITS or fraction > 22:
-        return False, 0.0
-    x = float(m) / _POWERS[fraction]
-    return True, -x if negative else x
