@@ -48,7 +48,7 @@ def _gather(buf, starts, ends, out):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def int_cell(buf, s, end):
+def int_cell(buf: np.ndarray, s: int, end: int) -> tuple[bool, np.uint64]:
     """(ok, int64 bits) of an integer cell: "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63)."""
     if s == end:
         return True, MISSING_INT_BITS
@@ -67,7 +67,7 @@ def int_cell(buf, s, end):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def hex_cell(buf, s, end):
+def hex_cell(buf: np.ndarray, s: int, end: int) -> tuple[bool, np.uint64]:
     """(ok, value) of a categorical cell: "" -> MISSING_CAT; 1..16 hex digits -> their number, unless it is
     MISSING_CAT; not ok for any other cell."""
     if s == end:
@@ -84,7 +84,7 @@ def hex_cell(buf, s, end):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def float_cell(buf, s, end):
+def float_cell(buf: np.ndarray, s: int, end: int) -> tuple[bool, float]:
     """(ok, value) of a numeric cell: "" -> 0 (missing); sign? digit* ("." digit*)? with 1..MAX_DIGITS digits, at
     most 22 after the point -> mantissa / 10**fraction digits; not ok for any other cell."""
     if s == end:
