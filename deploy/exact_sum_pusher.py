@@ -12,9 +12,9 @@ they acknowledged: none lost, none applied twice. deploy/smoke.sh runs it in the
 Push k (k = 1, 2, ...) sends gradient [1, 2, 3, 4] to each of SHARED (ids on every shard, each twice in the
 batch with half of it: the client sums duplicates) and [1, 1, 1, 1] to each of own(k), ids no other push has.
 The client sends a push again while its shard is down or restarting, and the shard applies each push once
-(worker/client.py), so after n acknowledged pushes every SHARED row is -n * [1, 2, 3, 4] and every own(k) row is
--1 for k <= n and 0 (never pushed) for k = n + 1: a lost push k shows as an own(k) row of 0, one applied twice as
--2. Every value is an integer well inside float32's exact range.
+(worker/retry.py, worker/request_numbers.py), so after n acknowledged pushes every SHARED row is -n * [1, 2, 3, 4]
+and every own(k) row is -1 for k <= n and 0 (never pushed) for k = n + 1: a lost push k shows as an own(k) row
+of 0, one applied twice as -2. Every value is an integer well inside float32's exact range.
 
 Output, one line each: "pusher: table TABLE created", "pusher: N pushes acknowledged" every 50, then
 "pusher: exact sum OK: N pushes acknowledged, M rows checked" (exit 0) or "pusher: exact sum WRONG: ..." (exit 1).

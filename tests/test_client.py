@@ -14,7 +14,8 @@ from ps.config import TableConfig
 from ps.errors import CallerGoneError, ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
 from ps.rows.initializers import init_rows
 from tests.conftest import random_ids
-from worker.client import Client, _sent_once, push_arrays, sum_duplicates
+from worker.client import Client, push_arrays, sum_duplicates
+from worker.retry import sent_once
 
 
 def initial(cfg: TableConfig, ids):
@@ -134,12 +135,12 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
     for what, servers_listed in wrong_lists.items():
         with Client(servers_listed) as client, pytest.raises(PsError, match=f"does not match the cluster: {what}"):
             client.wait_ready()
-    from worker.client import _server_list_error
+    from worker.channels import server_list_error
 
-    assert "shard 0 is listed more than once (the same address twice)" in _server_list_error(["a:1", "a:1"],
-                                                                                             [(0, 2), (0, 2)])  # fmt: skip
+    assert "shard 0 is listed more than once (the same address twice)" in server_list_error(["a:1", "a:1"],
+                                                                                            [(0, 2), (0, 2)])  # fmt: skip
     assert ("shard 0 is listed more than once (a:1 and b:2 both say they are shard 0: was one started without its "
-            "--shard-id, which defaults to 0?)") in _server_list_error(["a:1", "b:2"], [(0, 2), (0, 2)])  # fmt: skip
+            "--shard-id, which defaults to 0?)") in server_list_error(["a:1", "b:2"], [(0, 2), (0, 2)])  # fmt: skip
 
 
 def test_a_second_client_under_the_same_client_id_is_refused_loudly(servers, sgd1_table):
@@ -204,7 +205,7 @@ def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, 
                                                              "running there, or be done; it was not sent again"):  # fmt: skip
                 call()
             assert time.monotonic() - started < 2  # not the 10 s server timeout
-    assert _sent_once("Checkpoint", hold[0]) and not _sent_once("Checkpoint", ps_pb2.CheckpointRequest(phase="release"))
+    assert sent_once("Checkpoint", hold[0]) and not sent_once("Checkpoint", ps_pb2.CheckpointRequest(phase="release"))
     time.sleep(0.8)  # the calls in the server end
     assert calls == {"shrink": 1, "advance_clock": 1, "hold": 1}
     assert server.shard.clock == 1  # advanced once
@@ -286,9 +287,9 @@ def test_a_channel_whose_close_hangs_does_not_hold_the_client(servers, caplog):
 def test_call_threads_run_calls_at_once_on_reused_daemon_threads():
     import threading as _threading
 
-    from worker.client import _CallThreads
+    from worker.fanout import CallThreads
 
-    calls = _CallThreads()
+    calls = CallThreads()
     gate = _threading.Barrier(3, timeout=10)  # three calls must be in flight together to pass it
     futures = [calls.submit(gate.wait) for _ in range(3)]
     assert sorted(f.result(timeout=10) for f in futures) == [0, 1, 2]
@@ -305,9 +306,9 @@ def test_call_threads_run_calls_at_once_on_reused_daemon_threads():
 def test_call_threads_end_when_closed():
     import threading as _threading
 
-    from worker.client import _CallThreads
+    from worker.fanout import CallThreads
 
-    calls = _CallThreads()
+    calls = CallThreads()
     gate = _threading.Barrier(2, timeout=10)
     futures = [calls.submit(gate.wait) for _ in range(2)]
     assert sorted(f.result(timeout=10) for f in futures) == [0, 1]
@@ -382,8 +383,10 @@ def test_a_shard_that_fails_during_a_checkpoints_pause_is_warned_about(caplog):
             return grpc.StatusCode.UNAVAILABLE
 
     with Client(["127.0.0.1:1"], server_timeout_s=30) as client, caplog.at_level("INFO", "worker.client"):
-        assert client._keep_waiting(0, "PushBatch", Failed("shard 0 is taking a checkpoint; retry shortly"))
-        assert client._keep_waiting(0, "PushBatch", Failed("Connection refused"))
+        assert client._outages.keep_waiting(
+            0, Failed("shard 0 is taking a checkpoint; retry shortly"), client.server_timeout_s
+        )
+        assert client._outages.keep_waiting(0, Failed("Connection refused"), client.server_timeout_s)
     said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "worker.client"]
     assert [level for level, _ in said] == ["INFO", "WARNING"], said
     assert "is unavailable (connection refused: nothing listens there) after a checkpoint's pause" in said[1][1]

@@ -19,7 +19,7 @@ from ps.storage.applied import AppliedTable
 from ps.storage.store import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED, Store
 from tests.conftest import crash
 from tests.test_exactly_once import SUM, A, B, open_shard, push, rows
-from worker import client as client_module
+from worker import retry as retry_module
 from worker.client import Client
 
 R = REQUEST_RETENTION_S
@@ -267,7 +267,7 @@ def test_the_client_gives_up_on_a_push_past_the_retry_window_saying_its_outcome_
         client.push("sum", B, np.ones((len(B), 2), np.float32))  # the push's and the flush's kernels compiled
         shard.flush()  # (numba: seconds with a new checkout's cold cache, the table's lock held by a flush) before
         # the window is made short: else the first attempt alone may outlast it
-        monkeypatch.setattr(client_module, "RETRY_WINDOW_S", WINDOW_S)
+        monkeypatch.setattr(retry_module, "RETRY_WINDOW_S", WINDOW_S)
         monkeypatch.setattr(shard, "push_batch", apply_then_lose_every_reply)
         with pytest.raises(RequestOutcomeUnknownError, match="it may or may not have been applied") as e:
             client.push("sum", A, np.ones((len(A), 2), np.float32))

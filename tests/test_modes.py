@@ -1127,6 +1127,6 @@ def test_calls_on_two_threads_that_find_a_shard_back_note_it_once(servers):
             return found
 
     with Client(addresses, timeout_s=30) as client:
-        client._down = SeenByBoth({0: time.monotonic()})
+        client._outages.down = SeenByBoth({0: time.monotonic()})
         Concurrently(client.stats, client.stats).join()
-        assert dict(client._down) == {}
+        assert dict(client._outages.down) == {}

@@ -60,7 +60,7 @@ another client than its earlier pushes here (a worker restarted mid-job, which w
 two processes given one worker id) is refused and stops the job (JobConflictError); sync steps check the same per
 step (push_sync). A restarted shard knows no worker's client: the first push after it sets it. A job id is for one
 run: a shard remembers the sync steps it applied under it, and answers a second run's contributions to them with
-num_applied 0 (worker.client raises JobIdReusedError for such an answer to a first attempt).
+num_applied 0 (worker.request_numbers raises JobIdReusedError for such an answer to a first attempt).
 
 Threads. Each wait holds one of the server's RPC threads (ServerConfig.threads, --threads), and a job may have a
 pull and a push of every worker waiting at once: a server needs 2 x workers + 2 threads. A wait that would leave

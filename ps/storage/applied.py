@@ -8,7 +8,7 @@ wall time (time.time) its value last moved: its newest request's latest part app
 
 Age. An entry unchanged for longer than ps.config.REQUEST_RETENTION_S is dropped at the next flush
 (take_changes). A worker's Client sends no attempt of a request once its first attempt is RETRY_WINDOW_S old (the
-retention less RETRY_MARGIN_S; worker.client), and an entry's time is at or after its request's first attempt,
+retention less RETRY_MARGIN_S; worker.retry), and an entry's time is at or after its request's first attempt,
 so a retry comes while the entry of its request (or of a later one) is kept: a dropped entry never turns a retry
 into a second application. A dropped client that comes back is a new one: its next request is applied. The times
 err late, never early: an entry rebuilt from the journal at replay, or read from a data dir of an older version (which stored no

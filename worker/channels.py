@@ -1,0 +1,112 @@
+"""Channels: a client's gRPC channels to its shards (TLS, token, message limits), the wait until every shard
+accepts a connection, and the check that the server list is one cluster's shards in order.
+
+What it logs goes to the client's logger, "worker.client".
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import grpc
+
+from ps.config import MAX_MESSAGE_BYTES
+from ps.errors import PsError, ServerUnavailableError
+from ps.security import client_channel, tls_hint
+
+log = logging.getLogger("worker.client")
+
+NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
+READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
+OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # a restarted shard is found within ~2 s, not after gRPC's default backoff (up to 120 s)
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+
+
+def open_channels(
+    servers: list[str], tls_ca: str | None, tls_cert: str | None, tls_key: str | None, auth_token: str | None
+) -> list[grpc.Channel]:
+    """One channel per server address (ps.security.client_channel: TLS and token as given), in order."""
+    return [client_channel(a, OPTIONS, tls_ca, tls_cert, tls_key, auth_token) for a in servers]
+
+
+def why_not_ready(address: str, tls: bool, client_cert: bool, timeout_s: float = 1.0) -> str:
+    """A hint for a server whose gRPC channel did not become ready: NOTHING_LISTENS when no TCP connection can be
+    made there (the server is down); the TLS flag the shard wants, or has not, as a probe finds it
+    (ps.security.tls_hint); else that something listens but does not answer as a sparseps shard."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError):
+        return NOTHING_LISTENS
+    return tls_hint(address, tls, client_cert, timeout_s) or (
+        "; something listens there, but it did not answer as a sparseps shard (gRPC): it may be another service's "
+        "port (HTTP, a metrics endpoint), or a shard too busy to answer"
+    )
+
+
+def wait_connected(channels: list[grpc.Channel], servers: list[str], tls: tuple[bool, bool], timeout_s: float) -> None:
+    """Waits up to timeout_s for every channel to be ready, logging a shard not ready within READY_PATIENCE_S and
+    why (why_not_ready, with tls = (TLS used, client certificate given)); ServerUnavailableError past it."""
+    deadline = time.monotonic() + timeout_s
+    for i, channel in enumerate(channels):
+        ready = grpc.channel_ready_future(channel)
+        try:
+            ready.result(timeout=min(READY_PATIENCE_S, max(0.1, deadline - time.monotonic())))
+        except grpc.FutureTimeoutError:
+            left = deadline - time.monotonic()
+            if left > 0:
+                log.warning("shard %d at %s does not answer yet%s; waiting for it for up to %.0f s", i,
+                            servers[i], why_not_ready(servers[i], *tls), left)  # fmt: skip
+            try:
+                ready.result(timeout=max(0.1, left))
+            except grpc.FutureTimeoutError:
+                raise ServerUnavailableError(
+                    f"shard {i} at {servers[i]} did not accept a connection within {timeout_s:g} s"
+                    + why_not_ready(servers[i], *tls)
+                ) from None
+
+
+def check_cluster(servers: list[str], stats: list) -> None:
+    """PsError unless shard i's stats say it is shard i of len(servers) and all give one cluster name
+    (ps-server --cluster)."""
+    found = [(s.shard_id, s.num_shards) for s in stats]
+    if found != [(i, len(servers)) for i in range(len(servers))]:
+        raise PsError(server_list_error(servers, found))
+    names = [s.cluster for s in stats]
+    if len(set(names)) > 1:
+        said = ", ".join(f"{a} (shard {i}) says {n or '(unnamed)'!r}" for i, (a, n) in enumerate(zip(servers, names)))
+        raise PsError(f"the server list mixes clusters: {said} (ps-server --cluster); give the addresses of one "
+                      "cluster's shards")  # fmt: skip
+
+
+def server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
+    """What is wrong with a server list whose servers say they are shards found[i] = (shard_id, num_shards):
+    a server listed twice, shards missing or extra, or the order."""
+    listed = [f"{a} (shard {sid} of {n})" for a, (sid, n) in zip(servers, found)]
+    ids = [sid for sid, _ in found]
+    counts = {n for _, n in found}
+    if len(set(ids)) < len(ids):
+        twice = sorted({sid for sid in ids if ids.count(sid) > 1})
+        same = [a for a, sid in zip(servers, ids) if sid == twice[0]]
+        what = f"shard {', '.join(map(str, twice))} is listed more than once"
+        what += (" (the same address twice)" if len(set(same)) < len(same) else
+                 f" ({' and '.join(same)} both say they are shard {twice[0]}: was one started without its --shard-id, "
+                 "which defaults to 0?)")  # fmt: skip
+    elif len(counts) > 1:
+        what = "the servers belong to clusters of different shard counts"
+    elif counts != {len(servers)}:
+        (n,) = counts
+        absent = sorted(set(range(n)) - set(ids))
+        what = f"the cluster has {n} shards, the list {len(servers)}" + (
+            f"; shards {', '.join(map(str, absent))} are missing" if absent else "")  # fmt: skip
+    else:
+        what = "the servers are not in shard order"
+    return (f"the server list does not match the cluster: {what}. Listed: {', '.join(listed)}; give every shard's "
+            "address once, in shard order")  # fmt: skip

@@ -1,0 +1,91 @@
+"""Dedup of a push's ids: unique ids, their summed gradients and counts, and the way back to the caller's order.
+
+The client dedups once per call (`np.unique`), sums duplicate ids' grads, shows and clicks, and sends each unique
+id once; ids that are unique and increasing already are taken as they are. Pure numpy (and one numba loop): no
+gRPC, no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from ps import wire
+
+
+class PushItem(NamedTuple):
+    """One table's push in push_many: ids (n,) with grads (n, dim), one show per occurrence and clicks (n,) summed
+    per id the same way (None: no clicks); or, with shows (n,), ids already unique and every count given per id."""
+
+    table: str
+    ids: np.ndarray
+    grads: np.ndarray
+    clicks: np.ndarray | None = None
+    shows: np.ndarray | None = None
+
+
+@numba.njit(nogil=True, cache=True)
+def segment_sum(inverse: np.ndarray, grads: np.ndarray, out: np.ndarray) -> None:
+    """out[inverse[i], :] += grads[i, :]."""
+    dim = grads.shape[1]
+    for i in range(inverse.shape[0]):
+        u = inverse[i]
+        for j in range(dim):
+            out[u, j] += grads[i, j]
+
+
+def sum_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unique sorted ids, their summed grads)."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    out = np.zeros((len(uniq), grads.shape[1]), dtype=np.float32)
+    segment_sum(inverse.ravel().astype(np.int64), np.ascontiguousarray(grads, dtype=np.float32), out)
+    return uniq, out
+
+
+def _per_id(values, n: int, table: str, what: str) -> np.ndarray:
+    """values as n float32, one per id (a single value is used for every id); ValueError for another length."""
+    flat = np.asarray(values, dtype=np.float32).ravel()
+    if len(flat) not in (1, n):
+        raise ValueError(f"push to {table!r} has {len(flat)} {what} for {n} ids")
+    return np.broadcast_to(flat, (n,)) if len(flat) != n else flat
+
+
+def push_arrays(
+    table: str,
+    ids: np.ndarray,
+    grads: np.ndarray,
+    clicks: np.ndarray | None,
+    shows: np.ndarray | None,
+    dim: int,
+) -> tuple:
+    """(unique ids, their grads (n, dim), shows (n,), clicks (n,), all float32, and where each given id's row is
+    in them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
+    show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id.
+    Ids that are unique and increasing already (dense tables, a caller's np.unique) are taken as they are: no
+    copy, no sort."""
+    ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
+    grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
+    clicks = np.zeros(len(ids), np.float32) if clicks is None else _per_id(clicks, len(ids), table, "clicks")
+    if shows is not None:
+        if wire.repeats_ids(ids):
+            raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
+        return ids, grads, _per_id(shows, len(ids), table, "shows"), clicks, None
+    if wire.strictly_increasing(ids):
+        return ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
+    counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
+    uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+    order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+    return uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
+
+
+def per_item(flags: bool | Sequence[bool], n: int) -> list[bool]:
+    """One flag per item of n: a single flag for all of them, or a sequence of n (ValueError for another length)."""
+    if isinstance(flags, (bool, np.bool_)):
+        return [bool(flags)] * n
+    out = [bool(f) for f in flags]
+    if len(out) != n:
+        raise ValueError(f"push_many has {len(out)} add_delta flags for {n} items")
+    return out

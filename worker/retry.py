@@ -1,0 +1,181 @@
+"""Retry policy: which failed calls a client sends again and for how long, its waits for a shard that is down or
+starting, and the error a call ends with.
+
+A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (RETRYABLE) is sent again while its shard has
+been failing for less than the client's server_timeout_s (Outages.keep_waiting); one that may have run on its
+shard (MAY_HAVE_RUN) is not sent again when a repeat would apply it once more (sent_once); a PushBatch with a
+client id gets no attempt once its first is ps.config RETRY_WINDOW_S old (retry_window_left), and ends with
+RequestOutcomeUnknownError (Outages.outcome_unknown). The loop that applies this is Client._call_until_answered.
+What it logs goes to the client's logger, "worker.client".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import grpc
+
+from protos import ps_pb2
+from ps.config import REQUEST_RETENTION_S, RETRY_WINDOW_S
+from ps.errors import (
+    CHECKPOINT_PAUSE,
+    CLIENT_TABLE_FULL,
+    DISK_FULL_PREFIX,
+    SHARD_STARTING,
+    STATUS_TO_ERROR,
+    ClientTableFullError,
+    DiskFullError,
+    PsError,
+    RequestOutcomeUnknownError,
+    ServerUnavailableError,
+)
+
+log = logging.getLogger("worker.client")
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# a call that ended so may have run on its shard (a stopping server cancels the calls it has not finished)
+MAY_HAVE_RUN = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# never sent again after a deadline (but a Checkpoint release), with what to do then
+APPLIED_AGAIN_IF_SENT_AGAIN = {
+    "Shrink": "a larger --timeout-s gives a large table's Shrink the time it needs; `ps-worker stats` shows the rows "
+    "left",
+    "AdvanceClock": "`ps-worker stats` shows each shard's clock",
+    "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes for up to --hold-timeout-s; a "
+    "larger --timeout-s gives a large shard's save the time it needs",
+}
+
+
+def why_failed(e: grpc.RpcError) -> str:
+    """What a failed call's status says, in short: gRPC's text for a refused connection names every address it
+    tried ("failed to connect to all addresses; last error: ..."), its code's name for a cancelled call, what the
+    start of a shard that is starting is doing."""
+    details = e.details() or ""
+    if doing := starting(e):
+        return f"starting: {doing}"
+    if "Connection refused" in details:
+        return "connection refused: nothing listens there"
+    if e.code() == grpc.StatusCode.CANCELLED:
+        return "CANCELLED: the server stopped the call"
+    return f"{e.code().name}: {details}"
+
+
+def starting(e: grpc.RpcError) -> str:
+    """What the start of the shard that refused the call is doing ("replaying its journal, 43% (12 s so far)"), or
+    "" when the shard was not starting (ps.errors.ShardStartingError)."""
+    details = e.details() or ""
+    if e.code() != grpc.StatusCode.UNAVAILABLE or f" {SHARD_STARTING}: " not in details:
+        return ""
+    return details.split(f" {SHARD_STARTING}: ", 1)[1]
+
+
+def retry_window_left(method: str, request: object, started: tuple[float, float]) -> float:
+    """Seconds left to send attempts of a call first sent at started (time.monotonic(), time.time()): of
+    RETRY_WINDOW_S for a PushBatch with a client id (its shard keeps it only so long), by whichever clock has
+    moved more (monotonic time stops while the machine sleeps; wall time can be set back); inf for the others."""
+    if method != "PushBatch" or not getattr(request, "client_id", 0):
+        return float("inf")
+    return RETRY_WINDOW_S - max(time.monotonic() - started[0], time.time() - started[1])
+
+
+def sent_once(method: str, request: object) -> bool:
+    """Whether a call of method with request is not sent again after its deadline (APPLIED_AGAIN_IF_SENT_AGAIN)."""
+    return method in APPLIED_AGAIN_IF_SENT_AGAIN and getattr(request, "phase", "") != "release"
+
+
+class Outages:
+    """The shards a client's calls find failing, since when (down: shard -> time.monotonic() it started failing),
+    and which of them a checkpoint's pause holds (pausing: logged at INFO, not WARNING). Every method takes lock:
+    a client's calls run on any thread. servers: the client's addresses, for its messages."""
+
+    def __init__(self, servers: list[str]):
+        self.servers = servers
+        self.down: dict[int, float] = {}
+        self.pausing: set[int] = set()
+        self.lock = threading.Lock()
+
+    def back(self, shard: int) -> None:
+        """Notes that the shard answered; logs that it is back if it was failing."""
+        with self.lock:
+            since = self.down.pop(shard, None)
+            paused = shard in self.pausing
+            self.pausing.discard(shard)
+        if since is not None:
+            log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is back after %.1f s", shard,
+                    self.servers[shard], time.monotonic() - since)  # fmt: skip
+
+    def keep_waiting(self, shard: int, e: grpc.RpcError, server_timeout_s: float) -> bool:
+        """True while the shard has been failing for less than server_timeout_s (logs when it starts)."""
+        if server_timeout_s <= 0:
+            return False
+        now = time.monotonic()
+        paused = CHECKPOINT_PAUSE in (e.details() or "")  # a routine pause of pushes, seconds long
+        with self.lock:
+            since = self.down.setdefault(shard, now)
+            if since is now and paused:
+                self.pausing.add(shard)
+            outage = not paused and shard in self.pausing  # a shard that failed during a checkpoint's pause
+            if outage:
+                self.pausing.discard(shard)
+        if outage:
+            log.warning("shard %d at %s is unavailable (%s) after a checkpoint's pause; waiting for it for up to "
+                        "%.0f s more", shard, self.servers[shard], why_failed(e), server_timeout_s - (now - since))  # fmt: skip
+        doing = starting(e)
+        if since is now and doing:  # this call marked it
+            log.warning("shard %d at %s is starting (%s); waiting for it for up to %.0f s", shard, self.servers[shard],
+                        doing, server_timeout_s)  # fmt: skip
+        elif since is now:
+            log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is unavailable (%s); waiting for it "
+                    "for up to %.0f s", shard, self.servers[shard], why_failed(e), server_timeout_s)  # fmt: skip
+        return now - since < server_timeout_s
+
+    def outcome_unknown(
+        self, shard: int, request: ps_pb2.PushBatchRequest, e: grpc.RpcError, client_id: int
+    ) -> PsError:
+        """The error of a PushBatch not answered within RETRY_WINDOW_S of its first attempt."""
+        with self.lock:  # a later call waits for the shard anew
+            self.down.pop(shard, None)
+            self.pausing.discard(shard)
+        what = f"PushBatch request {request.seq}" if request.seq else "a sync PushBatch"
+        return RequestOutcomeUnknownError(
+            f"shard {shard} at {self.servers[shard]} did not answer {what} of client id {client_id:#x} within "
+            f"{RETRY_WINDOW_S / 86400:.3g} days of its first attempt (last: {why_failed(e)}), so it is not sent again: a "
+            f"shard forgets a request {REQUEST_RETENTION_S / 86400:.3g} days after applying it, and an attempt after "
+            "that would be applied a second time. Its outcome is unknown: it may or may not have been applied. To be "
+            "exact, restore the servers from a checkpoint saved before it (ps-server --restore) and train on from "
+            "there; a job that can take one push lost or kept (async SGD, say) can start again on the "
+            "servers as they are"
+        )
+
+    def error(
+        self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object, server_timeout_s: float
+    ) -> PsError:
+        """The error a call that failed with e ends with: for one not sent again after it may have run, that it may
+        still run; for one whose shard stayed down, how long it was waited for; else the PsError of e's status."""
+        code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
+        if code in MAY_HAVE_RUN and sent_once(method, request):
+            ended = f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
+                else f"cancelled {method} (is it stopping?)"  # fmt: skip
+            return ServerUnavailableError(
+                f"{where} {ended}: it may still be running there, or be done; "
+                "it was not sent again, since a repeat would apply it once more "
+                f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
+            )
+        if code in RETRYABLE:
+            with self.lock:  # a later call waits for the shard anew, for its own server timeout
+                since = self.down.pop(shard, None)
+                self.pausing.discard(shard)
+            waited = 0.0 if since is None else time.monotonic() - since
+            tried = f"; it has been failing for {waited:.0f} s (server timeout {server_timeout_s:.0f} s)"
+            if starting(e):  # a journal replay or a restore can take longer than the timeout: say how to wait
+                tried += "; a larger server timeout (--server-timeout) waits for a start that takes longer"
+            ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
+                else f": {method} failed ({why_failed(e)})"  # fmt: skip
+            return ServerUnavailableError(where + ended + (tried if server_timeout_s > 0 else ""))
+        cls = STATUS_TO_ERROR.get(code.name, PsError)
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and DISK_FULL_PREFIX in (e.details() or ""):
+            cls = DiskFullError
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and CLIENT_TABLE_FULL in (e.details() or ""):
+            cls = ClientTableFullError
+        return cls(f"{where}: {method} failed with {code.name}: {e.details()}")

@@ -1,0 +1,66 @@
+"""Routing: which shard each unique id goes to, in requests and batches of at most max_request_bytes.
+
+An id's shard is its slot's owner (ps.sharding.SlotMap); a call's unique ids are grouped by owner and chunked so
+that a request stays under the size limit, and requests are packed into per-shard batches (one PullBatch or
+PushBatch each). Pure numpy over positions in the unique ids: no gRPC.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ps.sharding import SlotMap
+
+MAX_ROUTES = 256  # routes kept before the cache is cleared
+
+
+class Router:
+    """Routes ids over num_shards shards by slot_map; keeps the routes of the last ids seen (see route)."""
+
+    def __init__(self, slot_map: SlotMap, num_shards: int):
+        self.slot_map = slot_map
+        self.num_shards = num_shards
+        self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}
+
+    def route(self, uniq: np.ndarray, dim: int, max_request_bytes: int) -> list[tuple[int, np.ndarray]]:
+        """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes. The routes of
+        the last ids seen per (count, dim, request size limit) are kept: a dense table pushes the same ids every
+        step. Callers only index with the positions, never change them."""
+        key = (len(uniq), dim, max_request_bytes)
+        known = self._routes.get(key)
+        if known is not None and np.array_equal(known[0], uniq):
+            return known[1]
+        routes = list(self._compute_route(uniq, dim, max_request_bytes))
+        if len(self._routes) >= MAX_ROUTES:
+            self._routes.clear()
+        self._routes[key] = (uniq.copy(), routes)
+        return routes
+
+    def _compute_route(self, uniq: np.ndarray, dim: int, max_request_bytes: int):
+        owner = self.slot_map.shard_of(uniq)
+        order = np.argsort(owner, kind="stable")
+        bounds = np.searchsorted(owner[order], np.arange(self.num_shards + 1))
+        chunk = max(1, max_request_bytes // (4 * dim + 8))
+        for shard in range(self.num_shards):
+            sel = order[bounds[shard] : bounds[shard + 1]]
+            for start in range(0, len(sel), chunk):
+                yield shard, sel[start : start + chunk]
+
+    def group(
+        self, requests: list[tuple], max_request_bytes: int, every_shard: bool = False, whole: bool = False
+    ) -> list[tuple[int, list]]:
+        """Packs (shard, request, bytes, extra) into (shard, [those tuples]) batches of at most
+        max_request_bytes each (a larger request alone), in order; whole: one batch per shard, whatever its size;
+        every_shard: an empty batch for each shard that has none."""
+        groups, open_group = [], {}
+        for r in requests:
+            shard, size = r[0], r[2]
+            g = open_group.get(shard)
+            if g is None or (not whole and g[1] and g[2] + size > max_request_bytes):
+                g = open_group[shard] = [shard, [], 0]
+                groups.append(g)
+            g[1].append(r)
+            g[2] += size
+        if every_shard:
+            groups += [[s, [], 0] for s in range(self.num_shards) if s not in open_group]
+        return [(shard, rs) for shard, rs, _ in groups]
