@@ -61,7 +61,7 @@ class CallThreads:
         for _ in range(threads):
             self._work.put(None)
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn: Callable[..., object], *args: object) -> Future:
         """fn(*args) on one of the threads; its Future."""
         future: Future = Future()
         with self._lock:

@@ -35,7 +35,9 @@ class RequestNumbers:
         return self.seq[shard]
 
 
-def check_applied(where: str, client_id: int, request: ps_pb2.PushBatchRequest, reply) -> None:
+def check_applied(
+    where: str, client_id: int, request: ps_pb2.PushBatchRequest, reply: ps_pb2.PushBatchResponse
+) -> None:
     """ClientIdInUseError when the reply to a PushBatch's first attempt applied fewer ids than it carried: the
     shard (where: "shard i at address") holds a request of this client id at or past this one, which another
     caller sent."""
@@ -49,7 +51,9 @@ def check_applied(where: str, client_id: int, request: ps_pb2.PushBatchRequest, 
         )
 
 
-def check_contributed(where: str, request: ps_pb2.PushBatchRequest, reply, stamp: WorkerStamp) -> None:
+def check_contributed(
+    where: str, request: ps_pb2.PushBatchRequest, reply: ps_pb2.PushBatchResponse, stamp: WorkerStamp
+) -> None:
     """JobIdReusedError when the reply to a sync PushBatch's first attempt carrying ids applied none: the shard
     (where: "shard i at address") had applied that step of the job before (an earlier run of the job id, or this
     worker restarted within its job); the contribution was dropped."""
