@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from worker.metrics import auc, logloss
 from worker.synthetic import SyntheticConfig, SyntheticData, schema_text, write_synthetic
-from worker.train import TrainConfig, train
+from worker.train import train
+from worker.train_config import TrainConfig
 
 SETTINGS = dict(model="deepfm", hidden=(64, 32), batch_size=1024, epochs=1, recipe="large")
 

@@ -26,8 +26,10 @@ import harness  # before numpy: see its docstring
 import worker.client as client_module
 from worker.cluster import LocalCluster
 from worker.predict import PredictConfig, predict_servers
+from worker.served import evaluate_servers
 from worker.synthetic import SyntheticConfig, write_synthetic
-from worker.train import TrainConfig, evaluate_servers, train
+from worker.train import train
+from worker.train_config import TrainConfig
 
 TRAIN_ROWS = 50_000
 

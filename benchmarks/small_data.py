@@ -36,7 +36,8 @@ from worker.formats import read_batches
 from worker.metrics import auc
 from worker.schema_builtin import builtin_schema
 from worker.synthetic import small_data_config, write_synthetic
-from worker.train import TrainConfig, train
+from worker.train import train
+from worker.train_config import TrainConfig
 
 TRAIN_ROWS = 10_000
 TEST_ROWS = 20_000

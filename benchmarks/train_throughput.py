@@ -30,8 +30,11 @@ from tests.inprocess import InProcessTables
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.dense import DenseSync
-from worker.loop import evaluate, run_epochs
-from worker.train import TrainConfig, loop_settings, make_backend, prepare, table_configs
+from worker.job import loop_settings, make_backend, prepare
+from worker.loop import run_epochs
+from worker.model_tables import table_configs
+from worker.scoring import evaluate
+from worker.train_config import TrainConfig
 
 
 def warm_up(tables: Client | InProcessTables, configs: list[TableConfig]) -> None:

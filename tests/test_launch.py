@@ -44,7 +44,7 @@ from worker.loop import LoopResult, _ProgressLines
 from worker.progress_lines import parse_progress
 from worker.results import NOT_EVALUATED, local_shards_gone
 from worker.temp_dirs import KEPT, LOCK, make_temp_dir, remove_stale_temp_dirs
-from worker.train import TrainConfig
+from worker.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = "127.0.0.1:7"
@@ -595,7 +595,7 @@ DRIVER = textwrap.dedent("""
     # background job: one starts with SIGINT ignored, and Python keeps an inherited SIG_IGN
     sys.path.insert(0, sys.argv[1])
     from worker.launch import add_launch_parser, run_launch
-    from worker.train import TrainConfig
+    from worker.train_config import TrainConfig
     parser = argparse.ArgumentParser()
     add_launch_parser(parser.add_subparsers(dest="command"))
     args, rest = parser.parse_known_args(["launch", "--workers", "2", "--servers", "127.0.0.1:7", "--no-progress"])

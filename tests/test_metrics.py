@@ -70,9 +70,10 @@ def test_the_server_serves_request_and_table_metrics(tmp_path):
 
 def test_a_training_worker_counts_examples_and_steps_and_serves_them():
     from tests.inprocess import InProcessTables
+    from worker.job import loop_settings, open_job
     from worker.loop import run_epochs
     from worker.telemetry import TrainTelemetry
-    from worker.train import TrainConfig, loop_settings, open_job
+    from worker.train_config import TrainConfig
 
     cfg = TrainConfig(model="lr", synthetic_rows=5000, batch_size=1000, epochs=1, recipe="large", progress=False)
     telemetry = TrainTelemetry()

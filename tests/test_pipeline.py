@@ -94,8 +94,10 @@ def _train(addresses, cfg, oracle: bool):
     """run_epochs, or (oracle) the plainest loop: pull every row, compute, push, dense step, clock."""
     from worker.batch import table_ids
     from worker.client import Client
-    from worker.loop import evaluate, field_tables, model_inputs, pull_rows, run_epochs
-    from worker.train import loop_settings, open_job
+    from worker.job import loop_settings, open_job
+    from worker.loop import run_epochs
+    from worker.scoring import evaluate, field_tables, model_inputs
+    from worker.steprows import pull_rows
 
     with Client(addresses) as client:
         client.wait_ready()
@@ -145,8 +147,8 @@ def test_scoring_reads_and_pulls_the_next_batch_while_one_is_scored(depth):
     scored (the backend's predict waits for that pull); with 0, each batch in turn. Either way the same
     probabilities, in order."""
     from worker.batch import Bags, Batch
-    from worker.loop import predictions
     from worker.models.spec import FieldSpec, ModelSpec
+    from worker.scoring import predictions
 
     spec = ModelSpec("lr", (FieldSpec("f", "lr", 1),), 0)
     pulled = [threading.Event() for _ in range(4)]
@@ -173,7 +175,7 @@ def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_lo
     """Rows pulled ahead (prefetch 1 and 3) or not (0), overlaid with the rows the last pushes returned: one
     worker trains exactly the model of the plainest loop (Zipf ids repeat from batch to batch, so a stale row
     would show)."""
-    from worker.train import TrainConfig
+    from worker.train_config import TrainConfig
 
     cfg = TrainConfig(model="deepfm", hidden=(16,), synthetic_rows=6000, synthetic_eval_rows=2000, batch_size=500,
                       synthetic_history=1.0, epochs=1, recipe="large", progress=False)  # fmt: skip

@@ -22,7 +22,9 @@ from worker.formats import read_batches
 from worker.metrics import auc, logloss
 from worker.models.spec import BIAS_FIELD
 from worker.schema_builtin import builtin_schema
-from worker.train import TrainConfig, evaluate_servers, train
+from worker.served import evaluate_servers
+from worker.train import train
+from worker.train_config import TrainConfig
 
 
 def small_run(servers: list[str], data: str, **more) -> TrainConfig:

@@ -14,7 +14,9 @@ import numpy as np
 
 from worker.client import Client
 from worker.cluster import LocalCluster
-from worker.train import TrainConfig, prepare, train
+from worker.job import prepare
+from worker.train import train
+from worker.train_config import TrainConfig
 
 TINY_TIER = "64K"  # a few hundred rows of the FM table (dim 9, Adagrad) per server, of about 3,600
 LARGE_TIER = "1G"

@@ -18,7 +18,7 @@ from ps.config import (
 )
 from ps.errors import InvalidArgumentError, TableExistsError
 from worker.client import Client
-from worker.train import TrainConfig
+from worker.train_config import TrainConfig
 
 EXAMPLE = """
 [fm]

@@ -13,10 +13,12 @@ import pytest
 from tests.inprocess import InProcessTables
 from worker import recipe
 from worker.data import count_lines, validation_mask
+from worker.job import loop_settings, open_job, prepare
 from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
 from worker.loop import run_epochs
 from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
-from worker.train import TrainConfig, loop_settings, open_job, prepare, train
+from worker.train import train
+from worker.train_config import TrainConfig
 
 
 def test_count_lines_reads_gzip_and_drops_a_csv_header(tmp_path):
@@ -244,7 +246,7 @@ def test_max_examples_is_the_jobs_total_shared_by_its_workers():
 
 
 def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
-    from worker.train import table_configs
+    from worker.model_tables import table_configs
 
     cfg = TrainConfig(local_shards=1, model="fm", synthetic_rows=500, synthetic_eval_rows=10, batch_size=250, epochs=4,
                       recipe="large", learning_rate=0.05, progress=False)  # fmt: skip
@@ -279,7 +281,7 @@ def test_bad_settings_name_their_flag(change, message):
 def test_early_stopping_with_one_worker_puts_the_best_model_back():
     """The rows and dense parameters at the end equal those at the best evaluation (kept by the test when the
     curve reported it), for the ids trained up to then."""
-    from worker.loop import evaluate
+    from worker.scoring import evaluate
 
     cfg = TrainConfig(local_shards=1, model="deepfm", hidden=(8,), synthetic_rows=4000, synthetic_eval_rows=500,
                       learning_rate=0.5, epochs=30, early_stop=2, progress=False)  # fmt: skip
@@ -327,8 +329,8 @@ def test_a_schema_of_two_tables_of_two_widths_with_a_shared_id_space_trains(tmp_
     )
     cfg = TrainConfig(local_shards=1, data=str(data), eval_data=str(data), schema=str(schema), model="deepfm",
                       hidden=(8,), epochs=2, recipe="large", batch_size=200, progress=False)  # fmt: skip
-    from worker.loop import evaluate
-    from worker.train import table_configs
+    from worker.model_tables import table_configs
+    from worker.scoring import evaluate
 
     with InProcessTables(cache_bytes=64 << 20) as tables:
         cfg, data_source, spec, backend, dense = open_job(cfg, tables)
@@ -430,7 +432,7 @@ def test_eval_needs_the_training_statistics_of_standardized_columns_in_the_schem
 def test_the_recipe_line_names_what_table_config_changes(tmp_path):
     """The recipe says ftrl; a --table-config that sets table fm's optimizer (and one that sets only its
     admission) is reported as it is, so the line does not claim an optimizer the table does not use."""
-    from worker.train import table_config_note, table_configs
+    from worker.model_tables import table_config_note, table_configs
 
     cfg, data, spec, _ = prepare(TrainConfig(servers=("h:1",), synthetic_rows=20_000, progress=False))
     assert cfg.optimizer == "ftrl"

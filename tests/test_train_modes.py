@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from worker.client import Client
+from worker.job import loop_settings, open_job
+from worker.model_tables import table_configs
 from worker.synthetic import SyntheticConfig, write_synthetic
-from worker.train import TrainConfig, loop_settings, open_job, table_configs
+from worker.train_config import TrainConfig
 
 
 def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
@@ -63,7 +65,7 @@ def _model(addresses, cfg: TrainConfig, path) -> tuple[np.ndarray, dict]:
     """The rows of every id in the data file and the dense parameters, as the servers hold them."""
     from worker.batch import table_ids
     from worker.dense import DenseSync
-    from worker.loop import field_tables
+    from worker.scoring import field_tables
 
     with Client(addresses) as client:
         cfg, data, spec, _, _ = open_job(dataclasses.replace(cfg, worker_id=0, num_workers=1, batch_size=4096), client)
@@ -144,7 +146,7 @@ def test_ssp_row_cache_serves_rows_within_the_bound(servers, tmp_path, data_file
 def test_two_workers_train_in_every_mode(servers, tmp_path, mode):
     """Each mode learns the planted model on a small sample (the oracle comparison at scale is
     benchmarks/train_modes.py)."""
-    from worker.loop import evaluate
+    from worker.scoring import evaluate
 
     addresses, _ = servers(2)
     cfg = TrainConfig(model="fm", recipe="large", epochs=1, progress=False, batch_size=256, synthetic_rows=40_000,
@@ -203,8 +205,8 @@ def test_workers_of_one_job_with_other_models_both_stop_at_once_naming_the_model
 
 
 def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_chooses():
+    from worker.job import prepare
     from worker.steprows import job_setup
-    from worker.train import prepare
 
     def setup(**changes) -> str:
         cfg = TrainConfig(servers=("h:1",), synthetic_rows=20_000, num_workers=2, job_id=5, mode="sync",
@@ -242,7 +244,7 @@ def test_settings_a_mode_would_ignore_are_refused(changes, message):
 
 def test_every_worker_of_a_job_picks_the_same_recipe():
     """The recipe goes by the job's examples, not by a worker's share (shares of 999,999 rows differ by one)."""
-    from worker.train import prepare
+    from worker.job import prepare
 
     chosen = set()
     for i in range(2):

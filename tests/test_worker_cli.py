@@ -24,11 +24,14 @@ from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
 from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.job import prepare
 from worker.results import EVAL_LEFT_TO_LAUNCH, format_results, local_shards_gone
 from worker.schema_infer import infer_schema_text
+from worker.served import evaluate_servers
 from worker.temp_dirs import KEPT, remove_stale_temp_dirs
 from worker.terminate import Terminated
-from worker.train import TrainConfig, evaluate_servers, prepare, train
+from worker.train import train
+from worker.train_config import TrainConfig
 
 
 def small_run(servers: list[str], data: str, **more) -> TrainConfig:
@@ -104,7 +107,7 @@ def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_fu
 def test_a_shard_holding_almost_none_of_a_trained_tables_rows_is_named():
     """Ids spread evenly over shards: a shard with under a tenth of its share was started on another data dir."""
     from protos import ps_pb2
-    from worker.train import missing_shares
+    from worker.model_tables import missing_shares
 
     spec = prepare(TrainConfig(local_shards=1, model="lr", synthetic_rows=100))[2]
     [table] = spec.table_dims()
@@ -123,7 +126,7 @@ def test_a_shard_holding_almost_none_of_a_trained_tables_rows_is_named():
 
 
 def test_a_validation_set_with_few_examples_of_a_label_is_warned_about():
-    from worker.train import validation_too_small
+    from worker.train_messages import validation_too_small
 
     class Labels:  # what the check reads of a Batch
         def __init__(self, labels):
@@ -275,8 +278,8 @@ def test_the_final_evaluation_streamed_gives_the_figures_of_the_eval_set_scored_
     """Streaming --eval-data changes no figure: train's final AUC and logloss are those of evaluate() on the
     file's batches read whole into a list first (the former path), with the model the servers hold."""
     from worker.dense import DenseSync
-    from worker.loop import evaluate
-    from worker.train import make_backend
+    from worker.job import make_backend
+    from worker.scoring import evaluate
 
     addresses, _ = servers(1)
     train_path, test_path = files
@@ -312,7 +315,7 @@ def test_eval_and_trains_final_evaluation_show_their_progress(servers, files, tm
     shows none."""
     import dataclasses
 
-    from worker.loop import ScoringProgress
+    from worker.scoring import ScoringProgress
 
     monkeypatch.setattr(ScoringProgress, "PLAIN_EVERY_S", 0.0)
     addresses, _ = servers(1)
@@ -333,7 +336,7 @@ def test_eval_and_trains_final_evaluation_show_their_progress(servers, files, tm
 
 def test_scoring_progress_over_an_estimated_total_says_about_and_stays_under_100_percent(monkeypatch, capsys):
     """eval and predict count a large file no further than SCORING_COUNT_LINES: its total is a guess from bytes."""
-    from worker.loop import ScoringProgress
+    from worker.scoring import ScoringProgress
 
     monkeypatch.setattr(ScoringProgress, "PLAIN_EVERY_S", 0.0)
     progress = ScoringProgress(1000, True, estimated=True)

@@ -17,10 +17,11 @@ from ps.server import Server
 from tests.inprocess import InProcessTables
 from worker.__main__ import main
 from worker.client import Client
+from worker.job import loop_settings, open_job
 from worker.launch_report import format_summary, merge_metrics
 from worker.loop import run_epochs
 from worker.synthetic import SyntheticConfig, write_synthetic
-from worker.train import TrainConfig, loop_settings, open_job
+from worker.train_config import TrainConfig
 
 
 def worker(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -215,10 +216,12 @@ def test_a_resumed_runs_progress_rate_leaves_out_the_time_it_spent_skipping(monk
     import dataclasses
     import types
 
-    from worker import loop
+    from worker import loop, train_stream
 
     now = [0.0]
-    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0])
+    monkeypatch.setattr(loop, "time", clock)  # the loop's clock, and its progress lines'
+    monkeypatch.setattr(train_stream, "time", clock)  # the skip's
     monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
     path = tmp_path / "train.tsv"
     write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
@@ -287,7 +290,7 @@ def test_a_workers_figures_say_what_its_evaluations_are_of():
 
 
 def test_the_mode_line_names_the_mlp_path_only_for_models_with_an_mlp():
-    from worker.train import mode_line
+    from worker.train_messages import mode_line
 
     assert mode_line(TrainConfig(mode="sync", num_workers=2, model="deepfm")).endswith(
         "; MLP on the servers, in the step"

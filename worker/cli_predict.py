@@ -9,7 +9,7 @@ import json
 from ps.settings import HelpFormatter
 from worker.cli_train import add_served_model_args, common_config
 from worker.predict import PredictConfig, predict_servers
-from worker.train import TrainConfig
+from worker.train_config import TrainConfig
 
 
 def add_predict_parser(sub: argparse._SubParsersAction) -> None:

@@ -16,7 +16,7 @@ from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import LARGE, RECIPES, SMALL
 from worker.results import format_results, local_shards_gone
 from worker.schema import FORMATS
-from worker.train import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
+from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
 SECONDS_OR_0 = number(0, MAX_INTERVAL_S)
@@ -529,7 +529,7 @@ def eval_config(args: argparse.Namespace) -> TrainConfig:
 def run_eval(args: argparse.Namespace) -> int:
     import json
 
-    from worker.train import evaluate_servers
+    from worker.served import evaluate_servers
 
     r = evaluate_servers(eval_config(args))
     print(json.dumps(r) if args.json else format_results(r), flush=True)

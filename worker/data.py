@@ -55,7 +55,7 @@ def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
 
 
 class DataSource:
-    """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train.py).
+    """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train_config.py).
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
     predict`), its labels NaN; otherwise every file is read with labels (a line without one is bad).
     count: self.examples is this worker's share of --data's lines, counted now up to the recipe's threshold

@@ -174,7 +174,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError(f"--workers {args.workers}: expected an integer >= 1")
     backends = expand_backends(args.backends, args.workers)
     if "torch" in backends and importlib.util.find_spec("torch") is None:
-        from worker.train import TORCH_HINT
+        from worker.job import TORCH_HINT
 
         raise ValueError(f"--backends torch needs PyTorch, which this Python does not have: {TORCH_HINT}")
     if args.servers is not None and args.local_shards is not None:
@@ -389,7 +389,7 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
     """Runs `ps-worker launch`; the exit code: 0, 1 when a worker failed, 130 on Ctrl-C, 143 on SIGTERM. ValueError
     for wrong arguments, before anything starts. worker_command: the program before `train` (default: this
     Python's -m worker); train_config: see plan_launch; evaluate(cfg): the final evaluation (default:
-    worker.train.evaluate_servers)."""
+    worker.served.evaluate_servers)."""
     plan = plan_launch(args, passthrough, train_config)
     program = list(worker_command) if worker_command is not None else [sys.executable, "-m", "worker"]
     try:
@@ -455,7 +455,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
 
 
 def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_shards: bool = False) -> dict:
-    """The job's figures on its eval set: evaluate(cfg) (default: worker.train.evaluate_servers) on --eval-data,
+    """The job's figures on its eval set: evaluate(cfg) (default: worker.served.evaluate_servers) on --eval-data,
     or on the synthetic eval rows without --data; {} for a job on --data without --eval-data, which has no
     held-out file to score (format_summary says so). --eval-data is read as it is scored (the workers checked its
     start only): a ValueError of reading it (a malformed line past --max-bad-lines) says the training had
@@ -463,7 +463,7 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_sha
     if cfg.data is not None and cfg.eval_data is None:
         return {}
     if evaluate is None:
-        from worker.train import evaluate_servers as evaluate
+        from worker.served import evaluate_servers as evaluate
     try:
         return evaluate(cfg)
     except PsError:

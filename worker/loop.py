@@ -16,9 +16,7 @@ examples included), part way through an epoch if need be, and the run ends as at
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
-evaluation comes back at the end: at each new best the worker copies the rows of every id it has trained and the
-dense parameters (BestModel), and at the end pushes best - current as add-delta pushes (the optimizer's state
-stays as it is). Ids first trained after the best keep their values. When the loop ends (its data, or an early
+evaluation comes back at the end (worker/best.py BestModel). When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it (when an
 error, Ctrl-C or SIGTERM ends it before, worker.train has source.abandon tell them it stopped). A ValueError
 raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
@@ -33,25 +31,24 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from ps.errors import PsError
-from ps.progress import CountProgress
-from worker.batch import Batch, TableIds, table_ids
-from worker.client import PushItem
-from worker.dense import DensePath, DenseSync
-from worker.dense import table_name as dense_table
-from worker.metrics import RunningMean, auc, logloss
-from worker.models.spec import FieldInput, ModelInputs, ModelSpec
+from worker.batch import Batch, table_ids
+from worker.best import BestModel
+from worker.dense import DensePath
+from worker.metrics import RunningMean, logloss
+from worker.models.spec import ModelSpec
 from worker.pipeline import prefetched
-from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, progress_line
-from worker.steprows import AsyncRows, pull_rows
+from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, advance, progress_line
+from worker.scoring import evaluate, field_tables
+from worker.step import Prepared, Step
+from worker.steprows import AsyncRows
 from worker.terminate import signals_after_step
+from worker.train_stream import Limit, Skipping
 
 
 @dataclass
@@ -91,148 +88,7 @@ class LoopResult:
     source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
 
 
-def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray]) -> ModelInputs:
-    """The backend's view of a batch whose tables' unique rows are `rows`."""
-    fields = {}
-    for f in spec.fields:
-        bags = batch.fields[f.name]
-        fields[f.name] = FieldInput(tids[f.table].index[f.name], bags.offsets, bags.weights, bags.is_one_per_example())
-    return ModelInputs(rows, fields, batch.dense_or_empty())
-
-
-def field_tables(spec: ModelSpec) -> dict[str, str]:
-    return {f.name: f.table for f in spec.fields}
-
-
-def predictions(
-    tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch], prefetch: int = 1
-) -> Iterator[tuple[Batch, np.ndarray]]:
-    """(batch, its probabilities (n,)) of each batch, in order, as the model the tables hold now and dense_values
-    give them. prefetch k: a pipeline of three stages, each up to k batches ahead of the next (worker/pipeline.py
-    prefetched): one thread reads and parses the batches and finds their ids per table, another pulls their rows
-    (a pull waits on the servers without the GIL), and the caller's thread scores one batch while both work
-    ahead; 0: each batch read, pulled and scored in turn. Scoring pushes nothing, so a row pulled ahead is the row
-    a pull in turn would give, unless another worker pushes meanwhile (as it may between pulls in turn)."""
-    tmap = field_tables(spec)
-    parsed = prefetched(batches, lambda batch: table_ids(batch, tmap), prefetch)  # (batch, tids)
-    ahead = prefetched(parsed, lambda item: pull_rows(tables, spec, item[1]), prefetch)
-    try:
-        for (batch, tids), rows in ahead:
-            yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
-    finally:  # stopped early (an error, Ctrl-C): the thread stops reading
-        ahead.close()
-
-
-class ScoringProgress(CountProgress):
-    """The progress of scoring a file (eval, predict) as train shows its own (ps.progress: a bar, or a plain
-    'progress: ...' line). total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from
-    bytes (worker/linecount.py), shown with no time left and never as 100% until close()."""
-
-    def __init__(self, total: int, on: bool, estimated: bool = False):
-        self.estimated = estimated and total > 0
-        super().__init__(total, on, unit="ex", bar_format=ABOUT_BAR_FORMAT if self.estimated else None)
-
-    def advance_bar(self, n: int) -> None:
-        _advance(self.bar, n, self.estimated)
-
-    def line(self, rate: float) -> str:
-        total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
-        about = "about " if self.estimated else ""
-        of = f" of {about}{total:,} ({self.done / total:.0%})" if self.total else ""
-        return f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s"
-
-    def close(self) -> None:
-        if not self.bar.disable:
-            self.bar.total = self.bar.n
-        super().close()
-
-
-def evaluate(
-    tables: Any,
-    spec: ModelSpec,
-    backend: Any,
-    dense_values: dict,
-    batches: Iterable[Batch],
-    progress: ScoringProgress | None = None,
-    prefetch: int = 1,
-) -> dict:
-    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data);
-    progress, when given, is advanced by each batch and closed at the end. Batches are read and their rows pulled
-    up to `prefetch` ahead of the one scored (predictions)."""
-    labels, preds, oracle = [], [], []
-    scored = predictions(tables, spec, backend, dense_values, batches, prefetch)
-    try:
-        for batch, probs in scored:
-            labels.append(batch.labels)
-            preds.append(probs)
-            if batch.probs is not None:
-                oracle.append(batch.probs)
-            if progress is not None:
-                progress.update(len(batch))
-    finally:
-        scored.close()
-        if progress is not None:
-            progress.close()
-    if not labels:
-        return {}
-    y, p = np.concatenate(labels), np.concatenate(preds)
-    out = {"eval_examples": int(len(y)), "eval_auc": auc(y, p), "eval_logloss": logloss(y, p)}
-    if oracle and len(oracle) == len(labels):
-        q = np.concatenate(oracle)
-        out.update(oracle_auc=auc(y, q), oracle_logloss=logloss(y, q))
-    return out
-
-
 STEP_GRACE_S = 5.0  # a signal inside a step waits this long at most for the step's push (signals_after_step)
-MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
-
-
-class BestModel:
-    """The ids trained so far per table and, at each new best, a copy of their rows and of the dense parameters;
-    restore() pushes the difference back (see the module docstring)."""
-
-    def __init__(self, tables: Any, spec: ModelSpec):
-        self.tables, self.spec = tables, spec
-        self.seen: dict[str, list[np.ndarray]] = {t: [] for t in spec.table_dims()}
-        self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.dense: dict[str, np.ndarray] = {}
-        self.too_big = False
-
-    def add(self, tids: dict[str, TableIds]) -> None:
-        for t, ti in tids.items():
-            seen = self.seen[t]
-            seen.append(ti.uniq)
-            if len(seen) >= 64:
-                self.seen[t] = [np.unique(np.concatenate(seen))]
-
-    def keep(self, dense_values: dict[str, np.ndarray]) -> None:
-        ids = {t: np.unique(np.concatenate(s)) if s else np.zeros(0, np.uint64) for t, s in self.seen.items()}
-        self.seen = {t: [u] for t, u in ids.items()}
-        floats = sum(len(u) * self.spec.row_dim(t) for t, u in ids.items())
-        if floats > MAX_BEST_FLOATS:
-            self.too_big, self.rows = True, {}
-            return
-        pulled = self.tables.pull_many(list(ids.items()))
-        self.rows = {t: (u, r.copy()) for (t, u), r in zip(ids.items(), pulled)}
-        self.dense = {k: v.copy() for k, v in dense_values.items()}
-
-    def restore(self, dense: DenseSync) -> bool:
-        """Pushes best - current for every kept row and dense parameter; False if nothing was kept."""
-        if self.too_big or not self.rows:
-            return False
-        items = [(t, u) for t, (u, _) in self.rows.items()]
-        now = self.tables.pull_many(items)
-        pushes = [
-            PushItem(t, u, self.rows[t][1] - cur, shows=np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)
-        ]
-        current = dense.pull()  # a DenseSync (restore_best runs with the PS dense path only)
-        for p in dense.params:
-            name = p.name
-            pushes.append(PushItem(dense_table(p), dense.ids[name], self.dense[name] - current[name],
-                                   shows=np.zeros(p.shape[0], np.float32)))  # fmt: skip
-        self.tables.push_many(pushes, add_delta=True)
-        dense.pull()
-        return True
 
 
 class TrainingDataError(ValueError):
@@ -253,105 +109,6 @@ def _read_errors_named(batches: Iterable, result: LoopResult) -> Iterator:
         raise
     except ValueError as e:
         raise TrainingDataError(str(e), result.steps, result.examples) from e
-
-
-class _Limit:
-    """Passes on the first `left` examples of the batches it is given (the last batch cut to fit), over as many
-    epochs' streams as that takes, then nothing; left 0: no limit. `reached`: the limit ended the stream."""
-
-    def __init__(self, left: int):
-        self.on, self.left, self.reached = left > 0, left, False
-
-    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        if not self.on:
-            yield from batches
-            return
-        if self.reached:
-            return
-        it = iter(batches)
-        try:
-            for batch in it:
-                if len(batch) >= self.left:
-                    yield batch if len(batch) == self.left else batch.slice(0, self.left)
-                    self.left, self.reached = 0, True
-                    return
-                self.left -= len(batch)
-                yield batch
-        finally:
-            close = getattr(it, "close", None)
-            if close is not None:  # a file's reader, left part way: closed now, not when collected
-                close()
-
-
-class _Skipping:
-    """Drops the first `left` examples of the batches it is given, over as many epochs' streams as that takes;
-    `seconds` is the time spent reading them."""
-
-    def __init__(self, left: int):
-        self.left, self.seconds = left, 0.0
-
-    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
-        started = time.perf_counter() if self.left else None
-        for batch in batches:
-            if self.left >= len(batch):
-                self.left -= len(batch)
-                continue
-            if self.left:
-                batch, self.left = batch.slice(self.left, len(batch)), 0
-            if started is not None:
-                self.seconds += time.perf_counter() - started
-                started = None
-            yield batch
-        if started is not None:
-            self.seconds += time.perf_counter() - started
-
-
-class _Step:
-    """One training step of a prepared batch: its rows from the source, forward/backward, the gradients pushed
-    (with the MLP's when the dense path is inline and a sync is due), the MLP's step; returns the predictions."""
-
-    def __init__(self, spec: ModelSpec, backend: Any, dense: DensePath, source: Any, dense_l2: float):
-        self.spec, self.backend, self.dense, self.source, self.dense_l2 = spec, backend, dense, source, dense_l2
-        self.pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; shut by the loop
-
-    def __call__(self, item: _Prepared) -> np.ndarray:
-        dense, source, batch, tids = self.dense, self.source, item.batch, item.tids
-        rows = source.rows(item.step, tids, item.rows)
-        probs, row_grads, dense_grads = self.backend.forward_backward(
-            model_inputs(self.spec, batch, tids, rows), dense.values, batch.labels
-        )
-        if self.dense_l2:
-            for name, g in dense_grads.items():
-                if not name.endswith(".bias"):
-                    g += np.float32(self.dense_l2) * dense.values[name]
-        if dense.inline:  # the MLP's push goes with the rows' push when one is due
-            due = dense.add(dense_grads)
-            returned = source.push(item.step, tids, row_grads, dense.push_items() if due else [])
-            if due:
-                dense.take(returned)
-        else:  # the rows' push in flight (on a thread) while the MLP's step runs here
-            pushing = self.pusher.submit(source.push, item.step, tids, row_grads, [])
-            dense.step(dense_grads)
-            pushing.result()
-        return probs
-
-
-class _Prepared:
-    __slots__ = ("step", "batch", "tids", "rows")
-
-    def __init__(self, step: int, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray] | None):
-        self.step, self.batch, self.tids, self.rows = step, batch, tids, rows
-
-
-def _advance(bar: tqdm, n: int, estimated: bool = False) -> None:
-    """bar.update(n), its total grown to the new count first when n would take it past the total (an estimate:
-    the data's line count, the split's expected share), so that the bar never shows more than 100%; estimated
-    (a total from bytes): never 100% either, until the run's end (about_total)."""
-    if bar.total and estimated:
-        bar.total = about_total(bar.n + n, bar.total)
-    elif bar.total and bar.n + n > bar.total:
-        bar.total = bar.n + n
-    bar.update(n)
 
 
 def _close_at_count(bar: tqdm) -> None:
@@ -436,7 +193,7 @@ def run_epochs(
     plain = s.progress and not s.progress_lines and not sys.stderr.isatty()  # a log file: lines, not a bar
     planned = s.total_examples * s.epochs
     total = max(0, (min(planned, s.max_examples) if s.max_examples else planned) - s.skip_examples)
-    skipping, limit = _Skipping(s.skip_examples), _Limit(s.max_examples)
+    skipping, limit = Skipping(s.skip_examples), Limit(s.max_examples)
     desc = f"skipping {s.skip_examples:,} examples" if s.skip_examples else None  # until the first step trains
     estimated = s.total_estimated and total > 0
     bar = tqdm(total=total, desc=desc, unit="ex", unit_scale=True, disable=not s.progress or plain, smoothing=0.1,
@@ -450,10 +207,10 @@ def run_epochs(
     best_model = BestModel(tables, spec) if s.restore_best and validation else None
     step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
 
-    def prepare(batch: Batch) -> _Prepared:  # on the prefetch thread when depth > 0
+    def prepare(batch: Batch) -> Prepared:  # on the prefetch thread when depth > 0
         step = next(step_counter)
         tids = table_ids(batch, tmap)
-        return _Prepared(step, batch, tids, source.prepare(step, tids))
+        return Prepared(step, batch, tids, source.prepare(step, tids))
 
     def evaluation(epoch: int) -> bool:
         """Evaluates the validation set; True when training should stop."""
@@ -483,7 +240,7 @@ def run_epochs(
 
     stop = False
     eval_seconds = 0.0  # evaluating the validation set: not training time
-    step = _Step(spec, backend, dense, source, s.dense_l2)
+    step = Step(spec, backend, dense, source, s.dense_l2)
     try:
         for epoch in range(s.epochs):
             step_started = time.perf_counter()
@@ -510,7 +267,7 @@ def run_epochs(
                         desc = None
                         bar.set_description_str(None, refresh=False)
                         bar.reset(bar.total)
-                    _advance(bar, n, estimated)
+                    advance(bar, n, estimated)
                     cache = source.stats()
                     postfix = {"epoch": epoch + 1, "logloss": f"{running.value:.4f}"}
                     if "cache_hit_rate" in cache:

@@ -6,7 +6,7 @@ of the up to depth + 1 batches before it, and even one step of such staleness tr
 small tables at a high learning rate. So every push returns the rows it updated, and the consumer lays the rows
 its last depth + 1 pushes returned over the rows pulled ahead (RecentRows): the rows it computes with are then
 exactly those of a run without prefetch (tests/test_pipeline.py), and no pull waits in the step.
-Scoring (eval, predict: worker/loop.py predictions) pushes nothing and needs no overlay; it chains two stages,
+Scoring (eval, predict: worker/scoring.py predictions) pushes nothing and needs no overlay; it chains two stages,
 reading on one thread and pulling on another, so a pull's wait overlaps the parsing of the batches after it.
 """
 

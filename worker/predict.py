@@ -43,8 +43,9 @@ from worker.datafiles import check_data_input, data_files
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
 from worker.formats import check_same_format, file_has_labels, first_with_content, read_csv_sample
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
-from worker.loop import ScoringProgress, predictions
-from worker.train import ServedModel, TrainConfig, served_model
+from worker.scoring import ScoringProgress, predictions
+from worker.served import ServedModel, served_model
+from worker.train_config import TrainConfig
 
 log = logging.getLogger("worker.predict")
 

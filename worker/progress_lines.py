@@ -11,12 +11,16 @@ shown as "about t", with no time left); x: its running train logloss (null
 before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
 read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
 error) writes one as it stops. A line that does not parse is output, not progress.
+A bar over an estimated total (training's, worker/loop.py; scoring's, worker/scoring.py) shows it the same way:
+ABOUT_BAR_FORMAT, and advance, which keeps the share under 100% (about_total).
 """
 
 from __future__ import annotations
 
 import json
 import math
+
+from tqdm import tqdm
 
 PREFIX = "PROGRESS "
 JSON_EVERY_S = 2.0  # between a worker's lines
@@ -28,6 +32,17 @@ def about_total(done: int, total: int) -> int:
     """The total to show for `done` examples of an estimated `total`: total, or more once done nears it, so
     that the share shown (rounded to a percent) stays at most 99% until the run's end says it is done."""
     return max(total, math.ceil(done / 0.99) + 1)
+
+
+def advance(bar: tqdm, n: int, estimated: bool = False) -> None:
+    """bar.update(n), its total grown to the new count first when n would take it past the total (an estimate:
+    the data's line count, the split's expected share), so that the bar never shows more than 100%; estimated
+    (a total from bytes): never 100% either, until the run's end (about_total)."""
+    if bar.total and estimated:
+        bar.total = about_total(bar.n + n, bar.total)
+    elif bar.total and bar.n + n > bar.total:
+        bar.total = bar.n + n
+    bar.update(n)
 
 
 def progress_line(report: dict) -> str:

@@ -1,5 +1,6 @@
 """What `ps-worker train`, `eval` and `launch` print of a run's figures (train's and evaluate_servers' dicts,
-worker/train.py; a job's, worker/launch_report.py): one labelled line per fact, the label padded to 6 characters."""
+worker/train.py and worker/served.py; a job's, worker/launch_report.py): one labelled line per fact, the label padded
+to 6 characters."""
 
 from __future__ import annotations
 

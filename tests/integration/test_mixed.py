@@ -17,7 +17,8 @@ from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
 from worker.dense import DenseSync
-from worker.train import TrainConfig, prepare
+from worker.job import prepare
+from worker.train_config import TrainConfig
 
 PY = sys.executable
 COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", "160000",

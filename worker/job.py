@@ -1,0 +1,162 @@
+"""A job's parts from its TrainConfig: the data, model and recipe (prepare), the servers, a client, the backend,
+the MLP's path, the loop's settings; what train, eval and predict share.
+
+    prepare(cfg)          checks the config, opens the data, applies the recipe: (resolved config, data, model, line)
+    cluster_addresses     --servers, or --local-shards started here and stopped at the end
+    client_for, make_backend, dense_path, loop_settings    of a resolved config
+    open_job(cfg, tables) all of it on a Client or alike, for tests that drive run_epochs themselves
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from ps.config import OptimizerConfig
+from worker.client import Client
+from worker.cluster import LocalCluster
+from worker.data import DataSource
+from worker.dense import DensePath, DenseSync
+from worker.loop import LoopSettings
+from worker.model_tables import table_configs
+from worker.models.spec import MLP_MODELS, ModelSpec
+from worker.schema import Schema
+from worker.temp_dirs import remove_stale_temp_dirs
+from worker.train_config import TrainConfig
+
+log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
+TORCH_HINT = "pip install torch==2.13.0 (a CPU build; `python3 dev.py test` installs it into ./.venv)"
+
+
+@contextlib.contextmanager
+def cluster_addresses(cfg: TrainConfig) -> Iterator[list[str]]:
+    """The servers to use: --servers as given, or a LocalCluster started (and stopped) here."""
+    if cfg.servers:
+        yield list(cfg.servers)
+        return
+    remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
+    with LocalCluster(cfg.local_shards) as cluster:
+        log.info("started %d local shards: %s (data in %s)", cfg.local_shards, cluster.addresses, cluster.root)
+        yield cluster.addresses
+
+
+def client_for(cfg: TrainConfig, addresses: list[str]) -> Client:
+    """A Client with the run's deadlines and security settings."""
+    from ps.security import read_token
+
+    token = read_token(cfg.auth_token_file) if cfg.auth_token_file else None
+    return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, tls_ca=cfg.tls_ca,
+                  tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, auth_token=token)  # fmt: skip
+
+
+def make_backend(spec: ModelSpec, cfg: TrainConfig) -> Any:
+    """The forward/backward implementation: numpy (CPU) or torch (cpu or cuda); both take and return numpy."""
+    seed = cfg.synthetic_seed * 1_000 + cfg.worker_id  # dropout masks: distinct per worker
+    if cfg.backend == "numpy":
+        from worker.models.numpy_backend import NumpyModel
+
+        return NumpyModel(spec, seed=seed)
+    try:
+        from worker.models.torch_backend import TorchModel
+    except ImportError as e:
+        raise ValueError(f"--backend torch needs PyTorch ({e}): {TORCH_HINT}") from None
+    return TorchModel(spec, cfg.device, seed=seed)
+
+
+def model_spec(cfg: TrainConfig, data: DataSource) -> ModelSpec:
+    """The model over the data's schema: its sparse fields and tables, its numeric features."""
+    schema = data.schema
+    return ModelSpec(cfg.model, schema.model_fields(), len(schema.dense_columns()), cfg.hidden, cfg.dropout or 0.0)
+
+
+def prepare(
+    cfg: TrainConfig, needs_servers: bool = True, training: bool = True, labels_optional: bool = False
+) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
+    """Checks the config, opens the data (ValueError when it holds no example), applies the recipe: (resolved
+    config, data, model, recipe line). training=False (eval, predict): standardized columns must have their
+    statistics in the schema, since the training data's cannot be recomputed from another file. labels_optional
+    (predict): files without labels are read as such (DataSource)."""
+    cfg.validate(needs_servers)
+    # eval and predict (training=False) read --data for its schema only: no pass over the file to count its lines
+    data = DataSource(
+        cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional, count=training
+    )
+    job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
+    counted = data.line_count
+    at_least = counted is not None and counted.more  # the count stopped at the recipe's threshold
+    # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
+    cfg, recipe_line = cfg.with_recipe(
+        counted.lines if at_least else job_examples,
+        "training examples" if cfg.data is None else "lines of training data",
+        at_least=at_least,
+    )
+    data.cfg, data.batch_size = cfg, cfg.batch_size
+    data.first_batch()
+    if not data.schema.columns:
+        raise ValueError(no_features_message(cfg, data.schema))
+    bucketized = {c.source for c in data.schema.sparse_columns() if c.kind == "numeric"}
+    unused = [c.name for c in data.schema.dense_columns() if c.source not in bucketized]
+    if unused and cfg.model not in MLP_MODELS:
+        log.warning("%s uses sparse fields only: the numeric features %s are not used; bucketize them (transform = "
+                    "\"bucketize\" in a schema: `ps-worker schema` writes a bucketized twin of each numeric column), "
+                    "or train deepfm or dnn", cfg.model, ", ".join(unused[:10]) + (" ..." if len(unused) > 10 else ""))  # fmt: skip
+    return cfg, data, model_spec(cfg, data), recipe_line
+
+
+def no_features_message(cfg: TrainConfig, schema: Schema) -> str:
+    """Why a run whose schema reads no feature column (only the label) is refused."""
+    if schema.format == "libsvm":
+        why = "no line of it has an id:value token"
+    elif schema.format == "csv" and not cfg.schema:
+        dropped = f", and --drop-columns drops {', '.join(cfg.drop_columns)}" if cfg.drop_columns else ""
+        why = f"its header has no column besides the label {schema.label!r}{dropped}"
+    else:
+        why = "the schema has no column besides the label"
+    return f"{cfg.data}: no feature to train on: {why}; a model needs at least one feature"
+
+
+def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
+    """The loop's settings of a resolved config (after prepare)."""
+    return LoopSettings(
+        epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
+        eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress and not cfg.progress_lines,
+        restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
+        progress_lines=cfg.progress_lines, worker=cfg.worker_id,
+        total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))), skip_examples=cfg.skip_examples,
+        max_examples=cfg.worker_max_examples(),
+        total_estimated=data.line_count is not None and data.line_count.more,
+    )  # fmt: skip
+
+
+def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> DensePath:
+    """The MLP's path of a resolved config: on the servers (DenseSync: in the step, or on a background thread
+    within --dense-staleness steps), or averaged among torch workers (AllReduceDense)."""
+    dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
+    if cfg.dense == "allreduce":
+        from worker.allreduce import AllReduceDense
+
+        if importlib.util.find_spec("torch") is None:
+            raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed): {TORCH_HINT}")
+        if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:  # a group of one needs no launcher
+            from worker.cluster import free_port
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+        return AllReduceDense(
+            tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
+        )
+    return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
+
+
+def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, ModelSpec, Any, DenseSync]:
+    """prepare, the backend, the tables created on `tables` (a Client or alike), the dense parameters pulled:
+    what run_epochs needs, for tests that drive it themselves."""
+    cfg, data, spec, _ = prepare(cfg, needs_servers=False)
+    for table in table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint()):
+        tables.create_table(table)
+    dense = DenseSync(tables, spec.dense_params(), cfg.dense_sync_every)
+    dense.pull()
+    return cfg, data, spec, make_backend(spec, cfg), dense

@@ -1,0 +1,141 @@
+"""The tables of a model: their configs from the flags, the schema and --table-config, and what the shards hold.
+
+table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter
+table_config_note                what --table-config changed of the recipe's and the flags' choice
+check_geo_optimizers             geo mode refuses an ftrl table (GEO_FTRL)
+sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
+from worker.client import Client
+from worker.dense import table_config as dense_table_config
+from worker.models.spec import ModelSpec
+from worker.train_config import TrainConfig
+
+log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
+
+
+def sparse_table_configs(
+    spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict], warn: bool = True
+) -> list[TableConfig]:
+    """One table per schema table: LR weights start at 0, embeddings small and random, --l2 as the table's lazy
+    L2 (applied by the servers to the rows a push touches, for the steps since their last push); the schema's
+    settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults. warn: log that --l2
+    does not apply to an ftrl table."""
+    out = []
+    for name in spec.table_dims():
+        init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
+        t = TableConfig(
+            name,
+            spec.row_dim(name),
+            init,
+            OptimizerConfig(cfg.optimizer, cfg.learning_rate, dict(cfg.optimizer_params or {})),
+            l2=cfg.l2 or 0.0,
+        )
+        fields = {k: v for k, v in schema_overrides.get(name, {}).items() if k not in ("name", "dim")}
+        t = dataclasses.replace(t, **fields)
+        if t.optimizer.name == "ftrl" and t.l2 and "l2" not in fields:
+            if warn:
+                log.warning("--l2 does not apply to table %s: its optimizer is ftrl, which has its own l2", name)
+            t = dataclasses.replace(t, l2=0.0)
+        out.append(t.normalized())
+    return out
+
+
+def table_configs(
+    cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict] | None = None, features: str = ""
+) -> list[TableConfig]:
+    """The model's tables (sparse, then one per dense parameter), with --table-config applied to those it names;
+    features: what their rows mean (Schema.fingerprint), set on every one of them."""
+    dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
+    tables = sparse_table_configs(spec, cfg, schema_overrides or {})
+    tables += [dense_table_config(p, dense_opt) for p in spec.dense_params()]
+    tables = [dataclasses.replace(t, features=features) for t in tables]
+    if not cfg.table_config:
+        return tables
+    with open(cfg.table_config) as f:
+        overrides = table_configs_from_toml(f.read(), cfg.table_config)
+    unknown = sorted(set(overrides) - {t.name for t in tables})
+    if unknown:
+        raise ValueError(f"{cfg.table_config} names tables {unknown}; model {cfg.model} has {[t.name for t in tables]}")
+    out = []
+    for t in tables:
+        fields = dict(overrides.get(t.name, {}))
+        if fields.get("dim", t.dim) != t.dim:
+            raise ValueError(
+                f"{cfg.table_config}: table {t.name} has dim {fields['dim']}, model {cfg.model} needs {t.dim}"
+            )
+        out.append(dataclasses.replace(t, **fields).normalized())
+    return out
+
+
+def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict],
+                      tables: list[TableConfig]) -> str:  # fmt: skip
+    """ "; --table-config sets ..." naming the sparse tables whose optimizer or l2 --table-config changed from what
+    the recipe and flags chose (tables: table_configs of cfg), with what they use; "" if none."""
+    if not cfg.table_config:
+        return ""
+    chosen = {t.name: t for t in sparse_table_configs(spec, cfg, schema_overrides, warn=False)}
+    changed = []
+    for t in tables:
+        if t.name not in chosen:
+            continue
+        before, parts = chosen[t.name].normalized(), []
+        if t.optimizer != before.optimizer:
+            params = "".join(f" {k}={v:g}" for k, v in sorted(t.optimizer.params.items()))
+            parts.append(f"{t.optimizer.name} {t.optimizer.learning_rate:g}{params}")
+        if t.l2 != before.l2:
+            parts.append(f"lazy l2 {t.l2:g}")
+        if parts:
+            changed.append(f"{t.name}: {', '.join(parts)}")
+    return f"; --table-config sets table {'; '.join(changed)} instead" if changed else ""
+
+
+GEO_FTRL = (
+    "FTRL derives a row's embedding from its optimizer state at each step, so in geo mode the other workers' "
+    "deltas last only until this worker's next step on the row: their learning is mostly lost"
+)
+
+
+def check_geo_optimizers(tables: list[TableConfig], spec: ModelSpec) -> None:
+    """ValueError for a sparse table trained with ftrl in geo mode (GEO_FTRL), before any server is touched."""
+    ftrl = [t.name for t in tables if t.name in spec.table_dims() and t.optimizer.name == "ftrl"]
+    if ftrl:
+        raise ValueError(f"--mode geo cannot train table(s) {', '.join(ftrl)} with ftrl: {GEO_FTRL}; give them "
+                         "another optimizer (--optimizer adagrad, or in --table-config / the schema), or another "
+                         "--mode")  # fmt: skip
+
+
+def sparse_table_stats(client: Client, spec: ModelSpec, shard_stats: list | None = None) -> list:
+    """Every shard's Stats of the model's sparse tables (none where they do not exist yet); shard_stats: the
+    shards' StatsResponses when the caller has them."""
+    names = set(spec.table_dims())
+    return [t for shard in (shard_stats or client.stats()) for t in shard.tables if t.name in names]
+
+
+MISSING_SHARE = 0.1  # a shard holding less than this share of a table's rows per shard is named
+
+
+def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> list[str]:
+    """Warnings for the shards that hold (almost) none of a trained table's rows while the others hold many: ids
+    spread evenly over the shards, so such a shard was most likely started on a new or another --data-dir, and
+    the model the run continues lacks its part."""
+    out = []
+    for name in spec.table_dims():
+        rows = [next((t.num_rows for t in shard.tables if t.name == name), 0) for shard in shard_stats]
+        per_shard = sum(rows) / max(len(rows), 1)
+        if len(rows) < 2 or per_shard < 100:
+            continue
+        for i, (n, shard) in enumerate(zip(rows, shard_stats)):
+            if n < MISSING_SHARE * per_shard:
+                others = sum(rows) - n
+                out.append(f"shard {i} at {servers[i]} holds {n:,} rows of table {name!r} while the other shards "
+                           f"hold {others:,}, and its clock is {shard.clock:,}: was it started on a new or another "
+                           f"--data-dir (its: {shard.data_dir or 'unknown'})? The model this run trains further lacks "
+                           "that shard's rows")  # fmt: skip
+    return out

@@ -1,0 +1,111 @@
+"""Scoring with the model the tables hold: a batch's model inputs, predictions over batches (rows pulled ahead),
+evaluate (AUC and logloss), and ScoringProgress, the progress of scoring a file (eval, predict, train's final
+evaluation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ps.progress import CountProgress
+from worker.batch import Batch, TableIds, table_ids
+from worker.metrics import auc, logloss
+from worker.models.spec import FieldInput, ModelInputs, ModelSpec
+from worker.pipeline import prefetched
+from worker.progress_lines import ABOUT_BAR_FORMAT, about_total, advance
+from worker.steprows import pull_rows
+
+
+def model_inputs(spec: ModelSpec, batch: Batch, tids: dict[str, TableIds], rows: dict[str, np.ndarray]) -> ModelInputs:
+    """The backend's view of a batch whose tables' unique rows are `rows`."""
+    fields = {}
+    for f in spec.fields:
+        bags = batch.fields[f.name]
+        fields[f.name] = FieldInput(tids[f.table].index[f.name], bags.offsets, bags.weights, bags.is_one_per_example())
+    return ModelInputs(rows, fields, batch.dense_or_empty())
+
+
+def field_tables(spec: ModelSpec) -> dict[str, str]:
+    return {f.name: f.table for f in spec.fields}
+
+
+def predictions(
+    tables: Any, spec: ModelSpec, backend: Any, dense_values: dict, batches: Iterable[Batch], prefetch: int = 1
+) -> Iterator[tuple[Batch, np.ndarray]]:
+    """(batch, its probabilities (n,)) of each batch, in order, as the model the tables hold now and dense_values
+    give them. prefetch k: a pipeline of three stages, each up to k batches ahead of the next (worker/pipeline.py
+    prefetched): one thread reads and parses the batches and finds their ids per table, another pulls their rows
+    (a pull waits on the servers without the GIL), and the caller's thread scores one batch while both work
+    ahead; 0: each batch read, pulled and scored in turn. Scoring pushes nothing, so a row pulled ahead is the row
+    a pull in turn would give, unless another worker pushes meanwhile (as it may between pulls in turn)."""
+    tmap = field_tables(spec)
+    parsed = prefetched(batches, lambda batch: table_ids(batch, tmap), prefetch)  # (batch, tids)
+    ahead = prefetched(parsed, lambda item: pull_rows(tables, spec, item[1]), prefetch)
+    try:
+        for (batch, tids), rows in ahead:
+            yield batch, backend.predict(model_inputs(spec, batch, tids, rows), dense_values)
+    finally:  # stopped early (an error, Ctrl-C): the thread stops reading
+        ahead.close()
+
+
+class ScoringProgress(CountProgress):
+    """The progress of scoring a file (eval, predict) as train shows its own (ps.progress: a bar, or a plain
+    'progress: ...' line). total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from
+    bytes (worker/linecount.py), shown with no time left and never as 100% until close()."""
+
+    def __init__(self, total: int, on: bool, estimated: bool = False):
+        self.estimated = estimated and total > 0
+        super().__init__(total, on, unit="ex", bar_format=ABOUT_BAR_FORMAT if self.estimated else None)
+
+    def advance_bar(self, n: int) -> None:
+        advance(self.bar, n, self.estimated)
+
+    def line(self, rate: float) -> str:
+        total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+        about = "about " if self.estimated else ""
+        of = f" of {about}{total:,} ({self.done / total:.0%})" if self.total else ""
+        return f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s"
+
+    def close(self) -> None:
+        if not self.bar.disable:
+            self.bar.total = self.bar.n
+        super().close()
+
+
+def evaluate(
+    tables: Any,
+    spec: ModelSpec,
+    backend: Any,
+    dense_values: dict,
+    batches: Iterable[Batch],
+    progress: ScoringProgress | None = None,
+    prefetch: int = 1,
+) -> dict:
+    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data);
+    progress, when given, is advanced by each batch and closed at the end. Batches are read and their rows pulled
+    up to `prefetch` ahead of the one scored (predictions)."""
+    labels, preds, oracle = [], [], []
+    scored = predictions(tables, spec, backend, dense_values, batches, prefetch)
+    try:
+        for batch, probs in scored:
+            labels.append(batch.labels)
+            preds.append(probs)
+            if batch.probs is not None:
+                oracle.append(batch.probs)
+            if progress is not None:
+                progress.update(len(batch))
+    finally:
+        scored.close()
+        if progress is not None:
+            progress.close()
+    if not labels:
+        return {}
+    y, p = np.concatenate(labels), np.concatenate(preds)
+    out = {"eval_examples": int(len(y)), "eval_auc": auc(y, p), "eval_logloss": logloss(y, p)}
+    if oracle and len(oracle) == len(labels):
+        q = np.concatenate(oracle)
+        out.update(oracle_auc=auc(y, q), oracle_logloss=logloss(y, q))
+    return out

@@ -1,0 +1,98 @@
+"""The model the servers hold, as eval and predict score with it: served_model, and `ps-worker eval`
+(evaluate_servers; predict: worker/predict.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from worker.client import Client
+from worker.data import DataSource
+from worker.datafiles import data_files
+from worker.dense import DenseSync, dense_norm
+from worker.formats import file_has_labels
+from worker.job import client_for, cluster_addresses, make_backend, prepare
+from worker.linecount import SCORING_COUNT_LINES, count_files_upto
+from worker.model_tables import table_configs
+from worker.models.spec import ModelSpec
+from worker.scoring import ScoringProgress, evaluate
+from worker.tables import check_tables
+from worker.train_config import TrainConfig
+
+log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
+
+
+@dataclass
+class ServedModel:
+    """What eval and predict score with: the resolved config, its data and model, the backend, a client of the
+    servers, the dense parameters they hold, the shard count."""
+
+    cfg: TrainConfig
+    data: DataSource
+    spec: ModelSpec
+    backend: Any
+    client: Client
+    dense_values: dict
+    shards: int
+
+
+@contextlib.contextmanager
+def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) -> Iterator[ServedModel]:
+    """The model of cfg's flags as the servers hold it, for eval and predict: prepare (the large recipe, no
+    validation split: --max-bad-lines 1,000 unless given), then, once the servers answer, ValueError unless they
+    hold every table of that model with its shapes (check_tables for_eval; doing: what was not done, for the
+    message), and the dense parameters pulled. labels_optional: as prepare's."""
+    cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
+    cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional)
+    backend = make_backend(spec, cfg)
+    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
+        client.wait_ready()
+        check_tables(
+            client,
+            table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint()),
+            doing,
+            for_eval=True,
+        )
+        dense_values = DenseSync(client, spec.dense_params()).pull()
+        yield ServedModel(cfg, data, spec, backend, client, dense_values, len(addresses))
+
+
+def evaluate_servers(cfg: TrainConfig) -> dict:
+    """`ps-worker eval` and launch's final evaluation: the AUC and logloss of the model the servers hold, on
+    --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema."""
+    with served_model(cfg, "nothing was evaluated") as m:
+        cfg, data = m.cfg, m.data
+        scored = cfg.eval_data or cfg.data
+        if scored is not None and not file_has_labels(scored, data.schema):
+            raise ValueError(f"{scored} holds no labels (as its first lines show): eval scores a model against them; "
+                             "`ps-worker predict` writes the model's probability for each row of a file without "
+                             "labels; nothing was evaluated")  # fmt: skip
+        eval_batches = data.eval() if cfg.data is None or cfg.eval_data else data.read_whole(cfg.data)
+        progress = None
+        if cfg.progress:  # total: the file's lines, an estimate of its examples (bad and empty lines among them)
+            header = data.schema.format == "csv"
+            counted = None if scored is None else count_files_upto(data_files(scored), SCORING_COUNT_LINES, header)
+            total = cfg.synthetic_eval_rows if counted is None else counted.estimate
+            progress = ScoringProgress(total, True, estimated=counted is not None and counted.more)
+        results = {
+            "model": cfg.model,
+            "shards": m.shards,
+            **evaluate(m.client, m.spec, m.backend, m.dense_values, eval_batches, progress, cfg.prefetch),
+        }
+        if m.dense_values:  # the MLP the servers hold
+            results["dense_norm"] = dense_norm(m.dense_values)
+    for line in data.bad_lines_report():
+        log.warning(line)
+    results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
+    if "eval_examples" not in results and (cfg.eval_data or cfg.data):
+        raise ValueError(f"{cfg.eval_data or cfg.data}: no examples to evaluate on (the file is empty, or holds only "
+                         "a header or malformed lines)")  # fmt: skip
+    if data.synthetic is not None and cfg.synthetic_eval_rows:  # they follow the training rows of --synthetic-rows
+        results["synthetic_eval_rows"] = [cfg.synthetic_rows, cfg.synthetic_rows + cfg.synthetic_eval_rows]
+        results["synthetic_seed"] = cfg.synthetic_seed
+    return results

@@ -1,0 +1,293 @@
+"""TrainConfig: the settings of a training job (`ps-worker train`'s flags), their checks, and the recipe's defaults.
+
+    TrainConfig.validate()        ValueError naming the flag at fault, for the first setting that is wrong
+    TrainConfig.with_recipe(n)    the flags left unset (None) taken from the recipe for n training examples
+                                  (worker/recipe.py), and the line that says what it chose
+Eval and predict take the same config (worker/served.py); launch's workers are `ps-worker train` runs of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+from dataclasses import dataclass
+
+from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S
+from worker.datafiles import check_data_input
+from worker.flags import check_input_file, check_not_an_input, check_output_file
+from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
+from worker.recipe import LARGE, RECIPES, choose, describe
+from worker.schema import FORMATS
+
+MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
+DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
+DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
+DEFAULT_STALENESS = 4  # ssp
+DEFAULT_GEO_EVERY = 4  # geo
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    servers: tuple[str, ...] = ()
+    local_shards: int | None = None  # train on this many throwaway shards started here instead of on `servers`
+    data: str | None = None
+    eval_data: str | None = None
+    schema: str | None = None  # TOML feature schema (worker/schema.py); None: the built-in one of `format`
+    format: str = "criteo"
+    label_column: str | None = None
+    drop_columns: tuple[str, ...] = ()
+    numeric_columns: tuple[str, ...] = ()
+    max_bad_lines: int | None = None  # None: the recipe's (0 for small data, 1,000 for large)
+    libsvm_fields: int | None = None  # libsvm: fields per example; None: those of the first line of `data`
+    synthetic_rows: int = 2_000_000
+    synthetic_eval_rows: int = 100_000
+    synthetic_interactions: float = 0.0
+    synthetic_history: float = 0.0  # strength of the planted multi-hot history column; 0: no such column
+    synthetic_seed: int = 0
+    model: str = "fm"
+    backend: str = "numpy"
+    device: str = "cpu"
+    embedding_dim: int = 8
+    hidden: tuple[int, ...] = DEFAULT_HIDDEN
+    dropout: float | None = None  # of the MLP's hidden units; None: the recipe's
+    optimizer: str | None = None  # sparse; None: the recipe's (ftrl for small data, adagrad for large)
+    learning_rate: float | None = None  # None: the recipe's, or DEFAULT_LEARNING_RATES of --optimizer
+    optimizer_params: dict | None = None  # e.g. ftrl's l1, l2; None: the recipe's when it picks the optimizer
+    l2: float | None = None  # the sparse tables' lazy L2 (TableConfig.l2, applied by the servers); None: the recipe's
+    dense_optimizer: str = "adam"
+    dense_learning_rate: float = 0.001
+    dense_l2: float | None = None  # on the MLP weights; None: the recipe's
+    dense_sync_every: int = 1
+    recipe: str = "auto"  # worker/recipe.py: auto picks small or large by the number of training examples
+    batch_size: int | None = None  # None: the recipe's
+    epochs: int | None = None  # the most epochs; None: the recipe's
+    validation_fraction: float | None = None  # of the training examples held out; None: the recipe's
+    validation_data: str | None = None  # a file to validate on instead of a split
+    eval_every: int = 0  # steps between validations; 0: after every epoch
+    skip_examples: int = 0  # the first training examples of this worker's stream (over epochs) left out: a resumed run
+    max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
+    early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
+    prefetch: int = 1
+    worker_id: int = 0
+    num_workers: int = 1
+    mode: str = "async"  # MODES
+    staleness: int | None = None  # ssp: steps a worker may run ahead of the slowest; None: DEFAULT_STALENESS
+    geo_every: int | None = None  # geo: steps between pushes of the local rows' deltas; None: DEFAULT_GEO_EVERY
+    barrier_timeout_s: float = 60.0  # the longest a sync or ssp wait for another worker may last
+    job_id: int | None = None  # the job's id, the same on all its workers (sync, ssp); None: one is made up
+    row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0
+    dense: str = "ps"  # DENSE_PATHS
+    dense_staleness: int | None = None  # --dense ps: steps the MLP may lag on a background thread; None: 0
+    timeout_s: float = 60.0
+    server_timeout_s: float = 300.0  # how long a down server is waited for (retrying) before the run fails
+    tls_ca: str | None = None  # TLS to the servers (ps/security.py)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    auth_token_file: str | None = None
+    table_config: str | None = None  # TOML: overrides the tables' initializer, optimizer, admission, ...
+    metrics_out: str | None = None
+    metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
+    metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
+    progress: bool = True
+    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar (for ps-worker launch)
+    final_eval: bool = True  # score the eval set after training; launch's workers do not: launch scores it once
+    create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
+
+    def validate(self, needs_servers: bool = True) -> None:
+        """ValueError naming the flag at fault (and what it expects) for the first setting that is wrong
+        (needs_servers: that --servers or --local-shards is given)."""
+        if self.model not in MODEL_NAMES:
+            raise ValueError(f"--model {self.model!r} is unknown; expected one of {list(MODEL_NAMES)}")
+        if self.backend not in ("numpy", "torch"):
+            raise ValueError(f"--backend {self.backend!r} is unknown; expected numpy or torch")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"--device {self.device!r} is unknown; expected cpu or cuda")
+        if self.device == "cuda" and self.backend != "torch":
+            raise ValueError("--device cuda needs --backend torch (the numpy backend runs on the CPU)")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMATS)}")
+        if self.mode not in MODES:
+            raise ValueError(f"--mode {self.mode!r} is unknown; expected one of {list(MODES)}")
+        if self.dense not in DENSE_PATHS:
+            raise ValueError(f"--dense {self.dense!r} is unknown; expected one of {list(DENSE_PATHS)}")
+        if self.dense == "allreduce" and self.mode == "sync":
+            raise ValueError("--mode sync sums every worker's gradients on the servers; its MLP goes with them: "
+                             "use --dense ps (the default) with --mode sync")  # fmt: skip
+        if self.mode == "sync" and self.dense_staleness:
+            raise ValueError(f"--dense-staleness {self.dense_staleness} with --mode sync: a sync step's MLP "
+                             "gradients are summed with its rows', so the MLP cannot lag (give 0 or leave it unset)")  # fmt: skip
+        only = [("--staleness", self.staleness, self.mode == "ssp", "ssp's (sync is staleness 0)"),
+                ("--geo-every", self.geo_every, self.mode == "geo", "geo's"),
+                ("--dense-staleness", self.dense_staleness, self.dense == "ps", "the --dense ps path's")]  # fmt: skip
+        for flag, value, applies, whose in only:
+            if value is not None and not applies:
+                raise ValueError(f"{flag} {value} is {whose} setting; this run has --mode {self.mode} --dense "
+                                 f"{self.dense}, which would ignore it")  # fmt: skip
+        if self.dense_sync_every > 1 and (self.dense == "allreduce" or self.dense_staleness):
+            raise ValueError(f"--dense-sync-every {self.dense_sync_every} applies to the --dense ps path in the step "
+                             "(--dense-staleness 0) only")  # fmt: skip
+        if self.local_shards is not None and self.num_workers > 1:
+            raise ValueError(f"--local-shards with --num-workers {self.num_workers}: each worker would start shards "
+                             "of its own; `ps-worker launch --workers N --local-shards S` starts one set for all")  # fmt: skip
+        if self.num_workers > 1 and self.mode in ("sync", "ssp") and not self.job_id:
+            raise ValueError(f"--mode {self.mode} with {self.num_workers} workers needs --job-id: the same for all "
+                             "the job's workers, a new one per job (`ps-worker launch` and torchrun give one)")  # fmt: skip
+        if self.row_cache_bytes and self.mode != "ssp":
+            raise ValueError(f"--row-cache-bytes serves rows within ssp's staleness bound; --mode {self.mode} "
+                             "has none (geo keeps its own local rows)")  # fmt: skip
+        if self.recipe not in RECIPES:
+            raise ValueError(f"--recipe {self.recipe!r} is unknown; expected one of {list(RECIPES)}")
+        if self.eval_data and not self.data:
+            raise ValueError("--eval-data needs --data (without --data the run uses synthetic data)")
+        if self.schema and not self.data:
+            raise ValueError("--schema needs --data (synthetic data has its own schema)")
+        if self.validation_data and self.validation_fraction:
+            raise ValueError("give --validation-data or --validation-fraction, not both")
+        data_file = "a data file" if self.schema else f"a {self.format} data file"
+        data_file += " (.gz read through gzip), or a directory, glob or comma-separated list of them"
+        check_data_input("--data", self.data, data_file)
+        check_data_input("--eval-data", self.eval_data, data_file)
+        check_data_input("--validation-data", self.validation_data, data_file)
+        check_input_file("--schema", self.schema, "a TOML feature schema (ps-worker schema --data FILE writes one)")
+        check_input_file("--table-config", self.table_config, "a TOML file of table settings")
+        check_output_file("--metrics-out", self.metrics_out)
+        check_not_an_input("--metrics-out", self.metrics_out, self.input_files())
+        self._check_numbers()
+        if not 0 <= self.worker_id < self.num_workers:
+            raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
+        if self.libsvm_fields is not None and (self.format != "libsvm" or self.libsvm_fields < 1):
+            raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
+        if self.servers and self.local_shards is not None:
+            raise ValueError("give --servers or --local-shards, not both")
+        limit = self.worker_max_examples()
+        if self.max_examples and self.max_examples < self.num_workers:
+            raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
+                             "workers: expected at least one example a worker (or 0: no limit)")  # fmt: skip
+        if limit and self.skip_examples >= limit:
+            raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
+                             f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
+        if self.skip_examples and self.local_shards is not None:
+            raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
+                             "empty ones (give --servers)")  # fmt: skip
+        if needs_servers and not self.servers and self.local_shards is None:
+            raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
+                             "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
+
+    def worker_max_examples(self) -> int:
+        """The position in this worker's stream of training examples (counted over epochs, the examples
+        --skip-examples skips included) where its training stops: worker i of n takes its share of the job's
+        --max-examples N, N*(i+1)//n - N*i//n; 0: no limit."""
+        n, i = self.num_workers, self.worker_id
+        return self.max_examples * (i + 1) // n - self.max_examples * i // n
+
+    def input_files(self) -> dict[str, str | None]:
+        """The files the run reads, by flag (None: not given)."""
+        return {"--data": self.data, "--eval-data": self.eval_data, "--validation-data": self.validation_data,
+                "--schema": self.schema, "--table-config": self.table_config, "--tls-ca": self.tls_ca,
+                "--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--auth-token-file": self.auth_token_file}  # fmt: skip
+
+    def _check_numbers(self) -> None:
+        """ValueError naming the flag of a count, a rate, a time or a port out of its range (NaN included)."""
+
+        def unset_or(value, default):
+            return default if value is None else value
+
+        at_least = [("--batch-size", unset_or(self.batch_size, 1), 1), ("--epochs", unset_or(self.epochs, 1), 1),
+                    ("--dense-sync-every", self.dense_sync_every, 1), ("--prefetch", self.prefetch, 0),
+                    ("--num-workers", self.num_workers, 1), ("--embedding-dim", self.embedding_dim, 1),
+                    ("--max-bad-lines", unset_or(self.max_bad_lines, 0), 0), ("--synthetic-eval-rows", self.synthetic_eval_rows, 0),
+                    ("--synthetic-rows", self.synthetic_rows if self.data is None else 1, 1),
+                    ("--eval-every", self.eval_every, 0), ("--skip-examples", self.skip_examples, 0), ("--max-examples", self.max_examples, 0), ("--early-stop", unset_or(self.early_stop, 0), 0),
+                    ("--staleness", unset_or(self.staleness, 0), 0), ("--geo-every", unset_or(self.geo_every, 1), 1),
+                    ("--dense-staleness", unset_or(self.dense_staleness, 0), 0),
+                    ("--row-cache-bytes", unset_or(self.row_cache_bytes, 0), 0),
+                    ("--local-shards", 1 if self.local_shards is None else self.local_shards, 1)]  # fmt: skip
+        for flag, value, lowest in at_least:
+            if value < lowest:
+                raise ValueError(f"{flag} {value}: expected an integer >= {lowest}")
+        if any(width < 1 for width in self.hidden):
+            raise ValueError(f"--hidden {','.join(map(str, self.hidden))}: expected widths >= 1")
+        ranges = [("--validation-fraction", unset_or(self.validation_fraction, 0.0), 0.0, 0.5),
+                  ("--dropout", unset_or(self.dropout, 0.0), 0.0, 0.95), ("--l2", unset_or(self.l2, 0.0), 0.0, 1e6),
+                  ("--dense-l2", unset_or(self.dense_l2, 0.0), 0.0, 1e6), ("--synthetic-history", self.synthetic_history, 0.0, 1e3)]  # fmt: skip
+        for flag, value, low, high in ranges:
+            if not (math.isfinite(value) and low <= value <= high):
+                raise ValueError(f"{flag} {value}: expected a number in [{low}, {high}]")
+        rates = [
+            ("--learning-rate", unset_or(self.learning_rate, 1.0)),
+            ("--dense-learning-rate", self.dense_learning_rate),
+        ]
+        for flag, value in rates:
+            if not (math.isfinite(value) and 0 < value <= MAX_HYPERPARAMETER):
+                raise ValueError(f"{flag} {value}: expected a number > 0 and <= {MAX_HYPERPARAMETER:g}")
+        if not 0 < self.timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--timeout-s {self.timeout_s}: expected seconds > 0 and <= {MAX_INTERVAL_S:g}")
+        if not 0 < self.barrier_timeout_s <= MAX_BARRIER_S:
+            raise ValueError(
+                f"--barrier-timeout {self.barrier_timeout_s}: expected seconds > 0 and <= {MAX_BARRIER_S:g}"
+            )
+        if not 0 <= self.server_timeout_s <= MAX_INTERVAL_S:
+            raise ValueError(f"--server-timeout {self.server_timeout_s}: expected seconds >= 0 (0: no retries) and <= "
+                             f"{MAX_INTERVAL_S:g}")  # fmt: skip
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"--metrics-port {self.metrics_port}: expected a port in 0..65535 (0: a free one)")
+
+    def with_recipe(
+        self, examples: int, unit: str = "training examples", at_least: bool = False
+    ) -> tuple[TrainConfig, str]:
+        """This config with the unset flags taken from the recipe for `examples` training examples (all
+        workers together), and the line that says so (`unit`: what `examples` counts; at_least: the count
+        stopped there, and there are more; see recipe.describe)."""
+        r = choose(self.recipe, examples)
+        geo_instead = self.mode == "geo" and r.optimizer == "ftrl" and self.optimizer is None  # (GEO_FTRL)
+        if geo_instead:
+            r = dataclasses.replace(
+                r, optimizer=LARGE.optimizer, learning_rate=LARGE.learning_rate, optimizer_params={}
+            )
+        optimizer, rate, params = self.optimizer, self.learning_rate, self.optimizer_params
+        if optimizer is None:
+            optimizer, params = r.optimizer, r.optimizer_params if params is None else params
+            rate = r.learning_rate if rate is None else rate
+        rate = DEFAULT_LEARNING_RATES.get(optimizer, 0.01) if rate is None else rate
+        fraction = self.validation_fraction
+        if fraction is None:
+            fraction = 0.0 if self.validation_data else r.validation_fraction
+        resolved = dataclasses.replace(
+            self,
+            batch_size=r.batch_size if self.batch_size is None else self.batch_size,
+            epochs=r.epochs if self.epochs is None else self.epochs,
+            validation_fraction=fraction,
+            early_stop=r.early_stop if self.early_stop is None else self.early_stop,
+            max_bad_lines=r.max_bad_lines if self.max_bad_lines is None else self.max_bad_lines,
+            l2=r.l2 if self.l2 is None else self.l2,
+            dropout=r.dropout if self.dropout is None else self.dropout,
+            dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,
+            optimizer=optimizer,
+            learning_rate=rate,
+            optimizer_params=dict(params or {}),
+            dense_staleness=self.dense_staleness_or_default() if self.dense == "ps" else None,
+            staleness=DEFAULT_STALENESS if self.staleness is None and self.mode == "ssp" else self.staleness,
+            geo_every=DEFAULT_GEO_EVERY if self.geo_every is None and self.mode == "geo" else self.geo_every,
+            row_cache_bytes=(DEFAULT_ROW_CACHE_BYTES if self.mode == "ssp" else 0) if self.row_cache_bytes is None
+            else self.row_cache_bytes,
+            job_id=self.job_id or (secrets.randbits(63) | 1),
+        )  # fmt: skip
+        given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
+                 ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
+                 ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
+                 ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines))
+                 if value is not None]  # fmt: skip
+        line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
+                        files=self.data is not None, validation_file=self.validation_data, at_least=at_least)  # fmt: skip
+        if geo_instead:
+            line += f"; sparse {r.optimizer}, not ftrl, in geo mode (see --mode)"
+        if given:
+            line += "; instead, as given: " + ", ".join(f"{flag} {value:g}" if isinstance(value, float)
+                                                         else f"{flag} {value}" for flag, value in given)  # fmt: skip
+        return resolved, line
+
+    def dense_staleness_or_default(self) -> int:
+        if self.dense_staleness is not None:
+            return self.dense_staleness
+        return 0  # in the step, with the rows' push: on 2 cores the background thread measured slower (README)

@@ -1,0 +1,85 @@
+"""What a training run says of itself beyond its figures: its mode, a validation set too small to choose epochs
+by, and, when it stops early, what its pushes left on the servers and the flags that train on from there.
+"""
+
+from __future__ import annotations
+
+from worker.loop import LoopResult, TrainingDataError
+from worker.models.spec import MLP_MODELS
+from worker.train_config import TrainConfig
+
+
+def mode_line(cfg: TrainConfig) -> str:
+    """What the run's mode means, in one line of output."""
+    who = f"worker {cfg.worker_id} of {cfg.num_workers}"
+    what = {
+        "async": "async: each push applied as it arrives",
+        "sync": f"sync: each step's pushes of all workers summed, applied once (waits up to {cfg.barrier_timeout_s:g} s)",
+        "ssp": f"ssp: at most {cfg.staleness} steps ahead of the slowest worker (waits up to {cfg.barrier_timeout_s:g} s)"
+        + (f", row cache {cfg.row_cache_bytes / (1 << 20):.0f} MiB" if cfg.row_cache_bytes else ""),
+        "geo": f"geo: local rows, their deltas pushed every {cfg.geo_every} steps",
+    }[cfg.mode]
+    dense = (
+        "allreduce among the torch workers"
+        if cfg.dense == "allreduce"
+        else (
+            f"on the servers, at most {cfg.dense_staleness} steps behind"
+            if cfg.dense_staleness
+            else "on the servers, in the step"
+        )
+    )
+    return f"{who}, mode {what}" + (f"; MLP {dense}" if cfg.model in MLP_MODELS else "")
+
+
+def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
+    """The error of a run that stopped on bad training data, saying what its pushes left on the servers."""
+    if not e.steps or cfg.local_shards:  # local shards go, with what was pushed to them
+        return str(e)
+    if cfg.progress_lines:  # under launch, which says where the job's workers can resume
+        return f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates"
+    return (f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
+            f"servers now hold a partly trained model (once the line is fixed or --max-bad-lines raised, "
+            f"{_resume_flags(cfg.skip_examples + e.examples, cfg)} trains on from there)")  # fmt: skip
+
+
+def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
+    """What an interrupted run trained, and the flags that train on from there (none: it had trained every
+    example)."""
+    done = cfg.skip_examples + loop.examples
+    if not loop.examples:
+        return (f"ps-worker: stopped before its first step, while reading the {done:,} examples it skips: to train on, "
+                f"run the same command again ({_resume_flags(done, cfg)})")  # fmt: skip
+    if loop.trained_all:
+        return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
+                "nothing to resume")  # fmt: skip
+    flight = (f" (the step under way as it stopped, {loop.in_flight:,} examples more, may have reached some shards "
+              "too: a resumed run trains it again)") if loop.in_flight else ""  # fmt: skip
+    return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
+            f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep{flight}; "
+            f"to train on from there, run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
+
+
+def _resume_flags(done: int, cfg: TrainConfig) -> str:
+    """The flags of a run that resumes after `done` training examples."""
+    job = (
+        " (and a new --job-id, if you gave one: each worker of the job resumed with its own count)"
+        if cfg.mode in ("sync", "ssp")
+        else ""
+    )
+    return f"--skip-examples {done}{job}"
+
+
+MIN_VALIDATION_CLASS = 30  # of each label: fewer, and the validation AUC's noise picks the epochs
+
+
+def validation_too_small(validation: list) -> str | None:
+    """A warning when the validation batches hold fewer than MIN_VALIDATION_CLASS examples of either label, else
+    None."""
+    n = sum(len(b) for b in validation)
+    ones = int(sum(float(b.labels.sum()) for b in validation))
+    if min(ones, n - ones) >= MIN_VALIDATION_CLASS:
+        return None
+    return (f"the validation set holds {ones:,} positive and {n - ones:,} negative examples: too few to tell epochs "
+            "apart (its AUC moves by chance), so early stopping and the best epoch follow noise; give "
+            "--validation-data a larger held-out file, a larger --validation-fraction, or --epochs with "
+            "--early-stop 0")  # fmt: skip

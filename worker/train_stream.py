@@ -1,0 +1,61 @@
+"""The stream of training batches over epochs, cut to a resumed run's share: Skipping drops the examples a resumed
+run has trained (--skip-examples), Limit ends the stream at the worker's --max-examples.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+from worker.batch import Batch
+
+
+class Limit:
+    """Passes on the first `left` examples of the batches it is given (the last batch cut to fit), over as many
+    epochs' streams as that takes, then nothing; left 0: no limit. `reached`: the limit ended the stream."""
+
+    def __init__(self, left: int):
+        self.on, self.left, self.reached = left > 0, left, False
+
+    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        if not self.on:
+            yield from batches
+            return
+        if self.reached:
+            return
+        it = iter(batches)
+        try:
+            for batch in it:
+                if len(batch) >= self.left:
+                    yield batch if len(batch) == self.left else batch.slice(0, self.left)
+                    self.left, self.reached = 0, True
+                    return
+                self.left -= len(batch)
+                yield batch
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:  # a file's reader, left part way: closed now, not when collected
+                close()
+
+
+class Skipping:
+    """Drops the first `left` examples of the batches it is given, over as many epochs' streams as that takes;
+    `seconds` is the time spent reading them."""
+
+    def __init__(self, left: int):
+        self.left, self.seconds = left, 0.0
+
+    def __call__(self, batches: Iterable[Batch]) -> Iterator[Batch]:
+        started = time.perf_counter() if self.left else None
+        for batch in batches:
+            if self.left >= len(batch):
+                self.left -= len(batch)
+                continue
+            if self.left:
+                batch, self.left = batch.slice(self.left, len(batch)), 0
+            if started is not None:
+                self.seconds += time.perf_counter() - started
+                started = None
+            yield batch
+        if started is not None:
+            self.seconds += time.perf_counter() - started
