@@ -3,7 +3,7 @@ the server's table code called directly (no RPC), on the same data, in the same 
 
     python benchmarks/train_throughput.py [--rows 200000] [--backend numpy] [--hidden 400,400,400] [--repeats 3]
 
-Both runs use worker.train.run_epochs on the synthetic data (planted linear model), batch 2048, embedding dim 8,
+Both runs use worker.loop.run_epochs on the synthetic data (planted linear model), batch 2048, embedding dim 8,
 Adagrad for the sparse table and Adam for the MLP, dense sync every step and one batch of prefetch; the PS run
 talks to --shards server processes through worker.client.Client. The in-process reference is
 tests.inprocess.InProcessTables (a Shard in this process: RAM tier, optimizer, journal; no gRPC, no
