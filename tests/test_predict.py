@@ -287,3 +287,36 @@ def test_many_files_are_scored_in_order_with_a_file_column_as_each_alone(servers
     assert predict(addresses[0], tmp_path / "none.csv", "--data", train_path, "--predict-data", str(parts)) == 2
     assert "part-3: its first line has 3 tab-separated columns, expected 40" in capsys.readouterr().err
     assert not (tmp_path / "none.csv").exists()
+
+
+def test_predict_over_a_directory_counts_bad_lines_over_all_files_and_keeps_its_file_column(servers, files, tmp_path,
+                                                                                           capsys):  # fmt: skip
+    """--max-bad-lines counts over the files (as eval does), not per file; a directory that matches one file still
+    gets the file column, so the output's columns do not depend on how many parts a day has."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path))
+    lines = Path(test_path).read_text().splitlines(keepends=True)
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    (one / "part-0").write_text("".join(lines))
+    (two / "part-0").write_text("".join(lines[:10]) + "garbage\n")
+    (two / "part-1").write_text("".join(lines[10:20]) + "garbage\n")
+    assert predict(addresses[0], tmp_path / "one.csv", "--data", train_path, "--predict-data", str(one)) == 0
+    assert (tmp_path / "one.csv").read_text().startswith("file,line,probability,label\n")
+    capsys.readouterr()
+    flags = ["--data", train_path, "--predict-data", str(two), "--max-bad-lines"]
+    assert predict(addresses[0], tmp_path / "two.csv", *flags, "1") == 2
+    assert "part-1 line 11: " in (err := capsys.readouterr().err) and "2 bad lines, more than --max-bad-lines 1" in err
+    assert predict(addresses[0], tmp_path / "two.csv", *flags, "2") == 0
+    assert "skipped 2 malformed lines (first: " in capsys.readouterr().out
+
+
+def test_a_csv_whose_first_column_holds_true_and_false_is_taken_as_labeled(tmp_path):
+    """The readers take True/False as labels; predict's check of the built-in schema's first column does too."""
+    from worker.predict import _first_column_is_labels
+
+    (tmp_path / "tf.csv").write_text("label,a\nTrue,x\nfalse,y\n1,z\n")
+    (tmp_path / "yes.csv").write_text("label,a\nyes,x\n")
+    assert _first_column_is_labels(str(tmp_path / "tf.csv")) and not _first_column_is_labels(str(tmp_path / "yes.csv"))

@@ -510,3 +510,17 @@ def test_infer_label_true_false_several_label_names_decimal_commas_prose_and_rep
     bools = tmp_path / "b.csv"
     bools.write_text("ts,click\n" + "".join(f"{i},{'True' if i % 3 else 'False'}\n" for i in range(50)))
     assert 'label = "click"' in infer_schema_text(str(bools))
+
+
+def test_the_fingerprint_holds_the_label_and_not_the_builtin_libsvm_field_count():
+    """Another label trains the rows toward another target: another fingerprint. The built-in libsvm schema read
+    from a file whose first line has 3 features or 4 means the same: one fingerprint."""
+    three, four = (builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=k) for k in (3, 4))
+    assert three.fingerprint() == four.fingerprint()
+    header = ["click", "purchase", "user", "item"]
+    click = builtin_schema("csv", default_table="t", default_dim=4, header=header, label_column="click",
+                           drop_columns=("purchase",))  # fmt: skip
+    purchase = builtin_schema("csv", default_table="t", default_dim=4, header=header, label_column="purchase",
+                              drop_columns=("click",))  # fmt: skip
+    assert [c.name for c in click.columns] == [c.name for c in purchase.columns]
+    assert click.fingerprint() != purchase.fingerprint()

@@ -257,7 +257,8 @@ def _long_eval_file_with_a_bad_last_line(tmp_path: Path, rows: int = 5000) -> Pa
 
 def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, tmp_path):
     """Only --eval-data's start is read before training: a malformed line past it (and past --max-bad-lines 0)
-    fails the final evaluation, which says the training had finished; the model trained is on the servers."""
+    fails the final evaluation, which says the training had finished: the training's figures are still reported
+    and written to --metrics-out, and the command exits 2; the model trained is on the servers."""
     train_path, _ = files
     long_eval = _long_eval_file_with_a_bad_last_line(tmp_path)
     cfg = small_run(["127.0.0.1:1"], train_path, eval_data=str(long_eval), max_bad_lines=0)
@@ -268,8 +269,13 @@ def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, t
     with pytest.raises(ValueError, match=r"long_eval.tsv line 5001: 3 tab-separated columns"):
         list(eval_batches)
     addresses, _ = servers(1)
-    with pytest.raises(ValueError, match="in the final evaluation on --eval-data, after training had finished"):
-        train(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=0))
+    results = train(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=0))
+    assert "in the final evaluation on --eval-data, after training had finished" in results["eval_error"]
+    assert results["train_examples"] > 0 and "eval_auc" not in results
+    metrics = tmp_path / "m.json"
+    code = main(["train", "--servers", addresses[0], "--data", train_path, "--eval-data", str(long_eval),
+                 "--max-bad-lines", "0", "--recipe", "large", "--no-progress", "--metrics-out", str(metrics)])  # fmt: skip
+    assert code == 2 and "eval_error" in json.loads(metrics.read_text())
     figures = evaluate_servers(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=1))
     assert (figures["eval_examples"], figures["bad_lines"]) == (5000, 1)
 

@@ -18,8 +18,8 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         help="score files with the model the servers hold: one probability per example, written as CSV",
         description="Pull the rows and dense parameters the servers hold and write the model's click probability "
         "of every example of --predict-data (else of --data) to --out: a CSV file 'line,probability[,label]', one "
-        "row per example in file order, `line` its line in the input (worker/predict.py); of many files (a "
-        "directory, a glob, a comma-separated list, as for train), 'file,line,probability[,label]'. The files may "
+        "row per example in file order, `line` its line in the input (worker/predict.py); of a directory, a glob "
+        "or a comma-separated list (as for train), 'file,line,probability[,label]', however many files it matches. The files may "
         "lack labels. The model and data flags must be those the model was trained with; --data the training file, "
         "whose first lines give the schema (a CSV without the label column needs it, or a --schema).",
         formatter_class=HelpFormatter,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 import zlib
 
 from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S, OPTIMIZER_PARAMS
@@ -509,11 +510,15 @@ def run_train(args: argparse.Namespace) -> int:
     from worker.train import train
 
     cfg = train_config(args)
-    print(format_results(train(cfg)), flush=True)
+    results = train(cfg)
+    print(format_results(results), flush=True)
     if cfg.metrics_out and not cfg.progress_lines:  # progress lines: a launcher reads the file (and removes it)
         print(f"metrics written to {cfg.metrics_out}")
     if cfg.local_shards is not None:
         print(local_shards_gone("train"), flush=True)
+    if "eval_error" in results:  # the training is done and reported; its evaluation is not
+        print(f"ps-worker: error: {results['eval_error']}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 

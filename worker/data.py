@@ -142,9 +142,11 @@ class DataSource:
         return read_batches(path, self.schema, size, worker_id=worker_id, num_workers=num_workers,
                             max_bad_lines=c.max_bad_lines, stats=stats, labeled=labeled)  # fmt: skip
 
-    def read_whole(self, path: str) -> Iterator[Batch]:
-        """Every example of a file (not this worker's share), through the schema."""
-        return self._read(path, 0, 1)
+    def read_whole(self, path: str, stats: ReadStats | None = None) -> Iterator[Batch]:
+        """Every example of a file (not this worker's share), through the schema. stats: the ReadStats to count
+        into (shared by the files of one stream: --max-bad-lines then counts over them all; the caller reports
+        it), else the file's own, reported in read_stats."""
+        return self._read(path, 0, 1, track=stats is None, stats=stats)
 
     def _share(self) -> Iterator[Batch]:
         """This worker's examples, before the split."""

@@ -6,8 +6,9 @@ The input is a file, or many (worker/datafiles.py: a directory, a glob, a comma-
 each the same format as the first (formats.check_same_format). The output file (UTF-8, "\n" line ends):
 
     file        := header row*
-    header      := ["file,"] "line,probability" [",label"] "\n"   # "file," for many input files; ",label" when
-                                                                  # the input holds labels
+    header      := ["file,"] "line,probability" [",label"] "\n"   # "file," unless the input is named as one file
+                                                                  # (a directory, glob or list: whatever it
+                                                                  # matches); ",label" when the input holds labels
     row         := [path ","] line "," probability ["," label] "\n"
     path        := the input file of the example as its flag named it (data_files), quoted as the csv module
                    quotes a field (only when it holds a comma, a quote or a line end)
@@ -17,8 +18,8 @@ each the same format as the first (formats.check_same_format). The output file (
                    the same float32 back; "1e-05" style for small ones)
     label       := "0" | "1"                                # the input's label of the example
 
-One row per example, in the input's order (file by file). Malformed lines skipped (up to --max-bad-lines, reported at the
-end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv header without
+One row per example, in the input's order (file by file). Malformed lines skipped (up to --max-bad-lines over all the files, reported at
+the end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv header without
 the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is scored
 all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
 predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole: a failed run
@@ -39,9 +40,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from worker.batch import Batch
+from worker.csv_fast import label_value
 from worker.datafiles import check_data_input, data_files
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
-from worker.formats import check_same_format, file_has_labels, first_with_content, read_csv_sample
+from worker.formats import ReadStats, check_same_format, file_has_labels, first_with_content, read_csv_sample
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.scoring import ScoringProgress, predictions
 from worker.served import ServedModel, served_model
@@ -80,9 +82,10 @@ class PredictConfig:
 
 
 def _first_column_is_labels(path: str) -> bool:
-    """The first column of a CSV file's first records holds only 0 and 1 (the built-in schema's label; commas)."""
+    """The first column of a CSV file's first records holds only labels, 0 and 1 as the CSV readers read them (true
+    and false too: csv_fast.label_value; the built-in schema's label; commas)."""
     _, rows = read_csv_sample(path, ",", 1000)
-    return bool(rows) and all(r[0].strip() in ("0", "1") for r in rows)
+    return bool(rows) and all(label_value(r[0]) in (0.0, 1.0) for r in rows)
 
 
 def predict_servers(cfg: PredictConfig) -> dict:
@@ -98,14 +101,14 @@ def predict_servers(cfg: PredictConfig) -> dict:
         counted = LineCount(0, False, 0, 0)
         if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of large files,
             counted = count_files_upto(files, SCORING_COUNT_LINES, header=header)  # from their bytes
-        scored = _scored(m, files)
+        stats = ReadStats()  # of the files as one stream: --max-bad-lines counts over them all, as eval's
+        m.data.read_stats.append((cfg.data, stats))
+        scored = _scored(m, files, stats)
         with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
             progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
-            rows = _write(cfg.out, scored, labeled, len(files) > 1, progress)
+            rows = _write(cfg.out, scored, labeled, not os.path.isfile(cfg.data), progress)
         shards = m.shards
-    stats = [s for path, s in m.data.read_stats if path in files]
-    bad_lines = sum(s.bad_lines for s in stats)
-    first_bad = next((s.first_bad for s in stats if s.first_bad), None)
+    bad_lines, first_bad = stats.bad_lines, stats.first_bad
     if rows == 0:  # _write removed its file
         why = f"; the first malformed one: {first_bad}" if bad_lines else ""
         what = "the file is" if len(files) == 1 else f"its {len(files)} files are"
@@ -117,11 +120,11 @@ def predict_servers(cfg: PredictConfig) -> dict:
             "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad}  # fmt: skip
 
 
-def _scored(m: ServedModel, files: list[str]) -> Iterator[tuple[str, Batch, np.ndarray]]:
-    """(file, batch, probabilities) of every batch of the files, in order (each file read and pulled ahead on
-    threads, which closing this generator stops)."""
+def _scored(m: ServedModel, files: list[str], stats: ReadStats) -> Iterator[tuple[str, Batch, np.ndarray]]:
+    """(file, batch, probabilities) of every batch of the files, in order, their bad lines counted into stats (each
+    file read and pulled ahead on threads, which closing this generator stops)."""
     for name in files:
-        batches = m.data.read_whole(name)
+        batches = m.data.read_whole(name, stats)
         with contextlib.closing(predictions(m.client, m.spec, m.backend, m.dense_values, batches, m.cfg.prefetch)) as s:
             for batch, probs in s:
                 yield name, batch, probs

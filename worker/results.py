@@ -86,6 +86,8 @@ def at_step(r: dict) -> str:
 
 def eval_lines(r: dict) -> list[str]:
     """The eval line of a run's (or a job's) figures, if they have one."""
+    if "eval_error" in r:
+        return [f"eval   failed: {r['eval_error']}"]
     if "eval_auc" not in r:
         return []
     when = ""

@@ -104,6 +104,11 @@ class Column:
         return self.kind != "numeric" or self.transform in BUCKET_TRANSFORMS
 
 
+def _libsvm_column(name: str, table: str | None) -> Column:
+    """Column f<k> of the built-in libsvm schema (worker/schema_builtin.py): the k-th token, in id space f<k>."""
+    return Column(name, name, "categorical", table, name)
+
+
 @dataclass(frozen=True)
 class TableSchema:
     """A table of a schema: its width k, and its other TableConfig fields as table_configs_from_dict gives them
@@ -132,13 +137,20 @@ class Schema:
         return tuple(c for c in self.columns if c.is_sparse)
 
     def fingerprint(self) -> str:
-        """ "schema:" and 16 hex digits of a hash of what the model's rows mean: every column in order, less where
-        its cells come from (source) and the statistics train computes from the data (mean, std), and the bias
-        table. Each table the model creates carries it (TableConfig.features): another schema, whose ids would
-        land on rows trained for other features, is refused by the servers' tables (worker/tables.py)."""
+        """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
+        order, less where its cells come from (source) and the statistics train computes from the data (mean,
+        std), and the bias table. The built-in libsvm schema's columns (f<k>, the k-th feature token in id space
+        f<k>) count as one entry, whatever their number K: a file whose first line has another feature count means
+        the same. Each table the model creates carries it (TableConfig.features): another schema, whose ids would
+        land on rows trained for other features or toward another label, is refused by the servers' tables
+        (worker/tables.py)."""
         drop = {"source", "mean", "std"}
-        columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop} for c in self.columns]
-        text = json.dumps({"columns": columns, "bias_table": self.bias_table}, sort_keys=True, default=list)
+        libsvm = [c for c in self.columns if re.fullmatch(r"f\d+", c.name) and c == _libsvm_column(c.name, c.table)]
+        columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
+                   for c in self.columns if c not in libsvm]  # fmt: skip
+        described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
+                     "libsvm_fields": bool(libsvm)}  # fmt: skip
+        text = json.dumps(described, sort_keys=True, default=list)
         return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def dense_columns(self) -> tuple[Column, ...]:

@@ -190,8 +190,9 @@ def train(cfg: TrainConfig) -> dict:
 def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: ModelSpec, backend: Any,
                      dense_values: dict) -> dict:  # fmt: skip
     """evaluate() on data.eval(), read as it is scored, with its own progress (a large eval file takes minutes);
-    a malformed line of --eval-data past --max-bad-lines (met only now: check_eval read its start) comes out as a
-    ValueError that says the training had finished."""
+    a malformed line of --eval-data past --max-bad-lines (met only now: check_eval read its start) gives
+    {"eval_error": what happened} instead: the training's figures are still reported and written, and the
+    command then fails (worker/cli_train.py)."""
     progress = None
     if cfg.progress and not cfg.progress_lines:
         counted = data.eval_count()  # None: the synthetic eval rows, or no --eval-data
@@ -202,10 +203,9 @@ def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: M
     except PsError:
         raise
     except ValueError as e:
-        raise ValueError(
-            f"{e}; in the final evaluation on --eval-data, after training had finished (ps-worker eval "
-            "scores the model the servers hold once the file is fixed or --max-bad-lines raised)"
-        ) from None
+        after = ("ps-worker eval scores the model the servers hold once the file is fixed or --max-bad-lines raised"
+                 if cfg.local_shards is None else "the model went with the local shards")  # fmt: skip
+        return {"eval_error": f"{e}; in the final evaluation on --eval-data, after training had finished ({after})"}
 
 
 def _say(line: str, cfg: TrainConfig) -> None:
