@@ -25,8 +25,8 @@ def check_restored(store: Store) -> None:
     pending = store.restore_pending()
     if pending:
         raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; start with "
-                           f"--restore {pending} to start it over (the dir holds nothing else), or delete the data "
-                           "dir")  # fmt: skip
+                           f"--restore {pending} to start it over (what it copied is deleted first), or delete the "
+                           "data dir")  # fmt: skip
 
 
 def restore_into(
@@ -40,8 +40,8 @@ def restore_into(
     """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary. manifest:
     the checkpoint's, from read_manifest (None: read here, before anything is written). From its first write, the
     store is marked as holding a restore that did not finish (check_restored) until every row is in.
-    on_written: told the rows (and pending ids) of each batch written; it may raise to stop the restore there,
-    which leaves that mark."""
+    on_written: told the admitted rows of each batch written (Store.import_slots); it may raise to stop the
+    restore there, which leaves that mark."""
     check_restored(store)
     if store.load_tables():
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "

@@ -204,9 +204,8 @@ class Shard:
     def _check_store(self, manifest: dict | None) -> None:
         """Refuses a store of another shard, cluster or an unfinished restore (one from the checkpoint restore_dir
         names is started over: Store.forget_unfinished_restore deletes its keys, no file); restores into it if
-        configured. The restore checks for a stop after every batch of
-        rows it writes: a stop leaves the dir marked as an unfinished restore, which the next start with the same
-        --restore starts over."""
+        configured. The restore checks for a stop after every batch of rows it writes: a stop leaves the dir marked
+        as an unfinished restore, which the next start with the same --restore starts over."""
         config = self.config
         self.store.check_identity(config.shard_id, config.num_shards)
         self.store.check_cluster(config.cluster)

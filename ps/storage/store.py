@@ -477,6 +477,8 @@ class Store:
         self._meta = self._db.get_column_family(META_CF)
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
+        self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says: identity, marks
+        self._synced.sync = True
         self._cfs: dict[str, Rdict] = {}
         self.read_threads = max(1, read_threads)
         self._readers = (
@@ -507,9 +509,7 @@ class Store:
         if in_db is None and in_file is not None:
             raise _lost_shard_record(in_file)
         if in_db is None:
-            sync = WriteOptions()
-            sync.sync = True
-            self._meta.put(b"shard", json.dumps(want).encode(), sync)
+            self._meta.put(b"shard", json.dumps(want).encode(), self._synced)
         if in_file is None:
             if in_db is not None:
                 log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
@@ -530,9 +530,7 @@ class Store:
                 f"it with --cluster {have} (a dir keeps the first name it ran with; to move its rows to another "
                 "cluster, restore a checkpoint into a new data dir)"
             )
-        sync = WriteOptions()
-        sync.sync = True
-        self._meta.put(b"cluster", cluster.encode(), sync)
+        self._meta.put(b"cluster", cluster.encode(), self._synced)
         log.info("data dir %s now belongs to cluster %r", self.path, cluster)
 
     def load_tables(self) -> list[TableConfig]:
@@ -867,8 +865,6 @@ class Store:
         """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,
         the clock, the note of a finished restore) and the mark of the unfinished one. RocksDB deletes the keys;
         no file is touched, and the shard record, the cluster name and the journal's flushed_seq stay."""
-        sync = WriteOptions()
-        sync.sync = True
         with self._rocksdb("deleting an unfinished restore's rows", "nothing was deleted"):
             meta = self._db.get_column_family_handle(META_CF)
             batch = WriteBatch(raw_mode=True)
@@ -885,7 +881,7 @@ class Store:
                     batch.delete(key, meta)
             for key in (b"clock", b"restored", b"restore_pending"):
                 batch.delete(key, meta)
-            self._db.write(batch, sync)
+            self._db.write(batch, self._synced)
         self._numbers = None
 
     def set_restore_pending(self, directory: str | None) -> None:
