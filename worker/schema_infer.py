@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import re
 
+from worker.csv_fast import label_value
 from worker.datafiles import data_files
 from worker.encode import is_missing_text
 from worker.schema import FORMATS, Column, _entry, _toml
@@ -45,7 +46,6 @@ _BUCKETS = 16  # a numeric column's twin is bucketized at the sample's quantiles
 _MANY_CODES = 1000  # an integer column of at most this many distinct values ...
 _CODE_REPEATS = 10  # ... each seen this many times on average in the sample gets a categorical twin
 _DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written with a decimal comma
-_TRUTH = {"true": 1.0, "false": 0.0}
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
 _ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
 _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its noun, in one word
@@ -220,9 +220,8 @@ def _floats(cells: list[str]) -> list[float] | None:
 
 
 def _is_binary(cells: list[str]) -> bool:
-    """Whether every cell is 0 or 1 as a number, or true or false (any case): a label's cells."""
-    values = _floats([str(_TRUTH.get(c.strip().lower(), c)) for c in cells])
-    return bool(cells) and values is not None and set(values) <= {0.0, 1.0}
+    """Whether every cell is 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and false too)."""
+    return bool(cells) and all(label_value(c) in (0.0, 1.0) for c in cells)
 
 
 def _leading_zeros(cells: list[str]) -> bool:
