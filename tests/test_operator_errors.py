@@ -100,6 +100,8 @@ def test_local_shards_start_only_when_asked_for(capsys):
     assert code == 2 and "give --servers or --local-shards, not both" in err, err
     code, err = worker(["train", "--local-shards", "0", *TINY_RUN], capsys)
     assert code == 2 and "argument --local-shards: expected an integer >= 1, got 0" in err, err
+    code, err = worker(["train", "--local-shards", "1", "--create-tables-only", *TINY_RUN], capsys)
+    assert code == 2 and "--create-tables-only sets up tables on servers that outlive the run" in err, err
 
 
 @pytest.mark.parametrize("servers, entry", [("a:1,,b:2", "entry 1 ('')"), ("ps-0", "entry 0 ('ps-0')"),

@@ -170,6 +170,9 @@ class TrainConfig:
         if self.skip_examples and self.local_shards is not None:
             raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                              "empty ones (give --servers)")  # fmt: skip
+        if self.create_tables_only and self.local_shards is not None:
+            raise ValueError("--create-tables-only sets up tables on servers that outlive the run; --local-shards "
+                             "starts throwaway ones, stopped with their tables at the end (give --servers)")  # fmt: skip
         if needs_servers and not self.servers and self.local_shards is None:
             raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
                              "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
