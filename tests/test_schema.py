@@ -524,3 +524,6 @@ def test_the_fingerprint_holds_the_label_and_not_the_builtin_libsvm_field_count(
                               drop_columns=("click",))  # fmt: skip
     assert [c.name for c in click.columns] == [c.name for c in purchase.columns]
     assert click.fingerprint() != purchase.fingerprint()
+    f012, f7 = (builtin_schema("csv", default_table="t", default_dim=4, header=["label", *names])
+                for names in (["f0", "f1", "f2"], ["f7"]))  # fmt: skip
+    assert f012.fingerprint() != f7.fingerprint()  # a csv's columns named like libsvm's count one by one

@@ -139,13 +139,14 @@ class Schema:
     def fingerprint(self) -> str:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
-        std), and the bias table. The built-in libsvm schema's columns (f<k>, the k-th feature token in id space
+        std), and the bias table. In a libsvm schema the built-in columns (f<k>, the k-th feature token in id space
         f<k>) count as one entry, whatever their number K: a file whose first line has another feature count means
-        the same. Each table the model creates carries it (TableConfig.features): another schema, whose ids would
+        the same (columns of other formats count one by one, whatever their names). Each table the model creates carries it (TableConfig.features): another schema, whose ids would
         land on rows trained for other features or toward another label, is refused by the servers' tables
         (worker/tables.py)."""
         drop = {"source", "mean", "std"}
-        libsvm = [c for c in self.columns if re.fullmatch(r"f\d+", c.name) and c == _libsvm_column(c.name, c.table)]
+        libsvm = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)
+                  and c == _libsvm_column(c.name, c.table)]  # fmt: skip
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
                    for c in self.columns if c not in libsvm]  # fmt: skip
         described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
