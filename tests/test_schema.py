@@ -469,6 +469,10 @@ def test_the_spread_sample_reads_no_record_twice_even_of_long_lines(tmp_path):
     _, rows = read_csv_sample(path, ",", 10_000)
     ids = [r[1] for r in rows]
     assert len(ids) == len(set(ids)) and len(ids) > 5000, (len(ids), len(set(ids)))
+    with open(path, "a") as f:
+        f.write("1,last,x")  # a last line without its newline is a record the last span holds
+    _, rows = read_csv_sample(path, ",", 10_000)
+    assert rows[-1] == ["1", "last", "x"], rows[-1]
 
 
 def test_infer_gives_repeated_integer_codes_a_categorical_twin_and_not_a_wide_quantity(tmp_path):

@@ -69,9 +69,10 @@ def _spread_records(name: str, delimiter: str, width: int, want: int, start: int
         for lo, hi in itertools.pairwise(bounds):
             f.seek(lo)
             span = f.read(min(hi - lo, MAX_SPOT_BYTES))
+            end = lo + len(span)
             first = span.find(b"\n")  # the line the offset fell in is the span before's
             span = span[first + 1 :] if first >= 0 else b""
-            if lo + len(span) < size:
+            if end < size:
                 span = span[: span.rfind(b"\n") + 1]  # a line the span's end cuts is the next span's
             text = io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline="")
             out += _good_records(csv.reader(text, delimiter=delimiter), width, min(per_spot, want - len(out)))
