@@ -303,8 +303,15 @@ def test_predict_over_a_directory_counts_bad_lines_over_all_files_and_keeps_its_
     (one / "part-0").write_text("".join(lines))
     (two / "part-0").write_text("".join(lines[:10]) + "garbage\n")
     (two / "part-1").write_text("".join(lines[10:20]) + "garbage\n")
+    (one / "x\udcff.csv").write_text("".join(lines[:3]))  # a name that is not UTF-8, as os.listdir gives it
     assert predict(addresses[0], tmp_path / "one.csv", "--data", train_path, "--predict-data", str(one)) == 0
-    assert (tmp_path / "one.csv").read_text().startswith("file,line,probability,label\n")
+    assert f"(file, line, probability, label) for {one} (2 files)" in capsys.readouterr().out
+    assert (tmp_path / "one.csv").read_bytes().startswith(b"file,line,probability,label\n")
+    assert f"{one}/x\udcff.csv,2,".encode("utf-8", "surrogateescape") in (tmp_path / "one.csv").read_bytes()
+    (one / "x\udcff.csv").unlink()
+    assert predict(addresses[0], tmp_path / "one.csv", "--data", train_path, "--predict-data", str(one),
+                   "--overwrite") == 0  # fmt: skip
+    assert f"(file, line, probability, label) for {one} to" in capsys.readouterr().out
     capsys.readouterr()
     flags = ["--data", train_path, "--predict-data", str(two), "--max-bad-lines"]
     assert predict(addresses[0], tmp_path / "two.csv", *flags, "1") == 2

@@ -55,7 +55,7 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(r), flush=True)
         return 0
-    columns = ("file, " if r["files"] > 1 else "") + "line, probability" + (", label" if r["labeled"] else "")
+    columns = ("file, " if r["file_column"] else "") + "line, probability" + (", label" if r["labeled"] else "")
     lines = f"{r['bad_lines']:,} malformed line{'s' * (r['bad_lines'] != 1)}"
     skipped = f"; skipped {lines} (first: {r['first_bad']})" if r["bad_lines"] else ""
     of_files = f" ({r['files']:,} files)" if r["files"] > 1 else ""

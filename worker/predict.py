@@ -106,7 +106,8 @@ def predict_servers(cfg: PredictConfig) -> dict:
         scored = _scored(m, files, stats)
         with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
             progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
-            rows = _write(cfg.out, scored, labeled, not os.path.isfile(cfg.data), progress)
+            with_file = not os.path.isfile(cfg.data)
+            rows = _write(cfg.out, scored, labeled, with_file, progress)
         shards = m.shards
     bad_lines, first_bad = stats.bad_lines, stats.first_bad
     if rows == 0:  # _write removed its file
@@ -117,7 +118,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
     for line in m.data.bad_lines_report():
         log.warning(line)
     return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "files": len(files), "out": cfg.out,
-            "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad}  # fmt: skip
+            "file_column": with_file, "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad}  # fmt: skip
 
 
 def _scored(m: ServedModel, files: list[str], stats: ReadStats) -> Iterator[tuple[str, Batch, np.ndarray]]:
@@ -155,7 +156,8 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
     partial = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.partial")
     rows = 0
     try:
-        with open(partial, "w", encoding="utf-8", newline="\n") as f:
+        # a file name that is not UTF-8 (os.listdir's surrogate escapes) is written as the bytes it has on disk
+        with open(partial, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
             f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
             for path, batch, probs in scored:
                 f.write(
