@@ -255,10 +255,11 @@ def _long_eval_file_with_a_bad_last_line(tmp_path: Path, rows: int = 5000) -> Pa
     return path
 
 
-def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, tmp_path):
+def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, tmp_path, caplog):
     """Only --eval-data's start is read before training: a malformed line past it (and past --max-bad-lines 0)
     fails the final evaluation, which says the training had finished: the training's figures are still reported
-    and written to --metrics-out, and the command exits 2; the model trained is on the servers."""
+    and written to --metrics-out, and the command exits 2 (no warning calls that line skipped); the model trained
+    is on the servers."""
     train_path, _ = files
     long_eval = _long_eval_file_with_a_bad_last_line(tmp_path)
     cfg = small_run(["127.0.0.1:1"], train_path, eval_data=str(long_eval), max_bad_lines=0)
@@ -272,6 +273,7 @@ def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, t
     results = train(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=0))
     assert "in the final evaluation on --eval-data, after training had finished" in results["eval_error"]
     assert results["train_examples"] > 0 and "eval_auc" not in results
+    assert not [r for r in caplog.records if "skipped" in r.getMessage()], caplog.text
     metrics = tmp_path / "m.json"
     code = main(["train", "--servers", addresses[0], "--data", train_path, "--eval-data", str(long_eval),
                  "--max-bad-lines", "0", "--recipe", "large", "--no-progress", "--metrics-out", str(metrics)])  # fmt: skip

@@ -249,9 +249,11 @@ class DataSource:
         return sum(s.bad_lines for path, s in self.read_stats if path == self.cfg.data)
 
     def bad_lines_report(self) -> list[str]:
+        """A line per file read with malformed lines skipped or bags cut; a file whose reading a bad line past
+        --max-bad-lines stopped is left to the error that says so (its lines were not all skipped)."""
         out = []
         for path, s in self.read_stats:
-            if s.bad_lines:
+            if s.bad_lines and not s.stopped:
                 lines = "malformed line" if s.bad_lines == 1 else "malformed lines"
                 out.append(f"{path}: skipped {s.bad_lines:,} {lines} of {s.lines_read:,} (first: {s.first_bad})")
             if getattr(s, "truncated_bags", 0):

@@ -31,6 +31,7 @@ class ReadStats:
     empty_lines: int = 0  # of which empty (skipped, not bad)
     first_bad: str | None = None  # the first problem: "<file> line <L>: <what was wrong>"
     truncated_bags: int = 0  # bags of the good lines cut to their column's max_length
+    stopped: bool = False  # a bad line past --max-bad-lines ended the reading (its ValueError says so)
 
 
 @dataclass
@@ -89,6 +90,7 @@ class BadLines:
         if s.first_bad is None:
             s.first_bad = message
         if s.bad_lines > self.limit:
+            s.stopped = True
             lines = f"{s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''}"
             raise ValueError(f"{message}; {lines}, more than --max-bad-lines {self.limit}")
 
