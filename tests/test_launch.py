@@ -10,6 +10,7 @@ import inspect
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -391,17 +392,20 @@ def test_merged_progress_bar_counts_every_workers_examples():
 
 def test_a_final_evaluation_that_meets_a_bad_eval_line_says_the_training_had_finished():
     """The workers check --eval-data's start only; a bad line further on fails launch's final evaluation, which
-    says so (and, on --servers, that the model is kept there)."""
+    says so (and, on --servers, that the model is kept there) in the job's figures, in place of the eval line."""
 
     def bad_line(cfg):
         raise ValueError("test.tsv line 9: 3 tab-separated columns")
 
     cfg = TrainConfig(servers=("h:1",), data="train.tsv", eval_data="test.tsv")
-    with pytest.raises(ValueError, match=r"line 9: .*; in the job's final evaluation, after every worker had "
-                       r"finished training \(the model stays on the servers: ps-worker eval scores it"):  # fmt: skip
-        final_evaluation(cfg, bad_line)
-    with pytest.raises(ValueError, match=r"after every worker had finished training$"):
-        final_evaluation(cfg, bad_line, local_shards=True)
+    error = final_evaluation(cfg, bad_line)["eval_error"]
+    assert re.match(r"test.tsv line 9: .*; in the job's final evaluation, after every worker had finished training "
+                    r"\(the model stays on the servers: ps-worker eval scores it", error), error  # fmt: skip
+    error = final_evaluation(cfg, bad_line, local_shards=True)["eval_error"]
+    assert error.endswith("after every worker had finished training (the model went with the local shards)"), error
+    summary = format_summary(merge_metrics([{"train_examples": 10, "train_seconds": 1.0}], ["numpy"], "async",
+                                           {"eval_error": error}, 1))  # fmt: skip
+    assert f"eval   failed: {error}" in summary
 
 
 def test_merge_metrics_and_summary():
@@ -485,6 +489,32 @@ def test_a_job_on_a_data_file_without_eval_data_is_not_evaluated_and_says_so(fak
     assert rc == 0
     assert NOT_EVALUATED in capsys.readouterr().out
     assert not {"eval_auc", "eval_logloss", "eval_examples"} & set(json.loads(out.read_text()))
+    assert_all_gone(pids, {"worker-0"})
+
+
+def test_a_bad_eval_line_after_training_keeps_the_jobs_figures_and_reads_with_the_workers_limit(fakes, tmp_path,
+                                                                                                  capsys):  # fmt: skip
+    """A malformed --eval-data line past the limit fails the job (exit 2) after its summary and --metrics-out are
+    written with the error; the evaluation reads with the --max-bad-lines the workers' recipe gave them."""
+    worker_metrics = {"train_examples": 20, "train_seconds": 1.0, "config": {"max_bad_lines": 0}}
+    command, pids = fakes([{"metrics": worker_metrics, "action": "metrics"}])
+    out = tmp_path / "job.json"
+    args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress", "--metrics-out", str(out))
+    for name in ("train.tsv", "test.tsv"):
+        (tmp_path / name).write_text("")  # checked to exist; the fake worker reads nothing
+    on_files = TrainConfig(servers=(SERVERS,), data=str(tmp_path / "train.tsv"), eval_data=str(tmp_path / "test.tsv"))
+    limits = []
+
+    def bad_line(cfg):
+        limits.append(cfg.max_bad_lines)
+        raise ValueError("test.tsv line 9: 3 tab-separated columns; 1 bad line, more than --max-bad-lines 0")
+
+    rc = run_launch(args, rest, worker_command=command, train_config=lambda argv: on_files, evaluate=bad_line)
+    captured = capsys.readouterr()
+    assert rc == 2 and limits == [0]
+    assert "launched 1 workers" in captured.out and "eval   failed: test.tsv line 9: " in captured.out
+    assert "ps-worker: error: test.tsv line 9: " in captured.err
+    assert "after every worker had finished training" in json.loads(out.read_text())["eval_error"]
     assert_all_gone(pids, {"worker-0"})
 
 

@@ -437,7 +437,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             if per_worker is None:
                 return 1
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
-                                      num_workers=1, backend=plan.backends[0], metrics_out=None)  # fmt: skip
+                                      num_workers=1, backend=plan.backends[0], metrics_out=None,
+                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
@@ -448,18 +449,31 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             print(f"metrics written to {plan.metrics_out}", flush=True)
         if plan.local_shards is not None:
             print(local_shards_gone("launch"), flush=True)
+        if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
+            print(f"ps-worker: error: {evaluation['eval_error']}", file=sys.stderr, flush=True)
+            return 2
         return 0
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         os.close(lock_fd)
 
 
+def workers_max_bad_lines(train_config: Any, per_worker: list[dict]) -> int | None:
+    """The --max-bad-lines the job's final evaluation reads --eval-data with: the flag's, else the one the workers'
+    recipe gave them (their --metrics-out config), as each worker's own final evaluation would."""
+    given = getattr(train_config, "max_bad_lines", None)
+    if given is not None or not per_worker:
+        return given
+    return per_worker[0].get("config", {}).get("max_bad_lines")
+
+
 def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_shards: bool = False) -> dict:
     """The job's figures on its eval set: evaluate(cfg) (default: worker.served.evaluate_servers) on --eval-data,
     or on the synthetic eval rows without --data; {} for a job on --data without --eval-data, which has no
     held-out file to score (format_summary says so). --eval-data is read as it is scored (the workers checked its
-    start only): a ValueError of reading it (a malformed line past --max-bad-lines) says the training had
-    finished (local_shards: the model goes with them, else it stays on the servers)."""
+    start only): a ValueError of reading it (a malformed line past --max-bad-lines) gives {"eval_error": what
+    happened, that the training had finished (local_shards: the model goes with them, else it stays on the
+    servers)}: the job's training figures are still reported and written, and launch then fails."""
     if cfg.data is not None and cfg.eval_data is None:
         return {}
     if evaluate is None:
@@ -469,11 +483,10 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_sha
     except PsError:
         raise
     except ValueError as e:
-        kept = "" if local_shards else (" (the model stays on the servers: ps-worker eval scores it once the file "
-                                         "is fixed or --max-bad-lines raised)")  # fmt: skip
-        raise ValueError(
-            f"{e}; in the job's final evaluation, after every worker had finished training{kept}"
-        ) from None
+        kept = " (the model went with the local shards)" if local_shards else (
+            " (the model stays on the servers: ps-worker eval scores it once the file is fixed or --max-bad-lines "
+            "raised)")  # fmt: skip
+        return {"eval_error": f"{e}; in the job's final evaluation, after every worker had finished training{kept}"}
 
 
 def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
