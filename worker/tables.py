@@ -68,8 +68,10 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
 
 
 FEATURES_HINT = (
-    "its columns, their order, kinds, id spaces or buckets differ from this run's, so the same ids "
-    "would stand for other features (a schema inferred anew, or one of another dataset?)"
+    "its label column, or its columns, their order, kinds, id spaces or buckets, differ from this run's, so the "
+    "same ids would stand for other features or another target (a schema inferred anew, or one of another "
+    "dataset? a csv's label, unless --label-column or the schema's `label` names it, is the first column of the "
+    "file the run reads its header from: --data, else the file scored)"
 )
 
 
