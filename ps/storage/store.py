@@ -859,7 +859,7 @@ class Store:
         return json.loads(raw) if raw is not None else None
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
-        self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._write_opts)
+        self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._synced)
 
     def forget_unfinished_restore(self) -> None:
         """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,
@@ -886,9 +886,9 @@ class Store:
 
     def set_restore_pending(self, directory: str | None) -> None:
         if directory is None:
-            self._meta.delete(b"restore_pending", self._write_opts)
+            self._meta.delete(b"restore_pending", self._synced)
         else:
-            self._meta.put(b"restore_pending", directory.encode(), self._write_opts)
+            self._meta.put(b"restore_pending", directory.encode(), self._synced)
 
     def flushed_seq(self) -> int:
         raw = self._meta.get(b"flushed_seq")
