@@ -93,6 +93,19 @@ def test_an_empty_server_list_is_an_error_naming_the_flag(argv, env, capsys, mon
     assert code == 2 and "--servers is empty" in err, err
 
 
+def test_training_labels_of_one_value_are_refused_before_anything_starts(tmp_path, capsys):
+    """A file whose every label is 0 has nothing to teach: train says so, and starts no shard (one worker; of
+    several, each sees its share only, and warns)."""
+    data = tmp_path / "zeros.csv"
+    data.write_text("clicked,city\n" + "".join(f"0,c{i % 7}\n" for i in range(300)))
+    code, err = worker(
+        ["train", "--local-shards", "1", "--format", "csv", "--data", str(data), "--no-progress"], capsys
+    )
+    assert code == 2, err
+    assert (f"'clicked' is 0 in all 300 examples of {data}: there is nothing to learn but that rate" in err
+            and "nothing was trained" in err and "starting" not in err), err  # fmt: skip
+
+
 def test_local_shards_start_only_when_asked_for(capsys):
     code, err = worker(["train", *TINY_RUN], capsys)
     assert code == 2 and "no servers: give --servers" in err and "--local-shards N" in err, err

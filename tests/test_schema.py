@@ -449,6 +449,23 @@ def test_the_schema_sample_of_a_file_sorted_by_time_sees_its_later_rows(tmp_path
     assert gz or (said and int(said.group(1)) == filled)
 
 
+def test_infer_names_a_label_of_two_words_and_a_label_of_one_value(tmp_path):
+    """A column named like a label holding two words is the label, with a CHECK that says to write them as 0 and 1
+    (the readers take 0/1 and true/false only); a label that is the same in every row is a CHECK too."""
+    words = tmp_path / "w.csv"
+    words.write_text("city,clicked,price\n" + "".join(f"c{i % 4},{'yes' if i % 3 else 'no'},{i}\n" for i in range(30)))
+    text, checks = infer_schema(str(words))
+    assert 'label = "clicked"' in text
+    assert checks == ["'clicked' holds 'no' and 'yes', not 0 and 1: the readers take a label as 0 or 1 (or true and "
+                      "false) only, so training stops at its first line: write its values as 1 for the outcome the "
+                      "model predicts and 0 for the other"]  # fmt: skip
+    zeros = tmp_path / "z.csv"
+    zeros.write_text("city,clicked,price\n" + "".join(f"c{i % 4},0,{i}\n" for i in range(30)))
+    text, checks = infer_schema(str(zeros))
+    assert 'label = "clicked"' in text and len(checks) == 1
+    assert checks[0].startswith("'clicked' is 0 in every row of the sample: a model learns nothing but that rate")
+
+
 def test_a_label_column_with_some_empty_cells_is_still_the_label_and_the_blanks_are_counted(tmp_path):
     data = tmp_path / "d.csv"
     data.write_text("city,clicked,price\nparis,1,3\nrome,0,4\noslo,,5\nrome,0,6\nparis,1,2\n")

@@ -116,6 +116,7 @@ class DataSource:
                             cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
+        self.share_labels: tuple[int, int] | None = None  # (positives, examples) of the share, once read to its end
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
@@ -156,15 +157,17 @@ class DataSource:
 
     def _split(self, want_validation: bool) -> Iterator[Batch]:
         fraction = self.cfg.validation_fraction or 0.0
-        first = 0
+        first = positives = 0
         for batch in self._share():
             mask = validation_mask(first, len(batch), fraction)
             first += len(batch)
+            positives += int(np.count_nonzero(batch.labels > 0.5))
             picked = np.flatnonzero(mask if want_validation else ~mask)
             if len(picked) == len(batch):
                 yield batch
             elif len(picked):
                 yield batch.take(picked)
+        self.share_labels = (positives, first)
 
     def train(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:

@@ -117,6 +117,15 @@ def infer_schema(
             empty = sum(not c.strip() for c in columns[label])
             guess = (f"{empty:,} of the sample's {len(rows):,} rows have no label (an empty {label!r} cell): training "
                      "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
+    if label is None:  # a label named so whose two values are words: said, as the readers take 0/1, true/false only
+        words = [h for h in header if (h.lower() in LABEL_NAMES or LABEL_WORDS.search(h))
+                 and len({c.strip() for c in columns[h] if c.strip()}) == 2]  # fmt: skip
+        if words:
+            label = words[0]
+            values = " and ".join(repr(v) for v in sorted({c.strip() for c in columns[label] if c.strip()}))
+            guess = (f"{label!r} holds {values}, not 0 and 1: the readers take a label as 0 or 1 (or true and "
+                     "false) only, so training stops at its first line: write its values as 1 for the outcome the "
+                     "model predicts and 0 for the other")  # fmt: skip
     if label is None and binary:
         label = binary[0]
         others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
@@ -131,6 +140,10 @@ def infer_schema(
         guess = (f"the label is {label!r}, the first of the columns named like a label that hold only 0 and 1 "
                  f"({', '.join(map(repr, named))}): check `label`, the column the model predicts; the others are "
                  "features here (delete the entry of one that is another outcome, known only after the click)")  # fmt: skip
+    kept = {label_value(c) for c in columns[label] if c.strip()} if guess is None else set()  # 0 and 1: a label
+    if len(kept) == 1:
+        guess = (f"{label!r} is {next(iter(kept)):g} in every row of the sample: a model learns nothing but that "
+                 "rate unless the file holds the other label further on (train refuses a file of one label)")  # fmt: skip
     checks = [guess] if guess else []
     if guess:
         lines.append(f"# CHECK: {guess}.")

@@ -72,6 +72,23 @@ def _resume_flags(done: int, cfg: TrainConfig) -> str:
 MIN_VALIDATION_CLASS = 30  # of each label: fewer, and the validation AUC's noise picks the epochs
 
 
+def one_class_labels(label: str | None, share_labels: tuple[int, int] | None, data: str | None,
+                     num_workers: int) -> str | None:  # fmt: skip
+    """What to say when every training label of this worker's share (share_labels: (positives, examples), known
+    once the share was read to its end) is the same: a model trained on it only learns that rate. None otherwise."""
+    if share_labels is None or data is None:
+        return None
+    positives, n = share_labels
+    if n == 0 or 0 < positives < n:
+        return None
+    column = f"'{label}'" if label else "the label (the header's first column)"
+    share = "" if num_workers == 1 else " of this worker's share"
+    return (
+        f"{column} is {1 if positives else 0} in all {n:,} examples{share} of {data}: there is nothing "
+        "to learn but that rate (is the label column right? --label-column, or `label` in the schema, names it)"
+    )
+
+
 def validation_too_small(validation: list) -> str | None:
     """A warning when the validation batches hold fewer than MIN_VALIDATION_CLASS examples of either label, else
     None."""
