@@ -738,3 +738,14 @@ def test_eval_scores_an_eval_data_directory_of_many_files_with_progress(servers,
         (tmp_path / "parts" / f"day_{k}").write_bytes(b"".join(lines[at : at + 300]))
     cfg = replace(small_run(addresses, train_path, eval_data=str(tmp_path / "parts")), progress=True)
     assert evaluate_servers(cfg)["eval_examples"] == TEST_ROWS
+
+
+def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
+    """An eval set of one label has no AUC: the line says why, and the JSON figures hold null where json.dump
+    would write NaN (which strict JSON readers refuse)."""
+    from worker.results import NO_AUC, json_figures
+
+    r = {"model": "lr", "shards": 1, "eval_auc": float("nan"), "eval_logloss": 0.25, "eval_examples": 10}
+    assert f"eval   AUC {NO_AUC}  logloss 0.2500  (10 examples)" in format_results(r)
+    text = json.dumps(json_figures({"a": [float("nan"), 1.5], "b": {"c": float("nan")}, "d": "nan"}))
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"a": [None, 1.5], "b": {"c": None}, "d": "nan"}

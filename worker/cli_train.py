@@ -15,7 +15,7 @@ from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import LARGE, RECIPES, SMALL
-from worker.results import format_results, local_shards_gone
+from worker.results import format_results, json_figures, local_shards_gone
 from worker.schema import FORMATS
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
@@ -537,5 +537,5 @@ def run_eval(args: argparse.Namespace) -> int:
     from worker.served import evaluate_servers
 
     r = evaluate_servers(eval_config(args))
-    print(json.dumps(r) if args.json else format_results(r), flush=True)
+    print(json.dumps(json_figures(r)) if args.json else format_results(r), flush=True)
     return 0

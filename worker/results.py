@@ -4,11 +4,33 @@ to 6 characters."""
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
+NO_AUC = "undefined (its examples hold one label only)"
+
+
+def auc_text(value: float | None) -> str:
+    """An AUC to 4 places; NO_AUC for nan (or None, as json_figures writes it): the set scored holds one label."""
+    return NO_AUC if value is None or math.isnan(value) else f"{value:.4f}"
+
+
+def json_figures(value: Any) -> Any:
+    """value with every nan float (an AUC of examples of one label) as None: JSON's null, where json.dump would
+    write NaN, which strict JSON readers refuse."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_figures(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_figures(v) for v in value]
+    return value
+
 
 def format_evaluation(e: dict) -> str:
     mark = "  (best so far)" if e.get("best") else ""
     return (f"epoch {e['epoch']} step {e['step']:,}: train logloss {e['train_logloss']:.4f}  validation AUC "
-            f"{e['validation_auc']:.4f} logloss {e['validation_logloss']:.4f}{mark}")  # fmt: skip
+            f"{auc_text(e['validation_auc'])} logloss {e['validation_logloss']:.4f}{mark}")  # fmt: skip
 
 
 def format_results(r: dict) -> str:
@@ -37,7 +59,7 @@ def format_results(r: dict) -> str:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         if r.get("skipped_examples"):  # a resumed run: the stopped run's evaluations are not in its curve
             kept += "; of this resumed run's evaluations only, its steps counted from the resume"
-        lines.append(f"best   validation AUC {r['best_validation_auc']:.4f}  logloss {r['best_validation_logloss']:.4f}"
+        lines.append(f"best   validation AUC {auc_text(r['best_validation_auc'])}  logloss {r['best_validation_logloss']:.4f}"
                      f"  at epoch {r['best_epoch']}{at_step(r)} ({stop}; {kept})")  # fmt: skip
         last = (r.get("curve") or [{}])[-1]
         cut_short = r.get("stopped_early") or r.get("stopped_at_max_examples")  # more epochs would not run
@@ -94,14 +116,16 @@ def eval_lines(r: dict) -> list[str]:
     if "train_examples" in r and _workers(r) > 1:
         when = "; the model as this worker finished, which others may have trained since: ps-worker eval scores the "
         when += "final one"
-    return [f"eval   AUC {r['eval_auc']:.4f}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"]
+    return [
+        f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"
+    ]
 
 
 def oracle_lines(r: dict) -> list[str]:
     """The planted model's line and the gap to it, for figures on synthetic data."""
     if "oracle_auc" not in r:
         return []
-    lines = [f"oracle AUC {r['oracle_auc']:.4f}  logloss {r['oracle_logloss']:.4f}  (the planted model)"]
-    if "eval_auc" in r:
+    lines = [f"oracle AUC {auc_text(r['oracle_auc'])}  logloss {r['oracle_logloss']:.4f}  (the planted model)"]
+    if "eval_auc" in r and not math.isnan(r["oracle_auc"] - r["eval_auc"]):
         lines.append(f"gap    AUC {r['oracle_auc'] - r['eval_auc']:+.4f}")
     return lines

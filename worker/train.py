@@ -43,12 +43,12 @@ from worker.model_tables import (
     table_configs,
 )
 from worker.models.spec import ModelSpec
-from worker.results import format_evaluation
+from worker.results import format_evaluation, json_figures
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import abandon, row_source
 from worker.tables import check_tables
 from worker.train_config import TrainConfig
-from worker.train_messages import mode_line, resume_hint, stopped_message, validation_too_small
+from worker.train_messages import mode_line, one_class_labels, resume_hint, stopped_message, validation_too_small
 
 log = logging.getLogger("worker.train")
 
@@ -58,6 +58,11 @@ def train(cfg: TrainConfig) -> dict:
     cfg, data, spec, recipe_line = prepare(cfg)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
         data.validation()
+        one_class = one_class_labels(data.schema.label, data.share_labels, cfg.data, cfg.num_workers)
+        if one_class and cfg.num_workers == 1:
+            raise ValueError(f"{one_class}; nothing was trained")
+        if one_class:  # another worker's share may hold the other label
+            log.warning("%s", one_class)
         data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
     backend = make_backend(spec, cfg)
     tables_cfg = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
@@ -183,7 +188,7 @@ def train(cfg: TrainConfig) -> dict:
     if cfg.metrics_out:
         with open(cfg.metrics_out, "w") as f:
             config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
-            json.dump({"config": config, **results}, f, indent=2)
+            json.dump(json_figures({"config": config, **results}), f, indent=2)
     return results
 
 
