@@ -102,6 +102,10 @@ def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_fu
     train(small_run(addresses, train_path))
     out = capsys.readouterr().out
     assert "the servers hold this model's tables with " in out and "this run trains that model further" in out
+    assert main(["train", "--servers", addresses[0], "--data", train_path, "--epochs", "1", "--no-progress"]) == 0
+    assert f"model  kept on the servers: ps-worker eval, predict and export read it with --servers {addresses[0]} " in (
+        capsys.readouterr().out
+    )
 
 
 def test_a_shard_holding_almost_none_of_a_trained_tables_rows_is_named():

@@ -15,7 +15,7 @@ from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
 from worker.recipe import LARGE, RECIPES, SMALL
-from worker.results import format_results, json_figures, local_shards_gone
+from worker.results import format_results, json_figures, local_shards_gone, model_kept
 from worker.schema import FORMATS
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
@@ -516,6 +516,8 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"metrics written to {cfg.metrics_out}")
     if cfg.local_shards is not None:
         print(local_shards_gone("train"), flush=True)
+    elif not cfg.progress_lines and "created_tables" not in results:  # a launcher's worker: launch says it
+        print(model_kept(",".join(cfg.servers)), flush=True)
     if "eval_error" in results:  # the training is done and reported; its evaluation is not
         print(f"ps-worker: error: {results['eval_error']}", file=sys.stderr, flush=True)
         return 2

@@ -48,7 +48,7 @@ from worker.cluster import free_port
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
-from worker.results import json_figures, local_shards_gone
+from worker.results import json_figures, local_shards_gone, model_kept
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises
@@ -449,6 +449,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             print(f"metrics written to {plan.metrics_out}", flush=True)
         if plan.local_shards is not None:
             print(local_shards_gone("launch"), flush=True)
+        else:
+            print(model_kept(",".join(addresses)), flush=True)
         if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
             print(f"ps-worker: error: {evaluation['eval_error']}", file=sys.stderr, flush=True)
             return 2

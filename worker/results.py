@@ -96,6 +96,12 @@ def local_shards_gone(command: str) -> str:
             "eval, predict and export")  # fmt: skip
 
 
+def model_kept(servers: str) -> str:
+    """The closing line of a `ps-worker train` or `launch` on --servers (comma-separated), after its summary."""
+    return (f"model  kept on the servers: ps-worker eval, predict and export read it with --servers {servers} and "
+            "this run's model and data flags; a train with them trains it further")  # fmt: skip
+
+
 def _workers(r: dict) -> int:
     """The job's worker count of a worker's figures ("worker": "i/n"); 1 for others."""
     return int(str(r.get("worker", "0/1")).partition("/")[2] or 1)
