@@ -4,6 +4,7 @@ import dataclasses
 import socket
 import threading
 import time
+from unittest import mock
 
 import grpc
 import numpy as np
@@ -172,6 +173,15 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang(caplog):
         with caplog.at_level("WARNING"), pytest.raises(ServerUnavailableError, match=refused.replace("1 s", "3 s")):
             client.wait_ready(timeout_s=3.0)  # past READY_PATIENCE_S it says what it waits for, at once
         assert f"shard 0 at {dead} does not answer yet; nothing listens there: is ps-server running" in caplog.text
+        caplog.clear()
+        with (
+            caplog.at_level("WARNING"),
+            mock.patch("worker.channels.READY_REMIND_S", 0.5),
+            pytest.raises(ServerUnavailableError),
+        ):
+            client.wait_ready(timeout_s=3.5)  # a long wait says, every READY_REMIND_S, that it still waits
+        reminders = [r for r in caplog.records if r.getMessage().startswith(f"still waiting for shard 0 at {dead} (")]
+        assert len(reminders) >= 2, caplog.text
         with pytest.raises(
             ServerUnavailableError,
             match=rf"shard 0 at {dead}: Stats failed \(connection refused: nothing listens there\); it has been "

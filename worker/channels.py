@@ -20,6 +20,7 @@ log = logging.getLogger("worker.client")
 
 NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
 READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long
+READY_REMIND_S = 30.0  # and then says it still waits, every this many seconds
 OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -65,7 +66,16 @@ def wait_connected(channels: list[grpc.Channel], servers: list[str], tls: tuple[
                 log.warning("shard %d at %s does not answer yet%s; waiting for it for up to %.0f s", i,
                             servers[i], why_not_ready(servers[i], *tls), left)  # fmt: skip
             try:
-                ready.result(timeout=max(0.1, left))
+                while True:  # a reminder every READY_REMIND_S, so that a long wait is not silence
+                    try:
+                        ready.result(timeout=max(0.1, min(READY_REMIND_S, deadline - time.monotonic())))
+                        break
+                    except grpc.FutureTimeoutError:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise
+                        log.warning("still waiting for shard %d at %s (%.0f s left; --server-timeout sets the wait)",
+                                    i, servers[i], left)  # fmt: skip
             except grpc.FutureTimeoutError:
                 raise ServerUnavailableError(
                     f"shard {i} at {servers[i]} did not accept a connection within {timeout_s:g} s"
