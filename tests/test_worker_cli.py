@@ -423,6 +423,8 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     with pytest.raises(ValueError, match=r"line 1: 1 tab-separated columns, expected 40 \(it looks comma-separated: "
                        r"--format csv"):  # fmt: skip
         prepare(TrainConfig(local_shards=1, data=str(csv_file)))
+    with pytest.raises(ValueError, match=r"line 1: 1 tab-separated columns, .*a file of no tab is no Criteo TSV"):
+        prepare(TrainConfig(local_shards=1, data=str(csv_file), recipe="large", max_bad_lines=1000))  # said at once
     tsv_file = tmp_path / "my.tsv"
     tsv_file.write_text("1\t2\t3\n0\t4\t5\n")
     with pytest.raises(ValueError, match=r"its first line has tabs and no ',': .*--format criteo.*--delimiter"):

@@ -73,6 +73,16 @@ def first_line_problem(name: str) -> str | None:
         f"columns, expected {NUM_COLUMNS} (Criteo TSV)"  # fmt: skip
 
 
+def csv_first_line(name: str) -> str | None:
+    """What is wrong with a file's line 1, worded as the reader words a bad line, when it has no tab and a comma
+    (a CSV file read as Criteo TSV: every line of it would be malformed), else None."""
+    line = first_line(name, lambda line: True)
+    body = b"" if line is None else _body(line)
+    if b"\t" in body or b"," not in body:
+        return None
+    return f"1 tab-separated columns, expected {NUM_COLUMNS} (it looks comma-separated: --format csv reads a CSV file with a header)"
+
+
 def _body(line: bytes) -> bytes:
     """A Criteo line without its line end."""
     return line.rstrip(b"\n").removesuffix(b"\r")
