@@ -630,3 +630,14 @@ def test_a_label_only_csv_whose_header_name_holds_a_bar_is_read(tmp_path):
     flags = dict(fmt="csv", label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None,
                  default_table="t", default_dim=4)  # fmt: skip
     assert resolve_schema(str(path), schema_path=None, **flags).label in (None, "is|click")
+
+
+def test_a_header_read_as_one_column_that_a_tab_would_split_gets_a_hint():
+    from worker.readers.csv_reader import _csv_columns
+    from worker.schema_builtin import builtin_schema
+
+    schema = builtin_schema("csv", default_table="t", default_dim=4, header=["clicked", "city"])
+    with pytest.raises(ValueError, match=r"its columns are \['city\\tclicked'\] \(the header looks tab-separated: "):
+        _csv_columns("t.tsv", ["city\tclicked"], schema)
+    with pytest.raises(ValueError, match=r"its columns are \['town', 'clicked'\]$"):  # two columns: no hint
+        _csv_columns("t.csv", ["town", "clicked"], schema)

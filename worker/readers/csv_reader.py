@@ -97,6 +97,17 @@ class _Label:
                 "--label-column or the schema's `label` names another)")  # fmt: skip
 
 
+def _delimiter_hint(header: list[str], delimiter: str) -> str:
+    """A hint for a header read as one column that another delimiter would split, else ""."""
+    if len(header) != 1:
+        return ""
+    for other, named in (("\t", "tab"), (";", "';'"), ("|", "'|'"), (",", "','")):
+        if other != delimiter and other in header[0]:
+            return (f" (the header looks {named}-separated: the schema's `delimiter` or `ps-worker schema "
+                    f"--delimiter` names it)")  # fmt: skip
+    return ""
+
+
 def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True) -> tuple[_Label, dict[str, int]]:
     """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
     labeled=False: no label is read (index None)."""
@@ -109,7 +120,8 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
     named = [label, *sources] if labeled else sources
     unknown = [c for c in named if c not in header]
     if unknown:
-        raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}")
+        raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}"
+                         f"{_delimiter_hint(header, schema.delimiter)}")  # fmt: skip
     repeated = [c for c in named if header.count(c) > 1]
     if repeated:
         raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
