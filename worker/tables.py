@@ -58,13 +58,25 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
         parts.append("the servers hold tables of this model with other settings than this run's (on the servers "
                      "!= this run):\n" + "\n".join(lines))  # fmt: skip
     if for_eval and missing:
-        parts.append(f"the servers hold no table {', '.join(missing)} (tables a run with these settings trains)")
+        parts.append(f"the servers hold no table {', '.join(missing)} (tables a run with these settings trains)"
+                     f"{_tables_held(client)}")  # fmt: skip
     if parts:
         settings = "--model, --embedding-dim, --hidden, the schema and its data"  # those eval has: shapes only
         if not for_eval:
             settings += ", --table-config, the optimizers"
         raise ValueError("; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
+
+
+def _tables_held(client: Any) -> str:
+    """ "; they hold ..." naming the tables shard 0 holds (the MLP's counted, not named), for a message."""
+    names = sorted(t.name for t in client.stats()[0].tables)
+    sparse = [n for n in names if not n.startswith(TABLE_PREFIX)]
+    dense = len(names) - len(sparse)
+    if not names:
+        return "; they hold no table at all (a model is trained first, by ps-worker train)"
+    held = ", ".join(sparse) + (f" and {dense} MLP parameter tables" if dense else "")
+    return f"; they hold {held} (is --model that of the run that trained them?)"
 
 
 FEATURES_HINT = (
