@@ -215,3 +215,20 @@ def test_a_count_over_many_files_stops_at_its_limit_and_estimates_the_files_not_
         and counted.bytes_read <= os.path.getsize(files[0]) + os.path.getsize(files[1])
     )
     assert 140 <= counted.estimate <= 160, counted  # the third file at the first's lines per byte: 50
+
+
+def test_describe_files_names_the_files_read_in_order_and_those_skipped(tmp_path):
+    from worker.datafiles import describe_files
+
+    day = tmp_path / "day"
+    day.mkdir()
+    for name in ("part-10", "part-2", "_SUCCESS", ".part-2.crc", "README.md"):
+        (day / name).write_text("x\n")
+    assert describe_files("--data", str(day)) == (f"--data {day}: 2 files read in this order (part-2, part-10); "
+                                                  "skipped as not data: .part-2.crc, README.md, _SUCCESS")  # fmt: skip
+    assert describe_files("--data", str(day / "part-2")) is None and describe_files("--data", None) is None
+    many = tmp_path / "many"
+    many.mkdir()
+    for k in range(7):
+        (many / f"p{k}").write_text("x\n")
+    assert describe_files("--eval-data", f"{many}/p*").endswith("(p0, p1, p2, p3, p4, ... (2 more))")

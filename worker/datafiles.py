@@ -49,6 +49,31 @@ def data_files(spec: str | os.PathLike) -> list[str]:
     return files
 
 
+def describe_files(flag: str, spec: str | os.PathLike | None) -> str | None:
+    """A line saying which files a directory, glob or list names (up to 5, then a count) and which files of its
+    directories and globs were skipped as not data; None for a single file (or None)."""
+    if spec is None or os.path.isfile(spec):
+        return None
+    files = data_files(spec)
+    skipped = []
+    for entry in os.fspath(spec).split(","):
+        entry = entry.strip()
+        if os.path.isdir(entry):
+            skipped += sorted(
+                n for n in os.listdir(entry) if not _is_data(n) and os.path.isfile(os.path.join(entry, n))
+            )
+        elif _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
+            skipped += sorted(os.path.basename(p) for p in glob.glob(entry, include_hidden=True)
+                              if os.path.isfile(p) and not _is_data(os.path.basename(p)))  # fmt: skip
+    shown = ", ".join(os.path.basename(f) for f in files[:5]) + (
+        f", ... ({len(files) - 5:,} more)" if len(files) > 5 else ""
+    )
+    line = f"{flag} {os.fspath(spec)}: {len(files):,} file{'s' * (len(files) != 1)} read in this order ({shown})"
+    if skipped:
+        line += f"; skipped as not data: {', '.join(skipped[:5])}" + (" ..." if len(skipped) > 5 else "")
+    return line
+
+
 def name_order(path: str) -> tuple:
     """The sort key of a data file: its path with each run of digits compared as a number (day_2 < day_10,
     part-9 < part-10), then the path itself (part-01 and part-1 keep one order)."""

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from ps.errors import PsError
 from worker.client import Client
 from worker.data import DataSource
+from worker.datafiles import describe_files
 from worker.dense import dense_norm
 from worker.job import client_for, cluster_addresses, dense_path, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
@@ -86,6 +87,11 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
+        for flag, given in (("--data", cfg.data), ("--validation-data", cfg.validation_data),
+                            ("--eval-data", cfg.eval_data)):  # fmt: skip
+            files = describe_files(flag, given)
+            if files and cfg.worker_id == 0:
+                _say(files, cfg)
         if cfg.skip_examples:
             _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
             if held == 0 and cfg.num_workers == 1:
