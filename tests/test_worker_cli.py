@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import math
 import os
 import re
 import signal
@@ -284,6 +285,10 @@ def test_eval_data_is_read_as_it_is_scored_not_before_training(servers, files, t
     assert code == 2 and "eval_error" in json.loads(metrics.read_text())
     figures = evaluate_servers(small_run(addresses, train_path, eval_data=str(long_eval), max_bad_lines=1))
     assert (figures["eval_examples"], figures["bad_lines"]) == (5000, 1)
+    rate = figures["eval_positive_rate"]  # the baseline: the entropy of the labels, the best constant's logloss
+    assert 0 < rate < 1 and figures["eval_constant_logloss"] == pytest.approx(
+        -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)), rel=1e-6
+    )
 
 
 def test_the_final_evaluation_streamed_gives_the_figures_of_the_eval_set_scored_in_memory(servers, files):
@@ -753,5 +758,7 @@ def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
 
     r = {"model": "lr", "shards": 1, "eval_auc": float("nan"), "eval_logloss": 0.25, "eval_examples": 10}
     assert f"eval   AUC {NO_AUC}  logloss 0.2500  (10 examples)" in format_results(r)
+    based = format_results({**r, "eval_positive_rate": 0.2, "eval_constant_logloss": 0.5004})
+    assert "(10 examples)\nbase   20.0% positive: predicting that rate for every example gives logloss 0.5004" in based
     text = json.dumps(json_figures({"a": [float("nan"), 1.5], "b": {"c": float("nan")}, "d": "nan"}))
     assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"a": [None, 1.5], "b": {"c": None}, "d": "nan"}

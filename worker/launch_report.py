@@ -7,8 +7,9 @@ PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
      train_examples); absent when none was], ["max_examples": the job's --max-examples, "stopped_at_max_examples":
      true; when a worker's training stopped there], "train_seconds": the longest worker's, "examples_per_s":
-     train_examples / train_seconds, ["eval_auc", "eval_logloss", "eval_examples": on --eval-data or the synthetic
-     eval rows; absent when the job had no eval set], ["eval_error": why the final evaluation failed (a malformed
+     train_examples / train_seconds, ["eval_auc", "eval_logloss", "eval_examples", "eval_positive_rate",
+     "eval_constant_logloss" (of predicting that rate for all): on --eval-data or the synthetic eval rows; absent
+     when the job had no eval set], ["eval_error": why the final evaluation failed (a malformed
      --eval-data line past --max-bad-lines), in their place], ["oracle_auc", "oracle_logloss": synthetic data],
      ["dense_norm": the L2 norm of the MLP the servers held at the evaluation (worker/dense.py); a worker's
      object has its own MLP's, as it ended],
@@ -169,9 +170,7 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
            "examples_per_s": examples / seconds if seconds > 0 else 0.0}  # fmt: skip
     if any(m.get("stopped_at_max_examples") for m in per_worker):  # the limit is the job's: every worker's is the same
         out.update(max_examples=int(per_worker[0]["max_examples"]), stopped_at_max_examples=True)
-    out.update(
-        {k: evaluation[k] for k in ("eval_auc", "eval_logloss", "eval_examples", "eval_error") if k in evaluation}
-    )
+    out.update({k: v for k, v in evaluation.items() if k.startswith("eval_")})
     out.update({k: evaluation[k] for k in ("oracle_auc", "oracle_logloss", "dense_norm") if k in evaluation})
     hits = [
         (m["cache_hit_rate"], m.get("train_examples", 0)) for m in per_worker if m.get("cache_hit_rate") is not None

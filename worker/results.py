@@ -122,9 +122,17 @@ def eval_lines(r: dict) -> list[str]:
     if "train_examples" in r and _workers(r) > 1:
         when = "; the model as this worker finished, which others may have trained since: ps-worker eval scores the "
         when += "final one"
-    return [
-        f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"
-    ]
+    line = f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"
+    return [line, *_baseline(r)]
+
+
+def _baseline(r: dict) -> list[str]:
+    """The line under the eval line: the eval set's share of positives and the logloss of predicting it for every
+    example (AUC 0.5), which a model that learned anything beats; none when the figures lack it."""
+    if "eval_constant_logloss" not in r:
+        return []
+    return [f"base   {r['eval_positive_rate']:.1%} positive: predicting that rate for every example gives logloss "
+            f"{r['eval_constant_logloss']:.4f} (AUC 0.5), the figure to beat"]  # fmt: skip
 
 
 def oracle_lines(r: dict) -> list[str]:

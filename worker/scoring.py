@@ -84,7 +84,8 @@ def evaluate(
     progress: ScoringProgress | None = None,
     prefetch: int = 1,
 ) -> dict:
-    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data);
+    """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data), with
+    the share of positive labels and the logloss of predicting that share for every example (the best constant);
     progress, when given, is advanced by each batch and closed at the end. Batches are read and their rows pulled
     up to `prefetch` ahead of the one scored (predictions)."""
     labels, preds, oracle = [], [], []
@@ -104,7 +105,9 @@ def evaluate(
     if not labels:
         return {}
     y, p = np.concatenate(labels), np.concatenate(preds)
-    out = {"eval_examples": int(len(y)), "eval_auc": auc(y, p), "eval_logloss": logloss(y, p)}
+    rate = float(np.mean(y))  # the best constant prediction, a baseline that any model should beat
+    out = {"eval_examples": int(len(y)), "eval_auc": auc(y, p), "eval_logloss": logloss(y, p),
+           "eval_positive_rate": rate, "eval_constant_logloss": logloss(y, np.full(len(y), rate))}  # fmt: skip
     if oracle and len(oracle) == len(labels):
         q = np.concatenate(oracle)
         out.update(oracle_auc=auc(y, q), oracle_logloss=logloss(y, q))
