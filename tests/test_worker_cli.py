@@ -130,6 +130,26 @@ def test_a_shard_holding_almost_none_of_a_trained_tables_rows_is_named():
     assert missing_shares([shard(60, 1, "/a"), shard(0, 1, "/b"), shard(50, 1, "/c")], spec, servers) == []  # few
 
 
+def test_training_data_sorted_by_its_label_is_warned_about(tmp_path):
+    """The labels of a file read in order change about 2 p (1 - p) (n - 1) times when its lines are in random order;
+    a file sorted by label changes once, and is named; the same lines shuffled are not."""
+    from worker.train_messages import sorted_by_label
+
+    rng = np.random.default_rng(0)
+    labels = (rng.random(2000) < 0.3).astype(int)
+    lines = [f"{y},c{i % 50}\n" for i, y in enumerate(labels)]
+    for name, body, warned in (("random.csv", lines, False), ("sorted.csv", sorted(lines), True)):
+        path = tmp_path / name
+        path.write_text("clicked,city\n" + "".join(body))
+        cfg, data, _, _ = prepare(TrainConfig(local_shards=1, format="csv", data=str(path)))
+        data.validation()  # reads the whole share, as train does before any server is touched
+        said = sorted_by_label(data.share_labels, data.share_label_changes, cfg.data)
+        assert (said is not None) == warned, said
+    assert data.share_label_changes == 1 and said.startswith(f"{path} looks sorted or grouped by its label: in "
+                                                             "reading order the label changes 1 time, where")  # fmt: skip
+    assert sorted_by_label((5, 10), 0, "tiny.csv") is None  # too few examples to tell
+
+
 def test_a_validation_set_with_few_examples_of_a_label_is_warned_about():
     from worker.train_messages import validation_too_small
 

@@ -117,6 +117,7 @@ class DataSource:
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self.share_labels: tuple[int, int] | None = None  # (positives, examples) of the share, once read to its end
+        self.share_label_changes = 0  # then: how often a label differs from the one before it, in reading order
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
@@ -157,17 +158,23 @@ class DataSource:
 
     def _split(self, want_validation: bool) -> Iterator[Batch]:
         fraction = self.cfg.validation_fraction or 0.0
-        first = positives = 0
+        first = positives = changes = 0
+        last = None
         for batch in self._share():
             mask = validation_mask(first, len(batch), fraction)
             first += len(batch)
-            positives += int(np.count_nonzero(batch.labels > 0.5))
+            ones = batch.labels > 0.5
+            positives += int(np.count_nonzero(ones))
+            if len(ones):
+                changes += int(np.count_nonzero(ones[1:] != ones[:-1])) + int(last is not None and ones[0] != last)
+                last = ones[-1]
             picked = np.flatnonzero(mask if want_validation else ~mask)
             if len(picked) == len(batch):
                 yield batch
             elif len(picked):
                 yield batch.take(picked)
         self.share_labels = (positives, first)
+        self.share_label_changes = changes
 
     def train(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:

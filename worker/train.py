@@ -49,7 +49,14 @@ from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import abandon, row_source
 from worker.tables import check_tables
 from worker.train_config import TrainConfig
-from worker.train_messages import mode_line, one_class_labels, resume_hint, stopped_message, validation_too_small
+from worker.train_messages import (
+    mode_line,
+    one_class_labels,
+    resume_hint,
+    sorted_by_label,
+    stopped_message,
+    validation_too_small,
+)
 
 log = logging.getLogger("worker.train")
 
@@ -64,6 +71,9 @@ def train(cfg: TrainConfig) -> dict:
             raise ValueError(f"{one_class}; nothing was trained")
         if one_class:  # another worker's share may hold the other label
             log.warning("%s", one_class)
+        grouped = sorted_by_label(data.share_labels, data.share_label_changes, cfg.data)
+        if grouped and not one_class:
+            log.warning("%s", grouped)
         data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
     backend = make_backend(spec, cfg)
     tables_cfg = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())

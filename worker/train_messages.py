@@ -89,6 +89,26 @@ def one_class_labels(label: str | None, share_labels: tuple[int, int] | None, da
     )
 
 
+def sorted_by_label(share_labels: tuple[int, int] | None, changes: int, data: str | None) -> str | None:
+    """A warning when the labels, in reading order, change less than half as often as in a random order
+    (2 p (1 - p) (n - 1) changes expected; checked where that is 20 or more): the file looks sorted or grouped by
+    its label, and training reads it in that order, batch after batch of one label. None otherwise."""
+    if share_labels is None or data is None:
+        return None
+    positives, n = share_labels
+    if n < 2:
+        return None
+    p = positives / n
+    expected = 2 * p * (1 - p) * (n - 1)
+    if expected < 20 or changes >= expected / 2:
+        return None
+    times = "time" if changes == 1 else "times"
+    return (f"{data} looks sorted or grouped by its label: in reading order the label changes {changes:,} {times}, "
+            f"where a random order of its {n:,} examples would change it about {expected:,.0f} times; training "
+            "reads the lines in that order, so its batches hold one label for long stretches, which trains a worse "
+            "model: shuffle the lines first (e.g. `shuf`, keeping a CSV header on top)")  # fmt: skip
+
+
 def validation_too_small(validation: list) -> str | None:
     """A warning when the validation batches hold fewer than MIN_VALIDATION_CLASS examples of either label, else
     None."""
