@@ -102,7 +102,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
         if cfg.progress:  # lines, an estimate of the examples (bad and empty lines among them); of large files,
             counted = count_files_upto(files, SCORING_COUNT_LINES, header=header)  # from their bytes
         stats = ReadStats()  # of the files as one stream: --max-bad-lines counts over them all, as eval's
-        m.data.read_stats.append((cfg.data, stats))
+        # (reported in the summary line, not again among the read_stats warnings)
         scored = _scored(m, files, stats)
         with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
             progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
