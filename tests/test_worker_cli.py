@@ -494,6 +494,28 @@ def test_a_server_address_that_is_not_a_sparseps_server_says_so():
         httpd.server_close()
 
 
+def test_a_grpc_server_of_another_service_is_said_not_to_be_a_shard():
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), other)
+    port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        with (
+            Client([address], timeout_s=2.0, server_timeout_s=2.0) as client,
+            pytest.raises(ServerUnavailableError, match="does not serve Stats .*: it is a gRPC server but not a "
+                          "sparseps shard; is --servers the right address"),
+        ):  # fmt: skip
+            client.wait_ready()
+    finally:
+        other.stop(0)
+
+
 # --- stopping -----------------------------------------------------------------------------------------------------
 
 

@@ -173,6 +173,10 @@ class Outages:
             ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
                 else f": {method} failed ({why_failed(e)})"  # fmt: skip
             return ServerUnavailableError(where + ended + (tried if server_timeout_s > 0 else ""))
+        if code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server of another service: not a shard, not a bug of ours
+            return ServerUnavailableError(f"{where} does not serve {method} ({e.details()}): it is a gRPC server "
+                                          "but not a sparseps shard; is --servers the right address (ps-server "
+                                          "prints its address as it starts)?")  # fmt: skip
         cls = STATUS_TO_ERROR.get(code.name, PsError)
         if code == grpc.StatusCode.RESOURCE_EXHAUSTED and DISK_FULL_PREFIX in (e.details() or ""):
             cls = DiskFullError
