@@ -1,10 +1,11 @@
+import json
 import os
 
 import numpy as np
 import pytest
 
 from ps.config import OptimizerConfig, TableConfig
-from ps.errors import StorageError
+from ps.errors import DataLossError, StorageError
 from ps.sharding import slot_of
 from ps.storage import store as store_module
 from ps.storage.store import Store, encode_keys, multi_get
@@ -167,3 +168,18 @@ def test_a_data_dir_keeps_the_first_cluster_name_it_runs_with(tmp_path):
         s.check_cluster("staging")
     s.check_cluster("prod")
     s.close()
+
+
+def test_copies_of_the_shard_record_that_disagree_are_said_to_before_the_flags_are_compared(tmp_path):
+    """shard.json edited to another shard: whichever shard the server is started as, the refusal says that the
+    two copies disagree (one is damaged), not that the dir belongs to the shard its damaged copy names."""
+    s = Store(str(tmp_path), shard=(0, 1))
+    s.check_identity(0, 1)
+    s.close()
+    identity = tmp_path / "shard.json"
+    record = json.loads(identity.read_text())
+    identity.write_text(json.dumps({**record, "shard_id": 1, "num_shards": 2}))
+    for shard in ((0, 1), (1, 2), (0, 2)):
+        with pytest.raises(DataLossError, match=r"shard.json says shard 1 of 2 \(num_slots \d+\) and RocksDB says shard 0 of 1 .*; one copy "
+                           "is damaged"):  # fmt: skip
+            Store(str(tmp_path), shard=shard).check_identity(*shard)

@@ -200,33 +200,49 @@ def _lost_shard_record(in_file: dict) -> DataLossError:
     )
 
 
+def _copies_disagree(in_file: dict, in_db: dict) -> DataLossError:
+    return DataLossError(
+        f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)}; one copy is "
+        "damaged. Refusing to start; restore the dir from a backup or checkpoint"
+    )
+
+
 def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int] | None) -> None:
     """The refusals of Store.check_identity that a read-only open can find: the dir belongs to another shard
     than `shard` (by shard.json), or RocksDB lost its shard record. A read-write open of a RocksDB whose MANIFEST
     lost its latest edits deletes every SST file the MANIFEST no longer lists, so the refusal must come before
-    it. A RocksDB that does not open read-only is left to the read-write open to report."""
+    it. Copies that disagree with each other are said to before either is compared with `shard`. A RocksDB that
+    does not open read-only is left to the read-write open to report."""
     in_file = read_json(os.path.join(path, IDENTITY_FILE), ("shard_id", "num_shards", "num_slots"))
     if in_file is None:
         return
-    if shard is not None and in_file != _identity(shard):
-        raise _belongs_elsewhere(path, in_file, _identity(shard))
+    elsewhere = shard is not None and in_file != _identity(shard)
+    raw: bytes | None = b"unreadable: left to the read-write open"
     try:  # rocksdict raises plain Exception
         if META_CF not in Rdict.list_cf(path, opts):
-            raise _lost_shard_record(in_file)
-        # the meta column family alone: its write-ahead log records are replayed into memory, not every row's
-        db = Rdict(path, opts, column_families={META_CF: opts}, access_type=AccessType.read_only())
-    except DataLossError:
-        raise
+            raw = None
+            db = None
+        else:  # the meta column family alone: its write-ahead log records are replayed into memory, not every row's
+            db = Rdict(path, opts, column_families={META_CF: opts}, access_type=AccessType.read_only())
     except Exception:
-        return
+        db = None
+    if db is not None:
+        try:
+            raw = db.get_column_family(META_CF).get(b"shard")
+        except Exception:
+            pass
+        finally:
+            db.close()
+    if raw is None:  # shard.json alone still says whose dir it is
+        raise _belongs_elsewhere(path, in_file, _identity(shard)) if elsewhere else _lost_shard_record(in_file)
     try:
-        raw = db.get_column_family(META_CF).get(b"shard")
-    except Exception:
-        raw = b"unreadable: left to the read-write open"
-    finally:
-        db.close()
-    if raw is None:
-        raise _lost_shard_record(in_file)
+        in_db = json.loads(raw)
+    except ValueError:
+        in_db = None  # unreadable: the read-write open reports it
+    if isinstance(in_db, dict) and in_db != in_file:  # before the flags: the copies disagree with each other
+        raise _copies_disagree(in_file, in_db)
+    if elsewhere:
+        raise _belongs_elsewhere(path, in_file, _identity(shard))
 
 
 def _items(cf: Rdict, start: bytes | None = None, read_opts: ReadOptions | None = None):
@@ -499,10 +515,7 @@ class Store:
             raw = self._meta.get(b"shard")
         in_db = json.loads(raw) if raw is not None else None
         if in_file is not None and in_db is not None and in_file != in_db:
-            raise DataLossError(
-                f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)}; one copy is "
-                "damaged. Refusing to start; restore the dir from a backup or checkpoint"
-            )
+            raise _copies_disagree(in_file, in_db)
         have = in_db or in_file
         if have is not None and have != want:
             raise _belongs_elsewhere(self.path, have, want)
