@@ -104,7 +104,7 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert forced.epochs == 1 and line.startswith("large-data recipe")
     with_file, line = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
     assert with_file.validation_fraction == 0.0  # a validation file replaces the split
-    assert "up to 20 epochs, evaluated on v.csv after each" in line
+    assert "up to 50 epochs, evaluated on v.csv after each" in line
 
 
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched():
@@ -464,6 +464,8 @@ def test_a_resumed_runs_best_line_says_it_judges_its_own_part_and_gives_no_epoch
 
     r = {"best_validation_auc": 0.79, "best_validation_logloss": 0.45, "best_epoch": 2, "best_step": 64,
          "model_is_best": True, "curve": [{"best": True}]}  # fmt: skip
-    assert "a larger --epochs may give a better model" in format_results(r)
+    assert "a larger --epochs, or a weaker sparse l2 (an ftrl `l2` in --table-config), may give a better model" in (
+        format_results(r)
+    )
     resumed = format_results({**r, "skipped_examples": 475_136})
     assert "of this resumed run's evaluations only" in resumed and "a larger --epochs" not in resumed

@@ -156,7 +156,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     fit = p.add_argument_group(
         "schedule and validation",
         "Unset flags here come from a recipe for the data's size: small data (under 1M training examples) "
-        "trains in batches of 256 for up to 20 epochs, validates on a 10% split after each and stops after 2 "
+        "trains in batches of 256 for up to 50 epochs, validates on a 10% split after each and stops after 2 "
         "without improvement; large data trains one epoch in batches of 2048. The run prints its choice.",
     )
     fit.add_argument(

@@ -65,7 +65,8 @@ def format_results(r: dict) -> str:
         cut_short = r.get("stopped_early") or r.get("stopped_at_max_examples")  # more epochs would not run
         if not cut_short and not r.get("skipped_examples") and last.get("best") and r["best_epoch"] > 1:
             lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
-                         "--epochs may give a better model")  # fmt: skip
+                         "--epochs, or a weaker sparse l2 (an ftrl `l2` in --table-config), may give a better "
+                         "model")  # fmt: skip
     lines += oracle_lines(r)
     return "\n".join(lines)
 
