@@ -3,11 +3,13 @@ and `ps-server` exits with it instead of a traceback."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -69,6 +71,12 @@ def test_a_file_or_a_foreign_directory_is_refused(tmp_path):
     assert os.listdir(foreign) == ["cat.jpg"]  # nothing written into it
     with pytest.raises(StorageError, match=r"data dir .*a_file/shard cannot be created: Not a directory"):
         Shard(ServerConfig(data_dir=str(a_file / "shard")))
+    read_only = OSError(errno.EROFS, "Read-only file system", str(tmp_path / "ro"))
+    with (
+        mock.patch("ps.storage.store.os.makedirs", side_effect=read_only),
+        pytest.raises(StorageError, match=r"data dir .*/ro/shard cannot be created: Read-only file system .*writable"),
+    ):
+        Shard(ServerConfig(data_dir=str(tmp_path / "ro" / "shard")))
     volume = tmp_path / "volume"  # the root of a new ext4 volume (a Kubernetes data dir) holds lost+found
     (volume / "lost+found").mkdir(parents=True)
     with pytest.raises(StorageError, match="is not a checkpoint: .*; the data dir was not touched"):

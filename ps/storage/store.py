@@ -455,6 +455,9 @@ class Store:
         except (NotADirectoryError, FileNotFoundError, FileExistsError) as e:  # a file on the way, say
             raise StorageError(f"data dir {path} cannot be created: {e.strerror} ({e.filename}); give a path whose "
                                "parents are directories") from None  # fmt: skip
+        except OSError as e:  # a read-only file system, no permission, ...
+            raise StorageError(f"data dir {path} cannot be created: {e.strerror} ({e.filename}); give a path on a "
+                               "writable file system where this user may create it") from None  # fmt: skip
         entries = sorted(set(os.listdir(path)) - {"journal", "lost+found"})  # lost+found: a volume's root (ext4)
         ours = [e for e in entries if e in (IDENTITY_FILE, MARK_FILE)]
         journal = os.path.join(path, "journal")
