@@ -44,6 +44,8 @@ def why_not_ready(address: str, tls: bool, client_cert: bool, timeout_s: float =
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
             pass
+    except socket.gaierror as e:  # the name does not resolve (a DNS name of a cluster not up yet, or a typo)
+        return f"; its host name {host.strip('[]')!r} does not resolve ({e.strerror}): a typo, or a name not yet known"
     except (OSError, ValueError):
         return NOTHING_LISTENS
     return tls_hint(address, tls, client_cert, timeout_s) or (
