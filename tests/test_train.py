@@ -107,6 +107,19 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert "up to 50 epochs, evaluated on v.csv after each" in line
 
 
+def test_dnn_on_small_data_is_warned_about_and_deepfm_named(caplog):
+    """dnn has no linear term, and small data does not train it well: the small recipe says so; large data and
+    the other models are not warned about."""
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(local_shards=1, model="dnn", hidden=(4,), synthetic_rows=2000))
+    assert "dnn has no first-order (linear) term" in caplog.text and "deepfm adds the linear" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        prepare(TrainConfig(local_shards=1, model="deepfm", hidden=(4,), synthetic_rows=2000))
+        prepare(TrainConfig(local_shards=1, model="dnn", hidden=(4,), synthetic_rows=2000, recipe="large"))
+    assert "first-order" not in caplog.text
+
+
 def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched():
     geo, line = TrainConfig(local_shards=1, mode="geo").with_recipe(10)
     assert (geo.optimizer, geo.learning_rate, geo.optimizer_params) == ("adagrad", 0.02, {})
