@@ -27,6 +27,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 HEALTH_SERVICE = "grpc.health.v1.Health"
+SERVICE_NAME = "sparseps.ParameterServer"  # the service a shard's health reports, beside "" (the whole server)
 STARTING_KEY = "sparseps-starting-bin"  # trailing metadata of a NOT_SERVING Check: what the start is doing
 
 
@@ -163,7 +164,8 @@ class Health(NamedTuple):
 def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, token: str | None = None,
                  tls_server_name: str | None = None) -> Health:  # fmt: skip
-    """What the gRPC health service of the shard at address says (Health), over TLS (tls_ca), mutual TLS (tls_cert,
+    """What the gRPC health service of the shard at address says of SERVICE_NAME (Health: a server that does not
+    know that service is no shard), over TLS (tls_ca), mutual TLS (tls_cert,
     tls_key) and with a token as given; tls_server_name: the name to expect in the server's certificate when it
     does not name the address dialed (a probe of 127.0.0.1, say). An UNAVAILABLE whose cause is a TLS setting that
     differs from the shard's (gRPC says only "Socket closed") says which flag is missing or too many (tls_hint)."""
@@ -173,9 +175,12 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
     try:
         with client_channel(address, options, tls_ca, tls_cert, tls_key, token) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
-            reply, call = stub.Check.with_call(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+            reply, call = stub.Check.with_call(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout_s)
     except grpc.RpcError as e:
         text = f"{e.code().name}: {e.details()}"
+        if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):  # another gRPC server's port
+            return Health(False, False, f"{text}: its health service knows no {SERVICE_NAME}: it is not a sparseps "
+                          "shard (another service's port?)")  # fmt: skip
         if "Connection refused" in (e.details() or ""):  # gRPC's text names every address it tried
             return Health(False, False, f"{e.code().name}: connection refused: nothing listens there (a shard "
                           "listens within seconds of its start, before it opens its data dir: is it running?)")  # fmt: skip

@@ -19,7 +19,7 @@ from ps.engine.shard import Shard
 from ps.engine.startup import StartProgress, StartStopped
 from ps.engine.warmup import warm_up
 from ps.errors import SHARD_STARTING, DiskFullError, StorageError
-from ps.health import NOT_SERVING, SERVING, HealthServicer
+from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
@@ -27,7 +27,6 @@ from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
 
 log = logging.getLogger("ps.server")
-SERVICE_NAME = "sparseps.ParameterServer"
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:

@@ -138,3 +138,25 @@ def test_a_health_request_that_does_not_decode_is_an_invalid_argument(servers):
             assert "a health request that does not decode" in info.value.details()
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
         assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_health_probe_of_another_grpc_servers_health_service_is_not_serving():
+    """A gRPC server of another service with the standard health service (SERVING for "") is no shard: the probe
+    asks for sparseps.ParameterServer, which it does not know."""
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    from ps.health import check_health
+
+    other = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), other)  # "" is SERVING by default
+    port = other.add_insecure_port("127.0.0.1:0")
+    other.start()
+    try:
+        serving, starting, text = check_health(f"127.0.0.1:{port}", 5)
+        assert not serving and not starting and text.startswith("NOT_FOUND: ") and text.endswith(
+            "its health service knows no sparseps.ParameterServer: it is not a sparseps shard (another service's "
+            "port?)"), text  # fmt: skip
+    finally:
+        other.stop(0)
