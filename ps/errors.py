@@ -176,6 +176,15 @@ class ShardStartingError(PsError):
 SHARD_STARTING = "is starting"
 
 
+class DataDirLostError(PsError):
+    """The shard's data dir was deleted or replaced, or its open journal segment deleted, under the running server
+    (ps.storage.journal.Journal.check_intact): what it acknowledges could no longer be kept, so it takes no more
+    writes. Not retried: the server has to be restarted (on an intact data dir); the message says since when
+    pushes could not be kept, and that nothing of the refused request was applied."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class CheckpointHoldError(PsError):
     """A checkpoint's hold cannot be had (another checkpoint holds the shard) or was lost (it expired, or was
     released, before the save). Not retried: waiting does not end another checkpoint, nor revive an expired hold."""

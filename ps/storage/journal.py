@@ -44,6 +44,14 @@ in the middle, a journal deleted whole) raises JournalLossError. Past the mark, 
 end of a crash: without sync, an OS crash or a power failure can lose pushes that were acknowledged, and the
 warning that replay logs when it cuts says so. With accept_loss, replay logs what it cannot find or read instead
 of refusing, and goes on with the records it has.
+
+Deleted under the running server: the mark's thread also checks, each time it wakes (check_intact, about once a
+second), that the active segment is still linked (os.fstat: st_nlink 0 is a deleted file, which appends would
+go on filling with nothing on disk to replay) and that the data dir (the mark's directory) is the one the journal
+started in (os.stat: gone, or another inode, a dir removed and made again). Once either is found, `lost` says
+what happened, every later append raises ps.errors.DataDirLostError (nothing appended), on_lost is told, and the
+mark is no longer written into a data dir that is gone. Appends only read `lost`: no syscall is added to them, so
+a push that comes between the deletion and the next check (at most about a second) is still acknowledged.
 """
 
 from __future__ import annotations
@@ -55,14 +63,15 @@ import os
 import resource
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
-from ps.errors import DiskFullError, FileTooLargeError, StorageError, disk_full_reason
+from ps.errors import DataDirLostError, DiskFullError, FileTooLargeError, StorageError, disk_full_reason
 from ps.storage.applied import AppliedChanges, AppliedTable
 from ps.storage.checksum import checksum64, copy_with_checksum64
 from ps.storage.sidefiles import MarkWriter, read_mark
@@ -112,6 +121,13 @@ class Journal:
         self._released = 0  # [0, _released) of _map is released (ps.accel.filemap)
         self.mapped_appends = 0  # appends written through _map (the others: pwritev)
         self._failed = ""  # why appends are refused (a failed append that could not be cut off), or ""
+        self.lost = ""  # what was deleted under the running server (check_intact), or "": appends are refused
+        self.dir_gone = False  # the data dir itself was deleted or replaced (not only the segment)
+        self.on_lost: Callable[[], None] | None = None  # told once, from the mark's thread, when `lost` is set
+        self._data_dir = os.path.dirname(mark_path) if mark_path else ""  # watched by check_intact
+        self._data_dir_id: tuple[int, int] | None = None  # its (st_dev, st_ino) when replay() started the mark
+        self._intact_at = 0.0  # time.time() of the last check that found everything in place
+        self._opened_at = 0.0  # time.time() when the active segment was opened
         self.next_seq = 1
         self.bytes_written = 0
         self.applied = AppliedTable()  # client -> (client_seq, parts done) of its newest request
@@ -134,7 +150,7 @@ class Journal:
         return out
 
     def _write_mark(self) -> None:
-        if self._marker is not None:
+        if self._marker is not None and not self.dir_gone:
             self._marker.write()
 
     # ---- segments -------------------------------------------------------------------------------------
@@ -162,7 +178,75 @@ class Journal:
                 f.truncate(tail[2])
         self.next_seq = max(last, mark) + 1
         if self.mark_path is not None:
-            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync)
+            try:
+                st = os.stat(self._data_dir)
+                self._data_dir_id = (st.st_dev, st.st_ino)
+            except OSError:  # no dir to watch: only the segment is checked
+                self._data_dir_id = None
+            self._intact_at = time.time()
+            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync,
+                                      check=self.check_intact)  # fmt: skip
+
+    def check_intact(self) -> bool:
+        """Whether the data dir is still the one the journal started in (see the module's docstring); on the first
+        check that finds it gone or replaced, or the active segment deleted, sets `lost` (appends are refused from
+        then on), logs one ERROR line saying what happened and calls on_lost. Returns False while the data dir is
+        gone (the mark cannot be written there), True otherwise. Called by the mark's thread, about once a second;
+        two syscalls (os.stat, os.fstat), none on the append path."""
+        if self.lost:
+            return not self.dir_gone
+        now = time.time()
+        dir_gone = False
+        if self._data_dir_id is not None:
+            try:
+                st = os.stat(self._data_dir)
+                dir_gone = (st.st_dev, st.st_ino) != self._data_dir_id
+            except (FileNotFoundError, NotADirectoryError):
+                dir_gone = True
+            except OSError:  # a permission, an I/O error: no sign of a deletion; the writes say what is wrong
+                pass
+        with self._lock:  # the active segment's fd stays open meanwhile
+            segment_gone = False
+            if self._fd >= 0:
+                try:
+                    segment_gone = os.fstat(self._fd).st_nlink == 0
+                except OSError:
+                    segment_gone = False
+            if not dir_gone and not segment_gone:
+                self._intact_at = now
+                return True
+            when, since = _clock(now), _clock(self._intact_at)
+            if dir_gone:
+                self.lost = (f"its data dir {self._data_dir} was deleted or replaced under the running server "
+                             f"(between {since} and {when}): pushes since {since} could not be kept. Restart the "
+                             "server on an intact data dir (a backup, or --restore of a checkpoint); nothing was "
+                             "applied")  # fmt: skip
+                told = (f"the data dir {self._data_dir} was deleted or replaced under the running server (found at "
+                        f"{when}; it was in place at {since}): RocksDB's files, the journal and its mark are no "
+                        "longer in it, so nothing this server acknowledged since its last flush can be kept, and a "
+                        "restart on that path would find them missing (or start a new, empty shard where the dir "
+                        "is gone). This server takes no more writes (FAILED_PRECONDITION) and reports NOT_SERVING; "
+                        "restart it on an intact data dir (a backup, or --restore of a checkpoint)")  # fmt: skip
+            else:
+                first = int(os.path.basename(self._path)[:-4])
+                held = (f"records {first:,} to {self.next_seq - 1:,}, acknowledged since {_clock(self._opened_at)}"
+                        if self.next_seq > first else "no record yet")  # fmt: skip
+                self.lost = (f"its journal segment {self._path} was deleted under the running server (between "
+                             f"{since} and {when}): pushes since {_clock(self._opened_at)} could not be kept in the "
+                             "journal. Restart the server (SIGTERM: its stop writes every acknowledged push to "
+                             "RocksDB; then start it again) on its data dir, intact otherwise; nothing was "
+                             "applied")  # fmt: skip
+                told = (f"the journal segment {self._path} was deleted under the running server (found at {when}; "
+                        f"it was there at {since}): the pushes it held ({held}) are in no file, only in this "
+                        "server's memory until a flush writes their rows to RocksDB (one is started now). This "
+                        "server takes no more writes (FAILED_PRECONDITION) and reports NOT_SERVING; stop it with "
+                        "SIGTERM (its stop writes every row to RocksDB; a kill -9 before a flush loses those "
+                        "pushes) and start it again")  # fmt: skip
+            self.dir_gone = dir_gone
+        log.error("%s", told)
+        if self.on_lost is not None:
+            self.on_lost()
+        return not dir_gone
 
     def check(self, after_seq: int) -> tuple[int, str, str, dict[str, int]]:
         """Reads the journal as replay(after_seq) would, changing nothing. Returns (records after after_seq, why
@@ -352,8 +436,8 @@ class Journal:
         arrays = [a.view(np.uint8).reshape(-1) for a in (ids, grads, shows, clicks)]  # byte views, no copy
         payload_len = len(head) + sum(len(a) for a in arrays)
         with self._lock:
-            if self._failed:
-                raise StorageError(self._failed)
+            if self._failed or self.lost:
+                raise DataDirLostError(self.lost) if self.lost else StorageError(self._failed)
             try:
                 return self._append(head, arrays, payload_len, origin)
             except OSError as e:
@@ -467,6 +551,7 @@ class Journal:
             os.close(fd)
             raise StorageError(f"journal segment {path} already holds data: replay the journal before appending")
         self._fd, self._path, self._segment_size = fd, path, 0
+        self._opened_at = time.time()
         # with sync, every append's fsync would also write the zero pages mapped ahead (dirty once populated)
         self._map = None if self.sync else FileMap.open(fd, self.segment_bytes)
         self._released = 0  # [0, _released) of _map is released (ps.accel.filemap)
@@ -500,7 +585,7 @@ class Journal:
         finally:
             self._prefault.close()
             if self._marker is not None:
-                self._marker.close()
+                self._marker.close(write=not self.dir_gone)
 
 
 class JournalCorruptError(StorageError):
@@ -510,6 +595,11 @@ class JournalCorruptError(StorageError):
 class JournalLossError(StorageError):
     """Journal records that were written (up to the mark, or before a record that is there) are missing, or the
     mark cannot be read: refused at start-up unless the loss is accepted."""
+
+
+def _clock(t: float) -> str:
+    """A wall-clock time for a message: '2026-12-04 12:41:20 UTC' (local time, with its zone)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t))
 
 
 def _after(parts: list, skip: int) -> list[memoryview]:

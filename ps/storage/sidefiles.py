@@ -84,12 +84,16 @@ class MarkWriter:
     """Keeps the journal mark at path at most interval_s behind source() (the last journal record written): a
     daemon thread rewrites it whenever source() has grown. write() brings it up to date at once (a segment
     rotation); close() does so and stops the thread. Nothing happens on the append path. written: what the file
-    holds now (it is never rewritten with less)."""
+    holds now (it is never rewritten with less). check: called by the thread each time it wakes, before its
+    write (ps.storage.journal.Journal.check_intact); once it returns False (the data dir is gone) the mark is no
+    longer written, as every write would fail."""
 
     def __init__(self, path: str, source: Callable[[], int], written: int, interval_s: float = 1.0,
-                 sync_dir: bool = False):  # fmt: skip
+                 sync_dir: bool = False, check: Callable[[], bool] | None = None):  # fmt: skip
         self.path = path
         self._source = source
+        self._check = check
+        self._gone = False  # check() said the mark's directory is gone: no more writes
         self._interval_s = interval_s
         self._sync_dir = sync_dir
         self._lock = threading.Lock()  # one write at a time; `written` only grows
@@ -103,7 +107,7 @@ class MarkWriter:
         the mark is a check, not the data, and the next write tries again."""
         with self._lock:
             seq = self._source()
-            if seq > self.written:
+            if seq > self.written and not self._gone:
                 try:
                     write_json(self.path, {"written_seq": seq}, self._sync_dir)
                 except OSError as e:
@@ -114,9 +118,13 @@ class MarkWriter:
     def _run(self) -> None:
         name_os_thread()
         while not self._stop.wait(self._interval_s):
+            if self._check is not None and not self._check():
+                self._gone = True
             self.write()
 
-    def close(self) -> None:
+    def close(self, write: bool = True) -> None:
+        """Stops the thread, then brings the mark up to date (unless write is False: its directory is gone)."""
         self._stop.set()
         self._thread.join()
-        self.write()
+        if write:
+            self.write()
