@@ -21,7 +21,9 @@ Per table (`table` label), read from the shard at each scrape: sparseps_table_ro
 each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per shard: SHARD_GAUGES (the clock, the
 memory plan's parts, the data dir's bytes and its disk's free and total bytes, whether that disk is low and the
 free bytes under which it is (ps.storage.diskspace), failed flushes in a row): these, per table and
-per shard, once the shard serves. The process: prometheus-client's process_* (resident memory, CPU seconds, start
+per shard, once the shard serves; sparseps_data_dir_lost, 1 once the shard found its journal segment or its data
+dir deleted under it (ps.storage.journal.Journal.check_intact), when the per-table and per-shard figures are no
+longer served. The process: prometheus-client's process_* (resident memory, CPU seconds, start
 time, open files).
 """
 
@@ -232,6 +234,12 @@ class _ShardCollector:
 
     def collect(self):
         if self.shard is None:
+            return
+        lost = GaugeMetricFamily("sparseps_data_dir_lost", "1 once the shard found its journal segment or its data "
+                                 "dir deleted under it: it takes no more writes (docs/reliability.md)")  # fmt: skip
+        lost.add_metric([], float(bool(self.shard.journal.lost)))
+        yield lost
+        if self.shard.journal.lost:  # its figures are gone with the data dir, or meaningless: the gauge says why
             return
         s = {**self.shard.stats(), **self.shard.health_stats()}
         gauges = {

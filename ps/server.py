@@ -18,7 +18,7 @@ from ps.config import ServerConfig
 from ps.engine.shard import Shard
 from ps.engine.startup import StartProgress, StartStopped
 from ps.engine.warmup import warm_up
-from ps.errors import SHARD_STARTING, DiskFullError, StorageError
+from ps.errors import SHARD_STARTING, DataDirLostError, DiskFullError, StorageError
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
@@ -154,7 +154,15 @@ class Server:
         self.progress.finish()
         for name in ("", SERVICE_NAME):
             self.health.set(name, SERVING)
+        self.shard.lost_listeners.append(self._not_serving)  # its data dir deleted under it (ps.engine.shard)
+        if self.shard.journal.lost:  # found before the listener was there
+            self._not_serving()
         return self.port
+
+    def _not_serving(self) -> None:
+        """Health NOT_SERVING for good: the shard found its data dir or journal segment deleted under it."""
+        for name in ("", SERVICE_NAME):
+            self.health.set(name, NOT_SERVING)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store.
@@ -255,9 +263,13 @@ def _say(line: str) -> None:
 
 def stop_server(server: Server, shard_id: int) -> int:
     """Stops a serving shard and says how it went: 0, or 1 when its disk was too full to write its last rows
-    (the journal holds them: nothing acknowledged is lost)."""
+    (the journal holds them: nothing acknowledged is lost), or its data dir was deleted under it (DataDirLostError:
+    the message says what was lost)."""
     try:
         server.stop()
+    except DataDirLostError as e:
+        print(f"ps-server shard {shard_id}: {e}", file=sys.stderr, flush=True)
+        return 1
     except DiskFullError as e:
         print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB: {e}. Every acknowledged "
               "push is in its journal, replayed at the next start once the disk has room", file=sys.stderr, flush=True)  # fmt: skip

@@ -16,6 +16,13 @@ Durability: a push is appended to the journal before it is applied and acknowled
 dirty rows to RocksDB every flush_interval_s (or once the journal has grown by journal_flush_bytes), records
 the journal position they cover, and deletes the journal segments below it. Start-up replays what is left;
 a clean close flushes everything.
+
+Deleted under it: the journal checks about once a second that its segment and the data dir are still there
+(ps.storage.journal.Journal.check_intact). Once it finds either gone, the shard refuses every write (pushes, a
+clock advance, CreateTable, Shrink, checkpoints) and Stats with DataDirLostError, tells lost_listeners (the
+server's health turns NOT_SERVING), and: for a deleted segment only, flushes at once (RocksDB is intact, and then
+holds every acknowledged push); for a data dir deleted or replaced, flushes no more, and close() stops without
+writing, raising DataDirLostError.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from ps.engine.table import Table
 from ps.errors import (
     CLIENT_TABLE_FULL,
     ClientTableFullError,
+    DataDirLostError,
     DataLossError,
     DiskFullError,
     InvalidArgumentError,
@@ -176,6 +184,8 @@ class Shard:
         self.flush_failures = 0  # background flushes failed in a row
         self.disk_watch = DiskWatch(config.data_dir)  # polled by the flusher: logs while the disk is low
         self.disk_watch.poll()  # a shard starting on a disk already low says so at once
+        self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
+        self.journal.on_lost = self._on_lost
         self._flusher = threading.Thread(target=self._flush_loop, name="ps-flusher", daemon=True)
         self._flusher.start()
         self.started = time.monotonic()
@@ -345,8 +355,25 @@ class Shard:
             self.flush()
 
     # ---- tables ---------------------------------------------------------------------------------------
+    def _on_lost(self) -> None:
+        """The journal found its segment or the data dir deleted (from the mark's thread): a deleted segment's
+        pushes are flushed to RocksDB at once; the listeners are told."""
+        if not self.journal.dir_gone:
+            self._wake.set()
+        for listener in list(self.lost_listeners):
+            try:
+                listener()
+            except Exception:  # a listener's failure must not stop the others, nor the journal's thread
+                log.exception("a listener of the data dir's loss failed")
+
+    def refuse_if_lost(self) -> None:
+        """DataDirLostError if the journal found its segment or the data dir deleted (one attribute read)."""
+        if self.journal.lost:
+            raise DataDirLostError(f"shard {self.shard_id} takes no writes: {self.journal.lost}")
+
     def create_table(self, cfg: TableConfig) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not)."""
+        self.refuse_if_lost()
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
@@ -457,6 +484,7 @@ class Shard:
         """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
         id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
+        self.refuse_if_lost()
         with self._hold.push_gate():
             self.apply_push(self.check_push(push))
 
@@ -480,6 +508,7 @@ class Shard:
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
+        self.refuse_if_lost()
         with self._hold.push_gate():
             return self._push_batch(as_pushes(pushes), advance_clock, client, client_seq)
 
@@ -598,6 +627,7 @@ class Shard:
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
         caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them."""
         pushes = as_pushes(pushes)
+        self.refuse_if_lost()
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
             if pushes or advance_clock:
@@ -639,6 +669,7 @@ class Shard:
         A hold stops pushes (Push, PushBatch, a PushBatch's clock advance included) and nothing else: a Shrink or
         an AdvanceClock during the hold still runs and changes what the save records of this shard (rows dropped,
         a later clock than the one returned here)."""
+        self.refuse_if_lost()
         return self._hold.hold(timeout_s, lambda: self.clock)
 
     def release(self, token: str) -> None:
@@ -649,6 +680,7 @@ class Shard:
         """Flushes, then writes a RocksDB checkpoint of this shard to <directory>/shard-<id>, under the hold that
         returned token (which cannot expire while this runs); returns what the manifest records of it. Refusals
         and failures leave nothing behind (PushHold.saving, save_into)."""
+        self.refuse_if_lost()
         data_dir = os.path.realpath(self.config.data_dir)
         if os.path.commonpath([os.path.realpath(directory), data_dir]) == data_dir:
             raise InvalidArgumentError(f"checkpoint dir {directory} lies inside shard {self.shard_id}'s data dir "
@@ -676,6 +708,7 @@ class Shard:
     def advance_clock(self, steps: int) -> int:
         """Moves the clock forward by steps; returns it. InvalidArgumentError, changing nothing, if it would pass
         MAX_CLOCK (counting the advances of PushBatches whose pushes are being applied)."""
+        self.refuse_if_lost()
         with self._lock:
             self._check_advance(steps)
             return self._set_clock(self.clock + steps)
@@ -702,6 +735,7 @@ class Shard:
 
     def shrink(self, name: str = "") -> dict:
         """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids."""
+        self.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
         self.flush()  # shrink scans RocksDB: it must hold every row
         dropped = sum(t.shrink(self.clock) for t in tables)
@@ -756,6 +790,8 @@ class Shard:
                 self._wake.clear()
             if self._closed.is_set():
                 return
+            if self.journal.dir_gone:  # nothing written there can be kept: the journal's ERROR line said so
+                continue
             self.disk_watch.poll()
             if not woken and time.monotonic() < next_flush:
                 continue  # woke for the disk only
@@ -782,6 +818,7 @@ class Shard:
                 self.flush_failures = 0
 
     def stats(self) -> dict:
+        self.refuse_if_lost()  # the data dir's figures are gone with it; the refusal says what happened
         return {
             "shard_id": self.shard_id,
             "num_shards": self.num_shards,
@@ -837,6 +874,9 @@ class Shard:
         self._closed.set()
         self._wake.set()
         self._flusher.join()
+        self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
+        if self.journal.dir_gone:
+            self._close_lost()
         t0 = time.monotonic()
         rows = self.flush()
         log.info("flushed %s dirty rows to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
@@ -847,3 +887,18 @@ class Shard:
             self.journal.close()
             self.store.flush()
             self.store.close()
+
+    def _close_lost(self) -> None:
+        """close() of a shard whose data dir is gone: nothing is flushed (it could not be kept), the journal and
+        RocksDB are closed as far as they can be; raises DataDirLostError saying what was lost."""
+        with self._lock:
+            for t in list(self.tables.values()):
+                with t.lock:
+                    t.closed = True
+            for what, close in (("the journal", self.journal.close), ("RocksDB", self.store.close)):
+                try:
+                    close()
+                except Exception as e:  # the files are gone: nothing to save, the refusal below says why
+                    log.info("closing %s of the lost data dir: %s", what, e)
+        lost = self.journal.lost.removesuffix("; nothing was applied")
+        raise DataDirLostError(f"stopped without writing its last rows to RocksDB: {lost}")

@@ -83,7 +83,7 @@ from rocksdict import (
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
-from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
+from ps.errors import DataDirLostError, DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
@@ -264,7 +264,8 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
     """rocksdict's error (a plain Exception) as a StorageError saying what failed; a full disk ("IO error: No space
     left on device: <file>") as a DiskFullError ending with outcome (what of the request stands); damage that
     RocksDB detected ("Corruption: ...", a file gone) as a DataLossError, unless the error names target (a
-    directory outside path that was being written, a checkpoint's). text: what to say of e (default: str(e))."""
+    directory outside path that was being written, a checkpoint's); a file gone because the data dir itself is gone
+    as a DataDirLostError. text: what to say of e (default: str(e))."""
     text = str(e) if text is None else text
     elsewhere = target is not None and target in text
     reason = disk_full_reason(e)
@@ -272,6 +273,11 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
         what = f"RocksDB in the data dir {path} failed while {doing} ({text})"
         return DiskFullError.of(reason, what, outcome, os.path.dirname(target) if elsewhere else path)
     damage = text.startswith("Corruption") or "No such file" in text
+    if "No such file" in text and not elsewhere and not os.path.isdir(path):  # not damage: the dir is gone
+        return DataDirLostError(
+            f"RocksDB in {path} failed while {doing}: the data dir was deleted under the running server ({text}); "
+            "nothing written there can be kept: restart the server on an intact data dir"
+        )
     if not damage or elsewhere:
         return StorageError(f"RocksDB in {path} failed while {doing}: {text}")
     return DataLossError(
