@@ -1,0 +1,207 @@
+"""A journal segment, or the whole data dir, deleted (or the dir replaced) under a running server: the server
+finds it within about a second (the journal mark's thread: ps.storage.journal.Journal.check_intact), logs one
+ERROR line saying what happened, refuses every later write with FAILED_PRECONDITION (nothing applied), answers
+Stats with that refusal, and reports NOT_SERVING. A deleted segment's pushes are flushed to RocksDB, so a SIGTERM
+then a start keeps every acknowledged push; a deleted data dir makes SIGTERM exit 1 with a message, no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.config import ServerConfig
+from ps.errors import DataDirLostError
+from ps.health import check_health
+from ps.server import Server
+from ps.storage.journal import Journal
+from tests.server_process import ServerProcess
+from tests.waiting import wait_until
+
+TIMEOUT_S = 30
+DIM = 4
+FOUND_S = 10  # the check runs about once a second; generous on a loaded machine
+
+
+def push_request(ids, value: float) -> ps_pb2.PushRequest:
+    grads = np.full((len(ids), DIM), value, dtype="<f4")
+    return ps_pb2.PushRequest(table="t", ids=np.asarray(ids, "<u8").tobytes(), grads=grads.tobytes(), dim=DIM)
+
+
+def pull(stub, ids) -> np.ndarray:
+    reply = stub.Pull(ps_pb2.PullRequest(table="t", ids=np.asarray(ids, "<u8").tobytes()), timeout=TIMEOUT_S)
+    return np.frombuffer(reply.rows, dtype="<f4").reshape(len(ids), DIM).copy()
+
+
+def refused(call) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    return e.value
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """start(data dir) -> (server, stub, address) of an in-process server; all stopped at the end."""
+    running = []
+
+    def start(data_dir):
+        server = Server(ServerConfig(data_dir=str(data_dir), port=0, flush_interval_s=3600.0))
+        port = server.start()
+        channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        running.append((server, channel))
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
+        return server, stub, f"127.0.0.1:{port}"
+
+    yield start
+    for server, channel in running:
+        channel.close()
+        try:
+            server.stop(grace_s=1)
+        except Exception:
+            pass
+
+
+def not_serving(address: str) -> bool:
+    health = check_health(address)
+    return not health.serving and not health.starting and health.text == "NOT_SERVING"
+
+
+def test_a_deleted_segment_stops_every_write_and_a_sigterm_keeps_every_acknowledged_push(serve, tmp_path, caplog):
+    data_dir = tmp_path / "d"
+    server, stub, address = serve(data_dir)
+    ids = np.arange(1, 65, dtype=np.uint64)
+    acked = 0  # pushes acknowledged, by the thread below, until the refusals come
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def pusher() -> None:  # pushes while the segment is deleted: the last acknowledged ones must be kept too
+        nonlocal acked
+        while not stop.is_set():
+            try:
+                stub.Push(push_request(ids, 0.01), timeout=TIMEOUT_S)
+                acked += 1
+                outcomes.append("OK")
+            except grpc.RpcError as e:
+                outcomes.append(e.code().name)
+
+    before = pull(stub, ids)
+    thread = threading.Thread(target=pusher)
+    with caplog.at_level(logging.INFO):
+        thread.start()
+        wait_until(lambda: acked >= 20, TIMEOUT_S, "pushes before the deletion")
+        for name in os.listdir(data_dir / "journal"):
+            os.remove(data_dir / "journal" / name)
+        wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
+        wait_until(lambda: outcomes and outcomes[-1] != "OK", FOUND_S, "the refusals")
+        seq = server.shard.journal.next_seq
+        wait_until(lambda: len(outcomes) > outcomes.index("FAILED_PRECONDITION") + 20, TIMEOUT_S, "more refusals")
+        stop.set()
+        thread.join(TIMEOUT_S)
+    first = outcomes.index("FAILED_PRECONDITION")
+    assert set(outcomes[first:]) == {"FAILED_PRECONDITION"}, outcomes[first:]  # none acknowledged after
+    assert server.shard.journal.next_seq == seq  # nothing journaled after the refusals began
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("ps.")]
+    errors = [m for m in errors if "rejected" not in m]  # the servicer's lines for each refused call
+    assert len(errors) == 1 and "was deleted under the running server" in errors[0], errors
+    assert not [r for r in caplog.records if "cannot write the journal mark" in r.getMessage()]
+
+    e = refused(lambda: stub.Push(push_request(ids, 1.0), timeout=TIMEOUT_S))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "journal segment" in e.details() and "was deleted under the running server" in e.details()
+    assert "could not be kept" in e.details() and e.details().endswith("nothing was applied"), e.details()
+    for call in (
+        lambda: stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=TIMEOUT_S),
+        lambda: stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="u", dim=DIM)), timeout=9),
+        lambda: stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S),
+    ):
+        e = refused(call)
+        assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "was deleted under" in e.details(), e.details()
+    rows = pull(stub, ids)  # pulls go on, and the refused pushes changed nothing
+    assert not np.array_equal(rows, before)
+    wait_until(lambda: server.shard.flush_failures == 0 and server.shard.journal._fd < 0, TIMEOUT_S,
+               "the flush started when the deletion was found")  # fmt: skip
+
+    server.stop(grace_s=1)  # a clean stop: every acknowledged push is in RocksDB
+    _, stub2, _ = serve(data_dir)
+    np.testing.assert_array_equal(pull(stub2, ids), rows)
+
+
+def test_a_data_dir_replaced_under_a_running_server_is_found(serve, tmp_path):
+    data_dir = tmp_path / "d"
+    server, stub, address = serve(data_dir)
+    stub.Push(push_request([1, 2, 3], 0.5), timeout=TIMEOUT_S)
+    os.rename(data_dir, tmp_path / "moved")
+    os.mkdir(data_dir)  # same path, another directory: the journal's segment is still linked, in "moved"
+    wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
+    e = refused(lambda: stub.Push(push_request([1, 2, 3], 0.5), timeout=TIMEOUT_S))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"its data dir {data_dir} was deleted or replaced under the running server" in e.details(), e.details()
+    assert "pushes since" in e.details() and "Restart the server on an intact data dir" in e.details()
+    with pytest.raises(DataDirLostError, match="stopped without writing its last rows"):
+        server.stop(grace_s=1)
+
+
+def test_a_data_dir_deleted_under_a_server_process(tmp_path):
+    """rm -rf DATA of a server process: refusals, Stats says why (not INTERNAL), health NOT_SERVING, no warning
+    a second, and SIGTERM exits 1 with a message and no traceback."""
+    data_dir = tmp_path / "d"
+    server = ServerProcess(data_dir, "--flush-interval-s", "0.5")
+    address = server.started()
+    try:
+        channel = grpc.insecure_channel(address)
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
+        for _ in range(5):
+            stub.Push(push_request(np.arange(1, 100), 0.1), timeout=TIMEOUT_S)
+        shutil.rmtree(data_dir)
+        wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
+        e = refused(lambda: stub.Push(push_request([1, 2], 0.1), timeout=TIMEOUT_S))
+        assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+        assert "was deleted or replaced under the running server" in e.details(), e.details()
+        e = refused(lambda: stub.Stats(ps_pb2.StatsRequest(), timeout=TIMEOUT_S))
+        assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "was deleted or replaced" in e.details(), e
+        wait_until(lambda: "takes no more writes" in server.output(), FOUND_S, "the ERROR line")
+        threading.Event().wait(2.5)  # a few of the mark thread's and the flusher's turns
+        channel.close()
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        code = server.proc.wait(60)
+    out = server.output()
+    assert code == 1, out
+    assert "Traceback" not in out and "found damage" not in out, out
+    assert out.count("cannot write the journal mark") <= 1, out  # a flush under way at the deletion, at most
+    assert out.count("the data dir") >= 1 and "stopped without writing its last rows to RocksDB" in out, out
+    assert len([line for line in out.splitlines() if " ERROR " in line and "rejected" not in line]) <= 2, out
+
+
+def test_journal_check_intact(tmp_path):
+    """The journal alone: a deleted segment is found by check_intact, appends are refused from then on (no record
+    taken), and the mark is still written (the data dir is there); a check of an intact journal changes nothing."""
+    data_dir = tmp_path / "d"
+    os.mkdir(data_dir)
+    journal = Journal(str(data_dir / "journal"), mark_path=str(data_dir / "journal-mark.json"))
+    list(journal.replay(0))
+    told = []
+    journal.on_lost = lambda: told.append(journal.lost)
+    ids, grads = np.arange(3, dtype="<u8"), np.ones((3, 2), "<f4")
+    shows, clicks = np.ones(3, "<f4"), np.zeros(3, "<f4")
+    assert journal.append("t", ids, grads, shows, clicks, 0) == 1
+    assert journal.check_intact() and not journal.lost and not told
+    os.remove(journal._path)
+    assert journal.check_intact()  # the data dir is still there: the mark can be written
+    assert "journal segment" in journal.lost and not journal.dir_gone and len(told) == 1
+    with pytest.raises(DataDirLostError, match="was deleted under the running server"):
+        journal.append("t", ids, grads, shows, clicks, 0)
+    assert journal.next_seq == 2
+    journal.check_intact()
+    assert len(told) == 1  # told once
+    journal.close()
