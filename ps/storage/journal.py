@@ -206,6 +206,8 @@ class Journal:
             except OSError:  # a permission, an I/O error: no sign of a deletion; the writes say what is wrong
                 pass
         with self._lock:  # the active segment's fd stays open meanwhile
+            if self.lost:  # found by another thread meanwhile (close(), a failed mark write)
+                return not self.dir_gone
             segment_gone = False
             if self._fd >= 0:
                 try:

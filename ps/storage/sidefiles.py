@@ -85,8 +85,8 @@ class MarkWriter:
     daemon thread rewrites it whenever source() has grown. write() brings it up to date at once (a segment
     rotation); close() does so and stops the thread. Nothing happens on the append path. written: what the file
     holds now (it is never rewritten with less). check: called by the thread each time it wakes, before its
-    write (ps.storage.journal.Journal.check_intact); once it returns False (the data dir is gone) the mark is no
-    longer written, as every write would fail."""
+    write, and after a write that failed (ps.storage.journal.Journal.check_intact); once it returns False (the
+    data dir is gone) the mark is no longer written, as every write would fail, and no failure is warned of."""
 
     def __init__(self, path: str, source: Callable[[], int], written: int, interval_s: float = 1.0,
                  sync_dir: bool = False, check: Callable[[], bool] | None = None):  # fmt: skip
@@ -111,6 +111,9 @@ class MarkWriter:
                 try:
                     write_json(self.path, {"written_seq": seq}, self._sync_dir)
                 except OSError as e:
+                    if self._check is not None and not self._check():  # the data dir is gone: check said so
+                        self._gone = True
+                        return
                     log.warning("cannot write the journal mark %s: %s", self.path, e)
                     return
                 self.written = seq
