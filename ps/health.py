@@ -9,7 +9,8 @@ guards the state: the watchers to notify are copied under it and sent to after i
 A shard listens while it starts (ps.server): its services are NOT_SERVING until the start is done, and a Check
 answered NOT_SERVING then carries what the start is doing in its trailing metadata, under STARTING_KEY (UTF-8:
 "shard 0 is starting: replaying its journal, 43% (12 s so far)"). The standard protocol has no field for a
-reason; probes that do not look for the key see a plain NOT_SERVING. check_health reads it.
+reason; probes that do not look for the key see a plain NOT_SERVING. check_health reads it. A shard that found its
+data dir or journal segment deleted under it (ps.engine.shard) is NOT_SERVING for good, and says why under LOST_KEY.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVICE_NAME = "sparseps.ParameterServer"  # the service a shard's health reports, beside "" (the whole server)
 STARTING_KEY = "sparseps-starting-bin"  # trailing metadata of a NOT_SERVING Check: what the start is doing
+LOST_KEY = "sparseps-lost-bin"  # trailing metadata of a NOT_SERVING Check: what was deleted under the shard
 
 
 def add_to_server(servicer: HealthServicer, server: grpc.Server) -> None:
@@ -86,18 +88,26 @@ class HealthServicer(health.HealthServicer):
     _send_response_callbacks, _gracefully_shutting_down); tests/test_health.py checks both the protocol and the
     shutdown race. starting: what the shard's start is doing, or None once it is done (see the module's
     docstring); grpc_health's "" starts SERVING, so a server that starts its shard after listening sets NOT_SERVING
-    first."""
+    first. lost: what was deleted under the shard (its refusal of writes), or None."""
 
-    def __init__(self, starting: Callable[[], str | None] | None = None):
+    def __init__(self, starting: Callable[[], str | None] | None = None, lost: Callable[[], str | None] | None = None):
         super().__init__()
         self._starting = starting
+        self._lost = lost
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> object:
-        """grpc_health's Check; a NOT_SERVING answer of a starting shard says why (STARTING_KEY)."""
+        """grpc_health's Check; a NOT_SERVING answer of a starting shard says why (STARTING_KEY), and so does one of
+        a shard whose files were deleted under it (LOST_KEY)."""
         reply = super().Check(request, context)
-        why = self._starting() if self._starting is not None and reply.status == NOT_SERVING else None
+        if reply.status != NOT_SERVING:
+            return reply
+        why = self._starting() if self._starting is not None else None
         if why:
             context.set_trailing_metadata(((STARTING_KEY, why.encode()),))
+            return reply
+        why = self._lost() if self._lost is not None else None
+        if why:
+            context.set_trailing_metadata(((LOST_KEY, why.encode()),))
         return reply
 
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext,
@@ -193,4 +203,7 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
     why = [v for k, v in (call.trailing_metadata() or ()) if k == STARTING_KEY]
     if reply.status == NOT_SERVING and why:
         return Health(False, True, f"{status}: {why[0].decode('utf-8', 'replace')}")
+    lost = [v for k, v in (call.trailing_metadata() or ()) if k == LOST_KEY]
+    if reply.status == NOT_SERVING and lost:
+        return Health(False, False, f"{status}: {lost[0].decode('utf-8', 'replace')}")
     return Health(reply.status == SERVING, False, status)

@@ -66,7 +66,7 @@ class Server:
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
-        self.health = HealthServicer(starting=self._starting)
+        self.health = HealthServicer(starting=self._starting, lost=self._lost)
         for name in ("", SERVICE_NAME):
             self.health.set(name, NOT_SERVING)
         self._gate = StartGate(lambda: self._starting() or "")
@@ -95,6 +95,12 @@ class Server:
         if not self.progress.starting:
             return None
         return f"shard {self.config.shard_id} {SHARD_STARTING}: {self.progress.describe()}"
+
+    def _lost(self) -> str | None:
+        """What was deleted under the shard (ps.engine.shard: it takes no writes), or None."""
+        shard = self.shard
+        lost = shard.journal.lost if shard is not None and hasattr(shard, "journal") else ""
+        return f"shard {self.config.shard_id} takes no writes: {lost}" if lost else None
 
     def _bind(self) -> int:
         address = f"{self.config.host}:{self.config.port}"

@@ -71,8 +71,9 @@ def serve(tmp_path):
 
 
 def not_serving(address: str) -> bool:
+    """Whether health says NOT_SERVING, saying why (not starting: `ps-server health --starting-ok` fails too)."""
     health = check_health(address)
-    return not health.serving and not health.starting and health.text == "NOT_SERVING"
+    return not health.serving and not health.starting and "was deleted" in health.text
 
 
 def test_a_deleted_segment_stops_every_write_and_a_sigterm_keeps_every_acknowledged_push(serve, tmp_path, caplog):
@@ -101,6 +102,7 @@ def test_a_deleted_segment_stops_every_write_and_a_sigterm_keeps_every_acknowled
         for name in os.listdir(data_dir / "journal"):
             os.remove(data_dir / "journal" / name)
         wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
+        assert check_health(address).text.startswith("NOT_SERVING: shard 0 takes no writes: its journal segment ")
         wait_until(lambda: outcomes and outcomes[-1] != "OK", FOUND_S, "the refusals")
         seq = server.shard.journal.next_seq
         wait_until(lambda: len(outcomes) > outcomes.index("FAILED_PRECONDITION") + 20, TIMEOUT_S, "more refusals")
