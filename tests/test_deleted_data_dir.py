@@ -207,3 +207,39 @@ def test_journal_check_intact(tmp_path):
     journal.check_intact()
     assert len(told) == 1  # told once
     journal.close()
+
+
+def test_a_kill_after_a_deleted_segment_is_found_and_flushed_loses_no_acknowledged_push(tmp_path):
+    """The audit's case: `rm -f DATA/journal/*` under a server process, then kill -9. Before, the pushes went into
+    the unlinked file and the restart refused (journal records missing); now the server stops acknowledging, writes
+    what it acknowledged to RocksDB, says so, and a restart after a kill has every acknowledged push."""
+    data_dir = tmp_path / "d"
+    server = ServerProcess(data_dir)  # flushes every 30 s: only the one the detection starts comes into play
+    address = server.started()
+    ids = np.arange(1, 200, dtype=np.uint64)
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = ps_pb2_grpc.ParameterServerStub(channel)
+            stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
+            stub.Push(push_request(ids, 0.01), timeout=TIMEOUT_S)  # the first segment: made by the first push
+            for name in os.listdir(data_dir / "journal"):
+                os.remove(data_dir / "journal" / name)
+            while True:  # pushes until refused: the ones acknowledged went into the deleted segment, as the first
+                try:
+                    stub.Push(push_request(ids, 0.01), timeout=TIMEOUT_S)
+                except grpc.RpcError as e:
+                    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+                    break
+            rows = pull(stub, ids)
+            wait_until(lambda: "is in RocksDB now" in server.output(), FOUND_S, "the flush of the deleted segment")
+            assert not_serving(address)
+    finally:
+        server.stop(signal.SIGKILL)
+    restarted = ServerProcess(data_dir)
+    address = restarted.started()
+    assert address is not None, restarted.output()
+    try:
+        with grpc.insecure_channel(address) as channel:
+            np.testing.assert_array_equal(pull(ps_pb2_grpc.ParameterServerStub(channel), ids), rows)
+    finally:
+        restarted.stop_cleanly()

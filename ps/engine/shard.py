@@ -182,6 +182,7 @@ class Shard:
         self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written
         self.flush_failures = 0  # background flushes failed in a row
+        self._lost_flushed = False  # a flush since the journal segment was found deleted has succeeded
         self.disk_watch = DiskWatch(config.data_dir)  # polled by the flusher: logs while the disk is low
         self.disk_watch.poll()  # a shard starting on a disk already low says so at once
         self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
@@ -795,6 +796,7 @@ class Shard:
             self.disk_watch.poll()
             if not woken and time.monotonic() < next_flush:
                 continue  # woke for the disk only
+            lost = bool(self.journal.lost)  # before the flush's mark: no push is journaled after it then
             try:
                 self.flush()
             except Exception as e:  # keep serving: the journal still holds every acknowledged push
@@ -812,6 +814,10 @@ class Shard:
                 continue
             finally:  # the interval runs from the end of a flush: a slow one is not followed by another at once
                 next_flush = time.monotonic() + self.config.flush_interval_s
+            if lost and not self._lost_flushed:
+                self._lost_flushed = True
+                log.warning("every push acknowledged before the journal segment was found deleted is in RocksDB now "
+                            "(a kill loses none of them); this server still takes no writes: restart it")  # fmt: skip
             if self.flush_failures:
                 log.warning("background flush succeeded after %d failed attempts over %.0f s", self.flush_failures,
                             time.monotonic() - since)  # fmt: skip
