@@ -237,13 +237,17 @@ def health_main(argv: list[str]) -> int:
 def build_verify_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard, best a stopped one (RocksDB is "
-                   "opened read-only: a file that a running server deletes meanwhile would show as missing)")  # fmt: skip
+                   "opened read-only: a file that a running server deletes meanwhile would show as missing); or a "
+                   "checkpoint directory (ps-worker checkpoint save), or one shard-<i> folder of one")  # fmt: skip
     return p
 
 
 def verify_main(argv: list[str]) -> int:
     """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
-    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir."""
+    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir or checkpoint.
+    For a checkpoint (or a shard-<i> folder of one): its manifest's checksum, each shard's files against the
+    manifest's sha256s, every block of each shard's RocksDB (damage saved into the checkpoint, which the sha256s
+    cover, is found only so), and its rows against the manifest's counts."""
     args = build_verify_parser().parse_args(argv)
     from ps.storage.verify import verify_data_dir
 

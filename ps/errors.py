@@ -284,6 +284,16 @@ class DataLossError(StorageError):
     status = "DATA_LOSS"
 
 
+class CheckpointDamagedError(StorageError):
+    """A checkpoint's files are damaged: RocksDB found a block of one whose checksum fails, or cannot read a file
+    it needs. Restore and export refuse it; `ps-server verify CHECKPOINT` lists what is damaged. checkpoint: its
+    directory; where: the file (relative to it) and offset, as far as RocksDB named them ("" if it named none)."""
+
+    def __init__(self, message: str, checkpoint: str = "", where: str = ""):
+        super().__init__(message)
+        self.checkpoint, self.where = checkpoint, where
+
+
 STATUS_TO_ERROR = {
     cls.status: cls
     for cls in (

@@ -83,7 +83,15 @@ from rocksdict import (
 
 from ps.accel.threadnames import name_os_thread
 from ps.config import TableConfig
-from ps.errors import DataDirLostError, DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
+from ps.errors import (
+    CheckpointDamagedError,
+    DataDirLostError,
+    DataLossError,
+    DiskFullError,
+    PsError,
+    StorageError,
+    disk_full_reason,
+)
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
@@ -178,6 +186,60 @@ def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tupl
             raise Exception(str(e).replace(view, source)) from None
         finally:
             db.close()
+
+
+_DAMAGED_FILE = re.compile(r"(/\S*?(?:\.sst|\.log|\.blob|MANIFEST-\d+|CURRENT|OPTIONS-\d+))(?::|,|\s|$)")
+_DAMAGED_OFFSET = re.compile(r"\boffset (\d+)")
+
+
+def damage_at(text: str, base: str | None = None) -> str:
+    """Where RocksDB's error text puts the damage: "FILE at offset N" for a block of a file (a data block whose
+    checksum fails), "FILE" where it names a file and no offset, "" where it names none. base: FILE is given
+    relative to it when it lies inside."""
+    found = _DAMAGED_FILE.search(text)
+    if found is None:
+        return ""
+    name = found.group(1)
+    if base is not None and os.path.commonpath([os.path.abspath(base), name]) == os.path.abspath(base):
+        name = os.path.relpath(name, base)
+    offset = _DAMAGED_OFFSET.search(text, found.end(1))
+    return f"{name} at offset {offset.group(1)}" if offset else name
+
+
+@contextlib.contextmanager
+def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
+    """_opened_read_only of a checkpoint's shard folder, for a restore or an export: RocksDB's errors about source
+    (one it raises at the open, or one naming a file of source later; not those naming another dir, such as a
+    restore's writes into its data dir) as a CheckpointDamagedError naming the checkpoint, the file and the offset
+    for damage ("Corruption: ...", a file gone), as a StorageError for anything else."""
+    source = os.path.abspath(source)
+    checkpoint, shard = os.path.split(source)
+    opened = False
+
+    def failed(text: str, doing: str) -> StorageError:
+        if not (text.startswith("Corruption") or "No such file" in text):
+            return StorageError(f"RocksDB cannot read checkpoint {checkpoint} ({shard}) while {doing}: {text}")
+        where = damage_at(text, checkpoint) or f"{shard} (RocksDB names no file)"
+        return CheckpointDamagedError(
+            f"checkpoint {checkpoint} is damaged: {where} (RocksDB, while {doing}: {text}). Nothing in it can be "
+            f"read past that point; `ps-server verify {checkpoint}` lists everything damaged in it. A checkpoint's "
+            "SST files are hard links to the shard's own when saved on its file system: `ps-server verify` that "
+            "shard's data dir too",
+            checkpoint, where,
+        )  # fmt: skip
+
+    try:
+        with _opened_read_only(source) as opened_db:
+            opened = True
+            yield opened_db
+    except PsError:
+        raise
+    except Exception as e:  # rocksdict raises plain Exception
+        if not opened:
+            raise failed(str(e), "opening it") from None
+        if source not in str(e):
+            raise
+        raise failed(str(e), "reading it") from None
 
 
 def _identity(shard: tuple[int, int]) -> dict:
@@ -784,11 +846,12 @@ class Store:
         {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
         checkpoint holds no table number for one of `tables` (its meta does not match its manifest); and, where
         stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
-        RowLayout.width) or a pending id's. on_written: told the admitted rows of each batch written (it may raise to
-        stop the copy there)."""
+        RowLayout.width) or a pending id's; CheckpointDamagedError where RocksDB finds damage in source (what was
+        copied stays: the caller undoes it). on_written: told the admitted rows of each batch written (it may raise
+        to stop the copy there)."""
         lo, hi = slots
         copied = {}
-        with _opened_read_only(source) as (src, names, _):
+        with _reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}  # the checkpoint's
             missing = [t for t in tables if t not in numbers]
             if missing:
@@ -836,8 +899,9 @@ class Store:
         source: str, table: str, width: int, chunk: int = 1 << 16
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
-        checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped."""
-        with _opened_read_only(source) as (src, names, _):
+        checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped.
+        CheckpointDamagedError where RocksDB finds damage in it."""
+        with _reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
                 return

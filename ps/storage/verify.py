@@ -1,5 +1,6 @@
 """verify_data_dir: reads every block of a shard's data dir, changing nothing, and says what is damaged
-(`ps-server verify DIR`).
+(`ps-server verify DIR`); verify_checkpoint does the same for a checkpoint (DIR holds a manifest.json), or for one
+shard's folder of it (`ps-server verify CHECKPOINT/shard-<i>`).
 
 What it reads: every key of every RocksDB column family, with every block's checksum verified (not cached); the
 shard record in RocksDB against shard.json (ps.storage.sidefiles); every journal record after RocksDB's flushed
@@ -11,18 +12,21 @@ journal record) or repairs it (a missing shard.json).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
-from ps.checkpoint import checkpoint_holding
+from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
 from ps.errors import StorageError
 from ps.storage.journal import Journal
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import verify_rocksdb
+from ps.storage.store import Store, damage_at, verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 
 
 def verify_data_dir(path: str) -> tuple[list[str], bool]:
-    """(report lines, whether anything is damaged). StorageError if path is not a shard's data dir at all."""
+    """(report lines, whether anything is damaged). A checkpoint (a manifest.json and no RocksDB CURRENT file) or a
+    shard's folder of one is verified as such (verify_checkpoint). StorageError if path is neither a shard's data
+    dir nor a checkpoint."""
     if not os.path.isdir(path):
         try:
             os.stat(path)
@@ -33,12 +37,13 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
         raise StorageError(f"{path} is not a directory")
     checkpoint = checkpoint_holding(path)
     if checkpoint is not None:
-        raise StorageError(f"{path} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a restore "
-                           f"checks a checkpoint's files against its manifest (ps-server --restore {checkpoint})")  # fmt: skip
+        return verify_checkpoint(checkpoint, only=os.path.basename(os.path.abspath(path)))
     names = set(os.listdir(path))
+    if MANIFEST in names and "CURRENT" not in names:
+        return verify_checkpoint(path)
     if not names & {"CURRENT", IDENTITY_FILE, MARK_FILE}:
         raise StorageError(f"{path} is not a shard's data dir: it holds no RocksDB CURRENT file, {IDENTITY_FILE} or "
-                           f"{MARK_FILE}")  # fmt: skip
+                           f"{MARK_FILE}; nor a checkpoint: it holds no {MANIFEST}")  # fmt: skip
     _check_readable(path)
     lines: list[str] = []
     damaged = False
@@ -68,6 +73,78 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
     problems = sum(line.startswith("DAMAGED") for line in lines)
     lines.append(f"verify {path}: {f'{problems} damaged' if damaged else 'nothing damaged'}")
     return lines, damaged
+
+
+def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str], bool]:
+    """(report lines, whether anything is damaged) of the checkpoint at directory, changing nothing: its manifest
+    against its own sha256; per shard (only: that shard's folder alone, e.g. "shard-0"), every file against the
+    manifest's sha256 and no file it does not list (what a restore checks first), then every key of its RocksDB
+    read with every block's checksum verified (what a restore and an export read; a block damaged before the save
+    has sha256s that match), and its admitted rows per table against the manifest's counts (an export refuses
+    a difference). A damaged manifest is reported, and the shard-<i> folders there are read as RocksDB still.
+    StorageError if this user cannot read it (nothing was checked)."""
+    directory = os.path.abspath(directory)
+    _check_readable(directory)
+    lines: list[str] = []
+    damaged = False
+
+    def found(ok: bool, text: str) -> None:
+        nonlocal damaged
+        damaged |= not ok
+        lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
+
+    try:
+        manifest = load_manifest(directory)
+    except StorageError as e:
+        found(False, f"manifest: {e}")
+        shards = [{"dir": name} for name in sorted(os.listdir(directory)) if name.startswith("shard-")]
+    else:
+        tables = ", ".join(t["name"] for t in manifest["tables"]) or "none"
+        found(True, f"manifest: {manifest['num_shards']} shard(s), clock {manifest['clock']:,}, tables {tables}; its "
+                    "sha256 matches")  # fmt: skip
+        shards = sorted(manifest["shards"], key=lambda shard: shard["shard_id"])
+    for shard in shards:
+        if only is None or shard["dir"] == only:
+            _checkpoint_shard(directory, shard, found)
+    problems = sum(line.startswith("DAMAGED") for line in lines)
+    what = directory if only is None else os.path.join(directory, only)
+    lines.append(f"verify checkpoint {what}: {f'{problems} damaged' if damaged else 'nothing damaged'}")
+    return lines, damaged
+
+
+def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], None]) -> None:
+    name = shard["dir"]
+    path = os.path.join(directory, name)
+    if not os.path.isdir(path):
+        found(False, f"{name}: missing (the manifest lists it)")
+        return
+    if "files" in shard:
+        have = file_checksums(path)
+        bad = [f"{f} is missing" if f not in have else f"{f} does not match its sha256"
+               for f, digest in sorted(shard["files"].items()) if have.get(f) != digest]  # fmt: skip
+        bad += [f"{f} is not in the manifest (a restore refuses it)" for f in sorted(set(have) - set(shard["files"]))]
+        found(not bad, f"{name}: " + ("; ".join(bad[:5]) + ("; ..." if len(bad) > 5 else "") if bad else
+                                      f"{len(have)} files match the manifest's sha256"))  # fmt: skip
+    read, _ = verify_rocksdb(path)
+    for cf, (count, damage) in read.items():
+        if not cf:
+            found(False, f"{name}: {damage}")
+        elif damage:
+            where = damage_at(damage, directory) or "RocksDB names no file"
+            found(False, f"{name}: column family {cf}: {where}: {damage} (after {count:,} keys)")
+        else:
+            found(True, f"{name}: column family {cf}: {count:,} keys read, every block's checksum verified")
+    if "rows" not in shard or "" in read:
+        return
+    try:
+        held = Store.admitted_counts(path)
+    except Exception as e:  # rocksdict raises plain Exception; the read above named the damage
+        found(False, f"{name}: rows per table cannot be counted: {e}")
+        return
+    differ = [f"{t} {held.get(t, 0):,} where the manifest says {int(n):,}" for t, n in sorted(shard["rows"].items())
+              if held.get(t, 0) != int(n)]  # fmt: skip
+    counted = ", ".join(f"{t} {int(n):,}" for t, n in sorted(shard["rows"].items())) or "no tables"
+    found(not differ, f"{name}: admitted rows {'; '.join(differ) or f'as the manifest counts ({counted})'}")
 
 
 def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:

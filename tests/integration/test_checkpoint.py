@@ -211,8 +211,9 @@ def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
     with pytest.raises(StorageError, match=r"ckpt/shard-0 is a shard's folder of the checkpoint .*ckpt, not a data "
                                            r"dir: a server on it would change the checkpoint. .*--restore"):  # fmt: skip
         Shard(ServerConfig(data_dir=str(checkpoint / "shard-0")))
-    with pytest.raises(StorageError, match="is a shard's folder of the checkpoint"):
-        verify_data_dir(str(checkpoint / "shard-0"))
+    for what in (checkpoint, checkpoint / "shard-0"):  # verified as a checkpoint, or one shard's folder of it
+        report, damaged = verify_data_dir(str(what))
+        assert not damaged and report[-1] == f"verify checkpoint {what}: nothing damaged", report
     assert files_of(checkpoint) == before and files_of(data_dir) == data_before
     assert np.load(tmp_path / "out" / "busy.rows.npy").sum() == -200
     again = [sys.executable, "-m", "ps", "export", str(checkpoint), "--out", str(tmp_path / "out")]
