@@ -254,3 +254,143 @@ def test_a_journal_missing_acknowledged_records_is_refused_unless_the_loss_is_ac
     with InProcess(data_dir) as address:  # the loss, once accepted, is not met again
         assert pushes_applied(address, "t") == kept
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "journal" in r.getMessage()]
+
+
+# ---- a checkpoint whose SST holds a damaged block ---------------------------------------------------------
+def damage_largest_sst(folder) -> str:
+    """Flips 16 bytes a quarter into folder's largest SST file (a data block); returns its name."""
+    sst = max((folder / f for f in os.listdir(folder) if f.endswith(".sst")), key=os.path.getsize)
+    with open(sst, "r+b") as f:
+        f.seek(os.path.getsize(sst) // 4)
+        f.write(bytes(b ^ 0xFF for b in f.read(16)))
+    return sst.name
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """(root, the rows pulled at the saves): root/good, a checkpoint of a shard; root/bad, one saved by the same
+    shard after a data block of its largest SST was damaged (a copy of its data dir: good's files are hard links to
+    the original's). bad's manifest covers the damaged bytes: its sha256s match."""
+    from ps.engine.shard import Shard
+    from tests.test_restore_tables import checkpoint
+
+    root = tmp_path_factory.mktemp("checkpoints")
+    spec = TableConfig("emb", DIM)
+    ids = np.arange(20_000, dtype=np.uint64)
+    shard = Shard(ServerConfig(data_dir=str(root / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("emb", ids, np.ones((len(ids), DIM), np.float32))
+        want = shard.pull("emb", ids)
+        checkpoint(shard, str(root / "good"), [spec])
+    finally:
+        shard.close()
+    shutil.copytree(root / "source", root / "damaged")
+    damage_largest_sst(root / "damaged")
+    shard = Shard(ServerConfig(data_dir=str(root / "damaged")))  # it starts: the damage is found when read
+    try:
+        checkpoint(shard, str(root / "bad"), [spec])
+    finally:
+        shard.close()
+    return root, ids, want
+
+
+def test_verify_reads_every_block_of_a_checkpoint_and_names_the_damaged_file_and_offset(checkpoints):
+    root, _, _ = checkpoints
+    bad = root / "bad"
+    for what in (bad, bad / "shard-0"):  # the checkpoint, or one shard's folder of it
+        report = verify(what)
+        assert report.returncode == 1, report.stdout + report.stderr
+        assert re.search(r"^ok +shard-0: \d+ files match the manifest's sha256$", report.stdout, re.M), report.stdout
+        assert re.search(r"^DAMAGED shard-0: column family rows: shard-0/\d+\.sst at offset \d+: Corruption: block "
+                         r"checksum mismatch", report.stdout, re.M), report.stdout  # fmt: skip
+        assert report.stdout.rstrip().endswith(f"verify checkpoint {what}: 1 damaged"), report.stdout
+    report = verify(root / "good")
+    assert report.returncode == 0 and "DAMAGED" not in report.stdout, report.stdout + report.stderr
+    assert report.stdout.rstrip().endswith("nothing damaged"), report.stdout
+    assert "admitted rows as the manifest counts (emb 20,000)" in report.stdout, report.stdout
+    empty = root / "empty"
+    empty.mkdir()
+    refused = verify(empty)
+    assert refused.returncode == 2 and "nor a checkpoint: it holds no manifest.json" in refused.stderr, refused.stderr
+
+
+def test_a_restore_from_a_damaged_checkpoint_names_it_and_leaves_the_data_dir_open_to_another(checkpoints, tmp_path):
+    from ps.engine.shard import Shard
+    from ps.errors import CheckpointDamagedError
+
+    root, ids, want = checkpoints
+    data_dir = tmp_path / "new"
+    out = ServerProcess(data_dir, "--restore", str(root / "bad")).refused()  # no traceback, exit 2
+    assert re.search(rf"ps-server: error: checkpoint {root / 'bad'} is damaged: shard-0/\d+\.sst at offset \d+ "
+                     r"\(RocksDB, while reading it: Corruption: block checksum mismatch", out), out  # fmt: skip
+    assert f"The restore stopped and deleted what it had copied: data dir {data_dir} is as it was" in out, out
+    assert "cannot start on data dir" not in out, out  # the checkpoint's damage, not the data dir's
+    with pytest.raises(CheckpointDamagedError, match="is damaged: shard-0/"):  # again: no mark refuses it
+        Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(root / "bad")))
+    shard = Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(root / "good")))
+    try:
+        assert shard.describe_start().startswith(f"restored from {root / 'good'}, tables emb 20,000 rows")
+        np.testing.assert_array_equal(shard.pull("emb", ids), want)
+    finally:
+        shard.close()
+
+
+def test_a_restore_that_cannot_delete_what_it_copied_from_a_damaged_checkpoint_says_to_delete_the_dir(
+    checkpoints, tmp_path, monkeypatch
+):
+    from ps.engine.shard import Shard
+    from ps.storage.store import Store
+
+    root, _, _ = checkpoints
+    data_dir = tmp_path / "new"
+
+    def fails(self) -> None:
+        raise StorageError("RocksDB in it failed while deleting an unfinished restore's rows: IO error")
+
+    with monkeypatch.context() as m:
+        m.setattr(Store, "forget_unfinished_restore", fails)
+        with pytest.raises(StorageError, match=r"is damaged: .*deleting what it had copied into data dir .* failed too "
+                                               r"\(.*IO error\), so the dir stays marked .*delete it and start again "
+                                               r"with --restore of another checkpoint"):  # fmt: skip
+            Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(root / "bad")))
+    with pytest.raises(StorageError, match=r"holds a restore from .*bad that did not finish; .*or delete the data dir: "
+                                           r"it holds nothing but that unfinished restore"):  # fmt: skip
+        Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(root / "good")))
+    shutil.rmtree(data_dir)  # what the refusal says to do
+    Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(root / "good"))).close()
+
+
+@pytest.mark.parametrize("out_exists", [False, True])
+def test_export_of_a_damaged_checkpoint_is_a_message_and_writes_nothing(checkpoints, tmp_path, out_exists):
+    root, _, _ = checkpoints
+    out = tmp_path / "out"
+    if out_exists:
+        out.mkdir()
+    done = subprocess.run([sys.executable, "-m", "ps", "export", str(root / "bad"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.match(rf"ps-server export: error: checkpoint {root / 'bad'} is damaged: shard-0/\d+\.sst at offset \d+ ",
+                    done.stderr), done.stderr  # fmt: skip
+    assert (list(out.iterdir()) == []) if out_exists else not out.exists()
+
+
+def test_ps_worker_export_of_a_shard_with_a_damaged_sst_is_a_message(checkpoints, tmp_path):
+    """The worker's export saves a checkpoint (hard links to the shard's SSTs, the damaged one too) and exports it:
+    ps-server export's message, exit 2, and no checkpoint or OUT left behind."""
+    root, _, _ = checkpoints
+    data_dir = tmp_path / "shard"
+    shutil.copytree(root / "damaged", data_dir)
+    server = ServerProcess(data_dir, "--checkpoint-root", str(tmp_path))
+    address = server.started()
+    assert address, server.output()
+    try:
+        out = tmp_path / "export"
+        done = subprocess.run([sys.executable, "-m", "worker", "export", "--servers", address, str(out),
+                               "--no-progress"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    finally:
+        server.stop_cleanly()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(r"ps-server export: error: checkpoint \S+ is damaged: shard-0/\d+\.sst at offset \d+ ",
+                     done.stderr), done.stderr  # fmt: skip
+    assert not out.exists()

@@ -14,7 +14,7 @@ import numpy as np
 
 from ps.checkpoint import read_manifest, slot_range
 from ps.config import TableConfig
-from ps.errors import StorageError
+from ps.errors import CheckpointDamagedError, StorageError
 from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage.store import Store
@@ -26,7 +26,10 @@ def check_restored(store: Store) -> None:
     if pending:
         raise StorageError(f"data dir {store.path} holds a restore from {pending} that did not finish; start with "
                            f"--restore {pending} to start it over (what it copied is deleted first), or delete the "
-                           "data dir")  # fmt: skip
+                           "data dir: it holds nothing but that unfinished restore (a restore starts only on a dir "
+                           "with no tables), so a start on the emptied dir with --restore of another checkpoint is "
+                           "safe, as is one with none. A restore that stops on a damaged checkpoint deletes what "
+                           "it copied itself, and leaves no such mark")  # fmt: skip
 
 
 def restore_into(
@@ -41,7 +44,13 @@ def restore_into(
     the checkpoint's, from read_manifest (None: read here, before anything is written). From its first write, the
     store is marked as holding a restore that did not finish (check_restored) until every row is in.
     on_written: told the admitted rows of each batch written (Store.import_slots); it may raise to stop the
-    restore there, which leaves that mark."""
+    restore there, which leaves that mark.
+
+    A checkpoint whose RocksDB is damaged (CheckpointDamagedError: a block whose checksum fails, found when the
+    copy reads it; the files' sha256s match, as they do when the damage was saved) stops the restore, which then
+    deletes what it copied and its mark (Store.forget_unfinished_restore), leaving the store as it was: the error
+    is the checkpoint's, and a start with another checkpoint must not be refused for it. Only when that deletion
+    fails too does the mark stay (the error says so, and check_restored what to do)."""
     check_restored(store)
     if store.load_tables():
         raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
@@ -54,10 +63,13 @@ def restore_into(
         store.create_table(cfg)
     slots = slot_range(shard_id, num_shards)
     rows = {cfg.name: {"admitted": 0, "pending": 0} for cfg in tables}
+    widths = {t.name: layout_of(t.dim, t.optimizer.name).width for t in tables}
     for shard in manifest["shards"]:
-        widths = {t.name: layout_of(t.dim, t.optimizer.name).width for t in tables}
-        copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables], widths,
-                                    on_written)  # fmt: skip
+        try:
+            copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables],
+                                        widths, on_written)  # fmt: skip
+        except CheckpointDamagedError as e:
+            raise _undone(store, e) from None
         for name, counts in copied.items():
             for k, v in counts.items():
                 rows[name][k] += v
@@ -67,6 +79,20 @@ def restore_into(
     store.set_restore_pending(None)
     store.flush()
     return {"tables": rows, "clock": int(manifest["clock"]), "slots": slots, "from_shards": len(manifest["shards"])}
+
+
+def _undone(store: Store, damage: CheckpointDamagedError) -> StorageError:
+    """The error to raise for a restore that damage in its checkpoint stopped, once what it copied and its mark are
+    deleted (a StorageError saying so if that fails: the mark stays)."""
+    try:
+        store.forget_unfinished_restore()
+    except Exception as e:  # a StorageError, a DiskFullError: the dir keeps the mark, and check_restored says why
+        return StorageError(f"{damage}. The restore stopped; deleting what it had copied into data dir {store.path} "
+                            f"failed too ({e}), so the dir stays marked as holding an unfinished restore: it holds "
+                            "nothing else, delete it and start again with --restore of another checkpoint")  # fmt: skip
+    return CheckpointDamagedError(f"{damage}. The restore stopped and deleted what it had copied: data dir "
+                                  f"{store.path} is as it was before it, and a start with --restore of another "
+                                  "checkpoint (an earlier save) goes ahead", damage.checkpoint, damage.where)  # fmt: skip
 
 
 class ExportProgress(CountProgress):
@@ -98,13 +124,16 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     about what it writes for the table plus 16 bytes a row; the rows are written in sorted order WRITE_ROWS at a
     time. Every file is written under a temporary name and renamed once all are written (export.json last), so a
     failure leaves an earlier export in out as it was. progress: show rows read, then rows written, per table
-    (ExportProgress, on stderr). ValueError for an out inside the checkpoint; StorageError for a damaged
-    checkpoint, and for a shard whose admitted rows of a table differ from its manifest's count."""
+    (ExportProgress, on stderr); an out it made is removed again on a failure. ValueError for an out inside the
+    checkpoint; StorageError for a damaged checkpoint (CheckpointDamagedError, naming the file and offset, where
+    RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ from its
+    manifest's count."""
     manifest = read_manifest(directory)
     source, target = os.path.realpath(directory), os.path.realpath(out)
     if os.path.commonpath([source, target]) == source:
         raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
                          "checkpoint; give a directory outside it")  # fmt: skip
+    new_out = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
     summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
     written: list[tuple[str, str]] = []  # (temporary, final) paths
@@ -135,6 +164,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
         for tmp, _ in written:
             with contextlib.suppress(OSError):
                 os.remove(tmp)
+        if new_out:  # an out this export made, if nothing else came into it
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
         raise
     for tmp, final in written:
         os.replace(tmp, final)
