@@ -25,6 +25,11 @@ Restore (`ps-server --restore DIR`, ps.engine.restore, on a new data dir): shard
 checkpointed shard, the rows of the slots it owns now (a slot is a key range), with their journal positions reset;
 the tables, their row counts and the clock come along. Pulls then return exactly what they returned at the cut,
 whatever n.
+
+The sha256s are of the files as saved (hard links to the shard's live SSTs): a block damaged before the save has
+matching ones. A save does not read the blocks (docs/reliability.md has the measured cost); `ps-server verify
+CHECKPOINT` (ps.storage.verify.verify_checkpoint) does, and a restore or an export that meets such a block stops
+with a CheckpointDamagedError naming the file and offset (ps.storage.store).
 """
 
 from __future__ import annotations
