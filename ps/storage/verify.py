@@ -45,13 +45,8 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
         raise StorageError(f"{path} is not a shard's data dir: it holds no RocksDB CURRENT file, {IDENTITY_FILE} or "
                            f"{MARK_FILE}; nor a checkpoint: it holds no {MANIFEST}")  # fmt: skip
     _check_readable(path)
-    lines: list[str] = []
-    damaged = False
-
-    def found(ok: bool, text: str) -> None:
-        nonlocal damaged
-        damaged |= not ok
-        lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
+    report = _Report()
+    lines, found = report.lines, report.found
 
     meta = None
     if "CURRENT" in names:
@@ -71,8 +66,20 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
         _identity(path, meta["shard"], found, lines)
         _journal(path, meta["flushed_seq"], meta["tables"], found, lines)
     problems = sum(line.startswith("DAMAGED") for line in lines)
-    lines.append(f"verify {path}: {f'{problems} damaged' if damaged else 'nothing damaged'}")
-    return lines, damaged
+    lines.append(f"verify {path}: {f'{problems} damaged' if report.damaged else 'nothing damaged'}")
+    return lines, report.damaged
+
+
+class _Report:
+    """The lines of a verify report, and whether any says DAMAGED."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.damaged = False
+
+    def found(self, ok: bool, text: str) -> None:
+        self.damaged |= not ok
+        self.lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
 
 
 def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str], bool]:
@@ -85,13 +92,8 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     StorageError if this user cannot read it (nothing was checked)."""
     directory = os.path.abspath(directory)
     _check_readable(directory)
-    lines: list[str] = []
-    damaged = False
-
-    def found(ok: bool, text: str) -> None:
-        nonlocal damaged
-        damaged |= not ok
-        lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
+    report = _Report()
+    lines, found = report.lines, report.found
 
     try:
         manifest = load_manifest(directory)
@@ -108,8 +110,8 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
             _checkpoint_shard(directory, shard, found)
     problems = sum(line.startswith("DAMAGED") for line in lines)
     what = directory if only is None else os.path.join(directory, only)
-    lines.append(f"verify checkpoint {what}: {f'{problems} damaged' if damaged else 'nothing damaged'}")
-    return lines, damaged
+    lines.append(f"verify checkpoint {what}: {f'{problems} damaged' if report.damaged else 'nothing damaged'}")
+    return lines, report.damaged
 
 
 def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], None]) -> None:
