@@ -125,7 +125,7 @@ def parse_share(
     problems: list[tuple[int, str]] = []
     for k, line in enumerate(lines):
         line_no, line = first + k * step, line if line.endswith(b"\n") else line + b"\n"
-        problem = _shape_problem(line)
+        problem = shape_problem(line)
         if problem is None:
             good.append((line_no, line))
         else:
@@ -152,7 +152,7 @@ def _bisect(lines: list[tuple[int, bytes]], name: str, problems: list[tuple[int,
     return _bisect(lines[:mid], name, problems) + _bisect(lines[mid:], name, problems)
 
 
-def _shape_problem(line: bytes) -> str | None:
+def shape_problem(line: bytes) -> str | None:
     """What is wrong with a line's column count or label (worded as parse_lines words it, with a hint for a line
     that looks like CSV), or None."""
     body = line[:-1]  # the line ends with "\n"
@@ -162,7 +162,7 @@ def _shape_problem(line: bytes) -> str | None:
         return EMPTY_LINE
     columns = body.count(b"\t") + 1
     if columns != NUM_COLUMNS:
-        hint = " (it looks comma-separated: --format csv reads a CSV file with a header)" if _csv_like(body) else ""
+        hint = " (it looks comma-separated: --format csv reads a CSV file with a header)" if csv_like(body) else ""
         return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
     label = body[: body.index(b"\t")].rstrip(b"\0")  # numpy's bytes arrays drop trailing NULs
     if label not in (b"0", b"1"):
@@ -170,6 +170,6 @@ def _shape_problem(line: bytes) -> str | None:
     return None
 
 
-def _csv_like(body: bytes) -> bool:
+def csv_like(body: bytes) -> bool:
     """Whether a line that is not Criteo TSV looks like a CSV line: commas, no tabs."""
     return b"," in body and b"\t" not in body

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from worker.criteo import NUM_COLUMNS, parse_share
+from worker.criteo import NUM_COLUMNS, csv_like, parse_share, shape_problem
 from worker.criteo_fast import scan_lines
 from worker.encode import parsed_sources
 from worker.readers.share import Cells, Share, first_line, open_data
@@ -77,10 +77,9 @@ def csv_first_line(name: str) -> str | None:
     """What is wrong with a file's line 1, worded as the reader words a bad line, when it has no tab and a comma
     (a CSV file read as Criteo TSV: every line of it would be malformed), else None."""
     line = first_line(name, lambda line: True)
-    body = b"" if line is None else _body(line)
-    if b"\t" in body or b"," not in body:
+    if line is None or not csv_like(_body(line)):
         return None
-    return f"1 tab-separated columns, expected {NUM_COLUMNS} (it looks comma-separated: --format csv reads a CSV file with a header)"
+    return shape_problem(_body(line) + b"\n")  # the reader's own wording of that line
 
 
 def _body(line: bytes) -> bytes:
