@@ -163,9 +163,9 @@ class DataSource:
         for batch in self._share():
             mask = validation_mask(first, len(batch), fraction)
             first += len(batch)
-            ones = batch.labels > 0.5
-            positives += int(np.count_nonzero(ones))
-            if len(ones):
+            if want_validation and len(batch):  # the read before training: the label figures, once
+                ones = batch.labels > 0.5
+                positives += int(np.count_nonzero(ones))
                 changes += int(np.count_nonzero(ones[1:] != ones[:-1])) + int(last is not None and ones[0] != last)
                 last = ones[-1]
             picked = np.flatnonzero(mask if want_validation else ~mask)
@@ -173,8 +173,9 @@ class DataSource:
                 yield batch
             elif len(picked):
                 yield batch.take(picked)
-        self.share_labels = (positives, first)
-        self.share_label_changes = changes
+        if want_validation:
+            self.share_labels = (positives, first)
+            self.share_label_changes = changes
 
     def train(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:
