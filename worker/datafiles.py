@@ -57,14 +57,8 @@ def describe_files(flag: str, spec: str | os.PathLike | None) -> str | None:
     files = data_files(spec)
     skipped = []
     for entry in os.fspath(spec).split(","):
-        entry = entry.strip()
-        if os.path.isdir(entry):
-            skipped += sorted(
-                n for n in os.listdir(entry) if not _is_data(n) and os.path.isfile(os.path.join(entry, n))
-            )
-        elif _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
-            skipped += sorted(os.path.basename(p) for p in glob.glob(entry, include_hidden=True)
-                              if os.path.isfile(p) and not _is_data(os.path.basename(p)))  # fmt: skip
+        names = (os.path.basename(p) for p in _matched(entry.strip()) or [])
+        skipped += sorted(n for n in names if not _is_data(n))
     shown = ", ".join(os.path.basename(f) for f in files[:5]) + (
         f", ... ({len(files) - 5:,} more)" if len(files) > 5 else ""
     )
@@ -81,20 +75,26 @@ def name_order(path: str) -> tuple:
 
 
 def _entry_files(entry: str) -> list[str]:
+    matched = _matched(entry)
+    if matched is None:
+        return [entry]
+    files = sorted((p for p in matched if _is_data(os.path.basename(p))), key=name_order)
+    if not files and os.path.isdir(entry):
+        raise ValueError(f"{entry} is a directory holding no data file (hidden files, names starting with '_' "
+                         f"and names ending in {', '.join(NOT_DATA)} are skipped)")  # fmt: skip
+    if not files:
+        raise ValueError(f"the pattern {entry!r} matches no data file")
+    return files
+
+
+def _matched(entry: str) -> list[str] | None:
+    """Every regular file a directory entry holds (not its subdirectories) or a glob entry matches, data or not
+    (_is_data tells), hidden ones included; None for an entry that names one path."""
     if os.path.isdir(entry):
-        names = sorted((n for n in os.listdir(entry) if _is_data(n) and os.path.isfile(os.path.join(entry, n))),
-                       key=name_order)  # fmt: skip
-        if not names:
-            raise ValueError(f"{entry} is a directory holding no data file (hidden files, names starting with '_' "
-                             f"and names ending in {', '.join(NOT_DATA)} are skipped)")  # fmt: skip
-        return [os.path.join(entry, n) for n in names]
+        return [p for p in (os.path.join(entry, n) for n in os.listdir(entry)) if os.path.isfile(p)]
     if _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
-        matched = sorted((p for p in glob.glob(entry) if os.path.isfile(p) and _is_data(os.path.basename(p))),
-                         key=name_order)  # fmt: skip
-        if not matched:
-            raise ValueError(f"the pattern {entry!r} matches no data file")
-        return matched
-    return [entry]
+        return [p for p in glob.glob(entry, include_hidden=True) if os.path.isfile(p)]
+    return None
 
 
 def _is_data(name: str) -> bool:
