@@ -65,6 +65,17 @@ class _Killed(BaseException):
     """Stops a flush where kill -9 would; a BaseException, so no `except Exception` on the way swallows it."""
 
 
+def stop_servers(running: list) -> None:
+    """Closes each (in-process ps.server.Server, grpc channel) pair a test fixture started; a server that fails
+    to stop (the state the test left it in) does not keep the others running."""
+    for server, channel in running:
+        channel.close()
+        try:
+            server.stop(grace_s=1)
+        except Exception:
+            pass
+
+
 def crash(shard, during_flush: str | None = None, meanwhile: Callable[[], object] | None = None) -> None:
     """Leaves a Shard the way kill -9 would: the journal and RocksDB's WAL are what is left (closing the RocksDB
     handle writes nothing a crash would not leave), and dirty rows are lost.

@@ -23,6 +23,7 @@ from ps.errors import DataDirLostError
 from ps.health import check_health
 from ps.server import Server
 from ps.storage.journal import Journal
+from tests.conftest import stop_servers
 from tests.server_process import ServerProcess
 from tests.waiting import wait_until
 
@@ -62,12 +63,7 @@ def serve(tmp_path):
         return server, stub, f"127.0.0.1:{port}"
 
     yield start
-    for server, channel in running:
-        channel.close()
-        try:
-            server.stop(grace_s=1)
-        except Exception:
-            pass
+    stop_servers(running)
 
 
 def not_serving(address: str) -> bool:

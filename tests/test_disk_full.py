@@ -26,7 +26,7 @@ from ps.server import Server
 from ps.storage import journal as journal_module
 from ps.storage import store as store_module
 from ps.storage.journal import Journal
-from tests.conftest import crash
+from tests.conftest import crash, stop_servers
 
 TIMEOUT_S = 30
 DIM = 4
@@ -108,12 +108,7 @@ def serve(tmp_path):
         return server, stub
 
     yield go
-    for server, channel in running:
-        channel.close()
-        try:
-            server.stop(grace_s=1)
-        except Exception:
-            pass
+    stop_servers(running)
 
 
 def create(stub, name: str = "t") -> None:
