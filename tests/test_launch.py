@@ -153,6 +153,9 @@ def fakes(tmp_path):
 def test_backends_one_per_worker_or_one_for_all():
     assert expand_backends("torch", 3) == ("torch", "torch", "torch")
     assert expand_backends("numpy, torch,numpy", 3) == ("numpy", "torch", "numpy")
+    assert expand_backends("numpy,torch:cuda", 2) == ("numpy", "torch:cuda")
+    with pytest.raises(ValueError, match="'torch:tpu' names an unknown device; expected cpu or cuda"):
+        expand_backends("numpy,torch:tpu", 2)
     with pytest.raises(ValueError, match="names 2 backends for --workers 3"):
         expand_backends("numpy,torch", 3)
     with pytest.raises(ValueError, match="'jax' is not a backend"):
@@ -245,6 +248,22 @@ def test_plan_with_trains_own_config_checks_every_backend():
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,numpy", "--model", "dnn",
                              "--device", "cuda")  # fmt: skip
     with pytest.raises(ValueError, match="--device cuda needs --backend torch"):
+        plan_launch(args, rest)
+
+
+def test_a_worker_of_its_own_device_gets_device_and_the_pairing_is_checked():
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch:cuda", "--model", "fm")
+    plan = plan_launch(args, rest)
+    first, second = worker_commands(plan, ["h:1"], "/m", ["prog"])
+    assert "--device" not in first
+    assert second[second.index("--backend") : second.index("--backend") + 4] == ["--backend", "torch", "--device",
+                                                                                 "cuda"]  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,numpy:cuda")
+    with pytest.raises(ValueError, match="--backends numpy:cuda: --device cuda needs --backend torch"):
+        plan_launch(args, rest)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,torch:cuda", "--model",
+                             "dnn", "--dense", "allreduce")  # fmt: skip
+    with pytest.raises(ValueError, match="--dense allreduce .* one kind of device, not cpu and cuda"):
         plan_launch(args, rest)
 
 

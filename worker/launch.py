@@ -5,7 +5,9 @@
          (worker/cli_train.py train_config_from_argv) validated for every backend; flags launch sets are refused
       2. --local-shards S: a LocalCluster (worker/cluster.py) with --threads 2 x N + 4 (sync waits hold threads)
       3. worker i:  python -m worker train TRAIN FLAGS --servers ADDRESSES --worker-id i --num-workers N
-                      --backend b_i --job-id J --metrics-out TMP/worker-i.json --progress-lines --no-final-eval
+                      --backend b_i [--device d_i] --job-id J --metrics-out TMP/worker-i.json --progress-lines
+                      --no-final-eval      (b_i[:d_i] the i-th of --backends: "torch:cuda" gives that worker
+                                            --device cuda; a worker without its own device has TRAIN FLAGS')
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
                     rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
@@ -54,6 +56,7 @@ from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, sigterm_raises
 
 BACKENDS = ("numpy", "torch")
+DEVICES = ("cpu", "cuda")
 GRACE_S = 10.0  # SIGTERM to SIGKILL
 TAIL_LINES = 20  # lines of a failed worker's output repeated in the failure report
 _REFUSED = {  # train dests launch sets for every worker: (flag, what launch gives)
@@ -94,7 +97,10 @@ def add_launch_parser(subparsers: Any) -> None:
     )
     p.add_argument("--workers", type=int, required=True, help="worker processes to start")
     p.add_argument(
-        "--backends", default="numpy", help="comma-separated: one backend per worker, or one for all (default: numpy)"
+        "--backends",
+        default="numpy",
+        help="comma-separated: one backend per worker, or one for all, each optionally with its device: "
+        "numpy,torch:cuda runs worker 1 on the GPU (default: numpy; a worker without its own device gets --device)",
     )
     where = p.add_mutually_exclusive_group()
     where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
@@ -127,17 +133,29 @@ class LaunchPlan:
 
 
 def expand_backends(text: str, workers: int) -> tuple[str, ...]:
-    """One backend per worker from --backends: as many names as workers, or one for all. ValueError otherwise."""
+    """One backend per worker from --backends, each "backend" or "backend:device" (torch:cuda): as many as
+    workers, or one for all. ValueError otherwise (the pairing of backend and device is TrainConfig's to check)."""
     names = tuple(s.strip() for s in text.split(","))
-    unknown = [b for b in names if b not in BACKENDS]
+    unknown = [b for b in names if split_backend(b)[0] not in BACKENDS]
     if unknown:
-        raise ValueError(f"--backends {text!r}: {unknown[0]!r} is not a backend; expected {' or '.join(BACKENDS)}")
+        raise ValueError(f"--backends {text!r}: {unknown[0]!r} is not a backend; expected {' or '.join(BACKENDS)}, "
+                         "each optionally with its device (torch:cuda)")  # fmt: skip
+    bad_device = [b for b in names if split_backend(b)[1] not in (None, *DEVICES)]
+    if bad_device:
+        raise ValueError(f"--backends {text!r}: {bad_device[0]!r} names an unknown device; expected "
+                         f"{' or '.join(DEVICES)}")  # fmt: skip
     if len(names) == 1:
         return names * workers
     if len(names) != workers:
         raise ValueError(f"--backends {text!r} names {len(names)} backends for --workers {workers}: give one per "
                          "worker, or one for all")  # fmt: skip
     return names
+
+
+def split_backend(entry: str) -> tuple[str, str | None]:
+    """("torch", "cuda") of "torch:cuda"; ("numpy", None) of "numpy" (the worker keeps the train flags' --device)."""
+    backend, colon, device = entry.partition(":")
+    return backend, (device if colon else None)
 
 
 def check_train_flags(flags: Sequence[str]) -> None:
@@ -173,7 +191,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     if args.workers < 1:
         raise ValueError(f"--workers {args.workers}: expected an integer >= 1")
     backends = expand_backends(args.backends, args.workers)
-    if "torch" in backends and importlib.util.find_spec("torch") is None:
+    if any(split_backend(b)[0] == "torch" for b in backends) and importlib.util.find_spec("torch") is None:
         from worker.job import TORCH_HINT
 
         raise ValueError(f"--backends torch needs PyTorch, which this Python does not have: {TORCH_HINT}")
@@ -200,8 +218,19 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
                             str(job_id)])  # fmt: skip
     except SystemExit:
         raise ValueError("the train flags were refused (see the message above)") from None
-    for backend in sorted(set(backends)):
-        dataclasses.replace(cfg, backend=backend).validate()
+    devices = set()
+    for entry in sorted(set(backends)):
+        backend, device = split_backend(entry)
+        worker_cfg = dataclasses.replace(cfg, backend=backend, device=device or cfg.device)
+        try:
+            worker_cfg.validate()
+        except ValueError as e:
+            raise ValueError(f"--backends {entry}: {e}") from None
+        devices.add(worker_cfg.device)
+    if getattr(cfg, "dense", "ps") == "allreduce" and len(devices) > 1:
+        raise ValueError(f"--dense allreduce joins the workers in one torch.distributed group, gloo on the CPU and "
+                         f"nccl on CUDA: its workers must all run on one kind of device, not {' and '.join(sorted(devices))} "
+                         "(--dense ps trains the MLP on the servers and mixes devices)")  # fmt: skip
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
         raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                          "empty ones (give --servers)")  # fmt: skip
@@ -217,13 +246,16 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
 def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str,
                     program: Sequence[str]) -> list[list[str]]:  # fmt: skip
     """Every worker's command line: program (e.g. python -m worker), --log-level, `train` and its flags."""
-    return [
-        [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
-         "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--job-id",
-         str(plan.job_id), "--metrics-out", os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines",
-         "--no-final-eval"]
-        for i, backend in enumerate(plan.backends)
-    ]  # fmt: skip
+    commands = []
+    for i, entry in enumerate(plan.backends):
+        backend, device = split_backend(entry)
+        commands.append(
+            [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
+             "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend,
+             *(["--device", device] if device else []), "--job-id", str(plan.job_id), "--metrics-out",
+             os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines", "--no-final-eval"]
+        )  # fmt: skip
+    return commands
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -436,9 +468,10 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             per_worker = _read_worker_metrics(metrics_dir, plan.workers)
             if per_worker is None:
                 return 1
+            backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
-                                      num_workers=1, backend=plan.backends[0], metrics_out=None,
-                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
+                                      num_workers=1, backend=backend, device=device or plan.train_config.device,
+                                      metrics_out=None, max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))

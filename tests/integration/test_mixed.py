@@ -1,6 +1,6 @@
-"""Mixed hardware: a numpy worker and a torch worker train one DeepFM on 2 servers, each on its half of the data,
-and leave on the servers the model two numpy workers leave: the same eval AUC, and the same sparse rows and dense
-parameters up to float32 rounding.
+"""Mixed hardware: a numpy worker and a torch worker (on the CPU, or on a CUDA GPU where torch sees one) train one
+DeepFM on 2 servers, each on its half of the data, and leave on the servers the model two numpy workers leave: the
+same eval AUC, and the same sparse rows and dense parameters up to float32 rounding.
 
 The workers run one after the other, so both runs push in the same order and differ only in the backend that
 computed the second half's gradients. (Two workers at once interleave their pushes in whatever order the
@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from worker.client import Client
 from worker.cluster import LocalCluster
@@ -21,6 +22,17 @@ from worker.job import prepare
 from worker.train_config import TrainConfig
 
 PY = sys.executable
+
+
+def torch_sees_cuda() -> bool:
+    """Whether this Python has torch and torch sees a CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", "160000",
           "--synthetic-eval-rows", "40000", "--batch-size", "1024"]  # fmt: skip
 TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2", "--recipe", "large"]
@@ -36,16 +48,20 @@ def probe_ids(data: DataSource) -> np.ndarray:
     return np.unique(np.concatenate([bags.ids for b in firsts for bags in b.fields.values()]))
 
 
-def train_pair(tmp_path, backends: tuple[str, str]) -> tuple[dict, dict[str, np.ndarray]]:
-    """Worker 0 with backends[0], then worker 1 with backends[1]; returns the eval result of the model on the
-    servers and its values: {"sparse": rows of probe_ids, each dense parameter's name: its values}."""
-    with LocalCluster(2, root=str(tmp_path / "-".join(backends))) as cluster:
+def train_pair(tmp_path, workers: tuple[str, str]) -> tuple[dict, dict[str, np.ndarray]]:
+    """Worker 0 as workers[0], then worker 1 as workers[1], each "backend" or "backend:device"; returns the eval
+    result of the model on the servers and its values: {"sparse": rows of probe_ids, each dense parameter's name:
+    its values}."""
+    with LocalCluster(2, root=str(tmp_path / "-".join(workers).replace(":", "_"))) as cluster:
         servers = ",".join(cluster.addresses)
-        for i, backend in enumerate(backends):
-            args = ["--servers", servers, "--backend", backend, "--worker-id", str(i), *COMMON, *TRAIN]
+        for i, worker in enumerate(workers):
+            backend, _, device = worker.partition(":")
+            device = device or "cpu"
+            args = ["--servers", servers, "--backend", backend, "--device", device, "--worker-id", str(i),
+                    *COMMON, *TRAIN]  # fmt: skip
             w = subprocess.run([PY, "-m", "worker", "train", *args], capture_output=True, text=True, timeout=600)
             assert w.returncode == 0, w.stderr
-            assert f"({backend}, cpu, worker {i}/2) on 80,000 examples" in w.stdout, w.stdout
+            assert f"({backend}, {device}, worker {i}/2) on 80,000 examples" in w.stdout, w.stdout
         r = subprocess.run([PY, "-m", "worker", "eval", "--servers", servers, "--json", *COMMON],
                            capture_output=True, text=True, timeout=300)  # fmt: skip
         assert r.returncode == 0, r.stderr
@@ -58,10 +74,20 @@ def train_pair(tmp_path, backends: tuple[str, str]) -> tuple[dict, dict[str, np.
         return result, values
 
 
-def test_a_torch_worker_trains_the_shared_model_as_a_numpy_worker_does(tmp_path):
-    mixed, got = train_pair(tmp_path, ("numpy", "torch"))
+@pytest.mark.parametrize(
+    "other",
+    [
+        "torch",
+        pytest.param(
+            "torch:cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch_sees_cuda(), reason="needs a CUDA device")],
+        ),
+    ],
+)
+def test_a_torch_worker_trains_the_shared_model_as_a_numpy_worker_does(tmp_path, other):
+    mixed, got = train_pair(tmp_path, ("numpy", other))
     homogeneous, want = train_pair(tmp_path, ("numpy", "numpy"))
-    print(f"eval AUC: numpy + torch {mixed['eval_auc']:.6f}, numpy + numpy {homogeneous['eval_auc']:.6f}, "
+    print(f"eval AUC: numpy + {other} {mixed['eval_auc']:.6f}, numpy + numpy {homogeneous['eval_auc']:.6f}, "
           f"oracle {mixed['oracle_auc']:.4f}")  # fmt: skip
     assert homogeneous["eval_auc"] > 0.75  # learned the planted model (0.763 here, oracle 0.780)
     assert abs(mixed["eval_auc"] - homogeneous["eval_auc"]) <= 1e-4  # 1e-8 here
