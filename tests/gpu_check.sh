@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine with an NVIDIA GPU and a CUDA build of torch; run from the repository root:
-#     bash tests/gpu_check.sh
+#     bash tests/gpu_check.sh [STEP ...]        (the steps below by number; default: all)
 # python3 must have the project's dependencies; wheels of the missing ones in .whl/ are installed into /tmp/site
 # first (a machine with no package index). Logs and figures go to $OUT (default /tmp/gpu_check).
 #   1. the tests marked gpu: every model's CUDA forward and backward against numpy, dropout replayed by seed, and a
 #      numpy worker then a torch:cuda worker leaving on the servers the model two numpy workers leave
 #   2. a mixed job: a numpy worker and a CUDA worker training one DeepFM at once (ps-worker launch)
 #   3. examples/s of one torch worker on the CPU and on the GPU, on the same data and model
+#   4. --dense allreduce on CUDA: one worker (a group of one, on nccl); on a one-GPU machine, a launch of two cuda
+#      allreduce workers is refused before anything starts
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -16,17 +18,41 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 status=0
+steps=" ${*:-1 2 3 4} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi -L
 python3 -c "import torch, numpy, numba, grpc, google.protobuf, rocksdict; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-', 'numpy', numpy.__version__, 'numba', numba.__version__, 'grpc', grpc.__version__, 'protobuf', google.protobuf.__version__)" || exit 1
+if want 1; then
 echo "== 1. tests marked gpu"
 timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_models.py tests/integration/test_mixed.py 2>&1 | tee "$OUT/pytest.log" || status=1
+fi
+if want 2; then
 echo "== 2. a numpy worker and a CUDA worker at once"
 timeout 240 python3 -m worker launch --workers 2 --backends numpy,torch:cuda --local-shards 2 --model deepfm --synthetic-rows 400000 \
     --no-progress --metrics-out "$OUT/mixed.json" 2>&1 | tee "$OUT/mixed.log" || status=1
+fi
+if want 3; then
 echo "== 3. one torch worker: cpu, then cuda"
 for device in cpu cuda; do
     timeout 200 python3 -m worker train --local-shards 2 --backend torch --device "$device" --model deepfm --hidden 400,400,400 \
         --synthetic-rows 400000 --batch-size 4096 --no-progress --metrics-out "$OUT/speed-$device.json" 2>&1 | tee "$OUT/speed-$device.log" || status=1
 done
+fi
+if want 4; then
+echo "== 4. --dense allreduce on cuda"
+timeout 200 python3 -m worker train --local-shards 1 --backend torch --device cuda --dense allreduce --model deepfm \
+    --synthetic-rows 100000 --no-progress 2>&1 | tee "$OUT/allreduce.log" || status=1
+if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" = 1 ]; then
+    timeout 100 python3 -m worker launch --workers 2 --backends torch:cuda --dense allreduce --local-shards 1 \
+        --model deepfm --synthetic-rows 100000 --no-progress > "$OUT/allreduce-2.log" 2>&1
+    code=$?
+    cat "$OUT/allreduce-2.log"
+    if [ $code = 2 ] && grep -q "torch sees 1 GPU here" "$OUT/allreduce-2.log"; then
+        echo "refused as expected (exit 2)"
+    else
+        echo "expected exit 2 and a refusal naming 1 GPU, got exit $code"; status=1
+    fi
+fi
+fi
 echo "== gpu_check exit $status"
 exit $status

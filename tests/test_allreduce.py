@@ -19,7 +19,13 @@ mp = pytest.importorskip("torch.multiprocessing", reason="torch without torch.mu
 from ps.config import OptimizerConfig  # noqa: E402
 from ps.rows.optim import get_optimizer  # noqa: E402
 from tests.inprocess import InProcessTables  # noqa: E402
-from worker.allreduce import ENV_VARS, AllReduceDense, LocalOptimizer, init_process_group_from_env  # noqa: E402
+from worker.allreduce import (  # noqa: E402
+    ENV_VARS,
+    AllReduceDense,
+    LocalOptimizer,
+    init_process_group_from_env,
+    rank_device,
+)
 from worker.dense import DenseSync, table_config  # noqa: E402
 from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
 
@@ -348,3 +354,16 @@ def test_a_peer_that_stops_fails_the_step_after_the_timeout_with_a_timeout_error
     assert error["message"].endswith("rerun the job, with a larger --barrier-timeout if a worker is only slow")
     assert error["cause"] == "RuntimeError" and error["closed"]
     assert 5 < error["seconds"] < 20
+
+
+def test_a_cuda_rank_runs_on_the_gpu_of_its_local_rank(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert (rank_device("cpu"), rank_device("cuda"), rank_device("cuda:1")) == ("cpu", "cuda:0", "cuda:1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert rank_device("cuda") == "cuda:1"
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(ValueError, match=r"cuda:2 \(LOCAL_RANK 2\), but torch sees 2 GPUs; .* one cuda worker per GPU"):
+        rank_device("cuda")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # the model says there is no GPU
+    assert rank_device("cuda") == "cuda"

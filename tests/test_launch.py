@@ -251,7 +251,10 @@ def test_plan_with_trains_own_config_checks_every_backend():
         plan_launch(args, rest)
 
 
-def test_a_worker_of_its_own_device_gets_device_and_the_pairing_is_checked():
+def test_a_worker_of_its_own_device_gets_device_and_the_pairing_is_checked(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with one GPU
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch:cuda", "--model", "fm")
     plan = plan_launch(args, rest)
     first, second = worker_commands(plan, ["h:1"], "/m", ["prog"])
@@ -264,6 +267,14 @@ def test_a_worker_of_its_own_device_gets_device_and_the_pairing_is_checked():
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,torch:cuda", "--model",
                              "dnn", "--dense", "allreduce")  # fmt: skip
     with pytest.raises(ValueError, match="--dense allreduce .* one kind of device, not cpu and cuda"):
+        plan_launch(args, rest)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch", "--model", "dnn",
+                             "--dense", "allreduce", "--device", "cuda")  # fmt: skip
+    with pytest.raises(ValueError, match="--dense allreduce with 2 cuda workers, but torch sees 1 GPU here"):
+        plan_launch(args, rest)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch:cuda")
+    with pytest.raises(ValueError, match="--device cuda: no CUDA device is available to torch"):
         plan_launch(args, rest)
 
 

@@ -40,6 +40,30 @@ from worker.models.spec import DenseParam
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
+def rank_device(device: str) -> str:
+    """The device of this rank: "cpu" as it is; "cuda" is this rank's GPU, cuda:<LOCAL_RANK> (0 when LOCAL_RANK is
+    unset), and "cuda:i" GPU i; any device as it is when torch sees no GPU at all. ValueError when torch sees GPUs
+    but not that one (nccl wants one GPU per worker)."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return device
+    if not index:
+        index = os.environ.get("LOCAL_RANK") or "0"
+    count = torch.cuda.device_count()
+    if count == 0:  # worker.models.torch_backend.TorchModel says so, with what to do
+        return device
+    if not index.isdigit() or int(index) >= count:
+        raise ValueError(
+            f"--dense allreduce on {device}: this worker's GPU would be cuda:{index} (LOCAL_RANK "
+            f"{os.environ.get('LOCAL_RANK', 'unset')}), but torch sees {count} GPU{'s' * (count != 1)}; nccl wants "
+            "a GPU of its own for each worker: start at most one cuda worker per GPU on each machine, or use "
+            "--dense ps, whose workers may share a GPU"
+        )
+    return f"cuda:{int(index)}"
+
+
 def init_process_group_from_env(device: str, timeout_s: float | None = None) -> tuple[int, int]:
     """Joins the default torch.distributed group the environment describes (env://): gloo for a cpu device,
     nccl for cuda (its GPU made the current one). Returns (rank, world_size); a default group already
@@ -59,7 +83,7 @@ def init_process_group_from_env(device: str, timeout_s: float | None = None) -> 
             f"missing: {', '.join(missing)}"
         )
     if torch.device(device).type == "cuda":
-        torch.cuda.set_device(torch.device(device))
+        torch.cuda.set_device(torch.device(rank_device(device)))
         backend = "nccl"
     else:
         backend = "gloo"
@@ -203,7 +227,7 @@ class AllReduceDense:
         self.tables, self.params, self.group, self.timeout_s = tables, params, group, timeout_s
         self.sizes = [p.shape[0] * p.shape[1] for p in params]
         self.optimizer = LocalOptimizer(optimizer, sum(self.sizes))
-        self.device = torch.device(device)
+        self.device = torch.device(rank_device(device))
         self._owns_group = group is None and not dist.is_initialized()
         if group is None:
             init_process_group_from_env(device, timeout_s)

@@ -64,7 +64,12 @@ def make_backend(spec: ModelSpec, cfg: TrainConfig) -> Any:
         from worker.models.torch_backend import TorchModel
     except ImportError as e:
         raise ValueError(f"--backend torch needs PyTorch ({e}): {TORCH_HINT}") from None
-    return TorchModel(spec, cfg.device, seed=seed)
+    device = cfg.device
+    if cfg.dense == "allreduce":  # on this rank's GPU, that of the group (its dropout generator lives there)
+        from worker.allreduce import rank_device
+
+        device = rank_device(device)
+    return TorchModel(spec, device, seed=seed)
 
 
 def model_spec(cfg: TrainConfig, data: DataSource) -> ModelSpec:

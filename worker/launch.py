@@ -152,6 +152,22 @@ def expand_backends(text: str, workers: int) -> tuple[str, ...]:
     return names
 
 
+def check_gpus(devices: Sequence[str], dense: str) -> None:
+    """ValueError, before anything starts, when some of the workers' devices (one per worker) are cuda and torch
+    sees no GPU here, or (--dense allreduce, whose nccl wants a GPU per worker) fewer GPUs than cuda workers."""
+    import torch
+
+    cuda_workers = devices.count("cuda")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device cuda: no CUDA device is available to torch {torch.__version__} (run the "
+                         "workers on cpu, or on a machine with an NVIDIA GPU and a CUDA build of torch)")  # fmt: skip
+    count = torch.cuda.device_count()
+    if dense == "allreduce" and cuda_workers > count:
+        raise ValueError(f"--dense allreduce with {cuda_workers} cuda workers, but torch sees {count} "
+                         f"GPU{'s' * (count != 1)} here: nccl wants a GPU of its own for each worker (worker i runs "
+                         "on cuda:i); start fewer cuda workers, or use --dense ps, whose workers may share a GPU")  # fmt: skip
+
+
 def split_backend(entry: str) -> tuple[str, str | None]:
     """("torch", "cuda") of "torch:cuda"; ("numpy", None) of "numpy" (the worker keeps the train flags' --device)."""
     backend, colon, device = entry.partition(":")
@@ -227,6 +243,8 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         except ValueError as e:
             raise ValueError(f"--backends {entry}: {e}") from None
         devices.add(worker_cfg.device)
+    if "cuda" in devices:
+        check_gpus([split_backend(b)[1] or cfg.device for b in backends], getattr(cfg, "dense", "ps"))
     if getattr(cfg, "dense", "ps") == "allreduce" and len(devices) > 1:
         raise ValueError(f"--dense allreduce joins the workers in one torch.distributed group, gloo on the CPU and "
                          f"nccl on CUDA: its workers must all run on one kind of device, not {' and '.join(sorted(devices))} "
