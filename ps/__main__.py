@@ -12,7 +12,16 @@ import sys
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import MAX_INTERVAL_S, ServerConfig
 from ps.errors import PsError, StorageError
-from ps.settings import HelpFormatter, add_config_flag, address, apply_defaults, integer, number, reader_gone
+from ps.settings import (
+    HelpFormatter,
+    add_config_flag,
+    address,
+    apply_defaults,
+    integer,
+    number,
+    reader_gone,
+    warn_unknown_environment,
+)
 from ps.storage.memory import plan_memory
 
 
@@ -331,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and not argv[0].startswith("-"):  # a mistyped command would otherwise be told to give --data-dir
         parser.error(f"unknown command {argv[0]!r}: the commands are {', '.join(COMMANDS)}; without one, "
                      "ps-server runs a shard (flags only)")  # fmt: skip
+    warn_unknown_environment(parser.prog)
     try:
         apply_defaults(parser, argv, section="server")
     except ValueError as e:

@@ -152,6 +152,36 @@ def apply_defaults(
                 action.required = False
 
 
+ENVIRONMENT_ONLY = {
+    CONFIG_ENV: "the config file (--config)",
+    "PS_KERNEL_THREADS": "threads a server splits one batch's per-id work over (ps/rows/parallel.py)",
+}
+"""PS_* variables read from the environment that are no flag's."""
+
+
+def unknown_environment(environ: Mapping[str, str]) -> dict[str, list[str]]:
+    """{name: the closest known names (at most 2)} of environ's PS_* variables that set nothing: no flag of
+    ps-server or of a ps-worker command (ps/settings_names.py), nor one of ENVIRONMENT_ONLY. Both programs' names
+    count for each: a local shard runs in the environment of the worker that started it."""
+    import difflib
+
+    from ps.settings_names import SERVER, WORKER
+
+    known = SERVER | WORKER | set(ENVIRONMENT_ONLY)
+    unknown = sorted(name for name in environ if name.startswith("PS_") and name not in known)
+    return {name: difflib.get_close_matches(name, known, n=2, cutoff=0.75) for name in unknown}
+
+
+def warn_unknown_environment(prog: str, environ: Mapping[str, str] | None = None) -> None:
+    """One warning line on stderr for each PS_* variable that sets nothing (unknown_environment), naming the
+    closest known ones: a misspelled variable would otherwise be ignored silently."""
+    environ = os.environ if environ is None else environ
+    for name, closest in unknown_environment(environ).items():
+        hint = f"; did you mean {' or '.join(closest)}?" if closest else ""
+        print(f"{prog}: warning: environment variable {name} is no setting of ps-server or ps-worker and is "
+              f"ignored{hint}", file=sys.stderr)  # fmt: skip
+
+
 def add_config_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, help=f"TOML file of settings (also {CONFIG_ENV}); precedence: "
                         "command line > PS_* environment variables > this file > defaults")  # fmt: skip

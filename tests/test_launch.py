@@ -287,7 +287,8 @@ def test_worker_commands_and_environment():
                            "--worker-id", "1", "--num-workers", "2", "--backend", "torch", "--job-id",
                            str(plan.job_id), "--metrics-out", "/m/worker-1.json", "--progress-lines",
                            "--no-final-eval"]  # fmt: skip
-    env = worker_environment(1, 2, 29500, {"PATH": "/bin", "MKL_NUM_THREADS": "3"})
+    base = {"PATH": "/bin", "MKL_NUM_THREADS": "3", "PS_MODLE": "fm"}  # PS_MODLE sets nothing: launch warned of it
+    env = worker_environment(1, 2, 29500, base)
     share = str(max(1, (os.cpu_count() or 1) // 2))  # each worker's share of the cores, unless base sets one
     assert env == {"PATH": "/bin", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "PYTHONUNBUFFERED": "1",

@@ -36,14 +36,15 @@ FOUNDATION = {
     "ps.codec",
     "ps.progress",
 }
-PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.sizing",
-           "ps.__main__"}  # fmt: skip
+PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
+           "ps.sizing", "ps.__main__"}  # fmt: skip
 GRPC_USERS = {"ps.service", "ps.server", "ps.health", "ps.security"}
 STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {
     "ps", "ps.errors", "ps.hashing", "ps.config", "ps.sharding", "ps.checkpoint", "ps.wire", "ps.codec",
     "ps.security",  # TLS and token settings of a client channel
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
+    "ps.settings_names",  # the PS_* names of both programs, for the warning of one that sets nothing
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
     "ps.progress",  # the bar or plain lines of a long count (export, eval, predict)

@@ -117,10 +117,11 @@ def test_the_clis_take_settings_from_the_environment(tmp_path):
 
 
 def test_the_flag_tables_of_docs_configuration_md_are_the_parsers_own():
-    from tests.settings_doc import DOC, render
+    from tests.settings_doc import DOC, NAMES, render, render_names
 
     text = DOC.read_text()
     assert render(text) == text, f"{DOC}'s flag tables are stale: run python -m tests.settings_doc"
+    assert render_names() == NAMES.read_text(), f"{NAMES} is stale: run python -m tests.settings_doc"
     assert render(text.replace("| `--cache-bytes` |", "| `--cache-byte` |")) == text  # a stale row is rewritten
 
 
@@ -132,3 +133,17 @@ def test_the_servers_settings_line_gives_what_differs_from_the_defaults_as_flags
     apply_defaults(parser, argv, {"PS_CACHE_BYTES": "64M", "PS_AUTH_TOKEN_FILE": "/run/token"}, section="server")
     line = _given_settings(parser.parse_args(argv))
     assert line == f"--data-dir {tmp_path} --sync --cache-bytes 67108864 --auth-token-file /run/token", line
+
+
+def test_a_ps_variable_that_sets_nothing_is_warned_of_with_the_closest_names(tmp_path):
+    from ps.settings import unknown_environment
+
+    environ = {"PS_MODLE": "fm", "PS_MODEL": "fm", "PS_CACHE_BYTES": "1G", "PS_KERNEL_THREADS": "2",
+               "PS_CONFIG": "x.toml", "PS_ZZZ": "1", "PATH": "/bin"}  # fmt: skip
+    # a server flag counts in a worker's environment (its local shards read it), and a worker's in a server's
+    assert unknown_environment(environ) == {"PS_MODLE": ["PS_MODE", "PS_MODEL"], "PS_ZZZ": []}
+    env = {"PS_DATA_DIR": str(tmp_path), "PS_PORT": "x", "PS_CAHCE_BYTES": "1G", "PATH": "/usr/bin:/bin"}
+    bad = subprocess.run([sys.executable, "-m", "ps"], env=env, capture_output=True, text=True, timeout=60)
+    assert ("ps-server: warning: environment variable PS_CAHCE_BYTES is no setting of ps-server or ps-worker and is "
+            "ignored; did you mean PS_CACHE_BYTES") in bad.stderr  # fmt: skip
+    assert bad.returncode == 2 and "PS_PORT" in bad.stderr  # the warning comes first; the bad value still stops it

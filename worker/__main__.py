@@ -11,7 +11,15 @@ from typing import Any
 from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import PsError
-from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number, reader_gone
+from ps.settings import (
+    HelpFormatter,
+    add_config_flag,
+    apply_defaults,
+    integer,
+    number,
+    reader_gone,
+    warn_unknown_environment,
+)
 from worker.cli_predict import add_predict_parser, run_predict
 from worker.cli_train import (
     SECONDS,
@@ -388,6 +396,7 @@ def _record_checkpoint(path: str, checkpoint: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
+    warn_unknown_environment(parser.prog)
     try:
         apply_defaults(parser, argv)
     except ValueError as e:

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ps.errors import PsError
+from ps.settings import unknown_environment
 from worker.cluster import free_port
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
@@ -285,14 +286,16 @@ LAUNCH_SETS_VARIABLES = frozenset(  # ps.settings' variables of the train flags 
 
 
 def worker_environment(rank: int, world_size: int, master_port: int, base: dict[str, str]) -> dict[str, str]:
-    """base less the PS_* variables of the flags launch sets itself, with torch.distributed's env:// variables
+    """base less the PS_* variables of the flags launch sets itself and those that set nothing (launch warned of
+    them), with torch.distributed's env:// variables
     for worker `rank`, unbuffered Python output, and each
     worker's math libraries (numpy's BLAS, torch) limited to its share of this machine's cores, cores // workers
     (at least 1), unless base sets their thread counts: workers on one machine otherwise each start a thread per
     core, and the threads of all of them fight over the cores."""
     threads = str(max(1, (os.cpu_count() or 1) // world_size))
     limits = {name: base.get(name, threads) for name in THREAD_VARIABLES}
-    base = {k: v for k, v in base.items() if k not in LAUNCH_SETS_VARIABLES}  # launch gives these as flags
+    unknown = unknown_environment(base)  # warned of once, by launch: not again by every worker
+    base = {k: v for k, v in base.items() if k not in LAUNCH_SETS_VARIABLES and k not in unknown}  # flags
     return {**base, **limits, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
             "PYTHONUNBUFFERED": "1"}  # fmt: skip
