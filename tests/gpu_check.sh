@@ -11,6 +11,11 @@
 #      allreduce workers is refused before anything starts
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_check}
+steps=" ${*:-1 2 3 4} "
+for step in $steps; do
+    case $step in 1|2|3|4) ;; *) echo "gpu_check: no step $step (the steps are 1 2 3 4)" >&2; exit 2 ;; esac
+done
+want() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -18,8 +23,6 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 status=0
-steps=" ${*:-1 2 3 4} "
-want() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi -L
 python3 -c "import torch, numpy, numba, grpc, google.protobuf, rocksdict; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-', 'numpy', numpy.__version__, 'numba', numba.__version__, 'grpc', grpc.__version__, 'protobuf', google.protobuf.__version__)" || exit 1
 if want 1; then
@@ -28,7 +31,7 @@ timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_model
 fi
 if want 2; then
 echo "== 2. a numpy worker and a CUDA worker at once"
-timeout 240 python3 -m worker launch --workers 2 --backends numpy,torch:cuda --local-shards 2 --model deepfm --synthetic-rows 400000 \
+timeout 240 python3 -m worker launch --workers 2 --backends numpy,torch:cuda --local-shards 2 --model deepfm --synthetic-rows 1000000 \
     --no-progress --metrics-out "$OUT/mixed.json" 2>&1 | tee "$OUT/mixed.log" || status=1
 fi
 if want 3; then

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.waiting import wait_until
+from worker import launch
 from worker.launch import (
     WorkerGroup,
     add_launch_parser,
@@ -154,8 +155,11 @@ def test_backends_one_per_worker_or_one_for_all():
     assert expand_backends("torch", 3) == ("torch", "torch", "torch")
     assert expand_backends("numpy, torch,numpy", 3) == ("numpy", "torch", "numpy")
     assert expand_backends("numpy,torch:cuda", 2) == ("numpy", "torch:cuda")
-    with pytest.raises(ValueError, match="'torch:tpu' names an unknown device; expected cpu or cuda"):
+    assert expand_backends(" torch : cuda ", 2) == ("torch:cuda", "torch:cuda")
+    with pytest.raises(ValueError, match="'torch:tpu' names the device 'tpu'; expected cpu or cuda"):
         expand_backends("numpy,torch:tpu", 2)
+    with pytest.raises(ValueError, match="'torch:' names no device after ':'; expected cpu or cuda"):
+        expand_backends("numpy,torch:", 2)
     with pytest.raises(ValueError, match="names 2 backends for --workers 3"):
         expand_backends("numpy,torch", 3)
     with pytest.raises(ValueError, match="'jax' is not a backend"):
@@ -251,31 +255,42 @@ def test_plan_with_trains_own_config_checks_every_backend():
         plan_launch(args, rest)
 
 
-def test_a_worker_of_its_own_device_gets_device_and_the_pairing_is_checked(monkeypatch):
-    torch = pytest.importorskip("torch")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a machine with one GPU
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch:cuda", "--model", "fm")
+def test_each_worker_gets_its_device_and_the_pairing_is_checked(monkeypatch):
+    gpus = [(1, "2.x+cu")]  # what the child Python would say: one GPU
+    monkeypatch.setattr(launch, "cuda_device_count", lambda: gpus[0])
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, "--backends", "numpy,torch:cuda,torch",
+                             "--model", "fm")  # fmt: skip
     plan = plan_launch(args, rest)
-    first, second = worker_commands(plan, ["h:1"], "/m", ["prog"])
-    assert "--device" not in first
-    assert second[second.index("--backend") : second.index("--backend") + 4] == ["--backend", "torch", "--device",
-                                                                                 "cuda"]  # fmt: skip
+    assert plan.backends == ("numpy", "torch:cuda", "torch")
+    devices = [c[c.index("--backend") : c.index("--backend") + 4] for c in worker_commands(plan, ["h:1"], "/m", ["p"])]
+    assert devices == [["--backend", "numpy", "--device", "cpu"], ["--backend", "torch", "--device", "cuda"],
+                       ["--backend", "torch", "--device", "cpu"]]  # fmt: skip
+    args, rest = launch_args(
+        "--workers", "2", "--servers", SERVERS, "--backends", "torch:cpu,torch", "--device", "cuda"
+    )
+    assert plan_launch(args, rest).backends == ("torch", "torch:cuda")  # the flag's device, where no entry names one
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,numpy:cuda")
-    with pytest.raises(ValueError, match="--backends numpy:cuda: --device cuda needs --backend torch"):
+    with pytest.raises(ValueError, match=r"--backends numpy:cuda \(worker 1\): --device cuda needs --backend torch"):
         plan_launch(args, rest)
+    gpus[0] = (0, "2.x+cpu")  # no GPU: the mixed devices of allreduce are said first, then the missing GPU
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,torch:cuda", "--model",
                              "dnn", "--dense", "allreduce")  # fmt: skip
     with pytest.raises(ValueError, match="--dense allreduce .* one kind of device, not cpu and cuda"):
         plan_launch(args, rest)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch:cuda")
+    with pytest.raises(ValueError, match="worker 1 would run on cuda .* torch 2.x\\+cpu sees no CUDA device here"):
+        plan_launch(args, rest)
+    gpus[0] = (1, "2.x+cu")
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch", "--model", "dnn",
                              "--dense", "allreduce", "--device", "cuda")  # fmt: skip
     with pytest.raises(ValueError, match="--dense allreduce with 2 cuda workers, but torch sees 1 GPU here"):
         plan_launch(args, rest)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,torch:cuda")
-    with pytest.raises(ValueError, match="--device cuda: no CUDA device is available to torch"):
-        plan_launch(args, rest)
+
+
+def test_the_gpus_are_asked_of_a_child_python():
+    torch = pytest.importorskip("torch")
+    assert launch.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                                          torch.__version__)  # fmt: skip
 
 
 def test_worker_commands_and_environment():
@@ -284,7 +299,7 @@ def test_worker_commands_and_environment():
     plan = plan_launch(args, rest, stand_in_train_config)
     commands = worker_commands(plan, ["h:1", "h:2"], "/m", ["prog"])
     assert commands[1] == ["prog", "--log-level", "INFO", "train", "--epochs", "1", "--servers", "h:1,h:2",
-                           "--worker-id", "1", "--num-workers", "2", "--backend", "torch", "--job-id",
+                           "--worker-id", "1", "--num-workers", "2", "--backend", "torch", "--device", "cpu", "--job-id",
                            str(plan.job_id), "--metrics-out", "/m/worker-1.json", "--progress-lines",
                            "--no-final-eval"]  # fmt: skip
     base = {"PATH": "/bin", "MKL_NUM_THREADS": "3", "PS_MODLE": "fm"}  # PS_MODLE sets nothing: launch warned of it
@@ -421,6 +436,21 @@ def test_merged_progress_bar_counts_every_workers_examples():
         progress.close()
 
 
+def test_the_final_evaluation_runs_with_worker_0s_backend_and_device(fakes, monkeypatch, capsys):
+    monkeypatch.setattr(launch, "cuda_device_count", lambda: (1, "2.x+cu"))
+    metrics = [{"train_examples": 20, "train_seconds": 1.0}] * 2
+    command, _ = fakes([{"progress": [], "metrics": m, "action": "metrics"} for m in metrics])
+    args, rest = launch_args("--workers", "2", "--backends", "torch:cuda,numpy", "--servers", SERVERS,
+                             "--no-progress", "--model", "lr")  # fmt: skip
+    evaluated = []
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: evaluated.append(cfg) or EVALUATION)  # fmt: skip
+    assert rc == 0, capsys.readouterr().out
+    [cfg] = evaluated
+    assert (cfg.backend, cfg.device) == ("torch", "cuda")
+    assert "launched 2 workers (torch:cuda, numpy; mode async)" in capsys.readouterr().out
+
+
 def test_a_final_evaluation_that_meets_a_bad_eval_line_says_the_training_had_finished():
     """The workers check --eval-data's start only; a bad line further on fails launch's final evaluation, which
     says so (and, on --servers, that the model is kept there) in the job's figures, in place of the eval line."""
@@ -543,7 +573,7 @@ def test_a_bad_eval_line_after_training_keeps_the_jobs_figures_and_reads_with_th
     rc = run_launch(args, rest, worker_command=command, train_config=lambda argv: on_files, evaluate=bad_line)
     captured = capsys.readouterr()
     assert rc == 2 and limits == [0]
-    assert "launched 1 workers" in captured.out and "eval   failed: test.tsv line 9: " in captured.out
+    assert "launched 1 worker (" in captured.out and "eval   failed: test.tsv line 9: " in captured.out
     assert "ps-worker: error: test.tsv line 9: " in captured.err
     assert "after every worker had finished training" in json.loads(out.read_text())["eval_error"]
     assert_all_gone(pids, {"worker-0"})

@@ -2,12 +2,13 @@
 
     launch --workers N [--backends b0,b1,..] (--servers a,b | --local-shards S) [--metrics-out F] [TRAIN FLAGS]
       1. checks before anything starts: the TRAIN FLAGS through train's own parser, then the TrainConfig they make
-         (worker/cli_train.py train_config_from_argv) validated for every backend; flags launch sets are refused
+         (worker/cli_train.py train_config_from_argv) validated for every worker's backend and device (an entry
+         "backend:device" of --backends, else TRAIN FLAGS' --device); flags launch sets are refused; cuda workers
+         need a GPU torch sees, and --dense allreduce one kind of device (and a GPU per cuda worker)
       2. --local-shards S: a LocalCluster (worker/cluster.py) with --threads 2 x N + 4 (sync waits hold threads)
       3. worker i:  python -m worker train TRAIN FLAGS --servers ADDRESSES --worker-id i --num-workers N
-                      --backend b_i [--device d_i] --job-id J --metrics-out TMP/worker-i.json --progress-lines
-                      --no-final-eval      (b_i[:d_i] the i-th of --backends: "torch:cuda" gives that worker
-                                            --device cuda; a worker without its own device has TRAIN FLAGS')
+                      --backend b_i --device d_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
+                      --no-final-eval
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
                     rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
@@ -85,7 +86,8 @@ def add_launch_parser(subparsers: Any) -> None:
         description="Start N `ps-worker train` workers as child processes of one job: other flags go to every\n"
         "worker's train (checked before anything starts); launch sets --servers, --worker-id, --num-workers,\n"
         "--backend, --job-id, --metrics-out, --progress-lines and --no-final-eval of each (launch scores the\n"
-        "job's model once, at the end), and RANK, WORLD_SIZE, LOCAL_RANK,\n"
+        "job's model once, at the end), its --device (a --backends entry's, as in torch:cuda, else the --device\n"
+        "given), and RANK, WORLD_SIZE, LOCAL_RANK,\n"
         "MASTER_ADDR, MASTER_PORT (torch.distributed's env://, for --dense allreduce); giving one of those\n"
         "flags, or --create-tables-only (ps-worker train does that), is refused.\n"
         "Output lines come as '[worker i] ...'; progress is one merged bar (or a line every 10 s).\n"
@@ -122,11 +124,11 @@ class LaunchPlan:
     """What a launch runs, checked: the workers' shared train flags, their backends, where the servers are."""
 
     workers: int
-    backends: tuple[str, ...]
+    backends: tuple[str, ...]  # each worker's: "numpy", "torch" (on the CPU), "torch:cuda" (resolve_workers)
     servers: tuple[str, ...]  # () with local_shards
     local_shards: int | None
     train_flags: tuple[str, ...]  # every worker's train flags before launch's own
-    train_config: Any  # the TrainConfig of train_flags (worker 0's), for the final evaluation
+    train_config: Any  # the TrainConfig of train_flags, for the final evaluation (with worker 0's backend, device)
     job_id: int  # random, nonzero, 64 bits: the same for every worker
     metrics_out: str | None = None
     progress_bar: bool = True
@@ -134,45 +136,84 @@ class LaunchPlan:
 
 
 def expand_backends(text: str, workers: int) -> tuple[str, ...]:
-    """One backend per worker from --backends, each "backend" or "backend:device" (torch:cuda): as many as
-    workers, or one for all. ValueError otherwise (the pairing of backend and device is TrainConfig's to check)."""
-    names = tuple(s.strip() for s in text.split(","))
-    unknown = [b for b in names if split_backend(b)[0] not in BACKENDS]
-    if unknown:
-        raise ValueError(f"--backends {text!r}: {unknown[0]!r} is not a backend; expected {' or '.join(BACKENDS)}, "
-                         "each optionally with its device (torch:cuda)")  # fmt: skip
-    bad_device = [b for b in names if split_backend(b)[1] not in (None, *DEVICES)]
-    if bad_device:
-        raise ValueError(f"--backends {text!r}: {bad_device[0]!r} names an unknown device; expected "
-                         f"{' or '.join(DEVICES)}")  # fmt: skip
-    if len(names) == 1:
-        return names * workers
-    if len(names) != workers:
-        raise ValueError(f"--backends {text!r} names {len(names)} backends for --workers {workers}: give one per "
+    """One entry per worker from --backends, each "backend" or "backend:device" (torch:cuda; spaces around either
+    part dropped): as many as workers, or one for all. ValueError otherwise (the pairing of backend and device is
+    TrainConfig's to check)."""
+    entries = []
+    for raw in text.split(","):
+        backend, device = split_backend(raw)
+        if backend not in BACKENDS:
+            raise ValueError(f"--backends {text!r}: {raw.strip()!r} is not a backend; expected "
+                             f"{' or '.join(BACKENDS)}, each optionally with its device (torch:cuda)")  # fmt: skip
+        if device is not None and device not in DEVICES:
+            named = f"names the device {device!r}" if device else "names no device after ':'"
+            raise ValueError(f"--backends {text!r}: {raw.strip()!r} {named}; expected {' or '.join(DEVICES)}")
+        entries.append(backend if device is None else f"{backend}:{device}")
+    if len(entries) == 1:
+        return tuple(entries) * workers
+    if len(entries) != workers:
+        raise ValueError(f"--backends {text!r} names {len(entries)} backends for --workers {workers}: give one per "
                          "worker, or one for all")  # fmt: skip
-    return names
+    return tuple(entries)
 
 
-def check_gpus(devices: Sequence[str], dense: str) -> None:
-    """ValueError, before anything starts, when some of the workers' devices (one per worker) are cuda and torch
-    sees no GPU here, or (--dense allreduce, whose nccl wants a GPU per worker) fewer GPUs than cuda workers."""
-    import torch
+def split_backend(entry: str) -> tuple[str, str | None]:
+    """("torch", "cuda") of "torch:cuda"; ("numpy", None) of "numpy" (the worker keeps the train flags' --device);
+    each part stripped."""
+    backend, colon, device = entry.partition(":")
+    return backend.strip(), (device.strip() if colon else None)
 
-    cuda_workers = devices.count("cuda")
-    if not torch.cuda.is_available():
-        raise ValueError(f"--device cuda: no CUDA device is available to torch {torch.__version__} (run the "
-                         "workers on cpu, or on a machine with an NVIDIA GPU and a CUDA build of torch)")  # fmt: skip
-    count = torch.cuda.device_count()
-    if dense == "allreduce" and cuda_workers > count:
-        raise ValueError(f"--dense allreduce with {cuda_workers} cuda workers, but torch sees {count} "
+
+def cuda_device_count() -> tuple[int, str]:
+    """(the GPUs torch sees here, torch's version), asked of a child Python: CUDA started in launch itself could
+    start driver threads before launch forks its workers (WorkerGroup.start)."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0, torch.__version__)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ValueError(f"could not ask torch how many GPUs it sees: {last}")
+    count, version = done.stdout.split()
+    return int(count), version
+
+
+def check_devices(workers: Sequence[str], dense: str, gpus: Callable[[], tuple[int, str]] | None = None) -> None:
+    """ValueError, before anything starts, for workers' devices that cannot run: --dense allreduce over more than
+    one kind of device (gloo and nccl do not mix in one group); cuda workers where torch sees no GPU; --dense
+    allreduce with more cuda workers than GPUs (nccl wants a GPU per worker). workers: resolve_workers's; gpus: what cuda_device_count gives (the default)."""
+    devices = sorted({split_backend(w)[1] or "cpu" for w in workers})
+    if dense == "allreduce" and len(devices) > 1:
+        raise ValueError(f"--dense allreduce joins the workers in one torch.distributed group, gloo on the CPU and "
+                         f"nccl on CUDA: its workers must all run on one kind of device, not {' and '.join(devices)} "
+                         "(--dense ps trains the MLP on the servers and mixes devices)")  # fmt: skip
+    on_cuda = [i for i, w in enumerate(workers) if split_backend(w)[1] == "cuda"]
+    if not on_cuda:
+        return
+    count, version = (gpus or cuda_device_count)()
+    which = f"worker{'s' * (len(on_cuda) > 1)} {', '.join(map(str, on_cuda))}"
+    if count == 0:
+        raise ValueError(f"{which} would run on cuda (--backends torch:cuda, or --device cuda), but torch {version} "
+                         "sees no CUDA device here: run them on cpu, or on a machine with an NVIDIA GPU and a CUDA "
+                         "build of torch")  # fmt: skip
+    if dense == "allreduce" and len(on_cuda) > count:
+        raise ValueError(f"--dense allreduce with {len(on_cuda)} cuda workers, but torch sees {count} "
                          f"GPU{'s' * (count != 1)} here: nccl wants a GPU of its own for each worker (worker i runs "
                          "on cuda:i); start fewer cuda workers, or use --dense ps, whose workers may share a GPU")  # fmt: skip
 
 
-def split_backend(entry: str) -> tuple[str, str | None]:
-    """("torch", "cuda") of "torch:cuda"; ("numpy", None) of "numpy" (the worker keeps the train flags' --device)."""
-    backend, colon, device = entry.partition(":")
-    return backend, (device if colon else None)
+def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
+    """Each worker's backend and device as the launch plan, its summary and --metrics-out name them: "numpy",
+    "torch" on the CPU, "torch:cuda" on a GPU. The device is the --backends entry's, else the train flags'
+    (cfg.device); the pair is checked by TrainConfig.validate (ValueError naming the entry and the worker)."""
+    workers = []
+    for i, entry in enumerate(entries):
+        backend, device = split_backend(entry)
+        worker_cfg = dataclasses.replace(cfg, backend=backend, device=device or cfg.device)
+        try:
+            worker_cfg.validate()
+        except ValueError as e:
+            raise ValueError(f"--backends {entry} (worker {i}): {e}") from None
+        workers.append(backend if worker_cfg.device == "cpu" else f"{backend}:{worker_cfg.device}")
+    return tuple(workers)
 
 
 def check_train_flags(flags: Sequence[str]) -> None:
@@ -235,28 +276,15 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
                             str(job_id)])  # fmt: skip
     except SystemExit:
         raise ValueError("the train flags were refused (see the message above)") from None
-    devices = set()
-    for entry in sorted(set(backends)):
-        backend, device = split_backend(entry)
-        worker_cfg = dataclasses.replace(cfg, backend=backend, device=device or cfg.device)
-        try:
-            worker_cfg.validate()
-        except ValueError as e:
-            raise ValueError(f"--backends {entry}: {e}") from None
-        devices.add(worker_cfg.device)
-    if "cuda" in devices:
-        check_gpus([split_backend(b)[1] or cfg.device for b in backends], getattr(cfg, "dense", "ps"))
-    if getattr(cfg, "dense", "ps") == "allreduce" and len(devices) > 1:
-        raise ValueError(f"--dense allreduce joins the workers in one torch.distributed group, gloo on the CPU and "
-                         f"nccl on CUDA: its workers must all run on one kind of device, not {' and '.join(sorted(devices))} "
-                         "(--dense ps trains the MLP on the servers and mixes devices)")  # fmt: skip
+    workers = resolve_workers(backends, cfg)
+    check_devices(workers, getattr(cfg, "dense", "ps"))
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
         raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                          "empty ones (give --servers)")  # fmt: skip
     check_not_an_input("--metrics-out", args.metrics_out, {**cfg.input_files(), "--config": config})
     log_level = getattr(args, "log_level", None)
     return LaunchPlan(
-        workers=args.workers, backends=backends, servers=servers, local_shards=args.local_shards,
+        workers=args.workers, backends=workers, servers=servers, local_shards=args.local_shards,
         train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
         global_flags=("--log-level", log_level) if log_level else (),
     )  # fmt: skip
@@ -266,13 +294,14 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
                     program: Sequence[str]) -> list[list[str]]:  # fmt: skip
     """Every worker's command line: program (e.g. python -m worker), --log-level, `train` and its flags."""
     commands = []
-    for i, entry in enumerate(plan.backends):
-        backend, device = split_backend(entry)
+    for i, worker in enumerate(plan.backends):
+        backend, device = split_backend(worker)
         commands.append(
             [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
-             "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend,
-             *(["--device", device] if device else []), "--job-id", str(plan.job_id), "--metrics-out",
-             os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines", "--no-final-eval"]
+             "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--device",
+             device or "cpu",
+             "--job-id", str(plan.job_id), "--metrics-out", os.path.join(metrics_dir, f"worker-{i}.json"),
+             "--progress-lines", "--no-final-eval"]
         )  # fmt: skip
     return commands
 
@@ -491,7 +520,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 return 1
             backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
-                                      num_workers=1, backend=backend, device=device or plan.train_config.device,
+                                      num_workers=1, backend=backend, device=device or "cpu",
                                       metrics_out=None, max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")

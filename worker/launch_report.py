@@ -3,7 +3,7 @@ bar or line, and the job's --metrics-out object.
 
 PROGRESS lines: their grammar, writer and reader are worker/progress_lines.py.
 --metrics-out (one JSON object):
-    {"workers": N, "backends": [b_i], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
+    {"workers": N, "backends": [each worker's: "numpy", "torch" (CPU) or "torch:cuda"], "mode": async|sync|ssp|geo, "shards": S, "train_examples": sum over workers,
      ["skipped_lines": sum over workers of the malformed training lines each skipped per pass (never in
      train_examples); absent when none was], ["max_examples": the job's --max-examples, "stopped_at_max_examples":
      true; when a worker's training stopped there], "train_seconds": the longest worker's, "examples_per_s":
@@ -187,7 +187,7 @@ def merge_metrics(per_worker: Sequence[dict], backends: Sequence[str], mode: str
 def format_summary(m: dict) -> str:
     """merge_metrics's figures as lines, as format_results (worker/results.py) writes a worker's."""
 
-    lines = [f"launched {m['workers']} workers ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
+    lines = [f"launched {m['workers']} worker{'s' * (m['workers'] != 1)} ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
              f"shard{'s' * (m['shards'] != 1)}: {m['train_examples']:,} examples{skipped_note(m)} in {m['train_seconds']:.1f} s (the slowest "
              f"worker): {m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
     lines += (eval_lines(m) or [NOT_EVALUATED]) + oracle_lines(m)

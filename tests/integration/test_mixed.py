@@ -19,6 +19,7 @@ from worker.cluster import LocalCluster
 from worker.data import DataSource
 from worker.dense import DenseSync
 from worker.job import prepare
+from worker.launch import split_backend
 from worker.train_config import TrainConfig
 
 PY = sys.executable
@@ -55,7 +56,7 @@ def train_pair(tmp_path, workers: tuple[str, str]) -> tuple[dict, dict[str, np.n
     with LocalCluster(2, root=str(tmp_path / "-".join(workers).replace(":", "_"))) as cluster:
         servers = ",".join(cluster.addresses)
         for i, worker in enumerate(workers):
-            backend, _, device = worker.partition(":")
+            backend, device = split_backend(worker)
             device = device or "cpu"
             args = ["--servers", servers, "--backend", backend, "--device", device, "--worker-id", str(i),
                     *COMMON, *TRAIN]  # fmt: skip
