@@ -11,8 +11,13 @@ files. Then, on the same files:
              standardized numeric features; C chosen by 5-fold cross-validated AUC on the training rows over
              C_GRID, then refit on all of them.
   sparseps   `ps-worker train --data TRAIN --eval-data TEST --model M --local-shards 1`, every other setting left
-             to the recipe the run picks for this size (the README's small-data recipe: batch 256, up to 20
-             epochs, a 10% validation split, early stopping), for M in lr, fm, deepfm.
+             to the recipe the run picks for this size (the README's small-data recipe: batch 256, up to 50
+             epochs, each shuffled, a 10% validation split, early stopping), for M in lr, fm, deepfm.
+
+Then the order of a file: for one seed of each regime (--order-seed), lr and fm train on the training file and on
+the same lines sorted by label, with --shuffle on (the recipe's) and off (file order); the test AUC of each, and
+the sorted file's minus the unsorted one's. Sorted and read in file order, batches hold one label for long
+stretches; shuffled, the order of the lines should not matter.
 
 Prints each seed's test AUCs, then per regime and model the median over the seeds of (model AUC - reference AUC)
 against the target (>= -0.005); the last line is one JSON object. Run: `python3 dev.py bench benchmarks/small_data.py`
@@ -134,12 +139,39 @@ def run_regime(regime: str, seeds: list[int], models: list[str], extra: dict) ->
     return {"per_seed": per_seed, "summary": summary}
 
 
+def order_effect(regime: str, seed: int, models: list[str], extra: dict) -> dict:
+    """{model: {"on"|"off": {"unsorted": test AUC, "sorted": test AUC}}}: --shuffle on and off, on the training
+    file as written and with its lines sorted by label."""
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = REGIMES[regime](seed)
+        train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
+        sorted_path = os.path.join(tmp, "sorted.tsv")
+        write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
+        write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+        with open(train_path) as f:
+            lines = f.readlines()
+        with open(sorted_path, "w") as f:
+            f.writelines(sorted(lines, key=lambda line: line.split("\t", 1)[0]))  # stable: ties keep their order
+        for m in models:
+            out[m] = {}
+            for shuffle in ("on", "off"):
+                runs = {name: sparseps_auc(path, test_path, m, {**extra, "shuffle": shuffle == "on"})["auc"]
+                        for name, path in (("unsorted", train_path), ("sorted", sorted_path))}  # fmt: skip
+                out[m][shuffle] = runs
+                print(f"{regime} seed {seed} {m} --shuffle {shuffle}: unsorted {runs['unsorted']:.4f}, sorted by "
+                      f"label {runs['sorted']:.4f} ({runs['sorted'] - runs['unsorted']:+.4f})", flush=True)  # fmt: skip
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
     p.add_argument("--models", nargs="*", default=list(MODELS))
     p.add_argument("--regimes", nargs="*", default=list(REGIMES), choices=list(REGIMES))
     p.add_argument("--set", nargs="*", default=[], help="extra TrainConfig settings, key=value (for exploring)")
+    p.add_argument("--order-seed", type=int, default=1, help="the seed of the file-order runs (-1: none)")
+    p.add_argument("--order-models", nargs="*", default=["lr", "fm"])
     args = p.parse_args()
     extra = {}
     for kv in args.set:
@@ -154,8 +186,16 @@ def main() -> int:
             median = figures["median_gap"]
             print(f"{name:8s} {m:7s} median AUC - tuned LR: {median:+.4f}  (target >= {TARGET}): "
                   f"{'met' if median >= TARGET else 'MISSED'}")  # fmt: skip
+    order = {} if args.order_seed < 0 else {
+        name: order_effect(name, args.order_seed, args.order_models, extra) for name in args.regimes}  # fmt: skip
+    for name, per_model in order.items():
+        for m, runs in per_model.items():
+            gaps = {k: v["sorted"] - v["unsorted"] for k, v in runs.items()}
+            print(f"{name:8s} {m:7s} sorted by label minus unsorted: --shuffle on {gaps['on']:+.4f}, "
+                  f"off {gaps['off']:+.4f}")  # fmt: skip
     out = {"benchmark": "small_data", "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "seeds": args.seeds,
-           "settings": extra, "seconds": time.perf_counter() - started, "regimes": regimes}  # fmt: skip
+           "settings": extra, "seconds": time.perf_counter() - started, "regimes": regimes,
+           "order_seed": args.order_seed, "order": order}  # fmt: skip
     print(json.dumps(out))
     return 0
 

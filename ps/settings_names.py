@@ -94,6 +94,7 @@ WORKER = frozenset(
         "PS_SEED",
         "PS_SERVERS",
         "PS_SERVER_TIMEOUT",
+        "PS_SHUFFLE",
         "PS_SINCE",
         "PS_SKIP_EXAMPLES",
         "PS_SMALL",

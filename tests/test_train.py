@@ -76,6 +76,25 @@ def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):
         TrainConfig(data=str(train), libsvm_fields=3, local_shards=1).validate()
 
 
+def test_shuffled_epochs_are_new_orders_of_the_same_examples_seeded_by_the_epoch():
+    def epochs(n: int, **kw) -> list[np.ndarray]:
+        """Field C3's ids (one per example, nearly all distinct) of n epochs of train(), each epoch's joined."""
+        cfg = TrainConfig(local_shards=1, synthetic_rows=3000, batch_size=256, validation_fraction=0.2, **kw)
+        _, data, _, _ = prepare(cfg)
+        out = []
+        for _ in range(n):
+            batches = list(data.train())
+            assert [len(b) for b in batches[:-1]] == [256] * (len(batches) - 1)
+            out.append(np.concatenate([b.fields["C3"].ids for b in batches]))
+        return out
+
+    in_order = epochs(1, shuffle=False)[0]
+    first, second = epochs(2)  # the small recipe shuffles
+    assert sorted(first.tolist()) == sorted(second.tolist()) == sorted(in_order.tolist())  # the same examples
+    assert not np.array_equal(first, in_order) and not np.array_equal(first, second)  # each epoch its own order
+    np.testing.assert_array_equal(epochs(2)[1], second)  # seeded: a rerun trains the same orders
+
+
 def test_the_recipe_follows_the_data_size_and_flags_given_win():
     small, line = TrainConfig(local_shards=1, synthetic_rows=5000).with_recipe(5000)
     assert (small.batch_size, small.epochs, small.validation_fraction, small.early_stop) == (
@@ -104,7 +123,10 @@ def test_the_recipe_follows_the_data_size_and_flags_given_win():
     assert forced.epochs == 1 and line.startswith("large-data recipe")
     with_file, line = TrainConfig(local_shards=1, validation_data="v.csv").with_recipe(10)
     assert with_file.validation_fraction == 0.0  # a validation file replaces the split
-    assert "up to 50 epochs, evaluated on v.csv after each" in line
+    assert "up to 50 epochs, each shuffled, evaluated on v.csv after each" in line
+    assert (small.shuffle, large.shuffle, forced.shuffle) == (True, False, False)
+    kept, line = TrainConfig(local_shards=1, shuffle=False).with_recipe(10)
+    assert kept.shuffle is False and line.endswith("instead, as given: --shuffle off")
 
 
 def test_dnn_on_small_data_is_warned_about_and_deepfm_named(caplog):
@@ -157,7 +179,8 @@ def test_the_validation_split_is_deterministic_disjoint_and_complete():
     np.testing.assert_array_equal(np.concatenate([validation_mask(0, 500, 0.1), validation_mask(500, 500, 0.1)]),
                                   validation_mask(0, 1000, 0.1))  # fmt: skip
     assert not validation_mask(0, 1000, 0.0).any()
-    cfg = TrainConfig(local_shards=1, synthetic_rows=3000, batch_size=256, validation_fraction=0.2, epochs=1)
+    cfg = TrainConfig(local_shards=1, synthetic_rows=3000, batch_size=256, validation_fraction=0.2, epochs=1,
+                      shuffle=False)  # fmt: skip
     cfg, data, _, _ = prepare(cfg)
     train_ids = np.concatenate([b.fields["C3"].ids for b in data.train()])
     val = data.validation()

@@ -172,7 +172,15 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--epochs",
         type=integer(1),
         default=None,
-        help="passes over the training data, at most (default: small: 20, large: 1)",
+        help=f"passes over the training data, at most (default: small: {SMALL.epochs}, large: {LARGE.epochs})",
+    )
+    fit.add_argument(
+        "--shuffle",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="on: hold this worker's training examples in memory and train each epoch in a fresh random order "
+        "(seeded by --synthetic-seed and the worker id); off: in the data's order, read as it trains (auto: the "
+        "recipe's: on for small data, off for large)",
     )
     fit.add_argument(
         "--validation-fraction",
@@ -319,7 +327,8 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         "--synthetic-history", type=number(0, 1e3), default=d.synthetic_history,
         help="strength of a planted multi-hot history column (0 = no such column)",
     )  # fmt: skip
-    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help="seed of the synthetic data")
+    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed,
+                      help="seed of the synthetic data, and of the dropout masks and the --shuffle order")  # fmt: skip
 
 
 def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
@@ -473,6 +482,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         skip_examples=args.skip_examples,
         max_examples=args.max_examples,
         early_stop=args.early_stop,
+        shuffle=None if args.shuffle == "auto" else args.shuffle == "on",
         l2=args.l2,
         dense_l2=args.dense_l2,
         dropout=args.dropout,

@@ -116,6 +116,8 @@ class DataSource:
                             cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
+        self._held: Batch | None = None  # the training examples, under cfg.shuffle
+        self._epochs_served = 0  # calls of train() under cfg.shuffle
         self.share_labels: tuple[int, int] | None = None  # (positives, examples) of the share, once read to its end
         self.share_label_changes = 0  # then: how often a label differs from the one before it, in reading order
 
@@ -178,6 +180,26 @@ class DataSource:
             self.share_label_changes = changes
 
     def train(self) -> Iterator[Batch]:
+        """This worker's training batches, one epoch: in the data's order, read as they are asked for; or, under
+        cfg.shuffle, from the examples held in memory (read whole at the first call) in a random order that is
+        new at each call, the k-th call's (from 1) seeded by (cfg.synthetic_seed, cfg.worker_id, k)."""
+        if not getattr(self.cfg, "shuffle", False):
+            return self._in_order()
+        if self._held is None:
+            parts = list(self._in_order())
+            if not parts:  # a share without examples
+                return iter(())
+            self._held = Batch.concat(parts)
+            log.info(
+                "holding this worker's %s training examples in memory, each epoch shuffled", f"{len(self._held):,}"
+            )
+        self._epochs_served += 1
+        seed = [self.cfg.synthetic_seed & (2**63 - 1), self.cfg.worker_id, self._epochs_served]
+        order = np.random.default_rng(seed).permutation(len(self._held))
+        held, size = self._held, self.batch_size
+        return (held.take(order[lo : lo + size]) for lo in range(0, len(order), size))
+
+    def _in_order(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:
             return self._share()
         return rebatch(self._split(want_validation=False), self.batch_size)

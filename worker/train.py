@@ -72,7 +72,7 @@ def train(cfg: TrainConfig) -> dict:
         if one_class:  # another worker's share may hold the other label
             log.warning("%s", one_class)
         grouped = sorted_by_label(data.share_labels, data.share_label_changes, cfg.data)
-        if grouped and not one_class:
+        if grouped and not one_class and not cfg.shuffle:  # shuffled, the file's order does not reach training
             log.warning("%s", grouped)
         data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
     backend = make_backend(spec, cfg)

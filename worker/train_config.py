@@ -68,6 +68,7 @@ class TrainConfig:
     skip_examples: int = 0  # the first training examples of this worker's stream (over epochs) left out: a resumed run
     max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
     early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
+    shuffle: bool | None = None  # each epoch in a fresh random order (held in memory: worker/data.py); None: recipe
     prefetch: int = 1
     worker_id: int = 0
     num_workers: int = 1
@@ -262,6 +263,7 @@ class TrainConfig:
             epochs=r.epochs if self.epochs is None else self.epochs,
             validation_fraction=fraction,
             early_stop=r.early_stop if self.early_stop is None else self.early_stop,
+            shuffle=r.shuffle if self.shuffle is None else self.shuffle,
             max_bad_lines=r.max_bad_lines if self.max_bad_lines is None else self.max_bad_lines,
             l2=r.l2 if self.l2 is None else self.l2,
             dropout=r.dropout if self.dropout is None else self.dropout,
@@ -279,7 +281,8 @@ class TrainConfig:
         given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
                  ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
-                 ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines))
+                 ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines),
+                 ("--shuffle", None if self.shuffle is None else ("on" if self.shuffle else "off")))
                  if value is not None]  # fmt: skip
         line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
                         files=self.data is not None, validation_file=self.validation_data, at_least=at_least)  # fmt: skip

@@ -105,8 +105,9 @@ def sorted_by_label(share_labels: tuple[int, int] | None, changes: int, data: st
     times = "time" if changes == 1 else "times"
     return (f"{data} looks sorted or grouped by its label: in reading order the label changes {changes:,} {times}, "
             f"where a random order of its {n:,} examples would change it about {expected:,.0f} times; training "
-            "reads the lines in that order, so its batches hold one label for long stretches, which trains a worse "
-            "model: shuffle the lines first (e.g. `shuf`, keeping a CSV header on top)")  # fmt: skip
+            "reads the lines in that order (--shuffle off), so its batches hold one label for long stretches, which "
+            "trains a worse model: train with --shuffle on, or shuffle the lines first (e.g. `shuf`, keeping a CSV "
+            "header on top)")  # fmt: skip
 
 
 def validation_too_small(validation: list) -> str | None:
