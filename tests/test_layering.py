@@ -49,6 +49,7 @@ WORKER_MAY_IMPORT = {
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
     "ps.progress",  # the bar or plain lines of a long count (export, eval, predict)
     "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)
+    "ps.storage.leftovers",  # an export's leftovers in its OUT, which ps-server export removes too (stdlib only)
 }  # fmt: skip
 
 

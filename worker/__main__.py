@@ -336,16 +336,20 @@ def _checkpoint(args) -> int:
 def _export(args) -> int:
     """A checkpoint through the servers into a new folder of OUT, then `ps-server export` of it (the server package
     reads RocksDB files; the worker does not import it). Only once both succeeded is an earlier export's
-    checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was (an OUT the save created is removed)."""
+    checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was (an OUT the save created is removed).
+    What exports killed mid-way left in OUT is removed first (_remove_killed_exports)."""
     import contextlib
-    import secrets
     import shutil
     import subprocess
 
+    from ps.storage import leftovers
     from worker.checkpoint import save
+    from worker.temp_dirs import export_checkpoint_dir
 
     kept = os.path.join(args.out, "checkpoint")
-    fresh = os.path.join(args.out, f"checkpoint.new-{secrets.token_hex(4)}")
+    fresh = export_checkpoint_dir(args.out)
+    if os.path.isdir(args.out):
+        _remove_killed_exports(args.out)
     if not args.overwrite:
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there")
     new_out = not os.path.exists(args.out)
@@ -370,14 +374,31 @@ def _export(args) -> int:
     if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
         undo()
         return done.returncode
-    if os.path.isdir(kept):
-        shutil.rmtree(kept)  # the earlier export's, now replaced
-    if args.keep_checkpoint:
-        os.replace(fresh, kept)
-    else:
-        shutil.rmtree(fresh)
-    _record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
+    with leftovers.claimed(args.out, lambda: [], "an export killed mid-write"):  # over export.json.tmp
+        if os.path.isdir(kept):
+            shutil.rmtree(kept)  # the earlier export's, now replaced
+        if args.keep_checkpoint:
+            os.replace(fresh, kept)
+        else:
+            shutil.rmtree(fresh)
+        _record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
     return 0
+
+
+def _remove_killed_exports(out: str) -> None:
+    """Removes what exports killed mid-way (SIGKILL, a power loss) left in out, logging each with its size: their
+    fresh checkpoints (worker.temp_dirs.dead_export_checkpoints) and the temporary files of their `ps-server
+    export`, if no writer holds a claim on out (ps.storage.leftovers.claimed); reports what it cannot prove dead."""
+    from ps.storage import leftovers
+    from worker.temp_dirs import dead_export_checkpoints
+
+    def killed() -> list[str]:
+        return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
+
+    with leftovers.claimed(out, killed, "an export killed mid-way"):
+        others = dead_export_checkpoints(out)[1]
+    leftovers.report(others, f"an export into {out} may be running (here or on another host, or of a version "
+                     "that did not name its process): remove it once none is")  # fmt: skip
 
 
 def _record_checkpoint(path: str, checkpoint: str | None) -> None:

@@ -7,6 +7,9 @@
                                                    local shards, which inherit the descriptor) while it uses <dir>
     <dir>/KEPT                                     a note: the directory was left on purpose (a shard failed to
                                                    start and the error names its log here)
+    <OUT>/checkpoint.new-<pid>-<host>-<8 hex>      the checkpoint a `ps-worker export` (process <pid>) has its
+                                                   servers save into OUT and exports; renamed to OUT/checkpoint
+                                                   (--keep-checkpoint) or removed at its end (export_checkpoint_dir)
 
 A run removes its directory on the way out, also on Ctrl-C and SIGTERM; a run killed by SIGKILL cannot (its
 local shards stop with it, their stdin pipe closed, but may still be flushing). The next launch, or train with
@@ -15,6 +18,11 @@ LOCK nobody holds, if it is a directory (not a link) owned by this user without 
 removal. Directories of other hosts, of running processes, in use (a shard of a killed run still stopping; a run
 in a container sharing /tmp, whose pids are not comparable), and kept ones are left alone; a pid taken again by
 another process keeps its directory until that process ends, which errs on the safe side.
+
+A `ps-worker export` killed by SIGKILL leaves its OUT/checkpoint.new-...: the next export into OUT removes those
+of this host whose <pid> no longer runs (dead_export_checkpoints), if no writer holds a claim on OUT (the `ps-server
+export` a killed worker started runs on, and holds one: ps.storage.leftovers); it reports the others (of a running
+export, of another host, or named by a version without <pid>) and leaves them.
 """
 
 from __future__ import annotations
@@ -22,10 +30,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
 import tempfile
+
+from ps.storage.leftovers import matching
 
 if os.name == "posix":
     import fcntl
@@ -133,3 +144,23 @@ def _own_directory(path: str) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+EXPORT_CHECKPOINT = "checkpoint.new-"  # the prefix of an export's fresh checkpoint in its OUT
+
+
+def export_checkpoint_dir(out: str) -> str:
+    """The path of the fresh checkpoint of this process's export into out (module docstring)."""
+    return os.path.join(out, f"{EXPORT_CHECKPOINT}{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
+
+
+def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
+    """(dead, others): the paths of the fresh checkpoints in out of exports on this host whose process is gone,
+    and of the other folders named checkpoint.new-* there (a running export's, another host's, or an earlier
+    version's, named checkpoint.new-<8 hex>), whose writer may be alive."""
+    own = re.compile(re.escape(EXPORT_CHECKPOINT) + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}")
+    dead, others = [], []
+    for path in matching(out, re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")):
+        m = own.fullmatch(os.path.basename(path))
+        (dead if m is not None and not _running(int(m.group(1))) and os.path.isdir(path) else others).append(path)
+    return dead, others

@@ -17,6 +17,7 @@ from ps.config import TableConfig
 from ps.errors import CheckpointDamagedError, StorageError
 from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
+from ps.storage import leftovers
 from ps.storage.store import Store
 
 
@@ -109,6 +110,10 @@ class ExportProgress(CountProgress):
 
 
 WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
+# An export's files while it writes them, in out: <file>.tmp (<table>.ids.npy.tmp, <table>.rows.npy.tmp,
+# export.json.tmp), each renamed to <file> once all are written. Every writer into out holds a claim on it
+# (ps.storage.leftovers.claimed), and removes those a killed export left when no other writer is there
+# (ps.storage.leftovers.EXPORT_TEMPORARY).
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
@@ -124,7 +129,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     about what it writes for the table plus 16 bytes a row; the rows are written in sorted order WRITE_ROWS at a
     time. Every file is written under a temporary name and renamed once all are written (export.json last), so a
     failure leaves an earlier export in out as it was. progress: show rows read, then rows written, per table
-    (ExportProgress, on stderr); an out it made is removed again on a failure. ValueError for an out inside the
+    (ExportProgress, on stderr); an out it made is removed again on a failure. The temporary files an export killed
+    mid-write left in out are removed first, if no other export writes there now. ValueError for an out inside the
     checkpoint; StorageError for a damaged checkpoint (CheckpointDamagedError, naming the file and offset, where
     RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ from its
     manifest's count."""
@@ -135,6 +141,13 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
                          "checkpoint; give a directory outside it")  # fmt: skip
     new_out = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
+    killed = lambda: leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
+    with leftovers.claimed(out, killed, "an export killed mid-write"):
+        return _export_into(directory, manifest, out, new_out, since, progress)
+
+
+def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool) -> dict:
+    """export's writing, into out (new_out: this export made it), under its claim on out."""
     summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
     written: list[tuple[str, str]] = []  # (temporary, final) paths
     shown: ExportProgress | None = None

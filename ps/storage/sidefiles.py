@@ -7,6 +7,9 @@ over the old one), so a reader finds the old content or the new, never a mix:
     journal-mark.json   {"written_seq": k}  every journal record <= k was written whole to the journal, so its
                         push may have been acknowledged: none of them may be missing at start-up
                         (ps.storage.journal.Journal.replay); MarkWriter keeps it up to date
+    <file>.<8 chars>.tmp   the next content of shard.json or journal-mark.json while it is written (tempfile.mkstemp
+                        names it), renamed over <file> once whole; one that a kill left is removed at the next start
+                        (remove_temporary_files, by the server that holds the dir's RocksDB LOCK)
 """
 
 from __future__ import annotations
@@ -14,17 +17,26 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable
 
 from ps.accel.threadnames import name_os_thread
 from ps.errors import StorageError
+from ps.storage import leftovers
 
 log = logging.getLogger(__name__)
 
 IDENTITY_FILE = "shard.json"
 MARK_FILE = "journal-mark.json"
+TEMPORARY = re.compile(r"(?:shard|journal-mark)\.json\.[a-z0-9_]{8}\.tmp")  # write_json's, of either file
+
+
+def remove_temporary_files(data_dir: str) -> list[str]:
+    """Removes the temporary files of write_json that a server killed mid-write left in data_dir, logging each;
+    returns their paths. Only the server holding the dir's RocksDB LOCK may call it: no other writes there."""
+    return leftovers.remove(leftovers.matching(data_dir, TEMPORARY), "a server killed while it replaced that file")
 
 
 def write_json(path: str, obj: dict, sync_dir: bool = False) -> None:

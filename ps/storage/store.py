@@ -101,7 +101,7 @@ from ps.storage.memory import (
     DEFAULT_WRITE_BUFFER_BYTES,
     MAX_WAL_BYTES,
 )
-from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name, write_json
+from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, remove_temporary_files, shard_name, write_json
 from ps.storage.writebehind import PendingBatch, WriteBehind
 
 log = logging.getLogger(__name__)
@@ -561,6 +561,7 @@ class Store:
             if str(e).startswith("Corruption"):
                 raise _error(path, "opening it", e, _open_failure(path, e)) from e
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
+        remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
         self._meta = self._db.get_column_family(META_CF)
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync

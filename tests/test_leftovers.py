@@ -1,0 +1,206 @@
+"""What a process killed by SIGKILL (or a power loss) leaves of its temporary files is removed by the next run that
+can prove it dead, with a log line naming it and its size; what another process may be writing now is left and
+reported. The leftovers are made here as their writers name them (a kill at the right moment leaves exactly that).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ps.checkpoint import FORMAT, write_manifest
+from ps.config import ServerConfig, TableConfig
+from ps.engine import restore
+from ps.engine.shard import Shard
+from ps.server import Server
+from ps.sharding import NUM_SLOTS
+from ps.storage.store import Store
+from worker.__main__ import _remove_killed_exports, main
+from worker.client import Client
+from worker.temp_dirs import _host
+
+LOGGER = "ps.storage.leftovers"
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def write(path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+
+
+def removed_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.getMessage().startswith("removed ")]
+
+
+def held(path, how: int = fcntl.LOCK_SH) -> int:
+    """A descriptor holding a flock on the folder path, as another writer into it holds one."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, how)
+    return fd
+
+
+# --- a data dir: shard.json and journal-mark.json are replaced through a temporary file -----------------------------
+
+
+def test_a_servers_start_removes_the_temporary_side_files_a_killed_server_left_and_nothing_else(tmp_path, caplog):
+    data = tmp_path / "data"
+    store = Store(str(data), shard=(0, 1))
+    store.check_identity(0, 1)
+    store.close()
+    write(data / "shard.json.ab_c1234.tmp", 40)  # tempfile.mkstemp's names, as write_json makes them
+    write(data / "journal-mark.json.zz9y8x7w.tmp", 25)
+    write(tmp_path / "elsewhere", 3)
+    os.symlink(tmp_path / "elsewhere", data / "shard.json.linkzzzz.tmp")  # a link is nobody's temporary file
+    write(data / "shard.json.tmp", 5)  # not write_json's pattern
+    caplog.set_level("INFO", LOGGER)
+    store = Store(str(data), shard=(0, 1))
+    store.check_identity(0, 1)
+    store.close()
+    names = set(os.listdir(data))
+    assert "shard.json.ab_c1234.tmp" not in names and "journal-mark.json.zz9y8x7w.tmp" not in names
+    assert {"shard.json.linkzzzz.tmp", "shard.json.tmp", "shard.json"} <= names
+    lines = removed_lines(caplog)
+    assert len(lines) == 2, lines
+    assert any(str(data / "shard.json.ab_c1234.tmp") in line and "(40 bytes)" in line for line in lines), lines
+    assert any(str(data / "journal-mark.json.zz9y8x7w.tmp") in line and "(25 bytes)" in line for line in lines)
+
+
+# --- ps-server export: <file>.tmp in OUT, renamed once all are written ----------------------------------------------
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> str:
+    """A checkpoint of one shard holding 10 rows of table "a" (dim 2)."""
+    spec = TableConfig("a", 2)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("a", np.arange(1, 11, dtype=np.uint64), np.ones((10, 2), np.float32))
+        clock, token = shard.hold(60)
+        try:
+            info = shard.save_checkpoint(str(tmp_path / "ckpt"), token)
+        finally:
+            shard.release(token)
+    finally:
+        shard.close()
+    write_manifest(str(tmp_path / "ckpt"), {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS,
+                                            "clock": clock, "created": "now", "tables": [spec.to_dict()],
+                                            "shards": [info]})  # fmt: skip
+    return str(tmp_path / "ckpt")
+
+
+def test_an_export_removes_the_temporary_files_a_killed_export_left_in_out(ckpt, tmp_path, caplog):
+    out = tmp_path / "out"
+    write(out / "gone.rows.npy.tmp", 1000)  # a table the earlier export had, this checkpoint has not
+    write(out / "a.ids.npy.tmp", 7)
+    write(out / "export.json.tmp", 9)
+    write(out / "notes.tmp", 4)
+    caplog.set_level("INFO", LOGGER)
+    restore.export(ckpt, str(out))
+    assert sorted(os.listdir(out)) == ["a.ids.npy", "a.rows.npy", "export.json", "notes.tmp"]
+    lines = removed_lines(caplog)
+    assert len(lines) == 3 and any(str(out / "gone.rows.npy.tmp") in x and "(1,000 bytes)" in x for x in lines)
+    assert len(np.load(out / "a.ids.npy")) == 10
+
+
+def test_an_export_leaves_the_temporary_files_of_another_export_writing_into_out_now(ckpt, tmp_path, caplog):
+    out = tmp_path / "out"
+    write(out / "gone.rows.npy.tmp", 1000)
+    fd = held(out)  # another export's claim on OUT
+    try:
+        caplog.set_level("INFO", LOGGER)
+        restore.export(ckpt, str(out))
+    finally:
+        os.close(fd)
+    assert (out / "gone.rows.npy.tmp").read_bytes() == b"x" * 1000 and (out / "export.json").exists()
+    assert removed_lines(caplog) == []
+    assert any(str(out / "gone.rows.npy.tmp") in r.getMessage() and r.getMessage().startswith("left ")
+               for r in caplog.records)  # fmt: skip
+
+
+def test_while_an_export_writes_into_out_another_cannot_claim_it_alone(ckpt, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    seen = []
+    real = restore._export_into
+
+    def probe(*args, **kwargs):
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            seen.append(True)
+        finally:
+            os.close(fd)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(restore, "_export_into", probe)
+    restore.export(ckpt, str(out))
+    assert seen == [True]
+
+
+# --- ps-worker export: OUT/checkpoint.new-<pid>-<host>-<8 hex> ------------------------------------------------------
+
+
+def test_a_worker_export_removes_the_checkpoints_of_dead_exports_only(tmp_path, caplog):
+    out = tmp_path / "out"
+    dead = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"
+    running = out / f"checkpoint.new-{os.getpid()}-{_host()}-4567cdef"  # this process runs
+    other_host = out / f"checkpoint.new-{dead_pid()}-not-{_host()}-89abcdef"
+    earlier = out / "checkpoint.new-fedcba98"  # a version before <pid> was in the name
+    for path in (dead, running, other_host, earlier):
+        write(path / "shard-0" / "000009.sst", 300)
+    write(out / "export.json.tmp", 11)
+    caplog.set_level("INFO", LOGGER)
+    _remove_killed_exports(str(out))
+    assert not dead.exists() and not (out / "export.json.tmp").exists()
+    assert running.exists() and other_host.exists() and earlier.exists()
+    lines = removed_lines(caplog)
+    assert len(lines) == 2 and any(str(dead) in x and "(300 bytes)" in x for x in lines), lines
+    left = [r.getMessage() for r in caplog.records if r.getMessage().startswith("left ")]
+    assert len(left) == 3 and all("(300 bytes)" in x for x in left), left
+
+
+def test_a_worker_export_leaves_a_dead_exports_checkpoint_while_its_ps_server_export_runs(tmp_path, caplog):
+    out = tmp_path / "out"
+    dead = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"
+    write(dead / "manifest.json", 10)
+    fd = held(out)  # the ps-server export the killed worker started, still reading it
+    try:
+        _remove_killed_exports(str(out))
+    finally:
+        os.close(fd)
+    assert (dead / "manifest.json").exists()
+
+
+def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp_path, capsys, caplog):
+    out = tmp_path / "export"
+    leftover = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"
+    write(leftover / "shard-0" / "000009.sst", 300)
+    write(out / "emb.rows.npy.tmp", 50)
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        caplog.set_level("INFO", LOGGER)
+        code = main(["export", str(out), "--servers", address, "--keep-checkpoint", "--no-progress"])
+    finally:
+        server.stop(grace_s=1)
+    assert code == 0, capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["checkpoint", "emb.ids.npy", "emb.rows.npy", "export.json"]
+    assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
+    assert any(str(leftover) in x for x in removed_lines(caplog)), removed_lines(caplog)
