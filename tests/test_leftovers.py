@@ -204,3 +204,17 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
     assert sorted(os.listdir(out)) == ["checkpoint", "emb.ids.npy", "emb.rows.npy", "export.json"]
     assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
     assert any(str(leftover) in x for x in removed_lines(caplog)), removed_lines(caplog)
+
+
+# --- ps-worker checkpoint save: an unfinished checkpoint is named, never removed -----------------------------------
+
+
+def test_checkpoint_save_names_an_unfinished_checkpoint_and_leaves_it(tmp_path, capsys):
+    target = tmp_path / "ckpt"
+    write(target / "shard-0" / "000009.sst", 300)
+    write(target / "shard-1.tmp" / "000010.sst", 200)  # RocksDB's, of a server killed while it saved
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
+    code = main(["checkpoint", "save", str(target), *nowhere])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds an unfinished checkpoint (shard-0, shard-1.tmp: 500 bytes, no manifest.json)" in err
+    assert (target / "shard-0" / "000009.sst").exists() and (target / "shard-1.tmp" / "000010.sst").exists()

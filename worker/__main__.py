@@ -321,9 +321,9 @@ def _shrink(args) -> int:
 
 
 def _checkpoint(args) -> int:
-    from worker.checkpoint import NEW_DIR, save
+    from worker.checkpoint import check_save_dir, save
 
-    check_new_dir("DIR", args.dir, NEW_DIR)  # before any server is asked (save checks again)
+    check_save_dir("DIR", args.dir)  # before any server is asked (save checks again)
     with _client(args) as client:
         client.wait_ready()
         m = save(client, args.dir, args.hold_timeout_s)

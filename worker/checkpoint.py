@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -23,6 +24,7 @@ from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, write_manifest
 from ps.config import DEFAULT_HOLD_S
 from ps.sharding import NUM_SLOTS
+from ps.storage.leftovers import size_bytes
 from worker.flags import check_new_dir
 
 if TYPE_CHECKING:
@@ -37,6 +39,25 @@ def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, s
 
 
 NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
+_SAVED = re.compile(r"shard-\d+(?:\.tmp)?|manifest\.json\.tmp")  # a save's folders and files (RocksDB's .tmp)
+
+
+def check_save_dir(name: str, directory: str) -> None:
+    """ValueError naming `name` unless directory is new or empty. One holding what a save writes and no manifest
+    (shard-<i>/, RocksDB's shard-<i>.tmp/, manifest.json.tmp) is named an unfinished checkpoint, with its size:
+    a save killed mid-way left it, or one runs into it now (which nobody can tell from here, so it is left as it
+    is); nothing can restore it, and its hard links keep the shards' old SST files on disk."""
+    entries = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
+    if entries and all(_SAVED.fullmatch(e) for e in entries):
+        size = sum(size_bytes(os.path.join(directory, e)) for e in entries)
+        shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+        raise ValueError(
+            f"{name} {directory} holds an unfinished checkpoint ({shown}: {size:,} bytes, no {MANIFEST}): a "
+            "`ps-worker checkpoint save` killed mid-way left it, or one is saving into it now. Nothing can restore "
+            "it; once no save runs into it, delete it (its hard links keep the shards' old SST files on disk), or "
+            "give a new or empty directory"
+        )
+    check_new_dir(name, directory, NEW_DIR)
 
 
 def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S) -> dict:
@@ -46,7 +67,7 @@ def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S)
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
-    check_new_dir("checkpoint dir", directory, NEW_DIR)
+    check_save_dir("checkpoint dir", directory)
     n = len(client.servers)
     started = time.monotonic()
     tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
