@@ -218,3 +218,25 @@ def test_checkpoint_save_names_an_unfinished_checkpoint_and_leaves_it(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and "holds an unfinished checkpoint (shard-0, shard-1.tmp: 500 bytes, no manifest.json)" in err
     assert (target / "shard-0" / "000009.sst").exists() and (target / "shard-1.tmp" / "000010.sst").exists()
+
+
+# --- ps-worker predict: .<name>.<pid>-<host>-<8 hex>.partial beside --out ------------------------------------------
+
+
+def test_a_predict_removes_the_partial_files_of_dead_predicts_into_its_out_only(tmp_path, caplog):
+    from worker import predict
+    from worker.scoring import ScoringProgress
+
+    out = tmp_path / "scores.csv"
+    dead = tmp_path / f".scores.csv.{dead_pid()}-{_host()}-0123abcd.partial"
+    running = tmp_path / f".scores.csv.{os.getpid()}-{_host()}-4567cdef.partial"
+    earlier = tmp_path / ".scores.csv.89abcdef.partial"  # a version before <pid> was in the name
+    another_out = tmp_path / f".other.csv.{dead_pid()}-{_host()}-0123abcd.partial"
+    for path in (dead, running, earlier, another_out):
+        write(path, 70)
+    caplog.set_level("INFO", LOGGER)
+    assert predict._write(str(out), [], False, False, ScoringProgress(0, False)) == 0
+    assert not dead.exists() and running.exists() and earlier.exists() and another_out.exists()
+    assert not out.exists() and sorted(os.listdir(tmp_path)) == sorted(p.name for p in (running, earlier, another_out))
+    lines = removed_lines(caplog)
+    assert len(lines) == 1 and str(dead) in lines[0] and "(70 bytes)" in lines[0], lines

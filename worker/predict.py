@@ -23,7 +23,9 @@ the end) and empty lines have no row, so `line` skips their numbers. A file with
 the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is scored
 all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
 predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole: a failed run
-leaves no OUT (and with --overwrite, the earlier OUT as it was).
+leaves no OUT (and with --overwrite, the earlier OUT as it was). That name is .<name of OUT>.<pid>-<host>-<8 hex>
+.partial (worker.temp_dirs.partial_file); a run killed by SIGKILL leaves it, and the next predict into OUT removes
+those of this host whose process is gone, with a log line each (others are reported and left).
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ import csv
 import io
 import logging
 import os
-import secrets
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from ps.storage import leftovers
 from worker.batch import Batch
 from worker.csv_fast import label_value
 from worker.datafiles import check_data_input, data_files
@@ -47,6 +49,7 @@ from worker.formats import ReadStats, check_same_format, file_has_labels, first_
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.scoring import ScoringProgress, predictions
 from worker.served import ServedModel, served_model
+from worker.temp_dirs import dead_partial_files, partial_file
 from worker.train_config import TrainConfig
 
 log = logging.getLogger("worker.predict")
@@ -152,8 +155,11 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
            progress: ScoringProgress) -> int:  # fmt: skip
     """Writes the header and the rows of (file, batch, probabilities) to a temporary file, renamed to `out` when
     they are all written and there is at least one; with_file: a file column first. Returns the row count."""
-    folder, name = os.path.split(os.path.abspath(out))
-    partial = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.partial")
+    dead, others = dead_partial_files(out)
+    leftovers.remove(dead, "a predict killed mid-write")
+    leftovers.report(others, f"another predict into {out} may be running (here or on another host, or of a "
+                     "version that did not name its process): remove it once none is")  # fmt: skip
+    partial = partial_file(out)
     rows = 0
     try:
         # a file name that is not UTF-8 (os.listdir's surrogate escapes) is written as the bytes it has on disk

@@ -10,6 +10,8 @@
     <OUT>/checkpoint.new-<pid>-<host>-<8 hex>      the checkpoint a `ps-worker export` (process <pid>) has its
                                                    servers save into OUT and exports; renamed to OUT/checkpoint
                                                    (--keep-checkpoint) or removed at its end (export_checkpoint_dir)
+    <dir of F>/.<name of F>.<pid>-<host>-<8 hex>.partial   the rows `ps-worker predict` (process <pid>) writes
+                                                   for its --out F, renamed to F once whole (partial_file)
 
 A run removes its directory on the way out, also on Ctrl-C and SIGTERM; a run killed by SIGKILL cannot (its
 local shards stop with it, their stdin pipe closed, but may still be flushing). The next launch, or train with
@@ -22,7 +24,8 @@ another process keeps its directory until that process ends, which errs on the s
 A `ps-worker export` killed by SIGKILL leaves its OUT/checkpoint.new-...: the next export into OUT removes those
 of this host whose <pid> no longer runs (dead_export_checkpoints), if no writer holds a claim on OUT (the `ps-server
 export` a killed worker started runs on, and holds one: ps.storage.leftovers); it reports the others (of a running
-export, of another host, or named by a version without <pid>) and leaves them.
+export, of another host, or named by a version without <pid>) and leaves them. Likewise, the next predict into F
+removes the .partial files of F of this host whose <pid> no longer runs (dead_partial_files).
 """
 
 from __future__ import annotations
@@ -163,4 +166,23 @@ def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
     for path in matching(out, re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")):
         m = own.fullmatch(os.path.basename(path))
         (dead if m is not None and not _running(int(m.group(1))) and os.path.isdir(path) else others).append(path)
+    return dead, others
+
+
+def partial_file(out: str) -> str:
+    """The path of the file this process writes the rows of its output file out into (module docstring)."""
+    folder, name = os.path.split(os.path.abspath(out))
+    return os.path.join(folder, f".{name}.{os.getpid()}-{_host()}-{secrets.token_hex(4)}.partial")
+
+
+def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
+    """(dead, others): the partial files of out of runs on this host whose process is gone, and the other
+    .<name>.*.partial files beside out (a running one's, another host's, or an earlier version's, named
+    .<name>.<8 hex>.partial), whose writer may be alive."""
+    folder, name = os.path.split(os.path.abspath(out))
+    own = re.compile(re.escape(f".{name}.") + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}\.partial")
+    dead, others = [], []
+    for path in matching(folder, re.compile(re.escape(f".{name}.") + r".+\.partial")):
+        m = own.fullmatch(os.path.basename(path))
+        (dead if m is not None and not _running(int(m.group(1))) and os.path.isfile(path) else others).append(path)
     return dead, others

@@ -3,12 +3,14 @@ next writer once it can prove that no writer uses them, with one log line naming
 
 Each temp-then-rename writer names its temporary files with a pattern of its own, beside the final file; each
 pattern is described where it is produced (ps.storage.sidefiles, ps.engine.restore.export, worker/__main__'s
-export). What proves that none is in use:
+export, worker/temp_dirs). What proves that none is in use:
 - in a data dir: this server holds RocksDB's LOCK on it (one server a dir), so Store removes them once it opened it;
 - in an export's OUT: a flock on the directory OUT itself. Every writer into OUT (`ps-server export`, `ps-worker
   export`) holds a shared one while it writes there (`claimed`), so an exclusive one, had for a moment before it
   writes, proves that no other is there. Where none can be had (another export writes into OUT now, or the file
   system has no flock on directories, as NFS), the leftovers are reported and left.
+- a worker's own files (an export's fresh checkpoint, predict's .partial file) name its process and host: those
+  of this host whose process is gone (worker/temp_dirs).
 Stdlib only: worker/ uses it too (its own export's leftovers).
 """
 
