@@ -327,8 +327,8 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         "--synthetic-history", type=number(0, 1e3), default=d.synthetic_history,
         help="strength of a planted multi-hot history column (0 = no such column)",
     )  # fmt: skip
-    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed,
-                      help="seed of the synthetic data, and of the dropout masks and the --shuffle order")  # fmt: skip
+    also = ", and of the dropout masks and the --shuffle order" if command == "train" else ""
+    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help=f"seed of the synthetic data{also}")
 
 
 def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
