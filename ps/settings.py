@@ -53,6 +53,10 @@ def _convert(action: argparse.Action, value, source: str):
         if text in _TRUE or text in _FALSE:
             return text in _TRUE
         raise ValueError(f"{where}: expected true or false, got {value!r}")
+    if action.choices is not None and {"on", "off"} <= set(action.choices):  # TOML's true/false, as for a switch
+        text = str(value).strip().lower()
+        if isinstance(value, bool) or text in _TRUE or (text and text in _FALSE):
+            value = "on" if (value if isinstance(value, bool) else text in _TRUE) else "off"
     if isinstance(value, list) and action.type is None:
         value = ",".join(str(v) for v in value)  # comma-separated list flags: a TOML array is fine too
     if action.type is not None and not (isinstance(value, (int, float)) and action.type in (int, float)):

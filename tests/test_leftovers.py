@@ -21,7 +21,7 @@ from ps.engine.shard import Shard
 from ps.server import Server
 from ps.sharding import NUM_SLOTS
 from ps.storage.store import Store
-from worker.__main__ import _remove_killed_exports, main
+from worker.__main__ import _export_claim, main
 from worker.client import Client
 from worker.temp_dirs import _host
 
@@ -107,6 +107,7 @@ def test_an_export_removes_the_temporary_files_a_killed_export_left_in_out(ckpt,
     write(out / "a.ids.npy.tmp", 7)
     write(out / "export.json.tmp", 9)
     write(out / "notes.tmp", 4)
+    write(out / "export.json", 2)  # an earlier export's: out is an export's folder
     caplog.set_level("INFO", LOGGER)
     restore.export(ckpt, str(out))
     assert sorted(os.listdir(out)) == ["a.ids.npy", "a.rows.npy", "export.json", "notes.tmp"]
@@ -163,7 +164,8 @@ def test_a_worker_export_removes_the_checkpoints_of_dead_exports_only(tmp_path, 
         write(path / "shard-0" / "000009.sst", 300)
     write(out / "export.json.tmp", 11)
     caplog.set_level("INFO", LOGGER)
-    _remove_killed_exports(str(out))
+    with _export_claim(str(out)):
+        pass
     assert not dead.exists() and not (out / "export.json.tmp").exists()
     assert running.exists() and other_host.exists() and earlier.exists()
     lines = removed_lines(caplog)
@@ -177,11 +179,14 @@ def test_a_worker_export_leaves_a_dead_exports_checkpoint_while_its_ps_server_ex
     dead = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"
     write(dead / "manifest.json", 10)
     fd = held(out)  # the ps-server export the killed worker started, still reading it
+    caplog.set_level("INFO", LOGGER)
     try:
-        _remove_killed_exports(str(out))
+        with _export_claim(str(out)):
+            pass
     finally:
         os.close(fd)
     assert (dead / "manifest.json").exists()
+    assert any(str(dead) in r.getMessage() and r.getMessage().startswith("left ") for r in caplog.records)
 
 
 def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp_path, capsys, caplog):
@@ -240,3 +245,39 @@ def test_a_predict_removes_the_partial_files_of_dead_predicts_into_its_out_only(
     assert not out.exists() and sorted(os.listdir(tmp_path)) == sorted(p.name for p in (running, earlier, another_out))
     lines = removed_lines(caplog)
     assert len(lines) == 1 and str(dead) in lines[0] and "(70 bytes)" in lines[0], lines
+
+
+def test_a_partial_file_held_by_a_live_writer_of_another_pid_namespace_is_left(tmp_path):
+    """A predict in a container on the host's network has this host's name and pids this host cannot see: its
+    flock on the file it writes says it is alive."""
+    from worker.temp_dirs import dead_partial_files, hold_while_written
+
+    out = tmp_path / "scores.csv"
+    held = tmp_path / f".scores.csv.{dead_pid()}-{_host()}-0123abcd.partial"
+    free = tmp_path / f".scores.csv.{dead_pid()}-{_host()}-4567cdef.partial"
+    write(held, 10)
+    write(free, 10)
+    with open(held, "a") as f:
+        hold_while_written(f.fileno())
+        assert dead_partial_files(str(out)) == ([str(free)], [str(held)])
+    dead, others = dead_partial_files(str(out))
+    assert sorted(dead) == sorted([str(free), str(held)]) and others == []
+
+
+def test_a_folder_of_the_users_is_refused_and_its_temp_looking_files_are_kept(tmp_path, capsys):
+    """Names that look like an export's temporary files, in a folder that is no export's, are the user's."""
+    mine = tmp_path / "mine"
+    for name in ("results.ids.npy.tmp", "export.json.tmp", "notes.txt"):
+        write(mine / name, 5)
+    code = main(["export", str(mine), "--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"])
+    assert code == 2 and "OUT " + str(mine) + " is not empty (it holds notes.txt)" in capsys.readouterr().err
+    assert sorted(os.listdir(mine)) == ["export.json.tmp", "notes.txt", "results.ids.npy.tmp"]
+    with _export_claim(str(mine)):  # --overwrite into it: still not an export's folder, nothing removed
+        pass
+    assert sorted(os.listdir(mine)) == ["export.json.tmp", "notes.txt", "results.ids.npy.tmp"]
+    restore_out = tmp_path / "other"
+    write(restore_out / "a.rows.npy.tmp", 5)
+    write(restore_out / "keep.txt", 5)
+    from ps.storage import leftovers
+
+    assert not leftovers.holds_an_export(str(restore_out))  # ps-server export leaves them too

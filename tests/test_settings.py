@@ -147,3 +147,15 @@ def test_a_ps_variable_that_sets_nothing_is_warned_of_with_the_closest_names(tmp
     assert ("ps-server: warning: environment variable PS_CAHCE_BYTES is no setting of ps-server or ps-worker and is "
             "ignored; did you mean PS_CACHE_BYTES") in bad.stderr  # fmt: skip
     assert bad.returncode == 2 and "PS_PORT" in bad.stderr  # the warning comes first; the bad value still stops it
+
+
+def test_an_on_off_choice_takes_true_and_false_too(tmp_path):
+    from worker.cli_train import train_config_from_argv
+
+    config = tmp_path / "c.toml"
+    config.write_text("[train]\nshuffle = false\n")
+    assert train_config_from_argv(["--local-shards", "1", "--config", str(config)]).shuffle is False
+    config.write_text("[train]\nshuffle = true\n")
+    assert train_config_from_argv(["--local-shards", "1", "--config", str(config)]).shuffle is True
+    config.write_text('[train]\nshuffle = "auto"\n')
+    assert train_config_from_argv(["--local-shards", "1", "--config", str(config)]).shuffle is None

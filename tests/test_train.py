@@ -82,8 +82,8 @@ def test_shuffled_epochs_are_new_orders_of_the_same_examples_seeded_by_the_epoch
         cfg = TrainConfig(local_shards=1, synthetic_rows=3000, batch_size=256, validation_fraction=0.2, **kw)
         _, data, _, _ = prepare(cfg)
         out = []
-        for _ in range(n):
-            batches = list(data.train())
+        for epoch in range(1, n + 1):
+            batches = list(data.train(epoch))
             assert [len(b) for b in batches[:-1]] == [256] * (len(batches) - 1)
             out.append(np.concatenate([b.fields["C3"].ids for b in batches]))
         return out
@@ -93,6 +93,10 @@ def test_shuffled_epochs_are_new_orders_of_the_same_examples_seeded_by_the_epoch
     assert sorted(first.tolist()) == sorted(second.tolist()) == sorted(in_order.tolist())  # the same examples
     assert not np.array_equal(first, in_order) and not np.array_equal(first, second)  # each epoch its own order
     np.testing.assert_array_equal(epochs(2)[1], second)  # seeded: a rerun trains the same orders
+    cfg = TrainConfig(local_shards=1, synthetic_rows=3000, batch_size=256, validation_fraction=0.2)
+    _, data, _, _ = prepare(cfg)
+    list(data.train(5))  # another epoch asked for first (or twice) does not move an epoch's order
+    np.testing.assert_array_equal(np.concatenate([b.fields["C3"].ids for b in data.train(2)]), second)
 
 
 def test_the_recipe_follows_the_data_size_and_flags_given_win():

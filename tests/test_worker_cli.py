@@ -410,9 +410,9 @@ def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_
     read = DataSource.train
     batches_read = 0
 
-    def interrupted(self):
+    def interrupted(self, epoch=1):
         nonlocal batches_read
-        for batch in read(self):
+        for batch in read(self, epoch):
             batches_read += 1
             if batches_read == 9:
                 raise KeyboardInterrupt
@@ -712,8 +712,8 @@ def test_a_stop_before_the_first_step_or_in_the_final_evaluation_says_what_to_do
     train_path, _ = files
     read = DataSource.train
 
-    def interrupted_while_skipping(self):
-        for k, batch in enumerate(read(self)):
+    def interrupted_while_skipping(self, epoch=1):
+        for k, batch in enumerate(read(self, epoch)):
             if k == 2:
                 raise KeyboardInterrupt
             yield batch

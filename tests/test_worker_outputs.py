@@ -230,8 +230,8 @@ def test_a_resumed_runs_progress_rate_leaves_out_the_time_it_spent_skipping(monk
     with InProcessTables(cache_bytes=64 << 20) as tables:
         cfg, data, spec, backend, dense = open_job(cfg, tables)
 
-        def timed():
-            for k, batch in enumerate(data.train()):
+        def timed(epoch: int):
+            for k, batch in enumerate(data.train(epoch)):
                 now[0] += 100.0 if k < 3 else 1.0
                 yield batch
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import re
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ps.accel.malloc import tune_malloc
@@ -337,44 +340,46 @@ def _export(args) -> int:
     """A checkpoint through the servers into a new folder of OUT, then `ps-server export` of it (the server package
     reads RocksDB files; the worker does not import it). Only once both succeeded is an earlier export's
     checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was (an OUT the save created is removed).
-    What exports killed mid-way left in OUT is removed first (_remove_killed_exports)."""
+    The whole run holds a claim on OUT (_export_claim), under which what exports killed mid-way left there is
+    removed first."""
     import contextlib
     import shutil
     import subprocess
 
     from ps.storage import leftovers
     from worker.checkpoint import save
-    from worker.temp_dirs import export_checkpoint_dir
+    from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, export_checkpoint_dir
 
     kept = os.path.join(args.out, "checkpoint")
     fresh = export_checkpoint_dir(args.out)
-    if os.path.isdir(args.out):
-        _remove_killed_exports(args.out)
-    if not args.overwrite:
-        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there")
+    if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
+        only_leftovers = re.compile(f"{EXPORT_CHECKPOINT_NAME.pattern}|{leftovers.EXPORT_TEMPORARY.pattern}")
+        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
+                      ignore=only_leftovers)  # fmt: skip
     new_out = not os.path.exists(args.out)
+    os.makedirs(args.out, exist_ok=True)
 
     def undo() -> None:
         shutil.rmtree(fresh, ignore_errors=True)
         if new_out:
-            with contextlib.suppress(OSError):  # an OUT the save created, if nothing else is in it
+            with contextlib.suppress(OSError):  # an OUT this export created, if nothing else is in it
                 os.rmdir(args.out)
 
-    try:
-        with _client(args) as client:
-            client.wait_ready()
-            save(client, fresh)
-        command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
-        command += [] if args.since is None else ["--since", str(args.since)]
-        command += ["--no-progress"] if args.no_progress else []
-        done = subprocess.run(command)
-    except BaseException:
-        undo()
-        raise
-    if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
-        undo()
-        return done.returncode
-    with leftovers.claimed(args.out, lambda: [], "an export killed mid-write"):  # over export.json.tmp
+    with _export_claim(args.out):
+        try:
+            with _client(args) as client:
+                client.wait_ready()
+                save(client, fresh)
+            command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
+            command += [] if args.since is None else ["--since", str(args.since)]
+            command += ["--no-progress"] if args.no_progress else []
+            done = subprocess.run(command)
+        except BaseException:
+            undo()
+            raise
+        if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
+            undo()
+            return done.returncode
         if os.path.isdir(kept):
             shutil.rmtree(kept)  # the earlier export's, now replaced
         if args.keep_checkpoint:
@@ -385,20 +390,25 @@ def _export(args) -> int:
     return 0
 
 
-def _remove_killed_exports(out: str) -> None:
-    """Removes what exports killed mid-way (SIGKILL, a power loss) left in out, logging each with its size: their
-    fresh checkpoints (worker.temp_dirs.dead_export_checkpoints) and the temporary files of their `ps-server
-    export`, if no writer holds a claim on out (ps.storage.leftovers.claimed); reports what it cannot prove dead."""
+@contextlib.contextmanager
+def _export_claim(out: str) -> Iterator[None]:
+    """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
+    .claimed): under it, first, what exports killed mid-way left in out is removed, logging each with its size
+    (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints, and the temporary files of their
+    `ps-server export`), if out is an export's folder (leftovers.holds_an_export) and no other export holds a
+    claim on it; the checkpoints whose writer may still run are reported and left."""
     from ps.storage import leftovers
-    from worker.temp_dirs import dead_export_checkpoints
+    from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints
 
     def killed() -> list[str]:
+        if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
+            return []
         return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
 
     with leftovers.claimed(out, killed, "an export killed mid-way"):
-        others = dead_export_checkpoints(out)[1]
-    leftovers.report(others, f"an export into {out} may be running (here or on another host, or of a version "
-                     "that did not name its process): remove it once none is")  # fmt: skip
+        leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
+                         "host, or of a version that did not name its process): remove it once none is")  # fmt: skip
+        yield
 
 
 def _record_checkpoint(path: str, checkpoint: str | None) -> None:

@@ -146,6 +146,12 @@ class Batch:
     def __len__(self) -> int:
         return len(self.labels)
 
+    def nbytes(self) -> int:
+        """The bytes of its arrays (labels, every field's ids, offsets and weights, dense, probs, line numbers)."""
+        arrays = [self.labels, self.dense, self.probs, self.line_nos]
+        arrays += [a for bags in self.fields.values() for a in (bags.ids, bags.offsets, bags.weights)]
+        return sum(a.nbytes for a in arrays if a is not None)
+
     def dense_or_empty(self) -> np.ndarray:
         """dense, or an (n, 0) array when the data has no numeric features."""
         return self.dense if self.dense is not None else np.zeros((len(self), 0), dtype=np.float32)

@@ -37,6 +37,7 @@ from worker.synthetic import SyntheticConfig, SyntheticData
 log = logging.getLogger("worker.data")
 VALIDATION_SALT = np.uint64(0x5EED_0F_5A11D)
 DEFAULT_MAX_VALIDATION = 200_000
+HELD_WARNING_BYTES = 1 << 30  # training examples held for --shuffle on: a WARNING from this size (else INFO)
 
 
 def count_lines(path: str, header: bool = False) -> int:
@@ -117,7 +118,6 @@ class DataSource:
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self._held: Batch | None = None  # the training examples, under cfg.shuffle
-        self._epochs_served = 0  # calls of train() under cfg.shuffle
         self.share_labels: tuple[int, int] | None = None  # (positives, examples) of the share, once read to its end
         self.share_label_changes = 0  # then: how often a label differs from the one before it, in reading order
 
@@ -179,25 +179,29 @@ class DataSource:
             self.share_labels = (positives, first)
             self.share_label_changes = changes
 
-    def train(self) -> Iterator[Batch]:
-        """This worker's training batches, one epoch: in the data's order, read as they are asked for; or, under
-        cfg.shuffle, from the examples held in memory (read whole at the first call) in a random order that is
-        new at each call, the k-th call's (from 1) seeded by (cfg.synthetic_seed, cfg.worker_id, k)."""
+    def train(self, epoch: int = 1) -> Iterator[Batch]:
+        """This worker's training batches of one epoch (numbered from 1): in the data's order, read as they are
+        asked for; or, under cfg.shuffle, from the examples held in memory (read whole as the first epoch asks for
+        its first batch) in the epoch's own random order, seeded by (cfg.synthetic_seed, cfg.worker_id, epoch)."""
         if not getattr(self.cfg, "shuffle", False):
-            return self._in_order()
+            yield from self._in_order()
+            return
         if self._held is None:
             parts = list(self._in_order())
             if not parts:  # a share without examples
-                return iter(())
+                return
             self._held = Batch.concat(parts)
-            log.info(
-                "holding this worker's %s training examples in memory, each epoch shuffled", f"{len(self._held):,}"
-            )
-        self._epochs_served += 1
-        seed = [self.cfg.synthetic_seed & (2**63 - 1), self.cfg.worker_id, self._epochs_served]
+            del parts
+            held_bytes = self._held.nbytes()
+            level = logging.WARNING if held_bytes >= HELD_WARNING_BYTES else logging.INFO
+            log.log(level, "--shuffle on: holding this worker's %s training examples in memory (%s MiB), each epoch "
+                    "in its own order (--shuffle off reads them in file order, as it trains)", f"{len(self._held):,}",
+                    f"{held_bytes / 2**20:,.0f}")  # fmt: skip
+        seed = [self.cfg.synthetic_seed & (2**63 - 1), self.cfg.worker_id, epoch]
         order = np.random.default_rng(seed).permutation(len(self._held))
         held, size = self._held, self.batch_size
-        return (held.take(order[lo : lo + size]) for lo in range(0, len(order), size))
+        for lo in range(0, len(order), size):
+            yield held.take(order[lo : lo + size])
 
     def _in_order(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:

@@ -10,6 +10,7 @@ variable or config file key of a value they refuse.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from ps.settings import is_address
@@ -85,15 +86,16 @@ def check_new_file(flag: str, path: str | None, overwrite: bool) -> None:
                          "replace it")  # fmt: skip
 
 
-def check_new_dir(name: str, path: str, how: str) -> None:
+def check_new_dir(name: str, path: str, how: str, ignore: re.Pattern[str] | None = None) -> None:
     """ValueError naming `name` (a flag, or the metavar of a positional argument) unless path does not exist or
-    is an empty directory: a command that fills a directory does not mix its files with others. `how` ends the
-    message, saying how to proceed."""
+    is an empty directory (but for names that fullmatch `ignore`: what the command itself removes first): a
+    command that fills a directory does not mix its files with others. `how` ends the message, saying how to
+    proceed."""
     if not os.path.lexists(path):
         return
     if not os.path.isdir(path):
         raise ValueError(f"{name} {path} exists and is not a directory; {how}")
-    entries = sorted(os.listdir(path))
+    entries = sorted(e for e in os.listdir(path) if ignore is None or not ignore.fullmatch(e))
     if entries:
         shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
         raise ValueError(f"{name} {path} is not empty (it holds {shown}); nothing was written: {how}")

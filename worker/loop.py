@@ -167,7 +167,7 @@ def run_epochs(
     spec: ModelSpec,
     backend: Any,
     dense: DensePath,
-    train_batches: Callable[[], Iterable[Batch]],
+    train_batches: Callable[[int], Iterable[Batch]],
     settings: LoopSettings,
     validation: list[Batch] | None = None,
     telemetry: Any = None,
@@ -175,7 +175,8 @@ def run_epochs(
     source: Any = None,
     result: LoopResult | None = None,
 ) -> LoopResult:
-    """Trains for settings.epochs passes over train_batches() (called once per epoch); returns what happened.
+    """Trains for settings.epochs passes over train_batches(epoch) (called once per epoch, numbered from 1, an
+    epoch skipped whole included: DataSource.train, whose shuffled order is the epoch's); returns what happened.
     `tables` is a Client (or anything with its pull_many / push_many); `dense` a dense path (worker/dense.py
     DenseSync, worker/allreduce.py AllReduceDense); `source` where rows come from and pushes go by mode
     (worker/steprows.py; default: AsyncRows). on_eval receives each curve entry. `result`, when given, is filled
@@ -246,7 +247,7 @@ def run_epochs(
             step_started = time.perf_counter()
             result.epoch, steps_before = epoch + 1, result.steps
             source.start_epoch()
-            batches = prefetched(skipping(limit(train_batches())), prepare, s.prefetch)
+            batches = prefetched(skipping(limit(train_batches(epoch + 1))), prepare, s.prefetch)
             try:
                 for _, item in _read_errors_named(batches, result):
                     batch = item.batch

@@ -49,7 +49,7 @@ from worker.formats import ReadStats, check_same_format, file_has_labels, first_
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.scoring import ScoringProgress, predictions
 from worker.served import ServedModel, served_model
-from worker.temp_dirs import dead_partial_files, partial_file
+from worker.temp_dirs import dead_partial_files, hold_while_written, partial_file
 from worker.train_config import TrainConfig
 
 log = logging.getLogger("worker.predict")
@@ -164,6 +164,7 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
     try:
         # a file name that is not UTF-8 (os.listdir's surrogate escapes) is written as the bytes it has on disk
         with open(partial, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+            hold_while_written(f.fileno())  # a predict of another process namespace sees it is alive
             f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
             for path, batch, probs in scored:
                 f.write(

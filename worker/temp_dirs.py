@@ -150,6 +150,7 @@ def _own_directory(path: str) -> bool:
 
 
 EXPORT_CHECKPOINT = "checkpoint.new-"  # the prefix of an export's fresh checkpoint in its OUT
+EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")  # the names of such checkpoints
 
 
 def export_checkpoint_dir(out: str) -> str:
@@ -163,7 +164,7 @@ def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
     version's, named checkpoint.new-<8 hex>), whose writer may be alive."""
     own = re.compile(re.escape(EXPORT_CHECKPOINT) + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}")
     dead, others = [], []
-    for path in matching(out, re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")):
+    for path in matching(out, EXPORT_CHECKPOINT_NAME):
         m = own.fullmatch(os.path.basename(path))
         (dead if m is not None and not _running(int(m.group(1))) and os.path.isdir(path) else others).append(path)
     return dead, others
@@ -176,13 +177,44 @@ def partial_file(out: str) -> str:
 
 
 def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
-    """(dead, others): the partial files of out of runs on this host whose process is gone, and the other
-    .<name>.*.partial files beside out (a running one's, another host's, or an earlier version's, named
-    .<name>.<8 hex>.partial), whose writer may be alive."""
+    """(dead, others): the partial files of out of runs on this host whose process is gone and that no process
+    holds a flock on (hold_while_written: a run of another pid namespace with this host name, as a container on
+    the host's network, holds its own), and the other .<name>.*.partial files beside out (a running one's,
+    another host's, or an earlier version's, named .<name>.<8 hex>.partial), whose writer may be alive."""
     folder, name = os.path.split(os.path.abspath(out))
     own = re.compile(re.escape(f".{name}.") + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}\.partial")
     dead, others = [], []
     for path in matching(folder, re.compile(re.escape(f".{name}.") + r".+\.partial")):
         m = own.fullmatch(os.path.basename(path))
-        (dead if m is not None and not _running(int(m.group(1))) and os.path.isfile(path) else others).append(path)
+        gone = m is not None and not _running(int(m.group(1))) and os.path.isfile(path) and not _locked(path)
+        (dead if gone else others).append(path)
     return dead, others
+
+
+def hold_while_written(fd: int) -> None:
+    """Takes an exclusive flock on the open file fd, held until it is closed: dead_partial_files leaves a file so
+    held (where flock works; elsewhere nothing is taken and the pid alone decides)."""
+    if os.name == "posix":
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pass
+
+
+def _locked(path: str) -> bool:
+    """Whether some open file holds a flock on path (False where none can be asked about)."""
+    if os.name != "posix":
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return True  # cannot look: left alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:  # no flock here
+        return False
+    finally:
+        os.close(fd)
+    return False

@@ -130,7 +130,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     time. Every file is written under a temporary name and renamed once all are written (export.json last), so a
     failure leaves an earlier export in out as it was. progress: show rows read, then rows written, per table
     (ExportProgress, on stderr); an out it made is removed again on a failure. The temporary files an export killed
-    mid-write left in out are removed first, if no other export writes there now. ValueError for an out inside the
+    mid-write left in out are removed first, if out is an export's (leftovers.holds_an_export) and no other export
+    writes there now. ValueError for an out inside the
     checkpoint; StorageError for a damaged checkpoint (CheckpointDamagedError, naming the file and offset, where
     RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ from its
     manifest's count."""
@@ -141,7 +142,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
                          "checkpoint; give a directory outside it")  # fmt: skip
     new_out = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    killed = lambda: leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
+    killed = lambda: leftovers.matching(out, leftovers.EXPORT_TEMPORARY) if leftovers.holds_an_export(out) else []
     with leftovers.claimed(out, killed, "an export killed mid-write"):
         return _export_into(directory, manifest, out, new_out, since, progress)
 

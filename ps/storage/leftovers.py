@@ -33,6 +33,20 @@ log = logging.getLogger(__name__)
 EXPORT_TEMPORARY = re.compile(r".+\.(?:ids|rows)\.npy\.tmp|export\.json\.tmp")
 
 
+def holds_an_export(out: str, also: re.Pattern[str] | None = None) -> bool:
+    """Whether out is an export's folder, whose leftovers an export may remove: it holds export.json (an earlier
+    export), or nothing but names of an export's temporary files (EXPORT_TEMPORARY, or `also`: a caller's own
+    temporary names). A folder of anything else is the user's, and names in it that merely look like
+    temporary files are not touched."""
+    try:
+        names = os.listdir(out)
+    except OSError:
+        return False
+    if "export.json" in names:
+        return True
+    return all(EXPORT_TEMPORARY.fullmatch(n) or (also is not None and also.fullmatch(n)) for n in names)
+
+
 def matching(directory: str, pattern: re.Pattern[str]) -> list[str]:
     """The paths of the entries directly in directory whose names fullmatch pattern and that are files or folders
     (not links: a link is nobody's temporary file), in name order; [] if directory cannot be listed."""
