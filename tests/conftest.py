@@ -8,9 +8,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from ps.checkpoint import FORMAT, write_manifest
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.rows import parallel
 from ps.server import Server
+from ps.sharding import NUM_SLOTS
 from tests.waiting import join_thread
 from worker.synthetic import SyntheticConfig, write_synthetic
 
@@ -63,6 +65,20 @@ FLUSH_CRASH_POINTS = ("some_tables_written", "rows_written", "position_recorded"
 
 class _Killed(BaseException):
     """Stops a flush where kill -9 would; a BaseException, so no `except Exception` on the way swallows it."""
+
+
+def one_shard_checkpoint(shard, directory: str, tables: list[TableConfig], edit=lambda info: None) -> None:
+    """A checkpoint of one shard (ps.engine.shard.Shard) whose manifest lists `tables`, as `ps-worker checkpoint
+    save` writes it; edit: changes the shard's manifest entry first (a damaged manifest, its checksum made again)."""
+    clock, token = shard.hold(60)
+    try:
+        info = shard.save_checkpoint(directory, token)
+    finally:
+        shard.release(token)
+    edit(info)
+    manifest = {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock, "created": "now",
+                "tables": [t.to_dict() for t in tables], "shards": [info]}  # fmt: skip
+    write_manifest(directory, manifest)
 
 
 def stop_servers(running: list) -> None:

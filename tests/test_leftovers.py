@@ -14,13 +14,12 @@ import sys
 import numpy as np
 import pytest
 
-from ps.checkpoint import FORMAT, write_manifest
 from ps.config import ServerConfig, TableConfig
 from ps.engine import restore
 from ps.engine.shard import Shard
 from ps.server import Server
-from ps.sharding import NUM_SLOTS
 from ps.storage.store import Store
+from tests.conftest import one_shard_checkpoint
 from worker.__main__ import _export_claim, main
 from worker.client import Client
 from worker.temp_dirs import _host
@@ -88,16 +87,9 @@ def ckpt(tmp_path) -> str:
     try:
         shard.create_table(spec)
         shard.push("a", np.arange(1, 11, dtype=np.uint64), np.ones((10, 2), np.float32))
-        clock, token = shard.hold(60)
-        try:
-            info = shard.save_checkpoint(str(tmp_path / "ckpt"), token)
-        finally:
-            shard.release(token)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
     finally:
         shard.close()
-    write_manifest(str(tmp_path / "ckpt"), {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS,
-                                            "clock": clock, "created": "now", "tables": [spec.to_dict()],
-                                            "shards": [info]})  # fmt: skip
     return str(tmp_path / "ckpt")
 
 

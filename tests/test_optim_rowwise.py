@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ps.checkpoint import FORMAT, write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig, table_configs_from_toml
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError
@@ -16,9 +15,9 @@ from ps.rows import update
 from ps.rows.initializers import init_rows
 from ps.rows.layout import STATS_FLOATS, layout_of
 from ps.rows.optim import ADAGRAD_ROWWISE, get_optimizer
-from ps.sharding import NUM_SLOTS
 from ps.sizing import size_report
 from ps.storage.budget import min_share_bytes
+from tests.conftest import one_shard_checkpoint
 from tests.inprocess import InProcessTables
 from worker.geo import GeoTables
 
@@ -153,16 +152,9 @@ def test_a_checkpoint_restores_the_rows_and_their_accumulators(tmp_path):
         for ids, grads in pushes(3, 8):
             shard.push("rw", ids, grads)
             oracle.step(ids, grads)
-        clock, token = shard.hold(60)
-        try:
-            info = shard.save_checkpoint(str(tmp_path / "ckpt"), token)
-        finally:
-            shard.release(token)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [CFG])
     finally:
         shard.close()
-    manifest = {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock, "created": "now",
-                "tables": [CFG.to_dict()], "shards": [info]}  # fmt: skip
-    write_manifest(str(tmp_path / "ckpt"), manifest)
     restored = Shard(ServerConfig(data_dir=str(tmp_path / "copy"), restore_dir=str(tmp_path / "ckpt")))
     try:
         ids = np.array(sorted(oracle.rows), np.uint64)

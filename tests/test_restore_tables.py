@@ -10,31 +10,16 @@ import shutil
 import numpy as np
 import pytest
 
-from ps.checkpoint import FORMAT, write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
 from ps.rows.layout import layout_of
-from ps.sharding import NUM_SLOTS
 from ps.storage.store import Store
+from tests.conftest import one_shard_checkpoint
 
 
 def table(name: str) -> TableConfig:
     return TableConfig(name, 2, InitializerConfig("zeros"), OptimizerConfig("sgd", 1.0))
-
-
-def checkpoint(shard: Shard, directory: str, tables: list[TableConfig], edit=lambda info: None) -> None:
-    """A checkpoint of one shard whose manifest lists `tables` (as `ps-worker checkpoint save` writes it); edit:
-    changes the shard's manifest entry first (a damaged manifest, its checksum made again)."""
-    clock, token = shard.hold(60)
-    try:
-        info = shard.save_checkpoint(directory, token)
-    finally:
-        shard.release(token)
-    edit(info)
-    manifest = {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock, "created": "now",
-                "tables": [t.to_dict() for t in tables], "shards": [info]}  # fmt: skip
-    write_manifest(directory, manifest)
 
 
 def test_a_table_of_the_manifest_the_checkpoint_lacks_is_refused_by_name(tmp_path):
@@ -43,8 +28,8 @@ def test_a_table_of_the_manifest_the_checkpoint_lacks_is_refused_by_name(tmp_pat
     try:
         shard.create_table(table("kept"))
         shard.push("kept", ids, np.ones((5, 2), np.float32))
-        checkpoint(shard, str(tmp_path / "good"), [table("kept")])
-        checkpoint(shard, str(tmp_path / "bad"), [table("kept"), table("lost")])  # "lost" is in no RocksDB
+        one_shard_checkpoint(shard, str(tmp_path / "good"), [table("kept")])
+        one_shard_checkpoint(shard, str(tmp_path / "bad"), [table("kept"), table("lost")])  # "lost" is in no RocksDB
     finally:
         shard.close()
     restored = Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "good")))
@@ -64,9 +49,9 @@ def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_hold
     try:
         shard.create_table(table("kept"))
         shard.push("kept", ids, np.ones((5, 2), np.float32))
-        checkpoint(shard, str(tmp_path / "one"), [table("kept")])
+        one_shard_checkpoint(shard, str(tmp_path / "one"), [table("kept")])
         shard.push("kept", ids, np.ones((5, 2), np.float32))
-        checkpoint(shard, str(tmp_path / "two"), [table("kept")])
+        one_shard_checkpoint(shard, str(tmp_path / "two"), [table("kept")])
     finally:
         shard.close()
     restored = Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one")))
@@ -104,7 +89,7 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
         shard.create_table(spec)
         shard.push("emb", ids, grads)
         want = shard.pull("emb", np.sort(ids))
-        checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
     finally:
         shard.close()
     read_table = Store.read_table
@@ -138,7 +123,7 @@ def test_export_json_names_each_tables_features_and_optimizer(tmp_path):
         for spec in specs:
             shard.create_table(spec)
             shard.push(spec.name, np.arange(1, 4, dtype=np.uint64), np.ones((3, spec.dim), np.float32))
-        checkpoint(shard, str(tmp_path / "ckpt"), specs)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
     finally:
         shard.close()
     summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
@@ -163,7 +148,7 @@ def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_pr
         for spec, n in zip(specs, (700, 40), strict=True):
             shard.create_table(spec)
             shard.push(spec.name, np.arange(1, n + 1, dtype=np.uint64), np.ones((n, spec.dim), np.float32))
-        checkpoint(shard, str(tmp_path / "ckpt"), specs)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
     finally:
         shard.close()
     flag = ["--no-progress"] if no_progress else []
@@ -190,7 +175,7 @@ def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_wri
     try:
         shard.create_table(spec)
         shard.push("emb", np.arange(1, 6, dtype=np.uint64), np.ones((5, 2), np.float32))
-        checkpoint(shard, str(tmp_path / "ckpt"), [spec], edit=lambda info: info["rows"].update(emb=3))
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec], edit=lambda info: info["rows"].update(emb=3))
     finally:
         shard.close()
     with pytest.raises(StorageError, match=r"shard-0 holds more than 3 rows of table 'emb' where its manifest says 3"):
@@ -212,9 +197,9 @@ def test_a_restore_stopped_midway_is_started_over_by_the_next_start_with_the_sam
             shard.create_table(spec)
             shard.push(spec.name, ids, np.ones((len(ids), spec.dim), np.float32))
         want = {spec.name: shard.pull(spec.name, ids) for spec in specs}
-        checkpoint(shard, str(tmp_path / "ckpt"), specs)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
         shard.push("a", ids, np.ones((len(ids), 2), np.float32))
-        checkpoint(shard, str(tmp_path / "other"), specs)
+        one_shard_checkpoint(shard, str(tmp_path / "other"), specs)
     finally:
         shard.close()
 
@@ -257,7 +242,7 @@ def test_starting_a_restore_over_deletes_keys_not_files_so_a_checkpoint_inside_t
         shard.create_table(spec)
         shard.push("a", ids, np.ones((len(ids), 2), np.float32))
         want = shard.pull("a", ids)
-        checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
     finally:
         shard.close()
     Shard(ServerConfig(data_dir=str(tmp_path / "data"))).close()
@@ -292,7 +277,7 @@ def test_an_export_stopped_while_it_writes_rows_leaves_no_partial_file(tmp_path,
     try:
         shard.create_table(spec)
         shard.push("a", np.arange(1, 101, dtype=np.uint64), np.ones((100, 2), np.float32))
-        checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
     finally:
         shard.close()
     update = restore.ExportProgress.update
