@@ -356,14 +356,18 @@ def test_a_peer_that_stops_fails_the_step_after_the_timeout_with_a_timeout_error
     assert 5 < error["seconds"] < 20
 
 
-def test_a_cuda_rank_runs_on_the_gpu_of_its_local_rank(monkeypatch):
+def test_a_cuda_worker_runs_on_the_gpu_of_its_local_rank(monkeypatch):
+    from worker.models.torch_backend import worker_device
+
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert (rank_device("cpu"), rank_device("cuda"), rank_device("cuda:1")) == ("cpu", "cuda:0", "cuda:1")
+    assert worker_device("cuda") == "cuda"  # --dense ps, no LOCAL_RANK: the current GPU
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert rank_device("cuda") == "cuda:1"
+    assert rank_device("cuda") == "cuda:1" and worker_device("cuda") == "cuda:1"
     monkeypatch.setenv("LOCAL_RANK", "2")
+    assert worker_device("cuda") == "cuda:0"  # --dense ps: more workers than GPUs share them
     with pytest.raises(ValueError, match=r"cuda:2 \(LOCAL_RANK 2\), but torch sees 2 GPUs; .* one cuda worker per GPU"):
         rank_device("cuda")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # the model says there is no GPU
-    assert rank_device("cuda") == "cuda"
+    assert rank_device("cuda") == worker_device("cuda") == "cuda"

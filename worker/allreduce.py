@@ -41,27 +41,11 @@ ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
 
 
 def rank_device(device: str) -> str:
-    """The device of this rank: "cpu" as it is; "cuda" is this rank's GPU, cuda:<LOCAL_RANK> (0 when LOCAL_RANK is
-    unset), and "cuda:i" GPU i; any device as it is when torch sees no GPU at all. ValueError when torch sees GPUs
-    but not that one (nccl wants one GPU per worker)."""
-    import torch
+    """This rank's device: worker.models.torch_backend.worker_device with a GPU of its own (nccl wants one GPU
+    per worker)."""
+    from worker.models.torch_backend import worker_device
 
-    kind, _, index = device.partition(":")
-    if kind != "cuda":
-        return device
-    if not index:
-        index = os.environ.get("LOCAL_RANK") or "0"
-    count = torch.cuda.device_count()
-    if count == 0:  # worker.models.torch_backend.TorchModel says so, with what to do
-        return device
-    if not index.isdigit() or int(index) >= count:
-        raise ValueError(
-            f"--dense allreduce on {device}: this worker's GPU would be cuda:{index} (LOCAL_RANK "
-            f"{os.environ.get('LOCAL_RANK', 'unset')}), but torch sees {count} GPU{'s' * (count != 1)}; nccl wants "
-            "a GPU of its own for each worker: start at most one cuda worker per GPU on each machine, or use "
-            "--dense ps, whose workers may share a GPU"
-        )
-    return f"cuda:{int(index)}"
+    return worker_device(device, exclusive=True)
 
 
 def init_process_group_from_env(device: str, timeout_s: float | None = None) -> tuple[int, int]:

@@ -61,15 +61,11 @@ def make_backend(spec: ModelSpec, cfg: TrainConfig) -> Any:
 
         return NumpyModel(spec, seed=seed)
     try:
-        from worker.models.torch_backend import TorchModel
+        from worker.models.torch_backend import TorchModel, worker_device
     except ImportError as e:
         raise ValueError(f"--backend torch needs PyTorch ({e}): {TORCH_HINT}") from None
-    device = cfg.device
-    if cfg.dense == "allreduce":  # on this rank's GPU, that of the group (its dropout generator lives there)
-        from worker.allreduce import rank_device
-
-        device = rank_device(device)
-    return TorchModel(spec, device, seed=seed)
+    # a GPU of its own under allreduce (the group's, where its dropout generator lives); else its LOCAL_RANK's
+    return TorchModel(spec, worker_device(cfg.device, exclusive=cfg.dense == "allreduce"), seed=seed)
 
 
 def model_spec(cfg: TrainConfig, data: DataSource) -> ModelSpec:

@@ -4,6 +4,8 @@ the training loop does not care which backend runs. Imports torch: callers impor
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,33 @@ import torch.nn.functional as F
 from worker.models.numpy_backend import check_inputs
 from worker.models.pooling import bag_scales
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
+
+
+def worker_device(device: str, exclusive: bool = False) -> str:
+    """The device of this worker: "cpu" and "cuda:i" as they are; "cuda" the GPU of its LOCAL_RANK (ps-worker
+    launch and torchrun set it): cuda:<LOCAL_RANK> when exclusive (--dense allreduce; 0 when LOCAL_RANK is unset;
+    ValueError when torch sees GPUs but not that one), else cuda:<LOCAL_RANK mod the GPUs torch sees> (workers of a
+    machine spread over its GPUs, sharing them when they are more), or "cuda" itself (the current GPU) without
+    LOCAL_RANK. Any device as it is where torch sees no GPU (TorchModel says so, with what to do)."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda" or index:
+        return device
+    count = torch.cuda.device_count()
+    local = os.environ.get("LOCAL_RANK", "")
+    if count == 0 or (not local and not exclusive):
+        return device
+    local = local or "0"
+    if not local.isdigit():
+        raise ValueError(f"--device cuda: LOCAL_RANK {local!r} is not a GPU index")
+    if not exclusive:
+        return f"cuda:{int(local) % count}"
+    if int(local) >= count:
+        raise ValueError(
+            f"--dense allreduce on cuda: this worker's GPU would be cuda:{local} (LOCAL_RANK {local}), but torch "
+            f"sees {count} GPU{'s' * (count != 1)}; nccl wants a GPU of its own for each worker: start at most one "
+            "cuda worker per GPU on each machine, or use --dense ps, whose workers may share a GPU"
+        )
+    return f"cuda:{int(local)}"
 
 
 def pool_torch(rows: torch.Tensor, field: FieldInput, mode: str) -> torch.Tensor:
