@@ -179,7 +179,8 @@ def cuda_device_count() -> tuple[int, str]:
 def check_devices(workers: Sequence[str], dense: str, gpus: Callable[[], tuple[int, str]] | None = None) -> None:
     """ValueError, before anything starts, for workers' devices that cannot run: --dense allreduce over more than
     one kind of device (gloo and nccl do not mix in one group); cuda workers where torch sees no GPU; --dense
-    allreduce with more cuda workers than GPUs (nccl wants a GPU per worker). workers: resolve_workers's; gpus: what cuda_device_count gives (the default)."""
+    allreduce with more cuda workers than GPUs (nccl wants a GPU per worker). workers: resolve_workers's; gpus:
+    what cuda_device_count gives (the default)."""
     devices = sorted({split_backend(w)[1] or "cpu" for w in workers})
     if dense == "allreduce" and len(devices) > 1:
         raise ValueError(f"--dense allreduce joins the workers in one torch.distributed group, gloo on the CPU and "
@@ -299,9 +300,8 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
         commands.append(
             [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
              "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--device",
-             device or "cpu",
-             "--job-id", str(plan.job_id), "--metrics-out", os.path.join(metrics_dir, f"worker-{i}.json"),
-             "--progress-lines", "--no-final-eval"]
+             device or "cpu", "--job-id", str(plan.job_id), "--metrics-out",
+             os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines", "--no-final-eval"]
         )  # fmt: skip
     return commands
 
@@ -521,7 +521,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=backend, device=device or "cpu",
-                                      metrics_out=None, max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
+                                      metrics_out=None,
+                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
