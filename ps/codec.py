@@ -31,6 +31,7 @@ from google.protobuf.message import Message
 
 from protos import ps_pb2
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, TableConfig
+from ps.stamp import WorkerStamp
 from ps.wire import ROWS_DTYPE
 
 GRAMMAR = """
@@ -527,6 +528,11 @@ def encode_push_batch_response(num_applied: int, step: int, rows: list[np.ndarra
     if min_clock:
         parts += [_PUSHED_MIN_CLOCK, _encode_varint(min_clock)]
     return b"".join(parts)
+
+
+def stamp_to_proto(stamp: WorkerStamp) -> ps_pb2.WorkerStamp:
+    """The WorkerStamp message of a stamp, every field set (read back by WorkerStamp.from_message)."""
+    return ps_pb2.WorkerStamp(**dataclasses.asdict(stamp))
 
 
 def table_config_to_proto(cfg: TableConfig) -> ps_pb2.TableSpec:

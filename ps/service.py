@@ -38,7 +38,6 @@ before (a retry).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -54,7 +53,7 @@ from google.protobuf.message import Message
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import DEFAULT_HOLD_S, MAX_MESSAGE_BYTES
-from ps.engine.jobs import SYNC_KEY_BIT, Stamp
+from ps.engine.jobs import SYNC_KEY_BIT
 from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
@@ -70,6 +69,7 @@ from ps.errors import (
     disk_full_reason,
     echo,
 )
+from ps.stamp import WorkerStamp
 
 if TYPE_CHECKING:
     from ps.metrics import ServerMetrics
@@ -187,15 +187,15 @@ class CallerGone:
         return bool(self._context.add_callback(wake))
 
 
-def stamp_of(request: Any) -> Stamp | None:
-    """The Stamp of a PullBatch or PushBatch request (a codec View, or a generated message), None without one."""
+def stamp_of(request: Any) -> WorkerStamp | None:
+    """The WorkerStamp of a PullBatch or PushBatch request (a codec View, or a generated message), None without one."""
     if isinstance(request, Message):
         m = request.stamp if request.HasField("stamp") else None
     else:
         m = request.stamp
     if m is None:
         return None
-    return Stamp(**{f.name: getattr(m, f.name) for f in dataclasses.fields(Stamp)})
+    return WorkerStamp.from_message(m)
 
 
 # methods whose servicer returns the response's bytes (multi-MB payloads, fewer copies)

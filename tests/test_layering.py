@@ -35,6 +35,7 @@ FOUNDATION = {
     "ps.wire",
     "ps.codec",
     "ps.progress",
+    "ps.stamp",
 }
 PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__"}  # fmt: skip
@@ -45,6 +46,7 @@ WORKER_MAY_IMPORT = {
     "ps.security",  # TLS and token settings of a client channel
     "ps.settings",  # flags from PS_* variables and TOML, as the server reads them
     "ps.settings_names",  # the PS_* names of both programs, for the warning of one that sets nothing
+    "ps.stamp",  # WorkerStamp: the worker builds it, the shard reads it back
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
     "ps.progress",  # the bar or plain lines of a long count (export, eval, predict)

@@ -17,7 +17,7 @@ import pytest
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
-from ps.engine.jobs import JobClocks, Stamp, sum_contributions, sync_key
+from ps.engine.jobs import JobClocks, sum_contributions, sync_key
 from ps.engine.push import TablePush
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
 from ps.errors import (
@@ -46,9 +46,9 @@ def open_shard(path, *tables: TableConfig, threads: int = 8) -> Shard:
     return shard
 
 
-def stamp(worker: int, step: int, **kw) -> Stamp:
+def stamp(worker: int, step: int, **kw) -> WorkerStamp:
     kw.setdefault("barrier_timeout_s", 30.0)
-    return Stamp(JOB, worker, kw.pop("num_workers", 2), step, **kw)
+    return WorkerStamp(JOB, worker, kw.pop("num_workers", 2), step, **kw)
 
 
 def push(ids, grads, shows=None, clicks=None, table="emb") -> TablePush:
@@ -373,8 +373,8 @@ def test_a_worker_of_another_setup_stops_the_job_and_every_worker_hears_why(tmp_
         assert (shard.pull("emb", B) == -1).all()
         # the pairs, not their order, are the setup; a new job follows its own first stamp
         reordered = " ".join(reversed(SETUP.split()))
-        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 1, 0, setup=reordered)) == 0
-        shard.jobs.check(Stamp(JOB + 1, 0, 1, 0, setup=SETUP), pull=True)
+        assert shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 1, 0, setup=reordered)) == 0
+        shard.jobs.check(WorkerStamp(JOB + 1, 0, 1, 0, setup=SETUP), pull=True)
         assert shard.jobs.job == JOB + 1
     finally:
         shard.close()
@@ -646,15 +646,17 @@ def test_a_sum_applied_after_a_job_switch_changes_nothing_of_the_new_job():
 
     jobs = JobClocks(0, lambda key: held.get(key, 0), threads=8, max_count=MAX_COUNT_PER_ID)
     one = [push(A[:3], np.ones((3, 4)), np.ones(3, np.float32), np.zeros(3, np.float32))]
-    old = Concurrently(lambda: jobs.push_sync(Stamp(JOB, 0, 1, 3, sync=True, barrier_timeout_s=0.5), one, 1, apply))
+    old = Concurrently(
+        lambda: jobs.push_sync(WorkerStamp(JOB, 0, 1, 3, sync=True, barrier_timeout_s=0.5), one, 1, apply)
+    )
     wait_until(lambda: 3 in jobs._steps and jobs._steps[3].applying, 30, "job JOB's step 3 to be applied")
     other = JOB + 1
     time.sleep(0.6)  # no stamp of JOB for its barrier timeout: another job may start
-    assert jobs.wait_for_pull(Stamp(other, 0, 1, 0)) == 0  # the job switch
+    assert jobs.wait_for_pull(WorkerStamp(other, 0, 1, 0)) == 0  # the job switch
     release.set()
     old.join()
     for s in range(5):
-        assert jobs.push_sync(Stamp(other, 0, 1, s, sync=True), one, 1, apply) == (3, s + 1)
+        assert jobs.push_sync(WorkerStamp(other, 0, 1, s, sync=True), one, 1, apply) == (3, s + 1)
     assert applied == [(sync_key(JOB), 4)] + [(sync_key(other), s + 1) for s in range(5)]
 
 
@@ -731,16 +733,16 @@ def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once
         ssp_push(shard, 0, 0, A, barrier_timeout_s=1.0)
         busy = r"shard 0 is running job .* \(2 of its 2 workers not done, .*cannot start here: wait .* dropped"
         with pytest.raises(JobConflictError, match=busy):
-            shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 3, 0))
+            shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 3, 0))
         with pytest.raises(JobConflictError, match=busy):
-            shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, Stamp(JOB + 1, 0, 3, 0))
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, WorkerStamp(JOB + 1, 0, 3, 0))
         assert (shard.pull("emb", B) == 0).all() and shard.stats()["job"] == JOB  # nothing applied
         time.sleep(1.2)
-        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 3, 0)) == 0  # JOB's workers are gone: a new job of 3
+        assert shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 3, 0)) == 0  # JOB's workers are gone: a new job of 3
         assert shard.stats()["job"] == JOB + 1 and shard.stats()["num_workers"] == 3
         for w in range(3):
-            shard.jobs.finish(Stamp(JOB + 1, w, 3, 0))
-        assert shard.jobs.wait_for_pull(Stamp(JOB + 2, 0, 1, 0)) == 0  # every worker done: over at once
+            shard.jobs.finish(WorkerStamp(JOB + 1, w, 3, 0))
+        assert shard.jobs.wait_for_pull(WorkerStamp(JOB + 2, 0, 1, 0)) == 0  # every worker done: over at once
         assert shard.stats()["job"] == JOB + 2
     finally:
         shard.close()
@@ -756,7 +758,7 @@ def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_
         ssp_push(shard, 0, 0, A)
         ssp_push(shard, 1, 0, B)
         before = shard.pull("emb", A).copy()
-        shard.push_stamped([], 0, 0, 0, Stamp(JOB + 7, 0, 2, 0, stopped="not this job"))  # not followed: nothing
+        shard.push_stamped([], 0, 0, 0, WorkerStamp(JOB + 7, 0, 2, 0, stopped="not this job"))  # not followed: nothing
         assert shard.stats()["job"] == JOB and shard.jobs._stopped is None
         if sync:
             waiting = Concurrently(lambda: shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 11, 0,
@@ -774,7 +776,7 @@ def test_a_worker_that_stops_before_its_end_stops_the_job_at_once_and_frees_the_
         assert (shard.pull("emb", A) == before).all()
         with pytest.raises(BarrierTimeoutError, match=why):
             ssp_push(shard, 0, 1, A)
-        assert shard.jobs.wait_for_pull(Stamp(JOB + 1, 0, 1, 0)) == 0  # another job starts at once
+        assert shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 1, 0)) == 0  # another job starts at once
         assert shard.stats()["job"] == JOB + 1
     finally:
         shard.close()
@@ -1096,7 +1098,7 @@ def test_a_second_run_under_a_job_id_is_refused_not_dropped(servers, finished):
             client.create_table(SGD)
             for s in range(2):
                 sync = WorkerStamp(JOB, w, 2, s, sync=True, barrier_timeout_s=30, acked=s)
-                assert sync.to_proto().acked == s
+                assert codec.stamp_to_proto(sync).acked == s
                 client.push_many([("emb", A, np.ones((len(A), 4)), None)], advance_clock=1, stamp=sync)
             if finished:
                 client.finish(WorkerStamp(JOB, w, 2, 2, acked=2))

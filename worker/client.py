@@ -35,7 +35,7 @@ as applied before (a second run under the job's id) raises JobIdReusedError.
 The pieces, each in its own module: worker/dedup.py (unique ids, summed duplicates), worker/routing.py (ids to
 shards, requests to batches), worker/fanout.py (a batch of calls at once), worker/retry.py (what is sent again,
 the waits for a shard, the errors), worker/request_numbers.py (client id and request numbers), worker/channels.py
-(channels, readiness, the server list's check), worker/stamp.py (WorkerStamp). This module is the API over them.
+(channels, readiness, the server list's check), ps/stamp.py (WorkerStamp). This module is the API over them.
 """
 
 from __future__ import annotations
@@ -54,13 +54,13 @@ from ps import codec, wire
 from ps.config import DEFAULT_BARRIER_S, MAX_STAMP_TEXT, TableConfig
 from ps.errors import PsError
 from ps.sharding import SlotMap
+from ps.stamp import WorkerStamp
 from worker.channels import check_cluster, open_channels, wait_connected
 from worker.dedup import PushItem, per_item, push_arrays, segment_sum, sum_duplicates
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import RequestNumbers, check_applied, check_contributed, new_client_id
 from worker.retry import MAY_HAVE_RUN, RETRYABLE, Outages, retry_window_left, sent_once, why_failed
 from worker.routing import Router
-from worker.stamp import WorkerStamp
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
 
@@ -163,7 +163,7 @@ class Client:
                 requests.append((shard, request, len(sel) * (4 * dim + 8), (rows, sel, dim)))
             plans.append((rows, inverse))
         groups = self._router.group(requests, self.max_request_bytes, every_shard=stamp is not None)
-        proto = None if stamp is None else stamp.to_proto()
+        proto = None if stamp is None else codec.stamp_to_proto(stamp)
         calls = [("PullBatch", shard, ps_pb2.PullBatchRequest(pulls=[r[1] for r in g], stamp=proto))
                  for shard, g in groups]  # fmt: skip
         replies = self._call_mixed(calls, timeout_s=self._deadline(stamp))
@@ -235,7 +235,7 @@ class Client:
             requests, self.max_request_bytes, every_shard=advance_clock > 0 or stamp is not None, whole=sync
         )
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
-        proto = None if stamp is None else stamp.to_proto()
+        proto = None if stamp is None else codec.stamp_to_proto(stamp)
         with self._numbers.lock:
             waves: list[list] = []  # wave k: the k-th batch of each shard; a shard's batches go in order
             for i, (shard, g) in enumerate(groups):
@@ -274,7 +274,7 @@ class Client:
         """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
         job's min_clock. Idempotent: a shard that restarted forgets it, and is told again by calling this again.
         The stamp's acked should count every step of the worker (a shard raises the worker's clock to it)."""
-        done = ps_pb2.PushBatchRequest(stamp=replace(stamp, done=True, sync=False).to_proto())
+        done = ps_pb2.PushBatchRequest(stamp=codec.stamp_to_proto(replace(stamp, done=True, sync=False)))
         replies = self._call_mixed(
             [("PushBatch", s, done) for s in range(len(self._stubs))], timeout_s=self._deadline(stamp)
         )
@@ -288,7 +288,7 @@ class Client:
         did not take it (empty: every shard did)."""
         why = reason if len(reason) <= MAX_STOP_REASON else reason[: MAX_STOP_REASON - 3] + "..."
         stop = ps_pb2.PushBatchRequest(
-            stamp=replace(stamp, stopped=why or "stopped", done=False, sync=False).to_proto()
+            stamp=codec.stamp_to_proto(replace(stamp, stopped=why or "stopped", done=False, sync=False))
         )
         outcomes = self._send([("PushBatch", s, stop) for s in range(len(self._stubs))], timeout_s)
         return [f"shard {s} at {self.servers[s]} ({why_failed(o)})"

@@ -13,7 +13,7 @@ import threading
 
 from protos import ps_pb2
 from ps.errors import ClientIdInUseError, JobIdReusedError
-from worker.stamp import WorkerStamp
+from ps.stamp import WorkerStamp
 
 
 def new_client_id() -> int:

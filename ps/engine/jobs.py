@@ -1,7 +1,7 @@
 """JobClocks: a training job's worker clocks on one shard, and the waits of the modes that follow them.
 
-A worker of a job in a mode other than async stamps its PullBatch and PushBatch requests (Stamp, the proto's
-WorkerStamp); requests without a stamp are async: they never wait and never come here.
+A worker of a job in a mode other than async stamps its PullBatch and PushBatch requests (ps.stamp.WorkerStamp, the
+proto's); requests without a stamp are async: they never wait and never come here.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
@@ -81,11 +81,10 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
-from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP, MAX_STAMP_TEXT
+from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP, MAX_STAMP_TEXT
 from ps.engine.push import CheckedPush, TablePush
 from ps.errors import (
     BarrierTimeoutError,
@@ -100,6 +99,7 @@ from ps.errors import (
     echo,
 )
 from ps.rows.update import OPTIMIZE
+from ps.stamp import WorkerStamp
 from ps.wire import repeats_ids
 
 log = logging.getLogger("ps.engine.jobs")
@@ -109,28 +109,7 @@ NAMED_KEYS = 8  # setup keys named in a refusal, at most
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 
 
-@dataclass(frozen=True)
-class Stamp:
-    """A stamped request's WorkerStamp (protos/ps.proto says what each field holds)."""
-
-    job: int
-    worker: int
-    num_workers: int
-    step: int
-    staleness: int = 0
-    sync: bool = False
-    barrier_timeout_s: float = 0.0
-    done: bool = False
-    acked: int = 0
-    setup: str = ""
-    stopped: str = ""  # why the worker stopped before its end; nonempty: a stop stamp
-
-    @property
-    def timeout_s(self) -> float:
-        return self.barrier_timeout_s or DEFAULT_BARRIER_S
-
-
-def check_stamp(stamp: Stamp, pull: bool) -> None:
+def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
     """InvalidArgumentError for a stamp no job can have (a pull's or a PushBatch's: done is for pushes)."""
     bad = ""
     if stamp.job == 0:
@@ -234,13 +213,15 @@ def sum_contributions(contributions: list[list[TablePush]], max_count: float) ->
     return out
 
 
-def _check_caller(caller_gone: Callable[[], bool] | None, stamp: Stamp, what: str) -> None:
+def _check_caller(caller_gone: Callable[[], bool] | None, stamp: WorkerStamp, what: str) -> None:
     """CallerGoneError if the waiting request's caller left."""
     if caller_gone is not None and caller_gone():
         raise _caller_left(stamp, what)
 
 
-def _watch_caller(caller_gone: Callable[[], bool] | None, wake: Callable[[], None], stamp: Stamp, what: str) -> None:
+def _watch_caller(
+    caller_gone: Callable[[], bool] | None, wake: Callable[[], None], stamp: WorkerStamp, what: str
+) -> None:
     """Before a wait's first sleep: has wake() called when its caller leaves (caller_gone.watch, where it has one);
     CallerGoneError if the caller left already (no wake would come). Lock held: a wake waits for the sleep."""
     watch = getattr(caller_gone, "watch", None)
@@ -248,7 +229,7 @@ def _watch_caller(caller_gone: Callable[[], bool] | None, wake: Callable[[], Non
         raise _caller_left(stamp, what)
 
 
-def _caller_left(stamp: Stamp, what: str) -> CallerGoneError:
+def _caller_left(stamp: WorkerStamp, what: str) -> CallerGoneError:
     return CallerGoneError(f"worker {stamp.worker}'s {what} of step {stamp.step} stopped waiting: its caller left "
                            "(its deadline passed, or it was cancelled)")  # fmt: skip
 
@@ -301,7 +282,7 @@ class JobClocks:
         self._closed = False
 
     # ---- the job --------------------------------------------------------------------------------------
-    def check(self, stamp: Stamp, pull: bool, client: int = 0) -> None:
+    def check(self, stamp: WorkerStamp, pull: bool, client: int = 0) -> None:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
         stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
@@ -323,7 +304,7 @@ class JobClocks:
             return False
         return time.monotonic() - self._heard <= self._patience_s
 
-    def _check_job(self, stamp: Stamp) -> None:
+    def _check_job(self, stamp: WorkerStamp) -> None:
         """JobConflictError for a stamp of another job while the one followed runs. Lock held."""
         if stamp.job == self.job or not self._running():
             return
@@ -336,7 +317,7 @@ class JobClocks:
             f"dropped {left:.3g} s from now, its barrier timeout after its last stamp); nothing was applied"
         )
 
-    def _check_client(self, stamp: Stamp, client: int) -> None:
+    def _check_client(self, stamp: WorkerStamp, client: int) -> None:
         """JobConflictError, stopping the job, for a push of the followed job's worker from another client than
         its earlier pushes here. Lock held."""
         if not client or stamp.job != self.job or self._clients[stamp.worker] in (0, client):
@@ -349,7 +330,7 @@ class JobClocks:
         ))  # fmt: skip
         raise _again(self._stopped)
 
-    def _check_workers(self, stamp: Stamp, applied: bool = False) -> None:
+    def _check_workers(self, stamp: WorkerStamp, applied: bool = False) -> None:
         """The stamp's job, if it is the one followed, against what it started with (applied: the stamp's push
         was applied, after check(): neither a stopped job nor another setup raises). Lock held."""
         if stamp.job != self.job:
@@ -369,7 +350,7 @@ class JobClocks:
                                       f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
             raise _again(self._stopped)
 
-    def _mismatch(self, stamp: Stamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
+    def _mismatch(self, stamp: WorkerStamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
         """The error that stops the job for a stamp that does not match what the job started with. Lock held."""
         first = "its own" if stamp.worker == self._setup_from else f"worker {self._setup_from}'s"
         return InvalidArgumentError(
@@ -386,7 +367,7 @@ class JobClocks:
             self._fail(step, error)
         self._cond.notify_all()
 
-    def _check_not_done(self, stamp: Stamp) -> None:
+    def _check_not_done(self, stamp: WorkerStamp) -> None:
         """WorkerDoneError for a push (not a done stamp) of a worker held as done. Lock held."""
         if not stamp.done and stamp.job == self.job and self._done[stamp.worker]:
             raise WorkerDoneError(
@@ -395,7 +376,7 @@ class JobClocks:
                 "--job-id; nothing was applied"
             )
 
-    def _enter(self, stamp: Stamp, applied: bool = False) -> int:
+    def _enter(self, stamp: WorkerStamp, applied: bool = False) -> int:
         """Starts the stamp's job if it is another one and takes in its acked; returns the job's generation
         (applied: as _check_workers). Lock held."""
         if self._closed:
@@ -413,7 +394,7 @@ class JobClocks:
             self._prove_below(stamp.acked)
         return self._generation
 
-    def _start(self, stamp: Stamp) -> None:
+    def _start(self, stamp: WorkerStamp) -> None:
         """Follows the stamp's job in place of the one followed: clocks seeded from the journal, the stamp's
         setup the job's. Lock held."""
         job, num_workers = stamp.job, stamp.num_workers
@@ -465,7 +446,7 @@ class JobClocks:
         with self._cond:
             self._cond.notify_all()
 
-    def wait_for_pull(self, stamp: Stamp, caller_gone: Callable[[], bool] | None = None) -> int:
+    def wait_for_pull(self, stamp: WorkerStamp, caller_gone: Callable[[], bool] | None = None) -> int:
         """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
         BarrierTimeoutError past the stamp's barrier timeout, naming the workers it waited for;
         RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
@@ -505,7 +486,7 @@ class JobClocks:
                 if waiting:
                     self._waiting -= 1
 
-    def pushed(self, stamp: Stamp, client: int = 0) -> int:
+    def pushed(self, stamp: WorkerStamp, client: int = 0) -> int:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
         a job stopped since its check. Returns min_clock. (Another job that started since the check and runs: the
         push stays applied, and no clock moves.)"""
@@ -518,7 +499,7 @@ class JobClocks:
                 self._clients[stamp.worker] = client
             return self._min_clock()
 
-    def finish(self, stamp: Stamp) -> int:
+    def finish(self, stamp: WorkerStamp) -> int:
         """Marks the stamp's worker done (idempotent): no wait counts it any more. Returns min_clock."""
         with self._cond:
             self._enter(stamp)
@@ -528,7 +509,7 @@ class JobClocks:
                 self._cond.notify_all()
             return self._min_clock()
 
-    def abandon(self, stamp: Stamp) -> int:
+    def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
         BarrierTimeoutError naming the worker and why; otherwise changes nothing. Returns min_clock."""
         with self._cond:
@@ -553,7 +534,7 @@ class JobClocks:
             raise BarrierTimeoutError(f"shard {self.shard_id}: the job was replaced by job {self.job} (a stamp "
                                       "of that job came); the job stops")  # fmt: skip
 
-    def _threads_refusal(self, stamp: Stamp, what: str) -> RpcThreadsExhaustedError | None:
+    def _threads_refusal(self, stamp: WorkerStamp, what: str) -> RpcThreadsExhaustedError | None:
         """The error for a wait that would leave no RPC thread free (None: it may wait). Lock held."""
         if not self.threads or self._waiting + 2 <= self.threads:
             return None
@@ -575,7 +556,7 @@ class JobClocks:
     # ---- sync -------------------------------------------------------------------------------------------
     def push_sync(
         self,
-        stamp: Stamp,
+        stamp: WorkerStamp,
         pushes: list[TablePush],
         advance_clock: int,
         apply: Callable[[list[TablePush], int, int, int], object],

@@ -40,7 +40,7 @@ from ps.accel.threadnames import name_os_thread
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest, read_manifest, slot_range
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.hold import PushHold, save_into
-from ps.engine.jobs import JobClocks, Stamp, check_stamp, contribution
+from ps.engine.jobs import JobClocks, check_stamp, contribution
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
@@ -63,6 +63,7 @@ from ps.errors import (
 from ps.rows.finite import first_non_finite
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
+from ps.stamp import WorkerStamp
 from ps.storage import diskspace
 from ps.storage.arena import MemoryBudget
 from ps.storage.diskspace import DiskWatch, low_bytes, measure
@@ -619,7 +620,7 @@ class Shard:
         advance_clock: int,
         client: int,
         client_seq: int,
-        stamp: Stamp,
+        stamp: WorkerStamp,
         caller_gone: Callable[[], bool] | None = None,
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to the

@@ -1,0 +1,46 @@
+"""WorkerStamp: what a training job's worker stamps its PullBatch and PushBatch requests with in a mode other than
+async, field for field protos/ps.proto's WorkerStamp. The worker builds it (worker/steprows.py) and sends it
+(ps.codec.stamp_to_proto); the shard reads it back (ps.service.stamp_of, from_message), checks it and keeps the job's clocks by
+it (ps.engine.jobs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from ps.config import DEFAULT_BARRIER_S
+
+
+@dataclass(frozen=True)
+class WorkerStamp:
+    """job (nonzero, the same for every worker, one id per run: a shard remembers the sync steps it applied under
+    it), this worker in [0, num_workers), the step (a pull's: about to be computed; a push's: whose gradients
+    these are), staleness (a pull waits until every worker pushed the steps < step - staleness), sync (a push's
+    step is summed over every worker and applied once), barrier_timeout_s (how long a wait may last; 0: the
+    shard's default, DEFAULT_BARRIER_S), done (finish), acked: the number of this worker's steps whose push has had
+    its reply (at most step, but for done; a shard that restarted learns the worker's clock from it), setup: what
+    every worker of the job runs alike (worker.steprows.job_setup; the shards refuse a worker of another setup,
+    which stops the job), and stopped: why the worker stopped before its end (nonempty: a stop stamp)."""
+
+    job: int
+    worker: int
+    num_workers: int
+    step: int
+    staleness: int = 0
+    sync: bool = False
+    barrier_timeout_s: float = 0.0
+    done: bool = False
+    acked: int = 0
+    setup: str = ""
+    stopped: str = ""
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a wait of this stamp may last, in seconds."""
+        return self.barrier_timeout_s or DEFAULT_BARRIER_S
+
+    @staticmethod
+    def from_message(m: Any) -> WorkerStamp:
+        """The stamp of a WorkerStamp message (generated, or a ps.codec view with the same attributes; the proto's
+        fields and this class's are one list: tests/test_codec.py)."""
+        return WorkerStamp(**{f.name: getattr(m, f.name) for f in fields(WorkerStamp)})
