@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ps.engine.jobs import Stamp
 from ps.errors import ServerUnavailableError
+from ps.stamp import WorkerStamp
 from tests.conftest import TEST_ROWS, TRAIN_ROWS
 from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
@@ -657,7 +657,7 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
     assert ("interrupted" if sig == signal.SIGINT else "terminated") in out, out
     why = "interrupted (Ctrl-C)" if sig == signal.SIGINT else "terminated (SIGTERM)"
     assert f"worker 0 stopped before its end ('{why}')" in str(jobs._stopped)  # its peers need not wait
-    assert jobs.wait_for_pull(Stamp(78, 0, 1, 0)) == 0  # and the shard takes another job at once
+    assert jobs.wait_for_pull(WorkerStamp(78, 0, 1, 0)) == 0  # and the shard takes another job at once
 
 
 def test_allreduce_refuses_a_worker_id_that_its_rank_contradicts(monkeypatch):
