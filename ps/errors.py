@@ -115,8 +115,7 @@ class JobConflictError(PsError):
 class ClientTableFullError(PsError):
     """A request of a new client that a shard refused because its exactly-once table holds ps.config MAX_CLIENTS
     clients (ps.storage.applied: it drops none that may still be retried). Nothing was applied; the clients it
-    holds go on. A process should keep one Client, not make one per request. Its message holds CLIENT_TABLE_FULL
-    (the client tells it from the other RESOURCE_EXHAUSTED errors by it)."""
+    holds go on. A process should keep one Client, not make one per request. Its message holds CLIENT_TABLE_FULL."""
 
     status = "RESOURCE_EXHAUSTED"
 
@@ -209,7 +208,7 @@ class BarrierTimeoutError(PsError):
 
 # errno of a write that found no room: the disk is full, or the user's disk quota is spent
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
-DISK_FULL_PREFIX = "the server's disk is full"  # how a DiskFullError's message starts (the client tells it by it)
+DISK_FULL_PREFIX = "the server's disk is full"  # how a DiskFullError's message starts
 # their texts, as RocksDB's errors carry them ("IO error: No space left on device: <file>"; a plain Exception)
 DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
 
@@ -292,6 +291,25 @@ class CheckpointDamagedError(StorageError):
     def __init__(self, message: str, checkpoint: str = "", where: str = ""):
         super().__init__(message)
         self.checkpoint, self.where = checkpoint, where
+
+
+ERROR_NAME_KEY = "sparseps-error"
+"""The trailing metadata of a refused call that names the PsError class the server raised (ps.service), so a
+client raises that class (error_class), not only its status's."""
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+def error_class(status: str, name: str | None) -> type[PsError]:
+    """The PsError class a client raises for a call refused with gRPC status `status` whose server named the
+    class `name` (ERROR_NAME_KEY): that class where it is a PsError of that status, else the status's
+    (STATUS_TO_ERROR), else PsError."""
+    for cls in _subclasses(PsError):
+        if cls.__name__ == name and cls.status == status:
+            return cls
+    return STATUS_TO_ERROR.get(status, PsError)
 
 
 STATUS_TO_ERROR = {

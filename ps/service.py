@@ -57,6 +57,7 @@ from ps.engine.jobs import SYNC_KEY_BIT
 from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
+    ERROR_NAME_KEY,
     CheckpointDirError,
     CheckpointInProgressError,
     DiskFullError,
@@ -103,6 +104,7 @@ def _rpc(method):
             # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
             # what its frames hold (a failed RocksDB write's: the RocksDB, open)
             log.log(level, "%s rejected: %s", method.__name__, str(e))
+            context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
             context.abort(grpc.StatusCode[e.status], clip(str(e)))
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
             log.exception("%s failed", method.__name__)
@@ -111,6 +113,7 @@ def _rpc(method):
             if reason is not None:  # a full disk that no storage layer named (those raise DiskFullError)
                 full = DiskFullError.of(reason, failed, outcome="")
                 code, failed = full.status, str(full)
+                context.set_trailing_metadata(((ERROR_NAME_KEY, type(full).__name__),))
             else:
                 code = "INTERNAL"
             context.abort(grpc.StatusCode[code], clip(failed))
@@ -243,6 +246,7 @@ class StartGate(grpc.GenericRpcHandler):
 
     def _refuse(self, request: bytes, context: grpc.ServicerContext) -> None:
         e = ShardStartingError(self._starting())
+        context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
         context.abort(grpc.StatusCode[e.status], clip(str(e)))
 
 

@@ -82,7 +82,7 @@ def test_a_save_meeting_another_checkpoints_hold_fails_at_once_and_releases_what
     """Another checkpoint holds shard 1: a save holds shard 0 (shard order), is refused at shard 1 at once
     (FAILED_PRECONDITION, not retried until the server timeout), and releases shard 0; once the other hold ends,
     the save goes through."""
-    from ps.errors import PsError
+    from ps.errors import CheckpointHoldError
     from ps.server import Server
     from worker.checkpoint import save
     from worker.client import Client
@@ -96,8 +96,8 @@ def test_a_save_meeting_another_checkpoints_hold_fails_at_once_and_releases_what
             client.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
             _, other = servers[1].shard.hold(60)
             started = time.monotonic()
-            with pytest.raises(PsError, match="FAILED_PRECONDITION: shard 1 is held by another checkpoint"):
-                save(client, str(tmp_path / "c1"))
+            with pytest.raises(CheckpointHoldError, match="FAILED_PRECONDITION: shard 1 is held by another checkpoint"):
+                save(client, str(tmp_path / "c1"))  # the server's own class, which it names (ps.errors.error_class)
             assert time.monotonic() - started < 5  # not the 30 s server timeout
             assert servers[0].shard._hold.held_until == 0 and pushed(servers[0].shard, np.arange(3, dtype=np.uint64))
             assert not (tmp_path / "c1").exists()

@@ -407,3 +407,23 @@ def test_a_host_name_that_does_not_resolve_is_said_so():
 
     said = why_not_ready("no-such-host.invalid:5000", False, False)  # .invalid never resolves (RFC 2606)
     assert said.startswith("; its host name 'no-such-host.invalid' does not resolve ("), said
+
+
+def test_a_refusal_is_raised_as_the_class_the_server_named_where_it_has_the_status():
+    from ps.errors import (
+        CheckpointHoldError,
+        DataDirLostError,
+        DiskFullError,
+        PsError,
+        TableNotFoundError,
+        WrongShardError,
+        error_class,
+    )
+
+    assert error_class("FAILED_PRECONDITION", "DataDirLostError") is DataDirLostError
+    assert error_class("FAILED_PRECONDITION", "CheckpointHoldError") is CheckpointHoldError
+    assert error_class("RESOURCE_EXHAUSTED", "DiskFullError") is DiskFullError
+    assert error_class("FAILED_PRECONDITION", None) is WrongShardError  # no name: the status's class
+    assert error_class("NOT_FOUND", "DataDirLostError") is TableNotFoundError  # a name of another status: ignored
+    assert error_class("FAILED_PRECONDITION", "SystemExit") is WrongShardError  # no PsError: ignored
+    assert error_class("UNIMPLEMENTED", None) is PsError

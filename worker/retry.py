@@ -21,18 +21,25 @@ from protos import ps_pb2
 from ps.config import REQUEST_RETENTION_S, RETRY_WINDOW_S
 from ps.errors import (
     CHECKPOINT_PAUSE,
-    CLIENT_TABLE_FULL,
-    DISK_FULL_PREFIX,
+    ERROR_NAME_KEY,
     SHARD_STARTING,
-    STATUS_TO_ERROR,
-    ClientTableFullError,
-    DiskFullError,
     PsError,
     RequestOutcomeUnknownError,
     ServerUnavailableError,
+    error_class,
 )
 
 log = logging.getLogger("worker.client")
+
+
+def error_name(e: grpc.RpcError) -> str | None:
+    """The PsError class a refusal's server named (ps.errors.ERROR_NAME_KEY), None if it named none."""
+    try:
+        metadata = e.trailing_metadata() or ()
+    except Exception:  # an error raised by the client side itself has no call behind it
+        return None
+    return next((v for k, v in metadata if k == ERROR_NAME_KEY), None)
+
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # a call that ended so may have run on its shard (a stopping server cancels the calls it has not finished)
@@ -177,9 +184,5 @@ class Outages:
             return ServerUnavailableError(f"{where} does not serve {method} ({e.details()}): it is a gRPC server "
                                           "but not a sparseps shard; is --servers the right address (ps-server "
                                           "prints its address as it starts)?")  # fmt: skip
-        cls = STATUS_TO_ERROR.get(code.name, PsError)
-        if code == grpc.StatusCode.RESOURCE_EXHAUSTED and DISK_FULL_PREFIX in (e.details() or ""):
-            cls = DiskFullError
-        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and CLIENT_TABLE_FULL in (e.details() or ""):
-            cls = ClientTableFullError
+        cls = error_class(code.name, error_name(e))
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
