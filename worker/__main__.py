@@ -407,7 +407,7 @@ def _export_claim(out: str) -> Iterator[None]:
 
     with leftovers.claimed(out, killed, "an export killed mid-way"):
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
-                         "host, or of a version that did not name its process): remove it once none is")  # fmt: skip
+                         "host, or named without its process): remove it once none is")  # fmt: skip
         yield
 
 

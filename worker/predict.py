@@ -157,8 +157,8 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
     they are all written and there is at least one; with_file: a file column first. Returns the row count."""
     dead, others = dead_partial_files(out)
     leftovers.remove(dead, "a predict killed mid-write")
-    leftovers.report(others, f"another predict into {out} may be running (here or on another host, or of a "
-                     "version that did not name its process): remove it once none is")  # fmt: skip
+    leftovers.report(others, f"another predict into {out} may be running (here or on another host, or named "
+                     "without its process): remove it once none is")  # fmt: skip
     partial = partial_file(out)
     rows = 0
     try:

@@ -24,7 +24,7 @@ another process keeps its directory until that process ends, which errs on the s
 A `ps-worker export` killed by SIGKILL leaves its OUT/checkpoint.new-...: the next export into OUT removes those
 of this host whose <pid> no longer runs (dead_export_checkpoints), if no writer holds a claim on OUT (the `ps-server
 export` a killed worker started runs on, and holds one: ps.storage.leftovers); it reports the others (of a running
-export, of another host, or named by a version without <pid>) and leaves them. Likewise, the next predict into F
+export, of another host, or named without a <pid>) and leaves them. Likewise, the next predict into F
 removes the .partial files of F of this host whose <pid> no longer runs (dead_partial_files).
 """
 
@@ -160,8 +160,8 @@ def export_checkpoint_dir(out: str) -> str:
 
 def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
     """(dead, others): the paths of the fresh checkpoints in out of exports on this host whose process is gone,
-    and of the other folders named checkpoint.new-* there (a running export's, another host's, or an earlier
-    version's, named checkpoint.new-<8 hex>), whose writer may be alive."""
+    and of the other folders named checkpoint.new-* there (a running export's, another host's, or one named
+    otherwise, with no process to ask about), whose writer may be alive."""
     own = re.compile(re.escape(EXPORT_CHECKPOINT) + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}")
     dead, others = [], []
     for path in matching(out, EXPORT_CHECKPOINT_NAME):
@@ -180,7 +180,7 @@ def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
     """(dead, others): the partial files of out of runs on this host whose process is gone and that no process
     holds a flock on (hold_while_written: a run of another pid namespace with this host name, as a container on
     the host's network, holds its own), and the other .<name>.*.partial files beside out (a running one's,
-    another host's, or an earlier version's, named .<name>.<8 hex>.partial), whose writer may be alive."""
+    another host's, or one named otherwise, with no process to ask about), whose writer may be alive."""
     folder, name = os.path.split(os.path.abspath(out))
     own = re.compile(re.escape(f".{name}.") + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}\.partial")
     dead, others = [], []
