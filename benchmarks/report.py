@@ -223,7 +223,9 @@ def fuzz_rows(r: dict) -> list[str]:
     return [row(
         f"fuzz: {r['requests']:,} random, mutated and hostile requests over all {len(r['by_method'])} methods "
         f"(seed {r['seed']}), in {r['duration_s']:.0f} s", f"{r['internal_or_unknown']} INTERNAL or UNKNOWN; "
-        f"{r['rejected']:,} rejected by {len(r['rules'])} rules, {r['accepted']:,} accepted",
+        f"{r['rejected']:,} rejected by {len(r['rules'])} rules, {r['accepted']:,} accepted, "
+        f"{r.get('partly_applied', 0):,} batches refused part way (the pushes before the refused one applied, "
+        "as the message says)",
         f"rejections that changed the state: {len(r['problems'])}; rules never reached: "
         f"{len(r['unreached_rules'])}", f"**{r['internal_or_unknown']}** (target 0)", r["command"],
     )]  # fmt: skip
