@@ -209,6 +209,7 @@ class BarrierTimeoutError(PsError):
 # errno of a write that found no room: the disk is full, or the user's disk quota is spent
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DISK_FULL_PREFIX = "the server's disk is full"  # how a DiskFullError's message starts
+OUTSIDE_CHECKPOINT_ROOT = "not inside this server's checkpoint root"  # in a refused save's message (ps.service)
 # their texts, as RocksDB's errors carry them ("IO error: No space left on device: <file>"; a plain Exception)
 DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
 

@@ -58,6 +58,7 @@ from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
     ERROR_NAME_KEY,
+    OUTSIDE_CHECKPOINT_ROOT,
     CheckpointDirError,
     CheckpointInProgressError,
     DiskFullError,
@@ -155,7 +156,7 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
         raise InvalidArgumentError(f"checkpoint dir {echo(requested)} cannot be resolved: {e}") from None
     if path == base or os.path.commonpath([base, path]) != base:
         raise InvalidArgumentError(
-            f"checkpoint dir {echo(requested)} resolves to {echo(path)}, not inside this server's checkpoint root "
+            f"checkpoint dir {echo(requested)} resolves to {echo(path)}, {OUTSIDE_CHECKPOINT_ROOT} "
             f"{base}: give a new directory inside the root, as an absolute path or relative to the root in the "
             "request (`ps-worker checkpoint save DIR` sends DIR made absolute from its own working directory)"
         )

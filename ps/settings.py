@@ -139,9 +139,7 @@ def apply_defaults(
     section = doc.get(command, {}) if command else {}
     for key in list(top) + list(section):
         if key.replace("-", "_") not in known:
-            where = f"[{command}] " if key in section else ""
-            raise ValueError(f"config file {path}: {where}{key!r} is not a setting of this command; known: "
-                             f"{', '.join(sorted(known))}")  # fmt: skip
+            raise ValueError(_unknown_key(path, key, command if key in section else None, known))
     for p, _ in parsers:
         for dest, action in _settable(p).items():
             value, source = None, None
@@ -184,6 +182,19 @@ def warn_unknown_environment(prog: str, environ: Mapping[str, str] | None = None
         hint = f"; did you mean {' or '.join(closest)}?" if closest else ""
         print(f"{prog}: warning: environment variable {name} is no setting of ps-server or ps-worker and is "
               f"ignored{hint}", file=sys.stderr)  # fmt: skip
+
+
+def _unknown_key(path: str, key: str, section: str | None, known: set[str]) -> str:
+    """The error of a config file's key that the command does not know (in [section], or at the top level, which
+    every command reading the file must know): the closest known keys, else all of them."""
+    import difflib
+
+    close = difflib.get_close_matches(key.replace("-", "_"), known, n=2, cutoff=0.75)
+    where = f"[{section}] " if section else ""
+    hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(sorted(known))}"
+    if not section:
+        hint += " (a top-level key is read by every command that reads the file: put a command's own under its section)"
+    return f"config file {path}: {where}{key!r} is not a setting of this command; {hint}"
 
 
 def add_config_flag(parser: argparse.ArgumentParser) -> None:

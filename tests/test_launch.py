@@ -832,3 +832,31 @@ def test_a_ctrl_c_at_any_point_of_wait_still_lets_stop_end_the_workers():
         stopper.join(timeout=20)
         assert not stopper.is_alive(), f"stop() hung after a Ctrl-C at check {n} of wait()"
         assert group.procs[0].returncode is not None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_of_child_setup_dies_with_its_killed_parent_in_the_parents_group(tmp_path):
+    """ps-worker export's `ps-server export` child: a SIGKILL of the worker stops it too (it would go on writing
+    into OUT); in the parent's process group, a terminal's Ctrl-C reaches it as well."""
+    pid_file = tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from worker.terminate import child_setup\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
+        "preexec_fn=child_setup(own_group=False))\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "time.sleep(120)\n")], cwd=ROOT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and parent.poll() is None, "the parent did not start its child"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert os.getpgid(child) == os.getpgid(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while alive(child):
+        assert time.monotonic() < deadline, "the child outlived its killed parent"
+        time.sleep(0.05)

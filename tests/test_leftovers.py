@@ -273,3 +273,17 @@ def test_a_folder_of_the_users_is_refused_and_its_temp_looking_files_are_kept(tm
     from ps.storage import leftovers
 
     assert not leftovers.holds_an_export(str(restore_out))  # ps-server export leaves them too
+
+
+def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_path, capsys):
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path / "root")))
+    server.start()
+    try:
+        out = tmp_path / "elsewhere"
+        code = main(["export", str(out), "--servers", f"127.0.0.1:{server.port}", "--no-progress"])
+    finally:
+        server.stop()
+    err = capsys.readouterr().err
+    assert code == 2 and f"OUT {out} is outside the servers' checkpoint root" in err, err
+    assert f"not inside this server's checkpoint root {os.path.realpath(tmp_path / 'root')}" in err
+    assert not out.exists()  # the OUT it made is removed again

@@ -159,3 +159,18 @@ def test_an_on_off_choice_takes_true_and_false_too(tmp_path):
     assert train_config_from_argv(["--local-shards", "1", "--config", str(config)]).shuffle is True
     config.write_text('[train]\nshuffle = "auto"\n')
     assert train_config_from_argv(["--local-shards", "1", "--config", str(config)]).shuffle is None
+
+
+def test_a_misspelled_config_key_gets_the_closest_names(tmp_path):
+    from ps.settings import apply_defaults
+    from worker.__main__ import build_parser
+
+    config = tmp_path / "c.toml"
+    config.write_text("[train]\nshufle = true\n")
+    with pytest.raises(
+        ValueError, match=r"\[train\] 'shufle' is not a setting of this command; did you mean shuffle\?$"
+    ):
+        apply_defaults(build_parser(), ["train", "--config", str(config)], environ={})
+    config.write_text("shuffle = true\n")  # a train key at the top level: ps-worker synth does not know it
+    with pytest.raises(ValueError, match=r"'shuffle' is not a setting of this command; known: .* put a command's own"):
+        apply_defaults(build_parser(), ["synth", "--config", str(config)], environ={})

@@ -150,6 +150,28 @@ def test_training_data_sorted_by_its_label_is_warned_about(tmp_path):
     assert sorted_by_label((5, 10), 0, "tiny.csv") is None  # too few examples to tell
 
 
+def test_a_sorted_file_read_as_it_trains_in_file_order_is_warned_about_after_training(tmp_path, caplog):
+    """The large recipe reads the file as it trains (no read before training): its first epoch's labels are
+    counted as they are read, and a sorted file is said once training is done; shuffled, nothing is said."""
+    rng = np.random.default_rng(0)
+    labels = (rng.random(3000) < 0.3).astype(int)
+    path = tmp_path / "sorted.csv"
+    path.write_text("clicked,city\n" + "".join(sorted(f"{y},c{i % 50}\n" for i, y in enumerate(labels))))
+    for shuffle, warned in ((False, True), (True, False)):
+        caplog.clear()
+        cfg = TrainConfig(local_shards=1, format="csv", data=str(path), model="lr", recipe="large", shuffle=shuffle,
+                          progress=False)  # fmt: skip
+        with caplog.at_level("WARNING", logger="worker.train"):
+            train(cfg)
+        said = [r.getMessage() for r in caplog.records if "looks sorted or grouped by its label" in r.getMessage()]
+        assert len(said) == warned, said
+    cfg = TrainConfig(local_shards=1, format="csv", data=str(path), model="lr", recipe="large", shuffle=False)
+    _, data, _, _ = prepare(cfg)
+    list(data.train(1))
+    assert (data.stream_labels.positives, data.stream_labels.examples) == (int(labels.sum()), 3000)
+    assert data.stream_labels.changes == 1
+
+
 def test_a_validation_set_with_few_examples_of_a_label_is_warned_about():
     from worker.train_messages import validation_too_small
 

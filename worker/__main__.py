@@ -13,7 +13,7 @@ from typing import Any
 
 from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.errors import PsError
+from ps.errors import OUTSIDE_CHECKPOINT_ROOT, InvalidArgumentError, PsError
 from ps.settings import (
     HelpFormatter,
     add_config_flag,
@@ -349,6 +349,7 @@ def _export(args) -> int:
     from ps.storage import leftovers
     from worker.checkpoint import save
     from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, export_checkpoint_dir
+    from worker.terminate import child_setup
 
     kept = os.path.join(args.out, "checkpoint")
     fresh = export_checkpoint_dir(args.out)
@@ -369,11 +370,20 @@ def _export(args) -> int:
         try:
             with _client(args) as client:
                 client.wait_ready()
-                save(client, fresh)
+                try:
+                    save(client, fresh)
+                except InvalidArgumentError as e:
+                    if OUTSIDE_CHECKPOINT_ROOT not in str(e):
+                        raise
+                    raise InvalidArgumentError(
+                        f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
+                        f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
+                        f"give an OUT inside it. The server said: {e}"
+                    ) from None
             command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
             command += [] if args.since is None else ["--since", str(args.since)]
             command += ["--no-progress"] if args.no_progress else []
-            done = subprocess.run(command)
+            done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
         except BaseException:
             undo()
             raise

@@ -55,6 +55,26 @@ def validation_mask(first: int, n: int, fraction: float) -> np.ndarray:
     return mix64(k ^ VALIDATION_SALT) < threshold
 
 
+class LabelOrder:
+    """The positives, examples and label changes (a label unlike the one before it, in reading order) of a stream
+    of labels, counted a batch at a time (worker.train_messages.sorted_by_label reads them)."""
+
+    def __init__(self) -> None:
+        self.positives = self.examples = self.changes = 0
+        self._last: bool | None = None
+
+    def add(self, labels: np.ndarray) -> None:
+        if not len(labels):
+            return
+        ones = labels > 0.5
+        self.positives += int(np.count_nonzero(ones))
+        self.examples += len(ones)
+        self.changes += int(np.count_nonzero(ones[1:] != ones[:-1])) + int(
+            self._last is not None and ones[0] != self._last
+        )
+        self._last = bool(ones[-1])
+
+
 class DataSource:
     """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train_config.py).
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
@@ -118,6 +138,7 @@ class DataSource:
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self._held: Batch | None = None  # the training examples, under cfg.shuffle
+        self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
         self.share_labels: tuple[int, int] | None = None  # (positives, examples) of the share, once read to its end
         self.share_label_changes = 0  # then: how often a label differs from the one before it, in reading order
 
@@ -160,31 +181,35 @@ class DataSource:
 
     def _split(self, want_validation: bool) -> Iterator[Batch]:
         fraction = self.cfg.validation_fraction or 0.0
-        first = positives = changes = 0
-        last = None
+        first = 0
+        counts = LabelOrder()
         for batch in self._share():
             mask = validation_mask(first, len(batch), fraction)
             first += len(batch)
-            if want_validation and len(batch):  # the read before training: the label figures, once
-                ones = batch.labels > 0.5
-                positives += int(np.count_nonzero(ones))
-                changes += int(np.count_nonzero(ones[1:] != ones[:-1])) + int(last is not None and ones[0] != last)
-                last = ones[-1]
+            if want_validation:  # the read before training: the label figures, once
+                counts.add(batch.labels)
             picked = np.flatnonzero(mask if want_validation else ~mask)
             if len(picked) == len(batch):
                 yield batch
             elif len(picked):
                 yield batch.take(picked)
         if want_validation:
-            self.share_labels = (positives, first)
-            self.share_label_changes = changes
+            self.share_labels = (counts.positives, counts.examples)
+            self.share_label_changes = counts.changes
 
     def train(self, epoch: int = 1) -> Iterator[Batch]:
         """This worker's training batches of one epoch (numbered from 1): in the data's order, read as they are
         asked for; or, under cfg.shuffle, from the examples held in memory (read whole as the first epoch asks for
         its first batch) in the epoch's own random order, seeded by (cfg.synthetic_seed, cfg.worker_id, epoch)."""
         if not getattr(self.cfg, "shuffle", False):
-            yield from self._in_order()
+            if epoch != 1 or self.share_labels is not None:  # counted already, on the read before training
+                yield from self._in_order()
+                return
+            counts = LabelOrder()
+            for batch in self._in_order():
+                counts.add(batch.labels)
+                yield batch
+            self.stream_labels = counts  # the epoch read to its end
             return
         if self._held is None:
             parts = list(self._in_order())

@@ -55,7 +55,7 @@ from worker.progress_lines import parse_progress
 from worker.results import json_figures, local_shards_gone, model_kept
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from worker.terminate import Terminated, sigterm_raises
+from worker.terminate import Terminated, child_setup, sigterm_raises
 
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
@@ -330,30 +330,6 @@ def worker_environment(rank: int, world_size: int, master_port: int, base: dict[
             "PYTHONUNBUFFERED": "1"}  # fmt: skip
 
 
-def _child_setup() -> Callable[[], None]:
-    """preexec_fn of a worker: its own process group; on Linux SIGTERM when launch dies (PR_SET_PDEATHSIG), at
-    once if launch died before it was set. libc is loaded here, before the fork: the child only calls it."""
-    parent = os.getpid()
-    prctl = None
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            prctl = ctypes.CDLL(None, use_errno=True).prctl
-        except (OSError, AttributeError):
-            prctl = None
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
-
-    def setup() -> None:
-        os.setpgid(0, 0)
-        if prctl is not None:
-            prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
-            if os.getppid() != parent:
-                os.kill(os.getpid(), sigterm)
-
-    return setup
-
-
 def _signal_group(proc: subprocess.Popen, signum: int) -> None:
     """signum to the worker and to its process group (the worker's children, unless they left it)."""
     proc.send_signal(signum)
@@ -382,7 +358,7 @@ class WorkerGroup:
 
     def start(self) -> None:
         """Starts every worker; call before any thread of this process starts (preexec_fn runs after a fork)."""
-        setup = _child_setup()
+        setup = child_setup()
         for command, env in zip(self.commands, self.envs):
             self.procs.append(subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                                stderr=subprocess.STDOUT, preexec_fn=setup))  # fmt: skip

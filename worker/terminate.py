@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
@@ -179,3 +180,30 @@ def sigterm_raises(cleanup_limit_s: float | None = CLEANUP_LIMIT_S) -> Iterator[
         signal.signal(RAISE_PENDING_SIGNAL, previous_nudge)
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
+
+
+def child_setup(own_group: bool = True) -> Callable[[], None]:
+    """preexec_fn of a child process that must not outlive this one: on Linux it gets SIGTERM when this process
+    dies, however it dies (PR_SET_PDEATHSIG; at once if this process died before it was set); own_group: in a
+    process group of its own (a terminal's Ctrl-C then reaches this process alone, which stops it). libc is loaded
+    here, before the fork: the child only calls it."""
+    parent = os.getpid()
+    prctl = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            prctl = None
+    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+
+    def setup() -> None:
+        if own_group:
+            os.setpgid(0, 0)
+        if prctl is not None:
+            prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+            if os.getppid() != parent:
+                os.kill(os.getpid(), sigterm)
+
+    return setup

@@ -147,6 +147,12 @@ def train(cfg: TrainConfig) -> dict:
             dense.close()
             if telemetry is not None:
                 telemetry.close()
+        order = data.stream_labels
+        grouped = order and sorted_by_label(
+            (order.positives, order.examples), order.changes, cfg.data, read_as_trained=True
+        )
+        if grouped:
+            log.warning("%s", grouped)
         if cfg.skip_examples and not loop.examples:
             raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
                              f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip

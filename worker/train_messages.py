@@ -89,10 +89,12 @@ def one_class_labels(label: str | None, share_labels: tuple[int, int] | None, da
     )
 
 
-def sorted_by_label(share_labels: tuple[int, int] | None, changes: int, data: str | None) -> str | None:
+def sorted_by_label(share_labels: tuple[int, int] | None, changes: int, data: str | None,
+                    read_as_trained: bool = False) -> str | None:  # fmt: skip
     """A warning when the labels, in reading order, change less than half as often as in a random order
     (2 p (1 - p) (n - 1) changes expected; checked where that is 20 or more): the file looks sorted or grouped by
-    its label, and training reads it in that order, batch after batch of one label. None otherwise."""
+    its label, and training reads it in that order, batch after batch of one label. None otherwise.
+    read_as_trained: counted as the training read it (its first epoch, in file order): said after training."""
     if share_labels is None or data is None:
         return None
     positives, n = share_labels
@@ -105,9 +107,10 @@ def sorted_by_label(share_labels: tuple[int, int] | None, changes: int, data: st
     times = "time" if changes == 1 else "times"
     return (f"{data} looks sorted or grouped by its label: in reading order the label changes {changes:,} {times}, "
             f"where a random order of its {n:,} examples would change it about {expected:,.0f} times; training "
-            "reads the lines in that order (--shuffle off), so its batches hold one label for long stretches, which "
-            "trains a worse model: train with --shuffle on, or shuffle the lines first (e.g. `shuf`, keeping a CSV "
-            "header on top)")  # fmt: skip
+            f"{'read' if read_as_trained else 'reads'} the lines in that order (--shuffle off), so its batches "
+            f"{'held' if read_as_trained else 'hold'} one label for long stretches, which trains a worse model: "
+            "train with --shuffle on (it holds the examples in memory), or shuffle the lines first (e.g. `shuf`, "
+            "keeping a CSV header on top)")  # fmt: skip
 
 
 def validation_too_small(validation: list) -> str | None:
