@@ -350,6 +350,11 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
                                                    "column, the built-in default: --label-column or the schema's "
                                                    "`label` names another); 2 bad lines")):  # fmt: skip
         read(first, "csv", 10, max_bad_lines=1)
+    named = tmp_path / "named.csv"  # a label-named column that is not the first: named in the message
+    named.write_text("site,clicked\na,1\n")
+    with pytest.raises(ValueError, match=re.escape("`label` names another; the header has 'clicked': --label-column "
+                                                   "clicked?)")):  # fmt: skip
+        read(named, "csv", 10)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])

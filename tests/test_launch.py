@@ -251,7 +251,7 @@ def test_plan_with_trains_own_config_checks_every_backend():
     assert (plan.train_config.model, plan.train_config.mode, plan.train_config.job_id) == ("lr", "sync", plan.job_id)
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "torch,numpy", "--model", "dnn",
                              "--device", "cuda")  # fmt: skip
-    with pytest.raises(ValueError, match="--device cuda needs --backend torch"):
+    with pytest.raises(ValueError, match="--device cuda needs --backend torch.*name it in --backends \\(torch:cuda\\)"):
         plan_launch(args, rest)
 
 

@@ -212,7 +212,11 @@ def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
         try:
             worker_cfg.validate()
         except ValueError as e:
-            raise ValueError(f"--backends {entry} (worker {i}): {e}") from None
+            hint = ""
+            if device is None and cfg.device != "cpu":  # --device for every worker: give it to the torch ones
+                hint = f"; to put only the torch workers on {cfg.device}, name it in --backends (torch:{cfg.device})"
+                hint += " and leave --device out"
+            raise ValueError(f"--backends {entry} (worker {i}): {e}{hint}") from None
         workers.append(backend if worker_cfg.device == "cpu" else f"{backend}:{worker_cfg.device}")
     return tuple(workers)
 

@@ -86,7 +86,7 @@ def skipped_note(r: dict) -> str:
 
 EVAL_LEFT_TO_LAUNCH = (
     "eval   skipped (--no-final-eval): ps-worker launch scores the job's model once, after all workers; "
-    "elsewhere, ps-worker eval scores it"
+    "elsewhere, ps-worker eval scores a model kept on --servers"
 )
 NOT_EVALUATED = "eval   none: no eval set (give --eval-data to score the model on a held-out file)"
 

@@ -93,8 +93,12 @@ class _Label:
             return f"{what}, expected 0 or 1 (column {self.name!r}, the schema's label)"
         if self.origin == "--label-column":
             return f"{what}, expected 0 or 1 (column {self.name!r}, given by --label-column)"
+        from worker.schema_infer import LABEL_NAMES  # the names `ps-worker schema` takes a label by
+
+        named = [h for h in self.header if h.lower() in LABEL_NAMES and h != self.name]
+        hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if named else ""
         return (f"{what}, expected 0 or 1 (column {self.name!r}, the first column, the built-in default: "
-                "--label-column or the schema's `label` names another)")  # fmt: skip
+                f"--label-column or the schema's `label` names another{hint})")  # fmt: skip
 
 
 def _delimiter_hint(header: list[str], delimiter: str) -> str:
