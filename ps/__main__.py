@@ -274,6 +274,8 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
+                   "patterns (fm,'dense.fm.*': one model of several); default: every table")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
@@ -295,7 +297,8 @@ def export_main(argv: list[str]) -> int:
               f"{', ...' if len(earlier) > 3 else ''}): give a new directory, or --overwrite", file=sys.stderr)  # fmt: skip
         return 2
     try:
-        summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress)
+        tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
+        summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables)
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2

@@ -106,6 +106,7 @@ WORKER = frozenset(
         "PS_SYNTHETIC_ROWS",
         "PS_SYNTHETIC_SEED",
         "PS_TABLE",
+        "PS_TABLES",
         "PS_TABLE_CONFIG",
         "PS_TIMEOUT_S",
         "PS_TLS_CA",

@@ -5,6 +5,7 @@ table, not a table restored empty."""
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 
 import numpy as np
@@ -291,3 +292,27 @@ def test_an_export_stopped_while_it_writes_rows_leaves_no_partial_file(tmp_path,
     with pytest.raises(KeyboardInterrupt):
         restore.export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()  # nor the out it made
+
+
+def test_export_writes_the_tables_named_or_matched_only(tmp_path, capsys):
+    from ps.__main__ import main as server_main
+    from ps.engine.restore import export
+
+    specs = [table("fm"), table("dense.fm.w"), table("lr")]
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        for spec in specs:
+            shard.create_table(spec)
+            shard.push(spec.name, np.arange(1, 4, dtype=np.uint64), np.ones((3, 2), np.float32))
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
+    finally:
+        shard.close()
+    summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"), tables=["fm", "dense.fm.*"])
+    assert sorted(summary["tables"]) == ["dense.fm.w", "fm"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["dense.fm.w.ids.npy", "dense.fm.w.rows.npy", "export.json",
+                                                   "fm.ids.npy", "fm.rows.npy"]  # fmt: skip
+    code = server_main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "none"), "--tables", "fm,deepfm"])
+    assert code == 2 and "--tables 'deepfm' matches no table of the checkpoint; it holds fm, dense.fm.w, lr" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "none").exists()  # refused before anything was made

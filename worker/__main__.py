@@ -137,6 +137,8 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("out", help="output directory: new or empty, unless --overwrite")
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
+    p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
+                   "patterns (fm,'dense.fm.*': one model of several); default: every table")  # fmt: skip
     p.add_argument(
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )
@@ -382,6 +384,7 @@ def _export(args) -> int:
                     ) from None
             command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
             command += [] if args.since is None else ["--since", str(args.since)]
+            command += [] if args.tables is None else ["--tables", args.tables]
             command += ["--no-progress"] if args.no_progress else []
             done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
         except BaseException:

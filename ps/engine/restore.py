@@ -6,9 +6,10 @@ The checkpoint format is in ps.checkpoint.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -116,7 +117,8 @@ WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
 # (ps.storage.leftovers.EXPORT_TEMPORARY).
 
 
-def export(directory: str, out: str, since: int | None = None, progress: bool = False) -> dict:
+def export(directory: str, out: str, since: int | None = None, progress: bool = False,
+           tables: Sequence[str] | None = None) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64,
     sorted) and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state, row i of id i),
     admitted rows only, and `export.json`: {clock, since, checkpoint, tables: {name: {dim, rows, features,
@@ -134,8 +136,12 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     writes there now. ValueError for an out inside the
     checkpoint; StorageError for a damaged checkpoint (CheckpointDamagedError, naming the file and offset, where
     RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ from its
-    manifest's count."""
+    manifest's count. tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without;
+    ValueError for one that matches no table of the checkpoint, naming those it holds.
+    """
     manifest = read_manifest(directory)
+    if tables:
+        manifest = {**manifest, "tables": chosen_tables(manifest["tables"], tables)}
     source, target = os.path.realpath(directory), os.path.realpath(out)
     if os.path.commonpath([source, target]) == source:
         raise ValueError(f"--out {out} lies inside the checkpoint {directory}: writing there would change the "
@@ -145,6 +151,17 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     killed = lambda: leftovers.matching(out, leftovers.EXPORT_TEMPORARY) if leftovers.holds_an_export(out) else []
     with leftovers.claimed(out, killed, "an export killed mid-write"):
         return _export_into(directory, manifest, out, new_out, since, progress)
+
+
+def chosen_tables(specs: list[dict], patterns: Sequence[str]) -> list[dict]:
+    """The manifest table specs whose names match one of patterns (exact names or fnmatch patterns), in the
+    manifest's order; ValueError naming a pattern that matches none, with the names there are."""
+    names = [t["name"] for t in specs]
+    for pattern in patterns:
+        if not fnmatch.filter(names, pattern):
+            raise ValueError(f"--tables {pattern!r} matches no table of the checkpoint; it holds "
+                             f"{', '.join(names) or 'none'}")  # fmt: skip
+    return [t for t in specs if any(fnmatch.fnmatchcase(t["name"], p) for p in patterns)]
 
 
 def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool) -> dict:
