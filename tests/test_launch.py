@@ -484,11 +484,21 @@ def test_merge_metrics_and_summary():
     assert format_summary(m).splitlines() == [
         "launched 2 workers (numpy, torch; mode sync) on 2 shards: 400 examples in 4.0 s (the slowest worker): "
         "100 examples/s",
+        "uneven examples per worker: worker 0 100, worker 1 300; each worker stops on its own (its early stopping, "
+        "on its own validation split, or the end of its share)",
         "eval   AUC 0.7500  logloss 0.5000  (1,000 examples)",
         "oracle AUC 0.8000  logloss 0.4500  (the planted model)",
         "gap    AUC +0.0500",
         "cache  hit rate 0.800 (examples-weighted over the workers)",
     ]
+    stopped = [dict(workers[0], epochs_run=2, stopped_early=True), dict(workers[1], train_examples=140, epochs_run=3)]
+    assert "worker 0 100 (2 epochs, stopped early), worker 1 140 (3 epochs)" not in format_summary(
+        merge_metrics(stopped, ["numpy", "torch"], "async", {}, 2)
+    )  # 1.4x: even enough
+    stopped[1]["train_examples"] = 150
+    assert "uneven examples per worker: worker 0 100 (2 epochs, stopped early), worker 1 150 (3 epochs); " in (
+        format_summary(merge_metrics(stopped, ["numpy", "torch"], "async", {}, 2))
+    )
     limited = [dict(w, max_examples=400, stopped_at_max_examples=i == 1) for i, w in enumerate(workers)]
     m = merge_metrics(limited, ["numpy", "torch"], "sync", {}, 2)
     assert (m["max_examples"], m["stopped_at_max_examples"]) == (400, True)

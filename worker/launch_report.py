@@ -190,7 +190,31 @@ def format_summary(m: dict) -> str:
     lines = [f"launched {m['workers']} worker{'s' * (m['workers'] != 1)} ({', '.join(m['backends'])}; mode {m['mode']}) on {m['shards']} "
              f"shard{'s' * (m['shards'] != 1)}: {m['train_examples']:,} examples{skipped_note(m)} in {m['train_seconds']:.1f} s (the slowest "
              f"worker): {m['examples_per_s']:,.0f} examples/s"]  # fmt: skip
+    lines += _uneven(m)
     lines += (eval_lines(m) or [NOT_EVALUATED]) + oracle_lines(m)
     if "cache_hit_rate" in m:
         lines.append(f"cache  hit rate {m['cache_hit_rate']:.3f} (examples-weighted over the workers)")
     return "\n".join(lines)
+
+
+UNEVEN = 1.5  # the most trained worker's examples over the least's from which the summary lists each worker's
+
+
+def _uneven(m: dict) -> list[str]:
+    """A line listing each worker's trained examples and epochs when they differ by UNEVEN or more (each worker
+    stops on its own: early stopping on its own validation split, or a share of another size), else none."""
+    per = m.get("per_worker") or []
+    counts = [int(w.get("train_examples", 0)) for w in per]
+    if len(counts) < 2 or min(counts) * UNEVEN > max(counts):
+        return []
+
+    def said(i: int, n: int, w: dict) -> str:
+        notes = [f"{w['epochs_run']} epoch{'s' * (w['epochs_run'] != 1)}"] if "epochs_run" in w else []
+        notes += ["stopped early"] if w.get("stopped_early") else []
+        return f"worker {i} {n:,}" + (f" ({', '.join(notes)})" if notes else "")
+
+    each = ", ".join(said(i, n, w) for i, (n, w) in enumerate(zip(counts, per)))
+    return [
+        f"uneven examples per worker: {each}; each worker stops on its own (its early stopping, on its own "
+        "validation split, or the end of its share)"
+    ]
