@@ -70,7 +70,7 @@ message WorkerStamp
   4  step             VARINT  uint64                   pull: the step about to be computed; push: the step pushed
   5  staleness        VARINT  uint32                   pull: waits until every worker pushed steps < step - this
   6  sync             VARINT  bool                     push: the step's pushes of every worker applied as one sum
-  7  barrier_timeout_s I64    double                   how long a wait may last; 0: 60
+  7  barrier_timeout_s I64    double                   how long a wait may last; 0: the shard's default (ps.config DEFAULT_BARRIER_S)
   8  done             VARINT  bool                     push with no pushes: the worker has finished
   9  acked            VARINT  uint64                   the worker's steps whose push has had its reply
   10 setup            LEN     string                   key=value pairs every worker of the job runs alike

@@ -137,6 +137,10 @@ class CheckpointDirError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class CheckpointOutsideRootError(InvalidArgumentError):
+    """A checkpoint save into a directory that resolves outside the server's --checkpoint-root."""
+
+
 class ServerUnavailableError(PsError, ConnectionError):
     """A shard did not answer within its deadline (client side)."""
 
@@ -209,7 +213,6 @@ class BarrierTimeoutError(PsError):
 # errno of a write that found no room: the disk is full, or the user's disk quota is spent
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 DISK_FULL_PREFIX = "the server's disk is full"  # how a DiskFullError's message starts
-OUTSIDE_CHECKPOINT_ROOT = "not inside this server's checkpoint root"  # in a refused save's message (ps.service)
 # their texts, as RocksDB's errors carry them ("IO error: No space left on device: <file>"; a plain Exception)
 DISK_FULL_TEXTS = ("No space left on device", "Disk quota exceeded")
 
@@ -299,15 +302,11 @@ ERROR_NAME_KEY = "sparseps-error"
 client raises that class (error_class), not only its status's."""
 
 
-def _subclasses(cls: type) -> list[type]:
-    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
-
-
 def error_class(status: str, name: str | None) -> type[PsError]:
     """The PsError class a client raises for a call refused with gRPC status `status` whose server named the
-    class `name` (ERROR_NAME_KEY): that class where it is a PsError of that status, else the status's
+    class `name` (ERROR_NAME_KEY): that one of SERVER_ERRORS where it has that status, else the status's
     (STATUS_TO_ERROR), else PsError."""
-    for cls in _subclasses(PsError):
+    for cls in SERVER_ERRORS:
         if cls.__name__ == name and cls.status == status:
             return cls
     return STATUS_TO_ERROR.get(status, PsError)
@@ -326,3 +325,13 @@ STATUS_TO_ERROR = {
         DataLossError,
     )
 }
+
+SERVER_ERRORS = (
+    InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
+    RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
+    CheckpointDirError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
+    CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
+    DataLossError, CheckpointDamagedError, CheckpointOutsideRootError,
+)  # fmt: skip
+"""The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
+client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

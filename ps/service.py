@@ -58,9 +58,9 @@ from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
     ERROR_NAME_KEY,
-    OUTSIDE_CHECKPOINT_ROOT,
     CheckpointDirError,
     CheckpointInProgressError,
+    CheckpointOutsideRootError,
     DiskFullError,
     FileTooLargeError,
     InvalidArgumentError,
@@ -138,7 +138,7 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
     """The directory a Checkpoint save of `requested` writes to: requested relative to root, or an absolute path
     inside it, resolved (symlinks followed) to an absolute path strictly inside root's own resolved path.
     CheckpointDirError when the server has no root; InvalidArgumentError for an empty path, one with a '..'
-    part or a NUL, or one that resolves to root itself or outside it."""
+    part or a NUL, or one that resolves to root itself or outside it (CheckpointOutsideRootError, a subclass)."""
     if not root:
         raise CheckpointDirError(
             "this server takes no checkpoints: start ps-server with --checkpoint-root DIR (PS_CHECKPOINT_ROOT) to let "
@@ -155,8 +155,8 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
     except (OSError, ValueError) as e:
         raise InvalidArgumentError(f"checkpoint dir {echo(requested)} cannot be resolved: {e}") from None
     if path == base or os.path.commonpath([base, path]) != base:
-        raise InvalidArgumentError(
-            f"checkpoint dir {echo(requested)} resolves to {echo(path)}, {OUTSIDE_CHECKPOINT_ROOT} "
+        raise CheckpointOutsideRootError(
+            f"checkpoint dir {echo(requested)} resolves to {echo(path)}, not inside this server's checkpoint root "
             f"{base}: give a new directory inside the root, as an absolute path or relative to the root in the "
             "request (`ps-worker checkpoint save DIR` sends DIR made absolute from its own working directory)"
         )

@@ -392,7 +392,7 @@ def test_unset_proto_fields_take_defaults():
 
 
 def test_the_stamp_classes_of_both_ends_have_the_protos_fields_in_its_order():
-    """WorkerStamp.to_proto and from_message (ps.service.stamp_of) copy the fields by name: a field added to the
+    """ps.codec.stamp_to_proto and WorkerStamp.from_message (ps.service.stamp_of) copy the fields by name: a field added to the
     proto must be added to the class (and the other way round)."""
     import dataclasses
 

@@ -464,6 +464,7 @@ def test_any_other_error_of_a_full_disk_is_resource_exhausted(serve, monkeypatch
         "the server's disk is full (No space left on device): Stats failed on the server: OSError: [Errno 28] No "
         "space left on device: '/somewhere/file'; free space on that disk (or raise the quota) and retry"
     )
+    assert ("sparseps-error", "DiskFullError") in e.trailing_metadata()  # the client raises DiskFullError
 
     def other():
         raise OSError(errno.EIO, os.strerror(errno.EIO))

@@ -269,6 +269,10 @@ def test_each_worker_gets_its_device_and_the_pairing_is_checked(monkeypatch):
         "--workers", "2", "--servers", SERVERS, "--backends", "torch:cpu,torch", "--device", "cuda"
     )
     assert plan_launch(args, rest).backends == ("torch", "torch:cuda")  # the flag's device, where no entry names one
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--device", "cuda")  # numpy workers only
+    with pytest.raises(ValueError, match="--device cuda needs --backend torch .*; cuda runs torch workers only: give "
+                                         "--backends torch:cuda"):  # fmt: skip
+        plan_launch(args, rest)
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--backends", "numpy,numpy:cuda")
     with pytest.raises(ValueError, match=r"--backends numpy:cuda \(worker 1\): --device cuda needs --backend torch"):
         plan_launch(args, rest)

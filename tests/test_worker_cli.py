@@ -25,6 +25,7 @@ from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
 from worker.client import Client
 from worker.cluster import LocalCluster
+from worker.data import LabelOrder
 from worker.job import prepare
 from worker.results import EVAL_LEFT_TO_LAUNCH, format_results, local_shards_gone
 from worker.schema_infer import infer_schema_text
@@ -143,11 +144,13 @@ def test_training_data_sorted_by_its_label_is_warned_about(tmp_path):
         path.write_text("clicked,city\n" + "".join(body))
         cfg, data, _, _ = prepare(TrainConfig(local_shards=1, format="csv", data=str(path)))
         data.validation()  # reads the whole share, as train does before any server is touched
-        said = sorted_by_label(data.share_labels, data.share_label_changes, cfg.data)
+        said = sorted_by_label(data.share_labels, cfg.data)
         assert (said is not None) == warned, said
-    assert data.share_label_changes == 1 and said.startswith(f"{path} looks sorted or grouped by its label: in "
+    assert data.share_labels.changes == 1 and said.startswith(f"{path} looks sorted or grouped by its label: in "
                                                              "reading order the label changes 1 time, where")  # fmt: skip
-    assert sorted_by_label((5, 10), 0, "tiny.csv") is None  # too few examples to tell
+    few = LabelOrder()
+    few.add(np.array([1, 1, 1, 1, 1, 0, 0, 0, 0, 0], np.float32))
+    assert few.changes == 1 and sorted_by_label(few, "tiny.csv") is None  # too few examples to tell
 
 
 def test_a_sorted_file_read_as_it_trains_in_file_order_is_warned_about_after_training(tmp_path, caplog):

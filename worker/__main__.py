@@ -13,7 +13,7 @@ from typing import Any
 
 from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.errors import OUTSIDE_CHECKPOINT_ROOT, InvalidArgumentError, PsError
+from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, PsError
 from ps.settings import (
     HelpFormatter,
     add_config_flag,
@@ -374,9 +374,7 @@ def _export(args) -> int:
                 client.wait_ready()
                 try:
                     save(client, fresh)
-                except InvalidArgumentError as e:
-                    if OUTSIDE_CHECKPOINT_ROOT not in str(e):
-                        raise
+                except CheckpointOutsideRootError as e:
                     raise InvalidArgumentError(
                         f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
                         f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "

@@ -28,7 +28,7 @@ every shard a request carrying it, and return the job's min_clock with their row
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
 push of the step, summed and applied once); finish() says the worker is done. A stamped call sent again carries
 the acked the worker has then (the steps whose stamped push_many returned), not that of its first attempt. A
-stamped call's deadline is timeout_s + the stamp's barrier_timeout_s (a wait is not a dead server); a wait that ends without the other
+stamped call's deadline is timeout_s + the stamp's wait limit (WorkerStamp.timeout_s; a wait is not a dead server); a wait that ends without the other
 workers raises BarrierTimeoutError (ABORTED), never retried. A sync push's first attempt that a shard answers
 as applied before (a second run under the job's id) raises JobIdReusedError.
 
@@ -51,7 +51,7 @@ import numpy as np
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
-from ps.config import DEFAULT_BARRIER_S, MAX_STAMP_TEXT, TableConfig
+from ps.config import MAX_STAMP_TEXT, TableConfig
 from ps.errors import PsError
 from ps.sharding import SlotMap
 from ps.stamp import WorkerStamp
@@ -295,8 +295,8 @@ class Client:
                 for s, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]  # fmt: skip
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
-        """A call's deadline: timeout_s, plus the stamp's barrier_timeout_s for a stamped call (it may wait)."""
-        return self.timeout_s + (0.0 if stamp is None else stamp.barrier_timeout_s or DEFAULT_BARRIER_S)
+        """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a stamped call."""
+        return self.timeout_s + (0.0 if stamp is None else stamp.timeout_s)
 
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock; returns the new step (of shard 0)."""

@@ -138,9 +138,8 @@ class DataSource:
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self._held: Batch | None = None  # the training examples, under cfg.shuffle
+        self.share_labels: LabelOrder | None = None  # of the share, on the read before training (its split)
         self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
-        self.share_labels: tuple[int, int] | None = None  # (positives, examples) of the share, once read to its end
-        self.share_label_changes = 0  # then: how often a label differs from the one before it, in reading order
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
@@ -194,8 +193,7 @@ class DataSource:
             elif len(picked):
                 yield batch.take(picked)
         if want_validation:
-            self.share_labels = (counts.positives, counts.examples)
-            self.share_label_changes = counts.changes
+            self.share_labels = counts
 
     def train(self, epoch: int = 1) -> Iterator[Batch]:
         """This worker's training batches of one epoch (numbered from 1): in the data's order, read as they are

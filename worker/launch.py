@@ -214,8 +214,10 @@ def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
         except ValueError as e:
             hint = ""
             if device is None and cfg.device != "cpu":  # --device for every worker: give it to the torch ones
-                hint = f"; to put only the torch workers on {cfg.device}, name it in --backends (torch:{cfg.device})"
-                hint += " and leave --device out"
+                torch_ones = any(split_backend(b)[0] == "torch" for b in entries)
+                hint = (f"; to put only the torch workers on {cfg.device}, name it in --backends (torch:{cfg.device})"
+                        " and leave --device out" if torch_ones else f"; {cfg.device} runs torch workers only: give "
+                        f"--backends torch:{cfg.device}")  # fmt: skip
             raise ValueError(f"--backends {entry} (worker {i}): {e}{hint}") from None
         workers.append(backend if worker_cfg.device == "cpu" else f"{backend}:{worker_cfg.device}")
     return tuple(workers)

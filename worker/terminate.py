@@ -186,7 +186,8 @@ def child_setup(own_group: bool = True) -> Callable[[], None]:
     """preexec_fn of a child process that must not outlive this one: on Linux it gets SIGTERM when this process
     dies, however it dies (PR_SET_PDEATHSIG; at once if this process died before it was set); own_group: in a
     process group of its own (a terminal's Ctrl-C then reaches this process alone, which stops it). libc is loaded
-    here, before the fork: the child only calls it."""
+    here, before the fork: the child only calls setpgid, prctl and getppid, which are safe after a fork even where
+    this process runs other threads (a gRPC client's)."""
     parent = os.getpid()
     prctl = None
     if sys.platform.startswith("linux"):

@@ -71,7 +71,7 @@ def train(cfg: TrainConfig) -> dict:
             raise ValueError(f"{one_class}; nothing was trained")
         if one_class:  # another worker's share may hold the other label
             log.warning("%s", one_class)
-        grouped = sorted_by_label(data.share_labels, data.share_label_changes, cfg.data)
+        grouped = sorted_by_label(data.share_labels, cfg.data)
         if grouped and not one_class and not cfg.shuffle:  # shuffled, the file's order does not reach training
             log.warning("%s", grouped)
         data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
@@ -147,10 +147,7 @@ def train(cfg: TrainConfig) -> dict:
             dense.close()
             if telemetry is not None:
                 telemetry.close()
-        order = data.stream_labels
-        grouped = order and sorted_by_label(
-            (order.positives, order.examples), order.changes, cfg.data, read_as_trained=True
-        )
+        grouped = sorted_by_label(data.stream_labels, cfg.data, read_as_trained=True)
         if grouped:
             log.warning("%s", grouped)
         if cfg.skip_examples and not loop.examples:

@@ -4,6 +4,8 @@ by, and, when it stops early, what its pushes left on the servers and the flags 
 
 from __future__ import annotations
 
+from typing import Any
+
 from worker.loop import LoopResult, TrainingDataError
 from worker.models.spec import MLP_MODELS
 from worker.train_config import TrainConfig
@@ -72,32 +74,32 @@ def _resume_flags(done: int, cfg: TrainConfig) -> str:
 MIN_VALIDATION_CLASS = 30  # of each label: fewer, and the validation AUC's noise picks the epochs
 
 
-def one_class_labels(label: str | None, share_labels: tuple[int, int] | None, data: str | None,
-                     num_workers: int) -> str | None:  # fmt: skip
-    """What to say when every training label of this worker's share (share_labels: (positives, examples), known
-    once the share was read to its end) is the same: a model trained on it only learns that rate. None otherwise."""
-    if share_labels is None or data is None:
+def one_class_labels(label: str | None, share: Any, data: str | None, num_workers: int) -> str | None:
+    """What to say when every training label of this worker's share (share: its worker.data.LabelOrder, known
+    once the share was read to its end, or None) is the same: a model trained on it only learns that rate. None
+    otherwise."""
+    if share is None or data is None:
         return None
-    positives, n = share_labels
+    positives, n = share.positives, share.examples
     if n == 0 or 0 < positives < n:
         return None
     column = f"'{label}'" if label else "the label (the header's first column)"
-    share = "" if num_workers == 1 else " of this worker's share"
+    in_share = "" if num_workers == 1 else " of this worker's share"
     return (
-        f"{column} is {1 if positives else 0} in all {n:,} examples{share} of {data}: there is nothing "
+        f"{column} is {1 if positives else 0} in all {n:,} examples{in_share} of {data}: there is nothing "
         "to learn but that rate (is the label column right? --label-column, or `label` in the schema, names it)"
     )
 
 
-def sorted_by_label(share_labels: tuple[int, int] | None, changes: int, data: str | None,
-                    read_as_trained: bool = False) -> str | None:  # fmt: skip
+def sorted_by_label(order: Any, data: str | None, read_as_trained: bool = False) -> str | None:
     """A warning when the labels, in reading order, change less than half as often as in a random order
     (2 p (1 - p) (n - 1) changes expected; checked where that is 20 or more): the file looks sorted or grouped by
-    its label, and training reads it in that order, batch after batch of one label. None otherwise.
-    read_as_trained: counted as the training read it (its first epoch, in file order): said after training."""
-    if share_labels is None or data is None:
+    its label, and training reads it in that order, batch after batch of one label. None otherwise. order: the
+    worker.data.LabelOrder of what was read (None: nothing to tell); read_as_trained: counted as the training read
+    it (its first epoch, in file order): said after training."""
+    if order is None or data is None:
         return None
-    positives, n = share_labels
+    positives, n, changes = order.positives, order.examples, order.changes
     if n < 2:
         return None
     p = positives / n

@@ -84,7 +84,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ps.config import MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP, MAX_STAMP_TEXT
+from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP, MAX_STAMP_TEXT
 from ps.engine.push import CheckedPush, TablePush
 from ps.errors import (
     BarrierTimeoutError,
@@ -125,7 +125,7 @@ def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
         bad = f"acked {stamp.acked:,} is past step {stamp.step:,}: a worker has had the replies of its steps "
         bad += "before the one it stamps at most"
     elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
-        bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 (60 s) to {MAX_BARRIER_S:g} seconds"
+        bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 ({DEFAULT_BARRIER_S:g} s) to {MAX_BARRIER_S:g} seconds"
     elif len(stamp.setup) > MAX_SETUP_CHARS:
         bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
     elif len(stamp.stopped) > MAX_SETUP_CHARS:
