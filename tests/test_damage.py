@@ -272,7 +272,7 @@ def checkpoints(tmp_path_factory):
     shard after a data block of its largest SST was damaged (a copy of its data dir: good's files are hard links to
     the original's). bad's manifest covers the damaged bytes: its sha256s match."""
     from ps.engine.shard import Shard
-    from tests.test_restore_tables import checkpoint
+    from tests.conftest import one_shard_checkpoint as checkpoint
 
     root = tmp_path_factory.mktemp("checkpoints")
     spec = TableConfig("emb", DIM)
