@@ -20,8 +20,9 @@ from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.store import Store
 from tests.conftest import one_shard_checkpoint
-from worker.__main__ import _export_claim, main
+from worker.__main__ import main
 from worker.client import Client
+from worker.export import export_claim
 from worker.temp_dirs import _host
 
 LOGGER = "ps.storage.leftovers"
@@ -156,7 +157,7 @@ def test_a_worker_export_removes_the_checkpoints_of_dead_exports_only(tmp_path, 
         write(path / "shard-0" / "000009.sst", 300)
     write(out / "export.json.tmp", 11)
     caplog.set_level("INFO", LOGGER)
-    with _export_claim(str(out)):
+    with export_claim(str(out)):
         pass
     assert not dead.exists() and not (out / "export.json.tmp").exists()
     assert running.exists() and other_host.exists() and earlier.exists()
@@ -173,7 +174,7 @@ def test_a_worker_export_leaves_a_dead_exports_checkpoint_while_its_ps_server_ex
     fd = held(out)  # the ps-server export the killed worker started, still reading it
     caplog.set_level("INFO", LOGGER)
     try:
-        with _export_claim(str(out)):
+        with export_claim(str(out)):
             pass
     finally:
         os.close(fd)
@@ -264,7 +265,7 @@ def test_a_folder_of_the_users_is_refused_and_its_temp_looking_files_are_kept(tm
     code = main(["export", str(mine), "--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"])
     assert code == 2 and "OUT " + str(mine) + " is not empty (it holds notes.txt)" in capsys.readouterr().err
     assert sorted(os.listdir(mine)) == ["export.json.tmp", "notes.txt", "results.ids.npy.tmp"]
-    with _export_claim(str(mine)):  # --overwrite into it: still not an export's folder, nothing removed
+    with export_claim(str(mine)):  # --overwrite into it: still not an export's folder, nothing removed
         pass
     assert sorted(os.listdir(mine)) == ["export.json.tmp", "notes.txt", "results.ids.npy.tmp"]
     restore_out = tmp_path / "other"

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
-import os
-import re
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, PsError
+from ps.errors import PsError
 from ps.settings import (
     HelpFormatter,
     add_config_flag,
@@ -33,7 +29,7 @@ from worker.cli_train import (
     run_eval,
     run_train,
 )
-from worker.flags import check_new_dir, check_new_file, check_not_an_input, check_output_file, delimiter, server_list
+from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter, server_list
 from worker.launch import add_launch_parser, run_launch
 from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from worker.terminate import Terminated, signal_behind, sigterm_raises
@@ -339,100 +335,9 @@ def _checkpoint(args) -> int:
 
 
 def _export(args) -> int:
-    """A checkpoint through the servers into a new folder of OUT, then `ps-server export` of it (the server package
-    reads RocksDB files; the worker does not import it). Only once both succeeded is an earlier export's
-    checkpoint (--keep-checkpoint) replaced: a failure leaves OUT as it was (an OUT the save created is removed).
-    The whole run holds a claim on OUT (_export_claim), under which what exports killed mid-way left there is
-    removed first."""
-    import contextlib
-    import shutil
-    import subprocess
+    from worker.export import export_command
 
-    from ps.storage import leftovers
-    from worker.checkpoint import save
-    from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, export_checkpoint_dir
-    from worker.terminate import child_setup
-
-    kept = os.path.join(args.out, "checkpoint")
-    fresh = export_checkpoint_dir(args.out)
-    if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
-        only_leftovers = re.compile(f"{EXPORT_CHECKPOINT_NAME.pattern}|{leftovers.EXPORT_TEMPORARY.pattern}")
-        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
-                      ignore=only_leftovers)  # fmt: skip
-    new_out = not os.path.exists(args.out)
-    os.makedirs(args.out, exist_ok=True)
-
-    def undo() -> None:
-        shutil.rmtree(fresh, ignore_errors=True)
-        if new_out:
-            with contextlib.suppress(OSError):  # an OUT this export created, if nothing else is in it
-                os.rmdir(args.out)
-
-    with _export_claim(args.out):
-        try:
-            with _client(args) as client:
-                client.wait_ready()
-                try:
-                    save(client, fresh)
-                except CheckpointOutsideRootError as e:
-                    raise InvalidArgumentError(
-                        f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
-                        f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
-                        f"give an OUT inside it. The server said: {e}"
-                    ) from None
-            command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
-            command += [] if args.since is None else ["--since", str(args.since)]
-            command += [] if args.tables is None else ["--tables", args.tables]
-            command += ["--no-progress"] if args.no_progress else []
-            done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
-        except BaseException:
-            undo()
-            raise
-        if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
-            undo()
-            return done.returncode
-        if os.path.isdir(kept):
-            shutil.rmtree(kept)  # the earlier export's, now replaced
-        if args.keep_checkpoint:
-            os.replace(fresh, kept)
-        else:
-            shutil.rmtree(fresh)
-        _record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
-    return 0
-
-
-@contextlib.contextmanager
-def _export_claim(out: str) -> Iterator[None]:
-    """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
-    .claimed): under it, first, what exports killed mid-way left in out is removed, logging each with its size
-    (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints, and the temporary files of their
-    `ps-server export`), if out is an export's folder (leftovers.holds_an_export) and no other export holds a
-    claim on it; the checkpoints whose writer may still run are reported and left."""
-    from ps.storage import leftovers
-    from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints
-
-    def killed() -> list[str]:
-        if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
-            return []
-        return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
-
-    with leftovers.claimed(out, killed, "an export killed mid-way"):
-        leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
-                         "host, or named without its process): remove it once none is")  # fmt: skip
-        yield
-
-
-def _record_checkpoint(path: str, checkpoint: str | None) -> None:
-    """Sets export.json's "checkpoint" (the path of the checkpoint exported; null once it is deleted), replacing
-    the file whole."""
-    import json
-
-    with open(path) as f:
-        summary = json.load(f)
-    summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(path + ".tmp", path)
+    return export_command(args, _client)
 
 
 def main(argv: list[str] | None = None) -> int:

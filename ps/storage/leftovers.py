@@ -2,8 +2,8 @@
 next writer once it can prove that no writer uses them, with one log line naming each and its size.
 
 Each temp-then-rename writer names its temporary files with a pattern of its own, beside the final file; each
-pattern is described where it is produced (ps.storage.sidefiles, ps.engine.restore.export, worker/__main__'s
-export, worker/temp_dirs). What proves that none is in use:
+pattern is described where it is produced (ps.storage.sidefiles, ps.engine.restore.export, worker/export.py,
+worker/temp_dirs). What proves that none is in use:
 - in a data dir: this server holds RocksDB's LOCK on it (one server a dir), so Store removes them once it opened it;
 - in an export's OUT: a flock on the directory OUT itself. Every writer into OUT (`ps-server export`, `ps-worker
   export`) holds a shared one while it writes there (`claimed`), so an exclusive one, had for a moment before it
@@ -29,7 +29,7 @@ if os.name == "posix":
 
 log = logging.getLogger(__name__)
 # The temporary files of an export in its OUT (described where they are written: ps.engine.restore.export, and
-# worker/__main__'s export.json.tmp), which every writer into OUT removes under its claim.
+# worker/export.py's export.json.tmp), which every writer into OUT removes under its claim.
 EXPORT_TEMPORARY = re.compile(r".+\.(?:ids|rows)\.npy\.tmp|export\.json\.tmp")
 
 

@@ -1,0 +1,112 @@
+"""`ps-worker export OUT --servers ...`: the model the servers hold, written for serving at one cut.
+
+    1. a claim on OUT for the whole run (export_claim: a shared flock; what exports killed mid-way left in OUT is
+       removed first, in an export's own folder only, worker/temp_dirs.py and ps/storage/leftovers.py)
+    2. a checkpoint through the servers into OUT/checkpoint.new-<pid>-<host>-<8 hex> (worker/checkpoint.py save;
+       OUT must lie inside the servers' --checkpoint-root)
+    3. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
+       RocksDB files, the worker does not import it), --since and --tables passed on
+    4. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
+       (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null)
+A failure leaves OUT as it was (an OUT this export created is removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ps.errors import CheckpointOutsideRootError, InvalidArgumentError
+from ps.storage import leftovers
+from worker.checkpoint import save
+from worker.flags import check_new_dir
+from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints, export_checkpoint_dir
+from worker.terminate import child_setup
+
+
+def export_command(args: Any, client: Callable[[Any], Any]) -> int:
+    """`ps-worker export`'s parsed args (see the module docstring); client(args): a connected Client for them.
+    Returns the exit code."""
+    kept = os.path.join(args.out, "checkpoint")
+    fresh = export_checkpoint_dir(args.out)
+    if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
+        only_leftovers = re.compile(f"{EXPORT_CHECKPOINT_NAME.pattern}|{leftovers.EXPORT_TEMPORARY.pattern}")
+        check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
+                      ignore=only_leftovers)  # fmt: skip
+    new_out = not os.path.exists(args.out)
+    os.makedirs(args.out, exist_ok=True)
+
+    def undo() -> None:
+        shutil.rmtree(fresh, ignore_errors=True)
+        if new_out:
+            with contextlib.suppress(OSError):  # an OUT this export created, if nothing else is in it
+                os.rmdir(args.out)
+
+    with export_claim(args.out):
+        try:
+            with client(args) as servers:
+                servers.wait_ready()
+                try:
+                    save(servers, fresh)
+                except CheckpointOutsideRootError as e:
+                    raise InvalidArgumentError(
+                        f"OUT {args.out} is outside the servers' checkpoint root: export has the servers save the "
+                        f"model into a folder of OUT first, and a server saves only inside its --checkpoint-root; "
+                        f"give an OUT inside it. The server said: {e}"
+                    ) from None
+            command = [sys.executable, "-m", "ps", "export", fresh, "--out", args.out, "--overwrite"]  # OUT checked
+            command += [] if args.since is None else ["--since", str(args.since)]
+            command += [] if args.tables is None else ["--tables", args.tables]
+            command += ["--no-progress"] if args.no_progress else []
+            done = subprocess.run(command, preexec_fn=child_setup(own_group=False))  # dies with this process
+        except BaseException:
+            undo()
+            raise
+        if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
+            undo()
+            return done.returncode
+        if os.path.isdir(kept):
+            shutil.rmtree(kept)  # the earlier export's, now replaced
+        if args.keep_checkpoint:
+            os.replace(fresh, kept)
+        else:
+            shutil.rmtree(fresh)
+        record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
+    return 0
+
+
+@contextlib.contextmanager
+def export_claim(out: str) -> Iterator[None]:
+    """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
+    .claimed): under it, first, what exports killed mid-way left in out is removed, logging each with its size
+    (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints, and the temporary files of their
+    `ps-server export`), if out is an export's folder (leftovers.holds_an_export) and no other export holds a
+    claim on it; the checkpoints whose writer may still run are reported and left."""
+
+    def killed() -> list[str]:
+        if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
+            return []
+        return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
+
+    with leftovers.claimed(out, killed, "an export killed mid-way"):
+        leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
+                         "host, or named without its process): remove it once none is")  # fmt: skip
+        yield
+
+
+def record_checkpoint(path: str, checkpoint: str | None) -> None:
+    """Sets export.json's "checkpoint" (the path of the checkpoint exported; null once it is deleted), replacing
+    the file whole."""
+    with open(path) as f:
+        summary = json.load(f)
+    summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
