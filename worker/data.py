@@ -197,8 +197,10 @@ class DataSource:
 
     def train(self, epoch: int = 1) -> Iterator[Batch]:
         """This worker's training batches of one epoch (numbered from 1): in the data's order, read as they are
-        asked for; or, under cfg.shuffle, from the examples held in memory (read whole as the first epoch asks for
-        its first batch) in the epoch's own random order, seeded by (cfg.synthetic_seed, cfg.worker_id, epoch)."""
+        asked for (epoch 1's labels counted into stream_labels as they are read, unless the read before training
+        counted them: share_labels); or, under cfg.shuffle, from the examples held in memory (read whole as the
+        first epoch asks for its first batch) in the epoch's own random order, seeded by (cfg.synthetic_seed,
+        cfg.worker_id, epoch)."""
         if not getattr(self.cfg, "shuffle", False):
             if epoch != 1 or self.share_labels is not None:  # counted already, on the read before training
                 yield from self._in_order()
