@@ -290,18 +290,30 @@ def export_main(argv: list[str]) -> int:
     `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message."""
     args = build_export_parser().parse_args(argv)
     from ps.engine.restore import export
+    from ps.storage.leftovers import EXPORT_TEMPORARY
 
-    earlier = os.path.isdir(args.out) and [n for n in os.listdir(args.out) if n == "export.json" or n.endswith(".npy")]
-    if earlier and not args.overwrite:
-        print(f"ps-server export: error: --out {args.out} holds an earlier export ({', '.join(sorted(earlier)[:3])}"
-              f"{', ...' if len(earlier) > 3 else ''}): give a new directory, or --overwrite", file=sys.stderr)  # fmt: skip
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        print(f"ps-server export: error: --out {args.out} exists and is not a directory", file=sys.stderr)
+        return 2
+    held = sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []
+    held = [n for n in held if not EXPORT_TEMPORARY.fullmatch(n)]  # a killed export's: removed as it starts
+    if held and not args.overwrite:
+        what = "an earlier export" if "export.json" in held else "files of no export"
+        print(f"ps-server export: error: --out {args.out} holds {what} ({', '.join(held[:3])}"
+              f"{', ...' if len(held) > 3 else ''}): give a new or empty directory, or --overwrite", file=sys.stderr)  # fmt: skip
+        return 2
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables is not None else None
+    if tables == []:
+        print(f"ps-server export: error: --tables {args.tables!r} names no table", file=sys.stderr)
         return 2
     try:
-        tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables else None
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables)
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2
+    if args.since is not None and args.since > summary["clock"]:
+        print(f"ps-server export: warning: --since {args.since:,} is past the checkpoint's clock "
+              f"({summary['clock']:,}): no row was pushed at or after it, so every table is empty", file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps(summary))
     else:

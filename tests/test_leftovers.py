@@ -288,3 +288,60 @@ def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_pat
     assert code == 2 and f"OUT {out} is outside the servers' checkpoint root" in err, err
     assert f"not inside this server's checkpoint root {os.path.realpath(tmp_path / 'root')}" in err
     assert not out.exists()  # the OUT it made is removed again
+
+
+# --- what is not an export's own is never written through, replaced or removed -------------------------------------
+
+
+def test_a_link_at_a_temporary_name_is_refused_and_never_written_through(ckpt, tmp_path):
+    out, decoy = tmp_path / "out", tmp_path / "decoy.bin"
+    decoy.write_bytes(b"precious")
+    out.mkdir()
+    os.symlink(decoy, out / "a.ids.npy.tmp")
+    with pytest.raises(OSError, match=r"a\.ids\.npy\.tmp is a link, where this writer keeps its temporary file"):
+        restore.export(ckpt, str(out))
+    assert decoy.read_bytes() == b"precious" and os.path.islink(out / "a.ids.npy.tmp")
+    assert sorted(os.listdir(out)) == ["a.ids.npy.tmp"]  # nothing else written
+
+
+def test_a_folder_named_like_a_temporary_file_is_the_users(ckpt, tmp_path, caplog):
+    from ps.storage import leftovers
+
+    out = tmp_path / "out"
+    write(out / "a.rows.npy.tmp" / "data", 10)
+    assert not leftovers.holds_an_export(str(out))  # a folder of such names is no export's
+    write(out / "export.json", 2)  # an earlier export's folder: its leftovers would go, but no folder is one
+    caplog.set_level("INFO", LOGGER)
+    with pytest.raises(OSError, match=r"a\.rows\.npy\.tmp is a folder, where this writer keeps its temporary"):
+        restore.export(ckpt, str(out))
+    assert (out / "a.rows.npy.tmp" / "data").exists() and removed_lines(caplog) == []
+    assert sorted(os.listdir(out)) == ["a.rows.npy.tmp", "export.json"]  # its own temporary files removed again
+
+
+def test_export_overwrite_keeps_an_out_checkpoint_no_export_kept_and_an_empty_tables_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    write(out / "checkpoint" / "manifest.json", 10)  # a checkpoint saved there by hand, not kept by an export
+    write(out / "notes.txt", 3)
+    nowhere = ["--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"]
+    assert main(["export", str(out), "--overwrite", *nowhere]) == 2
+    assert (
+        "checkpoint is no checkpoint an earlier export kept (OUT's export.json names none)" in capsys.readouterr().err
+    )
+    assert (out / "checkpoint" / "manifest.json").exists()
+    assert main(["export", str(tmp_path / "new"), "--tables", ",", *nowhere]) == 2
+    assert "--tables ',' names no table" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
+def test_ps_server_export_refuses_a_folder_of_other_files_without_overwrite(ckpt, tmp_path, capsys):
+    from ps.__main__ import main as server_main
+
+    out = tmp_path / "out"
+    write(out / "notes.txt", 3)
+    assert server_main(["export", ckpt, "--out", str(out), "--no-progress"]) == 2
+    assert "holds files of no export (notes.txt): give a new or empty directory, or --overwrite" in (
+        capsys.readouterr().err
+    )
+    assert os.listdir(out) == ["notes.txt"]
+    assert server_main(["export", ckpt, "--out", str(out), "--no-progress", "--tables", ""]) == 2
+    assert server_main(["export", ckpt, "--out", str(out / "notes.txt"), "--no-progress"]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err

@@ -8,7 +8,8 @@
        RocksDB files, the worker does not import it), --since and --tables passed on
     4. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
        (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null)
-A failure leaves OUT as it was (an OUT this export created is removed).
+Checked before any server is asked: OUT new or empty (or --overwrite), writable, and any OUT/checkpoint one that an
+earlier export kept (check_kept_checkpoint). A failure leaves OUT as it was (an OUT this export created is removed).
 """
 
 from __future__ import annotations
@@ -36,10 +37,18 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     Returns the exit code."""
     kept = os.path.join(args.out, "checkpoint")
     fresh = export_checkpoint_dir(args.out)
+    if args.tables is not None and not [t for t in args.tables.split(",") if t.strip()]:
+        raise ValueError(f"--tables {args.tables!r} names no table: give table names or patterns, or leave it out")
+    if os.path.lexists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"OUT {args.out} exists and is not a directory; give a new or empty directory")
     if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
         only_leftovers = re.compile(f"{EXPORT_CHECKPOINT_NAME.pattern}|{leftovers.EXPORT_TEMPORARY.pattern}")
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
                       ignore=only_leftovers)  # fmt: skip
+    check_kept_checkpoint(args.out, kept)
+    where = args.out if os.path.isdir(args.out) else os.path.dirname(os.path.abspath(args.out))
+    if os.path.isdir(where) and not os.access(where, os.W_OK):
+        raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")
     new_out = not os.path.exists(args.out)
     os.makedirs(args.out, exist_ok=True)
 
@@ -82,6 +91,26 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     return 0
 
 
+def check_kept_checkpoint(out: str, kept: str) -> None:
+    """ValueError, before anything is written, when OUT/checkpoint (kept) exists but is no checkpoint an earlier
+    export kept there (with --keep-checkpoint: its export.json names one): a link, a file, or a folder of someone
+    else's, which the export's end would replace."""
+    if not os.path.lexists(kept):
+        return
+    if os.path.islink(kept) or not os.path.isdir(kept):
+        what = "a link" if os.path.islink(kept) else "not a folder"
+        raise ValueError(f"{kept} is {what}, not a checkpoint an earlier export kept: an export keeps its checkpoint "
+                         "there (--keep-checkpoint) and replaces the earlier one; move it away first")  # fmt: skip
+    try:
+        with open(os.path.join(out, "export.json")) as f:
+            named = json.load(f).get("checkpoint")
+    except (OSError, ValueError, AttributeError):
+        named = None
+    if not named:  # the export that wrote export.json kept no checkpoint (OUT may have moved since: path not compared)
+        raise ValueError(f"{kept} is no checkpoint an earlier export kept (OUT's export.json names none), and an "
+                         "export replaces OUT/checkpoint: move it away first, or export into another OUT")  # fmt: skip
+
+
 @contextlib.contextmanager
 def export_claim(out: str) -> Iterator[None]:
     """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
@@ -93,7 +122,7 @@ def export_claim(out: str) -> Iterator[None]:
     def killed() -> list[str]:
         if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
             return []
-        return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY)
+        return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY, files=True)
 
     with leftovers.claimed(out, killed, "an export killed mid-way"):
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "
@@ -107,6 +136,6 @@ def record_checkpoint(path: str, checkpoint: str | None) -> None:
     with open(path) as f:
         summary = json.load(f)
     summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
-    with open(path + ".tmp", "w") as f:
+    with leftovers.open_temporary(path + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)
     os.replace(path + ".tmp", path)

@@ -148,7 +148,9 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
                          "checkpoint; give a directory outside it")  # fmt: skip
     new_out = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    killed = lambda: leftovers.matching(out, leftovers.EXPORT_TEMPORARY) if leftovers.holds_an_export(out) else []
+    killed = lambda: (
+        leftovers.matching(out, leftovers.EXPORT_TEMPORARY, files=True) if leftovers.holds_an_export(out) else []
+    )
     with leftovers.claimed(out, killed, "an export killed mid-write"):
         return _export_into(directory, manifest, out, new_out, since, progress)
 
@@ -186,7 +188,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n), "features": cfg.features,
                                            "optimizer": cfg.optimizer.name}  # fmt: skip
         final = os.path.join(out, "export.json")
-        with open(final + ".tmp", "w") as f:
+        with leftovers.open_temporary(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
         written.append((final + ".tmp", final))
     except BaseException:
@@ -242,7 +244,11 @@ def _write_npy(
     tmp = path + ".tmp"
     n = len(array) if order is None else len(order)
     try:
-        with open(tmp, "wb") as f:
+        f = leftovers.open_temporary(tmp)  # a link or folder at tmp is refused, and left as it is
+    except OSError as e:
+        raise OSError(f"{e}; nothing of an earlier export there was changed") from None
+    try:
+        with f:
             header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False,
                       "shape": (n, *array.shape[1:])}  # fmt: skip
             np.lib.format.write_array_header_1_0(f, header)

@@ -23,6 +23,7 @@ import re
 import shutil
 import stat
 from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 if os.name == "posix":
     import fcntl
@@ -33,27 +34,48 @@ log = logging.getLogger(__name__)
 EXPORT_TEMPORARY = re.compile(r".+\.(?:ids|rows)\.npy\.tmp|export\.json\.tmp")
 
 
+def open_temporary(path: str, mode: str = "wb") -> IO[Any]:
+    """A new regular file at path, opened for writing, never through a link: an earlier regular file there (what
+    a killed writer left) is replaced; a link, a folder or anything else there is no writer's temporary file, and
+    is refused with an OSError naming it, left as it is (writing through a link would change a file elsewhere)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a link" if stat.S_ISLNK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode) else "no file"
+            raise OSError(f"{path} is {kind}, where this writer keeps its temporary file: it is left as it is; "
+                          "remove it (it is not one this program wrote) and run again")  # fmt: skip
+        os.remove(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o644), mode)
+
+
 def holds_an_export(out: str, also: re.Pattern[str] | None = None) -> bool:
     """Whether out is an export's folder, whose leftovers an export may remove: it holds export.json (an earlier
-    export), or nothing but names of an export's temporary files (EXPORT_TEMPORARY, or `also`: a caller's own
-    temporary names). A folder of anything else is the user's, and names in it that merely look like
-    temporary files are not touched."""
+    export), or nothing but an export's temporary files (regular files named as EXPORT_TEMPORARY says) and
+    folders named as `also` says (a caller's own temporary folders). A folder of anything else is the user's,
+    and names in it that merely look like temporary files are not touched."""
     try:
         names = os.listdir(out)
     except OSError:
         return False
     if "export.json" in names:
         return True
-    return all(EXPORT_TEMPORARY.fullmatch(n) or (also is not None and also.fullmatch(n)) for n in names)
+    ours = set(matching(out, EXPORT_TEMPORARY, files=True)) | set(matching(out, also, dirs=True) if also else ())
+    return all(os.path.join(out, n) in ours for n in names)
 
 
-def matching(directory: str, pattern: re.Pattern[str]) -> list[str]:
-    """The paths of the entries directly in directory whose names fullmatch pattern and that are files or folders
-    (not links: a link is nobody's temporary file), in name order; [] if directory cannot be listed."""
+def matching(directory: str, pattern: re.Pattern[str], files: bool = False, dirs: bool = False) -> list[str]:
+    """The paths of the entries directly in directory whose names fullmatch pattern and that are regular files
+    (files) or folders (dirs), either without them (never links: a link is nobody's temporary file), in name
+    order; [] if directory cannot be listed."""
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
+    kinds = [k for k, wanted in ((stat.S_ISREG, files), (stat.S_ISDIR, dirs)) if wanted or not (files or dirs)]
     out = []
     for name in names:
         path = os.path.join(directory, name)
@@ -61,7 +83,7 @@ def matching(directory: str, pattern: re.Pattern[str]) -> list[str]:
             mode = os.lstat(path).st_mode
         except OSError:
             continue
-        if pattern.fullmatch(name) and (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        if pattern.fullmatch(name) and any(kind(mode) for kind in kinds):
             out.append(path)
     return out
 

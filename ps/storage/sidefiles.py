@@ -36,7 +36,9 @@ TEMPORARY = re.compile(r"(?:shard|journal-mark)\.json\.[a-z0-9_]{8}\.tmp")  # wr
 def remove_temporary_files(data_dir: str) -> list[str]:
     """Removes the temporary files of write_json that a server killed mid-write left in data_dir, logging each;
     returns their paths. Only the server holding the dir's RocksDB LOCK may call it: no other writes there."""
-    return leftovers.remove(leftovers.matching(data_dir, TEMPORARY), "a server killed while it replaced that file")
+    return leftovers.remove(
+        leftovers.matching(data_dir, TEMPORARY, files=True), "a server killed while it replaced that file"
+    )
 
 
 def write_json(path: str, obj: dict, sync_dir: bool = False) -> None:
