@@ -99,8 +99,7 @@ class Server:
     def _lost(self) -> str | None:
         """What was deleted under the shard (ps.engine.shard: it takes no writes), or None."""
         shard = self.shard
-        lost = shard.journal.lost if shard is not None and hasattr(shard, "journal") else ""
-        return f"shard {self.config.shard_id} takes no writes: {lost}" if lost else None
+        return (shard.lost() or None) if shard is not None and hasattr(shard, "journal") else None
 
     def _bind(self) -> int:
         address = f"{self.config.host}:{self.config.port}"

@@ -368,10 +368,14 @@ class Shard:
             except Exception:  # a listener's failure must not stop the others, nor the journal's thread
                 log.exception("a listener of the data dir's loss failed")
 
+    def lost(self) -> str:
+        """Why the shard takes no writes, if the journal found its segment or the data dir deleted, else ""."""
+        return f"shard {self.shard_id} takes no writes: {self.journal.lost}" if self.journal.lost else ""
+
     def refuse_if_lost(self) -> None:
         """DataDirLostError if the journal found its segment or the data dir deleted (one attribute read)."""
         if self.journal.lost:
-            raise DataDirLostError(f"shard {self.shard_id} takes no writes: {self.journal.lost}")
+            raise DataDirLostError(self.lost())
 
     def create_table(self, cfg: TableConfig) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not)."""

@@ -188,6 +188,12 @@ def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tupl
             db.close()
 
 
+def _is_damage(text: str) -> bool:
+    """Whether RocksDB's error text tells of damage it met: a block that fails its checks ("Corruption: ..."), or a
+    file it needs gone."""
+    return text.startswith("Corruption") or "No such file" in text
+
+
 _DAMAGED_FILE = re.compile(r"(/\S*?(?:\.sst|\.log|\.blob|MANIFEST-\d+|CURRENT|OPTIONS-\d+))(?::|,|\s|$)")
 _DAMAGED_OFFSET = re.compile(r"\boffset (\d+)")
 
@@ -217,7 +223,7 @@ def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
     opened = False
 
     def failed(text: str, doing: str) -> StorageError:
-        if not (text.startswith("Corruption") or "No such file" in text):
+        if not _is_damage(text):
             return StorageError(f"RocksDB cannot read checkpoint {checkpoint} ({shard}) while {doing}: {text}")
         where = damage_at(text, checkpoint) or f"{shard} (RocksDB names no file)"
         return CheckpointDamagedError(
@@ -334,7 +340,7 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
     if reason is not None:
         what = f"RocksDB in the data dir {path} failed while {doing} ({text})"
         return DiskFullError.of(reason, what, outcome, os.path.dirname(target) if elsewhere else path)
-    damage = text.startswith("Corruption") or "No such file" in text
+    damage = _is_damage(text)
     if "No such file" in text and not elsewhere and not os.path.isdir(path):  # not damage: the dir is gone
         return DataDirLostError(
             f"RocksDB in {path} failed while {doing}: the data dir was deleted under the running server ({text}); "

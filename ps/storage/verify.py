@@ -65,9 +65,7 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
     else:
         _identity(path, meta["shard"], found, lines)
         _journal(path, meta["flushed_seq"], meta["tables"], found, lines)
-    problems = sum(line.startswith("DAMAGED") for line in lines)
-    lines.append(f"verify {path}: {f'{problems} damaged' if report.damaged else 'nothing damaged'}")
-    return lines, report.damaged
+    return report.finish(f"verify {path}")
 
 
 class _Report:
@@ -81,6 +79,12 @@ class _Report:
         self.damaged |= not ok
         self.lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
 
+    def finish(self, title: str) -> tuple[list[str], bool]:
+        """(the lines with a last one, `title: N damaged` or `title: nothing damaged`, whether anything is)."""
+        problems = sum(line.startswith("DAMAGED") for line in self.lines)
+        self.lines.append(f"{title}: {f'{problems} damaged' if self.damaged else 'nothing damaged'}")
+        return self.lines, self.damaged
+
 
 def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str], bool]:
     """(report lines, whether anything is damaged) of the checkpoint at directory, changing nothing: its manifest
@@ -93,7 +97,7 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     directory = os.path.abspath(directory)
     _check_readable(directory)
     report = _Report()
-    lines, found = report.lines, report.found
+    found = report.found
 
     try:
         manifest = load_manifest(directory)
@@ -108,10 +112,7 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     for shard in shards:
         if only is None or shard["dir"] == only:
             _checkpoint_shard(directory, shard, found)
-    problems = sum(line.startswith("DAMAGED") for line in lines)
-    what = directory if only is None else os.path.join(directory, only)
-    lines.append(f"verify checkpoint {what}: {f'{problems} damaged' if report.damaged else 'nothing damaged'}")
-    return lines, report.damaged
+    return report.finish(f"verify checkpoint {directory if only is None else os.path.join(directory, only)}")
 
 
 def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], None]) -> None:
