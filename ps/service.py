@@ -82,6 +82,13 @@ REPLY_FRAME_BYTES = 40  # at most, per array of rows in a reply: its keys, lengt
 # reply's own header fields (PushBatchResponse's num_applied and step)
 
 
+def refuse(context: grpc.ServicerContext, e: PsError) -> None:
+    """Ends the call with e's status and message, naming e's class in the trailing metadata (ERROR_NAME_KEY: the
+    client raises that class). context.abort raises: nothing after this runs."""
+    context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
+    context.abort(grpc.StatusCode[e.status], clip(str(e)))
+
+
 def _rpc(method):
     """Runs a servicer method; turns a request that did not decode and exceptions into a status code and message
     (one place for all RPCs), and records the call in the servicer's metrics (if any)."""
@@ -105,19 +112,18 @@ def _rpc(method):
             # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
             # what its frames hold (a failed RocksDB write's: the RocksDB, open)
             log.log(level, "%s rejected: %s", method.__name__, str(e))
-            context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
-            context.abort(grpc.StatusCode[e.status], clip(str(e)))
+            refuse(context, e)
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
             log.exception("%s failed", method.__name__)
             failed = f"{method.__name__} failed on the server: {type(e).__name__}: {e}"
             reason = disk_full_reason(e)
             if reason is not None:  # a full disk that no storage layer named (those raise DiskFullError)
                 full = DiskFullError.of(reason, failed, outcome="")
-                code, failed = full.status, str(full)
-                context.set_trailing_metadata(((ERROR_NAME_KEY, type(full).__name__),))
+                code = full.status
+                refuse(context, full)
             else:
                 code = "INTERNAL"
-            context.abort(grpc.StatusCode[code], clip(failed))
+                context.abort(grpc.StatusCode.INTERNAL, clip(failed))
         finally:
             if self.metrics is not None:
                 out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
@@ -246,9 +252,7 @@ class StartGate(grpc.GenericRpcHandler):
         return self._refusal if handler_call_details.method in self._methods else None
 
     def _refuse(self, request: bytes, context: grpc.ServicerContext) -> None:
-        e = ShardStartingError(self._starting())
-        context.set_trailing_metadata(((ERROR_NAME_KEY, type(e).__name__),))
-        context.abort(grpc.StatusCode[e.status], clip(str(e)))
+        refuse(context, ShardStartingError(self._starting()))
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

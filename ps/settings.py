@@ -162,16 +162,14 @@ ENVIRONMENT_ONLY = {
 
 
 def unknown_environment(environ: Mapping[str, str]) -> dict[str, list[str]]:
-    """{name: the closest known names (at most 2)} of environ's PS_* variables that set nothing: no flag of
+    """{name: the closest known names (_closest)} of environ's PS_* variables that set nothing: no flag of
     ps-server or of a ps-worker command (ps/settings_names.py), nor one of ENVIRONMENT_ONLY. Both programs' names
     count for each: a local shard runs in the environment of the worker that started it."""
-    import difflib
-
     from ps.settings_names import SERVER, WORKER
 
     known = SERVER | WORKER | set(ENVIRONMENT_ONLY)
     unknown = sorted(name for name in environ if name.startswith("PS_") and name not in known)
-    return {name: difflib.get_close_matches(name, known, n=2, cutoff=0.75) for name in unknown}
+    return {name: _closest(name, known) for name in unknown}
 
 
 def warn_unknown_environment(prog: str, environ: Mapping[str, str] | None = None) -> None:
@@ -184,12 +182,17 @@ def warn_unknown_environment(prog: str, environ: Mapping[str, str] | None = None
               f"ignored{hint}", file=sys.stderr)  # fmt: skip
 
 
+def _closest(name: str, known: set[str]) -> list[str]:
+    """The known names closest to a misspelled one, at most 2 (difflib's ratio 0.75 or more)."""
+    import difflib
+
+    return difflib.get_close_matches(name, known, n=2, cutoff=0.75)
+
+
 def _unknown_key(path: str, key: str, section: str | None, known: set[str]) -> str:
     """The error of a config file's key that the command does not know (in [section], or at the top level, which
     every command reading the file must know): the closest known keys, else all of them."""
-    import difflib
-
-    close = difflib.get_close_matches(key.replace("-", "_"), known, n=2, cutoff=0.75)
+    close = _closest(key.replace("-", "_"), known)
     where = f"[{section}] " if section else ""
     hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(sorted(known))}"
     if not section:
