@@ -38,6 +38,7 @@ import shutil
 import socket
 import stat
 import tempfile
+from collections.abc import Callable
 
 from ps.storage.leftovers import matching
 
@@ -155,25 +156,20 @@ EXPORT_CHECKPOINT_NAME = re.compile(re.escape(EXPORT_CHECKPOINT) + r".+")  # the
 
 def export_checkpoint_dir(out: str) -> str:
     """The path of the fresh checkpoint of this process's export into out (module docstring)."""
-    return os.path.join(out, f"{EXPORT_CHECKPOINT}{os.getpid()}-{_host()}-{secrets.token_hex(4)}")
+    return os.path.join(out, _own_name(EXPORT_CHECKPOINT))
 
 
 def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
     """(dead, others): the paths of the fresh checkpoints in out of exports on this host whose process is gone,
     and of the other folders named checkpoint.new-* there (a running export's, another host's, or one named
     otherwise, with no process to ask about), whose writer may be alive."""
-    own = re.compile(re.escape(EXPORT_CHECKPOINT) + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}")
-    dead, others = [], []
-    for path in matching(out, EXPORT_CHECKPOINT_NAME):
-        m = own.fullmatch(os.path.basename(path))
-        (dead if m is not None and not _running(int(m.group(1))) and os.path.isdir(path) else others).append(path)
-    return dead, others
+    return _of_gone_runs(out, EXPORT_CHECKPOINT, "", os.path.isdir)
 
 
 def partial_file(out: str) -> str:
     """The path of the file this process writes the rows of its output file out into (module docstring)."""
     folder, name = os.path.split(os.path.abspath(out))
-    return os.path.join(folder, f".{name}.{os.getpid()}-{_host()}-{secrets.token_hex(4)}.partial")
+    return os.path.join(folder, _own_name(f".{name}.", ".partial"))
 
 
 def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
@@ -182,12 +178,25 @@ def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
     the host's network, holds its own), and the other .<name>.*.partial files beside out (a running one's,
     another host's, or one named otherwise, with no process to ask about), whose writer may be alive."""
     folder, name = os.path.split(os.path.abspath(out))
-    own = re.compile(re.escape(f".{name}.") + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}\.partial")
+    return _of_gone_runs(folder, f".{name}.", ".partial", lambda path: os.path.isfile(path) and not _locked(path))
+
+
+def _own_name(prefix: str, suffix: str = "") -> str:
+    """prefix<pid>-<host>-<8 hex>suffix: a name of this process's, which _of_gone_runs can tell is of a gone one."""
+    return f"{prefix}{os.getpid()}-{_host()}-{secrets.token_hex(4)}{suffix}"
+
+
+def _of_gone_runs(
+    folder: str, prefix: str, suffix: str, removable: Callable[[str], bool]
+) -> tuple[list[str], list[str]]:
+    """(dead, others) of the entries of folder named prefix*suffix: dead, those named by _own_name of a process of
+    this host that no longer runs and that removable(path) accepts (of the right kind, not in use); others, the
+    rest (a running process's, another host's, named otherwise), whose writer may be alive."""
+    own = re.compile(re.escape(prefix) + r"(\d{1,10})-" + re.escape(_host()) + r"-[0-9a-f]{8}" + re.escape(suffix))
     dead, others = [], []
-    for path in matching(folder, re.compile(re.escape(f".{name}.") + r".+\.partial")):
+    for path in matching(folder, re.compile(re.escape(prefix) + ".+" + re.escape(suffix))):
         m = own.fullmatch(os.path.basename(path))
-        gone = m is not None and not _running(int(m.group(1))) and os.path.isfile(path) and not _locked(path)
-        (dead if gone else others).append(path)
+        (dead if m is not None and not _running(int(m.group(1))) and removable(path) else others).append(path)
     return dead, others
 
 
