@@ -81,6 +81,22 @@ def one_shard_checkpoint(shard, directory: str, tables: list[TableConfig], edit=
     write_manifest(directory, manifest)
 
 
+def one_table_checkpoint(root, rows: int) -> str:
+    """root/ckpt: a checkpoint of one shard (data dir root/source) holding ids 1..rows of table "a" (dim 2), each
+    pushed once with gradient 1."""
+    from ps.engine.shard import Shard
+
+    spec = TableConfig("a", 2)
+    shard = Shard(ServerConfig(data_dir=str(root / "source")))
+    try:
+        shard.create_table(spec)
+        shard.push("a", np.arange(1, rows + 1, dtype=np.uint64), np.ones((rows, 2), np.float32))
+        one_shard_checkpoint(shard, str(root / "ckpt"), [spec])
+    finally:
+        shard.close()
+    return str(root / "ckpt")
+
+
 def stop_servers(running: list) -> None:
     """Closes each (in-process ps.server.Server, grpc channel) pair a test fixture started; a server that fails
     to stop (the state the test left it in) does not keep the others running."""

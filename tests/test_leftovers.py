@@ -16,10 +16,9 @@ import pytest
 
 from ps.config import ServerConfig, TableConfig
 from ps.engine import restore
-from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.store import Store
-from tests.conftest import one_shard_checkpoint
+from tests.conftest import one_table_checkpoint
 from worker.__main__ import main
 from worker.client import Client
 from worker.export import export_claim
@@ -83,15 +82,7 @@ def test_a_servers_start_removes_the_temporary_side_files_a_killed_server_left_a
 @pytest.fixture
 def ckpt(tmp_path) -> str:
     """A checkpoint of one shard holding 10 rows of table "a" (dim 2)."""
-    spec = TableConfig("a", 2)
-    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
-    try:
-        shard.create_table(spec)
-        shard.push("a", np.arange(1, 11, dtype=np.uint64), np.ones((10, 2), np.float32))
-        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
-    finally:
-        shard.close()
-    return str(tmp_path / "ckpt")
+    return one_table_checkpoint(tmp_path, 10)
 
 
 def test_an_export_removes_the_temporary_files_a_killed_export_left_in_out(ckpt, tmp_path, caplog):

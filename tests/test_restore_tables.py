@@ -16,7 +16,7 @@ from ps.engine.shard import Shard
 from ps.errors import StorageError
 from ps.rows.layout import layout_of
 from ps.storage.store import Store
-from tests.conftest import one_shard_checkpoint
+from tests.conftest import one_shard_checkpoint, one_table_checkpoint
 
 
 def table(name: str) -> TableConfig:
@@ -273,14 +273,7 @@ def test_an_export_stopped_while_it_writes_rows_leaves_no_partial_file(tmp_path,
     does."""
     from ps.engine import restore
 
-    spec = TableConfig("a", 2)
-    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
-    try:
-        shard.create_table(spec)
-        shard.push("a", np.arange(1, 101, dtype=np.uint64), np.ones((100, 2), np.float32))
-        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
-    finally:
-        shard.close()
+    one_table_checkpoint(tmp_path, 100)
     update = restore.ExportProgress.update
 
     def interrupted(self, n: int) -> None:
