@@ -28,6 +28,11 @@ from ps.storage.verify import verify_data_dir
 
 log = logging.getLogger("ps.server")
 
+# How often the main thread, waiting for a stop, looks for a signal. The kernel may hand SIGTERM to any thread
+# (a gRPC or RocksDB one); Python then runs its handler only when the main thread next runs bytecode, which an
+# untimed wait would never let it do.
+SIGNAL_CHECK_S = 0.2
+
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
     """Channel/server options shared by both ends: message limits raised above gRPC's 4 MiB default."""
@@ -242,7 +247,8 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     _say(f"{where} listening on {config.host}:{port} (data dir {config.data_dir}: {server.shard.describe_start()})")
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
-    stop.wait()
+    while not stop.wait(SIGNAL_CHECK_S):
+        pass
     code = stop_server(server, config.shard_id)
     if code:
         raise SystemExit(code)

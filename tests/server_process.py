@@ -3,6 +3,7 @@ or damage its files between runs."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import subprocess
@@ -14,7 +15,8 @@ from tests.waiting import wait_until
 
 class ServerProcess:
     """`python -m ps` on a data dir, its output in a file beside the dir; started() waits for it to listen or
-    to exit. launcher: what runs ps-server's main (tests.slow_start: a start held as long as the test needs)."""
+    to exit. launcher: what runs ps-server's main (tests.slow_start: a start held as long as the test needs).
+    Python's faulthandler is on: a stop that hangs fails with every thread's stack in its message."""
 
     def __init__(
         self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1), launcher: tuple[str, ...] = ("-m", "ps")
@@ -22,7 +24,9 @@ class ServerProcess:
         self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
         args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, *launcher, *args, *flags], stdout=log, stderr=log)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-X", "faulthandler", *launcher, *args, *flags], stdout=log, stderr=log
+            )
 
     def output(self) -> str:
         with open(self.log_path) as f:
@@ -68,13 +72,23 @@ class ServerProcess:
             return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE).group(1))
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """sig, then waits up to 60 s for the exit; AssertionError with the threads' stacks if it does not come."""
         self.proc.send_signal(sig)
-        self.proc.wait(60)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired as hung:
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the output
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+            self.proc.kill()
+            raise AssertionError(
+                f"ps-server did not exit within 60 s of signal {sig}:\n{self.output()[-20000:]}"
+            ) from hung
 
     def stop_cleanly(self) -> None:
         """SIGTERM, and asserts a clean exit (0) within 60 s; kills it otherwise."""
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            assert self.proc.wait(timeout=60) == 0, self.output()
+            self.stop()
+            assert self.proc.returncode == 0, self.output()
         finally:
             self.proc.kill()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -187,3 +189,30 @@ def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_lo
     for label, (metrics, rows) in runs.items():
         assert metrics == want_metrics, label
         np.testing.assert_array_equal(rows, want_rows)
+
+
+def test_a_sigterm_another_thread_receives_stops_a_consumer_waiting_for_a_batch():
+    """The kernel may deliver SIGTERM to any thread: a consumer waiting for the next batch still raises Terminated
+    while the pull it waits for goes on (a sync pull may wait out its barrier for minutes)."""
+    from worker.terminate import Terminated, sigterm_raises
+
+    release, taken, pulled = threading.Event(), threading.Event(), threading.Event()
+
+    def pull(b):
+        if b == 1:  # once the consumer waits for this batch, the signal lands on the prefetch thread; the pull holds
+            taken.wait(60)
+            time.sleep(0.5)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+            release.wait(20)
+            pulled.set()
+        return b
+
+    with sigterm_raises(cleanup_limit_s=None):
+        try:
+            with pytest.raises(Terminated):
+                for _ in prefetched(range(3), pull, depth=1):
+                    taken.set()
+            raised_while_the_pull_held = not pulled.is_set()
+        finally:
+            release.set()
+    assert raised_while_the_pull_held

@@ -13,6 +13,8 @@ from concurrent.futures import Future
 
 import grpc
 
+from worker.terminate import result_of
+
 
 def attempt(stub: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: float, interruptible: bool) -> object:
     """One attempt of a call: its reply, or the grpc.RpcError it failed with. interruptible: as a gRPC future,
@@ -35,11 +37,12 @@ def attempt(stub: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: floa
 
 def at_once(pool: CallThreads, calls: list, run: Callable[[tuple, int, bool], object]) -> list:
     """[run(call, its position, interruptible)] of every call at once: the first on this thread (interruptible:
-    a signal stops the wait, see attempt), the others on the pool; in order."""
+    a signal stops the wait, see attempt), the others on the pool, waited for in slices (worker.terminate's
+    result_of: a signal stops that wait too); in order."""
     if not calls:
         return []
     others = [pool.submit(run, c, i, False) for i, c in enumerate(calls[1:], start=1)]
-    return [run(calls[0], 0, True), *(f.result() for f in others)]
+    return [run(calls[0], 0, True), *(result_of(f) for f in others)]
 
 
 class CallThreads:

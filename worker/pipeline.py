@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
+from worker.terminate import SIGNAL_CHECK_S
+
 _END = object()
 
 
@@ -68,7 +70,10 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
     thread.start()
     try:
         while True:
-            item = items.get()
+            try:  # timed: a signal another thread received runs its handler here (worker.terminate)
+                item = items.get(timeout=SIGNAL_CHECK_S)
+            except queue.Empty:
+                continue
             if item is _END:
                 return
             if isinstance(item, _Failed):

@@ -24,8 +24,14 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+# How often a main thread waiting on another thread lets signal handlers run. The kernel may hand SIGTERM to any
+# thread (a gRPC one); Python runs the handler only when the main thread next runs bytecode, which an untimed
+# wait for a lock, a queue or a future would not let it do until the thing waited for came.
+SIGNAL_CHECK_S = 0.2
 EXIT_CODE = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
 CLEANUP_LIMIT_S = 120.0  # after a SIGTERM, the process exits (EXIT_CODE) by then even if its cleanup hangs
 
@@ -124,6 +130,15 @@ def signals_after_step(grace_s: float) -> Iterator[None]:
     error = _GUARD.take_pending()
     if error is not None:
         raise error
+
+
+def result_of(future: Future) -> Any:
+    """future.result(), waited for in SIGNAL_CHECK_S slices: a signal reaches the main thread meanwhile."""
+    while True:
+        try:
+            return future.result(timeout=SIGNAL_CHECK_S)
+        except FutureTimeout:
+            continue
 
 
 def signal_behind(e: BaseException) -> BaseException | None:
