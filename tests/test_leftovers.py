@@ -231,6 +231,20 @@ def test_a_predict_removes_the_partial_files_of_dead_predicts_into_its_out_only(
     assert len(lines) == 1 and str(dead) in lines[0] and "(70 bytes)" in lines[0], lines
 
 
+def test_a_predict_never_writes_through_a_link_where_its_partial_file_goes(tmp_path, monkeypatch):
+    from worker import predict
+    from worker.scoring import ScoringProgress
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("keep me")
+    partial = tmp_path / ".scores.csv.1-host-0123abcd.partial"
+    partial.symlink_to(elsewhere)
+    monkeypatch.setattr(predict, "partial_file", lambda out: str(partial))
+    with pytest.raises(OSError, match="is a link, where this writer keeps its temporary file"):
+        predict._write(str(tmp_path / "scores.csv"), [], False, False, ScoringProgress(0, False))
+    assert elsewhere.read_text() == "keep me" and partial.is_symlink()
+
+
 def test_a_partial_file_held_by_a_live_writer_of_another_pid_namespace_is_left(tmp_path):
     """A predict in a container on the host's network has this host's name and pids this host cannot see: its
     flock on the file it writes says it is alive."""

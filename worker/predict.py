@@ -160,10 +160,11 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
     leftovers.report(others, f"another predict into {out} may be running (here or on another host, or named "
                      "without its process): remove it once none is")  # fmt: skip
     partial = partial_file(out)
-    rows = 0
+    rows, opened = 0, False
     try:
         # a file name that is not UTF-8 (os.listdir's surrogate escapes) is written as the bytes it has on disk
-        with open(partial, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+        with leftovers.open_temporary(partial, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
+            opened = True
             hold_while_written(f.fileno())  # a predict of another process namespace sees it is alive
             f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
             for path, batch, probs in scored:
@@ -176,6 +177,6 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
             os.replace(partial, out)
     finally:
         progress.close()
-        if os.path.lexists(partial):
+        if opened and os.path.lexists(partial):  # what stands there when it could not be opened is not this run's
             os.remove(partial)
     return rows

@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 EXPORT_TEMPORARY = re.compile(r".+\.(?:ids|rows)\.npy\.tmp|export\.json\.tmp")
 
 
-def open_temporary(path: str, mode: str = "wb") -> IO[Any]:
+def open_temporary(path: str, mode: str = "wb", **options: Any) -> IO[Any]:
     """A new regular file at path, opened for writing, never through a link: an earlier regular file there (what
     a killed writer left) is replaced; a link, a folder or anything else there is no writer's temporary file, and
-    is refused with an OSError naming it, left as it is (writing through a link would change a file elsewhere)."""
+    is refused with an OSError naming it, left as it is (writing through a link would change a file elsewhere).
+    options: open()'s (encoding, errors, newline) for a text mode."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -49,7 +50,7 @@ def open_temporary(path: str, mode: str = "wb") -> IO[Any]:
                           "remove it (it is not one this program wrote) and run again")  # fmt: skip
         os.remove(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    return os.fdopen(os.open(path, flags, 0o644), mode)
+    return os.fdopen(os.open(path, flags, 0o644), mode, **options)
 
 
 def holds_an_export(out: str, also: re.Pattern[str] | None = None) -> bool:
