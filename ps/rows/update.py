@@ -35,14 +35,11 @@ its next push. The factor is computed in float64 and applied in float32; LAST_ST
 exact below 2**24 steps (ps.config.MAX_CLOCK). FTRL recomputes its embedding from its state at each step, so
 TableConfig refuses l2 with it (FTRL has its own l2).
 
-Callers planned next, and where each plugs in:
-- a sync step that merges several workers' pushes before one optimizer step: sum grads, shows and clicks of
-  the same id over the pushes (one Push with unique ids), journal it, and run the kernel once; nothing new here.
-- GEO deltas added without the optimizer: hyper_params(..., rule=ADD_DELTA); statistics and admission still
-  apply, the optimizer state is left as it is.
-- compact and fp16 row layouts: only `_load`, `_old` and `_store` read and write RowState.data (and `_undo`
-  puts back what `_load` read); a layout decodes its rows to float32 there and encodes them back, so rule,
-  account and check stay as they are.
+Where the callers plug in: a sync step's summed pushes (ps.engine.jobs) arrive as one push of unique ids and
+run the kernel once, like any other; geo's deltas use rule=ADD_DELTA (statistics and admission apply, the optimizer
+state is left as it is). Only `_load`, `_old` and `_store` read and write RowState.data (and `_undo` puts back what
+`_load` read): a row layout other than float32 (fp16 values at rest, say) would decode and encode there alone,
+rule, account and check staying as they are.
 """
 
 from __future__ import annotations
