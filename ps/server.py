@@ -206,14 +206,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _stop_at_end_of_stdin(stop: threading.Event) -> None:
+def _stop_at_end_of_stdin() -> None:
+    """(thread) Once standard input is closed, SIGTERM to the main thread: the stop is a SIGTERM's in every way,
+    a read-only phase of the start (--verify-on-start) ended where it is too."""
     try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
         while os.read(0, 4096):
             pass
     except OSError:  # no usable stdin: treat it as closed
         pass
-    log.info("standard input closed (the process that started this server is gone), shutting down")
-    stop.set()
+    log.info("standard input closed (the process that started this server is gone): stopping as on SIGTERM")
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
 
 def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
@@ -225,15 +227,16 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     progress = StartProgress(stop)
 
     def on_signal(signum, frame):
+        again = stop.is_set()
         log.info("received %s, shutting down%s", signal.Signals(signum).name, _stop_note(progress))
         stop.set()
-        if progress.interruptible:  # a read-only phase: stopped where it is
-            raise StartStopped(progress.describe())
+        if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
+            raise StartStopped(progress.describe())  # must not interrupt the first one's way out)
 
     signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
     if stop_with_stdin:
-        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
+        threading.Thread(target=_stop_at_end_of_stdin, name="ps-stdin", daemon=True).start()
     where = f"ps-server shard {config.shard_id}/{config.num_shards}"
     try:
         server = Server(config, progress, on_listening=lambda server: _say(

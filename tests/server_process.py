@@ -19,13 +19,18 @@ class ServerProcess:
     Python's faulthandler is on: a stop that hangs fails with every thread's stack in its message."""
 
     def __init__(
-        self, data_dir, *flags: str, shard: tuple[int, int] = (0, 1), launcher: tuple[str, ...] = ("-m", "ps")
+        self,
+        data_dir,
+        *flags: str,
+        shard: tuple[int, int] = (0, 1),
+        launcher: tuple[str, ...] = ("-m", "ps"),
+        stdin: int | None = None,
     ):
         self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
         args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", *launcher, *args, *flags], stdout=log, stderr=log
+                [sys.executable, "-X", "faulthandler", *launcher, *args, *flags], stdin=stdin, stdout=log, stderr=log
             )
 
     def output(self) -> str:

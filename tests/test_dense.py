@@ -170,6 +170,22 @@ def test_an_error_of_the_thread_is_raised_by_the_next_step_and_by_flush():
         dense.step(step_grads(2))
 
 
+def test_close_waits_a_bounded_time_for_a_push_in_flight_then_leaves_it():
+    """A stopping worker whose dense push retries against a shard that does not answer is not held by it."""
+    gate = threading.Semaphore(0)
+    tables = SgdTables(gate=gate)
+    dense = DenseSync(tables, PARAMS, staleness=1)
+    dense.pull()
+    dense.step(step_grads(0))
+    wait_until(lambda: tables.started == 1, 10, "the push of step 0")  # held at the gate
+    thread = dense._thread
+    started = time.monotonic()
+    dense.close(wait_s=0.5)
+    assert time.monotonic() - started < 5 and thread.is_alive() and thread.daemon
+    gate.release()  # the push returns; the thread sees close() and ends
+    join_thread(thread, 10, "the dense-push thread, once its push returned")
+
+
 def test_background_pushes_reach_the_servers_optimizer():
     spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
     with _tables(spec) as tables:

@@ -175,9 +175,9 @@ def test_start_progress_describes_its_phase_and_stops_only_when_asked():
     assert not progress.starting and progress.describe() == "serving" and not progress.interruptible
 
 
-def slow_server(tmp_path, gate, at: int | str, *flags: str) -> ServerProcess:
+def slow_server(tmp_path, gate, at: int | str, *flags: str, stdin: int | None = None) -> ServerProcess:
     """ps-server on tmp_path / "d", its start held at `at` until the file gate exists (tests.slow_start)."""
-    return ServerProcess(tmp_path / "d", *flags, launcher=("-m", "tests.slow_start", str(gate), str(at)))
+    return ServerProcess(tmp_path / "d", *flags, launcher=("-m", "tests.slow_start", str(gate), str(at)), stdin=stdin)
 
 
 def test_a_start_that_fails_after_listening_exits_with_its_message(tmp_path):
@@ -255,3 +255,19 @@ def test_sigterm_during_verify_on_start_stops_it_at_once(tmp_path):
             np.testing.assert_array_equal(client.pull("emb", IDS), rows)
     finally:
         again.stop_cleanly()
+
+
+def test_a_closed_stdin_stops_verify_on_start_at_once_as_sigterm_does(tmp_path):
+    """--stop-with-stdin (ps-worker's local shards): the parent gone, a long --verify-on-start ends where it is."""
+    crashed_with_a_journal(tmp_path / "d")
+    server = slow_server(tmp_path, tmp_path / "gate", "verify", "--verify-on-start", "--stop-with-stdin",
+                         stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        address = server.answering()
+        assert health_cli_once(address, "verifying every block").returncode == 3
+        server.proc.stdin.close()
+        assert server.proc.wait(60) == 0, server.output()  # the gate never opens: the reading stops where it is
+    finally:
+        server.proc.kill()
+    out = server.output()
+    assert "standard input closed" in out and "stopped during its start (verifying every block" in out, out

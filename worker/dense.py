@@ -29,6 +29,7 @@ DenseSync pulls every dense parameter at the start and then, by `staleness` k:
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from typing import Any, Protocol
 
@@ -37,9 +38,11 @@ import numpy as np
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from worker.client import PushItem
 from worker.models.spec import DenseParam
+from worker.terminate import SIGNAL_CHECK_S
 
 TABLE_PREFIX = "dense."
 DEFAULT_OPTIMIZER = OptimizerConfig("adam", 0.001)
+CLOSE_WAIT_S = 5.0  # close() waits this long at most for the background thread's push in flight
 
 
 def table_name(param: DenseParam) -> str:
@@ -146,14 +149,17 @@ class DenseSync:
         """flush(): this worker's last gradients pushed."""
         self.flush()
 
-    def close(self) -> None:
-        """Ends the background thread (if any), after its push in flight; what is pending is not pushed.
-        Idempotent."""
+    def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Ends the background thread (if any); what is pending is not pushed. A push in flight (retrying
+        against a shard that does not answer, perhaps) is waited for up to wait_s, then left to the daemon
+        thread: a stopping worker does not wait out its retries. Idempotent."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join()
+            deadline = time.monotonic() + wait_s
+            while self._thread.is_alive() and time.monotonic() < deadline:  # in slices: signals are handled
+                self._thread.join(SIGNAL_CHECK_S)
             self._thread = None
 
     # ---- the same in phases, so a training step can send them with its sparse push (staleness 0) -----------
@@ -205,7 +211,7 @@ class DenseSync:
             while self._unapplied > most_unapplied and self._error is None:
                 if self._thread is None or not self._thread.is_alive():
                     raise RuntimeError(f"{self._unapplied} dense steps unapplied and no thread to push them")
-                self._cond.wait()
+                self._cond.wait(SIGNAL_CHECK_S)  # timed: a signal another thread received is handled here
             self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
