@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import MAX_INTERVAL_S, ServerConfig
@@ -343,7 +347,41 @@ def _given_settings(args: argparse.Namespace) -> str:
     return " ".join(out) or "none"
 
 
+class _Terminated(BaseException):
+    """SIGTERM before the server's own handler is in place (ps.server.serve), or during a command."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Within the block (main thread only), SIGTERM raises _Terminated, so that a command's cleanups run (a
+    read-only view's temporary folder, an export's temporary files) and a server stopped while it imports stops
+    then: with no handler a process dies at once, or, as PID 1 of a container without an init, ignores the signal.
+    serve() puts its own handler in place within; the previous one comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """ps-server and its commands; the exit code (143 for a SIGTERM that came before the server's handler)."""
+    try:
+        with _sigterm_raises():
+            return _main(argv)
+    except _Terminated:
+        print("ps-server: terminated", file=sys.stderr, flush=True)
+        return 128 + signal.SIGTERM
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     commands = {"export": export_main, "size": size_main, "verify": verify_main, "health": health_main}
     if argv[:1] and argv[0] in commands:

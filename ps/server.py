@@ -32,6 +32,7 @@ log = logging.getLogger("ps.server")
 # (a gRPC or RocksDB one); Python then runs its handler only when the main thread next runs bytecode, which an
 # untimed wait would never let it do.
 SIGNAL_CHECK_S = 0.2
+CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -75,6 +76,7 @@ class Server:
         for name in ("", SERVICE_NAME):
             self.health.set(name, NOT_SERVING)
         self._gate = StartGate(lambda: self._starting() or "")
+        self._servicer: ParameterServerServicer | None = None  # once start() serves the shard
         self._grpc.add_generic_rpc_handlers((self._gate,))
         add_health_to_server(self.health, self._grpc)
         self.port = self._bind()
@@ -158,6 +160,7 @@ class Server:
     def start(self) -> int:
         """Serves the shard built: the calls go to it, health says SERVING, the metrics port serves its figures."""
         servicer = ParameterServerServicer(self.shard, self.metrics, max_reply_bytes=self.config.max_message_bytes)
+        self._servicer = servicer
         if self.metrics is not None:
             self.metrics.attach(self.shard)
         self._gate.open(servicer)
@@ -177,10 +180,16 @@ class Server:
     def stop(self, grace_s: float = 5.0) -> None:
         """Stops taking requests, lets running ones finish (up to grace_s), then flushes and closes the store.
         Waits of training jobs end first (UNAVAILABLE: their clients send them again, to the restarted shard), as
-        they would outlast the grace; gRPC cancels what is left at its end (clients send that again too)."""
+        they would outlast the grace; gRPC cancels what is left at its end (clients send that again too), and the
+        store is closed once the handlers of those calls returned (up to CALLS_DRAIN_S more)."""
         self.health.enter_graceful_shutdown()
         self.shard.jobs.close()
         self._grpc.stop(grace_s).wait()
+        if self._servicer is not None:  # gRPC cancelled what was left; the handlers of those calls may still run
+            running = self._servicer.calls.wait_done(CALLS_DRAIN_S)
+            if running:
+                log.warning("%d calls still running %g s after the stop (a checkpoint being written?): closing the "
+                            "store under them, they fail", running, CALLS_DRAIN_S)  # fmt: skip
         if self.metrics is not None:
             self.metrics.close()
         self.shard.close()

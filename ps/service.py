@@ -43,6 +43,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -96,6 +97,7 @@ def _rpc(method):
     @functools.wraps(method)
     def wrapper(self, request, context):
         started, code, reply = time.perf_counter(), "OK", None
+        self.calls.enter()
         try:
             if isinstance(request, codec.Undecodable):
                 raise InvalidArgumentError(request.error)
@@ -125,6 +127,7 @@ def _rpc(method):
                 code = "INTERNAL"
                 context.abort(grpc.StatusCode.INTERNAL, clip(failed))
         finally:
+            self.calls.leave()
             if self.metrics is not None:
                 out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
                 self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
@@ -255,9 +258,38 @@ class StartGate(grpc.GenericRpcHandler):
         refuse(context, ShardStartingError(self._starting()))
 
 
+class RunningCalls:
+    """How many servicer methods run now: gRPC's stop cancels the calls but leaves their handler threads running,
+    and the shard's store must not be closed under one (a checkpoint being written)."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._cond = threading.Condition()
+
+    def enter(self) -> None:
+        with self._cond:
+            self._count += 1
+
+    def leave(self) -> None:
+        with self._cond:
+            self._count -= 1
+            if not self._count:
+                self._cond.notify_all()
+
+    def wait_done(self, timeout_s: float) -> int:
+        """Waits up to timeout_s (in short slices: the main thread's signals are handled) until none runs; returns
+        how many still run."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._count and time.monotonic() < deadline:
+                self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+            return self._count
+
+
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(self, shard: Shard, metrics: ServerMetrics | None = None, max_reply_bytes: int = MAX_MESSAGE_BYTES):
         self.shard = shard
+        self.calls = RunningCalls()  # Server.stop waits for them before it closes the shard
         self.metrics = metrics  # ps.metrics.ServerMetrics, or None
         self.max_reply_bytes = max_reply_bytes  # the server's grpc.max_send_message_length
 

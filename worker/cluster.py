@@ -26,6 +26,7 @@ from ps.errors import ServerUnavailableError
 from worker.temp_dirs import keep, make_temp_dir
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+DISCARDED_STOP_S = 30.0  # cleanup() of a cluster in a root of its own: SIGTERM to SIGKILL (its rows are deleted)
 
 
 def free_port() -> int:
@@ -157,8 +158,10 @@ class LocalCluster:
         return codes
 
     def cleanup(self) -> None:
-        """stop(), and delete the root if this cluster made it."""
-        self.stop()
+        """stop(), and delete the root if this cluster made it: then the shards' final flush is of rows about to be
+        deleted, so they get DISCARDED_STOP_S, well inside a stopping worker's cleanup limit (worker.terminate),
+        before SIGKILL."""
+        self.stop(DISCARDED_STOP_S if self._own_root else 300.0)
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
         self._release()

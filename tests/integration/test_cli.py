@@ -241,3 +241,50 @@ def test_a_terminals_ctrl_c_reaches_the_trainer_not_its_local_shards(tmp_path):
     for shard in range(2):
         log = (tmp_path / f"shard-{shard}.log").read_text()
         assert "standard input closed" in log and "received SIGINT" not in log, log[-2000:]
+
+
+def test_a_sigterm_during_ps_server_verify_exits_143_and_removes_its_read_only_view(tmp_path):
+    """A command has no server's handler: SIGTERM still unwinds it, so its temporary folder goes with it."""
+    data_dir, tmp = tmp_path / "d", tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen([PY, "-m", "ps", "--port", "0", "--data-dir", str(data_dir)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        PipeReader(p.stdout).wait_for(r"listening on", 60, "the server's first line")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+    stopped_inside_the_view = (  # the view open, the signal comes: as a user's kill would, mid-verify
+        "import os, signal, sys, time\n"
+        "import ps.storage.store as store\n"
+        "opened = store._opened_read_only\n"
+        "def held(*args, **kwargs):\n"
+        "    with opened(*args, **kwargs) as got:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "        time.sleep(30)\n"
+        "        yield got\n"
+        "store._opened_read_only = store.contextlib.contextmanager(held)\n"
+        "from ps.__main__ import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    r = subprocess.run([PY, "-c", stopped_inside_the_view, "verify", str(data_dir)], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "TMPDIR": str(tmp)})  # fmt: skip
+    assert r.returncode == 143 and "ps-server: terminated" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and os.listdir(tmp) == [], (r.stderr, os.listdir(tmp))
+
+
+def test_a_sigterm_while_ps_server_imports_stops_it_cleanly(tmp_path):
+    """Before the server's own handler is in place (its imports take a second or two), a SIGTERM still ends it
+    with a message, not by the signal's default action (which PID 1 of a container would not even take)."""
+    p = subprocess.Popen([PY, "-m", "ps", "--port", "0", "--data-dir", str(tmp_path / "d")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        err = PipeReader(p.stderr)
+        err.wait_for(r"settings \(defaults left out\)", 60, "ps-server's settings line, logged before its imports")
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) in (143, 0), err.close()  # 0: the server's handler was in place by then
+        said = err.close()
+    finally:
+        p.kill()
+    assert "Traceback" not in said and ("ps-server: terminated" in said or "stopped" in said), said
