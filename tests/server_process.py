@@ -3,6 +3,7 @@ or damage its files between runs."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import re
 import signal
@@ -11,6 +12,15 @@ import sys
 import time
 
 from tests.waiting import wait_until
+
+_STARTED: list[subprocess.Popen] = []  # every server started, killed at exit if still running (a failed test's)
+
+
+@atexit.register
+def _kill_left() -> None:
+    for proc in _STARTED:
+        if proc.poll() is None:
+            proc.kill()
 
 
 class ServerProcess:
@@ -32,6 +42,7 @@ class ServerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-X", "faulthandler", *launcher, *args, *flags], stdin=stdin, stdout=log, stderr=log
             )
+        _STARTED.append(self.proc)
 
     def output(self) -> str:
         with open(self.log_path) as f:

@@ -185,7 +185,7 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang(caplog):
         with pytest.raises(
             ServerUnavailableError,
             match=rf"shard 0 at {dead}: Stats failed \(connection refused: nothing listens there\); it has been "
-            r"failing for [23] s \(server timeout 2 s\)",
+            r"failing for [2-5] s \(server timeout 2 s\)",
         ):
             client.stats()  # retried for the server timeout, then a clear error (not the deadline of one attempt)
     assert 5.0 <= time.monotonic() - started < 20

@@ -71,7 +71,7 @@ class Concurrently:
         except BaseException as e:
             self.errors[i] = e
 
-    def join(self, timeout_s: float = 60) -> list:
+    def join(self, timeout_s: float = 300) -> list:  # a hang guard: a cold cache compiles kernels first
         for t in self.threads:
             join_thread(t, timeout_s, "a worker thread")
         for e in self.errors:
@@ -277,7 +277,7 @@ def test_a_contribution_to_a_later_step_answers_the_retries_of_an_earlier_one(tm
         retry = Concurrently(
             lambda: shard.push_stamped([push(B, np.full((len(B), 4), 9.0))], 1, 0, 0, stamp(1, 2, sync=True))
         )
-        time.sleep(0.3)
+        wait_until(lambda: 2 in shard.jobs._steps, 30, "worker 1's retry of step 2 to wait")
         later = Concurrently(
             lambda: shard.push_stamped([push(A, np.full((len(A), 4), 1.0))], 1, 0, 0, stamp(0, 3, sync=True))
         )
@@ -472,8 +472,8 @@ def test_a_pull_when_every_worker_is_done_is_served_at_once(tmp_path):
         for w in range(2):
             shard.push_stamped([], 0, 0, 0, stamp(w, 2, done=True, acked=2))
         started = time.monotonic()
-        assert shard.jobs.wait_for_pull(stamp(0, 100, barrier_timeout_s=2)) == 2  # no worker left to wait for
-        assert time.monotonic() - started < 1
+        assert shard.jobs.wait_for_pull(stamp(0, 100, barrier_timeout_s=10)) == 2  # no worker left to wait for
+        assert time.monotonic() - started < 5  # at once, not at the barrier's deadline
     finally:
         shard.close()
 
@@ -550,7 +550,7 @@ def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
         before, journaled = shard.table("emb").peek(A), shard.journal.next_seq
         gathering = Concurrently(
             lambda: shard.push_stamped(
-                [push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True, barrier_timeout_s=2)
+                [push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 1, sync=True, barrier_timeout_s=5)
             )
         )
         wait_until(lambda: 1 in shard.jobs._steps, 30, "worker 0's contribution")
@@ -730,14 +730,14 @@ def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once
     gives way at once."""
     shard = open_shard(tmp_path)
     try:
-        ssp_push(shard, 0, 0, A, barrier_timeout_s=1.0)
+        ssp_push(shard, 0, 0, A, barrier_timeout_s=3.0)  # the refusals below come well inside it
         busy = r"shard 0 is running job .* \(2 of its 2 workers not done, .*cannot start here: wait .* dropped"
         with pytest.raises(JobConflictError, match=busy):
             shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 3, 0))
         with pytest.raises(JobConflictError, match=busy):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, WorkerStamp(JOB + 1, 0, 3, 0))
         assert (shard.pull("emb", B) == 0).all() and shard.stats()["job"] == JOB  # nothing applied
-        time.sleep(1.2)
+        time.sleep(3.2)
         assert shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 3, 0)) == 0  # JOB's workers are gone: a new job of 3
         assert shard.stats()["job"] == JOB + 1 and shard.stats()["num_workers"] == 3
         for w in range(3):
