@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
 from ps.config import MAX_INTERVAL_S, ServerConfig
@@ -27,6 +23,7 @@ from ps.settings import (
     warn_unknown_environment,
 )
 from ps.storage.memory import plan_memory
+from ps.terminate import EXIT_CODE, Terminated, signal_behind, sigterm_raises
 
 
 def parse_bytes(text: str) -> int:
@@ -257,11 +254,17 @@ def build_verify_parser() -> argparse.ArgumentParser:
 
 def verify_main(argv: list[str]) -> int:
     """`ps-server verify DIR`: reads every block of the shard's data dir in DIR, changing nothing, and prints what
-    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir or checkpoint.
+    it found: exit 0 if nothing is damaged, 1 if something is, 2 if DIR is not a shard's data dir or checkpoint,
+    143 if stopped by SIGTERM.
     For a checkpoint (or a shard-<i> folder of one): its manifest's checksum, each shard's files against the
     manifest's sha256s, every block of each shard's RocksDB (damage saved into the checkpoint, which the sha256s
     cover, is found only so), and its rows against the manifest's counts."""
     args = build_verify_parser().parse_args(argv)
+    with sigterm_raises():  # a stop removes the read-only view (ps.terminate; main() says it)
+        return _verify(args)
+
+
+def _verify(args: argparse.Namespace) -> int:
     from ps.storage.verify import verify_data_dir
 
     try:
@@ -291,8 +294,14 @@ def build_export_parser() -> argparse.ArgumentParser:
 def export_main(argv: list[str]) -> int:
     """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: per table
     `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
-    `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message."""
+    `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message (143: stopped
+    by SIGTERM, its temporary files removed)."""
     args = build_export_parser().parse_args(argv)
+    with sigterm_raises():  # a stop removes the read-only view and the temporary files (ps.terminate)
+        return _export(args)
+
+
+def _export(args: argparse.Namespace) -> int:
     from ps.engine.restore import export
     from ps.storage.leftovers import EXPORT_TEMPORARY
 
@@ -347,38 +356,25 @@ def _given_settings(args: argparse.Namespace) -> str:
     return " ".join(out) or "none"
 
 
-class _Terminated(BaseException):
-    """SIGTERM before the server's own handler is in place (ps.server.serve), or during a command."""
-
-
-@contextlib.contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Within the block (main thread only), SIGTERM raises _Terminated, so that a command's cleanups run (a
-    read-only view's temporary folder, an export's temporary files) and a server stopped while it imports stops
-    then: with no handler a process dies at once, or, as PID 1 of a container without an init, ignores the signal.
-    serve() puts its own handler in place within; the previous one comes back after."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminated(signum: int, frame: object) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(argv: list[str] | None = None) -> int:
-    """ps-server and its commands; the exit code (143 for a SIGTERM that came before the server's handler)."""
+    """ps-server and its commands; the exit code. Once its arguments are read, a SIGTERM before the server's own
+    handler is in place (its imports, ps.server.serve) or during `export` or `verify` ends the program with its
+    cleanups run (a read-only view's temporary folder, an export's temporary files), 'ps-server: terminated' and
+    EXIT_CODE (143): with no handler a process dies at once, or, as PID 1 of a container without an init, ignores
+    the signal. (sigterm_raises imports numba for its guard: not before `--help`.)"""
     try:
-        with _sigterm_raises():
-            return _main(argv)
-    except _Terminated:
+        return _main(argv)
+    except Terminated:
         print("ps-server: terminated", file=sys.stderr, flush=True)
-        return 128 + signal.SIGTERM
+        return EXIT_CODE
+    except KeyboardInterrupt:  # Ctrl-C before the server's handler, or during a command
+        print("ps-server: interrupted", file=sys.stderr, flush=True)
+        return 130
+    except SystemError as e:  # numba's callbacks into Python carry a signal's exception this way (ps.terminate)
+        if not isinstance(signal_behind(e), Terminated):
+            raise
+        print("ps-server: terminated", file=sys.stderr, flush=True)
+        return EXIT_CODE
 
 
 def _main(argv: list[str] | None) -> int:
@@ -399,6 +395,11 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as e:
         parser.error(str(e))
     args = parser.parse_args(argv)
+    with sigterm_raises():  # until serve() puts its own handler in place (ps.terminate; main() says it)
+        return _run_server(args)
+
+
+def _run_server(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.memory_bytes is not None:
         tune_malloc(BOUNDED_TRIM_THRESHOLD, BOUNDED_MMAP_THRESHOLD)

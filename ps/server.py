@@ -25,13 +25,10 @@ from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
+from ps.terminate import SIGNAL_CHECK_S
 
 log = logging.getLogger("ps.server")
 
-# How often the main thread, waiting for a stop, looks for a signal. The kernel may hand SIGTERM to any thread
-# (a gRPC or RocksDB one); Python then runs its handler only when the main thread next runs bytecode, which an
-# untimed wait would never let it do.
-SIGNAL_CHECK_S = 0.2
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
 
 
@@ -259,7 +256,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     _say(f"{where} listening on {config.host}:{port} (data dir {config.data_dir}: {server.shard.describe_start()})")
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
-    while not stop.wait(SIGNAL_CHECK_S):
+    while not stop.wait(SIGNAL_CHECK_S):  # in slices: a SIGTERM another thread received (ps.terminate)
         pass
     code = stop_server(server, config.shard_id)
     if code:

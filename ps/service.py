@@ -73,6 +73,7 @@ from ps.errors import (
     echo,
 )
 from ps.stamp import WorkerStamp
+from ps.terminate import SIGNAL_CHECK_S
 
 if TYPE_CHECKING:
     from ps.metrics import ServerMetrics
@@ -92,7 +93,8 @@ def refuse(context: grpc.ServicerContext, e: PsError) -> None:
 
 def _rpc(method):
     """Runs a servicer method; turns a request that did not decode and exceptions into a status code and message
-    (one place for all RPCs), and records the call in the servicer's metrics (if any)."""
+    (one place for all RPCs), records the call in the servicer's metrics (if any), and counts it as running
+    (RunningCalls) while it does."""
 
     @functools.wraps(method)
     def wrapper(self, request, context):
@@ -127,10 +129,10 @@ def _rpc(method):
                 code = "INTERNAL"
                 context.abort(grpc.StatusCode.INTERNAL, clip(failed))
         finally:
-            self.calls.leave()
             if self.metrics is not None:
                 out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
                 self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
+            self.calls.leave()  # last: Server.stop closes the metrics and the shard once none runs
 
     return wrapper
 
@@ -277,12 +279,12 @@ class RunningCalls:
                 self._cond.notify_all()
 
     def wait_done(self, timeout_s: float) -> int:
-        """Waits up to timeout_s (in short slices: the main thread's signals are handled) until none runs; returns
-        how many still run."""
+        """Waits up to timeout_s (in slices of SIGNAL_CHECK_S: the main thread's signals are handled) until none
+        runs; returns how many still run."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._count and time.monotonic() < deadline:
-                self._cond.wait(min(0.2, max(0.0, deadline - time.monotonic())))
+                self._cond.wait(min(SIGNAL_CHECK_S, max(0.0, deadline - time.monotonic())))
             return self._count
 
 

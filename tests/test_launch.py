@@ -855,7 +855,7 @@ def test_a_child_of_child_setup_dies_with_its_killed_parent_in_the_parents_group
     pid_file = tmp_path / "child.pid"
     parent = subprocess.Popen([sys.executable, "-c", (
         "import subprocess, sys, time\n"
-        "from worker.terminate import child_setup\n"
+        "from ps.terminate import child_setup\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], "
         "preexec_fn=child_setup(own_group=False))\n"
         f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"

@@ -36,6 +36,7 @@ FOUNDATION = {
     "ps.codec",
     "ps.progress",
     "ps.stamp",
+    "ps.terminate",
 }
 PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__"}  # fmt: skip
@@ -50,6 +51,7 @@ WORKER_MAY_IMPORT = {
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
     "ps.progress",  # the bar or plain lines of a long count (export, eval, predict)
+    "ps.terminate",  # SIGTERM as an exception, child processes that die with their parent, waits signals end
     "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)
     "ps.storage.leftovers",  # an export's leftovers in its OUT, which ps-server export removes too (stdlib only)
 }  # fmt: skip

@@ -194,7 +194,7 @@ def test_training_computes_with_exactly_the_rows_of_a_plain_pull_compute_push_lo
 def test_a_sigterm_another_thread_receives_stops_a_consumer_waiting_for_a_batch():
     """The kernel may deliver SIGTERM to any thread: a consumer waiting for the next batch still raises Terminated
     while the pull it waits for goes on (a sync pull may wait out its barrier for minutes)."""
-    from worker.terminate import Terminated, sigterm_raises
+    from ps.terminate import Terminated, sigterm_raises
 
     release, taken, pulled = threading.Event(), threading.Event(), threading.Event()
 

@@ -20,6 +20,7 @@ import pytest
 
 from ps.errors import ServerUnavailableError
 from ps.stamp import WorkerStamp
+from ps.terminate import Terminated
 from tests.conftest import TEST_ROWS, TRAIN_ROWS
 from tests.waiting import wait_until
 from worker.__main__ import build_parser, main
@@ -31,7 +32,6 @@ from worker.results import EVAL_LEFT_TO_LAUNCH, format_results, local_shards_gon
 from worker.schema_infer import infer_schema_text
 from worker.served import evaluate_servers
 from worker.temp_dirs import KEPT, remove_stale_temp_dirs
-from worker.terminate import Terminated
 from worker.train import train
 from worker.train_config import TrainConfig
 
@@ -703,7 +703,7 @@ def test_a_sigterm_while_numba_compiles_raises_once_the_kernel_is_compiled():
     import numba
     from numba.core import event
 
-    from worker.terminate import sigterm_raises
+    from ps.terminate import sigterm_raises
 
     @numba.njit(cache=False)
     def add(a, b):
@@ -791,7 +791,7 @@ def test_a_signal_inside_a_step_waits_for_its_end_or_its_grace(signum, error):
     past the grace (a barrier's wait), inside it then."""
     import time
 
-    from worker.terminate import signals_after_step, sigterm_raises
+    from ps.terminate import signals_after_step, sigterm_raises
 
     reached = []
     with sigterm_raises(cleanup_limit_s=None), pytest.raises(error), signals_after_step(5.0):

@@ -19,6 +19,8 @@ from ps.settings import (
     reader_gone,
     warn_unknown_environment,
 )
+from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
+from ps.terminate import Terminated, signal_behind, sigterm_raises
 from worker.cli_predict import add_predict_parser, run_predict
 from worker.cli_train import (
     SECONDS,
@@ -31,8 +33,6 @@ from worker.cli_train import (
 )
 from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter, server_list
 from worker.launch import add_launch_parser, run_launch
-from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from worker.terminate import Terminated, signal_behind, sigterm_raises
 
 
 def _add_synth(sub) -> None:
@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("ps-worker: terminated", file=sys.stderr)
         return TERMINATED_EXIT_CODE
-    except SystemError as e:  # numba's callbacks into Python carry a signal's exception this way (worker/terminate.py)
+    except SystemError as e:  # numba's callbacks into Python carry a signal's exception this way (ps/terminate.py)
         behind = signal_behind(e)
         if behind is None:
             raise

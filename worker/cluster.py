@@ -159,7 +159,7 @@ class LocalCluster:
 
     def cleanup(self) -> None:
         """stop(), and delete the root if this cluster made it: then the shards' final flush is of rows about to be
-        deleted, so they get DISCARDED_STOP_S, well inside a stopping worker's cleanup limit (worker.terminate),
+        deleted, so they get DISCARDED_STOP_S, well inside a stopping worker's cleanup limit (ps.terminate),
         before SIGKILL."""
         self.stop(DISCARDED_STOP_S if self._own_root else 300.0)
         if self._own_root:
@@ -177,7 +177,7 @@ class LocalCluster:
         try:
             self.start()
         except BaseException as e:
-            if not isinstance(e, Exception):  # KeyboardInterrupt, worker.terminate.Terminated
+            if not isinstance(e, Exception):  # KeyboardInterrupt, ps.terminate.Terminated
                 self.cleanup()
             elif self._own_root:
                 first_line = str(e).splitlines()[0] if str(e) else repr(e)

@@ -11,7 +11,8 @@ loop `values`, the weights the next forward uses, and takes each step's gradient
     inline True:   the loop sends add() / push_items() with its sparse push and take()s the rows it returns
     inline False:  the loop calls step(grads)
     flush():       every gradient given so far applied, values fresh, the model on the servers complete
-    close():       threads stopped (idempotent); syncs counts the pushes (or allreduces) done
+    close():       threads stopped, or left to end a push in flight (idempotent); syncs counts the pushes (or
+                   allreduces) done
 DenseSync pulls every dense parameter at the start and then, by `staleness` k:
     k = 0 (inline): it adds up the gradients, and every `sync_every` steps the loop pushes the sum with its
         sparse push and takes the new values the push returns; between syncs a step computes with the values
@@ -23,7 +24,8 @@ DenseSync pulls every dense parameter at the start and then, by `staleness` k:
         the values step s computes with (steps counted from 0, values read after step s - 1's step() returns)
         include the gradients of every step before s - k, and of steps s - k .. s - 1 those whose push returned.
         An error of the thread is raised by the next step() or flush(); close() ends the thread, dropping what
-        is pending (flush() first to keep it). pull() flushes first.
+        is pending (flush() first to keep it), or, when its push in flight outlasts CLOSE_WAIT_S (a shard that
+        does not answer), leaves it to that push as a daemon. pull() flushes first.
 """
 
 from __future__ import annotations
@@ -36,9 +38,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
+from ps.terminate import SIGNAL_CHECK_S
 from worker.client import PushItem
 from worker.models.spec import DenseParam
-from worker.terminate import SIGNAL_CHECK_S
 
 TABLE_PREFIX = "dense."
 DEFAULT_OPTIMIZER = OptimizerConfig("adam", 0.001)

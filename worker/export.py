@@ -26,10 +26,10 @@ from typing import Any
 
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError
 from ps.storage import leftovers
+from ps.terminate import child_setup
 from worker.checkpoint import save
 from worker.flags import check_new_dir
 from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints, export_checkpoint_dir
-from worker.terminate import child_setup
 
 
 def export_command(args: Any, client: Callable[[Any], Any]) -> int:

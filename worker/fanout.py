@@ -13,7 +13,7 @@ from concurrent.futures import Future
 
 import grpc
 
-from worker.terminate import result_of
+from ps.terminate import result_of
 
 
 def attempt(stub: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: float, interruptible: bool) -> object:
@@ -37,7 +37,7 @@ def attempt(stub: grpc.UnaryUnaryMultiCallable, request: object, timeout_s: floa
 
 def at_once(pool: CallThreads, calls: list, run: Callable[[tuple, int, bool], object]) -> list:
     """[run(call, its position, interruptible)] of every call at once: the first on this thread (interruptible:
-    a signal stops the wait, see attempt), the others on the pool, waited for in slices (worker.terminate's
+    a signal stops the wait, see attempt), the others on the pool, waited for in slices (ps.terminate's
     result_of: a signal stops that wait too); in order."""
     if not calls:
         return []

@@ -48,14 +48,14 @@ from typing import Any
 
 from ps.errors import PsError
 from ps.settings import unknown_environment
+from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
+from ps.terminate import Terminated, child_setup, sigterm_raises
 from worker.cluster import free_port
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
 from worker.results import json_figures, local_shards_gone, model_kept
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
-from worker.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from worker.terminate import Terminated, child_setup, sigterm_raises
 
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")

@@ -37,6 +37,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ps.errors import PsError
+from ps.terminate import signals_after_step
 from worker.batch import Batch, table_ids
 from worker.best import BestModel
 from worker.dense import DensePath
@@ -47,7 +48,6 @@ from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, a
 from worker.scoring import evaluate, field_tables
 from worker.step import Prepared, Step
 from worker.steprows import AsyncRows
-from worker.terminate import signals_after_step
 from worker.train_stream import Limit, Skipping
 
 

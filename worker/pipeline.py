@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from worker.terminate import SIGNAL_CHECK_S
+from ps.terminate import SIGNAL_CHECK_S
 
 _END = object()
 
@@ -70,7 +70,7 @@ def prefetched(batches: Iterable, pull: Callable, depth: int = 1) -> Iterator[tu
     thread.start()
     try:
         while True:
-            try:  # timed: a signal another thread received runs its handler here (worker.terminate)
+            try:  # timed: a signal another thread received runs its handler here (ps.terminate)
                 item = items.get(timeout=SIGNAL_CHECK_S)
             except queue.Empty:
                 continue

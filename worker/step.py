@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from ps.terminate import result_of
 from worker.batch import Batch, TableIds
 from worker.dense import DensePath
 from worker.models.spec import ModelSpec
 from worker.scoring import model_inputs
-from worker.terminate import result_of
 
 
 class Step:
@@ -42,7 +42,7 @@ class Step:
         else:  # the rows' push in flight (on a thread) while the MLP's step runs here
             pushing = self.pusher.submit(source.push, item.step, tids, row_grads, [])
             dense.step(dense_grads)
-            result_of(pushing)  # a signal another thread received is handled meanwhile (worker.terminate)
+            result_of(pushing)  # a signal another thread received is handled meanwhile (ps.terminate)
         return probs
 
 

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ps.errors import PsError
+from ps.terminate import Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
 from worker.pipeline import RecentRows, in_any
-from worker.terminate import Terminated, signal_behind
 
 if TYPE_CHECKING:
     from worker.client import WorkerStamp

@@ -166,6 +166,10 @@ def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tupl
         if view is not None:
             shutil.rmtree(view, ignore_errors=True)
         view = None
+    except BaseException:  # a SIGTERM (ps.terminate) while the view is made: it goes too
+        if view is not None:
+            shutil.rmtree(view, ignore_errors=True)
+        raise
     with contextlib.ExitStack() as cleanup:
         if view is not None:
             cleanup.callback(shutil.rmtree, view, True)

@@ -128,7 +128,8 @@ def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_server(tmp
         out.wait_for(r"listening on 127\.0\.0\.1:\d+", 60, "the server's first line")
         tasks = f"/proc/{p.pid}/task"
         names = {int(t): pathlib.Path(f"{tasks}/{t}/comm").read_text().strip() for t in os.listdir(tasks)}
-        flusher = next(t for t, name in names.items() if name == "ps-flusher")  # not the main thread
+        flusher = next((t for t, name in names.items() if name == "ps-flusher"), None)  # not the main thread
+        assert flusher is not None, f"no thread named ps-flusher among {sorted(names.values())}"
         assert ctypes.CDLL(None, use_errno=True).tgkill(p.pid, flusher, signal.SIGTERM) == 0
         assert p.wait(timeout=30) == 0
         assert "stopped cleanly" in err.close()
