@@ -102,39 +102,34 @@ def test_bad_arguments_fail_with_a_message_not_a_traceback(tmp_path):
     assert r.returncode == 2 and "--shard-id 3 must be in 0..1 (--num-shards 2)" in r.stderr
 
 
-def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path):
+def _sigterm_to_a_thread_not_the_main_one(pid: int) -> None:
+    import ctypes
+
+    tasks = f"/proc/{pid}/task"
+    names = {int(t): pathlib.Path(f"{tasks}/{t}/comm").read_text().strip() for t in os.listdir(tasks)}
+    flusher = next((t for t, name in names.items() if name == "ps-flusher"), None)
+    assert flusher is not None, f"no thread named ps-flusher among {sorted(names.values())}"
+    assert ctypes.CDLL(None, use_errno=True).tgkill(pid, flusher, signal.SIGTERM) == 0
+
+
+@pytest.mark.parametrize("to_a_thread", [False, True], ids=["to the process", "to a thread not the main one"])
+def test_server_prints_its_port_and_stops_cleanly_on_sigterm(tmp_path, to_a_thread):
+    """The kernel may deliver a process's SIGTERM to any of its threads; the main thread acts on it either way."""
     p = subprocess.Popen([PY, "-m", "ps", "--port", "0", "--data-dir", str(tmp_path)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         out, err = PipeReader(p.stdout), PipeReader(p.stderr)
         out.wait_for(r"listening on 127\.0\.0\.1:\d+", 60, "the server's first line")
-        p.send_signal(signal.SIGTERM)
+        if to_a_thread:
+            _sigterm_to_a_thread_not_the_main_one(p.pid)
+        else:
+            p.send_signal(signal.SIGTERM)
         assert p.wait(timeout=30) == 0
         assert "stopped cleanly" in err.close()
     finally:
         p.kill()
     r = run("-m", "ps", "--data-dir", str(tmp_path), "--shard-id", "1", "--num-shards", "2")
     assert r.returncode == 2 and "belongs to shard 0 of 1" in r.stderr
-
-
-def test_a_sigterm_the_kernel_hands_to_another_thread_still_stops_the_server(tmp_path):
-    """The kernel may deliver a process's SIGTERM to any of its threads; the main thread must still act on it."""
-    import ctypes
-
-    p = subprocess.Popen([PY, "-m", "ps", "--port", "0", "--data-dir", str(tmp_path)], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        out, err = PipeReader(p.stdout), PipeReader(p.stderr)
-        out.wait_for(r"listening on 127\.0\.0\.1:\d+", 60, "the server's first line")
-        tasks = f"/proc/{p.pid}/task"
-        names = {int(t): pathlib.Path(f"{tasks}/{t}/comm").read_text().strip() for t in os.listdir(tasks)}
-        flusher = next((t for t, name in names.items() if name == "ps-flusher"), None)  # not the main thread
-        assert flusher is not None, f"no thread named ps-flusher among {sorted(names.values())}"
-        assert ctypes.CDLL(None, use_errno=True).tgkill(p.pid, flusher, signal.SIGTERM) == 0
-        assert p.wait(timeout=30) == 0
-        assert "stopped cleanly" in err.close()
-    finally:
-        p.kill()
 
 
 def test_a_taken_port_is_a_clear_error_and_leaves_the_data_dir_alone(tmp_path):
