@@ -182,13 +182,13 @@ def sigterm_raises(cleanup_limit_s: float | None = CLEANUP_LIMIT_S) -> Iterator[
         if error is not None:
             raise error
 
-    _GUARD.install()
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
     previous_int = signal.signal(signal.SIGINT, raise_interrupt) if interrupting else None
     previous_nudge = signal.signal(RAISE_PENDING_SIGNAL, raise_pending)
-    _GUARD.handling = True
     try:
+        _GUARD.install()  # after the handlers: importing numba takes a second, in which a SIGTERM counts too
+        _GUARD.handling = True
         yield
     finally:
         _GUARD.handling = False
