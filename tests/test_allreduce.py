@@ -175,6 +175,28 @@ def test_one_worker_creates_and_destroys_its_group(monkeypatch):
             dense.step(grads_of(0, 0))
 
 
+def test_a_one_worker_run_forms_its_group_with_no_rendezvous_variables_left_behind(monkeypatch):
+    """ps-worker train --dense allreduce alone needs no launcher: the variables it sets for its group of one go
+    once the group is formed (a later run in the process, or a child it starts, does not inherit them)."""
+    import types
+
+    from worker.job import dense_path
+
+    for var in ENV_VARS:
+        monkeypatch.delenv(var, raising=False)
+    cfg = types.SimpleNamespace(dense="allreduce", dense_optimizer="adam", dense_learning_rate=0.001, num_workers=1,
+                                device="cpu", barrier_timeout_s=30.0)  # fmt: skip
+    spec = ModelSpec("dnn", uniform_fields(3, 4), num_dense=2, hidden=(8, 8))
+    with dense_tables() as tables:
+        dense = dense_path(cfg, tables, spec)
+        try:
+            assert isinstance(dense, AllReduceDense) and (dense.rank, dense.world_size) == (0, 1)
+            assert [v for v in ENV_VARS if v in os.environ] == []
+            dense.pull()
+        finally:
+            dense.close()
+
+
 def test_missing_environment_variables_are_named(monkeypatch):
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
