@@ -129,10 +129,12 @@ def _rpc(method):
                 code = "INTERNAL"
                 context.abort(grpc.StatusCode.INTERNAL, clip(failed))
         finally:
-            if self.metrics is not None:
-                out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
-                self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
-            self.calls.leave()  # last: Server.stop closes the metrics and the shard once none runs
+            try:
+                if self.metrics is not None:
+                    out = len(reply) if isinstance(reply, bytes) else (reply.ByteSize() if reply is not None else 0)
+                    self.metrics.observe(method.__name__, code, time.perf_counter() - started, request.ByteSize(), out)
+            finally:
+                self.calls.leave()  # last: Server.stop closes the metrics and the shard once none runs
 
     return wrapper
 
