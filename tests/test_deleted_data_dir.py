@@ -28,6 +28,7 @@ from tests.server_process import ServerProcess
 from tests.waiting import wait_until
 
 TIMEOUT_S = 30
+COMPILE_S = 120  # a call that may compile kernels first (a cold numba cache, a loaded host)
 DIM = 4
 FOUND_S = 10  # the check runs about once a second; generous on a loaded machine
 
@@ -158,8 +159,8 @@ def test_a_data_dir_deleted_under_a_server_process(tmp_path):
         channel = grpc.insecure_channel(address)
         stub = ps_pb2_grpc.ParameterServerStub(channel)
         stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
-        for _ in range(5):
-            stub.Push(push_request(np.arange(1, 100), 0.1), timeout=TIMEOUT_S)
+        for _ in range(5):  # the first may compile the push kernels (a cold numba cache): COMPILE_S
+            stub.Push(push_request(np.arange(1, 100), 0.1), timeout=COMPILE_S)
         shutil.rmtree(data_dir)
         wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
         e = refused(lambda: stub.Push(push_request([1, 2], 0.1), timeout=TIMEOUT_S))
@@ -217,7 +218,7 @@ def test_a_kill_after_a_deleted_segment_is_found_and_flushed_loses_no_acknowledg
         with grpc.insecure_channel(address) as channel:
             stub = ps_pb2_grpc.ParameterServerStub(channel)
             stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
-            stub.Push(push_request(ids, 0.01), timeout=TIMEOUT_S)  # the first segment: made by the first push
+            stub.Push(push_request(ids, 0.01), timeout=COMPILE_S)  # the first segment: made by the first push
             for name in os.listdir(data_dir / "journal"):
                 os.remove(data_dir / "journal" / name)
             while True:  # pushes until refused: the ones acknowledged went into the deleted segment, as the first

@@ -35,7 +35,7 @@ def test_measure_counts_every_file_under_the_dir_and_reads_the_file_system(tmp_p
     fs = os.statvfs(tmp_path)
     assert space.data_dir_bytes == du(tmp_path) == 5097
     assert space.disk_total_bytes == fs.f_blocks * fs.f_frsize
-    assert abs(space.disk_free_bytes - fs.f_bavail * fs.f_frsize) < 64 << 20  # others may write meanwhile
+    assert abs(space.disk_free_bytes - fs.f_bavail * fs.f_frsize) < 512 << 20  # the other test process writes meanwhile
     assert 0 < space.disk_free_bytes <= space.disk_total_bytes
 
 
@@ -182,4 +182,6 @@ def test_stats_reports_the_data_dirs_bytes_and_its_disks_space(servers):
         )
         assert reply.disk_total_bytes == fs.f_blocks * fs.f_frsize
         assert 0 < reply.disk_free_bytes <= reply.disk_total_bytes
-        assert abs(reply.disk_free_bytes - fs.f_bavail * fs.f_frsize) < 64 << 20  # others may write meanwhile
+        assert (
+            abs(reply.disk_free_bytes - fs.f_bavail * fs.f_frsize) < 512 << 20
+        )  # the other test process writes meanwhile

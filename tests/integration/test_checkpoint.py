@@ -65,7 +65,7 @@ def test_save_while_pushing_then_restore_onto_1_2_and_3_shards(tmp_path):
     original, addresses = start_servers(tmp_path / "original", 2)
     checkpoint = tmp_path / "ckpt"
     try:
-        with Client(addresses) as client:
+        with Client(addresses, timeout_s=300) as client:  # the suite's first test: its pushes compile the kernels
             for t in (EMB, DENSE, BUSY):
                 client.create_table(t)
             rng = np.random.default_rng(0)

@@ -34,7 +34,8 @@ def test_every_acknowledged_push_survives_kill_9(tmp_path):
     addresses = cluster.start()
     acked = 0
     try:
-        with Client(addresses, timeout_s=10, server_timeout_s=0) as client:
+        # 120 s a call: a cold numba cache compiles the push kernels in the first push (30 s under load)
+        with Client(addresses, timeout_s=120, server_timeout_s=0) as client:
             client.wait_ready()
             client.create_table(TableConfig("c", DIM, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0)))
             # kill -9 from another thread once 30 pushes are acknowledged, while the next ones are in flight

@@ -27,7 +27,12 @@ def test_workers_push_exact_sums_that_survive_a_restart(tmp_path):
                 )
                 for w in range(WORKERS)
             ]
-            assert [p.wait(timeout=120) for p in procs] == [0] * WORKERS
+            try:
+                assert [p.wait(timeout=120) for p in procs] == [0] * WORKERS
+            finally:  # a pusher still running after a failure would retry against the stopped shards for minutes
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
             shared = client.pull("sum", SHARED)
             own = [client.pull("sum", own_ids(w)) for w in range(WORKERS)]
             np.testing.assert_array_equal(shared, np.tile(expected_shared(WORKERS, ROUNDS), (len(SHARED), 1)))

@@ -20,7 +20,7 @@ def test_allreduce_workers_with_unequal_batch_counts_finish_and_leave_the_mlp_on
         [sys.executable, "-m", "worker", "launch", "--workers", "2", "--local-shards", "1", "--backends", "torch",
          "--metrics-out", str(out), "--no-progress", "--model", "dnn", "--hidden", "16", "--dense", "allreduce",
          "--recipe", "large", "--synthetic-rows", "1001", "--batch-size", "100", "--synthetic-eval-rows", "2000",
-         "--dense-learning-rate", "0.01", "--barrier-timeout", "30"],
+         "--dense-learning-rate", "0.01", "--barrier-timeout", "120"],
         capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
