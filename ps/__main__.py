@@ -302,6 +302,7 @@ def export_main(argv: list[str]) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from ps.checkpoint import table_patterns
     from ps.engine.restore import export
     from ps.storage.leftovers import EXPORT_TEMPORARY
 
@@ -315,11 +316,8 @@ def _export(args: argparse.Namespace) -> int:
         print(f"ps-server export: error: --out {args.out} holds {what} ({', '.join(held[:3])}"
               f"{', ...' if len(held) > 3 else ''}): give a new or empty directory, or --overwrite", file=sys.stderr)  # fmt: skip
         return 2
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()] if args.tables is not None else None
-    if tables == []:
-        print(f"ps-server export: error: --tables {args.tables!r} names no table", file=sys.stderr)
-        return 2
     try:
+        tables = None if args.tables is None else table_patterns(args.tables)
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables)
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)

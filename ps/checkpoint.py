@@ -178,6 +178,15 @@ def read_manifest(directory: str) -> dict:
     return manifest
 
 
+def table_patterns(text: str) -> list[str]:
+    """The table names or fnmatch patterns of an export's --tables (comma-separated, spaces around each dropped);
+    ValueError when it names none."""
+    patterns = [t.strip() for t in text.split(",") if t.strip()]
+    if not patterns:
+        raise ValueError(f"--tables {text!r} names no table: give table names or patterns, or leave it out")
+    return patterns
+
+
 def slot_range(shard_id: int, num_shards: int) -> tuple[int, int]:
     """[lo, hi) of the slots shard_id of num_shards owns (contiguous ranges, as SlotMap.contiguous)."""
     slots = SlotMap.contiguous(num_shards).slots_of_shard(shard_id)

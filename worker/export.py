@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ps.checkpoint import table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError
 from ps.storage import leftovers
 from ps.terminate import child_setup
@@ -37,8 +38,8 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     Returns the exit code."""
     kept = os.path.join(args.out, "checkpoint")
     fresh = export_checkpoint_dir(args.out)
-    if args.tables is not None and not [t for t in args.tables.split(",") if t.strip()]:
-        raise ValueError(f"--tables {args.tables!r} names no table: give table names or patterns, or leave it out")
+    if args.tables is not None:
+        table_patterns(args.tables)  # ValueError for one that names none, before any server is asked
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"OUT {args.out} exists and is not a directory; give a new or empty directory")
     if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
