@@ -23,7 +23,7 @@ from ps.settings import (
     warn_unknown_environment,
 )
 from ps.storage.memory import plan_memory
-from ps.terminate import EXIT_CODE, Terminated, signal_behind, sigterm_raises
+from ps.terminate import Terminated, sigterm_raises, stopped_by_signal
 
 
 def parse_bytes(text: str) -> int:
@@ -362,17 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     the signal. (sigterm_raises imports numba for its guard: not before `--help`.)"""
     try:
         return _main(argv)
-    except Terminated:
-        print("ps-server: terminated", file=sys.stderr, flush=True)
-        return EXIT_CODE
-    except KeyboardInterrupt:  # Ctrl-C before the server's handler, or during a command
-        print("ps-server: interrupted", file=sys.stderr, flush=True)
-        return 130
-    except SystemError as e:  # numba's callbacks into Python carry a signal's exception this way (ps.terminate)
-        if not isinstance(signal_behind(e), Terminated):
+    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (ps.terminate)
+        stopped = stopped_by_signal(e)
+        if stopped is None:
             raise
-        print("ps-server: terminated", file=sys.stderr, flush=True)
-        return EXIT_CODE
+        print(f"ps-server: {stopped[0]}", file=sys.stderr, flush=True)
+        return stopped[1]
 
 
 def _main(argv: list[str] | None) -> int:

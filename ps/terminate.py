@@ -142,6 +142,16 @@ def result_of(future: Future) -> Any:
             continue
 
 
+def stopped_by_signal(e: BaseException) -> tuple[str, int] | None:
+    """("interrupted", 130) for a Ctrl-C, ("terminated", EXIT_CODE) for a SIGTERM: e is KeyboardInterrupt or
+    Terminated, or carries one (signal_behind); None for anything else. A program's main says the word and exits
+    with the code."""
+    behind = signal_behind(e)
+    if behind is None:
+        return None
+    return ("interrupted", 128 + signal.SIGINT) if isinstance(behind, KeyboardInterrupt) else ("terminated", EXIT_CODE)
+
+
 def signal_behind(e: BaseException) -> BaseException | None:
     """The KeyboardInterrupt or Terminated that e was raised from or while handling (its __cause__ or __context__
     chain), else None: numba's compiled code that calls back into Python (unpickling a cached kernel's constants)

@@ -19,8 +19,7 @@ from ps.settings import (
     reader_gone,
     warn_unknown_environment,
 )
-from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from ps.terminate import Terminated, signal_behind, sigterm_raises
+from ps.terminate import Terminated, sigterm_raises, stopped_by_signal
 from worker.cli_predict import add_predict_parser, run_predict
 from worker.cli_train import (
     SECONDS,
@@ -361,19 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("ps-worker: interrupted", file=sys.stderr)
-        return 130
-    except Terminated:
-        print("ps-worker: terminated", file=sys.stderr)
-        return TERMINATED_EXIT_CODE
-    except SystemError as e:  # numba's callbacks into Python carry a signal's exception this way (ps/terminate.py)
-        behind = signal_behind(e)
-        if behind is None:
+    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (ps.terminate)
+        stopped = stopped_by_signal(e)
+        if stopped is None:
             raise
-        interrupted = isinstance(behind, KeyboardInterrupt)
-        print(f"ps-worker: {'interrupted' if interrupted else 'terminated'}", file=sys.stderr)
-        return 130 if interrupted else TERMINATED_EXIT_CODE
+        print(f"ps-worker: {stopped[0]}", file=sys.stderr)
+        return stopped[1]
 
 
 def _run_command(args, rest: list[str]) -> int:
