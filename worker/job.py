@@ -147,21 +147,19 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> DensePath:
 
         if importlib.util.find_spec("torch") is None:
             raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed): {TORCH_HINT}")
-        if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:  # a group of one needs no launcher: its
-            from worker.cluster import free_port  # rendezvous variables only while the group forms
+        group: dict[str, str] = {}  # a group of one needs no launcher: its rendezvous, set while it forms
+        if cfg.num_workers == 1 and "WORLD_SIZE" not in os.environ:
+            from worker.cluster import free_port
 
             group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
-            os.environ.update(group)
-            try:
-                return AllReduceDense(
-                    tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
-                )
-            finally:  # a later run in this process (a test's) or a child it starts does not inherit them
-                for name in group:
-                    os.environ.pop(name, None)
-        return AllReduceDense(
-            tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
-        )
+        os.environ.update(group)
+        try:
+            return AllReduceDense(
+                tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
+            )
+        finally:  # a later run in this process (a test's) or a child it starts does not inherit them
+            for name in group:
+                os.environ.pop(name, None)
     return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
 
 
