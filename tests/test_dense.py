@@ -131,13 +131,19 @@ def test_the_values_of_step_s_include_every_step_before_s_minus_k(staleness):
     dense.close()
 
 
-def test_a_step_blocks_past_k_unapplied_steps_and_the_pending_steps_go_in_one_push():
+def first_push_held(staleness: int) -> tuple[threading.Semaphore, SgdTables, DenseSync]:
+    """(gate, tables, dense): a DenseSync of staleness whose step 0's push has begun and waits at the gate."""
     gate = threading.Semaphore(0)
     tables = SgdTables(gate=gate)
-    dense = DenseSync(tables, PARAMS, staleness=2)
+    dense = DenseSync(tables, PARAMS, staleness=staleness)
     dense.pull()
     dense.step(step_grads(0))
-    wait_until(lambda: tables.started == 1, 10, "the push of step 0")  # it waits at the gate
+    wait_until(lambda: tables.started == 1, 10, "the push of step 0")
+    return gate, tables, dense
+
+
+def test_a_step_blocks_past_k_unapplied_steps_and_the_pending_steps_go_in_one_push():
+    gate, tables, dense = first_push_held(staleness=2)
     dense.step(step_grads(1))  # 2 steps unapplied: returns
     third = threading.Thread(target=dense.step, args=(step_grads(2),))
     third.start()
@@ -172,12 +178,7 @@ def test_an_error_of_the_thread_is_raised_by_the_next_step_and_by_flush():
 
 def test_close_waits_a_bounded_time_for_a_push_in_flight_then_leaves_it():
     """A stopping worker whose dense push retries against a shard that does not answer is not held by it."""
-    gate = threading.Semaphore(0)
-    tables = SgdTables(gate=gate)
-    dense = DenseSync(tables, PARAMS, staleness=1)
-    dense.pull()
-    dense.step(step_grads(0))
-    wait_until(lambda: tables.started == 1, 10, "the push of step 0")  # held at the gate
+    gate, _, dense = first_push_held(staleness=1)
     thread = dense._thread
     started = time.monotonic()
     dense.close(wait_s=0.5)
