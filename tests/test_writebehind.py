@@ -146,3 +146,30 @@ def test_a_table_with_a_slow_writer_reads_its_evicted_rows_back_exactly(tmp_path
     small = train(str(tmp_path / "small"), 64 << 10, slow=True)
     big = train(str(tmp_path / "big"), 64 << 20, slow=False)
     np.testing.assert_array_equal(small, big)
+
+
+def test_one_eviction_of_more_dirty_rows_than_the_bound_holds_waits_in_parts(tmp_path):
+    """A push that evicts many times more dirty rows than the write-behind's bound holds hands them over in parts
+    of at most the bound: the pending bytes never exceed it, and the evicted rows read back as they were."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=256 << 10))
+    shard.create_table(TableConfig(name="t", dim=4))
+    table, behind = shard.table("t"), shard.store._behind
+    behind.max_pending_bytes = 50 * PendingBatch.row_bytes(table.width)
+    handed, submit = [], behind.submit
+
+    def watched(b: PendingBatch) -> None:
+        submit(b)
+        handed.append((b.nbytes, behind.pending_bytes))
+
+    behind.submit = watched
+    n = table.arena.max_pinnable()
+    first, ones = np.arange(n, dtype=np.uint64), np.ones(n, np.float32)
+    shard.push_batch([("t", first, np.full((n, 4), 0.5, np.float32), ones, 0 * ones)])
+    before = shard.pull("t", first)
+    for k in (1, 2, 3):  # the RAM tier holds 2n rows: the third push evicts dirty rows
+        shard.push_batch([("t", first + np.uint64(k * n), np.full((n, 4), -0.5, np.float32), ones, 0 * ones)])
+    evicted = sum(nbytes for nbytes, _ in handed) // PendingBatch.row_bytes(table.width)
+    assert evicted >= n and len(handed) >= evicted // 50, (n, evicted, len(handed))
+    assert max(pending for _, pending in handed) <= behind.max_pending_bytes
+    np.testing.assert_array_equal(shard.pull("t", first), before)
+    shard.close()

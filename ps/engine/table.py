@@ -413,7 +413,17 @@ class Table:
 
     def _persist(self, rows: np.ndarray, background: bool = False) -> None:
         """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored.
-        background: by the store's write-behind thread (reads see them at once)."""
+        background: by the store's write-behind thread (reads see them at once), in parts of at most
+        Store.background_rows, each copied out of the arena when the write-behind has room for it: one request's
+        victims (up to half the RAM tier) never wait in memory beyond the write-behind's bound."""
+        if not background:
+            self._persist_part(rows, False)
+            return
+        step = self.store.background_rows(self.width)
+        for lo in range(0, len(rows), step):
+            self._persist_part(rows[lo : lo + step], True)
+
+    def _persist_part(self, rows: np.ndarray, background: bool) -> None:
         a = self.arena
         buf = np.empty((len(rows), self.width), dtype=np.float32)
         gather(a.data, rows, self.width, buf)

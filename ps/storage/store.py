@@ -763,6 +763,11 @@ class Store:
         """Bytes of rows waiting for their background write."""
         return self._behind.pending_bytes
 
+    def background_rows(self, width: int) -> int:
+        """The most `width`-float rows one put_rows(background=True) should hold: the write-behind's bound on
+        pending bytes, in rows (at least one)."""
+        return self._behind.rows_per_batch(width)
+
     def memory_usage(self) -> dict[str, int]:
         """RocksDB's memory now: {"block_cache", "memtables", "table_readers"} bytes (its own estimates; index and
         filter blocks count in the block cache when cached there, else in table_readers)."""

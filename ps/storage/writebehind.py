@@ -7,7 +7,8 @@ reads and lays them over what it read, newest last (Store.get_rows). A batch lea
 its write returned, so a batch missing from a snapshot was in RocksDB before the read that follows the snapshot.
 
 Batches are written one at a time in submission order, so a later batch of the same id wins in RocksDB as in the
-overlay. Pending bytes are bounded: submit() waits while they exceed max_pending_bytes. A failed write stops the
+overlay. Pending bytes are bounded: submit() waits while they would exceed max_pending_bytes (a batch larger than
+the bound waits for an empty queue; callers split theirs: rows_per_batch). A failed write stops the
 thread; the batch stays pending (readers still see it) and every later submit() and drain() raises the error,
 so nothing is reported written that is not. Writes that must land in order with pending ones (a flush's, a
 shrink's) drain() first.
@@ -51,6 +52,11 @@ class PendingBatch:
     def nbytes(self) -> int:
         return self.ids.nbytes + self.rows.nbytes + self.lsn.nbytes + self.complete.nbytes
 
+    @staticmethod
+    def row_bytes(width: int) -> int:
+        """nbytes per row of a batch of `width`-float rows."""
+        return 8 + 4 * width + 8 + 1
+
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit bool (len(ids),), the batch's index of each hit id)."""
         if len(self.sorted_ids) == 0:
@@ -76,6 +82,11 @@ class WriteBehind:
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
+
+    def rows_per_batch(self, width: int) -> int:
+        """The most `width`-float rows one batch may hold for the pending bytes to stay within the bound (at least
+        one)."""
+        return max(1, self.max_pending_bytes // PendingBatch.row_bytes(width))
 
     def submit(self, batch: PendingBatch) -> None:
         """Queues batch for writing; waits while the pending bytes are over the bound. Raises the error of a
