@@ -178,3 +178,37 @@ def test_a_pull_of_missing_ids_in_any_order_and_repeated_reads_each_row(tmp_path
         shard.close()
     np.testing.assert_array_equal(got, expected[asked.astype(np.int64)])
     assert len(np.unique(expected, axis=0)) == len(ids)  # every row differs: a row given for another id shows
+
+
+def test_a_pull_whose_table_gives_rows_back_while_its_read_is_out_is_chunked_again(tmp_path):
+    """A pull chunked while its table held the whole budget (one chunk: half its rows) reads its misses without
+    the lock; meanwhile three other tables take their shares back. The pull is chunked again for what its table
+    holds then, and answers (resolved as first chunked, it would find too few rows to evict: RamTierTooSmallError)."""
+    from ps.rows.layout import layout_of
+
+    tables = 4
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=tables * 256 * layout_of(DIM, "adagrad").ram_bytes))
+    for i in range(tables):
+        shard.create_table(TableConfig(name="t" if i == 0 else f"t{i}", dim=DIM))
+    mine = shard.table("t")
+    n = 0
+    while mine.arena.used < mine.arena.max_rows - 10:  # it alone takes the whole budget
+        push(shard, np.arange(n, n + 200, dtype=np.uint64), 1.0)
+        n += 200
+    wanted = np.arange(10**6, 10**6 + mine.arena.max_pinnable(), dtype=np.uint64)  # one chunk, now
+    go_on = threading.Event()
+    read_done = hold_reads_of_thread(shard, "puller", go_on)
+    got: dict = {}
+    puller = threading.Thread(target=lambda: got.update(rows=shard.pull("t", wanted)), name="puller")
+    puller.start()
+    assert read_done.wait(20)
+    for i in range(1, tables):  # they take their shares back from t
+        ids = np.arange(250, dtype=np.uint64)
+        shard.push_batch([(f"t{i}", ids, np.ones((250, DIM), np.float32), np.ones(250, np.float32),
+                           np.zeros(250, np.float32))])  # fmt: skip
+    assert mine.arena.max_pinnable() < len(wanted)
+    go_on.set()
+    puller.join(30)
+    assert "rows" in got, "the pull failed"
+    np.testing.assert_array_equal(got["rows"], shard.pull("t", wanted))
+    shard.close()

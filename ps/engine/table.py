@@ -108,10 +108,14 @@ class Table:
                 self._check_open()  # a read cut short by the shard closing is its error, not the store's
             raise
         with self.lock:
-            self._watchers.remove(ahead)  # with the resolve, in one hold: no write goes unseen
-            self._check_open()
-            rows = self._resolve(ids, self.arena.new_stamp(), ahead=ahead)
-            gather(self.arena.data, rows, self.dim, out)
+            try:  # the watch ends with the resolve, in one hold: no write goes unseen
+                self._check_open()
+                # chunked again: other tables may have taken rows back while the lock was out (ps.storage.budget)
+                for lo, hi in self._chunks(len(ids)):
+                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), ahead=ahead)
+                    gather(self.arena.data, rows, self.dim, out[lo:hi])
+            finally:
+                self._watchers.remove(ahead)
             self._count_pull(len(ids))
         return out
 
