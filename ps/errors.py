@@ -188,6 +188,15 @@ class DataDirLostError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class ShardNeedsRestartError(PsError):
+    """A push was journaled, then failed part way through being applied in RAM (a push too large for one pass,
+    whose later part needed a RocksDB read or write that failed): the journal holds all of it, RAM some of it. The
+    shard takes no more requests of any kind and flushes nothing (so the journal keeps the push); a restart
+    replays it whole. Not retried: the server has to be restarted; the message says which push and why."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class CheckpointHoldError(PsError):
     """A checkpoint's hold cannot be had (another checkpoint holds the shard) or was lost (it expired, or was
     released, before the save). Not retried: waiting does not end another checkpoint, nor revive an expired hold."""

@@ -164,13 +164,14 @@ class Server:
         self.progress.finish()
         for name in ("", SERVICE_NAME):
             self.health.set(name, SERVING)
-        self.shard.lost_listeners.append(self._not_serving)  # its data dir deleted under it (ps.engine.shard)
-        if self.shard.journal.lost:  # found before the listener was there
+        self.shard.lost_listeners.append(self._not_serving)  # its data dir deleted under it, or broken
+        if self.shard.journal.lost or self.shard.broken:  # found before the listener was there
             self._not_serving()
         return self.port
 
     def _not_serving(self) -> None:
-        """Health NOT_SERVING for good: the shard found its data dir or journal segment deleted under it."""
+        """Health NOT_SERVING for good: the shard found its data dir or journal segment deleted under it, or
+        broke (a journaled push only partly applied: ps.engine.shard)."""
         for name in ("", SERVICE_NAME):
             self.health.set(name, NOT_SERVING)
 

@@ -23,6 +23,11 @@ clock advance, CreateTable, Shrink, checkpoints) and Stats with DataDirLostError
 server's health turns NOT_SERVING), and: for a deleted segment only, flushes at once (RocksDB is intact, and then
 holds every acknowledged push); for a data dir deleted or replaced, flushes no more, and close() stops without
 writing, raising DataDirLostError.
+
+Broken: a push applied in chunks (more ids than one pass takes) is journaled first; if applying a chunk then
+fails, RAM holds part of a push the journal holds whole. The shard refuses every write and Stats, the table every
+request, with ShardNeedsRestartError, tells lost_listeners, and flushes nothing (a flush would trim the push from
+the journal), close() included; the next start replays it.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from ps.errors import (
     DiskFullError,
     InvalidArgumentError,
     PsError,
+    ShardNeedsRestartError,
     StorageError,
     TableExistsError,
     TableNotFoundError,
@@ -144,6 +150,7 @@ class Shard:
         self.config = config
         self.shard_id = config.shard_id
         self.num_shards = config.num_shards
+        self.broken = ""  # or why the shard takes no writes until a restart (_break); lost_listeners are told too
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         progress.enter("checking")
@@ -373,9 +380,26 @@ class Shard:
         return f"shard {self.shard_id} takes no writes: {self.journal.lost}" if self.journal.lost else ""
 
     def refuse_if_lost(self) -> None:
-        """DataDirLostError if the journal found its segment or the data dir deleted (one attribute read)."""
+        """DataDirLostError if the journal found its segment or the data dir deleted, ShardNeedsRestartError if
+        the shard is broken (two attribute reads)."""
         if self.journal.lost:
             raise DataDirLostError(self.lost())
+        if self.broken:
+            raise ShardNeedsRestartError(self.broken)
+
+    def _break(self, why: str) -> None:
+        """A journaled push is only partly applied in RAM: from now on the shard takes no writes and flushes
+        nothing (a flush would record the push as covered and trim it from the journal), and the lost_listeners
+        are told (health NOT_SERVING); the next start replays the journal. The first reason stays."""
+        if self.broken:
+            return
+        self.broken = why
+        log.error("shard %d: %s", self.shard_id, why)
+        for listener in list(self.lost_listeners):
+            try:
+                listener()
+            except Exception:
+                log.exception("a listener of the shard's breaking failed")
 
     def create_table(self, cfg: TableConfig) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not)."""
@@ -472,9 +496,13 @@ class Shard:
 
     def apply_push(self, checked: CheckedPush, origin: tuple[int, int, int] = (0, 0, 0)) -> None:
         """Applies a push that check_push accepted (applied in RAM by its rule, journaled with its origin and
-        rule)."""
+        rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard (see `broken`)."""
         c = checked
-        c.table.push(c.ids, c.grads, c.shows, c.clicks, self.clock, origin, c.rule)
+        try:
+            c.table.push(c.ids, c.grads, c.shows, c.clicks, self.clock, origin, c.rule)
+        except ShardNeedsRestartError as e:
+            self._break(str(e))
+            raise
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
             self._wake.set()
 
@@ -756,8 +784,11 @@ class Shard:
 
     # ---- flushing -------------------------------------------------------------------------------------
     def flush(self) -> int:
-        """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows."""
+        """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows.
+        ShardNeedsRestartError on a broken shard: nothing is written, the journal keeps everything."""
         with self._flush_lock:
+            if self.broken:
+                raise ShardNeedsRestartError(self.broken)
             covered, changes = self.journal.mark()  # every record <= covered is applied (appends happen under
             self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
             try:
@@ -796,8 +827,8 @@ class Shard:
                 self._wake.clear()
             if self._closed.is_set():
                 return
-            if self.journal.dir_gone:  # nothing written there can be kept: the journal's ERROR line said so
-                continue
+            if self.journal.dir_gone or self.broken:  # nothing written there can be kept, or a flush would trim a
+                continue  # journaled push RAM holds only part of: the ERROR line said so
             self.disk_watch.poll()
             if not woken and time.monotonic() < next_flush:
                 continue  # woke for the disk only
@@ -888,16 +919,26 @@ class Shard:
         self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
         if self.journal.dir_gone:
             self._close_lost()
-        t0 = time.monotonic()
-        rows = self.flush()
-        log.info("flushed %s dirty rows to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
-        with self._lock:
-            for t in list(self.tables.values()):
-                with t.lock:
-                    t.closed = True
-            self.journal.close()
-            self.store.flush()
-            self.store.close()
+        if self.broken:
+            log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged push "
+                        "and the push only partly applied; the next start replays them): %s", self.shard_id,
+                        self.broken)  # fmt: skip
+        try:
+            if not self.broken:
+                t0 = time.monotonic()
+                rows = self.flush()
+                log.info("flushed %s dirty rows to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
+        finally:  # a failed flush too: the journal keeps what it did not write, and the data dir is let go
+            with self._lock:
+                for t in list(self.tables.values()):
+                    with t.lock:
+                        t.closed = True
+                try:
+                    self.journal.close()
+                    if not self.broken:
+                        self.store.flush()
+                finally:
+                    self.store.close()
 
     def _close_lost(self) -> None:
         """close() of a shard whose data dir is gone: nothing is flushed (it could not be kept), the journal and

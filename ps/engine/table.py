@@ -32,7 +32,13 @@ import time
 import numpy as np
 
 from ps.config import TableConfig
-from ps.errors import DataLossError, InvalidArgumentError, RamTierTooSmallError, ShardClosingError
+from ps.errors import (
+    DataLossError,
+    InvalidArgumentError,
+    RamTierTooSmallError,
+    ShardClosingError,
+    ShardNeedsRestartError,
+)
 from ps.rows import update
 from ps.rows.initializers import init_rows
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, RowLayout
@@ -68,6 +74,7 @@ class Table:
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
         self.closed = False
+        self.broken = ""  # why the table refuses every request: a journaled push only partly applied in RAM
         self._watchers: set[ReadAhead] = set()  # the reads ahead in progress (each collects the ids written since)
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
@@ -128,7 +135,10 @@ class Table:
         """Applies one push of unique ids: (n, dim) finite grads, and per id its shows and clicks, at clock
         step, by `rule` (update.OPTIMIZE or update.ADD_DELTA); origin (client, client_seq, part) and the rule go
         into its journal record. Durable on return; returns the journal seq. Nothing changes if it is rejected
-        (duplicate ids, a result that would not be finite) or the journal cannot be written."""
+        (duplicate ids, a result that would not be finite) or the journal cannot be written. A push of more ids
+        than one pass takes (_chunks) is journaled, then applied chunk by chunk: if that fails part way (a RocksDB
+        read or write), ShardNeedsRestartError, and the table refuses every request after (`broken`) until a
+        restart replays the journal."""
         hyper = self._hyper_of(rule)
         ids = np.ascontiguousarray(ids, dtype="<u8")
         grads = np.ascontiguousarray(grads, dtype="<f4")
@@ -161,11 +171,21 @@ class Table:
                     self._raise_non_finite(ids, grads, lo + out.first_bad)
                 updates.append((lo, hi, target.rows, out.admitted))
             seq = self.journal.append(self.name, ids, grads, shows, clicks, step, origin, rule)
-            for lo, hi, buf, admitted in updates:  # an earlier chunk's rows may have been evicted (unchanged) since
-                rows = self._resolve(ids[lo:hi], self.arena.new_stamp())
-                self._commit(rows, buf, seq)
-                self.arena.pushed(rows)
-                self.counters["admitted"] += admitted
+            done = 0
+            try:
+                for lo, hi, buf, admitted in updates:  # an earlier chunk's rows may have been evicted (unchanged)
+                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp())  # since: read, evicting others
+                    self._commit(rows, buf, seq)
+                    self.arena.pushed(rows)
+                    self.counters["admitted"] += admitted
+                    done = hi
+            except Exception as e:  # journaled, partly applied: only a replay of the journal can finish it
+                self.broken = (
+                    f"push {seq:,} to table {self.name!r} is in the journal, but applying it in RAM failed after "
+                    f"{done:,} of its {len(ids):,} ids ({type(e).__name__}: {e}). Restart the server: its journal "
+                    "replays the push whole; until then it takes no requests"
+                )
+                raise ShardNeedsRestartError(self.broken) from e
             self.counters["pushes"] += 1
             self.counters["ids_pushed"] += len(ids)
             return seq
@@ -302,6 +322,8 @@ class Table:
     def _check_open(self) -> None:
         if self.closed:
             raise ShardClosingError(f"table {self.name!r}: the server is shutting down")
+        if self.broken:
+            raise ShardNeedsRestartError(self.broken)
 
     def _chunks(self, n: int):
         step = self.arena.max_pinnable()

@@ -1,0 +1,89 @@
+"""A push larger than one pass takes is journaled, then applied chunk by chunk: when that fails part way (here a
+background write of evicted rows that failed just after the journal append), the shard breaks: it refuses every
+request with ShardNeedsRestartError, flushes nothing (the journal keeps the push), tells its listeners (health), and
+the next start replays the push whole; a close after a failed flush still lets the data dir go."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
+from ps.errors import ShardNeedsRestartError, StorageError
+from ps.rows.layout import layout_of
+
+DIM = 8
+TIER_ROWS = 256
+FILLED = np.arange(800, dtype=np.uint64)  # more than the RAM tier holds: its rows are dirty or on disk
+BIG = np.arange(5000, 5400, dtype=np.uint64)  # more than half the tier: applied in chunks
+
+
+def shard_at(path: str, tier_rows: int) -> Shard:
+    return Shard(ServerConfig(data_dir=path, cache_bytes=tier_rows * layout_of(DIM, "sgd").ram_bytes + 1000,
+                              flush_interval_s=3600))  # fmt: skip
+
+
+def push(shard: Shard, ids: np.ndarray, value: float) -> None:
+    shard.push("t", ids, np.full((len(ids), DIM), value, np.float32))
+
+
+def filled(path: str, tier_rows: int) -> Shard:
+    shard = shard_at(path, tier_rows)
+    shard.create_table(TableConfig(name="t", dim=DIM, optimizer=OptimizerConfig("sgd", 0.1)))
+    for lo in range(0, len(FILLED), 100):
+        push(shard, FILLED[lo : lo + 100], 1.0)
+    return shard
+
+
+def fail_background_writes_after_journaling(shard: Shard, n: int) -> None:
+    """The write-behind fails (as a full disk would) just after a push of n ids is journaled."""
+    append = shard.journal.append
+
+    def failing_after(name, ids, *args, **kwargs):
+        seq = append(name, ids, *args, **kwargs)
+        if len(ids) == n:
+            with shard.store._behind._cv:
+                shard.store._behind._error = StorageError("simulated: a background RocksDB write failed")
+        return seq
+
+    shard.journal.append = failing_after
+
+
+def test_a_push_failing_part_way_after_its_journal_append_breaks_the_shard_until_a_restart_replays_it(tmp_path):
+    reference = filled(str(tmp_path / "reference"), 100_000)
+    push(reference, BIG, 0.5)
+    want = reference.pull("t", np.concatenate([FILLED, BIG]))
+    reference.close()
+
+    shard = filled(str(tmp_path / "small"), TIER_ROWS)
+    assert len(list(shard.table("t")._chunks(len(BIG)))) > 1
+    told = []
+    shard.lost_listeners.append(lambda: told.append(True))
+    fail_background_writes_after_journaling(shard, len(BIG))
+    with pytest.raises(ShardNeedsRestartError, match=r"is in the journal, but applying it in RAM failed after "
+                       r"\d+ of its 400 ids \(StorageError: simulated.*Restart the server"):  # fmt: skip
+        push(shard, BIG, 0.5)
+    assert told == [True]
+    for refused in (lambda: push(shard, FILLED[:10], 1.0), lambda: shard.pull("t", FILLED[:10]), shard.flush,
+                    shard.stats, lambda: shard.hold(5)):  # fmt: skip
+        with pytest.raises(ShardNeedsRestartError, match="Restart the server"):
+            refused()
+    shard.close()  # no flush: the journal keeps the push
+
+    restarted = shard_at(str(tmp_path / "small"), TIER_ROWS)
+    np.testing.assert_array_equal(restarted.pull("t", np.concatenate([FILLED, BIG])), want)
+    restarted.close()
+
+
+def test_a_close_whose_flush_fails_still_lets_the_data_dir_go(tmp_path):
+    shard = filled(str(tmp_path / "d"), TIER_ROWS)
+    with shard.store._behind._cv:
+        shard.store._behind._error = StorageError("simulated: a background RocksDB write failed")
+    with pytest.raises(StorageError, match="simulated"):
+        shard.close()
+    reopened = shard_at(str(tmp_path / "d"), TIER_ROWS)  # the journal replays what the flush did not write
+    reference = filled(str(tmp_path / "reference"), 100_000)
+    np.testing.assert_array_equal(reopened.pull("t", FILLED), reference.pull("t", FILLED))
+    reopened.close()
+    reference.close()
