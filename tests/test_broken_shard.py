@@ -87,3 +87,42 @@ def test_a_close_whose_flush_fails_still_lets_the_data_dir_go(tmp_path):
     np.testing.assert_array_equal(reopened.pull("t", FILLED), reference.pull("t", FILLED))
     reopened.close()
     reference.close()
+
+
+def test_a_retry_of_a_push_whose_chunk_failed_once_is_refused_and_a_restart_applies_the_push_whole(tmp_path):
+    """A RocksDB read that fails once, in a chunk's resolve after the journal append: a retry of the request (same
+    client id and seq, which the journal notes as applied) is refused rather than answered as applied, the flush
+    leaves the journal alone, and a restart holds the push in every row."""
+    reference = filled(str(tmp_path / "reference"), 100_000)
+    push(reference, BIG, 0.5)
+    want = reference.pull("t", BIG)
+    reference.close()
+
+    shard = filled(str(tmp_path / "small"), TIER_ROWS)
+    table, append, resolve = shard.table("t"), shard.journal.append, shard.table("t")._resolve
+    journaled = []
+
+    def noting(name, ids, *args, **kwargs):
+        seq = append(name, ids, *args, **kwargs)
+        journaled.append(len(ids))
+        return seq
+
+    def failing_once_after_the_journal(*args, **kwargs):
+        if journaled == [len(BIG)] and not failing_once_after_the_journal.done:
+            failing_once_after_the_journal.done = True
+            raise StorageError("simulated: a RocksDB read failed")
+        return resolve(*args, **kwargs)
+
+    failing_once_after_the_journal.done = False
+    shard.journal.append, table._resolve = noting, failing_once_after_the_journal
+    request = [("t", BIG, np.full((len(BIG), DIM), 0.5, np.float32), np.ones(len(BIG), np.float32),
+                np.zeros(len(BIG), np.float32))]  # fmt: skip
+    for _ in range(2):  # the request, then its retry
+        with pytest.raises(ShardNeedsRestartError, match=r"\(StorageError: simulated: a RocksDB read failed\)"):
+            shard.push_batch(request, client=77, client_seq=1)
+    with pytest.raises(ShardNeedsRestartError):
+        shard.flush()
+    shard.close()
+    restarted = shard_at(str(tmp_path / "small"), TIER_ROWS)
+    np.testing.assert_array_equal(restarted.pull("t", BIG), want)
+    restarted.close()
