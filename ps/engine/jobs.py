@@ -182,8 +182,10 @@ def contribution(pushes: list[TablePush], check_push: Callable[[TablePush], Chec
 
 def sum_contributions(contributions: list[list[TablePush]], max_count: float) -> list[TablePush]:
     """One push per table, in name order, of contributions (each a list of pushes with shows and clicks, ids
-    unique within each): per table the union of the ids, sorted, with grads, shows and clicks summed per id, in
-    the order of the contributions, and shows and clicks clipped to max_count (a push's limit per id, which
+    unique within each): per table the union of the ids, sorted, with grads, shows and clicks summed per id (by
+    np.add.reduceat over the id's values in the order of the contributions; numpy chooses how the float32 additions
+    associate, so the sum may differ in the last bit from a left-to-right one, but the same contributions in the
+    same order give the same sum), and shows and clicks clipped to max_count (a push's limit per id, which
     contributions within it may sum past). Tables without ids are left out. InvalidArgumentError if a sum of
     gradients overflows float32."""
     by_table: dict[str, list[TablePush]] = {}
