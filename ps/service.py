@@ -321,7 +321,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
-        return self._info(self.shard.create_table(codec.table_config_from_proto(request.spec)))
+        cfg = codec.table_config_from_proto(request.spec)
+        return self._info(self.shard.create_table(cfg, replace_untrained=request.replace_untrained))
 
     @_rpc
     def DescribeTable(self, request: Any, context: grpc.ServicerContext) -> Message:

@@ -23,3 +23,33 @@ def test_metrics_host_is_a_train_flag_defaulting_to_the_loopback():
     parser = build_parser()
     assert parser.parse_args(["train", "--metrics-port", "0"]).metrics_host == "127.0.0.1"
     assert parser.parse_args(["train", "--metrics-host", "0.0.0.0"]).metrics_host == "0.0.0.0"
+
+
+def test_a_metrics_port_in_use_stops_the_run_naming_the_flag_before_any_table_is_made(capsys):
+    import socket
+
+    import pytest
+
+    from ps.errors import TableNotFoundError
+    from worker.__main__ import main as worker_main
+    from worker.client import Client
+    from worker.cluster import LocalCluster
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    try:
+        with LocalCluster(1) as cluster:
+            try:
+                code = worker_main(["train", "--servers", cluster.addresses[0], "--model", "fm", "--synthetic-rows",
+                                    "500", "--metrics-port", str(port)])  # fmt: skip
+            except SystemExit as e:
+                code = e.code
+            err = capsys.readouterr().err
+            assert code == 2 and f"cannot listen on 127.0.0.1:{port} (--metrics-port): " in err, err
+            assert "give a free port, or 0 for any free one" in err, err
+            with Client(cluster.addresses) as client, pytest.raises(TableNotFoundError):
+                client.describe_table("fm")
+    finally:
+        taken.close()

@@ -42,10 +42,11 @@ def servers():
 
 
 def test_a_run_with_other_settings_is_refused_before_it_creates_any_table(servers, capsys):
-    """dnn's last MLP layer exists with another shape: the run is refused naming it, and the tables before it
-    in the run's order (the sparse table, the first layers) are not created."""
+    """dnn's last MLP layer exists with another shape, trained: the run is refused naming it, and the tables
+    before it in the run's order (the sparse table, the first layers) are not created."""
     with Client(servers.split(",")) as client:
         client.create_table(TableConfig("dense.dnn.mlp.1.weight", 1, InitializerConfig("uniform", 0.5, seed=1)))
+        client.push("dense.dnn.mlp.1.weight", np.array([0], np.uint64), np.ones((1, 1), np.float32))
     code, err = run(["train", "--servers", servers, "--model", "dnn", "--hidden", "4", "--create-tables-only",
                      *SMALL], capsys)  # fmt: skip
     assert code == 2, err
@@ -55,6 +56,50 @@ def test_a_run_with_other_settings_is_refused_before_it_creates_any_table(server
         for name in ("dnn", "dense.dnn.mlp.0.weight", "dense.dnn.mlp.0.bias"):
             with pytest.raises(TableNotFoundError):
                 client.describe_table(name)
+
+
+def test_tables_of_other_settings_never_trained_are_replaced_by_a_run_of_one_worker_not_by_a_job(capsys, caplog):
+    """A run that stopped before it trained left fm's table with another optimizer: a job's worker is refused by
+    it; a run of one worker replaces it, says so, and trains; the replaced table, trained now, binds the next
+    run of other settings again."""
+    with LocalCluster(1) as cluster:
+        servers = ",".join(cluster.addresses)
+        base = ["train", "--servers", servers, "--model", "fm", "--no-progress", *SMALL]
+        code, err = run([*base, "--optimizer", "sgd", "--create-tables-only"], capsys)
+        assert code == 0, err
+        code, err = run([*base, "--optimizer", "adagrad", "--num-workers", "2", "--worker-id", "0"], capsys)
+        assert code == 2 and "optimizer.name: 'sgd' != 'adagrad'" in err and "nothing was created" in err, err
+        code, err = run([*base, "--optimizer", "adagrad"], capsys)
+        assert code == 0, err
+        said = caplog.text
+        assert "1 of this model's tables with other settings than this run's, none of them trained" in said, said
+        assert "optimizer.name: 'sgd' != 'adagrad'" in said and "they are replaced" in said, said
+        with Client(cluster.addresses) as client:
+            (info,) = client.describe_table("fm")
+            assert info.spec.optimizer.name == "adagrad" and info.num_rows > 0
+        code, err = run([*base, "--optimizer", "sgd", "--create-tables-only"], capsys)
+        assert code == 2 and "optimizer.name: 'adagrad' != 'sgd'" in err, err
+
+
+def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
+    from ps.config import ServerConfig
+    from ps.engine.shard import Shard
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    shard.create_table(TableConfig("t", 4))
+    ids = np.arange(5, dtype=np.uint64)
+    assert shard.pull("t", ids).shape == (5, 4)  # rows in its RAM tier, initial: not trained
+    with pytest.raises(TableExistsError, match=r"dim: 4 != 8$"):
+        shard.create_table(TableConfig("t", 8))
+    shard.create_table(TableConfig("t", 8), replace_untrained=True)
+    assert shard.pull("t", ids).shape == (5, 8)
+    shard.push("t", ids[:3], np.ones((3, 8), np.float32))
+    with pytest.raises(TableExistsError, match=r"it holds 3 trained rows and 0 ids pushed but not admitted, and only"):
+        shard.create_table(TableConfig("t", 2), replace_untrained=True)
+    shard.close()
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))  # the replaced config is the one kept
+    assert shard.table("t").dim == 8 and shard.table("t").num_rows == 3
+    shard.close()
 
 
 def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimizer(servers, capsys):

@@ -120,11 +120,12 @@ class Client:
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))
 
-    def create_table(self, cfg: TableConfig) -> None:
-        """Creates the table on every shard (idempotent for the same spec)."""
+    def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> None:
+        """Creates the table on every shard (idempotent for the same spec). replace_untrained: a table of the name
+        with another spec that a shard holds untrained (no row, no pending id) is replaced there."""
         cfg.validate()
-        spec = codec.table_config_to_proto(cfg)
-        self._call_all("CreateTable", [ps_pb2.CreateTableRequest(spec=spec)] * len(self._stubs))
+        request = ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(cfg), replace_untrained=replace_untrained)
+        self._call_all("CreateTable", [request] * len(self._stubs))
         self._dims[cfg.name] = cfg.dim
 
     def describe_table(self, name: str) -> list[ps_pb2.TableInfo]:

@@ -3,11 +3,15 @@
 A run creates its tables one at a time (CreateTable is idempotent for the same spec); a run whose settings differ
 from the run that made the tables (another --embedding-dim, --hidden, optimizer, schema) would otherwise create
 the first missing ones, then be refused at the first that differs, and leave tables behind that the next run,
-with the right settings, is refused by. check_tables finds every difference first.
+with the right settings, is refused by. check_tables finds every difference first. Tables of other settings that
+hold no trained row on any shard (made by a run stopped before it trained: Ctrl-C at its start, a flag refused
+after the tables were made) do not bind a run of one worker: it replaces them (CreateTable's replace_untrained;
+a shard refuses the replace of a table that holds any row or pending id).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ps import codec
@@ -15,17 +19,19 @@ from ps.config import TableConfig
 from ps.errors import TableNotFoundError
 from worker.dense import TABLE_PREFIX
 
+log = logging.getLogger("worker.tables")
+
 SHAPE_FIELDS = ("dim", "initializer.scale", "features")  # what a forward pass depends on (the scale of an MLP
 # parameter's glorot initializer is set by its shape, so it tells another --hidden or MLP input width; features: the
 # schema that gave the rows their meaning)
 
 
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None
-                ) -> tuple[dict[str, list[str]], list[str]]:  # fmt: skip
+                ) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
-    lacks])."""
-    differ, missing = {}, []
+    lacks], {names of the tables of `differ` that hold no trained row on any shard})."""
+    differ, missing, untrained = {}, [], set()
     for t in wanted:
         try:
             infos = client.describe_table(t.name)
@@ -38,14 +44,24 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
             diff = [d for d in diff if d.split(":")[0] in keep]
         if diff:
             differ[t.name] = diff
-    return differ, missing
+            if all(info.num_rows == 0 for info in infos):
+                untrained.add(t.name)
+    return differ, missing, untrained
 
 
-def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False) -> None:
+def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
+                 replace_untrained: bool = False) -> list[str]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS), and a missing table is
-    an error too. doing: what the run was about to do ("nothing was created")."""
-    differ, missing = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None)
+    an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
+    table holds no trained row (a run stopped before it trained made them), returns their names, to be created
+    with Client.create_table(replace_untrained=True), and a warning names them; else []."""
+    differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None)
+    if replace_untrained and differ and set(differ) <= untrained:
+        log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "
+                    "trained (a run that stopped before it trained made them): they are replaced. %s",
+                    len(differ), "; ".join(f"{name}: {'; '.join(diff)}" for name, diff in differ.items()))  # fmt: skip
+        return sorted(differ)
     parts = []
     if differ and all(d[0].startswith("features:") and len(d) == 1 for d in differ.values()):
         held = next(iter(differ.values()))[0].split(": ", 1)[1]
@@ -66,6 +82,7 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
             settings += ", --table-config, the optimizers"
         raise ValueError("; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
+    return []
 
 
 def _tables_held(client: Any) -> str:

@@ -31,11 +31,18 @@ class TrainTelemetry:
         self.logloss.set(logloss)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serves GET /metrics over plain HTTP on host:port (0: a free port); returns the port."""
-        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        """Serves GET /metrics over plain HTTP on host:port (0: a free port); returns the port. ValueError naming
+        --metrics-port if the port cannot be had (in use, not allowed)."""
+        try:
+            self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port} (--metrics-port): {e.strerror or e}; give a free port, "
+                             "or 0 for any free one") from None  # fmt: skip
         return self._http.server_address[1]
 
     def close(self) -> None:
+        """Stops serving (again: nothing)."""
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            http, self._http = self._http, None
+            http.shutdown()
+            http.server_close()

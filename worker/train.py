@@ -21,10 +21,12 @@ With synthetic data the planted model's probabilities give the oracle AUC and lo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from tqdm import tqdm
@@ -83,9 +85,11 @@ def train(cfg: TrainConfig) -> dict:
     recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
     if cfg.mode == "geo":
         check_geo_optimizers(tables_cfg, spec)
-    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
+    with served_metrics(cfg) as telemetry, cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
-        check_tables(client, tables_cfg, "nothing was created")
+        # one worker replaces tables of other settings that were never trained (a run that stopped first made
+        # them); a job's workers do not: one worker's other settings would silently replace the others' tables
+        replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1)
         held = 0
         if cfg.num_workers == 1 and not cfg.create_tables_only:
             shard_stats = client.stats()
@@ -93,7 +97,7 @@ def train(cfg: TrainConfig) -> dict:
             for warning in missing_shares(shard_stats, spec, client.servers):
                 log.warning("%s", warning)
         for table in tables_cfg:
-            client.create_table(table)
+            client.create_table(table, replace_untrained=table.name in replaced)
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
@@ -116,13 +120,6 @@ def train(cfg: TrainConfig) -> dict:
         dense = dense_path(cfg, client, spec)
         dense.pull()
         source = row_source(cfg, client, spec, tables_cfg)
-        telemetry = None
-        if cfg.metrics_port is not None:
-            from worker.telemetry import TrainTelemetry
-
-            telemetry = TrainTelemetry()
-            port = telemetry.serve(cfg.metrics_port, cfg.metrics_host)
-            log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
         validation = data.validation()
         if validation:
             named = f" of {cfg.validation_data}" if cfg.validation_data else ""
@@ -209,6 +206,24 @@ def train(cfg: TrainConfig) -> dict:
             config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
             json.dump(json_figures({"config": config, **results}), f, indent=2)
     return results
+
+
+@contextlib.contextmanager
+def served_metrics(cfg: TrainConfig) -> Iterator[Any]:
+    """The run's TrainTelemetry serving --metrics-port (None without it), closed on the way out: started before
+    the servers are asked anything, so a port that cannot be had stops the run before any table is made."""
+    if cfg.metrics_port is None:
+        yield None
+        return
+    from worker.telemetry import TrainTelemetry
+
+    telemetry = TrainTelemetry()
+    port = telemetry.serve(cfg.metrics_port, cfg.metrics_host)
+    log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+    try:
+        yield telemetry
+    finally:
+        telemetry.close()
 
 
 def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: ModelSpec, backend: Any,

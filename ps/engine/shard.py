@@ -401,14 +401,19 @@ class Shard:
             except Exception:
                 log.exception("a listener of the shard's breaking failed")
 
-    def create_table(self, cfg: TableConfig) -> Table:
-        """Creates the table, or returns the existing one if its config is the same (TableExistsError if not)."""
+    def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> Table:
+        """Creates the table, or returns the existing one if its config is the same (TableExistsError if not).
+        replace_untrained: an existing table of another config that was never trained (no row, no pending id, on
+        this shard) is replaced by a new one of cfg (the rows a pull put in its RAM tier, its initial rows, go
+        with it); one that holds any is refused as before."""
         self.refuse_if_lost()
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
             if table is not None:
                 diff = table.cfg.differences(cfg)
+                if diff and replace_untrained:
+                    return self._replace_untrained(table, cfg, diff)
                 if diff:
                     raise TableExistsError(
                         f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec "
@@ -424,6 +429,34 @@ class Shard:
             self.tables[cfg.name] = table
         log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
         return table
+
+    def _replace_untrained(self, old: Table, cfg: TableConfig, diff: list[str]) -> Table:
+        """create_table's replace of a table never trained (self._lock held): the old one is closed (its requests
+        from now on get ShardClosingError) and leaves the RAM budget, the new one takes its name and number. A
+        failure puts a table of the old config back, as it was (untrained, its RAM tier empty)."""
+        with old.lock:
+            if old.num_rows or old.num_pending:
+                raise TableExistsError(
+                    f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec (existing != "
+                    f"requested): {'; '.join(diff)}; it holds {old.num_rows:,} trained rows and {old.num_pending:,} "
+                    "ids pushed but not admitted, and only a table never trained is replaced; nothing was changed"
+                )
+            old.closed = True
+        self.budget.leave(old.arena)
+        try:
+            new = Table(cfg, self.store, self.journal, self.budget)
+            try:
+                self.store.create_table(cfg)  # the config under the same table number
+            except BaseException:
+                self.budget.leave(new.arena)
+                raise
+        except BaseException:
+            self.tables[cfg.name] = Table(old.cfg, self.store, self.journal, self.budget)
+            raise
+        self.tables[cfg.name] = new
+        log.info("replaced table %s, never trained, by one of another spec (existing != requested): %s", cfg.name,
+                 "; ".join(diff))  # fmt: skip
+        return new
 
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
