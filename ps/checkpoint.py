@@ -135,6 +135,8 @@ def load_manifest(directory: str) -> dict:
         with open(path) as f:
             manifest = json.load(f)
     except FileNotFoundError:
+        if not os.path.isdir(directory):
+            raise StorageError(f"checkpoint {directory} does not exist (or is not a directory)") from None
         raise StorageError(f"{directory} is not a checkpoint: it has no {MANIFEST}") from None
     except (OSError, ValueError) as e:
         raise StorageError(f"checkpoint manifest {path} cannot be read: {e}") from None

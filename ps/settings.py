@@ -236,19 +236,29 @@ def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-ADDRESS = re.compile(r"(\S+):(\d{1,5})")  # host:port (a port in 1..65535: see is_address)
+ADDRESS = re.compile(r"([^\s/@]+):(\d{1,5})")  # host:port (a port in 1..65535: see is_address); no scheme, path
 
 
 def is_address(text: str) -> bool:
-    """text is host:port with a port in 1..65535."""
+    """text is host:port with a port in 1..65535 (no scheme such as http://, no path)."""
     m = ADDRESS.fullmatch(text)
     return m is not None and 1 <= int(m.group(2)) <= 65535
+
+
+def address_hint(text: str) -> str:
+    """What to write instead of text, an address with a scheme or a path (a URL), for a message; else ""."""
+    m = re.fullmatch(r"[A-Za-z][\w+.-]*://([^/\s]+)/?", text)
+    if m is not None and is_address(m.group(1)):
+        return f" (no scheme: {m.group(1)})"
+    return " (no scheme or path: host:port alone)" if "/" in text else ""
 
 
 def address(text: str) -> str:
     """An argparse type: host:port with a port in 1..65535."""
     if not is_address(text):
-        raise argparse.ArgumentTypeError(f"expected host:port with a port in 1..65535, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected host:port with a port in 1..65535, got {text!r}{address_hint(text)}"
+        )
     return text
 
 

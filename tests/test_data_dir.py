@@ -82,6 +82,9 @@ def test_a_file_or_a_foreign_directory_is_refused(tmp_path):
     with pytest.raises(StorageError, match="is not a checkpoint: .*; the data dir was not touched"):
         Shard(ServerConfig(data_dir=str(volume), restore_dir=str(tmp_path / "photos")))  # checked first there too
     assert os.listdir(volume) == ["lost+found"]
+    with pytest.raises(StorageError, match="--restore .*/nowhere does not exist .*; the data dir was not touched"):
+        Shard(ServerConfig(data_dir=str(volume), restore_dir=str(tmp_path / "nowhere")))
+    assert os.listdir(volume) == ["lost+found"]
     Shard(ServerConfig(data_dir=str(volume))).close()
 
 

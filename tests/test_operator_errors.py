@@ -124,6 +124,13 @@ def test_a_server_that_is_not_host_port_is_named(servers, entry, capsys):
     assert code == 2 and f"--servers {servers!r}: {entry} is not host:port" in err, err
 
 
+@pytest.mark.parametrize("servers, hint", [("http://127.0.0.1:5611", "(no scheme: 127.0.0.1:5611)"),
+                                           ("ps-0:5000/tables", "(no scheme or path: host:port alone)")])  # fmt: skip
+def test_a_server_given_as_a_url_is_refused_at_once_saying_what_to_write(servers, hint, capsys):
+    code, err = worker(["stats", "--servers", servers, "--server-timeout", "30"], capsys)
+    assert code == 2 and "is not host:port with a port in 1..65535 " + hint in err, err
+
+
 # ---- TLS files ------------------------------------------------------------------------------------------
 
 

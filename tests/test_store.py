@@ -42,7 +42,10 @@ def test_rows_tables_and_counts_survive_reopen(tmp_path):
     assert np.array_equal(got[:2], rows[[1, 0]]) and lsn.tolist() == [8, 7, 2**64 - 1]
     assert np.array_equal(got[2], [0, 0, 14, 15, 16, 17])  # statistics only, the rest zero
     assert sorted(i for i, _ in s.iter_rows("emb")) == sorted(ids.tolist())
-    with pytest.raises(StorageError, match="belongs to shard 1 of 4.*started as shard 0 of 2"):
+    with pytest.raises(
+        StorageError,
+        match="belongs to shard 1 of 4.*started as shard 0 of 2: start it with --shard-id 1 --num-shards 4, or",
+    ):
         s.check_identity(0, 2)
     s.put_rows("emb", ids[:0], rows[:0], lsn[:0], complete[:0], {"admitted": 1, "pending": 1}, delete=ids[:1])
     assert s.get_rows("emb", ids[:1], 6)[0].tolist() == [False] and s.counts("emb")["admitted"] == 1

@@ -302,7 +302,7 @@ class DataSource:
                 if stats.bad_lines
                 else " (it is empty, or holds only a header)"
             )
-            raise ValueError(f"{self.cfg.data}: no examples to train on{why}")
+            raise ValueError(f"{self.cfg.data}: no examples in it{why}")
         return first
 
     def skipped_lines(self) -> int:

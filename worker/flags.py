@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from ps.settings import is_address
+from ps.settings import address_hint, is_address
 
 
 def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
@@ -26,7 +26,8 @@ def server_list(text: str | None, flag: str = "--servers") -> tuple[str, ...]:
         raise ValueError(f"{flag} is empty ({text!r}); expected host:port,... in shard order (an unset variable?)")
     for i, address in enumerate(addresses):
         if not is_address(address):
-            raise ValueError(f"{flag} {text!r}: entry {i} ({address!r}) is not host:port with a port in 1..65535")
+            raise ValueError(f"{flag} {text!r}: entry {i} ({address!r}) is not host:port with a port in 1..65535"
+                             f"{address_hint(address)}")  # fmt: skip
     return addresses
 
 

@@ -157,8 +157,11 @@ class TrainConfig:
         self._check_numbers()
         if not 0 <= self.worker_id < self.num_workers:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
-        if self.libsvm_fields is not None and (self.format != "libsvm" or self.libsvm_fields < 1):
-            raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1, with --format libsvm")
+        if self.libsvm_fields is not None and self.format != "libsvm" and not self.schema:  # --schema: its own refusal
+            raise ValueError(f"--libsvm-fields is for --format libsvm data only (the format here is {self.format!r}): "
+                             "leave it out")  # fmt: skip
+        if self.libsvm_fields is not None and self.libsvm_fields < 1:
+            raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1")
         if self.servers and self.local_shards is not None:
             raise ValueError("give --servers or --local-shards, not both")
         limit = self.worker_max_examples()

@@ -129,6 +129,9 @@ def _restore_manifest(config: ServerConfig) -> dict | None:
     new_dir = not os.path.isdir(config.data_dir) or not set(os.listdir(config.data_dir)) - {"lost+found"}
     if not (config.restore_dir and new_dir):
         return None
+    if not os.path.isdir(config.restore_dir):
+        raise StorageError(f"--restore {config.restore_dir} does not exist (or is not a directory): give the "
+                           "directory ps-worker checkpoint save wrote; the data dir was not touched")  # fmt: skip
     if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
         raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
                            "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip

@@ -257,9 +257,13 @@ def _identity(shard: tuple[int, int]) -> dict:
 
 
 def _belongs_elsewhere(path: str, have: dict, want: dict) -> StorageError:
+    start = f"--shard-id {have['shard_id']} --num-shards {have['num_shards']}"
+    if have.get("num_slots") != NUM_SLOTS:  # a dir of another build's slot count: no flag serves it
+        start = "a build of the same num_slots"
     return StorageError(
         f"data dir {path} belongs to {shard_name(have)}, but this server was started as shard {want['shard_id']} "
-        f"of {want['num_shards']}"
+        f"of {want['num_shards']}: start it with {start}, or give this shard its own data dir (to serve these rows "
+        "on another number of shards, save a checkpoint and --restore it into new data dirs); nothing was changed"
     )
 
 
