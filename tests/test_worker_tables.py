@@ -160,3 +160,18 @@ def test_tables_remember_the_schema_another_is_refused_and_new_data_of_the_same_
             client.create_table(TableConfig("marked", 2))  # a client that sends none
             with pytest.raises(TableExistsError, match=r": features: 'schema:0123456789abcdef' != 'schema:1111"):
                 client.create_table(TableConfig("marked", 2, features="schema:1111111111111111"))
+
+
+def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
+    from worker.train import too_small_for_the_model
+
+    refusal = ("the RAM tier (--cache-bytes 102400) cannot take table number 2: shared by 2 tables it gives each "
+               "51200 bytes, under the 229888 bytes a table's share must hold (256 rows of the widest table, 898 "
+               "bytes a row); raise --cache-bytes to at least 459776")  # fmt: skip
+    said = too_small_for_the_model(refusal, 5)
+    assert (
+        said.startswith(refusal) and "this run makes 5 more, 7 in all: raise --cache-bytes to at least 1609216" in said
+    )
+    assert too_small_for_the_model(refusal, 0) == refusal  # the last table: the shard's figure is the whole need
+    assert too_small_for_the_model("no figure", 3).endswith("this run makes 3 more tables after this one, each "
+                                                            "needing its share too")  # fmt: skip

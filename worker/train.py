@@ -25,13 +25,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 from tqdm import tqdm
 
-from ps.errors import PsError
+from ps.errors import PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import describe_files
@@ -96,8 +97,11 @@ def train(cfg: TrainConfig) -> dict:
             held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
             for warning in missing_shares(shard_stats, spec, client.servers):
                 log.warning("%s", warning)
-        for table in tables_cfg:
-            client.create_table(table, replace_untrained=table.name in replaced)
+        for i, table in enumerate(tables_cfg):
+            try:
+                client.create_table(table, replace_untrained=table.name in replaced)
+            except RamTierTooSmallError as e:
+                raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
@@ -206,6 +210,21 @@ def train(cfg: TrainConfig) -> dict:
             config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
             json.dump(json_figures({"config": config, **results}), f, indent=2)
     return results
+
+
+def too_small_for_the_model(refusal: str, tables_after: int) -> str:
+    """A shard's refusal of a table its RAM tier cannot share ("... cannot take table number n ... under the F
+    bytes a table's share must hold ... raise --cache-bytes to at least n*F"), with what the whole model needs: the
+    run makes tables_after more tables after this one, each with its share."""
+    if not tables_after:
+        return refusal
+    m = re.search(r"cannot take table number (\d+):.* under the (\d+) bytes a table's share must hold", refusal)
+    if m is None:
+        return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
+    n, floor = int(m.group(1)) + tables_after, int(m.group(2))
+    return (f"{refusal}. That counts the tables up to this one; this run makes {tables_after} more, {n} in all: "
+            f"raise --cache-bytes to at least {n * floor} for them all (more if a later table's rows are wider); the "
+            "tables made so far stay, and are replaced by a later run if they differ from its settings")  # fmt: skip
 
 
 @contextlib.contextmanager
