@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 import re
@@ -339,6 +340,12 @@ _SECTIONS = {
 
 
 _SCALARS = ("dim", "weight_bound", "l2")  # TableConfig's settings that are plain values
+_EXAMPLES = {  # of each section, for messages
+    "initializer": 'initializer = { name = "uniform", scale = 0.01 }',
+    "optimizer": 'optimizer = { name = "adagrad", learning_rate = 0.05 }',
+    "admission": "admission = { min_count = 2 }",
+    "eviction": "eviction = { ttl_steps = 1000 }",
+}
 
 
 def table_configs_from_toml(text: str, source: str = "table config") -> dict[str, dict]:
@@ -376,7 +383,12 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
             if key in _SECTIONS:
                 cls = _SECTIONS[key]
                 known = {f.name for f in dataclasses.fields(cls)}
-                unknown = sorted(set(value) - known) if isinstance(value, dict) else ["(not a table)"]
+                if not isinstance(value, dict):
+                    raise InvalidArgumentError(
+                        f"{source}: [{name}] {key} must be an inline table of its settings ({_EXAMPLES[key]}), got "
+                        f"{value!r}"
+                    )
+                unknown = sorted(set(value) - known)
                 if unknown:
                     raise InvalidArgumentError(
                         f"{source}: [{name}.{key}] has unknown keys {unknown}; known: {sorted(known)}"
@@ -385,12 +397,22 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
                     raise InvalidArgumentError(
                         f"{source}: [{name}.optimizer] needs a name, one of {sorted(OPTIMIZER_PARAMS)}"
                     )
-                fields[key] = cls(**value)
+                try:
+                    fields[key] = cls(**value)
+                except (TypeError, ValueError) as e:
+                    raise InvalidArgumentError(f"{source}: [{name}] {key}: {e}") from None
             elif key in _SCALARS:
                 fields[key] = value
             else:
+                settings = (*_SCALARS, *_SECTIONS)
+                if isinstance(value, dict) and value and set(value) <= set(settings):  # a table's settings in it
+                    nested = f" (a table's settings are a section of their own: [{key}], not [{name}.{key}])"
+                else:
+                    close = difflib.get_close_matches(key, settings, n=1)
+                    nested = f" (did you mean {close[0]!r}?)" if close else ""
                 raise InvalidArgumentError(
                     f"{source}: [{name}] has unknown key {key!r}; known: {', '.join(_SCALARS + tuple(_SECTIONS))}"
+                    f"{nested}"
                 )
         out[name] = fields
     return out

@@ -48,6 +48,14 @@ def test_a_toml_file_gives_every_setting():
         ("[fm\n", "not valid TOML"),
         ("fm = 3", r"\[fm\] must be a table"),
         ("[fm]\noptimizer = { learning_rate = 0.1 }", r"\[fm.optimizer\] needs a name, one of \['adagrad'"),
+        ("[fm]\noptimizer = 'adagrad'", r"\[fm\] optimizer must be an inline table of its settings \(optimizer = \{"),
+        (
+            "[tables.fm]\noptimizer = { name = 'sgd' }",
+            r"unknown key 'fm'; .* \(a table's settings are a section of "
+            r"their own: \[fm\], not \[tables.fm\]\)",
+        ),  # fmt: skip
+        ("[fm]\noptimiser = { name = 'sgd' }", r"unknown key 'optimiser'; .* \(did you mean 'optimizer'\?\)"),
+        ("[fm]\noptimizer = { name = [1] }", r"\[fm\] optimizer: unhashable type"),
     ],
 )
 def test_bad_toml_names_the_table_and_key(text, message):

@@ -70,7 +70,10 @@ def table_configs(
             raise ValueError(
                 f"{cfg.table_config}: table {t.name} has dim {fields['dim']}, model {cfg.model} needs {t.dim}"
             )
-        out.append(dataclasses.replace(t, **fields).normalized())
+        try:
+            out.append(dataclasses.replace(t, **fields).normalized())
+        except ValueError as e:
+            raise ValueError(f"{cfg.table_config}: table {t.name}: {e}") from None
     return out
 
 
