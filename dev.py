@@ -57,6 +57,8 @@ def ensure_env(with_torch: bool = False, extras: str = "dev") -> str:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("demo", "test", "bench", "env"):
         print(__doc__.strip())
+        if argv:
+            print(f"\ndev.py: unknown command {argv[0]!r}: expected demo, test, bench or env", file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
     python = ensure_env(with_torch=command in ("test", "bench"), extras="dev,bench" if command == "bench" else "dev")

@@ -264,6 +264,7 @@ def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, mess
         (["checkpoint", "save", "ckpt", "--servers", "127.0.0.1:5000", "--hold-timeout-s", "5000"],
          "argument --hold-timeout-s: expected a number > 0 and <= 3600, got '5000'"),  # the servers' bound
         (["export", "out", "--servers", "127.0.0.1:5000", "--since", "-1"], "argument --since: expected an integer >= 0, got -1"),
+        (["train", "--local-shards", "1", "--hidden", "64,,32"], "--hidden '64,,32': expected comma-separated integers"),
     ],
 )  # fmt: skip
 def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, capsys):

@@ -480,6 +480,10 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     with pytest.raises(ValueError, match=r"its first line has tabs and no ',': .*--format criteo.*--delimiter"):
         infer_schema_text(str(tsv_file))
     assert 'delimiter = "\\t"' in infer_schema_text(str(tsv_file), delimiter="\t")
+    header_only = tmp_path / "header.csv"
+    header_only.write_text("click,a,b\n")
+    with pytest.raises(ValueError, match=r"header.csv: a header and no data rows: nothing to tell each column's kind"):
+        infer_schema_text(str(header_only))
 
 
 def test_a_train_on_local_shards_ends_saying_the_model_went_with_them(tmp_path, capsys):

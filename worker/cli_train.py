@@ -393,8 +393,11 @@ def names(text: str) -> tuple[str, ...]:
 
 
 def hidden_widths(text: str) -> tuple[int, ...]:
+    parts = [s.strip() for s in text.split(",")] if text.strip() else []
     try:
-        return tuple(int(s) for s in names(text))
+        if "" in parts:
+            raise ValueError("an empty entry")
+        return tuple(int(s) for s in parts)
     except ValueError:
         raise ValueError(f"--hidden {text!r}: expected comma-separated integers, e.g. 400,400,400") from None
 

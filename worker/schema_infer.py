@@ -102,6 +102,9 @@ def infer_schema(
         return "\n".join(lines) + "\n", []
     header, rows, whole = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
+    if not rows:
+        raise ValueError(f"{path}: a header and no data rows: nothing to tell each column's kind (or the label) "
+                         "from; give a file with rows")  # fmt: skip
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     binary = [h for h in header if _is_binary(columns[h])]
     label = next((h for h in binary if h.lower() in LABEL_NAMES), None)
