@@ -185,6 +185,11 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
         with Client([address]) as client:
             client.create_table(TableConfig("emb", 2))
             client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        nothing = tmp_path / "nothing"
+        assert main(["export", str(nothing), "--servers", address, "--tables", "emb,fm*", "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert "--tables 'fm*' matches no table the servers hold (emb); nothing was saved" in err, err
+        assert not nothing.exists() and sorted(os.listdir(tmp_path)) == ["export", "shard-0"]  # no checkpoint taken
         caplog.set_level("INFO", LOGGER)
         code = main(["export", str(out), "--servers", address, "--keep-checkpoint", "--no-progress"])
     finally:

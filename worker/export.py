@@ -15,6 +15,7 @@ earlier export kept (check_kept_checkpoint). A failure leaves OUT as it was (an 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import re
@@ -63,6 +64,12 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         try:
             with client(args) as servers:
                 servers.wait_ready()
+                if args.tables is not None:  # before the checkpoint (a hold on pushes) is taken
+                    held = sorted(t.name for t in servers.stats()[0].tables)
+                    for pattern in table_patterns(args.tables):
+                        if not fnmatch.filter(held, pattern):
+                            raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
+                                             f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
                 try:
                     save(servers, fresh)
                 except CheckpointOutsideRootError as e:
