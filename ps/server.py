@@ -58,6 +58,10 @@ class Server:
             raise ValueError(f"threads (--threads) must be >= 1, got {config.threads}")
         self.config = config
         self.progress = progress if progress is not None else StartProgress()
+        root = config.checkpoint_root
+        if root and os.path.isdir(root) and not os.access(root, os.W_OK | os.X_OK):
+            log.warning("--checkpoint-root %s is not writable by this user: checkpoint saves (ps-worker checkpoint "
+                        "save, export) will be refused until it is", root)  # fmt: skip
         self._token = read_token(config.auth_token_file) if config.auth_token_file else None
         interceptors = [TokenCheck(self._token)] if self._token else []
         self._credentials = (

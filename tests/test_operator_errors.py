@@ -310,6 +310,19 @@ def test_a_memory_bound_past_the_machines_ram_is_warned_of(tmp_path):
     assert r.returncode == 0 and "more than this machine's" not in r.stderr, r.stderr
 
 
+def test_a_checkpoint_root_this_user_cannot_write_is_warned_of_at_start(tmp_path, monkeypatch, caplog):
+    from ps.config import ServerConfig
+    from ps.server import Server
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    real_access = os.access
+    monkeypatch.setattr("ps.server.os.access", lambda p, mode: p != str(root) and real_access(p, mode))  # as for
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, checkpoint_root=str(root)))  # another user
+    server.stop(grace_s=1)
+    assert f"--checkpoint-root {root} is not writable by this user: checkpoint saves" in caplog.text, caplog.text
+
+
 @pytest.mark.parametrize(
     "argv",
     [["-m", "ps", "size", "--ids", "1e6", "--dim", "8", "--optimizer", "adagrad", "--servers", "2"],
