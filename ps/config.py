@@ -7,6 +7,8 @@ import difflib
 import math
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -348,6 +350,24 @@ _EXAMPLES = {  # of each section, for messages
 }
 
 
+def _check_toml_type(what: str, value: object, hint: object) -> None:
+    """InvalidArgumentError naming `what` unless value (parsed TOML) has the type of a config field's hint: a
+    number for float (an integer too), an integer for int, a string for str, a table of numbers for dict[str,
+    float]; `X | None` is X (TOML has no null)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(k for k in typing.get_args(hint) if k is not type(None))
+    kind = typing.get_origin(hint) or hint
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {float: number, int: number and isinstance(value, int), str: isinstance(value, str)}.get(kind)
+    if kind is dict and isinstance(value, dict):
+        for k, v in value.items():
+            _check_toml_type(f"{what}.{k}", v, float)
+        return
+    if not fits:
+        expected = {float: "a number", int: "an integer", str: "a string", dict: "a table of numbers"}.get(kind, kind)
+        raise InvalidArgumentError(f"{what} must be {expected}, got {value!r}")
+
+
 def table_configs_from_toml(text: str, source: str = "table config") -> dict[str, dict]:
     """Parses a TOML file of tables, one section each, into {name: fields for TableConfig}:
 
@@ -397,11 +417,12 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
                     raise InvalidArgumentError(
                         f"{source}: [{name}.optimizer] needs a name, one of {sorted(OPTIMIZER_PARAMS)}"
                     )
-                try:
-                    fields[key] = cls(**value)
-                except (TypeError, ValueError) as e:
-                    raise InvalidArgumentError(f"{source}: [{name}] {key}: {e}") from None
+                hints = typing.get_type_hints(cls)
+                for field_name, field_value in value.items():
+                    _check_toml_type(f"{source}: [{name}] {key}.{field_name}", field_value, hints[field_name])
+                fields[key] = cls(**value)
             elif key in _SCALARS:
+                _check_toml_type(f"{source}: [{name}] {key}", value, typing.get_type_hints(TableConfig)[key])
                 fields[key] = value
             else:
                 settings = (*_SCALARS, *_SECTIONS)

@@ -191,8 +191,9 @@ class DataDirLostError(PsError):
 class ShardNeedsRestartError(PsError):
     """A push was journaled, then failed part way through being applied in RAM (a push too large for one pass,
     whose later part needed a RocksDB read or write that failed): the journal holds all of it, RAM some of it. The
-    shard takes no more requests of any kind and flushes nothing (so the journal keeps the push); a restart
-    replays it whole. Not retried: the server has to be restarted; the message says which push and why."""
+    shard takes no more writes (nor Stats), the push's table no requests at all, and nothing is flushed (so the
+    journal keeps the push); a restart replays it whole. Not retried: the server has to be restarted; the
+    message says which push and why."""
 
     status = "FAILED_PRECONDITION"
 
@@ -340,7 +341,7 @@ SERVER_ERRORS = (
     RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
     CheckpointDirError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
     CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
-    DataLossError, CheckpointDamagedError, CheckpointOutsideRootError,
+    DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError,
 )  # fmt: skip
 """The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
 client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

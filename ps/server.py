@@ -288,8 +288,9 @@ def _say(line: str) -> None:
 
 def stop_server(server: Server, shard_id: int) -> int:
     """Stops a serving shard and says how it went: 0, or 1 when its disk was too full to write its last rows
-    (the journal holds them: nothing acknowledged is lost), or its data dir was deleted under it (DataDirLostError:
-    the message says what was lost)."""
+    (the journal holds them: nothing acknowledged is lost), its data dir was deleted under it (DataDirLostError:
+    the message says what was lost), or it broke (a push journaled but applied in part: its last rows stay
+    unwritten, the journal replays them)."""
     try:
         server.stop()
     except DataDirLostError as e:
@@ -298,6 +299,11 @@ def stop_server(server: Server, shard_id: int) -> int:
     except DiskFullError as e:
         print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB: {e}. Every acknowledged "
               "push is in its journal, replayed at the next start once the disk has room", file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    if server.shard is not None and server.shard.broken:
+        print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB (its journal holds every "
+              f"acknowledged push and replays them at the next start): {server.shard.broken}", file=sys.stderr,
+              flush=True)  # fmt: skip
         return 1
     print(f"ps-server shard {shard_id}: stopped cleanly", file=sys.stderr, flush=True)
     return 0

@@ -239,9 +239,13 @@ def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
 ADDRESS = re.compile(r"([^\s/@]+):(\d{1,5})")  # host:port (a port in 1..65535: see is_address); no scheme, path
 
 
+GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
+
+
 def is_address(text: str) -> bool:
-    """text is host:port with a port in 1..65535 (no scheme such as http://, no path)."""
-    m = ADDRESS.fullmatch(text)
+    """text is host:port with a port in 1..65535, or gRPC's dns:///host:port (no other scheme such as http://, no
+    path, no user part)."""
+    m = ADDRESS.fullmatch(text.removeprefix(GRPC_DNS))
     return m is not None and 1 <= int(m.group(2)) <= 65535
 
 
@@ -250,7 +254,7 @@ def address_hint(text: str) -> str:
     m = re.fullmatch(r"[A-Za-z][\w+.-]*://([^/\s]+)/?", text)
     if m is not None and is_address(m.group(1)):
         return f" (no scheme: {m.group(1)})"
-    return " (no scheme or path: host:port alone)" if "/" in text else ""
+    return " (no scheme, path or user part: host:port alone)" if "/" in text or "@" in text else ""
 
 
 def address(text: str) -> str:

@@ -126,3 +126,53 @@ def test_a_retry_of_a_push_whose_chunk_failed_once_is_refused_and_a_restart_appl
     restarted = shard_at(str(tmp_path / "small"), TIER_ROWS)
     np.testing.assert_array_equal(restarted.pull("t", BIG), want)
     restarted.close()
+
+
+def test_a_flush_that_marked_the_journal_before_the_push_broke_trims_nothing(tmp_path):
+    """A flush takes its journal mark after the push's append and before its failure (then waits for the table's
+    lock): it must not record the push as flushed, or the journal's trim would take the push with it."""
+    import threading
+
+    reference = filled(str(tmp_path / "reference"), 100_000)
+    push(reference, BIG, 0.5)
+    want = reference.pull("t", BIG)
+    reference.close()
+
+    shard = filled(str(tmp_path / "small"), TIER_ROWS)
+    table, append, mark, resolve = shard.table("t"), shard.journal.append, shard.journal.mark, shard.table("t")._resolve
+    journaled, marked, flushed = [], threading.Event(), {}
+
+    def noting(name, ids, *args, **kwargs):
+        seq = append(name, ids, *args, **kwargs)
+        journaled.append(len(ids))
+        return seq
+
+    def marking():
+        out = mark()
+        marked.set()
+        return out
+
+    def flush() -> None:
+        try:
+            flushed["rows"] = shard.flush()
+        except ShardNeedsRestartError as e:
+            flushed["refused"] = str(e)
+
+    flusher = threading.Thread(target=flush)
+
+    def failing_once_the_flush_marked(*args, **kwargs):
+        if journaled == [len(BIG)] and not flusher.is_alive() and not marked.is_set():
+            flusher.start()
+            assert marked.wait(20)  # the flush has its mark and waits for the table's lock, which this push holds
+            raise StorageError("simulated: a RocksDB read failed")
+        return resolve(*args, **kwargs)
+
+    shard.journal.append, shard.journal.mark, table._resolve = noting, marking, failing_once_the_flush_marked
+    with pytest.raises(ShardNeedsRestartError):
+        push(shard, BIG, 0.5)
+    flusher.join(20)
+    assert "Restart the server" in flushed.get("refused", ""), flushed
+    shard.close()
+    restarted = shard_at(str(tmp_path / "small"), TIER_ROWS)
+    np.testing.assert_array_equal(restarted.pull("t", BIG), want)
+    restarted.close()

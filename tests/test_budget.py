@@ -227,3 +227,48 @@ def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_chang
         np.testing.assert_array_equal(shard.pull("starved", ids), -np.ones((4, 4), np.float32))
     finally:
         shard.close()
+
+
+def test_a_reclaim_that_waited_for_a_table_replaced_meanwhile_takes_nothing_from_it(tmp_path):
+    """Table b asks for rows while t (never trained, most of the budget) is busy; t is replaced by a table of
+    another spec before b gets its lock: b takes its rows from the bytes t's leaving freed, not from t's old
+    arena, and the budget still adds up to its tables' rows."""
+    import threading
+    import time
+
+    from ps.config import OptimizerConfig, ServerConfig, TableConfig
+    from ps.engine.shard import Shard
+    from ps.rows.layout import layout_of
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=2048 * layout_of(8, "adagrad").ram_bytes,
+                               flush_interval_s=3600))  # fmt: skip
+    shard.create_table(TableConfig("t", 8))
+    shard.create_table(TableConfig("b", 8))
+    old, budget = shard.table("t"), shard.budget
+    for lo in range(0, 1800, 300):  # initial rows pulled: not trained
+        shard.pull("t", np.arange(lo, lo + 300, dtype=np.uint64))
+    replaced = threading.Event()
+
+    class LateLock:  # b's reclaim gets t's lock only after the replace
+        def __init__(self, inner):
+            self.inner = inner
+
+        def acquire(self, timeout=-1):
+            assert replaced.wait(20)
+            return self.inner.acquire(timeout=timeout)
+
+        def release(self):
+            self.inner.release()
+
+    old.arena.lock = LateLock(old.lock)
+    got = {}
+    asker = threading.Thread(target=lambda: got.update(rows=shard.pull("b", np.arange(10**6, 10**6 + 600,
+                                                                                         dtype=np.uint64))))  # fmt: skip
+    asker.start()
+    time.sleep(0.5)
+    shard.create_table(TableConfig("t", 8, optimizer=OptimizerConfig("sgd", 0.1)), replace_untrained=True)
+    replaced.set()
+    asker.join(30)
+    assert got["rows"].shape == (600, 8) and old.arena.used == 1800  # the old arena gave nothing up
+    assert budget.used_bytes == sum(m.used * m.row_charge for m in budget._members) <= budget.limit_bytes
+    shard.close()

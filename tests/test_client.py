@@ -427,3 +427,17 @@ def test_a_refusal_is_raised_as_the_class_the_server_named_where_it_has_the_stat
     assert error_class("NOT_FOUND", "DataDirLostError") is TableNotFoundError  # a name of another status: ignored
     assert error_class("FAILED_PRECONDITION", "SystemExit") is WrongShardError  # no PsError: ignored
     assert error_class("UNIMPLEMENTED", None) is PsError
+
+
+def test_every_server_side_error_class_can_be_named_to_the_client():
+    """Each PsError of ps/errors.py is in SERVER_ERRORS (the client raises it by name) unless it is one the client
+    raises itself: a class missing there reaches the client as its status's class (FAILED_PRECONDITION:
+    WrongShardError, whose message is about slot maps)."""
+    import inspect
+
+    from ps import errors
+
+    client_side = {"ClientIdInUseError", "JobIdReusedError", "ServerUnavailableError", "RequestOutcomeUnknownError"}
+    classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PsError)}
+    named = {c.__name__ for c in errors.SERVER_ERRORS}
+    assert classes - {"PsError"} - client_side == named, (classes - named, named - classes)

@@ -125,7 +125,7 @@ def test_a_server_that_is_not_host_port_is_named(servers, entry, capsys):
 
 
 @pytest.mark.parametrize("servers, hint", [("http://127.0.0.1:5611", "(no scheme: 127.0.0.1:5611)"),
-                                           ("ps-0:5000/tables", "(no scheme or path: host:port alone)")])  # fmt: skip
+                                           ("ps-0:5000/tables", "(no scheme, path or user part: host:port alone)")])  # fmt: skip
 def test_a_server_given_as_a_url_is_refused_at_once_saying_what_to_write(servers, hint, capsys):
     code, err = worker(["stats", "--servers", servers, "--server-timeout", "30"], capsys)
     assert code == 2 and "is not host:port with a port in 1..65535 " + hint in err, err
@@ -346,3 +346,11 @@ def test_a_health_probe_of_an_address_that_is_not_host_port_is_refused(address):
     """A port past 65535 was probed modulo 65536 (another process's port): refused, as the worker refuses it."""
     r = subprocess.run([sys.executable, "-m", "ps", "health", address], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and f"expected host:port with a port in 1..65535, got {address!r}" in r.stderr, r.stderr
+
+
+def test_addresses_of_every_form_a_cluster_uses_are_taken():
+    from worker.flags import server_list
+
+    forms = ["127.0.0.1:5000", "[::1]:5000", "my_host:5000", "ps-0.ps.default.svc.cluster.local:5000",
+             "dns:///ps-0:5000"]  # fmt: skip
+    assert server_list(",".join(forms)) == tuple(forms)

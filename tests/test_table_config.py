@@ -55,7 +55,11 @@ def test_a_toml_file_gives_every_setting():
             r"their own: \[fm\], not \[tables.fm\]\)",
         ),  # fmt: skip
         ("[fm]\noptimiser = { name = 'sgd' }", r"unknown key 'optimiser'; .* \(did you mean 'optimizer'\?\)"),
-        ("[fm]\noptimizer = { name = [1] }", r"\[fm\] optimizer: unhashable type"),
+        ("[fm]\noptimizer = { name = [1] }", r"\[fm\] optimizer.name must be a string, got \[1\]"),
+        ("[fm]\noptimizer = { name = 'sgd', learning_rate = '0.05' }", r"learning_rate must be a number, got '0.05'"),
+        ("[fm]\nadmission = { min_count = 2.5 }", r"\[fm\] admission.min_count must be an integer, got 2.5"),
+        ("[fm]\noptimizer = { name = 'ftrl', params = { l1 = 'x' } }", r"optimizer.params.l1 must be a number"),
+        ("[fm]\nweight_bound = [1]", r"\[fm\] weight_bound must be a number, got \[1\]"),
     ],
 )
 def test_bad_toml_names_the_table_and_key(text, message):

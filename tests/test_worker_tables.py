@@ -170,8 +170,28 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
                "bytes a row); raise --cache-bytes to at least 459776")  # fmt: skip
     said = too_small_for_the_model(refusal, 5)
     assert (
-        said.startswith(refusal) and "this run makes 5 more, 7 in all: raise --cache-bytes to at least 1609216" in said
+        said.startswith(refusal)
+        and "this run makes up to 5 more, 7 in all: raise --cache-bytes to at least 1609216" in said
     )
     assert too_small_for_the_model(refusal, 0) == refusal  # the last table: the shard's figure is the whole need
     assert too_small_for_the_model("no figure", 3).endswith("this run makes 3 more tables after this one, each "
                                                             "needing its share too")  # fmt: skip
+
+
+def test_a_table_with_ids_pushed_but_not_admitted_on_one_shard_is_not_untrained():
+    """DescribeTable counts admitted rows only: ids pushed below the admission count on one shard still make the
+    table trained, so the check refuses it (a replace would go through on the other shard alone)."""
+    from ps.config import AdmissionConfig, OptimizerConfig
+    from ps.sharding import SlotMap
+    from worker.tables import check_tables
+
+    with LocalCluster(2) as cluster, Client(cluster.addresses) as client:
+        client.create_table(TableConfig("t", 4, admission=AdmissionConfig(min_count=1000)))
+        ids = np.arange(10000, dtype=np.uint64)
+        ids = ids[SlotMap.contiguous(2).shard_of(ids) == 0][:20]
+        client.push("t", ids, np.ones((len(ids), 4), np.float32))
+        assert [i.num_rows for i in client.describe_table("t")] == [0, 0]
+        other = TableConfig("t", 4, optimizer=OptimizerConfig("sgd", 0.1), admission=AdmissionConfig(min_count=1000))
+        with pytest.raises(ValueError, match="with other settings than this run's"):
+            check_tables(client, [other], "nothing was created", replace_untrained=True)
+        assert [i.spec.optimizer.name for i in client.describe_table("t")] == ["adagrad", "adagrad"]

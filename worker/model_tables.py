@@ -72,7 +72,7 @@ def table_configs(
             )
         try:
             out.append(dataclasses.replace(t, **fields).normalized())
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             raise ValueError(f"{cfg.table_config}: table {t.name}: {e}") from None
     return out
 

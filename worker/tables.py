@@ -30,7 +30,7 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
                 ) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
-    lacks], {names of the tables of `differ` that hold no trained row on any shard})."""
+    lacks], {names of the tables of `differ` that hold no row and no pending id on any shard})."""
     differ, missing, untrained = {}, [], set()
     for t in wanted:
         try:
@@ -44,8 +44,11 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
             diff = [d for d in diff if d.split(":")[0] in keep]
         if diff:
             differ[t.name] = diff
-            if all(info.num_rows == 0 for info in infos):
-                untrained.add(t.name)
+    if differ:  # untrained: no admitted row and no id pushed but not admitted (which DescribeTable leaves out)
+        held = [{s.name: s for s in shard.tables} for shard in client.stats()]
+        untrained = {name for name in differ if all(
+            name in tables and tables[name].num_rows == 0 and tables[name].pending_ids == 0 for tables in held
+        )}  # fmt: skip
     return differ, missing, untrained
 
 

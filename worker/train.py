@@ -222,7 +222,7 @@ def too_small_for_the_model(refusal: str, tables_after: int) -> str:
     if m is None:
         return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
     n, floor = int(m.group(1)) + tables_after, int(m.group(2))
-    return (f"{refusal}. That counts the tables up to this one; this run makes {tables_after} more, {n} in all: "
+    return (f"{refusal}. That counts the tables up to this one; this run makes up to {tables_after} more, {n} in all: "
             f"raise --cache-bytes to at least {n * floor} for them all (more if a later table's rows are wider); the "
             "tables made so far stay, and are replaced by a later run if they differ from its settings")  # fmt: skip
 

@@ -445,7 +445,8 @@ class Shard:
                     "ids pushed but not admitted, and only a table never trained is replaced; nothing was changed"
                 )
             old.closed = True
-        self.budget.leave(old.arena)
+            old.replaced = True
+            self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone
         try:
             new = Table(cfg, self.store, self.journal, self.budget)
             try:
@@ -661,8 +662,8 @@ class Shard:
                 try:
                     self.apply_push(checked[i], (*request, i))
                 except PsError as e:
-                    if i == skip:
-                        raise
+                    if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
+                        raise  # says what a restart does
                     what = str(e).removesuffix("; nothing was applied")  # of this push; those before it stay
                     before = (f"push {skip} before it was applied and stays" if i - skip == 1
                               else f"pushes {skip} to {i - 1} before it were applied and stay")  # fmt: skip
@@ -828,7 +829,11 @@ class Shard:
             covered, changes = self.journal.mark()  # every record <= covered is applied (appends happen under
             self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
             try:
-                written = sum(t.flush() for t in list(self.tables.values()))
+                tables = list(self.tables.values())
+                written = sum(t.flush() for t in tables)
+                broken = self.broken or next((t.broken for t in tables if t.broken), "")
+                if broken:  # a push journaled before the mark broke its table since: the journal must keep it
+                    raise ShardNeedsRestartError(broken)
                 self.store.set_flushed_seq(covered, changes)
             except BaseException:
                 self.journal.applied.put_back(changes)  # written by the next flush
@@ -959,10 +964,12 @@ class Shard:
             log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged push "
                         "and the push only partly applied; the next start replays them): %s", self.shard_id,
                         self.broken)  # fmt: skip
+        flushed = False
         try:
             if not self.broken:
                 t0 = time.monotonic()
                 rows = self.flush()
+                flushed = True
                 log.info("flushed %s dirty rows to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
         finally:  # a failed flush too: the journal keeps what it did not write, and the data dir is let go
             with self._lock:
@@ -971,7 +978,7 @@ class Shard:
                         t.closed = True
                 try:
                     self.journal.close()
-                    if not self.broken:
+                    if flushed:  # after a failed flush, its error is the one raised
                         self.store.flush()
                 finally:
                     self.store.close()

@@ -75,6 +75,7 @@ class Table:
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
         self.closed = False
         self.broken = ""  # why the table refuses every request: a journaled push only partly applied in RAM
+        self.replaced = False  # closed because a table of its name and another spec took its place (untrained)
         self._watchers: set[ReadAhead] = set()  # the reads ahead in progress (each collects the ids written since)
         self.counters = {
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
@@ -242,10 +243,14 @@ class Table:
         return updated
 
     def flush(self) -> int:
-        """Writes every row that is dirty when the scan reaches it to RocksDB; returns rows written."""
+        """Writes every row that is dirty when the scan reaches it to RocksDB; returns rows written.
+        ShardNeedsRestartError once the table is broken (a flush that went on would let the journal be trimmed of
+        the push RAM holds only part of)."""
         start, written = 0, 0
         while True:
             with self.lock:
+                if self.broken:
+                    raise ShardNeedsRestartError(self.broken)
                 if self.closed:
                     return written
                 rows, start = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
@@ -320,6 +325,9 @@ class Table:
         return hp
 
     def _check_open(self) -> None:
+        if self.replaced:  # UNAVAILABLE: the client sends it again, to the table that took its place
+            raise ShardClosingError(f"table {self.name!r} was replaced just now by a table of its name and another "
+                                    "spec; send the request again")  # fmt: skip
         if self.closed:
             raise ShardClosingError(f"table {self.name!r}: the server is shutting down")
         if self.broken:
@@ -440,8 +448,9 @@ class Table:
     def _persist(self, rows: np.ndarray, background: bool = False) -> None:
         """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored.
         background: by the store's write-behind thread (reads see them at once), in parts of at most
-        Store.background_rows, each copied out of the arena when the write-behind has room for it: one request's
-        victims (up to half the RAM tier) never wait in memory beyond the write-behind's bound."""
+        Store.background_rows, each copied out of the arena as it is handed over (which waits while the pending
+        parts leave it no room): of one request's victims (up to half the RAM tier), at most one part waits in
+        memory beyond the write-behind's bound."""
         if not background:
             self._persist_part(rows, False)
             return

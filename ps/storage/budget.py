@@ -13,7 +13,7 @@ outside it. Sharing:
 So a table can hold its share, also one created after the others filled the budget; join() refuses a table
 (RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
 MIN_SHARE_ROWS rows of the widest table, or MIN_SHARE_BYTES where that is less (wide rows). A table whose
-creation fails after join() leaves again (leave()).
+creation fails after join(), or that is replaced (its arena's lock held), leaves again (leave()).
 
 Lock order: a table waits for another table's lock only while it holds its own lock and fewer rows than its
 share has room for, and only for a table it has just seen above its share; a table above its share never waits
@@ -79,8 +79,9 @@ class MemoryBudget:
             self._members.append(member)
 
     def leave(self, member: Member) -> None:
-        """Removes a table's arena that joined, for a table whose creation failed after join(); the bytes of its
-        rows (none, for a table that never served a request) go back to the budget."""
+        """Removes a table's arena that joined (a table whose creation failed after join(), or one replaced; the
+        caller holds the arena's lock, so no reclaim() is taking rows from it); the bytes of its rows go back to the
+        budget."""
         with self._lock:
             self._members = [m for m in self._members if m is not member]
             self.used_bytes -= member.used * member.row_charge
@@ -118,9 +119,11 @@ class MemoryBudget:
             if other is asker or not other.lock.acquire(timeout=RECLAIM_WAIT_S):
                 continue
             try:  # other's table is idle now: its rows can move
-                surplus = -(-(other.used * other.row_charge - share) // other.row_charge)  # to under a row above share
-                wanted = -(-room * rc // other.row_charge)
-                freed = other.give_up(min(surplus, wanted)) if surplus > 0 else 0
+                with self._lock:
+                    gone = other not in self._members  # it left since the list was read (a table replaced): its
+                surplus = -(-(other.used * other.row_charge - share) // other.row_charge)  # bytes are free already
+                wanted = -(-room * rc // other.row_charge)  # to under a row above share
+                freed = other.give_up(min(surplus, wanted)) if surplus > 0 and not gone else 0
             except Exception:  # e.g. its dirty rows cannot be persisted: asker's request is not the one to fail
                 log.exception("a table could not give rows back to another; skipped")
                 freed = 0
