@@ -646,3 +646,17 @@ def test_a_header_read_as_one_column_that_a_tab_would_split_gets_a_hint():
         _csv_columns("t.tsv", ["city\tclicked"], schema)
     with pytest.raises(ValueError, match=r"its columns are \['town', 'clicked'\]$"):  # two columns: no hint
         _csv_columns("t.csv", ["town", "clicked"], schema)
+
+
+def test_a_format_flag_a_schema_file_overrides_is_said_to_be_unused(tmp_path, caplog):
+    from worker.schema_builtin import resolve_schema
+
+    (tmp_path / "s.toml").write_text('format = "csv"\nlabel = "label"\n[[columns]]\nname = "user"\n'
+                                     'kind = "categorical"\n')  # fmt: skip
+    flags = dict(label_column=None, drop_columns=(), numeric_columns=(), libsvm_fields=None, default_table="t",
+                 default_dim=4)  # fmt: skip
+    for fmt, said in (("libsvm", True), ("criteo", False), ("csv", False)):  # criteo: the default, no choice
+        caplog.clear()
+        schema = resolve_schema(None, schema_path=str(tmp_path / "s.toml"), fmt=fmt, **flags)
+        assert schema.format == "csv"
+        assert ("--format libsvm is not used: --schema" in caplog.text) == said, (fmt, caplog.text)

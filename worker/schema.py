@@ -63,6 +63,7 @@ from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.models.spec import BIAS_FIELD, POOLINGS, FieldSpec
 
 FORMATS = ("criteo", "csv", "libsvm")
+DEFAULT_FORMAT = "criteo"  # a run's --format when none is given (TrainConfig.format)
 KINDS = ("categorical", "multi_hot", "weighted", "numeric")
 ID_KINDS = ("hashed", "raw")
 DENSE_TRANSFORMS = ("log", "standardize", "none")

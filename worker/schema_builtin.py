@@ -4,9 +4,12 @@ run reads its data through one; resolve_schema picks between them and a --schema
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from worker.features import NUM_INT_FIELDS
-from worker.schema import CRITEO_COLUMNS, FORMATS, Column, Schema, TableSchema, load_schema
+from worker.schema import CRITEO_COLUMNS, DEFAULT_FORMAT, FORMATS, Column, Schema, TableSchema, load_schema
+
+log = logging.getLogger("worker.schema_builtin")
 
 
 def builtin_schema(
@@ -117,6 +120,8 @@ def resolve_schema(
         if given:
             raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
         schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim)
+        if fmt != schema.format and fmt != DEFAULT_FORMAT:  # the default is no choice of the user's
+            log.warning("--format %s is not used: --schema %s says format = %r", fmt, schema_path, schema.format)
         if schema.format == "csv" and schema.label is None and data is not None:  # the training file's first
             from worker.formats import read_csv_header  # column, for every file read through it (eval's too)
 

@@ -18,7 +18,7 @@ from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import LARGE, RECIPES, choose, describe
-from worker.schema import FORMATS
+from worker.schema import DEFAULT_FORMAT, FORMATS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
@@ -34,7 +34,7 @@ class TrainConfig:
     data: str | None = None
     eval_data: str | None = None
     schema: str | None = None  # TOML feature schema (worker/schema.py); None: the built-in one of `format`
-    format: str = "criteo"
+    format: str = DEFAULT_FORMAT
     label_column: str | None = None
     drop_columns: tuple[str, ...] = ()
     numeric_columns: tuple[str, ...] = ()
