@@ -193,19 +193,28 @@ def client_channel(address: str, options: list, tls_ca: str | None = None, tls_c
 
 
 # ---- what a client that cannot connect tells its user ---------------------------------------------------------
+GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
+
+
+def host_and_port(address: str) -> tuple[str, str]:
+    """(host, port) of host:port or dns:///host:port, the host without IPv6 brackets; no check."""
+    host, _, port = address.removeprefix(GRPC_DNS).rpartition(":")
+    return host.strip("[]"), port
+
+
 def speaks_tls(address: str, timeout_s: float = 1.0) -> str | None:
     """What listens at host:port, as a TLS handshake that verifies nothing and presents no certificate finds it
     within timeout_s: "tls" (a TLS server that took the connection), "mutual" (a TLS server that closed it after
     the handshake: it wants a client certificate), "plain" (it answered, not in TLS), None (no connection, no
     answer, or not host:port)."""
     deadline = time.monotonic() + timeout_s
-    host, _, port = address.rpartition(":")
+    host, port = host_and_port(address)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["h2"])
     try:
-        raw = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
+        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
     except (OSError, ValueError):
         return None
     with raw:

@@ -27,6 +27,8 @@ import sys
 import tomllib
 from collections.abc import Callable, Mapping
 
+from ps.security import GRPC_DNS
+
 CONFIG_ENV = "PS_CONFIG"
 CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shrink", "checkpoint", "export",
                    "synth", "schema")  # fmt: skip
@@ -239,9 +241,6 @@ def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
 ADDRESS = re.compile(r"([^\s/@]+):(\d{1,5})")  # host:port (a port in 1..65535: see is_address); no scheme, path
 
 
-GRPC_DNS = "dns:///"  # gRPC's own name for a host:port resolved by DNS, which a channel takes as it is
-
-
 def is_address(text: str) -> bool:
     """text is host:port with a port in 1..65535, or gRPC's dns:///host:port (no other scheme such as http://, no
     path, no user part)."""
@@ -251,6 +250,8 @@ def is_address(text: str) -> bool:
 
 def address_hint(text: str) -> str:
     """What to write instead of text, an address with a scheme or a path (a URL), for a message; else ""."""
+    if text.startswith(GRPC_DNS):
+        return " (dns:///host:port: a port is needed)" if ":" not in text.removeprefix(GRPC_DNS) else ""
     m = re.fullmatch(r"[A-Za-z][\w+.-]*://([^/\s]+)/?", text)
     if m is not None and is_address(m.group(1)):
         return f" (no scheme: {m.group(1)})"

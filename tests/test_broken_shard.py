@@ -176,3 +176,18 @@ def test_a_flush_that_marked_the_journal_before_the_push_broke_trims_nothing(tmp
     restarted = shard_at(str(tmp_path / "small"), TIER_ROWS)
     np.testing.assert_array_equal(restarted.pull("t", BIG), want)
     restarted.close()
+
+
+def test_a_server_whose_stop_meets_a_broken_shard_says_so_and_exits_1(capsys):
+    """A push failing part way while the stop flushes breaks the shard inside close(): the stop says what the next
+    start does, with exit 1, not a traceback."""
+    from types import SimpleNamespace
+
+    from ps.server import stop_server
+
+    def stop():
+        raise ShardNeedsRestartError("push 9 to table 't' is in the journal, but ... Restart the server")
+
+    assert stop_server(SimpleNamespace(stop=stop, shard=None), 0) == 1
+    err = capsys.readouterr().err
+    assert "ps-server shard 0: stopped without writing its last rows to RocksDB (its journal holds" in err, err

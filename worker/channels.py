@@ -14,7 +14,7 @@ import grpc
 
 from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
-from ps.security import client_channel, tls_hint
+from ps.security import client_channel, host_and_port, tls_hint
 
 log = logging.getLogger("worker.client")
 
@@ -40,12 +40,12 @@ def why_not_ready(address: str, tls: bool, client_cert: bool, timeout_s: float =
     """A hint for a server whose gRPC channel did not become ready: NOTHING_LISTENS when no TCP connection can be
     made there (the server is down); the TLS flag the shard wants, or has not, as a probe finds it
     (ps.security.tls_hint); else that something listens but does not answer as a sparseps shard."""
-    host, _, port = address.rpartition(":")
+    host, port = host_and_port(address)
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
             pass
     except socket.gaierror as e:  # the name does not resolve (a DNS name of a cluster not up yet, or a typo)
-        return f"; its host name {host.strip('[]')!r} does not resolve ({e.strerror}): a typo, or a name not yet known"
+        return f"; its host name {host!r} does not resolve ({e.strerror}): a typo, or a name not yet known"
     except (OSError, ValueError):
         return NOTHING_LISTENS
     return tls_hint(address, tls, client_cert, timeout_s) or (

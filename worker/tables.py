@@ -26,11 +26,12 @@ SHAPE_FIELDS = ("dim", "initializer.scale", "features")  # what a forward pass d
 # schema that gave the rows their meaning)
 
 
-def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None
-                ) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
+def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None,
+                find_untrained: bool = False) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
-    lacks], {names of the tables of `differ` that hold no row and no pending id on any shard})."""
+    lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
+    find_untrained, else empty})."""
     differ, missing, untrained = {}, [], set()
     for t in wanted:
         try:
@@ -44,7 +45,7 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
             diff = [d for d in diff if d.split(":")[0] in keep]
         if diff:
             differ[t.name] = diff
-    if differ:  # untrained: no admitted row and no id pushed but not admitted (which DescribeTable leaves out)
+    if differ and find_untrained:  # no row and no pending id (DescribeTable counts admitted rows only)
         held = [{s.name: s for s in shard.tables} for shard in client.stats()]
         untrained = {name for name in differ if all(
             name in tables and tables[name].num_rows == 0 and tables[name].pending_ids == 0 for tables in held
@@ -59,7 +60,7 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
     table holds no trained row (a run stopped before it trained made them), returns their names, to be created
     with Client.create_table(replace_untrained=True), and a warning names them; else []."""
-    differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None)
+    differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained)
     if replace_untrained and differ and set(differ) <= untrained:
         log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "
                     "trained (a run that stopped before it trained made them): they are replaced. %s",

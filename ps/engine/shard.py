@@ -876,6 +876,8 @@ class Shard:
             lost = bool(self.journal.lost)  # before the flush's mark: no push is journaled after it then
             try:
                 self.flush()
+            except ShardNeedsRestartError:  # it broke as this flush ran: _break logged it, and flushes stop
+                continue
             except Exception as e:  # keep serving: the journal still holds every acknowledged push
                 self.flush_failures += 1
                 failures, now = self.flush_failures, time.monotonic()
