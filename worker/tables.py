@@ -4,7 +4,7 @@ A run creates its tables one at a time (CreateTable is idempotent for the same s
 from the run that made the tables (another --embedding-dim, --hidden, optimizer, schema) would otherwise create
 the first missing ones, then be refused at the first that differs, and leave tables behind that the next run,
 with the right settings, is refused by. check_tables finds every difference first. Tables of other settings that
-hold no trained row on any shard (made by a run stopped before it trained: Ctrl-C at its start, a flag refused
+hold no row and no pending id on any shard (made by a run stopped before it trained: Ctrl-C at its start, a flag refused
 after the tables were made) do not bind a run of one worker: it replaces them (CreateTable's replace_untrained;
 a shard refuses the replace of a table that holds any row or pending id).
 """
