@@ -342,6 +342,7 @@ _SECTIONS = {
 
 
 _SCALARS = ("dim", "weight_bound", "l2")  # TableConfig's settings that are plain values
+_SETTINGS = (*_SCALARS, *_SECTIONS)  # every key of a table's section, as messages list them
 _EXAMPLES = {  # of each section, for messages
     "initializer": 'initializer = { name = "uniform", scale = 0.01 }',
     "optimizer": 'optimizer = { name = "adagrad", learning_rate = 0.05 }',
@@ -402,7 +403,8 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
         for key, value in spec.items():
             if key in _SECTIONS:
                 cls = _SECTIONS[key]
-                known = {f.name for f in dataclasses.fields(cls)}
+                hints = typing.get_type_hints(cls)  # its fields' types, by name
+                known = set(hints)
                 if not isinstance(value, dict):
                     raise InvalidArgumentError(
                         f"{source}: [{name}] {key} must be an inline table of its settings ({_EXAMPLES[key]}), got "
@@ -417,7 +419,6 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
                     raise InvalidArgumentError(
                         f"{source}: [{name}.optimizer] needs a name, one of {sorted(OPTIMIZER_PARAMS)}"
                     )
-                hints = typing.get_type_hints(cls)
                 for field_name, field_value in value.items():
                     _check_toml_type(f"{source}: [{name}] {key}.{field_name}", field_value, hints[field_name])
                 fields[key] = cls(**value)
@@ -425,15 +426,13 @@ def table_configs_from_dict(doc: dict, source: str) -> dict[str, dict]:
                 _check_toml_type(f"{source}: [{name}] {key}", value, typing.get_type_hints(TableConfig)[key])
                 fields[key] = value
             else:
-                settings = (*_SCALARS, *_SECTIONS)
-                if isinstance(value, dict) and value and set(value) <= set(settings):  # a table's settings in it
+                if isinstance(value, dict) and value and set(value) <= set(_SETTINGS):  # a table's settings in it
                     nested = f" (a table's settings are a section of their own: [{key}], not [{name}.{key}])"
                 else:
-                    close = difflib.get_close_matches(key, settings, n=1)
+                    close = difflib.get_close_matches(key, _SETTINGS, n=1)
                     nested = f" (did you mean {close[0]!r}?)" if close else ""
                 raise InvalidArgumentError(
-                    f"{source}: [{name}] has unknown key {key!r}; known: {', '.join(_SCALARS + tuple(_SECTIONS))}"
-                    f"{nested}"
+                    f"{source}: [{name}] has unknown key {key!r}; known: {', '.join(_SETTINGS)}{nested}"
                 )
         out[name] = fields
     return out

@@ -293,10 +293,9 @@ def stop_server(server: Server, shard_id: int) -> int:
     unwritten, the journal replays them)."""
     try:
         server.stop()
+        broken = server.shard.broken if server.shard is not None else ""
     except ShardNeedsRestartError as e:  # broken by a push that failed while the stop flushed
-        print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB (its journal holds every "
-              f"acknowledged push and replays them at the next start): {e}", file=sys.stderr, flush=True)  # fmt: skip
-        return 1
+        broken = str(e)
     except DataDirLostError as e:
         print(f"ps-server shard {shard_id}: {e}", file=sys.stderr, flush=True)
         return 1
@@ -304,10 +303,9 @@ def stop_server(server: Server, shard_id: int) -> int:
         print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB: {e}. Every acknowledged "
               "push is in its journal, replayed at the next start once the disk has room", file=sys.stderr, flush=True)  # fmt: skip
         return 1
-    if server.shard is not None and server.shard.broken:
+    if broken:
         print(f"ps-server shard {shard_id}: stopped without writing its last rows to RocksDB (its journal holds every "
-              f"acknowledged push and replays them at the next start): {server.shard.broken}", file=sys.stderr,
-              flush=True)  # fmt: skip
+              f"acknowledged push and replays them at the next start): {broken}", file=sys.stderr, flush=True)  # fmt: skip
         return 1
     print(f"ps-server shard {shard_id}: stopped cleanly", file=sys.stderr, flush=True)
     return 0

@@ -39,8 +39,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     Returns the exit code."""
     kept = os.path.join(args.out, "checkpoint")
     fresh = export_checkpoint_dir(args.out)
-    if args.tables is not None:
-        table_patterns(args.tables)  # ValueError for one that names none, before any server is asked
+    patterns = None if args.tables is None else table_patterns(args.tables)  # ValueError: none, before any server
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"OUT {args.out} exists and is not a directory; give a new or empty directory")
     if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
@@ -64,9 +63,9 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         try:
             with client(args) as servers:
                 servers.wait_ready()
-                if args.tables is not None:  # before the checkpoint (a hold on pushes) is taken
+                if patterns is not None:  # before the checkpoint (a hold on pushes) is taken
                     held = sorted(t.name for t in servers.stats()[0].tables)
-                    for pattern in table_patterns(args.tables):
+                    for pattern in patterns:
                         if not fnmatch.filter(held, pattern):
                             raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
                                              f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip

@@ -372,11 +372,16 @@ class Shard:
         pushes are flushed to RocksDB at once; the listeners are told."""
         if not self.journal.dir_gone:
             self._wake.set()
+        self._tell_lost_listeners("the data dir's loss")
+
+    def _tell_lost_listeners(self, what: str) -> None:
+        """Calls each of lost_listeners; one that fails is logged (naming `what` it was told of) and the others are
+        called still."""
         for listener in list(self.lost_listeners):
             try:
                 listener()
-            except Exception:  # a listener's failure must not stop the others, nor the journal's thread
-                log.exception("a listener of the data dir's loss failed")
+            except Exception:  # a listener's failure must not stop the others, nor the caller's thread
+                log.exception("a listener of %s failed", what)
 
     def lost(self) -> str:
         """Why the shard takes no writes, if the journal found its segment or the data dir deleted, else ""."""
@@ -398,11 +403,7 @@ class Shard:
             return
         self.broken = why
         log.error("shard %d: %s", self.shard_id, why)
-        for listener in list(self.lost_listeners):
-            try:
-                listener()
-            except Exception:
-                log.exception("a listener of the shard's breaking failed")
+        self._tell_lost_listeners("the shard's breaking")
 
     def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not).
@@ -962,13 +963,13 @@ class Shard:
         self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
         if self.journal.dir_gone:
             self._close_lost()
-        if self.broken:
-            log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged push "
-                        "and the push only partly applied; the next start replays them): %s", self.shard_id,
-                        self.broken)  # fmt: skip
         flushed = False
         try:
-            if not self.broken:
+            if self.broken:
+                log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged "
+                            "push and the push only partly applied; the next start replays them): %s", self.shard_id,
+                            self.broken)  # fmt: skip
+            else:
                 t0 = time.monotonic()
                 rows = self.flush()
                 flushed = True
