@@ -13,6 +13,7 @@ from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune
 from ps.config import MAX_INTERVAL_S, ServerConfig
 from ps.errors import PsError, StorageError
 from ps.settings import (
+    LOG_LEVELS,
     HelpFormatter,
     add_config_flag,
     address,
@@ -161,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
         "anything is damaged (a damaged RocksDB data block is otherwise found only when a request reads it, and "
         "answered DATA_LOSS). Reads the whole data dir: start-up takes as long as reading it from disk",
     )  # fmt: skip
-    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="what to log")
+    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="what to log")
     p.add_argument(
         "--stop-with-stdin", action="store_true",
         help="stop cleanly (as on SIGTERM) once standard input is closed: ps-worker's local clusters start their "

@@ -35,6 +35,7 @@ CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shr
 """The sections a config file may hold: ps-server's, and ps-worker's commands (one file can serve both). Another
 is an error, not ignored: a misspelled [Server] would have dropped its settings (a token file, --sync) silently."""
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # --log-level of both CLIs
 
 
 def env_name(dest: str) -> str:
@@ -76,13 +77,22 @@ def _convert(action: argparse.Action, value, source: str):
 
 
 def _settable(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """The flags the environment and the file may set: not --help, --config, nor a hidden flag (a subcommand's copy
+    of a top-level flag, which must stay unset unless given on the command line)."""
     return {
         a.dest: a
         for a in parser._actions
         if a.option_strings
         and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
         and a.dest != "config"
+        and a.help != argparse.SUPPRESS
     }
+
+
+def command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The parser of subcommand `command` of parser (its usage is the one an error about its flags shows)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
 
 
 def _subparser(parser: argparse.ArgumentParser, argv: list[str]):

@@ -660,3 +660,18 @@ def test_a_format_flag_a_schema_file_overrides_is_said_to_be_unused(tmp_path, ca
         schema = resolve_schema(None, schema_path=str(tmp_path / "s.toml"), fmt=fmt, **flags)
         assert schema.format == "csv"
         assert ("--format libsvm is not used: --schema" in caplog.text) == said, (fmt, caplog.text)
+
+
+def test_synthetic_settings_given_with_data_are_said_to_be_unused(tmp_path, caplog):
+    from worker.job import prepare
+    from worker.synthetic import SyntheticConfig, write_synthetic
+    from worker.train_config import TrainConfig
+
+    data = str(tmp_path / "d.txt")
+    write_synthetic(data, SyntheticConfig(rows=300))
+    assert TrainConfig(synthetic_rows=5000).unused_synthetic_settings() == []  # no --data: they make the data
+    assert TrainConfig(data=data).unused_synthetic_settings() == []  # the defaults are no choice of the user's
+    cfg = TrainConfig(data=data, synthetic_rows=5000, synthetic_seed=3, local_shards=1)
+    assert cfg.unused_synthetic_settings() == ["--synthetic-rows 5000", "--synthetic-seed 3"]
+    prepare(cfg, needs_servers=False)
+    assert f"--synthetic-rows 5000, --synthetic-seed 3 not used: --data {data} is read" in caplog.text

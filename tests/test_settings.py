@@ -105,6 +105,25 @@ def test_a_bad_worker_value_on_the_command_line_names_its_flag(capsys):
     assert "argument --learning-rate: expected a number > 0 and <= 1e+30, got '-1'" in capsys.readouterr().err
 
 
+def test_log_level_goes_before_or_after_the_command_and_the_command_line_beats_the_environment():
+    environ = {"PS_LOG_LEVEL": "INFO"}
+    out = "--out=/nonexistent/x.csv"
+    assert parse(worker_parser(), ["--log-level", "DEBUG", "synth", out], environ).log_level == "DEBUG"
+    assert parse(worker_parser(), ["synth", "--log-level", "ERROR", out], environ).log_level == "ERROR"
+    assert parse(worker_parser(), ["synth", out], environ).log_level == "INFO"
+    assert parse(worker_parser(), ["synth", out], {}).log_level == "WARNING"
+
+
+def test_an_unknown_flag_gets_the_usage_of_its_command():
+    r = subprocess.run([sys.executable, "-m", "worker", "train", "--epochz", "3"], capture_output=True, text=True,
+                       timeout=60)  # fmt: skip
+    assert r.returncode == 2
+    assert (
+        "usage: ps-worker train" in r.stderr
+        and "ps-worker train: error: unrecognized arguments: --epochz 3" in r.stderr
+    )
+
+
 def test_the_clis_take_settings_from_the_environment(tmp_path):
     env = {"PS_MODEL": "lr", "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000", "PS_NO_PROGRESS": "1",
            "PS_LOCAL_SHARDS": "2", "PS_RECIPE": "large", "PATH": "/usr/bin:/bin"}  # fmt: skip

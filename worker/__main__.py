@@ -11,9 +11,11 @@ from ps.accel.malloc import tune_malloc
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
 from ps.errors import PsError
 from ps.settings import (
+    LOG_LEVELS,
     HelpFormatter,
     add_config_flag,
     apply_defaults,
+    command_parser,
     integer,
     number,
     reader_gone,
@@ -160,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="sparseps worker: train CTR models on parameter servers.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="what to log")
+    p.add_argument(
+        "--log-level", default="WARNING", choices=LOG_LEVELS, help="what to log (before or after the command)"
+    )
     sub = p.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_eval_parser(sub)
@@ -171,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_commands(sub)
     for command in sub.choices.values():
         add_config_flag(command)
+        # also after the command (`ps-worker train --log-level INFO`); unset there, the value before it stands
+        command.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help=argparse.SUPPRESS)
     return p
 
 
@@ -349,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     args, rest = parser.parse_known_args(argv)  # launch passes the flags it does not know to each worker's train
     if rest and args.command != "launch":
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:

@@ -82,6 +82,10 @@ def prepare(
     statistics in the schema, since the training data's cannot be recomputed from another file. labels_optional
     (predict): files without labels are read as such (DataSource)."""
     cfg.validate(needs_servers)
+    unused = cfg.unused_synthetic_settings()
+    if unused:
+        log.warning("%s not used: --data %s is read (those settings make the data of a run without --data)",
+                    ", ".join(unused), cfg.data)  # fmt: skip
     # eval and predict (training=False) read --data for its schema only: no pass over the file to count its lines
     data = DataSource(
         cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional, count=training

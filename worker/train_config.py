@@ -194,6 +194,14 @@ class TrainConfig:
                 "--schema": self.schema, "--table-config": self.table_config, "--tls-ca": self.tls_ca,
                 "--tls-cert": self.tls_cert, "--tls-key": self.tls_key, "--auth-token-file": self.auth_token_file}  # fmt: skip
 
+    def unused_synthetic_settings(self) -> list[str]:
+        """The synthetic data's settings given (other than their defaults, as flags: '--synthetic-rows 5000') while
+        --data names the data: the run does not use them. Not refused, so that PS_SYNTHETIC_* may stay set."""
+        if self.data is None:
+            return []
+        return [f"--{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in dataclasses.fields(self)
+                if f.name.startswith("synthetic_") and getattr(self, f.name) != f.default]  # fmt: skip
+
     def _check_numbers(self) -> None:
         """ValueError naming the flag of a count, a rate, a time or a port out of its range (NaN included)."""
 
