@@ -305,3 +305,23 @@ def test_the_scan_reads_cells_as_encode_does(tmp_path):
     assert simple.mean() > 0.5 and (ok | ~simple).all()
     np.testing.assert_array_equal(values[simple], want[simple])
     np.testing.assert_array_equal(scanned.cats["c"], cat_values(np.array(columns[2])))
+
+
+@pytest.mark.parametrize("labeled", [True, False])
+def test_a_row_of_blank_cells_is_an_empty_line_on_both_paths(tmp_path, labeled):
+    """A spreadsheet's empty row (',,,', maybe with spaces or a CR) is no example and no bad line, labeled or not."""
+    path = tmp_path / "d.csv"
+    head = "y,a,n\n" if labeled else "a,n\n"
+    row = "1,x,2\n" if labeled else "x,2\n"
+    blanks = ",,\n , ,\r\n,\n" if labeled else ",\n , \r\n\n"
+    path.write_text(head + row + blanks + row)
+    s = load_schema_text(tmp_path, 'format = "csv"\nlabel = "y"\n[[columns]]\nname = "a"\nkind = "categorical"\n'
+                         '[[columns]]\nname = "n"\nkind = "numeric"\ntransform = "log"\n')  # fmt: skip
+    (batches, stats, _) = assert_same_reads(path, s, labeled=labeled, max_bad_lines=0)
+    assert sum(len(b) for b in batches) == 2
+    assert (stats.bad_lines, stats.empty_lines) == (0, 3)
+
+
+def load_schema_text(tmp_path, text):
+    (tmp_path / "s.toml").write_text(text)
+    return load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)

@@ -188,6 +188,9 @@ def test_empty_part_files_of_a_directory_hold_no_examples(tmp_path, capsys):
     unlabeled.write_bytes(b"".join(line.split(b"\t", 1)[1] for line in criteo.read_bytes().splitlines(True)))
     assert not file_has_labels(str(tmp_path / "c"), schema_of(criteo, "criteo"))
     check_same_format(str(tmp_path / "c"), schema_of(criteo, "criteo"))
+    libsvm_paths, libsvm = split(SAMPLES["libsvm"](tmp_path), tmp_path / "l", [0, 23], "libsvm", gz={0})
+    text, _ = infer_schema(str(tmp_path / "l"), fmt="libsvm")  # the fields of the first file with content
+    assert text == infer_schema(str(libsvm), fmt="libsvm")[0].replace(str(libsvm), str(tmp_path / "l"))
 
 
 def test_a_directory_and_a_glob_read_numbered_files_in_number_order(tmp_path):

@@ -457,6 +457,42 @@ def test_libsvm_large_ids_keep_their_value(tmp_path):
     np.testing.assert_array_equal(ids_matrix(b)[0, :3], [field_ids(k, raw[k : k + 1])[0] for k in range(3)])
 
 
+def test_libsvm_raw_ids_are_the_tokens_ids_and_a_libsvm_column_is_categorical(tmp_path):
+    path = tmp_path / "d.svm"
+    path.write_text("1 9:1 16:1\n0 10:1 255:1\n1 100:1 4096:1\n0 7:1 0:0\n")
+    text = 'format = "libsvm"\n[[columns]]\nname = "f0"\nkind = "categorical"\nids = "raw"\n' + \
+        '[[columns]]\nname = "f1"\nkind = "categorical"\n'  # fmt: skip
+    (tmp_path / "s.toml").write_text(text)
+    schema = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+    (b,) = read(path, "libsvm", 10, schema=schema)
+    assert b.fields["f0"].ids.tolist() == [9, 10, 100, 7]  # the ids as written, not read as hex
+    hashed = np.array([16, 255, 4096, MISSING_CAT], dtype=np.uint64)
+    np.testing.assert_array_equal(b.fields["f1"].ids, space_ids(schema.id_spaces()["f1"], hashed))
+    for kind in ('"numeric"\ntransform = "none"', '"multi_hot"', '"weighted"'):
+        (tmp_path / "n.toml").write_text(f'format = "libsvm"\n[[columns]]\nname = "f0"\nkind = {kind}\n')
+        with pytest.raises(ValueError, match="a libsvm column holds the id of a line's k-th feature token"):
+            load_schema(str(tmp_path / "n.toml"), default_table="t", default_dim=4)
+    (tmp_path / "far.toml").write_text('format = "libsvm"\n[[columns]]\nname = "a"\nsource = "f3000000"\n'
+                                       'kind = "categorical"\n')  # fmt: skip
+    with pytest.raises(ValueError, match="source 'f3000000': a libsvm field is the position of a line's feature "):
+        load_schema(str(tmp_path / "far.toml"), default_table="t", default_dim=4)
+    wide = tmp_path / "wide.svm"
+    wide.write_text("1 " + " ".join(f"{i}:1" for i in range(2000)) + "\n")
+    with pytest.raises(ValueError, match="2000 libsvm fields, more than 1024: a field is a position"):
+        read(wide, "libsvm")
+
+
+def test_missing_texts_in_a_log_buckets_column_are_its_missing_bucket(tmp_path):
+    path = tmp_path / "d.csv"
+    path.write_text("y,cnt\n1,NA\n0,\n1,?\n0,null\n1,3\n")
+    (tmp_path / "s.toml").write_text('format = "csv"\nlabel = "y"\n[[columns]]\nname = "cnt"\nkind = "numeric"\n'
+                                     'transform = "log_buckets"\n')  # fmt: skip
+    schema = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+    (b,) = read(path, "csv", 10, schema=schema, max_bad_lines=0)
+    ids = b.fields["cnt"].ids
+    assert len(ids) == 5 and len(set(ids[:4].tolist())) == 1 and ids[4] != ids[0]
+
+
 def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path):
     path = tmp_path / "d.svm"
     path.write_text("bad\n1 1:1 2:1\n0 1:1\n1 1:1 2:1 3:1\n")

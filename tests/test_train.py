@@ -31,6 +31,23 @@ def test_count_lines_reads_gzip_and_drops_a_csv_header(tmp_path):
     assert count_lines(str(packed), header=True) == 7
 
 
+def test_count_lines_skips_gzip_padding_and_counts_old_mac_line_ends(tmp_path):
+    """Zero bytes after a gzip member are padding (gzip -t and Python's gzip module pass them); a file of lone CR
+    line ends, which the CSV reader reads, counts its lines too."""
+    text = b"".join(b"%d,x\n" % (i % 2) for i in range(300))
+    padded = tmp_path / "p.csv.gz"
+    padded.write_bytes(gzip.compress(text) + b"\0" * 70_000 + gzip.compress(text) + b"\0" * 3)
+    assert count_lines_upto(str(padded), None).lines == 600 == len(gzip.decompress(padded.read_bytes()).splitlines())
+    junk = tmp_path / "j.csv.gz"
+    junk.write_bytes(gzip.compress(text) + b"\0\0junk")
+    with pytest.raises(ValueError, match="its name ends in .gz, but it does not read as gzip"):
+        count_lines_upto(str(junk), None)
+    old_mac = tmp_path / "cr.csv"
+    old_mac.write_bytes(b"label,a\r" + text.replace(b"\n", b"\r"))
+    assert count_lines_upto(str(old_mac), None, header=True).lines == 300
+    assert count_lines_upto(str(old_mac), 100, header=True) == LineCount(100, True, 300, old_mac.stat().st_size)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_a_file_over_the_threshold_takes_the_large_recipe_after_reading_a_bounded_prefix(tmp_path, monkeypatch,
                                                                                         packed):  # fmt: skip

@@ -187,6 +187,14 @@ class Scanned:
     def label(self, i: int) -> str:
         return _text(self._buf[self._label_starts[i] : self._label_ends[i]])
 
+    def blank(self, delimiter: str) -> np.ndarray:
+        """bool (m,): the lines of nothing but the delimiter and whitespace (every cell empty), in one pass."""
+        filler = np.zeros(256, dtype=bool)
+        filler[[9, 10, 11, 12, 13, 32, *delimiter.encode()[:1]]] = True
+        first, last = int(self._bounds[0]), int(self._bounds[-1])
+        content = np.concatenate([[0], np.cumsum(~filler[self._buf[first:last]], dtype=np.int64)])
+        return content[self._bounds[1:] - first] == content[self._bounds[:-1] - first]
+
 
 def _text(cell: np.ndarray) -> str:
     return cell.tobytes().decode("utf-8", "surrogateescape")

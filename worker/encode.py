@@ -344,8 +344,9 @@ def _zero(cells: np.ndarray) -> str | bytes:
 
 
 def int_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 values, ok) of integer cells (Python int() syntax, within int64, not -2**63): an empty cell is
-    MISSING_INT and ok; a bad cell gives MISSING_INT, not ok. Vectorized unless a cell is bad."""
+    """(int64 values, ok) of integer cells (Python int() syntax, within int64, not -2**63): a missing cell (empty,
+    blank or one of MISSING_TEXTS, as for float_values) is MISSING_INT and ok; a bad cell gives MISSING_INT, not
+    ok. Vectorized unless a cell is missing-but-not-empty or bad."""
     cells = np.asarray(cells)
     empty = cells == _empty(cells)
     try:
@@ -353,8 +354,9 @@ def int_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ok = empty | (values != MISSING_INT)
     except (ValueError, OverflowError):
         uniq, inverse = np.unique(cells, return_inverse=True)
-        parsed = np.array([_int64_or_missing(s) for s in uniq.tolist()], dtype=np.int64)
-        values = parsed[inverse.reshape(cells.shape)]
+        listed, inverse = uniq.tolist(), inverse.reshape(cells.shape)
+        values = np.array([_int64_or_missing(s) for s in listed], dtype=np.int64)[inverse]
+        empty |= np.array([is_missing_text(s) for s in listed], dtype=bool)[inverse]
         ok = empty | (values != MISSING_INT)
     values[empty | ~ok] = MISSING_INT
     return values, ok

@@ -31,7 +31,8 @@ Common to all formats:
     0. check_same_format refuses files that differ in format from the first. A file of no content (no bytes, or
     whitespace only: Spark's gzip'ed part file of an empty partition) among others holds no examples: the first
     file, wherever one file speaks for all (the header, labels or not), is the first one with content.
-  - An empty data line (nothing but whitespace, as spreadsheet exports often end with) is skipped and counted
+  - An empty data line (nothing but whitespace; in a CSV, blank cells only: the rows spreadsheet exports often
+    end with) is skipped and counted
     in stats.empty_lines, not as a bad line.
   - A malformed data line is skipped and counted in `stats` (ReadStats): one the
     format cannot split (the problems its reader lists), or one with a cell the schema cannot read (encode.py: a

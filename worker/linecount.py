@@ -37,18 +37,21 @@ class LineCount:
 
 def count_lines_upto(path: str, limit: int | None, header: bool = False) -> LineCount:
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
-    the end). A line is a newline byte, as count_lines counts them (a last line without one is not counted).
-    ValueError names a .gz file that does not read as gzip."""
-    target = None if limit is None else limit + header  # newlines to reach, header included
-    newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last newline counted
+    the end). A line ends in a newline byte (a last line without one is not counted), or in a carriage return in
+    a file whose first 64 KiB hold carriage returns and no newline (old Mac line ends, which the CSV reader
+    takes too). ValueError names a .gz file that does not read as gzip."""
+    target = None if limit is None else limit + header  # line ends to reach, header included
+    newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
+    end = b""  # the line end byte, chosen by the first chunk
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
         for chunk, chunk_bytes in _chunks(raw, path):
-            n = chunk.count(b"\n")
+            end = end or (b"\r" if b"\r" in chunk and b"\n" not in chunk else b"\n")
+            n = chunk.count(end)
             if header and not head and n:
-                head = (chunk.index(b"\n") + 1) * chunk_bytes / len(chunk)  # the header's share of the file
+                head = (chunk.index(end) + 1) * chunk_bytes / len(chunk)  # the header's share of the file
             if target is not None and newlines + n >= target:  # the limit's line is in this chunk
-                read += (_nth_newline(chunk, target - newlines) + 1) * chunk_bytes / len(chunk)
+                read += (_nth(chunk, end, target - newlines) + 1) * chunk_bytes / len(chunk)
                 estimate = round(limit * (size - head) / max(read - head, 1))
                 return LineCount(limit, True, max(limit, estimate), raw.tell())
             newlines += n
@@ -83,21 +86,26 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
 
 
 def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
-    """The file's bytes (decompressed when its name ends in .gz, every gzip member), each chunk with the number
-    of file bytes it came from (decompressing in small pieces keeps that close)."""
+    """The file's bytes (decompressed when its name ends in .gz, every gzip member; zero bytes after a member are
+    padding, skipped as Python's gzip module skips them), each chunk with the number of file bytes it came from
+    (decompressing in small pieces keeps that close)."""
     if not path.endswith(".gz"):
         while chunk := raw.read(CHUNK_BYTES):
             yield chunk, len(chunk)
         return
-    z, open_member = zlib.decompressobj(wbits=31), False
+    z, open_member, after_member = zlib.decompressobj(wbits=31), False, False
     try:
         while packed := raw.read(CHUNK_BYTES // 4):
             while packed:
-                open_member = True
+                if after_member:
+                    packed = packed.lstrip(b"\0")
+                    if not packed:
+                        break
+                open_member, after_member = True, False
                 chunk = z.decompress(packed)
                 used, packed = len(packed) - len(z.unused_data), z.unused_data
-                if z.eof:  # another member may follow
-                    z, open_member = zlib.decompressobj(wbits=31), False
+                if z.eof:  # another member, or padding, may follow
+                    z, open_member, after_member = zlib.decompressobj(wbits=31), False, True
                 if chunk:
                     yield chunk, used
     except zlib.error as e:
@@ -106,9 +114,9 @@ def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
         raise ValueError(f"{path}: its name ends in .gz, but it does not read as gzip: it is cut short")
 
 
-def _nth_newline(chunk: bytes, k: int) -> int:
-    """The offset of the k-th newline of chunk (k >= 1, and chunk holds at least k)."""
+def _nth(chunk: bytes, end: bytes, k: int) -> int:
+    """The offset of the k-th `end` byte of chunk (k >= 1, and chunk holds at least k)."""
     at = -1
     for _ in range(k):
-        at = chunk.index(b"\n", at + 1)
+        at = chunk.index(end, at + 1)
     return at

@@ -36,7 +36,8 @@ schemas (worker/schema_builtin.py), so every run reads its data through one. Gra
 Rules: a field name is unique and does not start with "_" (BIAS_FIELD, the bias's field, is the last field of
 every model); the label column is no column's source; a sparse column's table is declared under [tables] or
 is the default table; a declared table is used; `table` and `id_space` belong to sparse columns and bucketized
-numerics, `ids` to sparse kinds, and raw ids have no id space. Sparse fields come in column order, numeric
+numerics, `ids` to sparse kinds, and raw ids have no id space; a libsvm column is categorical (its cell is
+a feature token's id: raw takes the id itself, hashed mixes it into the id space). Sparse fields come in column order, numeric
 features too.
 
 Values and ids (see worker/encode.py for the arrays): a categorical or bag token's value is
@@ -70,6 +71,7 @@ DENSE_TRANSFORMS = ("log", "standardize", "none")
 BUCKET_TRANSFORMS = ("bucketize", "log_buckets")
 CRITEO_COLUMNS = ("label", *(f"I{i + 1}" for i in range(NUM_INT_FIELDS)), *(f"C{i + 1}" for i in range(NUM_CAT_FIELDS)))
 LIBSVM_COLUMN = re.compile(r"f(0|[1-9][0-9]*)")
+MAX_LIBSVM_FIELDS = 1024  # f0..f1023: a libsvm field is a token's position (a chunk of lines holds K ids a line)
 _TOP_KEYS = ("format", "delimiter", "label", "bias_table", "tables", "columns")
 _SPARSE_KEYS = ("table", "id_space")
 _KEYS = {
@@ -146,10 +148,10 @@ class Schema:
         land on rows trained for other features or toward another label, is refused by the servers' tables
         (worker/tables.py)."""
         drop = {"source", "mean", "std"}
-        libsvm = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)
-                  and c == _libsvm_column(c.name, c.table)]  # fmt: skip
+        libsvm = {c.name for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)
+                  and c == _libsvm_column(c.name, c.table)}  # fmt: skip
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
-                   for c in self.columns if c not in libsvm]  # fmt: skip
+                   for c in self.columns if c.name not in libsvm]  # fmt: skip
         described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
                      "libsvm_fields": bool(libsvm)}  # fmt: skip
         text = json.dumps(described, sort_keys=True, default=list)
@@ -353,6 +355,12 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
         raise ValueError(f"{where}: source {source!r} is not a criteo column; expected I1..I13 or C1..C26")
     if fmt == "libsvm" and not LIBSVM_COLUMN.fullmatch(source):
         raise ValueError(f"{where}: source {source!r} is not a libsvm column; expected f0, f1, ...")
+    if fmt == "libsvm" and int(source[1:]) >= MAX_LIBSVM_FIELDS:
+        raise ValueError(f"{where}: source {source!r}: a libsvm field is the position of a line's feature token "
+                         f"(f0 the first), at most f{MAX_LIBSVM_FIELDS - 1}; it is not the feature's id")  # fmt: skip
+    if fmt == "libsvm" and kind != "categorical":
+        raise ValueError(f"{where}: kind {kind!r}: a libsvm column holds the id of a line's k-th feature token "
+                         "(its value only says whether the feature is there), so its kind is 'categorical'")  # fmt: skip
     transform = None
     if kind == "numeric":
         transform = _value(spec, "transform", str, where, ..., DENSE_TRANSFORMS + BUCKET_TRANSFORMS)

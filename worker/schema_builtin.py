@@ -7,7 +7,16 @@ import dataclasses
 import logging
 
 from worker.features import NUM_INT_FIELDS
-from worker.schema import CRITEO_COLUMNS, DEFAULT_FORMAT, FORMATS, Column, Schema, TableSchema, load_schema
+from worker.schema import (
+    CRITEO_COLUMNS,
+    DEFAULT_FORMAT,
+    FORMATS,
+    MAX_LIBSVM_FIELDS,
+    Column,
+    Schema,
+    TableSchema,
+    load_schema,
+)
 
 log = logging.getLogger("worker.schema_builtin")
 
@@ -48,6 +57,11 @@ def builtin_schema(
     elif fmt == "libsvm":
         if libsvm_fields is None:
             raise ValueError("the built-in libsvm schema needs libsvm_fields, the number of fields K")
+        if libsvm_fields > MAX_LIBSVM_FIELDS:
+            raise ValueError(f"{libsvm_fields} libsvm fields, more than {MAX_LIBSVM_FIELDS}: a field is a position "
+                             "(f<k>: a line's k-th feature token, in its own id space), which suits lines of up to a few "
+                             "dozen one-hot features; a long list of ids per line is one multi_hot column of a CSV "
+                             "file (a bag)")  # fmt: skip
         columns = [Column(f"f{k}", f"f{k}", "categorical", t, f"f{k}") for k in range(libsvm_fields)]
     else:
         label, numeric, categorical = _csv_roles(header, label_column, tuple(drop_columns), tuple(numeric_columns))

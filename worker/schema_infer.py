@@ -88,13 +88,13 @@ def infer_schema(
     path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000
 ) -> tuple[str, list[str]]:
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess)."""
-    from worker.formats import libsvm_field_count
+    from worker.formats import first_with_content, libsvm_field_count
 
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
     lines = [f"# A starting schema for {path} (ps-worker schema); see worker/schema.py for every key."]
     if fmt != "csv":
-        k = libsvm_field_count(data_files(path)[0]) if fmt == "libsvm" else None
+        k = libsvm_field_count(first_with_content(path)) if fmt == "libsvm" else None  # as train counts them
         schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k)
         lines += [f"# The built-in {fmt} schema{f' ({k} fields)' if k is not None else ''}.", f'format = "{fmt}"']
         for c in schema.columns:

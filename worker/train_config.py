@@ -18,7 +18,7 @@ from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import LARGE, RECIPES, choose, describe
-from worker.schema import DEFAULT_FORMAT, FORMATS
+from worker.schema import DEFAULT_FORMAT, FORMATS, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
@@ -160,8 +160,8 @@ class TrainConfig:
         if self.libsvm_fields is not None and self.format != "libsvm" and not self.schema:  # --schema: its own refusal
             raise ValueError(f"--libsvm-fields is for --format libsvm data only (the format here is {self.format!r}): "
                              "leave it out")  # fmt: skip
-        if self.libsvm_fields is not None and self.libsvm_fields < 1:
-            raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected >= 1")
+        if self.libsvm_fields is not None and not 1 <= self.libsvm_fields <= MAX_LIBSVM_FIELDS:
+            raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected 1..{MAX_LIBSVM_FIELDS}")
         if self.servers and self.local_shards is not None:
             raise ValueError("give --servers or --local-shards, not both")
         limit = self.worker_max_examples()

@@ -8,7 +8,8 @@ csv     A header line names the columns (the csv module's dialect with the schem
         concatenation of files repeats it, is named as such). A chunk is read by worker/csv_fast.py's
         compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
         (with the same result).
-Empty: a file of no content (share.is_blank: no bytes, or whitespace only) holds no records and no header.
+Empty: a file of no content (share.is_blank: no bytes, or whitespace only) holds no records and no header; a
+        record whose every cell is blank (a spreadsheet's empty row: ",,,") is an empty line.
 Without labels: the header has no column named as the schema's label; the other rules hold. has_labels tells
         by the header: one naming the label column (a schema without a label takes the first column: always
         labeled).
@@ -234,12 +235,18 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _
     """The chunk of a scanned run (the rules of _csv_problem), cut as _csv_chunks cuts."""
     columns, problems = scanned.columns, []
     bad = columns != width
-    for i in np.flatnonzero(bad | (columns == 1)).tolist():
-        if columns[i] == 0 or (columns[i] == 1 and not scanned.line(i).strip()):
+    if label.at is None:  # a blank line may be whole: found in one pass
+        blank = scanned.blank(delimiter)
+    else:  # a blank line has a bad label or column count: those few lines are looked at
+        blank = np.zeros(len(columns), dtype=bool)
+        for i in np.flatnonzero(bad | ((scanned.labels != 0) & (scanned.labels != 1))).tolist():
+            blank[i] = columns[i] == 0 or _blank(scanned.line(i), delimiter)
+    for i in np.flatnonzero(bad | blank).tolist():
+        if blank[i] or columns[i] == 0:
             problems.append((int(line_nos[i]), EMPTY_LINE))
-            bad[i] = True
-        elif bad[i]:
+        else:
             problems.append((int(line_nos[i]), f"{columns[i]} columns, expected {width} as in the header"))
+    bad |= blank
     if label.at is not None:
         bad_label = ~bad & (scanned.labels != 0) & (scanned.labels != 1)
         problems += [(int(line_nos[i]), label.problem(scanned.label(i), scanned.line(i).split(delimiter)))
@@ -299,11 +306,16 @@ def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: lis
     return Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
 
 
+def _blank(line: str, delimiter: str) -> bool:
+    """Whether a line holds nothing but the delimiter and whitespace."""
+    return not line.replace(delimiter, "").strip()
+
+
 def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str | None:
     """What is wrong with a record (label.at None: it has no label), or None."""
     if isinstance(row, csv.Error):
         return f"unreadable CSV: {row}"
-    if not row or (len(row) == 1 and not row[0].strip()):
+    if not any(cell.strip() for cell in row):  # no cell, or every cell blank (a spreadsheet's empty row)
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"

@@ -1,9 +1,10 @@
 """The libsvm reader: a worker's share of a libsvm file as chunks of cells (worker/formats.py reads them).
 
 libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
-        Column f<k> holds the id of the k-th feature token, written in hex (so a hashed categorical column's
-        value is the id itself), or is empty when the token's value is 0 (missing: CTR libsvm data is
-        one-hot, any other finite value is ignored). K = 1 + the largest k among the schema's columns (0
+        Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing:
+        CTR libsvm data is one-hot, any other finite value is ignored): a chunk's Parsed holds every column's
+        ids as a hashed categorical column reads them (the id itself), its cells the decimal text of those of
+        columns with raw ids ('' where missing), so f<k> is the id whether the schema hashes it or takes it raw. K = 1 + the largest k among the schema's columns (0
         without any): a line with fewer than K features has empty cells in its last columns; one with more
         is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
         Bad: a bad label, a token other than id:value, more than K features.
@@ -22,7 +23,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from worker.criteo import EMPTY_LINE, hex_strings
+from worker.criteo import EMPTY_LINE
+from worker.encode import Parsed
 from worker.features import MISSING_CAT
 from worker.readers.share import Cells, Share, first_line, open_data
 from worker.schema import LIBSVM_COLUMN, Schema
@@ -35,6 +37,7 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     """Chunks of `size` lines of the share as cells, by the module docstring's rules (labeled=False: without
     labels)."""
     wanted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns})
+    raw = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.ids == "raw"})
     k_fields = wanted[-1] + 1 if wanted else 0
     with open_data(name) as f:
         for lines, first in share.chunks(f, size):
@@ -55,8 +58,15 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                     rows.append(parsed[1])
                     line_nos.append(line_no)
             values = _libsvm_values(rows, k_fields)
-            cells = {f"f{k}": hex_strings(values[:, k]) for k in wanted}
-            yield Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
+            cells = {f"f{k}": _decimal_strings(values[:, k]) for k in raw}
+            parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted})
+            labels_f32, line_nos_i64 = np.array(labels, dtype=np.float32), np.array(line_nos, dtype=np.int64)
+            yield Cells(labels_f32, cells, line_nos_i64, problems, parsed)
+
+
+def _decimal_strings(ids: np.ndarray) -> np.ndarray:
+    """uint64 ids -> their decimal str; MISSING_CAT -> '' (an empty cell)."""
+    return np.where(ids == MISSING_CAT, "", ids.astype(np.str_))
 
 
 def _libsvm_line(line: bytes, labeled: bool = True) -> tuple[float, list[int]] | str:
