@@ -283,7 +283,7 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
-                   "patterns (fm,'dense.fm.*': one model of several); default: every table")  # fmt: skip
+                   "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA checks, on a machine with an NVIDIA GPU and a CUDA build of torch; run from the repository root:
 #     bash tests/gpu_check.sh [STEP ...]        (the steps below by number; default: all)
-# python3 must have the project's dependencies; wheels of the missing ones in .whl/ are installed into /tmp/site
-# first (a machine with no package index). Logs and figures go to $OUT (default /tmp/gpu_check).
+# The Python is $PYTHON, else the checkout's venv (.venv/bin/python, made by `python3 dev.py env`, with a CUDA
+# build of torch installed into it), else python3; it must have the project's dependencies: wheels of the missing
+# ones in .whl/ are installed into /tmp/site first (a machine with no package index). Logs and figures go to $OUT (default /tmp/gpu_check).
 #   1. the tests marked gpu: every model's CUDA forward and backward against numpy, dropout replayed by seed, and a
 #      numpy worker then a torch:cuda worker leaving on the servers the model two numpy workers leave
 #   2. a mixed job: a numpy worker and a CUDA worker training one DeepFM at once (ps-worker launch)
@@ -11,6 +12,9 @@
 #      allreduce workers is refused before anything starts
 set -u -o pipefail
 OUT=${OUT:-/tmp/gpu_check}
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+PY=${PYTHON:-$PY}
 steps=" ${*:-1 2 3 4} "
 for step in $steps; do
     case $step in 1|2|3|4) ;; *) echo "gpu_check: no step $step (the steps are 1 2 3 4)" >&2; exit 2 ;; esac
@@ -18,35 +22,35 @@ done
 want() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$OUT"
 if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 status=0
 nvidia-smi -L
-python3 -c "import torch, numpy, numba, grpc, google.protobuf, rocksdict; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-', 'numpy', numpy.__version__, 'numba', numba.__version__, 'grpc', grpc.__version__, 'protobuf', google.protobuf.__version__)" || exit 1
+"$PY" -c "import torch, numpy, numba, grpc, google.protobuf, rocksdict; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-', 'numpy', numpy.__version__, 'numba', numba.__version__, 'grpc', grpc.__version__, 'protobuf', google.protobuf.__version__)" || exit 1
 if want 1; then
 echo "== 1. tests marked gpu"
-timeout 300 python3 -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_models.py tests/integration/test_mixed.py 2>&1 | tee "$OUT/pytest.log" || status=1
+timeout 300 "$PY" -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_models.py tests/integration/test_mixed.py 2>&1 | tee "$OUT/pytest.log" || status=1
 fi
 if want 2; then
 echo "== 2. a numpy worker and a CUDA worker at once"
-timeout 240 python3 -m worker launch --workers 2 --backends numpy,torch:cuda --local-shards 2 --model deepfm --synthetic-rows 1000000 \
+timeout 240 "$PY" -m worker launch --workers 2 --backends numpy,torch:cuda --local-shards 2 --model deepfm --synthetic-rows 1000000 \
     --no-progress --metrics-out "$OUT/mixed.json" 2>&1 | tee "$OUT/mixed.log" || status=1
 fi
 if want 3; then
 echo "== 3. one torch worker: cpu, then cuda"
 for device in cpu cuda; do
-    timeout 200 python3 -m worker train --local-shards 2 --backend torch --device "$device" --model deepfm --hidden 400,400,400 \
+    timeout 200 "$PY" -m worker train --local-shards 2 --backend torch --device "$device" --model deepfm --hidden 400,400,400 \
         --synthetic-rows 400000 --batch-size 4096 --no-progress --metrics-out "$OUT/speed-$device.json" 2>&1 | tee "$OUT/speed-$device.log" || status=1
 done
 fi
 if want 4; then
 echo "== 4. --dense allreduce on cuda"
-timeout 200 python3 -m worker train --local-shards 1 --backend torch --device cuda --dense allreduce --model deepfm \
+timeout 200 "$PY" -m worker train --local-shards 1 --backend torch --device cuda --dense allreduce --model deepfm \
     --synthetic-rows 100000 --no-progress 2>&1 | tee "$OUT/allreduce.log" || status=1
-if [ "$(python3 -c 'import torch; print(torch.cuda.device_count())')" = 1 ]; then
-    timeout 100 python3 -m worker launch --workers 2 --backends torch:cuda --dense allreduce --local-shards 1 \
+if [ "$("$PY" -c 'import torch; print(torch.cuda.device_count())')" = 1 ]; then
+    timeout 100 "$PY" -m worker launch --workers 2 --backends torch:cuda --dense allreduce --local-shards 1 \
         --model deepfm --synthetic-rows 100000 --no-progress > "$OUT/allreduce-2.log" 2>&1
     code=$?
     cat "$OUT/allreduce-2.log"

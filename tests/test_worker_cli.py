@@ -484,6 +484,11 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     header_only.write_text("click,a,b\n")
     with pytest.raises(ValueError, match=r"header.csv: a header and no data rows: nothing to tell each column's kind"):
         infer_schema_text(str(header_only))
+    trailing = tmp_path / "trailing.csv"  # every row ends in a delimiter: none has the header's width
+    trailing.write_text("click,a,b\n,,,\n1,x,2,\n0,y,3,\n")
+    with pytest.raises(ValueError, match=r"no sampled row has the header's 3 columns \(the first has 4: a delimiter "
+                                         r"at the end of each row\?\)"):  # fmt: skip
+        infer_schema_text(str(trailing))
 
 
 def test_a_train_on_local_shards_ends_saying_the_model_went_with_them(tmp_path, capsys):

@@ -27,6 +27,7 @@ from how many rows, for a person to review before training.
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 
@@ -76,6 +77,20 @@ def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list
     return header, sample[:rows], whole and len(sample) <= rows
 
 
+def _first_record_width(path: str, delimiter: str) -> int | None:
+    """The column count of the first record after the header that holds more than blank cells (the first file
+    with content of path), or None when there is none."""
+    from worker.formats import first_with_content
+    from worker.readers.csv_reader import open_csv
+
+    try:
+        with open_csv(first_with_content(path), delimiter) as reader:
+            next(reader, None)
+            return next((len(row) for row in reader if any(cell.strip() for cell in row)), None)
+    except csv.Error:  # a record the csv module cannot read: the plain message stands
+        return None
+
+
 def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000) -> str:
     """A starting schema for a data file, as TOML with comments saying what was inferred from how many rows.
     csv: from the header and sample_rows records (read_csv_sample: half the file's first, half spread over the rest
@@ -103,6 +118,11 @@ def infer_schema(
     header, rows, whole = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
     if not rows:
+        width = _first_record_width(path, delimiter)
+        if width is not None:
+            raise ValueError(f"{path}: no sampled row has the header's {len(header)} columns (the first has {width}"
+                             f"{': a delimiter at the end of each row?' if width == len(header) + 1 else ''}): "
+                             "nothing to tell each column's kind from")  # fmt: skip
         raise ValueError(f"{path}: a header and no data rows: nothing to tell each column's kind (or the label) "
                          "from; give a file with rows")  # fmt: skip
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
