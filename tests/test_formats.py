@@ -711,3 +711,15 @@ def test_synthetic_settings_given_with_data_are_said_to_be_unused(tmp_path, capl
     assert cfg.unused_synthetic_settings() == ["--synthetic-rows 5000", "--synthetic-seed 3"]
     prepare(cfg, needs_servers=False)
     assert f"--synthetic-rows 5000, --synthetic-seed 3 not used: --data {data} is read" in caplog.text
+
+
+@pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])
+def test_gzip_data_under_another_name_is_named_as_such(tmp_path, fmt):
+    line = {"csv": "y,a\n1,x\n", "criteo": "1" + "\t" * 39 + "\n", "libsvm": "1 3:1\n"}[fmt]
+    path = tmp_path / f"d.{fmt}"
+    path.write_bytes(gzip.compress(line.encode()))
+    with pytest.raises(ValueError, match=rf"^{path}: it holds gzip-compressed data, but its name does not end in .gz"):
+        read(path, fmt)  # the schema's look at the file (csv, libsvm) or the read (criteo) says it
+    path.write_bytes(line.encode("utf-16"))
+    with pytest.raises(ValueError, match=rf"^{path}: UTF-16 text \(it starts with UTF-16's byte order mark\)"):
+        read(path, fmt)

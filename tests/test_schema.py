@@ -215,6 +215,12 @@ def test_builtin_csv_and_libsvm():
     [
         (["y", "a", "a"], {}, r"columns \['a'\] appear more than once"),
         (["y", "_x"], {}, r"columns \['_x'\]: a field name must be non-empty"),
+        (
+            ["", "y", "a", " "],
+            {"label_column": "y"},
+            r"columns 1, 4 of the header \['', 'y', 'a', ' '\] have no name "
+            r"\(a row index that pandas' to_csv wrote\?\)",
+        ),  # fmt: skip
         ([], {}, "the header line names no columns"),
         (["y", "a"], {"numeric_columns": ["b"]}, r"columns \['b'\] are not in the header"),
     ],

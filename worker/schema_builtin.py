@@ -92,6 +92,13 @@ def _csv_roles(
         raise ValueError(
             f"columns {repeated} appear more than once in the header {header}; drop them or write a schema"
         )
+    unnamed = [k + 1 for k, h in enumerate(header) if not h.strip() and h in used]
+    if unnamed:
+        raise ValueError(
+            f"column{'s' if len(unnamed) > 1 else ''} {', '.join(map(str, unnamed))} of the header {header} "
+            f"ha{'ve' if len(unnamed) > 1 else 's'} no name (a row index that pandas' to_csv wrote?), so no flag can "
+            "name it: name it in the header, or write a schema without it (ps-worker schema --data FILE)"
+        )
     bad = [h for h in used if not h or h.startswith("_")]
     if bad:
         raise ValueError(

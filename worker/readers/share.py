@@ -48,9 +48,24 @@ class Cells:
     parsed: Parsed | None = None
 
 
+GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte order marks, little and big endian (never UTF-8 text)
+
+
 def open_data(name: str) -> BinaryIO:
-    """A data file opened for binary reading, through gzip if its name ends in .gz."""
-    return _GzipData(name, "rb") if name.endswith(".gz") else open(name, "rb")
+    """A data file opened for binary reading, through gzip if its name ends in .gz; ValueError for gzip data under
+    another name, or UTF-16 text (read as UTF-8, either would be named malformed or of another format)."""
+    if name.endswith(".gz"):
+        return _GzipData(name, "rb")
+    with open(name, "rb") as f:
+        start = f.read(2)
+    if start == GZIP_MAGIC or start in UTF16_BOMS:
+        if start in UTF16_BOMS:
+            raise ValueError(f"{name}: UTF-16 text (it starts with UTF-16's byte order mark); data files are read as "
+                             "UTF-8: save it as UTF-8")  # fmt: skip
+        raise ValueError(f"{name}: it holds gzip-compressed data, but its name does not end in .gz (how a data file "
+                         "is read through gzip): rename it, or decompress it")  # fmt: skip
+    return open(name, "rb")
 
 
 class _GzipData(gzip.GzipFile):
