@@ -357,6 +357,9 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     s = load_schema(str(path), default_table="t", default_dim=4)
     assert s.label == "b" and [(c.name, c.source) for c in s.columns] == [("a", "a"), ("column2", "_c")]
     assert "# CHECK: the label is a guess: 'b' is the first column holding only 0 and 1 (of 'b', '_c')" in text
+    data.write_text("click,is_new,cat\n0,1,a\n1,0,b\n2,1,c\n")  # a column named like a label of 3 values
+    text = infer_schema_text(str(data))
+    assert 'label = "is_new"' in text and "and 'click', named like a label, holds 3 distinct values ('0', '1', " in text
     svm = tmp_path / "d.svm"
     svm.write_text("1 3:1 4:1\n")
     path.write_text(infer_schema_text(str(svm), fmt="libsvm"))

@@ -152,8 +152,16 @@ def infer_schema(
     if label is None and binary:
         label = binary[0]
         others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
-        guess = (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and no column "
-                 "is named like a label (click, label, target, ...): check `label`, the column the model predicts")  # fmt: skip
+        named_so = [h for h in header if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
+        if named_so:  # named like a label, of other values (0, 1 and 2, say)
+            values = sorted({c.strip() for c in columns[named_so[0]] if c.strip()})
+            shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
+            why = (f"{named_so[0]!r}, named like a label, holds {len(values):,} distinct values ({shown}), not only "
+                   "0 and 1 (a label is 0 or 1: write the outcome the model predicts as 1, the others as 0)")  # fmt: skip
+        else:
+            why = "no column is named like a label (click, label, target, ...)"
+        guess = (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and {why}: "
+                 "check `label`, the column the model predicts")  # fmt: skip
     elif label is None:
         label = header[0]
         guess = (f"the label is a guess: no column holds only 0 and 1, so the first column, {label!r}, is taken: "
