@@ -1,7 +1,7 @@
 """Runs the benchmarks at fixed sizes and writes one performance table into README.md, stamped with the date, the
 machine and the git revision.
 
-    python benchmarks/report.py                  # every benchmark (4-15 minutes on 2 cores, by the host), then README.md
+    python benchmarks/report.py                  # every benchmark (4-15 min on 2 cores, by the host), then README.md
     python benchmarks/report.py --dry-run        # the commands it would run, nothing else
     python benchmarks/report.py --quick --readme /tmp/README.md    # small sizes: tests this script, not a table
 

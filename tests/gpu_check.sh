@@ -3,7 +3,8 @@
 #     bash tests/gpu_check.sh [STEP ...]        (the steps below by number; default: all)
 # The Python is $PYTHON, else the checkout's venv (.venv/bin/python, made by `python3 dev.py env`, with a CUDA
 # build of torch installed into it), else python3; it must have the project's dependencies: wheels of the missing
-# ones in .whl/ are installed into /tmp/site first (a machine with no package index). Logs and figures go to $OUT (default /tmp/gpu_check).
+# ones in .whl/ are installed into /tmp/site first (a machine with no package index). Logs and figures go to $OUT
+# (default /tmp/gpu_check).
 #   1. the tests marked gpu: every model's CUDA forward and backward against numpy, dropout replayed by seed, and a
 #      numpy worker then a torch:cuda worker leaving on the servers the model two numpy workers leave
 #   2. a mixed job: a numpy worker and a CUDA worker training one DeepFM at once (ps-worker launch)

@@ -148,7 +148,7 @@ def test_bad_integers_are_bad_lines_of_the_builtin_schema(tmp_path, ints, messag
     path.write_text("\n".join([GOOD] * 4 + [with_ints("0", ints)] + [GOOD]) + "\n")
     with pytest.raises(ValueError) as info:
         read_criteo(path, batch_size=3)
-    assert f"data.txt line 5: {message}, expected empty or a base-10 integer in (" in str(info.value)
+    assert f"data.txt line 5: {message}, expected empty, NA (missing) or a base-10 integer in (" in str(info.value)
 
 
 def test_parse_share_reports_bad_lines_and_parses_the_rest():

@@ -172,7 +172,7 @@ def test_bad_examples_are_left_out_with_their_first_problem():
     assert out.problems == [
         "column 'w' has the token 'a:x', expected id:weight with a finite weight",
         "column 'r' is '3x', expected a decimal id below 2**64 - 1",
-        "integer column 'i' is '1.5', expected empty or a base-10 integer in "
+        "integer column 'i' is '1.5', expected empty, NA (missing) or a base-10 integer in "
         "(-9223372036854775808, 9223372036854775807]",
         "numeric column 'x' is 'inf', expected a finite float32 number (|x| <= 3.4e38) or empty",
         "column 'w' has the token 'b', expected id:weight with a finite weight",

@@ -163,7 +163,9 @@ def test_criteo_bad_lines_are_skipped_and_counted(tmp_path, batch_size):
     np.testing.assert_array_equal(ids_matrix(join(got)), good_ids)
 
 
-INT_PROBLEM = "integer column 'I2' is 'x3', expected empty or a base-10 integer in (-9223372036854775808, "
+INT_PROBLEM = (
+    "integer column 'I2' is 'x3', expected empty, NA (missing) or a base-10 integer in (-9223372036854775808, "
+)
 
 
 @pytest.mark.parametrize(
@@ -424,6 +426,35 @@ def test_column_stats_are_of_the_good_lines_present_values(tmp_path):
     assert mean == pytest.approx(3.0) and std == pytest.approx(np.std([1, 3, 5]))
     (b,) = read(path, "csv", 10, schema=schema.with_stats({"a": (mean, std)}), max_bad_lines=1)
     np.testing.assert_allclose(b.dense[:, 0], (np.array([1, 3, 3, 5]) - 3) / std, rtol=1e-6)
+    path.write_text("y,a,b\n1,5,x\n0,5,x\n")  # a constant column: std 1, the value a schema may hold (> 0)
+    assert column_stats(path, schema) == {"a": (5.0, 1.0)}
+
+
+def test_the_logged_statistics_of_standardized_columns_copied_into_the_schema_give_the_same_features(tmp_path,
+                                                                                                     caplog):  # fmt: skip
+    """Training logs the mean and std it computed, to copy into the schema for eval and predict: in full."""
+    import re
+
+    from worker.data import DataSource
+    from worker.train_config import TrainConfig
+
+    path = tmp_path / "d.csv"
+    path.write_text("y,a,k\n" + "".join(f"{i % 2},{i * 1.37 + 0.1},5\n" for i in range(1, 40)))
+    text = 'label = "y"\n[[columns]]\nname = "a"\nkind = "numeric"\ntransform = "standardize"\n'
+    text += '[[columns]]\nname = "k"\nkind = "numeric"\ntransform = "standardize"\n'
+    (tmp_path / "s.toml").write_text(text)
+    cfg = TrainConfig(data=str(path), schema=str(tmp_path / "s.toml"), local_shards=1)
+    computed = DataSource(cfg, default_table="t").schema
+    found = re.findall(r"(\w+) mean = ([-\d.e]+), std = ([-\d.e]+)", caplog.text)
+    assert [name for name, _, _ in found] == ["a", "k"]
+    written = text
+    for name, mean, std in found:
+        written = written.replace(f'name = "{name}"\nkind = "numeric"\ntransform = "standardize"\n',
+                                  f'name = "{name}"\nkind = "numeric"\ntransform = "standardize"\nmean = {mean}\n'
+                                  f"std = {std}\n")  # fmt: skip
+    (tmp_path / "fixed.toml").write_text(written)
+    fixed = load_schema(str(tmp_path / "fixed.toml"), default_table="t", default_dim=4)  # std 0 would be refused
+    assert [(c.mean, c.std) for c in fixed.dense_columns()] == [(c.mean, c.std) for c in computed.dense_columns()]
 
 
 # --- libsvm -------------------------------------------------------------------------------------------------
@@ -707,10 +738,10 @@ def test_synthetic_settings_given_with_data_are_said_to_be_unused(tmp_path, capl
     write_synthetic(data, SyntheticConfig(rows=300))
     assert TrainConfig(synthetic_rows=5000).unused_synthetic_settings() == []  # no --data: they make the data
     assert TrainConfig(data=data).unused_synthetic_settings() == []  # the defaults are no choice of the user's
-    cfg = TrainConfig(data=data, synthetic_rows=5000, synthetic_seed=3, local_shards=1)
-    assert cfg.unused_synthetic_settings() == ["--synthetic-rows 5000", "--synthetic-seed 3"]
-    prepare(cfg, needs_servers=False)
-    assert f"--synthetic-rows 5000, --synthetic-seed 3 not used: --data {data} is read" in caplog.text
+    cfg = TrainConfig(data=data, synthetic_rows=5000, synthetic_eval_rows=7, synthetic_seed=3, local_shards=1)
+    assert cfg.unused_synthetic_settings() == ["--synthetic-rows 5000", "--synthetic-eval-rows 7"]  # the seed seeds
+    prepare(cfg, needs_servers=False)  # dropout and the shuffle too
+    assert f"--synthetic-rows 5000, --synthetic-eval-rows 7 not used: --data {data} is read" in caplog.text
 
 
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])

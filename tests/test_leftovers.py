@@ -182,6 +182,8 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
     server.start()
     try:
         address = f"127.0.0.1:{server.port}"
+        assert main(["export", str(tmp_path / "empty"), "--servers", address, "--no-progress"]) == 2
+        assert "the servers hold no table: nothing to export" in capsys.readouterr().err
         with Client([address]) as client:
             client.create_table(TableConfig("emb", 2))
             client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
@@ -290,6 +292,8 @@ def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_pat
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path / "root")))
     server.start()
     try:
+        with Client([f"127.0.0.1:{server.port}"]) as client:
+            client.create_table(TableConfig("emb", 2))
         out = tmp_path / "elsewhere"
         code = main(["export", str(out), "--servers", f"127.0.0.1:{server.port}", "--no-progress"])
     finally:

@@ -14,6 +14,7 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
+from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage.store import Store
 from tests.conftest import one_shard_checkpoint, one_table_checkpoint
@@ -117,7 +118,8 @@ def test_export_json_names_each_tables_features_and_optimizer(tmp_path):
 
     from ps.engine.restore import export
 
-    made = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.05), features="schema:0123456789abcdef")
+    made = TableConfig("emb", 4, optimizer=OptimizerConfig("adagrad", 0.05), features="schema:0123456789abcdef",
+                       initializer=InitializerConfig("normal", 0.5, 7))  # fmt: skip
     specs = [made, table("plain")]
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
     try:
@@ -125,14 +127,22 @@ def test_export_json_names_each_tables_features_and_optimizer(tmp_path):
             shard.create_table(spec)
             shard.push(spec.name, np.arange(1, 4, dtype=np.uint64), np.ones((3, spec.dim), np.float32))
         one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
+        unseen = np.array([10, 2**63], dtype=np.uint64)
+        served = shard.pull("emb", unseen)  # ids with no row: their initial embedding
     finally:
         shard.close()
     summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert json.loads((tmp_path / "out" / "export.json").read_text()) == summary
+    zeros = {"name": "zeros", "scale": 0.01, "seed": 0}
     assert summary["tables"] == {
-        "emb": {"dim": 4, "rows": 3, "features": "schema:0123456789abcdef", "optimizer": "adagrad"},
-        "plain": {"dim": 2, "rows": 3, "features": "", "optimizer": "sgd"},
-    }
+        "emb": {"dim": 4, "rows": 3, "features": "schema:0123456789abcdef", "optimizer": "adagrad",
+                "initializer": {"name": "normal", "scale": 0.5, "seed": 7}},
+        "plain": {"dim": 2, "rows": 3, "features": "", "optimizer": "sgd", "initializer": zeros},
+    }  # fmt: skip
+    rebuilt = np.zeros((2, 4), np.float32)  # what a serving system computes from export.json for an unseen id
+    init_rows(InitializerConfig(**summary["tables"]["emb"]["initializer"]), unseen, rebuilt, 4)
+    np.testing.assert_array_equal(rebuilt, served)
+    assert (served != 0).all()
 
 
 @pytest.mark.parametrize("no_progress", [False, True])

@@ -122,6 +122,8 @@ def test_an_unknown_flag_gets_the_usage_of_its_command():
         "usage: ps-worker train" in r.stderr
         and "ps-worker train: error: unrecognized arguments: --epochz 3" in r.stderr
     )
+    r = subprocess.run([sys.executable, "-m", "worker", "--bogus", "train"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "ps-worker: error: unrecognized arguments: --bogus" in r.stderr  # before the command
 
 
 def test_the_clis_take_settings_from_the_environment(tmp_path):

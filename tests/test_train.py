@@ -3,8 +3,10 @@ data size, the validation split, early stopping, L2 on the rows a step touches, 
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gzip
+import io
 import json
 
 import numpy as np
@@ -46,6 +48,12 @@ def test_count_lines_skips_gzip_padding_and_counts_old_mac_line_ends(tmp_path):
     old_mac.write_bytes(b"label,a\r" + text.replace(b"\n", b"\r"))
     assert count_lines_upto(str(old_mac), None, header=True).lines == 300
     assert count_lines_upto(str(old_mac), 100, header=True) == LineCount(100, True, 300, old_mac.stat().st_size)
+    mixed = tmp_path / "mixed.csv"  # CR, then LF, then CRLF with one cut by a chunk's end: the csv module's count
+    first = b"label,a\n1," + b"x" * (CHUNK_BYTES - 11) + b"\r\n"  # its CR ends the first chunk
+    mixed.write_bytes(first + text[:600].replace(b"\n", b"\r") + text[600:1200] + text[1200:].replace(b"\n", b"\r\n"))
+    records = len(list(csv.reader(io.StringIO(mixed.read_text(), newline="")))) - 1
+    assert count_lines_upto(str(mixed), None, header=True).lines == records == 301
+    assert count_lines_upto(str(mixed), None).lines == mixed.read_bytes().count(b"\n")  # no header: LF only
 
 
 @pytest.mark.parametrize("packed", [False, True])

@@ -354,8 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     args, rest = parser.parse_known_args(argv)  # launch passes the flags it does not know to each worker's train
-    if rest and args.command != "launch":
-        command_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest and args.command != "launch":  # the usage of the part of the command line they were given in
+        before = argv[: argv.index(args.command)] if args.command in argv else []
+        where = parser if all(token in before for token in rest) else command_parser(parser, args.command)
+        where.error(f"unrecognized arguments: {' '.join(rest)}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_malloc()
     try:

@@ -188,12 +188,34 @@ class Scanned:
         return _text(self._buf[self._label_starts[i] : self._label_ends[i]])
 
     def blank(self, delimiter: str) -> np.ndarray:
-        """bool (m,): the lines of nothing but the delimiter and whitespace (every cell empty), in one pass."""
-        filler = np.zeros(256, dtype=bool)
-        filler[[9, 10, 11, 12, 13, 32, *delimiter.encode()[:1]]] = True
-        first, last = int(self._bounds[0]), int(self._bounds[-1])
-        content = np.concatenate([[0], np.cumsum(~filler[self._buf[first:last]], dtype=np.int64)])
-        return content[self._bounds[1:] - first] == content[self._bounds[:-1] - first]
+        """bool (m,): the lines of nothing but the delimiter and what str.strip() strips (every cell blank): a
+        compiled pass that stops at a line's first other ASCII byte; a line whose first other byte is not ASCII
+        (NBSP, an ideographic space, or a letter) is judged by str.strip() on its text."""
+        encoded = delimiter.encode()
+        state = np.empty(len(self.columns), dtype=np.uint8)
+        _line_content(self._buf, self._bounds, encoded[0] if len(encoded) == 1 else 256, state)
+        for i in np.flatnonzero(state == _UNSURE).tolist():
+            state[i] = _CONTENT if self.line(i).replace(delimiter, "").strip() else _BLANK
+        return state == _BLANK
+
+
+_BLANK, _CONTENT, _UNSURE = 0, 1, 2  # _line_content's verdicts
+
+
+@numba.njit(nogil=True, cache=True)
+def _line_content(buf: np.ndarray, bounds: np.ndarray, delimiter: int, out: np.ndarray) -> None:
+    """out[i]: _BLANK when line i (buf[bounds[i]:bounds[i + 1]]) holds only the delimiter byte and the ASCII bytes
+    str.strip() strips (tab, LF, VT, FF, CR, 0x1c-0x1f, space), else _CONTENT at its first other ASCII byte, or
+    _UNSURE at a first other byte that is not ASCII (delimiter 256: none)."""
+    for i in range(len(bounds) - 1):
+        verdict = _BLANK
+        for p in range(bounds[i], bounds[i + 1]):
+            b = buf[p]
+            if b == delimiter or b == 32 or 9 <= b <= 13 or 28 <= b <= 31:
+                continue
+            verdict = _CONTENT if b < 128 else _UNSURE
+            break
+        out[i] = verdict
 
 
 def _text(cell: np.ndarray) -> str:

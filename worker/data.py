@@ -134,7 +134,7 @@ class DataSource:
                             cfg.data)  # fmt: skip
                 stats = column_stats(cfg.data, self.schema)
                 log.warning("standardized columns, mean and std over %s: %s (put them in the schema to fix them)",
-                            cfg.data, ", ".join(f"{k} mean = {m:.6g}, std = {s:.6g}" for k, (m, s) in stats.items()))  # fmt: skip
+                            cfg.data, ", ".join(f"{k} mean = {m!r}, std = {s!r}" for k, (m, s) in stats.items()))  # fmt: skip
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self._held: Batch | None = None  # the training examples, under cfg.shuffle

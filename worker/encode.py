@@ -404,7 +404,7 @@ class _Numbers:
             values, ok = self.parsed_ints[c.source]
             if not ok.all():
                 cells, at = self.cells[c.source], np.flatnonzero(~ok)
-                expected = f"expected empty or a base-10 integer in {_INT_RANGE}"
+                expected = f"expected empty, NA (missing) or a base-10 integer in {_INT_RANGE}"
                 self.problems.add(at, [f"integer column {c.source!r} is {_shown(cells[i])}, {expected}" for i in at])
             self.ints[c.source] = values
         return self.ints[c.source]

@@ -63,8 +63,11 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         try:
             with client(args) as servers:
                 servers.wait_ready()
-                if patterns is not None:  # before the checkpoint (a hold on pushes) is taken
-                    held = sorted(t.name for t in servers.stats()[0].tables)
+                held = sorted(t.name for t in servers.stats()[0].tables)  # before the checkpoint (a hold on pushes)
+                if not held:
+                    raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
+                                     "the model's tables); nothing was saved")  # fmt: skip
+                if patterns is not None:
                     for pattern in patterns:
                         if not fnmatch.filter(held, pattern):
                             raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("

@@ -122,7 +122,8 @@ def read_batches(
 
 def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[float, float]]:
     """{name: (mean, std)} of every standardize column: of its present raw values over the good lines of the
-    whole file (std of the population; (0, 1) for a column with no value), in one pass."""
+    whole file (std of the population, 1 where it is 0: a constant column; (0, 1) for a column with no value), in
+    one pass: the values a schema may hold (std > 0)."""
     columns = [c for c in schema.dense_columns() if c.transform == "standardize"]
     if not columns:
         return {}
@@ -137,7 +138,9 @@ def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[flo
         for c in columns:
             x, missing, _ = float_values(chunk.cells[c.source])
             moments[c.name] = _merge(moments[c.name], x[good & ~missing])
-    return {k: (mean, math.sqrt(m2 / count)) if count else (0.0, 1.0) for k, (count, mean, m2) in moments.items()}
+    return {
+        k: (mean, math.sqrt(m2 / count) or 1.0) if count else (0.0, 1.0) for k, (count, mean, m2) in moments.items()
+    }
 
 
 def _merge(a: tuple[int, float, float], x: np.ndarray) -> tuple[int, float, float]:

@@ -13,6 +13,7 @@ every num_workers-th line (worker/formats.py), and the validation split is a has
 from __future__ import annotations
 
 import os
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,21 +38,22 @@ class LineCount:
 
 def count_lines_upto(path: str, limit: int | None, header: bool = False) -> LineCount:
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
-    the end). A line ends in a newline byte (a last line without one is not counted), or in a carriage return in
-    a file whose first 64 KiB hold carriage returns and no newline (old Mac line ends, which the CSV reader
-    takes too). ValueError names a .gz file that does not read as gzip."""
+    the end). A line ends in LF (a last line without one is not counted); in a file with a header (CSV, whose
+    reader takes every kind of line end) in LF, CRLF or a lone CR. ValueError names a .gz file that does not read
+    as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
-    end = b""  # the line end byte, chosen by the first chunk
+    after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
         for chunk, chunk_bytes in _chunks(raw, path):
-            end = end or (b"\r" if b"\r" in chunk and b"\n" not in chunk else b"\n")
-            n = chunk.count(end)
+            skip = int(after_cr and chunk.startswith(b"\n"))
+            n = chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") - skip if header else 0)
+            after_cr = header and chunk.endswith(b"\r")
             if header and not head and n:
-                head = (chunk.index(end) + 1) * chunk_bytes / len(chunk)  # the header's share of the file
+                head = (_nth_end(chunk, 1, header, skip) + 1) * chunk_bytes / len(chunk)  # the header's share
             if target is not None and newlines + n >= target:  # the limit's line is in this chunk
-                read += (_nth(chunk, end, target - newlines) + 1) * chunk_bytes / len(chunk)
+                read += (_nth_end(chunk, target - newlines, header, skip) + 1) * chunk_bytes / len(chunk)
                 estimate = round(limit * (size - head) / max(read - head, 1))
                 return LineCount(limit, True, max(limit, estimate), raw.tell())
             newlines += n
@@ -114,9 +116,18 @@ def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
         raise ValueError(f"{path}: its name ends in .gz, but it does not read as gzip: it is cut short")
 
 
-def _nth(chunk: bytes, end: bytes, k: int) -> int:
-    """The offset of the k-th `end` byte of chunk (k >= 1, and chunk holds at least k)."""
-    at = -1
-    for _ in range(k):
-        at = chunk.index(end, at + 1)
-    return at
+_ANY_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _nth_end(chunk: bytes, k: int, universal: bool, skip: int) -> int:
+    """The offset of the last byte of the k-th line end of chunk (k >= 1, and chunk holds at least k): LF, or with
+    universal LF, CRLF or CR, from offset skip on."""
+    if not universal:
+        at = -1
+        for _ in range(k):
+            at = chunk.index(b"\n", at + 1)
+        return at
+    for i, match in enumerate(_ANY_LINE_END.finditer(chunk, skip), start=1):
+        if i == k:
+            return match.end() - 1
+    raise ValueError(f"the chunk holds fewer than {k} line ends")

@@ -37,8 +37,8 @@ Rules: a field name is unique and does not start with "_" (BIAS_FIELD, the bias'
 every model); the label column is no column's source; a sparse column's table is declared under [tables] or
 is the default table; a declared table is used; `table` and `id_space` belong to sparse columns and bucketized
 numerics, `ids` to sparse kinds, and raw ids have no id space; a libsvm column is categorical (its cell is
-a feature token's id: raw takes the id itself, hashed mixes it into the id space). Sparse fields come in column order, numeric
-features too.
+a feature token's id: raw takes the id itself, hashed mixes it into the id space), its source f0..f1023.
+Sparse fields come in column order, numeric features too.
 
 Values and ids (see worker/encode.py for the arrays): a categorical or bag token's value is
 features.cat_values of its text (hex of 1..16 digits is its number, else a hash; empty = missing); a hashed id
@@ -359,8 +359,9 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
         raise ValueError(f"{where}: source {source!r}: a libsvm field is the position of a line's feature token "
                          f"(f0 the first), at most f{MAX_LIBSVM_FIELDS - 1}; it is not the feature's id")  # fmt: skip
     if fmt == "libsvm" and kind != "categorical":
-        raise ValueError(f"{where}: kind {kind!r}: a libsvm column holds the id of a line's k-th feature token "
-                         "(its value only says whether the feature is there), so its kind is 'categorical'")  # fmt: skip
+        raise ValueError(f"{where}: kind {kind!r}: a libsvm column holds the id of a line's k-th feature "
+                         "token (its value only says whether the feature is there), so its kind is "
+                         "'categorical'")  # fmt: skip
     transform = None
     if kind == "numeric":
         transform = _value(spec, "transform", str, where, ..., DENSE_TRANSFORMS + BUCKET_TRANSFORMS)

@@ -196,11 +196,13 @@ class TrainConfig:
 
     def unused_synthetic_settings(self) -> list[str]:
         """The synthetic data's settings given (other than their defaults, as flags: '--synthetic-rows 5000') while
-        --data names the data: the run does not use them. Not refused, so that PS_SYNTHETIC_* may stay set."""
+        --data names the data: the run does not use them (--synthetic-seed is not one of them: it seeds the dropout
+        masks and the --shuffle order too). Not refused, so that PS_SYNTHETIC_* may stay set."""
         if self.data is None:
             return []
         return [f"--{f.name.replace('_', '-')} {getattr(self, f.name)}" for f in dataclasses.fields(self)
-                if f.name.startswith("synthetic_") and getattr(self, f.name) != f.default]  # fmt: skip
+                if f.name.startswith("synthetic_") and f.name != "synthetic_seed"
+                and getattr(self, f.name) != f.default]  # fmt: skip
 
     def _check_numbers(self) -> None:
         """ValueError naming the flag of a count, a rate, a time or a port out of its range (NaN included)."""

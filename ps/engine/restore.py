@@ -6,6 +6,7 @@ The checkpoint format is in ps.checkpoint.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import os
@@ -122,8 +123,10 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64,
     sorted) and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state, row i of id i),
     admitted rows only, and `export.json`: {clock, since, checkpoint, tables: {name: {dim, rows, features,
-    optimizer}}} (features: TableConfig.features, what the ids mean, "" if its creator named none; optimizer: the
-    name of the one that trained it; clock: the checkpoint's). since: only rows
+    optimizer, initializer}}} (features: TableConfig.features, what the ids mean, "" if its creator named none;
+    optimizer: the name of the one that trained it; initializer: {name, scale, seed}, the InitializerConfig that
+    gives an id with no row its embedding, as the servers serve it (ps.rows.initializers.init_rows); clock: the
+    checkpoint's). since: only rows
     pushed at clock step >= since (a delta to apply over an earlier export). Dense parameters are tables too:
     `dense.<name>` row i is row i of the matrix.
 
@@ -186,7 +189,8 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             shown.close()
             del rows, order
             summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n), "features": cfg.features,
-                                           "optimizer": cfg.optimizer.name}  # fmt: skip
+                                           "optimizer": cfg.optimizer.name,
+                                           "initializer": dataclasses.asdict(cfg.initializer)}  # fmt: skip
         final = os.path.join(out, "export.json")
         with leftovers.open_temporary(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)

@@ -43,7 +43,8 @@ def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple
 
 
 def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
-    """Up to `limit` records of the reader with `width` columns (the csv module's errors skipped)."""
+    """Up to `limit` records of the reader with `width` columns and a cell that is not blank (the csv module's
+    errors, and the empty rows the readers skip, left out)."""
     out: list[list[str]] = []
     while len(out) < limit:
         try:
@@ -52,7 +53,7 @@ def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
             break
         except csv.Error:
             continue
-        if len(row) == width:
+        if len(row) == width and any(cell.strip() for cell in row):
             out.append(row)
     return out
 

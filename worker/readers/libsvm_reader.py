@@ -4,9 +4,9 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
         Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing:
         CTR libsvm data is one-hot, any other finite value is ignored): a chunk's Parsed holds every column's
         ids as a hashed categorical column reads them (the id itself), its cells the decimal text of those of
-        columns with raw ids ('' where missing), so f<k> is the id whether the schema hashes it or takes it raw. K = 1 + the largest k among the schema's columns (0
-        without any): a line with fewer than K features has empty cells in its last columns; one with more
-        is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
+        columns with raw ids ('' where missing), so f<k> is the id whether the schema hashes it or takes it raw.
+        K = 1 + the largest k among the schema's columns (0 without any; at most schema.MAX_LIBSVM_FIELDS): a
+        line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
         Bad: a bad label, a token other than id:value, more than K features.
 Without labels: id:value id:value ...: every token a feature. Bad: a token other than id:value, more than K
         features. A file is without labels when the first of its first LABEL_PROBE_LINES lines whose first
