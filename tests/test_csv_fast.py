@@ -320,9 +320,25 @@ def test_a_row_of_blank_cells_is_an_empty_line_on_both_paths(tmp_path, labeled):
                          '[[columns]]\nname = "n"\nkind = "numeric"\ntransform = "log"\n')  # fmt: skip
     (batches, stats, _) = assert_same_reads(path, s, labeled=labeled, max_bad_lines=0)
     assert sum(len(b) for b in batches) == 2
-    assert (stats.bad_lines, stats.empty_lines) == (0, 4) if labeled else (0, 5)
+    assert (stats.bad_lines, stats.empty_lines) == ((0, 4) if labeled else (0, 5))
 
 
 def load_schema_text(tmp_path, text):
     (tmp_path / "s.toml").write_text(text)
     return load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+
+
+@pytest.mark.parametrize("delimiter", [",", "\t", ";", "|", " "])
+def test_the_blank_line_kernel_is_str_strip(delimiter):
+    """csv_fast._blank_lines says a line is blank exactly where str.strip() leaves nothing of it but delimiters:
+    every byte but the line ends and the quote, and the Unicode spaces and some characters that are not."""
+    chars = [chr(c) for c in range(1, 256) if chr(c) not in '\n\r"'] + [
+        chr(c) for c in (0x1680, 0x2000, 0x200A, 0x200B, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0xFEFF, 0x4E2D)
+    ]
+    lines = [a + delimiter + b for a in chars for b in (" ", "\u3000", "x", "")]
+    encoded = [line.encode() + b"\n" for line in lines]
+    bounds = np.concatenate([[0], np.cumsum([len(e) for e in encoded])]).astype(np.int64)
+    out = np.empty(len(lines), dtype=np.bool_)
+    csv_fast._blank_lines(np.frombuffer(b"".join(encoded), dtype=np.uint8), bounds, ord(delimiter), out)
+    expected = [not line.replace(delimiter, "").strip() for line in lines]
+    assert out.tolist() == expected and 0 < sum(expected) < len(lines)

@@ -428,6 +428,8 @@ def test_column_stats_are_of_the_good_lines_present_values(tmp_path):
     np.testing.assert_allclose(b.dense[:, 0], (np.array([1, 3, 3, 5]) - 3) / std, rtol=1e-6)
     path.write_text("y,a,b\n1,5,x\n0,5,x\n")  # a constant column: std 1, the value a schema may hold (> 0)
     assert column_stats(path, schema) == {"a": (5.0, 1.0)}
+    path.write_text("y,a,b\n" + "1,0.1,x\n" * 100_000)  # whose float sums would leave a std of 1e-17
+    assert column_stats(path, schema) == {"a": (0.1, 1.0)}
 
 
 def test_the_logged_statistics_of_standardized_columns_copied_into_the_schema_give_the_same_features(tmp_path,
@@ -751,6 +753,7 @@ def test_gzip_data_under_another_name_is_named_as_such(tmp_path, fmt):
     path.write_bytes(gzip.compress(line.encode()))
     with pytest.raises(ValueError, match=rf"^{path}: it holds gzip-compressed data, but its name does not end in .gz"):
         read(path, fmt)  # the schema's look at the file (csv, libsvm) or the read (criteo) says it
-    path.write_bytes(line.encode("utf-16"))
-    with pytest.raises(ValueError, match=rf"^{path}: UTF-16 text \(it starts with UTF-16's byte order mark\)"):
-        read(path, fmt)
+    for utf in ("UTF-16", "UTF-32"):
+        path.write_bytes(line.encode(utf))
+        with pytest.raises(ValueError, match=rf"^{path}: {utf} text \(it starts with {utf}'s byte order mark\)"):
+            read(path, fmt)

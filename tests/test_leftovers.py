@@ -288,6 +288,25 @@ def test_a_folder_of_the_users_is_refused_and_its_temp_looking_files_are_kept(tm
     assert not leftovers.holds_an_export(str(restore_out))  # ps-server export leaves them too
 
 
+def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_there_is_none(tmp_path, capsys):
+    """Shard 0 restarted on an empty data dir: the tables of shard 1 are the servers' tables, and the export's
+    error is the missing table on shard 0, not 'no table'."""
+    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"shard-{i}"), port=0, shard_id=i, num_shards=2,
+                                   checkpoint_root=str(tmp_path))) for i in range(2)]  # fmt: skip
+    for server in servers:
+        server.start()
+    try:
+        addresses = [f"127.0.0.1:{server.port}" for server in servers]
+        with Client(addresses[1:]) as client:
+            client.create_table(TableConfig("emb", 2))
+        code = main(["export", str(tmp_path / "out"), "--servers", ",".join(addresses), "--no-progress"])
+    finally:
+        for server in servers:
+            server.stop(grace_s=1)
+    err = capsys.readouterr().err
+    assert code == 2 and "hold no table" not in err and "'emb' does not exist on shard 0" in err, err
+
+
 def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_path, capsys):
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path / "root")))
     server.start()

@@ -215,6 +215,7 @@ def test_builtin_csv_and_libsvm():
     [
         (["y", "a", "a"], {}, r"columns \['a'\] appear more than once"),
         (["y", "_x"], {}, r"columns \['_x'\]: a field name must be non-empty"),
+        (["", "click", "a"], {}, r"the label column 1 of the header \['', 'click', 'a'\] has no name"),
         (
             ["", "y", "a", " "],
             {"label_column": "y"},
@@ -360,6 +361,8 @@ def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):
     data.write_text("click,is_new,cat\n0,1,a\n1,0,b\n2,1,c\n")  # a column named like a label of 3 values
     text = infer_schema_text(str(data))
     assert 'label = "is_new"' in text and "and 'click', named like a label, holds 3 distinct values ('0', '1', " in text
+    data.write_text("click,is_new,cat\n,0,a\n,1,b\n")
+    assert "and 'click', named like a label, is empty in every row of the sample" in infer_schema_text(str(data))
     svm = tmp_path / "d.svm"
     svm.write_text("1 3:1 4:1\n")
     path.write_text(infer_schema_text(str(svm), fmt="libsvm"))

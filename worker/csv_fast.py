@@ -188,34 +188,43 @@ class Scanned:
         return _text(self._buf[self._label_starts[i] : self._label_ends[i]])
 
     def blank(self, delimiter: str) -> np.ndarray:
-        """bool (m,): the lines of nothing but the delimiter and what str.strip() strips (every cell blank): a
-        compiled pass that stops at a line's first other ASCII byte; a line whose first other byte is not ASCII
-        (NBSP, an ideographic space, or a letter) is judged by str.strip() on its text."""
-        encoded = delimiter.encode()
-        state = np.empty(len(self.columns), dtype=np.uint8)
-        _line_content(self._buf, self._bounds, encoded[0] if len(encoded) == 1 else 256, state)
-        for i in np.flatnonzero(state == _UNSURE).tolist():
-            state[i] = _CONTENT if self.line(i).replace(delimiter, "").strip() else _BLANK
-        return state == _BLANK
-
-
-_BLANK, _CONTENT, _UNSURE = 0, 1, 2  # _line_content's verdicts
+        """bool (m,): the lines of nothing but the delimiter (ASCII, as every delimiter of a plain run) and what
+        str.strip() strips (every cell blank), in a compiled pass that stops at a line's first other character."""
+        out = np.empty(len(self.columns), dtype=np.bool_)
+        _blank_lines(self._buf, self._bounds, ord(delimiter), out)
+        return out
 
 
 @numba.njit(nogil=True, cache=True)
-def _line_content(buf: np.ndarray, bounds: np.ndarray, delimiter: int, out: np.ndarray) -> None:
-    """out[i]: _BLANK when line i (buf[bounds[i]:bounds[i + 1]]) holds only the delimiter byte and the ASCII bytes
-    str.strip() strips (tab, LF, VT, FF, CR, 0x1c-0x1f, space), else _CONTENT at its first other ASCII byte, or
-    _UNSURE at a first other byte that is not ASCII (delimiter 256: none)."""
+def _blank_lines(buf: np.ndarray, bounds: np.ndarray, delimiter: int, out: np.ndarray) -> None:
+    """out[i]: whether line i (UTF-8, buf[bounds[i]:bounds[i + 1]]) holds only the delimiter byte and characters
+    str.isspace() is true of: tab, LF, VT, FF, CR, 0x1c-0x1f, space, and U+0085, U+00A0, U+1680, U+2000-U+200A,
+    U+2028, U+2029, U+202F, U+205F, U+3000 (read as their UTF-8 bytes)."""
     for i in range(len(bounds) - 1):
-        verdict = _BLANK
-        for p in range(bounds[i], bounds[i + 1]):
+        p, end, blank = bounds[i], bounds[i + 1], True
+        while p < end:
             b = buf[p]
+            b1 = buf[p + 1] if p + 1 < end else 0
+            b2 = buf[p + 2] if p + 2 < end else 0
             if b == delimiter or b == 32 or 9 <= b <= 13 or 28 <= b <= 31:
-                continue
-            verdict = _CONTENT if b < 128 else _UNSURE
-            break
-        out[i] = verdict
+                p += 1
+            elif b == 0xC2 and (b1 == 0x85 or b1 == 0xA0):
+                p += 2
+            elif (
+                (b == 0xE1 and b1 == 0x9A and b2 == 0x80)
+                or (b == 0xE3 and b1 == 0x80 and b2 == 0x80)
+                or b == 0xE2
+                and b1 == 0x80
+                and (0x80 <= b2 <= 0x8A or b2 == 0xA8 or b2 == 0xA9 or b2 == 0xAF)
+                or b == 0xE2
+                and b1 == 0x81
+                and b2 == 0x9F
+            ):
+                p += 3
+            else:
+                blank = False
+                break
+        out[i] = blank
 
 
 def _text(cell: np.ndarray) -> str:

@@ -63,8 +63,8 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         try:
             with client(args) as servers:
                 servers.wait_ready()
-                held = sorted(t.name for t in servers.stats()[0].tables)  # before the checkpoint (a hold on pushes)
-                if not held:
+                held = sorted({t.name for shard in servers.stats() for t in shard.tables})  # before the checkpoint
+                if not held:  # (a hold on pushes) is taken
                     raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
                                      "the model's tables); nothing was saved")  # fmt: skip
                 if patterns is not None:

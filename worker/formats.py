@@ -122,13 +122,13 @@ def read_batches(
 
 def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[float, float]]:
     """{name: (mean, std)} of every standardize column: of its present raw values over the good lines of the
-    whole file (std of the population, 1 where it is 0: a constant column; (0, 1) for a column with no value), in
-    one pass: the values a schema may hold (std > 0)."""
+    whole file (std of the population), in one pass; a column of one value v (a constant column) gives (v, 1),
+    one with no value (0, 1): the values a schema may hold (std > 0)."""
     columns = [c for c in schema.dense_columns() if c.transform == "standardize"]
     if not columns:
         return {}
     placeholder = schema.with_stats({c.name: (0.0, 1.0) for c in columns})  # to find the bad lines
-    moments = {c.name: (0, 0.0, 0.0) for c in columns}  # count, mean, sum of squared deviations
+    moments = {c.name: (0, 0.0, 0.0, math.inf, -math.inf) for c in columns}  # count, mean, M2, lowest, highest
     for chunk in itertools.chain.from_iterable(
         _cell_chunks(name, placeholder, _MIN_CHUNK, Share(0, 1, BadLines(name, sys.maxsize, ReadStats())))
         for name in data_files(path)
@@ -138,21 +138,21 @@ def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[flo
         for c in columns:
             x, missing, _ = float_values(chunk.cells[c.source])
             moments[c.name] = _merge(moments[c.name], x[good & ~missing])
-    return {
-        k: (mean, math.sqrt(m2 / count) or 1.0) if count else (0.0, 1.0) for k, (count, mean, m2) in moments.items()
-    }
+    return {k: (0.0, 1.0) if not n else (lo, 1.0) if lo == hi else (mean, math.sqrt(m2 / n))
+            for k, (n, mean, m2, lo, hi) in moments.items()}  # fmt: skip
 
 
-def _merge(a: tuple[int, float, float], x: np.ndarray) -> tuple[int, float, float]:
-    """Moments (count, mean, M2) of a's values and x's (Chan et al.'s pairwise update)."""
+def _merge(a: tuple[int, float, float, float, float], x: np.ndarray) -> tuple[int, float, float, float, float]:
+    """Moments (count, mean, M2, lowest, highest) of a's values and x's (Chan et al.'s pairwise update)."""
     if len(x) == 0:
         return a
-    n_a, mean_a, m2_a = a
+    n_a, mean_a, m2_a, lo, hi = a
     n_b, mean_b = len(x), float(x.mean())
     m2_b = float(((x - mean_b) ** 2).sum())
     n = n_a + n_b
     delta = mean_b - mean_a
-    return n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n
+    return (n, mean_a + delta * n_b / n, m2_a + m2_b + delta * delta * n_a * n_b / n, min(lo, float(x.min())),
+            max(hi, float(x.max())))  # fmt: skip
 
 
 def check_same_format(path: str | os.PathLike, schema: Schema) -> None:

@@ -92,6 +92,12 @@ def _csv_roles(
         raise ValueError(
             f"columns {repeated} appear more than once in the header {header}; drop them or write a schema"
         )
+    if not label.strip():
+        raise ValueError(
+            f"the label column {header.index(label) + 1} of the header {header} has no name (a row index that "
+            "pandas' to_csv wrote?): give --label-column, and name that column in the header or write a schema "
+            "without it (ps-worker schema --data FILE)"
+        )
     unnamed = [k + 1 for k, h in enumerate(header) if not h.strip() and h in used]
     if unnamed:
         raise ValueError(

@@ -157,7 +157,8 @@ def infer_schema(
             values = sorted({c.strip() for c in columns[named_so[0]] if c.strip()})
             shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
             why = (f"{named_so[0]!r}, named like a label, holds {len(values):,} distinct values ({shown}), not only "
-                   "0 and 1 (a label is 0 or 1: write the outcome the model predicts as 1, the others as 0)")  # fmt: skip
+                   "0 and 1 (a label is 0 or 1: write the outcome the model predicts as 1, the others as 0)"
+                   if values else f"{named_so[0]!r}, named like a label, is empty in every row of the sample")  # fmt: skip
         else:
             why = "no column is named like a label (click, label, target, ...)"
         guess = (f"the label is a guess: {label!r} is the first column holding only 0 and 1{others}, and {why}: "

@@ -50,6 +50,7 @@ class Cells:
 
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte order marks, little and big endian (never UTF-8 text)
+UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")  # UTF-32's
 
 
 def open_data(name: str) -> BinaryIO:
@@ -58,10 +59,11 @@ def open_data(name: str) -> BinaryIO:
     if name.endswith(".gz"):
         return _GzipData(name, "rb")
     with open(name, "rb") as f:
-        start = f.read(2)
-    if start == GZIP_MAGIC or start in UTF16_BOMS:
-        if start in UTF16_BOMS:
-            raise ValueError(f"{name}: UTF-16 text (it starts with UTF-16's byte order mark); data files are read as "
+        start = f.read(4)
+    if start[:2] == GZIP_MAGIC or start[:2] in UTF16_BOMS or start in UTF32_BOMS:
+        if start[:2] != GZIP_MAGIC:
+            utf = "UTF-32" if start in UTF32_BOMS else "UTF-16"
+            raise ValueError(f"{name}: {utf} text (it starts with {utf}'s byte order mark); data files are read as "
                              "UTF-8: save it as UTF-8")  # fmt: skip
         raise ValueError(f"{name}: it holds gzip-compressed data, but its name does not end in .gz (how a data file "
                          "is read through gzip): rename it, or decompress it")  # fmt: skip
