@@ -212,7 +212,7 @@ message StatsResponse
   18 memtable_bytes   VARINT  uint64                   RocksDB's memtables
   19 table_reader_bytes VARINT uint64                  RocksDB's table readers (index, filters without --memory-bytes)
   20 write_behind_bytes VARINT uint64                  evicted rows waiting for their RocksDB write
-  21 journal_map_bytes VARINT uint64                   the mapped journal segment
+  21 journal_map_bytes VARINT uint64                   the journal segment mapped for appends (its size; 0: none)
   22 cluster          LEN     string                   --cluster: the cluster's name; empty: unnamed
   23 data_dir_bytes   VARINT  uint64                   every file under data_dir: RocksDB, its logs, the journal
   24 disk_free_bytes  VARINT  uint64                   free to the server's user on data_dir's file system

@@ -24,7 +24,8 @@ free bytes under which it is (ps.storage.diskspace), failed flushes in a row): t
 per shard, once the shard serves; sparseps_data_dir_lost, 1 once the shard found its journal segment or its data
 dir deleted under it (ps.storage.journal.Journal.check_intact), when the per-table and per-shard figures are no
 longer served. The process: prometheus-client's process_* (resident memory, CPU seconds, start
-time, open files).
+time, open files). Counters count from the server's start: a restart sets them to 0 (process_start_time_seconds
+tells when; Prometheus' rate() and increase() take such a reset as one).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ TABLE_COUNTERS = {
     "dropped": "ids dropped by Shrink",
     "pulls": "lookups: pulls, and pushes that return rows",
     "pushes": "pushes applied",
-    "ids_pulled": "ids looked up",
+    "ids_pulled": "ids looked up: of pulls, and the rows push replies return",
     "ids_pushed": "ids pushed",
 }
 SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
@@ -80,7 +81,7 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     ("sparseps_memtable_bytes", "memtable_bytes", "RocksDB's memtables"),
     ("sparseps_table_reader_bytes", "table_reader_bytes", "RocksDB's table readers (index and filter blocks)"),
     ("sparseps_write_behind_bytes", "write_behind_bytes", "evicted rows waiting for their RocksDB write"),
-    ("sparseps_journal_map_bytes", "journal_map_bytes", "the mapped journal segment"),
+    ("sparseps_journal_map_bytes", "journal_map_bytes", "the journal segment mapped for appends (its size; 0: none)"),
     (
         "sparseps_data_dir_bytes",
         "data_dir_bytes",

@@ -14,7 +14,9 @@ def test_the_endpoint_listens_on_the_loopback_by_default():
     try:
         assert telemetry._http.server_address[0] == "127.0.0.1"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            assert b"sparseps_worker_steps_total" in reply.read()
+            text = reply.read()
+        assert b"sparseps_worker_steps_total" in text
+        assert b"sparseps_worker_train_logloss NaN" in text  # before the first step: no loss yet, not a perfect one
     finally:
         telemetry.close()
 

@@ -534,3 +534,21 @@ def test_a_resumed_runs_best_line_says_it_judges_its_own_part_and_gives_no_epoch
     )
     resumed = format_results({**r, "skipped_examples": 475_136})
     assert "of this resumed run's evaluations only" in resumed and "a larger --epochs" not in resumed
+
+
+def test_a_first_step_that_took_much_of_the_training_time_is_pointed_out():
+    from worker.results import format_results
+
+    r = {"model": "fm", "backend": "numpy", "device": "cpu", "worker": "0/1", "shards": 2, "train_examples": 44_980,
+         "train_seconds": 44.0, "examples_per_s": 1_022.0, "first_step_seconds": 33.0}  # fmt: skip
+    assert "1,022 examples/s (the first step took 33.0 s of it: a fresh checkout's first run builds" in format_results(
+        r
+    )
+    for first, total in ((33.0, 200.0), (3.0, 4.0)):  # a small share of the time, or a short step: nothing said
+        assert "the first step took" not in format_results({**r, "first_step_seconds": first, "train_seconds": total})
+
+
+def test_the_loop_measures_its_first_step(tmp_path):
+    cfg = TrainConfig(local_shards=1, synthetic_rows=3000, synthetic_eval_rows=500, model="lr", epochs=1)
+    result = train(cfg)
+    assert 0 < result["first_step_seconds"] <= result["train_seconds"]

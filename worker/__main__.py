@@ -265,23 +265,31 @@ def _stats(args) -> int:
         for t in s.tables:
             print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
         print(f"{s.shard_id:>5} data dir {s.data_dir}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
-              f"{s.ram_used_bytes / 2**20:,.1f} of {s.ram_budget_bytes / 2**20:,.0f} MiB, journal "
-              f"{s.journal_bytes / 2**20:,.1f} MiB")  # fmt: skip
-        bound = f"of {s.memory_budget_bytes / 2**20:,.0f} MiB" if s.memory_budget_bytes else "(no --memory-bytes)"
+              f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
+        bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
         print(
-            f"{s.shard_id:>5} memory {bound}: block cache {s.block_cache_used_bytes / 2**20:,.1f} of "
-            f"{s.block_cache_budget_bytes / 2**20:,.0f} MiB, memtables {s.memtable_bytes / 2**20:,.1f} MiB, "
-            f"table readers {s.table_reader_bytes / 2**20:,.1f} MiB, write-behind "
-            f"{s.write_behind_bytes / 2**20:,.1f} MiB, journal map {s.journal_map_bytes / 2**20:,.0f} MiB"
+            f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
+            f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "
+            f"{_size(s.table_reader_bytes)}, write-behind {_size(s.write_behind_bytes)}, journal map "
+            f"{_size(s.journal_map_bytes)}"
         )
         low = _disk_low_bytes(s)
         mark = f", LOW: below {low / 2**30:,.2f} GiB, pushes fail once full" if s.disk_free_bytes < low else ""
         print(f"{s.shard_id:>5} disk: data dir {s.data_dir_bytes / 2**20:,.1f} MiB, free {s.disk_free_bytes / 2**30:,.2f} "
               f"of {s.disk_total_bytes / 2**30:,.2f} GiB ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
-    print("evictions, cache_misses (ids read from RocksDB), admitted, dropped, pulls (lookups: pulls and pushes that "
+    print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
     return 0
+
+
+def _size(n: int) -> str:
+    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB' (below 1 KiB: '512 B')."""
+    if n < 1 << 10:
+        return f"{n:,} B"
+    if n < 1 << 20:
+        return f"{n / 2**10:,.1f} KiB"
+    return f"{n / 2**20:,.1f} MiB" if n < 1 << 30 else f"{n / 2**30:,.2f} GiB"
 
 
 def _disk_low_bytes(s: Any) -> int:

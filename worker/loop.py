@@ -75,6 +75,7 @@ class LoopSettings:
 class LoopResult:
     examples: int = 0  # trained: their pushes answered
     seconds: float = 0.0
+    first_step_seconds: float = 0.0  # of `seconds`: the first step's (with a fresh checkout's compiling in it)
     steps: int = 0
     epoch: int = 0  # the epoch being trained (from 1)
     trained_all: bool = False  # every step ran (what follows: the last pushes, putting the best model back)
@@ -260,10 +261,12 @@ def run_epochs(
                         result.steps += 1
                         result.in_flight = 0
                     running.update(logloss(batch.labels, probs))
+                    now = time.perf_counter()
+                    if result.steps == 1:
+                        result.first_step_seconds = now - step_started
                     if telemetry is not None:
-                        now = time.perf_counter()
                         telemetry.step(n, now - step_started, running.value)
-                        step_started = now
+                    step_started = now
                     if desc is not None:  # the first step after a skip: the bar's clock and rate start here
                         desc = None
                         bar.set_description_str(None, refresh=False)

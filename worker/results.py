@@ -33,13 +33,27 @@ def format_evaluation(e: dict) -> str:
             f"{auc_text(e['validation_auc'])} logloss {e['validation_logloss']:.4f}{mark}")  # fmt: skip
 
 
+SLOW_FIRST_STEP_S = 5.0  # a first step this long, and a quarter of the training time or more, is pointed out
+
+
+def first_step_note(r: dict) -> str:
+    """'' or, when the first step took much of the training time, a note saying so (and why it is often so)."""
+    first, total = r.get("first_step_seconds", 0.0), r.get("train_seconds", 0.0)
+    if first < SLOW_FIRST_STEP_S or first < total / 4:
+        return ""
+    return (
+        f" (the first step took {first:.1f} s of it: a fresh checkout's first run builds the compiled loops, "
+        "kept for the next runs)"
+    )
+
+
 def format_results(r: dict) -> str:
     lines = [f"created tables {', '.join(r['created_tables'])} for model {r['model']}"] if "created_tables" in r else []
     if "train_examples" in r:
         shards = f"{r['shards']} shard{'s' * (r['shards'] != 1)}"
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
                      f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
-                     f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s")  # fmt: skip
+                     f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s{first_step_note(r)}")  # fmt: skip
     if r.get("final_eval_skipped"):
         lines.append(EVAL_LEFT_TO_LAUNCH)
     else:

@@ -33,10 +33,13 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
     lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
     find_untrained, else empty})."""
     differ, missing, untrained = {}, [], set()
+    held = [{s.name: s for s in shard.tables} for shard in client.stats()]  # a table's absence is no refused call
     for t in wanted:
         try:
+            if not all(t.name in tables for tables in held):
+                raise TableNotFoundError(t.name)
             infos = client.describe_table(t.name)
-        except TableNotFoundError:
+        except TableNotFoundError:  # also one dropped since the Stats
             missing.append(t.name)
             continue
         diff = codec.table_config_from_proto(infos[0].spec).normalized().differences(t.normalized())
@@ -46,7 +49,6 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
         if diff:
             differ[t.name] = diff
     if differ and find_untrained:  # no row and no pending id (DescribeTable counts admitted rows only)
-        held = [{s.name: s for s in shard.tables} for shard in client.stats()]
         untrained = {name for name in differ if all(
             name in tables and tables[name].num_rows == 0 and tables[name].pending_ids == 0 for tables in held
         )}  # fmt: skip

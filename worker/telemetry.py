@@ -1,7 +1,8 @@
 """Prometheus metrics of a training worker, served on `ps-worker train --metrics-port`:
 sparseps_worker_examples_total, sparseps_worker_steps_total     examples and steps trained
 sparseps_worker_step_seconds                                    histogram of one step (compute and exchange)
-sparseps_worker_train_logloss                                   the running logloss of the progress bar
+sparseps_worker_train_logloss                                   the running logloss of the progress bar (NaN
+                                                                before the first step)
 
 The endpoint is plain HTTP with no token, so it listens on 127.0.0.1 unless `--metrics-host` widens it
 (docs/security.md).
@@ -22,6 +23,7 @@ class TrainTelemetry:
         self.step_seconds = Histogram("sparseps_worker_step_seconds", "one training step", buckets=BUCKETS,
                                       registry=self.registry)  # fmt: skip
         self.logloss = Gauge("sparseps_worker_train_logloss", "running train logloss", registry=self.registry)
+        self.logloss.set(float("nan"))  # not 0, a perfect loss, before the first step
         self._http = None
 
     def step(self, examples: int, seconds: float, logloss: float) -> None:

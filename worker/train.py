@@ -166,6 +166,7 @@ def train(cfg: TrainConfig) -> dict:
             "train_examples": loop.examples,
             "skipped_examples": cfg.skip_examples,
             "train_seconds": loop.seconds,
+            "first_step_seconds": loop.first_step_seconds,
             "examples_per_s": loop.examples / loop.seconds if loop.seconds > 0 else 0.0,
             "train_logloss": loop.train_logloss,
             "mode": cfg.mode,
@@ -238,7 +239,7 @@ def served_metrics(cfg: TrainConfig) -> Iterator[Any]:
 
     telemetry = TrainTelemetry()
     port = telemetry.serve(cfg.metrics_port, cfg.metrics_host)
-    log.warning("Prometheus metrics on http://%s:%d/metrics", cfg.metrics_host, port)
+    print(f"metrics Prometheus on http://{cfg.metrics_host}:{port}/metrics", flush=True)  # a line of the run's
     try:
         yield telemetry
     finally:

@@ -876,7 +876,11 @@ class Shard:
                 continue  # woke for the disk only
             lost = bool(self.journal.lost)  # before the flush's mark: no push is journaled after it then
             try:
-                self.flush()
+                t0 = time.monotonic()
+                rows = self.flush()
+                if rows:  # an idle server's flushes write nothing, and say nothing
+                    log.info("background flush: %s dirty rows written to RocksDB in %.1f s, the journal trimmed",
+                             f"{rows:,}", time.monotonic() - t0)  # fmt: skip
             except ShardNeedsRestartError:  # it broke as this flush ran: _break logged it, and flushes stop
                 continue
             except Exception as e:  # keep serving: the journal still holds every acknowledged push
@@ -950,7 +954,7 @@ class Shard:
             "memtable_bytes": rocksdb["memtables"],
             "table_reader_bytes": rocksdb["table_readers"],
             "write_behind_bytes": self.store.write_behind_bytes,
-            "journal_map_bytes": self.memory.journal_segment_bytes,
+            "journal_map_bytes": self.journal.mapped_bytes,
         }
 
     def close(self) -> None:
@@ -973,7 +977,7 @@ class Shard:
                 t0 = time.monotonic()
                 rows = self.flush()
                 flushed = True
-                log.info("flushed %s dirty rows to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
+                log.info("final flush: %s dirty rows written to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
         finally:  # a failed flush too: the journal keeps what it did not write, and the data dir is let go
             with self._lock:
                 for t in list(self.tables.values()):

@@ -133,6 +133,11 @@ class Journal:
         self.applied = AppliedTable()  # client -> (client_seq, parts done) of its newest request
         self.replay_bytes = (0, 0)  # (read, to read) of the segments' bytes, as a replay goes: its progress
 
+    @property
+    def mapped_bytes(self) -> int:
+        """The size of the segment mapped for appends now (the most of the mapping that can be resident), or 0."""
+        return self.segment_bytes if self._map is not None else 0
+
     def note_applied(self, origin: tuple[int, int, int]) -> None:
         """Records that push `part` of request (client, client_seq) is applied (newest wins; 0 client: none)."""
         client, client_seq, part = origin
