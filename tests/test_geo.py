@@ -166,6 +166,28 @@ def test_two_workers_see_each_others_deltas_at_their_own_pushes(server):
     assert a.pushes == b.pushes == 3
 
 
+def test_the_workers_of_a_job_push_their_share_so_the_servers_hold_the_mean_of_their_models(server):
+    """N workers that step from the same rows leave on the servers the mean of their local rows, not the sum of
+    their steps (which moves a row all of them train N times as far as one worker's step would)."""
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
+    server.create_table(cfg)
+    workers = [GeoTables(server, {"emb": cfg}, every=1, num_workers=3) for _ in range(3)]
+    ids = np.array([3, 5, 8], np.uint64)
+    initial = server.pull("emb", ids)
+    rng = np.random.default_rng(4)
+    local = []
+    for worker in workers:
+        worker.rows({"emb": ids})
+        worker.apply("emb", ids, rng.standard_normal((3, 4)).astype(F32), 1, 0)
+        local.append(worker.rows({"emb": ids})["emb"].copy())
+    for worker in workers:
+        assert worker.end_step()
+    np.testing.assert_allclose(server.pull("emb", ids), np.mean(local, axis=0), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(server.pull("emb", ids), initial + sum(x - initial for x in local), atol=1e-3)
+    with pytest.raises(ValueError, match="num_workers >= 1"):
+        GeoTables(server, {"emb": cfg}, every=1, num_workers=0)
+
+
 def test_memory_stays_within_capacity_after_each_push_and_training_stays_exact(server):
     """SGD keeps no state, so rows dropped and pulled again continue exactly: the servers hold the rows of plain
     pushes, clipped to the weight bound, however small the memory."""

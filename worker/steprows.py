@@ -314,7 +314,7 @@ def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> A
         from worker.geo import GeoTables
 
         configs = {t.name: t for t in table_configs if t.name in spec.table_dims()}
-        return GeoRows(tables, GeoTables(tables, configs, cfg.geo_every))
+        return GeoRows(tables, GeoTables(tables, configs, cfg.geo_every, num_workers=cfg.num_workers))
     from worker.client import WorkerStamp
 
     stamp = WorkerStamp(
