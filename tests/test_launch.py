@@ -234,6 +234,9 @@ def test_torch_backends_without_pytorch_are_refused_before_anything_starts(monke
         plan_launch(args, rest, stand_in_train_config)
     args, rest = launch_args("--workers", "2", "--servers", SERVERS)
     assert list(plan_launch(args, rest, stand_in_train_config).backends) == ["numpy", "numpy"]
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--model", "deepfm", "--dense", "allreduce")
+    with pytest.raises(ValueError, match=r"--dense allreduce needs PyTorch \(torch.distributed\), which this Python"):
+        plan_launch(args, rest)  # numpy workers whose MLP torch.distributed would average
 
 
 def test_servers_and_local_shards_are_refused_together():

@@ -301,11 +301,14 @@ def test_a_run_resumed_under_max_examples_ends_where_the_stopped_run_would_have(
 
 def test_max_examples_is_the_jobs_total_shared_by_its_workers():
     shares = [TrainConfig(max_examples=10, num_workers=3, worker_id=i).worker_max_examples() for i in range(3)]
-    assert shares == [3, 3, 4] and TrainConfig(max_examples=0, num_workers=3).worker_max_examples() == 0
+    assert shares == [4, 3, 3] and TrainConfig(max_examples=0, num_workers=3).worker_max_examples() == 0
+    for n_total, n in ((11, 2), (10, 3), (7, 7), (1000, 6)):  # each worker's lines below N: the first N lines
+        counts = [TrainConfig(max_examples=n_total, num_workers=n, worker_id=i).worker_max_examples() for i in range(n)]
+        assert counts == [len(range(i, n_total, n)) for i in range(n)]
     with pytest.raises(ValueError, match="--max-examples 2 is the job's total, shared by its 3 workers"):
         TrainConfig(servers=("h:1",), max_examples=2, num_workers=3).validate()
     with pytest.raises(ValueError, match=r"--skip-examples 3 reaches this worker's --max-examples limit \(3 "):
-        TrainConfig(servers=("h:1",), max_examples=10, num_workers=3, skip_examples=3).validate()
+        TrainConfig(servers=("h:1",), max_examples=10, num_workers=3, worker_id=2, skip_examples=3).validate()
     with pytest.raises(ValueError, match="--max-examples -1: expected an integer >= 0"):
         TrainConfig(local_shards=1, max_examples=-1).validate()
 
@@ -552,3 +555,39 @@ def test_the_loop_measures_its_first_step(tmp_path):
     cfg = TrainConfig(local_shards=1, synthetic_rows=3000, synthetic_eval_rows=500, model="lr", epochs=1)
     result = train(cfg)
     assert 0 < result["first_step_seconds"] <= result["train_seconds"]
+
+
+def test_early_stoppings_restore_gives_ids_first_trained_after_the_best_their_initial_rows():
+    """At the best evaluation an id not trained yet was served its initial embedding: the restore puts that back
+    (by the table's initializer), and the best rows of the ids trained by then."""
+    from ps.config import InitializerConfig, TableConfig
+    from worker.batch import TableIds
+    from worker.best import BestModel
+    from worker.models.spec import ModelSpec, uniform_fields
+
+    spec = ModelSpec("fm", uniform_fields(2, 4, table="lr"), 0, ())
+    cfg = TableConfig("lr", 4, initializer=InitializerConfig("normal", 0.3, 5))
+    early, later = np.array([1, 2, 3], np.uint64), np.array([3, 40, 50], np.uint64)
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        tables.create_table(cfg)
+        fresh = tables.pull("lr", np.array([40, 50], np.uint64))  # never pushed: the initial rows
+        best = BestModel(tables, spec)
+        best.add({"lr": TableIds(early, None, None, None)})
+        tables.push("lr", early, np.ones((3, cfg.dim), np.float32))
+        kept = tables.pull("lr", early)
+        best.keep({})
+        best.add({"lr": TableIds(later, None, None, None)})
+        tables.push("lr", later, np.full((3, cfg.dim), 5.0, np.float32))
+        assert best.restore(_NoDense())
+        np.testing.assert_allclose(tables.pull("lr", early), kept, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(tables.pull("lr", np.array([40, 50], np.uint64)), fresh, rtol=1e-6, atol=1e-6)
+
+
+class _NoDense:
+    """A DenseSync of a model without an MLP."""
+
+    params: list = []
+    ids: dict = {}
+
+    def pull(self) -> dict:
+        return {}

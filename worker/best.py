@@ -2,7 +2,8 @@
 
 At each new best evaluation the worker copies the rows of every id it has trained and the dense parameters, and at
 the end of the loop pushes best - current as add-delta pushes (the optimizer's state stays as it is): the tables
-then hold the model of the best evaluation. Ids first trained after the best keep their values.
+then hold the model of the best evaluation. An id first trained after the best had then no row of its own: the
+servers served its initial embedding (ps.rows.initializers, by its table's initializer), which it gets back.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ps import codec
+from ps.rows.initializers import init_rows
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.dense import DenseSync
@@ -53,10 +56,19 @@ class BestModel:
         """Pushes best - current for every kept row and dense parameter; False if nothing was kept."""
         if self.too_big or not self.rows:
             return False
-        items = [(t, u) for t, (u, _) in self.rows.items()]
+        best = dict(self.rows)
+        for t, seen in self.seen.items():  # ids first trained after the best: their initial embedding then
+            kept = best[t][0]
+            later = np.setdiff1d(np.unique(np.concatenate(seen)) if seen else kept, kept)
+            if len(later):
+                spec = codec.table_config_from_proto(self.tables.describe_table(t)[0].spec)
+                initial = np.zeros((len(later), spec.dim), np.float32)
+                init_rows(spec.initializer, later, initial, spec.dim)
+                best[t] = (np.concatenate([kept, later]), np.concatenate([best[t][1], initial]))
+        items = [(t, u) for t, (u, _) in best.items()]
         now = self.tables.pull_many(items)
         pushes = [
-            PushItem(t, u, self.rows[t][1] - cur, shows=np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)
+            PushItem(t, u, best[t][1] - cur, shows=np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)
         ]
         current = dense.pull()  # a DenseSync (restore_best runs with the PS dense path only)
         for p in dense.params:

@@ -285,6 +285,11 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError("the train flags were refused (see the message above)") from None
     workers = resolve_workers(backends, cfg)
     check_devices(workers, getattr(cfg, "dense", "ps"))
+    if getattr(cfg, "dense", "ps") == "allreduce" and importlib.util.find_spec("torch") is None:
+        from worker.job import TORCH_HINT
+
+        raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed), which this Python does not have: "
+                         f"{TORCH_HINT}")  # fmt: skip
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
         raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                          "empty ones (give --servers)")  # fmt: skip

@@ -220,6 +220,7 @@ def run_epochs(
         if not validation:
             return False
         eval_started = time.perf_counter()
+        source.settle()  # geo: its pending deltas pushed, so that the model validated is the one trained so far
         if not dense.collective:  # the PS path: its pending gradients applied first (allreduce's values are
             dense.flush()  # current, and its flush is a step of every worker: not here)
         figures = evaluate(tables, spec, backend, dense.values, validation, prefetch=s.prefetch)

@@ -14,7 +14,9 @@
 
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
-step's push; returns the rows the push returned for them), finish() (the worker is done: nobody waits for it),
+step's push; returns the rows the push returned for them), settle() (before a validation: the servers hold every
+step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
+worker is done: nobody waits for it),
 abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
 other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async has nothing to do) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
@@ -111,6 +113,9 @@ class AsyncRows:
             self.recent[t].add(ti.uniq, updated)
         return returned[len(tids) :]
 
+    def settle(self) -> None:
+        pass
+
     def finish(self) -> None:
         pass
 
@@ -194,6 +199,9 @@ class ClockedRows:
                     self.cache.store(t, ti.uniq, rows, min_clock)
         return returned[len(tids) :]
 
+    def settle(self) -> None:
+        pass
+
     def finish(self) -> None:
         if not self._finished:
             self._finished = True
@@ -249,6 +257,12 @@ class GeoRows:
         if pushed:
             self.tables.advance_clock(self.geo.every)
         return self.tables.push_many(extra, return_rows=True) if extra else []
+
+    def settle(self) -> None:
+        """Pushes the deltas of the steps since the last push (a validation then scores the model trained so far,
+        not the one of the last push)."""
+        if not self._failed:
+            self.geo.flush()
 
     def finish(self) -> None:
         if not self._failed:

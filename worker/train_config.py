@@ -184,9 +184,10 @@ class TrainConfig:
     def worker_max_examples(self) -> int:
         """The position in this worker's stream of training examples (counted over epochs, the examples
         --skip-examples skips included) where its training stops: worker i of n takes its share of the job's
-        --max-examples N, N*(i+1)//n - N*i//n; 0: no limit."""
+        --max-examples N, the count of i, i + n, i + 2n, ... below N: (N - i + n - 1) // n (worker i reads the
+        lines i, i + n, ... of a file, so the job trains its first N lines); 0: no limit."""
         n, i = self.num_workers, self.worker_id
-        return self.max_examples * (i + 1) // n - self.max_examples * i // n
+        return (self.max_examples - i + n - 1) // n if self.max_examples else 0
 
     def input_files(self) -> dict[str, str | None]:
         """The files the run reads, by flag (None: not given)."""
