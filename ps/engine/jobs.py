@@ -277,6 +277,7 @@ class JobClocks:
         self._clocks: list[int] = []
         self._done: list[bool] = []
         self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
+        self._stamped: list[bool] = []  # worker -> a stamp of it came here (since the job started here)
         self._heard = 0.0  # monotonic time of the job's latest stamp here
         self._patience_s = 0.0  # the largest barrier timeout its stamps gave
         self._steps: dict[int, _SyncStep] = {}
@@ -387,6 +388,7 @@ class JobClocks:
             self._check_job(stamp)
             self._start(stamp)
         self._check_workers(stamp, applied)
+        self._stamped[stamp.worker] = True
         self._heard = time.monotonic()
         self._patience_s = max(self._patience_s, stamp.timeout_s)
         if stamp.acked > self._clocks[stamp.worker]:
@@ -412,7 +414,7 @@ class JobClocks:
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
         self.setup, self._setup_from, self._stopped = stamp.setup, stamp.worker, None
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
-        self._clients, self._patience_s = [0] * num_workers, 0.0
+        self._clients, self._patience_s, self._stamped = [0] * num_workers, 0.0, [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
 
@@ -550,8 +552,11 @@ class JobClocks:
         )
 
     def _named(self, workers: list[int]) -> str:
-        """'worker 1 (at step 3)' or 'workers 1 (at step 3), 4 (at step 0)', the first NAMED_WORKERS of them."""
-        named = ", ".join(f"{w} (at step {self._clocks[w]})" for w in workers[:NAMED_WORKERS])
+        """'worker 1 (at step 3)' or 'workers 1 (at step 3), 4 (at step 0; not heard from here)', the first
+        NAMED_WORKERS of them (not heard from: no stamp of it came here since the job started here, so it did not
+        start, is cut off from this shard, or ran before this shard's restart)."""
+        named = ", ".join(f"{w} (at step {self._clocks[w]}{'' if self._stamped[w] else '; not heard from here'})"
+                          for w in workers[:NAMED_WORKERS])  # fmt: skip
         more = f" and {len(workers) - NAMED_WORKERS} more" if len(workers) > NAMED_WORKERS else ""
         return f"worker{'s' if len(workers) > 1 else ''} {named}{more}"
 
