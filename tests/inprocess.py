@@ -11,8 +11,6 @@ import tempfile
 
 import numpy as np
 
-from protos import ps_pb2
-from ps import codec
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from worker.client import push_arrays
@@ -28,10 +26,6 @@ class InProcessTables:
 
     def dim(self, table: str) -> int:
         return self.shard.table(table).dim
-
-    def describe_table(self, table: str) -> list:
-        """As Client.describe_table: [TableInfo] (of the one shard)."""
-        return [ps_pb2.TableInfo(spec=codec.table_config_to_proto(self.shard.table(table).cfg))]
 
     def pull(self, table: str, ids: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()

@@ -244,3 +244,33 @@ def test_a_geo_worker_stopped_before_its_end_pushes_its_pending_deltas_unless_th
     failed._failed = True  # a push of deltas failed: some shards may have applied it
     abandon(failed, KeyboardInterrupt())
     assert geo.flushes == 2
+
+
+def test_a_settle_whose_push_was_interrupted_is_not_pushed_again_by_the_abandon_after_it(server):
+    """The push may have reached the shards before the interrupt: sending its deltas again would add them twice."""
+    from worker.steprows import GeoRows, abandon
+
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
+    server.create_table(cfg)
+    real, calls = server.push_many, []
+
+    def push_many(items, **kw):  # applied, then a Ctrl-C before its reply is read
+        out = real(items, **kw)
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return out
+
+    server.push_many = push_many
+    geo = GeoTables(server, {"emb": cfg}, every=4)
+    rows = GeoRows(server, geo)
+    ids = np.array([1, 2], np.uint64)
+    geo.rows({"emb": ids})
+    geo.apply("emb", ids, np.ones((2, 4), F32), 1, 0)
+    geo.end_step()  # step 1 of 4: its delta pending
+    local = geo.rows({"emb": ids})["emb"].copy()
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        rows.settle()  # a validation's push
+    abandon(rows, stopped.value)
+    assert len(calls) == 1
+    np.testing.assert_allclose(server.pull("emb", ids), local, rtol=1e-6)

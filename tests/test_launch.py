@@ -239,6 +239,12 @@ def test_torch_backends_without_pytorch_are_refused_before_anything_starts(monke
         plan_launch(args, rest)  # numpy workers whose MLP torch.distributed would average
 
 
+def test_a_skip_past_the_last_workers_share_of_max_examples_is_refused_before_anything_starts():
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--max-examples", "11", "--skip-examples", "5")
+    with pytest.raises(ValueError, match=r"--skip-examples 5 reaches this worker's --max-examples limit \(5"):
+        plan_launch(args, rest)  # worker 0's share is 6, worker 1's 5
+
+
 def test_servers_and_local_shards_are_refused_together():
     with pytest.raises(SystemExit):  # the parser's mutually exclusive group
         launch_args("--workers", "2", "--servers", SERVERS, "--local-shards", "1")

@@ -284,12 +284,13 @@ def _stats(args) -> int:
 
 
 def _size(n: int) -> str:
-    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB' (below 1 KiB: '512 B')."""
-    if n < 1 << 10:
+    """Bytes as people read them: '100.0 KiB', '12.5 MiB', '2.00 GiB' (below 1,000 B: '512 B'; a unit from 1,000
+    of the one below, so that no figure reads 1,024.0)."""
+    if n < 1000:
         return f"{n:,} B"
-    if n < 1 << 20:
+    if n < 1000 << 10:
         return f"{n / 2**10:,.1f} KiB"
-    return f"{n / 2**20:,.1f} MiB" if n < 1 << 30 else f"{n / 2**30:,.2f} GiB"
+    return f"{n / 2**20:,.1f} MiB" if n < 1000 << 20 else f"{n / 2**30:,.2f} GiB"
 
 
 def _disk_low_bytes(s: Any) -> int:

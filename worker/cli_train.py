@@ -215,7 +215,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=d.max_examples,
         help="stop training after N examples, counted over epochs from the data's start, and end the run as at its "
         "last epoch (validation, final evaluation, summary); N is the job's total: worker i of n (--num-workers, "
-        "launch's --workers) stops at its share, N*(i+1)//n - N*i//n examples of its own stream; a resumed run's "
+        "launch's --workers) stops at its share, (N - i + n - 1)//n examples of its own stream; a resumed run's "
         "--skip-examples count toward it, so the same N ends it where the stopped run would have ended (0: no limit)",
     )
     model.add_argument(

@@ -204,11 +204,13 @@ def check_devices(workers: Sequence[str], dense: str, gpus: Callable[[], tuple[i
 def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
     """Each worker's backend and device as the launch plan, its summary and --metrics-out name them: "numpy",
     "torch" on the CPU, "torch:cuda" on a GPU. The device is the --backends entry's, else the train flags'
-    (cfg.device); the pair is checked by TrainConfig.validate (ValueError naming the entry and the worker)."""
+    (cfg.device); the pair, and the rest of the worker's config (as worker i: its --max-examples share), is
+    checked by TrainConfig.validate (ValueError naming the entry and the worker)."""
     workers = []
     for i, entry in enumerate(entries):
         backend, device = split_backend(entry)
-        worker_cfg = dataclasses.replace(cfg, backend=backend, device=device or cfg.device)
+        worker_cfg = dataclasses.replace(cfg, backend=backend, device=device or cfg.device,  # its own share of
+                                         worker_id=min(i, cfg.num_workers - 1))  # --max-examples, too  # fmt: skip
         try:
             worker_cfg.validate()
         except ValueError as e:

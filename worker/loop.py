@@ -246,7 +246,7 @@ def run_epochs(
     step = Step(spec, backend, dense, source, s.dense_l2)
     try:
         for epoch in range(s.epochs):
-            step_started = time.perf_counter()
+            step_started, skipped_by = time.perf_counter(), skipping.seconds
             result.epoch, steps_before = epoch + 1, result.steps
             source.start_epoch()
             batches = prefetched(skipping(limit(train_batches(epoch + 1))), prepare, s.prefetch)
@@ -263,8 +263,8 @@ def run_epochs(
                         result.in_flight = 0
                     running.update(logloss(batch.labels, probs))
                     now = time.perf_counter()
-                    if result.steps == 1:
-                        result.first_step_seconds = now - step_started
+                    if result.steps == 1:  # less the reading of the examples --skip-examples skips
+                        result.first_step_seconds = now - step_started - (skipping.seconds - skipped_by)
                     if telemetry is not None:
                         telemetry.step(n, now - step_started, running.value)
                     step_started = now

@@ -261,18 +261,27 @@ class GeoRows:
     def settle(self) -> None:
         """Pushes the deltas of the steps since the last push (a validation then scores the model trained so far,
         not the one of the last push)."""
-        if not self._failed:
-            self.geo.flush()
+        self._flush()
 
     def finish(self) -> None:
-        if not self._failed:
+        self._flush()
+
+    def _flush(self) -> None:
+        """geo's pending deltas pushed, unless a push failed: one that fails (or is interrupted) may have been
+        applied by some shards, so it is never sent again (abandon's flush included)."""
+        if self._failed:
+            return
+        try:
             self.geo.flush()
+        except BaseException:
+            self._failed = True
+            raise
 
     def abandon(self, reason: str, servers_ok: bool = True) -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
         examples holds them), unless the servers are what failed."""
-        if servers_ok and not self._failed:
-            self.geo.flush()
+        if servers_ok:
+            self._flush()
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
