@@ -195,6 +195,21 @@ class Scanned:
         return out
 
 
+@numba.njit(inline="always")
+def _three_byte_space(b: int, b1: int, b2: int) -> bool:
+    """Whether bytes b b1 b2 are the UTF-8 of U+1680 (E1 9A 80), U+2000-U+200A, U+2028, U+2029, U+202F (E2 80 xx),
+    U+205F (E2 81 9F) or U+3000 (E3 80 80)."""
+    if b == 0xE1:
+        return b1 == 0x9A and b2 == 0x80
+    if b == 0xE3:
+        return b1 == 0x80 and b2 == 0x80
+    if b != 0xE2:
+        return False
+    if b1 == 0x81:
+        return b2 == 0x9F
+    return b1 == 0x80 and (0x80 <= b2 <= 0x8A or b2 == 0xA8 or b2 == 0xA9 or b2 == 0xAF)
+
+
 @numba.njit(nogil=True, cache=True)
 def _blank_lines(buf: np.ndarray, bounds: np.ndarray, delimiter: int, out: np.ndarray) -> None:
     """out[i]: whether line i (UTF-8, buf[bounds[i]:bounds[i + 1]]) holds only the delimiter byte and characters
@@ -210,16 +225,7 @@ def _blank_lines(buf: np.ndarray, bounds: np.ndarray, delimiter: int, out: np.nd
                 p += 1
             elif b == 0xC2 and (b1 == 0x85 or b1 == 0xA0):
                 p += 2
-            elif (
-                (b == 0xE1 and b1 == 0x9A and b2 == 0x80)
-                or (b == 0xE3 and b1 == 0x80 and b2 == 0x80)
-                or b == 0xE2
-                and b1 == 0x80
-                and (0x80 <= b2 <= 0x8A or b2 == 0xA8 or b2 == 0xA9 or b2 == 0xAF)
-                or b == 0xE2
-                and b1 == 0x81
-                and b2 == 0x9F
-            ):
+            elif _three_byte_space(b, b1, b2):
                 p += 3
             else:
                 blank = False

@@ -8,10 +8,10 @@ and pushes the accumulated deltas every `every` steps; the servers add them with
                   shows and clicks are summed per id
     end_step()    every `every` steps, one push_many (add_delta=True, return_rows=True) of, per table, every id
                   changed since the last push: delta = (local embedding - base) / num_workers (the workers'
-                  deltas of a row averaged, not summed: each took its own steps from the same rows, and N
-                  workers' sum would move a row common to all, the bias first, N times as far as one step of
-                  training does: an audit's 3 workers on 30,000 rows ended above the base rate's logloss, as
-                  Paddle's GEO-SGD divides by its trainer count), its shows and its clicks. Then
+                  deltas of a row averaged, as Paddle's GEO-SGD does: each took its own steps from the same rows,
+                  and their sum would move a row common to all, the bias first, N times as far as one step of
+                  training; 3 workers summing on 30,000 rows end above the base rate's logloss), its shows and
+                  its clicks. Then
                   base = local embedding = the rows returned, which carry the other workers' deltas too; the local
                   optimizer state stays. The caller advances the clock.
     memory        after a push, past capacity_bytes, held rows leave least frequently used first
