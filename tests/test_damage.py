@@ -394,3 +394,77 @@ def test_ps_worker_export_of_a_shard_with_a_damaged_sst_is_a_message(checkpoints
     assert re.search(r"ps-server export: error: checkpoint \S+ is damaged: shard-0/\d+\.sst at offset \d+ ",
                      done.stderr), done.stderr  # fmt: skip
     assert not out.exists()
+
+
+# ---- side files, CURRENT, the meta column family: what a damaged or mistaken dir is called -------------------------
+@pytest.fixture(scope="module")
+def stopped_cleanly(tmp_path_factory):
+    """A data dir after push_all and a clean stop (its rows flushed, its journal trimmed)."""
+    data_dir = tmp_path_factory.mktemp("clean") / "shard"
+    with InProcess(data_dir) as address:
+        push_all(address, "t")
+    return data_dir
+
+
+def copied(stopped_cleanly, tmp_path) -> pathlib.Path:
+    data_dir = tmp_path / "shard"
+    shutil.copytree(stopped_cleanly, data_dir)
+    return data_dir
+
+
+@pytest.mark.parametrize("name", ["shard.json", "journal-mark.json"])
+def test_a_side_file_that_is_a_directory_is_named_by_start_and_verify(stopped_cleanly, tmp_path, name):
+    data_dir = copied(stopped_cleanly, tmp_path)
+    os.remove(data_dir / name)
+    os.mkdir(data_dir / name)
+    assert re.search(rf"{name} is a directory, where the shard keeps a file of that name", refusal(data_dir))
+    done = verify(data_dir)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert re.search(rf"DAMAGED .*{name} is a directory", done.stdout), done.stdout
+
+
+def test_a_current_file_naming_a_missing_manifest_is_damage(stopped_cleanly, tmp_path):
+    data_dir = copied(stopped_cleanly, tmp_path)
+    (data_dir / "CURRENT").write_text("MANIFEST-000099\n")
+    assert re.search(r"RocksDB found damage in .* CURRENT file names a MANIFEST that is not there", refusal(data_dir))
+
+
+def test_verify_checks_no_identity_or_journal_against_a_meta_column_family_it_cannot_read(stopped_cleanly, tmp_path):
+    """One damaged block of the meta column family is one finding: not also a lost shard record and missing
+    journal records, which its unread keys would otherwise look like."""
+    data_dir = copied(stopped_cleanly, tmp_path)
+    # the meta column family's keys include flushed_seq (blocks are not compressed); no other file holds it
+    meta_files = [
+        f for f in os.listdir(data_dir) if f.endswith(".sst") and b"flushed_seq" in (data_dir / f).read_bytes()
+    ]
+    assert len(meta_files) == 1, meta_files
+    _flip_byte(data_dir / meta_files[0], 300)
+    done = verify(data_dir)
+    damaged = [line for line in done.stdout.splitlines() if line.startswith("DAMAGED")]
+    assert done.returncode == 1 and len(damaged) == 1 and "column family meta" in damaged[0], done.stdout
+    assert "shard identity and journal: not checked against RocksDB, whose meta column family" in done.stdout
+
+
+def _flip_byte(path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_data_dir_that_is_a_shards_journal_folder_is_refused(stopped_cleanly, tmp_path):
+    data_dir = copied(stopped_cleanly, tmp_path)
+    before = sorted(os.listdir(data_dir / "journal"))
+    message = refusal(data_dir / "journal")
+    assert f"is the journal folder of the shard whose data dir is {data_dir}: give --data-dir {data_dir}" in message
+    assert sorted(os.listdir(data_dir / "journal")) == before
+
+
+def test_a_journal_that_is_a_file_is_damage_to_start_and_verify(stopped_cleanly, tmp_path):
+    data_dir = copied(stopped_cleanly, tmp_path)
+    shutil.rmtree(data_dir / "journal")
+    (data_dir / "journal").write_text("x\n")
+    assert "is a file, not the directory of journal segments" in refusal(data_dir)
+    done = verify(data_dir)
+    assert done.returncode == 1 and re.search(r"DAMAGED journal: the journal .* is a file", done.stdout), done.stdout

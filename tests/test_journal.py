@@ -483,3 +483,90 @@ def test_a_file_size_limit_refuses_the_push_as_a_resource_not_an_internal_error(
     assert status == "RESOURCE_EXHAUSTED" and "`ulimit -f`, is 1,048,576 bytes" in message, out.stdout + out.stderr
     assert "nothing was applied" in message and int(done) > 0
     assert len(list(Journal(str(tmp_path)).replay(0))) == int(done)  # each acknowledged record, whole
+
+
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))
+
+
+def _marked_journal(tmp_path, pushes: int, clicks: float = 0.0) -> tuple[str, str, list[int]]:
+    """(journal dir, mark path, each record's offset) after `pushes` records of 10 ids whose clicks are all `clicks`
+    (0.0: each record ends in zero bytes, as most CTR pushes do), closed."""
+    mark_path, directory = str(tmp_path / "journal.mark"), str(tmp_path / "j")
+    j = Journal(directory, mark_path=mark_path)
+    list(j.replay(0))
+    offsets = []
+    for seed in range(pushes):
+        offsets.append(j.size_bytes())
+        ids = np.arange(10, dtype=np.uint64) + 100 * seed
+        j.append("t", ids, np.ones((10, 3), np.float32), np.ones(10, np.float32), np.full(10, clicks, np.float32),
+                 step=seed)  # fmt: skip
+    j.close()
+    return directory, mark_path, offsets
+
+
+def test_a_damaged_last_record_ending_in_zeros_is_damage_not_a_missing_record(tmp_path):
+    """A whole last record the mark covers, whose last bytes are zeros (clicks of 0.0), that fails its checks is
+    damage at a byte, not a record cut short; with --accept-journal-loss the cut is not called a push never
+    acknowledged."""
+    directory, mark_path, offsets = _marked_journal(tmp_path, 3)
+    (path,) = Journal(directory).segments()
+    _flip(path[1], offsets[2] + 40)  # inside the last record's payload
+    with pytest.raises(JournalCorruptError, match=rf"corrupt at byte {offsets[2]} .*where record 3 should be"):
+        list(Journal(directory, mark_path=mark_path).replay(0))
+    accepted = Journal(directory, mark_path=mark_path)
+    assert [r.seq for r in accepted.replay(0, accept_loss=True)] == [1, 2]
+    assert len(accepted.losses) == 1 and "where record 3 should be" in accepted.losses[0]
+    accepted.close()
+
+
+def test_the_cut_of_damage_below_the_mark_is_not_called_a_push_never_acknowledged(tmp_path, caplog):
+    directory, mark_path, offsets = _marked_journal(tmp_path, 3, clicks=1.0)
+    (path,) = Journal(directory).segments()
+    with open(path[1], "r+b") as f:
+        f.truncate(offsets[2] + 30)  # the last record cut short: missing, below the mark
+    accepted = Journal(directory, mark_path=mark_path)
+    with caplog.at_level("WARNING"):
+        assert [r.seq for r in accepted.replay(0, accept_loss=True)] == [1, 2]
+    accepted.close()
+    assert "records 3..3" in accepted.losses[0] and "missing" in accepted.losses[0]
+    cut = [r.getMessage() for r in caplog.records if "cut 30 bytes" in r.getMessage()]
+    assert len(cut) == 1 and "mark says records up to 3 were written" in cut[0]
+    assert "never acknowledged" not in cut[0] and "every record up to" not in cut[0]
+
+
+def test_accepting_a_damaged_record_applies_the_intact_records_after_it(tmp_path):
+    """--accept-journal-loss goes on without the damaged record only: the intact ones after it are replayed, and
+    the loss is named as damage, not as missing records."""
+    directory, mark_path, offsets = _marked_journal(tmp_path, 5, clicks=1.0)
+    (path,) = Journal(directory).segments()
+    _flip(path[1], offsets[1] + 40)  # record 2
+    with pytest.raises(JournalCorruptError, match=rf"corrupt at byte {offsets[1]} "):
+        list(Journal(directory, mark_path=mark_path).replay(0))
+    accepted = Journal(directory, mark_path=mark_path)
+    assert [r.seq for r in accepted.replay(0, accept_loss=True)] == [1, 3, 4, 5]
+    accepted.close()
+    assert len(accepted.losses) == 2, accepted.losses
+    assert f"corrupt at byte {offsets[1]}" in accepted.losses[0]
+    assert f"records 2..2 (1 pushes, which may have been acknowledged) were in the damaged bytes of {path[1]}" in (
+        accepted.losses[1])  # fmt: skip
+    assert "missing" not in accepted.losses[1]
+
+
+def test_a_journal_that_is_a_file_is_refused_and_other_logs_are_not_segments(tmp_path):
+    (tmp_path / "j").write_bytes(b"x\n")
+    with pytest.raises(JournalCorruptError, match=r"journal .*/j is a file, not the directory of journal segments"):
+        list(Journal(str(tmp_path / "j")).replay(0))
+    with pytest.raises(JournalCorruptError, match="is a file"):
+        list(Journal(str(tmp_path / "j")).replay(0, accept_loss=True))
+    other = tmp_path / "k"
+    j = Journal(str(other))
+    list(j.replay(0))
+    _push(j, 10)
+    j.close()
+    (other / "000004.log").write_bytes(b"RocksDB's write-ahead log, not a journal segment")
+    assert [r.seq for r in Journal(str(other)).replay(0)] == [1]

@@ -22,6 +22,7 @@ from ps.engine.push import TablePush
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
 from ps.errors import (
     BarrierTimeoutError,
+    CallerGoneError,
     InvalidArgumentError,
     JobConflictError,
     JobIdReusedError,
@@ -308,6 +309,32 @@ def test_a_sync_step_missing_a_worker_fails_at_its_deadline_and_applies_nothing(
         with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 0 \(at step 1\)"):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 1, sync=True, barrier_timeout_s=0.2))
         assert (shard.pull("emb", B) == -1).all()
+    finally:
+        shard.close()
+
+
+def test_a_sync_step_whose_callers_left_is_dropped_at_its_deadline_and_few_gather_at_once(tmp_path):
+    """A contribution whose caller left waits for a retry only until the step's barrier timeout: then, with nobody
+    waiting for it, a timer drops it (its memory too). Steps of a job gathering at once are bounded: a stamp that
+    would open one more is refused, changing nothing."""
+    shard = open_shard(tmp_path)
+    try:
+        with pytest.raises(CallerGoneError):
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0,
+                               stamp(0, 0, sync=True, barrier_timeout_s=0.5), lambda: True)  # fmt: skip
+        assert list(shard.jobs._steps) == [0]  # kept for a retry
+        wait_until(lambda: not shard.jobs._steps, 10, "the step nobody waits for to be dropped")
+        with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 0 \(at step 0\)"):
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, stamp(1, 0, sync=True, barrier_timeout_s=0.2))
+        for step in range(1, 5):  # a hostile client's steps, each left at once
+            with pytest.raises(CallerGoneError):
+                shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0,
+                                   stamp(0, step, sync=True, barrier_timeout_s=60), lambda: True)  # fmt: skip
+        with pytest.raises(InvalidArgumentError, match=r"sync step 5 of job \d+ while steps 1, 2, 3, 4 are still "
+                                                       r"gathering on shard 0: .*nothing was applied"):  # fmt: skip
+            shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0, stamp(0, 5, sync=True))
+        assert sorted(shard.jobs._steps) == [1, 2, 3, 4]
+        assert (shard.pull("emb", A) == 0).all() and (shard.pull("emb", B) == 0).all()
     finally:
         shard.close()
 
@@ -928,10 +955,12 @@ def test_a_stopping_server_ends_the_waits_of_jobs_first(servers):
 
 
 def test_a_client_cannot_push_under_a_jobs_sync_key(server1):
-    """A PushBatch whose client_id is a job's sync key (computable from the job id) is applied under another key:
-    it cannot make the journal say the job's steps were applied, so the job's sums are applied, not dropped."""
+    """A PushBatch whose client_id is a job's sync key (computable from the job id) is refused: it cannot make the
+    journal say the job's steps were applied, so the job's sums are applied, not dropped."""
     _, stub, shard = server1
-    stub.PushBatch(ps_pb2.PushBatchRequest(client_id=sync_key(JOB), seq=100))  # no pushes: only a request number
+    with pytest.raises(grpc.RpcError) as info:  # no pushes: only a request number
+        stub.PushBatch(ps_pb2.PushBatchRequest(client_id=sync_key(JOB), seq=100), timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "top bit set" in info.value.details()
     assert shard.journal.applied.get(sync_key(JOB)) is None
 
     def contribute(worker: int, value: float):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ps.config import InitializerConfig, TableConfig
-from ps.errors import TableExistsError, TableNotFoundError
+from ps.errors import ShardClosingError, TableExistsError, TableNotFoundError
 from worker.__main__ import main as worker_main
 from worker.client import Client
 from worker.cluster import LocalCluster
@@ -91,7 +91,11 @@ def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
     assert shard.pull("t", ids).shape == (5, 4)  # rows in its RAM tier, initial: not trained
     with pytest.raises(TableExistsError, match=r"dim: 4 != 8$"):
         shard.create_table(TableConfig("t", 8))
+    sized_for_the_old = np.full((5, 4), 7.0, np.float32)  # a Pull's reply sized before the replace
     shard.create_table(TableConfig("t", 8), replace_untrained=True)
+    with pytest.raises(ShardClosingError, match="'t' was replaced just now .* send the request again"):
+        shard.pull("t", ids, out=sized_for_the_old)
+    assert (sized_for_the_old == 7.0).all()
     assert shard.pull("t", ids).shape == (5, 8)
     shard.push("t", ids[:3], np.ones((3, 8), np.float32))
     with pytest.raises(TableExistsError, match=r"it holds 3 trained rows and 0 ids pushed but not admitted, and only"):

@@ -70,7 +70,10 @@ on one threading.Condition, notified when a clock moves, a worker is done, a syn
 job changes; each ends by its deadline (the stamp's barrier_timeout_s) with BarrierTimeoutError naming every
 worker it waited for and its clock (its worker then stops, and its stop stamp stops the job). A sync step whose
 deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller left (its
-RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread (CallerGoneError).
+RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread (CallerGoneError);
+its contribution stays in the step for a retry, until the step's own deadline if no contributor waits then
+(a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS steps of
+a job gather at once: a contribution that would open another is refused (InvalidArgumentError).
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
 MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
 NAMED_KEYS = 8  # setup keys named in a refusal, at most
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
+MAX_OPEN_SYNC_STEPS = 4  # sync steps of a job gathering at once: its workers run one step at a time (about 2)
 
 
 def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
@@ -246,6 +250,8 @@ class _SyncStep:
         self.clients: dict[int, int] = {}  # worker -> the client (PushBatch client_id) its contribution came from
         self.applying = self.applied = False
         self.error: BaseException | None = None
+        self.waiters = 0  # contributors' threads waiting for it
+        self.deadline = 0.0  # time.monotonic() past which, with no waiter, its contributions are dropped
 
 
 def _again(error: BaseException) -> BaseException:
@@ -598,6 +604,12 @@ class JobClocks:
                 return 0, self._min_clock()
             self._prove_below(stamp.step)  # this worker had its reply to every earlier step
             if step is None:
+                if len(self._steps) >= MAX_OPEN_SYNC_STEPS:
+                    raise InvalidArgumentError(
+                        f"bad worker stamp: sync step {stamp.step:,} of job {stamp.job} while steps "
+                        f"{', '.join(f'{s:,}' for s in sorted(self._steps))} are still gathering on shard "
+                        f"{self.shard_id}: a job's workers run one step at a time; nothing was applied"
+                    )  # fmt: skip
                 step = self._steps[stamp.step] = _SyncStep(stamp.step)
             if not step.applying:
                 earlier = step.clients.get(stamp.worker, 0)
@@ -611,6 +623,7 @@ class JobClocks:
                 step.contributions[stamp.worker] = (pushes, advance_clock)
                 step.clients[stamp.worker] = client
             started, waiting = time.monotonic(), False
+            step.waiters += 1
             try:
                 while True:
                     if step.error is not None:
@@ -644,7 +657,37 @@ class JobClocks:
             finally:
                 if waiting:
                     self._waiting -= 1
+                step.waiters -= 1
+                if not step.waiters and not step.applying and step.error is None:  # its caller left
+                    step.deadline = max(step.deadline, started + stamp.timeout_s)
+                    self._drop_unless_waited_for(step, stamp)
         return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
+
+    def _drop_unless_waited_for(self, step: _SyncStep, stamp: WorkerStamp) -> None:
+        """Starts a timer that drops step's contributions at its deadline if no contributor waits for it then (a
+        wait that comes meanwhile ends by its own deadline). Lock held."""
+
+        def expire() -> None:
+            with self._cond:
+                if self._steps.get(step.step) is not step or step.waiters or step.applying or step.error:
+                    return
+                if time.monotonic() < step.deadline:  # a later contribution's caller left too: its deadline
+                    self._drop_unless_waited_for(step, stamp)
+                    return
+                workers = sorted(step.contributions)
+                log.warning("job %d: sync step %d dropped the contributions of %s at its barrier timeout: their "
+                            "callers left and no worker waits for the step", stamp.job, step.step,
+                            self._named(workers))  # fmt: skip
+                self._fail(step, BarrierTimeoutError(
+                    f"shard {self.shard_id}: sync step {step.step} of job {stamp.job} was dropped at its barrier "
+                    f"timeout, with nobody waiting for it (the callers of {self._named(workers)} left); nothing of "
+                    "it was applied"
+                ))  # fmt: skip
+
+        timer = threading.Timer(max(0.0, step.deadline - time.monotonic()), expire)
+        timer.daemon = True
+        timer.name = "ps-sync-expiry"
+        timer.start()
 
     def _complete(self, step: _SyncStep) -> bool:
         return all(self._done[w] or w in step.contributions for w in range(self.num_workers))

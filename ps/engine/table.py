@@ -94,6 +94,9 @@ class Table:
         that comes while a push is applied (a worker's prefetch) loads its misses meanwhile."""
         if out is None:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
+        elif out.shape != (len(ids), self.dim):  # sized for the table this one replaced (the gather checks nothing)
+            raise ShardClosingError(f"table {self.name!r} was replaced just now by a table of its name and another "
+                                    "spec; send the request again")  # fmt: skip
         with self.lock:
             self._check_open()
             chunks, ahead = list(self._chunks(len(ids))), None

@@ -160,11 +160,18 @@ class Journal:
 
     # ---- segments -------------------------------------------------------------------------------------
     def segments(self) -> list[tuple[int, str]]:
-        """(first seq, path) of every segment, oldest first (none if the directory is missing: it is made by the
-        first append)."""
+        """(first seq, path) of every segment (a file named as the module's grammar says), oldest first (none if
+        the directory is missing: it is made by the first append). JournalCorruptError if its path is not a
+        directory."""
+        if os.path.lexists(self.dir) and not os.path.isdir(self.dir):
+            raise JournalCorruptError(
+                f"the journal {self.dir} is a file, not the directory of journal segments: damage to the data dir, "
+                "or a file put there by mistake. Refusing to start; move it away and start again (the journal mark "
+                "then says whether acknowledged pushes are missing)"
+            )
         out = []
         for name in os.listdir(self.dir) if os.path.isdir(self.dir) else []:
-            if name.endswith(".log") and name[:-4].isdigit():
+            if len(name) == 24 and name.endswith(".log") and name[:-4].isdigit():
                 out.append((int(name[:-4]), os.path.join(self.dir, name)))
         return sorted(out)
 
@@ -278,6 +285,7 @@ class Journal:
         mark = self._read_mark(accept_loss, after_seq)
         last = expect = after_seq  # expect: the last record after after_seq yielded so far
         tail = None
+        damaged = None  # (segment, byte) of damage replay went on past (accept_loss), until the next record
         whole = False  # whether the bad bytes at the torn end are as long as the record their header announces
         segs = self.segments()
         sizes = [_file_size(path) for _, path in segs]
@@ -307,11 +315,17 @@ class Journal:
                             f"with {'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
                             ": that is damage, not the torn last record of a crash, and starting would drop the "
                             "acknowledged pushes after it. Refusing to start; restore the data dir, or start with "
-                            "--accept-journal-loss to go on without the pushes from there on"
+                            "--accept-journal-loss to go on without the pushes in the damaged bytes"
                         ), accept_loss)  # fmt: skip
+                        damaged = (path, pos)  # accepted: replay goes on with the next intact record
+                        resume = _next_intact(data, pos + 1, len(data))
+                        if resume is not None:
+                            pos = resume
+                            continue
                     elif newest:
                         tail = (path, len(data), pos, data_end)
-                        whole = _holds_a_whole_record(data, pos, data_end)
+                        whole = _holds_a_whole_record(data, pos, len(data))  # its own zeros count: a push's last
+                        # floats are often 0.0
                     break
                 pos = end
                 self.replay_bytes = (done + pos, total)
@@ -323,13 +337,33 @@ class Journal:
                         raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
                                                   f"{expect}: segments overlap; refusing to start")  # fmt: skip
                     if rec.seq > expect + 1:
-                        self._lose(self._missing(expect + 1, rec.seq - 1, after_seq, mark, path), accept_loss)
+                        self._lose(
+                            self._in_damage(expect + 1, rec.seq - 1, damaged)
+                            if damaged
+                            else self._missing(expect + 1, rec.seq - 1, after_seq, mark, path),
+                            accept_loss,
+                        )
+                    damaged = None
                     expect = rec.seq
                     yield rec
         if expect < mark:
-            error = self._missing(expect + 1, mark, after_seq, mark, None)
-            self._lose(self._damaged_end(tail, expect + 1, mark) if whole else error, accept_loss)
+            if damaged:
+                error = self._in_damage(expect + 1, mark, damaged)
+            elif whole:
+                error = self._damaged_end(tail, expect + 1, mark)
+            else:
+                error = self._missing(expect + 1, mark, after_seq, mark, None)
+            self._lose(error, accept_loss)
         return last, mark, tail
+
+    @staticmethod
+    def _in_damage(lo: int, hi: int, damaged: tuple[str, int]) -> JournalCorruptError:
+        """The loss of records lo..hi that were in damaged bytes (damaged: the segment and where they begin),
+        which replay went on past (--accept-journal-loss)."""
+        return JournalCorruptError(
+            f"journal records {lo}..{hi} ({hi - lo + 1} pushes, which may have been acknowledged) were in the "
+            f"damaged bytes of {damaged[0]} from byte {damaged[1]} on"
+        )
 
     def _damaged_end(self, tail: tuple[str, int, int, int], first: int, mark: int) -> JournalCorruptError:
         """The error for a whole record at the end of the newest segment (tail: path, size, pos, data_end) that
@@ -399,6 +433,9 @@ class Journal:
             why = ("If the process was killed, this is the push that was being written, never acknowledged. The "
                    "journal runs without --sync: after an OS crash or a power failure, it can also be pushes that "
                    "were acknowledged and had not reached the disk")  # fmt: skip
+        if mark > last:  # only with accept_loss: the loss was logged
+            return logging.WARNING, (f"{head}: bytes that are not a whole record, where the journal mark says "
+                                     f"records up to {mark} were written (the loss logged above)")  # fmt: skip
         marked = f" (every record up to the journal mark, {mark}, is here)" if mark else ""
         return logging.WARNING, f"{head}: a record that is not whole{marked}. {why}"
 
@@ -657,16 +694,23 @@ def _torn_tail(data: bytes, pos: int, end: int) -> bool:
     length field can make a record look like it runs to the end of the file."""
     if end == pos:  # only zeros: unused space
         return True
-    magic = MAGIC.to_bytes(4, "little")
-    at = data.find(magic, pos + 1, end)
-    while at >= 0:
-        if _parse(data, at)[0] is not None:
-            return False
-        at = data.find(magic, at + 1, end)
+    if _next_intact(data, pos + 1, end) is not None:
+        return False
     if end - pos < HEADER.size:
         return True
     magic, _, payload_len, _ = HEADER.unpack_from(data, pos)
     return magic == MAGIC and pos + HEADER.size + payload_len >= end  # nothing but zeros after its declared end
+
+
+def _next_intact(data: bytes, start: int, end: int) -> int | None:
+    """Where the first intact record that begins in data[start:end] begins (None if there is none)."""
+    magic = MAGIC.to_bytes(4, "little")
+    at = data.find(magic, start, end)
+    while at >= 0:
+        if _parse(data, at)[0] is not None:
+            return at
+        at = data.find(magic, at + 1, end)
+    return None
 
 
 def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:

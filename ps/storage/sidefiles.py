@@ -74,6 +74,14 @@ def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
             raw = f.read()
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise StorageError(
+            f"{path} is a directory, where the shard keeps a file of that name: made there by "
+            "mistake, or damage to the data dir; move it away (docs/reliability.md says what a start "
+            "does without that file)"
+        ) from None
+    except OSError as e:  # no permission, an I/O error, ...
+        raise StorageError(f"{path} cannot be read: {e.strerror or e}") from None
     try:
         obj = json.loads(raw)
         if not isinstance(obj, dict) or any(type(obj.get(k)) is not int or obj[k] < 0 for k in keys):

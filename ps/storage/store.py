@@ -532,6 +532,12 @@ class Store:
         mmap_reads: see rocksdb_options."""
         if os.path.exists(path) and not os.path.isdir(path):
             raise StorageError(f"data dir {path} is a file, not a directory")
+        parent = os.path.dirname(os.path.abspath(path))
+        if os.path.basename(os.path.abspath(path)) == "journal" and any(
+            os.path.exists(os.path.join(parent, name)) for name in ("CURRENT", IDENTITY_FILE, MARK_FILE)
+        ):
+            raise StorageError(f"data dir {path} is the journal folder of the shard whose data dir is {parent}: give "
+                               f"--data-dir {parent} (nothing was changed)")  # fmt: skip
         try:
             os.makedirs(path, exist_ok=True)
         except (NotADirectoryError, FileNotFoundError, FileExistsError) as e:  # a file on the way, say
@@ -574,6 +580,9 @@ class Store:
                 ) from e
             if str(e).startswith("Corruption"):
                 raise _error(path, "opening it", e, _open_failure(path, e)) from e
+            if "No such file" in str(e) and "MANIFEST" in str(e):  # the one CURRENT names is not there
+                raise _error(path, "opening it", e, f"{e} (its CURRENT file names a MANIFEST that is not there: "
+                                                    "CURRENT damaged, or the MANIFEST deleted)") from e  # fmt: skip
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
         self._meta = self._db.get_column_family(META_CF)
