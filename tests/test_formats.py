@@ -172,7 +172,11 @@ INT_PROBLEM = (
     "limit, message",
     [
         (0, "line 4: label '2', expected '0' or '1'; 1 bad line, more than --max-bad-lines 0"),
-        (1, "line 11: 2 tab-separated columns, expected 40; 2 bad lines, more than --max-bad-lines 1"),
+        (
+            1,
+            "line 11: 2 tab-separated columns, expected 40 (another tab-separated layout? `ps-worker schema --data "
+            "FILE --delimiter $'\\t'` writes its schema); 2 bad lines, more than --max-bad-lines 1",
+        ),
         (2, "line 12: 1 tab-separated columns, expected 40; 3 bad lines, more than --max-bad-lines 2"),
         (3, f"line 30: {INT_PROBLEM}9223372036854775807]; 4 bad lines, more than --max-bad-lines 3"),
     ],
@@ -757,3 +761,36 @@ def test_gzip_data_under_another_name_is_named_as_such(tmp_path, fmt):
         path.write_bytes(line.encode(utf))
         with pytest.raises(ValueError, match=rf"^{path}: {utf} text \(it starts with {utf}'s byte order mark\)"):
             read(path, fmt)
+
+
+def _hints(caplog, path, fmt, **columns) -> list[str]:
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="worker.schema_builtin"):
+        schema_of(path, fmt, **columns)
+    return [r.getMessage() for r in caplog.records if r.name == "worker.schema_builtin"]
+
+
+def test_the_builtin_csv_schema_warns_of_a_label_named_elsewhere_and_of_columns_of_numbers(tmp_path, caplog):
+    rng = np.random.default_rng(0)
+    rows = [f"{m},s{rng.integers(5)},{rng.normal() * 100:.3f},{rng.integers(3)},{c}"
+            for m, c in zip(rng.integers(0, 2, 300), rng.integers(0, 2, 300))]  # fmt: skip
+    data = tmp_path / "d.csv"
+    data.write_text("is_mobile,site,price,hour,click\n" + "\n".join(rows) + "\n")
+    label, numbers = _hints(caplog, data, "csv")
+    assert "the label is the first column, 'is_mobile' (the built-in csv schema's default), but the header also " \
+           "has 'click', named like a label: give --label-column click" in label  # fmt: skip
+    assert "columns 'price' hold numbers of many values (a sample of 300 rows)" in numbers  # not hour: 3 values
+    assert "ps-worker schema --data" in numbers
+    assert _hints(caplog, data, "csv", label_column="click", numeric_columns=("price",)) == []
+    assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'
+
+
+def test_the_builtin_libsvm_schema_warns_of_values_it_does_not_use(tmp_path, caplog):
+    weighted = tmp_path / "w.libsvm"
+    weighted.write_text("1 1:1 7:0.25\n0 2:1 9:-3\n0 3:1\n")
+    (warning,) = _hints(caplog, weighted, "libsvm")
+    assert "2 of the 5 feature tokens of its first 1000 lines carry a value other than 0 and 1 ('7:0.25' on line 1)" \
+           in warning and "not used as a weight" in warning  # fmt: skip
+    one_hot = tmp_path / "o.libsvm"
+    one_hot.write_text("1 1:1 7:1\n0 2:1 9:0\n")
+    assert _hints(caplog, one_hot, "libsvm") == []

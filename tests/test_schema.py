@@ -10,7 +10,7 @@ from worker.formats import read_batches
 from worker.models.spec import BIAS_FIELD, FieldSpec
 from worker.schema import CRITEO_COLUMNS, Column, TableSchema, load_schema, schema_from_text
 from worker.schema_builtin import builtin_schema, resolve_schema
-from worker.schema_infer import _infer_column, infer_schema, infer_schema_text
+from worker.schema_infer import infer_column, infer_schema, infer_schema_text
 
 EXAMPLE = """
 format = "csv"
@@ -334,8 +334,8 @@ def test_infer_schema_from_a_small_csv(tmp_path):
     assert twin.source == "price" and twin.is_sparse and len(twin.boundaries) == 15
     assert np.allclose(twin.boundaries, quantiles, atol=0.1)  # the sample's 16-quantiles
     for name in ("uid", "userid", "item_id", "adId"):  # named like ids; "paid" is not
-        assert _infer_column(name, name, [str(i) for i in range(100)])[0].kind == "categorical"
-    assert _infer_column("paid", "paid", [str(i) for i in range(100)])[0].kind == "numeric"
+        assert infer_column(name, name, [str(i) for i in range(100)])[0].kind == "categorical"
+    assert infer_column("paid", "paid", [str(i) for i in range(100)])[0].kind == "numeric"
 
 
 def test_infer_names_a_semicolon_separated_file_and_reads_a_bar_in_a_label_only_header(tmp_path):
@@ -395,20 +395,20 @@ def test_infer_prefers_a_label_by_its_name_keeps_codes_and_reads_missing_markers
 
 def test_infer_says_which_columns_carry_nothing_or_are_dates():
     dates = [f"2023-12-{d % 28 + 1:02d} {d % 24:02d}:{d % 60:02d}:00" for d in range(200)]
-    assert "dates or times: as ids, nearly every value is new" in _infer_column("ts", "ts", dates)[1]
-    assert "one value only: it carries nothing" in _infer_column("c", "c", ["7"] * 50)[1]
-    assert "no value at all: it carries nothing" in _infer_column("e", "e", ["", " "] * 25)[1]
-    assert "one value only" in _infer_column("na", "na", ["", "NA"] * 25)[1]  # a category's NA is a value
-    card = _infer_column("pay", "pay", ["none", "card"] * 25)
+    assert "dates or times: as ids, nearly every value is new" in infer_column("ts", "ts", dates)[1]
+    assert "one value only: it carries nothing" in infer_column("c", "c", ["7"] * 50)[1]
+    assert "no value at all: it carries nothing" in infer_column("e", "e", ["", " "] * 25)[1]
+    assert "one value only" in infer_column("na", "na", ["", "NA"] * 25)[1]  # a category's NA is a value
+    card = infer_column("pay", "pay", ["none", "card"] * 25)
     assert card[0].kind == "categorical" and "carries nothing" not in card[1]
-    prices = _infer_column("price", "price", [f"{i * 1.37:.2f}" for i in range(150)])[1]
+    prices = infer_column("price", "price", [f"{i * 1.37:.2f}" for i in range(150)])[1]
     assert "nearly every value distinct" not in prices  # numbers: no identifiers
     near = [f"u{i}" for i in range(190)] + ["u1"] * 10
-    assert "nearly every value distinct: an identifier or a time?" in _infer_column("u", "u", near)[1]
-    assert "nearly every value distinct in the sample: ids that come back" in _infer_column("u", "u", near, True)[1]
-    assert "distinct in the sample" not in _infer_column("u", "u", [f"u{i % 50}" for i in range(200)], True)[1]
+    assert "nearly every value distinct: an identifier or a time?" in infer_column("u", "u", near)[1]
+    assert "nearly every value distinct in the sample: ids that come back" in infer_column("u", "u", near, True)[1]
+    assert "distinct in the sample" not in infer_column("u", "u", [f"u{i % 50}" for i in range(200)], True)[1]
     for sampled in (False, True):  # measurements: distinct values are no sign of an identifier
-        assert "identifier" not in _infer_column("p", "p", [f"{i * 1.37:.2f}" for i in range(150)], sampled)[1]
+        assert "identifier" not in infer_column("p", "p", [f"{i * 1.37:.2f}" for i in range(150)], sampled)[1]
 
 
 def test_a_table_named_like_the_mlps_tables_is_refused(tmp_path):

@@ -163,7 +163,14 @@ def shape_problem(line: bytes) -> str | None:
         return EMPTY_LINE
     columns = body.count(b"\t") + 1
     if columns != NUM_COLUMNS:
-        hint = " (it looks comma-separated: --format csv reads a CSV file with a header)" if csv_like(body) else ""
+        if csv_like(body):
+            hint = " (it looks comma-separated: --format csv reads a CSV file with a header)"
+        elif columns > 1 and abs(columns - NUM_COLUMNS) > 1:  # not a Criteo line with a column lost or added
+            hint = (
+                " (another tab-separated layout? `ps-worker schema --data FILE --delimiter $'\\t'` writes its schema)"
+            )
+        else:
+            hint = ""
         return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
     label = body[: body.index(b"\t")].rstrip(b"\0")  # numpy's bytes arrays drop trailing NULs
     if label not in (b"0", b"1"):

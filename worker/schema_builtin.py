@@ -176,8 +176,56 @@ def resolve_schema(
     if fmt == "libsvm" and libsvm_fields is None:
         libsvm_fields = libsvm_field_count(data)
     try:
-        return builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
-                              label_column=label_column, drop_columns=drop_columns, numeric_columns=numeric_columns,
-                              libsvm_fields=libsvm_fields)  # fmt: skip
+        schema = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
+                                label_column=label_column, drop_columns=drop_columns, numeric_columns=numeric_columns,
+                                libsvm_fields=libsvm_fields)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
+    if fmt == "csv":
+        _warn_of_csv_columns(data, header, schema, label_column is None, not numeric_columns)
+    elif fmt == "libsvm" and data is not None:
+        _warn_of_libsvm_values(data)
+    return schema
+
+
+HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
+
+
+def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_guessed: bool, no_numeric: bool) -> None:
+    """Warnings for what the built-in csv schema may read wrong in data: the first column taken as the label where
+    another column is named like one (label_guessed: no --label-column), columns of numbers read as categories
+    (no_numeric: no --numeric-columns) where `ps-worker schema` would read them as numbers."""
+    from worker.readers.csv_sample import read_csv_sample
+    from worker.schema_infer import LABEL_NAMES, infer_column
+
+    label = schema.label if schema.label is not None else header[0]
+    named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
+    if label_guessed and named and label.lower() not in LABEL_NAMES:
+        log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header also "
+                    "has %r, named like a label: give --label-column %s if that is the label", data, label, named[0],
+                    named[0])  # fmt: skip
+    if not no_numeric:
+        return
+    _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
+    categorical = {c.source for c in schema.columns if c.kind == "categorical"}
+    numeric = [name for i, name in enumerate(header) if name in categorical
+               and infer_column(name, name, [row[i] for row in rows], sampled=True)[0].kind == "numeric"]  # fmt: skip
+    if numeric:
+        shown = ", ".join(repr(n) for n in numeric[:8]) + (f" and {len(numeric) - 8} more" if len(numeric) > 8 else "")
+        log.warning("%s: columns %s hold numbers of many values (a sample of %d rows): the built-in csv schema reads "
+                    "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
+                    "schema.toml, reads them as numbers and buckets (or give --numeric-columns)", data, shown,
+                    len(rows), data)  # fmt: skip
+
+
+def _warn_of_libsvm_values(data: str) -> None:
+    """A warning where data's first lines carry feature values other than 0 and 1, which libsvm reading ignores."""
+    from worker.readers.libsvm_reader import weighted_tokens
+
+    weighted, tokens, example = weighted_tokens(data, HINT_SAMPLE_ROWS)
+    if weighted:
+        log.warning("%s: %d of the %d feature tokens of its first %d lines carry a value other than 0 and 1 (%s): "
+                    "libsvm features are read as ids, one-hot; a value other than 0 only says the feature is there "
+                    "and is not used as a weight. Real-valued features train better as ids of their buckets, or "
+                    "from a csv file with `ps-worker schema`", data, weighted, tokens, HINT_SAMPLE_ROWS,
+                    example)  # fmt: skip

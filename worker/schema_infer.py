@@ -191,7 +191,7 @@ def infer_schema(
                 checks.append(f"the header names {header.count(h)} columns {h!r}: they are left out (rename them)")
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
-        column, comment = _infer_column(name, h, columns[h], sampled=not whole)
+        column, comment = infer_column(name, h, columns[h], sampled=not whole)
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
         present = [c for c in columns[h] if c.strip()]
         if present and _decimal_commas(present):
@@ -274,7 +274,7 @@ def _leading_zeros(cells: list[str]) -> bool:
     return any(len(c) > 1 and c[0] == "0" and c.isdigit() for c in (c.strip() for c in cells))
 
 
-def _infer_column(name: str, source: str, cells: list[str], sampled: bool = False) -> tuple[Column, str]:
+def infer_column(name: str, source: str, cells: list[str], sampled: bool = False) -> tuple[Column, str]:
     """The column and a comment, by the rules of the module docstring. sampled: the cells are a sample of a larger
     file, where values seen once here may come back (a user id seen a few times in all is distinct in a sample)."""
     present = [c for c in cells if c.strip()]  # a categorical's NA is a value; a number's is missing

@@ -124,6 +124,24 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
     return 0
 
 
+def weighted_tokens(path: str | os.PathLike, lines: int) -> tuple[int, int, str]:
+    """(feature tokens whose value is neither 0 nor 1, feature tokens, the first such token and its line: "'1:-0.8'
+    on line 1", or "") among the first `lines` lines of a libsvm file (bad lines skipped)."""
+    labeled = has_labels(os.fspath(path))
+    weighted = total = 0
+    example = ""
+    with open_data(os.fspath(path)) as f:
+        for line_no, line in enumerate(itertools.islice(f, lines), 1):
+            if isinstance(_libsvm_line(line, labeled), str):
+                continue
+            for tok in line.split()[1 if labeled else 0 :]:
+                total += 1
+                if float(tok.partition(b":")[2]) not in (0.0, 1.0):
+                    weighted += 1
+                    example = example or f"{_text(tok)!r} on line {line_no}"
+    return weighted, total, example
+
+
 def has_labels(name: str) -> bool:
     """Whether a libsvm file's lines start with a label (see the module docstring); True for an empty file."""
 
