@@ -649,7 +649,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows-list", type=sizes, default="1000000,30000000", help="table sizes; the first is the baseline")
     p.add_argument("--distributions", default="zipf,uniform", help="of the requests' ids: zipf, uniform")
-    p.add_argument("--cache-bytes", type=parse_bytes, default="256M", help="the server's RAM tier (0: not given)")
+    p.add_argument("--cache-bytes", type=lambda text: 0 if text.strip() == "0" else parse_bytes(text), default="256M",
+                   help="the server's RAM tier (0: not given, the tier takes what --memory-bytes leaves)")  # fmt: skip
     p.add_argument(
         "--threads",
         type=int,

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--memory-bytes", type=parse_bytes, default=None,
         help="one bound for the memory that holds data: the RAM tier, RocksDB's block cache (index and filter "
-        "blocks included) and memtables, rows waiting to be written, the mapped journal segment. The split is "
+        "blocks included) and memtables, rows waiting to be written, the mapped journal segment, room for "
+        "requests' copies of rows. The split is "
         "logged at start and reported by `ps-worker stats`; the process's fixed overhead (an idle server's, "
         "its compiled code loaded at start) comes on top. Default: no overall bound",
     )  # fmt: skip

@@ -272,3 +272,16 @@ def test_a_reclaim_that_waited_for_a_table_replaced_meanwhile_takes_nothing_from
     assert got["rows"].shape == (600, 8) and old.arena.used == 1800  # the old arena gave nothing up
     assert budget.used_bytes == sum(m.used * m.row_charge for m in budget._members) <= budget.limit_bytes
     shard.close()
+
+
+def test_a_table_that_gives_most_rows_back_shrinks_its_id_index_and_keeps_finding_the_rest():
+    a = Arena(1, MemoryBudget(64 << 20))
+    ids = install(a, 100_000, [])
+    big = a.index.slots.nbytes
+    assert a.give_up(99_000) == 99_000 and a.used == 1_000
+    assert a.index.slots.nbytes <= big // 16  # sized for 1,000 entries, not 100,000
+    found = a.index.lookup(ids)
+    assert (found >= 0).sum() == 1_000 and sorted(a.ids[found[found >= 0]].tolist()) == sorted(
+        ids[found >= 0].tolist())  # fmt: skip
+    kept = a.index.slots.nbytes
+    assert a.give_up(10) == 10 and a.index.slots.nbytes == kept  # a small change: no rebuild

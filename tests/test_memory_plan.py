@@ -27,8 +27,10 @@ def test_a_given_cache_must_fit_and_keeps_its_size():
     assert plan.ram_tier_bytes == 256 * MiB and sum(plan.parts().values()) <= 640 * MiB
     with pytest.raises(ValueError, match=r"--cache-bytes 1,024 MiB does not fit in --memory-bytes 640 MiB"):
         plan_memory(640 * MiB, 1 << 30)
-    with pytest.raises(ValueError, match=r"--memory-bytes 48 MiB is too small: .* leaving 4 MiB for the RAM tier"):
-        plan_memory(48 * MiB, None)
+    with pytest.raises(
+        ValueError, match=r"--memory-bytes 64 MiB is too small: .* requests 16 MiB take 60 MiB, leaving 4 MiB "
+    ):
+        plan_memory(64 * MiB, None)
 
 
 def test_without_a_bound_the_defaults_hold():

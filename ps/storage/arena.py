@@ -410,7 +410,7 @@ class Arena:
         """Gives up to k rows back (for MemoryBudget.reclaim, which holds this table's lock and pays the bytes back
         to the budget); returns how many. Free rows go first, then rows in use as victims() chooses them; the dirty
         ones are persisted first. The rows in use above used - k move down into the freed places,
-        and the arrays shrink to the rows left, so their memory goes back to the OS."""
+        and the arrays (the id index too) shrink to the rows left, so their memory goes back to the OS."""
         top_free = np.sort(self.free)[::-1][:k]  # free rows nearest the end need no move
         evicted = self.victims(k - len(top_free), self.new_stamp()) if k > len(top_free) else self.free[:0]
         if self.persist is None:
@@ -440,6 +440,7 @@ class Arena:
         self.used = left
         self.hand = self.hand if self.hand < left else 0
         self._resize(left)
+        self.index.shrink()  # sized for the rows it held: its memory goes back too
         return k
 
     def victims(self, n: int, stamp: int) -> np.ndarray:

@@ -139,12 +139,23 @@ class IdIndex:
         """Removes ids; absent ids are ignored."""
         self.size -= _delete(self.slots, self.shift, np.ascontiguousarray(ids, dtype=np.uint64))
 
+    def shrink(self) -> None:
+        """Rebuilds the table at the size its entries need, where that is at most a quarter of its size now (a
+        table that gave most of its rows back returns the memory; a quarter, so that it does not rebuild at every
+        small change)."""
+        bits = max(4, int(np.ceil(np.log2(max(self.size, 8) / MAX_LOAD))))
+        if bits <= self.bits - 2:
+            self._rebuild(bits)
+
     def _grow(self, need: int) -> None:
-        used = self.slots[:, 1] != 0
-        old_keys = self.slots[used, 0].copy()
-        old_rows = self.slots[used, 1].astype(np.int64) - 1
         bits = self.bits
         while need > MAX_LOAD * (1 << bits):
             bits += 1
+        self._rebuild(bits)
+
+    def _rebuild(self, bits: int) -> None:
+        used = self.slots[:, 1] != 0
+        old_keys = self.slots[used, 0].copy()
+        old_rows = self.slots[used, 1].astype(np.int64) - 1
         self._alloc(bits)
         _insert(self.slots, self.shift, old_keys, old_rows)

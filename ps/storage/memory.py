@@ -6,12 +6,16 @@
     memtables      RocksDB's write buffers: 2 column families x 2 buffers          4 x clamp(M / 64, 2 MiB, 16 MiB)
     write_behind   evicted rows waiting for their RocksDB write                   clamp(M / 32, 4 MiB, 32 MiB)
     journal_map    the journal segment mapped for appends                         clamp(M / 16, 16 MiB, 256 MiB)
+    requests       room kept for the copies a request makes of its rows: the      clamp(M / 8, 16 MiB, 128 MiB)
+                   rows read for its misses, an update's undo copy, the reply
 
 With --memory-bytes, RocksDB keeps its index and filter blocks in the block cache (those of level-0 files pinned
 there), so they are inside its bound; without it they live in RocksDB's table readers, about 2 bytes per row
 outside any bound, the block cache is 128 MiB, and --cache-bytes is the RAM tier (2 GiB if not given).
-Given both, --cache-bytes must fit in what --memory-bytes leaves. What is not data (the Python runtime, gRPC,
-compiled code, request buffers) is outside the plan: `ps-server` started idle shows it.
+Given both, --cache-bytes must fit in what --memory-bytes leaves. `requests` is room, not a bound: a request's
+copies grow with its ids (benchmarks/miss_path.py: requests of 100,000 ids at dim 16 took 8-18 MiB past a plan
+without this part, the RAM tier given the whole rest). What is not data (the Python runtime, gRPC, compiled code)
+is outside the plan: `ps-server` started idle shows it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ DEFAULT_JOURNAL_SEGMENT_BYTES = 256 * MiB
 MAX_WAL_BYTES = 256 * MiB  # RocksDB's write-ahead logs, at most (max_total_wal_size): disk, not memory
 WRITE_BUFFERS = 2 * 2  # column families ("meta", "rows") x buffers each (max_write_buffer_number)
 MIN_RAM_TIER_BYTES = 16 * MiB
+MAX_REQUEST_BYTES = 128 * MiB  # the largest `requests` part
 
 
 def _clamp(value: int, low: int, high: int) -> int:
@@ -46,6 +51,7 @@ class MemoryPlan:
     write_buffer_bytes: int  # one memtable
     write_behind_bytes: int
     journal_segment_bytes: int
+    request_bytes: int = 0  # room for requests' copies of rows (none without an overall bound)
 
     @property
     def memtable_bytes(self) -> int:
@@ -63,6 +69,7 @@ class MemoryPlan:
             "memtables": self.memtable_bytes,
             "write_behind": self.write_behind_bytes,
             "journal_map": self.journal_segment_bytes,
+            "requests": self.request_bytes,
         }
 
     def describe(self) -> str:
@@ -109,7 +116,8 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
     fixed = MemoryPlan(m, 0, _clamp(m // 8, 16 * MiB, DEFAULT_BLOCK_CACHE_BYTES),
                        _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
                        _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
-                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES))  # fmt: skip
+                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES),
+                       _clamp(m // 8, 16 * MiB, MAX_REQUEST_BYTES))  # fmt: skip
     others = sum(fixed.parts().values())
     left = m - others
     detail = ", ".join(f"{name} {size / MiB:,.0f} MiB" for name, size in fixed.parts().items() if name != "ram_tier")
@@ -127,4 +135,4 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
             f"{max(left, 0) / MiB:,.0f} MiB for the RAM tier (at least {MIN_RAM_TIER_BYTES / MiB:,.0f} MiB)"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
-                      fixed.journal_segment_bytes)  # fmt: skip
+                      fixed.journal_segment_bytes, fixed.request_bytes)  # fmt: skip
