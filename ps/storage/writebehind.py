@@ -50,12 +50,14 @@ class PendingBatch:
 
     @property
     def nbytes(self) -> int:
-        return self.ids.nbytes + self.rows.nbytes + self.lsn.nbytes + self.complete.nbytes
+        """Bytes it holds: the rows with their ids, lsns and flags, and the lookup's order and sorted ids."""
+        parts = (self.ids, self.rows, self.lsn, self.complete, self.order, self.sorted_ids)
+        return sum(a.nbytes for a in parts)
 
     @staticmethod
     def row_bytes(width: int) -> int:
         """nbytes per row of a batch of `width`-float rows."""
-        return 8 + 4 * width + 8 + 1
+        return 8 + 4 * width + 8 + 1 + 8 + 8
 
     def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit bool (len(ids),), the batch's index of each hit id)."""
