@@ -285,3 +285,15 @@ def test_a_table_that_gives_most_rows_back_shrinks_its_id_index_and_keeps_findin
         ids[found >= 0].tolist())  # fmt: skip
     kept = a.index.slots.nbytes
     assert a.give_up(10) == 10 and a.index.slots.nbytes == kept  # a small change: no rebuild
+
+
+def test_a_start_on_tables_the_ram_tier_cannot_hold_names_the_least_that_holds_them_all(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=64 << 20))
+    for name, dim in (("d1", 1), ("d33", 33), ("d700", 700), ("d8", 8)):
+        shard.create_table(TableConfig(name, dim, InitializerConfig("zeros"), OptimizerConfig("adagrad", 0.1)))
+    shard.close()
+    with pytest.raises(RamTierTooSmallError, match=r"cannot hold the 4 tables its data dir holds: .*raise "
+                                                   r"--cache-bytes to at least (\d+)") as info:  # fmt: skip
+        Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=1 << 20))
+    least = int(str(info.value).rsplit(" ", 1)[1])
+    Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=least)).close()  # that much is enough for all four

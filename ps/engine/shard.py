@@ -67,6 +67,7 @@ from ps.errors import (
     echo,
 )
 from ps.rows.finite import first_non_finite
+from ps.rows.layout import layout_of
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
@@ -287,7 +288,11 @@ class Shard:
                                segment_bytes=self.memory.journal_segment_bytes,
                                mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
         self.tables: dict[str, Table] = {}
-        for cfg in self.store.load_tables():
+        stored = self.store.load_tables()
+        if stored:  # all of them at once: the least --cache-bytes that holds them, not the next table's
+            widest = max(layout_of(cfg.dim, cfg.optimizer.name).ram_bytes for cfg in stored)
+            self.budget.check_room(len(stored), widest, f"cannot hold the {len(stored)} tables its data dir holds")
+        for cfg in stored:
             self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()

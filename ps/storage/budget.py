@@ -68,15 +68,19 @@ class MemoryBudget:
         with self._lock:
             n = len(self._members) + 1
             widest = max([m.row_charge for m in self._members] + [member.row_charge])
-            share, floor = self.limit_bytes // n, min_share_bytes(widest)
-            if share < floor:
-                raise RamTierTooSmallError(
-                    f"the RAM tier (--cache-bytes {self.limit_bytes}) cannot take table number {n}: shared by {n} "
-                    f"tables it gives each {share} bytes, under the {floor} bytes a table's share must hold "
-                    f"({floor // widest} rows of the widest table, {widest} bytes a row); raise --cache-bytes to "
-                    f"at least {n * floor}"
-                )
+            self.check_room(n, widest, f"cannot take table number {n}")
             self._members.append(member)
+
+    def check_room(self, n: int, widest: int, what: str) -> None:
+        """RamTierTooSmallError ("the RAM tier (...) {what}: ...") if n tables whose widest rows cost `widest`
+        bytes would get shares under the floor."""
+        share, floor = self.limit_bytes // n, min_share_bytes(widest)
+        if share < floor:
+            raise RamTierTooSmallError(
+                f"the RAM tier (--cache-bytes {self.limit_bytes}) {what}: shared by {n} tables it gives each "
+                f"{share} bytes, under the {floor} bytes a table's share must hold ({floor // widest} rows of the "
+                f"widest table, {widest} bytes a row); raise --cache-bytes to at least {n * floor}"
+            )
 
     def leave(self, member: Member) -> None:
         """Removes a table's arena that joined (a table whose creation failed after join(), or one replaced; the
