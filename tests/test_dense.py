@@ -13,7 +13,7 @@ import pytest
 from ps.config import OptimizerConfig
 from tests.inprocess import InProcessTables
 from tests.waiting import join_thread, wait_until
-from worker.dense import DenseSync, table_config, table_name
+from worker.dense import MIN_BASE_RATE, DenseSync, start_logit_bias, table_config, table_name
 from worker.models.spec import DenseParam, ModelSpec, uniform_fields
 
 SGD1 = OptimizerConfig("sgd", 1.0)
@@ -210,3 +210,23 @@ def test_staleness_is_checked():
         DenseSync(None, PARAMS, staleness=-1)
     with pytest.raises(ValueError, match="--dense-sync-every 1"):
         DenseSync(None, PARAMS, sync_every=4, staleness=2)
+
+
+def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once():
+    """Started once, by an add_delta push that leaves the optimizer's state as it was; a bias that moved (a model
+    trained already) is kept; rates of 0 and 1 are clipped, not infinite."""
+    spec = ModelSpec("lr", uniform_fields(3, 1), num_dense=0)
+    with _tables(spec, OptimizerConfig("adam", 0.001)) as tables:
+        started = start_logit_bias(tables, spec.dense_params(), 20, 1000)
+        assert started == pytest.approx(np.log(0.02 / 0.98), abs=1e-6)
+        assert DenseSync(tables, spec.dense_params()).pull()["logit.bias"][0, 0] == np.float32(started)
+        assert start_logit_bias(tables, spec.dense_params(), 500, 1000) is None  # not a new model: kept
+        assert DenseSync(tables, spec.dense_params()).pull()["logit.bias"][0, 0] == np.float32(started)
+    for positives, want in (
+        (0, np.log(MIN_BASE_RATE / (1 - MIN_BASE_RATE))),
+        (7, -np.log(MIN_BASE_RATE / (1 - MIN_BASE_RATE))),
+    ):
+        with _tables(spec) as tables:
+            assert start_logit_bias(tables, spec.dense_params(), positives, 7) == pytest.approx(want, abs=1e-5)
+    with _tables(spec) as tables:
+        assert start_logit_bias(tables, spec.dense_params(), 0, 0) is None

@@ -123,7 +123,7 @@ def spec_forward(spec, inputs, params):
     pooled = [oracle_pool(inputs.rows[f.table], inputs.fields[f.name], f.pooling) for f in spec.fields]
     off = spec.embedding_offset
     v = [p[:, off : off + f.dim] for p, f in zip(pooled, spec.fields)]
-    logit = np.zeros(inputs.n)
+    logit = np.full(inputs.n, params["logit.bias"][0, 0])
     if spec.name != "dnn":
         logit += sum(p[:, 0] for p in pooled)
     if spec.has_fm:
@@ -168,6 +168,7 @@ def test_lr_and_fm_over_one_id_per_field_equal_the_reference(name):
     of the reference's over the row's occurrences."""
     spec = ModelSpec(name, uniform_fields(5, 3), num_dense=0)
     inputs, params, labels = make_batch(spec, 20, bags=False)
+    params["logit.bias"][:] = 0.0  # the reference has no logit bias
     table = inputs.rows["t"]
     index = np.stack([inputs.fields[f.name].index for f in spec.fields], axis=1)  # (n, F)
     p_ref, g_ref = MODELS[name](3, OptimizerConfig()).forward_backward(table[index], labels)
@@ -177,7 +178,8 @@ def test_lr_and_fm_over_one_id_per_field_equal_the_reference(name):
         probs, row_grads, param_grads = model.forward_backward(inputs, params, labels)
         np.testing.assert_allclose(probs, p_ref, rtol=1e-6)
         np.testing.assert_allclose(row_grads["t"], expected, rtol=1e-5, atol=1e-6)
-        assert row_grads["t"].dtype == np.float32 and param_grads == {}
+        assert row_grads["t"].dtype == np.float32 and list(param_grads) == ["logit.bias"]
+        np.testing.assert_allclose(param_grads["logit.bias"], [[(p_ref - labels).sum()]], rtol=1e-5, atol=1e-6)
 
 
 def test_fm_logit_equals_the_pairwise_sum():
@@ -250,12 +252,12 @@ def test_the_dense_params_follow_the_spec():
     spec = ModelSpec("deepfm", uniform_fields(40, 8), num_dense=13)
     shapes = {p.name: p.shape for p in spec.dense_params()}
     assert shapes["mlp.0.weight"] == (40 * 8 + 13, 400) and shapes["mlp.3.weight"] == (400, 1)
-    assert shapes["mlp.3.bias"] == (1, 1) and len(shapes) == 8
+    assert shapes["mlp.3.bias"] == (1, 1) and shapes["logit.bias"] == (1, 1) and len(shapes) == 9
     two_widths = {p.name: p.shape for p in make_spec("deepfm").dense_params()}
     assert two_widths["proj.narrow"] == (2, 3) and "proj.wide" not in two_widths
     assert two_widths["mlp.0.weight"] == (3 + 2 + 2 + 3 + 2, 4)
-    assert {p.name for p in make_spec("fm").dense_params()} == {"proj.narrow"}
-    assert make_spec("lr").dense_params() == []
+    assert {p.name for p in make_spec("fm").dense_params()} == {"proj.narrow", "logit.bias"}
+    assert [(p.name, p.shape, p.init) for p in make_spec("lr").dense_params()] == [("logit.bias", (1, 1), "zeros")]
 
 
 def bad_inputs(inputs, params, labels):

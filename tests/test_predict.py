@@ -19,7 +19,7 @@ from worker.__main__ import build_parser, main
 from worker.cli_predict import predict_config
 from worker.client import Client
 from worker.formats import read_batches
-from worker.metrics import auc, logloss
+from worker.metrics import auc, logloss, sigmoid
 from worker.models.spec import BIAS_FIELD
 from worker.schema_builtin import builtin_schema
 from worker.served import evaluate_servers
@@ -77,8 +77,9 @@ def test_probabilities_are_a_reference_fms_and_give_evals_figures(servers, files
     (batch,) = read_batches(test_path, schema, TEST_ROWS)
     with Client(addresses) as client:
         rows = np.stack([client.pull("fm", bags.ids) for bags in batch.fields.values()], axis=1)
+        logit_bias = float(client.pull("dense.fm.logit.bias", np.zeros(1, np.uint64))[0, 0])
     assert BIAS_FIELD in batch.fields and rows.shape == (TEST_ROWS, 40, 9)
-    expected = FactorizationMachine(8, None).predict(rows.astype(np.float64))
+    expected = sigmoid(FactorizationMachine(8, None).logits(rows.astype(np.float64)) + logit_bias)
     np.testing.assert_allclose(got["probability"], expected, rtol=0, atol=2e-6)
 
 

@@ -18,7 +18,8 @@ from worker.job import prepare
 from worker.train import train
 from worker.train_config import TrainConfig
 
-TINY_TIER = "64K"  # a few hundred rows of the FM table (dim 9, Adagrad) per server, of about 3,600
+TINY_TIER = "128K"  # a few hundred rows of the FM table (dim 9, Adagrad) per server, of about 3,600 (with the
+# logit bias's table: two tables, each share at least 256 rows)
 LARGE_TIER = "1G"
 CONFIG = TrainConfig(model="fm", synthetic_rows=4000, synthetic_eval_rows=1000, recipe="large", batch_size=256,
                      progress=False)  # fmt: skip

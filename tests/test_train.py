@@ -322,7 +322,7 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
     _, shrunk, _ = _run(dataclasses.replace(cfg, l2=2.0), train_ids=True)  # decay 0.9 a step between pushes
     assert np.abs(shrunk[:, 1:]).mean() < 0.7 * np.abs(plain[:, 1:]).mean()
     l2_cfg, _, spec, _ = prepare(dataclasses.replace(cfg, l2=2.0))
-    assert [t.l2 for t in table_configs(l2_cfg, spec)] == [2.0]
+    assert [(t.name, t.l2) for t in table_configs(l2_cfg, spec)] == [("fm", 2.0), ("dense.fm.logit.bias", 0.0)]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Dense parameters (MLP weights and biases) held on the parameter servers, pulled and pushed by workers.
+"""Dense parameters (MLP weights and biases, the logit bias) held on the parameter servers, pulled and pushed by
+workers.
 
 Each dense parameter of shape (r, c) is a table of its own, "dense.<name>", with dim c and the ids 0..r-1 as its
 rows: the servers store, journal, checkpoint and optimize it exactly like a sparse table (its rows spread over
@@ -30,6 +31,7 @@ DenseSync pulls every dense parameter at the start and then, by `staleness` k:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import zlib
@@ -40,17 +42,35 @@ import numpy as np
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.terminate import SIGNAL_CHECK_S
 from worker.client import PushItem
-from worker.models.spec import DenseParam
+from worker.models.spec import LOGIT_BIAS, DenseParam
 
 TABLE_PREFIX = "dense."
 DEFAULT_OPTIMIZER = OptimizerConfig("adam", 0.001)
 CLOSE_WAIT_S = 5.0  # close() waits this long at most for the background thread's push in flight
+MIN_BASE_RATE = 1e-4  # start_logit_bias clips the positive rate to [this, 1 - this]: log-odds within +-9.2
 
 
 def table_name(param: DenseParam) -> str:
     """The server table of a dense parameter: dense.<model>.<name> ("dense.deepfm.mlp.0.weight"), so that two
     models with an MLP of the same widths never train each other's."""
     return f"{TABLE_PREFIX}{param.model}.{param.name}"
+
+
+def start_logit_bias(tables: Any, params: list[DenseParam], positives: int, examples: int) -> float | None:
+    """Starts the logit bias (spec.LOGIT_BIAS, one of params) at the log-odds of positives / examples (the rate
+    clipped to [MIN_BASE_RATE, 1 - MIN_BASE_RATE]) where the servers hold it at its initial 0, a model not trained
+    yet: one add_delta push, the optimizer state untouched. Returns the value it started at; None where the
+    model's bias moved already (a model trained further keeps its own) or there are no examples. One worker of a
+    job calls it (worker 0), before its dense path's first pull; tables: as DenseSync's."""
+    (param,) = [p for p in params if p.name == LOGIT_BIAS]
+    table, ids = table_name(param), np.zeros(1, dtype=np.uint64)
+    (current,) = tables.pull_many([(table, ids)])
+    if not examples or current[0, 0] != 0.0:
+        return None
+    rate = min(max(positives / examples, MIN_BASE_RATE), 1.0 - MIN_BASE_RATE)
+    value = np.float32(math.log(rate / (1.0 - rate)))
+    tables.push_many([PushItem(table, ids, np.full((1, 1), value, dtype=np.float32))], add_delta=True)
+    return float(value)
 
 
 def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZER) -> TableConfig:

@@ -36,7 +36,7 @@ from ps.errors import PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import describe_files
-from worker.dense import dense_norm
+from worker.dense import dense_norm, start_logit_bias
 from worker.job import client_for, cluster_addresses, dense_path, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import (
@@ -121,6 +121,12 @@ def train(cfg: TrainConfig) -> dict:
                  "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
         if cfg.num_workers > 1 or cfg.mode != "async":
             _say(mode_line(cfg), cfg)
+        labels = data.share_labels  # counted where the data is read before training (a validation split)
+        if cfg.worker_id == 0 and labels is not None:
+            started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples)
+            if started is not None:
+                _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
+                     "positives of this worker's training data (a new model)", cfg)  # fmt: skip
         dense = dense_path(cfg, client, spec)
         dense.pull()
         source = row_source(cfg, client, spec, tables_cfg)

@@ -92,7 +92,8 @@ def test_a_torch_worker_trains_the_shared_model_as_a_numpy_worker_does(tmp_path,
           f"oracle {mixed['oracle_auc']:.4f}")  # fmt: skip
     assert homogeneous["eval_auc"] > 0.75  # learned the planted model (0.763 here, oracle 0.780)
     assert abs(mixed["eval_auc"] - homogeneous["eval_auc"]) <= 1e-4  # 1e-8 here
-    assert sorted(got) == sorted(want) and len(want) == 1 + 2 * 3  # the sparse rows, 3 layers' weights and biases
+    assert sorted(got) == sorted(want) and len(want) == 1 + 2 * 3 + 1  # the sparse rows, 3 layers' weights and
+    # biases, the logit bias
     assert want["sparse"].shape == (
         len(probe_ids(DataSource(CFG, default_table=CFG.model))),
         1 + 4,

@@ -1,6 +1,7 @@
 """The models of worker/models/spec.py in numpy, forward and a hand-written backward pass (CPU).
 
     d loss / d logit = g = p - y                                    (summed logloss)
+    every model: d/db = sum g (b the logit bias)
     LR, FM:  d/dpw_f = g
     FM:      d/de_f = g (S - e_f), S = sum_g e_g;  a projected field (e_f = pv_f P_t) passes on
              d/dpv_f = d/de_f P_t^T and adds pv_f^T d/de_f into d/dP_t
@@ -22,7 +23,7 @@ import numpy as np
 
 from worker.metrics import sigmoid
 from worker.models.pooling import checked_bags, checked_index, one_id_per_bag, pool, pool_backward
-from worker.models.spec import FieldInput, ModelInputs, ModelSpec
+from worker.models.spec import LOGIT_BIAS, FieldInput, ModelInputs, ModelSpec
 
 
 def check_inputs(
@@ -117,7 +118,7 @@ class NumpyModel:
         if spec.name != "dnn":
             for grad in grad_pooled.values():
                 grad[:, 0] = g
-        param_grads = {}
+        param_grads = {LOGIT_BIAS: g.sum(dtype=dtype).reshape(1, 1)}
         if spec.has_fm:
             self._fm_backward(fwd, g, params, grad_pooled, param_grads)
         if spec.has_mlp:
@@ -144,7 +145,7 @@ class NumpyModel:
             field = fields[f.name]
             pooled[f.name] = pool(rows[f.table], field.index, field.offsets, field.weights, f.pooling)
         n = len(inputs.dense_x)
-        fwd = _Forward(np.zeros(n, dtype=dtype), pooled, None, None, None, None)
+        fwd = _Forward(np.full(n, _param(params, LOGIT_BIAS, dtype)[0, 0], dtype=dtype), pooled, None, None, None, None)
         if spec.name != "dnn":
             for p in pooled.values():
                 fwd.logit += p[:, 0]

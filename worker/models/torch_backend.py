@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from worker.models.numpy_backend import check_inputs
 from worker.models.pooling import bag_scales
-from worker.models.spec import FieldInput, ModelInputs, ModelSpec
+from worker.models.spec import LOGIT_BIAS, FieldInput, ModelInputs, ModelSpec
 
 
 def worker_device(device: str, exclusive: bool = False) -> str:
@@ -123,7 +123,7 @@ class TorchModel:
     ) -> torch.Tensor:
         spec = self.spec
         n = dense_x.shape[0]
-        logit = torch.zeros(n, dtype=torch.float32, device=self.device)
+        logit = params[LOGIT_BIAS][0, 0].expand(n)
         stacked = self._stacked(rows, fields)
         if stacked is not None:  # one table, one id per bag: one gather for every field, (n, fields, width)
             off, dim = spec.embedding_offset, spec.fields[0].dim
