@@ -355,7 +355,7 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict]:
 def model_checks(runs: dict[str, list[dict]], spec: ModelSpec, data: Prepared, dim: int) -> dict[str, bool]:
     """Prints both models' parameter counts; {check: passed}: the MLPs have as many parameters, and every sparseps
     run trained one row per distinct training id, as plain PyTorch's table trains those rows."""
-    mlp = sum(int(np.prod(p.shape)) for p in spec.dense_params())
+    mlp = sum(int(np.prod(p.shape)) for p in spec.dense_params() if p.name.startswith("mlp."))
     plain_mlp = runs[PLAIN][0]["mlp_params"]
     print(f"parameters: {PLAIN} {data.num_ids:,} rows x {dim} ({data.train_ids:,} of them ids in training) + MLP "
           f"{plain_mlp:,} (torch threads: {runs[PLAIN][0]['threads']}); sparseps' model: MLP {mlp:,}")  # fmt: skip
@@ -390,7 +390,7 @@ def report(runs: dict[str, list[dict]], spec: ModelSpec, data: Prepared, args: a
     print("checks: " + (f"FAILED {', '.join(failed)}" if failed else f"all passed ({', '.join(checks)})"))
     return {"benchmark": "vs_pytorch", "rows": args.rows, "test_rows": args.test_rows, "repeats": args.repeats,
             "seed": args.seed, "settings": settings, "num_ids": data.num_ids, "train_ids": data.train_ids,
-            "mlp_params": sum(int(np.prod(p.shape)) for p in spec.dense_params()),
+            "mlp_params": sum(int(np.prod(p.shape)) for p in spec.dense_params() if p.name.startswith("mlp.")),
             "plain_mlp_params": runs[PLAIN][0]["mlp_params"], "oracle_auc": data.oracle_auc, "target": TARGET,
             "best_variant": best, "best_vs_plain": variants[best]["vs_plain"] if best else None,
             "meets_target": bool(best and variants[best]["vs_plain"] >= TARGET), "checks": checks,

@@ -74,12 +74,12 @@ def test_the_one_per_bag_hint_is_checked_and_only_taken_where_true():
     single = FieldInput(np.array([0, 4, 2]), np.arange(n + 1), None, True)
     bag_hinted = FieldInput(np.array([0, 1, 2]), np.array([0, 0, 2, 3]), None, True)  # a wrong hint
     fields = {"f0": single, "f1": bag_hinted, "_bias": FieldInput(np.zeros(n, np.int64), np.arange(n + 1))}
-    checked = check_inputs(spec, ModelInputs(rows, fields, np.zeros((n, 0), np.float32)), {})
+    checked = check_inputs(spec, ModelInputs(rows, fields, np.zeros((n, 0), np.float32)), spec.initial_params())
     assert checked["f0"].one_per_bag and not checked["f1"].one_per_bag and checked["_bias"].one_per_bag
     np.testing.assert_array_equal(checked["f1"].offsets, [0, 0, 2, 3])
     out_of_range = {**fields, "f0": FieldInput(np.array([0, 5, 2]), np.arange(n + 1), None, True)}
     with pytest.raises(ValueError, match="index runs from 0 to 5, expected 0 to 4"):
-        check_inputs(spec, ModelInputs(rows, out_of_range, np.zeros((n, 0), np.float32)), {})
+        check_inputs(spec, ModelInputs(rows, out_of_range, np.zeros((n, 0), np.float32)), spec.initial_params())
 
 
 def test_bags_cut_from_categorical_fields_stay_categorical_and_others_are_checked():

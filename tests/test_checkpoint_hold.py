@@ -120,3 +120,17 @@ def test_a_save_into_a_dir_the_server_cannot_write_is_refused_as_the_operators_f
         assert CheckpointDirError.status == "FAILED_PRECONDITION" and not (tmp_path / "c").exists()
     finally:
         shard.close()
+
+
+def test_a_save_on_a_shard_that_restarted_since_its_hold_says_so():
+    from ps.engine.hold import PushHold
+
+    restarted = PushHold(1)  # a new process: it never took the hold the save names
+    with pytest.raises(CheckpointHoldError, match=r"shard 1: this shard holds no checkpoint hold: it restarted since the hold "
+                                                  r"was taken; nothing saved"), restarted.saving("0123abcd"):  # fmt: skip
+        pass
+    held = PushHold(1)
+    _, token = held.hold(30, lambda: 0)
+    held.release(token)
+    with pytest.raises(CheckpointHoldError, match="expired or was released before the save"), held.saving(token):
+        pass

@@ -212,21 +212,45 @@ def test_staleness_is_checked():
         DenseSync(None, PARAMS, sync_every=4, staleness=2)
 
 
-def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once():
-    """Started once, by an add_delta push that leaves the optimizer's state as it was; a bias that moved (a model
-    trained already) is kept; rates of 0 and 1 are clipped, not infinite."""
+def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once(tmp_path):
+    """Started once, by an add-delta push that leaves the optimizer's state as it was, however many workers send
+    it (here at once, from two clients); a model with trained rows, or whose bias moved, keeps its own; rates of 0
+    and 1 are clipped, not infinite."""
+    from worker.client import Client
+    from worker.cluster import LocalCluster
+
     spec = ModelSpec("lr", uniform_fields(3, 1), num_dense=0)
-    with _tables(spec, OptimizerConfig("adam", 0.001)) as tables:
-        started = start_logit_bias(tables, spec.dense_params(), 20, 1000)
-        assert started == pytest.approx(np.log(0.02 / 0.98), abs=1e-6)
-        assert DenseSync(tables, spec.dense_params()).pull()["logit.bias"][0, 0] == np.float32(started)
-        assert start_logit_bias(tables, spec.dense_params(), 500, 1000) is None  # not a new model: kept
-        assert DenseSync(tables, spec.dense_params()).pull()["logit.bias"][0, 0] == np.float32(started)
+    params = spec.dense_params()
+    with LocalCluster(2, root=str(tmp_path)) as cluster, Client(cluster.addresses) as a, \
+            Client(cluster.addresses) as b:  # fmt: skip
+        for p in params:
+            a.create_table(table_config(p, OptimizerConfig("adam", 0.001)))
+        a.create_table(table_config(DenseParam("scratch", (4, 2), "zeros", "lr"), SGD1))
+        ids, deltas = np.arange(4, dtype=np.uint64), np.ones((4, 2), np.float32)
+        assert a.push_once("dense.lr.scratch", ids, deltas, key=12345) == 4  # applied, then never again:
+        assert b.push_once("dense.lr.scratch", ids, deltas, key=12345) == 0  # another client under the key
+        assert a.push_once("dense.lr.scratch", ids, deltas, key=12345) == 0
+        np.testing.assert_array_equal(a.pull("dense.lr.scratch", ids), deltas)
+        assert start_logit_bias(a, params, 20, 1000, trained_rows=3) is None  # not a new model
+        results = []
+        both = [threading.Thread(target=lambda c=c: results.append(start_logit_bias(c, params, 20, 1000, 0)))
+                for c in (a, b)]  # fmt: skip
+        for t in both:
+            t.start()
+        for t in both:
+            join_thread(t, 30, "a start")
+        started = [r for r in results if r is not None]
+        assert len(started) <= 2 and started and started[0] == pytest.approx(np.log(0.02 / 0.98), abs=1e-6)
+        value = DenseSync(a, params).pull()["logit.bias"][0, 0]
+        assert value == np.float32(np.log(0.02 / 0.98))  # applied once, not twice
+        assert start_logit_bias(b, params, 500, 1000, 0) is None  # moved: kept
+        assert DenseSync(b, params).pull()["logit.bias"][0, 0] == value
     for positives, want in (
         (0, np.log(MIN_BASE_RATE / (1 - MIN_BASE_RATE))),
         (7, -np.log(MIN_BASE_RATE / (1 - MIN_BASE_RATE))),
     ):
-        with _tables(spec) as tables:
-            assert start_logit_bias(tables, spec.dense_params(), positives, 7) == pytest.approx(want, abs=1e-5)
-    with _tables(spec) as tables:
-        assert start_logit_bias(tables, spec.dense_params(), 0, 0) is None
+        with LocalCluster(1, root=str(tmp_path / str(positives))) as cluster, Client(cluster.addresses) as c:
+            for p in params:
+                c.create_table(table_config(p))
+            assert start_logit_bias(c, params, positives, 7, 0) == pytest.approx(want, abs=1e-5)
+            assert start_logit_bias(c, params, 0, 0, 0) is None

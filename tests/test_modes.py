@@ -326,10 +326,13 @@ def test_a_sync_step_whose_callers_left_is_dropped_at_its_deadline_and_few_gathe
         wait_until(lambda: not shard.jobs._steps, 10, "the step nobody waits for to be dropped")
         with pytest.raises(BarrierTimeoutError, match=r"for the pushes of worker 0 \(at step 0\)"):
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 0, 0, 0, stamp(1, 0, sync=True, barrier_timeout_s=0.2))
-        for step in range(1, 5):  # a hostile client's steps, each left at once
+        before = {t for t in threading.enumerate() if t.name == "ps-sync-expiry"}  # other tests' may still run
+        for step in [1] * 20 + [2, 3, 4]:  # a hostile client's steps, each left at once, step 1 again and again
             with pytest.raises(CallerGoneError):
                 shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0,
                                    stamp(0, step, sync=True, barrier_timeout_s=60), lambda: True)  # fmt: skip
+        timers = {t for t in threading.enumerate() if t.name == "ps-sync-expiry"} - before
+        assert len(timers) == 4  # one per step, whatever the contributions to it
         with pytest.raises(InvalidArgumentError, match=r"sync step 5 of job \d+ while steps 1, 2, 3, 4 are still "
                                                        r"gathering on shard 0: .*nothing was applied"):  # fmt: skip
             shard.push_stamped([push(A, np.ones((len(A), 4)))], 0, 0, 0, stamp(0, 5, sync=True))
@@ -337,6 +340,7 @@ def test_a_sync_step_whose_callers_left_is_dropped_at_its_deadline_and_few_gathe
         assert (shard.pull("emb", A) == 0).all() and (shard.pull("emb", B) == 0).all()
     finally:
         shard.close()
+    wait_until(lambda: not any(t.is_alive() for t in timers), 5, "the timers' end")
 
 
 def test_two_workers_of_one_worker_id_fail_the_step_for_both_naming_the_duplicate(tmp_path):

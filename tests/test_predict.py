@@ -330,3 +330,32 @@ def test_a_csv_whose_first_column_holds_true_and_false_is_taken_as_labeled(tmp_p
     (tmp_path / "tf.csv").write_text("label,a\nTrue,x\nfalse,y\n1,z\n")
     (tmp_path / "yes.csv").write_text("label,a\nyes,x\n")
     assert _first_column_is_labels(str(tmp_path / "tf.csv")) and not _first_column_is_labels(str(tmp_path / "yes.csv"))
+
+
+def test_a_model_trained_before_models_had_a_logit_bias_is_scored_with_it_at_0(servers, files, tmp_path, caplog):
+    """Its tables lack dense.fm.logit.bias: eval and predict give the model's own probabilities (b = 0) and say
+    why, instead of refusing it as the model of other settings."""
+    from worker.job import prepare
+    from worker.model_tables import table_configs
+
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    cfg, data, spec, _ = prepare(small_run(addresses, train_path))
+    schema = builtin_schema("criteo", default_table="fm", default_dim=8)
+    (batch,) = read_batches(test_path, schema, TEST_ROWS)
+    rng = np.random.default_rng(0)
+    with Client(addresses) as client:
+        for t in table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint()):
+            if t.name != "dense.fm.logit.bias":
+                client.create_table(t)
+        ids = np.unique(np.concatenate([bags.ids for bags in batch.fields.values()]))
+        client.push("fm", ids, rng.normal(0, 0.3, (len(ids), 9)).astype(np.float32))  # rows of some model
+        rows = np.stack([client.pull("fm", bags.ids) for bags in batch.fields.values()], axis=1)
+    out = tmp_path / "p.csv"
+    with caplog.at_level("WARNING"):
+        assert predict(addresses[0], out, "--data", train_path, "--predict-data", test_path, "--model", "fm") == 0
+    assert any("hold no table dense.fm.logit.bias: the model was trained before models had a logit bias; it is "
+               "scored with that bias at 0" in r.getMessage() for r in caplog.records)  # fmt: skip
+    _, got = read_out(out)
+    expected = FactorizationMachine(8, None).predict(rows.astype(np.float64))
+    np.testing.assert_allclose(got["probability"], expected, rtol=0, atol=2e-6)

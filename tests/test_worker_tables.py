@@ -117,7 +117,7 @@ def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimi
     assert "(--model, --embedding-dim, --hidden, the schema and its data), or other" in err  # eval's flags only
     code, err = run(["eval", "--servers", servers, "--model", "fm", *SMALL], capsys)
     assert code == 2 and "the servers hold no table fm" in err, err
-    assert re.search(r"; they hold \w+ and \d+ MLP parameter tables \(is --model that of the run", err), err
+    assert re.search(r"; they hold \w+ and \d+ dense parameter tables? \(is --model that of the run", err), err
 
 
 def test_tables_remember_the_schema_another_is_refused_and_new_data_of_the_same_is_not(tmp_path, capsys):

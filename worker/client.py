@@ -271,6 +271,23 @@ class Client:
         self._acked[stamp.job] = max(self._acked.get(stamp.job, 0), stamp.step + 1)  # every shard answered
         return out, min_clock or 0
 
+    def push_once(self, table: str, ids: np.ndarray, deltas: np.ndarray, key: int) -> int:
+        """Adds deltas (len(ids), dim) to the rows of ids (unique), as push_many's add_delta does, at most once per
+        key on each shard, whichever clients send it: each shard gets one PushBatch under client_id `key` (nonzero,
+        below 2^63), request number 1, which a shard that applied it before answers applying nothing (its
+        exactly-once rule). Returns the ids applied by this call (0: applied before, by any caller; or by this
+        call's own attempt that a retry followed)."""
+        dim = self.dim(table)
+        shows = np.ones(len(ids), dtype=np.float32)
+        calls = []
+        for shard, sel in self._router.route(np.asarray(ids, dtype=np.uint64), dim, self.max_request_bytes):
+            push = ps_pb2.PushRequest(table=table, ids=wire.encode_ids(ids[sel]), dim=dim, add_delta=True,
+                                      grads=wire.encode_rows(np.ascontiguousarray(deltas[sel], dtype=np.float32)),
+                                      shows=wire.encode_rows(shows[sel]),
+                                      clicks=wire.encode_rows(np.zeros(len(sel), np.float32)))  # fmt: skip
+            calls.append(("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[push], client_id=key, seq=1)))
+        return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
+
     def finish(self, stamp: WorkerStamp) -> int:
         """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
         job's min_clock. Idempotent: a shard that restarted forgets it, and is told again by calling this again.

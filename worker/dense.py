@@ -31,6 +31,7 @@ DenseSync pulls every dense parameter at the start and then, by `staleness` k:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import time
@@ -56,21 +57,33 @@ def table_name(param: DenseParam) -> str:
     return f"{TABLE_PREFIX}{param.model}.{param.name}"
 
 
-def start_logit_bias(tables: Any, params: list[DenseParam], positives: int, examples: int) -> float | None:
-    """Starts the logit bias (spec.LOGIT_BIAS, one of params) at the log-odds of positives / examples (the rate
-    clipped to [MIN_BASE_RATE, 1 - MIN_BASE_RATE]) where the servers hold it at its initial 0, a model not trained
-    yet: one add_delta push, the optimizer state untouched. Returns the value it started at; None where the
-    model's bias moved already (a model trained further keeps its own) or there are no examples. One worker of a
-    job calls it (worker 0), before its dense path's first pull; tables: as DenseSync's."""
+def start_logit_bias(client: Any, params: list[DenseParam], positives: int, examples: int,
+                     trained_rows: int) -> float | None:  # fmt: skip
+    """Starts the logit bias (spec.LOGIT_BIAS, one of params) of a new model at the log-odds of positives /
+    examples (the rate clipped to [MIN_BASE_RATE, 1 - MIN_BASE_RATE]): one add-delta push, the optimizer state
+    untouched, sent with Client.push_once under a key of the table's own (start_key), so that however many workers
+    of a job call it, at once or one after another, the servers apply one of them. A model is new while its sparse
+    tables hold no trained row (trained_rows: what the servers said) and its bias is at its initial 0; a model
+    trained further keeps its own (one trained before models had a logit bias gets it at 0: its own predictions).
+    Returns the value it started at; None where it did not (the model is not new, another worker started it, or
+    there are no examples)."""
     (param,) = [p for p in params if p.name == LOGIT_BIAS]
     table, ids = table_name(param), np.zeros(1, dtype=np.uint64)
-    (current,) = tables.pull_many([(table, ids)])
-    if not examples or current[0, 0] != 0.0:
+    if not examples or trained_rows:
+        return None
+    (current,) = client.pull_many([(table, ids)])
+    if current[0, 0] != 0.0:
         return None
     rate = min(max(positives / examples, MIN_BASE_RATE), 1.0 - MIN_BASE_RATE)
     value = np.float32(math.log(rate / (1.0 - rate)))
-    tables.push_many([PushItem(table, ids, np.full((1, 1), value, dtype=np.float32))], add_delta=True)
-    return float(value)
+    applied = client.push_once(table, ids, np.full((1, 1), value, dtype=np.float32), start_key(table))
+    return float(value) if applied else None
+
+
+def start_key(table: str) -> int:
+    """The client id start_logit_bias pushes under: a 63-bit hash of the table's name, the same for every worker."""
+    digest = hashlib.blake2b(b"sparseps logit bias start\0" + table.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & ((1 << 63) - 1)) or 1
 
 
 def table_config(param: DenseParam, optimizer: OptimizerConfig = DEFAULT_OPTIMIZER) -> TableConfig:

@@ -11,15 +11,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import data_files
-from worker.dense import DenseSync, dense_norm
+from worker.dense import DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import client_for, cluster_addresses, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_files_upto
 from worker.model_tables import table_configs
-from worker.models.spec import ModelSpec
+from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.scoring import ScoringProgress, evaluate
 from worker.tables import check_tables
 from worker.train_config import TrainConfig
@@ -52,13 +54,17 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
     backend = make_backend(spec, cfg)
     with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
         client.wait_ready()
-        check_tables(
-            client,
-            table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint()),
-            doing,
-            for_eval=True,
-        )
-        dense_values = DenseSync(client, spec.dense_params()).pull()
+        wanted = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
+        params = spec.dense_params()
+        (bias,) = [p for p in params if p.name == LOGIT_BIAS]
+        if table_name(bias) not in {t.name for t in client.stats()[0].tables}:
+            log.warning("the servers hold no table %s: the model was trained before models had a logit bias; it is "
+                        "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip
+            wanted = [t for t in wanted if t.name != table_name(bias)]
+            params = [p for p in params if p is not bias]
+        check_tables(client, wanted, doing, for_eval=True)
+        dense_values = DenseSync(client, params).pull()
+        dense_values.setdefault(LOGIT_BIAS, np.zeros(bias.shape, dtype=np.float32))
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(addresses))
 
 

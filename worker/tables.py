@@ -92,13 +92,14 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
 
 
 def _tables_held(client: Any) -> str:
-    """ "; they hold ..." naming the tables shard 0 holds (the MLP's counted, not named), for a message."""
+    """ "; they hold ..." naming the tables shard 0 holds (the dense parameters' counted, not named), for a
+    message."""
     names = sorted(t.name for t in client.stats()[0].tables)
     sparse = [n for n in names if not n.startswith(TABLE_PREFIX)]
     dense = len(names) - len(sparse)
     if not names:
         return "; they hold no table at all (a model is trained first, by ps-worker train)"
-    held = ", ".join(sparse) + (f" and {dense} MLP parameter tables" if dense else "")
+    held = ", ".join(sparse) + (f" and {dense} dense parameter table{'s' * (dense != 1)}" if dense else "")
     return f"; they hold {held} (is --model that of the run that trained them?)"
 
 

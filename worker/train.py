@@ -122,11 +122,12 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.num_workers > 1 or cfg.mode != "async":
             _say(mode_line(cfg), cfg)
         labels = data.share_labels  # counted where the data is read before training (a validation split)
-        if cfg.worker_id == 0 and labels is not None:
-            started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples)
+        if labels is not None:
+            trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
+            started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained)
             if started is not None:
                 _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
-                     "positives of this worker's training data (a new model)", cfg)  # fmt: skip
+                     "positives of this worker's share of the data (a new model)", cfg)  # fmt: skip
         dense = dense_path(cfg, client, spec)
         dense.pull()
         source = row_source(cfg, client, spec, tables_cfg)

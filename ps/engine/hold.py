@@ -114,10 +114,11 @@ class PushHold:
         expired or was released. The hold cannot expire while the save runs; its timeout counts again after."""
         with self._gate:
             if token != self.token or not self.held_until or time.monotonic() >= self.held_until:
-                raise CheckpointHoldError(
-                    f"shard {self.shard_id}: the checkpoint's hold expired or was released before the save (raise "
-                    "--hold-timeout-s?); nothing saved, take it again"
-                )
+                if not self._held_at:  # no hold was ever taken in this process
+                    why = "this shard holds no checkpoint hold: it restarted since the hold was taken"
+                else:
+                    why = "the checkpoint's hold expired or was released before the save (raise --hold-timeout-s?)"
+                raise CheckpointHoldError(f"shard {self.shard_id}: {why}; nothing saved, take it again")
             self.held_until = float("inf")  # no expiry during the save
         try:
             with self._saving:

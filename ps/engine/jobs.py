@@ -252,6 +252,7 @@ class _SyncStep:
         self.error: BaseException | None = None
         self.waiters = 0  # contributors' threads waiting for it
         self.deadline = 0.0  # time.monotonic() past which, with no waiter, its contributions are dropped
+        self.timer: threading.Timer | None = None  # the one that will look at the deadline (JobClocks)
 
 
 def _again(error: BaseException) -> BaseException:
@@ -448,6 +449,9 @@ class JobClocks:
         """Ends every wait with ShardClosingError (UNAVAILABLE: clients retry on the restarted shard)."""
         with self._cond:
             self._closed = True
+            for step in self._steps.values():
+                if step.timer is not None:
+                    step.timer.cancel()
             self._cond.notify_all()
 
     # ---- pulls, pushes, done ----------------------------------------------------------------------------
@@ -664,12 +668,22 @@ class JobClocks:
         return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
 
     def _drop_unless_waited_for(self, step: _SyncStep, stamp: WorkerStamp) -> None:
-        """Starts a timer that drops step's contributions at its deadline if no contributor waits for it then (a
-        wait that comes meanwhile ends by its own deadline). Lock held."""
+        """Makes sure a timer will drop step's contributions at its deadline if no contributor waits for it then
+        (a wait that comes meanwhile ends by its own deadline): one timer per step, which looks at the deadline
+        when it fires; close() cancels them. Lock held."""
+        if step.timer is not None or self._closed:
+            return
 
         def expire() -> None:
             with self._cond:
-                if self._steps.get(step.step) is not step or step.waiters or step.applying or step.error:
+                step.timer = None
+                if (
+                    self._closed
+                    or self._steps.get(step.step) is not step
+                    or step.waiters
+                    or step.applying
+                    or step.error
+                ):
                     return
                 if time.monotonic() < step.deadline:  # a later contribution's caller left too: its deadline
                     self._drop_unless_waited_for(step, stamp)
@@ -684,10 +698,10 @@ class JobClocks:
                     "it was applied"
                 ))  # fmt: skip
 
-        timer = threading.Timer(max(0.0, step.deadline - time.monotonic()), expire)
-        timer.daemon = True
-        timer.name = "ps-sync-expiry"
-        timer.start()
+        step.timer = threading.Timer(max(0.0, step.deadline - time.monotonic()), expire)
+        step.timer.daemon = True
+        step.timer.name = "ps-sync-expiry"
+        step.timer.start()
 
     def _complete(self, step: _SyncStep) -> bool:
         return all(self._done[w] or w in step.contributions for w in range(self.num_workers))
