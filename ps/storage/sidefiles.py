@@ -68,7 +68,8 @@ def write_json(path: str, obj: dict, sync_dir: bool = False) -> None:
 
 def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
     """The JSON object in the file at path (None if there is no file); StorageError if it is not a JSON object
-    holding these keys with integer values >= 0 (every value these files record is a count or a number)."""
+    holding these keys with integer values >= 0 (every value these files record is a count or a number), or a
+    directory, or unreadable (PermissionError as it is)."""
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -80,7 +81,9 @@ def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
             "mistake, or damage to the data dir; move it away (docs/reliability.md says what a start "
             "does without that file)"
         ) from None
-    except OSError as e:  # no permission, an I/O error, ...
+    except PermissionError:  # the callers' own message says as whom to run
+        raise
+    except OSError as e:  # an I/O error, ...
         raise StorageError(f"{path} cannot be read: {e.strerror or e}") from None
     try:
         obj = json.loads(raw)
