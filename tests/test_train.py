@@ -8,12 +8,14 @@ import dataclasses
 import gzip
 import io
 import json
+import re
 
 import numpy as np
 import pytest
 
 from tests.inprocess import InProcessTables
 from worker import recipe
+from worker.client import Client
 from worker.data import count_lines, validation_mask
 from worker.job import loop_settings, open_job, prepare
 from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
@@ -605,3 +607,26 @@ class _NoDense:
 
     def pull(self) -> dict:
         return {}
+
+
+def test_a_new_models_logit_bias_starts_at_the_labels_log_odds_and_a_model_trained_further_keeps_its_own(capsys):
+    """A run that reads its data before training (the small recipe) starts the bias of a new model, and says so;
+    a second run on the same servers trains the model further from the bias the first left."""
+    from worker.cluster import LocalCluster
+
+    cfg = TrainConfig(model="lr", synthetic_rows=3000, synthetic_eval_rows=300, recipe="small", epochs=1,
+                      progress=False)  # fmt: skip
+    with LocalCluster(1) as cluster:
+        cfg = dataclasses.replace(cfg, servers=tuple(cluster.addresses))
+        train(cfg)
+        first = capsys.readouterr().out
+        (line,) = [s for s in first.splitlines() if s.startswith("logit bias started at ")]
+        value, rate = re.fullmatch(r"logit bias started at (-?[\d.]+), the log-odds of the ([\d.]+)% positives of "
+                                   r"this worker's share of the data \(a new model\)", line).groups()  # fmt: skip
+        p = float(rate) / 100
+        assert float(value) == pytest.approx(np.log(p / (1 - p)), abs=2e-3) and 0.1 < p < 0.4
+        with Client(cluster.addresses) as client:
+            after_first = float(client.pull("dense.lr.logit.bias", np.zeros(1, np.uint64))[0, 0])
+        assert after_first != 0.0
+        train(cfg)
+        assert "logit bias started" not in capsys.readouterr().out
