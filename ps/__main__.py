@@ -79,14 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
         help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB. "
-        "Default: 2G, or with --memory-bytes what RocksDB and the journal leave of it",
+        "Default: 2G, or with --memory-bytes what its other parts leave of it",
     )  # fmt: skip
     p.add_argument(
         "--memory-bytes", type=parse_bytes, default=None,
         help="one bound for the memory that holds data: the RAM tier, RocksDB's block cache (index and filter "
         "blocks included) and memtables, rows waiting to be written, the mapped journal segment, room for "
         "requests' copies of rows. The split is "
-        "logged at start and reported by `ps-worker stats`; the process's fixed overhead (an idle server's, "
+        "logged at start, and `ps-worker stats` reports each part's use (of all but the requests' room); the "
+        "process's fixed overhead (an idle server's, "
         "its compiled code loaded at start) comes on top. Default: no overall bound",
     )  # fmt: skip
     p.add_argument(

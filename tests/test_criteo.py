@@ -160,7 +160,10 @@ def test_parse_share_reports_bad_lines_and_parses_the_rest():
     ]
     labels, columns, line_nos, problems = parse_share(lines, 5, 3, "f")  # file lines 5, 8, 11, 14
     assert labels.tolist() == [1.0, 0.0] and line_nos.tolist() == [5, 11] and columns.shape == (2, NUM_COLUMNS)
-    layout = " (another tab-separated layout? `ps-worker schema --data FILE --delimiter $'\\t'` writes its schema)"
+    layout = (
+        " (another tab-separated layout? with a header line, `ps-worker schema --data FILE --delimiter $'\\t'` "
+        "writes its schema)"
+    )
     assert problems == [(8, f"2 tab-separated columns, expected 40{layout}"), (14, "label '2', expected '0' or '1'")]
     labels, columns, line_nos, problems = parse_share([b"x\n"], 1, 1, "f")
     assert (

@@ -174,8 +174,9 @@ INT_PROBLEM = (
         (0, "line 4: label '2', expected '0' or '1'; 1 bad line, more than --max-bad-lines 0"),
         (
             1,
-            "line 11: 2 tab-separated columns, expected 40 (another tab-separated layout? `ps-worker schema --data "
-            "FILE --delimiter $'\\t'` writes its schema); 2 bad lines, more than --max-bad-lines 1",
+            "line 11: 2 tab-separated columns, expected 40 (another tab-separated layout? with a header line, "
+            "`ps-worker schema --data FILE --delimiter $'\\t'` writes its schema); 2 bad lines, more than "
+            "--max-bad-lines 1",
         ),
         (2, "line 12: 1 tab-separated columns, expected 40; 3 bad lines, more than --max-bad-lines 2"),
         (3, f"line 30: {INT_PROBLEM}9223372036854775807]; 4 bad lines, more than --max-bad-lines 3"),
@@ -779,7 +780,7 @@ def test_the_builtin_csv_schema_warns_of_a_label_named_elsewhere_and_of_columns_
     label, numbers = _hints(caplog, data, "csv")
     assert "the label is the first column, 'is_mobile' (the built-in csv schema's default), but the header also " \
            "has 'click', named like a label: give --label-column click" in label  # fmt: skip
-    assert "columns 'price' hold numbers of many values (a sample of 300 rows)" in numbers  # not hour: 3 values
+    assert "column 'price' holds numbers of many values (a sample of 300 rows)" in numbers  # not hour: 3 values
     assert "ps-worker schema --data" in numbers
     assert _hints(caplog, data, "csv", label_column="click", numeric_columns=("price",)) == []
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'

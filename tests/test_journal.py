@@ -552,7 +552,7 @@ def test_accepting_a_damaged_record_applies_the_intact_records_after_it(tmp_path
     accepted.close()
     assert len(accepted.losses) == 2, accepted.losses
     assert f"corrupt at byte {offsets[1]}" in accepted.losses[0]
-    assert f"records 2..2 (1 pushes, which may have been acknowledged) were in the damaged bytes of {path[1]}" in (
+    assert f"records 2..2 (1 push, which may have been acknowledged) were in the damaged bytes of {path[1]}" in (
         accepted.losses[1])  # fmt: skip
     assert "missing" not in accepted.losses[1]
 

@@ -167,7 +167,8 @@ def shape_problem(line: bytes) -> str | None:
             hint = " (it looks comma-separated: --format csv reads a CSV file with a header)"
         elif columns > 1 and abs(columns - NUM_COLUMNS) > 1:  # not a Criteo line with a column lost or added
             hint = (
-                " (another tab-separated layout? `ps-worker schema --data FILE --delimiter $'\\t'` writes its schema)"
+                " (another tab-separated layout? with a header line, `ps-worker schema --data FILE --delimiter $'\\t'` "
+                "writes its schema)"
             )
         else:
             hint = ""

@@ -212,10 +212,10 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
                and infer_column(name, name, [row[i] for row in rows], sampled=True)[0].kind == "numeric"]  # fmt: skip
     if numeric:
         shown = ", ".join(repr(n) for n in numeric[:8]) + (f" and {len(numeric) - 8} more" if len(numeric) > 8 else "")
-        log.warning("%s: columns %s hold numbers of many values (a sample of %d rows): the built-in csv schema reads "
+        them = "columns %s hold" if len(numeric) > 1 else "column %s holds"
+        log.warning("%s: " + them + " numbers of many values (a sample of %d rows): the built-in csv schema reads "
                     "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
-                    "schema.toml, reads them as numbers and buckets (or give --numeric-columns)", data, shown,
-                    len(rows), data)  # fmt: skip
+                    "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
 
 
 def _warn_of_libsvm_values(data: str) -> None:

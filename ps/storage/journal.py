@@ -313,9 +313,9 @@ class Journal:
                         self._lose(JournalCorruptError(
                             f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
                             f"with {'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
-                            ": that is damage, not the torn last record of a crash, and starting would drop the "
-                            "acknowledged pushes after it. Refusing to start; restore the data dir, or start with "
-                            "--accept-journal-loss to go on without the pushes in the damaged bytes"
+                            ": that is damage, not the torn last record of a crash. Refusing to start (cut there, the "
+                            "journal would lose the acknowledged pushes after it); restore the data dir, or start "
+                            "with --accept-journal-loss to go on without the pushes in the damaged bytes"
                         ), accept_loss)  # fmt: skip
                         damaged = (path, pos)  # accepted: replay goes on with the next intact record
                         resume = _next_intact(data, pos + 1, len(data))
@@ -360,9 +360,10 @@ class Journal:
     def _in_damage(lo: int, hi: int, damaged: tuple[str, int]) -> JournalCorruptError:
         """The loss of records lo..hi that were in damaged bytes (damaged: the segment and where they begin),
         which replay went on past (--accept-journal-loss)."""
+        count = f"{hi - lo + 1} pushes" if hi > lo else "1 push"
         return JournalCorruptError(
-            f"journal records {lo}..{hi} ({hi - lo + 1} pushes, which may have been acknowledged) were in the "
-            f"damaged bytes of {damaged[0]} from byte {damaged[1]} on"
+            f"journal records {lo}..{hi} ({count}, which may have been acknowledged) were in the damaged bytes of "
+            f"{damaged[0]} from byte {damaged[1]} on; replay goes on with the intact records after them."
         )
 
     def _damaged_end(self, tail: tuple[str, int, int, int], first: int, mark: int) -> JournalCorruptError:

@@ -23,10 +23,10 @@ one BIAS id of every example; b = "logit.bias" (1, 1), a dense parameter of ever
     fm:      logit = b + sum_f pw_f + 1/2 (|sum_f e_f|^2 - sum_f |e_f|^2)
     deepfm:  logit = fm logit + mlp([pv_0, ..., pv_{F-1}, dense_x])
     dnn:     logit = b + mlp([pv_0, ..., pv_{F-1}, dense_x])
-    b is the logit's constant, trained without L2 by the dense optimizer: a run on data held in memory starts it
-          at the training labels' log-odds (worker/dense.py start_logit_bias), so the sparse rows, whose optimizer
-          shrinks them towards 0 (a strong l2 on small data), learn how an example differs from the base rate,
-          not the base rate itself (on 2%-positive data, a bias row shrunk towards logit 0 cost fm 0.02 AUC)
+    b is the logit's constant, trained without L2 by the dense optimizer: a run that takes a validation split
+          starts it at the log-odds of the labels it read (worker/dense.py start_logit_bias), so the sparse rows,
+          whose optimizer shrinks them towards 0 (a strong l2 on small data), learn how an example differs from
+          the base rate, not the base rate itself (benchmarks/small_data.py's imbalanced regime)
     e_f = pv_f when k_t = K, the largest width among the fields' tables; otherwise e_f = pv_f @ P_t with
           P_t = "proj.<table>" (k_t, K), a dense parameter shared by the table's fields (the rule where widths
           differ: FM's pairwise products need one width, so narrower tables are projected up to it; the MLP
