@@ -630,3 +630,19 @@ def test_a_new_models_logit_bias_starts_at_the_labels_log_odds_and_a_model_train
         assert after_first != 0.0
         train(cfg)
         assert "logit bias started" not in capsys.readouterr().out
+
+
+def test_the_labels_before_training_are_a_splits_or_the_held_examples_or_none():
+    """What the logit bias starts from: the read that takes a split counts the share; without a split, the small
+    recipe's examples held in memory (read now, as the first epoch would, and trained as counted); data read as it
+    trains gives none."""
+    split = TrainConfig(local_shards=1, synthetic_rows=3000, validation_fraction=0.2)
+    _, data, _, _ = prepare(split)
+    data.validation()
+    assert data.labels_before_training() is data.share_labels and data.share_labels.examples == 3000
+    _, held, _, _ = prepare(dataclasses.replace(split, validation_fraction=0.0, early_stop=0))
+    counts = held.labels_before_training()
+    trained = np.concatenate([b.labels for b in held.train(1)])
+    assert counts.examples == len(trained) == 3000 and counts.positives == int((trained > 0.5).sum()) > 0
+    _, streamed, _, _ = prepare(dataclasses.replace(split, validation_fraction=0.0, early_stop=0, shuffle=False))
+    assert streamed.labels_before_training() is None

@@ -211,10 +211,20 @@ class DataSource:
                 yield batch
             self.stream_labels = counts  # the epoch read to its end
             return
+        if not self._hold():  # a share without examples
+            return
+        seed = [self.cfg.synthetic_seed & (2**63 - 1), self.cfg.worker_id, epoch]
+        order = np.random.default_rng(seed).permutation(len(self._held))
+        held, size = self._held, self.batch_size
+        for lo in range(0, len(order), size):
+            yield held.take(order[lo : lo + size])
+
+    def _hold(self) -> bool:
+        """Reads the share's training examples into memory (cfg.shuffle), once; whether it holds any."""
         if self._held is None:
             parts = list(self._in_order())
-            if not parts:  # a share without examples
-                return
+            if not parts:
+                return False
             self._held = Batch.concat(parts)
             del parts
             held_bytes = self._held.nbytes()
@@ -222,11 +232,20 @@ class DataSource:
             log.log(level, "--shuffle on: holding this worker's %s training examples in memory (%s MiB), each epoch "
                     "in its own order (--shuffle off reads them in file order, as it trains)", f"{len(self._held):,}",
                     f"{held_bytes / 2**20:,.0f}")  # fmt: skip
-        seed = [self.cfg.synthetic_seed & (2**63 - 1), self.cfg.worker_id, epoch]
-        order = np.random.default_rng(seed).permutation(len(self._held))
-        held, size = self._held, self.batch_size
-        for lo in range(0, len(order), size):
-            yield held.take(order[lo : lo + size])
+        return True
+
+    def labels_before_training(self) -> LabelOrder | None:
+        """The label figures of this worker's share where they are known before training: counted by the read of
+        a validation split (share_labels), or, under cfg.shuffle, of the training examples read into memory now (as
+        the first epoch would); else None (data read as it trains)."""
+        if self.share_labels is not None:
+            return self.share_labels
+        if not getattr(self.cfg, "shuffle", False):
+            return None
+        counts = LabelOrder()
+        if self._hold():
+            counts.add(self._held.labels)
+        return counts
 
     def _in_order(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:

@@ -121,7 +121,7 @@ def train(cfg: TrainConfig) -> dict:
                  "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
         if cfg.num_workers > 1 or cfg.mode != "async":
             _say(mode_line(cfg), cfg)
-        labels = data.share_labels  # counted where the data is read before training (a validation split)
+        labels = data.labels_before_training()  # a validation split's read, or the examples held in memory
         if labels is not None:
             trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
             started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained)

@@ -23,8 +23,8 @@ one BIAS id of every example; b = "logit.bias" (1, 1), a dense parameter of ever
     fm:      logit = b + sum_f pw_f + 1/2 (|sum_f e_f|^2 - sum_f |e_f|^2)
     deepfm:  logit = fm logit + mlp([pv_0, ..., pv_{F-1}, dense_x])
     dnn:     logit = b + mlp([pv_0, ..., pv_{F-1}, dense_x])
-    b is the logit's constant, trained without L2 by the dense optimizer: a run that takes a validation split
-          starts it at the log-odds of the labels it read (worker/dense.py start_logit_bias), so the sparse rows,
+    b is the logit's constant, trained without L2 by the dense optimizer: a run that has its training labels
+          before training starts it at their log-odds (worker/dense.py start_logit_bias), so the sparse rows,
           whose optimizer shrinks them towards 0 (a strong l2 on small data), learn how an example differs from
           the base rate, not the base rate itself (benchmarks/small_data.py's imbalanced regime)
     e_f = pv_f when k_t = K, the largest width among the fields' tables; otherwise e_f = pv_f @ P_t with
