@@ -87,7 +87,7 @@ message PullBatchResponse
 message PushBatchRequest
   1  pushes           LEN     repeated PushRequest     one per push, applied in order
   2  advance_clock    VARINT  uint64                   steps to advance the clock after the pushes
-  3  client_id        VARINT  uint64                   nonzero (< 2^63): applied at most once per (client_id, seq)
+  3  client_id        VARINT  uint64                   nonzero: applied at most once per (client_id, seq)
   4  seq              VARINT  uint64                   the client's request number on this shard
   5  stamp            LEN     WorkerStamp              absent: async
 

@@ -31,8 +31,8 @@ While the shard starts (ps.server listens before its data dir is open), StartGat
 method is UNAVAILABLE (ps.errors.ShardStartingError) saying what the start is doing, and clients retry it as an
 outage; once the shard is built, the gate hands every call to the servicer.
 
-Exactly once per client: PushBatch's client_id (below 2^63; one with the top bit set is refused) is deduplicated
-under the caller's identity where the server knows one (see client_key), and its reply's num_applied counts the ids applied by this request, 0 for a request applied
+Exactly once per client: PushBatch's client_id is deduplicated under the caller's identity where the server knows
+one (see client_key), and its reply's num_applied counts the ids applied by this request, 0 for a request applied
 before (a retry).
 """
 
@@ -177,19 +177,20 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
 
 
 def client_key(client_id: int, context: grpc.ServicerContext) -> int:
-    """The key under which a PushBatch's client_id is deduplicated: client_id itself; or, when the caller
-    presented a client certificate (mutual TLS), a 64-bit hash of the certificate's identities and client_id, so
-    that a caller cannot touch the requests of a caller with another certificate. Either with SYNC_KEY_BIT clear
-    (nonzero): the keys of the jobs' sync sums are not a client's to use. 0 (no deduplication) stays 0.
-    InvalidArgumentError for a client_id with SYNC_KEY_BIT set (two ids must never share a key)."""
-    if client_id & SYNC_KEY_BIT:
-        raise InvalidArgumentError(f"client_id {client_id} has its top bit set: a client_id must be below 2^63 (the "
-                                   "server keeps those keys for the jobs' sync sums); nothing was applied")  # fmt: skip
+    """The key under which a PushBatch's client_id is deduplicated: client_id itself below 2^63; a 63-bit hash of
+    it at or above (the keys with SYNC_KEY_BIT set are the jobs' sync sums', not a client's to use, and masking
+    the bit would give id and id + 2^63 one key: one's requests dropped as the other's retries); or, when the
+    caller presented a client certificate (mutual TLS), a 63-bit hash of the certificate's identities and
+    client_id, so that a caller cannot touch the requests of a caller with another certificate. 0 (no
+    deduplication) stays 0; no key is 0."""
     identities = context.peer_identities() if client_id else None
     if identities:
         who = b"\0".join(sorted(identities)) + b"\0" + client_id.to_bytes(8, "little")
-        client_id = int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little")
-    return (client_id & ~SYNC_KEY_BIT) or (1 if client_id else 0)
+    elif client_id & SYNC_KEY_BIT:
+        who = b"top bit\0" + client_id.to_bytes(8, "little")
+    else:
+        return client_id
+    return (int.from_bytes(hashlib.blake2b(who, digest_size=8).digest(), "little") & ~SYNC_KEY_BIT) or 1
 
 
 class CallerGone:
