@@ -186,18 +186,20 @@ class PullBatchResponse(_message.Message):
     def __init__(self, replies: _Optional[_Iterable[_Union[PullResponse, _Mapping]]] = ..., min_clock: _Optional[int] = ...) -> None: ...
 
 class PushBatchRequest(_message.Message):
-    __slots__ = ("pushes", "advance_clock", "client_id", "seq", "stamp")
+    __slots__ = ("pushes", "advance_clock", "client_id", "seq", "stamp", "shared")
     PUSHES_FIELD_NUMBER: _ClassVar[int]
     ADVANCE_CLOCK_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STAMP_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     pushes: _containers.RepeatedCompositeFieldContainer[PushRequest]
     advance_clock: int
     client_id: int
     seq: int
     stamp: WorkerStamp
-    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ..., client_id: _Optional[int] = ..., seq: _Optional[int] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ...) -> None: ...
+    shared: bool
+    def __init__(self, pushes: _Optional[_Iterable[_Union[PushRequest, _Mapping]]] = ..., advance_clock: _Optional[int] = ..., client_id: _Optional[int] = ..., seq: _Optional[int] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class PushBatchResponse(_message.Message):
     __slots__ = ("num_applied", "step", "rows", "min_clock")

@@ -90,6 +90,7 @@ message PushBatchRequest
   3  client_id        VARINT  uint64                   nonzero: applied at most once per (client_id, seq)
   4  seq              VARINT  uint64                   the client's request number on this shard
   5  stamp            LEN     WorkerStamp              absent: async
+  6  shared           VARINT  bool                     client_id is one key for every caller (no identity)
 
 message PushBatchResponse
   1  num_applied      VARINT  uint64                   ids applied, over all pushes

@@ -176,15 +176,19 @@ def checkpoint_dir(root: str | None, requested: str) -> str:
     return path
 
 
-def client_key(client_id: int, context: grpc.ServicerContext) -> int:
+def client_key(client_id: int, context: grpc.ServicerContext, shared: bool = False) -> int:
     """The key under which a PushBatch's client_id is deduplicated: client_id itself below 2^63; a 63-bit hash of
     it at or above (the keys with SYNC_KEY_BIT set are the jobs' sync sums', not a client's to use, and masking
     the bit would give id and id + 2^63 one key: one's requests dropped as the other's retries); or, when the
     caller presented a client certificate (mutual TLS), a 63-bit hash of the certificate's identities and
-    client_id, so that a caller cannot touch the requests of a caller with another certificate. 0 (no
-    deduplication) stays 0; no key is 0."""
-    identities = context.peer_identities() if client_id else None
-    if identities:
+    client_id, so that a caller cannot touch the requests of a caller with another certificate. shared (the
+    request's `shared`): a key any caller may send, whatever its certificate (Client.push_once: a push applied
+    once, whoever sends it), a 63-bit hash of client_id apart from all others. 0 (no deduplication) stays 0; no
+    key is 0."""
+    identities = context.peer_identities() if client_id and not shared else None
+    if shared and client_id:
+        who = b"shared\0" + client_id.to_bytes(8, "little")
+    elif identities:
         who = b"\0".join(sorted(identities)) + b"\0" + client_id.to_bytes(8, "little")
     elif client_id & SYNC_KEY_BIT:
         who = b"top bit\0" + client_id.to_bytes(8, "little")
@@ -385,7 +389,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
         if returned:
             self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
-        client, stamp, min_clock = client_key(request.client_id, context), stamp_of(request), 0
+        client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
         if stamp is None:
             step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
             num_applied = ids_applied(pushes, applied)

@@ -351,6 +351,30 @@ def test_under_mutual_tls_a_client_id_belongs_to_its_certificate(tmp_path, serve
     assert (rows(alice) == -12).all()
 
 
+def test_under_mutual_tls_a_shared_key_is_one_for_every_certificate(tmp_path, serve):
+    """A request marked shared (Client.push_once's) is deduplicated under its client_id alone: applied once, whoever
+    sends it; the same id unmarked is still each certificate's own."""
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_pki(pki)
+    server, _ = serve(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"))
+
+    def stub_as(name: str) -> ps_pb2_grpc.ParameterServerStub:
+        credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), (pki / f"{name}.key").read_bytes(),
+                                                   (pki / f"{name}.pem").read_bytes())  # fmt: skip
+        return ps_pb2_grpc.ParameterServerStub(grpc.secure_channel(f"127.0.0.1:{server.port}", credentials))
+
+    alice, mallory = stub_as("alice"), stub_as("mallory")
+    alice.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    once = batch(0x5EED, 1, 1.0)
+    once.shared = True
+    assert alice.PushBatch(once, timeout=TIMEOUT_S).num_applied == len(IDS)
+    assert mallory.PushBatch(once, timeout=TIMEOUT_S).num_applied == 0  # the same key: applied before
+    assert (rows(alice) == -1).all()
+    assert mallory.PushBatch(batch(0x5EED, 1, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)  # unmarked: hers
+    assert (rows(alice) == -2).all()
+
+
 LONG = "x" * 20_000
 
 

@@ -273,9 +273,9 @@ class Client:
 
     def push_once(self, table: str, ids: np.ndarray, deltas: np.ndarray, key: int) -> int:
         """Adds deltas (len(ids), dim) to the rows of ids (unique), as push_many's add_delta does, at most once per
-        key on each shard, whichever clients send it: each shard gets one PushBatch under client_id `key` (nonzero,
-        below 2^63), request number 1, which a shard that applied it before answers applying nothing (its
-        exactly-once rule). Returns the ids applied by this call (0: applied before, by any caller; or by this
+        key on each shard, whichever clients send it, under whatever certificates: each shard gets one PushBatch
+        under client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before
+        answers applying nothing (its exactly-once rule). Returns the ids applied by this call (0: applied before, by any caller; or by this
         call's own attempt that a retry followed)."""
         dim = self.dim(table)
         shows = np.ones(len(ids), dtype=np.float32)
@@ -285,7 +285,8 @@ class Client:
                                       grads=wire.encode_rows(np.ascontiguousarray(deltas[sel], dtype=np.float32)),
                                       shows=wire.encode_rows(shows[sel]),
                                       clicks=wire.encode_rows(np.zeros(len(sel), np.float32)))  # fmt: skip
-            calls.append(("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[push], client_id=key, seq=1)))
+            request = ps_pb2.PushBatchRequest(pushes=[push], client_id=key, seq=1, shared=True)
+            calls.append(("PushBatch", shard, request))
         return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
 
     def finish(self, stamp: WorkerStamp) -> int:

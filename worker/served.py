@@ -57,12 +57,14 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
         wanted = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
         params = spec.dense_params()
         (bias,) = [p for p in params if p.name == LOGIT_BIAS]
-        if table_name(bias) not in {t.name for t in client.stats()[0].tables}:
-            log.warning("the servers hold no table %s: the model was trained before models had a logit bias; it is "
-                        "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip
+        without_bias = table_name(bias) not in {t.name for t in client.stats()[0].tables}
+        if without_bias:
             wanted = [t for t in wanted if t.name != table_name(bias)]
             params = [p for p in params if p is not bias]
-        check_tables(client, wanted, doing, for_eval=True)
+        check_tables(client, wanted, doing, for_eval=True)  # the rest of the model is there
+        if without_bias:
+            log.warning("the servers hold no table %s: the model was trained before models had a logit bias; it is "
+                        "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip
         dense_values = DenseSync(client, params).pull()
         dense_values.setdefault(LOGIT_BIAS, np.zeros(bias.shape, dtype=np.float32))
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(addresses))
