@@ -138,6 +138,7 @@ class DataSource:
                 self.schema = self.schema.with_stats(stats)
         self._validation: list[Batch] | None = None
         self._held: Batch | None = None  # the training examples, under cfg.shuffle
+        self._held_labels: LabelOrder | None = None  # their label figures (labels_before_training)
         self.share_labels: LabelOrder | None = None  # of the share, on the read before training (its split)
         self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
 
@@ -242,10 +243,11 @@ class DataSource:
             return self.share_labels
         if not getattr(self.cfg, "shuffle", False):
             return None
-        counts = LabelOrder()
-        if self._hold():
-            counts.add(self._held.labels)
-        return counts
+        if self._held_labels is None:
+            self._held_labels = LabelOrder()
+            if self._hold():
+                self._held_labels.add(self._held.labels)
+        return self._held_labels
 
     def _in_order(self) -> Iterator[Batch]:
         if not self.cfg.validation_fraction:

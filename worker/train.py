@@ -67,8 +67,10 @@ log = logging.getLogger("worker.train")
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
     cfg, data, spec, recipe_line = prepare(cfg)
+    labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
         data.validation()
+        labels = data.labels_before_training()  # a split's read, or the examples held in memory
         one_class = one_class_labels(data.schema.label, data.share_labels, cfg.data, cfg.num_workers)
         if one_class and cfg.num_workers == 1:
             raise ValueError(f"{one_class}; nothing was trained")
@@ -121,7 +123,6 @@ def train(cfg: TrainConfig) -> dict:
                  "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
         if cfg.num_workers > 1 or cfg.mode != "async":
             _say(mode_line(cfg), cfg)
-        labels = data.labels_before_training()  # a validation split's read, or the examples held in memory
         if labels is not None:
             trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
             started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained)
