@@ -328,7 +328,8 @@ def make_pki(d) -> None:
                 f"{name}.pem", "-days", "2", "-extfile", "server.ext" if name == "server" else "client.ext")  # fmt: skip
 
 
-def test_under_mutual_tls_a_client_id_belongs_to_its_certificate(tmp_path, serve):
+def alice_and_mallory(tmp_path, serve) -> tuple:
+    """Stubs of a mutual-TLS server (make_pki's certificates), as the clients alice and mallory."""
     pki = tmp_path / "pki"
     pki.mkdir()
     make_pki(pki)
@@ -339,7 +340,11 @@ def test_under_mutual_tls_a_client_id_belongs_to_its_certificate(tmp_path, serve
                                                    (pki / f"{name}.pem").read_bytes())  # fmt: skip
         return ps_pb2_grpc.ParameterServerStub(grpc.secure_channel(f"127.0.0.1:{server.port}", credentials))
 
-    alice, mallory = stub_as("alice"), stub_as("mallory")
+    return stub_as("alice"), stub_as("mallory")
+
+
+def test_under_mutual_tls_a_client_id_belongs_to_its_certificate(tmp_path, serve):
+    alice, mallory = alice_and_mallory(tmp_path, serve)
     alice.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
     shared_id = 0xA11CE
     assert alice.PushBatch(batch(shared_id, 1, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
@@ -354,17 +359,7 @@ def test_under_mutual_tls_a_client_id_belongs_to_its_certificate(tmp_path, serve
 def test_under_mutual_tls_a_shared_key_is_one_for_every_certificate(tmp_path, serve):
     """A request marked shared (Client.push_once's) is deduplicated under its client_id alone: applied once, whoever
     sends it; the same id unmarked is still each certificate's own."""
-    pki = tmp_path / "pki"
-    pki.mkdir()
-    make_pki(pki)
-    server, _ = serve(tls_cert=str(pki / "server.pem"), tls_key=str(pki / "server.key"), tls_ca=str(pki / "ca.pem"))
-
-    def stub_as(name: str) -> ps_pb2_grpc.ParameterServerStub:
-        credentials = grpc.ssl_channel_credentials((pki / "ca.pem").read_bytes(), (pki / f"{name}.key").read_bytes(),
-                                                   (pki / f"{name}.pem").read_bytes())  # fmt: skip
-        return ps_pb2_grpc.ParameterServerStub(grpc.secure_channel(f"127.0.0.1:{server.port}", credentials))
-
-    alice, mallory = stub_as("alice"), stub_as("mallory")
+    alice, mallory = alice_and_mallory(tmp_path, serve)
     alice.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
     once = batch(0x5EED, 1, 1.0)
     once.shared = True
