@@ -43,8 +43,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import grpc
 import numpy as np
@@ -218,17 +219,8 @@ class Client:
             dim = self.dim(table)
             uniq, item_grads, item_shows, item_clicks, order = push_arrays(table, ids, grads, clicks, shows, dim)
             rows = np.empty((len(uniq), dim), dtype=np.float32) if return_rows else None
-            for shard, sel in self._router.route(uniq, dim, self.max_request_bytes):
-                request = ps_pb2.PushRequest(
-                    table=table,
-                    ids=wire.encode_ids(uniq[sel]),
-                    grads=wire.encode_rows(item_grads[sel]),
-                    dim=dim,
-                    shows=wire.encode_rows(item_shows[sel]),
-                    clicks=wire.encode_rows(item_clicks[sel]),
-                    return_rows=return_rows,
-                    add_delta=delta,
-                )
+            routed = self._routed_pushes(table, dim, uniq, item_grads, item_shows, item_clicks, return_rows, delta)
+            for shard, sel, request in routed:
                 requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
             plans.append((rows, order))
         sync = stamp is not None and stamp.sync
@@ -271,22 +263,33 @@ class Client:
         self._acked[stamp.job] = max(self._acked.get(stamp.job, 0), stamp.step + 1)  # every shard answered
         return out, min_clock or 0
 
+    def _routed_pushes(self, table: str, dim: int, uniq: np.ndarray, grads: np.ndarray, shows: np.ndarray,
+                       clicks: np.ndarray, return_rows: bool, add_delta: bool) -> Iterator[tuple[int, np.ndarray, Any]]:  # fmt: skip
+        """(shard, positions in uniq, PushRequest) per request of one item's arrays (push_arrays'), as the router
+        splits them."""
+        for shard, sel in self._router.route(uniq, dim, self.max_request_bytes):
+            request = ps_pb2.PushRequest(
+                table=table,
+                ids=wire.encode_ids(uniq[sel]),
+                grads=wire.encode_rows(grads[sel]),
+                dim=dim,
+                shows=wire.encode_rows(shows[sel]),
+                clicks=wire.encode_rows(clicks[sel]),
+                return_rows=return_rows,
+                add_delta=add_delta,
+            )
+            yield shard, sel, request
+
     def push_once(self, table: str, ids: np.ndarray, deltas: np.ndarray, key: int) -> int:
-        """Adds deltas (len(ids), dim) to the rows of ids (unique), as push_many's add_delta does, at most once per
-        key on each shard, whichever clients send it, under whatever certificates: each shard gets one PushBatch
-        under client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before
-        answers applying nothing (its exactly-once rule). Returns the ids applied by this call (0: applied before, by any caller; or by this
-        call's own attempt that a retry followed)."""
+        """Adds deltas (len(ids), dim) to the rows of ids, as push_many's add_delta does, at most once per key on
+        each shard, whichever clients send it, under whatever certificates: each shard gets one PushBatch under
+        client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before answers
+        applying nothing (its exactly-once rule). Returns the ids applied by this call (0: applied before, by any
+        caller; or by this call's own attempt that a retry followed)."""
         dim = self.dim(table)
-        shows = np.ones(len(ids), dtype=np.float32)
-        calls = []
-        for shard, sel in self._router.route(np.asarray(ids, dtype=np.uint64), dim, self.max_request_bytes):
-            push = ps_pb2.PushRequest(table=table, ids=wire.encode_ids(ids[sel]), dim=dim, add_delta=True,
-                                      grads=wire.encode_rows(np.ascontiguousarray(deltas[sel], dtype=np.float32)),
-                                      shows=wire.encode_rows(shows[sel]),
-                                      clicks=wire.encode_rows(np.zeros(len(sel), np.float32)))  # fmt: skip
-            request = ps_pb2.PushBatchRequest(pushes=[push], client_id=key, seq=1, shared=True)
-            calls.append(("PushBatch", shard, request))
+        uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
+        calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[push], client_id=key, seq=1, shared=True))
+                 for shard, _, push in self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True)]  # fmt: skip
         return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
 
     def finish(self, stamp: WorkerStamp) -> int:
