@@ -156,8 +156,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     fit = p.add_argument_group(
         "schedule and validation",
         "Unset flags here come from a recipe for the data's size: small data (under 1M training examples) "
-        "trains in batches of 256 for up to 50 epochs, validates on a 10% split after each and stops after 2 "
-        "without improvement; large data trains one epoch in batches of 2048. The run prints its choice.",
+        f"trains in batches of 256 for up to 50 epochs, validates on a 10% split after each and stops after "
+        f"{SMALL.early_stop} without improvement; large data trains one epoch in batches of 2048. The run prints its "
+        "choice.",
     )
     fit.add_argument(
         "--recipe",
@@ -200,7 +201,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--early-stop",
         type=integer(0),
         default=None,
-        help="stop after this many validations without a better logloss (0: never; default: small: 2, large: 0)",
+        help=f"stop after this many validations without a better logloss (0: never; default: small: {SMALL.early_stop}, "
+        f"large: {LARGE.early_stop})",
     )
     fit.add_argument(
         "--skip-examples",
