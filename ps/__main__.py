@@ -21,6 +21,8 @@ from ps.settings import (
     integer,
     number,
     reader_gone,
+    unknown_arguments,
+    unrecognized,
     warn_unknown_environment,
 )
 from ps.storage.memory import plan_memory
@@ -127,8 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument(
         "--checkpoint-root", default=None, metavar="DIR",
-        help="let clients (ps-worker checkpoint save, export) write checkpoints, only inside DIR: a request's "
-        "directory is relative to DIR or absolute inside it (created if missing). Without it, saves are refused",
+        help="let clients (ps-worker checkpoint save, export) write checkpoints, only inside DIR (created if "
+        "missing): the ps-worker commands send their folder as an absolute path (a relative one is from where they "
+        "run), which must fall inside DIR; a request's relative path is taken from DIR. Without it, saves are refused",
     )  # fmt: skip
     p.add_argument(
         "--metrics-port",
@@ -195,7 +198,7 @@ def size_main(argv: list[str]) -> int:
 
     from ps.sizing import format_report, size_report
 
-    args = build_size_parser().parse_args(argv)
+    args = _parse(build_size_parser(), argv)
     try:
         r = size_report(int(args.ids), args.dim, args.optimizer, args.servers, args.hot_fraction)
     except ValueError as e:
@@ -231,7 +234,7 @@ def health_main(argv: list[str]) -> int:
     what it is doing and how far ("replaying its journal, 43% (12 s so far)"); with --starting-ok, 0. Exit 1:
     anything else (nothing listens, no answer in --timeout-s, a TLS mismatch, NOT_SERVING while it stops).
     Exit 2: a flag is wrong."""
-    args = build_health_parser().parse_args(argv)
+    args = _parse(build_health_parser(), argv)
     from ps.health import check_health  # imported late: grpc stays out of `--help`
     from ps.security import read_token
 
@@ -262,7 +265,7 @@ def verify_main(argv: list[str]) -> int:
     For a checkpoint (or a shard-<i> folder of one): its manifest's checksum, each shard's files against the
     manifest's sha256s, every block of each shard's RocksDB (damage saved into the checkpoint, which the sha256s
     cover, is found only so), and its rows against the manifest's counts."""
-    args = build_verify_parser().parse_args(argv)
+    args = _parse(build_verify_parser(), argv)
     with sigterm_raises():  # a stop removes the read-only view (ps.terminate; main() says it)
         return _verify(args)
 
@@ -299,7 +302,7 @@ def export_main(argv: list[str]) -> int:
     `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
     `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message (143: stopped
     by SIGTERM, its temporary files removed)."""
-    args = build_export_parser().parse_args(argv)
+    args = _parse(build_export_parser(), argv)
     with sigterm_raises():  # a stop removes the read-only view and the temporary files (ps.terminate)
         return _export(args)
 
@@ -357,6 +360,14 @@ def _given_settings(args: argparse.Namespace) -> str:
     return " ".join(out) or "none"
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parser.parse_args(argv), naming a mistyped flag before a missing required one (settings.unknown_arguments)."""
+    _, rest = unknown_arguments(parser, argv)
+    if rest:
+        parser.error(unrecognized(parser, rest))
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """ps-server and its commands; the exit code. Once its arguments are read, a SIGTERM before the server's own
     handler is in place (its imports, ps.server.serve) or during `export` or `verify` ends the program with its
@@ -390,7 +401,7 @@ def _main(argv: list[str] | None) -> int:
         apply_defaults(parser, argv, section="server")
     except ValueError as e:
         parser.error(str(e))
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     with sigterm_raises():  # until serve() puts its own handler in place (ps.terminate; main() says it)
         return _run_server(args)
 

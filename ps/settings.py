@@ -184,6 +184,42 @@ def unknown_environment(environ: Mapping[str, str]) -> dict[str, list[str]]:
     return {name: _closest(name, known) for name in unknown}
 
 
+def unknown_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """parser.parse_known_args(argv) with no argument required, in the parser and its subcommands' parsers: the
+    arguments no parser knows are found even where a required one is missing (argparse says only that it is
+    missing, and `--data-dr x` would leave `--data-dir` missing without naming the flag mistyped)."""
+    relaxed = []
+
+    def relax(p: argparse.ArgumentParser) -> None:
+        for action in p._actions:
+            if action.required:
+                relaxed.append(action)
+                action.required = False
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in set(action.choices.values()):
+                    relax(sub)
+
+    relax(parser)
+    try:
+        return parser.parse_known_args(argv)
+    finally:
+        for action in relaxed:
+            action.required = True
+
+
+def unrecognized(parser: argparse.ArgumentParser, rest: list[str]) -> str:
+    """argparse's message for arguments no parser knows (rest), with the closest flags of `parser` to each
+    mistyped one."""
+    flags = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    hints = []
+    for token in rest:
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and name not in flags:
+            closest = _closest(name, flags)
+            hints += [f"{name}: did you mean {' or '.join(closest)}?"] if closest else []
+    return f"unrecognized arguments: {' '.join(rest)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
 def warn_unknown_environment(prog: str, environ: Mapping[str, str] | None = None) -> None:
     """One warning line on stderr for each PS_* variable that sets nothing (unknown_environment), naming the
     closest known ones: a misspelled variable would otherwise be ignored silently."""

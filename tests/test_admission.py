@@ -138,3 +138,43 @@ def test_probabilistic_admission_admits_about_p_of_new_ids(tmp_path):
     shard.push("p", ids, np.ones((len(ids), 2), dtype=np.float32))  # a second chance for the rest
     assert abs(shard.table("p").num_rows / len(ids) - (1 - 0.75**2)) < 0.02
     shard.close()
+
+
+def test_a_row_pushed_while_a_shrink_runs_is_kept_so_a_crash_replays_to_the_same_rows(tmp_path):
+    """A push lands between Shard.shrink's flush and the table's scan, and the process dies before the shrink's
+    last flush. Dropping that row would not last: the journal's replay of the push (a drop is not journaled)
+    would bring it back after the restart, under the push acknowledged after the shrink. The row is kept
+    instead, so the rows after the restart are the rows before the kill."""
+    d = str(tmp_path / "d")
+    cfg = TableConfig("t", 2, InitializerConfig("zeros", 0.0, seed=1), OptimizerConfig("sgd", 1.0),
+                      eviction=EvictionConfig(score_threshold=1.0))  # show s, no click: score 0.1 s < 1  # fmt: skip
+    shard = Shard(ServerConfig(data_dir=d, flush_interval_s=3600))
+    table = shard.create_table(cfg)
+    x, y, one = np.array([7], np.uint64), np.array([8], np.uint64), np.full((1, 2), -1.0, np.float32)
+    shard.push("t", np.concatenate([x, y]), np.full((2, 2), -1.0, np.float32))
+    shard.flush()  # both in RocksDB
+    scan, flush, flushes = table.shrink, shard.flush, []
+
+    def a_push_comes_first(clock: int) -> int:
+        shard.push("t", x, one)  # x dirty in RAM, its lsn past the flushed seq (score 0.2: under the threshold)
+        return scan(clock)
+
+    def dies_at_the_second_flush() -> int:
+        flushes.append(1)
+        if len(flushes) == 2:
+            raise KeyboardInterrupt  # stands for kill -9 before the shrink's last flush
+        return flush()
+
+    table.shrink, shard.flush = a_push_comes_first, dies_at_the_second_flush
+    with pytest.raises(KeyboardInterrupt):
+        shard.shrink()
+    assert table.peek(y)[0, :2].tolist() == [0.0, 0.0]  # y dropped: its row is an initial one again
+    np.testing.assert_array_equal(table.peek(x)[0, :2], [2.0, 2.0])  # x kept, its two pushes in it
+    shard.push("t", x, one)  # acknowledged after the shrink
+    before = table.peek(np.concatenate([x, y])).copy()
+    crash(shard)
+    shard = Shard(ServerConfig(data_dir=d, flush_interval_s=3600))
+    try:
+        np.testing.assert_array_equal(shard.table("t").peek(np.concatenate([x, y])), before)
+    finally:
+        shard.close()

@@ -126,6 +126,20 @@ def test_an_unknown_flag_gets_the_usage_of_its_command():
     assert r.returncode == 2 and "ps-worker: error: unrecognized arguments: --bogus" in r.stderr  # before the command
 
 
+@pytest.mark.parametrize("cli, argv, said", [
+    ("ps", ["--port", "0", "--data-dr", "x"], "ps-server: error: unrecognized arguments: --data-dr x (--data-dr: did "
+                                              "you mean --data-dir?)"),
+    ("ps", ["export", "ckpt", "--ot", "x"], "ps-server export: error: unrecognized arguments: --ot x (--ot: did you "
+                                           "mean --out?)"),
+    ("worker", ["predict", "--dta", "x"], "ps-worker predict: error: unrecognized arguments: --dta x (--dta: did you "
+                                          "mean --data?)"),
+])  # fmt: skip
+def test_a_mistyped_flag_is_named_even_where_a_required_one_is_missing(cli, argv, said):
+    """`--data-dr x` leaves the required --data-dir missing: the mistyped flag is what the message names."""
+    r = subprocess.run([sys.executable, "-m", cli, *argv], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and said in r.stderr and "are required" not in r.stderr, r.stderr
+
+
 def test_the_clis_take_settings_from_the_environment(tmp_path):
     env = {"PS_MODEL": "lr", "PS_SYNTHETIC_ROWS": "20000", "PS_SYNTHETIC_EVAL_ROWS": "5000", "PS_NO_PROGRESS": "1",
            "PS_LOCAL_SHARDS": "2", "PS_RECIPE": "large", "PATH": "/usr/bin:/bin"}  # fmt: skip

@@ -141,3 +141,17 @@ def test_adagrad_state_survives_flush_and_restart(tmp_path):
     np.testing.assert_array_equal(shard.table("a").peek(ids), before)
     assert shard.table("a").stored_counts == {"admitted": 2, "pending": 0} and shard.journal.size_bytes() == 0
     shard.close()
+
+
+def test_a_pull_of_int64_ids_finds_the_rows_pushed_under_their_uint64_values(tmp_path):
+    """The compiled index compares uint64 keys: a pull of int64 ids (an in-process caller's) is taken as uint64,
+    as a push is, not missed and given an initial row that would hide the pushed one."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), flush_interval_s=3600))
+    try:
+        shard.create_table(TableConfig("t", 2, InitializerConfig("zeros", 0.0, seed=1), OptimizerConfig("sgd", 1.0)))
+        ids = np.array([5, 2**40 + 3], dtype=np.uint64)
+        shard.push("t", ids, np.full((2, 2), -1.0, np.float32))
+        for pulled in (ids.astype(np.int64), ids):
+            np.testing.assert_array_equal(shard.pull("t", pulled), np.ones((2, 2), np.float32))
+    finally:
+        shard.close()

@@ -105,7 +105,7 @@ def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_fu
     out = capsys.readouterr().out
     assert "the servers hold this model's tables with " in out and "this run trains that model further" in out
     assert main(["train", "--servers", addresses[0], "--data", train_path, "--epochs", "1", "--no-progress"]) == 0
-    assert f"model  kept on the servers: ps-worker eval, predict and export read it with --servers {addresses[0]} " in (
+    assert f"model  kept on the servers: ps-worker eval and predict read it with --servers {addresses[0]} " in (
         capsys.readouterr().out
     )
 
@@ -475,6 +475,20 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
         prepare(TrainConfig(local_shards=1, data=str(csv_file)))
     with pytest.raises(ValueError, match=r"line 1: 1 tab-separated columns, .*a file of no tab is no Criteo TSV"):
         prepare(TrainConfig(local_shards=1, data=str(csv_file), recipe="large", max_bad_lines=1000))  # said at once
+    for delimiter in ";|":  # another delimiter: its schema, at once whatever --max-bad-lines allows
+        other = tmp_path / "other.csv"
+        other.write_text(f"label{delimiter}a{delimiter}b\n1{delimiter}x{delimiter}y\n")
+        for run in ({}, {"recipe": "large", "max_bad_lines": 1000}):
+            with pytest.raises(ValueError, match=rf"other.csv line 1: 1 tab-separated columns, expected 40 \(it "
+                               rf"looks \{delimiter}-separated: .*schema --data FILE --delimiter '\{delimiter}'.*"
+                               r"a file of no tab is no Criteo TSV: nothing was read"):  # fmt: skip
+                prepare(TrainConfig(local_shards=1, data=str(other), **run))
+        assert f'delimiter = "{delimiter}"' in infer_schema_text(str(other), delimiter=delimiter)
+    libsvm = tmp_path / "data.svm"
+    libsvm.write_text("1 3:1 7:1\n0 2:1 9:1\n")
+    with pytest.raises(ValueError, match=r"line 1: 1 tab-separated .*looks like libsvm.*--format libsvm reads it"):
+        prepare(TrainConfig(local_shards=1, data=str(libsvm)))
+    assert prepare(TrainConfig(local_shards=1, data=str(libsvm), format="libsvm"))[1] is not None
     tsv_file = tmp_path / "my.tsv"
     tsv_file.write_text("1\t2\t3\n0\t4\t5\n")
     with pytest.raises(ValueError, match=r"its first line has tabs and no ',': .*--format criteo.*--delimiter"):

@@ -27,6 +27,22 @@ def run(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
+def test_a_run_whose_recipe_picks_another_optimizer_is_told_the_recipe_picked_it(capsys):
+    """The small recipe made lr's tables (ftrl); a run of the large recipe (adagrad) on them is refused, and the
+    message quotes this run's recipe line and names the flags that train the tables further."""
+    with LocalCluster(1) as cluster:
+        servers = ",".join(cluster.addresses)
+        assert run(["train", "--servers", servers, "--model", "lr", "--epochs", "1", "--no-progress", *SMALL],
+                   capsys)[0] == 0  # fmt: skip
+        code, err = run(["train", "--servers", servers, "--model", "lr", "--recipe", "large", "--no-progress", *SMALL],
+                        capsys)  # fmt: skip
+        assert code == 2 and "lr: optimizer.learning_rate: 0.05 != 0.02" in err, err
+        assert "this run's large-data recipe for" in err and "sparse adagrad 0.02" in err, err
+        assert "A run that names no optimizer gets its recipe's, by the size of its data" in err, err
+        assert run(["train", "--servers", servers, "--model", "lr", "--recipe", "small", "--epochs", "1",
+                    "--no-progress", *SMALL], capsys)[0] == 0  # fmt: skip
+
+
 def test_deepfm_and_dnn_with_equal_widths_keep_mlps_of_their_own():
     fields = (FieldSpec("a", "t", 4), FieldSpec("_bias", "t", 4))
     deepfm, dnn = (ModelSpec(m, fields, num_dense=2, hidden=(8,)) for m in ("deepfm", "dnn"))

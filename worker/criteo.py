@@ -155,7 +155,7 @@ def _bisect(lines: list[tuple[int, bytes]], name: str, problems: list[tuple[int,
 
 def shape_problem(line: bytes) -> str | None:
     """What is wrong with a line's column count or label (worded as parse_lines words it, with a hint for a line
-    that looks like CSV), or None."""
+    that looks like another format or another tab-separated layout), or None."""
     body = line[:-1]  # the line ends with "\n"
     if body.endswith(b"\r"):
         body = body[:-1]
@@ -163,15 +163,12 @@ def shape_problem(line: bytes) -> str | None:
         return EMPTY_LINE
     columns = body.count(b"\t") + 1
     if columns != NUM_COLUMNS:
-        if csv_like(body):
-            hint = " (it looks comma-separated: --format csv reads a CSV file with a header)"
-        elif columns > 1 and abs(columns - NUM_COLUMNS) > 1:  # not a Criteo line with a column lost or added
+        hint = other_format_hint(body)
+        if not hint and columns > 1 and abs(columns - NUM_COLUMNS) > 1:  # not a Criteo line, a column lost or added
             hint = (
                 " (another tab-separated layout? with a header line, `ps-worker schema --data FILE --delimiter $'\\t'` "
                 "writes its schema)"
             )
-        else:
-            hint = ""
         return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
     label = body[: body.index(b"\t")].rstrip(b"\0")  # numpy's bytes arrays drop trailing NULs
     if label not in (b"0", b"1"):
@@ -179,6 +176,19 @@ def shape_problem(line: bytes) -> str | None:
     return None
 
 
-def csv_like(body: bytes) -> bool:
-    """Whether a line that is not Criteo TSV looks like a CSV line: commas, no tabs."""
-    return b"," in body and b"\t" not in body
+def other_format_hint(body: bytes) -> str:
+    """For a line with no tab (no Criteo TSV line, whatever else is wrong with it), the format it looks like, as a
+    hint to append to its problem: comma-separated (--format csv), separated by ';' or '|' (a schema with that
+    delimiter), or libsvm (`label id:value ...`); "" for a line with a tab or none of these."""
+    if b"\t" in body:
+        return ""
+    if b"," in body:
+        return " (it looks comma-separated: --format csv reads a CSV file with a header)"
+    for delimiter in ";|":
+        if delimiter.encode() in body:
+            return (f" (it looks {delimiter}-separated: with a header line, `ps-worker schema --data FILE "
+                    f"--delimiter '{delimiter}'` writes its schema)")  # fmt: skip
+    tokens = body.split()
+    if len(tokens) > 1 and all(b":" in token for token in tokens[1:]):
+        return " (it looks like libsvm, `label id:value ...`: --format libsvm reads it)"
+    return ""

@@ -113,8 +113,8 @@ def local_shards_gone(command: str) -> str:
 
 def model_kept(servers: str) -> str:
     """The closing line of a `ps-worker train` or `launch` on --servers (comma-separated), after its summary."""
-    return (f"model  kept on the servers: ps-worker eval, predict and export read it with --servers {servers} and "
-            "this run's model and data flags; a train with them trains it further")  # fmt: skip
+    return (f"model  kept on the servers: ps-worker eval and predict read it with --servers {servers} and this "
+            "run's model and data flags, export into their --checkpoint-root; a train with them trains it further")  # fmt: skip
 
 
 def _workers(r: dict) -> int:

@@ -56,12 +56,14 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
-                 replace_untrained: bool = False) -> list[str]:  # fmt: skip
+                 replace_untrained: bool = False, recipe_line: str = "") -> list[str]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS), and a missing table is
     an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
     table holds no trained row (a run stopped before it trained made them), returns their names, to be created
-    with Client.create_table(replace_untrained=True), and a warning names them; else []."""
+    with Client.create_table(replace_untrained=True), and a warning names them; else []. recipe_line: the run's
+    recipe line (worker/recipe.py describe), quoted where an optimizer differs: a recipe picks the optimizer of a
+    run that names none, by the data's size, so a run on more or less data than the first picks another."""
     differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained)
     if replace_untrained and differ and set(differ) <= untrained:
         log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "
@@ -82,11 +84,16 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     if for_eval and missing:
         parts.append(f"the servers hold no table {', '.join(missing)} (tables a run with these settings trains)"
                      f"{_tables_held(client)}")  # fmt: skip
+    recipe_note = ""
+    if recipe_line and any(d.startswith("optimizer") for diff in differ.values() for d in diff):
+        recipe_note = (f"\nthis run's {recipe_line}.\nA run that names no optimizer gets its recipe's, by the size of "
+                       "its data: to train these tables further give theirs (--recipe, or --optimizer, "
+                       "--learning-rate and the params in --table-config)")  # fmt: skip
     if parts:
         settings = "--model, --embedding-dim, --hidden, the schema and its data"  # those eval has: shapes only
         if not for_eval:
             settings += ", --table-config, the optimizers"
-        raise ValueError("; ".join(parts) + f"\n{doing}: give the settings of the run that made the tables "
+        raise ValueError("; ".join(parts) + recipe_note + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
     return []
 

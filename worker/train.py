@@ -92,7 +92,8 @@ def train(cfg: TrainConfig) -> dict:
         client.wait_ready()
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
-        replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1)
+        replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
+                                recipe_line=recipe_line)  # fmt: skip
         held = 0
         if cfg.num_workers == 1 and not cfg.create_tables_only:
             shard_stats = client.stats()

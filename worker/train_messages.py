@@ -22,7 +22,7 @@ def mode_line(cfg: TrainConfig) -> str:
         "geo": f"geo: local rows, their deltas pushed every {cfg.geo_every} steps",
     }[cfg.mode]
     dense = (
-        "allreduce among the torch workers"
+        "allreduce among the job's workers (torch.distributed)"
         if cfg.dense == "allreduce"
         else (
             f"on the servers, at most {cfg.dense_staleness} steps behind"

@@ -91,7 +91,9 @@ class Table:
     def pull(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(n, dim) embeddings of ids (duplicates allowed), in order; into out (n, dim) float32 if given.
         A request of one chunk reads its misses from RocksDB without the table lock (_read_ahead), so a pull
-        that comes while a push is applied (a worker's prefetch) loads its misses meanwhile."""
+        that comes while a push is applied (a worker's prefetch) loads its misses meanwhile. ids of another integer
+        type are taken as uint64, as a push takes them (the compiled index compares uint64 keys)."""
+        ids = np.ascontiguousarray(ids, dtype="<u8")
         if out is None:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
         elif out.shape != (len(ids), self.dim):  # sized for the table this one replaced (the gather checks nothing)
@@ -267,7 +269,10 @@ class Table:
     def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS) -> int:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
         `clock` or scoring under eviction.score_threshold, in RocksDB and in RAM. Scans RocksDB in chunks of
-        chunk_rows (bounded memory), so call flush() first. Returns the number of ids dropped."""
+        chunk_rows (bounded memory), so call flush() first. Returns the number of ids dropped. A row pushed since
+        the last flush (its lsn past the store's flushed seq) is kept, decayed, until a later shrink: a drop is not
+        journaled, so after a crash the journal's replay of that push would bring the row back (with the push
+        under any later one)."""
         ev, sc = self.cfg.eviction, self.stats_col
         after, dropped = None, 0
         while True:
@@ -291,11 +296,13 @@ class Table:
                     drop |= rows[:, sc + LAST_STEP] < clock - ev.ttl_steps
                 if ev.score_threshold > 0:
                     drop |= (show - click) * ev.nonclk_coeff + click * ev.click_coeff < ev.score_threshold
+                drop &= lsn <= np.uint64(self.store.flushed_seq())  # pushed since the last flush: kept (docstring)
                 self._apply_shrink(ids, rows, lsn, complete, in_ram, drop)
                 dropped += int(drop.sum())
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
         """(n, width) full rows (embedding, optimizer state, statistics), for tests and tools."""
+        ids = np.ascontiguousarray(ids, dtype="<u8")
         out = np.empty((len(ids), self.width), dtype=np.float32)
         with self.lock:
             for lo, hi in self._chunks(len(ids)):

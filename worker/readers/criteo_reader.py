@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from worker.criteo import NUM_COLUMNS, csv_like, parse_share, shape_problem
+from worker.criteo import NUM_COLUMNS, other_format_hint, parse_share, shape_problem
 from worker.criteo_fast import scan_lines
 from worker.encode import parsed_sources
 from worker.readers.share import Cells, Share, first_line, open_data
@@ -73,11 +73,12 @@ def first_line_problem(name: str) -> str | None:
         f"columns, expected {NUM_COLUMNS} (Criteo TSV)"  # fmt: skip
 
 
-def csv_first_line(name: str) -> str | None:
-    """What is wrong with a file's line 1, worded as the reader words a bad line, when it has no tab and a comma
-    (a CSV file read as Criteo TSV: every line of it would be malformed), else None."""
+def other_format_first_line(name: str) -> str | None:
+    """What is wrong with a file's line 1, worded as the reader words a bad line, when it has no tab and looks like
+    another format (criteo.other_format_hint: CSV, another delimiter, libsvm), whose every line read as Criteo TSV
+    would be malformed; else None."""
     line = first_line(name, lambda line: True)
-    if line is None or not csv_like(_body(line)):
+    if line is None or not other_format_hint(_body(line)):
         return None
     return shape_problem(_body(line) + b"\n")  # the reader's own wording of that line
 
