@@ -110,7 +110,8 @@ def stop_servers(running: list) -> None:
 
 def crash(shard, during_flush: str | None = None, meanwhile: Callable[[], object] | None = None) -> None:
     """Leaves a Shard the way kill -9 would: the journal and RocksDB's WAL are what is left (closing the RocksDB
-    handle writes nothing a crash would not leave), and dirty rows are lost.
+    handle writes nothing a crash would not leave), and dirty rows are lost, so are evicted rows still waiting
+    for their background write (all but the oldest batch, which may be being written: it lands whole or not).
 
     during_flush: the process dies inside a flush (Shard.flush), at one of FLUSH_CRASH_POINTS:
     "some_tables_written": the dirty rows of every table but the last are in RocksDB (the shard needs two tables);
@@ -134,6 +135,10 @@ def crash(shard, during_flush: str | None = None, meanwhile: Callable[[], object
             journal._map = None
         os.close(journal._fd)
         journal._fd = -1
+    behind = shard.store._behind
+    with behind._cv:  # the store's close would write them
+        while len(behind._pending) > 1:
+            behind._pending_bytes -= behind._pending.pop().nbytes
     shard.store.close()
 
 

@@ -7,6 +7,7 @@ then a start keeps every acknowledged push; a deleted data dir makes SIGTERM exi
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -31,6 +32,23 @@ TIMEOUT_S = 30
 COMPILE_S = 120  # a call that may compile kernels first (a cold numba cache, a loaded host)
 DIM = 4
 FOUND_S = 10  # the check runs about once a second; generous on a loaded machine
+
+
+def remove_under_a_running_server(path) -> None:
+    """rm -rf path while its server writes and renames files in it (a journal mark's temporary file renamed
+    between the listing and its unlink): tried again until the folder is gone."""
+    for _ in range(100):
+        if not os.path.lexists(path):
+            return
+        try:
+            shutil.rmtree(path)
+            return
+        except FileNotFoundError:  # a file renamed or removed meanwhile
+            continue
+        except OSError as e:
+            if e.errno != errno.ENOTEMPTY:  # a file created meanwhile
+                raise
+    raise AssertionError(f"{path} could not be removed under its server")
 
 
 def push_request(ids, value: float) -> ps_pb2.PushRequest:
@@ -161,7 +179,7 @@ def test_a_data_dir_deleted_under_a_server_process(tmp_path):
         stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
         for _ in range(5):  # the first may compile the push kernels (a cold numba cache): COMPILE_S
             stub.Push(push_request(np.arange(1, 100), 0.1), timeout=COMPILE_S)
-        shutil.rmtree(data_dir)
+        remove_under_a_running_server(data_dir)
         wait_until(lambda: not_serving(address), FOUND_S, "health to say NOT_SERVING")
         e = refused(lambda: stub.Push(push_request([1, 2], 0.1), timeout=TIMEOUT_S))
         assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
