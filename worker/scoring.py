@@ -12,7 +12,7 @@ import numpy as np
 
 from ps.progress import CountProgress
 from worker.batch import Batch, TableIds, table_ids
-from worker.metrics import auc, logloss
+from worker.metrics import ScoreStream, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
 from worker.progress_lines import ABOUT_BAR_FORMAT, about_total, advance
@@ -87,28 +87,35 @@ def evaluate(
     """AUC and logloss of the model the tables hold now, on batches (and the oracle's, for synthetic data), with
     the share of positive labels and the logloss of predicting that share for every example (the best constant);
     progress, when given, is advanced by each batch and closed at the end. Batches are read and their rows pulled
-    up to `prefetch` ahead of the one scored (predictions)."""
-    labels, preds, oracle = [], [], []
+    up to `prefetch` ahead of the one scored (predictions). The figures are exact up to EXACT_AUC_EXAMPLES
+    examples; past them the AUC comes from a histogram over probability bins (worker.metrics.ScoreStream), in
+    bounded memory, and eval_auc_tie_share says how far it may be from the exact one (eval_auc_exact_examples:
+    the examples past which it is binned)."""
+    model, oracle = ScoreStream(), ScoreStream()
+    batches_scored = batches_with_oracle = 0
     scored = predictions(tables, spec, backend, dense_values, batches, prefetch)
     try:
         for batch, probs in scored:
-            labels.append(batch.labels)
-            preds.append(probs)
+            model.add(batch.labels, probs)
+            batches_scored += 1
             if batch.probs is not None:
-                oracle.append(batch.probs)
+                oracle.add(batch.labels, batch.probs)
+                batches_with_oracle += 1
             if progress is not None:
                 progress.update(len(batch))
     finally:
         scored.close()
         if progress is not None:
             progress.close()
-    if not labels:
+    if not model.examples:
         return {}
-    y, p = np.concatenate(labels), np.concatenate(preds)
-    rate = float(np.mean(y))  # the best constant prediction, a baseline that any model should beat
-    out = {"eval_examples": int(len(y)), "eval_auc": auc(y, p), "eval_logloss": logloss(y, p),
-           "eval_positive_rate": rate, "eval_constant_logloss": logloss(y, np.full(len(y), rate))}  # fmt: skip
-    if oracle and len(oracle) == len(labels):
-        q = np.concatenate(oracle)
-        out.update(oracle_auc=auc(y, q), oracle_logloss=logloss(y, q))
+    rate = model.positives / model.examples  # the best constant prediction, a baseline that any model should beat
+    at_rate = np.array([rate])  # the log loss of predicting it: a positive's share of it, and a negative's
+    constant = rate * logloss(np.ones(1), at_rate) + (1 - rate) * logloss(np.zeros(1), at_rate)
+    out = {"eval_examples": model.examples, "eval_auc": model.auc(), "eval_logloss": model.logloss(),
+           "eval_positive_rate": rate, "eval_constant_logloss": constant}  # fmt: skip
+    if not model.exact:
+        out.update(eval_auc_tie_share=model.tie_share(), eval_auc_exact_examples=model.exact_examples)
+    if batches_with_oracle == batches_scored:
+        out.update(oracle_auc=oracle.auc(), oracle_logloss=oracle.logloss())
     return out
