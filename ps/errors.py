@@ -137,6 +137,10 @@ class CheckpointDirError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class NoCheckpointRootError(CheckpointDirError):
+    """A checkpoint save on a server started without --checkpoint-root: it takes none."""
+
+
 class CheckpointOutsideRootError(InvalidArgumentError):
     """A checkpoint save into a directory that resolves outside the server's --checkpoint-root."""
 
@@ -339,7 +343,7 @@ STATUS_TO_ERROR = {
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
     RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
-    CheckpointDirError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
+    CheckpointDirError, NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
     CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
     DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError,
 )  # fmt: skip

@@ -59,12 +59,12 @@ from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import (
     ERROR_NAME_KEY,
-    CheckpointDirError,
     CheckpointInProgressError,
     CheckpointOutsideRootError,
     DiskFullError,
     FileTooLargeError,
     InvalidArgumentError,
+    NoCheckpointRootError,
     PsError,
     ReplyTooLargeError,
     ShardStartingError,
@@ -150,10 +150,10 @@ def _check_count(method: str, what: str, n: int) -> None:
 def checkpoint_dir(root: str | None, requested: str) -> str:
     """The directory a Checkpoint save of `requested` writes to: requested relative to root, or an absolute path
     inside it, resolved (symlinks followed) to an absolute path strictly inside root's own resolved path.
-    CheckpointDirError when the server has no root; InvalidArgumentError for an empty path, one with a '..'
+    NoCheckpointRootError when the server has no root; InvalidArgumentError for an empty path, one with a '..'
     part or a NUL, or one that resolves to root itself or outside it (CheckpointOutsideRootError, a subclass)."""
     if not root:
-        raise CheckpointDirError(
+        raise NoCheckpointRootError(
             "this server takes no checkpoints: start ps-server with --checkpoint-root DIR (PS_CHECKPOINT_ROOT) to let "
             "it write checkpoints inside DIR"
         )

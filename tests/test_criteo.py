@@ -178,3 +178,13 @@ def test_hex_strings_read_back_to_their_values():
     text = hex_strings(values)
     assert text.tolist() == ["00000000", "0000000a", "ffffffff", "0000000100000000", "fffffffffffffffe", ""]
     np.testing.assert_array_equal(cat_values(text), values)
+
+
+def test_a_line_with_no_tab_gets_the_hint_of_the_format_it_looks_like_and_no_other():
+    from worker.criteo import other_format_hint
+
+    assert "comma-separated" in other_format_hint(b"1,a,b")
+    assert "--delimiter ';'" in other_format_hint(b"1;a;b") and "--delimiter '|'" in other_format_hint(b"1|a|b")
+    assert "libsvm" in other_format_hint(b"1 3:1 7:0.5") and "libsvm" in other_format_hint(b"0 u_12:1e-3 x:.5")
+    for line in (b"1 2024-01-01T12:00:00", b"1 a:b", b"hello", b"1\ta,b;c|d"):  # a tab: Criteo's, whatever else
+        assert other_format_hint(line) == "", line

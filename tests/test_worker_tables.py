@@ -215,3 +215,14 @@ def test_a_table_with_ids_pushed_but_not_admitted_on_one_shard_is_not_untrained(
         with pytest.raises(ValueError, match="with other settings than this run's"):
             check_tables(client, [other], "nothing was created", replace_untrained=True)
         assert [i.spec.optimizer.name for i in client.describe_table("t")] == ["adagrad", "adagrad"]
+
+
+def test_a_run_that_names_its_optimizer_is_not_told_its_recipe_picked_one(capsys):
+    with LocalCluster(1) as cluster:
+        servers = ",".join(cluster.addresses)
+        assert run(["train", "--servers", servers, "--model", "lr", "--epochs", "1", "--no-progress", *SMALL],
+                   capsys)[0] == 0  # fmt: skip
+        code, err = run(["train", "--servers", servers, "--model", "lr", "--optimizer", "sgd", "--learning-rate",
+                         "0.05", "--epochs", "1", "--no-progress", *SMALL], capsys)  # fmt: skip
+        assert code == 2 and "optimizer.name: 'ftrl' != 'sgd'" in err, err
+        assert "gets its recipe's" not in err and "this run's small-data recipe" not in err, err

@@ -23,6 +23,7 @@ exactly the ids computed from the raw values.
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -176,6 +177,9 @@ def shape_problem(line: bytes) -> str | None:
     return None
 
 
+LIBSVM_TOKEN = re.compile(rb"[^:\s]+:[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")  # id:value
+
+
 def other_format_hint(body: bytes) -> str:
     """For a line with no tab (no Criteo TSV line, whatever else is wrong with it), the format it looks like, as a
     hint to append to its problem: comma-separated (--format csv), separated by ';' or '|' (a schema with that
@@ -189,6 +193,6 @@ def other_format_hint(body: bytes) -> str:
             return (f" (it looks {delimiter}-separated: with a header line, `ps-worker schema --data FILE "
                     f"--delimiter '{delimiter}'` writes its schema)")  # fmt: skip
     tokens = body.split()
-    if len(tokens) > 1 and all(b":" in token for token in tokens[1:]):
+    if len(tokens) > 1 and all(LIBSVM_TOKEN.fullmatch(token) for token in tokens[1:]):
         return " (it looks like libsvm, `label id:value ...`: --format libsvm reads it)"
     return ""

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ps.checkpoint import table_patterns
-from ps.errors import CheckpointDirError, CheckpointOutsideRootError, InvalidArgumentError
+from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
 from ps.terminate import child_setup
 from worker.checkpoint import save
@@ -74,8 +74,8 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                                              f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
                 try:
                     save(servers, fresh)
-                except CheckpointDirError as e:  # a server started without --checkpoint-root
-                    raise CheckpointDirError(
+                except NoCheckpointRootError as e:  # a server started without --checkpoint-root
+                    raise NoCheckpointRootError(
                         "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
                         "server saves only inside its --checkpoint-root: restart the servers with --checkpoint-root "
                         f"DIR (their data dirs keep the model) and give an OUT inside DIR; nothing was saved. The "

@@ -86,8 +86,8 @@ class ScoreStream:
     they are kept and the figures are auc() and logloss() of them all, exactly. Past that, the kept ones and all
     later ones are counted in a histogram of positives and negatives over probability bins (a float32's bits
     shifted right by SCORE_BIN_SHIFT: bins as narrow, relative to the probability, at 1e-6 as at 0.5), in 33 MB,
-    and AUC counts the pairs within one bin as ties (1/2): it may differ from the exact AUC by at most the share of
-    positive-negative pairs that share a bin, which `tie_share` reports. The log loss is then a running sum."""
+    and AUC counts the pairs within one bin as ties (1/2): it may differ from the exact AUC by at most half the share
+    of positive-negative pairs that share a bin, which `tie_share` reports. The log loss is then a running sum."""
 
     def __init__(self, exact_examples: int | None = None):
         self.exact_examples = EXACT_AUC_EXAMPLES if exact_examples is None else exact_examples
@@ -108,6 +108,8 @@ class ScoreStream:
         labels, probs = np.asarray(labels).reshape(-1), np.asarray(probs).reshape(-1)
         if labels.shape != probs.shape:
             raise ValueError(f"labels has {labels.shape[0]} entries, probs {probs.shape[0]}")
+        if len(labels) == 0:
+            return
         self.examples += len(labels)
         self.positives += int(np.count_nonzero(labels > 0.5))
         if self._bins is None:

@@ -25,7 +25,7 @@ synthetic generator, benchmarks/small_data.py measures these settings against a 
 Small data is held in memory and trained in a fresh random order each epoch (worker/data.py): a file sorted or
 grouped by its label, or by anything that goes with it, trains as well as a shuffled one (benchmarks/small_data.py's
 files with their lines sorted by label: fm's test AUC 0.0107 (rare ids), 0.0112 (frequent) and 0.0923 (imbalanced)
-lower in file order, within 0.001 shuffled where the validation split holds enough positives), and the order of a shuffled file makes no difference either way (the benchmark's medians within
+lower in file order, within 0.0011 shuffled where the validation split holds enough positives), and the order of a shuffled file makes no difference either way (the benchmark's medians within
 0.0004). Large data is seen once, in big batches for throughput, read as it trains (not held in memory). Small data is read whole before the first push to take its
 validation split (the default), so a malformed line stops the run before it changes the model; large data is read as it trains,
 so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and reports

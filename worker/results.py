@@ -138,7 +138,7 @@ def eval_lines(r: dict) -> list[str]:
         when = "; the model as this worker finished, which others may have trained since: ps-worker eval scores the "
         when += "final one"
     if "eval_auc_tie_share" in r:  # past the examples kept exactly: the AUC of a histogram (ScoreStream)
-        when += (f"; AUC over probability bins, within {r['eval_auc_tie_share']:.1e} of the exact one, past "
+        when += (f"; AUC over probability bins, within {r['eval_auc_tie_share'] / 2:.1e} of the exact one, past "
                  f"{r['eval_auc_exact_examples']:,} examples")  # fmt: skip
     line = f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"
     return [line, *_baseline(r)]

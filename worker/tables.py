@@ -62,8 +62,9 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
     table holds no trained row (a run stopped before it trained made them), returns their names, to be created
     with Client.create_table(replace_untrained=True), and a warning names them; else []. recipe_line: the run's
-    recipe line (worker/recipe.py describe), quoted where an optimizer differs: a recipe picks the optimizer of a
-    run that names none, by the data's size, so a run on more or less data than the first picks another."""
+    recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
+    recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks
+    another."""
     differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained)
     if replace_untrained and differ and set(differ) <= untrained:
         log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "

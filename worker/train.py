@@ -66,6 +66,7 @@ log = logging.getLogger("worker.train")
 
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
+    optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
     cfg, data, spec, recipe_line = prepare(cfg)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
@@ -93,7 +94,7 @@ def train(cfg: TrainConfig) -> dict:
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
         replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
-                                recipe_line=recipe_line)  # fmt: skip
+                                recipe_line="" if optimizer_given or own else recipe_line)  # fmt: skip
         held = 0
         if cfg.num_workers == 1 and not cfg.create_tables_only:
             shard_stats = client.stats()
