@@ -648,23 +648,26 @@ def test_a_long_csv_cell_shrinks_its_chunk_not_the_memory_and_reads_the_same(tmp
 
 
 def test_a_stray_quote_loses_each_line_it_swallows_as_a_bad_line(tmp_path):
-    """A quote left open on line 12 runs its record to the end of the file: that is 300 lines lost, counted as
-    such (the run fails at the limit, naming the span), not as one bad line."""
+    """A quote left open on line 12 would run its record to the end of the file (the csv module reads every line
+    after it into one field): the record is cut at 100 lines, counted as 100 bad lines (the run fails at the limit,
+    naming the span), and the records after it are read as records."""
     quote = '"'
     rows = [f"{i % 2},{quote if i == 10 else ''}u{i},i{i % 7}" for i in range(300)]
     path = tmp_path / "quote.csv"
     path.write_text("label,user,item\n" + "\n".join(rows) + "\n")
     schema = builtin_schema("csv", default_table="t", default_dim=4, header=["label", "user", "item"])
-    with pytest.raises(ValueError, match=r"line 12: .*\(a record from line 12 to line 301: a quoted field spans "
-                                         r"them; a stray quote\?\); 290 bad lines, more than --max-bad-lines 1"):  # fmt: skip
+    with pytest.raises(ValueError, match=r"line 12: unreadable CSV: a record of more than 100 lines, cut there \(a "
+                                         r"record from line 12 to line 111: a quoted field spans them; a stray quote"
+                                         r"\?\); 100 bad lines, more than --max-bad-lines 1"):  # fmt: skip
         list(read_batches(path, schema, 64, max_bad_lines=1))
     stats = ReadStats()
-    assert sum(len(b) for b in read_batches(path, schema, 64, max_bad_lines=290, stats=stats)) == 10
-    assert stats.bad_lines == 290 and stats.lines_read == 300
-    # the quote in the last column: the record has the header's column count, and is bad for its length
+    assert sum(len(b) for b in read_batches(path, schema, 64, max_bad_lines=100, stats=stats)) == 200
+    assert stats.bad_lines == 100 and stats.lines_read == 300
+    # the quote in the last column: the same
     path.write_text("label,user,item\n" + "\n".join(f"{i % 2},u{i},{quote if i == 10 else ''}i{i % 7}"
                                                       for i in range(300)) + "\n")  # fmt: skip
-    with pytest.raises(ValueError, match=r"line 12: a record of 290 lines, more than 100 \(a record from line 12"):
+    with pytest.raises(ValueError, match=r"line 12: unreadable CSV: a record of more than 100 lines, cut there \(a "
+                                         r"record from line 12 to line 111"):  # fmt: skip
         list(read_batches(path, schema, 64))
     path.write_text('label,user,item\n1,"two\nlines",i1\n0,u2,i2\n')  # a short multi-line field is a record
     assert [len(b) for b in read_batches(path, schema, 64)] == [2]
@@ -795,3 +798,39 @@ def test_the_builtin_libsvm_schema_warns_of_values_it_does_not_use(tmp_path, cap
     one_hot = tmp_path / "o.libsvm"
     one_hot.write_text("1 1:1 7:1\n0 2:1 9:0\n")
     assert _hints(caplog, one_hot, "libsvm") == []
+
+
+def test_a_schema_sample_reads_a_bounded_number_of_records_and_a_stray_quote_does_not_swallow_the_file(tmp_path):
+    """read_csv_sample looks at SAMPLE_EXAMINED records per record it wants (plus 1,000), not the whole file, when
+    no record has the header's width; a quote left open costs the sample 100 lines, not the rest of the file."""
+    from worker.readers import csv_sample
+
+    read = []
+
+    def rows():
+        for i in range(1_000_000):
+            read.append(i)
+            yield ["one column"]
+
+    assert csv_sample._good_records(rows(), 2, 10) == [] and len(read) == 10 * csv_sample.SAMPLE_EXAMINED + 1000
+    path = tmp_path / "quote.csv"
+    path.write_text('user,item\nu0,"i0\n' + "".join(f"u{i},i{i}\n" for i in range(1, 5000)))
+    header, sample = csv_sample.read_csv_sample(path, ",", 1000)
+    assert header == ["user", "item"] and len(sample) == 1000 and sample[0] == ["u100", "i100"], sample[:2]
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "libsvm"])
+def test_a_line_file_whose_lines_end_in_cr_alone_is_refused_at_a_bounded_line_length(fmt, tmp_path, monkeypatch):
+    """Iterating a file splits lines at \\n only: a file of CR-ended lines would be read whole as one line. A line
+    of MAX_LINE_BYTES with no line end is refused, naming CR line ends when it holds CRs."""
+    from worker.readers import share
+
+    monkeypatch.setattr(share, "MAX_LINE_BYTES", 4096)
+    line = "1\t" + "\t".join(["1"] * 13 + ["a"] * 26) if fmt == "criteo" else "1 1:1 2:1"
+    path = tmp_path / "cr.txt"
+    path.write_bytes(("\r".join([line] * 2000) + "\r").encode())
+    more = {"libsvm_fields": 2} if fmt == "libsvm" else {}
+    schema = builtin_schema(fmt, default_table="t", default_dim=4, **more)
+    with pytest.raises(ValueError, match=r"cr.txt line 1: 4,096 bytes with no line end; it holds carriage returns: are "
+                                         r"its lines ended by CR alone\?"):  # fmt: skip
+        list(read_batches(path, schema, 64, max_bad_lines=10**6))

@@ -599,6 +599,30 @@ def test_early_stoppings_restore_gives_ids_first_trained_after_the_best_their_ro
         np.testing.assert_allclose(tables.pull("lr", np.array([40, 50, 60], np.uint64)), fresh, rtol=1e-6, atol=1e-6)
 
 
+def test_early_stopping_stops_keeping_ids_once_a_restore_could_not_copy_their_rows(monkeypatch):
+    """Past MAX_BEST_FLOATS floats of trained rows a restore is refused: the ids seen are no longer kept (they
+    grew with every step of a long run), and the sorted ids kept until then are the union of the steps' ids."""
+    from worker import best as best_module
+    from worker.batch import TableIds
+    from worker.best import BestModel
+    from worker.models.spec import ModelSpec, uniform_fields
+
+    spec = ModelSpec("lr", uniform_fields(2, 1, table="lr"), 0, ())
+    monkeypatch.setattr(best_module, "MAX_BEST_FLOATS", 1000 * spec.row_dim("lr"))
+    best, rng, union = BestModel(None, spec), np.random.default_rng(0), set()
+    for _ in range(best_module.SEEN_MERGE_STEPS):  # 64 steps of 10 ids from 2,000: under 1,000 distinct
+        ids = np.unique(rng.integers(0, 2000, 10).astype(np.uint64))
+        union |= set(ids.tolist())
+        best.add({"lr": TableIds(ids, None, None, None)})
+    assert not best.too_big and best.seen["lr"][0].tolist() == sorted(union)
+    for step in range(3 * best_module.SEEN_MERGE_STEPS):  # 100 new ids a step: past 1,000 at the next merge
+        best.add({"lr": TableIds(np.arange(step * 100, step * 100 + 100, dtype=np.uint64) + 10_000, None, None,
+                                 None)})  # fmt: skip
+    assert best.too_big and best.seen == {"lr": []} and not best.restore(_NoDense())
+    best.keep({})  # nothing pulled (its tables are None): nothing is kept
+    assert best.rows == {}
+
+
 class _NoDense:
     """A DenseSync of a model without an MLP."""
 

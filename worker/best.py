@@ -20,6 +20,7 @@ from worker.dense import table_name as dense_table
 from worker.models.spec import ModelSpec
 
 MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
+SEEN_MERGE_STEPS = 64  # the ids of this many steps are merged into the sorted ids trained before
 
 
 class BestModel:
@@ -37,8 +38,11 @@ class BestModel:
 
     def add(self, tids: dict[str, TableIds]) -> None:
         """The ids of a step about to be trained; once a best is kept, the rows of those first trained since are
-        pulled first (their values at the best)."""
-        if self.rows and not self.too_big:
+        pulled first (their values at the best). Once the ids trained so far hold more than MAX_BEST_FLOATS floats
+        of rows, nothing is kept any more (too_big: no restore), so memory and time stay bounded in a long run."""
+        if self.too_big:
+            return
+        if self.rows:
             fresh = [(t, ti.uniq[~_among(ti.uniq, self.rows[t][0]) & ~_among(ti.uniq, self.later[t][0])])
                      for t, ti in tids.items()]  # fmt: skip
             fresh = [(t, ids) for t, ids in fresh if len(ids)]
@@ -48,23 +52,34 @@ class BestModel:
                     order = np.argsort(merged, kind="stable")
                     self.later[t] = (merged[order], np.concatenate([self.later[t][1], rows])[order])
                 if self._floats() > MAX_BEST_FLOATS:
-                    self.too_big, self.rows, self.later = True, {}, {}
+                    self._give_up()
+                    return
+        merged = False
         for t, ti in tids.items():
             seen = self.seen[t]
             seen.append(ti.uniq)
-            if len(seen) >= 64:
-                self.seen[t] = [np.unique(np.concatenate(seen))]
+            if len(seen) >= SEEN_MERGE_STEPS:
+                self.seen[t], merged = [_merged_unique(seen)], True
+        if merged and sum(len(s[0]) * self.spec.row_dim(t) for t, s in self.seen.items() if s) > MAX_BEST_FLOATS:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        """More rows trained than a restore may copy: nothing is kept from now on (restore() returns False)."""
+        self.too_big, self.rows, self.later, self.dense = True, {}, {}, {}
+        self.seen = {t: [] for t in self.seen}
 
     def _floats(self) -> int:
         kept = [*self.rows.values(), *self.later.values()]
         return sum(rows.size for _, rows in kept)
 
     def keep(self, dense_values: dict[str, np.ndarray]) -> None:
-        ids = {t: np.unique(np.concatenate(s)) if s else np.zeros(0, np.uint64) for t, s in self.seen.items()}
+        if self.too_big:
+            return
+        ids = {t: _merged_unique(s) if s else np.zeros(0, np.uint64) for t, s in self.seen.items()}
         self.seen = {t: [u] for t, u in ids.items()}
         floats = sum(len(u) * self.spec.row_dim(t) for t, u in ids.items())
         if floats > MAX_BEST_FLOATS:
-            self.too_big, self.rows = True, {}
+            self._give_up()
             return
         pulled = self.tables.pull_many(list(ids.items()))
         self.rows = {t: (u, r.copy()) for (t, u), r in zip(ids.items(), pulled)}
@@ -92,6 +107,15 @@ class BestModel:
         self.tables.push_many(pushes, add_delta=True)
         dense.pull()
         return True
+
+
+def _merged_unique(arrays: list[np.ndarray]) -> np.ndarray:
+    """The sorted unique ids of arrays, the first of which is sorted and unique already (an earlier merge's, or
+    one step's): the others are made unique and sorted, then merged with it by a stable sort, which finds the two
+    sorted runs and merges them in linear time, where sorting all the ids again would grow with the run."""
+    rest = np.unique(np.concatenate(arrays[1:])) if len(arrays) > 1 else np.zeros(0, arrays[0].dtype)
+    merged = np.sort(np.concatenate([arrays[0], rest]), kind="stable")
+    return merged[np.r_[True, merged[1:] != merged[:-1]]] if len(merged) else merged
 
 
 def _among(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:

@@ -76,7 +76,7 @@ class RunningMean:
         return self._sum / self._weight if self._weight > 0 else float("nan")
 
 
-EXACT_AUC_EXAMPLES = 10_000_000  # a ScoreStream keeps this many (label, probability) pairs; past it, a histogram
+EXACT_AUC_EXAMPLES = 2_000_000  # a ScoreStream keeps this many (label, probability) pairs; past it, a histogram
 SCORE_BIN_SHIFT = 9  # a probability's bin: its float32 bits >> this (14 bits of mantissa: 2^-14 relative width)
 SCORE_BINS = (np.float32(1.0).view(np.uint32) >> SCORE_BIN_SHIFT) + 1  # 2,080,769 bins over [0, 1]
 

@@ -17,7 +17,7 @@ import numpy as np
 from worker.criteo import NUM_COLUMNS, other_format_hint, parse_share, shape_problem
 from worker.criteo_fast import scan_lines
 from worker.encode import parsed_sources
-from worker.readers.share import Cells, Share, first_line, open_data
+from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
 from worker.schema import CRITEO_COLUMNS, Schema
 
 CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
@@ -28,7 +28,7 @@ def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     columns), its label then NaN, and a column count in a bad line's problem told without that column."""
     int_sources, cat_sources, _ = parsed_sources(schema)
     with open_data(name) as f:
-        for lines, first in share.chunks(f, size):
+        for lines, first in share.chunks(bounded_lines(f, name), size):
             if not labeled:
                 lines = [b"0\t" + line if _body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
             scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None

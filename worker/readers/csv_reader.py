@@ -22,7 +22,7 @@ import io
 import itertools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,15 +41,67 @@ CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alo
 MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (a bad record)
 
 
+class RecordTooLongError(csv.Error):
+    """A CSV record cut at MAX_RECORD_LINES physical lines (BoundedReader)."""
+
+
+class BoundedReader:
+    """A csv.reader over lines (an iterable of text lines with their line ends) whose records span at most
+    MAX_RECORD_LINES physical lines. A quote left open makes the csv module read every line after it into one
+    field, up to MAX_CSV_FIELD characters (a 600 MB file took 3 GB of memory for one stray quote): here the
+    record is cut there and raises RecordTooLongError, a csv.Error like any unreadable record, and the next
+    record starts on the line after (the csv module starts each record afresh)."""
+
+    def __init__(self, lines: Iterable[str], delimiter: str):
+        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
+        self._lines = iter(lines)
+        self._taken = 0  # lines read so far
+        self._start = 0  # lines read before the record being read
+        self._reader = csv.reader(_RecordLines(self), delimiter=delimiter)
+
+    def __iter__(self) -> BoundedReader:
+        return self
+
+    def __next__(self) -> list[str]:
+        self._start = self._taken
+        try:
+            return next(self._reader)
+        except _RecordCut:
+            raise RecordTooLongError(f"a record of more than {MAX_RECORD_LINES} lines, cut there") from None
+
+    def _line(self) -> str:
+        if self._taken - self._start >= MAX_RECORD_LINES:
+            raise _RecordCut
+        line = next(self._lines)  # StopIteration: the end of the lines
+        self._taken += 1
+        return line
+
+
+class _RecordCut(Exception):
+    """Raised through the csv module by BoundedReader's lines, to end a record."""
+
+
+class _RecordLines:
+    """The lines a BoundedReader's csv.reader reads, one record's at most MAX_RECORD_LINES."""
+
+    def __init__(self, owner: BoundedReader):
+        self._owner = owner
+
+    def __iter__(self) -> _RecordLines:
+        return self
+
+    def __next__(self) -> str:
+        return self._owner._line()
+
+
 class open_csv:
-    """A context manager giving a csv.reader over a file (gzip read through), UTF-8 with a BOM ignored; raw: the
-    file in bytes."""
+    """A context manager giving a csv reader (BoundedReader) over a file (gzip read through), UTF-8 with a BOM
+    ignored; raw: the file in bytes."""
 
     def __init__(self, name: str, delimiter: str):
         self.raw = open_data(name)
         text = io.TextIOWrapper(self.raw, encoding="utf-8-sig", errors="surrogateescape", newline="")
-        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
-        self.reader = csv.reader(text, delimiter=delimiter)
+        self.reader = BoundedReader(text, delimiter)
 
     def __enter__(self) -> Any:  # the csv.reader
         return self.reader
@@ -143,8 +195,7 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
     of the run taken before the first that is not, each read from its text; then records from there on)."""
     with open_data(name) as raw:
         lines = CsvLines(raw)
-        csv.field_size_limit(MAX_CSV_FIELD)  # long bag cells are read (then cut to max_length), not bad lines
-        reader = csv.reader(lines.texts(), delimiter=schema.delimiter)
+        reader = BoundedReader(lines.texts(), schema.delimiter)
         header = next(reader, None)
         if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
             return

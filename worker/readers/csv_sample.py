@@ -8,11 +8,12 @@ import itertools
 import os
 from typing import Any
 
-from worker.readers.csv_reader import open_csv
+from worker.readers.csv_reader import BoundedReader, open_csv
 from worker.readers.share import is_blank
 
 SAMPLE_SPOTS = 32  # places of a large file read_csv_sample takes records from, past its first half-sample
 SPREAD_MIN_BYTES = SAMPLE_SPOTS << 15  # ... when at least this much of the file lies past that half-sample
+SAMPLE_EXAMINED = 10  # records read at most per record sampled (see _good_records)
 MAX_SPOT_BYTES = 4 << 20  # read of one spot's span, at most
 
 
@@ -44,9 +45,12 @@ def read_csv_sample(path: str | os.PathLike, delimiter: str, rows: int) -> tuple
 
 def _good_records(reader: Any, width: int, limit: int) -> list[list[str]]:
     """Up to `limit` records of the reader with `width` columns and a cell that is not blank (the csv module's
-    errors, and the empty rows the readers skip, left out)."""
+    errors, and the empty rows the readers skip, left out), from at most SAMPLE_EXAMINED x limit + 1,000 records:
+    a file with no record of the header's width is not read to its end for a sample."""
     out: list[list[str]] = []
-    while len(out) < limit:
+    for _ in range(SAMPLE_EXAMINED * limit + 1000):
+        if len(out) >= limit:
+            break
         try:
             row = next(reader)
         except StopIteration:
@@ -76,7 +80,7 @@ def _spread_records(name: str, delimiter: str, width: int, want: int, start: int
             if end < size:
                 span = span[: span.rfind(b"\n") + 1]  # a line the span's end cuts is the next span's
             text = io.StringIO(span.decode("utf-8", errors="surrogateescape"), newline="")
-            out += _good_records(csv.reader(text, delimiter=delimiter), width, min(per_spot, want - len(out)))
+            out += _good_records(BoundedReader(text, delimiter), width, min(per_spot, want - len(out)))
             if len(out) >= want:
                 break
     return out

@@ -26,7 +26,7 @@ import numpy as np
 from worker.criteo import EMPTY_LINE
 from worker.encode import Parsed
 from worker.features import MISSING_CAT
-from worker.readers.share import Cells, Share, first_line, open_data
+from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
 from worker.schema import LIBSVM_COLUMN, Schema
 
 _MISSING = int(MISSING_CAT)
@@ -40,7 +40,7 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     raw = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.ids == "raw"})
     k_fields = wanted[-1] + 1 if wanted else 0
     with open_data(name) as f:
-        for lines, first in share.chunks(f, size):
+        for lines, first in share.chunks(bounded_lines(f, name), size):
             labels: list[float] = []
             rows: list[list[int]] = []
             line_nos: list[int] = []
@@ -117,7 +117,7 @@ def libsvm_field_count(path: str | os.PathLike) -> int:
     read without a label when the file has none, as file_has_labels tells)."""
     labeled = has_labels(os.fspath(path))
     with open_data(os.fspath(path)) as f:
-        for line in f:
+        for line in bounded_lines(f, os.fspath(path)):
             parsed = _libsvm_line(line, labeled)
             if not isinstance(parsed, str) and parsed[1]:
                 return len(parsed[1])
@@ -131,7 +131,7 @@ def weighted_tokens(path: str | os.PathLike, lines: int) -> tuple[int, int, str]
     weighted = total = 0
     example = ""
     with open_data(os.fspath(path)) as f:
-        for line_no, line in enumerate(itertools.islice(f, lines), 1):
+        for line_no, line in enumerate(itertools.islice(bounded_lines(f, os.fspath(path)), lines), 1):
             if isinstance(_libsvm_line(line, labeled), str):
                 continue
             for tok in line.split()[1 if labeled else 0 :]:

@@ -20,6 +20,7 @@ import numpy as np
 from worker.encode import Parsed
 
 LABEL_PROBE_LINES = 1000  # lines file_has_labels reads at most (first_line)
+MAX_LINE_BYTES = 64 << 20  # a line file's line, at most (bounded_lines)
 
 
 @dataclass
@@ -121,14 +122,31 @@ class Share:
     bad: BadLines
 
     def chunks(self, lines: Iterable[bytes], size: int) -> Iterator[tuple[list[bytes], int]]:
-        """This worker's lines of a headerless line file, in chunks of up to `size`, each with the 1-based
-        line number of its first line (the k-th line of a chunk is at first + k * num_workers)."""
+        """This worker's lines of a headerless line file (bounded_lines), in chunks of up to `size`, each with the
+        1-based line number of its first line (the k-th line of a chunk is at first + k * num_workers)."""
         mine = itertools.islice(lines, self.worker_id, None, self.num_workers)
         first = self.worker_id + 1
         while chunk := list(itertools.islice(mine, size)):
             self.bad.stats.lines_read += len(chunk)
             yield chunk, first
             first += len(chunk) * self.num_workers
+
+
+def bounded_lines(f: BinaryIO, name: str) -> Iterator[bytes]:
+    """The lines of a binary file, each with its line end, as iterating the file gives them, but ValueError at a
+    line of MAX_LINE_BYTES with no line end: a file whose lines end in CR alone (or that has no line end) would
+    otherwise be read into memory whole, as one line, before it is found to be no data."""
+    number = 0
+    while line := f.readline(MAX_LINE_BYTES):
+        number += 1
+        if len(line) == MAX_LINE_BYTES and not line.endswith(b"\n"):
+            cr = b"\r" in line
+            raise ValueError(
+                f"{name} line {number:,}: {MAX_LINE_BYTES:,} bytes with no line end"
+                + ("; it holds carriage returns: are its lines ended by CR alone? (`tr '\\r' '\\n'` converts them)"
+                   if cr else "; is it a line file of this format?") + " Nothing more was read"
+            )  # fmt: skip
+        yield line
 
 
 def is_blank(name: str) -> bool:
@@ -147,4 +165,5 @@ def is_blank(name: str) -> bool:
 def first_line(name: str, fits: Callable[[bytes], bool]) -> bytes | None:
     """The first of the first LABEL_PROBE_LINES lines of a line file that fits, or None."""
     with open_data(name) as f:
-        return next((line for line in itertools.islice(f, LABEL_PROBE_LINES) if fits(line)), None)
+        lines = itertools.islice(bounded_lines(f, name), LABEL_PROBE_LINES)
+        return next((line for line in lines if fits(line)), None)
