@@ -307,36 +307,33 @@ def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_th
     assert code == 2 and "hold no table" not in err and "'emb' does not exist on shard 0" in err, err
 
 
-def test_an_export_from_servers_without_a_checkpoint_root_says_what_export_needs(tmp_path, capsys):
-    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0))
+def _export_from_one_server(tmp_path, capsys, out, checkpoint_root: str | None) -> str:
+    """ps-worker export OUT from one server holding a table "emb" (started with checkpoint_root): its stderr;
+    the export must fail with exit code 2 and leave no OUT."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=checkpoint_root))
     server.start()
     try:
         with Client([f"127.0.0.1:{server.port}"]) as client:
             client.create_table(TableConfig("emb", 2))
-        out = tmp_path / "out"
         code = main(["export", str(out), "--servers", f"127.0.0.1:{server.port}", "--no-progress"])
     finally:
         server.stop()
     err = capsys.readouterr().err
-    assert code == 2 and "export has the servers save the model as a checkpoint into a folder of OUT first" in err
+    assert code == 2 and not out.exists(), err  # the OUT it made is removed again
+    return err
+
+
+def test_an_export_from_servers_without_a_checkpoint_root_says_what_export_needs(tmp_path, capsys):
+    err = _export_from_one_server(tmp_path, capsys, tmp_path / "out", None)
+    assert "export has the servers save the model as a checkpoint into a folder of OUT first" in err, err
     assert "restart the servers with --checkpoint-root DIR" in err and "this server takes no checkpoints" in err, err
-    assert not out.exists()
 
 
 def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_path, capsys):
-    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path / "root")))
-    server.start()
-    try:
-        with Client([f"127.0.0.1:{server.port}"]) as client:
-            client.create_table(TableConfig("emb", 2))
-        out = tmp_path / "elsewhere"
-        code = main(["export", str(out), "--servers", f"127.0.0.1:{server.port}", "--no-progress"])
-    finally:
-        server.stop()
-    err = capsys.readouterr().err
-    assert code == 2 and f"OUT {out} is outside the servers' checkpoint root" in err, err
+    out = tmp_path / "elsewhere"
+    err = _export_from_one_server(tmp_path, capsys, out, str(tmp_path / "root"))
+    assert f"OUT {out} is outside the servers' checkpoint root" in err, err
     assert f"not inside this server's checkpoint root {os.path.realpath(tmp_path / 'root')}" in err
-    assert not out.exists()  # the OUT it made is removed again
 
 
 # --- what is not an export's own is never written through, replaced or removed -------------------------------------
