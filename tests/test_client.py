@@ -441,3 +441,24 @@ def test_every_server_side_error_class_can_be_named_to_the_client():
     classes = {n for n, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, errors.PsError)}
     named = {c.__name__ for c in errors.SERVER_ERRORS}
     assert classes - {"PsError"} - client_side == named, (classes - named, named - classes)
+
+
+def test_the_router_keeps_the_routes_of_few_ids_only_and_routes_the_same_either_way():
+    """A dense table's few ids come back every step: their routes are kept; a sparse table's many ids, of another
+    count each step, are routed anew and not kept (they filled the cache with copies never asked for again)."""
+    from ps.sharding import SlotMap
+    from worker import routing
+
+    router = routing.Router(SlotMap.contiguous(3), 3)
+    rng = np.random.default_rng(0)
+    few = np.unique(rng.integers(0, 2**63, 100).astype(np.uint64))
+    many = np.unique(rng.integers(0, 2**63, routing.MAX_ROUTED_IDS + 10).astype(np.uint64))
+    first = router.route(few, 8, 1 << 20)
+    assert router.route(few, 8, 1 << 20) is first and len(router._routes) == 1  # kept, and reused
+    routed = router.route(many, 8, 1 << 20)
+    assert len(router._routes) == 1  # not kept
+    for ids, routes in ((few, first), (many, routed)):  # every id once, on its slot's owner
+        positions = np.concatenate([p for _, p in routes])
+        assert sorted(positions.tolist()) == list(range(len(ids)))
+        for shard, p in routes:
+            assert (router.slot_map.shard_of(ids[p]) == shard).all()

@@ -12,6 +12,7 @@ import numpy as np
 from ps.sharding import SlotMap
 
 MAX_ROUTES = 256  # routes kept before the cache is cleared
+MAX_ROUTED_IDS = 4096  # the routes of more ids than this are not kept: at most MAX_ROUTES x 4,096 x 16 bytes (16 MiB)
 
 
 class Router:
@@ -24,8 +25,12 @@ class Router:
 
     def route(self, uniq: np.ndarray, dim: int, max_request_bytes: int) -> list[tuple[int, np.ndarray]]:
         """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes. The routes of
-        the last ids seen per (count, dim, request size limit) are kept: a dense table pushes the same ids every
-        step. Callers only index with the positions, never change them."""
+        the last ids seen per (count, dim, request size limit) are kept, for at most MAX_ROUTED_IDS ids: a dense
+        table pushes the same few ids every step, while a sparse table's steps, each of another count, would fill
+        the cache with copies of ids never asked for again. Callers only index with the positions, never change
+        them."""
+        if len(uniq) > MAX_ROUTED_IDS:
+            return list(self._compute_route(uniq, dim, max_request_bytes))
         key = (len(uniq), dim, max_request_bytes)
         known = self._routes.get(key)
         if known is not None and np.array_equal(known[0], uniq):
