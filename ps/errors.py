@@ -343,8 +343,8 @@ STATUS_TO_ERROR = {
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
     RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
-    CheckpointDirError, NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
-    CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
+    CheckpointDirError, NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError,
+    DataDirLostError, CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
     DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError,
 )  # fmt: skip
 """The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the

@@ -117,7 +117,7 @@ class ScoreStream:
             self._probs.append(probs)
             if self.examples <= self.exact_examples:
                 return
-            labels, probs = np.concatenate(self._labels), np.concatenate(self._probs)
+            labels, probs = self._kept()
             self._labels, self._probs = [], []
             self._bins = np.zeros((2, SCORE_BINS), dtype=np.int64)
         if np.isnan(probs).any():
@@ -127,10 +127,19 @@ class ScoreStream:
         bins = clipped.view(np.uint32) >> SCORE_BIN_SHIFT
         np.add.at(self._bins, ((labels > 0.5).astype(np.int64), bins.astype(np.int64)), 1)
 
+    def _kept(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The kept labels and probabilities, each concatenated into one array once (None: no example)."""
+        if not self._labels:
+            return None
+        if len(self._labels) > 1:
+            self._labels, self._probs = [np.concatenate(self._labels)], [np.concatenate(self._probs)]
+        return self._labels[0], self._probs[0]
+
     def auc(self) -> float:
         """AUC of every example added (nan with one class only): exact while `exact`, else from the histogram."""
         if self._bins is None:
-            return auc(np.concatenate(self._labels), np.concatenate(self._probs)) if self._labels else float("nan")
+            kept = self._kept()
+            return auc(*kept) if kept else float("nan")
         negatives, positives = self._bins
         if not positives.sum() or not negatives.sum():
             return float("nan")
@@ -149,5 +158,6 @@ class ScoreStream:
     def logloss(self) -> float:
         """Mean log loss of every example added (logloss(): exact while `exact`)."""
         if self._bins is None:
-            return logloss(np.concatenate(self._labels), np.concatenate(self._probs)) if self._labels else float("nan")
+            kept = self._kept()
+            return logloss(*kept) if kept else float("nan")
         return self._loss_sum / self.examples

@@ -92,15 +92,12 @@ def evaluate(
     bounded memory, and eval_auc_tie_share says how far it may be from the exact one (eval_auc_exact_examples:
     the examples past which it is binned)."""
     model, oracle = ScoreStream(), ScoreStream()
-    batches_scored = batches_with_oracle = 0
     scored = predictions(tables, spec, backend, dense_values, batches, prefetch)
     try:
         for batch, probs in scored:
             model.add(batch.labels, probs)
-            batches_scored += 1
             if batch.probs is not None:
                 oracle.add(batch.labels, batch.probs)
-                batches_with_oracle += 1
             if progress is not None:
                 progress.update(len(batch))
     finally:
@@ -116,6 +113,6 @@ def evaluate(
            "eval_positive_rate": rate, "eval_constant_logloss": constant}  # fmt: skip
     if not model.exact:
         out.update(eval_auc_tie_share=model.tie_share(), eval_auc_exact_examples=model.exact_examples)
-    if batches_with_oracle == batches_scored:
+    if oracle.examples == model.examples:  # every example scored had the planted model's probability
         out.update(oracle_auc=oracle.auc(), oracle_logloss=oracle.logloss())
     return out

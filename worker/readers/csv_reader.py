@@ -38,7 +38,7 @@ CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; Fa
 MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
 CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alone may pass it): numpy's string
 # arrays pad every cell to the longest, 4 bytes a character, so one 100 KB cell among 4,096 rows took 1.6 GB a column
-MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (a bad record)
+MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (BoundedReader)
 
 
 class RecordTooLongError(csv.Error):
@@ -263,12 +263,11 @@ class _CsvRecords:
         self.lines = 0  # records of the chunk, bad ones included
 
     def add(self, row: list[str] | csv.Error, start: int, end: int) -> None:
-        """A record of physical lines start..end."""
+        """A record of physical lines start..end (at most MAX_RECORD_LINES: BoundedReader cuts a longer one, an
+        unreadable record)."""
         self.stats.lines_read += 1
         self.lines += 1
         problem = _csv_problem(row, self.width, self.label)
-        if problem is None and end - start >= MAX_RECORD_LINES:
-            problem = f"a record of {end - start + 1:,} lines, more than {MAX_RECORD_LINES}"
         if problem is not None and end > start:  # a bad record over several lines: each of them is lost
             self.stats.lines_read += end - start
             spans = f" (a record from line {start} to line {end}: a quoted field spans them; a stray quote?)"
