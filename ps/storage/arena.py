@@ -38,8 +38,9 @@ al., SOSP 2023) on arena rows:
   since (`pushed` sets its pin to 0) is taken, from the queue or by the hand, only when no other row can be.
   Pull-only traffic (evaluation, serving) keeps the policy above as it is. A push of rows that another pull
   also asked for ends their wait too. benchmarks/eviction.py measures it on a stream pulled ahead.
-Rows pinned by the request in progress and free rows are never taken. Beyond the rows' charge, the queue takes 8
-bytes per id on it (at most one per row in use) and the ghost 2 bytes per row the arrays have room for.
+Rows pinned by the request in progress and free rows are never taken. The queue holds at most one id per row in
+use, in an array with a quarter to spare (ps.storage.idqueue), and the ghost 2 bytes per row the arrays have room
+for: 12 bytes of each row's charge (ps.rows.layout.EVICTION_BYTES_PER_ROW).
 `_plain_clock` (private, for tests and benchmarks/eviction.py, which measure against it) makes this plain CLOCK:
 no queue and no ghost, a row admitted as used, and the hand clears a count instead of lowering it.
 All per-row work is in compiled loops; the Table serializes calls with `lock`, which reclaim takes too.
@@ -62,6 +63,7 @@ from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.rowcopy import scatter
 from ps.rows.update import USE_CAP, touch
 from ps.storage.budget import MemoryBudget
+from ps.storage.idqueue import IdQueue
 from ps.storage.index import IdIndex, find, lookup_into, prefetch_slot
 
 __all__ = ["Arena", "MemoryBudget"]
@@ -271,7 +273,7 @@ class Arena:
         self.index = IdIndex(MIN_CAPACITY)
         self.used = 0  # rows [0, used) are in use (installed, or free-listed) and paid for
         self.hand = 0
-        self._probation = np.zeros(0, dtype=np.uint64)  # ids on probation, front first (see the module)
+        self._probation = IdQueue()  # ids on probation, front first (see the module)
         self._ghost = np.zeros(1, dtype=np.uint16)  # fingerprints of ids taken from probation (see the module)
         self._plain_clock = False  # plain CLOCK instead (see the module): tests and benchmarks measure against it
         self.free = np.zeros(0, dtype=np.int64)  # released rows (Shrink), reused first
@@ -456,10 +458,10 @@ class Arena:
             if len(self._probation) and count < n:
                 slots, shift = self.index.slots, self.index.shift
                 more, first_left = _probation_victims(
-                    self._probation, slots, shift, self.ref, self.pin, stamp, floor, n - count, out[count:],
+                    self._probation.ids, slots, shift, self.ref, self.pin, stamp, floor, n - count, out[count:],
                     self._ghost,
                 )  # fmt: skip
-                self._probation = self._probation[first_left:]
+                self._probation.take(first_left)
                 count += more
             if count < n:
                 more, self.hand = _clock_victims(
@@ -486,8 +488,7 @@ class Arena:
         self.ref[rows] = 0
         ids = np.asarray(ids, dtype=np.uint64)
         keep = max(MIN_CAPACITY, self.used)  # newest entries kept
-        queue = np.concatenate([self._probation, ids[_not_in_ghost(ids, self._ghost)]])
-        self._probation = queue if len(queue) <= keep else queue[-keep:].copy()
+        self._probation.extend(ids[_not_in_ghost(ids, self._ghost)], keep)
 
     def release(self, rows: np.ndarray) -> None:
         """Drops rows from the table entirely (Shrink); their arena rows become free for reuse."""
