@@ -207,6 +207,22 @@ def unknown_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> tuple
             action.required = True
 
 
+def unknown_before_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """The flags before argv's command word (the first of parser's subcommand names) that parser does not know,
+    whole or as the prefix argparse accepts: `ps-worker --log-levl X train` would otherwise be told only that X
+    is no command."""
+    commands = {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
+    flags = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    unknown = []
+    for token in argv:
+        if token in commands or token == "--":
+            break
+        name = token.split("=", 1)[0]
+        if name.startswith("--") and not any(flag.startswith(name) for flag in flags):
+            unknown.append(token)
+    return unknown
+
+
 def unrecognized(parser: argparse.ArgumentParser, rest: list[str]) -> str:
     """argparse's message for arguments no parser knows (rest), with the closest flags of `parser` to each
     mistyped one."""

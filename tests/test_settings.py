@@ -133,6 +133,11 @@ def test_an_unknown_flag_gets_the_usage_of_its_command():
                                            "mean --out?)"),
     ("worker", ["predict", "--dta", "x"], "ps-worker predict: error: unrecognized arguments: --dta x (--dta: did you "
                                           "mean --data?)"),
+    # before the command word its value would be taken for the command: named before argparse says X is none
+    ("worker", ["--log-levl", "X", "train"], "ps-worker: error: unrecognized arguments: --log-levl (--log-levl: did "
+                                             "you mean --log-level?)"),
+    ("worker", ["--log-levl", "X"], "ps-worker: error: unrecognized arguments: --log-levl (--log-levl: did you mean "
+                                    "--log-level?)"),
 ])  # fmt: skip
 def test_a_mistyped_flag_is_named_even_where_a_required_one_is_missing(cli, argv, said):
     """`--data-dr x` leaves the required --data-dir missing: the mistyped flag is what the message names."""

@@ -20,6 +20,7 @@ from ps.settings import (
     number,
     reader_gone,
     unknown_arguments,
+    unknown_before_command,
     unrecognized,
     warn_unknown_environment,
 )
@@ -370,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     # flags no parser knows, found before a missing required one is (settings.unknown_arguments); launch passes
     # the flags it does not know to each worker's train
+    if early := unknown_before_command(parser, argv):
+        parser.error(unrecognized(parser, early))
     loose, rest = unknown_arguments(parser, argv)
     if rest and loose.command not in (None, "launch"):  # the usage of the part of the command line they were given in
         before = argv[: argv.index(loose.command)] if loose.command in argv else []
