@@ -440,6 +440,7 @@ class Arena:
                 self._rescan_from = min(self._rescan_from, int(moved_dirty[0]))
         self.free = np.setdiff1d(self.free, gone)  # all below `left`
         self.used = left
+        self._probation.extend(np.zeros(0, dtype=np.uint64), max(MIN_CAPACITY, left))  # its array shrinks too
         self.hand = self.hand if self.hand < left else 0
         self._resize(left)
         self.index.shrink()  # sized for the rows it held: its memory goes back too

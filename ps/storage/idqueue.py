@@ -1,18 +1,18 @@
 """IdQueue: a bounded FIFO of uint64 ids in one array, taken from the front and appended at the back in bulk.
 
-The live entries are buf[head:tail]. take() moves the head; extend() drops what `keep` leaves no room for, then
-writes at the tail; when the array has no room left there, it first moves the live entries to its start, into a
-new array of 1.25x (plus 16) what they and the new ids need where the old one is too small or more than twice
-that. So an append copies the queue about once per quarter of its length appended, not at every call: a copy of
-the arena's probation queue of 10^6 ids (8 MB) per admitting request would cost a miss path pull of 11,000
-misses (benchmarks/miss_path.py) about 3.5 ms more. The array never holds more than 2 x (1.25 m + 16) ids, m the
-most entries kept plus appended at one extend()."""
+The live entries are buf[head:tail]. take() moves the head; extend(ids, keep) drops what `keep` leaves no room
+for, then writes at the tail. When the array has no room left there, the live entries move to its start: within
+it where it has room for them and the new ids plus a quarter of that (plus 16), else into a new array of keep +
+keep / 4 + 16. So an append copies the queue about once per quarter of its length appended, not at every call: a copy of the
+arena's probation queue of 10^6 ids (8 MB, twice) per admitting request would cost a miss path pull of 11,000
+misses (benchmarks/miss_path.py) about 3.5 ms more. An array longer than keep + keep / 4 + 16 is replaced at the
+next extend(), so after every extend() the array holds at most that many ids: 10 bytes per id it may keep."""
 
 from __future__ import annotations
 
 import numpy as np
 
-SPARE = 4  # a move leaves room for 1/SPARE of the entries it keeps (and the new ids) beyond them
+SPARE = 4  # a move leaves room for 1/SPARE of the entries it keeps and the new ids, beyond them
 MIN_ROOM = 16
 
 
@@ -27,7 +27,7 @@ class IdQueue:
 
     @property
     def ids(self) -> np.ndarray:
-        """The entries, front first: a view, valid (and writable in place) until the next extend()."""
+        """The entries, front first: a view, valid (and writable in place) until the next take() or extend()."""
         return self._buf[self._head : self._tail]
 
     def take(self, k: int) -> None:
@@ -37,16 +37,18 @@ class IdQueue:
         self._head += k
 
     def extend(self, ids: np.ndarray, keep: int) -> None:
-        """Appends ids at the back, then drops entries from the front until at most `keep` remain."""
-        n = len(ids)
-        if len(self) + n > keep:  # drop first: the dropped entries need not be moved
-            self._head = min(self._tail, self._head + len(self) + n - keep)
-        if self._tail + n > len(self._buf):
+        """Appends ids (not a view of this queue's own array) at the back, then drops entries from the front until
+        at most `keep` remain."""
+        if len(ids) >= keep:  # only the newest `keep` of them stay
+            ids, self._head = ids[len(ids) - keep :], self._tail
+        elif len(self) + len(ids) > keep:  # dropped first: they need not be moved
+            self._head = self._tail - (keep - len(ids))
+        n, limit = len(ids), keep + keep // SPARE + MIN_ROOM
+        if self._tail + n > len(self._buf) or len(self._buf) > limit:
             live = self.ids
             room = len(live) + n
-            size = room + room // SPARE + MIN_ROOM
-            if len(self._buf) < room or len(self._buf) > 2 * size:  # too small, or far larger than needed
-                buf = np.empty(size, dtype=np.uint64)
+            if len(self._buf) > limit or len(self._buf) < room + room // SPARE + MIN_ROOM:
+                buf = np.empty(limit, dtype=np.uint64)
                 buf[: len(live)] = live
                 self._buf = buf
             else:
@@ -54,5 +56,3 @@ class IdQueue:
             self._head, self._tail = 0, len(live)
         self._buf[self._tail : self._tail + n] = ids
         self._tail += n
-        if len(self) > keep:  # more new ids than keep
-            self._head = self._tail - keep
