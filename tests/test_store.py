@@ -82,6 +82,11 @@ def test_a_row_of_the_wrong_size_is_reported(tmp_path):
     s._rows().put(encode_keys(s._table_id("emb"), np.array([2], dtype=np.uint64))[0], b"")  # an empty value
     with pytest.raises(StorageError, match=r"row of 0 bytes, expected 32"):
         s.get_rows("emb", np.array([3, 2], dtype=np.uint64), 6)
+    # 40 + 24 bytes: as many as two trained rows, and still a damaged value
+    for i, size in ((4, 40), (5, 24)):
+        s._rows().put(encode_keys(s._table_id("emb"), np.array([i], dtype=np.uint64))[0], bytes(size))
+    with pytest.raises(StorageError, match=r"row of 40 bytes, expected 32"):
+        s.get_rows("emb", np.array([4, 5], dtype=np.uint64), 6)
     s.close()
 
 

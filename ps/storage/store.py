@@ -717,6 +717,16 @@ class Store:
         full, short = value_dtype(width), value_dtype(STATS_FLOATS)
 
         def parse(values: list, at: int) -> None:
+            try:  # every key found and every value a trained row's, as for the misses of rows trained before:
+                joined = b"".join(values)  # half the time of the general case below
+            except TypeError:  # a None: some key absent
+                joined = None
+            if joined is not None and (np.fromiter(map(len, values), np.int64, len(values)) == full.itemsize).all():
+                parsed = np.frombuffer(joined, dtype=full)
+                sizes[at : at + len(values)] = full.itemsize
+                rows[at : at + len(values)] = parsed["row"]
+                lsn[at : at + len(values)] = parsed["lsn"]
+                return
             got = np.empty(len(values), dtype=object)
             got[:] = values
             where = np.flatnonzero(np.not_equal(got, None))
