@@ -7,8 +7,9 @@ Two arenas of a dim-16 Adagrad table, each with room for rows / ram-share rows, 
 one with the Arena's eviction (ps.storage.arena: probation queue, ghost, CLOCK over use counts), one switched to
 plain CLOCK (the arena's private `_plain_clock`: one referenced bit per row). Each request is the unique ids of
 --draws draws from Zipf(1.1) over --rows ids, drawn fresh (harness.zipf_ids), through a fixed random permutation of
-the ids; it is served as ps.engine.table.Table serves training: a pull (gather_hits; on a miss, lookup, then grow /
-victims / forget / install for the missing ids, their rows zeros: nothing is read from disk here) and then a push
+the ids; it is served as ps.engine.table.Table serves training: a pull (gather_hits; on a miss, pin_held of the
+hits and a lookup of the ids that missed, then grow / victims / forget / install for those, their rows zeros:
+nothing is read from disk here) and then a push
 of the same ids (ps.rows.update.commit, the push's store step, which touches the rows; then Arena.pushed). The
 hit rate of a request
 is the fraction of its unique ids the pull finds in RAM, averaged over the requests after --warmup (the arenas
@@ -129,11 +130,14 @@ def admit(a: Arena, missing: np.ndarray, stamp: int, push_rows: np.ndarray) -> n
 def pull(a: Arena, ids: np.ndarray, out: np.ndarray, push_rows: np.ndarray) -> int:
     """A pull of unique ids; returns how many it found in RAM."""
     n = len(ids)
-    misses = a.gather_hits(ids, DIM, out[:n])
+    rows = np.empty(n, dtype=np.int64)
+    misses = a.gather_hits(ids, DIM, out[:n], rows)
     if misses:
         stamp = a.new_stamp()
-        rows, _ = a.lookup(ids, stamp)
-        admit(a, ids[rows < 0], stamp, push_rows)
+        a.pin_held(rows, ids, stamp)
+        missed = ids[rows < 0]
+        again, _ = a.lookup(missed, stamp)
+        admit(a, missed[again < 0], stamp, push_rows)
     return n - misses
 
 

@@ -2,7 +2,7 @@
 pinned and free rows are never taken, dirty victims go back to the caller to be written.
 
 `serve` drives an arena as ps.engine.table.Table does for one training request: a pull (gather_hits; on a miss,
-lookup, then grow / victims / forget / install for the missing ids) and then a push of the same ids, whose store
+pin_held of the hits, lookup of the ids that missed, then grow / victims / forget / install for those missing) and then a push of the same ids, whose store
 step (ps.rows.update.commit) touches the rows; `pull` and `push` are its halves, for a worker that pulls the next
 request's rows before it pushes. Plain CLOCK (the arena's private `_plain_clock`) serves the same
 streams as the reference the policy must beat.
@@ -47,11 +47,14 @@ def pull(a: Arena, ids: np.ndarray) -> np.ndarray:
     """A pull of unique ids, as Table.pull: returns which ids it found in RAM."""
     stamp = a.new_stamp()
     found = a.index.lookup(ids) >= 0
-    misses = a.gather_hits(ids, 1, np.empty((len(ids), 1), np.float32))
-    assert misses == np.count_nonzero(~found)
+    rows = np.empty(len(ids), dtype=np.int64)
+    misses = a.gather_hits(ids, 1, np.empty((len(ids), 1), np.float32), rows)
+    assert misses == np.count_nonzero(~found) and ((rows >= 0) == found).all()
     if misses:
-        rows, _ = a.lookup(ids, stamp)
-        admit(a, ids[rows < 0], stamp)
+        a.pin_held(rows, ids, stamp)
+        missed = ids[rows < 0]
+        again, _ = a.lookup(missed, stamp)
+        admit(a, missed[again < 0], stamp)
     return found
 
 
@@ -148,7 +151,8 @@ def push_misses_pulling_ahead(a: Arena, reqs: list[np.ndarray]) -> int:
     missing = 0
     for k in range(len(reqs) - 1):
         pull(a, reqs[k + 1])
-        missing += push(a, reqs[k]) if k >= 20 else 0
+        absent = push(a, reqs[k])  # every request is pushed; the first 20 are not counted
+        missing += absent if k >= 20 else 0
     return missing
 
 

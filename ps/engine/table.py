@@ -90,9 +90,11 @@ class Table:
     # ---- public API -----------------------------------------------------------------------------------
     def pull(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """(n, dim) embeddings of ids (duplicates allowed), in order; into out (n, dim) float32 if given.
-        A request of one chunk reads its misses from RocksDB without the table lock (_read_ahead), so a pull
-        that comes while a push is applied (a worker's prefetch) loads its misses meanwhile. ids of another integer
-        type are taken as uint64, as a push takes them (the compiled index compares uint64 keys)."""
+        A request of one chunk copies its hits first, then reads its misses from RocksDB without the table lock
+        (_read_ahead), so a pull that comes while a push is applied (a worker's prefetch) loads its misses
+        meanwhile; back under the lock it admits only the ids that missed, and pins its hits (Arena.pin_held) as a
+        lookup would. ids of another integer type are taken as uint64, as a push takes them (the compiled index
+        compares uint64 keys)."""
         ids = np.ascontiguousarray(ids, dtype="<u8")
         if out is None:
             out = np.empty((len(ids), self.dim), dtype=np.float32)
@@ -103,8 +105,9 @@ class Table:
             self._check_open()
             chunks, ahead = list(self._chunks(len(ids))), None
             if len(chunks) == 1:
-                if self.arena.gather_hits(ids, self.dim, out):  # some missed: read them without the lock
-                    ahead = self._read_ahead_start(ids)
+                found = np.empty(len(ids), dtype=np.int64)
+                if self.arena.gather_hits(ids, self.dim, out, found):  # some missed: read them without the lock
+                    ahead = self._read_ahead_start(ids, found)
             else:
                 for lo, hi in chunks:
                     if self.arena.gather_hits(ids[lo:hi], self.dim, out[lo:hi]):  # some missed: admit them
@@ -124,9 +127,18 @@ class Table:
             try:  # the watch ends with the resolve, in one hold: no write goes unseen
                 self._check_open()
                 # chunked again: other tables may have taken rows back while the lock was out (ps.storage.budget)
-                for lo, hi in self._chunks(len(ids)):
-                    rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), ahead=ahead)
-                    gather(self.arena.data, rows, self.dim, out[lo:hi])
+                chunks = list(self._chunks(len(ids)))
+                if len(chunks) == 1:  # the hits are in `out` already: only the ids that missed are resolved
+                    stamp, missed = self.arena.new_stamp(), np.flatnonzero(found < 0)
+                    self.arena.pin_held(found, ids, stamp)
+                    rows = self._resolve(ids[missed], stamp, ahead=ahead)
+                    part = np.empty((len(missed), self.dim), dtype=np.float32)
+                    gather(self.arena.data, rows, self.dim, part)
+                    out[missed] = part
+                else:
+                    for lo, hi in chunks:
+                        rows = self._resolve(ids[lo:hi], self.arena.new_stamp(), ahead=ahead)
+                        gather(self.arena.data, rows, self.dim, out[lo:hi])
             finally:
                 self._watchers.remove(ahead)
             self._count_pull(len(ids))
@@ -373,10 +385,10 @@ class Table:
             self._raise_duplicate(ids, dup)
         return rows
 
-    def _read_ahead_start(self, ids: np.ndarray) -> ReadAhead:
-        """The ids of a request missing from RAM now, to read without the lock; from here until the read is done,
-        those of them written to RocksDB are collected in its `written` (their read may be stale)."""
-        rows, _ = self.arena.find_rows(ids)
+    def _read_ahead_start(self, ids: np.ndarray, rows: np.ndarray) -> ReadAhead:
+        """The ids of a request missing from RAM now (rows: each id's arena row, -1 where missing), to read without
+        the lock; from here until the read is done, those of them written to RocksDB are collected in its
+        `written` (their read may be stale)."""
         missing = ids[rows < 0]
         if len(missing) > 1 and not (missing[1:] > missing[:-1]).all():  # a client sends them sorted and unique
             missing = np.unique(missing)

@@ -117,13 +117,13 @@ def _lookup_touch(slots, shift, ids, positions, out, uses, pin, stamp):
 
 
 @numba.njit(nogil=True, cache=True)
-def _lookup_gather(slots, shift, ids, data, cols, out, uses):
-    """The all-hits fast path of a pull: out[i, :cols] = data[row of ids[i], :cols] and a touch for every id
-    found; returns how many ids were not found (their out rows are left as they were).
+def _lookup_gather(slots, shift, ids, data, cols, out, uses, rows):
+    """The all-hits fast path of a pull: rows[i] = row of ids[i] (-1 if absent), out[i, :cols] = data[rows[i],
+    :cols] and a touch for every id found; returns how many ids were not found (their out rows are left as they
+    were).
     Two simple loops (look up all, then copy all) rather than one fused loop: more cache misses overlap. Parts
     run on several threads may touch one row at once: a use may go uncounted, the count never passes the cap."""
     n = ids.shape[0]
-    rows = np.empty(n, np.int64)
     lookup_into(slots, shift, ids, rows)
     misses = 0
     for i in range(n):
@@ -326,8 +326,26 @@ class Arena:
             k,
         )  # fmt: skip
         dups = [d for d in dups if d >= 0]
-        self._recent.append((stamp, len(ids)))
+        self._count_lookup(stamp, len(ids))
         return out, min(dups) if dups else -1
+
+    def pin_held(self, rows: np.ndarray, ids: np.ndarray, stamp: int) -> None:
+        """Pins with stamp, as a lookup does, each row of rows (-1: none) that still holds its id of ids: a pull's
+        hits, copied by gather_hits before the table lock was let go, wait for their push with the rows the pull
+        admits. A row given back, freed or reused for another id since is left alone. No use is counted (the
+        gather counted one); the ids count in the request's lookups (see the module)."""
+        at = np.flatnonzero((rows >= 0) & (rows < self.used))
+        r = rows[at]
+        held = (self.ids[r] == ids[at]) & (self.pin[r] >= 0)
+        self.pin[r[held]] = stamp
+        self._count_lookup(stamp, len(at))
+
+    def _count_lookup(self, stamp: int, n: int) -> None:
+        """Counts n ids looked up by the request of stamp (one entry per request in the recent window)."""
+        if self._recent and self._recent[-1][0] == stamp:
+            self._recent[-1] = (stamp, self._recent[-1][1] + n)
+        else:
+            self._recent.append((stamp, n))
 
     def pushed(self, rows: np.ndarray) -> None:
         """A push has applied rows: they wait for no push any more (see the module); the Table calls this once a
@@ -363,12 +381,15 @@ class Arena:
             self._seen = np.zeros((self.capacity + 63) // 64, dtype=np.uint64)
         return int(_first_repeat(rows, self._seen))
 
-    def gather_hits(self, ids: np.ndarray, cols: int, out: np.ndarray) -> int:
+    def gather_hits(self, ids: np.ndarray, cols: int, out: np.ndarray, rows: np.ndarray | None = None) -> int:
         """Copies the first cols floats of every id present into out and touches its row; returns how many ids
-        are absent."""
+        are absent. rows (int64, len(ids)), if given, gets the row of each id (-1 where absent)."""
         slots, shift = self.index.slots, self.index.shift
+        rows = np.empty(len(ids), dtype=np.int64) if rows is None else rows
         return sum(run_parts(
-            lambda lo, hi: _lookup_gather(slots, shift, ids[lo:hi], self.data, cols, out[lo:hi], self.ref), len(ids)
+            lambda lo, hi: _lookup_gather(slots, shift, ids[lo:hi], self.data, cols, out[lo:hi], self.ref,
+                                          rows[lo:hi]),
+            len(ids),
         ))  # fmt: skip
 
     def max_pinnable(self) -> int:
