@@ -212,7 +212,7 @@ def unknown_before_command(parser: argparse.ArgumentParser, argv: list[str]) -> 
     whole or as the prefix argparse accepts: `ps-worker --log-levl X train` would otherwise be told only that X
     is no command."""
     commands = {name for a in parser._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices}
-    flags = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    flags = _long_flags(parser)
     unknown = []
     for token in argv:
         if token in commands or token == "--":
@@ -226,7 +226,7 @@ def unknown_before_command(parser: argparse.ArgumentParser, argv: list[str]) -> 
 def unrecognized(parser: argparse.ArgumentParser, rest: list[str]) -> str:
     """argparse's message for arguments no parser knows (rest), with the closest flags of `parser` to each
     mistyped one."""
-    flags = {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
+    flags = _long_flags(parser)
     hints = []
     for token in rest:
         name = token.split("=", 1)[0]
@@ -234,6 +234,11 @@ def unrecognized(parser: argparse.ArgumentParser, rest: list[str]) -> str:
             closest = _closest(name, flags)
             hints += [f"{name}: did you mean {' or '.join(closest)}?"] if closest else []
     return f"unrecognized arguments: {' '.join(rest)}" + (f" ({'; '.join(hints)})" if hints else "")
+
+
+def _long_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """The --flags of parser itself (not of its subcommands)."""
+    return {o for action in parser._actions for o in action.option_strings if o.startswith("--")}
 
 
 def warn_unknown_environment(prog: str, environ: Mapping[str, str] | None = None) -> None:

@@ -334,11 +334,12 @@ class Arena:
         hits, copied by gather_hits before the table lock was let go, wait for their push with the rows the pull
         admits. A row given back, freed or reused for another id since is left alone. No use is counted (the
         gather counted one); the ids count in the request's lookups (see the module)."""
-        at = np.flatnonzero((rows >= 0) & (rows < self.used))
+        hits = rows >= 0
+        at = np.flatnonzero(hits & (rows < self.used))
         r = rows[at]
         held = (self.ids[r] == ids[at]) & (self.pin[r] >= 0)
         self.pin[r[held]] = stamp
-        self._count_lookup(stamp, len(at))
+        self._count_lookup(stamp, int(np.count_nonzero(hits)))  # every hit, held or not, as a lookup counts it
 
     def _count_lookup(self, stamp: int, n: int) -> None:
         """Counts n ids looked up by the request of stamp (one entry per request in the recent window)."""

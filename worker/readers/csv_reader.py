@@ -57,7 +57,8 @@ class BoundedReader:
         self._lines = iter(lines)
         self._taken = 0  # lines read so far
         self._start = 0  # lines read before the record being read
-        self._reader = csv.reader(_RecordLines(self), delimiter=delimiter)
+        # iter(callable, sentinel) ends at the lines' StopIteration; _RecordCut goes through the csv module
+        self._reader = csv.reader(iter(self._line, None), delimiter=delimiter)
 
     def __iter__(self) -> BoundedReader:
         return self
@@ -79,19 +80,6 @@ class BoundedReader:
 
 class _RecordCut(Exception):
     """Raised through the csv module by BoundedReader's lines, to end a record."""
-
-
-class _RecordLines:
-    """The lines a BoundedReader's csv.reader reads, one record's at most MAX_RECORD_LINES."""
-
-    def __init__(self, owner: BoundedReader):
-        self._owner = owner
-
-    def __iter__(self) -> _RecordLines:
-        return self
-
-    def __next__(self) -> str:
-        return self._owner._line()
 
 
 class open_csv:
