@@ -125,6 +125,7 @@ SAMPLE_IDS = 8  # ids whose rows are checked after an ingest fill
 MiB = 1 << 20
 TARGETS = {"zipf": 0.25, "uniform": 0.07}  # pull rate at each larger size / the first size's, at least
 MISS_VS_REFERENCE = 1.5  # server us per miss (bound) / reference us per key, at most
+QUIET_LIMIT_S = 10.0  # the longest wait for the server's write-behind to empty before a live read
 RSS_SLACK = 64 * MiB
 
 
@@ -357,6 +358,7 @@ class Phase:
     reference_s: list[float] = field(default_factory=list)
     live_keys: list[int] = field(default_factory=list)  # the live reference, one read after each timed pair
     live_s: list[float] = field(default_factory=list)
+    quiet_s: list[float] = field(default_factory=list)  # waits for the server's write-behind before each live read
 
 
 STAT_FIELDS = (  # memory figures of the server's Stats, those it has
@@ -439,6 +441,13 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
         def table() -> ps_pb2.TableStats:
             return next(t for t in client.stats()[0].tables if t.name == TABLE)
 
+        def quiet() -> float:
+            """Waits until the server holds no evicted row waiting for its write; returns the seconds waited."""
+            t = time.perf_counter()
+            while client.stats()[0].write_behind_bytes and time.perf_counter() - t < QUIET_LIMIT_S:
+                time.sleep(0.001)
+            return time.perf_counter() - t
+
         ch = harness.channel(address)
         pull_batch, push_batch = harness.raw_method(ch, "PullBatch"), harness.raw_method(ch, "PushBatch")
         fits = phase.rows * layout_of(DIM, OPTIMIZER).ram_bytes <= flags.plan.ram_tier_bytes
@@ -460,14 +469,14 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
                     progress(f"  (the RAM tier did not fill in the {args.warmup_max_s:g} s of warm-up)")
                 break
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
-                 grads_rng, table, live, timed=False)  # fmt: skip
+                 grads_rng, table, quiet, live, timed=False)  # fmt: skip
         aside = Aside()  # the live reference's reads: out of the CPU figures
         if live is not None:
             live.aside = aside
         threads0, cpu0, start = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter()
         while time.perf_counter() - start < args.seconds + aside.wall_s or len(phase.seeds) < 3:
             pair(pull_batch, push_batch, phase, permutation, args, [seed, phase.rows % 2**32, code], client_id,
-                 grads_rng, table, live, timed=True)  # fmt: skip
+                 grads_rng, table, quiet, live, timed=True)  # fmt: skip
         threads1, cpu1, wall = harness.thread_cpu_s(pid), harness.cpu_s(pid), time.perf_counter() - start
         wall -= aside.wall_s
         used = {
@@ -490,11 +499,12 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
 
 def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: np.ndarray, args: argparse.Namespace,
          seed: list[int], client_id: int, grads_rng: np.random.Generator, table: Callable[[], ps_pb2.TableStats],
-         live: LiveReference | None, timed: bool) -> None:  # fmt: skip
+         quiet: Callable[[], float], live: LiveReference | None, timed: bool) -> None:  # fmt: skip
     """One PullBatch of fresh ids, then one PushBatch of random gradients for the same ids, then (with live) the
     live reference's read of as many draws of their own (seed + [its number, 1]: ids the server did not just
-    read, so neither side reads blocks the other just touched); recorded in phase if timed. Its ids are drawn
-    from seed + [its number]: the reference draws them again."""
+    read, so neither side reads blocks the other just touched), once quiet() found the server's write-behind
+    empty; recorded in phase if timed. Its ids are drawn from seed + [its number]: the reference draws them
+    again."""
     k = phase.warmup_pairs + len(phase.seeds)
     call_seed = [*seed, k]
     ids = request_ids(phase.distribution, permutation, args.ids, call_seed)
@@ -510,8 +520,9 @@ def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: 
     push_batch(push, timeout=600)
     push_s = time.perf_counter() - t
     m2 = table().cache_misses
-    live_ids = live_s = None
+    live_ids = live_s = quiet_s = None
     if live is not None:
+        quiet_s = quiet()
         live_ids = request_ids(phase.distribution, permutation, args.ids, [*call_seed, 1], live.past_rank)
         live_s = live.read(live_ids) if len(live_ids) else None
     if not timed:
@@ -526,6 +537,8 @@ def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: 
     if live_s is not None:
         phase.live_keys.append(len(live_ids))
         phase.live_s.append(live_s)
+    if quiet_s is not None:
+        phase.quiet_s.append(quiet_s)
 
 
 def reference(path: str, flags: ServerFlags, phase: Phase, permutation: np.ndarray, args: argparse.Namespace) -> None:
@@ -585,6 +598,7 @@ def summary(phase: Phase, base: Phase | None, flags: ServerFlags) -> dict:
     r["stopped_reference_calls"] = len(phase.reference_s)
     r["live_reference_us_per_key"] = per_key(phase.live_keys, phase.live_s)
     r["live_reference_calls"] = len(phase.live_s)
+    r["quiet_wait_ms"] = statistics.median(phase.quiet_s) * 1e3 if phase.quiet_s else None
     # the reference the check and the bound use: the live one where it ran (the same moments as the server's calls)
     r["reference"] = "live" if phase.live_s else "stopped"
     r["reference_us_per_key"] = r[f"{r['reference']}_reference_us_per_key"]
@@ -734,6 +748,10 @@ def main() -> None:
         every = cores.pop("all", 0.0)
         parts = ", ".join(f"{name} {c:.2f}" for name, c in sorted(cores.items(), key=lambda kv: -kv[1]))
         print(f"server CPU during the timed calls, {r['rows']:,} {r['distribution']} (cores): {every:.2f}: {parts}")
+        if r["quiet_wait_ms"] is not None:
+            print(
+                f"  median wait for the server's write-behind to empty before a live read: {r['quiet_wait_ms']:.1f} ms"
+            )
     found = checks(results, first)
     for c in found:
         figure = f"{c['figure'] / MiB:,.0f} MiB" if "RSS" in c["check"] else f"{c['figure']:.3f}x"
