@@ -508,11 +508,11 @@ def test_a_background_flush_that_keeps_failing_is_told_once_and_its_recovery_too
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), flush_interval_s=0.02))
     real, calls = shard.flush, []
 
-    def flush():
+    def flush(background=False):
         calls.append(1)
         if len(calls) <= 5:
             raise DiskFullError.of("No space left on device", "a flush of 10 rows", outcome="")
-        return real()
+        return real(background)
 
     shard.flush = flush
     try:

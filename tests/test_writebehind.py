@@ -1,11 +1,13 @@
 """The write-behind of evicted rows (ps.storage.writebehind, Store.put_rows(background=True)): readers see a
 pending batch before RocksDB has it, batches land in order, the pending bytes are bounded, a failed write is
 raised (never reported written) and its rows stay visible; a table whose writer is slow still reads its own
-evicted rows back exactly."""
+evicted rows back exactly. Background writes wait for a moment without requests (ps.storage.foreground), for a
+bounded time and not at all when urgent, and a shard marks its pulls and pushes as requests."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import pytest
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
+from ps.storage.foreground import Foreground
 from ps.storage.store import Store, encode_keys, multi_get
 from ps.storage.writebehind import PendingBatch, WriteBehind
 
@@ -172,4 +175,93 @@ def test_one_eviction_of_more_dirty_rows_than_the_bound_holds_waits_in_parts(tmp
     assert evicted >= n and len(handed) >= evicted // 50, (n, evicted, len(handed))
     assert max(pending for _, pending in handed) <= behind.max_pending_bytes
     np.testing.assert_array_equal(shard.pull("t", first), before)
+    shard.close()
+
+
+class Recorder:
+    """A writer that records each batch with the number of requests in progress when its write began."""
+
+    def __init__(self, foreground: Foreground):
+        self.foreground, self.written = foreground, []
+
+    def __call__(self, b: PendingBatch) -> None:
+        self.written.append((b, self.foreground.active))
+
+
+def test_a_batch_waits_for_the_request_in_progress_then_is_written():
+    fg = Foreground(limit_s=30)
+    rec = Recorder(fg)
+    wb = WriteBehind(rec, max_pending_bytes=1 << 20, foreground=fg)
+    with fg.serving():
+        wb.submit(batch("t", [1, 2], 1.0))
+        threading.Event().wait(0.2)
+        assert rec.written == [] and wb.pending_bytes > 0, "written while a request was in progress"
+    wb.drain()
+    assert [active for _, active in rec.written] == [0]
+    wb.close()
+
+
+def test_a_request_that_never_ends_delays_a_write_by_the_limit_only():
+    fg = Foreground(limit_s=0.1)
+    rec = Recorder(fg)
+    wb = WriteBehind(rec, max_pending_bytes=1 << 20, foreground=fg)
+    with fg.serving():
+        wb.submit(batch("t", [1], 1.0))
+        deadline = time.monotonic() + 10
+        while not rec.written and time.monotonic() < deadline:
+            threading.Event().wait(0.01)
+        assert [active for _, active in rec.written] == [1]
+    wb.close()
+
+
+@pytest.mark.parametrize("how", ["drain", "submit over the bound", "pending over half the bound"])
+def test_an_urgent_write_does_not_wait_for_the_request_in_progress(how):
+    """A request that itself drains the writer or waits for room (a flush's write, an eviction of many rows) is
+    not kept waiting for its own end; nor is a writer whose pending bytes are over half the bound."""
+    fg = Foreground(limit_s=30)
+    rec = Recorder(fg)
+    one = batch("t", range(10), 1.0)
+    wb = WriteBehind(rec, max_pending_bytes=3 * one.nbytes // 2 if how != "drain" else 1 << 20, foreground=fg)
+    t = time.monotonic()
+    with fg.serving():
+        wb.submit(one)
+        if how == "drain":
+            wb.drain()
+        elif how == "submit over the bound":
+            wb.submit(batch("t", range(10), 2.0))  # waits for room: the first batch must be written
+        else:  # 10 of the bound's 15 rows are pending
+            while not rec.written and time.monotonic() - t < 10:
+                threading.Event().wait(0.01)
+        assert rec.written and rec.written[0][1] == 1
+    assert time.monotonic() - t < 10
+    wb.close()
+
+
+def test_a_shard_marks_its_pulls_and_pushes_and_its_background_flush_waits_for_them(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
+    shard.create_table(TableConfig(name="t", dim=4))
+    store, seen = shard.store, []
+    read = store.get_rows
+    store.get_rows = lambda *a: (seen.append(store.foreground.active), read(*a))[1]
+    ids = np.arange(5, dtype=np.uint64)
+    shard.pull("t", ids)  # misses: read from RocksDB
+    shard.push("t", ids, np.ones((5, 4), np.float32))
+    assert seen == [1] and store.foreground.active == 0
+    store.foreground.limit_s = 30
+    entered, leave, flushed = threading.Event(), threading.Event(), []
+
+    def request() -> None:
+        with store.foreground.serving():
+            entered.set()
+            leave.wait(10)
+
+    threading.Thread(target=request, daemon=True).start()
+    assert entered.wait(10)
+    flusher = threading.Thread(target=lambda: flushed.append(shard.flush(background=True)), daemon=True)
+    flusher.start()
+    flusher.join(0.3)
+    assert flushed == [], "the background flush wrote while a request was in progress"
+    leave.set()
+    flusher.join(10)
+    assert flushed == [5] and shard.flush() == 0
     shard.close()

@@ -497,7 +497,8 @@ class Shard:
         """(n, dim) embeddings of ids, written into out if given."""
         table = self.table(name)
         self.check_owned(ids)
-        return table.pull(ids, out)
+        with self.store.foreground.serving():
+            return table.pull(ids, out)
 
     def check_push(self, push: TablePush) -> CheckedPush:
         """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
@@ -542,7 +543,8 @@ class Shard:
         rule). A push journaled but only partly applied (ShardNeedsRestartError) breaks the shard (see `broken`)."""
         c = checked
         try:
-            c.table.push(c.ids, c.grads, c.shows, c.clicks, self.clock, origin, c.rule)
+            with self.store.foreground.serving():
+                c.table.push(c.ids, c.grads, c.shows, c.clicks, self.clock, origin, c.rule)
         except ShardNeedsRestartError as e:
             self._break(str(e))
             raise
@@ -826,9 +828,10 @@ class Shard:
         }
 
     # ---- flushing -------------------------------------------------------------------------------------
-    def flush(self) -> int:
+    def flush(self, background: bool = False) -> int:
         """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows.
-        ShardNeedsRestartError on a broken shard: nothing is written, the journal keeps everything."""
+        ShardNeedsRestartError on a broken shard: nothing is written, the journal keeps everything. background
+        (the flusher's): each chunk waits for a moment without requests first (Table.flush)."""
         with self._flush_lock:
             if self.broken:
                 raise ShardNeedsRestartError(self.broken)
@@ -836,7 +839,8 @@ class Shard:
             self._journal_mark = self.journal.bytes_written  # the table lock, which each table.flush takes)
             try:
                 tables = list(self.tables.values())
-                written = sum(t.flush() for t in tables)
+                yield_to = self.store.foreground if background else None
+                written = sum(t.flush(yield_to) for t in tables)
                 broken = self.broken or next((t.broken for t in tables if t.broken), "")
                 if broken:  # a push journaled before the mark broke its table since: the journal must keep it
                     raise ShardNeedsRestartError(broken)
@@ -882,7 +886,7 @@ class Shard:
             lost = bool(self.journal.lost)  # before the flush's mark: no push is journaled after it then
             try:
                 t0 = time.monotonic()
-                rows = self.flush()
+                rows = self.flush(background=True)
                 if rows:  # an idle server's flushes write nothing, and say nothing
                     log.info("background flush: %s dirty rows written to RocksDB in %.1f s, the journal trimmed",
                              f"{rows:,}", time.monotonic() - t0)  # fmt: skip

@@ -46,6 +46,7 @@ from ps.rows.optim import get_optimizer
 from ps.rows.rowcopy import gather
 from ps.rows.update import Push, RowState
 from ps.storage.arena import Arena, MemoryBudget
+from ps.storage.foreground import Foreground
 from ps.storage.journal import Journal, Record
 from ps.storage.store import Store
 
@@ -259,12 +260,15 @@ class Table:
                 updated += len(todo)
         return updated
 
-    def flush(self) -> int:
+    def flush(self, yield_to: Foreground | None = None) -> int:
         """Writes every row that is dirty when the scan reaches it to RocksDB; returns rows written.
         ShardNeedsRestartError once the table is broken (a flush that went on would let the journal be trimmed of
-        the push RAM holds only part of)."""
+        the push RAM holds only part of). yield_to: before each chunk, wait for a moment without requests there
+        (Foreground.wait_for_idle: a chunk's write holds Python's lock, and would stall them)."""
         start, written = 0, 0
         while True:
+            if yield_to is not None:
+                yield_to.wait_for_idle()
             with self.lock:
                 if self.broken:
                     raise ShardNeedsRestartError(self.broken)

@@ -95,6 +95,7 @@ from ps.errors import (
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
+from ps.storage.foreground import Foreground
 from ps.storage.memory import (
     DEFAULT_BLOCK_CACHE_BYTES,
     DEFAULT_WRITE_BEHIND_BYTES,
@@ -595,7 +596,8 @@ class Store:
         self._readers = (
             ThreadPoolExecutor(self.read_threads, "ps-rocksdb-read", name_os_thread) if self.read_threads > 1 else None
         )
-        self._behind = WriteBehind(self._write_pending, write_behind_bytes)
+        self.foreground = Foreground()  # the shard's requests in progress: background writes wait for a pause
+        self._behind = WriteBehind(self._write_pending, write_behind_bytes, self.foreground)
 
     # ---- shard identity and table configs -------------------------------------------------------------
     def check_identity(self, shard_id: int, num_shards: int) -> None:

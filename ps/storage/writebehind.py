@@ -13,6 +13,10 @@ thread; the batch stays pending (readers still see it) and every later submit() 
 so nothing is reported written that is not. Writes that must land in order with pending ones (a flush's, a
 shrink's) drain() first.
 
+Given a Foreground, the thread waits before each write for a moment without requests (Foreground.wait_for_idle),
+except while the write is urgent: a caller waits in submit() or drain(), the pending bytes are over half the bound,
+or the writer is closing.
+
 Thread-safety: every method may be called from any thread.
 """
 
@@ -27,6 +31,7 @@ import numpy as np
 
 from ps.accel.threadnames import name_os_thread
 from ps.errors import DiskFullError
+from ps.storage.foreground import Foreground
 
 
 @dataclass(frozen=True)
@@ -69,10 +74,14 @@ class PendingBatch:
 
 
 class WriteBehind:
-    def __init__(self, write: Callable[[PendingBatch], None], max_pending_bytes: int, name: str = "ps-write-behind"):
-        """write(batch) writes one batch to RocksDB (raising on failure); it runs on this object's thread."""
+    def __init__(self, write: Callable[[PendingBatch], None], max_pending_bytes: int,
+                 foreground: Foreground | None = None, name: str = "ps-write-behind"):  # fmt: skip
+        """write(batch) writes one batch to RocksDB (raising on failure); it runs on this object's thread.
+        foreground: the requests its writes keep out of the way of (see the module)."""
         self._write = write
         self.max_pending_bytes = max_pending_bytes
+        self._foreground = foreground
+        self._waiting = 0  # callers waiting in submit() or drain()
         self._cv = threading.Condition()
         self._pending: deque[PendingBatch] = deque()  # submitted, not yet written; the head is being written
         self._pending_bytes = 0
@@ -95,7 +104,7 @@ class WriteBehind:
         failed earlier write (the batch is then not queued)."""
         with self._cv:
             while self._pending and self._pending_bytes + batch.nbytes > self.max_pending_bytes and not self._error:
-                self._cv.wait()
+                self._wait()
             self._raise_failure()
             if self._closing:
                 raise RuntimeError("write-behind is closed")
@@ -112,8 +121,19 @@ class WriteBehind:
         """Returns once every batch submitted before the call is in RocksDB; raises a failed write's error."""
         with self._cv:
             while self._pending and not self._error:
-                self._cv.wait()
+                self._wait()
             self._raise_failure()
+
+    def _wait(self) -> None:
+        """Waits on the condition (held) as a caller the writer must not keep waiting."""
+        self._waiting += 1
+        try:
+            self._cv.wait()
+        finally:
+            self._waiting -= 1
+
+    def _urgent(self) -> bool:
+        return bool(self._waiting) or self._closing or 2 * self._pending_bytes > self.max_pending_bytes
 
     def close(self) -> None:
         """Writes what is pending (unless a write failed), then stops the thread."""
@@ -143,6 +163,8 @@ class WriteBehind:
                 if not self._pending:
                     return
                 batch = self._pending[0]
+            if self._foreground is not None:
+                self._foreground.wait_for_idle(urgent=self._urgent)
             try:
                 self._write(batch)
             except BaseException as e:  # kept for the callers: the batch stays pending, readers still see it
