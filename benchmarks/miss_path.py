@@ -363,7 +363,7 @@ class Phase:
 
 STAT_FIELDS = (  # memory figures of the server's Stats, those it has
     "memory_budget_bytes", "ram_budget_bytes", "ram_used_bytes", "block_cache_budget_bytes", "block_cache_used_bytes",
-    "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes",
+    "memtable_bytes", "table_reader_bytes", "write_behind_bytes", "journal_map_bytes", "request_room_bytes",
 )  # fmt: skip
 
 

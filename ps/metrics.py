@@ -83,6 +83,11 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     ("sparseps_write_behind_bytes", "write_behind_bytes", "evicted rows waiting for their RocksDB write"),
     ("sparseps_journal_map_bytes", "journal_map_bytes", "the journal segment mapped for appends (its size; 0: none)"),
     (
+        "sparseps_request_room_bytes",
+        "request_room_bytes",
+        "room --memory-bytes keeps for requests' copies of rows (room, not a bound; 0: none)",
+    ),
+    (
         "sparseps_data_dir_bytes",
         "data_dir_bytes",
         "bytes of the data dir's files: RocksDB (write-ahead logs included) and the journal",

@@ -57,6 +57,7 @@ def test_a_bounded_shard_uses_the_plan_and_reports_every_part(tmp_path):
         assert s["block_cache_budget_bytes"] == plan.block_cache_bytes
         assert 0 < s["block_cache_used_bytes"] <= plan.block_cache_bytes  # index and filter blocks are cached
         assert s["table_reader_bytes"] >= 0 and s["memtable_bytes"] > 0 and s["write_behind_bytes"] == 0
+        assert s["request_room_bytes"] == plan.request_bytes > 0
     finally:
         shard.close()
 

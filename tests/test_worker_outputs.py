@@ -315,6 +315,8 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
     code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
     for i, shard in enumerate(shards):
         assert f"{i:>5} data dir {shard.config.data_dir}, up " in out, out
+        [memory] = re.findall(rf"^{i:>5} memory \(no --memory-bytes\): block cache .*$", out, re.MULTILINE)
+        assert "journal map" in memory and "room for requests" not in memory, memory  # no room kept without a bound
         [disk] = re.findall(rf"^{i:>5} disk: data dir ([\d,.]+) MiB, free ([\d,.]+) of ([\d,.]+) GiB \(([\d.]+)%\)$",
                             out, re.MULTILINE)  # fmt: skip
         used_mib, free_gib, total_gib, percent = (float(x.replace(",", "")) for x in disk)

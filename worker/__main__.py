@@ -274,11 +274,12 @@ def _stats(args) -> int:
         print(f"{s.shard_id:>5} data dir {s.data_dir}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
               f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
         bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
+        room = f", room for requests {_size(s.request_room_bytes)}" if s.request_room_bytes else ""
         print(
             f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "
             f"{_size(s.block_cache_budget_bytes)}, memtables {_size(s.memtable_bytes)}, table readers "
             f"{_size(s.table_reader_bytes)}, write-behind {_size(s.write_behind_bytes)}, journal map "
-            f"{_size(s.journal_map_bytes)}"
+            f"{_size(s.journal_map_bytes)}{room}"
         )
         low = _disk_low_bytes(s)
         mark = f", LOW: below {low / 2**30:,.2f} GiB, pushes fail once full" if s.disk_free_bytes < low else ""

@@ -964,6 +964,7 @@ class Shard:
             "table_reader_bytes": rocksdb["table_readers"],
             "write_behind_bytes": self.store.write_behind_bytes,
             "journal_map_bytes": self.journal.mapped_bytes,
+            "request_room_bytes": self.memory.request_bytes,
         }
 
     def close(self) -> None:
