@@ -379,7 +379,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             self.shard.check_owned(ids)
         self._check_reply("PullBatch", shapes)
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
-        return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls], min_clock)
+        with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
+            return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls], min_clock)
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -390,15 +391,16 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if returned:
             self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
         client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
-        if stamp is None:
-            step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
-            num_applied = ids_applied(pushes, applied)
-        else:
+        if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context)
             )
-        rows = [self.shard.pull(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
-        return codec.encode_push_batch_response(num_applied, step, rows, min_clock)
+        with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
+            if stamp is None:
+                step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
+                num_applied = ids_applied(pushes, applied)
+            rows = [self.shard.pull(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
+            return codec.encode_push_batch_response(num_applied, step, rows, min_clock)
 
     @_rpc
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:

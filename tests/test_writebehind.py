@@ -206,11 +206,12 @@ def test_a_request_that_never_ends_delays_a_write_by_the_limit_only():
     rec = Recorder(fg)
     wb = WriteBehind(rec, max_pending_bytes=1 << 20, foreground=fg)
     with fg.serving():
+        t = time.monotonic()
         wb.submit(batch("t", [1], 1.0))
-        deadline = time.monotonic() + 10
-        while not rec.written and time.monotonic() < deadline:
+        while not rec.written and time.monotonic() - t < 10:
             threading.Event().wait(0.01)
-        assert [active for _, active in rec.written] == [1]
+        waited = time.monotonic() - t
+        assert [active for _, active in rec.written] == [1] and waited >= 0.09, waited  # the limit, then written
     wb.close()
 
 
@@ -239,14 +240,15 @@ def test_an_urgent_write_does_not_wait_for_the_request_in_progress(how):
 
 def test_a_shard_marks_its_pulls_and_pushes_and_its_background_flush_waits_for_them(tmp_path):
     shard = Shard(ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600))
-    shard.create_table(TableConfig(name="t", dim=4))
+    table = shard.create_table(TableConfig(name="t", dim=4))
     store, seen = shard.store, []
-    read = store.get_rows
-    store.get_rows = lambda *a: (seen.append(store.foreground.active), read(*a))[1]
+    read, push = store.get_rows, table.push
+    store.get_rows = lambda *a: (seen.append(("read", store.foreground.active)), read(*a))[1]
+    table.push = lambda *a: (seen.append(("push", store.foreground.active)), push(*a))[1]
     ids = np.arange(5, dtype=np.uint64)
     shard.pull("t", ids)  # misses: read from RocksDB
     shard.push("t", ids, np.ones((5, 4), np.float32))
-    assert seen == [1] and store.foreground.active == 0
+    assert seen == [("read", 1), ("push", 1)] and store.foreground.active == 0
     store.foreground.limit_s = 30
     entered, leave, flushed = threading.Event(), threading.Event(), []
 
@@ -263,5 +265,21 @@ def test_a_shard_marks_its_pulls_and_pushes_and_its_background_flush_waits_for_t
     assert flushed == [], "the background flush wrote while a request was in progress"
     leave.set()
     flusher.join(10)
-    assert flushed == [5] and shard.flush() == 0
+    assert flushed == [5]
+    entered.clear()
+    leave.clear()
+    threading.Thread(target=request, daemon=True).start()
+    assert entered.wait(10)
+    t = time.monotonic()
+    assert shard.flush(background=True) == 0 and time.monotonic() - t < 5  # nothing dirty: nothing to wait for
+    shard.push("t", ids, np.ones((5, 4), np.float32))
+    flusher = threading.Thread(target=lambda: flushed.append(shard.flush(background=True)), daemon=True)
+    flusher.start()
+    flusher.join(0.3)
+    assert flushed == [5], "the background flush wrote while a request was in progress"
+    t = time.monotonic()
+    assert shard.flush() == 0 and time.monotonic() - t < 5  # it waited for the flusher, which then went on
+    flusher.join(10)
+    assert flushed == [5, 5]  # the flusher wrote them, the request still in progress
+    leave.set()
     shard.close()

@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -296,6 +296,8 @@ class Shard:
             self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
+        self._flush_callers = 0  # flush() calls other than the flusher's waiting for _flush_lock or holding it
+        self._callers_lock = threading.Lock()
 
     def _load_requests(self) -> None:
         """Reads the clock and the clients' applied requests, then replays the journal past what RocksDB holds."""
@@ -831,8 +833,9 @@ class Shard:
     def flush(self, background: bool = False) -> int:
         """Writes every dirty row to RocksDB and trims the journal below what is now flushed. Returns rows.
         ShardNeedsRestartError on a broken shard: nothing is written, the journal keeps everything. background
-        (the flusher's): each chunk waits for a moment without requests first (Table.flush)."""
-        with self._flush_lock:
+        (the flusher's): each chunk waits for a moment without requests first (Table.flush), unless another
+        flush() waits for this one or the shard is closing."""
+        with self._flush_turn(background):
             if self.broken:
                 raise ShardNeedsRestartError(self.broken)
             covered, changes = self.journal.mark()  # every record <= covered is applied (appends happen under
@@ -840,7 +843,7 @@ class Shard:
             try:
                 tables = list(self.tables.values())
                 yield_to = self.store.foreground if background else None
-                written = sum(t.flush(yield_to) for t in tables)
+                written = sum(t.flush(yield_to, self._flush_urgent) for t in tables)
                 broken = self.broken or next((t.broken for t in tables if t.broken), "")
                 if broken:  # a push journaled before the mark broke its table since: the journal must keep it
                     raise ShardNeedsRestartError(broken)
@@ -851,6 +854,26 @@ class Shard:
             self._forget_advances(changes.dropped)
             self.journal.trim(covered)
             return written
+
+    def _flush_urgent(self) -> bool:
+        """The flusher's chunks stop waiting for requests: another flush() waits for it, or the shard closes."""
+        return self._flush_callers > 0 or self._closed.is_set()
+
+    @contextlib.contextmanager
+    def _flush_turn(self, background: bool) -> Iterator[None]:
+        """Holds _flush_lock; a caller other than the flusher is counted in _flush_callers meanwhile."""
+        if background:
+            with self._flush_lock:
+                yield
+            return
+        with self._callers_lock:
+            self._flush_callers += 1
+        try:
+            with self._flush_lock:
+                yield
+        finally:
+            with self._callers_lock:
+                self._flush_callers -= 1
 
     def _forget_advances(self, dropped: dict[int, int]) -> None:
         """Deletes the advance notes (_advanced, and the store's) of clients dropped from the exactly-once table,

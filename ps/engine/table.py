@@ -28,6 +28,7 @@ reads its misses from RocksDB (ReadAhead), and rows written to RocksDB meanwhile
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -260,27 +261,34 @@ class Table:
                 updated += len(todo)
         return updated
 
-    def flush(self, yield_to: Foreground | None = None) -> int:
+    def flush(self, yield_to: Foreground | None = None, urgent: Callable[[], bool] = lambda: False) -> int:
         """Writes every row that is dirty when the scan reaches it to RocksDB; returns rows written.
         ShardNeedsRestartError once the table is broken (a flush that went on would let the journal be trimmed of
-        the push RAM holds only part of). yield_to: before each chunk, wait for a moment without requests there
-        (Foreground.wait_for_idle: a chunk's write holds Python's lock, and would stall them)."""
-        start, written = 0, 0
+        the push RAM holds only part of). yield_to: before writing a chunk, wait for a moment without requests
+        there (Foreground.wait_for_idle, with urgent: a chunk's write holds Python's lock, and would stall them);
+        a chunk with no dirty row waits for nothing."""
+        start, written, ready = 0, 0, yield_to is None
         while True:
-            if yield_to is not None:
-                yield_to.wait_for_idle()
             with self.lock:
                 if self.broken:
                     raise ShardNeedsRestartError(self.broken)
                 if self.closed:
                     return written
-                rows, start = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
-                if len(rows):
-                    self._persist(rows)
-                    written += len(rows)
-                if start >= self.arena.used:
-                    return written
-            time.sleep(FLUSH_PAUSE_S)  # without a pause, this thread would take the lock back before a waiting push
+                rows, end = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
+                if len(rows) and not ready:
+                    end = None  # first a moment without requests, then this chunk collected again
+                else:
+                    if len(rows):
+                        self._persist(rows)
+                        written += len(rows)
+                    if end >= self.arena.used:
+                        return written
+                    start, ready = end, yield_to is None
+            if end is None:
+                yield_to.wait_for_idle(urgent)
+                ready = True
+            else:  # without a pause, this thread would take the lock back before a waiting push
+                time.sleep(FLUSH_PAUSE_S)
 
     def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS) -> int:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before

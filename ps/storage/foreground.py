@@ -6,8 +6,10 @@ where it gives that lock up and takes it back (a compiled kernel, a numpy call, 
 in benchmarks/miss_path.py's Zipf runs the write of one pull's 11,000 evicted rows (about 12 ms) used to start while
 that pull was still admitting its misses, and the admission took 7.7 ms instead of about 2. So a background writer
 calls wait_for_idle() before each write: it waits until no request is in progress (serving()), for at most
-limit_s, and not at all while its work is urgent (a caller blocked on it). The writes then land between requests,
-and under a load that leaves no moment between requests, each waits out its limit and goes on.
+limit_s, and no longer once its work is urgent (a caller blocked on it). The writes then land between requests,
+and under a load that leaves no moment between requests, each waits out its limit and goes on. A request is a
+pull's or a push's work on the shard's tables and, in ps.service, the whole RPC around it (its decoding aside):
+the moment between two tables' parts of one PullBatch is no moment to start a write in.
 
 Thread-safety: every method may be called from any thread.
 """
@@ -47,9 +49,14 @@ class Foreground:
                 if self._active == 0:
                     self._cv.notify_all()
 
+    def nudge(self) -> None:
+        """Has wait_for_idle() check urgent() now: call it when that may have become true."""
+        with self._cv:
+            self._cv.notify_all()
+
     def wait_for_idle(self, urgent: Callable[[], bool] = lambda: False) -> bool:
-        """Waits until no request is in progress, limit_s passes, or urgent() is true (checked every POLL_S).
-        Returns whether it found no request in progress."""
+        """Waits until no request is in progress, limit_s passes, or urgent() is true (checked every POLL_S, and
+        at each nudge()). Returns whether it found no request in progress."""
         deadline = time.monotonic() + self.limit_s
         with self._cv:
             while self._active:

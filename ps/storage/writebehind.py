@@ -127,6 +127,8 @@ class WriteBehind:
     def _wait(self) -> None:
         """Waits on the condition (held) as a caller the writer must not keep waiting."""
         self._waiting += 1
+        if self._foreground is not None:
+            self._foreground.nudge()  # the thread may be waiting for a moment without requests: no longer
         try:
             self._cv.wait()
         finally:
