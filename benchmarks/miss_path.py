@@ -42,21 +42,22 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
   writes every dirty row each --flush-interval-s, rocksdb:low compacts, rocksdb:high flushes memtables.
 - peak: VmHWM of the server after the calls, and its RssFile then ("file": resident pages of mapped files, part
   of the peak; with --mmap-reads, the pages of RocksDB's files it has read); then it stops cleanly.
-- live reference: after each pair (warm-up pairs too, untimed), with the server idle between calls, a raw
-  multi_get of the ids a miss reads: as many fresh draws of their own (not the ids the server just read, so
-  neither side reads blocks the other just touched), less, for Zipf, the draws of the ranks the RAM tier can
-  hold (its rows at --cache-bytes: what a perfect cache of the top ranks holds). The server never reads those
-  from RocksDB, while a raw read of them often finds its block cache's copy: with them, a Zipf call's keys cost
-  the reference about a tenth less per key (6.5 against 7.2 us, the two read alternately in one run at 3x10^7
-  rows). Uniform draws are all read (the tier holds 3.6% of the ids of a call). They are read on the running
-  server's files: its data dir opened as a RocksDB secondary instance (read-only; it catches up with the
-  server's flushes and compactions before each read, untimed) with ps.storage.store.rocksdb_options as the
-  server's flags set them (ps.storage.memory.plan_memory: its block cache size, index and filter blocks in the
-  cache under --memory-bytes; --direct-reads) and a block cache of its own, with ps.storage.store.multi_get, the
-  server's own read: the same parts over as many threads as its --read-threads, the same RocksDB MultiGet calls
-  (Rdict.get of a key list) of at most MAX_KEYS_PER_GET keys. Alternated with the server's calls, it reads the
-  same tree under the same background work (compaction, the flusher), and a change of the machine's speed
-  during a run moves both sides alike. --no-live leaves it out.
+- live reference: after each pair (warm-up pairs too, untimed), with the server idle between calls (once its Stats
+  show no evicted row waiting for its write and no flush running: the server's background writes, which it does
+  between requests, would otherwise run beside the reference's reads), a raw multi_get of the ids a miss reads: as
+  many fresh draws of their own (not the ids the server just read, so neither side reads blocks the other just
+  touched), less, for Zipf, the draws of the ranks the RAM tier can hold (its rows at --cache-bytes: what a perfect
+  cache of the top ranks holds). The server never reads those from RocksDB, while a raw read of them often finds its
+  block cache's copy: with them, a Zipf call's keys cost the reference about a tenth less per key (6.5 against 7.2
+  us, the two read alternately in one run at 3x10^7 rows). Uniform draws are all read (the tier holds 3.6% of the
+  ids of a call). They are read on the running server's files: its data dir opened as a RocksDB secondary instance
+  (read-only; it catches up with the server's flushes and compactions before each read, untimed) with
+  ps.storage.store.rocksdb_options as the server's flags set them (ps.storage.memory.plan_memory: its block cache
+  size, index and filter blocks in the cache under --memory-bytes; --direct-reads) and a block cache of its own,
+  with ps.storage.store.multi_get, the server's own read: the same parts over as many threads as its --read-threads,
+  the same RocksDB MultiGet calls (Rdict.get of a key list) of at most MAX_KEYS_PER_GET keys. Alternated with the
+  server's calls, it reads the same tree under the same background work (compaction), and a change of
+  the machine's speed during a run moves both sides alike. --no-live leaves it out.
 - reference after the stop: with the server stopped, its data dir is opened read-only with the same options and
   a block cache of its own, empty at first; all the ids of the timed pulls, drawn again from their seeds, are
   encoded (ps.storage.store.encode_keys, not timed) and read the same way. The first --reference-warmup calls
@@ -125,7 +126,7 @@ SAMPLE_IDS = 8  # ids whose rows are checked after an ingest fill
 MiB = 1 << 20
 TARGETS = {"zipf": 0.25, "uniform": 0.07}  # pull rate at each larger size / the first size's, at least
 MISS_VS_REFERENCE = 1.5  # server us per miss (bound) / reference us per key, at most
-QUIET_LIMIT_S = 10.0  # the longest wait for the server's write-behind to empty before a live read
+QUIET_LIMIT_S = 10.0  # the longest wait for the server's background writes to end before a live read
 RSS_SLACK = 64 * MiB
 
 
@@ -442,9 +443,13 @@ def serve(cluster: LocalCluster, phase: Phase, permutation: np.ndarray, args: ar
             return next(t for t in client.stats()[0].tables if t.name == TABLE)
 
         def quiet() -> float:
-            """Waits until the server holds no evicted row waiting for its write; returns the seconds waited."""
+            """Waits until the server holds no evicted row waiting for its write and runs no flush; returns the
+            seconds waited."""
             t = time.perf_counter()
-            while client.stats()[0].write_behind_bytes and time.perf_counter() - t < QUIET_LIMIT_S:
+            while time.perf_counter() - t < QUIET_LIMIT_S:
+                s = client.stats()[0]
+                if not (s.write_behind_bytes or s.flushing):
+                    break
                 time.sleep(0.001)
             return time.perf_counter() - t
 
@@ -503,7 +508,7 @@ def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: 
     """One PullBatch of fresh ids, then one PushBatch of random gradients for the same ids, then (with live) the
     live reference's read of as many draws of their own (seed + [its number, 1]: ids the server did not just
     read, so neither side reads blocks the other just touched), once quiet() found the server's write-behind
-    empty; recorded in phase if timed. Its ids are drawn from seed + [its number]: the reference draws them
+    empty and no flush running; recorded in phase if timed. Its ids are drawn from seed + [its number]: the reference draws them
     again."""
     k = phase.warmup_pairs + len(phase.seeds)
     call_seed = [*seed, k]
@@ -750,7 +755,7 @@ def main() -> None:
         print(f"server CPU during the timed calls, {r['rows']:,} {r['distribution']} (cores): {every:.2f}: {parts}")
         if r["quiet_wait_ms"] is not None:
             print(
-                f"  median wait for the server's write-behind to empty before a live read: {r['quiet_wait_ms']:.1f} ms"
+                f"  median wait for the server's background writes to end before a live read: {r['quiet_wait_ms']:.1f} ms"
             )
     found = checks(results, first)
     for c in found:

@@ -219,6 +219,7 @@ message StatsResponse
   24 disk_free_bytes  VARINT  uint64                   free to the server's user on data_dir's file system
   25 disk_total_bytes VARINT  uint64                   that file system's size
   26 request_room_bytes VARINT uint64                  room kept for requests' copies of rows; 0: none
+  27 flushing         VARINT  uint32                   1 while a flush writes dirty rows to RocksDB
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

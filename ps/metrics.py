@@ -75,6 +75,7 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     ("sparseps_ram_budget_bytes", "ram_budget_bytes", "the RAM tier's budget (--cache-bytes)"),
     ("sparseps_ram_used_bytes", "ram_used_bytes", "RAM tier bytes in use"),
     ("sparseps_journal_bytes", "journal_bytes", "journal bytes on disk: pushes not yet flushed to RocksDB"),
+    ("sparseps_flushing", "flushing", "1 while a flush writes dirty rows to RocksDB (the flusher's, a checkpoint's)"),
     ("sparseps_memory_budget_bytes", "memory_budget_bytes", "--memory-bytes; 0: no overall bound"),
     ("sparseps_block_cache_budget_bytes", "block_cache_budget_bytes", "RocksDB's block cache capacity"),
     ("sparseps_block_cache_used_bytes", "block_cache_used_bytes", "RocksDB's block cache in use"),

@@ -952,6 +952,7 @@ class Shard:
             "ram_budget_bytes": self.budget.limit_bytes,
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
+            "flushing": int(self._flush_lock.locked()),
             **self.disk_stats(),
             **self.memory_stats(),
             "clock": self.clock,
