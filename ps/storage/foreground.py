@@ -3,9 +3,9 @@
 A background RocksDB write (the write-behind's batch of evicted rows, a chunk of the flusher's) holds Python's lock
 for its whole call: rocksdict's write does not release it. A request that runs meanwhile stalls at every point
 where it gives that lock up and takes it back (a compiled kernel, a numpy call, a reader thread's RocksDB read):
-in benchmarks/miss_path.py's Zipf runs the write of one pull's 11,000 evicted rows (about 12 ms) used to start while
-that pull was still admitting its misses, and the admission took 7.7 ms instead of about 2. So a background writer
-calls wait_for_idle() before each write: it waits until no request is in progress (serving()), for at most
+in benchmarks/miss_path.py's Zipf runs, a pull that admitted its misses beside the write of its 11,000 evicted rows
+(about 12 ms) took 7.7 ms to admit them, against about 2 without it. So a background writer calls wait_for_idle()
+before each write: it waits until no request is in progress (serving()), for at most
 limit_s, and no longer once its work is urgent (a caller blocked on it). The writes then land between requests,
 and under a load that leaves no moment between requests, each waits out its limit and goes on. A request is a
 pull's or a push's work on the shard's tables and, in ps.service, the whole RPC around it (its decoding aside):
