@@ -508,8 +508,8 @@ def pair(pull_batch: Callable, push_batch: Callable, phase: Phase, permutation: 
     """One PullBatch of fresh ids, then one PushBatch of random gradients for the same ids, then (with live) the
     live reference's read of as many draws of their own (seed + [its number, 1]: ids the server did not just
     read, so neither side reads blocks the other just touched), once quiet() found the server's write-behind
-    empty and no flush running; recorded in phase if timed. Its ids are drawn from seed + [its number]: the reference draws them
-    again."""
+    empty and no flush running; recorded in phase if timed. Its ids are drawn from seed + [its number]: the
+    reference draws them again."""
     k = phase.warmup_pairs + len(phase.seeds)
     call_seed = [*seed, k]
     ids = request_ids(phase.distribution, permutation, args.ids, call_seed)

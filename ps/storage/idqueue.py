@@ -5,8 +5,9 @@ for, then writes at the tail. When the array has no room left there, the live en
 it where it has room for them and the new ids plus a quarter of that (plus 16), else into a new array of keep +
 keep / 4 + 16. So an append copies the queue about once per quarter of its length appended, not at every call:
 a copy of the arena's probation queue of 10^6 ids (8 MB, twice) per admitting request would cost a miss path
-pull of 11,000 misses (benchmarks/miss_path.py) about 3.5 ms more. An array longer than keep + keep / 4 + 16 is replaced at the
-next extend(), so after every extend() the array holds at most that many ids: 10 bytes per id it may keep."""
+pull of 11,000 misses (benchmarks/miss_path.py) about 3.5 ms more. An array longer than keep + keep / 4 + 16 is
+replaced at the next extend(), so after every extend() the array holds at most that many ids: 10 bytes per id it
+may keep."""
 
 from __future__ import annotations
 
