@@ -275,20 +275,19 @@ class Table:
                 if self.closed:
                     return written
                 rows, end = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
-                if len(rows) and not ready:
-                    end = None  # first a moment without requests, then this chunk collected again
-                else:
+                wait = len(rows) > 0 and not ready  # first a moment without requests, then this chunk collected again
+                if not wait:
                     if len(rows):
                         self._persist(rows)
                         written += len(rows)
                     if end >= self.arena.used:
                         return written
-                    start, ready = end, yield_to is None
-            if end is None:
+                    start = end
+            if wait:
                 yield_to.wait_for_idle(urgent)
-                ready = True
             else:  # without a pause, this thread would take the lock back before a waiting push
                 time.sleep(FLUSH_PAUSE_S)
+            ready = wait or yield_to is None
 
     def shrink(self, clock: int, chunk_rows: int = FLUSH_CHUNK_ROWS) -> int:
         """Decays show and click (eviction.decay) and drops ids last pushed more than eviction.ttl_steps before
