@@ -137,6 +137,7 @@ message TableSpec
 message CreateTableRequest
   1  spec             LEN     TableSpec                the table to create
   2  replace_untrained VARINT bool                     a table of the name, of another spec, never trained: replaced
+  3  check_only       VARINT  bool                     every check a create makes, nothing changed (TableInfo as if)
 
 message DescribeTableRequest
   1  table            LEN     string                   the table's name

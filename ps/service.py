@@ -331,6 +331,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
         cfg = codec.table_config_from_proto(request.spec)
+        if request.check_only:
+            cfg, num_rows, width = self.shard.check_create(cfg, replace_untrained=request.replace_untrained)
+            return ps_pb2.TableInfo(spec=codec.table_config_to_proto(cfg), num_rows=num_rows, row_floats=width)
         return self._info(self.shard.create_table(cfg, replace_untrained=request.replace_untrained))
 
     @_rpc

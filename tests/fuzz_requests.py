@@ -87,8 +87,9 @@ class RequestSource:
     def observe(self, request: Request, reply: bytes) -> None:
         """Learns from a request the shard accepted (with its reply's bytes)."""
         if request.method == "CreateTable":
-            spec = ps_pb2.CreateTableRequest.FromString(request.data).spec
-            self.tables.setdefault(spec.name, (spec.dim, spec))
+            created = ps_pb2.CreateTableRequest.FromString(request.data)
+            if not created.check_only:  # a check creates nothing
+                self.tables.setdefault(created.spec.name, (created.spec.dim, created.spec))
         elif request.method == "PushBatch":
             r = ps_pb2.PushBatchRequest.FromString(request.data)
             if r.client_id:
@@ -305,7 +306,9 @@ class RequestSource:
             spec.eviction.score_threshold = self.rng.choice([math.nan, -1.0, math.inf])
         elif bad == "different spec" and name in self.tables:
             spec.dim += 1
-        return ps_pb2.CreateTableRequest(spec=spec), f"create table, bad {bad}"
+        check_only = self.rng.random() < 0.2  # answered as a create would be, creating nothing (observe)
+        what = "check create table" if check_only else "create table"
+        return ps_pb2.CreateTableRequest(spec=spec, check_only=check_only), f"{what}, bad {bad}"
 
     def describetable(self) -> tuple[Message, str]:
         return ps_pb2.DescribeTableRequest(table=self._table(self.rng.random() < 0.5)), "describe table"

@@ -123,9 +123,16 @@ class Client:
 
     def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> None:
         """Creates the table on every shard (idempotent for the same spec). replace_untrained: a table of the name
-        with another spec that a shard holds untrained (no row, no pending id) is replaced there."""
+        with another spec that a shard holds untrained (no row, no pending id) is replaced there. With several
+        shards, every shard first checks the request (CreateTable's check_only) and any refusal is raised before
+        a shard creates anything; what can still fail on one shard after the others created the table is a
+        RocksDB write there, or a table created or trained in between by another client."""
         cfg.validate()
-        request = ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(cfg), replace_untrained=replace_untrained)
+        spec = codec.table_config_to_proto(cfg)
+        if len(self._stubs) > 1:
+            check = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, check_only=True)
+            self._call_all("CreateTable", [check] * len(self._stubs))
+        request = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained)
         self._call_all("CreateTable", [request] * len(self._stubs))
         self._dims[cfg.name] = cfg.dim
 

@@ -49,7 +49,7 @@ from ps.engine.jobs import JobClocks, check_stamp, contribution
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
-from ps.engine.table import Table
+from ps.engine.table import Table, layout_for
 from ps.errors import (
     CLIENT_TABLE_FULL,
     ClientTableFullError,
@@ -423,14 +423,7 @@ class Shard:
             table = self.tables.get(cfg.name)
             if table is not None:
                 diff = table.cfg.differences(cfg)
-                if diff and replace_untrained:
-                    return self._replace_untrained(table, cfg, diff)
-                if diff:
-                    raise TableExistsError(
-                        f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec "
-                        f"(existing != requested): {'; '.join(diff)}"
-                    )
-                return table
+                return self._replace_untrained(table, cfg, diff, replace_untrained) if diff else table
             table = Table(cfg, self.store, self.journal, self.budget)  # refused before anything is written if
             try:  # the RAM tier cannot take it (RamTierTooSmallError)
                 self.store.create_table(cfg)
@@ -441,17 +434,46 @@ class Shard:
         log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
         return table
 
-    def _replace_untrained(self, old: Table, cfg: TableConfig, diff: list[str]) -> Table:
-        """create_table's replace of a table never trained (self._lock held): the old one is closed (its requests
-        from now on get ShardClosingError) and leaves the RAM budget, the new one takes its name and number. A
-        failure puts a table of the old config back, as it was (untrained, its RAM tier empty)."""
+    def check_create(self, cfg: TableConfig, replace_untrained: bool = False) -> tuple[TableConfig, int, int]:
+        """What create_table(cfg, replace_untrained) would answer, changing nothing: (config, trained rows, row
+        floats) of the table it would return, or the error it would raise (all but a failed RocksDB write's), so
+        that a client can check every shard before it creates the table on any."""
+        self.refuse_if_lost()
+        cfg = cfg.normalized()
+        with self._lock:
+            table = self.tables.get(cfg.name)
+            diff = table.cfg.differences(cfg) if table is not None else []
+            if table is not None and not diff:
+                return table.cfg, table.num_rows, table.width
+            if diff:
+                with table.lock:
+                    self._refuse_other_spec(table, cfg, diff, replace_untrained)
+            layout = layout_for(cfg)
+            self.budget.check_join(layout.ram_bytes, replacing=table.arena if diff else None)
+            return cfg, 0, layout.width
+
+    def _refuse_other_spec(self, table: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> None:
+        """TableExistsError unless `table`, whose config differs from cfg by diff, may be replaced: with
+        replace_untrained, and never trained (no row, no pending id). The table's lock held."""
+        if not replace_untrained:
+            raise TableExistsError(
+                f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec "
+                f"(existing != requested): {'; '.join(diff)}"
+            )
+        if table.num_rows or table.num_pending:
+            raise TableExistsError(
+                f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec (existing != "
+                f"requested): {'; '.join(diff)}; it holds {table.num_rows:,} trained rows and {table.num_pending:,} "
+                "ids pushed but not admitted, and only a table never trained is replaced; nothing was changed"
+            )
+
+    def _replace_untrained(self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> Table:
+        """create_table for a table of another config, `old` (self._lock held): refused unless it may be replaced
+        (_refuse_other_spec); then the old one is closed (its requests from now on get ShardClosingError) and
+        leaves the RAM budget, the new one takes its name and number. A failure puts a table of the old config
+        back, as it was (untrained, its RAM tier empty)."""
         with old.lock:
-            if old.num_rows or old.num_pending:
-                raise TableExistsError(
-                    f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec (existing != "
-                    f"requested): {'; '.join(diff)}; it holds {old.num_rows:,} trained rows and {old.num_pending:,} "
-                    "ids pushed but not admitted, and only a table never trained is replaced; nothing was changed"
-                )
+            self._refuse_other_spec(old, cfg, diff, replace_untrained)
             old.closed = True
             old.replaced = True
             self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone

@@ -55,13 +55,18 @@ FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock:
 FLUSH_PAUSE_S = 0.0005  # between two such holds, so a waiting pull or push gets the lock (Python's is not fair)
 
 
+def layout_for(cfg: TableConfig) -> RowLayout:
+    """The row layout of a table of cfg: its width, and ram_bytes, the RAM tier's charge for one row."""
+    return RowLayout(cfg.dim, get_optimizer(cfg.optimizer).state_floats(cfg.dim))
+
+
 class Table:
     def __init__(self, cfg: TableConfig, store: Store, journal: Journal, budget: MemoryBudget):
         self.cfg = cfg
         self.name = cfg.name
         self.dim = cfg.dim
         self.optimizer = get_optimizer(cfg.optimizer)
-        self.layout = RowLayout(cfg.dim, self.optimizer.state_floats(cfg.dim))
+        self.layout = layout_for(cfg)
         self.width = self.layout.width
         self.stats_col = self.layout.stats_col
         self.store = store

@@ -66,10 +66,19 @@ class MemoryBudget:
     def join(self, member: Member) -> None:
         """Adds a table's arena; RamTierTooSmallError (nothing changed) if the shares would get too small."""
         with self._lock:
-            n = len(self._members) + 1
-            widest = max([m.row_charge for m in self._members] + [member.row_charge])
-            self.check_room(n, widest, f"cannot take table number {n}")
+            self._check_join(member.row_charge, self._members)
             self._members.append(member)
+
+    def check_join(self, row_charge: int, replacing: Member | None = None) -> None:
+        """The RamTierTooSmallError join() would raise for a table whose rows cost row_charge bytes, after
+        `replacing` (a member) left; nothing changes either way."""
+        with self._lock:
+            self._check_join(row_charge, [m for m in self._members if m is not replacing])
+
+    def _check_join(self, row_charge: int, members: list[Member]) -> None:
+        n = len(members) + 1
+        widest = max([m.row_charge for m in members] + [row_charge])
+        self.check_room(n, widest, f"cannot take table number {n}")
 
     def check_room(self, n: int, widest: int, what: str) -> None:
         """RamTierTooSmallError ("the RAM tier (...) {what}: ...") if n tables whose widest rows cost `widest`

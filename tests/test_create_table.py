@@ -1,0 +1,164 @@
+"""CreateTable across shards: a refusal by any shard leaves every shard as it was.
+
+Client.create_table asks every shard to check the request first (CreateTable's check_only) and creates the table
+only once all accepted. The oracle for the check is create_table itself: on twin shards brought to the same
+state, Shard.check_create answers what create_table answers (the table's spec, rows and width, or the same
+error), and changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from protos import ps_pb2
+from ps import codec
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.shard import Shard
+from ps.errors import PsError, RamTierTooSmallError, TableExistsError, TableNotFoundError
+from ps.server import Server
+from worker.client import Client
+
+WIDE = 4096  # a 4 MiB RAM tier takes 4 tables of this dim (adagrad), not 5 (tests/test_many_tables.py)
+SMALL_TIER = 4 << 20
+
+
+def trained(shard: Shard, name: str, dim: int) -> None:
+    """Pushes 3 ids the shard owns to its table `name`."""
+    ids = np.arange(1000, dtype=np.uint64)
+    if shard.num_shards > 1:
+        ids = ids[shard.slot_map.shard_of(ids) == shard.shard_id]
+    shard.push(name, ids[:3], np.ones((3, dim), np.float32))
+
+
+# each: (what is on the shard first, the request); the shard has a 4 MiB RAM tier
+SCENARIOS = {
+    "new table": ([], (TableConfig("t", 4), False)),
+    "the same spec again": ([("t", 4, False)], (TableConfig("t", 4), False)),
+    "the same spec again, trained": ([("t", 4, True)], (TableConfig("t", 4), True)),
+    "another spec": ([("t", 4, False)], (TableConfig("t", 8), False)),
+    "another spec, untrained, replaced": ([("t", 4, False)], (TableConfig("t", 8), True)),
+    "another spec, trained, not replaced": ([("t", 4, True)], (TableConfig("t", 8), True)),
+    "another optimizer": ([("t", 4, False)], (TableConfig("t", 4, optimizer=OptimizerConfig("sgd", 0.1)), False)),
+    "one table too many": ([(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False)),
+    "a wide table replacing a narrow one, room": (
+        [*((f"w{i}", WIDE, False) for i in range(3)), ("t", 4, False)], (TableConfig("t", WIDE), True)),
+    "a wide table replacing a narrow one, no room": (
+        [("t", 4, False), *((f"u{i}", 4, False) for i in range(4))], (TableConfig("t", WIDE), True)),
+}  # fmt: skip
+
+
+def prepared(path, setup) -> Shard:
+    shard = Shard(ServerConfig(data_dir=str(path), cache_bytes=SMALL_TIER, flush_interval_s=3600))
+    for name, dim, train in setup:
+        shard.create_table(TableConfig(name, dim))
+        if train:
+            trained(shard, name, dim)
+    return shard
+
+
+def outcome(call, *args, **kwargs):
+    """call's answer as (config dict, rows, width), or its refusal as (error class name, message)."""
+    try:
+        cfg, rows, width = call(*args, **kwargs)
+    except (TableExistsError, RamTierTooSmallError) as e:
+        return type(e).__name__, str(e)
+    return cfg.to_dict(), rows, width
+
+
+def state(shard: Shard) -> dict:
+    return {name: (t.cfg.to_dict(), t.num_rows, t.num_pending) for name, t in shard.tables.items()}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_check_create_answers_what_create_table_does_and_changes_nothing(tmp_path, scenario):
+    setup, (cfg, replace) = SCENARIOS[scenario]
+    checked, created = prepared(tmp_path / "a", setup), prepared(tmp_path / "b", setup)
+    try:
+        before = state(checked)
+        check = outcome(checked.check_create, cfg, replace_untrained=replace)
+        assert state(checked) == before
+        assert checked.budget.used_bytes == created.budget.used_bytes
+
+        def create():
+            t = created.create_table(cfg, replace_untrained=replace)
+            return t.cfg, t.num_rows, t.width
+
+        assert check == outcome(create)
+    finally:
+        checked.close()
+        created.close()
+
+
+def test_the_scenarios_cover_each_outcome(tmp_path):
+    """The oracle test above is only as good as its cases: each kind of answer comes up."""
+    kinds = set()
+    for i, (setup, (cfg, replace)) in enumerate(SCENARIOS.values()):
+        shard = prepared(tmp_path / str(i), setup)
+        try:
+            got = outcome(shard.check_create, cfg, replace_untrained=replace)
+        finally:
+            shard.close()
+        kinds.add(got[0] if isinstance(got[0], str) else ("existing" if got[1] else "created"))
+    assert kinds == {"TableExistsError", "RamTierTooSmallError", "existing", "created"}
+
+
+@pytest.fixture
+def two_shards(tmp_path):
+    """Factory: shards 0 and 1 of 2, in-process servers, with the given --cache-bytes each."""
+    started: list[Server] = []
+
+    def start(cache_bytes=(None, None)):
+        for i, cache in enumerate(cache_bytes):
+            s = Server(ServerConfig(data_dir=str(tmp_path / f"shard-{i}"), shard_id=i, num_shards=2, port=0,
+                                    cache_bytes=cache))  # fmt: skip
+            s.start()
+            started.append(s)
+        return [f"127.0.0.1:{s.port}" for s in started], started
+
+    yield start
+    for s in started:
+        s.stop(grace_s=1)
+
+
+def test_a_table_one_shard_refuses_is_created_on_none(two_shards):
+    """Shard 1 holds table t of another spec, trained; shard 0 none. CreateTable of t is refused
+    (ALREADY_EXISTS, naming shard 1) and shard 0 still has no table t; then the other spec goes through."""
+    addresses, (s0, s1) = two_shards()
+    s1.shard.create_table(TableConfig("t", 4))
+    trained(s1.shard, "t", 4)
+    with Client(addresses) as client:
+        with pytest.raises(PsError, match=r"table 't' exists on shard 1 with a different spec") as e:
+            client.create_table(TableConfig("t", 8), replace_untrained=True)
+        assert e.value.status == "ALREADY_EXISTS"
+        assert "t" not in s0.shard.tables
+        client.create_table(TableConfig("t", 4))
+        assert s0.shard.table("t").dim == 4
+
+
+def test_a_table_one_shards_ram_tier_cannot_take_is_created_on_none(two_shards):
+    """Shard 1's RAM tier (4 MiB) takes 4 tables of dim 4096, shard 0's (2 GiB) many more: the 5th is refused
+    (RESOURCE_EXHAUSTED, naming --cache-bytes) and shard 0 does not hold it."""
+    addresses, (s0, s1) = two_shards((None, SMALL_TIER))
+    with Client(addresses) as client:
+        for i in range(4):
+            client.create_table(TableConfig(f"w{i}", WIDE))
+        with pytest.raises(PsError, match=r"--cache-bytes 4194304\) cannot take table number 5") as e:
+            client.create_table(TableConfig("w4", WIDE))
+        assert e.value.status == "RESOURCE_EXHAUSTED"
+        assert sorted(s0.shard.tables) == sorted(s1.shard.tables) == [f"w{i}" for i in range(4)]
+        with pytest.raises(TableNotFoundError):
+            client.describe_table("w4")
+
+
+def test_check_only_over_the_wire_creates_nothing_and_answers_as_create_would(two_shards):
+    addresses, (s0, _) = two_shards()
+    cfg = TableConfig("t", 4)
+    check = ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(cfg), check_only=True)
+    with Client(addresses) as client:
+        checked = client._call_all("CreateTable", [check, check])
+        assert "t" not in s0.shard.tables
+        client.create_table(cfg)
+        infos = client.describe_table("t")
+    assert [i.row_floats for i in checked] == [i.row_floats for i in infos] == [s0.shard.table("t").width] * 2
+    assert [i.spec for i in checked] == [i.spec for i in infos]
+    assert [i.num_rows for i in checked] == [0, 0]
