@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Checkpoint, Stats, AdvanceClock, Shrink) plus the gRPC health service. "
         "`ps-server size --help`: how much RAM and disk a table needs; `ps-server verify DIR`: what is damaged in a "
         "data dir; `ps-server export CHECKPOINT`: a checkpoint's embeddings as .npy for serving; `ps-server health "
-        "HOST:PORT`: whether a shard serves (a probe's exit code).",
+        "HOST:PORT`: whether a shard serves (a probe's exit code). SIGTERM or Ctrl-C stops it cleanly (every "
+        "dirty row written to RocksDB, exit 0); a second one during that stop ends it at once (exit 143 or 130), as "
+        "kill -9 would: the next start replays its journal.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--port", type=integer(0, 65535), default=0, help="TCP port; 0 takes a free one and prints it")

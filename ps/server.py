@@ -236,9 +236,13 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     (ps.engine.startup) and returns, saying so."""
     stop = threading.Event()
     progress = StartProgress(stop)
+    serving: list[Server] = []  # the server, once it serves
 
     def on_signal(signum, frame):
         again = stop.is_set()
+        if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
+            _exit_now_unless_needed(serving[0], config.shard_id, signal.Signals(signum))
+            return
         log.info("received %s, shutting down%s", signal.Signals(signum).name, _stop_note(progress))
         stop.set()
         if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
@@ -258,6 +262,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
               file=sys.stderr, flush=True)  # fmt: skip
         return
     port = server.start()
+    serving.append(server)
     _say(f"{where} listening on {config.host}:{port} (data dir {config.data_dir}: {server.shard.describe_start()})")
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
@@ -266,6 +271,22 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     code = stop_server(server, config.shard_id)
     if code:
         raise SystemExit(code)
+
+
+def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> None:
+    """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (exit code 128 + the
+    signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the stop
+    writes is the only copy of some pushes (the journal found its segment or the data dir deleted): then the stop
+    goes on, and the log says why."""
+    shard = server.shard
+    if shard is not None and shard.journal.lost:
+        log.warning("received %s again: the stop goes on, as it must write the rows RocksDB lacks (%s); SIGKILL "
+                    "would lose the pushes since", sig.name, shard.journal.lost)  # fmt: skip
+        return
+    print(f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without writing the "
+          "rest of its rows to RocksDB; every acknowledged push is in its journal, which the next start replays",
+          file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(128 + sig)
 
 
 def _stop_note(progress: StartProgress) -> str:

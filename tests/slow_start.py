@@ -1,6 +1,7 @@
 """`python -m tests.slow_start GATE AT [ps-server flags]`: ps-server whose start waits, until the file GATE exists,
 at AT: `verify` (before --verify-on-start's reading) or a number K (before its journal replay applies its K-th
-record). A start as long as a test needs, watched from outside (health, calls, signals); nothing else differs."""
+record); or, with AT `stop`, whose stop waits before it closes the shard (its last flush). A start or a stop as long
+as a test needs, watched from outside (health, calls, signals); nothing else differs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import ps.server
 from ps.__main__ import main
+from ps.engine.shard import Shard
 from ps.engine.table import Table
 
 
@@ -42,7 +44,23 @@ def hold_verify(gate: str) -> None:
     ps.server.verify_data_dir = held
 
 
+def hold_stop(gate: str) -> None:
+    """Makes Shard.close (a stop's last step: the flush, then closing the store) wait until the file gate exists."""
+    close = Shard.close
+
+    def held(self: Shard) -> None:
+        wait_for(gate)
+        close(self)
+
+    Shard.close = held
+
+
 if __name__ == "__main__":
     gate, at = sys.argv[1], sys.argv[2]
-    hold_verify(gate) if at == "verify" else hold_replay(gate, int(at))
+    if at == "verify":
+        hold_verify(gate)
+    elif at == "stop":
+        hold_stop(gate)
+    else:
+        hold_replay(gate, int(at))
     sys.exit(main(sys.argv[3:]))

@@ -1,0 +1,99 @@
+"""A second SIGTERM or Ctrl-C while ps-server stops ends it at once, as kill -9 would, and the next start replays
+its journal: every acknowledged push is there. Not while the stop writes the only copy of some pushes (the journal
+found its segment deleted): then the stop goes on and says why. The stop is held open by tests.slow_start (its
+last flush waits for a file), so the second signal always lands inside it."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from tests.server_process import ServerProcess
+from tests.waiting import wait_until
+
+TIMEOUT_S = 30
+COMPILE_S = 120  # a call that may compile kernels first (a cold numba cache, a loaded host)
+DIM = 4
+IDS = np.arange(1, 300, dtype=np.uint64)
+
+
+def push(stub, value: float) -> None:
+    grads = np.full((len(IDS), DIM), value, dtype="<f4")
+    stub.Push(ps_pb2.PushRequest(table="t", ids=IDS.astype("<u8").tobytes(), grads=grads.tobytes(), dim=DIM),
+              timeout=COMPILE_S)  # fmt: skip
+
+
+def pull(address: str) -> np.ndarray:
+    with grpc.insecure_channel(address) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        reply = stub.Pull(ps_pb2.PullRequest(table="t", ids=IDS.astype("<u8").tobytes()), timeout=TIMEOUT_S)
+    return np.frombuffer(reply.rows, dtype="<f4").reshape(len(IDS), DIM)
+
+
+def trained_server(data_dir, gate) -> tuple[ServerProcess, np.ndarray]:
+    """A server whose stop waits for `gate`, with table t pushed 3 times (acknowledged, not flushed: it flushes every
+    hour), and its rows."""
+    server = ServerProcess(
+        data_dir, "--flush-interval-s", "3600", launcher=("-m", "tests.slow_start", str(gate), "stop")
+    )
+    address = server.started()
+    assert address, server.output()
+    with grpc.insecure_channel(address) as channel:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=ps_pb2.TableSpec(name="t", dim=DIM)), timeout=TIMEOUT_S)
+        for value in (0.5, -0.25, 0.125):
+            push(stub, value)
+    return server, pull(address)
+
+
+def restarted_rows(data_dir) -> np.ndarray:
+    server = ServerProcess(data_dir)
+    address = server.started()
+    assert address, server.output()
+    try:
+        return pull(address)
+    finally:
+        server.stop_cleanly()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_while_stopping_exits_at_once_and_the_journal_has_every_push(tmp_path, sig):
+    data_dir, gate = tmp_path / "d", tmp_path / "gate"
+    server, rows = trained_server(data_dir, gate)
+    try:
+        server.proc.send_signal(sig)
+        wait_until(lambda: f"received {sig.name}, shutting down" in server.output(), TIMEOUT_S, "the first signal")
+        server.proc.send_signal(sig)
+        assert server.proc.wait(TIMEOUT_S) == 128 + sig, server.output()
+    finally:
+        server.proc.kill()
+    out = server.output()
+    assert f"received {sig.name} again while stopping: exiting now, without writing the rest of its rows" in out, out
+    assert "stopped cleanly" not in out and "Traceback" not in out, out
+    np.testing.assert_array_equal(restarted_rows(data_dir), rows)
+
+
+def test_a_second_signal_does_not_cut_short_a_stop_that_writes_the_only_copy(tmp_path):
+    """The journal segment deleted under the server: the second SIGTERM is logged, the stop goes on and exits 0
+    once its flush is done, and a restart has every acknowledged push."""
+    data_dir, gate = tmp_path / "d", tmp_path / "gate"
+    server, rows = trained_server(data_dir, gate)
+    try:
+        for name in os.listdir(data_dir / "journal"):
+            os.remove(data_dir / "journal" / name)
+        wait_until(lambda: "is in RocksDB now" in server.output(), TIMEOUT_S, "the journal to find its segment gone")
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM, shutting down" in server.output(), TIMEOUT_S, "the first signal")
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM again: the stop goes on" in server.output(), TIMEOUT_S, "the second")
+        assert server.proc.poll() is None, server.output()
+        gate.touch()
+        assert server.proc.wait(TIMEOUT_S) == 0, server.output()
+    finally:
+        server.proc.kill()
+    np.testing.assert_array_equal(restarted_rows(data_dir), rows)
