@@ -290,7 +290,8 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
-                   "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table")  # fmt: skip
+                   "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table. A choice that leaves "
+                   "out some tables of a model (tables that share their features) is warned about")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
@@ -310,8 +311,8 @@ def export_main(argv: list[str]) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ps.checkpoint import table_patterns
-    from ps.engine.restore import export
+    from ps.checkpoint import read_manifest, table_patterns
+    from ps.engine.restore import export, left_out_of_models
     from ps.storage.leftovers import EXPORT_TEMPORARY
 
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
@@ -327,9 +328,13 @@ def _export(args: argparse.Namespace) -> int:
     try:
         tables = None if args.tables is None else table_patterns(args.tables)
         summary = export(args.checkpoint, args.out, args.since, progress=not args.no_progress, tables=tables)
+        specs = read_manifest(args.checkpoint)["tables"] if tables else []
     except (StorageError, OSError, ValueError) as e:
         print(f"ps-server export: error: {e}", file=sys.stderr)
         return 2
+    for line in left_out_of_models(specs, [t for t in specs if t["name"] in summary["tables"]]):
+        print(f"ps-server export: warning: --tables leaves out {line}: this export holds only part of that model",
+              file=sys.stderr)  # fmt: skip
     if args.since is not None and args.since > summary["clock"]:
         print(f"ps-server export: warning: --since {args.since:,} is past the checkpoint's clock "
               f"({summary['clock']:,}): no row was pushed at or after it, so every table is empty", file=sys.stderr)  # fmt: skip

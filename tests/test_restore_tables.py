@@ -4,6 +4,7 @@ table, not a table restored empty."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -319,3 +320,33 @@ def test_export_writes_the_tables_named_or_matched_only(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert not (tmp_path / "none").exists()  # refused before anything was made
+
+
+def test_export_of_part_of_a_models_tables_warns_naming_those_left_out(tmp_path, capsys):
+    """Tables that share a `features` (one schema's fingerprint) are one model: --tables that takes some of them
+    and leaves others out says which, after exporting; a whole model, or tables of no named features, say nothing."""
+    from ps.__main__ import main as server_main
+
+    named = lambda name, features: dataclasses.replace(table(name), features=features)
+    specs = [named("fm", "schema:x"), named("dense.fm.w", "schema:x"), named("lr", "schema:y"), table("plain"),
+             named("dense.fm.b", "schema:x")]  # fmt: skip
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        for spec in specs:
+            shard.create_table(spec)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
+    finally:
+        shard.close()
+
+    def warnings(tables: str) -> list[str]:
+        out = tmp_path / f"out-{tables}"
+        assert server_main(["export", str(tmp_path / "ckpt"), "--out", str(out), "--tables", tables]) == 0
+        assert (out / "export.json").exists()
+        return [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+
+    assert warnings("fm") == ["ps-server export: warning: --tables leaves out dense.fm.w, dense.fm.b of the model of "
+                              "fm (features 'schema:x'): this export holds only part of that model"]  # fmt: skip
+    assert warnings("dense.fm.*,lr") == ["ps-server export: warning: --tables leaves out fm of the model of "
+                                         "dense.fm.w, dense.fm.b (features 'schema:x'): this export holds only part "
+                                         "of that model"]  # fmt: skip
+    assert warnings("fm,dense.fm.*") == warnings("lr") == warnings("plain") == warnings("lr,plain,fm,dense.*") == []

@@ -138,7 +138,8 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
-                   "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table")  # fmt: skip
+                   "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table. A choice that leaves "
+                   "out some tables of a model (tables that share their features) is warned about")  # fmt: skip
     p.add_argument(
         "--keep-checkpoint", action="store_true", help="keep OUT/checkpoint (restorable with ps-server --restore)"
     )

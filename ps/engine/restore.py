@@ -169,6 +169,23 @@ def chosen_tables(specs: list[dict], patterns: Sequence[str]) -> list[dict]:
     return [t for t in specs if any(fnmatch.fnmatchcase(t["name"], p) for p in patterns)]
 
 
+def left_out_of_models(specs: list[dict], chosen: list[dict]) -> list[str]:
+    """For an export of `chosen` among the checkpoint's table specs: per model (the tables that share a non-empty
+    `features`: one schema's fingerprint) of which some tables are chosen and some not, a line naming those left
+    out, in the manifest's order. [] when every chosen table's model is whole."""
+    names = {t["name"] for t in chosen}
+    lines = []
+    for features in dict.fromkeys(t.get("features", "") for t in chosen):
+        if not features:  # a table whose creator named no features: its model is not known
+            continue
+        model = [t["name"] for t in specs if t.get("features", "") == features]
+        out = [n for n in model if n not in names]
+        if out:
+            lines.append(f"{', '.join(out)} of the model of {', '.join(n for n in model if n in names)} "
+                         f"(features {features!r})")  # fmt: skip
+    return lines
+
+
 def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool) -> dict:
     """export's writing, into out (new_out: this export made it), under its claim on out."""
     summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
