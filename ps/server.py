@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -217,14 +218,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _stop_at_end_of_stdin() -> None:
+def _stop_at_end_of_stdin(stop: threading.Event) -> None:
     """(thread) Once standard input is closed, SIGTERM to the main thread: the stop is a SIGTERM's in every way,
-    a read-only phase of the start (--verify-on-start) ended where it is too."""
+    a read-only phase of the start (--verify-on-start) ended where it is too. Nothing if a stop began already (a
+    second SIGTERM would end that stop at once)."""
     try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
         while os.read(0, 4096):
             pass
     except OSError:  # no usable stdin: treat it as closed
         pass
+    if stop.is_set():
+        log.info("standard input closed (the process that started this server is gone); the stop goes on")
+        return
     log.info("standard input closed (the process that started this server is gone): stopping as on SIGTERM")
     signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
 
@@ -240,18 +245,18 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
 
     def on_signal(signum, frame):
         again = stop.is_set()
+        stop.set()  # first: a signal whose handler runs inside this one's logging sees it
         if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
             _exit_now_unless_needed(serving[0], config.shard_id, signal.Signals(signum))
             return
         log.info("received %s, shutting down%s", signal.Signals(signum).name, _stop_note(progress))
-        stop.set()
         if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
             raise StartStopped(progress.describe())  # must not interrupt the first one's way out)
 
     signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
     if stop_with_stdin:
-        threading.Thread(target=_stop_at_end_of_stdin, name="ps-stdin", daemon=True).start()
+        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
     where = f"ps-server shard {config.shard_id}/{config.num_shards}"
     try:
         server = Server(config, progress, on_listening=lambda server: _say(
@@ -269,6 +274,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     while not stop.wait(SIGNAL_CHECK_S):  # in slices: a SIGTERM another thread received (ps.terminate)
         pass
     code = stop_server(server, config.shard_id)
+    serving.clear()  # stopped: a signal from here on finds nothing to cut short
     if code:
         raise SystemExit(code)
 
@@ -276,17 +282,30 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
 def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> None:
     """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (exit code 128 + the
     signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the stop
-    writes is the only copy of some pushes (the journal found its segment or the data dir deleted): then the stop
-    goes on, and the log says why."""
+    writes is the only copy of some pushes (the journal's segment or the data dir deleted: Journal.seems_lost), nor
+    while a checkpoint is being saved (its folder would be left half written): then the stop goes on, and the log
+    says why. Runs in a signal handler: takes no lock, and raises nothing."""
     shard = server.shard
-    if shard is not None and shard.journal.lost:
-        log.warning("received %s again: the stop goes on, as it must write the rows RocksDB lacks (%s); SIGKILL "
-                    "would lose the pushes since", sig.name, shard.journal.lost)  # fmt: skip
+    why_not = ""
+    if shard is not None and shard.journal.seems_lost():
+        why_not = ("it must write the rows RocksDB lacks, as the journal's segment or the data dir was deleted: "
+                   "SIGKILL would lose the pushes since")  # fmt: skip
+    elif shard is not None and shard._hold.save_running:
+        why_not = ("a checkpoint is being saved, and cut short it would leave its folder half written; it ends by "
+                   "itself, or SIGKILL stops everything")  # fmt: skip
+    if why_not:
+        with contextlib.suppress(Exception):  # a handler must not raise into the stop it interrupted
+            log.warning("received %s again: the stop goes on: %s", sig.name, why_not)
         return
-    print(f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without writing the "
-          "rest of its rows to RocksDB; every acknowledged push is in its journal, which the next start replays",
-          file=sys.stderr, flush=True)  # fmt: skip
-    os._exit(128 + sig)
+    message = (f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without writing "
+               "the rest of its rows to RocksDB; every acknowledged push is in its journal, which the next start "
+               "replays\n")  # fmt: skip
+    try:  # os.write, not print: no buffer a signal could find half written, and a closed stderr raises nothing
+        os.write(2, message.encode())
+    except OSError:
+        pass
+    finally:
+        os._exit(128 + sig)
 
 
 def _stop_note(progress: StartProgress) -> str:

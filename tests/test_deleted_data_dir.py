@@ -212,8 +212,9 @@ def test_journal_check_intact(tmp_path):
     ids, grads = np.arange(3, dtype="<u8"), np.ones((3, 2), "<f4")
     shows, clicks = np.ones(3, "<f4"), np.zeros(3, "<f4")
     assert journal.append("t", ids, grads, shows, clicks, 0) == 1
-    assert journal.check_intact() and not journal.lost and not told
+    assert journal.check_intact() and not journal.lost and not told and not journal.seems_lost()
     os.remove(journal._path)
+    assert journal.seems_lost() and not journal.lost and not told  # seen, nothing changed (a signal handler's look)
     assert journal.check_intact()  # the data dir is still there: the mark can be written
     assert "journal segment" in journal.lost and not journal.dir_gone and len(told) == 1
     with pytest.raises(DataDirLostError, match="was deleted under the running server"):

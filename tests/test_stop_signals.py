@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import grpc
 import numpy as np
@@ -97,3 +98,71 @@ def test_a_second_signal_does_not_cut_short_a_stop_that_writes_the_only_copy(tmp
     finally:
         server.proc.kill()
     np.testing.assert_array_equal(restarted_rows(data_dir), rows)
+
+
+def test_a_stdin_closed_while_stopping_is_no_second_signal(tmp_path):
+    """--stop-with-stdin: the parent that started the server dies while the stop it asked for runs (a local cluster
+    whose owner was killed): the stop goes on to its end, exit 0, instead of ending at once."""
+    data_dir, gate = tmp_path / "d", tmp_path / "gate"
+    server = ServerProcess(data_dir, "--stop-with-stdin", launcher=("-m", "tests.slow_start", str(gate), "stop"),
+                           stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        assert server.started(), server.output()
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM, shutting down" in server.output(), TIMEOUT_S, "the first signal")
+        server.proc.stdin.close()
+        wait_until(lambda: "standard input closed" in server.output(), TIMEOUT_S, "the stdin thread to see it")
+        assert server.proc.poll() is None, server.output()
+        gate.touch()
+        assert server.proc.wait(TIMEOUT_S) == 0, server.output()
+    finally:
+        server.proc.kill()
+    assert "again while stopping" not in server.output()
+
+
+class _Fake:
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+
+def _server(lost: bool = False, saving: bool = False) -> _Fake:
+    journal = _Fake(seems_lost=lambda: lost)
+    return _Fake(shard=_Fake(journal=journal, _hold=_Fake(save_running=saving)))
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    """os._exit recorded instead of taken: the codes it was called with."""
+    codes: list[int] = []
+
+    def record(code: int) -> None:
+        codes.append(code)
+
+    monkeypatch.setattr(os, "_exit", record)
+    return codes
+
+
+def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd, caplog):
+    from ps.server import _exit_now_unless_needed
+
+    _exit_now_unless_needed(_server(), 3, signal.SIGINT)
+    assert exits == [130] and "shard 3: received SIGINT again while stopping: exiting now" in capfd.readouterr().err
+    _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM)
+    _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM)
+    assert exits == [130]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("must write the rows RocksDB lacks" in m for m in said), said
+    assert any("a checkpoint is being saved" in m for m in said), said
+
+
+def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch):
+    """stderr's reader gone (`ps-server ... | tee log`, tee stopped by the same Ctrl-C): the write fails, the exit
+    still comes, and nothing is raised into the stop the handler interrupted."""
+    from ps.server import _exit_now_unless_needed
+
+    def closed(fd: int, data: bytes) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(os, "write", closed)
+    _exit_now_unless_needed(_server(), 0, signal.SIGTERM)
+    assert exits == [143]

@@ -108,6 +108,11 @@ class PushHold:
                     log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, "
                              "which clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
 
+    @property
+    def save_running(self) -> bool:
+        """Whether a checkpoint save runs now (one lock's state: no wait, safe in a signal handler)."""
+        return self._saving.locked()
+
     @contextlib.contextmanager
     def saving(self, token: str) -> Iterator[None]:
         """Runs a save under the hold that returned token, one save at a time: CheckpointHoldError if that hold

@@ -199,6 +199,27 @@ class Journal:
             self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync,
                                       check=self.check_intact)  # fmt: skip
 
+    def seems_lost(self) -> bool:
+        """Whether the journal found its data dir or active segment gone (`lost`), or its next check_intact would:
+        the same two syscalls, with no lock taken and nothing changed, for a signal handler (the thread it
+        interrupts may hold the lock). A segment closed meanwhile reads as intact."""
+        if self.lost:
+            return True
+        if self._data_dir_id is not None:
+            try:
+                st = os.stat(self._data_dir)
+                if (st.st_dev, st.st_ino) != self._data_dir_id:
+                    return True
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            except OSError:
+                pass
+        fd = self._fd
+        try:
+            return fd >= 0 and os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
     def check_intact(self) -> bool:
         """Whether the data dir is still the one the journal started in (see the module's docstring); on the first
         check that finds it gone or replaced, or the active segment deleted, sets `lost` (appends are refused from
