@@ -290,7 +290,7 @@ def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) 
     if shard is not None and shard.journal.seems_lost():
         why_not = ("it must write the rows RocksDB lacks, as the journal's segment or the data dir was deleted: "
                    "SIGKILL would lose the pushes since")  # fmt: skip
-    elif shard is not None and shard._hold.save_running:
+    elif shard is not None and shard.saving_checkpoint:
         why_not = ("a checkpoint is being saved, and cut short it would leave its folder half written; it ends by "
                    "itself, or SIGKILL stops everything")  # fmt: skip
     if why_not:

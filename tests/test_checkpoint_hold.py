@@ -134,3 +134,16 @@ def test_a_save_on_a_shard_that_restarted_since_its_hold_says_so():
     held.release(token)
     with pytest.raises(CheckpointHoldError, match="expired or was released before the save"), held.saving(token):
         pass
+
+
+def test_save_running_is_true_inside_a_save_only():
+    """What a ps-server's second signal asks before it exits at once (ps.server): a save is running."""
+    from ps.engine.hold import PushHold
+
+    held = PushHold(0)
+    _, token = held.hold(30, lambda: 0)
+    assert not held.save_running
+    with held.saving(token):
+        assert held.save_running
+    assert not held.save_running
+    held.release(token)

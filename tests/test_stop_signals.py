@@ -127,7 +127,7 @@ class _Fake:
 
 def _server(lost: bool = False, saving: bool = False) -> _Fake:
     journal = _Fake(seems_lost=lambda: lost)
-    return _Fake(shard=_Fake(journal=journal, _hold=_Fake(save_running=saving)))
+    return _Fake(shard=_Fake(journal=journal, saving_checkpoint=saving))
 
 
 @pytest.fixture

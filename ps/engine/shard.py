@@ -203,6 +203,11 @@ class Shard:
         self._flusher.start()
         self.started = time.monotonic()
 
+    @property
+    def saving_checkpoint(self) -> bool:
+        """Whether a checkpoint save runs now (no lock taken: safe in a signal handler)."""
+        return self._hold.save_running
+
     def describe_start(self) -> str:
         """What the data dir held at start, for the server's first line: "new, no tables", or the tables with their
         rows and the clock (an operator who mistyped --data-dir sees "new" where a model was expected)."""
