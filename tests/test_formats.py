@@ -468,23 +468,30 @@ def test_the_logged_statistics_of_standardized_columns_copied_into_the_schema_gi
 
 
 def test_libsvm_labels_fields_missing_and_padding(tmp_path):
+    """K is the longest line's feature count; every field's ids are in one id space (a feature id is one row
+    wherever its token stands); a line with more than K features is bad."""
     path = tmp_path / "d.svm"
     path.write_text("1 3:1 7:1 9:1\n-1 3:1 8:0.5\n+1 4:1 7:0 9:1\n0 1:1 2:1 3:1 4:1\nx 1:1\n0\n1.0 5:1 6:1 7:1\n")
+    assert libsvm_field_count(path) == 4
     stats = ReadStats()
-    (b,) = read(path, "libsvm", 10, max_bad_lines=2, stats=stats)
-    assert b.labels.tolist() == [1, 0, 1, 0, 1] and b.dense is None
-    assert (stats.lines_read, stats.bad_lines) == (7, 2)
-    assert stats.first_bad.startswith(
-        f"{path} line 4: 4 features, more than the schema's 3 fields (the built-in schema's"
-    )
-    raw = np.array([[3, 7, 9], [3, 8, MISSING_CAT], [4, MISSING_CAT, 9], [MISSING_CAT] * 3, [5, 6, 7]], dtype=np.uint64)
-    expected = np.stack([field_ids(k, raw[:, k]) for k in range(3)] + [np.full(5, BIAS_ID)], axis=1)
+    (b,) = read(path, "libsvm", 10, max_bad_lines=1, stats=stats)
+    assert b.labels.tolist() == [1, 0, 1, 0, 0, 1] and b.dense is None
+    assert (stats.lines_read, stats.bad_lines) == (7, 1)
+    m = MISSING_CAT
+    raw = np.array([[3, 7, 9, m], [3, 8, m, m], [4, m, 9, m], [1, 2, 3, 4], [m] * 4, [5, 6, 7, m]], dtype=np.uint64)
+    expected = np.concatenate([field_ids(0, raw), np.full((6, 1), BIAS_ID)], axis=1)  # id space 0 for all
     np.testing.assert_array_equal(ids_matrix(b), expected)
-    with pytest.raises(ValueError) as e:
-        read(path, "libsvm", 10, max_bad_lines=1)
-    assert (
-        str(e.value) == f"{path} line 5: label 'x', expected 0, 1, -1 or +1; 2 bad lines, more than --max-bad-lines 1"
+    assert ids_matrix(b)[0, 0] == ids_matrix(b)[3, 2]  # feature 3, first in line 1, third in line 4: one id
+    stats = ReadStats()
+    (b,) = read(path, "libsvm", 10, columns={"libsvm_fields": 3}, max_bad_lines=2, stats=stats)
+    assert b.labels.tolist() == [1, 0, 1, 0, 1] and stats.bad_lines == 2
+    assert stats.first_bad.startswith(
+        f"{path} line 4: 4 features, more than the schema's 3 fields (the built-in schema's count is the most of a "
+        "line among the training file's first 10,000; --libsvm-fields sets it)"
     )
+    with pytest.raises(ValueError) as e:
+        read(path, "libsvm", 10, max_bad_lines=0)
+    assert str(e.value) == f"{path} line 5: label 'x', expected 0, 1, -1 or +1; 1 bad line, more than --max-bad-lines 0"
 
 
 def test_libsvm_large_ids_keep_their_value(tmp_path):
@@ -492,7 +499,7 @@ def test_libsvm_large_ids_keep_their_value(tmp_path):
     path.write_text(f"1 {2**64 - 2}:1 {2**32}:1 0:1\n")
     (b,) = read(path, "libsvm")
     raw = np.array([2**64 - 2, 2**32, 0], dtype=np.uint64)
-    np.testing.assert_array_equal(ids_matrix(b)[0, :3], [field_ids(k, raw[k : k + 1])[0] for k in range(3)])
+    np.testing.assert_array_equal(ids_matrix(b)[0, :3], field_ids(0, raw))  # the built-in schema's one id space
 
 
 def test_libsvm_raw_ids_are_the_tokens_ids_and_a_libsvm_column_is_categorical(tmp_path):
@@ -531,17 +538,21 @@ def test_missing_texts_in_a_log_buckets_column_are_its_missing_bucket(tmp_path):
     assert len(ids) == 5 and len(set(ids[:4].tolist())) == 1 and ids[4] != ids[0]
 
 
-def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path):
+def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path, monkeypatch):
     path = tmp_path / "d.svm"
     path.write_text("bad\n1 1:1 2:1\n0 1:1\n1 1:1 2:1 3:1\n")
-    assert libsvm_field_count(path) == 2
+    assert libsvm_field_count(path) == 3  # the longest good line's
     stats = ReadStats()
     (b,) = read(path, "libsvm", worker_id=0, num_workers=2, max_bad_lines=5, stats=stats)
-    assert ids_matrix(b).shape == (1, 3) and stats.bad_lines == 1  # the share's only good line has 1 feature: K is 2
+    assert ids_matrix(b).shape == (1, 4) and stats.bad_lines == 1  # the share's only good line has 1 feature: K is 3
     (b,) = read(path, "libsvm", worker_id=1, num_workers=2, max_bad_lines=5, stats=stats)
-    assert ids_matrix(b).shape == (1, 3) and stats.bad_lines == 2  # line 4 has 3 features
+    assert ids_matrix(b).shape == (2, 4) and stats.bad_lines == 1
     (b,) = read(path, "libsvm", columns={"libsvm_fields": 5}, max_bad_lines=1)
     assert ids_matrix(b).shape == (3, 6)
+    from worker.readers import libsvm_reader
+
+    monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 3)  # line 4 is past the lines counted
+    assert libsvm_field_count(path) == 2
 
 
 @pytest.mark.parametrize(

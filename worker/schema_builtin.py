@@ -15,6 +15,7 @@ from worker.schema import (
     Column,
     Schema,
     TableSchema,
+    libsvm_column,
     load_schema,
 )
 
@@ -39,7 +40,8 @@ def builtin_schema(
     csv     the header's columns other than the label (label_column, default the first) and drop_columns:
             numeric_columns are numeric features (log) in the order given, the others categorical sparse
             fields in header order (id space f for the f-th of them).
-    libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id in id space k.
+    libsvm  fields f0..f{K-1} (K = libsvm_fields), categorical: the k-th token's id, all in one id space
+            (schema.LIBSVM_ID_SPACE).
     """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
@@ -59,10 +61,10 @@ def builtin_schema(
             raise ValueError("the built-in libsvm schema needs libsvm_fields, the number of fields K")
         if libsvm_fields > MAX_LIBSVM_FIELDS:
             raise ValueError(f"{libsvm_fields} libsvm fields, more than {MAX_LIBSVM_FIELDS}: a field is a position "
-                             "(f<k>: a line's k-th feature token, in its own id space), which suits lines of up to a few "
+                             "(f<k>: a line's k-th feature token), which suits lines of up to a few "
                              "dozen one-hot features; a long list of ids per line is one multi_hot column of a CSV "
                              "file (a bag)")  # fmt: skip
-        columns = [Column(f"f{k}", f"f{k}", "categorical", t, f"f{k}") for k in range(libsvm_fields)]
+        columns = [libsvm_column(f"f{k}", t) for k in range(libsvm_fields)]
     else:
         label, numeric, categorical = _csv_roles(header, label_column, tuple(drop_columns), tuple(numeric_columns))
         columns = [Column(h, h, "categorical", t, h) for h in categorical]

@@ -39,7 +39,7 @@ class TrainConfig:
     drop_columns: tuple[str, ...] = ()
     numeric_columns: tuple[str, ...] = ()
     max_bad_lines: int | None = None  # None: the recipe's (0 for small data, 1,000 for large)
-    libsvm_fields: int | None = None  # libsvm: fields per example; None: those of the first line of `data`
+    libsvm_fields: int | None = None  # libsvm: fields per example; None: the most of a line of `data`'s first 10,000
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
     synthetic_interactions: float = 0.0

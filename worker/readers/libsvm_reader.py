@@ -11,7 +11,8 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
 Without labels: id:value id:value ...: every token a feature. Bad: a token other than id:value, more than K
         features. A file is without labels when the first of its first LABEL_PROBE_LINES lines whose first
         token is id:value (a non-negative integer id) or has no ":" (a label) is the former (has_labels).
-        libsvm_field_count counts the features of such a file's lines the same way.
+        libsvm_field_count counts the features of such a file's lines the same way (the most of a line among the
+        first FIELD_COUNT_LINES).
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                     problems.append((line_no, parsed))
                 elif len(parsed[1]) > k_fields:
                     problems.append((line_no, f"{len(parsed[1])} features, more than the schema's {k_fields} fields "
-                                              "(the built-in schema's count is that of the training file's first line "
-                                              "with features; --libsvm-fields sets it)"))  # fmt: skip
+                                              "(the built-in schema's count is the most of a line among the training "
+                                              "file's first 10,000; --libsvm-fields sets it)"))  # fmt: skip
                 else:
                     labels.append(parsed[0])
                     rows.append(parsed[1])
@@ -112,16 +113,20 @@ def _libsvm_values(rows: list[list[int]], k_fields: int) -> np.ndarray:
     return values
 
 
+FIELD_COUNT_LINES = 10_000  # libsvm_field_count reads this many lines: lines of a file differ in their lengths
+
+
 def libsvm_field_count(path: str | os.PathLike) -> int:
-    """K of a libsvm file: the feature count of its first good line with at least one feature, else 0 (lines
-    read without a label when the file has none, as file_has_labels tells)."""
+    """K of a libsvm file: the most features of a good line among its first FIELD_COUNT_LINES lines, else 0
+    (lines read without a label when the file has none, as file_has_labels tells)."""
     labeled = has_labels(os.fspath(path))
+    most = 0
     with open_data(os.fspath(path)) as f:
-        for line in bounded_lines(f, os.fspath(path)):
+        for line in itertools.islice(bounded_lines(f, os.fspath(path)), FIELD_COUNT_LINES):
             parsed = _libsvm_line(line, labeled)
-            if not isinstance(parsed, str) and parsed[1]:
-                return len(parsed[1])
-    return 0
+            if not isinstance(parsed, str):
+                most = max(most, len(parsed[1]))
+    return most
 
 
 def weighted_tokens(path: str | os.PathLike, lines: int) -> tuple[int, int, str]:
