@@ -19,6 +19,9 @@ missing):
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
                                       multi_hot (weighted when every token is id:number)
+    numbers in nine in ten of its non-empty cells, not all (`-`, `#N/A`, `inf` in the others)
+                                      categorical, and in the schema and on stderr: those cells, and to empty
+                                      them (a missing number) for numbers
     anything else                     categorical
 A column whose name the header gives twice is left out, said in the schema and on stderr.
 criteo and libsvm files get their built-in schema, written out. The TOML says in comments what was inferred
@@ -27,6 +30,7 @@ from how many rows, for a person to review before training.
 
 from __future__ import annotations
 
+import collections
 import csv
 import math
 import re
@@ -198,6 +202,9 @@ def infer_schema(
             checks.append(f"{h!r} holds numbers written with a decimal comma (as {present[0].strip()!r}): read as text "
                           "they are categories; convert them to decimal points (pandas: read_csv(..., decimal=',') "
                           "then to_csv) and infer the schema again")  # fmt: skip
+        junk = _mostly_numbers([c for c in present if not is_missing_text(c)]) if column.kind == "categorical" else []
+        if junk and not _decimal_commas(present):
+            checks.append(_junk_note(h, junk, len([c for c in present if not is_missing_text(c)])))
         if column.kind == "numeric":
             values = _floats([c for c in columns[h] if not is_missing_text(c)])
             twin = _bucket_twin(column, values, set(header))
@@ -262,6 +269,31 @@ def _floats(cells: list[str]) -> list[float] | None:
     except ValueError:
         return None
     return values if all(math.isfinite(v) for v in values) else None
+
+
+def _mostly_numbers(cells: list[str]) -> list[str]:
+    """The cells that are not finite numbers, where nine in ten of cells are (a column of numbers with some junk:
+    '-', '#N/A', 'inf'), else []."""
+
+    def is_number(cell: str) -> bool:
+        try:
+            return math.isfinite(float(cell))
+        except ValueError:
+            return False
+
+    others = [c for c in cells if not is_number(c)]
+    return others if others and len(others) <= 0.1 * len(cells) else []
+
+
+def _junk_note(name: str, junk: list[str], cells: int) -> str:
+    """What a column of numbers with some other cells (junk) needs: those cells named, the fix."""
+    counts = collections.Counter(c.strip() for c in junk)
+    shown = ", ".join(f"{v!r} ({n})" for v, n in counts.most_common(3)) + (", ..." if len(counts) > 3 else "")
+    return (
+        f"{name!r}: {cells - len(junk):,} of its {cells:,} filled cells in the sample are numbers, the others are "
+        f"not ({shown}), so it is read as text: each value its own id. Empty those cells (an empty cell is a "
+        "missing number) and infer the schema again to read it as numbers"
+    )
 
 
 def _is_binary(cells: list[str]) -> bool:
@@ -340,4 +372,9 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
             longest = max(len(c.split(sep)) for c in present)
             comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
             return Column(name, source, kind, separator=sep), comment
+    junk = _mostly_numbers(numbers)
+    if junk:
+        return Column(
+            name, source, "categorical"
+        ), f"text ({seen}): categorical. CHECK {_junk_note(name, junk, len(numbers))}"
     return Column(name, source, "categorical"), f"text ({seen}): categorical"
