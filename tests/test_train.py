@@ -221,8 +221,12 @@ def test_the_validation_split_is_deterministic_disjoint_and_complete():
     picked = validation_mask(0, 3000, 0.2)
     np.testing.assert_array_equal(val_ids, every[picked])
     np.testing.assert_array_equal(train_ids, every[~picked])
-    data.max_validation, data._validation = 100, None
-    assert sum(len(b) for b in data.validation()) == 100
+    data.max_validation, data._validation = 100, None  # picks past the first 100 train: none is left out
+    capped = np.concatenate([b.fields["C3"].ids for b in data.validation()])
+    np.testing.assert_array_equal(capped, every[picked][:100])
+    kept = np.zeros(3000, dtype=bool)
+    kept[np.flatnonzero(picked)[:100]] = True
+    np.testing.assert_array_equal(np.concatenate([b.fields["C3"].ids for b in data.train()]), every[~kept])
 
 
 def _run(cfg: TrainConfig, field: str = "C1", train_ids: bool = False):

@@ -12,8 +12,9 @@
     eval_count()  --eval-data's lines, counted up to SCORING_COUNT_LINES, for a progress total
 
 The split: the k-th example of this worker's share (counting good examples from 0, in file order) is a
-validation example when mix64(k ^ VALIDATION_SALT) < fraction * 2**64. The same examples are picked on every
-pass, and training never sees them; once max_validation of them are kept, later picks are dropped.
+validation example when mix64(k ^ VALIDATION_SALT) < fraction * 2**64, up to max_validation of them: later picks
+train (the validation set is held in memory, and more would not change its figures much). The same examples are
+picked on every pass, and training never sees them.
 """
 
 from __future__ import annotations
@@ -181,11 +182,15 @@ class DataSource:
 
     def _split(self, want_validation: bool) -> Iterator[Batch]:
         fraction = self.cfg.validation_fraction or 0.0
-        first = 0
+        first = validating = 0
         counts = LabelOrder()
         for batch in self._share():
             mask = validation_mask(first, len(batch), fraction)
             first += len(batch)
+            room = self.max_validation - validating  # picks past max_validation train (the module docstring)
+            if room < int(mask.sum()):
+                mask[np.flatnonzero(mask)[max(room, 0) :]] = False
+            validating += int(mask.sum())
             if want_validation:  # the read before training: the label figures, once
                 counts.add(batch.labels)
             picked = np.flatnonzero(mask if want_validation else ~mask)

@@ -136,7 +136,9 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress and not cfg.progress_lines,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
-        total_examples=int(data.examples * (1 - (cfg.validation_fraction or 0.0))), skip_examples=cfg.skip_examples,
+        total_examples=max(int(data.examples * (1 - (cfg.validation_fraction or 0.0))),
+                           data.examples - data.max_validation),  # the split's picks past max_validation train
+        skip_examples=cfg.skip_examples,
         max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,
     )  # fmt: skip
