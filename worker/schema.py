@@ -151,10 +151,10 @@ class Schema:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
         std), and the bias table. In a libsvm schema the built-in columns (f<k>, the k-th feature token, in their
-        shared id space) count as one entry, whatever their number K: a file whose first line has another feature count means
-        the same (columns of other formats count one by one, whatever their names). Each table the model creates carries it (TableConfig.features): another schema, whose ids would
-        land on rows trained for other features or toward another label, is refused by the servers' tables
-        (worker/tables.py)."""
+        shared id space) count as one entry, whatever their number K: a file whose lines hold another most
+        features means the same (columns of other formats count one by one, whatever their names). Each table the
+        model creates carries it (TableConfig.features): another schema, whose ids would land on rows trained for
+        other features or toward another label, is refused by the servers' tables (worker/tables.py)."""
         drop = {"source", "mean", "std"}
         libsvm = {c.name for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)
                   and c == libsvm_column(c.name, c.table)}  # fmt: skip
