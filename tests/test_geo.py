@@ -274,3 +274,25 @@ def test_a_settle_whose_push_was_interrupted_is_not_pushed_again_by_the_abandon_
     abandon(rows, stopped.value)
     assert len(calls) == 1
     np.testing.assert_allclose(server.pull("emb", ids), local, rtol=1e-6)
+
+
+def test_geo_rows_say_while_they_hold_steps_not_pushed(server):
+    """holding() is what a worker's PROGRESS reports count its pushed examples by (worker/loop.py): true after a
+    step whose deltas stay local, false once a push (every 3rd step, or a settle) sent them."""
+    from worker.batch import TableIds
+    from worker.steprows import GeoRows
+
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
+    server.create_table(cfg)
+    geo = GeoTables(server, {"emb": cfg}, every=3)
+    rows = GeoRows(server, geo)
+    ids = np.array([1, 2], np.uint64)
+    tids = {"emb": TableIds(ids, {}, np.ones(2, F32), np.zeros(2, F32))}
+    held = []
+    for step in range(1, 8):
+        rows.rows(step, tids, None)
+        rows.push(step, tids, {"emb": np.ones((2, 4), F32)}, [])
+        held.append(rows.holding())
+    assert held == [True, True, False, True, True, False, True]
+    rows.settle()
+    assert not rows.holding()

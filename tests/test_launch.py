@@ -883,3 +883,16 @@ def test_a_child_of_child_setup_dies_with_its_killed_parent_in_the_parents_group
     while alive(child):
         assert time.monotonic() < deadline, "the child outlived its killed parent"
         time.sleep(0.05)
+
+
+def test_the_resume_hint_counts_a_geo_workers_pushed_examples_not_those_it_still_held(fakes, capsys):
+    """geo holds up to --geo-every - 1 steps' deltas locally: its PROGRESS reports say how many of its examples
+    were pushed, and a SIGKILL loses the rest, so the skip counts those pushed."""
+    wait = {"wait_for": ["worker-1"]}
+    command, pids = fakes([{"action": "exit", "code": 3, "progress": [{"examples": 300}], **wait},
+                           {"action": "sleep", "progress": [{"examples": 500, "pushed": 200}]}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
+    err = capsys.readouterr().err
+    assert "the workers had trained 300, 200 examples of their shares" in err and "--skip-examples 200 " in err, err
+    assert_all_gone(pids, {"worker-0", "worker-1"})

@@ -852,3 +852,28 @@ def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
     assert "(10 examples)\nbase   20.0% positive: predicting that rate for every example gives logloss 0.5004" in based
     text = json.dumps(json_figures({"a": [float("nan"), 1.5], "b": {"c": float("nan")}, "d": "nan"}))
     assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"a": [None, 1.5], "b": {"c": None}, "d": "nan"}
+
+
+def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(servers, files, monkeypatch, capsys):
+    """geo with --geo-every 3, Ctrl-C as step 9's batch is read: 8 steps trained, the deltas of steps 1-6 pushed
+    (at steps 3 and 6), 7 and 8 still local when the line is written: "pushed" 600 of 800 examples."""
+    from worker.data import DataSource
+
+    train_path, _ = files
+    addresses, _ = servers(1)
+    read, batches_read = DataSource.train, 0
+
+    def interrupted(self, epoch=1):
+        nonlocal batches_read
+        for batch in read(self, epoch):
+            batches_read += 1
+            if batches_read == 9:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(DataSource, "train", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_run(addresses, train_path, mode="geo", geo_every=3, epochs=2, prefetch=1, progress_lines=True))
+    lines = [json.loads(line.removeprefix("PROGRESS ")) for line in capsys.readouterr().out.strip().splitlines()
+             if line.startswith("PROGRESS ")]  # fmt: skip
+    assert (lines[-1]["examples"], lines[-1]["steps"], lines[-1]["pushed"]) == (800, 8, 600), lines[-1]

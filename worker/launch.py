@@ -568,7 +568,10 @@ def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
     """After a job that did not finish: how many examples each worker had trained (its last PROGRESS line: a
     worker stopped by a signal writes one as it stops), and the --skip-examples that trains on from there: the
     fewest, so that no worker leaves examples out (the others train up to the difference twice)."""
-    trained = [int(reports[i].get("examples") or 0) if i in reports else 0 for i in range(plan.workers)]
+    trained = [
+        int(reports[i].get("pushed", reports[i].get("examples")) or 0) if i in reports else 0
+        for i in range(plan.workers)
+    ]  # geo: the examples whose deltas were pushed
     if not any(trained):
         return
     skip = getattr(plan.train_config, "skip_examples", 0)

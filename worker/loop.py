@@ -74,6 +74,7 @@ class LoopSettings:
 @dataclass
 class LoopResult:
     examples: int = 0  # trained: their pushes answered
+    pushed: int = 0  # of `examples`, those whose updates the servers hold (geo holds some steps' deltas locally)
     seconds: float = 0.0
     first_step_seconds: float = 0.0  # of `seconds`: the first step's (with a fresh checkout's compiling in it)
     steps: int = 0
@@ -148,6 +149,8 @@ class _ProgressLines:
         line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": total,
                 "logloss": None if math.isnan(logloss) else round(logloss, 5),
                 "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
+        if result.pushed != result.examples:
+            line["pushed"] = result.pushed
         if self.at_most and not final:
             line["at_most"] = True
         if estimated:
@@ -209,6 +212,8 @@ def run_epochs(
     best_model = BestModel(tables, spec) if s.restore_best and validation else None
     step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
 
+    holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet
+
     def prepare(batch: Batch) -> Prepared:  # on the prefetch thread when depth > 0
         step = next(step_counter)
         tids = table_ids(batch, tmap)
@@ -261,6 +266,8 @@ def run_epochs(
                         result.examples += n
                         result.steps += 1
                         result.in_flight = 0
+                        if not holding():
+                            result.pushed = result.examples
                     running.update(logloss(batch.labels, probs))
                     now = time.perf_counter()
                     if result.steps == 1:  # less the reading of the examples --skip-examples skips

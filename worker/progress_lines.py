@@ -2,9 +2,10 @@
 `ps-worker launch` reads (worker/launch.py, merged by worker/launch_report.py):
 
     PROGRESS {"worker": i, "examples": n, "steps": s, "total": t, "logloss": x, "examples_per_s": r
-              [, "at_most": true] [, "estimated": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}
+              [, "pushed": p] [, "at_most": true] [, "estimated": true] [, "cache_hit_rate": h, "cache_bytes_saved": b]}
 
-n, s: examples and steps the worker has trained so far, all epochs; t: examples it will train, all epochs (0:
+n, s: examples and steps the worker has trained so far, all epochs; p (only where it is less than n): of those n,
+the examples whose updates the servers hold (geo keeps the deltas of up to --geo-every - 1 steps locally); t: examples it will train, all epochs (0:
 unknown; with at_most, an upper bound: early stopping may end the run sooner; with estimated, an estimate from
 the file's bytes (worker/linecount.py), which the count may pass: t is then kept above n, see about_total, and
 shown as "about t", with no time left); x: its running train logloss (null

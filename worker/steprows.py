@@ -231,6 +231,11 @@ class GeoRows:
         self.tables, self.geo = tables, geo
         self.requested = self.local = 0
         self._failed = False  # a push of deltas failed: some shards may have applied it, so it is not sent again
+        self.unpushed_steps = 0  # steps whose deltas are not on the servers yet
+
+    def holding(self) -> bool:
+        """Whether some steps' deltas are held here, not pushed yet (a SIGKILL would lose them)."""
+        return self.unpushed_steps > 0
 
     def start_epoch(self) -> None:
         pass
@@ -254,6 +259,7 @@ class GeoRows:
         except BaseException:
             self._failed = True
             raise
+        self.unpushed_steps = 0 if self.geo.steps % self.geo.every == 0 else self.unpushed_steps + 1
         if pushed:
             self.tables.advance_clock(self.geo.every)
         return self.tables.push_many(extra, return_rows=True) if extra else []
@@ -276,6 +282,7 @@ class GeoRows:
         except BaseException:
             self._failed = True
             raise
+        self.unpushed_steps = 0
 
     def abandon(self, reason: str, servers_ok: bool = True) -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
