@@ -175,6 +175,32 @@ def test_one_worker_creates_and_destroys_its_group(monkeypatch):
             dense.step(grads_of(0, 0))
 
 
+def test_a_stopped_rank_0_writes_the_mlp_of_its_last_step_alone(monkeypatch):
+    """save_on_stop (a worker stopped by a signal or an error): rank 0 writes its values with no collective, so the
+    servers hold the MLP a resumed run trains on; nothing before a step, nor from another rank."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with dense_tables() as tables:
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
+        try:
+            start = flat(dense.pull())
+            assert not dense.save_on_stop()  # no step: the servers hold these values already
+            for s in range(3):
+                dense.step(grads_of(0, s))
+            dense.rank = 1
+            assert not dense.save_on_stop()
+            np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), start, atol=1e-7)
+            dense.rank = 0
+            dense._collective = lambda *args: pytest.fail("a collective as a worker stops: the others may be gone")
+            assert dense.save_on_stop()
+            np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), flat(dense.values), atol=1e-7)
+            assert not np.allclose(flat(dense.values), start)
+        finally:
+            dense.close()
+
+
 def test_a_one_worker_run_forms_its_group_with_no_rendezvous_variables_left_behind(monkeypatch):
     """ps-worker train --dense allreduce alone needs no launcher: the variables it sets for its group of one go
     once the group is formed (a later run in the process, or a child it starts, does not inherit them)."""
@@ -393,3 +419,28 @@ def test_a_cuda_worker_runs_on_the_gpu_of_its_local_rank(monkeypatch):
         rank_device("cuda")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # the model says there is no GPU
     assert rank_device("cuda") == worker_device("cuda") == "cuda"
+
+
+def test_a_worker_stopped_by_anything_but_a_server_error_saves_the_mlp_and_a_failure_is_logged(caplog):
+    from ps.errors import ServerUnavailableError
+    from worker.train import save_dense_on_stop
+
+    class Dense:
+        saved = 0
+        fail = False
+
+        def save_on_stop(self):
+            if self.fail:
+                raise ConnectionError("shard 0 did not answer")
+            self.saved += 1
+            return True
+
+    dense = Dense()
+    save_dense_on_stop(dense, KeyboardInterrupt())
+    save_dense_on_stop(dense, ValueError("a bad line"))
+    save_dense_on_stop(dense, ServerUnavailableError("shard 0 is down"))
+    save_dense_on_stop(object(), KeyboardInterrupt())  # the PS path: nothing to do
+    assert dense.saved == 2
+    dense.fail = True
+    save_dense_on_stop(dense, KeyboardInterrupt())
+    assert "could not write the MLP to the servers as this worker stopped" in caplog.text

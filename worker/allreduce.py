@@ -288,16 +288,31 @@ class AllReduceDense:
         error = None
         if self.rank == 0 and self.params:
             try:
-                items = [(table_name(p), self.ids[p.name]) for p in self.params]
-                current = self.tables.pull_many(items)
-                pushes = [
-                    PushItem(t, ids, self.values[p.name] - now.reshape(p.shape), shows=np.ones(len(ids), np.float32))
-                    for (t, ids), p, now in zip(items, self.params, current, strict=True)
-                ]
-                self.tables.push_many(pushes, add_delta=True)
+                self._write_values()
             except Exception as e:
                 error = e
         self._agree_rank0_ok(error, "write the dense parameters to the servers")
+
+    def save_on_stop(self) -> bool:
+        """For a worker stopped before its end (a signal, an error): rank 0 writes its values to the servers as
+        flush() does, alone (the other ranks may be gone: no collective), so that the servers hold the MLP of its
+        last step, which a resumed run (--skip-examples) trains on. Whether it wrote (rank 0, after a step);
+        raises what the write raises. A rank 0 killed by SIGKILL writes nothing: the servers keep the MLP the job
+        started from."""
+        if self.rank != 0 or not self.params or not self.syncs:
+            return False
+        self._write_values()
+        return True
+
+    def _write_values(self) -> None:
+        """The values written to the servers' dense tables: add-delta pushes of values - the servers' values."""
+        items = [(table_name(p), self.ids[p.name]) for p in self.params]
+        current = self.tables.pull_many(items)
+        pushes = [
+            PushItem(t, ids, self.values[p.name] - now.reshape(p.shape), shows=np.ones(len(ids), np.float32))
+            for (t, ids), p, now in zip(items, self.params, current, strict=True)
+        ]
+        self.tables.push_many(pushes, add_delta=True)
 
     def close(self) -> None:
         """Destroys the process group if this object created it. Idempotent."""
