@@ -630,8 +630,9 @@ def test_a_job_that_stops_says_which_skip_trains_on_from_where_its_slowest_worke
     assert run_launch(args, rest, worker_command=command, train_config=lambda argv: resumed) == 1
     err = capsys.readouterr().err
     assert ("the workers had trained 1,300, 1,500 examples of their shares (their last progress reports), which the "
-            "servers keep; to train on from there, run the same command with --skip-examples 1300 (worker 0's: the "
-            "others train up to 200 examples again)") in err, err  # fmt: skip
+            "servers keep; to train on from there, once what stopped the job is fixed (a bad line, say), run the same "
+            "command with --skip-examples 1300 (worker 0's: the others train up to 200 examples again)"
+            ) in err, err  # fmt: skip
     assert_all_gone(pids, {"worker-0", "worker-1"})
     args, rest = launch_args("--workers", "2", "--local-shards", "1", "--no-progress")
     with pytest.raises(ValueError, match="--skip-examples resumes training a model that servers hold"):
@@ -896,3 +897,11 @@ def test_the_resume_hint_counts_a_geo_workers_pushed_examples_not_those_it_still
     err = capsys.readouterr().err
     assert "the workers had trained 300, 200 examples of their shares" in err and "--skip-examples 200 " in err, err
     assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
+def test_a_train_flag_every_worker_gets_wrong_is_not_blamed_on_backends():
+    """--staleness under async is every worker's mistake, not --backends numpy's: the error says so plainly."""
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--mode", "async", "--staleness", "3")
+    with pytest.raises(ValueError, match=r"^--staleness 3 is ssp's") as e:
+        plan_launch(args, rest)
+    assert "--backends" not in str(e.value)

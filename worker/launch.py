@@ -214,6 +214,8 @@ def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
         try:
             worker_cfg.validate()
         except ValueError as e:
+            if _not_the_entrys(worker_cfg, e):  # a flag of every worker's, not this backend or device
+                raise ValueError(f"{e} (worker {i})" if cfg.num_workers > 1 and i else str(e)) from None
             hint = ""
             if device is None and cfg.device != "cpu":  # --device for every worker: give it to the torch ones
                 torch_ones = any(split_backend(b)[0] == "torch" for b in entries)
@@ -223,6 +225,16 @@ def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
             raise ValueError(f"--backends {entry} (worker {i}): {e}{hint}") from None
         workers.append(backend if worker_cfg.device == "cpu" else f"{backend}:{worker_cfg.device}")
     return tuple(workers)
+
+
+def _not_the_entrys(worker_cfg: Any, error: ValueError) -> bool:
+    """Whether worker_cfg's validation error comes from the train flags, not from its --backends entry: the same
+    config on numpy and the cpu fails the same way."""
+    try:
+        dataclasses.replace(worker_cfg, backend="numpy", device="cpu").validate()
+    except ValueError as neutral:
+        return str(neutral) == str(error)
+    return False
 
 
 def check_train_flags(flags: Sequence[str]) -> None:
@@ -578,9 +590,10 @@ def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
     done = [skip + n for n in trained]
     listed = ", ".join(f"{n:,}" for n in done)
     print(f"ps-worker launch: the workers had trained {listed} examples of their shares (their last progress "
-          f"reports), which the servers keep; to train on from there, run the same command with --skip-examples "
-          f"{min(done)}" + (f" (worker {done.index(min(done))}'s: the others train up to {max(done) - min(done):,} "
-                            "examples again)" if max(done) > min(done) else ""), file=sys.stderr, flush=True)  # fmt: skip
+          f"reports), which the servers keep; to train on from there, once what stopped the job is fixed (a bad "
+          f"line, say), run the same command with --skip-examples {min(done)}"
+          + (f" (worker {done.index(min(done))}'s: the others train up to {max(done) - min(done):,} examples again)"
+             if max(done) > min(done) else ""), file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _report_failure(worker: int, code: int, tail: Sequence[str]) -> None:
