@@ -105,6 +105,17 @@ def _subparser(parser: argparse.ArgumentParser, argv: list[str]):
     return None, None
 
 
+def _refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Turns off argparse's abbreviated flags in parser and its subcommands' parsers: `--conf FILE` would be taken
+    as --config by the parse but not by _config_path, and the file's settings (TLS, a token) silently dropped; an
+    abbreviation is an unrecognized argument instead."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _refuse_abbreviations(sub)
+
+
 def _config_path(argv: list[str], environ) -> str | None:
     for i, token in enumerate(argv):
         if token == "--config" and i + 1 < len(argv):
@@ -125,6 +136,7 @@ def apply_defaults(
     name, or `section` for a parser without subcommands (ps-server: "server"). ValueError for a bad value or
     key."""
     environ = os.environ if environ is None else environ
+    _refuse_abbreviations(parser)
     path = _config_path(argv, environ)
     doc: dict = {}
     if path:

@@ -138,6 +138,12 @@ def test_an_unknown_flag_gets_the_usage_of_its_command():
                                              "you mean --log-level?)"),
     ("worker", ["--log-levl", "X"], "ps-worker: error: unrecognized arguments: --log-levl (--log-levl: did you mean "
                                     "--log-level?)"),
+    # an abbreviation is refused: --conf read as --config by the parse, its file unread (TLS and a token dropped)
+    ("ps", ["--conf", "c.toml", "--data-dir", "x"], "ps-server: error: unrecognized arguments: --conf c.toml (--conf: "
+                                                    "did you mean --config?)"),
+    ("worker", ["stats", "--conf", "c.toml"], "ps-worker stats: error: unrecognized arguments: --conf c.toml (--conf: "
+                                              "did you mean --config?)"),
+    ("worker", ["train", "--synthetic-r", "10"], "ps-worker train: error: unrecognized arguments: --synthetic-r 10"),
 ])  # fmt: skip
 def test_a_mistyped_flag_is_named_even_where_a_required_one_is_missing(cli, argv, said):
     """`--data-dr x` leaves the required --data-dir missing: the mistyped flag is what the message names."""
