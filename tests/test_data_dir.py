@@ -136,6 +136,22 @@ def test_a_shard_started_under_another_cluster_name_is_refused(good_dir):
     shard.close()
 
 
+def test_a_start_refused_after_the_cluster_check_leaves_the_dir_unnamed(good_dir):
+    """An audit's case: --cluster X with a RAM tier too small for the dir's table. The start is refused, and the
+    dir must not keep the name: the next start, without --cluster or with another, goes ahead."""
+    from ps.errors import RamTierTooSmallError
+
+    shard = Shard(ServerConfig(data_dir=good_dir))
+    shard.create_table(TableConfig("wide", 512))
+    shard.close()
+    with pytest.raises(RamTierTooSmallError, match="cannot hold the 2 tables"):
+        Shard(ServerConfig(data_dir=good_dir, cluster="X", cache_bytes=40_000))
+    Shard(ServerConfig(data_dir=good_dir, cluster="")).close()  # unnamed still
+    Shard(ServerConfig(data_dir=good_dir, cluster="Y")).close()  # the first start that got through names it
+    with pytest.raises(StorageError, match="belongs to cluster 'Y'"):
+        Shard(ServerConfig(data_dir=good_dir, cluster="X"))
+
+
 def test_a_failed_start_reports_its_error_even_when_closing_the_store_fails(good_dir, monkeypatch, caplog):
     """A full disk: the start fails, and closing RocksDB then fails as well (rocksdict's plain Exception)."""
     from ps.storage.store import Store

@@ -175,6 +175,7 @@ class Shard:
             self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                                   config.threads, MAX_COUNT_PER_ID)  # fmt: skip
             self._check_clock()
+            self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
         except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
             # keep RocksDB's handles, and the data dir's lock, alive until a garbage collection
             self._close_after_failed_start()
@@ -236,7 +237,7 @@ class Shard:
         as an unfinished restore, which the next start with the same --restore starts over."""
         config = self.config
         self.store.check_identity(config.shard_id, config.num_shards)
-        self.store.check_cluster(config.cluster)
+        self.store.check_cluster(config.cluster, record=False)
         pending = self.store.restore_pending()
         if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
             manifest = read_manifest(config.restore_dir)  # checked before anything is deleted

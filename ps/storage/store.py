@@ -625,9 +625,10 @@ class Store:
                 log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
             write_json(file_path, want, sync_dir=True)
 
-    def check_cluster(self, cluster: str) -> None:
-        """Records the --cluster name the first time the dir runs with one (synced, in RocksDB); StorageError if it
-        recorded another name, an empty `cluster` included. A dir that never ran with a name takes any."""
+    def check_cluster(self, cluster: str, record: bool = True) -> None:
+        """Records the --cluster name the first time the dir runs with one (synced, in RocksDB; with record, which
+        a start asks for once nothing else can refuse it); StorageError if it recorded another name, an empty
+        `cluster` included. A dir that never ran with a name takes any."""
         with self._rocksdb("reading the cluster name"):
             raw = self._meta.get(b"cluster")
         have = raw.decode() if raw is not None else ""
@@ -640,8 +641,9 @@ class Store:
                 f"it with --cluster {have} (a dir keeps the first name it ran with; to move its rows to another "
                 "cluster, restore a checkpoint into a new data dir)"
             )
-        self._meta.put(b"cluster", cluster.encode(), self._synced)
-        log.info("data dir %s now belongs to cluster %r", self.path, cluster)
+        if record:
+            self._meta.put(b"cluster", cluster.encode(), self._synced)
+            log.info("data dir %s now belongs to cluster %r", self.path, cluster)
 
     def load_tables(self) -> list[TableConfig]:
         out = []
