@@ -146,6 +146,7 @@ class ServerMetrics:
         """Serves /metrics on host:port (0: a free port) in a thread; returns the port. tls: (cert, key, ca or
         None) PEM files: HTTPS, and with ca, clients must present a certificate it signed. token: requests must
         carry `Authorization: Bearer <token>`."""
+        host = host.strip("[]")  # an IPv6 address as --host may give it ([::1]): the socket wants it bare
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
         http = make_server(host, port, _guarded(make_wsgi_app(self.registry), token), server_class, _Handler)

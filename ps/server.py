@@ -111,7 +111,7 @@ class Server:
         return (shard.lost() or None) if shard is not None and hasattr(shard, "journal") else None
 
     def _bind(self) -> int:
-        address = f"{self.config.host}:{self.config.port}"
+        address = host_port(self.config.host, self.config.port)
         hint = "is the port in use by another process, or the host not an address of this machine?"
         try:
             if self._credentials is not None:
@@ -132,10 +132,10 @@ class Server:
             try:
                 self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token)
             except OSError as e:
-                raise OSError(f"cannot listen on {c.host}:{c.metrics_port} (--metrics-port): {e.strerror or e}; is "
-                              "the port in use?") from e  # fmt: skip
-            log.info("Prometheus metrics on %s://%s:%d/metrics%s", "https" if tls else "http", c.host,
-                     self.metrics_port, " (bearer token required)" if self._token else "")  # fmt: skip
+                raise OSError(f"cannot listen on {host_port(c.host, c.metrics_port)} (--metrics-port): "
+                              f"{e.strerror or e}; is the port in use?") from e  # fmt: skip
+            log.info("Prometheus metrics on %s://%s/metrics%s", "https" if tls else "http",
+                     host_port(c.host, self.metrics_port), " (bearer token required)" if self._token else "")  # fmt: skip
         self._grpc.start()
         warning = exposure_warning(c.host, self._credentials is not None, self._token is not None)
         if warning:
@@ -201,6 +201,12 @@ class Server:
         self._grpc.wait_for_termination()
 
 
+def host_port(host: str, port: int) -> str:
+    """HOST:PORT as gRPC takes it: an IPv6 address in brackets ([::1]:5000), whether --host gave them or not."""
+    bare = host.strip("[]")
+    return f"[{bare}]:{port}" if ":" in bare else f"{host}:{port}"
+
+
 def exposure_warning(host: str, tls: bool, token: bool) -> str | None:
     """What a server listening on host says when others may reach it with neither TLS nor a token (None for a
     loopback address, or when it has either)."""
@@ -260,7 +266,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     where = f"ps-server shard {config.shard_id}/{config.num_shards}"
     try:
         server = Server(config, progress, on_listening=lambda server: _say(
-            f"{where} starting on {config.host}:{server.port} (data dir {config.data_dir}; health says NOT_SERVING, "
+            f"{where} starting on {host_port(config.host, server.port)} (data dir {config.data_dir}; health says NOT_SERVING, "
             "and what the start is doing, until it serves)"))  # fmt: skip
     except StartStopped as e:
         print(f"{where}: stopped during its start ({e}); its data dir is as the next start can use",
@@ -268,7 +274,9 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         return
     port = server.start()
     serving.append(server)
-    _say(f"{where} listening on {config.host}:{port} (data dir {config.data_dir}: {server.shard.describe_start()})")
+    _say(
+        f"{where} listening on {host_port(config.host, port)} (data dir {config.data_dir}: {server.shard.describe_start()})"
+    )
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
     while not stop.wait(SIGNAL_CHECK_S):  # in slices: a SIGTERM another thread received (ps.terminate)

@@ -106,3 +106,28 @@ def test_only_the_metrics_path_answers(tmp_path):
                          "/metrics?name[]=sparseps_clock": 200}  # fmt: skip
     finally:
         server.stop(grace_s=1)
+
+
+def test_an_ipv6_host_serves_grpc_and_metrics_with_or_without_brackets(tmp_path):
+    """--host ::1 (or [::1]): gRPC listens on [::1]:PORT and the metrics on the same address."""
+    import socket
+
+    import pytest
+
+    from ps.health import check_health
+    from ps.server import host_port
+
+    assert host_port("::1", 5) == host_port("[::1]", 5) == "[::1]:5" and host_port("10.0.0.1", 5) == "10.0.0.1:5"
+    try:
+        socket.socket(socket.AF_INET6).bind(("::1", 0))
+    except OSError as e:
+        pytest.skip(f"this machine has no IPv6 loopback: {e}")
+    for i, host in enumerate(("::1", "[::1]")):
+        server = Server(ServerConfig(data_dir=str(tmp_path / f"d{i}"), host=host, port=0, metrics_port=0))
+        server.start()
+        try:
+            assert check_health(f"[::1]:{server.port}").text == "SERVING"
+            with urllib.request.urlopen(f"http://[::1]:{server.metrics_port}/metrics", timeout=10) as r:
+                assert b"sparseps_" in r.read()
+        finally:
+            server.stop(grace_s=1)
