@@ -367,3 +367,15 @@ def test_a_health_probe_of_a_port_where_nothing_listens_gives_no_tls_hint():
     assert not serving and not starting and "TLS" not in text, text  # not a TLS setting: nothing listens
     assert text.startswith("UNAVAILABLE: connection refused: nothing listens there (a shard listens within seconds "
                            "of its start"), text  # fmt: skip
+
+
+def test_a_workers_client_security_variables_do_not_reach_its_local_shards(pki, tmp_path):
+    """A worker container's PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY and PS_AUTH_TOKEN_FILE are its client's settings;
+    to ps-server they would mean client certificates required and its own certificate. --local-shards trains on
+    loopback shards with neither, whatever the worker's variables say."""
+    env = {"PATH": "/usr/bin:/bin", "PS_TLS_CA": str(pki / "ca.pem"), "PS_TLS_CERT": str(pki / "client.pem"),
+           "PS_TLS_KEY": str(pki / "client.key"), "PS_AUTH_TOKEN_FILE": str(pki / "token")}  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "worker", "train", "--local-shards", "1", "--synthetic-rows", "3000",
+                        "--synthetic-eval-rows", "1000", "--model", "lr", "--recipe", "large", "--no-progress"],
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "trained lr" in r.stdout, r.stderr[-3000:]

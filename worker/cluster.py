@@ -7,6 +7,10 @@ stop() sends SIGTERM, waits, then kills. Restarting on the same root gives the s
 Each shard's standard input is a pipe this process holds (`--stop-with-stdin`): when this process dies, however
 it dies, the pipe closes and the shards stop cleanly instead of running on without their parent. The shards
 run in a session of their own: a terminal's Ctrl-C reaches this process alone, which stops them itself.
+The shards listen on 127.0.0.1 for this machine's processes, with no TLS and no token, and do not inherit the
+PS_* variables of a worker's own client security (SECURITY_VARIABLES): PS_TLS_CA, PS_TLS_CERT and PS_TLS_KEY
+mean other things to ps-server (client certificates required; its own certificate), and its shards would refuse to
+start or their clients to connect.
 """
 
 from __future__ import annotations
@@ -26,6 +30,14 @@ from ps.errors import ServerUnavailableError
 from worker.temp_dirs import keep, make_temp_dir
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
+SECURITY_VARIABLES = ("PS_TLS_CA", "PS_TLS_CERT", "PS_TLS_KEY", "PS_AUTH_TOKEN_FILE")  # a client's: not the shards'
+
+
+def without_security_variables(environ: dict[str, str]) -> dict[str, str]:
+    """environ less SECURITY_VARIABLES: for local shards, and the workers launch starts against them."""
+    return {k: v for k, v in environ.items() if k not in SECURITY_VARIABLES}
+
+
 DISCARDED_STOP_S = 30.0  # cleanup() of a cluster in a root of its own: SIGTERM to SIGKILL (its rows are deleted)
 
 
@@ -86,7 +98,7 @@ class LocalCluster:
             # a session of its own: a terminal's Ctrl-C goes to this process alone, which ends its step and then
             # stops the shards; sent to them too, they quit under its step, which logged them as down
             return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, pass_fds=held,
-                                    start_new_session=True)  # fmt: skip
+                                    start_new_session=True, env=without_security_variables(dict(os.environ)))  # fmt: skip
 
     def _await_port(self, shard_id: int, proc: subprocess.Popen, deadline: float) -> str:
         out = b""

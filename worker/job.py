@@ -45,9 +45,12 @@ def cluster_addresses(cfg: TrainConfig) -> Iterator[list[str]]:
 
 
 def client_for(cfg: TrainConfig, addresses: list[str]) -> Client:
-    """A Client with the run's deadlines and security settings."""
+    """A Client with the run's deadlines and security settings (none for --local-shards: they take no TLS or
+    token, worker/cluster.py)."""
     from ps.security import read_token
 
+    if cfg.local_shards is not None:
+        return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s)
     token = read_token(cfg.auth_token_file) if cfg.auth_token_file else None
     return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, tls_ca=cfg.tls_ca,
                   tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, auth_token=token)  # fmt: skip

@@ -50,7 +50,7 @@ from ps.errors import PsError
 from ps.settings import unknown_environment
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from ps.terminate import Terminated, child_setup, sigterm_raises
-from worker.cluster import free_port
+from worker.cluster import free_port, without_security_variables
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
@@ -494,6 +494,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         with _servers(plan) as addresses:
             commands = worker_commands(plan, addresses, metrics_dir, program)
             port, base = free_port(), dict(os.environ)
+            if plan.local_shards:  # shards with no TLS or token (worker/cluster.py): the workers' client uses none
+                base = without_security_variables(base)
             envs = [worker_environment(i, plan.workers, port, base) for i in range(plan.workers)]
             bar = plan.progress_bar and sys.stderr.isatty()  # a log file gets the plain lines, not a bar's redraws
             progress = MergedProgress(plan.workers, bar, progress_every_s)
