@@ -104,7 +104,8 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     (
         "sparseps_disk_low_bytes",
         "disk_low_bytes",
-        "free bytes under which the disk is low: the largest of 5% of the disk, 2 GiB and a tenth of the data dir",
+        "free bytes under which the disk is low: the largest of 5% of the disk, 2 GiB (a quarter of a disk under 8 "
+        "GiB) and a tenth of the data dir",
     ),
     ("sparseps_flush_failures", "flush_failures", "background flushes failed in a row (0: the last one succeeded)"),
     (

@@ -220,3 +220,12 @@ def test_a_misspelled_config_key_gets_the_closest_names(tmp_path):
     config.write_text("shuffle = true\n")  # a train key at the top level: ps-worker synth does not know it
     with pytest.raises(ValueError, match=r"'shuffle' is not a setting of this command; known: .* put a command's own"):
         apply_defaults(build_parser(), ["synth", "--config", str(config)], environ={})
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-3"])
+def test_a_bad_ps_kernel_threads_names_the_variable(tmp_path, value):
+    r = subprocess.run([sys.executable, "-m", "ps", "--data-dir", str(tmp_path / "d"), "--port", "0"],
+                       env={"PS_KERNEL_THREADS": value, "PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and f"PS_KERNEL_THREADS is {value!r}, expected a whole number >= 1" in r.stderr, r.stderr
+    assert not (tmp_path / "d").exists()

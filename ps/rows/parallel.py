@@ -26,7 +26,12 @@ T = TypeVar("T")
 def _default_threads() -> int:
     """PS_KERNEL_THREADS, or the usable cores (at most 4)."""
     env = os.environ.get("PS_KERNEL_THREADS", "").strip()
-    return max(1, int(env)) if env else max(1, min(4, len(os.sched_getaffinity(0))))
+    if not env:
+        return max(1, min(4, len(os.sched_getaffinity(0))))
+    if not env.isdigit() or int(env) < 1:
+        raise ValueError(f"environment variable PS_KERNEL_THREADS is {env!r}, expected a whole number >= 1 (threads "
+                         "a server splits one batch's per-id work over)")  # fmt: skip
+    return int(env)
 
 
 THREADS = _default_threads()  # threads a batch is split over (tests lower MIN_PART to split tiny batches too)
