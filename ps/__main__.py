@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
         "requests' copies of rows. The split is "
         "logged at start, and `ps-worker stats` reports each part's use (of all but the requests' room); the "
         "process's fixed overhead (an idle server's, "
-        "its compiled code loaded at start) comes on top. Default: no overall bound",
+        "its compiled code loaded at start) comes on top. A bound past the machine's RAM, or past its container's "
+        "memory limit (cgroup), is warned of at start. Default: no overall bound",
     )  # fmt: skip
     p.add_argument(
         "--read-threads",
@@ -448,13 +449,13 @@ def _run_server(args: argparse.Namespace) -> int:
     try:
         config.validate()
         logging.getLogger("ps.server").info(plan_memory(config.memory_bytes, config.cache_bytes).describe())
-        physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        limit, whose = memory_limit()
         for flag, size in (("--memory-bytes", config.memory_bytes), ("--cache-bytes", config.cache_bytes)):
-            if size is not None and size > physical:
+            if size is not None and size > limit:
                 logging.getLogger("ps.server").warning(
-                    "%s %.1f GiB is more than this machine's %.1f GiB of RAM: the server will not be held to it, "
-                    "and the RAM tier may grow until the machine swaps or the kernel kills the server", flag,
-                    size / 2**30, physical / 2**30)  # fmt: skip
+                    "%s %.1f GiB is more than %s %.1f GiB: the server will not be held to it, and the RAM tier may "
+                    "grow until the machine swaps or the kernel kills the server", flag, size / 2**30, whose,
+                    limit / 2**30)  # fmt: skip
         from ps.server import serve  # imported late: `--help` stays fast
 
         serve(config, stop_with_stdin=args.stop_with_stdin)
@@ -462,6 +463,24 @@ def _run_server(args: argparse.Namespace) -> int:
         print(f"ps-server: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
+
+
+def memory_limit(cgroup_files: tuple[str, ...] = CGROUP_LIMITS) -> tuple[int, str]:
+    """(bytes, whose) of the memory this process may use: the machine's RAM, or its container's (cgroup) memory
+    limit where that is lower (a pod's limits.memory, docker --memory)."""
+    limit, whose = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "this machine's RAM of"
+    for path in cgroup_files:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < limit:  # "max", or v1's huge number when unlimited, leaves the RAM
+            return int(text), "this container's memory limit (cgroup) of"
+    return limit, whose
 
 
 if __name__ == "__main__":

@@ -305,9 +305,27 @@ def test_a_memory_bound_past_the_machines_ram_is_warned_of(tmp_path):
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", str(physical * 4)])
     assert r.returncode == 0, r.stderr
-    assert re.search(r"WARNING .*--memory-bytes [\d.]+ GiB is more than this machine's [\d.]+ GiB of RAM", r.stderr)
+    assert re.search(r"WARNING .*--memory-bytes [\d.]+ GiB is more than this (machine's RAM|container's memory "
+                     r"limit \(cgroup\)) of [\d.]+ GiB", r.stderr)  # fmt: skip
     r = server(["--data-dir", str(tmp_path / "shard"), "--memory-bytes", "1G"])
-    assert r.returncode == 0 and "more than this machine's" not in r.stderr, r.stderr
+    assert r.returncode == 0 and "is more than this" not in r.stderr, r.stderr
+
+
+def test_the_memory_limit_is_a_containers_cgroup_limit_where_lower_than_the_ram(tmp_path):
+    """A pod's limits.memory (cgroup v2 memory.max, v1 memory.limit_in_bytes) bounds what --memory-bytes may
+    take; "max", or v1's huge number, leaves the machine's RAM."""
+    from ps.__main__ import memory_limit
+
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text(f"{2**63 - 4096}\n")
+    assert memory_limit((str(v2), str(v1), str(tmp_path / "none"))) == (physical, "this machine's RAM of")
+    v2.write_text(f"{10 << 30}\n")
+    assert memory_limit((str(v2), str(v1))) == (min(10 << 30, physical), "this container's memory limit (cgroup) of"
+                                                if physical > 10 << 30 else "this machine's RAM of")  # fmt: skip
+    v2.write_text("1073741824\n")
+    assert memory_limit((str(tmp_path / "none"), str(v2))) == (1 << 30, "this container's memory limit (cgroup) of")
 
 
 def test_a_checkpoint_root_this_user_cannot_write_is_warned_of_at_start(tmp_path, monkeypatch, caplog):
