@@ -10,7 +10,7 @@ import os
 import sys
 
 from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-from ps.config import MAX_INTERVAL_S, ServerConfig
+from ps.config import MAX_DIM, MAX_INTERVAL_S, ServerConfig
 from ps.errors import PsError, StorageError
 from ps.settings import (
     LOG_LEVELS,
@@ -188,7 +188,9 @@ def build_size_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--ids", type=number(1, 2**64), required=True, help="number of distinct ids (1e9 is fine)")
-    p.add_argument("--dim", type=integer(1), required=True, help="embedding dim")
+    p.add_argument(
+        "--dim", type=integer(1, MAX_DIM), required=True, help=f"embedding dim (at most {MAX_DIM}, as a server takes)"
+    )
     p.add_argument("--optimizer", default="adagrad", help="sgd, adagrad, adagrad_rowwise, adam or ftrl")
     p.add_argument("--servers", type=integer(1), default=1, help="servers the table is sharded over")
     p.add_argument("--hot-fraction", type=number(0, 1), default=0.1, help="share of rows to keep in the RAM tier")

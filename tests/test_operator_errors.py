@@ -275,7 +275,8 @@ def test_worker_counts_and_times_are_checked_and_name_their_flag(argv, message, 
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--dim", "0"], "argument --dim: expected an integer >= 1, got 0"),
+        (["--dim", "0"], "argument --dim: expected an integer in 1..4096, got 0"),
+        (["--dim", "100000"], "argument --dim: expected an integer in 1..4096, got 100000"),  # a server takes none
         (["--servers", "0"], "argument --servers: expected an integer >= 1, got 0"),
         (["--ids", "inf"], "argument --ids: expected a number >= 1 and <= 1.84467e+19, got 'inf'"),
         (["--hot-fraction", "2"], "argument --hot-fraction: expected a number >= 0 and <= 1, got '2'"),
