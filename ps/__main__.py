@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         "anything is damaged (a damaged RocksDB data block is otherwise found only when a request reads it, and "
         "answered DATA_LOSS). Reads the whole data dir: start-up takes as long as reading it from disk",
     )  # fmt: skip
-    p.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="what to log")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="what to log (any case)")
     p.add_argument(
         "--stop-with-stdin", action="store_true",
         help="stop cleanly (as on SIGTERM) once standard input is closed: ps-worker's local clusters start their "

@@ -167,7 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     p.add_argument(
-        "--log-level", default="WARNING", choices=LOG_LEVELS, help="what to log (before or after the command)"
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        help="what to log (any case; before or after the command)",
     )
     sub = p.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
@@ -180,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():
         add_config_flag(command)
         # also after the command (`ps-worker train --log-level INFO`); unset there, the value before it stands
-        command.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS, help=argparse.SUPPRESS)
+        command.add_argument(
+            "--log-level", default=argparse.SUPPRESS, type=str.upper, choices=LOG_LEVELS, help=argparse.SUPPRESS
+        )
     return p
 
 
