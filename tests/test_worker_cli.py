@@ -419,6 +419,24 @@ def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_traine
         train(small_run(addresses, str(bad), max_bad_lines=0))  # the large recipe's default skips a few
 
 
+def interrupt_at_batch(monkeypatch, n: int) -> None:
+    """DataSource.train (of the real one, as it is now) raises KeyboardInterrupt as the n-th batch of the run is
+    read: a Ctrl-C between two steps."""
+    from worker.data import DataSource
+
+    read, batches_read = DataSource.train, 0
+
+    def interrupted(self, epoch=1):
+        nonlocal batches_read
+        for batch in read(self, epoch):
+            batches_read += 1
+            if batches_read == n:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(DataSource, "train", interrupted)
+
+
 def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_an_uninterrupted_one(
     servers, files, tmp_path, monkeypatch, capsys
 ):
@@ -433,17 +451,7 @@ def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_
     train(small_run(whole, train_path, **run))
     capsys.readouterr()
     read = DataSource.train
-    batches_read = 0
-
-    def interrupted(self, epoch=1):
-        nonlocal batches_read
-        for batch in read(self, epoch):
-            batches_read += 1
-            if batches_read == 9:
-                raise KeyboardInterrupt
-            yield batch
-
-    monkeypatch.setattr(DataSource, "train", interrupted)
+    interrupt_at_batch(monkeypatch, 9)
     with pytest.raises(KeyboardInterrupt):
         train(small_run(stopped, train_path, **run))
     monkeypatch.setattr(DataSource, "train", read)
@@ -458,8 +466,7 @@ def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_
     with pytest.raises(ValueError, match=r"--skip-examples 1,200 skips every training example of this worker's 2 "):
         train(small_run(stopped, train_path, skip_examples=1200, **run))
 
-    monkeypatch.setattr(DataSource, "train", interrupted)  # under launch: a last PROGRESS line, launch's hint
-    batches_read = 0
+    interrupt_at_batch(monkeypatch, 9)  # under launch: a last PROGRESS line, launch's hint
     with pytest.raises(KeyboardInterrupt):
         train(small_run(stopped, train_path, progress_lines=True, **run))
     out, err = capsys.readouterr()
@@ -857,21 +864,9 @@ def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
 def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(servers, files, monkeypatch, capsys):
     """geo with --geo-every 3, Ctrl-C as step 9's batch is read: 8 steps trained, the deltas of steps 1-6 pushed
     (at steps 3 and 6), 7 and 8 still local when the line is written: "pushed" 600 of 800 examples."""
-    from worker.data import DataSource
-
     train_path, _ = files
     addresses, _ = servers(1)
-    read, batches_read = DataSource.train, 0
-
-    def interrupted(self, epoch=1):
-        nonlocal batches_read
-        for batch in read(self, epoch):
-            batches_read += 1
-            if batches_read == 9:
-                raise KeyboardInterrupt
-            yield batch
-
-    monkeypatch.setattr(DataSource, "train", interrupted)
+    interrupt_at_batch(monkeypatch, 9)
     with pytest.raises(KeyboardInterrupt):
         train(small_run(addresses, train_path, mode="geo", geo_every=3, epochs=2, prefetch=1, progress_lines=True))
     lines = [json.loads(line.removeprefix("PROGRESS ")) for line in capsys.readouterr().out.strip().splitlines()
