@@ -863,12 +863,18 @@ def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
 
 def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(servers, files, monkeypatch, capsys):
     """geo with --geo-every 3, Ctrl-C as step 9's batch is read: 8 steps trained, the deltas of steps 1-6 pushed
-    (at steps 3 and 6), 7 and 8 still local when the line is written: "pushed" 600 of 800 examples."""
+    at steps 3 and 6, those of 7 and 8 as it stops (the servers did not fail): the last line counts all 800 as
+    pushed. A SIGKILL leaves the line before, whose "pushed" counts only what the servers held then."""
+    from worker import loop
+
     train_path, _ = files
     addresses, _ = servers(1)
     interrupt_at_batch(monkeypatch, 9)
+    monkeypatch.setattr(loop._ProgressLines, "JSON_EVERY_S", 0.0)  # a line after every step
     with pytest.raises(KeyboardInterrupt):
         train(small_run(addresses, train_path, mode="geo", geo_every=3, epochs=2, prefetch=1, progress_lines=True))
     lines = [json.loads(line.removeprefix("PROGRESS ")) for line in capsys.readouterr().out.strip().splitlines()
              if line.startswith("PROGRESS ")]  # fmt: skip
-    assert (lines[-1]["examples"], lines[-1]["steps"], lines[-1]["pushed"]) == (800, 8, 600), lines[-1]
+    assert (lines[-1]["examples"], lines[-1]["steps"]) == (800, 8) and "pushed" not in lines[-1], lines[-1]
+    pushed = [line.get("pushed", line["examples"]) for line in lines[:-1]]  # a line a step, as a SIGKILL leaves them
+    assert pushed == [0, 0, 300, 300, 300, 600, 600, 600], lines

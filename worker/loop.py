@@ -47,7 +47,7 @@ from worker.pipeline import prefetched
 from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, advance, progress_line
 from worker.scoring import evaluate, field_tables
 from worker.step import Prepared, Step
-from worker.steprows import AsyncRows
+from worker.steprows import AsyncRows, abandon
 from worker.train_stream import Limit, Skipping
 
 
@@ -226,6 +226,7 @@ def run_epochs(
             return False
         eval_started = time.perf_counter()
         source.settle()  # geo: its pending deltas pushed, so that the model validated is the one trained so far
+        result.pushed = result.examples
         if not dense.collective:  # the PS path: its pending gradients applied first (allreduce's values are
             dense.flush()  # current, and its flush is a step of every worker: not here)
         figures = evaluate(tables, spec, backend, dense.values, validation, prefetch=s.prefetch)
@@ -306,13 +307,17 @@ def run_epochs(
                 break
             if limit.reached:  # no epoch after it
                 break
-    except BaseException:  # how far it got, for launch (a stopped worker's last PROGRESS line)
-        if lines is not None and not lines.plain:
+    except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
+        abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
+        if not holding():
+            result.pushed = result.examples
+        if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line)
             lines.update(result, running.value, started + skipping.seconds, {}, stopped=True)
         raise
     result.trained_all = True
     step.pusher.shutdown()
     source.finish()
+    result.pushed = result.examples
     dense.finish()  # the MLP's last gradients applied (allreduce: with the others')
     result.seconds = time.perf_counter() - started - eval_seconds - skipping.seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:

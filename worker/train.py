@@ -49,7 +49,7 @@ from worker.model_tables import (
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, json_figures
 from worker.scoring import ScoringProgress, evaluate
-from worker.steprows import abandon, row_source
+from worker.steprows import row_source
 from worker.tables import check_tables
 from worker.train_config import TrainConfig
 from worker.train_messages import (
@@ -146,8 +146,7 @@ def train(cfg: TrainConfig) -> dict:
         try:
             run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
                        on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop)  # fmt: skip
-        except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
-            abandon(source, e)
+        except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
             save_dense_on_stop(dense, e)
             if isinstance(e, TrainingDataError):
                 raise ValueError(stopped_message(e, cfg)) from None
