@@ -1,6 +1,8 @@
 """Tests for worker/schema.py: loading the grammar (and every mistake named with its file and key), the built-in
 schemas, resolve_schema, stats, the TOML round trip and the schema inferred from a sample."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -8,7 +10,7 @@ from ps.config import OptimizerConfig
 from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.formats import read_batches
 from worker.models.spec import BIAS_FIELD, FieldSpec
-from worker.schema import CRITEO_COLUMNS, Column, TableSchema, load_schema, schema_from_text
+from worker.schema import CRITEO_COLUMNS, Column, TableSchema, libsvm_column, load_schema, schema_from_text
 from worker.schema_builtin import builtin_schema, resolve_schema
 from worker.schema_infer import infer_column, infer_schema, infer_schema_text
 
@@ -579,3 +581,19 @@ def test_a_column_of_numbers_with_some_junk_cells_is_text_and_says_which_cells(t
     note = "'price': 296 of its 299 filled cells in the sample are numbers, the others are not ('-' (1), '#N/A' (1), "
     assert [c for c in checks if c.startswith(note)] and f"CHECK {note}" in text, (checks, text)
     assert not [c for c in checks if "size" in c or "word" in c], checks
+
+
+def test_libsvm_fields_in_one_id_space_and_in_their_own_have_other_fingerprints():
+    """The built-in libsvm schema hashes every field in one id space; a schema file's f<k> that names none keeps
+    an id space of its own, as the built-in schema once did. Tables trained one way must refuse the other (their
+    rows stand for other ids), and a model trained with per-position spaces keeps its fingerprint (the value the
+    built-in schema of dim 8 on table "default" gave with K = 3)."""
+    shared = builtin_schema("libsvm", default_table="default", default_dim=8, libsvm_fields=3)
+    own = dataclasses.replace(
+        shared, columns=tuple(libsvm_column(c.name, c.table, shared=False) for c in shared.columns)
+    )
+    assert shared.id_spaces() == {"all": 0} and own.id_spaces() == {"f0": 0, "f1": 1, "f2": 2}
+    assert own.fingerprint() == "schema:f404cdf06d3d863e" != shared.fingerprint()
+    text = 'format = "libsvm"\n' + "".join(f'[[columns]]\nname = "f{k}"\nkind = "categorical"\n' for k in range(4))
+    written = schema_from_text(text, "s.toml", default_table="default", default_dim=8)  # K = 4, spaces their own
+    assert written.fingerprint() == own.fingerprint()

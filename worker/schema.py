@@ -114,10 +114,11 @@ class Column:
 LIBSVM_ID_SPACE = "all"
 
 
-def libsvm_column(name: str, table: str | None) -> Column:
+def libsvm_column(name: str, table: str | None, shared: bool = True) -> Column:
     """Column f<k> of the built-in libsvm schema (worker/schema_builtin.py): the k-th token, in the id space all
-    of its fields share (LIBSVM_ID_SPACE)."""
-    return Column(name, name, "categorical", table, LIBSVM_ID_SPACE)
+    of its fields share (LIBSVM_ID_SPACE); shared=False: in an id space of its own (a schema file's column that
+    names none), which reads ids as they were read before the built-in schema shared one."""
+    return Column(name, name, "categorical", table, LIBSVM_ID_SPACE if shared else name)
 
 
 @dataclass(frozen=True)
@@ -150,18 +151,20 @@ class Schema:
     def fingerprint(self) -> str:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
-        std), and the bias table. In a libsvm schema the built-in columns (f<k>, the k-th feature token, in their
-        shared id space) count as one entry, whatever their number K: a file whose lines hold another most
-        features means the same (columns of other formats count one by one, whatever their names). Each table the
+        std), and the bias table. In a libsvm schema the columns f<k> in their shared id space (the
+        built-in schema's) count as one entry, whatever their number K, and so do those in id spaces of their own
+        (a schema file's f<k> that names none), as another entry: a file whose lines hold another most features
+        means the same, and ids hashed another way do not (columns of other formats count one by one, whatever their names). Each table the
         model creates carries it (TableConfig.features): another schema, whose ids would land on rows trained for
         other features or toward another label, is refused by the servers' tables (worker/tables.py)."""
         drop = {"source", "mean", "std"}
-        libsvm = {c.name for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)
-                  and c == libsvm_column(c.name, c.table)}  # fmt: skip
+        fields = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)]
+        shared = {c.name for c in fields if c == libsvm_column(c.name, c.table)}
+        own = {c.name for c in fields if c == libsvm_column(c.name, c.table, shared=False)}
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
-                   for c in self.columns if c.name not in libsvm]  # fmt: skip
+                   for c in self.columns if c.name not in shared | own]  # fmt: skip
         described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
-                     "libsvm_fields": bool(libsvm)}  # fmt: skip
+                     "libsvm_fields": "shared" if shared else bool(own)}  # fmt: skip
         text = json.dumps(described, sort_keys=True, default=list)
         return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
