@@ -379,3 +379,7 @@ def test_a_workers_client_security_variables_do_not_reach_its_local_shards(pki, 
                         "--synthetic-eval-rows", "1000", "--model", "lr", "--recipe", "large", "--no-progress"],
                        env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0 and "trained lr" in r.stdout, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "worker", "launch", "--workers", "1", "--local-shards", "1",
+                        "--synthetic-rows", "3000", "--synthetic-eval-rows", "1000", "--model", "lr", "--recipe",
+                        "large", "--no-progress"], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "AUC" in r.stdout, r.stderr[-3000:]  # the workers' and launch's final evaluation

@@ -522,10 +522,12 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             if per_worker is None:
                 return 1
             backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
+            plain = dict(tls_ca=None, tls_cert=None, tls_key=None, auth_token_file=None) if plan.local_shards else {}
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=backend, device=device or "cpu",
                                       metrics_out=None,
-                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
+                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker),
+                                      **plain)  # local shards take no TLS or token (worker/cluster.py)  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
