@@ -569,18 +569,20 @@ def test_a_column_of_numbers_with_some_junk_cells_is_text_and_says_which_cells(t
     comment and the checks on stderr name those cells and the fix; NA cells are missing numbers, not junk; a column
     where more than one cell in ten is not a number is plain text, with nothing to check."""
     rng = np.random.default_rng(5)
-    rows = ["click,price,size,word"]
+    rows = ["click,price,size,word,code"]
     for i in range(300):
         price = {7: "-", 8: "#N/A", 9: "inf", 10: "NA"}.get(i, f"{rng.uniform(1, 50):.2f}")
         size = f"{rng.uniform(1, 9):.1f}" if i % 5 else "big"
-        rows.append(f"{i % 2},{price},{size},w{rng.integers(40)}")
+        code = "other" if i in (3, 4) else str(rng.integers(1, 4))  # codes even without "other": nothing to check
+        rows.append(f"{i % 2},{price},{size},w{rng.integers(40)},{code}")
     (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
     text, checks = infer_schema(str(tmp_path / "d.csv"))
     kinds = {c.name: c.kind for c in schema_from_text(text, "inferred", default_table="t", default_dim=4).columns}
     assert kinds["price"] == kinds["size"] == "categorical", kinds
     note = "'price': 296 of its 299 filled cells in the sample are numbers, the others are not ('-' (1), '#N/A' (1), "
     assert [c for c in checks if c.startswith(note)] and f"CHECK {note}" in text, (checks, text)
-    assert not [c for c in checks if "size" in c or "word" in c], checks
+    assert not [c for c in checks if "size" in c or "word" in c or "code" in c], checks
+    assert kinds["code"] == "categorical" and "CHECK 'code'" not in text
 
 
 def test_libsvm_fields_in_one_id_space_and_in_their_own_have_other_fingerprints():

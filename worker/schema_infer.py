@@ -202,9 +202,8 @@ def infer_schema(
             checks.append(f"{h!r} holds numbers written with a decimal comma (as {present[0].strip()!r}): read as text "
                           "they are categories; convert them to decimal points (pandas: read_csv(..., decimal=',') "
                           "then to_csv) and infer the schema again")  # fmt: skip
-        junk = _mostly_numbers([c for c in present if not is_missing_text(c)]) if column.kind == "categorical" else []
-        if junk and not _decimal_commas(present):
-            checks.append(_junk_note(h, junk, len([c for c in present if not is_missing_text(c)])))
+        if column.kind == "categorical" and ". CHECK " in comment:  # a column of numbers made text by a few cells
+            checks.append(comment.split(". CHECK ", 1)[1])
         if column.kind == "numeric":
             values = _floats([c for c in columns[h] if not is_missing_text(c)])
             twin = _bucket_twin(column, values, set(header))
@@ -283,6 +282,17 @@ def _mostly_numbers(cells: list[str]) -> list[str]:
 
     others = [c for c in cells if not is_number(c)]
     return others if others and len(others) <= 0.1 * len(cells) else []
+
+
+def _junk_making_text(name: str, source: str, numbers: list[str], sampled: bool) -> str:
+    """_junk_note where a few cells that are not numbers (_mostly_numbers) make a column of numbers text, and the
+    column without them would be read as numbers; else ""."""
+    junk = _mostly_numbers(numbers)
+    if not junk:
+        return ""
+    kept = [c for c in numbers if c not in set(junk)]
+    numeric = infer_column(name, source, kept, sampled)[0].kind == "numeric"
+    return _junk_note(name, junk, len(numbers)) if numeric else ""
 
 
 def _junk_note(name: str, junk: list[str], cells: int) -> str:
@@ -372,9 +382,6 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
             longest = max(len(c.split(sep)) for c in present)
             comment = f"lists split by {sep!r} whose ids repeat ({seen}; up to {longest} tokens): {kind}"
             return Column(name, source, kind, separator=sep), comment
-    junk = _mostly_numbers(numbers)
-    if junk:
-        return Column(
-            name, source, "categorical"
-        ), f"text ({seen}): categorical. CHECK {_junk_note(name, junk, len(numbers))}"
-    return Column(name, source, "categorical"), f"text ({seen}): categorical"
+    note = _junk_making_text(name, source, numbers, sampled)
+    comment = f"text ({seen}): categorical" + (f". CHECK {note}" if note else "")
+    return Column(name, source, "categorical"), comment
