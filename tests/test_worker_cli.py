@@ -4,6 +4,7 @@ an input, bad input fails before anything is trained and says what to do, and --
 from __future__ import annotations
 
 import http.server
+import dataclasses
 import json
 import math
 import os
@@ -878,3 +879,20 @@ def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(
     assert (lines[-1]["examples"], lines[-1]["steps"]) == (800, 8) and "pushed" not in lines[-1], lines[-1]
     pushed = [line.get("pushed", line["examples"]) for line in lines[:-1]]  # a line a step, as a SIGKILL leaves them
     assert pushed == [0, 0, 300, 300, 300, 600, 600, 600], lines
+
+
+def test_a_stopped_allreduce_run_leaves_its_mlp_on_the_servers(servers, files, monkeypatch):
+    """--dense allreduce keeps the MLP in the workers until the end: a Ctrl-C between steps has worker 0 write it
+    (train.save_dense_on_stop), so the servers' MLP tables hold rows (before, none: the MLP the job began with)."""
+    pytest.importorskip("torch", reason="the allreduce dense path runs among torch workers only")
+    train_path, _ = files
+    addresses, _ = servers(1)
+    interrupt_at_batch(monkeypatch, 4)
+    with pytest.raises(KeyboardInterrupt):
+        train(dataclasses.replace(small_run(addresses, train_path), model="dnn", hidden=(8,), dense="allreduce",
+                                  backend="torch"))  # fmt: skip
+    with Client(addresses) as client:
+        mlp = {
+            t.name: t.num_rows for t in client.stats()[0].tables if t.name.startswith("dense.") and "bias" not in t.name
+        }
+    assert mlp and all(rows > 0 for rows in mlp.values()), mlp
