@@ -4,7 +4,6 @@ an input, bad input fails before anything is trained and says what to do, and --
 from __future__ import annotations
 
 import http.server
-import dataclasses
 import json
 import math
 import os
@@ -889,7 +888,7 @@ def test_a_stopped_allreduce_run_leaves_its_mlp_on_the_servers(servers, files, m
     addresses, _ = servers(1)
     interrupt_at_batch(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
-        train(dataclasses.replace(small_run(addresses, train_path), model="dnn", hidden=(8,), dense="allreduce",
+        train(replace(small_run(addresses, train_path), model="dnn", hidden=(8,), dense="allreduce",
                                   backend="torch"))  # fmt: skip
     with Client(addresses) as client:
         mlp = {
