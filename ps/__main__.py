@@ -371,7 +371,9 @@ def _given_settings(args: argparse.Namespace) -> str:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
-    """parser.parse_args(argv), naming a mistyped flag before a missing required one (settings.unknown_arguments)."""
+    """parser.parse_args(argv), naming a mistyped flag before a missing required one (settings.unknown_arguments);
+    an abbreviated flag is refused, as in every command (settings.apply_defaults)."""
+    parser.allow_abbrev = False
     _, rest = unknown_arguments(parser, argv)
     if rest:
         parser.error(unrecognized(parser, rest))

@@ -144,6 +144,8 @@ def test_an_unknown_flag_gets_the_usage_of_its_command():
     ("worker", ["stats", "--conf", "c.toml"], "ps-worker stats: error: unrecognized arguments: --conf c.toml (--conf: "
                                               "did you mean --config?)"),
     ("worker", ["train", "--synthetic-r", "10"], "ps-worker train: error: unrecognized arguments: --synthetic-r 10"),
+    ("ps", ["size", "--di", "8", "--ids", "10"], "ps-server size: error: unrecognized arguments: --di 8 (--di: did you "
+                                                 "mean --dim?)"),
 ])  # fmt: skip
 def test_a_mistyped_flag_is_named_even_where_a_required_one_is_missing(cli, argv, said):
     """`--data-dr x` leaves the required --data-dir missing: the mistyped flag is what the message names."""
