@@ -18,7 +18,8 @@ and kept in the run's curve; with --early-stop P training stops once validation 
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
 evaluation comes back at the end (worker/best.py BestModel). When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it (when an
-error, Ctrl-C or SIGTERM ends it before, worker.train has source.abandon tell them it stopped). A ValueError
+error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped, and geo pushes the deltas it holds,
+before the stopped worker's last PROGRESS line). A ValueError
 raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
 out as TrainingDataError, which says how many steps had pushed by then; a shard's refusal of a pull made there (a
 PsError) comes out as it is. The training time (examples/s) leaves out
