@@ -553,6 +553,9 @@ def test_libsvm_width_is_the_files_not_the_shares_and_can_be_given(tmp_path, mon
 
     monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 3)  # line 4 is past the lines counted
     assert libsvm_field_count(path) == 2
+    monkeypatch.setattr(libsvm_reader, "MAX_LIBSVM_FIELDS", 2)  # line 4's 3 features: a bad line, not K
+    monkeypatch.setattr(libsvm_reader, "FIELD_COUNT_LINES", 10)
+    assert libsvm_field_count(path) == 2
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from worker.criteo import EMPTY_LINE
 from worker.encode import Parsed
 from worker.features import MISSING_CAT
 from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
-from worker.schema import LIBSVM_COLUMN, Schema
+from worker.schema import LIBSVM_COLUMN, MAX_LIBSVM_FIELDS, Schema
 
 _MISSING = int(MISSING_CAT)
 _LIBSVM_LABELS = {b"0": 0.0, b"1": 1.0, b"-1": 0.0, b"+1": 1.0}
@@ -118,15 +118,19 @@ FIELD_COUNT_LINES = 10_000  # libsvm_field_count reads this many lines: lines of
 
 def libsvm_field_count(path: str | os.PathLike) -> int:
     """K of a libsvm file: the most features of a good line among its first FIELD_COUNT_LINES lines, else 0
-    (lines read without a label when the file has none, as file_has_labels tells)."""
+    (lines read without a label when the file has none, as file_has_labels tells). Lines of more than
+    schema.MAX_LIBSVM_FIELDS features count only where no line has fewer (the schema then refuses the file, saying
+    why): among shorter lines such a line is a bad line, not a reason to refuse the whole file."""
     labeled = has_labels(os.fspath(path))
-    most = 0
+    most = most_within = 0
     with open_data(os.fspath(path)) as f:
         for line in itertools.islice(bounded_lines(f, os.fspath(path)), FIELD_COUNT_LINES):
             parsed = _libsvm_line(line, labeled)
             if not isinstance(parsed, str):
                 most = max(most, len(parsed[1]))
-    return most
+                if len(parsed[1]) <= MAX_LIBSVM_FIELDS:
+                    most_within = max(most_within, len(parsed[1]))
+    return most_within or most
 
 
 def weighted_tokens(path: str | os.PathLike, lines: int) -> tuple[int, int, str]:
