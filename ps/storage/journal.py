@@ -203,18 +203,23 @@ class Journal:
         """Whether the journal found its data dir or active segment gone (`lost`), or its next check_intact would:
         the same two syscalls, with no lock taken and nothing changed, for a signal handler (the thread it
         interrupts may hold the lock). A segment closed meanwhile reads as intact."""
-        if self.lost:
+        return bool(self.lost) or self._dir_gone() or self._segment_gone(self._fd)
+
+    def _dir_gone(self) -> bool:
+        """Whether the data dir the journal started in is gone or replaced (one os.stat)."""
+        if self._data_dir_id is None:
+            return False
+        try:
+            st = os.stat(self._data_dir)
+        except (FileNotFoundError, NotADirectoryError):
             return True
-        if self._data_dir_id is not None:
-            try:
-                st = os.stat(self._data_dir)
-                if (st.st_dev, st.st_ino) != self._data_dir_id:
-                    return True
-            except (FileNotFoundError, NotADirectoryError):
-                return True
-            except OSError:
-                pass
-        fd = self._fd
+        except OSError:  # a permission, an I/O error: no sign of a deletion; the writes say what is wrong
+            return False
+        return (st.st_dev, st.st_ino) != self._data_dir_id
+
+    @staticmethod
+    def _segment_gone(fd: int) -> bool:
+        """Whether the segment open as fd (-1: none) was deleted (one os.fstat; a closed fd reads as intact)."""
         try:
             return fd >= 0 and os.fstat(fd).st_nlink == 0
         except OSError:
@@ -229,24 +234,11 @@ class Journal:
         if self.lost:
             return not self.dir_gone
         now = time.time()
-        dir_gone = False
-        if self._data_dir_id is not None:
-            try:
-                st = os.stat(self._data_dir)
-                dir_gone = (st.st_dev, st.st_ino) != self._data_dir_id
-            except (FileNotFoundError, NotADirectoryError):
-                dir_gone = True
-            except OSError:  # a permission, an I/O error: no sign of a deletion; the writes say what is wrong
-                pass
+        dir_gone = self._dir_gone()
         with self._lock:  # the active segment's fd stays open meanwhile
             if self.lost:  # found by another thread meanwhile (close(), a failed mark write)
                 return not self.dir_gone
-            segment_gone = False
-            if self._fd >= 0:
-                try:
-                    segment_gone = os.fstat(self._fd).st_nlink == 0
-                except OSError:
-                    segment_gone = False
+            segment_gone = self._segment_gone(self._fd)
             if not dir_gone and not segment_gone:
                 self._intact_at = now
                 return True
