@@ -273,14 +273,7 @@ def _floats(cells: list[str]) -> list[float] | None:
 def _mostly_numbers(cells: list[str]) -> list[str]:
     """The cells that are not finite numbers, where nine in ten of cells are (a column of numbers with some junk:
     '-', '#N/A', 'inf'), else []."""
-
-    def is_number(cell: str) -> bool:
-        try:
-            return math.isfinite(float(cell))
-        except ValueError:
-            return False
-
-    others = [c for c in cells if not is_number(c)]
+    others = [c for c in cells if _floats([c]) is None]
     return others if others and len(others) <= 0.1 * len(cells) else []
 
 
@@ -290,7 +283,8 @@ def _junk_making_text(name: str, source: str, numbers: list[str], sampled: bool)
     junk = _mostly_numbers(numbers)
     if not junk:
         return ""
-    kept = [c for c in numbers if c not in set(junk)]
+    junk_cells = set(junk)
+    kept = [c for c in numbers if c not in junk_cells]
     numeric = infer_column(name, source, kept, sampled)[0].kind == "numeric"
     return _junk_note(name, junk, len(numbers)) if numeric else ""
 
