@@ -905,3 +905,28 @@ def test_a_train_flag_every_worker_gets_wrong_is_not_blamed_on_backends():
     with pytest.raises(ValueError, match=r"^--staleness 3 is ssp's") as e:
         plan_launch(args, rest)
     assert "--backends" not in str(e.value)
+
+
+def test_local_shards_refuse_tls_and_token_settings_from_flags_or_the_file_not_from_the_environment(
+    tmp_path, monkeypatch
+):
+    """Local shards take no TLS or token: a --tls-* or --auth-token-file flag, or the config file's, would leave
+    the workers unable to connect, so it is refused before anything starts. A client's PS_* variables (every
+    compose worker has them) are dropped instead, for the workers and the final evaluation alike."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read before the plan")
+    args, rest = launch_args("--workers", "2", "--local-shards", "1", "--model", "lr", "--tls-ca", str(ca))
+    with pytest.raises(ValueError, match=r"--tls-ca .*ca.pem: --local-shards starts shards with no TLS or token"):
+        plan_launch(args, rest)
+    config = tmp_path / "job.toml"
+    config.write_text(f'[train]\nauth_token_file = "{tmp_path / "token"}"\n')
+    args, rest = launch_args("--workers", "2", "--local-shards", "1", "--model", "lr", "--config", str(config))
+    with pytest.raises(ValueError, match=r"--auth-token-file .*token: --local-shards starts shards with no TLS"):
+        plan_launch(args, rest)
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--model", "lr", "--tls-ca", str(ca))
+    assert plan_launch(args, rest).train_config.tls_ca == str(ca)  # shards of their own: the flag is theirs
+    monkeypatch.setenv("PS_TLS_CA", str(ca))
+    monkeypatch.setenv("PS_AUTH_TOKEN_FILE", str(tmp_path / "token"))
+    args, rest = launch_args("--workers", "2", "--local-shards", "1", "--model", "lr")
+    cfg = plan_launch(args, rest).train_config
+    assert (cfg.tls_ca, cfg.auth_token_file) == (None, None)

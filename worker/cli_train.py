@@ -8,6 +8,7 @@ import dataclasses
 import os
 import sys
 import zlib
+from collections.abc import Mapping
 
 from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S, OPTIMIZER_PARAMS
 from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
@@ -510,14 +511,14 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     )
 
 
-def train_config_from_argv(argv: list[str]) -> TrainConfig:
-    """The TrainConfig `ps-worker train ARGV` would run with (ValueError, or SystemExit from argparse, when the
-    arguments are wrong)."""
+def train_config_from_argv(argv: list[str], environ: Mapping[str, str] | None = None) -> TrainConfig:
+    """The TrainConfig `ps-worker train ARGV` would run with in environ (default: os.environ's PS_* variables);
+    ValueError, or SystemExit from argparse, when the arguments are wrong."""
     parser = argparse.ArgumentParser(prog="ps-worker")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train_parser(sub)
     add_config_flag(sub.choices["train"])
-    apply_defaults(parser, ["train", *argv])
+    apply_defaults(parser, ["train", *argv], environ=environ)
     return train_config(parser.parse_args(["train", *argv]))
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -108,7 +109,8 @@ def add_launch_parser(subparsers: Any) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--servers", default=None, help="comma-separated host:port list, in shard order")
     where.add_argument("--local-shards", type=int, default=None,
-                       help="instead of --servers: N throwaway shards started here first and stopped at the end")  # fmt: skip
+                       help="instead of --servers: N throwaway shards (no TLS or token, on 127.0.0.1) started here "
+                            "first and stopped at the end")  # fmt: skip
     p.add_argument(
         "--metrics-out",
         default=None,
@@ -288,7 +290,11 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     if args.barrier_timeout is not None:
         flags += ["--barrier-timeout", repr(args.barrier_timeout)]
     if train_config is None:
-        from worker.cli_train import train_config_from_argv as train_config
+        from worker.cli_train import train_config_from_argv
+
+        # the workers' environment: against local shards, without a client's TLS and token variables
+        environ = without_security_variables(dict(os.environ)) if args.local_shards is not None else None
+        train_config = functools.partial(train_config_from_argv, environ=environ)
     # the workers get the local shards' addresses: checked with a stand-in address
     where = ["--servers", ",".join(servers) if servers else "127.0.0.1:1"]
     job_id = secrets.randbelow(2**64 - 1) + 1
@@ -304,6 +310,8 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
 
         raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed), which this Python does not have: "
                          f"{TORCH_HINT}")  # fmt: skip
+    if args.local_shards is not None:
+        check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
         raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                          "empty ones (give --servers)")  # fmt: skip
@@ -314,6 +322,17 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
         global_flags=("--log-level", log_level) if log_level else (),
     )  # fmt: skip
+
+
+def check_no_security(cfg: Any) -> None:
+    """ValueError when the train flags or the config file set TLS or a token: local shards take neither (they
+    listen on 127.0.0.1, worker/cluster.py), and workers that used them could not connect. The PS_* variables of
+    a client's security are dropped instead (SECURITY_VARIABLES: a compose worker's environment has them)."""
+    for flag, dest in (("--tls-ca", "tls_ca"), ("--tls-cert", "tls_cert"), ("--tls-key", "tls_key"),
+                       ("--auth-token-file", "auth_token_file")):  # fmt: skip
+        if getattr(cfg, dest, None):
+            raise ValueError(f"{flag} {getattr(cfg, dest)}: --local-shards starts shards with no TLS or token "
+                             "(on 127.0.0.1); drop it (from the config file too), or give --servers")  # fmt: skip
 
 
 def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str,
@@ -522,12 +541,10 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             if per_worker is None:
                 return 1
             backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
-            plain = dict(tls_ca=None, tls_cert=None, tls_key=None, auth_token_file=None) if plan.local_shards else {}
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=backend, device=device or "cpu",
                                       metrics_out=None,
-                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker),
-                                      **plain)  # local shards take no TLS or token (worker/cluster.py)  # fmt: skip
+                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
