@@ -245,6 +245,12 @@ def test_a_skip_past_the_last_workers_share_of_max_examples_is_refused_before_an
         plan_launch(args, rest)  # worker 0's share is 6, worker 1's 5
 
 
+def test_geo_with_ftrl_is_refused_before_any_worker_starts():
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--mode", "geo", "--optimizer", "ftrl")
+    with pytest.raises(ValueError, match="--mode geo cannot train with --optimizer ftrl"):
+        plan_launch(args, rest)
+
+
 def test_servers_and_local_shards_are_refused_together():
     with pytest.raises(SystemExit):  # the parser's mutually exclusive group
         launch_args("--workers", "2", "--servers", SERVERS, "--local-shards", "1")

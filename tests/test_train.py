@@ -173,7 +173,9 @@ def test_dnn_on_small_data_is_warned_about_and_deepfm_named(caplog):
     assert "first-order" not in caplog.text
 
 
-def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched():
+def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_server_is_touched(tmp_path):
+    """--optimizer ftrl with --mode geo is refused by the flags' checks (launch makes them before any worker
+    starts); ftrl that a --table-config (or a schema) gives a table, when the tables are configured."""
     geo, line = TrainConfig(local_shards=1, mode="geo").with_recipe(10)
     assert (geo.optimizer, geo.learning_rate, geo.optimizer_params) == ("adagrad", 0.02, {})
     assert line.startswith("small-data recipe for 10 training examples (under 1,000,000)")
@@ -181,8 +183,12 @@ def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_serve
     assert TrainConfig(local_shards=1, mode="async").with_recipe(10)[0].optimizer == "ftrl"
     nowhere = TrainConfig(servers=("127.0.0.1:1",), mode="geo", optimizer="ftrl", synthetic_rows=1000,
                           synthetic_eval_rows=100, timeout_s=1.0, server_timeout_s=0)  # fmt: skip
+    with pytest.raises(ValueError, match=r"--mode geo cannot train with --optimizer ftrl: FTRL derives"):
+        nowhere.validate()
+    sets = tmp_path / "sets.toml"
+    sets.write_text('[fm]\noptimizer = { name = "ftrl" }\n')
     with pytest.raises(ValueError, match=r"--mode geo cannot train table\(s\) fm with ftrl: FTRL derives"):
-        train(nowhere)
+        train(dataclasses.replace(nowhere, optimizer=None, table_config=str(sets)))
 
 
 def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):

@@ -15,7 +15,7 @@ from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_con
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
-from worker.train_config import TrainConfig
+from worker.train_config import GEO_FTRL, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
 
@@ -97,12 +97,6 @@ def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[
         if parts:
             changed.append(f"{t.name}: {', '.join(parts)}")
     return f"; --table-config sets table {'; '.join(changed)} instead" if changed else ""
-
-
-GEO_FTRL = (
-    "FTRL derives a row's embedding from its optimizer state at each step, so in geo mode the other workers' "
-    "deltas last only until this worker's next step on the row: their learning is mostly lost"
-)
 
 
 def check_geo_optimizers(tables: list[TableConfig], spec: ModelSpec) -> None:

@@ -25,6 +25,10 @@ DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, 
 DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
 DEFAULT_STALENESS = 4  # ssp
 DEFAULT_GEO_EVERY = 4  # geo
+GEO_FTRL = (
+    "FTRL derives a row's embedding from its optimizer state at each step, so in geo mode the other workers' "
+    "deltas last only until this worker's next step on the row: their learning is mostly lost"
+)
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,9 @@ class TrainConfig:
         if self.num_workers > 1 and self.mode in ("sync", "ssp") and not self.job_id:
             raise ValueError(f"--mode {self.mode} with {self.num_workers} workers needs --job-id: the same for all "
                              "the job's workers, a new one per job (`ps-worker launch` and torchrun give one)")  # fmt: skip
+        if self.mode == "geo" and self.optimizer == "ftrl" and not (self.table_config or self.schema):
+            raise ValueError(f"--mode geo cannot train with --optimizer ftrl: {GEO_FTRL}; give another optimizer "
+                             "(adagrad), or another --mode")  # fmt: skip
         if self.row_cache_bytes and self.mode != "ssp":
             raise ValueError(f"--row-cache-bytes serves rows within ssp's staleness bound; --mode {self.mode} "
                              "has none (geo keeps its own local rows)")  # fmt: skip
