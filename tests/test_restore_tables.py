@@ -14,7 +14,7 @@ import pytest
 
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.errors import StorageError
+from ps.errors import RamTierTooSmallError, StorageError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage.store import Store
@@ -350,3 +350,25 @@ def test_export_of_part_of_a_models_tables_warns_naming_those_left_out(tmp_path,
                                          "dense.fm.w, dense.fm.b (features 'schema:x'): this export holds only part "
                                          "of that model"]  # fmt: skip
     assert warnings("fm,dense.fm.*") == warnings("lr") == warnings("plain") == warnings("lr,plain,fm,dense.*") == []
+
+
+def test_a_restore_the_ram_tier_cannot_hold_is_refused_before_a_row_is_copied(tmp_path):
+    """The check a start on the restored dir would make (the RAM tier holds every table's share), made from the
+    manifest: a long restore is not run only to be refused at its end, and the data dir is not created."""
+    wide = TableConfig("wide", 512, InitializerConfig("zeros"), OptimizerConfig("adagrad", 0.1))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(table("kept"))
+        shard.create_table(wide)
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [table("kept"), wide])
+    finally:
+        shard.close()
+    target = tmp_path / "new"
+    with pytest.raises(RamTierTooSmallError, match=r"cannot hold the 2 tables of checkpoint .*ckpt: .*raise "
+                                                   r"--cache-bytes to at least (\d+)") as info:  # fmt: skip
+        Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=40_000))
+    assert not target.exists()
+    least = int(str(info.value).rsplit(" ", 1)[1])
+    restored = Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=least))
+    assert sorted(restored.tables) == ["kept", "wide"]  # that much holds them, restored and started on
+    restored.close()

@@ -159,6 +159,8 @@ class Shard:
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         progress.enter("checking")
         manifest = _restore_manifest(config)
+        if manifest is not None:
+            self._check_room_for(manifest, config.restore_dir)
         _refuse_lone_rocksdb(config)
         progress.enter("opening")
         try:
@@ -241,6 +243,7 @@ class Shard:
         pending = self.store.restore_pending()
         if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
             manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
+            self._check_room_for(manifest, config.restore_dir)
             log.warning("data dir %s holds a restore from %s that did not finish (the server stopped during it): "
                         "starting it over", config.data_dir, pending)  # fmt: skip
             self.store.forget_unfinished_restore()
@@ -263,6 +266,16 @@ class Shard:
             log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
                      summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
             self.restored_now = True
+
+    def _check_room_for(self, manifest: dict, checkpoint: str) -> None:
+        """RamTierTooSmallError, before a row is restored, when the RAM tier cannot hold the checkpoint's tables
+        (the check a start on the restored dir would make, _open_tables)."""
+        tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
+        if tables:
+            widest = max(layout_of(t.dim, t.optimizer.name).ram_bytes for t in tables)
+            MemoryBudget(self.memory.ram_tier_bytes).check_room(
+                len(tables), widest, f"cannot hold the {len(tables)} tables of checkpoint {checkpoint}"
+            )
 
     def _restore_share(self, manifest: dict, written: list[int]) -> Callable[[], float]:
         """The share of the restore done, from the rows written (written[0]) over this shard's slots' share of the
