@@ -18,6 +18,7 @@ from ps.settings import (
     add_config_flag,
     address,
     apply_defaults,
+    byte_size,
     integer,
     number,
     reader_gone,
@@ -31,11 +32,9 @@ from ps.terminate import Terminated, sigterm_raises, stopped_by_signal
 
 def parse_bytes(text: str) -> int:
     """'512M' -> 536870912; plain numbers are bytes; ArgumentTypeError for anything but a size >= 1 byte."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
-        size = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except (ValueError, OverflowError):
+        size = byte_size(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
     if size < 1:
         raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, such as 512M or 2G, got {text!r}")

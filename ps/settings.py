@@ -301,6 +301,25 @@ def reader_gone() -> int:
 
 
 # ---- argparse types and help of both CLIs (ps-server, ps-worker) --------------------------------------------
+SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
+    and "1.5G" alike), or plain bytes ("67108864", "1e9"); a fraction of a byte is dropped. ValueError for
+    anything else (text, inf, nan); the sign is the caller's to check."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = SIZE_UNITS.get(t[-1:], 1)
+    digits = t[:-1] if unit > 1 else t
+    try:
+        return int(digits) * unit  # exact, however large
+    except ValueError:
+        try:
+            return int(float(digits) * unit)
+        except OverflowError:
+            raise ValueError(f"not a size: {text!r}") from None
+
+
 def integer(lowest: int, highest: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer in lowest..highest (argparse puts the flag before its message)."""
 

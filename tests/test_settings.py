@@ -231,3 +231,24 @@ def test_a_bad_ps_kernel_threads_names_the_variable(tmp_path, value):
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and f"PS_KERNEL_THREADS is {value!r}, expected a whole number >= 1" in r.stderr, r.stderr
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("67108864", 67108864), ("1e9", 10**9), ("2.5e9", 2_500_000_000), ("512M", 512 << 20), ("64MiB", 64 << 20),
+     ("64mb", 64 << 20), ("1.5G", 3 << 29), ("1.1G", 1181116006), ("2e3K", 2_048_000), (" 4T ", 4 << 40),
+     ("99999999999999999999", 99999999999999999999)],
+)  # fmt: skip
+def test_a_size_is_bytes_or_a_number_with_a_binary_unit_and_takes_exponents(text, size):
+    from ps.__main__ import parse_bytes
+    from worker.cli_train import _size
+
+    assert parse_bytes(text) == _size(text) == size  # ps-server's sizes and ps-worker's are spelled alike
+
+
+@pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999"])
+def test_a_size_that_is_no_number_is_refused(text):
+    from ps.settings import byte_size
+
+    with pytest.raises(ValueError):
+        byte_size(text)

@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Mapping
 
 from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S, OPTIMIZER_PARAMS
-from ps.settings import HelpFormatter, add_config_flag, apply_defaults, integer, number
+from ps.settings import HelpFormatter, add_config_flag, apply_defaults, byte_size, integer, number
 from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
@@ -26,13 +26,10 @@ RATE = number(0, MAX_HYPERPARAMETER, above=True)
 
 
 def _size(text: str) -> int:
-    """Bytes of a size flag, spelled as the server's sizes are: a number with an optional K, M, G or T suffix
-    (powers of 1024; "64M", "64MiB", "64MB" and "1.5G" alike), or plain bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    """Bytes of a size flag >= 0, spelled as the server's sizes are (ps.settings.byte_size)."""
     try:
-        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except (ValueError, OverflowError):
+        value = byte_size(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, e.g. 67108864 or 64M") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected bytes >= 0")
