@@ -170,14 +170,15 @@ def test_backends_one_per_worker_or_one_for_all():
     "flags, message",
     [
         (["--worker-id", "1"], "--worker-id is set by launch"),
-        (["--worker", "1"], "--worker-id is set by launch"),  # train's parser takes the abbreviation: so does the check
+        (["--worker", "1"], r"--worker is no flag \(abbreviations are not taken\): spell out --worker-id or --workers"),
+        (["--epoch", "3"], r"--epoch is no flag \(abbreviations are not taken\): spell out --epochs \(flags launch"),
         (["--num-workers=2"], "--num-workers is set by launch"),
         (["--backend", "torch"], "--backend is set by launch: .* --backends"),
         (["--job-id", "7"], "--job-id is set by launch"),
         (["--progress-lines"], "--progress-lines is set by launch"),
         (["--create-tables-only"], "--create-tables-only is set by launch"),
-        (["--metrics-o", "x.json"], "--metrics-out is launch's own flag: spell it out"),
-        (["--epochz", "3"], "unrecognized arguments: --epochz 3"),
+        (["--metrics-o", "x.json"], "--metrics-o is no flag .*: spell out --metrics-out"),
+        (["--epochz", "3"], r"unrecognized arguments: --epochz 3 \(--epochz: did you mean --epochs\?\)"),
         (["--epochs", "three"], "--epochs: expected an integer, got 'three'"),
         (["--batch-size", "0"], "--batch-size: expected an integer >= 1, got 0"),
         (["--learning-rate", "-1"], "--learning-rate: expected a number > 0"),

@@ -71,7 +71,6 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "no_final_eval": ("--no-final-eval", "every worker gets it: launch scores the job's model once, at the end"),
     "create_tables_only": ("--create-tables-only", "launch trains; `ps-worker train --create-tables-only` does that"),
 }
-_OWN = ("servers", "local_shards", "metrics_out", "no_progress")  # launch's flags (abbreviated, they reach train)
 _UNSET = object()
 
 
@@ -240,8 +239,9 @@ def _not_the_entrys(worker_cfg: Any, error: ValueError) -> bool:
 
 
 def check_train_flags(flags: Sequence[str]) -> None:
-    """ValueError when train's parser rejects `flags` (unknown flag, bad value) or when they set what launch sets."""
-    from ps.settings import add_config_flag
+    """ValueError when train's parser rejects `flags` (unknown or abbreviated flag, bad value) or when they set
+    what launch sets."""
+    from ps.settings import add_config_flag, unrecognized
     from worker.cli_train import add_train_parser
 
     def fail(message: str) -> None:
@@ -249,17 +249,26 @@ def check_train_flags(flags: Sequence[str]) -> None:
 
     sub = argparse.ArgumentParser(prog="ps-worker").add_subparsers(dest="command")
     add_train_parser(sub)
+    add_launch_parser(sub)
     train = sub.choices["train"]
     add_config_flag(train)
+    known = {o for p in sub.choices.values() for a in p._actions for o in a.option_strings if o.startswith("--")}
+    for token in flags:
+        name = token.split("=", 1)[0]
+        if len(name) > 2 and name.startswith("--") and name not in known:
+            spelled = sorted(o for o in known if o.startswith(name))
+            if spelled:
+                fail(f"{name} is no flag (abbreviations are not taken): spell out {' or '.join(spelled)}")
+    train.allow_abbrev = False
     train.error = fail  # type: ignore[method-assign]  # argparse's messages, as a ValueError
-    train.set_defaults(**dict.fromkeys((*_REFUSED, *_OWN), _UNSET))
-    parsed = vars(train.parse_args(list(flags)))
+    train.set_defaults(**dict.fromkeys(_REFUSED, _UNSET))
+    parsed, rest = train.parse_known_args(list(flags))
+    if rest:
+        fail(unrecognized(train, rest))
+    parsed = vars(parsed)
     for dest, (flag, why) in _REFUSED.items():
         if parsed.get(dest, _UNSET) is not _UNSET:
             raise ValueError(f"{flag} is set by launch: {why}")
-    for dest in _OWN:
-        if parsed.get(dest, _UNSET) is not _UNSET:
-            raise ValueError(f"--{dest.replace('_', '-')} is launch's own flag: spell it out in full")
     if parsed.get("metrics_port"):
         raise ValueError(f"--metrics-port {parsed['metrics_port']} would be every worker's port: give 0 (each worker "
                          "takes a free port and logs it)")  # fmt: skip
