@@ -599,3 +599,13 @@ def test_libsvm_fields_in_one_id_space_and_in_their_own_have_other_fingerprints(
     text = 'format = "libsvm"\n' + "".join(f'[[columns]]\nname = "f{k}"\nkind = "categorical"\n' for k in range(4))
     written = schema_from_text(text, "s.toml", default_table="default", default_dim=8)  # K = 4, spaces their own
     assert written.fingerprint() == own.fingerprint()
+
+
+def test_the_comment_of_a_number_column_counts_its_na_cells_as_missing(tmp_path):
+    path = tmp_path / "na.csv"
+    rows = [f"{i % 2},{'NA' if i % 10 == 0 else f'{i % 37}.5'},c{i % 5}" for i in range(1, 301)]
+    path.write_text("label,price,cat\n" + "\n".join(rows) + "\n")
+    text = infer_schema_text(str(path), sample_rows=300)
+    assert "'price': numbers, skewness" in text
+    assert "300 of 300 cells non-empty, 30 of them NA or another missing value; 38 distinct" in text
+    assert "'cat': " in text and "NA or another" not in text.split("'cat': ")[1].split("\n")[0]

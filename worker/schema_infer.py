@@ -318,6 +318,9 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
     values = _floats(numbers) if numbers else None
     distinct = len(set(present))
     seen = f"{len(present)} of {len(cells)} cells non-empty, {distinct} distinct"
+    if values is not None and len(numbers) < len(present):  # a number column: its NA cells are missing values
+        seen = (f"{len(present)} of {len(cells)} cells non-empty, {len(present) - len(numbers)} of them NA or "
+                f"another missing value; {distinct} distinct")  # fmt: skip
     if not present:
         seen += "; no value at all: it carries nothing, delete this entry"
     elif distinct == 1:
