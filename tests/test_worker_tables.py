@@ -226,3 +226,36 @@ def test_a_run_that_names_its_optimizer_is_not_told_its_recipe_picked_one(capsys
                          "0.05", "--epochs", "1", "--no-progress", *SMALL], capsys)  # fmt: skip
         assert code == 2 and "optimizer.name: 'ftrl' != 'sgd'" in err, err
         assert "gets its recipe's" not in err and "this run's small-data recipe" not in err, err
+
+
+def test_a_shard_restarted_on_an_empty_data_dir_is_named_as_lost_not_filled_with_new_tables(capsys):
+    """A shard's data dir lost (a deleted dir, a replaced volume) and the shard restarted on a new, empty one, as a
+    container orchestrator restarts it: the model's tables are on the other shard, trained, and on none of its. A
+    run is refused, naming the shard and what to do, instead of creating empty tables there and training on; eval
+    too. Nothing is created on the shard."""
+    import shutil
+
+    with LocalCluster(2) as cluster:
+        servers = ",".join(cluster.addresses)
+        train = ["train", "--servers", servers, "--model", "fm", "--epochs", "1", "--no-progress", *SMALL]
+        assert run(train, capsys)[0] == 0
+        cluster.kill(1)
+        shutil.rmtree(cluster.data_dir(1))
+        cluster.restart(1)
+        code, err = run(train, capsys)
+        assert code == 2 and re.search(r"table fm \([\d,]+ rows and pending ids on the other shards\) is on no data "
+                                       r"dir of shard 1: a shard that lacks a trained table started on a new, empty "
+                                       r"data dir", err), err  # fmt: skip
+        assert "Restore every shard from a checkpoint" in err, err
+        code, err = run(["eval", "--servers", servers, "--model", "fm", *SMALL], capsys)
+        assert code == 2 and "is on no data dir of shard 1" in err, err
+        code, err = run(["stats", "--servers", servers], capsys)
+        assert (
+            code == 1 and "warning: table " in err and "table fm (" in err and "is on no data dir of shard 1" in err
+        ), err
+        from worker.checkpoint import save
+
+        with Client(cluster.addresses) as client:
+            with pytest.raises(ValueError, match=r"is on no data dir of shard 1: .*; nothing was saved"):
+                save(client, str(cluster.root) + "/ckpt")
+            assert [len(s.tables) for s in client.stats()][1] == 0  # nothing was created there

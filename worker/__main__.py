@@ -95,7 +95,11 @@ def _add_schema(sub) -> None:
 
 def _add_cluster_commands(sub) -> None:
     for name, help_text in (
-        ("stats", "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters, its disk's use"),
+        (
+            "stats",
+            "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters, its disk's use; "
+            "exit 1, warning, when a shard lacks a table others hold trained (it lost its data dir)",
+        ),
         ("shrink", "run the tables' eviction rules (TTL, decayed score) on every shard; print how many ids went"),
     ):
         p = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".",
@@ -271,7 +275,7 @@ def _stats(args) -> int:
     if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings); disk_low 0 or 1
         low = [int(s.disk_free_bytes < _disk_low_bytes(s)) for s in shards]
         print(json.dumps([{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]))
-        return 0
+        return _say_lost(shards)
     cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
             "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
     width = max([12, *(len(t.name) for s in shards for t in s.tables)])  # dense.deepfm.mlp.0.weight and the like
@@ -296,7 +300,17 @@ def _stats(args) -> int:
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
-    return 0
+    return _say_lost(shards)
+
+
+def _say_lost(shards: list) -> int:
+    """1, after a warning, when some shards lack a table others hold trained (worker.tables.lost_tables), else 0."""
+    from worker.tables import lost_tables
+
+    lost = lost_tables(shards)
+    if lost:
+        print(f"ps-worker: warning: {lost}", file=sys.stderr)
+    return 1 if lost else 0
 
 
 def _size(n: int) -> str:

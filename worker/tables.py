@@ -26,14 +26,40 @@ SHAPE_FIELDS = ("dim", "initializer.scale", "features")  # what a forward pass d
 # schema that gave the rows their meaning)
 
 
+def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
+    """A message naming the tables (of `names`, else any) that some shards hold with rows or pending ids while
+    others hold no such table at all, else "". Client.create_table puts a table on every shard (each checks the
+    request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
+    data dir (its dir deleted, its volume lost or replaced) and its part of the table is gone."""
+    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
+    lost = []
+    for name in sorted(set().union(*held) & (names if names is not None else set().union(*held))):
+        lacking = [i for i, tables in enumerate(held) if name not in tables]
+        rows = sum(tables[name].num_rows + tables[name].pending_ids for tables in held if name in tables)
+        if lacking and rows:
+            lost.append(f"table {name} ({rows:,} rows and pending ids on the other shards) is on no data dir of "
+                        f"shard{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}")  # fmt: skip
+    if not lost:
+        return ""
+    return ("; ".join(lost) + ": a shard that lacks a trained table started on a new, empty data dir (its dir "
+            "deleted, its volume lost or replaced), and that part of the model is gone. Restore every shard from "
+            "a checkpoint (ps-server --restore, into new data dirs), or start the cluster anew on empty data dirs "
+            "(the tables are then trained from scratch)")  # fmt: skip
+
+
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None,
                 find_untrained: bool = False) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
     lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
-    find_untrained, else empty})."""
+    find_untrained, else empty}). ValueError (lost_tables) for a table of `wanted` that some shards hold trained
+    and others lack."""
     differ, missing, untrained = {}, [], set()
-    held = [{s.name: s for s in shard.tables} for shard in client.stats()]  # a table's absence is no refused call
+    shard_stats = client.stats()
+    lost = lost_tables(shard_stats, {t.name for t in wanted})
+    if lost:
+        raise ValueError(lost)
+    held = [{s.name: s for s in shard.tables} for shard in shard_stats]  # a table's absence is no refused call
     for t in wanted:
         try:
             if not all(t.name in tables for tables in held):
