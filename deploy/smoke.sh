@@ -195,7 +195,9 @@ services:
   secrets: *image
   ps-0: *image
   ps-1: *image
-  create-tables: *image
+  create-tables:
+    <<: *image
+    environment: $worker_env
   worker-0:
     <<: *image
     environment: $worker_env

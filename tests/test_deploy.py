@@ -87,8 +87,16 @@ def test_compose_has_servers_with_volumes_health_checks_a_setup_job_and_cpu_and_
         assert s["healthcheck"]["test"][1:3] == ["ps-server", "health"] and s["restart"] == "unless-stopped"
         assert s["depends_on"]["secrets"]["condition"] == "service_completed_successfully"
     assert services["create-tables"]["depends_on"]["ps-0"]["condition"] == "service_healthy"
+    # the setup job makes the tables the workers' settings train: it runs in their environment (a worker's
+    # PS_DATA, PS_SCHEMA, recipe or optimizer there only would pick tables the setup job did not make)
+    for name in ("worker-0", "worker-1", "worker-gpu"):
+        assert services["create-tables"]["environment"] == services[name]["environment"], name
+    for name, s in host_network_services().items():
+        if name.startswith("worker"):
+            assert host_network_services()["create-tables"]["environment"] == s["environment"], name
     for name in ("worker-0", "worker-1", "worker-gpu"):
         assert services[name]["depends_on"]["create-tables"]["condition"] == "service_completed_successfully"
+        assert services[name]["init"] is True and services[name]["stop_grace_period"] == "60s"  # a stop is heard
     gpu = services["worker-gpu"]
     assert gpu["profiles"] == ["gpu"] and gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert "--device" in gpu["command"] and "cuda" in gpu["command"]
