@@ -9,6 +9,7 @@
 #   deploy/gen-secrets.sh DIR NAME...                                      needs the openssl command
 #   deploy/gen-secrets.sh /secrets ps-0 ps-1                               (docker-compose.yml's secrets job)
 #   deploy/gen-secrets.sh ./secrets sparseps-0.sparseps sparseps-1.sparseps \
+#     sparseps-0.sparseps.NAMESPACE.svc sparseps-1.sparseps.NAMESPACE.svc \
 #     && kubectl create secret generic sparseps-secrets --from-file=./secrets   (deploy/k8s)
 set -eu
 [ $# -ge 1 ] || { echo "usage: $0 DIR [SERVER-NAME...]" >&2; exit 2; }

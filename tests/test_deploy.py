@@ -132,6 +132,14 @@ def test_kubernetes_manifests_have_a_statefulset_a_headless_service_a_job_and_a_
                 assert (args.shard_id, args.num_shards, args.memory_bytes) == (1, 2, 8 << 30)
             elif not args.create_tables_only:
                 assert (args.worker_id, args.num_workers, args.model) == (3, 4, "deepfm")
+    assert svc["spec"]["publishNotReadyAddresses"] is True  # a starting shard resolves: clients wait for it
+    config = str(tmp_path / "sparseps.toml")  # the other commands an operator runs in a pod read the file too
+    for command in (["eval"], ["predict", "--data", config, "--out", str(tmp_path / "p")], ["stats"],
+                    ["checkpoint", "save", str(tmp_path / "c")], ["export", str(tmp_path / "e")],
+                    ["shrink"]):  # fmt: skip
+        args = accepted(["ps-worker", *command, "--config", config], {})
+        assert args.servers == "sparseps-0.sparseps:5000,sparseps-1.sparseps:5000" and has(args, CLIENT_SECRETS)
+        assert getattr(args, "model", "deepfm") == "deepfm", command
 
 
 SERVER_SECRETS = {
