@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import copy
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -132,6 +133,8 @@ def test_kubernetes_manifests_have_a_statefulset_a_headless_service_a_job_and_a_
                 assert (args.shard_id, args.num_shards, args.memory_bytes) == (1, 2, 8 << 30)
             elif not args.create_tables_only:
                 assert (args.worker_id, args.num_workers, args.model) == (3, 4, "deepfm")
+                assert args.resume_file == "/resume/position.json"  # on an emptyDir: a container's restart resumes
+                assert {"name": "resume", "mountPath": "/resume"} in c["volumeMounts"]
     assert svc["spec"]["publishNotReadyAddresses"] is True  # a starting shard resolves: clients wait for it
     config = str(tmp_path / "sparseps.toml")  # the other commands an operator runs in a pod read the file too
     for command in (["eval"], ["predict", "--data", config, "--out", str(tmp_path / "p")], ["stats"],
@@ -412,6 +415,7 @@ def test_the_compose_services_run_as_local_processes(tmp_path):
 
     def env_of(name: str) -> dict:
         env = {k: substitute(v).replace("ps-0:5000,ps-1:5000", servers_arg).replace("/secrets/", f"{secrets}/")
+               .replace("/home/sparseps/", f"{tmp_path}/{name}-")  # each container's own file
                for k, v in (services[name].get("environment") or {}).items()}  # fmt: skip
         return {
             **os.environ,
@@ -439,6 +443,7 @@ def test_the_compose_services_run_as_local_processes(tmp_path):
             out, err = w.communicate(timeout=300)
             assert w.returncode == 0, err
             assert f"worker {i}/2" in out and "on 10,000 examples" in out and "eval   AUC" in out
+            assert json.loads((tmp_path / f"worker-{i}-position.json").read_text())["finished"] is True
         url = f"https://127.0.0.1:{metrics_ports['ps-0']}/metrics"
         context = ssl.create_default_context(cafile=str(secrets / "ca.pem"))
         token = (secrets / "token").read_text().strip()

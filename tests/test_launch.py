@@ -252,6 +252,12 @@ def test_geo_with_ftrl_is_refused_before_any_worker_starts():
         plan_launch(args, rest)
 
 
+def test_a_resume_file_is_refused_before_any_worker_starts(tmp_path):
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p.json"))
+    with pytest.raises(ValueError, match="--resume-file keeps one worker's position, and launch's workers would share"):
+        plan_launch(args, rest)
+
+
 def test_servers_and_local_shards_are_refused_together():
     with pytest.raises(SystemExit):  # the parser's mutually exclusive group
         launch_args("--workers", "2", "--servers", SERVERS, "--local-shards", "1")

@@ -210,6 +210,13 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "over epochs) and train on from there, on the servers that hold that run's model; a stopped run prints its N",
     )
     fit.add_argument(
+        "--resume-file",
+        default=None,
+        help="keep this worker's position in FILE (every 10 s, and as it stops or finishes) and, when FILE exists, "
+        "train on from it: the same command started again (a restart policy's, a Job's retry) resumes instead of "
+        "training from the start; refused where FILE is another run's (async and geo workers)",
+    )
+    fit.add_argument(
         "--max-examples",
         type=integer(0),
         default=d.max_examples,
@@ -483,6 +490,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         validation_data=args.validation_data,
         eval_every=args.eval_every,
         skip_examples=args.skip_examples,
+        resume_file=args.resume_file,
         max_examples=args.max_examples,
         early_stop=args.early_stop,
         shuffle=None if args.shuffle == "auto" else args.shuffle == "on",
@@ -523,6 +531,10 @@ def run_train(args: argparse.Namespace) -> int:
     from worker.train import train
 
     cfg = train_config(args)
+    if cfg.resume_file is not None and not cfg.create_tables_only:  # (a setup job in the workers' environment)
+        cfg = resumed(cfg)
+        if cfg is None:
+            return 0
     results = train(cfg)
     print(format_results(results), flush=True)
     if cfg.metrics_out and not cfg.progress_lines:  # progress lines: a launcher reads the file (and removes it)
@@ -535,6 +547,29 @@ def run_train(args: argparse.Namespace) -> int:
         print(f"ps-worker: error: {results['eval_error']}", file=sys.stderr, flush=True)
         return 2
     return 0
+
+
+def resumed(cfg: TrainConfig) -> TrainConfig | None:
+    """cfg to run under --resume-file: with --skip-examples from the file's position, as given when there is no
+    file yet; None (said) when the file says the run trained its whole stream. ValueError for a file of another
+    run, and for --skip-examples beside a position (worker/resume.py)."""
+    from worker.resume import read_position
+
+    cfg.validate()
+    position = read_position(cfg)
+    if position is None:
+        print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)
+        return cfg
+    if cfg.skip_examples:
+        raise ValueError(f"--skip-examples {cfg.skip_examples} and --resume-file {cfg.resume_file}, which holds a "
+                         f"position ({position.examples:,} examples): give one (remove the file, or leave out "
+                         "--skip-examples)")  # fmt: skip
+    if position.finished:
+        print(f"--resume-file {cfg.resume_file}: this worker trained all its {position.examples:,} examples before; "
+              "nothing to train (remove the file to train again)", flush=True)  # fmt: skip
+        return None
+    print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
+    return dataclasses.replace(cfg, skip_examples=position.examples)
 
 
 def eval_config(args: argparse.Namespace) -> TrainConfig:

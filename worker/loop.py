@@ -179,13 +179,15 @@ def run_epochs(
     on_eval: Callable[[dict], None] | None = None,
     source: Any = None,
     result: LoopResult | None = None,
+    on_pushed: Callable[[int], None] | None = None,
 ) -> LoopResult:
     """Trains for settings.epochs passes over train_batches(epoch) (called once per epoch, numbered from 1, an
     epoch skipped whole included: DataSource.train, whose shuffled order is the epoch's); returns what happened.
     `tables` is a Client (or anything with its pull_many / push_many); `dense` a dense path (worker/dense.py
     DenseSync, worker/allreduce.py AllReduceDense); `source` where rows come from and pushes go by mode
     (worker/steprows.py; default: AsyncRows). on_eval receives each curve entry. `result`, when given, is filled
-    as training goes: a caller reads how far it got after an exception.
+    as training goes: a caller reads how far it got after an exception. on_pushed(n) is told result.pushed after
+    every step (worker/resume.py keeps it).
 
     settings.skip_examples: that many examples of the stream are read and dropped before the first step (whole
     epochs when it holds more; not training time); an epoch they cover whole is not validated.
@@ -270,6 +272,8 @@ def run_epochs(
                         result.in_flight = 0
                         if not holding():
                             result.pushed = result.examples
+                    if on_pushed is not None:
+                        on_pushed(result.pushed)
                     running.update(logloss(batch.labels, probs))
                     now = time.perf_counter()
                     if result.steps == 1:  # less the reading of the examples --skip-examples skips

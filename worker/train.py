@@ -48,6 +48,7 @@ from worker.model_tables import (
 )
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, json_figures
+from worker.resume import PositionWriter
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import row_source
 from worker.tables import check_tables
@@ -67,6 +68,7 @@ log = logging.getLogger("worker.train")
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
     optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
+    position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
     cfg, data, spec, recipe_line = prepare(cfg)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
@@ -145,8 +147,11 @@ def train(cfg: TrainConfig) -> dict:
         loop = LoopResult()
         try:
             run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
-                       on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop)  # fmt: skip
+                       on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
+                       on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
+            if position is not None:
+                position.write(cfg.skip_examples + loop.pushed)
             save_dense_on_stop(dense, e)
             if isinstance(e, TrainingDataError):
                 raise ValueError(stopped_message(e, cfg)) from None
@@ -161,7 +166,11 @@ def train(cfg: TrainConfig) -> dict:
         grouped = sorted_by_label(data.stream_labels, cfg.data, read_as_trained=True)
         if grouped:
             log.warning("%s", grouped)
-        if cfg.skip_examples and not loop.examples:
+        if position is not None:  # every example trained: a restart trains nothing
+            position.write(cfg.skip_examples + loop.examples, finished=True)
+        # a --resume-file position may be the whole stream (a kill after the last step, before its finish was
+        # written): the run then trains nothing and finishes, not an error a restart policy would repeat
+        if cfg.skip_examples and not loop.examples and not cfg.resume_file:
             raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
                              f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip
         results = {

@@ -1,0 +1,106 @@
+"""--resume-file (worker/resume.py): a worker stopped part way and started again with the same command trains on
+from where its pushes had reached, not from its stream's start; a finished one trains nothing; a file of another
+run, or a damaged one, is refused, naming what differs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import worker.loop
+from worker.__main__ import main as worker_main
+from worker.cluster import LocalCluster
+from worker.resume import PositionWriter, read_position
+from worker.train_config import TrainConfig
+
+ROWS, BATCH = 6000, 500  # 12 steps of the large recipe's single epoch
+FLAGS = ["--model", "lr", "--recipe", "large", "--batch-size", str(BATCH), "--synthetic-rows", str(ROWS),
+         "--synthetic-eval-rows", "500", "--no-progress"]  # fmt: skip
+
+
+def run(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = worker_main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def interrupt_after(monkeypatch, steps: int) -> None:
+    """A Ctrl-C as the step numbered `steps` ends (its push answered and counted: loop.logloss comes after)."""
+    real, calls = worker.loop.logloss, [0]
+
+    def counting(labels, probs):
+        calls[0] += 1
+        if calls[0] == steps:
+            raise KeyboardInterrupt
+        return real(labels, probs)
+
+    monkeypatch.setattr(worker.loop, "logloss", counting)
+
+
+def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finished_one_trains_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    position = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
+        interrupt_after(monkeypatch, 5)
+        code, out, err = run(train, capsys)
+        assert code == 130 and "no position yet; this run keeps it there" in out, err
+        record = json.loads(position.read_text())
+        assert (record["examples"], record["finished"]) == (5 * BATCH, False)  # the 5 steps whose pushes were answered
+        assert "--skip-examples 2500" in err  # the hint a person reads says the same
+        monkeypatch.undo()
+        code, out, err = run(train, capsys)
+        assert code == 0, err
+        assert f"resuming after {5 * BATCH:,} training examples" in out
+        assert re.search(rf"trained lr .* on {ROWS - 5 * BATCH:,} examples", out), out  # the rest, once
+        assert json.loads(position.read_text())["finished"] is True
+        code, out, err = run(train, capsys)
+        assert code == 0 and f"this worker trained all its {ROWS:,} examples before; nothing to train" in out, err
+        assert "trained lr" not in out
+        code, out, err = run([*train, "--skip-examples", "100"], capsys)
+        assert code == 2 and "--skip-examples 100 and --resume-file" in err, err
+        code, out, err = run([*train[:-1], "--epochs", "2", "--no-progress"], capsys)
+        assert code == 2 and "is the position of a run with other settings (epochs: None in the file != 2 now)" in err
+
+
+def test_a_damaged_position_is_refused_and_a_missing_one_is_a_first_start(tmp_path):
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
+    assert read_position(cfg) is None
+    for text in ("", "{", '{"format": 1}', '{"format": 2, "run": {}, "examples": 1, "finished": false}',
+                 '{"format": 1, "run": {}, "examples": -1, "finished": false}', "[1]"):  # fmt: skip
+        (tmp_path / "p.json").write_text(text)
+        with pytest.raises(ValueError, match=r"p.json is no position this program wrote .*remove it to train from"):
+            read_position(cfg)
+
+
+def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_asked(tmp_path):
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=1, num_workers=2)
+    writer = PositionWriter(cfg, every_s=3600)
+    writer.update(10)  # too soon after the start
+    assert read_position(cfg) is None
+    writer.write(20)
+    assert read_position(cfg).examples == 20 and not list(tmp_path.glob("*.tmp"))
+    writer.update(30)
+    assert read_position(cfg).examples == 20
+    writer.every_s = 0
+    writer.update(40)
+    assert read_position(cfg).examples == 40
+    other = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=0, num_workers=2)
+    with pytest.raises(ValueError, match=r"worker_id: 1 in the file != 0 now"):
+        read_position(other)  # another worker's position
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"local_shards": 1}, "--resume-file resumes training a model that servers hold"),
+        ({"mode": "sync", "num_workers": 2, "job_id": 7}, "--mode sync job's workers resume together"),
+    ],
+)
+def test_resume_file_is_refused_where_one_worker_cannot_resume_alone(tmp_path, settings, message):
+    servers = {} if "local_shards" in settings else {"servers": ("h:1",)}
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(resume_file=str(tmp_path / "p.json"), **servers, **settings).validate()
