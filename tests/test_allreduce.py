@@ -4,6 +4,7 @@ the servers hold the trained values after flush; the local optimizer is the serv
 
 from __future__ import annotations
 
+import math
 import os
 import pathlib
 import socket
@@ -184,6 +185,7 @@ def test_a_stopped_rank_0_writes_the_mlp_of_its_last_step_alone(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     with dense_tables() as tables:
         dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
+        dense._next_write = math.inf  # no periodic write (test_rank_0_writes_the_mlp_while_the_job_trains)
         try:
             start = flat(dense.pull())
             assert not dense.save_on_stop()  # no step: the servers hold these values already
@@ -197,6 +199,36 @@ def test_a_stopped_rank_0_writes_the_mlp_of_its_last_step_alone(monkeypatch):
             assert dense.save_on_stop()
             np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), flat(dense.values), atol=1e-7)
             assert not np.allclose(flat(dense.values), start)
+        finally:
+            dense.close()
+
+
+def test_rank_0_writes_the_mlp_while_the_job_trains_after_its_first_step_then_every_interval(monkeypatch):
+    """A checkpoint, export, eval or predict taken during a run reads the MLP rank 0 wrote last: after the first
+    step, then at most WRITE_EVERY_S seconds old; no other rank writes."""
+    import worker.allreduce
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(worker.allreduce, "WRITE_EVERY_S", 3600.0)
+    with dense_tables() as tables:
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
+        try:
+            start = flat(dense.pull())
+            dense.step(grads_of(0, 0))
+            after_first = flat(dense.values)
+            assert not np.allclose(after_first, start)
+            np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), after_first, atol=1e-7)
+            dense.step(grads_of(0, 1))  # within the interval: the servers keep the first step's
+            np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), after_first, atol=1e-7)
+            dense._next_write = 0.0  # the interval has passed
+            dense.step(grads_of(0, 2))
+            np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), flat(dense.values), atol=1e-7)
+            dense.rank, dense._next_write = 1, 0.0
+            dense.tables = UnreachableTables()  # a rank other than 0 never writes (nor reads) the servers
+            dense.step(grads_of(0, 3))
         finally:
             dense.close()
 

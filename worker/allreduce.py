@@ -1,9 +1,11 @@
 """The dense path among torch workers: every worker holds the whole MLP, and gradients are averaged by allreduce.
 
-The servers hold the dense parameters (worker.dense's tables) only at the ends: pull() has rank 0 read their
-initial values and broadcast them, so every worker starts identical and equal to the PS path's start; flush()
+The servers hold the dense parameters (worker.dense's tables) as rank 0 last wrote them: pull() has rank 0 read
+their initial values and broadcast them, so every worker starts identical and equal to the PS path's start; flush()
 has rank 0 write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
-MLP from the servers. In between, a step's gradients (every parameter flattened, in params order, into one
+MLP from the servers. Rank 0 also writes them, alone, after its first step and then every WRITE_EVERY_S seconds, so
+that a checkpoint, export, eval or predict taken while the job trains reads an MLP at most that old (not the
+one the job started from). In between, a step's gradients (every parameter flattened, in params order, into one
 float32 buffer, followed by one float: 1 from a worker with a batch) go through one all_reduce (SUM) and are
 divided by the number of workers that had a batch; each worker then applies the optimizer to that mean itself
 (LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for
@@ -27,6 +29,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import time
 from typing import Any
 
 import numba
@@ -38,6 +41,7 @@ from worker.dense import DEFAULT_OPTIMIZER, table_name
 from worker.models.spec import DenseParam
 
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+WRITE_EVERY_S = 30.0  # rank 0's writes of the MLP to the servers while the job trains
 
 
 def rank_device(device: str) -> str:
@@ -224,6 +228,7 @@ class AllReduceDense:
         self.values: dict[str, np.ndarray] = {}
         self.syncs = 0
         self._closed = False
+        self._next_write = 0.0  # time.monotonic() of rank 0's next write while training: after the first step
 
     def pull(self) -> dict[str, np.ndarray]:
         """Rank 0 reads every dense parameter from the servers and broadcasts them; returns {name: (r, c)}. The
@@ -279,6 +284,8 @@ class AllReduceDense:
         self.optimizer.apply(self.weights, self._grads)
         self.values = self._split(self.weights)
         self.syncs += 1
+        if self.rank == 0 and time.monotonic() >= self._next_write:
+            self._write_values()
         return active
 
     def flush(self) -> None:
@@ -307,6 +314,7 @@ class AllReduceDense:
     def _write_values(self) -> None:
         """The values written to the servers' dense tables: add-delta pushes of values - the servers' values."""
         items = [(table_name(p), self.ids[p.name]) for p in self.params]
+        self._next_write = time.monotonic() + WRITE_EVERY_S
         current = self.tables.pull_many(items)
         pushes = [
             PushItem(t, ids, self.values[p.name] - now.reshape(p.shape), shows=np.ones(len(ids), np.float32))
