@@ -244,8 +244,9 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
         "".join("\t" + line.split("\t", 1)[1] for line in Path(test_path).read_text().splitlines(True))
     )
     assert predict(addresses[0], tmp_path / "e.csv", "--data", train_path, "--predict-data", str(empty_labels),
-                   "--model", "lr") == 2  # fmt: skip
-    assert "no examples to score" in (err := capsys.readouterr().err) and "label '', expected '0' or '1'" in err, err
+                   "--model", "lr") == 0  # fmt: skip
+    rows = (tmp_path / "e.csv").read_text().splitlines()  # every row scored, its label cell empty
+    assert len(rows) == TEST_ROWS + 1 and all(row.endswith(",") for row in rows[1:]), rows[:3]
     assert predict(addresses[0], out, *flags, "--overwrite") == 0
     assert read_out(out)[0] == ["line", "probability", "label"]
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were
@@ -359,3 +360,35 @@ def test_a_model_trained_before_models_had_a_logit_bias_is_scored_with_it_at_0(s
     _, got = read_out(out)
     expected = FactorizationMachine(8, None).predict(rows.astype(np.float64))
     np.testing.assert_allclose(got["probability"], expected, rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv"])
+def test_a_blank_label_cell_is_a_row_to_score_not_a_bad_line(servers, files, tmp_path, fmt):
+    """A file of rows to score that keeps its label column with the cells left blank (csv: or NA): each such row
+    is scored as the labeled one is, its label cell written empty; eval still takes no row without a label."""
+    addresses, _ = servers(1)
+    train_path, test_path = (str(tmp_path / f"{name}.{fmt}") for name in ("train", "test"))
+    for src, dst in zip(files, (train_path, test_path)):
+        CONVERT[fmt](src, dst)
+    train(small_run(addresses, train_path, model="lr", format=fmt))
+    sep = {"criteo": "\t", "csv": ","}[fmt]
+    blanked = str(tmp_path / f"blank.{fmt}")
+    with open(test_path) as f, open(blanked, "w") as g:
+        for i, line in enumerate(f):
+            if i % 3 == 1 and not (fmt == "csv" and i == 0):  # a csv's header stays
+                line = ("NA" if fmt == "csv" and i % 2 else "") + sep + line.split(sep, 1)[1]
+            g.write(line)
+    flags = ["--data", train_path, "--format", fmt, "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "labeled.out", *flags, "--predict-data", test_path) == 0
+    assert predict(addresses[0], tmp_path / "blank.out", *flags, "--predict-data", blanked) == 0
+    with open(tmp_path / "labeled.out", newline="") as f, open(tmp_path / "blank.out", newline="") as g:
+        labeled, blank = list(csv.reader(f)), list(csv.reader(g))
+    assert labeled[0] == blank[0] == ["line", "probability", "label"] and len(blank) == TEST_ROWS + 1
+    first = 2 if fmt == "csv" else 1  # the line number of the first example
+    for (line, p, y), (line_b, p_b, y_b) in zip(labeled[1:], blank[1:], strict=True):
+        assert (line, p) == (line_b, p_b)
+        assert y_b == ("" if (int(line) - 1) % 3 == 1 else y) and y in ("0", "1"), (line, y, y_b)
+    assert first == int(blank[1][0])
+    figures = evaluate_servers(small_run(addresses, train_path, model="lr", format=fmt, eval_data=blanked,
+                                         max_bad_lines=TEST_ROWS))  # fmt: skip
+    assert figures["eval_examples"] == TEST_ROWS - sum(1 for row in blank[1:] if row[2] == "")

@@ -79,7 +79,8 @@ class LabelOrder:
 class DataSource:
     """The examples of one run (see the module docstring). `cfg` is a TrainConfig (worker/train_config.py).
     labels_optional: a file without labels is read as such (worker/formats.py file_has_labels; `ps-worker
-    predict`), its labels NaN; otherwise every file is read with labels (a line without one is bad).
+    predict`), its labels NaN, and so is a blank label cell of a file with labels (read_batches blank_labels);
+    otherwise every file is read with labels (a line without one is bad).
     count: self.examples is this worker's share of --data's lines, counted now up to the recipe's threshold
     (worker/linecount.py): the exact count of a smaller file, an estimate from bytes of a larger one (then
     line_count.more); without it, 0 (eval and predict, which read --data's first lines only, for the schema).
@@ -166,7 +167,8 @@ class DataSource:
         size = batch_size or self.batch_size
         labeled = not self.labels_optional or file_has_labels(path, self.schema)
         return read_batches(path, self.schema, size, worker_id=worker_id, num_workers=num_workers,
-                            max_bad_lines=c.max_bad_lines, stats=stats, labeled=labeled)  # fmt: skip
+                            max_bad_lines=c.max_bad_lines, stats=stats, labeled=labeled,
+                            blank_labels=self.labels_optional)  # fmt: skip
 
     def read_whole(self, path: str, stats: ReadStats | None = None) -> Iterator[Batch]:
         """Every example of a file (not this worker's share), through the schema. stats: the ReadStats to count

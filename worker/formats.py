@@ -1,7 +1,7 @@
 """Training data in three formats, read through a schema into Batches: Criteo TSV, CSV with a header, libsvm.
 
     read_batches(path, schema, batch_size, *, worker_id=0, num_workers=1, max_bad_lines=0, stats=None,
-                 labeled=True) -> Iterator[Batch]
+                 labeled=True, blank_labels=False) -> Iterator[Batch]
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
@@ -50,6 +50,11 @@ Files without labels (read_batches labeled=False; only `ps-worker predict` reads
 always read with labels, and refuse such a file's lines as bad): every example's label is NaN, and each line
 is as its reader's docstring says. file_has_labels tells them apart by the file's start (at most the first
 LABEL_PROBE_LINES lines, worker/readers/share.py), as the reader of the file's format says.
+
+Blank labels (read_batches blank_labels=True; `ps-worker predict` only): in a file with labels, a line whose
+label cell is empty (csv: or holds a missing value's text, encode.MISSING_TEXTS: NA, ?) is an example without
+a label, NaN, not a bad line: a file of rows to score keeps its label column with the cells left blank. libsvm
+has no empty label cell.
 """
 
 from __future__ import annotations
@@ -98,9 +103,11 @@ def read_batches(
     max_bad_lines: int = 0,
     stats: ReadStats | None = None,
     labeled: bool = True,
+    blank_labels: bool = False,
 ) -> Iterator[Batch]:
     """Batches of this worker's share of the file (see the module docstring; labeled=False: a file without
-    labels). Arguments are checked here; the file (and a CSV header against the schema) when iteration starts."""
+    labels; blank_labels: a blank label cell is no label, NaN). Arguments are checked here; the file (and a CSV
+    header against the schema) when iteration starts."""
     if batch_size < 1:
         raise ValueError(f"batch_size is {batch_size}, expected >= 1")
     if num_workers < 1 or not 0 <= worker_id < num_workers:
@@ -115,7 +122,7 @@ def read_batches(
     def stream() -> Iterator[Batch]:
         for k, name in enumerate(files):  # file k's share: its lines whose number % n == (worker_id + k) % n
             share = Share((worker_id + k) % num_workers, num_workers, BadLines(name, max_bad_lines, stats))
-            yield from _encoded(name, schema, batch_size, share, labeled)
+            yield from _encoded(name, schema, batch_size, share, labeled, blank_labels)
 
     return rebatch(stream(), batch_size)
 
@@ -215,8 +222,9 @@ def first_with_content(path: str | os.PathLike) -> str:
     return next((name for name in files if not is_blank(name)), files[0])
 
 
-def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: bool) -> Iterator[Batch]:
-    for chunk in _cell_chunks(name, schema, max(batch_size, _MIN_CHUNK), share, labeled):
+def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: bool, blank_labels: bool = False
+             ) -> Iterator[Batch]:  # fmt: skip
+    for chunk in _cell_chunks(name, schema, max(batch_size, _MIN_CHUNK), share, labeled, blank_labels):
         out = encode_examples(schema, chunk.labels, chunk.cells, chunk.parsed)
         out.batch.line_nos = np.delete(chunk.line_nos, out.bad)  # of the good examples, as out.batch holds them
         problems = chunk.problems + [(int(chunk.line_nos[i]), p) for i, p in zip(out.bad.tolist(), out.problems)]
@@ -230,10 +238,11 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: 
             yield out.batch
 
 
-def _cell_chunks(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
+def _cell_chunks(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
+                 blank_labels: bool = False) -> Iterator[Cells]:  # fmt: skip
     """The chunks of cells of the share of a file, as its format's reader splits them."""
     if schema.format == "criteo":
-        return criteo_reader.criteo_cells(name, schema, size, share, labeled)
+        return criteo_reader.criteo_cells(name, schema, size, share, labeled, blank_labels)
     if schema.format == "libsvm":
         return libsvm_reader.libsvm_cells(name, schema, size, share, labeled)
-    return csv_reader.csv_cells(name, schema, size, share, labeled)
+    return csv_reader.csv_cells(name, schema, size, share, labeled, blank_labels)

@@ -16,7 +16,9 @@ each the same format as the first (formats.check_same_format). The output file (
                    line 1; a CSV record over several lines: its first)
     probability := the model's click probability as printf's "%.9g" writes a float32 (enough digits to read
                    the same float32 back; "1e-05" style for small ones)
-    label       := "0" | "1"                                # the input's label of the example
+    label       := "0" | "1" | ""                           # the input's label of the example; "": its label
+                                                                  # cell was blank (or NA, ?: formats.py's blank
+                                                                  # labels), a row to score, not a bad line
 
 One row per example, in the input's order (file by file). Malformed lines skipped (up to --max-bad-lines over all the files, reported at
 the end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv header without
@@ -141,7 +143,8 @@ def format_rows(line_nos: np.ndarray, probs: np.ndarray, labels: np.ndarray | No
     lead = "" if path is None else _csv_field(path) + ","
     if labels is None:
         return "".join(f"{lead}{n},{q:.9g}\n" for n, q in zip(line_nos.tolist(), p))
-    return "".join(f"{lead}{n},{q:.9g},{y:.0f}\n" for n, q, y in zip(line_nos.tolist(), p, labels.tolist()))
+    return "".join(f"{lead}{n},{q:.9g},{'' if y != y else f'{y:.0f}'}\n"  # y != y: NaN, a blank label
+                   for n, q, y in zip(line_nos.tolist(), p, labels.tolist()))  # fmt: skip
 
 
 def _csv_field(text: str) -> str:

@@ -23,18 +23,25 @@ from worker.schema import CRITEO_COLUMNS, Schema
 CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
 
 
-def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
-    """Chunks of `size` lines of the share as cells, by the module docstring's rules. labeled=False: each non-empty line is read as if a label column "0" began it (so a good line has 40
-    columns), its label then NaN, and a column count in a bad line's problem told without that column."""
+def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
+                 blank_labels: bool = False) -> Iterator[Cells]:  # fmt: skip
+    """Chunks of `size` lines of the share as cells, by the module docstring's rules. labeled=False: each non-empty
+    line is read as if a label column "0" began it (so a good line has 40 columns), its label then NaN, and a
+    column count in a bad line's problem told without that column. blank_labels: a line whose label column is
+    empty (it starts with a tab) is read the same way, as one without a label."""
     int_sources, cat_sources, _ = parsed_sources(schema)
     with open_data(name) as f:
         for lines, first in share.chunks(bounded_lines(f, name), size):
             if not labeled:
                 lines = [b"0\t" + line if _body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
+            blank = [k for k, line in enumerate(lines) if line[:1] == b"\t"] if labeled and blank_labels else []
+            for k in blank:
+                lines[k] = b"0" + lines[k]
             scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
             if scanned is not None:
                 line_nos = first + share.num_workers * np.arange(len(lines), dtype=np.int64)
                 labels = scanned.labels if labeled else np.full(len(lines), np.nan, np.float32)
+                labels[blank] = np.nan
                 yield Cells(labels, scanned.cells, line_nos, [], scanned.parsed)
                 continue
             labels, columns, line_nos, problems = parse_share(lines, first, share.num_workers, name)
@@ -42,6 +49,8 @@ def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
             if not labeled:
                 labels = np.full(len(labels), np.nan, np.float32)
                 problems = [(line_no, _without_label(problem)) for line_no, problem in problems]
+            if blank:
+                labels[np.isin(line_nos, first + share.num_workers * np.array(blank, dtype=np.int64))] = np.nan
             yield Cells(labels, cells, line_nos, problems)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from worker.criteo import EMPTY_LINE
 from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
-from worker.encode import Parsed, parsed_sources
+from worker.encode import Parsed, is_missing_text, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
 from worker.schema import Schema
 
@@ -123,6 +123,11 @@ class _Label:
     name: str | None
     origin: str
     header: list[str]
+    blank_ok: bool = False  # a blank label cell (or NA, ?: encode.MISSING_TEXTS) is no label, NaN (predict)
+
+    def good(self, cell: str) -> bool:
+        """Whether a label cell is a label (0 or 1), or, blank_ok, no label at all."""
+        return label_value(cell) in (0.0, 1.0) or (self.blank_ok and (not cell.strip() or is_missing_text(cell)))
 
     def problem(self, cell: str, row: list[str]) -> str:
         """Why a record (row: its cells) whose label cell is `cell` is bad."""
@@ -153,9 +158,10 @@ def _delimiter_hint(header: list[str], delimiter: str) -> str:
     return ""
 
 
-def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True) -> tuple[_Label, dict[str, int]]:
+def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
+                 ) -> tuple[_Label, dict[str, int]]:  # fmt: skip
     """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
-    labeled=False: no label is read (index None)."""
+    labeled=False: no label is read (index None); blank_ok: a blank label cell is no label (_Label)."""
     if not header:
         raise ValueError(f"{name}: the header line names no columns")
     label = schema.label if schema.label is not None else (header[0] if header else None)
@@ -174,11 +180,13 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
         raise ValueError(f"{name}: column {label!r} is the label (the first column) and a column of the schema")
     origin = schema.label_from if schema.label is not None else "first column"
     at = header.index(label) if labeled else None
-    return _Label(at, label, origin, header), {s: header.index(s) for s in sources}
+    return _Label(at, label, origin, header, blank_ok), {s: header.index(s) for s in sources}
 
 
-def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
-    """Chunks of `size` records of the share (labeled=False: without labels): through csv_fast's scan when
+def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
+              blank_labels: bool = False) -> Iterator[Cells]:  # fmt: skip
+    """Chunks of `size` records of the share (labeled=False: without labels; blank_labels: a blank label cell is
+    no label, NaN): through csv_fast's scan when
     CSV_SCAN allows it and all of the chunk's lines are plain and UTF-8, else through the csv module (the lines
     of the run taken before the first that is not, each read from its text; then records from there on)."""
     with open_data(name) as raw:
@@ -187,7 +195,7 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
         header = next(reader, None)
         if header is None or (not "".join(header).strip() and is_blank(name)):  # a file of no content
             return
-        label, sources = _csv_columns(name, header, schema, labeled)
+        label, sources = _csv_columns(name, header, schema, labeled, blank_labels)
         parsed = parsed_sources(schema)
         scan = CSV_SCAN and ord(schema.delimiter) < 128
         n, index = share.num_workers, 0  # index: the records read so far
@@ -263,7 +271,7 @@ class _CsvRecords:
         elif problem is not None:
             self.problems.append((start, problem))
         else:
-            self.labels.append(math.nan if self.label.at is None else label_value(row[self.label.at]))
+            self.labels.append(math.nan if self.label.at is None else label_value(row[self.label.at]))  # blank: NaN
             self.rows.append(row)
             self.line_nos.append(start)
 
@@ -287,6 +295,11 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _
     bad |= blank
     if label.at is not None:
         bad_label = ~bad & (scanned.labels != 0) & (scanned.labels != 1)
+        if label.blank_ok:  # those few cells looked at
+            for i in np.flatnonzero(bad_label).tolist():
+                bad_label[i] = not label.good(scanned.label(i))
+                if not bad_label[i]:
+                    scanned.labels[i] = np.nan
         problems += [(int(line_nos[i]), label.problem(scanned.label(i), scanned.line(i).split(delimiter)))
                      for i in np.flatnonzero(bad_label)]  # fmt: skip
         bad |= bad_label
@@ -357,6 +370,6 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str |
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
-    if label.at is None or label_value(row[label.at]) in (0.0, 1.0):
+    if label.at is None or label.good(row[label.at]):
         return None
     return label.problem(row[label.at], row)
