@@ -392,3 +392,18 @@ def test_a_blank_label_cell_is_a_row_to_score_not_a_bad_line(servers, files, tmp
     figures = evaluate_servers(small_run(addresses, train_path, model="lr", format=fmt, eval_data=blanked,
                                          max_bad_lines=TEST_ROWS))  # fmt: skip
     assert figures["eval_examples"] == TEST_ROWS - sum(1 for row in blank[1:] if row[2] == "")
+
+
+def test_a_labeled_criteo_file_whose_first_line_lost_its_empty_last_column_is_still_labeled(tmp_path):
+    """A tool that strips trailing whitespace turns a labeled line whose C26 is empty into 39 columns, the count
+    of a line without a label: the file is told by most of its first lines, not the first alone."""
+    from worker.readers.criteo_reader import has_labels
+
+    labeled = "1\t" + "\t".join(["5"] * 13 + ["a1b2"] * 25) + "\t\n"  # C26 empty: 40 columns with its tab
+    stripped = labeled.rstrip() + "\n"  # 39 columns
+    unlabeled = "\t".join(["5"] * 13 + ["a1b2"] * 26) + "\n"
+    (tmp_path / "a.tsv").write_text(stripped + labeled * 5)
+    (tmp_path / "b.tsv").write_text(unlabeled * 5 + labeled)
+    (tmp_path / "c.tsv").write_text(stripped + labeled)  # a tie: labeled
+    (tmp_path / "d.tsv").write_text("")
+    assert [has_labels(str(tmp_path / f"{n}.tsv")) for n in "abcd"] == [True, False, True, True]

@@ -4,11 +4,12 @@ criteo  label TAB I1..I13 TAB C1..C26 (worker/criteo.py): columns I1..I13, C1..C
         other than 40, a label other than 0/1. A chunk is read by worker/criteo_fast.py's compiled scan, or
         when it holds a line the scan does not handle, by criteo.parse_share (with the same result).
 Without labels: I1..I13 TAB C1..C26: 39 columns. Bad: a column count other than 39. A file is without labels
-        when the first of its first LABEL_PROBE_LINES lines with 39 or 40 columns has 39 (has_labels).
+        when more of its first LABEL_PROBE_LINES lines have 39 columns than 40 (has_labels).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ import numpy as np
 from worker.criteo import NUM_COLUMNS, other_format_hint, parse_share, shape_problem
 from worker.criteo_fast import scan_lines
 from worker.encode import parsed_sources
-from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
+from worker.readers.share import LABEL_PROBE_LINES, Cells, Share, bounded_lines, first_line, open_data
 from worker.schema import CRITEO_COLUMNS, Schema
 
 CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
@@ -62,14 +63,22 @@ def _without_label(problem: str) -> str:
     m = _COLUMN_COUNT.match(problem)
     if m is None:
         return problem
-    return (f"{int(m[1]) - 1} tab-separated columns, expected {NUM_COLUMNS - 1} (a file without labels, as its "
-            f"first line is){problem[m.end():]}")  # fmt: skip
+    return (f"{int(m[1]) - 1} tab-separated columns, expected {NUM_COLUMNS - 1} (a file without labels, as most "
+            f"of its first lines are){problem[m.end():]}")  # fmt: skip
 
 
 def has_labels(name: str) -> bool:
-    """Whether a Criteo file's lines start with a label (see the module docstring); True for an empty file."""
-    line = first_line(name, lambda line: _body(line).count(b"\t") + 1 in (NUM_COLUMNS - 1, NUM_COLUMNS))
-    return line is None or _body(line).count(b"\t") + 1 == NUM_COLUMNS
+    """Whether a Criteo file's lines start with a label (see the module docstring): True unless more of its first
+    LABEL_PROBE_LINES lines have 39 columns than 40 (True for an empty file). Not the first such line alone: a
+    labeled line whose last column was empty loses that tab to a tool that strips trailing whitespace, and the
+    whole file would be read shifted by a column."""
+    counts = {NUM_COLUMNS - 1: 0, NUM_COLUMNS: 0}
+    with open_data(name) as f:
+        for line in itertools.islice(bounded_lines(f, name), LABEL_PROBE_LINES):
+            columns = _body(line).count(b"\t") + 1
+            if columns in counts:
+                counts[columns] += 1
+    return counts[NUM_COLUMNS] >= counts[NUM_COLUMNS - 1]
 
 
 def first_line_problem(name: str) -> str | None:
