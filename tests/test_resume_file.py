@@ -58,7 +58,7 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         assert re.search(rf"trained lr .* on {ROWS - 5 * BATCH:,} examples", out), out  # the rest, once
         assert json.loads(position.read_text())["finished"] is True
         code, out, err = run(train, capsys)
-        assert code == 0 and f"this worker trained all its {ROWS:,} examples before; nothing to train" in out, err
+        assert code == 0 and f"this worker's run ended before, after all its {ROWS:,} examples; nothing to" in out, err
         assert "trained lr" not in out
         code, out, err = run([*train, "--skip-examples", "100"], capsys)
         assert code == 2 and "--skip-examples 100 and --resume-file" in err, err
@@ -93,14 +93,74 @@ def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_a
         read_position(other)  # another worker's position
 
 
-@pytest.mark.parametrize(
-    "settings, message",
-    [
-        ({"local_shards": 1}, "--resume-file resumes training a model that servers hold"),
-        ({"mode": "sync", "num_workers": 2, "job_id": 7}, "--mode sync job's workers resume together"),
-    ],
-)
-def test_resume_file_is_refused_where_one_worker_cannot_resume_alone(tmp_path, settings, message):
-    servers = {} if "local_shards" in settings else {"servers": ("h:1",)}
-    with pytest.raises(ValueError, match=message):
-        TrainConfig(resume_file=str(tmp_path / "p.json"), **servers, **settings).validate()
+def test_resume_file_is_refused_with_local_shards_and_unused_where_one_worker_cannot_resume_alone(tmp_path, caplog):
+    """Local shards go with the model: refused. A sync or ssp job's workers resume together, and --dense
+    allreduce keeps the MLP in the workers: the file is not used, with a warning (the deployments set it for every
+    worker, whatever the mode)."""
+    from worker.cli_train import resumed
+
+    with pytest.raises(ValueError, match="--resume-file resumes training a model that servers hold"):
+        TrainConfig(resume_file=str(tmp_path / "p.json"), local_shards=1).validate()
+    for settings, why in (({"mode": "sync", "num_workers": 2, "job_id": 7}, "a --mode sync job's workers resume"),
+                          ({"dense": "allreduce", "model": "dnn"}, "--dense allreduce keeps the MLP in the workers")):  # fmt: skip
+        cfg = resumed(TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), **settings))
+        assert cfg.resume_file is None and why in caplog.text and not (tmp_path / "p.json").exists()
+
+
+def test_workers_of_one_machine_each_keep_their_own_file(tmp_path, monkeypatch):
+    from worker.resume import resume_path
+
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p-{worker}.json"), worker_id=3, num_workers=4)
+    assert resume_path(cfg) == str(tmp_path / "p-3.json")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert resume_path(cfg) == str(tmp_path / "p-3.json")
+    with pytest.raises(ValueError, match=r"the 2 workers of this machine \(LOCAL_WORLD_SIZE\) would share it; put "
+                                         r"\{worker\} in its name"):  # fmt: skip
+        resume_path(TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=3, num_workers=4))
+
+
+def test_a_position_of_another_recipe_or_column_setting_is_refused(tmp_path):
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), recipe="small",
+                      drop_columns=("a", "b"))  # fmt: skip
+    PositionWriter(cfg).write(100)
+    assert read_position(cfg).examples == 100  # tuples read back as the same setting
+    import dataclasses
+
+    with pytest.raises(ValueError, match=r"recipe: 'small' in the file != 'large' now"):
+        read_position(dataclasses.replace(cfg, recipe="large"))
+    with pytest.raises(ValueError, match=r"drop_columns: \['a', 'b'\] in the file != \['a'\] now"):
+        read_position(dataclasses.replace(cfg, drop_columns=("a",)))
+
+
+def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tmp_path, capsys, monkeypatch):
+    """The position after the last step is the whole stream, not finished: a restart trains nothing, evaluates,
+    and only then is the run's end recorded. With --max-examples that position is the limit, which a typed
+    --skip-examples may not reach; a failed evaluation (exit 2) leaves the run not ended."""
+    import worker.train
+
+    position = tmp_path / "position.json"
+    real = worker.train.final_evaluation
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS,
+                 "--max-examples", "3000"]  # fmt: skip
+        monkeypatch.setattr(worker.train, "final_evaluation", lambda *a: {"eval_error": "the eval file is gone"})
+        code, out, err = run(train, capsys)
+        assert code == 2 and "the eval file is gone" in err
+        assert json.loads(position.read_text()) | {"run": None} == {"format": 1, "run": None, "examples": 3000,
+                                                                   "finished": False}  # fmt: skip
+        monkeypatch.setattr(worker.train, "final_evaluation", real)
+        code, out, err = run(train, capsys)
+        assert code == 0 and "resuming after 3,000 training examples" in out and "eval   AUC" in out, err
+        assert json.loads(position.read_text())["finished"] is True
+        code, out, err = run(train, capsys)
+        assert code == 0 and "nothing to train" in out
+        position.unlink()
+        code, out, err = run([*train, "--skip-examples", "3000"], capsys)  # typed by a person: refused
+        assert code == 2 and "--skip-examples 3,000 reaches this worker's --max-examples limit" in err, err
+
+
+def test_an_empty_resume_file_setting_is_none(monkeypatch):
+    from worker.cli_train import train_config_from_argv
+
+    monkeypatch.setenv("PS_RESUME_FILE", "")
+    assert train_config_from_argv(["--servers", "h:1"]).resume_file is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 import zlib
@@ -23,6 +24,8 @@ from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATH
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
 SECONDS_OR_0 = number(0, MAX_INTERVAL_S)
 RATE = number(0, MAX_HYPERPARAMETER, above=True)
+
+log = logging.getLogger("worker.cli_train")
 
 
 def _size(text: str) -> int:
@@ -212,9 +215,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument(
         "--resume-file",
         default=None,
-        help="keep this worker's position in FILE (every 10 s, and as it stops or finishes) and, when FILE exists, "
+        help="keep this worker's position in FILE (every 10 s, and as it stops or ends) and, when FILE exists, "
         "train on from it: the same command started again (a restart policy's, a Job's retry) resumes instead of "
-        "training from the start; refused where FILE is another run's (async and geo workers)",
+        "training from the start; refused where FILE is another run's; {worker} in the name: the worker's id; not "
+        "used (a warning) with --mode sync or ssp, or --dense allreduce",
     )
     fit.add_argument(
         "--max-examples",
@@ -490,7 +494,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         validation_data=args.validation_data,
         eval_every=args.eval_every,
         skip_examples=args.skip_examples,
-        resume_file=args.resume_file,
+        resume_file=args.resume_file or None,  # PS_RESUME_FILE= (empty): none
         max_examples=args.max_examples,
         early_stop=args.early_stop,
         shuffle=None if args.shuffle == "auto" else args.shuffle == "on",
@@ -550,12 +554,18 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def resumed(cfg: TrainConfig) -> TrainConfig | None:
-    """cfg to run under --resume-file: with --skip-examples from the file's position, as given when there is no
-    file yet; None (said) when the file says the run trained its whole stream. ValueError for a file of another
-    run, and for --skip-examples beside a position (worker/resume.py)."""
-    from worker.resume import read_position
+    """cfg to run under --resume-file: with --skip-examples from the file's position (worker/resume.py), as given
+    when there is no file yet, without the file where one worker cannot resume alone (a warning says why); None
+    (said) when the file says the run ended. ValueError for a file of another run, and for --skip-examples beside
+    a position."""
+    from worker.resume import read_position, resume_path, unused_because
 
     cfg.validate()
+    why = unused_because(cfg)
+    if why:
+        log.warning("--resume-file %s is not used: %s", cfg.resume_file, why)
+        return dataclasses.replace(cfg, resume_file=None)
+    cfg = dataclasses.replace(cfg, resume_file=resume_path(cfg))
     position = read_position(cfg)
     if position is None:
         print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)
@@ -565,11 +575,11 @@ def resumed(cfg: TrainConfig) -> TrainConfig | None:
                          f"position ({position.examples:,} examples): give one (remove the file, or leave out "
                          "--skip-examples)")  # fmt: skip
     if position.finished:
-        print(f"--resume-file {cfg.resume_file}: this worker trained all its {position.examples:,} examples before; "
-              "nothing to train (remove the file to train again)", flush=True)  # fmt: skip
+        print(f"--resume-file {cfg.resume_file}: this worker's run ended before, after all its {position.examples:,} "
+              "examples; nothing to train (remove the file to train again)", flush=True)  # fmt: skip
         return None
     print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
-    return dataclasses.replace(cfg, skip_examples=position.examples)
+    return dataclasses.replace(cfg, skip_examples=position.examples, resumed_skip=True)
 
 
 def eval_config(args: argparse.Namespace) -> TrainConfig:

@@ -2,7 +2,7 @@
 so that the same command started again (a container's restart policy, a Job's retry) trains on from there
 instead of from the stream's start.
 
-The file is JSON, replaced whole (written to FILE.tmp, flushed to disk, renamed over FILE):
+The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "examples": N, "finished": false}
 
@@ -11,33 +11,67 @@ The file is JSON, replaced whole (written to FILE.tmp, flushed to disk, renamed 
   stream's.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
   updates the servers acknowledged: `--skip-examples N` trains on from there, as a stopped run's hint says.
-- finished: the run trained its whole stream; a start then trains nothing and says so.
+- finished: the run ended: it trained its whole stream and its final evaluation is done; a start then trains
+  nothing and says so. A run stopped after its last step but before that (in its final evaluation) has
+  examples at the whole stream and finished false: a start trains nothing and evaluates.
 
-It is written every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM) and when it
-has trained its whole stream. After a kill -9 the last periodic write is what is left: a restart trains again
-the examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
-training takes a stale gradient). Only async and geo workers resume alone (sync and ssp jobs resume together:
-worker/train_messages.py).
+It is written every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), after its
+last step and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
+examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
+training takes a stale gradient). The MLP gradients a --dense ps run had not pushed yet (--dense-sync-every,
+--dense-staleness) are not in the servers' model, as for a --skip-examples resume.
+
+FILE may hold "{worker}", replaced by the worker's id: workers that share a machine (torchrun's
+LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) where one
+worker cannot resume alone: --mode sync or ssp (the job's workers resume together, under a new job id) and
+--dense allreduce (the MLP lives in the workers, written to the servers only every 30 s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 import time
 
 from worker.train_config import TrainConfig
 
 FORMAT = 1
 WRITE_EVERY_S = 10.0
-RUN_SETTINGS = ("data", "format", "schema", "validation_data", "validation_fraction", "worker_id", "num_workers",
-                "epochs", "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "model", "mode")  # fmt: skip
+RUN_SETTINGS = ("data", "format", "schema", "label_column", "drop_columns", "numeric_columns", "libsvm_fields",
+                "validation_data", "validation_fraction", "worker_id", "num_workers", "recipe", "epochs",
+                "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "synthetic_interactions",
+                "synthetic_history", "model", "mode")  # fmt: skip
+PLACEHOLDER = "{worker}"
 
 
 def run_settings(cfg: TrainConfig) -> dict:
-    """The settings a position belongs to (RUN_SETTINGS), JSON's types."""
-    return {name: getattr(cfg, name) for name in RUN_SETTINGS}
+    """The settings a position belongs to (RUN_SETTINGS), as JSON reads them back (tuples as lists)."""
+    return json.loads(json.dumps({name: getattr(cfg, name) for name in RUN_SETTINGS}))
+
+
+def unused_because(cfg: TrainConfig) -> str | None:
+    """Why --resume-file is not used by this run (the module docstring), or None."""
+    if cfg.mode in ("sync", "ssp"):
+        return (f"a --mode {cfg.mode} job's workers resume together, with --skip-examples and a new --job-id "
+                "(a stopped run prints it)")  # fmt: skip
+    if cfg.dense == "allreduce":
+        return ("--dense allreduce keeps the MLP in the workers, so a worker's position can be ahead of the MLP the "
+                "servers hold; a stopped run prints the --skip-examples that resumes it")  # fmt: skip
+    return None
+
+
+def resume_path(cfg: TrainConfig) -> str:
+    """cfg.resume_file with PLACEHOLDER replaced by the worker's id. ValueError where workers on this machine
+    (LOCAL_WORLD_SIZE > 1) would share one file."""
+    path = cfg.resume_file.replace(PLACEHOLDER, str(cfg.worker_id))
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if path == cfg.resume_file and local.isdigit() and int(local) > 1:
+        raise ValueError(f"--resume-file {path}: the {local} workers of this machine (LOCAL_WORLD_SIZE) would share "
+                         f"it; put {PLACEHOLDER} in its name (each worker's id takes its place)")  # fmt: skip
+    return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,11 +127,17 @@ class PositionWriter:
 
     def write(self, examples: int, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "examples": int(examples), "finished": finished}
-        tmp = f"{self.path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        directory, name = os.path.split(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         self.last, self.written = time.monotonic(), examples

@@ -150,9 +150,12 @@ def train(cfg: TrainConfig) -> dict:
                        on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
                        on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
-            if position is not None:
-                position.write(cfg.skip_examples + loop.pushed)
             save_dense_on_stop(dense, e)
+            if position is not None:
+                try:
+                    position.write(cfg.skip_examples + loop.pushed)
+                except OSError as failed:  # e is the error to report
+                    log.warning("could not write --resume-file %s as the run stopped: %s", cfg.resume_file, failed)
             if isinstance(e, TrainingDataError):
                 raise ValueError(stopped_message(e, cfg)) from None
             told = loop.examples or cfg.skip_examples
@@ -166,11 +169,11 @@ def train(cfg: TrainConfig) -> dict:
         grouped = sorted_by_label(data.stream_labels, cfg.data, read_as_trained=True)
         if grouped:
             log.warning("%s", grouped)
-        if position is not None:  # every example trained: a restart trains nothing
-            position.write(cfg.skip_examples + loop.examples, finished=True)
-        # a --resume-file position may be the whole stream (a kill after the last step, before its finish was
-        # written): the run then trains nothing and finishes, not an error a restart policy would repeat
-        if cfg.skip_examples and not loop.examples and not cfg.resume_file:
+        if position is not None:  # every example trained: a restart trains nothing, and evaluates
+            position.write(cfg.skip_examples + loop.examples)
+        # a --resume-file position may be the whole stream (the run stopped in its final evaluation): it then
+        # trains nothing and evaluates, not an error a restart policy would repeat
+        if cfg.skip_examples and not loop.examples and not cfg.resumed_skip:
             raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
                              f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip
         results = {
@@ -229,6 +232,8 @@ def train(cfg: TrainConfig) -> dict:
         with open(cfg.metrics_out, "w") as f:
             config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
             json.dump(json_figures({"config": config, **results}), f, indent=2)
+    if position is not None and "eval_error" not in results:  # the run ended: a restart trains nothing
+        position.write(cfg.skip_examples + loop.examples, finished=True)
     return results
 
 

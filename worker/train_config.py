@@ -71,6 +71,7 @@ class TrainConfig:
     eval_every: int = 0  # steps between validations; 0: after every epoch
     skip_examples: int = 0  # the first training examples of this worker's stream (over epochs) left out: a resumed run
     resume_file: str | None = None  # this worker's position, read at start and kept as it trains (worker/resume.py)
+    resumed_skip: bool = False  # skip_examples is a --resume-file position: it may be the whole stream (no flag)
     max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
     early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
     shuffle: bool | None = None  # each epoch in a fresh random order (held in memory: worker/data.py); None: recipe
@@ -176,7 +177,7 @@ class TrainConfig:
         if self.max_examples and self.max_examples < self.num_workers:
             raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
                              "workers: expected at least one example a worker (or 0: no limit)")  # fmt: skip
-        if limit and self.skip_examples >= limit:
+        if limit and self.skip_examples >= limit and not self.resumed_skip:
             raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
                              f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
         if self.resume_file is not None:
@@ -184,9 +185,6 @@ class TrainConfig:
             if self.local_shards is not None:
                 raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
                                  "empty ones (give --servers)")  # fmt: skip
-            if self.mode in ("sync", "ssp"):
-                raise ValueError(f"--resume-file resumes one worker alone, as async and geo workers train; a --mode "
-                                 f"{self.mode} job's workers resume together, with a new --job-id (--skip-examples)")  # fmt: skip
             check_not_an_input("--resume-file", self.resume_file, self.input_files())
         if self.skip_examples and self.local_shards is not None:
             raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
