@@ -298,7 +298,8 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="write over an earlier export in --out (its export.json "
-                   "and .npy files); without it such a directory is an error")  # fmt: skip
+                   "and .npy files; those of tables this export leaves out are removed); without it such a "
+                   "directory is an error")  # fmt: skip
     return p
 
 

@@ -372,3 +372,26 @@ def test_a_restore_the_ram_tier_cannot_hold_is_refused_before_a_row_is_copied(tm
     restored = Shard(ServerConfig(data_dir=str(target), restore_dir=str(tmp_path / "ckpt"), cache_bytes=least))
     assert sorted(restored.tables) == ["kept", "wide"]  # that much holds them, restored and started on
     restored.close()
+
+
+def test_an_export_over_an_earlier_one_leaves_no_file_of_a_table_it_does_not_list(tmp_path):
+    """--overwrite: the files in out are those of the new export.json; an earlier export's other tables go (a loader
+    that globs *.npy, or a delta applied over out, would read them as this export's)."""
+    from ps.engine.restore import export
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        for name in ("a", "b"):
+            shard.create_table(table(name))
+            shard.push(name, np.arange(1, 4, dtype=np.uint64), np.ones((3, 2), np.float32))
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [table("a"), table("b")])
+    finally:
+        shard.close()
+    out = tmp_path / "out"
+    export(str(tmp_path / "ckpt"), str(out))
+    (out / "notes.txt").write_text("mine")
+    assert sorted(p.name for p in out.iterdir()) == ["a.ids.npy", "a.rows.npy", "b.ids.npy", "b.rows.npy",
+                                                    "export.json", "notes.txt"]  # fmt: skip
+    summary = export(str(tmp_path / "ckpt"), str(out), tables=["a"])
+    assert list(summary["tables"]) == ["a"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.ids.npy", "a.rows.npy", "export.json", "notes.txt"]

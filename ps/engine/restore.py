@@ -133,7 +133,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     Memory: one table's embeddings and three id-sized arrays (ids, their sort order, the sorted ids) at a time,
     about what it writes for the table plus 16 bytes a row; the rows are written in sorted order WRITE_ROWS at a
     time. Every file is written under a temporary name and renamed once all are written (export.json last), so a
-    failure leaves an earlier export in out as it was. progress: show rows read, then rows written, per table
+    failure leaves an earlier export in out as it was; then the .npy files of the tables an earlier export in out
+    listed and this one does not are removed. progress: show rows read, then rows written, per table
     (ExportProgress, on stderr); an out it made is removed again on a failure. The temporary files an export killed
     mid-write left in out are removed first, if out is an export's (leftovers.holds_an_export) and no other export
     writes there now. ValueError for an out inside the
@@ -222,9 +223,24 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             with contextlib.suppress(OSError):
                 os.rmdir(out)
         raise
+    earlier = _exported_tables(out)
     for tmp, final in written:
         os.replace(tmp, final)
+    for name in earlier - set(summary["tables"]):  # an earlier export's tables this one left out (--overwrite)
+        for kind in ("ids", "rows"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out, f"{name}.{kind}.npy"))
     return summary
+
+
+def _exported_tables(out: str) -> set[str]:
+    """The tables out's export.json lists (an earlier export, written over), else none."""
+    try:
+        with open(os.path.join(out, "export.json")) as f:
+            tables = json.load(f).get("tables", {})
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {name for name in tables if isinstance(name, str) and "/" not in name and name not in ("", ".", "..")}
 
 
 def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, since: int | None,
