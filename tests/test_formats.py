@@ -779,6 +779,24 @@ def test_gzip_data_under_another_name_is_named_as_such(tmp_path, fmt):
         path.write_bytes(line.encode(utf))
         with pytest.raises(ValueError, match=rf"^{path}: {utf} text \(it starts with {utf}'s byte order mark\)"):
             read(path, fmt)
+    import bz2
+    import lzma
+    import zipfile
+
+    for kind, data in (("bzip2", bz2.compress(line.encode())), ("xz", lzma.compress(line.encode())),
+                       ("zstd", b"\x28\xb5\x2f\xfd" + b"\x00" * 20)):  # fmt: skip
+        path.write_bytes(data)
+        with pytest.raises(ValueError, match=rf"^{path}: it holds {kind}-compressed data, which data files are not"):
+            read(path, fmt)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("d", line)
+    with pytest.raises(ValueError, match=rf"^{path}: it holds zip-compressed data"):
+        read(path, fmt)
+    path.write_text("BZh" + line)  # text that starts as bzip2 does is text (read, or refused for what it holds)
+    try:
+        read(path, fmt)
+    except ValueError as e:
+        assert "compressed" not in str(e)
 
 
 def _hints(caplog, path, fmt, **columns) -> list[str]:

@@ -52,15 +52,27 @@ class Cells:
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte order marks, little and big endian (never UTF-8 text)
 UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")  # UTF-32's
+OTHER_COMPRESSION = (  # (name, what decompresses it, a test of a file's first 10 bytes): not read
+    ("bzip2", "bunzip2", lambda b: b[:3] == b"BZh" and b[3:4] in b"123456789" and b[4:10] == b"1AY&SY"),
+    ("xz", "unxz", lambda b: b[:6] == b"\xfd7zXZ\x00"),
+    ("zstd", "unzstd", lambda b: b[:4] == b"\x28\xb5\x2f\xfd"),
+    ("zip", "unzip", lambda b: b[:4] == b"PK\x03\x04"),
+)
 
 
 def open_data(name: str) -> BinaryIO:
     """A data file opened for binary reading, through gzip if its name ends in .gz; ValueError for gzip data under
-    another name, or UTF-16 text (read as UTF-8, either would be named malformed or of another format)."""
+    another name, data of another compression (OTHER_COMPRESSION), or UTF-16 text (read as UTF-8, any of them would
+    be named malformed or of another format)."""
     if name.endswith(".gz"):
         return _GzipData(name, "rb")
     with open(name, "rb") as f:
-        start = f.read(4)
+        first = f.read(10)
+    start = first[:4]
+    for kind, tool, matches in OTHER_COMPRESSION:
+        if matches(first):
+            raise ValueError(f"{name}: it holds {kind}-compressed data, which data files are not read as: decompress "
+                             f"it ({tool}), or compress it with gzip instead (.gz files are read through gzip)")  # fmt: skip
     if start[:2] == GZIP_MAGIC or start[:2] in UTF16_BOMS or start in UTF32_BOMS:
         if start[:2] != GZIP_MAGIC:
             utf = "UTF-32" if start in UTF32_BOMS else "UTF-16"
