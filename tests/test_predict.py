@@ -189,6 +189,11 @@ def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, cap
                    "--max-bad-lines", "2") == 2  # fmt: skip
     assert "more than --max-bad-lines 2" in capsys.readouterr().err
     assert not [name for name in os.listdir(tmp_path) if name.startswith((".none", "none"))]
+    labeled = ["not\ta criteo line\n" * (k in (0, 7, 70)) + line for k, line in enumerate(lines)]
+    (tmp_path / "damaged-labeled.tsv").write_text("".join(labeled))
+    assert main(["eval", "--servers", addresses[0], *flags, "--eval-data", str(tmp_path / "damaged-labeled.tsv"),
+                 "--no-progress"]) == 0  # fmt: skip
+    assert f"({TEST_ROWS:,} examples; 3 malformed lines skipped (--max-bad-lines))" in capsys.readouterr().out
 
 
 def test_eval_and_predict_read_only_the_start_of_the_training_file(servers, files, tmp_path, capsys):

@@ -140,6 +140,9 @@ def eval_lines(r: dict) -> list[str]:
     if "eval_auc_tie_share" in r:  # past the examples kept exactly: the AUC of a histogram (ScoreStream)
         when += (f"; AUC over probability bins, within {r['eval_auc_tie_share'] / 2:.1e} of the exact one, past "
                  f"{r['eval_auc_exact_examples']:,} examples")  # fmt: skip
+    if r.get("eval_bad_lines"):  # eval's own read (not a training run's, whose summary says its own)
+        bad = r["eval_bad_lines"]
+        when += f"; {bad:,} malformed line{'s' * (bad != 1)} skipped (--max-bad-lines)"
     line = f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"
     return [line, *_baseline(r)]
 

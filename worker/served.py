@@ -97,6 +97,8 @@ def evaluate_servers(cfg: TrainConfig) -> dict:
     for line in data.bad_lines_report():
         log.warning(line)
     results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)
+    if results["bad_lines"]:  # said on the eval line too (worker/results.py)
+        results["eval_bad_lines"] = results["bad_lines"]
     if "eval_examples" not in results and (cfg.eval_data or cfg.data):
         raise ValueError(f"{cfg.eval_data or cfg.data}: no examples to evaluate on (the file is empty, or holds only "
                          "a header or malformed lines)")  # fmt: skip
