@@ -65,8 +65,9 @@ def wait_connected(channels: list[grpc.Channel], servers: list[str], tls: tuple[
         except grpc.FutureTimeoutError:
             left = deadline - time.monotonic()
             if left > 0:
-                log.warning("shard %d at %s does not answer yet%s; waiting for it for up to %.0f s", i,
-                            servers[i], why_not_ready(servers[i], *tls), left)  # fmt: skip
+                log.warning("shard %d at %s does not answer yet%s; waiting for it up to %.0f s more (of a %.0f s "
+                            "wait)", i, servers[i], why_not_ready(servers[i], *tls), left,
+                            timeout_s)  # fmt: skip
             try:
                 while True:  # a reminder every READY_REMIND_S, so that a long wait is not silence
                     try:
