@@ -856,7 +856,12 @@ def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
     r = {"model": "lr", "shards": 1, "eval_auc": float("nan"), "eval_logloss": 0.25, "eval_examples": 10}
     assert f"eval   AUC {NO_AUC}  logloss 0.2500  (10 examples)" in format_results(r)
     based = format_results({**r, "eval_positive_rate": 0.2, "eval_constant_logloss": 0.5004})
-    assert "(10 examples)\nbase   20.0% positive: predicting that rate for every example gives logloss 0.5004" in based
+    assert (
+        "(10 examples)\nbase   20.0% positive: predicting that rate for every example gives logloss 0.5004, the "
+        "figure to beat" in based
+    )  # no "(AUC 0.5)": there is no AUC
+    defined = format_results({**r, "eval_auc": 0.7, "eval_positive_rate": 0.2, "eval_constant_logloss": 0.5004})
+    assert "gives logloss 0.5004 (AUC 0.5), the figure to beat" in defined
     text = json.dumps(json_figures({"a": [float("nan"), 1.5], "b": {"c": float("nan")}, "d": "nan"}))
     assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"a": [None, 1.5], "b": {"c": None}, "d": "nan"}
 

@@ -152,8 +152,9 @@ def _baseline(r: dict) -> list[str]:
     example (AUC 0.5), which a model that learned anything beats; none when the figures lack it."""
     if "eval_constant_logloss" not in r:
         return []
+    auc = "" if r.get("eval_auc") != r.get("eval_auc") else " (AUC 0.5)"  # NaN: one class, no AUC at all
     return [f"base   {r['eval_positive_rate']:.1%} positive: predicting that rate for every example gives logloss "
-            f"{r['eval_constant_logloss']:.4f} (AUC 0.5), the figure to beat"]  # fmt: skip
+            f"{r['eval_constant_logloss']:.4f}{auc}, the figure to beat"]  # fmt: skip
 
 
 def oracle_lines(r: dict) -> list[str]:
