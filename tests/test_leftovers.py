@@ -330,9 +330,10 @@ def test_an_export_from_servers_without_a_checkpoint_root_says_what_export_needs
 
 
 def test_an_export_outside_the_servers_checkpoint_root_is_said_so_of_out(tmp_path, capsys):
-    out = tmp_path / "elsewhere"
+    out = tmp_path / "elsewhere" / "v1"  # its parent made by the export too: both removed again
     err = _export_from_one_server(tmp_path, capsys, out, str(tmp_path / "root"))
     assert f"OUT {out} is outside the servers' checkpoint root" in err, err
+    assert not (tmp_path / "elsewhere").exists()
     assert f"not inside this server's checkpoint root {os.path.realpath(tmp_path / 'root')}" in err
 
 

@@ -34,6 +34,18 @@ from worker.flags import check_new_dir
 from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints, export_checkpoint_dir
 
 
+def _missing_dirs(path: str) -> list[str]:
+    """path and those of its parents that do not exist, deepest first (what os.makedirs(path) creates)."""
+    missing, path = [], os.path.abspath(path)
+    while not os.path.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
 def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     """`ps-worker export`'s parsed args (see the module docstring); client(args): a connected Client for them.
     Returns the exit code."""
@@ -50,14 +62,16 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     where = args.out if os.path.isdir(args.out) else os.path.dirname(os.path.abspath(args.out))
     if os.path.isdir(where) and not os.access(where, os.W_OK):
         raise ValueError(f"OUT {args.out}: {where} is not writable by this user; nothing was written")
-    new_out = not os.path.exists(args.out)
+    made = _missing_dirs(args.out)  # OUT and the parents this export creates, deepest first
     os.makedirs(args.out, exist_ok=True)
 
     def undo() -> None:
         shutil.rmtree(fresh, ignore_errors=True)
-        if new_out:
-            with contextlib.suppress(OSError):  # an OUT this export created, if nothing else is in it
-                os.rmdir(args.out)
+        for directory in made:  # the folders this export created, if nothing else came into them
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
 
     with export_claim(args.out):
         try:
