@@ -6,7 +6,9 @@ One in-process shard (no gRPC: the table lock is what is measured) holds --rows 
 of them dirty. One thread pushes --ids random ids at a time, without pause; first for two seconds with no flush
 (the reference), then while Shard.flush() writes every dirty row. The flusher takes the table lock for
 --chunk-rows rows at a time (ps.engine.table.FLUSH_CHUNK_ROWS) and pauses --pause-s between holds
-(FLUSH_PAUSE_S) so that a waiting push gets in; other values show what the chunk and the pause buy.
+(FLUSH_PAUSE_S) so that a waiting push gets in; other values show what the chunk and the pause buy. This is the
+foreground flush (a shutdown's, a checkpoint's): the background flusher's flush(background=True) also waits, before
+each chunk, for a moment without requests, at most 50 ms (ps/storage/foreground.py), which this does not measure.
 No fixed target: it reports the median and the worst push during the flush beside the median with none.
 """
 
