@@ -252,10 +252,17 @@ def test_geo_with_ftrl_is_refused_before_any_worker_starts():
         plan_launch(args, rest)
 
 
-def test_a_resume_file_is_refused_before_any_worker_starts(tmp_path):
+def test_a_resume_file_the_workers_would_share_is_refused_before_any_worker_starts(tmp_path, monkeypatch):
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p.json"))
-    with pytest.raises(ValueError, match="--resume-file keeps one worker's position, and launch's workers would share"):
+    with pytest.raises(ValueError, match=r"p.json \(a flag, PS_RESUME_FILE or the config file\) keeps one worker's "
+                                         r"position, and launch's workers would share it: put \{worker\} in"):  # fmt: skip
         plan_launch(args, rest)
+    monkeypatch.setenv("PS_RESUME_FILE", str(tmp_path / "p.json"))
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS)
+    with pytest.raises(ValueError, match="launch's workers would share it"):
+        plan_launch(args, rest)
+    monkeypatch.setenv("PS_RESUME_FILE", str(tmp_path / "p-{worker}.json"))  # one file each
+    assert plan_launch(args, rest).train_config.resume_file == str(tmp_path / "p-{worker}.json")
 
 
 def test_servers_and_local_shards_are_refused_together():

@@ -329,6 +329,15 @@ def test_predict_over_a_directory_counts_bad_lines_over_all_files_and_keeps_its_
     assert "skipped 2 malformed lines (first: " in capsys.readouterr().out
 
 
+def test_a_csv_whose_first_column_holds_labels_and_blank_labels_is_taken_as_labeled(tmp_path):
+    from worker.predict import _first_column_is_labels
+
+    for text, labeled in (("label,a\n,1\n1,2\nNA,3\n0,4\n", True), ("label,a\n,1\nNA,2\n", False),
+                          ("label,a\n,1\n1,2\nx,3\n", False)):  # fmt: skip
+        (tmp_path / "s.csv").write_text(text)
+        assert _first_column_is_labels(str(tmp_path / "s.csv")) is labeled, text
+
+
 def test_a_csv_whose_first_column_holds_true_and_false_is_taken_as_labeled(tmp_path):
     """The readers take True/False as labels; predict's check of the built-in schema's first column does too."""
     from worker.predict import _first_column_is_labels

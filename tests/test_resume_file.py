@@ -58,10 +58,10 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         assert re.search(rf"trained lr .* on {ROWS - 5 * BATCH:,} examples", out), out  # the rest, once
         assert json.loads(position.read_text())["finished"] is True
         code, out, err = run(train, capsys)
-        assert code == 0 and f"this worker's run ended before, after all its {ROWS:,} examples; nothing to" in out, err
+        assert code == 0 and f"this worker's run ended before, after {ROWS:,} examples; nothing to do" in out, err
         assert "trained lr" not in out
         code, out, err = run([*train, "--skip-examples", "100"], capsys)
-        assert code == 2 and "--skip-examples 100 and --resume-file" in err, err
+        assert code == 2 and "--skip-examples 100 and --resume-file" in err and "started with --skip-examples 0" in err
         code, out, err = run([*train[:-1], "--epochs", "2", "--no-progress"], capsys)
         assert code == 2 and "is the position of a run with other settings (epochs: None in the file != 2 now)" in err
 
@@ -69,8 +69,10 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
 def test_a_damaged_position_is_refused_and_a_missing_one_is_a_first_start(tmp_path):
     cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
     assert read_position(cfg) is None
-    for text in ("", "{", '{"format": 1}', '{"format": 2, "run": {}, "examples": 1, "finished": false}',
-                 '{"format": 1, "run": {}, "examples": -1, "finished": false}', "[1]"):  # fmt: skip
+    good = '"run": {}, "started_from": 0, "trained": false, "finished": false'
+    for text in ("", "{", '{"format": 1}', '{"format": 2, "examples": 1, ' + good + "}",
+                 '{"format": 1, "examples": -1, ' + good + "}", '{"format": 1, "examples": "1", ' + good + "}",
+                 "[1]"):  # fmt: skip
         (tmp_path / "p.json").write_text(text)
         with pytest.raises(ValueError, match=r"p.json is no position this program wrote .*remove it to train from"):
             read_position(cfg)
@@ -81,8 +83,10 @@ def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_a
     writer = PositionWriter(cfg, every_s=3600)
     writer.update(10)  # too soon after the start
     assert read_position(cfg) is None
+    (tmp_path / ".p.json.killed.tmp").write_text("{")  # a write a kill -9 cut short: removed by the next writer
+    writer = PositionWriter(cfg, every_s=3600)
     writer.write(20)
-    assert read_position(cfg).examples == 20 and not list(tmp_path.glob("*.tmp"))
+    assert read_position(cfg).examples == 20 and not list(tmp_path.glob(".*.tmp"))
     writer.update(30)
     assert read_position(cfg).examples == 20
     writer.every_s = 0
@@ -119,6 +123,15 @@ def test_workers_of_one_machine_each_keep_their_own_file(tmp_path, monkeypatch):
         resume_path(TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=3, num_workers=4))
 
 
+def test_worker_in_a_folder_name_is_checked_with_the_workers_id(tmp_path):
+    (tmp_path / "w2").mkdir()
+    TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "w{worker}" / "p.json"), worker_id=2,
+                num_workers=3).validate()  # fmt: skip
+    with pytest.raises(ValueError, match=r"its directory .*w1 does not exist"):
+        TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "w{worker}" / "p.json"), worker_id=1,
+                    num_workers=3).validate()  # fmt: skip
+
+
 def test_a_position_of_another_recipe_or_column_setting_is_refused(tmp_path):
     cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), recipe="small",
                       drop_columns=("a", "b"))  # fmt: skip
@@ -133,9 +146,9 @@ def test_a_position_of_another_recipe_or_column_setting_is_refused(tmp_path):
 
 
 def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tmp_path, capsys, monkeypatch):
-    """The position after the last step is the whole stream, not finished: a restart trains nothing, evaluates,
-    and only then is the run's end recorded. With --max-examples that position is the limit, which a typed
-    --skip-examples may not reach; a failed evaluation (exit 2) leaves the run not ended."""
+    """Once training is over the file says so: a restart trains nothing, evaluates, and only then is the run's end
+    recorded. With --max-examples that position is the limit, which a typed --skip-examples may not reach; a
+    failed evaluation (exit 2) leaves the run not ended."""
     import worker.train
 
     position = tmp_path / "position.json"
@@ -146,14 +159,21 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
         monkeypatch.setattr(worker.train, "final_evaluation", lambda *a: {"eval_error": "the eval file is gone"})
         code, out, err = run(train, capsys)
         assert code == 2 and "the eval file is gone" in err
-        assert json.loads(position.read_text()) | {"run": None} == {"format": 1, "run": None, "examples": 3000,
-                                                                   "finished": False}  # fmt: skip
+        assert json.loads(position.read_text()) | {"run": None} == {
+            "format": 1,
+            "run": None,
+            "started_from": 0,
+            "examples": 3000,
+            "trained": True,
+            "finished": False,
+        }
         monkeypatch.setattr(worker.train, "final_evaluation", real)
         code, out, err = run(train, capsys)
-        assert code == 0 and "resuming after 3,000 training examples" in out and "eval   AUC" in out, err
+        assert code == 0 and "training ended after 3,000 examples, its final evaluation did not" in out, err
+        assert "eval   AUC" in out
         assert json.loads(position.read_text())["finished"] is True
         code, out, err = run(train, capsys)
-        assert code == 0 and "nothing to train" in out
+        assert code == 0 and "nothing to do" in out
         position.unlink()
         code, out, err = run([*train, "--skip-examples", "3000"], capsys)  # typed by a person: refused
         assert code == 2 and "--skip-examples 3,000 reaches this worker's --max-examples limit" in err, err
@@ -164,3 +184,45 @@ def test_an_empty_resume_file_setting_is_none(monkeypatch):
 
     monkeypatch.setenv("PS_RESUME_FILE", "")
     assert train_config_from_argv(["--servers", "h:1"]).resume_file is None
+
+
+def test_an_early_stopped_run_stopped_in_its_final_evaluation_is_only_evaluated_again(tmp_path, capsys, monkeypatch):
+    """Early stopping ended the training short of the stream: a restart must not train on past that point (on top
+    of the best model put back), only evaluate."""
+    import worker.train
+
+    position = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), "--model", "lr",
+                 "--recipe", "small", "--epochs", "20", "--early-stop", "1", "--synthetic-rows", "3000",
+                 "--synthetic-eval-rows", "500", "--no-progress"]  # fmt: skip
+
+        def interrupted(*args):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(worker.train, "final_evaluation", interrupted)
+        code, out, err = run(train, capsys)
+        record = json.loads(position.read_text())
+        assert code == 130 and record["trained"] and not record["finished"], (out, err)
+        monkeypatch.undo()
+        code, out, err = run(train, capsys)
+        assert code == 0 and "its final evaluation did not: evaluating" in out and "eval   AUC" in out, err
+        assert re.search(r"trained lr .* on 0 examples", out), out  # no step at all
+        after = json.loads(position.read_text())
+        assert after["finished"] and after["examples"] == record["examples"]
+
+
+def test_a_command_with_skip_examples_resumes_itself_and_a_refused_skip_is_not_recorded(tmp_path, capsys,
+                                                                                        monkeypatch):  # fmt: skip
+    position = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
+        code, out, err = run([*train, "--skip-examples", "60000"], capsys)  # past the stream: refused
+        assert code == 2 and "skips every training example" in err and not position.exists(), err
+        interrupt_after(monkeypatch, 3)
+        code, out, err = run([*train, "--skip-examples", "1000"], capsys)
+        assert code == 130 and json.loads(position.read_text())["examples"] == 1000 + 3 * BATCH
+        monkeypatch.undo()
+        code, out, err = run([*train, "--skip-examples", "1000"], capsys)  # the same command, as a restart policy
+        assert code == 0 and f"resuming after {1000 + 3 * BATCH:,} training examples" in out, err
+        assert re.search(rf"trained lr .* on {ROWS - 1000 - 3 * BATCH:,} examples", out), out

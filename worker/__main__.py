@@ -150,8 +150,8 @@ def _add_cluster_commands(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
-                   "export there, and its OUT/checkpoint, are replaced once the new export is whole (others are left "
-                   "as they are)")  # fmt: skip
+                   "export there, and its OUT/checkpoint, are replaced once the new export is whole, and those of its "
+                   "tables the new one leaves out (--tables) removed; other files are left as they are")  # fmt: skip
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)

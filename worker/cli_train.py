@@ -554,10 +554,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def resumed(cfg: TrainConfig) -> TrainConfig | None:
-    """cfg to run under --resume-file: with --skip-examples from the file's position (worker/resume.py), as given
-    when there is no file yet, without the file where one worker cannot resume alone (a warning says why); None
-    (said) when the file says the run ended. ValueError for a file of another run, and for --skip-examples beside
-    a position."""
+    """cfg to run under --resume-file: with --skip-examples from the file's position (worker/resume.py; only the
+    final evaluation when its training was over), as given when there is no file yet, without the file where one
+    worker cannot resume alone (a warning says why); None (said) when the file says the run ended. ValueError for a
+    file of another run, and for a --skip-examples other than the one the file's run started from."""
     from worker.resume import read_position, resume_path, unused_because
 
     cfg.validate()
@@ -570,16 +570,22 @@ def resumed(cfg: TrainConfig) -> TrainConfig | None:
     if position is None:
         print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)
         return cfg
-    if cfg.skip_examples:
-        raise ValueError(f"--skip-examples {cfg.skip_examples} and --resume-file {cfg.resume_file}, which holds a "
-                         f"position ({position.examples:,} examples): give one (remove the file, or leave out "
-                         "--skip-examples)")  # fmt: skip
+    if cfg.skip_examples != position.started_from:  # the same command gives the same value again
+        raise ValueError(f"--skip-examples {cfg.skip_examples} and --resume-file {cfg.resume_file}, the position "
+                         f"({position.examples:,} examples) of a run started with --skip-examples "
+                         f"{position.started_from}: give that run's command (the file's position then wins), or "
+                         "remove the file")  # fmt: skip
     if position.finished:
-        print(f"--resume-file {cfg.resume_file}: this worker's run ended before, after all its {position.examples:,} "
-              "examples; nothing to train (remove the file to train again)", flush=True)  # fmt: skip
+        print(f"--resume-file {cfg.resume_file}: this worker's run ended before, after {position.examples:,} "
+              "examples; nothing to do (remove the file to train again)", flush=True)  # fmt: skip
         return None
-    print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
-    return dataclasses.replace(cfg, skip_examples=position.examples, resumed_skip=True)
+    if position.trained:
+        print(f"--resume-file {cfg.resume_file}: this worker's training ended after {position.examples:,} examples, "
+              "its final evaluation did not: evaluating", flush=True)  # fmt: skip
+    else:
+        print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
+    return dataclasses.replace(cfg, skip_examples=position.examples, resume_started_from=position.started_from,
+                               resume_trained=position.trained)  # fmt: skip
 
 
 def eval_config(args: argparse.Namespace) -> TrainConfig:

@@ -319,9 +319,11 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
 
         raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed), which this Python does not have: "
                          f"{TORCH_HINT}")  # fmt: skip
-    if getattr(cfg, "resume_file", None):
-        raise ValueError("--resume-file keeps one worker's position, and launch's workers would share the file: "
-                         "a stopped launch prints the --skip-examples that resumes the job")  # fmt: skip
+    resume_file = getattr(cfg, "resume_file", None)
+    if resume_file and "{worker}" not in resume_file:
+        raise ValueError(f"--resume-file {resume_file} (a flag, PS_RESUME_FILE or the config file) keeps one "
+                         "worker's position, and launch's workers would share it: put {worker} in its name (each "
+                         "worker's id takes its place), or leave it out")  # fmt: skip
     if args.local_shards is not None:
         check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):

@@ -46,6 +46,7 @@ from ps.storage import leftovers
 from worker.batch import Batch
 from worker.csv_fast import label_value
 from worker.datafiles import check_data_input, data_files
+from worker.encode import is_missing_text
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
 from worker.formats import ReadStats, check_same_format, file_has_labels, first_with_content, read_csv_sample
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
@@ -88,9 +89,11 @@ class PredictConfig:
 
 def _first_column_is_labels(path: str) -> bool:
     """The first column of a CSV file's first records holds only labels, 0 and 1 as the CSV readers read them (true
-    and false too: csv_fast.label_value; the built-in schema's label; commas)."""
+    and false too: csv_fast.label_value; the built-in schema's label; commas), or blank labels (empty, NA, ?:
+    formats.py's "Blank labels"), and at least one 0 or 1."""
     _, rows = read_csv_sample(path, ",", 1000)
-    return bool(rows) and all(label_value(r[0]) in (0.0, 1.0) for r in rows)
+    labels = [label_value(r[0]) in (0.0, 1.0) for r in rows]
+    return any(labels) and all(y or not r[0].strip() or is_missing_text(r[0]) for y, r in zip(labels, rows))
 
 
 def predict_servers(cfg: PredictConfig) -> dict:

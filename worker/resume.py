@@ -4,19 +4,22 @@ instead of from the stream's start.
 
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
-    {"format": 1, "run": {SETTING: VALUE, ...}, "examples": N, "finished": false}
+    {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
+     "finished": false}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset). A start whose settings differ is refused: the position would be another
   stream's.
+- started_from: the --skip-examples the first start of the run was given (0: none); a start given that same
+  value again (the same command) resumes from the file, another value is refused.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
   updates the servers acknowledged: `--skip-examples N` trains on from there, as a stopped run's hint says.
-- finished: the run ended: it trained its whole stream and its final evaluation is done; a start then trains
-  nothing and says so. A run stopped after its last step but before that (in its final evaluation) has
-  examples at the whole stream and finished false: a start trains nothing and evaluates.
+- trained: the run's training is over (its stream trained, or early stopping or --max-examples ended it, the
+  best model put back); a start then trains nothing and runs the final evaluation.
+- finished: the run ended, its final evaluation done too; a start then does nothing and says so.
 
-It is written every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), after its
-last step and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
+It is written every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
+training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
 examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
 training takes a stale gradient). The MLP gradients a --dense ps run had not pushed yet (--dense-sync-every,
 --dense-staleness) are not in the servers' model, as for a --skip-examples resume.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import json
 import os
 import tempfile
@@ -76,7 +80,9 @@ def resume_path(cfg: TrainConfig) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Position:
+    started_from: int
     examples: int
+    trained: bool
     finished: bool
 
 
@@ -95,9 +101,12 @@ def read_position(cfg: TrainConfig) -> Position | None:
         record = json.loads(text)
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')!r}, expected {FORMAT}")
-        examples, finished, run = record["examples"], record["finished"], record["run"]
-        if not (type(examples) is int and examples >= 0 and type(finished) is bool and isinstance(run, dict)):
-            raise ValueError("examples, finished or run of the wrong type")
+        position = Position(record["started_from"], record["examples"], record["trained"], record["finished"])
+        run = record["run"]
+        counts, flags = (position.started_from, position.examples), (position.trained, position.finished)
+        if not (all(type(n) is int and n >= 0 for n in counts) and all(type(b) is bool for b in flags)
+                and isinstance(run, dict)):  # fmt: skip
+            raise ValueError("a field of the wrong type")
     except (ValueError, KeyError, AttributeError, TypeError) as e:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
                          "the start, or give --skip-examples N yourself") from None  # fmt: skip
@@ -107,7 +116,7 @@ def read_position(cfg: TrainConfig) -> Position | None:
     if differ:
         raise ValueError(f"--resume-file {path} is the position of a run with other settings ({'; '.join(differ)}): "
                          "give that run's settings to resume it, or remove the file to train from the start")  # fmt: skip
-    return Position(examples, finished)
+    return position
 
 
 class PositionWriter:
@@ -116,8 +125,13 @@ class PositionWriter:
 
     def __init__(self, cfg: TrainConfig, every_s: float = WRITE_EVERY_S):
         self.path, self.run, self.every_s = cfg.resume_file, run_settings(cfg), every_s
+        self.started_from = cfg.skip_examples if cfg.resume_started_from is None else cfg.resume_started_from
         self.last = time.monotonic()
         self.written: int | None = None
+        directory, name = os.path.split(os.path.abspath(self.path))
+        for left in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
+            with contextlib.suppress(OSError):  # a write killed part way (kill -9): never renamed, never read
+                os.unlink(left)
 
     def update(self, examples: int) -> None:
         """The position, written if WRITE_EVERY_S seconds have passed since the last write and it moved."""
@@ -125,8 +139,9 @@ class PositionWriter:
         if now - self.last >= self.every_s and examples != self.written:
             self.write(examples)
 
-    def write(self, examples: int, finished: bool = False) -> None:
-        record = {"format": FORMAT, "run": self.run, "examples": int(examples), "finished": finished}
+    def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
+        record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
+                  "trained": trained or finished, "finished": finished}  # fmt: skip
         directory, name = os.path.split(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         try:

@@ -146,9 +146,12 @@ def train(cfg: TrainConfig) -> dict:
         settings = loop_settings(cfg, data)
         loop = LoopResult()
         try:
-            run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
-                       on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
-                       on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
+            if cfg.resume_trained:  # a --resume-file run whose training was over: its final evaluation only
+                loop.trained_all = True
+            else:
+                run_epochs(client, spec, backend, dense, data.train, settings, validation, telemetry,
+                           on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
+                           on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
             save_dense_on_stop(dense, e)
             if position is not None:
@@ -169,13 +172,13 @@ def train(cfg: TrainConfig) -> dict:
         grouped = sorted_by_label(data.stream_labels, cfg.data, read_as_trained=True)
         if grouped:
             log.warning("%s", grouped)
-        if position is not None:  # every example trained: a restart trains nothing, and evaluates
-            position.write(cfg.skip_examples + loop.examples)
-        # a --resume-file position may be the whole stream (the run stopped in its final evaluation): it then
-        # trains nothing and evaluates, not an error a restart policy would repeat
-        if cfg.skip_examples and not loop.examples and not cfg.resumed_skip:
+        # a --resume-file position may be the whole stream (a kill between the last step and the record that
+        # training was over): it then trains nothing and evaluates, not an error a restart policy would repeat
+        if cfg.skip_examples and not loop.examples and cfg.resume_started_from is None:
             raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
                              f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip
+        if position is not None:  # training is over: a restart trains nothing, and evaluates
+            position.write(cfg.skip_examples + loop.examples, trained=True)
         results = {
             "model": cfg.model,
             "backend": cfg.backend,

@@ -71,7 +71,9 @@ class TrainConfig:
     eval_every: int = 0  # steps between validations; 0: after every epoch
     skip_examples: int = 0  # the first training examples of this worker's stream (over epochs) left out: a resumed run
     resume_file: str | None = None  # this worker's position, read at start and kept as it trains (worker/resume.py)
-    resumed_skip: bool = False  # skip_examples is a --resume-file position: it may be the whole stream (no flag)
+    resume_started_from: int | None = None  # skip_examples is a --resume-file position (it may be the whole stream),
+    # and this the --skip-examples the run first started from (no flag: worker/resume.py); None: the flag's
+    resume_trained: bool = False  # the --resume-file says training is over: only the final evaluation runs
     max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
     early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
     shuffle: bool | None = None  # each epoch in a fresh random order (held in memory: worker/data.py); None: recipe
@@ -177,11 +179,11 @@ class TrainConfig:
         if self.max_examples and self.max_examples < self.num_workers:
             raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
                              "workers: expected at least one example a worker (or 0: no limit)")  # fmt: skip
-        if limit and self.skip_examples >= limit and not self.resumed_skip:
+        if limit and self.skip_examples >= limit and self.resume_started_from is None:
             raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
                              f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
         if self.resume_file is not None:
-            check_output_file("--resume-file", self.resume_file)
+            check_output_file("--resume-file", self.resume_file.replace("{worker}", str(self.worker_id)))
             if self.local_shards is not None:
                 raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
                                  "empty ones (give --servers)")  # fmt: skip
