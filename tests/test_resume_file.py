@@ -226,3 +226,14 @@ def test_a_command_with_skip_examples_resumes_itself_and_a_refused_skip_is_not_r
         code, out, err = run([*train, "--skip-examples", "1000"], capsys)  # the same command, as a restart policy
         assert code == 0 and f"resuming after {1000 + 3 * BATCH:,} training examples" in out, err
         assert re.search(rf"trained lr .* on {ROWS - 1000 - 3 * BATCH:,} examples", out), out
+
+
+def test_a_periodic_write_that_fails_is_logged_once_and_training_goes_on(tmp_path, caplog):
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
+    writer = PositionWriter(cfg, every_s=0)
+    writer.update(10)
+    writer.path = str(tmp_path / "gone" / "p.json")  # its folder removed: every write fails
+    writer.update(20)
+    writer.update(30)
+    assert caplog.text.count("could not write --resume-file") == 1 and "position of 10 examples" in caplog.text
+    assert read_position(cfg).examples == 10

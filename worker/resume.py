@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import glob
 import json
+import logging
 import os
 import tempfile
 import time
@@ -49,6 +50,8 @@ RUN_SETTINGS = ("data", "format", "schema", "label_column", "drop_columns", "num
                 "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "synthetic_interactions",
                 "synthetic_history", "model", "mode")  # fmt: skip
 PLACEHOLDER = "{worker}"
+
+log = logging.getLogger("worker.resume")
 
 
 def run_settings(cfg: TrainConfig) -> dict:
@@ -128,16 +131,26 @@ class PositionWriter:
         self.started_from = cfg.skip_examples if cfg.resume_started_from is None else cfg.resume_started_from
         self.last = time.monotonic()
         self.written: int | None = None
+        self.failing = False  # the last periodic write failed (logged once)
         directory, name = os.path.split(os.path.abspath(self.path))
         for left in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
             with contextlib.suppress(OSError):  # a write killed part way (kill -9): never renamed, never read
                 os.unlink(left)
 
     def update(self, examples: int) -> None:
-        """The position, written if WRITE_EVERY_S seconds have passed since the last write and it moved."""
+        """The position, written if WRITE_EVERY_S seconds have passed since the last write and it moved. A write
+        that fails (a full disk) is logged, once until one succeeds, and training goes on: the file keeps the last
+        position written, which is behind, never ahead."""
         now = time.monotonic()
         if now - self.last >= self.every_s and examples != self.written:
-            self.write(examples)
+            try:
+                self.write(examples)
+            except OSError as e:
+                self.last = now
+                if not self.failing:
+                    log.warning("could not write --resume-file %s (%s): it keeps the position of %s examples; "
+                                "training goes on", self.path, e, f"{self.written:,}" if self.written else "no")  # fmt: skip
+                self.failing = True
 
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
@@ -155,4 +168,4 @@ class PositionWriter:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self.last, self.written = time.monotonic(), examples
+        self.last, self.written, self.failing = time.monotonic(), examples, False
