@@ -33,11 +33,12 @@ class InProcessTables:
         return self.shard.pull(table, uniq)[inverse.ravel()]
 
     def _item(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> tuple:
-        """(table, unique ids, summed grads, shows, clicks) of a push, deduplicated as the Client does."""
+        """((table, unique ids, summed grads, shows, clicks), where each given id's row is in them or None) of a
+        push, deduplicated as the Client does."""
         dim = self.dim(table)
-        uniq, item_grads, item_shows, item_clicks, _ = push_arrays(table, ids, grads, clicks, shows, dim)
+        uniq, item_grads, item_shows, item_clicks, where = push_arrays(table, ids, grads, clicks, shows, dim)
         contiguous = np.ascontiguousarray
-        return table, uniq, contiguous(item_grads), contiguous(item_shows), contiguous(item_clicks)
+        return (table, uniq, contiguous(item_grads), contiguous(item_shows), contiguous(item_clicks)), where
 
     def push(self, table: str, ids: np.ndarray, grads: np.ndarray, clicks=None, shows=None) -> None:
         self.push_many([(table, ids, grads, clicks, shows)])
@@ -48,9 +49,15 @@ class InProcessTables:
     def push_many(
         self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False, add_delta: bool = False
     ) -> list | None:
-        """As Client.push_many: one batch, validated whole before any push is applied."""
-        self.shard.push_batch([(*self._item(*item), add_delta) for item in items], advance_clock)
-        return [self.pull(item[0], item[1]) for item in items] if return_rows else None
+        """As Client.push_many: one batch, validated whole before any push is applied; return_rows: the rows of
+        the pushed unique ids read once, as the server does for PushBatch, put in the given ids' order as the
+        Client puts them."""
+        made = [self._item(*item) for item in items]
+        self.shard.push_batch([(*push, add_delta) for push, _ in made], advance_clock)
+        if not return_rows:
+            return None
+        rows = [self.shard.pull(push[0], push[1]) for push, _ in made]
+        return [r if where is None else r[where] for r, (_, where) in zip(rows, made, strict=True)]
 
     def advance_clock(self, steps: int = 1) -> int:
         return self.shard.advance_clock(steps)
