@@ -1,11 +1,14 @@
 """warm_up: loads a server's compiled kernels before its first request, by pulling and pushing a scratch table.
 
-The first pull and push of a server load its compiled kernels (numba's cached machine code, and LLVM to link it):
-about 0.75 s and 78 MB of RSS that otherwise land on the first request. A server given --memory-bytes runs
-warm_up at start, on a background thread, so that its fixed footprint (code and runtime) is in place before data
-arrives: what grows afterwards is data, inside the bound. The scratch table has its own small RocksDB, journal
-(1 MiB segments) and RAM tier in a temporary directory, removed afterwards; the shard's own data is not touched.
-Optional: a failure is logged and changes nothing.
+The first pull and push of a server load its compiled kernels (numba's cached machine code, and LLVM to link it, or
+compile it where no cache is there: a new install, another CPU): about 0.75 s and 78 MB of RSS that otherwise land
+on the first requests. A server given --memory-bytes runs warm_up at start, on a background thread, so that its
+fixed footprint (code and runtime) is in place before data arrives: what grows afterwards is data. So it takes
+the paths requests take: a few ids; then LARGE_IDS ids at once (a request split over the kernel threads, a
+journal record hashed in parallel: ps.rows.parallel.MIN_PART, ps.storage.checksum.PARALLEL_BYTES), twice, with a
+RAM tier that cannot hold both (eviction: victims, the ghost, index deletes, the write-behind). The scratch table
+has its own small RocksDB, journal (1 MiB segments) and RAM tier (SCRATCH_TIER_BYTES) in a temporary directory,
+removed afterwards; the shard's own data is not touched. Optional: a failure is logged and changes nothing.
 """
 
 from __future__ import annotations
@@ -19,18 +22,25 @@ import numpy as np
 
 from ps.config import TableConfig
 from ps.engine.table import Table
+from ps.rows.layout import layout_of
+from ps.rows.parallel import MIN_PART
 from ps.storage.budget import MemoryBudget
+from ps.storage.checksum import PARALLEL_BYTES
 from ps.storage.journal import Journal
 from ps.storage.store import Store
 
 log = logging.getLogger("ps.engine.warmup")
-SCRATCH_BYTES = 1 << 20  # block cache, memtable, journal segment and RAM tier of the scratch table, each
+SCRATCH_BYTES = 1 << 20  # block cache, memtable and journal segment of the scratch table, each
 SCRATCH_IDS = 8
+DIM = 8
+LARGE_IDS = max(2 * MIN_PART, PARALLEL_BYTES // (8 + 4 * DIM + 8) + 1)  # ids, grads, shows and clicks of a record
+SCRATCH_TIER_BYTES = 3 * LARGE_IDS * layout_of(DIM, "adagrad").ram_bytes // 2  # one large push, not two
 
 
 def warm_up() -> bool:
-    """Pulls, pushes and pulls again SCRATCH_IDS ids of a scratch table (default settings, dim 8) in a temporary
-    directory; True if it ran through (False, with a log line, if anything failed)."""
+    """Pulls, pushes and pulls again SCRATCH_IDS ids, then LARGE_IDS ids twice, of a scratch table (default
+    settings, dim 8) in a temporary directory (the module docstring); True if it ran through (False, with a log
+    line, if anything failed)."""
     start = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="ps-warm-up-") as tmp:
@@ -40,14 +50,17 @@ def warm_up() -> bool:
                 store.check_identity(0, 1)
                 for _ in journal.replay(0):  # a new journal: nothing to replay; appends may follow
                     pass
-                cfg = TableConfig("warm-up", 8).normalized()
+                cfg = TableConfig("warm-up", DIM).normalized()
                 store.create_table(cfg)
-                table = Table(cfg, store, journal, MemoryBudget(SCRATCH_BYTES))
+                table = Table(cfg, store, journal, MemoryBudget(SCRATCH_TIER_BYTES))
                 ids = np.arange(SCRATCH_IDS, dtype=np.uint64)
                 table.pull(ids)
-                ones = np.ones(SCRATCH_IDS, dtype=np.float32)
-                table.push(ids, np.full((SCRATCH_IDS, 8), 0.01, dtype=np.float32), ones, ones * 0, 1)
+                _push(table, ids)
                 table.pull(ids)
+                for first in (1 << 20, 2 << 20):  # two large pushes of new ids: the second evicts
+                    large = np.arange(first, first + LARGE_IDS, dtype=np.uint64)
+                    _push(table, large)
+                    table.pull(large)
                 table.flush()
             finally:
                 journal.close()
@@ -57,3 +70,8 @@ def warm_up() -> bool:
         return False
     log.info("compiled kernels loaded in %.2f s", time.perf_counter() - start)
     return True
+
+
+def _push(table: Table, ids: np.ndarray) -> None:
+    ones = np.ones(len(ids), dtype=np.float32)
+    table.push(ids, np.full((len(ids), DIM), 0.01, dtype=np.float32), ones, ones * 0, 1)
