@@ -340,15 +340,18 @@ def _export(args: argparse.Namespace) -> int:
     for line in left_out_of_models(specs, [t for t in specs if t["name"] in summary["tables"]]):
         print(f"ps-server export: warning: --tables leaves out {line}: this export holds only part of that model",
               file=sys.stderr)  # fmt: skip
-    if args.since is not None and args.since > summary["clock"]:
+    if args.since is not None and args.since > summary["checkpoint_clock"]:
         print(f"ps-server export: warning: --since {args.since:,} is past the checkpoint's clock "
-              f"({summary['clock']:,}): no row was pushed at or after it, so every table is empty", file=sys.stderr)  # fmt: skip
+              f"({summary['checkpoint_clock']:,}): no row was pushed at or after it, so every table is empty",
+              file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps(summary))
     else:
         what = "rows" if args.since is None else f"rows pushed at step >= {args.since}"
         tables = ", ".join(f"{k} {v['rows']:,} x {v['dim']}" for k, v in summary["tables"].items())
-        print(f"exported the model at clock {summary['clock']} to {args.out} ({what}): {tables}")
+        delta = (f"; the next delta's --since: {summary['clock']}" if summary["clock"] != summary["checkpoint_clock"]
+                 else "")  # fmt: skip
+        print(f"exported the model at clock {summary['checkpoint_clock']} to {args.out} ({what}): {tables}{delta}")
     return 0
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shutil
 
 import numpy as np
 import pytest
 
+from ps.checkpoint import write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import RamTierTooSmallError, StorageError
@@ -395,3 +397,27 @@ def test_an_export_over_an_earlier_one_leaves_no_file_of_a_table_it_does_not_lis
     summary = export(str(tmp_path / "ckpt"), str(out), tables=["a"])
     assert list(summary["tables"]) == ["a"]
     assert sorted(p.name for p in out.iterdir()) == ["a.ids.npy", "a.rows.npy", "export.json", "notes.txt"]
+
+
+def test_an_exports_clock_for_the_next_delta_is_the_smallest_shard_clock(tmp_path):
+    """A checkpoint whose shards were held at clocks 1 and 2 (a step straddling the cut): rows that step pushed
+    after the cut on the lagging shard are stamped 1, so the next delta must take --since 1, not the manifest's 2."""
+    from ps.engine.restore import export
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(table("a"))
+        shard.push("a", np.arange(1, 4, dtype=np.uint64), np.ones((3, 2), np.float32))
+
+        def lagging(info: dict) -> None:  # as if another shard of the cut was at clock + 1
+            info["clock"] = 1
+
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [table("a")], edit=lagging)
+    finally:
+        shard.close()
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    manifest["clock"] = 2
+    write_manifest(str(tmp_path / "ckpt"), manifest)
+    summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert (summary["clock"], summary["checkpoint_clock"]) == (1, 2)
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["clock"] == 1

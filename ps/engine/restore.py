@@ -122,11 +122,12 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
            tables: Sequence[str] | None = None) -> dict:  # fmt: skip
     """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64,
     sorted) and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state, row i of id i),
-    admitted rows only, and `export.json`: {clock, since, checkpoint, tables: {name: {dim, rows, features,
-    optimizer, initializer}}} (features: TableConfig.features, what the ids mean, "" if its creator named none;
-    optimizer: the name of the one that trained it; initializer: {name, scale, seed}, the InitializerConfig that
-    gives an id with no row its embedding, as the servers serve it (ps.rows.initializers.init_rows); clock: the
-    checkpoint's). since: only rows
+    admitted rows only, and `export.json`: {clock, checkpoint_clock, since, checkpoint, tables: {name: {dim, rows,
+    features, optimizer, initializer}}} (features: TableConfig.features, what the ids mean, "" if its creator named
+    none; optimizer: the name of the one that trained it; initializer: {name, scale, seed}, the InitializerConfig
+    that gives an id with no row its embedding, as the servers serve it (ps.rows.initializers.init_rows);
+    checkpoint_clock: the checkpoint's, its largest shard clock; clock: its smallest shard clock, the --since of
+    the next delta: a step whose pushes straddle the checkpoint's cut is stamped with the lower one). since: only rows
     pushed at clock step >= since (a delta to apply over an earlier export). Dense parameters are tables too:
     `dense.<name>` row i is row i of the matrix.
 
@@ -189,7 +190,13 @@ def left_out_of_models(specs: list[dict], chosen: list[dict]) -> list[str]:
 
 def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since: int | None, progress: bool) -> dict:
     """export's writing, into out (new_out: this export made it), under its claim on out."""
-    summary = {"clock": manifest["clock"], "since": since, "checkpoint": os.path.abspath(directory), "tables": {}}
+    # the clock a delta that follows this export takes as --since: the smallest shard's. A checkpoint's shards are
+    # held one after another, so a step's pushes can land before the cut on one shard and after it on another,
+    # stamped there with that shard's lower clock; the manifest's clock (the largest) would leave them out of both
+    shard_clocks = [int(s["clock"]) for s in manifest["shards"] if "clock" in s]
+    clock = min(shard_clocks) if shard_clocks else int(manifest["clock"])
+    summary = {"clock": clock, "checkpoint_clock": int(manifest["clock"]), "since": since,
+               "checkpoint": os.path.abspath(directory), "tables": {}}  # fmt: skip
     written: list[tuple[str, str]] = []  # (temporary, final) paths
     shown: ExportProgress | None = None
     try:
