@@ -387,3 +387,40 @@ def test_a_manifest_edited_or_out_of_joint_is_refused_before_anything_is_copied(
     stray.unlink()
     restored, _ = start_servers(tmp_path / "restored", 1, restore=str(tmp_path / "ckpt"))
     stop(restored)
+
+
+def test_a_save_whose_dir_here_is_not_the_servers_writes_no_manifest(tmp_path, monkeypatch):
+    """The servers save into DIR as they see it; a worker that sees another folder at that path (another machine's
+    mount) must not write a manifest there that names parts it does not hold: an error, and no manifest."""
+    import worker.checkpoint
+    from worker.checkpoint import save
+
+    root = tmp_path / "cluster"
+    root.mkdir()
+    servers, addresses = start_servers(root, 2)
+    try:
+        with Client(addresses) as client:
+            client.create_table(BUSY)
+            client.push("busy", np.arange(10, dtype=np.uint64), np.ones((10, 2), np.float32))
+            target = str(tmp_path / "ckpt")
+
+            class ThisMachinesPath:  # what worker.checkpoint sees of DIR: no shard-1 in it
+                def __getattr__(self, name):
+                    return getattr(os.path, name)
+
+                def isdir(self, path):
+                    return False if path.endswith("shard-1") else os.path.isdir(path)
+
+            class ThisMachinesOs:
+                path = ThisMachinesPath()
+
+                def __getattr__(self, name):
+                    return getattr(os, name)
+
+            monkeypatch.setattr(worker.checkpoint, "os", ThisMachinesOs())
+            with pytest.raises(ValueError, match=r"holds no shard-1: the servers' DIR is not this machine's"):
+                save(client, target)
+            monkeypatch.undo()
+            assert not os.path.exists(os.path.join(target, "manifest.json"))
+    finally:
+        stop(servers)
