@@ -300,3 +300,20 @@ def test_a_checkpoint_folder_or_a_lone_journal_given_as_a_data_dir_is_named_and_
     with pytest.raises(StorageError, match="holds a journal but no RocksDB"):
         Shard(ServerConfig(data_dir=str(lone)))
     assert tree(lone) == before
+
+
+def test_verify_names_a_restore_that_did_not_finish_as_the_start_does(good_dir, tmp_path):
+    """A server refuses to start on a dir marked as holding an unfinished restore (ps.engine.restore): verify says so
+    too, not "nothing damaged"."""
+    from ps.storage.store import Store
+
+    lines, damaged = verify_data_dir(good_dir)
+    assert not damaged and not any("DAMAGED restore" in line for line in lines), lines
+    store = Store(good_dir)
+    store.set_restore_pending(str(tmp_path / "ckpt"))
+    store.close()
+    with pytest.raises(StorageError, match="holds a restore from .*ckpt that did not finish"):
+        Shard(ServerConfig(data_dir=good_dir))
+    lines, damaged = verify_data_dir(good_dir)
+    assert damaged and any(f"DAMAGED restore: a restore from {tmp_path / 'ckpt'} did not finish" in line
+                           for line in lines), lines  # fmt: skip

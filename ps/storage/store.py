@@ -1161,9 +1161,10 @@ class Store:
 def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
     verifying every block's checksum and caching none. Returns ({column family: (keys read, the damage that
-    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "tables": names}); if
-    RocksDB does not open, ({"": (0, why)}, None). Nothing is written."""
-    meta = {"shard": None, "flushed_seq": 0, "tables": set()}
+    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "tables": names,
+    "restore_pending": the checkpoint of a restore that did not finish, or None}); if RocksDB does not open,
+    ({"": (0, why)}, None). Nothing is written."""
+    meta = {"shard": None, "flushed_seq": 0, "tables": set(), "restore_pending": None}
     read_opts = ReadOptions()
     read_opts.set_verify_checksums(True)
     read_opts.fill_cache(False)
@@ -1179,6 +1180,8 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
                         count += 1
                         if name == META_CF and key in (b"shard", b"flushed_seq"):
                             meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
+                        elif name == META_CF and key == b"restore_pending":
+                            meta["restore_pending"] = value.decode("utf-8", "replace")
                         elif name == META_CF and key.startswith(TABLE_CONFIG_PREFIX):
                             meta["tables"].add(key[len(TABLE_CONFIG_PREFIX) :].decode())
                 except Exception as e:

@@ -70,6 +70,9 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
     else:
         _identity(path, meta["shard"], found, lines)
         _journal(path, meta["flushed_seq"], meta["tables"], found, lines)
+        if meta["restore_pending"]:  # a server refuses to start on it (ps.engine.restore.check_restored)
+            found(False, f"restore: a restore from {meta['restore_pending']} did not finish (a crash or a stop during "
+                         f"it): start with --restore {meta['restore_pending']} to start it over, or delete the dir")  # fmt: skip
     return report.finish(f"verify {path}")
 
 
