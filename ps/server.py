@@ -146,7 +146,7 @@ class Server:
         c = self.config
         if c.verify_on_start and os.path.isdir(c.data_dir) and os.listdir(c.data_dir):
             with self.progress.read_only("verifying"):
-                lines, damaged = verify_data_dir(c.data_dir)
+                lines, damaged = verify_data_dir(c.data_dir, restoring=c.restore_dir)
             if damaged:
                 found = "\n".join(line for line in lines if not line.startswith("ok "))
                 raise StorageError(f"{c.data_dir} is damaged (--verify-on-start); refusing to start:\n{found}")

@@ -317,3 +317,26 @@ def test_verify_names_a_restore_that_did_not_finish_as_the_start_does(good_dir, 
     lines, damaged = verify_data_dir(good_dir)
     assert damaged and any(f"DAMAGED restore: a restore from {tmp_path / 'ckpt'} did not finish" in line
                            for line in lines), lines  # fmt: skip
+    lines, damaged = verify_data_dir(good_dir, restoring=str(tmp_path / "ckpt"))  # --restore of it: begun over
+    assert not damaged and any("this start (--restore) begins it over" in line for line in lines), lines
+    assert verify_data_dir(good_dir, restoring=str(tmp_path / "other"))[1]  # another checkpoint: still refused
+
+
+def test_a_restore_started_over_passes_verify_on_start(tmp_path):
+    """--restore X --verify-on-start on a dir marked as holding X's unfinished restore: the start begins it over, as
+    without --verify-on-start (its verify does not count the mark as damage)."""
+    from ps.server import Server
+    from ps.storage.store import Store
+    from tests.conftest import one_table_checkpoint
+
+    ckpt = one_table_checkpoint(tmp_path, 20)
+    data = str(tmp_path / "restored")
+    Shard(ServerConfig(data_dir=data, restore_dir=ckpt)).close()
+    store = Store(data)
+    store.set_restore_pending(ckpt)  # what a stop in the middle of the restore leaves
+    store.close()
+    server = Server(ServerConfig(data_dir=data, restore_dir=ckpt, verify_on_start=True, port=0))  # builds the shard
+    try:
+        assert server.shard.tables["a"].num_rows == 20
+    finally:
+        server.stop(grace_s=1)

@@ -90,11 +90,17 @@ def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S)
     finally:  # every hold taken is released, whatever failed
         client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
     shards = [json.loads(r.shard_json) for r in replies]
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise PermissionError(f"the servers saved their parts into {directory}, which this user cannot read (the "
+                              "servers' user made it): no manifest was written; save as a user that can read the "
+                              "servers' --checkpoint-root, and delete the shard-<i> folders the servers left there")  # fmt: skip
     absent = [s["dir"] for s in shards if not os.path.isdir(os.path.join(directory, s["dir"]))]
     if absent:  # the servers saved into a DIR of their own (another machine's, another mount) than this one
         raise ValueError(f"the servers saved their parts, but {directory} here holds no {', '.join(absent)}: the "
                          "servers' DIR is not this machine's (another mount at that path?); no manifest was "
-                         "written. Save from a machine that sees the servers' --checkpoint-root at the same path")  # fmt: skip
+                         "written. The servers' shard-<i> folders stay in their DIR (hard links to their files): "
+                         "delete them there. Save from a machine that sees the servers' --checkpoint-root at the "
+                         "same path")  # fmt: skip
     names = sorted({name for s in shards for name in s["rows"]})
     tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]
     manifest = {

@@ -23,10 +23,12 @@ from ps.storage.store import META_CF, Store, damage_at, verify_rocksdb
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 
 
-def verify_data_dir(path: str) -> tuple[list[str], bool]:
+def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str], bool]:
     """(report lines, whether anything is damaged). A checkpoint (a manifest.json and no RocksDB CURRENT file) or a
-    shard's folder of one is verified as such (verify_checkpoint). StorageError if path is neither a shard's data
-    dir nor a checkpoint."""
+    shard's folder of one is verified as such (verify_checkpoint). A data dir holding a restore that did not finish
+    is damaged (a server refuses to start on it), unless `restoring` (--restore of the start verifying it) names
+    that restore's checkpoint: the start begins it over. StorageError if path is neither a shard's data dir nor a
+    checkpoint."""
     if not os.path.isdir(path):
         try:
             os.stat(path)
@@ -70,9 +72,13 @@ def verify_data_dir(path: str) -> tuple[list[str], bool]:
     else:
         _identity(path, meta["shard"], found, lines)
         _journal(path, meta["flushed_seq"], meta["tables"], found, lines)
-        if meta["restore_pending"]:  # a server refuses to start on it (ps.engine.restore.check_restored)
-            found(False, f"restore: a restore from {meta['restore_pending']} did not finish (a crash or a stop during "
-                         f"it): start with --restore {meta['restore_pending']} to start it over, or delete the dir")  # fmt: skip
+        pending = meta["restore_pending"]
+        if pending and restoring is not None and os.path.abspath(restoring) == pending:
+            lines.append(f"note    restore: a restore from {pending} did not finish; this start (--restore) begins it "
+                         "over")  # fmt: skip
+        elif pending:  # a server refuses to start on it (ps.engine.restore.check_restored)
+            found(False, f"restore: a restore from {pending} did not finish (a crash or a stop during it): start with "
+                         f"--restore {pending} to start it over, or delete the dir")  # fmt: skip
     return report.finish(f"verify {path}")
 
 
