@@ -37,9 +37,9 @@ def hold_verify(gate: str) -> None:
     """Makes the server's --verify-on-start reading wait, before it reads anything, until the file gate exists."""
     verify = ps.server.verify_data_dir
 
-    def held(path: str) -> tuple[list[str], bool]:
+    def held(path: str, **kwargs) -> tuple[list[str], bool]:
         wait_for(gate)
-        return verify(path)
+        return verify(path, **kwargs)
 
     ps.server.verify_data_dir = held
 
