@@ -142,6 +142,14 @@ def _restore_manifest(config: ServerConfig) -> dict | None:
         raise StorageError(f"{e}; the data dir was not touched") from None
 
 
+def _check_tables_fit(budget: MemoryBudget, tables: list[TableConfig], whose: str) -> None:
+    """RamTierTooSmallError when the RAM tier cannot give each of these tables its share; all of them at once, so
+    the message names the least --cache-bytes that holds them, not the next table's. No tables: nothing to check."""
+    if tables:
+        widest = max(layout_of(t.dim, t.optimizer.name).ram_bytes for t in tables)
+        budget.check_room(len(tables), widest, f"cannot hold the {len(tables)} {whose}")
+
+
 class Shard:
     def __init__(self, config: ServerConfig, progress: StartProgress | None = None):
         """Opens (or restores into, with config.restore_dir) the data dir, replays its journal and starts the
@@ -271,11 +279,7 @@ class Shard:
         """RamTierTooSmallError, before a row is restored, when the RAM tier cannot hold the checkpoint's tables
         (the check a start on the restored dir would make, _open_tables)."""
         tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
-        if tables:
-            widest = max(layout_of(t.dim, t.optimizer.name).ram_bytes for t in tables)
-            MemoryBudget(self.memory.ram_tier_bytes).check_room(
-                len(tables), widest, f"cannot hold the {len(tables)} tables of checkpoint {checkpoint}"
-            )
+        _check_tables_fit(MemoryBudget(self.memory.ram_tier_bytes), tables, f"tables of checkpoint {checkpoint}")
 
     def _restore_share(self, manifest: dict, written: list[int]) -> Callable[[], float]:
         """The share of the restore done, from the rows written (written[0]) over this shard's slots' share of the
@@ -308,9 +312,7 @@ class Shard:
                                mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
         self.tables: dict[str, Table] = {}
         stored = self.store.load_tables()
-        if stored:  # all of them at once: the least --cache-bytes that holds them, not the next table's
-            widest = max(layout_of(cfg.dim, cfg.optimizer.name).ram_bytes for cfg in stored)
-            self.budget.check_room(len(stored), widest, f"cannot hold the {len(stored)} tables its data dir holds")
+        _check_tables_fit(self.budget, stored, "tables its data dir holds")
         for cfg in stored:
             self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
