@@ -32,8 +32,9 @@ def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
     request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
     data dir (its dir deleted, its volume lost or replaced) and its part of the table is gone."""
     held = [{s.name: s for s in shard.tables} for shard in shard_stats]
+    every = set().union(*held)
     lost = []
-    for name in sorted(set().union(*held) & (names if names is not None else set().union(*held))):
+    for name in sorted(every if names is None else every & names):
         lacking = [i for i, tables in enumerate(held) if name not in tables]
         rows = sum(tables[name].num_rows + tables[name].pending_ids for tables in held if name in tables)
         if lacking and rows:
