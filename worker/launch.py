@@ -57,6 +57,7 @@ from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
 from worker.results import json_figures, local_shards_gone, model_kept
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
+from worker.train_config import RESUME_WORKER
 
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
@@ -320,10 +321,10 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError(f"--dense allreduce needs PyTorch (torch.distributed), which this Python does not have: "
                          f"{TORCH_HINT}")  # fmt: skip
     resume_file = getattr(cfg, "resume_file", None)
-    if resume_file and "{worker}" not in resume_file:
+    if resume_file and RESUME_WORKER not in resume_file:
         raise ValueError(f"--resume-file {resume_file} (a flag, PS_RESUME_FILE or the config file) keeps one "
-                         "worker's position, and launch's workers would share it: put {worker} in its name (each "
-                         "worker's id takes its place), or leave it out")  # fmt: skip
+                         f"worker's position, and launch's workers would share it: put {RESUME_WORKER} in its name "
+                         "(each worker's id takes its place), or leave it out")  # fmt: skip
     if args.local_shards is not None:
         check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):

@@ -41,7 +41,7 @@ import os
 import tempfile
 import time
 
-from worker.train_config import TrainConfig
+from worker.train_config import RESUME_WORKER, TrainConfig
 
 FORMAT = 1
 WRITE_EVERY_S = 10.0
@@ -49,7 +49,6 @@ RUN_SETTINGS = ("data", "format", "schema", "label_column", "drop_columns", "num
                 "validation_data", "validation_fraction", "worker_id", "num_workers", "recipe", "epochs",
                 "max_examples", "shuffle", "synthetic_rows", "synthetic_seed", "synthetic_interactions",
                 "synthetic_history", "model", "mode")  # fmt: skip
-PLACEHOLDER = "{worker}"
 
 log = logging.getLogger("worker.resume")
 
@@ -71,13 +70,13 @@ def unused_because(cfg: TrainConfig) -> str | None:
 
 
 def resume_path(cfg: TrainConfig) -> str:
-    """cfg.resume_file with PLACEHOLDER replaced by the worker's id. ValueError where workers on this machine
-    (LOCAL_WORLD_SIZE > 1) would share one file."""
-    path = cfg.resume_file.replace(PLACEHOLDER, str(cfg.worker_id))
+    """cfg.worker_resume_file(). ValueError where workers on this machine (LOCAL_WORLD_SIZE > 1) would share one
+    file."""
+    path = cfg.worker_resume_file()
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     if path == cfg.resume_file and local.isdigit() and int(local) > 1:
         raise ValueError(f"--resume-file {path}: the {local} workers of this machine (LOCAL_WORLD_SIZE) would share "
-                         f"it; put {PLACEHOLDER} in its name (each worker's id takes its place)")  # fmt: skip
+                         f"it; put {RESUME_WORKER} in its name (each worker's id takes its place)")  # fmt: skip
     return path
 
 

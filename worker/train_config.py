@@ -25,6 +25,7 @@ DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, 
 DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
 DEFAULT_STALENESS = 4  # ssp
 DEFAULT_GEO_EVERY = 4  # geo
+RESUME_WORKER = "{worker}"  # in --resume-file's name: each worker's id takes its place (worker/resume.py)
 GEO_FTRL = (
     "FTRL derives a row's embedding from its optimizer state at each step, so in geo mode the other workers' "
     "deltas last only until this worker's next step on the row: their learning is mostly lost"
@@ -183,7 +184,7 @@ class TrainConfig:
             raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
                              f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
         if self.resume_file is not None:
-            check_output_file("--resume-file", self.resume_file.replace("{worker}", str(self.worker_id)))
+            check_output_file("--resume-file", self.worker_resume_file())
             if self.local_shards is not None:
                 raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
                                  "empty ones (give --servers)")  # fmt: skip
@@ -197,6 +198,10 @@ class TrainConfig:
         if needs_servers and not self.servers and self.local_shards is None:
             raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N to "
                              "train on N throwaway shards started here and stopped, with the model, at the end")  # fmt: skip
+
+    def worker_resume_file(self) -> str | None:
+        """resume_file with RESUME_WORKER replaced by this worker's id."""
+        return None if self.resume_file is None else self.resume_file.replace(RESUME_WORKER, str(self.worker_id))
 
     def worker_max_examples(self) -> int:
         """The position in this worker's stream of training examples (counted over epochs, the examples
