@@ -570,3 +570,29 @@ def test_a_journal_that_is_a_file_is_refused_and_other_logs_are_not_segments(tmp
     j.close()
     (other / "000004.log").write_bytes(b"RocksDB's write-ahead log, not a journal segment")
     assert [r.seq for r in Journal(str(other)).replay(0)] == [1]
+
+
+def _vm_rss() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_replay_gives_back_the_pages_of_the_records_it_has_read(tmp_path, monkeypatch):
+    """Replay reads a segment through a mapping and gives back what it has read: the process's RSS grows by a few
+    release steps while it reads a 70 MB segment, not by the segment (a segment can be 256 MiB, more than a small
+    --memory-bytes leaves)."""
+    from ps.storage import journal as journal_module
+
+    j = Journal(str(tmp_path), segment_bytes=1 << 30)
+    for seed in range(100):  # 70 MB of records of 700 KB (25,000 ids of 28 bytes), one segment
+        _push(j, 25_000, seed=seed)
+    j.close()
+    assert len(os.listdir(tmp_path)) == 1
+    monkeypatch.setattr(journal_module, "RELEASE_BYTES", 4 << 20)
+    before, grown, seqs = _vm_rss(), 0, []
+    for rec in Journal(str(tmp_path)).replay(0):
+        grown = max(grown, _vm_rss() - before)
+        seqs.append(rec.seq)
+    assert seqs == list(range(1, 101))
+    assert grown < 20 << 20, f"replay grew the RSS by {grown / 2**20:.0f} MiB reading 70 MB"

@@ -59,6 +59,7 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import mmap
 import os
 import resource
 import struct
@@ -83,7 +84,7 @@ OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: 
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
-RELEASE_BYTES = 32 << 20  # mapped records are released from the process's page tables this many bytes at a time
+RELEASE_BYTES = 32 << 20  # mapped records (appended, or read by replay) leave the process's RSS this many bytes at a time
 
 
 @dataclass
@@ -304,8 +305,9 @@ class Journal:
         sizes = [_file_size(path) for _, path in segs]
         for i, (first, path) in enumerate(segs):
             with open(path, "rb") as f:
-                data = f.read()
+                data = _map_segment(f)
             sizes[i] = _end_of_data(data, 0)  # a prepared tail of zeros is no work
+            released = 0  # the pages of data before it are given back (_release)
             done, total = sum(sizes[:i]), sum(sizes)
             pos = 0
             seg_last = first - 1  # the seq of the segment's last record so far
@@ -359,6 +361,8 @@ class Journal:
                     damaged = None
                     expect = rec.seq
                     yield rec
+                if pos - released >= RELEASE_BYTES:  # the records before pos are applied
+                    released = _release(data, released, pos)
         if expect < mark:
             if damaged:
                 error = self._in_damage(expect + 1, mark, damaged)
@@ -680,7 +684,25 @@ def _file_size(path: str) -> int:
         return 0
 
 
-def _end_of_data(data: bytes, pos: int) -> int:
+def _map_segment(f) -> mmap.mmap | bytes:
+    """The segment open as f, mapped read-only (b"" when empty: an empty file cannot be mapped). Replay reads it
+    through the mapping and gives back the pages it has read (_release), so a segment of hundreds of MB never
+    sits in memory whole."""
+    size = os.fstat(f.fileno()).st_size
+    return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
+
+
+def _release(data: mmap.mmap | bytes, start: int, end: int) -> int:
+    """Gives back the whole pages of data[start:end] (data as _map_segment returns it; the file keeps them: a
+    later read maps them again); returns where the pages given back end."""
+    lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = end // mmap.PAGESIZE * mmap.PAGESIZE
+    if isinstance(data, mmap.mmap) and hi > lo:
+        data.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return max(start, hi)
+
+
+def _end_of_data(data: mmap.mmap | bytes, pos: int) -> int:
     """Where data stops being anything but zeros: one past its last nonzero byte at or after pos (pos if none)."""
     a = np.frombuffer(data, dtype=np.uint8)
     end = len(a)
@@ -689,6 +711,7 @@ def _end_of_data(data: bytes, pos: int) -> int:
         nonzero = np.flatnonzero(a[lo:end])
         if len(nonzero):
             return lo + int(nonzero[-1]) + 1
+        _release(data, lo, end)  # zeros read: their pages go back
         end = lo
     return pos
 
