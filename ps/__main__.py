@@ -91,9 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
         "requests' copies of rows. The split is "
         "logged at start, and `ps-worker stats` reports each part's use (of all but the requests' room); the "
         "process's fixed overhead (an idle server's, "
-        "its compiled code loaded at start) comes on top. The requests' room is set aside, not enforced: requests "
-        "much larger than 100,000 ids, several clients at once, or a journal replayed at start (read a segment at "
-        "a time) can take more (README, Limits). A bound past the machine's RAM, or past its container's "
+        "its compiled code loaded at start) comes on top. Each pull and push takes room for its copies of rows and "
+        "waits while others hold it (ps-worker stats counts the waits); one larger than the whole room runs alone, "
+        "and the requests' own messages waiting for a thread are not counted (ps-worker's messages are sized by "
+        "the room: README, Limits). A bound past the machine's RAM, or past its container's "
         "memory limit (cgroup), is warned of at start. Default: no overall bound",
     )  # fmt: skip
     p.add_argument(

@@ -219,8 +219,9 @@ message StatsResponse
   23 data_dir_bytes   VARINT  uint64                   every file under data_dir: RocksDB, its logs, the journal
   24 disk_free_bytes  VARINT  uint64                   free to the server's user on data_dir's file system
   25 disk_total_bytes VARINT  uint64                   that file system's size
-  26 request_room_bytes VARINT uint64                  room kept for requests' copies of rows; 0: none
+  26 request_room_bytes VARINT uint64                  room for requests' copies of rows, taken by each; 0: none
   27 flushing         VARINT  uint32                   1 while a flush writes dirty rows to RocksDB
+  28 request_room_waits VARINT uint64                  pulls and pushes that waited for room since the start
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -86,7 +86,12 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
     (
         "sparseps_request_room_bytes",
         "request_room_bytes",
-        "room --memory-bytes keeps for requests' copies of rows (room, not a bound; 0: none)",
+        "room --memory-bytes keeps for requests' copies of rows, taken by each pull and push (0: unbounded)",
+    ),
+    (
+        "sparseps_request_room_waits",
+        "request_room_waits",
+        "pulls and pushes that waited for room since the start (their copies would not fit beside others')",
     ),
     (
         "sparseps_data_dir_bytes",

@@ -72,13 +72,30 @@ STOP_TIMEOUT_S = 2.0  # stop_job's deadline per shard: a stopping worker does no
 MAX_STOP_REASON = MAX_STAMP_TEXT  # characters of a stop stamp's reason, as the shards take it
 
 
+MAX_MESSAGE_BYTES = 64 << 20  # the default largest message a Client sends
+ROOM_SHARE = 16  # a message's ids and rows take at most this share of a shard's request room (message_bytes_for)
+MIN_MESSAGE_BYTES = 1 << 20
+
+
+def message_bytes_for(max_request_bytes: int, rooms: list[int]) -> int:
+    """The message size a Client uses with shards that keep rooms[i] bytes for requests' copies (StatsResponse
+    request_room_bytes; 0: none, the shard started without --memory-bytes): at most max_request_bytes and
+    1/ROOM_SHARE of the smallest room (not below MIN_MESSAGE_BYTES). A push's copies on the shard are about four
+    times its message (ps.engine.room), and the shard's threads hold the messages waiting for room: smaller
+    messages keep both inside the shard's memory bound."""
+    bounded = [r for r in rooms if r]
+    if not bounded:
+        return max_request_bytes
+    return min(max_request_bytes, max(MIN_MESSAGE_BYTES, min(bounded) // ROOM_SHARE))
+
+
 class Client:
     def __init__(
         self,
         servers: list[str],
         timeout_s: float = 60.0,
         server_timeout_s: float = 300.0,
-        max_request_bytes: int = 64 * 1024 * 1024,
+        max_request_bytes: int = MAX_MESSAGE_BYTES,
         tls_ca: str | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
@@ -87,7 +104,8 @@ class Client:
         """timeout_s: the deadline of one attempt of a call; server_timeout_s: how long a shard may keep failing
         (down, restarting) before a call gives up (0: no retries). tls_ca: verify the servers' TLS certificates
         against it; tls_cert / tls_key: this client's certificate, for servers that require one; auth_token:
-        sent with every call (ps/security.py)."""
+        sent with every call (ps/security.py). max_request_bytes: the largest message sent (ids and rows; a call
+        is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for)."""
         if not servers:
             raise ValueError("Client needs at least one server address")
         self.servers = list(servers)
@@ -116,7 +134,9 @@ class Client:
         if timeout_s is None:
             timeout_s = self.server_timeout_s if self.server_timeout_s > 0 else self.timeout_s
         wait_connected(self._channels, self.servers, self._tls, timeout_s)
-        check_cluster(self.servers, self.stats())
+        stats = self.stats()
+        check_cluster(self.servers, stats)
+        self.max_request_bytes = message_bytes_for(self.max_request_bytes, [s.request_room_bytes for s in stats])
 
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))

@@ -48,6 +48,7 @@ from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, check_stamp, contribution
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.restore import check_restored, restore_into
+from ps.engine.room import RequestRoom, pull_cost, push_cost
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, layout_for
 from ps.errors import (
@@ -165,6 +166,7 @@ class Shard:
         self.broken = ""  # or why the shard takes no writes until a restart (_break); lost_listeners are told too
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
+        self.room = RequestRoom(self.memory.request_bytes)  # the plan's `requests` part, taken per pull and push
         progress.enter("checking")
         manifest = _restore_manifest(config)
         if manifest is not None:
@@ -542,7 +544,7 @@ class Shard:
         """(n, dim) embeddings of ids, written into out if given."""
         table = self.table(name)
         self.check_owned(ids)
-        with self.store.foreground.serving():
+        with self.room.take(pull_cost(len(ids), table.width, table.dim)), self.store.foreground.serving():
             return table.pull(ids, out)
 
     def check_push(self, push: TablePush) -> CheckedPush:
@@ -710,22 +712,10 @@ class Shard:
             with self._lock:
                 self._check_advance(advance_clock)
                 self._advances_reserved += advance_clock
+        room = sum(push_cost(len(pushes[i].ids), self.table(pushes[i].name).width) for i in range(skip, len(pushes)))
         try:
-            for i in range(skip, len(checked)):
-                try:
-                    self.apply_push(checked[i], (*request, i))
-                except PsError as e:
-                    if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
-                        raise  # says what a restart does
-                    what = str(e).removesuffix("; nothing was applied")  # of this push; those before it stay
-                    before = (f"push {skip} before it was applied and stays" if i - skip == 1
-                              else f"pushes {skip} to {i - 1} before it were applied and stay")  # fmt: skip
-                    retry = (f"a retry of this request (same client_id and seq) applies pushes {i} on" if request[0]
-                             else "a retry without a client_id applies them all again")  # fmt: skip
-                    raise type(e)(
-                        f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused: {what}. The "
-                        f"{before} applied, and the clock was not advanced; {retry}"
-                    ) from e
+            with self.room.take(room):
+                self._apply_pushes(checked, pushes, request, skip)
         finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
             if advance_clock:
                 with self._lock:
@@ -734,6 +724,24 @@ class Shard:
             return self.clock, len(checked) - skip
         with self._lock:
             return self._set_clock(self.clock + advance_clock, request if request[0] else None), len(checked) - skip
+
+    def _apply_pushes(self, checked: list[CheckedPush], pushes: list[TablePush], request: tuple[int, int], skip: int):
+        """Applies checked[skip:] in order; a refusal after the first says which pushes before it stay applied."""
+        for i in range(skip, len(checked)):
+            try:
+                self.apply_push(checked[i], (*request, i))
+            except PsError as e:
+                if i == skip or isinstance(e, ShardNeedsRestartError):  # journaled: not refused; its message
+                    raise  # says what a restart does
+                what = str(e).removesuffix("; nothing was applied")  # of this push; those before it stay
+                before = (f"push {skip} before it was applied and stays" if i - skip == 1
+                          else f"pushes {skip} to {i - 1} before it were applied and stay")  # fmt: skip
+                retry = (f"a retry of this request (same client_id and seq) applies pushes {i} on" if request[0]
+                         else "a retry without a client_id applies them all again")  # fmt: skip
+                raise type(e)(
+                    f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused: {what}. The "
+                    f"{before} applied, and the clock was not advanced; {retry}"
+                ) from e
 
     # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
     def push_stamped(
@@ -1032,6 +1040,7 @@ class Shard:
             "write_behind_bytes": self.store.write_behind_bytes,
             "journal_map_bytes": self.journal.mapped_bytes,
             "request_room_bytes": self.memory.request_bytes,
+            "request_room_waits": self.room.waits,
         }
 
     def close(self) -> None:

@@ -84,7 +84,7 @@ OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: 
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
-RELEASE_BYTES = 32 << 20  # mapped records (appended, or read by replay) leave the process's RSS this many bytes at a time
+RELEASE_BYTES = 32 << 20  # mapped records (appended, or read by replay) leave the RSS this many bytes at a time
 
 
 @dataclass

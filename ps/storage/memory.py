@@ -12,11 +12,9 @@
 With --memory-bytes, RocksDB keeps its index and filter blocks in the block cache (those of level-0 files pinned
 there), so they are inside its bound; without it they live in RocksDB's table readers, about 2 bytes per row
 outside any bound, the block cache is 128 MiB, and --cache-bytes is the RAM tier (2 GiB if not given).
-Given both, --cache-bytes must fit in what --memory-bytes leaves. `requests` is room, not a bound: a request's
-copies grow with its ids. Without it, pushes of 100,000 new ids at dim 16 with the RAM tier given the whole rest
-went 8-18 MiB past --memory-bytes + the idle peak + 64 MiB; with it, `benchmarks/miss_path.py --rows-list 2000000
---cache-bytes 0 --server-args "--memory-bytes 256M"` peaked at 438 (Zipf) and 500 MiB (uniform) against 523 and
-525. What is not data (the Python runtime, gRPC, compiled code) is outside the plan: `ps-server` started idle
+Given both, --cache-bytes must fit in what --memory-bytes leaves. `requests` is taken by each pull and push for
+its copies of rows and given back when it is done (ps.engine.room); worker.client sizes its messages by it.
+What is not data (the Python runtime, gRPC, compiled code) is outside the plan: `ps-server` started idle
 shows it.
 """
 

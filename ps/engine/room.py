@@ -1,0 +1,81 @@
+"""RequestRoom: the `requests` part of the memory plan (ps.storage.memory), enforced.
+
+A request copies rows while it runs: a pull reads its missed rows from RocksDB and gathers its reply; a push reads
+its missed rows and keeps an undo copy of the rows it changes. Each pull and each batch of pushes takes room for
+its copies (request_cost) before it makes them and gives it back when done. Requests take room in the order they
+ask for it; one that does not fit waits until enough is given back, and one larger than the whole room runs alone.
+
+What is not counted: the request's own bytes, already received when it asks (bounded by the server's threads x
+the client's message size: worker.client sizes its messages by the room the shards report), and a stamped
+request's wait for its job's other workers (taken before the room, never while holding it).
+
+Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
+holds room waits for anything but its own work, so a wait for room always ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+ID_BYTES = 8
+
+
+def pull_cost(n: int, width: int, dim: int) -> int:
+    """Bytes a pull of n ids copies at most: every row read (width float32) and its reply (dim float32)."""
+    return n * 4 * (width + dim)
+
+
+def push_cost(n: int, width: int) -> int:
+    """Bytes a push of n ids copies at most: every row read, its undo copy, and the ids' positions."""
+    return n * (2 * 4 * width + ID_BYTES)
+
+
+class RequestRoom:
+    """A byte count that requests take from and give back, in the order they ask. capacity 0: unbounded (no
+    --memory-bytes), every take returns at once."""
+
+    def __init__(self, capacity: int):
+        if capacity < 0:
+            raise ValueError(f"request room must be >= 0 bytes, got {capacity}")
+        self.capacity = capacity
+        self._cond = threading.Condition()
+        self._in_use = 0
+        self._next_ticket = 0  # the ticket the next asker gets
+        self._serving = 0  # the ticket whose turn it is
+        self.waits = 0  # takes that had to wait (Stats)
+
+    @property
+    def in_use(self) -> int:
+        return self._in_use
+
+    @property
+    def waiting(self) -> int:
+        """Takes asked for and not yet holding room."""
+        return self._next_ticket - self._serving
+
+    @contextlib.contextmanager
+    def take(self, nbytes: int) -> Iterator[None]:
+        """Holds nbytes of room for the with-block: waits for its turn, then until nbytes fit (or the room is
+        empty: a request larger than the room runs alone)."""
+        if not self.capacity:
+            yield
+            return
+        with self._cond:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            waited = False
+            while ticket != self._serving or (self._in_use and self._in_use + nbytes > self.capacity):
+                waited = True
+                self._cond.wait()
+            self.waits += waited
+            self._serving += 1
+            self._in_use += nbytes
+            self._cond.notify_all()  # the next ticket may fit too
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._in_use -= nbytes
+                self._cond.notify_all()

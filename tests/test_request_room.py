@@ -1,0 +1,165 @@
+"""The `requests` part of --memory-bytes, enforced (ps.engine.room): requests take room for their copies in the
+order they ask, wait while it is taken, and run alone when larger than the room; Shard's pulls and pushes take
+it; clients size their messages by the room the shards report (worker.client.message_bytes_for)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ps.config import ServerConfig, TableConfig
+from ps.engine.room import RequestRoom, pull_cost, push_cost
+from ps.engine.shard import Shard
+from ps.server import Server
+from ps.storage.memory import MiB, plan_memory
+from tests.waiting import wait_until
+from worker.client import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ROOM_SHARE, Client, message_bytes_for
+
+
+def _taker(room: RequestRoom, nbytes: int, log: list, name: str, go_on: threading.Event | None = None):
+    """A thread that takes nbytes, logs name, and holds the room until go_on is set (at once if None)."""
+
+    def run():
+        with room.take(nbytes):
+            log.append(name)
+            if go_on is not None:
+                go_on.wait(10)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def _waiting(room: RequestRoom, n: int) -> None:
+    wait_until(lambda: room.waiting == n, 10, f"{n} takes waiting (now {room.waiting})")
+
+
+def _holding(log: list, names: list[str]) -> None:
+    wait_until(lambda: log == names, 10, lambda: f"{names} holding room (now {log})")
+
+
+def test_without_a_bound_every_take_returns_at_once():
+    room = RequestRoom(0)
+    with room.take(1 << 40), room.take(1 << 40):  # nested: nothing is counted
+        assert room.in_use == 0
+
+
+def test_takes_wait_their_turn_and_for_room():
+    room, log = RequestRoom(100), []
+    with room.take(60):
+        b = _taker(room, 50, log, "b")  # does not fit beside 60
+        _waiting(room, 1)
+        c = _taker(room, 10, log, "c")  # would fit, but b asked first
+        _waiting(room, 2)
+        assert log == [] and room.in_use == 60
+    b.join(5), c.join(5)
+    assert log == ["b", "c"] and room.in_use == 0 and room.waiting == 0
+    assert room.waits == 2
+
+
+def test_a_take_larger_than_the_room_runs_alone():
+    room, log, go_on = RequestRoom(100), [], threading.Event()
+    with room.take(30):
+        big = _taker(room, 500, log, "big", go_on)
+        _waiting(room, 1)  # waits for the 30 to be given back
+    _holding(log, ["big"])
+    assert room.in_use == 500
+    small = _taker(room, 1, log, "small")
+    _waiting(room, 1)  # nothing runs beside it
+    assert log == ["big"]
+    go_on.set()
+    big.join(5), small.join(5)
+    assert log == ["big", "small"] and room.in_use == 0
+
+
+def test_many_takers_never_hold_more_than_the_room_together():
+    room, lock = RequestRoom(1000), threading.Lock()
+    held, worst, alone_over = [], [0], [True]
+
+    def run(seed):
+        rng = random.Random(seed)
+        for _ in range(50):
+            n = rng.choice([1, 100, 400, 999, 1500])
+            with room.take(n):
+                with lock:
+                    held.append(n)
+                    total = sum(held)
+                    worst[0] = max(worst[0], total if len(held) > 1 else 0)
+                    alone_over[0] &= total <= 1000 or len(held) == 1
+                time.sleep(0.0005)
+                with lock:
+                    held.remove(n)
+
+    threads = [threading.Thread(target=run, args=(s,)) for s in range(8)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert alone_over[0] and 0 < worst[0] <= 1000 and room.in_use == 0
+
+
+@pytest.fixture
+def bounded_shard(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d"), memory_bytes=256 * MiB))
+    shard.create_table(TableConfig(name="t", dim=4))
+    yield shard
+    shard.close()
+
+
+def test_a_bounded_shard_takes_room_for_each_pull_and_push(bounded_shard):
+    """With the room taken, a pull and a push wait; given back, both run, and the room is whole again."""
+    shard, ids = bounded_shard, np.arange(1000, dtype=np.uint64)
+    assert shard.room.capacity == plan_memory(256 * MiB, None).request_bytes > 0
+    done = []
+
+    def pull():
+        shard.pull("t", ids)
+        done.append("pull")
+
+    def push():
+        shard.push_batch([("t", ids, np.ones((1000, 4), np.float32), None, None)])
+        done.append("push")
+
+    pull(), push()  # the first of each compiles its kernels
+    done.clear()
+    with shard.room.take(shard.room.capacity):
+        threads = [threading.Thread(target=f, daemon=True) for f in (pull, push)]
+        [t.start() for t in threads]
+        _waiting(shard.room, 2)
+        assert done == []
+    [t.join(30) for t in threads]
+    assert sorted(done) == ["pull", "push"] and shard.room.in_use == 0 and shard.stats()["request_room_waits"] == 2
+    np.testing.assert_allclose(shard.pull("t", ids[:3]).shape, (3, 4))
+
+
+def test_costs_count_every_row_read_and_its_copies():
+    width, dim = 4 + 4 + 2, 4  # adagrad dim 4: embedding, accumulator, show and click
+    assert pull_cost(1000, width, dim) == 1000 * 4 * (width + dim)
+    assert push_cost(1000, width) == 1000 * (8 * width + 8)
+    assert pull_cost(0, width, dim) == push_cost(0, width) == 0
+
+
+def test_message_size_fits_the_smallest_room():
+    assert message_bytes_for(MAX_MESSAGE_BYTES, [0, 0]) == MAX_MESSAGE_BYTES  # no bound: as given
+    assert message_bytes_for(MAX_MESSAGE_BYTES, [64 * MiB, 32 * MiB, 0]) == 32 * MiB // ROOM_SHARE
+    assert message_bytes_for(1000, [32 * MiB]) == 1000  # never above what the caller asked
+    assert message_bytes_for(MAX_MESSAGE_BYTES, [1]) == MIN_MESSAGE_BYTES
+
+
+def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path):
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 * MiB))
+    server.start()
+    try:
+        with Client([f"127.0.0.1:{server.port}"]) as client:
+            assert client.max_request_bytes == MAX_MESSAGE_BYTES
+            client.wait_ready()
+            room = plan_memory(256 * MiB, None).request_bytes
+            assert client.max_request_bytes == room // ROOM_SHARE < MAX_MESSAGE_BYTES
+            client.create_table(TableConfig(name="t", dim=16))
+            ids = np.arange(200_000, dtype=np.uint64)  # 14 MB of ids and rows: several messages
+            client.push("t", ids, np.full((len(ids), 16), 0.5, np.float32))
+            assert client.pull("t", ids).shape == (len(ids), 16)
+    finally:
+        server.stop()
