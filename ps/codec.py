@@ -222,6 +222,8 @@ message StatsResponse
   26 request_room_bytes VARINT uint64                  room for requests' copies of rows, taken by each; 0: none
   27 flushing         VARINT  uint32                   1 while a flush writes dirty rows to RocksDB
   28 request_room_waits VARINT uint64                  pulls and pushes that waited for room since the start
+  29 restored_from    LEN     string                   the checkpoint the data dir was restored from; empty: none
+  30 restored_sha256  LEN     string                   that checkpoint's manifest sha256
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -259,3 +259,42 @@ def test_a_shard_restarted_on_an_empty_data_dir_is_named_as_lost_not_filled_with
             with pytest.raises(ValueError, match=r"is on no data dir of shard 1: .*; nothing was saved"):
                 save(client, str(cluster.root) + "/ckpt")
             assert [len(s.tables) for s in client.stats()][1] == 0  # nothing was created there
+
+
+def test_shards_restored_from_different_checkpoints_are_named_not_trained_as_one_model(tmp_path, capsys):
+    """One shard's dir lost and restored alone from a checkpoint while the other trained on: the two shards hold two
+    cuts of the model. Training, a checkpoint save and stats say what each shard was restored from; once both are
+    restored from the one checkpoint, training goes on."""
+    import shutil
+
+    from worker.checkpoint import save
+
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    with LocalCluster(2, root=str(tmp_path / "c"), extra_args=["--checkpoint-root", str(root)]) as cluster:
+        servers = ",".join(cluster.addresses)
+        train = ["train", "--servers", servers, "--model", "fm", "--epochs", "1", "--no-progress", *SMALL]
+        assert run(train, capsys)[0] == 0
+        with Client(cluster.addresses) as client:
+            save(client, str(root / "a"))
+        assert run(train, capsys)[0] == 0  # shard 0 trains on past the checkpoint
+
+        def restore(shard: int) -> None:
+            cluster.kill(shard)
+            shutil.rmtree(cluster.data_dir(shard))
+            cluster.extra_args = ["--checkpoint-root", str(root), "--restore", str(root / "a")]
+            cluster.restart(shard)
+
+        restore(1)
+        code, err = run(train, capsys)
+        assert code == 2 and re.search(r"the shards were not restored from one checkpoint: shard 0 from \(never "
+                                       r"restored\), shard 1 from \S+/a \(manifest [0-9a-f]{12}\)", err), err  # fmt: skip
+        code, err = run(["stats", "--servers", servers], capsys)
+        assert code == 1 and "not restored from one checkpoint" in err, err
+        refused = r"not restored from one checkpoint: .*; nothing was saved"
+        with Client(cluster.addresses) as client, pytest.raises(ValueError, match=refused):
+            save(client, str(root / "b"))
+        assert not (root / "b").exists()
+        restore(0)
+        assert run(train, capsys)[0] == 0
+        assert run(["stats", "--servers", servers], capsys)[0] == 0

@@ -305,10 +305,11 @@ def _stats(args) -> int:
 
 
 def _say_lost(shards: list) -> int:
-    """1, after a warning, when some shards lack a table others hold trained (worker.tables.lost_tables), else 0."""
-    from worker.tables import lost_tables
+    """1, after a warning, when some shards lack a table others hold trained or were restored from different
+    checkpoints (worker.tables.cluster_damage), else 0."""
+    from worker.tables import cluster_damage
 
-    lost = lost_tables(shards)
+    lost = cluster_damage(shards)
     if lost:
         print(f"ps-worker: warning: {lost}", file=sys.stderr)
     return 1 if lost else 0

@@ -26,7 +26,7 @@ from ps.config import DEFAULT_HOLD_S
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from worker.flags import check_new_dir
-from worker.tables import lost_tables
+from worker.tables import cluster_damage
 
 if TYPE_CHECKING:
     from worker.client import Client
@@ -69,8 +69,8 @@ def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S)
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
-    lost = lost_tables(client.stats())
-    if lost:  # a checkpoint of it would make the loss look like a model
+    lost = cluster_damage(client.stats())
+    if lost:  # a checkpoint of it would make the loss (or two cuts) look like a model
         raise ValueError(f"{lost}; nothing was saved")
     n = len(client.servers)
     started = time.monotonic()

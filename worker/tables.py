@@ -48,16 +48,37 @@ def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
             "(the tables are then trained from scratch)")  # fmt: skip
 
 
+def mixed_restores(shard_stats: list) -> str:
+    """A message naming what each shard was restored from when the shards disagree (StatsResponse restored_sha256:
+    one checkpoint's manifest, or none), else "". Shards restored from two checkpoints, or some restored and some
+    not, hold two cuts of the model: a lost shard restored alone from a checkpoint, while the others trained on,
+    or --restore differing between pods."""
+    origins = [s.restored_sha256 for s in shard_stats]
+    if len(set(origins)) < 2:
+        return ""
+    said = ", ".join(f"shard {s.shard_id} from {s.restored_from or '(never restored)'}"
+                     + (f" (manifest {s.restored_sha256[:12]})" if s.restored_sha256 else "")
+                     for s in shard_stats)  # fmt: skip
+    return (f"the shards were not restored from one checkpoint: {said}; together they hold two cuts of the model, "
+            "not one. Restore every shard from one checkpoint (ps-server --restore, into new data dirs), or start "
+            "the cluster anew on empty data dirs")  # fmt: skip
+
+
+def cluster_damage(shard_stats: list, names: set[str] | None = None) -> str:
+    """What lost_tables and mixed_restores say of these shards, joined, or "" when neither finds anything."""
+    return "; ".join(m for m in (lost_tables(shard_stats, names), mixed_restores(shard_stats)) if m)
+
+
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None,
                 find_untrained: bool = False) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
     lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
-    find_untrained, else empty}). ValueError (lost_tables) for a table of `wanted` that some shards hold trained
-    and others lack."""
+    find_untrained, else empty}). ValueError (cluster_damage) for a table of `wanted` that some shards hold trained
+    and others lack, or shards restored from different checkpoints."""
     differ, missing, untrained = {}, [], set()
     shard_stats = client.stats()
-    lost = lost_tables(shard_stats, {t.name for t in wanted})
+    lost = cluster_damage(shard_stats, {t.name for t in wanted})
     if lost:
         raise ValueError(lost)
     held = [{s.name: s for s in shard.tables} for shard in shard_stats]  # a table's absence is no refused call

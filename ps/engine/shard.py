@@ -1008,7 +1008,13 @@ class Shard:
             **self.memory_stats(),
             "clock": self.clock,
             **self.jobs.stats(),
+            **self.restore_stats(),
         }
+
+    def restore_stats(self) -> dict[str, str]:
+        """The checkpoint the data dir was restored from (path and manifest sha256; empty: never restored)."""
+        done = self.store.restored() or {}
+        return {"restored_from": done.get("checkpoint", ""), "restored_sha256": done.get("sha256", "")}
 
     def disk_stats(self) -> dict[str, int]:
         """The data dir's bytes (every file under it: RocksDB, its write-ahead logs, the journal) and the free and
