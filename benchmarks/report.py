@@ -1,7 +1,7 @@
 """Runs the benchmarks at fixed sizes and writes one performance table into README.md, stamped with the date, the
 machine and the git revision.
 
-    python benchmarks/report.py                  # every benchmark (4-15 min on 2 cores, by the host), then README.md
+    python benchmarks/report.py                  # every benchmark (6-17 min on 2 cores, by the host), then README.md
     python benchmarks/report.py --dry-run        # the commands it would run, nothing else
     python benchmarks/report.py --quick --readme /tmp/README.md    # small sizes: tests this script, not a table
 
@@ -50,6 +50,7 @@ RUNS: dict[str, tuple[list[str], list[str], int]] = {
                          ["train_throughput.py", "--rows", "20000", "--eval-rows", "5000", "--hidden", "64,64",
                           "--repeats", "1"], 900),
     "load": (["load.py", "--seconds", "60"], ["load.py", "--seconds", "10"], 600),
+    "memory_bound": (["memory_bound.py"], ["memory_bound.py", "--quick"], 900),
     "fuzz": (FUZZ, FUZZ, 600),  # a test: its result is the summary it writes to SPARSEPS_FUZZ_SUMMARY
 }  # fmt: skip
 
@@ -221,6 +222,24 @@ def load_rows(r: dict) -> list[str]:
     )]  # fmt: skip
 
 
+def memory_rows(r: dict) -> list[str]:
+    mib = lambda b: f"{b / 2**20:,.0f} MiB"
+    out = []
+    for c in r["results"]:
+        ratio = c["peak_rss_bytes"] / c["rss_limit_bytes"]
+        out.append(
+            row(
+                f"`--memory-bytes {mib(r['memory_bytes'])}`: server peak RSS, {c['what']}",
+                f"{mib(c['peak_rss_bytes'])} ({c['room_waits']:,} waits for request room)",
+                f"the bound + the idle peak of the same server ({mib(c['idle_peak_rss_bytes'])}) + 64 MiB: "
+                f"{mib(c['rss_limit_bytes'])}",
+                f"**{ratio:.2f}x** (target <= 1)" if c["checked"] else f"{ratio:.2f}x (no target: see Limits)",
+                r["command"],
+            )
+        )
+    return out  # fmt: skip
+
+
 def fuzz_rows(r: dict) -> list[str]:
     return [row(
         f"fuzz: {r['requests']:,} random, mutated and hostile requests over all {len(r['by_method'])} methods "
@@ -277,6 +296,7 @@ def table(results: dict, quick: bool, minutes: float) -> str:
         *flush_stall_rows(results["flush_stall"]),
         *train_rows(results["train_throughput"]),
         *load_rows(results["load"]),
+        *memory_rows(results["memory_bound"]),
         *fuzz_rows(results["fuzz"]),
     ]
     return "\n".join(lines) + "\n"

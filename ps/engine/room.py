@@ -2,7 +2,7 @@
 
 A request copies rows while it runs: a pull reads its missed rows from RocksDB and gathers its reply; a push reads
 its missed rows and keeps an undo copy of the rows it changes. Each pull and each batch of pushes takes room for
-its copies (request_cost) before it makes them and gives it back when done. Requests take room in the order they
+its copies (pull_cost, push_cost) before it makes them and gives it back when done. Requests take room in the order they
 ask for it; one that does not fit waits until enough is given back, and one larger than the whole room runs alone.
 
 What is not counted: the request's own bytes, already received when it asks (bounded by the server's threads x

@@ -1,0 +1,199 @@
+"""Does --memory-bytes hold under large requests, several clients at once and a journal replayed at start?
+
+    python benchmarks/memory_bound.py [--memory 256M] [--big-ids 1500000] [--clients 4] [--quick]
+
+Each case starts one server (worker.cluster.LocalCluster) with `--memory-bytes --memory`, fresh, waits until it
+is idle (its compiled code loaded: ps/engine/warmup.py) plus --idle-s, reads its peak RSS (VmHWM) as the idle
+peak, runs the case, and reads VmHWM again. The reference is the limit issue 19 sets: the bound + the idle peak
+measured on that same server + 64 MiB. Tables are dim 16, Adagrad; pushes carry random gradients.
+
+    big          one client (ps-worker's Client, which sizes its messages by the room the shard reports) pulls
+                 and pushes --big-ids new ids at once, twice
+    clients      --clients processes at once, each pulling and pushing --batch fresh random ids of --rows, --rounds
+                 times
+    large        as clients, with batches of --large-batch ids
+    replay       a server with --memory-bytes 3G (256 MiB journal segments) and no flush takes --replay-rows row
+                 updates and is killed (SIGKILL); restarted with --memory, it replays them; its peak once it
+                 serves. Its idle peak is the big case's (a fresh server of the same flags)
+    own-client   as big, with a Client that keeps 64 MiB messages (one that does not read the shards' room):
+                 outside the bound (README, Limits); reported, not checked
+
+Checks: peak <= limit for every case but own-client. Also printed: the waits for request room the server
+counted (ps.engine.room). The last line is one JSON object (harness.emit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import harness  # before numpy: see its docstring
+import numpy as np
+
+from ps.config import TableConfig
+from ps.settings import byte_size
+from worker.client import Client
+from worker.cluster import LocalCluster
+
+MiB = 1 << 20
+RSS_SLACK = 64 * MiB
+DIM = 16
+
+
+def progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class Served:
+    """One server under --memory-bytes: its idle peak, read once it is idle."""
+
+    def __init__(self, root: str, flags: list[str], idle_s: float):
+        self.cluster = LocalCluster(1, root=root, start_timeout_s=600, extra_args=flags)
+        self.address = self.cluster.start()[0]
+        self.pid = self.cluster.procs[0].pid
+        with Client([self.address], timeout_s=600) as client:
+            client.wait_ready()
+        harness.wait_idle(self.pid, timeout_s=120)
+        time.sleep(idle_s)
+        self.idle_peak = harness.peak_rss_bytes(self.pid)
+
+    def client(self, **kwargs) -> Client:
+        c = Client([self.address], timeout_s=600, **kwargs)
+        c.wait_ready()
+        return c
+
+    def finish(self) -> tuple[int, int]:
+        """(peak RSS, room waits), then stops the server."""
+        with Client([self.address], timeout_s=600) as client:
+            waits = client.stats()[0].request_room_waits
+        peak = harness.peak_rss_bytes(self.pid)
+        self.cluster.stop()
+        return peak, waits
+
+
+def big(served: Served, n: int, own_messages: bool) -> None:
+    rng = np.random.default_rng(0)
+    client = Client([served.address], timeout_s=600) if own_messages else served.client()
+    with client:
+        client.create_table(TableConfig(name="t", dim=DIM))
+        ids = np.arange(n, dtype=np.uint64)
+        for _ in range(2):
+            client.pull("t", ids)
+            client.push("t", ids, rng.standard_normal((n, DIM), dtype=np.float32))
+
+
+def _client_process(address: str, seed: int, rows: int, batch: int, rounds: int) -> None:
+    rng = np.random.default_rng(seed)
+    with Client([address], timeout_s=600) as client:
+        client.wait_ready()
+        for _ in range(rounds):
+            ids = np.unique(rng.integers(0, rows, batch).astype(np.uint64))
+            client.pull("t", ids)
+            client.push("t", ids, rng.standard_normal((len(ids), DIM), dtype=np.float32))
+
+
+def clients(served: Served, count: int, rows: int, batch: int, rounds: int) -> None:
+    with served.client() as client:
+        client.create_table(TableConfig(name="t", dim=DIM))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_client_process, args=(served.address, k, rows, batch, rounds)) for k in range(count)]
+    [p.start() for p in procs]
+    [p.join() for p in procs]
+    bad = [p.exitcode for p in procs if p.exitcode]
+    if bad:
+        raise SystemExit(f"client processes failed: exit codes {bad}")
+
+
+def write_journal(root: str, rows: int, idle_s: float) -> None:
+    """A server of a large bound takes rows row updates (none flushed) and is killed."""
+    served = Served(root, ["--memory-bytes", "3G", "--flush-interval-s", "3600"], idle_s=0)
+    rng = np.random.default_rng(2)
+    with served.client() as client:
+        client.create_table(TableConfig(name="t", dim=DIM))
+        for lo in range(0, rows, 100_000):
+            ids = np.arange(lo, min(rows, lo + 100_000), dtype=np.uint64)
+            client.push("t", ids, rng.standard_normal((len(ids), DIM), dtype=np.float32))
+    served.cluster.kill(0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--memory", default="256M", help="--memory-bytes of the servers")
+    p.add_argument("--big-ids", type=int, default=1_500_000)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--batch", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--large-batch", type=int, default=500_000)
+    p.add_argument("--large-rounds", type=int, default=2)
+    p.add_argument("--replay-rows", type=int, default=2_000_000)
+    p.add_argument("--idle-s", type=float, default=3.0)
+    p.add_argument("--quick", action="store_true", help="small sizes: tests this script, not the bound")
+    args = p.parse_args()
+    if args.quick:
+        args.big_ids, args.clients, args.rows, args.batch, args.rounds = 200_000, 2, 100_000, 20_000, 2
+        args.large_batch, args.large_rounds, args.replay_rows, args.idle_s = 50_000, 1, 100_000, 0.5
+    bound = byte_size(args.memory)
+    flags = ["--memory-bytes", args.memory]
+    work = tempfile.mkdtemp(prefix="sparseps-memory-bound-")
+    cases = {
+        "big": lambda s: big(s, args.big_ids, own_messages=False),
+        "clients": lambda s: clients(s, args.clients, args.rows, args.batch, args.rounds),
+        "large": lambda s: clients(s, args.clients, 2 * args.rows, args.large_batch, args.large_rounds),
+        "replay": None,
+        "own-client": lambda s: big(s, args.big_ids, own_messages=True),
+    }
+    what = {
+        "big": f"1 client, {args.big_ids:,}-id pull and push, twice",
+        "clients": f"{args.clients} clients at once, {args.batch:,}-id batches x {args.rounds}",
+        "large": f"{args.clients} clients at once, {args.large_batch:,}-id batches x {args.large_rounds}",
+        "replay": f"journal of {args.replay_rows:,} row updates written under 3G, replayed",
+        "own-client": "as big, a client keeping 64 MiB messages (outside the bound)",
+    }
+    results, idle_of_fresh = [], None
+    try:
+        for name, run in cases.items():
+            root = os.path.join(work, name)
+            progress(f"{name}: {what[name]}")
+            t0 = time.perf_counter()
+            if name == "replay":
+                write_journal(root, args.replay_rows, args.idle_s)
+                served = Served(root, flags, idle_s=0)
+                with served.client() as client:
+                    client.pull("t", np.arange(10, dtype=np.uint64))
+                idle = idle_of_fresh
+            else:
+                served = Served(root, flags, args.idle_s)
+                run(served)
+                idle = served.idle_peak
+                idle_of_fresh = idle_of_fresh or idle
+            peak, waits = served.finish()
+            shutil.rmtree(root, ignore_errors=True)
+            limit = bound + idle + RSS_SLACK
+            checked = name != "own-client"
+            results.append({"case": name, "what": what[name], "peak_rss_bytes": peak, "idle_peak_rss_bytes": idle,
+                            "rss_limit_bytes": limit, "room_waits": waits, "seconds": time.perf_counter() - t0,
+                            "checked": checked, "ok": peak <= limit if checked else None})  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"--memory-bytes {args.memory}; limit = the bound + the idle peak + 64 MiB")
+    print(f"{'case':<11} {'peak MiB':>9} {'idle MiB':>9} {'limit MiB':>10} {'ratio':>6} {'room waits':>10}  what")
+    for r in results:
+        print(f"{r['case']:<11} {r['peak_rss_bytes'] / MiB:>9,.0f} {r['idle_peak_rss_bytes'] / MiB:>9,.0f} "
+              f"{r['rss_limit_bytes'] / MiB:>10,.0f} {r['peak_rss_bytes'] / r['rss_limit_bytes']:>5.2f}x "
+              f"{r['room_waits']:>10,}  {r['what']}")  # fmt: skip
+    for r in results:
+        verdict = "ok  " if r["ok"] else ("FAIL" if r["checked"] else "info")
+        print(f"{verdict} {r['case']}: peak RSS <= --memory-bytes + idle peak + 64 MiB: "
+              f"{r['peak_rss_bytes'] / MiB:,.0f} MiB (limit {r['rss_limit_bytes'] / MiB:,.0f} MiB)")  # fmt: skip
+    harness.emit({"benchmark": "memory_bound", "memory_bytes": bound, "results": results,
+                  "ok": all(r["ok"] for r in results if r["checked"])})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

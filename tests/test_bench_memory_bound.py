@@ -1,0 +1,24 @@
+"""benchmarks/memory_bound.py end to end at its --quick sizes: every case ran on its own server, each limit is the
+bound + that case's idle peak + 64 MiB, and the cases that take room counted waits where clients ran at once."""
+
+import json
+
+from tests.benchscripts import run_benchmark
+
+MiB = 1 << 20
+
+
+def test_memory_bound_runs_quick_and_reports_every_case():
+    done = run_benchmark("memory_bound", "--quick", timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    cases = {r["case"]: r for r in result["results"]}
+    assert list(cases) == ["big", "clients", "large", "replay", "own-client"]
+    assert result["memory_bytes"] == 256 * MiB
+    for r in cases.values():
+        assert r["rss_limit_bytes"] == 256 * MiB + r["idle_peak_rss_bytes"] + 64 * MiB
+        assert r["peak_rss_bytes"] >= r["idle_peak_rss_bytes"] > 50 * MiB
+        assert r["checked"] == (r["case"] != "own-client")
+    assert cases["replay"]["idle_peak_rss_bytes"] == cases["big"]["idle_peak_rss_bytes"]
+    assert result["ok"] == all(r["ok"] for r in cases.values() if r["checked"])
+    assert "limit = the bound + the idle peak + 64 MiB" in done.stdout
