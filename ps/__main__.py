@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="one bound for the memory that holds data: the RAM tier, RocksDB's block cache (index and filter "
         "blocks included) and memtables, rows waiting to be written, the mapped journal segment, room for "
         "requests' copies of rows. The split is "
-        "logged at start, and `ps-worker stats` reports each part's use (of all but the requests' room); the "
+        "logged at start, and `ps-worker stats` reports each part's use; the "
         "process's fixed overhead (an idle server's, "
         "its compiled code loaded at start) comes on top. Each pull and push takes room for its copies of rows and "
         "waits while others hold it (ps-worker stats counts the waits); one larger than the whole room runs alone, "

@@ -224,6 +224,7 @@ message StatsResponse
   28 request_room_waits VARINT uint64                  pulls and pushes that waited for room since the start
   29 restored_from    LEN     string                   the checkpoint the data dir was restored from; empty: none
   30 restored_sha256  LEN     string                   that checkpoint's manifest sha256
+  31 request_room_used_bytes VARINT uint64             request room held now by the pulls and pushes running
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

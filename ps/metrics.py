@@ -89,6 +89,11 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
         "room --memory-bytes keeps for requests' copies of rows, taken by each pull and push (0: unbounded)",
     ),
     (
+        "sparseps_request_room_used_bytes",
+        "request_room_used_bytes",
+        "request room held now by the pulls and pushes running",
+    ),
+    (
         "sparseps_request_room_waits",
         "request_room_waits",
         "pulls and pushes that waited for room since the start (their copies would not fit beside others')",

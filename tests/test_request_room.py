@@ -5,6 +5,7 @@ it; clients size their messages by the room the shards report (worker.client.mes
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 
@@ -17,6 +18,7 @@ from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.memory import MiB, plan_memory
 from tests.waiting import wait_until
+from worker.__main__ import main as worker_main
 from worker.client import MAX_MESSAGE_BYTES, MIN_MESSAGE_BYTES, ROOM_SHARE, Client, message_bytes_for
 
 
@@ -128,7 +130,7 @@ def test_a_bounded_shard_takes_room_for_each_pull_and_push(bounded_shard):
         threads = [threading.Thread(target=f, daemon=True) for f in (pull, push)]
         [t.start() for t in threads]
         _waiting(shard.room, 2)
-        assert done == []
+        assert done == [] and shard.stats()["request_room_used_bytes"] == shard.room.capacity
     [t.join(30) for t in threads]
     assert sorted(done) == ["pull", "push"] and shard.room.in_use == 0 and shard.stats()["request_room_waits"] == 2
     np.testing.assert_allclose(shard.pull("t", ids[:3]).shape, (3, 4))
@@ -148,7 +150,7 @@ def test_message_size_fits_the_smallest_room():
     assert message_bytes_for(MAX_MESSAGE_BYTES, [1]) == MIN_MESSAGE_BYTES
 
 
-def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path):
+def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path, capsys):
     server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 * MiB))
     server.start()
     try:
@@ -161,5 +163,9 @@ def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path):
             ids = np.arange(200_000, dtype=np.uint64)  # 14 MB of ids and rows: several messages
             client.push("t", ids, np.full((len(ids), 16), 0.5, np.float32))
             assert client.pull("t", ids).shape == (len(ids), 16)
+        assert worker_main(["stats", "--servers", f"127.0.0.1:{server.port}"]) == 0
+        out = capsys.readouterr().out
+        assert re.search(r"^    0 memory of 256\.0 MiB: .*, room for requests 0 B of 32\.0 MiB \([\d,]+ waited for it\)$",
+                         out, re.MULTILINE), out  # fmt: skip
     finally:
         server.stop()

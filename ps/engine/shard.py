@@ -1046,6 +1046,7 @@ class Shard:
             "write_behind_bytes": self.store.write_behind_bytes,
             "journal_map_bytes": self.journal.mapped_bytes,
             "request_room_bytes": self.memory.request_bytes,
+            "request_room_used_bytes": self.room.in_use,
             "request_room_waits": self.room.waits,
         }
 
