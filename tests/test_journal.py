@@ -596,3 +596,30 @@ def test_replay_gives_back_the_pages_of_the_records_it_has_read(tmp_path, monkey
         seqs.append(rec.seq)
     assert seqs == list(range(1, 101))
     assert grown < 20 << 20, f"replay grew the RSS by {grown / 2**20:.0f} MiB reading 70 MB"
+
+
+def test_a_segment_cut_while_it_is_read_ends_the_check_without_a_crash(tmp_path, monkeypatch):
+    """ps-server verify reads a live server's journal, whose flush cuts the active segment back: a segment cut
+    under the reader is read as far as it goes (the records before the cut), never a crash (reads, not a mapping,
+    so no SIGBUS), and replay's windows are read where the records are."""
+    from ps.storage import journal as journal_module
+
+    j = Journal(str(tmp_path), segment_bytes=1 << 30)
+    for seed in range(6):
+        _push(j, 2000, seed=seed)
+    j.close()
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    size = os.path.getsize(path)
+    monkeypatch.setattr(journal_module, "READ_BYTES", 4096)  # a window per record
+    found = journal_module.SegmentReader.end_of_data
+
+    def cut_after_opening(reader):
+        end = found(reader)
+        os.truncate(
+            path, size // 2 + 100
+        )  # inside record 4: the live server's cut, after the reader took the file's size
+        return end
+
+    monkeypatch.setattr(journal_module.SegmentReader, "end_of_data", cut_after_opening)
+    count, refusal, cut, _tables = Journal(str(tmp_path)).check(0)
+    assert 0 < count < 6 and (refusal or cut), (count, refusal, cut)

@@ -59,7 +59,6 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
-import mmap
 import os
 import resource
 import struct
@@ -84,7 +83,80 @@ OLDER_MAGICS = (b"PSJ1", b"PSJ2", b"PSJ3", b"PSJ4")  # formats before this one: 
 HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum
 HEADER_CHECKED = struct.Struct("<IQI")  # the header's part the checksum covers: magic, seq, payload_len
 PAYLOAD_HEAD = struct.Struct("<IIQQQIB")  # n, dim, step, client, client_seq, part, rule (after the table name)
-RELEASE_BYTES = 32 << 20  # mapped records (appended, or read by replay) leave the RSS this many bytes at a time
+RELEASE_BYTES = 32 << 20  # appended records leave the process's RSS this many bytes at a time
+READ_BYTES = 8 << 20  # replay reads a segment in windows of this (SegmentReader)
+
+
+class SegmentReader:
+    """A segment as replay walks it, read with pread: a record through a window of READ_BYTES read where the record
+    starts (its arrays are views of that window, which lives as long as they do), never the whole segment, so
+    replay's memory is a window and the records its caller holds; the whole segment only once a record fails its
+    checks (read_whole: the judging of what follows it looks at everything). Reads, not a mapping: a file cut
+    under the reader (a live server's flush cuts its active segment back) or a failing disk is an OSError or a short
+    read, never SIGBUS."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self._fd).st_size
+        self._start, self._window = 0, b""
+        self._whole: bytes | None = None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        """Up to n bytes at offset (fewer only at the end of the file)."""
+        parts, got = [], 0
+        while got < n:
+            part = os.pread(self._fd, min(n - got, 1 << 30), offset + got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def end_of_data(self) -> int:
+        """One past the segment's last nonzero byte (0 if none), read from the back a MB at a time: a prepared tail
+        of zeros can be hundreds of MB."""
+        end = self.size
+        while end > 0:
+            lo = max(0, end - (1 << 20))
+            nonzero = np.flatnonzero(np.frombuffer(self._pread(end - lo, lo), dtype=np.uint8))
+            if len(nonzero):
+                return lo + int(nonzero[-1]) + 1
+            end = lo
+        return 0
+
+    def _covers(self, pos: int, n: int) -> bool:
+        """Whether bytes [pos, pos + n) are in the file, read into the window if they were not."""
+        if pos + n > self.size:
+            return False
+        if pos < self._start or pos + n > self._start + len(self._window):
+            self._start, self._window = pos, self._pread(max(n, READ_BYTES), pos)
+        return pos + n <= self._start + len(self._window)
+
+    def record_at(self, pos: int) -> tuple[Record | None, int]:
+        """_parse at pos: (Record, end), or (None, pos) when the bytes there are no intact record."""
+        if self._whole is not None:
+            return _parse(self._whole, pos)
+        if not self._covers(pos, HEADER.size):
+            return None, pos
+        magic, _seq, payload_len, _check = HEADER.unpack_from(self._window, pos - self._start)
+        if magic != MAGIC or not self._covers(pos, HEADER.size + payload_len):
+            return None, pos
+        rec, end = _parse(self._window, pos - self._start)
+        return (rec, end + self._start) if rec is not None else (None, pos)
+
+    def read_whole(self) -> bytes:
+        """The whole segment; record_at reads from it from now on."""
+        if self._whole is None:
+            self._whole, self._window = self._pread(self.size, 0), b""
+        return self._whole
 
 
 @dataclass
@@ -304,16 +376,15 @@ class Journal:
         segs = self.segments()
         sizes = [_file_size(path) for _, path in segs]
         for i, (first, path) in enumerate(segs):
-            with open(path, "rb") as f:
-                data = _map_segment(f)
-            sizes[i] = _end_of_data(data, 0)  # a prepared tail of zeros is no work
-            released = 0  # the pages of data before it are given back (_release)
+            segment = SegmentReader(path)
+            sizes[i] = segment.end_of_data()  # a prepared tail of zeros is no work
             done, total = sum(sizes[:i]), sum(sizes)
             pos = 0
             seg_last = first - 1  # the seq of the segment's last record so far
-            while pos < len(data):
-                rec, end = _parse(data, pos)
+            while pos < segment.size:
+                rec, end = segment.record_at(pos)
                 if rec is None:
+                    data = segment.read_whole()  # what follows a bad record is judged on the whole segment
                     newest = i == len(segs) - 1
                     data_end = _end_of_data(data, pos)
                     unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
@@ -361,8 +432,7 @@ class Journal:
                     damaged = None
                     expect = rec.seq
                     yield rec
-                if pos - released >= RELEASE_BYTES:  # the records before pos are applied
-                    released = _release(data, released, pos)
+            segment.close()
         if expect < mark:
             if damaged:
                 error = self._in_damage(expect + 1, mark, damaged)
@@ -684,25 +754,7 @@ def _file_size(path: str) -> int:
         return 0
 
 
-def _map_segment(f) -> mmap.mmap | bytes:
-    """The segment open as f, mapped read-only (b"" when empty: an empty file cannot be mapped). Replay reads it
-    through the mapping and gives back the pages it has read (_release), so a segment of hundreds of MB never
-    sits in memory whole."""
-    size = os.fstat(f.fileno()).st_size
-    return mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else b""
-
-
-def _release(data: mmap.mmap | bytes, start: int, end: int) -> int:
-    """Gives back the whole pages of data[start:end] (data as _map_segment returns it; the file keeps them: a
-    later read maps them again); returns where the pages given back end."""
-    lo = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
-    hi = end // mmap.PAGESIZE * mmap.PAGESIZE
-    if isinstance(data, mmap.mmap) and hi > lo:
-        data.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-    return max(start, hi)
-
-
-def _end_of_data(data: mmap.mmap | bytes, pos: int) -> int:
+def _end_of_data(data: bytes, pos: int) -> int:
     """Where data stops being anything but zeros: one past its last nonzero byte at or after pos (pos if none)."""
     a = np.frombuffer(data, dtype=np.uint8)
     end = len(a)
@@ -711,7 +763,6 @@ def _end_of_data(data: mmap.mmap | bytes, pos: int) -> int:
         nonzero = np.flatnonzero(a[lo:end])
         if len(nonzero):
             return lo + int(nonzero[-1]) + 1
-        _release(data, lo, end)  # zeros read: their pages go back
         end = lo
     return pos
 
