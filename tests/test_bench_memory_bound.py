@@ -1,5 +1,5 @@
-"""benchmarks/memory_bound.py end to end at its --quick sizes: every case ran on its own server, each limit is the
-bound + that case's idle peak + 64 MiB, and the cases that take room counted waits where clients ran at once."""
+"""benchmarks/memory_bound.py end to end at its --quick sizes: every case ran on its own server, and each limit is
+the bound + that case's idle peak + 64 MiB (the replay's: the big case's, a fresh server of the same flags)."""
 
 import json
 

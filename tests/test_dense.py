@@ -254,3 +254,18 @@ def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once(tmp_pa
                 c.create_table(table_config(p))
             assert start_logit_bias(c, params, positives, 7, 0) == pytest.approx(want, abs=1e-5)
             assert start_logit_bias(c, params, 0, 0, 0) is None
+
+
+def test_push_once_split_into_chunks_applies_every_chunk_once(servers):
+    """A push_once larger than the client's message size goes to each shard as one request of several pushes:
+    every id is applied, once."""
+    from ps.config import InitializerConfig, TableConfig
+    from worker.client import Client
+
+    addresses, _ = servers(2)
+    ids, deltas = np.arange(40, dtype=np.uint64), np.ones((40, 2), np.float32)
+    with Client(addresses, max_request_bytes=200) as client:  # ~12 ids a message: several per shard
+        client.create_table(TableConfig(name="once", dim=2, initializer=InitializerConfig("zeros")))
+        assert client.push_once("once", ids, deltas, key=777) == 40
+        assert client.push_once("once", ids, deltas, key=777) == 0
+        np.testing.assert_array_equal(client.pull("once", ids), deltas)

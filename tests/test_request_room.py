@@ -169,3 +169,52 @@ def test_a_client_sizes_its_messages_by_a_bounded_shards_room(tmp_path, capsys):
                          out, re.MULTILINE), out  # fmt: skip
     finally:
         server.stop()
+
+
+def test_a_take_interrupted_while_it_waits_passes_its_turn_on():
+    """A waiter that stops waiting (an exception in its wait) gives its turn to the next ticket: later takes do not
+    wait forever behind it."""
+    room, log, go_on = RequestRoom(100), [], threading.Event()
+    interrupted = threading.Event()
+    real_wait = room._cond.wait
+
+    def wait(*args):
+        if threading.current_thread().name == "interrupted":
+            interrupted.set()
+            raise KeyboardInterrupt
+        return real_wait(*args)
+
+    room._cond.wait = wait
+    holder = _taker(room, 100, log, "holder", go_on)
+    _holding(log, ["holder"])
+    raised = []
+
+    def interrupted_take():
+        try:
+            with room.take(10):
+                log.append("interrupted")
+        except KeyboardInterrupt:
+            raised.append(True)
+
+    t = threading.Thread(target=interrupted_take, name="interrupted", daemon=True)
+    t.start()
+    wait_until(interrupted.is_set, 10, "the interrupted wait")
+    t.join(5)
+    assert raised == [True]
+    later = _taker(room, 10, log, "later")
+    _waiting(room, 1)
+    go_on.set()
+    holder.join(5), later.join(5)
+    assert log == ["holder", "later"] and room.waiting == 0 and room.in_use == 0
+
+
+def test_the_push_rpc_takes_room_too(bounded_shard):
+    shard, ids, done = bounded_shard, np.arange(100, dtype=np.uint64), []
+    shard.push("t", ids, np.ones((100, 4), np.float32))  # compiles its kernels
+    with shard.room.take(shard.room.capacity):
+        t = threading.Thread(target=lambda: done.append(shard.push("t", ids, np.ones((100, 4), np.float32))))
+        t.start()
+        _waiting(shard.room, 1)
+        assert done == []
+    t.join(30)
+    assert done == [None] and shard.room.in_use == 0

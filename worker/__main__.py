@@ -98,7 +98,8 @@ def _add_cluster_commands(sub) -> None:
         (
             "stats",
             "print what each shard holds: rows in RAM and on disk, pending ids, bytes, counters, its disk's use; "
-            "exit 1, warning, when a shard lacks a table others hold trained (it lost its data dir)",
+            "exit 1, warning, when a shard lacks a table others hold trained (it lost its data dir) or the shards "
+            "were restored from different checkpoints",
         ),
         ("shrink", "run the tables' eviction rules (TTL, decayed score) on every shard; print how many ids went"),
     ):

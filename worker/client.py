@@ -315,8 +315,11 @@ class Client:
         caller; or by this call's own attempt that a retry followed)."""
         dim = self.dim(table)
         uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
-        calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[push], client_id=key, seq=1, shared=True))
-                 for shard, _, push in self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True)]  # fmt: skip
+        per_shard: dict[int, list] = {}  # a shard's chunks in one request: request number 1 is applied once
+        for shard, _, push in self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True):
+            per_shard.setdefault(shard, []).append(push)
+        calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=pushes, client_id=key, seq=1, shared=True))
+                 for shard, pushes in per_shard.items()]  # fmt: skip
         return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
 
     def finish(self, stamp: WorkerStamp) -> int:

@@ -51,8 +51,9 @@ def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
 def mixed_restores(shard_stats: list) -> str:
     """A message naming what each shard was restored from when the shards disagree (StatsResponse restored_sha256:
     one checkpoint's manifest, or none), else "". Shards restored from two checkpoints, or some restored and some
-    not, hold two cuts of the model: a lost shard restored alone from a checkpoint, while the others trained on,
-    or --restore differing between pods."""
+    not, hold two cuts of the model: a lost shard restored alone from a checkpoint the others were not restored
+    from, or --restore differing between pods. Not found: a lost shard restored alone from the very checkpoint
+    the others were restored from before they trained on (every shard names the same one)."""
     origins = [s.restored_sha256 for s in shard_stats]
     if len(set(origins)) < 2:
         return ""

@@ -1,16 +1,21 @@
 """RequestRoom: the `requests` part of the memory plan (ps.storage.memory), enforced.
 
 A request copies rows while it runs: a pull reads its missed rows from RocksDB and gathers its reply; a push reads
-its missed rows and keeps an undo copy of the rows it changes. Each pull and each batch of pushes takes room for
-its copies (pull_cost, push_cost) before it makes them and gives it back when done. Requests take room in the order they
-ask for it; one that does not fit waits until enough is given back, and one larger than the whole room runs alone.
+its missed rows and keeps an undo copy of the rows it changes. Each pull, push and batch of pushes takes room for
+its copies (pull_cost, push_cost) before it makes them and gives it back when done. Requests take room in the
+order they ask for it; one that does not fit waits until enough is given back, and one larger than the whole room
+runs alone.
 
 What is not counted: the request's own bytes, already received when it asks (bounded by the server's threads x
-the client's message size: worker.client sizes its messages by the room the shards report), and a stamped
-request's wait for its job's other workers (taken before the room, never while holding it).
+the client's message size: worker.client sizes its messages by the room the shards report); a Pull's reply,
+allocated before its rows are gathered into it; a PullBatch's replies, each pull's room given back before the
+whole reply is built; a sync step's contributions, held across its wait for the job's other workers (the wait is
+never made holding room).
 
 Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
-holds room waits for anything but its own work, so a wait for room always ends.
+holds room waits for anything but its own work, so a wait for room always ends. A waiter that stops waiting (an
+exception) passes its turn on. Requests wait for room inside the store's foreground serving (the background
+writers' wait for a moment without requests is bounded, ps.storage.foreground).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class RequestRoom:
         self._in_use = 0
         self._next_ticket = 0  # the ticket the next asker gets
         self._serving = 0  # the ticket whose turn it is
+        self._abandoned: set[int] = set()  # tickets whose askers stopped waiting (an exception): skipped
         self.waits = 0  # takes that had to wait (Stats)
 
     @property
@@ -66,16 +72,28 @@ class RequestRoom:
             ticket = self._next_ticket
             self._next_ticket += 1
             waited = False
-            while ticket != self._serving or (self._in_use and self._in_use + nbytes > self.capacity):
-                waited = True
-                self._cond.wait()
+            try:
+                while ticket != self._serving or (self._in_use and self._in_use + nbytes > self.capacity):
+                    waited = True
+                    self._cond.wait()
+            except BaseException:  # interrupted while waiting: its turn passes to the next ticket
+                self._abandoned.add(ticket)
+                self._next_turn()
+                raise
             self.waits += waited
             self._serving += 1
+            self._next_turn()
             self._in_use += nbytes
-            self._cond.notify_all()  # the next ticket may fit too
         try:
             yield
         finally:
             with self._cond:
                 self._in_use -= nbytes
                 self._cond.notify_all()
+
+    def _next_turn(self) -> None:
+        """Moves the turn past abandoned tickets and wakes the waiters (the next ticket may fit too). Under _cond."""
+        while self._serving in self._abandoned:
+            self._abandoned.remove(self._serving)
+            self._serving += 1
+        self._cond.notify_all()

@@ -612,7 +612,9 @@ class Shard:
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
         self.refuse_if_lost()
         with self._hold.push_gate():
-            self.apply_push(self.check_push(push))
+            checked = self.check_push(push)
+            with self.room.take(push_cost(len(ids), self.table(name).width)):
+                self.apply_push(checked)
 
     def push_batch(
         self, pushes: Sequence[TablePush | tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0
