@@ -623,3 +623,27 @@ def test_a_segment_cut_while_it_is_read_ends_the_check_without_a_crash(tmp_path,
     monkeypatch.setattr(journal_module.SegmentReader, "end_of_data", cut_after_opening)
     count, refusal, cut, _tables = Journal(str(tmp_path)).check(0)
     assert 0 < count < 6 and (refusal or cut), (count, refusal, cut)
+
+
+def test_the_zeros_after_the_last_record_are_not_read_but_cut(tmp_path, monkeypatch):
+    """The space prepared ahead of appends (zeros to the end of the newest segment) ends replay without the
+    segment being read whole, and is cut off as before; a bad record still is judged on the whole segment."""
+    from ps.storage import journal as journal_module
+
+    j = Journal(str(tmp_path))
+    for seed in range(3):
+        _push(j, 100, seed=seed)
+    j.close()
+    (path,) = [os.path.join(tmp_path, f) for f in os.listdir(tmp_path)]
+    records_end = os.path.getsize(path)
+    with open(path, "ab") as f:
+        f.write(bytes(1 << 20))  # prepared space
+    whole_reads = []
+    read_whole = journal_module.SegmentReader.read_whole
+    monkeypatch.setattr(journal_module.SegmentReader, "read_whole", lambda r: whole_reads.append(1) or read_whole(r))
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2, 3]
+    assert whole_reads == [] and os.path.getsize(path) == records_end
+    with open(path, "r+b") as f:  # a flipped byte in the last record: judged on the whole segment, cut as torn
+        f.seek(records_end - 3)
+        f.write(b"\xff")
+    assert [r.seq for r in _replayed(str(tmp_path))] == [1, 2] and whole_reads == [1]

@@ -384,8 +384,12 @@ class Journal:
             while pos < segment.size:
                 rec, end = segment.record_at(pos)
                 if rec is None:
-                    data = segment.read_whole()  # what follows a bad record is judged on the whole segment
                     newest = i == len(segs) - 1
+                    if pos >= sizes[i] and (newest or segs[i + 1][0] == seg_last + 1):  # zeros to the end: unused
+                        if newest:  # space prepared ahead, nothing read; cut off as the rule below would
+                            tail = (path, segment.size, pos, pos)
+                        break
+                    data = segment.read_whole()  # what follows a bad record is judged on the whole segment
                     data_end = _end_of_data(data, pos)
                     unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
                     if data[pos : pos + 4] in OLDER_MAGICS:
