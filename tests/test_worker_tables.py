@@ -289,8 +289,10 @@ def test_shards_restored_from_different_checkpoints_are_named_not_trained_as_one
         code, err = run(train, capsys)
         assert code == 2 and re.search(r"the shards were not restored from one checkpoint: shard 0 from \(never "
                                        r"restored\), shard 1 from \S+/a \(manifest [0-9a-f]{12}\)", err), err  # fmt: skip
-        code, err = run(["stats", "--servers", servers], capsys)
-        assert code == 1 and "not restored from one checkpoint" in err, err
+        assert worker_main(["stats", "--servers", servers]) == 1
+        out, err = capsys.readouterr()
+        assert "not restored from one checkpoint" in err, err
+        assert f"data dir {cluster.data_dir(1)}, restored from {root / 'a'}, up" in out, out
         refused = r"not restored from one checkpoint: .*; nothing was saved"
         with Client(cluster.addresses) as client, pytest.raises(ValueError, match=refused):
             save(client, str(root / "b"))

@@ -284,7 +284,8 @@ def _stats(args) -> int:
     for s in shards:
         for t in s.tables:
             print(f"{s.shard_id:>5} {t.name:<{width}} " + " ".join(f"{getattr(t, c):>12,}" for c in cols))
-        print(f"{s.shard_id:>5} data dir {s.data_dir}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
+        restored = f", restored from {s.restored_from}" if s.restored_from else ""
+        print(f"{s.shard_id:>5} data dir {s.data_dir}{restored}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
               f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
         bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
         room = (f", room for requests {_size(s.request_room_used_bytes)} of {_size(s.request_room_bytes)} "
