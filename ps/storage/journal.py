@@ -59,8 +59,10 @@ from __future__ import annotations
 import errno
 import itertools
 import logging
+import mmap
 import os
 import resource
+import stat
 import struct
 import threading
 import time
@@ -90,16 +92,25 @@ READ_BYTES = 8 << 20  # replay reads a segment in windows of this (SegmentReader
 class SegmentReader:
     """A segment as replay walks it, read with pread: a record through a window of READ_BYTES read where the record
     starts (its arrays are views of that window, which lives as long as they do), never the whole segment, so
-    replay's memory is a window and the records its caller holds; the whole segment only once a record fails its
-    checks (read_whole: the judging of what follows it looks at everything). Reads, not a mapping: a file cut
-    under the reader (a live server's flush cuts its active segment back) or a failing disk is an OSError or a short
-    read, never SIGBUS."""
+    replay's memory is a window and the records its caller holds. Once a record fails its checks, what follows it
+    is judged on the segment read from there on (read_from): a buffer of the segment's size whose bytes before that
+    point and after the end of its data (end_of_data, zeros) are never touched, so they take no memory. Reads, not
+    a mapping of the file: a file cut under the reader (a live server's flush cuts its active segment back) or a
+    failing disk is an OSError naming the segment, or a short read, never SIGBUS."""
+
+    _fd = -1
 
     def __init__(self, path: str):
+        self.path = path
         self._fd = os.open(path, os.O_RDONLY)
         self.size = os.fstat(self._fd).st_size
+        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+            self.close()
+            raise IsADirectoryError(errno.EISDIR, "a journal segment must be a file", path)
         self._start, self._window = 0, b""
-        self._whole: bytes | None = None
+        self._read_from: int | None = None  # where read_from's buffer begins to hold the segment's bytes
+        self._whole: mmap.mmap | bytes = b""
+        self._data_end = self.size
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -109,15 +120,31 @@ class SegmentReader:
     def __del__(self) -> None:
         self.close()
 
+    def _pread_into(self, view: memoryview, offset: int) -> int:
+        """Fills view from offset on (fewer bytes only at the end of the file); returns the bytes read."""
+        got = 0
+        try:
+            while got < len(view):
+                n = os.preadv(self._fd, [view[got : got + (1 << 30)]], offset + got)
+                if not n:
+                    break
+                got += n
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, self.path) from None
+        return got
+
     def _pread(self, n: int, offset: int) -> bytes:
         """Up to n bytes at offset (fewer only at the end of the file)."""
         parts, got = [], 0
-        while got < n:
-            part = os.pread(self._fd, min(n - got, 1 << 30), offset + got)
-            if not part:
-                break
-            parts.append(part)
-            got += len(part)
+        try:
+            while got < n:
+                part = os.pread(self._fd, min(n - got, 1 << 30), offset + got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+        except OSError as e:
+            raise type(e)(e.errno, e.strerror, self.path) from None
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def end_of_data(self) -> int:
@@ -128,8 +155,10 @@ class SegmentReader:
             lo = max(0, end - (1 << 20))
             nonzero = np.flatnonzero(np.frombuffer(self._pread(end - lo, lo), dtype=np.uint8))
             if len(nonzero):
-                return lo + int(nonzero[-1]) + 1
+                self._data_end = lo + int(nonzero[-1]) + 1
+                return self._data_end
             end = lo
+        self._data_end = 0
         return 0
 
     def _covers(self, pos: int, n: int) -> bool:
@@ -137,12 +166,13 @@ class SegmentReader:
         if pos + n > self.size:
             return False
         if pos < self._start or pos + n > self._start + len(self._window):
+            self._window = b""  # the old window goes before the new one is read
             self._start, self._window = pos, self._pread(max(n, READ_BYTES), pos)
         return pos + n <= self._start + len(self._window)
 
     def record_at(self, pos: int) -> tuple[Record | None, int]:
         """_parse at pos: (Record, end), or (None, pos) when the bytes there are no intact record."""
-        if self._whole is not None:
+        if self._read_from is not None:
             return _parse(self._whole, pos)
         if not self._covers(pos, HEADER.size):
             return None, pos
@@ -152,10 +182,17 @@ class SegmentReader:
         rec, end = _parse(self._window, pos - self._start)
         return (rec, end + self._start) if rec is not None else (None, pos)
 
-    def read_whole(self) -> bytes:
-        """The whole segment; record_at reads from it from now on."""
-        if self._whole is None:
-            self._whole, self._window = self._pread(self.size, 0), b""
+    def read_from(self, pos: int) -> mmap.mmap | bytes:
+        """The segment as a buffer of its size, its bytes from pos to the end of its data read in (end_of_data
+        must have run; the rest reads as zeros: untouched anonymous memory); record_at reads from it from now on.
+        Positions in it are the segment's."""
+        if self._read_from is None:
+            self._window = b""
+            self._read_from = pos
+            if self.size:
+                self._whole = mmap.mmap(-1, self.size)
+                if self._data_end > pos:
+                    self._pread_into(memoryview(self._whole)[pos : self._data_end], pos)
         return self._whole
 
 
@@ -377,66 +414,74 @@ class Journal:
         sizes = [_file_size(path) for _, path in segs]
         for i, (first, path) in enumerate(segs):
             segment = SegmentReader(path)
-            sizes[i] = segment.end_of_data()  # a prepared tail of zeros is no work
-            done, total = sum(sizes[:i]), sum(sizes)
-            pos = 0
-            seg_last = first - 1  # the seq of the segment's last record so far
-            while pos < segment.size:
-                rec, end = segment.record_at(pos)
-                if rec is None:
-                    newest = i == len(segs) - 1
-                    if pos >= sizes[i] and (newest or segs[i + 1][0] == seg_last + 1):  # zeros to the end: unused
-                        if newest:  # space prepared ahead, nothing read; cut off as the rule below would
-                            tail = (path, segment.size, pos, pos)
+            try:
+                sizes[i] = segment.end_of_data()  # a prepared tail of zeros is no work
+                done, total = sum(sizes[:i]), sum(sizes)
+                pos = 0
+                seg_last = first - 1  # the seq of the segment's last record so far
+                while pos < segment.size:
+                    rec, end = segment.record_at(pos) if pos < sizes[i] else (None, pos)
+                    if rec is None and pos < sizes[i]:  # judged on the segment read from here on, read once: a
+                        rec, end = _parse(
+                            segment.read_from(pos), pos
+                        )  # record a live server completed meanwhile parses
+                    if rec is None:
+                        newest = i == len(segs) - 1
+                        if pos >= sizes[i] and (newest or segs[i + 1][0] == seg_last + 1):  # zeros to the end: unused
+                            if newest:  # space prepared ahead, nothing read; cut off as the rule below would
+                                tail = (path, segment.size, pos, pos)
+                            break
+                        data = segment.read_from(pos)  # what follows a bad record: judged on the segment from here on
+                        data_end = _end_of_data(data, pos, sizes[i])  # zeros after sizes[i]: not looked at
+                        unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
+                        if data[pos : pos + 4] in OLDER_MAGICS:
+                            self._lose(JournalCorruptError(
+                                f"journal segment {path} holds a record of an older journal format "
+                                f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads "
+                                "PSJ5. Refusing to start; stop the server version that wrote it cleanly (a clean stop "
+                                "writes every push to RocksDB), or start with --accept-journal-loss to go on without "
+                                "those pushes"
+                            ), accept_loss)  # fmt: skip
+                        elif not unused and (not newest or not _torn_tail(data, pos, data_end)):
+                            self._lose(JournalCorruptError(
+                                f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record "
+                                f"{last}), with "
+                                f"{'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
+                                ": that is damage, not the torn last record of a crash. Refusing to start (cut there, "
+                                "the journal would lose the acknowledged pushes after it); restore the data dir, or "
+                                "start with --accept-journal-loss to go on without the pushes in the damaged bytes"
+                            ), accept_loss)  # fmt: skip
+                            damaged = (path, pos)  # accepted: replay goes on with the next intact record
+                            resume = _next_intact(data, pos + 1, sizes[i])  # a record starts before the zeros
+                            if resume is not None:
+                                pos = resume
+                                continue
+                        elif newest:
+                            tail = (path, len(data), pos, data_end)
+                            whole = _holds_a_whole_record(data, pos, len(data))  # its own zeros count: a push's last
+                            # floats are often 0.0
                         break
-                    data = segment.read_whole()  # what follows a bad record is judged on the whole segment
-                    data_end = _end_of_data(data, pos)
-                    unused = data_end == pos and (newest or segs[i + 1][0] == seg_last + 1)
-                    if data[pos : pos + 4] in OLDER_MAGICS:
-                        self._lose(JournalCorruptError(
-                            f"journal segment {path} holds a record of an older journal format "
-                            f"({data[pos:pos + 4].decode('ascii', 'replace')}) at byte {pos}; this server reads PSJ5. "
-                            "Refusing to start; stop the server version that wrote it cleanly (a clean stop writes "
-                            "every push to RocksDB), or start with --accept-journal-loss to go on without those pushes"
-                        ), accept_loss)  # fmt: skip
-                    elif not unused and (not newest or not _torn_tail(data, pos, data_end)):
-                        self._lose(JournalCorruptError(
-                            f"journal segment {path} is corrupt at byte {pos} of {len(data)} (after record {last}), "
-                            f"with {'data after it' if newest else f'{len(segs) - 1 - i} segments after it'}"
-                            ": that is damage, not the torn last record of a crash. Refusing to start (cut there, the "
-                            "journal would lose the acknowledged pushes after it); restore the data dir, or start "
-                            "with --accept-journal-loss to go on without the pushes in the damaged bytes"
-                        ), accept_loss)  # fmt: skip
-                        damaged = (path, pos)  # accepted: replay goes on with the next intact record
-                        resume = _next_intact(data, pos + 1, len(data))
-                        if resume is not None:
-                            pos = resume
-                            continue
-                    elif newest:
-                        tail = (path, len(data), pos, data_end)
-                        whole = _holds_a_whole_record(data, pos, len(data))  # its own zeros count: a push's last
-                        # floats are often 0.0
-                    break
-                pos = end
-                self.replay_bytes = (done + pos, total)
-                seg_last = rec.seq
-                last = max(last, rec.seq)
-                self.note_applied(rec.origin)
-                if rec.seq > after_seq:
-                    if rec.seq <= expect:
-                        raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
-                                                  f"{expect}: segments overlap; refusing to start")  # fmt: skip
-                    if rec.seq > expect + 1:
-                        self._lose(
-                            self._in_damage(expect + 1, rec.seq - 1, damaged)
-                            if damaged
-                            else self._missing(expect + 1, rec.seq - 1, after_seq, mark, path),
-                            accept_loss,
-                        )
-                    damaged = None
-                    expect = rec.seq
-                    yield rec
-            segment.close()
+                    pos = end
+                    self.replay_bytes = (done + pos, total)
+                    seg_last = rec.seq
+                    last = max(last, rec.seq)
+                    self.note_applied(rec.origin)
+                    if rec.seq > after_seq:
+                        if rec.seq <= expect:
+                            raise JournalCorruptError(f"journal segment {path} holds record {rec.seq} after record "
+                                                      f"{expect}: segments overlap; refusing to start")  # fmt: skip
+                        if rec.seq > expect + 1:
+                            self._lose(
+                                self._in_damage(expect + 1, rec.seq - 1, damaged)
+                                if damaged
+                                else self._missing(expect + 1, rec.seq - 1, after_seq, mark, path),
+                                accept_loss,
+                            )
+                        damaged = None
+                        expect = rec.seq
+                        yield rec
+            finally:  # also when a refusal or the caller ends the read mid-segment
+                segment.close()
         if expect < mark:
             if damaged:
                 error = self._in_damage(expect + 1, mark, damaged)
@@ -758,10 +803,11 @@ def _file_size(path: str) -> int:
         return 0
 
 
-def _end_of_data(data: bytes, pos: int) -> int:
-    """Where data stops being anything but zeros: one past its last nonzero byte at or after pos (pos if none)."""
+def _end_of_data(data: bytes, pos: int, end: int | None = None) -> int:
+    """Where data stops being anything but zeros: one past its last nonzero byte at or after pos (pos if none),
+    looking no further than end (None: the end of data; what lies past it is taken for zeros)."""
     a = np.frombuffer(data, dtype=np.uint8)
-    end = len(a)
+    end = len(a) if end is None else min(end, len(a))
     while end > pos:  # from the back, a MB at a time: a prepared tail can be hundreds of MB
         lo = max(pos, end - (1 << 20))
         nonzero = np.flatnonzero(a[lo:end])
