@@ -48,6 +48,9 @@ def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
             "(the tables are then trained from scratch)")  # fmt: skip
 
 
+NEVER_RESTORED = "(never restored, or a server version that does not say)"  # restored_sha256 empty
+
+
 def mixed_restores(shard_stats: list) -> str:
     """A message naming what each shard was restored from when the shards disagree (StatsResponse restored_sha256:
     one checkpoint's manifest, or none), else "". Shards restored from two checkpoints, or some restored and some
@@ -57,7 +60,7 @@ def mixed_restores(shard_stats: list) -> str:
     origins = [s.restored_sha256 for s in shard_stats]
     if len(set(origins)) < 2:
         return ""
-    said = ", ".join(f"shard {s.shard_id} from {s.restored_from or '(never restored)'}"
+    said = ", ".join(f"shard {s.shard_id} from {s.restored_from or NEVER_RESTORED}"
                      + (f" (manifest {s.restored_sha256[:12]})" if s.restored_sha256 else "")
                      for s in shard_stats)  # fmt: skip
     return (f"the shards were not restored from one checkpoint: {said}; together they hold two cuts of the model, "
