@@ -52,3 +52,33 @@ def test_a_save_refused_for_its_directory_flushes_nothing(tmp_path):
     finally:
         channel.close()
         server.stop(grace_s=1)
+
+
+def test_a_save_that_fails_on_one_shard_names_the_parts_the_others_left(tmp_path):
+    """Shard 0 saves its part, shard 1 refuses (it takes no checkpoints): the error says which shard-<i> folders
+    are in DIR, without a manifest, and that DIR takes no save until they are gone."""
+    from ps.config import TableConfig
+    from ps.errors import PsError
+    from worker.checkpoint import save
+    from worker.client import Client
+
+    root = tmp_path / "root"
+    servers = [
+        Server(ServerConfig(data_dir=str(tmp_path / f"d{i}"), port=0, shard_id=i, num_shards=2,
+                            checkpoint_root=str(root) if i == 0 else None))
+        for i in range(2)
+    ]  # fmt: skip
+    try:
+        addresses = [f"127.0.0.1:{s.start()}" for s in servers]
+        with Client(addresses) as client:
+            client.create_table(TableConfig(name="t", dim=2))
+            client.push("t", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+            with pytest.raises(PsError) as refused:
+                save(client, str(root / "c"))
+        text = str(refused.value)
+        assert "takes no checkpoints" in text, text
+        assert f"{root / 'c'} holds shard-0, the part of each shard whose save finished, and no manifest.json" in text
+        assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0"]
+    finally:
+        for s in servers:
+            s.stop()

@@ -23,6 +23,7 @@ from protos import ps_pb2
 from ps import codec
 from ps.checkpoint import FORMAT, MANIFEST, write_manifest
 from ps.config import DEFAULT_HOLD_S
+from ps.errors import PsError
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from worker.flags import check_new_dir
@@ -61,6 +62,19 @@ def check_save_dir(name: str, directory: str) -> None:
     check_new_dir(name, directory, NEW_DIR)
 
 
+def _note_parts_left(error: PsError, directory: str) -> None:
+    """Adds to error's message which shard-<i> folders the shards whose save finished (or goes on: a save whose
+    deadline passed is not called off) left in directory, where this machine sees any: without a manifest they are
+    not a checkpoint, and the directory takes no save until they are gone."""
+    try:
+        left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
+    except OSError:
+        left = []
+    if left:
+        error.args = (f"{error}; {directory} holds {', '.join(left)}, the part of each shard whose save finished, and "
+                      f"no {MANIFEST}: it is not a checkpoint. Delete it before saving into it again",)  # fmt: skip
+
+
 def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
@@ -84,9 +98,13 @@ def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S)
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
-        replies = client.checkpoint(
-            {s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)}
-        )
+        try:
+            replies = client.checkpoint(
+                {s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)}
+            )
+        except PsError as e:
+            _note_parts_left(e, directory)
+            raise
     finally:  # every hold taken is released, whatever failed
         client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
     shards = [json.loads(r.shard_json) for r in replies]
