@@ -54,6 +54,7 @@ WORKER_MAY_IMPORT = {
     "ps.terminate",  # SIGTERM as an exception, child processes that die with their parent, waits signals end
     "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)
     "ps.storage.leftovers",  # an export's leftovers in its OUT, which ps-server export removes too (stdlib only)
+    "ps.storage.atomicfile",  # a JSON file replaced whole: --resume-file's record (stdlib only)
 }  # fmt: skip
 
 

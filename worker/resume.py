@@ -38,9 +38,9 @@ import glob
 import json
 import logging
 import os
-import tempfile
 import time
 
+from ps.storage.atomicfile import write_json_whole
 from worker.train_config import RESUME_WORKER, TrainConfig
 
 FORMAT = 1
@@ -154,17 +154,5 @@ class PositionWriter:
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished}  # fmt: skip
-        directory, name = os.path.split(os.path.abspath(self.path))
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         self.last, self.written, self.failing = time.monotonic(), examples, False

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
 import threading
 from collections.abc import Callable
 
 from ps.accel.threadnames import name_os_thread
 from ps.errors import StorageError
 from ps.storage import leftovers
+from ps.storage.atomicfile import write_json_whole
 
 log = logging.getLogger(__name__)
 
@@ -42,28 +41,9 @@ def remove_temporary_files(data_dir: str) -> list[str]:
 
 
 def write_json(path: str, obj: dict, sync_dir: bool = False) -> None:
-    """Replaces the file at path with obj as JSON, whole: a temporary file in the same directory, fsynced, then
-    renamed over it. sync_dir: fsync the directory too, so the rename itself survives a power loss."""
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
-    if sync_dir:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+    """Replaces the file at path with obj as JSON, whole (ps.storage.atomicfile): its temporary file is named as
+    TEMPORARY finds it. sync_dir: fsync the directory too, so the rename itself survives a power loss."""
+    write_json_whole(path, obj, sync_dir=sync_dir)
 
 
 def read_json(path: str, keys: tuple[str, ...]) -> dict | None:

@@ -1,0 +1,35 @@
+"""write_json_whole: a JSON file replaced whole, never seen half written (standard library only: the worker uses it
+too, ps.storage.sidefiles for the files beside RocksDB)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+
+
+def write_json_whole(path: str, obj: dict, sync_dir: bool = False, temp_prefix: str | None = None) -> None:
+    """Replaces the file at path with obj as JSON and a newline: a temporary file in the same directory (named
+    temp_prefix + random + ".tmp"; None: the file's name and a dot), fsynced, then renamed over it. A failure
+    removes the temporary file. sync_dir: fsync the directory too, so the rename itself survives a power loss."""
+    directory = os.path.dirname(path) or "."
+    prefix = temp_prefix if temp_prefix is not None else os.path.basename(path) + "."
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    if sync_dir:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
