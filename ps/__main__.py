@@ -260,7 +260,8 @@ def health_main(argv: list[str]) -> int:
 def build_verify_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server verify", description=verify_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("data_dir", metavar="DIR", help="the --data-dir of a shard, best a stopped one (RocksDB is "
-                   "opened read-only: a file that a running server deletes meanwhile would show as missing); or a "
+                   "opened read-only: a file that a running server deletes meanwhile would show as missing; what the journal "
+                   "shows while a server runs on DIR is a note, as its flushes move the journal under verify); or a "
                    "checkpoint directory (ps-worker checkpoint save), or one shard-<i> folder of one")  # fmt: skip
     return p
 

@@ -468,3 +468,24 @@ def test_a_journal_that_is_a_file_is_damage_to_start_and_verify(stopped_cleanly,
     assert "is a file, not the directory of journal segments" in refusal(data_dir)
     done = verify(data_dir)
     assert done.returncode == 1 and re.search(r"DAMAGED journal: the journal .* is a file", done.stdout), done.stdout
+
+
+def test_verify_names_an_unreadable_segment_and_on_a_live_dir_calls_a_journal_finding_a_note(tmp_path):
+    """A journal segment that cannot be read (here a directory named like one) is reported, not a traceback: damaged
+    on a stopped dir; on a dir a server runs on (its flushes move the journal under verify) a note that says so."""
+    data_dir = tmp_path / "d"
+    server = ServerProcess(data_dir)
+    with Client([server.started()]) as client:
+        client.wait_ready()
+        client.create_table(TableConfig(name="t", dim=2))
+        client.push("t", np.arange(10, dtype=np.uint64), np.ones((10, 2), np.float32))  # the journal is there
+    (data_dir / "journal" / f"{0:020d}.log").mkdir()  # before the segment the server writes
+    report = verify(data_dir)
+    assert "Traceback" not in report.stderr, report.stderr
+    assert "a server runs on this data dir (RocksDB's LOCK is held)" in report.stdout, report.stdout
+    assert "a journal segment cannot be read" in report.stdout and "a journal segment must be a file" in report.stdout
+    server.stop()
+    report = verify(data_dir)
+    assert report.returncode == 1 and "Traceback" not in report.stderr, (report.stdout, report.stderr)
+    assert re.search(r"DAMAGED\s+journal: a journal segment cannot be read: .*a journal segment must be a file",
+                     report.stdout), report.stdout  # fmt: skip
