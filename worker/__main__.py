@@ -288,8 +288,11 @@ def _stats(args) -> int:
         print(f"{s.shard_id:>5} data dir {s.data_dir}{restored}, up {s.uptime_s:,.0f} s, clock {s.clock:,}, RAM "
               f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
         bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
-        room = (f", room for requests {_size(s.request_room_used_bytes)} of {_size(s.request_room_bytes)} "
-                f"({s.request_room_waits:,} waited for it)"
+        alone = (
+            " (a request larger than the room runs alone)" if s.request_room_used_bytes > s.request_room_bytes else ""
+        )
+        room = (f", room for requests {_size(s.request_room_used_bytes)} of {_size(s.request_room_bytes)}{alone} "
+                f"({s.request_room_waits:,} requests waited for it)"
                 if s.request_room_bytes else "")  # fmt: skip
         print(
             f"{s.shard_id:>5} memory {bound}: block cache {_size(s.block_cache_used_bytes)} of "

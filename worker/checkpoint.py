@@ -63,16 +63,20 @@ def check_save_dir(name: str, directory: str) -> None:
 
 
 def _note_parts_left(error: PsError, directory: str) -> None:
-    """Adds to error's message which shard-<i> folders the shards whose save finished (or goes on: a save whose
-    deadline passed is not called off) left in directory, where this machine sees any: without a manifest they are
-    not a checkpoint, and the directory takes no save until they are gone."""
+    """Adds to error's message what the save phase leaves in directory: the shard-<i> folders of the shards whose
+    save finished, where this machine sees any, and those of saves that may go on (a save whose deadline passed is
+    not called off). Without a manifest they are not a checkpoint, and the directory takes no save until they are
+    gone."""
     try:
         left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
     except OSError:
         left = []
-    if left:
-        error.args = (f"{error}; {directory} holds {', '.join(left)}, the part of each shard whose save finished, and "
-                      f"no {MANIFEST}: it is not a checkpoint. Delete it before saving into it again",)  # fmt: skip
+    holds = (
+        f"holds {', '.join(left)}, the part of each shard whose save finished" if left else "holds no shard part yet"
+    )
+    error.args = (f"the save into {directory} failed: {error}. {directory} {holds}, and a shard whose save did not "
+                  f"answer may still write its part there; with no {MANIFEST} it is not a checkpoint: delete it once "
+                  "the shards are done, before saving into it again",)  # fmt: skip
 
 
 def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S) -> dict:
