@@ -347,7 +347,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         dim = self.shard.table(request.table).dim
         self._check_reply("Pull", [(len(ids), dim)])
         reply, rows = codec.pull_response_to_fill(len(ids), dim)
-        self.shard.pull(request.table, ids, out=rows)  # gathered straight into the reply
+        self.shard.pull(request.table, ids, out=rows, caller_gone=CallerGone(context))  # straight into the reply
         return reply
 
     def _decode_push(self, request) -> TablePush:
@@ -365,7 +365,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     @_rpc
     def Push(self, request: Any, context: grpc.ServicerContext) -> Message:
         push = self._decode_push(request)
-        self.shard.push(**push._asdict())
+        self.shard.push(**push._asdict(), caller_gone=CallerGone(context))
         return ps_pb2.PushResponse(num_applied=len(push.ids))
 
     @_rpc
@@ -383,7 +383,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self._check_reply("PullBatch", shapes)
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
         with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
-            return codec.encode_pull_batch_response([self.shard.pull(*p) for p in pulls], min_clock)
+            gone = CallerGone(context)
+            return codec.encode_pull_batch_response([self.shard.pull(*p, caller_gone=gone) for p in pulls], min_clock)
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -400,7 +401,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             )
         with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
             if stamp is None:
-                step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq)
+                step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,
+                                                      CallerGone(context))  # fmt: skip
                 num_applied = ids_applied(pushes, applied)
             rows = [self.shard.pull(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
             return codec.encode_push_batch_response(num_applied, step, rows, min_clock)

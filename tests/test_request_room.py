@@ -218,3 +218,32 @@ def test_the_push_rpc_takes_room_too(bounded_shard):
         assert done == []
     t.join(30)
     assert done == [None] and shard.room.in_use == 0
+
+
+def test_a_wait_whose_caller_left_ends_and_passes_its_turn_on():
+    """A request waiting for room whose caller is gone (cancelled, past its deadline) stops waiting with
+    CallerGoneError; the takes after it go on."""
+    from ps.errors import CallerGoneError
+
+    room, log, go_on, gone, raised = RequestRoom(100), [], threading.Event(), threading.Event(), []
+    holder = _taker(room, 100, log, "holder", go_on)
+    _holding(log, ["holder"])
+
+    def abandoned_take():
+        try:
+            with room.take(10, caller_gone=gone.is_set):
+                log.append("abandoned")
+        except CallerGoneError as e:
+            raised.append(str(e))
+
+    t = threading.Thread(target=abandoned_take, daemon=True)
+    t.start()
+    _waiting(room, 1)
+    later = _taker(room, 10, log, "later")
+    _waiting(room, 2)
+    gone.set()
+    t.join(5)
+    assert raised and "its caller left" in raised[0] and room.waiting == 1
+    go_on.set()
+    holder.join(5), later.join(5)
+    assert log == ["holder", "later"] and room.waiting == 0 and room.in_use == 0

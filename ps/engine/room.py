@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+from ps.errors import CallerGoneError
 
 ID_BYTES = 8
+CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
 
 
 def pull_cost(n: int, width: int, dim: int) -> int:
@@ -62,9 +65,11 @@ class RequestRoom:
         return self._next_ticket - self._serving
 
     @contextlib.contextmanager
-    def take(self, nbytes: int) -> Iterator[None]:
+    def take(self, nbytes: int, caller_gone: Callable[[], bool] | None = None) -> Iterator[None]:
         """Holds nbytes of room for the with-block: waits for its turn, then until nbytes fit (or the room is
-        empty: a request larger than the room runs alone)."""
+        empty: a request larger than the room runs alone). caller_gone: looked at every CALLER_CHECK_S of the
+        wait; once true, the wait ends with CallerGoneError (its caller cancelled, or past its deadline: nobody
+        would read the reply), and the turn passes on."""
         if not self.capacity:
             yield
             return
@@ -75,7 +80,10 @@ class RequestRoom:
             try:
                 while ticket != self._serving or (self._in_use and self._in_use + nbytes > self.capacity):
                     waited = True
-                    self._cond.wait()
+                    self._cond.wait(None if caller_gone is None else CALLER_CHECK_S)
+                    if caller_gone is not None and caller_gone():
+                        raise CallerGoneError("a request stopped waiting for request room (--memory-bytes): its "
+                                              "caller left (its deadline passed, or it was cancelled)")  # fmt: skip
             except BaseException:  # interrupted while waiting: its turn passes to the next ticket
                 self._abandoned.add(ticket)
                 self._next_turn()

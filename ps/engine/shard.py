@@ -540,11 +540,15 @@ class Shard:
             )
 
     # ---- data -----------------------------------------------------------------------------------------
-    def pull(self, name: str, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """(n, dim) embeddings of ids, written into out if given."""
+    def pull(
+        self, name: str, ids: np.ndarray, out: np.ndarray | None = None, caller_gone: Callable[[], bool] | None = None
+    ) -> np.ndarray:
+        """(n, dim) embeddings of ids, written into out if given. caller_gone: a wait for request room ends with
+        CallerGoneError once it is true (ps.engine.room)."""
         table = self.table(name)
         self.check_owned(ids)
-        with self.room.take(pull_cost(len(ids), table.width, table.dim)), self.store.foreground.serving():
+        cost = pull_cost(len(ids), table.width, table.dim)
+        with self.room.take(cost, caller_gone), self.store.foreground.serving():
             return table.pull(ids, out)
 
     def check_push(self, push: TablePush) -> CheckedPush:
@@ -606,18 +610,24 @@ class Shard:
         shows: np.ndarray | None = None,
         clicks: np.ndarray | None = None,
         add_delta: bool = False,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> None:
         """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
-        id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
+        id. add_delta: grads are deltas added to the embeddings (see the module docstring). caller_gone: as pull's."""
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
         self.refuse_if_lost()
         with self._hold.push_gate():
             checked = self.check_push(push)
-            with self.room.take(push_cost(len(ids), self.table(name).width)):
+            with self.room.take(push_cost(len(ids), self.table(name).width), caller_gone):
                 self.apply_push(checked)
 
     def push_batch(
-        self, pushes: Sequence[TablePush | tuple], advance_clock: int = 0, client: int = 0, client_seq: int = 0
+        self,
+        pushes: Sequence[TablePush | tuple],
+        advance_clock: int = 0,
+        client: int = 0,
+        client_seq: int = 0,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
         """Several pushes of one request (TablePushes, or tuples in its field order: ps.engine.push.as_pushes), then
         the clock advanced; returns (clock, pushes applied now: the last ones; ps.engine.push.ids_applied counts
@@ -638,11 +648,18 @@ class Shard:
         says so; validation failures change nothing."""
         self.refuse_if_lost()
         with self._hold.push_gate():
-            return self._push_batch(as_pushes(pushes), advance_clock, client, client_seq)
+            return self._push_batch(as_pushes(pushes), advance_clock, client, client_seq, caller_gone)
 
-    def _push_batch(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> tuple[int, int]:
+    def _push_batch(
+        self,
+        pushes: list[TablePush],
+        advance_clock: int,
+        client: int,
+        client_seq: int,
+        caller_gone: Callable[[], bool] | None = None,
+    ) -> tuple[int, int]:
         if not client:
-            return self._apply_batch(pushes, advance_clock, (0, 0), 0)
+            return self._apply_batch(pushes, advance_clock, (0, 0), 0, caller_gone)
         with self._client_lock(client):
             newest = self.journal.applied.get(client)
             done_seq, done_parts = newest or (0, 0)
@@ -663,7 +680,7 @@ class Shard:
                     self.check_push(p)
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
-            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip)
+            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone)
             # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
             self.journal.note_applied((client, client_seq, len(pushes) - 1))
             return out
@@ -700,7 +717,12 @@ class Shard:
         return ClientTableFullError(text)
 
     def _apply_batch(
-        self, pushes: list[TablePush], advance_clock: int, request: tuple[int, int], skip: int
+        self,
+        pushes: list[TablePush],
+        advance_clock: int,
+        request: tuple[int, int],
+        skip: int,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> tuple[int, int]:
         """Validates every push, reserves the clock advance (so that no AdvanceClock in between can make it
         out of range), applies the pushes from `skip` on, then advances the clock."""
@@ -716,7 +738,7 @@ class Shard:
                 self._advances_reserved += advance_clock
         room = sum(push_cost(len(pushes[i].ids), self.table(pushes[i].name).width) for i in range(skip, len(pushes)))
         try:
-            with self.room.take(room):
+            with self.room.take(room, caller_gone):
                 self._apply_pushes(checked, pushes, request, skip)
         finally:  # applied or not, the reservation ends; the clock moves only after every push was applied
             if advance_clock:
@@ -778,7 +800,7 @@ class Shard:
             applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
                                                self._apply_sum, client, caller_gone)  # fmt: skip
             return self.clock, applied, low
-        clock, applied = self.push_batch(pushes, advance_clock, client, client_seq)
+        clock, applied = self.push_batch(pushes, advance_clock, client, client_seq, caller_gone)
         return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
