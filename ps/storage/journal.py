@@ -103,13 +103,13 @@ class SegmentReader:
     def __init__(self, path: str):
         self.path = path
         self._fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self._fd).st_size
-        if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
             self.close()
             raise IsADirectoryError(errno.EISDIR, "a journal segment must be a file", path)
+        self.size = st.st_size
         self._start, self._window = 0, b""
-        self._read_from: int | None = None  # where read_from's buffer begins to hold the segment's bytes
-        self._whole: mmap.mmap | bytes = b""
+        self._whole: mmap.mmap | bytes | None = None  # read_from's buffer, once it ran
         self._data_end = self.size
 
     def close(self) -> None:
@@ -153,9 +153,9 @@ class SegmentReader:
         end = self.size
         while end > 0:
             lo = max(0, end - (1 << 20))
-            nonzero = np.flatnonzero(np.frombuffer(self._pread(end - lo, lo), dtype=np.uint8))
-            if len(nonzero):
-                self._data_end = lo + int(nonzero[-1]) + 1
+            found = _end_of_data(self._pread(end - lo, lo), 0)
+            if found:
+                self._data_end = lo + found
                 return self._data_end
             end = lo
         self._data_end = 0
@@ -171,28 +171,26 @@ class SegmentReader:
         return pos + n <= self._start + len(self._window)
 
     def record_at(self, pos: int) -> tuple[Record | None, int]:
-        """_parse at pos: (Record, end), or (None, pos) when the bytes there are no intact record."""
-        if self._read_from is not None:
-            return _parse(self._whole, pos)
-        if not self._covers(pos, HEADER.size):
-            return None, pos
-        magic, _seq, payload_len, _check = HEADER.unpack_from(self._window, pos - self._start)
-        if magic != MAGIC or not self._covers(pos, HEADER.size + payload_len):
-            return None, pos
-        rec, end = _parse(self._window, pos - self._start)
-        return (rec, end + self._start) if rec is not None else (None, pos)
+        """_parse at pos: (Record, end), or (None, pos) when the bytes there are no intact record. Read through a
+        window; where that finds none, judged on the segment read from pos on (read_from), so what is judged is
+        what one read saw: a record a live server completed meanwhile parses."""
+        if self._whole is None and self._covers(pos, HEADER.size):
+            magic, _seq, payload_len, _check = HEADER.unpack_from(self._window, pos - self._start)
+            if magic == MAGIC and self._covers(pos, HEADER.size + payload_len):
+                rec, end = _parse(self._window, pos - self._start)
+                if rec is not None:
+                    return rec, end + self._start
+        return _parse(self.read_from(pos), pos)
 
     def read_from(self, pos: int) -> mmap.mmap | bytes:
         """The segment as a buffer of its size, its bytes from pos to the end of its data read in (end_of_data
         must have run; the rest reads as zeros: untouched anonymous memory); record_at reads from it from now on.
         Positions in it are the segment's."""
-        if self._read_from is None:
+        if self._whole is None:
             self._window = b""
-            self._read_from = pos
-            if self.size:
-                self._whole = mmap.mmap(-1, self.size)
-                if self._data_end > pos:
-                    self._pread_into(memoryview(self._whole)[pos : self._data_end], pos)
+            self._whole = mmap.mmap(-1, self.size) if self.size else b""
+            if self._data_end > pos:
+                self._pread_into(memoryview(self._whole)[pos : self._data_end], pos)
         return self._whole
 
 
@@ -420,11 +418,7 @@ class Journal:
                 pos = 0
                 seg_last = first - 1  # the seq of the segment's last record so far
                 while pos < segment.size:
-                    rec, end = segment.record_at(pos) if pos < sizes[i] else (None, pos)
-                    if rec is None and pos < sizes[i]:  # judged on the segment read from here on, read once: a
-                        rec, end = _parse(
-                            segment.read_from(pos), pos
-                        )  # record a live server completed meanwhile parses
+                    rec, end = segment.record_at(pos) if pos < sizes[i] else (None, pos)  # after sizes[i]: zeros
                     if rec is None:
                         newest = i == len(segs) - 1
                         if pos >= sizes[i] and (newest or segs[i + 1][0] == seg_last + 1):  # zeros to the end: unused
