@@ -618,7 +618,7 @@ class Shard:
         self.refuse_if_lost()
         with self._hold.push_gate():
             checked = self.check_push(push)
-            with self.room.take(push_cost(len(ids), self.table(name).width), caller_gone):
+            with self.room.take(push_cost(len(checked.ids), checked.table.width), caller_gone):
                 self.apply_push(checked)
 
     def push_batch(
@@ -736,7 +736,7 @@ class Shard:
             with self._lock:
                 self._check_advance(advance_clock)
                 self._advances_reserved += advance_clock
-        room = sum(push_cost(len(pushes[i].ids), self.table(pushes[i].name).width) for i in range(skip, len(pushes)))
+        room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
         try:
             with self.room.take(room, caller_gone):
                 self._apply_pushes(checked, pushes, request, skip)
