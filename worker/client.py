@@ -315,11 +315,13 @@ class Client:
         caller; or by this call's own attempt that a retry followed)."""
         dim = self.dim(table)
         uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
-        per_shard: dict[int, list] = {}  # a shard's chunks in one request: request number 1 is applied once
-        for shard, _, push in self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True):
-            per_shard.setdefault(shard, []).append(push)
-        calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=pushes, client_id=key, seq=1, shared=True))
-                 for shard, pushes in per_shard.items()]  # fmt: skip
+        routed = self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True)
+        groups = self._router.group(
+            [(shard, push, 0, None) for shard, _, push in routed], self.max_request_bytes, whole=True
+        )  # a shard's chunks in one request: request number 1 is applied once
+        calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[r[1] for r in g], client_id=key, seq=1,
+                                                              shared=True))
+                 for shard, g in groups]  # fmt: skip
         return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
 
     def finish(self, stamp: WorkerStamp) -> int:
