@@ -11,7 +11,7 @@ import pytest
 
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, MIN_RAM_TIER_BYTES, MiB, plan_memory
+from ps.storage.memory import DEFAULT_BLOCK_CACHE_BYTES, MIN_RAM_TIER_BYTES, MiB, plan_memory, smallest_memory_bytes
 
 
 @pytest.mark.parametrize("memory", [96 * MiB, 256 * MiB, 640 * MiB, 8 << 30])
@@ -31,6 +31,26 @@ def test_a_given_cache_must_fit_and_keeps_its_size():
         ValueError, match=r"--memory-bytes 64 MiB is too small: .* requests 16 MiB take 60 MiB, leaving 4 MiB "
     ):
         plan_memory(64 * MiB, None)
+
+
+def _fits(memory: int, cache: int | None) -> bool:
+    try:
+        plan_memory(memory, cache)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("cache", [None, 5 * MiB, 16 * MiB, 100 * MiB + 1, 256 * MiB, 1 << 30, 3 << 30])
+def test_the_refusal_names_the_least_memory_that_fits(cache):
+    """The oracle is plan_memory itself, tried MiB by MiB: the size the error names fits, one MiB less does not,
+    and the error says it."""
+    least = smallest_memory_bytes(cache if cache is not None else MIN_RAM_TIER_BYTES)
+    assert least % MiB == 0 and _fits(least, cache) and not _fits(least - MiB, cache)
+    first = next(m for m in range(1, 8192) if _fits(m * MiB, cache))
+    assert first * MiB == least
+    with pytest.raises(ValueError, match=rf"give --memory-bytes {least // MiB}M or more"):
+        plan_memory(least - MiB, cache)
 
 
 def test_without_a_bound_the_defaults_hold():

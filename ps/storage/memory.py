@@ -102,10 +102,38 @@ def check_ram_tier(cache_bytes: int) -> None:
         )
 
 
+def _fixed_parts(memory_bytes: int) -> MemoryPlan:
+    """The parts other than the RAM tier under --memory-bytes (ram_tier_bytes 0)."""
+    m = memory_bytes
+    return MemoryPlan(m, 0, _clamp(m // 8, 16 * MiB, DEFAULT_BLOCK_CACHE_BYTES),
+                      _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
+                      _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
+                      _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES),
+                      _clamp(m // 8, 16 * MiB, MAX_REQUEST_BYTES))  # fmt: skip
+
+
+def _left_for_ram_tier(memory_bytes: int) -> int:
+    return memory_bytes - sum(_fixed_parts(memory_bytes).parts().values())
+
+
+def smallest_memory_bytes(ram_tier_bytes: int) -> int:
+    """The least --memory-bytes, in whole MiB, that leaves ram_tier_bytes for the RAM tier. What the other parts
+    take grows by under half of each byte added (their fractions sum to 13/32), so what is left never falls as
+    --memory-bytes grows and a bisection finds it."""
+    low, high = 0, max(1, -(-ram_tier_bytes // MiB)) * 2 + 1024  # in MiB; high always leaves enough
+    while low < high:
+        mid = (low + high) // 2
+        if _left_for_ram_tier(mid * MiB) >= ram_tier_bytes:
+            high = mid
+        else:
+            low = mid + 1
+    return low * MiB
+
+
 def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan:
-    """The plan for --memory-bytes and --cache-bytes (either may be None). ValueError, naming the parts, when
-    --cache-bytes does not fit in --memory-bytes or is under what any table can use (check_ram_tier), or
-    --memory-bytes leaves the RAM tier under MIN_RAM_TIER_BYTES."""
+    """The plan for --memory-bytes and --cache-bytes (either may be None). ValueError, naming the parts and the
+    least --memory-bytes that would do, when --cache-bytes does not fit in --memory-bytes or is under what any
+    table can use (check_ram_tier), or --memory-bytes leaves the RAM tier under MIN_RAM_TIER_BYTES."""
     if cache_bytes is not None:
         check_ram_tier(cache_bytes)
     if memory_bytes is None:
@@ -113,11 +141,7 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
                           DEFAULT_BLOCK_CACHE_BYTES, DEFAULT_WRITE_BUFFER_BYTES, DEFAULT_WRITE_BEHIND_BYTES,
                           DEFAULT_JOURNAL_SEGMENT_BYTES)  # fmt: skip
     m = memory_bytes
-    fixed = MemoryPlan(m, 0, _clamp(m // 8, 16 * MiB, DEFAULT_BLOCK_CACHE_BYTES),
-                       _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
-                       _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
-                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES),
-                       _clamp(m // 8, 16 * MiB, MAX_REQUEST_BYTES))  # fmt: skip
+    fixed = _fixed_parts(m)
     others = sum(fixed.parts().values())
     left = m - others
     detail = ", ".join(f"{name} {size / MiB:,.0f} MiB" for name, size in fixed.parts().items() if name != "ram_tier")
@@ -125,14 +149,16 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
         if cache_bytes > left:
             raise ValueError(
                 f"--cache-bytes {_size(cache_bytes)} does not fit in --memory-bytes {_size(m)}: "
-                f"{detail} take {others / MiB:,.0f} MiB, leaving {max(left, 0) / MiB:,.0f} MiB for the RAM tier; "
-                "give a larger --memory-bytes or a smaller --cache-bytes (or leave it out: it takes what is left)"
+                f"{detail} take {others / MiB:,.0f} MiB, leaving {max(left, 0) // MiB:,} MiB for the RAM tier; "
+                f"give --memory-bytes {smallest_memory_bytes(cache_bytes) // MiB}M or more, or a smaller "
+                "--cache-bytes (or leave it out: it takes what is left)"
             )
         left = cache_bytes
     elif left < MIN_RAM_TIER_BYTES:
         raise ValueError(
             f"--memory-bytes {_size(m)} is too small: {detail} take {others / MiB:,.0f} MiB, leaving "
-            f"{max(left, 0) / MiB:,.0f} MiB for the RAM tier (at least {MIN_RAM_TIER_BYTES / MiB:,.0f} MiB)"
+            f"{max(left, 0) // MiB:,} MiB for the RAM tier (at least {MIN_RAM_TIER_BYTES / MiB:,.0f} MiB); "
+            f"give --memory-bytes {smallest_memory_bytes(MIN_RAM_TIER_BYTES) // MiB}M or more"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
                       fixed.journal_segment_bytes, fixed.request_bytes)  # fmt: skip
