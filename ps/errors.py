@@ -76,7 +76,7 @@ class ReplyTooLargeError(PsError):
 
 
 class RamTierTooSmallError(PsError, ValueError):
-    """The RAM tier (--cache-bytes) cannot hold what is asked: a new table's share of it (CreateTable), or the rows
+    """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share of it (CreateTable), or the rows
     one request needs at once. Raise --cache-bytes, keep fewer tables on a shard, or send fewer ids per request."""
 
     status = "RESOURCE_EXHAUSTED"

@@ -7,6 +7,7 @@ The tests of the sharing itself use budgets of a few rows: `tiny_shares` lowers 
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -297,3 +298,19 @@ def test_a_start_on_tables_the_ram_tier_cannot_hold_names_the_least_that_holds_t
         Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=1 << 20))
     least = int(str(info.value).rsplit(" ", 1)[1])
     Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=least)).close()  # that much is enough for all four
+
+
+def test_under_memory_bytes_alone_a_start_names_the_least_memory_bytes_that_holds_the_tables(tmp_path):
+    """The RAM tier is what --memory-bytes leaves: the refusal names --memory-bytes, and the size it names is
+    enough (the oracle: a start with it)."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=64 << 20))
+    for i in range(24):  # rows of over 8 KB: each share at least 1 MiB, 24 MiB in all
+        shard.create_table(TableConfig(f"t{i}", 1024, InitializerConfig("zeros"), OptimizerConfig("adagrad", 0.1)))
+    shard.close()
+    with pytest.raises(RamTierTooSmallError, match=r"RAM tier \(\d+ bytes, what --memory-bytes 80 MiB leaves it\) "
+                                                   r".*raise --memory-bytes to at least (\d+)M") as info:  # fmt: skip
+        Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=80 << 20))
+    least = int(re.search(r"at least (\d+)M", str(info.value)).group(1))
+    Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=least << 20)).close()
+    with pytest.raises(RamTierTooSmallError):
+        Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=(least - 1) << 20))

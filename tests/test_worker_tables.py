@@ -193,6 +193,13 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
         said.startswith(refusal)
         and "this run makes up to 5 more, 7 in all: raise --cache-bytes to at least 1609216" in said
     )
+    bounded = refusal.replace("--cache-bytes 102400", "102400 bytes, what --memory-bytes 200 MiB leaves it").replace(
+        "raise --cache-bytes to at least 459776",
+        "raise --memory-bytes to at least 200M, which leaves the RAM tier 459776 bytes",
+    )
+    said = too_small_for_the_model(bounded, 5)
+    assert "raise --memory-bytes until it leaves the RAM tier 1609216 bytes for them all" in said
+    assert "--cache-bytes to at least" not in said
     assert too_small_for_the_model(refusal, 0) == refusal  # the last table: the shard's figure is the whole need
     assert too_small_for_the_model("no figure", 3).endswith("this run makes 3 more tables after this one, each "
                                                             "needing its share too")  # fmt: skip

@@ -242,17 +242,22 @@ def train(cfg: TrainConfig) -> dict:
 
 def too_small_for_the_model(refusal: str, tables_after: int) -> str:
     """A shard's refusal of a table its RAM tier cannot share ("... cannot take table number n ... under the F
-    bytes a table's share must hold ... raise --cache-bytes to at least n*F"), with what the whole model needs: the
-    run makes tables_after more tables after this one, each with its share."""
+    bytes a table's share must hold ... raise --cache-bytes (or --memory-bytes) ..."), with what the whole model
+    needs: the run makes tables_after more tables after this one, each with its share."""
     if not tables_after:
         return refusal
     m = re.search(r"cannot take table number (\d+):.* under the (\d+) bytes a table's share must hold", refusal)
     if m is None:
         return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
     n, floor = int(m.group(1)) + tables_after, int(m.group(2))
+    if "raise --memory-bytes" in refusal:  # the shard's RAM tier is what its --memory-bytes leaves
+        change = (f"raise --memory-bytes until it leaves the RAM tier {n * floor} bytes for them all (a server given "
+                  f"--cache-bytes {n * floor} with a --memory-bytes too small for it names the least that fits)")  # fmt: skip
+    else:
+        change = f"raise --cache-bytes to at least {n * floor} for them all"
     return (f"{refusal}. That counts the tables up to this one; this run makes up to {tables_after} more, {n} in all: "
-            f"raise --cache-bytes to at least {n * floor} for them all (more if a later table's rows are wider); the "
-            "tables made so far stay, and are replaced by a later run if they differ from its settings")  # fmt: skip
+            f"{change} (more if a later table's rows are wider); the tables made so far stay, and are replaced by a "
+            "later run if they differ from its settings")  # fmt: skip
 
 
 @contextlib.contextmanager

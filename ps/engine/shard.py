@@ -277,11 +277,15 @@ class Shard:
                      summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
             self.restored_now = True
 
+    def _new_budget(self) -> MemoryBudget:
+        """The RAM tier's budget, its refusals naming the flag that sizes it (MemoryPlan.raise_ram_tier_to)."""
+        return MemoryBudget(self.memory.ram_tier_bytes, self.memory.ram_tier_source(), self.memory.raise_ram_tier_to)
+
     def _check_room_for(self, manifest: dict, checkpoint: str) -> None:
         """RamTierTooSmallError, before a row is restored, when the RAM tier cannot hold the checkpoint's tables
         (the check a start on the restored dir would make, _open_tables)."""
         tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
-        _check_tables_fit(MemoryBudget(self.memory.ram_tier_bytes), tables, f"tables of checkpoint {checkpoint}")
+        _check_tables_fit(self._new_budget(), tables, f"tables of checkpoint {checkpoint}")
 
     def _restore_share(self, manifest: dict, written: list[int]) -> Callable[[], float]:
         """The share of the restore done, from the rows written (written[0]) over this shard's slots' share of the
@@ -308,7 +312,7 @@ class Shard:
     def _open_tables(self) -> None:
         """Opens the journal and the tables RocksDB holds, over one RAM tier budget."""
         config = self.config
-        self.budget = MemoryBudget(self.memory.ram_tier_bytes)
+        self.budget = self._new_budget()
         self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
                                segment_bytes=self.memory.journal_segment_bytes,
                                mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip

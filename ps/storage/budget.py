@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from ps.errors import RamTierTooSmallError
@@ -57,8 +58,13 @@ class Member(Protocol):
 class MemoryBudget:
     """Bytes the RAM tiers of one server may use, shared by its tables (see the module docstring)."""
 
-    def __init__(self, limit_bytes: int):
+    def __init__(self, limit_bytes: int, source: str = "", raise_to: Callable[[int], str] | None = None):
+        """source: how limit_bytes was set, for messages (default "--cache-bytes N"); raise_to(n): what to change
+        for a RAM tier of n bytes (default "raise --cache-bytes to at least n"); ps.storage.memory.MemoryPlan
+        gives both."""
         self.limit_bytes = int(limit_bytes)
+        self.source = source or f"--cache-bytes {self.limit_bytes}"
+        self.raise_to = raise_to or (lambda n: f"raise --cache-bytes to at least {n}")
         self.used_bytes = 0
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
@@ -86,9 +92,9 @@ class MemoryBudget:
         share, floor = self.limit_bytes // n, min_share_bytes(widest)
         if share < floor:
             raise RamTierTooSmallError(
-                f"the RAM tier (--cache-bytes {self.limit_bytes}) {what}: shared by {n} tables it gives each "
+                f"the RAM tier ({self.source}) {what}: shared by {n} tables it gives each "
                 f"{share} bytes, under the {floor} bytes a table's share must hold ({floor // widest} rows of the "
-                f"widest table, {widest} bytes a row); raise --cache-bytes to at least {n * floor}"
+                f"widest table, {widest} bytes a row); {self.raise_to(n * floor)}"
             )
 
     def leave(self, member: Member) -> None:

@@ -52,6 +52,7 @@ class MemoryPlan:
     write_behind_bytes: int
     journal_segment_bytes: int
     request_bytes: int = 0  # room for requests' copies of rows (none without an overall bound)
+    cache_given: bool = True  # False: --memory-bytes without --cache-bytes, the RAM tier is what the others leave
 
     @property
     def memtable_bytes(self) -> int:
@@ -71,6 +72,23 @@ class MemoryPlan:
             "journal_map": self.journal_segment_bytes,
             "requests": self.request_bytes,
         }
+
+    def ram_tier_source(self) -> str:
+        """How the RAM tier got its size, for messages: "--cache-bytes N", or what --memory-bytes leaves."""
+        if self.bounded and not self.cache_given:
+            return f"{self.ram_tier_bytes} bytes, what --memory-bytes {_size(self.memory_bytes)} leaves it"
+        return f"--cache-bytes {self.ram_tier_bytes}"
+
+    def raise_ram_tier_to(self, need_bytes: int) -> str:
+        """What to change so that the RAM tier holds need_bytes: the flag that set it, and --memory-bytes where
+        the larger tier would not fit in it."""
+        if not self.bounded:
+            return f"raise --cache-bytes to at least {need_bytes}"
+        least = smallest_memory_bytes(need_bytes) // MiB
+        if not self.cache_given:
+            return f"raise --memory-bytes to at least {least}M, which leaves the RAM tier {need_bytes} bytes"
+        more = f" and --memory-bytes to at least {least}M" if least * MiB > self.memory_bytes else ""
+        return f"raise --cache-bytes to at least {need_bytes}{more}"
 
     def describe(self) -> str:
         parts = ", ".join(f"{name} {_size(size)}" for name, size in self.parts().items())
@@ -161,4 +179,4 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
             f"give --memory-bytes {smallest_memory_bytes(MIN_RAM_TIER_BYTES) // MiB}M or more"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
-                      fixed.journal_segment_bytes, fixed.request_bytes)  # fmt: skip
+                      fixed.journal_segment_bytes, fixed.request_bytes, cache_bytes is not None)  # fmt: skip
