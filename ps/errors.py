@@ -76,8 +76,9 @@ class ReplyTooLargeError(PsError):
 
 
 class RamTierTooSmallError(PsError, ValueError):
-    """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share of it (CreateTable), or the rows
-    one request needs at once. Raise --cache-bytes, keep fewer tables on a shard, or send fewer ids per request."""
+    """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share
+    of it (CreateTable), or the rows one request needs at once. Raise --cache-bytes (or --memory-bytes), keep
+    fewer tables on a shard, or send fewer ids per request."""
 
     status = "RESOURCE_EXHAUSTED"
 
