@@ -462,3 +462,28 @@ def test_the_router_keeps_the_routes_of_few_ids_only_and_routes_the_same_either_
         assert sorted(positions.tolist()) == list(range(len(ids)))
         for shard, p in routes:
             assert (router.slot_map.shard_of(ids[p]) == shard).all()
+
+
+def test_a_shard_past_a_calls_deadline_is_said_to_be_slow_not_down(caplog):
+    """A deadline says the shard did not answer in time, which a busy shard does too (requests waiting for their
+    memory room): the log says "not answering in time" and why, where a refused connection says "unavailable"."""
+
+    class Failed(grpc.RpcError):
+        def __init__(self, code: grpc.StatusCode, details: str):
+            self._code, self._details = code, details
+
+        def details(self) -> str:
+            return self._details
+
+        def code(self) -> grpc.StatusCode:
+            return self._code
+
+    with Client(["127.0.0.1:1", "127.0.0.1:2"], server_timeout_s=30) as client, caplog.at_level("INFO"):
+        late = Failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        assert client._outages.keep_waiting(0, late, client.server_timeout_s)
+        refused = Failed(grpc.StatusCode.UNAVAILABLE, "Connection refused")
+        assert client._outages.keep_waiting(1, refused, client.server_timeout_s)
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.client"]
+    assert "shard 0 at 127.0.0.1:1 is not answering in time (DEADLINE_EXCEEDED: Deadline Exceeded; down, or busy: " \
+           "its requests may be waiting for their memory room)" in said[0], said  # fmt: skip
+    assert "shard 1 at 127.0.0.1:2 is unavailable (connection refused" in said[1], said

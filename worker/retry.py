@@ -65,7 +65,15 @@ def why_failed(e: grpc.RpcError) -> str:
         return "connection refused: nothing listens there"
     if e.code() == grpc.StatusCode.CANCELLED:
         return "CANCELLED: the server stopped the call"
+    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return f"DEADLINE_EXCEEDED: {details}; down, or busy: its requests may be waiting for their memory room"
     return f"{e.code().name}: {details}"
+
+
+def failing(e: grpc.RpcError) -> str:
+    """How a shard whose call failed with e is said to be: "not answering in time" for a deadline (it may be busy,
+    not down), else "unavailable"."""
+    return "not answering in time" if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "unavailable"
 
 
 def starting(e: grpc.RpcError) -> str:
@@ -126,15 +134,15 @@ class Outages:
             if outage:
                 self.pausing.discard(shard)
         if outage:
-            log.warning("shard %d at %s is unavailable (%s) after a checkpoint's pause; waiting for it for up to "
-                        "%.0f s more", shard, self.servers[shard], why_failed(e), server_timeout_s - (now - since))  # fmt: skip
+            log.warning("shard %d at %s is %s (%s) after a checkpoint's pause; waiting for it for up to %.0f s more",
+                        shard, self.servers[shard], failing(e), why_failed(e), server_timeout_s - (now - since))  # fmt: skip
         doing = starting(e)
         if since is now and doing:  # this call marked it
             log.warning("shard %d at %s is starting (%s); waiting for it for up to %.0f s", shard, self.servers[shard],
                         doing, server_timeout_s)  # fmt: skip
         elif since is now:
-            log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is unavailable (%s); waiting for it "
-                    "for up to %.0f s", shard, self.servers[shard], why_failed(e), server_timeout_s)  # fmt: skip
+            log.log(logging.INFO if paused else logging.WARNING, "shard %d at %s is %s (%s); waiting for it for up to "
+                    "%.0f s", shard, self.servers[shard], failing(e), why_failed(e), server_timeout_s)  # fmt: skip
         return now - since < server_timeout_s
 
     def outcome_unknown(
