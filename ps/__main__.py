@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "logged at start, and `ps-worker stats` reports each part's use; the "
         "process's fixed overhead (an idle server's, "
         "its compiled code loaded at start) comes on top. Each pull and push takes room for its copies of rows and "
-        "waits while others hold it (ps-worker stats counts the waits); one larger than the whole room runs alone, "
-        "and the requests' own messages waiting for a thread are not counted (ps-worker's messages are sized by "
-        "the room: README, Limits). A bound past the machine's RAM, or past its container's "
+        "waits while others hold it (ps-worker stats counts the waits); a request larger than the whole room is "
+        "refused (RESOURCE_EXHAUSTED), and no message larger than it is received. Not counted: the messages "
+        "waiting for a server thread (up to --threads x the room), a sync step's contributions and its sum (which "
+        "runs alone when larger than the room): README, Limits. A bound past the machine's RAM, or past its container's "
         "memory limit (cgroup), is warned of at start. Default: no overall bound",
     )  # fmt: skip
     p.add_argument(

@@ -75,6 +75,15 @@ class ReplyTooLargeError(PsError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class RequestTooLargeError(PsError):
+    """The copies a request would make of its rows exceed the server's whole room for requests (the `requests`
+    part of --memory-bytes, ps.engine.room); it is refused before anything is read or applied. Send fewer ids per
+    request (worker.client sizes its messages by the room the shards report), or give the server a larger
+    --memory-bytes."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class RamTierTooSmallError(PsError, ValueError):
     """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share
     of it (CreateTable), or the rows one request needs at once. Raise --cache-bytes (or --memory-bytes), keep
@@ -343,7 +352,7 @@ STATUS_TO_ERROR = {
 
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
-    RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
+    RequestTooLargeError, RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
     CheckpointDirError, NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError,
     DataDirLostError, CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError,
     StorageError, DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError,

@@ -25,6 +25,7 @@ from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, StartGate
+from ps.storage.memory import plan_memory
 from ps.storage.verify import verify_data_dir
 from ps.terminate import SIGNAL_CHECK_S
 
@@ -33,12 +34,25 @@ log = logging.getLogger("ps.server")
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
 
 
-def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
-    """Channel/server options shared by both ends: message limits raised above gRPC's 4 MiB default."""
+def grpc_options(max_message_bytes: int, max_receive_bytes: int | None = None) -> list[tuple[str, int]]:
+    """Channel/server options shared by both ends: message limits raised above gRPC's 4 MiB default (received
+    messages: max_receive_bytes if given)."""
     return [
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
     ]
+
+
+def request_limit_bytes(config: ServerConfig) -> int:
+    """The largest request a server receives: max_message_bytes, or under --memory-bytes its request room where
+    that is smaller. A data request copies at least its own bytes of rows (ps.engine.room's costs), so one larger
+    than the room would only be refused; gRPC refuses it (RESOURCE_EXHAUSTED) before a thread holds it. A plan
+    that cannot be made is left to the Shard to refuse, with its message."""
+    try:
+        room = plan_memory(config.memory_bytes, config.cache_bytes).request_bytes
+    except ValueError:
+        return config.max_message_bytes
+    return min(config.max_message_bytes, room) if room else config.max_message_bytes
 
 
 class Server:
@@ -72,7 +86,7 @@ class Server:
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
-            options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
+            options=grpc_options(config.max_message_bytes, request_limit_bytes(config)) + [("grpc.so_reuseport", 0)],
         )
         self.health = HealthServicer(starting=self._starting, lost=self._lost)
         for name in ("", SERVICE_NAME):

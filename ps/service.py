@@ -346,9 +346,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         ids = wire.decode_ids(request.ids)
         dim = self.shard.table(request.table).dim
         self._check_reply("Pull", [(len(ids), dim)])
-        reply, rows = codec.pull_response_to_fill(len(ids), dim)
-        self.shard.pull(request.table, ids, out=rows, caller_gone=CallerGone(context))  # straight into the reply
-        return reply
+        replies = []
+
+        def reply_rows(n: int, dim: int) -> Any:  # rows of the reply, made once the pull holds its request room
+            reply, rows = codec.pull_response_to_fill(n, dim)
+            replies.append(reply)
+            return rows
+
+        self.shard.pull(request.table, ids, out=reply_rows, caller_gone=CallerGone(context))  # straight into it
+        return replies[0]
 
     def _decode_push(self, request) -> TablePush:
         """A PushRequest as a push of the shard's, with its lengths and dim checked."""
@@ -376,15 +382,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         if stamp is not None:
             self.shard.jobs.check(stamp, pull=True)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
-        shapes = []
-        for name, ids in pulls:  # every pull checked before any runs
-            shapes.append((len(ids), self.shard.table(name).dim))
-            self.shard.check_owned(ids)
-        self._check_reply("PullBatch", shapes)
+        self._check_reply("PullBatch", [(len(ids), self.shard.table(name).dim) for name, ids in pulls])
+        self.shard.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
-        with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
-            gone = CallerGone(context)
-            return codec.encode_pull_batch_response([self.shard.pull(*p, caller_gone=gone) for p in pulls], min_clock)
+        return self.shard.pull_batch(pulls, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
+                                     CallerGone(context))  # fmt: skip
 
     @_rpc
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
@@ -392,8 +394,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         _check_count("PushBatch", "pushes", len(request.pushes))
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
-        if returned:
-            self._check_reply("PushBatch", returned)  # before the push: a rejected request changes nothing
+        back = [(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
+        if back:  # before the push: a rejected request changes nothing
+            self._check_reply("PushBatch", returned)
+            self.shard.check_pull_batch(back, "a PushBatch's rows to return")
         client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
@@ -404,8 +408,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,
                                                       CallerGone(context))  # fmt: skip
                 num_applied = ids_applied(pushes, applied)
-            rows = [self.shard.pull(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
-            return codec.encode_push_batch_response(num_applied, step, rows, min_clock)
+            return self.shard.pull_batch(
+                back, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
+                what="a PushBatch's rows to return",
+            )  # fmt: skip
 
     @_rpc
     def Checkpoint(self, request: Any, context: grpc.ServicerContext) -> Message:

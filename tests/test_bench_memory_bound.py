@@ -1,5 +1,6 @@
 """benchmarks/memory_bound.py end to end at its --quick sizes: every case ran on its own server, and each limit is
-the bound + that case's idle peak + 64 MiB (the replay's: the big case's, a fresh server of the same flags)."""
+the bound + that case's idle peak + 64 MiB (the replay's: the big case's, a fresh server of the same flags), and
+the client that keeps 64 MiB messages has each of its requests refused."""
 
 import json
 
@@ -18,7 +19,8 @@ def test_memory_bound_runs_quick_and_reports_every_case():
     for r in cases.values():
         assert r["rss_limit_bytes"] == 256 * MiB + r["idle_peak_rss_bytes"] + 64 * MiB
         assert r["peak_rss_bytes"] >= r["idle_peak_rss_bytes"] > 50 * MiB
-        assert r["checked"] == (r["case"] != "own-client")
+        assert (r["refused"] is None) == (r["case"] != "own-client")
     assert cases["replay"]["idle_peak_rss_bytes"] == cases["big"]["idle_peak_rss_bytes"]
-    assert result["ok"] == all(r["ok"] for r in cases.values() if r["checked"])
+    assert cases["own-client"]["refused"] == 4  # every request of 64 MiB messages: larger than the room
+    assert result["ok"] == all(r["ok"] for r in cases.values())
     assert "limit = the bound + the idle peak + 64 MiB" in done.stdout

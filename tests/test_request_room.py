@@ -1,6 +1,7 @@
 """The `requests` part of --memory-bytes, enforced (ps.engine.room): requests take room for their copies in the
-order they ask, wait while it is taken, and run alone when larger than the room; Shard's pulls and pushes take
-it; clients size their messages by the room the shards report (worker.client.message_bytes_for)."""
+order they ask and wait while it is taken; a client's request larger than the whole room is refused, a sync step's
+sum that large runs alone; Shard's pulls and pushes take it; clients size their messages by the room the shards
+report (worker.client.message_bytes_for)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from ps.config import ServerConfig, TableConfig
-from ps.engine.room import RequestRoom, pull_cost, push_cost
+from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.shard import Shard
 from ps.server import Server
 from ps.storage.memory import MiB, plan_memory
@@ -247,3 +248,131 @@ def test_a_wait_whose_caller_left_ends_and_passes_its_turn_on():
     go_on.set()
     holder.join(5), later.join(5)
     assert log == ["holder", "later"] and room.waiting == 0 and room.in_use == 0
+
+
+@pytest.fixture
+def bounded_stub(tmp_path):
+    """(Shard, stub) of a server under --memory-bytes 256M with tables "t" (dim 16, adagrad; its rows 0..99
+    pushed) and "s" (dim 16, sgd)."""
+    import grpc
+
+    from protos import ps_pb2_grpc
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=256 * MiB))
+    port = server.start()
+    try:
+        server.shard.create_table(TableConfig(name="t", dim=16))
+        server.shard.create_table(TableConfig(name="s", dim=16, optimizer=OptimizerConfig("sgd", 0.1)))
+        server.shard.push("t", np.arange(100, dtype=np.uint64), np.ones((100, 16), np.float32))
+        big = [("grpc.max_receive_message_length", 1 << 30), ("grpc.max_send_message_length", 1 << 30)]
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=big) as channel:
+            yield server.shard, ps_pb2_grpc.ParameterServerStub(channel)
+    finally:
+        server.stop()
+
+
+def _refused_too_large(call, request) -> tuple[str, int]:
+    """(details, the most ids it says fit) of a call refused as larger than the request room."""
+    import grpc
+
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=60)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+    details = e.value.details()
+    m = re.search(r"more than this server's whole room for requests \(([\d,]+) bytes, .* send at most ([\d,]+) of "
+                  r"these ids per request .*nothing was read or applied", details)  # fmt: skip
+    assert m, details
+    return details, int(m.group(2).replace(",", ""))
+
+
+def test_a_request_larger_than_the_whole_room_is_refused_before_anything_and_the_size_it_names_fits(bounded_stub):
+    """A caller that does not size its messages by the room (a foreign or hostile client) cannot make a shard copy
+    more than its room at once: each data RPC larger than the room is RESOURCE_EXHAUSTED, nothing pulled or
+    changed, and a request of the most ids the refusal names is served (the oracle: the costs of ps.engine.room)."""
+    from protos import ps_pb2
+
+    shard, stub = bounded_stub
+    t = shard.table("t")
+    room, before = shard.room.capacity, shard.pull("t", np.arange(100, dtype=np.uint64))
+    pulls_before = t.counters["pulls"]
+
+    n = room // pull_cost(1, t.width, t.dim) + 1
+    ids = np.arange(n, dtype=np.uint64)
+    said, most = _refused_too_large(stub.Pull, ps_pb2.PullRequest(table="t", ids=ids.tobytes()))
+    assert "a Pull of" in said and pull_cost(most, t.width, t.dim) <= room < pull_cost(most + 1, t.width, t.dim)
+    reply = stub.Pull(ps_pb2.PullRequest(table="t", ids=ids[:most].tobytes()), timeout=60)
+    assert len(reply.rows) == most * 16 * 4
+
+    n = room // pull_batch_cost(1, t.width, t.dim) + 1
+    batch = ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table="t", ids=np.arange(n, dtype=np.uint64).tobytes())])
+    said, most = _refused_too_large(stub.PullBatch, batch)
+    assert "a PullBatch of 1 pulls" in said and pull_batch_cost(most, t.width, t.dim) <= room
+
+    n = room // push_cost(1, t.width) + 1
+    grads = np.full((n, 16), 1e3, np.float32)
+    push = ps_pb2.PushRequest(table="t", ids=np.arange(n, dtype=np.uint64).tobytes(), grads=grads.tobytes(), dim=16)
+    said, most = _refused_too_large(stub.Push, push)
+    assert "a Push of" in said and push_cost(most, t.width) <= room < push_cost(most + 1, t.width)
+    said, _ = _refused_too_large(stub.PushBatch, ps_pb2.PushBatchRequest(pushes=[push], client_id=7, seq=1))
+    assert "a PushBatch of 1 pushes" in said
+
+    s = shard.table("s")  # sgd: its rows to return cost more than its push; both are checked before the push
+    n = room // pull_batch_cost(1, s.width, s.dim) + 1
+    assert push_cost(n, s.width) <= room
+    sgd = ps_pb2.PushRequest(table="s", ids=np.arange(n, dtype=np.uint64).tobytes(),
+                             grads=np.ones((n, 16), np.float32).tobytes(), dim=16, return_rows=True)  # fmt: skip
+    said, _ = _refused_too_large(stub.PushBatch, ps_pb2.PushBatchRequest(pushes=[sgd], client_id=8, seq=1))
+    assert "a PushBatch's rows to return of 1 pulls" in said and s.num_rows == 0
+    sgd.return_rows = False
+    stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[sgd], client_id=8, seq=1), timeout=60)
+    assert s.num_rows == n
+
+    import grpc
+
+    huge = np.arange(room // 8 + 1, dtype=np.uint64)  # a message larger than the room: gRPC refuses to take it
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Pull(ps_pb2.PullRequest(table="t", ids=huge.tobytes()), timeout=60)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in e.value.details()
+
+    np.testing.assert_array_equal(shard.pull("t", np.arange(100, dtype=np.uint64)), before)  # nothing applied
+    assert t.num_rows == 100 and t.counters["pulls"] == pulls_before + 2  # the Pull that fit, and this check
+    assert shard.room.in_use == 0 and not shard.room.waiting
+
+
+def test_a_pull_batch_takes_room_once_for_its_pulls_and_reply(bounded_shard):
+    """A PullBatch waits while the room is taken, then runs, its rows encoded inside its take."""
+    shard, ids, done = bounded_shard, np.arange(1000, dtype=np.uint64), []
+    seen = []
+
+    def encode(rows):
+        seen.append(shard.room.in_use)
+        return [r.copy() for r in rows]
+
+    shard.pull_batch([("t", ids)], encode)  # compiles
+    seen.clear()
+    with shard.room.take(shard.room.capacity):
+        t = threading.Thread(target=lambda: done.append(shard.pull_batch([("t", ids), ("t", ids[:10])], encode)))
+        t.start()
+        _waiting(shard.room, 1)
+        assert done == []
+    t.join(30)
+    w = shard.table("t").width
+    assert seen == [pull_batch_cost(1000, w, 4) + pull_batch_cost(10, w, 4)] and shard.room.in_use == 0
+    assert [r.shape for r in done[0]] == [(1000, 4), (10, 4)]
+
+
+def test_a_sync_steps_sum_larger_than_the_room_runs_alone_where_a_push_is_refused(bounded_shard):
+    """No client sized a sync step's sum (the union of its workers' ids): it is applied alone, not refused; the
+    same pushes as a PushBatch of a client are refused."""
+    from ps.errors import RequestTooLargeError
+    from ps.stamp import WorkerStamp
+
+    shard = bounded_shard
+    n = shard.room.capacity // push_cost(1, shard.table("t").width) + 1
+    ids, grads = np.arange(n, dtype=np.uint64), np.ones((n, 4), np.float32)
+    with pytest.raises(RequestTooLargeError, match="a PushBatch of 1 pushes"):
+        shard.push_batch([("t", ids, grads, None, None)], client=5, client_seq=1)
+    assert shard.table("t").num_rows == 0
+    stamp = WorkerStamp(job=1, worker=0, num_workers=1, step=0, sync=True)
+    shard.push_stamped([("t", ids, grads, None, None)], 0, 9, 0, stamp)
+    assert shard.table("t").num_rows == n and shard.room.in_use == 0

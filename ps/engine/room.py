@@ -1,16 +1,16 @@
 """RequestRoom: the `requests` part of the memory plan (ps.storage.memory), enforced.
 
 A request copies rows while it runs: a pull reads its missed rows from RocksDB and gathers its reply; a push reads
-its missed rows and keeps an undo copy of the rows it changes. Each pull, push and batch of pushes takes room for
-its copies (pull_cost, push_cost) before it makes them and gives it back when done. Requests take room in the
-order they ask for it; one that does not fit waits until enough is given back, and one larger than the whole room
-runs alone.
+its missed rows and keeps an undo copy of the rows it changes. Each Pull, PullBatch, Push and PushBatch takes room
+for its copies (pull_cost, pull_batch_cost, push_cost) before it makes them and gives it back when done. Requests
+take room in the order they ask for it; one that does not fit waits until enough is given back. A client's request
+larger than the whole room is refused before anything is read or applied (refuse_larger: RequestTooLargeError);
+only a sync step's sum, which no client sized, runs alone when it is larger.
 
-What is not counted: the request's own bytes, already received when it asks (bounded by the server's threads x
-the client's message size: worker.client sizes its messages by the room the shards report); a Pull's reply,
-allocated before its rows are gathered into it; a PullBatch's replies, each pull's room given back before the
-whole reply is built; a sync step's contributions, held across its wait for the job's other workers (the wait is
-never made holding room).
+What is not counted: the request's own bytes, already received when it asks (at most the room each: a bounded
+server receives no larger message, ps.server.request_limit_bytes; worker.client sizes its messages to a share of
+the room the shards report); a sync step's contributions, held across its wait for the job's other workers (the
+wait is never made holding room).
 
 Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
 holds room waits for anything but its own work, so a wait for room always ends. A waiter that stops waiting (an
@@ -24,7 +24,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 
-from ps.errors import CallerGoneError
+from ps.errors import CallerGoneError, RequestTooLargeError
 
 ID_BYTES = 8
 CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
@@ -33,6 +33,12 @@ CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
 def pull_cost(n: int, width: int, dim: int) -> int:
     """Bytes a pull of n ids copies at most: every row read (width float32) and its reply (dim float32)."""
     return n * 4 * (width + dim)
+
+
+def pull_batch_cost(n: int, width: int, dim: int) -> int:
+    """Bytes a pull of n ids in a PullBatch (or a PushBatch's returned rows) copies at most: a pull's, and the
+    reply its rows are then encoded into."""
+    return pull_cost(n, width, dim) + n * 4 * dim
 
 
 def push_cost(n: int, width: int) -> int:
@@ -64,12 +70,24 @@ class RequestRoom:
         """Takes asked for and not yet holding room."""
         return self._next_ticket - self._serving
 
+    def refuse_larger(self, nbytes: int, ids: int, what: str) -> None:
+        """RequestTooLargeError when a request of `ids` ids that copies nbytes would not fit in the whole room
+        (what: the request, for the message); nothing otherwise, nor without a bound."""
+        if self.capacity and nbytes > self.capacity:
+            most = self.capacity * ids // nbytes
+            raise RequestTooLargeError(
+                f"{what} would copy {nbytes:,} bytes of rows, more than this server's whole room for requests "
+                f"({self.capacity:,} bytes, the `requests` part of --memory-bytes): send at most {most:,} of these "
+                "ids per request (worker.client sizes its messages by the room), or give the server a larger "
+                "--memory-bytes; nothing was read or applied"
+            )
+
     @contextlib.contextmanager
     def take(self, nbytes: int, caller_gone: Callable[[], bool] | None = None) -> Iterator[None]:
         """Holds nbytes of room for the with-block: waits for its turn, then until nbytes fit (or the room is
-        empty: a request larger than the room runs alone). caller_gone: looked at every CALLER_CHECK_S of the
-        wait; once true, the wait ends with CallerGoneError (its caller cancelled, or past its deadline: nobody
-        would read the reply), and the turn passes on."""
+        empty: a take larger than the room, a sync step's sum, runs alone). caller_gone: looked at every
+        CALLER_CHECK_S of the wait; once true, the wait ends with CallerGoneError (its caller cancelled, or past its
+        deadline: nobody would read the reply), and the turn passes on."""
         if not self.capacity:
             yield
             return

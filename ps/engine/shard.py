@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -48,7 +49,7 @@ from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, check_stamp, contribution
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.restore import check_restored, restore_into
-from ps.engine.room import RequestRoom, pull_cost, push_cost
+from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, layout_for
 from ps.errors import (
@@ -81,6 +82,7 @@ from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
 from ps.storage.store import Store
 from ps.wire import repeats_ids
 
+T = TypeVar("T")
 log = logging.getLogger("ps.engine.shard")
 MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a row's show count, and the admission
 # hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
@@ -545,15 +547,46 @@ class Shard:
 
     # ---- data -----------------------------------------------------------------------------------------
     def pull(
-        self, name: str, ids: np.ndarray, out: np.ndarray | None = None, caller_gone: Callable[[], bool] | None = None
+        self,
+        name: str,
+        ids: np.ndarray,
+        out: np.ndarray | Callable[[int, int], np.ndarray] | None = None,
+        caller_gone: Callable[[], bool] | None = None,
     ) -> np.ndarray:
-        """(n, dim) embeddings of ids, written into out if given. caller_gone: a wait for request room ends with
+        """(n, dim) embeddings of ids, written into out if given: an array, or out(n, dim) making one once the
+        request holds its room (a reply to fill, counted in it). RequestTooLargeError, before anything is read,
+        when its copies would exceed the whole request room; caller_gone: a wait for request room ends with
         CallerGoneError once it is true (ps.engine.room)."""
         table = self.table(name)
         self.check_owned(ids)
         cost = pull_cost(len(ids), table.width, table.dim)
+        self.room.refuse_larger(cost, len(ids), f"a Pull of {len(ids):,} ids of table {name!r}")
         with self.room.take(cost, caller_gone), self.store.foreground.serving():
-            return table.pull(ids, out)
+            return table.pull(ids, out(len(ids), table.dim) if callable(out) else out)
+
+    def check_pull_batch(self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch") -> int:
+        """Checks pulls of (table, ids) as pull_batch runs them, reading nothing: their tables, that this shard owns
+        their ids, that their copies fit in the request room (RequestTooLargeError); returns those copies' bytes."""
+        cost = 0
+        for name, ids in pulls:
+            table = self.table(name)
+            self.check_owned(ids)
+            cost += pull_batch_cost(len(ids), table.width, table.dim)
+        self.room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls")
+        return cost
+
+    def pull_batch(
+        self,
+        pulls: list[tuple[str, np.ndarray]],
+        encode: Callable[[list[np.ndarray]], T],
+        caller_gone: Callable[[], bool] | None = None,
+        what: str = "a PullBatch",
+    ) -> T:
+        """encode(the rows of each pull of (table, ids)), under one take of request room for the rows and the
+        reply encode makes of them (check_pull_batch first: a refusal reads nothing). caller_gone: as pull's."""
+        cost = self.check_pull_batch(pulls, what)
+        with self.room.take(cost, caller_gone), self.store.foreground.serving():
+            return encode([self.table(name).pull(ids) for name, ids in pulls])
 
     def check_push(self, push: TablePush) -> CheckedPush:
         """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
@@ -622,7 +655,9 @@ class Shard:
         self.refuse_if_lost()
         with self._hold.push_gate():
             checked = self.check_push(push)
-            with self.room.take(push_cost(len(checked.ids), checked.table.width), caller_gone):
+            cost = push_cost(len(checked.ids), checked.table.width)
+            self.room.refuse_larger(cost, len(checked.ids), f"a Push of {len(checked.ids):,} ids to table {name!r}")
+            with self.room.take(cost, caller_gone):
                 self.apply_push(checked)
 
     def push_batch(
@@ -661,9 +696,12 @@ class Shard:
         client: int,
         client_seq: int,
         caller_gone: Callable[[], bool] | None = None,
+        step_sum: bool = False,
     ) -> tuple[int, int]:
+        """push_batch's work, its hold's gate held; step_sum: a sync step's sum (_apply_sum), which runs alone
+        where it is larger than the request room, not refused."""
         if not client:
-            return self._apply_batch(pushes, advance_clock, (0, 0), 0, caller_gone)
+            return self._apply_batch(pushes, advance_clock, (0, 0), 0, caller_gone, step_sum)
         with self._client_lock(client):
             newest = self.journal.applied.get(client)
             done_seq, done_parts = newest or (0, 0)
@@ -684,7 +722,7 @@ class Shard:
                     self.check_push(p)
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
-            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone)
+            out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone, step_sum)
             # pushes without ids leave no journal record to note them (in memory; stored at the next flush)
             self.journal.note_applied((client, client_seq, len(pushes) - 1))
             return out
@@ -727,20 +765,25 @@ class Shard:
         request: tuple[int, int],
         skip: int,
         caller_gone: Callable[[], bool] | None = None,
+        step_sum: bool = False,
     ) -> tuple[int, int]:
-        """Validates every push, reserves the clock advance (so that no AdvanceClock in between can make it
-        out of range), applies the pushes from `skip` on, then advances the clock."""
+        """Validates every push (and, unless step_sum, that its copies fit in the request room), reserves the clock
+        advance (so that no AdvanceClock in between can make it out of range), applies the pushes from `skip` on,
+        then advances the clock."""
         checked = [self.check_push(p) for p in pushes]
         if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
             for i, c in enumerate(checked):
                 if repeats_ids(c.ids):
                     raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
                                                "nothing was applied")  # fmt: skip
+        room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
+        if not step_sum:
+            ids = sum(len(c.ids) for c in checked[skip:])
+            self.room.refuse_larger(room, ids, f"a PushBatch of {len(checked) - skip} pushes")
         if advance_clock:
             with self._lock:
                 self._check_advance(advance_clock)
                 self._advances_reserved += advance_clock
-        room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
         try:
             with self.room.take(room, caller_gone):
                 self._apply_pushes(checked, pushes, request, skip)
@@ -817,7 +860,7 @@ class Shard:
     def _apply_sum(self, pushes: list[TablePush], advance_clock: int, client: int, client_seq: int) -> None:
         """Applies a sync step's sum as one PushBatch of (client, client_seq)."""
         with self._hold.push_gate():
-            self._push_batch(pushes, advance_clock, client, client_seq)
+            self._push_batch(pushes, advance_clock, client, client_seq, step_sum=True)
 
     # ---- checkpoints (ps.engine.hold) ------------------------------------------------------------------
     def hold(self, timeout_s: float) -> tuple[int, str]:
