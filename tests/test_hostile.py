@@ -309,6 +309,22 @@ def test_an_advance_alone_counts_as_a_clients_request(serve):
     assert (rows(stub) == -2).all() and clock(stub) == 3
 
 
+def test_a_client_id_with_seq_0_is_refused_not_half_applied(serve):
+    """Requests of a client are numbered from 1: seq 0 would read as applied before, its clock advance dropped
+    while its pushes went in. Refused, changing nothing; the same request numbered 1 applies whole."""
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    for request in (ps_pb2.PushBatchRequest(advance_clock=5, client_id=11, seq=0), batch(12, 0, 1.0)):
+        request.advance_clock = 5
+        code, details = refused(stub.PushBatch, request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "numbers its requests to a shard from 1" in details
+    assert (rows(stub) == 0).all() and clock(stub) == 0
+    request = batch(12, 1, 1.0)
+    request.advance_clock = 5
+    assert stub.PushBatch(request, timeout=TIMEOUT_S).num_applied == len(IDS)
+    assert (rows(stub) == -1).all() and clock(stub) == 5
+
+
 EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 
 

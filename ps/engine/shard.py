@@ -677,8 +677,8 @@ class Shard:
         journal's `applied` table (durable, rebuilt at start) holds each client's newest request and how many of
         its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
         older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
-        client_seq order; a retry that arrives while its first attempt still runs waits for it. A client_seq more
-        than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of a request is stored together
+        client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
+        waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of a request is stored together
         with the note that this request made it (Store.set_clock), so a retry advances the clock if and only if
         no attempt before did, across restarts too; a request whose pushes carry no ids (or a clock advance
         alone) is its client's newest as well.
@@ -702,6 +702,11 @@ class Shard:
         where it is larger than the request room, not refused."""
         if not client:
             return self._apply_batch(pushes, advance_clock, (0, 0), 0, caller_gone, step_sum)
+        if client_seq < 1:  # seq 0 would read as applied before: its clock advance dropped, silently
+            raise InvalidArgumentError(
+                "a PushBatch with a client id numbers its requests to a shard from 1 (seq 1, 2, 3, ...); it came with "
+                "seq 0; nothing was applied"
+            )
         with self._client_lock(client):
             newest = self.journal.applied.get(client)
             done_seq, done_parts = newest or (0, 0)
