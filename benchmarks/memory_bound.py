@@ -70,13 +70,13 @@ class Served:
         c.wait_ready()
         return c
 
-    def finish(self) -> tuple[int, int]:
-        """(peak RSS, room waits), then stops the server."""
+    def finish(self) -> tuple[int, int, int]:
+        """(peak RSS, room waits, ids pulled and pushed: the work the case got done), then stops the server."""
         with Client([self.address], timeout_s=600) as client:
-            waits = client.stats()[0].request_room_waits
+            stats = client.stats()[0]
         peak = harness.peak_rss_bytes(self.pid)
         self.cluster.stop()
-        return peak, waits
+        return peak, stats.request_room_waits, sum(t.ids_pulled + t.ids_pushed for t in stats.tables)
 
 
 def big(served: Served, n: int, own_messages: bool) -> int:
@@ -181,15 +181,17 @@ def main() -> None:
                 idle, refused = idle_of_fresh, None
             else:
                 served = Served(root, flags, args.idle_s)
-                refused = run(served) if name == "own-client" else None
+                outcome = run(served)
+                refused = outcome if name == "own-client" else None
                 idle = served.idle_peak
                 idle_of_fresh = idle_of_fresh or idle
-            peak, waits = served.finish()
+            peak, waits, ids_served = served.finish()
             shutil.rmtree(root, ignore_errors=True)
             limit = bound + idle + RSS_SLACK
             ok = peak <= limit and (refused is None or refused == OWN_CLIENT_CALLS)
             results.append({"case": name, "what": what[name], "peak_rss_bytes": peak, "idle_peak_rss_bytes": idle,
-                            "rss_limit_bytes": limit, "room_waits": waits, "seconds": time.perf_counter() - t0,
+                            "rss_limit_bytes": limit, "room_waits": waits, "ids_served": ids_served,
+                            "seconds": time.perf_counter() - t0,
                             "refused": refused, "ok": ok})  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -230,10 +230,12 @@ def memory_rows(r: dict) -> list[str]:
         out.append(
             row(
                 f"`--memory-bytes {mib(r['memory_bytes'])}`: server peak RSS, {c['what']}",
-                f"{mib(c['peak_rss_bytes'])} ({c['room_waits']:,} waits for request room)",
+                f"{mib(c['peak_rss_bytes'])} ({c['room_waits']:,} waits for request room"
+                + ("" if c["refused"] is None else f"; {c['refused']} requests refused")
+                + ")",
                 f"the bound + the idle peak of the same server ({mib(c['idle_peak_rss_bytes'])}) + 64 MiB: "
                 f"{mib(c['rss_limit_bytes'])}",
-                f"**{ratio:.2f}x** (target <= 1)" if c["checked"] else f"{ratio:.2f}x (no target: see Limits)",
+                f"**{ratio:.2f}x** (target <= 1)",
                 r["command"],
             )
         )

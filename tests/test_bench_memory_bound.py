@@ -22,5 +22,8 @@ def test_memory_bound_runs_quick_and_reports_every_case():
         assert (r["refused"] is None) == (r["case"] != "own-client")
     assert cases["replay"]["idle_peak_rss_bytes"] == cases["big"]["idle_peak_rss_bytes"]
     assert cases["own-client"]["refused"] == 4  # every request of 64 MiB messages: larger than the room
+    assert cases["own-client"]["ids_served"] == 0  # refused before anything was read or applied
+    assert cases["big"]["ids_served"] == 4 * 200_000  # --quick: two pulls and two pushes of 200,000 ids
+    assert cases["clients"]["ids_served"] > 0 and cases["large"]["ids_served"] > 0
     assert result["ok"] == all(r["ok"] for r in cases.values())
     assert "limit = the bound + the idle peak + 64 MiB" in done.stdout
