@@ -291,12 +291,17 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     _say(
         f"{where} listening on {host_port(config.host, port)} (data dir {config.data_dir}: {server.shard.describe_start()})"
     )
+    warming = None
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
-        threading.Thread(target=warm_up, name="ps-warm-up", daemon=True).start()
+        warming = threading.Thread(target=warm_up, args=(stop,), name="ps-warm-up", daemon=True)
+        warming.start()
     while not stop.wait(SIGNAL_CHECK_S):  # in slices: a SIGTERM another thread received (ps.terminate)
         pass
     code = stop_server(server, config.shard_id)
     serving.clear()  # stopped: a signal from here on finds nothing to cut short
+    if warming is not None and warming.is_alive():  # it ends after its current step, its scratch dir removed
+        log.info("waiting for the warm-up of the compiled kernels to end its current step")
+        warming.join()
     if code:
         raise SystemExit(code)
 

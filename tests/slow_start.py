@@ -1,7 +1,8 @@
 """`python -m tests.slow_start GATE AT [ps-server flags]`: ps-server whose start waits, until the file GATE exists,
 at AT: `verify` (before --verify-on-start's reading) or a number K (before its journal replay applies its K-th
-record); or, with AT `stop`, whose stop waits before it closes the shard (its last flush). A start or a stop as long
-as a test needs, watched from outside (health, calls, signals); nothing else differs."""
+record); or, with AT `stop`, whose stop waits before it closes the shard (its last flush); or, with AT `warm-up`,
+whose warm-up (--memory-bytes) waits inside its first push, having made the file GATE.reached. A start, a stop or
+a warm-up as long as a test needs, watched from outside (health, calls, signals); nothing else differs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 
 import ps.server
 from ps.__main__ import main
+from ps.engine import warmup
 from ps.engine.shard import Shard
 from ps.engine.table import Table
 
@@ -55,12 +57,27 @@ def hold_stop(gate: str) -> None:
     Shard.close = held
 
 
+def hold_warm_up(gate: str) -> None:
+    """Makes the warm-up's first push make the file gate + ".reached", then wait until the file gate exists."""
+    push = warmup._push
+
+    def held(table, ids) -> None:
+        if not os.path.exists(gate + ".reached"):
+            open(gate + ".reached", "w").close()
+            wait_for(gate)
+        push(table, ids)
+
+    warmup._push = held
+
+
 if __name__ == "__main__":
     gate, at = sys.argv[1], sys.argv[2]
     if at == "verify":
         hold_verify(gate)
     elif at == "stop":
         hold_stop(gate)
+    elif at == "warm-up":
+        hold_warm_up(gate)
     else:
         hold_replay(gate, int(at))
     sys.exit(main(sys.argv[3:]))

@@ -49,3 +49,46 @@ def test_it_loads_the_kernels_of_large_requests_and_of_eviction(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout  # none left for a request to load
+
+
+def test_a_stop_set_ends_it_between_steps_and_its_directory_goes(tmp_path, monkeypatch, caplog):
+    import threading
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stop = threading.Event()
+    stop.set()
+    with caplog.at_level(logging.INFO, logger="ps.engine.warmup"):
+        assert warmup.warm_up(stop) is False
+    assert "the server is stopping" in caplog.text and list(tmp_path.iterdir()) == []
+
+
+def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes(tmp_path):
+    """SIGTERM while the warm-up of a --memory-bytes server is inside a step (held there by tests.slow_start): the
+    stop waits for that step, the warm-up ends and removes its scratch directory, the process exits 0. (A warm-up
+    thread cut off at exit leaves the directory, or aborts the process inside RocksDB after "stopped cleanly".)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.waiting import wait_until
+
+    scratch, gate = tmp_path / "tmp", tmp_path / "gate"
+    scratch.mkdir()
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.slow_start", str(gate), "warm-up", "--data-dir",
+                                 str(tmp_path / "d"), "--port", "0", "--memory-bytes", "80M"], stdout=log, stderr=log,
+                                env={**os.environ, "TMPDIR": str(scratch)})  # fmt: skip
+    try:
+        wait_until(lambda: os.path.exists(f"{gate}.reached") or proc.poll() is not None, 120, "the warm-up's push")
+        assert proc.poll() is None and [p.name for p in scratch.iterdir()][0].startswith("ps-warm-up-")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "stopped cleanly" in log_path.read_text() or proc.poll() is not None, 120, "the stop")
+        gate.touch()  # the warm-up's step ends
+        assert proc.wait(120) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopped cleanly" in log_path.read_text() and "the server is stopping" in log_path.read_text()
+    assert list(scratch.iterdir()) == [], log_path.read_text()

@@ -8,7 +8,9 @@ the paths requests take: a few ids; then LARGE_IDS ids at once (a request split 
 journal record hashed in parallel: ps.rows.parallel.MIN_PART, ps.storage.checksum.PARALLEL_BYTES), twice, with a
 RAM tier that cannot hold both (eviction: victims, the ghost, index deletes, the write-behind). The scratch table
 has its own small RocksDB, journal (1 MiB segments) and RAM tier (SCRATCH_TIER_BYTES) in a temporary directory,
-removed afterwards; the shard's own data is not touched. Optional: a failure is logged and changes nothing.
+removed afterwards; the shard's own data is not touched. Optional: a failure is logged and changes nothing. A
+server that stops meanwhile sets `stop`: the warm-up ends after the step it is in, its directory removed, and the
+server waits for that (a thread cut off at exit could be inside RocksDB or compiled code, and abort the process).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -37,11 +40,20 @@ LARGE_IDS = max(2 * MIN_PART, PARALLEL_BYTES // (8 + 4 * DIM + 8) + 1)  # ids, g
 SCRATCH_TIER_BYTES = 3 * LARGE_IDS * layout_of(DIM, "adagrad").ram_bytes // 2  # one large push, not two
 
 
-def warm_up() -> bool:
+class _Stopped(Exception):
+    pass
+
+
+def warm_up(stop: threading.Event | None = None) -> bool:
     """Pulls, pushes and pulls again SCRATCH_IDS ids, then LARGE_IDS ids twice, of a scratch table (default
     settings, dim 8) in a temporary directory (the module docstring); True if it ran through (False, with a log
-    line, if anything failed)."""
+    line, if anything failed or stop was set: it is looked at between steps)."""
     start = time.perf_counter()
+
+    def step() -> None:
+        if stop is not None and stop.is_set():
+            raise _Stopped
+
     try:
         with tempfile.TemporaryDirectory(prefix="ps-warm-up-") as tmp:
             store = Store(os.path.join(tmp, "rows"), block_cache_bytes=SCRATCH_BYTES, write_buffer_bytes=SCRATCH_BYTES)
@@ -54,17 +66,24 @@ def warm_up() -> bool:
                 store.create_table(cfg)
                 table = Table(cfg, store, journal, MemoryBudget(SCRATCH_TIER_BYTES))
                 ids = np.arange(SCRATCH_IDS, dtype=np.uint64)
-                table.pull(ids)
-                _push(table, ids)
-                table.pull(ids)
+                for run in (lambda: table.pull(ids), lambda: _push(table, ids), lambda: table.pull(ids)):
+                    step()
+                    run()
                 for first in (1 << 20, 2 << 20):  # two large pushes of new ids: the second evicts
                     large = np.arange(first, first + LARGE_IDS, dtype=np.uint64)
+                    step()
                     _push(table, large)
+                    step()
                     table.pull(large)
+                step()
                 table.flush()
             finally:
                 journal.close()
                 store.close()
+    except _Stopped:
+        log.info("warm-up of the compiled kernels stopped after %.2f s: the server is stopping",
+                 time.perf_counter() - start)  # fmt: skip
+        return False
     except Exception as e:  # optional: the first request loads what this did not
         log.warning("warm-up of the compiled kernels failed (the first request loads them instead): %s", e)
         return False
