@@ -524,3 +524,45 @@ def test_a_background_flush_that_keeps_failing_is_told_once_and_its_recovery_too
     assert [r.levelname for r in told] == ["ERROR", "WARNING"] and not told[0].exc_info, told
     assert told[0].getMessage().startswith("background flush failed: the server's disk is full")
     assert told[1].getMessage().startswith("background flush succeeded after 5 failed attempts over ")
+
+
+class _CloseFindsTheDiskFull:
+    """A RocksDB whose close (its last WAL write) finds the disk full, after closing for real."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def close(self):
+        self.db.close()
+        raise Exception("IO error: No space left on device: While appending to file: /data/000004.log")
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+
+def test_a_stop_whose_flush_and_close_both_find_the_disk_full_reports_the_flush(tmp_path, caplog):
+    """The stop's error is its flush's DiskFullError (what ps-server prints as a line), not RocksDB's close error
+    raised in its place; the close's is logged, and the data dir opens again."""
+    from ps.engine.shard import Shard
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+
+    def flush(background=False):
+        raise DiskFullError.of("No space left on device", "the final flush of 10 rows", outcome="")
+
+    shard.flush = flush
+    shard.store._db = _CloseFindsTheDiskFull(shard.store._db)
+    with caplog.at_level("WARNING", "ps.engine.shard"), pytest.raises(DiskFullError, match="the final flush of 10"):
+        shard.close()
+    assert "closing RocksDB failed too" in caplog.text and "No space left on device" in caplog.text
+    Shard(ServerConfig(data_dir=str(tmp_path / "d"))).close()
+
+
+def test_a_store_whose_close_finds_the_disk_full_says_so(tmp_path):
+    from ps.storage.store import Store
+
+    store = Store(str(tmp_path / "rows"))
+    store._db = _CloseFindsTheDiskFull(store._db)
+    with pytest.raises(DiskFullError, match=r"closing RocksDB.*the rows it did not write are in the journal"):
+        store.close()
+    store.close()  # closed all the same: a second close does nothing

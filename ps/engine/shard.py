@@ -1136,7 +1136,7 @@ class Shard:
         self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
         if self.journal.dir_gone:
             self._close_lost()
-        flushed = False
+        flushed, failed = False, None
         try:
             if self.broken:
                 log.warning("shard %d stops without flushing its dirty rows (its journal keeps every acknowledged "
@@ -1147,6 +1147,9 @@ class Shard:
                 rows = self.flush()
                 flushed = True
                 log.info("final flush: %s dirty rows written to RocksDB in %.1f s", f"{rows:,}", time.monotonic() - t0)
+        except BaseException as e:
+            failed = e
+            raise
         finally:  # a failed flush too: the journal keeps what it did not write, and the data dir is let go
             with self._lock:
                 for t in list(self.tables.values()):
@@ -1157,7 +1160,17 @@ class Shard:
                     if flushed:  # after a failed flush, its error is the one raised
                         self.store.flush()
                 finally:
-                    self.store.close()
+                    self._close_store(failed)
+
+    def _close_store(self, failed: BaseException | None) -> None:
+        """Closes RocksDB; after failed (the error close() raises: a failed flush), a failure to close is logged,
+        not raised in its place (on a full disk both fail, and the flush's error says what the stop left)."""
+        try:
+            self.store.close()
+        except Exception as e:
+            if failed is None:
+                raise
+            log.warning("shard %d: closing RocksDB failed too (after the error the stop reports): %s", self.shard_id, e)
 
     def _close_lost(self) -> None:
         """close() of a shard whose data dir is gone: nothing is flushed (it could not be kept), the journal and

@@ -1147,15 +1147,19 @@ class Store:
 
     def close(self) -> None:
         """Writes the rows pending in the background (a failed write leaves them to the journal's replay), stops
-        the threads and closes RocksDB."""
+        the threads and closes RocksDB (its failure a StorageError or DiskFullError, the store closed all the
+        same)."""
         self._behind.close()
         if self._readers is not None:
             self._readers.shutdown()
         if self._db is not None:
             self._cfs.clear()
             self._meta = None
-            self._db.close()
-            self._db = None
+            db, self._db = self._db, None
+            with self._rocksdb(
+                "closing RocksDB", "the rows it did not write are in the journal, replayed at the next start"
+            ):
+                db.close()
 
 
 def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
