@@ -191,3 +191,15 @@ def test_copies_of_the_shard_record_that_disagree_are_said_to_before_the_flags_a
         with pytest.raises(DataLossError, match=r"shard.json says shard 1 of 2 \(num_slots \d+\) and RocksDB says shard 0 of 1 .*; one copy "
                            "is damaged"):  # fmt: skip
             Store(str(tmp_path), shard=shard).check_identity(*shard)
+
+
+def test_copies_of_the_shard_record_that_differ_only_in_a_field_it_does_not_print_name_it(tmp_path):
+    """shard.json with an extra key reads as the same shard as RocksDB's copy: the refusal names the field that
+    differs, so that the operator sees what is wrong."""
+    s = Store(str(tmp_path), shard=(0, 1))
+    s.check_identity(0, 1)
+    s.close()
+    identity = tmp_path / "shard.json"
+    identity.write_text(json.dumps({**json.loads(identity.read_text()), "x": 1}))
+    with pytest.raises(DataLossError, match=r"\(x: 1 in shard.json, absent in RocksDB\); one copy is damaged"):
+        Store(str(tmp_path), shard=(0, 1)).check_identity(0, 1)

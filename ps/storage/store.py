@@ -278,9 +278,19 @@ def _lost_shard_record(in_file: dict) -> DataLossError:
 
 
 def _copies_disagree(in_file: dict, in_db: dict) -> DataLossError:
+    """The refusal of a shard record whose two copies differ, naming the fields that differ."""
+
+    def shown(record: dict, key: str) -> str:
+        return repr(record[key]) if key in record else "absent"
+
+    differ = "; ".join(
+        f"{key}: {shown(in_file, key)} in {IDENTITY_FILE}, {shown(in_db, key)} in RocksDB"
+        for key in sorted(set(in_file) | set(in_db))
+        if shown(in_file, key) != shown(in_db, key)
+    )
     return DataLossError(
-        f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)}; one copy is "
-        "damaged. Refusing to start; restore the dir from a backup or checkpoint"
+        f"{IDENTITY_FILE} says {shard_name(in_file)} and RocksDB says {shard_name(in_db)} ({differ}); one copy "
+        "is damaged. Refusing to start; restore the dir from a backup or checkpoint"
     )
 
 
