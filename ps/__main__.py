@@ -35,7 +35,9 @@ def parse_bytes(text: str) -> int:
     try:
         size = byte_size(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a size such as 512M or 2G, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of bytes or a size such as 512M or 2G, got {text!r}"
+        ) from None
     if size < 1:
         raise argparse.ArgumentTypeError(f"expected a size of at least 1 byte, such as 512M or 2G, got {text!r}")
     return size

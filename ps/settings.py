@@ -306,8 +306,9 @@ SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 def byte_size(text: str) -> int:
     """Bytes of a size flag: a number with an optional K, M, G or T suffix (powers of 1024; "64M", "64MiB", "64MB"
-    and "1.5G" alike), or plain bytes ("67108864", "1e9"); a fraction of a byte is dropped. ValueError for
-    anything else (text, inf, nan); the sign is the caller's to check."""
+    and "1.5G" alike; a fraction of a byte that a unit leaves is dropped: "1.1G"), or a whole number of bytes
+    ("67108864", "1e9"). ValueError for anything else (text, inf, nan, "1.5" bytes); the sign is the caller's to
+    check."""
     t = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = SIZE_UNITS.get(t[-1:], 1)
     digits = t[:-1] if unit > 1 else t
@@ -315,7 +316,10 @@ def byte_size(text: str) -> int:
         return int(digits) * unit  # exact, however large
     except ValueError:
         try:
-            return int(float(digits) * unit)
+            value = float(digits) * unit
+            if unit == 1 and value != int(value):  # "1.5": bytes come whole (a fraction is a slip, not a size)
+                raise ValueError(f"not a whole number of bytes: {text!r}")
+            return int(value)
         except OverflowError:
             raise ValueError(f"not a size: {text!r}") from None
 

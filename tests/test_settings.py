@@ -51,7 +51,7 @@ def test_server_settings_from_the_environment_are_typed_and_satisfy_required_fla
 
 @pytest.mark.parametrize("env, toml, message", [
     ({"PS_PORT": "http"}, "", r"environment variable PS_PORT \(for --port\): expected an integer, got .http."),
-    ({"PS_CACHE_BYTES": "lots"}, "", r"PS_CACHE_BYTES \(for --cache-bytes\): expected a size"),
+    ({"PS_CACHE_BYTES": "lots"}, "", r"PS_CACHE_BYTES \(for --cache-bytes\): expected a whole number of bytes or a size"),
     ({"PS_SYNC": "maybe"}, "", r"PS_SYNC \(for --sync\): expected true or false"),
     ({"PS_LOG_LEVEL": "LOUD"}, "", "'LOUD' is not one of"),
     ({}, "cache_bytes = 12\nwarp_speed = 9\n", "'warp_speed' is not a setting of this command"),
@@ -246,7 +246,7 @@ def test_a_size_is_bytes_or_a_number_with_a_binary_unit_and_takes_exponents(text
     assert parse_bytes(text) == _size(text) == size  # ps-server's sizes and ps-worker's are spelled alike
 
 
-@pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999"])
+@pytest.mark.parametrize("text", ["lots", "infG", "nan", "1E", "", "G", "1e999", "1.5", "300000.9", "2.5e-1"])
 def test_a_size_that_is_no_number_is_refused(text):
     from ps.settings import byte_size
 

@@ -33,7 +33,7 @@ def _size(text: str) -> int:
     try:
         value = byte_size(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected bytes, e.g. 67108864 or 64M") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of bytes, e.g. 67108864, or 64M") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: expected bytes >= 0")
     return value
