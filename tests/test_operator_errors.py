@@ -236,7 +236,11 @@ def test_a_gz_file_that_is_not_gzip_is_named(case, tmp_path, capsys):
         (["--data-dir", ""], {}, "--data-dir is empty"),
         (["--checkpoint-root", __file__], {}, f"--checkpoint-root {__file__} is not a directory"),
         (["--cache-bytes", "0"], {}, "argument --cache-bytes: expected a size of at least 1 byte"),
-        (["--cache-bytes", "infG"], {}, "argument --cache-bytes: expected a whole number of bytes or a size such as 512M or 2G"),
+        (
+            ["--cache-bytes", "infG"],
+            {},
+            "argument --cache-bytes: expected a whole number of bytes or a size such as 512M or 2G",
+        ),
         (["--cache-bytes", "1"], {}, "--cache-bytes 1 byte is less than any table can use"),
         (["--cache-bytes", "20K"], {"PS_MEMORY_BYTES": "1G"}, "--cache-bytes 20,480 bytes is less than any table"),
     ],

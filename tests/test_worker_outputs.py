@@ -317,13 +317,40 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
         assert f"{i:>5} data dir {shard.config.data_dir}, up " in out, out
         [memory] = re.findall(rf"^{i:>5} memory \(no --memory-bytes\): block cache .*$", out, re.MULTILINE)
         assert "journal map" in memory and "room for requests" not in memory, memory  # no room kept without a bound
-        [disk] = re.findall(rf"^{i:>5} disk: data dir ([\d,.]+) MiB, free ([\d,.]+) of ([\d,.]+) GiB \(([\d.]+)%\)$",
-                            out, re.MULTILINE)  # fmt: skip
-        used_mib, free_gib, total_gib, percent = (float(x.replace(",", "")) for x in disk)
-        assert used_mib > 0 and abs(used_mib - figures[i]["data_dir_bytes"] / 2**20) < 8, (disk, figures[i])
-        assert total_gib == round(figures[i]["disk_total_bytes"] / 2**30, 2) and 0 < free_gib <= total_gib
-        assert abs(percent - 100 * free_gib / total_gib) < 0.2
+        size = r"([\d,.]+ (?:B|KiB|MiB|GiB))"
+        [disk] = re.findall(rf"^{i:>5} disk: data dir {size}, free {size} of {size} \(([\d.]+)%\)$", out, re.MULTILINE)
+        used, free, total = (_bytes_of(x) for x in disk[:3])
+        assert used > 0 and abs(used - figures[i]["data_dir_bytes"]) < 8 << 20, (disk, figures[i])
+        assert abs(total - figures[i]["disk_total_bytes"]) <= 0.01 * total and 0 < free <= total
+        assert abs(float(disk[3]) - 100 * free / total) < 0.2
     assert "cache_misses" in out and "pulls (lookups: pulls and pushes that return rows)" in out
+
+
+def _bytes_of(text: str) -> float:
+    """'12.5 MiB' -> its bytes (as worker.__main__._size writes them)."""
+    number, unit = text.split()
+    return float(number.replace(",", "")) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+
+
+def test_stats_gives_a_small_disk_in_units_that_show_it(servers, capsys, monkeypatch):
+    """A 3 MiB volume reads as MiB, not '0.00 of 0.00 GiB'."""
+    from ps.storage.diskspace import low_bytes
+
+    addresses, _ = servers(1)
+    real = Client.stats
+
+    def stats(self):
+        shards = real(self)
+        for s in shards:
+            s.disk_total_bytes, s.data_dir_bytes, s.disk_free_bytes = 3 * 2**20, 2**20, 100 * 2**10
+        return shards
+
+    monkeypatch.setattr(Client, "stats", stats)
+    code, out, err = worker(["stats", "--servers", addresses[0]], capsys)
+    [line] = [x for x in out.splitlines() if x.startswith("    0 disk: ")]
+    low = low_bytes(3 * 2**20, 2**20)
+    assert line.startswith("    0 disk: data dir 1.0 MiB, free 100.0 KiB of 3.0 MiB (3.3%)"), line
+    assert ("LOW" in line) == (low > 100 * 2**10), (line, low)
 
 
 @pytest.mark.parametrize("low", [True, False])
@@ -347,6 +374,7 @@ def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers,
     assert code == 0, err
     [line] = [x for x in out.splitlines() if x.startswith("    0 disk: ")]
     assert line.endswith("GiB (5.0%), LOW: below 5.00 GiB, pushes fail once full") == low, line
+    assert "free 5.00 GiB of 100.00 GiB" in line, line
     assert ("LOW" in line) == low, line
     code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
     assert code == 0, err

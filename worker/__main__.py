@@ -303,9 +303,9 @@ def _stats(args) -> int:
             f"{_size(s.journal_map_bytes)}{room}"
         )
         low = _disk_low_bytes(s)
-        mark = f", LOW: below {low / 2**30:,.2f} GiB, pushes fail once full" if s.disk_free_bytes < low else ""
-        print(f"{s.shard_id:>5} disk: data dir {s.data_dir_bytes / 2**20:,.1f} MiB, free {s.disk_free_bytes / 2**30:,.2f} "
-              f"of {s.disk_total_bytes / 2**30:,.2f} GiB ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
+        mark = f", LOW: below {_size(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
+        print(f"{s.shard_id:>5} disk: data dir {_size(s.data_dir_bytes)}, free {_size(s.disk_free_bytes)} of "
+              f"{_size(s.disk_total_bytes)} ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
