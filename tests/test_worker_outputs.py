@@ -332,6 +332,21 @@ def _bytes_of(text: str) -> float:
     return float(number.replace(",", "")) * {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
 
 
+def test_stats_notes_shards_whose_clocks_differ(servers, capsys):
+    """Each training step advances every shard's clock: clocks that differ are noted (a shard on an older copy of
+    its data dir, a worker stopped mid-step), equal ones are not."""
+    addresses, _ = servers(2)
+    with Client(addresses) as client:
+        client.advance_clock(3)
+        code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
+        assert code == 0 and "clocks differ" not in err, err
+    with Client(addresses[1:]) as shard_1_alone:  # as a worker that stopped after advancing one shard
+        shard_1_alone.advance_clock(5)
+    code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
+    assert code == 0, err
+    assert "note: the shards' clocks differ (shard 0 at 3, shard 1 at 8)" in err, err
+
+
 def test_stats_gives_a_small_disk_in_units_that_show_it(servers, capsys, monkeypatch):
     """A 3 MiB volume reads as MiB, not '0.00 of 0.00 GiB'."""
     from ps.storage.diskspace import low_bytes

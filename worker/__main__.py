@@ -306,6 +306,12 @@ def _stats(args) -> int:
         mark = f", LOW: below {_size(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
         print(f"{s.shard_id:>5} disk: data dir {_size(s.data_dir_bytes)}, free {_size(s.disk_free_bytes)} of "
               f"{_size(s.disk_total_bytes)} ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
+    clocks = {s.shard_id: s.clock for s in shards}
+    if len(set(clocks.values())) > 1:  # every training step advances every shard's clock by one
+        each = ", ".join(f"shard {i} at {c:,}" for i, c in clocks.items())
+        print(f"ps-worker: note: the shards' clocks differ ({each}): each training step advances every shard's, so "
+              "while a job trains they differ by the steps in flight; otherwise a worker stopped in the middle of a "
+              "step, or a shard serves an older copy of its data dir", file=sys.stderr)  # fmt: skip
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
