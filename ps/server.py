@@ -25,7 +25,6 @@ from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
 from ps.security import TokenCheck, read_token, server_credentials
 from ps.service import ParameterServerServicer, StartGate
-from ps.storage.memory import plan_memory
 from ps.storage.verify import verify_data_dir
 from ps.terminate import SIGNAL_CHECK_S
 
@@ -34,25 +33,12 @@ log = logging.getLogger("ps.server")
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
 
 
-def grpc_options(max_message_bytes: int, max_receive_bytes: int | None = None) -> list[tuple[str, int]]:
-    """Channel/server options shared by both ends: message limits raised above gRPC's 4 MiB default (received
-    messages: max_receive_bytes if given)."""
+def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """Channel/server options shared by both ends: message limits raised above gRPC's 4 MiB default."""
     return [
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_receive_bytes or max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
     ]
-
-
-def request_limit_bytes(config: ServerConfig) -> int:
-    """The largest request a server receives: max_message_bytes, or under --memory-bytes its request room where
-    that is smaller. A data request copies at least its own bytes of rows (ps.engine.room's costs), so one larger
-    than the room would only be refused; gRPC refuses it (RESOURCE_EXHAUSTED) before a thread holds it. A plan
-    that cannot be made is left to the Shard to refuse, with its message."""
-    try:
-        room = plan_memory(config.memory_bytes, config.cache_bytes).request_bytes
-    except ValueError:
-        return config.max_message_bytes
-    return min(config.max_message_bytes, room) if room else config.max_message_bytes
 
 
 class Server:
@@ -86,7 +72,7 @@ class Server:
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
-            options=grpc_options(config.max_message_bytes, request_limit_bytes(config)) + [("grpc.so_reuseport", 0)],
+            options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )
         self.health = HealthServicer(starting=self._starting, lost=self._lost)
         for name in ("", SERVICE_NAME):
@@ -262,10 +248,14 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     stop = threading.Event()
     progress = StartProgress(stop)
     serving: list[Server] = []  # the server, once it serves
+    warming_up: list[bool] = []  # not empty while the stopped server waits for its warm-up's step
 
     def on_signal(signum, frame):
         again = stop.is_set()
         stop.set()  # first: a signal whose handler runs inside this one's logging sees it
+        if again and warming_up:  # the shard is closed: nothing is left to write
+            _exit_now_after_the_stop(config.shard_id, signal.Signals(signum))
+            return
         if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
             _exit_now_unless_needed(serving[0], config.shard_id, signal.Signals(signum))
             return
@@ -301,9 +291,25 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     serving.clear()  # stopped: a signal from here on finds nothing to cut short
     if warming is not None and warming.is_alive():  # it ends after its current step, its scratch dir removed
         log.info("waiting for the warm-up of the compiled kernels to end its current step")
-        warming.join()
+        warming_up.append(True)
+        while warming.is_alive():  # in slices: a second signal exits now (on_signal)
+            warming.join(SIGNAL_CHECK_S)
     if code:
         raise SystemExit(code)
+
+
+def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals) -> None:
+    """A second SIGTERM or SIGINT while a stopped shard waits for its warm-up: exits at once (128 + the signal's
+    number). Runs in a signal handler: raises nothing."""
+    message = (f"ps-server shard {shard_id}: received {sig.name} again while waiting for the warm-up of the compiled "
+               "kernels: exiting now; the shard was stopped first, its data is all written (the warm-up's scratch "
+               "directory, ps-warm-up-*, may be left in the temporary directory)\n")  # fmt: skip
+    try:
+        os.write(2, message.encode())
+    except OSError:
+        pass
+    finally:
+        os._exit(128 + sig)
 
 
 def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> None:

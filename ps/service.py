@@ -395,10 +395,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
         back = [(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
+        client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
+        sync = stamp is not None and stamp.sync  # one PushBatch per shard and step, whatever its size: never refused
         if back:  # before the push: a rejected request changes nothing
             self._check_reply("PushBatch", returned)
-            self.shard.check_pull_batch(back, "a PushBatch's rows to return")
-        client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
+            self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context)
@@ -408,9 +409,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                 step, applied = self.shard.push_batch(pushes, request.advance_clock, client, request.seq,
                                                       CallerGone(context))  # fmt: skip
                 num_applied = ids_applied(pushes, applied)
+            if not back:
+                return codec.encode_push_batch_response(num_applied, step, [], min_clock)
             return self.shard.pull_batch(
                 back, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
-                what="a PushBatch's rows to return",
+                CallerGone(context), what="a PushBatch's rows to return", larger_runs_alone=sync,
             )  # fmt: skip
 
     @_rpc

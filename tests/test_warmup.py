@@ -92,3 +92,32 @@ def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes
             proc.kill()
     assert "stopped cleanly" in log_path.read_text() and "the server is stopping" in log_path.read_text()
     assert list(scratch.iterdir()) == [], log_path.read_text()
+
+
+def test_a_second_signal_while_the_stopped_server_waits_for_its_warm_up_exits_now(tmp_path):
+    """The shard is closed before the wait: a second SIGTERM exits at once (143), saying so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.waiting import wait_until
+
+    gate, log_path = tmp_path / "gate", tmp_path / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tests.slow_start", str(gate), "warm-up", "--data-dir",
+                                 str(tmp_path / "d"), "--port", "0", "--memory-bytes", "80M"], stdout=log, stderr=log,
+                                env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    try:
+        wait_until(lambda: os.path.exists(f"{gate}.reached") or proc.poll() is not None, 120, "the warm-up's push")
+        proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "waiting for the warm-up" in log_path.read_text() or proc.poll() is not None, 120,
+                   "the wait for the warm-up")  # fmt: skip
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM, log_path.read_text()
+    finally:
+        gate.touch()
+        if proc.poll() is None:
+            proc.kill()
+    said = log_path.read_text()
+    assert "stopped cleanly" in said and "received SIGTERM again while waiting for the warm-up" in said, said

@@ -200,6 +200,9 @@ def test_a_ram_tier_too_small_for_the_model_names_what_all_its_tables_need():
     said = too_small_for_the_model(bounded, 5)
     assert "raise --memory-bytes until it leaves the RAM tier 1609216 bytes for them all" in said
     assert "--cache-bytes to at least" not in said
+    both = refusal.replace("459776", "459776 and --memory-bytes to at least 80M")
+    said = too_small_for_the_model(both, 5)
+    assert "raise --cache-bytes to at least 1609216 for them all and --memory-bytes to fit it" in said, said
     assert too_small_for_the_model(refusal, 0) == refusal  # the last table: the shard's figure is the whole need
     assert too_small_for_the_model("no figure", 3).endswith("this run makes 3 more tables after this one, each "
                                                             "needing its share too")  # fmt: skip

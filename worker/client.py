@@ -80,9 +80,11 @@ MIN_MESSAGE_BYTES = 1 << 20
 def message_bytes_for(max_request_bytes: int, rooms: list[int]) -> int:
     """The message size a Client uses with shards that keep rooms[i] bytes for requests' copies (StatsResponse
     request_room_bytes; 0: none, the shard started without --memory-bytes): at most max_request_bytes and
-    1/ROOM_SHARE of the smallest room (not below MIN_MESSAGE_BYTES). A push's copies on the shard are about four
-    times its message (ps.engine.room), and the shard's threads hold the messages waiting for room: smaller
-    messages keep both inside the shard's memory bound."""
+    1/ROOM_SHARE of the smallest room (not below MIN_MESSAGE_BYTES). A push's copies on the shard are up to about
+    six times its message (ps.engine.room's costs; adam and ftrl rows), and the shard's threads hold the messages
+    waiting for room: smaller messages keep both inside the shard's memory bound, and a request is never refused
+    as larger than the room. A sync step's push is one message per shard, whatever its size (the shard runs it
+    alone)."""
     bounded = [r for r in rooms if r]
     if not bounded:
         return max_request_bytes

@@ -250,11 +250,14 @@ def too_small_for_the_model(refusal: str, tables_after: int) -> str:
     if m is None:
         return f"{refusal}; this run makes {tables_after} more tables after this one, each needing its share too"
     n, floor = int(m.group(1)) + tables_after, int(m.group(2))
+    fits = " and --memory-bytes to fit it" if "and --memory-bytes to at least" in refusal else ""
     if "raise --memory-bytes" in refusal:  # the shard's RAM tier is what its --memory-bytes leaves
         change = (f"raise --memory-bytes until it leaves the RAM tier {n * floor} bytes for them all (a server given "
                   f"--cache-bytes {n * floor} with a --memory-bytes too small for it names the least that fits)")  # fmt: skip
     else:
-        change = f"raise --cache-bytes to at least {n * floor} for them all"
+        change = f"raise --cache-bytes to at least {n * floor} for them all{fits}"
+        if fits:
+            change += " (ps-server names the least --memory-bytes that holds a --cache-bytes)"
     return (f"{refusal}. That counts the tables up to this one; this run makes up to {tables_after} more, {n} in all: "
             f"{change} (more if a later table's rows are wider); the tables made so far stay, and are replaced by a "
             "later run if they differ from its settings")  # fmt: skip

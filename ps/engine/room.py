@@ -5,12 +5,13 @@ its missed rows and keeps an undo copy of the rows it changes. Each Pull, PullBa
 for its copies (pull_cost, pull_batch_cost, push_cost) before it makes them and gives it back when done. Requests
 take room in the order they ask for it; one that does not fit waits until enough is given back. A client's request
 larger than the whole room is refused before anything is read or applied (refuse_larger: RequestTooLargeError);
-only a sync step's sum, which no client sized, runs alone when it is larger.
+only a sync step's push, one per shard whatever its size (its rows to return, and its sum), runs alone when it is
+larger.
 
-What is not counted: the request's own bytes, already received when it asks (at most the room each: a bounded
-server receives no larger message, ps.server.request_limit_bytes; worker.client sizes its messages to a share of
-the room the shards report); a sync step's contributions, held across its wait for the job's other workers (the
-wait is never made holding room).
+What is not counted: the request's own bytes, already received when it asks (worker.client sizes its messages to a
+share of the room the shards report, but for a sync step's push; another client's are bounded by the message limit
+only); a reply, made inside its take and sent after it; a sync step's contributions, held across its wait for the
+job's other workers (the wait is never made holding room).
 
 Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
 holds room waits for anything but its own work, so a wait for room always ends. A waiter that stops waiting (an
@@ -25,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from ps.errors import CallerGoneError, RequestTooLargeError
+from ps.storage.memory import MAX_REQUEST_BYTES
 
 ID_BYTES = 8
 CALLER_CHECK_S = 0.25  # how often a wait for room looks whether its caller left
@@ -75,11 +77,13 @@ class RequestRoom:
         (what: the request, for the message); nothing otherwise, nor without a bound."""
         if self.capacity and nbytes > self.capacity:
             most = self.capacity * ids // nbytes
+            larger = ("give the server a larger --memory-bytes (the room is 1/8 of it, 16 to 128 MiB)"
+                      if self.capacity < MAX_REQUEST_BYTES else "the room is at its largest (128 MiB)")  # fmt: skip
             raise RequestTooLargeError(
                 f"{what} would copy {nbytes:,} bytes of rows, more than this server's whole room for requests "
-                f"({self.capacity:,} bytes, the `requests` part of --memory-bytes): send at most {most:,} of these "
-                "ids per request (worker.client sizes its messages by the room), or give the server a larger "
-                "--memory-bytes; nothing was read or applied"
+                f"({self.capacity:,} bytes, the `requests` part of --memory-bytes): send at most about {most:,} of "
+                f"these ids per request (worker.client sizes its messages by the room); {larger}; nothing was read "
+                "or applied"
             )
 
     @contextlib.contextmanager
@@ -88,7 +92,7 @@ class RequestRoom:
         empty: a take larger than the room, a sync step's sum, runs alone). caller_gone: looked at every
         CALLER_CHECK_S of the wait; once true, the wait ends with CallerGoneError (its caller cancelled, or past its
         deadline: nobody would read the reply), and the turn passes on."""
-        if not self.capacity:
+        if not self.capacity or not nbytes:  # nothing to hold: no turn to wait for
             yield
             return
         with self._cond:

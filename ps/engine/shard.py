@@ -564,15 +564,19 @@ class Shard:
         with self.room.take(cost, caller_gone), self.store.foreground.serving():
             return table.pull(ids, out(len(ids), table.dim) if callable(out) else out)
 
-    def check_pull_batch(self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch") -> int:
+    def check_pull_batch(
+        self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch", larger_runs_alone: bool = False
+    ) -> int:
         """Checks pulls of (table, ids) as pull_batch runs them, reading nothing: their tables, that this shard owns
-        their ids, that their copies fit in the request room (RequestTooLargeError); returns those copies' bytes."""
+        their ids, that their copies fit in the request room (RequestTooLargeError; larger_runs_alone: not
+        checked, a sync step's rows to return run alone); returns those copies' bytes."""
         cost = 0
         for name, ids in pulls:
             table = self.table(name)
             self.check_owned(ids)
             cost += pull_batch_cost(len(ids), table.width, table.dim)
-        self.room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls")
+        if not larger_runs_alone:
+            self.room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls")
         return cost
 
     def pull_batch(
@@ -581,10 +585,12 @@ class Shard:
         encode: Callable[[list[np.ndarray]], T],
         caller_gone: Callable[[], bool] | None = None,
         what: str = "a PullBatch",
+        larger_runs_alone: bool = False,
     ) -> T:
         """encode(the rows of each pull of (table, ids)), under one take of request room for the rows and the
-        reply encode makes of them (check_pull_batch first: a refusal reads nothing). caller_gone: as pull's."""
-        cost = self.check_pull_batch(pulls, what)
+        reply encode makes of them (check_pull_batch first, with larger_runs_alone: a refusal reads nothing).
+        caller_gone: as pull's."""
+        cost = self.check_pull_batch(pulls, what, larger_runs_alone)
         with self.room.take(cost, caller_gone), self.store.foreground.serving():
             return encode([self.table(name).pull(ids) for name, ids in pulls])
 
@@ -1159,6 +1165,9 @@ class Shard:
                     self.journal.close()
                     if flushed:  # after a failed flush, its error is the one raised
                         self.store.flush()
+                except BaseException as e:
+                    failed = failed or e
+                    raise
                 finally:
                     self._close_store(failed)
 
