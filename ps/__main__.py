@@ -95,8 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         "process's fixed overhead (an idle server's, "
         "its compiled code loaded at start) comes on top. Each pull and push takes room for its copies of rows and "
         "waits while others hold it (ps-worker stats counts the waits); a request larger than the whole room is "
-        "refused (RESOURCE_EXHAUSTED), but for a sync step's push, which runs alone. Not counted: the messages "
-        "waiting for a server thread, replies being sent, a sync step's contributions (README, Limits). A bound "
+        "refused (RESOURCE_EXHAUSTED), but for a sync step's push, which runs alone up to --memory-bytes of "
+        "copies. Not counted: the messages waiting for a server thread, replies being sent, a sync step's "
+        "contributions and what its push copies beyond the room (README, Limits). A bound "
         "past the machine's RAM, or past its container's "
         "memory limit (cgroup), is warned of at start. Default: no overall bound",
     )  # fmt: skip

@@ -248,13 +248,13 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     stop = threading.Event()
     progress = StartProgress(stop)
     serving: list[Server] = []  # the server, once it serves
-    warming_up: list[bool] = []  # not empty while the stopped server waits for its warm-up's step
+    stopped_with: list[int] = []  # the stop's exit code, once the shard is stopped (a warm-up may still end)
 
     def on_signal(signum, frame):
         again = stop.is_set()
         stop.set()  # first: a signal whose handler runs inside this one's logging sees it
-        if again and warming_up:  # the shard is closed: nothing is left to write
-            _exit_now_after_the_stop(config.shard_id, signal.Signals(signum))
+        if again and stopped_with:  # the shard is closed: nothing is left to write
+            _exit_now_after_the_stop(config.shard_id, signal.Signals(signum), stopped_with[0])
             return
         if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
             _exit_now_unless_needed(serving[0], config.shard_id, signal.Signals(signum))
@@ -288,28 +288,29 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     while not stop.wait(SIGNAL_CHECK_S):  # in slices: a SIGTERM another thread received (ps.terminate)
         pass
     code = stop_server(server, config.shard_id)
-    serving.clear()  # stopped: a signal from here on finds nothing to cut short
+    stopped_with.append(code)  # before serving is cleared: a second signal from here on exits now (on_signal)
+    serving.clear()
     if warming is not None and warming.is_alive():  # it ends after its current step, its scratch dir removed
         log.info("waiting for the warm-up of the compiled kernels to end its current step")
-        warming_up.append(True)
         while warming.is_alive():  # in slices: a second signal exits now (on_signal)
             warming.join(SIGNAL_CHECK_S)
     if code:
         raise SystemExit(code)
 
 
-def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals) -> None:
-    """A second SIGTERM or SIGINT while a stopped shard waits for its warm-up: exits at once (128 + the signal's
-    number). Runs in a signal handler: raises nothing."""
-    message = (f"ps-server shard {shard_id}: received {sig.name} again while waiting for the warm-up of the compiled "
-               "kernels: exiting now; the shard was stopped first, its data is all written (the warm-up's scratch "
-               "directory, ps-warm-up-*, may be left in the temporary directory)\n")  # fmt: skip
+def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int) -> None:
+    """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending): exits at once, with
+    the stop's exit code if it failed, else 128 + the signal's number. Runs in a signal handler: raises nothing."""
+    how = ("the shard was stopped first, its rows all written" if not code else
+           "its stop failed (above): the journal keeps every acknowledged push for the next start")  # fmt: skip
+    message = (f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how} (a "
+               "warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)\n")  # fmt: skip
     try:
         os.write(2, message.encode())
     except OSError:
         pass
     finally:
-        os._exit(128 + sig)
+        os._exit(code or 128 + sig)
 
 
 def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> None:

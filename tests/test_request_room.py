@@ -402,3 +402,23 @@ def test_a_sync_step_larger_than_the_room_trains_through_a_client_and_a_zero_tak
         queued.join(10)
     finally:
         server.stop()
+
+
+def test_a_sync_push_may_run_alone_up_to_the_whole_bound_and_no_further(bounded_shard):
+    """Any caller can stamp its push sync: what a sync push copies, running alone, stops at --memory-bytes (its
+    contribution and its rows to return), refused before anything is copied."""
+    from ps.errors import RequestTooLargeError
+    from ps.stamp import WorkerStamp
+
+    shard, width = bounded_shard, bounded_shard.table("t").width
+    assert shard.room.alone_limit == 256 * MiB
+    n = 256 * MiB // push_cost(1, width) + 1
+    ids, grads = np.arange(n, dtype=np.uint64), np.ones((n, 4), np.float32)
+    stamp = WorkerStamp(job=1, worker=0, num_workers=1, step=0, sync=True)
+    with pytest.raises(RequestTooLargeError, match="more than a sync step's push may copy on this server"):
+        shard.push_stamped([("t", ids, grads, None, None)], 0, 9, 0, stamp)
+    assert shard.table("t").num_rows == 0 and shard.room.in_use == 0
+    m = 256 * MiB // pull_batch_cost(1, width, 4) + 1
+    with pytest.raises(RequestTooLargeError, match="more than a sync step's push may copy"):
+        shard.check_pull_batch([("t", np.arange(m, dtype=np.uint64))], larger_runs_alone=True)
+    assert shard.check_pull_batch([("t", np.arange(m - 1, dtype=np.uint64))], larger_runs_alone=True) <= 256 * MiB

@@ -289,7 +289,7 @@ def _stats(args) -> int:
               f"{_size(s.ram_used_bytes)} of {_size(s.ram_budget_bytes)}, journal {_size(s.journal_bytes)}")  # fmt: skip
         bound = f"of {_size(s.memory_budget_bytes)}" if s.memory_budget_bytes else "(no --memory-bytes)"
         alone = (
-            " (a sync step's sum larger than the room runs alone)"
+            " (a sync step's push larger than the room runs alone)"
             if s.request_room_used_bytes > s.request_room_bytes
             else ""
         )

@@ -4,9 +4,10 @@ A request copies rows while it runs: a pull reads its missed rows from RocksDB a
 its missed rows and keeps an undo copy of the rows it changes. Each Pull, PullBatch, Push and PushBatch takes room
 for its copies (pull_cost, pull_batch_cost, push_cost) before it makes them and gives it back when done. Requests
 take room in the order they ask for it; one that does not fit waits until enough is given back. A client's request
-larger than the whole room is refused before anything is read or applied (refuse_larger: RequestTooLargeError);
-only a sync step's push, one per shard whatever its size (its rows to return, and its sum), runs alone when it is
-larger.
+larger than the whole room is refused before anything is read or applied (refuse_larger: RequestTooLargeError).
+A sync step's push is one per shard whatever its size: its contribution and its rows to return run alone when
+larger than the room, up to `alone_limit` bytes of copies each (the whole --memory-bytes; refused past it), and
+so does the step's sum (unchecked: its workers' contributions together).
 
 What is not counted: the request's own bytes, already received when it asks (worker.client sizes its messages to a
 share of the room the shards report, but for a sync step's push; another client's are bounded by the message limit
@@ -52,10 +53,12 @@ class RequestRoom:
     """A byte count that requests take from and give back, in the order they ask. capacity 0: unbounded (no
     --memory-bytes), every take returns at once."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, alone_limit: int = 0):
+        """alone_limit: the most a sync step's push may copy, running alone (0: no more than the room)."""
         if capacity < 0:
             raise ValueError(f"request room must be >= 0 bytes, got {capacity}")
         self.capacity = capacity
+        self.alone_limit = max(alone_limit, capacity)
         self._cond = threading.Condition()
         self._in_use = 0
         self._next_ticket = 0  # the ticket the next asker gets
@@ -72,9 +75,19 @@ class RequestRoom:
         """Takes asked for and not yet holding room."""
         return self._next_ticket - self._serving
 
-    def refuse_larger(self, nbytes: int, ids: int, what: str) -> None:
+    def refuse_larger(self, nbytes: int, ids: int, what: str, runs_alone: bool = False) -> None:
         """RequestTooLargeError when a request of `ids` ids that copies nbytes would not fit in the whole room
-        (what: the request, for the message); nothing otherwise, nor without a bound."""
+        (what: the request, for the message); runs_alone (a sync step's push): when it would copy more than
+        alone_limit. Nothing otherwise, nor without a bound."""
+        if runs_alone:
+            if self.capacity and nbytes > self.alone_limit:
+                raise RequestTooLargeError(
+                    f"{what} would copy {nbytes:,} bytes of rows, more than a sync step's push may copy on this "
+                    f"server ({self.alone_limit:,} bytes, its --memory-bytes): a sync step sends each shard one "
+                    "push of all its ids, so train with smaller batches, or on more shards, or give the server a "
+                    "larger --memory-bytes; nothing was read or applied"
+                )
+            return
         if self.capacity and nbytes > self.capacity:
             most = self.capacity * ids // nbytes
             larger = ("give the server a larger --memory-bytes (the room is 1/8 of it, 16 to 128 MiB)"

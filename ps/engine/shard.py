@@ -168,7 +168,7 @@ class Shard:
         self.broken = ""  # or why the shard takes no writes until a restart (_break); lost_listeners are told too
         self.slot_map = SlotMap.contiguous(config.num_shards)
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
-        self.room = RequestRoom(self.memory.request_bytes)  # the plan's `requests` part, taken per pull and push
+        self.room = RequestRoom(self.memory.request_bytes, self.memory.memory_bytes or 0)  # taken per pull and push
         progress.enter("checking")
         manifest = _restore_manifest(config)
         if manifest is not None:
@@ -568,15 +568,15 @@ class Shard:
         self, pulls: list[tuple[str, np.ndarray]], what: str = "a PullBatch", larger_runs_alone: bool = False
     ) -> int:
         """Checks pulls of (table, ids) as pull_batch runs them, reading nothing: their tables, that this shard owns
-        their ids, that their copies fit in the request room (RequestTooLargeError; larger_runs_alone: not
-        checked, a sync step's rows to return run alone); returns those copies' bytes."""
+        their ids, that their copies fit in the request room (RequestTooLargeError; larger_runs_alone: a sync
+        step's rows to return, which run alone, within the room's alone_limit); returns those copies' bytes."""
         cost = 0
         for name, ids in pulls:
             table = self.table(name)
             self.check_owned(ids)
             cost += pull_batch_cost(len(ids), table.width, table.dim)
-        if not larger_runs_alone:
-            self.room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls")
+        self.room.refuse_larger(cost, sum(len(ids) for _, ids in pulls), f"{what} of {len(pulls)} pulls",
+                                larger_runs_alone)  # fmt: skip
         return cost
 
     def pull_batch(
@@ -862,7 +862,11 @@ class Shard:
         return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
-        """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too."""
+        """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too, and its size:
+        RequestTooLargeError, before anything is copied, past what a push may copy running alone."""
+        cost = sum(push_cost(len(p.ids), self.table(p.name).width) for p in pushes)
+        self.room.refuse_larger(cost, sum(len(p.ids) for p in pushes), f"a sync PushBatch of {len(pushes)} pushes",
+                                runs_alone=True)  # fmt: skip
         out = contribution(pushes, self.check_push)
         with self._lock:
             self._check_advance(advance_clock)
@@ -1165,9 +1169,13 @@ class Shard:
                     self.journal.close()
                     if flushed:  # after a failed flush, its error is the one raised
                         self.store.flush()
-                except BaseException as e:
-                    failed = failed or e
-                    raise
+                except Exception as e:
+                    if failed is not None:  # the flush's error goes on; this one is logged
+                        log.warning("shard %d: closing the journal failed too (after the error the stop reports): "
+                                    "%s", self.shard_id, e)  # fmt: skip
+                    else:
+                        failed = e
+                        raise
                 finally:
                     self._close_store(failed)
 
