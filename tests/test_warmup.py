@@ -62,26 +62,40 @@ def test_a_stop_set_ends_it_between_steps_and_its_directory_goes(tmp_path, monke
     assert "the server is stopping" in caplog.text and list(tmp_path.iterdir()) == []
 
 
-def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes(tmp_path):
-    """SIGTERM while the warm-up of a --memory-bytes server is inside a step (held there by tests.slow_start): the
-    stop waits for that step, the warm-up ends and removes its scratch directory, the process exits 0. (A warm-up
-    thread cut off at exit leaves the directory, or aborts the process inside RocksDB after "stopped cleanly".)"""
+def _held_in_its_warm_up(tmp_path, scratch):
+    """A --memory-bytes server (tests.slow_start) whose warm-up waits inside its first push until the file
+    tmp_path/gate exists, TMPDIR scratch: (the process, its log path, the gate), once the warm-up is held."""
     import os
-    import signal
     import subprocess
     import sys
 
     from tests.waiting import wait_until
 
-    scratch, gate = tmp_path / "tmp", tmp_path / "gate"
-    scratch.mkdir()
-    log_path = tmp_path / "server.log"
+    gate, log_path = tmp_path / "gate", tmp_path / "server.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "tests.slow_start", str(gate), "warm-up", "--data-dir",
                                  str(tmp_path / "d"), "--port", "0", "--memory-bytes", "80M"], stdout=log, stderr=log,
                                 env={**os.environ, "TMPDIR": str(scratch)})  # fmt: skip
     try:
         wait_until(lambda: os.path.exists(f"{gate}.reached") or proc.poll() is not None, 120, "the warm-up's push")
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, log_path, gate
+
+
+def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes(tmp_path):
+    """SIGTERM while the warm-up of a --memory-bytes server is inside a step (held there by tests.slow_start): the
+    stop waits for that step, the warm-up ends and removes its scratch directory, the process exits 0. (A warm-up
+    thread cut off at exit leaves the directory, or aborts the process inside RocksDB after "stopped cleanly".)"""
+    import signal
+
+    from tests.waiting import wait_until
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    proc, log_path, gate = _held_in_its_warm_up(tmp_path, scratch)
+    try:
         assert proc.poll() is None and [p.name for p in scratch.iterdir()][0].startswith("ps-warm-up-")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "stopped cleanly" in log_path.read_text() or proc.poll() is not None, 120, "the stop")
@@ -96,20 +110,12 @@ def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes
 
 def test_a_second_signal_while_the_stopped_server_waits_for_its_warm_up_exits_now(tmp_path):
     """The shard is closed before the wait: a second SIGTERM exits at once (143), saying so."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     from tests.waiting import wait_until
 
-    gate, log_path = tmp_path / "gate", tmp_path / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.slow_start", str(gate), "warm-up", "--data-dir",
-                                 str(tmp_path / "d"), "--port", "0", "--memory-bytes", "80M"], stdout=log, stderr=log,
-                                env={**os.environ, "TMPDIR": str(tmp_path)})  # fmt: skip
+    proc, log_path, gate = _held_in_its_warm_up(tmp_path, tmp_path)
     try:
-        wait_until(lambda: os.path.exists(f"{gate}.reached") or proc.poll() is not None, 120, "the warm-up's push")
         proc.send_signal(signal.SIGTERM)
         wait_until(lambda: "waiting for the warm-up" in log_path.read_text() or proc.poll() is not None, 120,
                    "the wait for the warm-up")  # fmt: skip
