@@ -302,7 +302,7 @@ def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int) -> N
     """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending): exits at once, with
     the stop's exit code if it failed, else 128 + the signal's number. Runs in a signal handler: raises nothing."""
     how = ("the shard was stopped first, its rows all written" if not code else
-           "its stop failed (above): the journal keeps every acknowledged push for the next start")  # fmt: skip
+           "its stop failed, as said above")  # fmt: skip
     message = (f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how} (a "
                "warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)\n")  # fmt: skip
     try:

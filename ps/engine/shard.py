@@ -684,10 +684,10 @@ class Shard:
         its pushes are applied; a retry of it applies only the rest (a crash may have come between two), and an
         older one applies nothing, nor advances the clock. A client sends one request at a time to a shard, in
         client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
-        waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of a request is stored together
-        with the note that this request made it (Store.set_clock), so a retry advances the clock if and only if
-        no attempt before did, across restarts too; a request whose pushes carry no ids (or a clock advance
-        alone) is its client's newest as well.
+        waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
+        a request is stored together with the note that this request made it (Store.set_clock), so a retry
+        advances the clock if and only if no attempt before did, across restarts too; a request whose pushes carry
+        no ids (or a clock advance alone) is its client's newest as well.
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
