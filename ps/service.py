@@ -383,9 +383,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             self.shard.jobs.check(stamp, pull=True)
         pulls = [(p.table, wire.decode_ids(p.ids)) for p in request.pulls]
         self._check_reply("PullBatch", [(len(ids), self.shard.table(name).dim) for name, ids in pulls])
-        self.shard.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
+        cost = self.shard.check_pull_batch(pulls)  # every pull checked before any runs, or the ssp wait
         min_clock = 0 if stamp is None else self.shard.jobs.wait_for_pull(stamp, CallerGone(context))
-        return self.shard.pull_batch(pulls, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
+        return self.shard.pull_batch(pulls, cost, lambda rows: codec.encode_pull_batch_response(rows, min_clock),
                                      CallerGone(context))  # fmt: skip
 
     @_rpc
@@ -396,10 +396,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
         back = [(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]
         client, stamp, min_clock = client_key(request.client_id, context, request.shared), stamp_of(request), 0
-        sync = stamp is not None and stamp.sync  # one PushBatch per shard and step, whatever its size: never refused
+        sync = stamp is not None and stamp.sync  # one PushBatch per shard and step: runs alone past the room
         if back:  # before the push: a rejected request changes nothing
             self._check_reply("PushBatch", returned)
-            self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
+            cost = self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
                 pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context)
@@ -412,8 +412,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if not back:
                 return codec.encode_push_batch_response(num_applied, step, [], min_clock)
             return self.shard.pull_batch(
-                back, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
-                CallerGone(context), what="a PushBatch's rows to return", larger_runs_alone=sync,
+                back, cost, lambda rows: codec.encode_push_batch_response(num_applied, step, rows, min_clock),
+                CallerGone(context),
             )  # fmt: skip
 
     @_rpc

@@ -341,10 +341,11 @@ def test_a_pull_batch_takes_room_once_for_its_pulls_and_reply(bounded_shard):
         seen.append(shard.room.in_use)
         return [r.copy() for r in rows]
 
-    shard.pull_batch([("t", ids)], encode)  # compiles
+    shard.pull_batch([("t", ids)], shard.check_pull_batch([("t", ids)]), encode)  # compiles
     seen.clear()
     with shard.room.take(shard.room.capacity):
-        t = threading.Thread(target=lambda: done.append(shard.pull_batch([("t", ids), ("t", ids[:10])], encode)))
+        pulls = [("t", ids), ("t", ids[:10])]
+        t = threading.Thread(target=lambda: done.append(shard.pull_batch(pulls, shard.check_pull_batch(pulls), encode)))
         t.start()
         _waiting(shard.room, 1)
         assert done == []
@@ -395,7 +396,7 @@ def test_a_sync_step_larger_than_the_room_trains_through_a_client_and_a_zero_tak
         with room.take(room.capacity):
             queued = _taker(room, 1, [], "queued")  # waits for the room, ahead of what comes next
             _waiting(room, 1)
-            t = threading.Thread(target=lambda: done.append(server.shard.pull_batch([], list)), daemon=True)
+            t = threading.Thread(target=lambda: done.append(server.shard.pull_batch([], 0, list)), daemon=True)
             t.start()
             t.join(10)
             assert done == [[]]

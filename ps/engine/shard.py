@@ -582,15 +582,13 @@ class Shard:
     def pull_batch(
         self,
         pulls: list[tuple[str, np.ndarray]],
+        cost: int,
         encode: Callable[[list[np.ndarray]], T],
         caller_gone: Callable[[], bool] | None = None,
-        what: str = "a PullBatch",
-        larger_runs_alone: bool = False,
     ) -> T:
-        """encode(the rows of each pull of (table, ids)), under one take of request room for the rows and the
-        reply encode makes of them (check_pull_batch first, with larger_runs_alone: a refusal reads nothing).
-        caller_gone: as pull's."""
-        cost = self.check_pull_batch(pulls, what, larger_runs_alone)
+        """encode(the rows of each pull of (table, ids)), pulls that check_pull_batch passed and priced at cost:
+        one take of that much request room for the rows and the reply encode makes of them. caller_gone: as
+        pull's."""
         with self.room.take(cost, caller_gone), self.store.foreground.serving():
             return encode([self.table(name).pull(ids) for name, ids in pulls])
 
