@@ -1163,29 +1163,28 @@ class Shard:
                 for t in list(self.tables.values()):
                     with t.lock:
                         t.closed = True
-                try:
+
+                def journal_then_flush() -> None:
                     self.journal.close()
                     if flushed:  # after a failed flush, its error is the one raised
                         self.store.flush()
-                except Exception as e:
-                    if failed is not None:  # the flush's error goes on; this one is logged
-                        log.warning("shard %d: closing the journal failed too (after the error the stop reports): "
-                                    "%s", self.shard_id, e)  # fmt: skip
-                    else:
-                        failed = e
-                        raise
-                finally:
-                    self._close_store(failed)
 
-    def _close_store(self, failed: BaseException | None) -> None:
-        """Closes RocksDB; after failed (the error close() raises: a failed flush), a failure to close is logged,
-        not raised in its place (on a full disk both fail, and the flush's error says what the stop left)."""
+                error = self._close_part("closing the journal", journal_then_flush, failed)
+                error = self._close_part("closing RocksDB", self.store.close, error)
+                if error is not failed:
+                    raise error
+
+    def _close_part(self, what: str, close: Callable[[], None], failed: BaseException | None) -> BaseException | None:
+        """Runs a part of close(); returns the error close() raises: failed (a failed flush, or an earlier part),
+        else this part's. A failure after an earlier error is logged, not raised in its place (on a full disk the
+        flush and RocksDB's close both fail, and the flush's error says what the stop left)."""
         try:
-            self.store.close()
-        except Exception as e:
+            close()
+        except BaseException as e:  # an interrupt too: the parts after it still close
             if failed is None:
-                raise
-            log.warning("shard %d: closing RocksDB failed too (after the error the stop reports): %s", self.shard_id, e)
+                return e
+            log.warning("shard %d: %s failed too (after the error the stop reports): %s", self.shard_id, what, e)
+        return failed
 
     def _close_lost(self) -> None:
         """close() of a shard whose data dir is gone: nothing is flushed (it could not be kept), the journal and
