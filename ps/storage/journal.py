@@ -133,19 +133,13 @@ class SegmentReader:
             raise type(e)(e.errno, e.strerror, self.path) from None
         return got
 
-    def _pread(self, n: int, offset: int) -> bytes:
-        """Up to n bytes at offset (fewer only at the end of the file)."""
-        parts, got = [], 0
-        try:
-            while got < n:
-                part = os.pread(self._fd, min(n - got, 1 << 30), offset + got)
-                if not part:
-                    break
-                parts.append(part)
-                got += len(part)
-        except OSError as e:
-            raise type(e)(e.errno, e.strerror, self.path) from None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+    def _pread(self, n: int, offset: int) -> bytearray:
+        """Up to n bytes at offset (fewer only at the end of the file), read by _pread_into."""
+        buf = bytearray(n)
+        with memoryview(buf) as view:
+            got = self._pread_into(view, offset)
+        del buf[got:]
+        return buf
 
     def end_of_data(self) -> int:
         """One past the segment's last nonzero byte (0 if none), read from the back a MB at a time: a prepared tail
