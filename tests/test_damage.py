@@ -256,6 +256,21 @@ def test_a_journal_missing_acknowledged_records_is_refused_unless_the_loss_is_ac
     assert not [r for r in caplog.records if r.levelname == "WARNING" and "journal" in r.getMessage()]
 
 
+def test_a_journal_cut_short_with_its_mark_deleted_before_any_flush_is_refused(journaled_then_killed, tmp_path):
+    """Both the mark and the journal's last records gone, and RocksDB holds no push: the records left show pushes
+    were written, the mark that said how many is gone, so start-up and verify call it a loss, not a torn end."""
+    data_dir = tmp_path / "shard"
+    shutil.copytree(journaled_then_killed, data_dir)
+    os.remove(data_dir / "journal-mark.json")
+    (segment,) = (data_dir / "journal").iterdir()
+    os.truncate(segment, record_ends(segment)[13])
+    lost = f"journal mark {data_dir / 'journal-mark.json'} is missing, though the journal (1 segment in "
+    out = refusal(data_dir)
+    assert lost in out and "holds records up to 14" in out and "--accept-journal-loss" in out, out
+    report = verify(data_dir)
+    assert report.returncode == 1 and "DAMAGED journal: the journal mark" in report.stdout, report.stdout
+
+
 # ---- a checkpoint whose SST holds a damaged block ---------------------------------------------------------
 def damage_largest_sst(folder) -> str:
     """Flips 16 bytes a quarter into folder's largest SST file (a data block); returns its name."""

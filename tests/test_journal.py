@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import struct
@@ -14,7 +15,7 @@ from ps.errors import StorageError
 from ps.rows import parallel
 from ps.storage import checksum as checksum_module
 from ps.storage.checksum import CHUNK, checksum64, copy_with_checksum64
-from ps.storage.journal import Journal, JournalCorruptError
+from ps.storage.journal import Journal, JournalCorruptError, JournalLossError
 from tests.waiting import wait_until
 
 
@@ -537,6 +538,62 @@ def test_the_cut_of_damage_below_the_mark_is_not_called_a_push_never_acknowledge
     cut = [r.getMessage() for r in caplog.records if "cut 30 bytes" in r.getMessage()]
     assert len(cut) == 1 and "mark says records up to 3 were written" in cut[0]
     assert "never acknowledged" not in cut[0] and "every record up to" not in cut[0]
+
+
+def test_a_journal_is_marked_when_it_is_first_opened_before_any_record(tmp_path):
+    """A server killed within a second of its first push (before the mark's thread wrote) leaves a mark of 0, not
+    none: its torn last record is a crash's, cut with a warning, not a deletion refused."""
+    mark_path, directory = str(tmp_path / "journal.mark"), str(tmp_path / "j")
+    j = Journal(directory, mark_path=mark_path)
+    list(j.replay(0))
+    assert json.loads(pathlib.Path(mark_path).read_text()) == {"written_seq": 0}
+    _push(j, 10, seed=1), _push(j, 10, seed=2)
+    j.close()
+    pathlib.Path(mark_path).write_text('{"written_seq": 0}')  # as a kill within the first second leaves it
+    (segment,) = Journal(directory).segments()
+    with open(segment[1], "r+b") as f:
+        f.truncate(os.path.getsize(segment[1]) - 5)  # the second record torn
+    again = Journal(directory, mark_path=mark_path)
+    assert [r.seq for r in again.replay(0)] == [1] and again.losses == []
+    again.close()
+
+
+@pytest.mark.parametrize("cut", ["mid-record", "at a record", "torn first record"])
+def test_a_mark_deleted_while_the_journal_holds_records_is_refused_unless_the_loss_is_accepted(tmp_path, cut):
+    """The mark and the journal's last records lost before the first flush (RocksDB holds no push): the records
+    found show that pushes were written, and the mark that said how many is gone, so start-up refuses rather than
+    cut the journal as a crash's torn end."""
+    directory, mark_path, offsets = _marked_journal(tmp_path, 3, clicks=1.0)
+    os.remove(mark_path)
+    (segment,) = Journal(directory).segments()
+    with open(segment[1], "r+b") as f:
+        f.truncate({"mid-record": offsets[2] + 30, "at a record": offsets[2], "torn first record": 30}[cut])
+    held = "the bytes of a record" if cut == "torn first record" else "records up to 2"
+    with pytest.raises(JournalLossError, match=rf"journal mark {mark_path} is missing, though the journal \(1 segment "
+                                               rf"in .*\) holds {held} .*it was deleted.*Refusing to start"):  # fmt: skip
+        list(Journal(directory, mark_path=mark_path).replay(0))
+    assert not os.path.exists(mark_path)  # a refusal writes nothing
+    accepted = Journal(directory, mark_path=mark_path)
+    assert [r.seq for r in accepted.replay(0, accept_loss=True)] == ([] if cut == "torn first record" else [1, 2])
+    accepted.close()
+    assert len(accepted.losses) == 1 and "is missing, though the journal" in accepted.losses[0]
+    assert os.path.exists(mark_path)  # marked again: the next start does not meet the loss again
+    after = Journal(directory, mark_path=mark_path)
+    list(after.replay(0))
+    assert after.losses == []
+    after.close()
+
+
+def test_a_journal_with_no_data_and_no_mark_starts_and_is_marked(tmp_path):
+    """No mark, no flushed push, no journal data (a dir of a server that never took a push): nothing shows a push
+    was written, so there is nothing to refuse."""
+    mark_path, directory = str(tmp_path / "journal.mark"), str(tmp_path / "j")
+    os.makedirs(directory)
+    (pathlib.Path(directory) / f"{1:020d}.log").write_bytes(bytes(4096))  # space prepared ahead, never written
+    j = Journal(directory, mark_path=mark_path)
+    assert list(j.replay(0)) == [] and j.losses == []
+    j.close()
+    assert json.loads(pathlib.Path(mark_path).read_text()) == {"written_seq": 0}
 
 
 def test_accepting_a_damaged_record_applies_the_intact_records_after_it(tmp_path):

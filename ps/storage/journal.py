@@ -37,10 +37,13 @@ the next segment starts right after its last record, so a zeroed stretch of ackn
 other bad record is damage: replay raises JournalCorruptError rather than drop the acknowledged pushes after it.
 
 The mark: a journal given a mark_path keeps there, in a file outside the journal's directory
-(ps.storage.sidefiles), the seq of the last record written, at each rotation and at most a second behind the
-appends (a background thread; nothing on the append path). Replay requires every record from the first one
-RocksDB lacks up to the mark, with no gap: a missing one (a deleted segment, a segment cut at a record boundary or
-in the middle, a journal deleted whole) raises JournalLossError. Past the mark, a lost tail looks like the torn
+(ps.storage.sidefiles), the seq of the last record written: written when replay first opens the journal of a
+data dir (0 before any record), then at each rotation and at most a second behind the appends (a background
+thread; nothing on the append path). Replay requires every record from the first one RocksDB lacks up to the mark,
+with no gap: a missing one (a deleted segment, a segment cut at a record boundary or in the middle, a journal
+deleted whole) raises JournalLossError, as does a mark missing where RocksDB holds pushes or the journal holds
+records (it was deleted: which records should follow is unknown). A missing mark goes unnoticed only with nothing
+to show that pushes were written (no flushed push, no journal data). Past the mark, a lost tail looks like the torn
 end of a crash: without sync, an OS crash or a power failure can lose pushes that were acknowledged, and the
 warning that replay logs when it cuts says so. With accept_loss, replay logs what it cannot find or read instead
 of refusing, and goes on with the records it has.
@@ -300,6 +303,8 @@ class Journal:
             self._intact_at = time.time()
             self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync,
                                       check=self.check_intact)  # fmt: skip
+            if not os.path.exists(self.mark_path):  # a new data dir, or a loss accepted above: marked from now on
+                self._marker.create()
 
     def seems_lost(self) -> bool:
         """Whether the journal found its data dir or active segment gone (`lost`), or its next check_intact would:
@@ -397,7 +402,7 @@ class Journal:
     def _read(self, after_seq: int, accept_loss: bool):
         """replay's reading: yields the records, checks them against the mark, cuts nothing; returns (the last
         seq read, the mark, (path, size, pos, data_end) of a torn end to cut or None)."""
-        mark = self._read_mark(accept_loss, after_seq)
+        mark, marked = self._read_mark(accept_loss, after_seq)
         last = expect = after_seq  # expect: the last record after after_seq yielded so far
         tail = None
         damaged = None  # (segment, byte) of damage replay went on past (accept_loss), until the next record
@@ -478,6 +483,8 @@ class Journal:
             else:
                 error = self._missing(expect + 1, mark, after_seq, mark, None)
             self._lose(error, accept_loss)
+        if not marked and after_seq == 0 and (last > 0 or (tail is not None and tail[3] > tail[2])):
+            self._lose(self._unmarked(last, segs), accept_loss)
         return last, mark, tail
 
     @staticmethod
@@ -503,24 +510,41 @@ class Journal:
             "data dir, or start with --accept-journal-loss to go on without the pushes from there on"
         )
 
-    def _read_mark(self, accept_loss: bool, after_seq: int) -> int:
-        """The mark (0: none). A mark file that is unreadable, or missing while RocksDB holds pushes (after_seq >
-        0: every flush writes the mark first), is a loss: which records must be there is unknown."""
+    def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool]:
+        """(the mark, 0 if none; whether the mark file is there, or no mark is kept). A mark file that is
+        unreadable, or missing while RocksDB holds pushes (after_seq > 0: every flush writes the mark first), is a
+        loss: which records must be there is unknown. A mark missing while the journal holds records is _read's to
+        find (_unmarked)."""
         if self.mark_path is None:
-            return 0
+            return 0, True
         unknown = ("Without the mark, which journal records must be there is unknown. Refusing to start; start with "
                    "--accept-journal-loss to start without that check")  # fmt: skip
         try:
             mark = read_mark(self.mark_path)
         except StorageError as e:
             self._lose(JournalLossError(f"{e}. {unknown}"), accept_loss)
-            return 0
-        if after_seq > 0 and not os.path.exists(self.mark_path):
+            return 0, True
+        present = os.path.exists(self.mark_path)
+        if after_seq > 0 and not present:
             self._lose(JournalLossError(
                 f"the journal mark {self.mark_path} is missing, though RocksDB holds the pushes up to journal record "
                 f"{after_seq} (each flush writes the mark first): it was deleted. {unknown}"
             ), accept_loss)  # fmt: skip
-        return mark
+            return mark, True  # refused (or accepted) once
+        return mark, present
+
+    def _unmarked(self, last: int, segs: list[tuple[int, str]]) -> JournalLossError:
+        """The loss when the mark is missing though the journal holds data (records up to `last`, 0: only the
+        bytes of a torn one) and RocksDB none: a server writes the mark when it first opens a journal (replay),
+        before any append, so the mark was deleted, and records written after those found may be missing too."""
+        held = f"records up to {last}" if last > 0 else "the bytes of a record"
+        return JournalLossError(
+            f"the journal mark {self.mark_path} is missing, though the journal ({len(segs)} segment"
+            f"{'s' if len(segs) != 1 else ''} in {self.dir}) holds {held} (a server writes the mark when it starts "
+            "on a data dir, before its first push): it was deleted, and the records after those found may be missing "
+            "too. Without the mark, which journal records must be there is unknown. Refusing to start; restore the "
+            "data dir, or start with --accept-journal-loss to go on with the records found"
+        )
 
     def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
         """The error for journal records lo..hi missing (resumes_in: the segment that holds the record after hi)."""

@@ -6,7 +6,8 @@ over the old one), so a reader finds the old content or the new, never a mix:
                         column family holds the same record (ps.storage.store.Store.check_identity)
     journal-mark.json   {"written_seq": k}  every journal record <= k was written whole to the journal, so its
                         push may have been acknowledged: none of them may be missing at start-up
-                        (ps.storage.journal.Journal.replay); MarkWriter keeps it up to date
+                        (ps.storage.journal.Journal.replay); written at the first start on a data dir (0), then
+                        kept up to date by MarkWriter
     <file>.<8 chars>.tmp   the next content of shard.json or journal-mark.json while it is written (tempfile.mkstemp
                         names it), renamed over <file> once whole; one that a kill left is removed at the next start
                         (remove_temporary_files, by the server that holds the dir's RocksDB LOCK)
@@ -122,6 +123,20 @@ class MarkWriter:
                     log.warning("cannot write the journal mark %s: %s", self.path, e)
                     return
                 self.written = seq
+
+    def create(self) -> None:
+        """Writes the mark file now, at source() (0 before the first record), its directory fsynced too: a data dir
+        keeps a mark from its server's first start on, so a mark missing where the journal holds records is a
+        deletion (ps.storage.journal.Journal._read), not a crash within a second of the first push. An OSError is
+        logged, as write()'s."""
+        with self._lock:
+            seq = self._source()
+            try:
+                write_json(self.path, {"written_seq": seq}, sync_dir=True)
+            except OSError as e:
+                log.warning("cannot write the journal mark %s: %s", self.path, e)
+                return
+            self.written = max(self.written, seq)
 
     def _run(self) -> None:
         name_os_thread()
