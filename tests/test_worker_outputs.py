@@ -305,7 +305,9 @@ def test_stats_json_has_every_field_as_a_number_and_the_text_names_each_shards_d
         client.push("t", np.arange(1000, dtype=np.uint64), np.ones((1000, 2), np.float32))
     code, out, err = worker(["stats", "--servers", ",".join(addresses), "--json"], capsys)
     assert code == 0, err
-    figures = json.loads(out)
+    report = json.loads(out)
+    assert report["warnings"] == [] and report["notes"] == []
+    figures = report["shards"]
     [[first], [second]] = [s["tables"] for s in figures]
     assert first["num_rows"] + second["num_rows"] == 1000 and isinstance(first["num_rows"], int)
     assert first["pending_ids"] == 0 and figures[0]["shard_id"] == 0 and figures[1]["shard_id"] == 1  # zeros too
@@ -345,6 +347,9 @@ def test_stats_notes_shards_whose_clocks_differ(servers, capsys):
     code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
     assert code == 0, err
     assert "note: the shards' clocks differ (shard 0 at 3, shard 1 at 8)" in err, err
+    code, out, err = worker(["stats", "--servers", ",".join(addresses), "--json"], capsys)
+    (note,) = json.loads(out)["notes"]
+    assert code == 0 and note.startswith("the shards' clocks differ (shard 0 at 3, shard 1 at 8)"), out
 
 
 def test_stats_gives_a_small_disk_in_units_that_show_it(servers, capsys, monkeypatch):
@@ -393,7 +398,7 @@ def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers,
     assert ("LOW" in line) == low, line
     code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
     assert code == 0, err
-    assert json.loads(out)[0]["disk_low"] == int(low)
+    assert json.loads(out)["shards"][0]["disk_low"] == int(low)
 
 
 @pytest.mark.parametrize("no_progress", [False, True])

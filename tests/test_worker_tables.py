@@ -3,6 +3,7 @@ created or read, and models that never share an MLP."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -25,6 +26,12 @@ def run(argv: list[str], capsys) -> tuple[int, str]:
     except SystemExit as e:
         code = e.code
     return code, capsys.readouterr().err
+
+
+def run_out(argv: list[str], capsys) -> tuple[int, str]:
+    """run, with what it printed to stdout."""
+    code = worker_main(argv)
+    return code, capsys.readouterr().out
 
 
 def test_a_run_whose_recipe_picks_another_optimizer_is_told_the_recipe_picked_it(capsys):
@@ -263,6 +270,9 @@ def test_a_shard_restarted_on_an_empty_data_dir_is_named_as_lost_not_filled_with
         assert (
             code == 1 and "warning: table " in err and "table fm (" in err and "is on no data dir of shard 1" in err
         ), err
+        code, out = run_out(["stats", "--servers", servers, "--json"], capsys)
+        (warning,) = json.loads(out)["warnings"]  # as machines read it
+        assert code == 1 and "is on no data dir of shard 1" in warning, out
         from worker.checkpoint import save
 
         with Client(cluster.addresses) as client:

@@ -108,7 +108,9 @@ def _add_cluster_commands(sub) -> None:
         p.add_argument("--servers", required=True, help="comma-separated host:port list, in shard order")
         p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
         _add_server_timeout(p)
-        p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.add_argument("--json", action="store_true", help="print one JSON object" + (
+            ': {"shards": [each shard\'s Stats, every field, and disk_low 0 or 1], "warnings": [the warnings that '
+            'make the exit code 1], "notes": [...]}' if name == "stats" else ""))  # fmt: skip
         add_security_args(p)
         if name == "shrink":
             p.add_argument("--table", default="", help="only this table (default: all)")
@@ -273,10 +275,14 @@ def _stats(args) -> int:
     with _client(args) as client:
         client.wait_ready()
         shards = client.stats()
+    warning, note = _cluster_damage(shards), _clocks_note(shards)
     if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings); disk_low 0 or 1
         low = [int(s.disk_free_bytes < _disk_low_bytes(s)) for s in shards]
-        print(json.dumps([{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]))
-        return _say_lost(shards)
+        figures = [{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]
+        print(
+            json.dumps({"shards": figures, "warnings": [warning] if warning else [], "notes": [note] if note else []})
+        )
+        return _say(warning, note)
     cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
             "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
     width = max([12, *(len(t.name) for s in shards for t in s.tables)])  # dense.deepfm.mlp.0.weight and the like
@@ -306,27 +312,39 @@ def _stats(args) -> int:
         mark = f", LOW: below {_size(low)}, pushes fail once full" if s.disk_free_bytes < low else ""
         print(f"{s.shard_id:>5} disk: data dir {_size(s.data_dir_bytes)}, free {_size(s.disk_free_bytes)} of "
               f"{_size(s.disk_total_bytes)} ({s.disk_free_bytes / max(s.disk_total_bytes, 1):.1%}){mark}")  # fmt: skip
-    clocks = {s.shard_id: s.clock for s in shards}
-    if len(set(clocks.values())) > 1:  # every training step advances every shard's clock by one
-        each = ", ".join(f"shard {i} at {c:,}" for i, c in clocks.items())
-        print(f"ps-worker: note: the shards' clocks differ ({each}): each training step advances every shard's, so "
-              "while a job trains they differ by the steps in flight; otherwise a worker stopped in the middle of a "
-              "step, or a shard serves an older copy of its data dir", file=sys.stderr)  # fmt: skip
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
-    return _say_lost(shards)
+    return _say(warning, note)
 
 
-def _say_lost(shards: list) -> int:
-    """1, after a warning, when some shards lack a table others hold trained or were restored from different
-    checkpoints (worker.tables.cluster_damage), else 0."""
+def _cluster_damage(shards: list) -> str:
+    """What the shards' Stats show was lost: some shards lack a table others hold trained, or were restored from
+    different checkpoints (worker.tables.cluster_damage); "" if nothing."""
     from worker.tables import cluster_damage
 
-    lost = cluster_damage(shards)
-    if lost:
-        print(f"ps-worker: warning: {lost}", file=sys.stderr)
-    return 1 if lost else 0
+    return cluster_damage(shards)
+
+
+def _clocks_note(shards: list) -> str:
+    """A note when the shards' clocks differ, "" when they agree (every training step advances every shard's clock
+    by one)."""
+    clocks = {s.shard_id: s.clock for s in shards}
+    if len(set(clocks.values())) <= 1:
+        return ""
+    each = ", ".join(f"shard {i} at {c:,}" for i, c in clocks.items())
+    return (f"the shards' clocks differ ({each}): each training step advances every shard's, so while a job trains "
+            "they differ by the steps in flight; otherwise a worker stopped in the middle of a step, or a shard serves "
+            "an older copy of its data dir")  # fmt: skip
+
+
+def _say(warning: str, note: str) -> int:
+    """Prints the note and the warning (either may be "") to stderr; returns stats' exit code: 1 with a warning."""
+    if note:
+        print(f"ps-worker: note: {note}", file=sys.stderr)
+    if warning:
+        print(f"ps-worker: warning: {warning}", file=sys.stderr)
+    return 1 if warning else 0
 
 
 def _size(n: int) -> str:
