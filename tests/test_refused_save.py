@@ -83,3 +83,24 @@ def test_a_save_that_fails_on_one_shard_names_the_parts_the_others_left(tmp_path
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_save_that_left_nothing_does_not_tell_to_delete_a_directory_that_is_not_there(tmp_path):
+    """The one shard refuses the save before making DIR: the error says nothing of it is there, not that DIR
+    holds no part yet and must be deleted."""
+    from ps.config import TableConfig
+    from ps.errors import PsError
+    from worker.checkpoint import save
+    from worker.client import Client
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d0"), port=0))  # no --checkpoint-root: no checkpoints
+    try:
+        with Client([f"127.0.0.1:{server.start()}"]) as client:
+            client.create_table(TableConfig(name="t", dim=2))
+            with pytest.raises(PsError) as refused:
+                save(client, str(tmp_path / "c"))
+        text = str(refused.value)
+        assert "takes no checkpoints" in text and "Nothing of it is there now" in text, text
+        assert "holds no shard part" not in text and not (tmp_path / "c").exists()
+    finally:
+        server.stop()

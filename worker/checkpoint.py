@@ -67,6 +67,11 @@ def _note_parts_left(error: PsError, directory: str) -> None:
     save finished, where this machine sees any, and those of saves that may go on (a save whose deadline passed is
     not called off). Without a manifest they are not a checkpoint, and the directory takes no save until they are
     gone."""
+    if not os.path.isdir(directory):  # the shards that failed removed what they made, and none finished
+        error.args = (f"the save into {directory} failed: {error}. Nothing of it is there now; a shard whose save did "
+                      "not answer may still make it and write its part there: delete it if it appears, before saving "
+                      "into it again",)  # fmt: skip
+        return
     try:
         left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))
     except OSError:
