@@ -392,3 +392,40 @@ def test_ps_server_export_refuses_a_folder_of_other_files_without_overwrite(ckpt
     assert server_main(["export", ckpt, "--out", str(out), "--no-progress", "--tables", ""]) == 2
     assert server_main(["export", ckpt, "--out", str(out / "notes.txt"), "--no-progress"]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+
+
+def test_an_export_of_one_models_tables_is_not_refused_for_another_models_lost_table(tmp_path, capsys):
+    """Table "other" is trained on shard 1 and lost on shard 0 (a new, empty data dir there): an export of the
+    whole model is refused, one of --tables emb goes ahead, as its checkpoint is read for emb alone and deleted;
+    with --keep-checkpoint (a checkpoint that would hold the loss) it is refused too."""
+    from ps.sharding import SlotMap
+
+    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"shard-{i}"), port=0, shard_id=i, num_shards=2,
+                                   checkpoint_root=str(tmp_path))) for i in range(2)]  # fmt: skip
+    for server in servers:
+        server.start()
+    try:
+        addresses = [f"127.0.0.1:{server.port}" for server in servers]
+        ids = np.arange(1000, dtype=np.uint64)
+        on_1 = ids[SlotMap.contiguous(2).shard_of(ids) == 1]
+        with Client(addresses) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", ids, np.ones((len(ids), 2), np.float32))
+        with Client(addresses[1:]) as shard_1:
+            shard_1.create_table(TableConfig("other", 2))
+        with Client(addresses) as client:  # only shard 1 holds "other": its ids alone go there
+            client._dims["other"] = 2
+            client.push("other", on_1, np.ones((len(on_1), 2), np.float32))
+        base = ["export", "--servers", ",".join(addresses), "--no-progress"]
+        assert main([*base, str(tmp_path / "all")]) == 2
+        assert "table other (" in capsys.readouterr().err
+        assert main([*base, str(tmp_path / "kept"), "--tables", "emb", "--keep-checkpoint"]) == 2
+        assert "table other (" in capsys.readouterr().err
+        code = main([*base, str(tmp_path / "emb"), "--tables", "emb"])
+        assert code == 0, capsys.readouterr().err
+    finally:
+        for server in servers:
+            server.stop(grace_s=1)
+    names = os.listdir(tmp_path / "emb")
+    assert any(n.startswith("emb.") for n in names) and not any("other" in n for n in names), names
+    assert "checkpoint" not in names and not any(n.startswith("checkpoint.new") for n in names), names

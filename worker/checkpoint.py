@@ -84,15 +84,19 @@ def _note_parts_left(error: PsError, directory: str) -> None:
                   "the shards are done, before saving into it again",)  # fmt: skip
 
 
-def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S) -> dict:
+def save(
+    client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S, tables: set[str] | None = None
+) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
-    a checkpoint or any other file."""
+    a checkpoint or any other file, or for shards that lost a trained table or were restored from different
+    checkpoints (worker.tables.cluster_damage; tables: look only at these for a lost one, for a checkpoint that is
+    read for them alone, an export's)."""
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
-    lost = cluster_damage(client.stats())
+    lost = cluster_damage(client.stats(), tables)
     if lost:  # a checkpoint of it would make the loss (or two cuts) look like a model
         raise ValueError(f"{lost}; nothing was saved")
     n = len(client.servers)
@@ -129,7 +133,11 @@ def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S)
                          "delete them there. Save from a machine that sees the servers' --checkpoint-root at the "
                          "same path")  # fmt: skip
     names = sorted({name for s in shards for name in s["rows"]})
-    tables = [codec.table_config_from_proto(client.describe_table(name)[0].spec).to_dict() for name in names]
+    every = list(range(n))  # a table left out of `tables` is described by the shards that hold it: it may be lost
+    asked = {name: every if tables is None or name in tables else [i for i in every if name in shards[i]["rows"]]
+             for name in names}  # fmt: skip
+    configs = [codec.table_config_from_proto(client.describe_table(name, asked[name])[0].spec).to_dict()
+               for name in names]  # fmt: skip
     manifest = {
         "format": FORMAT,
         "num_shards": n,
@@ -137,7 +145,7 @@ def save(client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S)
         "clock": max(s["clock"] for s in shards),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "pushes_held_s": round(time.monotonic() - held, 3),
-        "tables": tables,
+        "tables": configs,
         "shards": shards,
     }
     try:

@@ -158,8 +158,10 @@ class Client:
         self._call_all("CreateTable", [request] * len(self._stubs))
         self._dims[cfg.name] = cfg.dim
 
-    def describe_table(self, name: str) -> list[ps_pb2.TableInfo]:
-        infos = self._call_all("DescribeTable", [ps_pb2.DescribeTableRequest(table=name)] * len(self._stubs))
+    def describe_table(self, name: str, shards: list[int] | None = None) -> list[ps_pb2.TableInfo]:
+        """Each shard's TableInfo of the table, in shard order (shards: of these shards only; None: of all)."""
+        shards = list(range(len(self._stubs))) if shards is None else shards
+        infos = self._call_many("DescribeTable", shards, [ps_pb2.DescribeTableRequest(table=name)] * len(shards))
         self._dims[name] = infos[0].spec.dim
         return infos
 

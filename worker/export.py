@@ -86,8 +86,11 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                         if not fnmatch.filter(held, pattern):
                             raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
                                              f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
+                only = None  # the tables a lost one refuses the save: every one, unless the checkpoint is read for
+                if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
+                    only = {name for pattern in patterns for name in fnmatch.filter(held, pattern)}
                 try:
-                    save(servers, fresh)
+                    save(servers, fresh, tables=only)
                 except NoCheckpointRootError as e:  # a server started without --checkpoint-root
                     raise NoCheckpointRootError(
                         "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
