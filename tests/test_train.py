@@ -8,6 +8,7 @@ import dataclasses
 import gzip
 import io
 import json
+import os
 import re
 
 import numpy as np
@@ -21,7 +22,7 @@ from worker.job import loop_settings, open_job, prepare
 from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
 from worker.loop import run_epochs
 from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
-from worker.train import train
+from worker.train import check_held_out, train
 from worker.train_config import TrainConfig
 
 
@@ -356,6 +357,29 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
 def test_bad_settings_name_their_flag(change, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TrainConfig(local_shards=1), **change).validate()
+
+
+@pytest.mark.parametrize("flag", ["validation_data", "eval_data"])
+@pytest.mark.parametrize("given", ["the same file", "a link to it", "the dir of the training files"])
+def test_held_out_data_that_is_also_training_data_is_refused_before_anything_runs(tmp_path, flag, given):
+    """A model scored on the rows it trained on: --validation-data or --eval-data naming one of --data's files (the
+    file itself, a link to it, or a directory holding it) is refused, and no shard is started; another file is
+    not."""
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for name in ("a.csv", "b.csv"):
+        (parts / name).write_text("click,item\n1,x\n0,y\n")
+    (tmp_path / "new.csv").write_text("click,item\n1,x\n0,y\n")
+    os.symlink(parts / "b.csv", tmp_path / "link.csv")
+    data = str(parts) if given == "the dir of the training files" else str(parts / "b.csv")
+    held = {"the same file": str(parts / "b.csv"), "a link to it": str(tmp_path / "link.csv"),
+            "the dir of the training files": str(parts)}[given]  # fmt: skip
+    cfg = TrainConfig(servers=("127.0.0.1:1",), data=data, format="csv", **{flag: held})  # no server is reached
+    option = "--" + flag.replace("_", "-")
+    with pytest.raises(ValueError, match=rf"{option} {re.escape(held)} is also training data: --data "
+                                         rf"{re.escape(data)} reads {re.escape(str(parts))}/[ab].csv.* scores far better than on new rows"):  # fmt: skip
+        train(cfg)
+    check_held_out(dataclasses.replace(cfg, **{flag: str(tmp_path / "new.csv")}))  # other rows: no refusal
 
 
 def test_early_stopping_with_one_worker_puts_the_best_model_back():

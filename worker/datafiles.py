@@ -101,6 +101,12 @@ def _is_data(name: str) -> bool:
     return not name.startswith((".", "_")) and not name.endswith(NOT_DATA)
 
 
+def shared_files(spec: str, other: str) -> list[str]:
+    """The files of spec (data_files) that other names too (the same file, links followed), in spec's order."""
+    theirs = {os.path.realpath(f) for f in data_files(other)}
+    return [f for f in data_files(spec) if os.path.realpath(f) in theirs]
+
+
 def check_data_input(flag: str, spec: str | None, expected: str) -> None:
     """ValueError naming the flag unless spec is None or names files (data_files) that are all readable regular
     files; `expected` says what they should be."""

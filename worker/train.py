@@ -35,7 +35,7 @@ from tqdm import tqdm
 from ps.errors import PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
-from worker.datafiles import describe_files
+from worker.datafiles import describe_files, shared_files
 from worker.dense import dense_norm, start_logit_bias
 from worker.job import client_for, cluster_addresses, dense_path, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
@@ -65,8 +65,26 @@ from worker.train_messages import (
 log = logging.getLogger("worker.train")
 
 
+def check_held_out(cfg: TrainConfig) -> None:
+    """ValueError when a file of --validation-data or --eval-data is one of --data's: a model scored on rows it
+    trained on scores far better than on new ones, so the figures (and early stopping, and the advice drawn from
+    the validation curve) would mislead."""
+    uses = {"--validation-data": "its early stopping and the advice drawn from its curve would follow a figure "
+                                 "that keeps improving; leave --validation-data out (a share of --data is then held "
+                                 "out) or give a file of other rows",
+            "--eval-data": "the eval figures would not say how the model does on new rows; give a file of other rows "
+                           "(ps-worker eval --servers ... scores any file after training)"}  # fmt: skip
+    for flag, spec in (("--validation-data", cfg.validation_data), ("--eval-data", cfg.eval_data)):
+        shared = shared_files(cfg.data, spec) if spec and cfg.data else []  # as --data names them
+        if shared:
+            raise ValueError(f"{flag} {spec} is also training data: --data {cfg.data} reads {shared[0]}"
+                             f"{f' and {len(shared) - 1} more of them' if len(shared) > 1 else ''}. A model scored "
+                             f"on the rows it trained on scores far better than on new rows, so {uses[flag]}")  # fmt: skip
+
+
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
+    check_held_out(cfg)
     optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
     cfg, data, spec, recipe_line = prepare(cfg)
