@@ -821,6 +821,20 @@ def test_the_builtin_csv_schema_warns_of_a_label_named_elsewhere_and_of_columns_
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'
 
 
+@pytest.mark.parametrize("name, warned", [("is_click", True), ("converted", True), ("clicks_7d", False)])
+def test_the_builtin_csv_schema_warns_of_a_column_of_0_and_1_named_with_a_label_word(tmp_path, caplog, name, warned):
+    """is_click, converted: named with a word of a label (schema_infer.LABEL_WORDS) and holding only 0 and 1, where
+    the first column is taken as the label; a count named so (clicks_7d: many values) is no label."""
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 2, 300) if warned else rng.integers(0, 40, 300)
+    rows = [f"{m},s{rng.integers(5)},{c}" for m, c in zip(rng.integers(0, 2, 300), values)]
+    data = tmp_path / "d.csv"
+    data.write_text(f"is_mobile,site,{name}\n" + "\n".join(rows) + "\n")
+    hints = _hints(caplog, data, "csv")
+    said = f"the label is the first column, 'is_mobile' (the built-in csv schema's default), but the header also has {name!r}"
+    assert any(said in h for h in hints) == warned, hints
+
+
 def test_the_builtin_libsvm_schema_warns_of_values_it_does_not_use(tmp_path, caplog):
     weighted = tmp_path / "w.libsvm"
     weighted.write_text("1 1:1 7:0.25\n0 2:1 9:-3\n0 3:1\n")

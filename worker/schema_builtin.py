@@ -198,17 +198,24 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
     another column is named like one (label_guessed: no --label-column), columns of numbers read as categories
     (no_numeric: no --numeric-columns) where `ps-worker schema` would read them as numbers."""
     from worker.readers.csv_sample import read_csv_sample
-    from worker.schema_infer import LABEL_NAMES, infer_column
+    from worker.schema_infer import LABEL_NAMES, LABEL_WORDS, infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
-    named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
-    if label_guessed and named and label.lower() not in LABEL_NAMES:
-        log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header also "
-                    "has %r, named like a label: give --label-column %s if that is the label", data, label, named[0],
-                    named[0])  # fmt: skip
+    rows: list[list[str]] | None = None
+    if label_guessed and label.lower() not in LABEL_NAMES:
+        named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
+        if not named and not LABEL_WORDS.search(label):  # is_click, converted: named so and holding only 0 and 1
+            _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
+            named = [h for i, h in enumerate(header) if h != label and LABEL_WORDS.search(h)
+                     and is_binary([row[i] for row in rows])]  # fmt: skip
+        if named:
+            log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header "
+                        "also has %r, named like a label: give --label-column %s if that is the label", data, label,
+                        named[0], named[0])  # fmt: skip
     if not no_numeric:
         return
-    _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
+    if rows is None:
+        _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
     categorical = {c.source for c in schema.columns if c.kind == "categorical"}
     numeric = [name for i, name in enumerate(header) if name in categorical
                and infer_column(name, name, [row[i] for row in rows], sampled=True)[0].kind == "numeric"]  # fmt: skip

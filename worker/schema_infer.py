@@ -130,7 +130,7 @@ def infer_schema(
         raise ValueError(f"{path}: a header and no data rows: nothing to tell each column's kind (or the label) "
                          "from; give a file with rows")  # fmt: skip
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
-    binary = [h for h in header if _is_binary(columns[h])]
+    binary = [h for h in header if is_binary(columns[h])]
     label = next((h for h in binary if h.lower() in LABEL_NAMES), None)
     label = label or next((h for h in binary if LABEL_WORDS.search(h)), None)
     lines.append(f"# Inferred from the header and a sample of {len(rows)} rows (worker/formats.py read_csv_sample).")
@@ -138,7 +138,7 @@ def infer_schema(
     guess = None
     if label is None:  # a label column with some cells empty (rows not labelled yet, say) is still the label
         blank = [h for h in header if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
-        blank = [h for h in blank if _is_binary([c for c in columns[h] if c.strip()])]
+        blank = [h for h in blank if is_binary([c for c in columns[h] if c.strip()])]
         if blank:
             label = blank[0]
             empty = sum(not c.strip() for c in columns[label])
@@ -300,7 +300,7 @@ def _junk_note(name: str, junk: list[str], cells: int) -> str:
     )
 
 
-def _is_binary(cells: list[str]) -> bool:
+def is_binary(cells: list[str]) -> bool:
     """Whether every cell is 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and false too)."""
     return bool(cells) and all(label_value(c) in (0.0, 1.0) for c in cells)
 
