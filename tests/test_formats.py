@@ -817,8 +817,22 @@ def test_the_builtin_csv_schema_warns_of_a_label_named_elsewhere_and_of_columns_
            "has 'click', named like a label: give --label-column click" in label  # fmt: skip
     assert "column 'price' holds numbers of many values (a sample of 300 rows)" in numbers  # not hour: 3 values
     assert "ps-worker schema --data" in numbers
-    assert _hints(caplog, data, "csv", label_column="click", numeric_columns=("price",)) == []
+    (only,) = _hints(caplog, data, "csv", label_column="click", numeric_columns=("price",))
+    assert "column 'price' holds numbers below 0" in only  # normal * 100: about half of them
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'
+
+
+@pytest.mark.parametrize("shift, warned", [(-10.0, True), (10.0, False)])
+def test_numeric_columns_below_0_are_warned_of_as_lost_to_the_log(tmp_path, caplog, shift, warned):
+    """--numeric-columns reads log(1 + x), x below 0 as 0: a column of such values is said to be lost."""
+    rng = np.random.default_rng(0)
+    rows = [f"{c},s{rng.integers(5)},{rng.normal() + shift:.3f}" for c in rng.integers(0, 2, 300)]
+    data = tmp_path / "d.csv"
+    data.write_text("click,site,price\n" + "\n".join(rows) + "\n")
+    hints = _hints(caplog, data, "csv", numeric_columns=("price",))
+    said = [h for h in hints if "column 'price' holds numbers below 0 (300 of a sample of 300 rows, the least -1" in h]
+    assert bool(said) == warned, hints
+    assert not warned or "every x below 0 as 0" in said[0]
 
 
 @pytest.mark.parametrize("name, warned", [("is_click", True), ("converted", True), ("clicks_7d", False)])

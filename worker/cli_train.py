@@ -303,8 +303,9 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
     data.add_argument(
         "--numeric-columns",
         default="",
-        help="csv: comma-separated numeric columns (dense features, which only deepfm and dnn use; `ps-worker schema` "
-        "writes a schema that bucketizes them for lr and fm too); the others are categorical",
+        help="csv: comma-separated numeric columns (dense features, which only deepfm and dnn use, each read as "
+        "log(1 + x), a value below 0 as 0; `ps-worker schema` writes a schema that bucketizes them for lr and fm too "
+        "and standardizes columns with values below 0); the others are categorical",
     )
     data.add_argument(
         "--libsvm-fields",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 
 from worker.features import NUM_INT_FIELDS
 from worker.schema import (
@@ -212,10 +213,11 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
             log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header "
                         "also has %r, named like a label: give --label-column %s if that is the label", data, label,
                         named[0], named[0])  # fmt: skip
-    if not no_numeric:
-        return
     if rows is None:
         _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
+    if not no_numeric:
+        _warn_of_negative_logs(data, header, schema, rows)
+        return
     categorical = {c.source for c in schema.columns if c.kind == "categorical"}
     numeric = [name for i, name in enumerate(header) if name in categorical
                and infer_column(name, name, [row[i] for row in rows], sampled=True)[0].kind == "numeric"]  # fmt: skip
@@ -225,6 +227,29 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
         log.warning("%s: " + them + " numbers of many values (a sample of %d rows): the built-in csv schema reads "
                     "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
                     "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
+
+
+def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]]) -> None:
+    """A warning for each --numeric-columns column (transform log: log(1 + x), x below 0 read as 0) holding
+    numbers below 0 in the sample rows: those values all read as one."""
+
+    def number(cell: str) -> float:
+        try:
+            return float(cell)
+        except ValueError:  # not a number: the encoder's to refuse
+            return math.nan
+
+    for c in schema.columns:
+        if c.kind != "numeric" or c.transform != "log":
+            continue
+        i = header.index(c.source)
+        negative = [v for v in (number(row[i]) for row in rows) if v < 0]
+        if negative:
+            log.warning("%s: column %r holds numbers below 0 (%d of a sample of %d rows, the least %g): "
+                        "--numeric-columns reads a number as log(1 + x) and every x below 0 as 0, so those values "
+                        "are lost to the model. Shift the column to 0 and above, or write a schema (`ps-worker "
+                        "schema --data %s > schema.toml`, then --schema schema.toml), which standardizes such "
+                        "columns", data, c.source, len(negative), len(rows), min(negative), data)  # fmt: skip
 
 
 def _warn_of_libsvm_values(data: str) -> None:
