@@ -534,6 +534,21 @@ def test_schema_delimiter_takes_a_tab_as_typed_in_a_shell_and_refuses_other_word
     assert "--delimiter 'ab': expected one character other than a quote or a newline (a tab: $'\\t'" in err, err
 
 
+def test_schema_of_a_header_that_is_not_utf8_says_so_and_writes_no_out_file(tmp_path, capsys):
+    """A Windows-1252 export's header (pr\xe9cio): a clear refusal naming the column, and --out is not left behind
+    as an empty file that the next run would refuse to overwrite."""
+    data = tmp_path / "latin.csv"
+    data.write_bytes(b"click,pr\xe9cio,user\n1,1.5,a\n0,2.5,b\n1,3.5,a\n0,1.0,c\n")
+    out = tmp_path / "schema.toml"
+    assert main(["schema", "--data", str(data), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the header's column name 'pr\\xe9cio' is not UTF-8 text" in err and "Save the file as UTF-8" in err, err
+    assert not out.exists() and os.listdir(tmp_path) == ["latin.csv"]
+    data.write_bytes(data.read_bytes().replace(b"\xe9", "\u00e9".encode()))
+    assert main(["schema", "--data", str(data), "--out", str(out)]) == 0
+    assert "pr\u00e9cio" in out.read_text(encoding="utf-8")
+
+
 def test_a_server_address_that_is_not_a_sparseps_server_says_so():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

@@ -261,8 +261,9 @@ def _schema(args) -> int:
     for check in checks:
         print(f"ps-worker schema: {check}", file=sys.stderr)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        from ps.storage.atomicfile import write_text_whole
+
+        write_text_whole(args.out, text)  # whole or not at all
         print(f"wrote a schema inferred from {args.data} to {args.out}")
     else:
         print(text, end="")

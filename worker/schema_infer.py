@@ -81,6 +81,18 @@ def _sample_files(path: str, delimiter: str, rows: int) -> tuple[list[str], list
     return header, sample[:rows], whole and len(sample) <= rows
 
 
+def _check_utf8_header(path: str, header: list[str]) -> None:
+    """ValueError when a header name holds bytes that are not UTF-8 (read as surrogate escapes): a schema names its
+    columns in UTF-8 text, so they could not be written into one."""
+    bad = [h for h in header if any("\udc80" <= ch <= "\udcff" for ch in h)]
+    if bad:
+        shown = ", ".join(ascii(h.encode("utf-8", "surrogateescape"))[1:] for h in bad[:3])
+        raise ValueError(f"{path}: the header's column name{'s' if len(bad) > 1 else ''} {shown} "
+                         f"{'are' if len(bad) > 1 else 'is'} not UTF-8 text (a Latin-1 or Windows-1252 export writes é "
+                         "as the byte 0xe9, say): a schema names its columns in UTF-8. Save the file as UTF-8 (`iconv "
+                         "-f cp1252 -t utf-8 FILE > NEW`) and run this again")  # fmt: skip
+
+
 def _first_record_width(path: str, delimiter: str) -> int | None:
     """The column count of the first record after the header that holds more than blank cells (the first file
     with content of path), or None when there is none."""
@@ -121,6 +133,7 @@ def infer_schema(
         return "\n".join(lines) + "\n", []
     header, rows, whole = _sample_files(path, delimiter, sample_rows)
     _check_separator(path, header, delimiter, rows[0] if rows else [])
+    _check_utf8_header(path, header)
     if not rows:
         width = _first_record_width(path, delimiter)
         if width is not None:

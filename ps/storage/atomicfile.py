@@ -1,4 +1,4 @@
-"""write_json_whole: a JSON file replaced whole, never seen half written (standard library only: the worker uses it
+"""write_text_whole, write_json_whole: a file replaced whole, never seen half written (standard library only: the worker uses it
 too, ps.storage.sidefiles for the files beside RocksDB)."""
 
 from __future__ import annotations
@@ -10,16 +10,22 @@ import tempfile
 
 
 def write_json_whole(path: str, obj: dict, sync_dir: bool = False, temp_prefix: str | None = None) -> None:
-    """Replaces the file at path with obj as JSON and a newline: a temporary file in the same directory (named
-    temp_prefix + random + ".tmp"; None: the file's name and a dot), fsynced, then renamed over it. A failure
-    removes the temporary file. sync_dir: fsync the directory too, so the rename itself survives a power loss."""
+    """Replaces the file at path with obj as JSON and a newline, whole (write_text_whole)."""
+    write_text_whole(path, json.dumps(obj) + "\n", sync_dir, temp_prefix)
+
+
+def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: str | None = None) -> None:
+    """Replaces the file at path with text (UTF-8): a temporary file in the same directory (named temp_prefix +
+    random + ".tmp"; None: the file's name and a dot), fsynced, then renamed over it. A failure (text that is not
+    UTF-8 included) removes the temporary file and leaves path as it was. sync_dir: fsync the directory too, so the
+    rename itself survives a power loss."""
+    data = text.encode("utf-8")  # before any file is made
     directory = os.path.dirname(path) or "."
     prefix = temp_prefix if temp_prefix is not None else os.path.basename(path) + "."
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
