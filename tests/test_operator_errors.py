@@ -106,6 +106,22 @@ def test_training_labels_of_one_value_are_refused_before_anything_starts(tmp_pat
             and "nothing was trained" in err and "starting" not in err), err  # fmt: skip
 
 
+def test_labels_of_one_value_without_a_validation_split_are_refused_or_warned_of(tmp_path, capsys, caplog):
+    """No split counts the labels: the examples held in memory (--validation-fraction 0) do, so the run is refused
+    as with a split; a streamed read (--recipe large) counts them as it trains, and warns at the end."""
+    data = tmp_path / "zeros.csv"
+    data.write_text("clicked,city\n" + "".join(f"0,c{i % 7}\n" for i in range(300)))
+    base = ["train", "--local-shards", "1", "--format", "csv", "--data", str(data), "--no-progress"]
+    code, err = worker([*base, "--validation-fraction", "0"], capsys)
+    assert code == 2 and f"'clicked' is 0 in all 300 examples of {data}" in err and "nothing was trained" in err, err
+    caplog.clear()
+    code, err = worker([*base, "--recipe", "large"], capsys)
+    assert code == 0, err
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"'clicked' is 0 in all 300 examples of {data}" in m and "learned only that rate" in m
+               for m in said), said  # fmt: skip
+
+
 def test_local_shards_start_only_when_asked_for(capsys):
     code, err = worker(["train", *TINY_RUN], capsys)
     assert code == 2 and "no servers: give --servers" in err and "--local-shards N" in err, err

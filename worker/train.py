@@ -92,7 +92,7 @@ def train(cfg: TrainConfig) -> dict:
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
         data.validation()
         labels = data.labels_before_training()  # a split's read, or the examples held in memory
-        one_class = one_class_labels(data.schema.label, data.share_labels, cfg.data, cfg.num_workers)
+        one_class = one_class_labels(data.schema.label, labels, cfg.data, cfg.num_workers)  # (held or split)
         if one_class and cfg.num_workers == 1:
             raise ValueError(f"{one_class}; nothing was trained")
         if one_class:  # another worker's share may hold the other label
@@ -190,6 +190,10 @@ def train(cfg: TrainConfig) -> dict:
         grouped = sorted_by_label(data.stream_labels, cfg.data, read_as_trained=True)
         if grouped:
             log.warning("%s", grouped)
+        one_class = None if labels is not None else one_class_labels(data.schema.label, data.stream_labels, cfg.data,
+                                                                     cfg.num_workers)  # read as it trained  # fmt: skip
+        if one_class:
+            log.warning("%s: the model learned only that rate", one_class)
         # a --resume-file position may be the whole stream (a kill between the last step and the record that
         # training was over): it then trains nothing and evaluates, not an error a restart policy would repeat
         if cfg.skip_examples and not loop.examples and cfg.resume_started_from is None:
