@@ -822,6 +822,24 @@ def test_the_builtin_csv_schema_warns_of_a_label_named_elsewhere_and_of_columns_
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'
 
 
+@pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,1,2,3", True),
+                                            ("click,user,item,price", False), ("label,2020,2021,site", False)])  # fmt: skip
+def test_a_first_line_that_reads_like_an_example_is_warned_of_as_no_header(tmp_path, caplog, first, warned):
+    """The built-in csv schema takes the first line as the header: one whose label cell is 0 or 1, or whose cells
+    are mostly numbers, is an example (a file written without a header), said."""
+    rng = np.random.default_rng(0)
+    rows = [f"{c},u{rng.integers(50)},i{rng.integers(20)},{rng.random():.4f}" for c in rng.integers(0, 2, 300)]
+    data = tmp_path / "d.csv"
+    data.write_text(first + "\n" + "\n".join(rows) + "\n")
+    hints = _hints(caplog, data, "csv")
+    said = [h for h in hints if "reads like an example, not a header: a file without a header line?" in h]
+    assert bool(said) == warned, hints
+    from worker.schema_infer import infer_schema
+
+    checks = infer_schema(str(data))[1]  # ps-worker schema says it too
+    assert any("reads like an example, not a header" in c for c in checks) == warned, checks
+
+
 @pytest.mark.parametrize("shift, warned", [(-10.0, True), (10.0, False)])
 def test_numeric_columns_below_0_are_warned_of_as_lost_to_the_log(tmp_path, caplog, shift, warned):
     """--numeric-columns reads log(1 + x), x below 0 as 0: a column of such values is said to be lost."""

@@ -202,6 +202,9 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
     from worker.schema_infer import LABEL_NAMES, LABEL_WORDS, infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
+    no_header = header_reads_like_an_example(data, header)
+    if no_header:
+        log.warning("%s", no_header)
     rows: list[list[str]] | None = None
     if label_guessed and label.lower() not in LABEL_NAMES:
         named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
@@ -227,6 +230,27 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
         log.warning("%s: " + them + " numbers of many values (a sample of %d rows): the built-in csv schema reads "
                     "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
                     "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
+
+
+def header_reads_like_an_example(data: str, header: list[str]) -> str:
+    """A warning when the first line of a csv file, taken as its header, reads like an example: its first cell 0 or
+    1 (a label's value), or most cells numbers. "" otherwise."""
+    numbers = [h for h in header if _is_number(h)]
+    if header[0].strip().lower() not in ("0", "1", "true", "false") and len(numbers) * 2 <= len(header):
+        return ""
+    return (
+        f"{data}: its first line ({','.join(header)[:120]}) reads like an example, not a header: a file without a "
+        "header line? A csv file's first line gives the column names (the built-in schema's label is the first "
+        "of them): add a header line, or write a schema (`ps-worker schema --data FILE`) and edit its names"
+    )
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
 
 
 def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]]) -> None:

@@ -39,7 +39,7 @@ from worker.csv_fast import label_value
 from worker.datafiles import data_files
 from worker.encode import is_missing_text
 from worker.schema import FORMATS, Column, _entry, _toml
-from worker.schema_builtin import builtin_schema, separator_of_one_column
+from worker.schema_builtin import builtin_schema, header_reads_like_an_example, separator_of_one_column
 
 LABEL_NAMES = ("label", "click", "clicked", "y", "target")
 LABEL_WORDS = re.compile(r"(?i)click|label|target|conver|purchase|bought|outcome")
@@ -194,6 +194,9 @@ def infer_schema(
         guess = (f"{label!r} is {next(iter(kept)):g} in every row of the sample: a model learns nothing but that "
                  "rate unless the file holds the other label further on (train refuses a file of one label)")  # fmt: skip
     checks = [guess] if guess else []
+    no_header = header_reads_like_an_example(path, header)
+    if no_header:
+        checks.insert(0, no_header)
     if guess:
         lines.append(f"# CHECK: {guess}.")
     lines.append(f"label = {_toml(label)}")
