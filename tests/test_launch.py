@@ -485,7 +485,7 @@ def test_the_final_evaluation_runs_with_worker_0s_backend_and_device(fakes, monk
 
 
 def test_a_final_evaluation_that_meets_a_bad_eval_line_says_the_training_had_finished():
-    """The workers check --eval-data's start only; a bad line further on fails launch's final evaluation, which
+    """The workers check a long --eval-data's start only; a bad line further on fails launch's final evaluation, which
     says so (and, on --servers, that the model is kept there) in the job's figures, in place of the eval line."""
 
     def bad_line(cfg):

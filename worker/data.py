@@ -38,6 +38,7 @@ from worker.synthetic import SyntheticConfig, SyntheticData
 log = logging.getLogger("worker.data")
 VALIDATION_SALT = np.uint64(0x5EED_0F_5A11D)
 DEFAULT_MAX_VALIDATION = 200_000
+WHOLE_EVAL_CHECK_LINES = 200_000  # an --eval-data of at most this many lines is read whole before training
 HELD_WARNING_BYTES = 1 << 30  # training examples held for --shuffle on: a WARNING from this size (else INFO)
 
 
@@ -295,17 +296,28 @@ class DataSource:
 
     def check_eval(self) -> None:
         """ValueError now, before training, when --eval-data (if given) is plainly wrong: its CSV header is not the
-        schema's, its first lines are malformed past --max-bad-lines, or it holds no example. Only its start is
-        read: the first chunk of lines worker/formats.py splits (4,096; a smaller file whole), and on until a good
-        line when the chunk holds none; its files' formats were compared in __init__."""
+        schema's, its lines are malformed past --max-bad-lines, or it holds no example. A file (or files) of at
+        most WHOLE_EVAL_CHECK_LINES lines is read whole; of a larger one, only its start: the first chunk of lines
+        worker/formats.py splits (4,096), and on until a good line when the chunk holds none. Its files' formats
+        were compared in __init__."""
         if self.synthetic is not None or not self.cfg.eval_data:
             return
         stats = ReadStats()
-        first = next(iter(self._read(self.cfg.eval_data, 0, 1, track=False, batch_size=1, stats=stats)), None)
-        if first is None:
+        batches = iter(self._read(self.cfg.eval_data, 0, 1, track=False, batch_size=1, stats=stats))
+        if next(batches, None) is None:
             why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
             raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
                              f"only a header or malformed lines){why}")  # fmt: skip
+        count = count_files_upto(data_files(self.cfg.eval_data), WHOLE_EVAL_CHECK_LINES,
+                                 header=self.schema.format == "csv")  # fmt: skip
+        if count.more:  # the final evaluation meets what lies past the start
+            return
+        whole = ReadStats()
+        try:
+            for _ in self._read(self.cfg.eval_data, 0, 1, track=False, batch_size=8192, stats=whole):
+                pass
+        except ValueError as e:
+            raise ValueError(f"--eval-data, read whole before training ({count.lines:,} lines): {e}") from None
 
     def eval_count(self) -> LineCount | None:
         """The lines of --eval-data (less headers), counted up to SCORING_COUNT_LINES (an estimate from bytes past
