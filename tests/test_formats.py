@@ -792,6 +792,17 @@ def test_gzip_data_under_another_name_is_named_as_such(tmp_path, fmt):
         z.writestr("d", line)
     with pytest.raises(ValueError, match=rf"^{path}: it holds zip-compressed data"):
         read(path, fmt)
+    for kind, magic in (("Parquet", b"PAR1"), ("ORC", b"ORC"), ("Avro", b"Obj\x01"), ("Arrow/Feather", b"ARROW1")):
+        path.write_bytes(magic + bytes(range(256)))
+        with pytest.raises(
+            ValueError, match=rf"^{path}: a {kind} file, which data files are not: .*Write it out as CSV"
+        ):
+            read(path, fmt)
+    path.write_text("ORC" + line)  # text that starts as a binary format's magic does is text
+    try:
+        read(path, fmt)
+    except ValueError as e:
+        assert "ORC file" not in str(e)
     path.write_text("BZh" + line)  # text that starts as bzip2 does is text (read, or refused for what it holds)
     try:
         read(path, fmt)

@@ -19,8 +19,8 @@ What they share (ReadStats, a worker's share of a file, bad-line accounting, pla
 worker/readers/share.py's. This module reads their chunks into Batches, file after file.
 
 Common to all formats:
-  - A path ending in ".gz" is read through gzip; gzip data under another name, and UTF-16 text, are refused
-    by name (share.open_data).
+  - A path ending in ".gz" is read through gzip; gzip data under another name, other compressions, binary table
+    formats (Parquet, ORC, Avro, Arrow) and UTF-16 text are refused by name (share.open_data).
   - Data lines are numbered from 0, the CSV header excluded (for CSV a "line" is a record, which may span
     several physical lines inside quotes; a bad record that does counts each of its lines as a bad line, so that
     a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line).

@@ -58,20 +58,38 @@ OTHER_COMPRESSION = (  # (name, what decompresses it, a test of a file's first 1
     ("zstd", "unzstd", lambda b: b[:4] == b"\x28\xb5\x2f\xfd"),
     ("zip", "unzip", lambda b: b[:4] == b"PK\x03\x04"),
 )
+BINARY_FORMATS = (  # (name, its magic): table formats of their own, not text: not read, where a control byte
+    ("Parquet", b"PAR1"),  # follows in the first 10 bytes (binary_format: a text header "ORCID,..." is text)
+    ("ORC", b"ORC"),
+    ("Avro", b"Obj\x01"),
+    ("Arrow/Feather", b"ARROW1"),
+)
+
+
+def binary_format(first: bytes) -> str | None:
+    """The name of the binary table format (BINARY_FORMATS) whose magic a file's first 10 bytes start with, where
+    they also hold a control byte that text does not (below tab, or 0x0e-0x1f); else None."""
+    binary = any(b < 0x09 or 0x0E <= b < 0x20 for b in first)
+    return next((kind for kind, magic in BINARY_FORMATS if binary and first.startswith(magic)), None)
 
 
 def open_data(name: str) -> BinaryIO:
     """A data file opened for binary reading, through gzip if its name ends in .gz; ValueError for gzip data under
-    another name, data of another compression (OTHER_COMPRESSION), or UTF-16 text (read as UTF-8, any of them would
-    be named malformed or of another format)."""
+    another name, data of another compression (OTHER_COMPRESSION), a binary table format (BINARY_FORMATS), or
+    UTF-16 text (read as UTF-8, any of them would be named malformed or of another format)."""
     if name.endswith(".gz"):
         return _GzipData(name, "rb")
     with open(name, "rb") as f:
         first = f.read(10)
     start = first[:4]
-    for kind, tool, matches in OTHER_COMPRESSION:
+    kind = binary_format(first)
+    if kind is not None:
+        raise ValueError(f"{name}: a {kind} file, which data files are not: they are text (csv, Criteo TSV, "
+                         "libsvm). Write it out as CSV (pandas: pd.read_parquet(FILE).to_csv(OUT, index=False); "
+                         "Spark: df.write.csv(OUT, header=True)), then train on that")  # fmt: skip
+    for compression, tool, matches in OTHER_COMPRESSION:
         if matches(first):
-            raise ValueError(f"{name}: it holds {kind}-compressed data, which data files are not read as: decompress "
+            raise ValueError(f"{name}: it holds {compression}-compressed data, which data files are not read as: decompress "
                              f"it ({tool}), or compress it with gzip instead (.gz files are read through gzip)")  # fmt: skip
     if start[:2] == GZIP_MAGIC or start[:2] in UTF16_BOMS or start in UTF32_BOMS:
         if start[:2] != GZIP_MAGIC:
