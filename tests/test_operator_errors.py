@@ -122,6 +122,26 @@ def test_labels_of_one_value_without_a_validation_split_are_refused_or_warned_of
                for m in said), said  # fmt: skip
 
 
+@pytest.mark.parametrize("fmt, line, why", [
+    ("criteo", "\t".join(["3"] * 13 + ["a1"] * 26), r"39 tab-separated columns, not 40: a Criteo test file\?"),
+    ("libsvm", "3:1 7:1", "its lines start with a feature token, not a label"),
+])  # fmt: skip
+def test_training_or_eval_data_without_labels_is_named_so(tmp_path, capsys, fmt, line, why):
+    """A Criteo test file (no label column) or unlabeled libsvm given to train: said to have no labels, with
+    predict named, not each line called malformed."""
+    unlabeled = tmp_path / f"u.{fmt}"
+    unlabeled.write_text((line + "\n") * 50)
+    labeled = tmp_path / f"l.{fmt}"
+    labeled.write_text(("1\t" + line if fmt == "criteo" else "1 " + line) + "\n" + ("0\t" + line if fmt == "criteo"
+                       else "0 " + line) + "\n")  # fmt: skip
+    base = ["train", "--local-shards", "1", "--format", fmt, "--no-progress"]
+    for flags, flag, path in ((["--data", str(unlabeled)], "--data", unlabeled),
+                              (["--data", str(labeled), "--eval-data", str(unlabeled)], "--eval-data", unlabeled)):  # fmt: skip
+        code, err = worker([*base, *flags], capsys)
+        assert code == 2 and re.search(rf"{flag} {re.escape(str(path))} has no labels \({why}\)", err), err
+        assert "ps-worker predict` scores a file without labels" in err, err
+
+
 def test_local_shards_start_only_when_asked_for(capsys):
     code, err = worker(["train", *TINY_RUN], capsys)
     assert code == 2 and "no servers: give --servers" in err and "--local-shards N" in err, err

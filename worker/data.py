@@ -29,7 +29,7 @@ from ps.hashing import mix64
 from worker import recipe
 from worker.batch import Batch, rebatch
 from worker.datafiles import data_files
-from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, read_batches
+from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, first_with_content, read_batches
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
@@ -119,6 +119,8 @@ class DataSource:
             for spec in (cfg.data, cfg.validation_data, cfg.eval_data):
                 if spec:
                     check_same_format(spec, self.schema)
+            if not labels_optional:
+                self._check_labeled(cfg)
             header = self.schema.format == "csv"
             # malformed lines included; only where a count is used (training's recipe and progress total), not for
             # eval and predict, which read --data only for its schema; no further than the recipe's threshold
@@ -144,6 +146,20 @@ class DataSource:
         self._held_labels: LabelOrder | None = None  # their label figures (labels_before_training)
         self.share_labels: LabelOrder | None = None  # of the share, on the read before training (its split)
         self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
+
+    def _check_labeled(self, cfg: Any) -> None:
+        """ValueError when a Criteo or libsvm input read for training or evaluation has no labels (file_has_labels;
+        a csv file without the label column is refused by its reader, by name): each of its lines would be called
+        malformed ("39 tab-separated columns, expected 40"), not what they are."""
+        why = {"criteo": "39 tab-separated columns, not 40: a Criteo test file?",
+               "libsvm": "its lines start with a feature token, not a label"}.get(self.schema.format)  # fmt: skip
+        if why is None:
+            return
+        for flag, spec in (("--eval-data", cfg.eval_data), ("--validation-data", cfg.validation_data),
+                           ("--data", cfg.data)):  # fmt: skip
+            if spec and not file_has_labels(spec, self.schema):
+                raise ValueError(f"{flag} {first_with_content(spec)} has no labels ({why}): training and evaluation "
+                                 "read labeled lines; `ps-worker predict` scores a file without labels")  # fmt: skip
 
     def _synthetic_schema(self, default_table: str) -> Schema:
         from worker.synthetic import schema_text
