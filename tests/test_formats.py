@@ -833,8 +833,9 @@ def test_the_builtin_csv_schema_warns_of_a_label_named_elsewhere_and_of_columns_
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'
 
 
-@pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,1,2,3", True),
-                                            ("click,user,item,price", False), ("label,2020,2021,site", False)])  # fmt: skip
+@pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,u3,i7,0.5", True),
+                                            ("click,user,item,price", False), ("label,2020,2021,site", False),
+                                            ("0,1,2,label", False), ("user,2019,2020,2021", False)])  # fmt: skip
 def test_a_first_line_that_reads_like_an_example_is_warned_of_as_no_header(tmp_path, caplog, first, warned):
     """The built-in csv schema takes the first line as the header: one whose label cell is 0 or 1, or whose cells
     are mostly numbers, is an example (a file written without a header), said."""

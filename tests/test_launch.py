@@ -31,6 +31,7 @@ from worker.launch import (
     expand_backends,
     final_evaluation,
     plan_launch,
+    resolve_workers,
     run_launch,
     worker_commands,
     worker_environment,
@@ -188,6 +189,15 @@ def test_backends_one_per_worker_or_one_for_all():
 def test_train_flags_launch_sets_or_train_refuses_fail_before_anything_starts(flags, message):
     with pytest.raises(ValueError, match=message):
         check_train_flags(["--model", "lr", *flags])
+
+
+def test_launch_refuses_eval_data_that_is_also_training_data_before_any_shard_starts(tmp_path):
+    """resolve_workers (which runs before launch starts shards or workers) refuses what each worker would."""
+    data = tmp_path / "d.tsv"
+    data.write_text("1" + "\t1" * 13 + "\ta" * 26 + "\n")
+    cfg = TrainConfig(servers=("h:1",), data=str(data), eval_data=str(data), num_workers=2, mode="async")
+    with pytest.raises(ValueError, match=r"--eval-data .*d.tsv is also training data"):
+        resolve_workers(["numpy", "numpy"], cfg)
 
 
 def test_train_flags_of_train_pass():

@@ -18,11 +18,12 @@ from tests.inprocess import InProcessTables
 from worker import recipe
 from worker.client import Client
 from worker.data import count_lines, validation_mask
+from worker.datafiles import check_held_out
 from worker.job import loop_settings, open_job, prepare
 from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
 from worker.loop import run_epochs
 from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
-from worker.train import check_held_out, train
+from worker.train import train
 from worker.train_config import TrainConfig
 
 
@@ -379,7 +380,8 @@ def test_held_out_data_that_is_also_training_data_is_refused_before_anything_run
     with pytest.raises(ValueError, match=rf"{option} {re.escape(held)} is also training data: --data "
                                          rf"{re.escape(data)} reads {re.escape(str(parts))}/[ab].csv.* scores far better than on new rows"):  # fmt: skip
         train(cfg)
-    check_held_out(dataclasses.replace(cfg, **{flag: str(tmp_path / "new.csv")}))  # other rows: no refusal
+    other = dataclasses.replace(cfg, **{flag: str(tmp_path / "new.csv")})  # other rows: no refusal
+    check_held_out(other.data, other.validation_data, other.eval_data)
 
 
 def test_early_stopping_with_one_worker_puts_the_best_model_back():

@@ -566,6 +566,9 @@ def test_schema_of_a_header_that_is_not_utf8_says_so_and_writes_no_out_file(tmp_
     data.write_bytes(data.read_bytes().replace(b"\xe9", "\u00e9".encode()))
     assert main(["schema", "--data", str(data), "--out", str(out)]) == 0
     assert "pr\u00e9cio" in out.read_text(encoding="utf-8")
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask  # as open() makes it: workers of other users read it
 
 
 def test_a_server_address_that_is_not_a_sparseps_server_says_so():

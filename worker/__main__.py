@@ -263,7 +263,7 @@ def _schema(args) -> int:
     if args.out:
         from ps.storage.atomicfile import write_text_whole
 
-        write_text_whole(args.out, text)  # whole or not at all
+        write_text_whole(args.out, text, shared=True)  # whole or not at all, readable as a file open() makes
         print(f"wrote a schema inferred from {args.data} to {args.out}")
     else:
         print(text, end="")

@@ -68,9 +68,10 @@ def _note_parts_left(error: PsError, directory: str) -> None:
     not called off). Without a manifest they are not a checkpoint, and the directory takes no save until they are
     gone."""
     if not os.path.isdir(directory):  # the shards that failed removed what they made, and none finished
-        error.args = (f"the save into {directory} failed: {error}. Nothing of it is there now; a shard whose save did "
-                      "not answer may still make it and write its part there: delete it if it appears, before saving "
-                      "into it again",)  # fmt: skip
+        error.args = (f"the save into {directory} failed: {error}. This machine sees nothing at {directory}; a "
+                      "shard whose save did not answer may still make it and write its part there, and where the "
+                      "servers' DIR is another machine's, the shards that finished left their shard-<i> folders "
+                      "there: delete any before saving into it again",)  # fmt: skip
         return
     try:
         left = sorted(name for name in os.listdir(directory) if name.startswith("shard-"))

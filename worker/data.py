@@ -6,9 +6,10 @@
                   max_validation of them; its memory is bounded by max_validation, not by the file
     eval()        the evaluation batches, read as they are asked for (one chunk of lines in memory, not the
                   file): --eval-data, or the synthetic eval rows; none otherwise
-    check_eval()  reads the start of --eval-data through the schema before training (its header or first lines
-                  wrong, or no example in it, fails the run before anything is trained); a malformed line further
-                  on is met, as --max-bad-lines says, when eval() reads it
+    check_eval()  reads --eval-data through the schema before training, a small file whole and of a larger one
+                  its start (its header or lines wrong, or no example in it, fails the run before anything is
+                  trained); in a larger file a malformed line further on is met, as --max-bad-lines says, when
+                  eval() reads it
     eval_count()  --eval-data's lines, counted up to SCORING_COUNT_LINES, for a progress total
 
 The split: the k-th example of this worker's share (counting good examples from 0, in file order) is a
@@ -20,6 +21,7 @@ picked on every pass, and training never sees them.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -38,7 +40,8 @@ from worker.synthetic import SyntheticConfig, SyntheticData
 log = logging.getLogger("worker.data")
 VALIDATION_SALT = np.uint64(0x5EED_0F_5A11D)
 DEFAULT_MAX_VALIDATION = 200_000
-WHOLE_EVAL_CHECK_LINES = 200_000  # an --eval-data of at most this many lines is read whole before training
+WHOLE_EVAL_CHECK_LINES = 200_000  # an --eval-data of at most this many lines ...
+WHOLE_EVAL_CHECK_BYTES = 256 << 20  # ... and bytes (of its files, gzip'ed ones as they are) is read whole first
 HELD_WARNING_BYTES = 1 << 30  # training examples held for --shuffle on: a WARNING from this size (else INFO)
 
 
@@ -120,7 +123,7 @@ class DataSource:
                 if spec:
                     check_same_format(spec, self.schema)
             if not labels_optional:
-                self._check_labeled(cfg)
+                self._check_labeled(cfg, training=count)
             header = self.schema.format == "csv"
             # malformed lines included; only where a count is used (training's recipe and progress total), not for
             # eval and predict, which read --data only for its schema; no further than the recipe's threshold
@@ -147,16 +150,20 @@ class DataSource:
         self.share_labels: LabelOrder | None = None  # of the share, on the read before training (its split)
         self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
 
-    def _check_labeled(self, cfg: Any) -> None:
+    def _check_labeled(self, cfg: Any, training: bool) -> None:
         """ValueError when a Criteo or libsvm input read for training or evaluation has no labels (file_has_labels;
         a csv file without the label column is refused by its reader, by name): each of its lines would be called
-        malformed ("39 tab-separated columns, expected 40"), not what they are."""
-        why = {"criteo": "39 tab-separated columns, not 40: a Criteo test file?",
+        malformed ("39 tab-separated columns, expected 40"), not what they are. Outside training, --data gives the
+        schema only where --eval-data is the file scored, and is not looked at."""
+        why = {"criteo": "more of its first lines have 39 tab-separated columns than 40: a Criteo test file, or "
+                         "a labeled file whose lines lost their empty last column to a tool that strips trailing "
+                         "tabs?",
                "libsvm": "its lines start with a feature token, not a label"}.get(self.schema.format)  # fmt: skip
         if why is None:
             return
+        scored = cfg.data if training or not cfg.eval_data else None
         for flag, spec in (("--eval-data", cfg.eval_data), ("--validation-data", cfg.validation_data),
-                           ("--data", cfg.data)):  # fmt: skip
+                           ("--data", scored)):  # fmt: skip
             if spec and not file_has_labels(spec, self.schema):
                 raise ValueError(f"{flag} {first_with_content(spec)} has no labels ({why}): training and evaluation "
                                  "read labeled lines; `ps-worker predict` scores a file without labels")  # fmt: skip
@@ -312,8 +319,9 @@ class DataSource:
 
     def check_eval(self) -> None:
         """ValueError now, before training, when --eval-data (if given) is plainly wrong: its CSV header is not the
-        schema's, its lines are malformed past --max-bad-lines, or it holds no example. A file (or files) of at
-        most WHOLE_EVAL_CHECK_LINES lines is read whole; of a larger one, only its start: the first chunk of lines
+        schema's, its lines are malformed past --max-bad-lines, or it holds no example. Where this worker scores it
+        (cfg.final_eval; launch scores it itself), a file (or files) of at most WHOLE_EVAL_CHECK_LINES lines and
+        WHOLE_EVAL_CHECK_BYTES bytes is read whole; of a larger one, only its start: the first chunk of lines
         worker/formats.py splits (4,096), and on until a good line when the chunk holds none. Its files' formats
         were compared in __init__."""
         if self.synthetic is not None or not self.cfg.eval_data:
@@ -324,8 +332,10 @@ class DataSource:
             why = f"; the first malformed one: {stats.first_bad}" if stats.bad_lines else ""
             raise ValueError(f"{self.cfg.eval_data}: no examples to evaluate on (--eval-data is empty, or holds "
                              f"only a header or malformed lines){why}")  # fmt: skip
-        count = count_files_upto(data_files(self.cfg.eval_data), WHOLE_EVAL_CHECK_LINES,
-                                 header=self.schema.format == "csv")  # fmt: skip
+        files = data_files(self.cfg.eval_data)
+        if not getattr(self.cfg, "final_eval", True) or sum(os.path.getsize(f) for f in files) > WHOLE_EVAL_CHECK_BYTES:
+            return
+        count = count_files_upto(files, WHOLE_EVAL_CHECK_LINES + 1, header=self.schema.format == "csv")
         if count.more:  # the final evaluation meets what lies past the start
             return
         whole = ReadStats()

@@ -107,6 +107,31 @@ def shared_files(spec: str, other: str) -> list[str]:
     return [f for f in data_files(spec) if os.path.realpath(f) in theirs]
 
 
+HELD_OUT_USES = {
+    "--validation-data": "its early stopping and the advice drawn from its curve would follow a figure that keeps "
+    "improving; leave --validation-data out (a share of --data is then held out) or give a file of other rows",
+    "--eval-data": "the eval figures would not say how the model does on new rows; give a file of other rows "
+    "(ps-worker eval --servers ... scores any file after training)",
+}
+
+
+def check_held_out(data: str | None, validation_data: str | None, eval_data: str | None) -> None:
+    """ValueError, for a training run, when a file of validation_data or eval_data is one of data's (the file, a
+    link to it, its directory): a model scored on rows it trained on scores far better than on new ones, so the
+    figures (and early stopping, and the advice drawn from the validation curve) would mislead. Inputs that name
+    no file are left to check_data_input, which names their flag."""
+    for flag, spec in (("--validation-data", validation_data), ("--eval-data", eval_data)):
+        try:
+            shared = shared_files(data, spec) if spec and data else []  # as --data names them
+        except ValueError:
+            continue
+        if shared:
+            more = f" and {len(shared) - 1} more of them" if len(shared) > 1 else ""
+            raise ValueError(f"{flag} {spec} is also training data: --data {data} reads {shared[0]}{more}. A model "
+                             f"scored on the rows it trained on scores far better than on new rows, so "
+                             f"{HELD_OUT_USES[flag]}")  # fmt: skip
+
+
 def check_data_input(flag: str, spec: str | None, expected: str) -> None:
     """ValueError naming the flag unless spec is None or names files (data_files) that are all readable regular
     files; `expected` says what they should be."""

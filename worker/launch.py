@@ -52,6 +52,7 @@ from ps.settings import unknown_environment
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from ps.terminate import Terminated, child_setup, sigterm_raises
 from worker.cluster import free_port, without_security_variables
+from worker.datafiles import check_held_out
 from worker.flags import check_not_an_input, check_output_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
@@ -226,6 +227,7 @@ def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
                         f"--backends torch:{cfg.device}")  # fmt: skip
             raise ValueError(f"--backends {entry} (worker {i}): {e}{hint}") from None
         workers.append(backend if worker_cfg.device == "cpu" else f"{backend}:{worker_cfg.device}")
+    check_held_out(cfg.data, cfg.validation_data, cfg.eval_data)  # before any shard starts, as each worker would
     return tuple(workers)
 
 

@@ -202,7 +202,7 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
     from worker.schema_infer import LABEL_NAMES, LABEL_WORDS, infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
-    no_header = header_reads_like_an_example(data, header)
+    no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label)
     if no_header:
         log.warning("%s", no_header)
     rows: list[list[str]] | None = None
@@ -232,10 +232,20 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
                     "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
 
 
-def header_reads_like_an_example(data: str, header: list[str]) -> str:
+def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None) -> str:
     """A warning when the first line of a csv file, taken as its header, reads like an example: its first cell 0 or
-    1 (a label's value), or most cells numbers. "" otherwise."""
-    numbers = [h for h in header if _is_number(h)]
+    1 (a label's value), or most cells numbers. "" otherwise, and where the line is plainly names: it holds
+    label_column (--label-column named a cell of it), or its numbers are a run of integers (pandas' column numbers
+    0, 1, 2, ..., years 2019, 2020, ...)."""
+    numbers = [h.strip() for h in header if _is_number(h)]
+    if label_column is not None and label_column in header:
+        return ""
+    if (
+        numbers
+        and all(n.isdigit() for n in numbers)
+        and [int(n) for n in numbers] == list(range(int(numbers[0]), int(numbers[0]) + len(numbers)))
+    ):
+        return ""
     if header[0].strip().lower() not in ("0", "1", "true", "false") and len(numbers) * 2 <= len(header):
         return ""
     return (

@@ -13,8 +13,9 @@
                  printed, and written to --metrics-out as JSON
 What the run says besides its figures (its mode, how to resume after a stop) is worker/train_messages.py's.
 Malformed lines of --data met while training are skipped and counted; one past --max-bad-lines fails the run; with --servers its message says that the servers
-hold the partly trained model. One of --eval-data past its start is met in the final evaluation (past
---max-bad-lines, it fails the run then, saying that the training had finished).
+hold the partly trained model. --eval-data is read before training, a small file whole and of a larger one its
+start; a malformed line past that start is met in the final evaluation (past --max-bad-lines, it fails the run
+then, saying that the training had finished).
 Worker i of n trains on its own share of the data (--worker-id, --num-workers); all workers share the tables.
 With synthetic data the planted model's probabilities give the oracle AUC and logloss.
 """
@@ -35,7 +36,7 @@ from tqdm import tqdm
 from ps.errors import PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
-from worker.datafiles import describe_files, shared_files
+from worker.datafiles import check_held_out, describe_files
 from worker.dense import dense_norm, start_logit_bias
 from worker.job import client_for, cluster_addresses, dense_path, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
@@ -65,29 +66,12 @@ from worker.train_messages import (
 log = logging.getLogger("worker.train")
 
 
-def check_held_out(cfg: TrainConfig) -> None:
-    """ValueError when a file of --validation-data or --eval-data is one of --data's: a model scored on rows it
-    trained on scores far better than on new ones, so the figures (and early stopping, and the advice drawn from
-    the validation curve) would mislead."""
-    uses = {"--validation-data": "its early stopping and the advice drawn from its curve would follow a figure "
-                                 "that keeps improving; leave --validation-data out (a share of --data is then held "
-                                 "out) or give a file of other rows",
-            "--eval-data": "the eval figures would not say how the model does on new rows; give a file of other rows "
-                           "(ps-worker eval --servers ... scores any file after training)"}  # fmt: skip
-    for flag, spec in (("--validation-data", cfg.validation_data), ("--eval-data", cfg.eval_data)):
-        shared = shared_files(cfg.data, spec) if spec and cfg.data else []  # as --data names them
-        if shared:
-            raise ValueError(f"{flag} {spec} is also training data: --data {cfg.data} reads {shared[0]}"
-                             f"{f' and {len(shared) - 1} more of them' if len(shared) > 1 else ''}. A model scored "
-                             f"on the rows it trained on scores far better than on new rows, so {uses[flag]}")  # fmt: skip
-
-
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
-    check_held_out(cfg)
     optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
-    cfg, data, spec, recipe_line = prepare(cfg)
+    cfg, data, spec, recipe_line = prepare(cfg)  # (cfg validated: its files are there)
+    check_held_out(cfg.data, cfg.validation_data, cfg.eval_data)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
         data.validation()
@@ -100,7 +84,7 @@ def train(cfg: TrainConfig) -> dict:
         grouped = sorted_by_label(data.share_labels, cfg.data)
         if grouped and not one_class and not cfg.shuffle:  # shuffled, the file's order does not reach training
             log.warning("%s", grouped)
-        data.check_eval()  # --eval-data's start only: the file is read as it is scored, after training
+        data.check_eval()  # a small --eval-data whole, a larger one's start: scored as it is read, after training
     backend = make_backend(spec, cfg)
     tables_cfg = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
     own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
@@ -306,7 +290,7 @@ def served_metrics(cfg: TrainConfig) -> Iterator[Any]:
 def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: ModelSpec, backend: Any,
                      dense_values: dict) -> dict:  # fmt: skip
     """evaluate() on data.eval(), read as it is scored, with its own progress (a large eval file takes minutes);
-    a malformed line of --eval-data past --max-bad-lines (met only now: check_eval read its start) gives
+    a malformed line of --eval-data past --max-bad-lines (met only now: check_eval read a larger file's start only) gives
     {"eval_error": what happened} instead: the training's figures are still reported and written, and the
     command then fails (worker/cli_train.py)."""
     progress = None

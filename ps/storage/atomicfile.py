@@ -14,16 +14,20 @@ def write_json_whole(path: str, obj: dict, sync_dir: bool = False, temp_prefix: 
     write_text_whole(path, json.dumps(obj) + "\n", sync_dir, temp_prefix)
 
 
-def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: str | None = None) -> None:
+def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: str | None = None,
+                     shared: bool = False) -> None:  # fmt: skip
     """Replaces the file at path with text (UTF-8): a temporary file in the same directory (named temp_prefix +
     random + ".tmp"; None: the file's name and a dot), fsynced, then renamed over it. A failure (text that is not
     UTF-8 included) removes the temporary file and leaves path as it was. sync_dir: fsync the directory too, so the
-    rename itself survives a power loss."""
+    rename itself survives a power loss. The file is its owner's alone (0600), unless shared: then its mode is
+    what open() would give a new file (0666 less the umask), for a file other users read."""
     data = text.encode("utf-8")  # before any file is made
     directory = os.path.dirname(path) or "."
     prefix = temp_prefix if temp_prefix is not None else os.path.basename(path) + "."
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
     try:
+        if shared:
+            os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -39,3 +43,17 @@ def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: 
             os.fsync(dfd)
         finally:
             os.close(dfd)
+
+
+def _umask() -> int:
+    """The process's umask (Linux reads it from /proc without changing it; elsewhere it is set and put back)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

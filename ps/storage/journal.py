@@ -542,8 +542,10 @@ class Journal:
             f"the journal mark {self.mark_path} is missing, though the journal ({len(segs)} segment"
             f"{'s' if len(segs) != 1 else ''} in {self.dir}) holds {held} (a server writes the mark when it starts "
             "on a data dir, before its first push): it was deleted, and the records after those found may be missing "
-            "too. Without the mark, which journal records must be there is unknown. Refusing to start; restore the "
-            "data dir, or start with --accept-journal-loss to go on with the records found"
+            "too (or it was never written: a server version that wrote it only after a second, killed within that "
+            "second, or a write at start-up that failed, which the log said). Without the mark, which journal "
+            "records must be there is unknown. Refusing to start; restore the data dir, or start with "
+            "--accept-journal-loss to go on with the records found"
         )
 
     def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
