@@ -288,15 +288,21 @@ def test_a_folder_of_the_users_is_refused_and_its_temp_looking_files_are_kept(tm
     assert not leftovers.holds_an_export(str(restore_out))  # ps-server export leaves them too
 
 
-def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_there_is_none(tmp_path, capsys):
-    """Shard 0 restarted on an empty data dir: the tables of shard 1 are the servers' tables, and the export's
-    error is the missing table on shard 0, not 'no table'."""
+def _two_started_shards(tmp_path) -> tuple[list[Server], list[str]]:
+    """Two in-process servers, shards 0 and 1 of 2 with data dirs and checkpoint root in tmp_path, started: (the
+    servers, their addresses)."""
     servers = [Server(ServerConfig(data_dir=str(tmp_path / f"shard-{i}"), port=0, shard_id=i, num_shards=2,
                                    checkpoint_root=str(tmp_path))) for i in range(2)]  # fmt: skip
     for server in servers:
         server.start()
+    return servers, [f"127.0.0.1:{server.port}" for server in servers]
+
+
+def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_there_is_none(tmp_path, capsys):
+    """Shard 0 restarted on an empty data dir: the tables of shard 1 are the servers' tables, and the export's
+    error is the missing table on shard 0, not 'no table'."""
+    servers, addresses = _two_started_shards(tmp_path)
     try:
-        addresses = [f"127.0.0.1:{server.port}" for server in servers]
         with Client(addresses[1:]) as client:
             client.create_table(TableConfig("emb", 2))
         code = main(["export", str(tmp_path / "out"), "--servers", ",".join(addresses), "--no-progress"])
@@ -400,12 +406,8 @@ def test_an_export_of_one_models_tables_is_not_refused_for_another_models_lost_t
     with --keep-checkpoint (a checkpoint that would hold the loss) it is refused too."""
     from ps.sharding import SlotMap
 
-    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"shard-{i}"), port=0, shard_id=i, num_shards=2,
-                                   checkpoint_root=str(tmp_path))) for i in range(2)]  # fmt: skip
-    for server in servers:
-        server.start()
+    servers, addresses = _two_started_shards(tmp_path)
     try:
-        addresses = [f"127.0.0.1:{server.port}" for server in servers]
         ids = np.arange(1000, dtype=np.uint64)
         on_1 = ids[SlotMap.contiguous(2).shard_of(ids) == 1]
         with Client(addresses) as client:
