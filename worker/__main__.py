@@ -276,7 +276,9 @@ def _stats(args) -> int:
     with _client(args) as client:
         client.wait_ready()
         shards = client.stats()
-    warning, note = _cluster_damage(shards), _clocks_note(shards)
+    from worker.tables import cluster_damage
+
+    warning, note = cluster_damage(shards), _clocks_note(shards)
     if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings); disk_low 0 or 1
         low = [int(s.disk_free_bytes < _disk_low_bytes(s)) for s in shards]
         figures = [{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]
@@ -317,14 +319,6 @@ def _stats(args) -> int:
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
     return _say(warning, note)
-
-
-def _cluster_damage(shards: list) -> str:
-    """What the shards' Stats show was lost: some shards lack a table others hold trained, or were restored from
-    different checkpoints (worker.tables.cluster_damage); "" if nothing."""
-    from worker.tables import cluster_damage
-
-    return cluster_damage(shards)
 
 
 def _clocks_note(shards: list) -> str:

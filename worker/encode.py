@@ -316,7 +316,7 @@ def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
         uniq, inverse = np.unique(cells, return_inverse=True)
         listed = uniq.tolist()
         inverse = inverse.reshape(cells.shape)
-        values = np.array([_float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
+        values = np.array([float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
         missing = np.array([is_missing_text(s) or _is_nan_number(s) for s in listed], dtype=bool)[inverse]
     values[missing] = 0.0
     ok = missing | (np.abs(values) <= FLOAT32_MAX)  # nan and inf fail it too
@@ -332,7 +332,8 @@ def _is_nan_number(s: str | bytes) -> bool:
         return False
 
 
-def _float_or_nan(s: str | bytes) -> float:
+def float_or_nan(s: str | bytes) -> float:
+    """The number a cell holds, or nan for one that is not a number."""
     try:
         return float(s)
     except ValueError:

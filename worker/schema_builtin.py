@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 
 from worker.features import NUM_INT_FIELDS
 from worker.schema import (
@@ -205,19 +204,16 @@ def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_gue
     no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label)
     if no_header:
         log.warning("%s", no_header)
-    rows: list[list[str]] | None = None
+    _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
     if label_guessed and label.lower() not in LABEL_NAMES:
         named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
         if not named and not LABEL_WORDS.search(label):  # is_click, converted: named so and holding only 0 and 1
-            _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
             named = [h for i, h in enumerate(header) if h != label and LABEL_WORDS.search(h)
                      and is_binary([row[i] for row in rows])]  # fmt: skip
         if named:
             log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header "
                         "also has %r, named like a label: give --label-column %s if that is the label", data, label,
                         named[0], named[0])  # fmt: skip
-    if rows is None:
-        _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
     if not no_numeric:
         _warn_of_negative_logs(data, header, schema, rows)
         return
@@ -265,19 +261,15 @@ def _is_number(cell: str) -> bool:
 
 def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]]) -> None:
     """A warning for each --numeric-columns column (transform log: log(1 + x), x below 0 read as 0) holding
-    numbers below 0 in the sample rows: those values all read as one."""
-
-    def number(cell: str) -> float:
-        try:
-            return float(cell)
-        except ValueError:  # not a number: the encoder's to refuse
-            return math.nan
+    numbers below 0 in the sample rows: those values all read as one. A cell that is no number is the encoder's
+    to refuse."""
+    from worker.encode import float_or_nan
 
     for c in schema.columns:
         if c.kind != "numeric" or c.transform != "log":
             continue
         i = header.index(c.source)
-        negative = [v for v in (number(row[i]) for row in rows) if v < 0]
+        negative = [v for v in (float_or_nan(row[i]) for row in rows) if v < 0]
         if negative:
             log.warning("%s: column %r holds numbers below 0 (%d of a sample of %d rows, the least %g): "
                         "--numeric-columns reads a number as log(1 + x) and every x below 0 as 0, so those values "

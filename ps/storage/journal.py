@@ -301,10 +301,11 @@ class Journal:
             except OSError:  # no dir to watch: only the segment is checked
                 self._data_dir_id = None
             self._intact_at = time.time()
-            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark, sync_dir=self.sync,
-                                      check=self.check_intact)  # fmt: skip
-            if not os.path.exists(self.mark_path):  # a new data dir, or a loss accepted above: marked from now on
-                self._marker.create()
+            present = os.path.exists(self.mark_path)  # else a new data dir, or a loss accepted above: marked now
+            self._marker = MarkWriter(self.mark_path, lambda: self.next_seq - 1, mark if present else -1,
+                                      sync_dir=self.sync, check=self.check_intact)  # fmt: skip
+            if not present:
+                self._marker.write()
 
     def seems_lost(self) -> bool:
         """Whether the journal found its data dir or active segment gone (`lost`), or its next check_intact would:
@@ -513,8 +514,8 @@ class Journal:
     def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool]:
         """(the mark, 0 if none; whether the mark file is there, or no mark is kept). A mark file that is
         unreadable, or missing while RocksDB holds pushes (after_seq > 0: every flush writes the mark first), is a
-        loss: which records must be there is unknown. A mark missing while the journal holds records is _read's to
-        find (_unmarked)."""
+        loss: which records must be there is unknown. A mark missing while RocksDB holds none and the journal holds
+        records is _read's to find (_unmarked)."""
         if self.mark_path is None:
             return 0, True
         unknown = ("Without the mark, which journal records must be there is unknown. Refusing to start; start with "
@@ -530,7 +531,6 @@ class Journal:
                 f"the journal mark {self.mark_path} is missing, though RocksDB holds the pushes up to journal record "
                 f"{after_seq} (each flush writes the mark first): it was deleted. {unknown}"
             ), accept_loss)  # fmt: skip
-            return mark, True  # refused (or accepted) once
         return mark, present
 
     def _unmarked(self, last: int, segs: list[tuple[int, str]]) -> JournalLossError:

@@ -90,7 +90,9 @@ class MarkWriter:
     """Keeps the journal mark at path at most interval_s behind source() (the last journal record written): a
     daemon thread rewrites it whenever source() has grown. write() brings it up to date at once (a segment
     rotation); close() does so and stops the thread. Nothing happens on the append path. written: what the file
-    holds now (it is never rewritten with less). check: called by the thread each time it wakes, before its
+    holds now (it is never rewritten with less); -1: there is no file yet, and the next write makes it, at
+    source() (0 before the first record), its directory fsynced too, so that the file's being there survives (a
+    data dir keeps a mark from its server's first start on: ps.storage.journal.Journal._read). check: called by the thread each time it wakes, before its
     write, and after a write that failed (ps.storage.journal.Journal.check_intact); once it returns False (the
     data dir is gone) the mark is no longer written, as every write would fail, and no failure is warned of."""
 
@@ -115,7 +117,7 @@ class MarkWriter:
             seq = self._source()
             if seq > self.written and not self._gone:
                 try:
-                    write_json(self.path, {"written_seq": seq}, self._sync_dir)
+                    write_json(self.path, {"written_seq": seq}, self._sync_dir or self.written < 0)
                 except OSError as e:
                     if self._check is not None and not self._check():  # the data dir is gone: check said so
                         self._gone = True
@@ -123,20 +125,6 @@ class MarkWriter:
                     log.warning("cannot write the journal mark %s: %s", self.path, e)
                     return
                 self.written = seq
-
-    def create(self) -> None:
-        """Writes the mark file now, at source() (0 before the first record), its directory fsynced too: a data dir
-        keeps a mark from its server's first start on, so a mark missing where the journal holds records is a
-        deletion (ps.storage.journal.Journal._read), not a crash within a second of the first push. An OSError is
-        logged, as write()'s."""
-        with self._lock:
-            seq = self._source()
-            try:
-                write_json(self.path, {"written_seq": seq}, sync_dir=True)
-            except OSError as e:
-                log.warning("cannot write the journal mark %s: %s", self.path, e)
-                return
-            self.written = max(self.written, seq)
 
     def _run(self) -> None:
         name_os_thread()
