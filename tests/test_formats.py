@@ -202,6 +202,39 @@ def test_bad_lines_are_counted_by_the_worker_whose_share_they_are_in(tmp_path):
         read(bad, "criteo", 8, worker_id=1, num_workers=2, max_bad_lines=1)
 
 
+def _criteo_with_bad_every(tmp_path, rows: int, every: int):
+    """A Criteo file of `rows` lines whose every `every`-th line (from line `every`) has the label -1."""
+    path, _, _, _ = random_criteo(tmp_path / "good.txt", rows)
+    lines = path.read_text().splitlines(keepends=True)
+    for k in range(every - 1, rows, every):
+        lines[k] = "-1" + lines[k][1:]
+    out = tmp_path / "bad.txt"
+    out.write_text("".join(lines))
+    return out
+
+
+@pytest.mark.parametrize("every, stops", [(2, True), (50, True), (150, False)])
+def test_a_share_of_bad_lines_stops_the_reading_past_ten_of_them(tmp_path, every, stops):
+    bad = _criteo_with_bad_every(tmp_path, 3000, every)  # 1 in `every` bad: 1 in 50 is over 1 in 100
+    stats = ReadStats()
+    if stops:
+        with pytest.raises(ValueError) as e:
+            read(bad, "criteo", 64, max_bad_lines=1000, max_bad_share=0.01, stats=stats)
+        k = stats.bad_lines  # the first bad line past 10 and past 1 in 100 of the lines read (a chunk at a time)
+        assert stats.stopped and k == max(11, stats.lines_read // 100 + 1) and k * every <= stats.lines_read
+        assert str(e.value).startswith(f"{bad} line {k * every}: label '-1', expected '0' or '1'; {k} bad lines of the "
+                                       f"first {stats.lines_read:,} read, more than 1 in 100: is the data in this "
+                                       "format, with labels of 0 and 1?")  # fmt: skip
+    else:  # 20 bad lines of 3,000: under 1 in 100
+        got = read(bad, "criteo", 64, max_bad_lines=1000, max_bad_share=0.01, stats=stats)
+        assert (stats.bad_lines, sum(len(b) for b in got)) == (20, 2980)
+    stats = ReadStats()  # without a share, only the limit counts
+    read(bad, "criteo", 64, max_bad_lines=3000, stats=stats)
+    assert stats.bad_lines == 3000 // every and not stats.stopped
+    with pytest.raises(ValueError, match="max_bad_share is 0, expected a share in"):
+        read(bad, "criteo", 64, max_bad_share=0)
+
+
 # --- worker shares and gzip, every format -------------------------------------------------------------------
 
 

@@ -610,7 +610,7 @@ def test_a_bad_eval_line_after_training_keeps_the_jobs_figures_and_reads_with_th
                                                                                                   capsys):  # fmt: skip
     """A malformed --eval-data line past the limit fails the job (exit 2) after its summary and --metrics-out are
     written with the error; the evaluation reads with the --max-bad-lines the workers' recipe gave them."""
-    worker_metrics = {"train_examples": 20, "train_seconds": 1.0, "config": {"max_bad_lines": 0}}
+    worker_metrics = {"train_examples": 20, "train_seconds": 1.0, "config": {"max_bad_lines": 0, "max_bad_share": 0.01}}
     command, pids = fakes([{"metrics": worker_metrics, "action": "metrics"}])
     out = tmp_path / "job.json"
     args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress", "--metrics-out", str(out))
@@ -620,12 +620,12 @@ def test_a_bad_eval_line_after_training_keeps_the_jobs_figures_and_reads_with_th
     limits = []
 
     def bad_line(cfg):
-        limits.append(cfg.max_bad_lines)
+        limits.append((cfg.max_bad_lines, cfg.max_bad_share))
         raise ValueError("test.tsv line 9: 3 tab-separated columns; 1 bad line, more than --max-bad-lines 0")
 
     rc = run_launch(args, rest, worker_command=command, train_config=lambda argv: on_files, evaluate=bad_line)
     captured = capsys.readouterr()
-    assert rc == 2 and limits == [0]
+    assert rc == 2 and limits == [(0, 0.01)]
     assert "launched 1 worker (" in captured.out and "eval   failed: test.tsv line 9: " in captured.out
     assert "ps-worker: error: test.tsv line 9: " in captured.err
     assert "after every worker had finished training" in json.loads(out.read_text())["eval_error"]

@@ -210,6 +210,21 @@ def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp
         train(dataclasses.replace(large, max_bad_lines=1))
     given = dataclasses.replace(large, max_bad_lines=5).with_recipe(300)[1]
     assert given.endswith("instead, as given: --max-bad-lines 5")
+    assert (resolved.max_bad_share, dataclasses.replace(large, max_bad_lines=5).with_recipe(300)[0].max_bad_share) == (
+        0.01, 1.0)  # the recipe's bound has a share; a given one does not  # fmt: skip
+
+
+def test_the_large_recipe_stops_at_a_file_of_many_malformed_lines(tmp_path):
+    """More than 10 malformed lines making more than 1 in 100 of the lines read: the wrong format or labels (-1
+    and 1), not a stray line: the run stops (here in its first batch), unless --max-bad-lines is given."""
+    lines = ["label,item"] + [f"{'1' if i % 2 else '-1'},i{i % 7}" for i in range(500)]
+    (tmp_path / "pm.csv").write_text("\n".join(lines) + "\n")
+    cfg = TrainConfig(local_shards=1, data=str(tmp_path / "pm.csv"), format="csv", recipe="large", progress=False)
+    with pytest.raises(ValueError, match=r"pm.csv line 22: label '-1', expected 0 or 1 .*; 11 bad lines of the first 500 read, "
+                                         r"more than 1 in 100: is the data in this format, with labels of 0 and 1\?"):  # fmt: skip
+        train(cfg)
+    result = train(dataclasses.replace(cfg, max_bad_lines=250))
+    assert (result["train_examples"], result["skipped_lines"]) == (250, 250)
 
 
 def test_the_validation_split_is_deterministic_disjoint_and_complete():

@@ -318,10 +318,13 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         type=integer(0),
         default=d.max_bad_lines,
         help="malformed lines skipped (and reported) before the run fails (default: the recipe's: 0 for small data, "
-        "read whole before the first push to take a validation split; 1,000 for large data, which is read as it trains)"
+        "read whole before the first push to take a validation split; 1,000 for large data, which is read as it "
+        "trains, while they are at most 1 in 100 of the lines read once more than 10 are malformed; a number given "
+        "here bounds them alone)"
         if command == "train"
         else f"malformed lines skipped (and reported) before {'the evaluation' if command == 'eval' else 'predict'} "
-        "fails (default: 1,000)",
+        "fails (default: 1,000, while they are at most 1 in 100 of the lines read once more than 10 are malformed; "
+        "a number given here bounds them alone)",
     )
     if command == "predict":
         return

@@ -191,7 +191,7 @@ class DataSource:
         size = batch_size or self.batch_size
         labeled = not self.labels_optional or file_has_labels(path, self.schema)
         return read_batches(path, self.schema, size, worker_id=worker_id, num_workers=num_workers,
-                            max_bad_lines=c.max_bad_lines, stats=stats, labeled=labeled,
+                            max_bad_lines=c.max_bad_lines, max_bad_share=c.max_bad_share, stats=stats, labeled=labeled,
                             blank_labels=self.labels_optional)  # fmt: skip
 
     def read_whole(self, path: str, stats: ReadStats | None = None) -> Iterator[Batch]:

@@ -1,7 +1,7 @@
 """Training data in three formats, read through a schema into Batches: Criteo TSV, CSV with a header, libsvm.
 
-    read_batches(path, schema, batch_size, *, worker_id=0, num_workers=1, max_bad_lines=0, stats=None,
-                 labeled=True, blank_labels=False) -> Iterator[Batch]
+    read_batches(path, schema, batch_size, *, worker_id=0, num_workers=1, max_bad_lines=0, max_bad_share=None,
+                 stats=None, labeled=True, blank_labels=False) -> Iterator[Batch]
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
@@ -41,7 +41,10 @@ Common to all formats:
     not id:weight, a raw id that is not a decimal). A worker counts only the bad lines of its share; when its
     count exceeds max_bad_lines the reader raises ValueError
     "<file> line <L>: <problem>; <k> bad lines, more than --max-bad-lines <max>", L the 1-based physical line
-    of the bad line that crossed the limit. Bad lines are counted in file order.
+    of the bad line that crossed the limit; so it does, given max_bad_share, once the count exceeds
+    recipe.BAD_SHARE_AFTER and max_bad_share of the lines read ("<k> bad lines of the first <n> read, more than
+    1 in <1/share>"; lines are counted a chunk at a time, so <n> may run up to a chunk past the bad line). Bad
+    lines are counted in file order.
   - Batches hold batch_size good examples each (the last may hold fewer), in file order; probs is None;
     line_nos holds each example's 1-based physical line (a CSV record's first line; the header is line 1).
     Bags cut to their column's max_length are counted in stats.truncated_bags.
@@ -101,6 +104,7 @@ def read_batches(
     worker_id: int = 0,
     num_workers: int = 1,
     max_bad_lines: int = 0,
+    max_bad_share: float | None = None,
     stats: ReadStats | None = None,
     labeled: bool = True,
     blank_labels: bool = False,
@@ -114,6 +118,8 @@ def read_batches(
         raise ValueError(f"worker_id {worker_id} of num_workers {num_workers}: expected 0 <= worker_id < num_workers")
     if max_bad_lines < 0:
         raise ValueError(f"max_bad_lines is {max_bad_lines}, expected >= 0")
+    if max_bad_share is not None and not 0 < max_bad_share <= 1:
+        raise ValueError(f"max_bad_share is {max_bad_share}, expected a share in (0, 1]")
     if schema.needs_stats():
         raise ValueError("the schema has standardize columns without mean and std: column_stats and with_stats")
     files = data_files(path)
@@ -121,7 +127,9 @@ def read_batches(
 
     def stream() -> Iterator[Batch]:
         for k, name in enumerate(files):  # file k's share: its lines whose number % n == (worker_id + k) % n
-            share = Share((worker_id + k) % num_workers, num_workers, BadLines(name, max_bad_lines, stats))
+            share = Share(
+                (worker_id + k) % num_workers, num_workers, BadLines(name, max_bad_lines, stats, max_bad_share)
+            )
             yield from _encoded(name, schema, batch_size, share, labeled, blank_labels)
 
     return rebatch(stream(), batch_size)

@@ -561,7 +561,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=backend, device=device or "cpu",
                                       metrics_out=None,
-                                      max_bad_lines=workers_max_bad_lines(plan.train_config, per_worker))  # fmt: skip
+                                      **workers_bad_lines(plan.train_config, per_worker))  # fmt: skip
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
@@ -583,13 +583,15 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         os.close(lock_fd)
 
 
-def workers_max_bad_lines(train_config: Any, per_worker: list[dict]) -> int | None:
-    """The --max-bad-lines the job's final evaluation reads --eval-data with: the flag's, else the one the workers'
-    recipe gave them (their --metrics-out config), as each worker's own final evaluation would."""
+def workers_bad_lines(train_config: Any, per_worker: list[dict]) -> dict:
+    """{"max_bad_lines", "max_bad_share"}: the bounds the job's final evaluation reads --eval-data with: the flag's,
+    else those the workers' recipe gave them (their --metrics-out config), as each worker's own final evaluation
+    would."""
     given = getattr(train_config, "max_bad_lines", None)
     if given is not None or not per_worker:
-        return given
-    return per_worker[0].get("config", {}).get("max_bad_lines")
+        return {"max_bad_lines": given}
+    config = per_worker[0].get("config", {})
+    return {"max_bad_lines": config.get("max_bad_lines"), "max_bad_share": config.get("max_bad_share")}
 
 
 def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_shards: bool = False) -> dict:

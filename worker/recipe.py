@@ -6,7 +6,8 @@
             each epoch shuffled
     large   otherwise, in file order      2048   1                 none        none        adagrad 0.02         -
 
-    malformed lines skipped (and reported) before the run fails: small 0, large 1,000
+    malformed lines skipped (and reported) before the run fails: small 0, large 1,000, while they are at most
+    MAX_BAD_SHARE (1 in 100) of the lines read once more than 10 are malformed (readers/share.py's BadLines)
 
 Small data overfits: most of its ids are seen once or twice, so several epochs of small steps help at first and
 then hurt, and the weights of rare ids are mostly noise. Evaluating a held-out split after every epoch and
@@ -29,7 +30,9 @@ lower in file order, within 0.0011 shuffled where the validation split holds eno
 0.0004). Large data is seen once, in big batches for throughput, read as it trains (not held in memory). Small data is read whole before the first push to take its
 validation split (the default), so a malformed line stops the run before it changes the model; large data is read as it trains,
 so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and reports
-them. Flags given explicitly always win; the run prints the recipe it chose and why.
+them, but not a file whose lines are malformed by the dozen (labels of -1 and 1, another format): past 10 malformed
+lines, a share over 1 in 100 of the lines read stops the run, before the rest of the file trains a model on what is
+left. An explicit --max-bad-lines N skips up to N, whatever their share. Flags given explicitly always win; the run prints the recipe it chose and why.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from dataclasses import dataclass
 
 RECIPES = ("auto", "small", "large")
 SMALL_DATA_EXAMPLES = 1_000_000
+MAX_BAD_SHARE = 0.01  # of the lines read, malformed, at most (past readers.share.BAD_SHARE_AFTER), where
+# --max-bad-lines is the recipe's
 
 
 @dataclass(frozen=True)
@@ -102,7 +107,7 @@ def describe(
     else:
         what += f"{r.epochs} epoch{'s' if r.epochs > 1 else ''}"
     if files and r.max_bad_lines:
-        what += f", up to {r.max_bad_lines:,} malformed lines skipped"
+        what += f", up to {r.max_bad_lines:,} malformed lines skipped (at most 1 in {round(1 / MAX_BAD_SHARE)})"
     how = "chosen by --recipe auto; flags you give win" if auto else f"--recipe {r.name}; flags you give win"
     return f"{r.name}-data recipe for {why}: {what} ({how})"
 

@@ -17,7 +17,7 @@ from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER,
 from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
-from worker.recipe import LARGE, RECIPES, choose, describe
+from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, choose, describe
 from worker.schema import DEFAULT_FORMAT, FORMATS, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
@@ -44,6 +44,9 @@ class TrainConfig:
     drop_columns: tuple[str, ...] = ()
     numeric_columns: tuple[str, ...] = ()
     max_bad_lines: int | None = None  # None: the recipe's (0 for small data, 1,000 for large)
+    # of the lines read, the share that may be malformed (past recipe.BAD_SHARE_AFTER of them); None: the recipe's
+    # (recipe.MAX_BAD_SHARE where max_bad_lines is unset, else 1.0: --max-bad-lines alone bounds them)
+    max_bad_share: float | None = None
     libsvm_fields: int | None = None  # libsvm: fields per example; None: the most of a line of `data`'s first 10,000
     synthetic_rows: int = 2_000_000
     synthetic_eval_rows: int = 100_000
@@ -301,6 +304,8 @@ class TrainConfig:
             early_stop=r.early_stop if self.early_stop is None else self.early_stop,
             shuffle=r.shuffle if self.shuffle is None else self.shuffle,
             max_bad_lines=r.max_bad_lines if self.max_bad_lines is None else self.max_bad_lines,
+            max_bad_share=self.max_bad_share if self.max_bad_share is not None
+            else MAX_BAD_SHARE if self.max_bad_lines is None else 1.0,
             l2=r.l2 if self.l2 is None else self.l2,
             dropout=r.dropout if self.dropout is None else self.dropout,
             dense_l2=r.dense_l2 if self.dense_l2 is None else self.dense_l2,

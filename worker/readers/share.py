@@ -19,6 +19,7 @@ import numpy as np
 
 from worker.encode import Parsed
 
+BAD_SHARE_AFTER = 10  # bad lines before BadLines' share applies
 LABEL_PROBE_LINES = 1000  # lines file_has_labels reads at most (first_line)
 MAX_LINE_BYTES = 64 << 20  # a line file's line, at most (bounded_lines)
 
@@ -125,13 +126,15 @@ class _GzipData(gzip.GzipFile):
 
 
 class BadLines:
-    """The bad lines of one file of a stream, counted into stats (those of the whole stream) against the limit."""
+    """The bad lines of one file of a stream, counted into stats (those of the whole stream) against the limit
+    and, given a share, against that share of the lines read once more than BAD_SHARE_AFTER are bad."""
 
-    def __init__(self, name: str, limit: int, stats: ReadStats):
+    def __init__(self, name: str, limit: int, stats: ReadStats, share: float | None = None):
         self.name, self.limit, self.stats = name, limit, stats
+        self.share = None if share is None or share >= 1 else share
 
     def add(self, line_no: int, problem: str, lines: int = 1) -> None:
-        """Counts a bad record of `lines` physical lines from line_no; ValueError past the limit."""
+        """Counts a bad record of `lines` physical lines from line_no; ValueError past the limit or the share."""
         s = self.stats
         s.bad_lines += lines
         message = f"{self.name} line {line_no}: {problem}"
@@ -141,6 +144,13 @@ class BadLines:
             s.stopped = True
             lines = f"{s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''}"
             raise ValueError(f"{message}; {lines}, more than --max-bad-lines {self.limit}")
+        if self.share is not None and s.bad_lines > BAD_SHARE_AFTER and s.bad_lines > self.share * s.lines_read:
+            s.stopped = True
+            raise ValueError(
+                f"{message}; {s.bad_lines:,} bad lines of the first {s.lines_read:,} read, more than 1 in "
+                f"{round(1 / self.share)}: is the data in this format, with labels of 0 and 1? (--max-bad-lines N "
+                "skips up to N bad lines, whatever their share)"
+            )
 
 
 @dataclass
