@@ -227,6 +227,22 @@ def test_the_large_recipe_stops_at_a_file_of_many_malformed_lines(tmp_path):
     assert (result["train_examples"], result["skipped_lines"]) == (250, 250)
 
 
+def test_early_stop_or_eval_every_without_a_validation_set_is_refused(tmp_path):
+    """They act on a validation set: given to a run that holds none they would do nothing, silently."""
+    data = _csv(tmp_path, 300)
+    base = TrainConfig(local_shards=1, data=data, format="csv", numeric_columns=("price",), progress=False)
+    for cfg, said in [(dataclasses.replace(base, recipe="large", early_stop=3, eval_every=5),
+                       "--early-stop 3 and --eval-every 5 act on a validation set, and this run has none "
+                       "(--validation-fraction 0, the recipe's): give --validation-fraction F"),
+                      (dataclasses.replace(base, validation_fraction=0.0, early_stop=2),
+                       "--early-stop 2 acts on a validation set, and this run has none (--validation-fraction 0): ")]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(said)):
+            prepare(cfg)
+    prepare(dataclasses.replace(base, recipe="large", early_stop=3, validation_fraction=0.1))
+    prepare(dataclasses.replace(base, validation_fraction=0.0, early_stop=0))  # 0: never, nothing to act on
+    prepare(dataclasses.replace(base, validation_fraction=0.0))  # the recipe's early stop (5), unused: no refusal
+
+
 def test_the_validation_split_is_deterministic_disjoint_and_complete():
     mask = validation_mask(0, 100_000, 0.1)
     assert 0.09 < mask.mean() < 0.11

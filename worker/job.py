@@ -97,12 +97,15 @@ def prepare(
     counted = data.line_count
     at_least = counted is not None and counted.more  # the count stopped at the recipe's threshold
     # a file's count is of its lines, read before training: its malformed lines are found (and skipped) later
+    given = cfg
     cfg, recipe_line = cfg.with_recipe(
         counted.lines if at_least else job_examples,
         "training examples" if cfg.data is None else "lines of training data",
         at_least=at_least,
     )
     data.cfg, data.batch_size = cfg, cfg.batch_size
+    if training:
+        check_validation_flags(given, cfg)
     if training and cfg.model == "dnn" and recipe_line.startswith("small-data"):
         log.warning("dnn has no first-order (linear) term: every id reaches the prediction through the MLP only, "
                     "which small data cannot train well (benchmarks/small_data.py, 10,000 rows, 2 seeds: AUC 0.11 under a "
@@ -118,6 +121,21 @@ def prepare(
                     "\"bucketize\" in a schema: `ps-worker schema` writes a bucketized twin of each numeric column), "
                     "or train deepfm or dnn", cfg.model, ", ".join(unused[:10]) + (" ..." if len(unused) > 10 else ""))  # fmt: skip
     return cfg, data, model_spec(cfg, data), recipe_line
+
+
+def check_validation_flags(given: TrainConfig, resolved: TrainConfig) -> None:
+    """ValueError for --early-stop or --eval-every given to a run that holds no validation set (they would do
+    nothing)."""
+    if resolved.validation_fraction or resolved.validation_data:
+        return
+    unused = [f"{flag} {value}" for flag, value in (("--early-stop", given.early_stop),
+                                                    ("--eval-every", given.eval_every)) if value]  # fmt: skip
+    if unused:
+        whose = "" if given.validation_fraction is not None else ", the recipe's"
+        verb = "act" if len(unused) > 1 else "acts"
+        raise ValueError(f"{' and '.join(unused)} {verb} on a validation set, and this run has none (--validation-fraction "
+                         f"0{whose}): give --validation-fraction F (a share of --data held out) or --validation-data "
+                         "FILE")  # fmt: skip
 
 
 def no_features_message(cfg: TrainConfig, schema: Schema) -> str:
