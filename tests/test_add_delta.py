@@ -1,6 +1,7 @@
 """Pushes that add deltas to rows without the optimizer (PushRequest.add_delta, ps.rows.update's ADD_DELTA rule).
 
-Oracles: an add-delta push leaves rows = rows before + delta (float32), the optimizer state bit for bit as it was,
+Oracles: an add-delta push leaves rows = rows before + delta (float32), the optimizer state bit for bit as it was
+(FTRL's z aside: set so that FTRL's own formula gives the new embedding, which a push of zero gradients then keeps),
 and shows, clicks, last step, admission and clipping as any push sets them; an optimizer push in the same batch
 gives what it gives alone (a second shard applies it as the reference). Journal records keep each push's rule, so
 a crash and replay rebuild the rows bit for bit. Non-finite deltas, or deltas whose sum overflows float32, are
@@ -73,6 +74,33 @@ def test_an_add_delta_push_adds_exactly_the_deltas_leaves_the_state_and_counts(t
         np.testing.assert_array_equal(after[:, sc + CLICK], before[:, sc + CLICK] + clicks)
         assert (after[:, sc + LAST_STEP] == 4).all() and (after[:, sc + ADMITTED] == 1).all()
         np.testing.assert_array_equal(shard.pull(cfg.name, ids), after[:, :dim])
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("l1", [0.0, 0.5])
+def test_an_add_delta_push_to_ftrl_rows_lasts_through_later_optimizer_pushes(tmp_path, l1):
+    """FTRL computes its embedding from (z, n) at each step: an added delta whose z were left as they were would
+    be undone by the next push (early stopping's restore of the best model was, under the small-data recipe's
+    FTRL). A push of zero gradients changes neither z nor n, so after it the embedding is FTRL's w of (z, n): the
+    one the delta set, n bit for bit as before, rows set to 0 staying 0."""
+    cfg = TableConfig("ftrl", 4, optimizer=OptimizerConfig("ftrl", 0.05, {"l1": l1, "l2": 3.0}))
+    shard = open_shard(tmp_path)
+    try:
+        table = shard.create_table(cfg)
+        ids, rng = random_ids(50, seed=6), np.random.default_rng(6)
+        for _ in range(3):
+            shard.push("ftrl", ids, rng.standard_normal((50, 4)).astype(F32))
+        before = table.peek(ids)
+        target = rng.standard_normal((50, 4)).astype(F32) * 0.1
+        target[:10] = 0.0  # a row put back to zero (an id's initial FTRL row)
+        shard.push("ftrl", ids, target - before[:, :4], add_delta=True)
+        set_rows = table.peek(ids)
+        np.testing.assert_allclose(set_rows[:, :4], target, atol=1e-7)
+        np.testing.assert_array_equal(bits(set_rows[:, 8:12]), bits(before[:, 8:12]))  # n as it was
+        shard.push("ftrl", ids, np.zeros((50, 4), F32))
+        np.testing.assert_allclose(shard.pull("ftrl", ids), target, rtol=1e-5, atol=1e-7)
+        assert (shard.pull("ftrl", ids)[:10] == 0).all()
     finally:
         shard.close()
 

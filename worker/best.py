@@ -3,8 +3,9 @@
 At each new best evaluation the worker copies the rows of every id it has trained and the dense parameters; after
 it, before a step trains an id first trained since, that id's row is pulled (its value at the best: its initial
 row on fresh tables, an earlier run's on tables that held a model). At the end of the loop it pushes best - current
-for all of them as add-delta pushes (the optimizer's state stays as it is): the tables then hold the model of the
-best evaluation.
+for all of them as add-delta pushes (the optimizer's state stays as it is, but FTRL's z is set to give the embedding
+put back, so that training on from it starts there: ps.rows.optim.ftrl_match_state): the tables then hold the
+model of the best evaluation.
 """
 
 from __future__ import annotations

@@ -13,6 +13,9 @@ each block of a push while the block is in cache.
               state: m (dim), v (dim), t (1): the bias correction uses each id's own update count
     ftrl:     sigma = (sqrt(n + g^2) - sqrt(n)) / lr; z += g - sigma w; n += g^2;
               w = 0 if |z| <= l1 else -(z - sign(z) l1) / ((beta + sqrt(n)) / lr + l2)      state: z (dim), n (dim)
+              Since w is a function of (z, n), an embedding set from outside the optimizer (an add-delta push)
+              lasts only if z is set to match: ftrl_match_state solves the line above for z (w = 0: z kept if
+              |z| <= l1, else moved to sign(z) l1; w != 0: z = -w ((beta + sqrt(n)) / lr + l2) - sign(w) l1)
 
 The kernels compute in float32 with numpy's error model: a division by zero gives an Inf or NaN, never an
 exception, so a result that is not finite is found by ps.rows.update's check and the push refused whole.
@@ -101,6 +104,22 @@ def _ftrl(buf, grads, alpha, beta, l1, l2):
             else:
                 sign = np.float32(1.0) if z > 0 else np.float32(-1.0)
                 buf[i, j] = -(z - sign * l1) / ((beta + np.sqrt(acc_new)) / alpha + l2)
+
+
+@numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
+def ftrl_match_state(buf, dim, alpha, beta, l1, l2):
+    """FTRL rows whose embeddings were set from outside the optimizer: each z set so that the optimizer's w of
+    (z, n) is the embedding (the inverse in the module docstring), n left as it is."""
+    for i in range(buf.shape[0]):
+        for j in range(dim):
+            w = buf[i, j]
+            z = buf[i, dim + j]
+            if w == 0:
+                if abs(z) > l1:
+                    buf[i, dim + j] = l1 if z > 0 else -l1
+            else:
+                sign = np.float32(1.0) if w > 0 else np.float32(-1.0)
+                buf[i, dim + j] = -w * ((beta + np.sqrt(buf[i, 2 * dim + j])) / alpha + l2) - sign * l1
 
 
 # kernel codes: apply_kernel picks the loop, so callers compile once

@@ -6,7 +6,8 @@ place). Per block of rows small enough to stay in cache, the kernel runs these s
 
     load     the block's rows from the arena into `new`, the rows worked on (in place: through the undo copy)
     rule     OPTIMIZE: lazy L2, then the optimizer step (ps.rows.optim.apply_kernel); ADD_DELTA:
-             new[:, :dim] += grads
+             new[:, :dim] += grads, the optimizer state kept, but FTRL's z set to give the new embedding
+             (ps.rows.optim.ftrl_match_state: FTRL computes its embedding from z and n at each step)
     account  show and click added, last step stamped, admission decided, from the old statistics still in
              the arena; a row not admitted gets its old embedding and state back (its pushes only count);
              admitted embeddings are clipped to the weight bound
@@ -37,7 +38,7 @@ TableConfig refuses l2 with it (FTRL has its own l2).
 
 Where the callers plug in: a sync step's summed pushes (ps.engine.jobs) arrive as one push of unique ids and
 run the kernel once, like any other; geo's deltas use rule=ADD_DELTA (statistics and admission apply, the optimizer
-state is left as it is). Only `_load`, `_old` and `_store` read and write RowState.data (and `_undo` puts back what
+state is left as it is, FTRL's z aside). Only `_load`, `_old` and `_store` read and write RowState.data (and `_undo` puts back what
 `_load` read): a row layout other than float32 (fp16 values at rest, say) would decode and encode there alone,
 rule, account and check staying as they are.
 """
@@ -55,7 +56,7 @@ from ps.config import AdmissionConfig
 from ps.hashing import mix64_scalar
 from ps.rows.finite import first_non_finite_bits
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS
-from ps.rows.optim import OPTIMIZERS, Optimizer, apply_kernel
+from ps.rows.optim import FTRL, OPTIMIZERS, Optimizer, apply_kernel, ftrl_match_state
 from ps.rows.parallel import run_parts
 from ps.rows.rowcopy import gather_for_update
 
@@ -224,6 +225,8 @@ def _apply_rule(hp, params, new, grads):
         for i in range(grads.shape[0]):
             for j in range(grads.shape[1]):
                 new[i, j] += grads[i, j]
+        if np.int64(hp[OPTIMIZER]) == FTRL:  # its w is a function of its state: the state made to give the new w
+            ftrl_match_state(new, grads.shape[1], params[0], params[1], params[2], params[3])
     else:
         if hp[L2] > 0:
             _decay_lazily(hp, params[0], new, grads.shape[1])
