@@ -597,13 +597,39 @@ def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
         shard.close()
 
 
-def test_a_worker_done_before_a_restart_is_waited_for_until_it_says_done_again(tmp_path):
-    """Done flags live in memory (the limit ps.engine.jobs states): after the restart worker 0 waits for worker 1,
-    which finished before it; a done stamp of worker 1 sent again ends the wait."""
+def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path):
+    """Done flags are stored as they come (ps.engine.jobs' done_store): after a crash, worker 0 goes on alone
+    with no wait for worker 1, which finished before it and sends nothing more; a record of another job, or of
+    another worker count, or one that does not read, marks nobody done."""
     shard = open_shard(tmp_path)
     sync_steps(shard, range(2))
     shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2))
     shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 2, sync=True, acked=2))  # alone
+    crash(shard)
+    shard = open_shard(tmp_path)
+    try:
+        assert shard.store.job_done(JOB, 2) == [1] and shard.store.job_done(JOB + 1, 2) == []
+        assert shard.store.job_done(JOB, 3) == []
+        assert shard.jobs.wait_for_pull(stamp(0, 3, acked=3, barrier_timeout_s=0.3)) == 3
+        assert shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 3, sync=True, acked=3)) == (
+            4, len(A), 4)  # fmt: skip
+        assert (shard.pull("emb", A) == -4).all() and (shard.pull("emb", B) == -2).all()
+        with pytest.raises(WorkerDoneError):  # still done: a push of it is refused, as before the restart
+            shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 3, sync=True, acked=2))
+        shard.store._meta.put(b"job_done", b'{"job": 1, "done": "x"}')
+        assert shard.store.job_done(JOB, 2) == []
+    finally:
+        shard.close()
+
+
+def test_without_the_done_record_a_restarted_shard_waits_for_the_finished_worker(tmp_path):
+    """The record is what carries the flag (a mutation check of the test above): deleted before the restart,
+    worker 0 waits for worker 1 until its deadline, and a done stamp of worker 1 sent again ends the wait."""
+    shard = open_shard(tmp_path)
+    sync_steps(shard, range(2))
+    shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2))
+    shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 2, sync=True, acked=2))  # alone
+    shard.store._meta.delete(b"job_done")
     crash(shard)
     shard = open_shard(tmp_path)
     try:
@@ -614,9 +640,6 @@ def test_a_worker_done_before_a_restart_is_waited_for_until_it_says_done_again(t
             shard.jobs.wait_for_pull(stamp(0, 3, acked=3, barrier_timeout_s=0.3))
         assert shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2)) == (3, 0, 3)
         assert shard.jobs.wait_for_pull(stamp(0, 3, acked=3)) == 3
-        assert shard.push_stamped([push(A, np.ones((len(A), 4)))], 1, 0, 0, stamp(0, 3, sync=True, acked=3)) == (
-            4, len(A), 4)  # fmt: skip
-        assert (shard.pull("emb", A) == -4).all() and (shard.pull("emb", B) == -2).all()
     finally:
         shard.close()
 

@@ -30,7 +30,9 @@ smallest clock (when every worker is done, the largest).
   for a worker that is gone; and another job may start. A stop stamp of a job the shard does not follow, or of one
   stopped already, changes nothing.
 
-Restarts. Clocks and done flags live in memory; a restarted shard knows of a job what its journal proves and what
+Restarts. Clocks live in memory; done flags too, and each is also stored (synced) before its done stamp is
+answered (done_store), so a restarted shard knows which workers of the job are done (a finished worker sends
+nothing more, and its peers would otherwise wait for it); of the rest, it knows what its journal proves and what
 the stamps' acked say. Every sync step before the newest one the journal holds is complete: the clocks start
 there (an ssp job's at 0), and each stamp raises its worker's clock to its acked, so that the pulls of the
 workers' next steps are served once every worker has sent one. The newest step the journal holds may be partly
@@ -39,8 +41,6 @@ applied (a crash between its records, one per table): its contributions are gath
 answered, every clock moved to t + 1) when the journal holds t (its newest sync step of the job is >= t) and a
 stamp says acked > t or a worker contributes to a later step: that worker had its reply to t, which comes only
 after the whole sum. Stamps are trusted that far and no further: no stamp proves a step the journal does not hold.
-Limit: a worker that finished before the restart is not known as done: its peers wait for it (its clock is what
-the journal and its last stamps proved) until their deadline, unless it sends its done stamp again.
 
 Setup. The first stamp of a job on a shard sets the job's worker count and setup (its `setup`: key=value pairs the
 worker says every worker of the job must run alike: mode, model, tables). A stamp of the job with another count,
@@ -263,12 +263,22 @@ def _again(error: BaseException) -> BaseException:
 
 
 class JobClocks:
-    def __init__(self, shard_id: int, sync_steps_applied: Callable[[int], int], threads: int, max_count: float):
+    def __init__(
+        self,
+        shard_id: int,
+        sync_steps_applied: Callable[[int], int],
+        threads: int,
+        max_count: float,
+        done_store: tuple[Callable[[int, int], list[int]], Callable[[int, int, list[int]], None]] | None = None,
+    ):
         """sync_steps_applied(key): the request number of the newest request of client `key` the journal has
         applied (0: none), in part or whole; for sync_key(job), the newest sync step (+ 1) it holds. threads: the
-        server's RPC threads (0: no limit on waits); max_count: a push's shows (and clicks) per id at most."""
+        server's RPC threads (0: no limit on waits); max_count: a push's shows (and clicks) per id at most.
+        done_store: (done(job, num_workers) -> the workers stored as done, store(job, num_workers, done workers)),
+        the durable record of done workers (ps.storage.store's job_done); None: done flags in memory only."""
         self.shard_id = shard_id
         self._sync_steps_applied = sync_steps_applied
+        self._done_store = done_store
         self.threads = threads
         self.max_count = max_count
         self._waiting = 0  # threads in a wait here
@@ -421,6 +431,11 @@ class JobClocks:
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
         self.setup, self._setup_from, self._stopped = stamp.setup, stamp.worker, None
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
+        for w in self._done_store[0](job, num_workers) if self._done_store else []:
+            self._done[w] = True
+        if any(self._done):
+            log.info("shard %d: workers %s of job %d are done (as this data dir recorded them)", self.shard_id,
+                     [w for w in range(num_workers) if self._done[w]], job)  # fmt: skip
         self._clients, self._patience_s, self._stamped = [0] * num_workers, 0.0, [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
@@ -519,6 +534,9 @@ class JobClocks:
             self._enter(stamp)
             if not self._done[stamp.worker]:
                 log.info("shard %d: worker %d of job %d is done", self.shard_id, stamp.worker, stamp.job)
+                if self._done_store:  # stored first: a restart finds it (a failure refuses the stamp, for a retry)
+                    done = [w for w in range(self.num_workers) if self._done[w] or w == stamp.worker]
+                    self._done_store[1](stamp.job, self.num_workers, done)
                 self._done[stamp.worker] = True
                 self._cond.notify_all()
             return self._min_clock()

@@ -187,7 +187,8 @@ class Shard:
             self._open_tables()
             self._load_requests()
             self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
-                                  config.threads, MAX_COUNT_PER_ID)  # fmt: skip
+                                  config.threads, MAX_COUNT_PER_ID,
+                                  done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
             self._check_clock()
             self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
         except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would

@@ -28,6 +28,9 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     restore's first write to its end (set_restore_pending, ps.engine.restore)
         "restored"               -> JSON {"checkpoint": its absolute path, "sha256": its manifest's}: the restore
                                     the dir began from   (set_restored, with the end of the restore)
+        "job_done"               -> JSON {"job": job id, "num_workers": n, "done": [worker, ...]}: the workers of
+                                    the job the shard follows that said they are done (set_job_done, synced, as
+                                    each says so: ps.engine.jobs reads it when it follows the job after a restart)
     The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX.
     column family "rows":
         key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
@@ -999,6 +1002,33 @@ class Store:
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
         self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._synced)
+
+    def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
+        """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""
+        record = json.dumps({"job": job, "num_workers": num_workers, "done": sorted(done)}).encode()
+        with self._rocksdb(f"storing that workers {sorted(done)} of job {job} are done", "the done stamp is refused"):
+            self._meta.put(b"job_done", record, self._synced)
+
+    def job_done(self, job: int, num_workers: int) -> list[int]:
+        """The workers of the job (of num_workers) the "job_done" record says are done; [] where it names another
+        job or worker count, or there is none. A record that does not read as set_job_done writes it is
+        logged and read as none (it only spares waits)."""
+        with self._rocksdb("reading the done workers of a job", "nothing was read"):
+            raw = self._meta.get(b"job_done")
+        if raw is None:
+            return []
+        try:
+            record = json.loads(raw)
+            done = [int(w) for w in record["done"]]
+            if record["job"] != job or record["num_workers"] != num_workers:
+                return []
+            if not all(0 <= w < num_workers for w in done):
+                raise ValueError(f"a worker out of 0..{num_workers - 1}")
+        except (ValueError, TypeError, KeyError) as e:
+            log.warning("the job_done record of this data dir is unreadable (%s: %s); it is ignored: the job's "
+                        "finished workers will be waited for", type(e).__name__, e)  # fmt: skip
+            return []
+        return done
 
     def forget_unfinished_restore(self) -> None:
         """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,
