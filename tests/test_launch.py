@@ -692,10 +692,15 @@ class FakeCluster:
 
     made: list[FakeCluster] = []
 
+    dies: dict[int, str] = {}  # shard -> what gone() says of it once the workers run
+
     def __init__(self, num_shards: int, extra_args: list[str] = ()):
         self.num_shards, self.extra_args, self.stopped = num_shards, list(extra_args), False
         self.addresses = [f"127.0.0.1:{17 + i}" for i in range(num_shards)]
         FakeCluster.made.append(self)
+
+    def gone(self, shard_id: int) -> str | None:
+        return FakeCluster.dies.get(shard_id)
 
     def __enter__(self) -> FakeCluster:
         return self
@@ -717,6 +722,22 @@ def test_local_shards_start_first_with_threads_for_the_workers_and_stop_at_the_e
     assert "servers=127.0.0.1:17,127.0.0.1:18" in out
     assert "worker 2 exited with code 1" in err, f"another worker failed first:\n{out}\n{err}"
     assert_all_gone(pids, {"worker-0", "worker-1", "worker-2"})
+
+
+def test_a_local_shard_that_dies_stops_the_job_at_once_saying_which(fakes, monkeypatch, capsys):
+    """Nothing restarts a local shard: its workers would wait for it for their --server-timeout (300 s)."""
+    monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
+    monkeypatch.setattr(FakeCluster, "made", [])
+    monkeypatch.setattr(FakeCluster, "dies", {1: "local shard 1 (pid 9) was killed by SIGKILL, and ..."})
+    command, pids = fakes([{"action": "sleep"}, {"action": "sleep"}])
+    args, rest = launch_args("--workers", "2", "--local-shards", "2", "--no-progress")
+    started = time.monotonic()
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: pytest.fail("no evaluation after a shard died"))  # fmt: skip
+    assert rc == 1 and time.monotonic() - started < 60 and FakeCluster.made[0].stopped
+    err = capsys.readouterr().err
+    assert "ps-worker launch: local shard 1 (pid 9) was killed by SIGKILL, and ...; the workers were stopped" in err
+    assert_all_gone(pids, {"worker-0", "worker-1"})
 
 
 def test_a_job_on_local_shards_ends_saying_the_model_went_with_them(fakes, monkeypatch, tmp_path, capsys):

@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -102,12 +102,15 @@ class Client:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         auth_token: str | None = None,
+        shard_gone: Callable[[int], str | None] | None = None,
     ):
         """timeout_s: the deadline of one attempt of a call; server_timeout_s: how long a shard may keep failing
         (down, restarting) before a call gives up (0: no retries). tls_ca: verify the servers' TLS certificates
         against it; tls_cert / tls_key: this client's certificate, for servers that require one; auth_token:
         sent with every call (ps/security.py). max_request_bytes: the largest message sent (ids and rows; a call
-        is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for)."""
+        is split past it); wait_ready lowers it to fit the room the shards keep for requests (message_bytes_for).
+        shard_gone(shard): why a shard can never answer again (a local shard whose process exited), else None: a
+        call to a shard gone fails at once, saying why, instead of waiting server_timeout_s."""
         if not servers:
             raise ValueError("Client needs at least one server address")
         self.servers = list(servers)
@@ -116,7 +119,7 @@ class Client:
         self.max_request_bytes = max_request_bytes
         self.client_id = new_client_id()  # nonzero, top bit clear (ps.service.client_key): deduplicated
         self._numbers = RequestNumbers(len(servers))  # PushBatch requests sent to each shard, and the push lock
-        self._outages = Outages(self.servers)  # the shards failing now, and since when
+        self._outages = Outages(self.servers, shard_gone)  # the shards failing now, and since when
         self._closed = False
         self._acked: dict[int, int] = {}  # job -> this worker's steps whose stamped push had every shard's reply
         self.slot_map = SlotMap.contiguous(len(servers))

@@ -149,6 +149,21 @@ class LocalCluster:
         assert address == self.addresses[shard_id], (address, self.addresses[shard_id])
         return address
 
+    def gone(self, shard_id: int) -> str | None:
+        """Why shard shard_id can never answer again (its process exited: nothing restarts a local shard), or None
+        while it runs."""
+        if shard_id >= len(self.procs):
+            return None
+        proc = self.procs[shard_id]
+        code = proc.poll()
+        if code is None:
+            return None
+        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+        return (
+            f"local shard {shard_id} (pid {proc.pid}) {how}, and a local shard is not restarted: its rows are "
+            f"gone with it (its log: {self.log_path(shard_id)})"
+        )
+
     def stop(self, timeout_s: float = 300.0) -> list[int]:
         """SIGTERM every shard, wait up to timeout_s (a shard flushes its dirty rows first: ~0.5M rows/s),
         then SIGKILL. Returns the exit codes."""
@@ -172,9 +187,15 @@ class LocalCluster:
     def cleanup(self) -> None:
         """stop(), and delete the root if this cluster made it: then the shards' final flush is of rows about to be
         deleted, so they get DISCARDED_STOP_S, well inside a stopping worker's cleanup limit (ps.terminate),
-        before SIGKILL."""
+        before SIGKILL. Where a shard had died (gone), the shards' logs stay (the root kept, its data dirs
+        deleted)."""
+        died = [why for why in map(self.gone, range(len(self.procs))) if why]
         self.stop(DISCARDED_STOP_S if self._own_root else 300.0)
-        if self._own_root:
+        if self._own_root and died:  # the logs kept, for what ended the shard; the rows deleted
+            for shard_id in range(self.num_shards):
+                shutil.rmtree(self.data_dir(shard_id), ignore_errors=True)
+            keep(self.root, died[0])
+        elif self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
         self._release()
 
@@ -200,3 +221,10 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.cleanup()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

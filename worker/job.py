@@ -2,7 +2,7 @@
 the MLP's path, the loop's settings; what train, eval and predict share.
 
     prepare(cfg)          checks the config, opens the data, applies the recipe: (resolved config, data, model, line)
-    cluster_addresses     --servers, or --local-shards started here and stopped at the end
+    job_client(cfg)       a Client of --servers, or of --local-shards started here and stopped at the end
     client_for, make_backend, dense_path, loop_settings    of a resolved config
     open_job(cfg, tables) all of it on a Client or alike, for tests that drive run_epochs themselves
 """
@@ -13,7 +13,7 @@ import contextlib
 import importlib.util
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ps.config import OptimizerConfig
@@ -33,24 +33,27 @@ TORCH_HINT = "pip install torch==2.13.0 (a CPU build; `python3 dev.py test` inst
 
 
 @contextlib.contextmanager
-def cluster_addresses(cfg: TrainConfig) -> Iterator[list[str]]:
-    """The servers to use: --servers as given, or a LocalCluster started (and stopped) here."""
+def job_client(cfg: TrainConfig) -> Iterator[Client]:
+    """A Client of the job's servers: --servers, or --local-shards started here and stopped at the end (a call to
+    a local shard whose process died fails at once, saying so: nothing restarts it)."""
     if cfg.servers:
-        yield list(cfg.servers)
+        with client_for(cfg, list(cfg.servers)) as client:
+            yield client
         return
     remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
     with LocalCluster(cfg.local_shards) as cluster:
         log.info("started %d local shards: %s (data in %s)", cfg.local_shards, cluster.addresses, cluster.root)
-        yield cluster.addresses
+        with client_for(cfg, cluster.addresses, cluster.gone) as client:
+            yield client
 
 
-def client_for(cfg: TrainConfig, addresses: list[str]) -> Client:
+def client_for(cfg: TrainConfig, addresses: list[str], shard_gone: Callable[[int], str | None] | None = None) -> Client:
     """A Client with the run's deadlines and security settings (none for --local-shards: they take no TLS or
-    token, worker/cluster.py)."""
+    token, worker/cluster.py); shard_gone: as Client's."""
     from ps.security import read_token
 
     if cfg.local_shards is not None:
-        return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s)
+        return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, shard_gone=shard_gone)
     token = read_token(cfg.auth_token_file) if cfg.auth_token_file else None
     return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, tls_ca=cfg.tls_ca,
                   tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, auth_token=token)  # fmt: skip

@@ -485,10 +485,11 @@ class WorkerGroup:
 
 
 @contextlib.contextmanager
-def _servers(plan: LaunchPlan) -> Iterator[list[str]]:
-    """The plan's servers, or its local shards started (and stopped on the way out)."""
+def _servers(plan: LaunchPlan) -> Iterator[tuple[list[str], Callable[[], str | None]]]:
+    """(the plan's servers, or its local shards started (and stopped on the way out); a function that says why a
+    local shard died, or None while they all run)."""
     if plan.local_shards is None:
-        yield list(plan.servers)
+        yield list(plan.servers), lambda: None
         return
     from worker.cluster import LocalCluster
 
@@ -498,14 +499,14 @@ def _servers(plan: LaunchPlan) -> Iterator[list[str]]:
             f"started {plan.local_shards} local shard{'s' * (plan.local_shards != 1)}: {','.join(cluster.addresses)}",
             flush=True,
         )
-        yield cluster.addresses
+        yield cluster.addresses, lambda: next(filter(None, map(cluster.gone, range(plan.local_shards))), None)
 
 
 def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_command: Sequence[str] | None = None,
                train_config: Callable[[list[str]], Any] | None = None,
                evaluate: Callable[[Any], dict] | None = None, grace_s: float = GRACE_S,
                progress_every_s: float = 10.0) -> int:  # fmt: skip
-    """Runs `ps-worker launch`; the exit code: 0, 1 when a worker failed, 130 on Ctrl-C, 143 on SIGTERM. ValueError
+    """Runs `ps-worker launch`; the exit code: 0, 1 when a worker failed (or a local shard died), 130 on Ctrl-C, 143 on SIGTERM. ValueError
     for wrong arguments, before anything starts. worker_command: the program before `train` (default: this
     Python's -m worker); train_config: see plan_launch; evaluate(cfg): the final evaluation (default:
     worker.served.evaluate_servers)."""
@@ -527,7 +528,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
     remove_stale_temp_dirs()  # those of earlier runs killed by SIGKILL
     metrics_dir, lock_fd = make_temp_dir("launch")
     try:
-        with _servers(plan) as addresses:
+        with _servers(plan) as (addresses, shard_died):
             commands = worker_commands(plan, addresses, metrics_dir, program)
             port, base = free_port(), dict(os.environ)
             if plan.local_shards:  # shards with no TLS or token (worker/cluster.py): the workers' client uses none
@@ -538,12 +539,22 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
             failure: tuple[int, int] | None = None
             finished = False
+
+            def tick(now: float) -> None:
+                progress.tick(now)
+                why = shard_died()
+                if why:  # the workers would wait for it for their --server-timeout: it never comes back
+                    raise LocalShardDied(why)
+
             try:
                 group.start()
                 progress.open()
                 group.read_output()
-                failure = group.wait(progress.tick)
+                failure = group.wait(tick)
                 finished = failure is None
+            except LocalShardDied as e:
+                print(f"ps-worker launch: {e}; the workers were stopped", file=sys.stderr, flush=True)
+                return 1
             finally:
                 try:
                     group.stop(grace_s)
@@ -634,6 +645,10 @@ def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
           f"line, say), run the same command with --skip-examples {min(done)}"
           + (f" (worker {done.index(min(done))}'s: the others train up to {max(done) - min(done):,} examples again)"
              if max(done) > min(done) else ""), file=sys.stderr, flush=True)  # fmt: skip
+
+
+class LocalShardDied(Exception):
+    """A local shard of the job exited while its workers ran (its message says which and how)."""
 
 
 def _report_failure(worker: int, code: int, tail: Sequence[str]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -104,8 +105,11 @@ class Outages:
     and which of them a checkpoint's pause holds (pausing: logged at INFO, not WARNING). Every method takes lock:
     a client's calls run on any thread. servers: the client's addresses, for its messages."""
 
-    def __init__(self, servers: list[str]):
+    def __init__(self, servers: list[str], gone: Callable[[int], str | None] | None = None):
+        """gone(shard): why the shard can never answer again (a local shard whose process exited), else None:
+        a shard gone is not waited for."""
         self.servers = servers
+        self.gone = gone
         self.down: dict[int, float] = {}
         self.pausing: set[int] = set()
         self.lock = threading.Lock()
@@ -121,8 +125,9 @@ class Outages:
                     self.servers[shard], time.monotonic() - since)  # fmt: skip
 
     def keep_waiting(self, shard: int, e: grpc.RpcError, server_timeout_s: float) -> bool:
-        """True while the shard has been failing for less than server_timeout_s (logs when it starts)."""
-        if server_timeout_s <= 0:
+        """True while the shard has been failing for less than server_timeout_s (logs when it starts), and is not
+        gone."""
+        if server_timeout_s <= 0 or (self.gone is not None and self.gone(shard)):
             return False
         now = time.monotonic()
         paused = CHECKPOINT_PAUSE in (e.details() or "")  # a routine pause of pushes, seconds long
@@ -187,6 +192,9 @@ class Outages:
                 tried += "; a larger server timeout (--server-timeout) waits for a start that takes longer"
             ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
                 else f": {method} failed ({why_failed(e)})"  # fmt: skip
+            gone = self.gone(shard) if self.gone is not None else None
+            if gone:
+                return ServerUnavailableError(f"{where}{ended}: {gone}")
             return ServerUnavailableError(where + ended + (tried if server_timeout_s > 0 else ""))
         if code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server of another service: not a shard, not a bug of ours
             return ServerUnavailableError(f"{where} does not serve {method} ({e.details()}): it is a gRPC server "

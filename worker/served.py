@@ -18,7 +18,7 @@ from worker.data import DataSource
 from worker.datafiles import data_files
 from worker.dense import DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
-from worker.job import client_for, cluster_addresses, make_backend, prepare
+from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_files_upto
 from worker.model_tables import table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
@@ -52,7 +52,7 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
     cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional)
     backend = make_backend(spec, cfg)
-    with cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
+    with job_client(cfg) as client:
         client.wait_ready()
         wanted = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
         params = spec.dense_params()
@@ -67,7 +67,7 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
                         "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip
         dense_values = DenseSync(client, params).pull()
         dense_values.setdefault(LOGIT_BIAS, np.zeros(bias.shape, dtype=np.float32))
-        yield ServedModel(cfg, data, spec, backend, client, dense_values, len(addresses))
+        yield ServedModel(cfg, data, spec, backend, client, dense_values, len(client.servers))
 
 
 def evaluate_servers(cfg: TrainConfig) -> dict:

@@ -38,7 +38,7 @@ from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import check_held_out, describe_files
 from worker.dense import dense_norm, start_logit_bias
-from worker.job import client_for, cluster_addresses, dense_path, loop_settings, make_backend, prepare
+from worker.job import dense_path, job_client, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import (
     check_geo_optimizers,
@@ -93,7 +93,7 @@ def train(cfg: TrainConfig) -> dict:
     recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
     if cfg.mode == "geo":
         check_geo_optimizers(tables_cfg, spec)
-    with served_metrics(cfg) as telemetry, cluster_addresses(cfg) as addresses, client_for(cfg, addresses) as client:
+    with served_metrics(cfg) as telemetry, job_client(cfg) as client:
         client.wait_ready()
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
@@ -190,7 +190,7 @@ def train(cfg: TrainConfig) -> dict:
             "backend": cfg.backend,
             "device": cfg.device,
             "worker": f"{cfg.worker_id}/{cfg.num_workers}",
-            "shards": len(addresses),
+            "shards": len(client.servers),
             "recipe": recipe_line,
             "batch_size": cfg.batch_size,
             "epochs_run": loop.curve[-1]["epoch"] if loop.curve else loop.epoch,
