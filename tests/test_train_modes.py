@@ -173,6 +173,27 @@ def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp
     assert time.monotonic() - started < 15
 
 
+def test_every_sync_worker_says_when_the_servers_hold_a_model_it_trains_further(servers, data_file, capsys):
+    """In sync no step is applied before every worker has pushed, so rows a worker finds before its first push are
+    an earlier run's: each worker of the second job says it trains that model further, none of the first."""
+    from worker.train import train
+
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="fm", recipe="large", progress=False,
+                      batch_size=1000, validation_fraction=0.0, synthetic_eval_rows=0, num_workers=2, mode="sync",
+                      barrier_timeout_s=20)  # fmt: skip
+    said = "the servers hold this model's tables with "
+    for job_id, kept in ((41, False), (42, True)):
+        capsys.readouterr()
+        workers = [threading.Thread(target=train, args=(dataclasses.replace(cfg, worker_id=i, job_id=job_id),))
+                   for i in range(2)]  # fmt: skip
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(timeout=120)
+        assert capsys.readouterr().out.count(said) == (2 if kept else 0)
+
+
 def test_workers_of_one_job_with_other_models_both_stop_at_once_naming_the_model(servers, tmp_path, data_file):
     """An fm worker and a deepfm worker given one sync job: whichever stamp comes second is refused, which stops
     the job, so both fail with the models named, long before the 60 s barrier would have ended the wait."""

@@ -100,7 +100,10 @@ def train(cfg: TrainConfig) -> dict:
         replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
                                 recipe_line="" if optimizer_given or own else recipe_line)  # fmt: skip
         held = 0
-        if cfg.num_workers == 1 and not cfg.create_tables_only:
+        # rows trained before this worker's first push are an earlier run's where no other worker of the job can
+        # have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
+        alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"
+        if alone_so_far and not cfg.create_tables_only:
             shard_stats = client.stats()
             held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
             for warning in missing_shares(shard_stats, spec, client.servers):
@@ -120,7 +123,7 @@ def train(cfg: TrainConfig) -> dict:
                 _say(files, cfg)
         if cfg.skip_examples:
             _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
-            if held == 0 and cfg.num_workers == 1:
+            if held == 0 and alone_so_far:
                 log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
                             "will not be trained (is --servers the cluster of the run this resumes?)",
                             cfg.skip_examples)  # fmt: skip
