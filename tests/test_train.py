@@ -243,6 +243,26 @@ def test_early_stop_or_eval_every_without_a_validation_set_is_refused(tmp_path):
     prepare(dataclasses.replace(base, validation_fraction=0.0))  # the recipe's early stop (5), unused: no refusal
 
 
+def test_a_best_model_too_large_to_copy_is_not_put_back_and_the_summary_says_why(monkeypatch):
+    """Past MAX_BEST_FLOATS of trained rows BestModel keeps nothing: the last model stays, and the run says so,
+    with the limit, rather than only "the model kept is the last one"."""
+    from worker import best
+    from worker.results import format_results
+
+    monkeypatch.setattr(best, "MAX_BEST_FLOATS", 1000)
+    cfg = TrainConfig(local_shards=1, model="deepfm", hidden=(8,), synthetic_rows=4000, synthetic_eval_rows=500,
+                      learning_rate=0.5, epochs=30, early_stop=2, progress=False)  # fmt: skip
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        settings = dataclasses.replace(loop_settings(cfg, data), restore_best=True)
+        result = run_epochs(tables, spec, backend, dense, data.train, settings, data.validation())
+    assert result.stopped_early and not result.restored_best and result.best_too_big
+    r = {"best_validation_auc": 0.7, "best_validation_logloss": 0.5, "best_epoch": 2, "stopped_early": True,
+         "model_is_best": False, "best_copy_limit_mib": 256, "curve": [{"best": False}]}  # fmt: skip
+    assert ("(stopped early; the model kept is the last one: its trained rows are more than early stopping copies "
+            "to put the best back (256 MiB))") in format_results(r)  # fmt: skip
+
+
 def test_the_validation_split_is_deterministic_disjoint_and_complete():
     mask = validation_mask(0, 100_000, 0.1)
     assert 0.09 < mask.mean() < 0.11
