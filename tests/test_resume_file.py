@@ -50,7 +50,8 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         assert code == 130 and "no position yet; this run keeps it there" in out, err
         record = json.loads(position.read_text())
         assert (record["examples"], record["finished"]) == (5 * BATCH, False)  # the 5 steps whose pushes were answered
-        assert "--skip-examples 2500" in err  # the hint a person reads says the same
+        assert f"run the same command again (--resume-file {position} holds the position)" in err, err  # the hint
+        assert "--skip-examples" not in err  # which the file's position would refuse
         monkeypatch.undo()
         code, out, err = run(train, capsys)
         assert code == 0, err

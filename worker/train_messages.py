@@ -39,9 +39,12 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
         return str(e)
     if cfg.progress_lines:  # under launch, which says where the job's workers can resume
         return f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates"
-    return (f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
-            f"servers now hold a partly trained model (once the line is fixed or --max-bad-lines raised, "
-            f"{_resume_flags(cfg.skip_examples + e.examples, cfg)} trains on from there)")  # fmt: skip
+    how = (f"the same command trains on from there: {_kept_position(cfg)}" if cfg.resume_file else
+           f"{_resume_flags(cfg.skip_examples + e.examples, cfg)} trains on from there")  # fmt: skip
+    return (
+        f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates: the "
+        f"servers now hold a partly trained model (once the line is fixed or --max-bad-lines raised, {how})"
+    )
 
 
 def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
@@ -49,16 +52,25 @@ def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
     example)."""
     done = cfg.skip_examples + loop.examples
     if not loop.examples:
+        how = _kept_position(cfg) if cfg.resume_file else _resume_flags(done, cfg)
         return (f"ps-worker: stopped before its first step, while reading the {done:,} examples it skips: to train on, "
-                f"run the same command again ({_resume_flags(done, cfg)})")  # fmt: skip
+                f"run the same command again ({how})")  # fmt: skip
     if loop.trained_all:
         return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
                 "nothing to resume")  # fmt: skip
     flight = (f" (the step under way as it stopped, {loop.in_flight:,} examples more, may have reached some shards "
               "too: a resumed run trains it again)") if loop.in_flight else ""  # fmt: skip
+    how = (f"run the same command again ({_kept_position(cfg)})" if cfg.resume_file
+           else f"run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
     return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
             f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep{flight}; "
-            f"to train on from there, run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
+            f"to train on from there, {how}")  # fmt: skip
+
+
+def _kept_position(cfg: TrainConfig) -> str:
+    """What resumes a run of --resume-file: the same command, its file holding the position (another
+    --skip-examples than the command's would be refused)."""
+    return f"--resume-file {cfg.worker_resume_file()} holds the position"
 
 
 def _resume_flags(done: int, cfg: TrainConfig) -> str:
