@@ -130,6 +130,10 @@ def test_a_file_of_another_format_or_header_is_refused_naming_it(tmp_path):
         check_same_format(f"{criteo_paths[0]},{libsvm}", schema_of(criteo, "criteo"))
     with pytest.raises(ValueError, match=rf"^{criteo}: its first line is not libsvm"):
         check_same_format(f"{libsvm},{criteo}", schema_of(libsvm, "libsvm"))
+    with pytest.raises(ValueError) as e:  # the first file itself: named once, with the flag to check
+        check_same_format(f"{libsvm},{criteo_paths[0]}", schema_of(criteo, "criteo"))
+    assert str(e.value).startswith(f"{libsvm}: its first line has 1 tab-separated columns, expected 40")
+    assert str(e.value).endswith(": the data must be criteo (is --format right?)") and "unlike" not in str(e.value)
 
 
 def test_train_refuses_a_differing_file_and_an_empty_glob_before_training(tmp_path, capsys):

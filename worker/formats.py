@@ -202,6 +202,8 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
                 if schema.format == "criteo"
                 else libsvm_reader.first_line_problem(name, labeled)
             )
+            if problem and name == first:
+                raise ValueError(f"{name}: {problem}: the data must be {schema.format} (is --format right?)")
             if problem:
                 raise ValueError(f"{name}: {problem}, unlike {first}: every file of the data must be {schema.format}")
         if file_has_labels(name, schema) != labeled:
