@@ -220,10 +220,10 @@ def test_a_share_of_bad_lines_stops_the_reading_past_ten_of_them(tmp_path, every
     if stops:
         with pytest.raises(ValueError) as e:
             read(bad, "criteo", 64, max_bad_lines=1000, max_bad_share=0.01, stats=stats)
-        k = stats.bad_lines  # the first bad line past 10 and past 1 in 100 of the lines read (a chunk at a time)
+        k = stats.bad_records  # the first bad line past 10 and past 1 in 100 of the lines read (a chunk at a time)
         assert stats.stopped and k == max(11, stats.lines_read // 100 + 1) and k * every <= stats.lines_read
-        assert str(e.value).startswith(f"{bad} line {k * every}: label '-1', expected '0' or '1'; {k} bad lines of the "
-                                       f"first {stats.lines_read:,} read, more than 1 in 100: is the data in this "
+        assert str(e.value).startswith(f"{bad} line {k * every}: label '-1', expected '0' or '1'; {k} bad records of the "
+                                       f"first {stats.lines_read:,} lines read, more than 1 in 100: is the data in this "
                                        "format, with labels of 0 and 1?")  # fmt: skip
     else:  # 20 bad lines of 3,000: under 1 in 100
         got = read(bad, "criteo", 64, max_bad_lines=1000, max_bad_share=0.01, stats=stats)
@@ -233,6 +233,19 @@ def test_a_share_of_bad_lines_stops_the_reading_past_ten_of_them(tmp_path, every
     assert stats.bad_lines == 3000 // every and not stats.stopped
     with pytest.raises(ValueError, match="max_bad_share is 0, expected a share in"):
         read(bad, "criteo", 64, max_bad_share=0)
+
+
+def test_a_stray_quote_is_one_bad_record_against_the_share_however_many_lines_it_takes(tmp_path):
+    """An unclosed quote runs a CSV record over up to MAX_RECORD_LINES lines, each a bad line for --max-bad-lines,
+    but one bad record for the share: a stray quote early in a file is the stray line the recipe skips."""
+    lines = ["label,item"] + [f"{i % 2},i{i}" for i in range(6000)]
+    lines[11] = '1,"i10'
+    path = tmp_path / "quote.csv"
+    path.write_text("\n".join(lines) + "\n")
+    stats = ReadStats()
+    got = read(path, "csv", 64, max_bad_lines=1000, max_bad_share=0.01, stats=stats)
+    assert stats.bad_records == 1 and stats.bad_lines > 10 and not stats.stopped
+    assert sum(len(b) for b in got) == 6000 - stats.bad_lines
 
 
 # --- worker shares and gzip, every format -------------------------------------------------------------------

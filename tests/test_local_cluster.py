@@ -43,15 +43,20 @@ def test_a_training_run_whose_local_shard_dies_fails_at_once_saying_so(monkeypat
     killer = threading.Thread(target=kill_shard_1, daemon=True)
     killer.start()
     started = time.monotonic()
-    with pytest.raises(ServerUnavailableError) as info:
-        train(cfg)
-    killer.join(10)
-    assert time.monotonic() - started < 120  # not the 300 s of --server-timeout
-    said, root = str(info.value), RecordedCluster.made[0].root
-    assert f"local shard 1 (pid {killed[0]}) was killed by SIGKILL, and a local shard is not restarted" in said, said
-    log = os.path.join(root, "shard-1.log")
-    assert f"(its log: {log})" in said and os.path.exists(log)  # kept; the rows deleted
-    assert not os.path.exists(os.path.join(root, "shard-0")) and not os.path.exists(os.path.join(root, "shard-1"))
-    with open(os.path.join(root, "KEPT")) as f:
-        assert f.read().startswith(f"local shard 1 (pid {killed[0]}) was killed by SIGKILL")
-    shutil.rmtree(root)
+    try:
+        with pytest.raises(ServerUnavailableError) as info:
+            train(cfg)
+        killer.join(10)
+        assert time.monotonic() - started < 120  # not the 300 s of --server-timeout
+        said, root = str(info.value), RecordedCluster.made[0].root
+        assert f"local shard 1 (pid {killed[0]}) was killed by SIGKILL, and a local shard is not restarted" in said, (
+            said
+        )
+        log = os.path.join(root, "shard-1.log")
+        assert f"(its log: {log})" in said and os.path.exists(log)  # kept; the rows deleted
+        assert not os.path.exists(os.path.join(root, "shard-0")) and not os.path.exists(os.path.join(root, "shard-1"))
+        with open(os.path.join(root, "KEPT")) as f:
+            assert f.read().startswith(f"local shard 1 (pid {killed[0]}) was killed by SIGKILL")
+    finally:
+        for cluster in RecordedCluster.made:  # the kept dir, which no later run removes
+            shutil.rmtree(cluster.root, ignore_errors=True)

@@ -29,6 +29,7 @@ from ps.errors import (
     PsError,
     RpcThreadsExhaustedError,
     ShardClosingError,
+    StorageError,
     WorkerDoneError,
 )
 from ps.rows.initializers import init_rows
@@ -642,6 +643,20 @@ def test_without_the_done_record_a_restarted_shard_waits_for_the_finished_worker
         assert shard.jobs.wait_for_pull(stamp(0, 3, acked=3)) == 3
     finally:
         shard.close()
+
+
+def test_a_done_store_that_fails_is_logged_and_changes_nothing_else(caplog):
+    """A read that fails at the job's start follows the job with no worker done; a write that fails keeps the flag
+    in memory: the done stamp is answered, and worker 0 is not waited for."""
+
+    def fail(*args):
+        raise StorageError("disk gone")
+
+    jobs = JobClocks(0, lambda key: 0, 8, MAX_COUNT_PER_ID, done_store=(fail, fail))
+    jobs.check(stamp(0, 0), pull=True)
+    assert jobs.finish(stamp(0, 0, done=True)) == 0  # worker 1's clock, 0: worker 0 done in memory
+    assert jobs.wait_for_pull(stamp(1, 0, barrier_timeout_s=0.3)) == 0
+    assert "could not be read (disk gone)" in caplog.text and "are done failed (disk gone)" in caplog.text
 
 
 # ---- the server's RPC threads, job switches ------------------------------------------------------------------

@@ -220,7 +220,7 @@ def test_the_large_recipe_stops_at_a_file_of_many_malformed_lines(tmp_path):
     lines = ["label,item"] + [f"{'1' if i % 2 else '-1'},i{i % 7}" for i in range(500)]
     (tmp_path / "pm.csv").write_text("\n".join(lines) + "\n")
     cfg = TrainConfig(local_shards=1, data=str(tmp_path / "pm.csv"), format="csv", recipe="large", progress=False)
-    with pytest.raises(ValueError, match=r"pm.csv line 22: label '-1', expected 0 or 1 .*; 11 bad lines of the first 500 read, "
+    with pytest.raises(ValueError, match=r"pm.csv line 22: label '-1', expected 0 or 1 .*; 11 bad records of the first 500 lines read, "
                                          r"more than 1 in 100: is the data in this format, with labels of 0 and 1\?"):  # fmt: skip
         train(cfg)
     result = train(dataclasses.replace(cfg, max_bad_lines=250))
@@ -252,15 +252,14 @@ def test_a_best_model_too_large_to_copy_is_not_put_back_and_the_summary_says_why
     monkeypatch.setattr(best, "MAX_BEST_FLOATS", 1000)
     cfg = TrainConfig(local_shards=1, model="deepfm", hidden=(8,), synthetic_rows=4000, synthetic_eval_rows=500,
                       learning_rate=0.5, epochs=30, early_stop=2, progress=False)  # fmt: skip
-    with InProcessTables(cache_bytes=64 << 20) as tables:
-        cfg, data, spec, backend, dense = open_job(cfg, tables)
-        settings = dataclasses.replace(loop_settings(cfg, data), restore_best=True)
-        result = run_epochs(tables, spec, backend, dense, data.train, settings, data.validation())
-    assert result.stopped_early and not result.restored_best and result.best_too_big
-    r = {"best_validation_auc": 0.7, "best_validation_logloss": 0.5, "best_epoch": 2, "stopped_early": True,
-         "model_is_best": False, "best_copy_limit_mib": 256, "curve": [{"best": False}]}  # fmt: skip
+    result = train(cfg)
+    assert result["stopped_early"] and not result["restored_best"] and result["best_copy_limit_bytes"] == 4000
     assert ("(stopped early; the model kept is the last one: its trained rows are more than early stopping copies "
-            "to put the best back (256 MiB))") in format_results(r)  # fmt: skip
+            "to put the best back (0 MiB))") in format_results(result)  # fmt: skip
+    monkeypatch.setattr(best, "MAX_BEST_FLOATS", 64 << 20)
+    result = train(cfg)
+    assert result["restored_best"] and "best_copy_limit_bytes" not in result
+    assert "the model kept is this best one" in format_results(result)
 
 
 def test_the_validation_split_is_deterministic_disjoint_and_complete():

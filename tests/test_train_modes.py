@@ -40,6 +40,28 @@ def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
         return {"result": result, "spec": spec, "data": data}
 
 
+def _run_all(run, cfgs: list[TrainConfig]) -> list:
+    """run(cfg) for each config on its own thread; their results, or the first failure re-raised."""
+    out: list = [None] * len(cfgs)
+    errors: list = []
+
+    def one(i):
+        try:
+            out[i] = run(cfgs[i])
+        except BaseException as e:  # handed to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(cfgs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads), "a worker still runs after 300 s"
+    if errors:
+        raise errors[0]
+    return out
+
+
 def _run_job(addresses, cfgs: list[TrainConfig], slow: dict | None = None) -> list[dict]:
     """Runs one worker per config on threads; re-raises the first failure."""
     out: list = [None] * len(cfgs)
@@ -185,12 +207,8 @@ def test_every_sync_worker_says_when_the_servers_hold_a_model_it_trains_further(
     said = "the servers hold this model's tables with "
     for job_id, kept in ((41, False), (42, True)):
         capsys.readouterr()
-        workers = [threading.Thread(target=train, args=(dataclasses.replace(cfg, worker_id=i, job_id=job_id),))
-                   for i in range(2)]  # fmt: skip
-        for t in workers:
-            t.start()
-        for t in workers:
-            t.join(timeout=120)
+        runs = [dataclasses.replace(cfg, worker_id=i, job_id=job_id) for i in range(2)]
+        assert [r["train_examples"] for r in _run_all(train, runs)] == [1600, 1600]
         assert capsys.readouterr().out.count(said) == (2 if kept else 0)
 
 

@@ -100,6 +100,19 @@ def admits(i: int, show: np.float32, probability: float) -> bool:
     return (h >> 11) * (1.0 / 2**53) < probability
 
 
+def ftrl_z_of(w: np.ndarray, z: np.ndarray, n: np.ndarray, alpha: float, p: dict) -> np.ndarray:
+    """FTRL's z whose w (with accumulators n) is w, solved from the optimizer's formula, one entry at a time: w 0
+    keeps a z within l1, else z at sign(z) l1; otherwise -w ((beta + sqrt(n)) / alpha + l2) - sign(w) l1."""
+    beta, l1, l2 = p.get("beta", 1.0), p.get("l1", 0.0), p.get("l2", 0.0)
+    out = z.astype(np.float64).copy()
+    for j in range(len(w)):
+        if w[j] == 0:
+            out[j] = z[j] if abs(z[j]) <= l1 else np.sign(z[j]) * l1
+        else:
+            out[j] = -w[j] * ((beta + np.sqrt(n[j])) / alpha + l2) - np.sign(w[j]) * l1
+    return out
+
+
 def oracle(s: Setup, old: np.ndarray, adm: AdmissionConfig, bound: float, step: int, rule: int) -> tuple:
     """(rows after the push, ids admitted, change in admitted ids, change in pending ids), one row at a time."""
     sc, lr, p = s.sc, float(s.opt.lr), s.opt.given_params
@@ -114,6 +127,8 @@ def oracle(s: Setup, old: np.ndarray, adm: AdmissionConfig, bound: float, step: 
         if now:
             if rule == update.ADD_DELTA:
                 want[k, :DIM] = o[:DIM] + g
+                if s.name == "ftrl":  # z set so that FTRL's w of (z, n) is the new embedding (before the clip)
+                    want[k, DIM : 2 * DIM] = ftrl_z_of(want[k, :DIM], o[DIM : 2 * DIM], o[2 * DIM : 3 * DIM], lr, p)
             else:
                 want[k, :DIM], want[k, DIM:sc] = optimizer_step(s.name, p, lr, o[:DIM].astype(np.float64), o[DIM:sc].astype(np.float64), g)  # fmt: skip
             if bound > 0:
@@ -212,7 +227,7 @@ def test_the_first_row_that_would_not_be_finite_is_reported(target):
     assert update.update(hp, s.push, s.state, tgt).first_bad == -1
 
 
-def test_add_delta_leaves_the_optimizer_state_alone():
+def test_add_delta_leaves_the_optimizer_state_alone():  # FTRL's z aside: the oracle test above
     s = Setup("adagrad", seed=5)
     s.arena.data[s.push.rows, s.sc + ADMITTED] = 1
     old = s.rows_of_push().copy()

@@ -69,6 +69,11 @@ class BestModel:
         self.too_big, self.rows, self.later, self.dense = True, {}, {}, {}
         self.seen = {t: [] for t in self.seen}
 
+    @staticmethod
+    def limit_bytes() -> int:
+        """The most bytes of rows a BestModel copies (MAX_BEST_FLOATS float32s)."""
+        return 4 * MAX_BEST_FLOATS
+
     def _floats(self) -> int:
         kept = [*self.rows.values(), *self.later.values()]
         return sum(rows.size for _, rows in kept)

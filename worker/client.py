@@ -236,8 +236,8 @@ class Client:
         batches one after the other, and an item's rows are those after its own batch.)
 
         add_delta (one flag for every item, or one per item): the item's grads are deltas that the shards add to
-        the embeddings as they are, with no optimizer step and the optimizer state untouched (e.g. best rows -
-        current rows, to restore a model); duplicate ids' deltas are summed, and shows and clicks count as for
+        the embeddings as they are, with no optimizer step and the optimizer state untouched (FTRL's z aside, set
+        to give the new embedding) (e.g. best rows - current rows, to restore a model); duplicate ids' deltas are summed, and shows and clicks count as for
         any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
 
         Sent again while a shard is unavailable (see the module docstring), and applied once.
@@ -333,7 +333,8 @@ class Client:
 
     def finish(self, stamp: WorkerStamp) -> int:
         """Tells every shard that the stamp's worker is done (no wait of the job counts it any more); returns the
-        job's min_clock. Idempotent: a shard that restarted forgets it, and is told again by calling this again.
+        job's min_clock. Idempotent. A shard stores it (ps.engine.jobs' done_store), so a shard that restarts
+        still counts the worker done.
         The stamp's acked should count every step of the worker (a shard raises the worker's clock to it)."""
         done = ps_pb2.PushBatchRequest(stamp=codec.stamp_to_proto(replace(stamp, done=True, sync=False)))
         replies = self._call_mixed(

@@ -539,6 +539,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
             failure: tuple[int, int] | None = None
             finished = False
+            died: str | None = None
 
             def tick(now: float) -> None:
                 progress.tick(now)
@@ -553,8 +554,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 failure = group.wait(tick)
                 finished = failure is None
             except LocalShardDied as e:
-                print(f"ps-worker launch: {e}; the workers were stopped", file=sys.stderr, flush=True)
-                return 1
+                died = str(e)
             finally:
                 try:
                     group.stop(grace_s)
@@ -562,6 +562,9 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                     progress.close()
                     if not finished and plan.local_shards is None:
                         _say_where_to_resume(plan, progress.latest())
+            if died is not None:
+                print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
+                return 1
             if failure is not None:
                 _report_failure(*failure, group.tails[failure[0]])
                 return 1

@@ -88,7 +88,7 @@ class LoopResult:
     stopped_at_limit: bool = False  # the stream reached settings.max_examples
     best: dict | None = None  # the curve's entry with the lowest validation logloss
     restored_best: bool = False  # the tables hold the model of `best` (else the last one)
-    best_too_big: bool = False  # not restored: the rows trained were more than BestModel copies (MAX_BEST_FLOATS)
+    best_too_big_bytes: int = 0  # > 0: BestModel kept nothing, the rows trained being more than this many bytes
     source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
 
 
@@ -328,7 +328,7 @@ def run_epochs(
     result.seconds = time.perf_counter() - started - eval_seconds - skipping.seconds
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)
-    result.best_too_big = best_model is not None and best_model.too_big
+    result.best_too_big_bytes = best_model.limit_bytes() if best_model is not None and best_model.too_big else 0
     _close_at_count(bar)
     result.train_logloss = running.value
     result.stopped_early = stop

@@ -69,11 +69,9 @@ def format_results(r: dict) -> str:
         if r.get("stopped_at_max_examples") and not r.get("stopped_early"):
             stop = "stopped at --max-examples"
         kept = "the model kept is this best one" if r.get("model_is_best") else "the model kept is the last one"
-        if r.get("best_copy_limit_mib") and not r.get("model_is_best"):
+        if r.get("best_copy_limit_bytes") and not r.get("model_is_best"):
             kept += (": its trained rows are more than early stopping copies to put the best back "
-                     f"({r['best_copy_limit_mib']:,} MiB)")  # fmt: skip
-        elif r.get("dense") == "allreduce" and not r.get("model_is_best") and _workers(r) == 1:
-            kept += " (--dense allreduce keeps it; --dense ps puts the best back)"
+                     f"({r['best_copy_limit_bytes'] / 2**20:,.0f} MiB)")  # fmt: skip
         if _workers(r) > 1:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         if r.get("skipped_examples"):  # a resumed run: the stopped run's evaluations are not in its curve

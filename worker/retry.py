@@ -171,9 +171,16 @@ class Outages:
     def error(
         self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object, server_timeout_s: float
     ) -> PsError:
-        """The error a call that failed with e ends with: for one not sent again after it may have run, that it may
-        still run; for one whose shard stayed down, how long it was waited for; else the PsError of e's status."""
+        """The error a call that failed with e ends with: for a shard gone (see __init__), why; for one not sent again
+        after it may have run, that it may still run; for one whose shard stayed down, how long it was waited for;
+        else the PsError of e's status."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
+        gone = self.gone(shard) if self.gone is not None and code in RETRYABLE else None
+        if gone:  # before "it may still be running there": it is not running anywhere
+            with self.lock:
+                self.down.pop(shard, None)
+                self.pausing.discard(shard)
+            return ServerUnavailableError(f"{where}: {method} failed ({why_failed(e)}): {gone}")
         if code in MAY_HAVE_RUN and sent_once(method, request):
             ended = f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
                 else f"cancelled {method} (is it stopping?)"  # fmt: skip
@@ -192,9 +199,6 @@ class Outages:
                 tried += "; a larger server timeout (--server-timeout) waits for a start that takes longer"
             ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
                 else f": {method} failed ({why_failed(e)})"  # fmt: skip
-            gone = self.gone(shard) if self.gone is not None else None
-            if gone:
-                return ServerUnavailableError(f"{where}{ended}: {gone}")
             return ServerUnavailableError(where + ended + (tried if server_timeout_s > 0 else ""))
         if code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server of another service: not a shard, not a bug of ours
             return ServerUnavailableError(f"{where} does not serve {method} ({e.details()}): it is a gRPC server "

@@ -34,7 +34,6 @@ from typing import Any
 from tqdm import tqdm
 
 from ps.errors import PsError, RamTierTooSmallError
-from worker.best import MAX_BEST_FLOATS
 from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import check_held_out, describe_files
@@ -213,7 +212,7 @@ def train(cfg: TrainConfig) -> dict:
             "stopped_at_max_examples": loop.stopped_at_limit,
             "eval_every": cfg.eval_every,
             "restored_best": loop.restored_best,
-            **({"best_copy_limit_mib": MAX_BEST_FLOATS * 4 >> 20} if loop.best_too_big else {}),
+            **({"best_copy_limit_bytes": loop.best_too_big_bytes} if loop.best_too_big_bytes else {}),
             "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
             "curve": loop.curve,
         }

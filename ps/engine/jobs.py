@@ -31,7 +31,7 @@ smallest clock (when every worker is done, the largest).
   stopped already, changes nothing.
 
 Restarts. Clocks live in memory; done flags too, and each is also stored (synced) before its done stamp is
-answered (done_store), so a restarted shard knows which workers of the job are done (a finished worker sends
+answered (done_store; a store that fails is logged, and the flag kept in memory), so a restarted shard knows which workers of the job are done (a finished worker sends
 nothing more, and its peers would otherwise wait for it); of the rest, it knows what its journal proves and what
 the stamps' acked say. Every sync step before the newest one the journal holds is complete: the clocks start
 there (an ssp job's at 0), and each stamp raises its worker's clock to its acked, so that the pulls of the
@@ -420,6 +420,7 @@ class JobClocks:
         setup the job's. Lock held."""
         job, num_workers = stamp.job, stamp.num_workers
         seed = max(0, self._sync_steps_applied(sync_key(job)) - 1)  # the newest step may be partly applied
+        done = self._stored_done(job, num_workers)  # read before anything changes
         log.info("shard %d follows job %d of %d workers (clocks from %d)%s", self.shard_id, job, num_workers, seed,
                  f", in place of job {self.job}" if self.job else "")  # fmt: skip
         replaced = BarrierTimeoutError(
@@ -431,7 +432,7 @@ class JobClocks:
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
         self.setup, self._setup_from, self._stopped = stamp.setup, stamp.worker, None
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
-        for w in self._done_store[0](job, num_workers) if self._done_store else []:
+        for w in done:
             self._done[w] = True
         if any(self._done):
             log.info("shard %d: workers %s of job %d are done (as this data dir recorded them)", self.shard_id,
@@ -439,6 +440,29 @@ class JobClocks:
         self._clients, self._patience_s, self._stamped = [0] * num_workers, 0.0, [False] * num_workers
         self._generation += 1
         self._cond.notify_all()
+
+    def _stored_done(self, job: int, num_workers: int) -> list[int]:
+        """The workers of the job the done store holds as done; [] without a store, or where reading it fails
+        (logged: the record only spares waits for finished workers)."""
+        if self._done_store is None:
+            return []
+        try:
+            return self._done_store[0](job, num_workers)
+        except PsError as e:
+            log.warning("shard %d: the done workers of job %d could not be read (%s); a worker that finished before "
+                        "this start will be waited for", self.shard_id, job, e)  # fmt: skip
+            return []
+
+    def _store_done(self, job: int) -> None:
+        """Stores the job's done workers (synced), before the done stamp is answered; a failure is logged, not
+        raised: the worker is done all the same, and only a restart would wait for it. Lock held."""
+        if self._done_store is None:
+            return
+        try:
+            self._done_store[1](job, self.num_workers, [w for w in range(self.num_workers) if self._done[w]])
+        except PsError as e:
+            log.warning("shard %d: storing that workers of job %d are done failed (%s); after a restart the shard "
+                        "would wait for them", self.shard_id, job, e)  # fmt: skip
 
     def min_clock(self) -> int:
         with self._cond:
@@ -534,10 +558,8 @@ class JobClocks:
             self._enter(stamp)
             if not self._done[stamp.worker]:
                 log.info("shard %d: worker %d of job %d is done", self.shard_id, stamp.worker, stamp.job)
-                if self._done_store:  # stored first: a restart finds it (a failure refuses the stamp, for a retry)
-                    done = [w for w in range(self.num_workers) if self._done[w] or w == stamp.worker]
-                    self._done_store[1](stamp.job, self.num_workers, done)
                 self._done[stamp.worker] = True
+                self._store_done(stamp.job)
                 self._cond.notify_all()
             return self._min_clock()
 

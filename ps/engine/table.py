@@ -14,7 +14,8 @@
   pushes only count, its pulls return the initial value, and RocksDB keeps only its statistics.
 - shrink: decay show and click, drop ids past their TTL or under the score threshold, in RAM and RocksDB.
 - rules: a push applies its grads by one of ps.rows.update's rules: OPTIMIZE (the table's optimizer step) or
-  ADD_DELTA (grads added to the embeddings as they are, the optimizer state untouched); statistics, admission
+  ADD_DELTA (grads added to the embeddings as they are, the optimizer state untouched but for FTRL's z, set to
+  give the new embedding); statistics, admission
   and clipping apply either way. ADD_DELTA applies no lazy L2, yet stamps the rows' last step: the decay a row
   owed since its previous push is dropped. The journal record keeps the rule.
 - replay (start-up): journal records after the last flush are applied again, each by its rule, to the rows whose

@@ -107,7 +107,7 @@ def _ftrl(buf, grads, alpha, beta, l1, l2):
 
 
 @numba.njit(nogil=True, fastmath=True, error_model="numpy", cache=True)
-def ftrl_match_state(buf, dim, alpha, beta, l1, l2):
+def ftrl_match_state(buf: np.ndarray, dim: int, alpha: float, beta: float, l1: float, l2: float) -> None:
     """FTRL rows whose embeddings were set from outside the optimizer: each z set so that the optimizer's w of
     (z, n) is the embedding (the inverse in the module docstring), n left as it is."""
     for i in range(buf.shape[0]):

@@ -19,7 +19,7 @@ import numpy as np
 
 from worker.encode import Parsed
 
-BAD_SHARE_AFTER = 10  # bad lines before BadLines' share applies
+BAD_SHARE_AFTER = 10  # bad records before BadLines' share applies
 LABEL_PROBE_LINES = 1000  # lines file_has_labels reads at most (first_line)
 MAX_LINE_BYTES = 64 << 20  # a line file's line, at most (bounded_lines)
 
@@ -30,6 +30,7 @@ class ReadStats:
 
     lines_read: int = 0  # data lines of this worker's share read so far, bad ones included
     bad_lines: int = 0  # of which malformed (skipped)
+    bad_records: int = 0  # the malformed records they make up (a CSV record over several lines counts once)
     empty_lines: int = 0  # of which empty (skipped, not bad)
     first_bad: str | None = None  # the first problem: "<file> line <L>: <what was wrong>"
     truncated_bags: int = 0  # bags of the good lines cut to their column's max_length
@@ -127,7 +128,8 @@ class _GzipData(gzip.GzipFile):
 
 class BadLines:
     """The bad lines of one file of a stream, counted into stats (those of the whole stream) against the limit
-    and, given a share, against that share of the lines read once more than BAD_SHARE_AFTER are bad."""
+    and, given a share, its bad records against that share of the lines read once more than BAD_SHARE_AFTER
+    records are bad."""
 
     def __init__(self, name: str, limit: int, stats: ReadStats, share: float | None = None):
         self.name, self.limit, self.stats = name, limit, stats
@@ -137,6 +139,7 @@ class BadLines:
         """Counts a bad record of `lines` physical lines from line_no; ValueError past the limit or the share."""
         s = self.stats
         s.bad_lines += lines
+        s.bad_records += 1
         message = f"{self.name} line {line_no}: {problem}"
         if s.first_bad is None:
             s.first_bad = message
@@ -144,10 +147,10 @@ class BadLines:
             s.stopped = True
             lines = f"{s.bad_lines:,} bad line{'s' if s.bad_lines != 1 else ''}"
             raise ValueError(f"{message}; {lines}, more than --max-bad-lines {self.limit}")
-        if self.share is not None and s.bad_lines > BAD_SHARE_AFTER and s.bad_lines > self.share * s.lines_read:
-            s.stopped = True
+        if self.share is not None and s.bad_records > BAD_SHARE_AFTER and s.bad_records > self.share * s.lines_read:
+            s.stopped = True  # records, not lines: one stray quote (up to MAX_RECORD_LINES bad lines) is one
             raise ValueError(
-                f"{message}; {s.bad_lines:,} bad lines of the first {s.lines_read:,} read, more than 1 in "
+                f"{message}; {s.bad_records:,} bad records of the first {s.lines_read:,} lines read, more than 1 in "
                 f"{round(1 / self.share)}: is the data in this format, with labels of 0 and 1? (--max-bad-lines N "
                 "skips up to N bad lines, whatever their share)"
             )
