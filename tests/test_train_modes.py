@@ -40,8 +40,8 @@ def _run_worker(addresses, cfg: TrainConfig, slow_s: float = 0.0) -> dict:
         return {"result": result, "spec": spec, "data": data}
 
 
-def _run_all(run, cfgs: list[TrainConfig]) -> list:
-    """run(cfg) for each config on its own thread; their results, or the first failure re-raised."""
+def _run_all(run, cfgs: list) -> list:
+    """run(cfg) for each of cfgs on its own thread; their results, or the first failure re-raised."""
     out: list = [None] * len(cfgs)
     errors: list = []
 
@@ -63,24 +63,9 @@ def _run_all(run, cfgs: list[TrainConfig]) -> list:
 
 
 def _run_job(addresses, cfgs: list[TrainConfig], slow: dict | None = None) -> list[dict]:
-    """Runs one worker per config on threads; re-raises the first failure."""
-    out: list = [None] * len(cfgs)
-    errors: list = []
-
-    def run(i):
-        try:
-            out[i] = _run_worker(addresses, cfgs[i], (slow or {}).get(i, 0.0))
-        except BaseException as e:  # handed to the test
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(cfgs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    if errors:
-        raise errors[0]
-    return out
+    """Runs one worker per config on threads (_run_all); slow: {worker index: seconds added to each step}."""
+    slow = slow or {}
+    return _run_all(lambda job: _run_worker(addresses, job[1], slow.get(job[0], 0.0)), list(enumerate(cfgs)))
 
 
 def _model(addresses, cfg: TrainConfig, path) -> tuple[np.ndarray, dict]:
