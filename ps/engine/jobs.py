@@ -33,8 +33,8 @@ smallest clock (when every worker is done, the largest).
 Restarts. Clocks live in memory; done flags too, and each is also stored (synced) before its done stamp is
 answered (done_store; a store that fails is logged, and the flag kept in memory), so a restarted shard knows which
 workers of the job are done (a finished worker sends nothing more, and its peers would otherwise wait for it); of
-the rest, it knows what its journal proves and what the stamps' acked say. Every sync step before the newest one the journal holds is complete: the clocks start
-there (an ssp job's at 0), and each stamp raises its worker's clock to its acked, so that the pulls of the
+the rest, it knows what its journal proves and what the stamps' acked say. Every sync step before the newest one
+the journal holds is complete: the clocks start there (an ssp job's at 0), and each stamp raises its worker's clock to its acked, so that the pulls of the
 workers' next steps are served once every worker has sent one. The newest step the journal holds may be partly
 applied (a crash between its records, one per table): its contributions are gathered and the sum applied again
 (the rest of it applied). A gathering step t, or a contribution to it, is proven applied whole (its contributors
