@@ -352,10 +352,11 @@ STATUS_TO_ERROR = {
 
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
-    RequestTooLargeError, RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError, RpcThreadsExhaustedError,
-    CheckpointDirError, NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError,
-    DataDirLostError, CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError,
-    StorageError, DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError,
+    RequestTooLargeError, RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError,
+    RpcThreadsExhaustedError, CheckpointDirError, NoCheckpointRootError, ShardClosingError,
+    CheckpointInProgressError, ShardStartingError, DataDirLostError, CheckpointHoldError, CallerGoneError,
+    BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError, DataLossError, CheckpointDamagedError,
+    CheckpointOutsideRootError, ShardNeedsRestartError,
 )  # fmt: skip
 """The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
 client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

@@ -237,8 +237,8 @@ class Client:
 
         add_delta (one flag for every item, or one per item): the item's grads are deltas that the shards add to
         the embeddings as they are, with no optimizer step and the optimizer state untouched (FTRL's z aside, set
-        to give the new embedding) (e.g. best rows - current rows, to restore a model); duplicate ids' deltas are summed, and shows and clicks count as for
-        any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
+        to give the new embedding), e.g. best rows - current rows, to restore a model; duplicate ids' deltas are
+        summed, and shows and clicks count as for any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
 
         Sent again while a shard is unavailable (see the module docstring), and applied once.
 

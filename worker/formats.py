@@ -43,8 +43,8 @@ Common to all formats:
     "<file> line <L>: <problem>; <k> bad lines, more than --max-bad-lines <max>", L the 1-based physical line
     of the bad line that crossed the limit; so it does, given max_bad_share, once the bad records (a CSV record
     over several lines counts once) exceed readers.share.BAD_SHARE_AFTER and max_bad_share of the lines read
-    ("<k> bad records of the first <n> lines read, more than 1 in <1/share>"; lines are counted a chunk at a time, so <n> may run up to a chunk past the bad line). Bad
-    lines are counted in file order.
+    ("<k> bad records of the first <n> lines read, more than 1 in <1/share>"; lines are counted a chunk at a
+    time, so <n> may run up to a chunk past the bad line). Bad lines are counted in file order.
   - Batches hold batch_size good examples each (the last may hold fewer), in file order; probs is None;
     line_nos holds each example's 1-based physical line (a CSV record's first line; the header is line 1).
     Bags cut to their column's max_length are counted in stats.truncated_bags.

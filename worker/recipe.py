@@ -31,8 +31,9 @@ lower in file order, within 0.0011 shuffled where the validation split holds eno
 validation split (the default), so a malformed line stops the run before it changes the model; large data is read as it trains,
 so a stray line (a last line cut short, most often) would stop a long run part way: it skips up to 1,000 and reports
 them, but not a file whose lines are malformed by the dozen (labels of -1 and 1, another format): past 10 malformed
-lines, a share over 1 in 100 of the lines read stops the run, before the rest of the file trains a model on what is
-left. An explicit --max-bad-lines N skips up to N, whatever their share. Flags given explicitly always win; the run prints the recipe it chose and why.
+records (a CSV record over several lines counts once), a share over 1 in 100 of the lines read stops the run,
+before the rest of the file trains a model on what is left. An explicit --max-bad-lines N skips up to N, whatever
+their share. Flags given explicitly always win; the run prints the recipe it chose and why.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ Restarts. Clocks live in memory; done flags too, and each is also stored (synced
 answered (done_store; a store that fails is logged, and the flag kept in memory), so a restarted shard knows which
 workers of the job are done (a finished worker sends nothing more, and its peers would otherwise wait for it); of
 the rest, it knows what its journal proves and what the stamps' acked say. Every sync step before the newest one
-the journal holds is complete: the clocks start there (an ssp job's at 0), and each stamp raises its worker's clock to its acked, so that the pulls of the
-workers' next steps are served once every worker has sent one. The newest step the journal holds may be partly
+the journal holds is complete: the clocks start there (an ssp job's at 0), and each stamp raises its worker's clock
+to its acked, so that the pulls of the workers' next steps are served once every worker has sent one. The newest step the journal holds may be partly
 applied (a crash between its records, one per table): its contributions are gathered and the sum applied again
 (the rest of it applied). A gathering step t, or a contribution to it, is proven applied whole (its contributors
 answered, every clock moved to t + 1) when the journal holds t (its newest sync step of the job is >= t) and a

@@ -5,8 +5,8 @@ service maps to gRPC status codes. Ownership: a shard accepts only ids whose slo
 
 A push (ps.engine.push.TablePush) is a table name, ids, grads, shows, clicks and add_delta: grads go through the
 table's optimizer, or with add_delta true are added to the embeddings as they are (ps.rows.update's ADD_DELTA rule:
-the optimizer state is untouched, FTRL's z aside, set to give the new embedding; shows, clicks, admission and weight clipping apply as usual). Its journal record
-keeps the rule.
+the optimizer state is untouched, FTRL's z aside, set to give the new embedding; shows, clicks, admission and
+weight clipping apply as usual). Its journal record keeps the rule.
 
 Training modes other than async (stamped requests: a job's worker clocks, sync steps) are ps.engine.jobs's,
 one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch. Checkpoints (hold, save, release) are

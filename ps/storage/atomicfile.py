@@ -1,5 +1,5 @@
-"""write_text_whole, write_json_whole: a file replaced whole, never seen half written (standard library only: the worker uses it
-too, ps.storage.sidefiles for the files beside RocksDB)."""
+"""write_text_whole, write_json_whole: a file replaced whole, never seen half written (standard library only: the
+worker uses it too, ps.storage.sidefiles for the files beside RocksDB)."""
 
 from __future__ import annotations
 

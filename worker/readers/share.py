@@ -91,8 +91,9 @@ def open_data(name: str) -> BinaryIO:
                          "Spark: df.write.csv(OUT, header=True)), then train on that")  # fmt: skip
     for compression, tool, matches in OTHER_COMPRESSION:
         if matches(first):
-            raise ValueError(f"{name}: it holds {compression}-compressed data, which data files are not read as: decompress "
-                             f"it ({tool}), or compress it with gzip instead (.gz files are read through gzip)")  # fmt: skip
+            raise ValueError(f"{name}: it holds {compression}-compressed data, which data files are not read as: "
+                             f"decompress it ({tool}), or compress it with gzip instead (.gz files are read through "
+                             "gzip)")  # fmt: skip
     if start[:2] == GZIP_MAGIC or start[:2] in UTF16_BOMS or start in UTF32_BOMS:
         if start[:2] != GZIP_MAGIC:
             utf = "UTF-32" if start in UTF32_BOMS else "UTF-16"
