@@ -164,6 +164,10 @@ class LocalCluster:
             f"gone with it (its log: {self.log_path(shard_id)})"
         )
 
+    def died(self) -> str | None:
+        """gone() of the first shard whose process exited, or None while every shard runs."""
+        return next(filter(None, map(self.gone, range(len(self.procs)))), None)
+
     def stop(self, timeout_s: float = 300.0) -> list[int]:
         """SIGTERM every shard, wait up to timeout_s (a shard flushes its dirty rows first: ~0.5M rows/s),
         then SIGKILL. Returns the exit codes."""
@@ -189,12 +193,12 @@ class LocalCluster:
         deleted, so they get DISCARDED_STOP_S, well inside a stopping worker's cleanup limit (ps.terminate),
         before SIGKILL. Where a shard had died (gone), the shards' logs stay (the root kept, its data dirs
         deleted)."""
-        died = [why for why in map(self.gone, range(len(self.procs))) if why]
+        died = self.died()
         self.stop(DISCARDED_STOP_S if self._own_root else 300.0)
         if self._own_root and died:  # the logs kept, for what ended the shard; the rows deleted
             for shard_id in range(self.num_shards):
                 shutil.rmtree(self.data_dir(shard_id), ignore_errors=True)
-            keep(self.root, died[0])
+            keep(self.root, died)
         elif self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
         self._release()

@@ -499,7 +499,7 @@ def _servers(plan: LaunchPlan) -> Iterator[tuple[list[str], Callable[[], str | N
             f"started {plan.local_shards} local shard{'s' * (plan.local_shards != 1)}: {','.join(cluster.addresses)}",
             flush=True,
         )
-        yield cluster.addresses, lambda: next(filter(None, map(cluster.gone, range(plan.local_shards))), None)
+        yield cluster.addresses, cluster.died
 
 
 def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_command: Sequence[str] | None = None,
