@@ -740,6 +740,33 @@ def test_a_local_shard_that_dies_stops_the_job_at_once_saying_which(fakes, monke
     assert_all_gone(pids, {"worker-0", "worker-1"})
 
 
+def test_a_local_shard_dead_once_the_workers_finished_fails_the_job_before_its_evaluation(fakes, monkeypatch, capsys):
+    """The workers' pushes were answered, but the final evaluation would wait for the dead shard."""
+    import worker.launch as launch
+
+    monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
+    monkeypatch.setattr(FakeCluster, "made", [])
+    monkeypatch.setattr(FakeCluster, "dies", {})
+    read_metrics = launch._read_worker_metrics
+
+    def read_then_die(*args):  # the workers all exited 0: from now on shard 0 is dead
+        FakeCluster.dies[0] = "local shard 0 (pid 9) exited with code 1"
+        return read_metrics(*args)
+
+    monkeypatch.setattr(launch, "_read_worker_metrics", read_then_die)
+    command, pids = fakes([{"metrics": {"train_examples": 20, "train_seconds": 1.0}, "action": "metrics"}])
+    args, rest = launch_args("--workers", "1", "--local-shards", "1", "--no-progress")
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config,
+                    evaluate=lambda cfg: pytest.fail("no evaluation after a shard died"))  # fmt: skip
+    out, err = capsys.readouterr()
+    assert rc == 1 and FakeCluster.made[0].stopped
+    assert "examples" in out, "the training figures are still reported"
+    assert (
+        "local shard 0 (pid 9) exited with code 1; after every worker had finished training, so the job's "
+        "final evaluation could not run"
+    ) in err
+
+
 def test_a_job_on_local_shards_ends_saying_the_model_went_with_them(fakes, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
     FakeCluster.made = []

@@ -16,12 +16,13 @@
          --data without --eval-data is not: no held-out file), by launch only: the workers, under --no-final-eval,
          do not score it as each finishes; a summary printed, --metrics-out written
 Failure: a worker exits non-zero or is killed: the others get SIGTERM, SIGKILL after the grace period (10 s), the
-local shards stop, the failed worker's exit code and last lines are printed, exit 1. Ctrl-C: the same, exit 130
-(SIGTERM to launch: exit 143). Each worker runs in its own process group (a terminal's Ctrl-C reaches launch
-only, and a stop reaches the worker's children too) and, on Linux, gets SIGTERM when launch dies however it dies
-(prctl PR_SET_PDEATHSIG); local shards stop when launch's end of their stdin pipe closes. The workers' metrics go
-to a temporary directory that launch removes, or, if it was killed by SIGKILL, the next launch (or train with
---local-shards) does (worker/temp_dirs.py).
+local shards stop, the failed worker's exit code and last lines are printed, exit 1. A local shard that dies fails
+the job too, with no final evaluation (exit 1): while the workers run they are stopped; after they finished, their
+training figures are printed. Ctrl-C: the workers stopped, exit 130 (SIGTERM to launch: exit 143). Each worker runs
+in its own process group (a terminal's Ctrl-C reaches launch only, and a stop reaches the worker's children too)
+and, on Linux, gets SIGTERM when launch dies however it dies (prctl PR_SET_PDEATHSIG); local shards stop when
+launch's end of their stdin pipe closes. The workers' metrics go to a temporary directory that launch removes, or,
+if it was killed by SIGKILL, the next launch (or train with --local-shards) does (worker/temp_dirs.py).
 
 The PROGRESS lines it reads and the --metrics-out object it writes: worker/launch_report.py.
 """
@@ -576,7 +577,10 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                                       num_workers=1, backend=backend, device=device or "cpu",
                                       metrics_out=None,
                                       **workers_bad_lines(plan.train_config, per_worker))  # fmt: skip
-            evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None)
+            died = shard_died()  # after the workers exited: the final evaluation would wait for it
+            evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None) if died is None else {
+                "eval_error": f"{died}; after every worker had finished training, so the job's final evaluation "
+                              "could not run (the model went with the local shards)"}  # fmt: skip
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)
@@ -590,7 +594,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             print(model_kept(",".join(addresses)), flush=True)
         if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
             print(f"ps-worker: error: {evaluation['eval_error']}", file=sys.stderr, flush=True)
-            return 2
+            return 2 if died is None else 1
         return 0
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
