@@ -708,8 +708,20 @@ def test_help_gives_the_recipes_dropout_and_the_synth_defaults():
     assert "(default: the recipe's: 0.7 for small data, 0 for large)" in train_help
     assert "a 10% split" in train_help
     synth_help = command_help("synth")
-    assert "rows to write (default: 100000)" in synth_help and "(default: 0)" in synth_help
+    assert "rows to write (default 100,000; with --small 10,000)" in synth_help and "(default: 0)" in synth_help
     assert "--table TABLE only this table (default: all) --" in command_help("shrink")
+
+
+def test_synth_small_writes_its_regimes_rows_and_its_note_counts_them(tmp_path, capsys):
+    out = tmp_path / "small.tsv"
+    assert main(["synth", "--small", "--out", str(out)]) == 0
+    assert sum(1 for _ in open(out)) == 10_000
+    assert "in 10,000 such rows most ids are seen once or twice" in capsys.readouterr().out
+    assert main(["synth", "--small", "--out", str(out), "--rows", "12000", "--overwrite"]) == 0
+    assert "in 12,000 such rows" in capsys.readouterr().out
+    assert main(["synth", "--small", "--out", str(out), "--rows", "300", "--start", "10000", "--overwrite"]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote rows [10000, 10300)" in printed and "--small:" not in printed, "eval rows get no training note"
 
 
 @pytest.mark.parametrize("flag, what", [("--eval-data", "evaluate"), ("--validation-data", "validate")])

@@ -48,7 +48,7 @@ def _add_synth(sub) -> None:
         formatter_class=HelpFormatter,
     )
     p.add_argument("--out", required=True, help="output file")
-    p.add_argument("--rows", type=integer(1), default=100_000, help="rows to write")
+    p.add_argument("--rows", type=integer(1), default=None, help="rows to write (default 100,000; with --small 10,000)")
     p.add_argument("--start", type=integer(0), default=0, help="first row index (use a later range for eval data)")
     p.add_argument("--interactions", type=float, default=0.0, help="strength of the planted pairwise interactions")
     p.add_argument("--history", type=number(0, 1e3), default=0.0, help="strength of a planted multi-hot history column")
@@ -220,8 +220,10 @@ def _check_config_not_written(args) -> None:
 def _synth(args) -> int:
     import dataclasses
 
-    from worker.synthetic import SyntheticConfig, schema_text, small_data_config, write_synthetic
+    from worker.synthetic import SMALL_DATA_ROWS, SyntheticConfig, schema_text, small_data_config, write_synthetic
 
+    if args.rows is None:
+        args.rows = SMALL_DATA_ROWS if args.small else 100_000
     if args.small:
         cfg = dataclasses.replace(small_data_config(args.seed), rows=args.start + args.rows)
     else:
@@ -236,10 +238,10 @@ def _synth(args) -> int:
     print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}: click rate {written['click_rate']:.1%}; "
           f"the planted model that drew their labels scores AUC {written['oracle_auc']:.4f}, logloss "
           f"{written['oracle_logloss']:.4f} on them: the mark for a model evaluated on these rows")  # fmt: skip
-    if args.small:  # the rare-ids regime: a model learns little of most ids from so few rows
-        print("  (--small: in 10,000 such rows most ids are seen once or twice, so a model trained on so few stays "
-              "far under that mark: a tuned logistic regression on 10,000 of them scores AUC 0.63-0.65, "
-              "benchmarks/small_data.py)")  # fmt: skip
+    if args.small and args.start == 0:  # training rows of the rare-ids regime: a model learns little of most ids
+        print(f"  (--small: in {args.rows:,} such rows most ids are seen once or twice, so a model learns little of "
+              f"them: a tuned logistic regression trained on {SMALL_DATA_ROWS:,} scores AUC 0.63-0.65, far under "
+              "that mark, benchmarks/small_data.py)")  # fmt: skip
     if cfg.history:
         with open(args.out + ".schema.toml", "w") as f:
             f.write(schema_text(cfg))
