@@ -91,6 +91,7 @@ message PushBatchRequest
   4  seq              VARINT  uint64                   the client's request number on this shard
   5  stamp            LEN     WorkerStamp              absent: async
   6  shared           VARINT  bool                     client_id is one key for every caller (no identity)
+  7  state_id         VARINT  uint64                   nonzero: the shard's state_id as the client saw it
 
 message PushBatchResponse
   1  num_applied      VARINT  uint64                   ids applied, over all pushes
@@ -225,6 +226,7 @@ message StatsResponse
   29 restored_from    LEN     string                   the checkpoint the data dir was restored from; empty: none
   30 restored_sha256  LEN     string                   that checkpoint's manifest sha256
   31 request_room_used_bytes VARINT uint64             request room held now by the pulls and pushes running
+  32 state_id         VARINT  uint64                   a random id of the model state, new with each data dir or restore
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -202,6 +202,15 @@ class DataDirLostError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+class ModelStateReplacedError(PsError):
+    """A push that carried the shard's state id as its client last saw it (StatsResponse state_id) found another
+    one: the shard's data dir was restored from a checkpoint or started anew since, so the model state the
+    client trained on is gone from it. Nothing of the request is applied; not retried (a restarted client
+    trains on what the shard holds now)."""
+
+    status = "FAILED_PRECONDITION"
+
+
 class ShardNeedsRestartError(PsError):
     """A push was journaled, then failed part way through being applied in RAM (a push too large for one pass,
     whose later part needed a RocksDB read or write that failed): the journal holds all of it, RAM some of it. The
@@ -356,7 +365,7 @@ SERVER_ERRORS = (
     RpcThreadsExhaustedError, CheckpointDirError, NoCheckpointRootError, ShardClosingError,
     CheckpointInProgressError, ShardStartingError, DataDirLostError, CheckpointHoldError, CallerGoneError,
     BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError, DataLossError, CheckpointDamagedError,
-    CheckpointOutsideRootError, ShardNeedsRestartError,
+    CheckpointOutsideRootError, ShardNeedsRestartError, ModelStateReplacedError,
 )  # fmt: skip
 """The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
 client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

@@ -392,6 +392,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def PushBatch(self, request: Any, context: grpc.ServicerContext) -> bytes:
         """Returns the PushBatchResponse already serialized (see handler)."""
         _check_count("PushBatch", "pushes", len(request.pushes))
+        self.shard.check_state_id(request.state_id)
         pushes = [self._decode_push(p) for p in request.pushes]
         returned = [(len(push.ids), push.grads.shape[1]) for push, p in zip(pushes, request.pushes) if p.return_rows]
         back = [(push.name, push.ids) for push, p in zip(pushes, request.pushes) if p.return_rows]

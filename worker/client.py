@@ -16,7 +16,10 @@ client's random id and a per-shard request number, and the shard applies a reque
 arrives (ps.engine.shard.Shard.push_batch), across its restarts too, for as long as it keeps the request
 (ps.storage.applied: REQUEST_RETENTION_S after it was applied). So no attempt of a PushBatch goes out once its
 first attempt is ps.config RETRY_WINDOW_S old (a day less), whatever server_timeout_s says, and none has a
-deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied.
+deadline past that: the call raises RequestOutcomeUnknownError, saying it may or may not be applied. A PushBatch
+also carries the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that came back
+restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
+retried), so a run does not train on over a model that lost its pushes.
 Shrink, AdvanceClock and Checkpoint carry no such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
 so it is not sent again (a repeat would
 decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
@@ -129,6 +132,7 @@ class Client:
         self._stubs = [ps_pb2_grpc.ParameterServerStub(c) for c in self._channels]
         self._dims: dict[str, int] = {}
         self._callers = CallThreads()  # the calls of a batch past its first
+        self._state_ids = [0] * len(servers)  # each shard's model state id as wait_ready read it; 0: not read
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> None:
@@ -142,6 +146,7 @@ class Client:
         stats = self.stats()
         check_cluster(self.servers, stats)
         self.max_request_bytes = message_bytes_for(self.max_request_bytes, [s.request_room_bytes for s in stats])
+        self._state_ids = [s.state_id for s in stats]
 
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))
@@ -271,6 +276,7 @@ class Client:
                     stamp=proto if last[shard] == i else None,
                 )  # fmt: skip
                 request.client_id = self.client_id  # a sync batch's tells two workers of one worker id apart
+                request.state_id = self._state_ids[shard]
                 if not sync:  # a sync batch is applied under the job's key, not this client's request numbers
                     request.seq = self._numbers.next(shard)
                 k = sum(1 for s, _ in groups[:i] if s == shard)
@@ -327,7 +333,7 @@ class Client:
             [(shard, push, 0, None) for shard, _, push in routed], self.max_request_bytes, whole=True
         )  # a shard's chunks in one request: request number 1 is applied once
         calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[r[1] for r in g], client_id=key, seq=1,
-                                                              shared=True))
+                                                              shared=True, state_id=self._state_ids[shard]))
                  for shard, g in groups]  # fmt: skip
         return sum(int(reply.num_applied) for reply in self._call_mixed(calls))
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ps.errors import PsError, RamTierTooSmallError
+from ps.errors import ModelStateReplacedError, PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import check_held_out, describe_files
@@ -166,7 +166,8 @@ def train(cfg: TrainConfig) -> dict:
                     log.warning("could not write --resume-file %s as the run stopped: %s", cfg.resume_file, failed)
             if isinstance(e, TrainingDataError):
                 raise ValueError(stopped_message(e, cfg)) from None
-            told = loop.examples or cfg.skip_examples
+            told = (loop.examples or cfg.skip_examples) and not isinstance(e, ModelStateReplacedError)  # (its
+            # servers hold a checkpoint's model now, or none: the position trained into them is not this run's)
             if told and not cfg.local_shards and not cfg.progress_lines:  # launch's says it for the job
                 print(resume_hint(loop, cfg), file=sys.stderr, flush=True)
             raise

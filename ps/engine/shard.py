@@ -59,6 +59,7 @@ from ps.errors import (
     DataLossError,
     DiskFullError,
     InvalidArgumentError,
+    ModelStateReplacedError,
     PsError,
     ShardNeedsRestartError,
     StorageError,
@@ -191,6 +192,7 @@ class Shard:
                                   done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
             self._check_clock()
             self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
+            self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
         except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
             # keep RocksDB's handles, and the data dir's lock, alive until a garbage collection
             self._close_after_failed_start()
@@ -1094,7 +1096,23 @@ class Shard:
             "clock": self.clock,
             **self.jobs.stats(),
             **self.restore_stats(),
+            "state_id": self.state_id,
         }
+
+    def check_state_id(self, seen: int) -> None:
+        """ModelStateReplacedError when a client's request carries a state id (seen, nonzero: the one its client
+        read from Stats) other than this shard's: the data dir was restored or created anew since the client
+        read it, so the model state the client trains on is not here. Nothing is applied."""
+        if not seen or seen == self.state_id:
+            return
+        restored = self.store.restored()
+        how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
+        raise ModelStateReplacedError(
+            f"shard {self.shard_id} holds another model state than the one this client trained on (state id "
+            f"{self.state_id:#x}, the client's {seen:#x}): since the client connected, the shard was {how}, so what "
+            "the client pushed before is not here; the push was not applied. A training run stops: start it again "
+            "on what the shards hold now (from the checkpoint's position, with --skip-examples)"
+        )  # fmt: skip
 
     def restore_stats(self) -> dict[str, str]:
         """The checkpoint the data dir was restored from (path and manifest sha256; empty: never restored)."""

@@ -28,6 +28,8 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     restore's first write to its end (set_restore_pending, ps.engine.restore)
         "restored"               -> JSON {"checkpoint": its absolute path, "sha256": its manifest's}: the restore
                                     the dir began from   (set_restored, with the end of the restore)
+        "state_id"               -> decimal: a random id of the model state the dir holds, in [1, 2^63)   (state_id,
+                                    synced: drawn at the first start, and again with each restore's "restored")
         "job_done"               -> JSON {"job": job id, "num_workers": n, "done": [worker, ...]}: the workers of
                                     the job the shard follows that said they are done (set_job_done, synced, as
                                     each says so: ps.engine.jobs reads it when it follows the job after a restart)
@@ -62,6 +64,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import struct
 import tempfile
@@ -1001,7 +1004,21 @@ class Store:
         return json.loads(raw) if raw is not None else None
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
+        """Records the restore the dir began from, under a new state id (see state_id)."""
+        self._new_state_id()
         self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._synced)
+
+    def state_id(self) -> int:
+        """The random id of the model state this dir holds ("state_id"): drawn (and stored, synced) the first time
+        it is asked for, and again by set_restored; a restart keeps it, so a client that finds another one knows
+        the dir was restored or replaced since it looked."""
+        raw = self._meta.get(b"state_id")
+        return int(raw) if raw is not None else self._new_state_id()
+
+    def _new_state_id(self) -> int:
+        value = secrets.randbits(63) or 1
+        self._meta.put(b"state_id", str(value).encode(), self._synced)
+        return value
 
     def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
         """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""

@@ -424,3 +424,47 @@ def test_a_save_whose_dir_here_is_not_the_servers_writes_no_manifest(tmp_path, m
             assert not os.path.exists(os.path.join(target, "manifest.json"))
     finally:
         stop(servers)
+
+
+def test_a_shard_restored_or_emptied_under_a_running_client_refuses_its_pushes(tmp_path):
+    """A worker's client read each shard's state id in wait_ready; a shard that comes back restored from a
+    checkpoint (or on a new data dir) has another, and refuses the pushes of the old state's client, applying
+    nothing, so a run does not train on over a model that lost the pushes made since the checkpoint. A plain
+    restart keeps the id."""
+    from ps.errors import ModelStateReplacedError
+    from worker.checkpoint import save
+
+    (servers, addresses), ids = start_servers(tmp_path / "original", 1), IDS[:100]
+    port, checkpoint = servers[0].port, tmp_path / "ckpt"
+
+    def on_port(data_dir, restore=None) -> Server:
+        server = Server(ServerConfig(data_dir=str(data_dir), port=port, restore_dir=restore,
+                                     checkpoint_root=str(tmp_path)))  # fmt: skip
+        server.start()
+        return server
+
+    with Client(addresses, server_timeout_s=30) as client:
+        client.wait_ready()
+        client.create_table(BUSY)
+        client.push("busy", ids, np.ones((100, 2), np.float32))
+        save(client, str(checkpoint))
+        client.push("busy", ids, np.ones((100, 2), np.float32))  # trained past the checkpoint
+        stop(servers)
+        servers = [on_port(tmp_path / "restored", restore=str(checkpoint))]
+        with pytest.raises(ModelStateReplacedError, match=rf"restored from checkpoint {checkpoint}, so what the "
+                                                          "client pushed before is not here; the push was not applied"):  # fmt: skip
+            client.push("busy", ids, np.ones((100, 2), np.float32))
+        np.testing.assert_array_equal(client.pull("busy", ids), -np.ones((100, 2), np.float32))  # the checkpoint's
+    with Client(addresses, server_timeout_s=30) as fresh:
+        fresh.wait_ready()
+        stop(servers)
+        servers = [on_port(tmp_path / "restored")]  # a plain restart: the same state
+        fresh.push("busy", ids, np.ones((100, 2), np.float32))
+        np.testing.assert_array_equal(fresh.pull("busy", ids), -2 * np.ones((100, 2), np.float32))
+        stop(servers)
+        servers = [on_port(tmp_path / "empty")]  # its volume lost: a new, empty data dir
+        try:
+            with pytest.raises(ModelStateReplacedError, match="started on a new, empty data dir"):
+                fresh.push("busy", ids, np.ones((100, 2), np.float32))
+        finally:
+            stop(servers)
