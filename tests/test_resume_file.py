@@ -67,13 +67,36 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         assert code == 2 and "is the position of a run with other settings (epochs: None in the file != 2 now)" in err
 
 
+def test_a_position_is_refused_on_servers_restored_or_emptied_since_it_was_written(tmp_path, capsys, monkeypatch):
+    """The file keeps the shards' model state ids: servers that hold another model (restored from a checkpoint, or
+    on new data dirs) would be trained on from a position none of their rows has seen."""
+    position = tmp_path / "position.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
+        interrupt_after(monkeypatch, 3)
+        assert run(train, capsys)[0] == 130
+        monkeypatch.undo()
+        written = json.loads(position.read_text())["state_ids"]
+        assert len(written) == 1 and written[0] > 0
+    with LocalCluster(1) as emptied:  # another data dir under the same run's settings
+        train[2] = emptied.addresses[0]
+        code, out, err = run(train, capsys)
+        assert code == 2 and "trained lr" not in out
+        assert (
+            f"--resume-file {position} holds the position of a model the servers no longer hold: shard 0 "
+            f"({emptied.addresses[0]}) was restored from a checkpoint, or started on a new data dir"
+        ) in err, err
+        assert json.loads(position.read_text())["state_ids"] == written, "the refused run wrote nothing"
+
+
 def test_a_damaged_position_is_refused_and_a_missing_one_is_a_first_start(tmp_path):
     cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
     assert read_position(cfg) is None
     good = '"run": {}, "started_from": 0, "trained": false, "finished": false'
     for text in ("", "{", '{"format": 1}', '{"format": 2, "examples": 1, ' + good + "}",
                  '{"format": 1, "examples": -1, ' + good + "}", '{"format": 1, "examples": "1", ' + good + "}",
-                 "[1]"):  # fmt: skip
+                 '{"format": 1, "examples": 1, "state_ids": 7, ' + good + "}",
+                 '{"format": 1, "examples": 1, "state_ids": [-7], ' + good + "}", "[1]"):  # fmt: skip
         (tmp_path / "p.json").write_text(text)
         with pytest.raises(ValueError, match=r"p.json is no position this program wrote .*remove it to train from"):
             read_position(cfg)
@@ -160,9 +183,10 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
         monkeypatch.setattr(worker.train, "final_evaluation", lambda *a: {"eval_error": "the eval file is gone"})
         code, out, err = run(train, capsys)
         assert code == 2 and "the eval file is gone" in err
-        assert json.loads(position.read_text()) | {"run": None} == {
+        assert json.loads(position.read_text()) | {"run": None, "state_ids": None} == {
             "format": 1,
             "run": None,
+            "state_ids": None,
             "started_from": 0,
             "examples": 3000,
             "trained": True,

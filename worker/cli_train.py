@@ -589,7 +589,7 @@ def resumed(cfg: TrainConfig) -> TrainConfig | None:
     else:
         print(f"--resume-file {cfg.resume_file}: resuming after {position.examples:,} training examples", flush=True)
     return dataclasses.replace(cfg, skip_examples=position.examples, resume_started_from=position.started_from,
-                               resume_trained=position.trained)  # fmt: skip
+                               resume_trained=position.trained, resume_state_ids=position.state_ids)  # fmt: skip
 
 
 def eval_config(args: argparse.Namespace) -> TrainConfig:

@@ -148,6 +148,12 @@ class Client:
         self.max_request_bytes = message_bytes_for(self.max_request_bytes, [s.request_room_bytes for s in stats])
         self._state_ids = [s.state_id for s in stats]
 
+    @property
+    def state_ids(self) -> tuple[int, ...]:
+        """Each shard's model state id as wait_ready read it (StatsResponse state_id; 0: not read), which this
+        client's pushes carry."""
+        return tuple(self._state_ids)
+
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))
 

@@ -5,7 +5,7 @@ instead of from the stream's start.
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
-     "finished": false}
+     "finished": false, "state_ids": [ID, ...]}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset). A start whose settings differ is refused: the position would be another
@@ -17,6 +17,9 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - trained: the run's training is over (its stream trained, or early stopping or --max-examples ended it, the
   best model put back); a start then trains nothing and runs the final evaluation.
 - finished: the run ended, its final evaluation done too; a start then does nothing and says so.
+- state_ids: each shard's model state id (StatsResponse state_id) as the run found it, in shard order; absent or
+  empty: not known. A start that finds another on a shard (restored from a checkpoint, or on a new data dir, since
+  the position was written) is refused: the servers no longer hold the model the position was trained into.
 
 It is written every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
 training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
@@ -86,6 +89,7 @@ class Position:
     examples: int
     trained: bool
     finished: bool
+    state_ids: tuple[int, ...] = ()
 
 
 def read_position(cfg: TrainConfig) -> Position | None:
@@ -103,9 +107,13 @@ def read_position(cfg: TrainConfig) -> Position | None:
         record = json.loads(text)
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')!r}, expected {FORMAT}")
-        position = Position(record["started_from"], record["examples"], record["trained"], record["finished"])
+        state_ids = record.get("state_ids", [])
+        if not isinstance(state_ids, list):
+            raise ValueError("a field of the wrong type")
+        position = Position(record["started_from"], record["examples"], record["trained"], record["finished"],
+                            tuple(state_ids))  # fmt: skip
         run = record["run"]
-        counts, flags = (position.started_from, position.examples), (position.trained, position.finished)
+        counts, flags = (position.started_from, position.examples, *state_ids), (position.trained, position.finished)
         if not (all(type(n) is int and n >= 0 for n in counts) and all(type(b) is bool for b in flags)
                 and isinstance(run, dict)):  # fmt: skip
             raise ValueError("a field of the wrong type")
@@ -131,6 +139,7 @@ class PositionWriter:
         self.last = time.monotonic()
         self.written: int | None = None
         self.failing = False  # the last periodic write failed (logged once)
+        self.state_ids = tuple(cfg.resume_state_ids)  # the shards' model state ids: the file's until the run reads them
         directory, name = os.path.split(os.path.abspath(self.path))
         for left in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
             with contextlib.suppress(OSError):  # a write killed part way (kill -9): never renamed, never read
@@ -153,6 +162,21 @@ class PositionWriter:
 
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
-                  "trained": trained or finished, "finished": finished}  # fmt: skip
+                  "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids)}  # fmt: skip
         write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         self.last, self.written, self.failing = time.monotonic(), examples, False
+
+
+def state_changed(path: str, written: tuple[int, ...], found: tuple[int, ...], servers: list[str]) -> str | None:
+    """Why the position of --resume-file `path`, written with the shards' model state ids `written`, does not
+    apply to shards that give `found`, or None when it does (or `written` is unknown)."""
+    if not written or tuple(written) == tuple(found):
+        return None
+    if len(written) != len(found):
+        return None  # another shard count: the run's settings or the servers' check say so
+    changed = [i for i, (a, b) in enumerate(zip(written, found, strict=True)) if a != b]
+    names = ", ".join(f"shard {i} ({servers[i]})" for i in changed)
+    return (f"--resume-file {path} holds the position of a model the servers no longer hold: {names} "
+            f"{'was' if len(changed) == 1 else 'were'} restored from a checkpoint, or started on a new data dir, "
+            "since it was written; nothing was trained. To train on from a checkpoint, give the position it was "
+            "saved at (--skip-examples) without the file; remove the file to train from the start")  # fmt: skip

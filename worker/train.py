@@ -49,7 +49,7 @@ from worker.model_tables import (
 )
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, json_figures
-from worker.resume import PositionWriter
+from worker.resume import PositionWriter, state_changed
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import row_source
 from worker.tables import check_tables
@@ -95,6 +95,11 @@ def train(cfg: TrainConfig) -> dict:
         check_geo_optimizers(tables_cfg, spec)
     with served_metrics(cfg) as telemetry, job_client(cfg) as client:
         client.wait_ready()
+        if position is not None:
+            changed = state_changed(cfg.resume_file, cfg.resume_state_ids, client.state_ids, client.servers)
+            if changed:
+                raise ValueError(changed)
+            position.state_ids = client.state_ids
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
         replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,

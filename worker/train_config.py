@@ -77,6 +77,8 @@ class TrainConfig:
     resume_file: str | None = None  # this worker's position, read at start and kept as it trains (worker/resume.py)
     resume_started_from: int | None = None  # skip_examples is a --resume-file position (it may be the whole stream),
     # and this the --skip-examples the run first started from (no flag: worker/resume.py); None: the flag's
+    resume_state_ids: tuple[int, ...] = ()  # the shards' model state ids the --resume-file's position was trained
+    # into (empty: not known)
     resume_trained: bool = False  # the --resume-file says training is over: only the final evaluation runs
     max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
     early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
