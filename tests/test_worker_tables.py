@@ -143,6 +143,30 @@ def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimi
     assert re.search(r"; they hold \w+ and \d+ dense parameter tables? \(is --model that of the run", err), err
 
 
+def test_eval_compares_an_mlp_parameters_shape_not_its_initializer_scale(capsys, tmp_path):
+    """A --table-config that sets an MLP parameter's initializer (which eval and predict do not take) leaves its
+    shape as it was: eval scores it. The shape is the parameter's width (dim) and its rows, its layer's inputs."""
+    from ps import codec
+    from worker.tables import SHAPE_FIELDS, held_tables
+
+    weight = "dense.deepfm.mlp.0.weight"
+    (tmp_path / "tc.toml").write_text(f'["{weight}".initializer]\nname = "uniform"\nscale = 0.05\n')
+    with LocalCluster(1) as cluster:
+        servers = cluster.addresses[0]
+        code, err = run(["train", "--servers", servers, "--model", "deepfm", "--hidden", "4", "--no-progress",
+                         "--table-config", str(tmp_path / "tc.toml"), *SMALL], capsys)  # fmt: skip
+        assert code == 0, err
+        code, err = run(["eval", "--servers", servers, "--model", "deepfm", "--hidden", "4", *SMALL], capsys)
+        assert code == 0, err
+        with Client([servers]) as client:
+            held = codec.table_config_from_proto(client.describe_table(weight)[0].spec)
+            rows = sum(t.num_rows for s in client.stats() for t in s.tables if t.name == weight)
+            assert rows > 1
+            assert held_tables(client, [held], SHAPE_FIELDS, dense_rows={weight: rows})[0] == {}
+            differ = held_tables(client, [held], SHAPE_FIELDS, dense_rows={weight: rows + 1})[0]
+            assert differ == {weight: [f"rows: {rows:,} != {rows + 1:,}"]}
+
+
 def test_tables_remember_the_schema_another_is_refused_and_new_data_of_the_same_is_not(tmp_path, capsys):
     """Each table carries its schema's fingerprint: a run whose schema gives ids another meaning (another column
     in a position) is refused by train and eval before anything is created or scored; the same schema over other

@@ -61,7 +61,8 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
         if without_bias:
             wanted = [t for t in wanted if t.name != table_name(bias)]
             params = [p for p in params if p is not bias]
-        check_tables(client, wanted, doing, for_eval=True)  # the rest of the model is there
+        check_tables(client, wanted, doing, for_eval=True,  # the rest of the model is there, in its shapes
+                     dense_rows={table_name(p): p.shape[0] for p in params})  # fmt: skip
         if without_bias:
             log.warning("the servers hold no table %s: the model was trained before models had a logit bias; it is "
                         "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip

@@ -21,9 +21,8 @@ from worker.dense import TABLE_PREFIX
 
 log = logging.getLogger("worker.tables")
 
-SHAPE_FIELDS = ("dim", "initializer.scale", "features")  # what a forward pass depends on (the scale of an MLP
-# parameter's glorot initializer is set by its shape, so it tells another --hidden or MLP input width; features: the
-# schema that gave the rows their meaning)
+SHAPE_FIELDS = ("dim", "features")  # what a forward pass depends on (features: the schema that gave the rows their
+# meaning); a dense parameter's rows, its input width, are compared too (check_tables' dense_rows)
 
 
 def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
@@ -74,12 +73,15 @@ def cluster_damage(shard_stats: list, names: set[str] | None = None) -> str:
 
 
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None,
-                find_untrained: bool = False) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
+                find_untrained: bool = False,
+                dense_rows: dict[str, int] | None = None) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
-    another spec, only in `fields` where given (sparse tables: dim alone), [names of the tables some shard
-    lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
-    find_untrained, else empty}). ValueError (cluster_damage) for a table of `wanted` that some shards hold trained
-    and others lack, or shards restored from different checkpoints."""
+    another spec, only in `fields` where given (sparse tables: dim and features alone), [names of the tables some
+    shard lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
+    find_untrained, else empty}). dense_rows {table: the rows of its dense parameter, its input width}: such a
+    table whose shards hold trained rows must hold exactly that many ("rows: ..." otherwise; one untrained is
+    compared by its initializer's scale, which its shape sets). ValueError (cluster_damage) for a table of
+    `wanted` that some shards hold trained and others lack, or shards restored from different checkpoints."""
     differ, missing, untrained = {}, [], set()
     shard_stats = client.stats()
     lost = cluster_damage(shard_stats, {t.name for t in wanted})
@@ -96,7 +98,12 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
             continue
         diff = codec.table_config_from_proto(infos[0].spec).normalized().differences(t.normalized())
         if fields is not None:
-            keep = fields if t.name.startswith(TABLE_PREFIX) else ("dim", "features")
+            keep = fields
+            if dense_rows is not None and t.name in dense_rows:
+                rows = sum(tables[t.name].num_rows for tables in held)
+                if rows and rows != dense_rows[t.name]:
+                    diff.append(f"rows: {rows:,} != {dense_rows[t.name]:,}")
+                keep = (*fields, "rows") if rows else (*fields, "initializer.scale")
             diff = [d for d in diff if d.split(":")[0] in keep]
         if diff:
             differ[t.name] = diff
@@ -108,16 +115,18 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
-                 replace_untrained: bool = False, recipe_line: str = "") -> list[str]:  # fmt: skip
+                 replace_untrained: bool = False, recipe_line: str = "",
+                 dense_rows: dict[str, int] | None = None) -> list[str]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
-    created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS), and a missing table is
-    an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
+    created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS, and the dense parameters'
+    rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
     table holds no trained row (a run stopped before it trained made them), returns their names, to be created
     with Client.create_table(replace_untrained=True), and a warning names them; else []. recipe_line: the run's
     recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
     recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks
     another."""
-    differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained)
+    differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained,
+                                             dense_rows)  # fmt: skip
     if replace_untrained and differ and set(differ) <= untrained:
         log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "
                     "trained (a run that stopped before it trained made them): they are replaced. %s",
@@ -186,5 +195,6 @@ def _dim_hint(diff: list[str]) -> str:
 def _dense_hint(name: str) -> str:
     if not name.startswith(TABLE_PREFIX):
         return ""
-    return (" (an MLP parameter of another shape shows as another initializer scale: --hidden, or the MLP's input, "
-            "the fields' widths and numeric columns, differ)")  # fmt: skip
+    return (" (an MLP parameter of another shape: --hidden, or the MLP's input, the fields' widths and numeric "
+            "columns, differ; its rows are its layer's inputs, and another shape also shows as another initializer "
+            "scale)")  # fmt: skip
