@@ -156,6 +156,28 @@ def test_a_file_without_labels_scores_as_the_file_with_them(servers, files, tmp_
         train(small_run(addresses, unlabeled, model="lr", format=fmt, max_bad_lines=0))
 
 
+def test_a_libsvm_model_scores_only_with_the_field_count_it_was_trained_with(servers, files, tmp_path, capsys):
+    """Each field a line leaves out adds its missing id's row: the training file's K (6 here) scores a file whose
+    lines hold at most 3 features otherwise than that file's own K (3) would, so predict refuses the file alone
+    and scores it with the training file, or with --libsvm-fields 6, alike."""
+    addresses, _ = servers(1)
+    train_path, short = str(tmp_path / "train.svm"), str(tmp_path / "short.svm")
+    to_libsvm(files[0], train_path)
+    with open(files[1]) as f, open(short, "w") as g:
+        for line in f:
+            cells = line.rstrip("\n").split("\t")
+            g.write(" ".join([cells[0], *(f"{int(c, 16)}:1" for c in cells[14:17] if c)]) + "\n")
+    train(small_run(addresses, train_path, model="lr", format="libsvm"))
+    flags = ["--format", "libsvm", "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "alone.csv", *flags, "--predict-data", short) == 2
+    err = capsys.readouterr().err
+    assert "trained with another schema" in err and "unless --libsvm-fields gives the training run's" in err, err
+    assert not (tmp_path / "alone.csv").exists()
+    assert predict(addresses[0], tmp_path / "k.csv", *flags, "--libsvm-fields", "6", "--predict-data", short) == 0
+    assert predict(addresses[0], tmp_path / "train.csv", *flags, "--data", train_path, "--predict-data", short) == 0
+    assert (tmp_path / "k.csv").read_text() == (tmp_path / "train.csv").read_text()
+
+
 def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, capsys, caplog):
     addresses, _ = servers(1)
     train_path, test_path = files

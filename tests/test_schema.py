@@ -547,11 +547,14 @@ def test_infer_label_true_false_several_label_names_decimal_commas_prose_and_rep
     assert 'label = "click"' in infer_schema_text(str(bools))
 
 
-def test_the_fingerprint_holds_the_label_and_not_the_builtin_libsvm_field_count():
+def test_the_fingerprint_holds_the_label_and_the_builtin_libsvm_field_count():
     """Another label trains the rows toward another target: another fingerprint. The built-in libsvm schema read
-    from a file whose lines have at most 3 features or 4 means the same: one fingerprint."""
+    with 3 fields or 4 scores a line of 3 features otherwise (the 4th field's missing id adds its row): another
+    fingerprint."""
     three, four = (builtin_schema("libsvm", default_table="t", default_dim=4, libsvm_fields=k) for k in (3, 4))
-    assert three.fingerprint() == four.fingerprint()
+    assert three.fingerprint() != four.fingerprint()
+    assert three.fingerprint() == builtin_schema("libsvm", default_table="t", default_dim=4,
+                                                 libsvm_fields=3).fingerprint()  # fmt: skip
     header = ["click", "purchase", "user", "item"]
     click = builtin_schema("csv", default_table="t", default_dim=4, header=header, label_column="click",
                            drop_columns=("purchase",))  # fmt: skip

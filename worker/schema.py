@@ -152,11 +152,12 @@ class Schema:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
         std), and the bias table. In a libsvm schema the columns f<k> in their shared id space (the
-        built-in schema's) count as one entry, whatever their number K, and so do those in id spaces of their own
-        (a schema file's f<k> that names none), as another entry: a file whose lines hold another most features
-        means the same, and ids hashed another way do not (columns of other formats count one by one, whatever their names). Each table the
-        model creates carries it (TableConfig.features): another schema, whose ids would land on rows trained for
-        other features or toward another label, is refused by the servers' tables (worker/tables.py)."""
+        built-in schema's) count as one entry with their number K: each field a line leaves out adds its missing
+        id's row, so a model read with another K scores the same lines otherwise. Those in id spaces of their own
+        (a schema file's f<k> that names none) count as one other entry, whatever their number (a schema file
+        fixes it). Columns of other formats count one by one, whatever their names. Each table the model creates
+        carries it (TableConfig.features): another schema, whose ids would land on rows trained for other features
+        or toward another label, is refused by the servers' tables (worker/tables.py)."""
         drop = {"source", "mean", "std"}
         fields = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)]
         shared = {c.name for c in fields if c == libsvm_column(c.name, c.table)}
@@ -164,7 +165,7 @@ class Schema:
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
                    for c in self.columns if c.name not in shared | own]  # fmt: skip
         described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
-                     "libsvm_fields": "shared" if shared else bool(own)}  # fmt: skip
+                     "libsvm_fields": len(shared) if shared else bool(own)}  # fmt: skip
         text = json.dumps(described, sort_keys=True, default=list)
         return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -176,7 +176,8 @@ FEATURES_HINT = (
     "its label column, or its columns, their order, kinds, id spaces or buckets, differ from this run's, so the "
     "same ids would stand for other features or another target (a schema inferred anew, or one of another "
     "dataset? a csv's label, unless --label-column or the schema's `label` names it, is the first column of the "
-    "file the run reads its header from: --data, else the file scored)"
+    "file the run reads its header from: --data, else the file scored; a libsvm schema's field count K is the most "
+    "features of a line in that file, unless --libsvm-fields gives the training run's)"
 )
 
 
