@@ -40,6 +40,7 @@ import os
 
 from ps.errors import StorageError
 from ps.sharding import NUM_SLOTS, SlotMap
+from ps.storage.atomicfile import write_text_whole
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -84,12 +85,12 @@ def manifest_digest(manifest: dict) -> str:
 
 def write_manifest(directory: str, manifest: dict) -> dict:
     """Writes manifest (the grammar above, without sha256) as directory/manifest.json, its sha256 added, whole or
-    not at all (a temporary file renamed); returns it with the sha256. OSError if it cannot be written."""
+    not at all, also after a power loss (ps.storage.atomicfile: a temporary file manifest.json.<random>.tmp,
+    fsynced, renamed, the directory fsynced); readable by other users (the servers restore from it). Returns it
+    with the sha256. OSError if it cannot be written."""
     manifest = {**manifest, "sha256": manifest_digest(manifest)}
-    tmp = os.path.join(directory, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.replace(tmp, os.path.join(directory, MANIFEST))
+    write_text_whole(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1), sync_dir=True,
+                     temp_prefix=MANIFEST + ".", shared=True)  # fmt: skip
     return manifest
 
 

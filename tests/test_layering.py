@@ -2,7 +2,8 @@
 x`, relative, inside functions too), with no exemptions:
 
 - ps/ is layered; a module imports only modules of its own layer or below, and ps's imports have no cycle:
-      foundation  ps.errors, ps.hashing, ps.config, ps.sharding, ps.checkpoint, ps.wire, ps.codec
+      foundation  ps.errors, ps.hashing, ps.config, ps.sharding, ps.checkpoint, ps.wire, ps.codec,
+                  ps.storage.atomicfile (stdlib only: ps.checkpoint writes the manifest with it)
       accel       ps.accel.*    optional OS-level accelerations
       rows        ps.rows.*     row layout, initial values, the optimizer and update kernels
       storage     ps.storage.*  RAM tier, id index, journal, RocksDB
@@ -37,6 +38,7 @@ FOUNDATION = {
     "ps.progress",
     "ps.stamp",
     "ps.terminate",
+    "ps.storage.atomicfile",
 }
 PROCESS = {"ps.service", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__"}  # fmt: skip

@@ -19,6 +19,7 @@ from ps.engine.shard import Shard
 from ps.errors import RamTierTooSmallError, StorageError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
+from ps.storage import atomicfile
 from ps.storage.store import Store
 from tests.conftest import one_shard_checkpoint, one_table_checkpoint
 
@@ -421,3 +422,56 @@ def test_an_exports_clock_for_the_next_delta_is_the_smallest_shard_clock(tmp_pat
     summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert (summary["clock"], summary["checkpoint_clock"]) == (1, 2)
     assert json.loads((tmp_path / "out" / "export.json").read_text())["clock"] == 1
+
+
+def recorded_syncs(monkeypatch) -> list[tuple[str, ...]]:
+    """The fsyncs (of the file or directory each descriptor names) and renames (source, target) from here on, in
+    order, as real paths."""
+    events: list[tuple[str, ...]] = []
+    fsync, replace = os.fsync, os.replace
+
+    def recording_fsync(fd: int) -> None:
+        events.append(("fsync", os.path.realpath(os.readlink(f"/proc/self/fd/{fd}"))))
+        fsync(fd)
+
+    def recording_replace(source, target) -> None:
+        replace(source, target)
+        events.append(("replace", os.path.realpath(source), os.path.realpath(target)))
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    return events
+
+
+def assert_synced_into_place(events: list[tuple[str, ...]], final) -> None:
+    """final was renamed into place once, from a temporary file fsynced before, and its directory fsynced after."""
+    final = os.path.realpath(final)
+    renames = [e for e in events if e[0] == "replace" and e[2] == final]
+    assert len(renames) == 1, (final, events)
+    at = events.index(renames[0])
+    assert ("fsync", renames[0][1]) in events[:at], f"{renames[0][1]} was not fsynced before its rename: {events}"
+    assert ("fsync", os.path.dirname(final)) in events[at + 1 :], f"no fsync of {final}'s directory after: {events}"
+
+
+def test_a_manifest_is_fsynced_and_so_is_its_directory_after_the_rename(tmp_path, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    events = recorded_syncs(monkeypatch)
+    write_manifest(str(tmp_path / "ckpt"), {"format": 1})
+    assert_synced_into_place(events, tmp_path / "ckpt" / "manifest.json")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["manifest.json"]  # no temporary file left
+    mode = (tmp_path / "ckpt" / "manifest.json").stat().st_mode & 0o777
+    assert mode == 0o666 & ~atomicfile._umask(), oct(mode)  # the servers' user reads it to restore
+
+
+def test_an_exports_files_are_fsynced_and_so_is_out_after_the_renames(tmp_path, monkeypatch):
+    from ps.engine.restore import export
+    from worker.export import record_checkpoint
+
+    one_table_checkpoint(tmp_path, 10)
+    events = recorded_syncs(monkeypatch)
+    export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    for name in ("a.ids.npy", "a.rows.npy", "export.json"):
+        assert_synced_into_place(events, tmp_path / "out" / name)
+    events.clear()
+    record_checkpoint(str(tmp_path / "out" / "export.json"), None)  # ps-worker export's last word in it
+    assert_synced_into_place(events, tmp_path / "out" / "export.json")

@@ -41,14 +41,15 @@ def _hold(client: Client, shard: int, hold_timeout_s: float, tokens: dict[int, s
 
 
 NEW_DIR = "give a new or empty directory (a checkpoint is never written over another, nor beside other files)"
-_SAVED = re.compile(r"shard-\d+(?:\.tmp)?|manifest\.json\.tmp")  # a save's folders and files (RocksDB's .tmp)
+# a save's folders and files (RocksDB's shard-<i>.tmp, write_manifest's temporary file)
+_SAVED = re.compile(r"shard-\d+(?:\.tmp)?|manifest\.json\.(?:\w+\.)?tmp")
 
 
 def check_save_dir(name: str, directory: str) -> None:
     """ValueError naming `name` unless directory is new or empty. One holding what a save writes and no manifest
-    (shard-<i>/, RocksDB's shard-<i>.tmp/, manifest.json.tmp) is named an unfinished checkpoint, with its size:
-    a save killed mid-way left it, or one runs into it now (which nobody can tell from here, so it is left as it
-    is); nothing can restore it, and its hard links keep the shards' old SST files on disk."""
+    (shard-<i>/, RocksDB's shard-<i>.tmp/, manifest.json.<random>.tmp) is named an unfinished checkpoint, with its
+    size: a save killed mid-way left it, or one runs into it now (which nobody can tell from here, so it is left as
+    it is); nothing can restore it, and its hard links keep the shards' old SST files on disk."""
     entries = sorted(os.listdir(directory)) if os.path.isdir(directory) else []
     if entries and all(_SAVED.fullmatch(e) for e in entries):
         size = sum(size_bytes(os.path.join(directory, e)) for e in entries)

@@ -28,6 +28,7 @@ from typing import Any
 from ps.checkpoint import table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
+from ps.storage.atomicfile import sync_directory
 from ps.terminate import child_setup
 from worker.checkpoint import save
 from worker.flags import check_new_dir
@@ -166,10 +167,13 @@ def export_claim(out: str) -> Iterator[None]:
 
 def record_checkpoint(path: str, checkpoint: str | None) -> None:
     """Sets export.json's "checkpoint" (the path of the checkpoint exported; null once it is deleted), replacing
-    the file whole."""
+    the file whole, also after a power loss (the temporary file and the directory fsynced)."""
     with open(path) as f:
         summary = json.load(f)
     summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
     with leftovers.open_temporary(path + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
+    sync_directory(os.path.dirname(path) or ".")

@@ -11,6 +11,7 @@ import fnmatch
 import json
 import os
 from collections.abc import Callable, Sequence
+from typing import IO, Any
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from ps.errors import CheckpointDamagedError, StorageError
 from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage import leftovers
+from ps.storage.atomicfile import sync_directory
 from ps.storage.store import Store
 
 
@@ -133,9 +135,10 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
 
     Memory: one table's embeddings and three id-sized arrays (ids, their sort order, the sorted ids) at a time,
     about what it writes for the table plus 16 bytes a row; the rows are written in sorted order WRITE_ROWS at a
-    time. Every file is written under a temporary name and renamed once all are written (export.json last), so a
-    failure leaves an earlier export in out as it was; then the .npy files of the tables an earlier export in out
-    listed and this one does not are removed. progress: show rows read, then rows written, per table
+    time. Every file is written under a temporary name and fsynced, and renamed once all are written (export.json
+    last), so a failure leaves an earlier export in out as it was; then the .npy files of the tables an earlier
+    export in out listed and this one does not are removed, and out is fsynced: a finished export survives a power
+    loss. progress: show rows read, then rows written, per table
     (ExportProgress, on stderr); an out it made is removed again on a failure. The temporary files an export killed
     mid-write left in out are removed first, if out is an export's (leftovers.holds_an_export) and no other export
     writes there now. ValueError for an out inside the
@@ -219,6 +222,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
         final = os.path.join(out, "export.json")
         with leftovers.open_temporary(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
+            _sync(f)
         written.append((final + ".tmp", final))
     except BaseException:
         if shown is not None:
@@ -237,7 +241,14 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
         for kind in ("ids", "rows"):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(out, f"{name}.{kind}.npy"))
+    sync_directory(out)  # the renames, after a power loss too
     return summary
+
+
+def _sync(f: IO[Any]) -> None:
+    """Writes f's buffer out and fsyncs it: its data is on disk before it is renamed into place."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def _exported_tables(out: str) -> set[str]:
@@ -301,6 +312,7 @@ def _write_npy(
                 f.write(np.ascontiguousarray(piece).data)
                 if on_written is not None:
                     on_written(len(piece))
+            _sync(f)
     except BaseException as e:  # a failed write, or anything else midway (Ctrl-C, MemoryError): no partial file
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -1,5 +1,6 @@
-"""write_text_whole, write_json_whole: a file replaced whole, never seen half written (standard library only: the
-worker uses it too, ps.storage.sidefiles for the files beside RocksDB)."""
+"""write_text_whole, write_json_whole: a file replaced whole, never seen half written; sync_dir: a directory's
+entries (a rename into it) made durable (standard library only: the worker uses it too, ps.storage.sidefiles for
+the files beside RocksDB, ps.checkpoint for a checkpoint's manifest, an export for its files)."""
 
 from __future__ import annotations
 
@@ -38,11 +39,17 @@ def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: 
             os.remove(tmp)
         raise
     if sync_dir:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        sync_directory(directory)
+
+
+def sync_directory(directory: str) -> None:
+    """fsyncs directory, so that the files created, renamed or removed in it stay so after a power loss (OSError
+    if it cannot be opened or synced)."""
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _umask() -> int:
