@@ -129,8 +129,9 @@ def _check_structure(manifest: dict, path: str) -> None:
 
 
 def load_manifest(directory: str) -> dict:
-    """The manifest, checked against its own checksum and for entries that hang together (StorageError if not);
-    the shards' files are not read."""
+    """The manifest, checked against its own checksum and for entries that hang together (StorageError if not;
+    one that is not whole JSON, cut short or empty, is called damaged like any other); the shards' files are not
+    read."""
     path = os.path.join(directory, MANIFEST)
     try:
         with open(path) as f:
@@ -139,7 +140,10 @@ def load_manifest(directory: str) -> dict:
         if not os.path.isdir(directory):
             raise StorageError(f"checkpoint {directory} does not exist (or is not a directory)") from None
         raise StorageError(f"{directory} is not a checkpoint: it has no {MANIFEST}") from None
-    except (OSError, ValueError) as e:
+    except ValueError as e:  # not JSON (UnicodeDecodeError included): cut short, or empty
+        raise StorageError(f"checkpoint manifest {path} is not whole JSON ({e}); the checkpoint is damaged (or its "
+                           "save was cut short)") from None  # fmt: skip
+    except OSError as e:
         raise StorageError(f"checkpoint manifest {path} cannot be read: {e}") from None
     if not isinstance(manifest, dict):
         raise StorageError(f"checkpoint manifest {path} is not a JSON object; the checkpoint is damaged")

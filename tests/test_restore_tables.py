@@ -475,3 +475,19 @@ def test_an_exports_files_are_fsynced_and_so_is_out_after_the_renames(tmp_path, 
     events.clear()
     record_checkpoint(str(tmp_path / "out" / "export.json"), None)  # ps-worker export's last word in it
     assert_synced_into_place(events, tmp_path / "out" / "export.json")
+
+
+@pytest.mark.parametrize("cut", ["half", "empty"])
+def test_a_manifest_cut_short_is_called_damaged_by_restore_and_export(tmp_path, cut):
+    from ps.engine.restore import export
+
+    one_table_checkpoint(tmp_path, 10)
+    path = tmp_path / "ckpt" / "manifest.json"
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2] if cut == "half" else "")
+    damaged = rf"checkpoint manifest {path} is not whole JSON \(.*\); the checkpoint is damaged \(or its save was cut"
+    with pytest.raises(StorageError, match=damaged):
+        Shard(ServerConfig(data_dir=str(tmp_path / "d"), restore_dir=str(tmp_path / "ckpt")))
+    with pytest.raises(StorageError, match=damaged):
+        export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert not (tmp_path / "d").exists() and not (tmp_path / "out").exists()
