@@ -302,7 +302,7 @@ def _two_started_shards(tmp_path) -> tuple[list[Server], list[str]]:
 
 def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_there_is_none(tmp_path, capsys):
     """Shard 0 restarted on an empty data dir: the tables of shard 1 are the servers' tables, and the export's
-    error is the missing table on shard 0, not 'no table'."""
+    error is the missing table on shard 0, not 'no table', before any shard saved (nothing is left in OUT)."""
     servers, addresses = _two_started_shards(tmp_path)
     try:
         with Client(addresses[1:]) as client:
@@ -312,7 +312,8 @@ def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_th
         for server in servers:
             server.stop(grace_s=1)
     err = capsys.readouterr().err
-    assert code == 2 and "hold no table" not in err and "'emb' does not exist on shard 0" in err, err
+    assert code == 2 and "hold no table" not in err and "table emb is on shard 1 only, not on shard 0" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 def _export_from_one_server(tmp_path, capsys, out, checkpoint_root: str | None) -> str:

@@ -104,3 +104,97 @@ def test_a_save_that_left_nothing_does_not_tell_to_delete_a_directory_that_is_no
         assert "holds no shard part" not in text and not (tmp_path / "c").exists()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def two_shards_one_lacking_a_table(tmp_path):
+    """(Client, root, stub of shard 1): two shards with --checkpoint-root root, table emb trained on both, table
+    side (untrained) made on shard 1 alone (a CreateTable that reached one shard)."""
+    from ps import codec
+    from ps.config import TableConfig
+    from worker.client import Client
+
+    root = tmp_path / "root"
+    servers = [Server(ServerConfig(data_dir=str(tmp_path / f"d{i}"), port=0, shard_id=i, num_shards=2,
+                                   checkpoint_root=str(root))) for i in range(2)]  # fmt: skip
+    addresses = [f"127.0.0.1:{s.start()}" for s in servers]
+    channel = grpc.insecure_channel(addresses[1])
+    stub = ps_pb2_grpc.ParameterServerStub(channel)
+    create_side = lambda: stub.CreateTable(
+        ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(TableConfig(name="side", dim=8))), timeout=TIMEOUT_S
+    )
+    try:
+        with Client(addresses) as client:
+            client.create_table(TableConfig(name="emb", dim=2))
+            client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+            yield client, root, create_side
+    finally:
+        channel.close()
+        for s in servers:
+            s.stop()
+
+
+def test_a_table_some_shards_lack_is_refused_before_any_hold(two_shards_one_lacking_a_table, monkeypatch):
+    """An untrained table on shard 1 alone: the save is refused naming it and the shard that lacks it, before a
+    shard is held (no debris in DIR); an export's save for the other tables alone is taken."""
+    import worker.checkpoint
+    from worker.checkpoint import save
+
+    client, root, create_side = two_shards_one_lacking_a_table
+    create_side()
+    real_hold = worker.checkpoint._hold
+
+    def no_hold(*args):
+        raise AssertionError("a shard was held")
+
+    monkeypatch.setattr(worker.checkpoint, "_hold", no_hold)
+    with pytest.raises(ValueError, match=r"table side is on shard 1 only, not on shard 0: such a table holds no row "
+                                         r"yet .*; nothing was saved$"):  # fmt: skip
+        save(client, str(root / "c"))
+    assert not (root / "c").exists()
+    monkeypatch.setattr(worker.checkpoint, "_hold", real_hold)
+    manifest = save(client, str(root / "c"), tables={"emb"})  # ps-worker export --tables emb
+    assert [t["name"] for t in manifest["tables"]] == ["emb", "side"]
+
+
+def test_a_failure_after_every_shard_saved_names_the_parts_left(two_shards_one_lacking_a_table, monkeypatch):
+    """The table is made on shard 1 after the Stats that the save checks: the shards save, then shard 0 cannot
+    describe it; the error says the shard-<i> folders in DIR are no checkpoint, to be deleted."""
+    from ps.errors import TableNotFoundError
+    from worker.checkpoint import save
+
+    client, root, create_side = two_shards_one_lacking_a_table
+    stats = client.stats
+
+    def stats_then_create() -> list:
+        seen = stats()
+        create_side()
+        return seen
+
+    monkeypatch.setattr(client, "stats", stats_then_create)
+    with pytest.raises(TableNotFoundError) as failed:
+        save(client, str(root / "c"))
+    text = str(failed.value)
+    assert text.startswith(f"the save into {root / 'c'} failed after every shard saved its part there: "), text
+    assert "side" in text and f"so the shard-<i> folders there are not a checkpoint: delete {root / 'c'}" in text
+    assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0", "shard-1"]
+
+
+def test_a_release_that_fails_after_the_save_names_the_parts_left(two_shards_one_lacking_a_table, monkeypatch):
+    from ps.errors import PsError
+    from worker.checkpoint import save
+
+    client, root, _ = two_shards_one_lacking_a_table
+    checkpoint = client.checkpoint
+
+    def release_fails(requests: dict) -> list:
+        replies = checkpoint(requests)
+        if any(r.phase == "release" for r in requests.values()):
+            raise PsError("the release did not answer")
+        return replies
+
+    monkeypatch.setattr(client, "checkpoint", release_fails)
+    with pytest.raises(PsError, match=rf"^the save into {root / 'c'} failed after every shard saved its part there: "
+                                      r"the release did not answer\. No manifest.json was written"):  # fmt: skip
+        save(client, str(root / "c"))
+    assert sorted(p.name for p in (root / "c").iterdir()) == ["shard-0", "shard-1"]

@@ -27,7 +27,7 @@ from ps.errors import PsError
 from ps.sharding import NUM_SLOTS
 from ps.storage.leftovers import size_bytes
 from worker.flags import check_new_dir
-from worker.tables import cluster_damage
+from worker.tables import cluster_damage, untrained_on_some_shards
 
 if TYPE_CHECKING:
     from worker.client import Client
@@ -63,11 +63,16 @@ def check_save_dir(name: str, directory: str) -> None:
     check_new_dir(name, directory, NEW_DIR)
 
 
-def _note_parts_left(error: PsError, directory: str) -> None:
+def _note_parts_left(error: BaseException, directory: str, all_saved: bool = False) -> None:
     """Adds to error's message what the save phase leaves in directory: the shard-<i> folders of the shards whose
     save finished, where this machine sees any, and those of saves that may go on (a save whose deadline passed is
-    not called off). Without a manifest they are not a checkpoint, and the directory takes no save until they are
-    gone."""
+    not called off). all_saved: every shard's save finished (a failure after the save phase). Without a manifest
+    they are not a checkpoint, and the directory takes no save until they are gone."""
+    if all_saved:
+        error.args = (f"the save into {directory} failed after every shard saved its part there: {error}. No "
+                      f"{MANIFEST} was written, so the shard-<i> folders there are not a checkpoint: delete "
+                      f"{directory} before saving into it again",)  # fmt: skip
+        return
     if not os.path.isdir(directory):  # the shards that failed removed what they made, and none finished
         error.args = (f"the save into {directory} failed: {error}. This machine sees nothing at {directory}; a "
                       "shard whose save did not answer may still make it and write its part there, and where the "
@@ -91,19 +96,26 @@ def save(
 ) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
-    a checkpoint or any other file, or for shards that lost a trained table or were restored from different
-    checkpoints (worker.tables.cluster_damage; tables: look only at these for a lost one, for a checkpoint that is
-    read for them alone, an export's)."""
+    a checkpoint or any other file, for shards that lost a trained table or were restored from different
+    checkpoints (worker.tables.cluster_damage), or for a table some shards lack (untrained_on_some_shards: its
+    manifest entry is described by every shard); tables: look only at these for such a table, for a checkpoint
+    that is read for them alone, an export's. A failure once the shards began to save says what they left in
+    directory (_note_parts_left)."""
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
-    lost = cluster_damage(client.stats(), tables)
+    shard_stats = client.stats()
+    lost = cluster_damage(shard_stats, tables)
     if lost:  # a checkpoint of it would make the loss (or two cuts) look like a model
         raise ValueError(f"{lost}; nothing was saved")
+    partial = untrained_on_some_shards(shard_stats, tables)
+    if partial:  # refused now, not by a shard lacking it once every shard has saved
+        raise ValueError(f"{partial}; nothing was saved")
     n = len(client.servers)
     started = time.monotonic()
     tokens: dict[int, str] = {}  # shard -> its hold's token, of the shards held so far
+    saving = saved = False  # the save phase was sent (from here on a failure leaves parts in directory); it ended
     try:
         held = _hold(client, 0, hold_timeout_s, tokens)  # first alone: of two saves at once, one gets it
         if n > 1:
@@ -113,6 +125,7 @@ def save(
             first = next((e for e in errors if e is not None), None)
             if first is not None:
                 raise first
+        saving = True
         try:
             replies = client.checkpoint(
                 {s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)}
@@ -120,8 +133,9 @@ def save(
         except PsError as e:
             _note_parts_left(e, directory)
             raise
+        saved = True
     finally:  # every hold taken is released, whatever failed
-        client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
+        _release(client, tokens, directory if saving else None, saved)
     shards = [json.loads(r.shard_json) for r in replies]
     if not os.access(directory, os.R_OK | os.X_OK):
         raise PermissionError(f"the servers saved their parts into {directory}, which this user cannot read (the "
@@ -138,8 +152,12 @@ def save(
     every = list(range(n))  # a table left out of `tables` is described by the shards that hold it: it may be lost
     asked = {name: every if tables is None or name in tables else [i for i in every if name in shards[i]["rows"]]
              for name in names}  # fmt: skip
-    configs = [codec.table_config_from_proto(client.describe_table(name, asked[name])[0].spec).to_dict()
-               for name in names]  # fmt: skip
+    try:
+        configs = [codec.table_config_from_proto(client.describe_table(name, asked[name])[0].spec).to_dict()
+                   for name in names]  # fmt: skip
+    except PsError as e:  # a table made on some shards since the Stats above, or a shard gone
+        _note_parts_left(e, directory, all_saved=True)
+        raise
     manifest = {
         "format": FORMAT,
         "num_shards": n,
@@ -159,3 +177,15 @@ def save(
         ) from e
     manifest["seconds"] = round(time.monotonic() - started, 3)
     return manifest
+
+
+def _release(client: Client, tokens: dict[int, str], saved_into: str | None, all_saved: bool) -> None:
+    """Releases every hold of tokens; saved_into: the directory the shards were told to save into, whose parts
+    a failed release's error names (_note_parts_left; all_saved: every shard's save finished), else None (no save
+    was sent)."""
+    try:
+        client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
+    except PsError as e:
+        if saved_into is not None:
+            _note_parts_left(e, saved_into, all_saved)
+        raise

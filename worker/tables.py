@@ -47,6 +47,29 @@ def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
             "(the tables are then trained from scratch)")  # fmt: skip
 
 
+def untrained_on_some_shards(shard_stats: list, names: set[str] | None = None) -> str:
+    """A message naming the tables (of `names`, else any) that some shards hold with no row and no pending id on
+    any shard while others hold no such table at all, else "" (lost_tables names those with rows). A checkpoint
+    describes each table on every shard; one on some shards only was made on them alone (a CreateTable sent to
+    some shards), or the others started on new, empty data dirs since it was made: nothing of it is lost."""
+    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
+    every = set().union(*held)
+    found = []
+    for name in sorted(every if names is None else every & names):
+        on = [i for i, tables in enumerate(held) if name in tables]
+        lacking = [i for i, tables in enumerate(held) if name not in tables]
+        rows = sum(held[i][name].num_rows + held[i][name].pending_ids for i in on)
+        if lacking and not rows:
+            found.append(f"table {name} is on shard{'s' * (len(on) > 1)} {', '.join(map(str, on))} only, not on "
+                         f"shard{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}")  # fmt: skip
+    if not found:
+        return ""
+    return ("; ".join(found) + ": such a table holds no row yet (it was made on some shards alone, or the others "
+            "started on new, empty data dirs since), and a checkpoint describes each table on every shard. A run "
+            "that uses it creates it on every shard (a shard that holds it takes the same CreateTable again); "
+            "`ps-worker export --tables` that leaves it out (without --keep-checkpoint) is not refused for it")  # fmt: skip
+
+
 NEVER_RESTORED = "(never restored, or a server version that does not say)"  # restored_sha256 empty
 
 
