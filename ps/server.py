@@ -273,8 +273,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
             f"{where} starting on {host_port(config.host, server.port)} (data dir {config.data_dir}; health says NOT_SERVING, "
             "and what the start is doing, until it serves)"))  # fmt: skip
     except StartStopped as e:
-        print(f"{where}: stopped during its start ({e}); its data dir is as the next start can use",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(_stopped_start_line(where, e, progress.phase, config.restore_dir), file=sys.stderr, flush=True)
         return
     port = server.start()
     serving.append(server)
@@ -347,8 +346,18 @@ def _stop_note(progress: StartProgress) -> str:
     if not progress.starting:
         return ""
     if progress.phase == "restoring":
-        return " once the restore is done (stopped in the middle, the data dir would have to be deleted)"
+        return (f" (the start stops now, its restore part way: {progress.describe()}; the next start with the same "
+                "--restore starts the restore over)")  # fmt: skip
     return f" (the start stops now: {progress.describe()})"
+
+
+def _stopped_start_line(where: str, stopped: StartStopped, phase: str, restore_dir: str | None) -> str:
+    """The line that says a start was stopped (StartStopped) in phase: what the data dir is fit for now."""
+    if phase == "restoring":  # stopped inside the restore (or as it ended): the dir is marked until it finishes
+        return (f"{where}: stopped during its start ({stopped}); start it again with the same --restore "
+                f"{restore_dir}: a restore stopped part way leaves its data dir marked, and that start starts it "
+                "over (a start without that --restore is refused)")  # fmt: skip
+    return f"{where}: stopped during its start ({stopped}); its data dir is as the next start can use"
 
 
 def _say(line: str) -> None:

@@ -1,7 +1,8 @@
 """`python -m tests.slow_start GATE AT [ps-server flags]`: ps-server whose start waits, until the file GATE exists,
-at AT: `verify` (before --verify-on-start's reading) or a number K (before its journal replay applies its K-th
-record); or, with AT `stop`, whose stop waits before it closes the shard (its last flush); or, with AT `warm-up`,
-whose warm-up (--memory-bytes) waits inside its first push, having made the file GATE.reached. A start, a stop or
+at AT: `verify` (before --verify-on-start's reading), a number K (before its journal replay applies its K-th
+record) or `restore` (inside --restore, once its first batch of rows is written); or, with AT `stop`, whose stop
+waits before it closes the shard (its last flush); or, with AT `warm-up`, whose warm-up (--memory-bytes) waits
+inside its first push, having made the file GATE.reached. A start, a stop or
 a warm-up as long as a test needs, watched from outside (health, calls, signals); nothing else differs."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ps.__main__ import main
 from ps.engine import warmup
 from ps.engine.shard import Shard
 from ps.engine.table import Table
+from ps.storage.store import Store
 
 
 def wait_for(gate: str) -> None:
@@ -44,6 +46,24 @@ def hold_verify(gate: str) -> None:
         return verify(path, **kwargs)
 
     ps.server.verify_data_dir = held
+
+
+def hold_restore(gate: str) -> None:
+    """Makes a restore (--restore) wait, once its first batch of rows is written (before the stop is checked for),
+    until the file gate exists."""
+    import_slots, seen = Store.import_slots, [False]
+
+    def held(self: Store, source: str, slots, names, widths, on_written=None):
+        def written(n: int) -> None:
+            if not seen[0]:
+                seen[0] = True
+                wait_for(gate)
+            if on_written is not None:
+                on_written(n)
+
+        return import_slots(self, source, slots, names, widths, written)
+
+    Store.import_slots = held
 
 
 def hold_stop(gate: str) -> None:
@@ -78,6 +98,8 @@ if __name__ == "__main__":
         hold_stop(gate)
     elif at == "warm-up":
         hold_warm_up(gate)
+    elif at == "restore":
+        hold_restore(gate)
     else:
         hold_replay(gate, int(at))
     sys.exit(main(sys.argv[3:]))

@@ -257,6 +257,40 @@ def test_sigterm_during_verify_on_start_stops_it_at_once(tmp_path):
         again.stop_cleanly()
 
 
+def test_sigterm_during_a_restore_says_it_stops_it_now_and_the_same_restore_starts_it_over(tmp_path):
+    """The log line of the signal and the last line say what happens: the restore stops part way (after the batch
+    it writes), and a start with the same --restore starts it over; a start without it is refused."""
+    from tests.conftest import one_table_checkpoint
+
+    checkpoint = one_table_checkpoint(tmp_path, 300)
+    gate = tmp_path / "gate"
+    server = slow_server(tmp_path, gate, "restore", "--restore", checkpoint)
+    try:
+        address = server.answering()
+        health_cli_once(address, "restoring from its checkpoint")
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: "received SIGTERM" in server.output(), 30, "the server to take the signal")
+        gate.touch()  # the held batch is written; the restore stops at its check
+        assert server.proc.wait(60) == 0, server.output()
+    finally:
+        server.proc.kill()
+    out = server.output()
+    assert re.search(r"received SIGTERM, shutting down \(the start stops now, its restore part way: restoring from "
+                     r"its checkpoint \(--restore\).*; the next start with the same --restore starts the restore "
+                     r"over\)", out), out  # fmt: skip
+    assert ("stopped during its start (restoring from its checkpoint (--restore)" in out and f"start it again with "
+            f"the same --restore {checkpoint}: a restore stopped part way leaves its data dir marked" in out), out  # fmt: skip
+    assert "once the restore is done" not in out and "listening on" not in out, out
+    without = ServerProcess(tmp_path / "d")
+    assert without.started() is None and "holds a restore from" in without.output(), without.output()
+    again = ServerProcess(tmp_path / "d", "--restore", checkpoint)
+    try:
+        assert again.started() is not None, again.output()
+        assert "did not finish (the server stopped during it): starting it over" in again.output()
+    finally:
+        again.stop_cleanly()
+
+
 def test_a_closed_stdin_stops_verify_on_start_at_once_as_sigterm_does(tmp_path):
     """--stop-with-stdin (ps-worker's local shards): the parent gone, a long --verify-on-start ends where it is."""
     crashed_with_a_journal(tmp_path / "d")

@@ -10,8 +10,10 @@ Stopping: a SIGTERM (or a closed stdin, ps.server) sets the `stop` event. check(
 StartStopped once it is set, so a start stops only where stopping leaves the data dir as the next start can use:
 before RocksDB is opened, between journal records (replayed again next time: a row's lsn says which records it
 has), before the flush that ends a replay. A read-only phase run under read_only() (--verify-on-start) may be
-stopped anywhere inside it: the signal handler raises StartStopped itself while `interruptible` is true. A restore is not stopped in the middle (it
-would leave a dir that must be deleted and restored again): a stop asked for meanwhile is obeyed once it is done.
+stopped anywhere inside it: the signal handler raises StartStopped itself while `interruptible` is true. A
+restore (--restore) stops after the batch of rows it is writing: its data dir stays marked as an unfinished restore,
+which the next start with the same --restore starts over, and any other start refuses (ps.engine.shard
+._check_store).
 """
 
 from __future__ import annotations
