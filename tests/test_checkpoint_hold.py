@@ -38,7 +38,8 @@ def test_hold_save_release(tmp_path, caplog):
         shard.release("not-the-token")  # a stale token releases nothing
         with pytest.raises(CheckpointInProgressError):
             shard.push("t", ids, np.ones((3, 2), np.float32))
-        with pytest.raises(CheckpointHoldError, match="hold expired or was released"):
+        with pytest.raises(CheckpointHoldError, match=r"^shard 0: it is held by another checkpoint \(the token is "
+                                                      r"not its hold's\)"):  # fmt: skip
             shard.save_checkpoint(str(tmp_path / "c1"), "not-the-token")
         assert shard.save_checkpoint(str(tmp_path / "c1"), token)["rows"] == {"t": 0}
         shard.release(token)
@@ -122,12 +123,13 @@ def test_a_save_into_a_dir_the_server_cannot_write_is_refused_as_the_operators_f
         shard.close()
 
 
-def test_a_save_on_a_shard_that_restarted_since_its_hold_says_so():
+def test_a_save_on_a_shard_that_took_no_hold_since_it_started_says_why_it_may_be():
     from ps.engine.hold import PushHold
 
-    restarted = PushHold(1)  # a new process: it never took the hold the save names
-    with pytest.raises(CheckpointHoldError, match=r"shard 1: this shard holds no checkpoint hold: it restarted since the hold "
-                                                  r"was taken; nothing saved"), restarted.saving("0123abcd"):  # fmt: skip
+    fresh = PushHold(1)  # a new process: no hold taken (a save sent without one, or the shard restarted since)
+    with pytest.raises(CheckpointHoldError, match=r"^shard 1: it has taken no checkpoint hold since it started \(none "
+                                                  r"was taken, or the shard restarted since it was\); take the hold "
+                                                  r"first; nothing saved$"), fresh.saving(""):  # fmt: skip
         pass
     held = PushHold(1)
     _, token = held.hold(30, lambda: 0)

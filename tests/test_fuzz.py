@@ -79,7 +79,11 @@ RULES = [  # (name, status code, pattern of the message); the first match names 
     ("hold timeout out of range", "INVALID_ARGUMENT", r"^hold_timeout_s must be finite"),
     ("pushes held by a checkpoint", "UNAVAILABLE", r"is taking a checkpoint"),
     ("hold while held", "FAILED_PRECONDITION", r"is held by another checkpoint"),
-    ("save without its hold", "FAILED_PRECONDITION", r"hold expired or was released before the save"),
+    (
+        "save without its hold",
+        "FAILED_PRECONDITION",
+        r"hold expired or was released before the save|has taken no checkpoint hold since it started",
+    ),
     ("checkpoint phase unknown", "INVALID_ARGUMENT", r"^checkpoint phase .* is unknown"),
     ("checkpoint dir unusable", "INVALID_ARGUMENT", r"is not a usable path"),
     ("checkpoint dir outside the root", "INVALID_ARGUMENT", r"not inside this server's checkpoint root"),

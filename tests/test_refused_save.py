@@ -20,6 +20,8 @@ TIMEOUT_S = 30
 def test_a_save_refused_for_its_directory_flushes_nothing(tmp_path):
     root = tmp_path / "root"
     (root / "taken" / "shard-0").mkdir(parents=True)  # a checkpoint of this shard is there already
+    (root / "linked").mkdir()
+    (root / "linked" / "shard-0").symlink_to(root / "nowhere")  # a dangling link: RocksDB could not write there
     (root / "file").write_bytes(b"a file, not a directory")
     fields = (
         {"checkpoint_root": str(root)}
@@ -39,13 +41,16 @@ def test_a_save_refused_for_its_directory_flushes_nothing(tmp_path):
         assert dirty() == 8
         token = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60), timeout=TIMEOUT_S).token
         for target, code in ((root / "taken", grpc.StatusCode.INVALID_ARGUMENT),
+                             (root / "linked", grpc.StatusCode.INVALID_ARGUMENT),
                              (root / "file" / "sub", grpc.StatusCode.FAILED_PRECONDITION),
                              (root / "new" / "deeper" / ("x" * 300), grpc.StatusCode.INVALID_ARGUMENT)):  # fmt: skip
             with pytest.raises(grpc.RpcError) as e:
                 stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=str(target), token=token), timeout=TIMEOUT_S)
             assert e.value.code() == code, (target, e.value.code(), e.value.details())
+            if target.name in ("taken", "linked"):
+                assert e.value.details() == f"checkpoint dir {target / 'shard-0'} exists already; give a new directory"
             assert dirty() == 8, f"the save to {target} was refused ({e.value.details()}), yet it flushed the rows"
-            assert sorted(p.name for p in root.iterdir()) == ["file", "taken"], "a refused save left directories"
+            assert sorted(p.name for p in root.iterdir()) == ["file", "linked", "taken"], "a refused save left dirs"
         stub.Checkpoint(ps_pb2.CheckpointRequest(phase="save", dir=str(root / "new"), token=token), timeout=TIMEOUT_S)
         assert dirty() == 0  # a save that is taken flushes
         stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=token), timeout=TIMEOUT_S)

@@ -108,6 +108,17 @@ class PushHold:
                     log.info("checkpoint hold released after %.1f s: taking pushes again (%s refused meanwhile, "
                              "which clients retry)", time.monotonic() - self._held_at, f"{self._refused:,}")  # fmt: skip
 
+    def _not_held(self) -> str:
+        """Why a save's token is not the shard's hold now (under _gate): another checkpoint holds it, no hold was
+        taken since the process started, or the hold expired or was released."""
+        if self.held_until and time.monotonic() < self.held_until:  # a hold lasts: the token is not its
+            return ("it is held by another checkpoint (the token is not its hold's); one checkpoint at a time: take "
+                    "this one once that one has ended")  # fmt: skip
+        if not self._held_at:
+            return ("it has taken no checkpoint hold since it started (none was taken, or the shard restarted since "
+                    "it was); take the hold first")  # fmt: skip
+        return "the checkpoint's hold expired or was released before the save (raise --hold-timeout-s?); take it again"
+
     @property
     def save_running(self) -> bool:
         """Whether a checkpoint save runs now (one lock's state: no wait, safe in a signal handler)."""
@@ -116,14 +127,11 @@ class PushHold:
     @contextlib.contextmanager
     def saving(self, token: str) -> Iterator[None]:
         """Runs a save under the hold that returned token, one save at a time: CheckpointHoldError if that hold
-        expired or was released. The hold cannot expire while the save runs; its timeout counts again after."""
+        is not the shard's now (_not_held says why). The hold cannot expire while the save runs; its timeout counts
+        again after."""
         with self._gate:
             if token != self.token or not self.held_until or time.monotonic() >= self.held_until:
-                if not self._held_at:  # no hold was ever taken in this process
-                    why = "this shard holds no checkpoint hold: it restarted since the hold was taken"
-                else:
-                    why = "the checkpoint's hold expired or was released before the save (raise --hold-timeout-s?)"
-                raise CheckpointHoldError(f"shard {self.shard_id}: {why}; nothing saved, take it again")
+                raise CheckpointHoldError(f"shard {self.shard_id}: {self._not_held()}; nothing saved")
             self.held_until = float("inf")  # no expiry during the save
         try:
             with self._saving:
@@ -136,13 +144,13 @@ class PushHold:
 
 def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], None]) -> str:
     """Creates directory (and its missing parents), then write(path) writes the shard's checkpoint to path,
-    <directory>/<name>; returns path. Refused before anything is written: InvalidArgumentError if path exists or
-    directory lies inside a checkpoint or a RocksDB directory (below checkpoint_root; "": the file system's root);
-    CheckpointDirError (or InvalidArgumentError, DiskFullError: see _make_dirs) if directory cannot be created or
-    written. A failed write leaves none of the directories this created; a DiskFullError of it names the nearest
-    directory that is there."""
+    <directory>/<name>; returns path. Refused before anything is written: InvalidArgumentError if path exists (a
+    dangling link included) or directory lies inside a checkpoint or a RocksDB directory (below checkpoint_root;
+    "": the file system's root); CheckpointDirError (or InvalidArgumentError, DiskFullError: see _make_dirs) if
+    directory cannot be created or written. A failed write leaves none of the directories this created; a
+    DiskFullError of it names the nearest directory that is there."""
     path = os.path.join(directory, name)
-    if os.path.exists(path):  # the directory is checked before the write: a refused save changes nothing
+    if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
         raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
     inside = _inside_a_checkpoint(directory, checkpoint_root)
     if inside is not None:
