@@ -280,6 +280,27 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were
 
 
+def test_a_model_whose_tables_hold_no_trained_row_is_neither_scored_nor_evaluated(servers, files, tmp_path, capsys):
+    """Tables made by `train --create-tables-only` (or a train that failed before its first push, or the wrong
+    --servers) hold the model's initial values alone: predict and eval refuse it, predict writing nothing."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path, create_tables_only=True))
+    flags = ["--data", train_path, "--model", "fm"]
+    out = tmp_path / "p.csv"
+    capsys.readouterr()
+    assert predict(addresses[0], out, *flags, "--predict-data", test_path) == 2
+    err = capsys.readouterr().err
+    assert "the servers hold the tables of fm (fm) but no trained row in them" in err, err
+    assert "--create-tables-only" in err and "nothing was written" in err and not out.exists()
+    assert not [name for name in os.listdir(tmp_path) if name.startswith(".p.csv")]
+    assert main(["eval", "--servers", addresses[0], *flags, "--eval-data", test_path, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "but no trained row in them" in err and "nothing was evaluated" in err, err
+    train(small_run(addresses, train_path))  # trained: scored
+    assert predict(addresses[0], out, *flags, "--predict-data", test_path) == 0 and out.exists()
+
+
 def test_many_files_are_scored_in_order_with_a_file_column_as_each_alone(servers, files, tmp_path, capsys):
     """A directory (its _SUCCESS skipped) is scored file by file in name order: each row names its file, and a
     file's rows are those predict writes for it alone; --data alone may name the directory; a file of another

@@ -111,6 +111,31 @@ def test_export_and_checkpoint_refuse_a_non_empty_directory_before_any_server_is
     assert tree(target) == {"notes.txt": b"mine\n"}
 
 
+def test_an_export_of_tables_that_hold_no_row_is_refused(tmp_path, capsys):
+    """Tables made but never trained (train --create-tables-only, the wrong --servers) export nothing of use: an
+    error, and no OUT; --tables counts the rows of the tables it selects alone."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.create_table(TableConfig("other", 2))
+        out = tmp_path / "export"
+        code, _, err = worker(["export", str(out), "--servers", address, "--no-progress"], capsys)
+        assert code == 2 and "tables emb, other hold no trained row: an export would be empty" in err, err
+        assert "--create-tables-only" in err and not out.exists()
+        with Client([address]) as client:
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        code, _, err = worker(["export", str(out), "--servers", address, "--tables", "oth*", "--no-progress"], capsys)
+        assert code == 2 and "tables other hold no trained row" in err and not out.exists(), err
+        code, _, err = worker(["export", str(out), "--servers", address, "--no-progress"], capsys)
+        assert code == 0, err
+    finally:
+        server.stop(grace_s=1)
+    assert json.loads((out / "export.json").read_text())["tables"]["emb"]["rows"] == 5
+
+
 def test_export_with_overwrite_replaces_an_earlier_export_and_its_kept_checkpoint(tmp_path, capsys):
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
     server.start()

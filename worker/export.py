@@ -2,11 +2,13 @@
 
     1. a claim on OUT for the whole run (export_claim: a shared flock; what exports killed mid-way left in OUT is
        removed first, in an export's own folder only, worker/temp_dirs.py and ps/storage/leftovers.py)
-    2. a checkpoint through the servers into OUT/checkpoint.new-<pid>-<host>-<8 hex> (worker/checkpoint.py save;
+    2. once the servers answer, an error unless the tables exported hold a row (check_rows: a model made by
+       `train --create-tables-only`, or the wrong --servers, exports nothing of use)
+    3. a checkpoint through the servers into OUT/checkpoint.new-<pid>-<host>-<8 hex> (worker/checkpoint.py save;
        OUT must lie inside the servers' --checkpoint-root)
-    3. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
+    4. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
        RocksDB files, the worker does not import it), --since and --tables passed on
-    4. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
+    5. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
        (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null)
 Checked before any server is asked: OUT new or empty (or --overwrite), writable, and any OUT/checkpoint one that an
 earlier export kept (check_kept_checkpoint). A failure leaves OUT as it was (an OUT this export created is removed).
@@ -78,8 +80,9 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         try:
             with client(args) as servers:
                 servers.wait_ready()
-                held = sorted({t.name for shard in servers.stats() for t in shard.tables})  # before the checkpoint
-                if not held:  # (a hold on pushes) is taken
+                shard_stats = servers.stats()  # before the checkpoint (a hold on pushes) is taken
+                held = sorted({t.name for shard in shard_stats for t in shard.tables})
+                if not held:
                     raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
                                      "the model's tables); nothing was saved")  # fmt: skip
                 if patterns is not None:
@@ -87,9 +90,11 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                         if not fnmatch.filter(held, pattern):
                             raise ValueError(f"--tables {pattern!r} matches no table the servers hold ("
                                              f"{', '.join(held) or 'none'}); nothing was saved")  # fmt: skip
+                exported = held if patterns is None else sorted({n for p in patterns for n in fnmatch.filter(held, p)})
+                check_rows(shard_stats, exported)
                 only = None  # the tables a lost one refuses the save: every one, unless the checkpoint is read for
                 if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
-                    only = {name for pattern in patterns for name in fnmatch.filter(held, pattern)}
+                    only = set(exported)
                 try:
                     save(servers, fresh, tables=only)
                 except NoCheckpointRootError as e:  # a server started without --checkpoint-root
@@ -124,6 +129,16 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             shutil.rmtree(fresh)
         record_checkpoint(os.path.join(args.out, "export.json"), kept if args.keep_checkpoint else None)
     return 0
+
+
+def check_rows(shard_stats: list, tables: list[str]) -> None:
+    """ValueError when the tables to export hold no row on any shard: an export of them would be empty."""
+    if sum(t.num_rows for shard in shard_stats for t in shard.tables if t.name in tables):
+        return
+    raise ValueError(f"the servers' tables {', '.join(tables)} hold no trained row: an export would be empty. The "
+                     "model was never trained on these servers (its tables made by `ps-worker train "
+                     "--create-tables-only`, or by a train that failed before its first push), or --servers names "
+                     "other servers than those it was trained on; nothing was saved")  # fmt: skip
 
 
 def check_kept_checkpoint(out: str, kept: str) -> None:

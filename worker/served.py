@@ -20,7 +20,7 @@ from worker.dense import DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_files_upto
-from worker.model_tables import table_configs
+from worker.model_tables import sparse_table_stats, table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.scoring import ScoringProgress, evaluate
 from worker.tables import check_tables
@@ -48,7 +48,8 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
     """The model of cfg's flags as the servers hold it, for eval and predict: prepare (the large recipe, no
     validation split: --max-bad-lines 1,000 unless given), then, once the servers answer, ValueError unless they
     hold every table of that model with its shapes (check_tables for_eval; doing: what was not done, for the
-    message), and the dense parameters pulled. labels_optional: as prepare's."""
+    message) and a trained row in them (check_trained), and the dense parameters pulled. labels_optional: as
+    prepare's."""
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
     cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional)
     backend = make_backend(spec, cfg)
@@ -63,12 +64,27 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
             params = [p for p in params if p is not bias]
         check_tables(client, wanted, doing, for_eval=True,  # the rest of the model is there, in its shapes
                      dense_rows={table_name(p): p.shape[0] for p in params})  # fmt: skip
+        check_trained(client, spec, cfg.model, doing)
         if without_bias:
             log.warning("the servers hold no table %s: the model was trained before models had a logit bias; it is "
                         "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip
         dense_values = DenseSync(client, params).pull()
         dense_values.setdefault(LOGIT_BIAS, np.zeros(bias.shape, dtype=np.float32))
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(client.servers))
+
+
+def check_trained(client: Client, spec: ModelSpec, model: str, doing: str) -> None:
+    """ValueError when the model's sparse tables hold no row on any shard (their num_rows sum to 0): a model never
+    trained there, whose every score is its initial one, is not scored (doing: what was not done, for the
+    message)."""
+    if sum(t.num_rows for t in sparse_table_stats(client, spec)):
+        return
+    names = ", ".join(sorted(spec.table_dims()))
+    raise ValueError(f"the servers hold the tables of {model} ({names}) but no trained row in them: the model was "
+                     "never trained on these servers (its tables made by `ps-worker train --create-tables-only`, or "
+                     "by a train that failed before its first push), or --servers names other servers than those it "
+                     f"was trained on ({', '.join(client.servers)}); its scores would all be its initial ones: "
+                     f"{doing}")  # fmt: skip
 
 
 def evaluate_servers(cfg: TrainConfig) -> dict:
