@@ -301,6 +301,30 @@ def test_a_model_whose_tables_hold_no_trained_row_is_neither_scored_nor_evaluate
     assert predict(addresses[0], out, *flags, "--predict-data", test_path) == 0 and out.exists()
 
 
+def test_out_where_a_directory_or_glob_of_the_input_takes_it_in_is_refused_up_front(files, tmp_path, capsys):
+    """--out in the --predict-data directory (or matched by its glob) would be read as data by the next run over
+    that input: refused before any server is asked, nothing written; a name the input skips, or one outside, is
+    not refused (the refusal after it is the servers', none answering)."""
+    train_path, test_path = files
+    dd = tmp_path / "dd"
+    dd.mkdir()
+    for name in ("a.tsv", "b.tsv"):
+        (dd / name).write_bytes(Path(test_path).read_bytes())
+    flags = ["--data", train_path, "--model", "lr", "--server-timeout", "0", "--timeout-s", "1"]
+    for data, out in ((dd, dd / "preds.csv"), (f"{dd}/*", dd / "preds.csv"), (f"{tmp_path}/d?/*.?sv", dd / "p.csv"),
+                      (f"{test_path},{dd}", dd / "preds.csv")):  # fmt: skip
+        assert predict("127.0.0.1:1", out, *flags, "--predict-data", str(data)) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out} lies where --predict-data {data} reads its files: the next run over that input would " \
+               "read it as data" in err, err  # fmt: skip
+        assert not out.exists()
+    for data, out in ((dd, dd / ".preds.csv"), (dd, dd / "_preds.csv"), (f"{dd}/*.tsv", dd / "p.csv"),
+                      (dd, tmp_path / "p.csv")):  # fmt: skip
+        assert predict("127.0.0.1:1", out, *flags, "--predict-data", str(data)) == 2
+        err = capsys.readouterr().err
+        assert "lies where" not in err and "127.0.0.1:1" in err, err
+
+
 def test_many_files_are_scored_in_order_with_a_file_column_as_each_alone(servers, files, tmp_path, capsys):
     """A directory (its _SUCCESS skipped) is scored file by file in name order: each row names its file, and a
     file's rows are those predict writes for it alone; --data alone may name the directory; a file of another

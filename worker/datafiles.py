@@ -3,6 +3,7 @@
     data_files(spec) -> [path, ...]            # in reading order; ValueError for a pattern or directory that
                                                # matches no file, or a file named twice
     check_data_input(flag, spec, expected)     # ValueError naming the flag unless every file is a readable file
+    takes_in(spec, path) -> bool               # whether a directory or glob of spec takes in a file at path
 
 The grammar of spec (--data, --eval-data, --validation-data, and the data `ps-worker schema` reads):
     spec   := a path that is a regular file (taken whole, even if it holds ',' or '*')
@@ -21,6 +22,7 @@ the same examples, in the same order, as over their concatenation.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -99,6 +101,27 @@ def _matched(entry: str) -> list[str] | None:
 
 def _is_data(name: str) -> bool:
     return not name.startswith((".", "_")) and not name.endswith(NOT_DATA)
+
+
+def takes_in(spec: str | os.PathLike, path: str | os.PathLike) -> bool:
+    """Whether a file at path (there or not yet) is among the files of spec by a directory or glob entry: in the
+    directory, or matched by the glob (component by component, as glob.glob matches, hidden names included), and
+    not SKIPPED. An output file there would be read as data by the next run over spec."""
+    spec, path = os.fspath(spec), os.fspath(path)
+    if os.path.isfile(spec) or not _is_data(os.path.basename(path)):
+        return False
+    return any(_entry_takes_in(entry.strip(), path) for entry in spec.split(",") if entry.strip())
+
+
+def _entry_takes_in(entry: str, path: str) -> bool:
+    """Whether a directory or glob entry takes in a file at path (takes_in)."""
+    if os.path.isdir(entry):
+        return os.path.realpath(os.path.dirname(os.path.abspath(path))) == os.path.realpath(entry)
+    if not _GLOB_CHARS & set(entry) or os.path.lexists(entry):
+        return False
+    pattern = os.path.normpath(os.path.abspath(entry)).split(os.sep)
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    return len(pattern) == len(parts) and all(fnmatch.fnmatchcase(p, q) for p, q in zip(parts, pattern))
 
 
 def shared_files(spec: str, other: str) -> list[str]:

@@ -104,10 +104,11 @@ def check_new_dir(name: str, path: str, how: str, ignore: re.Pattern[str] | None
 
 def check_not_an_input(flag: str, path: str | None, inputs: Mapping[str, str | None]) -> None:
     """ValueError when the output file `path` of `flag` is the file of one of `inputs` (flag -> path, None for a
-    flag not given): writing it would replace that input."""
+    flag not given): writing it would replace that input; or when a directory or glob of an input takes it in
+    (datafiles.takes_in): the next run over that input would read it as data."""
     if path is None:
         return
-    from worker.datafiles import data_files
+    from worker.datafiles import data_files, takes_in
 
     for input_flag, input_path in inputs.items():
         try:
@@ -117,6 +118,10 @@ def check_not_an_input(flag: str, path: str | None, inputs: Mapping[str, str | N
         if any(same_file(path, f) for f in [input_path] * (input_path is not None) + files):
             raise ValueError(f"{flag} {path} is the file of {input_flag} {input_path}: writing it would replace "
                              "that input; give another file name")  # fmt: skip
+        if input_path is not None and takes_in(input_path, path):
+            raise ValueError(f"{flag} {path} lies where {input_flag} {input_path} reads its files: the next run over "
+                             "that input would read it as data; write it outside that directory, or under a name "
+                             "the input skips (one starting with '.' or '_')")  # fmt: skip
 
 
 def same_file(a: str, b: str) -> bool:
