@@ -325,6 +325,27 @@ def test_out_where_a_directory_or_glob_of_the_input_takes_it_in_is_refused_up_fr
         assert "lies where" not in err and "127.0.0.1:1" in err, err
 
 
+def test_out_dash_writes_the_csv_alone_to_stdout(servers, files, tmp_path, capsys, monkeypatch):
+    """--out -: stdout holds the CSV of --out FILE, and nothing else (the final line, and --json's object, go to
+    stderr); no file named '-' is made. /dev/stdout, no regular file, is refused with a pointer to -."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    train(small_run(addresses, train_path, model="lr"))
+    flags = ["--data", train_path, "--predict-data", test_path, "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "p.csv", *flags) == 0
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    assert predict(addresses[0], "-", *flags) == 0
+    out, err = capsys.readouterr()
+    assert out == (tmp_path / "p.csv").read_text() and f"wrote {TEST_ROWS} predictions" in err and " to -" in err
+    assert predict(addresses[0], "-", *flags, "--json") == 0
+    out, err = capsys.readouterr()
+    assert out == (tmp_path / "p.csv").read_text() and f'"rows": {TEST_ROWS}' in err
+    assert not os.path.lexists(tmp_path / "-")
+    assert predict(addresses[0], "/dev/stdout", *flags, "--overwrite") == 2
+    assert "--out - writes the CSV to stdout" in capsys.readouterr().err
+
+
 def test_many_files_are_scored_in_order_with_a_file_column_as_each_alone(servers, files, tmp_path, capsys):
     """A directory (its _SUCCESS skipped) is scored file by file in name order: each row names its file, and a
     file's rows are those predict writes for it alone; --data alone may name the directory; a file of another

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ps.settings import HelpFormatter
 from worker.cli_train import add_served_model_args, common_config
-from worker.predict import PredictConfig, predict_servers
+from worker.predict import STDOUT, PredictConfig, predict_servers
 from worker.train_config import TrainConfig
 
 
@@ -27,7 +28,7 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
     add_served_model_args(p, "predict")
     out = p.add_argument_group("output")
     out.add_argument("--out", required=True, help="the CSV file to write (written whole under a temporary name, "
-                     "then renamed)")  # fmt: skip
+                     "then renamed); - writes the CSV to stdout as it is scored, and the final line to stderr")  # fmt: skip
     out.add_argument("--overwrite", action="store_true", help="replace --out if it exists; without it an existing "
                      "file is an error")  # fmt: skip
     out.add_argument(
@@ -52,13 +53,14 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
 
 def run_predict(args: argparse.Namespace) -> int:
     r = predict_servers(predict_config(args))
+    said = sys.stderr if args.out == STDOUT else sys.stdout  # stdout holds the CSV alone
     if args.json:
-        print(json.dumps(r), flush=True)
+        print(json.dumps(r), file=said, flush=True)
         return 0
     columns = ("file, " if r["file_column"] else "") + "line, probability" + (", label" if r["labeled"] else "")
     lines = f"{r['bad_lines']:,} malformed line{'s' * (r['bad_lines'] != 1)}"
     skipped = f"; skipped {lines} (first: {r['first_bad']})" if r["bad_lines"] else ""
     of_files = f" ({r['files']:,} files)" if r["files"] > 1 else ""
     print(f"wrote {r['rows']:,} prediction{'s' * (r['rows'] != 1)} of {r['model']} ({columns}) for {r['predict_data']}{of_files} to {r['out']}"
-          f"{skipped}", flush=True)  # fmt: skip
+          f"{skipped}", file=said, flush=True)  # fmt: skip
     return 0

@@ -25,7 +25,9 @@ the end) and empty lines have no row, so `line` skips their numbers. A file with
 the label column, criteo lines of 39 columns, libsvm lines without the label token; worker/formats.py) is scored
 all the same, and its output has no label column. Rows are written a batch at a time (no more than a batch of
 predictions in memory), to a file beside OUT under a temporary name that becomes OUT once whole: a failed run
-leaves no OUT (and with --overwrite, the earlier OUT as it was). That name is .<name of OUT>.<pid>-<host>-<8 hex>
+leaves no OUT (and with --overwrite, the earlier OUT as it was). `--out -` writes them to stdout instead, as they
+are scored (the header with the first rows: nothing when there is none; a failed run leaves the rows written
+before it, its exit status not 0), and the final line goes to stderr with the logs and progress. The name is .<name of OUT>.<pid>-<host>-<8 hex>
 .partial (worker.temp_dirs.partial_file); a run killed by SIGKILL leaves it, and the next predict into OUT removes
 those of this host whose process is gone, with a log line each (others are reported and left).
 """
@@ -37,8 +39,10 @@ import csv
 import io
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 
@@ -56,13 +60,14 @@ from worker.temp_dirs import dead_partial_files, hold_while_written, partial_fil
 from worker.train_config import TrainConfig
 
 log = logging.getLogger("worker.predict")
+STDOUT = "-"  # --out's value that writes the CSV to stdout
 
 
 @dataclass(frozen=True)
 class PredictConfig:
     """run: the model's and the data's flags, as eval's (run.data: the training data whose first lines give the
     schema); data: the files to score (worker/datafiles.py), given by `flag`; out: the CSV file written (replaced
-    only with overwrite)."""
+    only with overwrite), or STDOUT."""
 
     run: TrainConfig
     data: str
@@ -75,9 +80,10 @@ class PredictConfig:
         """ValueError naming the flag at fault, before any server is asked or anything is written."""
         self.run.validate()
         check_data_input(self.flag, self.data, "data files to score (.gz read through gzip)")
-        check_output_file("--out", self.out)
-        check_not_an_input("--out", self.out, {**self.run.input_files(), self.flag: self.data})
-        check_new_file("--out", self.out, self.overwrite)
+        if self.out != STDOUT:
+            check_output_file("--out", self.out)
+            check_not_an_input("--out", self.out, {**self.run.input_files(), self.flag: self.data})
+            _check_new_out(self.out, self.overwrite)
         r = self.run
         if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
                 not _first_column_is_labels(first_with_content(self.data)):  # fmt: skip
@@ -85,6 +91,17 @@ class PredictConfig:
                              "--schema or --label-column: its label column is unknown (the built-in CSV schema takes "
                              "the first column), and in a file without labels a feature would be taken for it; give "
                              "one of them")  # fmt: skip
+
+
+def _check_new_out(out: str, overwrite: bool) -> None:
+    """check_new_file's ValueError for --out, saying for one that is no regular file (/dev/stdout) how to write to
+    stdout."""
+    try:
+        check_new_file("--out", out, overwrite)
+    except ValueError as e:
+        if os.path.lexists(out) and (os.path.islink(out) or not os.path.isfile(out)):
+            raise ValueError(f"{e}; --out - writes the CSV to stdout") from None
+        raise
 
 
 def _first_column_is_labels(path: str) -> bool:
@@ -115,7 +132,10 @@ def predict_servers(cfg: PredictConfig) -> dict:
         with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
             progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
             with_file = not os.path.isfile(cfg.data)
-            rows = _write(cfg.out, scored, labeled, with_file, progress)
+            if cfg.out == STDOUT:
+                rows = _write_stdout(scored, labeled, with_file, progress)
+            else:
+                rows = _write(cfg.out, scored, labeled, with_file, progress)
         shards = m.shards
     bad_lines, first_bad = stats.bad_lines, stats.first_bad
     if rows == 0:  # _write removed its file
@@ -172,17 +192,41 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
         with leftovers.open_temporary(partial, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
             opened = True
             hold_while_written(f.fileno())  # a predict of another process namespace sees it is alive
-            f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
-            for path, batch, probs in scored:
-                f.write(
-                    format_rows(batch.line_nos, probs, batch.labels if labeled else None, path if with_file else None)
-                )
-                rows += len(batch)
-                progress.update(len(batch))
+            rows = _write_rows(f, scored, labeled, with_file, progress)
         if rows:
             os.replace(partial, out)
     finally:
         progress.close()
         if opened and os.path.lexists(partial):  # what stands there when it could not be opened is not this run's
             os.remove(partial)
+    return rows
+
+
+def _write_stdout(scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
+                  progress: ScoringProgress) -> int:  # fmt: skip
+    """_write's rows written to stdout (--out -) as they are scored, in UTF-8 whatever the locale: nothing (not
+    even the header) when there is no row; a failed run leaves the rows written before it. Returns the row
+    count."""
+    sys.stdout.flush()
+    out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="surrogateescape", newline="\n")
+    try:
+        rows = _write_rows(out, scored, labeled, with_file, progress)
+        out.flush()
+    finally:
+        progress.close()
+        out.detach()  # stdout stays open
+    return rows
+
+
+def _write_rows(f: IO[str], scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
+                progress: ScoringProgress) -> int:  # fmt: skip
+    """Writes the header with the first rows, then the rest, to f; returns the row count (0: nothing written)."""
+    rows, started = 0, False
+    for path, batch, probs in scored:
+        if not started:
+            started = True
+            f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
+        f.write(format_rows(batch.line_nos, probs, batch.labels if labeled else None, path if with_file else None))
+        rows += len(batch)
+        progress.update(len(batch))
     return rows
