@@ -970,3 +970,45 @@ def test_a_line_file_whose_lines_end_in_cr_alone_is_refused_at_a_bounded_line_le
     with pytest.raises(ValueError, match=r"cr.txt line 1: 4,096 bytes with no line end; it holds carriage returns: are "
                                          r"its lines ended by CR alone\?"):  # fmt: skip
         list(read_batches(path, schema, 64, max_bad_lines=10**6))
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv"])
+@pytest.mark.parametrize("scan", [True, False])
+def test_blank_labels_reads_a_label_cell_that_is_no_label_as_none_and_counts_it(tmp_path, monkeypatch, fmt, scan):
+    """read_batches blank_labels (predict): a line whose label cell holds 2 or yes is read as its labeled twin, its
+    label NaN, counted in stats.unread_labels; a bad line stays bad and is not counted; the compiled scans (csv_fast,
+    criteo_fast) and the reference paths agree. Without blank_labels (eval) such lines are bad."""
+    from worker.readers import criteo_reader, csv_reader
+
+    monkeypatch.setattr(csv_reader, "CSV_SCAN", scan)
+    monkeypatch.setattr(criteo_reader, "CRITEO_SCAN", scan)
+    if fmt == "criteo":
+        clean, sep, first = random_criteo(tmp_path / "clean.txt", 40)[0], "\t", 0
+    else:
+        rows = [f"{k % 2},s{k % 5},{k * 0.5},d{k % 3}" for k in range(40)]
+        clean, sep, first = tmp_path / "clean.csv", ",", 1
+        clean.write_text("click,site,price,device\n" + "\n".join(rows) + "\n")
+    lines = clean.read_text().splitlines(keepends=True)
+    odd = {first + k: ("2", "yes", " 7 ")[k % 3] for k in range(3, 40, 4)}  # index in lines: the new label cell
+    for i, cell in odd.items():
+        lines[i] = cell + sep + lines[i].split(sep, 1)[1]
+    changed = tmp_path / f"odd{clean.suffix}"
+    changed.write_text("".join(lines))
+    bad = tmp_path / f"bad{clean.suffix}"  # a line of too few columns whose label is no label either
+    bad.write_text("".join(lines) + f"yes{sep}1{sep}2\n")
+    schema = schema_of(clean, fmt)
+    want = join(read(clean, fmt, 8, schema=schema))
+    for path in (changed, bad):
+        stats = ReadStats()
+        got = join(read(path, fmt, 8, schema=schema, blank_labels=True, max_bad_lines=5, stats=stats))
+        at = [i - first for i in odd]  # the examples changed
+        assert np.isnan(got.labels[at]).all() and np.array_equal(np.delete(got.labels, at), np.delete(want.labels, at))
+        assert got.line_nos.tolist() == want.line_nos.tolist() and list(got.fields) == list(want.fields)
+        for name in want.fields:
+            np.testing.assert_array_equal(got.fields[name].ids, want.fields[name].ids)
+        np.testing.assert_array_equal(got.dense, want.dense)
+        assert stats.unread_labels == len(odd) and stats.bad_lines == (path == bad), stats
+        assert stats.first_unread_label == f"{path} line {min(odd) + 1}: label '2'", stats
+    stats = ReadStats()
+    assert len(join(read(changed, fmt, 8, schema=schema, max_bad_lines=len(odd), stats=stats))) == 40 - len(odd)
+    assert stats.bad_lines == len(odd) and stats.unread_labels == 0 and "label '2'" in stats.first_bad

@@ -497,6 +497,45 @@ def test_a_blank_label_cell_is_a_row_to_score_not_a_bad_line(servers, files, tmp
     assert figures["eval_examples"] == TEST_ROWS - sum(1 for row in blank[1:] if row[2] == "")
 
 
+@pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
+def test_a_label_cell_that_is_no_label_is_a_row_to_score_under_predict_and_a_bad_line_under_eval(
+    servers, files, tmp_path, caplog, fmt
+):
+    """predict reads no label: a row whose label cell holds 2 or yes is scored as its labeled twin, its label cell
+    written empty, and one warning counts them (more than 1 in 100 of them no longer fails the run); eval still
+    skips such lines as malformed."""
+    addresses, _ = servers(1)
+    train_path, test_path = (str(tmp_path / f"{name}.{fmt}") for name in ("train", "test"))
+    for src, dst in zip(files, (train_path, test_path)):
+        CONVERT[fmt](src, dst)
+    train(small_run(addresses, train_path, model="lr", format=fmt))
+    sep = {"criteo": "\t", "csv": ",", "libsvm": " "}[fmt]
+    odd = str(tmp_path / f"odd.{fmt}")
+    changed = 0
+    with open(test_path) as f, open(odd, "w") as g:
+        for i, line in enumerate(f):
+            if i % 3 == 1 and not (fmt == "csv" and i == 0):  # a third of the rows: far past 1 in 100
+                line = ("2" if i % 2 else "yes") + sep + line.split(sep, 1)[1]
+                changed += 1
+            g.write(line)
+    flags = ["--data", train_path, "--format", fmt, "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "labeled.out", *flags, "--predict-data", test_path) == 0
+    caplog.clear()
+    assert predict(addresses[0], tmp_path / "odd.out", *flags, "--predict-data", odd) == 0
+    with open(tmp_path / "labeled.out", newline="") as f, open(tmp_path / "odd.out", newline="") as g:
+        labeled, scored = list(csv.reader(f)), list(csv.reader(g))
+    assert labeled[0] == scored[0] == ["line", "probability", "label"] and len(scored) == TEST_ROWS + 1
+    for (line, p, y), (line_o, p_o, y_o) in zip(labeled[1:], scored[1:], strict=True):
+        assert (line, p) == (line_o, p_o)
+        assert y_o == ("" if (int(line) - 1) % 3 == 1 else y) and y in ("0", "1"), (line, y, y_o)
+    notes = [r.getMessage() for r in caplog.records if "neither 0 nor 1 nor blank" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].startswith(f"{changed:,} rows had a label cell"), notes
+    assert f"(first: {odd} line 2: label '2')" in notes[0], notes  # the file's second line (csv: its first row)
+    figures = evaluate_servers(small_run(addresses, train_path, model="lr", format=fmt, eval_data=odd,
+                                         max_bad_lines=TEST_ROWS))  # fmt: skip
+    assert figures["eval_examples"] == TEST_ROWS - changed and figures["bad_lines"] == changed
+
+
 def test_a_labeled_criteo_file_whose_first_line_lost_its_empty_last_column_is_still_labeled(tmp_path):
     """A tool that strips trailing whitespace turns a labeled line whose C26 is empty into 39 columns, the count
     of a line without a label: the file is told by most of its first lines, not the first alone."""

@@ -54,10 +54,12 @@ always read with labels, and refuse such a file's lines as bad): every example's
 is as its reader's docstring says. file_has_labels tells them apart by the file's start (at most the first
 LABEL_PROBE_LINES lines, worker/readers/share.py), as the reader of the file's format says.
 
-Blank labels (read_batches blank_labels=True; `ps-worker predict` only): in a file with labels, a line whose
-label cell is empty (csv: or holds a missing value's text, encode.MISSING_TEXTS: NA, ?) is an example without
-a label, NaN, not a bad line: a file of rows to score keeps its label column with the cells left blank. libsvm
-has no empty label cell.
+Blank labels (read_batches blank_labels=True; `ps-worker predict` only, which reads no label): in a file with
+labels, a line whose label cell is empty (csv: or holds a missing value's text, encode.MISSING_TEXTS: NA, ?) is
+an example without a label, NaN, not a bad line: a file of rows to score keeps its label column with the cells
+left blank. So is a line whose label cell holds anything else but a label (2, yes: csv, criteo; libsvm: a first
+token without ":"), its features read as any line's; such good lines are counted in stats.unread_labels (the first
+in stats.first_unread_label). A CSV record equal to the header stays a bad line. libsvm has no empty label cell.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
@@ -244,8 +246,18 @@ def _encoded(name: str, schema: Schema, batch_size: int, share: Share, labeled: 
             else:
                 share.bad.add(line_no, problem, *lines)
         share.bad.stats.truncated_bags += out.truncated_bags
+        if chunk.unread_labels:
+            _count_unread_labels(share.bad.stats, name, chunk.unread_labels, out.batch.line_nos)
         if len(out.batch):
             yield out.batch
+
+
+def _count_unread_labels(stats: ReadStats, name: str, unread: Mapping[int, str], good: np.ndarray) -> None:
+    """Counts into stats the unread labels (Cells.unread_labels) of the good lines (their line numbers)."""
+    lines = [n for n in good.tolist() if n in unread]
+    if lines and stats.first_unread_label is None:
+        stats.first_unread_label = f"{name} line {lines[0]}: label {unread[lines[0]]!r}"
+    stats.unread_labels += len(lines)
 
 
 def _cell_chunks(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
@@ -254,5 +266,5 @@ def _cell_chunks(name: str, schema: Schema, size: int, share: Share, labeled: bo
     if schema.format == "criteo":
         return criteo_reader.criteo_cells(name, schema, size, share, labeled, blank_labels)
     if schema.format == "libsvm":
-        return libsvm_reader.libsvm_cells(name, schema, size, share, labeled)
+        return libsvm_reader.libsvm_cells(name, schema, size, share, labeled, blank_labels)
     return csv_reader.csv_cells(name, schema, size, share, labeled, blank_labels)

@@ -17,8 +17,9 @@ each the same format as the first (formats.check_same_format). The output file (
     probability := the model's click probability as printf's "%.9g" writes a float32 (enough digits to read
                    the same float32 back; "1e-05" style for small ones)
     label       := "0" | "1" | ""                           # the input's label of the example; "": its label
-                                                                  # cell was blank (or NA, ?: formats.py's blank
-                                                                  # labels), a row to score, not a bad line
+                                                                  # cell was blank (or NA, ?), or no label (2,
+                                                                  # yes: formats.py's "Blank labels", counted in
+                                                                  # a warning), a row to score, not a bad line
 
 One row per example, in the input's order (file by file). Malformed lines skipped (up to --max-bad-lines over all the files, reported at
 the end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv header without
@@ -115,7 +116,7 @@ def _first_column_is_labels(path: str) -> bool:
 
 def predict_servers(cfg: PredictConfig) -> dict:
     """Writes cfg.out (see the module docstring) and returns what was done: model, shards, predict_data, files,
-    out, rows, labeled, bad_lines, first_bad. ValueError when the servers lack the model's tables, a file differs
+    out, rows, labeled, bad_lines, first_bad, unread_labels (rows scored whose label cell held no label). ValueError when the servers lack the model's tables, a file differs
     in format from the first, or the files hold no example (nothing written)."""
     cfg.validate()
     files = data_files(cfg.data)
@@ -145,8 +146,19 @@ def predict_servers(cfg: PredictConfig) -> dict:
                          f"lines{why}); nothing was written")  # fmt: skip
     for line in m.data.bad_lines_report():
         log.warning(line)
+    if stats.unread_labels:
+        log.warning("%s", unread_labels_note(stats))
     return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "files": len(files), "out": cfg.out,
-            "file_column": with_file, "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad}  # fmt: skip
+            "file_column": with_file, "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad,
+            "unread_labels": stats.unread_labels}  # fmt: skip
+
+
+def unread_labels_note(stats: ReadStats) -> str:
+    """The note on the rows scored whose label cell held no label (formats.py's "Blank labels")."""
+    n = stats.unread_labels
+    return (f"{n:,} row{'s' * (n != 1)} had a label cell that is neither 0 nor 1 nor blank (first: "
+            f"{stats.first_unread_label}): predict reads no label, so {'they were' if n != 1 else 'it was'} scored, "
+            f"{'their' if n != 1 else 'its'} label written blank; eval takes such lines for malformed ones")  # fmt: skip
 
 
 def _scored(m: ServedModel, files: list[str], stats: ReadStats) -> Iterator[tuple[str, Batch, np.ndarray]]:

@@ -1,7 +1,8 @@
 """The Criteo TSV reader: a worker's share of a Criteo file as chunks of cells (worker/formats.py reads them).
 
 criteo  label TAB I1..I13 TAB C1..C26 (worker/criteo.py): columns I1..I13, C1..C26. Bad: a column count
-        other than 40, a label other than 0/1. A chunk is read by worker/criteo_fast.py's compiled scan, or
+        other than 40, a label other than 0/1 (blank_labels: such a label is no label, NaN, worker/formats.py's
+        "Blank labels"). A chunk is read by worker/criteo_fast.py's compiled scan, or
         when it holds a line the scan does not handle, by criteo.parse_share (with the same result).
 Without labels: I1..I13 TAB C1..C26: 39 columns. Bad: a column count other than 39. A file is without labels
         when more of its first LABEL_PROBE_LINES lines have 39 columns than 40 (has_labels).
@@ -29,21 +30,22 @@ def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     """Chunks of `size` lines of the share as cells, by the module docstring's rules. labeled=False: each non-empty
     line is read as if a label column "0" began it (so a good line has 40 columns), its label then NaN, and a
     column count in a bad line's problem told without that column. blank_labels: a line whose label column is
-    empty (it starts with a tab) is read the same way, as one without a label."""
+    empty (it starts with a tab), or holds anything but 0 or 1, is read the same way, as one without a label (the
+    latter named in Cells.unread_labels)."""
     int_sources, cat_sources, _ = parsed_sources(schema)
     with open_data(name) as f:
         for lines, first in share.chunks(bounded_lines(f, name), size):
             if not labeled:
                 lines = [b"0\t" + line if _body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
-            blank = [k for k, line in enumerate(lines) if line[:1] == b"\t"] if labeled and blank_labels else []
-            for k in blank:
-                lines[k] = b"0" + lines[k]
+            unread = _read_as_unlabeled(lines) if labeled and blank_labels else {}
+            blank = list(unread)
+            unread = {first + share.num_workers * k: cell for k, cell in unread.items() if cell.strip()}
             scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
             if scanned is not None:
                 line_nos = first + share.num_workers * np.arange(len(lines), dtype=np.int64)
                 labels = scanned.labels if labeled else np.full(len(lines), np.nan, np.float32)
                 labels[blank] = np.nan
-                yield Cells(labels, scanned.cells, line_nos, [], scanned.parsed)
+                yield Cells(labels, scanned.cells, line_nos, [], scanned.parsed, unread)
                 continue
             labels, columns, line_nos, problems = parse_share(lines, first, share.num_workers, name)
             cells = {CRITEO_COLUMNS[j]: columns[:, j] for j in range(1, NUM_COLUMNS)}
@@ -52,7 +54,22 @@ def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                 problems = [(line_no, _without_label(problem)) for line_no, problem in problems]
             if blank:
                 labels[np.isin(line_nos, first + share.num_workers * np.array(blank, dtype=np.int64))] = np.nan
-            yield Cells(labels, cells, line_nos, problems)
+            yield Cells(labels, cells, line_nos, problems, None, unread)
+
+
+def _read_as_unlabeled(lines: list[bytes]) -> dict[int, str]:
+    """{k: its label cell} of the lines whose label cell (before their first tab) is other than 0 or 1: blank
+    (empty) or not a label; each such line's label cell is made "0" in place, to be read as a good line is, its
+    label then NaN (criteo_cells' blank_labels). A line of no tab is left as it is (a bad line)."""
+    unread = {}
+    for k, line in enumerate(lines):
+        if line[:2] in (b"0\t", b"1\t"):
+            continue
+        tab = line.find(b"\t")
+        if tab >= 0:
+            unread[k] = line[:tab].decode("utf-8", "replace")
+            lines[k] = b"0" + line[tab:]
+    return unread
 
 
 _COLUMN_COUNT = re.compile(rf"(\d+) tab-separated columns, expected {NUM_COLUMNS}")  # criteo.py's wording

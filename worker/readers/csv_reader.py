@@ -5,7 +5,8 @@ csv     A header line names the columns (the csv module's dialect with the schem
         label column (default: the first) holds 0 or 1: any text that float() reads as 0 or 1, or true or false
         in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
-        concatenation of files repeats it, is named as such). A chunk is read by worker/csv_fast.py's
+        concatenation of files repeats it, is named as such; blank_labels: any other label cell is no label,
+        NaN, worker/formats.py's "Blank labels"). A chunk is read by worker/csv_fast.py's
         compiled scan when its lines are plain (no quote, NUL or lone CR; UTF-8), else by the csv module
         (with the same result).
 Empty: a file of no content (share.is_blank: no bytes, or whitespace only) holds no records and no header; a
@@ -123,16 +124,24 @@ class _Label:
     name: str | None
     origin: str
     header: list[str]
-    blank_ok: bool = False  # a blank label cell (or NA, ?: encode.MISSING_TEXTS) is no label, NaN (predict)
+    blank_ok: bool = False  # a label cell other than 0 or 1 is no label, NaN (predict; but a repeated header's)
 
     def good(self, cell: str) -> bool:
-        """Whether a label cell is a label (0 or 1), or, blank_ok, no label at all."""
+        """Whether a label cell is a label (0 or 1), or, blank_ok, a blank one (empty, or NA, ?:
+        encode.MISSING_TEXTS)."""
         return label_value(cell) in (0.0, 1.0) or (self.blank_ok and (not cell.strip() or is_missing_text(cell)))
+
+    def unread(self, row: list[str]) -> bool:
+        """Whether a record (row: its cells) whose label cell is not good is read all the same, its label NaN:
+        blank_ok, and not a repeated header (predict reads no label: a row of good features is scored)."""
+        return self.blank_ok and not self._repeated_header(row)
+
+    def _repeated_header(self, row: list[str]) -> bool:
+        return ([row[0].removeprefix("\ufeff"), *row[1:]] if row else row) == self.header
 
     def problem(self, cell: str, row: list[str]) -> str:
         """Why a record (row: its cells) whose label cell is `cell` is bad."""
-        first = [row[0].removeprefix("\ufeff"), *row[1:]] if row else row
-        if first == self.header:
+        if self._repeated_header(row):
             return "a repeated header line (files concatenated?)"
         what = f"label {cell!r}" if cell.strip() else "an empty label"
         if self.origin == "schema":
@@ -231,7 +240,7 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
                 if (index - 1) % n == share.worker_id:
                     chunk.add(row, start, lines.consumed)
             if chunk.lines:
-                yield from _csv_chunks(chunk.labels, chunk.rows, chunk.line_nos, chunk.problems, sources)
+                yield from _csv_chunks(chunk.labels, chunk.rows, chunk.line_nos, chunk.problems, sources, chunk.unread)
             if ended:
                 return
 
@@ -256,6 +265,7 @@ class _CsvRecords:
         self.rows: list[list[str]] = []
         self.line_nos: list[int] = []
         self.problems: list[tuple] = []
+        self.unread: dict[int, str] = {}  # of the good records: the label cells read as no label (_Label.unread)
         self.lines = 0  # records of the chunk, bad ones included
 
     def add(self, row: list[str] | csv.Error, start: int, end: int) -> None:
@@ -271,15 +281,18 @@ class _CsvRecords:
         elif problem is not None:
             self.problems.append((start, problem))
         else:
-            self.labels.append(math.nan if self.label.at is None else label_value(row[self.label.at]))  # blank: NaN
-            self.rows.append(row)
+            cell = None if self.label.at is None else row[self.label.at]
+            self.labels.append(math.nan if cell is None or not self.label.good(cell) else label_value(cell))
+            if cell is not None and not self.label.good(cell):
+                self.unread[start] = cell
+            self.rows.append(row)  # blank: NaN too (label_value's)
             self.line_nos.append(start)
 
 
 def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _Label, delimiter: str
                     ) -> Iterator[Cells]:  # fmt: skip
     """The chunk of a scanned run (the rules of _csv_problem), cut as _csv_chunks cuts."""
-    columns, problems = scanned.columns, []
+    columns, problems, unread = scanned.columns, [], {}
     bad = columns != width
     if label.at is None:  # a blank line may be whole: found in one pass
         blank = scanned.blank(delimiter)
@@ -297,7 +310,10 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _
         bad_label = ~bad & (scanned.labels != 0) & (scanned.labels != 1)
         if label.blank_ok:  # those few cells looked at
             for i in np.flatnonzero(bad_label).tolist():
-                bad_label[i] = not label.good(scanned.label(i))
+                cell = scanned.label(i)
+                if not label.good(cell) and label.unread(scanned.line(i).split(delimiter)):
+                    unread[int(line_nos[i])] = cell
+                bad_label[i] = not label.good(cell) and int(line_nos[i]) not in unread
                 if not bad_label[i]:
                     scanned.labels[i] = np.nan
         problems += [(int(line_nos[i]), label.problem(scanned.label(i), scanned.line(i).split(delimiter)))
@@ -316,22 +332,23 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _
         piece = cells.rows(slice(a, b)) if len(bounds) > 2 else cells
         part = Parsed({s: v[a:b] for s, v in ints.items()}, {s: v[a:b] for s, v in cats.items()},
                       {s: (v[a:b], m[a:b]) for s, (v, m) in floats.items()})  # fmt: skip
-        yield Cells(labels[a:b], piece, line_nos[a:b], mine, part)
+        yield Cells(labels[a:b], piece, line_nos[a:b], mine, part, unread)
 
 
 def _csv_chunks(
-    labels: list[float], rows: list[list[str]], line_nos: list[int], problems: list, sources: dict
-) -> Iterator[Cells]:
+    labels: list[float], rows: list[list[str]], line_nos: list[int], problems: list, sources: dict,
+    unread: dict[int, str],
+) -> Iterator[Cells]:  # fmt: skip
     """The chunk of these records, cut where rows x the longest cell read would pass CHUNK_CHARS (each piece
-    with the problems of the lines before the next piece)."""
+    with the problems of the lines before the next piece); unread: Cells.unread_labels."""
     columns = {s: [r[i] for r in rows] for s, i in sources.items()}
     if not rows or max((max(map(len, c)) for c in columns.values()), default=0) * len(rows) <= CHUNK_CHARS:
-        yield _csv_chunk(labels, columns, line_nos, problems)
+        yield _csv_chunk(labels, columns, line_nos, problems, unread)
         return
     bounds = _cut_bounds([max(w) for w in zip(*(map(len, c) for c in columns.values()))])
     for a, b in itertools.pairwise(bounds):
         mine = _piece_problems(problems, line_nos, a, b)
-        yield _csv_chunk(labels[a:b], {s: c[a:b] for s, c in columns.items()}, line_nos[a:b], mine)
+        yield _csv_chunk(labels[a:b], {s: c[a:b] for s, c in columns.items()}, line_nos[a:b], mine, unread)
 
 
 def _cut_bounds(widths: list[int]) -> list[int]:
@@ -352,9 +369,10 @@ def _piece_problems(problems: list, line_nos: list[int], a: int, b: int) -> list
     return [p for p in problems if (last or p[0] < line_nos[b]) and (a == 0 or p[0] >= line_nos[a])]
 
 
-def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: list[int], problems: list) -> Cells:
+def _csv_chunk(labels: list[float], columns: dict[str, list[str]], line_nos: list[int], problems: list,
+               unread: dict[int, str]) -> Cells:  # fmt: skip
     cells = {s: np.array(c, dtype=np.str_) for s, c in columns.items()}
-    return Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems)
+    return Cells(np.array(labels, dtype=np.float32), cells, np.array(line_nos, dtype=np.int64), problems, None, unread)
 
 
 def _blank(line: str, delimiter: str) -> bool:
@@ -370,6 +388,6 @@ def _csv_problem(row: list[str] | csv.Error, width: int, label: _Label) -> str |
         return EMPTY_LINE
     if len(row) != width:
         return f"{len(row)} columns, expected {width} as in the header"
-    if label.at is None or label.good(row[label.at]):
+    if label.at is None or label.good(row[label.at]) or label.unread(row):
         return None
     return label.problem(row[label.at], row)

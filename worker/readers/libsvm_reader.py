@@ -7,7 +7,8 @@ libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or 
         columns with raw ids ('' where missing), so f<k> is the id whether the schema hashes it or takes it raw.
         K = 1 + the largest k among the schema's columns (0 without any; at most schema.MAX_LIBSVM_FIELDS): a
         line with fewer than K features has empty cells in its last columns; one with more is a bad line. Ids are integers 0 <= id < 2**64 - 1, written as decimal digits.
-        Bad: a bad label, a token other than id:value, more than K features.
+        Bad: a bad label, a token other than id:value, more than K features. blank_labels (predict): a first
+        token other than a label that holds no ":" is read as no label (NaN), the line's other tokens its features.
 Without labels: id:value id:value ...: every token a feature. Bad: a token other than id:value, more than K
         features. A file is without labels when the first of its first LABEL_PROBE_LINES lines whose first
         token is id:value (a non-negative integer id) or has no ":" (a label) is the former (has_labels).
@@ -34,9 +35,10 @@ _MISSING = int(MISSING_CAT)
 _LIBSVM_LABELS = {b"0": 0.0, b"1": 1.0, b"-1": 0.0, b"+1": 1.0}
 
 
-def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True) -> Iterator[Cells]:
+def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
+                 blank_labels: bool = False) -> Iterator[Cells]:  # fmt: skip
     """Chunks of `size` lines of the share as cells, by the module docstring's rules (labeled=False: without
-    labels)."""
+    labels; blank_labels: a first token that is no label, nor id:value, is no label)."""
     wanted = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns})
     raw = sorted({int(LIBSVM_COLUMN.fullmatch(c.source)[1]) for c in schema.columns if c.ids == "raw"})
     k_fields = wanted[-1] + 1 if wanted else 0
@@ -46,8 +48,9 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
             rows: list[list[int]] = []
             line_nos: list[int] = []
             problems: list[tuple[int, str]] = []
+            unread: dict[int, str] = {}
             for k, line in enumerate(lines):
-                line_no, parsed = first + k * share.num_workers, _libsvm_line(line, labeled)
+                line_no, parsed = first + k * share.num_workers, _libsvm_line(line, labeled, blank_labels)
                 if isinstance(parsed, str):
                     problems.append((line_no, parsed))
                 elif len(parsed[1]) > k_fields:
@@ -55,6 +58,8 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                                               "(the built-in schema's count is the most of a line among the training "
                                               "file's first 10,000; --libsvm-fields sets it)"))  # fmt: skip
                 else:
+                    if labeled and parsed[0] != parsed[0]:  # NaN: a token read as no label
+                        unread[line_no] = _text(line.split()[0])
                     labels.append(parsed[0])
                     rows.append(parsed[1])
                     line_nos.append(line_no)
@@ -62,7 +67,7 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
             cells = {f"f{k}": _decimal_strings(values[:, k]) for k in raw}
             parsed = Parsed(cats={f"f{k}": np.ascontiguousarray(values[:, k]) for k in wanted})
             labels_f32, line_nos_i64 = np.array(labels, dtype=np.float32), np.array(line_nos, dtype=np.int64)
-            yield Cells(labels_f32, cells, line_nos_i64, problems, parsed)
+            yield Cells(labels_f32, cells, line_nos_i64, problems, parsed, unread)
 
 
 def _decimal_strings(ids: np.ndarray) -> np.ndarray:
@@ -70,9 +75,10 @@ def _decimal_strings(ids: np.ndarray) -> np.ndarray:
     return np.where(ids == MISSING_CAT, "", ids.astype(np.str_))
 
 
-def _libsvm_line(line: bytes, labeled: bool = True) -> tuple[float, list[int]] | str:
+def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False) -> tuple[float, list[int]] | str:
     """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong; labeled=False:
-    every token is a feature, the label NaN."""
+    every token is a feature, the label NaN; blank_labels: a first token that is no label and holds no ":" is no
+    label, NaN."""
     tokens = line.split()
     if not tokens:
         return EMPTY_LINE
@@ -82,9 +88,9 @@ def _libsvm_line(line: bytes, labeled: bool = True) -> tuple[float, list[int]] |
             v = float(tokens[0])
         except ValueError:
             v = math.nan
-        if v not in (0.0, 1.0, -1.0):
+        if v not in (0.0, 1.0, -1.0) and not (blank_labels and b":" not in tokens[0]):
             return f"label {_text(tokens[0])!r}, expected 0, 1, -1 or +1"
-        label = float(v == 1.0)
+        label = float(v == 1.0) if v in (0.0, 1.0, -1.0) else math.nan
     values = []
     for tok in tokens[1:] if labeled else tokens:
         key, sep, value = tok.partition(b":")

@@ -12,7 +12,7 @@ import gzip
 import itertools
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 import numpy as np
@@ -35,6 +35,8 @@ class ReadStats:
     first_bad: str | None = None  # the first problem: "<file> line <L>: <what was wrong>"
     truncated_bags: int = 0  # bags of the good lines cut to their column's max_length
     stopped: bool = False  # a bad line past --max-bad-lines ended the reading (its ValueError says so)
+    unread_labels: int = 0  # good lines whose label cell was no label, read as none (blank_labels: predict)
+    first_unread_label: str | None = None  # the first of them: "<file> line <L>: label <cell>"
 
 
 @dataclass
@@ -42,13 +44,16 @@ class Cells:
     """A chunk of a worker's share: labels float32 (m,), cells {column: (m,)} and line numbers int64 (m,) of
     its good lines as the format splits them; problems [(line number, problem[, lines])] of the others (lines:
     the physical lines the bad record took, 1 unless given); parsed: the
-    columns the format has already read for encode_examples, if any."""
+    columns the format has already read for encode_examples, if any; unread_labels {line number: label cell} of
+    the lines whose label cell was no label (0 or 1) nor blank, read as no label (NaN) under blank_labels (it may
+    name lines of other chunks: the lines of this one count)."""
 
     labels: np.ndarray
     cells: Mapping[str, np.ndarray]
     line_nos: np.ndarray
     problems: list[tuple[int, str]]
     parsed: Parsed | None = None
+    unread_labels: Mapping[int, str] = field(default_factory=dict)
 
 
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
