@@ -301,6 +301,20 @@ def test_a_model_whose_tables_hold_no_trained_row_is_neither_scored_nor_evaluate
     assert predict(addresses[0], out, *flags, "--predict-data", test_path) == 0 and out.exists()
 
 
+def test_a_model_whose_ids_all_wait_for_admission_is_scored(servers, files, tmp_path):
+    """Pushes of ids not admitted yet (min_count above any id's count) trained the rest of the model: its tables
+    hold pending ids, no row, and predict scores it."""
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    (tmp_path / "tc.toml").write_text("[fm]\nadmission = { min_count = 1000000 }\n")
+    train(small_run(addresses, train_path, table_config=str(tmp_path / "tc.toml")))
+    with Client(addresses) as client:
+        [stats] = [t for t in client.stats()[0].tables if t.name == "fm"]
+        assert stats.num_rows == 0 and stats.pending_ids > 0
+    flags = ["--data", train_path, "--model", "fm", "--predict-data", test_path]
+    assert predict(addresses[0], tmp_path / "p.csv", *flags) == 0
+
+
 def test_out_where_a_directory_or_glob_of_the_input_takes_it_in_is_refused_up_front(files, tmp_path, capsys):
     """--out in the --predict-data directory (or matched by its glob) would be read as data by the next run over
     that input: refused before any server is asked, nothing written; a name the input skips, or one outside, is

@@ -74,10 +74,10 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
 
 
 def check_trained(client: Client, spec: ModelSpec, model: str, doing: str) -> None:
-    """ValueError when the model's sparse tables hold no row on any shard (their num_rows sum to 0): a model never
-    trained there, whose every score is its initial one, is not scored (doing: what was not done, for the
-    message)."""
-    if sum(t.num_rows for t in sparse_table_stats(client, spec)):
+    """ValueError when the model's sparse tables hold no row and no pending id on any shard (nothing was ever
+    pushed to them): a model never trained there, whose every score is its initial one, is not scored (doing:
+    what was not done, for the message). Ids pending admission count as trained: their pushes trained the MLP."""
+    if sum(t.num_rows + t.pending_ids for t in sparse_table_stats(client, spec)):
         return
     names = ", ".join(sorted(spec.table_dims()))
     raise ValueError(f"the servers hold the tables of {model} ({names}) but no trained row in them: the model was "
