@@ -12,6 +12,7 @@ a shard refuses the replace of a table that holds any row or pending id).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from ps import codec
@@ -25,18 +26,26 @@ SHAPE_FIELDS = ("dim", "features")  # what a forward pass depends on (features: 
 # meaning); a dense parameter's rows, its input width, are compared too (check_tables' dense_rows)
 
 
+def _partly_held(shard_stats: list, names: set[str] | None) -> Iterator[tuple[str, list[int], list[int], int]]:
+    """(table, the shards that hold it, those that do not, its rows and pending ids over the shards) of each table
+    (of `names`, else any) that some shards hold and others do not, in name order."""
+    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
+    every = set().union(*held)
+    for name in sorted(every if names is None else every & names):
+        on = [i for i, tables in enumerate(held) if name in tables]
+        if len(on) < len(held):
+            rows = sum(held[i][name].num_rows + held[i][name].pending_ids for i in on)
+            yield name, on, [i for i in range(len(held)) if i not in on], rows
+
+
 def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
     """A message naming the tables (of `names`, else any) that some shards hold with rows or pending ids while
     others hold no such table at all, else "". Client.create_table puts a table on every shard (each checks the
     request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
     data dir (its dir deleted, its volume lost or replaced) and its part of the table is gone."""
-    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
-    every = set().union(*held)
     lost = []
-    for name in sorted(every if names is None else every & names):
-        lacking = [i for i, tables in enumerate(held) if name not in tables]
-        rows = sum(tables[name].num_rows + tables[name].pending_ids for tables in held if name in tables)
-        if lacking and rows:
+    for name, _, lacking, rows in _partly_held(shard_stats, names):
+        if rows:
             lost.append(f"table {name} ({rows:,} rows and pending ids on the other shards) is on no data dir of "
                         f"shard{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}")  # fmt: skip
     if not lost:
@@ -52,14 +61,9 @@ def untrained_on_some_shards(shard_stats: list, names: set[str] | None = None) -
     any shard while others hold no such table at all, else "" (lost_tables names those with rows). A checkpoint
     describes each table on every shard; one on some shards only was made on them alone (a CreateTable sent to
     some shards), or the others started on new, empty data dirs since it was made: nothing of it is lost."""
-    held = [{s.name: s for s in shard.tables} for shard in shard_stats]
-    every = set().union(*held)
     found = []
-    for name in sorted(every if names is None else every & names):
-        on = [i for i, tables in enumerate(held) if name in tables]
-        lacking = [i for i, tables in enumerate(held) if name not in tables]
-        rows = sum(held[i][name].num_rows + held[i][name].pending_ids for i in on)
-        if lacking and not rows:
+    for name, on, lacking, rows in _partly_held(shard_stats, names):
+        if not rows:
             found.append(f"table {name} is on shard{'s' * (len(on) > 1)} {', '.join(map(str, on))} only, not on "
                          f"shard{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}")  # fmt: skip
     if not found:
