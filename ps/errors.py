@@ -202,6 +202,9 @@ class DataDirLostError(PsError):
     status = "FAILED_PRECONDITION"
 
 
+MODEL_STATE_REPLACED = "holds another model state than the one this client trained on"  # its message's words
+
+
 class ModelStateReplacedError(PsError):
     """A push that carried the shard's state id as its client last saw it (StatsResponse state_id) found another
     one: the shard's data dir was restored from a checkpoint or started anew since, so the model state the

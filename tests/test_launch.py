@@ -90,7 +90,7 @@ FAKE_WORKER = textwrap.dedent("""
         with open(flag("--metrics-out"), "w") as f:
             json.dump(me["metrics"], f)
     elif me["action"] == "exit":
-        print("\\n".join(f"boom {k}" for k in range(3)), flush=True)
+        print("\\n".join([*(f"boom {k}" for k in range(3)), *me.get("say", [])]), flush=True)
         sys.exit(me["code"])
     elif me["action"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -761,10 +761,7 @@ def test_a_local_shard_dead_once_the_workers_finished_fails_the_job_before_its_e
     out, err = capsys.readouterr()
     assert rc == 1 and FakeCluster.made[0].stopped
     assert "examples" in out, "the training figures are still reported"
-    assert (
-        "local shard 0 (pid 9) exited with code 1; after every worker had finished training, so the job's "
-        "final evaluation could not run"
-    ) in err
+    assert "local shard 0 (pid 9) exited with code 1, after every worker had finished training" in err
 
 
 def test_a_job_on_local_shards_ends_saying_the_model_went_with_them(fakes, monkeypatch, tmp_path, capsys):
@@ -962,6 +959,25 @@ def test_a_child_of_child_setup_dies_with_its_killed_parent_in_the_parents_group
     while alive(child):
         assert time.monotonic() < deadline, "the child outlived its killed parent"
         time.sleep(0.05)
+
+
+def test_no_resume_hint_once_a_worker_found_its_servers_restored_under_it(fakes, capsys):
+    """A worker stopped by ModelStateReplacedError trained into a model the servers no longer hold (a checkpoint's,
+    or none): the workers' counts are no position to resume from."""
+    from ps.errors import MODEL_STATE_REPLACED
+
+    said = (
+        f"ps-worker: error: shard 0 at h:1: PushBatch failed with FAILED_PRECONDITION: shard 0 {MODEL_STATE_REPLACED}"
+    )
+    wait = {"wait_for": ["worker-1"]}
+    command, pids = fakes([{"action": "exit", "code": 2, "progress": [{"examples": 300}], "say": [said], **wait},
+                           {"action": "sleep", "progress": [{"examples": 500}]}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
+    err = capsys.readouterr().err
+    assert "worker 0 exited with code 2" in err and MODEL_STATE_REPLACED in err, err
+    assert "--skip-examples" not in err and "the workers had trained" not in err, err
+    assert_all_gone(pids, {"worker-0", "worker-1"})
 
 
 def test_the_resume_hint_counts_a_geo_workers_pushed_examples_not_those_it_still_held(fakes, capsys):

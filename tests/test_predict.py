@@ -178,6 +178,31 @@ def test_a_libsvm_model_scores_only_with_the_field_count_it_was_trained_with(ser
     assert (tmp_path / "k.csv").read_text() == (tmp_path / "train.csv").read_text()
 
 
+def test_a_libsvm_model_made_before_its_field_count_was_recorded_is_read_as_it_was_trained(
+    servers, files, tmp_path, monkeypatch
+):
+    """Tables whose fingerprint is the built-in libsvm schema's without K (Schema.legacy_fingerprint) are scored
+    and trained on under it, whatever K the run reads: their K was never recorded."""
+    from worker.schema import Schema
+
+    addresses, _ = servers(1)
+    train_path, short = str(tmp_path / "train.svm"), str(tmp_path / "short.svm")
+    to_libsvm(files[0], train_path)
+    lines = Path(train_path).read_text().splitlines()
+    Path(short).write_text("".join(" ".join(line.split(" ")[:3]) + "\n" for line in lines))  # K = 2
+    current = Schema.fingerprint
+    monkeypatch.setattr(Schema, "fingerprint", lambda self, field_count=True: current(self, False))
+    train(small_run(addresses, train_path, model="lr", format="libsvm"))
+    monkeypatch.undo()
+    flags = ["--format", "libsvm", "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "alone.csv", *flags, "--predict-data", short) == 0
+    train(small_run(addresses, short, model="lr", format="libsvm"))  # trains on, under the tables' fingerprint
+    with Client(addresses) as client:
+        held = {client.describe_table(t.name)[0].spec.features for t in client.stats()[0].tables}
+    schema = builtin_schema("libsvm", default_table="lr", default_dim=1, libsvm_fields=2)
+    assert held == {schema.legacy_fingerprint()} != {schema.fingerprint()}
+
+
 def test_malformed_lines_keep_each_row_on_its_line(servers, files, tmp_path, capsys, caplog):
     addresses, _ = servers(1)
     train_path, test_path = files

@@ -89,6 +89,18 @@ def test_a_position_is_refused_on_servers_restored_or_emptied_since_it_was_writt
         assert json.loads(position.read_text())["state_ids"] == written, "the refused run wrote nothing"
 
 
+def test_state_ids_of_another_shard_count_differ_and_a_zero_is_unknown():
+    from worker.resume import state_changed
+
+    servers = ["a:1", "b:1", "c:1"]
+    assert state_changed("f", (), (1, 2), servers) is None  # a file that recorded none
+    assert state_changed("f", (1, 2), (1, 2), servers) is None
+    assert state_changed("f", (0, 2), (5, 2), servers) is None  # a server that did not say: unknown for its shard
+    assert state_changed("f", (1, 2), (1, 0), servers) is None
+    assert "shard 1 (b:1) was restored" in state_changed("f", (1, 2), (1, 3), servers)
+    assert "on 2 shards, and the servers are 3" in state_changed("f", (1, 2), (1, 2, 3), servers)
+
+
 def test_a_damaged_position_is_refused_and_a_missing_one_is_a_first_start(tmp_path):
     cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
     assert read_position(cfg) is None

@@ -48,7 +48,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ps.errors import PsError
+from ps.errors import MODEL_STATE_REPLACED, PsError
 from ps.settings import unknown_environment
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from ps.terminate import Terminated, child_setup, sigterm_raises
@@ -561,8 +561,9 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                     group.stop(grace_s)
                 finally:
                     progress.close()
-                    if not finished and plan.local_shards is None:
-                        _say_where_to_resume(plan, progress.latest())
+                    replaced = any(MODEL_STATE_REPLACED in line for tail in group.tails for line in tail)
+                    if not finished and plan.local_shards is None and not replaced:  # (replaced: the servers
+                        _say_where_to_resume(plan, progress.latest())  # hold a checkpoint's model, not those counts)
             if died is not None:
                 print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
                 return 1
@@ -579,8 +580,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                                       **workers_bad_lines(plan.train_config, per_worker))  # fmt: skip
             died = shard_died()  # after the workers exited: the final evaluation would wait for it
             evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None) if died is None else {
-                "eval_error": f"{died}; after every worker had finished training, so the job's final evaluation "
-                              "could not run (the model went with the local shards)"}  # fmt: skip
+                "eval_error": f"{died}, after every worker had finished training (the model went with the local "
+                              "shards; the job was not evaluated)"}  # fmt: skip
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_configs_from_toml
 from worker.client import Client
@@ -136,3 +137,17 @@ def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> li
                            f"--data-dir (its: {shard.data_dir or 'unknown'})? The model this run trains further lacks "
                            "that shard's rows")  # fmt: skip
     return out
+
+
+def held_features(client: Client, schema: Any, tables: list[str]) -> str:
+    """The fingerprint the run's tables carry: schema.fingerprint(), or its legacy_fingerprint where the servers
+    hold the model's tables under that one (made before libsvm's K was part of it: they are read as they were
+    trained, without a check of K)."""
+    legacy = schema.legacy_fingerprint()
+    if legacy is not None:
+        for shard in client.stats():
+            for t in shard.tables:
+                if t.name in tables:
+                    info = client.describe_table(t.name, [shard.shard_id])[0]
+                    return legacy if info.spec.features == legacy else schema.fingerprint()
+    return schema.fingerprint()

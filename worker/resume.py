@@ -169,12 +169,18 @@ class PositionWriter:
 
 def state_changed(path: str, written: tuple[int, ...], found: tuple[int, ...], servers: list[str]) -> str | None:
     """Why the position of --resume-file `path`, written with the shards' model state ids `written`, does not
-    apply to shards that give `found`, or None when it does (or `written` is unknown)."""
+    apply to shards that give `found` (another shard count, or another id on a shard), or None when it does (or
+    `written` is unknown; an id 0, a server that does not say, is unknown for its shard)."""
     if not written or tuple(written) == tuple(found):
         return None
     if len(written) != len(found):
-        return None  # another shard count: the run's settings or the servers' check say so
-    changed = [i for i, (a, b) in enumerate(zip(written, found, strict=True)) if a != b]
+        return (f"--resume-file {path} holds the position of a model on {len(written)} shards, and the servers are "
+                f"{len(found)}: new data dirs, or a restore onto another shard count; nothing was trained. To train "
+                "on from a checkpoint, give the position it was saved at (--skip-examples) without the file; remove "
+                "the file to train from the start")  # fmt: skip
+    changed = [i for i, (a, b) in enumerate(zip(written, found, strict=True)) if a and b and a != b]  # 0: unknown
+    if not changed:
+        return None
     names = ", ".join(f"shard {i} ({servers[i]})" for i in changed)
     return (f"--resume-file {path} holds the position of a model the servers no longer hold: {names} "
             f"{'was' if len(changed) == 1 else 'were'} restored from a checkpoint, or started on a new data dir, "

@@ -148,7 +148,7 @@ class Schema:
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)
 
-    def fingerprint(self) -> str:
+    def fingerprint(self, field_count: bool = True) -> str:
         """ "schema:" and 16 hex digits of a hash of what the model's rows mean: the label column, every column in
         order, less where its cells come from (source) and the statistics train computes from the data (mean,
         std), and the bias table. In a libsvm schema the columns f<k> in their shared id space (the
@@ -157,7 +157,8 @@ class Schema:
         (a schema file's f<k> that names none) count as one other entry, whatever their number (a schema file
         fixes it). Columns of other formats count one by one, whatever their names. Each table the model creates
         carries it (TableConfig.features): another schema, whose ids would land on rows trained for other features
-        or toward another label, is refused by the servers' tables (worker/tables.py)."""
+        or toward another label, is refused by the servers' tables (worker/tables.py). field_count False: the
+        shared fields' entry without K (legacy_fingerprint)."""
         drop = {"source", "mean", "std"}
         fields = [c for c in self.columns if self.format == "libsvm" and re.fullmatch(r"f\d+", c.name)]
         shared = {c.name for c in fields if c == libsvm_column(c.name, c.table)}
@@ -165,9 +166,15 @@ class Schema:
         columns = [{k: v for k, v in dataclasses.asdict(c).items() if k not in drop}
                    for c in self.columns if c.name not in shared | own]  # fmt: skip
         described = {"label": self.label, "columns": columns, "bias_table": self.bias_table,
-                     "libsvm_fields": len(shared) if shared else bool(own)}  # fmt: skip
+                     "libsvm_fields": (len(shared) if field_count else "shared") if shared else bool(own)}  # fmt: skip
         text = json.dumps(described, sort_keys=True, default=list)
         return "schema:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def legacy_fingerprint(self) -> str | None:
+        """The fingerprint that tables trained with this schema carry when they were made before the built-in
+        libsvm fields' count K was part of it (their K unrecorded), or None where it was the same."""
+        legacy = self.fingerprint(field_count=False)
+        return legacy if legacy != self.fingerprint() else None
 
     def dense_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if not c.is_sparse)

@@ -20,7 +20,7 @@ from worker.dense import DenseSync, dense_norm, table_name
 from worker.formats import file_has_labels
 from worker.job import job_client, make_backend, prepare
 from worker.linecount import SCORING_COUNT_LINES, count_files_upto
-from worker.model_tables import sparse_table_stats, table_configs
+from worker.model_tables import held_features, sparse_table_stats, table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.scoring import ScoringProgress, evaluate
 from worker.tables import check_tables
@@ -55,7 +55,9 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
     backend = make_backend(spec, cfg)
     with job_client(cfg) as client:
         client.wait_ready()
-        wanted = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
+        wanted = table_configs(cfg, spec, data.schema.table_overrides())
+        features = held_features(client, data.schema, [t.name for t in wanted])
+        wanted = [dataclasses.replace(t, features=features) for t in wanted]
         params = spec.dense_params()
         (bias,) = [p for p in params if p.name == LOGIT_BIAS]
         without_bias = table_name(bias) not in {t.name for t in client.stats()[0].tables}

@@ -42,6 +42,7 @@ from worker.job import dense_path, job_client, loop_settings, make_backend, prep
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import (
     check_geo_optimizers,
+    held_features,
     missing_shares,
     sparse_table_stats,
     table_config_note,
@@ -100,6 +101,8 @@ def train(cfg: TrainConfig) -> dict:
             if changed:
                 raise ValueError(changed)
             position.state_ids = client.state_ids
+        features = held_features(client, data.schema, [t.name for t in tables_cfg])
+        tables_cfg = [dataclasses.replace(t, features=features) for t in tables_cfg]
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
         replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,

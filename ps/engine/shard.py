@@ -54,6 +54,7 @@ from ps.engine.startup import StartProgress
 from ps.engine.table import Table, layout_for
 from ps.errors import (
     CLIENT_TABLE_FULL,
+    MODEL_STATE_REPLACED,
     ClientTableFullError,
     DataDirLostError,
     DataLossError,
@@ -1108,7 +1109,7 @@ class Shard:
         restored = self.store.restored()
         how = f"restored from checkpoint {restored['checkpoint']}" if restored else "started on a new, empty data dir"
         raise ModelStateReplacedError(
-            f"shard {self.shard_id} holds another model state than the one this client trained on (state id "
+            f"shard {self.shard_id} {MODEL_STATE_REPLACED} (state id "
             f"{self.state_id:#x}, the client's {seen:#x}): since the client connected, the shard was {how}, so what "
             "the client pushed before is not here; the push was not applied. A training run stops: start it again "
             "on what the shards hold now (from the checkpoint's position, with --skip-examples)"
