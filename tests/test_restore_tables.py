@@ -491,3 +491,41 @@ def test_a_manifest_cut_short_is_called_damaged_by_restore_and_export(tmp_path, 
     with pytest.raises(StorageError, match=damaged):
         export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert not (tmp_path / "d").exists() and not (tmp_path / "out").exists()
+
+
+def test_a_stop_asked_as_a_restore_ends_leaves_a_restored_dir_that_starts_without_the_restore(tmp_path, monkeypatch):
+    """A stop asked for after the restore's last batch (or during one of a share with no rows) is taken at the
+    next check, in the phase after the restore: the dir holds the whole restore and no mark, so the line printed
+    says it is as the next start can use, and a start without --restore serves it."""
+    import ps.engine.shard as shard_module
+    from ps.engine.startup import StartProgress, StartStopped
+    from ps.server import _stopped_start_line
+
+    ids = np.arange(1, 6, dtype=np.uint64)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
+    try:
+        shard.create_table(table("kept"))
+        shard.push("kept", ids, np.ones((5, 2), np.float32))
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [table("kept")])
+    finally:
+        shard.close()
+    progress, restore = StartProgress(), shard_module.restore_into
+
+    def restore_then_stop(*args, **kwargs):
+        summary = restore(*args, **kwargs)
+        progress.stop.set()  # a SIGTERM just after the last batch's check
+        return summary
+
+    monkeypatch.setattr(shard_module, "restore_into", restore_then_stop)
+    config = ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "ckpt"))
+    with pytest.raises(StartStopped) as stopped:
+        Shard(config, progress)
+    assert progress.phase == "restored"
+    line = _stopped_start_line("ps-server", stopped.value, progress.phase, config.restore_dir)
+    assert line.endswith("its data dir is as the next start can use"), line
+    monkeypatch.undo()
+    again = Shard(dataclasses.replace(config, restore_dir=None))
+    try:
+        np.testing.assert_array_equal(again.pull("kept", ids), -np.ones((5, 2), np.float32))
+    finally:
+        again.close()

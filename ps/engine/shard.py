@@ -278,6 +278,7 @@ class Shard:
             started = time.monotonic()
             summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest,
                                    on_written)  # fmt: skip
+            self._progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
             tables = ", ".join(f"{name} {counts['admitted']:,} rows" for name, counts in summary["tables"].items())
             log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
                      summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip

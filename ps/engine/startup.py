@@ -28,6 +28,7 @@ PHASES = {  # phase -> what the shard is doing, as describe() says it
     "checking": "checking its data dir and the checkpoint to restore",
     "opening": "opening RocksDB",
     "restoring": "restoring from its checkpoint (--restore)",
+    "restored": "opening the tables its checkpoint restored",
     "replaying": "replaying its journal",
     "flushing": "writing the replayed rows to RocksDB",
     "ready": "about to serve",
@@ -48,12 +49,15 @@ class StartProgress:
         self._state: tuple[str, Callable[[], float | None] | None, bool] = ("checking", None, False)
         self._took_s: float | None = None  # once serving: how long the start took
 
-    def enter(self, phase: str, fraction: Callable[[], float | None] | None = None) -> None:
+    def enter(self, phase: str, fraction: Callable[[], float | None] | None = None, check: bool = True) -> None:
         """Begins a phase of PHASES, after check(): callers enter a phase where stopping is safe. fraction: how
-        much of the phase is done (0..1, None: unknown), called by readers on their threads."""
+        much of the phase is done (0..1, None: unknown), called by readers on their threads. check False: no
+        check (the phase before has ended, and a stop asked for meanwhile is taken at the next check, in this
+        phase)."""
         if phase not in PHASES:
             raise ValueError(f"unknown start phase {phase!r}; expected one of {', '.join(PHASES)}")
-        self.check()
+        if check:
+            self.check()
         self._state = (phase, fraction, False)
 
     @contextlib.contextmanager
