@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -117,6 +118,40 @@ def test_tables_pushed_at_once_under_a_tiny_budget_apply_every_push_exactly(tmp_
     try:
         for name in names:
             np.testing.assert_array_equal(shard.pull(name, ids), np.repeat(-counts[name][:, None], 4, axis=1))
+    finally:
+        shard.close()
+
+
+def test_dirty_rows_moved_below_a_background_flush_scan_while_it_pauses_are_written(tmp_path, monkeypatch, tiny_shares):
+    """A background flush writes a's first chunk of 3 rows, then pauses; meanwhile b takes rows back from a, whose
+    dirty rows at the top move down into the places given up, below the scan. The next chunk waits for a moment
+    without requests before it is written, and collected again then: it still starts from the rows moved down, so
+    the flush writes them before it records its journal position, and a crash right after loses no push."""
+    monkeypatch.setattr(table_module, "FLUSH_CHUNK_ROWS", 3)
+    config = ServerConfig(data_dir=str(tmp_path), cache_bytes=12 * layout_of(4, "sgd").ram_bytes,
+                          flush_interval_s=3600)  # fmt: skip
+    shard = Shard(config)
+    ids = np.arange(12, dtype=np.uint64)
+    shard.create_table(sgd_table("a"))
+    for lo in range(0, 12, 3):
+        shard.push("a", ids[lo : lo + 3], np.ones((3, 4), np.float32))
+    shard.create_table(sgd_table("b"))  # shares of 6 rows; a holds 12, all dirty
+    a = shard.table("a").arena
+    moved = []
+
+    def pause(seconds: float) -> None:  # after a chunk written: b takes rows back, as a push to b would meanwhile
+        if not moved:
+            shard.push("b", np.arange(100, 103, dtype=np.uint64), np.ones((3, 4), np.float32))
+            moved.append(a._rescan_from)
+
+    monkeypatch.setattr(table_module, "time", types.SimpleNamespace(sleep=pause))
+    shard.flush(background=True)
+    assert moved and moved[0] < 3 and a.used == 9  # dirty rows moved below the scan, which had passed row 3
+    assert not a.dirty[: a.used].any()
+    crash(shard)
+    shard = Shard(config)
+    try:
+        np.testing.assert_array_equal(shard.pull("a", ids), -np.ones((12, 4), np.float32))
     finally:
         shard.close()
 

@@ -282,7 +282,9 @@ class Table:
                     return written
                 rows, end = self.arena.collect_dirty(start, FLUSH_CHUNK_ROWS)
                 wait = len(rows) > 0 and not ready  # first a moment without requests, then this chunk collected again
-                if not wait:
+                if wait:  # collected again from its first row: it may lie below start (dirty rows moved down by
+                    start = min(start, int(rows[0]))  # give_up, which this call took the arena's note of)
+                else:
                     if len(rows):
                         self._persist(rows)
                         written += len(rows)
