@@ -353,7 +353,7 @@ def _stop_note(progress: StartProgress) -> str:
 
 def _stopped_start_line(where: str, stopped: StartStopped, phase: str, restore_dir: str | None) -> str:
     """The line that says a start was stopped (StartStopped) in phase: what the data dir is fit for now."""
-    if phase == "restoring":  # stopped inside the restore (or as it ended): the dir is marked until it finishes
+    if phase == "restoring":  # stopped inside the restore: the dir is marked until a restore finishes
         return (f"{where}: stopped during its start ({stopped}); start it again with the same --restore "
                 f"{restore_dir}: a restore stopped part way leaves its data dir marked, and that start starts it "
                 "over (a start without that --restore is refused)")  # fmt: skip

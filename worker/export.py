@@ -30,10 +30,11 @@ from typing import Any
 from ps.checkpoint import table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
-from ps.storage.atomicfile import sync_directory
+from ps.storage.atomicfile import sync_directory, sync_file
 from ps.terminate import child_setup
 from worker.checkpoint import save
 from worker.flags import check_new_dir
+from worker.tables import NEVER_TRAINED
 from worker.temp_dirs import EXPORT_CHECKPOINT_NAME, dead_export_checkpoints, export_checkpoint_dir
 
 
@@ -135,10 +136,8 @@ def check_rows(shard_stats: list, tables: list[str]) -> None:
     """ValueError when the tables to export hold no row on any shard: an export of them would be empty."""
     if sum(t.num_rows for shard in shard_stats for t in shard.tables if t.name in tables):
         return
-    raise ValueError(f"the servers' tables {', '.join(tables)} hold no trained row: an export would be empty. The "
-                     "model was never trained on these servers (its tables made by `ps-worker train "
-                     "--create-tables-only`, or by a train that failed before its first push), or --servers names "
-                     "other servers than those it was trained on; nothing was saved")  # fmt: skip
+    raise ValueError(f"the servers' tables {', '.join(tables)} hold no trained row: an export would be empty. "
+                     f"{NEVER_TRAINED[0].upper()}{NEVER_TRAINED[1:]}; nothing was saved")  # fmt: skip
 
 
 def check_kept_checkpoint(out: str, kept: str) -> None:
@@ -188,7 +187,6 @@ def record_checkpoint(path: str, checkpoint: str | None) -> None:
     summary["checkpoint"] = None if checkpoint is None else os.path.abspath(checkpoint)
     with leftovers.open_temporary(path + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+        sync_file(f)
     os.replace(path + ".tmp", path)
     sync_directory(os.path.dirname(path) or ".")

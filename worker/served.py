@@ -23,7 +23,7 @@ from worker.linecount import SCORING_COUNT_LINES, count_files_upto
 from worker.model_tables import held_features, sparse_table_stats, table_configs
 from worker.models.spec import LOGIT_BIAS, ModelSpec
 from worker.scoring import ScoringProgress, evaluate
-from worker.tables import check_tables
+from worker.tables import NEVER_TRAINED, check_tables
 from worker.train_config import TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
@@ -82,11 +82,8 @@ def check_trained(client: Client, spec: ModelSpec, model: str, doing: str) -> No
     if sum(t.num_rows + t.pending_ids for t in sparse_table_stats(client, spec)):
         return
     names = ", ".join(sorted(spec.table_dims()))
-    raise ValueError(f"the servers hold the tables of {model} ({names}) but no trained row in them: the model was "
-                     "never trained on these servers (its tables made by `ps-worker train --create-tables-only`, or "
-                     "by a train that failed before its first push), or --servers names other servers than those it "
-                     f"was trained on ({', '.join(client.servers)}); its scores would all be its initial ones: "
-                     f"{doing}")  # fmt: skip
+    raise ValueError(f"the servers hold the tables of {model} ({names}) but no trained row in them: {NEVER_TRAINED} "
+                     f"({', '.join(client.servers)}); its scores would all be its initial ones: {doing}")  # fmt: skip
 
 
 def evaluate_servers(cfg: TrainConfig) -> dict:

@@ -74,6 +74,12 @@ def untrained_on_some_shards(shard_stats: list, names: set[str] | None = None) -
             "`ps-worker export --tables` that leaves it out (without --keep-checkpoint) is not refused for it")  # fmt: skip
 
 
+NEVER_TRAINED = (
+    "the model was never trained on these servers (its tables made by `ps-worker train "
+    "--create-tables-only`, or by a train that failed before its first push), or --servers names other "
+    "servers than those it was trained on"
+)  # why a model's tables hold no trained row
+
 NEVER_RESTORED = "(never restored, or a server version that does not say)"  # restored_sha256 empty
 
 

@@ -11,7 +11,6 @@ import fnmatch
 import json
 import os
 from collections.abc import Callable, Sequence
-from typing import IO, Any
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from ps.errors import CheckpointDamagedError, StorageError
 from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage import leftovers
-from ps.storage.atomicfile import sync_directory
+from ps.storage.atomicfile import sync_directory, sync_file
 from ps.storage.store import Store
 
 
@@ -222,7 +221,7 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
         final = os.path.join(out, "export.json")
         with leftovers.open_temporary(final + ".tmp", "w") as f:
             json.dump(summary, f, indent=1)
-            _sync(f)
+            sync_file(f)
         written.append((final + ".tmp", final))
     except BaseException:
         if shown is not None:
@@ -243,12 +242,6 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
                 os.remove(os.path.join(out, f"{name}.{kind}.npy"))
     sync_directory(out)  # the renames, after a power loss too
     return summary
-
-
-def _sync(f: IO[Any]) -> None:
-    """Writes f's buffer out and fsyncs it: its data is on disk before it is renamed into place."""
-    f.flush()
-    os.fsync(f.fileno())
 
 
 def _exported_tables(out: str) -> set[str]:
@@ -312,7 +305,7 @@ def _write_npy(
                 f.write(np.ascontiguousarray(piece).data)
                 if on_written is not None:
                     on_written(len(piece))
-            _sync(f)
+            sync_file(f)
     except BaseException as e:  # a failed write, or anything else midway (Ctrl-C, MemoryError): no partial file
         with contextlib.suppress(OSError):
             os.remove(tmp)

@@ -1,5 +1,5 @@
-"""write_text_whole, write_json_whole: a file replaced whole, never seen half written; sync_dir: a directory's
-entries (a rename into it) made durable (standard library only: the worker uses it too, ps.storage.sidefiles for
+"""write_text_whole, write_json_whole: a file replaced whole, never seen half written; sync_file: a file's data,
+sync_directory: a directory's entries (a rename into it), made durable (standard library only: the worker uses it too, ps.storage.sidefiles for
 the files beside RocksDB, ps.checkpoint for a checkpoint's manifest, an export for its files)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import tempfile
+from typing import IO, Any
 
 
 def write_json_whole(path: str, obj: dict, sync_dir: bool = False, temp_prefix: str | None = None) -> None:
@@ -31,8 +32,7 @@ def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: 
             os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            sync_file(f)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -40,6 +40,12 @@ def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: 
         raise
     if sync_dir:
         sync_directory(directory)
+
+
+def sync_file(f: IO[Any]) -> None:
+    """Writes f's buffer out and fsyncs it: its data is on disk before it is renamed into place."""
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def sync_directory(directory: str) -> None:

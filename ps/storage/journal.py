@@ -78,6 +78,7 @@ from ps.accel.filemap import FileMap
 from ps.accel.prefault import Prefaulter
 from ps.errors import DataDirLostError, DiskFullError, FileTooLargeError, StorageError, disk_full_reason
 from ps.storage.applied import AppliedChanges, AppliedTable
+from ps.storage.atomicfile import sync_directory
 from ps.storage.checksum import checksum64, copy_with_checksum64
 from ps.storage.sidefiles import MarkWriter, read_mark
 
@@ -751,11 +752,7 @@ class Journal:
         self._map = None if self.sync else FileMap.open(fd, self.segment_bytes)
         self._released = 0  # [0, _released) of _map is released (ps.accel.filemap)
         if self.sync:
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            sync_directory(self.dir)
         self._prefault.attach(self._fd, self.segment_bytes, self._map)
 
     def _close_fd(self) -> None:
