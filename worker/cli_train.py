@@ -16,7 +16,8 @@ from ps.settings import HelpFormatter, add_config_flag, apply_defaults, byte_siz
 from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
-from worker.recipe import LARGE, RECIPES, SMALL
+from worker.readers.share import BAD_SHARE_AFTER
+from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
 from worker.schema import FORMATS
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
@@ -268,6 +269,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> None:
     """The data flags of `train`, `eval` or `predict` (command); predict has no synthetic data."""
+    bad_share = (
+        f"at most 1 in {round(1 / MAX_BAD_SHARE)} of the lines read once more than {BAD_SHARE_AFTER} are malformed"
+    )
     data = p.add_argument_group("data")
     if command in ("eval", "predict"):
         other = f"--{command}-data"
@@ -317,14 +321,13 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         "--max-bad-lines",
         type=integer(0),
         default=d.max_bad_lines,
-        help="malformed lines skipped (and reported) before the run fails (default: the recipe's: 0 for small data, "
-        "read whole before the first push to take a validation split; 1,000 for large data, which is read as it "
-        "trains, while they are at most 1 in 100 of the lines read once more than 10 are malformed; a number given "
-        "here bounds them alone)"
+        help="malformed lines skipped (and reported) before the run fails (default: the recipe's: "
+        f"{SMALL.max_bad_lines:,} for small data, read whole before the first push to take a validation split; "
+        f"{LARGE.max_bad_lines:,} for large data, which is read as it trains, while they are {bad_share}; a number "
+        "given here bounds them alone)"
         if command == "train"
         else f"malformed lines skipped (and reported) before {'the evaluation' if command == 'eval' else 'predict'} "
-        "fails (default: 1,000, while they are at most 1 in 100 of the lines read once more than 10 are malformed; "
-        "a number given here bounds them alone)",
+        f"fails (default: {LARGE.max_bad_lines:,}, while they are {bad_share}; a number given here bounds them alone)",
     )
     if command == "predict":
         return
