@@ -4,6 +4,7 @@ boundaries; files of another format refused by name; bad lines named by their ow
 
 import gzip
 import os
+import re
 
 import numpy as np
 import pytest
@@ -115,6 +116,22 @@ def test_empty_matches_and_repeats_are_refused(tmp_path):
     (tmp_path / "a.tsv").write_text("")
     with pytest.raises(ValueError, match="a.tsv is named twice"):
         data_files(f"{tmp_path / 'a.tsv'},{tmp_path / '*.tsv'}")
+
+
+@pytest.mark.parametrize("odd", ["broken link", "fifo"])
+def test_a_data_entry_that_is_no_file_is_refused_not_left_out(tmp_path, odd):
+    (tmp_path / "part-0.tsv").write_text("")
+    if odd == "broken link":
+        (tmp_path / "part-1.tsv").symlink_to(tmp_path / "gone" / "part-1.tsv")
+    else:
+        os.mkfifo(tmp_path / "part-1.tsv")
+    (tmp_path / "_part-2.tsv").symlink_to(tmp_path / "gone")  # not data by its name: skipped
+    what = "a broken link" if odd == "broken link" else "not a regular file"
+    for spec in (tmp_path, tmp_path / "part-*"):
+        with pytest.raises(ValueError, match=re.escape(f"part-1.tsv, taken in by {spec}, is {what}")):
+            data_files(spec)
+    (tmp_path / "part-1.tsv").unlink()
+    assert data_files(tmp_path) == data_files(tmp_path / "part-*") == [str(tmp_path / "part-0.tsv")]
 
 
 def test_a_file_of_another_format_or_header_is_refused_naming_it(tmp_path):

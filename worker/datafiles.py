@@ -14,6 +14,8 @@ The grammar of spec (--data, --eval-data, --validation-data, and the data `ps-wo
             | a path       -> that file (checked by check_data_input)
 SKIPPED: a name starting with '.' (hidden) or '_' (Spark and Hadoop's _SUCCESS, _committed_*), or ending in
 one of NOT_DATA (checksums, schemas, notes written next to the data). Named on its own, such a file is read.
+A directory or glob whose data-named entry is neither a regular file nor a directory (a broken link, a FIFO) is
+refused, naming it: its examples would otherwise be left out unsaid.
 Name order compares runs of digits as numbers (name_order): day_2 comes before day_10, as it does in time.
 
 The files are read in this order as one stream (worker/formats.py read_batches): a run over day_0..day_23 reads
@@ -80,6 +82,11 @@ def _entry_files(entry: str) -> list[str]:
     matched = _matched(entry)
     if matched is None:
         return [entry]
+    unread = _not_files(entry)
+    if unread:
+        what = "a broken link" if not os.path.exists(unread[0]) else "not a regular file"
+        raise ValueError(f"{unread[0]}, taken in by {entry}, is {what}: its examples cannot be read (remove it, or "
+                         "name the files to read)")  # fmt: skip
     files = sorted((p for p in matched if _is_data(os.path.basename(p))), key=name_order)
     if not files and os.path.isdir(entry):
         raise ValueError(f"{entry} is a directory holding no data file (hidden files, names starting with '_' "
@@ -97,6 +104,17 @@ def _matched(entry: str) -> list[str] | None:
     if _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
         return [p for p in glob.glob(entry, include_hidden=True) if os.path.isfile(p)]
     return None
+
+
+def _not_files(entry: str) -> list[str]:
+    """The data-named entries (_is_data) of a directory entry or matches of a glob entry that are neither regular
+    files nor directories (links followed): a broken link, a FIFO, a socket or a device; in name order."""
+    if os.path.isdir(entry):
+        paths = [os.path.join(entry, n) for n in os.listdir(entry)]
+    else:
+        paths = glob.glob(entry, include_hidden=True)
+    odd = (p for p in paths if _is_data(os.path.basename(p)) and not os.path.isfile(p) and not os.path.isdir(p))
+    return sorted(odd, key=name_order)
 
 
 def _is_data(name: str) -> bool:
