@@ -347,8 +347,27 @@ def test_infer_names_a_semicolon_separated_file_and_reads_a_bar_in_a_label_only_
         infer_schema_text(str(semi))
     assert 'delimiter = ";"' in infer_schema_text(str(semi), delimiter=";")
     bar = tmp_path / "bar.csv"
-    bar.write_text("is|click\n1\n0\n")
-    assert "label = " in infer_schema_text(str(bar))
+    bar.write_text("is|click\n1\n0\n")  # a label-only file: no '|'-separated one, and no feature to infer
+    with pytest.raises(ValueError, match="no column to read features from: the header is one column, 'is|click'"):
+        infer_schema_text(str(bar))
+
+
+@pytest.mark.parametrize(
+    "text, delimiter, why",
+    [
+        ("y\n1\n0\n", ",", "the header is one column, 'y', taken as the label \\(a schema needs at least one"),
+        ("y,a,a\n1,x,z\n0,y,w\n", ",", "columns other than the label 'y' repeat a name"),
+        ("1 1:1 2:1\n0 1:1 3:1\n", ",", "its first line looks like libsvm .*: give --format libsvm"),
+        ("y,a,b\n1,x,3\n0,y,4\n", ";", "its first line has ',': a comma-separated file\\? Leave --delimiter out"),
+    ],
+)
+def test_infer_refuses_a_file_that_gives_no_column_saying_why(tmp_path, text, delimiter, why):
+    """A schema of no [[columns]] is one load_schema refuses: ps-worker schema says so, and why, instead of writing
+    it."""
+    data = tmp_path / "d.csv"
+    data.write_text(text)
+    with pytest.raises(ValueError, match=f"d.csv: no column to read features from: .*{why}"):
+        infer_schema_text(str(data), delimiter=delimiter)
 
 
 def test_infer_label_falls_back_to_the_first_binary_column(tmp_path):

@@ -35,6 +35,7 @@ import csv
 import math
 import re
 
+from worker.criteo import other_format_hint
 from worker.csv_fast import label_value
 from worker.datafiles import data_files
 from worker.encode import is_missing_text
@@ -230,7 +231,24 @@ def infer_schema(
                 lines += [f"# {h!r}: {len(set(values))} distinct integers, each seen {len(values) / len(set(values)):.0f} "
                           "times on average: codes or small counts; each value its own id too (delete this entry if "
                           "they are plain quantities)", "[[columns]]", *_entry(code, with_table=False)]  # fmt: skip
+    if "[[columns]]" not in lines:  # load_schema refuses a schema of no column: said now, with why
+        raise ValueError(_no_columns(path, header, label, delimiter))
     return "\n".join(lines) + "\n", checks
+
+
+def _no_columns(path: str, header: list[str], label: str, delimiter: str) -> str:
+    """Why a csv file gives a schema of no column (the header is the label alone, or its other names repeat),
+    with a hint where its one-column header reads as another format (libsvm, another delimiter)."""
+    if len(header) > 1:
+        return (f"{path}: no column to read features from: the header {header}'s columns other than the label "
+                f"{label!r} repeat a name, and the reader cannot tell such columns apart: rename them")  # fmt: skip
+    hint = ""
+    if other_format_hint(header[0].encode()).startswith(" (it looks like libsvm"):
+        hint = ": its first line looks like libsvm (`label id:value ...`): give --format libsvm"
+    elif delimiter != "," and "," in header[0]:
+        hint = ": its first line has ',': a comma-separated file? Leave --delimiter out"
+    return (f"{path}: no column to read features from: the header is one column, {header[0]!r}, taken as the label"
+            f"{hint or ' (a schema needs at least one [[columns]] entry)'}")  # fmt: skip
 
 
 def _check_separator(path: str, header: list[str], delimiter: str, first: list[str]) -> None:
