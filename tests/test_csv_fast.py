@@ -265,6 +265,45 @@ def test_the_scan_splits_lines_as_the_csv_module(tmp_path):
     assert plain.stopped and plain.buf.tobytes() == b"a\nb\n" and list(lines.texts()) == ['"c\n', "d\n"]
 
 
+class _Counted(io.BytesIO):
+    """A binary file that counts the bytes read from it."""
+
+    taken = 0
+
+    def read(self, n: int = -1) -> bytes:
+        out = super().read(n)
+        self.taken += len(out)
+        return out
+
+    def readline(self, n: int = -1) -> bytes:
+        out = super().readline(n)
+        self.taken += len(out)
+        return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lines_are_split_as_the_csv_module_sees_them_across_blocks(monkeypatch, seed):
+    """Blocks are cut only at line ends (CRLF never between its CR and LF): the lines are those io.TextIOWrapper
+    (newline="") gives, whatever the block size; a file of lines ended by CR alone is read a block at a time, not
+    whole before its first line."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(csv_fast, "BLOCK_BYTES", int(rng.integers(1, 12)))
+    ends = ["\n", "\r\n", "\r"] if seed % 2 else ["\r"]
+    text = "".join(str(rng.choice(["", "a", "bc,d", "é"])) + str(rng.choice(ends)) for _ in range(300))
+    data = text.encode() + (b"tail" if seed % 3 else b"")
+    expected = list(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline=""))
+    raw = _Counted(data)
+    texts = csv_fast.CsvLines(raw).texts()
+    assert next(texts) == expected[0] and raw.taken <= len(expected[0]) + 2 * csv_fast.BLOCK_BYTES
+    assert [expected[0], *texts] == expected
+    raw = _Counted(data)
+    lines = csv_fast.CsvLines(raw)
+    plain = lines.take_plain(0, 1, 0, 10**6)
+    assert [line + "\n" for line in plain.buf.tobytes().decode().split("\n")[:-1]] + list(lines.texts()) == [
+        line.rstrip("\r\n") + "\n" if k < plain.count else line for k, line in enumerate(expected)
+    ]
+
+
 class _Raw:
     """A binary file of some bytes, read in small pieces (lines cut across reads)."""
 

@@ -40,6 +40,7 @@ column to worker/encode.py.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -50,7 +51,7 @@ import numpy as np
 from worker.cells_fast import float_cell, gathered, hex_cell, int_cell
 from worker.features import cat_values
 
-BLOCK_BYTES = 1 << 22  # read from the file at a time (then up to the end of the line it cuts)
+BLOCK_BYTES = 1 << 22  # read from the file at a time (cut after its last line end, CsvLines._fill)
 MAX_PLAIN_BYTES = 1 << 30  # a longer line goes to the csv module, which judges its field size limit
 _BOM = b"\xef\xbb\xbf"
 _RUN, _FULL, _STOPPED = 0, 1, 2  # _select's outcomes: the block ended, `want` lines taken, a line not plain
@@ -75,17 +76,28 @@ class CsvLines:
 
     def __init__(self, raw: BinaryIO):
         self._raw, self._buf, self._pos, self._eof, self._start = raw, b"", 0, False, True
+        self._rest = b""  # read past the last line end of buf: the start of the next buf
         self.consumed = 0
 
     def _fill(self) -> bool:
-        """Whether lines are left; buf[pos:] then holds whole lines (the last one may be the file's end)."""
+        """Whether lines are left; buf[pos:] then holds whole lines (the last one may be the file's end): blocks
+        of BLOCK_BYTES cut after their last line end (of any kind: a file of lines ended by CR alone is read a
+        block at a time too), a line longer than a block read whole."""
         while self._pos >= len(self._buf):
-            if self._eof:
+            if self._eof and not self._rest:
                 return False
-            data = self._raw.read(BLOCK_BYTES)
-            if data and not data.endswith(b"\n"):
-                data += self._raw.readline()
-            self._eof = not data
+            parts, cut = [self._rest], 0
+            while not self._eof and not cut:
+                block = self._raw.read(BLOCK_BYTES)
+                self._eof = not block
+                parts.append(block)
+                cut = _after_last_line_end(block)
+            data = b"".join(parts)
+            if cut:
+                cut += len(data) - len(parts[-1])
+                data, self._rest = data[:cut], data[cut:]
+            else:
+                self._rest = b""
             self._buf, self._pos = data.removeprefix(_BOM) if self._start else data, 0
             self._start = False
         return True
@@ -94,11 +106,8 @@ class CsvLines:
         """The lines from the current one, each decoded (UTF-8, bad bytes as surrogates) with its line end."""
         while self._fill():
             buf, pos = self._buf, self._pos
-            nl = buf.find(b"\n", pos)
-            end = len(buf) if nl < 0 else nl + 1
-            cr = buf.find(b"\r", pos, end)
-            if cr >= 0 and cr + 1 < end and cr + 1 != nl:  # a lone CR ends a line
-                end = cr + 1
+            line_end = _LINE_END.search(buf, pos)  # the first one only: a search to the end per line is quadratic
+            end = len(buf) if line_end is None else line_end.end()
             self._pos = end
             self.consumed += 1
             yield buf[pos:end].decode("utf-8", "surrogateescape")
@@ -117,6 +126,15 @@ class CsvLines:
         self.consumed += lines
         buf = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint8)
         return Plain(buf, count, lines, first, status == _STOPPED, ascii_)
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # a physical line's end (the module docstring)
+
+
+def _after_last_line_end(block: bytes) -> int:
+    """The offset just past the last line end a block read from a file holds for sure, 0 if none: a LF, or a CR
+    before the block's last byte (a CR that ends the block may begin a CRLF whose LF the next block holds)."""
+    return max(block.rfind(b"\n"), block.rfind(b"\r", 0, len(block) - 1)) + 1
 
 
 _NL, _CR = 10, 13
