@@ -6,10 +6,12 @@ parse_lines with int_values and cat_values, and the chunks it leaves to the refe
 grammar excludes."""
 
 import gzip
+import tracemalloc
 
 import numpy as np
 import pytest
 
+from worker import cells_fast
 from worker.criteo import parse_lines
 from worker.criteo_fast import scan_lines
 from worker.encode import int_values, parsed_sources
@@ -63,8 +65,13 @@ def assert_same_reads(path, schema=SCHEMA, batch_size=7, **kw):
     """The scan and the reference path read path alike; returns the scan's read."""
     fast, reference = read(path, schema, batch_size, **kw), read(path, schema, batch_size, scan=False, **kw)
     assert fast[1:] == reference[1:]  # stats and error
-    assert len(fast[0]) == len(reference[0])
-    for a, b in zip(fast[0], reference[0]):
+    assert_batches_equal(fast[0], reference[0])
+    return fast
+
+
+def assert_batches_equal(got, expected):
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
         np.testing.assert_array_equal(a.labels, b.labels, strict=True)
         assert list(a.fields) == list(b.fields)
         for name in a.fields:
@@ -76,7 +83,6 @@ def assert_same_reads(path, schema=SCHEMA, batch_size=7, **kw):
         assert (a.dense is None) == (b.dense is None) and a.probs is None and b.probs is None
         if a.dense is not None:
             assert a.dense.tobytes() == b.dense.tobytes() and a.dense.shape == b.dense.shape
-    return fast
 
 
 @pytest.fixture
@@ -154,7 +160,7 @@ def test_a_line_outside_the_grammar_leaves_the_chunk_to_the_reference_path(bad):
 
 def test_hex_cells_are_read_by_the_scan_alone_crlf_lines_included(monkeypatch):
     calls = []
-    monkeypatch.setattr("worker.criteo_fast.cat_values", lambda cells: calls.append(cells) or cat_values(cells))
+    monkeypatch.setattr("worker.cells_fast.cat_values", lambda cells: calls.append(cells) or cat_values(cells))
     lines = [line(cats=[f"{c:x}" * (1 + c % 4) for c in range(26)]), line(cats=["C0FFEE"] * 26)]
     for ending in (b"\n", b"\r\n"):
         got = scan_lines([one[:-1] + ending for one in lines], INTS, CATS)
@@ -384,3 +390,38 @@ def test_random_characters_read_alike(tmp_path, scanned_chunks, seed):
         scanned_chunks.clear()
         _, stats, _ = assert_same_reads(path, batch_size=batch_size, max_bad_lines=limit)
         assert scanned_chunks == [True, True, False] and stats.bad_lines > 0
+
+
+def peak_bytes(read) -> tuple[object, int]:
+    """(read(), the most memory traced while it ran: numpy's arrays included)."""
+    tracemalloc.start()
+    try:
+        return read(), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_long_cell_is_read_in_pieces_of_bounded_size_alike(tmp_path, monkeypatch, scan):
+    """numpy pads every cell of a bytes array to the longest: lines are read a piece at a time, lines x the longest
+    within CHUNK_BYTES, and the scan's cells that are not hex are gathered by like widths, so one long cell costs
+    about its own size, not the chunk's lines x 40 times it; the batches, counts and errors are those of a read
+    with no such cut (the oracle), for each worker's share."""
+    lines = [line(cats=[f"w{i % 7}"] * 26) for i in range(300)]
+    lines[150] = line(cats=["x" * 30_000] * 2 + [f"{c:x}" for c in range(24)])  # a long categorical cell (hashed)
+    lines[200] = line(ints=first_int("9" * 30_000))  # a long integer cell: a bad line
+    lines[251] = line(label="2")  # a bad line after it, of the other worker's share
+    path = tmp_path / "long.tsv"
+    path.write_bytes(b"".join(lines))
+    kw = dict(schema=SCHEMA, batch_size=512, scan=scan, num_workers=2, max_bad_lines=5)
+    monkeypatch.setattr(criteo_reader, "CHUNK_BYTES", 1 << 40)
+    monkeypatch.setattr(cells_fast, "GATHER_BYTES", 1 << 40)
+    whole = [read(path, worker_id=w, **kw) for w in range(2)]
+    assert [sum(map(len, w[0])) for w in whole] == [149, 149] and [w[1].bad_lines for w in whole] == [1, 1]
+    monkeypatch.setattr(criteo_reader, "CHUNK_BYTES", 1 << 16)
+    monkeypatch.setattr(cells_fast, "GATHER_BYTES", 1 << 16)
+    for w in range(2):
+        pieces, peak = peak_bytes(lambda w=w: read(path, worker_id=w, **kw))
+        assert pieces[1:] == whole[w][1:]
+        assert_batches_equal(pieces[0], whole[w][0])
+        assert peak < 8 << 20  # read whole: a (lines, 40) array of 30,000-byte cells, about 180 MB

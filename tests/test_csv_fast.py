@@ -8,11 +8,12 @@ delimiters). The scan is also shown to be the path that plain data takes."""
 
 import gzip
 import io
+import tracemalloc
 
 import numpy as np
 import pytest
 
-from worker import csv_fast, formats
+from worker import cells_fast, csv_fast, formats
 from worker.encode import float_values, int_values
 from worker.features import cat_values
 from worker.formats import ReadStats, read_batches
@@ -381,3 +382,39 @@ def test_the_blank_line_kernel_is_str_strip(delimiter):
     csv_fast._blank_lines(np.frombuffer(b"".join(encoded), dtype=np.uint8), bounds, ord(delimiter), out)
     expected = [not line.replace(delimiter, "").strip() for line in lines]
     assert out.tolist() == expected and 0 < sum(expected) < len(lines)
+
+
+def test_cells_not_hex_are_gathered_by_like_widths_as_one_gather_reads_them(monkeypatch):
+    """gathered_cat_values gives cat_values of the gathered cells (the oracle), calling it on groups of at most
+    GATHER_BYTES (cells x the widest) unless one cell is wider."""
+    rng = np.random.default_rng(5)
+    widths = rng.choice([0, 1, 3, 8, 16, 17, 40, 300, 1500], size=500)
+    buf = np.frombuffer(bytes(rng.choice(list(b"0123456789abcdefxyz\x00"), int(widths.sum()))), np.uint8)
+    ends = np.cumsum(widths)
+    starts = ends - widths
+    expected = cat_values(cells_fast.gathered(buf, starts, ends))
+    calls = []
+    real = cells_fast.cat_values
+    monkeypatch.setattr(cells_fast, "cat_values", lambda cells: calls.append(cells.nbytes) or real(cells))
+    monkeypatch.setattr(cells_fast, "GATHER_BYTES", 1000)
+    np.testing.assert_array_equal(cells_fast.gathered_cat_values(buf, starts, ends), expected, strict=True)
+    assert len(calls) > 1 and all(c <= 1000 or c == 1500 for c in calls)  # a 1,500-byte cell alone
+
+
+def test_a_long_cell_of_a_plain_run_costs_about_its_own_size(tmp_path, monkeypatch):
+    """A categorical cell much longer than the others, in a plain run: the scan's cells that are not hex are
+    gathered by like widths (cells_fast.gathered_cat_values), not every one padded to the longest."""
+    path = tmp_path / "d.csv"
+    rows = [f"{i % 2},w{i % 7},{i}" for i in range(3000)]
+    rows[1500] = "1," + "x" * 20_000 + ",5"
+    path.write_text("y,c,n\n" + "\n".join(rows) + "\n")
+    s = builtin_schema("csv", default_table="t", default_dim=4, header=["y", "c", "n"])
+    monkeypatch.setattr(csv_reader, "CHUNK_CHARS", 1 << 16)
+    monkeypatch.setattr(cells_fast, "GATHER_BYTES", 1 << 16)
+    tracemalloc.start()
+    try:
+        fast = assert_same_reads(path, s, batch_size=4096)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sum(map(len, fast[0])) == 3000 and peak < 16 << 20  # gathered whole: 3,000 x 20,000 bytes, 60 MB, twice

@@ -3,6 +3,8 @@ worker/csv_fast.py). Optional speed machinery: each reads a cell as worker/encod
 would, and says when it cannot (the caller then leaves the column to them).
 
     gathered(buf, starts, ends) -> bytes array (n,)       # the cells buf[starts[i]:ends[i]]
+    gathered_cat_values(buf, starts, ends) -> uint64 (n,) # features.cat_values of those cells, GATHER_BYTES
+                                                          # at a time
     int_cell(buf, s, end)   -> (ok, int64 bits)           # "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63)
     hex_cell(buf, s, end)   -> (ok, uint64)               # "" -> MISSING_CAT; 1..16 hex digits, not all f
     float_cell(buf, s, end) -> (ok, float64)              # "" -> 0 (missing); sign? digit* ("." digit*)? with
@@ -16,7 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from worker.features import MISSING_INT
+from worker.features import MISSING_INT, cat_values
 
 MISSING_INT_BITS = np.uint64(int(MISSING_INT) % 2**64)
 MISSING_CAT = np.uint64(2**64 - 1)
@@ -37,6 +39,29 @@ def gathered(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
     out = np.zeros((len(starts), width), dtype=np.uint8)
     _gather(buf, starts, ends, out)
     return out.view(f"S{width}").reshape(len(starts))
+
+
+GATHER_BYTES = 1 << 24  # cells x the widest of them, gathered at a time by gathered_cat_values (unless one is wider)
+
+
+def gathered_cat_values(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """features.cat_values of the cells buf[starts[i]:ends[i]], uint64 (n,). A bytes array pads every cell to the
+    widest: one long cell among thousands would take thousands of times its size, so cells of like widths are
+    gathered together, a group of at most GATHER_BYTES (cells x its widest) at a time."""
+    widths = np.asarray(ends) - np.asarray(starts)
+    if len(widths) == 0 or int(widths.max()) * len(widths) <= GATHER_BYTES:
+        return cat_values(gathered(buf, starts, ends))
+    order = np.argsort(widths, kind="stable")
+    ranked = widths[order]
+    out = np.empty(len(order), dtype=np.uint64)
+    lo = 0
+    while lo < len(order):  # the widest group [lo, hi) within GATHER_BYTES (ranked rises: its widest is its last)
+        fits = (np.arange(1, len(order) - lo + 1) * ranked[lo:]) <= GATHER_BYTES
+        hi = lo + max(1, int(np.argmin(fits)) if not fits.all() else len(fits))
+        at = order[lo:hi]
+        out[at] = cat_values(gathered(buf, starts[at], ends[at]))
+        lo = hi
+    return out
 
 
 @numba.njit(nogil=True, cache=True)

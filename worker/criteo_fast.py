@@ -9,7 +9,7 @@ path (criteo.parse_lines, then encode.encode_examples) would:
     int_sources    "" | sign? digit+, within (-2**63, 2**63)   -> int64 (encode.int_values; "" -> MISSING_INT)
                    sign := "+" | "-"
     cat_sources    "" -> MISSING_CAT; 1..16 hex digits, either case, other than "ffffffffffffffff" -> their
-                   number; any other cell -> features.cat_values of its bytes (the Python path, in one call)
+                   number; any other cell -> features.cat_values of its bytes (cells_fast.gathered_cat_values)
 
 Cells of the other columns are read on first use as bytes arrays (dtype S, like parse_lines's columns: trailing
 NULs dropped). A chunk with a line outside this grammar (a column count other than 40, any other label, an
@@ -25,9 +25,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from worker.cells_fast import HEX_DIGITS, MISSING_CAT, gathered, hex_cell, int_cell
+from worker.cells_fast import HEX_DIGITS, MISSING_CAT, gathered, gathered_cat_values, hex_cell, int_cell
 from worker.encode import Parsed
-from worker.features import cat_values
 from worker.schema import CRITEO_COLUMNS
 
 _SOURCES = CRITEO_COLUMNS[1:]  # I1..I13, C1..C26: the cells after the label
@@ -63,7 +62,7 @@ def scan_lines(lines: Sequence[bytes], int_sources: Collection[str], cat_sources
         return None
     if other.any():
         at = np.nonzero(other)
-        values[at] = cat_values(gathered(buf, starts[at], ends[at]))
+        values[at] = gathered_cat_values(buf, starts[at], ends[at])
     ints = {s: values[:, k].view(np.int64) for k, s in enumerate(_SOURCES) if modes[k] == _INT}
     cats = {s: values[:, k] for k, s in enumerate(_SOURCES) if modes[k] == _HEX}
     return Scanned(labels, _LazyCells(buf, starts, ends), Parsed(ints, cats))

@@ -48,8 +48,7 @@ from typing import BinaryIO
 import numba
 import numpy as np
 
-from worker.cells_fast import float_cell, gathered, hex_cell, int_cell
-from worker.features import cat_values
+from worker.cells_fast import float_cell, gathered, gathered_cat_values, hex_cell, int_cell
 
 BLOCK_BYTES = 1 << 22  # read from the file at a time (cut after its last line end, CsvLines._fill)
 MAX_PLAIN_BYTES = 1 << 30  # a longer line goes to the csv module, which judges its field size limit
@@ -289,7 +288,7 @@ def scan_plain(plain: Plain, delimiter: str, width: int, label_at: int | None, s
             v = values[:, k]
             if other[:, k].any():
                 at = np.flatnonzero(other[:, k])
-                v[at] = cat_values(gathered(plain.buf, starts[at, k], ends[at, k]))
+                v[at] = gathered_cat_values(plain.buf, starts[at, k], ends[at, k])
             out_cats[s] = v
         elif modes[k] == _INT:
             out_ints[s] = (values[:, k].view(np.int64), ~other[:, k])

@@ -2,8 +2,9 @@
 
 criteo  label TAB I1..I13 TAB C1..C26 (worker/criteo.py): columns I1..I13, C1..C26. Bad: a column count
         other than 40, a label other than 0/1 (blank_labels: such a label is no label, NaN, worker/formats.py's
-        "Blank labels"). A chunk is read by worker/criteo_fast.py's compiled scan, or
-        when it holds a line the scan does not handle, by criteo.parse_share (with the same result).
+        "Blank labels"). A chunk is read a piece at a time (lines x the longest within CHUNK_BYTES: cells are
+        padded to the longest in numpy's arrays), each by worker/criteo_fast.py's compiled scan, or when it
+        holds a line the scan does not handle, by criteo.parse_share (with the same result).
 Without labels: I1..I13 TAB C1..C26: 39 columns. Bad: a column count other than 39. A file is without labels
         when more of its first LABEL_PROBE_LINES lines have 39 columns than 40 (has_labels).
 """
@@ -23,6 +24,8 @@ from worker.readers.share import LABEL_PROBE_LINES, Cells, Share, bounded_lines,
 from worker.schema import CRITEO_COLUMNS, Schema
 
 CRITEO_SCAN = True  # criteo chunks through criteo_fast.scan_lines first; False: criteo.parse_share alone
+CHUNK_BYTES = 1 << 22  # lines x the longest of them read at a time, at most (_pieces): numpy's bytes arrays pad
+# every cell to the longest, so one 1 MB cell among 200 lines took 16 GB
 
 
 def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool = True,
@@ -34,27 +37,48 @@ def criteo_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
     latter named in Cells.unread_labels)."""
     int_sources, cat_sources, _ = parsed_sources(schema)
     with open_data(name) as f:
-        for lines, first in share.chunks(bounded_lines(f, name), size):
-            if not labeled:
-                lines = [b"0\t" + line if _body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
-            unread = _read_as_unlabeled(lines) if labeled and blank_labels else {}
-            blank = list(unread)
-            unread = {first + share.num_workers * k: cell for k, cell in unread.items() if cell.strip()}
-            scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
-            if scanned is not None:
-                line_nos = first + share.num_workers * np.arange(len(lines), dtype=np.int64)
-                labels = scanned.labels if labeled else np.full(len(lines), np.nan, np.float32)
-                labels[blank] = np.nan
-                yield Cells(labels, scanned.cells, line_nos, [], scanned.parsed, unread)
-                continue
-            labels, columns, line_nos, problems = parse_share(lines, first, share.num_workers, name)
-            cells = {CRITEO_COLUMNS[j]: columns[:, j] for j in range(1, NUM_COLUMNS)}
-            if not labeled:
-                labels = np.full(len(labels), np.nan, np.float32)
-                problems = [(line_no, _without_label(problem)) for line_no, problem in problems]
-            if blank:
-                labels[np.isin(line_nos, first + share.num_workers * np.array(blank, dtype=np.int64))] = np.nan
-            yield Cells(labels, cells, line_nos, problems, None, unread)
+        for chunk, start in share.chunks(bounded_lines(f, name), size):
+            for lines, first in _pieces(chunk, start, share.num_workers):
+                yield _cells(name, lines, first, share.num_workers, int_sources, cat_sources, labeled, blank_labels)
+
+
+def _pieces(lines: list[bytes], first: int, step: int) -> Iterator[tuple[list[bytes], int]]:
+    """The lines of a chunk (line k at first + k * step) in runs where lines x the longest of them stays within
+    CHUNK_BYTES (one line alone may pass it), each with its first line's number."""
+    if max(map(len, lines), default=0) * len(lines) <= CHUNK_BYTES:
+        yield lines, first
+        return
+    lo = longest = 0
+    for k, line in enumerate(lines):
+        if k > lo and max(longest, len(line)) * (k - lo + 1) > CHUNK_BYTES:
+            yield lines[lo:k], first + lo * step
+            lo, longest = k, 0
+        longest = max(longest, len(line))
+    yield lines[lo:], first + lo * step
+
+
+def _cells(name: str, lines: list[bytes], first: int, step: int, int_sources: set[str], cat_sources: set[str],
+           labeled: bool, blank_labels: bool) -> Cells:  # fmt: skip
+    """The Cells of lines first, first + step, ... (criteo_cells' rules)."""
+    if not labeled:
+        lines = [b"0\t" + line if _body(line).strip(b" ") else line for line in lines]  # not EMPTY_LINE
+    unread = _read_as_unlabeled(lines) if labeled and blank_labels else {}
+    blank = list(unread)
+    unread = {first + step * k: cell for k, cell in unread.items() if cell.strip()}
+    scanned = scan_lines(lines, int_sources, cat_sources) if CRITEO_SCAN else None
+    if scanned is not None:
+        line_nos = first + step * np.arange(len(lines), dtype=np.int64)
+        labels = scanned.labels if labeled else np.full(len(lines), np.nan, np.float32)
+        labels[blank] = np.nan
+        return Cells(labels, scanned.cells, line_nos, [], scanned.parsed, unread)
+    labels, columns, line_nos, problems = parse_share(lines, first, step, name)
+    cells = {CRITEO_COLUMNS[j]: columns[:, j] for j in range(1, NUM_COLUMNS)}
+    if not labeled:
+        labels = np.full(len(labels), np.nan, np.float32)
+        problems = [(line_no, _without_label(problem)) for line_no, problem in problems]
+    if blank:
+        labels[np.isin(line_nos, first + step * np.array(blank, dtype=np.int64))] = np.nan
+    return Cells(labels, cells, line_nos, problems, None, unread)
 
 
 def _read_as_unlabeled(lines: list[bytes]) -> dict[int, str]:
