@@ -23,7 +23,14 @@ from worker.features import (
     field_ids,
     space_ids,
 )
-from worker.formats import ReadStats, column_stats, libsvm_field_count, read_batches, read_csv_header
+from worker.formats import (
+    ReadStats,
+    column_stats,
+    file_has_labels,
+    libsvm_field_count,
+    read_batches,
+    read_csv_header,
+)
 from worker.models.spec import BIAS_FIELD
 from worker.schema import load_schema
 from worker.schema_builtin import builtin_schema, resolve_schema
@@ -1012,3 +1019,25 @@ def test_blank_labels_reads_a_label_cell_that_is_no_label_as_none_and_counts_it(
     stats = ReadStats()
     assert len(join(read(changed, fmt, 8, schema=schema, max_bad_lines=len(odd), stats=stats))) == 40 - len(odd)
     assert stats.bad_lines == len(odd) and stats.unread_labels == 0 and "label '2'" in stats.first_bad
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
+@pytest.mark.parametrize("labeled", [True, False])
+def test_a_utf8_bom_at_the_start_of_a_file_is_left_out_in_every_format(tmp_path, fmt, labeled):
+    """Windows tools start a UTF-8 file with a BOM: each format reads it as the file without it (the oracle), labels,
+    field count and all, plain or gzipped, and its first line is no bad line."""
+    plain = SAMPLES[fmt](tmp_path)
+    schema = schema_of(plain, fmt)
+    if not labeled:  # the file without its labels: the first column (criteo's, csv's), libsvm's first token
+        lines = plain.read_text().splitlines()
+        plain.write_text("\n".join(re.split("[\t, ]", line, maxsplit=1)[1] for line in lines) + "\n")
+    bom = plain.with_name("bom_" + plain.name)
+    bom.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    for path in (bom, gzipped(bom)):
+        assert file_has_labels(path, schema) == file_has_labels(plain, schema) == labeled
+        if fmt == "libsvm":
+            assert libsvm_field_count(path) == libsvm_field_count(plain)
+        stats, expected_stats = ReadStats(), ReadStats()
+        got = read(path, fmt, 5, schema=schema, labeled=labeled, stats=stats)
+        assert_same_batches(got, read(plain, fmt, 5, schema=schema, labeled=labeled, stats=expected_stats))
+        assert stats == expected_stats and stats.bad_lines == 0 and sum(map(len, got)) == 23

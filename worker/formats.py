@@ -20,7 +20,8 @@ worker/readers/share.py's. This module reads their chunks into Batches, file aft
 
 Common to all formats:
   - A path ending in ".gz" is read through gzip; gzip data under another name, other compressions, binary table
-    formats (Parquet, ORC, Avro, Arrow) and UTF-16 text are refused by name (share.open_data).
+    formats (Parquet, ORC, Avro, Arrow) and UTF-16 text are refused by name (share.open_data). Text is UTF-8; a
+    BOM that starts a file is left out.
   - Data lines are numbered from 0, the CSV header excluded (for CSV a "line" is a record, which may span
     several physical lines inside quotes; a bad record that does counts each of its lines as a bad line, so that
     a stray quote, which runs a record to the end of the file, cannot lose the rest of it as one bad line).

@@ -56,6 +56,7 @@ class Cells:
     unread_labels: Mapping[int, str] = field(default_factory=dict)
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte order marks, little and big endian (never UTF-8 text)
 UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")  # UTF-32's
@@ -182,8 +183,9 @@ class Share:
 
 
 def bounded_lines(f: BinaryIO, name: str) -> Iterator[bytes]:
-    """The lines of a binary file, each with its line end, as iterating the file gives them, but ValueError at a
-    line of MAX_LINE_BYTES with no line end: a file whose lines end in CR alone (or that has no line end) would
+    """The lines of a binary file, each with its line end, as iterating the file gives them (a UTF-8 BOM that
+    starts the file left out, as the CSV reader leaves it out: Windows tools write one), but ValueError at a line
+    of MAX_LINE_BYTES with no line end: a file whose lines end in CR alone (or that has no line end) would
     otherwise be read into memory whole, as one line, before it is found to be no data."""
     number = 0
     while line := f.readline(MAX_LINE_BYTES):
@@ -195,7 +197,7 @@ def bounded_lines(f: BinaryIO, name: str) -> Iterator[bytes]:
                 + ("; it holds carriage returns: are its lines ended by CR alone? (`tr '\\r' '\\n'` converts them)"
                    if cr else "; is it a line file of this format?") + " Nothing more was read"
             )  # fmt: skip
-        yield line
+        yield line.removeprefix(_UTF8_BOM) if number == 1 else line
 
 
 def is_blank(name: str) -> bool:
@@ -205,7 +207,7 @@ def is_blank(name: str) -> bool:
     with open_data(name) as f:
         start = True
         while block := f.read(1 << 16):
-            if (block.removeprefix(b"\xef\xbb\xbf") if start else block).strip():
+            if (block.removeprefix(_UTF8_BOM) if start else block).strip():
                 return False
             start = False
     return True
