@@ -167,14 +167,35 @@ def test_a_failed_start_reports_its_error_even_when_closing_the_store_fails(good
     assert "after a failed start: IO error: No space left on device" in caplog.text
 
 
-def test_a_data_dir_a_running_server_holds_is_refused_as_in_use(good_dir):
+def test_a_data_dir_a_running_server_holds_is_refused_as_in_use_and_left_as_it_is(good_dir):
     running = ServerProcess(good_dir)
     try:
         assert running.started(), running.output()
-        with pytest.raises(StorageError, match=r"is in use by another process .*is a server already running on it"):
+        files = {name: os.stat(os.path.join(good_dir, name)).st_mtime_ns for name in os.listdir(good_dir)}
+        with pytest.raises(StorageError, match=rf"is in use by another process \(process {running.proc.pid} holds "
+                           r"RocksDB's LOCK file\): is a server already running on it"):  # fmt: skip
             Shard(ServerConfig(data_dir=good_dir))
+        # the running server's files as they were: its RocksDB LOG not rotated (LOG.old.*), nothing rewritten
+        assert {name: os.stat(os.path.join(good_dir, name)).st_mtime_ns for name in os.listdir(good_dir)} == files
     finally:
         running.stop()
+
+
+def test_a_lock_holder_is_read_from_the_kernels_list_of_file_locks(tmp_path):
+    from ps.storage.store import _lock_holder
+
+    path = tmp_path / "LOCK"
+    path.write_bytes(b"")
+    st = os.stat(path)
+    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    locks = tmp_path / "locks"
+    locks.write_text(f"1: POSIX  ADVISORY  WRITE 4242 {file_id}1 0 EOF\n"  # another file (a longer inode number)
+                     f"2: -> POSIX  ADVISORY  WRITE 99 {file_id} 0 EOF\n"  # a waiter, not the holder
+                     f"3: POSIX  ADVISORY  WRITE 777 {file_id} 0 EOF\n")  # fmt: skip
+    assert _lock_holder(str(path), str(locks)) == 777
+    locks.write_text(f"1: POSIX  ADVISORY  WRITE 4242 {file_id}1 0 EOF\n")
+    assert _lock_holder(str(path), str(locks)) is None
+    assert _lock_holder(str(path), str(tmp_path / "no-such-list")) is None
 
 
 def test_a_journal_mark_deleted_after_a_flush_is_refused_unless_the_loss_is_accepted(good_dir):

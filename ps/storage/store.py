@@ -534,6 +534,29 @@ def read_in_calls(cf: Rdict, keys: list[bytes], consume: Callable[[list, int], N
         done.result()
 
 
+PROC_LOCKS = "/proc/locks"
+
+
+def _lock_holder(path: str, proc_locks: str = PROC_LOCKS) -> int | None:
+    """The process holding a lock on the file at path (RocksDB's LOCK file), as the kernel's list of file locks
+    shows it: its pid, 0 or less where the kernel shows none (a process of another container); None if no process
+    holds one, or where that cannot be told (no such list: not Linux; the file gone). Reads the list only: opening
+    the file and closing it would drop this process's own locks on it (POSIX record locks)."""
+    try:
+        st = os.stat(path)
+        with open(proc_locks) as f:
+            text = f.read()
+    except OSError:
+        return None
+    file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in text.splitlines():
+        fields = line.split()  # "1: POSIX  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF"; a waiter's has "->"
+        if len(fields) >= 6 and "->" not in fields and fields[5] == file_id:
+            with contextlib.suppress(ValueError):
+                return int(fields[4])
+    return None
+
+
 class Store:
     """Rows of every table of one shard, keyed by (slot, id). Writes go through WriteBatches (atomic)."""
 
@@ -579,6 +602,11 @@ class Store:
                 f"data dir {path} is not empty and holds no sparseps data (it has {', '.join(entries[:5])}"
                 f"{', ...' if len(entries) > 5 else ''}); give a new or empty directory, or this shard's own"
             )
+        holder = _lock_holder(os.path.join(path, "LOCK")) if "LOCK" in entries else None
+        if holder is not None:  # refused before RocksDB's open, which would rotate the running server's LOG first
+            who = "this process" if holder == os.getpid() else f"process {holder}" if holder > 0 else "a process"
+            raise StorageError(f"data dir {path} is in use by another process ({who} holds RocksDB's LOCK file): is "
+                               "a server already running on it? Nothing was changed")  # fmt: skip
         self.path = path
         self.created = "CURRENT" not in entries  # a new data dir: no RocksDB was there
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
