@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -111,17 +113,24 @@ class Server:
         return (shard.lost() or None) if shard is not None and hasattr(shard, "journal") else None
 
     def _bind(self) -> int:
-        address = host_port(self.config.host, self.config.port)
-        hint = "is the port in use by another process, or the host not an address of this machine?"
+        c = self.config
+        address = host_port(c.host, c.port)
+        # gRPC listens on what it can of a host's addresses: localhost's ::1 alone where another process holds
+        # 127.0.0.1:PORT, whose clients would reach that process. A port taken on any of them is refused first.
+        taken = bind_problems(c.host, c.port, only_in_use=True) if c.port else []
         try:
-            if self._credentials is not None:
+            if taken:
+                port = 0
+            elif self._credentials is not None:
                 port = self._grpc.add_secure_port(address, self._credentials)
             else:
                 port = self._grpc.add_insecure_port(address)
-        except RuntimeError as e:  # grpc raises this when the port is taken or the host is not an address
-            raise OSError(f"cannot listen on {address} (--host, --port): {e}; {hint}") from None
-        if not port:
-            raise OSError(f"cannot listen on {address} (--host, --port): {hint}")
+        except RuntimeError:  # grpc raises this when the port is taken or the host is not an address
+            port = 0
+        if not port:  # gRPC's message says only "Failed to bind": binds of our own find why
+            why = (taken or bind_problems(c.host, c.port) or
+                   ["gRPC could not bind it, though a plain socket can (the port taken meanwhile?)"])  # fmt: skip
+            raise OSError(f"cannot listen on {address} (--host, --port): {why[0]}")
         return port
 
     def _listen(self) -> None:
@@ -205,6 +214,39 @@ def host_port(host: str, port: int) -> str:
     """HOST:PORT as gRPC takes it: an IPv6 address in brackets ([::1]:5000), whether --host gave them or not."""
     bare = host.strip("[]")
     return f"[{bare}]:{port}" if ":" in bare else f"{host}:{port}"
+
+
+def bind_problems(host: str, port: int, only_in_use: bool = False) -> list[str]:
+    """What binding a socket to each of host's addresses at port meets, as gRPC binds (SO_REUSEADDR), each said
+    with what to do: the port in use, the host no address of this machine or no name that resolves ([] if every
+    bind succeeds). only_in_use: the port in use, nothing else (an address gRPC would skip, as localhost's ::1 on
+    a host without IPv6, is no problem)."""
+    try:
+        addresses = socket.getaddrinfo(host.strip("[]") or None, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)  # fmt: skip
+    except (socket.gaierror, UnicodeError) as e:
+        why = getattr(e, "strerror", None) or e
+        return [] if only_in_use else [f"the host {host!r} is no address or name that resolves ({why}): give --host "
+                                       "an address of this machine"]  # fmt: skip
+    problems = []
+    for family, kind, proto, _, sockaddr in addresses:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(sockaddr)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                problems.append(f"port {port} of {sockaddr[0]} is in use ({e.strerror}): stop what listens there, or "
+                                "give another --port")  # fmt: skip
+            elif only_in_use:
+                continue
+            elif e.errno == errno.EACCES:
+                problems.append(f"this user may not listen on port {port} ({e.strerror}): give a --port of 1024 or "
+                                "more")  # fmt: skip
+            else:
+                problems.append(f"{sockaddr[0]} port {port}: {e.strerror or e}: is --host an address of this "
+                                "machine? (0.0.0.0: all of them)")  # fmt: skip
+    return problems
 
 
 def exposure_warning(host: str, tls: bool, token: bool) -> str | None:

@@ -335,6 +335,31 @@ def test_a_mistyped_server_command_is_named_and_touches_nothing(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_a_port_another_process_listens_on_is_refused_naming_it(host, tmp_path):
+    """localhost is ::1 and 127.0.0.1 where the host has IPv6: gRPC alone would listen on ::1 only, and clients of
+    127.0.0.1 would reach the other process."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = server(["--data-dir", str(tmp_path / "d"), "--host", host, "--port", str(port)])
+    assert r.returncode == 2, r.stderr
+    assert (f"ps-server: error: cannot listen on {host}:{port} (--host, --port): port {port} of 127.0.0.1 is in use "
+            "(Address already in use): stop what listens there, or give another --port") in r.stderr  # fmt: skip
+    assert "Traceback" not in r.stderr and not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("host, message", [
+    ("192.0.2.1", "192.0.2.1 port 0: Cannot assign requested address: is --host an address of this machine?"),
+    ("no such host!", "the host 'no such host!' is no address or name that resolves"),
+])  # fmt: skip
+def test_a_host_the_server_cannot_listen_on_says_why(host, message, tmp_path):
+    r = server(["--data-dir", str(tmp_path / "d"), "--host", host])
+    assert r.returncode == 2 and f"ps-server: error: cannot listen on {host}:0 (--host, --port): {message}" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "d").exists()
+
+
 @pytest.mark.parametrize("command", [[], ["size"], ["health"], ["verify"], ["export"]])
 def test_server_help_states_each_default_once(command):
     r = subprocess.run([PY, "-m", "ps", *command, "--help"], capture_output=True, text=True, timeout=60)
