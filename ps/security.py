@@ -14,8 +14,10 @@ an admitted caller can do; deploy/gen-secrets.sh makes a token, a CA and certifi
 from __future__ import annotations
 
 import hmac
+import os
 import socket
 import ssl
+import stat
 import time
 from collections.abc import Callable
 
@@ -33,6 +35,19 @@ def read_file(path: str, what: str) -> bytes:
     if not data.strip():
         raise ValueError(f"{what} {path} is empty")
     return data
+
+
+def readable_by_all(path: str) -> str | None:
+    """What a secret's file (a token, a private key) says when any user of the machine may read it: a warning
+    naming the file and its mode, or None (not readable by others, or no such file)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not mode & stat.S_IROTH:
+        return None
+    return (f"{path} is readable by every user of this machine (mode {stat.S_IMODE(mode):04o}): anyone logged in can "
+            f"read the secret it holds; chmod o-r it (deploy/gen-secrets.sh writes its secrets 0600)")  # fmt: skip
 
 
 TOKEN_FILE = "auth token file (--auth-token-file)"

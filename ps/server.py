@@ -25,7 +25,7 @@ from ps.errors import SHARD_STARTING, DataDirLostError, DiskFullError, ShardNeed
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
-from ps.security import TokenCheck, read_token, server_credentials
+from ps.security import TokenCheck, read_token, readable_by_all, server_credentials
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
 from ps.terminate import SIGNAL_CHECK_S
@@ -66,6 +66,11 @@ class Server:
             log.warning("--checkpoint-root %s is not writable by this user: checkpoint saves (ps-worker checkpoint "
                         "save, export) will be refused until it is", root)  # fmt: skip
         self._token = read_token(config.auth_token_file) if config.auth_token_file else None
+        for what, path in (("auth token file (--auth-token-file)", config.auth_token_file),
+                           ("TLS key (--tls-key)", config.tls_key)):  # fmt: skip
+            warning = readable_by_all(path) if path else None
+            if warning:
+                log.warning("%s %s", what, warning)
         interceptors = [TokenCheck(self._token)] if self._token else []
         self._credentials = (
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None

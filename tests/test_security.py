@@ -172,6 +172,20 @@ def test_half_a_key_pair_is_a_clear_error(pki, tmp_path):
         )
 
 
+@pytest.mark.parametrize("mode, warned", [(0o644, True), (0o604, True), (0o640, False), (0o600, False)])
+def test_a_token_or_key_file_every_user_may_read_is_warned_of_at_start(pki, tmp_path, start, caplog, mode, warned):
+    token, key = tmp_path / "token", tmp_path / "server.key"
+    shutil.copy(pki / "token", token)
+    shutil.copy(pki / "server.key", key)
+    for path in (token, key):
+        path.chmod(mode)
+    start(tls_cert=str(pki / "server.pem"), tls_key=str(key), auth_token_file=str(token))
+    for what, path in (("auth token file (--auth-token-file)", token), ("TLS key (--tls-key)", key)):
+        line = f"{what} {path} is readable by every user of this machine (mode {mode:04o}): anyone logged in"
+        assert (line in caplog.text) == warned, caplog.text
+    assert "s3cret-token" not in caplog.text
+
+
 def fetch(url: str, context=None, token: str | None = None) -> object:
     """The HTTP status of a GET (200, 401, 404), or the name of the exception that stopped it."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
