@@ -319,6 +319,13 @@ class ServerConfig:
                              "leave the flag out to refuse checkpoints")  # fmt: skip
         if not self.data_dir.strip():
             raise ValueError("--data-dir is empty; give the shard's data directory")
+        for flag, path in (("--data-dir", self.data_dir), ("--restore", self.restore_dir),
+                           ("--checkpoint-root", self.checkpoint_root)):  # fmt: skip
+            try:
+                (path or "").encode("utf-8")
+            except UnicodeEncodeError:  # a name of bytes not in the locale's encoding (os.fsdecode's surrogates)
+                raise ValueError(f"{flag} {path!r} is no UTF-8 path name: RocksDB takes UTF-8 paths only; give a "
+                                 "path of UTF-8 characters") from None  # fmt: skip
         if self.checkpoint_root and _within(self.checkpoint_root, self.data_dir):
             raise ValueError(f"--checkpoint-root {self.checkpoint_root} lies inside --data-dir {self.data_dir}: a "
                              "checkpoint there would be written into the shard's own files; give a directory "

@@ -288,6 +288,18 @@ def test_server_counts_and_times_are_checked_and_name_their_flag(argv, env, mess
     assert not (tmp_path / "shard").exists()
 
 
+@pytest.mark.parametrize("flag", ["--data-dir", "--restore", "--checkpoint-root"])
+def test_a_path_that_is_no_utf8_is_refused_before_anything_is_made(flag, tmp_path):
+    """A name of bytes that are not UTF-8 (Python's os.fsdecode gives it surrogates, which rocksdict cannot take)."""
+    odd = os.fsencode(tmp_path) + b"/caf\xe9"  # latin-1's e acute
+    given = [odd] if flag == "--data-dir" else [os.fsencode(tmp_path / "shard"), flag, odd]
+    r = subprocess.run([PY, "-m", "ps", "--stop-with-stdin", "--data-dir", *given], stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=120)  # fmt: skip
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 2 and "is no UTF-8 path name: RocksDB takes UTF-8 paths only" in err and flag in err, err
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
