@@ -35,6 +35,10 @@ CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shr
 """The sections a config file may hold: ps-server's, and ps-worker's commands (one file can serve both). Another
 is an error, not ignored: a misspelled [Server] would have dropped its settings (a token file, --sync) silently."""
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
+LIST_FLAGS = frozenset({"servers", "data", "eval_data", "validation_data", "predict_data", "drop_columns",
+                        "numeric_columns", "hidden", "backends", "tables"})  # fmt: skip
+"""The flags (by dest) whose value is a comma-separated list, for which a config file may give a TOML array; an
+array or a table for any other flag is an error, not a value joined into one (data_dir = ["a", "b"]: "a,b")."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # --log-level of both CLIs
 
 
@@ -60,8 +64,11 @@ def _convert(action: argparse.Action, value, source: str):
         text = str(value).strip().lower()
         if isinstance(value, bool) or text in _TRUE or (text and text in _FALSE):
             value = "on" if (value if isinstance(value, bool) else text in _TRUE) else "off"
-    if isinstance(value, list) and action.type is None:
-        value = ",".join(str(v) for v in value)  # comma-separated list flags: a TOML array is fine too
+    if isinstance(value, (list, dict)):
+        if not (isinstance(value, list) and action.dest in LIST_FLAGS):
+            kind = "an array" if isinstance(value, list) else "a table"
+            raise ValueError(f"{where}: expected one value, got {kind}: {value!r}")
+        value = ",".join(str(v) for v in value)  # a comma-separated list flag: a TOML array is fine too
     if action.type is not None and not (isinstance(value, (int, float)) and action.type in (int, float)):
         try:
             value = action.type(str(value))
@@ -168,9 +175,12 @@ def apply_defaults(
         for dest, action in _settable(p).items():
             value, source = None, None
             for mapping, name in ((top, "top level"), (section, f"[{command}]")):
-                for key in (dest, dest.replace("_", "-")):
-                    if key in mapping:
-                        value, source = mapping[key], f"config file {path} {name} {key!r}"
+                spellings = [key for key in dict.fromkeys((dest, dest.replace("_", "-"))) if key in mapping]
+                if len(spellings) > 1:  # which one wins would be a guess
+                    raise ValueError(f"config file {path} {name}: {spellings[0]!r} and {spellings[1]!r} are one "
+                                     f"setting ({_flag(action)}): give it once")  # fmt: skip
+                for key in spellings:
+                    value, source = mapping[key], f"config file {path} {name} {key!r}"
             if env_name(dest) in environ:
                 value, source = environ[env_name(dest)], f"environment variable {env_name(dest)}"
             if source is not None:

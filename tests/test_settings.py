@@ -58,6 +58,9 @@ def test_server_settings_from_the_environment_are_typed_and_satisfy_required_fla
     ({}, "port = [", "not valid TOML"),
     ({}, '[Server]\nsync = true\nauth_token_file = "t"\n', r"section \[Server\] is not one of ps-server's or ps-worker's"),
     ({}, "[serve]\nsync = true\n", r"section \[serve\] is not one of"),
+    ({}, 'tls_cert = ["a.pem", "b.pem"]\n', r"top level 'tls_cert' \(for --tls-cert\): expected one value, got an array"),
+    ({}, 'cache_bytes = "1G"\ncache-bytes = "2G"\n',
+     r"top level: 'cache_bytes' and 'cache-bytes' are one setting \(--cache-bytes\): give it once"),
 ])  # fmt: skip
 def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, message):
     argv = ["--data-dir", str(tmp_path)]
@@ -66,6 +69,19 @@ def test_bad_values_and_unknown_keys_name_their_source(tmp_path, env, toml, mess
         argv += ["--config", str(tmp_path / "c.toml")]
     with pytest.raises(ValueError, match=message):
         apply_defaults(server_parser(), argv, env)
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('data_dir = ["a", "b"]', r"\[server\] 'data_dir' \(for --data-dir\): expected one value, got an array"),
+    ('host = { name = "x" }', r"\[server\] 'host' \(for --host\): expected one value, got a table"),
+    ('sync = true\nsync-x = 1', "'sync-x' is not a setting"),
+    ('port = 1\nport = 2', "not valid TOML"),  # TOML itself refuses a key given twice
+    ('flush_interval_s = 5\nflush-interval-s = 9', r"\[server\]: 'flush_interval_s' and 'flush-interval-s' are one"),
+])  # fmt: skip
+def test_a_server_section_value_that_is_no_single_value_or_is_given_twice_is_refused(tmp_path, toml, message):
+    (tmp_path / "c.toml").write_text(f"[server]\n{toml}\n")
+    with pytest.raises(ValueError, match=message):
+        apply_defaults(server_parser(), ["--config", str(tmp_path / "c.toml")], {}, section="server")
 
 
 @pytest.mark.parametrize("env, toml, message", [
@@ -252,3 +268,24 @@ def test_a_size_that_is_no_number_is_refused(text):
 
     with pytest.raises(ValueError):
         byte_size(text)
+
+
+def test_every_list_flag_is_a_flag_that_takes_a_comma_separated_list():
+    import argparse
+
+    from ps.settings import LIST_FLAGS
+
+    actions = {}
+
+    def walk(parser):
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in a.choices.values():
+                    walk(sub)
+            elif a.option_strings:
+                actions.setdefault(a.dest, a)
+
+    walk(worker_parser())
+    walk(server_parser())
+    assert set(actions) >= LIST_FLAGS, LIST_FLAGS - set(actions)
+    assert all(actions[d].type is None and actions[d].nargs is None for d in LIST_FLAGS)
