@@ -383,6 +383,27 @@ def test_a_health_probe_of_a_port_where_nothing_listens_gives_no_tls_hint():
                            "of its start"), text  # fmt: skip
 
 
+def test_local_shards_take_no_server_settings_from_the_workers_config_file_or_host_variable(pki, tmp_path):
+    """A config file named by PS_CONFIG whose [server] section is the cluster's servers' (TLS, a token, every
+    interface) is the worker's only: its --local-shards listen on 127.0.0.1 with neither TLS nor token."""
+    config = tmp_path / "sparseps.toml"
+    config.write_text(f'[server]\ntls_cert = "{pki / "server.pem"}"\ntls_key = "{pki / "server.key"}"\n'
+                      f'auth_token_file = "{pki / "token"}"\nhost = "0.0.0.0"\n\n[train]\nmodel = "lr"\n')  # fmt: skip
+    env = {"PATH": "/usr/bin:/bin", "PS_CONFIG": str(config), "PS_HOST": "0.0.0.0"}
+    r = subprocess.run([sys.executable, "-m", "worker", "train", "--local-shards", "1", "--synthetic-rows", "3000",
+                        "--synthetic-eval-rows", "1000", "--recipe", "large", "--no-progress", "--server-timeout",
+                        "20"], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0 and "trained lr" in r.stdout, r.stderr[-3000:]
+
+
+def test_local_shards_listen_on_loopback_whatever_ps_host_says(monkeypatch):
+    from worker.cluster import LocalCluster
+
+    monkeypatch.setenv("PS_HOST", "0.0.0.0")
+    with LocalCluster(1) as cluster:
+        assert cluster.addresses[0].startswith("127.0.0.1:"), cluster.addresses
+
+
 def test_a_workers_client_security_variables_do_not_reach_its_local_shards(pki, tmp_path):
     """A worker container's PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY and PS_AUTH_TOKEN_FILE are its client's settings;
     to ps-server they would mean client certificates required and its own certificate. --local-shards trains on

@@ -10,7 +10,8 @@ run in a session of their own: a terminal's Ctrl-C reaches this process alone, w
 The shards listen on 127.0.0.1 for this machine's processes, with no TLS and no token, and do not inherit the
 PS_* variables of a worker's own client security (SECURITY_VARIABLES): PS_TLS_CA, PS_TLS_CERT and PS_TLS_KEY
 mean other things to ps-server (client certificates required; its own certificate), and its shards would refuse to
-start or their clients to connect.
+start or their clients to connect. Nor do they read the worker's config file (PS_CONFIG): its [server] section
+describes the cluster's own servers (their TLS and token, --host, --memory-bytes, --restore), not throwaway shards.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 from collections.abc import Sequence
 
 from ps.errors import ServerUnavailableError
+from ps.settings import CONFIG_ENV
 from worker.temp_dirs import keep, make_temp_dir
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
@@ -36,6 +38,11 @@ SECURITY_VARIABLES = ("PS_TLS_CA", "PS_TLS_CERT", "PS_TLS_KEY", "PS_AUTH_TOKEN_F
 def without_security_variables(environ: dict[str, str]) -> dict[str, str]:
     """environ less SECURITY_VARIABLES: for local shards, and the workers launch starts against them."""
     return {k: v for k, v in environ.items() if k not in SECURITY_VARIABLES}
+
+
+def shard_environment(environ: dict[str, str]) -> dict[str, str]:
+    """A local shard's environment: environ less SECURITY_VARIABLES and the config file (CONFIG_ENV)."""
+    return {k: v for k, v in without_security_variables(environ).items() if k != CONFIG_ENV}
 
 
 DISCARDED_STOP_S = 30.0  # cleanup() of a cluster in a root of its own: SIGTERM to SIGKILL (its rows are deleted)
@@ -86,6 +93,7 @@ class LocalCluster:
     def _spawn(self, shard_id: int, port: int = 0) -> subprocess.Popen:
         cmd = [
             sys.executable, "-m", "ps",
+            "--host", "127.0.0.1",  # whatever PS_HOST says: these shards have no TLS and no token
             "--port", str(port),
             "--shard-id", str(shard_id),
             "--num-shards", str(self.num_shards),
@@ -98,7 +106,7 @@ class LocalCluster:
             # a session of its own: a terminal's Ctrl-C goes to this process alone, which ends its step and then
             # stops the shards; sent to them too, they quit under its step, which logged them as down
             return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, pass_fds=held,
-                                    start_new_session=True, env=without_security_variables(dict(os.environ)))  # fmt: skip
+                                    start_new_session=True, env=shard_environment(dict(os.environ)))  # fmt: skip
 
     def _await_port(self, shard_id: int, proc: subprocess.Popen, deadline: float) -> str:
         out = b""
