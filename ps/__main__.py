@@ -124,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="file holding a shared token every call must carry (health checks excepted)",
     )
     p.add_argument(
+        "--read-token-file",
+        default=None,
+        help="file holding a second token, admitted to the calls that change nothing (DescribeTable, Pull, "
+        "PullBatch, Stats) and /metrics, and refused the rest (PERMISSION_DENIED): for serving and monitoring "
+        "(ps-worker predict and eval read with it); needs --auth-token-file",
+    )
+    p.add_argument(
         "--restore",
         default=None,
         metavar="DIR",
@@ -451,6 +458,7 @@ def _run_server(args: argparse.Namespace) -> int:
         tls_key=args.tls_key,
         tls_ca=args.tls_ca,
         auth_token_file=args.auth_token_file,
+        read_token_file=args.read_token_file,
         restore_dir=args.restore,
         metrics_port=args.metrics_port,
         direct_reads=args.direct_reads,

@@ -274,6 +274,7 @@ class ServerConfig:
     tls_key: str | None = None
     tls_ca: str | None = None  # with cert and key: mutual TLS, clients must present a certificate it signed
     auth_token_file: str | None = None  # every call but health checks must carry this token
+    read_token_file: str | None = None  # ... or this one, for the calls that change nothing (ps/security.py)
     restore_dir: str | None = None  # a checkpoint to fill a new data dir from (ps/checkpoint.py)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
     direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
@@ -290,6 +291,9 @@ class ServerConfig:
             raise ValueError("give both --tls-cert and --tls-key, or neither")
         if self.tls_ca and not self.tls_cert:
             raise ValueError("--tls-ca (mutual TLS) needs --tls-cert and --tls-key")
+        if self.read_token_file and not self.auth_token_file:
+            raise ValueError("--read-token-file admits read-only callers beside those of --auth-token-file, whose "
+                             "token may do everything: give --auth-token-file too")  # fmt: skip
         if not self.num_shards >= 1:
             raise ValueError(f"--num-shards must be >= 1, got {self.num_shards}")
         if not 0 <= self.shard_id < self.num_shards:

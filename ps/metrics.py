@@ -152,15 +152,22 @@ class ServerMetrics:
         self.bytes.labels(method, "out").inc(bytes_out)
 
     def serve(
-        self, port: int, host: str, tls: tuple[str, str, str | None] | None = None, token: str | None = None
+        self,
+        port: int,
+        host: str,
+        tls: tuple[str, str, str | None] | None = None,
+        token: str | None = None,
+        read_token: str | None = None,
     ) -> int:
         """Serves /metrics on host:port (0: a free port) in a thread; returns the port. tls: (cert, key, ca or
         None) PEM files: HTTPS, and with ca, clients must present a certificate it signed. token: requests must
-        carry `Authorization: Bearer <token>`."""
+        carry `Authorization: Bearer <token>`, or <read_token> (the read-only one: metrics change nothing)."""
         host = host.strip("[]")  # an IPv6 address as --host may give it ([::1]): the socket wants it bare
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
         server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
-        http = make_server(host, port, _guarded(make_wsgi_app(self.registry), token), server_class, _Handler)
+        http = make_server(
+            host, port, _guarded(make_wsgi_app(self.registry), token, read_token), server_class, _Handler
+        )
         try:
             if tls is not None:
                 http.socket = _tls_context(*tls).wrap_socket(
@@ -189,13 +196,14 @@ def _tls_context(cert: str, key: str, ca: str | None) -> ssl.SSLContext:
     return context
 
 
-def _guarded(app, token: str | None):
-    """The metrics WSGI app behind a bearer-token check (if token) and a path check (only /metrics)."""
-    expected = f"Bearer {token}".encode() if token else None
+def _guarded(app, token: str | None, read_token: str | None = None):
+    """The metrics WSGI app behind a bearer-token check (if token: token or read_token) and a path check (only
+    /metrics)."""
+    admitted = [f"Bearer {t}".encode() for t in (token, read_token) if t] if token else []
 
     def guarded(environ, start_response):
         given = environ.get("HTTP_AUTHORIZATION", "").encode("latin-1", "replace")
-        if expected is not None and not hmac.compare_digest(given, expected):
+        if admitted and not any(hmac.compare_digest(given, expected) for expected in admitted):
             start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
             return [b"missing or wrong token (Authorization: Bearer ...)\n"]
         if environ.get("PATH_INFO") != "/metrics":

@@ -6,6 +6,10 @@
 - Token: a server given --auth-token-file answers UNAUTHENTICATED to any call whose metadata does not carry
   `authorization: Bearer <token>`. The one exception is the standard health service (grpc.health.v1.Health),
   so that orchestrators' probes need no secret; it says only whether the shard is serving.
+- Read-only token: a server given --read-token-file as well admits callers of that second token to the calls that
+  change nothing (READ_ONLY_METHODS, a PullBatch without a training job's stamp) and answers PERMISSION_DENIED to
+  their other calls, before reading them (a stamped PullBatch once read): a token for serving (predictions,
+  evaluations) and monitoring that cannot train, create, drop or checkpoint, nor start or hold up a job.
 Certificates must name the address clients dial (a subjectAltName such as IP:127.0.0.1 or DNS:ps-0).
 The metrics port follows the same settings (ps/metrics.py). docs/security.md: who may reach which port, and what
 an admitted caller can do; deploy/gen-secrets.sh makes a token, a CA and certificates.
@@ -22,8 +26,13 @@ import time
 from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import Message
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+SERVICE_PREFIX = "/sparseps.ParameterServer/"
+READ_ONLY_METHODS = ("DescribeTable", "Pull", "PullBatch", "Stats")  # the calls that change nothing on a shard
+# ... unstamped: a stamped PullBatch is a training job's (ps.engine.jobs), and its stamp may start a job
+STAMPED_METHODS = ("PullBatch",)
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -51,6 +60,7 @@ def readable_by_all(path: str) -> str | None:
 
 
 TOKEN_FILE = "auth token file (--auth-token-file)"
+READ_TOKEN_FILE = "read-only token file (--read-token-file)"
 _CONTROL_NAMES = {0x00: "a NUL byte", 0x09: "a tab", 0x0B: "a vertical tab", 0x0C: "a form feed", 0x1B: "an escape",
                   0x7F: "a DEL"}  # fmt: skip
 
@@ -74,15 +84,15 @@ def token_problem(token: bytes, offset: int = 0, of: str = "the token") -> str |
     return None
 
 
-def read_token(path: str) -> str:
-    """The token in a file, surrounding whitespace (a trailing newline) ignored. ValueError naming the flag and the
-    file, and what is wrong but never the token, for a file that cannot be read, is empty, or holds anything but
-    one line of printable ASCII (gRPC would refuse every call that carried it: "Invalid metadata")."""
-    data = read_file(path, TOKEN_FILE)
+def read_token(path: str, what: str = TOKEN_FILE) -> str:
+    """The token in a file, surrounding whitespace (a trailing newline) ignored. ValueError naming the flag (what)
+    and the file, and what is wrong but never the token, for a file that cannot be read, is empty, or holds
+    anything but one line of printable ASCII (gRPC would refuse every call that carried it: "Invalid metadata")."""
+    data = read_file(path, what)
     token = data.strip()  # bytes.strip: ASCII whitespace only
     problem = token_problem(token, offset=len(data) - len(data.lstrip()), of="the file")
     if problem:
-        raise ValueError(f"{TOKEN_FILE} {path} does not hold a usable token: {problem}; the token must be one line "
+        raise ValueError(f"{what} {path} does not hold a usable token: {problem}; the token must be one line "
                          "of printable ASCII (0x20-0x7E)")  # fmt: skip
     return token.decode("ascii")
 
@@ -147,12 +157,18 @@ def channel_credentials(ca: str | None, cert: str | None = None, key: str | None
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Rejects, with UNAUTHENTICATED, every call but health checks that lacks `authorization: Bearer <token>`."""
+    """Rejects, with UNAUTHENTICATED, every call but health checks that lacks `authorization: Bearer <token>` (or
+    `Bearer <read_token>`); a call of read_token's to a method outside READ_ONLY_METHODS gets PERMISSION_DENIED.
+    Neither refusal reads the request: a refused caller's bytes are neither taken in nor parsed."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, read_token: str | None = None):
         self._expected = f"Bearer {check_token(token)}".encode()
+        self._read_only = f"Bearer {check_token(read_token)}".encode() if read_token else None
+        if self._read_only is not None and hmac.compare_digest(self._expected, self._read_only):
+            raise ValueError("the read-only token (--read-token-file) is the auth token (--auth-token-file): its "
+                             "callers would be admitted to every call; give it a token of its own")  # fmt: skip
 
-        def deny(requests, context):  # reads no request: a refused caller's bytes are neither taken in nor parsed
+        def deny(requests, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token (authorization: Bearer ...)")
 
         self._deny = grpc.stream_unary_rpc_method_handler(deny)
@@ -160,14 +176,53 @@ class TokenCheck(grpc.ServerInterceptor):
     def intercept_service(
         self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
     ) -> grpc.RpcMethodHandler | None:
-        if handler_call_details.method.startswith(HEALTH_PREFIX):
+        method = handler_call_details.method
+        if method.startswith(HEALTH_PREFIX):
             return continuation(handler_call_details)
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
                 if hmac.compare_digest(given, self._expected):
                     return continuation(handler_call_details)
+                if self._read_only is not None and hmac.compare_digest(given, self._read_only):
+                    name = method.removeprefix(SERVICE_PREFIX)
+                    if not (method.startswith(SERVICE_PREFIX) and name in READ_ONLY_METHODS):
+                        return _read_only_refusal(name)
+                    handler = continuation(handler_call_details)
+                    return _unstamped_only(name, handler) if name in STAMPED_METHODS else handler
         return self._deny
+
+
+def _unstamped_only(method: str, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
+    """handler, refusing (PERMISSION_DENIED) a request that carries a worker stamp: a training job's."""
+    if handler is None or handler.unary_unary is None:
+        return handler
+    serve = handler.unary_unary
+    text = (f"a {method} with a worker stamp (a training job's step) is refused to the read-only token "
+            "(--read-token-file): a stamp takes part in a job; it needs the auth token (--auth-token-file); nothing "
+            "was changed")  # fmt: skip
+
+    def unstamped(request, context):
+        stamped = request.HasField("stamp") if isinstance(request, Message) else getattr(request, "stamp", None)
+        if stamped:
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, text)
+        return serve(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unstamped, request_deserializer=handler.request_deserializer,
+                                               response_serializer=handler.response_serializer)  # fmt: skip
+
+
+def _read_only_refusal(method: str) -> grpc.RpcMethodHandler:
+    """The handler that refuses a read-only token's call to method (not one of READ_ONLY_METHODS)."""
+    text = (
+        f"{method} is refused to the read-only token (--read-token-file), which may call "
+        f"{', '.join(READ_ONLY_METHODS)} only; it needs the auth token (--auth-token-file); nothing was changed"
+    )
+
+    def refuse(requests, context):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, text)
+
+    return grpc.stream_unary_rpc_method_handler(refuse)
 
 
 class TokenHeader(grpc.UnaryUnaryClientInterceptor):

@@ -25,7 +25,15 @@ from ps.errors import SHARD_STARTING, DataDirLostError, DiskFullError, ShardNeed
 from ps.health import NOT_SERVING, SERVICE_NAME, SERVING, HealthServicer
 from ps.health import add_to_server as add_health_to_server
 from ps.metrics import ServerMetrics
-from ps.security import TokenCheck, read_token, readable_by_all, server_credentials
+from ps.security import (
+    READ_ONLY_METHODS,
+    READ_TOKEN_FILE,
+    TOKEN_FILE,
+    TokenCheck,
+    read_token,
+    readable_by_all,
+    server_credentials,
+)
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
 from ps.terminate import SIGNAL_CHECK_S
@@ -66,12 +74,13 @@ class Server:
             log.warning("--checkpoint-root %s is not writable by this user: checkpoint saves (ps-worker checkpoint "
                         "save, export) will be refused until it is", root)  # fmt: skip
         self._token = read_token(config.auth_token_file) if config.auth_token_file else None
-        for what, path in (("auth token file (--auth-token-file)", config.auth_token_file),
+        self._read_token = read_token(config.read_token_file, READ_TOKEN_FILE) if config.read_token_file else None
+        for what, path in ((TOKEN_FILE, config.auth_token_file), (READ_TOKEN_FILE, config.read_token_file),
                            ("TLS key (--tls-key)", config.tls_key)):  # fmt: skip
             warning = readable_by_all(path) if path else None
             if warning:
                 log.warning("%s %s", what, warning)
-        interceptors = [TokenCheck(self._token)] if self._token else []
+        interceptors = [TokenCheck(self._token, self._read_token)] if self._token else []
         self._credentials = (
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
         )  # read before anything starts: a missing key file fails here, with its name
@@ -144,12 +153,15 @@ class Server:
         if self.metrics is not None:  # the metrics port is guarded as the gRPC port is (ps.metrics)
             tls = (c.tls_cert, c.tls_key, c.tls_ca) if c.tls_cert else None
             try:
-                self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token)
+                self.metrics_port = self.metrics.serve(c.metrics_port, c.host, tls, self._token, self._read_token)
             except OSError as e:
                 raise OSError(f"cannot listen on {host_port(c.host, c.metrics_port)} (--metrics-port): "
                               f"{e.strerror or e}; is the port in use?") from e  # fmt: skip
             log.info("Prometheus metrics on %s://%s/metrics%s", "https" if tls else "http",
                      host_port(c.host, self.metrics_port), " (bearer token required)" if self._token else "")  # fmt: skip
+        if self._read_token:
+            log.info("a read-only token (--read-token-file) is admitted to %s and /metrics",
+                     ", ".join(READ_ONLY_METHODS))  # fmt: skip
         self._grpc.start()
         warning = exposure_warning(c.host, self._credentials is not None, self._token is not None)
         if warning:

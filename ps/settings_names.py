@@ -20,6 +20,7 @@ SERVER = frozenset(
         "PS_NUM_SHARDS",
         "PS_PORT",
         "PS_READ_THREADS",
+        "PS_READ_TOKEN_FILE",
         "PS_RESTORE",
         "PS_SHARD_ID",
         "PS_STOP_WITH_STDIN",

@@ -20,11 +20,13 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from protos import ps_pb2
+from ps.codec import stamp_to_proto
 from ps.config import ServerConfig, TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
-from ps.security import TokenHeader, read_token
+from ps.security import READ_ONLY_METHODS, TokenHeader, read_token
 from ps.server import Server, exposure_warning
+from ps.stamp import WorkerStamp
 from tests.server_process import ServerProcess
 from worker.client import Client
 
@@ -115,6 +117,72 @@ def test_a_token_is_required_on_every_call_but_health_checks(pki, start):
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_read_only_token_reads_and_is_refused_every_call_that_changes_something(pki, start, tmp_path):
+    """Every method of the service: the read-only token reaches those of READ_ONLY_METHODS and gets
+    PERMISSION_DENIED from the rest (a method added to the service is refused it until it is listed); the rows a
+    refused push named are as they were."""
+    (tmp_path / "read-token").write_text("look-only\n")
+    address = start(auth_token_file=str(pki / "token"), read_token_file=str(tmp_path / "read-token"))
+    ids = np.arange(3, dtype=np.uint64)
+    with Client([address], timeout_s=5, server_timeout_s=0, auth_token="s3cret-token") as trainer:
+        trainer.create_table(TableConfig("t", 2))
+        trainer.push("t", ids, np.ones((3, 2)))
+        trained = trainer.pull("t", ids)
+    with Client([address], timeout_s=5, server_timeout_s=0, auth_token="look-only") as reader:
+        np.testing.assert_array_equal(reader.pull("t", ids), trained)
+        assert [t.name for t in reader.stats()[0].tables] == ["t"]
+        with pytest.raises(PsError, match=r"PERMISSION_DENIED: PushBatch is refused to the read-only token "
+                                          r"\(--read-token-file\).*nothing was changed"):  # fmt: skip
+            reader.push("t", ids, np.full((3, 2), 5.0))
+        with pytest.raises(PsError, match="PERMISSION_DENIED: CreateTable is refused"):
+            reader.create_table(TableConfig("u", 2))
+        np.testing.assert_array_equal(reader.pull("t", ids), trained)
+    methods = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name
+    assert set(READ_ONLY_METHODS) < set(methods)
+    with grpc.insecure_channel(address) as channel:
+        for name in methods:
+            call = channel.unary_unary(f"/sparseps.ParameterServer/{name}", request_serializer=None,
+                                       response_deserializer=None)  # fmt: skip
+            try:
+                call(b"", metadata=[("authorization", "Bearer look-only")], timeout=10)
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                code = e.code()
+            assert (code == grpc.StatusCode.PERMISSION_DENIED) == (name not in READ_ONLY_METHODS), (name, code)
+        with pytest.raises(grpc.RpcError) as refused:
+            channel.unary_unary("/sparseps.ParameterServer/Stats")(b"", metadata=[("authorization", "Bearer guess")],
+                                                                   timeout=10)  # fmt: skip
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        pull = ps_pb2.PullRequest(table="t", ids=ids.astype("<u8").tobytes())
+        stamp = stamp_to_proto(WorkerStamp(job=7, worker=0, num_workers=2, step=0))
+        pull_batch = channel.unary_unary("/sparseps.ParameterServer/PullBatch")
+        for token, request, code in (
+            ("look-only", ps_pb2.PullBatchRequest(pulls=[pull], stamp=stamp), grpc.StatusCode.PERMISSION_DENIED),
+            ("look-only", ps_pb2.PullBatchRequest(pulls=[pull]), grpc.StatusCode.OK),
+        ):
+            try:
+                pull_batch(request.SerializeToString(), metadata=[("authorization", f"Bearer {token}")], timeout=10)
+                seen = grpc.StatusCode.OK
+            except grpc.RpcError as e:
+                seen = e.code()
+                assert "a PullBatch with a worker stamp (a training job's step) is refused" in e.details()
+            assert seen == code
+    with Client([address], timeout_s=5, server_timeout_s=0, auth_token="s3cret-token") as trainer:
+        assert trainer.stats()[0].job == 0  # the refused stamp started no job
+
+
+def test_a_read_only_token_needs_the_auth_token_and_one_of_its_own(pki, tmp_path):
+    (tmp_path / "same").write_text("s3cret-token\n")
+    with pytest.raises(ValueError, match="--read-token-file admits read-only callers .* give --auth-token-file too"):
+        ServerConfig(data_dir=str(tmp_path / "a"), read_token_file=str(pki / "token")).validate()
+    with pytest.raises(ValueError, match=r"the read-only token \(--read-token-file\) is the auth token"):
+        Server(ServerConfig(data_dir=str(tmp_path / "b"), auth_token_file=str(pki / "token"),
+                            read_token_file=str(tmp_path / "same")))  # fmt: skip
+    with pytest.raises(ValueError, match=r"cannot read read-only token file \(--read-token-file\) .*missing"):
+        Server(ServerConfig(data_dir=str(tmp_path / "c"), auth_token_file=str(pki / "token"),
+                            read_token_file=str(tmp_path / "missing")))  # fmt: skip
 
 
 def test_a_caller_without_the_token_is_refused_before_its_request_is_read(tmp_path):
