@@ -173,6 +173,19 @@ def test_a_read_only_token_reads_and_is_refused_every_call_that_changes_somethin
         assert trainer.stats()[0].job == 0  # the refused stamp started no job
 
 
+def test_metrics_answer_the_read_only_token_too(pki, tmp_path):
+    (tmp_path / "read-token").write_text("look-only\n")
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), port=0, metrics_port=0,
+                                 auth_token_file=str(pki / "token"), read_token_file=str(tmp_path / "read-token")))  # fmt: skip
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+        seen = {token: fetch(url, token=token) for token in ("s3cret-token", "look-only", "guess", None)}
+        assert seen == {"s3cret-token": 200, "look-only": 200, "guess": 401, None: 401}
+    finally:
+        server.stop(grace_s=1)
+
+
 def test_a_read_only_token_needs_the_auth_token_and_one_of_its_own(pki, tmp_path):
     (tmp_path / "same").write_text("s3cret-token\n")
     with pytest.raises(ValueError, match="--read-token-file admits read-only callers .* give --auth-token-file too"):
