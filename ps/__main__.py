@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=integer(0, 65535),
         default=None,
         help="serve Prometheus metrics at http://HOST:PORT/metrics (https with --tls-cert; with --auth-token-file, "
-        "requests must carry it as `Authorization: Bearer`) (0: a free port; default: off)",
+        "requests must carry it, or the --read-token-file one, as `Authorization: Bearer`) (0: a free port; default: off)",
     )
     p.add_argument(
         "--direct-reads", action="store_true",
