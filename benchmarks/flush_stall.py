@@ -3,8 +3,8 @@
     python benchmarks/flush_stall.py [--rows 1000000] [--ids 100000] [--chunk-rows 8192] [--pause-s 0.0005]
 
 One in-process shard (no gRPC: the table lock is what is measured) holds --rows hot rows of dim 16 (Adagrad), all
-of them dirty. One thread pushes --ids random ids at a time, without pause; first for two seconds with no flush
-(the reference), then while Shard.flush() writes every dirty row. The flusher takes the table lock for
+of them dirty. One thread pushes --ids random ids at a time (8 such sets, drawn once, in turn), without pause;
+first for two seconds with no flush (the reference), then while Shard.flush() writes every dirty row. The flusher takes the table lock for
 --chunk-rows rows at a time (ps.engine.table.FLUSH_CHUNK_ROWS) and pauses --pause-s between holds
 (FLUSH_PAUSE_S) so that a waiting push gets in; other values show what the chunk and the pause buy. This is the
 foreground flush (a shutdown's, a checkpoint's): the background flusher's flush(background=True) also waits, before

@@ -4,7 +4,8 @@ next to a bare gRPC round trip of the same bytes, with the server's CPU per call
     python benchmarks/pull_push.py [--ids 100000] [--dim 16] [--rows 2000000] [--reps 50] [--return-rows]
 
 A table of --rows rows (dim 16, Adagrad) is admitted to the RAM tier by pulls; then each call pulls (or pushes)
---ids distinct random ids of it, through the batch RPCs the trainer uses, one shard:
+--ids distinct random ids of it (one of BATCHES such sets, drawn once and used in turn; every row is in RAM
+either way), through the batch RPCs the trainer uses, one shard:
 - server only: PullBatch / PushBatch request bytes built before the call as worker/client.py builds them
   (harness.pull_batch_bytes, push_batch_body; each push with its own client id and seq, so each is applied), the
   reply's bytes left unparsed: what the call costs beyond the transport is the server's.
