@@ -131,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     train_args = shlex.split(args.train_args)
     legs = {"small": args.small, "large": args.large}
     print(f"== the demo's job ({' '.join(train_args) or 'defaults'}), {args.shards} shards, --cache-bytes "
-          f"{args.small} vs {args.large} per shard, alternated x{args.repeats}; {os.cpu_count()} cores, shared ==",
+          f"{args.small} vs {args.large} per shard, alternated x{args.repeats} (which goes first swaps each time); "
+          f"{os.cpu_count()} cores, shared ==",
           flush=True)  # fmt: skip
     for name, cache in legs.items():
         m = train_run(args.shards, cache, [*train_args, "--max-examples", str(WARMUP_EXAMPLES)])
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)  # fmt: skip
     runs: dict[str, list[dict]] = {name: [] for name in legs}
     for r in range(args.repeats):
-        for name, cache in legs.items():
+        order = list(legs.items())[:: -1 if r % 2 else 1]  # each leg first in every other pair: a drift in the
+        for name, cache in order:  # machine's speed over the runs hits both alike
             m = train_run(args.shards, cache, train_args)
             runs[name].append(m)
             misses = sum(s["cache_misses"] for s in m["servers"])

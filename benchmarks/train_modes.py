@@ -102,8 +102,8 @@ def modes_part(rows: int, repeats: int) -> dict:
 def dense_part(rows: int, repeats: int) -> dict:
     print(f"\n== dense paths: 2 workers, 2 shards, {rows:,} rows, batch 256, runs alternated x{repeats} ==", flush=True)
     runs: dict[str, list[dict]] = {name: [] for name in DENSE}
-    for r in range(repeats):
-        for name, (backend, args) in DENSE.items():
+    for r in range(repeats):  # each path first in turn: a drift in the machine's speed hits them alike
+        for name, (backend, args) in list(DENSE.items())[r % len(DENSE) :] + list(DENSE.items())[: r % len(DENSE)]:
             m = launch(2, backend, args, rows, 20_000, 256)
             runs[name].append(m)
             print(f"  run {r + 1} {name:<17} {m['examples_per_s']:>9,.0f} examples/s  AUC {m['eval_auc']:.4f}",

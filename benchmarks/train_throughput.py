@@ -94,12 +94,19 @@ def main() -> None:
         hidden=tuple(int(h) for h in args.hidden.split(",")), recipe="large", progress=False,
     )  # fmt: skip
     ps_runs, local_runs = [], []
-    for rep in range(args.repeats):  # alternated, so a change in the machine's speed during the run hits both
+
+    def ps_run() -> None:
         with LocalCluster(args.shards) as cluster, Client(cluster.addresses) as client:
             client.wait_ready()
             ps_runs.append(one_run(client, dataclasses.replace(cfg, servers=tuple(cluster.addresses))))
+
+    def local_run() -> None:
         with InProcessTables() as tables:
             local_runs.append(one_run(tables, cfg))
+
+    for rep in range(args.repeats):  # alternated, each first in every other pair, so a change in the machine's
+        for run in (ps_run, local_run)[:: -1 if rep % 2 else 1]:  # speed during the run hits both alike
+            run()
         print(
             f"run {rep + 1}: PS {ps_runs[-1]['examples_per_s']:,.0f}, in-process {local_runs[-1]['examples_per_s']:,.0f} "
             f"examples/s ({ps_runs[-1]['examples_per_s'] / local_runs[-1]['examples_per_s']:.2f})",

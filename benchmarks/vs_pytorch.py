@@ -325,9 +325,12 @@ def main(argv: list[str]) -> int:
                "job_path": os.path.join(tmp, "job.json"), "probs_out": os.path.join(tmp, "probs.npy"),
                "result_out": os.path.join(tmp, "plain.json")}  # fmt: skip
         runs: dict[str, list[dict]] = {PLAIN: [], **{f"sparseps {v}".strip(): [] for v in variants}}
-        for rep in range(args.repeats):  # alternated, so a change in the machine's speed hits every system alike
-            runs[PLAIN].append(run_plain(job, user_env, data.test_labels))
-            for v in variants:
+        systems = [PLAIN, *variants]
+        for rep in range(args.repeats):  # alternated, each system first in turn, so a change in the machine's speed
+            for v in systems[rep % len(systems) :] + systems[: rep % len(systems)]:  # hits every system alike
+                if v == PLAIN:
+                    runs[PLAIN].append(run_plain(job, user_env, data.test_labels))
+                    continue
                 out = os.path.join(tmp, f"sparseps-{rep}")
                 os.makedirs(out, exist_ok=True)
                 runs[f"sparseps {v}".strip()].append(run_sparseps(data.train, data.test, v, settings, out))
