@@ -485,6 +485,19 @@ def test_local_shards_listen_on_loopback_whatever_ps_host_says(monkeypatch):
         assert cluster.addresses[0].startswith("127.0.0.1:"), cluster.addresses
 
 
+def test_local_shards_take_neither_a_read_only_token_nor_the_workers_metrics_port(monkeypatch, tmp_path):
+    """PS_READ_TOKEN_FILE is the cluster's servers' (a shard without --auth-token-file refuses to start with it);
+    PS_METRICS_PORT is the worker's own --metrics-port (a second shard would find it taken): both local shards
+    start, on loopback, without a token."""
+    from worker.cluster import LocalCluster, free_port
+
+    (tmp_path / "read-token").write_text("look-only\n")
+    monkeypatch.setenv("PS_READ_TOKEN_FILE", str(tmp_path / "read-token"))
+    monkeypatch.setenv("PS_METRICS_PORT", str(free_port()))
+    with LocalCluster(2) as cluster, Client(cluster.addresses, timeout_s=5, server_timeout_s=0) as client:
+        assert [s.shard_id for s in client.stats()] == [0, 1]
+
+
 def test_a_workers_client_security_variables_do_not_reach_its_local_shards(pki, tmp_path):
     """A worker container's PS_TLS_CA, PS_TLS_CERT, PS_TLS_KEY and PS_AUTH_TOKEN_FILE are its client's settings;
     to ps-server they would mean client certificates required and its own certificate. --local-shards trains on

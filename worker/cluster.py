@@ -12,6 +12,9 @@ PS_* variables of a worker's own client security (SECURITY_VARIABLES): PS_TLS_CA
 mean other things to ps-server (client certificates required; its own certificate), and its shards would refuse to
 start or their clients to connect. Nor do they read the worker's config file (PS_CONFIG): its [server] section
 describes the cluster's own servers (their TLS and token, --host, --memory-bytes, --restore), not throwaway shards.
+Nor do they take PS_READ_TOKEN_FILE (a token of the cluster's servers, which a shard without --auth-token-file
+refuses to start with) or PS_METRICS_PORT (the worker's own --metrics-port: every shard would listen on it, and all
+but the first fail to start) (SHARD_DROPPED).
 """
 
 from __future__ import annotations
@@ -40,9 +43,12 @@ def without_security_variables(environ: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in SECURITY_VARIABLES}
 
 
+SHARD_DROPPED = (CONFIG_ENV, "PS_READ_TOKEN_FILE", "PS_METRICS_PORT")  # the worker's or the real servers'
+
+
 def shard_environment(environ: dict[str, str]) -> dict[str, str]:
-    """A local shard's environment: environ less SECURITY_VARIABLES and the config file (CONFIG_ENV)."""
-    return {k: v for k, v in without_security_variables(environ).items() if k != CONFIG_ENV}
+    """A local shard's environment: environ less SECURITY_VARIABLES and SHARD_DROPPED."""
+    return {k: v for k, v in without_security_variables(environ).items() if k not in SHARD_DROPPED}
 
 
 DISCARDED_STOP_S = 30.0  # cleanup() of a cluster in a root of its own: SIGTERM to SIGKILL (its rows are deleted)
