@@ -181,6 +181,19 @@ def test_a_data_dir_a_running_server_holds_is_refused_as_in_use_and_left_as_it_i
         running.stop()
 
 
+def test_a_data_dir_this_process_has_open_already_is_refused_naming_this_process(good_dir):
+    from ps.storage.store import Store
+
+    store = Store(good_dir)
+    try:
+        with pytest.raises(StorageError, match=r"is in use by this process itself \(a store it opened on the dir is "
+                                               r"still open: it holds RocksDB's LOCK file\)"):  # fmt: skip
+            Store(good_dir)
+    finally:
+        store.close()
+    Store(good_dir).close()  # closed, the dir opens again
+
+
 def test_a_lock_holder_is_read_from_the_kernels_list_of_file_locks(tmp_path):
     from ps.storage.store import _lock_holder
 

@@ -604,9 +604,11 @@ class Store:
             )
         holder = _lock_holder(os.path.join(path, "LOCK")) if "LOCK" in entries else None
         if holder is not None:  # refused before RocksDB's open, which would rotate the running server's LOG first
-            who = "this process" if holder == os.getpid() else f"process {holder}" if holder > 0 else "a process"
-            raise StorageError(f"data dir {path} is in use by another process ({who} holds RocksDB's LOCK file): is "
-                               "a server already running on it? Nothing was changed")  # fmt: skip
+            who = f"process {holder}" if holder > 0 else "a process"
+            by = ("this process itself (a store it opened on the dir is still open: it holds RocksDB's LOCK file)"
+                  if holder == os.getpid() else f"another process ({who} holds RocksDB's LOCK file)")  # fmt: skip
+            raise StorageError(f"data dir {path} is in use by {by}: is a server already running on it? Nothing was "
+                               "changed")  # fmt: skip
         self.path = path
         self.created = "CURRENT" not in entries  # a new data dir: no RocksDB was there
         self._opts = rocksdb_options(block_cache_bytes, direct_reads, write_buffer_bytes, index_in_cache, mmap_reads)
