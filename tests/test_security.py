@@ -4,6 +4,7 @@ refused with a clear error, and health checks need no token. Certificates are ma
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import shutil
 import socket
@@ -171,6 +172,43 @@ def test_a_read_only_token_reads_and_is_refused_every_call_that_changes_somethin
             assert seen == code
     with Client([address], timeout_s=5, server_timeout_s=0, auth_token="s3cret-token") as trainer:
         assert trainer.stats()[0].job == 0  # the refused stamp started no job
+
+
+def test_the_worker_commands_read_with_the_read_only_token_and_those_that_write_change_nothing(pki, start, tmp_path,
+                                                                                               capsys):  # fmt: skip
+    """eval and stats work with the read-only token; train, export and shrink are refused PERMISSION_DENIED at their
+    first call that would change something: the model, the clock and export's OUT are as they were."""
+    from worker.__main__ import main
+
+    (tmp_path / "read-token").write_text("look-only\n")
+    root = tmp_path / "root"
+    root.mkdir()
+    address = start(auth_token_file=str(pki / "token"), read_token_file=str(tmp_path / "read-token"),
+                    checkpoint_root=str(root))  # fmt: skip
+    run = ["--servers", address, "--no-progress"]
+    model = ["--model", "lr", "--synthetic-rows", "2000", "--synthetic-eval-rows", "500"]
+    read = ["--auth-token-file", str(tmp_path / "read-token")]
+    assert main(["train", *run, *model, "--recipe", "large", "--auth-token-file", str(pki / "token")]) == 0
+
+    def state() -> tuple:
+        with Client([address], timeout_s=5, server_timeout_s=0, auth_token="s3cret-token") as trainer:
+            shard = trainer.stats()[0]
+            return shard.clock, shard.job, sorted((t.name, t.num_rows, t.pushes) for t in shard.tables)
+
+    before = state()
+    capsys.readouterr()
+    assert main(["eval", *run, *model, *read]) == 0
+    assert "AUC" in capsys.readouterr().out
+    assert main(["stats", "--servers", address, *read]) == 0
+    for command, refused in ((["train", *run, *model, "--recipe", "large"], "CreateTable"),
+                             (["export", *run, str(root / "out")], "Checkpoint"),
+                             (["shrink", "--servers", address], "Shrink")):  # fmt: skip
+        capsys.readouterr()
+        assert main([*command, *read]) == 2, command
+        err = capsys.readouterr().err
+        assert f"PERMISSION_DENIED: {refused} is refused to the read-only token" in err and "Traceback" not in err
+    assert state() == before
+    assert os.listdir(root) == []  # export's OUT (and its checkpoint folder) made and removed
 
 
 def test_metrics_answer_the_read_only_token_too(pki, tmp_path):
