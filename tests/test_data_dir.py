@@ -208,7 +208,30 @@ def test_a_lock_holder_is_read_from_the_kernels_list_of_file_locks(tmp_path):
     assert _lock_holder(str(path), str(locks)) == 777
     locks.write_text(f"1: POSIX  ADVISORY  WRITE 4242 {file_id}1 0 EOF\n")
     assert _lock_holder(str(path), str(locks)) is None
+    # an flock, a lease and a delegation do not stop RocksDB's fcntl lock; an open file description's lock does
+    locks.write_text(f"1: FLOCK  ADVISORY  WRITE 11 {file_id} 0 EOF\n2: LEASE  ACTIVE    READ 12 {file_id} 0 EOF\n"
+                     f"3: DELEG  ACTIVE    READ 13 {file_id} 0 EOF\n")  # fmt: skip
+    assert _lock_holder(str(path), str(locks)) is None
+    locks.write_text(f"1: OFDLCK ADVISORY  WRITE -1 {file_id} 0 EOF\n")
+    assert _lock_holder(str(path), str(locks)) == -1
     assert _lock_holder(str(path), str(tmp_path / "no-such-list")) is None
+
+
+def test_a_data_dir_whose_lock_file_another_process_flocks_opens(good_dir):
+    """An flock on LOCK (a script's `flock LOCK ...`) does not stop RocksDB's fcntl lock: the store opens."""
+    from ps.storage.store import Store
+
+    code = (
+        "import fcntl, sys, time; f = open(sys.argv[1]); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, os.path.join(good_dir, "LOCK")], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        Store(good_dir).close()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_journal_mark_deleted_after_a_flush_is_refused_unless_the_loss_is_accepted(good_dir):

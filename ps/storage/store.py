@@ -535,13 +535,16 @@ def read_in_calls(cf: Rdict, keys: list[bytes], consume: Callable[[list, int], N
 
 
 PROC_LOCKS = "/proc/locks"
+RECORD_LOCKS = ("POSIX", "OFDLCK")  # /proc/locks' kinds of lock that conflict with RocksDB's fcntl lock
 
 
 def _lock_holder(path: str, proc_locks: str = PROC_LOCKS) -> int | None:
     """The process holding a lock on the file at path (RocksDB's LOCK file), as the kernel's list of file locks
     shows it: its pid, 0 or less where the kernel shows none (a process of another container); None if no process
-    holds one, or where that cannot be told (no such list: not Linux; the file gone). Reads the list only: opening
-    the file and closing it would drop this process's own locks on it (POSIX record locks)."""
+    holds one, or where that cannot be told (no such list: not Linux; the file gone). Only the locks that would refuse
+    RocksDB's (an fcntl record lock: POSIX, or an open file description's, OFDLCK) count: an flock (a script's `flock
+    LOCK ...`), a lease or an NFS delegation does not stop RocksDB. Reads the list only: opening the file and closing
+    it would drop this process's own locks on it (POSIX record locks)."""
     try:
         st = os.stat(path)
         with open(proc_locks) as f:
@@ -551,7 +554,7 @@ def _lock_holder(path: str, proc_locks: str = PROC_LOCKS) -> int | None:
     file_id = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
     for line in text.splitlines():
         fields = line.split()  # "1: POSIX  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF"; a waiter's has "->"
-        if len(fields) >= 6 and "->" not in fields and fields[5] == file_id:
+        if len(fields) >= 6 and "->" not in fields and fields[1] in RECORD_LOCKS and fields[5] == file_id:
             with contextlib.suppress(ValueError):
                 return int(fields[4])
     return None
