@@ -160,8 +160,8 @@ class Server:
             log.info("Prometheus metrics on %s://%s/metrics%s", "https" if tls else "http",
                      host_port(c.host, self.metrics_port), " (bearer token required)" if self._token else "")  # fmt: skip
         if self._read_token:
-            log.info("a read-only token (--read-token-file) is admitted to %s and /metrics",
-                     ", ".join(READ_ONLY_METHODS))  # fmt: skip
+            log.info("a read-only token (--read-token-file) is admitted to %s%s", ", ".join(READ_ONLY_METHODS),
+                     "" if self.metrics is None else " and /metrics")  # fmt: skip
         self._grpc.start()
         warning = exposure_warning(c.host, self._credentials is not None, self._token is not None)
         if warning:
