@@ -12,8 +12,16 @@ import pytest
 
 from protos import ps_pb2
 from ps.config import TableConfig
-from ps.errors import CallerGoneError, ClientIdInUseError, PsError, ServerUnavailableError, TableNotFoundError
+from ps.errors import (
+    CallerGoneError,
+    ClientIdInUseError,
+    InvalidArgumentError,
+    PsError,
+    ServerUnavailableError,
+    TableNotFoundError,
+)
 from ps.rows.initializers import init_rows
+from ps.sharding import SlotMap
 from tests.conftest import random_ids
 from worker.client import Client, push_arrays, sum_duplicates
 from worker.retry import sent_once
@@ -487,3 +495,49 @@ def test_a_shard_past_a_calls_deadline_is_said_to_be_slow_not_down(caplog):
     assert "shard 0 at 127.0.0.1:1 is not answering in time (DEADLINE_EXCEEDED: Deadline Exceeded; down, or busy: " \
            "its requests may be waiting for their memory room)" in said[0], said  # fmt: skip
     assert "shard 1 at 127.0.0.1:2 is unavailable (connection refused" in said[1], said
+
+
+def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(servers, sgd1_table):
+    """Each shard gets its batches one per wave, a wave once the one before had every reply: when shard 1 refuses
+    its 2nd batch, shard 0 has applied its first two, shard 1 its first, and the third wave is not sent; the error
+    says so per shard, and the rows agree. A shard that does not answer in time may apply its batch later: said."""
+    addresses, shards = servers(2)
+    slot_map = SlotMap.contiguous(2)
+    ids = random_ids(400, seed=3)
+    owner = slot_map.shard_of(ids)
+    mine = [np.sort(ids[owner == s])[:39] for s in (0, 1)]  # 3 requests of 13 ids each (Router.route), a batch each
+    calls = [0]
+    real = shards[1].shard.push_batch
+
+    def second_refused(*args, **kw):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise InvalidArgumentError("refused by the test; nothing was applied")
+        return real(*args, **kw)
+
+    shards[1].shard.push_batch = second_refused
+    pushed = np.concatenate(mine)
+    with Client(addresses, max_request_bytes=13 * (4 * 4 + 8), server_timeout_s=0) as client:
+        client.create_table(sgd1_table)
+        with pytest.raises(InvalidArgumentError, match=r"refused by the test; nothing was applied\. This push was 6 "
+                           r"PushBatch calls; shard 0: 2 of 3 applied; shard 1: 1 of 3 applied, batch 2 failed "
+                           r"\(InvalidArgumentError\), 1 not sent$"):  # fmt: skip
+            client.push("emb", pushed, np.ones((len(pushed), 4), np.float32))
+        applied = np.concatenate([mine[0][:26], mine[1][:13]])
+        rest = np.concatenate([mine[0][26:], mine[1][13:]])
+        np.testing.assert_array_equal(client.pull("emb", applied), initial(sgd1_table, applied) - 1)
+        np.testing.assert_array_equal(client.pull("emb", rest), initial(sgd1_table, rest))
+
+        def slow(*args, **kw):
+            time.sleep(0.6)
+            return real(*args, **kw)
+
+        shards[1].shard.push_batch = slow
+        client.timeout_s = 0.3
+        rest = np.concatenate([mine[0][26:], mine[1][13:26]])  # a batch to each shard
+        with pytest.raises(ServerUnavailableError, match=r"shard 1 at \S+ did not answer PushBatch within 0.3 s\. This "
+                           r"push was 2 PushBatch calls; shard 0: 1 of 1 applied; shard 1: 0 of 1 applied, batch 1 "
+                           r"failed \(ServerUnavailableError: it may be applied, now or later, or not\)$"):  # fmt: skip
+            client.push("emb", rest, np.ones((len(rest), 4), np.float32))
+        time.sleep(0.6)  # shard 1 applies it later
+        np.testing.assert_array_equal(client.pull("emb", rest), initial(sgd1_table, rest) - 1)

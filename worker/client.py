@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -63,7 +64,7 @@ from worker.channels import check_cluster, open_channels, wait_connected
 from worker.dedup import PushItem, per_item, push_arrays, segment_sum, sum_duplicates
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import RequestNumbers, check_applied, check_contributed, new_client_id
-from worker.retry import MAY_HAVE_RUN, RETRYABLE, Outages, retry_window_left, sent_once, why_failed
+from worker.retry import MAY_HAVE_RUN, RETRYABLE, Outages, push_left, retry_window_left, sent_once, why_failed
 from worker.routing import Router
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
@@ -251,7 +252,9 @@ class Client:
         to give the new embedding), e.g. best rows - current rows, to restore a model; duplicate ids' deltas are
         summed, and shows and clicks count as for any push (give shows 0 per id to count none). A batch may mix such items with optimizer pushes.
 
-        Sent again while a shard is unavailable (see the module docstring), and applied once.
+        Sent again while a shard is unavailable (see the module docstring), and applied once. A batch that fails
+        stops the push: the batches after it are not sent, those before it stay applied, and the error raised (the
+        first of its wave's) says what each shard applied (worker.retry.push_left).
 
         stamp: every shard gets a batch carrying it and this returns (what it returns without one, the job's
         min_clock: the smallest any shard answered). Not sync: a shard's last batch carries the stamp (its
@@ -289,9 +292,13 @@ class Client:
                 waves += [[] for _ in range(k + 1 - len(waves))]
                 waves[k].append((("PushBatch", shard, request), g))
             min_clock = None
-            for wave in waves:
+            batches = Counter(shard for shard, _ in groups)  # each shard's batches, one per wave
+            for w, wave in enumerate(waves):
                 retried: set[int] = set()
-                replies = self._call_mixed([call for call, _ in wave], retried, timeout_s=self._deadline(stamp))
+                replies = self._outcomes([call for call, _ in wave], retried, timeout_s=self._deadline(stamp))
+                failed = {shard: o for ((_, shard, _), _), o in zip(wave, replies) if isinstance(o, PsError)}
+                if failed:  # the waves after it are not sent
+                    raise push_left(next(iter(failed.values())), batches, w, failed)
                 for k, (((_, shard, request), _), reply) in enumerate(zip(wave, replies)):
                     if k not in retried and sync:  # a retry's reply counts only what the lost attempts left
                         check_contributed(self._where(shard), request, reply, stamp)  # undone
@@ -403,16 +410,22 @@ class Client:
         UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED is sent again (backoff) while its shard has been failing for less
         than server_timeout_s, on its own: a call waiting at a job's barrier on one shard may wait for the retry of
         another on a restarted one. The positions of calls sent again are added to `retried`."""
-        timeout_s = timeout_s or self.timeout_s
-        outcomes = at_once(
-            self._callers,
-            calls,
-            lambda c, i, interruptible: self._call_until_answered(c, i, retried, timeout_s, interruptible),
-        )
+        outcomes = self._outcomes(calls, retried, timeout_s)
         for outcome in outcomes:
             if isinstance(outcome, PsError):
                 raise outcome
         return outcomes
+
+    def _outcomes(
+        self, calls: list[tuple[str, int, object]], retried: set[int] | None = None, timeout_s: float | None = None
+    ) -> list:
+        """_call_mixed's calls, made as it says: the reply, or the PsError it ended with, of each, in order."""
+        timeout_s = timeout_s or self.timeout_s
+        return at_once(
+            self._callers,
+            calls,
+            lambda c, i, interruptible: self._call_until_answered(c, i, retried, timeout_s, interruptible),
+        )
 
     def _call_until_answered(
         self, call: tuple[str, int, object], i: int, retried: set[int] | None, timeout_s: float, interruptible: bool

@@ -206,3 +206,29 @@ class Outages:
                                           "prints its address as it starts)?")  # fmt: skip
         cls = error_class(code.name, error_name(e))
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
+
+
+MAY_BE_APPLIED = (ServerUnavailableError, RequestOutcomeUnknownError)  # a push that ended so may be applied, or yet
+
+
+def push_left(error: PsError, batches: dict[int, int], wave: int, failed: dict[int, PsError]) -> PsError:
+    """error, the first of the calls that failed in wave `wave` (from 0) of a push sent as batches[shard] batches
+    per shard (a shard's k-th batch in wave k, each wave sent once the one before had every reply), with what the
+    push left on each shard added to its message where the push was more than one batch: the batches applied, the
+    one that failed (failed: shard -> its error; a shard unavailable or not answering may apply it, now or later,
+    or not) and those not sent. The same object: its class and fields stay."""
+    if sum(batches.values()) <= 1:
+        return error
+    left = []
+    for shard in sorted(batches):
+        total, e = batches[shard], failed.get(shard)
+        if e is None:
+            left.append(f"shard {shard}: {min(total, wave + 1)} of {total} applied")
+            continue
+        outcome = ": it may be applied, now or later, or not" if isinstance(e, MAY_BE_APPLIED) else ""
+        unsent = total - wave - 1
+        left.append(f"shard {shard}: {wave} of {total} applied, batch {wave + 1} failed ({type(e).__name__}{outcome})"
+                    + (f", {unsent} not sent" if unsent else ""))  # fmt: skip
+    error.args = (f"{error}. This push was {sum(batches.values())} PushBatch calls; {'; '.join(left)}",
+                  *error.args[1:])  # fmt: skip
+    return error
