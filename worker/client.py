@@ -20,11 +20,12 @@ deadline past that: the call raises RequestOutcomeUnknownError, saying it may or
 also carries the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that came back
 restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
 retried), so a run does not train on over a model that lost its pushes.
-Shrink, AdvanceClock and Checkpoint carry no such id: one whose deadline passed (or that its stopping shard cancelled) may be running or done on its shard,
-so it is not sent again (a repeat would
-decay the scores, or move the clock, once more; a hold would meet its own hold, a save its own files; a release is
-sent again) and raises ServerUnavailableError saying so; UNAVAILABLE (the shard is down or closing: nothing was
-applied) is retried as for the others.
+Shrink, AdvanceClock and Checkpoint carry no such id: one whose deadline passed, that its stopping shard cancelled,
+or whose connection was lost after it was sent (the shard died) may be running or done on its shard (worker.retry
+.may_have_run), so it is not sent again (a repeat would decay the scores, or move the clock, once more; a hold would
+meet its own hold, a save its own files; a release is sent again) and raises ServerUnavailableError saying so; an
+UNAVAILABLE that found no connection, or that the shard named (starting, or closing: nothing was applied), is
+retried as for the others.
 
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
@@ -64,7 +65,7 @@ from worker.channels import check_cluster, open_channels, wait_connected
 from worker.dedup import PushItem, per_item, push_arrays, segment_sum, sum_duplicates
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import RequestNumbers, check_applied, check_contributed, new_client_id
-from worker.retry import MAY_HAVE_RUN, RETRYABLE, Outages, push_left, retry_window_left, sent_once, why_failed
+from worker.retry import RETRYABLE, Outages, may_have_run, push_left, retry_window_left, sent_once, why_failed
 from worker.routing import Router
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
@@ -439,7 +440,7 @@ class Client:
             if not isinstance(outcome, grpc.RpcError):
                 self._outages.back(shard)
                 return outcome
-            once = outcome.code() in MAY_HAVE_RUN and sent_once(method, request)
+            once = sent_once(method, request) and may_have_run(outcome)
             if (
                 outcome.code() not in RETRYABLE
                 or once

@@ -3,7 +3,7 @@ starting, and the error a call ends with.
 
 A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (RETRYABLE) is sent again while its shard has
 been failing for less than the client's server_timeout_s (Outages.keep_waiting); one that may have run on its
-shard (MAY_HAVE_RUN) is not sent again when a repeat would apply it once more (sent_once); a PushBatch with a
+shard (may_have_run) is not sent again when a repeat would apply it once more (sent_once); a PushBatch with a
 client id gets no attempt once its first is ps.config RETRY_WINDOW_S old (retry_window_left), and ends with
 RequestOutcomeUnknownError (Outages.outcome_unknown). The loop that applies this is Client._call_until_answered.
 What it logs goes to the client's logger, "worker.client".
@@ -45,6 +45,8 @@ def error_name(e: grpc.RpcError) -> str | None:
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # a call that ended so may have run on its shard (a stopping server cancels the calls it has not finished)
 MAY_HAVE_RUN = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# gRPC's texts of an UNAVAILABLE call that never reached a server: no connection was made
+NOT_CONNECTED = ("failed to connect to all addresses", "DNS resolution failed", "Connection refused")
 # never sent again after a deadline (but a Checkpoint release), with what to do then
 APPLIED_AGAIN_IF_SENT_AGAIN = {
     "Shrink": "a larger --timeout-s gives a large table's Shrink the time it needs; `ps-worker stats` shows the rows "
@@ -93,6 +95,18 @@ def retry_window_left(method: str, request: object, started: tuple[float, float]
     if method != "PushBatch" or not getattr(request, "client_id", 0):
         return float("inf")
     return RETRY_WINDOW_S - max(time.monotonic() - started[0], time.time() - started[1])
+
+
+def may_have_run(e: grpc.RpcError) -> bool:
+    """Whether the call that failed with e may have run on its shard: past its deadline, or cancelled (MAY_HAVE_RUN),
+    or UNAVAILABLE with its connection lost after it was sent (the shard's process died: "Socket closed", "Connection
+    reset by peer"); not a refusal its shard made and named (a shard starting, or stopping: error_name) nor a call
+    that found no connection to make (NOT_CONNECTED)."""
+    if e.code() in MAY_HAVE_RUN:
+        return True
+    if e.code() != grpc.StatusCode.UNAVAILABLE or error_name(e) is not None:
+        return False
+    return not any(text in (e.details() or "") for text in NOT_CONNECTED)
 
 
 def sent_once(method: str, request: object) -> bool:
@@ -181,9 +195,10 @@ class Outages:
                 self.down.pop(shard, None)
                 self.pausing.discard(shard)
             return ServerUnavailableError(f"{where}: {method} failed ({why_failed(e)}): {gone}")
-        if code in MAY_HAVE_RUN and sent_once(method, request):
-            ended = f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
-                else f"cancelled {method} (is it stopping?)"  # fmt: skip
+        if sent_once(method, request) and may_have_run(e):
+            ended = (f"did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED
+                     else f"cancelled {method} (is it stopping?)" if code == grpc.StatusCode.CANCELLED
+                     else f"lost the connection during {method} ({why_failed(e)}; did it die?)")  # fmt: skip
             return ServerUnavailableError(
                 f"{where} {ended}: it may still be running there, or be done; "
                 "it was not sent again, since a repeat would apply it once more "
