@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from protos import ps_pb2
-from ps.config import TableConfig
+from ps.config import OptimizerConfig, TableConfig
 from ps.errors import (
     CallerGoneError,
     ClientIdInUseError,
@@ -517,7 +517,7 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
 
     shards[1].shard.push_batch = second_refused
     pushed = np.concatenate(mine)
-    with Client(addresses, max_request_bytes=13 * (4 * 4 + 8), server_timeout_s=0) as client:
+    with Client(addresses, max_request_bytes=13 * (4 * 4 + 16), server_timeout_s=0) as client:
         client.create_table(sgd1_table)
         with pytest.raises(InvalidArgumentError, match=r"refused by the test; nothing was applied\. This push was 6 "
                            r"PushBatch calls; shard 0: 2 of 3 applied; shard 1: 1 of 3 applied, batch 2 failed "
@@ -541,3 +541,27 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
             client.push("emb", rest, np.ones((len(rest), 4), np.float32))
         time.sleep(0.6)  # shard 1 applies it later
         np.testing.assert_array_equal(client.pull("emb", rest), initial(sgd1_table, rest) - 1)
+
+
+def test_a_push_keeps_its_messages_within_max_request_bytes(servers):
+    """A push carries 4 * dim + 16 bytes an id (id, grads, show, click): a dim-1 push chunked as a pull is (by its
+    reply, 4 * dim + 8 bytes an id) would send messages of 20/12 the size asked for."""
+    addresses, _ = servers(2)
+    sizes: dict[str, list[int]] = {"PushBatch": []}
+    with Client(addresses, max_request_bytes=4000) as client:
+        client.create_table(TableConfig("lr", 1, optimizer=OptimizerConfig("sgd", 1.0)))
+        real = client._attempt
+
+        def measured(call, *args):
+            method, _, request = call
+            if method == "PushBatch":
+                sizes[method].append(sum(len(p.ids) + len(p.grads) + len(p.shows) + len(p.clicks)
+                                         for p in request.pushes))  # fmt: skip
+            return real(call, *args)
+
+        client._attempt = measured
+        ids = random_ids(1000, seed=5)
+        before = client.pull("lr", ids)
+        client.push("lr", ids, np.ones((len(ids), 1), np.float32))
+        np.testing.assert_array_equal(client.pull("lr", ids), before - 1)
+    assert max(sizes["PushBatch"]) <= 4000 < max(sizes["PushBatch"]) + 20  # full messages, none larger

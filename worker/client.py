@@ -321,7 +321,7 @@ class Client:
                        clicks: np.ndarray, return_rows: bool, add_delta: bool) -> Iterator[tuple[int, np.ndarray, Any]]:  # fmt: skip
         """(shard, positions in uniq, PushRequest) per request of one item's arrays (push_arrays'), as the router
         splits them."""
-        for shard, sel in self._router.route(uniq, dim, self.max_request_bytes):
+        for shard, sel in self._router.route(uniq, dim, self.max_request_bytes, per_id=16):
             request = ps_pb2.PushRequest(
                 table=table,
                 ids=wire.encode_ids(uniq[sel]),
