@@ -423,3 +423,31 @@ def test_a_sync_push_may_run_alone_up_to_the_whole_bound_and_no_further(bounded_
     with pytest.raises(RequestTooLargeError, match="more than a sync step's push may copy"):
         shard.check_pull_batch([("t", np.arange(m, dtype=np.uint64))], larger_runs_alone=True)
     assert shard.check_pull_batch([("t", np.arange(m - 1, dtype=np.uint64))], larger_runs_alone=True) <= 256 * MiB
+
+
+def test_a_shard_restarted_with_a_smaller_room_refuses_the_clients_messages_and_the_error_says_why(tmp_path):
+    """A client sizes its messages by the room the shards report to wait_ready: a shard restarted since with a
+    smaller --memory-bytes refuses a push sized for the old room, applying nothing, and the error names both."""
+    from ps.errors import RequestTooLargeError
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=0, memory_bytes=1024 * MiB))
+    port = server.start()
+    with Client([f"127.0.0.1:{port}"], server_timeout_s=60) as client:
+        client.wait_ready()
+        assert client.max_request_bytes == 128 * MiB // ROOM_SHARE
+        client.create_table(TableConfig(name="t", dim=8, optimizer=OptimizerConfig("adam", 0.01)))
+        server.stop()
+        server = Server(ServerConfig(data_dir=str(tmp_path / "d"), port=port, memory_bytes=128 * MiB))
+        server.start()
+        try:
+            n = client.max_request_bytes // (4 * 8 + 16)  # one message's ids
+            ids, grads = np.arange(n, dtype=np.uint64), np.ones((n, 8), np.float32)
+            said = (rf"whole room for requests \({16 * MiB:,} bytes.*nothing was read or applied\. This client sized "
+                    rf"its messages \({8 * MiB:,} bytes\) by the room for requests its shards reported when it "
+                    rf"connected \(the smallest {128 * MiB:,} bytes\): where shard 0's room above is smaller, the "
+                    "shard restarted with a smaller --memory-bytes since")  # fmt: skip
+            with pytest.raises(RequestTooLargeError, match=said):
+                client.push("t", ids, grads)
+            assert server.shard.table("t").num_rows == 0
+        finally:
+            server.stop()

@@ -58,7 +58,7 @@ import numpy as np
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import MAX_STAMP_TEXT, TableConfig
-from ps.errors import PsError
+from ps.errors import PsError, RequestTooLargeError
 from ps.sharding import SlotMap
 from ps.stamp import WorkerStamp
 from worker.channels import check_cluster, open_channels, wait_connected
@@ -135,6 +135,7 @@ class Client:
         self._dims: dict[str, int] = {}
         self._callers = CallThreads()  # the calls of a batch past its first
         self._state_ids = [0] * len(servers)  # each shard's model state id as wait_ready read it; 0: not read
+        self._room = 0  # the smallest request room of the shards as wait_ready read it (0: none, or not read)
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> None:
@@ -148,6 +149,7 @@ class Client:
         stats = self.stats()
         check_cluster(self.servers, stats)
         self.max_request_bytes = message_bytes_for(self.max_request_bytes, [s.request_room_bytes for s in stats])
+        self._room = min((s.request_room_bytes for s in stats if s.request_room_bytes), default=0)
         self._state_ids = [s.state_id for s in stats]
 
     @property
@@ -483,8 +485,16 @@ class Client:
         return at_once(self._callers, calls, lambda c, i, interruptible: self._attempt(c, timeout_s, interruptible))
 
     def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
-        """The error a call ends with (worker.retry.Outages.error)."""
-        return self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s)
+        """The error a call ends with (worker.retry.Outages.error); for a message too large for its shard's room, the
+        room its size came from (wait_ready's: a shard that restarted with a smaller room since refuses it)."""
+        error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s)
+        sync = isinstance(request, ps_pb2.PushBatchRequest) and request.HasField("stamp") and request.stamp.sync
+        if isinstance(error, RequestTooLargeError) and self._room and not sync:  # a sync push is one message
+            error.args = (f"{error}. This client sized its messages ({self.max_request_bytes:,} bytes) by the room "
+                          f"for requests its shards reported when it connected (the smallest {self._room:,} bytes): "
+                          f"where shard {shard}'s room above is smaller, the shard restarted with a smaller "
+                          "--memory-bytes since, and a worker started again sizes its messages by the room then",)  # fmt: skip
+        return error
 
     def _where(self, shard: int) -> str:
         return f"shard {shard} at {self.servers[shard]}"
