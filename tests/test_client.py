@@ -500,7 +500,8 @@ def test_a_shard_past_a_calls_deadline_is_said_to_be_slow_not_down(caplog):
 def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(servers, sgd1_table):
     """Each shard gets its batches one per wave, a wave once the one before had every reply: when shard 1 refuses
     its 2nd batch, shard 0 has applied its first two, shard 1 its first, and the third wave is not sent; the error
-    says so per shard, and the rows agree. A shard that does not answer in time may apply its batch later: said."""
+    says so per shard, and the rows agree. A shard that does not answer in time may apply its batch later: said,
+    for a push of one batch too."""
     addresses, shards = servers(2)
     slot_map = SlotMap.contiguous(2)
     ids = random_ids(400, seed=3)
@@ -541,6 +542,9 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
             client.push("emb", rest, np.ones((len(rest), 4), np.float32))
         time.sleep(0.6)  # shard 1 applies it later
         np.testing.assert_array_equal(client.pull("emb", rest), initial(sgd1_table, rest) - 1)
+        with pytest.raises(ServerUnavailableError, match=r"shard 1 at \S+ did not answer PushBatch within 0.3 s; the "
+                           "push may be applied, now or later, or not$"):  # fmt: skip
+            client.push("emb", mine[1][:13], np.ones((13, 4), np.float32))  # one batch
 
 
 def test_a_push_keeps_its_messages_within_max_request_bytes(servers):

@@ -231,8 +231,11 @@ def push_left(error: PsError, batches: dict[int, int], wave: int, failed: dict[i
     per shard (a shard's k-th batch in wave k, each wave sent once the one before had every reply), with what the
     push left on each shard added to its message where the push was more than one batch: the batches applied, the
     one that failed (failed: shard -> its error; a shard unavailable or not answering may apply it, now or later,
-    or not) and those not sent. The same object: its class and fields stay."""
+    or not) and those not sent; where it was one batch, that it may be applied, if so. The same object: its class
+    and fields stay."""
     if sum(batches.values()) <= 1:
+        if isinstance(error, ServerUnavailableError):  # RequestOutcomeUnknownError says so itself
+            error.args = (f"{error}; the push may be applied, now or later, or not", *error.args[1:])
         return error
     left = []
     for shard in sorted(batches):
