@@ -199,33 +199,34 @@ def test_a_dead_server_gives_a_clear_error_not_a_hang(caplog):
     assert 5.0 <= time.monotonic() - started < 20
 
 
-def test_a_shrink_or_clock_advance_past_its_deadline_is_not_sent_again(servers, sgd1_table):
-    """A Shrink (AdvanceClock, Checkpoint) that outlives its deadline may still apply on the shard: sending it
-    again would decay the scores (move the clock, meet its own hold) twice, so the client raises instead, having
-    sent it once."""
+def test_a_shrink_or_hold_past_its_deadline_is_not_sent_again_and_a_clock_advance_is_applied_once(servers, sgd1_table):
+    """A Shrink (Checkpoint) that outlives its deadline may still apply on the shard: sending it again would decay
+    the scores (meet its own hold) twice, so the client raises instead, having sent it once. A clock advance is a
+    PushBatch under the client's request numbers: sent again, and applied once."""
     addresses, (server,) = servers(1)
-    calls = {"shrink": 0, "advance_clock": 0, "hold": 0}
+    calls = {"shrink": 0, "hold": 0, "push_batch": 0}
     for name in calls:
         real = getattr(server.shard, name)
 
         def slow(*args, real=real, name=name, **kw):
             calls[name] += 1
-            time.sleep(0.6)
+            if calls[name] == 1:
+                time.sleep(0.6)
             return real(*args, **kw)
 
         setattr(server.shard, name, slow)
     with Client(addresses, timeout_s=0.2, server_timeout_s=10) as client:
         hold = [ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=5)]
-        for method, call in (("Shrink", client.shrink), ("AdvanceClock", client.advance_clock),
-                             ("Checkpoint", lambda: client.checkpoint({0: hold[0]}))):  # fmt: skip
+        for method, call in (("Shrink", client.shrink), ("Checkpoint", lambda: client.checkpoint({0: hold[0]}))):
             started = time.monotonic()
             with pytest.raises(ServerUnavailableError, match=rf"did not answer {method} within 0.2 s: it may still be "
                                                              "running there, or be done; it was not sent again"):  # fmt: skip
                 call()
             assert time.monotonic() - started < 2  # not the 10 s server timeout
+        assert client.advance_clock() == 1  # its first attempt timed out, a later one answered
     assert sent_once("Checkpoint", hold[0]) and not sent_once("Checkpoint", ps_pb2.CheckpointRequest(phase="release"))
     time.sleep(0.8)  # the calls in the server end
-    assert calls == {"shrink": 1, "advance_clock": 1, "hold": 1}
+    assert calls["shrink"] == 1 and calls["hold"] == 1 and calls["push_batch"] >= 2
     assert server.shard.clock == 1  # advanced once
 
 

@@ -1,7 +1,7 @@
 """A shard process that dies between running a call and replying (os._exit as the shard's method returns, as a
-kill -9 there would), then starts again on its port: the client sends a push again, which the restarted shard
-applies once (its request number), and does not send an AdvanceClock again (the lost connection says nothing of
-whether it ran: it did), raising instead."""
+kill -9 there would), then starts again on its port: the client sends a push or a clock advance (a PushBatch too)
+again, which the restarted shard applies once (its request number), and does not send a Shrink again (the lost
+connection says nothing of whether it ran: it did), raising instead."""
 
 from __future__ import annotations
 
@@ -35,8 +35,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("method", ["push_batch", "advance_clock"])
-def test_a_shard_that_dies_before_its_reply_applies_a_call_once(tmp_path, monkeypatch, method):
+@pytest.mark.parametrize("dies_after, call", [("push_batch", "push"), ("push_batch", "advance_clock"),
+                                              ("shrink", "shrink")])  # fmt: skip
+def test_a_shard_that_dies_before_its_reply_applies_a_call_once(tmp_path, monkeypatch, dies_after, call):
     port = free_port()
     flags = ("--port", str(port))
     first = ServerProcess(tmp_path / "d", *flags)  # a plain start makes the table
@@ -47,7 +48,7 @@ def test_a_shard_that_dies_before_its_reply_applies_a_call_once(tmp_path, monkey
         client.create_table(TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 1.0)))
         before = client.pull("emb", ids)
         first.stop_cleanly()
-        monkeypatch.setenv("DIE_AFTER", method)
+        monkeypatch.setenv("DIE_AFTER", dies_after)
         dying = ServerProcess(tmp_path / "d", *flags, launcher=("-c", DIES_AFTER))
         assert dying.started() is not None
         again: list[ServerProcess] = []
@@ -60,16 +61,18 @@ def test_a_shard_that_dies_before_its_reply_applies_a_call_once(tmp_path, monkey
         restarting = threading.Thread(target=restart)
         restarting.start()
         try:
-            if method == "push_batch":
+            if call == "push":
                 client.push("emb", ids, np.ones((len(ids), 4), np.float32))  # sent again to the restarted shard
+            elif call == "advance_clock":
+                assert client.advance_clock(1) == 1
             else:
-                with pytest.raises(ServerUnavailableError, match=r"lost the connection during AdvanceClock \(.*; did "
-                                   "it die\\?\\): it may still be running there, or be done; it was not sent again"):  # fmt: skip
-                    client.advance_clock(1)
+                with pytest.raises(ServerUnavailableError, match=r"lost the connection during Shrink \(.*; did it "
+                                   "die\\?\\): it may still be running there, or be done; it was not sent again"):  # fmt: skip
+                    client.shrink()
             restarting.join(120)
             assert dying.proc.returncode == 9, dying.output()
-            np.testing.assert_array_equal(client.pull("emb", ids), before - (method == "push_batch"))  # once
-            assert client.stats()[0].clock == (method == "advance_clock")  # once
+            np.testing.assert_array_equal(client.pull("emb", ids), before - (call == "push"))  # once
+            assert client.stats()[0].clock == (call == "advance_clock")  # once
         finally:
             restarting.join(120)
             for server in again:

@@ -20,12 +20,12 @@ deadline past that: the call raises RequestOutcomeUnknownError, saying it may or
 also carries the shard's model state id as wait_ready read it (StatsResponse state_id): a shard that came back
 restored from a checkpoint, or on a new data dir, refuses it, applying nothing (ModelStateReplacedError, not
 retried), so a run does not train on over a model that lost its pushes.
-Shrink, AdvanceClock and Checkpoint carry no such id: one whose deadline passed, that its stopping shard cancelled,
-or whose connection was lost after it was sent (the shard died) may be running or done on its shard (worker.retry
-.may_have_run), so it is not sent again (a repeat would decay the scores, or move the clock, once more; a hold would
-meet its own hold, a save its own files; a release is sent again) and raises ServerUnavailableError saying so; an
-UNAVAILABLE that found no connection, or that the shard named (starting, or closing: nothing was applied), is
-retried as for the others.
+advance_clock is such a PushBatch, of no pushes. Shrink and Checkpoint carry no such id: one whose deadline passed,
+that its stopping shard cancelled, or whose connection was lost after it was sent (the shard died) may be running
+or done on its shard (worker.retry.may_have_run), so it is not sent again (a repeat would decay the scores once
+more; a hold would meet its own hold, a save its own files; a release is sent again) and raises
+ServerUnavailableError saying so; an UNAVAILABLE that found no connection, or that the shard named (starting, or
+closing: nothing was applied), is retried as for the others.
 
 Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
@@ -383,9 +383,13 @@ class Client:
         return self.timeout_s + (0.0 if stamp is None else stamp.timeout_s)
 
     def advance_clock(self, steps: int = 1) -> int:
-        """Advances every shard's clock; returns the new step (of shard 0)."""
-        replies = self._call_all("AdvanceClock", [ps_pb2.AdvanceClockRequest(steps=steps)] * len(self._stubs))
-        return int(replies[0].step)
+        """Advances every shard's clock by steps, once however often it is sent again: a PushBatch of no pushes
+        under this client's request numbers (push_many's advance_clock alone); returns the new step (of shard 0)."""
+        with self._numbers.lock:
+            calls = [("PushBatch", s, ps_pb2.PushBatchRequest(advance_clock=steps, client_id=self.client_id,
+                                                              seq=self._numbers.next(s), state_id=self._state_ids[s]))
+                     for s in range(len(self._stubs))]  # fmt: skip
+            return int(self._call_mixed(calls)[0].step)
 
     def shrink(self, table: str = "") -> list[ps_pb2.ShrinkResponse]:
         """Runs the eviction rules of one table (or all) on every shard."""

@@ -51,7 +51,6 @@ NOT_CONNECTED = ("failed to connect to all addresses", "DNS resolution failed", 
 APPLIED_AGAIN_IF_SENT_AGAIN = {
     "Shrink": "a larger --timeout-s gives a large table's Shrink the time it needs; `ps-worker stats` shows the rows "
     "left",
-    "AdvanceClock": "`ps-worker stats` shows each shard's clock",
     "Checkpoint": "a hold whose reply was lost keeps the shard from taking pushes for up to --hold-timeout-s; a "
     "larger --timeout-s gives a large shard's save the time it needs",
 }
