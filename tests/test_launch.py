@@ -1024,3 +1024,24 @@ def test_local_shards_refuse_tls_and_token_settings_from_flags_or_the_file_not_f
     args, rest = launch_args("--workers", "2", "--local-shards", "1", "--model", "lr")
     cfg = plan_launch(args, rest).train_config
     assert (cfg.tls_ca, cfg.auth_token_file) == (None, None)
+
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_command_again(fakes, capsys, mode):
+    """With --resume-file each worker resumes from its file, which refuses a --skip-examples other than the one the
+    stopped run started with: the hint is the same command, not a --skip-examples; sync leaves the files unused (a
+    warning), so there the skip stands."""
+    wait = {"wait_for": ["worker-1"]}
+    command, pids = fakes([{"action": "exit", "code": 3, "progress": [{"examples": 300}], **wait},
+                           {"action": "sleep", "progress": [{"examples": 500}]}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    keeps = TrainConfig(servers=(SERVERS,), resume_file="/tmp/pos-{worker}.json", mode=mode, job_id=7)
+    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 1
+    err = capsys.readouterr().err
+    if mode == "async":
+        assert "--skip-examples 300" not in err and "run the same command again" in err, err
+        assert "--resume-file /tmp/pos-{worker}.json" in err, err
+    else:
+        assert "--skip-examples 300" in err and "run the same command again" not in err, err
+    assert_all_gone(pids, {"worker-0", "worker-1"})

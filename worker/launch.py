@@ -638,12 +638,22 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_sha
 def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
     """After a job that did not finish: how many examples each worker had trained (its last PROGRESS line: a
     worker stopped by a signal writes one as it stops), and the --skip-examples that trains on from there: the
-    fewest, so that no worker leaves examples out (the others train up to the difference twice)."""
+    fewest, so that no worker leaves examples out (the others train up to the difference twice). Workers that
+    keep a --resume-file resume from it: the same command again, which a --skip-examples would only refuse."""
     trained = [
         int(reports[i].get("pushed", reports[i].get("examples")) or 0) if i in reports else 0
         for i in range(plan.workers)
     ]  # geo: the examples whose deltas were pushed
     if not any(trained):
+        return
+    from worker.resume import unused_because
+
+    resume_file = getattr(plan.train_config, "resume_file", None)
+    if resume_file and unused_because(plan.train_config) is None:  # the workers keep their positions there
+        print(f"ps-worker launch: the workers' positions are in their --resume-file {resume_file}, and the examples "
+              "they had trained are on the servers; to train on from there, once what stopped the job is fixed (a "
+              "bad line, say), run the same command again (with no --skip-examples: the files' positions win)",
+              file=sys.stderr, flush=True)  # fmt: skip
         return
     skip = getattr(plan.train_config, "skip_examples", 0)
     done = [skip + n for n in trained]
