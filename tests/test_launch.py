@@ -275,6 +275,13 @@ def test_a_resume_file_the_workers_would_share_is_refused_before_any_worker_star
     assert plan_launch(args, rest).train_config.resume_file == str(tmp_path / "p-{worker}.json")
 
 
+def test_launch_metrics_out_naming_a_workers_resume_file_is_refused_before_any_worker_starts(tmp_path):
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
+                             "--metrics-out", str(tmp_path / "p-1.json"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"--metrics-out .*p-1.json is worker 1's --resume-file"):
+        plan_launch(args, rest)
+
+
 def test_servers_and_local_shards_are_refused_together():
     with pytest.raises(SystemExit):  # the parser's mutually exclusive group
         launch_args("--workers", "2", "--servers", SERVERS, "--local-shards", "1")
@@ -1024,7 +1031,6 @@ def test_local_shards_refuse_tls_and_token_settings_from_flags_or_the_file_not_f
     args, rest = launch_args("--workers", "2", "--local-shards", "1", "--model", "lr")
     cfg = plan_launch(args, rest).train_config
     assert (cfg.tls_ca, cfg.auth_token_file) == (None, None)
-
 
 
 @pytest.mark.parametrize("mode", ["async", "sync"])

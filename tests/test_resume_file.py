@@ -147,6 +147,17 @@ def test_resume_file_is_refused_with_local_shards_and_unused_where_one_worker_ca
         assert cfg.resume_file is None and why in caplog.text and not (tmp_path / "p.json").exists()
 
 
+def test_metrics_out_naming_the_resume_file_is_refused_before_the_run(tmp_path):
+    """Both written at the end: the one written last would replace the other (the figures lost, or a metrics
+    object read as the position on the next start)."""
+    pos = tmp_path / "p-{worker}.json"
+    with pytest.raises(ValueError, match=r"--metrics-out .*p-1.json is the file of --resume-file .*p-\{worker\}"):
+        TrainConfig(servers=("h:1",), resume_file=str(pos), metrics_out=str(tmp_path / "p-1.json"), worker_id=1,
+                    num_workers=2).validate()  # fmt: skip
+    TrainConfig(servers=("h:1",), resume_file=str(pos), metrics_out=str(tmp_path / "p-0.json"), worker_id=1,
+                num_workers=2).validate()  # another worker's file: not this one's  # fmt: skip
+
+
 def test_workers_of_one_machine_each_keep_their_own_file(tmp_path, monkeypatch):
     from worker.resume import resume_path
 

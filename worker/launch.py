@@ -54,7 +54,7 @@ from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from ps.terminate import Terminated, child_setup, sigterm_raises
 from worker.cluster import free_port, without_security_variables
 from worker.datafiles import check_held_out
-from worker.flags import check_not_an_input, check_output_file, server_list
+from worker.flags import check_not_an_input, check_output_file, same_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
 from worker.results import json_figures, local_shards_gone, model_kept
@@ -334,6 +334,11 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                          "empty ones (give --servers)")  # fmt: skip
     check_not_an_input("--metrics-out", args.metrics_out, {**cfg.input_files(), "--config": config})
+    for i in range(args.workers if resume_file and args.metrics_out else 0):
+        if same_file(args.metrics_out, resume_file.replace(RESUME_WORKER, str(i))):
+            raise ValueError(f"--metrics-out {args.metrics_out} is worker {i}'s --resume-file ({resume_file}): "
+                             "each would replace the other (the job's figures lost, or the worker's position read "
+                             "from them); give another file name")  # fmt: skip
     log_level = getattr(args, "log_level", None)
     return LaunchPlan(
         workers=args.workers, backends=workers, servers=servers, local_shards=args.local_shards,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER, MAX_INTERVAL_S
 from worker.datafiles import check_data_input
-from worker.flags import check_input_file, check_not_an_input, check_output_file
+from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, choose, describe
 from worker.schema import DEFAULT_FORMAT, FORMATS, MAX_LIBSVM_FIELDS
@@ -194,6 +194,10 @@ class TrainConfig:
                 raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
                                  "empty ones (give --servers)")  # fmt: skip
             check_not_an_input("--resume-file", self.resume_file, self.input_files())
+            if self.metrics_out is not None and same_file(self.metrics_out, self.worker_resume_file()):
+                raise ValueError(f"--metrics-out {self.metrics_out} is the file of --resume-file {self.resume_file}: "
+                                 "each would replace the other (the run's figures lost, or its position read from "
+                                 "them); give two file names")  # fmt: skip
         if self.skip_examples and self.local_shards is not None:
             raise ValueError("--skip-examples resumes training a model that servers hold; --local-shards starts new, "
                              "empty ones (give --servers)")  # fmt: skip
