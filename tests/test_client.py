@@ -138,7 +138,7 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
     wrong_lists = {
         "the servers are not in shard order": addresses[::-1],
         "shard 0 is listed more than once": [addresses[0], addresses[0]],
-        "the cluster has 2 shards, the list 1; shards 1 are missing": addresses[:1],
+        "the cluster has 2 shards, the list 1; shard 1 is missing": addresses[:1],
         "shard 1 is listed more than once": [*addresses, addresses[1]],
     }
     for what, servers_listed in wrong_lists.items():
@@ -146,6 +146,7 @@ def test_errors_name_the_shard_and_the_problem(servers, sgd1_table):
             client.wait_ready()
     from worker.channels import server_list_error
 
+    assert "the cluster has 3 shards, the list 1; shards 1, 2 are missing" in server_list_error(["a:1"], [(0, 3)])
     assert "shard 0 is listed more than once (the same address twice)" in server_list_error(["a:1", "a:1"],
                                                                                             [(0, 2), (0, 2)])  # fmt: skip
     assert ("shard 0 is listed more than once (a:1 and b:2 both say they are shard 0: was one started without its "

@@ -118,7 +118,8 @@ def server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
         (n,) = counts
         absent = sorted(set(range(n)) - set(ids))
         what = f"the cluster has {n} shards, the list {len(servers)}" + (
-            f"; shards {', '.join(map(str, absent))} are missing" if absent else "")  # fmt: skip
+            (f"; shard {absent[0]} is missing" if len(absent) == 1 else f"; shards {', '.join(map(str, absent))} are "
+             "missing") if absent else "")  # fmt: skip
     else:
         what = "the servers are not in shard order"
     return (f"the server list does not match the cluster: {what}. Listed: {', '.join(listed)}; give every shard's "
