@@ -6,8 +6,9 @@ code 143. A running ps-server has its own handler (ps.server.serve), put in plac
         ...                  # the first SIGTERM raises Terminated here; later ones are ignored while it unwinds
 
 Terminated is a BaseException, as KeyboardInterrupt is: an `except Exception` on the way does not swallow it.
-Later SIGTERMs are ignored, so a cleanup that hangs could keep the process for good: CLEANUP_LIMIT_S after the
-first, it exits with EXIT_CODE whatever it is doing (local shards stop on their own once it is gone).
+Later SIGTERMs and Ctrl-Cs are ignored, so a cleanup that hangs could keep the process for good: CLEANUP_LIMIT_S
+after the first, it exits with EXIT_CODE (130 after a Ctrl-C) whatever it is doing (local shards stop on their own
+once it is gone).
 
 Within the block, SIGTERM and Ctrl-C (SIGINT, unless the process ignores it) that arrive while the main thread
 holds numba's compiler lock (compiling a kernel, or loading one from numba's cache) raise once it lets go of it:
@@ -166,26 +167,42 @@ def signal_behind(e: BaseException) -> BaseException | None:
 
 
 @contextlib.contextmanager
-def sigterm_raises(cleanup_limit_s: float | None = CLEANUP_LIMIT_S) -> Iterator[None]:
-    """Within the block, SIGTERM raises Terminated in the main thread (once: a second SIGTERM while the first
-    unwinds is ignored, so that the cleanup it triggers runs to its end); the previous handler comes back after.
-    SIGTERM and Ctrl-C that arrive while numba compiles raise when it is done (see the module docstring).
-    cleanup_limit_s: the process exits (EXIT_CODE) that long after a SIGTERM whatever it does; None: never (tests
-    that send SIGTERM to their own process)."""
+def sigterm_raises(
+    cleanup_limit_s: float | None = CLEANUP_LIMIT_S, ctrl_c_again_raises: bool = False
+) -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread, and Ctrl-C KeyboardInterrupt, once: a second
+    SIGTERM or Ctrl-C while the first unwinds is ignored, so that the cleanup it triggers runs to its end (not cut
+    short with a traceback); the previous handlers come back after. SIGTERM and Ctrl-C that arrive while numba
+    compiles raise when it is done (see the module docstring). cleanup_limit_s: the process exits (EXIT_CODE, or
+    130 after a Ctrl-C) that long after the first signal whatever it does; None: never (tests that send signals to
+    their own process). ctrl_c_again_raises: every Ctrl-C raises, with no time limit (a cleanup that a second Ctrl-C
+    cuts short on purpose: launch's grace for its workers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def raise_terminated(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if cleanup_limit_s is not None:  # later SIGTERMs are ignored: a cleanup that hangs must not keep the
-            watchdog = threading.Timer(cleanup_limit_s, os._exit, args=(EXIT_CODE,))  # process for good
+    stopping = False  # a signal has raised (or will, at a step's end): later ones are ignored while it unwinds
+
+    def stop_with(error: type[BaseException], exit_code: int) -> None:
+        nonlocal stopping
+        if stopping:  # a second Ctrl-C (or SIGTERM after one) would cut the cleanup short with a traceback
+            return
+        stopping = True
+        if cleanup_limit_s is not None:  # later signals are ignored: a cleanup that hangs must not keep the
+            watchdog = threading.Timer(cleanup_limit_s, os._exit, args=(exit_code,))  # process for good
             watchdog.daemon = True
             watchdog.start()
-        _GUARD.raise_now(Terminated)
+        _GUARD.raise_now(error)
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        stop_with(Terminated, EXIT_CODE)
 
     def raise_interrupt(signum: int, frame: Any) -> None:
-        _GUARD.raise_now(KeyboardInterrupt)
+        if ctrl_c_again_raises:
+            _GUARD.raise_now(KeyboardInterrupt)
+        else:
+            stop_with(KeyboardInterrupt, 128 + signal.SIGINT)
 
     def raise_pending(signum: int, frame: Any) -> None:
         error = _GUARD.take_pending()

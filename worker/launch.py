@@ -519,7 +519,7 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
     plan = plan_launch(args, passthrough, train_config)
     program = list(worker_command) if worker_command is not None else [sys.executable, "-m", "worker"]
     try:
-        with sigterm_raises():
+        with sigterm_raises(ctrl_c_again_raises=True):  # a second Ctrl-C kills the workers at once (WorkerGroup.stop)
             return _run(plan, program, evaluate, grace_s, progress_every_s)
     except KeyboardInterrupt:
         print("ps-worker launch: interrupted; the workers were stopped", file=sys.stderr)
