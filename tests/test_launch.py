@@ -613,6 +613,21 @@ def test_a_job_on_a_data_file_without_eval_data_is_not_evaluated_and_says_so(fak
     assert_all_gone(pids, {"worker-0"})
 
 
+@pytest.mark.skipif(
+    not os.path.exists("/dev/full"), reason="needs /dev/full (Linux): a write that fails as on a full disk"
+)
+def test_a_metrics_out_that_cannot_be_written_fails_the_job_after_its_summary_naming_the_flag(fakes, capsys):
+    worker_metrics = {"train_examples": 20, "train_seconds": 1.0}
+    command, pids = fakes([{"metrics": worker_metrics, "action": "metrics"}])
+    args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress", "--metrics-out", "/dev/full")
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config, evaluate=lambda cfg: {})
+    captured = capsys.readouterr()
+    assert rc == 2 and "launched 1 worker (" in captured.out and "metrics written" not in captured.out
+    assert ("ps-worker: error: --metrics-out /dev/full: could not write the job's figures: [Errno 28] No space left "
+            "on device") in captured.err, captured.err  # fmt: skip
+    assert_all_gone(pids, {"worker-0"})
+
+
 def test_a_bad_eval_line_after_training_keeps_the_jobs_figures_and_reads_with_the_workers_limit(fakes, tmp_path,
                                                                                                   capsys):  # fmt: skip
     """A malformed --eval-data line past the limit fails the job (exit 2) after its summary and --metrics-out are

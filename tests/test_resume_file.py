@@ -5,6 +5,7 @@ run, or a damaged one, is refused, naming what differs."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -225,6 +226,26 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
         position.unlink()
         code, out, err = run([*train, "--skip-examples", "3000"], capsys)  # typed by a person: refused
         assert code == 2 and "--skip-examples 3,000 reaches this worker's --max-examples limit" in err, err
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/dev/full"), reason="needs /dev/full (Linux): a write that fails as on a full disk"
+)
+def test_a_metrics_out_that_cannot_be_written_says_so_after_the_summary_and_the_run_is_not_ended(tmp_path, capsys):
+    """A full disk under --metrics-out once training is over: the summary is still printed, then an error naming
+    the flag (exit 2); the position is not marked finished, so the same command evaluates and writes them again."""
+    position, metrics = tmp_path / "position.json", tmp_path / "m.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
+        code, out, err = run([*train, "--metrics-out", "/dev/full"], capsys)
+        assert code == 2 and "eval   AUC" in out and "metrics written" not in out, (out, err)
+        assert ("ps-worker: error: --metrics-out /dev/full: could not write the run's figures: [Errno 28] No space "
+                "left on device") in err, err  # fmt: skip
+        assert json.loads(position.read_text())["finished"] is False
+        code, out, err = run([*train, "--metrics-out", str(metrics)], capsys)
+        assert code == 0 and "its final evaluation did not: evaluating" in out and "metrics written" in out, err
+        assert json.loads(metrics.read_text())["eval_auc"] > 0.5
+        assert json.loads(position.read_text())["finished"] is True
 
 
 def test_an_empty_resume_file_setting_is_none(monkeypatch):

@@ -548,16 +548,16 @@ def run_train(args: argparse.Namespace) -> int:
             return 0
     results = train(cfg)
     print(format_results(results), flush=True)
-    if cfg.metrics_out and not cfg.progress_lines:  # progress lines: a launcher reads the file (and removes it)
-        print(f"metrics written to {cfg.metrics_out}")
+    if cfg.metrics_out and not cfg.progress_lines and "metrics_error" not in results:  # progress lines: a
+        print(f"metrics written to {cfg.metrics_out}")  # launcher reads the file (and removes it)
     if cfg.local_shards is not None:
         print(local_shards_gone("train"), flush=True)
     elif not cfg.progress_lines and "created_tables" not in results:  # a launcher's worker: launch says it
         print(model_kept(",".join(cfg.servers)), flush=True)
-    if "eval_error" in results:  # the training is done and reported; its evaluation is not
-        print(f"ps-worker: error: {results['eval_error']}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    failed = [results[k] for k in ("eval_error", "metrics_error") if k in results]
+    for error in failed:  # the training is done and reported; its evaluation, or its figures' file, is not
+        print(f"ps-worker: error: {error}", file=sys.stderr, flush=True)
+    return 2 if failed else 0
 
 
 def resumed(cfg: TrainConfig) -> TrainConfig | None:

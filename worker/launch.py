@@ -590,16 +590,23 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)
+        metrics_error = None
         if plan.metrics_out:
-            with open(plan.metrics_out, "w") as f:
-                json.dump(json_figures(merged), f, indent=2)
-            print(f"metrics written to {plan.metrics_out}", flush=True)
+            try:
+                with open(plan.metrics_out, "w") as f:
+                    json.dump(json_figures(merged), f, indent=2)
+                print(f"metrics written to {plan.metrics_out}", flush=True)
+            except OSError as e:  # (a full disk): said after the rest of the summary; launch then fails
+                metrics_error = f"--metrics-out {plan.metrics_out}: could not write the job's figures: {e}"
         if plan.local_shards is not None:
             print(local_shards_gone("launch"), flush=True)
         else:
             print(model_kept(",".join(addresses)), flush=True)
         if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
             print(f"ps-worker: error: {evaluation['eval_error']}", file=sys.stderr, flush=True)
+        if metrics_error is not None:
+            print(f"ps-worker: error: {metrics_error}", file=sys.stderr, flush=True)
+        if "eval_error" in evaluation or metrics_error is not None:
             return 2 if died is None else 1
         return 0
     finally:

@@ -251,10 +251,14 @@ def train(cfg: TrainConfig) -> dict:
     results["bad_lines"] = sum(s.bad_lines for _, s in data.read_stats)  # every file's: training, validation, eval
     results["skipped_lines"] = data.skipped_lines()  # the training data's, one pass; never in train_examples
     if cfg.metrics_out:
-        with open(cfg.metrics_out, "w") as f:
-            config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
-            json.dump(json_figures({"config": config, **results}), f, indent=2)
-    if position is not None and "eval_error" not in results:  # the run ended: a restart trains nothing
+        config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
+        try:
+            with open(cfg.metrics_out, "w") as f:
+                json.dump(json_figures({"config": config, **results}), f, indent=2)
+        except OSError as e:  # (a full disk): the run's figures are still printed, then the run fails
+            results["metrics_error"] = f"--metrics-out {cfg.metrics_out}: could not write the run's figures: {e}"
+    # the run ended: a restart does nothing (after a failed evaluation or figures' file, it does those again)
+    if position is not None and not {"eval_error", "metrics_error"} & results.keys():
         position.write(cfg.skip_examples + loop.examples, finished=True)
     return results
 
