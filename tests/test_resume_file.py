@@ -159,6 +159,16 @@ def test_metrics_out_naming_the_resume_file_is_refused_before_the_run(tmp_path):
                 num_workers=2).validate()  # another worker's file: not this one's  # fmt: skip
 
 
+def test_a_resume_file_that_is_a_fifo_or_a_device_is_refused_before_the_run(tmp_path):
+    """Read as the position at the start (a FIFO without a writer blocked the run there for good), then replaced by
+    a regular file: refused, naming it."""
+    fifo = tmp_path / "p.json"
+    os.mkfifo(fifo)
+    for path in (str(fifo), os.devnull):
+        with pytest.raises(ValueError, match=r"--resume-file .* is not a regular file \(a device, a FIFO\)"):
+            TrainConfig(servers=("h:1",), resume_file=path).validate()
+
+
 def test_workers_of_one_machine_each_keep_their_own_file(tmp_path, monkeypatch):
     from worker.resume import resume_path
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import secrets
 from dataclasses import dataclass
 
@@ -190,6 +191,10 @@ class TrainConfig:
                              f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
         if self.resume_file is not None:
             check_output_file("--resume-file", self.worker_resume_file())
+            if os.path.exists(self.worker_resume_file()) and not os.path.isfile(self.worker_resume_file()):
+                raise ValueError(f"--resume-file {self.worker_resume_file()} is not a regular file (a device, a FIFO): "
+                                 "it is read as the position and replaced by it; give the name of a regular file, or "
+                                 "a new one")  # fmt: skip
             if self.local_shards is not None:
                 raise ValueError("--resume-file resumes training a model that servers hold; --local-shards starts new, "
                                  "empty ones (give --servers)")  # fmt: skip
