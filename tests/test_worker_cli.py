@@ -764,6 +764,24 @@ def test_a_worker_waiting_at_a_sync_barrier_stops_at_once_on_ctrl_c_or_sigterm(s
     assert jobs.wait_for_pull(WorkerStamp(78, 0, 1, 0)) == 0  # and the shard takes another job at once
 
 
+def test_a_worker_id_out_of_range_from_rank_or_world_size_names_the_variables(monkeypatch):
+    """A stale $RANK (a shell torchrun left) is no --worker-id the operator typed: the error says where it came from."""
+    from worker.cli_train import train_config_from_argv
+
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(ValueError, match=r"^worker 3 of 1 is no worker of the job: \$RANK is 3 \(torchrun's"):
+        train_config_from_argv(["--local-shards", "1"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match=r"^worker 3 of 2 .*: \$RANK is 3 and \$WORLD_SIZE is 2 \("):
+        train_config_from_argv(["--local-shards", "1"])
+    with pytest.raises(ValueError, match=r"^worker 3 of 3 .*: \$RANK is 3 \("):
+        train_config_from_argv(["--servers", "h:1", "--num-workers", "3"])
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert train_config_from_argv(["--servers", "h:1"]).worker_id == 3
+    with pytest.raises(ValueError, match=r"^--worker-id 5 must be in \[0, --num-workers 4\)"):  # typed: flags named
+        train_config_from_argv(["--servers", "h:1", "--worker-id", "5", "--num-workers", "4"]).validate()
+
+
 def test_allreduce_refuses_a_worker_id_that_its_rank_contradicts(monkeypatch):
     from worker.cli_train import train_config_from_argv
 

@@ -478,6 +478,12 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     $WORLD_SIZE)."""
     worker_id = _from_env(args.worker_id, "RANK", 0)
     num_workers = _from_env(args.num_workers, "WORLD_SIZE", 1)
+    from_env = [f"${v} is {os.environ[v]}" for given, v in ((args.worker_id, "RANK"), (args.num_workers, "WORLD_SIZE"))
+                if given is None and v in os.environ]  # fmt: skip
+    if from_env and not 0 <= worker_id < num_workers:  # validate's message would name flags not given
+        raise ValueError(f"worker {worker_id} of {num_workers} is no worker of the job: {' and '.join(from_env)} "
+                         "(torchrun's variables, the defaults of --worker-id and --num-workers); expected 0 <= RANK < "
+                         "WORLD_SIZE: give --worker-id and --num-workers, or unset the variables")  # fmt: skip
     if getattr(args, "dense", None) == "allreduce":  # the data share follows the flags, the group's rank the env
         for flag, value, variable in (("--worker-id", worker_id, "RANK"), ("--num-workers", num_workers, "WORLD_SIZE")):
             if os.environ.get(variable) not in (None, str(value)):
