@@ -65,7 +65,9 @@ def test_a_stopped_worker_started_again_trains_on_from_its_position_and_a_finish
         code, out, err = run([*train, "--skip-examples", "100"], capsys)
         assert code == 2 and "--skip-examples 100 and --resume-file" in err and "started with --skip-examples 0" in err
         code, out, err = run([*train[:-1], "--epochs", "2", "--no-progress"], capsys)
-        assert code == 2 and "is the position of a run with other settings (epochs: None in the file != 2 now)" in err
+        assert (
+            code == 2 and "is the position of a run with other settings (epochs: not given in the file != 2 now)" in err
+        )
 
 
 def test_a_position_is_refused_on_servers_restored_or_emptied_since_it_was_written(tmp_path, capsys, monkeypatch):

@@ -121,12 +121,17 @@ def read_position(cfg: TrainConfig) -> Position | None:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
                          "the start, or give --skip-examples N yourself") from None  # fmt: skip
     ours = run_settings(cfg)
-    differ = [f"{name}: {run.get(name)!r} in the file != {ours[name]!r} now" for name in RUN_SETTINGS
+    differ = [f"{name}: {_setting(run.get(name))} in the file != {_setting(ours[name])} now" for name in RUN_SETTINGS
               if run.get(name) != ours[name]]  # fmt: skip
     if differ:
         raise ValueError(f"--resume-file {path} is the position of a run with other settings ({'; '.join(differ)}): "
                          "give that run's settings to resume it, or remove the file to train from the start")  # fmt: skip
     return position
+
+
+def _setting(value: object) -> str:
+    """A run setting as a mismatch names it: None (a flag not given, its default or the recipe's) as 'not given'."""
+    return "not given" if value is None else repr(value)
 
 
 class PositionWriter:
