@@ -288,6 +288,8 @@ def _unknown_key(path: str, key: str, section: str | None, known: set[str]) -> s
     hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(sorted(known))}"
     if not section:
         hint += " (a top-level key is read by every command that reads the file: put a command's own under its section)"
+    if section == "launch":  # the flags launch passes on to its workers are train's
+        hint += " (the settings launch gives its workers' train, such as epochs, go under [train], which they read)"
     return f"config file {path}: {where}{key!r} is not a setting of this command; {hint}"
 
 

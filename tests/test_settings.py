@@ -238,6 +238,11 @@ def test_a_misspelled_config_key_gets_the_closest_names(tmp_path):
     config.write_text("shuffle = true\n")  # a train key at the top level: ps-worker synth does not know it
     with pytest.raises(ValueError, match=r"'shuffle' is not a setting of this command; known: .* put a command's own"):
         apply_defaults(build_parser(), ["synth", "--config", str(config)], environ={})
+    config.write_text("[launch]\nepochs = 2\n")  # a setting for launch's workers: [train] is where they read it
+    with pytest.raises(
+        ValueError, match=r"\[launch\] 'epochs' is not a setting .* go under \[train\], which they read"
+    ):
+        apply_defaults(build_parser(), ["launch", "--config", str(config)], environ={})
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-3"])
