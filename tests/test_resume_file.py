@@ -260,6 +260,33 @@ def test_a_metrics_out_that_cannot_be_written_says_so_after_the_summary_and_the_
         assert json.loads(position.read_text())["finished"] is True
 
 
+def test_a_resume_file_another_run_still_uses_is_refused_and_free_once_it_ends(tmp_path, capsys):
+    """The same command started twice at once would train the worker's share twice and write one position: the
+    second is refused, naming the first's process; once the first has ended the file resumes as ever."""
+    import subprocess
+    import sys
+
+    position = tmp_path / "position.json"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom worker.resume import held\n"
+                               f"with held({str(position)!r}):\n    print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with LocalCluster(1) as cluster:
+            train = ["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS]
+            code, out, err = run(train, capsys)
+            assert code == 2 and f"--resume-file {position} is in use by another run (process {holder.pid}, " in err
+            assert not position.exists()  # nothing trained, nothing written
+            holder.kill()
+            holder.wait()
+            code, out, err = run(train, capsys)
+            assert code == 0 and "no position yet" in out, err
+            assert json.loads(position.read_text())["finished"] is True
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_an_empty_resume_file_setting_is_none(monkeypatch):
     from worker.cli_train import train_config_from_argv
 

@@ -4,6 +4,7 @@ groups `predict` (worker/cli_predict.py) shares with them."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -218,7 +219,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="keep this worker's position in FILE (every 10 s, and as it stops or ends) and, when FILE exists, "
         "train on from it: the same command started again (a restart policy's, a Job's retry) resumes instead of "
-        "training from the start; refused where FILE is another run's; {worker} in the name: the worker's id; not "
+        "training from the start; refused where FILE is another run's, or in use by a run still going; {worker} in the name: the worker's id; not "
         "used (a warning) with --mode sync or ssp, or --dense allreduce",
     )
     fit.add_argument(
@@ -548,11 +549,12 @@ def run_train(args: argparse.Namespace) -> int:
     from worker.train import train
 
     cfg = train_config(args)
-    if cfg.resume_file is not None and not cfg.create_tables_only:  # (a setup job in the workers' environment)
-        cfg = resumed(cfg)
-        if cfg is None:
-            return 0
-    results = train(cfg)
+    with contextlib.ExitStack() as stack:
+        if cfg.resume_file is not None and not cfg.create_tables_only:  # (a setup job in the workers' environment)
+            cfg = resumed(cfg, stack)
+            if cfg is None:
+                return 0
+        results = train(cfg)
     print(format_results(results), flush=True)
     if cfg.metrics_out and not cfg.progress_lines and "metrics_error" not in results:  # progress lines: a
         print(f"metrics written to {cfg.metrics_out}")  # launcher reads the file (and removes it)
@@ -566,12 +568,13 @@ def run_train(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-def resumed(cfg: TrainConfig) -> TrainConfig | None:
+def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> TrainConfig | None:
     """cfg to run under --resume-file: with --skip-examples from the file's position (worker/resume.py; only the
     final evaluation when its training was over), as given when there is no file yet, without the file where one
     worker cannot resume alone (a warning says why); None (said) when the file says the run ended. ValueError for a
-    file of another run, and for a --skip-examples other than the one the file's run started from."""
-    from worker.resume import read_position, resume_path, unused_because
+    file of another run, for a --skip-examples other than the one the file's run started from, and, with a stack,
+    for a file another run holds (the stack then holds it, worker.resume.held, until it closes)."""
+    from worker.resume import held, read_position, resume_path, unused_because
 
     cfg.validate()
     why = unused_because(cfg)
@@ -579,6 +582,8 @@ def resumed(cfg: TrainConfig) -> TrainConfig | None:
         log.warning("--resume-file %s is not used: %s", cfg.resume_file, why)
         return dataclasses.replace(cfg, resume_file=None)
     cfg = dataclasses.replace(cfg, resume_file=resume_path(cfg))
+    if stack is not None:
+        stack.enter_context(held(cfg.resume_file))
     position = read_position(cfg)
     if position is None:
         print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)

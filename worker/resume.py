@@ -27,6 +27,9 @@ examples of at most the last WRITE_EVERY_S seconds, whose updates the servers th
 training takes a stale gradient). The MLP gradients a --dense ps run had not pushed yet (--dense-sync-every,
 --dense-staleness) are not in the servers' model, as for a --skip-examples resume.
 
+While a run uses FILE it holds a lock on a hidden file beside it (.FILE.lock, kept): the same command started again
+while the first still runs is refused (both would train the worker's share and write one position).
+
 FILE may hold "{worker}", replaced by the worker's id: workers that share a machine (torchrun's
 LOCAL_WORLD_SIZE > 1) need it, each keeping its own file. The file is not used (a warning says so) where one
 worker cannot resume alone: --mode sync or ssp (the job's workers resume together, under a new job id) and
@@ -37,11 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import glob
 import json
 import logging
 import os
 import time
+from collections.abc import Iterator
 
 from ps.storage.atomicfile import write_json_whole
 from worker.train_config import RESUME_WORKER, TrainConfig
@@ -90,6 +95,38 @@ class Position:
     trained: bool
     finished: bool
     state_ids: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def held(path: str) -> Iterator[None]:
+    """Holds the run's --resume-file `path` (an exclusive lock on .NAME.lock beside it, a file kept: removing it
+    could let two runs lock two files). ValueError, naming the holder's process id, where another run holds it.
+    Where the lock file cannot be made, or the file system has no locks, nothing is held (the position's own
+    writes say what fails)."""
+    directory, name = os.path.split(os.path.abspath(path))
+    lock_path = os.path.join(directory, f".{name}.lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ValueError(f"--resume-file {path} is in use by another run (process {holder}, which holds "
+                             f"{lock_path}): the same command started twice would train this worker's share twice "
+                             "and write one position; stop that run first, or give another file") from None  # fmt: skip
+        except OSError:  # no locks here (some network file systems)
+            pass
+        else:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
 
 
 def read_position(cfg: TrainConfig) -> Position | None:
