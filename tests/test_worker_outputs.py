@@ -456,3 +456,55 @@ def test_export_passes_no_progress_to_ps_server_export(no_progress, tmp_path, ca
     assert code == 0, err
     [command] = commands
     assert command[1:4] == ["-m", "ps", "export"] and ("--no-progress" in command) == no_progress, command
+
+
+# --- a full disk under an output: named by its flag, and nothing half written left ---------------------------------
+
+
+def test_synth_into_a_full_disk_names_out_and_leaves_no_part_of_the_file(tmp_path, capsys, monkeypatch):
+    """The rows go to a hidden temporary file renamed once whole: a part of them left at --out would read as a
+    complete data file of fewer rows (or end in a cut line)."""
+    import errno
+
+    from worker import synthetic
+
+    real = synthetic.format_criteo
+    calls = [0]
+
+    def full_after_one_chunk(*a):
+        calls[0] += 1
+        if calls[0] > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(*a)
+
+    monkeypatch.setattr(synthetic, "format_criteo", full_after_one_chunk)
+    out = tmp_path / "data.tsv"
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "200000"], capsys)
+    assert code == 2 and f"--out {out}: could not write it (No space left on device); nothing was written" in err, err
+    assert os.listdir(tmp_path) == []
+    out.write_text("mine\n")
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "200000", "--overwrite"], capsys)
+    assert code == 2 and out.read_text() == "mine\n" and os.listdir(tmp_path) == ["data.tsv"]
+
+
+def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, monkeypatch):
+    """Not '[Errno 28] No space left on device' alone, nor the name of a temporary file."""
+    import errno
+
+    from worker import predict
+    from worker.resume import PositionWriter
+    from worker.scoring import ScoringProgress
+
+    def full(*_a, **_k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(predict, "_write_rows", full)
+    out = tmp_path / "scores.csv"
+    with pytest.raises(OSError, match=rf"^--out {out}: could not write the predictions \(No space left on device\)"):
+        predict._write(str(out), [], False, False, ScoringProgress(0, False))
+    assert os.listdir(tmp_path) == []
+    monkeypatch.setattr("worker.resume.write_json_whole", full)
+    position = tmp_path / "position.json"
+    writer = PositionWriter(TrainConfig(servers=("h:1",), resume_file=str(position)))
+    with pytest.raises(OSError, match=rf"^could not write --resume-file {position} \(No space left on device\)$"):
+        writer.write(10)

@@ -234,7 +234,7 @@ def _synth(args) -> int:
         if flag == "--out" or cfg.history:  # checked before anything is written
             check_output_file(flag, path)
             check_new_file(flag, path, args.overwrite)
-    written = write_synthetic(args.out, cfg, args.start, args.start + args.rows)
+    written = _write_whole(args.out, lambda path: write_synthetic(path, cfg, args.start, args.start + args.rows))
     print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}: click rate {written['click_rate']:.1%}; "
           f"the planted model that drew their labels scores AUC {written['oracle_auc']:.4f}, logloss "
           f"{written['oracle_logloss']:.4f} on them: the mark for a model evaluated on these rows")  # fmt: skip
@@ -251,6 +251,31 @@ def _synth(args) -> int:
     return 0
 
 
+def _write_whole(out: str, write: Any) -> Any:
+    """write(path) into a hidden temporary file beside `out` (its .gz suffix kept), renamed to `out` once whole:
+    a write that fails (a full disk), or a stop, leaves `out` as it was, and the error names --out."""
+    import os
+    import tempfile
+
+    directory, name = os.path.split(os.path.abspath(out))
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{name}.", suffix=".tmp" + (".gz" if out.endswith(".gz") else ""), dir=directory
+    )
+    os.close(fd)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # as open() makes a new file
+        result = write(tmp)
+        os.replace(tmp, out)
+        return result
+    except OSError as e:
+        raise OSError(f"--out {out}: could not write it ({e.strerror or e}); nothing was written there") from None
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
 def _schema(args) -> int:
     from worker.datafiles import check_data_input
     from worker.schema_infer import infer_schema
@@ -265,7 +290,12 @@ def _schema(args) -> int:
     if args.out:
         from ps.storage.atomicfile import write_text_whole
 
-        write_text_whole(args.out, text, shared=True)  # whole or not at all, readable as a file open() makes
+        try:
+            write_text_whole(args.out, text, shared=True)  # whole or not at all, readable as a file open() makes
+        except OSError as e:
+            raise OSError(
+                f"--out {args.out}: could not write it ({e.strerror or e}); nothing was written there"
+            ) from None
         print(f"wrote a schema inferred from {args.data} to {args.out}")
     else:
         print(text, end="")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import io
 import logging
 import os
@@ -189,6 +190,9 @@ def _csv_field(text: str) -> str:
     return out.getvalue()[:-2]
 
 
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: the disk (or a quota) is full
+
+
 def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
            progress: ScoringProgress) -> int:  # fmt: skip
     """Writes the header and the rows of (file, batch, probabilities) to a temporary file, renamed to `out` when
@@ -207,6 +211,11 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
             rows = _write_rows(f, scored, labeled, with_file, progress)
         if rows:
             os.replace(partial, out)
+    except OSError as e:
+        if e.errno not in _NO_ROOM:  # (a data file's read error names that file)
+            raise
+        raise OSError(f"--out {out}: could not write the predictions ({e.strerror}); nothing was written "
+                      "there") from None  # fmt: skip
     finally:
         progress.close()
         if opened and os.path.lexists(partial):  # what stands there when it could not be opened is not this run's

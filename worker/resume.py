@@ -198,14 +198,17 @@ class PositionWriter:
             except OSError as e:
                 self.last = now
                 if not self.failing:
-                    log.warning("could not write --resume-file %s (%s): it keeps the position of %s examples; "
-                                "training goes on", self.path, e, f"{self.written:,}" if self.written else "no")  # fmt: skip
+                    log.warning("%s: it keeps the position of %s examples; training goes on", e,
+                                f"{self.written:,}" if self.written else "no")  # fmt: skip
                 self.failing = True
 
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids)}  # fmt: skip
-        write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
+        try:
+            write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
+        except OSError as e:  # (a full disk): named, not as the temporary file
+            raise OSError(f"could not write --resume-file {self.path} ({e.strerror or e})") from None
         self.last, self.written, self.failing = time.monotonic(), examples, False
 
 
