@@ -508,3 +508,21 @@ def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, 
     writer = PositionWriter(TrainConfig(servers=("h:1",), resume_file=str(position)))
     with pytest.raises(OSError, match=rf"^could not write --resume-file {position} \(No space left on device\)$"):
         writer.write(10)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e308"])
+def test_synth_refuses_interactions_that_are_no_strength_before_writing(tmp_path, capsys, value):
+    """NaN or an overflowing strength drew NaN scores: the run wrote its rows, then failed with 'scores contain
+    NaN', naming no flag."""
+    out = tmp_path / "data.tsv"
+    with pytest.raises(SystemExit) as stop:
+        main(["synth", "--out", str(out), "--rows", "100", "--interactions", value])
+    err = capsys.readouterr().err
+    assert (
+        stop.value.code == 2
+        and f"argument --interactions: expected a number >= -1000 and <= 1000, got '{value}'" in err
+    )
+    assert not out.exists()
+    with pytest.raises(SystemExit):
+        main(["train", "--local-shards", "1", "--synthetic-interactions", value])
+    assert "argument --synthetic-interactions: expected a number" in capsys.readouterr().err

@@ -50,7 +50,8 @@ def _add_synth(sub) -> None:
     p.add_argument("--out", required=True, help="output file")
     p.add_argument("--rows", type=integer(1), default=None, help="rows to write (default 100,000; with --small 10,000)")
     p.add_argument("--start", type=integer(0), default=0, help="first row index (use a later range for eval data)")
-    p.add_argument("--interactions", type=float, default=0.0, help="strength of the planted pairwise interactions")
+    p.add_argument("--interactions", type=number(-1e3, 1e3), default=0.0,
+                   help="strength of the planted pairwise interactions")  # fmt: skip
     p.add_argument("--history", type=number(0, 1e3), default=0.0, help="strength of a planted multi-hot history column")
     p.add_argument(
         "--small",

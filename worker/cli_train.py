@@ -339,7 +339,7 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         "--synthetic-eval-rows", type=integer(0), default=d.synthetic_eval_rows, help="synthetic eval rows"
     )
     data.add_argument(
-        "--synthetic-interactions", type=float, default=d.synthetic_interactions,
+        "--synthetic-interactions", type=number(-1e3, 1e3), default=d.synthetic_interactions,
         help="strength of the planted pairwise field interactions (0 = a purely linear planted model)",
     )  # fmt: skip
     data.add_argument(
