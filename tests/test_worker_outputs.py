@@ -526,3 +526,9 @@ def test_synth_refuses_interactions_that_are_no_strength_before_writing(tmp_path
     with pytest.raises(SystemExit):
         main(["train", "--local-shards", "1", "--synthetic-interactions", value])
     assert "argument --synthetic-interactions: expected a number" in capsys.readouterr().err
+
+
+def test_a_synthetic_seed_out_of_range_names_its_flag(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--local-shards", "1", "--synthetic-seed", "-1"])
+    assert "argument --synthetic-seed: expected an integer in 0..9223372036854775807, got -1" in capsys.readouterr().err

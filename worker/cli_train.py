@@ -347,7 +347,12 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         help="strength of a planted multi-hot history column (0 = no such column)",
     )  # fmt: skip
     also = ", and of the dropout masks and the --shuffle order" if command == "train" else ""
-    data.add_argument("--synthetic-seed", type=int, default=d.synthetic_seed, help=f"seed of the synthetic data{also}")
+    data.add_argument(
+        "--synthetic-seed",
+        type=integer(0, 2**63 - 1),
+        default=d.synthetic_seed,
+        help=f"seed of the synthetic data{also}",
+    )
 
 
 def add_model_args(p: argparse.ArgumentParser, d: TrainConfig) -> None:
