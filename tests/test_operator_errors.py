@@ -143,11 +143,15 @@ def test_training_or_eval_data_without_labels_is_named_so(tmp_path, capsys, fmt,
         assert "ps-worker predict` scores a file without labels" in err, err
 
 
-def test_local_shards_start_only_when_asked_for(capsys):
+def test_local_shards_start_only_when_asked_for(capsys, monkeypatch):
     code, err = worker(["train", *TINY_RUN], capsys)
     assert code == 2 and "no servers: give --servers" in err and "--local-shards N" in err, err
     code, err = worker(["train", "--servers", "127.0.0.1:5000", "--local-shards", "2", *TINY_RUN], capsys)
     assert code == 2 and "give --servers or --local-shards, not both" in err, err
+    monkeypatch.setenv("PS_SERVERS", "127.0.0.1:5000")  # set for the cluster's jobs: the flag alone was typed
+    code, err = worker(["train", "--local-shards", "2", *TINY_RUN], capsys)
+    assert code == 2 and "not both (either may come from its flag, its variable PS_SERVERS or" in err, err
+    monkeypatch.delenv("PS_SERVERS")
     code, err = worker(["train", "--local-shards", "0", *TINY_RUN], capsys)
     assert code == 2 and "argument --local-shards: expected an integer >= 1, got 0" in err, err
     code, err = worker(["train", "--local-shards", "1", "--create-tables-only", *TINY_RUN], capsys)

@@ -290,7 +290,8 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
 
         raise ValueError(f"--backends torch needs PyTorch, which this Python does not have: {TORCH_HINT}")
     if args.servers is not None and args.local_shards is not None:
-        raise ValueError("give --servers or --local-shards, not both")
+        raise ValueError("give --servers or --local-shards, not both (either may come from its flag, its variable "
+                         "PS_SERVERS or PS_LOCAL_SHARDS, or a config file)")  # fmt: skip
     servers = server_list(args.servers)
     if not servers and args.local_shards is None:
         raise ValueError("no servers: give --servers host:port,... (in shard order), or --local-shards N")

@@ -181,7 +181,8 @@ class TrainConfig:
         if self.libsvm_fields is not None and not 1 <= self.libsvm_fields <= MAX_LIBSVM_FIELDS:
             raise ValueError(f"--libsvm-fields {self.libsvm_fields}: expected 1..{MAX_LIBSVM_FIELDS}")
         if self.servers and self.local_shards is not None:
-            raise ValueError("give --servers or --local-shards, not both")
+            raise ValueError("give --servers or --local-shards, not both (either may come from its flag, its variable "
+                             "PS_SERVERS or PS_LOCAL_SHARDS, or a config file)")  # fmt: skip
         limit = self.worker_max_examples()
         if self.max_examples and self.max_examples < self.num_workers:
             raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
