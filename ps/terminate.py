@@ -186,6 +186,10 @@ def sigterm_raises(
     def stop_with(error: type[BaseException], exit_code: int) -> None:
         nonlocal stopping
         if stopping:  # a second Ctrl-C (or SIGTERM after one) would cut the cleanup short with a traceback
+            limit = "" if cleanup_limit_s is None else f", {cleanup_limit_s:g} s after the first at most"
+            with contextlib.suppress(OSError):  # os.write: a print here could meet the main thread's own
+                os.write(2, f"stopping already: this signal is ignored while the stop finishes{limit} (SIGKILL "
+                            "ends it at once)\n".encode())  # fmt: skip
             return
         stopping = True
         if cleanup_limit_s is not None:  # later signals are ignored: a cleanup that hangs must not keep the

@@ -905,10 +905,10 @@ def test_a_signal_inside_a_step_waits_for_its_end_or_its_grace(signum, error):
 
 @pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGINT, signal.SIGTERM),
                                            (signal.SIGTERM, signal.SIGINT)])  # fmt: skip
-def test_a_second_signal_while_the_first_unwinds_does_not_cut_its_cleanup_short(first, second):
+def test_a_second_signal_while_the_first_unwinds_does_not_cut_its_cleanup_short(first, second, capfd):
     """An impatient second Ctrl-C (or a SIGTERM after one) raised inside the cleanup that the first started: the
     resume file's last write, a prefetch thread's join, a generator's close printed 'Exception ignored' tracebacks
-    or were cut short. It is ignored: the first signal's exception ends the block."""
+    or were cut short. It is ignored, saying so: the first signal's exception ends the block."""
     import time
 
     from ps.terminate import sigterm_raises
@@ -924,6 +924,7 @@ def test_a_second_signal_while_the_first_unwinds_does_not_cut_its_cleanup_short(
             time.sleep(0.2)  # the handler has run by now
             cleaned.append("whole")
     assert cleaned == ["whole"]
+    assert "stopping already: this signal is ignored while the stop finishes (SIGKILL" in capfd.readouterr().err
 
 
 def test_eval_scores_an_eval_data_directory_of_many_files_with_progress(servers, files, tmp_path):
