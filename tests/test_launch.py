@@ -1057,12 +1057,15 @@ def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_c
     command, pids = fakes([{"action": "exit", "code": 3, "progress": [{"examples": 300}], **wait},
                            {"action": "sleep", "progress": [{"examples": 500}]}])  # fmt: skip
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
-    keeps = TrainConfig(servers=(SERVERS,), resume_file="/tmp/pos-{worker}.json", mode=mode, job_id=7)
+    keeps = TrainConfig(
+        servers=(SERVERS,), resume_file="/tmp/pos-{worker}.json", mode=mode, job_id=7, skip_examples=200
+    )  # a command with a --skip-examples: its workers' files refuse any other
     assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 1
     err = capsys.readouterr().err
     if mode == "async":
-        assert "--skip-examples 300" not in err and "run the same command again" in err, err
+        assert "--skip-examples 500" not in err and "run the same command again" in err, err
+        assert "no --skip-examples" not in err and "its --skip-examples, if any, unchanged" in err, err
         assert "--resume-file /tmp/pos-{worker}.json" in err, err
     else:
-        assert "--skip-examples 300" in err and "run the same command again" not in err, err
+        assert "--skip-examples 500" in err and "run the same command again" not in err, err
     assert_all_gone(pids, {"worker-0", "worker-1"})

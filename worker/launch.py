@@ -665,7 +665,8 @@ def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
     if resume_file and unused_because(plan.train_config) is None:  # the workers keep their positions there
         print(f"ps-worker launch: the workers' positions are in their --resume-file {resume_file}, and the examples "
               "they had trained are on the servers; to train on from there, once what stopped the job is fixed (a "
-              "bad line, say), run the same command again (with no --skip-examples: the files' positions win)",
+              "bad line, say), run the same command again (its --skip-examples, if any, unchanged: a file refuses "
+              "another, and its position wins)",
               file=sys.stderr, flush=True)  # fmt: skip
         return
     skip = getattr(plan.train_config, "skip_examples", 0)
