@@ -532,3 +532,23 @@ def test_a_synthetic_seed_out_of_range_names_its_flag(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--local-shards", "1", "--synthetic-seed", "-1"])
     assert "argument --synthetic-seed: expected an integer in 0..9223372036854775807, got -1" in capsys.readouterr().err
+
+
+def test_synth_whose_schema_meets_a_full_disk_names_it_and_leaves_no_part_of_it(tmp_path, capsys, monkeypatch):
+    """The schema beside --out (--history) is written whole or not at all, as --out is, and its error names it."""
+    import errno
+
+    from ps.storage import atomicfile
+
+    real = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomicfile.os, "fsync", full)
+    out = tmp_path / "data.csv"
+    code, _, err = worker(["synth", "--out", str(out), "--rows", "50", "--history", "3"], capsys)
+    monkeypatch.setattr(atomicfile.os, "fsync", real)
+    assert code == 2, err
+    assert f"the schema beside --out, {out}.schema.toml: could not write it (No space left on device)" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["data.csv"]  # the rows, and no part of a schema

@@ -244,8 +244,16 @@ def _synth(args) -> int:
               f"them: a tuned logistic regression trained on {SMALL_DATA_ROWS:,} scores AUC 0.63-0.65, far under "
               "that mark, benchmarks/small_data.py)")  # fmt: skip
     if cfg.history:
-        with open(args.out + ".schema.toml", "w") as f:
-            f.write(schema_text(cfg))
+        import os
+
+        from ps.storage.atomicfile import write_text_whole
+
+        schema = args.out + ".schema.toml"
+        try:  # whole or not at all, as --out is
+            write_text_whole(schema, schema_text(cfg), temp_prefix=f".{os.path.basename(schema)}.", shared=True)
+        except OSError as e:
+            raise OSError(f"the schema beside --out, {schema}: could not write it ({e.strerror or e}); nothing was "
+                          f"written there (the rows are in {args.out})") from None  # fmt: skip
         print(
             f"wrote its schema to {args.out}.schema.toml (train with --data {args.out} --schema {args.out}.schema.toml)"
         )
