@@ -287,6 +287,19 @@ def test_a_resume_file_another_run_still_uses_is_refused_and_free_once_it_ends(t
         holder.wait()
 
 
+def test_a_lock_file_that_is_a_link_is_not_followed(tmp_path):
+    """The lock beside the file (its holder's process id written into it) is never a link's target: a link planted
+    at .NAME.lock (a shared directory such as /tmp) would have the run cut the file it points to."""
+    from worker.resume import held
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("not the run's\n")
+    (tmp_path / ".position.json.lock").symlink_to(elsewhere)
+    with held(str(tmp_path / "position.json")):
+        pass
+    assert elsewhere.read_text() == "not the run's\n"
+
+
 def test_an_empty_resume_file_setting_is_none(monkeypatch):
     from worker.cli_train import train_config_from_argv
 

@@ -101,12 +101,12 @@ class Position:
 def held(path: str) -> Iterator[None]:
     """Holds the run's --resume-file `path` (an exclusive lock on .NAME.lock beside it, a file kept: removing it
     could let two runs lock two files). ValueError, naming the holder's process id, where another run holds it.
-    Where the lock file cannot be made, or the file system has no locks, nothing is held (the position's own
-    writes say what fails)."""
+    Where the lock file cannot be made (or is a symbolic link, never followed), or the file system has no locks,
+    nothing is held (the position's own writes say what fails)."""
     directory, name = os.path.split(os.path.abspath(path))
     lock_path = os.path.join(directory, f".{name}.lock")
     try:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # never a link's target
     except OSError:
         yield
         return
