@@ -182,9 +182,10 @@ def sigterm_raises(
         return
 
     stopping = False  # a signal has raised (or will, at a step's end): later ones are ignored while it unwinds
+    watchdog: threading.Timer | None = None
 
     def stop_with(error: type[BaseException], exit_code: int) -> None:
-        nonlocal stopping
+        nonlocal stopping, watchdog
         if stopping:  # a second Ctrl-C (or SIGTERM after one) would cut the cleanup short with a traceback
             limit = "" if cleanup_limit_s is None else f", {cleanup_limit_s:g} s after the first at most"
             with contextlib.suppress(OSError):  # os.write: a print here could meet the main thread's own
@@ -202,6 +203,23 @@ def sigterm_raises(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop_with(Terminated, EXIT_CODE)
 
+    def lost(unraisable: Any) -> None:
+        """sys.unraisablehook: a signal's exception raised inside a finalizer (a __del__, a generator's close) is
+        printed there and dropped, so no stop is under way: the next signal raises again, and no watchdog ends the
+        process meanwhile."""
+        nonlocal stopping, watchdog
+        previous_hook(unraisable)
+        if not stopping or not isinstance(unraisable.exc_value, (KeyboardInterrupt, Terminated)):
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        stopping = False
+        if watchdog is not None:
+            watchdog.cancel()
+            watchdog = None
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, raise_terminated)
+
     def raise_interrupt(signum: int, frame: Any) -> None:
         if ctrl_c_again_raises:
             _GUARD.raise_now(KeyboardInterrupt)
@@ -217,12 +235,15 @@ def sigterm_raises(
     interrupting = signal.getsignal(signal.SIGINT) is signal.default_int_handler  # not where SIGINT is ignored
     previous_int = signal.signal(signal.SIGINT, raise_interrupt) if interrupting else None
     previous_nudge = signal.signal(RAISE_PENDING_SIGNAL, raise_pending)
+    previous_hook, sys.unraisablehook = sys.unraisablehook, lost
     try:
         _GUARD.install()  # after the handlers: importing numba takes a second, in which a SIGTERM counts too
         _GUARD.handling = True
         yield
     finally:
         _GUARD.handling = False
+        if sys.unraisablehook is lost:
+            sys.unraisablehook = previous_hook
         # a handler put in place within the block (ps.server.serve's) stays: a late signal is still its to handle
         if signal.getsignal(signal.SIGTERM) in (raise_terminated, signal.SIG_IGN):
             signal.signal(signal.SIGTERM, previous)

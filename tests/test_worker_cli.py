@@ -927,6 +927,38 @@ def test_a_second_signal_while_the_first_unwinds_does_not_cut_its_cleanup_short(
     assert "stopping already: this signal is ignored while the stop finishes (SIGKILL" in capfd.readouterr().err
 
 
+LOST_IN_A_FINALIZER = """import os, signal, threading, time
+from ps.terminate import sigterm_raises
+class Slow:
+    def __del__(self):
+        time.sleep(1.0)  # the first Ctrl-C lands here: printed as 'Exception ignored', and dropped
+signal.signal(signal.SIGINT, signal.default_int_handler)
+started = time.monotonic()
+try:
+    with sigterm_raises(cleanup_limit_s=3):
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        threading.Timer(1.8, os.kill, (os.getpid(), signal.SIGINT)).start()
+        Slow()
+        while time.monotonic() - started < 6:
+            time.sleep(0.05)
+    print("not stopped", flush=True)
+except KeyboardInterrupt:
+    time.sleep(3.8 - (time.monotonic() - started))  # past the first's watchdog (3.3 s), not the second's (4.8 s)
+    print("stopped by the second", flush=True)
+"""
+
+
+def test_a_first_signal_lost_in_a_finalizer_leaves_the_next_one_to_stop_the_process():
+    """A Ctrl-C whose KeyboardInterrupt is raised inside a finalizer (a __del__, a generator's close) is printed
+    and dropped there: the process goes on, so the next Ctrl-C must raise (not be ignored as a second one while a
+    stop unwinds), and the first one's watchdog must not end the process without its cleanup."""
+    done = subprocess.run([sys.executable, "-c", LOST_IN_A_FINALIZER], capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "stopped by the second\n", (done.returncode, done.stdout,
+                                                                                 done.stderr)  # fmt: skip
+    assert "Exception ignored" in done.stderr and "stopping already" not in done.stderr, done.stderr
+
+
 def test_eval_scores_an_eval_data_directory_of_many_files_with_progress(servers, files, tmp_path):
     addresses, _ = servers(1)
     train_path, test_path = files
