@@ -261,28 +261,19 @@ def _synth(args) -> int:
 
 
 def _write_whole(out: str, write: Any) -> Any:
-    """write(path) into a hidden temporary file beside `out` (its .gz suffix kept), renamed to `out` once whole:
-    a write that fails (a full disk), or a stop, leaves `out` as it was, and the error names --out."""
+    """write(path) into a hidden temporary file beside `out` (its .gz suffix kept), renamed to `out` once whole
+    (atomicfile.replaced_whole): a write that fails (a full disk), or a stop, leaves `out` as it was, and the error
+    names --out."""
     import os
-    import tempfile
 
-    directory, name = os.path.split(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{name}.", suffix=".tmp" + (".gz" if out.endswith(".gz") else ""), dir=directory
-    )
-    os.close(fd)
+    from ps.storage.atomicfile import replaced_whole
+
+    suffix = ".tmp" + (".gz" if out.endswith(".gz") else "")
     try:
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # as open() makes a new file
-        result = write(tmp)
-        os.replace(tmp, out)
-        return result
+        with replaced_whole(out, f".{os.path.basename(out)}.", suffix, shared=True) as tmp:
+            return write(tmp)
     except OSError as e:
         raise OSError(f"--out {out}: could not write it ({e.strerror or e}); nothing was written there") from None
-    finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
 
 
 def _schema(args) -> int:

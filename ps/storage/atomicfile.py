@@ -1,4 +1,4 @@
-"""write_text_whole, write_json_whole: a file replaced whole, never seen half written; sync_file: a file's data,
+"""write_text_whole, write_json_whole, replaced_whole: a file replaced whole, never seen half written; sync_file: a file's data,
 sync_directory: a directory's entries (a rename into it), made durable (standard library only: the worker uses it too, ps.storage.sidefiles for
 the files beside RocksDB, ps.checkpoint for a checkpoint's manifest, an export for its files)."""
 
@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from typing import IO, Any
 
 
@@ -18,28 +19,38 @@ def write_json_whole(path: str, obj: dict, sync_dir: bool = False, temp_prefix: 
 
 def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: str | None = None,
                      shared: bool = False) -> None:  # fmt: skip
-    """Replaces the file at path with text (UTF-8): a temporary file in the same directory (named temp_prefix +
-    random + ".tmp"; None: the file's name and a dot), fsynced, then renamed over it. A failure (text that is not
-    UTF-8 included) removes the temporary file and leaves path as it was. sync_dir: fsync the directory too, so the
-    rename itself survives a power loss. The file is its owner's alone (0600), unless shared: then its mode is
-    what open() would give a new file (0666 less the umask), for a file other users read."""
+    """Replaces the file at path with text (UTF-8), through replaced_whole: the temporary file fsynced before it is
+    renamed over path. A failure (text that is not UTF-8 included) leaves path as it was. sync_dir: fsync the
+    directory too, so the rename itself survives a power loss. shared: as replaced_whole's."""
     data = text.encode("utf-8")  # before any file is made
+    with replaced_whole(path, temp_prefix, shared=shared) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        sync_file(f)
+    if sync_dir:
+        sync_directory(os.path.dirname(path) or ".")
+
+
+@contextlib.contextmanager
+def replaced_whole(path: str, temp_prefix: str | None = None, suffix: str = ".tmp",
+                   shared: bool = False) -> Iterator[str]:  # fmt: skip
+    """Yields the path of a new, empty temporary file in path's directory (named temp_prefix + random + suffix;
+    None: the file's name and a dot) for the block to write; renames it over path once the block ends, and removes
+    it if the block raises (a stop included), leaving path as it was. The file is its owner's alone (0600), unless
+    shared: then its mode is what open() would give a new file (0666 less the umask), for a file other users read.
+    The block fsyncs what it wrote where that must survive a power loss."""
     directory = os.path.dirname(path) or "."
     prefix = temp_prefix if temp_prefix is not None else os.path.basename(path) + "."
-    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
     try:
         if shared:
             os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            sync_file(f)
+        os.close(fd)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
-    if sync_dir:
-        sync_directory(directory)
 
 
 def sync_file(f: IO[Any]) -> None:
