@@ -21,25 +21,26 @@ class Router:
     def __init__(self, slot_map: SlotMap, num_shards: int):
         self.slot_map = slot_map
         self.num_shards = num_shards
-        self._routes: dict[tuple[int, int, int, int], tuple[np.ndarray, list]] = {}
+        self._routes: dict[tuple[int, int, int], tuple[np.ndarray, list]] = {}
 
     def route(
         self, uniq: np.ndarray, dim: int, max_request_bytes: int, per_id: int = 8
     ) -> list[tuple[int, np.ndarray]]:
         """(shard, positions in uniq) per request: grouped by owner, chunked to max_request_bytes at 4 * dim + per_id
         bytes an id (per_id: what a request carries per id besides its row: 8, the id, for a pull; 16 for a push,
-        its show and click too). The routes of the last ids seen per (count, dim, per_id, request size limit) are
+        its show and click too). The routes of the last ids seen per (count, bytes an id, request size limit) are
         kept, for at most MAX_ROUTED_IDS ids: a dense
         table pushes the same few ids every step, while a sparse table's steps, each of another count, would fill
         the cache with copies of ids never asked for again. Callers only index with the positions, never change
         them."""
+        id_bytes = 4 * dim + per_id
         if len(uniq) > MAX_ROUTED_IDS:
-            return list(self._compute_route(uniq, 4 * dim + per_id, max_request_bytes))
-        key = (len(uniq), dim, per_id, max_request_bytes)
+            return list(self._compute_route(uniq, id_bytes, max_request_bytes))
+        key = (len(uniq), id_bytes, max_request_bytes)
         known = self._routes.get(key)
         if known is not None and np.array_equal(known[0], uniq):
             return known[1]
-        routes = list(self._compute_route(uniq, 4 * dim + per_id, max_request_bytes))
+        routes = list(self._compute_route(uniq, id_bytes, max_request_bytes))
         if len(self._routes) >= MAX_ROUTES:
             self._routes.clear()
         self._routes[key] = (uniq.copy(), routes)
