@@ -57,7 +57,7 @@ from worker.datafiles import check_held_out
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
-from worker.results import json_figures, local_shards_gone, model_kept
+from worker.results import local_shards_gone, model_kept, write_metrics
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
 from worker.train_config import RESUME_WORKER
 
@@ -592,13 +592,10 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)
         metrics_error = None
-        if plan.metrics_out:
-            try:
-                with open(plan.metrics_out, "w") as f:
-                    json.dump(json_figures(merged), f, indent=2)
+        if plan.metrics_out:  # a failure (a full disk) is said after the rest of the summary; launch then fails
+            metrics_error = write_metrics(plan.metrics_out, merged, "the job's figures")
+            if metrics_error is None:
                 print(f"metrics written to {plan.metrics_out}", flush=True)
-            except OSError as e:  # (a full disk): said after the rest of the summary; launch then fails
-                metrics_error = f"--metrics-out {plan.metrics_out}: could not write the job's figures: {e}"
         if plan.local_shards is not None:
             print(local_shards_gone("launch"), flush=True)
         else:

@@ -4,6 +4,7 @@ to 6 characters."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -25,6 +26,18 @@ def json_figures(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [json_figures(v) for v in value]
     return value
+
+
+def write_metrics(path: str, figures: dict, what: str) -> str | None:
+    """Writes json_figures(figures) to path (--metrics-out). For a write that fails (a full disk), the error to
+    report once the run's figures are printed, naming the flag and `what` was not written ("the run's figures");
+    else None."""
+    try:
+        with open(path, "w") as f:
+            json.dump(json_figures(figures), f, indent=2)
+    except OSError as e:
+        return f"--metrics-out {path}: could not write {what}: {e}"
+    return None
 
 
 def format_evaluation(e: dict) -> str:

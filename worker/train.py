@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import re
 import sys
@@ -49,7 +48,7 @@ from worker.model_tables import (
     table_configs,
 )
 from worker.models.spec import ModelSpec
-from worker.results import format_evaluation, json_figures
+from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, state_changed
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import row_source
@@ -252,11 +251,9 @@ def train(cfg: TrainConfig) -> dict:
     results["skipped_lines"] = data.skipped_lines()  # the training data's, one pass; never in train_examples
     if cfg.metrics_out:
         config = {**dataclasses.asdict(cfg), "format": data.schema.format}  # a --schema file's, if given
-        try:
-            with open(cfg.metrics_out, "w") as f:
-                json.dump(json_figures({"config": config, **results}), f, indent=2)
-        except OSError as e:  # (a full disk): the run's figures are still printed, then the run fails
-            results["metrics_error"] = f"--metrics-out {cfg.metrics_out}: could not write the run's figures: {e}"
+        failed = write_metrics(cfg.metrics_out, {"config": config, **results}, "the run's figures")
+        if failed:  # (a full disk): the run's figures are still printed, then the run fails
+            results["metrics_error"] = failed
     # the run ended: a restart does nothing (after a failed evaluation or figures' file, it does those again)
     if position is not None and not {"eval_error", "metrics_error"} & results.keys():
         position.write(cfg.skip_examples + loop.examples, finished=True)
