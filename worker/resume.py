@@ -212,6 +212,12 @@ class PositionWriter:
         self.last, self.written, self.failing = time.monotonic(), examples, False
 
 
+_NOT_TRAINED = (
+    "nothing was trained. To train on from a checkpoint, give the position it was saved at "
+    "(--skip-examples) without the file; remove the file to train from the start"
+)
+
+
 def state_changed(path: str, written: tuple[int, ...], found: tuple[int, ...], servers: list[str]) -> str | None:
     """Why the position of --resume-file `path`, written with the shards' model state ids `written`, does not
     apply to shards that give `found` (another shard count, or another id on a shard), or None when it does (or
@@ -219,15 +225,16 @@ def state_changed(path: str, written: tuple[int, ...], found: tuple[int, ...], s
     if not written or tuple(written) == tuple(found):
         return None
     if len(written) != len(found):
-        return (f"--resume-file {path} holds the position of a model on {len(written)} shards, and the servers are "
-                f"{len(found)}: new data dirs, or a restore onto another shard count; nothing was trained. To train "
-                "on from a checkpoint, give the position it was saved at (--skip-examples) without the file; remove "
-                "the file to train from the start")  # fmt: skip
+        return (
+            f"--resume-file {path} holds the position of a model on {len(written)} shards, and the servers are "
+            f"{len(found)}: new data dirs, or a restore onto another shard count; {_NOT_TRAINED}"
+        )
     changed = [i for i, (a, b) in enumerate(zip(written, found, strict=True)) if a and b and a != b]  # 0: unknown
     if not changed:
         return None
     names = ", ".join(f"shard {i} ({servers[i]})" for i in changed)
-    return (f"--resume-file {path} holds the position of a model the servers no longer hold: {names} "
-            f"{'was' if len(changed) == 1 else 'were'} restored from a checkpoint, or started on a new data dir, "
-            "since it was written; nothing was trained. To train on from a checkpoint, give the position it was "
-            "saved at (--skip-examples) without the file; remove the file to train from the start")  # fmt: skip
+    return (
+        f"--resume-file {path} holds the position of a model the servers no longer hold: {names} "
+        f"{'was' if len(changed) == 1 else 'were'} restored from a checkpoint, or started on a new data dir, "
+        f"since it was written; {_NOT_TRAINED}"
+    )
