@@ -48,6 +48,7 @@ from typing import IO
 
 import numpy as np
 
+from ps.errors import DISK_FULL_ERRNOS
 from ps.storage import leftovers
 from worker.batch import Batch
 from worker.csv_fast import label_value
@@ -190,7 +191,7 @@ def _csv_field(text: str) -> str:
     return out.getvalue()[:-2]
 
 
-_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a write's errors: the disk (or a quota) is full
+_NO_ROOM = {*DISK_FULL_ERRNOS, errno.EFBIG}  # a write's errors: the disk (or a quota) is full, or the file too big
 
 
 def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
