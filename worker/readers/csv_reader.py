@@ -282,8 +282,9 @@ class _CsvRecords:
             self.problems.append((start, problem))
         else:
             cell = None if self.label.at is None else row[self.label.at]
-            self.labels.append(math.nan if cell is None or not self.label.good(cell) else label_value(cell))
-            if cell is not None and not self.label.good(cell):
+            unread = cell is not None and not self.label.good(cell)
+            self.labels.append(math.nan if cell is None or unread else label_value(cell))
+            if unread:
                 self.unread[start] = cell
             self.rows.append(row)  # blank: NaN too (label_value's)
             self.line_nos.append(start)
@@ -311,9 +312,10 @@ def _scanned_chunks(scanned: Scanned, line_nos: np.ndarray, width: int, label: _
         if label.blank_ok:  # those few cells looked at
             for i in np.flatnonzero(bad_label).tolist():
                 cell = scanned.label(i)
-                if not label.good(cell) and label.unread(scanned.line(i).split(delimiter)):
+                good = label.good(cell)
+                if not good and label.unread(scanned.line(i).split(delimiter)):
                     unread[int(line_nos[i])] = cell
-                bad_label[i] = not label.good(cell) and int(line_nos[i]) not in unread
+                bad_label[i] = not good and int(line_nos[i]) not in unread
                 if not bad_label[i]:
                     scanned.labels[i] = np.nan
         problems += [(int(line_nos[i]), label.problem(scanned.label(i), scanned.line(i).split(delimiter)))
