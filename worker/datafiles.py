@@ -61,7 +61,7 @@ def describe_files(flag: str, spec: str | os.PathLike | None) -> str | None:
     files = data_files(spec)
     skipped = []
     for entry in os.fspath(spec).split(","):
-        names = (os.path.basename(p) for p in _matched(entry.strip()) or [])
+        names = (os.path.basename(p) for p in _listed(entry.strip()) or [] if os.path.isfile(p))
         skipped += sorted(n for n in names if not _is_data(n))
     shown = ", ".join(os.path.basename(f) for f in files[:5]) + (
         f", ... ({len(files) - 5:,} more)" if len(files) > 5 else ""
@@ -79,15 +79,15 @@ def name_order(path: str) -> tuple:
 
 
 def _entry_files(entry: str) -> list[str]:
-    matched = _matched(entry)
-    if matched is None:
+    listed = _listed(entry)
+    if listed is None:
         return [entry]
-    unread = _not_files(entry)
+    unread = _not_files(listed)
     if unread:
         what = "a broken link" if not os.path.exists(unread[0]) else "not a regular file"
         raise ValueError(f"{unread[0]}, taken in by {entry}, is {what}: its examples cannot be read (remove it, or "
                          "name the files to read)")  # fmt: skip
-    files = sorted((p for p in matched if _is_data(os.path.basename(p))), key=name_order)
+    files = sorted((p for p in listed if os.path.isfile(p) and _is_data(os.path.basename(p))), key=name_order)
     if not files and os.path.isdir(entry):
         raise ValueError(f"{entry} is a directory holding no data file (hidden files, names starting with '_' "
                          f"and names ending in {', '.join(NOT_DATA)} are skipped)")  # fmt: skip
@@ -96,24 +96,20 @@ def _entry_files(entry: str) -> list[str]:
     return files
 
 
-def _matched(entry: str) -> list[str] | None:
-    """Every regular file a directory entry holds (not its subdirectories) or a glob entry matches, data or not
-    (_is_data tells), hidden ones included; None for an entry that names one path."""
+def _listed(entry: str) -> list[str] | None:
+    """Every path a directory entry holds (its files and subdirectories, not below) or a glob entry matches, data
+    or not (_is_data tells), hidden ones included; None for an entry that names one path."""
     if os.path.isdir(entry):
-        return [p for p in (os.path.join(entry, n) for n in os.listdir(entry)) if os.path.isfile(p)]
+        return [os.path.join(entry, n) for n in os.listdir(entry)]
     if _GLOB_CHARS & set(entry) and not os.path.lexists(entry):
-        return [p for p in glob.glob(entry, include_hidden=True) if os.path.isfile(p)]
+        return glob.glob(entry, include_hidden=True)
     return None
 
 
-def _not_files(entry: str) -> list[str]:
-    """The data-named entries (_is_data) of a directory entry or matches of a glob entry that are neither regular
-    files nor directories (links followed): a broken link, a FIFO, a socket or a device; in name order."""
-    if os.path.isdir(entry):
-        paths = [os.path.join(entry, n) for n in os.listdir(entry)]
-    else:
-        paths = glob.glob(entry, include_hidden=True)
-    odd = (p for p in paths if _is_data(os.path.basename(p)) and not os.path.isfile(p) and not os.path.isdir(p))
+def _not_files(listed: list[str]) -> list[str]:
+    """The data-named paths (_is_data) of an entry's (_listed) that are neither regular files nor directories (links
+    followed): a broken link, a FIFO, a socket or a device; in name order."""
+    odd = (p for p in listed if _is_data(os.path.basename(p)) and not os.path.isfile(p) and not os.path.isdir(p))
     return sorted(odd, key=name_order)
 
 
