@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import re
+from codecs import BOM_UTF8
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -52,7 +53,6 @@ from worker.cells_fast import float_cell, gathered, gathered_cat_values, hex_cel
 
 BLOCK_BYTES = 1 << 22  # read from the file at a time (cut after its last line end, CsvLines._fill)
 MAX_PLAIN_BYTES = 1 << 30  # a longer line goes to the csv module, which judges its field size limit
-_BOM = b"\xef\xbb\xbf"
 _RUN, _FULL, _STOPPED = 0, 1, 2  # _select's outcomes: the block ended, `want` lines taken, a line not plain
 
 
@@ -97,7 +97,7 @@ class CsvLines:
                 data, self._rest = data[:cut], data[cut:]
             else:
                 self._rest = b""
-            self._buf, self._pos = data.removeprefix(_BOM) if self._start else data, 0
+            self._buf, self._pos = data.removeprefix(BOM_UTF8) if self._start else data, 0
             self._start = False
         return True
 

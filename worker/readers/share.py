@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import zlib
+from codecs import BOM_UTF8
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -56,7 +57,6 @@ class Cells:
     unread_labels: Mapping[int, str] = field(default_factory=dict)
 
 
-_UTF8_BOM = b"\xef\xbb\xbf"
 GZIP_MAGIC = b"\x1f\x8b"  # the first bytes of a gzip file (never of UTF-8 text: 0x8b is a continuation byte)
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # UTF-16's byte order marks, little and big endian (never UTF-8 text)
 UTF32_BOMS = (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")  # UTF-32's
@@ -197,7 +197,7 @@ def bounded_lines(f: BinaryIO, name: str) -> Iterator[bytes]:
                 + ("; it holds carriage returns: are its lines ended by CR alone? (`tr '\\r' '\\n'` converts them)"
                    if cr else "; is it a line file of this format?") + " Nothing more was read"
             )  # fmt: skip
-        yield line.removeprefix(_UTF8_BOM) if number == 1 else line
+        yield line.removeprefix(BOM_UTF8) if number == 1 else line
 
 
 def is_blank(name: str) -> bool:
@@ -207,7 +207,7 @@ def is_blank(name: str) -> bool:
     with open_data(name) as f:
         start = True
         while block := f.read(1 << 16):
-            if (block.removeprefix(_UTF8_BOM) if start else block).strip():
+            if (block.removeprefix(BOM_UTF8) if start else block).strip():
                 return False
             start = False
     return True
