@@ -4,12 +4,13 @@ descriptors, both ways, so a field added to ps.proto and not here fails a test).
 
 Reading. Push, PushBatch, Pull and PullBatch requests are read as Views: their bytes fields are memoryviews of the
 request's bytes, where the generated classes copy each of them twice. A View reads the wire format as any protobuf
-parser does: fields in any order, the last value of a non-repeated field wins, unknown fields (groups included)
-and known fields of an unexpected wire type are skipped, every length is checked against what is left, keys are at
-most 32 bits, strings must be UTF-8. A request of more than MAX_FIELDS fields, nested ones included (no real one has
-them), is read by the generated class instead, so a stream of tiny fields cannot hold a shard in this Python loop.
-The other requests are read by the generated classes, through read_generated. Either way a request's bytes that do
-not decode give an Undecodable whose `error` says why, never an exception: the servicer answers INVALID_ARGUMENT.
+parser does: fields in any order, the last value of a non-repeated scalar field wins, a message field that comes
+twice is merged, unknown fields (groups included) and known fields of an unexpected wire type are skipped, every
+length is checked against what is left, keys are at most 32 bits, strings must be UTF-8. A request of more than
+MAX_FIELDS fields, nested ones included (no real one has them), is read by the generated class instead, so a
+stream of tiny fields cannot hold a shard in this Python loop. The other requests are read by the generated
+classes, through read_generated. Either way a request's bytes that do not decode give an Undecodable whose `error`
+says why, never an exception: the servicer answers INVALID_ARGUMENT.
 
 Writing. PullResponse, PullBatchResponse and PushBatchResponse are written by hand, each row array copied once
 (pull_response_to_fill: the rows are gathered straight into the reply); the other replies are built with the
@@ -362,15 +363,22 @@ _REPEATED = {m: [f.name for f in fields.values() if f.repeated] for m, fields in
 
 class View:
     """A message of GRAMMAR read from its bytes: each field an attribute of its name; bytes fields are memoryviews
-    of the bytes read, repeated fields lists, message fields Views (None when absent; a message field that comes
-    twice keeps the last, where protobuf would merge the two: no request read as a View has one). budget[0]
-    counts down the fields the whole request may still have (_TooManyFields past it)."""
+    of the bytes read, repeated fields lists, message fields Views (None when absent; one that comes twice is
+    merged, as protobuf merges it: the later one's fields read into the earlier's). budget[0] counts down the
+    fields the whole request may still have (_TooManyFields past it)."""
 
     def __init__(self, message: str, data: memoryview, budget: list[int]):
-        self._size = end = len(data)
+        self._size = 0
         self.__dict__.update(_DEFAULTS[message])
         for name in _REPEATED[message]:
             setattr(self, name, [])
+        self._read(message, data, budget)
+
+    def _read(self, message: str, data: memoryview, budget: list[int]) -> None:
+        """Reads the fields of data into this view: the last value of a scalar field wins, repeated fields are
+        appended to, message fields merged."""
+        self._size += len(data)
+        end = len(data)
         known, pos = _BY_KEY[message], 0
         while pos < end:
             budget[0] -= 1
@@ -388,8 +396,13 @@ class View:
                 continue  # an unknown field, or a known one of another wire type: skipped, as protobuf does
             name, convert, inner, repeated = entry
             if inner is not None:
+                earlier = None if repeated else getattr(self, name)
                 try:
-                    value = View(inner, value, budget)
+                    if earlier is None:
+                        value = View(inner, value, budget)
+                    else:  # a message field that came before: merged, as protobuf does
+                        earlier._read(inner, value, budget)
+                        value = earlier
                 except MalformedError as e:
                     where = f"{name}[{len(getattr(self, name))}]" if repeated else name
                     raise MalformedError(f"in {where}: {e}") from None

@@ -233,6 +233,19 @@ def test_the_last_value_of_a_repeated_scalar_field_wins():
     same(read_view("PushRequest", a + b), ps_pb2.PushRequest.FromString(a + b))
 
 
+@pytest.mark.parametrize("message", ["PullBatchRequest", "PushBatchRequest"])
+def test_a_message_field_that_comes_twice_is_merged_as_protobuf_merges_it(message):
+    """A stamp split over two fields reads as one (its fields from both, the later's winning), as the generated
+    class reads it: a request past MAX_FIELDS, read by that class, means the same."""
+    cls = getattr(ps_pb2, message)
+    a = cls(stamp=ps_pb2.WorkerStamp(job=7, worker=1, num_workers=2, step=3, setup="a=1")).SerializeToString()
+    b = cls(stamp=ps_pb2.WorkerStamp(step=5, sync=True)).SerializeToString()
+    want, view = cls.FromString(a + b), read_view(message, a + b)
+    assert (want.stamp.job, want.stamp.step, want.stamp.sync, want.stamp.setup) == (7, 5, True, "a=1")
+    assert isinstance(view, View) and view.ByteSize() == len(a + b)
+    same(view, want)
+
+
 def test_unknown_groups_and_known_fields_of_another_wire_type_are_skipped():
     data = b"\x12\x01A" + b"\x4b" + b"\x08\x01" + b"\x53\x54" + b"\x4c" + b"\x20\x07"  # group 9 holds group 10
     data += b"\x08\x05"  # field 1 (table, a string) as a varint
