@@ -282,6 +282,25 @@ def test_a_forged_sequence_number_cannot_stop_another_clients_pushes(serve):
     assert (rows(stub) == -4).all()
 
 
+def test_a_request_answered_as_applied_before_is_still_refused_when_it_repeats_ids(serve):
+    """An old or retried request (its seq applied) applies nothing, but a malformed one is refused as a new one
+    is, whatever its seq: a push that repeats an id, alone in its batch or not."""
+    _, stub = serve()
+    stub.CreateTable(ps_pb2.CreateTableRequest(spec=SUM_SPEC), timeout=TIMEOUT_S)
+    client = 0xD0D0
+    for seq in (1, 2):
+        assert stub.PushBatch(batch(client, seq, 1.0), timeout=TIMEOUT_S).num_applied == len(IDS)
+    repeated = push_request(1.0, ids=np.array([3, 4, 3], dtype=np.uint64))
+    for seq in (1, 2, 3):  # older, the newest (a retry), and new
+        for pushes in ([repeated], [push_request(1.0), repeated]):
+            request = ps_pb2.PushBatchRequest(pushes=pushes, client_id=client, seq=seq)
+            code, details = refused(stub.PushBatch, request)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "repeats id" in details, (seq, len(pushes), details)
+    assert (rows(stub) == -2).all() and clock(stub) == 0
+    assert stub.PushBatch(batch(client, 1, 1.0), timeout=TIMEOUT_S).num_applied == 0  # well formed: applied before
+    assert (rows(stub) == -2).all()
+
+
 def test_a_client_id_with_its_top_bit_set_is_a_client_of_its_own(serve):
     """The top bit of a key is the server's (the jobs' sync sums), but a client_id with it set is not masked into
     the key of the id without it, whose requests would then drop its pushes as retries: each is applied, once."""

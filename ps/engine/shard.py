@@ -732,8 +732,7 @@ class Shard:
             if self._advanced.get(client, 0) >= client_seq:  # this request's advance is applied (or an older
                 advance_clock = 0  # one: a request of its own seq was, so is this one, and whole)
             if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes) and not advance_clock):
-                for p in pushes:  # still a bad request if it is one
-                    self.check_push(p)
+                self._check_batch(pushes, every_push=True)  # still a bad request if it is one
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0
             out = self._apply_batch(pushes, advance_clock, (client, client_seq), skip, caller_gone, step_sum)
@@ -772,6 +771,18 @@ class Shard:
             log.warning("%s", text)
         return ClientTableFullError(text)
 
+    def _check_batch(self, pushes: list[TablePush], every_push: bool = False) -> list[CheckedPush]:
+        """The pushes of a batch, each checked (check_push) and for repeated ids: in a batch of several (a single
+        push's are found by Table.push before it changes anything), or, every_push, in any (a request answered
+        without applying it: no Table.push sees its ids)."""
+        checked = [self.check_push(p) for p in pushes]
+        if len(checked) > 1 or every_push:
+            for i, c in enumerate(checked):
+                if repeats_ids(c.ids):
+                    raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
+                                               "nothing was applied")  # fmt: skip
+        return checked
+
     def _apply_batch(
         self,
         pushes: list[TablePush],
@@ -784,12 +795,7 @@ class Shard:
         """Validates every push (and, unless step_sum, that its copies fit in the request room), reserves the clock
         advance (so that no AdvanceClock in between can make it out of range), applies the pushes from `skip` on,
         then advances the clock."""
-        checked = [self.check_push(p) for p in pushes]
-        if len(checked) > 1:  # a single push's duplicates are found by Table.push before it changes anything
-            for i, c in enumerate(checked):
-                if repeats_ids(c.ids):
-                    raise InvalidArgumentError(f"push {i} of the batch (table {pushes[i].name!r}) repeats ids; "
-                                               "nothing was applied")  # fmt: skip
+        checked = self._check_batch(pushes)
         room = sum(push_cost(len(c.ids), c.table.width) for c in checked[skip:])
         if not step_sum:
             ids = sum(len(c.ids) for c in checked[skip:])
