@@ -29,7 +29,8 @@ NON_UTF8 = [b"\xff\xfe\xfd\xfc", b"ab\x80c", b"a\xed\xa0\x80", b"abc\xc3"]
 BAD_NAMES = ["", "nope", "\u00e9" * 3, "x" * 20_000, "t" * 129, "a/b", "emb\x00", " emb", "EMB", "..", PLACE]
 BAD_FLOATS = [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e31, 5e-324, -0.0]
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 3e38, -3e38], dtype=np.float32)
-TIMEOUTS = [math.nan, math.inf, -math.inf, -1.0, -1e-9, 3600.5, 1e308, -0.0]  # hold_timeout_s, all refused
+# hold_timeout_s: refused, -0.0 aside (it equals 0, the field unset: the default)
+TIMEOUTS = [math.nan, math.inf, -math.inf, -1.0, -1e-9, 3600.5, 1e308, -0.0]
 METHODS = ["CreateTable", "DescribeTable", "Pull", "Push", "PullBatch", "PushBatch", "Checkpoint", "Stats",
            "AdvanceClock", "Shrink"]  # fmt: skip
 WEIGHTS = [10, 4, 14, 16, 12, 20, 9, 3, 6, 6]
