@@ -333,6 +333,45 @@ def test_the_secret_gen_secrets_makes_passes_the_schema_and_holds_every_key_the_
     assert mounted == {"server.pem", "server.key", "ca.pem", "token"} and mounted <= set(secret["data"])
 
 
+# `docker-compose help` of Compose v1 (1.29), the only Compose in Debian bookworm: the commands an operator can
+# run there. v2 (`docker compose`) has these and more (cp, ls, ...), which v1 answers with "No such command".
+COMPOSE_V1_COMMANDS = {"build", "config", "create", "down", "events", "exec", "help", "images", "kill", "logs",
+                       "pause", "port", "ps", "pull", "push", "restart", "rm", "run", "scale", "start", "stop", "top",
+                       "unpause", "up", "version"}  # fmt: skip
+
+
+def compose_commands(text: str) -> list[str]:
+    """The Compose subcommands the commands in text run: `docker compose` or `docker-compose` where a command
+    starts (a line, a code span, after `$(`, `;`, `&&`, `|`, or VAR=value settings), its options (-f FILE, -p NAME,
+    --profile NAME, or "..." standing for them), then the subcommand."""
+    start = r"(?:^|[`#(;&|])\s*(?:[A-Z_]+=\S*\s+)*"
+    options = r"(?:\s+(?:(?:-f|-p|--profile)\s+\S+|\.\.\.))*"
+    return re.findall(rf"{start}(?:docker compose|docker-compose){options}\s+([a-z][a-z-]*)", text, re.M)
+
+
+def test_every_compose_command_in_the_docs_runs_under_compose_v1():
+    """The docs, README and the compose files' comments give Compose commands the operator runs by hand; Debian
+    bookworm has only Compose v1 (docs/docker.md), so each must be one v1 has."""
+    assert compose_commands("x=$(docker compose -f a.yml -p x ps -q ps-0); `A=1 docker-compose ... up -d`") == [
+        "ps",
+        "up",
+    ]
+    assert compose_commands("installs docker.io, docker-compose and debootstrap") == []  # a log line, no command
+    root = os.path.dirname(DEPLOY)
+    files = ["README.md", "docs/docker.md", "deploy/docker-compose.yml", "deploy/docker-compose.host.yml"]
+    seen = []
+    for name in files:
+        with open(os.path.join(root, name)) as f:
+            text = f.read()
+        # prose names the tools too ("`docker-compose` (v1)"): only code spans and blocks, and the compose files'
+        # comments, hold commands
+        code = re.findall(r"```.*?```|`[^`]+`", text, re.S) if name.endswith(".md") else re.findall(r"#.*", text)
+        for command in compose_commands("\n".join(code)):
+            seen.append(command)
+            assert command in COMPOSE_V1_COMMANDS, f"{name}: `compose {command}` is not a Compose v1 command"
+    assert {"up", "run", "exec", "ps"} <= set(seen), seen  # the scan finds the commands the docs do give
+
+
 def exact_sum_pusher():
     """deploy/exact_sum_pusher.py, the check deploy/smoke.sh runs against the cluster in containers."""
     spec = importlib.util.spec_from_file_location("exact_sum_pusher", os.path.join(DEPLOY, "exact_sum_pusher.py"))
