@@ -493,6 +493,41 @@ def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_
     assert (last["examples"], last["steps"]) == (800, 8) and "--skip-examples" not in err
 
 
+def test_a_geo_run_stopped_by_its_servers_hints_at_the_examples_whose_deltas_they_hold(
+    servers, files, monkeypatch, capsys
+):
+    """geo pushes its deltas every 4th step, and a stop the servers caused pushes none of those it holds: of 7
+    steps trained, the servers hold the first 4 (400 examples), so the hint resumes after 400, not 700."""
+    from worker.data import DataSource
+
+    train_path, _ = files
+    addresses, _ = servers(1)
+    read = DataSource.train
+
+    def servers_fail(self, epoch=1):
+        for i, batch in enumerate(read(self, epoch)):
+            if epoch == 2 and i == 1:
+                raise ServerUnavailableError("shard 0 did not answer")
+            yield batch
+
+    monkeypatch.setattr(DataSource, "train", servers_fail)
+    with pytest.raises(ServerUnavailableError):
+        train(small_run(addresses, train_path, epochs=2, mode="geo", geo_every=4))
+    err = capsys.readouterr().err
+    assert "stopped in epoch 2 of 2 after 400 training examples (this run's 400) had pushed" in err, err
+    assert "the 300 examples it trained after them, in geo's local rows, were not pushed" in err, err
+    assert "--skip-examples 400" in err, err
+    with Client(addresses) as client:
+        assert client.stats()[0].clock == 4  # geo advances the clock by the steps a push of deltas carries
+    # its last push failing after the last step (LoopResult.trained_all) leaves those deltas out all the same
+    from worker.loop import LoopResult
+    from worker.train_messages import resume_hint
+
+    last_push_failed = LoopResult(examples=1200, pushed=800, steps=12, epoch=2, trained_all=True)
+    hint = resume_hint(last_push_failed, small_run(addresses, train_path, epochs=2, mode="geo", geo_every=4))
+    assert "after 800 training examples" in hint and "--skip-examples 800" in hint, hint
+
+
 def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     csv_file = tmp_path / "my.csv"
     csv_file.write_text("label,a,b\n1,x,y\n0,z,w\n")

@@ -50,21 +50,25 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
 def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
     """What an interrupted run trained, and the flags that train on from there (none: it had trained every
     example)."""
-    done = cfg.skip_examples + loop.examples
+    done = cfg.skip_examples + loop.pushed  # geo: its last steps' deltas may be held here, not on the servers
     if not loop.examples:
         how = _kept_position(cfg) if cfg.resume_file else _resume_flags(done, cfg)
         return (f"ps-worker: stopped before its first step, while reading the {done:,} examples it skips: to train on, "
                 f"run the same command again ({how})")  # fmt: skip
-    if loop.trained_all:
+    held = loop.examples - loop.pushed
+    if loop.trained_all and not held:
         return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
                 "nothing to resume")  # fmt: skip
     flight = (f" (the step under way as it stopped, {loop.in_flight:,} examples more, may have reached some shards "
               "too: a resumed run trains it again)") if loop.in_flight else ""  # fmt: skip
     how = (f"run the same command again ({_kept_position(cfg)})" if cfg.resume_file
            else f"run the same command with {_resume_flags(done, cfg)}")  # fmt: skip
+    steps = "" if held else f" in {loop.steps:,} steps"
+    lost = (f" (the {held:,} examples it trained after them, in geo's local rows, were not pushed, or not whole: a "
+            "resumed run trains them again)") if held else ""  # fmt: skip
     return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {done:,} training examples (this run's "
-            f"{loop.examples:,} in {loop.steps:,} steps) had pushed their updates, which the servers keep{flight}; "
-            f"to train on from there, {how}")  # fmt: skip
+            f"{loop.pushed:,}{steps}) had pushed their updates, which the servers keep{lost}{flight}; to train on "
+            f"from there, {how}")  # fmt: skip
 
 
 def _kept_position(cfg: TrainConfig) -> str:
