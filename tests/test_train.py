@@ -191,6 +191,9 @@ def test_geo_mode_takes_adagrad_for_small_data_and_refuses_ftrl_before_any_serve
     sets.write_text('[fm]\noptimizer = { name = "ftrl" }\n')
     with pytest.raises(ValueError, match=r"--mode geo cannot train table\(s\) fm with ftrl: FTRL derives"):
         train(dataclasses.replace(nowhere, optimizer=None, table_config=str(sets)))
+    sets.write_text("[fm]\nl2 = 0.5\n")  # geo's add-delta pushes get no lazy l2: refused as the flag's is
+    with pytest.raises(ValueError, match=r"--mode geo cannot apply the lazy l2 of table\(s\) fm \(l2 0.5\): geo "):
+        train(dataclasses.replace(nowhere, optimizer=None, table_config=str(sets)))
 
 
 def test_the_large_recipe_skips_a_few_malformed_lines_and_the_small_one_none(tmp_path):

@@ -259,6 +259,7 @@ def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_choo
         ({"local_shards": 2, "num_workers": 2, "worker_id": 1}, "each worker would start shards of its own"),
         ({"mode": "ssp", "num_workers": 2}, "needs --job-id"),
         ({"mode": "async", "row_cache_bytes": 1 << 20}, "--row-cache-bytes serves rows within ssp's"),
+        ({"mode": "geo", "l2": 0.5}, "--l2 0.5 with --mode geo: geo pushes its rows' deltas as add-delta pushes"),
     ],
 )
 def test_settings_a_mode_would_ignore_are_refused(changes, message):

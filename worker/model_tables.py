@@ -2,7 +2,7 @@
 
 table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter
 table_config_note                what --table-config changed of the recipe's and the flags' choice
-check_geo_optimizers             geo mode refuses an ftrl table (GEO_FTRL)
+check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
 sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
 """
 
@@ -16,7 +16,7 @@ from ps.config import InitializerConfig, OptimizerConfig, TableConfig, table_con
 from worker.client import Client
 from worker.dense import table_config as dense_table_config
 from worker.models.spec import ModelSpec
-from worker.train_config import GEO_FTRL, TrainConfig
+from worker.train_config import GEO_FTRL, GEO_L2, TrainConfig
 
 log = logging.getLogger("worker.train")  # the training job's logger (log lines read "worker.train: ...")
 
@@ -100,13 +100,19 @@ def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[
     return f"; --table-config sets table {'; '.join(changed)} instead" if changed else ""
 
 
-def check_geo_optimizers(tables: list[TableConfig], spec: ModelSpec) -> None:
-    """ValueError for a sparse table trained with ftrl in geo mode (GEO_FTRL), before any server is touched."""
-    ftrl = [t.name for t in tables if t.name in spec.table_dims() and t.optimizer.name == "ftrl"]
+def check_geo_tables(tables: list[TableConfig], spec: ModelSpec) -> None:
+    """ValueError, before any server is touched, for a sparse table that geo mode cannot train as configured: with
+    ftrl (GEO_FTRL), or with a lazy l2 (GEO_L2)."""
+    sparse = [t for t in tables if t.name in spec.table_dims()]
+    ftrl = [t.name for t in sparse if t.optimizer.name == "ftrl"]
     if ftrl:
         raise ValueError(f"--mode geo cannot train table(s) {', '.join(ftrl)} with ftrl: {GEO_FTRL}; give them "
                          "another optimizer (--optimizer adagrad, or in --table-config / the schema), or another "
                          "--mode")  # fmt: skip
+    decayed = [f"{t.name} (l2 {t.l2:g})" for t in sparse if t.l2]
+    if decayed:
+        raise ValueError(f"--mode geo cannot apply the lazy l2 of table(s) {', '.join(decayed)}: {GEO_L2}; set "
+                         "their l2 to 0 (--l2, --table-config or the schema), or use another --mode")  # fmt: skip
 
 
 def sparse_table_stats(client: Client, spec: ModelSpec, shard_stats: list | None = None) -> list:

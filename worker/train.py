@@ -40,7 +40,7 @@ from worker.dense import dense_norm, start_logit_bias
 from worker.job import dense_path, job_client, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import (
-    check_geo_optimizers,
+    check_geo_tables,
     held_features,
     missing_shares,
     sparse_table_stats,
@@ -92,7 +92,7 @@ def train(cfg: TrainConfig) -> dict:
         recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
     recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
     if cfg.mode == "geo":
-        check_geo_optimizers(tables_cfg, spec)
+        check_geo_tables(tables_cfg, spec)
     with served_metrics(cfg) as telemetry, job_client(cfg) as client:
         client.wait_ready()
         if position is not None:

@@ -26,6 +26,10 @@ DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, 
 DEFAULT_ROW_CACHE_BYTES = 64 << 20  # ssp
 DEFAULT_STALENESS = 4  # ssp
 DEFAULT_GEO_EVERY = 4  # geo
+GEO_L2 = (
+    "geo pushes its rows' deltas as add-delta pushes, which the servers add as they are: the lazy L2 they apply at "
+    "optimizer pushes never reaches the rows geo trains"
+)
 RESUME_WORKER = "{worker}"  # in --resume-file's name: each worker's id takes its place (worker/resume.py)
 GEO_FTRL = (
     "FTRL derives a row's embedding from its optimizer state at each step, so in geo mode the other workers' "
@@ -152,6 +156,8 @@ class TrainConfig:
         if self.mode == "geo" and self.optimizer == "ftrl" and not (self.table_config or self.schema):
             raise ValueError(f"--mode geo cannot train with --optimizer ftrl: {GEO_FTRL}; give another optimizer "
                              "(adagrad), or another --mode")  # fmt: skip
+        if self.mode == "geo" and self.l2:
+            raise ValueError(f"--l2 {self.l2:g} with --mode geo: {GEO_L2}; leave --l2 out, or use another --mode")
         if self.row_cache_bytes and self.mode != "ssp":
             raise ValueError(f"--row-cache-bytes serves rows within ssp's staleness bound; --mode {self.mode} "
                              "has none (geo keeps its own local rows)")  # fmt: skip
