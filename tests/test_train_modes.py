@@ -277,3 +277,23 @@ def test_every_worker_of_a_job_picks_the_same_recipe():
         resolved, _, _, line = prepare(cfg)
         chosen.add((resolved.batch_size, resolved.epochs, resolved.optimizer, line))
     assert len(chosen) == 1, chosen
+
+
+def test_torchruns_unnamed_run_id_is_no_job_id(monkeypatch):
+    """torchrun without --rdzv-id sets TORCHELASTIC_RUN_ID=none for every run: taken as a job id, every job after the
+    first on the same servers would be refused as a second run of it. A sync job of several workers is refused
+    before it starts instead, asking for a job id; a named run id is one."""
+    from worker.cli_train import train_config_from_argv
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    cfg = train_config_from_argv(["--servers", "h:1", "--mode", "sync"])
+    assert cfg.job_id is None
+    with pytest.raises(ValueError, match=r"--mode sync with 2 workers needs --job-id: .* torchrun given a --rdzv-id"):
+        cfg.validate()
+    assert train_config_from_argv(["--servers", "h:1", "--mode", "sync", "--job-id", "none"]).job_id  # a name given
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "my-job-3")
+    named = train_config_from_argv(["--servers", "h:1", "--mode", "sync"])
+    assert named.job_id == train_config_from_argv(["--servers", "h:1", "--job-id", "my-job-3"]).job_id
+    named.validate()

@@ -102,7 +102,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                        help="seconds a sync or ssp wait for another worker may last before the job stops")  # fmt: skip
     modes.add_argument("--job-id", default=None,
                        help="the job's id, the same for all its workers (sync and ssp with several workers; a "
-                       "new one per job; torchrun's TORCHELASTIC_RUN_ID when set; `ps-worker launch` picks one)")  # fmt: skip
+                       "new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
+                       "--rdzv-id); `ps-worker launch` picks one)")  # fmt: skip
     modes.add_argument("--row-cache-bytes", type=_size, default=None,
                        help="ssp: a worker cache of rows served while within the staleness bound, evicting the "
                        "least frequently used (e.g. 64M; default 64M for ssp, 0 otherwise)")  # fmt: skip
@@ -452,10 +453,18 @@ def common_config(args: argparse.Namespace) -> dict:
     )  # fmt: skip
 
 
+UNNAMED_RUN = "none"  # torchrun's TORCHELASTIC_RUN_ID when given no --rdzv-id
+
+
 def job_id(text: str | None) -> int | None:
     """The job id of --job-id (an integer, or any other text hashed to one), else torchrun's TORCHELASTIC_RUN_ID
-    hashed, else None."""
-    text = text if text is not None else os.environ.get("TORCHELASTIC_RUN_ID")
+    hashed, else None. TORCHELASTIC_RUN_ID "none" is no job's: it is torchrun's --rdzv-id when none is given (its
+    static rendezvous, of several nodes or a --master-port), the same for every run, so that a second job under it
+    would be refused as a run of the first (ps.engine.jobs: a job id is for one run)."""
+    if text is None:
+        text = os.environ.get("TORCHELASTIC_RUN_ID")
+        if text == UNNAMED_RUN:
+            return None
     if text is None:
         return None
     try:

@@ -152,7 +152,8 @@ class TrainConfig:
                              "of its own; `ps-worker launch --workers N --local-shards S` starts one set for all")  # fmt: skip
         if self.num_workers > 1 and self.mode in ("sync", "ssp") and not self.job_id:
             raise ValueError(f"--mode {self.mode} with {self.num_workers} workers needs --job-id: the same for all "
-                             "the job's workers, a new one per job (`ps-worker launch` and torchrun give one)")  # fmt: skip
+                             "the job's workers, a new one per job (`ps-worker launch` gives one, and so does torchrun given a "
+                             "--rdzv-id, or --standalone)")  # fmt: skip
         if self.mode == "geo" and self.optimizer == "ftrl" and not (self.table_config or self.schema):
             raise ValueError(f"--mode geo cannot train with --optimizer ftrl: {GEO_FTRL}; give another optimizer "
                              "(adagrad), or another --mode")  # fmt: skip
