@@ -243,10 +243,12 @@ def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_choo
     for own in ({"worker_id": 1}, {"batch_size": 64}, {"backend": "numpy", "epochs": 3}, {"prefetch": 2}):
         assert setup(**own) == base, own
     shared = [{"mode": "ssp", "staleness": 2}, {"model": "dnn"}, {"hidden": (8,)}, {"embedding_dim": 4},
-              {"mode": "ssp", "dense": "allreduce"}]  # fmt: skip
+              {"mode": "ssp", "dense": "allreduce"}, {"dense_sync_every": 2}]  # fmt: skip
     assert len({base, *(setup(**c) for c in shared)}) == len(shared) + 1
     assert "staleness=2" in setup(mode="ssp", staleness=2)
     assert "dense_optimizer=adam:0.001" in setup(mode="ssp", dense="allreduce")
+    assert "dense_sync_every=2" in setup(dense_sync_every=2)  # sync's sums; ssp applies each push as it comes
+    assert setup(mode="ssp", staleness=2, dense_sync_every=2) == setup(mode="ssp", staleness=2)
 
 
 @pytest.mark.parametrize(

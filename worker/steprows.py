@@ -320,7 +320,8 @@ def job_setup(cfg: Any, spec: ModelSpec) -> str:
     """What every worker of a sync or ssp job must run alike, as the stamp's key=value pairs (the shards refuse a
     worker whose pairs differ from the job's: ps.engine.jobs): the mode (and ssp's staleness), the model, its
     fields (their count and a digest of each field's name, table, width and pooling), the numeric features, and
-    for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer). Left out
+    for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
+    steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out
     on purpose: what a worker may choose for its own hardware or share (backend, device, batch size, epochs,
     prefetch, its data)."""
     fields = hashlib.blake2b(repr(spec.fields).encode(), digest_size=4).hexdigest()
@@ -330,6 +331,8 @@ def job_setup(cfg: Any, spec: ModelSpec) -> str:
         pairs.append("hidden=" + ",".join(map(str, spec.hidden)))
     if spec.dense_params():
         pairs.append(f"dense={cfg.dense}")
+        if cfg.mode == "sync":  # the steps whose sums carry the MLP's gradients
+            pairs.append(f"dense_sync_every={cfg.dense_sync_every}")
         if cfg.dense == "allreduce":
             pairs.append(f"dense_optimizer={cfg.dense_optimizer}:{cfg.dense_learning_rate:g}")
     return " ".join(pairs)
