@@ -636,7 +636,7 @@ def test_without_the_done_record_a_restarted_shard_waits_for_the_finished_worker
     try:
         with pytest.raises(
             BarrierTimeoutError,
-            match=r"for worker 1 \(at step 2; not heard from here: not started, cut off, or run with --mode async, ",
+            match=r"for worker 1 \(at step 2; not heard from here: not started, cut off, or run with --mode async or geo, ",
         ):
             shard.jobs.wait_for_pull(stamp(0, 3, acked=3, barrier_timeout_s=0.3))
         assert shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2)) == (3, 0, 3)
@@ -791,7 +791,7 @@ def test_a_pull_timeout_names_the_others_not_the_caller_whose_own_step_waits_for
     try:
         with pytest.raises(BarrierTimeoutError) as info:
             shard.jobs.wait_for_pull(stamp(0, 1, sync=True, barrier_timeout_s=0.2))
-        unheard = "not heard from here: not started, cut off, or run with --mode async, which joins no job"
+        unheard = "not heard from here: not started, cut off, or run with --mode async or geo, which join no job"
         assert f"for worker 1 (at step 0; {unheard}) of job" in str(info.value)
         assert "worker 0 (" not in str(info.value)
     finally:

@@ -604,9 +604,9 @@ class JobClocks:
     def _named(self, workers: list[int]) -> str:
         """'worker 1 (at step 3)' or 'workers 1 (at step 3), 4 (at step 0; not heard from here: ...)', the first
         NAMED_WORKERS of them (not heard from: no stamp of it came here since the job started here, so it did not
-        start, is cut off from this shard, ran before this shard's restart, or runs --mode async, whose requests
-        carry no stamp)."""
-        unheard = "; not heard from here: not started, cut off, or run with --mode async, which joins no job"
+        start, is cut off from this shard, ran before this shard's restart, or runs --mode async or geo, whose
+        requests carry no stamp)."""
+        unheard = "; not heard from here: not started, cut off, or run with --mode async or geo, which join no job"
         named = ", ".join(f"{w} (at step {self._clocks[w]}{'' if self._stamped[w] else unheard})"
                           for w in workers[:NAMED_WORKERS])  # fmt: skip
         more = f" and {len(workers) - NAMED_WORKERS} more" if len(workers) > NAMED_WORKERS else ""
