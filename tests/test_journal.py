@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import struct
 
 import numpy as np
@@ -523,6 +524,28 @@ def test_a_damaged_last_record_ending_in_zeros_is_damage_not_a_missing_record(tm
     assert [r.seq for r in accepted.replay(0, accept_loss=True)] == [1, 2]
     assert len(accepted.losses) == 1 and "where record 3 should be" in accepted.losses[0]
     accepted.close()
+
+
+@pytest.mark.parametrize("grown_by", [1, 1 << 10, 1 << 30])
+def test_a_last_record_whose_length_field_is_damaged_is_damage_not_a_missing_record(tmp_path, grown_by):
+    """A flipped bit in the length field of the last record the mark covers can announce more bytes than the
+    segment holds, as a record cut short does; but the record is all there (its payload's head says how long it
+    is): damage at its byte, not a missing record, at start-up and in verify's check."""
+    directory, mark_path, offsets = _marked_journal(tmp_path, 3, clicks=1.0)
+    (path,) = Journal(directory).segments()
+    with open(path[1], "r+b") as f:
+        f.seek(offsets[2] + 12)  # the last record's payload_len
+        (length,) = struct.unpack("<I", f.read(4))
+        f.seek(offsets[2] + 12)
+        f.write(struct.pack("<I", length + grown_by))
+    damage = rf"corrupt at byte {offsets[2]} .*where record 3 should be: the journal mark"
+    with pytest.raises(JournalCorruptError, match=damage):
+        list(Journal(directory, mark_path=mark_path).replay(0))
+    count, refused, _cut, _tables = Journal(directory, mark_path=mark_path).check(0)
+    assert count == 2 and re.search(damage, refused) and "missing" not in refused, refused
+    os.truncate(path[1], offsets[2] + 100)  # the same record cut short: missing, as before
+    with pytest.raises(JournalLossError, match=r"journal records 3\.\.3 in .* are missing"):
+        list(Journal(directory, mark_path=mark_path).replay(0))
 
 
 def test_the_cut_of_damage_below_the_mark_is_not_called_a_push_never_acknowledged(tmp_path, caplog):

@@ -502,7 +502,7 @@ class Journal:
     def _damaged_end(self, tail: tuple[str, int, int, int], first: int, mark: int) -> JournalCorruptError:
         """The error for a whole record at the end of the newest segment (tail: path, size, pos, data_end) that
         fails its checks where the mark says records first..mark were written: damage, not a torn record (a cut
-        one, shorter than its header says, is a loss: _missing)."""
+        one, shorter than its header and its payload's head say, is a loss: _missing)."""
         path, _size, pos, data_end = tail
         more = f" (and {mark - first} written after it)" if mark > first else ""
         return JournalCorruptError(
@@ -829,11 +829,25 @@ def _end_of_data(data: bytes, pos: int, end: int | None = None) -> int:
 
 
 def _holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
-    """Whether data[pos:end] is at least as long as the record its header announces (a header of this format)."""
+    """Whether data[pos:end] is at least as long as the record its header announces, or as its payload's head
+    announces (table name, n, dim): a damaged length field can announce more bytes than the record holds, where a
+    record cut short holds fewer than both (a header of this format)."""
     if end - pos < HEADER.size:
         return False
     magic, _seq, payload_len, _check = HEADER.unpack_from(data, pos)
-    return magic == MAGIC and end - pos >= HEADER.size + payload_len
+    if magic != MAGIC:
+        return False
+    if end - pos >= HEADER.size + payload_len:
+        return True
+    start = pos + HEADER.size
+    if end - start < 2:
+        return False
+    (name_len,) = struct.unpack_from("<H", data, start)
+    p = start + 2 + name_len
+    if end - p < PAYLOAD_HEAD.size:
+        return False
+    n, dim = struct.unpack_from("<II", data, p)
+    return end - p >= PAYLOAD_HEAD.size + 16 * n + 4 * n * dim  # ids, grads, shows, clicks (the grammar)
 
 
 def _torn_tail(data: bytes, pos: int, end: int) -> bool:
