@@ -2,6 +2,7 @@
 with a RAM tier so small that eviction happens all the time."""
 
 import os
+import pathlib
 import shutil
 import tempfile
 from unittest import mock
@@ -19,6 +20,7 @@ from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import budget as budget_module
 from ps.storage import journal as journal_module
+from ps.storage.verify import verify_data_dir
 from tests.conftest import crash
 
 CFG = TableConfig("t", 3, InitializerConfig("uniform", 0.5, seed=9), OptimizerConfig("sgd", 1.0))
@@ -155,3 +157,66 @@ def test_a_pull_of_int64_ids_finds_the_rows_pushed_under_their_uint64_values(tmp
             np.testing.assert_array_equal(shard.pull("t", pulled), np.ones((2, 2), np.float32))
     finally:
         shard.close()
+
+
+@pytest.mark.parametrize("loss", ["journal and mark deleted", "tail past the mark lost"])
+def test_rows_written_back_before_a_flush_say_which_journal_records_were_written(tmp_path, loss):
+    """A row evicted to RocksDB carries the seq of the last push applied to it, so that push's record (and every
+    one before it) was written: journal records missing up to it are refused like those up to the mark (the mark
+    lags the appends by a second, and may be gone), and once the loss is accepted, new pushes get seqs past it, so
+    that a replay after a crash does not skip them on that row as already applied."""
+    config = dict(data_dir=str(tmp_path), cache_bytes=TINY_RAM_TIER, flush_interval_s=3600)
+    spec = TableConfig("t", 3, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
+    hot = np.array([7], dtype=np.uint64)
+    shard = Shard(ServerConfig(**config))
+    shard.create_table(spec)
+    shard.flush()
+    for _ in range(5):
+        shard.push("t", hot, np.ones((1, 3), np.float32))
+    for k in range(20):  # evict hot (written back with the seq of its last push) and the rows after it
+        shard.push("t", np.arange(1000 + 10 * k, 1010 + 10 * k, dtype=np.uint64), np.ones((10, 3), np.float32))
+    shard.store.drain()  # every row handed to the write-behind is in RocksDB: the crash loses none of them
+    written = shard.store.written_seq()
+    assert written >= 5 and shard.store.flushed_seq() == 0
+    crash(shard)
+    if loss == "journal and mark deleted":
+        shutil.rmtree(tmp_path / "journal")
+        os.remove(tmp_path / "journal-mark.json")
+        kept = 0
+    else:  # a power loss: the records past the mark replaced by zeros, as the space prepared ahead reads
+        (segment,) = journal_module.Journal(str(tmp_path / "journal")).segments()
+        kept = 2
+        (tmp_path / "journal-mark.json").write_text(f'{{"written_seq": {kept}}}')
+        seqs = [r.seq for r in journal_module.Journal(str(tmp_path / "journal")).replay(0)]
+        assert seqs[-1] >= written  # the journal holds them all: only the zeros below lose them
+        size = os.path.getsize(segment[1])
+        keep = _end_of_record(segment[1], kept)
+        with open(segment[1], "r+b") as f:
+            f.seek(keep)
+            f.write(bytes(size - keep))
+    with pytest.raises(Exception, match=rf"journal records {kept + 1}\.\.{written} .*are missing .*RocksDB holds a "
+                                        rf"row that record {written} pushed"):  # fmt: skip
+        Shard(ServerConfig(**config))
+    lines, damaged = verify_data_dir(str(tmp_path))  # ps-server verify says the same
+    assert damaged and [line for line in lines if line.startswith("DAMAGED journal: ") and
+                        f"RocksDB holds a row that record {written} pushed" in line], lines  # fmt: skip
+    shard = Shard(ServerConfig(**config, accept_journal_loss=True))
+    assert shard.journal.next_seq > written
+    before = shard.pull("t", hot)
+    shard.push("t", hot, np.ones((1, 3), np.float32))  # acknowledged, then the process is killed
+    crash(shard)
+    shard = Shard(ServerConfig(**config))
+    try:
+        np.testing.assert_array_equal(shard.pull("t", hot), before - 1)
+    finally:
+        shard.close()
+
+
+def _end_of_record(path: str, seq: int) -> int:
+    """The byte offset where journal record `seq` of the segment at path ends, by its headers."""
+    data, pos = pathlib.Path(path).read_bytes(), 0
+    while True:
+        _magic, got, payload_len, _check = journal_module.HEADER.unpack_from(data, pos)
+        pos += journal_module.HEADER.size + payload_len
+        if got == seq:
+            return pos

@@ -382,7 +382,8 @@ class Shard:
         said = t0
         read = lambda: self.journal.replay_bytes[0] / max(1, self.journal.replay_bytes[1])
         self._progress.enter("replaying", read)
-        for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss):
+        written = self.store.written_seq()  # rows written back before a flush hold pushes up to it
+        for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss, rows_seq=written):
             self._progress.check()  # between records: a stop leaves them all to the next start's replay
             if not records:
                 log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "

@@ -43,7 +43,9 @@ thread; nothing on the append path). Replay requires every record from the first
 with no gap: a missing one (a deleted segment, a segment cut at a record boundary or in the middle, a journal
 deleted whole) raises JournalLossError, as does a mark missing where RocksDB holds pushes or the journal holds
 records (it was deleted: which records should follow is unknown). A missing mark goes unnoticed only with nothing
-to show that pushes were written (no flushed push, no journal data). Past the mark, a lost tail looks like the torn
+to show that pushes were written (no flushed push, no journal data). Replay is also given the largest lsn of a row
+RocksDB holds (rows_seq): that push's record was written, as every one before it, so they are required as those up
+to the mark are, and appends go on past it. Past both, a lost tail looks like the torn
 end of a crash: without sync, an OS crash or a power failure can lose pushes that were acknowledged, and the
 warning that replay logs when it cuts says so. With accept_loss, replay logs what it cannot find or read instead
 of refusing, and goes on with the records it has.
@@ -238,6 +240,7 @@ class Journal:
         self.bytes_written = 0
         self.applied = AppliedTable()  # client -> (client_seq, parts done) of its newest request
         self.replay_bytes = (0, 0)  # (read, to read) of the segments' bytes, as a replay goes: its progress
+        self._rows_seq = 0  # the rows_seq of the last replay or check (_witnesses)
 
     @property
     def mapped_bytes(self) -> int:
@@ -281,20 +284,24 @@ class Journal:
                 out.append((int(name[:-4]), os.path.join(self.dir, name)))
         return sorted(out)
 
-    def replay(self, after_seq: int, accept_loss: bool = False) -> Iterator[Record]:
+    def replay(self, after_seq: int, accept_loss: bool = False, rows_seq: int = 0) -> Iterator[Record]:
         """Yields the intact records with seq > after_seq (the last one RocksDB holds), in order; afterwards
-        appends continue past them and past the mark, which is kept from now on.
+        appends continue past them, past the mark and past rows_seq, and the mark is kept from now on. rows_seq:
+        the largest lsn of a row RocksDB holds (ps.storage.store.Store.written_seq): that record was written, as
+        every one before it, like those up to the mark (a row written back before a flush can hold a push the
+        mark does not cover yet); a new push must get a seq above it, or a later replay would skip it on that row.
 
         A bad record that the module's replay rule takes for the torn end of a crash is cut off, with the zeros
-        after it. Any other bad record raises JournalCorruptError, and a record missing up to the mark raises
-        JournalLossError, before anything is cut; with accept_loss, each is a warning (kept in `losses`)."""
-        last, mark, tail = yield from self._read(after_seq, accept_loss)
+        after it. Any other bad record raises JournalCorruptError, and a record missing up to the mark or
+        rows_seq raises JournalLossError, before anything is cut; with accept_loss, each is a warning (kept in
+        `losses`)."""
+        last, mark, written, tail = yield from self._read(after_seq, accept_loss, rows_seq)
         if tail is not None:
-            level, text = self._tail_message(*tail, last, mark)
+            level, text = self._tail_message(*tail, last, mark, written)
             log.log(level, "%s", text)
             with open(tail[0], "r+b") as f:
                 f.truncate(tail[2])
-        self.next_seq = max(last, mark) + 1
+        self.next_seq = max(last, written) + 1
         if self.mark_path is not None:
             try:
                 st = os.stat(self._data_dir)
@@ -384,27 +391,30 @@ class Journal:
             self.on_lost()
         return not dir_gone
 
-    def check(self, after_seq: int) -> tuple[int, str, str, dict[str, int]]:
-        """Reads the journal as replay(after_seq) would, changing nothing. Returns (records after after_seq, why
-        replay would refuse to start or "", what replay would cut with a warning or "", {table: the seq of the
-        first record of it read})."""
-        count, reader, tables = 0, self._read(after_seq, False), {}
+    def check(self, after_seq: int, rows_seq: int = 0) -> tuple[int, str, str, dict[str, int]]:
+        """Reads the journal as replay(after_seq, rows_seq=rows_seq) would, changing nothing. Returns (records
+        after after_seq, why replay would refuse to start or "", what replay would cut with a warning or "",
+        {table: the seq of the first record of it read})."""
+        count, reader, tables = 0, self._read(after_seq, False, rows_seq), {}
         try:
             while True:
                 rec = next(reader)
                 tables.setdefault(rec.table, rec.seq)
                 count += 1
         except StopIteration as stop:
-            last, mark, tail = stop.value
-            level, text = self._tail_message(*tail, last, mark) if tail is not None else (0, "")
+            last, mark, written, tail = stop.value
+            level, text = self._tail_message(*tail, last, mark, written) if tail is not None else (0, "")
             return count, "", text if level >= logging.WARNING else "", tables
         except StorageError as e:
             return count, str(e), "", tables
 
-    def _read(self, after_seq: int, accept_loss: bool):
-        """replay's reading: yields the records, checks them against the mark, cuts nothing; returns (the last
-        seq read, the mark, (path, size, pos, data_end) of a torn end to cut or None)."""
+    def _read(self, after_seq: int, accept_loss: bool, rows_seq: int):
+        """replay's reading: yields the records, checks them against the mark and rows_seq, cuts nothing; returns
+        (the last seq read, the mark, the last record known to be written: the larger of the mark and rows_seq,
+        (path, size, pos, data_end) of a torn end to cut or None)."""
         mark, marked = self._read_mark(accept_loss, after_seq)
+        self._rows_seq = rows_seq  # what the messages name (_witnesses)
+        written = max(mark, rows_seq)
         last = expect = after_seq  # expect: the last record after after_seq yielded so far
         tail = None
         damaged = None  # (segment, byte) of damage replay went on past (accept_loss), until the next record
@@ -477,17 +487,17 @@ class Journal:
                         yield rec
             finally:  # also when a refusal or the caller ends the read mid-segment
                 segment.close()
-        if expect < mark:
+        if expect < written:
             if damaged:
-                error = self._in_damage(expect + 1, mark, damaged)
+                error = self._in_damage(expect + 1, written, damaged)
             elif whole:
-                error = self._damaged_end(tail, expect + 1, mark)
+                error = self._damaged_end(tail, expect + 1, written, mark)
             else:
-                error = self._missing(expect + 1, mark, after_seq, mark, None)
+                error = self._missing(expect + 1, written, after_seq, mark, None)
             self._lose(error, accept_loss)
         if not marked and after_seq == 0 and (last > 0 or (tail is not None and tail[3] > tail[2])):
             self._lose(self._unmarked(last, segs), accept_loss)
-        return last, mark, tail
+        return last, mark, written, tail
 
     @staticmethod
     def _in_damage(lo: int, hi: int, damaged: tuple[str, int]) -> JournalCorruptError:
@@ -499,18 +509,29 @@ class Journal:
             f"{damaged[0]} from byte {damaged[1]} on; replay goes on with the intact records after them."
         )
 
-    def _damaged_end(self, tail: tuple[str, int, int, int], first: int, mark: int) -> JournalCorruptError:
+    def _damaged_end(self, tail: tuple[str, int, int, int], first: int, written: int, mark: int) -> JournalCorruptError:
         """The error for a whole record at the end of the newest segment (tail: path, size, pos, data_end) that
-        fails its checks where the mark says records first..mark were written: damage, not a torn record (a cut
-        one, shorter than its header and its payload's head say, is a loss: _missing)."""
+        fails its checks where the mark (or RocksDB's rows: _witnesses) says records first..written were written:
+        damage, not a torn record (a cut one, shorter than its header and its payload's head say, is a loss:
+        _missing)."""
         path, _size, pos, data_end = tail
-        more = f" (and {mark - first} written after it)" if mark > first else ""
+        more = f" (and {written - first} written after it)" if written > first else ""
         return JournalCorruptError(
             f"journal segment {path} is corrupt at byte {pos} ({data_end - pos} bytes there fail a record's checks), "
-            f"where record {first}{more} should be: the journal mark ({self.mark_path}) says records up to {mark} "
-            "were written, so that is damage, not the torn last record of a crash. Refusing to start; restore the "
-            "data dir, or start with --accept-journal-loss to go on without the pushes from there on"
+            f"where record {first}{more} should be: {' and '.join(self._witnesses(first, mark))}, so that is "
+            "damage, not the torn last record of a crash. Refusing to start; restore the data dir, or start with "
+            "--accept-journal-loss to go on without the pushes from there on"
         )
+
+    def _witnesses(self, lo: int, mark: int) -> list[str]:
+        """What says record lo was written: the mark, and RocksDB's rows (the rows_seq _read was given)."""
+        why = []
+        if mark >= lo:
+            why.append(f"the journal mark ({self.mark_path}) says records up to {mark} were written")
+        if self._rows_seq >= lo:
+            why.append(f"RocksDB holds a row that record {self._rows_seq} pushed (written back before a flush), so "
+                       f"records up to {self._rows_seq} were written")  # fmt: skip
+        return why
 
     def _read_mark(self, accept_loss: bool, after_seq: int) -> tuple[int, bool]:
         """(the mark, 0 if none; whether the mark file is there, or no mark is kept). A mark file that is
@@ -551,9 +572,7 @@ class Journal:
 
     def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
         """The error for journal records lo..hi missing (resumes_in: the segment that holds the record after hi)."""
-        why = [f"RocksDB holds the pushes up to record {after_seq}"]
-        if mark >= lo:
-            why.append(f"the journal mark ({self.mark_path}) says records up to {mark} were written")
+        why = [f"RocksDB holds the pushes up to record {after_seq}", *self._witnesses(lo, mark)]
         if resumes_in is not None:
             why.append(f"the journal goes on with record {hi + 1} in {resumes_in}")
         return JournalLossError(
@@ -572,9 +591,11 @@ class Journal:
         log.warning("%s", text)
         self.losses.append(text)
 
-    def _tail_message(self, path: str, size: int, pos: int, data_end: int, last: int, mark: int) -> tuple[int, str]:
+    def _tail_message(self, path: str, size: int, pos: int, data_end: int, last: int, mark: int,
+                      written: int) -> tuple[int, str]:  # fmt: skip
         """(log level, text) for cutting the newest segment (size bytes) after its last intact record, at pos:
-        zeros only (space prepared ahead of appends), or a torn record (nonzero bytes up to data_end)."""
+        zeros only (space prepared ahead of appends), or a torn record (nonzero bytes up to data_end); written: the
+        last record known to be written (_read)."""
         head = f"journal segment {path}: cut {size - pos} bytes after record {last}"
         if data_end == pos:
             return logging.INFO, f"{head} (zeros: unused space prepared ahead)"
@@ -585,9 +606,9 @@ class Journal:
             why = ("If the process was killed, this is the push that was being written, never acknowledged. The "
                    "journal runs without --sync: after an OS crash or a power failure, it can also be pushes that "
                    "were acknowledged and had not reached the disk")  # fmt: skip
-        if mark > last:  # only with accept_loss: the loss was logged
-            return logging.WARNING, (f"{head}: bytes that are not a whole record, where the journal mark says "
-                                     f"records up to {mark} were written (the loss logged above)")  # fmt: skip
+        if written > last:  # only with accept_loss: the loss was logged
+            return logging.WARNING, (f"{head}: bytes that are not a whole record, where "
+                                     f"{' and '.join(self._witnesses(last + 1, mark))} (the loss logged above)")  # fmt: skip
         marked = f" (every record up to the journal mark, {mark}, is here)" if mark else ""
         return logging.WARNING, f"{head}: a record that is not whole{marked}. {why}"
 

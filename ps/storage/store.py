@@ -15,6 +15,10 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once
                                     the client's "applied/" entry is dropped: forget_advanced)
         "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
+        "lsn_high"               -> decimal: the largest lsn of a row written so far   (in the batch of the write of
+                                    rows that raised it: written_seq): every journal record <= it was written, so
+                                    replay requires the records after flushed_seq up to it, and appends go on
+                                    past it (ps.storage.journal)
         "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le   (20 bytes, APPLIED_VALUE): that
                                     client's entry of the journal's `applied` table (ps.storage.applied) as of
                                     flushed_seq: its newest request, how many of its pushes are applied, and when
@@ -68,6 +72,7 @@ import secrets
 import shutil
 import struct
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -636,6 +641,8 @@ class Store:
             raise StorageError(f"cannot open RocksDB at {path}: {e}") from e
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
         self._meta = self._db.get_column_family(META_CF)
+        self._lsn_lock = threading.Lock()  # _write_rows's, of every writer: lsn_high only grows
+        self._lsn_high: int | None = None  # "lsn_high", read by the first written_seq()
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
         self._synced = WriteOptions()  # for the writes a restart must find whatever --sync says: identity, marks
@@ -887,11 +894,15 @@ class Store:
         if delete is not None:
             for key in encode_keys(number, delete):
                 batch.delete(key, handle)
-        batch.put(
-            COUNT_PREFIX + table.encode(), json.dumps(counts).encode(), self._db.get_column_family_handle(META_CF)
-        )
-        with self._rocksdb(f"writing rows of table {table!r}"):
+        meta = self._db.get_column_family_handle(META_CF)
+        batch.put(COUNT_PREFIX + table.encode(), json.dumps(counts).encode(), meta)
+        with self._lsn_lock, self._rocksdb(f"writing rows of table {table!r}"):
+            before = self.written_seq()
+            high = max(before, int(lsn.max()) if len(lsn) else 0)
+            if high > before:
+                batch.put(b"lsn_high", str(high).encode(), meta)
             self._db.write(batch, self._write_opts)
+            self._lsn_high = high
 
     def scan(self, table: str, width: int, after: bytes | None, limit: int) -> tuple | None:
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
@@ -1109,6 +1120,15 @@ class Store:
         else:
             self._meta.put(b"restore_pending", directory.encode(), self._synced)
 
+    def written_seq(self) -> int:
+        """The largest lsn of a row RocksDB holds (its "lsn_high"; 0: none recorded): the journal record of that
+        push was written, and so was every one before it."""
+        if self._lsn_high is None:
+            with self._rocksdb("reading the highest lsn written"):
+                raw = self._meta.get(b"lsn_high")
+            self._lsn_high = int(raw) if raw is not None else 0
+        return self._lsn_high
+
     def flushed_seq(self) -> int:
         raw = self._meta.get(b"flushed_seq")
         return int(raw) if raw is not None else 0
@@ -1255,10 +1275,10 @@ class Store:
 def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
     verifying every block's checksum and caching none. Returns ({column family: (keys read, the damage that
-    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "tables": names,
-    "restore_pending": the checkpoint of a restore that did not finish, or None}); if RocksDB does not open,
-    ({"": (0, why)}, None). Nothing is written."""
-    meta = {"shard": None, "flushed_seq": 0, "tables": set(), "restore_pending": None}
+    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int
+    (Store.written_seq), "tables": names, "restore_pending": the checkpoint of a restore that did not finish, or
+    None}); if RocksDB does not open, ({"": (0, why)}, None). Nothing is written."""
+    meta = {"shard": None, "flushed_seq": 0, "lsn_high": 0, "tables": set(), "restore_pending": None}
     read_opts = ReadOptions()
     read_opts.set_verify_checksums(True)
     read_opts.fill_cache(False)
@@ -1272,7 +1292,7 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
                 try:
                     for key, value in _items(db.get_column_family(name), None, read_opts):
                         count += 1
-                        if name == META_CF and key in (b"shard", b"flushed_seq"):
+                        if name == META_CF and key in (b"shard", b"flushed_seq", b"lsn_high"):
                             meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
                         elif name == META_CF and key == b"restore_pending":
                             meta["restore_pending"] = value.decode("utf-8", "replace")

@@ -71,7 +71,7 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
         )
     else:
         _identity(path, meta["shard"], found, lines)
-        _journal(path, meta["flushed_seq"], meta["tables"], found, lines)
+        _journal(path, meta["flushed_seq"], meta["lsn_high"], meta["tables"], found, lines)
         pending = meta["restore_pending"]
         if pending and restoring is not None and os.path.abspath(restoring) == pending:
             lines.append(f"note    restore: a restore from {pending} did not finish; this start (--restore) begins it "
@@ -210,11 +210,11 @@ LIVE = ("a server runs on this data dir (RocksDB's LOCK is held): its flushes cu
         "verify reads it, so this may be no damage at all; verify the dir with its server stopped")  # fmt: skip
 
 
-def _journal(path: str, flushed_seq: int, tables: set[str], found, lines: list[str]) -> None:
+def _journal(path: str, flushed_seq: int, rows_seq: int, tables: set[str], found, lines: list[str]) -> None:
     mark_path = os.path.join(path, MARK_FILE)
     journal = Journal(os.path.join(path, "journal"), mark_path=mark_path)
     try:
-        count, refusal, warning, pushed = journal.check(flushed_seq)
+        count, refusal, warning, pushed = journal.check(flushed_seq, rows_seq)
     except OSError as e:  # a segment that cannot be read: gone (a running server's trim), not a file, a disk error
         count, refusal, warning, pushed = 0, f"a journal segment cannot be read: {e}", "", {}
     if refusal and served_now(path):
