@@ -572,7 +572,12 @@ class Journal:
 
     def _missing(self, lo: int, hi: int, after_seq: int, mark: int, resumes_in: str | None) -> JournalLossError:
         """The error for journal records lo..hi missing (resumes_in: the segment that holds the record after hi)."""
-        why = [f"RocksDB holds the pushes up to record {after_seq}", *self._witnesses(lo, mark)]
+        flushed = (
+            f"RocksDB holds the pushes up to record {after_seq}"
+            if after_seq
+            else "no flush has written a push to RocksDB yet"
+        )
+        why = [flushed, *self._witnesses(lo, mark)]
         if resumes_in is not None:
             why.append(f"the journal goes on with record {hi + 1} in {resumes_in}")
         return JournalLossError(
