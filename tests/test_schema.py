@@ -566,6 +566,28 @@ def test_infer_label_true_false_several_label_names_decimal_commas_prose_and_rep
     assert 'label = "click"' in infer_schema_text(str(bools))
 
 
+def test_infer_numbers_with_thousands_separators_are_said_as_such_not_lists_nor_decimal_commas(tmp_path):
+    """Numbers exported with thousands separators (quoted '1,234,567', '512' among them) are no list of ids and no
+    decimal commas: text, and on stderr the separators to remove; 4- and 5-digit ones ('49,490' in every comma cell)
+    read either way, and the check says both; lists of ids of other lengths stay lists."""
+    rng = np.random.default_rng(7)
+    rows = ["click,revenue,visits,items"]
+    for _ in range(1000):
+        revenue, visits = int(rng.lognormal(9, 2)), int(rng.integers(1000, 99999))
+        items = ",".join(str(v) for v in rng.integers(1, 60, rng.integers(1, 4)))
+        rows.append(f'{rng.integers(2)},"{revenue:,}","{visits:,}","{items}"')
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    text, checks = infer_schema(str(tmp_path / "d.csv"))
+    kinds = {c.name: c.kind for c in schema_from_text(text, "inferred", default_table="t", default_dim=4).columns}
+    assert kinds == {"revenue": "categorical", "visits": "categorical", "items": "multi_hot"}, kinds
+    revenue = next(c for c in checks if c.startswith("'revenue'"))
+    assert "holds numbers with thousands separators (as '" in revenue and "read_csv(..., thousands=',')" in revenue
+    assert "decimal" not in revenue, revenue
+    visits = next(c for c in checks if c.startswith("'visits'"))
+    assert "a thousands separator or a decimal comma" in visits and "thousands=','" in visits, visits
+    assert "decimal=','" in visits and not any(c.startswith("'items'") for c in checks), checks
+
+
 def test_the_fingerprint_holds_the_label_and_the_builtin_libsvm_field_count():
     """Another label trains the rows toward another target: another fingerprint. The built-in libsvm schema read
     with 3 fields or 4 scores a line of 3 features otherwise (the 4th field's missing id adds its row): another

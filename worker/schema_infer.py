@@ -14,8 +14,9 @@ missing):
                                       a sparse field: lr and fm use sparse fields only, and an MLP gets both;
                                       integers of at most _MANY_CODES values, each seen _CODE_REPEATS times on
                                       average (codes, or small counts), also `<name>_code`: each value its own id
-    numbers with a decimal comma (`0,6792` in most cells)
-                                      categorical, and on stderr: convert them to decimal points
+    numbers with a decimal comma (`0,6792` in most cells), or numbers with thousands separators (`1,234,567`
+    in some cells, numbers in nine in ten; `49,490` reads either way)
+                                      categorical, and on stderr: how to convert them to plain numbers
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
                                       multi_hot (weighted when every token is id:number)
@@ -52,6 +53,7 @@ _BUCKETS = 16  # a numeric column's twin is bucketized at the sample's quantiles
 _MANY_CODES = 1000  # an integer column of at most this many distinct values ...
 _CODE_REPEATS = 10  # ... each seen this many times on average in the sample gets a categorical twin
 _DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written with a decimal comma
+_THOUSANDS = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?\s*")  # 1,234,567.5: thousands separators
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
 _ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
 _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its noun, in one word
@@ -214,11 +216,9 @@ def infer_schema(
         name = h if h and not h.startswith("_") else f"column{j}"
         column, comment = infer_column(name, h, columns[h], sampled=not whole)
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
-        present = [c for c in columns[h] if c.strip()]
-        if present and _decimal_commas(present):
-            checks.append(f"{h!r} holds numbers written with a decimal comma (as {present[0].strip()!r}): read as text "
-                          "they are categories; convert them to decimal points (pandas: read_csv(..., decimal=',') "
-                          "then to_csv) and infer the schema again")  # fmt: skip
+        commas = _comma_numbers(columns[h])
+        if commas:
+            checks.append(f"{h!r} holds {commas[0]}: read as text they are categories; {commas[1]}")
         if column.kind == "categorical" and ". CHECK " in comment:  # a column of numbers made text by a few cells
             checks.append(comment.split(". CHECK ", 1)[1])
         if column.kind == "numeric":
@@ -276,9 +276,28 @@ def _bucket_twin(column: Column, values: list[float], taken: set[str]) -> Column
     return Column(name, column.source, "numeric", transform="bucketize", boundaries=tuple(cuts))
 
 
-def _decimal_commas(cells: list[str]) -> bool:
-    """Whether nine in ten of the (non-empty) cells are numbers written with a decimal comma (0,6792)."""
-    return sum(bool(_DECIMAL_COMMA.fullmatch(c)) for c in cells) >= 0.9 * len(cells)
+def _comma_numbers(cells: list[str]) -> tuple[str, str] | None:
+    """What the cells hold and how to make them plain numbers, where they are numbers written with commas: thousands
+    separators (1,234,567 in some of the cells that are not empty or missing, numbers in nine in ten; 49,490 in all
+    of them reads as decimal commas too), else decimal commas in nine in ten of them (0,6792); else None."""
+    cells = [c.strip() for c in cells if c.strip() and not is_missing_text(c)]
+    commas = [c for c in cells if "," in c]
+    if not commas:
+        return None
+    grouped = sum(bool(_THOUSANDS.fullmatch(c)) or _floats([c]) is not None for c in cells) >= 0.9 * len(cells)
+    if grouped and all(_THOUSANDS.fullmatch(c) for c in commas):
+        lists = ' (lists of 3-digit ids look the same: then make it kind = "multi_hot", separator = ",")'
+        other = [c for c in commas if not _DECIMAL_COMMA.fullmatch(c)]
+        if other:
+            return (f"numbers with thousands separators (as {other[0]!r})", "remove the separators (pandas: "
+                    f"read_csv(..., thousands=',') then to_csv) and infer the schema again{lists}")  # fmt: skip
+        return (f"numbers written with a comma, a thousands separator or a decimal comma (as {commas[0]!r})",
+                "write them as plain numbers (pandas: read_csv(..., thousands=',') or read_csv(..., decimal=','), "
+                f"then to_csv) and infer the schema again{lists}")  # fmt: skip
+    if sum(bool(_DECIMAL_COMMA.fullmatch(c)) for c in cells) >= 0.9 * len(cells):
+        return (f"numbers written with a decimal comma (as {commas[0]!r})", "convert them to decimal points "
+                "(pandas: read_csv(..., decimal=',') then to_csv) and infer the schema again")  # fmt: skip
+    return None
 
 
 def _code_twin(column: Column, values: list[float], taken: set[str]) -> Column | None:
@@ -398,9 +417,9 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
             "delete them, train computes them in a pass over its whole file before training and prints them: eval "
             "and predict need them back in the schema)",
         )
-    if present and _decimal_commas(present):
-        comment = f"numbers with a decimal comma ({seen}): categorical, as text; convert them to decimal points"
-        return Column(name, source, "categorical"), comment
+    commas = _comma_numbers(present)
+    if commas:
+        return Column(name, source, "categorical"), f"{commas[0]} ({seen}): categorical, as text; {commas[1]}"
     for sep in _BAG_SEPARATORS:
         holding = [c for c in present if sep in c]
         if sep == "," and holding and sum(", " in c for c in holding) >= 0.5 * len(holding):
