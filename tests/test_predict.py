@@ -263,6 +263,16 @@ def test_eval_and_predict_read_only_the_start_of_the_training_file(servers, file
     assert f"wrote {TEST_ROWS} predictions of fm" in capsys.readouterr().out
 
 
+def test_out_naming_the_file_scored_is_refused_by_the_flag_given(files, tmp_path):
+    """--predict-data alone also stands for --data (the file whose first lines give the schema): an --out naming
+    that file is refused naming --predict-data, the flag given, before any server is asked."""
+    _, test_path = files
+    for given in (["--predict-data", test_path], ["--data", test_path]):
+        args = ["predict", "--servers", "127.0.0.1:1", "--out", test_path, "--overwrite", "--model", "lr", *given]
+        with pytest.raises(ValueError, match=rf"--out {test_path} is the file of {given[0]} {test_path}: writing"):
+            predict_config(build_parser().parse_args(args)).validate()
+
+
 def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_model(servers, files, tmp_path, capsys):
     addresses, _ = servers(1)
     train_path, test_path = files

@@ -85,7 +85,8 @@ class PredictConfig:
         check_data_input(self.flag, self.data, "data files to score (.gz read through gzip)")
         if self.out != STDOUT:
             check_output_file("--out", self.out)
-            check_not_an_input("--out", self.out, {**self.run.input_files(), self.flag: self.data})
+            inputs = {self.flag: self.data, **self.run.input_files()}  # the file scored named by its flag first
+            check_not_an_input("--out", self.out, inputs)
             _check_new_out(self.out, self.overwrite)
         r = self.run
         if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
