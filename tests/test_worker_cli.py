@@ -528,6 +528,20 @@ def test_a_geo_run_stopped_by_its_servers_hints_at_the_examples_whose_deltas_the
     assert "after 800 training examples" in hint and "--skip-examples 800" in hint, hint
 
 
+def test_an_interrupted_run_on_local_shards_says_how_far_it_got_and_that_nothing_is_left_to_resume(
+    files, monkeypatch, capsys
+):
+    """Ctrl-C as step 3's batch is read, on --local-shards: the run says it stopped after 200 examples and that its
+    model went with the shards, not a --skip-examples that nothing could resume."""
+    train_path, _ = files
+    interrupt_at_batch(monkeypatch, 3)
+    with pytest.raises(KeyboardInterrupt):
+        train(TrainConfig(local_shards=1, data=train_path, model="lr", recipe="large", batch_size=100, progress=False))
+    err = capsys.readouterr().err
+    assert "ps-worker: stopped in epoch 1 of 1 after 200 training examples; the model was on local shards" in err, err
+    assert "nothing to resume" in err and "--skip-examples" not in err, err
+
+
 def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
     csv_file = tmp_path / "my.csv"
     csv_file.write_text("label,a,b\n1,x,y\n0,z,w\n")

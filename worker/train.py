@@ -175,7 +175,7 @@ def train(cfg: TrainConfig) -> dict:
                 raise ValueError(stopped_message(e, cfg)) from None
             told = (loop.examples or cfg.skip_examples) and not isinstance(e, ModelStateReplacedError)  # (its
             # servers hold a checkpoint's model now, or none: the position trained into them is not this run's)
-            if told and not cfg.local_shards and not cfg.progress_lines:  # launch's says it for the job
+            if told and not cfg.progress_lines:  # launch's says it for the job
                 print(resume_hint(loop, cfg), file=sys.stderr, flush=True)
             raise
         finally:

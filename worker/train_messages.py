@@ -49,12 +49,17 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
 
 def resume_hint(loop: LoopResult, cfg: TrainConfig) -> str:
     """What an interrupted run trained, and the flags that train on from there (none: it had trained every
-    example)."""
+    example, or its model was on local shards, gone with them)."""
     done = cfg.skip_examples + loop.pushed  # geo: its last steps' deltas may be held here, not on the servers
     if not loop.examples:
         how = _kept_position(cfg) if cfg.resume_file else _resume_flags(done, cfg)
         return (f"ps-worker: stopped before its first step, while reading the {done:,} examples it skips: to train on, "
                 f"run the same command again ({how})")  # fmt: skip
+    if cfg.local_shards:
+        trained = cfg.skip_examples + loop.examples
+        return (f"ps-worker: stopped in epoch {loop.epoch} of {cfg.epochs} after {trained:,} training examples; the "
+                "model was on local shards, stopped with this run: nothing to resume (train with --servers to keep "
+                "what a stopped run trained)")  # fmt: skip
     held = loop.examples - loop.pushed
     if loop.trained_all and not held:
         return (f"ps-worker: the run had trained all its {done:,} examples when it stopped (after its last step): "
