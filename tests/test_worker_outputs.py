@@ -234,6 +234,46 @@ def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, caps
     assert lines[-1].startswith("progress: 600 of 600 examples (100%), ") and "train logloss 0." in lines[-1]
 
 
+def test_the_progress_rate_leaves_out_evaluations_as_the_summarys_does(monkeypatch, tmp_path, capsys):
+    """The last progress line's examples/s is the summary's (result.seconds: evaluations left out), not one over
+    the time the validation set took too (13,345 against the summary's 14,505 on a run of 8 epochs). The clock is
+    a fake one: reading a batch takes 1 s, each evaluation of the validation set 100 s."""
+    import dataclasses
+    import types
+
+    from worker import loop
+
+    now = [0.0]
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    evaluate = loop.evaluate
+
+    def slow_evaluate(*args, **kwargs):
+        now[0] += 100.0
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", slow_evaluate)
+    path = tmp_path / "train.tsv"
+    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
+    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=2,
+                      prefetch=0)  # fmt: skip
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+
+        def timed(epoch: int):
+            for batch in data.train(epoch):
+                now[0] += 1.0
+                yield batch
+
+        validation = list(data.train(1))[:1]
+        settings = dataclasses.replace(loop_settings(cfg, data), eval_every=3)
+        result = run_epochs(tables, spec, backend, dense, timed, settings, validation)
+    assert len(result.curve) == 4 and result.examples == 1200 and result.seconds == 12.0  # 4 evaluations left out
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress: ")]
+    assert lines[-1].startswith("progress: 1,200 of 1,200 examples (100%), 100 examples/s"), lines
+    assert lines[3].startswith("progress: 400 of 1,200 examples (33%), 100 examples/s"), lines  # after one evaluation
+
+
 def test_a_resumed_runs_progress_rate_leaves_out_the_time_it_spent_skipping(monkeypatch, tmp_path, capsys):
     """--skip-examples reads and drops examples before the first step (84 s for 11.8M lines of a 30M-line CSV):
     the progress lines' examples/s is of the examples trained over the time training took, not over that wait

@@ -137,10 +137,11 @@ class _ProgressLines:
         self.every_s = every_s if every_s is not None else self.PLAIN_EVERY_S if plain else self.JSON_EVERY_S
         self.last = time.perf_counter()
 
-    def update(self, result: LoopResult, logloss: float, started: float, extra: dict, final: bool = False,
+    def update(self, result: LoopResult, logloss: float, seconds: float, extra: dict, final: bool = False,
                stopped: bool = False) -> None:  # fmt: skip
         """A line every every_s seconds; at once when final (the run's end: its total the examples trained) or
-        stopped (an error or a signal ended it: the total stays what the run meant to train)."""
+        stopped (an error or a signal ended it: the total stays what the run meant to train). seconds: the
+        training time so far, as result.seconds counts it (evaluations and skipping left out): the rate's."""
         now = time.perf_counter()
         if not (final or stopped) and now - self.last < self.every_s:
             return
@@ -150,7 +151,7 @@ class _ProgressLines:
         total = about_total(result.examples, total) if estimated else total
         line = {"worker": self.worker, "examples": result.examples, "steps": result.steps, "total": total,
                 "logloss": None if math.isnan(logloss) else round(logloss, 5),
-                "examples_per_s": round(result.examples / max(now - started, 1e-9), 1), **extra}  # fmt: skip
+                "examples_per_s": round(result.examples / max(seconds, 1e-9), 1), **extra}  # fmt: skip
         if result.pushed != result.examples:
             line["pushed"] = result.pushed
         if self.at_most and not final:
@@ -253,6 +254,11 @@ def run_epochs(
 
     stop = False
     eval_seconds = 0.0  # evaluating the validation set: not training time
+
+    def training_s() -> float:
+        """Seconds since the start less the evaluations and the skipping: result.seconds, and the lines' rate."""
+        return time.perf_counter() - started - eval_seconds - skipping.seconds
+
     step = Step(spec, backend, dense, source, s.dense_l2)
     try:
         for epoch in range(s.epochs):
@@ -294,8 +300,8 @@ def run_epochs(
                     if "cache_bytes_saved" in cache:
                         postfix["saved"] = f"{cache['cache_bytes_saved'] / (1 << 20):,.0f}MiB"
                     bar.set_postfix(postfix, refresh=False)
-                    if lines is not None:  # their rate leaves out the time a resumed run spent skipping
-                        lines.update(result, running.value, started + skipping.seconds, cache)
+                    if lines is not None:  # their rate leaves out evaluations and a resumed run's skipping
+                        lines.update(result, running.value, training_s(), cache)
                     if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
                         stop = True
                         break
@@ -318,14 +324,14 @@ def run_epochs(
         if not holding():
             result.pushed = result.examples
         if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line)
-            lines.update(result, running.value, started + skipping.seconds, {}, stopped=True)
+            lines.update(result, running.value, training_s(), {}, stopped=True)
         raise
     result.trained_all = True
     step.pusher.shutdown()
     source.finish()
     result.pushed = result.examples
     dense.finish()  # the MLP's last gradients applied (allreduce: with the others')
-    result.seconds = time.perf_counter() - started - eval_seconds - skipping.seconds
+    result.seconds = training_s()
     if best_model is not None and result.curve and not result.curve[-1]["best"]:
         result.restored_best = best_model.restore(dense)
     result.best_too_big_bytes = best_model.limit_bytes() if best_model is not None and best_model.too_big else 0
@@ -335,5 +341,5 @@ def run_epochs(
     result.stopped_at_limit = bool(s.max_examples) and s.skip_examples + result.examples >= s.max_examples
     result.source_stats = source.stats()
     if lines is not None:
-        lines.update(result, running.value, started + skipping.seconds, result.source_stats, final=True)
+        lines.update(result, running.value, result.seconds, result.source_stats, final=True)
     return result
