@@ -234,14 +234,18 @@ def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, caps
     assert lines[-1].startswith("progress: 600 of 600 examples (100%), ") and "train logloss 0." in lines[-1]
 
 
-def test_the_progress_rate_leaves_out_evaluations_as_the_summarys_does(monkeypatch, tmp_path, capsys):
+def test_the_progress_rate_and_step_seconds_leave_out_evaluations_as_the_summarys_rate_does(
+    monkeypatch, tmp_path, capsys
+):
     """The last progress line's examples/s is the summary's (result.seconds: evaluations left out), not one over
-    the time the validation set took too (13,345 against the summary's 14,505 on a run of 8 epochs). The clock is
-    a fake one: reading a batch takes 1 s, each evaluation of the validation set 100 s."""
+    the time the validation set took too (13,345 against the summary's 14,505 on a run of 8 epochs); and the
+    step after an --eval-every evaluation is not timed with it (sparseps_worker_step_seconds). The clock is a
+    fake one: reading a batch takes 1 s, each evaluation of the validation set 100 s."""
     import dataclasses
     import types
 
     from worker import loop
+    from worker.telemetry import TrainTelemetry
 
     now = [0.0]
     monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
@@ -267,8 +271,11 @@ def test_the_progress_rate_leaves_out_evaluations_as_the_summarys_does(monkeypat
 
         validation = list(data.train(1))[:1]
         settings = dataclasses.replace(loop_settings(cfg, data), eval_every=3)
-        result = run_epochs(tables, spec, backend, dense, timed, settings, validation)
+        telemetry = TrainTelemetry()
+        result = run_epochs(tables, spec, backend, dense, timed, settings, validation, telemetry)
     assert len(result.curve) == 4 and result.examples == 1200 and result.seconds == 12.0  # 4 evaluations left out
+    histogram = [telemetry.registry.get_sample_value(f"sparseps_worker_step_seconds_{k}") for k in ("count", "sum")]
+    assert histogram == [12, 12.0]  # 12 steps of 1 s: the evaluations after steps 3 and 9 are in none of them
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress: ")]
     assert lines[-1].startswith("progress: 1,200 of 1,200 examples (100%), 100 examples/s"), lines
     assert lines[3].startswith("progress: 400 of 1,200 examples (33%), 100 examples/s"), lines  # after one evaluation

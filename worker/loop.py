@@ -262,7 +262,7 @@ def run_epochs(
     step = Step(spec, backend, dense, source, s.dense_l2)
     try:
         for epoch in range(s.epochs):
-            step_started, skipped_by = time.perf_counter(), skipping.seconds
+            step_started, skipped_by, evaluated_by = time.perf_counter(), skipping.seconds, eval_seconds
             result.epoch, steps_before = epoch + 1, result.steps
             source.start_epoch()
             batches = prefetched(skipping(limit(train_batches(epoch + 1))), prepare, s.prefetch)
@@ -282,12 +282,14 @@ def run_epochs(
                     if on_pushed is not None:
                         on_pushed(result.pushed)
                     running.update(logloss(batch.labels, probs))
-                    now = time.perf_counter()
-                    if result.steps == 1:  # less the reading of the examples --skip-examples skips
-                        result.first_step_seconds = now - step_started - (skipping.seconds - skipped_by)
+                    now = time.perf_counter()  # the step's time: less the examples --skip-examples skips, and
+                    # an evaluation (--eval-every) since the step before
+                    step_s = now - step_started - (skipping.seconds - skipped_by) - (eval_seconds - evaluated_by)
+                    if result.steps == 1:
+                        result.first_step_seconds = step_s
                     if telemetry is not None:
-                        telemetry.step(n, now - step_started, running.value)
-                    step_started = now
+                        telemetry.step(n, step_s, running.value)
+                    step_started, skipped_by, evaluated_by = now, skipping.seconds, eval_seconds
                     if desc is not None:  # the first step after a skip: the bar's clock and rate start here
                         desc = None
                         bar.set_description_str(None, refresh=False)
