@@ -20,10 +20,10 @@ Per RPC method (`method` label), observed by the servicer:
 Per table (`table` label), read from the shard at each scrape: sparseps_table_rows and sparseps_table_<k> for
 each k of TABLE_GAUGES (gauges) and TABLE_COUNTERS (counters, `_total`). Per shard: SHARD_GAUGES (the clock, the
 memory plan's parts, the data dir's bytes and its disk's free and total bytes, whether that disk is low and the
-free bytes under which it is (ps.storage.diskspace), failed flushes in a row): these, per table and
-per shard, once the shard serves; sparseps_data_dir_lost, 1 once the shard found its journal segment or its data
-dir deleted under it (ps.storage.journal.Journal.check_intact), when the per-table and per-shard figures are no
-longer served. The process: prometheus-client's process_* (resident memory, CPU seconds, start
+free bytes under which it is (ps.storage.diskspace), failed flushes in a row) and SHARD_COUNTERS (`_total`: the
+requests that waited for room): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
+once the shard found its journal segment or its data dir deleted under it (ps.storage.journal.Journal.check_intact),
+when the per-table and per-shard figures are no longer served. The process: prometheus-client's process_* (resident memory, CPU seconds, start
 time, open files). Counters count from the server's start: a restart sets them to 0 (process_start_time_seconds
 tells when; Prometheus' rate() and increase() take such a reset as one).
 """
@@ -94,11 +94,6 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
         "request room held now by the pulls and pushes running",
     ),
     (
-        "sparseps_request_room_waits",
-        "request_room_waits",
-        "pulls and pushes that waited for room since the start (their copies would not fit beside others')",
-    ),
-    (
         "sparseps_data_dir_bytes",
         "data_dir_bytes",
         "bytes of the data dir's files: RocksDB (write-ahead logs included) and the journal",
@@ -122,6 +117,13 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
         "sparseps_clients",
         "clients",
         "clients whose newest request the shard keeps, to apply a retry of it once (ps.storage.applied)",
+    ),
+)
+SHARD_COUNTERS = (  # (metric, key of the shard's stats, help): counts since the start, exposed as metric_total
+    (
+        "sparseps_request_room_waits",
+        "request_room_waits",
+        "pulls and pushes that waited for room (their copies would not fit beside others')",
     ),
 )
 
@@ -287,3 +289,7 @@ class _ShardCollector:
             family = GaugeMetricFamily(name, text)
             family.add_metric([], s.get(key, 0))
             yield family
+        for name, key, text in SHARD_COUNTERS:
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], s.get(key, 0))
+            yield counter

@@ -53,6 +53,7 @@ def test_the_server_serves_request_and_table_metrics(tmp_path):
         assert m[("sparseps_table_admitted_total", table)] == 5000 and m[("sparseps_table_pushes_total", table)] == 3
         assert m[("sparseps_table_cache_misses_total", table)] >= 5000  # new ids are looked up in RocksDB
         assert m[("sparseps_flush_failures", ())] == 0 and m[("sparseps_uptime_seconds", ())] > 0
+        assert m[("sparseps_request_room_waits_total", ())] == 0  # a count since the start: a counter, not a gauge
         files = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
         assert m[("sparseps_data_dir_bytes", ())] > 0 and abs(m[("sparseps_data_dir_bytes", ())] - files) < files / 2
         assert m[("sparseps_disk_free_bytes", ())] > 0 and m[("process_resident_memory_bytes", ())] > 50 << 20
