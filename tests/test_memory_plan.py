@@ -57,6 +57,12 @@ def test_without_a_bound_the_defaults_hold():
     plan = plan_memory(None, None)
     assert (plan.ram_tier_bytes, plan.block_cache_bytes, plan.bounded) == (2 << 30, DEFAULT_BLOCK_CACHE_BYTES, False)
     assert plan_memory(None, 5 * MiB).ram_tier_bytes == 5 * MiB
+    # the start's log line: unbounded requests are not "requests 0 bytes" (as if they had no room)
+    assert plan.describe().startswith("memory unbounded: ram_tier 2,048 MiB, ") and plan.describe().endswith(
+        ", requests unbounded"
+    )
+    bounded = plan_memory(256 * MiB, None)
+    assert bounded.describe().endswith(f", requests {bounded.request_bytes // MiB} MiB")
 
 
 def test_a_bounded_shard_uses_the_plan_and_reports_every_part(tmp_path):

@@ -91,7 +91,9 @@ class MemoryPlan:
         return f"raise --cache-bytes to at least {need_bytes}{more}"
 
     def describe(self) -> str:
-        parts = ", ".join(f"{name} {_size(size)}" for name, size in self.parts().items())
+        """The plan as the server logs it at start. Without a bound, requests take no room: they are unbounded."""
+        sizes = {**self.parts(), **({} if self.bounded else {"requests": "unbounded"})}
+        parts = ", ".join(f"{name} {size if isinstance(size, str) else _size(size)}" for name, size in sizes.items())
         head = f"memory {_size(self.memory_bytes)}" if self.bounded else "memory unbounded"
         return f"{head}: {parts}"
 
