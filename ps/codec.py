@@ -228,6 +228,7 @@ message StatsResponse
   30 restored_sha256  LEN     string                   that checkpoint's manifest sha256
   31 request_room_used_bytes VARINT uint64             request room held now by the pulls and pushes running
   32 state_id         VARINT  uint64                   a random id of the model state, new with each data dir or restore
+  33 flush_failures   VARINT  uint32                   background flushes failed in a row (0: the last succeeded)
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

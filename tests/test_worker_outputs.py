@@ -449,6 +449,27 @@ def test_stats_gives_a_small_disk_in_units_that_show_it(servers, capsys, monkeyp
     assert ("LOW" in line) == (low > 100 * 2**10), (line, low)
 
 
+def test_stats_warns_of_a_shard_whose_background_flushes_are_failing(servers, capsys):
+    """Stats carries each shard's background flushes failed in a row: ps-worker stats names such a shard with its
+    journal and exits 1 (--json: among the warnings), and says nothing of a shard whose flushes succeed."""
+    addresses, shards = servers(2)
+    code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
+    assert code == 0 and "flushes" not in err, err
+    shards[1].shard.flush_failures = 7  # as the flusher counts them (ps.engine.shard)
+    try:
+        code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
+        assert code == 1, err
+        assert "warning: background flushes to RocksDB are failing on shard 1 (7 in a row; journal " in err, err
+        assert "shard 0" not in err, err
+        code, out, err = worker(["stats", "--servers", ",".join(addresses), "--json"], capsys)
+        report = json.loads(out)
+        assert code == 1 and [s["flush_failures"] for s in report["shards"]] == [0, 7], report["shards"]
+        (warning,) = report["warnings"]
+        assert warning.startswith("background flushes to RocksDB are failing on shard 1 (7 in a row"), warning
+    finally:
+        shards[1].shard.flush_failures = 0
+
+
 @pytest.mark.parametrize("low", [True, False])
 def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers, capsys, monkeypatch):
     """The disk: line ends with LOW (and --json's disk_low is 1) when free space is under

@@ -310,14 +310,13 @@ def _stats(args) -> int:
         shards = client.stats()
     from worker.tables import cluster_damage
 
-    warning, note = cluster_damage(shards), _clocks_note(shards)
+    warnings = [w for w in (cluster_damage(shards), _failing_flushes(shards)) if w]
+    note = _clocks_note(shards)
     if args.json:  # every field, numbers as numbers (protobuf's JSON writes 64-bit ones as strings); disk_low 0 or 1
         low = [int(s.disk_free_bytes < _disk_low_bytes(s)) for s in shards]
         figures = [{**message_dict(s), "disk_low": x} for s, x in zip(shards, low, strict=True)]
-        print(
-            json.dumps({"shards": figures, "warnings": [warning] if warning else [], "notes": [note] if note else []})
-        )
-        return _say(warning, note)
+        print(json.dumps({"shards": figures, "warnings": warnings, "notes": [note] if note else []}))
+        return _say(warnings, note)
     cols = ("num_rows", "pending_ids", "rows_in_ram", "rows_on_disk", "disk_bytes", "ram_bytes", "evictions",
             "cache_misses", "admitted", "dropped", "pulls", "pushes")  # fmt: skip
     width = max([12, *(len(t.name) for s in shards for t in s.tables)])  # dense.deepfm.mlp.0.weight and the like
@@ -350,7 +349,19 @@ def _stats(args) -> int:
     print("evictions, cache_misses (ids not in RAM: read from RocksDB, or new), admitted, dropped, pulls (lookups: pulls and pushes that "
           "return rows) and pushes count since each server started; num_rows and pending_ids are what its tables "
           "hold; rows_in_ram may exceed num_rows by ids pulled but never pushed")  # fmt: skip
-    return _say(warning, note)
+    return _say(warnings, note)
+
+
+def _failing_flushes(shards: list) -> str:
+    """A warning naming the shards whose background flushes are failing (each one's failures in a row), "" when
+    none is."""
+    failing = [f"shard {s.shard_id} ({s.flush_failures:,} in a row; journal {_size(s.journal_bytes)})" for s in shards
+               if s.flush_failures]  # fmt: skip
+    if not failing:
+        return ""
+    return (f"background flushes to RocksDB are failing on {', '.join(failing)}: acknowledged pushes are kept in the "
+            "journal, which grows until a flush succeeds; the server's log says why (a full disk, or a RocksDB error "
+            "that a restart clears)")  # fmt: skip
 
 
 def _clocks_note(shards: list) -> str:
@@ -365,13 +376,13 @@ def _clocks_note(shards: list) -> str:
             "an older copy of its data dir")  # fmt: skip
 
 
-def _say(warning: str, note: str) -> int:
-    """Prints the note and the warning (either may be "") to stderr; returns stats' exit code: 1 with a warning."""
+def _say(warnings: list[str], note: str) -> int:
+    """Prints the note (may be "") and the warnings to stderr; returns stats' exit code: 1 with a warning."""
     if note:
         print(f"ps-worker: note: {note}", file=sys.stderr)
-    if warning:
+    for warning in warnings:
         print(f"ps-worker: warning: {warning}", file=sys.stderr)
-    return 1 if warning else 0
+    return 1 if warnings else 0
 
 
 def _size(n: int) -> str:

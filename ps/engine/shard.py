@@ -1106,6 +1106,7 @@ class Shard:
             **self.jobs.stats(),
             **self.restore_stats(),
             "state_id": self.state_id,
+            "flush_failures": self.flush_failures,
         }
 
     def check_state_id(self, seen: int) -> None:
@@ -1135,12 +1136,11 @@ class Shard:
         return measure(self.config.data_dir)._asdict()
 
     def health_stats(self) -> dict[str, int]:
-        """For the metrics: the background flushes failed in a row, the clients in the exactly-once table
+        """For the metrics: the clients in the exactly-once table
         (ps.storage.applied), whether the disk was low at the flusher's last look (ps.storage.diskspace) and the
         free bytes under which it is low, from that look (0 before the first)."""
         last = self.disk_watch.last
         return {
-            "flush_failures": self.flush_failures,
             "clients": len(self.journal.applied),
             "disk_low": int(self.disk_watch.low),
             "disk_low_bytes": low_bytes(last.disk_total_bytes, last.data_dir_bytes) if last else 0,
