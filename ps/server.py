@@ -219,6 +219,7 @@ class Server:
             if running:
                 log.warning("%d calls still running %g s after the stop (a checkpoint being written?): closing the "
                             "store under them, they fail", running, CALLS_DRAIN_S)  # fmt: skip
+            self._servicer.refusals.close()  # the counts of refusals not logged yet, before the log ends
         if self.metrics is not None:
             self.metrics.close()
         self.shard.close()

@@ -5,7 +5,8 @@ request), ps.errors exceptions map to their status, anything else is INTERNAL, l
 EDQUOT) is RESOURCE_EXHAUSTED: the journal, the store and the checkpoint save raise ps.errors.DiskFullError,
 naming the path and what of the request stands; any other error of a full disk (ps.errors.disk_full_reason) is
 mapped to RESOURCE_EXHAUSTED here too. Refusals are logged through ps.refusals: a client's mistake at INFO, damage
-and a full disk at ERROR, each kind (method and error class) at most once a minute, with the count of the others.
+and a full disk at ERROR, each kind (method, error class and status) at most once a minute, the count of the others
+in a line at the minute's end.
 
 Replies are bounded before they are built: Pull, PullBatch (all its pulls together) and PushBatch with
 return_rows compute the size of the rows they would return from ids x dim, and a reply that would not fit in the
@@ -117,18 +118,18 @@ def _rpc(method):
                 level = logging.DEBUG
             # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
             # what its frames hold (a failed RocksDB write's: the RocksDB, open)
-            self.refusals.refused(level, method.__name__, e, f"rejected: {e}")
+            self.refusals.refused(level, method.__name__, e, f"rejected: {e}", code)
             refuse(context, e)
         except Exception as e:  # a bug or an I/O failure: say so, never hang or return UNKNOWN
-            self.refusals.refused(logging.ERROR, method.__name__, e, "failed", exc_info=True)
             failed = f"{method.__name__} failed on the server: {type(e).__name__}: {e}"
-            reason = disk_full_reason(e)
-            if reason is not None:  # a full disk that no storage layer named (those raise DiskFullError)
-                full = DiskFullError.of(reason, failed, outcome="")
-                code = full.status
+            reason = disk_full_reason(e)  # a full disk that no storage layer named (those raise DiskFullError)
+            full = DiskFullError.of(reason, failed, outcome="") if reason is not None else None
+            code = full.status if full is not None else "INTERNAL"
+            self.refusals.refused(logging.ERROR, method.__name__, e, f"failed: {type(e).__name__}: {e}", code,
+                                  exc_info=True)  # fmt: skip
+            if full is not None:
                 refuse(context, full)
             else:
-                code = "INTERNAL"
                 context.abort(grpc.StatusCode.INTERNAL, clip(failed))
         finally:
             try:
@@ -307,7 +308,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.calls = RunningCalls()  # Server.stop waits for them before it closes the shard
         self.metrics = metrics  # ps.metrics.ServerMetrics, or None
         self.max_reply_bytes = max_reply_bytes  # the server's grpc.max_send_message_length
-        self.refusals = RefusalLog(log)  # a kind of refusal is logged once a minute at most, with its count
+        self.refusals = RefusalLog(log)  # a kind of refusal is logged once a minute at most, then its count
 
     def _check_reply(self, method: str, shapes: list[tuple[int, int]]) -> None:
         """ReplyTooLargeError when a reply carrying rows of these (ids, dim) would exceed max_reply_bytes;
