@@ -10,8 +10,7 @@ unknown; with at_most, an upper bound: early stopping may end the run sooner; wi
 the file's bytes (worker/linecount.py), which the count may pass: t is then kept above n, see about_total, and
 shown as "about t", with no time left); r: n over the training time so far, the evaluations of the validation set
 and a resumed run's skipping left out (the final line's r is the run's examples_per_s); x: its running train
-logloss (null
-before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
+logloss (null before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
 read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
 error) writes one as it stops. A line that does not parse is output, not progress.
 A bar over an estimated total (training's, worker/loop.py; scoring's, worker/scoring.py) shows it the same way:
