@@ -4,9 +4,9 @@ No client ever sees UNKNOWN: a request whose bytes do not decode is INVALID_ARGU
 request), ps.errors exceptions map to their status, anything else is INTERNAL, logged. A full disk (ENOSPC,
 EDQUOT) is RESOURCE_EXHAUSTED: the journal, the store and the checkpoint save raise ps.errors.DiskFullError,
 naming the path and what of the request stands; any other error of a full disk (ps.errors.disk_full_reason) is
-mapped to RESOURCE_EXHAUSTED here too. Refusals are logged through ps.refusals: a client's mistake at INFO, damage
-and a full disk at ERROR, each kind (method, error class and status) at most once a minute, the count of the others
-in a line at the minute's end.
+mapped to RESOURCE_EXHAUSTED here too. Refusals are logged through ps.refusals: a client's mistake at INFO (a full
+table of clients at WARNING), damage and a full disk at ERROR, each kind (method, error class and status) at most
+once a minute, the count of the others in a line at the minute's end.
 
 Replies are bounded before they are built: Pull, PullBatch (all its pulls together) and PushBatch with
 return_rows compute the size of the rows they would return from ids x dim, and a reply that would not fit in the
@@ -63,6 +63,7 @@ from ps.errors import (
     ERROR_NAME_KEY,
     CheckpointInProgressError,
     CheckpointOutsideRootError,
+    ClientTableFullError,
     DiskFullError,
     FileTooLargeError,
     InvalidArgumentError,
@@ -116,6 +117,8 @@ def _rpc(method):
             level = logging.ERROR if serious else logging.INFO
             if isinstance(e, CheckpointInProgressError):  # a hold's refusals: counted, told at its release
                 level = logging.DEBUG
+            if isinstance(e, ClientTableFullError):  # a caller making client ids up: the operator's to see
+                level = logging.WARNING
             # the text, not e: a handler that keeps records (pytest's caplog) would keep e's traceback, and with it
             # what its frames hold (a failed RocksDB write's: the RocksDB, open)
             self.refusals.refused(level, method.__name__, e, f"rejected: {e}", code)

@@ -7,6 +7,7 @@ of a push once its first attempt is RETRY_WINDOW_S old. Wall time is a fake cloc
 from __future__ import annotations
 
 import json
+import logging
 import math
 
 import numpy as np
@@ -145,6 +146,22 @@ def test_a_new_client_refused_by_a_full_table_gets_client_table_full_error(serve
         with pytest.raises(ClientTableFullError, match="takes no new client"):
             second.push("sum", A, np.ones((len(A), 2), np.float32))
         np.testing.assert_array_equal(first.pull("sum", A), np.full((len(A), 2), -1.0))
+
+
+def test_new_clients_refused_by_a_full_table_give_one_warning(servers, caplog):
+    """A caller making a new client per request meets the full table again and again: one WARNING line (the
+    servicer's, ps.refusals: its count later), not that and a shard's line of the same text as well."""
+    caplog.set_level(logging.INFO)
+    addresses, started = servers(1)
+    started[0].shard.journal.applied.max_clients = 1
+    with Client(addresses) as first:
+        first.create_table(SUM)
+        first.push("sum", A, np.ones((len(A), 2), np.float32))
+    for _ in range(3):
+        with Client(addresses) as other, pytest.raises(ClientTableFullError):
+            other.push("sum", A, np.ones((len(A), 2), np.float32))
+    told = [r for r in caplog.records if "keeps the newest requests of 1 clients" in r.getMessage()]
+    assert [(r.name, r.levelno) for r in told] == [("ps.service", logging.WARNING)], told
 
 
 def test_a_flush_writes_only_the_entries_changed_since_the_last_one(tmp_path, wall, monkeypatch):

@@ -337,7 +337,6 @@ class Shard:
         """Reads the clock and the clients' applied requests, then replays the journal past what RocksDB holds."""
         self.clock = self.store.clock()
         self._advances_reserved = 0  # steps of the batches between their check and their advance (_lock)
-        self._full_logged = float("-inf")  # monotonic time a refusal of a new client was last logged (_table_full)
         # client -> [its lock, the requests holding or waiting for it]: one request of a client at a time
         # (push_batch); an entry lives while a request of its client is in flight (_client_lock)
         self._client_locks: dict[int, list] = {}
@@ -758,18 +757,14 @@ class Shard:
                     del self._client_locks[client]
 
     def _table_full(self) -> ClientTableFullError:
-        """The refusal of a new client when the exactly-once table is full (ps.storage.applied), logged at most
-        every FLUSH_FAILURE_LOG_S."""
+        """The refusal of a new client when the exactly-once table is full (ps.storage.applied); the servicer logs
+        it as a warning (ps.refusals: once a minute at most)."""
         applied = self.journal.applied
         text = (f"shard {self.shard_id} keeps the newest requests of {len(applied):,} clients, the most it keeps "
                 f"({applied.max_clients:,}, ps.config MAX_CLIENTS), and {CLIENT_TABLE_FULL} until some are "
                 f"{applied.retention_s / 86400:.3g} days unused: a process that makes a new Client (a new random "
                 "client id) per request, or a caller making ids up, fills it. Reuse one Client per process; the "
                 "clients it holds go on; nothing was applied")  # fmt: skip
-        now = time.monotonic()
-        if now - self._full_logged >= FLUSH_FAILURE_LOG_S:
-            self._full_logged = now
-            log.warning("%s", text)
         return ClientTableFullError(text)
 
     def _check_batch(self, pushes: list[TablePush], every_push: bool = False) -> list[CheckedPush]:
