@@ -3,7 +3,8 @@
 #     bash tests/gpu_check.sh [STEP ...]        (the steps below by number; default: all)
 # The Python is $PYTHON, else the checkout's venv (.venv/bin/python, made by `python3 dev.py env`, with a CUDA
 # build of torch installed into it), else python3; it must have the project's dependencies: wheels of the missing
-# ones in .whl/ are installed into /tmp/site first (a machine with no package index). Logs and figures go to $OUT
+# ones in .whl/ are installed into /tmp/site first (a machine with no package index). It stops (exit 1) before
+# any step when that Python cannot import the project or torch sees no GPU. Logs and figures go to $OUT
 # (default /tmp/gpu_check).
 #   1. the tests marked gpu: every model's CUDA forward and backward against numpy, dropout replayed by seed, and a
 #      numpy worker then a torch:cuda worker leaving on the servers the model two numpy workers leave
@@ -29,7 +30,23 @@ fi
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD" PYTHONUNBUFFERED=1
 status=0
 nvidia-smi -L
-"$PY" -c "import torch, numpy, numba, grpc, google.protobuf, rocksdict; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name() if torch.cuda.is_available() else '-', 'numpy', numpy.__version__, 'numba', numba.__version__, 'grpc', grpc.__version__, 'protobuf', google.protobuf.__version__)" || exit 1
+# every module the steps run imported first (a missing package, or one older than the generated code needs, is
+# named here and not inside a step's log), and a GPU torch sees: without one every gpu test would skip and pass
+"$PY" - "$PY" <<'EOF' || exit 1
+import sys
+
+try:
+    import google.protobuf, grpc, numba, numpy, pytest, torch
+    import protos.ps_pb2_grpc, ps.server, worker.launch, worker.train  # noqa: F401
+except Exception as e:  # ImportError, or the generated code's version check
+    sys.exit(f"gpu_check: {sys.argv[1]} cannot run the project: {type(e).__name__}: {e} (wheels of what it lacks "
+             "in .whl/ are installed first)")
+print("torch", torch.__version__, "numpy", numpy.__version__, "numba", numba.__version__, "grpc", grpc.__version__,
+      "protobuf", google.protobuf.__version__, "pytest", pytest.__version__)
+if not torch.cuda.is_available():
+    sys.exit(f"gpu_check: torch {torch.__version__} sees no CUDA device here: nothing to check")
+print("cuda", torch.version.cuda, torch.cuda.device_count(), "GPU(s):", torch.cuda.get_device_name())
+EOF
 if want 1; then
 echo "== 1. tests marked gpu"
 timeout 300 "$PY" -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_models.py tests/integration/test_mixed.py 2>&1 | tee "$OUT/pytest.log" || status=1
