@@ -6,8 +6,9 @@
 # ones in .whl/ are installed into /tmp/site first (a machine with no package index). It stops (exit 1) before
 # any step when that Python cannot import the project or torch sees no GPU. Logs and figures go to $OUT
 # (default /tmp/gpu_check).
-#   1. the tests marked gpu: every model's CUDA forward and backward against numpy, dropout replayed by seed, and a
-#      numpy worker then a torch:cuda worker leaving on the servers the model two numpy workers leave
+#   1. the tests marked gpu: every model's CUDA forward and backward against numpy (bags over two tables; one table
+#      and one id per field), dropout replayed by seed, a group of one on nccl (--dense allreduce's collectives),
+#      and a numpy worker then a torch:cuda worker leaving on the servers the model two numpy workers leave
 #   2. a mixed job: a numpy worker and a CUDA worker training one DeepFM at once (ps-worker launch)
 #   3. examples/s of one torch worker on the CPU and on the GPU, on the same data and model
 #   4. --dense allreduce on CUDA: one worker (a group of one, on nccl); on a one-GPU machine, a launch of two cuda
@@ -49,7 +50,8 @@ print("cuda", torch.version.cuda, torch.cuda.device_count(), "GPU(s):", torch.cu
 EOF
 if want 1; then
 echo "== 1. tests marked gpu"
-timeout 300 "$PY" -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_models.py tests/integration/test_mixed.py 2>&1 | tee "$OUT/pytest.log" || status=1
+timeout 300 "$PY" -m pytest -p no:cacheprovider -m gpu -v -rs tests/test_models.py tests/test_allreduce.py \
+    tests/integration/test_mixed.py 2>&1 | tee "$OUT/pytest.log" || status=1
 fi
 if want 2; then
 echo "== 2. a numpy worker and a CUDA worker at once"

@@ -149,16 +149,25 @@ class UnreachableTables:
         raise ConnectionError("no server answers")
 
 
-def test_one_worker_creates_and_destroys_its_group(monkeypatch):
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                             reason="needs a CUDA device")])],
+)  # fmt: skip
+def test_one_worker_creates_and_destroys_its_group(monkeypatch, device):
+    """On cuda the group is nccl's, on cuda:0 (no LOCAL_RANK), its collectives on tensors of that GPU."""
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert not dist.is_initialized()
     with dense_tables() as tables:
-        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"], device=device)
         try:
             assert dist.is_initialized() and (dense.rank, dense.world_size) == (0, 1) and not dense.inline
+            assert dist.get_backend() == ("nccl" if device == "cuda" else "gloo")
+            assert str(dense.device) == ("cuda:0" if device == "cuda" else "cpu")
             start = flat(dense.pull())
             for s in range(3):
                 dense.step(grads_of(0, s))

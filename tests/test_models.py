@@ -318,6 +318,15 @@ def test_cuda_agrees_with_numpy(name):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_cuda_agrees_with_numpy_over_one_table_and_one_id_per_field(name):
+    """The gather of every field at once (TorchModel._stacked), the path of one table and one id per field."""
+    spec = ModelSpec(name, uniform_fields(6, 4), num_dense=13, hidden=(32, 16))
+    assert_backends_agree(spec, *make_batch(spec, 256, bags=False), device="cuda", rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_dropout_replays_by_seed():
     spec = make_spec("deepfm", hidden=(32, 16), dropout=0.5)
     inputs, params, labels = make_batch(spec, 64)
