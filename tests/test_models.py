@@ -3,6 +3,8 @@ weights and every pooling, and dense features: numpy's hand-written backward pas
 every model against a forward written out from spec.py, numpy against torch (autograd), LR and FM over one id per
 field against tests/reference_models.py, dropout, large logits, bad inputs; GPU tests skip without CUDA."""
 
+import ast
+import pathlib
 import warnings
 
 import numpy as np
@@ -334,6 +336,34 @@ def test_cuda_dropout_replays_by_seed():
     replay = TorchModel(spec, "cuda", seed=4).forward_backward(inputs, params, labels)
     np.testing.assert_array_equal(first[0], replay[0])
     assert np.abs(first[0] - TorchModel(spec, "cuda").predict(inputs, params)).max() > 1e-3
+
+
+TORCH_FACTORIES = {"tensor", "as_tensor", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
+                   "linspace", "eye", "Generator"}  # fmt: skip
+
+
+def test_the_cuda_path_makes_every_tensor_on_its_device_and_reads_results_through_the_cpu():
+    """What a run on the CPU cannot show: in the modules a CUDA worker runs, every torch factory names device= (a
+    tensor made without one is on the CPU, and mixing it with the GPU's fails), every torch.from_numpy is moved
+    .to() the device, and every .numpy() reads a .cpu() tensor (a CUDA tensor has no numpy view)."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    made = 0
+    for path in ("worker/models/torch_backend.py", "worker/allreduce.py"):
+        tree = ast.parse((root / path).read_text())
+        parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)):
+            name, owner, where = call.func.attr, call.func.value, f"{path}:{call.lineno}"
+            of_torch = isinstance(owner, ast.Name) and owner.id == "torch"
+            if of_torch and name in TORCH_FACTORIES:
+                made += 1
+                assert "device" in {k.arg for k in call.keywords}, f"{where}: torch.{name} without device="
+            if of_torch and name == "from_numpy":
+                up = parent[call]
+                assert isinstance(up, ast.Attribute) and up.attr == "to", f"{where}: torch.from_numpy not moved .to()"
+            if name == "numpy":
+                cpu = isinstance(owner, ast.Call) and isinstance(owner.func, ast.Attribute) and owner.func.attr == "cpu"
+                assert cpu, f"{where}: .numpy() of a tensor not .cpu()'d"
+    assert made >= 3  # as_tensor, Generator, rand: the scan sees the backend's factories
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error given where there is no CUDA device")
