@@ -30,6 +30,7 @@ from worker.launch import (
     check_train_flags,
     expand_backends,
     final_evaluation,
+    local_ranks,
     plan_launch,
     resolve_workers,
     run_launch,
@@ -358,6 +359,16 @@ def test_worker_commands_and_environment():
     assert env == {"PATH": "/bin", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "PYTHONUNBUFFERED": "1",
                    "OMP_NUM_THREADS": share, "OPENBLAS_NUM_THREADS": share, "MKL_NUM_THREADS": "3"}  # fmt: skip
+
+
+def test_cuda_workers_local_ranks_count_the_cuda_workers_alone():
+    """worker_device spreads "cuda" workers over the GPUs by LOCAL_RANK mod their count: numpy workers between them
+    must not push two onto one GPU (by rank, workers 1 and 3 would both take cuda:1 of 2)."""
+    assert local_ranks(["numpy", "torch:cuda", "numpy", "torch:cuda"]) == [0, 0, 2, 1]
+    assert local_ranks(["torch:cuda"] * 3) == [0, 1, 2]  # allreduce's: one kind of device, each its rank
+    assert local_ranks(["numpy", "torch:cpu", "torch:cuda:1"]) == [0, 1, 2]  # a named GPU is the worker's own
+    env = worker_environment(3, 4, 29500, {}, local_rank=1)
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("3", "1", "4")
 
 
 # --- merging -----------------------------------------------------------------------------------------------------

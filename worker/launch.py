@@ -10,7 +10,8 @@
                       --backend b_i --device d_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
                       --no-final-eval
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
-                    rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port
+                    rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port;
+                    a cuda worker's LOCAL_RANK is its index among the cuda workers (local_ranks: their GPU)
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
       5. all exit 0: the model evaluated once on the servers, on --eval-data or the synthetic eval rows (a job on
          --data without --eval-data is not: no held-out file), by launch only: the workers, under --no-final-eval,
@@ -382,10 +383,19 @@ LAUNCH_SETS_VARIABLES = frozenset(  # ps.settings' variables of the train flags 
 )  # fmt: skip
 
 
-def worker_environment(rank: int, world_size: int, master_port: int, base: dict[str, str]) -> dict[str, str]:
+def local_ranks(backends: Sequence[str]) -> list[int]:
+    """Each worker's LOCAL_RANK: its rank, but for a worker on "cuda" its index among those workers, by which
+    worker_device spreads them over the GPUs (by rank, the workers of numpy,torch:cuda,numpy,torch:cuda would both
+    land on cuda:1 of 2 GPUs). Under --dense allreduce every worker runs on one kind of device: each its rank."""
+    on_gpu = [split_backend(b)[1] == "cuda" for b in backends]
+    return [sum(on_gpu[:i]) if gpu else i for i, gpu in enumerate(on_gpu)]
+
+
+def worker_environment(rank: int, world_size: int, master_port: int, base: dict[str, str],
+                       local_rank: int | None = None) -> dict[str, str]:  # fmt: skip
     """base less the PS_* variables of the flags launch sets itself and those that set nothing (launch warned of
     them), with torch.distributed's env:// variables
-    for worker `rank`, unbuffered Python output, and each
+    for worker `rank` (LOCAL_RANK local_rank, else rank: local_ranks), unbuffered Python output, and each
     worker's math libraries (numpy's BLAS, torch) limited to its share of this machine's cores, cores // workers
     (at least 1), unless base sets their thread counts: workers on one machine otherwise each start a thread per
     core, and the threads of all of them fight over the cores."""
@@ -393,7 +403,7 @@ def worker_environment(rank: int, world_size: int, master_port: int, base: dict[
     limits = {name: base.get(name, threads) for name in THREAD_VARIABLES}
     unknown = unknown_environment(base)  # warned of once, by launch: not again by every worker
     base = {k: v for k, v in base.items() if k not in LAUNCH_SETS_VARIABLES and k not in unknown}  # flags
-    return {**base, **limits, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+    return {**base, **limits, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank if local_rank is None else local_rank),
             "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
             "PYTHONUNBUFFERED": "1"}  # fmt: skip
 
@@ -540,7 +550,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             port, base = free_port(), dict(os.environ)
             if plan.local_shards:  # shards with no TLS or token (worker/cluster.py): the workers' client uses none
                 base = without_security_variables(base)
-            envs = [worker_environment(i, plan.workers, port, base) for i in range(plan.workers)]
+            local = local_ranks(plan.backends)
+            envs = [worker_environment(i, plan.workers, port, base, local[i]) for i in range(plan.workers)]
             bar = plan.progress_bar and sys.stderr.isatty()  # a log file gets the plain lines, not a bar's redraws
             progress = MergedProgress(plan.workers, bar, progress_every_s)
             group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
