@@ -445,7 +445,7 @@ def _checkpoint(args) -> int:
         client.wait_ready()
         m = save(client, args.dir, args.hold_timeout_s)
     rows = {t["name"]: sum(s["rows"].get(t["name"], 0) for s in m["shards"]) for t in m["tables"]}
-    print(f"checkpoint of {m['num_shards']} shards at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
+    print(f"checkpoint of {m['num_shards']} shard{'s' * (m['num_shards'] != 1)} at clock {m['clock']} in {args.dir} ({m['seconds']:.1f} s, pushes "
           f"held {m['pushes_held_s']:.1f} s): " + ", ".join(f"{k} {v:,} row{'s' * (v != 1)}" for k, v in rows.items()))  # fmt: skip
     return 0
 
