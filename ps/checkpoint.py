@@ -77,6 +77,20 @@ def checkpoint_holding(path: str) -> str | None:
     return parent if name in listed else None
 
 
+def checkpoint_folder_around(path: str) -> str | None:
+    """The shard folder of a checkpoint (checkpoint_holding) that path is or lies inside, else None: a data dir
+    there would add files to the checkpoint, which a restore, an export and `ps-server verify` then refuse as
+    damaged (read_manifest)."""
+    path = os.path.abspath(path)
+    while True:
+        if checkpoint_holding(path) is not None:
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+
+
 def manifest_digest(manifest: dict) -> str:
     """sha256 of the manifest's JSON without its "sha256" key (keys sorted, no spaces)."""
     body = {k: v for k, v in manifest.items() if k != "sha256"}

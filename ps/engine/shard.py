@@ -43,7 +43,7 @@ from typing import TypeVar
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest, read_manifest, slot_range
+from ps.checkpoint import MANIFEST, checkpoint_folder_around, file_checksums, load_manifest, read_manifest, slot_range
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, check_stamp, contribution
@@ -123,11 +123,18 @@ def _refuse_lone_rocksdb(config: ServerConfig) -> None:
 
 
 def _restore_manifest(config: ServerConfig) -> dict | None:
-    """StorageError if config.data_dir is a shard's folder of a checkpoint. For a restore into a new (missing or
+    """StorageError if config.data_dir is, or lies inside, a shard's folder of a checkpoint. For a restore into a new (missing or
     empty) data dir: the checkpoint's manifest, checked with every file of it before the dir is made; else None (a
     dir with data gets the refusals of check_restored and restore_into)."""
-    checkpoint = checkpoint_holding(config.data_dir)
-    if checkpoint is not None:
+    folder = checkpoint_folder_around(config.data_dir)
+    if folder is not None:
+        checkpoint = os.path.dirname(folder)
+        if folder != os.path.abspath(config.data_dir):
+            raise StorageError(
+                f"--data-dir {config.data_dir} lies inside {folder}, a shard's folder of the checkpoint {checkpoint}: "
+                "a server there would add files to the checkpoint, which a restore or an export then refuses as "
+                "damaged. Give a --data-dir outside the checkpoint; nothing was changed"
+            )
         raise StorageError(
             f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
             f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"

@@ -224,6 +224,25 @@ def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
     assert subprocess.run([*again, "--overwrite"], capture_output=True, timeout=120).returncode == 0
 
 
+@pytest.mark.parametrize("restore", [True, False])
+def test_a_data_dir_inside_a_checkpoints_shard_folder_is_refused_and_the_checkpoint_stays_whole(tmp_path, restore):
+    """A data dir made inside shard-<i> would add files there, which every later restore, export and verify of the
+    checkpoint refuses as damage; refused before anything is written."""
+    from ps.engine.shard import Shard
+    from ps.storage.verify import verify_data_dir
+
+    busy_checkpoint(tmp_path)
+    checkpoint = tmp_path / "ckpt"
+    before = files_of(checkpoint)
+    data_dir = checkpoint / "shard-0" / "restored" / "here"
+    with pytest.raises(StorageError, match=r"--data-dir .*restored/here lies inside .*ckpt/shard-0, a shard's folder "
+                                           r"of the checkpoint .*ckpt: .*nothing was changed"):  # fmt: skip
+        Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(checkpoint) if restore else None))
+    assert files_of(checkpoint) == before and not (checkpoint / "shard-0" / "restored").exists()
+    report, damaged = verify_data_dir(str(checkpoint))
+    assert not damaged, report
+
+
 def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
     original, addresses = start_servers(tmp_path / "original", 2)
     try:
