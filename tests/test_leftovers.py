@@ -323,6 +323,32 @@ def test_an_export_of_servers_whose_shard_0_alone_lacks_the_table_is_not_told_th
     assert not (tmp_path / "out").exists()
 
 
+def test_an_export_whose_save_fails_on_one_shard_does_not_say_to_delete_the_checkpoint_it_removed(tmp_path, capsys):
+    """Shard 0 saves its part into OUT's fresh checkpoint, shard 1's save fails: the export removes that checkpoint
+    (and OUT) itself, so its error is the shard's, with no word of parts left there to delete."""
+    from ps.errors import CheckpointDirError
+
+    servers, addresses = _two_started_shards(tmp_path)
+
+    def refused(path: str) -> None:
+        raise CheckpointDirError("cannot write the checkpoint here (the test's)")
+
+    out = tmp_path / "out"
+    try:
+        with Client(addresses) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, 2), np.float32))
+        servers[1].shard._write_checkpoint = refused
+        code = main(["export", str(out), "--servers", ",".join(addresses), "--no-progress"])
+    finally:
+        for server in servers:
+            server.stop(grace_s=1)
+    err = capsys.readouterr().err
+    assert code == 2 and "shard 1 at" in err and "cannot write the checkpoint here (the test's)" in err, err
+    assert "delete" not in err and "shard-0, the part of each shard" not in err, err
+    assert not out.exists()
+
+
 def _export_from_one_server(tmp_path, capsys, out, checkpoint_root: str | None) -> str:
     """ps-worker export OUT from one server holding a table "emb" (started with checkpoint_root): its stderr;
     the export must fail with exit code 2 and leave no OUT."""

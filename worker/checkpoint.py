@@ -92,7 +92,11 @@ def _note_parts_left(error: BaseException, directory: str, all_saved: bool = Fal
 
 
 def save(
-    client: Client, directory: str, hold_timeout_s: float = DEFAULT_HOLD_S, tables: set[str] | None = None
+    client: Client,
+    directory: str,
+    hold_timeout_s: float = DEFAULT_HOLD_S,
+    tables: set[str] | None = None,
+    temporary: bool = False,
 ) -> dict:
     """Checkpoints every shard the client knows into directory (new or empty, and inside the servers'
     --checkpoint-root); returns the manifest. ValueError, before any shard is held, for a directory that holds
@@ -100,8 +104,10 @@ def save(
     checkpoints (worker.tables.cluster_damage), or for a table some shards lack (untrained_on_some_shards: its
     manifest entry is described by every shard); tables: look only at these for such a table, for a checkpoint
     that is read for them alone, an export's. A failure once the shards began to save says what they left in
-    directory (_note_parts_left)."""
+    directory (_note_parts_left), unless temporary: the caller removes directory when the save fails (an export's
+    fresh checkpoint, whose leftovers the next export removes), so the error says nothing of what is in it."""
     directory = os.path.abspath(directory)
+    parts_in = None if temporary else directory  # where a failure's error says what the shards left
     if os.path.exists(os.path.join(directory, MANIFEST)):
         raise ValueError(f"{directory} holds a checkpoint already; give a new directory")
     check_save_dir("checkpoint dir", directory)
@@ -131,11 +137,12 @@ def save(
                 {s: ps_pb2.CheckpointRequest(phase="save", dir=directory, token=tokens[s]) for s in range(n)}
             )
         except PsError as e:
-            _note_parts_left(e, directory)
+            if parts_in is not None:
+                _note_parts_left(e, parts_in)
             raise
         saved = True
     finally:  # every hold taken is released, whatever failed
-        _release(client, tokens, directory if saving else None, saved)
+        _release(client, tokens, parts_in if saving else None, saved)
     shards = [json.loads(r.shard_json) for r in replies]
     if not os.access(directory, os.R_OK | os.X_OK):
         raise PermissionError(f"the servers saved their parts into {directory}, which this user cannot read (the "
@@ -156,7 +163,8 @@ def save(
         configs = [codec.table_config_from_proto(client.describe_table(name, asked[name])[0].spec).to_dict()
                    for name in names]  # fmt: skip
     except PsError as e:  # a table made on some shards since the Stats above, or a shard gone
-        _note_parts_left(e, directory, all_saved=True)
+        if parts_in is not None:
+            _note_parts_left(e, parts_in, all_saved=True)
         raise
     manifest = {
         "format": FORMAT,
@@ -182,7 +190,7 @@ def save(
 def _release(client: Client, tokens: dict[int, str], saved_into: str | None, all_saved: bool) -> None:
     """Releases every hold of tokens; saved_into: the directory the shards were told to save into, whose parts
     a failed release's error names (_note_parts_left; all_saved: every shard's save finished), else None (no save
-    was sent)."""
+    was sent, or its directory is temporary: see save)."""
     try:
         client.checkpoint({s: ps_pb2.CheckpointRequest(phase="release", token=t) for s, t in tokens.items()})
     except PsError as e:

@@ -97,7 +97,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
                 if patterns is not None and not args.keep_checkpoint:  # --tables alone and then deleted
                     only = set(exported)
                 try:
-                    save(servers, fresh, tables=only)
+                    save(servers, fresh, tables=only, temporary=True)  # undo() removes it on a failure
                 except NoCheckpointRootError as e:  # a server started without --checkpoint-root
                     raise NoCheckpointRootError(
                         "export has the servers save the model as a checkpoint into a folder of OUT first, and a "
