@@ -566,3 +566,24 @@ def test_a_store_whose_close_finds_the_disk_full_says_so(tmp_path):
     with pytest.raises(DiskFullError, match=r"closing RocksDB.*the rows it did not write are in the journal"):
         store.close()
     store.close()  # closed all the same: a second close does nothing
+
+
+@pytest.mark.parametrize("restoring", [False, True])
+def test_a_close_that_finds_the_disk_full_says_what_recovers_the_unwritten_part(tmp_path, restoring):
+    """RocksDB's close failing on a full disk: the rows it did not write are in the journal, unless a restore was
+    in progress (its restore_pending mark set): then the same --restore starts it over, and the journal holds none
+    of the checkpoint's rows."""
+    store = store_module.Store(str(tmp_path / "d"))
+    if restoring:
+        store.set_restore_pending("/checkpoints/c1")
+    store._db = _CloseFindsTheDiskFull(store._db)
+    with pytest.raises(DiskFullError) as caught:
+        store.close()
+    said = str(caught.value)
+    if restoring:
+        assert "the restore from /checkpoints/c1 did not finish: a start with the same --restore starts it over" in (
+            said
+        ), said
+        assert "journal" not in said, said
+    else:
+        assert "the rows it did not write are in the journal, replayed at the next start" in said, said

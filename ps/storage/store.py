@@ -1263,12 +1263,16 @@ class Store:
         if self._readers is not None:
             self._readers.shutdown()
         if self._db is not None:
+            try:  # a restore that failed: its mark, not the journal, recovers it
+                pending = self.restore_pending()
+            except Exception:  # RocksDB failing already: the close says how
+                pending = None
+            outcome = (f"the restore from {pending} did not finish: a start with the same --restore starts it over"
+                       if pending else "the rows it did not write are in the journal, replayed at the next start")  # fmt: skip
             self._cfs.clear()
             self._meta = None
             db, self._db = self._db, None
-            with self._rocksdb(
-                "closing RocksDB", "the rows it did not write are in the journal, replayed at the next start"
-            ):
+            with self._rocksdb("closing RocksDB", outcome):
                 db.close()
 
 
