@@ -211,3 +211,42 @@ def test_a_crash_loses_evicted_rows_still_waiting_for_their_write_and_the_replay
         np.testing.assert_array_equal(shard.table("t").peek(ids), before)
     finally:
         shard.close()
+
+
+def test_a_shrink_writes_only_the_rows_it_changes(tmp_path):
+    """With decay 1 a kept row is as it was, so a shrink deletes the ids it drops and writes no other row; a table
+    with no rule on is left alone. The rows are the same after a restart."""
+    d = str(tmp_path / "d")
+    ttl = TableConfig("ttl", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
+                      eviction=EvictionConfig(ttl_steps=5))  # fmt: skip
+    plain = TableConfig("plain", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))
+    shard = Shard(ServerConfig(data_dir=d, flush_interval_s=3600))
+    ids, recent = np.arange(100, dtype=np.uint64), np.arange(10, dtype=np.uint64)
+    for cfg in (ttl, plain):
+        shard.create_table(cfg)
+        shard.push(cfg.name, ids, np.ones((100, 2), np.float32))
+    shard.advance_clock(10)
+    for name in ("ttl", "plain"):
+        shard.push(name, recent, np.ones((10, 2), np.float32))
+    shard.flush()
+    before = {name: shard.table(name).peek(ids).copy() for name in ("ttl", "plain")}
+    writes, put_rows = [], shard.store.put_rows
+
+    def counted(table, ids, rows, *args, delete=None, **kwargs):
+        writes.append((table, len(ids), 0 if delete is None else len(delete)))
+        return put_rows(table, ids, rows, *args, delete=delete, **kwargs)
+
+    shard.store.put_rows = counted
+    assert shard.shrink()["dropped"] == 90
+    assert writes == [("ttl", 0, 90)], writes
+    want = {"ttl": np.where(np.isin(ids, recent)[:, None], before["ttl"], 0), "plain": before["plain"]}
+    for name in ("ttl", "plain"):
+        np.testing.assert_array_equal(shard.table(name).peek(ids), want[name])
+    shard.close()
+    shard = Shard(ServerConfig(data_dir=d, flush_interval_s=3600))
+    try:
+        for name in ("ttl", "plain"):
+            np.testing.assert_array_equal(shard.table(name).peek(ids), want[name])
+        assert (shard.table("ttl").num_rows, shard.table("plain").num_rows) == (10, 100)
+    finally:
+        shard.close()

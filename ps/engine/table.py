@@ -303,8 +303,11 @@ class Table:
         chunk_rows (bounded memory), so call flush() first. Returns the number of ids dropped. A row pushed since
         the last flush (its lsn past the store's flushed seq) is kept, decayed, until a later shrink: a drop is not
         journaled, so after a crash the journal's replay of that push would bring the row back (with the push
-        under any later one)."""
+        under any later one). Only what changes is written: with decay 1 the kept rows stay as they are, and a
+        table with no rule on is not scanned at all."""
         ev, sc = self.cfg.eviction, self.stats_col
+        if ev.ttl_steps == 0 and ev.score_threshold == 0 and ev.decay == 1:
+            return 0
         after, dropped = None, 0
         while True:
             with self.lock:
@@ -328,7 +331,8 @@ class Table:
                 if ev.score_threshold > 0:
                     drop |= (show - click) * ev.nonclk_coeff + click * ev.click_coeff < ev.score_threshold
                 drop &= lsn <= np.uint64(self.store.flushed_seq())  # pushed since the last flush: kept (docstring)
-                self._apply_shrink(ids, rows, lsn, complete, in_ram, drop)
+                written = ~drop if ev.decay < 1 else np.zeros(len(ids), dtype=bool)  # decay 1: kept rows as they were
+                self._apply_shrink(ids, rows, lsn, complete, in_ram, drop, written)
                 dropped += int(drop.sum())
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
@@ -518,14 +522,15 @@ class Table:
         for ahead in self._watchers:
             ahead.note_written(ids)
 
-    def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop) -> None:
-        """Writes a shrink chunk: decayed rows kept, dropped rows deleted, in RocksDB and RAM."""
-        a, keep = self.arena, ~drop
+    def _apply_shrink(self, ids, rows, lsn, complete, in_ram, drop, keep) -> None:
+        """Writes a shrink chunk: the rows of `keep` (kept, decayed) written, dropped rows deleted, in RocksDB and
+        RAM; the rest stay as they are."""
+        a = self.arena
         ram_rows = in_ram[in_ram >= 0]
         before = np.full(len(ids), 0, dtype=np.uint8)
         before[in_ram >= 0] = a.stored[ram_rows]
         before[in_ram < 0] = np.where(complete[in_ram < 0], 2, 1)
-        after = np.where(drop, 0, np.where(complete, 2, 1)).astype(np.uint8)
+        after = np.where(drop, 0, np.where(keep, np.where(complete, 2, 1), before)).astype(np.uint8)
         counts = self._counts_after(before, after)
         self.num_rows -= int(np.count_nonzero(drop & complete))
         self.num_pending -= int(np.count_nonzero(drop & ~complete))
