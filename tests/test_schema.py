@@ -653,3 +653,26 @@ def test_the_comment_of_a_number_column_counts_its_na_cells_as_missing(tmp_path)
     assert "'price': numbers, skewness" in text
     assert "300 of 300 cells non-empty, 30 of them NA or another missing value; 38 distinct" in text
     assert "'cat': " in text and "NA or another" not in text.split("'cat': ")[1].split("\n")[0]
+
+
+def test_numbers_past_float32_are_no_numbers_to_infer_from(tmp_path):
+    """A cell the readers refuse as a number (|x| > 3.4e38, float32's largest) is not one to the inference either:
+    among numbers it is a junk cell named in the checks (the statistics of a column holding 1e200 overflowed
+    Python's floats, and `ps-worker schema`, and train, eval and predict through the built-in csv schema's hints,
+    failed with a traceback); 3e38 is still a number."""
+    rows = ["click,price,big"]
+    for i in range(300):
+        price = "1e200" if i == 7 else f"{(i * 37) % 50 + 1.5}"
+        rows.append(f"{i % 2},{price},{'3e38' if i % 3 else f'{i}.5'}")
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    text, checks = infer_schema(str(tmp_path / "d.csv"))
+    columns = {c.name: c for c in schema_from_text(text, "inferred", default_table="t", default_dim=4).columns}
+    assert columns["price"].kind == "categorical", text
+    assert [c for c in checks if c.startswith("'price': 299 of its 300 filled cells") and "'1e200' (1)" in c], checks
+    assert columns["big"].kind == "numeric", text
+    for cells in (["1e39", "2", "5.5"], ["-1e120", "0.5", "7.25"]):
+        assert infer_column("v", "v", cells * 10)[0].kind == "categorical"
+    # the built-in csv schema's hints infer each column of a sample too: train, eval and predict failed the same way
+    schema = resolve_schema(str(tmp_path / "d.csv"), schema_path=None, fmt="csv", label_column=None, drop_columns=(),
+                            numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4)  # fmt: skip
+    assert [(c.name, c.kind) for c in schema.columns] == [("price", "categorical"), ("big", "categorical")]

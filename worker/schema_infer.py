@@ -4,7 +4,7 @@ The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and fal
 whose name holds one of LABEL_WORDS (`is_click`, `converted`), else the first such column, else the first column;
 the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
 stderr. The rules, per other CSV column of the sample (a cell that is empty or one of encode.MISSING_TEXTS is
-missing):
+missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
     numbers in every non-empty cell   few distinct integers, integers in a column named like an id (`id`,
                                       `user_id`, `itemId`, `uid`, `userid`), or integers written with leading
                                       zeros (codes: `02415`) -> categorical;
@@ -20,7 +20,7 @@ missing):
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
                                       multi_hot (weighted when every token is id:number)
-    numbers in nine in ten of its non-empty cells, not all (`-`, `#N/A`, `inf` in the others)
+    numbers in nine in ten of its non-empty cells, not all (`-`, `#N/A`, `inf`, `1e40` in the others)
                                       categorical, and in the schema and on stderr: those cells, and to empty
                                       them (a missing number) for numbers
     anything else                     categorical
@@ -39,7 +39,7 @@ import re
 from worker.criteo import other_format_hint
 from worker.csv_fast import label_value
 from worker.datafiles import data_files
-from worker.encode import is_missing_text
+from worker.encode import FLOAT32_MAX, is_missing_text
 from worker.schema import FORMATS, Column, _entry, _toml
 from worker.schema_builtin import builtin_schema, header_reads_like_an_example, separator_of_one_column
 
@@ -315,12 +315,13 @@ def _code_twin(column: Column, values: list[float], taken: set[str]) -> Column |
 
 
 def _floats(cells: list[str]) -> list[float] | None:
-    """The cells as finite numbers, or None if one is not."""
+    """The cells as numbers the readers take (finite, |x| <= FLOAT32_MAX: worker/encode.py float_values), or None if
+    one is not."""
     try:
         values = [float(c) for c in cells]
     except ValueError:
         return None
-    return values if all(math.isfinite(v) for v in values) else None
+    return values if all(abs(v) <= FLOAT32_MAX for v in values) else None
 
 
 def _mostly_numbers(cells: list[str]) -> list[str]:
