@@ -119,6 +119,11 @@ def test_raw_ids():
     ids, ok = raw_ids(np.array([b"12", b"18446744073709551615", b"1e3", b"-1", b" 1", b"123456789012345678901", b""]))
     assert ok.tolist() == [True, False, False, False, False, False, True] and ids[0] == 12
     assert raw_ids(np.array(["١٢"]))[1].tolist() == [False]  # other scripts' digits are not decimal ids
+    for kind in ("U", "S"):  # leading zeros say nothing: a number below 2**64 - 1 however many there are
+        padded = np.array(["0" * 23 + "1", "0" * 5 + "18446744073709551614", "0" * 5 + "18446744073709551615", "0" * 25],
+                          dtype=kind)  # fmt: skip
+        ids, ok = raw_ids(padded)
+        assert ok.tolist() == [True, True, False, True] and ids[[0, 1, 3]].tolist() == [1, 2**64 - 2, 0], kind
     b = encode(s, np.zeros(2, np.float32), {"u": np.array(["1", "2"]), "v": np.array(["", ","])})
     assert b.fields["v"].offsets.tolist() == [0, 0, 0] and len(b.fields["v"].ids) == 0
 

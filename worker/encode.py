@@ -231,7 +231,9 @@ def raw_ids(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=bool)
     lengths = np.strings.str_len(cells)
     ok = np.strings.isdecimal(cells) if cells.dtype.kind == "U" else np.strings.isdigit(cells)
-    ok &= (lengths < 20) | ((lengths == 20) & (cells <= cells.dtype.type(_MAX_RAW)))
+    digits = np.strings.lstrip(cells, cells.dtype.type("0"))  # the number's digits: leading zeros say nothing
+    width = np.strings.str_len(digits)
+    ok &= (width < 20) | ((width == 20) & (digits <= cells.dtype.type(_MAX_RAW)))
     if cells.dtype.kind == "U":  # str.isdecimal takes other scripts' digits too: ASCII digits only
         codes = np.ascontiguousarray(cells).view(np.uint32).reshape(len(cells), -1)
         ok &= (codes < 128).all(axis=1)
