@@ -2,6 +2,7 @@
 schemas, resolve_schema, stats, the TOML round trip and the schema inferred from a sample."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -676,3 +677,14 @@ def test_numbers_past_float32_are_no_numbers_to_infer_from(tmp_path):
     schema = resolve_schema(str(tmp_path / "d.csv"), schema_path=None, fmt="csv", label_column=None, drop_columns=(),
                             numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4)  # fmt: skip
     assert [(c.name, c.kind) for c in schema.columns] == [("price", "categorical"), ("big", "categorical")]
+
+
+def test_the_statistics_of_tiny_numbers_are_those_of_numpy():
+    """A column of numbers near 1e-110 is standardized with its mean and std (numpy's, to rounding): their cubes
+    underflowed to 0.0 and the skewness divided by zero, a traceback."""
+    cells = ["1e-110", "3e-110", "2e-110", "5.5e-110", "7e-110", "0"] * 5
+    column, comment = infer_column("v", "v", cells)
+    values = np.array([float(c) for c in cells])
+    assert column.transform == "standardize" and "skewness 0.4" in comment, comment
+    assert math.isclose(column.mean, values.mean(), rel_tol=1e-12) and math.isclose(column.std, values.std(),
+                                                                                     rel_tol=1e-12)  # fmt: skip

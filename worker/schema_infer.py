@@ -404,8 +404,10 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
             return Column(name, source, "categorical"), f"integers in a column named like an id ({seen}): categorical"
         n = len(values)
         mean = sum(values) / n
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / n)
-        skew = sum((v - mean) ** 3 for v in values) / n / std**3 if std > 0 else 0.0
+        deviations = [v - mean for v in values]
+        scale = max(map(abs, deviations))  # powers of deviations scaled to at most 1: 1e-110 cubed is no 0.0
+        std = scale * math.sqrt(sum((d / scale) ** 2 for d in deviations) / n) if scale > 0 else 0.0
+        skew = sum((d / std) ** 3 for d in deviations) / n if std > 0 else 0.0
         if all(v.is_integer() for v in values):  # counts, or codes? a person knows
             seen += '; if these integers are codes or ids, not quantities, make it kind = "categorical"'
         if min(values) >= 0 and skew > _HEAVY_SKEW:
