@@ -238,3 +238,16 @@ def test_a_numeric_cell_past_float32_is_bad_in_every_pass():
     values, missing, ok = float_values(np.array(["1e39", "-1e39", "3.4e38", "", "inf", "2"]))
     assert ok.tolist() == [False, False, True, True, False, True]
     assert values.tolist()[:3] == [0.0, 0.0, 3.4e38] and missing.tolist()[3]
+
+
+@pytest.mark.parametrize("kind", ["U", "S"])
+def test_weighted_bags_all_empty_in_a_call_are_empty_bags(kind):
+    """A chunk whose every weighted cell is empty (or separators alone) holds empty bags: it failed with numpy's
+    "zero-size array to reduction operation maximum", which stopped a run on a file whose weighted column was
+    empty in a chunk."""
+    s = schema_of(bag("w", kind="weighted", pooling="mean"), bag("r", kind="weighted", ids="raw", source="w"))
+    b = encode(s, np.zeros(3, np.float32), {"w": np.array(["", "|", "||"], dtype=kind)})
+    for name in ("w", "r"):
+        bags = b.fields[name]
+        assert bags.ids.tolist() == [] and bags.offsets.tolist() == [0, 0, 0, 0] and bags.weights.tolist() == []
+        assert bags.weights.dtype == np.float32

@@ -276,6 +276,8 @@ def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncat
 
 def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Problems) -> tuple[np.ndarray, np.ndarray]:
     """(id tokens, float32 weights) of id:weight tokens; bad tokens reported (their ids and weights unused)."""
+    if len(tokens) == 0:  # every bag empty (np.strings.rpartition fails on an empty array)
+        return tokens, np.zeros(0, dtype=np.float32)
     colon = b":" if tokens.dtype.kind == "S" else ":"
     ids, sep, weight_text = np.strings.rpartition(tokens, colon)
     values, missing, ok = float_values(weight_text)
