@@ -979,6 +979,25 @@ def test_a_line_file_whose_lines_end_in_cr_alone_is_refused_at_a_bounded_line_le
         list(read_batches(path, schema, 64, max_bad_lines=10**6))
 
 
+@pytest.mark.parametrize("fmt", ["criteo", "libsvm"])
+@pytest.mark.parametrize("labeled", [True, False])
+def test_a_short_line_file_whose_lines_end_in_cr_alone_names_them(fmt, labeled, tmp_path):
+    """A small file of CR-ended lines reads as one line: its bad line names the CRs, not another tab-separated
+    layout (criteo) or a feature token "0" (libsvm: split() takes a CR for a blank). Its libsvm lines without a
+    label are all id:value tokens: one line of more features than the schema's fields."""
+    line = "\t".join(["1"] * 13 + ["a"] * 26) if fmt == "criteo" else "1:1 2:1"
+    line = ("1\t" if fmt == "criteo" else "1 ") + line if labeled else line
+    path = tmp_path / "cr.txt"
+    path.write_bytes(("\r".join([line] * 3) + "\r").encode())
+    more = {"libsvm_fields": 2} if fmt == "libsvm" else {}
+    schema = builtin_schema(fmt, default_table="t", default_dim=4, **more)
+    with pytest.raises(ValueError, match=r"cr.txt line 1: .*; it holds carriage returns: are its lines ended by CR "
+                                         r"alone\? \(`tr '\\r' '\\n'` converts them\); 1 bad line"):  # fmt: skip
+        list(read_batches(path, schema, 64, labeled=labeled))
+    path.write_bytes(("\n".join([line] * 3) + "\r\n").encode())  # CRLF or LF ends: no CR inside a line
+    assert len(next(read_batches(path, schema, 64, labeled=labeled))) == 3
+
+
 @pytest.mark.parametrize("fmt", ["criteo", "csv"])
 @pytest.mark.parametrize("scan", [True, False])
 def test_blank_labels_reads_a_label_cell_that_is_no_label_as_none_and_counts_it(tmp_path, monkeypatch, fmt, scan):

@@ -34,6 +34,8 @@ _WRITE_ROWS = 65536  # rows formatted at a time by write_criteo
 _HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
 
 EMPTY_LINE = "empty line"  # a line of nothing but whitespace: skipped, not a bad line (worker/formats.py)
+CR_ALONE = "it holds carriage returns: are its lines ended by CR alone? (`tr '\\r' '\\n'` converts them)"
+# said of a bad line of a line file (Criteo, libsvm) with a CR inside: lines ended by CR alone read as one line
 
 
 def parse_lines(chunk: bytes, name: str, first_line: int) -> tuple[np.ndarray, np.ndarray]:
@@ -163,6 +165,8 @@ def shape_problem(line: bytes) -> str | None:
     if not body.strip(b" "):  # (a line of tabs is 40 empty columns: a bad label)
         return EMPTY_LINE
     columns = body.count(b"\t") + 1
+    if columns != NUM_COLUMNS and b"\r" in body:  # lines ended by CR alone, read as one
+        return f"{columns} tab-separated columns, expected {NUM_COLUMNS}; {CR_ALONE}"
     if columns != NUM_COLUMNS:
         hint = other_format_hint(body)
         if not hint and columns > 1 and abs(columns - NUM_COLUMNS) > 1:  # not a Criteo line, a column lost or added

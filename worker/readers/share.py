@@ -18,6 +18,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from worker.criteo import CR_ALONE
 from worker.encode import Parsed
 
 BAD_SHARE_AFTER = 10  # bad records before BadLines' share applies
@@ -194,8 +195,7 @@ def bounded_lines(f: BinaryIO, name: str) -> Iterator[bytes]:
             cr = b"\r" in line
             raise ValueError(
                 f"{name} line {number:,}: {MAX_LINE_BYTES:,} bytes with no line end"
-                + ("; it holds carriage returns: are its lines ended by CR alone? (`tr '\\r' '\\n'` converts them)"
-                   if cr else "; is it a line file of this format?") + " Nothing more was read"
+                + (f"; {CR_ALONE}" if cr else "; is it a line file of this format?") + " Nothing more was read"
             )  # fmt: skip
         yield line.removeprefix(BOM_UTF8) if number == 1 else line
 
