@@ -117,6 +117,28 @@ def test_zero_denominators_pool_to_zero_and_take_no_gradient():
     assert (pool_backward(np.ones((2, 3)), index, offsets, weights, "mean", 4) == 0).all()
 
 
+@pytest.mark.parametrize("mode", ["mean", "sqrtn"])
+def test_tiny_weights_pool_to_their_rows_on_both_backends(mode):
+    """Weights below float32's smallest normal number (1e-40, 1e-44: a weighted column's cells read as float32)
+    pool as the formula says: one id of any weight pools, under mean and sqrtn, to its row; two of equal weights to
+    their mean (mean) or their sum / sqrt(2) (sqrtn). The sum was taken before the scale: numpy's rows times 1e-44
+    underflowed (a row of 0.5 pooled to 0.571), and torch's float32 scale of 1e44 was inf (inf and nan pooled)."""
+    rows = np.array([[0.5, -0.25, 0.0], [1.5, 0.75, -2.0]], np.float32)
+    index, offsets = np.array([0, 1, 0, 1]), np.array([0, 1, 2, 4])
+    expected = np.vstack([rows, (rows[0] + rows[1]) / (2 if mode == "mean" else np.sqrt(2))])
+    for w in (1e-40, 1e-44):
+        weights = np.full(4, w, np.float32)
+        np.testing.assert_allclose(pool(rows, index, offsets, weights, mode), expected, rtol=1e-6)
+        rows_t = torch.tensor(rows, requires_grad=True)
+        pooled_t = pool_torch(rows_t, FieldInput(index, offsets, weights), mode)
+        np.testing.assert_allclose(pooled_t.detach().numpy(), expected, rtol=1e-6)
+        pooled_t.backward(torch.ones(3, 3))
+        grads = pool_backward(np.ones((3, 3), np.float32), index, offsets, weights, mode, 2)
+        scale = 1.5 if mode == "mean" else 1 + 1 / np.sqrt(2)  # d (pooled rows summed) / d each row
+        np.testing.assert_allclose(grads, np.full((2, 3), scale), rtol=1e-6)
+        np.testing.assert_allclose(rows_t.grad.numpy(), grads, rtol=1e-6)
+
+
 def test_empty_batches_and_empty_bags():
     rows = np.ones((3, 2), np.float32)
     assert pool(rows, np.zeros(0, np.int64), np.zeros(1, np.int64), None, "mean").shape == (0, 2)

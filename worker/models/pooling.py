@@ -7,8 +7,10 @@ a table's unique rows, each with a weight w_j (1 when weights is None). A bag po
     mean:   p = sum_j w_j r_j / sum_j w_j
     sqrtn:  p = sum_j w_j r_j / sqrt(sum_j w_j^2)
 
-an empty bag, or one whose denominator is 0, to 0 (and its rows take no gradient). So p = scale * sum_j w_j r_j
-with one scale per bag (bag_scales), and d loss / d r = sum over the bags holding r of scale * w_j * d loss / d p.
+an empty bag, or one whose denominator is 0, to 0 (and its rows take no gradient). So p = sum_j (scale w_j) r_j
+with one scale per bag (bag_scales), each weight scaled before its row is added (a weight of 1e-40 alone pools to
+its row, not to an underflowed product times 1e40), and d loss / d r = sum over the bags holding r of scale * w_j *
+d loss / d p.
 A field of one id per example and no weights (a categorical field) pools to a gather and its gradient is a
 scatter-add. The loops are compiled (numba, nogil) and run in the dtype of the rows.
 """
@@ -72,6 +74,14 @@ def _check_index_range(index: np.ndarray, num_rows: int, what: str) -> None:
 def one_id_per_bag(offsets: np.ndarray, weights: np.ndarray | None) -> bool:
     """Whether every bag holds exactly one id and there are no weights: pooling is then a gather (any mode)."""
     return weights is None and bool((offsets[1:] - offsets[:-1] == 1).all())
+
+
+def scaled_weights(offsets: np.ndarray, weights: np.ndarray | None, mode: str) -> np.ndarray:
+    """float64 (nnz,): each id's weight (1 when weights is None) times its bag's scale (bag_scales): the factor of
+    its row in the pooled vector."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    per_id = np.repeat(bag_scales(offsets, weights, mode), np.diff(offsets))
+    return per_id if weights is None else per_id * np.asarray(weights, dtype=np.float64)
 
 
 def bag_scales(offsets: np.ndarray, weights: np.ndarray | None, mode: str) -> np.ndarray:
@@ -153,14 +163,12 @@ def _bag_scales(offsets, weights, has_weights, mode, out):
 def _pool(rows, index, offsets, weights, has_weights, scales, out):
     d = rows.shape[1]
     for i in range(len(out)):
+        s = scales[i]
         for j in range(offsets[i], offsets[i + 1]):
             r = index[j]
-            c = weights[j] if has_weights else 1.0
+            c = (weights[j] if has_weights else 1.0) * s
             for k in range(d):
                 out[i, k] += c * rows[r, k]
-        if scales[i] != 1.0:
-            for k in range(d):
-                out[i, k] *= scales[i]
 
 
 @numba.njit(nogil=True, cache=True)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from worker.models.numpy_backend import check_inputs
-from worker.models.pooling import bag_scales
+from worker.models.pooling import scaled_weights
 from worker.models.spec import LOGIT_BIAS, FieldInput, ModelInputs, ModelSpec
 
 
@@ -44,18 +44,17 @@ def worker_device(device: str, exclusive: bool = False) -> str:
 
 def pool_torch(rows: torch.Tensor, field: FieldInput, mode: str) -> torch.Tensor:
     """(n, d) pooled bags of rows (u, d) on rows' device, as worker/models/pooling.py pools them: one id per bag
-    and no weights is a gather; otherwise a weighted sum (embedding_bag) times each bag's scale (bag_scales).
-    field holds valid int64 bags, one_per_bag set (worker.models.numpy_backend.check_inputs)."""
+    and no weights is a gather; otherwise a weighted sum (embedding_bag), each weight times its bag's scale
+    (scaled_weights) for mean and sqrtn. field holds valid int64 bags, one_per_bag set
+    (worker.models.numpy_backend.check_inputs)."""
     device = rows.device
     index = _tensor(field.index, device, np.int64)
     if field.one_per_bag:
         return rows.index_select(0, index)
-    weights = None if field.weights is None else _tensor(field.weights, device)
+    weights = field.weights if mode == "sum" else scaled_weights(field.offsets, field.weights, mode)
+    weights = None if weights is None else _tensor(weights, device)
     offsets = _tensor(field.offsets, device, np.int64)
-    pooled = F.embedding_bag(index, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
-    if mode == "sum":
-        return pooled
-    return pooled * _tensor(bag_scales(field.offsets, field.weights, mode), device)[:, None]
+    return F.embedding_bag(index, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True)
 
 
 def _tensor(a: np.ndarray, device: torch.device, dtype: type = np.float32) -> torch.Tensor:
