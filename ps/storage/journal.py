@@ -873,7 +873,12 @@ def _holds_a_whole_record(data: bytes, pos: int, end: int) -> bool:
     if end - p < PAYLOAD_HEAD.size:
         return False
     n, dim = struct.unpack_from("<II", data, p)
-    return end - p >= PAYLOAD_HEAD.size + 16 * n + 4 * n * dim  # ids, grads, shows, clicks (the grammar)
+    return end - p >= PAYLOAD_HEAD.size + sum(_array_bytes(n, dim))
+
+
+def _array_bytes(n: int, dim: int) -> list[int]:
+    """The bytes of a payload's arrays after its head, in order: ids, grads, shows, clicks (the grammar)."""
+    return [8 * n, 4 * n * dim, 4 * n, 4 * n]
 
 
 def _torn_tail(data: bytes, pos: int, end: int) -> bool:
@@ -917,7 +922,7 @@ def _parse(data: bytes, pos: int) -> tuple[Record | None, int]:
         return None, pos
     n, dim, step, client, client_seq, part, rule = PAYLOAD_HEAD.unpack_from(data, p)
     p += PAYLOAD_HEAD.size
-    ends = list(itertools.accumulate([p, 8 * n, 4 * n * dim, 4 * n, 4 * n]))  # ends of head, ids, grads, shows, clicks
+    ends = list(itertools.accumulate([p, *_array_bytes(n, dim)]))  # ends of head, ids, grads, shows, clicks
     if ends[-1] != end:
         return None, pos
     view = memoryview(data)
