@@ -78,10 +78,10 @@ def checkpoint_holding(path: str) -> str | None:
 
 
 def checkpoint_folder_around(path: str) -> str | None:
-    """The shard folder of a checkpoint (checkpoint_holding) that path is or lies inside, else None: a data dir
-    there would add files to the checkpoint, which a restore, an export and `ps-server verify` then refuse as
-    damaged (read_manifest)."""
-    path = os.path.abspath(path)
+    """The shard folder of a checkpoint (checkpoint_holding) that path is or lies inside, symbolic links resolved,
+    else None: a data dir there would add files to the checkpoint, which a restore, an export and `ps-server
+    verify` then refuse as damaged (read_manifest)."""
+    path = os.path.realpath(path)  # a link on the way may lead into the checkpoint
     while True:
         if checkpoint_holding(path) is not None:
             return path

@@ -123,13 +123,13 @@ def _refuse_lone_rocksdb(config: ServerConfig) -> None:
 
 
 def _restore_manifest(config: ServerConfig) -> dict | None:
-    """StorageError if config.data_dir is, or lies inside, a shard's folder of a checkpoint. For a restore into a new (missing or
-    empty) data dir: the checkpoint's manifest, checked with every file of it before the dir is made; else None (a
-    dir with data gets the refusals of check_restored and restore_into)."""
+    """StorageError if config.data_dir is, or lies inside, a shard's folder of a checkpoint (through symbolic links
+    too). For a restore into a new (missing or empty) data dir: the checkpoint's manifest, checked with every file of
+    it before the dir is made; else None (a dir with data gets the refusals of check_restored and restore_into)."""
     folder = checkpoint_folder_around(config.data_dir)
     if folder is not None:
         checkpoint = os.path.dirname(folder)
-        if folder != os.path.abspath(config.data_dir):
+        if folder != os.path.realpath(config.data_dir):
             raise StorageError(
                 f"--data-dir {config.data_dir} lies inside {folder}, a shard's folder of the checkpoint {checkpoint}: "
                 "a server there would add files to the checkpoint, which a restore or an export then refuses as "

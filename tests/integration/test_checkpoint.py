@@ -243,6 +243,29 @@ def test_a_data_dir_inside_a_checkpoints_shard_folder_is_refused_and_the_checkpo
     assert not damaged, report
 
 
+def test_a_data_dir_that_reaches_a_checkpoints_shard_folder_by_a_link_or_relative_path_is_refused(
+    tmp_path, monkeypatch
+):
+    """A symbolic link on the way, or a path relative to the working directory, leads into shard-<i> all the same:
+    refused as the plain path is, the checkpoint untouched."""
+    from ps.engine.shard import Shard
+
+    busy_checkpoint(tmp_path)
+    checkpoint = tmp_path / "ckpt"
+    before = files_of(checkpoint)
+    (tmp_path / "to-shard").symlink_to(checkpoint / "shard-0")
+    inside = r"lies inside .*ckpt/shard-0, a shard's folder of the checkpoint .*ckpt: .*nothing was changed"
+    monkeypatch.chdir(checkpoint)
+    for data_dir, said in [
+        (tmp_path / "to-shard" / "here", inside),
+        ("shard-0/here", inside),
+        (tmp_path / "to-shard", r"is a shard's folder of the checkpoint .*ckpt, not a data dir"),
+    ]:
+        with pytest.raises(StorageError, match=said):
+            Shard(ServerConfig(data_dir=str(data_dir)))
+    assert files_of(checkpoint) == before and not (checkpoint / "shard-0" / "here").exists()
+
+
 def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
     original, addresses = start_servers(tmp_path / "original", 2)
     try:
