@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
+from ps.engine.table import ReadAhead
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import budget as budget_module
@@ -214,8 +215,9 @@ def test_a_crash_loses_evicted_rows_still_waiting_for_their_write_and_the_replay
 
 
 def test_a_shrink_writes_only_the_rows_it_changes(tmp_path):
-    """With decay 1 a kept row is as it was, so a shrink deletes the ids it drops and writes no other row; a table
-    with no rule on is left alone. The rows are the same after a restart."""
+    """With decay 1 a kept row is as it was, so a shrink deletes the ids it drops and writes no other row (and a read
+    ahead out meanwhile reads again only those); a table with no rule on is left alone. The rows are the same after
+    a restart."""
     d = str(tmp_path / "d")
     ttl = TableConfig("ttl", 2, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0),
                       eviction=EvictionConfig(ttl_steps=5))  # fmt: skip
@@ -237,8 +239,12 @@ def test_a_shrink_writes_only_the_rows_it_changes(tmp_path):
         return put_rows(table, ids, rows, *args, delete=delete, **kwargs)
 
     shard.store.put_rows = counted
+    ahead = ReadAhead(ids)  # a pull's read of every id, out meanwhile: it reads again only the ids deleted
+    shard.table("ttl")._watchers.add(ahead)
     assert shard.shrink()["dropped"] == 90
     assert writes == [("ttl", 0, 90)], writes
+    assert sorted(np.concatenate(ahead.written).tolist()) == ids[10:].tolist()
+    shard.table("ttl")._watchers.remove(ahead)
     want = {"ttl": np.where(np.isin(ids, recent)[:, None], before["ttl"], 0), "plain": before["plain"]}
     for name in ("ttl", "plain"):
         np.testing.assert_array_equal(shard.table(name).peek(ids), want[name])

@@ -535,7 +535,7 @@ class Table:
         self.num_rows -= int(np.count_nonzero(drop & complete))
         self.num_pending -= int(np.count_nonzero(drop & ~complete))
         self.store.put_rows(self.name, ids[keep], rows[keep], lsn[keep], complete[keep], counts, delete=ids[drop])
-        self._note_written(ids)
+        self._note_written(ids[keep | drop])  # the rest of RocksDB's rows are as a read ahead found them
         self.stored_counts = counts
         kept_ram, dropped_ram = in_ram[keep & (in_ram >= 0)], in_ram[drop & (in_ram >= 0)]
         a.data[kept_ram, : self.width] = rows[keep & (in_ram >= 0)]
