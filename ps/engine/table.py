@@ -332,7 +332,8 @@ class Table:
                     drop |= (show - click) * ev.nonclk_coeff + click * ev.click_coeff < ev.score_threshold
                 drop &= lsn <= np.uint64(self.store.flushed_seq())  # pushed since the last flush: kept (docstring)
                 written = ~drop if ev.decay < 1 else np.zeros(len(ids), dtype=bool)  # decay 1: kept rows as they were
-                self._apply_shrink(ids, rows, lsn, complete, in_ram, drop, written)
+                if drop.any() or written.any():  # else the chunk is as it was: not even its counts are written
+                    self._apply_shrink(ids, rows, lsn, complete, in_ram, drop, written)
                 dropped += int(drop.sum())
 
     def peek(self, ids: np.ndarray) -> np.ndarray:
