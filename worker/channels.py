@@ -117,7 +117,7 @@ def server_list_error(servers: list[str], found: list[tuple[int, int]]) -> str:
     elif counts != {len(servers)}:
         (n,) = counts
         absent = sorted(set(range(n)) - set(ids))
-        what = f"the cluster has {n} shards, the list {len(servers)}" + (
+        what = f"the cluster has {n} shard{'s' * (n != 1)}, the list {len(servers)}" + (
             (f"; shard {absent[0]} is missing" if len(absent) == 1 else f"; shards {', '.join(map(str, absent))} are "
              "missing") if absent else "")  # fmt: skip
     else:

@@ -226,7 +226,7 @@ def state_changed(path: str, written: tuple[int, ...], found: tuple[int, ...], s
         return None
     if len(written) != len(found):
         return (
-            f"--resume-file {path} holds the position of a model on {len(written)} shards, and the servers are "
+            f"--resume-file {path} holds the position of a model on {len(written)} shard{'s' * (len(written) != 1)}, and the servers are "
             f"{len(found)}: new data dirs, or a restore onto another shard count; {_NOT_TRAINED}"
         )
     changed = [i for i, (a, b) in enumerate(zip(written, found, strict=True)) if a and b and a != b]  # 0: unknown
