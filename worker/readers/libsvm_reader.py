@@ -56,7 +56,7 @@ def libsvm_cells(name: str, schema: Schema, size: int, share: Share, labeled: bo
                 elif len(parsed[1]) > k_fields:
                     problems.append((line_no, f"{len(parsed[1])} features, more than the schema's {k_fields} fields "
                                               "(the built-in schema's count is the most of a line among the training "
-                                              f"file's first 10,000; --libsvm-fields sets it){_cr_hint(line)}"))  # fmt: skip
+                                              "file's first 10,000; --libsvm-fields sets it)"))  # fmt: skip
                 else:
                     if labeled and parsed[0] != parsed[0]:  # NaN: a token read as no label
                         unread[line_no] = _text(line.split()[0])
@@ -76,19 +76,12 @@ def _decimal_strings(ids: np.ndarray) -> np.ndarray:
 
 
 def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False) -> tuple[float, list[int]] | str:
-    """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong (with a hint
-    where the line holds a CR before its end: lines ended by CR alone read as one); labeled=False: every token is a
-    feature, the label NaN; blank_labels: a first token that is no label and holds no ":" is no label, NaN."""
-    parsed = _parsed_line(line, labeled, blank_labels)
-    return parsed + _cr_hint(line) if isinstance(parsed, str) and parsed != EMPTY_LINE else parsed
-
-
-def _cr_hint(line: bytes) -> str:
-    """ "; CR_ALONE" for a line with a CR before its end (lines ended by CR alone, read as one), else ""."""
-    return f"; {CR_ALONE}" if b"\r" in line.rstrip(b"\r\n") else ""
-
-
-def _parsed_line(line: bytes, labeled: bool, blank_labels: bool) -> tuple[float, list[int]] | str:
+    """(label, the raw value of each feature token, MISSING_CAT for a value of 0), or what is wrong (a CR before
+    the line's end is: lines ended by CR alone read as one line, whose tokens would make one example of them all);
+    labeled=False: every token is a feature, the label NaN; blank_labels: a first token that is no label and holds
+    no ":" is no label, NaN."""
+    if b"\r" in line.rstrip(b"\r\n"):
+        return CR_ALONE
     tokens = line.split()
     if not tokens:
         return EMPTY_LINE
