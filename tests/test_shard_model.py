@@ -8,6 +8,7 @@ checked against the model; the optimizers' steps are written out here in numpy."
 import os
 import shutil
 import tempfile
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -18,17 +19,19 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from ps.config import (
     MAX_CLOCK,
     MAX_SEQ_JUMP,
+    REQUEST_RETENTION_S,
     EvictionConfig,
     InitializerConfig,
     OptimizerConfig,
     ServerConfig,
     TableConfig,
 )
-from ps.engine.push import TablePush
+from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
 from ps.errors import InvalidArgumentError, TableNotFoundError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import ADMITTED, CLICK, LAST_STEP, SHOW, STATS_FLOATS, layout_of
+from ps.storage import applied as applied_module
 from ps.storage import budget as budget_module
 from tests.conftest import FLUSH_CRASH_POINTS, crash, one_shard_checkpoint
 
@@ -138,7 +141,7 @@ def spoiled(push: TablePush, kind: str) -> TablePush:
 
 class ShardModel(RuleBasedStateMachine):
     """The model: per table a dict id -> full row (a missing id reads as its initial row), the clock, each
-    exactly-once client's newest request, and the tables' counters since the shard opened."""
+    exactly-once client's requests acknowledged (newest last), and the tables' counters since the shard opened."""
 
     def __init__(self):
         super().__init__()
@@ -146,7 +149,10 @@ class ShardModel(RuleBasedStateMachine):
         self.dirs = 0
         self.rows: dict[str, dict[int, np.ndarray]] = {t.name: {} for t in TABLES}
         self.clock = 0
-        self.newest: dict[int, tuple[int, list[TablePush], int] | None] = dict.fromkeys(CLIENTS)
+        self.sent: dict[int, list[tuple[int, list[TablePush], int]]] = {c: [] for c in CLIENTS}  # seq, batch, advance
+        self.now = 1.8e9  # the exactly-once table's wall clock
+        self.wall = mock.patch.object(applied_module, "wall_time", lambda: self.now)
+        self.wall.start()
 
     def new_dir(self) -> str:
         self.dirs += 1
@@ -214,13 +220,13 @@ class ShardModel(RuleBasedStateMachine):
         batch = data.draw(pushes(tuple(self.rows), min_size=0))  # none: a clock advance alone
         seq = 0
         if client:
-            newest = self.newest[client]
+            newest = self.newest(client)
             seq = newest[0] + 1 if newest else data.draw(st.integers(1, 5))  # a client new here starts anywhere
         got = self.shard.push_batch(batch, advance, client, seq)
         self.apply(batch, advance)
         assert got == (self.clock, len(batch))
         if client:
-            self.newest[client] = (seq, batch, advance)
+            self.sent[client].append((seq, batch, advance))
 
     @rule(name=st.sampled_from(["a", "g", "w"]), data=st.data())
     def push(self, name, data):
@@ -228,22 +234,19 @@ class ShardModel(RuleBasedStateMachine):
         self.shard.push(p.name, p.ids, p.grads, p.shows, p.clicks, p.add_delta)
         self.apply([p], 0)
 
-    @precondition(lambda self: any(self.newest.values()))
-    @rule(data=st.data())
-    def retry(self, data):
-        """The newest request of a client sent again: applied already, so nothing changes, nor does the clock."""
-        client = data.draw(st.sampled_from([c for c in CLIENTS if self.newest[c]]))
-        seq, batch, advance = self.newest[client]
-        assert self.shard.push_batch(batch, advance, client, seq) == (self.clock, 0)
+    def newest(self, client: int) -> tuple[int, list[TablePush], int] | None:
+        return self.sent[client][-1] if self.sent.get(client) else None
 
-    @precondition(lambda self: any(n and n[0] > 1 for n in self.newest.values()))
-    @rule(data=st.data(), advance=st.integers(0, 2))
-    def older_request(self, data, advance):
-        """A request older than the client's newest (late, from before a retry): answered, applied nowhere."""
-        client = data.draw(st.sampled_from([c for c in CLIENTS if self.newest[c] and self.newest[c][0] > 1]))
-        seq = data.draw(st.integers(1, self.newest[client][0] - 1))
-        batch = data.draw(pushes(tuple(self.rows), min_size=0))
-        assert self.shard.push_batch(batch, advance, client, seq) == (self.clock, 0)
+    @precondition(lambda self: any(self.sent.values()))
+    @rule(data=st.data(), older=st.booleans())
+    def send_again(self, data, older):
+        """A request a client sent before arrives again (a retry of the newest, or a late copy of an older one): it
+        is applied already, so no id of it is applied again, and the clock stays."""
+        client = data.draw(st.sampled_from([c for c in CLIENTS if self.sent[c]]))
+        sent = self.sent[client]
+        seq, batch, advance = data.draw(st.sampled_from(sent)) if older else sent[-1]
+        clock, applied = self.shard.push_batch(batch, advance, client, seq)
+        assert (clock, ids_applied(batch, applied)) == (self.clock, 0)
 
     @rule(data=st.data(), client=st.sampled_from([0, *CLIENTS]), kind=st.sampled_from(BAD_KINDS),
           seq_kind=st.sampled_from(["next", "older", "zero", "too far"]))  # fmt: skip
@@ -252,7 +255,7 @@ class ShardModel(RuleBasedStateMachine):
         nothing: no push of it is applied, the clock stays, and the client's next request still takes its seq."""
         batch = data.draw(pushes(tuple(self.rows)))
         at = data.draw(st.integers(0, len(batch) - 1))
-        newest = self.newest.get(client)
+        newest = self.newest(client)
         seq, advance = 0, data.draw(st.integers(0, 2))
         if client:
             seq = newest[0] + 1 if newest else 1
@@ -283,7 +286,7 @@ class ShardModel(RuleBasedStateMachine):
         retry after the restart applies only the rest, and the clock advance once."""
         batch = data.draw(pushes(tuple(self.rows), min_size=2, nonempty=True))
         k = data.draw(st.integers(1, len(batch) - 1))
-        newest = self.newest[client]
+        newest = self.newest(client)
         seq = newest[0] + 1 if newest else 1
         for i in range(k):
             self.shard.apply_push(self.shard.check_push(batch[i]), origin=(client, seq, i))
@@ -294,7 +297,7 @@ class ShardModel(RuleBasedStateMachine):
         self.reopened()
         assert self.shard.push_batch(batch, advance, client, seq) == (self.clock + advance, len(batch) - k)
         self.apply(batch[k:], advance)
-        self.newest[client] = (seq, batch, advance)
+        self.sent[client].append((seq, batch, advance))
 
     @rule(steps=st.integers(0, 3))
     def advance_clock(self, steps):
@@ -319,6 +322,15 @@ class ShardModel(RuleBasedStateMachine):
         self.shard.create_table(LATE)
         self.rows["late"] = {}
         self.counters["late"] = dict.fromkeys(self.counters["a"], 0)
+
+    @rule()
+    def clients_unused_past_the_retention_are_forgotten(self):
+        """The exactly-once table drops clients unused for REQUEST_RETENTION_S at a flush: such a client is a new
+        one after (its next request, of any seq, is applied), across restarts and crashes too."""
+        self.now += REQUEST_RETENTION_S + 1
+        self.shard.flush()
+        assert len(self.shard.journal.applied) == 0
+        self.sent = {c: [] for c in CLIENTS}
 
     # ---- durability ---------------------------------------------------------------------------------
     @rule()
@@ -363,7 +375,7 @@ class ShardModel(RuleBasedStateMachine):
             self.shard.close()
         shutil.rmtree(self.dir)
         self.dir = self.new_dir()
-        self.newest = dict.fromkeys(CLIENTS)
+        self.sent = {c: [] for c in CLIENTS}
         self.reopened(restore=ckpt)
         shutil.rmtree(ckpt)
 
@@ -385,6 +397,7 @@ class ShardModel(RuleBasedStateMachine):
     def teardown(self):
         if hasattr(self, "shard"):
             self.shard.close()
+        self.wall.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 
