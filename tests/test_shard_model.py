@@ -8,6 +8,7 @@ checked against the model; the optimizers' steps are written out here in numpy."
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
 import numpy as np
@@ -299,6 +300,36 @@ class ShardModel(RuleBasedStateMachine):
         self.apply(batch[k:], advance)
         self.sent[client].append((seq, batch, advance))
 
+    @rule(data=st.data(), client=st.sampled_from(CLIENTS), shrink=st.booleans())
+    def concurrent_requests(self, data, client, shrink):
+        """Batches of client 0 and a request of an exactly-once client sent twice at once (its retry overtakes its
+        first attempt), alongside a flush and maybe a shrink: the request is applied once. Their pushes go to
+        table w, whose rows hold small multiples of 0.5, so the order they are applied in changes no bit."""
+        batches = [data.draw(pushes(("w",), min_size=0)) for _ in range(2)]
+        request = data.draw(pushes(("w",)))
+        newest = self.newest(client)
+        seq = newest[0] + 1 if newest else 1
+        old = [i for i, r in self.rows["a"].items() if r[-STATS_FLOATS + LAST_STEP] < self.clock - TTL]
+        with ThreadPoolExecutor(6) as pool:
+            plain = [pool.submit(self.shard.push_batch, b, 0) for b in batches]
+            twice = [pool.submit(self.shard.push_batch, request, 0, client, seq) for _ in range(2)]
+            flushed = pool.submit(self.shard.flush)
+            shrunk = pool.submit(self.shard.shrink, "a") if shrink else None
+            assert [f.result() for f in plain] == [(self.clock, len(b)) for b in batches]
+            replies = [f.result() for f in twice]
+            flushed.result()
+            if shrunk is not None:
+                assert shrunk.result()["dropped"] == len(old)
+        assert [clock for clock, _ in replies] == [self.clock] * 2
+        assert sum(ids_applied(request, applied) for _, applied in replies) == sum(len(p.ids) for p in request)
+        for b in [*batches, request]:
+            self.apply(b, 0)
+        self.sent[client].append((seq, request, 0))
+        if shrink:
+            for i in old:
+                del self.rows["a"][i]
+            self.counters["a"]["dropped"] += len(old)
+
     @rule(steps=st.integers(0, 3))
     def advance_clock(self, steps):
         assert self.shard.advance_clock(steps) == self.clock + steps
@@ -402,4 +433,4 @@ class ShardModel(RuleBasedStateMachine):
 
 
 TestShardModel = ShardModel.TestCase
-TestShardModel.settings = settings(max_examples=25, stateful_step_count=40, deadline=None)
+TestShardModel.settings = settings(max_examples=40, stateful_step_count=40, deadline=None)
