@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -234,6 +235,33 @@ def test_progress_into_a_log_file_is_lines_not_a_bar(monkeypatch, tmp_path, caps
     assert lines[-1].startswith("progress: 600 of 600 examples (100%), ") and "train logloss 0." in lines[-1]
 
 
+def _fake_clock(monkeypatch, *modules) -> list[float]:
+    """now: a clock in seconds that only the test moves (now[0] += ...), as each module's time.perf_counter; the
+    loop's progress lines printed at every step."""
+    import types
+
+    from worker import loop
+
+    now = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: now[0])
+    for module in modules:
+        monkeypatch.setattr(module, "time", clock)
+    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    return now
+
+
+@contextlib.contextmanager
+def _lr_job_of_600_rows(tmp_path, epochs: int):
+    """(tables, cfg, data, spec, backend, dense) of an lr job on 600 synthetic rows in batches of 100, nothing
+    prefetched, over in-process tables (worker.job.open_job)."""
+    path = tmp_path / "train.tsv"
+    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
+    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=epochs,
+                      prefetch=0)  # fmt: skip
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        yield (tables, *open_job(cfg, tables))
+
+
 def test_the_progress_rate_and_step_seconds_leave_out_evaluations_as_the_summarys_rate_does(
     monkeypatch, tmp_path, capsys
 ):
@@ -242,14 +270,11 @@ def test_the_progress_rate_and_step_seconds_leave_out_evaluations_as_the_summary
     step after an --eval-every evaluation is not timed with it (sparseps_worker_step_seconds). The clock is a
     fake one: reading a batch takes 1 s, each evaluation of the validation set 100 s."""
     import dataclasses
-    import types
 
     from worker import loop
     from worker.telemetry import TrainTelemetry
 
-    now = [0.0]
-    monkeypatch.setattr(loop, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
-    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
+    now = _fake_clock(monkeypatch, loop)
     evaluate = loop.evaluate
 
     def slow_evaluate(*args, **kwargs):
@@ -257,12 +282,7 @@ def test_the_progress_rate_and_step_seconds_leave_out_evaluations_as_the_summary
         return evaluate(*args, **kwargs)
 
     monkeypatch.setattr(loop, "evaluate", slow_evaluate)
-    path = tmp_path / "train.tsv"
-    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
-    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=2,
-                      prefetch=0)  # fmt: skip
-    with InProcessTables(cache_bytes=64 << 20) as tables:
-        cfg, data, spec, backend, dense = open_job(cfg, tables)
+    with _lr_job_of_600_rows(tmp_path, epochs=2) as (tables, cfg, data, spec, backend, dense):
 
         def timed(epoch: int):
             for batch in data.train(epoch):
@@ -287,21 +307,11 @@ def test_a_resumed_runs_progress_rate_leaves_out_the_time_it_spent_skipping(monk
     too (which showed 24 examples/s after the first step). The clock here is a fake one: reading a batch takes 1 s,
     a skipped one 100 s."""
     import dataclasses
-    import types
 
     from worker import loop, train_stream
 
-    now = [0.0]
-    clock = types.SimpleNamespace(perf_counter=lambda: now[0])
-    monkeypatch.setattr(loop, "time", clock)  # the loop's clock, and its progress lines'
-    monkeypatch.setattr(train_stream, "time", clock)  # the skip's
-    monkeypatch.setattr(loop._ProgressLines, "PLAIN_EVERY_S", 0.0)
-    path = tmp_path / "train.tsv"
-    write_synthetic(path, SyntheticConfig(rows=600), 0, 600)
-    cfg = TrainConfig(local_shards=1, data=str(path), model="lr", recipe="large", batch_size=100, epochs=1,
-                      prefetch=0)  # fmt: skip
-    with InProcessTables(cache_bytes=64 << 20) as tables:
-        cfg, data, spec, backend, dense = open_job(cfg, tables)
+    now = _fake_clock(monkeypatch, loop, train_stream)  # the loop's clock and its progress lines', and the skip's
+    with _lr_job_of_600_rows(tmp_path, epochs=1) as (tables, cfg, data, spec, backend, dense):
 
         def timed(epoch: int):
             for k, batch in enumerate(data.train(epoch)):
