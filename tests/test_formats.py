@@ -962,6 +962,17 @@ def test_a_schema_sample_reads_a_bounded_number_of_records_and_a_stray_quote_doe
     assert header == ["user", "item"] and len(sample) == 1000 and sample[0] == ["u100", "i100"], sample[:2]
 
 
+def _cr_ended_file(tmp_path, fmt: str, labeled: bool, lines: int) -> tuple:
+    """(path, schema, line): a Criteo or libsvm file (2 fields) of `lines` copies of one good line (with a label
+    or without), each ended by CR alone, and the built-in schema it is read with."""
+    line = "\t".join(["1"] * 13 + ["a"] * 26) if fmt == "criteo" else "1:1 2:1"
+    line = ("1\t" if fmt == "criteo" else "1 ") + line if labeled else line
+    path = tmp_path / "cr.txt"
+    path.write_bytes(("\r".join([line] * lines) + "\r").encode())
+    more = {"libsvm_fields": 2} if fmt == "libsvm" else {}
+    return path, builtin_schema(fmt, default_table="t", default_dim=4, **more), line
+
+
 @pytest.mark.parametrize("fmt", ["criteo", "libsvm"])
 def test_a_line_file_whose_lines_end_in_cr_alone_is_refused_at_a_bounded_line_length(fmt, tmp_path, monkeypatch):
     """Iterating a file splits lines at \\n only: a file of CR-ended lines would be read whole as one line. A line
@@ -969,11 +980,7 @@ def test_a_line_file_whose_lines_end_in_cr_alone_is_refused_at_a_bounded_line_le
     from worker.readers import share
 
     monkeypatch.setattr(share, "MAX_LINE_BYTES", 4096)
-    line = "1\t" + "\t".join(["1"] * 13 + ["a"] * 26) if fmt == "criteo" else "1 1:1 2:1"
-    path = tmp_path / "cr.txt"
-    path.write_bytes(("\r".join([line] * 2000) + "\r").encode())
-    more = {"libsvm_fields": 2} if fmt == "libsvm" else {}
-    schema = builtin_schema(fmt, default_table="t", default_dim=4, **more)
+    path, schema, _ = _cr_ended_file(tmp_path, fmt, labeled=True, lines=2000)
     with pytest.raises(ValueError, match=r"cr.txt line 1: 4,096 bytes with no line end; it holds carriage returns: are "
                                          r"its lines ended by CR alone\?"):  # fmt: skip
         list(read_batches(path, schema, 64, max_bad_lines=10**6))
@@ -985,12 +992,7 @@ def test_a_short_line_file_whose_lines_end_in_cr_alone_names_them(fmt, labeled, 
     """A small file of CR-ended lines reads as one line: its bad line names the CRs, not another tab-separated
     layout (criteo) or a feature token "0" (libsvm: split() takes a CR for a blank). Its libsvm lines without a
     label are all id:value tokens: one line of more features than the schema's fields."""
-    line = "\t".join(["1"] * 13 + ["a"] * 26) if fmt == "criteo" else "1:1 2:1"
-    line = ("1\t" if fmt == "criteo" else "1 ") + line if labeled else line
-    path = tmp_path / "cr.txt"
-    path.write_bytes(("\r".join([line] * 3) + "\r").encode())
-    more = {"libsvm_fields": 2} if fmt == "libsvm" else {}
-    schema = builtin_schema(fmt, default_table="t", default_dim=4, **more)
+    path, schema, line = _cr_ended_file(tmp_path, fmt, labeled, lines=3)
     with pytest.raises(ValueError, match=r"cr.txt line 1: (.*; )?it holds carriage returns: are its lines ended by "
                                          r"CR alone\? \(`tr '\\r' '\\n'` converts them\); 1 bad line"):  # fmt: skip
         list(read_batches(path, schema, 64, labeled=labeled))
