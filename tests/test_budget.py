@@ -18,7 +18,7 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.engine import table as table_module
 from ps.engine.shard import Shard
 from ps.errors import RamTierTooSmallError, StorageError
-from ps.rows.layout import layout_of
+from ps.rows.layout import INDEX_BYTES_PER_ROW, layout_of
 from ps.storage import budget as budget_module
 from ps.storage.arena import Arena, MemoryBudget
 from tests.conftest import crash
@@ -321,6 +321,23 @@ def test_a_table_that_gives_most_rows_back_shrinks_its_id_index_and_keeps_findin
         ids[found >= 0].tolist())  # fmt: skip
     kept = a.index.slots.nbytes
     assert a.give_up(10) == 10 and a.index.slots.nbytes == kept  # a small change: no rebuild
+
+
+@pytest.mark.parametrize("rows", [600, 1025, 2049, 3000])
+def test_a_table_that_gives_half_its_rows_to_a_new_table_keeps_its_id_index_within_their_charge(rows):
+    """A table holds the whole RAM tier; a second one joins and takes its share back. The id index of the rows the
+    first keeps stays within what they are charged for it (INDEX_BYTES_PER_ROW each), as the budget counts only
+    that, and it still finds every id it holds."""
+    budget = MemoryBudget(rows * RC)
+    full = Arena(1, budget)
+    ids = install(full, rows, [])
+    late = Arena(1, budget)
+    with late.lock:
+        assert len(late.grow(rows, late.new_stamp())) == rows // 2
+    assert full.used == rows - rows // 2
+    assert full.index.slots.nbytes <= INDEX_BYTES_PER_ROW * full.used
+    found = full.index.lookup(ids)
+    assert (found >= 0).sum() == full.used and (full.ids[found[found >= 0]] == ids[found >= 0]).all()
 
 
 def test_a_start_on_tables_the_ram_tier_cannot_hold_names_the_least_that_holds_them_all(tmp_path):

@@ -58,7 +58,7 @@ import numpy as np
 from ps.accel import hugepages
 from ps.accel.prefetch import AHEAD, prefetch_row
 from ps.hashing import mix64_scalar
-from ps.rows.layout import RAM_OVERHEAD_BYTES, line_floats, meta_col
+from ps.rows.layout import INDEX_BYTES_PER_ROW, RAM_OVERHEAD_BYTES, line_floats, meta_col
 from ps.rows.parallel import parts, run_each, run_parts
 from ps.rows.rowcopy import scatter
 from ps.rows.update import USE_CAP, touch
@@ -465,7 +465,7 @@ class Arena:
         self._probation.extend(np.zeros(0, dtype=np.uint64), max(MIN_CAPACITY, left))  # its array shrinks too
         self.hand = self.hand if self.hand < left else 0
         self._resize(left)
-        self.index.shrink()  # sized for the rows it held: its memory goes back too
+        self.index.shrink(INDEX_BYTES_PER_ROW * left)  # within the charge of the rows left: its memory goes back
         return k
 
     def victims(self, n: int, stamp: int) -> np.ndarray:

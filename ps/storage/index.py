@@ -139,12 +139,13 @@ class IdIndex:
         """Removes ids; absent ids are ignored."""
         self.size -= _delete(self.slots, self.shift, np.ascontiguousarray(ids, dtype=np.uint64))
 
-    def shrink(self) -> None:
-        """Rebuilds the table at the size its entries need, where that is at most a quarter of its size now (a
-        table that gave most of its rows back returns the memory; a quarter, so that it does not rebuild at every
-        small change)."""
+    def shrink(self, max_bytes: int) -> None:
+        """Rebuilds the table at the size its entries need (under 4 slots of 16 bytes each) where it takes more
+        than max_bytes now and that is smaller: an arena that gave rows back keeps its index within the charge of
+        the rows it still pays for (ps.rows.layout.INDEX_BYTES_PER_ROW each), and a change that leaves it within
+        that does not rebuild it."""
         bits = max(4, int(np.ceil(np.log2(max(self.size, 8) / MAX_LOAD))))
-        if bits <= self.bits - 2:
+        if self.slots.nbytes > max_bytes and bits < self.bits:
             self._rebuild(bits)
 
     def _grow(self, need: int) -> None:
