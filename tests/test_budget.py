@@ -211,16 +211,18 @@ def test_reclaim_keeps_to_the_share_as_it_is_when_each_row_moves(tiny_shares):
     assert budget.used_bytes == (giver.used + other.used + asker.used) * RC <= budget.limit_bytes
 
 
-def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch):
-    """A RAM tier of 256 rows takes one table. The first CreateTable fails writing to RocksDB; the second, of
-    another table, must get the whole RAM tier, not be refused for the share of a table that does not exist."""
+@pytest.mark.parametrize("failing", ["create_table", "counts"])
+def test_a_table_whose_creation_fails_after_joining_the_budget_leaves_it(tmp_path, monkeypatch, failing):
+    """A RAM tier of 256 rows takes one table. The first CreateTable fails in RocksDB, writing the table's config
+    or reading its counts as the Table is built; the second, of another table, must get the whole RAM tier, not be
+    refused for the share of a table that does not exist."""
     shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=256 * layout_of(4, "sgd").ram_bytes))
     try:
 
-        def disk_full(cfg: TableConfig) -> None:
+        def disk_full(*args: object) -> None:
             raise StorageError("disk full")
 
-        monkeypatch.setattr(shard.store, "create_table", disk_full)
+        monkeypatch.setattr(shard.store, failing, disk_full)
         with pytest.raises(StorageError, match="disk full"):
             shard.create_table(sgd_table("failed"))
         monkeypatch.undo()

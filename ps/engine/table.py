@@ -72,12 +72,12 @@ class Table:
         self.stats_col = self.layout.stats_col
         self.store = store
         self.journal = journal
-        self.arena = Arena(self.width, budget, self._persist)
         self.hyper = {  # rule -> hyper-parameter vector at step 0
             rule: update.hyper_params(self.optimizer, cfg.admission, cfg.weight_bound, l2=cfg.l2, rule=rule)
             for rule in update.RULES.values()
         }
         self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
+        self.arena = Arena(self.width, budget, self._persist)  # the last step that can fail: it joins the budget
         self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
