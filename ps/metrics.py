@@ -23,7 +23,8 @@ memory plan's parts, the data dir's bytes and its disk's free and total bytes, w
 free bytes under which it is (ps.storage.diskspace), failed flushes in a row) and SHARD_COUNTERS (`_total`: the
 requests that waited for room): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
 once the shard found its journal segment or its data dir deleted under it (ps.storage.journal.Journal.check_intact),
-when the per-table and per-shard figures are no longer served. The process: prometheus-client's process_* (resident memory, CPU seconds, start
+and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.shard, ShardNeedsRestartError):
+then the per-table and per-shard figures are no longer served (Stats refuses them), the rest still are. The process: prometheus-client's process_* (resident memory, CPU seconds, start
 time, open files). Counters count from the server's start: a restart sets them to 0 (process_start_time_seconds
 tells when; Prometheus' rate() and increase() take such a reset as one).
 """
@@ -43,6 +44,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from ps.engine.startup import PHASES, StartProgress
+from ps.errors import DataDirLostError, ShardNeedsRestartError
 
 if TYPE_CHECKING:
     from ps.engine.shard import Shard
@@ -262,15 +264,23 @@ class _ShardCollector:
         self.shard: Shard | None = None  # set once the shard serves
 
     def collect(self):
-        if self.shard is None:
+        shard = self.shard
+        if shard is None:
             return
+        try:
+            s = {**shard.stats(), **shard.health_stats()}
+        except (DataDirLostError, ShardNeedsRestartError):  # Stats' refusal: the figures are gone with the data
+            s = None  # dir, or meaningless; the gauges below say why (their flags are set before the refusal)
         lost = GaugeMetricFamily("sparseps_data_dir_lost", "1 once the shard found its journal segment or its data "
                                  "dir deleted under it: it takes no more writes (docs/reliability.md)")  # fmt: skip
-        lost.add_metric([], float(bool(self.shard.journal.lost)))
-        yield lost
-        if self.shard.journal.lost:  # its figures are gone with the data dir, or meaningless: the gauge says why
+        lost.add_metric([], float(bool(shard.journal.lost)))
+        broken = GaugeMetricFamily("sparseps_shard_broken", "1 once a push journaled failed part way through being "
+                                   "applied in RAM: the shard takes no more writes until a restart replays its "
+                                   "journal (docs/storage.md)")  # fmt: skip
+        broken.add_metric([], float(bool(shard.broken)))
+        yield from (lost, broken)
+        if s is None:
             return
-        s = {**self.shard.stats(), **self.shard.health_stats()}
         gauges = {
             k: GaugeMetricFamily(f"sparseps_table_{k}", text, labels=["table"]) for k, text in TABLE_GAUGES.items()
         }

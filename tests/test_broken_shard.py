@@ -191,3 +191,29 @@ def test_a_server_whose_stop_meets_a_broken_shard_says_so_and_exits_1(capsys):
     assert stop_server(SimpleNamespace(stop=stop, shard=None), 0) == 1
     err = capsys.readouterr().err
     assert "ps-server shard 0: stopped without writing its last rows to RocksDB (its journal holds" in err, err
+
+
+def test_a_broken_shards_metrics_say_so_and_still_serve_the_rest(tmp_path):
+    """The metrics port of a broken shard answers (a failed scrape would read as the server being down):
+    sparseps_shard_broken 1 and the process's figures, not the shard's figures that Stats refuses."""
+    from ps.engine.startup import StartProgress
+    from ps.metrics import ServerMetrics
+    from tests.test_metrics import scrape
+
+    shard = filled(str(tmp_path / "small"), TIER_ROWS)
+    metrics = ServerMetrics(StartProgress())
+    metrics.attach(shard)
+    port = metrics.serve(0, "127.0.0.1")
+    try:
+        before = scrape(port)
+        assert before[("sparseps_shard_broken", ())] == 0 and before[("sparseps_table_rows", (("table", "t"),))] == 800
+        fail_background_writes_after_journaling(shard, len(BIG))
+        with pytest.raises(ShardNeedsRestartError):
+            push(shard, BIG, 0.5)
+        after = scrape(port)
+        assert after[("sparseps_shard_broken", ())] == 1 and after[("sparseps_data_dir_lost", ())] == 0
+        assert after[("process_resident_memory_bytes", ())] > 0 and ("sparseps_starting", ()) in after
+        assert not [k for k in after if k[0].startswith("sparseps_table") or k[0] == "sparseps_clock"], sorted(after)
+    finally:
+        metrics.close()
+        shard.close()

@@ -26,6 +26,7 @@ from ps.server import Server
 from ps.storage.journal import Journal
 from tests.conftest import stop_servers
 from tests.server_process import ServerProcess
+from tests.test_metrics import scrape
 from tests.waiting import wait_until
 
 TIMEOUT_S = 30
@@ -73,7 +74,7 @@ def serve(tmp_path):
     running = []
 
     def start(data_dir):
-        server = Server(ServerConfig(data_dir=str(data_dir), port=0, flush_interval_s=3600.0))
+        server = Server(ServerConfig(data_dir=str(data_dir), port=0, flush_interval_s=3600.0, metrics_port=0))
         port = server.start()
         channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         running.append((server, channel))
@@ -163,6 +164,10 @@ def test_a_data_dir_replaced_under_a_running_server_is_found(serve, tmp_path):
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"its data dir {data_dir} was deleted or replaced under the running server" in e.details(), e.details()
     assert "pushes since" in e.details() and "Restart the server on an intact data dir" in e.details()
+    m = scrape(server.metrics_port)  # the gauge says why the shard's figures are gone; the process's stay
+    assert m[("sparseps_data_dir_lost", ())] == 1 and m[("sparseps_shard_broken", ())] == 0
+    assert m[("process_resident_memory_bytes", ())] > 0
+    assert not [k for k in m if k[0].startswith("sparseps_table") or k[0] == "sparseps_clock"], sorted(m)
     with pytest.raises(DataDirLostError, match="stopped without writing its last rows"):
         server.stop(grace_s=1)
 
