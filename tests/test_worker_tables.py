@@ -115,7 +115,12 @@ def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
     with pytest.raises(TableExistsError, match=r"dim: 4 != 8$"):
         shard.create_table(TableConfig("t", 8))
     sized_for_the_old = np.full((5, 4), 7.0, np.float32)  # a Pull's reply sized before the replace
+    counted = ("pulls", "ids_pulled", "cache_misses", "evictions")
+    counts = {k: shard.table("t").stats()[k] for k in counted}
+    assert counts["pulls"] == 1 and counts["ids_pulled"] == 5
     shard.create_table(TableConfig("t", 8), replace_untrained=True)
+    # the counts go on under the table's name (Stats, the metrics' counters): they count from the server's start
+    assert {k: shard.table("t").stats()[k] for k in counted} == counts
     with pytest.raises(ShardClosingError, match="'t' was replaced just now .* send the request again"):
         shard.pull("t", ids, out=sized_for_the_old)
     assert (sized_for_the_old == 7.0).all()

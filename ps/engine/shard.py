@@ -511,8 +511,8 @@ class Shard:
     def _replace_untrained(self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> Table:
         """create_table for a table of another config, `old` (self._lock held): refused unless it may be replaced
         (_refuse_other_spec); then the old one is closed (its requests from now on get ShardClosingError) and
-        leaves the RAM budget, the new one takes its name and number. A failure puts a table of the old config
-        back, as it was (untrained, its RAM tier empty)."""
+        leaves the RAM budget, the new one takes its name, number and counts (Table.count_on). A failure puts a
+        table of the old config back, as it was (untrained, its RAM tier empty)."""
         with old.lock:
             self._refuse_other_spec(old, cfg, diff, replace_untrained)
             old.closed = True
@@ -527,7 +527,9 @@ class Shard:
                 raise
         except BaseException:
             self.tables[cfg.name] = Table(old.cfg, self.store, self.journal, self.budget)
+            self.tables[cfg.name].count_on(old)
             raise
+        new.count_on(old)
         self.tables[cfg.name] = new
         log.info("replaced table %s, never trained, by one of another spec (existing != requested): %s", cfg.name,
                  "; ".join(diff))  # fmt: skip

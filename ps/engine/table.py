@@ -89,6 +89,13 @@ class Table:
             "pulls": 0, "pushes": 0, "ids_pulled": 0, "ids_pushed": 0, "cache_misses": 0, "admitted": 0, "dropped": 0,
         }  # fmt: skip
 
+    def count_on(self, old: Table) -> None:
+        """Takes over the counts of `old`, the table this one replaces under its name (an untrained table of
+        another spec): the counts, which Stats and the metrics' counters report per table name, count from the
+        server's start and never go down."""
+        self.counters = dict(old.counters)
+        self.arena.evictions = old.arena.evictions
+
     @property
     def row_state(self) -> RowState:
         """What the update kernel reads and writes: the arena's arrays, which move when it grows."""
