@@ -1,7 +1,8 @@
 """deploy/: the compose files and the Kubernetes manifests parse, have the parts an operator needs, run every
 server with TLS and a token and every client with the CA and the token, and every command in them is accepted by
-the CLI; the manifests and the Secret deploy/gen-secrets.sh makes pass the Kubernetes schemas (offline, with
-kubernetes-validate's bundled schemas); the host-network override puts every server on its own 127.0.0.1 ports;
+the CLI (no PS_* variable among them that no flag reads); the manifests agree with each other (shards, server
+lists, ports, workers, memory, the stop's grace), and they and the Secret deploy/gen-secrets.sh makes pass the
+Kubernetes schemas (offline, with kubernetes-validate's bundled schemas); the host-network override puts every server on its own 127.0.0.1 ports;
 the exact-sum pusher deploy/smoke.sh runs finds a lost or doubled push; and the compose services, run as local
 processes (127.0.0.1, ports remapped, small data, secrets made by deploy/gen-secrets.sh), train to completion over
 TLS with health checks SERVING and metrics served only with the token. deploy/smoke.sh itself (images built,
@@ -20,6 +21,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tomllib
 import urllib.error
 import urllib.request
 
@@ -28,7 +30,7 @@ import yaml
 
 from ps.__main__ import build_parser as server_parser
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
-from ps.settings import apply_defaults
+from ps.settings import apply_defaults, unknown_environment
 from tests.inprocess import InProcessTables
 from tests.waiting import PipeReader
 from worker.__main__ import build_parser as worker_parser
@@ -72,7 +74,10 @@ def substitute(value: str) -> str:
 
 
 def accepted(argv: list[str], env: dict) -> object:
-    """Parses a command line as the CLI would, with env as its environment; raises SystemExit if refused."""
+    """Parses a command line as the CLI would, with env as its environment; raises SystemExit if refused, and
+    fails on a PS_* variable that sets nothing (one of a flag renamed or removed: the CLI only warns of it, and
+    runs with the default)."""
+    assert not unknown_environment(env), f"{argv[:2]}: PS_* variables no flag reads: {unknown_environment(env)}"
     program, args = argv[0], argv[1:]
     parser = server_parser() if program == "ps-server" else worker_parser()
     apply_defaults(parser, args, env, section="server" if program == "ps-server" else None)
@@ -143,6 +148,54 @@ def test_kubernetes_manifests_have_a_statefulset_a_headless_service_a_job_and_a_
         args = accepted(["ps-worker", *command, "--config", config], {})
         assert args.servers == "sparseps-0.sparseps:5000,sparseps-1.sparseps:5000" and has(args, CLIENT_SECRETS)
         assert getattr(args, "model", "deepfm") == "deepfm", command
+
+
+def kubernetes_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity with a binary suffix (10Gi) in bytes."""
+    number, suffix = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)", quantity).groups()
+    return int(number) << {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[suffix]
+
+
+PROCESS_ROOM_BYTES = 512 << 20  # a server's memory outside --memory-bytes: the idle process (about 230 MiB
+# resident), the messages waiting for a thread, replies being sent
+
+
+def test_the_kubernetes_manifests_agree_on_shards_workers_ports_memory_and_the_stop(tmp_path):
+    """What one manifest says, the others must match: as many server pods as shards; every command's server list
+    names pod i of the StatefulSet, through its headless Service, at the gRPC port, in shard order; the Job
+    completes and runs at once as many workers as they are told there are; each port the same in the server's
+    flags, its container, the Service, the scrape annotation and the NetworkPolicy; the memory limit holds
+    --memory-bytes and the process, and is requested whole; the grace period lasts as long as compose's for the
+    stop's flush."""
+    docs = {d["kind"]: d for d in k8s()}
+    sts, svc, job, cm, policy = (docs[k] for k in ("StatefulSet", "Service", "Job", "ConfigMap", "NetworkPolicy"))
+    for name, text in cm["data"].items():
+        (tmp_path / name).write_text(text.replace("/etc/sparseps", str(tmp_path)))
+
+    def parsed(container: dict) -> object:
+        return accepted([a.replace("/etc/sparseps", str(tmp_path)).replace("$(POD_INDEX)", "0").replace(
+            "$(JOB_COMPLETION_INDEX)", "0") for a in container["command"] + container["args"]], {})  # fmt: skip
+
+    pod = sts["spec"]["template"]
+    (server,) = pod["spec"]["containers"]
+    args = parsed(server)
+    assert sts["spec"]["replicas"] == args.num_shards
+    addresses = [f"{sts['metadata']['name']}-{i}.{svc['metadata']['name']}:{args.port}" for i in range(args.num_shards)]
+    config = tomllib.loads((tmp_path / "sparseps.toml").read_text())
+    lists = {name: s["servers"] for name, s in config.items() if isinstance(s, dict) and "servers" in s}
+    assert len(lists) >= 7 and all(servers.split(",") == addresses for servers in lists.values()), lists
+    ports = {"grpc": args.port, "metrics": args.metrics_port}
+    assert {p["name"]: p["containerPort"] for p in server["ports"]} == ports
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == ports
+    assert svc["spec"]["selector"] == pod["metadata"]["labels"]
+    assert int(pod["metadata"]["annotations"]["prometheus.io/port"]) == args.metrics_port
+    assert sorted(p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]) == sorted(ports.values())
+    memory = {k: kubernetes_bytes(v["memory"]) for k, v in server["resources"].items()}
+    assert args.memory_bytes + PROCESS_ROOM_BYTES <= memory["limits"] == memory["requests"], memory
+    compose_grace = int(compose()["services"]["ps-0"]["stop_grace_period"].removesuffix("s"))
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= compose_grace
+    (worker,) = job["spec"]["template"]["spec"]["containers"]
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == parsed(worker).num_workers
 
 
 SERVER_SECRETS = {
