@@ -1,5 +1,6 @@
 """Prometheus metrics on --metrics-port: per-method request counts, latency histograms and bytes; per-table
-rows in RAM and on disk, evictions, ids pulled and pushed; read over HTTP as Prometheus would."""
+rows in RAM and on disk, evictions, ids pulled and pushed; read over HTTP as Prometheus would; and every metric
+the docs name served, with the labels they give it."""
 
 from __future__ import annotations
 
@@ -132,3 +133,74 @@ def test_an_ipv6_host_serves_grpc_and_metrics_with_or_without_brackets(tmp_path)
                 assert b"sparseps_" in r.read()
         finally:
             server.stop(grace_s=1)
+
+
+def served_families() -> dict[str, tuple[str, set[str]]]:
+    """{name: (type, label names)} of every family and sample a server (starting, then serving tables) and a
+    training worker serve."""
+    import tempfile
+
+    from prometheus_client import generate_latest
+
+    from ps.engine.startup import StartProgress
+    from ps.metrics import ServerMetrics
+    from worker.telemetry import TrainTelemetry
+
+    texts = []
+    progress = StartProgress()
+    progress.enter("replaying", lambda: 0.5)  # a phase with a measure: sparseps_start_progress too
+    texts.append(generate_latest(ServerMetrics(progress).registry).decode())
+    with tempfile.TemporaryDirectory() as d:
+        server = Server(ServerConfig(data_dir=d, port=0, metrics_port=0))
+        server.start()
+        try:
+            with Client([f"127.0.0.1:{server.port}"], server_timeout_s=0) as client:
+                client.create_table(TableConfig("emb", 8))
+                client.push("emb", random_ids(10), np.ones((10, 8), np.float32))
+            texts.append(
+                urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+            )
+        finally:
+            server.stop(grace_s=1)
+    telemetry = TrainTelemetry()
+    telemetry.step(100, 0.01, 0.5)
+    texts.append(generate_latest(telemetry.registry).decode())
+    out = {}
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            labels = {k for s in family.samples for k in s.labels} - {"le"}
+            out[family.name] = (family.type, labels)
+            for sample in family.samples:
+                out[sample.name] = (family.type, labels)
+    return out
+
+
+def test_every_metric_the_docs_name_is_served_with_its_labels():
+    """The names (and `{labels}`) README, docs/, deploy/ and the metrics modules' docstrings give operators, against
+    what a server and a worker serve: a metric renamed or dropped, or a label changed, fails here."""
+    import os
+    import re
+
+    import ps.metrics
+    import ps.refusals
+    import worker.telemetry
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    texts = [ps.metrics.__doc__, ps.refusals.__doc__, worker.telemetry.__doc__]
+    for folder, names in (("", ["README.md"]), ("docs", None), ("deploy", None), (os.path.join("deploy", "k8s"), None)):
+        path = os.path.join(root, folder)
+        for name in names or sorted(os.listdir(path)):
+            if os.path.isfile(os.path.join(path, name)):
+                with open(os.path.join(path, name), encoding="utf-8") as f:
+                    texts.append(f.read())
+    named = re.findall(r"\b(sparseps_[a-z_]*[a-z])(?:\{([a-z_]+(?:, ?[a-z_]+)*)\})?(?![a-z_{<])", "\n".join(texts))
+    served = served_families()
+    assert not [n for n, (kind, _) in served.items() if n.endswith("_total") and kind != "counter"]  # no gauge
+    wanted = {"sparseps_requests_total", "sparseps_start_progress", "sparseps_disk_low", "sparseps_worker_steps_total"}
+    assert wanted <= {name for name, _ in named}, named  # the scan finds the names the docs give
+    for name, labels in named:
+        assert name in served, f"{name} is named in the docs but not served"
+        kind, served_labels = served[name]
+        assert not name.endswith("_total") or kind == "counter", f"{name} is a {kind}"
+        if labels:
+            assert {label.strip() for label in labels.split(",")} == served_labels, (name, labels, served_labels)
