@@ -1057,6 +1057,34 @@ def test_a_stopped_geo_workers_last_progress_line_counts_the_examples_it_pushed(
     assert pushed == [0, 0, 300, 300, 300, 600, 600, 600], lines
 
 
+def test_a_geo_worker_whose_last_push_fails_after_its_last_step_reports_what_the_servers_hold(
+    servers, files, monkeypatch, capsys
+):
+    """geo --geo-every 4, 6 steps: the deltas of steps 1-4 pushed at step 4, the push of steps 5 and 6 as the run
+    ends fails (its servers gone). The worker's last PROGRESS line, which launch's hint reads, says so at once (a
+    run this short has written no periodic line): 600 examples trained, 400 of them pushed."""
+    from worker.geo import GeoTables
+
+    train_path, _ = files
+    addresses, _ = servers(1)
+    flush, flushes = GeoTables.flush, []
+
+    def last_push_fails(self):
+        flushes.append(self.steps)
+        if self.steps == 6:
+            raise ServerUnavailableError("shard 0 did not answer")
+        return flush(self)
+
+    monkeypatch.setattr(GeoTables, "flush", last_push_fails)
+    with pytest.raises(ServerUnavailableError):
+        train(small_run(addresses, train_path, mode="geo", geo_every=4, progress_lines=True))
+    assert flushes == [4, 6]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PROGRESS ")]
+    assert lines, "no PROGRESS line"
+    last = json.loads(lines[-1].removeprefix("PROGRESS "))
+    assert (last["examples"], last["steps"], last.get("pushed")) == (600, 6, 400), last
+
+
 def test_a_stopped_allreduce_run_leaves_its_mlp_on_the_servers(servers, files, monkeypatch):
     """--dense allreduce keeps the MLP in the workers until the end: a Ctrl-C between steps has worker 0 write it
     (train.save_dense_on_stop), so the servers' MLP tables hold rows (before, none: the MLP the job began with)."""

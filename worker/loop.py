@@ -19,7 +19,8 @@ evaluations in a row. With restore_best (one worker, the PS dense path), the mod
 evaluation comes back at the end (worker/best.py BestModel). When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it (when an
 error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped, and geo pushes the deltas it holds,
-before the stopped worker's last PROGRESS line). A ValueError
+before the stopped worker's last PROGRESS line; an error in the pushes that end the run, geo's last deltas or the
+MLP's last gradients, ends it with that line too, counting what the servers hold). A ValueError
 raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
 out as TrainingDataError, which says how many steps had pushed by then; a shard's refusal of a pull made there (a
 PsError) comes out as it is. The training time (examples/s) leaves out
@@ -321,21 +322,21 @@ def run_epochs(
                 break
             if limit.reached:  # no epoch after it
                 break
+        result.trained_all = True
+        step.pusher.shutdown()
+        source.finish()  # (geo: its last deltas pushed)
+        result.pushed = result.examples
+        dense.finish()  # the MLP's last gradients applied (allreduce: with the others')
+        result.seconds = training_s()
+        if best_model is not None and result.curve and not result.curve[-1]["best"]:
+            result.restored_best = best_model.restore(dense)
     except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
         abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
         if not holding():
             result.pushed = result.examples
-        if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line)
-            lines.update(result, running.value, training_s(), {}, stopped=True)
+        if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line; also
+            lines.update(result, running.value, training_s(), {}, stopped=True)  # after its last step)
         raise
-    result.trained_all = True
-    step.pusher.shutdown()
-    source.finish()
-    result.pushed = result.examples
-    dense.finish()  # the MLP's last gradients applied (allreduce: with the others')
-    result.seconds = training_s()
-    if best_model is not None and result.curve and not result.curve[-1]["best"]:
-        result.restored_best = best_model.restore(dense)
     result.best_too_big_bytes = best_model.limit_bytes() if best_model is not None and best_model.too_big else 0
     _close_at_count(bar)
     result.train_logloss = running.value
