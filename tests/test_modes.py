@@ -1065,6 +1065,45 @@ def test_clients_stamps_reach_every_shard_and_return_min_clock(servers):
         assert server.shard.journal.applied[sync_key(JOB)][0] == 3
 
 
+def test_an_ssp_row_cache_never_takes_rows_of_a_split_push_as_fresh_at_its_stamped_batchs_clock(servers):
+    """ssp, staleness 1: worker 0's push of step 0 reaches its shard as two PushBatch calls (a message holds one id
+    here), the stamp on the second; worker 1 pushes step 0 on id 1 between them. The stamped reply says min_clock 1,
+    but id 1's row came back with the first call, before worker 1's push: at step 2, which must see every worker's
+    step 0, worker 0 reads the rows a pull gives, not that row from its cache."""
+    from worker.batch import TableIds
+    from worker.rowcache import RowCache
+    from worker.steprows import ClockedRows
+
+    addresses, _ = servers(1)
+    ids = np.array([1, 2], np.uint64)
+    tids = {"emb": TableIds(ids, {}, np.ones(2, np.float32), np.zeros(2, np.float32))}
+    with Client(addresses, timeout_s=30, max_request_bytes=32) as client, Client(addresses, timeout_s=30) as other:
+        client.create_table(SGD)
+        calls, other_pushed = client._outcomes, []
+
+        def worker_1_pushes_after_the_first_call(*args, **kw):
+            replies = calls(*args, **kw)
+            if not other_pushed:
+                grads = np.full((1, 4), 2.0, np.float32)
+                other_pushed.append(
+                    other.push_many([("emb", ids[:1], grads)], advance_clock=1, stamp=stamp(1, 0, staleness=1))
+                )
+            return replies
+
+        client._outcomes = worker_1_pushes_after_the_first_call
+
+        class Spec:
+            def row_dim(self, table):
+                return 4
+
+        source = ClockedRows(client, Spec(), stamp(0, 0, staleness=1), RowCache(1 << 20, {"emb": 4}), depth=1)
+        source.push(0, tids, {"emb": np.ones((2, 4), np.float32)}, [])
+        assert len(other_pushed) == 1  # the push was two calls, worker 1's push between them
+        rows = source.rows(2, tids, source.prepare(2, tids))["emb"]
+        np.testing.assert_array_equal(rows, client.pull("emb", ids))
+        np.testing.assert_array_equal(rows[:, 0], [-3.0, -1.0])  # id 1: both workers' gradients
+
+
 def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(servers):
     """Client.stop_job stops the job on each live shard and returns a line for a shard that is down, within its
     deadline, without retrying (a stopping worker does not wait)."""

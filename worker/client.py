@@ -260,10 +260,11 @@ class Client:
         first of its wave's) says what each shard applied (worker.retry.push_left).
 
         stamp: every shard gets a batch carrying it and this returns (what it returns without one, the job's
-        min_clock: the smallest any shard answered). Not sync: a shard's last batch carries the stamp (its
-        worker's clock moves once the shard has every push of the step). Sync: each shard gets exactly one
-        batch, whatever its size (the worker's contribution to the step), sent without this client's id: the
-        shard applies the step's sum under the job's key."""
+        min_clock: the smallest any shard answered, which the rows returned are at least as fresh as; 0 where they
+        are returned and a shard got more than one batch: it read the rows of its earlier batches before that
+        clock). Not sync: a shard's last batch carries the stamp (its worker's clock moves once the shard has every
+        push of the step). Sync: each shard gets exactly one batch, whatever its size (the worker's contribution to
+        the step), sent without this client's id: the shard applies the step's sum under the job's key."""
         requests, plans = [], []
         for item, delta in zip(items, per_item(add_delta, len(items)), strict=True):
             table, ids, grads, clicks, shows = PushItem(*item)
@@ -317,6 +318,8 @@ class Client:
         if stamp is None:
             return out
         self._acked[stamp.job] = max(self._acked.get(stamp.job, 0), stamp.step + 1)  # every shard answered
+        if return_rows and len(waves) > 1:  # rows of a shard's batch before its stamped one were read before the
+            min_clock = 0  # clock its reply gave: they are known fresh at none
         return out, min_clock or 0
 
     def _routed_pushes(self, table: str, dim: int, uniq: np.ndarray, grads: np.ndarray, shows: np.ndarray,
