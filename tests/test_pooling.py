@@ -11,9 +11,11 @@ from worker.models.spec import POOLINGS, FieldInput
 from worker.models.torch_backend import pool_torch
 
 
-def random_bags(rng: np.random.Generator, n: int, num_rows: int, weighted: bool, max_len: int = 4) -> FieldInput:
+def random_bags(
+    rng: np.random.Generator, n: int, num_rows: int, weighted: bool, max_len: int = 4, signed: bool = False
+) -> FieldInput:
     """n bags over num_rows rows: bag 0 empty, bag 1 holding one id twice, the rest of random lengths in
-    [0, max_len]; weights in [0.2, 1.5] when weighted."""
+    [0, max_len]; weights in [0.2, 1.5] when weighted, of random signs as well when signed."""
     lengths = rng.integers(0, max_len + 1, n)
     lengths[0], lengths[1] = 0, 3
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -21,12 +23,14 @@ def random_bags(rng: np.random.Generator, n: int, num_rows: int, weighted: bool,
     index = rng.integers(0, num_rows, offsets[-1])
     index[offsets[1] + 1] = index[offsets[1]]
     weights = rng.uniform(0.2, 1.5, len(index)).astype(np.float32) if weighted else None
+    if weights is not None and signed:
+        weights *= rng.choice(np.array([-1, 1], np.float32), len(weights))
     return FieldInput(index, offsets, weights)
 
 
 def oracle_scale(weights: np.ndarray, mode: str) -> float:
     """1 / the denominator of one bag with these weights (0 for a zero denominator)."""
-    denominator = {"sum": 1.0, "mean": weights.sum(), "sqrtn": np.sqrt((weights * weights).sum())}[mode]
+    denominator = {"sum": 1.0, "mean": np.abs(weights).sum(), "sqrtn": np.sqrt((weights * weights).sum())}[mode]
     return 1.0 / denominator if denominator != 0 else 0.0
 
 
@@ -54,11 +58,11 @@ def oracle_backward(grad: np.ndarray, bags: FieldInput, mode: str, num_rows: int
 
 
 @pytest.mark.parametrize("mode", POOLINGS)
-@pytest.mark.parametrize("weighted", [False, True])
-def test_pooling_follows_its_formulas(mode, weighted):
+@pytest.mark.parametrize("weighted, signed", [(False, False), (True, False), (True, True)])
+def test_pooling_follows_its_formulas(mode, weighted, signed):
     rng = np.random.default_rng(0)
     rows = rng.normal(size=(7, 3))
-    bags = random_bags(rng, 30, 7, weighted)
+    bags = random_bags(rng, 30, 7, weighted, signed=signed)
     pooled = pool(rows, bags.index, bags.offsets, bags.weights, mode)
     assert pooled.dtype == np.float64 and pooled.shape == (30, 3)
     np.testing.assert_allclose(pooled, oracle_pool(rows, bags, mode), rtol=1e-12, atol=1e-12)
@@ -69,11 +73,11 @@ def test_pooling_follows_its_formulas(mode, weighted):
 
 
 @pytest.mark.parametrize("mode", POOLINGS)
-@pytest.mark.parametrize("weighted", [False, True])
-def test_numpy_and_torch_pool_alike(mode, weighted):
+@pytest.mark.parametrize("weighted, signed", [(False, False), (True, False), (True, True)])
+def test_numpy_and_torch_pool_alike(mode, weighted, signed):
     rng = np.random.default_rng(1)
     rows = rng.normal(size=(50, 5)).astype(np.float32)
-    bags = random_bags(rng, 200, 50, weighted, max_len=6)
+    bags = random_bags(rng, 200, 50, weighted, max_len=6, signed=signed)
     grad = rng.normal(size=(200, 5)).astype(np.float32)
     pooled = pool(rows, bags.index, bags.offsets, bags.weights, mode)
     grads = pool_backward(grad, bags.index, bags.offsets, bags.weights, mode, 50)
@@ -106,15 +110,40 @@ def test_one_id_per_bag_is_a_gather_and_a_scatter_add(mode):
 def test_zero_denominators_pool_to_zero_and_take_no_gradient():
     rows = np.arange(12, dtype=np.float64).reshape(4, 3) + 1
     index, offsets = np.array([0, 1, 2, 3]), np.array([0, 2, 4])
-    weights = np.array([1.0, -1.0, 0.0, 0.0])  # bag 0 sums to 0 (mean), bag 1 is all zero (mean and sqrtn)
-    np.testing.assert_array_equal(bag_scales(offsets, weights, "mean"), [0, 0])
+    weights = np.array([1.0, -1.0, 0.0, 0.0])  # bag 1 is all zero (mean and sqrtn); bag 0 has |w| summing to 2
+    np.testing.assert_array_equal(bag_scales(offsets, weights, "mean"), [0.5, 0])
     np.testing.assert_array_equal(bag_scales(offsets, weights, "sqrtn"), [1 / np.sqrt(2), 0])
     for mode in ("mean", "sqrtn"):
         pooled = pool(rows, index, offsets, weights, mode)
         grads = pool_backward(np.ones((2, 3)), index, offsets, weights, mode, 4)
         assert (pooled[1] == 0).all() and (grads[2:] == 0).all(), mode
-    assert (pool(rows, index, offsets, weights, "mean")[0] == 0).all()
-    assert (pool_backward(np.ones((2, 3)), index, offsets, weights, "mean", 4) == 0).all()
+
+
+@pytest.mark.parametrize("w1", [-1.0, -1.0 + 2.0**-23, -1.0 - 2.0**-23])
+def test_mean_of_weights_that_cancel_stays_within_its_rows(w1):
+    """mean divides by sum |w|: weights 1 and about -1 (summing to 0 or 1.2e-7) pool to (r0 - r1 w) / (1 + |w|),
+    no larger than the larger row, on both backends, with the gradient torch's autograd takes of that formula."""
+    rows = np.array([[0.5, -0.25, 2.0], [1.5, 0.75, -2.0], [0.1, 0.2, 0.3]], np.float32)
+    index, offsets = np.array([0, 1, 2, 0]), np.array([0, 2, 4])
+    weights = np.array([1.0, w1, 3.0, -0.5], np.float32)
+    rows64 = torch.tensor(rows, dtype=torch.float64, requires_grad=True)
+    w64 = torch.tensor(weights, dtype=torch.float64)
+    expected_t = torch.stack(
+        [(w64[a:b, None] * rows64[index[a:b]]).sum(0) / w64[a:b].abs().sum() for a, b in ((0, 2), (2, 4))]
+    )
+    grad = np.array([[1.0, -2.0, 0.5], [0.25, 1.0, -1.0]], np.float32)
+    expected_t.backward(torch.tensor(grad, dtype=torch.float64))
+    expected = expected_t.detach().numpy()
+    assert np.abs(expected).max() <= np.abs(rows).max()
+    pooled = pool(rows, index, offsets, weights, "mean")
+    np.testing.assert_allclose(pooled, expected, rtol=1e-6, atol=1e-7)
+    grads = pool_backward(grad, index, offsets, weights, "mean", 3)
+    np.testing.assert_allclose(grads, rows64.grad.numpy(), rtol=1e-6, atol=1e-7)
+    rows_t = torch.tensor(rows, requires_grad=True)
+    pooled_t = pool_torch(rows_t, FieldInput(index, offsets, weights), "mean")
+    pooled_t.backward(torch.tensor(grad))
+    np.testing.assert_allclose(pooled_t.detach().numpy(), expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(rows_t.grad.numpy(), rows64.grad.numpy(), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("mode", ["mean", "sqrtn"])

@@ -25,7 +25,8 @@ schemas (worker/schema_builtin.py), so every run reads its data through one. Gra
     id_space  = "item"             # columns of one id space give one value one id (default: the name)
     ids       = "hashed"           # hashed (default) | raw: the cell is a decimal uint64, used as the id
     separator = "|"                # multi_hot / weighted: between ids (default "|"); weighted: id:weight
-    pooling   = "mean"             # multi_hot / weighted: sum (default) | mean | sqrtn
+    pooling   = "mean"             # multi_hot / weighted: sum (default) | mean | sqrtn; mean divides the
+                                   #   weighted sum by the sum of |weight| (worker/models/spec.py)
     max_length = 256               # multi_hot / weighted: ids kept per bag, the first ones (default 256)
     transform = "log"              # numeric: log | standardize | none -> a numeric feature;
                                    #          bucketize | log_buckets -> an id in `table`

@@ -4,13 +4,14 @@ A field's bags (worker/models/spec.py, FieldInput): example i's bag is index[off
 a table's unique rows, each with a weight w_j (1 when weights is None). A bag pools to
 
     sum:    p = sum_j w_j r_j
-    mean:   p = sum_j w_j r_j / sum_j w_j
+    mean:   p = sum_j w_j r_j / sum_j |w_j|
     sqrtn:  p = sum_j w_j r_j / sqrt(sum_j w_j^2)
 
-an empty bag, or one whose denominator is 0, to 0 (and its rows take no gradient). So p = sum_j (scale w_j) r_j
-with one scale per bag (bag_scales), each weight scaled before its row is added (a weight of 1e-40 alone pools to
-its row, not to an underflowed product times 1e40), and d loss / d r = sum over the bags holding r of scale * w_j *
-d loss / d p.
+an empty bag, or one whose denominator is 0, to 0 (and its rows take no gradient). mean is the weighted mean for
+weights >= 0, and with weights of any signs its pooled vector is never larger than its largest row (weights of
+mixed signs summing to nearly 0 do not blow it up). So p = sum_j (scale w_j) r_j with one scale per bag
+(bag_scales), each weight scaled before its row is added (a weight of 1e-40 alone pools to its row, not to an
+underflowed product times 1e40), and d loss / d r = sum over the bags holding r of scale * w_j * d loss / d p.
 A field of one id per example and no weights (a categorical field) pools to a gather and its gradient is a
 scatter-add. The loops are compiled (numba, nogil) and run in the dtype of the rows.
 """
@@ -153,7 +154,7 @@ def _bag_scales(offsets, weights, has_weights, mode, out):
         denominator = 0.0
         for j in range(offsets[i], offsets[i + 1]):
             w = weights[j] if has_weights else 1.0
-            denominator += w if mode == MEAN else w * w
+            denominator += abs(w) if mode == MEAN else w * w
         if mode == SQRTN:
             denominator = np.sqrt(denominator)
         out[i] = 1.0 / denominator if denominator != 0.0 else 0.0

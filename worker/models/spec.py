@@ -14,7 +14,8 @@ Inputs of one batch of n examples (ModelInputs):
 Rows: a table's row is [w | v] for lr, fm and deepfm ([w] alone for lr) and [v] for dnn; v has the table's
 width k_t (its `dim`). Pooling a field's bag of example i into one row-shaped vector p_f (w and v alike):
     sum:    p = sum_j w_j r_j
-    mean:   p = sum_j w_j r_j / sum_j w_j
+    mean:   p = sum_j w_j r_j / sum_j |w_j|   (the weighted mean for weights >= 0; never larger than the
+                                               largest |r_j|, whatever the weights' signs)
     sqrtn:  p = sum_j w_j r_j / sqrt(sum_j w_j^2)
     (w_j the id's weight, 1 when unweighted; an empty bag, or a zero denominator, pools to 0)
 Models (p_f = [pw_f | pv_f] the pooled row of field f; the bias field is an ordinary field whose bag is the
