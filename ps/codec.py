@@ -57,7 +57,7 @@ message PushRequest
   3  grads            LEN     bytes                    <f4 (n, dim), finite
   4  dim              VARINT  uint32                   the sender's idea of the table's dim
   5  shows            LEN     bytes                    <f4 (n,), finite, >= 0; empty: 1 each
-  6  clicks           LEN     bytes                    <f4 (n,), finite, >= 0; empty: 0 each
+  6  clicks           LEN     bytes                    <f4 (n,), finite, >= 0, <= shows; empty: 0 each
   7  return_rows      VARINT  bool                     PushBatch: reply with the rows of ids after the batch
   8  add_delta        VARINT  bool                     grads are deltas added to the embeddings, no optimizer step
 

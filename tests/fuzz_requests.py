@@ -174,19 +174,23 @@ class RequestSource:
             return self.rng.choice([raw[: -self.rng.randint(1, 4)] if raw else b"\0", raw + bytes(4), b"", raw * 2])
         return raw
 
-    def _counts(self, n: int, bad: bool) -> bytes:
-        """shows or clicks: empty (the defaults), or n finite values >= 0; drawn bad, a wrong length or value."""
+    def _counts(self, n: int, bad: bool, at_most: bytes | None = None) -> bytes:
+        """shows or clicks: empty (the defaults), or n finite values >= 0, each at most its at_most (clicks: the
+        shows, empty meaning 1 each); drawn bad, a wrong length or value."""
         if not bad:
-            return self.rng.choice(
-                [b"", np.ones(n, "<f4").tobytes(), self.gen.integers(0, 5, n).astype("<f4").tobytes()]
-            )
+            values = [b"", np.ones(n, "<f4").tobytes(), self.gen.integers(0, 5, n).astype("<f4").tobytes()]
+            if at_most is None:
+                return self.rng.choice(values)
+            limit = np.frombuffer(at_most, "<f4") if len(at_most) == 4 * n else np.ones(n, "<f4")
+            chosen = self.rng.choice(values)
+            return np.minimum(np.frombuffer(chosen, "<f4"), limit).tobytes() if chosen else chosen
         values = np.ones(n, "<f4")
         values[self.rng.randrange(n)] = self.rng.choice([-1.0, np.nan, np.inf, -np.inf])
         return self.rng.choice([values.tobytes(), values.tobytes(), b"\0\0\0", bytes(4 * (n + 1))])
 
     # ---- one request per method ---------------------------------------------------------------------------
     PUSH_ASPECTS = ["table", "theirs", "mixed", "ragged", "random", "extremes", "grads length", "non-finite",
-                    "dim", "shows", "clicks", "duplicate", "overflow"]  # fmt: skip
+                    "dim", "shows", "clicks", "clicks over shows", "duplicate", "overflow"]  # fmt: skip
 
     def _push(self, bad: str | None) -> ps_pb2.PushRequest:
         """A push; a quarter of them add their grads as deltas (add_delta), the others go through the optimizer."""
@@ -203,9 +207,15 @@ class RequestSource:
         raw = ids if isinstance(ids, bytes) else ids.astype("<u8").tobytes()
         n = len(raw) // 8
         req_dim = self.rng.choice([0, dim + 1, dim - 1, 2**32 - 1]) if bad == "dim" else dim
+        shows = self._counts(n, bad == "shows")
+        clicks = self._counts(n, bad == "clicks", shows)
+        if bad == "clicks over shows" and n:  # one id clicked once more than shown
+            over = np.frombuffer(shows, "<f4").copy() if len(shows) == 4 * n else np.ones(n, "<f4")
+            over[self.rng.randrange(n)] += 1
+            clicks = over.tobytes()
         return ps_pb2.PushRequest(
-            table=table, ids=raw, grads=self._grads(n, dim, bad), dim=req_dim,
-            shows=self._counts(n, bad == "shows"), clicks=self._counts(n, bad == "clicks"), add_delta=add_delta,
+            table=table, ids=raw, grads=self._grads(n, dim, bad), dim=req_dim, shows=shows, clicks=clicks,
+            add_delta=add_delta,
         )  # fmt: skip
 
     def push(self) -> tuple[Message, str]:

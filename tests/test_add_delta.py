@@ -45,6 +45,7 @@ def bits(rows: np.ndarray) -> np.ndarray:
 
 
 def counts(rng: np.random.Generator, n: int, high: int) -> np.ndarray:
+    """n counts in [0, high): shows, or clicks (taken at most the shows)."""
     return rng.integers(0, high, n).astype(F32)
 
 
@@ -64,7 +65,8 @@ def test_an_add_delta_push_adds_exactly_the_deltas_leaves_the_state_and_counts(t
         shard.advance_clock(4)  # an optimizer push would decay the l2 tables' rows now; a delta is added as it is
         before = table.peek(ids)
         delta = rng.standard_normal((60, cfg.dim)).astype(F32)
-        shows, clicks = counts(rng, 60, 4), counts(rng, 60, 2)
+        shows = counts(rng, 60, 4)
+        clicks = np.minimum(counts(rng, 60, 2), shows)  # at most the shows
         shard.push(cfg.name, ids, delta, shows, clicks, add_delta=True)
         after, dim, sc = table.peek(ids), cfg.dim, table.stats_col
         assert np.abs(delta).min() > 0 and (before[:, dim:sc] != table._initial(ids)[:, dim:sc]).any()
@@ -158,7 +160,8 @@ def mixed_batches(seed: int) -> tuple[np.ndarray, list[list[tuple]]]:
             ids = rng.choice(pool, size=int(rng.integers(1, 12)), replace=False)
             add_delta = step in (0, 7) or bool(rng.integers(0, 2))
             grads = rng.standard_normal((len(ids), 4)).astype(F32) * (3 if add_delta else 1)
-            pushes.append(("mixed", ids, grads, counts(rng, len(ids), 3), counts(rng, len(ids), 2), add_delta))
+            shows = counts(rng, len(ids), 3)
+            pushes.append(("mixed", ids, grads, shows, np.minimum(counts(rng, len(ids), 2), shows), add_delta))
         batches.append(pushes)
     return pool, batches
 

@@ -68,6 +68,7 @@ RULES = [  # (name, status code, pattern of the message); the first match names 
     ("shows/clicks length", "INVALID_ARGUMENT", r"^(shows|clicks) has \d+ bytes, expected"),
     ("grads not finite", "INVALID_ARGUMENT", r"hold non-finite values"),
     ("shows/clicks negative or not finite", "INVALID_ARGUMENT", r"must be finite and >= 0"),
+    ("clicks over shows", "INVALID_ARGUMENT", r"^clicks for table .* exceed shows: id \d+ \(position \d+\) has"),
     ("ids repeated in a push", "INVALID_ARGUMENT", r"repeats id \d+ \(positions"),
     ("ids repeated in a batch's push", "INVALID_ARGUMENT", r"of the batch .* repeats ids"),
     ("float32 overflow", "INVALID_ARGUMENT", r"would make the row of id \d+ non-finite"),

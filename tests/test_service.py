@@ -47,9 +47,9 @@ def assert_status(call, code, *fragments):
         assert f in info.value.details()
 
 
-def snapshot(shard, ids):
-    """Full rows (embedding + Adagrad state), rows held in RAM and the table's counters."""
-    t = shard.table("emb")
+def snapshot(shard, ids, table="emb"):
+    """Full rows (embedding, optimizer state, statistics), rows held in RAM and the table's counters."""
+    t = shard.table(table)
     stats = {k: v for k, v in t.stats().items() if k not in ("pulls", "ids_pulled", "cache_misses")}
     return t.peek(ids), t.arena.used, stats, shard.journal.next_seq
 
@@ -202,6 +202,43 @@ def test_push_batch_checks_every_push_before_applying_any(shard1):
     reply = stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[good, push(mine[:5], np.ones((5, 4)))], advance_clock=3))
     assert (reply.num_applied, reply.step) == (10, clock + 3)
     assert not np.array_equal(pull(stub, mine[:5]), before[0][:5, :4])  # both applied (checked exactly in test_client)
+
+
+def test_a_push_with_more_clicks_than_shows_is_refused_naming_the_id_and_changes_nothing(shard1):
+    """Per id, clicks <= shows (shows default to 1, clicks to 0): a push past that is INVALID_ARGUMENT naming the
+    first such id and its counts, and a batch holding it applies none of its pushes, of any table."""
+    stub, mine, _, shard = shard1
+    shard.create_table(TableConfig("other", 4, optimizer=OptimizerConfig("sgd", 1.0)))
+    snapshot(shard, mine, "other")  # peek reads the new table's rows into RAM (initial rows, clean)
+    before, other_before, clock = snapshot(shard, mine), snapshot(shard, mine, "other"), shard.clock
+
+    def push(table, ids, shows=None, clicks=None):
+        counts = {k: wire.encode_rows(np.asarray(v, np.float32)) for k, v in (("shows", shows), ("clicks", clicks))
+                  if v is not None}  # fmt: skip
+        grads = wire.encode_rows(np.ones((len(ids), 4)))
+        return ps_pb2.PushRequest(table=table, ids=wire.encode_ids(ids), grads=grads, dim=4, **counts)
+
+    good = push("other", mine[:3], shows=[2, 1, 5], clicks=[2, 0, 5])  # clicks == shows is allowed
+    INVALID = grpc.StatusCode.INVALID_ARGUMENT
+    for bad, fragment in [
+        (push("emb", mine[:3], shows=[2, 1, 5], clicks=[1, 3, 6]), f"id {mine[1]} (position 1) has 3 clicks and 1 shows"),
+        (push("emb", mine[:3], clicks=[0, 0, 2]), f"id {mine[2]} (position 2) has 2 clicks and 1 shows"),  # default shows
+        (push("emb", mine[:3], shows=[0, 1, 1], clicks=[0.5, 0, 0]), f"id {mine[0]} (position 0) has 0.5 clicks and 0 shows"),
+    ]:  # fmt: skip
+        assert_status(lambda bad=bad: stub.Push(bad), INVALID, "clicks for table 'emb' exceed shows", fragment)
+        request = ps_pb2.PushBatchRequest(pushes=[good, bad], advance_clock=1)
+        assert_status(lambda request=request: stub.PushBatch(request), INVALID, fragment, "nothing was applied")
+        after = snapshot(shard, mine)
+        np.testing.assert_array_equal(after[0], before[0])
+        assert after[1:] == before[1:] and shard.clock == clock
+        other_after = snapshot(shard, mine, "other")
+        np.testing.assert_array_equal(other_after[0], other_before[0])
+        assert other_after[1:] == other_before[1:]
+    assert (
+        stub.PushBatch(ps_pb2.PushBatchRequest(pushes=[good, push("emb", mine[:3], shows=[1, 1, 1])])).num_applied == 6
+    )
+    shows_clicks = shard.table("other").peek(mine[:3])[:, -4:-2]  # the statistics: show, click, last_step, admitted
+    np.testing.assert_array_equal(shows_clicks, [[2, 2], [1, 0], [5, 5]])
 
 
 def test_pull_batch_answers_each_pull_in_order_and_fails_as_a_whole(shard1):

@@ -608,8 +608,8 @@ class Shard:
 
     def check_push(self, push: TablePush) -> CheckedPush:
         """Validates a push without changing anything; returns it checked, for apply_push. shows / clicks: per id
-        (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per id. add_delta: grads are
-        deltas added to the embeddings (see the module docstring)."""
+        (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID, each id's clicks <= its shows; None: 1 show and 0 clicks
+        per id. add_delta: grads are deltas added to the embeddings (see the module docstring)."""
         name, ids, grads = push.name, push.ids, push.grads
         table = self.table(name)
         if grads.shape != (len(ids), table.dim):
@@ -640,6 +640,15 @@ class Shard:
                 raise InvalidArgumentError(
                     f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
                 )
+        if push.clicks is not None:  # default clicks (0) never exceed shows
+            over = clicks > shows
+            if over.any():
+                bad = int(np.flatnonzero(over)[0])
+                raise InvalidArgumentError(
+                    f"clicks for table {name!r} exceed shows: id {int(ids[bad])} (position {bad}) has "
+                    f"{float(clicks[bad]):g} clicks and {float(shows[bad]):g} shows, expected clicks <= shows; "
+                    "nothing was applied"
+                )
         self.check_owned(ids)
         rule = ADD_DELTA if push.add_delta else OPTIMIZE
         return CheckedPush(table=table, ids=ids, grads=grads, shows=shows, clicks=clicks, rule=rule)
@@ -667,8 +676,9 @@ class Shard:
         add_delta: bool = False,
         caller_gone: Callable[[], bool] | None = None,
     ) -> None:
-        """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID; None: 1 show and 0 clicks per
-        id. add_delta: grads are deltas added to the embeddings (see the module docstring). caller_gone: as pull's."""
+        """shows / clicks: per id (n,) float32, finite, >= 0 and <= MAX_COUNT_PER_ID, clicks <= shows; None: 1 show
+        and 0 clicks per id. add_delta: grads are deltas added to the embeddings (see the module docstring).
+        caller_gone: as pull's."""
         push = TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks, add_delta=add_delta)
         self.refuse_if_lost()
         with self._hold.push_gate():
