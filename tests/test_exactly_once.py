@@ -69,21 +69,46 @@ def empty_push() -> tuple:
     return ("sum", np.zeros(0, np.uint64), np.zeros((0, 2), np.float32), None, None)
 
 
-@pytest.mark.parametrize("pushes", [[], [empty_push()]], ids=["advance alone", "pushes without ids"])
+@pytest.mark.parametrize(
+    "pushes",
+    [[], [empty_push()], [empty_push(), empty_push()], [push(A, 1.0), empty_push(), empty_push()]],
+    ids=["advance alone", "a push without ids", "pushes without ids", "a push, then pushes without ids"],
+)
 def test_a_clock_advance_is_applied_once_across_retries_and_a_crash(tmp_path, pushes):
-    """No journal record notes these requests; the note that a request advanced the clock is stored with the
-    clock, so neither a retry nor a retry after kill -9 (before any flush) advances it again."""
+    """No journal record notes the pushes without ids; the note that a request advanced the clock is stored with
+    the clock, so neither a retry nor a retry after kill -9 (before any flush) advances it again, and both are
+    answered as a request applied before: no push applied now."""
     shard = open_shard(tmp_path)
-    assert shard.push_batch(pushes, 4, client=9, client_seq=1)[0] == 4
-    assert shard.push_batch(pushes, 4, client=9, client_seq=1)[0] == 4  # a retry
+    assert shard.push_batch(pushes, 4, client=9, client_seq=1) == (4, len(pushes))
+    assert shard.push_batch(pushes, 4, client=9, client_seq=1) == (4, 0)  # a retry
     crash(shard)
     shard = open_shard(tmp_path)
     try:
         assert shard.clock == 4
-        assert shard.push_batch(pushes, 4, client=9, client_seq=1)[0] == 4  # a retry after the restart
+        assert shard.push_batch(pushes, 4, client=9, client_seq=1) == (4, 0)  # a retry after the restart
+        pushed_a = any(len(p[1]) for p in pushes)  # once, by the first attempt (replayed from the journal)
+        assert shard.clock == 4 and (rows(shard, A) == (-1.0 if pushed_a else 0.0)).all()
         assert shard.push_batch(pushes, 4, client=9, client_seq=2)[0] == 8  # the next request
         with pytest.raises(InvalidArgumentError, match="ahead of this client's newest request"):
             shard.push_batch(pushes, 4, client=9, client_seq=3 + 2**20)
+    finally:
+        shard.close()
+
+
+def test_a_replayed_push_is_not_counted_again_as_admitted_since_the_start(tmp_path):
+    """Stats' admitted counts the ids this run admitted: the journal's replay restores rows the run before
+    admitted (and counted), so the restarted shard counts only the ids admitted after its start."""
+    shard = open_shard(tmp_path)
+    shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1)
+    assert shard.table("sum").stats()["admitted"] == len(A)
+    crash(shard)
+    shard = open_shard(tmp_path)  # replays the push of A
+    try:
+        table = shard.table("sum")
+        assert table.stats()["admitted"] == 0 and table.num_rows == len(A) and (rows(shard, A) == -1).all()
+        assert shard.push_batch([push(A, 1.0)], 0, client=7, client_seq=1) == (0, 0)  # a retry: applied before
+        shard.push_batch([push(A, 1.0), push(B, 1.0)], 0, client=7, client_seq=2)
+        assert table.stats()["admitted"] == len(B) and table.num_rows == len(A) + len(B)
     finally:
         shard.close()
 

@@ -708,8 +708,10 @@ class Shard:
         client_seq order (1, 2, 3, ...: seq 0 is refused); a retry that arrives while its first attempt still runs
         waits for it. A client_seq more than MAX_SEQ_JUMP past its client's newest is refused. The clock advance of
         a request is stored together with the note that this request made it (Store.set_clock), so a retry
-        advances the clock if and only if no attempt before did, across restarts too; a request whose pushes carry
-        no ids (or a clock advance alone) is its client's newest as well.
+        advances the clock if and only if no attempt before did, across restarts too, and a request whose advance is
+        applied is applied whole (its pushes came before it): a retry of it applies nothing and says so, even after
+        a restart that found no journal record of its pushes without ids. A request whose pushes carry no ids (or a
+        clock advance alone) is its client's newest as well.
 
         A failure while applying (a float32 overflow, an I/O error) leaves the pushes before it applied and
         says so; validation failures change nothing."""
@@ -748,9 +750,11 @@ class Shard:
                     f"on shard {self.shard_id} ({done_seq:,}); a client numbers its requests to a shard 1, 2, 3, ...; "
                     "nothing was applied"
                 )
-            if self._advanced.get(client, 0) >= client_seq:  # this request's advance is applied (or an older
-                advance_clock = 0  # one: a request of its own seq was, so is this one, and whole)
-            if client_seq < done_seq or (client_seq == done_seq and done_parts >= len(pushes) and not advance_clock):
+            # a request whose clock advance is applied is applied whole (the clock moves after its pushes), even
+            # where the table notes fewer parts: after a restart, pushes without ids have no journal record
+            whole = self._advanced.get(client, 0) >= client_seq
+            done = client_seq == done_seq and done_parts >= len(pushes) and not advance_clock
+            if whole or done or client_seq < done_seq:
                 self._check_batch(pushes, every_push=True)  # still a bad request if it is one
                 return self.clock, 0
             skip = done_parts if client_seq == done_seq else 0

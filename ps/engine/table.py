@@ -248,7 +248,9 @@ class Table:
 
     def replay(self, record: Record) -> int:
         """Applies a journal record, by its rule, to the rows it has not reached yet (lsn < seq). Returns rows
-        updated. DataLossError for a rule that is not one of ps.rows.update's."""
+        updated. DataLossError for a rule that is not one of ps.rows.update's. It moves num_rows and num_pending,
+        and none of `counters` (counts since the server started: the run that journaled the push counted its ids
+        pushed and admitted)."""
         if record.rule not in self.hyper:
             raise DataLossError(
                 f"journal record {record.seq} (table {self.name!r}) has push rule {record.rule}, which is none of "
@@ -270,7 +272,6 @@ class Table:
                 self.arena.pushed(rows)
                 self.num_rows += out.d_admitted
                 self.num_pending += out.d_pending
-                self.counters["admitted"] += out.admitted
                 updated += len(todo)
         return updated
 
