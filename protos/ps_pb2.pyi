@@ -244,7 +244,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableStats(_message.Message):
-    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed", "rows_in_ram", "rows_on_disk", "dirty_rows", "evictions", "ram_bytes", "cache_misses", "pending_ids", "disk_bytes", "admitted", "dropped")
+    __slots__ = ("name", "dim", "num_rows", "pulls", "pushes", "ids_pulled", "ids_pushed", "rows_in_ram", "rows_on_disk", "dirty_rows", "evictions", "ram_bytes", "cache_misses", "pending_ids", "disk_bytes", "admitted", "dropped", "trained")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
     NUM_ROWS_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +262,7 @@ class TableStats(_message.Message):
     DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_FIELD_NUMBER: _ClassVar[int]
     name: str
     dim: int
     num_rows: int
@@ -279,7 +280,8 @@ class TableStats(_message.Message):
     disk_bytes: int
     admitted: int
     dropped: int
-    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ..., rows_in_ram: _Optional[int] = ..., rows_on_disk: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., evictions: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pending_ids: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., admitted: _Optional[int] = ..., dropped: _Optional[int] = ...) -> None: ...
+    trained: bool
+    def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., num_rows: _Optional[int] = ..., pulls: _Optional[int] = ..., pushes: _Optional[int] = ..., ids_pulled: _Optional[int] = ..., ids_pushed: _Optional[int] = ..., rows_in_ram: _Optional[int] = ..., rows_on_disk: _Optional[int] = ..., dirty_rows: _Optional[int] = ..., evictions: _Optional[int] = ..., ram_bytes: _Optional[int] = ..., cache_misses: _Optional[int] = ..., pending_ids: _Optional[int] = ..., disk_bytes: _Optional[int] = ..., admitted: _Optional[int] = ..., dropped: _Optional[int] = ..., trained: _Optional[bool] = ...) -> None: ...
 
 class AdvanceClockRequest(_message.Message):
     __slots__ = ("steps",)

@@ -180,6 +180,7 @@ message TableStats
   15 disk_bytes       VARINT  uint64                   the table's rows in RocksDB (keys + values)
   16 admitted         VARINT  uint64                   ids admitted since the server started
   17 dropped          VARINT  uint64                   ids dropped by Shrink since the server started
+  18 trained          VARINT  bool                     ids were pushed to it here (a Shrink may have dropped all)
 
 message AdvanceClockRequest
   1  steps            VARINT  uint64                   steps to advance the clock by

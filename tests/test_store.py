@@ -36,7 +36,7 @@ def test_rows_tables_and_counts_survive_reopen(tmp_path):
     s = Store(str(tmp_path))
     s.check_identity(1, 4)
     assert s.load_tables() == [cfg]
-    assert s.counts("emb") == counts and s.flushed_seq() == 42
+    assert s.counts("emb") == {**counts, "trained": True} and s.flushed_seq() == 42  # a value without the flag
     found, got, lsn, full = s.get_rows("emb", np.array([0, 7, 5, 2**64 - 1], dtype=np.uint64), 6)
     assert found.tolist() == [True, False, True, True] and full.tolist() == [True, True, False]
     assert np.array_equal(got[:2], rows[[1, 0]]) and lsn.tolist() == [8, 7, 2**64 - 1]

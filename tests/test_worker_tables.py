@@ -134,6 +134,58 @@ def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
     shard.close()
 
 
+def test_a_table_a_shrink_emptied_stays_trained_across_a_restart_and_is_not_replaced(tmp_path, caplog):
+    """Stats' trained: false for a table never pushed to, true once pushed, and still true after a Shrink drops
+    every id (num_rows and pending_ids 0) and a restart; such a table is not replaced as untrained, eval scores it
+    (with a warning), export and the lost-table check say it was trained."""
+    from types import SimpleNamespace
+
+    from ps.config import EvictionConfig, ServerConfig
+    from ps.engine.shard import Shard
+    from worker.export import check_rows
+    from worker.served import check_trained
+    from worker.tables import lost_tables, untrained_on_some_shards
+
+    cfg = TableConfig("t", 4, eviction=EvictionConfig(ttl_steps=1))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    shard.create_table(cfg)
+    shard.create_table(TableConfig("never", 4))
+    ids = np.arange(5, dtype=np.uint64)
+    shard.pull("never", ids)  # initial rows in RAM: not trained
+    shard.push("t", ids, np.ones((5, 4), np.float32))
+    assert shard.table("t").trained and not shard.table("never").trained
+    shard.advance_clock(3)
+    assert shard.shrink("t")["dropped"] == 5
+    shard.close()
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        stats = {t["name"]: t for t in shard.stats()["tables"]}
+        assert (stats["t"]["num_rows"], stats["t"]["pending_ids"], stats["t"]["trained"]) == (0, 0, True)
+        assert stats["never"]["trained"] is False
+        with pytest.raises(TableExistsError, match="it was trained, and a Shrink has dropped every id, and only"):
+            shard.create_table(TableConfig("t", 8), replace_untrained=True)
+        shard.create_table(TableConfig("never", 8), replace_untrained=True)  # never trained: replaced
+        assert shard.table("t").dim == 4 and shard.table("never").dim == 8
+    finally:
+        shard.close()
+
+    emptied = SimpleNamespace(name="t", num_rows=0, pending_ids=0, trained=True)
+    shards = [SimpleNamespace(tables=[emptied]), SimpleNamespace(tables=[])]
+    assert "table t (0 rows and pending ids on the other shards) is on no data dir of shard 1" in lost_tables(shards)
+    assert untrained_on_some_shards(shards) == ""
+    with pytest.raises(ValueError, match="They were trained, and a Shrink has dropped every row since; nothing"):
+        check_rows(shards, ["t"])
+    client = SimpleNamespace(stats=lambda: shards[:1], servers=["s0"])
+    spec = ModelSpec("lr", (FieldSpec("f", "t", 4),), 0)
+    with caplog.at_level("WARNING", logger="worker.train"):
+        check_trained(client, spec, "lr", "nothing was evaluated")
+    assert "were trained and are now empty: a Shrink dropped every id" in caplog.text
+    never = SimpleNamespace(name="t", num_rows=0, pending_ids=0, trained=False)
+    with pytest.raises(ValueError, match="no trained row in them: the model was never trained"):
+        check_trained(SimpleNamespace(stats=lambda: [SimpleNamespace(tables=[never])], servers=["s0"]), spec, "lr",
+                      "nothing was evaluated")  # fmt: skip
+
+
 def test_eval_refuses_tables_it_lacks_or_of_another_shape_and_ignores_the_optimizer(servers, capsys):
     code, err = run(["train", "--servers", servers, "--model", "deepfm", "--hidden", "4", "--no-progress",
                      "--learning-rate", "0.05", *SMALL], capsys)  # fmt: skip

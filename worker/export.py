@@ -133,11 +133,15 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
 
 
 def check_rows(shard_stats: list, tables: list[str]) -> None:
-    """ValueError when the tables to export hold no row on any shard: an export of them would be empty."""
-    if sum(t.num_rows for shard in shard_stats for t in shard.tables if t.name in tables):
+    """ValueError when the tables to export hold no row on any shard: an export of them would be empty. The
+    message says whether they were trained (TableStats.trained: emptied by a Shrink since) or never were."""
+    stats = [t for shard in shard_stats for t in shard.tables if t.name in tables]
+    if sum(t.num_rows for t in stats):
         return
+    why = ("They were trained, and a Shrink has dropped every row since" if any(t.trained for t in stats)
+           else f"{NEVER_TRAINED[0].upper()}{NEVER_TRAINED[1:]}")  # fmt: skip
     raise ValueError(f"the servers' tables {', '.join(tables)} hold no trained row: an export would be empty. "
-                     f"{NEVER_TRAINED[0].upper()}{NEVER_TRAINED[1:]}; nothing was saved")  # fmt: skip
+                     f"{why}; nothing was saved")  # fmt: skip
 
 
 def check_kept_checkpoint(out: str, kept: str) -> None:

@@ -76,12 +76,17 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False) ->
 
 
 def check_trained(client: Client, spec: ModelSpec, model: str, doing: str) -> None:
-    """ValueError when the model's sparse tables hold no row and no pending id on any shard (nothing was ever
-    pushed to them): a model never trained there, whose every score is its initial one, is not scored (doing:
-    what was not done, for the message). Ids pending admission count as trained: their pushes trained the MLP."""
-    if sum(t.num_rows + t.pending_ids for t in sparse_table_stats(client, spec)):
-        return
+    """ValueError when no shard ever trained the model's sparse tables (TableStats.trained: nothing was ever pushed
+    to them): a model never trained there, whose every score is its initial one, is not scored (doing: what was
+    not done, for the message). Ids pending admission count as trained: their pushes trained the MLP; so do tables
+    trained and then emptied by a Shrink, which a warning names (their ids score by their initial rows)."""
+    stats = sparse_table_stats(client, spec)
     names = ", ".join(sorted(spec.table_dims()))
+    if any(t.trained for t in stats):
+        if not sum(t.num_rows + t.pending_ids for t in stats):
+            log.warning("the servers' tables of %s (%s) were trained and are now empty: a Shrink dropped every id, "
+                        "so every id scores by its table's initial row", model, names)  # fmt: skip
+        return
     raise ValueError(f"the servers hold the tables of {model} ({names}) but no trained row in them: {NEVER_TRAINED} "
                      f"({', '.join(client.servers)}); its scores would all be its initial ones: {doing}")  # fmt: skip
 

@@ -4,9 +4,9 @@ A run creates its tables one at a time (CreateTable is idempotent for the same s
 from the run that made the tables (another --embedding-dim, --hidden, optimizer, schema) would otherwise create
 the first missing ones, then be refused at the first that differs, and leave tables behind that the next run,
 with the right settings, is refused by. check_tables finds every difference first. Tables of other settings that
-hold no row and no pending id on any shard (made by a run stopped before it trained: Ctrl-C at its start, a flag refused
-after the tables were made) do not bind a run of one worker: it replaces them (CreateTable's replace_untrained;
-a shard refuses the replace of a table that holds any row or pending id).
+no shard ever trained (TableStats.trained: made by a run stopped before it trained: Ctrl-C at its start, a flag
+refused after the tables were made) do not bind a run of one worker: it replaces them (CreateTable's
+replace_untrained; a shard refuses the replace of a table it trained, even one a Shrink has emptied since).
 """
 
 from __future__ import annotations
@@ -26,26 +26,27 @@ SHAPE_FIELDS = ("dim", "features")  # what a forward pass depends on (features: 
 # meaning); a dense parameter's rows, its input width, are compared too (check_tables' dense_rows)
 
 
-def _partly_held(shard_stats: list, names: set[str] | None) -> Iterator[tuple[str, list[int], list[int], int]]:
-    """(table, the shards that hold it, those that do not, its rows and pending ids over the shards) of each table
-    (of `names`, else any) that some shards hold and others do not, in name order."""
+def _partly_held(shard_stats: list, names: set[str] | None) -> Iterator[tuple[str, list[int], list[int], int, bool]]:
+    """(table, the shards that hold it, those that do not, its rows and pending ids over the shards, whether any of
+    them trained it: TableStats.trained) of each table (of `names`, else any) that some shards hold and others do
+    not, in name order."""
     held = [{s.name: s for s in shard.tables} for shard in shard_stats]
     every = set().union(*held)
     for name in sorted(every if names is None else every & names):
         on = [i for i, tables in enumerate(held) if name in tables]
         if len(on) < len(held):
             rows = sum(held[i][name].num_rows + held[i][name].pending_ids for i in on)
-            yield name, on, [i for i in range(len(held)) if i not in on], rows
+            yield name, on, [i for i in range(len(held)) if i not in on], rows, any(held[i][name].trained for i in on)
 
 
 def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
-    """A message naming the tables (of `names`, else any) that some shards hold with rows or pending ids while
-    others hold no such table at all, else "". Client.create_table puts a table on every shard (each checks the
+    """A message naming the tables (of `names`, else any) that some shards hold trained (rows or pending ids, or
+    all dropped since by a Shrink) while others hold no such table at all, else "". Client.create_table puts a table on every shard (each checks the
     request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
     data dir (its dir deleted, its volume lost or replaced) and its part of the table is gone."""
     lost = []
-    for name, _, lacking, rows in _partly_held(shard_stats, names):
-        if rows:
+    for name, _, lacking, rows, trained in _partly_held(shard_stats, names):
+        if trained:
             lost.append(f"table {name} ({rows:,} rows and pending ids on the other shards) is on no data dir of "
                         f"shard{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}")  # fmt: skip
     if not lost:
@@ -57,13 +58,13 @@ def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
 
 
 def untrained_on_some_shards(shard_stats: list, names: set[str] | None = None) -> str:
-    """A message naming the tables (of `names`, else any) that some shards hold with no row and no pending id on
-    any shard while others hold no such table at all, else "" (lost_tables names those with rows). A checkpoint
+    """A message naming the tables (of `names`, else any) that some shards hold never trained (TableStats.trained)
+    while others hold no such table at all, else "" (lost_tables names the trained ones). A checkpoint
     describes each table on every shard; one on some shards only was made on them alone (a CreateTable sent to
     some shards), or the others started on new, empty data dirs since it was made: nothing of it is lost."""
     found = []
-    for name, on, lacking, rows in _partly_held(shard_stats, names):
-        if not rows:
+    for name, on, lacking, _, trained in _partly_held(shard_stats, names):
+        if not trained:
             found.append(f"table {name} is on shard{'s' * (len(on) > 1)} {', '.join(map(str, on))} only, not on "
                          f"shard{'s' * (len(lacking) > 1)} {', '.join(map(str, lacking))}")  # fmt: skip
     if not found:
@@ -110,7 +111,7 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
                 dense_rows: dict[str, int] | None = None) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim and features alone), [names of the tables some
-    shard lacks], {names of the tables of `differ` that hold no row and no pending id on any shard: with
+    shard lacks], {names of the tables of `differ` that no shard ever trained (TableStats.trained): with
     find_untrained, else empty}). dense_rows {table: the rows of its dense parameter, its input width}: such a
     table whose shards hold trained rows must hold exactly that many ("rows: ..." otherwise; one untrained is
     compared by its initializer's scale, which its shape sets). ValueError (cluster_damage) for a table of
@@ -140,10 +141,8 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
             diff = [d for d in diff if d.split(":")[0] in keep]
         if diff:
             differ[t.name] = diff
-    if differ and find_untrained:  # no row and no pending id (DescribeTable counts admitted rows only)
-        untrained = {name for name in differ if all(
-            name in tables and tables[name].num_rows == 0 and tables[name].pending_ids == 0 for tables in held
-        )}  # fmt: skip
+    if differ and find_untrained:  # never trained on any shard (a table a Shrink emptied was trained)
+        untrained = {name for name in differ if all(name in tables and not tables[name].trained for tables in held)}
     return differ, missing, untrained
 
 
@@ -153,7 +152,7 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS, and the dense parameters'
     rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
-    table holds no trained row (a run stopped before it trained made them), returns their names, to be created
+    table was never trained (a run stopped before it trained made them), returns their names, to be created
     with Client.create_table(replace_untrained=True), and a warning names them; else []. recipe_line: the run's
     recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
     recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks

@@ -455,8 +455,8 @@ class Shard:
 
     def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not).
-        replace_untrained: an existing table of another config that was never trained (no row, no pending id, on
-        this shard) is replaced by a new one of cfg (the rows a pull put in its RAM tier, its initial rows, go
+        replace_untrained: an existing table of another config that was never trained (Table.trained: no id ever
+        pushed to it on this shard) is replaced by a new one of cfg (the rows a pull put in its RAM tier, its initial rows, go
         with it); one that holds any is refused as before."""
         self.refuse_if_lost()
         cfg = cfg.normalized()
@@ -495,17 +495,22 @@ class Shard:
 
     def _refuse_other_spec(self, table: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> None:
         """TableExistsError unless `table`, whose config differs from cfg by diff, may be replaced: with
-        replace_untrained, and never trained (no row, no pending id). The table's lock held."""
+        replace_untrained, and never trained (Table.trained). The table's lock held."""
         if not replace_untrained:
             raise TableExistsError(
                 f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec "
                 f"(existing != requested): {'; '.join(diff)}"
             )
-        if table.num_rows or table.num_pending:
+        if table.trained:
+            held = (
+                f"it holds {table.num_rows:,} trained rows and {table.num_pending:,} ids pushed but not admitted"
+                if table.num_rows or table.num_pending
+                else "it was trained, and a Shrink has dropped every id"
+            )
             raise TableExistsError(
                 f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec (existing != "
-                f"requested): {'; '.join(diff)}; it holds {table.num_rows:,} trained rows and {table.num_pending:,} "
-                "ids pushed but not admitted, and only a table never trained is replaced; nothing was changed"
+                f"requested): {'; '.join(diff)}; {held}, and only a table never trained is replaced; nothing was "
+                "changed"
             )
 
     def _replace_untrained(self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> Table:

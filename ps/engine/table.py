@@ -368,6 +368,7 @@ class Table:
             "evictions": a.evictions,
             "ram_bytes": a.ram_bytes(),
             **self.counters,
+            "trained": self.trained,
         }
 
     # ---- internals (lock held) ----------------------------------------------------------------------
@@ -493,11 +494,19 @@ class Table:
         self.num_pending += d_pending
 
     def _counts_after(self, before: np.ndarray, after: np.ndarray) -> dict:
-        """Stored counts once rows whose stored flags are `before` are stored as `after` (0/1/2)."""
+        """Stored counts once rows whose stored flags are `before` are stored as `after` (0/1/2); trained once any
+        write stored a row or a pending id, and so after a Shrink that drops them all."""
         c = dict(self.stored_counts)
         c["admitted"] += int(np.count_nonzero(after == 2)) - int(np.count_nonzero(before == 2))
         c["pending"] += int(np.count_nonzero(after == 1)) - int(np.count_nonzero(before == 1))
+        c["trained"] = c["trained"] or bool((after > 0).any())
         return c
+
+    @property
+    def trained(self) -> bool:
+        """Whether ids were ever pushed to this table on this shard: it holds a row or a pending id (in RAM or
+        RocksDB), or RocksDB's counts say it did before a Shrink dropped them."""
+        return bool(self.num_rows or self.num_pending or self.stored_counts["trained"])
 
     def _persist(self, rows: np.ndarray, background: bool = False) -> None:
         """Writes rows (data + lsn) to RocksDB with the new counts, then marks them clean and stored.

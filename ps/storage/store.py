@@ -9,7 +9,9 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
         "table/" name            -> JSON TableConfig.to_dict()                        (create_table: both in one
         "tid/" name              -> decimal: the table's number, its rows' key prefix  batch)
         "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
-                                    admitted yet}   (in the batch of every write of the table's rows)
+                                    admitted yet, "trained": whether any write stored a row or pending id of
+                                    the table (kept once a Shrink drops them all; absent: as admitted + pending
+                                    > 0)}   (in the batch of every write of the table's rows)
         "clock"                  -> decimal: the shard's clock (steps)
         "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once
@@ -73,7 +75,7 @@ import shutil
 import struct
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -130,6 +132,12 @@ ADVANCED_PREFIX = b"advanced/"
 APPLIED_PREFIX = b"applied/"
 APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
+
+
+def trained(counts: Mapping) -> bool:
+    """Whether a table's "count/" value says it was trained: its "trained" flag, else (a value written without it)
+    whether it counts any row or pending id."""
+    return bool(counts.get("trained") or counts["admitted"] + counts["pending"] > 0)
 
 
 def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
@@ -987,8 +995,9 @@ class Store:
                             batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
                     self._write_counted(batch, on_written, counts["admitted"] - admitted)
                 old = self.counts(table)
+                total = {k: old[k] + counts[k] for k in counts}
                 self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(
-                    {k: old[k] + counts[k] for k in counts}).encode(), self._write_opts)  # fmt: skip
+                    {**total, "trained": old["trained"] or trained(total)}).encode(), self._write_opts)  # fmt: skip
                 copied[table] = counts
         return copied
 
@@ -1181,9 +1190,11 @@ class Store:
         return out
 
     def counts(self, table: str) -> dict:
-        """{"admitted": rows, "pending": ids} stored for table (kept in meta, updated atomically with rows)."""
+        """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
+        with rows)."""
         raw = self._meta.get(COUNT_PREFIX + table.encode())
-        return json.loads(raw) if raw is not None else {"admitted": 0, "pending": 0}
+        counts = json.loads(raw) if raw is not None else {"admitted": 0, "pending": 0}
+        return {**counts, "trained": trained(counts)}
 
     def clock(self) -> int:
         raw = self._meta.get(b"clock")
