@@ -80,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", required=True, help="RocksDB directory of this shard (created if missing)")
     p.add_argument("--threads", type=integer(1), default=8,
                    help="gRPC worker threads; a sync or ssp job's waits hold them: give at least 2 x its workers + 2")  # fmt: skip
+    p.add_argument("--max-queued-calls", type=integer(1), default=256,
+                   help="calls that may wait for a free thread; a call past them is refused at once "
+                   "(RESOURCE_EXHAUSTED), and ps-worker's clients send it again after a pause, as for a shard that "
+                   "is down: the bound on what a flood of calls holds on a server")  # fmt: skip
     p.add_argument("--sync", action="store_true", help="fsync every push before acknowledging it")
     p.add_argument(
         "--cache-bytes", type=parse_bytes, default=None,
@@ -452,6 +456,7 @@ def _run_server(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         threads=args.threads,
+        max_queued_calls=args.max_queued_calls,
         sync=args.sync,
         cache_bytes=args.cache_bytes,
         memory_bytes=args.memory_bytes,

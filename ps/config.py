@@ -263,6 +263,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 0
     threads: int = 8
+    max_queued_calls: int = 256  # calls waiting for one of the threads; past them RESOURCE_EXHAUSTED (ps.server)
     sync: bool = False  # fsync each acknowledged push (survives power loss, not only a process crash)
     max_message_bytes: int = MAX_MESSAGE_BYTES  # largest request and reply (gRPC's limits and the servicer's)
     cache_bytes: int | None = None  # RAM tier budget shared by all tables; None: 2 GiB, or what memory_bytes leaves
@@ -307,6 +308,8 @@ class ServerConfig:
             raise ValueError(f"memory_bytes must be positive, got {self.memory_bytes}")
         if self.read_threads < 1:
             raise ValueError(f"read_threads must be >= 1, got {self.read_threads}")
+        if self.max_queued_calls < 1:
+            raise ValueError(f"--max-queued-calls must be >= 1, got {self.max_queued_calls}")
         if not 0 < self.flush_interval_s <= MAX_INTERVAL_S:
             raise ValueError(f"--flush-interval-s must be > 0 and <= {MAX_INTERVAL_S:g} s, got {self.flush_interval_s}")
         if len(self.cluster) > MAX_CLUSTER_CHARS or not all(

@@ -192,6 +192,11 @@ class ShardStartingError(PsError):
 
 SHARD_STARTING = "is starting"
 
+OVERLOADED = "Concurrent RPC limit exceeded"
+"""gRPC's text of a call a server refused, RESOURCE_EXHAUSTED, before running it: its threads were busy and as many
+calls as ps-server --max-queued-calls waited for them (ps.server). It names no PsError: clients send it again, as
+for a shard that is down (worker.retry), and health probes ask again (ps.health)."""
+
 
 class DataDirLostError(PsError):
     """The shard's data dir was deleted or replaced, or its open journal segment deleted, under the running server

@@ -15,12 +15,14 @@ data dir or journal segment deleted under it (ps.engine.shard) is NOT_SERVING fo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from ps.errors import OVERLOADED
 from ps.security import tls_hint
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -178,16 +180,20 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
     know that service is no shard), over TLS (tls_ca), mutual TLS (tls_cert,
     tls_key) and with a token as given; tls_server_name: the name to expect in the server's certificate when it
     does not name the address dialed (a probe of 127.0.0.1, say). An UNAVAILABLE whose cause is a TLS setting that
-    differs from the shard's (gRPC says only "Socket closed") says which flag is missing or too many (tls_hint)."""
+    differs from the shard's (gRPC says only "Socket closed") says which flag is missing or too many (tls_hint).
+    A Check an overloaded shard refuses (its threads busy, its queue of calls full: ps.errors.OVERLOADED) is asked
+    again within timeout_s: such a shard is alive."""
     from ps.security import client_channel
 
     options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
     try:
         with client_channel(address, options, tls_ca, tls_cert, tls_key, token) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            reply, call = stub.Check.with_call(health_pb2.HealthCheckRequest(service=SERVICE_NAME), timeout=timeout_s)
+            reply, call = _check(health_pb2_grpc.HealthStub(channel), timeout_s)
     except grpc.RpcError as e:
         text = f"{e.code().name}: {e.details()}"
+        if _overloaded(e):
+            return Health(False, False, f"{text}: the shard's threads stayed busy and its queue of calls full for "
+                          f"{timeout_s:g} s (ps-server --threads, --max-queued-calls)")  # fmt: skip
         if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNIMPLEMENTED):  # another gRPC server's port
             return Health(False, False, f"{text}: its health service knows no {SERVICE_NAME}: it is not a sparseps "
                           "shard (another service's port?)")  # fmt: skip
@@ -207,3 +213,22 @@ def check_health(address: str, timeout_s: float = 3.0, tls_ca: str | None = None
     if reply.status == NOT_SERVING and lost:
         return Health(False, False, f"{status}: {lost[0].decode('utf-8', 'replace')}")
     return Health(reply.status == SERVING, False, status)
+
+
+def _overloaded(e: grpc.RpcError) -> bool:
+    return e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and OVERLOADED in (e.details() or "")
+
+
+def _check(stub: health_pb2_grpc.HealthStub, timeout_s: float) -> tuple:
+    """(reply, call) of a Check of SERVICE_NAME, asked again after a pause while the shard refuses it as
+    overloaded, up to timeout_s in all; the last refusal (grpc.RpcError) past it."""
+    deadline, pause = time.monotonic() + timeout_s, 0.05
+    while True:
+        try:
+            return stub.Check.with_call(health_pb2.HealthCheckRequest(service=SERVICE_NAME),
+                                        timeout=max(deadline - time.monotonic(), 0.001))  # fmt: skip
+        except grpc.RpcError as e:
+            if not _overloaded(e) or time.monotonic() + pause >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)

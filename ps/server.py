@@ -87,6 +87,8 @@ class Server:
         self._grpc = grpc.server(
             ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="ps-rpc", initializer=name_os_thread),
             interceptors=interceptors,
+            # a call past the threads' and the queue's calls is refused at once (RESOURCE_EXHAUSTED, OVERLOADED)
+            maximum_concurrent_rpcs=config.threads + config.max_queued_calls,
             # no SO_REUSEPORT: a second server on a taken port must fail, not silently share its traffic
             options=grpc_options(config.max_message_bytes) + [("grpc.so_reuseport", 0)],
         )

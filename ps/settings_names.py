@@ -14,6 +14,7 @@ SERVER = frozenset(
         "PS_FLUSH_INTERVAL_S",
         "PS_HOST",
         "PS_LOG_LEVEL",
+        "PS_MAX_QUEUED_CALLS",
         "PS_MEMORY_BYTES",
         "PS_METRICS_PORT",
         "PS_MMAP_READS",

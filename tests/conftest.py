@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 
+import grpc
 import numpy as np
 import pytest
 
+from protos import ps_pb2, ps_pb2_grpc
 from ps.checkpoint import FORMAT, write_manifest
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.rows import parallel
@@ -35,14 +40,15 @@ def sgd1_table() -> TableConfig:
 
 @pytest.fixture
 def servers(tmp_path):
-    """Factory: start n in-process shards (shard i of n), stopped at teardown. Returns (addresses, Server list)."""
+    """Factory: start n in-process shards (shard i of n; config: more ServerConfig fields), stopped at teardown.
+    Returns (addresses, Server list)."""
     started: list[Server] = []
 
-    def start(n: int = 2, root=None):
+    def start(n: int = 2, root=None, **config):
         root = root or tmp_path
         out = []
         for i in range(n):
-            s = Server(ServerConfig(data_dir=str(root / f"shard-{i}"), shard_id=i, num_shards=n, port=0))
+            s = Server(ServerConfig(data_dir=str(root / f"shard-{i}"), shard_id=i, num_shards=n, port=0, **config))
             s.start()
             started.append(s)
             out.append(s)
@@ -61,6 +67,46 @@ def random_ids(n: int, seed: int = 0) -> np.ndarray:
 
 
 FLUSH_CRASH_POINTS = ("some_tables_written", "rows_written", "position_recorded")
+
+
+@contextlib.contextmanager
+def call_slots_taken(server: Server, timeout_s: float = 30.0) -> Iterator[None]:
+    """Within it, server's every call slot (ServerConfig threads + max_queued_calls) is taken by Stats calls held in
+    the shard, so that gRPC refuses any further call (RESOURCE_EXHAUSTED); they are let go, and answered, at its
+    end. A call found still waiting after a moment is taken to be queued and another is sent, until one is refused."""
+    real_stats, release, entered = server.shard.stats, threading.Event(), threading.Event()
+
+    def stuck_stats():
+        entered.set()
+        assert release.wait(timeout_s)
+        return real_stats()
+
+    server.shard.stats = stuck_stats
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub, held = ps_pb2_grpc.ParameterServerStub(channel), []
+    try:
+        deadline, refused = time.monotonic() + timeout_s, False
+        while not refused and time.monotonic() < deadline:
+            call = stub.Stats.future(ps_pb2.StatsRequest(), timeout=2 * timeout_s)
+            try:
+                call.result(timeout=0.2)
+            except grpc.FutureTimeoutError:  # running or queued
+                held.append(call)
+                continue
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                refused = True
+                continue
+            raise AssertionError("a Stats call was answered while the shard's were held")
+        assert refused and entered.is_set(), f"no call refused within {timeout_s:g} s ({len(held)} held)"
+        yield
+    finally:
+        release.set()
+        server.shard.stats = real_stats
+        for call in held:  # queued, or refused later than the moment waited for
+            assert call.exception() is None or call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        channel.close()
 
 
 class _Killed(BaseException):

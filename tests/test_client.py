@@ -4,6 +4,7 @@ import dataclasses
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from unittest import mock
 
 import grpc
@@ -13,6 +14,7 @@ import pytest
 from protos import ps_pb2
 from ps.config import OptimizerConfig, TableConfig
 from ps.errors import (
+    ERROR_NAME_KEY,
     CallerGoneError,
     ClientIdInUseError,
     InvalidArgumentError,
@@ -22,9 +24,9 @@ from ps.errors import (
 )
 from ps.rows.initializers import init_rows
 from ps.sharding import SlotMap
-from tests.conftest import random_ids
+from tests.conftest import call_slots_taken, random_ids
 from worker.client import Client, push_arrays, sum_duplicates
-from worker.retry import sent_once
+from worker.retry import retryable, sent_once
 
 
 def initial(cfg: TableConfig, ids):
@@ -571,3 +573,51 @@ def test_a_push_keeps_its_messages_within_max_request_bytes(servers):
         client.push("lr", ids, np.ones((len(ids), 1), np.float32))
         np.testing.assert_array_equal(client.pull("lr", ids), before - 1)
     assert max(sizes["PushBatch"]) <= 4000 < max(sizes["PushBatch"]) + 20  # full messages, none larger
+
+
+def test_an_overloaded_shard_refuses_calls_past_its_queue_at_once_and_clients_send_them_again(
+    servers, sgd1_table, caplog
+):
+    """A shard runs --threads calls and lets --max-queued-calls wait for a thread; it refuses a call past them at
+    once (RESOURCE_EXHAUSTED, unread), where gRPC would queue calls without bound. A client sends such a call again
+    after a pause, as for a shard that is down: a brief overload costs a job time, not its run."""
+    addresses, (server,) = servers(1, threads=1, max_queued_calls=1)
+    ids = random_ids(8)
+    with Client(addresses, timeout_s=10, server_timeout_s=30) as client, caplog.at_level("INFO", "worker.client"):
+        client.create_table(sgd1_table)
+        with ThreadPoolExecutor(1) as pool, call_slots_taken(server):
+            with Client(addresses, server_timeout_s=0) as once, pytest.raises(PsError, match="RESOURCE_EXHAUSTED: "
+                                                                              "Concurrent RPC limit exceeded"):  # fmt: skip
+                once.stats()  # refused at once, not queued
+            pushed = pool.submit(client.push, "emb", ids, np.ones((8, 4), np.float32))
+            deadline = time.monotonic() + 10
+            while not any("is overloaded" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        pushed.result(timeout=30)  # sent again once the shard had room
+        np.testing.assert_array_equal(client.pull("emb", ids), initial(sgd1_table, ids) - 1)  # applied once
+    said = [r.getMessage() for r in caplog.records if r.name == "worker.client"]
+    assert "is overloaded (RESOURCE_EXHAUSTED: Concurrent RPC limit exceeded!: every thread of the shard busy and " \
+           "its queue of calls full (ps-server --threads, --max-queued-calls); the call was not run)" in said[0], said  # fmt: skip
+    assert "is back after" in said[1], said
+
+
+def test_only_an_overloaded_servers_resource_exhausted_is_sent_again():
+    """A shard's own RESOURCE_EXHAUSTED (a request larger than its room, a full disk) names its error and stays
+    one; so does gRPC's for a message over its limit."""
+
+    class Failed(grpc.RpcError):
+        def __init__(self, details: str, name: str | None = None):
+            self._details, self._name = details, name
+
+        def code(self):
+            return grpc.StatusCode.RESOURCE_EXHAUSTED
+
+        def details(self):
+            return self._details
+
+        def trailing_metadata(self):
+            return ((ERROR_NAME_KEY, self._name),) if self._name else ()
+
+    assert retryable(Failed("Concurrent RPC limit exceeded!"))
+    assert not retryable(Failed("Received message larger than max (600 vs. 500)"))
+    assert not retryable(Failed("request needs 1 GiB of room; Concurrent RPC limit exceeded", "RequestTooLargeError"))

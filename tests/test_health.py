@@ -3,13 +3,17 @@ cancelled at the same moment cannot hang (grpc_health's own servicer sends under
 
 import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
+from ps.health import check_health
 from ps.server import Server
+from tests.conftest import call_slots_taken
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -160,3 +164,21 @@ def test_a_health_probe_of_another_grpc_servers_health_service_is_not_serving():
             "port?)"), text  # fmt: skip
     finally:
         other.stop(0)
+
+
+def test_a_probe_of_an_overloaded_shard_asks_again_within_its_timeout(tmp_path):
+    """An overloaded shard refuses every call past its queue, health checks too: it is alive, only busy. The probe
+    asks again until its timeout, and says the shard was overloaded if every attempt was refused."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "busy"), port=0, threads=1, max_queued_calls=1))
+    server.start()
+    address = f"127.0.0.1:{server.port}"
+    try:
+        with call_slots_taken(server):
+            busy = check_health(address, timeout_s=1.0)
+            assert not busy.serving and busy.text.startswith("RESOURCE_EXHAUSTED: Concurrent RPC limit exceeded!: "
+                                                             "the shard's threads stayed busy"), busy.text  # fmt: skip
+            probe = ThreadPoolExecutor(1).submit(check_health, address, 30.0)
+            time.sleep(0.3)  # its first attempts are refused (a probe answered before the release still passes)
+        assert probe.result(timeout=30).serving
+    finally:
+        server.stop(grace_s=1)

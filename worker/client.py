@@ -8,7 +8,8 @@ gRPC future would start a polling thread per call whenever none is in flight: ~0
 
 Resilience: a call that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the server is down, restarting, starting or
 stuck), or CANCELLED (a server stopping cancels the calls it has not finished; this client cancels none it goes on
-with), is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
+with), or RESOURCE_EXHAUSTED from a server too busy to take it (its queue of calls full: worker.retry.overloaded;
+such a call was not run) is sent again, with backoff from 0.05 s to 2 s, while the shard has been failing for less than
 `server_timeout_s`; the client logs which shard it is waiting for (for a shard that is starting, what its start is
 doing: ps.errors.ShardStartingError) and when it is back, and past the timeout raises ServerUnavailableError
 naming the shard. Pushes are safe to send again: each PushBatch carries this
@@ -65,7 +66,7 @@ from worker.channels import check_cluster, open_channels, wait_connected
 from worker.dedup import PushItem, per_item, push_arrays, segment_sum, sum_duplicates
 from worker.fanout import CallThreads, at_once, attempt
 from worker.request_numbers import RequestNumbers, check_applied, check_contributed, new_client_id
-from worker.retry import RETRYABLE, Outages, may_have_run, push_left, retry_window_left, sent_once, why_failed
+from worker.retry import Outages, may_have_run, push_left, retry_window_left, retryable, sent_once, why_failed
 from worker.routing import Router
 
 __all__ = ["Client", "PushItem", "WorkerStamp", "push_arrays", "segment_sum", "sum_duplicates"]
@@ -451,7 +452,7 @@ class Client:
                 return outcome
             once = sent_once(method, request) and may_have_run(outcome)
             if (
-                outcome.code() not in RETRYABLE
+                not retryable(outcome)
                 or once
                 or self._closed
                 or not self._outages.keep_waiting(shard, outcome, self.server_timeout_s)

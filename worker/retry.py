@@ -1,7 +1,8 @@
 """Retry policy: which failed calls a client sends again and for how long, its waits for a shard that is down or
 starting, and the error a call ends with.
 
-A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (RETRYABLE) is sent again while its shard has
+A call that fails with UNAVAILABLE, DEADLINE_EXCEEDED or CANCELLED (RETRYABLE), or that an overloaded shard refused
+before running it (RESOURCE_EXHAUSTED, ps.errors.OVERLOADED: overloaded), is sent again while its shard has
 been failing for less than the client's server_timeout_s (Outages.keep_waiting); one that may have run on its
 shard (may_have_run) is not sent again when a repeat would apply it once more (sent_once); a PushBatch with a
 client id gets no attempt once its first is ps.config RETRY_WINDOW_S old (retry_window_left), and ends with
@@ -23,6 +24,7 @@ from ps.config import REQUEST_RETENTION_S, RETRY_WINDOW_S
 from ps.errors import (
     CHECKPOINT_PAUSE,
     ERROR_NAME_KEY,
+    OVERLOADED,
     SHARD_STARTING,
     PsError,
     RequestOutcomeUnknownError,
@@ -43,6 +45,7 @@ def error_name(e: grpc.RpcError) -> str | None:
 
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# (and the RESOURCE_EXHAUSTED of a call refused as overloaded: retryable)
 # a call that ended so may have run on its shard (a stopping server cancels the calls it has not finished)
 MAY_HAVE_RUN = (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 # gRPC's texts of an UNAVAILABLE call that never reached a server: no connection was made
@@ -56,6 +59,19 @@ APPLIED_AGAIN_IF_SENT_AGAIN = {
 }
 
 
+def overloaded(e: grpc.RpcError) -> bool:
+    """Whether the call that failed with e was refused, never run, by a shard whose threads were busy and whose
+    queue of calls was full (ps-server --max-queued-calls): gRPC's RESOURCE_EXHAUSTED of OVERLOADED, which names no
+    PsError (the shard's own RESOURCE_EXHAUSTED refusals do; a message over gRPC's limit says otherwise)."""
+    return (e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and error_name(e) is None
+            and OVERLOADED in (e.details() or ""))  # fmt: skip
+
+
+def retryable(e: grpc.RpcError) -> bool:
+    """Whether a call that failed with e may be sent again, as far as its status says: RETRYABLE, or overloaded."""
+    return e.code() in RETRYABLE or overloaded(e)
+
+
 def why_failed(e: grpc.RpcError) -> str:
     """What a failed call's status says, in short: gRPC's text for a refused connection names every address it
     tried ("failed to connect to all addresses; last error: ..."), its code's name for a cancelled call, what the
@@ -67,6 +83,9 @@ def why_failed(e: grpc.RpcError) -> str:
         return "connection refused: nothing listens there"
     if e.code() == grpc.StatusCode.CANCELLED:
         return "CANCELLED: the server stopped the call"
+    if overloaded(e):
+        return (f"RESOURCE_EXHAUSTED: {details}: every thread of the shard busy and its queue of calls full (ps-server "
+                "--threads, --max-queued-calls); the call was not run")  # fmt: skip
     if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return f"DEADLINE_EXCEEDED: {details}; down, or busy: its requests may be waiting for their memory room"
     return f"{e.code().name}: {details}"
@@ -74,7 +93,9 @@ def why_failed(e: grpc.RpcError) -> str:
 
 def failing(e: grpc.RpcError) -> str:
     """How a shard whose call failed with e is said to be: "not answering in time" for a deadline (it may be busy,
-    not down), else "unavailable"."""
+    not down), "overloaded" for a call refused as overloaded, else "unavailable"."""
+    if overloaded(e):
+        return "overloaded"
     return "not answering in time" if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else "unavailable"
 
 
@@ -188,7 +209,7 @@ class Outages:
         after it may have run, that it may still run; for one whose shard stayed down, how long it was waited for;
         else the PsError of e's status."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
-        gone = self.gone(shard) if self.gone is not None and code in RETRYABLE else None
+        gone = self.gone(shard) if self.gone is not None and retryable(e) else None
         if gone:  # before "it may still be running there": it is not running anywhere
             with self.lock:
                 self.down.pop(shard, None)
@@ -203,7 +224,7 @@ class Outages:
                 "it was not sent again, since a repeat would apply it once more "
                 f"({APPLIED_AGAIN_IF_SENT_AGAIN[method]})"
             )
-        if code in RETRYABLE:
+        if retryable(e):
             with self.lock:  # a later call waits for the shard anew, for its own server timeout
                 since = self.down.pop(shard, None)
                 self.pausing.discard(shard)
