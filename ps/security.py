@@ -17,8 +17,12 @@ an admitted caller can do; deploy/gen-secrets.sh makes a token, a CA and certifi
 
 from __future__ import annotations
 
+import base64
+import binascii
+import calendar
 import hmac
 import os
+import re
 import socket
 import ssl
 import stat
@@ -107,17 +111,26 @@ def check_token(token: str) -> str:
 
 
 def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) -> None:
-    """ValueError naming the file that is wrong, and why, unless cert holds PEM certificates, key the
-    unencrypted PEM private key of cert's first one, and ca PEM certificates (each where given). gRPC itself
-    reports a bad pair only when it binds a port ("Failed to bind") or as a connection that never comes up."""
+    """ValueError naming the file that is wrong, and why, unless cert holds PEM certificates, the first of them
+    not expired, key the unencrypted PEM private key of that one, and ca PEM certificates, not all expired (each
+    where given). gRPC itself reports a bad pair only when it binds a port ("Failed to bind") or as a connection
+    that never comes up, and an expired certificate as a handshake the other side fails."""
     for path, what in ((cert, "TLS certificate (--tls-cert)"), (ca, "TLS CA (--tls-ca)")):
         if path:
-            read_file(path, what)
+            pem = read_file(path, what)
             try:
                 ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
             except ssl.SSLError as e:
                 raise ValueError(f"{what} {path} holds no PEM certificate (expected '-----BEGIN CERTIFICATE-----' "
                                  f"blocks; {e.reason or e})") from None  # fmt: skip
+            ends = [not_after(block) for block in PEM_CERTIFICATE.findall(pem)]
+            ends = ends[:1] if path == cert else ends  # a certificate's own, not its chain's; a CA: any may do
+            now = time.time()
+            if ends and all(end is not None and end < now for end in ends):
+                when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(max(ends)))
+                raise ValueError(f"{what} {path} expired on {when} (this machine's clock says "
+                                 f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(now))}): the other side of "
+                                 "every connection refuses it; make new certificates (deploy/gen-secrets.sh)")  # fmt: skip
     if not (cert and key):
         return
     read_file(key, "TLS key (--tls-key)")
@@ -133,6 +146,43 @@ def check_tls_files(cert: str | None, key: str | None, ca: str | None = None) ->
                              f"{cert}: their public keys differ") from None  # fmt: skip
         raise ValueError(f"TLS key (--tls-key) {key} holds no PEM private key (expected a '-----BEGIN ... PRIVATE "
                          "KEY-----' block)") from None  # fmt: skip
+
+
+PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----(.+?)-----END CERTIFICATE-----", re.DOTALL)
+
+
+def not_after(pem_body: bytes) -> float | None:
+    """The end of a certificate's validity (Unix time), from the base64 body of its PEM block: the DER of
+    Certificate { tbsCertificate { [0] version (optional), serial, signature, issuer, validity { notBefore,
+    notAfter } ... } ... } (RFC 5280); None where it does not parse so (ssl, which loaded it, is the judge)."""
+    try:
+        (_, certificate), *_ = _der_elements(base64.b64decode(pem_body))
+        (_, tbs), *_ = _der_elements(certificate)
+        fields = [(tag, value) for tag, value in _der_elements(tbs) if tag != 0xA0]  # the version, if any
+        (_, validity) = fields[3]
+        tag, end = _der_elements(validity)[1]
+        text = end.decode("ascii")
+        if tag == 0x17:  # UTCTime YYMMDDHHMMSSZ: years 50-99 are 19xx (RFC 5280 4.1.2.5.1)
+            text = ("19" if int(text[:2]) >= 50 else "20") + text
+        return calendar.timegm(time.strptime(text, "%Y%m%d%H%M%SZ"))
+    except (ValueError, IndexError, binascii.Error):
+        return None
+
+
+def _der_elements(data: bytes) -> list[tuple[int, bytes]]:
+    """(tag, contents) of each DER element in data, in order."""
+    out, at = [], 0
+    while at < len(data):
+        tag, size = data[at], data[at + 1]
+        at += 2
+        if size & 0x80:  # the long form: the next size & 0x7F bytes hold the length
+            count = size & 0x7F
+            size, at = int.from_bytes(data[at : at + count], "big"), at + count
+        if at + size > len(data):
+            raise ValueError("a DER element longer than what holds it")
+        out.append((tag, data[at : at + size]))
+        at += size
+    return out
 
 
 def server_credentials(cert: str, key: str, ca: str | None = None) -> grpc.ServerCredentials:

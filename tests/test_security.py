@@ -25,7 +25,7 @@ from ps.codec import stamp_to_proto
 from ps.config import ServerConfig, TableConfig
 from ps.errors import PsError, ServerUnavailableError
 from ps.health import check_health
-from ps.security import READ_ONLY_METHODS, TokenHeader, read_token
+from ps.security import PEM_CERTIFICATE, READ_ONLY_METHODS, TokenHeader, not_after, read_token
 from ps.server import Server, exposure_warning
 from ps.stamp import WorkerStamp
 from tests.server_process import ServerProcess
@@ -550,3 +550,48 @@ def test_a_workers_client_security_variables_do_not_reach_its_local_shards(pki, 
                         "--synthetic-rows", "3000", "--synthetic-eval-rows", "1000", "--model", "lr", "--recipe",
                         "large", "--no-progress"], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0 and "AUC" in r.stdout, r.stderr[-3000:]  # the workers' and launch's final evaluation
+
+
+@pytest.fixture(scope="module")
+def expired(pki, tmp_path_factory):
+    """A server certificate (expired.pem, expired.key) the pki's CA signed for 2020 only, and one of its key valid
+    until 2060 (far.pem: dates past 2049 are written as GeneralizedTime, earlier ones as UTCTime)."""
+    d = tmp_path_factory.mktemp("expired")
+    (d / "index.txt").write_text("")
+    (d / "serial").write_text("01\n")
+    (d / "ca.cnf").write_text("[ca]\ndefault_ca = d\n[d]\ndatabase = index.txt\nnew_certs_dir = .\nserial = serial\n"
+                              "default_md = sha256\nunique_subject = no\npolicy = p\n[p]\ncommonName = supplied\n")  # fmt: skip
+    _openssl("req", *EC, "-keyout", "expired.key", "-out", "expired.csr", "-subj", "/CN=expired", cwd=d)
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", str(pki / "ca.pem"), "-keyfile", str(pki / "ca.key"),
+             "-in", "expired.csr", "-out", "expired.pem", "-notext", "-startdate", "20200101000000Z",
+             "-enddate", "20210101000000Z", "-extfile", str(pki / "server.ext"), cwd=d)  # fmt: skip
+    _openssl("ca", "-batch", "-config", "ca.cnf", "-cert", str(pki / "ca.pem"), "-keyfile", str(pki / "ca.key"),
+             "-in", "expired.csr", "-out", "far.pem", "-notext", "-startdate", "20200101000000Z",
+             "-enddate", "20600101000000Z", "-extfile", str(pki / "server.ext"), cwd=d)  # fmt: skip
+    return d
+
+
+def test_an_expired_certificate_is_refused_at_start_naming_the_flag_and_the_date(pki, expired, tmp_path):
+    """gRPC serves an expired certificate, and every client's handshake then fails ("Socket closed", "Ssl handshake
+    failed"): the server, the client and the probe refuse it at start instead. A CA file is refused only when all
+    its certificates expired (a bundle may hold old roots beside the one that matters)."""
+    said = r"expired on 2021-01-01 00:00:00 UTC \(this machine's clock says .*\): the other side of every connection"
+    with pytest.raises(ValueError, match=rf"TLS certificate \(--tls-cert\) .*expired.pem {said}"):
+        Server(ServerConfig(data_dir=str(tmp_path / "s"), tls_cert=str(expired / "expired.pem"),
+                            tls_key=str(expired / "expired.key")))  # fmt: skip
+    assert not (tmp_path / "s").exists()  # refused before the data dir was made
+    with pytest.raises(ValueError, match=rf"TLS CA \(--tls-ca\) .*expired.pem {said}"):
+        Client(["127.0.0.1:1"], tls_ca=str(expired / "expired.pem"))
+    with pytest.raises(ValueError, match=rf"TLS certificate \(--tls-cert\) .*expired.pem {said}"):
+        check_health("127.0.0.1:1", tls_ca=str(pki / "ca.pem"), tls_cert=str(expired / "expired.pem"),
+                     tls_key=str(expired / "expired.key"))  # fmt: skip
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes((expired / "expired.pem").read_bytes() + (pki / "ca.pem").read_bytes())
+    assert check_health("127.0.0.1:1", timeout_s=0.5, tls_ca=str(bundle)).text.startswith("UNAVAILABLE")
+
+
+def test_a_certificates_end_is_read_as_ssl_reads_it(pki, expired):
+    for path in (expired / "expired.pem", expired / "far.pem", pki / "ca.pem", pki / "server.pem"):
+        (body,) = PEM_CERTIFICATE.findall(path.read_bytes())
+        assert not_after(body) == ssl.cert_time_to_seconds(ssl._ssl._test_decode_cert(str(path))["notAfter"])
+    assert not_after(b"bm90IGEgY2VydGlmaWNhdGU=") is None  # "not a certificate": left to ssl to judge
