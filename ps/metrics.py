@@ -3,7 +3,8 @@
 The endpoint listens on the server's --host and follows its security settings, so that whoever may not call the
 shard may not read its metrics either: with --tls-cert/--tls-key it serves HTTPS with the same certificate, with
 --tls-ca as well it requires a client certificate that CA signed, and with --auth-token-file it answers 401 to a
-request without `Authorization: Bearer <token>`. Only GET /metrics answers; every other path is 404.
+request without `Authorization: Bearer <token>`. Only GET /metrics answers; every other path is 404. It serves
+MAX_CONNECTIONS connections at once, a thread each, and closes any more unread.
 Prometheus scrapes that with `scheme: https`, `tls_config: {ca_file, cert_file, key_file}` and
 `authorization: {credentials_file}` (docs/security.md).
 
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ps.metrics")
 
+MAX_CONNECTIONS = 16  # the metrics port's connections served at once (Prometheus scrapes over one or a few)
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 TABLE_GAUGES = {  # key of a table's stats -> help
     "rows_in_ram": "rows in the RAM tier",
@@ -219,6 +221,30 @@ def _guarded(app, token: str | None, read_token: str | None = None):
 
 
 class _MetricsServer(ThreadingWSGIServer):
+    """A thread per connection, at most MAX_CONNECTIONS at once: a connection past them is closed unread, so that
+    a peer opening connections (each may idle for _Handler.timeout) cannot make the server start threads without
+    bound."""
+
+    def __init__(self, *args, **kwargs):
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
     def handle_error(self, request, client_address) -> None:
         """A failed TLS handshake or a client that went away: one debug line, not a traceback on stderr."""
         log.debug("metrics request from %s failed", client_address, exc_info=True)

@@ -4,6 +4,8 @@ the docs name served, with the labels they give it."""
 
 from __future__ import annotations
 
+import socket
+import time
 import urllib.error
 import urllib.request
 
@@ -11,6 +13,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from ps.config import ServerConfig, TableConfig
+from ps.metrics import MAX_CONNECTIONS, _Handler
 from ps.server import Server
 from tests.conftest import random_ids
 from worker.client import Client
@@ -204,3 +207,40 @@ def test_every_metric_the_docs_name_is_served_with_its_labels():
         assert not name.endswith("_total") or kind == "counter", f"{name} is a {kind}"
         if labels:
             assert {label.strip() for label in labels.split(",")} == served_labels, (name, labels, served_labels)
+
+
+def test_the_metrics_port_serves_a_bounded_number_of_connections_and_closes_the_rest_unread(tmp_path, monkeypatch):
+    """Each connection takes a thread for as long as its client idles (up to the handler's timeout): past
+    MAX_CONNECTIONS at once, a connection is closed at once, so that nobody can make the server start threads without
+    bound; once they are gone, scrapes are served again."""
+    monkeypatch.setattr(_Handler, "timeout", 120.0)  # no idle connection is closed for its timeout meanwhile
+    server = Server(ServerConfig(data_dir=str(tmp_path), port=0, metrics_port=0))
+    server.start()
+    extra = 8
+    idle = [socket.create_connection(("127.0.0.1", server.metrics_port)) for _ in range(MAX_CONNECTIONS + extra)]
+    try:
+        closed, deadline = set(), time.monotonic() + 30
+        while len(closed) < extra and time.monotonic() < deadline:
+            for i in set(range(len(idle))) - closed:
+                idle[i].settimeout(0.01)
+                try:
+                    if idle[i].recv(1) == b"":  # the server closed it
+                        closed.add(i)
+                except ConnectionResetError:
+                    closed.add(i)
+                except TimeoutError:
+                    pass
+        assert len(closed) == extra, f"{len(closed)} of {len(idle)} idle connections closed"
+        for s in idle:
+            s.close()
+        while True:  # the idle connections' threads see them closed, and end
+            try:
+                assert ("sparseps_starting", ()) in scrape(server.metrics_port)
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, "no scrape served after the idle connections closed"
+                time.sleep(0.05)
+    finally:
+        for s in idle:
+            s.close()
+        server.stop(grace_s=1)
