@@ -79,6 +79,42 @@ def test_push_arrays_refuses_clicks_or_shows_of_another_length():
     assert clicks.tolist() == [1.0, 1.0, 1.0] and shows.tolist() == [1.0, 1.0, 1.0]
 
 
+BAD_PUSHES = {  # what spoils one id's part of a push, and what the refusal says
+    "nan grad": (
+        {"grad": np.nan},
+        r"grads for table 'emb' hold non-finite values, first at row \d+ \(id {id}\): "
+        r"\[1.0, 1.0, nan",
+    ),
+    "inf grad": ({"grad": np.inf}, r"hold non-finite values, first at row \d+ \(id {id}\): \[1.0, 1.0, inf"),
+    "a sum past float32": ({"grad": 3e38, "twice": True}, r"id {id}'s occurrences, each finite, sum past float32"),
+    "clicks over shows": ({"clicks": 2.0}, r"exceed shows: id {id} \(position \d+\) has 2 clicks and 1 shows"),
+    "nan clicks": ({"clicks": np.nan}, r"clicks for table 'emb' must be finite and >= 0; position \d+ holds nan"),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_PUSHES))
+def test_a_push_with_a_bad_value_for_one_id_changes_no_shard(servers, sgd1_table, bad):
+    """A bad value in the part of a push that one shard owns is refused by the client before it sends anything:
+    the shards that own the other ids apply nothing either (each shard would refuse only its own part)."""
+    spoil, message = BAD_PUSHES[bad]
+    addresses, _ = servers(3)
+    with Client(addresses) as client:
+        client.create_table(sgd1_table)
+        ids = random_ids(60, seed=8)
+        assert len(set(client.slot_map.shard_of(ids).tolist())) == 3
+        before = client.pull("emb", ids)
+        grads, clicks = np.ones((60, 4), np.float32), np.zeros(60, np.float32)
+        bad_at = 41
+        grads[bad_at, 2] = spoil.get("grad", 1.0)
+        clicks[bad_at] = spoil.get("clicks", 0.0)
+        if spoil.get("twice"):  # the id twice, each grad finite: their sum is not
+            ids, grads, clicks = np.append(ids, ids[bad_at]), np.vstack([grads, grads[bad_at]]), np.append(clicks, 0)
+        with pytest.raises(InvalidArgumentError, match=message.format(id=int(ids[bad_at]))):
+            client.push("emb", ids, grads, clicks)
+        np.testing.assert_array_equal(client.pull("emb", ids[:60]), before)
+        assert sum(t.pushes for s in client.stats() for t in s.tables) == 0
+
+
 @pytest.mark.parametrize("max_request_bytes", [64 << 20, 200])  # 200 bytes: many chunks per shard
 def test_pull_and_push_with_duplicates_across_three_shards(servers, sgd1_table, max_request_bytes):
     addresses, _ = servers(3)

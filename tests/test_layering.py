@@ -52,6 +52,8 @@ WORKER_MAY_IMPORT = {
     "ps.stamp",  # WorkerStamp: the worker builds it, the shard reads it back
     "ps.accel.malloc",  # glibc malloc settings for multi-MB messages
     "ps.rows.optim",  # the tables' optimizers, run on a worker's local rows in geo mode
+    "ps.rows.finite",  # the Inf/NaN check of a push's grads, ...
+    "ps.rows.pushcheck",  # ... and of all its values, as a shard makes them: a bad push reaches no shard
     "ps.progress",  # the bar or plain lines of a long count (export, eval, predict)
     "ps.terminate",  # SIGTERM as an exception, child processes that die with their parent, waits signals end
     "ps.storage.diskspace",  # low_bytes: ps-worker stats marks a low disk as the server reckons it (stdlib only)

@@ -1,8 +1,9 @@
 """Dedup of a push's ids: unique ids, their summed gradients and counts, and the way back to the caller's order.
 
 The client dedups once per call (`np.unique`), sums duplicate ids' grads, shows and clicks, and sends each unique
-id once; ids that are unique and increasing already are taken as they are. Pure numpy (and one numba loop): no
-gRPC, no state.
+id once; ids that are unique and increasing already are taken as they are. The values of what it sends are
+checked as a shard checks them (ps.rows.pushcheck), before any shard gets a part. Pure numpy (and compiled
+loops): no gRPC, no state.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import numba
 import numpy as np
 
 from ps import wire
+from ps.errors import InvalidArgumentError
+from ps.rows.finite import first_non_finite
+from ps.rows.pushcheck import check_push_values
 
 
 class PushItem(NamedTuple):
@@ -65,20 +69,36 @@ def push_arrays(
     in them or None) of one push item, as Client.push_many sends it. shows None: each occurrence of an id is one
     show and duplicates are summed; given: ids must be unique (ValueError) and everything is taken per id.
     Ids that are unique and increasing already (dense tables, a caller's np.unique) are taken as they are: no
-    copy, no sort."""
+    copy, no sort. InvalidArgumentError for a value a shard would refuse (ps.rows.pushcheck), or for grads of an
+    id's occurrences that sum past float32's range, so that such a push is sent to no shard."""
     ids = np.ascontiguousarray(ids, dtype=np.uint64).ravel()
     grads = np.asarray(grads, dtype=np.float32).reshape(len(ids), dim)
     clicks = np.zeros(len(ids), np.float32) if clicks is None else _per_id(clicks, len(ids), table, "clicks")
     if shows is not None:
         if wire.repeats_ids(ids):
             raise ValueError(f"push to {table!r} with shows given repeats ids; they must be unique")
-        return ids, grads, _per_id(shows, len(ids), table, "shows"), clicks, None
-    if wire.strictly_increasing(ids):
-        return ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
-    counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
-    uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
-    order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
-    return uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
+        out = ids, grads, _per_id(shows, len(ids), table, "shows"), clicks, None
+    elif wire.strictly_increasing(ids):
+        out = ids, grads, np.ones(len(ids), dtype=np.float32), clicks, None
+    else:
+        counts = np.stack([np.ones(len(ids), dtype=np.float32), clicks], axis=1)  # show, click per occurrence
+        uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
+        order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
+        out = uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
+        _refuse_overflowed_sums(table, out[0], out[1], grads)
+    check_push_values(table, *out[:4])  # as a shard checks it: a bad value reaches no shard
+    return out
+
+
+def _refuse_overflowed_sums(table: str, uniq: np.ndarray, summed: np.ndarray, grads: np.ndarray) -> None:
+    """InvalidArgumentError where finite grads of one id's occurrences sum past float32's range."""
+    bad = first_non_finite(summed)
+    if bad >= 0 and first_non_finite(grads) < 0:
+        bad //= summed.shape[1]
+        raise InvalidArgumentError(
+            f"grads for table {table!r}: the grads of id {int(uniq[bad])}'s occurrences, each finite, sum past "
+            f"float32's range: {summed[bad].tolist()[:8]}; nothing was sent"
+        )
 
 
 def per_item(flags: bool | Sequence[bool], n: int) -> list[bool]:

@@ -70,8 +70,8 @@ from ps.errors import (
     disk_full_reason,
     echo,
 )
-from ps.rows.finite import first_non_finite
 from ps.rows.layout import layout_of
+from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
@@ -86,8 +86,6 @@ from ps.wire import repeats_ids
 
 T = TypeVar("T")
 log = logging.getLogger("ps.engine.shard")
-MAX_COUNT_PER_ID = 2**24  # shows (and clicks) of one id in one push; keeps a row's show count, and the admission
-# hash's uint64(show * 16) of it, far from overflow (a table's min_count is at most 2**24 too)
 REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
 FLUSH_FAILURE_LOG_S = 300.0  # between the log lines of a background flush that keeps failing
 
@@ -621,39 +619,9 @@ class Shard:
             raise InvalidArgumentError(
                 f"grads for table {name!r} have shape {grads.shape}, expected ({len(ids)}, {table.dim})"
             )
-        bad = first_non_finite(grads)
-        if bad >= 0:
-            bad //= table.dim
-            raise InvalidArgumentError(
-                f"grads for table {name!r} hold non-finite values, first at row {bad} (id {int(ids[bad])}): "
-                f"{grads[bad].tolist()[:8]}; nothing was applied"
-            )
-        given = [(what, a) for what, a in (("shows", push.shows), ("clicks", push.clicks)) if a is not None]
+        check_push_values(name, ids, grads, push.shows, push.clicks)
         shows = np.ones(len(ids), dtype=np.float32) if push.shows is None else push.shows
         clicks = np.zeros(len(ids), dtype=np.float32) if push.clicks is None else push.clicks
-        for what, a in given:  # the defaults need no check
-            if a.shape != (len(ids),):
-                raise InvalidArgumentError(f"{what} for table {name!r} have shape {a.shape}, expected ({len(ids)},)")
-            ok = (a >= 0) & (a <= MAX_COUNT_PER_ID)  # NaN fails both; numpy beats a loop that stops early here
-            if not ok.all():
-                bad = int(np.flatnonzero(~ok)[0])
-                if np.isfinite(a[bad]) and a[bad] >= 0:
-                    raise InvalidArgumentError(
-                        f"{what} for table {name!r} may be at most {MAX_COUNT_PER_ID:,} per id in one push; "
-                        f"position {bad} holds {float(a[bad]):g}; nothing was applied"
-                    )
-                raise InvalidArgumentError(
-                    f"{what} for table {name!r} must be finite and >= 0; position {bad} holds {float(a[bad])}"
-                )
-        if push.clicks is not None:  # default clicks (0) never exceed shows
-            over = clicks > shows
-            if over.any():
-                bad = int(np.flatnonzero(over)[0])
-                raise InvalidArgumentError(
-                    f"clicks for table {name!r} exceed shows: id {int(ids[bad])} (position {bad}) has "
-                    f"{float(clicks[bad]):g} clicks and {float(shows[bad]):g} shows, expected clicks <= shows; "
-                    "nothing was applied"
-                )
         self.check_owned(ids)
         rule = ADD_DELTA if push.add_delta else OPTIMIZE
         return CheckedPush(table=table, ids=ids, grads=grads, shows=shows, clicks=clicks, rule=rule)
