@@ -114,6 +114,7 @@ DIM = 3
 PARAMS = {
     "sgd": (0.1, {}),
     "adagrad": (0.1, {"initial_accumulator": 0.5, "epsilon": 1e-6}),
+    "adagrad_rowwise": (0.1, {"initial_accumulator": 0.2, "epsilon": 1e-6}),
     "adam": (0.01, {"beta1": 0.8, "beta2": 0.95, "epsilon": 1e-6}),
     "ftrl": (0.5, {"beta": 1.0, "l1": 0.05, "l2": 0.1}),
 }
@@ -127,6 +128,9 @@ def reference_step(name, lr, p, w, state, g):
     if name == "adagrad":
         a = [ai + gi * gi for ai, gi in zip(state, g)]
         return [wi - lr * gi / (math.sqrt(ai) + p["epsilon"]) for wi, gi, ai in zip(w, g, a)], a
+    if name == "adagrad_rowwise":
+        a = state[0] + sum(gi * gi for gi in g) / len(g)
+        return [wi - lr * gi / (math.sqrt(a) + p["epsilon"]) for wi, gi in zip(w, g)], [a]
     if name == "adam":
         m, v, t = state[:DIM], state[DIM : 2 * DIM], state[2 * DIM] + 1
         m = [p["beta1"] * mi + (1 - p["beta1"]) * gi for mi, gi in zip(m, g)]
@@ -151,6 +155,8 @@ def reference_step(name, lr, p, w, state, g):
 def reference_initial_state(name, p, lr, w):
     if name == "adagrad":
         return [p["initial_accumulator"]] * DIM
+    if name == "adagrad_rowwise":
+        return [p["initial_accumulator"]]
     if name == "adam":
         return [0.0] * (2 * DIM + 1)
     if name == "ftrl":
@@ -190,5 +196,35 @@ def test_optimizer_matches_reference_over_random_pushes(tmp_path_factory, name, 
         got = shard.table("t").peek(ids)[:, : shard.table("t").stats_col].astype(np.float64)
         want = np.array([model[i][0] + list(model[i][1]) for i in sorted(model)])
         np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("name", sorted(set(PARAMS) - {"sgd"}))  # sgd: test_update's first-non-finite test
+def test_a_push_whose_step_overflows_a_row_is_refused_whole_and_denormal_gradients_step_as_the_formula(tmp_path, name):
+    """A gradient of 1e20 is finite, but its square (each optimizer's accumulator) is not in float32: the push is
+    refused naming that id, and no row changes, its other ids' included. Denormal gradients are taken: their
+    squares underflow to 0, and the rows are the float64 formula's."""
+    lr, params = PARAMS[name]
+    init = InitializerConfig("uniform", 0.3, seed=5)
+    cfg = TableConfig("t", DIM, init, OptimizerConfig(name, lr, params))
+    full = get_optimizer(cfg.optimizer).given_params
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    try:
+        table = shard.create_table(cfg)
+        ids = np.arange(1, 9, dtype=np.uint64)
+        shard.push("t", ids, np.random.default_rng(0).normal(0, 1, (8, DIM)).astype(np.float32))
+        before = table.peek(ids).copy()
+        huge = np.full((8, DIM), 0.5, np.float32)
+        huge[5, 1] = 1e20
+        with pytest.raises(InvalidArgumentError, match=f"would make the row of id {int(ids[5])} non-finite"):
+            shard.push("t", ids, huge)
+        np.testing.assert_array_equal(table.peek(ids), before)
+        tiny = np.array([[1e-45, -1e-40, 0.0]] * 8, np.float32)  # denormals (and a zero)
+        shard.push("t", ids, tiny)
+        got = table.peek(ids)[:, : table.stats_col].astype(np.float64)
+        for k in range(8):
+            w, state = reference_step(name, lr, full, before[k, :DIM], before[k, DIM : table.stats_col], tiny[k])
+            np.testing.assert_allclose(got[k], [*w, *state], rtol=1e-5, atol=1e-30)
     finally:
         shard.close()

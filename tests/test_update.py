@@ -20,6 +20,7 @@ DIM = 4
 CONFIGS = {
     "sgd": OptimizerConfig("sgd", 0.1),
     "adagrad": OptimizerConfig("adagrad", 0.1, {"initial_accumulator": 0.5, "epsilon": 1e-6}),
+    "adagrad_rowwise": OptimizerConfig("adagrad_rowwise", 0.1, {"initial_accumulator": 0.5, "epsilon": 1e-6}),
     "adam": OptimizerConfig("adam", 0.01, {"beta1": 0.8, "beta2": 0.95, "epsilon": 1e-6}),
     "ftrl": OptimizerConfig("ftrl", 0.5, {"beta": 1.0, "l1": 0.05, "l2": 0.1}),
 }
@@ -43,7 +44,7 @@ class Setup:
         block[:, :DIM] = rng.normal(0, 0.5, (n, DIM))
         self.opt.init_state(block[:, : self.sc], DIM)
         state = block[:, DIM : self.sc]
-        if name == "adagrad":
+        if name in ("adagrad", "adagrad_rowwise"):
             state += rng.random(state.shape).astype(np.float32)
         elif name == "adam":
             state[:, :DIM] = rng.normal(0, 0.1, (n, DIM))
@@ -81,6 +82,9 @@ def optimizer_step(name: str, p: dict, lr: float, w: np.ndarray, s: np.ndarray, 
         return w - lr * g, s
     if name == "adagrad":
         acc = s + g * g
+        return w - lr * g / (np.sqrt(acc) + p["epsilon"]), acc
+    if name == "adagrad_rowwise":  # one accumulator per row: the mean of g^2 over the dims
+        acc = s + np.mean(g * g)
         return w - lr * g / (np.sqrt(acc) + p["epsilon"]), acc
     if name == "adam":
         t = s[2 * DIM] + 1
@@ -324,7 +328,7 @@ def l2_oracle(h: L2History, old: np.ndarray, l2: float) -> np.ndarray:
     return rows
 
 
-@pytest.mark.parametrize("name", ["sgd", "adagrad"])
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adagrad_rowwise", "adam"])
 def test_lazy_l2_decays_an_admitted_row_by_the_steps_it_was_not_pushed_before_the_step(name):
     h = L2History(name)
     old = h.setup.rows_of_push().copy()
