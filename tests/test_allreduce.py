@@ -212,6 +212,35 @@ def test_a_stopped_rank_0_writes_the_mlp_of_its_last_step_alone(monkeypatch):
             dense.close()
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_mean_gradient_with_a_nan_or_inf_is_refused_and_changes_nothing(monkeypatch, bad):
+    """As a server refuses a push of a non-finite gradient: the step raises, naming the parameter and element, and
+    the weights and Adam's state stay those of the step before (the steps after are the oracle's without it)."""
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with dense_tables() as tables:
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
+        dense._next_write = math.inf  # no periodic write
+        try:
+            start = flat(dense.pull())
+            dense.step(grads_of(0, 0))
+            after_first = flat(dense.values)
+            spoiled = grads_of(0, 1)
+            name = PARAMS[2].name  # mlp.1.weight: (8, 8)
+            spoiled[name][0, 5] = bad
+            with pytest.raises(ValueError, match=rf"dense parameter '{name}' .* holds {bad} at \[0, 5\]"):
+                dense.step(spoiled)
+            np.testing.assert_array_equal(flat(dense.values), after_first)
+            np.testing.assert_array_equal(dense.weights, after_first)
+            for s in range(1, 3):
+                dense.step(grads_of(0, s))
+            np.testing.assert_allclose(flat(dense.values), oracle("adam", start, world=1)[3], rtol=1e-6, atol=1e-6)
+        finally:
+            dense.close()
+
+
 def test_rank_0_writes_the_mlp_while_the_job_trains_after_its_first_step_then_every_interval(monkeypatch):
     """A checkpoint, export, eval or predict taken during a run reads the MLP rank 0 wrote last: after the first
     step, then at most WRITE_EVERY_S seconds old; no other rank writes."""

@@ -9,7 +9,8 @@ one the job started from). In between, a step's gradients (every parameter flatt
 float32 buffer, followed by one float: 1 from a worker with a batch) go through one all_reduce (SUM) and are
 divided by the number of workers that had a batch; each worker then applies the optimizer to that mean itself
 (LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for
-bit.
+bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a push: every rank
+raises ValueError at that step, its values and optimizer state those of the step before.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
@@ -36,6 +37,7 @@ import numba
 import numpy as np
 
 from ps.config import OptimizerConfig
+from ps.rows.finite import first_non_finite
 from worker.client import PushItem
 from worker.dense import DEFAULT_OPTIMIZER, table_name
 from worker.models.spec import DenseParam
@@ -248,7 +250,7 @@ class AllReduceDense:
 
     def step(self, grads: dict[str, np.ndarray]) -> None:
         """Averages grads ({name: (r, c)}) over the workers with a batch in one all_reduce and applies the
-        optimizer to the mean."""
+        optimizer to the mean; a mean with an Inf or NaN changes nothing and raises ValueError on every rank."""
         if self._closed:
             raise RuntimeError("AllReduceDense.step after close()")
         if not self.params:
@@ -281,12 +283,31 @@ class AllReduceDense:
             return 0
         if active > 1:
             np.divide(self._grads, np.float32(active), out=self._grads)
+        self._refuse_non_finite(self._grads)
         self.optimizer.apply(self.weights, self._grads)
         self.values = self._split(self.weights)
         self.syncs += 1
         if self.rank == 0 and time.monotonic() >= self._next_write:
             self._write_values()
         return active
+
+    def _refuse_non_finite(self, grads: np.ndarray) -> None:
+        """ValueError naming the first Inf or NaN of the mean gradient (flat, in params order), as a server refuses
+        a push of one: raised by every rank at the same step (they hold the same mean), before any change. Not a
+        server's error: rank 0 saves the MLP of the step before as it stops (worker.train.save_dense_on_stop)."""
+        bad = first_non_finite(grads)
+        if bad < 0:
+            return
+        start = 0
+        for p, size in zip(self.params, self.sizes, strict=True):
+            if bad < start + size:
+                row, col = divmod(bad - start, p.shape[1])
+                raise ValueError(
+                    f"the mean gradient of dense parameter {p.name!r} over the workers holds {float(grads[bad])} at "
+                    f"[{row}, {col}] (step {self.syncs + 1}); nothing was applied, the values are those of the "
+                    "step before"
+                )
+            start += size
 
     def flush(self) -> None:
         """(Collective: after finish(), or when every rank has taken the same steps.) Rank 0 writes its values to the servers' dense tables (add-delta pushes of values - the servers'
