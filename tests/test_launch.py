@@ -5,6 +5,7 @@ stops the others, Ctrl-C and SIGTERM stop them all, and no process is left behin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import inspect
 import io
@@ -20,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.waiting import wait_until
@@ -1080,3 +1082,43 @@ def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_c
     else:
         assert "--skip-examples 500" in err and "run the same command again" not in err, err
     assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
+def test_the_final_evaluation_standardizes_as_the_workers_did_where_the_schema_gives_no_mean_and_std(servers, tmp_path):
+    """A schema's standardized column without a mean and std: each worker computes them over --data, the job's
+    training data, and launch's final evaluation computes the same, scoring as `ps-worker eval` with them written
+    into the schema (numpy's mean and population std of the column's values) scores."""
+    from worker.served import evaluate_servers
+    from worker.train import train
+
+    rng = np.random.default_rng(0)
+
+    def csv_file(name: str, rows: int) -> str:
+        prices = rng.normal(30.0, 7.0, rows)
+        lines = ["click,price,city"] + [f"{int(p > 30) ^ int(rng.random() < 0.2)},{p:.3f},{rng.choice(list('abc'))}"
+                                        for p in prices]  # fmt: skip
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        return str(tmp_path / name)
+
+    train_path, test_path = csv_file("train.csv", 300), csv_file("test.csv", 100)
+    columns = ('[[columns]]\nname = "price"\nkind = "numeric"\ntransform = "standardize"\n{stats}'
+               '[[columns]]\nname = "city"\nkind = "categorical"\n')  # fmt: skip
+    schema, with_stats = tmp_path / "schema.toml", tmp_path / "stats.toml"
+    schema.write_text('format = "csv"\nlabel = "click"\n' + columns.format(stats=""))
+    prices = np.loadtxt(train_path, delimiter=",", skiprows=1, usecols=1)
+    with_stats.write_text('format = "csv"\nlabel = "click"\n' + columns.format(
+        stats=f"mean = {float(prices.mean())!r}\nstd = {float(prices.std())!r}\n"))  # fmt: skip
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=train_path, eval_data=test_path, schema=str(schema),
+                      model="deepfm", hidden=(4,), recipe="large", batch_size=50, epochs=3, progress=False,
+                      server_timeout_s=0)  # fmt: skip
+    trained = train(cfg)
+    figures = final_evaluation(cfg, None)  # its default evaluation
+    assert "eval_error" not in figures, figures["eval_error"]
+    expected = evaluate_servers(dataclasses.replace(cfg, schema=str(with_stats)))
+    assert figures["eval_examples"] == expected["eval_examples"] == 100
+    assert figures["eval_logloss"] == pytest.approx(expected["eval_logloss"], rel=1e-6)
+    assert figures["eval_auc"] == pytest.approx(expected["eval_auc"], abs=1e-9)
+    assert figures["eval_logloss"] == pytest.approx(trained["eval_logloss"], rel=1e-6)  # the worker's own final eval
+    with pytest.raises(ValueError, match=r"columns \['price'\] are standardized without a mean and std"):
+        evaluate_servers(cfg)  # `ps-worker eval`: --data may be another file than the training data

@@ -81,12 +81,18 @@ def model_spec(cfg: TrainConfig, data: DataSource) -> ModelSpec:
 
 
 def prepare(
-    cfg: TrainConfig, needs_servers: bool = True, training: bool = True, labels_optional: bool = False
+    cfg: TrainConfig,
+    needs_servers: bool = True,
+    training: bool = True,
+    labels_optional: bool = False,
+    trained_on_data: bool = False,
 ) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
     """Checks the config, opens the data (ValueError when it holds no example), applies the recipe: (resolved
     config, data, model, recipe line). training=False (eval, predict): standardized columns must have their
-    statistics in the schema, since the training data's cannot be recomputed from another file. labels_optional
-    (predict): files without labels are read as such (DataSource)."""
+    statistics in the schema, since the training data's cannot be recomputed from another file, unless
+    trained_on_data says --data is the data the model was trained on (launch's final evaluation): they are then
+    computed over it, as training computed them. labels_optional (predict): files without labels are read as such
+    (DataSource)."""
     cfg.validate(needs_servers)
     unused = cfg.unused_synthetic_settings()
     if unused:
@@ -94,7 +100,11 @@ def prepare(
                     ", ".join(unused), cfg.data)  # fmt: skip
     # eval and predict (training=False) read --data for its schema only: no pass over the file to count its lines
     data = DataSource(
-        cfg, default_table=cfg.model, standardize_here=training, labels_optional=labels_optional, count=training
+        cfg,
+        default_table=cfg.model,
+        standardize_here=training or trained_on_data,
+        labels_optional=labels_optional,
+        count=training,
     )
     job_examples = cfg.synthetic_rows if cfg.data is None else data.examples * cfg.num_workers  # equal on every worker
     counted = data.line_count

@@ -635,7 +635,8 @@ def workers_bad_lines(train_config: Any, per_worker: list[dict]) -> dict:
 
 
 def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_shards: bool = False) -> dict:
-    """The job's figures on its eval set: evaluate(cfg) (default: worker.served.evaluate_servers) on --eval-data,
+    """The job's figures on its eval set: evaluate(cfg) (default: worker.served.evaluate_servers, which computes the
+    mean and std of standardized columns the schema leaves without them over --data, as the workers did) on --eval-data,
     or on the synthetic eval rows without --data; {} for a job on --data without --eval-data, which has no
     held-out file to score (format_summary says so). --eval-data is read as it is scored (the workers checked its
     start only): a ValueError of reading it (a malformed line past --max-bad-lines) gives {"eval_error": what
@@ -644,7 +645,9 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_sha
     if cfg.data is not None and cfg.eval_data is None:
         return {}
     if evaluate is None:
-        from worker.served import evaluate_servers as evaluate
+        from worker.served import evaluate_servers
+
+        evaluate = functools.partial(evaluate_servers, trained_on_data=True)
     try:
         return evaluate(cfg)
     except PsError:
