@@ -514,3 +514,35 @@ def test_a_worker_stopped_by_anything_but_a_server_error_saves_the_mlp_and_a_fai
     dense.fail = True
     save_dense_on_stop(dense, KeyboardInterrupt())
     assert "could not write the MLP to the servers as this worker stopped" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "setting",
+    ["weight_bound = 0.05", "l2 = 0.1", 'optimizer = { name = "sgd", learning_rate = 0.5 }',
+     "admission = { min_count = 2 }"],
+)  # fmt: skip
+def test_table_config_settings_of_an_mlp_table_the_workers_do_not_apply_are_refused(servers, tmp_path, setting):
+    """The workers of --dense allreduce train the MLP themselves with --dense-optimizer: a --table-config setting of a
+    dense table that only the servers apply (its optimizer, weight bound, lazy l2, admission) would leave the
+    servers, and so eval, predict and export, with another MLP than the one the job trained and evaluated. Such a
+    run is refused before any table is made; an initializer (the values every worker starts from, pulled from the
+    servers) is taken, and the servers then hold the MLP the run's final evaluation scored."""
+    from worker.client import Client
+    from worker.served import evaluate_servers
+    from worker.train import train
+    from worker.train_config import TrainConfig
+
+    addresses, _ = servers(1)
+    table = tmp_path / "tables.toml"
+    table.write_text(f'["dense.deepfm.mlp.0.weight"]\n{setting}\n')
+    cfg = TrainConfig(servers=tuple(addresses), model="deepfm", backend="torch", dense="allreduce", hidden=(4,),
+                      synthetic_rows=400, synthetic_eval_rows=200, recipe="large", batch_size=50, progress=False,
+                      server_timeout_s=0, table_config=str(table))  # fmt: skip
+    name = setting.split(" =")[0]
+    with pytest.raises(ValueError, match=rf"--dense allreduce .* dense.deepfm.mlp.0.weight: {name} .* --dense ps"):
+        train(cfg)
+    with Client(addresses) as client:
+        assert [t.name for t in client.stats()[0].tables] == []  # nothing was made
+    table.write_text('["dense.deepfm.mlp.0.weight"]\ninitializer = { name = "uniform", scale = 0.3, seed = 5 }\n')
+    trained = train(cfg)
+    assert trained["eval_logloss"] == pytest.approx(evaluate_servers(cfg)["eval_logloss"], rel=1e-6)

@@ -3,6 +3,7 @@
 table_configs(cfg, spec, ...)    sparse tables (one per schema table), then one per dense parameter
 table_config_note                what --table-config changed of the recipe's and the flags' choice
 check_geo_tables                 geo mode refuses an ftrl table (GEO_FTRL) and a table's lazy l2 (GEO_L2)
+check_allreduce_tables           --dense allreduce refuses MLP tables' settings only the servers would apply
 sparse_table_stats, missing_shares    what the shards hold of the model's tables, and a shard that lacks its part
 """
 
@@ -113,6 +114,38 @@ def check_geo_tables(tables: list[TableConfig], spec: ModelSpec) -> None:
     if decayed:
         raise ValueError(f"--mode geo cannot apply the lazy l2 of table(s) {', '.join(decayed)}: {GEO_L2}; set "
                          "their l2 to 0 (--l2, --table-config or the schema), or use another --mode")  # fmt: skip
+
+
+ALLREDUCE_SERVERS_ONLY = ("optimizer", "weight_bound", "l2", "admission")  # a dense table's, applied by no worker
+
+
+def check_allreduce_tables(tables: list[TableConfig], spec: ModelSpec, cfg: TrainConfig) -> None:
+    """ValueError, before any server is touched, for a dense table (one of spec's MLP) whose --table-config settings
+    the workers of --dense allreduce do not apply (ALLREDUCE_SERVERS_ONLY): they train the MLP themselves, with
+    --dense-optimizer and --dense-learning-rate, and write its values to the servers, whose rules (another
+    optimizer, a weight bound, a lazy l2, admission) would leave them holding another MLP than the one the job
+    trained and its final evaluation scored, which eval, predict and export then read. An initializer is taken:
+    every worker starts from the values the servers hold."""
+    dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
+    applied = {t.name: t.normalized() for t in (dense_table_config(p, dense_opt) for p in spec.dense_params())}
+    found = []
+    for t in tables:
+        if t.name not in applied:
+            continue
+        given = t.normalized()
+        for key in ALLREDUCE_SERVERS_ONLY:
+            value = getattr(given, key)
+            if value != getattr(applied[t.name], key):
+                shown = (f"{value.name} {value.learning_rate:g}" if key == "optimizer" else
+                         " ".join(f"{k}={v:g}" for k, v in dataclasses.asdict(value).items())
+                         if key == "admission" else f"{value:g}")  # fmt: skip
+                found.append(f"{t.name}: {key} {shown}")
+    if found:
+        raise ValueError(f"--dense allreduce trains the MLP on the workers, with --dense-optimizer "
+                         f"{dense_opt.name} {dense_opt.learning_rate:g}, and writes its values to the servers: --table-config "
+                         f"sets {'; '.join(found)}, which only the servers would apply, leaving eval, predict and "
+                         "export with another MLP than the one trained; leave them out (an initializer is taken), or "
+                         "use --dense ps")  # fmt: skip
 
 
 def sparse_table_stats(client: Client, spec: ModelSpec, shard_stats: list | None = None) -> list:

@@ -40,6 +40,7 @@ from worker.dense import dense_norm, start_logit_bias
 from worker.job import dense_path, job_client, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import (
+    check_allreduce_tables,
     check_geo_tables,
     held_features,
     missing_shares,
@@ -93,6 +94,8 @@ def train(cfg: TrainConfig) -> dict:
     recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
     if cfg.mode == "geo":
         check_geo_tables(tables_cfg, spec)
+    if cfg.dense == "allreduce":
+        check_allreduce_tables(tables_cfg, spec, cfg)
     with served_metrics(cfg) as telemetry, job_client(cfg) as client:
         client.wait_ready()
         if position is not None:
