@@ -522,3 +522,60 @@ def test_a_stop_asked_as_a_restore_ends_leaves_a_restored_dir_that_starts_withou
         assert again.describe_start() == "existing, tables a 5 rows, clock 0"
     finally:
         again.close()
+
+
+def test_a_restore_keeps_trained_a_table_a_shrink_emptied_on_the_shards_that_take_its_slots(tmp_path):
+    """A checkpoint of 2 shards: table t trained on shard 1 only, then emptied by a Shrink (no row, no pending id,
+    trained: RocksDB's counts say so); table never, never pushed to. Restored on 2 shards, t is trained on the shard
+    that takes shard 1's slots only; on 1 shard, which takes every slot, it is trained; never is trained nowhere."""
+    from ps.checkpoint import FORMAT
+    from ps.config import EvictionConfig
+    from ps.sharding import NUM_SLOTS, SlotMap
+
+    specs = [TableConfig("t", 2, eviction=EvictionConfig(ttl_steps=1)), table("never")]
+    source, infos, clocks = [], [], []
+    for i in range(2):
+        shard = Shard(ServerConfig(data_dir=str(tmp_path / f"source-{i}"), shard_id=i, num_shards=2))
+        source.append(shard)
+        for spec in specs:
+            shard.create_table(spec)
+    try:
+        ids = np.arange(1, 200, dtype=np.uint64)
+        ids = ids[SlotMap.contiguous(2).shard_of(ids) == 1][:5]
+        source[1].push("t", ids, np.ones((5, 2), np.float32))
+        source[1].flush()
+        source[1].advance_clock(3)
+        assert source[1].shrink("t")["dropped"] == 5
+        assert [s.table("t").trained for s in source] == [False, True] and source[1].table("t").num_rows == 0
+        for shard in source:
+            clock, token = shard.hold(60)
+            try:
+                infos.append(shard.save_checkpoint(str(tmp_path / "ckpt"), token))
+            finally:
+                shard.release(token)
+            clocks.append(clock)
+    finally:
+        for shard in source:
+            shard.close()
+    write_manifest(str(tmp_path / "ckpt"), {"format": FORMAT, "num_shards": 2, "num_slots": NUM_SLOTS,
+                                            "clock": max(clocks), "created": "now",
+                                            "tables": [t.to_dict() for t in specs], "shards": infos})  # fmt: skip
+    for num_shards, trained in ((2, [False, True]), (1, [True])):
+        restored = [
+            Shard(
+                ServerConfig(
+                    data_dir=str(tmp_path / f"to-{num_shards}-{i}"),
+                    shard_id=i,
+                    num_shards=num_shards,
+                    restore_dir=str(tmp_path / "ckpt"),
+                )
+            )  # fmt: skip
+            for i in range(num_shards)
+        ]
+        try:
+            assert [s.table("t").trained for s in restored] == trained, num_shards
+            assert not any(s.table("never").trained for s in restored)
+            assert all(s.table("t").num_rows == 0 for s in restored)
+        finally:
+            for shard in restored:
+                shard.close()

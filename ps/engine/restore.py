@@ -69,9 +69,10 @@ def restore_into(
     rows = {cfg.name: {"admitted": 0, "pending": 0} for cfg in tables}
     widths = {t.name: layout_of(t.dim, t.optimizer.name).width for t in tables}
     for shard in manifest["shards"]:
+        lo, hi = slot_range(int(shard["shard_id"]), int(manifest["num_shards"]))  # the slots it owned
         try:
             copied = store.import_slots(os.path.join(directory, shard["dir"]), slots, [t.name for t in tables],
-                                        widths, on_written)  # fmt: skip
+                                        widths, on_written, trained_from=lo < slots[1] and slots[0] < hi)  # fmt: skip
         except CheckpointDamagedError as e:
             raise _undone(store, e) from None
         for name, counts in copied.items():

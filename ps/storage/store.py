@@ -10,8 +10,8 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
         "tid/" name              -> decimal: the table's number, its rows' key prefix  batch)
         "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
                                     admitted yet, "trained": whether any write stored a row or pending id of
-                                    the table (kept once a Shrink drops them all; absent: as admitted + pending
-                                    > 0)}   (in the batch of every write of the table's rows)
+                                    the table (kept once a Shrink drops them all, and by import_slots; absent:
+                                    as admitted + pending > 0)}   (in the batch of every write of the table's rows)
         "clock"                  -> decimal: the shard's clock (steps)
         "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once
@@ -951,6 +951,7 @@ class Store:
         tables: list[str],
         widths: dict[str, int] | None = None,
         on_written: Callable[[int], None] | None = None,
+        trained_from: bool = False,
     ) -> dict[str, dict]:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
@@ -959,7 +960,8 @@ class Store:
         stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
         RowLayout.width) or a pending id's; CheckpointDamagedError where RocksDB finds damage in source (what was
         copied stays: the caller undoes it). on_written: told the admitted rows of each batch written (it may raise
-        to stop the copy there)."""
+        to stop the copy there). trained_from: source owned some of these slots, so a table its counts say was
+        trained (a Shrink may have dropped every id since) is trained here too."""
         lo, hi = slots
         copied = {}
         with _reading_checkpoint(source) as (src, names, _):
@@ -971,8 +973,11 @@ class Store:
                     "its manifest (meta key tid/<table>): its rows cannot be found, so nothing was copied from it; "
                     "the checkpoint is damaged or its manifest belongs to another checkpoint"
                 )
+            meta = src.get_column_family(META_CF) if META_CF in names else None
             for table in tables:
                 counts = {"admitted": 0, "pending": 0}
+                raw = meta.get(COUNT_PREFIX + table.encode()) if meta is not None and trained_from else None
+                was_trained = raw is not None and trained(json.loads(raw))
                 if ROWS_CF in names and table in numbers:
                     cf = src.get_column_family(ROWS_CF)
                     handle = self._db.get_column_family_handle(ROWS_CF)
@@ -996,8 +1001,8 @@ class Store:
                     self._write_counted(batch, on_written, counts["admitted"] - admitted)
                 old = self.counts(table)
                 total = {k: old[k] + counts[k] for k in counts}
-                self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(
-                    {**total, "trained": old["trained"] or trained(total)}).encode(), self._write_opts)  # fmt: skip
+                total["trained"] = old["trained"] or was_trained or trained(total)
+                self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._write_opts)
                 copied[table] = counts
         return copied
 
