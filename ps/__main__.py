@@ -89,9 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cache-bytes", type=parse_bytes, default=None,
         help="RAM tier budget for all tables of this shard (K/M/G/T suffixes); colder rows live only in RocksDB. "
         "Each table can always hold an equal share of it (the budget / the tables, which must hold 256 rows of the "
-        "widest: CreateTable is refused below that), taking rows back from tables above theirs; beyond its share a "
-        "table holds what it took while bytes were free. Default: 2G, or with --memory-bytes what its other parts "
-        "leave of it",
+        "widest, or 1M of rows over 4K: CreateTable is refused below that), taking rows back from tables above "
+        "theirs; beyond its share a table holds what it took while bytes were free. Default: 2G, or with "
+        "--memory-bytes what its other parts leave of it",
     )  # fmt: skip
     p.add_argument(
         "--memory-bytes", type=parse_bytes, default=None,

@@ -247,6 +247,18 @@ def test_create_table_is_refused_when_a_share_would_fall_under_the_floor(tmp_pat
     assert budget_module.min_share_bytes(wide) == 1 << 20 and budget_module.min_share_bytes(RC) == 256 * RC
 
 
+def test_the_cache_bytes_help_states_the_share_a_table_needs_as_the_budget_sets_it():
+    """--cache-bytes' help says a share must hold N rows of the widest table, or B of rows over R: min_share_bytes."""
+    from ps.__main__ import build_parser, parse_bytes
+
+    (action,) = [a for a in build_parser()._actions if "--cache-bytes" in a.option_strings]
+    found = re.search(r"must hold (\d+) rows of the widest, or (\w+) of rows over (\w+):", action.help)
+    assert found, action.help
+    rows, floor, over = int(found[1]), parse_bytes(found[2]), parse_bytes(found[3])
+    for charge in (8, over // 2, over, over + 4, 4 * over, 2 * floor):
+        assert budget_module.min_share_bytes(charge) == max(charge, rows * charge if charge <= over else floor), charge
+
+
 def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_changes_nothing(tmp_path, tiny_shares):
     """Table 'full' holds the whole RAM tier of 16 rows; 'starved' joins (a share of 8) and is pushed while full's
     lock is busy (a long request there), so it gets no row back and has none of its own to evict."""
