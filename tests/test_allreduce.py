@@ -156,10 +156,7 @@ class UnreachableTables:
 )  # fmt: skip
 def test_one_worker_creates_and_destroys_its_group(monkeypatch, device):
     """On cuda the group is nccl's, on cuda:0 (no LOCAL_RANK), its collectives on tensors of that GPU."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    group_env(monkeypatch, free_port(), 0, 1)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     assert not dist.is_initialized()
     with dense_tables() as tables:
@@ -188,10 +185,7 @@ def test_one_worker_creates_and_destroys_its_group(monkeypatch, device):
 def test_a_stopped_rank_0_writes_the_mlp_of_its_last_step_alone(monkeypatch):
     """save_on_stop (a worker stopped by a signal or an error): rank 0 writes its values with no collective, so the
     servers hold the MLP a resumed run trains on; nothing before a step, nor from another rank."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    group_env(monkeypatch, free_port(), 0, 1)
     with dense_tables() as tables:
         dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
         dense._next_write = math.inf  # no periodic write (test_rank_0_writes_the_mlp_while_the_job_trains)
@@ -216,10 +210,7 @@ def test_a_stopped_rank_0_writes_the_mlp_of_its_last_step_alone(monkeypatch):
 def test_a_mean_gradient_with_a_nan_or_inf_is_refused_and_changes_nothing(monkeypatch, bad):
     """As a server refuses a push of a non-finite gradient: the step raises, naming the parameter and element, and
     the weights and Adam's state stay those of the step before (the steps after are the oracle's without it)."""
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    group_env(monkeypatch, free_port(), 0, 1)
     with dense_tables() as tables:
         dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
         dense._next_write = math.inf  # no periodic write
@@ -246,10 +237,7 @@ def test_rank_0_writes_the_mlp_while_the_job_trains_after_its_first_step_then_ev
     step, then at most WRITE_EVERY_S seconds old; no other rank writes."""
     import worker.allreduce
 
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+    group_env(monkeypatch, free_port(), 0, 1)
     monkeypatch.setattr(worker.allreduce, "WRITE_EVERY_S", 3600.0)
     with dense_tables() as tables:
         dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["adam"])
