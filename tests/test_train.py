@@ -688,6 +688,48 @@ def test_early_stoppings_restore_gives_ids_first_trained_after_the_best_their_ro
         np.testing.assert_allclose(tables.pull("lr", np.array([40, 50, 60], np.uint64)), fresh, rtol=1e-6, atol=1e-6)
 
 
+def test_early_stoppings_restore_on_a_table_with_admission_puts_back_every_row_or_names_the_ids_it_could_not():
+    """On a table admitting ids at 2 shows, the restore's pushes (0 shows) put back the best row of every id still
+    admitted, and of ids pending at the best or first trained since; an id a Shrink dropped since the best is not
+    admitted again by them: it keeps its initial row, and the restore names it rather than claiming the best."""
+    from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, TableConfig
+    from worker.batch import TableIds
+    from worker.best import BestModel
+    from worker.models.spec import ModelSpec, uniform_fields
+    from worker.results import format_results
+
+    spec = ModelSpec("fm", uniform_fields(2, 4, table="lr"), 0, ())
+    cfg = TableConfig("lr", 4, initializer=InitializerConfig("normal", 0.3, 5), admission=AdmissionConfig(2),
+                      eviction=EvictionConfig(ttl_steps=2))  # fmt: skip
+    ids = np.arange(1, 7, dtype=np.uint64)
+    before = ids[:4]  # trained before the best: 1, 2, 3 admitted (2 shows), 4 pending (1 show); 5, 6 since
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        tables.create_table(cfg)
+        initial = tables.pull("lr", ids)
+        best = BestModel(tables, spec)
+        best.add({"lr": TableIds(before, None, None, None)})
+        tables.push("lr", before, np.ones((4, 4), np.float32), shows=np.array([2, 2, 2, 1], np.float32))
+        kept = tables.pull("lr", ids)  # at the best (5 and 6: initial)
+        best.keep({})
+        tables.advance_clock(5)
+        best.add({"lr": TableIds(np.array([1, 4, 5, 6], np.uint64), None, None, None)})
+        tables.push("lr", np.array([1, 4, 5, 6], np.uint64), np.full((4, 4), 3.0, np.float32),
+                    shows=np.full(4, 2, np.float32))  # fmt: skip
+        assert tables.shard.shrink()["dropped"] == 2  # 2 and 3: last pushed 5 steps ago
+        tables.push("lr", ids[2:3], np.ones((1, 4), np.float32), shows=np.ones(1, np.float32))  # 3: pending again
+        assert best.restore(_NoDense())
+        after = tables.pull("lr", ids)
+    dropped = np.isin(ids, [2, 3])
+    assert best.not_restored.keys() == {"lr"} and best.not_restored["lr"].tolist() == [2, 3]
+    np.testing.assert_allclose(after[~dropped], kept[~dropped], rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(after[dropped], initial[dropped])
+    assert not np.allclose(kept[dropped], initial[dropped])  # the rows not put back do differ from the best ones
+    summary = format_results({"best_validation_auc": 0.7, "best_validation_logloss": 0.5, "best_epoch": 2,
+                              "model_is_best": True, "best_ids_not_restored": {"lr": 2}})  # fmt: skip
+    assert ("the model kept is this best one, but for 2 ids of table lr (dropped by a Shrink since it, not admitted "
+            "again: they hold their initial rows)") in summary  # fmt: skip
+
+
 def test_early_stopping_stops_keeping_ids_once_a_restore_could_not_copy_their_rows(monkeypatch):
     """Past MAX_BEST_FLOATS floats of trained rows a restore is refused: the ids seen are no longer kept (they
     grew with every step of a long run), and the sorted ids kept until then are the union of the steps' ids."""

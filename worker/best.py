@@ -5,11 +5,14 @@ it, before a step trains an id first trained since, that id's row is pulled (its
 row on fresh tables, an earlier run's on tables that held a model). At the end of the loop it pushes best - current
 for all of them as add-delta pushes (the optimizer's state stays as it is, but FTRL's z is set to give the embedding
 put back, so that training on from it starts there: ps.rows.optim.ftrl_match_state): the tables then hold the
-model of the best evaluation.
+model of the best evaluation. Those pushes count no shows, so an id not admitted (one a Shrink dropped since the
+best) stays so, with its initial row: the rows the pushes return say which ids did not take the best row, and
+restore() keeps them per table (not_restored; the run's summary counts them).
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -19,6 +22,8 @@ from worker.client import PushItem
 from worker.dense import DenseSync
 from worker.dense import table_name as dense_table
 from worker.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
 
 MAX_BEST_FLOATS = 64 << 20  # BestModel copies at most this many floats (256 MiB); past it, no restore
 SEEN_MERGE_STEPS = 64  # the ids of this many steps are merged into the sorted ids trained before
@@ -36,6 +41,7 @@ class BestModel:
         self.later: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ids first trained since, their rows then
         self.dense: dict[str, np.ndarray] = {}
         self.too_big = False
+        self.not_restored: dict[str, np.ndarray] = {}  # after restore(): per table, the ids not put back
 
     def add(self, tids: dict[str, TableIds]) -> None:
         """The ids of a step about to be trained; once a best is kept, the rows of those first trained since are
@@ -95,7 +101,8 @@ class BestModel:
         self.dense = {k: v.copy() for k, v in dense_values.items()}
 
     def restore(self, dense: DenseSync) -> bool:
-        """Pushes best - current for every kept row and dense parameter; False if nothing was kept."""
+        """Pushes best - current for every kept row and dense parameter; False if nothing was kept. The ids whose
+        rows did not become the best ones (not admitted) go to not_restored, with a warning."""
         if self.too_big or not self.rows:
             return False
         best = {t: (np.concatenate([u, self.later[t][0]]), np.concatenate([r, self.later[t][1]]))
@@ -106,13 +113,30 @@ class BestModel:
             PushItem(t, u, best[t][1] - cur, shows=np.zeros(len(u), np.float32)) for (t, u), cur in zip(items, now)
         ]
         current = dense.pull()  # a DenseSync (restore_best runs with the PS dense path only)
+        wanted = [(rows, cur) for (_, rows), cur in zip(best.values(), now)]
         for p in dense.params:
             name = p.name
             pushes.append(PushItem(dense_table(p), dense.ids[name], self.dense[name] - current[name],
                                    shows=np.zeros(p.shape[0], np.float32)))  # fmt: skip
-        self.tables.push_many(pushes, add_delta=True)
+            wanted.append((self.dense[name], current[name]))
+        after = self.tables.push_many(pushes, add_delta=True, return_rows=True)
+        for push, got, (want, cur) in zip(pushes, after, wanted, strict=True):
+            missed = push.ids[_not_put_back(got, want, cur)]
+            if len(missed):
+                self.not_restored[push.table] = missed
+                log.warning("early stopping put the best model back but for %s ids of table %s (%s): not admitted "
+                            "(dropped by a Shrink since the best), they hold their initial rows", f"{len(missed):,}",
+                            push.table, ", ".join(str(i) for i in missed[:5]) + ", ..." * (len(missed) > 5))  # fmt: skip
         dense.pull()
         return True
+
+
+def _not_put_back(got: np.ndarray, want: np.ndarray, cur: np.ndarray) -> np.ndarray:
+    """bool per row: whether got, the row after adding want - cur to cur (float32), is not want. Such an id was not
+    admitted by the push (its row stays as it was); an admitted one is want but for the rounding of the delta and
+    of its sum, each under half an ulp of |want| + |cur|."""
+    tol = np.finfo(np.float32).eps * (np.abs(want) + np.abs(cur))
+    return (np.abs(got - want) > tol).any(axis=1)
 
 
 def _merged_unique(arrays: list[np.ndarray]) -> np.ndarray:

@@ -88,7 +88,8 @@ class LoopResult:
     stopped_early: bool = False
     stopped_at_limit: bool = False  # the stream reached settings.max_examples
     best: dict | None = None  # the curve's entry with the lowest validation logloss
-    restored_best: bool = False  # the tables hold the model of `best` (else the last one)
+    restored_best: bool = False  # the tables hold the model of `best` (else the last one) ...
+    best_not_restored: dict[str, int] = field(default_factory=dict)  # ... but these ids per table (worker/best.py)
     best_too_big_bytes: int = 0  # > 0: BestModel kept nothing, the rows trained being more than this many bytes
     source_stats: dict = field(default_factory=dict)  # the row source's: cache hit rate, bytes saved
 
@@ -330,6 +331,7 @@ def run_epochs(
         result.seconds = training_s()
         if best_model is not None and result.curve and not result.curve[-1]["best"]:
             result.restored_best = best_model.restore(dense)
+            result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
     except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
         abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
         if not holding():

@@ -85,6 +85,9 @@ def format_results(r: dict) -> str:
         if r.get("best_copy_limit_bytes") and not r.get("model_is_best"):
             kept += (": its trained rows are more than early stopping copies to put the best back "
                      f"({r['best_copy_limit_bytes'] / 2**20:,.0f} MiB)")  # fmt: skip
+        if r.get("best_ids_not_restored"):
+            kept += ", but for " + ", ".join(f"{n:,} ids of table {t}" for t, n in r["best_ids_not_restored"].items())
+            kept += " (dropped by a Shrink since it, not admitted again: they hold their initial rows)"
         if _workers(r) > 1:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         if r.get("skipped_examples"):  # a resumed run: the stopped run's evaluations are not in its curve

@@ -224,6 +224,7 @@ def train(cfg: TrainConfig) -> dict:
             "eval_every": cfg.eval_every,
             "restored_best": loop.restored_best,
             **({"best_copy_limit_bytes": loop.best_too_big_bytes} if loop.best_too_big_bytes else {}),
+            **({"best_ids_not_restored": loop.best_not_restored} if loop.best_not_restored else {}),
             "model_is_best": loop.restored_best or bool(cfg.num_workers == 1 and loop.curve and loop.curve[-1]["best"]),
             "curve": loop.curve,
         }
