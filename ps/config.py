@@ -212,6 +212,22 @@ class TableConfig:
             raise InvalidArgumentError(f"table {self.name!r}: features {echo(self.features)} is invalid; expected at "
                                        "most 64 characters of [A-Za-z0-9_.:-]")  # fmt: skip
 
+    def check_new(self) -> None:
+        """InvalidArgumentError for settings that validate() takes but a table made now may not have: ftrl with
+        beta 0 and l2 0 over an initializer that is not all zeros. FTRL holds its embedding as a function of its
+        state, -(z - sign(z) l1) / ((beta + sqrt(n)) / lr + l2), which at n = 0 cannot give an initial row other
+        than 0: each dim's first step with a gradient of exactly 0 would set it to 0. A table a data dir holds
+        already (a checkpoint's included) opens without this check."""
+        p = self.optimizer.all_params() if self.optimizer.name == "ftrl" else {}
+        zeros = self.initializer.name == "zeros" or self.initializer.scale == 0
+        if p and p["beta"] == 0 and p["l2"] == 0 and not zeros:
+            raise InvalidArgumentError(
+                f"table {self.name!r}: ftrl with beta 0 and l2 0 cannot hold the initializer's non-zero embeddings "
+                f"({self.initializer.name}, scale {self.initializer.scale:g}): its state gives w = 0 until a dim's "
+                "first non-zero gradient; give ftrl params.beta > 0 (default 1) or params.l2 > 0, or the initializer "
+                "zeros"
+            )
+
     def normalized(self) -> TableConfig:
         """Validated, with optimizer defaults spelled out: two specs that mean the same compare equal."""
         self.validate()

@@ -12,14 +12,15 @@ import pytest
 
 from protos import ps_pb2
 from ps import codec
-from ps.config import OptimizerConfig, ServerConfig, TableConfig
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.errors import PsError, RamTierTooSmallError, TableExistsError, TableNotFoundError
+from ps.errors import InvalidArgumentError, PsError, RamTierTooSmallError, TableExistsError, TableNotFoundError
 from ps.server import Server
 from worker.client import Client
 
 WIDE = 4096  # a 4 MiB RAM tier takes 4 tables of this dim (adagrad), not 5 (tests/test_many_tables.py)
 SMALL_TIER = 4 << 20
+FTRL_NO_BETA_L2 = OptimizerConfig("ftrl", 0.05, {"beta": 0.0, "l2": 0.0, "l1": 0.1})  # w at n = 0: 0 only
 
 
 def trained(shard: Shard, name: str, dim: int) -> None:
@@ -39,6 +40,10 @@ SCENARIOS = {
     "another spec, untrained, replaced": ([("t", 4, False)], (TableConfig("t", 8), True)),
     "another spec, trained, not replaced": ([("t", 4, True)], (TableConfig("t", 8), True)),
     "another optimizer": ([("t", 4, False)], (TableConfig("t", 4, optimizer=OptimizerConfig("sgd", 0.1)), False)),
+    "ftrl without beta and l2, the default initializer": ([], (TableConfig("t", 4, optimizer=FTRL_NO_BETA_L2), False)),
+    "ftrl without beta and l2, replacing": ([("t", 4, False)], (TableConfig("t", 4, optimizer=FTRL_NO_BETA_L2), True)),
+    "ftrl without beta and l2, zeros": (
+        [], (TableConfig("t", 4, initializer=InitializerConfig("zeros"), optimizer=FTRL_NO_BETA_L2), False)),
     "one table too many": ([(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False)),
     "a wide table replacing a narrow one, room": (
         [*((f"w{i}", WIDE, False) for i in range(3)), ("t", 4, False)], (TableConfig("t", WIDE), True)),
@@ -60,7 +65,7 @@ def outcome(call, *args, **kwargs):
     """call's answer as (config dict, rows, width), or its refusal as (error class name, message)."""
     try:
         cfg, rows, width = call(*args, **kwargs)
-    except (TableExistsError, RamTierTooSmallError) as e:
+    except (TableExistsError, RamTierTooSmallError, InvalidArgumentError) as e:
         return type(e).__name__, str(e)
     return cfg.to_dict(), rows, width
 
@@ -99,7 +104,7 @@ def test_the_scenarios_cover_each_outcome(tmp_path):
         finally:
             shard.close()
         kinds.add(got[0] if isinstance(got[0], str) else ("existing" if got[1] else "created"))
-    assert kinds == {"TableExistsError", "RamTierTooSmallError", "existing", "created"}
+    assert kinds == {"TableExistsError", "RamTierTooSmallError", "InvalidArgumentError", "existing", "created"}
 
 
 @pytest.fixture
@@ -162,3 +167,36 @@ def test_check_only_over_the_wire_creates_nothing_and_answers_as_create_would(tw
     assert [i.row_floats for i in checked] == [i.row_floats for i in infos] == [s0.shard.table("t").width] * 2
     assert [i.spec for i in checked] == [i.spec for i in infos]
     assert [i.num_rows for i in checked] == [0, 0]
+
+
+def test_ftrl_without_beta_and_l2_over_a_non_zero_initializer_is_refused_for_a_new_table_only(tmp_path, two_shards,
+                                                                                            monkeypatch):  # fmt: skip
+    """Such a table cannot hold its initial rows (a dim's first zero gradient sets it to 0, as below on a table
+    made without the check): CreateTable refuses it (INVALID_ARGUMENT, naming the settings and what to change) and
+    creates nothing; a data dir that holds one already still opens, and a CreateTable of its spec finds it."""
+    cfg = TableConfig("t", 4, optimizer=FTRL_NO_BETA_L2)
+    addresses, (s0, s1) = two_shards()
+    with Client(addresses) as client:
+        with pytest.raises(PsError, match=r"table 't': ftrl with beta 0 and l2 0 cannot hold the initializer's "
+                                          r"non-zero embeddings \(uniform, scale 0.01\).*give ftrl params.beta > 0 "
+                                          r"\(default 1\) or params.l2 > 0, or the initializer zeros") as e:  # fmt: skip
+            client.create_table(cfg)
+        assert e.value.status == "INVALID_ARGUMENT"
+        assert not s0.shard.tables and not s1.shard.tables
+    monkeypatch.setattr(TableConfig, "check_new", lambda self: None)  # a data dir made before the check
+    old = Shard(ServerConfig(data_dir=str(tmp_path / "old")))
+    old.create_table(cfg)
+    ids = np.array([1, 2], np.uint64)
+    initial = old.pull("t", ids)
+    grads = np.array([[0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]], np.float32)
+    old.push("t", ids, grads)
+    after = old.pull("t", ids)
+    assert (initial != 0).all() and (after[grads == 0] == 0).all()  # what the refusal is for
+    old.close()
+    monkeypatch.undo()
+    reopened = Shard(ServerConfig(data_dir=str(tmp_path / "old")))
+    try:
+        assert reopened.create_table(cfg) is reopened.table("t")
+        np.testing.assert_array_equal(reopened.pull("t", ids), after)
+    finally:
+        reopened.close()

@@ -452,7 +452,8 @@ class Shard:
         self._tell_lost_listeners("the shard's breaking")
 
     def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> Table:
-        """Creates the table, or returns the existing one if its config is the same (TableExistsError if not).
+        """Creates the table, or returns the existing one if its config is the same (TableExistsError if not); a
+        table made (or replaced) must pass TableConfig.check_new too (InvalidArgumentError).
         replace_untrained: an existing table of another config that was never trained (Table.trained: no id ever
         pushed to it on this shard) is replaced by a new one of cfg (the rows a pull put in its RAM tier, its initial rows, go
         with it); one that holds any is refused as before."""
@@ -460,9 +461,12 @@ class Shard:
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
-            if table is not None:
-                diff = table.cfg.differences(cfg)
-                return self._replace_untrained(table, cfg, diff, replace_untrained) if diff else table
+            diff = table.cfg.differences(cfg) if table is not None else []
+            if table is not None and not diff:
+                return table
+            cfg.check_new()
+            if diff:
+                return self._replace_untrained(table, cfg, diff, replace_untrained)
             table = Table(cfg, self.store, self.journal, self.budget)  # refused before anything is written if
             try:  # the RAM tier cannot take it (RamTierTooSmallError)
                 self.store.create_table(cfg)
@@ -484,6 +488,7 @@ class Shard:
             diff = table.cfg.differences(cfg) if table is not None else []
             if table is not None and not diff:
                 return table.cfg, table.num_rows, table.width
+            cfg.check_new()
             if diff:
                 with table.lock:
                     self._refuse_other_spec(table, cfg, diff, replace_untrained)
