@@ -3,6 +3,7 @@ schema into Batches; worker shares; bad lines skipped, counted and fatal over th
 csv column options; the libsvm field rule; column_stats."""
 
 import gzip
+import hashlib
 import re
 
 import numpy as np
@@ -1072,3 +1073,24 @@ def test_a_utf8_bom_at_the_start_of_a_file_is_left_out_in_every_format(tmp_path,
         got = read(path, fmt, 5, schema=schema, labeled=labeled, stats=stats)
         assert_same_batches(got, read(plain, fmt, 5, schema=schema, labeled=labeled, stats=expected_stats))
         assert stats == expected_stats and stats.bad_lines == 0 and sum(map(len, got)) == 23
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_a_categorical_cell_hashes_its_raw_bytes_in_every_format_utf8_or_not(tmp_path, monkeypatch, scan):
+    """The same cell gives the same raw value in a Criteo file and in a CSV file (the scan's path and the csv
+    module's): the blake2b digest of its bytes as they are in the file, those that are not UTF-8 included; so a
+    serving system that hashes the bytes it receives computes the ids training used."""
+    from worker.readers import csv_reader
+
+    monkeypatch.setattr(csv_reader, "CSV_SCAN", scan)
+    cells = [b"caf\xe9", b"\xff\xfe", b"a\x80b\xed\xa0\x80", "café".encode(), b"xyz", b"ff"]
+    blake = [int.from_bytes(hashlib.blake2b(c, digest_size=8).digest(), "little") for c in cells[:-1]]
+    raw = np.array([*blake, 0xFF], dtype=np.uint64)  # "ff": a hex number
+    criteo = tmp_path / "d.txt"
+    criteo.write_bytes(b"".join(b"1" + b"\t" * 14 + c + b"\t" * 25 + b"\n" for c in cells))
+    csv = tmp_path / "d.csv"
+    csv.write_bytes(b"y,c\n" + b"".join(b"1," + c + b"\n" for c in cells))
+    (b,) = read(criteo, "criteo", 10)
+    np.testing.assert_array_equal(b.fields["C1"].ids, field_ids(NUM_INT_FIELDS, raw))
+    (b,) = read(csv, "csv", 10)
+    np.testing.assert_array_equal(b.fields["c"].ids, field_ids(0, raw))

@@ -28,7 +28,7 @@ Scanned (scan_plain), per line of a Plain:
     widths   the longest source cell, in characters
 and the cells of parsed's sources (int, cat and float: encode.parsed_sources) as worker/encode.py reads them:
     cats     "" -> MISSING_CAT; 1..16 hex digits, not all f -> their number (in the scan); other text ->
-             features.cat_values of its UTF-8 bytes
+             features.cat_values of its bytes (a run the scan reads is UTF-8)
     ints     "" -> MISSING_INT; sign? digit+ within (-2**63, 2**63) -> its value; other cells: not simple
     floats   "" -> 0, missing; sign? digit* ("." digit*)? with 1..15 digits, at most 22 after the point ->
              mantissa / 10**(digits after the point), one correctly rounded division of exact float64s, so the

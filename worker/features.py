@@ -14,8 +14,10 @@ Missing values are ordinary reserved values (INT_MISSING_BUCKET, MISSING_CAT), s
 
 Categorical strings -> raw values (`cat_values`): a string of 1..16 hex digits is its number
 (int(s, 16); case-insensitive); the empty string is MISSING_CAT; any other string (and the one hex string
-"ffffffffffffffff", whose number is reserved) is the little-endian 8-byte blake2b digest of its UTF-8 bytes.
-Strings pass through numpy str/bytes arrays, which drop trailing NUL characters ("a\0" reads as "a").
+"ffffffffffffffff", whose number is reserved) is the little-endian 8-byte blake2b digest of its bytes as they
+are in the file, in every format: a reader's text with bytes that are not UTF-8 (decoded as surrogate escapes)
+hashes as those bytes, as a reader of bytes (Criteo's) hashes them. Strings pass through numpy str/bytes arrays,
+which drop trailing NUL characters ("a\0" reads as "a").
 """
 
 from __future__ import annotations
@@ -128,14 +130,25 @@ for _digits, _base in (("0123456789", 0), ("abcdef", 10), ("ABCDEF", 10)):
 
 
 def _blake64(s: str | bytes) -> int:
-    data = s if isinstance(s, bytes) else s.encode("utf-8", "surrogatepass")
+    data = s if isinstance(s, bytes) else _raw_bytes(s)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _raw_bytes(text: str) -> bytes:
+    """The bytes a cell's text was read from: its UTF-8, with each byte a reader found not UTF-8 (decoded as a
+    surrogate escape, U+DC80..U+DCFF) as that byte. Text with another lone surrogate, which no reader makes, has
+    no such bytes: its surrogates are taken as UTF-8 would write them."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
 
 
 def cat_values(strings: np.ndarray) -> np.ndarray:
     """Raw uint64 values of categorical strings (any shape; see the module docstring for the mapping).
 
-    Takes str arrays, or bytes arrays (dtype S) holding UTF-8, which give the same values as their text.
+    Takes str arrays, or bytes arrays (dtype S), which give the same values as their text read with
+    errors="surrogateescape" (UTF-8 or not).
     Hex strings are parsed vectorized; only the distinct non-hex strings are hashed one by one in Python.
     """
     arr = np.asarray(strings)
