@@ -92,6 +92,24 @@ def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, mo
     assert count_lines_upto(str(path), None).lines == count_lines(str(path)) == 99
 
 
+def test_a_file_of_fewer_lines_than_workers_is_refused_by_every_worker_naming_the_most_it_takes(tmp_path):
+    """Worker i of n reads every n-th line: with fewer lines than workers some would train nothing (and with
+    `ps-worker launch` the job's summary would read 0 examples). An empty file keeps its own error."""
+    path = tmp_path / "three.svm"
+    path.write_text("".join(f"{i % 2} {i}:1\n" for i in range(3)))
+    for worker in (0, 4):
+        cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=5, worker_id=worker)
+        with pytest.raises(ValueError, match=r"three.svm holds 3 lines of data, shared by the job's 5 workers "
+                                             r"\(each reads every 5th line\): expected at least one a worker; "
+                                             r"start at most 3$"):  # fmt: skip
+            prepare(cfg)
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=3, worker_id=2))
+    assert data.line_count.lines == 3
+    (tmp_path / "empty.svm").write_text("")
+    with pytest.raises(ValueError, match="no examples in it"):
+        prepare(TrainConfig(servers=("h:1",), data=str(tmp_path / "empty.svm"), format="libsvm", num_workers=2))
+
+
 def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):
     train, evals = tmp_path / "train.svm", tmp_path / "eval.svm"
     train.write_text("1 3:1 8:1 9:1 12:1\n0 4:1 8:1\n")
@@ -374,6 +392,9 @@ def test_max_examples_is_the_jobs_total_shared_by_its_workers():
         assert counts == [len(range(i, n_total, n)) for i in range(n)]
     with pytest.raises(ValueError, match="--max-examples 2 is the job's total, shared by its 3 workers"):
         TrainConfig(servers=("h:1",), max_examples=2, num_workers=3).validate()
+    with pytest.raises(ValueError, match="--synthetic-rows 2 are the job's rows, shared by its 3 workers"):
+        TrainConfig(servers=("h:1",), synthetic_rows=2, num_workers=3).validate()
+    TrainConfig(servers=("h:1",), synthetic_rows=3, num_workers=3, worker_id=2).validate()
     with pytest.raises(ValueError, match=r"--skip-examples 3 reaches this worker's --max-examples limit \(3 "):
         TrainConfig(servers=("h:1",), max_examples=10, num_workers=3, worker_id=2, skip_examples=3).validate()
     with pytest.raises(ValueError, match="--max-examples -1: expected an integer >= 0"):

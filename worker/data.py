@@ -130,6 +130,11 @@ class DataSource:
             if count:
                 self.line_count = count_files_upto(data_files(cfg.data), recipe.SMALL_DATA_EXAMPLES, header=header)
                 self.examples = self.line_count.estimate // cfg.num_workers
+                lines = self.line_count.lines  # exact where fewer than the threshold (not line_count.more)
+                if 0 < lines < cfg.num_workers:  # (no lines at all: first_batch's error)
+                    raise ValueError(f"{cfg.data} holds {lines:,} line{'s' * (lines != 1)} of data, shared by the "
+                                     f"job's {cfg.num_workers} workers (each reads every {cfg.num_workers}th line): "
+                                     f"expected at least one a worker; start at most {lines:,}")  # fmt: skip
             if self.schema.needs_stats():
                 missing = [c.name for c in self.schema.columns
                            if c.transform == "standardize" and (c.mean is None or c.std is None)]  # fmt: skip

@@ -194,6 +194,9 @@ class TrainConfig:
         if self.max_examples and self.max_examples < self.num_workers:
             raise ValueError(f"--max-examples {self.max_examples} is the job's total, shared by its {self.num_workers} "
                              "workers: expected at least one example a worker (or 0: no limit)")  # fmt: skip
+        if self.data is None and 0 < self.synthetic_rows < self.num_workers:
+            raise ValueError(f"--synthetic-rows {self.synthetic_rows} are the job's rows, shared by its "
+                             f"{self.num_workers} workers: expected at least one a worker")  # fmt: skip
         if limit and self.skip_examples >= limit and self.resume_started_from is None:
             raise ValueError(f"--skip-examples {self.skip_examples:,} reaches this worker's --max-examples limit "
                              f"({limit:,} examples of its stream): nothing would be trained")  # fmt: skip
