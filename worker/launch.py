@@ -96,7 +96,8 @@ def add_launch_parser(subparsers: Any) -> None:
         "--backends entry's (torch:cuda), else the --device given.\n"
         "Output lines come as '[worker i] ...'; progress is one merged bar (or a line every 10 s).\n"
         "If a worker fails (or on Ctrl-C) the others get SIGTERM, then SIGKILL after 10 s, local shards stop,\n"
-        "the failed worker's exit code and last lines are printed, and launch exits 1 (Ctrl-C: 130).\n"
+        "the failed worker's exit code and last lines are printed, and launch exits 1 (Ctrl-C: 130, SIGTERM:\n"
+        "143); a local shard that dies stops the job too (exit 1).\n"
         "At the end the model is evaluated once on the servers, on --eval-data (or the synthetic eval rows; not\n"
         "without --eval-data when training on --data), and a summary printed (and --metrics-out written).",
         epilog="example: ps-worker launch --workers 4 --backends numpy,numpy,torch,torch --local-shards 2 "
