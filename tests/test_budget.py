@@ -260,16 +260,23 @@ def test_the_cache_bytes_help_states_the_share_a_table_needs_as_the_budget_sets_
 
 
 def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_changes_nothing(tmp_path, tiny_shares):
-    """Table 'full' holds the whole RAM tier of 16 rows; 'starved' joins (a share of 8) and is pushed while full's
-    lock is busy (a long request there), so it gets no row back and has none of its own to evict."""
+    """Table 'full' holds the whole RAM tier of 16 rows, all dirty; 'starved' joins (a share of 8) and is pushed
+    while full cannot write its rows to RocksDB, so it gets no row back and has none of its own to evict."""
     shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=16 * layout_of(4, "sgd").ram_bytes))
     try:
         shard.create_table(sgd_table("full"))
         shard.push("full", np.arange(16, dtype=np.uint64), np.ones((16, 4), np.float32))
         starved = shard.create_table(sgd_table("starved"))
         ids = np.arange(100, 104, dtype=np.uint64)
-        with shard.table("full").lock, pytest.raises(RamTierTooSmallError, match="no evictable rows for 4 ids") as e:
+        full = shard.table("full").arena
+
+        def disk_gone(rows: np.ndarray) -> None:
+            raise OSError("disk gone")
+
+        persist, full.persist = full.persist, disk_gone
+        with pytest.raises(RamTierTooSmallError, match="no evictable rows for 4 ids") as e:
             shard.push("starved", ids, np.ones((4, 4), np.float32))
+        full.persist = persist  # its rows can be written again
         assert e.value.status == "RESOURCE_EXHAUSTED"
         assert starved.num_rows == starved.arena.used == 0
         assert shard.budget.used_bytes == 16 * starved.arena.row_charge
@@ -380,3 +387,69 @@ def test_under_memory_bytes_alone_a_start_names_the_least_memory_bytes_that_hold
     Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=least << 20)).close()
     with pytest.raises(RamTierTooSmallError):
         Shard(ServerConfig(data_dir=str(tmp_path), memory_bytes=(least - 1) << 20))
+
+
+def test_a_table_under_its_share_waits_for_a_busy_table_to_take_rows_from(tmp_path, tiny_shares):
+    """Table b, under its share with no rows of its own, needs rows that only a (the whole budget) can give, while
+    a request on a holds a's lock for longer than RECLAIM_WAIT_S: b's pull waits for it and is served, rather than
+    told that the RAM tier is too small."""
+    row = layout_of(4, "sgd").ram_bytes
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=64 * row, flush_interval_s=3600))
+    try:
+        shard.create_table(sgd_table("a"))
+        for lo in range(0, 64, 16):
+            shard.pull("a", np.arange(lo, lo + 16, dtype=np.uint64))
+        shard.create_table(sgd_table("b"))
+        assert shard.table("a").arena.used == 64 and shard.budget.free_bytes() < row
+        busy, done = threading.Event(), threading.Event()
+
+        def long_request() -> None:  # a's lock held as by a request reading many misses
+            with shard.table("a").lock:
+                busy.set()
+                done.wait(3 * budget_module.RECLAIM_WAIT_S)
+
+        holder = threading.Thread(target=long_request)
+        holder.start()
+        busy.wait(10)
+        threading.Timer(2 * budget_module.RECLAIM_WAIT_S, done.set).start()
+        rows = shard.pull("b", np.arange(1000, 1010, dtype=np.uint64))
+        join_thread(holder, 10, "the request holding a's lock")
+        assert rows.shape == (10, 4) and shard.table("b").arena.used == 10
+        assert shard.budget.used_bytes == 64 * row
+    finally:
+        shard.close()
+
+
+def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monkeypatch, tiny_shares):
+    """A cycle of waits: a and b each hold their own lock and wait in reclaim() for the other's (each saw the
+    other above a share). Each finds the other in reclaim() and skips it after RECLAIM_WAIT_S: both go on."""
+    monkeypatch.setattr(budget_module, "RECLAIM_WAIT_S", 0.1)
+
+    class Member:
+        row_charge = RC
+
+        def __init__(self) -> None:
+            self.used, self.lock = 8, threading.Lock()
+
+        def give_up(self, k: int) -> int:  # to the one that waited longer, once the other let go of its lock
+            return 0
+
+    budget = MemoryBudget(10 * RC)
+    a, b = Member(), Member()
+    budget.join(a)
+    budget.join(b)
+    budget.take(10 * RC, RC)
+    both = threading.Barrier(2)
+    got = {}
+
+    def ask(me: Member, name: str) -> None:
+        with me.lock:
+            both.wait(10)
+            got[name] = budget.reclaim(me, 2, 0)
+
+    threads = [threading.Thread(target=ask, args=(m, n)) for m, n in ((a, "a"), (b, "b"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        join_thread(t, 10, "a table waiting in reclaim for the other's lock")
+    assert got == {"a": 0, "b": 0} and budget.used_bytes == 10 * RC

@@ -8,20 +8,21 @@ outside it. Sharing:
   rows back from the tables holding more than theirs, largest first, leaving each at its share (less than one
   of its rows under it, at most): reclaim() asks the giving arena, under that table's lock, to give up its
   coldest rows, persisting the dirty ones (Arena.give_up). A table whose give_up fails (its rows cannot be
-  persisted) is logged and skipped, and so is one whose lock stays busy for RECLAIM_WAIT_S;
+  persisted) is logged and skipped, and so is one busy in reclaim() itself for RECLAIM_WAIT_S (Lock order);
 - a table at or above its share reuses its own cold rows (S3-FIFO, ps/storage/arena.py).
 So a table can hold its share, also one created after the others filled the budget; join() refuses a table
 (RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
 MIN_SHARE_ROWS rows of the widest table, or MIN_SHARE_BYTES where that is less (wide rows). A table whose
 creation fails after join(), or that is replaced (its arena's lock held), leaves again (leave()).
 
-Lock order: a table waits for another table's lock only while it holds its own lock and fewer rows than its
-share has room for, and only for a table it has just seen above its share; a table above its share never waits
-for another. That makes a cycle of waits unlikely, not impossible: the other tables' row counts are read without
-their locks, and the share changes as tables join, so two tables can each see the other above a share. Every
-wait therefore has a short deadline (RECLAIM_WAIT_S), after which that table is skipped: the waiting request
-goes on with the rows it has (its own cold rows, or RamTierTooSmallError when they are too few), and no cycle
-lasts longer than that deadline.
+Lock order: a table waits for another table's lock only in reclaim(), holding its own lock and no other, and
+while it holds another table's lock (give_up) it waits for no table's lock; nothing else holds a table's lock while it
+waits for another's. So a cycle of waits can only be of tables that are each in reclaim() (the other tables' row
+counts are read without their locks, and the share changes as tables join, so two tables can each see the other
+above a share). reclaim() therefore waits for a table's lock as long as it takes (a request on that table, a
+Shrink's chunk, a flush's), in slices of RECLAIM_WAIT_S, except while that table is itself in reclaim(): then
+for RECLAIM_WAIT_S at most, after which it is skipped, and the waiting request goes on with the rows it has (its
+own cold rows, or RamTierTooSmallError when they are too few); no cycle lasts longer than that.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ log = logging.getLogger("ps.storage.budget")
 
 MIN_SHARE_ROWS = 256  # a table's fair share must hold this many rows of the widest table (a request is served in
 MIN_SHARE_BYTES = 1 << 20  # chunks of half a share), or this many bytes where that is less (rows of over 4 KiB)
-RECLAIM_WAIT_S = 0.5  # longest wait for the lock of a table to take rows from (it may be serving a request)
+RECLAIM_WAIT_S = 0.5  # longest wait for the lock of a table to take rows from while that table is in reclaim()
 
 
 def min_share_bytes(row_charge: int) -> int:
@@ -68,6 +69,7 @@ class MemoryBudget:
         self.used_bytes = 0
         self._lock = threading.Lock()
         self._members: list[Member] = []  # tables are never dropped; one whose creation failed leaves
+        self._reclaiming: set[int] = set()  # id() of the members in reclaim() now, each holding its own lock
 
     def join(self, member: Member) -> None:
         """Adds a table's arena; RamTierTooSmallError (nothing changed) if the shares would get too small."""
@@ -129,13 +131,22 @@ class MemoryBudget:
         which holds its own table's lock and `holding` rows (its rows in use and any granted to it and not yet in
         use). Never grants asker more than its share has room for, the share read again before each table it
         takes from. Returns the rows granted."""
+        with self._lock:
+            self._reclaiming.add(id(asker))
+        try:
+            return self._reclaim(asker, rows, holding)
+        finally:
+            with self._lock:
+                self._reclaiming.discard(id(asker))
+
+    def _reclaim(self, asker: Member, rows: int, holding: int) -> int:
         rc, granted = asker.row_charge, 0
         for other in sorted(self._members, key=lambda m: m.used * m.row_charge, reverse=True):
             share = self.share_bytes()
             room = min(rows, share // rc - holding) - granted
             if room <= 0 or other.used * other.row_charge <= share:
                 break
-            if other is asker or not other.lock.acquire(timeout=RECLAIM_WAIT_S):
+            if other is asker or not self._lock_of(other):
                 continue
             try:  # other's table is idle now: its rows can move
                 with self._lock:
@@ -154,3 +165,12 @@ class MemoryBudget:
                 self.used_bytes += got * rc
             granted += got
         return granted
+
+    def _lock_of(self, other: Member) -> bool:
+        """Takes other's lock for reclaim(), waiting in slices of RECLAIM_WAIT_S for as long as other is not in
+        reclaim() itself (then it may be waiting for the asker's lock: see the module). Whether it got the lock."""
+        while not other.lock.acquire(timeout=RECLAIM_WAIT_S):
+            with self._lock:
+                if id(other) in self._reclaiming:
+                    return False
+        return True
