@@ -751,6 +751,42 @@ def test_early_stoppings_restore_on_a_table_with_admission_puts_back_every_row_o
             "again: they hold their initial rows)") in summary  # fmt: skip
 
 
+def test_early_stoppings_restore_on_a_table_with_a_weight_bound_names_no_id_whose_row_it_put_back_clipped():
+    """Ids first trained after the best get back their initial rows, which a weight_bound clips as every admitted
+    row is clipped: their rows are the best ones as the table holds them, not ids left out of the restore; an id
+    a Shrink dropped since the best is still named."""
+    from ps.config import AdmissionConfig, EvictionConfig, InitializerConfig, TableConfig
+    from worker.batch import TableIds
+    from worker.best import BestModel
+    from worker.models.spec import ModelSpec, uniform_fields
+
+    spec = ModelSpec("fm", uniform_fields(2, 4, table="lr"), 0, ())
+    bound = 0.1
+    cfg = TableConfig("lr", 4, initializer=InitializerConfig("normal", 0.3, 5), weight_bound=bound,
+                      admission=AdmissionConfig(1), eviction=EvictionConfig(ttl_steps=2))  # fmt: skip
+    before, since = np.array([1, 2], np.uint64), np.array([5, 6, 7], np.uint64)
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        tables.create_table(cfg)
+        initial = tables.pull("lr", since)
+        best = BestModel(tables, spec, {"lr": bound})
+        best.add({"lr": TableIds(before, None, None, None)})
+        tables.push("lr", before, np.full((2, 4), 0.01, np.float32))
+        kept = tables.pull("lr", before)
+        best.keep({})
+        tables.advance_clock(5)
+        best.add({"lr": TableIds(np.array([1, 5, 6, 7], np.uint64), None, None, None)})
+        tables.push("lr", np.array([1, 5, 6, 7], np.uint64), np.full((4, 4), 3.0, np.float32))
+        assert tables.shard.shrink()["dropped"] == 1  # 2: last pushed 5 steps ago
+        assert best.restore(_NoDense())
+        after = tables.pull("lr", np.concatenate([before, since]))
+    assert (np.abs(initial) > bound).any(axis=1).all()  # each row of 5, 6, 7 is clipped when put back
+    assert best.not_restored.keys() == {"lr"} and best.not_restored["lr"].tolist() == [2]
+    np.testing.assert_allclose(after[0], kept[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(after[2:], np.clip(initial, -bound, bound), rtol=1e-6, atol=1e-6)
+    run, data, _, _ = prepare(TrainConfig(servers=("h:1",), synthetic_rows=100, progress=False))
+    assert loop_settings(run, data, [cfg, TableConfig("fm", 4)]).weight_bounds == {"lr": bound}  # the loop's
+
+
 def test_early_stopping_stops_keeping_ids_once_a_restore_could_not_copy_their_rows(monkeypatch):
     """Past MAX_BEST_FLOATS floats of trained rows a restore is refused: the ids seen are no longer kept (they
     grew with every step of a long run), and the sorted ids kept until then are the union of the steps' ids."""

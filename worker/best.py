@@ -34,8 +34,11 @@ class BestModel:
     since the best, the rows of ids first trained then, as they were; restore() pushes the difference back (see
     the module docstring)."""
 
-    def __init__(self, tables: Any, spec: ModelSpec):
+    def __init__(self, tables: Any, spec: ModelSpec, weight_bounds: dict[str, float] | None = None):
+        """weight_bounds: {table: its weight_bound} of the tables that have one (the servers clip the rows a push
+        admits to it, the restore's included)."""
         self.tables, self.spec = tables, spec
+        self.weight_bounds = weight_bounds or {}
         self.seen: dict[str, list[np.ndarray]] = {t: [] for t in spec.table_dims()}
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # at the best: (sorted ids, their rows)
         self.later: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # ids first trained since, their rows then
@@ -121,7 +124,7 @@ class BestModel:
             wanted.append((self.dense[name], current[name]))
         after = self.tables.push_many(pushes, add_delta=True, return_rows=True)
         for push, got, (want, cur) in zip(pushes, after, wanted, strict=True):
-            missed = push.ids[_not_put_back(got, want, cur)]
+            missed = push.ids[_not_put_back(got, want, cur, self.weight_bounds.get(push.table, 0.0))]
             if len(missed):
                 self.not_restored[push.table] = missed
                 log.warning("early stopping put the best model back but for %s ids of table %s (%s): not admitted "
@@ -131,11 +134,15 @@ class BestModel:
         return True
 
 
-def _not_put_back(got: np.ndarray, want: np.ndarray, cur: np.ndarray) -> np.ndarray:
-    """bool per row: whether got, the row after adding want - cur to cur (float32), is not want. Such an id was not
-    admitted by the push (its row stays as it was); an admitted one is want but for the rounding of the delta and
-    of its sum, each under half an ulp of |want| + |cur|."""
+def _not_put_back(got: np.ndarray, want: np.ndarray, cur: np.ndarray, bound: float) -> np.ndarray:
+    """bool per row: whether got, the row after adding want - cur to cur (float32) and, where bound > 0 (the
+    table's weight_bound), clipping it to [-bound, bound] as the servers clip an admitted row, is not want so
+    clipped. Such an id was not admitted by the push (its row stays as it was, an initial row beyond the bound
+    included); an admitted one is the clipped want but for the rounding of the delta and of its sum, each under
+    half an ulp of |want| + |cur| (clipping both moves them no further apart)."""
     tol = np.finfo(np.float32).eps * (np.abs(want) + np.abs(cur))
+    if bound > 0:
+        want = np.clip(want, -np.float32(bound), np.float32(bound))
     return (np.abs(got - want) > tol).any(axis=1)
 
 

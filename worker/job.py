@@ -13,10 +13,10 @@ import contextlib
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ps.config import OptimizerConfig
+from ps.config import OptimizerConfig, TableConfig
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
@@ -163,8 +163,9 @@ def no_features_message(cfg: TrainConfig, schema: Schema) -> str:
     return f"{cfg.data}: no feature to train on: {why}; a model needs at least one feature"
 
 
-def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
-    """The loop's settings of a resolved config (after prepare)."""
+def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConfig] = ()) -> LoopSettings:
+    """The loop's settings of a resolved config (after prepare); tables: the model's table configs (their
+    weight_bounds, for early stopping's restore)."""
     return LoopSettings(
         epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
         eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress and not cfg.progress_lines,
@@ -175,6 +176,7 @@ def loop_settings(cfg: TrainConfig, data: DataSource) -> LoopSettings:
         skip_examples=cfg.skip_examples,
         max_examples=cfg.worker_max_examples(),
         total_estimated=data.line_count is not None and data.line_count.more,
+        weight_bounds={t.name: t.weight_bound for t in tables if t.weight_bound > 0},
     )  # fmt: skip
 
 

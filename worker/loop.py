@@ -71,6 +71,7 @@ class LoopSettings:
     total_estimated: bool = False  # total_examples is an estimate from the file's bytes (worker/linecount.py)
     skip_examples: int = 0  # the first examples of the stream (over epochs) dropped untrained: a resumed run's
     max_examples: int = 0  # the stream (over epochs, the skipped examples included) ends here; 0: no limit
+    weight_bounds: dict[str, float] = field(default_factory=dict)  # {table: weight_bound} of those with one
 
 
 @dataclass
@@ -216,7 +217,7 @@ def run_epochs(
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
-    best_model = BestModel(tables, spec) if s.restore_best and validation else None
+    best_model = BestModel(tables, spec, s.weight_bounds) if s.restore_best and validation else None
     step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
 
     holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet

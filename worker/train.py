@@ -158,7 +158,7 @@ def train(cfg: TrainConfig) -> dict:
             few = validation_too_small(validation)
             if few:
                 log.warning("%s", few)
-        settings = loop_settings(cfg, data)
+        settings = loop_settings(cfg, data, tables_cfg)
         loop = LoopResult()
         try:
             if cfg.resume_trained:  # a --resume-file run whose training was over: its final evaluation only
