@@ -230,7 +230,8 @@ def test_a_count_over_many_files_stops_at_its_limit_and_estimates_the_files_not_
         text = b"".join(b"%06d\tline\n" % i for i in range(50))
         (d / f"day_{k}{'.gz' if gz else ''}").write_bytes(gzip.compress(text) if gz else text)
     files = data_files(str(d))
-    assert count_files_upto(files, None) == LineCount(150, False, 150, sum(os.path.getsize(f) for f in files))
+    assert count_files_upto(files, None) == LineCount(150, False, 150, sum(os.path.getsize(f) for f in files),
+                                                      (50, 50, 50))  # fmt: skip
     assert count_lines(str(d)) == 150
     counted = count_files_upto(files, 70)  # stops in the gzip'ed second file; the third is estimated from bytes
     assert (
@@ -239,6 +240,7 @@ def test_a_count_over_many_files_stops_at_its_limit_and_estimates_the_files_not_
         and counted.bytes_read <= os.path.getsize(files[0]) + os.path.getsize(files[1])
     )
     assert 140 <= counted.estimate <= 160, counted  # the third file at the first's lines per byte: 50
+    assert counted.per_file == (50,)  # the files counted to their end
 
 
 def test_describe_files_names_the_files_read_in_order_and_those_skipped(tmp_path):

@@ -90,24 +90,64 @@ def test_a_small_files_count_is_exact_and_its_total_not_an_estimate(tmp_path, mo
     assert (settings.total_examples, settings.total_estimated) == (int(99 * 0.9), False)
     assert count_lines_upto(str(path), 99) == LineCount(99, True, 99, path.stat().st_size)  # at the threshold: more
     assert count_lines_upto(str(path), None).lines == count_lines(str(path)) == 99
+    unended = tmp_path / "unended.svm"  # a last line without its line end is a line the readers read
+    unended.write_text("".join(f"{i % 2} {i}:1\n" for i in range(99)) + "1 99:1")
+    assert count_lines_upto(str(unended), None).lines == 100
+    assert count_lines_upto(str(unended), 100) == LineCount(100, True, 100, unended.stat().st_size)  # at the limit
+    assert count_lines_upto(str(unended), 101) == LineCount(100, False, 100, unended.stat().st_size)
 
 
 def test_a_file_of_fewer_lines_than_workers_is_refused_by_every_worker_naming_the_most_it_takes(tmp_path):
     """Worker i of n reads every n-th line: with fewer lines than workers some would train nothing (and with
-    `ps-worker launch` the job's summary would read 0 examples). An empty file keeps its own error."""
+    `ps-worker launch` the job's summary would read 0 examples). A last line without its line end is a line the
+    workers read. An empty file keeps its own error."""
     path = tmp_path / "three.svm"
     path.write_text("".join(f"{i % 2} {i}:1\n" for i in range(3)))
     for worker in (0, 4):
         cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=5, worker_id=worker)
         with pytest.raises(ValueError, match=r"three.svm holds 3 lines of data, shared by the job's 5 workers "
-                                             r"\(each reads every 5th line\): expected at least one a worker; "
-                                             r"start at most 3$"):  # fmt: skip
+                                             r"\(worker i reads the lines whose number % 5 == i\): workers 3, 4 "
+                                             r"would read none of them and train nothing; start at most 3$"):  # fmt: skip
             prepare(cfg)
     _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=3, worker_id=2))
     assert data.line_count.lines == 3
+    unended = tmp_path / "unended.svm"
+    unended.write_text("0 1:1\n1 2:1")
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(unended), format="libsvm", num_workers=2))
+    assert data.line_count.lines == 2
     (tmp_path / "empty.svm").write_text("")
     with pytest.raises(ValueError, match="no examples in it"):
         prepare(TrainConfig(servers=("h:1",), data=str(tmp_path / "empty.svm"), format="libsvm", num_workers=2))
+
+
+def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_hold(tmp_path):
+    """Worker i reads, of the k-th file, the lines whose number % n == (i + k) % n: files of 1 and 2 lines give
+    3 workers 3 lines, but worker 1 none (the oracle: each worker's share read). Every worker refuses them."""
+    from worker.formats import idle_workers, read_batches
+
+    (tmp_path / "a.svm").write_text("0 1:1\n")
+    (tmp_path / "b.svm").write_text("1 2:1\n0 3:1\n")
+    files = f"{tmp_path / 'a.svm'},{tmp_path / 'b.svm'}"
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm"))
+    assert [sum(map(len, read_batches(files, data.schema, 10, worker_id=i, num_workers=3))) for i in range(3)] == [
+        2, 0, 1]  # fmt: skip
+    for worker in range(3):
+        cfg = TrainConfig(servers=("h:1",), data=files, format="libsvm", num_workers=3, worker_id=worker)
+        with pytest.raises(ValueError, match=r"holds 3 lines of data in 2 files, shared by the job's 3 workers "
+                                             r"\(worker i reads file k's lines whose number % 3 == \(i \+ k\) % 3\): "
+                                             r"worker 1 would read none of them and train nothing; start fewer "
+                                             r"workers$"):  # fmt: skip
+            prepare(cfg)
+    prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm", num_workers=2, worker_id=1))
+    rng = np.random.default_rng(0)
+    for case in range(40):  # idle_workers against the shares read_batches reads of random small files
+        lines, n = rng.integers(0, 6, rng.integers(1, 5)).tolist(), int(rng.integers(1, 7))
+        paths = [tmp_path / f"r{case}_{k}.svm" for k in range(len(lines))]
+        for path, c in zip(paths, lines):
+            path.write_text("".join(f"1 {j}:1\n" for j in range(c)))
+        spec = ",".join(map(str, paths))
+        read = [sum(map(len, read_batches(spec, data.schema, 10, worker_id=i, num_workers=n))) for i in range(n)]
+        assert idle_workers(lines, n) == [i for i in range(n) if not read[i]]
 
 
 def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):

@@ -31,7 +31,15 @@ from ps.hashing import mix64
 from worker import recipe
 from worker.batch import Batch, rebatch
 from worker.datafiles import data_files
-from worker.formats import ReadStats, check_same_format, column_stats, file_has_labels, first_with_content, read_batches
+from worker.formats import (
+    ReadStats,
+    check_same_format,
+    column_stats,
+    file_has_labels,
+    first_with_content,
+    idle_workers,
+    read_batches,
+)
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
@@ -130,11 +138,7 @@ class DataSource:
             if count:
                 self.line_count = count_files_upto(data_files(cfg.data), recipe.SMALL_DATA_EXAMPLES, header=header)
                 self.examples = self.line_count.estimate // cfg.num_workers
-                lines = self.line_count.lines  # exact where fewer than the threshold (not line_count.more)
-                if 0 < lines < cfg.num_workers:  # (no lines at all: first_batch's error)
-                    raise ValueError(f"{cfg.data} holds {lines:,} line{'s' * (lines != 1)} of data, shared by the "
-                                     f"job's {cfg.num_workers} workers (each reads every {cfg.num_workers}th line): "
-                                     f"expected at least one a worker; start at most {lines:,}")  # fmt: skip
+                self._check_every_worker_reads(cfg)
             if self.schema.needs_stats():
                 missing = [c.name for c in self.schema.columns
                            if c.transform == "standardize" and (c.mean is None or c.std is None)]  # fmt: skip
@@ -154,6 +158,26 @@ class DataSource:
         self._held_labels: LabelOrder | None = None  # their label figures (labels_before_training)
         self.share_labels: LabelOrder | None = None  # of the share, on the read before training (its split)
         self.stream_labels: LabelOrder | None = None  # of the first epoch read in file order, once read to its end
+
+    def _check_every_worker_reads(self, cfg: Any) -> None:
+        """ValueError when the files are counted whole (fewer lines than the recipe's threshold) and some worker's
+        share of them holds no line: it would train nothing. No lines at all: first_batch's error."""
+        counted, n = self.line_count, cfg.num_workers
+        if counted is None or counted.more or not counted.lines:
+            return
+        idle = idle_workers(counted.per_file, n)
+        if not idle:
+            return
+        files = len(counted.per_file)
+        rule = (
+            f"file k's lines whose number % {n} == (i + k) % {n}" if files > 1 else f"the lines whose number % {n} == i"
+        )
+        names = ", ".join(map(str, idle[:5])) + ", ..." * (len(idle) > 5)
+        fewer = f"start at most {counted.lines:,}" if files == 1 else "start fewer workers"
+        raise ValueError(f"{cfg.data} holds {counted.lines:,} line{'s' * (counted.lines != 1)} of data"
+                         f"{f' in {files:,} files' if files > 1 else ''}, shared by the job's {n} workers (worker i "
+                         f"reads {rule}): worker{'s' * (len(idle) > 1)} {names} would read none of them and train "
+                         f"nothing; {fewer}")  # fmt: skip
 
     def _check_labeled(self, cfg: Any, training: bool) -> None:
         """ValueError when a Criteo or libsvm input read for training or evaluation has no labels (file_has_labels;

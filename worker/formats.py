@@ -5,6 +5,7 @@
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
+    idle_workers(file_lines, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
     first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
 
@@ -69,7 +70,7 @@ import itertools
 import math
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -136,6 +137,17 @@ def read_batches(
             yield from _encoded(name, schema, batch_size, share, labeled, blank_labels)
 
     return rebatch(stream(), batch_size)
+
+
+def idle_workers(file_lines: Sequence[int], num_workers: int) -> list[int]:
+    """The workers of num_workers whose shares (read_batches) of files of these many data lines, in reading order,
+    hold no line: worker i reads line j of the k-th file when j % num_workers == (i + k) % num_workers."""
+    reads = np.zeros(num_workers, dtype=bool)
+    for k, lines in enumerate(file_lines):
+        if lines >= num_workers:
+            return []
+        reads[(np.arange(lines) - k) % num_workers] = True
+    return np.flatnonzero(~reads).tolist()
 
 
 def column_stats(path: str | os.PathLike, schema: Schema) -> dict[str, tuple[float, float]]:

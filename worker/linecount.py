@@ -5,9 +5,10 @@ under SMALL_DATA_EXAMPLES lines, large otherwise) and to give the progress bar a
 takes as long as reading it (about 15 s; a 10^9-line file, minutes), so the count stops at the recipe's
 threshold: a file that reaches it is large whatever follows, and its total is estimated from the bytes the
 counted lines took (uncompressed files: the file's size; gzip: the compressed bytes read, since the
-uncompressed size is unknown until the end, and the compressed bytes a line takes are known as it is read). Nothing else needs the exact count: a worker's share of a file is
-every num_workers-th line (worker/formats.py), and the validation split is a hash of an example's index
-(worker/data.py), neither of which depends on how many lines there are.
+uncompressed size is unknown until the end, and the compressed bytes a line takes are known as it is read). A
+count to the end also gives each file's lines (LineCount.per_file), by which worker/data.py refuses data that
+leaves some worker's share (worker/formats.py: every num_workers-th line of each file) without a line; beyond
+the threshold nothing needs them: the validation split is a hash of an example's index (worker/data.py).
 """
 
 from __future__ import annotations
@@ -34,19 +35,22 @@ class LineCount:
     more: bool
     estimate: int
     bytes_read: int
+    per_file: tuple[int, ...] = ()  # count_files_upto: the lines of each file it counted to the end, in order
 
 
 def count_lines_upto(path: str, limit: int | None, header: bool = False) -> LineCount:
     """The lines of a file (gzip read through, a header line left out), counted until `limit` of them (None: to
-    the end). A line ends in LF (a last line without one is not counted); in a file with a header (CSV, whose
-    reader takes every kind of line end) in LF, CRLF or a lone CR. ValueError names a .gz file that does not read
-    as gzip."""
+    the end). A line ends in LF; in a file with a header (CSV, whose reader takes every kind of line end) in LF,
+    CRLF or a lone CR; a last line without a line end counts too, as the readers read it. ValueError names a .gz
+    file that does not read as gzip."""
     target = None if limit is None else limit + header  # line ends to reach, header included
     newlines = read = head = 0  # read: file bytes (compressed for gzip) up to the last line end counted
     after_cr = False  # header: the chunk before ended in CR, so a LF starting this one ends no line of its own
+    last = b""  # the file's last byte
     with open(path, "rb") as raw:
         size = os.fstat(raw.fileno()).st_size
         for chunk, chunk_bytes in _chunks(raw, path):
+            last = chunk[-1:] or last
             skip = int(after_cr and chunk.startswith(b"\n"))
             n = chunk.count(b"\n") + (chunk.count(b"\r") - chunk.count(b"\r\n") - skip if header else 0)
             after_cr = header and chunk.endswith(b"\r")
@@ -58,7 +62,10 @@ def count_lines_upto(path: str, limit: int | None, header: bool = False) -> Line
                 return LineCount(limit, True, max(limit, estimate), raw.tell())
             newlines += n
             read += chunk_bytes
-        lines = max(0, newlines - header)
+        unended = int(last != b"" and last not in (b"\r\n" if header else b"\n"))  # a last line without its end
+        lines = max(0, newlines + unended - header)
+        if limit is not None and lines >= limit:  # that last line is the limit's
+            return LineCount(limit, True, limit, raw.tell())
         return LineCount(lines, False, lines, raw.tell())
 
 
@@ -68,6 +75,7 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
     not reached then are estimated from their sizes at the lines per byte of the files of their kind (gzip'ed or
     not) counted so far, the file where the count stopped included."""
     lines = read = 0
+    per_file: list[int] = []
     per_kind: dict[bool, list[float]] = {True: [0.0, 0.0], False: [0.0, 0.0]}  # gzip'ed? -> [lines, bytes]
     for i, path in enumerate(paths):
         count = count_lines_upto(path, None if limit is None else limit - lines, header)
@@ -82,9 +90,10 @@ def count_files_upto(paths: Sequence[str], limit: int | None, header: bool = Fal
                 if not seen_bytes:  # no file of its kind counted: the one where the count stopped tells
                     seen_lines, seen_bytes = kind
                 rest += os.path.getsize(other) * seen_lines / max(seen_bytes, 1.0)
-            return LineCount(lines + count.lines, True, lines + count.estimate + round(rest), read)
+            return LineCount(lines + count.lines, True, lines + count.estimate + round(rest), read, tuple(per_file))
         lines += count.lines
-    return LineCount(lines, False, lines, read)
+        per_file.append(count.lines)
+    return LineCount(lines, False, lines, read, tuple(per_file))
 
 
 def _chunks(raw: BinaryIO, path: str) -> Iterator[tuple[bytes, int]]:
