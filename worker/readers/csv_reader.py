@@ -246,7 +246,9 @@ def csv_cells(name: str, schema: Schema, size: int, share: Share, labeled: bool 
 
 
 def _utf8(plain: Plain) -> bool:
-    """Whether a run's lines are UTF-8 (the scan's cells hash as their text only then)."""
+    """Whether a run's lines are UTF-8: the scan's cells are decoded as UTF-8 (csv_fast's _LazyCells), so a run
+    with other bytes goes through the csv module, whose text keeps them as surrogate escapes (hashed as those
+    bytes, as the scan hashes them: features.cat_values)."""
     if plain.ascii:
         return True
     try:
