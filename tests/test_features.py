@@ -126,7 +126,8 @@ def test_example_ids_columns_are_field_ids_and_bias():
 
 CAT_STRINGS = st.one_of(
     st.text(alphabet="0123456789abcdefABCDEFgx \t_-é", max_size=20),  # mostly hex, some almost-hex
-    st.text(st.characters(blacklist_characters="\0"), max_size=6),  # numpy str drops trailing NULs
+    # numpy str drops trailing NULs; text no reader makes (lone surrogates) is left to the tests of bytes below
+    st.text(st.characters(blacklist_characters="\0", blacklist_categories=("Cs",)), max_size=6),
     st.sampled_from(["", "0", "ffffffffffffffff"]),
 )
 
