@@ -92,6 +92,15 @@ class RamTierTooSmallError(PsError, ValueError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class TableBusyError(PsError):
+    """A request on a table under its share of the RAM tier needed rows that only tables above their shares hold,
+    and those tables were busy taking rows back themselves (ps.storage.budget: a possible cycle of waits, each
+    broken after RECLAIM_WAIT_S). The rows exist: nothing was applied, and clients send the request again, as
+    for a shard that is unavailable. Its message names the busy tables."""
+
+    status = "UNAVAILABLE"
+
+
 class ClientIdInUseError(PsError):
     """Client side: a shard answered a PushBatch, on its first attempt, that it had applied the request (or part of
     it) before: another caller sends requests under this client's id. The pushes it did not apply are lost to
@@ -369,7 +378,7 @@ STATUS_TO_ERROR = {
 
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
-    RequestTooLargeError, RamTierTooSmallError, WorkerDoneError, JobConflictError, ClientTableFullError,
+    RequestTooLargeError, RamTierTooSmallError, TableBusyError, WorkerDoneError, JobConflictError, ClientTableFullError,
     RpcThreadsExhaustedError, CheckpointDirError, NoCheckpointRootError, ShardClosingError,
     CheckpointInProgressError, ShardStartingError, DataDirLostError, CheckpointHoldError, CallerGoneError,
     BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError, DataLossError, CheckpointDamagedError,

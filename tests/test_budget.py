@@ -1,14 +1,19 @@
 """MemoryBudget and Arena: a table under its fair share takes rows back from tables above theirs, the rows given
 back leave the arrays (which shrink), and a flush scan in progress still sees every dirty row that moved. No byte
 of the budget leaks when a table cannot give rows back, a growth fails or a table's creation fails; a share
-never falls under the floor, and a request the RAM tier cannot hold at once is RESOURCE_EXHAUSTED.
+never falls under the floor, and a request the RAM tier cannot hold at once is RESOURCE_EXHAUSTED. A table under
+its share waits for a busy table's lock; where that table is busy taking rows back itself (a possible cycle), the
+request is UNAVAILABLE, changing nothing, and the client sends it again.
 
 The tests of the sharing itself use budgets of a few rows: `tiny_shares` lowers the floor of a share to one row."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import threading
+import time
 import types
 
 import numpy as np
@@ -17,12 +22,13 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine import table as table_module
 from ps.engine.shard import Shard
-from ps.errors import RamTierTooSmallError, StorageError
+from ps.errors import RamTierTooSmallError, StorageError, TableBusyError
 from ps.rows.layout import INDEX_BYTES_PER_ROW, layout_of
 from ps.storage import budget as budget_module
 from ps.storage.arena import Arena, MemoryBudget
 from tests.conftest import crash
 from tests.waiting import join_thread, wait_until
+from worker.client import Client
 
 RC = Arena(1, MemoryBudget(1 << 20)).row_charge  # bytes of a row of width 1
 
@@ -422,20 +428,21 @@ def test_a_table_under_its_share_waits_for_a_busy_table_to_take_rows_from(tmp_pa
 
 def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monkeypatch, tiny_shares):
     """A cycle of waits: a and b each hold their own lock and wait in reclaim() for the other's (each saw the
-    other above a share). Each finds the other in reclaim() and skips it after RECLAIM_WAIT_S: both go on."""
+    other above a share). Each finds the other in reclaim() and skips it after RECLAIM_WAIT_S: both go on, each
+    told which table it skipped as busy."""
     monkeypatch.setattr(budget_module, "RECLAIM_WAIT_S", 0.1)
 
     class Member:
         row_charge = RC
 
-        def __init__(self) -> None:
-            self.used, self.lock = 8, threading.Lock()
+        def __init__(self, name: str) -> None:
+            self.name, self.used, self.lock = name, 8, threading.Lock()
 
         def give_up(self, k: int) -> int:  # to the one that waited longer, once the other let go of its lock
             return 0
 
     budget = MemoryBudget(10 * RC)
-    a, b = Member(), Member()
+    a, b = Member("a"), Member("b")
     budget.join(a)
     budget.join(b)
     budget.take(10 * RC, RC)
@@ -445,11 +452,84 @@ def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monke
     def ask(me: Member, name: str) -> None:
         with me.lock:
             both.wait(10)
-            got[name] = budget.reclaim(me, 2, 0)
+            granted, busy = budget.reclaim(me, 2, 0)
+            got[name] = granted, [m.name for m in busy]
 
     threads = [threading.Thread(target=ask, args=(m, n)) for m, n in ((a, "a"), (b, "b"))]
     for t in threads:
         t.start()
     for t in threads:
         join_thread(t, 10, "a table waiting in reclaim for the other's lock")
-    assert got == {"a": 0, "b": 0} and budget.used_bytes == 10 * RC
+    assert got["a"][0] == got["b"][0] == 0 and budget.used_bytes == 10 * RC
+    # the first to skip the other breaks the cycle; the other may then get the lock, once the first let go of it
+    assert got["a"][1] in ([], ["b"]) and got["b"][1] in ([], ["a"]) and got["a"][1] + got["b"][1]
+
+
+def full_and_starved(shard) -> None:
+    """Table 'full' holds the whole RAM tier of 16 rows; 'starved' joins (a share of 8) and holds none."""
+    shard.create_table(sgd_table("full"))
+    shard.push("full", np.arange(16, dtype=np.uint64), np.ones((16, 4), np.float32))
+    shard.create_table(sgd_table("starved"))
+
+
+def test_a_table_whose_rows_are_held_by_a_table_busy_taking_rows_back_itself_is_unavailable(tmp_path, monkeypatch,
+                                                                                            tiny_shares):  # fmt: skip
+    """'starved' needs rows that only 'full' can give, while a request on full holds full's lock in reclaim()
+    (a possible cycle of waits: skipped after RECLAIM_WAIT_S). Its push and its pull are refused as UNAVAILABLE
+    naming full, not as a RAM tier too small, and change nothing; once full is free, both are served."""
+    monkeypatch.setattr(budget_module, "RECLAIM_WAIT_S", 0.1)
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=16 * layout_of(4, "sgd").ram_bytes,
+                               flush_interval_s=3600))  # fmt: skip
+    try:
+        full_and_starved(shard)
+        full, starved = shard.table("full"), shard.table("starved")
+        ids = np.arange(100, 104, dtype=np.uint64)
+        seq, counters = shard.journal.next_seq, dict(starved.counters)
+        with full.lock, shard.budget.reclaiming(full.arena):
+            for request in (lambda: shard.push("starved", ids, np.ones((4, 4), np.float32)),
+                            lambda: shard.pull("starved", ids)):  # fmt: skip
+                with pytest.raises(TableBusyError, match=r"table 'starved' needs rows for 4 ids, .* \('full'\) were "
+                                                         r"busy taking rows back themselves: send the request again; "
+                                                         r"nothing was applied$") as e:  # fmt: skip
+                    request()
+                assert e.value.status == "UNAVAILABLE"
+        assert shard.journal.next_seq == seq and starved.counters == counters and starved.num_rows == 0
+        assert full.arena.used == 16 and shard.budget.used_bytes == 16 * full.arena.row_charge
+        shard.push("starved", ids, np.ones((4, 4), np.float32))  # full is free: rows come back
+        np.testing.assert_array_equal(shard.pull("starved", ids), -np.ones((4, 4), np.float32))
+    finally:
+        shard.close()
+
+
+def test_a_client_sends_a_push_refused_while_the_rows_table_is_busy_again_and_it_is_applied_once(
+    servers, monkeypatch, tiny_shares, caplog
+):
+    """End to end, over gRPC: while a request on 'full' holds its lock in reclaim() for 1 s, a Client's push to
+    'starved' (which needs full's rows) is refused UNAVAILABLE, sent again with the client's backoff, and applied
+    once full is free: exactly once (each refusal applied nothing), and training goes on."""
+    monkeypatch.setattr(budget_module, "RECLAIM_WAIT_S", 0.1)
+    caplog.set_level(logging.INFO)
+    (address,), (server,) = servers(1, cache_bytes=16 * layout_of(4, "sgd").ram_bytes, flush_interval_s=3600)
+    full_and_starved(server.shard)
+    full = server.shard.table("full")
+    held, hold_s = threading.Event(), 1.0
+
+    def busy_in_reclaim() -> None:
+        with full.lock, server.shard.budget.reclaiming(full.arena):
+            held.set()
+            time.sleep(hold_s)
+
+    ids = np.arange(100, 104, dtype=np.uint64)
+    with contextlib.closing(Client([address], timeout_s=10, server_timeout_s=30)) as client:
+        client.wait_ready()
+        holder = threading.Thread(target=busy_in_reclaim)
+        holder.start()
+        assert held.wait(10)
+        started = time.monotonic()
+        client.push("starved", ids, np.ones((4, 4), np.float32))
+        waited = time.monotonic() - started
+        join_thread(holder, 10, "the request holding full's lock")
+        np.testing.assert_array_equal(client.pull("starved", ids), -np.ones((4, 4), np.float32))
+    assert waited >= hold_s / 2  # it was served only once full was free
+    assert "rejected: table 'starved' needs rows for 4 ids" in caplog.text
+    assert re.search(r"shard 0 at \S+ is unavailable \(UNAVAILABLE: table 'starved' needs rows", caplog.text)

@@ -40,6 +40,7 @@ from ps.errors import (
     RamTierTooSmallError,
     ShardClosingError,
     ShardNeedsRestartError,
+    TableBusyError,
 )
 from ps.rows import update
 from ps.rows.initializers import init_rows
@@ -77,7 +78,7 @@ class Table:
             for rule in update.RULES.values()
         }
         self.stored_counts = store.counts(cfg.name)  # what RocksDB holds: {"admitted": n, "pending": n}
-        self.arena = Arena(self.width, budget, self._persist)  # the last step that can fail: it joins the budget
+        self.arena = Arena(self.width, budget, self._persist, cfg.name)  # the last step that can fail: joins the budget
         self.num_rows = self.stored_counts["admitted"]  # admitted ids (trained rows), in RocksDB or RAM
         self.num_pending = self.stored_counts["pending"]  # ids pushed but not admitted yet
         self.lock = self.arena.lock  # also taken by other tables that take rows back (ps.storage.budget)
@@ -480,6 +481,12 @@ class Table:
             victims = self.arena.victims(n - len(rows), stamp)
             if len(victims) < n - len(rows):  # e.g. another table took the budget since this request was chunked
                 self.arena.give_back(rows)  # the victims stay as they are: live rows, still indexed
+                if self.arena.busy:  # the rows exist: the tables that hold them were taking rows back themselves
+                    raise TableBusyError(
+                        f"table {self.name!r} needs rows for {n} ids, and the tables above their share of the RAM "
+                        f"tier that hold them ({', '.join(map(repr, self.arena.busy))}) were busy taking rows back "
+                        "themselves: send the request again; nothing was applied"
+                    )
                 raise RamTierTooSmallError(f"table {self.name!r}: no evictable rows for {n} ids (RAM tier too small)")
             dirty = victims[self.arena.dirty[victims] == 1]
             if len(dirty):

@@ -259,7 +259,10 @@ class Arena:
     serializes calls with `lock`. persist(rows) writes dirty rows to RocksDB and marks them clean (the table's);
     without it give_up gives up clean rows only."""
 
-    def __init__(self, width: int, budget: MemoryBudget, persist: Callable[[np.ndarray], None] | None = None):
+    def __init__(
+        self, width: int, budget: MemoryBudget, persist: Callable[[np.ndarray], None] | None = None, name: str = ""
+    ):
+        self.name = name  # the table's, for messages
         self.width = width
         self.budget = budget
         self.persist = persist
@@ -283,6 +286,7 @@ class Arena:
         self._seen: np.ndarray | None = None  # first_repeat's bitmap, one bit per row, kept clear
         self._rescan_from = _NO_RESCAN  # lowest row a dirty row was moved to since collect_dirty last ran
         self.evictions = 0
+        self.busy: list[str] = []  # the tables the last grow() could not take rows back from (budget.reclaim)
         budget.join(self)  # last: RamTierTooSmallError leaves nothing behind
 
     def _bind(self) -> None:
@@ -402,7 +406,9 @@ class Arena:
 
     def grow(self, n: int, stamp: int) -> np.ndarray:
         """Up to n unused rows, pinned with stamp: released ones first, then new ones paid from the budget (taken
-        back from other tables while this one is under its fair share). May move the arrays (see the module)."""
+        back from other tables while this one is under its fair share; `busy` names those it skipped, busy taking
+        rows back themselves). May move the arrays (see the module)."""
+        self.busy = []
         reused = self.free[:n]
         if len(reused) == n:
             self.free = self.free[n:]
@@ -413,7 +419,8 @@ class Arena:
         take = self.budget.take(want * rc, rc) // rc
         try:  # the rows granted are paid for: on any failure before they are in use, the bytes go back
             if take < want and self.budget.share_bytes() // rc > self.used + take:  # reclaim checks again
-                take += self.budget.reclaim(self, want - take, self.used + take)
+                got, busy = self.budget.reclaim(self, want - take, self.used + take)
+                take, self.busy = take + got, [m.name for m in busy]
             if self.used + take > self.capacity:
                 self._resize(min(self.max_rows, max(self.used + take, 2 * self.capacity, MIN_CAPACITY)))
         except BaseException:

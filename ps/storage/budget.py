@@ -21,15 +21,18 @@ waits for another's. So a cycle of waits can only be of tables that are each in 
 counts are read without their locks, and the share changes as tables join, so two tables can each see the other
 above a share). reclaim() therefore waits for a table's lock as long as it takes (a request on that table, a
 Shrink's chunk, a flush's), in slices of RECLAIM_WAIT_S, except while that table is itself in reclaim(): then
-for RECLAIM_WAIT_S at most, after which it is skipped, and the waiting request goes on with the rows it has (its
-own cold rows, or RamTierTooSmallError when they are too few); no cycle lasts longer than that.
+for RECLAIM_WAIT_S at most, after which it is skipped, and the waiting request goes on with the rows it has: its
+own cold rows, or, when they are too few, ps.errors.TableBusyError (UNAVAILABLE, naming the tables skipped: the
+rows exist, and the request is sent again: ps.engine.table), not RamTierTooSmallError, which is for a RAM tier
+that cannot hold what is asked. No cycle lasts longer than that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from ps.errors import RamTierTooSmallError
@@ -49,6 +52,7 @@ def min_share_bytes(row_charge: int) -> int:
 class Member(Protocol):
     """What the budget needs of an arena."""
 
+    name: str  # its table's, for messages
     row_charge: int  # bytes one row costs
     used: int  # rows paid for
     lock: threading.Lock  # its table's lock
@@ -126,27 +130,38 @@ class MemoryBudget:
         with self._lock:
             self.used_bytes -= nbytes
 
-    def reclaim(self, asker: Member, rows: int, holding: int) -> int:
+    def reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member]]:
         """Up to `rows` rows (of asker's row_charge) taken from tables above their share and granted to asker,
         which holds its own table's lock and `holding` rows (its rows in use and any granted to it and not yet in
         use). Never grants asker more than its share has room for, the share read again before each table it
-        takes from. Returns the rows granted."""
-        with self._lock:
-            self._reclaiming.add(id(asker))
-        try:
+        takes from. Returns the rows granted and the tables above their share skipped because they were in
+        reclaim() themselves (see the module)."""
+        with self.reclaiming(asker):
             return self._reclaim(asker, rows, holding)
+
+    @contextlib.contextmanager
+    def reclaiming(self, member: Member) -> Iterator[None]:
+        """Marks member as in reclaim() (holding its own lock) while the block runs: a table waiting for its lock
+        then skips it after RECLAIM_WAIT_S."""
+        with self._lock:
+            self._reclaiming.add(id(member))
+        try:
+            yield
         finally:
             with self._lock:
-                self._reclaiming.discard(id(asker))
+                self._reclaiming.discard(id(member))
 
-    def _reclaim(self, asker: Member, rows: int, holding: int) -> int:
-        rc, granted = asker.row_charge, 0
+    def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member]]:
+        rc, granted, busy = asker.row_charge, 0, []
         for other in sorted(self._members, key=lambda m: m.used * m.row_charge, reverse=True):
             share = self.share_bytes()
             room = min(rows, share // rc - holding) - granted
             if room <= 0 or other.used * other.row_charge <= share:
                 break
-            if other is asker or not self._lock_of(other):
+            if other is asker:
+                continue
+            if not self._lock_of(other):
+                busy.append(other)
                 continue
             try:  # other's table is idle now: its rows can move
                 with self._lock:
@@ -164,7 +179,7 @@ class MemoryBudget:
                 got = min(room, self.free_bytes() // rc)
                 self.used_bytes += got * rc
             granted += got
-        return granted
+        return granted, busy
 
     def _lock_of(self, other: Member) -> bool:
         """Takes other's lock for reclaim(), waiting in slices of RECLAIM_WAIT_S for as long as other is not in
