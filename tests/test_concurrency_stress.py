@@ -222,7 +222,8 @@ class Load:
                 info = self.shard.save_checkpoint(path, token)
             finally:
                 self.shard.release(token)
-            tables = [t.cfg.to_dict() for t in list(self.shard.tables.values())]
+            # the tables the save holds (a table created since is not in it), as worker.checkpoint names them
+            tables = [self.shard.table(name).cfg.to_dict() for name in info["rows"]]
             write_manifest(path, {"format": FORMAT, "num_shards": 1, "num_slots": NUM_SLOTS, "clock": clock,
                                   "created": "now", "tables": tables, "shards": [info]})  # fmt: skip
             self.checkpoints.append((path, acked, sent, inflight))
