@@ -1,7 +1,8 @@
 """MemoryBudget and Arena: a table under its fair share takes rows back from tables above theirs, the rows given
 back leave the arrays (which shrink), and a flush scan in progress still sees every dirty row that moved. No byte
 of the budget leaks when a table cannot give rows back, a growth fails or a table's creation fails; a share
-never falls under the floor, and a request the RAM tier cannot hold at once is RESOURCE_EXHAUSTED. A table under
+never falls under the floor, and a request the RAM tier cannot hold at once is RESOURCE_EXHAUSTED; one whose rows
+another table cannot write to give them back fails with that write's error. A table under
 its share waits for a busy table's lock; where that table is busy taking rows back itself (a possible cycle), the
 request is UNAVAILABLE, changing nothing, and the client sends it again.
 
@@ -22,11 +23,12 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine import table as table_module
 from ps.engine.shard import Shard
-from ps.errors import RamTierTooSmallError, StorageError, TableBusyError
+from ps.errors import DiskFullError, RamTierTooSmallError, StorageError, TableBusyError
 from ps.rows.layout import INDEX_BYTES_PER_ROW, layout_of
 from ps.storage import budget as budget_module
 from ps.storage.arena import Arena, MemoryBudget
 from tests.conftest import crash
+from tests.test_disk_full import FullRocksDB
 from tests.waiting import join_thread, wait_until
 from worker.client import Client
 
@@ -266,27 +268,68 @@ def test_the_cache_bytes_help_states_the_share_a_table_needs_as_the_budget_sets_
 
 
 def test_a_push_the_ram_tier_cannot_hold_at_once_is_resource_exhausted_and_changes_nothing(tmp_path, tiny_shares):
-    """Table 'full' holds the whole RAM tier of 16 rows, all dirty; 'starved' joins (a share of 8) and is pushed
-    while full cannot write its rows to RocksDB, so it gets no row back and has none of its own to evict."""
+    """Table 'full' holds the whole RAM tier of 16 rows; 'starved' joins (a share of 8) and needs 12 rows at once
+    (as a request chunked before a table joined and halved its share would): it takes its share back from full and
+    has none of its own to evict. RAM tier too small, and nothing changes."""
     shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=16 * layout_of(4, "sgd").ram_bytes))
     try:
         shard.create_table(sgd_table("full"))
         shard.push("full", np.arange(16, dtype=np.uint64), np.ones((16, 4), np.float32))
         starved = shard.create_table(sgd_table("starved"))
-        ids = np.arange(100, 104, dtype=np.uint64)
-        full = shard.table("full").arena
-
-        def disk_gone(rows: np.ndarray) -> None:
-            raise OSError("disk gone")
-
-        persist, full.persist = full.persist, disk_gone
-        with pytest.raises(RamTierTooSmallError, match="no evictable rows for 4 ids") as e:
-            shard.push("starved", ids, np.ones((4, 4), np.float32))
-        full.persist = persist  # its rows can be written again
+        ids = np.arange(100, 112, dtype=np.uint64)
+        seq = shard.journal.next_seq
+        with starved.lock, pytest.raises(RamTierTooSmallError, match="no evictable rows for 12 ids") as e:
+            starved._make_room(len(ids), starved.arena.new_stamp())
         assert e.value.status == "RESOURCE_EXHAUSTED"
-        assert starved.num_rows == starved.arena.used == 0
+        assert starved.num_rows == 0 and shard.journal.next_seq == seq
+        assert starved.arena.used == len(starved.arena.free) == 8 and shard.table("full").arena.used == 8
         assert shard.budget.used_bytes == 16 * starved.arena.row_charge
-        shard.push("starved", ids, np.ones((4, 4), np.float32))  # full's lock is free: rows come back
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("failure", ["disk full", "disk gone"])
+def test_a_push_whose_rows_another_table_cannot_write_to_give_back_fails_with_that_write_s_error(
+    tmp_path, monkeypatch, tiny_shares, failure
+):
+    """Table 'full' holds the whole RAM tier of 16 rows, all dirty; 'starved' joins (a share of 8) and is pushed
+    while full cannot write its rows to RocksDB (a full disk, as RocksDB reports it; or an I/O error no storage layer
+    named), so it gets no row back and has none of its own to evict. The push fails with the write's own error,
+    naming full and the cause (not as a RAM tier too small), and changes nothing; once full's rows can be written,
+    the push is applied."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=16 * layout_of(4, "sgd").ram_bytes,
+                               flush_interval_s=3600))  # fmt: skip
+    try:
+        shard.create_table(sgd_table("full"))
+        shard.push("full", np.arange(16, dtype=np.uint64), np.ones((16, 4), np.float32))
+        starved = shard.create_table(sgd_table("starved"))
+        ids = np.arange(100, 104, dtype=np.uint64)
+        full, store = shard.table("full").arena, shard.store
+        if failure == "disk full":
+            monkeypatch.setattr(store, "_db", FullRocksDB(store._db, store.path))
+            expected, status = DiskFullError, "RESOURCE_EXHAUSTED"
+            path = re.escape(store.path)
+            cause = (rf"the server's disk is full \(No space left on device\): RocksDB in the data dir {path} "
+                     r"failed while writing rows of table 'full' \(IO error: No space left on device: .*\); free "
+                     rf"space on the disk of {path} \(or raise the quota\) and retry")  # fmt: skip
+        else:
+
+            def disk_gone(rows: np.ndarray) -> None:
+                raise OSError(5, "disk gone")
+
+            monkeypatch.setattr(full, "persist", disk_gone)
+            expected, status, cause = StorageError, "INTERNAL", r"OSError: \[Errno 5\] disk gone"
+        seq = shard.journal.next_seq
+        with pytest.raises(expected, match=r"^table 'starved' needs rows for 4 ids, and table 'full', which holds "
+                                           r"them above its share of the RAM tier, could not write its dirty rows to "
+                                           rf"give them back: {cause}; nothing was applied$") as e:  # fmt: skip
+            shard.push("starved", ids, np.ones((4, 4), np.float32))
+        assert type(e.value) is expected and e.value.status == status
+        assert starved.num_rows == starved.arena.used == 0 and shard.journal.next_seq == seq
+        assert full.used == 16 and full.dirty[:16].all()
+        assert shard.budget.used_bytes == 16 * starved.arena.row_charge
+        monkeypatch.undo()  # full's rows can be written again
+        shard.push("starved", ids, np.ones((4, 4), np.float32))
         np.testing.assert_array_equal(shard.pull("starved", ids), -np.ones((4, 4), np.float32))
     finally:
         shard.close()
@@ -452,7 +495,7 @@ def test_two_tables_each_waiting_in_reclaim_for_the_others_lock_both_go_on(monke
     def ask(me: Member, name: str) -> None:
         with me.lock:
             both.wait(10)
-            granted, busy = budget.reclaim(me, 2, 0)
+            granted, busy, _ = budget.reclaim(me, 2, 0)
             got[name] = granted, [m.name for m in busy]
 
     threads = [threading.Thread(target=ask, args=(m, n)) for m, n in ((a, "a"), (b, "b"))]

@@ -28,6 +28,7 @@ reads its misses from RocksDB (ReadAhead), and rows written to RocksDB meanwhile
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
@@ -37,9 +38,11 @@ from ps.config import TableConfig
 from ps.errors import (
     DataLossError,
     InvalidArgumentError,
+    PsError,
     RamTierTooSmallError,
     ShardClosingError,
     ShardNeedsRestartError,
+    StorageError,
     TableBusyError,
 )
 from ps.rows import update
@@ -481,6 +484,8 @@ class Table:
             victims = self.arena.victims(n - len(rows), stamp)
             if len(victims) < n - len(rows):  # e.g. another table took the budget since this request was chunked
                 self.arena.give_back(rows)  # the victims stay as they are: live rows, still indexed
+                if self.arena.failed:  # the rows exist, but could not be written to be given back
+                    raise self._not_given_back(n, *self.arena.failed[0])
                 if self.arena.busy:  # the rows exist: the tables that hold them were taking rows back themselves
                     raise TableBusyError(
                         f"table {self.name!r} needs rows for {n} ids, and the tables above their share of the RAM "
@@ -494,6 +499,18 @@ class Table:
             self.arena.forget(victims)
             rows = np.concatenate([rows, victims])
         return rows
+
+    def _not_given_back(self, n: int, holder: str, e: Exception) -> Exception:
+        """The refusal of a request that needs rows for n ids, which table `holder`, above its share of the RAM
+        tier, could not give back: writing its dirty rows failed with e. Of e's class (a StorageError, DiskFullError,
+        ...), a StorageError where e is no PsError; nothing was applied."""
+        what = str(e).removesuffix("; nothing was applied") if isinstance(e, PsError) else f"{type(e).__name__}: {e}"
+        error = copy.copy(e) if isinstance(e, PsError) else StorageError("")
+        error.args = (
+            f"table {self.name!r} needs rows for {n} ids, and table {holder!r}, which holds them above its share of "
+            f"the RAM tier, could not write its dirty rows to give them back: {what}; nothing was applied",
+        )
+        return error
 
     def _commit(self, rows: np.ndarray, buf: np.ndarray, seq: int) -> None:
         d_admitted, d_pending = update.commit(self.row_state, rows, buf, seq)

@@ -254,6 +254,13 @@ def _collect_dirty(dirty, start, stop, k, out):
     return count, r
 
 
+def _detached(e: Exception) -> Exception:
+    """e without its traceback and the errors it was raised from or during (their frames may hold what failed: an
+    open RocksDB), to keep beyond the except block."""
+    e.__traceback__ = e.__cause__ = e.__context__ = None
+    return e
+
+
 class Arena:
     """The RAM tier of one table, rows of `width` float32 drawn from `budget`. Not thread-safe: the Table
     serializes calls with `lock`. persist(rows) writes dirty rows to RocksDB and marks them clean (the table's);
@@ -287,6 +294,7 @@ class Arena:
         self._rescan_from = _NO_RESCAN  # lowest row a dirty row was moved to since collect_dirty last ran
         self.evictions = 0
         self.busy: list[str] = []  # the tables the last grow() could not take rows back from (budget.reclaim)
+        self.failed: list[tuple[str, Exception]] = []  # those whose give_up failed then, with their errors
         budget.join(self)  # last: RamTierTooSmallError leaves nothing behind
 
     def _bind(self) -> None:
@@ -407,8 +415,9 @@ class Arena:
     def grow(self, n: int, stamp: int) -> np.ndarray:
         """Up to n unused rows, pinned with stamp: released ones first, then new ones paid from the budget (taken
         back from other tables while this one is under its fair share; `busy` names those it skipped, busy taking
-        rows back themselves). May move the arrays (see the module)."""
-        self.busy = []
+        rows back themselves, and `failed` those that could not give rows back, with their errors, kept without
+        their tracebacks, whose frames may hold what failed). May move the arrays (see the module)."""
+        self.busy, self.failed = [], []
         reused = self.free[:n]
         if len(reused) == n:
             self.free = self.free[n:]
@@ -419,8 +428,9 @@ class Arena:
         take = self.budget.take(want * rc, rc) // rc
         try:  # the rows granted are paid for: on any failure before they are in use, the bytes go back
             if take < want and self.budget.share_bytes() // rc > self.used + take:  # reclaim checks again
-                got, busy = self.budget.reclaim(self, want - take, self.used + take)
+                got, busy, failed = self.budget.reclaim(self, want - take, self.used + take)
                 take, self.busy = take + got, [m.name for m in busy]
+                self.failed = [(m.name, _detached(e)) for m, e in failed]
             if self.used + take > self.capacity:
                 self._resize(min(self.max_rows, max(self.used + take, 2 * self.capacity, MIN_CAPACITY)))
         except BaseException:

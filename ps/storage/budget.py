@@ -7,8 +7,10 @@ outside it. Sharing:
 - once the budget is spent, a table holding less than its fair share (limit_bytes / number of tables) takes
   rows back from the tables holding more than theirs, largest first, leaving each at its share (less than one
   of its rows under it, at most): reclaim() asks the giving arena, under that table's lock, to give up its
-  coldest rows, persisting the dirty ones (Arena.give_up). A table whose give_up fails (its rows cannot be
-  persisted) is logged and skipped, and so is one busy in reclaim() itself for RECLAIM_WAIT_S (Lock order);
+  coldest rows, persisting the dirty ones (Arena.give_up). A table whose give_up fails (its dirty rows cannot be
+  written) is logged and skipped, and so is one busy in reclaim() itself for RECLAIM_WAIT_S (Lock order); where
+  the asker is then left with too few rows, its request fails with that write's error (ps.engine.table), not as a
+  RAM tier too small;
 - a table at or above its share reuses its own cold rows (S3-FIFO, ps/storage/arena.py).
 So a table can hold its share, also one created after the others filled the budget; join() refuses a table
 (RamTierTooSmallError, before anything is written) when the shares would fall under the floor of min_share_bytes:
@@ -58,6 +60,9 @@ class Member(Protocol):
     lock: threading.Lock  # its table's lock
 
     def give_up(self, k: int) -> int: ...
+
+
+Failed = tuple[Member, Exception]  # a table whose give_up failed in reclaim(), and its error
 
 
 class MemoryBudget:
@@ -130,12 +135,12 @@ class MemoryBudget:
         with self._lock:
             self.used_bytes -= nbytes
 
-    def reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member]]:
+    def reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
         """Up to `rows` rows (of asker's row_charge) taken from tables above their share and granted to asker,
         which holds its own table's lock and `holding` rows (its rows in use and any granted to it and not yet in
         use). Never grants asker more than its share has room for, the share read again before each table it
-        takes from. Returns the rows granted and the tables above their share skipped because they were in
-        reclaim() themselves (see the module)."""
+        takes from. Returns the rows granted, the tables above their share skipped because they were in
+        reclaim() themselves (see the module), and those whose give_up failed, each with its error."""
         with self.reclaiming(asker):
             return self._reclaim(asker, rows, holding)
 
@@ -151,8 +156,8 @@ class MemoryBudget:
             with self._lock:
                 self._reclaiming.discard(id(member))
 
-    def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member]]:
-        rc, granted, busy = asker.row_charge, 0, []
+    def _reclaim(self, asker: Member, rows: int, holding: int) -> tuple[int, list[Member], list[Failed]]:
+        rc, granted, busy, failed = asker.row_charge, 0, [], []
         for other in sorted(self._members, key=lambda m: m.used * m.row_charge, reverse=True):
             share = self.share_bytes()
             room = min(rows, share // rc - holding) - granted
@@ -169,8 +174,9 @@ class MemoryBudget:
                 surplus = -(-(other.used * other.row_charge - share) // other.row_charge)  # bytes are free already
                 wanted = -(-room * rc // other.row_charge)  # to under a row above share
                 freed = other.give_up(min(surplus, wanted)) if surplus > 0 and not gone else 0
-            except Exception:  # e.g. its dirty rows cannot be persisted: asker's request is not the one to fail
-                log.exception("a table could not give rows back to another; skipped")
+            except Exception as e:  # e.g. its dirty rows cannot be written: asker fails only if left too few rows
+                log.exception("table %r could not give rows back to table %r; skipped", other.name, asker.name)
+                failed.append((other, e))
                 freed = 0
             finally:
                 other.lock.release()
@@ -179,7 +185,7 @@ class MemoryBudget:
                 got = min(room, self.free_bytes() // rc)
                 self.used_bytes += got * rc
             granted += got
-        return granted, busy
+        return granted, busy, failed
 
     def _lock_of(self, other: Member) -> bool:
         """Takes other's lock for reclaim(), waiting in slices of RECLAIM_WAIT_S for as long as other is not in
