@@ -1015,6 +1015,24 @@ def test_no_resume_hint_once_a_worker_found_its_servers_restored_under_it(fakes,
     assert_all_gone(pids, {"worker-0", "worker-1"})
 
 
+def test_no_resume_hint_when_a_workers_share_gave_it_no_example_to_train(fakes, capsys):
+    """A worker that stopped because its share gave it no example: the fix is another job (fewer workers, another
+    split), whose workers read other shares, so the others' counts are no --skip-examples to resume from; the
+    worker's own error, which says what to do, is repeated."""
+    said = ("ps-worker: error: worker 0 of the job's 2 trains no example: the 1 example of its share of d.svm went to "
+            "the validation split (--validation-fraction 0.1); start fewer workers or give them more data, or train "
+            "with --validation-fraction 0 (or a --validation-data file)")  # fmt: skip
+    wait = {"wait_for": ["worker-1"]}
+    command, pids = fakes([{"action": "exit", "code": 2, "say": [said], **wait},
+                           {"action": "sleep", "progress": [{"examples": 500}]}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
+    err = capsys.readouterr().err
+    assert "worker 0 exited with code 2; the other workers were stopped" in err and f"  [worker 0] {said}" in err, err
+    assert "--skip-examples" not in err and "the workers had trained" not in err, err
+    assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
 def test_the_resume_hint_counts_a_geo_workers_pushed_examples_not_those_it_still_held(fakes, capsys):
     """geo holds up to --geo-every - 1 steps' deltas locally: its PROGRESS reports say how many of its examples
     were pushed, and a SIGKILL loses the rest, so the skip counts those pushed."""

@@ -107,7 +107,7 @@ def test_a_file_of_fewer_lines_than_workers_is_refused_by_every_worker_naming_th
         cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=5, worker_id=worker)
         with pytest.raises(ValueError, match=r"three.svm holds 3 lines of data, shared by the job's 5 workers "
                                              r"\(worker i reads the lines whose number % 5 == i\): workers 3, 4 "
-                                             r"would read none of them and train nothing; start at most 3$"):  # fmt: skip
+                                             r"would read none of them: each trains no example; start at most 3$"):  # fmt: skip
             prepare(cfg)
     _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=3, worker_id=2))
     assert data.line_count.lines == 3
@@ -135,7 +135,7 @@ def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_h
         cfg = TrainConfig(servers=("h:1",), data=files, format="libsvm", num_workers=3, worker_id=worker)
         with pytest.raises(ValueError, match=r"holds 3 lines of data in 2 files, shared by the job's 3 workers "
                                              r"\(worker i reads file k's lines whose number % 3 == \(i \+ k\) % 3\): "
-                                             r"worker 1 would read none of them and train nothing; start fewer "
+                                             r"worker 1 would read none of them: it trains no example; start fewer "
                                              r"workers$"):  # fmt: skip
             prepare(cfg)
     prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm", num_workers=2, worker_id=1))
@@ -148,6 +148,59 @@ def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_h
         spec = ",".join(map(str, paths))
         read = [sum(map(len, read_batches(spec, data.schema, 10, worker_id=i, num_workers=n))) for i in range(n)]
         assert idle_workers(lines, n) == [i for i in range(n) if not read[i]]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_worker_whose_share_gives_it_no_example_to_train_stops_at_its_first_epoch_saying_why(tmp_path, shuffle):
+    """Each of 2 workers reads a line of data, so the up-front check passes; but worker 1's share gives it nothing
+    to train: its one example is the split's first pick (validation_mask), or its lines are malformed or empty
+    within --max-bad-lines. Its first epoch, read to its end, is a ValueError saying which, and what to do; worker
+    0 trains what its share holds (the oracle: its lines less its validation picks)."""
+    assert validation_mask(0, 2, 0.1).tolist() == [True, False]  # a share's first example validates
+    lines = tmp_path / "lines.svm"
+    lines.write_text("1 3:1 5:1\n0 4:1\n1 3:1\n")  # worker 0: lines 0 and 2; worker 1: line 1
+    bad = tmp_path / "bad.svm"
+    bad.write_text("1 3:1 5:1\nbad one\n0 3:1\n\n1 5:1\nalso bad\n")  # worker 1: lines 1, 3, 5
+    cases = [
+        (lines, 0.1, r"the 1 example of its share of .*lines.svm went to the validation split \(--validation-fraction "
+                     r"0.1\); start fewer workers or give them more data, or train with --validation-fraction 0 \(or a "
+                     r"--validation-data file\)"),
+        (bad, 0.0, r"all 3 lines of its share of .*bad.svm are malformed or empty \(2 malformed, skipped under "
+                   r"--max-bad-lines 5; first: .*bad.svm line 2: label 'bad', expected 0, 1, -1 or \+1; 1 empty\); fix "
+                   r"the data, or its --format or --schema"),
+    ]  # fmt: skip
+    for path, fraction, why in cases:
+        trained = []
+        for worker in (0, 1):
+            cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=2, worker_id=worker,
+                              validation_fraction=fraction, max_bad_lines=5, shuffle=shuffle, batch_size=2)  # fmt: skip
+            _, data, _, _ = prepare(cfg)
+            data.validation()  # as train() reads it, before training
+            if worker == 0:
+                trained = [len(b) for epoch in (1, 2) for b in data.train(epoch)]
+                continue
+            with pytest.raises(ValueError, match=rf"^worker 1 of the job's 2 trains no example: {why}$"):
+                list(data.train(1))
+        assert trained == [1, 1] if fraction else trained == [2, 1, 2, 1]
+
+
+def test_a_run_whose_examples_all_go_to_the_validation_split_fails_before_a_step_instead_of_training_nothing(
+    tmp_path, capsys
+):
+    """Both examples of a one-worker run are the split's picks at --validation-fraction 0.5: the run stops with a
+    data error (exit 2) saying so, rather than running its epochs on nothing ('train logloss nan') and exiting 0."""
+    from worker.__main__ import main
+
+    assert validation_mask(0, 2, 0.5).tolist() == [True, True]
+    path = tmp_path / "two.svm"
+    path.write_text("1 3:1 5:1\n0 4:1\n")
+    code = main(["train", "--data", str(path), "--format", "libsvm", "--local-shards", "1", "--validation-fraction",
+                 "0.5", "--epochs", "2", "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.endswith(f"ps-worker: error: the worker trains no example: all 2 examples of {path} went to the "
+                        "validation split (--validation-fraction 0.5); give it more data, or train with "
+                        "--validation-fraction 0 (or a --validation-data file)\n"), err  # fmt: skip
 
 
 def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):

@@ -1,6 +1,7 @@
 """Where a run's examples come from: files read through a schema, or the synthetic generator; the validation split.
 
-    train()       this worker's training batches (worker i of n reads its share), less the validation examples
+    train()       this worker's training batches (worker i of n reads its share), less the validation examples;
+                  a ValueError saying why (untrained()) when its share, read to its end, gave it none
     validation()  the validation set, in memory (evaluated many times): the first max_validation examples of
                   --validation-data, or the examples the split selected from this worker's share, at most
                   max_validation of them; its memory is bounded by max_validation, not by the file
@@ -41,6 +42,7 @@ from worker.formats import (
     read_batches,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
+from worker.results import UNTRAINED
 from worker.schema import Schema, schema_from_text
 from worker.schema_builtin import resolve_schema
 from worker.synthetic import SyntheticConfig, SyntheticData
@@ -176,8 +178,8 @@ class DataSource:
         fewer = f"start at most {counted.lines:,}" if files == 1 else "start fewer workers"
         raise ValueError(f"{cfg.data} holds {counted.lines:,} line{'s' * (counted.lines != 1)} of data"
                          f"{f' in {files:,} files' if files > 1 else ''}, shared by the job's {n} workers (worker i "
-                         f"reads {rule}): worker{'s' * (len(idle) > 1)} {names} would read none of them and train "
-                         f"nothing; {fewer}")  # fmt: skip
+                         f"reads {rule}): worker{'s' * (len(idle) > 1)} {names} would read none of them: "
+                         f"{'each' if len(idle) > 1 else 'it'} {UNTRAINED}; {fewer}")  # fmt: skip
 
     def _check_labeled(self, cfg: Any, training: bool) -> None:
         """ValueError when a Criteo or libsvm input read for training or evaluation has no labels (file_has_labels;
@@ -261,7 +263,42 @@ class DataSource:
         asked for (epoch 1's labels counted into stream_labels as they are read, unless the read before training
         counted them: share_labels); or, under cfg.shuffle, from the examples held in memory (read whole as the
         first epoch asks for its first batch) in the epoch's own random order, seeded by (cfg.synthetic_seed,
-        cfg.worker_id, epoch)."""
+        cfg.worker_id, epoch). ValueError, once read to its end, when the epoch held no example (untrained)."""
+        empty = True
+        for batch in self._epoch(epoch):
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError(self.untrained())
+
+    def untrained(self) -> str:
+        """Why this worker's share of the data, read to its end, left it no example to train, and what to do: the
+        share held no line, or its examples all went to the validation split, or its lines were all malformed or
+        empty (skipped). The first pass's counts (read_stats), and the validation set (read whole by then)."""
+        c, n = self.cfg, self.cfg.num_workers
+        who = f"worker {c.worker_id} of the job's {n}" if n > 1 else "the worker"
+        share = "its share of " if n > 1 else ""
+        if self.synthetic is not None:
+            source, read = "the synthetic data", ReadStats(lines_read=self.examples)
+        else:  # the first pass's counts
+            source, read = c.data, next((s for path, s in self.read_stats if path == c.data), ReadStats())
+        validating = sum(map(len, self.validation())) if c.validation_fraction else 0
+        fewer = "start fewer workers or give them more data" if n > 1 else "give it more data"
+        if not read.lines_read:
+            why = f"{share}{source} holds no line; {fewer}"
+        elif validating:
+            examples = "the 1 example" if validating == 1 else f"all {validating:,} examples"
+            why = (f"{examples} of {share}{source} went to the validation split "
+                   f"(--validation-fraction {c.validation_fraction:g}); {fewer}, or train with --validation-fraction 0 "
+                   "(or a --validation-data file)")  # fmt: skip
+        else:
+            first = f"; first: {read.first_bad}" if read.first_bad else ""
+            why = (f"all {read.lines_read:,} lines of {share}{source} are malformed or empty ({read.bad_lines:,} "
+                   f"malformed, skipped under --max-bad-lines {c.max_bad_lines}{first}; {read.empty_lines:,} empty); "
+                   "fix the data, or its --format or --schema")  # fmt: skip
+        return f"{who} {UNTRAINED}: {why}"
+
+    def _epoch(self, epoch: int) -> Iterator[Batch]:
         if not getattr(self.cfg, "shuffle", False):
             if epoch != 1 or self.share_labels is not None:  # counted already, on the read before training
                 yield from self._in_order()

@@ -58,7 +58,7 @@ from worker.datafiles import check_held_out
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
-from worker.results import local_shards_gone, model_kept, write_metrics
+from worker.results import UNTRAINED, local_shards_gone, model_kept, write_metrics
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
 from worker.train_config import RESUME_WORKER
 
@@ -579,9 +579,14 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                     group.stop(grace_s)
                 finally:
                     progress.close()
-                    replaced = any(MODEL_STATE_REPLACED in line for tail in group.tails for line in tail)
-                    if not finished and plan.local_shards is None and not replaced:  # (replaced: the servers
-                        _say_where_to_resume(plan, progress.latest())  # hold a checkpoint's model, not those counts)
+                    said = [line for tail in group.tails for line in tail]
+                    # no position to resume from where the servers hold a checkpoint's model, not those counts
+                    # (replaced), or where a worker's share left it no example: a job of other workers or another
+                    # split reads other shares (untrained)
+                    replaced = any(MODEL_STATE_REPLACED in line for line in said)
+                    untrained = any(UNTRAINED in line for line in said)
+                    if not finished and plan.local_shards is None and not replaced and not untrained:
+                        _say_where_to_resume(plan, progress.latest())
             if died is not None:
                 print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
                 return 1

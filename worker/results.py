@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 NO_AUC = "undefined (its examples hold one label only)"
+UNTRAINED = "trains no example"  # the words of a worker's error when its share left it none (DataSource.untrained)
 
 
 def auc_text(value: float | None) -> str:
