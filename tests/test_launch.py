@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ps.terminate import Terminated
 from tests.waiting import wait_until
 from worker import launch
 from worker.launch import (
@@ -530,6 +531,37 @@ def test_a_final_evaluation_that_meets_a_bad_eval_line_says_the_training_had_fin
     summary = format_summary(merge_metrics([{"train_examples": 10, "train_seconds": 1.0}], ["numpy"], "async",
                                            {"eval_error": error}, 1))  # fmt: skip
     assert f"eval   failed: {error}" in summary
+
+
+@pytest.mark.parametrize("servers", [True, False])
+@pytest.mark.parametrize("stop, how, code", [(KeyboardInterrupt, "interrupted", 130), (Terminated, "terminated", 143)])
+def test_a_ctrl_c_or_sigterm_in_the_final_evaluation_says_the_training_had_finished(fakes, monkeypatch, capsys, stop,
+                                                                                   how, code, servers):  # fmt: skip
+    """Every worker finished training; a Ctrl-C (or SIGTERM) stops the job's final evaluation: launch says so, not
+    that it stopped the workers, reports the job's training figures, and on --servers points to ps-worker eval for
+    the model the servers keep."""
+    monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
+    monkeypatch.setattr(FakeCluster, "made", [])
+    monkeypatch.setattr(FakeCluster, "dies", {})
+    command, _ = fakes([{"action": "metrics", "metrics": {"train_examples": 20, "train_seconds": 1.0}}] * 2)
+    where = ("--servers", SERVERS) if servers else ("--local-shards", "1")
+    args, rest = launch_args("--workers", "2", *where, "--no-progress")
+
+    def stopped(cfg):
+        raise stop()
+
+    rc = run_launch(args, rest, worker_command=command, train_config=stand_in_train_config, evaluate=stopped)
+    out, err = capsys.readouterr()
+    assert rc == code, err
+    kept = (f"the model stays on the servers: ps-worker eval scores it, with --servers {SERVERS} and this run's "
+            "model and data flags" if servers else "the model went with the local shards")  # fmt: skip
+    said = f"{how} in the job's final evaluation, after every worker had finished training ({kept})"
+    assert f"ps-worker launch: {said}\n" in err and "the workers were stopped" not in err, err
+    assert (
+        "launched 2 workers (numpy, numpy; mode async) on 1 shard: 40 examples" in out
+        and f"eval   failed: {said}" in out
+    )
+    assert [c.stopped for c in FakeCluster.made] == ([] if servers else [True])
 
 
 def test_merge_metrics_and_summary():

@@ -19,7 +19,9 @@
 Failure: a worker exits non-zero or is killed: the others get SIGTERM, SIGKILL after the grace period (10 s), the
 local shards stop, the failed worker's exit code and last lines are printed, exit 1. A local shard that dies fails
 the job too, with no final evaluation (exit 1): while the workers run they are stopped; after they finished, their
-training figures are printed. Ctrl-C: the workers stopped, exit 130 (SIGTERM to launch: exit 143). Each worker runs
+training figures are printed. Ctrl-C: the workers stopped, exit 130 (SIGTERM to launch: exit 143); in the final
+evaluation, once every worker finished, the job's training figures are printed with the evaluation marked
+interrupted, and where the model is (on --servers: ps-worker eval scores it). Each worker runs
 in its own process group (a terminal's Ctrl-C reaches launch only, and a stop reaches the worker's children too)
 and, on Linux, gets SIGTERM when launch dies however it dies (prctl PR_SET_PDEATHSIG); local shards stop when
 launch's end of their stdin pipe closes. The workers' metrics go to a temporary directory that launch removes, or,
@@ -602,9 +604,13 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                                       metrics_out=None,
                                       **workers_bad_lines(plan.train_config, per_worker))  # fmt: skip
             died = shard_died()  # after the workers exited: the final evaluation would wait for it
-            evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None) if died is None else {
-                "eval_error": f"{died}, after every worker had finished training (the model went with the local "
-                              "shards; the job was not evaluated)"}  # fmt: skip
+            stopped: BaseException | None = None  # a Ctrl-C or SIGTERM in the final evaluation
+            try:
+                evaluation = final_evaluation(cfg, evaluate, plan.local_shards is not None) if died is None else {
+                    "eval_error": f"{died}, after every worker had finished training (the model went with the local "
+                                  "shards; the job was not evaluated)"}  # fmt: skip
+            except (KeyboardInterrupt, Terminated) as e:  # the training is done: reported below, as for a failure
+                stopped, evaluation = e, {"eval_error": evaluation_stopped(e, plan.local_shards is not None, addresses)}
         mode = getattr(plan.train_config, "mode", "async")
         merged = merge_metrics(per_worker, plan.backends, mode, evaluation, len(addresses))
         print(format_summary(merged), flush=True)
@@ -618,9 +624,12 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
         else:
             print(model_kept(",".join(addresses)), flush=True)
         if "eval_error" in evaluation:  # the training is done and reported; its evaluation is not
-            print(f"ps-worker: error: {evaluation['eval_error']}", file=sys.stderr, flush=True)
+            said = "ps-worker launch" if stopped is not None else "ps-worker: error"
+            print(f"{said}: {evaluation['eval_error']}", file=sys.stderr, flush=True)
         if metrics_error is not None:
             print(f"ps-worker: error: {metrics_error}", file=sys.stderr, flush=True)
+        if stopped is not None:
+            return 130 if isinstance(stopped, KeyboardInterrupt) else TERMINATED_EXIT_CODE
         if "eval_error" in evaluation or metrics_error is not None:
             return 2 if died is None else 1
         return 0
@@ -663,6 +672,16 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_sha
             " (the model stays on the servers: ps-worker eval scores it once the file is fixed or --max-bad-lines "
             "raised)")  # fmt: skip
         return {"eval_error": f"{e}; in the job's final evaluation, after every worker had finished training{kept}"}
+
+
+def evaluation_stopped(e: BaseException, local_shards: bool, servers: Sequence[str]) -> str:
+    """What a Ctrl-C (KeyboardInterrupt) or SIGTERM (Terminated) in the job's final evaluation stopped: the
+    evaluation only, every worker having finished training; and where the model is."""
+    how = "interrupted" if isinstance(e, KeyboardInterrupt) else "terminated"
+    kept = ("the model went with the local shards" if local_shards else
+            f"the model stays on the servers: ps-worker eval scores it, with --servers {','.join(servers)} and this "
+            "run's model and data flags")  # fmt: skip
+    return f"{how} in the job's final evaluation, after every worker had finished training ({kept})"
 
 
 def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
