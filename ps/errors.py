@@ -165,9 +165,11 @@ class CheckpointOutsideRootError(InvalidArgumentError):
 
 
 class ServerUnavailableError(PsError, ConnectionError):
-    """A shard did not answer within its deadline (client side)."""
+    """A shard did not answer within its deadline (client side). ran: whether the call may have run on its shard
+    (False: every attempt was refused before it ran, or found no connection)."""
 
     status = "UNAVAILABLE"
+    ran = True
 
 
 class RequestOutcomeUnknownError(ServerUnavailableError):

@@ -587,6 +587,35 @@ def test_a_push_of_several_batches_that_fails_says_what_each_shard_applied(serve
             client.push("emb", mine[1][:13], np.ones((13, 4), np.float32))  # one batch
 
 
+def test_a_push_a_checkpoint_holds_past_the_server_timeout_says_it_was_not_applied_and_how_to_wait(servers, sgd1_table):
+    """Every attempt refused by a hold (a save longer than the worker's --server-timeout): the push was not applied,
+    and the error says so (not "may be applied"), names the hold and the flag that waits it out; the rows agree.
+    Once released, the same push applies once."""
+    addresses, shards = servers(2)
+    owner = SlotMap.contiguous(2).shard_of(ids := random_ids(200, seed=5))
+    one = np.sort(ids[owner == 1])[:10]
+    both = np.concatenate([np.sort(ids[owner == 0])[:10], one])
+    hint = (r"it was last refused by a checkpoint's hold of its pushes, which lasts while the save runs \(if the "
+            r"saver died, until its --hold-timeout-s\): a larger server timeout \(--server-timeout\) waits out a "
+            r"longer hold")  # fmt: skip
+    with Client(addresses, server_timeout_s=1) as client:
+        client.create_table(sgd1_table)
+        _, token = shards[1].shard.hold(60)
+        with pytest.raises(ServerUnavailableError, match=rf"shard 1 at \S+: PushBatch failed \(UNAVAILABLE: shard 1 is "
+                           rf"taking a checkpoint; retry shortly\); it has been failing for \d+ s \(server timeout 1 "
+                           rf"s\); {hint}; the push was not applied \(no attempt of it ran\)$") as refused:  # fmt: skip
+            client.push("emb", one, np.ones((len(one), 4), np.float32))
+        assert not refused.value.ran
+        with pytest.raises(ServerUnavailableError, match=rf"{hint}\. This push was 2 PushBatch calls; shard 0: 1 of 1 "
+                           r"applied; shard 1: 0 of 1 applied, batch 1 failed \(ServerUnavailableError\)$"):  # fmt: skip
+            client.push("emb", both, np.ones((len(both), 4), np.float32))
+        shards[1].shard.release(token)
+        np.testing.assert_array_equal(client.pull("emb", both[:10]), initial(sgd1_table, both[:10]) - 1)
+        np.testing.assert_array_equal(client.pull("emb", one), initial(sgd1_table, one))  # neither push applied
+        client.push("emb", one, np.ones((len(one), 4), np.float32))
+        np.testing.assert_array_equal(client.pull("emb", one), initial(sgd1_table, one) - 1)
+
+
 def test_a_push_keeps_its_messages_within_max_request_bytes(servers):
     """A push carries 4 * dim + 16 bytes an id (id, grads, show, click): a dim-1 push chunked as a pull is (by its
     reply, 4 * dim + 8 bytes an id) would send messages of 20/12 the size asked for."""

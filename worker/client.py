@@ -445,11 +445,13 @@ class Client:
         method, shard, request = call
         delay, started = 0.05, (time.monotonic(), time.time())
         left = retry_window_left(method, request, started)
+        ran = False  # an attempt may have run on the shard (worker.retry.may_have_run)
         while True:
             outcome = self._attempt(call, min(timeout_s, left), interruptible)
             if not isinstance(outcome, grpc.RpcError):
                 self._outages.back(shard)
                 return outcome
+            ran = ran or may_have_run(outcome)
             once = sent_once(method, request) and may_have_run(outcome)
             if (
                 not retryable(outcome)
@@ -457,12 +459,12 @@ class Client:
                 or self._closed
                 or not self._outages.keep_waiting(shard, outcome, self.server_timeout_s)
             ):
-                return self._error(method, shard, outcome, timeout_s, request)
+                return self._error(method, shard, outcome, timeout_s, request, ran)
             if retried is not None:
                 retried.add(i)
             time.sleep(delay)
             if self._closed:  # closed while it slept: its last error stands
-                return self._error(method, shard, outcome, timeout_s, request)
+                return self._error(method, shard, outcome, timeout_s, request, ran)
             left = retry_window_left(method, request, started)
             if left <= 0:
                 return self._outages.outcome_unknown(shard, request, outcome, self.client_id)
@@ -492,10 +494,13 @@ class Client:
         see _attempt), the others on the pool. Returns each call's reply, or the grpc.RpcError it failed with."""
         return at_once(self._callers, calls, lambda c, i, interruptible: self._attempt(c, timeout_s, interruptible))
 
-    def _error(self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None) -> PsError:
-        """The error a call ends with (worker.retry.Outages.error); for a message too large for its shard's room, the
-        room its size came from (wait_ready's: a shard that restarted with a smaller room since refuses it)."""
-        error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s)
+    def _error(
+        self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object = None, ran: bool = True
+    ) -> PsError:
+        """The error a call ends with (worker.retry.Outages.error; ran: whether an attempt may have run); for a message
+        too large for its shard's room, the room its size came from (wait_ready's: a shard that restarted with a
+        smaller room since refuses it)."""
+        error = self._outages.error(method, shard, e, timeout_s, request, self.server_timeout_s, ran)
         sync = isinstance(request, ps_pb2.PushBatchRequest) and request.HasField("stamp") and request.stamp.sync
         if isinstance(error, RequestTooLargeError) and self._room and not sync:  # a sync push is one message
             error.args = (f"{error}. This client sized its messages ({self.max_request_bytes:,} bytes) by the room "

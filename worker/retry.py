@@ -203,11 +203,19 @@ class Outages:
         )
 
     def error(
-        self, method: str, shard: int, e: grpc.RpcError, timeout_s: float, request: object, server_timeout_s: float
+        self,
+        method: str,
+        shard: int,
+        e: grpc.RpcError,
+        timeout_s: float,
+        request: object,
+        server_timeout_s: float,
+        ran: bool = True,
     ) -> PsError:
         """The error a call that failed with e ends with: for a shard gone (see __init__), why; for one not sent again
-        after it may have run, that it may still run; for one whose shard stayed down, how long it was waited for;
-        else the PsError of e's status."""
+        after it may have run, that it may still run; for one whose shard stayed down, how long it was waited for
+        (ran: whether any attempt of it may have run, may_have_run, which the error's `ran` says); else the PsError
+        of e's status."""
         code, where = e.code(), f"shard {shard} at {self.servers[shard]}"
         gone = self.gone(shard) if self.gone is not None and retryable(e) else None
         if gone:  # before "it may still be running there": it is not running anywhere
@@ -232,9 +240,15 @@ class Outages:
             tried = f"; it has been failing for {waited:.0f} s (server timeout {server_timeout_s:.0f} s)"
             if starting(e):  # a journal replay or a restore can take longer than the timeout: say how to wait
                 tried += "; a larger server timeout (--server-timeout) waits for a start that takes longer"
+            elif CHECKPOINT_PAUSE in (e.details() or ""):  # a save of a large shard, or a hold its saver left
+                tried += ("; it was last refused by a checkpoint's hold of its pushes, which lasts while the save "
+                          "runs (if the saver died, until its --hold-timeout-s): a larger server timeout "
+                          "(--server-timeout) waits out a longer hold")  # fmt: skip
             ended = f" did not answer {method} within {timeout_s:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED \
                 else f": {method} failed ({why_failed(e)})"  # fmt: skip
-            return ServerUnavailableError(where + ended + (tried if server_timeout_s > 0 else ""))
+            error = ServerUnavailableError(where + ended + (tried if server_timeout_s > 0 else ""))
+            error.ran = ran
+            return error
         if code == grpc.StatusCode.UNIMPLEMENTED:  # a gRPC server of another service: not a shard, not a bug of ours
             return ServerUnavailableError(f"{where} does not serve {method} ({e.details()}): it is a gRPC server "
                                           "but not a sparseps shard; is --servers the right address (ps-server "
@@ -243,19 +257,17 @@ class Outages:
         return cls(f"{where}: {method} failed with {code.name}: {e.details()}")
 
 
-MAY_BE_APPLIED = (ServerUnavailableError, RequestOutcomeUnknownError)  # a push that ended so may be applied, or yet
-
-
 def push_left(error: PsError, batches: dict[int, int], wave: int, failed: dict[int, PsError]) -> PsError:
     """error, the first of the calls that failed in wave `wave` (from 0) of a push sent as batches[shard] batches
     per shard (a shard's k-th batch in wave k, each wave sent once the one before had every reply), with what the
     push left on each shard added to its message where the push was more than one batch: the batches applied, the
     one that failed (failed: shard -> its error; a shard unavailable or not answering may apply it, now or later,
-    or not) and those not sent; where it was one batch, that it may be applied, if so. The same object: its class
-    and fields stay."""
+    or not, where an attempt of it may have run) and those not sent; where it was one batch, whether it may be
+    applied. The same object: its class and fields stay."""
     if sum(batches.values()) <= 1:
         if isinstance(error, ServerUnavailableError):  # RequestOutcomeUnknownError says so itself
-            error.args = (f"{error}; the push may be applied, now or later, or not", *error.args[1:])
+            outcome = "may be applied, now or later, or not" if error.ran else "was not applied (no attempt of it ran)"
+            error.args = (f"{error}; the push {outcome}", *error.args[1:])
         return error
     left = []
     for shard in sorted(batches):
@@ -263,7 +275,8 @@ def push_left(error: PsError, batches: dict[int, int], wave: int, failed: dict[i
         if e is None:
             left.append(f"shard {shard}: {min(total, wave + 1)} of {total} applied")
             continue
-        outcome = ": it may be applied, now or later, or not" if isinstance(e, MAY_BE_APPLIED) else ""
+        may_be = isinstance(e, ServerUnavailableError) and e.ran  # unanswered, and an attempt of it may have run
+        outcome = ": it may be applied, now or later, or not" if may_be else ""
         unsent = total - wave - 1
         left.append(f"shard {shard}: {wave} of {total} applied, batch {wave + 1} failed ({type(e).__name__}{outcome})"
                     + (f", {unsent} not sent" if unsent else ""))  # fmt: skip
