@@ -203,6 +203,10 @@ class ShardStartingError(PsError):
 
 SHARD_STARTING = "is starting"
 
+PARTLY_APPLIED = "applied, and the clock was not advanced"
+"""The words of a batch push's refusal whose pushes before the refused one were applied and stay
+(ps.engine.shard): that attempt ran, in part, however its status reads (worker.retry.may_have_run)."""
+
 OVERLOADED = "Concurrent RPC limit exceeded"
 """gRPC's text of a call a server refused, RESOURCE_EXHAUSTED, before running it: its threads were busy and as many
 calls as ps-server --max-queued-calls waited for them (ps.server). It names no PsError: clients send it again, as

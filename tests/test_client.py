@@ -20,6 +20,7 @@ from ps.errors import (
     InvalidArgumentError,
     PsError,
     ServerUnavailableError,
+    TableBusyError,
     TableNotFoundError,
 )
 from ps.rows.initializers import init_rows
@@ -614,6 +615,34 @@ def test_a_push_a_checkpoint_holds_past_the_server_timeout_says_it_was_not_appli
         np.testing.assert_array_equal(client.pull("emb", one), initial(sgd1_table, one))  # neither push applied
         client.push("emb", one, np.ones((len(one), 4), np.float32))
         np.testing.assert_array_equal(client.pull("emb", one), initial(sgd1_table, one) - 1)
+
+
+def test_a_batch_push_refused_past_the_server_timeout_after_part_of_it_was_applied_says_it_may_be_applied(
+    servers, sgd1_table
+):
+    """One PushBatch of two tables' pushes: the first is applied, the second refused UNAVAILABLE on every attempt (its
+    table busy) until the server timeout. The first attempt ran in part (later ones, sent again under the same request
+    number, apply the second push only), so the error says the push may be applied, not that no attempt of it ran; the first push is applied once, the second not at all."""
+    (address,), (server,) = servers(1)
+    other = dataclasses.replace(sgd1_table, name="other")
+    ids = np.arange(1, 11, dtype=np.uint64)
+    with Client([address], server_timeout_s=1) as client:
+        client.create_table(sgd1_table)
+        client.create_table(other)
+
+        def busy(*args, **kwargs) -> int:
+            raise TableBusyError("table 'other' is busy; nothing was applied")
+
+        ended = (r"PushBatch failed \(UNAVAILABLE: table 'other' is busy; nothing was applied\); it has been failing "
+                 r"for \d+ s \(server timeout 1 s\); the push may be applied, now or later, or not$")  # fmt: skip
+        with (
+            mock.patch.object(server.shard.table("other"), "push", busy),
+            pytest.raises(ServerUnavailableError, match=ended) as refused,
+        ):
+            client.push_many([("emb", ids, np.ones((10, 4), np.float32)), ("other", ids, np.ones((10, 4), np.float32))])
+        assert refused.value.ran
+        np.testing.assert_array_equal(client.pull("emb", ids), initial(sgd1_table, ids) - 1)
+        np.testing.assert_array_equal(client.pull("other", ids), initial(other, ids))
 
 
 def test_a_push_keeps_its_messages_within_max_request_bytes(servers):

@@ -33,6 +33,7 @@ from protos import ps_pb2
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.engine.table import Table
+from ps.errors import PARTLY_APPLIED
 from ps.rows.initializers import init_rows
 from ps.rows.optim import get_optimizer
 from ps.server import Server, grpc_options
@@ -46,7 +47,6 @@ LIMIT_BYTES = 1 << 20  # the shard's message limit: replies over it are refused 
 TIMEOUT_S = 30
 REJECTED = {"INVALID_ARGUMENT", "NOT_FOUND", "FAILED_PRECONDITION", "ALREADY_EXISTS", "RESOURCE_EXHAUSTED",
             "UNAVAILABLE"}  # fmt: skip
-PARTLY_APPLIED = "applied, and the clock was not advanced"  # a batch push refused while applied: those before stay
 RULES = [  # (name, status code, pattern of the message); the first match names a rejection
     ("string not UTF-8", "INVALID_ARGUMENT", r"is not valid protobuf: .*not UTF-8"),
     ("bytes not protobuf", "INVALID_ARGUMENT", r"is not valid protobuf"),

@@ -25,6 +25,7 @@ from ps.errors import (
     CHECKPOINT_PAUSE,
     ERROR_NAME_KEY,
     OVERLOADED,
+    PARTLY_APPLIED,
     SHARD_STARTING,
     PsError,
     RequestOutcomeUnknownError,
@@ -120,9 +121,10 @@ def retry_window_left(method: str, request: object, started: tuple[float, float]
 def may_have_run(e: grpc.RpcError) -> bool:
     """Whether the call that failed with e may have run on its shard: past its deadline, or cancelled (MAY_HAVE_RUN),
     or UNAVAILABLE with its connection lost after it was sent (the shard's process died: "Socket closed", "Connection
-    reset by peer"); not a refusal its shard made and named (a shard starting, or stopping: error_name) nor a call
-    that found no connection to make (NOT_CONNECTED)."""
-    if e.code() in MAY_HAVE_RUN:
+    reset by peer"), or a batch push refused after pushes of it were applied (PARTLY_APPLIED); not another refusal
+    its shard made and named (a shard starting, or stopping: error_name) nor a call that found no connection to make
+    (NOT_CONNECTED)."""
+    if e.code() in MAY_HAVE_RUN or PARTLY_APPLIED in (e.details() or ""):
         return True
     if e.code() != grpc.StatusCode.UNAVAILABLE or error_name(e) is not None:
         return False

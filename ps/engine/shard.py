@@ -55,6 +55,7 @@ from ps.engine.table import Table, layout_for
 from ps.errors import (
     CLIENT_TABLE_FULL,
     MODEL_STATE_REPLACED,
+    PARTLY_APPLIED,
     ClientTableFullError,
     DataDirLostError,
     DataLossError,
@@ -828,7 +829,7 @@ class Shard:
                          else "a retry without a client_id applies them all again")  # fmt: skip
                 raise type(e)(
                     f"push {i} of {len(checked)} in the batch (table {pushes[i].name!r}) was refused: {what}. The "
-                    f"{before} applied, and the clock was not advanced; {retry}"
+                    f"{before} {PARTLY_APPLIED}; {retry}"
                 ) from e
 
     # ---- stamped pushes (ps.engine.jobs) ----------------------------------------------------------------
