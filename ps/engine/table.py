@@ -502,13 +502,13 @@ class Table:
 
     def _not_given_back(self, n: int, holder: str, e: Exception) -> Exception:
         """The refusal of a request that needs rows for n ids, which table `holder`, above its share of the RAM
-        tier, could not give back: writing its dirty rows failed with e. Of e's class (a StorageError, DiskFullError,
-        ...), a StorageError where e is no PsError; nothing was applied."""
+        tier, could not give back: its give_up failed with e (most often writing its dirty rows). Of e's class (a
+        StorageError, DiskFullError, ...), a StorageError where e is no PsError; nothing was applied."""
         what = str(e).removesuffix("; nothing was applied") if isinstance(e, PsError) else f"{type(e).__name__}: {e}"
         error = copy.copy(e) if isinstance(e, PsError) else StorageError("")
         error.args = (
             f"table {self.name!r} needs rows for {n} ids, and table {holder!r}, which holds them above its share of "
-            f"the RAM tier, could not write its dirty rows to give them back: {what}; nothing was applied",
+            f"the RAM tier, could not give them back: {what}; nothing was applied",
         )
         return error
 
