@@ -305,6 +305,36 @@ def test_a_token_or_key_file_every_user_may_read_is_warned_of_at_start(pki, tmp_
     assert "s3cret-token" not in caplog.text
 
 
+@pytest.mark.parametrize("mode, warned", [(0o644, True), (0o640, False)])
+def test_a_worker_warns_of_a_token_or_key_file_every_user_may_read(pki, tmp_path, caplog, mode, warned):
+    """ps-worker's cluster commands and train (worker.__main__._client, worker.job.client_for) warn as a server
+    does, and read the token."""
+    import argparse
+
+    from worker.__main__ import _client
+    from worker.channels import client_token
+    from worker.job import client_for
+
+    token, key = tmp_path / "token", tmp_path / "client.key"
+    shutil.copy(pki / "token", token)
+    shutil.copy(pki / "client.key", key)
+    for path in (token, key):
+        path.chmod(mode)
+    tls = {"tls_ca": str(pki / "ca.pem"), "tls_cert": str(pki / "client.pem"), "tls_key": str(key)}
+    cluster_command = argparse.Namespace(servers="127.0.0.1:1", timeout_s=1.0, server_timeout=1.0,
+                                         auth_token_file=str(token), **tls)  # fmt: skip
+    train = argparse.Namespace(local_shards=None, timeout_s=1.0, server_timeout_s=1.0, auth_token_file=str(token),
+                               **tls)  # fmt: skip
+    for make in (lambda: _client(cluster_command), lambda: client_for(train, ["127.0.0.1:1"])):
+        caplog.clear()
+        make().close()
+        for what, path in (("auth token file (--auth-token-file)", token), ("TLS key (--tls-key)", key)):
+            line = f"{what} {path} is readable by every user of this machine (mode {mode:04o}): anyone logged in"
+            assert (line in caplog.text) == warned, caplog.text
+        assert "s3cret-token" not in caplog.text
+    assert client_token(str(token)) == (pki / "token").read_text().strip()
+
+
 def fetch(url: str, context=None, token: str | None = None) -> object:
     """The HTTP status of a GET (200, 401, 404), or the name of the exception that stopped it."""
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})

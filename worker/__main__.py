@@ -201,10 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _client(args):
     """A Client for the servers, deadlines and security flags of a cluster command (stats, checkpoint, ...)."""
-    from ps.security import read_token
+    from worker.channels import client_token
     from worker.client import Client
 
-    token = read_token(args.auth_token_file) if args.auth_token_file else None
+    token = client_token(args.auth_token_file, args.tls_key)
     return Client(list(server_list(args.servers)), timeout_s=args.timeout_s, server_timeout_s=args.server_timeout,
                   tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, auth_token=token)  # fmt: skip
 

@@ -14,9 +14,21 @@ import grpc
 
 from ps.config import MAX_MESSAGE_BYTES
 from ps.errors import PsError, ServerUnavailableError
-from ps.security import client_channel, host_and_port, tls_hint
+from ps.security import TOKEN_FILE, client_channel, host_and_port, read_token, readable_by_all, tls_hint
 
 log = logging.getLogger("worker.client")
+
+
+def client_token(token_file: str | None, tls_key: str | None = None) -> str | None:
+    """The token of --auth-token-file (None without one), read as a server reads its own (ps.security.read_token:
+    ValueError naming what is wrong with it); a warning logged for that file, and for --tls-key, where every user of
+    the machine may read it, as a server warns of its own."""
+    for what, path in ((TOKEN_FILE, token_file), ("TLS key (--tls-key)", tls_key)):
+        warning = readable_by_all(path) if path else None
+        if warning:
+            log.warning("%s %s", what, warning)
+    return read_token(token_file) if token_file else None
+
 
 NOTHING_LISTENS = "; nothing listens there: is ps-server running on that host and port?"
 READY_PATIENCE_S = 2.0  # wait_ready logs what it waits for once a shard has not answered for this long

@@ -50,11 +50,11 @@ def job_client(cfg: TrainConfig) -> Iterator[Client]:
 def client_for(cfg: TrainConfig, addresses: list[str], shard_gone: Callable[[int], str | None] | None = None) -> Client:
     """A Client with the run's deadlines and security settings (none for --local-shards: they take no TLS or
     token, worker/cluster.py); shard_gone: as Client's."""
-    from ps.security import read_token
+    from worker.channels import client_token
 
     if cfg.local_shards is not None:
         return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, shard_gone=shard_gone)
-    token = read_token(cfg.auth_token_file) if cfg.auth_token_file else None
+    token = client_token(cfg.auth_token_file, cfg.tls_key)
     return Client(addresses, timeout_s=cfg.timeout_s, server_timeout_s=cfg.server_timeout_s, tls_ca=cfg.tls_ca,
                   tls_cert=cfg.tls_cert, tls_key=cfg.tls_key, auth_token=token)  # fmt: skip
 
