@@ -59,7 +59,8 @@ EVALUATION = {"eval_auc": 0.75, "eval_logloss": 0.5, "eval_examples": 1000, "ora
 
 # A stand-in for `ps-worker train`: behaves as plan["workers"][its --worker-id] says, records its pid (and its
 # child's) under plan["pids"], prints its environment and flags, then its PROGRESS lines, waits for the files
-# named in "wait_for", and acts: metrics (write --metrics-out, exit 0), exit (code), kill (SIGKILL itself), sleep.
+# named in "wait_for", and acts: metrics (write --metrics-out, exit 0), exit (code), kill (SIGKILL itself), sleep
+# (after its "say" lines, if any, and a record "said-<i>").
 FAKE_WORKER = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
     plan = json.load(open(sys.argv[1]))
@@ -99,6 +100,9 @@ FAKE_WORKER = textwrap.dedent("""
     elif me["action"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif me["action"] == "sleep":
+        if me.get("say"):  # its lines, then "said-<i>" for others to wait for
+            print("\\n".join(me["say"]), flush=True)
+            record(f"said-{i}", os.getpid())
         time.sleep(600)
 """)
 
@@ -1063,6 +1067,26 @@ def test_no_resume_hint_when_a_workers_share_gave_it_no_example_to_train(fakes, 
     assert "worker 0 exited with code 2; the other workers were stopped" in err and f"  [worker 0] {said}" in err, err
     assert "--skip-examples" not in err and "the workers had trained" not in err, err
     assert_all_gone(pids, {"worker-0", "worker-1"})
+
+
+def test_a_sync_job_stopped_by_one_worker_names_it_though_another_exited_first(fakes, capsys):
+    """In a sync job the worker whose bad line stopped the job and the peer its stop released exit within moments
+    of each other, in either order: when the first to exit says the job stopped because worker 1 stopped before
+    its end (ps.engine.jobs), worker 1 is named as the one that stopped it, and its lines come first."""
+    bad = "ps-worker: error: d.csv line 7: expected 40 columns, found 3"
+    released = ("ps-worker: error: shard 0: job 7 stops: worker 1 stopped before its end (d.csv line 7: expected 40 "
+                "columns, found 3); start the job anew under a new --job-id")  # fmt: skip
+    command, pids = fakes([{"action": "exit", "code": 2, "say": [released], "wait_for": ["said-1"]},
+                           {"action": "sleep", "say": [bad]}])  # fmt: skip
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
+    err = capsys.readouterr().err
+    head = "ps-worker launch: worker 1 stopped the job, and worker 0 exited with code 2 as it stopped with it"
+    assert head in err and "worker 0 exited with code 2; the other" not in err, err
+    assert (
+        err.index(f"  [worker 1] {bad}") < err.index("Worker 0's last lines:") < err.index(f"  [worker 0] {released}")
+    )
+    assert_all_gone(pids, {"worker-0", "worker-1", "said-1"})
 
 
 def test_the_resume_hint_counts_a_geo_workers_pushed_examples_not_those_it_still_held(fakes, capsys):

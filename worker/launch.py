@@ -40,6 +40,7 @@ import importlib.util
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -593,7 +594,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
                 return 1
             if failure is not None:
-                _report_failure(*failure, group.tails[failure[0]])
+                _report_failure(*failure, group.tails)
                 return 1
             per_worker = _read_worker_metrics(metrics_dir, plan.workers)
             if per_worker is None:
@@ -719,15 +720,33 @@ class LocalShardDied(Exception):
     """A local shard of the job exited while its workers ran (its message says which and how)."""
 
 
-def _report_failure(worker: int, code: int, tail: Sequence[str]) -> None:
+# what a sync or ssp worker's error says when its job stopped because another worker stopped (ps.engine.jobs)
+PEER_STOPPED = re.compile(r"job \d+ stops: worker (\d+) stopped before its end")
+
+
+def _report_failure(worker: int, code: int, tails: Sequence[Sequence[str]]) -> None:
+    """Says that worker exited with code (-N: killed by signal N) and repeats its last lines (tails: every
+    worker's). Where those lines say the job stopped because another worker stopped before its end (a sync or ssp
+    job: the workers stop within moments of each other, and the one that stopped first may exit second), that
+    worker is named as the one that stopped the job, and its lines come first."""
     how = f"exited with code {code}"
     if code < 0:
         try:
             how = f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             how = f"was killed by signal {-code}"
-    print(f"ps-worker launch: worker {worker} {how}; the other workers were stopped. Its last lines:", file=sys.stderr)
-    for line in tail:
+    causes = {int(m.group(1)) for line in tails[worker] if (m := PEER_STOPPED.search(line))} - {worker}
+    cause = min(causes) if len(causes) == 1 and min(causes) < len(tails) else None
+    if cause is not None:
+        print(f"ps-worker launch: worker {cause} stopped the job, and worker {worker} {how} as it stopped with it; "
+              f"the other workers were stopped. Worker {cause}'s last lines:", file=sys.stderr)  # fmt: skip
+        for line in tails[cause]:
+            print(f"  [worker {cause}] {line}", file=sys.stderr)
+        print(f"Worker {worker}'s last lines:", file=sys.stderr)
+    else:
+        print(f"ps-worker launch: worker {worker} {how}; the other workers were stopped. Its last lines:",
+              file=sys.stderr)  # fmt: skip
+    for line in tails[worker]:
         print(f"  [worker {worker}] {line}", file=sys.stderr)
 
 
