@@ -209,6 +209,19 @@ def test_a_second_client_under_the_same_client_id_is_refused_loudly(servers, sgd
         np.testing.assert_array_equal(first.pull("emb", ids), initial(sgd1_table, ids) - 1 - 1 - 1)  # 3 pushes
 
 
+def test_a_server_timeout_under_a_second_is_said_as_given():
+    """The error of a call whose shard stayed down names the --server-timeout given (0.5 s, not "0 s")."""
+    with socket.socket() as s:  # a port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    said = r"it has been failing for \d+ s \(server timeout 0.5 s\)"
+    with (
+        Client([dead], timeout_s=0.2, server_timeout_s=0.5) as client,
+        pytest.raises(ServerUnavailableError, match=said),
+    ):
+        client.stats()
+
+
 def test_a_dead_server_gives_a_clear_error_not_a_hang(caplog):
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))

@@ -239,7 +239,7 @@ class Outages:
                 since = self.down.pop(shard, None)
                 self.pausing.discard(shard)
             waited = 0.0 if since is None else time.monotonic() - since
-            tried = f"; it has been failing for {waited:.0f} s (server timeout {server_timeout_s:.0f} s)"
+            tried = f"; it has been failing for {waited:.0f} s (server timeout {server_timeout_s:g} s)"
             if starting(e):  # a journal replay or a restore can take longer than the timeout: say how to wait
                 tried += "; a larger server timeout (--server-timeout) waits for a start that takes longer"
             elif CHECKPOINT_PAUSE in (e.details() or ""):  # a save of a large shard, or a hold its saver left
