@@ -24,10 +24,11 @@ memory plan's parts, the data dir's bytes and its disk's free and total bytes, w
 free bytes under which it is (ps.storage.diskspace), failed flushes in a row) and SHARD_COUNTERS (`_total`: the
 requests that waited for room): these, per table and per shard, once the shard serves; sparseps_data_dir_lost, 1
 once the shard found its journal segment or its data dir deleted under it (ps.storage.journal.Journal.check_intact),
-and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.shard, ShardNeedsRestartError):
-then the per-table and per-shard figures are no longer served (Stats refuses them), the rest still are. The process: prometheus-client's process_* (resident memory, CPU seconds, start
-time, open files). Counters count from the server's start: a restart sets them to 0 (process_start_time_seconds
-tells when; Prometheus' rate() and increase() take such a reset as one).
+and sparseps_shard_broken, 1 once a push failed part way through being applied (ps.engine.shard,
+ShardNeedsRestartError): then the per-table and per-shard figures are not served (Stats refuses them), the rest
+are. The process: prometheus-client's process_* (resident memory, CPU seconds, start time, open files).
+Counters count from the server's start: a restart sets them to 0 (process_start_time_seconds tells when;
+Prometheus' rate() and increase() take such a reset as one).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def _partly_held(shard_stats: list, names: set[str] | None) -> Iterator[tuple[st
 
 def lost_tables(shard_stats: list, names: set[str] | None = None) -> str:
     """A message naming the tables (of `names`, else any) that some shards hold trained (rows or pending ids, or
-    all dropped since by a Shrink) while others hold no such table at all, else "". Client.create_table puts a table on every shard (each checks the
-    request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
+    all dropped since by a Shrink) while others hold no such table at all, else "". Client.create_table puts a
+    table on every shard (each checks the request first), so a trained table one shard lacks is not a run's settings: that shard started on a new, empty
     data dir (its dir deleted, its volume lost or replaced) and its part of the table is gone."""
     lost = []
     for name, _, lacking, rows, trained in _partly_held(shard_stats, names):
