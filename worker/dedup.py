@@ -85,13 +85,18 @@ def push_arrays(
         uniq, summed = sum_duplicates(ids, np.concatenate([grads, counts], axis=1))
         order = np.searchsorted(uniq, ids)  # uniq is sorted: where each given id's row lands
         out = uniq, summed[:, :dim], summed[:, dim], summed[:, dim + 1], order
-        _refuse_overflowed_sums(table, out[0], out[1], grads)
-    check_push_values(table, *out[:4])  # as a shard checks it: a bad value reaches no shard
+    try:
+        check_push_values(table, *out[:4])  # as a shard checks it: a bad value reaches no shard
+    except InvalidArgumentError:
+        if out[4] is not None:  # summed: non-finite sums of finite grads are named as such
+            _refuse_overflowed_sums(table, out[0], out[1], grads)
+        raise
     return out
 
 
 def _refuse_overflowed_sums(table: str, uniq: np.ndarray, summed: np.ndarray, grads: np.ndarray) -> None:
-    """InvalidArgumentError where finite grads of one id's occurrences sum past float32's range."""
+    """InvalidArgumentError where finite grads of one id's occurrences sum past float32's range (for a push that
+    check_push_values refused: the one scan of the sums on the way that succeeds is its)."""
     bad = first_non_finite(summed)
     if bad >= 0 and first_non_finite(grads) < 0:
         bad //= summed.shape[1]
