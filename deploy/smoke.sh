@@ -64,6 +64,13 @@ now() { date +%s.%N; }
 seconds_between() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 seconds_since() { seconds_between "$1" "$(now)"; }
 logs_have() { [[ $(docker logs "$1" 2>&1) == *"$2"* ]]; }
+# a server's ps-server process, as the host sees it: the child of the container's PID 1, docker-init (init: true)
+server_pid() {
+    local pid
+    pid=$(pgrep -P "$(state "$1" .State.Pid)" -f ps-server) || fail "no ps-server process in $1"
+    [[ $pid =~ ^[0-9]+$ ]] || fail "more than one ps-server process in $1: $pid"
+    echo "$pid"
+}
 
 cleanup() {
     local rc=$?
@@ -130,8 +137,9 @@ else
         fail "apt-get install docker-compose"
     compose_cmd=(docker-compose)
 fi
-for tool in curl awk; do
-    command -v $tool >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -q $tool >/dev/null 2>&1; } ||
+for tool in curl awk pgrep; do
+    package=${tool/pgrep/procps}
+    command -v $tool >/dev/null || { [ "$(id -u)" = 0 ] && apt-get install -y -q "$package" >/dev/null 2>&1; } ||
         fail "needs $tool"
 done
 say "engine $(docker version -f '{{.Server.Version}}'), $("${compose_cmd[@]}" version --short 2>/dev/null || echo compose)"
@@ -267,10 +275,12 @@ if [ "$kill_server" = 1 ]; then
         [ "$(state $w .State.Status)" = running ] || fail "$w ended before the kill: raise SMOKE_ROWS"
     done
     restarts=$(state ps-1 .RestartCount)
-    pid=$(state ps-1 .State.Pid)
+    # the server process itself, as the kernel's OOM killer or a crash would end it; docker-init, the
+    # container's PID 1, then exits with its status
+    pid=$(server_pid ps-1)
     kill -9 "$pid"
     t_kill=$(now)
-    say "kill -9 $pid (ps-1's main process, from the host) while both workers train and the pusher pushes"
+    say "kill -9 $pid (ps-1's ps-server process, from the host) while both workers train and the pusher pushes"
     back=""
     for _ in $(seq 240); do
         if [ "$(state ps-1 .RestartCount)" -gt "$restarts" ] && [ "$(state ps-1 .State.Health.Status)" = healthy ]; then
@@ -283,8 +293,9 @@ if [ "$kill_server" = 1 ]; then
     listening=$(docker logs -t --since "$t_kill" "$(cid ps-1)" 2>&1 | grep -m 1 'listening on' | cut -d' ' -f1)
     [ -n "$listening" ] || fail "ps-1 did not say it was listening again"
     started=$(date -d "$(state ps-1 .State.StartedAt)" +%s.%N)
+    new_pid=$(server_pid ps-1)
     say "ps-1 restarted by its restart policy (restart count $(state ps-1 .RestartCount), new pid" \
-        "$(state ps-1 .State.Pid)): started $(seconds_between "$t_kill" "$started") s, listening" \
+        "$new_pid): started $(seconds_between "$t_kill" "$started") s, listening" \
         "$(seconds_between "$t_kill" "$(date -d "$listening" +%s.%N)") s, healthy $back s after the kill"
     sleep 5  # more pushes after the restart
     touch "$work/out/stop-pusher"
