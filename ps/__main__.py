@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
-import math
-import os
-import sys
+from ps.terminate import Terminated, interrupt_exits, sigterm_raises, stopped_by_signal
 
-from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
-from ps.config import MAX_DIM, MAX_INTERVAL_S, ServerConfig
-from ps.errors import PsError, StorageError
-from ps.settings import (
-    LOG_LEVELS,
-    HelpFormatter,
-    add_config_flag,
-    address,
-    apply_defaults,
-    byte_size,
-    integer,
-    number,
-    reader_gone,
-    unknown_arguments,
-    unrecognized,
-    warn_unknown_environment,
-)
-from ps.storage.memory import plan_memory
-from ps.terminate import Terminated, sigterm_raises, stopped_by_signal
+with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start's first 0.3 s)
+    import argparse
+    import json
+    import logging
+    import math
+    import os
+    import sys
+
+    from ps.accel.malloc import BOUNDED_MMAP_THRESHOLD, BOUNDED_TRIM_THRESHOLD, tune_malloc
+    from ps.config import MAX_DIM, MAX_INTERVAL_S, ServerConfig
+    from ps.errors import PsError, StorageError
+    from ps.settings import (
+        LOG_LEVELS,
+        HelpFormatter,
+        add_config_flag,
+        address,
+        apply_defaults,
+        byte_size,
+        integer,
+        number,
+        reader_gone,
+        unknown_arguments,
+        unrecognized,
+        warn_unknown_environment,
+    )
+    from ps.storage.memory import plan_memory
 
 
 def parse_bytes(text: str) -> int:

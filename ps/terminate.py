@@ -167,6 +167,34 @@ def signal_behind(e: BaseException) -> BaseException | None:
 
 
 @contextlib.contextmanager
+def interrupt_exits(program: str) -> Iterator[None]:
+    """Within the block (a command's imports: before its main() can catch anything), a Ctrl-C ends the process at
+    once, as main() ends it for a later one: 'PROGRAM: interrupted' on stderr and exit 130, no traceback. Nothing
+    is there to clean up yet, and an exception raised into an extension's import would not come out as itself
+    (numpy's turns it into an ImportError). Main thread only, and only where Ctrl-C raises KeyboardInterrupt (not
+    where the process ignores it); the previous handler comes back after.
+
+        with interrupt_exits("ps-worker"):
+            from worker.cli_train import ...
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+
+    def interrupted(signum: int, frame: Any) -> None:
+        os.write(2, f"{program}: interrupted\n".encode())
+        os._exit(128 + signal.SIGINT)
+
+    signal.signal(signal.SIGINT, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@contextlib.contextmanager
 def sigterm_raises(
     cleanup_limit_s: float | None = CLEANUP_LIMIT_S, ctrl_c_again_raises: bool = False
 ) -> Iterator[None]:

@@ -2,41 +2,43 @@
 
 from __future__ import annotations
 
-import argparse
-import logging
-import sys
-from typing import Any
+from ps.terminate import Terminated, interrupt_exits, sigterm_raises, stopped_by_signal
 
-from ps.accel.malloc import tune_malloc
-from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
-from ps.errors import PsError
-from ps.settings import (
-    LOG_LEVELS,
-    HelpFormatter,
-    add_config_flag,
-    apply_defaults,
-    command_parser,
-    integer,
-    number,
-    reader_gone,
-    unknown_arguments,
-    unknown_before_command,
-    unrecognized,
-    warn_unknown_environment,
-)
-from ps.terminate import Terminated, sigterm_raises, stopped_by_signal
-from worker.cli_predict import add_predict_parser, run_predict
-from worker.cli_train import (
-    SECONDS,
-    SECONDS_OR_0,
-    add_eval_parser,
-    add_security_args,
-    add_train_parser,
-    run_eval,
-    run_train,
-)
-from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter, server_list
-from worker.launch import add_launch_parser, run_launch
+with interrupt_exits("ps-worker"):  # a Ctrl-C while these load (most of a start's first 0.3 s)
+    import argparse
+    import logging
+    import sys
+    from typing import Any
+
+    from ps.accel.malloc import tune_malloc
+    from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
+    from ps.errors import PsError
+    from ps.settings import (
+        LOG_LEVELS,
+        HelpFormatter,
+        add_config_flag,
+        apply_defaults,
+        command_parser,
+        integer,
+        number,
+        reader_gone,
+        unknown_arguments,
+        unknown_before_command,
+        unrecognized,
+        warn_unknown_environment,
+    )
+    from worker.cli_predict import add_predict_parser, run_predict
+    from worker.cli_train import (
+        SECONDS,
+        SECONDS_OR_0,
+        add_eval_parser,
+        add_security_args,
+        add_train_parser,
+        run_eval,
+        run_train,
+    )
+    from worker.flags import check_new_file, check_not_an_input, check_output_file, delimiter, server_list
+    from worker.launch import add_launch_parser, run_launch
 
 
 def _add_synth(sub) -> None:
@@ -457,6 +459,20 @@ def _export(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """ps-worker and its commands; the exit code. A Ctrl-C (or, in a command, a SIGTERM: sigterm_raises) ends it
+    with 'ps-worker: interrupted' (or 'terminated') and 130 (143), its cleanups run; one while the imports load
+    ends it so too (interrupt_exits)."""
+    try:
+        return _main(argv)
+    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (ps.terminate)
+        stopped = stopped_by_signal(e)
+        if stopped is None:
+            raise
+        print(f"ps-worker: {stopped[0]}", file=sys.stderr)
+        return stopped[1]
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     warn_unknown_environment(parser.prog)
@@ -484,12 +500,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, PsError, OSError) as e:
         print(f"ps-worker: error: {e}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (ps.terminate)
-        stopped = stopped_by_signal(e)
-        if stopped is None:
-            raise
-        print(f"ps-worker: {stopped[0]}", file=sys.stderr)
-        return stopped[1]
 
 
 def _run_command(args, rest: list[str]) -> int:
