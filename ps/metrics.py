@@ -15,7 +15,11 @@ The port serves from before the shard opens its data dir (ps.server), while it s
                                                     bytes); absent for a phase that has no measure
     sparseps_start_seconds                          seconds the start has taken so far, or took
 Per RPC method (`method` label), observed by the servicer:
-    sparseps_requests_total{method, code}          calls, by gRPC status code name
+    sparseps_requests_total{method, code}          calls, by gRPC status code name; with --auth-token-file, the
+                                                    calls refused for their token too, before the servicer sees
+                                                    them: UNAUTHENTICATED (none, or a wrong one), PERMISSION_DENIED
+                                                    (the read-only token's call that would change something),
+                                                    method "other" for a path that names no method of the service
     sparseps_request_seconds{method}                latency histogram
     sparseps_request_bytes_total{method, direction} request ("in") and reply ("out") bytes
 Per table (`table` label), read from the shard at each scrape: sparseps_table_rows and sparseps_table_<k> for
@@ -157,6 +161,11 @@ class ServerMetrics:
         self.seconds.labels(method).observe(seconds)
         self.bytes.labels(method, "in").inc(bytes_in)
         self.bytes.labels(method, "out").inc(bytes_out)
+
+    def refused_unread(self, method: str, code: str) -> None:
+        """A call the token check refused before the servicer saw it (ps.security.TokenCheck): counted in
+        sparseps_requests_total only (its request was not read, and it took no time worth a latency)."""
+        self.requests.labels(method, code).inc()
 
     def serve(
         self,

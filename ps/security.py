@@ -32,11 +32,14 @@ from collections.abc import Callable
 import grpc
 from google.protobuf.message import Message
 
+from protos import ps_pb2
+
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 SERVICE_PREFIX = "/sparseps.ParameterServer/"
 READ_ONLY_METHODS = ("DescribeTable", "Pull", "PullBatch", "Stats")  # the calls that change nothing on a shard
 # ... unstamped: a stamped PullBatch is a training job's (ps.engine.jobs), and its stamp may start a job
 STAMPED_METHODS = ("PullBatch",)
+METHODS = frozenset(ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"].methods_by_name)
 
 
 def read_file(path: str, what: str) -> bytes:
@@ -209,9 +212,13 @@ def channel_credentials(ca: str | None, cert: str | None = None, key: str | None
 class TokenCheck(grpc.ServerInterceptor):
     """Rejects, with UNAUTHENTICATED, every call but health checks that lacks `authorization: Bearer <token>` (or
     `Bearer <read_token>`); a call of read_token's to a method outside READ_ONLY_METHODS gets PERMISSION_DENIED.
-    Neither refusal reads the request: a refused caller's bytes are neither taken in nor parsed."""
+    Neither refusal reads the request: a refused caller's bytes are neither taken in nor parsed (a stamped
+    PullBatch's, PERMISSION_DENIED too, is read). refused(method, code), if given, is told of each refusal: the
+    ParameterServer method's name, or "other" for a path that names none (the caller chose it: counted under its
+    own name, a caller without the token could add labels to a metric without bound), and the status's name."""
 
-    def __init__(self, token: str, read_token: str | None = None):
+    def __init__(self, token: str, read_token: str | None = None,
+                 refused: Callable[[str, str], None] | None = None):  # fmt: skip
         self._expected = f"Bearer {check_token(token)}".encode()
         self._read_only = f"Bearer {check_token(read_token)}".encode() if read_token else None
         if self._read_only is not None and hmac.compare_digest(self._expected, self._read_only):
@@ -222,6 +229,7 @@ class TokenCheck(grpc.ServerInterceptor):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token (authorization: Bearer ...)")
 
         self._deny = grpc.stream_unary_rpc_method_handler(deny)
+        self._refused = refused or (lambda method, code: None)
 
     def intercept_service(
         self, continuation: Callable, handler_call_details: grpc.HandlerCallDetails
@@ -229,22 +237,29 @@ class TokenCheck(grpc.ServerInterceptor):
         method = handler_call_details.method
         if method.startswith(HEALTH_PREFIX):
             return continuation(handler_call_details)
+        name = method.removeprefix(SERVICE_PREFIX)
+        label = name if method.startswith(SERVICE_PREFIX) and name in METHODS else "other"
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
                 given = value.encode() if isinstance(value, str) else value
                 if hmac.compare_digest(given, self._expected):
                     return continuation(handler_call_details)
                 if self._read_only is not None and hmac.compare_digest(given, self._read_only):
-                    name = method.removeprefix(SERVICE_PREFIX)
-                    if not (method.startswith(SERVICE_PREFIX) and name in READ_ONLY_METHODS):
+                    if label not in READ_ONLY_METHODS:
+                        self._refused(label, "PERMISSION_DENIED")
                         return _read_only_refusal(name)
                     handler = continuation(handler_call_details)
-                    return _unstamped_only(name, handler) if name in STAMPED_METHODS else handler
+                    if name not in STAMPED_METHODS:
+                        return handler
+                    return _unstamped_only(name, handler, lambda: self._refused(label, "PERMISSION_DENIED"))
+        self._refused(label, "UNAUTHENTICATED")
         return self._deny
 
 
-def _unstamped_only(method: str, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler | None:
-    """handler, refusing (PERMISSION_DENIED) a request that carries a worker stamp: a training job's."""
+def _unstamped_only(method: str, handler: grpc.RpcMethodHandler | None,
+                    refused: Callable[[], None]) -> grpc.RpcMethodHandler | None:  # fmt: skip
+    """handler, refusing (PERMISSION_DENIED, refused() told) a request that carries a worker stamp: a training
+    job's."""
     if handler is None or handler.unary_unary is None:
         return handler
     serve = handler.unary_unary
@@ -255,6 +270,7 @@ def _unstamped_only(method: str, handler: grpc.RpcMethodHandler | None) -> grpc.
     def unstamped(request, context):
         stamped = request.HasField("stamp") if isinstance(request, Message) else getattr(request, "stamp", None)
         if stamped:
+            refused()
             context.abort(grpc.StatusCode.PERMISSION_DENIED, text)
         return serve(request, context)
 

@@ -80,7 +80,9 @@ class Server:
             warning = readable_by_all(path) if path else None
             if warning:
                 log.warning("%s %s", what, warning)
-        interceptors = [TokenCheck(self._token, self._read_token)] if self._token else []
+        self.metrics = ServerMetrics(self.progress) if config.metrics_port is not None else None
+        refused = self.metrics.refused_unread if self.metrics is not None else None
+        interceptors = [TokenCheck(self._token, self._read_token, refused)] if self._token else []
         self._credentials = (
             server_credentials(config.tls_cert, config.tls_key, config.tls_ca) if config.tls_cert else None
         )  # read before anything starts: a missing key file fails here, with its name
@@ -100,7 +102,6 @@ class Server:
         self._grpc.add_generic_rpc_handlers((self._gate,))
         add_health_to_server(self.health, self._grpc)
         self.port = self._bind()
-        self.metrics = ServerMetrics(self.progress) if config.metrics_port is not None else None
         self.metrics_port = None
         self.shard: Shard | None = None
         try:

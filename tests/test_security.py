@@ -14,11 +14,13 @@ import sys
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 
 import grpc
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from protos import ps_pb2
 from ps.codec import stamp_to_proto
@@ -222,6 +224,59 @@ def test_metrics_answer_the_read_only_token_too(pki, tmp_path):
         assert seen == {"s3cret-token": 200, "look-only": 200, "guess": 401, None: 401}
     finally:
         server.stop(grace_s=1)
+
+
+def test_calls_refused_for_their_token_are_counted_in_the_metrics_by_method_and_code(pki, tmp_path):
+    """sparseps_requests_total{method, code} counts the token check's refusals as the servicer counts the calls it
+    sees: each call made here, by method and status, and nothing else; a path that names no method is counted as
+    "other", so that callers without the token cannot add labels."""
+    (tmp_path / "read-token").write_text("look-only\n")
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard"), port=0, metrics_port=0,
+                                 auth_token_file=str(pki / "token"), read_token_file=str(tmp_path / "read-token")))  # fmt: skip
+    server.start()
+    stamped = ps_pb2.PullBatchRequest(stamp=stamp_to_proto(WorkerStamp(job=7, worker=0, num_workers=2, step=0)))
+    calls = [  # (method path, token, request)
+        ("/sparseps.ParameterServer/Stats", None, b""),
+        ("/sparseps.ParameterServer/Stats", "guess", b""),
+        ("/sparseps.ParameterServer/Push", None, b""),
+        ("/sparseps.ParameterServer/Made-up-1", None, b""),
+        ("/another.Service/Call", "guess", b""),
+        ("/sparseps.ParameterServer/CreateTable", "look-only", b""),
+        ("/sparseps.ParameterServer/PullBatch", "look-only", stamped.SerializeToString()),
+        ("/sparseps.ParameterServer/Stats", "look-only", b""),
+        ("/sparseps.ParameterServer/Stats", "s3cret-token", b""),
+    ]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            seen = Counter()
+            for path, token, request in calls:
+                metadata = [("authorization", f"Bearer {token}")] if token else []
+                try:
+                    channel.unary_unary(path)(request, metadata=metadata, timeout=10)
+                    code = "OK"
+                except grpc.RpcError as e:
+                    code = e.code().name
+                seen[(path.rpartition("/")[2], code)] += 1
+        assert seen == {("Stats", "UNAUTHENTICATED"): 2, ("Push", "UNAUTHENTICATED"): 1,
+                        ("Made-up-1", "UNAUTHENTICATED"): 1, ("Call", "UNAUTHENTICATED"): 1,
+                        ("CreateTable", "PERMISSION_DENIED"): 1, ("PullBatch", "PERMISSION_DENIED"): 1,
+                        ("Stats", "OK"): 2}  # fmt: skip
+        counted = {(labels["method"], labels["code"]): value
+                   for name, labels, value in metric_samples(server.metrics_port, "s3cret-token")
+                   if name == "sparseps_requests_total"}  # fmt: skip
+        expected = {("Stats", "UNAUTHENTICATED"): 2, ("Push", "UNAUTHENTICATED"): 1, ("other", "UNAUTHENTICATED"): 2,
+                    ("CreateTable", "PERMISSION_DENIED"): 1, ("PullBatch", "PERMISSION_DENIED"): 1,
+                    ("Stats", "OK"): 2}  # fmt: skip
+        assert counted == expected
+    finally:
+        server.stop(grace_s=1)
+
+
+def metric_samples(port: int, token: str) -> list[tuple[str, dict, float]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=15) as reply:
+        text = reply.read().decode()
+    return [(s.name, s.labels, s.value) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
 def test_a_read_only_token_needs_the_auth_token_and_one_of_its_own(pki, tmp_path):
