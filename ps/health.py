@@ -11,6 +11,11 @@ answered NOT_SERVING then carries what the start is doing in its trailing metada
 "shard 0 is starting: replaying its journal, 43% (12 s so far)"). The standard protocol has no field for a
 reason; probes that do not look for the key see a plain NOT_SERVING. check_health reads it. A shard that found its
 data dir or journal segment deleted under it (ps.engine.shard) is NOT_SERVING for good, and says why under LOST_KEY.
+
+At most MAX_WATCHES Watch streams are open at once; one more is refused RESOURCE_EXHAUSTED. A stream holds no
+thread, so gRPC's bound on concurrent calls (--threads + --max-queued-calls) does not count it, but it holds
+memory (~50 KiB, both ends' share), and health calls need no token: without the bound, anyone who reaches the port
+could grow the server without end.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ HEALTH_SERVICE = "grpc.health.v1.Health"
 SERVICE_NAME = "sparseps.ParameterServer"  # the service a shard's health reports, beside "" (the whole server)
 STARTING_KEY = "sparseps-starting-bin"  # trailing metadata of a NOT_SERVING Check: what the start is doing
 LOST_KEY = "sparseps-lost-bin"  # trailing metadata of a NOT_SERVING Check: what was deleted under the shard
+MAX_WATCHES = 64  # Watch streams open at once (a few per monitor that watches); past them RESOURCE_EXHAUSTED
 
 
 def add_to_server(servicer: HealthServicer, server: grpc.Server) -> None:
@@ -90,12 +96,14 @@ class HealthServicer(health.HealthServicer):
     _send_response_callbacks, _gracefully_shutting_down); tests/test_health.py checks both the protocol and the
     shutdown race. starting: what the shard's start is doing, or None once it is done (see the module's
     docstring); grpc_health's "" starts SERVING, so a server that starts its shard after listening sets NOT_SERVING
-    first. lost: what was deleted under the shard (its refusal of writes), or None."""
+    first. lost: what was deleted under the shard (its refusal of writes), or None. At most MAX_WATCHES Watch
+    streams are open at once."""
 
     def __init__(self, starting: Callable[[], str | None] | None = None, lost: Callable[[], str | None] | None = None):
         super().__init__()
         self._starting = starting
         self._lost = lost
+        self._watches = 0  # Watch streams open (under self._lock), counted from their admission to their close
 
     def Check(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext) -> object:
         """grpc_health's Check; a NOT_SERVING answer of a starting shard says why (STARTING_KEY), and so does one of
@@ -115,19 +123,33 @@ class HealthServicer(health.HealthServicer):
     def Watch(self, request: health_pb2.HealthCheckRequest, context: grpc.ServicerContext,
               send_response_callback: Callable | None = None) -> object:  # fmt: skip
         """Sends the service's status, then every change, with no send under the lock: the watcher is registered
-        after its first response, and a change in between is sent too (once more, at worst)."""
+        after its first response, and a change in between is sent too (once more, at worst). RESOURCE_EXHAUSTED
+        while MAX_WATCHES streams are open."""
         if send_response_callback is None:  # a server without non-blocking streaming: grpc_health's own way
-            return super().Watch(request, context)
+            return super().Watch(request, context)  # (it holds a thread: gRPC's bound on calls counts it)
         service = request.service
         with self._lock:
+            full = self._watches >= MAX_WATCHES
+            self._watches += not full
             status = self._server_status.get(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_WATCHES} health Watch streams are open on "
+                          "this server, the most it keeps open at once: close one, or poll with Check")  # fmt: skip
         self._send([send_response_callback], status)
         with self._lock:
             self._send_response_callbacks.setdefault(service, set()).add(send_response_callback)
             now = self._server_status.get(service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
-        if not context.add_callback(self._on_close_callback(send_response_callback, service)):
-            with self._lock:  # the stream ended before the callback was added: it will never run
+        forget = self._on_close_callback(send_response_callback, service)
+
+        def closed() -> None:
+            forget()
+            with self._lock:
+                self._watches -= 1
+
+        if not context.add_callback(closed):  # the stream ended before the callback was added: it will never run
+            with self._lock:
                 self._send_response_callbacks[service].discard(send_response_callback)
+                self._watches -= 1
             return None
         if now != status:
             self._send([send_response_callback], now)

@@ -11,9 +11,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ps.config import ServerConfig
-from ps.health import check_health
+from ps.health import MAX_WATCHES, check_health
 from ps.server import Server
 from tests.conftest import call_slots_taken
+from tests.waiting import wait_until
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -57,6 +58,57 @@ def test_a_stop_while_watch_streams_are_cancelled_does_not_hang(tmp_path):
         stopping.join(30)
         channel.close()
         assert not stopping.is_alive(), f"trial {trial}: Server.stop hung with Watch streams being cancelled"
+
+
+def test_watch_streams_past_max_watches_are_refused_and_their_room_comes_back_as_streams_close(tmp_path):
+    """A Watch stream holds no thread, so gRPC's bound on concurrent calls (threads + queued calls, here 2) does
+    not count it: MAX_WATCHES of them are open at once, the next is RESOURCE_EXHAUSTED, Check still answers, and a
+    stream that closes (or a refused one) leaves room for one more."""
+    server = Server(ServerConfig(data_dir=str(tmp_path / "w"), port=0, threads=1, max_queued_calls=1))
+    server.start()
+    request = health_pb2.HealthCheckRequest(service="")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            streams = open_watches(health, MAX_WATCHES)
+            for _ in range(3):
+                with pytest.raises(grpc.RpcError) as refused:
+                    next(health.Watch(request, timeout=30))
+                assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert refused.value.details() == (f"{MAX_WATCHES} health Watch streams are open on this server, the "
+                                                   "most it keeps open at once: close one, or poll with Check")  # fmt: skip
+            assert health.Check(request, timeout=30).status == SERVING
+            streams.pop().cancel()
+            streams.append(wait_until(lambda: admitted(health.Watch(request, timeout=120)), 30, "a Watch admitted"))
+            with pytest.raises(grpc.RpcError, match="RESOURCE_EXHAUSTED"):
+                next(health.Watch(request, timeout=30))
+            for stream in streams:
+                stream.cancel()
+            wait_until(lambda: server.health._watches == 0, 30, "the cancelled streams' close")
+            for stream in open_watches(health, MAX_WATCHES):
+                stream.cancel()
+    finally:
+        server.stop(grace_s=1)
+
+
+def open_watches(health, n: int) -> list:
+    """n Watch streams of "", each SERVING; opened one at a time, as gRPC's bound on calls counts each until its
+    handler returns."""
+    streams = []
+    for _ in range(n):
+        streams.append(health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=120))
+        assert next(streams[-1]).status == SERVING
+    return streams
+
+
+def admitted(stream):
+    """stream, if its first response came (SERVING); None if it was refused RESOURCE_EXHAUSTED (no room yet)."""
+    try:
+        return stream if next(stream).status == SERVING else None
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            raise
+        return None
 
 
 class FakeContext:
