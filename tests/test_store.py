@@ -203,3 +203,48 @@ def test_copies_of_the_shard_record_that_differ_only_in_a_field_it_does_not_prin
     identity.write_text(json.dumps({**json.loads(identity.read_text()), "x": 1}))
     with pytest.raises(DataLossError, match=r"\(x: 1 in shard.json, absent in RocksDB\); one copy is damaged"):
         Store(str(tmp_path), shard=(0, 1)).check_identity(0, 1)
+
+
+class Killed(BaseException):
+    """Stands for kill -9 between two writes."""
+
+
+def test_a_restores_record_and_its_new_state_id_are_written_together_or_not_at_all(tmp_path):
+    """set_restored: the process killed after its first RocksDB write finds, reopened, either the old state id
+    and no "restored" record or the new id with the record; never a new id without its record."""
+    s = Store(str(tmp_path))
+    before = s.state_id()
+    writes = []
+
+    class KilledAfterOneWrite:
+        def __init__(self, wrapped):
+            self.wrapped = wrapped
+
+        def __getattr__(self, name):
+            attr = getattr(self.wrapped, name)
+            if name not in ("put", "delete", "write"):
+                return attr
+
+            def write(*args, **kwargs):
+                if writes:
+                    raise Killed
+                writes.append(name)
+                return attr(*args, **kwargs)
+
+            return write
+
+    db, meta = s._db, s._meta
+    s._db, s._meta = KilledAfterOneWrite(db), KilledAfterOneWrite(meta)
+    try:
+        s.set_restored("/checkpoints/c1", "ab" * 32)
+    except Killed:
+        pass
+    s._db, s._meta = db, meta
+    del db, meta  # a column family held open keeps RocksDB's LOCK past close
+    assert writes  # set_restored wrote something
+    s.close()
+    s = Store(str(tmp_path))
+    restored, now = s.restored(), s.state_id()
+    s.close()
+    assert (restored, now == before) in ((None, True), ({"checkpoint": "/checkpoints/c1", "sha256": "ab" * 32}, False))
+    assert restored is not None  # a single write: it went through whole

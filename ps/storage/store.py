@@ -272,6 +272,11 @@ def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
         raise failed(str(e), "reading it") from None
 
 
+def _drawn_state_id() -> bytes:
+    """A new "state_id" value as stored: a random int in [1, 2^63), in decimal."""
+    return str(secrets.randbits(63) or 1).encode()
+
+
 def _identity(shard: tuple[int, int]) -> dict:
     return {"shard_id": shard[0], "num_shards": shard[1], "num_slots": NUM_SLOTS}
 
@@ -1062,9 +1067,12 @@ class Store:
         return json.loads(raw) if raw is not None else None
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
-        """Records the restore the dir began from, under a new state id (see state_id)."""
-        self._new_state_id()
-        self._meta.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), self._synced)
+        """Records the restore the dir began from, and a new state id (see state_id), in one synced write."""
+        meta = self._db.get_column_family_handle(META_CF)
+        batch = WriteBatch(raw_mode=True)
+        batch.put(b"state_id", _drawn_state_id(), meta)
+        batch.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), meta)
+        self._db.write(batch, self._synced)
 
     def state_id(self) -> int:
         """The random id of the model state this dir holds ("state_id"): drawn (and stored, synced) the first time
@@ -1074,9 +1082,9 @@ class Store:
         return int(raw) if raw is not None else self._new_state_id()
 
     def _new_state_id(self) -> int:
-        value = secrets.randbits(63) or 1
-        self._meta.put(b"state_id", str(value).encode(), self._synced)
-        return value
+        value = _drawn_state_id()
+        self._meta.put(b"state_id", value, self._synced)
+        return int(value)
 
     def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
         """Stores, synced, that these workers of the job (of num_workers) are done (the "job_done" record)."""
