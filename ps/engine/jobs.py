@@ -68,7 +68,9 @@ no thread free for the request that ends the waits is refused at once (RpcThread
 RESOURCE_EXHAUSTED, naming --threads); a refused contribution fails its step for every contributor. Every wait is
 on one threading.Condition, notified when a clock moves, a worker is done, a sync step is applied or fails, or the
 job changes; each ends by its deadline (the stamp's barrier_timeout_s) with BarrierTimeoutError naming every
-worker it waited for and its clock (its worker then stops, and its stop stamp stops the job). A sync step whose
+worker it waited for and its clock (its worker then stops, and its stop stamp stops the job), but for a wait while
+a sync step's sum is being applied: that waits for no worker, and ends when the apply does (a shard's first sum
+may take a while: its kernels compile). A sync step whose
 deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller left (its
 RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread (CallerGoneError);
 its contribution stays in the step for a retry, until the step's own deadline if no contributor waits then
@@ -520,7 +522,8 @@ class JobClocks:
                     if all(self._done):
                         return low
                     waited = time.monotonic() - started
-                    if waited >= stamp.timeout_s:
+                    applying = any(s.applying for s in self._steps.values())  # the clocks move when it ends
+                    if waited >= stamp.timeout_s and not applying:
                         behind = [w for w in range(self.num_workers) if not self._done[w] and self._clocks[w] < need]
                         behind = [w for w in behind if w != stamp.worker] or behind  # its own step waits for them
                         raise BarrierTimeoutError(
@@ -534,7 +537,7 @@ class JobClocks:
                             raise refused
                         _watch_caller(caller_gone, self.wake, stamp, "pull")
                         self._waiting, waiting = self._waiting + 1, True
-                    self._cond.wait(stamp.timeout_s - waited)
+                    self._cond.wait(None if applying else stamp.timeout_s - waited)
             finally:
                 if waiting:
                     self._waiting -= 1
@@ -682,7 +685,7 @@ class JobClocks:
                         break
                     _check_caller(caller_gone, stamp, "sync push")
                     waited = time.monotonic() - started
-                    if waited >= stamp.timeout_s:
+                    if waited >= stamp.timeout_s and not step.applying:  # a sum being applied waits for no worker
                         missing = [
                             w for w in range(self.num_workers) if not self._done[w] and w not in step.contributions
                         ]
@@ -699,7 +702,7 @@ class JobClocks:
                             raise _again(refused)
                         _watch_caller(caller_gone, self.wake, stamp, "sync push")
                         self._waiting, waiting = self._waiting + 1, True
-                    self._cond.wait(stamp.timeout_s - waited)
+                    self._cond.wait(None if step.applying else stamp.timeout_s - waited)  # _apply notifies
             finally:
                 if waiting:
                     self._waiting -= 1
