@@ -447,26 +447,33 @@ def test_a_stop_leaves_a_sum_being_applied_and_a_push_applied_since_its_check_as
 
 def test_a_sum_that_applies_past_the_barrier_timeout_is_waited_for_as_applied():
     """Every worker contributed; the sum takes longer to apply than the barrier timeout (a shard's first push
-    compiling its kernels, a slow disk). Nobody is missing, so the contributors and the next step's pull wait for
-    the apply and get their replies as applied, instead of failing the job with 'nothing of the step was applied'
-    about a sum that is, naming no worker (or workers that did push)."""
+    compiling its kernels, a slow disk). Nobody is missing, so the contributors and the pulls wait for the apply:
+    the contributors get their replies as applied, instead of failing the job with 'nothing of the step was
+    applied' about a sum that is, naming no worker; a pull's deadline counts from the apply's end, so a pull two
+    steps ahead (prefetch) still gives the workers their time for the step between."""
     jobs = JobClocks(0, lambda key: 0, threads=8, max_count=1e6)
     applying, sums = threading.Event(), []
 
     def apply(pushes, advance, key, seq):
         applying.set()
-        time.sleep(1.5)  # 5 x the barrier timeout
+        time.sleep(2.0 if seq == 1 else 0.0)  # step 0's sum: 2.5 x the barrier timeout
         sums.append(seq)
 
-    def contribute(w):
+    def contribute(w, step):
         data = [push(A, np.ones((len(A), 4)), np.ones(len(A)), np.zeros(len(A)))]
-        return jobs.push_sync(stamp(w, 0, sync=True, barrier_timeout_s=0.3, setup=SETUP), data, 1, apply)
+        return jobs.push_sync(stamp(w, step, sync=True, barrier_timeout_s=0.8, setup=SETUP), data, 1, apply)
 
-    contributors = Concurrently(*(lambda w=w: contribute(w) for w in range(2)))
+    def pull(step):
+        return jobs.wait_for_pull(stamp(0, step, barrier_timeout_s=0.8, setup=SETUP))
+
+    step0 = Concurrently(*(lambda w=w: contribute(w, 0) for w in range(2)))
     assert applying.wait(30)
-    pull = Concurrently(lambda: jobs.wait_for_pull(stamp(0, 1, barrier_timeout_s=0.3, setup=SETUP)))
-    assert [r[0] for r in contributors.join()] == [len(A), len(A)] and sums == [1]
-    assert pull.join() == [1]  # served at the step's end: min_clock 1
+    pulls = Concurrently(lambda: pull(1), lambda: pull(2))
+    assert [r[0] for r in step0.join()] == [len(A), len(A)] and sums == [1]
+    time.sleep(0.2)  # the workers compute step 1
+    Concurrently(*(lambda w=w: contribute(w, 1) for w in range(2))).join()
+    served = pulls.join()
+    assert served[0] >= 1 and served[1] == 2 and sums == [1, 2]
 
 
 def join_all(waiting: Concurrently) -> bool:

@@ -68,14 +68,14 @@ no thread free for the request that ends the waits is refused at once (RpcThread
 RESOURCE_EXHAUSTED, naming --threads); a refused contribution fails its step for every contributor. Every wait is
 on one threading.Condition, notified when a clock moves, a worker is done, a sync step is applied or fails, or the
 job changes; each ends by its deadline (the stamp's barrier_timeout_s) with BarrierTimeoutError naming every
-worker it waited for and its clock (its worker then stops, and its stop stamp stops the job), but for a wait while
-a sync step's sum is being applied: that waits for no worker, and ends when the apply does (a shard's first sum
-may take a while: its kernels compile). A sync step whose
-deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller left (its
-RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread (CallerGoneError);
-its contribution stays in the step for a retry, until the step's own deadline if no contributor waits then
-(a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS steps of
-a job gather at once: a contribution that would open another is refused (InvalidArgumentError).
+worker it waited for and its clock (its worker then stops, and its stop stamp stops the job), but for the time a
+sync step's sum is being applied: that waits for no worker (a shard's first sum may take a while: its kernels
+compile), so a contribution to it waits until it is applied, and a pull's deadline counts from its end. A sync
+step whose deadline passes drops its contributions: nothing of it was applied or acknowledged. A wait whose caller
+left (its RPC cancelled, or past its deadline: the service's caller_gone) ends then, freeing its thread
+(CallerGoneError); its contribution stays in the step for a retry, until the step's own deadline if no contributor
+waits then (a timer drops it, so that steps nobody waits for do not pile up in memory). At most MAX_OPEN_SYNC_STEPS
+steps of a job gather at once: a contribution that would open another is refused (InvalidArgumentError).
 """
 
 from __future__ import annotations
@@ -503,7 +503,8 @@ class JobClocks:
 
     def wait_for_pull(self, stamp: WorkerStamp, caller_gone: Callable[[], bool] | None = None) -> int:
         """Waits until min_clock >= stamp.step - stamp.staleness, or every worker is done; returns min_clock then.
-        BarrierTimeoutError past the stamp's barrier timeout, naming the workers it waited for;
+        BarrierTimeoutError past the stamp's barrier timeout (counted from the end of a sync sum being applied, if
+        one is), naming the workers it waited for;
         RpcThreadsExhaustedError instead of a wait that would hold the last free RPC thread. caller_gone: whether
         the request's caller left (its RPC ended); where it has watch(wake) (ps.service.CallerGone), the wait has
         wake() called when it turns true: the wait ends then, with CallerGoneError, freeing its thread."""
@@ -538,6 +539,8 @@ class JobClocks:
                         _watch_caller(caller_gone, self.wake, stamp, "pull")
                         self._waiting, waiting = self._waiting + 1, True
                     self._cond.wait(None if applying else stamp.timeout_s - waited)
+                    if applying:  # the workers waited for the sum too: their time counts from its end
+                        started = time.monotonic()
             finally:
                 if waiting:
                     self._waiting -= 1
