@@ -315,6 +315,26 @@ def test_out_is_refused_where_it_would_replace_a_file_or_the_servers_lack_the_mo
     assert Path(train_path).read_text().splitlines()[0].count("\t") == 39  # the inputs are as they were
 
 
+def test_eval_and_predict_ask_each_shard_for_its_stats_once(servers, files, tmp_path, monkeypatch):
+    """served_model's checks (the cluster ready, the tables' features and shapes, the logit bias, a trained row)
+    read one Stats of each shard, the one wait_ready reads, whatever the model's tables."""
+    addresses, started = servers(2)
+    train_path, test_path = files
+    train(small_run(addresses, train_path, model="deepfm", hidden=(8,)))
+    asked = []
+    for server in started:
+        real = server.shard.stats
+        monkeypatch.setattr(
+            server.shard, "stats", lambda real=real, shard=server.shard.shard_id: asked.append(shard) or real()
+        )
+    flags = ["--data", train_path, "--predict-data", test_path, "--model", "deepfm", "--hidden", "8"]
+    assert predict(",".join(addresses), tmp_path / "p.csv", *flags) == 0
+    assert sorted(asked) == [0, 1]
+    asked.clear()
+    figures = evaluate_servers(small_run(addresses, train_path, eval_data=test_path, model="deepfm", hidden=(8,)))
+    assert sorted(asked) == [0, 1] and figures["eval_examples"] == TEST_ROWS
+
+
 def test_a_model_whose_tables_hold_no_trained_row_is_neither_scored_nor_evaluated(servers, files, tmp_path, capsys):
     """Tables made by `train --create-tables-only` (or a train that failed before its first push, or the wrong
     --servers) hold the model's initial values alone: predict and eval refuse it, predict writing nothing."""

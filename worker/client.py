@@ -139,11 +139,11 @@ class Client:
         self._room = 0  # the smallest request room of the shards as wait_ready read it (0: none, or not read)
 
     # ---- cluster --------------------------------------------------------------------------------------
-    def wait_ready(self, timeout_s: float | None = None) -> None:
+    def wait_ready(self, timeout_s: float | None = None) -> list[ps_pb2.StatsResponse]:
         """Waits up to timeout_s for every shard to answer, and checks that shard i says it is shard i of
         len(servers) and that they all give one cluster name (ps-server --cluster). timeout_s None:
         server_timeout_s, the time a shard that is down is waited for (when that is 0, one call's deadline,
-        timeout_s of the constructor)."""
+        timeout_s of the constructor). Returns the shards' Stats it read, for a caller that reads them next."""
         if timeout_s is None:
             timeout_s = self.server_timeout_s if self.server_timeout_s > 0 else self.timeout_s
         wait_connected(self._channels, self.servers, self._tls, timeout_s)
@@ -152,6 +152,7 @@ class Client:
         self.max_request_bytes = message_bytes_for(self.max_request_bytes, [s.request_room_bytes for s in stats])
         self._room = min((s.request_room_bytes for s in stats if s.request_room_bytes), default=0)
         self._state_ids = [s.state_id for s in stats]
+        return stats
 
     @property
     def state_ids(self) -> tuple[int, ...]:

@@ -178,13 +178,13 @@ def missing_shares(shard_stats: list, spec: ModelSpec, servers: list[str]) -> li
     return out
 
 
-def held_features(client: Client, schema: Any, tables: list[str]) -> str:
+def held_features(client: Client, schema: Any, tables: list[str], shard_stats: list | None = None) -> str:
     """The fingerprint the run's tables carry: schema.fingerprint(), or its legacy_fingerprint where the servers
     hold the model's tables under that one (made before libsvm's K was part of it: they are read as they were
-    trained, without a check of K)."""
+    trained, without a check of K). shard_stats: the shards' StatsResponses when the caller has them."""
     legacy = schema.legacy_fingerprint()
     if legacy is not None:
-        for shard in client.stats():
+        for shard in shard_stats or client.stats():
             for t in shard.tables:
                 if t.name in tables:
                     info = client.describe_table(t.name, [shard.shard_id])[0]

@@ -50,24 +50,24 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False,
     validation split: --max-bad-lines 1,000 unless given), then, once the servers answer, ValueError unless they
     hold every table of that model with its shapes (check_tables for_eval; doing: what was not done, for the
     message) and a trained row in them (check_trained), and the dense parameters pulled. labels_optional,
-    trained_on_data: as prepare's."""
+    trained_on_data: as prepare's. The checks read the shards' Stats once, as wait_ready reads them."""
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
     cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional, trained_on_data=trained_on_data)
     backend = make_backend(spec, cfg)
     with job_client(cfg) as client:
-        client.wait_ready()
+        shard_stats = client.wait_ready()
         wanted = table_configs(cfg, spec, data.schema.table_overrides())
-        features = held_features(client, data.schema, [t.name for t in wanted])
+        features = held_features(client, data.schema, [t.name for t in wanted], shard_stats)
         wanted = [dataclasses.replace(t, features=features) for t in wanted]
         params = spec.dense_params()
         (bias,) = [p for p in params if p.name == LOGIT_BIAS]
-        without_bias = table_name(bias) not in {t.name for t in client.stats()[0].tables}
+        without_bias = table_name(bias) not in {t.name for t in shard_stats[0].tables}
         if without_bias:
             wanted = [t for t in wanted if t.name != table_name(bias)]
             params = [p for p in params if p is not bias]
         check_tables(client, wanted, doing, for_eval=True,  # the rest of the model is there, in its shapes
-                     dense_rows={table_name(p): p.shape[0] for p in params})  # fmt: skip
-        check_trained(client, spec, cfg.model, doing)
+                     dense_rows={table_name(p): p.shape[0] for p in params}, shard_stats=shard_stats)  # fmt: skip
+        check_trained(client, spec, cfg.model, doing, shard_stats)
         if without_bias:
             log.warning("the servers hold no table %s: the model was trained before models had a logit bias; it is "
                         "scored with that bias at 0, as it was trained", table_name(bias))  # fmt: skip
@@ -76,12 +76,13 @@ def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False,
         yield ServedModel(cfg, data, spec, backend, client, dense_values, len(client.servers))
 
 
-def check_trained(client: Client, spec: ModelSpec, model: str, doing: str) -> None:
+def check_trained(client: Client, spec: ModelSpec, model: str, doing: str, shard_stats: list | None = None) -> None:
     """ValueError when no shard ever trained the model's sparse tables (TableStats.trained: nothing was ever pushed
     to them): a model never trained there, whose every score is its initial one, is not scored (doing: what was
     not done, for the message). Ids pending admission count as trained: their pushes trained the MLP; so do tables
-    trained and then emptied by a Shrink, which a warning names (their ids score by their initial rows)."""
-    stats = sparse_table_stats(client, spec)
+    trained and then emptied by a Shrink, which a warning names (their ids score by their initial rows).
+    shard_stats: the shards' StatsResponses when the caller has them."""
+    stats = sparse_table_stats(client, spec, shard_stats)
     names = ", ".join(sorted(spec.table_dims()))
     if any(t.trained for t in stats):
         if not sum(t.num_rows + t.pending_ids for t in stats):

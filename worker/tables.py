@@ -107,17 +107,18 @@ def cluster_damage(shard_stats: list, names: set[str] | None = None) -> str:
 
 
 def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] | None = None,
-                find_untrained: bool = False,
-                dense_rows: dict[str, int] | None = None) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
+                find_untrained: bool = False, dense_rows: dict[str, int] | None = None,
+                shard_stats: list | None = None) -> tuple[dict[str, list[str]], list[str], set[str]]:  # fmt: skip
     """({name: its differences, "field: on the servers != this run"} for each table the servers hold with
     another spec, only in `fields` where given (sparse tables: dim and features alone), [names of the tables some
     shard lacks], {names of the tables of `differ` that no shard ever trained (TableStats.trained): with
     find_untrained, else empty}). dense_rows {table: the rows of its dense parameter, its input width}: such a
     table whose shards hold trained rows must hold exactly that many ("rows: ..." otherwise; one untrained is
     compared by its initializer's scale, which its shape sets). ValueError (cluster_damage) for a table of
-    `wanted` that some shards hold trained and others lack, or shards restored from different checkpoints."""
+    `wanted` that some shards hold trained and others lack, or shards restored from different checkpoints.
+    shard_stats: the shards' StatsResponses when the caller has them (else asked for here)."""
     differ, missing, untrained = {}, [], set()
-    shard_stats = client.stats()
+    shard_stats = shard_stats or client.stats()
     lost = cluster_damage(shard_stats, {t.name for t in wanted})
     if lost:
         raise ValueError(lost)
@@ -147,8 +148,8 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
-                 replace_untrained: bool = False, recipe_line: str = "",
-                 dense_rows: dict[str, int] | None = None) -> list[str]:  # fmt: skip
+                 replace_untrained: bool = False, recipe_line: str = "", dense_rows: dict[str, int] | None = None,
+                 shard_stats: list | None = None) -> list[str]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS, and the dense parameters'
     rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
@@ -156,9 +157,9 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
     with Client.create_table(replace_untrained=True), and a warning names them; else []. recipe_line: the run's
     recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
     recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks
-    another."""
+    another. shard_stats: the shards' StatsResponses when the caller has them (held_tables)."""
     differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained,
-                                             dense_rows)  # fmt: skip
+                                             dense_rows, shard_stats)  # fmt: skip
     if replace_untrained and differ and set(differ) <= untrained:
         log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "
                     "trained (a run that stopped before it trained made them): they are replaced. %s",
