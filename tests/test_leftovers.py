@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -252,6 +253,35 @@ def test_a_predict_never_writes_through_a_link_where_its_partial_file_goes(tmp_p
     with pytest.raises(OSError, match="is a link, where this writer keeps its temporary file"):
         predict._write(str(tmp_path / "scores.csv"), [], False, False, ScoringProgress(0, False))
     assert elsewhere.read_text() == "keep me" and partial.is_symlink()
+
+
+def test_a_predict_into_a_name_as_long_as_a_file_system_takes_writes_it_and_removes_its_dead_partial_files(
+    tmp_path, files, caplog
+):
+    """An --out name of 253 bytes (a character cut in two where the partial file's name cuts it): the partial file's
+    name, which adds the pid, the host and a random part, keeps within 255 bytes, and the next predict into it
+    finds a dead run's."""
+    from worker import predict
+    from worker.formats import read_batches
+    from worker.schema_builtin import builtin_schema
+    from worker.scoring import ScoringProgress
+    from worker.temp_dirs import partial_file
+
+    out = tmp_path / ("a" + "é" * 124 + ".csv")  # 1 + 248 + 4 bytes
+    assert len(os.fsencode(out.name)) == 253
+    killed = partial_file(str(out)).replace(f".{os.getpid()}-", f".{dead_pid()}-")
+    other = partial_file(str(tmp_path / ("a" + "é" * 124 + ".tsv"))).replace(f".{os.getpid()}-", f".{dead_pid()}-")
+    assert len(os.fsencode(os.path.basename(killed))) <= 255 and killed != other
+    write(Path(killed), 30)
+    write(Path(other), 30)
+    (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)
+    scored = [(files[1], batch, np.full(len(batch), 0.25, np.float32))]
+    caplog.set_level("INFO", LOGGER)
+    assert predict._write(str(out), scored, False, False, ScoringProgress(0, False)) == len(batch)
+    assert out.read_text().splitlines()[:2] == ["line,probability", "1,0.25"]
+    assert sorted(os.listdir(tmp_path)) == sorted([out.name, os.path.basename(other), "test.tsv", "train.tsv"])
+    lines = removed_lines(caplog)
+    assert len(lines) == 1 and killed in lines[0], lines
 
 
 def test_a_partial_file_held_by_a_live_writer_of_another_pid_namespace_is_left(tmp_path):

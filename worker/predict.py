@@ -29,7 +29,8 @@ predictions in memory), to a file beside OUT under a temporary name that becomes
 leaves no OUT (and with --overwrite, the earlier OUT as it was). `--out -` writes them to stdout instead, as they
 are scored (the header with the first rows: nothing when there is none; a failed run leaves the rows written
 before it, its exit status not 0), and the final line goes to stderr with the logs and progress. The name is .<name of OUT>.<pid>-<host>-<8 hex>
-.partial (worker.temp_dirs.partial_file); a run killed by SIGKILL leaves it, and the next predict into OUT removes
+.partial (worker.temp_dirs.partial_file: a name of OUT past 161 bytes is cut to its start and a hash there, so
+that the whole fits in a file name); a run killed by SIGKILL leaves it, and the next predict into OUT removes
 those of this host whose process is gone, with a log line each (others are reported and left).
 """
 

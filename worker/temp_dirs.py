@@ -11,7 +11,10 @@
                                                    servers save into OUT and exports; renamed to OUT/checkpoint
                                                    (--keep-checkpoint) or removed at its end (export_checkpoint_dir)
     <dir of F>/.<name of F>.<pid>-<host>-<8 hex>.partial   the rows `ps-worker predict` (process <pid>) writes
-                                                   for its --out F, renamed to F once whole (partial_file)
+                                                   for its --out F, renamed to F once whole (partial_file); a
+                                                   name of F past PARTIAL_NAME_BYTES bytes stands there as its
+                                                   start, "~" and 16 hex digits of its hash, so that the whole
+                                                   fits in a file name (255 bytes)
 
 A run removes its directory on the way out, also on Ctrl-C and SIGTERM; a run killed by SIGKILL cannot (its
 local shards stop with it, their stdin pipe closed, but may still be flushing). The next launch, or train with
@@ -30,6 +33,7 @@ removes the .partial files of F of this host whose <pid> no longer runs (dead_pa
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -166,10 +170,15 @@ def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
     return _of_gone_runs(out, EXPORT_CHECKPOINT, "", os.path.isdir)
 
 
+NAME_MAX_BYTES = 255  # the longest file name of Linux's file systems (ext4, xfs, btrfs, tmpfs), in bytes
+# what a partial file's name adds to out's: ".", then ".<pid: up to 10 digits>-<host: up to 64>-<8 hex>.partial"
+PARTIAL_NAME_BYTES = NAME_MAX_BYTES - len(f"..{'9' * 10}-{'h' * 64}-{'0' * 8}.partial")
+
+
 def partial_file(out: str) -> str:
     """The path of the file this process writes the rows of its output file out into (module docstring)."""
     folder, name = os.path.split(os.path.abspath(out))
-    return os.path.join(folder, _own_name(f".{name}.", ".partial"))
+    return os.path.join(folder, _own_name(f".{_partial_stem(name)}.", ".partial"))
 
 
 def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
@@ -178,7 +187,18 @@ def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
     the host's network, holds its own), and the other .<name>.*.partial files beside out (a running one's,
     another host's, or one named otherwise, with no process to ask about), whose writer may be alive."""
     folder, name = os.path.split(os.path.abspath(out))
-    return _of_gone_runs(folder, f".{name}.", ".partial", lambda path: os.path.isfile(path) and not _locked(path))
+    return _of_gone_runs(folder, f".{_partial_stem(name)}.", ".partial",
+                         lambda path: os.path.isfile(path) and not _locked(path))  # fmt: skip
+
+
+def _partial_stem(name: str) -> str:
+    """name as its partial files' names hold it: itself, or one past PARTIAL_NAME_BYTES bytes (as the file system
+    has them) cut to its start, "~" and 16 hex digits of its hash, PARTIAL_NAME_BYTES in all."""
+    raw = os.fsencode(name)
+    if len(raw) <= PARTIAL_NAME_BYTES:
+        return name
+    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
+    return os.fsdecode(raw[: PARTIAL_NAME_BYTES - 1 - len(digest)]) + "~" + digest
 
 
 def _own_name(prefix: str, suffix: str = "") -> str:
