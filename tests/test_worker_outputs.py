@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import sys
 
 import numpy as np
@@ -586,6 +587,33 @@ def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, 
     writer = PositionWriter(TrainConfig(servers=("h:1",), resume_file=str(position)))
     with pytest.raises(OSError, match=rf"^could not write --resume-file {position} \(No space left on device\)$"):
         writer.write(10)
+
+
+def test_predict_whose_out_folder_goes_or_name_is_too_long_names_its_flag(tmp_path, files):
+    """Out's folder removed while the rows are written: not '[Errno 2] No such file or directory' naming the
+    temporary file; a name longer than the file system takes: refused up front."""
+    from worker import predict
+    from worker.flags import check_output_file
+    from worker.formats import read_batches
+    from worker.schema_builtin import builtin_schema
+    from worker.scoring import ScoringProgress
+
+    (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    out = folder / "scores.csv"
+
+    def scored():
+        shutil.rmtree(folder)  # the rows go on into the open file; its rename finds no folder
+        yield files[1], batch, np.full(len(batch), 0.5, np.float32)
+
+    said = rf"^--out {out}: could not write the predictions \(No such file or directory\); nothing was written there$"
+    with pytest.raises(OSError, match=said):
+        predict._write(str(out), scored(), False, False, ScoringProgress(0, False))
+    assert not folder.exists() and sorted(os.listdir(tmp_path)) == ["test.tsv", "train.tsv"]
+    long = tmp_path / ("x" * 256)  # refused before anything is scored, not at the rename
+    with pytest.raises(ValueError, match=rf"^--out {long}: its name is 256 bytes long; the file system of "):
+        check_output_file("--out", str(long))
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308"])

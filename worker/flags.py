@@ -72,6 +72,14 @@ def check_output_file(flag: str, path: str | None) -> None:
         raise ValueError(f"{flag} {path}: its directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise ValueError(f"{flag} {path}: its directory {parent} is not writable by this user")
+    name = len(os.fsencode(os.path.basename(path)))
+    try:
+        longest = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):  # a file system that does not say
+        return
+    if name > longest:
+        raise ValueError(f"{flag} {path}: its name is {name:,} bytes long; the file system of {parent} takes "
+                         f"names of up to {longest:,}")  # fmt: skip
 
 
 def check_new_file(flag: str, path: str | None, overwrite: bool) -> None:

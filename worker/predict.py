@@ -215,7 +215,7 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
         if rows:
             os.replace(partial, out)
     except OSError as e:
-        if e.errno not in _NO_ROOM:  # (a data file's read error names that file)
+        if e.errno not in _NO_ROOM and e.filename not in (partial, out):  # a data file's read error names that file
             raise
         raise OSError(f"--out {out}: could not write the predictions ({e.strerror}); nothing was written "
                       "there") from None  # fmt: skip
