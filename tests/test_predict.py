@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import gzip
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -413,6 +414,15 @@ def test_out_dash_writes_the_csv_alone_to_stdout(servers, files, tmp_path, capsy
     assert not os.path.lexists(tmp_path / "-")
     assert predict(addresses[0], "/dev/stdout", *flags, "--overwrite") == 2
     assert "--out - writes the CSV to stdout" in capsys.readouterr().err
+
+
+def test_out_dash_without_a_stdout_is_refused_up_front(files, capsys, monkeypatch):
+    """A predict started with its stdout closed (`>&-`): an error naming --out, not AttributeError's traceback."""
+    train_path, test_path = files
+    monkeypatch.setattr(sys, "stdout", None)
+    code = main(["predict", "--servers", "127.0.0.1:1", "--out", "-", "--data", train_path, "--model", "fm"])
+    assert code == 2
+    assert "--out -: this process has no stdout (it was closed); give a file to write" in capsys.readouterr().err
 
 
 def test_many_files_are_scored_in_order_with_a_file_column_as_each_alone(servers, files, tmp_path, capsys):

@@ -89,6 +89,8 @@ class PredictConfig:
             inputs = {self.flag: self.data, **self.run.input_files()}  # the file scored named by its flag first
             check_not_an_input("--out", self.out, inputs)
             _check_new_out(self.out, self.overwrite)
+        elif sys.stdout is None:  # started with its stdout closed
+            raise ValueError("--out -: this process has no stdout (it was closed); give a file to write")
         r = self.run
         if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
                 not _first_column_is_labels(first_with_content(self.data)):  # fmt: skip
