@@ -616,6 +616,32 @@ def test_predict_whose_out_folder_goes_or_name_is_too_long_names_its_flag(tmp_pa
         check_output_file("--out", str(long))
 
 
+def test_predict_to_a_full_stdout_names_its_flag(files, monkeypatch):
+    """--out - to a full disk (> /dev/full): not '[Errno 28] No space left on device' alone."""
+    import errno
+    import io
+
+    from worker import predict
+    from worker.formats import read_batches
+    from worker.schema_builtin import builtin_schema
+    from worker.scoring import ScoringProgress
+
+    class Full(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(Full())))
+    (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)
+    scored = [(files[1], batch, np.full(len(batch), 0.5, np.float32))]
+    with pytest.raises(
+        OSError, match=r"^--out -: could not write the predictions to stdout \(No space left on device\)$"
+    ):
+        predict._write_stdout(scored, True, False, ScoringProgress(0, False))
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308"])
 def test_synth_refuses_interactions_that_are_no_strength_before_writing(tmp_path, capsys, value):
     """NaN or an overflowing strength drew NaN scores: the run wrote its rows, then failed with 'scores contain

@@ -236,11 +236,16 @@ def _write_stdout(scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool
     sys.stdout.flush()
     out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="surrogateescape", newline="\n")
     try:
-        rows = _write_rows(out, scored, labeled, with_file, progress)
-        out.flush()
-    finally:
-        progress.close()
-        out.detach()  # stdout stays open
+        try:
+            rows = _write_rows(out, scored, labeled, with_file, progress)
+            out.flush()
+        finally:
+            progress.close()
+            out.detach()  # stdout stays open
+    except OSError as e:
+        if e.errno not in _NO_ROOM:
+            raise
+        raise OSError(f"--out -: could not write the predictions to stdout ({e.strerror})") from None
     return rows
 
 
