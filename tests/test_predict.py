@@ -1,5 +1,6 @@
 """Tests for `ps-worker predict` (worker/predict.py): against a model trained on in-process servers, its
-probabilities equal a reference FM's on the rows the servers hold and give eval's AUC and logloss; a file without
+probabilities equal a reference FM's on the rows the servers hold, and lr's and deepfm's computed from its export
+(ids never trained by their initial rows), and give eval's AUC and logloss; a file without
 labels scores as the same file with them (criteo, csv, libsvm); malformed lines keep `line` right; --out refusals.
 Training and eval still refuse a file without labels."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import json
 import os
 import sys
 from pathlib import Path
@@ -14,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ps.config import InitializerConfig
+from ps.rows.initializers import init_rows
 from tests.conftest import TEST_ROWS
 from tests.reference_models import FactorizationMachine
 from worker.__main__ import build_parser, main
@@ -82,6 +86,65 @@ def test_probabilities_are_a_reference_fms_and_give_evals_figures(servers, files
     assert BIAS_FIELD in batch.fields and rows.shape == (TEST_ROWS, 40, 9)
     expected = sigmoid(FactorizationMachine(8, None).logits(rows.astype(np.float64)) + logit_bias)
     np.testing.assert_allclose(got["probability"], expected, rtol=0, atol=2e-6)
+
+
+def exported_rows(folder, table: str, ids: np.ndarray) -> np.ndarray:
+    """(len(ids), dim) float64: each id's row in export folder's table, or, for an id it holds no row of, its
+    table's initial one (export.json's initializer: docs/reliability.md, what a serving system computes)."""
+    info = json.loads((folder / "export.json").read_text())["tables"][table]
+    held, rows = np.load(folder / f"{table}.ids.npy"), np.load(folder / f"{table}.rows.npy")
+    out = np.zeros((len(ids), info["dim"]), np.float32)
+    init = info["initializer"]
+    init_rows(InitializerConfig(init["name"], init["scale"], seed=init["seed"]), ids, out, info["dim"])
+    where = {int(i): k for k, i in enumerate(held)}
+    for k, i in enumerate(ids.tolist()):
+        if i in where:
+            out[k] = rows[where[i]]
+    return out.astype(np.float64)
+
+
+def test_lr_and_deepfm_score_as_their_export_with_initial_rows_for_ids_never_trained(servers, files, tmp_path):
+    """predict's probabilities against numpy over `ps-worker export`'s files: every 4th line's categorical values
+    are ones no training line has (rows the servers never trained: their initializer's), and scoring them adds
+    no row to the servers."""
+    addresses, _ = servers(1, checkpoint_root=str(tmp_path))
+    train_path, test_path = files
+    lines = Path(test_path).read_text().splitlines(True)
+    for k in range(0, len(lines), 4):
+        cells = lines[k].rstrip("\n").split("\t")
+        lines[k] = "\t".join(cells[:14] + [f"{0xABC0000 + 100 * k + j:x}" for j in range(26)]) + "\n"
+    unseen = tmp_path / "unseen.tsv"
+    unseen.write_text("".join(lines))
+    schema = builtin_schema("criteo", default_table="t", default_dim=8)
+    (batch,) = read_batches(str(unseen), schema, TEST_ROWS)
+    for model in ("lr", "deepfm"):
+        train(small_run(addresses, train_path, model=model, hidden=(8, 4)))
+    with Client(addresses) as client:
+        rows_before = {t.name: t.num_rows for t in client.stats()[0].tables}
+    export = tmp_path / "export"
+    assert main(["export", "--servers", addresses[0], str(export), "--no-progress"]) == 0
+    for model in ("lr", "deepfm"):
+        out = tmp_path / f"{model}.csv"
+        assert predict(addresses[0], out, "--data", train_path, "--predict-data", str(unseen), "--model", model,
+                       "--hidden", "8,4") == 0  # fmt: skip
+        rows = np.stack([exported_rows(export, model, bags.ids) for bags in batch.fields.values()], axis=1)
+        logit = exported_rows(export, f"dense.{model}.logit.bias", np.zeros(1, np.uint64))[0, 0] + rows[:, :, 0].sum(1)
+        if model == "deepfm":
+            v = rows[:, :, 1:]
+            logit += 0.5 * ((v.sum(1) ** 2).sum(1) - (v * v).sum((1, 2)))
+            h = np.concatenate([v.reshape(len(v), -1), batch.dense.astype(np.float64)], axis=1)
+            for i, width in enumerate((8, 4, 1)):
+                weight = exported_rows(export, f"dense.{model}.mlp.{i}.weight", np.arange(h.shape[1], dtype=np.uint64))
+                h = h @ weight + exported_rows(export, f"dense.{model}.mlp.{i}.bias", np.zeros(1, np.uint64))
+                h = np.maximum(h, 0) if width > 1 else h
+            logit += h[:, 0]
+        got = read_out(out)[1]
+        assert got["line"].tolist() == list(range(1, TEST_ROWS + 1))
+        np.testing.assert_allclose(got["probability"], sigmoid(logit), rtol=0, atol=2e-6)
+        held = set(np.load(export / f"{model}.ids.npy").tolist())
+        assert not held & set(batch.fields["C1"].ids[::4].tolist())  # those lines' ids were never trained
+    with Client(addresses) as client:
+        assert {t.name: t.num_rows for t in client.stats()[0].tables} == rows_before
 
 
 def to_csv(src, dst) -> None:
