@@ -10,6 +10,7 @@ import csv
 import gzip
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -64,9 +65,10 @@ def test_probabilities_are_a_reference_fms_and_give_evals_figures(servers, files
     train(small_run(addresses, train_path))
     out = tmp_path / "p.csv"
     assert predict(addresses[0], out, "--data", train_path, "--predict-data", test_path, "--model", "fm") == 0
-    assert f"wrote {TEST_ROWS} predictions of fm (line, probability, label) for {test_path} to {out}" in (
-        capsys.readouterr().out
-    )
+    said = capsys.readouterr().out
+    assert f"wrote {TEST_ROWS} predictions of fm (line, probability, label) for {test_path} to {out} in " in said
+    seconds, rate = re.search(r" in ([0-9.]+) s \(([0-9,]+) rows/s\)", said).groups()
+    assert abs(TEST_ROWS / int(rate.replace(",", "")) - float(seconds)) <= 0.005, said  # seconds said to 0.01
     header, got = read_out(out)
     assert header == ["line", "probability", "label"]
     assert got["line"].tolist() == list(range(1, TEST_ROWS + 1))

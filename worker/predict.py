@@ -43,6 +43,7 @@ import io
 import logging
 import os
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -122,7 +123,8 @@ def _first_column_is_labels(path: str) -> bool:
 
 def predict_servers(cfg: PredictConfig) -> dict:
     """Writes cfg.out (see the module docstring) and returns what was done: model, shards, predict_data, files,
-    out, rows, labeled, bad_lines, first_bad, unread_labels (rows scored whose label cell held no label). ValueError when the servers lack the model's tables, a file differs
+    out, rows, labeled, bad_lines, first_bad, unread_labels (rows scored whose label cell held no label), seconds (of
+    reading, scoring and writing the rows). ValueError when the servers lack the model's tables, a file differs
     in format from the first, or the files hold no example (nothing written)."""
     cfg.validate()
     files = data_files(cfg.data)
@@ -136,6 +138,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
         stats = ReadStats()  # of the files as one stream: --max-bad-lines counts over them all, as eval's
         # (reported in the summary line, not again among the read_stats warnings)
         scored = _scored(m, files, stats)
+        started = time.perf_counter()
         with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
             progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
             with_file = not os.path.isfile(cfg.data)
@@ -143,6 +146,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
                 rows = _write_stdout(scored, labeled, with_file, progress)
             else:
                 rows = _write(cfg.out, scored, labeled, with_file, progress)
+        seconds = time.perf_counter() - started
         shards = m.shards
     bad_lines, first_bad = stats.bad_lines, stats.first_bad
     if rows == 0:  # _write removed its file
@@ -156,7 +160,7 @@ def predict_servers(cfg: PredictConfig) -> dict:
         log.warning("%s", unread_labels_note(stats))
     return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "files": len(files), "out": cfg.out,
             "file_column": with_file, "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad,
-            "unread_labels": stats.unread_labels}  # fmt: skip
+            "unread_labels": stats.unread_labels, "seconds": seconds}  # fmt: skip
 
 
 def unread_labels_note(stats: ReadStats) -> str:
