@@ -358,3 +358,22 @@ def test_a_periodic_write_that_fails_is_logged_once_and_training_goes_on(tmp_pat
     writer.update(30)
     assert caplog.text.count("could not write --resume-file") == 1 and "position of 10 examples" in caplog.text
     assert read_position(cfg).examples == 10
+
+
+def test_a_position_whose_file_name_is_near_the_longest_a_file_system_takes_is_written_and_its_leftovers_found(
+    tmp_path,
+):
+    """A --resume-file name of 250 bytes, which the file system takes: its writes' temporary files (replaced_whole)
+    keep within 255 bytes, where the name, a dot, mkstemp's random part and .tmp made 264 ('File name too long' at
+    every write, the position never kept), and the next writer still finds a killed write's leftover."""
+    from ps.storage.atomicfile import temp_prefix_within
+
+    path = tmp_path / ("p" * 245 + ".json")
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(path))
+    PositionWriter(cfg).write(20)
+    assert read_position(cfg).examples == 20 and sorted(os.listdir(tmp_path)) == [path.name]
+    killed = tmp_path / (temp_prefix_within(f".{path.name}.") + "killed1.tmp")
+    killed.write_text("{")  # a write a kill -9 cut short
+    assert len(os.fsencode(killed.name)) <= 255
+    PositionWriter(cfg).write(30)
+    assert read_position(cfg).examples == 30 and sorted(os.listdir(tmp_path)) == [path.name]

@@ -48,7 +48,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from ps.storage.atomicfile import write_json_whole
+from ps.storage.atomicfile import temp_prefix_within, write_json_whole
 from worker.train_config import RESUME_WORKER, TrainConfig
 
 FORMAT = 1
@@ -183,7 +183,8 @@ class PositionWriter:
         self.failing = False  # the last periodic write failed (logged once)
         self.state_ids = tuple(cfg.resume_state_ids)  # the shards' model state ids: the file's until the run reads them
         directory, name = os.path.split(os.path.abspath(self.path))
-        for left in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
+        leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
+        for left in glob.glob(os.path.join(glob.escape(directory), leftover)):
             with contextlib.suppress(OSError):  # a write killed part way (kill -9): never renamed, never read
                 os.unlink(left)
 

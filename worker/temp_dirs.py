@@ -33,7 +33,6 @@ removes the .partial files of F of this host whose <pid> no longer runs (dead_pa
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -44,6 +43,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 
+from ps.storage.atomicfile import NAME_MAX_BYTES, name_within
 from ps.storage.leftovers import matching
 
 if os.name == "posix":
@@ -170,7 +170,6 @@ def dead_export_checkpoints(out: str) -> tuple[list[str], list[str]]:
     return _of_gone_runs(out, EXPORT_CHECKPOINT, "", os.path.isdir)
 
 
-NAME_MAX_BYTES = 255  # the longest file name of Linux's file systems (ext4, xfs, btrfs, tmpfs), in bytes
 # what a partial file's name adds to out's: ".", then ".<pid: up to 10 digits>-<host: up to 64>-<8 hex>.partial"
 PARTIAL_NAME_BYTES = NAME_MAX_BYTES - len(f"..{'9' * 10}-{'h' * 64}-{'0' * 8}.partial")
 
@@ -192,13 +191,8 @@ def dead_partial_files(out: str) -> tuple[list[str], list[str]]:
 
 
 def _partial_stem(name: str) -> str:
-    """name as its partial files' names hold it: itself, or one past PARTIAL_NAME_BYTES bytes (as the file system
-    has them) cut to its start, "~" and 16 hex digits of its hash, PARTIAL_NAME_BYTES in all."""
-    raw = os.fsencode(name)
-    if len(raw) <= PARTIAL_NAME_BYTES:
-        return name
-    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
-    return os.fsdecode(raw[: PARTIAL_NAME_BYTES - 1 - len(digest)]) + "~" + digest
+    """name as its partial files' names hold it: itself, or one past PARTIAL_NAME_BYTES bytes cut (name_within)."""
+    return name_within(name, PARTIAL_NAME_BYTES)
 
 
 def _own_name(prefix: str, suffix: str = "") -> str:

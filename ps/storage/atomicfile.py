@@ -5,11 +5,32 @@ the files beside RocksDB, ps.checkpoint for a checkpoint's manifest, an export f
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
+
+NAME_MAX_BYTES = 255  # the longest file name of Linux's file systems (ext4, xfs, btrfs, tmpfs), in bytes
+RANDOM_CHARS = 8  # what tempfile.mkstemp puts between a temporary file's prefix and suffix
+
+
+def name_within(name: str, room: int) -> str:
+    """name, or, where it is longer than room bytes (as the file system has them), its start, "~" and 16 hex digits
+    of its hash, room bytes in all: the part of a temporary file's name that stands for the file it becomes, cut so
+    that the whole keeps within NAME_MAX_BYTES (worker.temp_dirs' partial files, replaced_whole's)."""
+    raw = os.fsencode(name)
+    if len(raw) <= room:
+        return name
+    digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
+    return os.fsdecode(raw[: room - 1 - len(digest)]) + "~" + digest
+
+
+def temp_prefix_within(prefix: str, suffix: str = ".tmp") -> str:
+    """replaced_whole's prefix for its temporary file, as name_within cuts it to leave room for mkstemp's random
+    part and suffix (the prefix a search for the leftovers of a killed write looks for)."""
+    return name_within(prefix, NAME_MAX_BYTES - RANDOM_CHARS - len(os.fsencode(suffix)))
 
 
 def write_json_whole(path: str, obj: dict, sync_dir: bool = False, temp_prefix: str | None = None) -> None:
@@ -34,12 +55,13 @@ def write_text_whole(path: str, text: str, sync_dir: bool = False, temp_prefix: 
 def replaced_whole(path: str, temp_prefix: str | None = None, suffix: str = ".tmp",
                    shared: bool = False) -> Iterator[str]:  # fmt: skip
     """Yields the path of a new, empty temporary file in path's directory (named temp_prefix + random + suffix;
-    None: the file's name and a dot) for the block to write; renames it over path once the block ends, and removes
+    None: the file's name and a dot; a prefix too long for the whole to fit in a file name is cut, as
+    temp_prefix_within says) for the block to write; renames it over path once the block ends, and removes
     it if the block raises (a stop included), leaving path as it was. The file is its owner's alone (0600), unless
     shared: then its mode is what open() would give a new file (0666 less the umask), for a file other users read.
     The block fsyncs what it wrote where that must survive a power loss."""
     directory = os.path.dirname(path) or "."
-    prefix = temp_prefix if temp_prefix is not None else os.path.basename(path) + "."
+    prefix = temp_prefix_within(temp_prefix if temp_prefix is not None else os.path.basename(path) + ".", suffix)
     fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
     try:
         if shared:
