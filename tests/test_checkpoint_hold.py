@@ -149,3 +149,51 @@ def test_save_running_is_true_inside_a_save_only():
         assert held.save_running
     assert not held.save_running
     held.release(token)
+
+
+def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_path, caplog):
+    """The shards of a checkpoint save into one directory at once: shard 1 makes it, shard 0 finds it there, then
+    shard 1's save fails and removes it, empty, before shard 0's write puts anything in it. Shard 0 saves all the
+    same (its write runs again), so the checkpoint's error is shard 1's, not an I/O error of shard 0's."""
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    directory = tmp_path / "c"
+    directory.mkdir()  # shard 1's
+    real_write, writes = shard._write_checkpoint, []
+
+    def write_after_the_other_shard_gave_up(path: str) -> None:
+        writes.append(path)
+        if len(writes) == 1:
+            directory.rmdir()  # shard 1's failed save cleans up
+        real_write(path)
+
+    shard._write_checkpoint = write_after_the_other_shard_gave_up
+    try:
+        _, token = shard.hold(60)
+        saved = shard.save_checkpoint(str(directory), token)
+        assert len(writes) == 2 and saved["dir"] == "shard-0" and (directory / "shard-0" / "CURRENT").exists()
+        assert any("was removed while this shard began to write" in r.getMessage() for r in caplog.records)
+    finally:
+        shard.close()
+
+
+def test_a_save_whose_dir_keeps_going_away_gives_up_after_its_tries(tmp_path):
+    from ps.engine.hold import SAVE_TRIES
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    directory, writes = tmp_path / "c", []
+    directory.mkdir()
+
+    def write_into_a_dir_removed_each_time(path: str) -> None:
+        writes.append(path)
+        directory.mkdir(exist_ok=True)
+        directory.rmdir()
+        raise OSError(2, "No such file or directory", path)
+
+    shard._write_checkpoint = write_into_a_dir_removed_each_time
+    try:
+        _, token = shard.hold(60)
+        with pytest.raises(OSError, match="No such file"):
+            shard.save_checkpoint(str(directory), token)
+        assert len(writes) == SAVE_TRIES
+    finally:
+        shard.close()

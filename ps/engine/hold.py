@@ -30,6 +30,7 @@ from ps.errors import (
 )
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: a hold is a part of its shard
+SAVE_TRIES = 3  # writes of a save whose directory another shard's failed save removed under it (save_into)
 
 
 class PushHold:
@@ -148,7 +149,10 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     dangling link included) or directory lies inside a checkpoint or a RocksDB directory (below checkpoint_root;
     "": the file system's root); CheckpointDirError (or InvalidArgumentError, DiskFullError: see _make_dirs) if
     directory cannot be created or written. A failed write leaves none of the directories this created; a
-    DiskFullError of it names the nearest directory that is there."""
+    DiskFullError of it names the nearest directory that is there. The shards of a checkpoint save into one
+    directory at once, and a shard whose save fails removes the directories it created while they are empty: a
+    write that failed because the directory went away before it wrote anything runs again (SAVE_TRIES in all),
+    so that shard's error, not this one's, says why the checkpoint failed."""
     path = os.path.join(directory, name)
     if os.path.lexists(path):  # a link too, dangling or not; checked before the write: a refused save changes nothing
         raise InvalidArgumentError(f"checkpoint dir {path} exists already; give a new directory")
@@ -156,25 +160,35 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
     if inside is not None:
         raise InvalidArgumentError(f"checkpoint dir {directory} is inside {inside}, a checkpoint or a RocksDB "
                                    "directory; give a directory of its own")  # fmt: skip
-    created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
-    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
-        _remove_dirs(created)
-        raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
-                                 f"{os.geteuid()}); nothing saved")  # fmt: skip
-    try:
-        write(path)
-    except DiskFullError as e:  # the data dir's (the flush) or the checkpoint dir's: say which, and what stands
-        _remove_dirs(created)
-        disk = e.disk  # the checkpoint's own dir was removed again: name the nearest one that is there
-        if disk and os.path.isabs(disk) and os.path.commonpath([disk, directory]) == directory:
-            while not os.path.isdir(disk) and os.path.dirname(disk) != disk:
-                disk = os.path.dirname(disk)
-        raise e.instead(f"the checkpoint was not saved, nothing of it is left in {directory}; the shard's rows are "
-                        "as they were", disk) from e  # fmt: skip
-    except BaseException:
-        _remove_dirs(created)
-        raise
-    return path
+    for attempt in range(SAVE_TRIES):
+        created = _make_dirs(directory)  # removed again if the save fails: a refused save leaves nothing behind
+        if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+            _remove_dirs(created)
+            raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
+                                     f"{os.geteuid()}); nothing saved")  # fmt: skip
+        try:
+            write(path)
+            return path
+        except DiskFullError as e:  # the data dir's (the flush) or the checkpoint dir's: say which, and what stands
+            _remove_dirs(created)
+            disk = e.disk  # the checkpoint's own dir was removed again: name the nearest one that is there
+            if disk and os.path.isabs(disk) and os.path.commonpath([disk, directory]) == directory:
+                while not os.path.isdir(disk) and os.path.dirname(disk) != disk:
+                    disk = os.path.dirname(disk)
+            raise e.instead(f"the checkpoint was not saved, nothing of it is left in {directory}; the shard's rows "
+                            "are as they were", disk) from e  # fmt: skip
+        except Exception:
+            # Another shard of this checkpoint whose save failed removed the directory, empty, before this write put
+            # anything in it: the write failed for that alone, and runs again in a new one.
+            gone = not os.path.isdir(directory)
+            _remove_dirs(created)
+            if not gone or attempt == SAVE_TRIES - 1:
+                raise
+            log.warning("checkpoint dir %s was removed while this shard began to write into it (another shard's "
+                        "save failed): writing again", directory)  # fmt: skip
+        except BaseException:
+            _remove_dirs(created)
+            raise
 
 
 def _inside_a_checkpoint(directory: str, checkpoint_root: str) -> str | None:
