@@ -184,7 +184,8 @@ def interrupt_exits(program: str) -> Iterator[None]:
         return
 
     def interrupted(signum: int, frame: Any) -> None:
-        os.write(2, f"{program}: interrupted\n".encode())
+        with contextlib.suppress(OSError):  # no stderr: the exit code says it
+            os.write(2, f"{program}: interrupted\n".encode())
         os._exit(128 + signal.SIGINT)
 
     signal.signal(signal.SIGINT, interrupted)

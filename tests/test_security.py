@@ -77,7 +77,8 @@ def start(tmp_path):
 
 
 def works(address, **kw) -> bool:
-    with Client([address], timeout_s=5, server_timeout_s=0, **kw) as client:
+    """A table made, pushed and pulled (30 s a call: a fresh server compiles its kernels on the first push)."""
+    with Client([address], timeout_s=30, server_timeout_s=0, **kw) as client:
         client.create_table(TableConfig("t", 2))
         ids = np.arange(3, dtype=np.uint64)
         client.push("t", ids, np.ones((3, 2)))
