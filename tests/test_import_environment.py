@@ -1,5 +1,6 @@
-"""What importing ps sets before gRPC and numba load (ps/__init__.py): gRPC's fork support off, and a numba cache
-dir under the temp dir for a user who can write neither the package's dirs nor a home cache dir."""
+"""What importing ps sets before gRPC and numba load (ps/__init__.py): gRPC's fork support off (a warning where
+grpc loaded first), and a numba cache dir under the temp dir for a user who can write neither the package's dirs
+nor a home cache dir."""
 
 from __future__ import annotations
 
@@ -43,9 +44,36 @@ def test_ps_server_verify_runs_as_a_user_without_a_home(tmp_path):
 
 def test_importing_ps_turns_grpcs_fork_support_off_unless_set():
     code = "import os, ps, grpc; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"
-    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    env = without_fork_support_setting()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert out.stdout.strip() == "false", out.stderr
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**env, "GRPC_ENABLE_FORK_SUPPORT": "true"})  # fmt: skip
     assert out.stdout.strip() == "true", out.stderr
+
+
+def without_fork_support_setting() -> dict[str, str]:
+    """This process's environment less GRPC_ENABLE_FORK_SUPPORT (set here by importing ps)."""
+    return {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+
+
+def test_importing_ps_after_grpc_warns_that_grpcs_fork_support_stays_on():
+    env = without_fork_support_setting()
+
+    def warned(code: str, **extra: str) -> bool:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                             env={**env, **extra})  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        return "RuntimeWarning: grpc was imported before ps" in out.stderr
+
+    assert warned("import grpc, ps")
+    assert not warned("import ps, grpc")
+    assert not warned("import grpc, ps", GRPC_ENABLE_FORK_SUPPORT="false")  # the user's choice, read as grpc loaded
+
+
+def test_the_test_package_imports_ps_before_grpc():
+    """pytest imports tests/conftest.py (which imports grpc) as tests.conftest: with gRPC's fork support on, the
+    `ps-server export` child that ps-worker export forks beside an in-process server died of SIGABRT (1 run in 30)."""
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", "import tests.conftest"],
+                         capture_output=True, text=True, cwd=ROOT, env=without_fork_support_setting())  # fmt: skip
+    assert out.returncode == 0, out.stderr
