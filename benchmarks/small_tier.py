@@ -41,6 +41,7 @@ import time
 
 import harness  # before numpy: see its docstring
 
+from ps.terminate import how_it_ended
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -75,7 +76,7 @@ def train_run(shards: int, cache_bytes: str, train_args: list[str]) -> dict:
             wall = time.perf_counter() - started
             if run.returncode != 0:
                 raise SystemExit(
-                    f"failed ({run.returncode}): {shlex.join(cmd)}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+                    f"{shlex.join(cmd)} {how_it_ended(run.returncode)}:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
                 )
             servers = server_stats(c.addresses, [p.pid for p in c.procs])
         with open(out) as f:

@@ -193,6 +193,7 @@ def plain_torch(job_path: str) -> None:
 
 def run_plain(job: dict, env: dict[str, str], test_labels: np.ndarray) -> dict:
     """One plain PyTorch run in a fresh child process; its figures, the test AUC computed here."""
+    from ps.terminate import how_it_ended
     from worker.metrics import auc, logloss
 
     with open(job["job_path"], "w") as f:
@@ -201,7 +202,7 @@ def run_plain(job: dict, env: dict[str, str], test_labels: np.ndarray) -> dict:
     done = subprocess.run([sys.executable, os.path.abspath(__file__), "plain-torch", job["job_path"]], env=env,
                           capture_output=True, text=True)  # fmt: skip
     if done.returncode != 0:
-        raise RuntimeError(f"the plain PyTorch run failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        raise RuntimeError(f"the plain PyTorch run {how_it_ended(done.returncode)}:\n{done.stdout}{done.stderr}")
     with open(job["result_out"]) as f:
         r = json.load(f)
     probs = np.load(job["probs_out"])
@@ -212,9 +213,11 @@ def run_plain(job: dict, env: dict[str, str], test_labels: np.ndarray) -> dict:
 
 # ---- sparseps ------------------------------------------------------------------------------------------------
 def train_help() -> str:
+    from ps.terminate import how_it_ended
+
     done = subprocess.run([sys.executable, "-m", "worker", "train", "--help"], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"`python -m worker train --help` failed (exit {done.returncode}):\n{done.stderr}")
+        raise RuntimeError(f"`python -m worker train --help` {how_it_ended(done.returncode)}:\n{done.stderr}")
     return done.stdout
 
 
@@ -226,6 +229,8 @@ def unlisted_flags(variant: str, help_text: str) -> list[str]:
 
 def run_sparseps(train: str, test: str, variant: str, settings: dict, out: str) -> dict:
     """One `python -m worker train` run with the variant's extra flags; its figures from --metrics-out."""
+    from ps.terminate import how_it_ended
+
     metrics = os.path.join(out, "metrics.json")
     command = [sys.executable, "-m", "worker", "train", "--data", train, "--eval-data", test, "--model", "dnn",
                "--embedding-dim", str(settings["dim"]), "--hidden", ",".join(map(str, settings["hidden"])),
@@ -236,7 +241,7 @@ def run_sparseps(train: str, test: str, variant: str, settings: dict, out: str) 
     started = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"{shlex.join(command)} failed (exit {done.returncode}):\n{done.stdout}{done.stderr}")
+        raise RuntimeError(f"{shlex.join(command)} {how_it_ended(done.returncode)}:\n{done.stdout}{done.stderr}")
     with open(metrics) as f:
         m = json.load(f)
     keys = ("examples_per_s", "train_examples", "train_seconds", "eval_auc", "eval_logloss", "table_rows")

@@ -281,6 +281,17 @@ def sigterm_raises(
             signal.signal(signal.SIGINT, previous_int)
 
 
+def how_it_ended(returncode: int) -> str:
+    """A child's end as a message says it, from its Popen.returncode (-N: killed by signal N): "exited with code
+    2", "was killed by SIGABRT"."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
+
+
 def child_setup(own_group: bool = True) -> Callable[[], None]:
     """preexec_fn of a child process that must not outlive this one: on Linux it gets SIGTERM when this process
     dies, however it dies (PR_SET_PDEATHSIG; at once if this process died before it was set); own_group: in a

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ps.terminate import Terminated
+from ps.terminate import Terminated, how_it_ended
 from tests.waiting import wait_until
 from worker import launch
 from worker.launch import (
@@ -349,6 +349,24 @@ def test_the_gpus_are_asked_of_a_child_python():
     torch = pytest.importorskip("torch")
     assert launch.cuda_device_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0,
                                           torch.__version__)  # fmt: skip
+
+
+def test_how_a_child_ended_names_its_exit_code_or_its_signal():
+    assert [how_it_ended(c) for c in (0, 2, -signal.SIGABRT, -signal.SIGKILL, -200)] == [
+        "exited with code 0", "exited with code 2", "was killed by SIGABRT", "was killed by SIGKILL",
+        "was killed by signal 200"]  # fmt: skip
+
+
+def test_a_gpu_probe_killed_by_a_signal_is_said_so(monkeypatch):
+    real = subprocess.run
+
+    def killed(command, *args, **kwargs):  # the child Python dies of a signal, saying nothing
+        return real([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], *args,
+                    **kwargs)  # fmt: skip
+
+    monkeypatch.setattr(subprocess, "run", killed)
+    with pytest.raises(ValueError, match=r"the child Python that asks was killed by SIGKILL\): no message"):
+        launch.cuda_device_count()
 
 
 def test_worker_commands_and_environment():

@@ -691,6 +691,19 @@ def test_a_shard_that_fails_to_start_keeps_its_root_with_a_note_saying_why(tmp_p
     assert (Path(cluster.root) / "shard-0.log").exists()
 
 
+def test_a_shard_killed_before_it_listens_is_said_to_be_killed_by_its_signal(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+
+    def spawn(self, shard_id, port=0):  # a shard that dies of SIGABRT as it starts
+        return subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"],
+                                stdout=subprocess.PIPE, stdin=subprocess.PIPE)  # fmt: skip
+
+    monkeypatch.setattr(LocalCluster, "_spawn", spawn)
+    cluster = LocalCluster(1)
+    with pytest.raises(ServerUnavailableError, match="local shard 0 was killed by SIGABRT before listening"), cluster:
+        pytest.fail("the block must not run")
+
+
 def processes_naming(text: str) -> list[int]:
     """The pids of the processes whose command line holds text (Linux's /proc)."""
     pids = []

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 
 import numpy as np
@@ -507,6 +508,40 @@ def test_stats_marks_a_shards_disk_low_below_the_servers_threshold(low, servers,
     code, out, err = worker(["stats", "--servers", addresses[0], "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["shards"][0]["disk_low"] == int(low)
+
+
+def test_an_export_whose_ps_server_export_is_killed_names_the_signal_and_leaves_out_as_it_was(tmp_path, capsys,
+                                                                                                monkeypatch):  # fmt: skip
+    """A `ps-server export` killed by a signal (the OOM killer's SIGKILL) ends ps-worker export with a line naming
+    it and 128 + its number, as a shell reports such a death (not the child's raw returncode, -9); OUT holds the
+    earlier export alone, and an OUT the export made is gone."""
+    import subprocess
+
+    server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
+    server.start()
+    real = subprocess.run
+
+    def killed(command, *args, **kwargs):  # in place of ps-server export: a child that dies of SIGKILL
+        return real([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], *args,
+                    **kwargs)  # fmt: skip
+
+    try:
+        address = f"127.0.0.1:{server.port}"
+        with Client([address]) as client:
+            client.create_table(TableConfig("emb", 2))
+            client.push("emb", np.arange(5, dtype=np.uint64), np.ones((5, 2), np.float32))
+        out = tmp_path / "export"
+        assert worker(["export", str(out), "--servers", address, "--no-progress"], capsys)[0] == 0
+        before = tree(out)
+        monkeypatch.setattr(subprocess, "run", killed)
+        code, _, err = worker(["export", str(out), "--servers", address, "--overwrite", "--no-progress"], capsys)
+        new_code, _, new_err = worker(["export", str(tmp_path / "new"), "--servers", address, "--no-progress"], capsys)
+    finally:
+        server.stop(grace_s=1)
+    assert code == new_code == 128 + signal.SIGKILL, (err, new_err)
+    said = "ps-worker: error: `ps-server export` was killed by SIGKILL before it finished: nothing was exported"
+    assert said in err and said in new_err, (err, new_err)
+    assert tree(out) == before and not (tmp_path / "new").exists()  # no checkpoint.new-... left in either
 
 
 @pytest.mark.parametrize("no_progress", [False, True])

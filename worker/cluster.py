@@ -32,6 +32,7 @@ from collections.abc import Sequence
 
 from ps.errors import ServerUnavailableError
 from ps.settings import CONFIG_ENV
+from ps.terminate import how_it_ended
 from worker.temp_dirs import keep, make_temp_dir
 
 _LISTENING = re.compile(rb"listening on (\S+):(\d+)")
@@ -134,7 +135,7 @@ class LocalCluster:
                     continue
             if proc.poll() is not None:
                 raise ServerUnavailableError(
-                    f"local shard {shard_id} exited with code {proc.returncode} before listening; "
+                    f"local shard {shard_id} {how_it_ended(proc.returncode)} before listening; "
                     f"log: {self.log_path(shard_id)}\n{self._tail(shard_id)}"
                 )
 
@@ -172,9 +173,8 @@ class LocalCluster:
         code = proc.poll()
         if code is None:
             return None
-        how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
         return (
-            f"local shard {shard_id} (pid {proc.pid}) {how}, and a local shard is not restarted: its rows are "
+            f"local shard {shard_id} (pid {proc.pid}) {how_it_ended(code)}, and a local shard is not restarted: its rows are "
             f"gone with it (its log: {self.log_path(shard_id)})"
         )
 
@@ -239,10 +239,3 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.cleanup()
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

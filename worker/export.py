@@ -7,7 +7,8 @@
     3. a checkpoint through the servers into OUT/checkpoint.new-<pid>-<host>-<8 hex> (worker/checkpoint.py save;
        OUT must lie inside the servers' --checkpoint-root)
     4. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
-       RocksDB files, the worker does not import it), --since and --tables passed on
+       RocksDB files, the worker does not import it), --since and --tables passed on; its exit code is this one's,
+       and one killed by signal N is said so, exit code 128 + N
     5. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
        (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null)
 Checked before any server is asked: OUT new or empty (or --overwrite), writable, and any OUT/checkpoint one that an
@@ -31,7 +32,7 @@ from ps.checkpoint import table_patterns
 from ps.errors import CheckpointOutsideRootError, InvalidArgumentError, NoCheckpointRootError
 from ps.storage import leftovers
 from ps.storage.atomicfile import sync_directory, sync_file
-from ps.terminate import child_setup
+from ps.terminate import child_setup, how_it_ended
 from worker.checkpoint import save
 from worker.flags import check_new_dir
 from worker.tables import NEVER_TRAINED
@@ -119,9 +120,14 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
         except BaseException:
             undo()
             raise
-        if done.returncode != 0:  # ps-server export said why; an earlier export in OUT is as it was
+        if done.returncode != 0:  # an earlier export in OUT is as it was
             undo()
-            return done.returncode
+            if done.returncode > 0:  # ps-server export said why
+                return done.returncode
+            print(f"ps-worker: error: `ps-server export` {how_it_ended(done.returncode)} before it finished: nothing "
+                  f"was exported, and an earlier export in {args.out} is as it was (the next export into it removes "
+                  "any temporary files the child left there)", file=sys.stderr)  # fmt: skip
+            return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
         if os.path.isdir(kept):
             shutil.rmtree(kept)  # the earlier export's, now replaced
         if args.keep_checkpoint:

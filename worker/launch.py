@@ -55,7 +55,7 @@ from typing import Any
 from ps.errors import MODEL_STATE_REPLACED, PsError
 from ps.settings import unknown_environment
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from ps.terminate import Terminated, child_setup, sigterm_raises
+from ps.terminate import Terminated, child_setup, how_it_ended, sigterm_raises
 from worker.cluster import free_port, without_security_variables
 from worker.datafiles import check_held_out
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
@@ -180,7 +180,8 @@ def cuda_device_count() -> tuple[int, str]:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ValueError(f"could not ask torch how many GPUs it sees: {last}")
+        raise ValueError(f"could not ask torch how many GPUs it sees (the child Python that asks "
+                         f"{how_it_ended(done.returncode)}): {last}")  # fmt: skip
     count, version = done.stdout.split()
     return int(count), version
 
@@ -729,12 +730,7 @@ def _report_failure(worker: int, code: int, tails: Sequence[Sequence[str]]) -> N
     worker's). Where those lines say the job stopped because another worker stopped before its end (a sync or ssp
     job: the workers stop within moments of each other, and the one that stopped first may exit second), that
     worker is named as the one that stopped the job, and its lines come first."""
-    how = f"exited with code {code}"
-    if code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
+    how = how_it_ended(code)
     causes = {int(m.group(1)) for line in tails[worker] if (m := PEER_STOPPED.search(line))} - {worker}
     cause = min(causes) if len(causes) == 1 and min(causes) < len(tails) else None
     if cause is not None:
