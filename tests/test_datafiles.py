@@ -147,9 +147,15 @@ def test_a_file_of_another_format_or_header_is_refused_naming_it(tmp_path):
         check_same_format(f"{criteo_paths[0]},{libsvm}", schema_of(criteo, "criteo"))
     with pytest.raises(ValueError, match=rf"^{criteo}: its first line is not libsvm"):
         check_same_format(f"{libsvm},{criteo}", schema_of(libsvm, "libsvm"))
-    with pytest.raises(ValueError) as e:  # the first file itself: named once, with the flag to check
+    with pytest.raises(ValueError) as e:  # the first file itself: named once, with the flag that reads it
         check_same_format(f"{libsvm},{criteo_paths[0]}", schema_of(criteo, "criteo"))
-    assert str(e.value).startswith(f"{libsvm}: its first line has 1 tab-separated columns, expected 40")
+    assert str(e.value).startswith(f"{libsvm} line 1: 1 tab-separated columns, expected 40 (it looks like libsvm")
+    assert "--format libsvm reads it" in str(e.value) and "unlike" not in str(e.value)
+    tsv = tmp_path / "other.tsv"  # a first file of tabs, of another layout: the flag to check
+    tsv.write_text("1\ta\tb\n")
+    with pytest.raises(ValueError) as e:
+        check_same_format(f"{tsv},{criteo_paths[0]}", schema_of(criteo, "criteo"))
+    assert str(e.value).startswith(f"{tsv}: its first line has 3 tab-separated columns, expected 40")
     assert str(e.value).endswith(": the data must be criteo (is --format right?)") and "unlike" not in str(e.value)
 
 
@@ -258,3 +264,17 @@ def test_describe_files_names_the_files_read_in_order_and_those_skipped(tmp_path
     for k in range(7):
         (many / f"p{k}").write_text("x\n")
     assert describe_files("--eval-data", f"{many}/p*").endswith("(p0, p1, p2, p3, p4, ... (2 more))")
+
+
+def test_a_directory_of_csv_parts_read_as_criteo_is_refused_with_the_flag_a_single_csv_gets(tmp_path):
+    """The first part with content, read as Criteo TSV, is refused as one CSV file is: named at its line 1, with
+    the --format that reads it (an empty part before it is passed over)."""
+    paths, _ = split(SAMPLES["csv"](tmp_path), tmp_path / "parts", SIZES, "csv", gz={1})
+    paths[0].write_bytes(b"")  # no content
+    schema = schema_of(SAMPLES["criteo"](tmp_path), "criteo")
+    for spec in (str(tmp_path / "parts"), str(paths[1])):
+        with pytest.raises(ValueError) as e:
+            check_same_format(spec, schema)
+        assert str(e.value) == (f"{paths[1]} line 1: 1 tab-separated columns, expected 40 (it looks comma-separated: "
+                                "--format csv reads a CSV file with a header); a file of no tab is no Criteo TSV: "
+                                "nothing was read")  # fmt: skip

@@ -190,15 +190,17 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
     the first file's with content, and how: a CSV header other than the first's; a first data line the format
     cannot split (Criteo: 39 or 40 tab-separated columns; libsvm: label and id:value tokens); labels where the
     first file has none, or none where it has them. Files of no content (share.is_blank) are left out; ValueError
-    if every file is such. A single file read as criteo whose line 1 has no tab and looks like another format (CSV,
-    another delimiter, libsvm: criteo.other_format_hint) is refused too:
-    every line would be malformed, so it is said at once, not after --max-bad-lines of them. Only each file's
-    start is read."""
+    if every file is such. Read as criteo, the first file with content (a single file: that file) whose line 1 has
+    no tab and looks like another format (CSV, another delimiter, libsvm: criteo.other_format_hint) is refused too,
+    with that format's flag: every line would be malformed, so it is said at once, not after --max-bad-lines of
+    them. Only each file's start is read."""
     files = data_files(path)
-    if len(files) < 2:
-        other = criteo_reader.other_format_first_line(files[0]) if files and schema.format == "criteo" else None
+    if files and schema.format == "criteo":
+        name = first_with_content(path)
+        other = criteo_reader.other_format_first_line(name)
         if other:  # every line would be malformed: said at once, not after --max-bad-lines of them
-            raise ValueError(f"{files[0]} line 1: {other}; a file of no tab is no Criteo TSV: nothing was read")
+            raise ValueError(f"{name} line 1: {other}; a file of no tab is no Criteo TSV: nothing was read")
+    if len(files) < 2:
         return
     files = [name for name in files if not is_blank(name)]
     if not files:
