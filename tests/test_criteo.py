@@ -151,6 +151,32 @@ def test_bad_integers_are_bad_lines_of_the_builtin_schema(tmp_path, ints, messag
     assert f"data.txt line 5: {message}, expected empty, NA (missing) or a base-10 integer in (" in str(info.value)
 
 
+HEADER_HINT = (
+    " (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file as a "
+    "tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes its schema)"
+)
+
+
+@pytest.mark.parametrize("file_line", [1, 4])
+def test_a_header_line_is_a_bad_line_that_says_what_to_do_with_it(tmp_path, file_line):
+    """A line of column names (label, I1, ...; a header written by mistake, or a concatenated file's) is a bad
+    label, said to be a header line with the two ways to read the file; a bad label of numbers is not."""
+    header = "\t".join(["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)])
+    lines = [GOOD] * 5
+    lines.insert(file_line - 1, header)
+    path = tmp_path / "data.txt"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as info:
+        read_criteo(path, batch_size=3)
+    assert str(info.value).startswith(f"{path} line {file_line}: label 'label', expected '0' or '1'{HEADER_HINT}; ")
+    with pytest.raises(ValueError) as info:
+        parse_lines((header + "\n").encode(), "f", 1)
+    assert str(info.value) == f"f line 1: label 'label', expected '0' or '1'{HEADER_HINT}"
+    for label, first_int in (("yes", "3"), ("2", "I1"), ("", "I1")):  # a cell of a number or an empty one: no header
+        line = "\t".join([label, first_int] + GOOD.split("\t")[2:])
+        assert parse_share([(line + "\n").encode()], 1, 1, "f")[3] == [(1, f"label {label!r}, expected '0' or '1'")]
+
+
 def test_parse_share_reports_bad_lines_and_parses_the_rest():
     lines = [
         (GOOD + "\n").encode(),

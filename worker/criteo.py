@@ -62,8 +62,27 @@ def parse_lines(chunk: bytes, name: str, first_line: int) -> tuple[np.ndarray, n
     bad = np.flatnonzero(~is_one & (label_col != b"0"))
     if len(bad):
         i = int(bad[0])
-        raise ValueError(f"{name} line {first_line + i}: label {_text(label_col[i])!r}, expected '0' or '1'")
+        raise ValueError(f"{name} line {first_line + i}: {_label_problem(label_col[i], columns[i, 1])}")
     return is_one.astype(np.float32), columns
+
+
+def _label_problem(label: bytes, first_int: bytes) -> str:
+    """The problem of a line whose label cell is not 0 or 1 (first_int: its I1 cell); when both cells are words
+    (not empty, not numbers), as in a header line (`label<TAB>I1...`), what to do with such a line."""
+    problem = f"label {_text(label)!r}, expected '0' or '1'"
+    if _is_word(label) and _is_word(first_int):
+        problem += (" (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file as "
+                    "a tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes its "
+                    "schema)")  # fmt: skip
+    return problem
+
+
+def _is_word(cell: bytes) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return bool(cell.strip())
+    return False
 
 
 def _text(field: bytes) -> str:
@@ -175,9 +194,9 @@ def shape_problem(line: bytes) -> str | None:
                 "writes its schema)"
             )
         return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
-    label = body[: body.index(b"\t")].rstrip(b"\0")  # numpy's bytes arrays drop trailing NULs
+    label, first_int = (cell.rstrip(b"\0") for cell in body.split(b"\t", 2)[:2])  # as numpy's bytes arrays hold them
     if label not in (b"0", b"1"):
-        return f"label {_text(label)!r}, expected '0' or '1'"
+        return _label_problem(label, first_int)
     return None
 
 
