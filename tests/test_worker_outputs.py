@@ -719,3 +719,27 @@ def test_synth_whose_schema_meets_a_full_disk_names_it_and_leaves_no_part_of_it(
     assert code == 2, err
     assert f"the schema beside --out, {out}.schema.toml: could not write it (No space left on device)" in err, err
     assert sorted(os.listdir(tmp_path)) == ["data.csv"]  # the rows, and no part of a schema
+
+
+def test_a_csv_run_says_how_it_reads_each_column(tmp_path, capsys):
+    """The columns line: the label and where it came from, the fields by kind (a schema's twins apart), and the
+    header's columns no field reads; the built-in schema (every other column categorical) and a schema file."""
+    rng = np.random.default_rng(0)
+    rows = [f"{u},{c},s{rng.integers(5)},{rng.random() * 100:.2f},{rng.integers(30)}"
+            for u, c in zip(rng.permutation(400), rng.integers(0, 2, 400))]  # fmt: skip
+    data = tmp_path / "d.csv"
+    data.write_text("row_id,click,site,price,hour\n" + "\n".join(rows) + "\n")
+    run = ["train", "--local-shards", "1", "--data", str(data), "--model", "lr", "--epochs", "1", "--no-progress"]
+    code, out, err = worker([*run, "--format", "csv", "--label-column", "click", "--drop-columns", "row_id"], capsys)
+    assert code == 0, err
+    assert ("columns  label 'click' (--label-column); 3 categorical, each value an id: site, price, hour; not read: "
+            "row_id\n") in out  # fmt: skip
+    schema = tmp_path / "s.toml"
+    schema.write_text('format = "csv"\nlabel = "click"\n[[columns]]\nname = "site"\nkind = "categorical"\n'
+                      '[[columns]]\nname = "price"\nkind = "numeric"\ntransform = "log"\n'
+                      '[[columns]]\nname = "price_b"\nsource = "price"\nkind = "numeric"\ntransform = "bucketize"\n'
+                      "boundaries = [10.0, 50.0]\n")  # fmt: skip
+    code, out, err = worker([*run, "--schema", str(schema)], capsys)
+    assert code == 0, err
+    assert ("columns  label 'click' (the schema's `label`); 1 categorical, each value an id: site; 1 numeric (log): "
+            "price; 1 bucketized (bucketize): price_b; not read: row_id, hour\n") in out  # fmt: skip

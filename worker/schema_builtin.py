@@ -289,3 +289,28 @@ def _warn_of_libsvm_values(data: str) -> None:
                     "and is not used as a weight. Real-valued features train better as ids of their buckets, or "
                     "from a csv file with `ps-worker schema`", data, weighted, tokens, HINT_SAMPLE_ROWS,
                     example)  # fmt: skip
+
+
+_SHOWN_NAMES = 6  # names of a kind the columns line shows, at most
+
+
+def columns_line(schema: Schema, header: list[str] | None) -> str:
+    """One line of a csv run's story saying how it reads the file's columns (header: the training file's): the
+    label and where it was taken from, the fields by kind and transform (names shown up to _SHOWN_NAMES a kind),
+    and the header's columns no field reads."""
+    origin = {"first column": "the first column, the built-in default", "schema": "the schema's `label`"}
+    label = schema.label if schema.label is not None else (header or ["?"])[0]
+    parts = [f"label {label!r} ({origin.get(schema.label_from, schema.label_from)})"]
+    kinds: dict[str, list[str]] = {}
+    for c in schema.columns:
+        kind = "categorical, each value an id" if c.kind == "categorical" else c.kind
+        if c.kind == "numeric":
+            kind = f"{'bucketized' if c.is_sparse else 'numeric'} ({c.transform})"
+        kinds.setdefault(kind, []).append(c.name)
+    for kind, names in kinds.items():
+        more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
+        parts.append(f"{len(names)} {kind}: {', '.join(names[:_SHOWN_NAMES])}{more}")
+    read = {label} | {c.source for c in schema.columns}
+    unread = [h for h in header or [] if h not in read]
+    parts.append(f"not read: {', '.join(unread) if unread else 'none'}")
+    return "columns  " + "; ".join(parts)

@@ -37,6 +37,7 @@ from worker.client import Client
 from worker.data import DataSource
 from worker.datafiles import check_held_out, describe_files
 from worker.dense import dense_norm, start_logit_bias
+from worker.formats import first_with_content, read_csv_header
 from worker.job import dense_path, job_client, loop_settings, make_backend, prepare
 from worker.loop import LoopResult, TrainingDataError, run_epochs
 from worker.model_tables import (
@@ -51,6 +52,7 @@ from worker.model_tables import (
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, state_changed
+from worker.schema_builtin import columns_line
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import row_source
 from worker.tables import check_tables
@@ -126,6 +128,8 @@ def train(cfg: TrainConfig) -> dict:
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
         _say(recipe_line, cfg)
+        if data.schema.format == "csv" and cfg.data is not None and cfg.worker_id == 0:
+            _say(columns_line(data.schema, read_csv_header(first_with_content(cfg.data), data.schema.delimiter)), cfg)
         for flag, given in (("--data", cfg.data), ("--validation-data", cfg.validation_data),
                             ("--eval-data", cfg.eval_data)):  # fmt: skip
             files = describe_files(flag, given)
