@@ -416,6 +416,12 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     with pytest.raises(ValueError, match=re.escape("`label` names another; the header has 'clicked': --label-column "
                                                    "clicked?)")):  # fmt: skip
         read(named, "csv", 10)
+    named.write_text("site,price,is_click,y\na,2.5,1,0\n")  # LABEL_NAMES first, then LABEL_WORDS, as the warning
+    with pytest.raises(ValueError, match=re.escape("the header has 'y': --label-column y?)")):
+        read(named, "csv", 10)
+    named.write_text("site,price,is_click\na,2.5,1\n")
+    with pytest.raises(ValueError, match=re.escape("the header has 'is_click': --label-column is_click?)")):
+        read(named, "csv", 10)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])

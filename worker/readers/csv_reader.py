@@ -148,9 +148,10 @@ class _Label:
             return f"{what}, expected 0 or 1 (column {self.name!r}, the schema's label)"
         if self.origin == "--label-column":
             return f"{what}, expected 0 or 1 (column {self.name!r}, given by --label-column)"
-        from worker.schema_infer import LABEL_NAMES  # the names `ps-worker schema` takes a label by
+        from worker.schema_infer import LABEL_NAMES, LABEL_WORDS  # the names `ps-worker schema` takes a label by
 
-        named = [h for h in self.header if h.lower() in LABEL_NAMES and h != self.name]
+        others = [h for h in self.header if h != self.name]
+        named = [h for h in others if h.lower() in LABEL_NAMES] or [h for h in others if LABEL_WORDS.search(h)]
         hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if named else ""
         return (f"{what}, expected 0 or 1 (column {self.name!r}, the first column, the built-in default: "
                 f"--label-column or the schema's `label` names another{hint})")  # fmt: skip
