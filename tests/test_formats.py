@@ -422,6 +422,22 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     named.write_text("site,price,is_click\na,2.5,1\n")
     with pytest.raises(ValueError, match=re.escape("the header has 'is_click': --label-column is_click?)")):
         read(named, "csv", 10)
+    coded = tmp_path / "coded.csv"  # labels coded -1/1 or yes/no: how to write them; 2 or NA: a bad cell, no more
+    rewrite = (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are "
+               "read as 1 and 0 too); 1 bad line")  # fmt: skip
+    for cell, told in (
+        ("-1", rewrite),
+        (" yes", rewrite),
+        ("No", rewrite),
+        ("2", "; 1 bad line"),
+        ("NA", "; 1 bad line"),
+    ):
+        coded.write_text(f"id,click,site\nu1,1,a\nu2,{cell},b\n")
+        for how in (schema, flagged):
+            with pytest.raises(ValueError) as e:
+                read(coded, "csv", 10, schema=how)
+            assert f"line 3: label {cell!r}, expected 0 or 1 (column 'click', " in str(e.value)
+            assert f"){told}, more than --max-bad-lines 0" in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])

@@ -144,10 +144,9 @@ class _Label:
         if self._repeated_header(row):
             return "a repeated header line (files concatenated?)"
         what = f"label {cell!r}" if cell.strip() else "an empty label"
-        if self.origin == "schema":
-            return f"{what}, expected 0 or 1 (column {self.name!r}, the schema's label)"
-        if self.origin == "--label-column":
-            return f"{what}, expected 0 or 1 (column {self.name!r}, given by --label-column)"
+        if self.origin in ("schema", "--label-column"):
+            given = "the schema's label" if self.origin == "schema" else "given by --label-column"
+            return f"{what}, expected 0 or 1 (column {self.name!r}, {given}){_other_coding(cell)}"
         from worker.schema_infer import LABEL_NAMES, LABEL_WORDS  # the names `ps-worker schema` takes a label by
 
         others = [h for h in self.header if h != self.name]
@@ -155,6 +154,16 @@ class _Label:
         hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if named else ""
         return (f"{what}, expected 0 or 1 (column {self.name!r}, the first column, the built-in default: "
                 f"--label-column or the schema's `label` names another{hint})")  # fmt: skip
+
+
+def _other_coding(cell: str) -> str:
+    """For a label cell of the label column that is -1 or a word (not a missing value's text), as labels coded -1
+    and 1, or yes and no, are: how to write them; else ""."""
+    value = label_value(cell)
+    if value != -1 and not (math.isnan(value) and cell.strip() and not is_missing_text(cell)):
+        return ""
+    return ": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are read " \
+        "as 1 and 0 too)"  # fmt: skip
 
 
 def _delimiter_hint(header: list[str], delimiter: str) -> str:
