@@ -209,7 +209,11 @@ def unknown_environment(environ: Mapping[str, str]) -> dict[str, list[str]]:
 def unknown_arguments(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """parser.parse_known_args(argv) with no argument required, in the parser and its subcommands' parsers: the
     arguments no parser knows are found even where a required one is missing (argparse says only that it is
-    missing, and `--data-dr x` would leave `--data-dir` missing without naming the flag mistyped)."""
+    missing, and `--data-dr x` would leave `--data-dir` missing without naming the flag mistyped). With -h or
+    --help in argv it is the plain parse, which prints the help: relaxed, its usage line would show the required
+    flags as optional."""
+    if "-h" in argv or "--help" in argv:
+        return parser.parse_known_args(argv)
     relaxed = []
 
     def relax(p: argparse.ArgumentParser) -> None:
