@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The two commands a newcomer needs, with nothing but Python 3.11+ installed:
+"""The commands a newcomer needs, with nothing but Python 3.11+ installed:
 
     python3 dev.py demo    # local cluster of 2 shards trains an FM on synthetic data, prints AUC vs the oracle
     python3 dev.py test    # lint (ruff check, ruff format --check), then the whole test suite (pytest-xdist)

@@ -146,7 +146,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="lazy L2 of the sparse tables: a row's embedding decays by (1 - learning rate * l2) per clock step, "
         "applied by the servers when the row is next pushed (not with ftrl, which has its own, nor --mode geo, whose "
-        "deltas it never reaches; default: the recipe's)",
+        f"deltas it never reaches; default: the recipe's: {SMALL.l2:g} for small data, {LARGE.l2:g} for large)",
     )
     model.add_argument("--dense-l2", type=number(0, 1e6), default=None,
                        help=f"L2 penalty on the MLP weights (default: the recipe's: {SMALL.dense_l2:g} for small data, "
