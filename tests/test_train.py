@@ -951,3 +951,14 @@ def test_the_labels_before_training_are_a_splits_or_the_held_examples_or_none():
     assert counts.examples == len(trained) == 3000 and counts.positives == int((trained > 0.5).sum()) > 0
     _, streamed, _, _ = prepare(dataclasses.replace(split, validation_fraction=0.0, early_stop=0, shuffle=False))
     assert streamed.labels_before_training() is None
+
+
+def test_a_resumed_runs_trained_line_says_where_it_resumed_naming_no_flag_it_may_not_have_had():
+    """A run resumed from its --resume-file's position was given no --skip-examples: the line names neither."""
+    from worker.results import format_results
+
+    r = {"model": "fm", "backend": "numpy", "device": "cpu", "worker": "0/1", "shards": 2, "train_examples": 653_888,
+         "train_seconds": 11.0, "examples_per_s": 59_444.0}  # fmt: skip
+    assert "on 653,888 examples with 2 shards" in format_results(r)
+    resumed = format_results({**r, "skipped_examples": 346_112})
+    assert "on 653,888 examples (resumed after 346,112 examples) with 2 shards" in resumed, resumed

@@ -107,12 +107,13 @@ def format_results(r: dict) -> str:
 
 def skipped_note(r: dict) -> str:
     """The note after the examples trained of a run's figures (or a job's), " (N malformed lines skipped per
-    pass)", when they count skipped lines of the training data, with "after N skipped by --skip-examples" for a
-    resumed run and "stopped at --max-examples N" for one its limit ended; else ""."""
+    pass)", when they count skipped lines of the training data, with "resumed after N examples" for a run that
+    skipped a stopped run's N (its --skip-examples, or its --resume-file's position) and "stopped at --max-examples
+    N" for one its limit ended; else ""."""
     skipped = r.get("skipped_lines") or 0
     notes = [f"{skipped:,} malformed {'line' if skipped == 1 else 'lines'} skipped per pass"] if skipped else []
     if r.get("skipped_examples"):
-        notes.append(f"after {r['skipped_examples']:,} skipped by --skip-examples")
+        notes.append(f"resumed after {r['skipped_examples']:,} examples")
     if r.get("stopped_at_max_examples"):
         notes.append(f"stopped at --max-examples {r['max_examples']:,}{', the job total' if _workers(r) > 1 else ''}")
     return f" ({'; '.join(notes)})" if notes else ""
