@@ -962,3 +962,21 @@ def test_a_resumed_runs_trained_line_says_where_it_resumed_naming_no_flag_it_may
     assert "on 653,888 examples with 2 shards" in format_results(r)
     resumed = format_results({**r, "skipped_examples": 346_112})
     assert "on 653,888 examples (resumed after 346,112 examples) with 2 shards" in resumed, resumed
+
+
+def test_l2_follows_the_optimizer_table_config_gives_a_table(tmp_path, caplog):
+    """--l2 is left out of an ftrl table, as the optimizer the table trains with says, --table-config's included:
+    the small recipe's ftrl turned adagrad by the file takes --l2 (and no warning says it is ftrl); the large
+    recipe's adagrad turned ftrl by the file leaves it out, with the warning, not an error blaming the file."""
+    from worker.model_tables import table_configs
+
+    adagrad, ftrl = tmp_path / "adagrad.toml", tmp_path / "ftrl.toml"
+    adagrad.write_text('[fm]\noptimizer = { name = "adagrad", learning_rate = 0.05 }\n')
+    ftrl.write_text('[fm]\noptimizer = { name = "ftrl", learning_rate = 0.05 }\n')
+    for which, path, expected in (("small", adagrad, ("adagrad", 0.5)), ("large", ftrl, ("ftrl", 0.0))):
+        cfg, data, spec, _ = prepare(TrainConfig(servers=("h:1",), synthetic_rows=20_000, progress=False, l2=0.5,
+                                                 recipe=which, table_config=str(path)))  # fmt: skip
+        caplog.clear()
+        fm = {t.name: t for t in table_configs(cfg, spec, data.schema.table_overrides())}["fm"]
+        assert (fm.optimizer.name, fm.l2) == expected
+        assert ("--l2 does not apply to table fm" in caplog.text) == (expected[0] == "ftrl"), caplog.text

@@ -23,12 +23,14 @@ log = logging.getLogger("worker.train")  # the training job's logger (log lines 
 
 
 def sparse_table_configs(
-    spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict], warn: bool = True
-) -> list[TableConfig]:
+    spec: ModelSpec, cfg: TrainConfig, schema_overrides: dict[str, dict], warn: bool = True,
+    file_overrides: dict[str, dict] | None = None,
+) -> list[TableConfig]:  # fmt: skip
     """One table per schema table: LR weights start at 0, embeddings small and random, --l2 as the table's lazy
     L2 (applied by the servers to the rows a push touches, for the steps since their last push); the schema's
-    settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults. warn: log that --l2
-    does not apply to an ftrl table."""
+    settings of a table (optimizer, initializer, l2, admission, ...) win over these defaults, and file_overrides
+    (--table-config's) over those. --l2 is left out of a table whose optimizer, so chosen, is ftrl; warn: log that
+    it is."""
     out = []
     for name in spec.table_dims():
         init = InitializerConfig("zeros", 0.0) if spec.name == "lr" else InitializerConfig("uniform", 0.01, seed=0)
@@ -40,12 +42,19 @@ def sparse_table_configs(
             l2=cfg.l2 or 0.0,
         )
         fields = {k: v for k, v in schema_overrides.get(name, {}).items() if k not in ("name", "dim")}
+        from_file = {k: v for k, v in (file_overrides or {}).get(name, {}).items() if k not in ("name", "dim")}
+        fields.update(from_file)
         t = dataclasses.replace(t, **fields)
         if t.optimizer.name == "ftrl" and t.l2 and "l2" not in fields:
             if warn:
                 log.warning("--l2 does not apply to table %s: its optimizer is ftrl, which has its own l2", name)
             t = dataclasses.replace(t, l2=0.0)
-        out.append(t.normalized())
+        try:
+            out.append(t.normalized())
+        except ValueError as e:
+            if not from_file:
+                raise
+            raise ValueError(f"{cfg.table_config}: table {name}: {e}") from None
     return out
 
 
@@ -54,29 +63,28 @@ def table_configs(
 ) -> list[TableConfig]:
     """The model's tables (sparse, then one per dense parameter), with --table-config applied to those it names;
     features: what their rows mean (Schema.fingerprint), set on every one of them."""
-    dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
-    tables = sparse_table_configs(spec, cfg, schema_overrides or {})
-    tables += [dense_table_config(p, dense_opt) for p in spec.dense_params()]
-    tables = [dataclasses.replace(t, features=features) for t in tables]
-    if not cfg.table_config:
-        return tables
-    with open(cfg.table_config) as f:
-        overrides = table_configs_from_toml(f.read(), cfg.table_config)
-    unknown = sorted(set(overrides) - {t.name for t in tables})
+    overrides = {}
+    if cfg.table_config:
+        with open(cfg.table_config) as f:
+            overrides = table_configs_from_toml(f.read(), cfg.table_config)
+    dense = [dense_table_config(p, OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate))
+             for p in spec.dense_params()]  # fmt: skip
+    dims = {**{name: spec.row_dim(name) for name in spec.table_dims()}, **{t.name: t.dim for t in dense}}
+    unknown = sorted(set(overrides) - set(dims))
     if unknown:
-        raise ValueError(f"{cfg.table_config} names tables {unknown}; model {cfg.model} has {[t.name for t in tables]}")
-    out = []
-    for t in tables:
-        fields = dict(overrides.get(t.name, {}))
-        if fields.get("dim", t.dim) != t.dim:
-            raise ValueError(
-                f"{cfg.table_config}: table {t.name} has dim {fields['dim']}, model {cfg.model} needs {t.dim}"
-            )
+        raise ValueError(f"{cfg.table_config} names tables {unknown}; model {cfg.model} has {list(dims)}")
+    for name, fields in overrides.items():
+        if fields.get("dim", dims[name]) != dims[name]:
+            raise ValueError(f"{cfg.table_config}: table {name} has dim {fields['dim']}, model {cfg.model} needs "
+                             f"{dims[name]}")  # fmt: skip
+    tables = sparse_table_configs(spec, cfg, schema_overrides or {}, file_overrides=overrides)
+    for t in dense:  # as they are without --table-config; with one, validated with its settings applied
+        fields = {k: v for k, v in overrides.get(t.name, {}).items() if k not in ("name", "dim")}
         try:
-            out.append(dataclasses.replace(t, **fields).normalized())
+            tables.append(dataclasses.replace(t, **fields).normalized() if cfg.table_config else t)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{cfg.table_config}: table {t.name}: {e}") from None
-    return out
+    return [dataclasses.replace(t, features=features) for t in tables]
 
 
 def table_config_note(cfg: TrainConfig, spec: ModelSpec, schema_overrides: dict[str, dict],
