@@ -81,6 +81,12 @@ def test_synth_says_the_planted_models_auc_on_the_rows_it_wrote(tmp_path, capsys
     )
 
 
+def test_synth_of_rows_of_one_label_says_their_auc_is_undefined(tmp_path, capsys):
+    """One row holds one label: the planted model's AUC on it is undefined, said as eval says it, not 'nan'."""
+    code, stdout, err = worker(["synth", "--out", str(tmp_path / "d.tsv"), "--rows", "1"], capsys)
+    assert code == 0 and "scores AUC undefined (its examples hold one label only), logloss " in stdout, (stdout, err)
+
+
 def test_synth_with_history_checks_its_schema_file_before_writing_the_data(tmp_path, capsys):
     out, schema = tmp_path / "h.csv", tmp_path / "h.csv.schema.toml"
     schema.write_text("# reviewed by hand\n")

@@ -223,6 +223,7 @@ def _check_config_not_written(args) -> None:
 def _synth(args) -> int:
     import dataclasses
 
+    from worker.results import auc_text
     from worker.synthetic import SMALL_DATA_ROWS, SyntheticConfig, schema_text, small_data_config, write_synthetic
 
     if args.rows is None:
@@ -239,7 +240,7 @@ def _synth(args) -> int:
             check_new_file(flag, path, args.overwrite)
     written = _write_whole(args.out, lambda path: write_synthetic(path, cfg, args.start, args.start + args.rows))
     print(f"wrote rows [{args.start}, {args.start + args.rows}) to {args.out}: click rate {written['click_rate']:.1%}; "
-          f"the planted model that drew their labels scores AUC {written['oracle_auc']:.4f}, logloss "
+          f"the planted model that drew their labels scores AUC {auc_text(written['oracle_auc'])}, logloss "
           f"{written['oracle_logloss']:.4f} on them: the mark for a model evaluated on these rows")  # fmt: skip
     if args.small and args.start == 0 and args.rows <= 10 * SMALL_DATA_ROWS:  # (as measured up to 100,000 rows)
         print(f"  (--small: in {args.rows:,} such rows most ids are seen once or twice, so a model learns little of "
