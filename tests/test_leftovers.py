@@ -258,7 +258,7 @@ def test_a_predict_never_writes_through_a_link_where_its_partial_file_goes(tmp_p
 def test_a_predict_into_a_name_as_long_as_a_file_system_takes_writes_it_and_removes_its_dead_partial_files(
     tmp_path, files, caplog
 ):
-    """An --out name of 253 bytes (a character cut in two where the partial file's name cuts it): the partial file's
+    """An --out name of 253 bytes (a character where the partial file's name must cut it, left out whole): the partial file's
     name, which adds the pid, the host and a random part, keeps within 255 bytes, and the next predict into it
     finds a dead run's."""
     from worker import predict
@@ -272,6 +272,7 @@ def test_a_predict_into_a_name_as_long_as_a_file_system_takes_writes_it_and_remo
     killed = partial_file(str(out)).replace(f".{os.getpid()}-", f".{dead_pid()}-")
     other = partial_file(str(tmp_path / ("a" + "é" * 124 + ".tsv"))).replace(f".{os.getpid()}-", f".{dead_pid()}-")
     assert len(os.fsencode(os.path.basename(killed))) <= 255 and killed != other
+    assert killed.encode("utf-8") and other.encode("utf-8")  # no stray byte of a character cut in two
     write(Path(killed), 30)
     write(Path(other), 30)
     (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)

@@ -18,13 +18,18 @@ RANDOM_CHARS = 8  # what tempfile.mkstemp puts between a temporary file's prefix
 
 def name_within(name: str, room: int) -> str:
     """name, or, where it is longer than room bytes (as the file system has them), its start, "~" and 16 hex digits
-    of its hash, room bytes in all: the part of a temporary file's name that stands for the file it becomes, cut so
+    of its hash, room bytes at most (a UTF-8 name is cut between characters): the part of a temporary file's name that stands for the file it becomes, cut so
     that the whole keeps within NAME_MAX_BYTES (worker.temp_dirs' partial files, replaced_whole's)."""
     raw = os.fsencode(name)
     if len(raw) <= room:
         return name
     digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
-    return os.fsdecode(raw[: room - 1 - len(digest)]) + "~" + digest
+    head = raw[: room - 1 - len(digest)]
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return os.fsdecode(head) + "~" + digest  # a name that is no UTF-8 keeps its bytes as they are
+    return head.decode("utf-8", "ignore") + "~" + digest  # a character cut in two is left out whole
 
 
 def temp_prefix_within(prefix: str, suffix: str = ".tmp") -> str:
