@@ -18,8 +18,9 @@ RANDOM_CHARS = 8  # what tempfile.mkstemp puts between a temporary file's prefix
 
 def name_within(name: str, room: int) -> str:
     """name, or, where it is longer than room bytes (as the file system has them), its start, "~" and 16 hex digits
-    of its hash, room bytes at most (a UTF-8 name is cut between characters): the part of a temporary file's name that stands for the file it becomes, cut so
-    that the whole keeps within NAME_MAX_BYTES (worker.temp_dirs' partial files, replaced_whole's)."""
+    of its hash, room bytes at most (a UTF-8 name is cut between characters): the part of a temporary file's name
+    that stands for the file it becomes, cut so that the whole keeps within NAME_MAX_BYTES (worker.temp_dirs'
+    partial files, replaced_whole's)."""
     raw = os.fsencode(name)
     if len(raw) <= room:
         return name
