@@ -50,3 +50,12 @@ def test_a_ctrl_c_while_ps_worker_reads_its_arguments_says_interrupted_and_exits
     monkeypatch.setattr(worker.__main__, "apply_defaults", interrupted)
     assert worker.__main__.main(["stats", "--servers", "127.0.0.1:1"]) == 130
     assert capsys.readouterr().err == "ps-worker: interrupted\n"
+
+
+def test_a_ctrl_c_while_the_modules_load_exits_130_with_stderr_closed():
+    """No stderr to say it on (a daemon's fds closed): the exit code alone says it, not an OSError raised from the
+    handler into the import that was running."""
+    closed = "import os; os.close(2)\n" + INTERRUPTED_AT
+    done = subprocess.run([sys.executable, "-c", closed, "worker", "numpy._core._multiarray_umath"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert (done.returncode, done.stdout) == (130, "")
