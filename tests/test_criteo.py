@@ -155,12 +155,14 @@ HEADER_HINT = (
     " (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file as a "
     "tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes its schema)"
 )
+JOINED_HINT = " (a header line, of files joined with their headers? Criteo TSV has none: remove each)"
 
 
 @pytest.mark.parametrize("file_line", [1, 4])
 def test_a_header_line_is_a_bad_line_that_says_what_to_do_with_it(tmp_path, file_line):
     """A line of column names (label, I1, ...; a header written by mistake, or a concatenated file's) is a bad
-    label, said to be a header line with the two ways to read the file; a bad label of numbers is not."""
+    label, said to be a header line: at line 1 with the two ways to read the file, further on to be removed (the
+    first line's tail -n +2 and CSV reading would not do); a bad label of numbers is not."""
     header = "\t".join(["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)])
     lines = [GOOD] * 5
     lines.insert(file_line - 1, header)
@@ -168,7 +170,8 @@ def test_a_header_line_is_a_bad_line_that_says_what_to_do_with_it(tmp_path, file
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(ValueError) as info:
         read_criteo(path, batch_size=3)
-    assert str(info.value).startswith(f"{path} line {file_line}: label 'label', expected '0' or '1'{HEADER_HINT}; ")
+    hint = HEADER_HINT if file_line == 1 else JOINED_HINT  # line 1's ways to read the file apply to no other
+    assert str(info.value).startswith(f"{path} line {file_line}: label 'label', expected '0' or '1'{hint}; ")
     with pytest.raises(ValueError) as info:
         parse_lines((header + "\n").encode(), "f", 1)
     assert str(info.value) == f"f line 1: label 'label', expected '0' or '1'{HEADER_HINT}"

@@ -61,20 +61,23 @@ def parse_lines(chunk: bytes, name: str, first_line: int) -> tuple[np.ndarray, n
     is_one = label_col == b"1"
     bad = np.flatnonzero(~is_one & (label_col != b"0"))
     if len(bad):
-        i = int(bad[0])
-        raise ValueError(f"{name} line {first_line + i}: {_label_problem(label_col[i], columns[i, 1])}")
+        i, line_no = int(bad[0]), first_line + int(bad[0])
+        raise ValueError(f"{name} line {line_no}: {_label_problem(label_col[i], columns[i, 1], line_no)}")
     return is_one.astype(np.float32), columns
 
 
-def _label_problem(label: bytes, first_int: bytes) -> str:
-    """The problem of a line whose label cell is not 0 or 1 (first_int: its I1 cell); when both cells are words
-    (not empty, not numbers), as in a header line (`label<TAB>I1...`), what to do with such a line."""
+def _label_problem(label: bytes, first_int: bytes, line_no: int) -> str:
+    """The problem of line line_no whose label cell is not 0 or 1 (first_int: its I1 cell); when both cells are
+    words (not empty, not numbers), as in a header line (`label<TAB>I1...`), what to do with such a line: at line
+    1, remove it or read the file as a CSV; further on (files joined with their headers), remove every such line."""
     problem = f"label {_text(label)!r}, expected '0' or '1'"
-    if _is_word(label) and _is_word(first_int):
-        problem += (" (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file as "
-                    "a tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes its "
-                    "schema)")  # fmt: skip
-    return problem
+    if not (_is_word(label) and _is_word(first_int)):
+        return problem
+    if line_no > 1:
+        return f"{problem} (a header line, of files joined with their headers? Criteo TSV has none: remove each)"
+    return problem + (" (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file "
+                      "as a tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes "
+                      "its schema)")  # fmt: skip
 
 
 def _is_word(cell: bytes) -> bool:
@@ -148,7 +151,7 @@ def parse_share(
     problems: list[tuple[int, str]] = []
     for k, line in enumerate(lines):
         line_no, line = first + k * step, line if line.endswith(b"\n") else line + b"\n"
-        problem = shape_problem(line)
+        problem = shape_problem(line, line_no)
         if problem is None:
             good.append((line_no, line))
         else:
@@ -175,8 +178,8 @@ def _bisect(lines: list[tuple[int, bytes]], name: str, problems: list[tuple[int,
     return _bisect(lines[:mid], name, problems) + _bisect(lines[mid:], name, problems)
 
 
-def shape_problem(line: bytes) -> str | None:
-    """What is wrong with a line's column count or label (worded as parse_lines words it, with a hint for a line
+def shape_problem(line: bytes, line_no: int) -> str | None:
+    """What is wrong with line line_no's column count or label (worded as parse_lines words it, with a hint for a line
     that looks like another format or another tab-separated layout), or None."""
     body = line[:-1]  # the line ends with "\n"
     if body.endswith(b"\r"):
@@ -196,7 +199,7 @@ def shape_problem(line: bytes) -> str | None:
         return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
     label, first_int = (cell.rstrip(b"\0") for cell in body.split(b"\t", 2)[:2])  # as numpy's bytes arrays hold them
     if label not in (b"0", b"1"):
-        return _label_problem(label, first_int)
+        return _label_problem(label, first_int, line_no)
     return None
 
 

@@ -139,7 +139,7 @@ def other_format_first_line(name: str) -> str | None:
     line = first_line(name, lambda line: True)
     if line is None or not other_format_hint(_body(line)):
         return None
-    return shape_problem(_body(line) + b"\n")  # the reader's own wording of that line
+    return shape_problem(_body(line) + b"\n", 1)  # the reader's own wording of that line
 
 
 def _body(line: bytes) -> bytes:
