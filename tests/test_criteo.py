@@ -175,7 +175,8 @@ def test_a_header_line_is_a_bad_line_that_says_what_to_do_with_it(tmp_path, file
     with pytest.raises(ValueError) as info:
         parse_lines((header + "\n").encode(), "f", 1)
     assert str(info.value) == f"f line 1: label 'label', expected '0' or '1'{HEADER_HINT}"
-    for label, first_int in (("yes", "3"), ("2", "I1"), ("", "I1")):  # a cell of a number or an empty one: no header
+    # a cell of a number, an empty one or a missing value's text (an I1 of NA is a Criteo value): no header
+    for label, first_int in (("yes", "3"), ("2", "I1"), ("", "I1"), ("yes", "NA"), ("?", "I1")):
         line = "\t".join([label, first_int] + GOOD.split("\t")[2:])
         assert parse_share([(line + "\n").encode()], 1, 1, "f")[3] == [(1, f"label {label!r}, expected '0' or '1'")]
 

@@ -27,6 +27,7 @@ import re
 
 import numpy as np
 
+from worker.encode import is_missing_text
 from worker.features import MISSING_CAT, MISSING_INT, NUM_CAT_FIELDS, NUM_FIELDS, NUM_INT_FIELDS
 
 NUM_COLUMNS = 1 + NUM_FIELDS  # label + features
@@ -81,10 +82,11 @@ def _label_problem(label: bytes, first_int: bytes, line_no: int) -> str:
 
 
 def _is_word(cell: bytes) -> bool:
+    """Whether a cell is text other than a number or a missing value's (NA, null, ?: an I1 cell may hold those)."""
     try:
         float(cell)
     except ValueError:
-        return bool(cell.strip())
+        return not is_missing_text(cell)
     return False
 
 
