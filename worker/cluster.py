@@ -174,8 +174,8 @@ class LocalCluster:
         if code is None:
             return None
         return (
-            f"local shard {shard_id} (pid {proc.pid}) {how_it_ended(code)}, and a local shard is not restarted: its rows are "
-            f"gone with it (its log: {self.log_path(shard_id)})"
+            f"local shard {shard_id} (pid {proc.pid}) {how_it_ended(code)}, and a local shard is not restarted: its "
+            f"rows are gone with it (its log: {self.log_path(shard_id)})"
         )
 
     def died(self) -> str | None:

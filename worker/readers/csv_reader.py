@@ -162,8 +162,8 @@ def _other_coding(cell: str) -> str:
     value = label_value(cell)
     if value != -1 and not (math.isnan(value) and cell.strip() and not is_missing_text(cell)):
         return ""
-    return ": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are read " \
-        "as 1 and 0 too)"  # fmt: skip
+    return (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are "
+            "read as 1 and 0 too)")  # fmt: skip
 
 
 def _delimiter_hint(header: list[str], delimiter: str) -> str:
