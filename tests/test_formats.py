@@ -412,15 +412,24 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
                                                    "`label` names another); 2 bad lines")):  # fmt: skip
         read(first, "csv", 10, max_bad_lines=1)
     named = tmp_path / "named.csv"  # a label-named column that is not the first: named in the message
-    named.write_text("site,clicked\na,1\n")
+    named.write_text("site,clicked\na,1\nb,0\nc,\n")  # the label (schema_builtin.csv_label), where 'site' is none
+    with pytest.raises(ValueError, match=re.escape("line 4: an empty label, expected 0 or 1 (column 'clicked', named "
+                                                   "like a label and holding 0 and 1, where the first column, 'site', "
+                                                   "holds other values: --label-column or the schema's `label` names "
+                                                   "another); 1 bad line")):  # fmt: skip
+        read(named, "csv", 10)
+    named.write_text("site,clicked\na,yes\n")  # named so, but no labels: the first column stays the label
     with pytest.raises(ValueError, match=re.escape("`label` names another; the header has 'clicked': --label-column "
                                                    "clicked?)")):  # fmt: skip
         read(named, "csv", 10)
-    named.write_text("site,price,is_click,y\na,2.5,1,0\n")  # LABEL_NAMES first, then LABEL_WORDS, as the warning
-    with pytest.raises(ValueError, match=re.escape("the header has 'y': --label-column y?)")):
+    named.write_text("site,price,is_click,y\na,2.5,1,0\n")  # two label columns: which one is for the user to say
+    with pytest.raises(ValueError, match=re.escape("(column 'site', the first column, the built-in default: "
+                                                   "--label-column or the schema's `label` names another; the header "
+                                                   "has 'is_click' and 'y', named like a label: --label-column names "
+                                                   "the one to predict)")):  # fmt: skip
         read(named, "csv", 10)
-    named.write_text("site,price,is_click\na,2.5,1\n")
-    with pytest.raises(ValueError, match=re.escape("the header has 'is_click': --label-column is_click?)")):
+    named.write_text("site,price,has_clicked\na,2.5,1\n")  # LABEL_NAMES first, then LABEL_WORDS, as the warning
+    with pytest.raises(ValueError, match=re.escape("the header has 'has_clicked': --label-column has_clicked?)")):
         read(named, "csv", 10)
     coded = tmp_path / "coded.csv"  # labels coded -1/1 or yes/no: how to write them; 2 or NA: a bad cell, no more
     rewrite = (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are "

@@ -242,6 +242,9 @@ def test_a_data_directory_without_data_files_says_so(flag, tmp_path, capsys):
 
 def test_a_missing_data_file_says_so_and_what_is_expected(tmp_path, capsys):
     code, err = worker(["eval", "--servers", "127.0.0.1:5000", "--data", str(tmp_path / "nope.txt")], capsys)
+    assert code == 2 and f"--data {tmp_path / 'nope.txt'} does not exist; expected a data file (.gz" in err, err
+    code, err = worker(["eval", "--servers", "127.0.0.1:5000", "--data", str(tmp_path / "nope.txt"), "--format",
+                        "criteo"], capsys)  # fmt: skip
     assert code == 2 and f"--data {tmp_path / 'nope.txt'} does not exist; expected a criteo data file" in err, err
 
 

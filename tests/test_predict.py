@@ -563,21 +563,38 @@ def test_predict_over_a_directory_counts_bad_lines_over_all_files_and_keeps_its_
 
 
 def test_a_csv_whose_first_column_holds_labels_and_blank_labels_is_taken_as_labeled(tmp_path):
-    from worker.predict import _first_column_is_labels
+    from worker.predict import _csv_label_unknown
 
     for text, labeled in (("label,a\n,1\n1,2\nNA,3\n0,4\n", True), ("label,a\n,1\nNA,2\n", False),
                           ("label,a\n,1\n1,2\nx,3\n", False)):  # fmt: skip
         (tmp_path / "s.csv").write_text(text)
-        assert _first_column_is_labels(str(tmp_path / "s.csv")) is labeled, text
+        for fmt in ("csv", "auto"):
+            assert _csv_label_unknown(fmt, str(tmp_path / "s.csv")) is not labeled, text
 
 
 def test_a_csv_whose_first_column_holds_true_and_false_is_taken_as_labeled(tmp_path):
     """The readers take True/False as labels; predict's check of the built-in schema's first column does too."""
-    from worker.predict import _first_column_is_labels
+    from worker.predict import _csv_label_unknown
 
     (tmp_path / "tf.csv").write_text("label,a\nTrue,x\nfalse,y\n1,z\n")
     (tmp_path / "yes.csv").write_text("label,a\nyes,x\n")
-    assert _first_column_is_labels(str(tmp_path / "tf.csv")) and not _first_column_is_labels(str(tmp_path / "yes.csv"))
+    assert not _csv_label_unknown("csv", str(tmp_path / "tf.csv")) and _csv_label_unknown(
+        "csv", str(tmp_path / "yes.csv")
+    )
+
+
+def test_a_csv_whose_label_is_a_column_named_like_one_is_taken_as_labeled(tmp_path):
+    """Where the first column holds no labels, the one column named like a label that holds them is the label
+    (schema_builtin.csv_label): the file is labeled, and predict scores it alone; two such columns, or none, leave
+    the label unknown."""
+    from worker.predict import _csv_label_unknown
+
+    for text, unknown in (("id,click,a\n10,1,x\n11,0,y\n", False), ("id,click,y,a\n10,1,0,x\n", True),
+                          ("id,a\n10,x\n", True), ("id,click,a\n10,yes,x\n", True)):  # fmt: skip
+        (tmp_path / "s.csv").write_text(text)
+        assert _csv_label_unknown("auto", str(tmp_path / "s.csv")) is unknown, text
+    (tmp_path / "s.tsv").write_text("\t".join(["1", *["5"] * 39]) + "\n")  # criteo: no csv label to tell
+    assert not _csv_label_unknown("auto", str(tmp_path / "s.tsv"))
 
 
 def test_a_model_trained_before_models_had_a_logit_bias_is_scored_with_it_at_0(servers, files, tmp_path, caplog):

@@ -213,7 +213,14 @@ def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):
     assert [len(b.fields) for b in data.eval()] == [5]
     assert len(spec.fields) == 5
     with pytest.raises(ValueError, match=r"--libsvm-fields is for --format libsvm data only \(the format here is "):
-        TrainConfig(data=str(train), libsvm_fields=3, local_shards=1).validate()
+        TrainConfig(data=str(train), format="criteo", libsvm_fields=3, local_shards=1).validate()
+    csv = tmp_path / "train.csv"  # --format auto: refused once the format is told
+    csv.write_text("click,a\n1,x\n0,y\n")
+    with pytest.raises(ValueError, match=r"train.csv reads as csv \(a header line of 2 comma-separated names\), and "
+                       r"--libsvm-fields is for libsvm data: give --format libsvm to read it as libsvm, or leave "
+                       r"--libsvm-fields out"):  # fmt: skip
+        prepare(TrainConfig(data=str(csv), libsvm_fields=3, local_shards=1))
+    assert prepare(TrainConfig(data=str(train), libsvm_fields=4, local_shards=1))[1].schema.format == "libsvm"
 
 
 def test_shuffled_epochs_are_new_orders_of_the_same_examples_seeded_by_the_epoch():

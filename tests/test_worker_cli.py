@@ -543,13 +543,17 @@ def test_an_interrupted_run_on_local_shards_says_how_far_it_got_and_that_nothing
 
 
 def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
+    """--format criteo given for another format's file: refused at once with that format's flag. --format auto (the
+    default) reads a CSV and a libsvm file as such, and refuses another delimiter's file naming its schema."""
     csv_file = tmp_path / "my.csv"
     csv_file.write_text("label,a,b\n1,x,y\n0,z,w\n")
+    criteo = TrainConfig(local_shards=1, data=str(csv_file), format="criteo")
     with pytest.raises(ValueError, match=r"line 1: 1 tab-separated columns, expected 40 \(it looks comma-separated: "
                        r"--format csv"):  # fmt: skip
-        prepare(TrainConfig(local_shards=1, data=str(csv_file)))
+        prepare(criteo)
     with pytest.raises(ValueError, match=r"line 1: 1 tab-separated columns, .*a file of no tab is no Criteo TSV"):
-        prepare(TrainConfig(local_shards=1, data=str(csv_file), recipe="large", max_bad_lines=1000))  # said at once
+        prepare(replace(criteo, recipe="large", max_bad_lines=1000))  # said at once
+    assert prepare(TrainConfig(local_shards=1, data=str(csv_file)))[1].schema.format == "csv"
     for delimiter in ";|":  # another delimiter: its schema, at once whatever --max-bad-lines allows
         other = tmp_path / "other.csv"
         other.write_text(f"label{delimiter}a{delimiter}b\n1{delimiter}x{delimiter}y\n")
@@ -557,13 +561,18 @@ def test_a_csv_read_as_criteo_and_a_tsv_read_as_csv_get_a_hint(tmp_path):
             with pytest.raises(ValueError, match=rf"other.csv line 1: 1 tab-separated columns, expected 40 \(it "
                                rf"looks \{delimiter}-separated: .*schema --data FILE --delimiter '\{delimiter}'.*"
                                r"a file of no tab is no Criteo TSV: nothing was read"):  # fmt: skip
+                prepare(TrainConfig(local_shards=1, data=str(other), format="criteo", **run))
+            with pytest.raises(ValueError, match=rf"other.csv: --format auto cannot tell its format: its first line "
+                               rf"\('label\{delimiter}a\{delimiter}b'\) is one column \(it looks \{delimiter}-separated: "
+                               rf".*--delimiter '\{delimiter}'.*give --format"):  # fmt: skip
                 prepare(TrainConfig(local_shards=1, data=str(other), **run))
         assert f'delimiter = "{delimiter}"' in infer_schema_text(str(other), delimiter=delimiter)
     libsvm = tmp_path / "data.svm"
     libsvm.write_text("1 3:1 7:1\n0 2:1 9:1\n")
     with pytest.raises(ValueError, match=r"line 1: 1 tab-separated .*looks like libsvm.*--format libsvm reads it"):
-        prepare(TrainConfig(local_shards=1, data=str(libsvm)))
+        prepare(TrainConfig(local_shards=1, data=str(libsvm), format="criteo"))
     assert prepare(TrainConfig(local_shards=1, data=str(libsvm), format="libsvm"))[1] is not None
+    assert prepare(TrainConfig(local_shards=1, data=str(libsvm)))[1].schema.format == "libsvm"
     tsv_file = tmp_path / "my.tsv"
     tsv_file.write_text("1\t2\t3\n0\t4\t5\n")
     with pytest.raises(ValueError, match=r"its first line has tabs and no ',': .*--format criteo.*--delimiter"):

@@ -81,9 +81,13 @@ def _add_schema(sub) -> None:
         help="a data file (.gz read through gzip), or many: a directory, a "
         "quoted glob or a comma-separated list, sampled across their files",
     )
-    p.add_argument("--format", default="csv", choices=["csv", "criteo", "libsvm"], help="the file's format")
+    p.add_argument("--format", default="auto", choices=["auto", "csv", "criteo", "libsvm"],
+                   help="the file's format; auto: csv where --delimiter is given, else told by the first line as "
+                   "train tells it (libsvm, criteo, or csv: a header line of comma-separated names)")  # fmt: skip
     p.add_argument(
-        "--delimiter", default=",", help="csv: the column separator, one character ($'\\t', '\\t' or tab: a tab)"
+        "--delimiter",
+        default=None,
+        help="csv: the column separator, one character ($'\\t', '\\t' or tab: a tab; default ',')",
     )
     p.add_argument(
         "--rows",
@@ -287,7 +291,8 @@ def _schema(args) -> int:
     check_not_an_input("--out", args.out, {"--data": args.data})
     check_output_file("--out", args.out)
     check_new_file("--out", args.out, args.overwrite)
-    text, checks = infer_schema(args.data, fmt=args.format, delimiter=delimiter(args.delimiter), sample_rows=args.rows)
+    fmt = "csv" if args.format == "auto" and args.delimiter is not None else args.format
+    text, checks = infer_schema(args.data, fmt=fmt, delimiter=delimiter(args.delimiter or ","), sample_rows=args.rows)
     for check in checks:
         print(f"ps-worker schema: {check}", file=sys.stderr)
     if args.out:

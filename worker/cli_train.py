@@ -20,7 +20,7 @@ from worker.progress_lines import JSON_EVERY_S
 from worker.readers.share import BAD_SHARE_AFTER
 from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
-from worker.schema import FORMATS
+from worker.schema import FORMAT_CHOICES, LABEL_NAMES
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
@@ -300,12 +300,16 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
         default=None,
         help="TOML feature schema: columns, kinds (categorical, multi_hot, weighted, numeric), tables "
         "and widths, pooling, transforms (worker/schema.py; `ps-worker schema --data FILE` writes a "
-        "starting one); without it --format and the column flags make a built-in one",
+        "starting one); without it --format and the column flags make a built-in one; its own `format` is read",
     )
-    data.add_argument("--format", default=d.format, choices=list(FORMATS),
-                      help="criteo: tab-separated label, 13 ints, 26 hex; csv: a header, see the column flags; "
+    data.add_argument("--format", default=d.format, choices=list(FORMAT_CHOICES),
+                      help="auto: told by the first line of --data's first file (train prints it): libsvm, criteo "
+                      "(40 tab-separated columns, 0/1 first), csv (a header line of comma-separated names); criteo: "
+                      "tab-separated label, 13 ints, 26 hex, no header; csv: a header, see the column flags; "
                       "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
-    data.add_argument("--label-column", help="csv: the label column (default: the first)")
+    data.add_argument("--label-column", help="csv: the label column (default: the first column if it holds 0 and 1, "
+                      f"else the one column named {', '.join(LABEL_NAMES[:-1])} or {LABEL_NAMES[-1]}, any case, "
+                      "that does)")  # fmt: skip
     data.add_argument("--drop-columns", default="", help="csv: comma-separated columns to ignore")
     data.add_argument(
         "--numeric-columns",

@@ -220,7 +220,12 @@ def other_format_hint(body: bytes) -> str:
         if delimiter.encode() in body:
             return (f" (it looks {delimiter}-separated: with a header line, `ps-worker schema --data FILE "
                     f"--delimiter '{delimiter}'` writes its schema)")  # fmt: skip
-    tokens = body.split()
-    if len(tokens) > 1 and all(LIBSVM_TOKEN.fullmatch(token) for token in tokens[1:]):
+    if libsvm_like(body):
         return " (it looks like libsvm, `label id:value ...`: --format libsvm reads it)"
     return ""
+
+
+def libsvm_like(body: bytes) -> bool:
+    """Whether a line (without its line end) reads as libsvm: a first token (the label) and id:value tokens."""
+    tokens = body.split()
+    return len(tokens) > 1 and all(LIBSVM_TOKEN.fullmatch(token) for token in tokens[1:])

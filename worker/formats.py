@@ -5,6 +5,7 @@
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
+    detect_format(path) -> (format, what was seen)   # --format auto: the format of the data's first line
     idle_workers(file_lines, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
     first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
@@ -75,19 +76,21 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from worker.batch import Batch, rebatch
-from worker.criteo import EMPTY_LINE
+from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, other_format_hint
 from worker.datafiles import data_files
 from worker.encode import encode_examples, float_values
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
 from worker.readers.csv_reader import read_csv_header
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
-from worker.readers.share import BadLines, Cells, ReadStats, Share, is_blank
+from worker.readers.share import BadLines, Cells, ReadStats, Share, first_line, is_blank
 from worker.schema import Schema
+from worker.schema_builtin import header_reads_like_an_example
 
 __all__ = [  # the public API; ReadStats and the last three live in worker/readers/, importable from here
     "check_same_format",
     "column_stats",
+    "detect_format",
     "file_has_labels",
     "first_with_content",
     "read_batches",
@@ -226,6 +229,57 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
         if file_has_labels(name, schema) != labeled:
             has = "has no labels" if labeled else "has labels"
             raise ValueError(f"{name} {has}, unlike {first}: every file of the data must be alike")
+
+
+def detect_format(path: str | os.PathLike) -> tuple[str, str]:
+    """(format, what was seen) of `--format auto`, told by the first file with content of path (first_with_content):
+      libsvm  its first line with content is a label and id:value tokens (criteo.libsvm_like)
+      criteo  that line is 40 tab-separated columns, 0 or 1 first (or 39, a file without labels: the first an
+              integer or empty): Criteo TSV, which has no header line
+      csv     its first line is a header: two or more comma-separated names (read by the csv module, quotes and
+              all), not an example (schema_builtin.header_reads_like_an_example: a label, 0 or 1, first, or mostly
+              numbers)
+    ValueError for a file of no content; naming --format and what was seen, for anything else: a first line of tab-
+    separated names (a header over Criteo TSV by mistake, or a tab-separated file, which a schema reads), a CSV
+    without a header line, a line of one column (another delimiter, say). Only the file's start is read."""
+    name = first_with_content(path)
+    line = first_line(name, lambda line: bool(line.strip()))
+    cannot = f"{name}: --format auto cannot tell its format"
+    if line is None:
+        raise ValueError(f"{name}: no examples in it (it is empty): no line to tell its format by")
+    body = line.rstrip(b"\r\n")
+    cells = body.split(b"\t")
+    first = cells[0].strip()
+    if b"\t" not in body and libsvm_like(body):
+        return "libsvm", "its first line is a label and id:value tokens"
+    if len(cells) == NUM_COLUMNS and first in (b"0", b"1"):
+        return "criteo", f"its first line is {NUM_COLUMNS} tab-separated columns, a label (0 or 1) first, no header"
+    if len(cells) == NUM_COLUMNS - 1 and (not first or first.lstrip(b"-").isdigit()):
+        return "criteo", f"its first line is {NUM_COLUMNS - 1} tab-separated columns, Criteo TSV without labels"
+    shown = repr(body.decode("utf-8", "replace")[:100])
+    header = read_csv_header(name, ",") or []
+    if len(header) > 1:
+        example = header_reads_like_an_example(name, header)
+        if not example:
+            return "csv", f"a header line of {len(header)} comma-separated names"
+        raise ValueError(f"{cannot}: {example.removeprefix(f'{name}: ')}; or give --format (criteo, csv, libsvm)")
+    if len(cells) > 1 and not header_reads_like_an_example(name, [c.decode("utf-8", "replace") for c in cells]):
+        criteo = ""
+        if len(cells) in (NUM_COLUMNS - 1, NUM_COLUMNS):
+            criteo = (" (a header line over Criteo TSV, which has none? remove it, `tail -n +2 FILE > NEW`, and the "
+                      "file reads as criteo; --format criteo reads it as it is, that line a bad one, under "
+                      "--max-bad-lines 1)")  # fmt: skip
+        raise ValueError(f"{cannot}: its first line ({shown}) is {len(cells)} tab-separated names{criteo}; a tab-"
+                         "separated file with a header line is read through a schema: `ps-worker schema --data FILE "
+                         "--delimiter $'\\t' > schema.toml` writes one, then give --schema schema.toml")  # fmt: skip
+    if len(cells) in (NUM_COLUMNS - 1, NUM_COLUMNS):
+        what = f"{len(cells)} tab-separated columns, {first.decode('utf-8', 'replace')!r} first, not a label (0 or 1)"
+    else:
+        what = f"{len(cells)} tab-separated columns, not Criteo's {NUM_COLUMNS}" if len(cells) > 1 else "one column"
+    raise ValueError(f"{cannot}: its first line ({shown}) is {what}{other_format_hint(body)}; it tells libsvm, "
+                     "Criteo TSV and CSV with a header line of comma-separated names: give --format (criteo, csv, "
+                     "libsvm), or --schema for another layout (`ps-worker schema --data FILE --delimiter ...` writes "
+                     "one)")  # fmt: skip
 
 
 def file_has_labels(path: str | os.PathLike, schema: Schema) -> bool:

@@ -53,12 +53,19 @@ import numpy as np
 from ps.errors import DISK_FULL_ERRNOS
 from ps.storage import leftovers
 from worker.batch import Batch
-from worker.csv_fast import label_value
 from worker.datafiles import check_data_input, data_files
-from worker.encode import is_missing_text
 from worker.flags import check_new_file, check_not_an_input, check_output_file, same_file
-from worker.formats import ReadStats, check_same_format, file_has_labels, first_with_content, read_csv_sample
+from worker.formats import (
+    ReadStats,
+    check_same_format,
+    detect_format,
+    file_has_labels,
+    first_with_content,
+    read_csv_sample,
+)
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
+from worker.schema import AUTO_FORMAT
+from worker.schema_builtin import HINT_SAMPLE_ROWS, csv_label
 from worker.scoring import ScoringProgress, predictions
 from worker.served import ServedModel, served_model
 from worker.temp_dirs import dead_partial_files, hold_while_written, partial_file
@@ -93,12 +100,13 @@ class PredictConfig:
         elif sys.stdout is None:  # started with its stdout closed
             raise ValueError("--out -: this process has no stdout (it was closed); give a file to write")
         r = self.run
-        if r.format == "csv" and not r.schema and not r.label_column and same_file(r.data, self.data) and \
-                not _first_column_is_labels(first_with_content(self.data)):  # fmt: skip
+        if not r.schema and not r.label_column and same_file(r.data, self.data) and \
+                _csv_label_unknown(r.format, first_with_content(self.data)):  # fmt: skip
             raise ValueError(f"{self.flag} {self.data}: a CSV scored with neither the training file (--data), nor a "
                              "--schema or --label-column: its label column is unknown (the built-in CSV schema takes "
-                             "the first column), and in a file without labels a feature would be taken for it; give "
-                             "one of them")  # fmt: skip
+                             "the first column where it holds 0 and 1, else the one column named like a label that "
+                             "does: this file has neither), and in a file without labels a feature would be taken for "
+                             "it; give one of them")  # fmt: skip
 
 
 def _check_new_out(out: str, overwrite: bool) -> None:
@@ -112,13 +120,15 @@ def _check_new_out(out: str, overwrite: bool) -> None:
         raise
 
 
-def _first_column_is_labels(path: str) -> bool:
-    """The first column of a CSV file's first records holds only labels, 0 and 1 as the CSV readers read them (true
-    and false too: csv_fast.label_value; the built-in schema's label; commas), or blank labels (empty, NA, ?:
-    formats.py's "Blank labels"), and at least one 0 or 1."""
-    _, rows = read_csv_sample(path, ",", 1000)
-    labels = [label_value(r[0]) in (0.0, 1.0) for r in rows]
-    return any(labels) and all(y or not r[0].strip() or is_missing_text(r[0]) for y, r in zip(labels, rows))
+def _csv_label_unknown(fmt: str, path: str) -> bool:
+    """Whether a file read through the built-in schema of fmt (auto: the format formats.detect_format tells) is a
+    CSV whose label column the schema cannot tell from its first records (schema_builtin.csv_label)."""
+    if fmt == AUTO_FORMAT:
+        fmt = detect_format(path)[0]
+    if fmt != "csv":
+        return False
+    header, rows = read_csv_sample(path, ",", HINT_SAMPLE_ROWS)
+    return csv_label(header, rows) is None
 
 
 def predict_servers(cfg: PredictConfig) -> dict:

@@ -1,7 +1,8 @@
 """The feature schema: how the columns of a data file become a model's sparse fields and numeric features.
 
 A schema is a TOML file (`--schema FILE`); `--format criteo|csv|libsvm` with the column flags are built-in
-schemas (worker/schema_builtin.py), so every run reads its data through one. Grammar (keys not listed are errors):
+schemas (worker/schema_builtin.py), so every run reads its data through one (`--format auto`, the default: the
+format of the data's first line, formats.detect_format). Grammar (keys not listed are errors):
 
     format    = "csv"              # csv (default) | criteo | libsvm: how a line splits into columns, and the
                                    # columns' names (worker/readers/): csv the header's; criteo label, I1..I13,
@@ -66,7 +67,12 @@ from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.models.spec import BIAS_FIELD, POOLINGS, FieldSpec
 
 FORMATS = ("criteo", "csv", "libsvm")
-DEFAULT_FORMAT = "criteo"  # a run's --format when none is given (TrainConfig.format)
+AUTO_FORMAT = "auto"  # --format's value that takes the data's format from its first line (formats.detect_format)
+FORMAT_CHOICES = (AUTO_FORMAT, *FORMATS)  # --format's values
+DEFAULT_FORMAT = AUTO_FORMAT  # a run's --format when none is given (TrainConfig.format)
+LABEL_NAMES = ("label", "click", "clicked", "is_click", "y", "target", "conversion", "converted")  # a label's usual
+# names, any case: the built-in csv schema's label where the first column holds none (schema_builtin.csv_label),
+# `ps-worker schema`'s first pick (schema_infer)
 KINDS = ("categorical", "multi_hot", "weighted", "numeric")
 ID_KINDS = ("hashed", "raw")
 DENSE_TRANSFORMS = ("log", "standardize", "none")
@@ -136,8 +142,10 @@ class TableSchema:
 class Schema:
     """A parsed schema (see the module docstring); label None means the csv header's first column. label_from
     says where label came from, for messages about it: "schema" (a schema's `label`), "--label-column", or
-    "first column" (the training file's first column, the built-in default); it is no part of the schema's value
-    (equality, to_toml, fingerprint)."""
+    "first column" (the training file's first column, the built-in default), or why the built-in csv schema took
+    another column (schema_builtin.csv_label); format_from, how the format was chosen, for the run's output: ""
+    (given: --format, or the schema file's `format`) or what formats.detect_format saw. Neither is part of the
+    schema's value (equality, to_toml, fingerprint)."""
 
     format: str
     delimiter: str
@@ -146,6 +154,7 @@ class Schema:
     tables: dict[str, TableSchema]
     bias_table: str
     label_from: str = field(default="schema", compare=False)
+    format_from: str = field(default="", compare=False)
 
     def sparse_columns(self) -> tuple[Column, ...]:
         return tuple(c for c in self.columns if c.is_sparse)

@@ -1,16 +1,19 @@
 """The built-in schemas: `--format criteo|csv|libsvm` and the column flags as a Schema (worker/schema.py), so every
-run reads its data through one; resolve_schema picks between them and a --schema file."""
+run reads its data through one; resolve_schema picks between them (`--format auto`: by the data's first line) and
+a --schema file."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 
 from worker.features import NUM_INT_FIELDS
 from worker.schema import (
+    AUTO_FORMAT,
     CRITEO_COLUMNS,
-    DEFAULT_FORMAT,
     FORMATS,
+    LABEL_NAMES,
     MAX_LIBSVM_FIELDS,
     Column,
     Schema,
@@ -137,7 +140,9 @@ def resolve_schema(
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
     column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
-    with content: formats.first_with_content)."""
+    with content: formats.first_with_content). fmt "auto": the format formats.detect_format tells by data's first
+    line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
+    the label column csv_label picks (the first column by default)."""
     if data is not None:
         from worker.formats import first_with_content
 
@@ -149,7 +154,7 @@ def resolve_schema(
         if given:
             raise ValueError(f"--schema {schema_path} describes the columns; it cannot be combined with {given}")
         schema = load_schema(schema_path, default_table=default_table, default_dim=default_dim)
-        if fmt != schema.format and fmt != DEFAULT_FORMAT:  # the default is no choice of the user's
+        if fmt != schema.format and fmt != AUTO_FORMAT:  # the default is no choice of the user's
             log.warning("--format %s is not used: --schema %s says format = %r", fmt, schema_path, schema.format)
         if schema.format == "csv" and schema.label is None and data is not None:  # the training file's first
             from worker.formats import read_csv_header  # column, for every file read through it (eval's too)
@@ -158,53 +163,101 @@ def resolve_schema(
             if header:
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
-    from worker.formats import libsvm_field_count, read_csv_header, read_csv_sample
+    from worker.formats import detect_format, libsvm_field_count, read_csv_header, read_csv_sample
 
-    header = None
+    format_from = ""
+    if fmt == AUTO_FORMAT:
+        if data is None:
+            raise ValueError("--format auto tells the format by the data file's first line; none given")
+        fmt, seen = detect_format(data)
+        format_from = f"detected: {seen}"
+        _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields)
+    header, rows, picked = None, [], None  # picked: csv_label's (label, why)
     if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
         raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
     if fmt == "csv":
         header = read_csv_header(data, ",")
         if header is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
-        first = read_csv_sample(data, ",", 1)[1] if len(header) == 1 else []  # a label-only file's row holds none
-        other = separator_of_one_column(header, first[0] if first else [], ",", "\t;|")
+        _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
+        other = separator_of_one_column(header, rows[0] if rows else [], ",", "\t;|")  # a label-only file's row: none
         if other:
             raise ValueError(
                 f"{data}: its header line is one column holding {other!r} and no ',': a {other!r}-separated "
                 "file? --format csv reads commas: write a schema with `ps-worker schema --data FILE --delimiter "
                 "...` and give it as --schema (or --format criteo for Criteo TSV, which has no header)"
             )
+        if label_column is None and header:
+            picked = csv_label(header, rows)
     if fmt == "libsvm" and libsvm_fields is None:
         libsvm_fields = libsvm_field_count(data)
+    named = picked is not None and picked[1] != "first column"  # a column taken for its name
     try:
         schema = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
-                                label_column=label_column, drop_columns=drop_columns, numeric_columns=numeric_columns,
-                                libsvm_fields=libsvm_fields)  # fmt: skip
+                                label_column=picked[0] if named else label_column, drop_columns=drop_columns,
+                                numeric_columns=numeric_columns, libsvm_fields=libsvm_fields)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
+    schema = dataclasses.replace(schema, format_from=format_from, **({"label_from": picked[1]} if named else {}))
     if fmt == "csv":
-        _warn_of_csv_columns(data, header, schema, label_column is None, not numeric_columns)
+        _warn_of_csv_columns(data, header, rows, schema, label_column is None and not named, not numeric_columns)
     elif fmt == "libsvm" and data is not None:
         _warn_of_libsvm_values(data)
     return schema
 
 
+def _check_column_flags(data: str, fmt: str, seen: str, label_column: str | None, drop_columns: Sequence[str],
+                        numeric_columns: Sequence[str], libsvm_fields: int | None) -> None:  # fmt: skip
+    """ValueError when a flag of another format's columns is given for data detected as fmt (seen: why)."""
+    flags = (("--label-column", label_column is not None, "csv"), ("--drop-columns", bool(drop_columns), "csv"),
+             ("--numeric-columns", bool(numeric_columns), "csv"), ("--libsvm-fields", libsvm_fields is not None,
+             "libsvm"))  # fmt: skip
+    for flag, given, whose in flags:
+        if given and fmt != whose:
+            raise ValueError(f"{data} reads as {fmt} ({seen}), and {flag} is for {whose} data: give --format {whose} "
+                             f"to read it as {whose}, or leave {flag} out")  # fmt: skip
+
+
+def holds_labels(cells: Sequence[str]) -> bool:
+    """Whether CSV cells hold labels: each 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and
+    false too) or blank (empty, NA, ?: encode.MISSING_TEXTS, a row to score), and at least one 0 or 1."""
+    from worker.csv_fast import label_value
+    from worker.encode import is_missing_text
+
+    labels = [label_value(c) in (0.0, 1.0) for c in cells]
+    return any(labels) and all(y or not c.strip() or is_missing_text(c) for y, c in zip(labels, cells))
+
+
+def csv_label(header: list[str], rows: list[list[str]]) -> tuple[str, str] | None:
+    """(the label column, why: Schema.label_from) of the built-in csv schema without --label-column, told by a
+    sample of the file's records (rows): the first column where its cells hold labels (holds_labels), "first
+    column"; else the one other column named as schema.LABEL_NAMES (any case) whose cells hold labels. None
+    where neither is (no such column, or several): the first column is then the label, whose reader refuses its
+    first bad label, naming the columns named like a label."""
+    if holds_labels([row[0] for row in rows]):
+        return header[0], "first column"
+    named = [h for i, h in enumerate(header) if i and h.lower() in LABEL_NAMES and holds_labels([r[i] for r in rows])]
+    if len(named) != 1:
+        return None
+    return named[0], (f"named like a label and holding 0 and 1, where the first column, {header[0]!r}, holds other "
+                      "values")  # fmt: skip
+
+
 HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
 
 
-def _warn_of_csv_columns(data: str, header: list[str], schema: Schema, label_guessed: bool, no_numeric: bool) -> None:
-    """Warnings for what the built-in csv schema may read wrong in data: the first column taken as the label where
-    another column is named like one (label_guessed: no --label-column), columns of numbers read as categories
-    (no_numeric: no --numeric-columns) where `ps-worker schema` would read them as numbers."""
-    from worker.readers.csv_sample import read_csv_sample
-    from worker.schema_infer import LABEL_NAMES, LABEL_WORDS, infer_column, is_binary
+def _warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
+                         no_numeric: bool) -> None:  # fmt: skip
+    """Warnings for what the built-in csv schema may read wrong in data (rows: a sample of its records): the first
+    column taken as the label where another column is named like one (label_guessed: the first column taken by
+    default), columns of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker schema`
+    would read them as numbers."""
+    from worker.schema_infer import LABEL_WORDS, infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
     no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label)
     if no_header:
         log.warning("%s", no_header)
-    _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
     if label_guessed and label.lower() not in LABEL_NAMES:
         named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
         if not named and not LABEL_WORDS.search(label):  # is_click, converted: named so and holding only 0 and 1
@@ -294,13 +347,22 @@ def _warn_of_libsvm_values(data: str) -> None:
 _SHOWN_NAMES = 6  # names of a kind the columns line shows, at most
 
 
+def format_note(schema: Schema) -> str:
+    """What a run says of its format where --format auto chose it (schema.format_from), else ""."""
+    return f"format {schema.format} ({schema.format_from}; --format sets it)" if schema.format_from else ""
+
+
 def columns_line(schema: Schema, header: list[str] | None) -> str:
     """One line of a csv run's story saying how it reads the file's columns (header: the training file's): the
-    label and where it was taken from, the fields by kind and transform (names shown up to _SHOWN_NAMES a kind),
-    and the header's columns no field reads."""
-    origin = {"first column": "the first column, the built-in default", "schema": "the schema's `label`"}
+    format where --format auto chose it (format_note), the label and where it was taken from, the fields by kind
+    and transform (names shown up to _SHOWN_NAMES a kind), and the header's columns no field reads."""
+    origin = {"first column": "the first column, the built-in default", "schema": "the schema's `label`",
+              "--label-column": "--label-column"}  # fmt: skip
     label = schema.label if schema.label is not None else (header or ["?"])[0]
-    parts = [f"label {label!r} ({origin.get(schema.label_from, schema.label_from)})"]
+    why = origin.get(schema.label_from, f"{schema.label_from}; --label-column sets it")
+    parts = [f"label {label!r} ({why})"]
+    if schema.format_from:
+        parts.insert(0, format_note(schema))
     kinds: dict[str, list[str]] = {}
     for c in schema.columns:
         kind = "categorical, each value an id" if c.kind == "categorical" else c.kind

@@ -1,7 +1,7 @@
 """`ps-worker schema --data FILE`: a starting feature schema (worker/schema.py) inferred from a sample of a file.
 
 The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, any case), else such a column
-whose name holds one of LABEL_WORDS (`is_click`, `converted`), else the first such column, else the first column;
+whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first such column, else the first column;
 the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
 stderr. The rules, per other CSV column of the sample (a cell that is empty or one of encode.MISSING_TEXTS is
 missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
@@ -40,10 +40,9 @@ from worker.criteo import other_format_hint
 from worker.csv_fast import label_value
 from worker.datafiles import data_files
 from worker.encode import FLOAT32_MAX, is_missing_text
-from worker.schema import FORMATS, Column, _entry, _toml
+from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, LABEL_NAMES, Column, _entry, _toml
 from worker.schema_builtin import builtin_schema, header_reads_like_an_example, separator_of_one_column
 
-LABEL_NAMES = ("label", "click", "clicked", "y", "target")
 LABEL_WORDS = re.compile(r"(?i)click|label|target|conver|purchase|bought|outcome")
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
@@ -121,12 +120,16 @@ def infer_schema_text(path: str, *, fmt: str = "csv", delimiter: str = ",", samp
 def infer_schema(
     path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000
 ) -> tuple[str, list[str]]:
-    """(infer_schema_text's TOML, what a person must check before training: a label that is a guess)."""
-    from worker.formats import first_with_content, libsvm_field_count
+    """(infer_schema_text's TOML, what a person must check before training: a label that is a guess). fmt "auto":
+    the format formats.detect_format tells, said in a comment."""
+    from worker.formats import detect_format, first_with_content, libsvm_field_count
 
-    if fmt not in FORMATS:
-        raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
+    if fmt not in FORMAT_CHOICES:
+        raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMAT_CHOICES)}")
     lines = [f"# A starting schema for {path} (ps-worker schema); see worker/schema.py for every key."]
+    if fmt == AUTO_FORMAT:
+        fmt, seen = detect_format(path)
+        lines.append(f"# Format {fmt} (detected: {seen}; --format sets it).")
     if fmt != "csv":
         k = libsvm_field_count(first_with_content(path)) if fmt == "libsvm" else None  # as train counts them
         schema = builtin_schema(fmt, default_table="default", default_dim=1, libsvm_fields=k)

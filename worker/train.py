@@ -52,7 +52,7 @@ from worker.model_tables import (
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, state_changed
-from worker.schema_builtin import columns_line
+from worker.schema_builtin import columns_line, format_note
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import row_source
 from worker.tables import check_tables
@@ -127,7 +127,8 @@ def train(cfg: TrainConfig) -> dict:
                 raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
-        _say(recipe_line, cfg)
+        note = format_note(data.schema) if data.schema.format != "csv" else ""  # csv: on the columns line
+        _say(recipe_line + (f"; {note}" if note else ""), cfg)
         if data.schema.format == "csv" and cfg.data is not None and cfg.worker_id == 0:
             _say(columns_line(data.schema, read_csv_header(first_with_content(cfg.data), data.schema.delimiter)), cfg)
         for flag, given in (("--data", cfg.data), ("--validation-data", cfg.validation_data),

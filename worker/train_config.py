@@ -19,7 +19,7 @@ from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
 from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, choose, describe
-from worker.schema import DEFAULT_FORMAT, FORMATS, MAX_LIBSVM_FIELDS
+from worker.schema import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
 DENSE_PATHS = ("ps", "allreduce")  # where the MLP is trained: worker/dense.py, worker/allreduce.py
@@ -125,8 +125,8 @@ class TrainConfig:
             raise ValueError(f"--device {self.device!r} is unknown; expected cpu or cuda")
         if self.device == "cuda" and self.backend != "torch":
             raise ValueError("--device cuda needs --backend torch (the numpy backend runs on the CPU)")
-        if self.format not in FORMATS:
-            raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMATS)}")
+        if self.format not in FORMAT_CHOICES:
+            raise ValueError(f"--format {self.format!r} is unknown; expected one of {list(FORMAT_CHOICES)}")
         if self.mode not in MODES:
             raise ValueError(f"--mode {self.mode!r} is unknown; expected one of {list(MODES)}")
         if self.dense not in DENSE_PATHS:
@@ -170,7 +170,7 @@ class TrainConfig:
             raise ValueError("--schema needs --data (synthetic data has its own schema)")
         if self.validation_data and self.validation_fraction:
             raise ValueError("give --validation-data or --validation-fraction, not both")
-        data_file = "a data file" if self.schema else f"a {self.format} data file"
+        data_file = "a data file" if self.schema or self.format == AUTO_FORMAT else f"a {self.format} data file"
         data_file += " (.gz read through gzip), or a directory, glob or comma-separated list of them"
         check_data_input("--data", self.data, data_file)
         check_data_input("--eval-data", self.eval_data, data_file)
@@ -182,7 +182,8 @@ class TrainConfig:
         self._check_numbers()
         if not 0 <= self.worker_id < self.num_workers:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
-        if self.libsvm_fields is not None and self.format != "libsvm" and not self.schema:  # --schema: its own refusal
+        if self.libsvm_fields is not None and self.format not in ("libsvm", AUTO_FORMAT) and not self.schema:
+            # (--schema: its own refusal; auto: resolve_schema's, once the format is known)
             raise ValueError(f"--libsvm-fields is for --format libsvm data only (the format here is {self.format!r}): "
                              "leave it out")  # fmt: skip
         if self.libsvm_fields is not None and not 1 <= self.libsvm_fields <= MAX_LIBSVM_FIELDS:

@@ -2,8 +2,8 @@
 
 csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
         quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
-        label column (default: the first) holds 0 or 1: any text that float() reads as 0 or 1, or true or false
-        in any case, surrounding whitespace allowed (csv_fast.label_value).
+        label column (the built-in schema's: schema_builtin.csv_label) holds 0 or 1: any text that float() reads
+        as 0 or 1, or true or false in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
         concatenation of files repeats it, is named as such; blank_labels: any other label cell is no label,
         NaN, worker/formats.py's "Blank labels"). A chunk is read by worker/csv_fast.py's
@@ -33,7 +33,7 @@ from worker.criteo import EMPTY_LINE
 from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, is_missing_text, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
-from worker.schema import Schema
+from worker.schema import LABEL_NAMES, Schema
 
 CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
 MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
@@ -147,11 +147,17 @@ class _Label:
         if self.origin in ("schema", "--label-column"):
             given = "the schema's label" if self.origin == "schema" else "given by --label-column"
             return f"{what}, expected 0 or 1 (column {self.name!r}, {given}){_other_coding(cell)}"
-        from worker.schema_infer import LABEL_NAMES, LABEL_WORDS  # the names `ps-worker schema` takes a label by
+        if self.origin != "first column":  # a column the built-in schema took for its name (schema_builtin.csv_label)
+            return (f"{what}, expected 0 or 1 (column {self.name!r}, {self.origin}: --label-column or the schema's "
+                    f"`label` names another){_other_coding(cell)}")  # fmt: skip
+        from worker.schema_infer import LABEL_WORDS  # the words `ps-worker schema` takes a label by
 
         others = [h for h in self.header if h != self.name]
         named = [h for h in others if h.lower() in LABEL_NAMES] or [h for h in others if LABEL_WORDS.search(h)]
-        hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if named else ""
+        hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if len(named) == 1 else ""
+        if len(named) > 1:
+            shown = ", ".join(map(repr, named[:-1])) + f" and {named[-1]!r}"
+            hint = f"; the header has {shown}, named like a label: --label-column names the one to predict"
         return (f"{what}, expected 0 or 1 (column {self.name!r}, the first column, the built-in default: "
                 f"--label-column or the schema's `label` names another{hint})")  # fmt: skip
 

@@ -1,0 +1,279 @@
+"""Tests for `--format auto`, the default (formats.detect_format), and the built-in csv schema's label
+(schema_builtin.csv_label): each format told by its first line (plain, gzip'ed, CRLF, a directory of parts, quoted
+CSV cells) and read as the explicit flag reads it; what auto cannot tell refused naming --format; the label of an
+Avazu-like file, of a label column in the middle, two candidates refused; a run with no flags on an Avazu-like file
+that learns its planted model, and eval and predict reading files as that training run did."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.test_predict import predict, read_out
+from worker.__main__ import build_parser, main
+from worker.cli_predict import predict_config
+from worker.criteo import format_criteo
+from worker.formats import detect_format, read_batches, read_csv_sample
+from worker.metrics import auc
+from worker.schema_builtin import csv_label, resolve_schema
+from worker.served import evaluate_servers
+from worker.train import train
+from worker.train_config import TrainConfig
+
+AVAZU = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
+         "app_category", "device_id", "device_ip", "device_model", "device_type", "device_conn_type",
+         *(f"C{k}" for k in range(14, 22))]  # fmt: skip
+PLANTED = ("site_id", "app_id", "device_model", "C14")  # the columns whose values draw the label
+
+
+def write_avazu(path, rows: int, seed: int, start: int = 0, label: bool = True) -> None:
+    """An Avazu-like CSV: a header of 24 names, a row id of 19 digits first, the 0/1 label `click` second (left out
+    where not label), 22 categorical columns of 12 values each; the label drawn from a planted logistic model of
+    PLANTED's values (weights of one seed, rows of `seed`), so a model that reads the file right scores well above
+    AUC 0.5."""
+    weights = np.random.default_rng(0).normal(0, 1.5, (len(PLANTED), 12))
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 12, (rows, len(AVAZU) - 2))
+    logits = sum(weights[k, values[:, AVAZU.index(c) - 2]] for k, c in enumerate(PLANTED)) - 1.0
+    clicks = (rng.random(rows) < 1 / (1 + np.exp(-logits))).astype(int)
+    with open(path, "w") as f:
+        f.write(",".join(h for h in AVAZU if label or h != "click") + "\n")
+        for i in range(rows):
+            cells = [f"{c[:3]}{v:x}" for c, v in zip(AVAZU[2:], values[i])]
+            f.write(",".join([str(10**18 + 7919 * (start + i)), *[str(clicks[i])] * label, *cells]) + "\n")
+
+
+def criteo_text(rows: int, seed: int = 0) -> str:
+    rng = np.random.default_rng(seed)
+    return format_criteo(rng.integers(0, 2, rows), rng.integers(0, 50, (rows, 13)),
+                         rng.integers(0, 2**32, (rows, 26), dtype=np.uint64))  # fmt: skip
+
+
+TEXTS = {  # a small file of each format, as --format names it
+    "criteo": criteo_text(20),
+    "csv": '"id","click","site, name",price\n' + "".join(f'{i},{i % 2},"s{i % 3}, x",{i}.5\n' for i in range(20)),
+    "libsvm": "".join(f"{i % 2} {i}:1 {100 + i % 3}:1\n" for i in range(20)),
+}
+SEEN = {
+    "criteo": "its first line is 40 tab-separated columns, a label (0 or 1) first, no header",
+    "csv": "a header line of 4 comma-separated names",
+    "libsvm": "its first line is a label and id:value tokens",
+}
+
+
+def schema(path, fmt: str = "auto", **flags):
+    given = {"label_column": None, "drop_columns": (), "numeric_columns": (), "libsvm_fields": None, **flags}
+    return resolve_schema(str(path), schema_path=None, fmt=fmt, default_table="t", default_dim=4, **given)
+
+
+def batches(path, s) -> list[tuple]:
+    return [(b.labels.tolist(), {k: v.ids.tolist() for k, v in b.fields.items()}) for b in read_batches(path, s, 64)]
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "csv", "libsvm"])
+@pytest.mark.parametrize("how", ["plain", "gzip", "crlf", "parts"])
+def test_each_format_is_told_by_its_first_line_and_read_as_its_flag_reads_it(tmp_path, fmt, how):
+    text = TEXTS[fmt].replace("\n", "\r\n") if how == "crlf" else TEXTS[fmt]
+    path = tmp_path / f"d.{fmt}"
+    if how == "gzip":
+        path = tmp_path / f"d.{fmt}.gz"
+        path.write_bytes(gzip.compress(text.encode()))
+    elif how == "parts":  # a directory: an empty part (Spark's of an empty partition), then the data in two parts
+        path = tmp_path / "parts"
+        path.mkdir()
+        lines = text.splitlines(keepends=True)
+        head = lines[:1] if fmt == "csv" else []
+        (path / "part-0").write_text("")
+        (path / "part-1").write_text("".join(lines[:11]))
+        (path / "part-2").write_text("".join(head + lines[11:]))
+    else:
+        path.write_bytes(text.encode())
+    assert detect_format(str(path)) == (fmt, SEEN[fmt])
+    detected = schema(path)
+    assert detected.format == fmt and detected.format_from == f"detected: {SEEN[fmt]}"
+    given = schema(path, fmt)
+    assert detected == given and given.format_from == ""  # (format_from is no part of the schema's value)
+    assert batches(path, detected) == batches(path, given) and len(batches(path, given)[0][0]) == 20
+
+
+def test_criteo_without_labels_is_told_by_its_39_columns(tmp_path):
+    path = tmp_path / "new.tsv"
+    path.write_text("".join(line.split("\t", 1)[1] + "\n" for line in criteo_text(5).splitlines()))
+    assert detect_format(str(path)) == ("criteo", "its first line is 39 tab-separated columns, Criteo TSV without "
+                                                  "labels")  # fmt: skip
+
+
+def test_a_criteo_file_with_a_header_line_is_refused_saying_so_and_read_with_the_flag_as_before(tmp_path):
+    """A header line over Criteo TSV (which has none) reads as 40 tab-separated names: auto says what to do; the
+    explicit flag reads the file as it always did, that line a bad one."""
+    path = tmp_path / "h.tsv"
+    names = ["label", *(f"I{k}" for k in range(1, 14)), *(f"C{k}" for k in range(1, 27))]
+    path.write_text("\t".join(names) + "\n" + criteo_text(30))
+    with pytest.raises(ValueError) as e:
+        detect_format(str(path))
+    said = str(e.value)
+    assert said.startswith(f"{path}: --format auto cannot tell its format: its first line ('label\\tI1\\tI2"), said
+    assert "is 40 tab-separated names (a header line over Criteo TSV, which has none? remove it, `tail -n +2 FILE > " \
+           "NEW`, and the file reads as criteo; --format criteo reads it as it is, that line a bad one, under " \
+           "--max-bad-lines 1)" in said and "--delimiter $'\\t' > schema.toml" in said  # fmt: skip
+    criteo = schema(path, "criteo")
+    with pytest.raises(ValueError, match=r"line 1: label 'label', expected '0' or '1' \(a header line\? Criteo TSV "
+                                         r"has none"):  # fmt: skip
+        batches(path, criteo)
+    assert sum(len(b.labels) for b in read_batches(path, criteo, 64, max_bad_lines=1)) == 30
+
+
+@pytest.mark.parametrize(
+    "text, said",
+    [
+        ("1,5,abc\n0,3,def\n", "its first line (1,5,abc) reads like an example, not a header"),
+        (
+            "a;b;c\n1;2;3\n",
+            "its first line ('a;b;c') is one column (it looks ;-separated: with a header line, "
+            "`ps-worker schema --data FILE --delimiter ';'` writes its schema)",
+        ),
+        ("1\t5\t3\n0\t4\t5\n", "its first line ('1\\t5\\t3') is 3 tab-separated columns, not Criteo's 40"),
+        (
+            "user\titem\tclick\nu\ti\t1\n",
+            "its first line ('user\\titem\\tclick') is 3 tab-separated names; a tab-"
+            "separated file with a header line is read through a schema",
+        ),
+        ("\t".join(["-1"] + ["3"] * 39) + "\n", "is 40 tab-separated columns, '-1' first, not a label (0 or 1)"),
+        ("label\n1\n", "its first line ('label') is one column; it tells libsvm, Criteo TSV and CSV"),
+    ],
+)
+def test_what_auto_cannot_tell_is_refused_naming_format_and_what_was_seen(tmp_path, text, said):
+    path = tmp_path / "d.txt"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        schema(path)
+    assert str(e.value).startswith(f"{path}: --format auto cannot tell its format: ") and said in str(e.value), e.value
+
+
+def test_an_empty_file_is_said_to_be_empty(tmp_path):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("\n \n")
+    with pytest.raises(ValueError, match=re.escape(f"{empty}: no examples in it (it is empty)")):
+        schema(empty)
+
+
+def test_a_column_flag_of_another_format_is_refused_once_the_format_is_told(tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text(criteo_text(3))
+    with pytest.raises(ValueError, match=re.escape(f"{path} reads as criteo (its first line is 40 tab-separated "
+                                                   "columns, a label (0 or 1) first, no header), and --label-column "
+                                                   "is for csv data: give --format csv to read it as csv, or leave "
+                                                   "--label-column out")):  # fmt: skip
+        schema(path, label_column="click")
+
+
+def labels_of(text: str, tmp_path) -> tuple[str | None, str]:
+    path = tmp_path / "l.csv"
+    path.write_text(text)
+    s = schema(path)
+    return s.label, s.label_from
+
+
+def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_named_like_a_label(tmp_path):
+    write_avazu(tmp_path / "a.csv", 50, seed=1)
+    s = schema(tmp_path / "a.csv")
+    assert (s.label, s.label_from) == ("click", "named like a label and holding 0 and 1, where the first column, "
+                                                "'id', holds other values")  # fmt: skip
+    assert "id" in [c.source for c in s.columns] and "click" not in [c.source for c in s.columns]
+    assert schema(tmp_path / "a.csv", label_column="click") == s  # the flag's schema: the same model
+    middle = "user,site,Label,price\nu1,s1,1,2\nu2,s2,0,3\nu3,s1,,4\n"  # any case; a blank label cell too
+    assert labels_of(middle, tmp_path)[0] == "Label"
+    first = "is_new,site,click\n1,s1,1\n0,s2,0\n"  # the first column holds labels: it stays the label
+    assert labels_of(first, tmp_path) == ("is_new", "first column")
+    for text in ("id,click,converted,a\n7,1,0,x\n8,0,0,y\n",  # two candidates: the user says which
+                 "id,site,a\n7,x,y\n",  # none
+                 "id,click,a\n7,-1,x\n8,1,y\n",  # labels of -1 and 1: no labels to the readers, as before
+                 "id,clicks,a\n7,1,x\n8,0,y\n"):  # not a label's name  # fmt: skip
+        assert labels_of(text, tmp_path) == ("id", "first column"), text
+    header, rows = read_csv_sample(tmp_path / "l.csv", ",", 10)
+    assert csv_label(header, rows) is None
+    two = tmp_path / "two.csv"
+    two.write_text("id,click,converted,a\n7,1,0,x\n8,0,0,y\n")
+    with pytest.raises(ValueError, match=re.escape("label '7', expected 0 or 1 (column 'id', the first column, the "
+                                                   "built-in default: --label-column or the schema's `label` names "
+                                                   "another; the header has 'click' and 'converted', named like a "
+                                                   "label: --label-column names the one to predict)")):  # fmt: skip
+        batches(two, schema(two))
+    assert batches(two, schema(two, label_column="converted"))[0][0] == [0.0, 0.0]
+
+
+def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(tmp_path, capsys):
+    train_path, test_path = tmp_path / "train.csv", tmp_path / "test.csv"
+    write_avazu(train_path, 3000, seed=1)
+    write_avazu(test_path, 1000, seed=2, start=3000)
+    code = main(["train", "--local-shards", "1", "--data", str(train_path), "--eval-data", str(test_path),
+                 "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "columns  format csv (detected: a header line of 24 comma-separated names; --format sets it); label " \
+           "'click' (named like a label and holding 0 and 1, where the first column, 'id', holds other values; " \
+           "--label-column sets it); 23 categorical" in out  # fmt: skip
+    figure = float(re.search(r"^eval   AUC ([0-9.]+) ", out, re.M)[1])
+    assert figure > 0.6, out
+    code = main(["train", "--local-shards", "1", "--data", str(train_path), "--format", "csv", "--label-column",
+                 "click", "--no-progress", "--epochs", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "columns  label 'click' (--label-column); 23 categorical" in out, out  # given: not said
+
+
+def test_a_criteo_run_says_its_detected_format_on_its_recipe_line(tmp_path, capsys):
+    path = tmp_path / "d.tsv"
+    path.write_text(criteo_text(200))
+    assert main(["train", "--local-shards", "1", "--data", str(path), "--model", "lr", "--epochs", "1",
+                 "--no-progress"]) == 0  # fmt: skip
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("small-data recipe for 200 lines") and first.endswith(
+        f"; format criteo (detected: {SEEN['criteo']}; --format sets it)"
+    ), first
+
+
+def test_eval_and_predict_read_files_as_the_auto_run_trained_on_them(servers, tmp_path):
+    """Trained with no flags on an Avazu-like file: eval's figures are those of the explicit flags, and predict
+    scores a file without the label column as the same rows with it."""
+    addresses, _ = servers(1)
+    train_path, test_path, new_path = (tmp_path / f"{n}.csv" for n in ("train", "test", "new"))
+    write_avazu(train_path, 2000, seed=1)
+    write_avazu(test_path, 500, seed=2, start=2000)
+    write_avazu(new_path, 500, seed=2, start=2000, label=False)  # test.csv without `click`
+    run = TrainConfig(servers=tuple(addresses), data=str(train_path), model="lr", progress=False, server_timeout_s=0)
+    train(run)
+    auto = evaluate_servers(replace(run, eval_data=str(test_path)))
+    given = evaluate_servers(replace(run, eval_data=str(test_path), format="csv", label_column="click"))
+    assert auto["eval_auc"] == given["eval_auc"] > 0.6 and auto["eval_logloss"] == given["eval_logloss"]
+    flags = ["--data", str(train_path), "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "labeled.out", *flags, "--predict-data", str(test_path)) == 0
+    assert predict(addresses[0], tmp_path / "new.out", *flags, "--predict-data", str(new_path)) == 0
+    header, labeled = read_out(tmp_path / "labeled.out")
+    new_header, new = read_out(tmp_path / "new.out")
+    assert (header, new_header) == (["line", "probability", "label"], ["line", "probability"])
+    assert np.array_equal(new["probability"], labeled["probability"]) and len(new["probability"]) == 500
+    assert auc(labeled["label"], labeled["probability"]) == pytest.approx(auto["eval_auc"], abs=1e-6)
+    with pytest.raises(ValueError, match="its label column is unknown"):  # the file alone: no label column to find
+        predict_config(build_parser().parse_args(["predict", "--servers", addresses[0], "--out",
+                                                  str(tmp_path / "alone.out"), "--data", str(new_path)])).validate()  # fmt: skip
+    assert predict(addresses[0], tmp_path / "itself.out", "--data", str(test_path), "--model", "lr") == 0
+    assert np.array_equal(read_out(tmp_path / "itself.out")[1]["probability"], labeled["probability"])
+
+
+def test_ps_worker_schema_tells_the_format_as_train_does(tmp_path, capsys):
+    write_avazu(tmp_path / "a.csv", 100, seed=1)
+    assert main(["schema", "--data", str(tmp_path / "a.csv")]) == 0
+    text = capsys.readouterr().out
+    assert "# Format csv (detected: a header line of 24 comma-separated names; --format sets it).\n" in text
+    assert 'format = "csv"' in text and 'label = "click"' in text
+    (tmp_path / "d.tsv").write_text(criteo_text(20))
+    assert main(["schema", "--data", str(tmp_path / "d.tsv")]) == 0
+    assert 'format = "criteo"' in capsys.readouterr().out
+    (tmp_path / "s.csv").write_text("a;click\nx;1\ny;0\n")  # --delimiter given: csv, nothing to tell
+    assert main(["schema", "--data", str(tmp_path / "s.csv"), "--delimiter", ";"]) == 0
+    text = capsys.readouterr().out
+    assert "# Format" not in text and 'delimiter = ";"' in text and 'label = "click"' in text
