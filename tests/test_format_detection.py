@@ -191,11 +191,13 @@ def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_na
     assert labels_of(first, tmp_path) == ("is_new", "first column")
     for text in ("id,click,converted,a\n7,1,0,x\n8,0,0,y\n",  # two candidates: the user says which
                  "id,site,a\n7,x,y\n",  # none
-                 "id,click,a\n7,-1,x\n8,1,y\n",  # labels of -1 and 1: no labels to the readers, as before
-                 "id,clicks,a\n7,1,x\n8,0,y\n"):  # not a label's name  # fmt: skip
+                 "id,click,a\n7,-1,x\n8,1,y\n"):  # labels of -1 and 1: no labels to the readers, as before  # fmt: skip
         assert labels_of(text, tmp_path) == ("id", "first column"), text
     header, rows = read_csv_sample(tmp_path / "l.csv", ",", 10)
     assert csv_label(header, rows) is None
+    # a word of a label's name (schema.LABEL_WORDS) where no column has one of LABEL_NAMES, as `ps-worker schema`
+    assert labels_of("id,has_clicked,a\n7,1,x\n8,0,y\n", tmp_path)[0] == "has_clicked"
+    assert labels_of("id,has_clicked,y,a\n7,1,0,x\n8,0,1,y\n", tmp_path)[0] == "y"
     two = tmp_path / "two.csv"
     two.write_text("id,click,converted,a\n7,1,0,x\n8,0,0,y\n")
     with pytest.raises(ValueError, match=re.escape("label '7', expected 0 or 1 (column 'id', the first column, the "

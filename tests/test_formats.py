@@ -428,7 +428,10 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
                                                    "has 'is_click' and 'y', named like a label: --label-column names "
                                                    "the one to predict)")):  # fmt: skip
         read(named, "csv", 10)
-    named.write_text("site,price,has_clicked\na,2.5,1\n")  # LABEL_NAMES first, then LABEL_WORDS, as the warning
+    named.write_text("site,price,has_clicked\na,2.5,1\nb,3,0\n")  # LABEL_NAMES first, then LABEL_WORDS, as
+    (b,) = read(named, "csv", 10)  # `ps-worker schema` takes them
+    assert b.labels.tolist() == [1.0, 0.0]
+    named.write_text("site,price,has_clicked\na,2.5,yes\n")  # named so, of no labels: the first column stays
     with pytest.raises(ValueError, match=re.escape("the header has 'has_clicked': --label-column has_clicked?)")):
         read(named, "csv", 10)
     coded = tmp_path / "coded.csv"  # labels coded -1/1 or yes/no: how to write them; 2 or NA: a bad cell, no more
@@ -447,6 +450,10 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
                 read(coded, "csv", 10, schema=how)
             assert f"line 3: label {cell!r}, expected 0 or 1 (column 'click', " in str(e.value)
             assert f"){told}, more than --max-bad-lines 0" in str(e.value), str(e.value)
+    coded.write_text("label,site\n1,a\n-1,b\n")  # the default first column, named as the label: its coding
+    with pytest.raises(ValueError, match=re.escape("label '-1', expected 0 or 1 (column 'label', the first column)"
+                                                   f"{rewrite}")):  # fmt: skip
+        read(coded, "csv", 10)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "criteo", "libsvm"])

@@ -73,6 +73,21 @@ DEFAULT_FORMAT = AUTO_FORMAT  # a run's --format when none is given (TrainConfig
 LABEL_NAMES = ("label", "click", "clicked", "is_click", "y", "target", "conversion", "converted")  # a label's usual
 # names, any case: the built-in csv schema's label where the first column holds none (schema_builtin.csv_label),
 # `ps-worker schema`'s first pick (schema_infer)
+LABEL_WORDS = re.compile(r"(?i)click|label|target|conver|purchase|bought|outcome")  # in a label's other names
+# (has_clicked, purchased): the pick where no column is named as LABEL_NAMES
+
+
+def is_label_name(name: str) -> bool:
+    """name reads as a label's: one of LABEL_NAMES (any case) or holding one of LABEL_WORDS."""
+    return name.lower() in LABEL_NAMES or LABEL_WORDS.search(name) is not None
+
+
+def labels_by_name(names: list[str]) -> list[str]:
+    """The names a label is taken by, in order: those of LABEL_NAMES (any case) if any, else those holding one of
+    LABEL_WORDS (the rule of `ps-worker schema` and of the built-in csv schema's label)."""
+    return [h for h in names if h.lower() in LABEL_NAMES] or [h for h in names if LABEL_WORDS.search(h)]
+
+
 KINDS = ("categorical", "multi_hot", "weighted", "numeric")
 ID_KINDS = ("hashed", "raw")
 DENSE_TRANSFORMS = ("log", "standardize", "none")

@@ -14,10 +14,12 @@ from worker.schema import (
     CRITEO_COLUMNS,
     FORMATS,
     LABEL_NAMES,
+    LABEL_WORDS,
     MAX_LIBSVM_FIELDS,
     Column,
     Schema,
     TableSchema,
+    labels_by_name,
     libsvm_column,
     load_schema,
 )
@@ -231,12 +233,12 @@ def holds_labels(cells: Sequence[str]) -> bool:
 def csv_label(header: list[str], rows: list[list[str]]) -> tuple[str, str] | None:
     """(the label column, why: Schema.label_from) of the built-in csv schema without --label-column, told by a
     sample of the file's records (rows): the first column where its cells hold labels (holds_labels), "first
-    column"; else the one other column named as schema.LABEL_NAMES (any case) whose cells hold labels. None
+    column"; else the one other column whose cells hold labels that schema.labels_by_name takes. None
     where neither is (no such column, or several): the first column is then the label, whose reader refuses its
     first bad label, naming the columns named like a label."""
     if holds_labels([row[0] for row in rows]):
         return header[0], "first column"
-    named = [h for i, h in enumerate(header) if i and h.lower() in LABEL_NAMES and holds_labels([r[i] for r in rows])]
+    named = labels_by_name([h for i, h in enumerate(header) if i and holds_labels([r[i] for r in rows])])
     if len(named) != 1:
         return None
     return named[0], (f"named like a label and holding 0 and 1, where the first column, {header[0]!r}, holds other "
@@ -252,7 +254,7 @@ def _warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sc
     column taken as the label where another column is named like one (label_guessed: the first column taken by
     default), columns of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker schema`
     would read them as numbers."""
-    from worker.schema_infer import LABEL_WORDS, infer_column, is_binary
+    from worker.schema_infer import infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
     no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label)

@@ -40,10 +40,9 @@ from worker.criteo import other_format_hint
 from worker.csv_fast import label_value
 from worker.datafiles import data_files
 from worker.encode import FLOAT32_MAX, is_missing_text
-from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, LABEL_NAMES, Column, _entry, _toml
+from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, Column, _entry, _toml, is_label_name, labels_by_name
 from worker.schema_builtin import builtin_schema, header_reads_like_an_example, separator_of_one_column
 
-LABEL_WORDS = re.compile(r"(?i)click|label|target|conver|purchase|bought|outcome")
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
 _HEAVY_SKEW = 1.0  # a non-negative numeric column skewed more than this is log-transformed
@@ -150,13 +149,12 @@ def infer_schema(
                          "from; give a file with rows")  # fmt: skip
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     binary = [h for h in header if is_binary(columns[h])]
-    label = next((h for h in binary if h.lower() in LABEL_NAMES), None)
-    label = label or next((h for h in binary if LABEL_WORDS.search(h)), None)
+    label = next(iter(labels_by_name(binary)), None)
     lines.append(f"# Inferred from the header and a sample of {len(rows)} rows (worker/formats.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
     guess = None
     if label is None:  # a label column with some cells empty (rows not labelled yet, say) is still the label
-        blank = [h for h in header if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
+        blank = [h for h in header if is_label_name(h)]
         blank = [h for h in blank if is_binary([c for c in columns[h] if c.strip()])]
         if blank:
             label = blank[0]
@@ -164,7 +162,7 @@ def infer_schema(
             guess = (f"{empty:,} of the sample's {len(rows):,} rows have no label (an empty {label!r} cell): training "
                      "stops at the first such line, unless --max-bad-lines lets it skip them: remove those rows")  # fmt: skip
     if label is None:  # a label named so whose two values are words: said, as the readers take 0/1, true/false only
-        words = [h for h in header if (h.lower() in LABEL_NAMES or LABEL_WORDS.search(h))
+        words = [h for h in header if is_label_name(h)
                  and len({c.strip() for c in columns[h] if c.strip()}) == 2]  # fmt: skip
         if words:
             label = words[0]
@@ -175,7 +173,7 @@ def infer_schema(
     if label is None and binary:
         label = binary[0]
         others = f" (of {', '.join(map(repr, binary))})" if len(binary) > 1 else ""
-        named_so = [h for h in header if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
+        named_so = [h for h in header if is_label_name(h)]
         if named_so:  # named like a label, of other values (0, 1 and 2, say)
             values = sorted({c.strip() for c in columns[named_so[0]] if c.strip()})
             shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
@@ -190,7 +188,7 @@ def infer_schema(
         label = header[0]
         guess = (f"the label is a guess: no column holds only 0 and 1, so the first column, {label!r}, is taken: "
                  "check `label`, the column the model predicts (its values must be 0 or 1)")  # fmt: skip
-    named = [h for h in binary if h.lower() in LABEL_NAMES or LABEL_WORDS.search(h)]
+    named = [h for h in binary if is_label_name(h)]
     if guess is None and len(named) > 1:
         guess = (f"the label is {label!r}, the first of the columns named like a label that hold only 0 and 1 "
                  f"({', '.join(map(repr, named))}): check `label`, the column the model predicts; the others are "

@@ -33,7 +33,7 @@ from worker.criteo import EMPTY_LINE
 from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
 from worker.encode import Parsed, is_missing_text, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
-from worker.schema import LABEL_NAMES, Schema
+from worker.schema import Schema, is_label_name, labels_by_name
 
 CSV_SCAN = True  # csv runs of plain lines through csv_fast.scan_plain first; False: the csv module alone
 MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a long bag cell into a bad line
@@ -150,10 +150,9 @@ class _Label:
         if self.origin != "first column":  # a column the built-in schema took for its name (schema_builtin.csv_label)
             return (f"{what}, expected 0 or 1 (column {self.name!r}, {self.origin}: --label-column or the schema's "
                     f"`label` names another){_other_coding(cell)}")  # fmt: skip
-        from worker.schema_infer import LABEL_WORDS  # the words `ps-worker schema` takes a label by
-
-        others = [h for h in self.header if h != self.name]
-        named = [h for h in others if h.lower() in LABEL_NAMES] or [h for h in others if LABEL_WORDS.search(h)]
+        if is_label_name(self.name) and _other_coding(cell):  # the label it is, its values written otherwise
+            return f"{what}, expected 0 or 1 (column {self.name!r}, the first column){_other_coding(cell)}"
+        named = labels_by_name([h for h in self.header if h != self.name])
         hint = f"; the header has {named[0]!r}: --label-column {named[0]}?" if len(named) == 1 else ""
         if len(named) > 1:
             shown = ", ".join(map(repr, named[:-1])) + f" and {named[-1]!r}"
