@@ -125,7 +125,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
             if done.returncode > 0:  # ps-server export said why
                 return done.returncode
             print(f"ps-worker: error: `ps-server export` {how_it_ended(done.returncode)} before it finished: nothing "
-                  f"was exported, and an earlier export in {args.out} is as it was (the next export into it removes "
+                  f"was exported, and what {args.out} held before is as it was (the next export into it removes "
                   "any temporary files the child left there)", file=sys.stderr)  # fmt: skip
             return 128 - done.returncode  # as a shell gives a child's death by signal N: 128 + N
         if os.path.isdir(kept):

@@ -184,8 +184,8 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
             _remove_dirs(created)
             if not gone or attempt == SAVE_TRIES - 1:
                 raise
-            log.warning("checkpoint dir %s was removed while this shard began to write into it (another shard's "
-                        "save failed): writing again", directory)  # fmt: skip
+            log.warning("checkpoint dir %s was removed while this shard began to write into it (by another shard "
+                        "whose save failed, or by hand): writing again", directory)  # fmt: skip
         except BaseException:
             _remove_dirs(created)
             raise
