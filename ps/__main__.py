@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps.terminate import Terminated, interrupt_exits, sigterm_raises, stopped_by_signal
+from ps.terminate import exit_code, interrupt_exits, sigterm_raises
 
 with interrupt_exits("ps-server"):  # a Ctrl-C while these load (most of a start's first 0.3 s)
     import argparse
@@ -413,14 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     cleanups run (a read-only view's temporary folder, an export's temporary files), 'ps-server: terminated' and
     EXIT_CODE (143): with no handler a process dies at once, or, as PID 1 of a container without an init, ignores
     the signal. (sigterm_raises imports numba for its guard: not before `--help`.)"""
-    try:
-        return _main(argv)
-    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (ps.terminate)
-        stopped = stopped_by_signal(e)
-        if stopped is None:
-            raise
-        print(f"ps-server: {stopped[0]}", file=sys.stderr, flush=True)
-        return stopped[1]
+    return exit_code("ps-server", lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:

@@ -153,6 +153,20 @@ def stopped_by_signal(e: BaseException) -> tuple[str, int] | None:
     return ("interrupted", 128 + signal.SIGINT) if isinstance(behind, KeyboardInterrupt) else ("terminated", EXIT_CODE)
 
 
+def exit_code(program: str, run: Callable[[], int]) -> int:
+    """run()'s exit code, the whole of a command's main: a Ctrl-C or SIGTERM that ends it (stopped_by_signal) is
+    said on stderr ('PROGRAM: interrupted', or 'terminated') and gives 130 (EXIT_CODE); any other exception goes
+    on."""
+    try:
+        return run()
+    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (signal_behind)
+        stopped = stopped_by_signal(e)
+        if stopped is None:
+            raise
+        print(f"{program}: {stopped[0]}", file=sys.stderr, flush=True)
+        return stopped[1]
+
+
 def signal_behind(e: BaseException) -> BaseException | None:
     """The KeyboardInterrupt or Terminated that e was raised from or while handling (its __cause__ or __context__
     chain), else None: numba's compiled code that calls back into Python (unpickling a cached kernel's constants)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ps.terminate import Terminated, interrupt_exits, sigterm_raises, stopped_by_signal
+from ps.terminate import exit_code, interrupt_exits, sigterm_raises
 
 with interrupt_exits("ps-worker"):  # a Ctrl-C while these load (most of a start's first 0.3 s)
     import argparse
@@ -468,14 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     """ps-worker and its commands; the exit code. A Ctrl-C (or, in a command, a SIGTERM: sigterm_raises) ends it
     with 'ps-worker: interrupted' (or 'terminated') and 130 (143), its cleanups run; one while the imports load
     ends it so too (interrupt_exits)."""
-    try:
-        return _main(argv)
-    except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (ps.terminate)
-        stopped = stopped_by_signal(e)
-        if stopped is None:
-            raise
-        print(f"ps-worker: {stopped[0]}", file=sys.stderr)
-        return stopped[1]
+    return exit_code("ps-worker", lambda: _main(argv))
 
 
 def _main(argv: list[str] | None) -> int:
