@@ -314,8 +314,7 @@ def _stats(args) -> int:
     import json
 
     with _client(args) as client:
-        client.wait_ready()
-        shards = client.stats()
+        shards = client.wait_ready()
     from worker.tables import cluster_damage
 
     warnings = [w for w in (cluster_damage(shards), _failing_flushes(shards)) if w]

@@ -81,8 +81,7 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     with export_claim(args.out):
         try:
             with client(args) as servers:
-                servers.wait_ready()
-                shard_stats = servers.stats()  # before the checkpoint (a hold on pushes) is taken
+                shard_stats = servers.wait_ready()  # before the checkpoint (a hold on pushes) is taken
                 held = sorted({t.name for shard in shard_stats for t in shard.tables})
                 if not held:
                     raise ValueError("the servers hold no table: nothing to export (a train with --servers makes "
