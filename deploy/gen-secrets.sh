@@ -42,7 +42,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 ec="-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
 san="DNS:localhost,IP:127.0.0.1"
-for name in "$@"; do san="$san,DNS:$name"; done
+for name in "$@"; do
+    case ",$san," in *",DNS:$name,"*) ;; *) san="$san,DNS:$name" ;; esac  # each name once
+done
 # shellcheck disable=SC2086  # $ec is several arguments
 openssl req -x509 $ec -keyout "$work/ca.key" -out ca.pem -days 3650 -subj /CN=sparseps-ca \
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null

@@ -386,6 +386,18 @@ def test_the_secret_gen_secrets_makes_passes_the_schema_and_holds_every_key_the_
     assert mounted == {"server.pem", "server.key", "ca.pem", "token"} and mounted <= set(secret["data"])
 
 
+def test_gen_secrets_names_each_server_once_in_the_certificate(tmp_path):
+    """localhost, always named, given again (as `gen-secrets.sh DIR localhost` is run for one host), and a name
+    given twice: the server certificate's subjectAltName lists each once."""
+    made = subprocess.run(["sh", os.path.join(DEPLOY, "gen-secrets.sh"), str(tmp_path / "s"), "localhost", "ps-0",
+                           "ps-0"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    san = subprocess.run(["openssl", "x509", "-in", str(tmp_path / "s" / "server.pem"), "-noout", "-ext",
+                          "subjectAltName"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    names = [n.strip() for n in san.splitlines()[-1].split(",")]
+    assert sorted(names) == ["DNS:localhost", "DNS:ps-0", "IP Address:127.0.0.1"], san
+
+
 # `docker-compose help` of Compose v1 (1.29), the only Compose in Debian bookworm: the commands an operator can
 # run there. v2 (`docker compose`) has these and more (cp, ls, ...), which v1 answers with "No such command".
 COMPOSE_V1_COMMANDS = {"build", "config", "create", "down", "events", "exec", "help", "images", "kill", "logs",
