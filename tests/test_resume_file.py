@@ -4,6 +4,7 @@ run, or a damaged one, is refused, naming what differs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -197,12 +198,37 @@ def test_a_position_of_another_recipe_or_column_setting_is_refused(tmp_path):
                       drop_columns=("a", "b"))  # fmt: skip
     PositionWriter(cfg).write(100)
     assert read_position(cfg).examples == 100  # tuples read back as the same setting
-    import dataclasses
-
     with pytest.raises(ValueError, match=r"recipe: 'small' in the file != 'large' now"):
         read_position(dataclasses.replace(cfg, recipe="large"))
     with pytest.raises(ValueError, match=r"drop_columns: \['a', 'b'\] in the file != \['a'\] now"):
         read_position(dataclasses.replace(cfg, drop_columns=("a",)))
+
+
+def test_a_position_holds_the_format_its_data_is_read_in_and_one_written_as_given_resumes(tmp_path):
+    """--format auto's run records the format it detects; a file that recorded the flag as given (auto, or criteo,
+    the default before auto) resumes where the data reads in that format, and is refused where it does not. Without
+    --format read (synthetic data, a --schema) it is no setting of the stream."""
+    from tests.test_format_detection import TEXTS
+
+    for fmt, text in TEXTS.items():
+        (tmp_path / fmt).write_text(text)
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), data=str(tmp_path / "criteo"))
+    PositionWriter(cfg).write(100)
+    assert json.loads((tmp_path / "p.json").read_text())["run"]["format"] == "criteo"
+    assert read_position(dataclasses.replace(cfg, format="criteo")).examples == 100
+    record = json.loads((tmp_path / "p.json").read_text())
+    for given in ("criteo", "auto"):  # as a file written with the flag's value holds it
+        record["run"]["format"] = given
+        (tmp_path / "p.json").write_text(json.dumps(record))
+        assert read_position(cfg).examples == 100, given
+    csv = dataclasses.replace(cfg, data=str(tmp_path / "csv"))
+    record["run"].update(format="criteo", data=csv.data)
+    (tmp_path / "p.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"other settings \(format: 'criteo' in the file != 'csv' now\)"):
+        read_position(csv)
+    synthetic = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "s.json"), format="criteo")
+    PositionWriter(synthetic).write(100)
+    assert read_position(dataclasses.replace(synthetic, format="auto")).examples == 100
 
 
 def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tmp_path, capsys, monkeypatch):

@@ -8,8 +8,9 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
      "finished": false, "state_ids": [ID, ...]}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
-  fills in what was left unset). A start whose settings differ is refused: the position would be another
-  stream's.
+  fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
+  is the one it detects; null where no --format is read, with --schema or on synthetic data). A start whose
+  settings differ is refused: the position would be another stream's.
 - started_from: the --skip-examples the first start of the run was given (0: none); a start given that same
   value again (the same command) resumes from the file, another value is refused.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
@@ -49,6 +50,7 @@ import time
 from collections.abc import Iterator
 
 from ps.storage.atomicfile import temp_prefix_within, write_json_whole
+from worker.schema import AUTO_FORMAT
 from worker.train_config import RESUME_WORKER, TrainConfig
 
 FORMAT = 1
@@ -62,8 +64,23 @@ log = logging.getLogger("worker.resume")
 
 
 def run_settings(cfg: TrainConfig) -> dict:
-    """The settings a position belongs to (RUN_SETTINGS), as JSON reads them back (tuples as lists)."""
-    return json.loads(json.dumps({name: getattr(cfg, name) for name in RUN_SETTINGS}))
+    """The settings a position belongs to (RUN_SETTINGS), as JSON reads them back (tuples as lists); format as
+    data_format reads it."""
+    settings = {name: getattr(cfg, name) for name in RUN_SETTINGS}
+    return json.loads(json.dumps({**settings, "format": data_format(cfg.format, cfg)}))
+
+
+def data_format(fmt: object, cfg: TrainConfig) -> object:
+    """The format cfg's data is read in under the --format value fmt: for auto, the one formats.detect_format tells
+    (a file written as given holds auto, or the default criteo of a version without auto); None where no --format is
+    read (a --schema file's own format, or synthetic data). ValueError where auto cannot tell it."""
+    if cfg.data is None or cfg.schema is not None:
+        return None
+    if fmt == AUTO_FORMAT:
+        from worker.formats import detect_format
+
+        return detect_format(cfg.data)[0]
+    return fmt
 
 
 def unused_because(cfg: TrainConfig) -> str | None:
@@ -158,6 +175,7 @@ def read_position(cfg: TrainConfig) -> Position | None:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
                          "the start, or give --skip-examples N yourself") from None  # fmt: skip
     ours = run_settings(cfg)
+    run = {**run, "format": data_format(run.get("format"), cfg)}
     differ = [f"{name}: {_setting(run.get(name))} in the file != {_setting(ours[name])} now" for name in RUN_SETTINGS
               if run.get(name) != ours[name]]  # fmt: skip
     if differ:
