@@ -144,6 +144,17 @@ def test_a_criteo_file_with_a_header_line_is_refused_saying_so_and_read_with_the
         ),
         ("\t".join(["-1"] + ["3"] * 39) + "\n", "is 40 tab-separated columns, '-1' first, not a label (0 or 1)"),
         ("label\n1\n", "its first line ('label') is one column; it tells libsvm, Criteo TSV and CSV"),
+        (
+            "PK\x05\x06a,b\x00,c\n\x01,\x02\n",
+            "its first line ('PK\\x05\\x06a,b\\x00,c') holds control bytes, "
+            "which text does not: a binary file, or a damaged one?",
+        ),  # (as a CSV header: names a, b and c)
+        (
+            "\nid,click\n1,0\n",
+            "its first line is blank, and the first with content ('id,click') is further down: a "
+            "CSV file's header is its first line; remove the blank lines above it",
+        ),
+        ("\n" * 1000 + "1 3:1\n", "its first 1,000 lines are blank; give --format"),
     ],
 )
 def test_what_auto_cannot_tell_is_refused_naming_format_and_what_was_seen(tmp_path, text, said):

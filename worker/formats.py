@@ -83,7 +83,16 @@ from worker.readers import criteo_reader, csv_reader, libsvm_reader
 from worker.readers.csv_reader import read_csv_header
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
-from worker.readers.share import BadLines, Cells, ReadStats, Share, first_line, is_blank
+from worker.readers.share import (
+    LABEL_PROBE_LINES,
+    BadLines,
+    Cells,
+    ReadStats,
+    Share,
+    first_line,
+    has_control_bytes,
+    is_blank,
+)
 from worker.schema import Schema
 from worker.schema_builtin import header_reads_like_an_example
 
@@ -241,13 +250,21 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str]:
               numbers)
     ValueError for a file of no content; naming --format and what was seen, for anything else: a first line of tab-
     separated names (a header over Criteo TSV by mistake, or a tab-separated file, which a schema reads), a CSV
-    without a header line, a line of one column (another delimiter, say). Only the file's start is read."""
+    without a header line, or with blank lines above it, a line of one column (another delimiter, say), a line of
+    control bytes (a binary file). Only the file's start is read (LABEL_PROBE_LINES lines at most)."""
     name = first_with_content(path)
     line = first_line(name, lambda line: bool(line.strip()))
     cannot = f"{name}: --format auto cannot tell its format"
-    if line is None:
+    if line is None and is_blank(name):
         raise ValueError(f"{name}: no examples in it (it is empty): no line to tell its format by")
+    if line is None:
+        raise ValueError(f"{cannot}: its first {LABEL_PROBE_LINES:,} lines are blank; give --format (criteo, csv, "
+                         "libsvm)")  # fmt: skip
     body = line.rstrip(b"\r\n")
+    shown = repr(body.decode("utf-8", "replace")[:100])
+    if has_control_bytes(body):
+        raise ValueError(f"{cannot}: its first line ({shown}) holds control bytes, which text does not: a binary "
+                         "file, or a damaged one? Data files are text: Criteo TSV, CSV with a header line, libsvm")  # fmt: skip
     cells = body.split(b"\t")
     first = cells[0].strip()
     if b"\t" not in body and libsvm_like(body):
@@ -256,8 +273,10 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str]:
         return "criteo", f"its first line is {NUM_COLUMNS} tab-separated columns, a label (0 or 1) first, no header"
     if len(cells) == NUM_COLUMNS - 1 and (not first or first.lstrip(b"-").isdigit()):
         return "criteo", f"its first line is {NUM_COLUMNS - 1} tab-separated columns, Criteo TSV without labels"
-    shown = repr(body.decode("utf-8", "replace")[:100])
     header = read_csv_header(name, ",") or []
+    if not header and b"," in body:  # the file's first line is blank, its first with content further down
+        raise ValueError(f"{cannot}: its first line is blank, and the first with content ({shown}) is further down: "
+                         "a CSV file's header is its first line; remove the blank lines above it")  # fmt: skip
     if len(header) > 1:
         example = header_reads_like_an_example(name, header)
         if not example:

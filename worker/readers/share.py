@@ -78,8 +78,13 @@ BINARY_FORMATS = (  # (name, its magic): table formats of their own, not text: n
 def binary_format(first: bytes) -> str | None:
     """The name of the binary table format (BINARY_FORMATS) whose magic a file's first 10 bytes start with, where
     they also hold a control byte that text does not (below tab, or 0x0e-0x1f); else None."""
-    binary = any(b < 0x09 or 0x0E <= b < 0x20 for b in first)
+    binary = has_control_bytes(first)
     return next((kind for kind, magic in BINARY_FORMATS if binary and first.startswith(magic)), None)
+
+
+def has_control_bytes(data: bytes) -> bool:
+    """Whether data holds a control byte that text does not: below tab, or 0x0e-0x1f."""
+    return any(b < 0x09 or 0x0E <= b < 0x20 for b in data)
 
 
 def open_data(name: str) -> BinaryIO:
