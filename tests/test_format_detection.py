@@ -192,8 +192,8 @@ def labels_of(text: str, tmp_path) -> tuple[str | None, str]:
 def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_named_like_a_label(tmp_path):
     write_avazu(tmp_path / "a.csv", 50, seed=1)
     s = schema(tmp_path / "a.csv")
-    assert (s.label, s.label_from) == ("click", "named like a label and holding 0 and 1, where the first column, "
-                                                "'id', holds other values")  # fmt: skip
+    assert (s.label, s.label_from) == ("click", "named like a label and holding 0 and 1 in the first 50 rows, where "
+                                                "the first column, 'id', holds other values")  # fmt: skip
     assert "id" in [c.source for c in s.columns] and "click" not in [c.source for c in s.columns]
     assert schema(tmp_path / "a.csv", label_column="click") == s  # the flag's schema: the same model
     middle = "user,site,Label,price\nu1,s1,1,2\nu2,s2,0,3\nu3,s1,,4\n"  # any case; a blank label cell too
@@ -201,8 +201,7 @@ def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_na
     first = "is_new,site,click\n1,s1,1\n0,s2,0\n"  # the first column holds labels: it stays the label
     assert labels_of(first, tmp_path) == ("is_new", "first column")
     for text in ("id,click,converted,a\n7,1,0,x\n8,0,0,y\n",  # two candidates: the user says which
-                 "id,site,a\n7,x,y\n",  # none
-                 "id,click,a\n7,-1,x\n8,1,y\n"):  # labels of -1 and 1: no labels to the readers, as before  # fmt: skip
+                 "id,site,a\n7,x,y\n"):  # none  # fmt: skip
         assert labels_of(text, tmp_path) == ("id", "first column"), text
     header, rows = read_csv_sample(tmp_path / "l.csv", ",", 10)
     assert csv_label(header, rows) is None
@@ -219,6 +218,34 @@ def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_na
     assert batches(two, schema(two, label_column="converted"))[0][0] == [0.0, 0.0]
 
 
+@pytest.mark.parametrize(
+    "text, holds",
+    [  # (named like a label, of other values: the reader's refusal of the first column would point to it)
+        (
+            "id,clicks,a\n" + "".join(f"{7 + i},{i % 6},x\n" for i in range(8)),
+            "the first column, 'id', holds '7', '8', '9' and others; 'clicks', named like a label, holds '2', '3', "
+            "'4' and others",
+        ),  # a count
+        (
+            "id,click,a\n7,-1,x\n8,1,y\n",
+            "the first column, 'id', holds '7', '8'; 'click', named like a label, holds '-1'",
+        ),  # labels of -1 and 1: no labels to the readers
+        ("id,click,a\n7,,x\n8,NA,y\n", "'click', named like a label, is blank"),  # fmt: skip
+    ],
+)
+def test_no_column_that_can_be_the_label_is_refused_before_reading_naming_what_each_holds(tmp_path, text, holds):
+    path = tmp_path / "l.csv"
+    path.write_text(text)
+    with pytest.raises(ValueError) as e:
+        schema(path)
+    said = str(e.value)
+    assert said.startswith(f"{path}: no column can be the label (0 or 1, true and false too): in the first ") and \
+        holds in said and "Give --label-column naming the column to predict" in said, said  # fmt: skip
+    assert schema(path, label_column="a").label == "a"  # the flag names it (its reader refuses its values)
+    path.write_text(text.split("\n", 1)[0] + "\n")  # a header alone: nothing to tell by
+    assert schema(path).label == "id"
+
+
 def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(tmp_path, capsys):
     train_path, test_path = tmp_path / "train.csv", tmp_path / "test.csv"
     write_avazu(train_path, 3000, seed=1)
@@ -228,7 +255,8 @@ def test_a_run_with_no_flags_trains_an_avazu_like_file_and_says_how_it_read_it(t
     out = capsys.readouterr().out
     assert code == 0, out
     assert "columns  format csv (detected: a header line of 24 comma-separated names; --format sets it); label " \
-           "'click' (named like a label and holding 0 and 1, where the first column, 'id', holds other values; " \
+           "'click' (named like a label and holding 0 and 1 in the first 1,000 rows, where the first column, 'id', " \
+           "holds other values; " \
            "--label-column sets it); 23 categorical" in out  # fmt: skip
     figure = float(re.search(r"^eval   AUC ([0-9.]+) ", out, re.M)[1])
     assert figure > 0.6, out

@@ -414,13 +414,15 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     named = tmp_path / "named.csv"  # a label-named column that is not the first: named in the message
     named.write_text("site,clicked\na,1\nb,0\nc,\n")  # the label (schema_builtin.csv_label), where 'site' is none
     with pytest.raises(ValueError, match=re.escape("line 4: an empty label, expected 0 or 1 (column 'clicked', named "
-                                                   "like a label and holding 0 and 1, where the first column, 'site', "
+                                                   "like a label and holding 0 and 1 in the first 3 rows, where the "
+                                                   "first column, 'site', "
                                                    "holds other values: --label-column or the schema's `label` names "
                                                    "another); 1 bad line")):  # fmt: skip
         read(named, "csv", 10)
-    named.write_text("site,clicked\na,yes\n")  # named so, but no labels: the first column stays the label
-    with pytest.raises(ValueError, match=re.escape("`label` names another; the header has 'clicked': --label-column "
-                                                   "clicked?)")):  # fmt: skip
+    named.write_text("site,clicked\na,yes\n")  # named so, but no labels: no column can be the label
+    with pytest.raises(ValueError, match=re.escape("no column can be the label (0 or 1, true and false too): in the "
+                                                   "first row, the first column, 'site', holds 'a'; 'clicked', named "
+                                                   "like a label, holds 'yes'. Give --label-column")):  # fmt: skip
         read(named, "csv", 10)
     named.write_text("site,price,is_click,y\na,2.5,1,0\n")  # two label columns: which one is for the user to say
     with pytest.raises(ValueError, match=re.escape("(column 'site', the first column, the built-in default: "
@@ -431,8 +433,8 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     named.write_text("site,price,has_clicked\na,2.5,1\nb,3,0\n")  # LABEL_NAMES first, then LABEL_WORDS, as
     (b,) = read(named, "csv", 10)  # `ps-worker schema` takes them
     assert b.labels.tolist() == [1.0, 0.0]
-    named.write_text("site,price,has_clicked\na,2.5,yes\n")  # named so, of no labels: the first column stays
-    with pytest.raises(ValueError, match=re.escape("the header has 'has_clicked': --label-column has_clicked?)")):
+    named.write_text("site,price,has_clicked\na,2.5,yes\n")  # named so, of no labels: said as above
+    with pytest.raises(ValueError, match=re.escape("'has_clicked', named like a label, holds 'yes'. Give")):
         read(named, "csv", 10)
     coded = tmp_path / "coded.csv"  # labels coded -1/1 or yes/no: how to write them; 2 or NA: a bad cell, no more
     rewrite = (": rewrite the column as 1 for the outcome the model predicts and 0 for the other (true and false are "

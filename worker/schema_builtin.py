@@ -191,6 +191,8 @@ def resolve_schema(
             )
         if label_column is None and header:
             picked = csv_label(header, rows)
+            if picked is None:
+                _check_a_label_is_named(data, header, rows)
     if fmt == "libsvm" and libsvm_fields is None:
         libsvm_fields = libsvm_field_count(data)
     named = picked is not None and picked[1] != "first column"  # a column taken for its name
@@ -235,14 +237,47 @@ def csv_label(header: list[str], rows: list[list[str]]) -> tuple[str, str] | Non
     sample of the file's records (rows): the first column where its cells hold labels (holds_labels), "first
     column"; else the one other column whose cells hold labels that schema.labels_by_name takes. None
     where neither is (no such column, or several): the first column is then the label, whose reader refuses its
-    first bad label, naming the columns named like a label."""
+    first bad label, naming the columns named like a label (resolve_schema refuses at once where none of those
+    holds labels either: _check_a_label_is_named)."""
     if holds_labels([row[0] for row in rows]):
         return header[0], "first column"
     named = labels_by_name([h for i, h in enumerate(header) if i and holds_labels([r[i] for r in rows])])
     if len(named) != 1:
         return None
-    return named[0], (f"named like a label and holding 0 and 1, where the first column, {header[0]!r}, holds other "
-                      "values")  # fmt: skip
+    return named[0], (f"named like a label and holding 0 and 1 in {_first_rows(rows)}, where the first "
+                      f"column, {header[0]!r}, holds other values")  # fmt: skip
+
+
+def _check_a_label_is_named(data: str, header: list[str], rows: list[list[str]]) -> None:
+    """ValueError where the sample rows show no column can be the label: the first column's cells, and those of each
+    other column named like a label (schema.labels_by_name), hold values other than 0 and 1 (a count of clicks,
+    say), so the reader's refusal would point to a column that cannot be it either. Where no other column is named
+    so, that refusal of the first column's first bad label says what is wrong."""
+    named = {i: h for i, h in enumerate(header) if i and h in labels_by_name(header[1:])}
+    if not rows or not named or any(holds_labels([r[i] for r in rows]) for i in named):
+        return
+    holds = [f"the first column, {header[0]!r}, {_not_labels([r[0] for r in rows])}"]
+    holds += [f"{h!r}, named like a label, {_not_labels([r[i] for r in rows])}" for i, h in named.items()]
+    raise ValueError(f"{data}: no column can be the label (0 or 1, true and false too): in {_first_rows(rows)}, "
+                     f"{'; '.join(holds)}. Give --label-column naming the column to predict, its values "
+                     "written as 0 and 1 (-1 and 1, or yes and no, as 0 and 1; a count as 1 where it is above 0)")  # fmt: skip
+
+
+def _first_rows(rows: list[list[str]]) -> str:
+    """The sample rows, as a message names them."""
+    return "the first row" if len(rows) == 1 else f"the first {len(rows):,} rows"
+
+
+def _not_labels(cells: list[str]) -> str:
+    """What the cells hold that is no label (holds_labels): up to 3 of their other values, or that they are blank."""
+    from worker.csv_fast import label_value
+    from worker.encode import is_missing_text
+
+    others = list(dict.fromkeys(c for c in cells if label_value(c) not in (0.0, 1.0) and c.strip()
+                                and not is_missing_text(c)))  # fmt: skip
+    if not others:
+        return "is blank"
+    return "holds " + ", ".join(map(repr, others[:3])) + (" and others" if len(others) > 3 else "")
 
 
 HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
