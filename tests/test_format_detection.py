@@ -100,6 +100,13 @@ def test_each_format_is_told_by_its_first_line_and_read_as_its_flag_reads_it(tmp
     assert batches(path, detected) == batches(path, given) and len(batches(path, given)[0][0]) == 20
 
 
+def test_libsvm_separated_by_tabs_is_told_as_libsvm_and_read_as_its_flag_reads_it(tmp_path):
+    path = tmp_path / "tabs.libsvm"  # the libsvm reader splits a line at any whitespace
+    path.write_text(TEXTS["libsvm"].replace(" ", "\t"))
+    assert detect_format(str(path)) == ("libsvm", SEEN["libsvm"])
+    assert batches(path, schema(path)) == batches(path, schema(path, "libsvm"))
+
+
 def test_criteo_without_labels_is_told_by_its_39_columns(tmp_path):
     path = tmp_path / "new.tsv"
     path.write_text("".join(line.split("\t", 1)[1] + "\n" for line in criteo_text(5).splitlines()))

@@ -267,7 +267,7 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str]:
                          "file, or a damaged one? Data files are text: Criteo TSV, CSV with a header line, libsvm")  # fmt: skip
     cells = body.split(b"\t")
     first = cells[0].strip()
-    if b"\t" not in body and libsvm_like(body):
+    if libsvm_like(body):  # (whitespace-separated: tabs too, as the reader splits it)
         return "libsvm", "its first line is a label and id:value tokens"
     if len(cells) == NUM_COLUMNS and first in (b"0", b"1"):
         return "criteo", f"its first line is {NUM_COLUMNS} tab-separated columns, a label (0 or 1) first, no header"
