@@ -205,8 +205,11 @@ def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_na
     assert schema(tmp_path / "a.csv", label_column="click") == s  # the flag's schema: the same model
     middle = "user,site,Label,price\nu1,s1,1,2\nu2,s2,0,3\nu3,s1,,4\n"  # any case; a blank label cell too
     assert labels_of(middle, tmp_path)[0] == "Label"
-    first = "is_new,site,click\n1,s1,1\n0,s2,0\n"  # the first column holds labels: it stays the label
-    assert labels_of(first, tmp_path) == ("is_new", "first column")
+    first = "is_new,site,click\n1,s1,1\n0,s2,0\n"  # 0 and 1 in the first column too: the one named so wins
+    assert labels_of(first, tmp_path) == ("click", "named like a label and holding 0 and 1 in the first 2 rows, "
+                                                   "where the first column, 'is_new', holds 0 and 1 too but is not "
+                                                   "named like a label")  # fmt: skip
+    assert labels_of("is_new,site\n1,s1\n0,s2\n", tmp_path) == ("is_new", "first column")
     for text in ("id,click,converted,a\n7,1,0,x\n8,0,0,y\n",  # two candidates: the user says which
                  "id,site,a\n7,x,y\n"):  # none  # fmt: skip
         assert labels_of(text, tmp_path) == ("id", "first column"), text

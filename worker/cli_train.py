@@ -307,9 +307,9 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
                       "(40 tab-separated columns, 0/1 first), csv (a header line of comma-separated names); criteo: "
                       "tab-separated label, 13 ints, 26 hex, no header; csv: a header, see the column flags; "
                       "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
-    data.add_argument("--label-column", help="csv: the label column (default: the first column if it holds 0 and 1, "
-                      f"else the one column that does named {', '.join(LABEL_NAMES[:-1])} or {LABEL_NAMES[-1]}, "
-                      "any case, or, where none is, whose name holds a label's word such as click)")  # fmt: skip
+    data.add_argument("--label-column", help="csv: the label column (default: the one column holding 0 and 1 named "
+                      f"{', '.join(LABEL_NAMES[:-1])} or {LABEL_NAMES[-1]}, any case, or, where none is, whose name "
+                      "holds a label's word such as click; else the first column if it holds 0 and 1)")  # fmt: skip
     data.add_argument("--drop-columns", default="", help="csv: comma-separated columns to ignore")
     data.add_argument(
         "--numeric-columns",

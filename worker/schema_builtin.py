@@ -234,18 +234,19 @@ def holds_labels(cells: Sequence[str]) -> bool:
 
 def csv_label(header: list[str], rows: list[list[str]]) -> tuple[str, str] | None:
     """(the label column, why: Schema.label_from) of the built-in csv schema without --label-column, told by a
-    sample of the file's records (rows): the first column where its cells hold labels (holds_labels), "first
-    column"; else the one other column whose cells hold labels that schema.labels_by_name takes. None
-    where neither is (no such column, or several): the first column is then the label, whose reader refuses its
+    sample of the file's records (rows): the one column whose cells hold labels (holds_labels) that
+    schema.labels_by_name takes (as `ps-worker schema` takes it, before a first column of 0 and 1 not named so:
+    is_mobile,click); else the first column where its cells hold labels, "first column". None where neither is
+    (no such column, or several): the first column is then the label, whose reader refuses its
     first bad label, naming the columns named like a label (resolve_schema refuses at once where none of those
     holds labels either: _check_a_label_is_named)."""
-    if holds_labels([row[0] for row in rows]):
-        return header[0], "first column"
-    named = labels_by_name([h for i, h in enumerate(header) if i and holds_labels([r[i] for r in rows])])
-    if len(named) != 1:
-        return None
-    return named[0], (f"named like a label and holding 0 and 1 in {_first_rows(rows)}, where the first "
-                      f"column, {header[0]!r}, holds other values")  # fmt: skip
+    holding = [i for i in range(len(header)) if holds_labels([row[i] for row in rows])]
+    named = labels_by_name([header[i] for i in holding])
+    if len(named) == 1 and named[0] != header[0]:
+        first = "holds 0 and 1 too but is not named like a label" if 0 in holding else "holds other values"
+        return named[0], (f"named like a label and holding 0 and 1 in {_first_rows(rows)}, where the first "
+                          f"column, {header[0]!r}, {first}")  # fmt: skip
+    return (header[0], "first column") if 0 in holding else None
 
 
 def _check_a_label_is_named(data: str, header: list[str], rows: list[list[str]]) -> None:
