@@ -1,5 +1,6 @@
 """The command-line entry points, as a user runs them."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -7,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -106,8 +108,16 @@ def _sigterm_to_a_thread_not_the_main_one(pid: int) -> None:
     import ctypes
 
     tasks = f"/proc/{pid}/task"
-    names = {int(t): pathlib.Path(f"{tasks}/{t}/comm").read_text().strip() for t in os.listdir(tasks)}
-    flusher = next((t for t, name in names.items() if name == "ps-flusher"), None)
+    deadline = time.monotonic() + 30  # the flusher names itself once it runs, which a loaded host may delay
+    while True:
+        names = {}
+        for t in os.listdir(tasks):
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                names[int(t)] = pathlib.Path(f"{tasks}/{t}/comm").read_text().strip()
+        flusher = next((t for t, name in names.items() if name == "ps-flusher"), None)
+        if flusher is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert flusher is not None, f"no thread named ps-flusher among {sorted(names.values())}"
     assert ctypes.CDLL(None, use_errno=True).tgkill(pid, flusher, signal.SIGTERM) == 0
 
