@@ -290,12 +290,14 @@ def test_the_first_line_says_whether_the_data_dir_was_new_and_what_it_holds(tmp_
     with caplog.at_level("INFO", "ps.engine.shard"):
         shard.create_table(TableConfig("t", 4))
     assert "created table t: dim 4, adagrad" in caplog.text
+    shard.create_table(TableConfig("u", 1))
     shard.push("t", np.arange(1500, dtype=np.uint64), np.ones((1500, 4), np.float32))
+    shard.push("u", np.arange(1, dtype=np.uint64), np.ones((1, 1), np.float32))  # a model's bias: one row
     shard.advance_clock(3)
     shard.close()
     shard = Shard(ServerConfig(data_dir=path))
     try:
-        assert shard.describe_start() == "existing, tables t 1,500 rows, clock 3"
+        assert shard.describe_start() == "existing, tables t 1,500 rows, u 1 row, clock 3"
     finally:
         shard.close()
 

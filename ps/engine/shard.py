@@ -91,6 +91,11 @@ REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
 FLUSH_FAILURE_LOG_S = 300.0  # between the log lines of a background flush that keeps failing
 
 
+def _rows(n: int) -> str:
+    """A count of rows as the log lines say it: "1 row", "1,500 rows"."""
+    return f"{n:,} row{'s' * (n != 1)}"
+
+
 def _start_error(e: Exception, data_dir: str) -> PsError | None:
     """The error to report for a start that e stopped, when e is not damage: a file the server may not read or
     write (PermissionError), or a full disk; None otherwise (StorageErrors and the like say what they are)."""
@@ -241,7 +246,7 @@ class Shard:
             origin = f"restored from {self.config.restore_dir}"
         if not self.tables:
             return f"{origin}, no tables"
-        tables = ", ".join(f"{name} {t.num_rows:,} rows" for name, t in sorted(self.tables.items()))
+        tables = ", ".join(f"{name} {_rows(t.num_rows)}" for name, t in sorted(self.tables.items()))
         return f"{origin}, tables {tables}, clock {self.clock:,}"
 
     def _open_store(self) -> Store:
@@ -285,7 +290,7 @@ class Shard:
             summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest,
                                    on_written)  # fmt: skip
             self._progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
-            tables = ", ".join(f"{name} {counts['admitted']:,} rows" for name, counts in summary["tables"].items())
+            tables = ", ".join(f"{name} {_rows(counts['admitted'])}" for name, counts in summary["tables"].items())
             log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
                      summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
             self.restored_now = True
@@ -921,8 +926,8 @@ class Shard:
                 "files": file_checksums(path),
                 "rows": Store.admitted_counts(path),  # as saved: a Shrink may run during the save
             }
-            log.info("checkpoint saved to %s in %.1f s: %s rows, clock %s", path, time.monotonic() - started,
-                     f"{sum(saved['rows'].values()):,}", f"{self.clock:,}")  # fmt: skip
+            log.info("checkpoint saved to %s in %.1f s: %s, clock %s", path, time.monotonic() - started,
+                     _rows(sum(saved["rows"].values())), f"{self.clock:,}")  # fmt: skip
             return saved
 
     def _write_checkpoint(self, path: str) -> None:
