@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from ps.config import ServerConfig
 from ps.rows.layout import KEY_BYTES, RAM_OVERHEAD_BYTES, layout_of
-from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, MAX_WAL_BYTES
+from ps.storage.memory import DEFAULT_JOURNAL_SEGMENT_BYTES, INFO_LOG_BYTES, KEEP_INFO_LOGS, MAX_WAL_BYTES
 
-LOG_BYTES = ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + MAX_WAL_BYTES
+LOG_BYTES = (ServerConfig.journal_flush_bytes + DEFAULT_JOURNAL_SEGMENT_BYTES + MAX_WAL_BYTES
+             + KEEP_INFO_LOGS * INFO_LOG_BYTES)  # fmt: skip
 """Disk a server's logs may take beside its rows, at most: the journal until a flush (--flush-interval-s, or once
-it grew by journal_flush_bytes) plus the segment in use, and RocksDB's write-ahead logs."""
+it grew by journal_flush_bytes) plus the segment in use, RocksDB's write-ahead logs and its text logs."""
 
 
 def size_report(ids: int, dim: int, optimizer: str, servers: int, hot_fraction: float) -> dict:
@@ -51,7 +52,7 @@ def format_report(r: dict) -> str:
             f"per id:      RAM {r['ram_bytes_per_row']} B    disk {r['disk_bytes_per_row']} B "
             f"(raw key+value {r['raw_row_bytes']} B)",
             f"per server:  disk {human(r['disk_bytes_per_server'])} (+ up to {human(r['log_bytes_per_server'])} of "
-            "journal and write-ahead logs, + free space for compaction)    RAM for every row "
+            "journal, write-ahead and text logs, + free space for compaction)    RAM for every row "
             f"{human(r['ram_bytes_per_server_all_rows'])}    --cache-bytes for the hottest {r['hot_fraction']:.0%}: "
             f"{human(r['cache_bytes_per_server_for_hot_fraction'])}",
         ]

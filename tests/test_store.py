@@ -162,6 +162,28 @@ def test_rocksdbs_own_text_logs_are_kept_to_a_few(tmp_path):
     assert len(logs) == store_module.KEEP_INFO_LOGS, logs
 
 
+def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_path, monkeypatch):
+    """A server that runs for weeks writes RocksDB's LOG on every flush and compaction (about 2 MB an hour of
+    training): it rolls over at INFO_LOG_BYTES, so a data dir's text logs stay under KEEP_INFO_LOGS files of that
+    size instead of one file that grows as long as the process lives."""
+    limit = 64 << 10
+    monkeypatch.setattr(store_module, "INFO_LOG_BYTES", limit)
+    s = Store(str(tmp_path))
+    s.check_identity(0, 1)
+    s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
+    ids = np.arange(100, dtype=np.uint64)
+    try:
+        for _ in range(40):  # each flush (and the compactions it brings) logs about 10 KB: some 400 KB in all
+            s.put_rows("emb", ids, np.ones((100, 6), np.float32), ids, np.ones(100, dtype=bool),
+                       {"admitted": 100, "pending": 0})  # fmt: skip
+            s.flush()
+    finally:
+        s.close()
+    sizes = {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path) if f.startswith("LOG")}
+    assert 1 < len(sizes) <= store_module.KEEP_INFO_LOGS, sizes
+    assert max(sizes.values()) < limit + (16 << 10), sizes  # rolled at the limit (plus the line that crossed it)
+
+
 def test_a_data_dir_keeps_the_first_cluster_name_it_runs_with(tmp_path):
     s = Store(str(tmp_path))
     s.check_cluster("")  # unnamed: nothing recorded, so a name may come later

@@ -7,8 +7,8 @@ no request pays for the directory walk and statvfs it costs (at most one measure
 The disk is low while its free bytes (to this user: statvfs f_bavail) are under low_bytes(total, data dir):
   - 5% of the disk (LOW_FRACTION), the level at which file systems slow down and disk alerts usually fire;
   - 2 GiB (LOW_MIN_BYTES; a quarter of a disk under 8 GiB): room for the logs a data dir grows by between flushes,
-    up to 1.5 GiB of journal and RocksDB write-ahead logs (docs/capacity.md; a sizing audit saw an 835 MB data dir
-    reach ~1.2 GB while training);
+    up to 1.6 GiB of journal and RocksDB's write-ahead and text logs (docs/capacity.md; a sizing audit saw an
+    835 MB data dir reach ~1.2 GB while training);
   - a tenth of the data dir's bytes (COMPACTION_FRACTION): a compaction writes its output, about a level's
     rewrite, before it deletes its inputs;
 whichever is largest. It stops being low once free bytes exceed that by RECOVER_MARGIN (10%), so that a disk

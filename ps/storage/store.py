@@ -113,6 +113,8 @@ from ps.storage.memory import (
     DEFAULT_BLOCK_CACHE_BYTES,
     DEFAULT_WRITE_BEHIND_BYTES,
     DEFAULT_WRITE_BUFFER_BYTES,
+    INFO_LOG_BYTES,
+    KEEP_INFO_LOGS,
     MAX_WAL_BYTES,
 )
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, remove_temporary_files, shard_name, write_json
@@ -427,7 +429,6 @@ MIN_KEYS_PER_READER = 2048  # a multi_get is split over reader threads only in p
 MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 BLOOM_BITS = 8  # per key of every file's filter: ~2% false positives; at 10^8 keys 100 MB of filters, not 125
 BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): well under 1%
-KEEP_INFO_LOGS = 8  # RocksDB's own text logs (LOG, LOG.old.*) kept in a data dir
 MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
 
 
@@ -507,6 +508,7 @@ def rocksdb_options(
     if index_in_cache:
         opts.set_optimize_filters_for_hits(True)  # see table_options
     opts.set_keep_log_file_num(KEEP_INFO_LOGS)  # each open, a start's read-only check too, starts a new LOG
+    opts.set_max_log_file_size(INFO_LOG_BYTES)  # and a long run's flushes and compactions fill one up to this
     opts.set_paranoid_checks(True)  # RocksDB refuses to open on the damage it can see (file sizes, the MANIFEST)
     # a torn last record in the write-ahead log is what a crash leaves; damage before it is refused, not dropped
     # with everything after it (the default, point-in-time recovery)
