@@ -254,7 +254,8 @@ def _check_a_label_is_named(data: str, header: list[str], rows: list[list[str]])
     other column named like a label (schema.labels_by_name), hold values other than 0 and 1 (a count of clicks,
     say), so the reader's refusal would point to a column that cannot be it either. Where no other column is named
     so, that refusal of the first column's first bad label says what is wrong."""
-    named = {i: h for i, h in enumerate(header) if i and h in labels_by_name(header[1:])}
+    by_name = set(labels_by_name(header[1:]))
+    named = {i: h for i, h in enumerate(header) if i and h in by_name}
     if not rows or not named or any(holds_labels([r[i] for r in rows]) for i in named):
         return
     holds = [f"the first column, {header[0]!r}, {_not_labels([r[0] for r in rows])}"]
