@@ -142,9 +142,11 @@ class HealthServicer(health.HealthServicer):
         forget = self._on_close_callback(send_response_callback, service)
 
         def closed() -> None:
-            forget()
-            with self._lock:
-                self._watches -= 1
+            try:
+                forget()
+            finally:  # the slot comes back whatever grpc_health's callback does (gRPC only logs its errors)
+                with self._lock:
+                    self._watches -= 1
 
         if not context.add_callback(closed):  # the stream ended before the callback was added: it will never run
             with self._lock:
