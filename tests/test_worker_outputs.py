@@ -309,6 +309,34 @@ def test_the_progress_rate_and_step_seconds_leave_out_evaluations_as_the_summary
     assert lines[3].startswith("progress: 400 of 1,200 examples (33%), 100 examples/s"), lines  # after one evaluation
 
 
+def test_a_plain_progress_line_gives_the_rate_since_the_line_before_and_the_time_left_at_it(
+    monkeypatch, tmp_path, capsys
+):
+    """A run that slows down (batches of 100 read in 1 s, then in 4 s from the 4th on) shows it in the rate since
+    the line before, where the whole run's rate lags; the time left is at that recent rate, and the last line gives
+    none."""
+    from worker import loop
+
+    now = _fake_clock(monkeypatch, loop)
+    with _lr_job_of_600_rows(tmp_path, epochs=1) as (tables, cfg, data, spec, backend, dense):
+
+        def slowing(epoch: int):
+            for k, batch in enumerate(data.train(epoch)):
+                now[0] += 1.0 if k < 3 else 4.0
+                yield batch
+
+        run_epochs(tables, spec, backend, dense, slowing, loop_settings(cfg, data))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("progress: ")]
+    assert lines[0].startswith("progress: 100 of 600 examples (17%), 100 examples/s, train"), lines  # the first
+    assert lines[2].startswith("progress: 300 of 600 examples (50%), 100 examples/s (100 over the last 00:01), "
+                               "00:03 left, train"), lines  # fmt: skip
+    assert lines[4].startswith("progress: 500 of 600 examples (83%), 46 examples/s (25 over the last 00:04), "
+                               "00:04 left, train"), lines  # fmt: skip
+    assert lines[5].startswith("progress: 600 of 600 examples (100%), 40 examples/s (25 over the last 00:04), "
+                               "train"), lines  # fmt: skip  # done: no time left
+    assert lines[-1].startswith("progress: 600 of 600 examples (100%), 40 examples/s, train"), lines  # the end's
+
+
 def test_a_resumed_runs_progress_rate_leaves_out_the_time_it_spent_skipping(monkeypatch, tmp_path, capsys):
     """--skip-examples reads and drops examples before the first step (84 s for 11.8M lines of a 30M-line CSV):
     the progress lines' examples/s is of the examples trained over the time training took, not over that wait

@@ -129,7 +129,8 @@ def _close_at_count(bar: tqdm) -> None:
 class _ProgressLines:
     """PROGRESS lines on stdout every `every_s` seconds (ps-worker train --progress-lines, read by launch; grammar in
     worker/progress_lines.py); or, plain, 'progress: ...' lines for a person on stderr (a bar's redraws would fill
-    a log file)."""
+    a log file), which also give the rate since the line before (a run slowing down shows there first, not in the
+    whole run's) and, where the total is known exactly, the time left at that rate."""
 
     JSON_EVERY_S, PLAIN_EVERY_S = JSON_EVERY_S, 30.0
 
@@ -139,6 +140,7 @@ class _ProgressLines:
         self.estimated = estimated and total > 0
         self.every_s = every_s if every_s is not None else self.PLAIN_EVERY_S if plain else self.JSON_EVERY_S
         self.last = time.perf_counter()
+        self.since: tuple[int, float] | None = None  # (examples, seconds) at the last line
 
     def update(self, result: LoopResult, logloss: float, seconds: float, extra: dict, final: bool = False,
                stopped: bool = False) -> None:  # fmt: skip
@@ -167,9 +169,21 @@ class _ProgressLines:
             total_text = f"{bound}{'about ' if estimated else ''}{total:,}"
             loss = "" if line["logloss"] is None else f", train logloss {line['logloss']:.4f}"
             print(f"progress: {result.examples:,} of {total_text} examples{done}, {line['examples_per_s']:,.0f} "
-                  f"examples/s{loss}", file=sys.stderr, flush=True)  # fmt: skip
+                  f"examples/s{self._recent(result.examples, seconds, total, final or bool(bound) or estimated)}{loss}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            self.since = (result.examples, seconds)
         else:
             print(progress_line(line), flush=True)
+
+    def _recent(self, examples: int, seconds: float, total: int, no_time_left: bool) -> str:
+        """A plain line's rate since the line before and, unless no_time_left, the time left at that rate."""
+        if self.since is None or seconds <= self.since[1]:
+            return ""
+        rate = (examples - self.since[0]) / (seconds - self.since[1])
+        text = f" ({rate:,.0f} over the last {tqdm.format_interval(seconds - self.since[1])})"
+        if not no_time_left and rate > 0 and total > examples:
+            text += f", {tqdm.format_interval((total - examples) / rate)} left"
+        return text
 
 
 def run_epochs(
