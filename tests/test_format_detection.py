@@ -328,3 +328,27 @@ def test_ps_worker_schema_tells_the_format_as_train_does(tmp_path, capsys):
     assert main(["schema", "--data", str(tmp_path / "s.csv"), "--delimiter", ";"]) == 0
     text = capsys.readouterr().out
     assert "# Format" not in text and 'delimiter = ";"' in text and 'label = "click"' in text
+
+
+@pytest.mark.parametrize("train_fmt", ["criteo", "csv", "libsvm"])
+@pytest.mark.parametrize("held_fmt", ["criteo", "csv", "libsvm"])
+def test_held_out_data_of_another_format_than_the_auto_training_data_is_refused_naming_both(tmp_path, train_fmt,
+                                                                                            held_fmt):  # fmt: skip
+    """--eval-data or --validation-data of another format than the one auto told --data's is refused before a line
+    is read, naming each file's format and what was seen (not the reader's first bad line, or a CSV header that
+    lacks the training file's columns); one of the same format passes."""
+    from worker.formats import check_same_format
+
+    train_path, held = tmp_path / f"train.{train_fmt}", tmp_path / f"held.{held_fmt}"
+    train_path.write_text(TEXTS[train_fmt])
+    held.write_text(TEXTS[held_fmt])
+    s = schema(train_path)
+    if held_fmt == train_fmt:
+        check_same_format(str(held), s)
+        return
+    with pytest.raises(ValueError) as e:
+        check_same_format(str(held), s)
+    assert str(e.value) == (
+        f"{held} reads as {held_fmt} ({SEEN[held_fmt]}), but the training data as {train_fmt} (detected: "
+        f"{SEEN[train_fmt]}): every file a run reads must be in the training data's format; nothing was read"
+    )

@@ -205,8 +205,20 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
     if every file is such. Read as criteo, the first file with content (a single file: that file) whose line 1 has
     no tab and looks like another format (CSV, another delimiter, libsvm: criteo.other_format_hint) is refused too,
     with that format's flag: every line would be malformed, so it is said at once, not after --max-bad-lines of
-    them. Only each file's start is read."""
+    them. Where --format auto told the schema's format (schema.format_from: the training data's), a first file with
+    content that detect_format tells as another format is refused naming both (--eval-data of Criteo TSV for a
+    CSV run, say). Only each file's start is read."""
     files = data_files(path)
+    if files and schema.format_from:  # --format auto told the training data's: another format is said as such
+        name = first_with_content(path)
+        try:
+            fmt, seen = detect_format(name)
+        except ValueError:  # nothing told: the checks of schema.format below say what is wrong, as the reader would
+            fmt = schema.format
+        if fmt != schema.format:
+            raise ValueError(f"{name} reads as {fmt} ({seen}), but the training data as {schema.format} "
+                             f"({schema.format_from}): every file a run reads must be in the training data's "
+                             "format; nothing was read")  # fmt: skip
     if files and schema.format == "criteo":
         name = first_with_content(path)
         other = criteo_reader.other_format_first_line(name)
