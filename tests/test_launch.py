@@ -1176,6 +1176,30 @@ def test_a_stopped_job_whose_workers_keep_resume_files_is_told_to_run_the_same_c
     assert_all_gone(pids, {"worker-0", "worker-1"})
 
 
+def test_a_launch_whose_workers_runs_ended_before_says_there_is_nothing_to_do(fakes, capsys, tmp_path):
+    """The same command again after a finished job: each worker's --resume-file says its run ended, so it says
+    "nothing to do" and exits 0 without figures; launch says so too and exits 0 (it failed: "metrics ...
+    unreadable"). Where only some workers' runs had ended, launch has no figures to merge and says why."""
+
+    def position(i: int, finished: bool) -> None:
+        (tmp_path / f"pos-{i}.json").write_text(json.dumps({"format": 1, "finished": finished, "examples": 300 + i}))
+
+    keeps = TrainConfig(servers=(SERVERS,), resume_file=str(tmp_path / "pos-{worker}.json"))
+    args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--no-progress")
+    for i in range(2):
+        position(i, True)
+    command, _ = fakes([{"action": "exit", "code": 0}, {"action": "exit", "code": 0}])
+    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 0
+    out, err = capsys.readouterr()
+    assert "every worker's --resume-file says its run ended before: nothing to do" in out and "unreadable" not in err
+    position(1, False)  # worker 1 trained (its figures below), worker 0 had nothing to do
+    (tmp_path / "pids").rename(tmp_path / "pids-1")
+    command, _ = fakes([{"action": "exit", "code": 0}, {"action": "metrics", "metrics": {"train_examples": 5}}])
+    assert run_launch(args, rest, worker_command=command, train_config=lambda argv: keeps) == 1
+    assert "worker 0's --resume-file says its run ended before, after 300 examples, while other workers trained" \
+        in capsys.readouterr().err  # fmt: skip
+
+
 def test_the_final_evaluation_standardizes_as_the_workers_did_where_the_schema_gives_no_mean_and_std(servers, tmp_path):
     """A schema's standardized column without a mean and std: each worker computes them over --data, the job's
     training data, and launch's final evaluation computes the same, scoring as `ps-worker eval` with them written

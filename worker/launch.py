@@ -597,9 +597,13 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             if failure is not None:
                 _report_failure(*failure, group.tails)
                 return 1
-            per_worker = _read_worker_metrics(metrics_dir, plan.workers)
+            per_worker = _read_worker_metrics(metrics_dir, plan)
             if per_worker is None:
                 return 1
+            if not per_worker:  # every worker's run had ended before: each said so and exited 0, with no figures
+                print("ps-worker launch: every worker's --resume-file says its run ended before: nothing to do "
+                      "(remove the files to train again)", flush=True)  # fmt: skip
+                return 0
             backend, device = split_backend(plan.backends[0])  # worker 0's, for the final evaluation
             cfg = dataclasses.replace(plan.train_config, servers=tuple(addresses), local_shards=None, worker_id=0,
                                       num_workers=1, backend=backend, device=device or "cpu",
@@ -746,15 +750,33 @@ def _report_failure(worker: int, code: int, tails: Sequence[Sequence[str]]) -> N
         print(f"  [worker {worker}] {line}", file=sys.stderr)
 
 
-def _read_worker_metrics(metrics_dir: str, workers: int) -> list[dict] | None:
-    """Every worker's --metrics-out object; None (reported) when one is missing or not JSON."""
-    out = []
-    for i in range(workers):
+def _read_worker_metrics(metrics_dir: str, plan: LaunchPlan) -> list[dict] | None:
+    """Every worker's --metrics-out object; [] where none wrote one because each one's --resume-file says its run
+    ended before (resume.ended_before: such a worker exits 0 having nothing to do); None (reported) when one is
+    missing or not JSON otherwise."""
+    from worker.resume import ended_before
+
+    out, ended = [], []
+    for i in range(plan.workers):
         path = os.path.join(metrics_dir, f"worker-{i}.json")
         try:
             with open(path) as f:
                 out.append(json.load(f))
+            continue
         except (OSError, ValueError) as e:
-            print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {e}", file=sys.stderr)
+            problem = e
+        resume_file = getattr(plan.train_config, "resume_file", None)  # as TrainConfig.worker_resume_file gives it
+        examples = None if not resume_file or os.path.exists(path) else ended_before(
+            resume_file.replace(RESUME_WORKER, str(i)))
+        if examples is None:
+            print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {problem}",
+                  file=sys.stderr)  # fmt: skip
             return None
+        ended.append((i, examples))
+    if ended and out:
+        i, examples = ended[0]
+        print(f"ps-worker launch: worker {i}'s --resume-file says its run ended before, after {examples:,} examples, "
+              "while other workers trained: there are no figures of the job to merge; remove that file (or all of "
+              "them) and run the command again", file=sys.stderr)  # fmt: skip
+        return None
     return out

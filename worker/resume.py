@@ -184,6 +184,19 @@ def read_position(cfg: TrainConfig) -> Position | None:
     return position
 
 
+def ended_before(path: str) -> int | None:
+    """The examples of the run whose position the file at path holds where it says that run ended ("finished"),
+    else None (no such file, one that cannot be read, or a run that did not end): what a launcher tells of a worker
+    that exited having nothing to do (read_position checks the rest when that worker starts)."""
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    examples = record.get("examples") if isinstance(record, dict) and record.get("finished") is True else None
+    return examples if type(examples) is int else None
+
+
 def _setting(value: object) -> str:
     """A run setting as a mismatch names it: None (a flag not given, its default or the recipe's) as 'not given'."""
     return "not given" if value is None else repr(value)
