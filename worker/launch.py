@@ -766,8 +766,11 @@ def _read_worker_metrics(metrics_dir: str, plan: LaunchPlan) -> list[dict] | Non
         except (OSError, ValueError) as e:
             problem = e
         resume_file = getattr(plan.train_config, "resume_file", None)  # as TrainConfig.worker_resume_file gives it
-        examples = None if not resume_file or os.path.exists(path) else ended_before(
-            resume_file.replace(RESUME_WORKER, str(i)))
+        examples = (
+            None
+            if not resume_file or os.path.exists(path)
+            else ended_before(resume_file.replace(RESUME_WORKER, str(i)))
+        )
         if examples is None:
             print(f"ps-worker launch: worker {i} exited 0 but its metrics {path} are unreadable: {problem}",
                   file=sys.stderr)  # fmt: skip
