@@ -208,9 +208,9 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
     them. Where --format auto told the schema's format (schema.format_from: the training data's), a first file with
     content that detect_format tells as another format is refused naming both (--eval-data of Criteo TSV for a
     CSV run, say). Only each file's start is read."""
-    files = data_files(path)
-    if files and schema.format_from:  # --format auto told the training data's: another format is said as such
-        name = first_with_content(path)
+    listed = data_files(path)
+    name = first_with_content(path) if listed else None
+    if name is not None and schema.format_from:  # --format auto told the training data's: another format, said so
         try:
             fmt, seen = detect_format(name)
         except ValueError:  # nothing told: the checks of schema.format below say what is wrong, as the reader would
@@ -219,16 +219,15 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
             raise ValueError(f"{name} reads as {fmt} ({seen}), but the training data as {schema.format} "
                              f"({schema.format_from}): every file a run reads must be in the training data's "
                              "format; nothing was read")  # fmt: skip
-    if files and schema.format == "criteo":
-        name = first_with_content(path)
+    if name is not None and schema.format == "criteo":
         other = criteo_reader.other_format_first_line(name)
         if other:  # every line would be malformed: said at once, not after --max-bad-lines of them
             raise ValueError(f"{name} line 1: {other}; a file of no tab is no Criteo TSV: nothing was read")
-    if len(files) < 2:
+    if len(listed) < 2:
         return
-    files = [name for name in files if not is_blank(name)]
+    files = [name for name in listed if not is_blank(name)]
     if not files:
-        raise ValueError(f"{os.fspath(path)}: its {len(data_files(path))} files are all empty: no examples to read")
+        raise ValueError(f"{os.fspath(path)}: its {len(listed)} files are all empty: no examples to read")
     first, labeled = files[0], file_has_labels(files[0], schema)
     header = read_csv_header(first, schema.delimiter) if schema.format == "csv" else None
     for name in files:
