@@ -153,7 +153,7 @@ def test_bad_integers_are_bad_lines_of_the_builtin_schema(tmp_path, ints, messag
 
 HEADER_HINT = (
     " (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file as a "
-    "tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes its schema)"
+    "tab-separated CSV with a header: --format auto does)"
 )
 JOINED_HINT = " (a header line, of files joined with their headers? Criteo TSV has none: remove each)"
 
@@ -190,10 +190,7 @@ def test_parse_share_reports_bad_lines_and_parses_the_rest():
     ]
     labels, columns, line_nos, problems = parse_share(lines, 5, 3, "f")  # file lines 5, 8, 11, 14
     assert labels.tolist() == [1.0, 0.0] and line_nos.tolist() == [5, 11] and columns.shape == (2, NUM_COLUMNS)
-    layout = (
-        " (another tab-separated layout? with a header line, `ps-worker schema --data FILE --delimiter $'\\t'` "
-        "writes its schema)"
-    )
+    layout = " (another tab-separated layout? with a header line, --format auto reads it as CSV)"
     assert problems == [(8, f"2 tab-separated columns, expected 40{layout}"), (14, "label '2', expected '0' or '1'")]
     labels, columns, line_nos, problems = parse_share([b"x\n"], 1, 1, "f")
     assert (
@@ -214,7 +211,7 @@ def test_a_line_with_no_tab_gets_the_hint_of_the_format_it_looks_like_and_no_oth
     from worker.criteo import other_format_hint
 
     assert "comma-separated" in other_format_hint(b"1,a,b")
-    assert "--delimiter ';'" in other_format_hint(b"1;a;b") and "--delimiter '|'" in other_format_hint(b"1|a|b")
+    assert "looks ;-separated" in other_format_hint(b"1;a;b") and "looks |-separated" in other_format_hint(b"1|a|b")
     assert "libsvm" in other_format_hint(b"1 3:1 7:0.5") and "libsvm" in other_format_hint(b"0 u_12:1e-3 x:.5")
     for line in (b"1 2024-01-01T12:00:00", b"1 a:b", b"hello", b"1\ta,b;c|d"):  # a tab: Criteo's, whatever else
         assert other_format_hint(line) == "", line

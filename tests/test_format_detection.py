@@ -7,6 +7,7 @@ that learns its planted model, and eval and predict reading files as that traini
 from __future__ import annotations
 
 import gzip
+import json
 import re
 from dataclasses import replace
 
@@ -30,21 +31,21 @@ AVAZU = ["id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "s
 PLANTED = ("site_id", "app_id", "device_model", "C14")  # the columns whose values draw the label
 
 
-def write_avazu(path, rows: int, seed: int, start: int = 0, label: bool = True) -> None:
+def write_avazu(path, rows: int, seed: int, start: int = 0, label: bool = True, delimiter: str = ",") -> None:
     """An Avazu-like CSV: a header of 24 names, a row id of 19 digits first, the 0/1 label `click` second (left out
-    where not label), 22 categorical columns of 12 values each; the label drawn from a planted logistic model of
-    PLANTED's values (weights of one seed, rows of `seed`), so a model that reads the file right scores well above
-    AUC 0.5."""
+    where not label), 22 categorical columns of 12 values each, separated by delimiter; the label drawn from a
+    planted logistic model of PLANTED's values (weights of one seed, rows of `seed`), so a model that reads the file
+    right scores well above AUC 0.5."""
     weights = np.random.default_rng(0).normal(0, 1.5, (len(PLANTED), 12))
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 12, (rows, len(AVAZU) - 2))
     logits = sum(weights[k, values[:, AVAZU.index(c) - 2]] for k, c in enumerate(PLANTED)) - 1.0
     clicks = (rng.random(rows) < 1 / (1 + np.exp(-logits))).astype(int)
     with open(path, "w") as f:
-        f.write(",".join(h for h in AVAZU if label or h != "click") + "\n")
+        f.write(delimiter.join(h for h in AVAZU if label or h != "click") + "\n")
         for i in range(rows):
             cells = [f"{c[:3]}{v:x}" for c, v in zip(AVAZU[2:], values[i])]
-            f.write(",".join([str(10**18 + 7919 * (start + i)), *[str(clicks[i])] * label, *cells]) + "\n")
+            f.write(delimiter.join([str(10**18 + 7919 * (start + i)), *[str(clicks[i])] * label, *cells]) + "\n")
 
 
 def criteo_text(rows: int, seed: int = 0) -> str:
@@ -92,7 +93,7 @@ def test_each_format_is_told_by_its_first_line_and_read_as_its_flag_reads_it(tmp
         (path / "part-2").write_text("".join(head + lines[11:]))
     else:
         path.write_bytes(text.encode())
-    assert detect_format(str(path)) == (fmt, SEEN[fmt])
+    assert detect_format(str(path)) == (fmt, "," if fmt == "csv" else None, SEEN[fmt])
     detected = schema(path)
     assert detected.format == fmt and detected.format_from == f"detected: {SEEN[fmt]}"
     given = schema(path, fmt)
@@ -103,52 +104,134 @@ def test_each_format_is_told_by_its_first_line_and_read_as_its_flag_reads_it(tmp
 def test_libsvm_separated_by_tabs_is_told_as_libsvm_and_read_as_its_flag_reads_it(tmp_path):
     path = tmp_path / "tabs.libsvm"  # the libsvm reader splits a line at any whitespace
     path.write_text(TEXTS["libsvm"].replace(" ", "\t"))
-    assert detect_format(str(path)) == ("libsvm", SEEN["libsvm"])
+    assert detect_format(str(path)) == ("libsvm", None, SEEN["libsvm"])
     assert batches(path, schema(path)) == batches(path, schema(path, "libsvm"))
 
 
 def test_criteo_without_labels_is_told_by_its_39_columns(tmp_path):
     path = tmp_path / "new.tsv"
     path.write_text("".join(line.split("\t", 1)[1] + "\n" for line in criteo_text(5).splitlines()))
-    assert detect_format(str(path)) == ("criteo", "its first line is 39 tab-separated columns, Criteo TSV without "
-                                                  "labels")  # fmt: skip
+    assert detect_format(str(path)) == ("criteo", None, "its first line is 39 tab-separated columns, Criteo TSV "
+                                                        "without labels")  # fmt: skip
 
 
-def test_a_criteo_file_with_a_header_line_is_refused_saying_so_and_read_with_the_flag_as_before(tmp_path):
-    """A header line over Criteo TSV (which has none) reads as 40 tab-separated names: auto says what to do; the
-    explicit flag reads the file as it always did, that line a bad one."""
+def test_a_criteo_file_with_a_header_line_reads_as_a_tab_separated_csv_and_with_the_flag_as_before(tmp_path):
+    """A header line over Criteo TSV (which has none) is a tab-separated header of 40 names: auto reads the file as
+    CSV with tabs, its label the column named so; the explicit flag reads the file as it always did, that line a
+    bad one."""
     path = tmp_path / "h.tsv"
     names = ["label", *(f"I{k}" for k in range(1, 14)), *(f"C{k}" for k in range(1, 27))]
     path.write_text("\t".join(names) + "\n" + criteo_text(30))
-    with pytest.raises(ValueError) as e:
-        detect_format(str(path))
-    said = str(e.value)
-    assert said.startswith(f"{path}: --format auto cannot tell its format: its first line ('label\\tI1\\tI2"), said
-    assert "is 40 tab-separated names (a header line over Criteo TSV, which has none? remove it, `tail -n +2 FILE > " \
-           "NEW`, and the file reads as criteo; --format criteo reads it as it is, that line a bad one, under " \
-           "--max-bad-lines 1)" in said and "--delimiter $'\\t' > schema.toml" in said  # fmt: skip
+    assert detect_format(str(path)) == ("csv", "\t", "a header line of 40 tab-separated names")
+    detected = schema(path)
+    assert (detected.delimiter, detected.label) == ("\t", "label") and len(detected.columns) == 39
     criteo = schema(path, "criteo")
     with pytest.raises(ValueError, match=r"line 1: label 'label', expected '0' or '1' \(a header line\? Criteo TSV "
                                          r"has none"):  # fmt: skip
         batches(path, criteo)
-    assert sum(len(b.labels) for b in read_batches(path, criteo, 64, max_bad_lines=1)) == 30
+    read = list(read_batches(path, criteo, 64, max_bad_lines=1))
+    assert [b[0] for b in batches(path, detected)] == [b.labels.tolist() for b in read] and len(read[0].labels) == 30
+
+
+def test_criteo_lines_are_told_as_criteo_or_refused_not_taken_for_a_tab_separated_header(tmp_path):
+    """A Criteo line of a blank label (a file to score) is Criteo TSV; one of another label, or a damaged first line
+    over Criteo lines, is no header of names: refused as before (check_same_format then reads the file as the
+    training data's format, the bad line counted)."""
+    path = tmp_path / "d.tsv"
+    lines = criteo_text(30).splitlines(keepends=True)
+    path.write_text("".join("\t" + line.split("\t", 1)[1] for line in lines))
+    assert detect_format(str(path)) == ("criteo", None, "its first line is 40 tab-separated columns, a blank label "
+                                                        "first (a file to score), integers next")  # fmt: skip
+    damaged = "splits into 2 cells at tab, and most of the 30 records under it into other counts (the first: 40)"
+    for text, said in (("2" + "".join(lines)[1:], "is 40 tab-separated columns, '2' first, not a label (0 or 1)"),
+                       ("not\ta criteo line\n" + "".join(lines), damaged)):  # fmt: skip
+        path.write_text(text)
+        with pytest.raises(ValueError, match=re.escape(said)):
+            detect_format(str(path))
+
+
+CSV_ROWS = [["id", "click", "site name", "price"], *([str(i), str(i % 2), f"s{i % 3}, x", f"{i}.5"] for i in range(20))]
+
+
+def write_csv(path, delimiter: str, rows=CSV_ROWS) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        csv.writer(f, delimiter=delimiter).writerows(rows)
+
+
+@pytest.mark.parametrize("delimiter, named", [("\t", "tab"), (";", "';'"), ("|", "'|'")])
+def test_a_csv_of_another_delimiter_is_told_and_read_as_the_same_rows_as_with_commas(tmp_path, capsys, delimiter,
+                                                                                     named):  # fmt: skip
+    """A header of names separated by tabs, ';' or '|' (a spreadsheet export, a TSV dump): auto tells the delimiter,
+    carries it in the schema, and reads the same examples as from the file written with commas; `ps-worker schema`
+    writes it into the schema, and a run says it on its columns line."""
+    comma, other = tmp_path / "comma.csv", tmp_path / "other.csv"
+    write_csv(comma, ",")
+    write_csv(other, delimiter)
+    assert detect_format(str(other)) == ("csv", delimiter, f"a header line of 4 {named}-separated names")
+    s = schema(other)
+    assert s.delimiter == delimiter and s.format_from == f"detected: a header line of 4 {named}-separated names"
+    assert batches(other, s) == batches(comma, schema(comma)) and len(batches(other, s)[0][0]) == 20
+    assert main(["schema", "--data", str(other)]) == 0
+    text = capsys.readouterr().out
+    assert f"delimiter = {json.dumps(delimiter)}\n" in text and 'label = "click"' in text, text
+    assert main(["train", "--local-shards", "1", "--data", str(other), "--model", "lr", "--epochs", "1",
+                 "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"columns  format csv (detected: a header line of 4 {named}-separated names; --format sets it); label " \
+           "'click'" in out, out  # fmt: skip
+    (tmp_path / "schema.toml").write_text(text)  # a schema's delimiter: said as such
+    assert main(["train", "--local-shards", "1", "--data", str(other), "--schema", str(tmp_path / "schema.toml"),
+                 "--model", "lr", "--epochs", "1", "--no-progress"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert f"columns  {named}-separated; label 'click' (the schema's `label`)" in out, out
+
+
+def test_the_delimiter_is_the_one_the_records_under_the_header_agree_with(tmp_path):
+    """A header that several delimiters split: the one that gives the records under it the header's cell count
+    (of those, the one of most cells) is the delimiter; records that leave it open are refused, naming the counts."""
+    path = tmp_path / "d.csv"
+    path.write_text("id;price, EUR;click\n" + "".join(f"{i};{i},5;{i % 2}\n" for i in range(10)))  # a decimal comma
+    assert detect_format(str(path))[:2] == ("csv", ";")  # comma: 2 cells a record too, ';' 3
+    path.write_text("id\tprice, EUR\tclick\n" + "".join(f"{i}\t{i}.5\t{i % 2}\n" for i in range(10)))
+    assert detect_format(str(path))[:2] == ("csv", "\t")  # comma: 1 cell a record, not 2
+    path.write_text("a,b|c,click\n" + "".join(f"x{i},y|z,{i % 2}\n" for i in range(10)))  # '|' inside a cell
+    assert detect_format(str(path))[:2] == ("csv", ",")
+    path.write_text("a,b;c,click\n" + "".join(f"x{i},y;z,{i % 2}\n" for i in range(9)) + "x,y,z,w,1\n")  # 9 in 10
+    assert detect_format(str(path))[:2] == ("csv", ",")
+    path.write_text("a,b,click\n" + "".join(f"x{i},y,{i % 2}\n" for i in range(6)) + "x,y,z,1\n" * 4)  # 6 in 10
+    assert detect_format(str(path))[:2] == ("csv", ",")  # (the reader counts the bad records)
+    for text, said in (
+        ("a,b;c\n1,2;3\n", "splits into 2 cells at comma and 2 at ';', and the records under it read as well "
+                           "separated by comma or ';'"),
+        ("a,b;c\n1,2,3;4;5\n", "splits into 2 cells at comma and 2 at ';', and most of the records under it into "
+                               "other counts at each"),
+        ("a,b,c\n1,2,3,\n", "splits into 3 cells at comma, and the record under it into other counts (the first: "
+                            "4: a delimiter at the end of each row?)"),
+    ):  # fmt: skip
+        path.write_text(text)
+        with pytest.raises(ValueError) as e:
+            detect_format(str(path))
+        first = repr(text.split("\n")[0])
+        said = f"{path}: --format auto cannot tell its format: its first line ({first}) {said}"
+        assert str(e.value).startswith(said) and "--delimiter" in str(e.value), e.value
 
 
 @pytest.mark.parametrize(
     "text, said",
     [
         ("1,5,abc\n0,3,def\n", "its first line (1,5,abc) reads like an example, not a header"),
+        ("1;5;abc\n0;3;def\n", "its first line (1;5;abc) reads like an example, not a header"),
         (
-            "a;b;c\n1;2;3\n",
-            "its first line ('a;b;c') is one column (it looks ;-separated: with a header line, "
-            "`ps-worker schema --data FILE --delimiter ';'` writes its schema)",
+            "0,1,2,3\n1,5,2,0\n",
+            "its first line (0,1,2,3) reads like an example, not a header: a file without a "
+            "header line? A csv file's first line gives the column names (the built-in schema's "
+            "label is the first of them): add a header line (if those are column numbers, as pandas "
+            "writes for a frame without column names, name the columns",
         ),
+        ("2,3,4\n1,5,2\n", "its first line (2,3,4) reads like an example"),
         ("1\t5\t3\n0\t4\t5\n", "its first line ('1\\t5\\t3') is 3 tab-separated columns, not Criteo's 40"),
-        (
-            "user\titem\tclick\nu\ti\t1\n",
-            "its first line ('user\\titem\\tclick') is 3 tab-separated names; a tab-"
-            "separated file with a header line is read through a schema",
-        ),
         ("\t".join(["-1"] + ["3"] * 39) + "\n", "is 40 tab-separated columns, '-1' first, not a label (0 or 1)"),
         ("label\n1\n", "its first line ('label') is one column; it tells libsvm, Criteo TSV and CSV"),
         (
@@ -287,18 +370,24 @@ def test_a_criteo_run_says_its_detected_format_on_its_recipe_line(tmp_path, caps
     ), first
 
 
-def test_eval_and_predict_read_files_as_the_auto_run_trained_on_them(servers, tmp_path):
-    """Trained with no flags on an Avazu-like file: eval's figures are those of the explicit flags, and predict
-    scores a file without the label column as the same rows with it."""
+@pytest.mark.parametrize("delimiter", [",", ";"])
+def test_eval_and_predict_read_files_as_the_auto_run_trained_on_them(servers, tmp_path, delimiter):
+    """Trained with no flags on an Avazu-like file: eval's figures are those of the explicit flags (a schema file
+    naming the delimiter ';'), and predict scores a file without the label column as the same rows with it."""
     addresses, _ = servers(1)
     train_path, test_path, new_path = (tmp_path / f"{n}.csv" for n in ("train", "test", "new"))
-    write_avazu(train_path, 2000, seed=1)
-    write_avazu(test_path, 500, seed=2, start=2000)
-    write_avazu(new_path, 500, seed=2, start=2000, label=False)  # test.csv without `click`
+    write_avazu(train_path, 2000, seed=1, delimiter=delimiter)
+    write_avazu(test_path, 500, seed=2, start=2000, delimiter=delimiter)
+    write_avazu(new_path, 500, seed=2, start=2000, label=False, delimiter=delimiter)  # test.csv without `click`
     run = TrainConfig(servers=tuple(addresses), data=str(train_path), model="lr", progress=False, server_timeout_s=0)
     train(run)
     auto = evaluate_servers(replace(run, eval_data=str(test_path)))
-    given = evaluate_servers(replace(run, eval_data=str(test_path), format="csv", label_column="click"))
+    flags = {"format": "csv", "label_column": "click"}
+    if delimiter != ",":
+        columns = "".join(f'\n[[columns]]\nname = "{h}"\nkind = "categorical"\n' for h in AVAZU if h != "click")
+        (tmp_path / "schema.toml").write_text(f'format = "csv"\ndelimiter = "{delimiter}"\nlabel = "click"\n{columns}')
+        flags = {"schema": str(tmp_path / "schema.toml")}  # the built-in schema's columns, written out
+    given = evaluate_servers(replace(run, eval_data=str(test_path), **flags))
     assert auto["eval_auc"] == given["eval_auc"] > 0.6 and auto["eval_logloss"] == given["eval_logloss"]
     flags = ["--data", str(train_path), "--model", "lr"]
     assert predict(addresses[0], tmp_path / "labeled.out", *flags, "--predict-data", str(test_path)) == 0
@@ -351,4 +440,20 @@ def test_held_out_data_of_another_format_than_the_auto_training_data_is_refused_
     assert str(e.value) == (
         f"{held} reads as {held_fmt} ({SEEN[held_fmt]}), but the training data as {train_fmt} (detected: "
         f"{SEEN[train_fmt]}): every file a run reads must be in the training data's format; nothing was read"
+    )
+
+
+def test_held_out_data_of_another_delimiter_than_the_auto_training_data_is_refused_naming_both(tmp_path):
+    from worker.formats import check_same_format
+
+    train_path, held = tmp_path / "train.csv", tmp_path / "held.csv"
+    write_csv(train_path, ",")
+    write_csv(held, ";")
+    check_same_format(str(train_path), schema(train_path))
+    with pytest.raises(ValueError) as e:
+        check_same_format(str(held), schema(train_path))
+    assert str(e.value) == (
+        f"{held} reads as csv (a header line of 4 ';'-separated names), but the training data as csv (detected: a "
+        "header line of 4 comma-separated names): every file a run reads must be in the training data's format; "
+        "nothing was read"
     )

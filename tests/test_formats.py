@@ -183,8 +183,7 @@ INT_PROBLEM = (
         (
             1,
             "line 11: 2 tab-separated columns, expected 40 (another tab-separated layout? with a header line, "
-            "`ps-worker schema --data FILE --delimiter $'\\t'` writes its schema); 2 bad lines, more than "
-            "--max-bad-lines 1",
+            "--format auto reads it as CSV); 2 bad lines, more than --max-bad-lines 1",
         ),
         (2, "line 12: 1 tab-separated columns, expected 40; 3 bad lines, more than --max-bad-lines 2"),
         (3, f"line 30: {INT_PROBLEM}9223372036854775807]; 4 bad lines, more than --max-bad-lines 3"),
@@ -933,10 +932,12 @@ def test_the_builtin_csv_schema_takes_a_label_named_elsewhere_and_warns_of_colum
 
 @pytest.mark.parametrize("first, warned", [("1,u40,i14,1.1140", True), ("0,u3,i7,0.5", True),
                                             ("click,user,item,price", False), ("label,2020,2021,site", False),
-                                            ("0,1,2,label", False), ("user,2019,2020,2021", False)])  # fmt: skip
+                                            ("0,1,2,label", False), ("user,2019,2020,2021", False),
+                                            ("0,1,2,3", True), ("2,3,4,5", True)])  # fmt: skip
 def test_a_first_line_that_reads_like_an_example_is_warned_of_as_no_header(tmp_path, caplog, first, warned):
     """The built-in csv schema takes the first line as the header: one whose label cell is 0 or 1, or whose cells
-    are mostly numbers, is an example (a file written without a header), said."""
+    are mostly numbers, is an example (a file written without a header), said; so is a line of numbers only that
+    run on as pandas' column numbers do (a first row as likely), unlike such numbers among names."""
     rng = np.random.default_rng(0)
     rows = [f"{c},u{rng.integers(50)},i{rng.integers(20)},{rng.random():.4f}" for c in rng.integers(0, 2, 300)]
     data = tmp_path / "d.csv"

@@ -205,9 +205,9 @@ def test_a_position_of_another_recipe_or_column_setting_is_refused(tmp_path):
 
 
 def test_a_position_holds_the_format_its_data_is_read_in_and_one_written_as_given_resumes(tmp_path):
-    """--format auto's run records the format it detects; a file that recorded the flag as given (auto, or criteo,
-    the default before auto) resumes where the data reads in that format, and is refused where it does not. Without
-    --format read (synthetic data, a --schema) it is no setting of the stream."""
+    """--format auto's run records the format it detects (a CSV's delimiter too); a file that recorded the flag as
+    given (auto, or criteo, the default before auto) resumes where the data reads in that format, and is refused
+    where it does not. Without --format read (synthetic data, a --schema) it is no setting of the stream."""
     from tests.test_format_detection import TEXTS
 
     for fmt, text in TEXTS.items():
@@ -226,6 +226,15 @@ def test_a_position_holds_the_format_its_data_is_read_in_and_one_written_as_give
     (tmp_path / "p.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match=r"other settings \(format: 'criteo' in the file != 'csv' now\)"):
         read_position(csv)
+    semicolons = dataclasses.replace(cfg, data=str(tmp_path / "semicolons"), resume_file=str(tmp_path / "c.json"))
+    (tmp_path / "semicolons").write_text(TEXTS["csv"].replace(",", ";"))  # (its quoted ", " too)
+    PositionWriter(semicolons).write(100)  # a CSV's delimiter other than a comma is part of its format
+    assert json.loads((tmp_path / "c.json").read_text())["run"]["format"] == "csv (delimiter ';')"
+    assert read_position(semicolons).examples == 100
+    (tmp_path / "semicolons").write_text(TEXTS["csv"])
+    with pytest.raises(ValueError, match=r"other settings \(format: \"csv \(delimiter ';'\)\" in the file != 'csv' "
+                                         r"now\)"):  # fmt: skip
+        read_position(semicolons)
     synthetic = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "s.json"), format="criteo")
     PositionWriter(synthetic).write(100)
     assert read_position(dataclasses.replace(synthetic, format="auto")).examples == 100

@@ -83,7 +83,8 @@ def _add_schema(sub) -> None:
     )
     p.add_argument("--format", default="auto", choices=["auto", "csv", "criteo", "libsvm"],
                    help="the file's format; auto: csv where --delimiter is given, else told by the first line as "
-                   "train tells it (libsvm, criteo, or csv: a header line of comma-separated names)")  # fmt: skip
+                   "train tells it (libsvm, criteo, or csv: a header line of names separated by commas, tabs, ; "
+                   "or |, the delimiter written into the schema)")  # fmt: skip
     p.add_argument(
         "--delimiter",
         default=None,

@@ -304,8 +304,9 @@ def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> N
     )
     data.add_argument("--format", default=d.format, choices=list(FORMAT_CHOICES),
                       help="auto: told by the first line of --data's first file (train prints it): libsvm, criteo "
-                      "(40 tab-separated columns, 0/1 first), csv (a header line of comma-separated names); criteo: "
-                      "tab-separated label, 13 ints, 26 hex, no header; csv: a header, see the column flags; "
+                      "(40 tab-separated columns, 0/1 first), csv (a header line of names separated by commas, tabs, "
+                      "; or |: the delimiter said too); criteo: tab-separated label, 13 ints, 26 hex, no header; "
+                      "csv: a header of comma-separated names, see the column flags; "
                       "libsvm: 'label id:value ...' (labels 0/1 or -1/+1)")  # fmt: skip
     data.add_argument("--label-column", help="csv: the label column (default: the one column holding 0 and 1 named "
                       f"{', '.join(LABEL_NAMES[:-1])} or {LABEL_NAMES[-1]}, any case, or, where none is, whose name "

@@ -77,8 +77,7 @@ def _label_problem(label: bytes, first_int: bytes, line_no: int) -> str:
     if line_no > 1:
         return f"{problem} (a header line, of files joined with their headers? Criteo TSV has none: remove each)"
     return problem + (" (a header line? Criteo TSV has none: remove it, `tail -n +2 FILE > NEW`, or read the file "
-                      "as a tab-separated CSV with a header: `ps-worker schema --data FILE --delimiter $'\\t'` writes "
-                      "its schema)")  # fmt: skip
+                      "as a tab-separated CSV with a header: --format auto does)")  # fmt: skip
 
 
 def _is_word(cell: bytes) -> bool:
@@ -194,10 +193,7 @@ def shape_problem(line: bytes, line_no: int) -> str | None:
     if columns != NUM_COLUMNS:
         hint = other_format_hint(body)
         if not hint and columns > 1 and abs(columns - NUM_COLUMNS) > 1:  # not a Criteo line, a column lost or added
-            hint = (
-                " (another tab-separated layout? with a header line, `ps-worker schema --data FILE --delimiter $'\\t'` "
-                "writes its schema)"
-            )
+            hint = " (another tab-separated layout? with a header line, --format auto reads it as CSV)"
         return f"{columns} tab-separated columns, expected {NUM_COLUMNS}{hint}"
     label, first_int = (cell.rstrip(b"\0") for cell in body.split(b"\t", 2)[:2])  # as numpy's bytes arrays hold them
     if label not in (b"0", b"1"):
@@ -210,16 +206,15 @@ LIBSVM_TOKEN = re.compile(rb"[^:\s]+:[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+
 
 def other_format_hint(body: bytes) -> str:
     """For a line with no tab (no Criteo TSV line, whatever else is wrong with it), the format it looks like, as a
-    hint to append to its problem: comma-separated (--format csv), separated by ';' or '|' (a schema with that
-    delimiter), or libsvm (`label id:value ...`); "" for a line with a tab or none of these."""
+    hint to append to its problem: comma-separated (--format csv), separated by ';' or '|' (--format auto, which
+    tells the delimiter), or libsvm (`label id:value ...`); "" for a line with a tab or none of these."""
     if b"\t" in body:
         return ""
     if b"," in body:
         return " (it looks comma-separated: --format csv reads a CSV file with a header)"
     for delimiter in ";|":
         if delimiter.encode() in body:
-            return (f" (it looks {delimiter}-separated: with a header line, `ps-worker schema --data FILE "
-                    f"--delimiter '{delimiter}'` writes its schema)")  # fmt: skip
+            return f" (it looks {delimiter}-separated: with a header line, --format auto reads it as CSV)"
     if libsvm_like(body):
         return " (it looks like libsvm, `label id:value ...`: --format libsvm reads it)"
     return ""

@@ -5,7 +5,7 @@
     file_has_labels(path, schema) -> bool       # whether a file to score holds labels (see "Files without labels")
     column_stats(path, schema) -> {column name: (mean, std)}   # of the schema's standardize columns
     check_same_format(path, schema)             # ValueError naming the first file unlike the first one
-    detect_format(path) -> (format, what was seen)   # --format auto: the format of the data's first line
+    detect_format(path) -> (format, delimiter, what was seen)   # --format auto: told by the data's first line
     idle_workers(file_lines, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
     first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
@@ -15,7 +15,8 @@ into the Batch's ids and numeric features as the schema says. Each format's read
 the format at its top: the columns a schema's sources name, its bad lines, its files without labels and how
 file_has_labels tells them apart:
   criteo  label TAB I1..I13 TAB C1..C26      worker/readers/criteo_reader.py
-  csv     a header line, then records        worker/readers/csv_reader.py (read_csv_sample: csv_sample.py)
+  csv     a header line, then records        worker/readers/csv_reader.py (read_csv_sample: csv_sample.py;
+                                             the delimiter --format auto tells: csv_dialect.py)
   libsvm  label id:value id:value ...        worker/readers/libsvm_reader.py (libsvm_field_count)
 What they share (ReadStats, a worker's share of a file, bad-line accounting, plain or gzip files) is
 worker/readers/share.py's. This module reads their chunks into Batches, file after file.
@@ -80,6 +81,7 @@ from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, other_format_hin
 from worker.datafiles import data_files
 from worker.encode import encode_examples, float_values
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
+from worker.readers.csv_dialect import DELIMITERS, csv_delimiter, delimiter_name
 from worker.readers.csv_reader import read_csv_header
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
@@ -206,16 +208,16 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
     no tab and looks like another format (CSV, another delimiter, libsvm: criteo.other_format_hint) is refused too,
     with that format's flag: every line would be malformed, so it is said at once, not after --max-bad-lines of
     them. Where --format auto told the schema's format (schema.format_from: the training data's), a first file with
-    content that detect_format tells as another format is refused naming both (--eval-data of Criteo TSV for a
-    CSV run, say). Only each file's start is read."""
+    content that detect_format tells as another format, or as CSV of another delimiter, is refused naming both
+    (--eval-data of Criteo TSV for a CSV run, say). Only each file's start is read."""
     listed = data_files(path)
     name = first_with_content(path) if listed else None
     if name is not None and schema.format_from:  # --format auto told the training data's: another format, said so
         try:
-            fmt, seen = detect_format(name)
+            fmt, delimiter, seen = detect_format(name)
         except ValueError:  # nothing told: the checks of schema.format below say what is wrong, as the reader would
-            fmt = schema.format
-        if fmt != schema.format:
+            fmt, delimiter = schema.format, schema.delimiter
+        if fmt != schema.format or (fmt == "csv" and delimiter != schema.delimiter):
             raise ValueError(f"{name} reads as {fmt} ({seen}), but the training data as {schema.format} "
                              f"({schema.format_from}): every file a run reads must be in the training data's "
                              "format; nothing was read")  # fmt: skip
@@ -251,18 +253,22 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
             raise ValueError(f"{name} {has}, unlike {first}: every file of the data must be alike")
 
 
-def detect_format(path: str | os.PathLike) -> tuple[str, str]:
-    """(format, what was seen) of `--format auto`, told by the first file with content of path (first_with_content):
+def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
+    """(format, delimiter, what was seen) of `--format auto`, told by the first file with content of path
+    (first_with_content); the delimiter is a CSV's, None for the other formats:
       libsvm  its first line with content is a label and id:value tokens (criteo.libsvm_like)
-      criteo  that line is 40 tab-separated columns, 0 or 1 first (or 39, a file without labels: the first an
-              integer or empty): Criteo TSV, which has no header line
-      csv     its first line is a header: two or more comma-separated names (read by the csv module, quotes and
-              all), not an example (schema_builtin.header_reads_like_an_example: a label, 0 or 1, first, or mostly
-              numbers)
-    ValueError for a file of no content; naming --format and what was seen, for anything else: a first line of tab-
-    separated names (a header over Criteo TSV by mistake, or a tab-separated file, which a schema reads), a CSV
-    without a header line, or with blank lines above it, a line of one column (another delimiter, say), a line of
-    control bytes (a binary file). Only the file's start is read (LABEL_PROBE_LINES lines at most)."""
+      criteo  that line is 40 tab-separated columns, 0 or 1 first, or blank with integers or blank cells after it
+              (a file to score; or 39, a file without labels: the first an integer or empty): Criteo TSV, which has
+              no header line
+      csv     its first line is a header: two or more names (read by the csv module, quotes and all) separated by
+              commas, tabs, ';' or '|' (the one the records under it agree with: readers/csv_dialect.py), not an
+              example (schema_builtin.header_reads_like_an_example: a label, 0 or 1, first, mostly numbers, or
+              numbers only)
+    ValueError for a file of no content; naming --format and what was seen, for anything else: a first line that
+    reads like an example (a CSV without a header line; tab-separated: not Criteo's 40 columns, or Criteo's of
+    another label), a delimiter the records refuse or do not tell, blank lines above a header, a line of one
+    column, a line of control bytes (a binary file). Only the file's start is read (LABEL_PROBE_LINES lines at
+    most, and the first csv_dialect.CHECKED_RECORDS records)."""
     name = first_with_content(path)
     line = first_line(name, lambda line: bool(line.strip()))
     cannot = f"{name}: --format auto cannot tell its format"
@@ -279,37 +285,49 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str]:
     cells = body.split(b"\t")
     first = cells[0].strip()
     if libsvm_like(body):  # (whitespace-separated: tabs too, as the reader splits it)
-        return "libsvm", "its first line is a label and id:value tokens"
-    if len(cells) == NUM_COLUMNS and first in (b"0", b"1"):
-        return "criteo", f"its first line is {NUM_COLUMNS} tab-separated columns, a label (0 or 1) first, no header"
-    if len(cells) == NUM_COLUMNS - 1 and (not first or first.lstrip(b"-").isdigit()):
-        return "criteo", f"its first line is {NUM_COLUMNS - 1} tab-separated columns, Criteo TSV without labels"
-    header = read_csv_header(name, ",") or []
-    if not header and b"," in body:  # the file's first line is blank, its first with content further down
+        return "libsvm", None, "its first line is a label and id:value tokens"
+    criteo_ints = len(cells) == NUM_COLUMNS and all(not c or c.lstrip(b"-").isdigit() for c in cells[1:14])
+    seen = _criteo_seen(cells, criteo_ints)
+    if seen:
+        return "criteo", None, seen
+    if not criteo_ints and not read_csv_header(name, ",") and any(d.encode() in body for d in DELIMITERS):
         raise ValueError(f"{cannot}: its first line is blank, and the first with content ({shown}) is further down: "
                          "a CSV file's header is its first line; remove the blank lines above it")  # fmt: skip
-    if len(header) > 1:
-        example = header_reads_like_an_example(name, header)
+    try:
+        found = None if criteo_ints else csv_delimiter(name)  # (a Criteo line of another label: said below)
+    except ValueError as e:
+        raise ValueError(f"{cannot}: its first line ({shown}) {e}; give --format (criteo, csv, libsvm), or "
+                         "--schema naming the delimiter (`ps-worker schema --data FILE --delimiter ...` writes "
+                         "one)") from None  # fmt: skip
+    if found is not None:
+        delimiter, header = found
+        example = header_reads_like_an_example(name, header, delimiter=delimiter)
         if not example:
-            return "csv", f"a header line of {len(header)} comma-separated names"
-        raise ValueError(f"{cannot}: {example.removeprefix(f'{name}: ')}; or give --format (criteo, csv, libsvm)")
-    if len(cells) > 1 and not header_reads_like_an_example(name, [c.decode("utf-8", "replace") for c in cells]):
-        criteo = ""
-        if len(cells) in (NUM_COLUMNS - 1, NUM_COLUMNS):
-            criteo = (" (a header line over Criteo TSV, which has none? remove it, `tail -n +2 FILE > NEW`, and the "
-                      "file reads as criteo; --format criteo reads it as it is, that line a bad one, under "
-                      "--max-bad-lines 1)")  # fmt: skip
-        raise ValueError(f"{cannot}: its first line ({shown}) is {len(cells)} tab-separated names{criteo}; a tab-"
-                         "separated file with a header line is read through a schema: `ps-worker schema --data FILE "
-                         "--delimiter $'\\t' > schema.toml` writes one, then give --schema schema.toml")  # fmt: skip
+            return "csv", delimiter, f"a header line of {len(header)} {delimiter_name(delimiter)}-separated names"
+        if delimiter != "\t":  # (tab-separated numbers: said as columns that are not Criteo's, below)
+            raise ValueError(f"{cannot}: {example.removeprefix(f'{name}: ')}")
     if len(cells) in (NUM_COLUMNS - 1, NUM_COLUMNS):
         what = f"{len(cells)} tab-separated columns, {first.decode('utf-8', 'replace')!r} first, not a label (0 or 1)"
     else:
         what = f"{len(cells)} tab-separated columns, not Criteo's {NUM_COLUMNS}" if len(cells) > 1 else "one column"
     raise ValueError(f"{cannot}: its first line ({shown}) is {what}{other_format_hint(body)}; it tells libsvm, "
-                     "Criteo TSV and CSV with a header line of comma-separated names: give --format (criteo, csv, "
-                     "libsvm), or --schema for another layout (`ps-worker schema --data FILE --delimiter ...` writes "
-                     "one)")  # fmt: skip
+                     "Criteo TSV and CSV with a header line of names (separated by commas, tabs, ';' or '|'): give "
+                     "--format (criteo, csv, libsvm), or --schema for another layout (`ps-worker schema --data FILE "
+                     "--delimiter ...` writes one)")  # fmt: skip
+
+
+def _criteo_seen(cells: list[bytes], criteo_ints: bool) -> str:
+    """What detect_format sees in a first line of Criteo TSV (cells: split at tabs; criteo_ints: 40 of them, those of
+    I1..I13 integers or blank), else ""."""
+    first = cells[0].strip()
+    if len(cells) == NUM_COLUMNS and first in (b"0", b"1"):
+        return f"its first line is {NUM_COLUMNS} tab-separated columns, a label (0 or 1) first, no header"
+    if len(cells) == NUM_COLUMNS - 1 and (not first or first.lstrip(b"-").isdigit()):
+        return f"its first line is {NUM_COLUMNS - 1} tab-separated columns, Criteo TSV without labels"
+    if criteo_ints and not first:
+        return (f"its first line is {NUM_COLUMNS} tab-separated columns, a blank label first (a file to score), "
+                "integers next")  # fmt: skip
+    return ""
 
 
 def file_has_labels(path: str | os.PathLike, schema: Schema) -> bool:

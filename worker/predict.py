@@ -123,11 +123,12 @@ def _check_new_out(out: str, overwrite: bool) -> None:
 def _csv_label_unknown(fmt: str, path: str) -> bool:
     """Whether a file read through the built-in schema of fmt (auto: the format formats.detect_format tells) is a
     CSV whose label column the schema cannot tell from its first records (schema_builtin.csv_label)."""
+    delimiter: str | None = ","
     if fmt == AUTO_FORMAT:
-        fmt = detect_format(path)[0]
-    if fmt != "csv":
+        fmt, delimiter, _ = detect_format(path)
+    if fmt != "csv" or delimiter is None:
         return False
-    header, rows = read_csv_sample(path, ",", HINT_SAMPLE_ROWS)
+    header, rows = read_csv_sample(path, delimiter, HINT_SAMPLE_ROWS)
     return csv_label(header, rows) is None
 
 

@@ -9,8 +9,9 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
-  is the one it detects; null where no --format is read, with --schema or on synthetic data). A start whose
-  settings differ is refused: the position would be another stream's.
+  is the one it detects, a CSV's delimiter other than a comma with it; null where no --format is read, with
+  --schema or on synthetic data). A start whose settings differ is refused: the position would be another
+  stream's.
 - started_from: the --skip-examples the first start of the run was given (0: none); a start given that same
   value again (the same command) resumes from the file, another value is refused.
 - examples: the count of the worker's stream (over epochs, the examples a resumed start skipped included) whose
@@ -71,15 +72,17 @@ def run_settings(cfg: TrainConfig) -> dict:
 
 
 def data_format(fmt: object, cfg: TrainConfig) -> object:
-    """The format cfg's data is read in under the --format value fmt: for auto, the one formats.detect_format tells
-    (a file written as given holds auto, or the default criteo of a version without auto); None where no --format is
-    read (a --schema file's own format, or synthetic data). ValueError where auto cannot tell it."""
+    """The format cfg's data is read in under the --format value fmt: for auto, the one formats.detect_format tells,
+    with a CSV's delimiter other than a comma ("csv (delimiter ';')"; a file written as given holds auto, or the
+    default criteo of a version without auto); None where no --format is read (a --schema file's own format, or
+    synthetic data). ValueError where auto cannot tell it."""
     if cfg.data is None or cfg.schema is not None:
         return None
     if fmt == AUTO_FORMAT:
         from worker.formats import detect_format
 
-        return detect_format(cfg.data)[0]
+        told, delimiter, _ = detect_format(cfg.data)
+        return told if delimiter in (None, ",") else f"{told} (delimiter {delimiter!r})"
     return fmt
 
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 
 from worker.features import NUM_INT_FIELDS
+from worker.readers.csv_dialect import delimiter_name
 from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
@@ -37,8 +38,10 @@ def builtin_schema(
     drop_columns: tuple[str, ...] | list[str] = (),
     numeric_columns: tuple[str, ...] | list[str] = (),
     libsvm_fields: int | None = None,
+    delimiter: str = ",",
 ) -> Schema:
-    """The schema of `--format fmt` and the column flags, every sparse column on default_table:
+    """The schema of `--format fmt` and the column flags, every sparse column on default_table (csv: its
+    delimiter, that of the header given):
 
     criteo  sparse fields I1..I13 (log_buckets of the integer) and C1..C26 (categorical), then the numeric
             features I1_log..I13_log (log): the ids of features.example_ids and the dense_features.
@@ -50,8 +53,8 @@ def builtin_schema(
     """
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMATS)}")
-    if fmt != "csv" and (label_column is not None or drop_columns or numeric_columns):
-        raise ValueError(f"label_column, drop_columns and numeric_columns apply to csv only, not {fmt}")
+    if fmt != "csv" and (label_column is not None or drop_columns or numeric_columns or delimiter != ","):
+        raise ValueError(f"label_column, drop_columns, numeric_columns and delimiter apply to csv only, not {fmt}")
     if libsvm_fields is not None and (fmt != "libsvm" or libsvm_fields < 0):
         raise ValueError(f"libsvm_fields is {libsvm_fields} for format {fmt}; expected libsvm and >= 0")
     t = default_table
@@ -75,7 +78,7 @@ def builtin_schema(
         columns = [Column(h, h, "categorical", t, h) for h in categorical]
         columns += [Column(h, h, "numeric", transform="log") for h in numeric]
     label_from = "--label-column" if label_column is not None else "first column" if fmt == "csv" else "schema"
-    return Schema(fmt, ",", label, tuple(columns), {t: TableSchema(default_dim)}, t, label_from)
+    return Schema(fmt, delimiter, label, tuple(columns), {t: TableSchema(default_dim)}, t, label_from)
 
 
 def _csv_roles(
@@ -167,27 +170,27 @@ def resolve_schema(
         return schema
     from worker.formats import detect_format, libsvm_field_count, read_csv_header, read_csv_sample
 
-    format_from = ""
+    format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
         if data is None:
             raise ValueError("--format auto tells the format by the data file's first line; none given")
-        fmt, seen = detect_format(data)
-        format_from = f"detected: {seen}"
+        fmt, told, seen = detect_format(data)
+        format_from, delimiter = f"detected: {seen}", told or ","
         _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields)
     header, rows, picked = None, [], None  # picked: csv_label's (label, why)
     if data is None and (fmt == "csv" or (fmt == "libsvm" and libsvm_fields is None)):
         raise ValueError(f"the built-in {fmt} schema needs the data file (its header or field count); none given")
     if fmt == "csv":
-        header = read_csv_header(data, ",")
+        header = read_csv_header(data, delimiter)
         if header is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
-        _, rows = read_csv_sample(data, ",", HINT_SAMPLE_ROWS)
+        _, rows = read_csv_sample(data, delimiter, HINT_SAMPLE_ROWS)
         other = separator_of_one_column(header, rows[0] if rows else [], ",", "\t;|")  # a label-only file's row: none
         if other:
             raise ValueError(
                 f"{data}: its header line is one column holding {other!r} and no ',': a {other!r}-separated "
-                "file? --format csv reads commas: write a schema with `ps-worker schema --data FILE --delimiter "
-                "...` and give it as --schema (or --format criteo for Criteo TSV, which has no header)"
+                "file? --format csv reads commas; --format auto (the default) tells the delimiter of a header line "
+                "of names (or --format criteo for Criteo TSV, which has no header)"
             )
         if label_column is None and header:
             picked = csv_label(header, rows)
@@ -199,7 +202,8 @@ def resolve_schema(
     try:
         schema = builtin_schema(fmt, default_table=default_table, default_dim=default_dim, header=header,
                                 label_column=picked[0] if named else label_column, drop_columns=drop_columns,
-                                numeric_columns=numeric_columns, libsvm_fields=libsvm_fields)  # fmt: skip
+                                numeric_columns=numeric_columns, libsvm_fields=libsvm_fields,
+                                delimiter=delimiter)  # fmt: skip
     except ValueError as e:
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
     schema = dataclasses.replace(schema, format_from=format_from, **({"label_from": picked[1]} if named else {}))
@@ -294,7 +298,7 @@ def _warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sc
     from worker.schema_infer import infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
-    no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label)
+    no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label, schema.delimiter)
     if no_header:
         log.warning("%s", no_header)
     if label_guessed and label.lower() not in LABEL_NAMES:
@@ -320,27 +324,40 @@ def _warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sc
                     "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
 
 
-def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None) -> str:
-    """A warning when the first line of a csv file, taken as its header, reads like an example: its first cell 0 or
-    1 (a label's value), or most cells numbers. "" otherwise, and where the line is plainly names: it holds
-    label_column (--label-column named a cell of it), or its numbers are a run of integers (pandas' column numbers
-    0, 1, 2, ..., years 2019, 2020, ...)."""
+def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None,
+                                 delimiter: str = ",") -> str:  # fmt: skip
+    """A warning when the first line of a csv file (its cells split at delimiter), taken as its header, reads like
+    an example: its first cell 0 or 1 (a label's value), or most cells numbers, or every cell a number. "" otherwise,
+    and where the line is plainly names: it holds label_column (--label-column named a cell of it), or names among
+    its numbers, which are a run of integers (pandas' column numbers after a name, `,0,1,2` or `0,1,2,label`; years
+    `user,2019,2020`). A line of numbers only is an example, a run too (`0,1,2,3`, a first row of small values, is
+    as likely as pandas' column numbers of a frame without names): said with what to do if it is such a header."""
     numbers = [h.strip() for h in header if _is_number(h)]
     if label_column is not None and label_column in header:
         return ""
-    if (
+    run = (
         numbers
         and all(n.isdigit() for n in numbers)
         and [int(n) for n in numbers] == list(range(int(numbers[0]), int(numbers[0]) + len(numbers)))
-    ):
+    )
+    if run and len(numbers) < len(header):
         return ""
     if header[0].strip().lower() not in ("0", "1", "true", "false") and len(numbers) * 2 <= len(header):
         return ""
+    given = f" --delimiter {_shell_quoted(delimiter)}"
+    columns = (" (if those are column numbers, as pandas writes for a frame without column names, name the columns "
+               "before writing it: df.columns = [...])" if run else "")  # fmt: skip
     return (
-        f"{data}: its first line ({','.join(header)[:120]}) reads like an example, not a header: a file without a "
-        "header line? A csv file's first line gives the column names (the built-in schema's label is the first "
-        "of them): add a header line, or write a schema (`ps-worker schema --data FILE`) and edit its names"
+        f"{data}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a header: a file without "
+        "a header line? A csv file's first line gives the column names (the built-in schema's label is the first "
+        f"of them): add a header line{columns}, or write a schema (`ps-worker schema --data FILE{given}`) and edit "
+        "its names"
     )
+
+
+def _shell_quoted(delimiter: str) -> str:
+    """A delimiter as a shell command line gives it to --delimiter."""
+    return "$'\\t'" if delimiter == "\t" else f"'{delimiter}'"
 
 
 def _is_number(cell: str) -> bool:
@@ -393,15 +410,18 @@ def format_note(schema: Schema) -> str:
 
 def columns_line(schema: Schema, header: list[str] | None) -> str:
     """One line of a csv run's story saying how it reads the file's columns (header: the training file's): the
-    format where --format auto chose it (format_note), the label and where it was taken from, the fields by kind
+    format where --format auto chose it (format_note, which names the delimiter), else a delimiter other than a
+    comma, the label and where it was taken from, the fields by kind
     and transform (names shown up to _SHOWN_NAMES a kind), and the header's columns no field reads."""
     origin = {"first column": "the first column, the built-in default", "schema": "the schema's `label`",
               "--label-column": "--label-column"}  # fmt: skip
     label = schema.label if schema.label is not None else (header or ["?"])[0]
     why = origin.get(schema.label_from, f"{schema.label_from}; --label-column sets it")
     parts = [f"label {label!r} ({why})"]
-    if schema.format_from:
+    if schema.format_from:  # (a detected delimiter said in it)
         parts.insert(0, format_note(schema))
+    elif schema.delimiter != ",":
+        parts.insert(0, f"{delimiter_name(schema.delimiter)}-separated")
     kinds: dict[str, list[str]] = {}
     for c in schema.columns:
         kind = "categorical, each value an id" if c.kind == "categorical" else c.kind

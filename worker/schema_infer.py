@@ -120,14 +120,15 @@ def infer_schema(
     path: str, *, fmt: str = "csv", delimiter: str = ",", sample_rows: int = 10000
 ) -> tuple[str, list[str]]:
     """(infer_schema_text's TOML, what a person must check before training: a label that is a guess). fmt "auto":
-    the format formats.detect_format tells, said in a comment."""
+    the format formats.detect_format tells (csv: and the delimiter), said in a comment."""
     from worker.formats import detect_format, first_with_content, libsvm_field_count
 
     if fmt not in FORMAT_CHOICES:
         raise ValueError(f"format {fmt!r} is unknown; expected one of {list(FORMAT_CHOICES)}")
     lines = [f"# A starting schema for {path} (ps-worker schema); see worker/schema.py for every key."]
     if fmt == AUTO_FORMAT:
-        fmt, seen = detect_format(path)
+        fmt, told, seen = detect_format(path)
+        delimiter = told or delimiter
         lines.append(f"# Format {fmt} (detected: {seen}; --format sets it).")
     if fmt != "csv":
         k = libsvm_field_count(first_with_content(path)) if fmt == "libsvm" else None  # as train counts them
@@ -198,7 +199,7 @@ def infer_schema(
         guess = (f"{label!r} is {next(iter(kept)):g} in every row of the sample: a model learns nothing but that "
                  "rate unless the file holds the other label further on (train refuses a file of one label)")  # fmt: skip
     checks = [guess] if guess else []
-    no_header = header_reads_like_an_example(path, header)
+    no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
     if no_header:
         checks.insert(0, no_header)
     if guess:

@@ -177,8 +177,8 @@ def _delimiter_hint(header: list[str], delimiter: str) -> str:
         return ""
     for other, named in (("\t", "tab"), (";", "';'"), ("|", "'|'"), (",", "','")):
         if other != delimiter and other in header[0]:
-            return (f" (the header looks {named}-separated: the schema's `delimiter` or `ps-worker schema "
-                    f"--delimiter` names it)")  # fmt: skip
+            return (f" (the header looks {named}-separated: --format auto tells a header's delimiter, a schema's "
+                    "`delimiter` names it)")  # fmt: skip
     return ""
 
 
