@@ -432,6 +432,15 @@ def test_early_stopping_stops_after_p_validations_without_improvement():
     assert [e["epoch"] for e in result.curve] == list(range(1, len(losses) + 1))
 
 
+def test_patience_running_out_at_the_last_epoch_is_not_a_stop_before_the_end():
+    cfg = TrainConfig(local_shards=1, model="fm", synthetic_rows=4000, synthetic_eval_rows=500, learning_rate=0.5,
+                      epochs=30, early_stop=2, progress=False)  # fmt: skip
+    losses = [e["validation_logloss"] for e in _run(cfg)[0].curve]
+    cfg = dataclasses.replace(cfg, epochs=len(losses))  # patience runs out after the last epoch exactly
+    result, _, _ = _run(cfg)
+    assert len(result.curve) == cfg.epochs and not result.curve[-1]["best"] and not result.stopped_early
+
+
 def test_eval_every_n_steps_and_no_early_stop_runs_every_epoch_and_validates_each_epochs_end():
     cfg = TrainConfig(local_shards=1, model="lr", synthetic_rows=2000, synthetic_eval_rows=200, batch_size=200,
                       epochs=2, early_stop=0, eval_every=4, validation_fraction=0.1, progress=False)  # fmt: skip

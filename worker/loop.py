@@ -333,8 +333,8 @@ def run_epochs(
             validated = s.eval_every and result.steps % s.eval_every == 0  # its last step's evaluation was the end's
             if result.steps == steps_before and s.skip_examples:  # an epoch skipped whole
                 continue
-            if not validated and evaluation(epoch + 1):
-                stop = True
+            if not validated and evaluation(epoch + 1) and epoch + 1 < s.epochs:  # (after the last epoch, a
+                stop = True  # patience run out there stops nothing early)
                 break
             if limit.reached:  # no epoch after it
                 break
