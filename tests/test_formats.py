@@ -905,9 +905,9 @@ def test_gzip_data_under_another_name_is_named_as_such(tmp_path, fmt):
 
 def _hints(caplog, path, fmt, **columns) -> list[str]:
     caplog.clear()
-    with caplog.at_level("WARNING", logger="worker.schema_builtin"):
+    with caplog.at_level("WARNING", logger="worker.schema_hints"):
         schema_of(path, fmt, **columns)
-    return [r.getMessage() for r in caplog.records if r.name == "worker.schema_builtin"]
+    return [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"]
 
 
 def test_the_builtin_csv_schema_takes_a_label_named_elsewhere_and_warns_of_columns_of_numbers(tmp_path, caplog):

@@ -96,7 +96,7 @@ from worker.readers.share import (
     is_blank,
 )
 from worker.schema import Schema
-from worker.schema_builtin import header_reads_like_an_example
+from worker.schema_hints import header_reads_like_an_example
 
 __all__ = [  # the public API; ReadStats and the last three live in worker/readers/, importable from here
     "check_same_format",
@@ -262,7 +262,7 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
               no header line
       csv     its first line is a header: two or more names (read by the csv module, quotes and all) separated by
               commas, tabs, ';' or '|' (the one the records under it agree with: readers/csv_dialect.py), not an
-              example (schema_builtin.header_reads_like_an_example: a label, 0 or 1, first, mostly numbers, or
+              example (schema_hints.header_reads_like_an_example: a label, 0 or 1, first, mostly numbers, or
               numbers only)
     ValueError for a file of no content; naming --format and what was seen, for anything else: a first line that
     reads like an example (a CSV without a header line; tab-separated: not Criteo's 40 columns, or Criteo's of

@@ -65,7 +65,8 @@ from worker.formats import (
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.schema import AUTO_FORMAT
-from worker.schema_builtin import HINT_SAMPLE_ROWS, csv_label
+from worker.schema_builtin import csv_label
+from worker.schema_hints import HINT_SAMPLE_ROWS
 from worker.scoring import ScoringProgress, predictions
 from worker.served import ServedModel, served_model
 from worker.temp_dirs import dead_partial_files, hold_while_written, partial_file

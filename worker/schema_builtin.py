@@ -14,8 +14,6 @@ from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
     FORMATS,
-    LABEL_NAMES,
-    LABEL_WORDS,
     MAX_LIBSVM_FIELDS,
     Column,
     Schema,
@@ -24,6 +22,7 @@ from worker.schema import (
     libsvm_column,
     load_schema,
 )
+from worker.schema_hints import HINT_SAMPLE_ROWS, warn_of_csv_columns, warn_of_libsvm_values
 
 log = logging.getLogger("worker.schema_builtin")
 
@@ -208,9 +207,9 @@ def resolve_schema(
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
     schema = dataclasses.replace(schema, format_from=format_from, **({"label_from": picked[1]} if named else {}))
     if fmt == "csv":
-        _warn_of_csv_columns(data, header, rows, schema, label_column is None and not named, not numeric_columns)
+        warn_of_csv_columns(data, header, rows, schema, label_column is None and not named, not numeric_columns)
     elif fmt == "libsvm" and data is not None:
-        _warn_of_libsvm_values(data)
+        warn_of_libsvm_values(data)
     return schema
 
 
@@ -284,120 +283,6 @@ def _not_labels(cells: list[str]) -> str:
     if not others:
         return "is blank"
     return "holds " + ", ".join(map(repr, others[:3])) + (" and others" if len(others) > 3 else "")
-
-
-HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
-
-
-def _warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
-                         no_numeric: bool) -> None:  # fmt: skip
-    """Warnings for what the built-in csv schema may read wrong in data (rows: a sample of its records): the first
-    column taken as the label where another column is named like one (label_guessed: the first column taken by
-    default), columns of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker schema`
-    would read them as numbers."""
-    from worker.schema_infer import infer_column, is_binary
-
-    label = schema.label if schema.label is not None else header[0]
-    no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label, schema.delimiter)
-    if no_header:
-        log.warning("%s", no_header)
-    if label_guessed and label.lower() not in LABEL_NAMES:
-        named = [h for h in header if h.lower() in LABEL_NAMES and h != label]
-        if not named and not LABEL_WORDS.search(label):  # is_click, converted: named so and holding only 0 and 1
-            named = [h for i, h in enumerate(header) if h != label and LABEL_WORDS.search(h)
-                     and is_binary([row[i] for row in rows])]  # fmt: skip
-        if named:
-            log.warning("%s: the label is the first column, %r (the built-in csv schema's default), but the header "
-                        "also has %r, named like a label: give --label-column %s if that is the label", data, label,
-                        named[0], named[0])  # fmt: skip
-    if not no_numeric:
-        _warn_of_negative_logs(data, header, schema, rows)
-        return
-    categorical = {c.source for c in schema.columns if c.kind == "categorical"}
-    numeric = [name for i, name in enumerate(header) if name in categorical
-               and infer_column(name, name, [row[i] for row in rows], sampled=True)[0].kind == "numeric"]  # fmt: skip
-    if numeric:
-        shown = ", ".join(repr(n) for n in numeric[:8]) + (f" and {len(numeric) - 8} more" if len(numeric) > 8 else "")
-        them = "columns %s hold" if len(numeric) > 1 else "column %s holds"
-        log.warning("%s: " + them + " numbers of many values (a sample of %d rows): the built-in csv schema reads "
-                    "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
-                    "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
-
-
-def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None,
-                                 delimiter: str = ",") -> str:  # fmt: skip
-    """A warning when the first line of a csv file (its cells split at delimiter), taken as its header, reads like
-    an example: its first cell 0 or 1 (a label's value), or most cells numbers, or every cell a number. "" otherwise,
-    and where the line is plainly names: it holds label_column (--label-column named a cell of it), or names among
-    its numbers, which are a run of integers (pandas' column numbers after a name, `,0,1,2` or `0,1,2,label`; years
-    `user,2019,2020`). A line of numbers only is an example, a run too (`0,1,2,3`, a first row of small values, is
-    as likely as pandas' column numbers of a frame without names): said with what to do if it is such a header."""
-    numbers = [h.strip() for h in header if _is_number(h)]
-    if label_column is not None and label_column in header:
-        return ""
-    run = (
-        numbers
-        and all(n.isdigit() for n in numbers)
-        and [int(n) for n in numbers] == list(range(int(numbers[0]), int(numbers[0]) + len(numbers)))
-    )
-    if run and len(numbers) < len(header):
-        return ""
-    if header[0].strip().lower() not in ("0", "1", "true", "false") and len(numbers) * 2 <= len(header):
-        return ""
-    given = f" --delimiter {_shell_quoted(delimiter)}"
-    columns = (" (if those are column numbers, as pandas writes for a frame without column names, name the columns "
-               "before writing it: df.columns = [...])" if run else "")  # fmt: skip
-    return (
-        f"{data}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a header: a file without "
-        "a header line? A csv file's first line gives the column names (the built-in schema's label is the first "
-        f"of them): add a header line{columns}, or write a schema (`ps-worker schema --data FILE{given}`) and edit "
-        "its names"
-    )
-
-
-def _shell_quoted(delimiter: str) -> str:
-    """A delimiter as a shell command line gives it to --delimiter."""
-    return "$'\\t'" if delimiter == "\t" else f"'{delimiter}'"
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
-
-
-def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: list[list[str]]) -> None:
-    """A warning for each --numeric-columns column (transform log: log(1 + x), x below 0 read as 0) holding
-    numbers below 0 in the sample rows: those values all read as one. A cell that is no number is the encoder's
-    to refuse."""
-    from worker.encode import float_or_nan
-
-    for c in schema.columns:
-        if c.kind != "numeric" or c.transform != "log":
-            continue
-        i = header.index(c.source)
-        negative = [v for v in (float_or_nan(row[i]) for row in rows) if v < 0]
-        if negative:
-            log.warning("%s: column %r holds numbers below 0 (%d of a sample of %d rows, the least %g): "
-                        "--numeric-columns reads a number as log(1 + x) and every x below 0 as 0, so those values "
-                        "are lost to the model. Shift the column to 0 and above, or write a schema (`ps-worker "
-                        "schema --data %s > schema.toml`, then --schema schema.toml), which standardizes such "
-                        "columns", data, c.source, len(negative), len(rows), min(negative), data)  # fmt: skip
-
-
-def _warn_of_libsvm_values(data: str) -> None:
-    """A warning where data's first lines carry feature values other than 0 and 1, which libsvm reading ignores."""
-    from worker.readers.libsvm_reader import weighted_tokens
-
-    weighted, tokens, example = weighted_tokens(data, HINT_SAMPLE_ROWS)
-    if weighted:
-        log.warning("%s: %d of the %d feature tokens of its first %d lines carry a value other than 0 and 1 (%s): "
-                    "libsvm features are read as ids, one-hot; a value other than 0 only says the feature is there "
-                    "and is not used as a weight. Real-valued features train better as ids of their buckets, or "
-                    "from a csv file with `ps-worker schema`", data, weighted, tokens, HINT_SAMPLE_ROWS,
-                    example)  # fmt: skip
 
 
 _SHOWN_NAMES = 6  # names of a kind the columns line shows, at most

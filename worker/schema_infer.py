@@ -41,7 +41,8 @@ from worker.csv_fast import label_value
 from worker.datafiles import data_files
 from worker.encode import FLOAT32_MAX, is_missing_text
 from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, Column, _entry, _toml, is_label_name, labels_by_name
-from worker.schema_builtin import builtin_schema, header_reads_like_an_example, separator_of_one_column
+from worker.schema_builtin import builtin_schema, separator_of_one_column
+from worker.schema_hints import header_reads_like_an_example
 
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
