@@ -226,9 +226,8 @@ def test_the_delimiter_is_the_one_the_records_under_the_header_agree_with(tmp_pa
         (
             "0,1,2,3\n1,5,2,0\n",
             "its first line (0,1,2,3) reads like an example, not a header: a file without a "
-            "header line? A csv file's first line gives the column names (the built-in schema's "
-            "label is the first of them): add a header line (if those are column numbers, as pandas "
-            "writes for a frame without column names, name the columns",
+            "header line? A csv file's first line gives the column names: add a header line (if those "
+            "are column numbers, as pandas writes for a frame without column names, name the columns",
         ),
         ("2,3,4\n1,5,2\n", "its first line (2,3,4) reads like an example"),
         ("1\t5\t3\n0\t4\t5\n", "its first line ('1\\t5\\t3') is 3 tab-separated columns, not Criteo's 40"),
@@ -253,6 +252,41 @@ def test_what_auto_cannot_tell_is_refused_naming_format_and_what_was_seen(tmp_pa
     with pytest.raises(ValueError) as e:
         schema(path)
     assert str(e.value).startswith(f"{path}: --format auto cannot tell its format: ") and said in str(e.value), e.value
+
+
+@pytest.mark.parametrize("delimiter, compressed", [(",", False), (";", True), ("\t", False)])
+def test_a_csv_without_a_header_line_is_refused_with_a_command_that_adds_one_which_works(tmp_path, delimiter,
+                                                                                        compressed):  # fmt: skip
+    """A CSV whose first line is an example is refused by --format auto (tab-separated, where auto says Criteo's
+    columns: `ps-worker schema --delimiter` says it), with a shell command writing a copy with a header line: run
+    as given, in a folder whose name needs quoting, the copy reads as csv, every line of the file an example, the
+    label its first column."""
+    import subprocess
+
+    from worker.schema_infer import infer_schema
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 40).tolist()
+    lines = [delimiter.join([str(y), f"s{rng.integers(5)}", f"{rng.random():.3f}"]) for y in labels]
+    folder = tmp_path / "my data"
+    folder.mkdir()
+    path = folder / ("clicks.csv.gz" if compressed else "clicks.csv")
+    text = "\n".join(lines) + "\n"
+    path.write_bytes(gzip.compress(text.encode()) if compressed else text.encode())
+    if delimiter == "\t":
+        said = infer_schema(str(path), fmt="csv", delimiter=delimiter)[1][0]
+    else:
+        with pytest.raises(ValueError) as e:
+            schema(path)
+        said = str(e.value)
+    assert "reads like an example, not a header" in said, said
+    (command,) = re.findall(r"`(\{ printf [^`]*)`", said)
+    subprocess.run(["bash", "-c", command], check=True, cwd=tmp_path)
+    copy = folder / ("clicks-with-header.csv.gz" if compressed else "clicks-with-header.csv")
+    s = schema(copy)
+    assert (s.format, s.delimiter, s.label) == ("csv", delimiter, "label")
+    assert [c.source for c in s.columns] == ["c1", "c2"]
+    assert sum((b.labels.tolist() for b in read_batches(str(copy), s, 16)), []) == labels
 
 
 def test_an_empty_file_is_said_to_be_empty(tmp_path):

@@ -6,6 +6,8 @@ numbers below 0, libsvm values that are not 0 and 1."""
 from __future__ import annotations
 
 import logging
+import os
+import shlex
 
 from worker.schema import LABEL_NAMES, LABEL_WORDS, Schema
 
@@ -69,20 +71,27 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
         return ""
     if header[0].strip().lower() not in ("0", "1", "true", "false") and len(numbers) * 2 <= len(header):
         return ""
-    given = f" --delimiter {_shell_quoted(delimiter)}"
     columns = (" (if those are column numbers, as pandas writes for a frame without column names, name the columns "
                "before writing it: df.columns = [...])" if run else "")  # fmt: skip
+    names = ["label", *(f"c{k}" for k in range(1, len(header)))]
     return (
         f"{data}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a header: a file without "
-        "a header line? A csv file's first line gives the column names (the built-in schema's label is the first "
-        f"of them): add a header line{columns}, or write a schema (`ps-worker schema --data FILE{given}`) and edit "
-        "its names"
+        f"a header line? A csv file's first line gives the column names: add a header line{columns}; "
+        f"`{_header_command(data, delimiter.join(names))}` writes the file with one, naming the first column `label` "
+        "(where the label is another column, name that one `label` instead)"
     )
 
 
-def _shell_quoted(delimiter: str) -> str:
-    """A delimiter as a shell command line gives it to --delimiter."""
-    return "$'\\t'" if delimiter == "\t" else f"'{delimiter}'"
+def _header_command(data: str, header: str) -> str:
+    """A shell command that writes a copy of the file data (gzip'ed where its name ends in .gz) with the line header
+    first, beside it: NAME-with-header.SUFFIXES."""
+    folder, name = os.path.split(data)
+    stem, dot, suffixes = name.partition(".")
+    new = os.path.join(folder, f"{stem}-with-header{dot}{suffixes}")
+    text = header.replace("\\", "\\\\").replace("%", "%%").replace("\t", "\\t") + "\\n"  # printf's format
+    gz = data.endswith(".gz")
+    read = f"gzip -dc {shlex.quote(data)}" if gz else f"cat {shlex.quote(data)}"
+    return f"{{ printf {shlex.quote(text)}; {read}; }}{' | gzip' if gz else ''} > {shlex.quote(new)}"
 
 
 def _is_number(cell: str) -> bool:
