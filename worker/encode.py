@@ -21,7 +21,9 @@ Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric fea
     numeric      a number (float(), |x| <= 3.4e38, float32's largest) or an empty cell (missing); log_buckets:
                  an int64 integer (int() syntax, not -2**63); then log: log(1 + max(x, 0)); none: x;
                  standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
-                 missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x))
+                 missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x)); a time
+                 transform (<format>_hour, <format>_weekday): space_ids(space, its hour or weekday), a number
+                 that is no time of the format a problem (timestamps.time_parts), missing -> 2**64 - 1
 
 An example with a cell that breaks these rules is bad: it is left out of the Batch, and `problems` says what
 was wrong (its first problem in column order). Tokens past max_length are dropped unread. Work is vectorized
@@ -40,7 +42,8 @@ import numpy as np
 from worker.batch import Bags, Batch
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
 from worker.models.spec import BIAS_FIELD
-from worker.schema import Column, Schema
+from worker.schema import TIME_TRANSFORMS, Column, Schema
+from worker.timestamps import time_parts
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest numeric cell (float32 features)
 _MAX_RAW = "18446744073709551614"  # the largest raw id, 2**64 - 2: 2**64 - 1 is the missing one
@@ -375,6 +378,9 @@ def _int64_or_missing(s: str | bytes) -> int:
     return v if int(MISSING_INT) < v <= np.iinfo(np.int64).max else int(MISSING_INT)
 
 
+_TIME_EXPECTED = {"yymmddhh": "a time YYMMDDHH (14102100: 2014-10-21, hour 00; a month 01-12, a day of it, an "
+                               "hour 00-23)",
+                  "unix": "a time in unix seconds (an integer from 0 to 2**53)"}  # fmt: skip
 _FEATURE_MAX = float(np.finfo(np.float32).max)  # a numeric feature past this would be inf in float32
 
 
@@ -446,7 +452,9 @@ class _Numbers:
         return self.floats[c.source]
 
     def bucket_values(self, c: Column) -> np.ndarray:
-        """uint64 bucket values of a bucketize or log_buckets column."""
+        """uint64 bucket values of a bucketize or log_buckets column, hours or weekdays of a time column."""
+        if c.transform in TIME_TRANSFORMS:
+            return self._time_values(c)
         if c.transform == "log_buckets":
             self._int(c)  # its problems
             if not self.buckets:
@@ -456,6 +464,20 @@ class _Numbers:
         b = np.searchsorted(np.asarray(c.boundaries), x, side="right").astype(np.uint64)
         b[missing] = MISSING_CAT
         return b
+
+    def _time_values(self, c: Column) -> np.ndarray:
+        fmt, _, part = c.transform.rpartition("_")
+        x, missing = self._float(c)
+        hour, weekday, ok = time_parts(x, fmt)
+        bad = ~ok & ~missing
+        if bad.any():
+            at, cells = np.flatnonzero(bad), self.cells.get(c.source)
+            expected = _TIME_EXPECTED[fmt]
+            self.problems.add(at, [f"time column {c.source!r} is {_shown(cells[i]) if cells is not None else x[i]}, "
+                                   f"expected {expected} or empty" for i in at])  # fmt: skip
+        out = (hour if part == "hour" else weekday).astype(np.uint64)
+        out[missing | bad] = MISSING_CAT
+        return out
 
     def dense_values(self, c: Column) -> np.ndarray:
         """float64 (n,) of a log, none or standardize column."""

@@ -22,7 +22,7 @@ format of the data's first line, formats.detect_format). Grammar (keys not liste
     name      = "clicked"          # the field's name, and the data column it reads unless `source` is given
     source    = "clicked_items"    # the data column (default: name); two fields may read one column
     kind      = "multi_hot"        # categorical | multi_hot | weighted | numeric
-    table     = "item"             # sparse kinds and bucketized numerics: the table looked up
+    table     = "item"             # sparse kinds and numerics giving ids: the table looked up
     id_space  = "item"             # columns of one id space give one value one id (default: the name)
     ids       = "hashed"           # hashed (default) | raw: the cell is a decimal uint64, used as the id
     separator = "|"                # multi_hot / weighted: between ids (default "|"); weighted: id:weight
@@ -30,15 +30,19 @@ format of the data's first line, formats.detect_format). Grammar (keys not liste
                                    #   weighted sum by the sum of |weight| (worker/models/spec.py)
     max_length = 256               # multi_hot / weighted: ids kept per bag, the first ones (default 256)
     transform = "log"              # numeric: log | standardize | none -> a numeric feature;
-                                   #          bucketize | log_buckets -> an id in `table`
+                                   #          bucketize | log_buckets -> an id in `table`;
+                                   #          yymmddhh_hour | yymmddhh_weekday | unix_hour | unix_weekday -> the
+                                   #          hour of day (0-23) or weekday (0-6, Monday 0) of a time, an id in
+                                   #          `table`: a cell YYMMDDHH (Avazu's `hour`: 14102100) or unix seconds
+                                   #          (UTC) (worker/timestamps.py), not the time's own value
     boundaries = [1.0, 10.0, 100.0] # bucketize: sorted; bucket b holds boundaries[b-1] <= x < boundaries[b]
     mean = 3.2                     # standardize: (x - mean) / std; missing here -> one pass over the
     std  = 1.7                     #   training data computes them (a constant column takes std 1)
 
 Rules: a field name is unique and does not start with "_" (BIAS_FIELD, the bias's field, is the last field of
 every model); the label column is no column's source; a sparse column's table is declared under [tables] or
-is the default table; a declared table is used; `table` and `id_space` belong to sparse columns and bucketized
-numerics, `ids` to sparse kinds, and raw ids have no id space; a libsvm column is categorical (its cell is
+is the default table; a declared table is used; `table` and `id_space` belong to sparse columns and numerics
+giving ids, `ids` to sparse kinds, and raw ids have no id space; a libsvm column is categorical (its cell is
 a feature token's id: raw takes the id itself, hashed mixes it into the id space), its source f0..f1023.
 Sparse fields come in column order, numeric features too.
 
@@ -49,7 +53,11 @@ is features' field hash of the value with the salt of its id space: id spaces ar
 first column appears among the schema's sparse columns, and space i takes salt index i (skipping 39, the
 bias's), so the Criteo schema gives exactly features.example_ids. log_buckets is features.int_bucket (Criteo's
 integer treatment); a numeric cell that is empty or says NA, nan, null, none or ? (encode.MISSING_TEXTS, any
-case) is missing: 0 for log and none, the mean for standardize, and its own bucket.
+case) is missing: 0 for log and none, the mean for standardize, and its own bucket (its own hour or weekday id
+for a time). A time transform's id is its hour or weekday, hashed in its id space like any value: two fields read
+one time column for both (`ps-worker schema` writes them for a column named like a time, hour or ts, whose sampled
+values are all valid YYMMDDHH or ten-digit unix seconds): its hours of day and weekdays come back every day and
+week, where the time's own values (as ids, or numbers standardized or bucketized) are new on every later day.
 """
 
 from __future__ import annotations
@@ -92,6 +100,8 @@ KINDS = ("categorical", "multi_hot", "weighted", "numeric")
 ID_KINDS = ("hashed", "raw")
 DENSE_TRANSFORMS = ("log", "standardize", "none")
 BUCKET_TRANSFORMS = ("bucketize", "log_buckets")
+TIME_TRANSFORMS = ("yymmddhh_hour", "yymmddhh_weekday", "unix_hour", "unix_weekday")  # <time format>_<part>
+SPARSE_TRANSFORMS = BUCKET_TRANSFORMS + TIME_TRANSFORMS  # a numeric column of these gives ids
 CRITEO_COLUMNS = ("label", *(f"I{i + 1}" for i in range(NUM_INT_FIELDS)), *(f"C{i + 1}" for i in range(NUM_CAT_FIELDS)))
 LIBSVM_COLUMN = re.compile(r"f(0|[1-9][0-9]*)")
 MAX_LIBSVM_FIELDS = 1024  # f0..f1023: a libsvm field is a token's position (a chunk of lines holds K ids a line)
@@ -127,7 +137,7 @@ class Column:
     @property
     def is_sparse(self) -> bool:
         """Whether the column gives ids (a sparse field) rather than a numeric feature."""
-        return self.kind != "numeric" or self.transform in BUCKET_TRANSFORMS
+        return self.kind != "numeric" or self.transform in SPARSE_TRANSFORMS
 
 
 # The one id space of the built-in libsvm schema's fields: a libsvm id names a feature wherever its token stands in
@@ -409,8 +419,8 @@ def _column(spec: object, path: str, index: int, fmt: str, default_table: str) -
                          "'categorical'")  # fmt: skip
     transform = None
     if kind == "numeric":
-        transform = _value(spec, "transform", str, where, ..., DENSE_TRANSFORMS + BUCKET_TRANSFORMS)
-    sparse = kind != "numeric" or transform in BUCKET_TRANSFORMS
+        transform = _value(spec, "transform", str, where, ..., DENSE_TRANSFORMS + SPARSE_TRANSFORMS)
+    sparse = kind != "numeric" or transform in SPARSE_TRANSFORMS
     for key, applies in (("table", sparse), ("id_space", sparse), ("boundaries", transform == "bucketize"),
                          ("mean", transform == "standardize"), ("std", transform == "standardize")):  # fmt: skip
         if key in spec and not applies:

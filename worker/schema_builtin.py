@@ -15,6 +15,7 @@ from worker.schema import (
     CRITEO_COLUMNS,
     FORMATS,
     MAX_LIBSVM_FIELDS,
+    TIME_TRANSFORMS,
     Column,
     Schema,
     TableSchema,
@@ -297,7 +298,8 @@ def columns_line(schema: Schema, header: list[str] | None) -> str:
     """One line of a csv run's story saying how it reads the file's columns (header: the training file's): the
     format where --format auto chose it (format_note, which names the delimiter), else a delimiter other than a
     comma, the label and where it was taken from, the fields by kind
-    and transform (names shown up to _SHOWN_NAMES a kind), and the header's columns no field reads."""
+    and transform (names shown up to _SHOWN_NAMES a kind), the columns of times read only as their hours of day
+    and weekdays (not as numbers), and the header's columns no field reads."""
     origin = {"first column": "the first column, the built-in default", "schema": "the schema's `label`",
               "--label-column": "--label-column"}  # fmt: skip
     label = schema.label if schema.label is not None else (header or ["?"])[0]
@@ -312,10 +314,17 @@ def columns_line(schema: Schema, header: list[str] | None) -> str:
         kind = "categorical, each value an id" if c.kind == "categorical" else c.kind
         if c.kind == "numeric":
             kind = f"{'bucketized' if c.is_sparse else 'numeric'} ({c.transform})"
+        if c.transform in TIME_TRANSFORMS:
+            kind = "hour of day or weekday of a time, each an id"
         kinds.setdefault(kind, []).append(c.name)
     for kind, names in kinds.items():
         more = f" and {len(names) - _SHOWN_NAMES} more" if len(names) > _SHOWN_NAMES else ""
         parts.append(f"{len(names)} {kind}: {', '.join(names[:_SHOWN_NAMES])}{more}")
+    times = {c.source for c in schema.columns if c.transform in TIME_TRANSFORMS}
+    times -= {c.source for c in schema.columns if c.transform not in TIME_TRANSFORMS}
+    if times:
+        parts.append(f"time{'s' if len(times) > 1 else ''} {', '.join(sorted(times))} read as hour of day and "
+                     "weekday only, not as a number")  # fmt: skip
     read = {label} | {c.source for c in schema.columns}
     unread = [h for h in header or [] if h not in read]
     parts.append(f"not read: {', '.join(unread) if unread else 'none'}")

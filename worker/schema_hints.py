@@ -10,6 +10,7 @@ import os
 import shlex
 
 from worker.schema import LABEL_NAMES, LABEL_WORDS, Schema
+from worker.timestamps import time_format
 
 log = logging.getLogger("worker.schema_hints")
 
@@ -20,8 +21,8 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
                          no_numeric: bool) -> None:  # fmt: skip
     """Warnings for what the built-in csv schema may read wrong in data (rows: a sample of its records): the first
     column taken as the label where another column is named like one (label_guessed: the first column taken by
-    default), columns of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker schema`
-    would read them as numbers."""
+    default), columns of times or of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker
+    schema` would read their hours of day and weekdays, or read them as numbers."""
     from worker.schema_infer import infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
@@ -41,8 +42,16 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
         _warn_of_negative_logs(data, header, schema, rows)
         return
     categorical = {c.source for c in schema.columns if c.kind == "categorical"}
-    numeric = [name for i, name in enumerate(header) if name in categorical
-               and infer_column(name, name, [row[i] for row in rows], sampled=True)[0].kind == "numeric"]  # fmt: skip
+    cells = {name: [row[i] for row in rows] for i, name in enumerate(header) if name in categorical}
+    times = [name for name, column in cells.items() if time_format(name, column)]
+    if times:
+        log.warning("%s: %s %s %s times (a sample of %d rows): the built-in csv schema reads each value as an id of its "
+                    "own, and a later day's values are ids never trained. `ps-worker schema --data %s > schema.toml`, "
+                    "then --schema schema.toml, reads their hour of day and weekday", data,
+                    "columns" if len(times) > 1 else "column", ", ".join(map(repr, times)),
+                    "hold" if len(times) > 1 else "holds", len(rows), data)  # fmt: skip
+    numeric = [name for name, column in cells.items() if name not in times
+               and infer_column(name, name, column, sampled=True)[0].kind == "numeric"]  # fmt: skip
     if numeric:
         shown = ", ".join(repr(n) for n in numeric[:8]) + (f" and {len(numeric) - 8} more" if len(numeric) > 8 else "")
         them = "columns %s hold" if len(numeric) > 1 else "column %s holds"

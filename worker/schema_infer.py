@@ -5,6 +5,12 @@ whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first
 the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
 stderr. The rules, per other CSV column of the sample (a cell that is empty or one of encode.MISSING_TEXTS is
 missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
+    a time: a name with the word hour, time, date, datetime, timestamp or ts, and eight digits YYMMDDHH (a valid
+    month, day and hour: Avazu's `hour`) or ten digits of unix seconds in every non-empty cell
+                                      `<name>_hour_of_day` and `<name>_weekday`, sparse fields (transforms
+                                      yymmddhh_hour and yymmddhh_weekday, or unix_...: worker/timestamps.py);
+                                      the time itself is no feature (as a number or as ids, its values are
+                                      new on each later day)
     numbers in every non-empty cell   few distinct integers, integers in a column named like an id (`id`,
                                       `user_id`, `itemId`, `uid`, `userid`), or integers written with leading
                                       zeros (codes: `02415`) -> categorical;
@@ -43,6 +49,7 @@ from worker.encode import FLOAT32_MAX, is_missing_text
 from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, Column, _entry, _toml, is_label_name, labels_by_name
 from worker.schema_builtin import builtin_schema, separator_of_one_column
 from worker.schema_hints import header_reads_like_an_example
+from worker.timestamps import time_format
 
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
@@ -217,6 +224,10 @@ def infer_schema(
                 checks.append(f"the header names {header.count(h)} columns {h!r}: they are left out (rename them)")
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
+        fmt = time_format(h, columns[h])
+        if fmt is not None:
+            lines += ["", *_time_entries(name, h, fmt, columns[h], set(header))]
+            continue
         column, comment = infer_column(name, h, columns[h], sampled=not whole)
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
         commas = _comma_numbers(columns[h])
@@ -237,6 +248,23 @@ def infer_schema(
     if "[[columns]]" not in lines:  # load_schema refuses a schema of no column: said now, with why
         raise ValueError(_no_columns(path, header, label, delimiter))
     return "\n".join(lines) + "\n", checks
+
+
+def _time_entries(name: str, source: str, fmt: str, cells: list[str], taken: set[str]) -> list[str]:
+    """The comment and the two [[columns]] entries of a column of times (timestamps.time_format): its hour of day
+    and its weekday, named <name>_hour_of_day and <name>_weekday (or ..2, ... past a name in taken)."""
+    present = [c.strip() for c in cells if c.strip()]
+    what = "YYMMDDHH (Avazu's hour: 14102100 is 2014-10-21, hour 00)" if fmt == "yymmddhh" else "unix seconds (UTC)"
+    out = [f"# {source!r}: times, {what} ({len(present)} of {len(cells)} cells non-empty, {len(set(present))} "
+           "distinct): read as the hour of day and the weekday, each a sparse field; the time itself is no feature "
+           "(as a number or as ids, its values are new on each later day)"]  # fmt: skip
+    for part, suffix in (("hour", "hour_of_day"), ("weekday", "weekday")):
+        field, k = f"{name}_{suffix}", 2
+        while field in taken:
+            field, k = f"{name}_{suffix}{k}", k + 1
+        taken = taken | {field}
+        out += ["[[columns]]", *_entry(Column(field, source, "numeric", transform=f"{fmt}_{part}"), with_table=False)]
+    return out
 
 
 def _no_columns(path: str, header: list[str], label: str, delimiter: str) -> str:

@@ -1,0 +1,184 @@
+"""Tests for the time transforms (worker/timestamps.py, the schema's yymmddhh_* and unix_*): hours and weekdays
+against Python's datetime, bad times refused as bad lines, the grammar, `ps-worker schema` writing them only for
+a column named like a time whose every value is one, the `columns` line, and a run whose train, eval and predict
+read a file through them alike."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.test_predict import predict, read_out
+from worker.__main__ import main
+from worker.encode import encode_examples
+from worker.features import MISSING_CAT, space_ids
+from worker.formats import read_batches, read_csv_header
+from worker.metrics import auc
+from worker.schema import Column, Schema, TableSchema, load_schema, schema_from_text
+from worker.schema_builtin import columns_line, resolve_schema
+from worker.schema_infer import infer_schema_text
+from worker.served import evaluate_servers
+from worker.timestamps import time_format, time_parts
+from worker.train import train
+from worker.train_config import TrainConfig
+
+UTC = dt.UTC
+
+
+def oracle(text: str, fmt: str) -> tuple[int, int] | None:
+    """(hour, weekday) of a time cell by datetime, or None where it is no time of the format."""
+    try:
+        if fmt == "unix":
+            t = dt.datetime.fromtimestamp(int(text), UTC)
+        else:
+            t = dt.datetime(2000 + int(text[:2]), int(text[2:4]), int(text[4:6]), int(text[6:8]))
+    except ValueError:
+        return None
+    return t.hour, t.weekday()
+
+
+def yymmddhh_cells(n: int, seed: int) -> list[str]:
+    """n cells of 8 digits, mostly valid times (leap days among them), some past a month's days or 23 hours."""
+    rng = np.random.default_rng(seed)
+    cells = [f"{rng.integers(0, 100):02d}{rng.integers(1, 13):02d}{rng.integers(1, 32):02d}{rng.integers(0, 25):02d}"
+             for _ in range(n)]  # fmt: skip
+    return cells + ["00022900", "01022900", "96022912", "14102100", "14103123", "14113100", "14000100", "14011300"]
+
+
+def test_time_parts_match_datetime():
+    cells = yymmddhh_cells(3000, 0)
+    hour, weekday, ok = time_parts(np.array(cells, dtype=np.float64), "yymmddhh")
+    expected = [oracle(c, "yymmddhh") for c in cells]
+    assert ok.tolist() == [e is not None for e in expected] and 0 < ok.mean() < 1
+    assert [(h, w) for h, w, e in zip(hour.tolist(), weekday.tolist(), expected) if e] == [e for e in expected if e]
+    seconds = np.random.default_rng(1).integers(0, 2**34, 3000)
+    hour, weekday, ok = time_parts(seconds.astype(np.float64), "unix")
+    assert ok.all() and list(zip(hour.tolist(), weekday.tolist())) == [oracle(str(s), "unix") for s in seconds]
+    assert not time_parts(np.array([-1.0, 1.5, 2.0**54]), "unix")[2].any()
+    assert not time_parts(np.array([-14102100.0, 14102100.5, 114102100.0]), "yymmddhh")[2].any()
+
+
+def test_encode_gives_each_hour_and_weekday_its_id_and_refuses_a_bad_time():
+    fields = {
+        part: Column(part, "t", "numeric", "x", part, transform=f"yymmddhh_{part}") for part in ("hour", "weekday")
+    }
+    schema = Schema("csv", ",", "y", tuple(fields.values()), {"x": TableSchema(4)}, "x")
+    cells = yymmddhh_cells(500, 2) + ["", "NA", "abc"]
+    out = encode_examples(schema, np.zeros(len(cells), np.float32), {"t": np.array(cells)})
+    expected = [oracle(c, "yymmddhh") if c.isdigit() else c for c in cells]
+    bad = [i for i, e in enumerate(expected) if e is None or e == "abc"]
+    assert out.bad.tolist() == bad
+    assert out.problems[0] == (f"time column 't' is {cells[bad[0]]!r}, expected a time YYMMDDHH (14102100: "
+                               "2014-10-21, hour 00; a month 01-12, a day of it, an hour 00-23) or empty")  # fmt: skip
+    good = [e for i, e in enumerate(expected) if i not in bad]
+    for k, part in enumerate(("hour", "weekday")):
+        values = np.array([MISSING_CAT if e in ("", "NA") else e[k] for e in good], dtype=np.uint64)
+        space = schema.id_spaces()[part]
+        assert out.batch.fields[part].ids.tolist() == space_ids(space, values).tolist()
+
+
+def test_the_grammar_reads_the_time_transforms_as_sparse_and_round_trips(tmp_path):
+    text = ('label = "click"\n[[columns]]\nname = "h"\nsource = "ts"\nkind = "numeric"\ntransform = "unix_hour"\n'
+            'table = "time"\n[[columns]]\nname = "w"\nsource = "ts"\nkind = "numeric"\ntransform = "unix_weekday"\n')  # fmt: skip
+    s = schema_from_text(text, "s.toml", default_table="time", default_dim=4)
+    assert [(c.name, c.table, c.is_sparse) for c in s.columns] == [("h", "time", True), ("w", "time", True)]
+    (tmp_path / "s.toml").write_text(s.to_toml())
+    assert load_schema(str(tmp_path / "s.toml"), default_table="time", default_dim=4) == s
+    with pytest.raises(ValueError, match="boundaries does not apply to a numeric column with transform unix_hour"):
+        schema_from_text(text.replace('"unix_hour"', '"unix_hour"\nboundaries = [1.0]'), "s", default_table="t",
+                         default_dim=4)  # fmt: skip
+    with pytest.raises(ValueError, match="transform 'unix_minute' is unknown"):
+        schema_from_text(text.replace("unix_hour", "unix_minute"), "s", default_table="t", default_dim=4)
+
+
+@pytest.mark.parametrize(
+    "name, cells, fmt",
+    [
+        ("hour", ["14102100", "14102223", ""], "yymmddhh"),
+        ("click_time", ["14102100", "16022905"], "yymmddhh"),
+        ("eventTs", ["1414000000", "1414003600"], "unix"),
+        ("timestamp", ["1414000000", "14102100"], None),  # two formats
+        ("hour", ["14102100", "14133100"], None),  # no 31st of October
+        ("hour", ["14102100", "14102124"], None),  # no hour 24
+        ("hour", ["14102100", "1410210"], None),  # 7 digits
+        ("id", ["14102100", "14102101"], None),  # not named like a time
+        ("hours", ["14102100", "14102101"], None),
+        ("ts", ["0414000000", "1414000000"], None),  # 10 digits, 0 first
+        ("ts", ["141400000", "1414000000"], None),
+        ("time", ["", " "], None),
+    ],
+)
+def test_a_time_is_told_by_its_name_and_every_value(name, cells, fmt):
+    assert time_format(name, cells) == fmt
+
+
+def write_log(path, rows: int, seed: int, day0: int, days: int) -> None:
+    """An Avazu-like file: click, hour (YYMMDDHH from 2014-10-21 + day0, over days days), site; clicks far more
+    likely from 18h to 22h."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        f.write("click,hour,site\n")
+        for _ in range(rows):
+            day, hour = dt.date(2014, 10, 21) + dt.timedelta(days=int(day0 + rng.integers(days))), rng.integers(24)
+            click = int(rng.random() < (0.6 if 18 <= hour <= 22 else 0.15))
+            f.write(f"{click},{day:%y%m%d}{hour:02d},s{rng.integers(5)}\n")
+
+
+def test_ps_worker_schema_writes_the_hour_and_weekday_of_a_time_column_and_the_run_says_so(tmp_path, capsys):
+    data = tmp_path / "train.csv"
+    write_log(data, 300, seed=1, day0=0, days=3)
+    assert main(["schema", "--data", str(data), "--out", str(tmp_path / "s.toml")]) == 0
+    text = (tmp_path / "s.toml").read_text()
+    assert "# 'hour': times, YYMMDDHH" in text and "the time itself is no feature" in text
+    s = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+    assert [(c.name, c.source, c.transform) for c in s.columns if c.source == "hour"] == [
+        ("hour_hour_of_day", "hour", "yymmddhh_hour"), ("hour_weekday", "hour", "yymmddhh_weekday")]  # fmt: skip
+    line = columns_line(s, read_csv_header(str(data), ","))
+    assert "2 hour of day or weekday of a time, each an id: hour_hour_of_day, hour_weekday" in line, line
+    assert "time hour read as hour of day and weekday only, not as a number" in line, line
+    (tmp_path / "n.csv").write_text(data.read_text().replace("click,hour,", "click,stamp,"))  # not named so
+    assert "yymmddhh" not in infer_schema_text(str(tmp_path / "n.csv"))
+    lines = data.read_text().splitlines()
+    (tmp_path / "bad.csv").write_text("\n".join([*lines[:100], "1,14103124,s1", *lines[100:]]) + "\n")  # hour 24
+    assert "yymmddhh" not in infer_schema_text(str(tmp_path / "bad.csv"))
+
+
+def test_train_eval_and_predict_read_the_hour_of_day_alike_and_learn_it(servers, tmp_path):
+    """Trained through an inferred schema with the hour of day on one week, eval of the next days' file scores
+    well (their YYMMDDHH values never seen in training), and predict gives eval's AUC."""
+    addresses, _ = servers(1)
+    train_path, test_path = tmp_path / "train.csv", tmp_path / "test.csv"
+    write_log(train_path, 3000, seed=1, day0=0, days=7)
+    write_log(test_path, 1000, seed=2, day0=7, days=2)
+    assert main(["schema", "--data", str(train_path), "--out", str(tmp_path / "s.toml")]) == 0
+    schema = load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4)
+    trained = {b for batch in read_batches(str(train_path), schema, 512) for b in batch.fields["hour_hour_of_day"].ids}
+    held = {b for batch in read_batches(str(test_path), schema, 512) for b in batch.fields["hour_hour_of_day"].ids}
+    assert len(held) == 24 and held <= trained  # every hour of the later days has its row
+    run = TrainConfig(servers=tuple(addresses), data=str(train_path), schema=str(tmp_path / "s.toml"), model="lr",
+                      progress=False, server_timeout_s=0)  # fmt: skip
+    train(run)
+    figures = evaluate_servers(replace(run, eval_data=str(test_path)))
+    assert figures["eval_auc"] > 0.65, figures  # the hour alone: 0.70 at best (of these click rates)
+    flags = ["--data", str(train_path), "--schema", str(tmp_path / "s.toml"), "--model", "lr"]
+    assert predict(addresses[0], tmp_path / "p.out", *flags, "--predict-data", str(test_path)) == 0
+    _, scored = read_out(tmp_path / "p.out")
+    assert auc(scored["label"], scored["probability"]) == pytest.approx(figures["eval_auc"], abs=1e-6)
+    hours = [int(line.split(",")[1][-2:]) for line in test_path.read_text().splitlines()[1:]]
+    evening = np.array([18 <= h <= 22 for h in hours])
+    assert scored["probability"][evening].mean() > scored["probability"][~evening].mean() + 0.3
+
+
+def test_the_builtin_csv_schema_warns_of_a_time_column_read_as_ids(tmp_path, caplog):
+    data = tmp_path / "train.csv"
+    write_log(data, 300, seed=1, day0=0, days=3)
+    with caplog.at_level("WARNING", logger="worker.schema_hints"):
+        resolve_schema(str(data), schema_path=None, fmt="auto", label_column=None, drop_columns=(),
+                       numeric_columns=(), libsvm_fields=None, default_table="t", default_dim=4)  # fmt: skip
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "worker.schema_hints"]
+    assert said == (f"{data}: column 'hour' holds times (a sample of 300 rows): the built-in csv schema reads each "
+                    "value as an id of its own, and a later day's values are ids never trained. `ps-worker schema "
+                    f"--data {data} > schema.toml`, then --schema schema.toml, reads their hour of day and weekday")  # fmt: skip
