@@ -76,10 +76,11 @@ message WorkerStamp
   9  acked            VARINT  uint64                   the worker's steps whose push has had its reply
   10 setup            LEN     string                   key=value pairs every worker of the job runs alike
   11 stopped          LEN     string                   push with no pushes: why the worker stopped before its end
+  12 unclocked        VARINT  bool                     async or geo: push only; names the job, moves no clock
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull
-  2  stamp            LEN     WorkerStamp              absent: async, no wait
+  2  stamp            LEN     WorkerStamp              absent: no wait (async, geo, eval, predict)
 
 message PullBatchResponse
   1  replies          LEN     repeated PullResponse    one per pull, in request order
@@ -90,7 +91,7 @@ message PushBatchRequest
   2  advance_clock    VARINT  uint64                   steps to advance the clock after the pushes
   3  client_id        VARINT  uint64                   nonzero: applied at most once per (client_id, seq)
   4  seq              VARINT  uint64                   the client's request number on this shard
-  5  stamp            LEN     WorkerStamp              absent: async
+  5  stamp            LEN     WorkerStamp              absent: applied in no job's name
   6  shared           VARINT  bool                     client_id is one key for every caller (no identity)
   7  state_id         VARINT  uint64                   nonzero: the shard's state_id as the client saw it
 

@@ -23,7 +23,7 @@ Status messages are clipped to ps.errors.MAX_DETAILS_BYTES: gRPC sends them in a
 Checkpoints are written only inside the operator's checkpoint root (ServerConfig.checkpoint_root, ps-server
 --checkpoint-root); a save on a server without one is FAILED_PRECONDITION (see checkpoint_dir).
 
-Stamped PullBatch and PushBatch requests (a training job's workers in a mode other than async) wait on the
+Stamped PullBatch and PushBatch requests (a training job's workers; those of sync and ssp jobs wait) go to the
 shard's JobClocks (ps.engine.jobs) after they are validated, on this RPC thread: ServerConfig.threads should be
 at least 2 x the job's workers + 2 (a wait that would hold the last free thread is RESOURCE_EXHAUSTED). Their
 replies carry the job's min_clock; a wait that ends without its workers is ABORTED (BarrierTimeoutError), naming

@@ -1,5 +1,6 @@
-"""WorkerStamp: what a training job's worker stamps its PullBatch and PushBatch requests with in a mode other than
-async, field for field protos/ps.proto's WorkerStamp. The worker builds it (worker/steprows.py) and sends it
+"""WorkerStamp: what a training job's worker stamps its requests with (sync and ssp: its PullBatch and PushBatch;
+async and geo: its PushBatch, unclocked), field for field protos/ps.proto's WorkerStamp. The worker builds it
+(worker/steprows.py) and sends it
 (ps.codec.stamp_to_proto); the shard reads it back (ps.service.stamp_of, from_message), checks it and keeps the job's clocks by
 it (ps.engine.jobs)."""
 
@@ -20,7 +21,9 @@ class WorkerStamp:
     shard's default, DEFAULT_BARRIER_S), done (finish), acked: the number of this worker's steps whose push has had
     its reply (at most step, but for done; a shard that restarted learns the worker's clock from it), setup: what
     every worker of the job runs alike (worker.steprows.job_setup; the shards refuse a worker of another setup,
-    which stops the job), and stopped: why the worker stopped before its end (nonempty: a stop stamp)."""
+    which stops the job), stopped: why the worker stopped before its end (nonempty: a stop stamp), and unclocked:
+    an async or geo job's push stamp, which holds the shards for its job and moves no clock (step, staleness, sync
+    and acked 0)."""
 
     job: int
     worker: int
@@ -33,6 +36,7 @@ class WorkerStamp:
     acked: int = 0
     setup: str = ""
     stopped: str = ""
+    unclocked: bool = False
 
     @property
     def timeout_s(self) -> float:

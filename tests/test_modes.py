@@ -669,7 +669,7 @@ def test_without_the_done_record_a_restarted_shard_waits_for_the_finished_worker
     try:
         with pytest.raises(
             BarrierTimeoutError,
-            match=r"for worker 1 \(at step 2; not heard from here: not started, cut off, or run with --mode async or geo, ",
+            match=r"for worker 1 \(at step 2; not heard from here: not started, or cut off",
         ):
             shard.jobs.wait_for_pull(stamp(0, 3, acked=3, barrier_timeout_s=0.3))
         assert shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2)) == (3, 0, 3)
@@ -824,7 +824,7 @@ def test_a_pull_timeout_names_the_others_not_the_caller_whose_own_step_waits_for
     try:
         with pytest.raises(BarrierTimeoutError) as info:
             shard.jobs.wait_for_pull(stamp(0, 1, sync=True, barrier_timeout_s=0.2))
-        unheard = "not heard from here: not started, cut off, or run with --mode async or geo, which join no job"
+        unheard = "not heard from here: not started, or cut off"
         assert f"for worker 1 (at step 0; {unheard}) of job" in str(info.value)
         assert "worker 0 (" not in str(info.value)
     finally:
@@ -838,7 +838,7 @@ def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once
     shard = open_shard(tmp_path)
     try:
         ssp_push(shard, 0, 0, A, barrier_timeout_s=3.0)  # the refusals below come well inside it
-        busy = r"shard 0 is running job .* \(2 of its 2 workers not done, .*cannot start here: wait .* dropped"
+        busy = r"shard 0 is training job .* \(sync or ssp, 2 of its 2 workers not done, .*cannot train here: .* dropped"
         with pytest.raises(JobConflictError, match=busy):
             shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 3, 0))
         with pytest.raises(JobConflictError, match=busy):

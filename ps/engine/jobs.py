@@ -1,7 +1,8 @@
-"""JobClocks: a training job's worker clocks on one shard, and the waits of the modes that follow them.
+"""JobClocks: the training job a shard follows, its worker clocks, and the waits of the modes that follow them.
 
-A worker of a job in a mode other than async stamps its PullBatch and PushBatch requests (ps.stamp.WorkerStamp, the
-proto's); requests without a stamp are async: they never wait and never come here.
+A worker of a sync or ssp job stamps its PullBatch and PushBatch requests (ps.stamp.WorkerStamp, the proto's); a
+worker of an async or geo job stamps its PushBatch requests, unclocked (below). Requests without a stamp (reads:
+eval, predict, export, stats; a job's MLP and restore pushes) never wait and never come here.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
@@ -48,12 +49,21 @@ or whose pairs differ, is refused (InvalidArgumentError naming what differs) and
 every later stamp of it get that error, so every worker learns why at once instead of waiting out its barrier for
 a worker that has failed.
 
-One job at a time: a stamp of another job is refused (JobConflictError, FAILED_PRECONDITION, changing nothing)
-while the one followed runs: until every worker of it is done, it stops (a stop stamp, a refused stamp), or no
-stamp of it has come for its barrier timeout (the largest its stamps gave: its waits would have ended by then, so
-its workers are gone). Then
+One job at a time, in any mode: a stamp of another job is refused (JobConflictError, FAILED_PRECONDITION, naming
+both jobs, changing nothing) while the one followed runs: until every worker of it is done, it stops (a stop stamp,
+a refused stamp), or no stamp of it has come for its barrier timeout (the largest its stamps gave: its waits would
+have ended by then, so its workers are gone). Then
 a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
 the old job applied after the switch changes nothing of the new one.
+
+Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the shard for its job, and its worker
+count, setup and unclocked are checked as above (a worker of another mode, another --geo-every, or another count
+stops the job), but it moves no clock, waits for nothing, and is not tied to a client: a worker started again
+(resumed after a crash or Ctrl-C, with its job's id) pushes on. A done stamp marks its worker done, and so does a
+stop stamp: the job does not stop (its other workers wait for nobody); a push of a worker marked done marks it
+running again. A job whose every worker is done, or that was not heard from for its barrier timeout, holds the
+shard no more; a push of it then starts it anew (a new run under the same id, its setup that push's), as a push of
+another job would.
 
 Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
 another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or
@@ -140,6 +150,10 @@ def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
         bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a pull"
     elif stamp.done and stamp.stopped:
         bad = "a stamp says done (the worker finished) or stopped (it did not), not both"
+    elif stamp.unclocked and pull:
+        bad = "unclocked (an async or geo worker's) is said by a PushBatch, not by a pull (which waits for nothing)"
+    elif stamp.unclocked and stamp.sync:
+        bad = "a stamp says sync (its step summed over the job's workers) or unclocked (async or geo), not both"
     if bad:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was applied")
 
@@ -147,6 +161,14 @@ def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
 def setup_pairs(setup: str) -> dict[str, str]:
     """The key=value pairs of a stamp's setup (a token without '=' is a key with an empty value)."""
     return dict(token.partition("=")[::2] for token in setup.split())
+
+
+def _kind(setup: str, unclocked: bool) -> str:
+    """A job's mode as its setup names it ('--mode geo'), else as its stamps tell it ('sync or ssp')."""
+    mode = setup_pairs(setup).get("mode")
+    if mode:
+        return f"--mode {echo(mode, 20)}"
+    return "async or geo" if unclocked else "sync or ssp"
 
 
 def setup_difference(setup: str, job_setup: str) -> str:
@@ -291,6 +313,7 @@ class JobClocks:
         self.num_workers = 0
         self.setup = ""  # the job's, from its first stamp here
         self._setup_from = 0  # the worker of that stamp
+        self.unclocked = False  # the job's stamps move no clock (async, geo): from its first stamp here
         self._stopped: BaseException | None = None  # why the job stopped (a worker of another setup came)
         self.max_gap = 0  # the largest step - min_clock a stamped pull of this job was served at
         self._clocks: list[int] = []
@@ -312,12 +335,22 @@ class JobClocks:
         client_id; 0: unknown) than the worker's earlier pushes (which stops the job)."""
         check_stamp(stamp, pull)
         with self._cond:
+            if stamp.unclocked and stamp.done and not self._follows(stamp):
+                return  # the end of a worker of a job not followed: nothing to change (finish)
             self._check_job(stamp)
             self._check_workers(stamp)
-            if not pull:
+            if not pull and not stamp.unclocked:
                 self._check_not_done(stamp)
                 if not stamp.sync and not stamp.done:
                     self._check_client(stamp, client)
+
+    def _follows(self, stamp: WorkerStamp) -> bool:
+        """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
+        that ended (every worker done or stopped, or none heard from for its barrier timeout) is not: it is of a
+        new run of the job, which a push starts anew (an async or geo job id may be given to run after run).
+        Lock held."""
+        ended = stamp.unclocked and self.unclocked and self._stopped is None and not self._running()
+        return stamp.job == self.job and not ended
 
     def _running(self) -> bool:
         """Whether the job followed still runs: not every worker done, not stopped, a stamp within its barrier
@@ -333,10 +366,13 @@ class JobClocks:
         left = max(0.0, self._patience_s - (time.monotonic() - self._heard))
         live = sum(not d for d in self._done)
         raise JobConflictError(
-            f"shard {self.shard_id} is running job {self.job} ({live} of its {self.num_workers} workers not done, "
-            f"its last stamp {time.monotonic() - self._heard:.3g} s ago); a shard runs one sync or ssp job at a time, "
-            f"so job {stamp.job} cannot start here: wait for that job to end (if its workers are gone, it is "
-            f"dropped {left:.3g} s from now, its barrier timeout after its last stamp); nothing was applied"
+            f"shard {self.shard_id} is training job {self.job} ({_kind(self.setup, self.unclocked)}, {live} of its "
+            f"{self.num_workers} workers not done, its last stamp {time.monotonic() - self._heard:.3g} s ago), so "
+            f"worker {stamp.worker} of job {stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a "
+            f"shard trains one job at a time (two jobs would train one model over each other). A worker of job "
+            f"{self.job} needs its --job-id; another job waits for job {self.job} to end, or to be stopped (if its "
+            f"workers are gone, it is dropped {left:.3g} s from now, its barrier timeout after its last stamp); "
+            "nothing was applied"
         )
 
     def _check_client(self, stamp: WorkerStamp, client: int) -> None:
@@ -355,7 +391,7 @@ class JobClocks:
     def _check_workers(self, stamp: WorkerStamp, applied: bool = False) -> None:
         """The stamp's job, if it is the one followed, against what it started with (applied: the stamp's push
         was applied, after check(): neither a stopped job nor another setup raises). Lock held."""
-        if stamp.job != self.job:
+        if not self._follows(stamp):
             return
         if self._stopped is not None and not applied:
             raise _again(self._stopped)
@@ -370,6 +406,10 @@ class JobClocks:
             self._stop(self._mismatch(stamp, "runs another setup than the job started with here",
                                       "runs the same mode, model and tables",
                                       f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
+            raise _again(self._stopped)
+        if not applied and stamp.unclocked != self.unclocked:
+            self._stop(self._mismatch(stamp, f"stamps as {_kind('', stamp.unclocked)} does, where the job started "
+                                      f"here as {_kind('', self.unclocked)}", "runs the same mode"))  # fmt: skip
             raise _again(self._stopped)
 
     def _mismatch(self, stamp: WorkerStamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:
@@ -403,7 +443,7 @@ class JobClocks:
         (applied: as _check_workers). Lock held."""
         if self._closed:
             raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-        if stamp.job != self.job:
+        if not self._follows(stamp):
             self._check_job(stamp)
             self._start(stamp)
         self._check_workers(stamp, applied)
@@ -432,7 +472,7 @@ class JobClocks:
             step.error = replaced
         self._steps = {}
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
-        self.setup, self._setup_from, self._stopped = stamp.setup, stamp.worker, None
+        self.setup, self._setup_from, self._stopped, self.unclocked = stamp.setup, stamp.worker, None, stamp.unclocked
         self._clocks, self._done = [seed] * num_workers, [False] * num_workers
         for w in done:
             self._done[w] = True
@@ -553,14 +593,20 @@ class JobClocks:
             if stamp.job != self.job and self._running():
                 return self._min_clock()
             self._enter(stamp, applied=True)
+            if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
+                self._done[stamp.worker] = False
+                return self._min_clock()
             self._reach(stamp.step + 1, [stamp.worker])
             if client and not self._clients[stamp.worker]:
                 self._clients[stamp.worker] = client
             return self._min_clock()
 
     def finish(self, stamp: WorkerStamp) -> int:
-        """Marks the stamp's worker done (idempotent): no wait counts it any more. Returns min_clock."""
+        """Marks the stamp's worker done (idempotent): no wait counts it any more; an unclocked one of a job not
+        followed changes nothing. Returns min_clock."""
         with self._cond:
+            if stamp.unclocked and not self._follows(stamp):
+                return self._min_clock()
             self._enter(stamp)
             if not self._done[stamp.worker]:
                 log.info("shard %d: worker %d of job %d is done", self.shard_id, stamp.worker, stamp.job)
@@ -571,11 +617,18 @@ class JobClocks:
 
     def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
-        BarrierTimeoutError naming the worker and why; otherwise changes nothing. Returns min_clock."""
+        BarrierTimeoutError naming the worker and why (unclocked: marks the worker as done instead: no other worker
+        waits for it); otherwise changes nothing. Returns min_clock."""
         with self._cond:
             if self._closed:
                 raise ShardClosingError(f"shard {self.shard_id} is shutting down")
-            if stamp.job == self.job and self._stopped is None and not all(self._done):
+            if stamp.unclocked:
+                if stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]:
+                    log.info("shard %d: worker %d of job %d stopped (%s)", self.shard_id, stamp.worker, stamp.job,
+                             echo(stamp.stopped, 200))  # fmt: skip
+                    self._done[stamp.worker] = True
+                    self._cond.notify_all()
+            elif stamp.job == self.job and self._stopped is None and not all(self._done):
                 log.warning("shard %d: job %d stops: worker %d stopped (%s)", self.shard_id, stamp.job, stamp.worker,
                             echo(stamp.stopped, 200))  # fmt: skip
                 self._stop(BarrierTimeoutError(
@@ -610,9 +663,8 @@ class JobClocks:
     def _named(self, workers: list[int]) -> str:
         """'worker 1 (at step 3)' or 'workers 1 (at step 3), 4 (at step 0; not heard from here: ...)', the first
         NAMED_WORKERS of them (not heard from: no stamp of it came here since the job started here, so it did not
-        start, is cut off from this shard, ran before this shard's restart, or runs --mode async or geo, whose
-        requests carry no stamp)."""
-        unheard = "; not heard from here: not started, cut off, or run with --mode async or geo, which join no job"
+        start, is cut off from this shard, or ran before this shard's restart)."""
+        unheard = "; not heard from here: not started, or cut off"
         named = ", ".join(f"{w} (at step {self._clocks[w]}{'' if self._stamped[w] else unheard})"
                           for w in workers[:NAMED_WORKERS])  # fmt: skip
         more = f" and {len(workers) - NAMED_WORKERS} more" if len(workers) > NAMED_WORKERS else ""

@@ -8,7 +8,7 @@ table's optimizer, or with add_delta true are added to the embeddings as they ar
 the optimizer state is untouched, FTRL's z aside, set to give the new embedding; shows, clicks, admission and
 weight clipping apply as usual). Its journal record keeps the rule.
 
-Training modes other than async (stamped requests: a job's worker clocks, sync steps) are ps.engine.jobs's,
+Training jobs (stamped requests: the job a shard follows, its worker clocks, sync steps) are ps.engine.jobs's,
 one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch. Checkpoints (hold, save, release) are
 ps.engine.hold's, one PushHold per shard, which every push passes through.
 
@@ -849,7 +849,7 @@ class Shard:
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to the
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
-        is not used) or not (push_batch, then the worker's clock moves). Returns (clock, ids applied by this
+        is not used) or not (push_batch, then the worker's clock moves, or, unclocked, the worker runs). Returns (clock, ids applied by this
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
         caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them."""
         pushes = as_pushes(pushes)

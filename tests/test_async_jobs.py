@@ -1,0 +1,171 @@
+"""Async and geo jobs on the shards (ps.engine.jobs, unclocked stamps): a shard trains one job at a time, whatever
+its mode, and refuses a worker of its job that runs another mode or setup; a resumed job, a late worker and the
+reads of eval, predict, export and stats go on; a job whose workers are gone holds the shard no longer."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps import codec, wire
+from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
+from ps.engine.push import TablePush
+from ps.engine.shard import Shard
+from ps.errors import InvalidArgumentError, JobConflictError
+from ps.stamp import WorkerStamp
+
+JOB, OTHER = 0xA51C, 0xB0B
+SGD = TableConfig("emb", 4, InitializerConfig("zeros", 0.0), OptimizerConfig("sgd", 1.0))  # row = -(sum of grads)
+IDS = np.array([3, 5, 8], np.uint64)
+ASYNC = "mode=async model=fm fields=3:abcd numeric=0"
+GEO = "mode=geo geo_every=4 model=fm fields=3:abcd numeric=0"
+
+
+@pytest.fixture
+def shard(tmp_path):
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    shard.create_table(SGD)
+    yield shard
+    shard.close()
+
+
+def unclocked(worker: int = 0, job: int = JOB, num_workers: int = 2, setup: str = ASYNC, **kw) -> WorkerStamp:
+    kw.setdefault("barrier_timeout_s", 30.0)
+    return WorkerStamp(job, worker, num_workers, 0, setup=setup, unclocked=True, **kw)
+
+
+SEQ = itertools.count(1)  # request numbers: increasing for every client
+
+
+def push(shard: Shard, stamp: WorkerStamp, client: int = 11) -> None:
+    """One push of grads 1 on IDS (each row moves by -1 under SGD 1) with stamp, from client."""
+    pushes = [TablePush(name="emb", ids=IDS, grads=np.ones((len(IDS), 4), np.float32), shows=None, clicks=None)]
+    shard.push_stamped(pushes, 1, client, next(SEQ), stamp)
+
+
+def rows(shard: Shard) -> float:
+    """The value every row of IDS has (-(pushes applied))."""
+    r = shard.pull("emb", IDS)
+    assert (r == r[0, 0]).all()
+    return float(r[0, 0])
+
+
+def test_a_second_async_job_is_refused_naming_both_and_changes_nothing(shard):
+    push(shard, unclocked(0))
+    push(shard, unclocked(1), client=12)  # the job's second worker
+    second = (rf"shard 0 is training job {JOB} \(--mode 'async', 2 of its 2 workers not done, .*\), so worker 0 of "
+              rf"job {OTHER} \(--mode 'geo'\) cannot train here: .* A worker of job {JOB} needs its --job-id; another "
+              rf"job waits for job {JOB} to end, or to be stopped \(if its workers are gone, it is dropped .*nothing "
+              "was applied")  # fmt: skip
+    with pytest.raises(JobConflictError, match=second) as refused:
+        push(shard, unclocked(0, job=OTHER, num_workers=1, setup=GEO), client=13)
+    assert refused.value.status == "FAILED_PRECONDITION"
+    with pytest.raises(JobConflictError):  # a sync or ssp job too
+        push(shard, WorkerStamp(OTHER, 0, 1, 0, setup="mode=ssp"), client=13)
+    assert rows(shard) == -2.0 and shard.stats()["job"] == JOB
+    push(shard, unclocked(0))  # the job itself goes on
+    assert rows(shard) == -3.0
+
+
+def test_the_same_job_resumed_after_a_stop_or_a_crash_and_a_late_worker_push_on(shard):
+    push(shard, unclocked(0))
+    shard.push_stamped([], 0, 0, 0, unclocked(0, stopped="interrupted (Ctrl-C)"))  # a Ctrl-C tells the shards
+    push(shard, unclocked(0), client=21)  # resumed under its job id, from a new process: its job, not a new one
+    push(shard, unclocked(0), client=22)  # started again after a crash (it said nothing)
+    push(shard, unclocked(1), client=23)  # the job's second worker joins late
+    shard.push_stamped([], 0, 0, 0, unclocked(1, done=True))  # and finishes: worker 0, resumed, still trains
+    assert rows(shard) == -4.0
+    with pytest.raises(JobConflictError):  # the resumed job holds the shard as the first run did
+        push(shard, unclocked(0, job=OTHER), client=24)
+    assert rows(shard) == -4.0
+
+
+def test_reads_of_eval_predict_export_and_stats_go_on_while_an_async_job_trains(servers):
+    addresses, _ = servers(1)
+    channel = grpc.insecure_channel(addresses[0])
+    try:
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        stub.CreateTable(ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD)))
+        grads = np.ones((len(IDS), 4), np.float32)
+        one = ps_pb2.PushRequest(table="emb", ids=wire.encode_ids(IDS), grads=wire.encode_rows(grads), dim=4)
+        trains = ps_pb2.PushBatchRequest(pushes=[one], client_id=5, seq=1, stamp=codec.stamp_to_proto(unclocked(0)))
+        stub.PushBatch(trains)
+        pulled = stub.Pull(ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(IDS)))
+        assert (wire.decode_rows(pulled.rows, len(IDS), 4) == -1).all()
+        assert len(stub.PullBatch(ps_pb2.PullBatchRequest(pulls=[ps_pb2.PullRequest(table="emb", ids=b"")])).replies)
+        assert stub.DescribeTable(ps_pb2.DescribeTableRequest(table="emb")).num_rows == len(IDS)
+        assert stub.Stats(ps_pb2.StatsRequest()).job == JOB
+        hold = stub.Checkpoint(ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=5))  # export's first step
+        stub.Checkpoint(ps_pb2.CheckpointRequest(phase="release", token=hold.token))
+        other = ps_pb2.PushBatchRequest(pushes=[one], client_id=6, seq=1,
+                                        stamp=codec.stamp_to_proto(unclocked(0, job=OTHER)))  # fmt: skip
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.PushBatch(other)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"is training job {JOB}" in refused.value.details() and f"of job {OTHER}" in refused.value.details()
+        pulled = stub.Pull(ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(IDS)))
+        assert (wire.decode_rows(pulled.rows, len(IDS), 4) == -1).all()
+    finally:
+        channel.close()
+
+
+@pytest.mark.parametrize(
+    ("setup", "stamp", "differs"),
+    [
+        (GEO, {}, r"'mode' 'geo' \(the job's: 'async'\)"),
+        (GEO.replace("geo_every=4", "geo_every=8"), {"setup": GEO}, r"'geo_every' '8' \(the job's: '4'\)"),
+        (ASYNC, {"num_workers": 3}, "says the job has 3 workers; it started here with 2"),
+        (ASYNC, {"unclocked": False}, "stamps as sync or ssp does, where the job started here as async or geo"),
+    ],
+)
+def test_a_worker_of_another_mode_or_setup_is_refused_and_stops_the_job(shard, setup, stamp, differs):
+    first = stamp.pop("setup", ASYNC)
+    push(shard, unclocked(0, setup=first))
+    kw = {"num_workers": 2, **stamp}
+    odd = WorkerStamp(JOB, 1, kw["num_workers"], 0, setup=setup, unclocked=kw.get("unclocked", True),
+                      barrier_timeout_s=30.0)  # fmt: skip
+    with pytest.raises(InvalidArgumentError, match=rf"job {JOB} stops: worker 1 .*{differs}") as refused:
+        push(shard, odd, client=12)
+    assert refused.value.status == "INVALID_ARGUMENT"
+    with pytest.raises(InvalidArgumentError, match=differs):  # worker 0 hears why at its next push
+        push(shard, unclocked(0, setup=first))
+    assert rows(shard) == -1.0
+
+
+def test_a_gone_jobs_hold_expires_at_its_barrier_timeout_and_an_ended_one_frees_the_shard_at_once(shard):
+    push(shard, unclocked(0, barrier_timeout_s=1.0))
+    with pytest.raises(JobConflictError, match=r"it is dropped (0\.9\d*|1) s from now"):
+        push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
+    time.sleep(1.1)  # no push of JOB for its barrier timeout: its worker is gone
+    push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
+    assert shard.stats()["job"] == OTHER and rows(shard) == -2.0
+    shard.push_stamped([], 0, 0, 0, unclocked(0, job=OTHER, num_workers=1, done=True))  # its only worker is done
+    push(shard, unclocked(0, num_workers=1, setup=GEO), client=13)  # free at once
+    shard.push_stamped([], 0, 0, 0, unclocked(0, num_workers=1, setup=GEO, stopped="failed"))  # stopped: free too
+    push(shard, unclocked(0, job=OTHER, num_workers=1), client=14)
+    assert shard.stats()["job"] == OTHER and rows(shard) == -4.0
+
+
+def test_a_new_run_of_an_async_job_id_that_ended_starts_anew_with_its_own_setup(shard):
+    """A job id given run after run (a deployment's fixed --job-id): once a run's workers are all done, the next
+    run's first push starts the job again, with its own setup and worker count."""
+    for w in range(2):
+        push(shard, unclocked(w), client=11 + w)
+        shard.push_stamped([], 0, 0, 0, unclocked(w, done=True))
+    push(shard, unclocked(0, num_workers=3, setup=GEO), client=21)
+    assert shard.stats()["num_workers"] == 3 and rows(shard) == -3.0
+    with pytest.raises(InvalidArgumentError, match="'mode' 'async'"):  # the new run's setup is the job's now
+        push(shard, unclocked(1, num_workers=3), client=22)
+
+
+def test_unclocked_stamps_come_on_pushes_only_and_never_with_sync(shard):
+    with pytest.raises(InvalidArgumentError, match="unclocked .* is said by a PushBatch, not by a pull"):
+        shard.jobs.check(unclocked(0), pull=True)
+    with pytest.raises(InvalidArgumentError, match="says sync .* or unclocked .*, not both"):
+        push(shard, unclocked(0, sync=True))
+    assert rows(shard) == 0.0 and shard.stats()["job"] == 0
