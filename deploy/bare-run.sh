@@ -31,7 +31,7 @@ for i in 0 1; do
     "$python" -m ps health "127.0.0.1:500$i" --tls-ca "$PS_TLS_CA" >/dev/null || { cat "$work/ps-$i.log"; exit 1; }
 done
 "$python" -m worker train --model deepfm --create-tables-only >/dev/null
-export PS_MODEL=deepfm PS_NUM_WORKERS=2 PS_NO_PROGRESS=true PS_SERVER_TIMEOUT=600 PS_RECIPE=large \
+export PS_MODEL=deepfm PS_NUM_WORKERS=2 PS_JOB_ID="bare-run-$$" PS_NO_PROGRESS=true PS_SERVER_TIMEOUT=600 PS_RECIPE=large \
     PS_SYNTHETIC_ROWS=${SMOKE_ROWS:-600000} PS_SYNTHETIC_EVAL_ROWS=${SMOKE_EVAL_ROWS:-50000}
 workers=()
 for i in 0 1; do

@@ -203,7 +203,7 @@ def test_launch_refuses_eval_data_that_is_also_training_data_before_any_shard_st
     """resolve_workers (which runs before launch starts shards or workers) refuses what each worker would."""
     data = tmp_path / "d.tsv"
     data.write_text("1" + "\t1" * 13 + "\ta" * 26 + "\n")
-    cfg = TrainConfig(servers=("h:1",), data=str(data), eval_data=str(data), num_workers=2, mode="async")
+    cfg = TrainConfig(servers=("h:1",), data=str(data), eval_data=str(data), num_workers=2, job_id=3, mode="async")
     with pytest.raises(ValueError, match=r"--eval-data .*d.tsv is also training data"):
         resolve_workers(["numpy", "numpy"], cfg)
 

@@ -119,7 +119,7 @@ def test_a_damaged_position_is_refused_and_a_missing_one_is_a_first_start(tmp_pa
 
 
 def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_asked(tmp_path):
-    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=1, num_workers=2)
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=1, num_workers=2, job_id=3)
     writer = PositionWriter(cfg, every_s=3600)
     writer.update(10)  # too soon after the start
     assert read_position(cfg) is None
@@ -132,7 +132,7 @@ def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_a
     writer.every_s = 0
     writer.update(40)
     assert read_position(cfg).examples == 40
-    other = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=0, num_workers=2)
+    other = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=0, num_workers=2, job_id=3)
     with pytest.raises(ValueError, match=r"worker_id: 1 in the file != 0 now"):
         read_position(other)  # another worker's position
 
@@ -157,9 +157,9 @@ def test_metrics_out_naming_the_resume_file_is_refused_before_the_run(tmp_path):
     pos = tmp_path / "p-{worker}.json"
     with pytest.raises(ValueError, match=r"--metrics-out .*p-1.json is the file of --resume-file .*p-\{worker\}"):
         TrainConfig(servers=("h:1",), resume_file=str(pos), metrics_out=str(tmp_path / "p-1.json"), worker_id=1,
-                    num_workers=2).validate()  # fmt: skip
+                    num_workers=2, job_id=3).validate()  # fmt: skip
     TrainConfig(servers=("h:1",), resume_file=str(pos), metrics_out=str(tmp_path / "p-0.json"), worker_id=1,
-                num_workers=2).validate()  # another worker's file: not this one's  # fmt: skip
+                num_workers=2, job_id=3).validate()  # another worker's file: not this one's  # fmt: skip
 
 
 def test_a_resume_file_that_is_a_fifo_or_a_device_is_refused_before_the_run(tmp_path):
@@ -175,7 +175,9 @@ def test_a_resume_file_that_is_a_fifo_or_a_device_is_refused_before_the_run(tmp_
 def test_workers_of_one_machine_each_keep_their_own_file(tmp_path, monkeypatch):
     from worker.resume import resume_path
 
-    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p-{worker}.json"), worker_id=3, num_workers=4)
+    cfg = TrainConfig(
+        servers=("h:1",), resume_file=str(tmp_path / "p-{worker}.json"), worker_id=3, num_workers=4, job_id=3
+    )
     assert resume_path(cfg) == str(tmp_path / "p-3.json")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert resume_path(cfg) == str(tmp_path / "p-3.json")
@@ -187,10 +189,10 @@ def test_workers_of_one_machine_each_keep_their_own_file(tmp_path, monkeypatch):
 def test_worker_in_a_folder_name_is_checked_with_the_workers_id(tmp_path):
     (tmp_path / "w2").mkdir()
     TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "w{worker}" / "p.json"), worker_id=2,
-                num_workers=3).validate()  # fmt: skip
+                num_workers=3, job_id=3).validate()  # fmt: skip
     with pytest.raises(ValueError, match=r"its directory .*w1 does not exist"):
         TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "w{worker}" / "p.json"), worker_id=1,
-                    num_workers=3).validate()  # fmt: skip
+                    num_workers=3, job_id=3).validate()  # fmt: skip
 
 
 def test_a_position_of_another_recipe_or_column_setting_is_refused(tmp_path):

@@ -168,6 +168,49 @@ def test_two_workers_train_in_every_mode(servers, tmp_path, mode):
     assert figures["oracle_auc"] - figures["eval_auc"] < 0.035, figures  # async and geo ~0.022 here
 
 
+def test_a_second_async_job_is_refused_while_one_trains_and_an_async_and_a_geo_worker_of_one_job_stop(
+    servers, data_file
+):
+    """`train` run twice on one cluster: the second job's first push is refused (FAILED_PRECONDITION, naming both
+    jobs) and the first trains on to its end; then a job whose worker 0 runs async and worker 1 geo stops, both
+    workers naming the mode. A job whose workers all finished frees the shards at once."""
+    from ps.errors import InvalidArgumentError, JobConflictError
+
+    addresses, _ = servers(2)
+    cfg = TrainConfig(data=data_file, model="fm", recipe="large", epochs=1, progress=False, batch_size=200,
+                      validation_fraction=0.0, synthetic_eval_rows=0, job_id=31)  # fmt: skip
+    first = threading.Thread(target=lambda: out.append(_run_worker(addresses, cfg, slow_s=0.3)))
+    out: list = []
+    first.start()
+    with Client(addresses) as client:
+        deadline = time.monotonic() + 120
+        while not all(s.job == 31 for s in client.stats()):  # its first push (after its kernels compile)
+            assert time.monotonic() < deadline and first.is_alive(), "job 31 never pushed"
+            time.sleep(0.05)
+    with pytest.raises(JobConflictError, match=r"is training job 31 \(--mode 'async'.* so worker 0 of job 32 "):
+        _run_worker(addresses, dataclasses.replace(cfg, job_id=32))
+    first.join(timeout=120)
+    assert out and out[0]["result"].examples == 3200  # job 31 trained all of its data
+    mixed = [dataclasses.replace(cfg, job_id=33, num_workers=2, worker_id=0),
+             dataclasses.replace(cfg, job_id=33, num_workers=2, worker_id=1, mode="geo", geo_every=2)]  # fmt: skip
+    errors: list = [None, None]
+
+    def run(i):
+        try:
+            _run_worker(addresses, mixed[i], slow_s=0.2)
+        except Exception as e:  # the test looks at both
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for e in errors:
+        assert isinstance(e, InvalidArgumentError), e
+        assert re.search(r"job 33 stops: .*'mode' '(async|geo)' \(the job's: '(geo|async)'\)", str(e)), e
+
+
 def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp_path, data_file):
     """Worker 1 trains one epoch, worker 0 two: once worker 1 is done, worker 0's steps complete without it."""
     addresses, _ = servers(1)
@@ -249,6 +292,8 @@ def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_choo
     assert "dense_optimizer=adam:0.001" in setup(mode="ssp", dense="allreduce")
     assert "dense_sync_every=2" in setup(dense_sync_every=2)  # sync's sums; ssp applies each push as it comes
     assert setup(mode="ssp", staleness=2, dense_sync_every=2) == setup(mode="ssp", staleness=2)
+    assert "geo_every=3" in setup(mode="geo", geo_every=3) and setup(mode="geo", geo_every=3) != setup(mode="geo")
+    assert setup(mode="async").startswith("mode=async model=deepfm")
 
 
 @pytest.mark.parametrize(
@@ -260,6 +305,7 @@ def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_choo
         ({"dense_sync_every": 3, "dense_staleness": 1}, "--dense-sync-every 3 applies"),
         ({"local_shards": 2, "num_workers": 2, "worker_id": 1}, "each worker would start shards of its own"),
         ({"mode": "ssp", "num_workers": 2}, "needs --job-id"),
+        ({"mode": "async", "num_workers": 2}, "--num-workers 2 needs --job-id: the same for all the job's workers"),
         ({"mode": "async", "row_cache_bytes": 1 << 20}, "--row-cache-bytes serves rows within ssp's"),
         ({"mode": "geo", "l2": 0.5}, "--l2 0.5 with --mode geo: geo pushes its rows' deltas as add-delta pushes"),
     ],
@@ -275,7 +321,9 @@ def test_every_worker_of_a_job_picks_the_same_recipe():
 
     chosen = set()
     for i in range(2):
-        cfg = TrainConfig(servers=("h:1",), synthetic_rows=999_999, num_workers=2, worker_id=i, progress=False)
+        cfg = TrainConfig(
+            servers=("h:1",), synthetic_rows=999_999, num_workers=2, worker_id=i, job_id=3, progress=False
+        )
         resolved, _, _, line = prepare(cfg)
         chosen.add((resolved.batch_size, resolved.epochs, resolved.optimizer, line))
     assert len(chosen) == 1, chosen
@@ -292,7 +340,7 @@ def test_torchruns_unnamed_run_id_is_no_job_id(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     cfg = train_config_from_argv(["--servers", "h:1", "--mode", "sync"])
     assert cfg.job_id is None
-    with pytest.raises(ValueError, match=r"--mode sync with 2 workers needs --job-id: .* torchrun given a --rdzv-id"):
+    with pytest.raises(ValueError, match=r"--num-workers 2 needs --job-id: .* torchrun given a --rdzv-id"):
         cfg.validate()
     assert train_config_from_argv(["--servers", "h:1", "--mode", "sync", "--job-id", "none"]).job_id  # a name given
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "my-job-3")

@@ -99,9 +99,10 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     modes.add_argument("--geo-every", type=integer(1), default=None,
                        help=f"geo: steps between pushes of the local rows' deltas (default {DEFAULT_GEO_EVERY})")  # fmt: skip
     modes.add_argument("--barrier-timeout", type=number(0, MAX_BARRIER_S, above=True), default=d.barrier_timeout_s,
-                       help="seconds a sync or ssp wait for another worker may last before the job stops")  # fmt: skip
+                       help="seconds a sync or ssp wait for another worker may last before the job stops, and "
+                       "a job not heard from holds the shards")  # fmt: skip
     modes.add_argument("--job-id", default=None,
-                       help="the job's id, the same for all its workers (sync and ssp with several workers; a "
+                       help="the job's id, the same for all its workers (needed with several workers; a "
                        "new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
                        "--rdzv-id); `ps-worker launch` picks one)")  # fmt: skip
     modes.add_argument("--row-cache-bytes", type=_size, default=None,

@@ -28,7 +28,9 @@ more; a hold would meet its own hold, a save its own files; a release is sent ag
 ServerUnavailableError saying so; an UNAVAILABLE that found no connection, or that the shard named (starting, or
 closing: nothing was applied), is retried as for the others.
 
-Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
+Training jobs: push_many with an unclocked WorkerStamp (an async or geo job's worker) sends it on every batch, so
+that a shard training another job refuses them (ps/engine/jobs.py); finish() and stop_job() say the worker sends
+no more. Modes on the servers' clock: pull_many and push_many with a WorkerStamp (a training job's worker and step) send
 every shard a request carrying it, and return the job's min_clock with their rows (ps/engine/jobs.py has the
 semantics: a pull waits for the slowest worker within the staleness; a sync push waits for every worker's
 push of the step, summed and applied once); finish() says the worker is done. A stamped call sent again carries
@@ -266,7 +268,9 @@ class Client:
         are returned and a shard got more than one batch: it read the rows of its earlier batches before that
         clock). Not sync: a shard's last batch carries the stamp (its worker's clock moves once the shard has every
         push of the step). Sync: each shard gets exactly one batch, whatever its size (the worker's contribution to
-        the step), sent without this client's id: the shard applies the step's sum under the job's key."""
+        the step), sent without this client's id: the shard applies the step's sum under the job's key. Unclocked
+        (an async or geo job's): every batch carries it (a shard training another job refuses each), and this
+        returns what it returns without one."""
         requests, plans = [], []
         for item, delta in zip(items, per_item(add_delta, len(items)), strict=True):
             table, ids, grads, clicks, shows = PushItem(*item)
@@ -278,8 +282,9 @@ class Client:
                 requests.append((shard, request, len(sel) * (4 * dim + 16), (rows, sel, dim)))
             plans.append((rows, order))
         sync = stamp is not None and stamp.sync
+        clocked = stamp is not None and not stamp.unclocked
         groups = self._router.group(
-            requests, self.max_request_bytes, every_shard=advance_clock > 0 or stamp is not None, whole=sync
+            requests, self.max_request_bytes, every_shard=advance_clock > 0 or clocked, whole=sync
         )
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
         proto = None if stamp is None else codec.stamp_to_proto(stamp)
@@ -288,7 +293,7 @@ class Client:
             for i, (shard, g) in enumerate(groups):
                 request = ps_pb2.PushBatchRequest(
                     pushes=[r[1] for r in g], advance_clock=advance_clock if last[shard] == i else 0,
-                    stamp=proto if last[shard] == i else None,
+                    stamp=proto if last[shard] == i or not clocked else None,
                 )  # fmt: skip
                 request.client_id = self.client_id  # a sync batch's tells two workers of one worker id apart
                 request.state_id = self._state_ids[shard]
@@ -317,7 +322,7 @@ class Client:
                         for (_, _, _, (rows, sel, dim)), reply in zip(group, batch.rows, strict=True):
                             rows[sel] = wire.decode_rows(reply.rows, len(sel), dim)
         out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
-        if stamp is None:
+        if not clocked:
             return out
         self._acked[stamp.job] = max(self._acked.get(stamp.job, 0), stamp.step + 1)  # every shard answered
         if return_rows and len(waves) > 1:  # rows of a shard's batch before its stamped one were read before the
@@ -384,8 +389,9 @@ class Client:
                 for s, o in enumerate(outcomes) if isinstance(o, grpc.RpcError)]  # fmt: skip
 
     def _deadline(self, stamp: WorkerStamp | None) -> float:
-        """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a stamped call."""
-        return self.timeout_s + (0.0 if stamp is None else stamp.timeout_s)
+        """A call's deadline: timeout_s, plus the stamp's wait limit (WorkerStamp.timeout_s) for a call that may
+        wait (a stamp not unclocked)."""
+        return self.timeout_s + (0.0 if stamp is None or stamp.unclocked else stamp.timeout_s)
 
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock by steps, once however often it is sent again: a PushBatch of no pushes

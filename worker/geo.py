@@ -39,6 +39,7 @@ import numpy as np
 
 from ps.config import TableConfig
 from ps.rows.optim import get_optimizer
+from ps.stamp import WorkerStamp
 from worker.client import PushItem
 from worker.rowcache import SLOT_BYTES, IdSlots, evict_lfu, grown
 
@@ -106,14 +107,16 @@ class GeoTables:
     docstring. Not thread-safe."""
 
     def __init__(self, tables: Any, configs: dict[str, TableConfig], every: int, capacity_bytes: int = 1 << 30,
-                 num_workers: int = 1):  # fmt: skip
+                 num_workers: int = 1, stamp: WorkerStamp | None = None):  # fmt: skip
         """configs: the TableConfig of each table trained here (as the servers hold it); every: steps per push;
-        num_workers: the job's workers, whose deltas the servers add (each pushes 1/num_workers of its own)."""
+        num_workers: the job's workers, whose deltas the servers add (each pushes 1/num_workers of its own);
+        stamp: the job's unclocked stamp, which the pushes carry (None: none)."""
         if every < 1:
             raise ValueError(f"GeoTables needs every >= 1 step per push, got {every}")
         if num_workers < 1:
             raise ValueError(f"GeoTables needs num_workers >= 1, got {num_workers}")
         self.tables, self.every, self.capacity_bytes = tables, every, int(capacity_bytes)
+        self.stamped = {} if stamp is None else {"stamp": stamp}  # push_many's keywords
         self.delta_scale = np.float32(1.0 / num_workers)
         self._local = {t: _LocalTable(cfg, self.capacity_bytes, i) for i, (t, cfg) in enumerate(configs.items())}
         self.steps = self.pushes = self.ids_pushed = self.pulls = self.ids_pulled = 0
@@ -191,7 +194,7 @@ class GeoTables:
                 delta = (_gathered(local.local, slots, local.dim) - local.base[slots]) * self.delta_scale
                 counts = local.counts[slots]
                 items.append(PushItem(t, local.slots.keys[slots], delta, clicks=counts[:, 1], shows=counts[:, 0]))
-            returned = self.tables.push_many(items, return_rows=True, add_delta=True)
+            returned = self.tables.push_many(items, return_rows=True, add_delta=True, **self.stamped)
             for (_, local, slots), rows in zip(plan, returned):
                 rows = np.ascontiguousarray(rows, np.float32)
                 _scatter(local.local, slots, rows)

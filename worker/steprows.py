@@ -12,13 +12,17 @@
            once when an id is new to it                          their deltas pushed every --geo-every steps
                                                                  (GeoRows)
 
+Every mode's pushes carry the job's stamp (async and geo: unclocked, which moves no clock): a shard trains one job
+at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.engine.jobs).
+
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
 step's push; returns the rows the push returned for them), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
 abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
-other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async has nothing to do) and
+other worker waits for it; geo pushes the deltas it holds, unless the servers failed; async and geo tell the shards
+that the worker stopped, so that the job holds them no more for it) and
 stats() ({"cache_hit_rate", "cache_bytes_saved"} where a
 cache serves rows).
 """
@@ -79,12 +83,31 @@ def _sparse_pushes(tids: dict[str, TableIds], row_grads: dict[str, np.ndarray]) 
     return [PushItem(t, ti.uniq, row_grads[t], clicks=ti.clicks, shows=ti.shows) for t, ti in tids.items()]
 
 
+def _job_pushes(stamp: WorkerStamp | None) -> dict:
+    """The push_many keywords of an async or geo job's pushes: its unclocked stamp ({} without one)."""
+    return {} if stamp is None else {"stamp": stamp}
+
+
+def _leave(tables: Any, stamp: WorkerStamp | None, reason: str | None) -> None:
+    """Tells the shards that an async or geo job's worker sends no more: done (reason None), or stopped (why);
+    a shard that did not take a stop is logged (it holds the job until its barrier timeout)."""
+    if stamp is None:
+        return
+    if reason is None:
+        tables.finish(stamp)
+        return
+    for line in tables.stop_job(stamp, reason):
+        log.warning("could not tell %s that this worker stopped; it holds the shard for the job until the job's "
+                    "barrier timeout", line)  # fmt: skip
+
+
 class AsyncRows:
     """One worker's exact view with prefetch (worker/pipeline.py): rows pulled ahead, and the rows its last
-    depth + 1 pushes returned laid over them."""
+    depth + 1 pushes returned laid over them. stamp: the job's unclocked stamp its pushes carry (None: none)."""
 
-    def __init__(self, tables: Any, spec: ModelSpec, depth: int):
-        self.tables, self.spec, self.depth = tables, spec, depth
+    def __init__(self, tables: Any, spec: ModelSpec, depth: int, stamp: WorkerStamp | None = None):
+        self.tables, self.spec, self.depth, self.stamp = tables, spec, depth, stamp
+        self._left = False  # finish or abandon told the shards
         self.recent = {t: RecentRows(depth + 1) for t in spec.table_dims()}  # a pull runs up to depth + 1 ahead
         self.window: deque = deque(maxlen=depth + 1)  # the unique ids per table of the batches prepared last
 
@@ -108,7 +131,8 @@ class AsyncRows:
         return rows
 
     def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
-        returned = self.tables.push_many(_sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True)
+        returned = self.tables.push_many(_sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True,
+                                         **_job_pushes(self.stamp))  # fmt: skip
         for (t, ti), updated in zip(tids.items(), returned):
             self.recent[t].add(ti.uniq, updated)
         return returned[len(tids) :]
@@ -117,10 +141,14 @@ class AsyncRows:
         pass
 
     def finish(self) -> None:
-        pass
+        if not self._left:
+            self._left = True
+            _leave(self.tables, self.stamp, None)
 
     def abandon(self, reason: str, servers_ok: bool = True) -> None:
-        pass
+        if not self._left:
+            self._left = True
+            _leave(self.tables, self.stamp, reason)
 
     def stats(self) -> dict:
         return {}
@@ -225,10 +253,12 @@ class ClockedRows:
 
 class GeoRows:
     """geo: rows from the worker's local copies (worker/geo.py GeoTables), which it trains with the tables'
-    optimizers and whose deltas it pushes every `every` steps; the shards' clock advances by `every` then."""
+    optimizers and whose deltas it pushes every `every` steps; the shards' clock advances by `every` then. stamp:
+    the job's unclocked stamp (which geo's pushes carry: GeoTables.stamp), told the worker's end."""
 
-    def __init__(self, tables: Any, geo: Any):
-        self.tables, self.geo = tables, geo
+    def __init__(self, tables: Any, geo: Any, stamp: WorkerStamp | None = None):
+        self.tables, self.geo, self.stamp = tables, geo, stamp
+        self._left = False  # finish or abandon told the shards
         self.requested = self.local = 0
         self._failed = False  # a push of deltas failed: some shards may have applied it, so it is not sent again
         self.unpushed_steps = 0  # steps whose deltas are not on the servers yet
@@ -271,6 +301,9 @@ class GeoRows:
 
     def finish(self) -> None:
         self._flush()
+        if not self._left:
+            self._left = True
+            _leave(self.tables, self.stamp, None)
 
     def _flush(self) -> None:
         """geo's pending deltas pushed, unless a push failed: one that fails (or is interrupted) may have been
@@ -286,9 +319,14 @@ class GeoRows:
 
     def abandon(self, reason: str, servers_ok: bool = True) -> None:
         """The deltas of the steps since the last push are pushed (so that a stopped run's count of trained
-        examples holds them), unless the servers are what failed."""
-        if servers_ok:
-            self._flush()
+        examples holds them), unless the servers are what failed; then tells the shards it stopped."""
+        try:
+            if servers_ok:
+                self._flush()
+        finally:
+            if not self._left:
+                self._left = True
+                _leave(self.tables, self.stamp, reason)
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
@@ -317,8 +355,8 @@ def abandon(source: Any, e: BaseException) -> None:
 
 
 def job_setup(cfg: Any, spec: ModelSpec) -> str:
-    """What every worker of a sync or ssp job must run alike, as the stamp's key=value pairs (the shards refuse a
-    worker whose pairs differ from the job's: ps.engine.jobs): the mode (and ssp's staleness), the model, its
+    """What every worker of a job must run alike, as the stamp's key=value pairs (the shards refuse a worker whose
+    pairs differ from the job's: ps.engine.jobs): the mode (and ssp's staleness, geo's steps per push), the model, its
     fields (their count and a digest of each field's name, table, width and pooling), the numeric features, and
     for a model with dense parameters their path (and the MLP's widths; allreduce: the local optimizer; sync: the
     steps between the MLP's pushes, which a step's sum takes alike from every worker). Left out
@@ -326,6 +364,7 @@ def job_setup(cfg: Any, spec: ModelSpec) -> str:
     prefetch, its data)."""
     fields = hashlib.blake2b(repr(spec.fields).encode(), digest_size=4).hexdigest()
     pairs = [f"mode={cfg.mode}"] + ([f"staleness={cfg.staleness}"] if cfg.mode == "ssp" else [])
+    pairs += [f"geo_every={cfg.geo_every}"] if cfg.mode == "geo" else []
     pairs += [f"model={spec.name}", f"fields={len(spec.fields)}:{fields}", f"numeric={spec.num_dense}"]
     if spec.has_mlp:
         pairs.append("hidden=" + ",".join(map(str, spec.hidden)))
@@ -340,14 +379,7 @@ def job_setup(cfg: Any, spec: ModelSpec) -> str:
 
 def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> Any:
     """The row source of a resolved TrainConfig's --mode (table_configs: the model's sparse tables, for geo's
-    local optimizers)."""
-    if cfg.mode == "async":
-        return AsyncRows(tables, spec, cfg.prefetch)
-    if cfg.mode == "geo":
-        from worker.geo import GeoTables
-
-        configs = {t.name: t for t in table_configs if t.name in spec.table_dims()}
-        return GeoRows(tables, GeoTables(tables, configs, cfg.geo_every, num_workers=cfg.num_workers))
+    local optimizers); every mode's worker stamps its pushes with the job (async and geo: unclocked)."""
     from worker.client import WorkerStamp
 
     stamp = WorkerStamp(
@@ -355,11 +387,20 @@ def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> A
         worker=cfg.worker_id,
         num_workers=cfg.num_workers,
         step=0,
-        staleness=0 if cfg.mode == "sync" else cfg.staleness,
+        staleness=cfg.staleness if cfg.mode == "ssp" else 0,
         sync=cfg.mode == "sync",
         barrier_timeout_s=cfg.barrier_timeout_s,
         setup=job_setup(cfg, spec),
+        unclocked=cfg.mode in ("async", "geo"),
     )
+    if cfg.mode == "async":
+        return AsyncRows(tables, spec, cfg.prefetch, stamp)
+    if cfg.mode == "geo":
+        from worker.geo import GeoTables
+
+        configs = {t.name: t for t in table_configs if t.name in spec.table_dims()}
+        return GeoRows(tables, GeoTables(tables, configs, cfg.geo_every, num_workers=cfg.num_workers, stamp=stamp),
+                       stamp)  # fmt: skip
     cache = None
     if cfg.row_cache_bytes:
         from worker.rowcache import RowCache

@@ -95,7 +95,7 @@ class TrainConfig:
     staleness: int | None = None  # ssp: steps a worker may run ahead of the slowest; None: DEFAULT_STALENESS
     geo_every: int | None = None  # geo: steps between pushes of the local rows' deltas; None: DEFAULT_GEO_EVERY
     barrier_timeout_s: float = 60.0  # the longest a sync or ssp wait for another worker may last
-    job_id: int | None = None  # the job's id, the same on all its workers (sync, ssp); None: one is made up
+    job_id: int | None = None  # the job's id, the same on all its workers; None: one is made up (one worker)
     row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0
     dense: str = "ps"  # DENSE_PATHS
     dense_staleness: int | None = None  # --dense ps: steps the MLP may lag on a background thread; None: 0
@@ -150,10 +150,6 @@ class TrainConfig:
         if self.local_shards is not None and self.num_workers > 1:
             raise ValueError(f"--local-shards with --num-workers {self.num_workers}: each worker would start shards "
                              "of its own; `ps-worker launch --workers N --local-shards S` starts one set for all")  # fmt: skip
-        if self.num_workers > 1 and self.mode in ("sync", "ssp") and not self.job_id:
-            raise ValueError(f"--mode {self.mode} with {self.num_workers} workers needs --job-id: the same for all "
-                             "the job's workers, a new one per job (`ps-worker launch` gives one, and so does torchrun given a "
-                             "--rdzv-id, or --standalone)")  # fmt: skip
         if self.mode == "geo" and self.optimizer == "ftrl" and not (self.table_config or self.schema):
             raise ValueError(f"--mode geo cannot train with --optimizer ftrl: {GEO_FTRL}; give another optimizer "
                              "(adagrad), or another --mode")  # fmt: skip
@@ -182,6 +178,10 @@ class TrainConfig:
         self._check_numbers()
         if not 0 <= self.worker_id < self.num_workers:
             raise ValueError(f"--worker-id {self.worker_id} must be in [0, --num-workers {self.num_workers})")
+        if self.num_workers > 1 and not self.job_id:
+            raise ValueError(f"--num-workers {self.num_workers} needs --job-id: the same for all the job's workers, "
+                             "a new one per job (the shards train one job at a time, and tell its workers by it; "
+                             "`ps-worker launch` gives one, and so does torchrun given a --rdzv-id, or --standalone)")  # fmt: skip
         if self.libsvm_fields is not None and self.format not in ("libsvm", AUTO_FORMAT) and not self.schema:
             # (--schema: its own refusal; auto: resolve_schema's, once the format is known)
             raise ValueError(f"--libsvm-fields is for --format libsvm data only (the format here is {self.format!r}): "
