@@ -104,20 +104,24 @@ def test_a_file_of_fewer_lines_than_workers_is_refused_by_every_worker_naming_th
     path = tmp_path / "three.svm"
     path.write_text("".join(f"{i % 2} {i}:1\n" for i in range(3)))
     for worker in (0, 4):
-        cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=5, worker_id=worker)
+        cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", job_id=1, num_workers=5, worker_id=worker)
         with pytest.raises(ValueError, match=r"three.svm holds 3 lines of data, shared by the job's 5 workers "
                                              r"\(worker i reads the lines whose number % 5 == i\): workers 3, 4 "
                                              r"would read none of them: each trains no example; start at most 3$"):  # fmt: skip
             prepare(cfg)
-    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=3, worker_id=2))
+    _, data, _, _ = prepare(
+        TrainConfig(servers=("h:1",), data=str(path), format="libsvm", job_id=1, num_workers=3, worker_id=2)
+    )
     assert data.line_count.lines == 3
     unended = tmp_path / "unended.svm"
     unended.write_text("0 1:1\n1 2:1")
-    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(unended), format="libsvm", num_workers=2))
+    _, data, _, _ = prepare(TrainConfig(servers=("h:1",), data=str(unended), format="libsvm", job_id=1, num_workers=2))
     assert data.line_count.lines == 2
     (tmp_path / "empty.svm").write_text("")
     with pytest.raises(ValueError, match="no examples in it"):
-        prepare(TrainConfig(servers=("h:1",), data=str(tmp_path / "empty.svm"), format="libsvm", num_workers=2))
+        prepare(
+            TrainConfig(servers=("h:1",), data=str(tmp_path / "empty.svm"), format="libsvm", job_id=1, num_workers=2)
+        )
 
 
 def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_hold(tmp_path):
@@ -132,13 +136,13 @@ def test_files_that_leave_a_worker_no_line_are_refused_however_many_lines_they_h
     assert [sum(map(len, read_batches(files, data.schema, 10, worker_id=i, num_workers=3))) for i in range(3)] == [
         2, 0, 1]  # fmt: skip
     for worker in range(3):
-        cfg = TrainConfig(servers=("h:1",), data=files, format="libsvm", num_workers=3, worker_id=worker)
+        cfg = TrainConfig(servers=("h:1",), data=files, format="libsvm", job_id=1, num_workers=3, worker_id=worker)
         with pytest.raises(ValueError, match=r"holds 3 lines of data in 2 files, shared by the job's 3 workers "
                                              r"\(worker i reads file k's lines whose number % 3 == \(i \+ k\) % 3\): "
                                              r"worker 1 would read none of them: it trains no example; start fewer "
                                              r"workers$"):  # fmt: skip
             prepare(cfg)
-    prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm", num_workers=2, worker_id=1))
+    prepare(TrainConfig(servers=("h:1",), data=files, format="libsvm", job_id=1, num_workers=2, worker_id=1))
     rng = np.random.default_rng(0)
     for case in range(40):  # idle_workers against the shares read_batches reads of random small files
         lines, n = rng.integers(0, 6, rng.integers(1, 5)).tolist(), int(rng.integers(1, 7))
@@ -172,8 +176,9 @@ def test_a_worker_whose_share_gives_it_no_example_to_train_stops_at_its_first_ep
     for path, fraction, why in cases:
         trained = []
         for worker in (0, 1):
-            cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", num_workers=2, worker_id=worker,
-                              validation_fraction=fraction, max_bad_lines=5, shuffle=shuffle, batch_size=2)  # fmt: skip
+            cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", job_id=1, num_workers=2,
+                              worker_id=worker, validation_fraction=fraction, max_bad_lines=5, shuffle=shuffle,
+                              batch_size=2)  # fmt: skip
             _, data, _, _ = prepare(cfg)
             data.validation()  # as train() reads it, before training
             if worker == 0:
@@ -500,12 +505,12 @@ def test_max_examples_is_the_jobs_total_shared_by_its_workers():
         counts = [TrainConfig(max_examples=n_total, num_workers=n, worker_id=i).worker_max_examples() for i in range(n)]
         assert counts == [len(range(i, n_total, n)) for i in range(n)]
     with pytest.raises(ValueError, match="--max-examples 2 is the job's total, shared by its 3 workers"):
-        TrainConfig(servers=("h:1",), max_examples=2, num_workers=3).validate()
+        TrainConfig(servers=("h:1",), max_examples=2, job_id=1, num_workers=3).validate()
     with pytest.raises(ValueError, match="--synthetic-rows 2 are the job's rows, shared by its 3 workers"):
-        TrainConfig(servers=("h:1",), synthetic_rows=2, num_workers=3).validate()
-    TrainConfig(servers=("h:1",), synthetic_rows=3, num_workers=3, worker_id=2).validate()
+        TrainConfig(servers=("h:1",), synthetic_rows=2, job_id=1, num_workers=3).validate()
+    TrainConfig(servers=("h:1",), synthetic_rows=3, job_id=1, num_workers=3, worker_id=2).validate()
     with pytest.raises(ValueError, match=r"--skip-examples 3 reaches this worker's --max-examples limit \(3 "):
-        TrainConfig(servers=("h:1",), max_examples=10, num_workers=3, worker_id=2, skip_examples=3).validate()
+        TrainConfig(servers=("h:1",), max_examples=10, job_id=1, num_workers=3, worker_id=2, skip_examples=3).validate()
     with pytest.raises(ValueError, match="--max-examples -1: expected an integer >= 0"):
         TrainConfig(local_shards=1, max_examples=-1).validate()
 

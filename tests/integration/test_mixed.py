@@ -36,7 +36,7 @@ def torch_sees_cuda() -> bool:
 
 COMMON = ["--model", "deepfm", "--hidden", "32,16", "--embedding-dim", "4", "--synthetic-rows", "160000",
           "--synthetic-eval-rows", "40000", "--batch-size", "1024"]  # fmt: skip
-TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2", "--recipe", "large"]
+TRAIN = ["--learning-rate", "0.02", "--no-progress", "--num-workers", "2", "--job-id", "7", "--recipe", "large"]
 # the data and model of COMMON, for the ids to probe and the model's tables
 CFG = TrainConfig(model="deepfm", hidden=(32, 16), embedding_dim=4, synthetic_rows=160_000,
                   synthetic_eval_rows=40_000, batch_size=1024, recipe="large")  # fmt: skip
