@@ -58,10 +58,10 @@ def rows(shard: Shard) -> float:
 def test_a_second_async_job_is_refused_naming_both_and_changes_nothing(shard):
     push(shard, unclocked(0))
     push(shard, unclocked(1), client=12)  # the job's second worker
-    second = (rf"shard 0 is training job {JOB} \(--mode 'async', 2 of its 2 workers not done, .*\), so worker 0 of "
-              rf"job {OTHER} \(--mode 'geo'\) cannot train here: .* A worker of job {JOB} needs its --job-id; another "
-              rf"job waits for job {JOB} to end, or to be stopped \(if its workers are gone, it is dropped .*nothing "
-              "was applied")  # fmt: skip
+    second = (rf"shard 0 holds job {JOB} \(--mode async, 2 of its 2 workers not done, .*\), so worker 0 of "
+              rf"job {OTHER} \(--mode geo\) cannot train here: .* If job {JOB}'s workers are gone .*, the shard holds "
+              rf"it for .* s more .*: wait that long, or resume job {JOB} \(its workers' command with --job-id {JOB};"
+              ".*nothing was applied")  # fmt: skip
     with pytest.raises(JobConflictError, match=second) as refused:
         push(shard, unclocked(0, job=OTHER, num_workers=1, setup=GEO), client=13)
     assert refused.value.status == "FAILED_PRECONDITION"
@@ -107,7 +107,7 @@ def test_reads_of_eval_predict_export_and_stats_go_on_while_an_async_job_trains(
         with pytest.raises(grpc.RpcError) as refused:
             stub.PushBatch(other)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert f"is training job {JOB}" in refused.value.details() and f"of job {OTHER}" in refused.value.details()
+        assert f"holds job {JOB}" in refused.value.details() and f"of job {OTHER}" in refused.value.details()
         pulled = stub.Pull(ps_pb2.PullRequest(table="emb", ids=wire.encode_ids(IDS)))
         assert (wire.decode_rows(pulled.rows, len(IDS), 4) == -1).all()
     finally:
@@ -139,7 +139,7 @@ def test_a_worker_of_another_mode_or_setup_is_refused_and_stops_the_job(shard, s
 
 def test_a_gone_jobs_hold_expires_at_its_barrier_timeout_and_an_ended_one_frees_the_shard_at_once(shard):
     push(shard, unclocked(0, barrier_timeout_s=1.0))
-    with pytest.raises(JobConflictError, match=r"it is dropped (0\.9\d*|1) s from now"):
+    with pytest.raises(JobConflictError, match=r"holds it for (0\.9\d*|1) s more \(its barrier timeout, 1 s,"):
         push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
     time.sleep(1.1)  # no push of JOB for its barrier timeout: its worker is gone
     push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)

@@ -838,7 +838,10 @@ def test_a_stamp_of_another_job_is_refused_while_the_job_runs_and_starts_it_once
     shard = open_shard(tmp_path)
     try:
         ssp_push(shard, 0, 0, A, barrier_timeout_s=3.0)  # the refusals below come well inside it
-        busy = r"shard 0 is training job .* \(sync or ssp, 2 of its 2 workers not done, .*cannot train here: .* dropped"
+        busy = (
+            r"shard 0 holds job .* \(sync or ssp, 2 of its 2 workers not done, .*cannot train here: .* holds it "
+            r"for .* s more .*: wait that long; if they run, wait for the job's end, or stop it; nothing"
+        )
         with pytest.raises(JobConflictError, match=busy):
             shard.jobs.wait_for_pull(WorkerStamp(JOB + 1, 0, 3, 0))
         with pytest.raises(JobConflictError, match=busy):

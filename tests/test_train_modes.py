@@ -187,7 +187,7 @@ def test_a_second_async_job_is_refused_while_one_trains_and_an_async_and_a_geo_w
         while not all(s.job == 31 for s in client.stats()):  # its first push (after its kernels compile)
             assert time.monotonic() < deadline and first.is_alive(), "job 31 never pushed"
             time.sleep(0.05)
-    with pytest.raises(JobConflictError, match=r"is training job 31 \(--mode 'async'.* so worker 0 of job 32 "):
+    with pytest.raises(JobConflictError, match=r"holds job 31 \(--mode async.* so worker 0 of job 32 "):
         _run_worker(addresses, dataclasses.replace(cfg, job_id=32))
     first.join(timeout=120)
     assert out and out[0]["result"].examples == 3200  # job 31 trained all of its data

@@ -167,7 +167,7 @@ def _kind(setup: str, unclocked: bool) -> str:
     """A job's mode as its setup names it ('--mode geo'), else as its stamps tell it ('sync or ssp')."""
     mode = setup_pairs(setup).get("mode")
     if mode:
-        return f"--mode {echo(mode, 20)}"
+        return f"--mode {mode if mode.isalnum() and len(mode) <= 20 else echo(mode, 20)}"  # a word as it is
     return "async or geo" if unclocked else "sync or ssp"
 
 
@@ -363,16 +363,23 @@ class JobClocks:
         """JobConflictError for a stamp of another job while the one followed runs. Lock held."""
         if stamp.job == self.job or not self._running():
             return
-        left = max(0.0, self._patience_s - (time.monotonic() - self._heard))
+        silent = time.monotonic() - self._heard
+        left = max(0.0, self._patience_s - silent)
         live = sum(not d for d in self._done)
+        resume = (
+            f", or resume job {self.job} (its workers' command with --job-id {self.job}; a --resume-file "
+            "keeps it), which pushes on at once"
+            if self.unclocked
+            else ""
+        )  # a sync or ssp worker cannot rejoin
         raise JobConflictError(
-            f"shard {self.shard_id} is training job {self.job} ({_kind(self.setup, self.unclocked)}, {live} of its "
-            f"{self.num_workers} workers not done, its last stamp {time.monotonic() - self._heard:.3g} s ago), so "
-            f"worker {stamp.worker} of job {stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a "
-            f"shard trains one job at a time (two jobs would train one model over each other). A worker of job "
-            f"{self.job} needs its --job-id; another job waits for job {self.job} to end, or to be stopped (if its "
-            f"workers are gone, it is dropped {left:.3g} s from now, its barrier timeout after its last stamp); "
-            "nothing was applied"
+            f"shard {self.shard_id} holds job {self.job} ({_kind(self.setup, self.unclocked)}, {live} of its "
+            f"{self.num_workers} workers not done, last heard from {silent:.3g} s ago), so worker {stamp.worker} of "
+            f"job {stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at a "
+            f"time (two jobs would train one model over each other). If job {self.job}'s workers are gone (killed "
+            f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
+            f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
+            "it; nothing was applied"
         )
 
     def _check_client(self, stamp: WorkerStamp, client: int) -> None:
