@@ -283,6 +283,26 @@ def test_a_resume_file_the_workers_would_share_is_refused_before_any_worker_star
     assert plan_launch(args, rest).train_config.resume_file == str(tmp_path / "p-{worker}.json")
 
 
+def test_a_launch_again_gives_its_workers_the_job_id_their_resume_files_keep(tmp_path):
+    """A job's workers killed without a word leave it holding the shards: the same launch again goes on under its
+    id (which each worker's file would refuse another of); files of two jobs are refused; sync and ssp workers,
+    which keep no file, get a new id."""
+    resume = ["--resume-file", str(tmp_path / "p-{worker}.json")]
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
+    assert plan_launch(args, rest).job_id != plan_launch(args, rest).job_id  # no file yet: a new one each time
+    (tmp_path / "p-1.json").write_text(json.dumps({"format": 1, "job_id": 12345}))  # worker 0 and 2: none yet
+    plan = plan_launch(args, rest)
+    assert plan.job_id == plan.train_config.job_id == 12345
+    assert worker_commands(plan, [SERVERS], "/m", ["w"])[2].count("12345") == 1
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume, "--mode", "sync")
+    assert plan_launch(args, rest).job_id != 12345
+    (tmp_path / "p-2.json").write_text(json.dumps({"format": 1, "job_id": 678}))
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, *resume)
+    with pytest.raises(ValueError, match=r"keep the positions of different jobs \(.*p-1.json job 12345, .*p-2.json "
+                                         r"job 678\): remove the files of the job not to resume"):  # fmt: skip
+        plan_launch(args, rest)
+
+
 def test_launch_metrics_out_naming_a_workers_resume_file_is_refused_before_any_worker_starts(tmp_path):
     args, rest = launch_args("--workers", "2", "--servers", SERVERS, "--resume-file", str(tmp_path / "p-{worker}.json"),
                              "--metrics-out", str(tmp_path / "p-1.json"))  # fmt: skip

@@ -121,8 +121,10 @@ def test_a_damaged_position_is_refused_and_a_missing_one_is_a_first_start(tmp_pa
 def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_asked(tmp_path):
     cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=1, num_workers=2, job_id=3)
     writer = PositionWriter(cfg, every_s=3600)
-    writer.update(10)  # too soon after the start
-    assert read_position(cfg) is None
+    writer.update(10)  # the run's first step: at once, so that the file keeps the job id from the start
+    assert (read_position(cfg).examples, read_position(cfg).job_id) == (10, 3)
+    writer.update(15)  # too soon after
+    assert read_position(cfg).examples == 10
     (tmp_path / ".p.json.killed.tmp").write_text("{")  # a write a kill -9 cut short: removed by the next writer
     writer = PositionWriter(cfg, every_s=3600)
     writer.write(20)
@@ -135,6 +137,22 @@ def test_the_position_is_written_whole_at_most_every_interval_and_at_once_when_a
     other = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"), worker_id=0, num_workers=2, job_id=3)
     with pytest.raises(ValueError, match=r"worker_id: 1 in the file != 0 now"):
         read_position(other)  # another worker's position
+
+
+def test_a_start_without_job_id_takes_the_files_and_one_given_another_is_refused(tmp_path, capsys):
+    """The file keeps the run's job id: a worker killed without a word leaves its job holding the shards, which
+    let only that job push, so the same command started again (no --job-id) must train under it."""
+    from worker.cli_train import resumed
+
+    cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
+    first = resumed(cfg)  # no file yet: an id made up now, which the file keeps from the first step on
+    assert first.job_id and resumed(cfg).job_id != first.job_id
+    PositionWriter(first).update(10)
+    assert json.loads((tmp_path / "p.json").read_text())["job_id"] == first.job_id
+    assert resumed(cfg).job_id == first.job_id and resumed(cfg).skip_examples == 10
+    assert resumed(dataclasses.replace(cfg, job_id=first.job_id)).job_id == first.job_id
+    with pytest.raises(ValueError, match=rf"other settings \(job_id: {first.job_id} in the file != 7 now\): give"):
+        resumed(dataclasses.replace(cfg, job_id=7))
 
 
 def test_resume_file_is_refused_with_local_shards_and_unused_where_one_worker_cannot_resume_alone(tmp_path, caplog):
@@ -256,10 +274,13 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
         monkeypatch.setattr(worker.train, "final_evaluation", lambda *a: {"eval_error": "the eval file is gone"})
         code, out, err = run(train, capsys)
         assert code == 2 and "the eval file is gone" in err
-        assert json.loads(position.read_text()) | {"run": None, "state_ids": None} == {
+        record = json.loads(position.read_text())
+        assert type(record["job_id"]) is int  # the one made up for the run, which a restart takes
+        assert record | {"run": None, "state_ids": None, "job_id": None} == {
             "format": 1,
             "run": None,
             "state_ids": None,
+            "job_id": None,
             "started_from": 0,
             "examples": 3000,
             "trained": True,

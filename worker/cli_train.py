@@ -21,7 +21,7 @@ from worker.readers.share import BAD_SHARE_AFTER
 from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
 from worker.schema import FORMAT_CHOICES, LABEL_NAMES
-from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
+from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig, new_job_id
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
 SECONDS_OR_0 = number(0, MAX_INTERVAL_S)
@@ -104,7 +104,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     modes.add_argument("--job-id", default=None,
                        help="the job's id, the same for all its workers (needed with several workers; a "
                        "new one per job; torchrun's TORCHELASTIC_RUN_ID when set, but for its 'none' (no "
-                       "--rdzv-id); `ps-worker launch` picks one)")  # fmt: skip
+                       "--rdzv-id); `ps-worker launch` picks one; else the one --resume-file keeps, else a random "
+                       "one)")  # fmt: skip
     modes.add_argument("--row-cache-bytes", type=_size, default=None,
                        help="ssp: a worker cache of rows served while within the staleness bound, evicting the "
                        "least frequently used (e.g. 64M; default 64M for ssp, 0 otherwise)")  # fmt: skip
@@ -606,6 +607,9 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     if stack is not None:
         stack.enter_context(held(cfg.resume_file))
     position = read_position(cfg)
+    # the job id the file keeps, unless one is given (read_position refused another): a worker killed without a
+    # word leaves its job holding the shards, which let only that job push
+    cfg = dataclasses.replace(cfg, job_id=cfg.job_id or (position and position.job_id) or new_job_id())
     if position is None:
         print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)
         return cfg

@@ -10,7 +10,8 @@
                       --backend b_i --device d_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
                       --no-final-eval
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
-                    rendezvous of torch.distributed (--dense allreduce); J random, nonzero, 64 bits; P a free port;
+                    rendezvous of torch.distributed (--dense allreduce); J random, nonzero (the one the workers'
+                    --resume-files keep, where they keep one: the job launched again goes on); P a free port;
                     a cuda worker's LOCAL_RANK is its index among the cuda workers (local_ranks: their GPU)
       4. each worker's output lines printed as "[worker i] LINE"; its PROGRESS lines merged into one bar
       5. all exit 0: the model evaluated once on the servers, on --eval-data or the synthetic eval rows (a job on
@@ -41,7 +42,6 @@ import json
 import os
 import queue
 import re
-import secrets
 import shutil
 import signal
 import subprocess
@@ -63,7 +63,7 @@ from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
 from worker.results import UNTRAINED, local_shards_gone, model_kept, write_metrics
 from worker.temp_dirs import make_temp_dir, remove_stale_temp_dirs
-from worker.train_config import RESUME_WORKER
+from worker.train_config import RESUME_WORKER, new_job_id
 
 BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
@@ -73,7 +73,7 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "worker_id": ("--worker-id", "worker i gets --worker-id i"),
     "num_workers": ("--num-workers", "every worker gets --num-workers N (set N with --workers)"),
     "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
-    "job_id": ("--job-id", "every worker gets the same random job id"),
+    "job_id": ("--job-id", "every worker gets the same random job id (or the one their --resume-files keep)"),
     "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
     "no_final_eval": ("--no-final-eval", "every worker gets it: launch scores the job's model once, at the end"),
     "create_tables_only": ("--create-tables-only", "launch trains; `ps-worker train --create-tables-only` does that"),
@@ -138,7 +138,7 @@ class LaunchPlan:
     local_shards: int | None
     train_flags: tuple[str, ...]  # every worker's train flags before launch's own
     train_config: Any  # the TrainConfig of train_flags, for the final evaluation (with worker 0's backend, device)
-    job_id: int  # random, nonzero, 64 bits: the same for every worker
+    job_id: int  # random, nonzero (or the workers' --resume-files'): the same for every worker
     metrics_out: str | None = None
     progress_bar: bool = True
     global_flags: tuple[str, ...] = ()  # before `train`: --log-level
@@ -317,7 +317,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         train_config = functools.partial(train_config_from_argv, environ=environ)
     # the workers get the local shards' addresses: checked with a stand-in address
     where = ["--servers", ",".join(servers) if servers else "127.0.0.1:1"]
-    job_id = secrets.randbelow(2**64 - 1) + 1
+    job_id = new_job_id()
     try:
         cfg = train_config([*flags, *where, "--worker-id", "0", "--num-workers", str(args.workers), "--job-id",
                             str(job_id)])  # fmt: skip
@@ -335,6 +335,9 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         raise ValueError(f"--resume-file {resume_file} (a flag, PS_RESUME_FILE or the config file) keeps one "
                          f"worker's position, and launch's workers would share it: put {RESUME_WORKER} in its name "
                          "(each worker's id takes its place), or leave it out")  # fmt: skip
+    kept = kept_job_id(cfg, args.workers)
+    if kept is not None:  # the job launched again: its workers go on under its id
+        job_id, cfg = kept, dataclasses.replace(cfg, job_id=kept)
     if args.local_shards is not None:
         check_no_security(cfg)
     if args.local_shards is not None and getattr(cfg, "skip_examples", 0):
@@ -352,6 +355,26 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
         train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
         global_flags=("--log-level", log_level) if log_level else (),
     )  # fmt: skip
+
+
+def kept_job_id(cfg: Any, workers: int) -> int | None:
+    """The job id the workers' --resume-files keep (worker.resume.recorded_job_id), where the workers use them:
+    the same launch again goes on under the job's id, which the shards let push while they hold the job for
+    workers killed without a word (a job's own workers would otherwise be refused for its barrier timeout), and
+    which each worker's file would refuse another of. None where no file keeps one; ValueError where two do
+    differ (files of two jobs)."""
+    from worker.resume import recorded_job_id, unused_because
+
+    resume_file = getattr(cfg, "resume_file", None)
+    if not resume_file or unused_because(cfg) is not None:
+        return None
+    files = [resume_file.replace(RESUME_WORKER, str(i)) for i in range(workers)]
+    kept = {path: job_id for path in files if (job_id := recorded_job_id(path)) is not None}
+    if len(set(kept.values())) > 1:
+        named = ", ".join(f"{path} job {job_id}" for path, job_id in kept.items())
+        raise ValueError(f"the workers' --resume-files keep the positions of different jobs ({named}): remove "
+                         "the files of the job not to resume")  # fmt: skip
+    return next(iter(kept.values()), None)
 
 
 def check_no_security(cfg: Any) -> None:

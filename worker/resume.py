@@ -5,7 +5,7 @@ instead of from the stream's start.
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
-     "finished": false, "state_ids": [ID, ...]}
+     "finished": false, "state_ids": [ID, ...], "job_id": J}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
@@ -22,8 +22,14 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - state_ids: each shard's model state id (StatsResponse state_id) as the run found it, in shard order; absent or
   empty: not known. A start that finds another on a shard (restored from a checkpoint, or on a new data dir, since
   the position was written) is refused: the servers no longer hold the model the position was trained into.
+- job_id: the job id the run trains under (its --job-id, or the one made up at its first start); absent or null:
+  not known. A start without --job-id takes it (and `ps-worker launch` gives it to every worker): a shard holds
+  a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
+  refuses another job's pushes until then (ps/engine/jobs.py), but lets its own job push on. A start given
+  another --job-id is refused, as for the run settings.
 
-It is written every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
+It is written as the run's first step ends (the job id is kept from the run's first push on), every
+WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
 training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
 examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
 training takes a stale gradient). The MLP gradients a --dense ps run had not pushed yet (--dense-sync-every,
@@ -115,6 +121,7 @@ class Position:
     trained: bool
     finished: bool
     state_ids: tuple[int, ...] = ()
+    job_id: int | None = None
 
 
 @contextlib.contextmanager
@@ -164,15 +171,15 @@ def read_position(cfg: TrainConfig) -> Position | None:
         record = json.loads(text)
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')!r}, expected {FORMAT}")
-        state_ids = record.get("state_ids", [])
+        state_ids, job_id = record.get("state_ids", []), record.get("job_id")
         if not isinstance(state_ids, list):
             raise ValueError("a field of the wrong type")
         position = Position(record["started_from"], record["examples"], record["trained"], record["finished"],
-                            tuple(state_ids))  # fmt: skip
+                            tuple(state_ids), job_id)  # fmt: skip
         run = record["run"]
         counts, flags = (position.started_from, position.examples, *state_ids), (position.trained, position.finished)
         if not (all(type(n) is int and n >= 0 for n in counts) and all(type(b) is bool for b in flags)
-                and isinstance(run, dict)):  # fmt: skip
+                and isinstance(run, dict) and (job_id is None or _is_job_id(job_id))):  # fmt: skip
             raise ValueError("a field of the wrong type")
     except (ValueError, KeyError, AttributeError, TypeError) as e:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
@@ -181,6 +188,8 @@ def read_position(cfg: TrainConfig) -> Position | None:
     run = {**run, "format": data_format(run.get("format"), cfg)}
     differ = [f"{name}: {_setting(run.get(name))} in the file != {_setting(ours[name])} now" for name in RUN_SETTINGS
               if run.get(name) != ours[name]]  # fmt: skip
+    if position.job_id and cfg.job_id and position.job_id != cfg.job_id:  # (not given: the file's is taken)
+        differ.append(f"job_id: {position.job_id} in the file != {cfg.job_id} now")
     if differ:
         raise ValueError(f"--resume-file {path} is the position of a run with other settings ({'; '.join(differ)}): "
                          "give that run's settings to resume it, or remove the file to train from the start")  # fmt: skip
@@ -200,6 +209,23 @@ def ended_before(path: str) -> int | None:
     return examples if type(examples) is int else None
 
 
+def recorded_job_id(path: str) -> int | None:
+    """The job id the file at path keeps, else None (no such file, one that cannot be read, or none kept): the id a
+    launcher gives the workers it starts again (read_position checks the rest when each starts)."""
+    try:
+        with open(path, "rb") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    job_id = record.get("job_id") if isinstance(record, dict) else None
+    return job_id if _is_job_id(job_id) else None
+
+
+def _is_job_id(value: object) -> bool:
+    """Whether value is a job id as a file keeps it: an integer in [1, 2**64)."""
+    return type(value) is int and 0 < value < 2**64
+
+
 def _setting(value: object) -> str:
     """A run setting as a mismatch names it: None (a flag not given, its default or the recipe's) as 'not given'."""
     return "not given" if value is None else repr(value)
@@ -216,6 +242,7 @@ class PositionWriter:
         self.written: int | None = None
         self.failing = False  # the last periodic write failed (logged once)
         self.state_ids = tuple(cfg.resume_state_ids)  # the shards' model state ids: the file's until the run reads them
+        self.job_id = cfg.job_id  # the file's, or the one given or made up at the first start (cli_train.resumed)
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
         for left in glob.glob(os.path.join(glob.escape(directory), leftover)):
@@ -223,11 +250,13 @@ class PositionWriter:
                 os.unlink(left)
 
     def update(self, examples: int) -> None:
-        """The position, written if WRITE_EVERY_S seconds have passed since the last write and it moved. A write
-        that fails (a full disk) is logged, once until one succeeds, and training goes on: the file keeps the last
-        position written, which is behind, never ahead."""
+        """The position after a step, written at the run's first (its job id kept at once) and then if
+        WRITE_EVERY_S seconds have passed since the last write and it moved. A write that fails (a full disk) is
+        logged, once until one succeeds, and training goes on: the file keeps the last position written, which is
+        behind, never ahead."""
         now = time.monotonic()
-        if now - self.last >= self.every_s and examples != self.written:
+        first = self.written is None and not self.failing
+        if first or (now - self.last >= self.every_s and examples != self.written):
             try:
                 self.write(examples)
             except OSError as e:
@@ -239,7 +268,8 @@ class PositionWriter:
 
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
-                  "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids)}  # fmt: skip
+                  "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
+                  "job_id": self.job_id}  # fmt: skip
         try:
             write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         except OSError as e:  # (a full disk): named, not as the temporary file

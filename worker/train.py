@@ -74,6 +74,8 @@ def train(cfg: TrainConfig) -> dict:
     optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
     cfg, data, spec, recipe_line = prepare(cfg)  # (cfg validated: its files are there)
+    if position is not None:
+        position.job_id = cfg.job_id  # the id the run trains under (given, the file's, or made up)
     check_held_out(cfg.data, cfg.validation_data, cfg.eval_data)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here

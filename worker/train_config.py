@@ -37,6 +37,11 @@ GEO_FTRL = (
 )
 
 
+def new_job_id() -> int:
+    """A job id for a run given none (no --job-id, no --resume-file that keeps one): random, nonzero, 63 bits."""
+    return secrets.randbits(63) | 1
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     servers: tuple[str, ...] = ()
@@ -340,7 +345,7 @@ class TrainConfig:
             geo_every=DEFAULT_GEO_EVERY if self.geo_every is None and self.mode == "geo" else self.geo_every,
             row_cache_bytes=(DEFAULT_ROW_CACHE_BYTES if self.mode == "ssp" else 0) if self.row_cache_bytes is None
             else self.row_cache_bytes,
-            job_id=self.job_id or (secrets.randbits(63) | 1),
+            job_id=self.job_id or new_job_id(),
         )  # fmt: skip
         given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),

@@ -1,0 +1,54 @@
+"""A worker killed without a word (SIGKILL: an OOM kill, a lost node) leaves its job holding the shard for its
+barrier timeout. Another job is refused until then, told how long and what to do; the killed worker started again
+with the same command and its --resume-file goes on under its job's id (the file keeps it) at once."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+
+from tests.server_process import ServerProcess
+from tests.waiting import PipeReader
+
+ROWS = 150_000
+FLAGS = ["--model", "lr", "--recipe", "large", "--batch-size", "256", "--synthetic-rows", str(ROWS),
+         "--synthetic-eval-rows", "100", "--progress-lines"]  # fmt: skip
+
+
+def train(*flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "worker", "train", *flags, *FLAGS], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_job_is_told_when_to_come(tmp_path):
+    server = ServerProcess(tmp_path / "data")
+    address = server.started()
+    position = tmp_path / "position.json"
+    try:
+        first = train("--servers", address, "--resume-file", str(position))
+        try:
+            PipeReader(first.stdout).wait_for(r'"examples": [1-9]', 120, "the first worker's pushes")
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+        job = json.loads(position.read_text())["job_id"]
+
+        other = subprocess.run([sys.executable, "-m", "worker", "train", "--servers", address, *FLAGS],
+                               capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert other.returncode == 2, other.stdout + other.stderr
+        said = re.search(rf"shard 0 holds job {job} .* for (\S+) s more .*: wait that long, or resume job {job} "
+                         rf"\(its workers' command with --job-id {job}", other.stderr)  # fmt: skip
+        assert said and 0 < float(said.group(1)) <= 60, other.stderr
+
+        again = train("--servers", address, "--resume-file", str(position))
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, out
+        resumed = int(re.search(r"resuming after ([\d,]+) training examples", out).group(1).replace(",", ""))
+        trained = re.search(r"trained lr .* on ([\d,]+) examples", out)
+        assert trained and int(trained.group(1).replace(",", "")) == ROWS - resumed, out
+        assert json.loads(position.read_text())["job_id"] == job
+    finally:
+        server.stop()
