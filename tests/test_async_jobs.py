@@ -16,7 +16,7 @@ from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
-from ps.errors import InvalidArgumentError, JobConflictError
+from ps.errors import CheckpointInProgressError, InvalidArgumentError, JobConflictError
 from ps.stamp import WorkerStamp
 
 JOB, OTHER = 0xA51C, 0xB0B
@@ -149,6 +149,23 @@ def test_a_gone_jobs_hold_expires_at_its_barrier_timeout_and_an_ended_one_frees_
     shard.push_stamped([], 0, 0, 0, unclocked(0, num_workers=1, setup=GEO, stopped="failed"))  # stopped: free too
     push(shard, unclocked(0, job=OTHER, num_workers=1), client=14)
     assert shard.stats()["job"] == OTHER and rows(shard) == -4.0
+
+
+def test_a_job_whose_pushes_a_checkpoint_holds_back_past_its_barrier_timeout_keeps_the_shard(shard):
+    """Its workers are there, their pushes sent again while a long save holds them back: the job is heard from,
+    and another job is refused at its check, not let in as the hold ends."""
+    push(shard, unclocked(0, barrier_timeout_s=1.0))
+    _, token = shard.hold(30.0)
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:  # the job's worker sends its push again and again
+        with pytest.raises(CheckpointInProgressError):
+            push(shard, unclocked(0, barrier_timeout_s=1.0))
+        time.sleep(0.1)
+    with pytest.raises(JobConflictError, match=rf"holds job {JOB} .*last heard from 0\.\d+ s ago"):
+        push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
+    shard.release(token)
+    push(shard, unclocked(0, barrier_timeout_s=1.0))
+    assert shard.stats()["job"] == JOB and rows(shard) == -2.0
 
 
 def test_a_new_run_of_an_async_job_id_that_ended_starts_anew_with_its_own_setup(shard):

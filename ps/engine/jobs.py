@@ -332,7 +332,8 @@ class JobClocks:
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
         stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
         another job while the one followed runs, and for an ssp push from another client (the PushBatch's
-        client_id; 0: unknown) than the worker's earlier pushes (which stops the job)."""
+        client_id; 0: unknown) than the worker's earlier pushes (which stops the job). A stamp of the job followed
+        that passes counts as hearing from the job (its hold on the shard lasts)."""
         check_stamp(stamp, pull)
         with self._cond:
             if stamp.unclocked and stamp.done and not self._follows(stamp):
@@ -343,6 +344,8 @@ class JobClocks:
                 self._check_not_done(stamp)
                 if not stamp.sync and not stamp.done:
                     self._check_client(stamp, client)
+            if self._follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
+                self._heard = time.monotonic()
 
     def _follows(self, stamp: WorkerStamp) -> bool:
         """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
