@@ -63,7 +63,10 @@ stops the job), but it moves no clock, waits for nothing, and is not tied to a c
 stop stamp: the job does not stop (its other workers wait for nobody); a push of a worker marked done marks it
 running again. A job whose every worker is done, or that was not heard from for its barrier timeout, holds the
 shard no more; a push of it then starts it anew (a new run under the same id, its setup that push's), as a push of
-another job would.
+another job would. The job followed lives in memory: a restarted shard follows the first job that stamps a
+request to it, and another job's may come first there while the job's workers are gone, or still wait for the
+restart (the shards that did not restart refuse that job's pushes, and its worker stops; the first job's workers
+are refused where it got in).
 
 Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
 another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or
