@@ -965,6 +965,10 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
          "is add_delta, which a sync push cannot carry"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A, np.nan)], stamp=ps_pb2.WorkerStamp(**good, sync=True)),
          "non-finite"),
+        (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, unclocked=True)),
+         "unclocked (an async or geo worker's) is said by a PushBatch, not by a pull"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, sync=True, unclocked=True)),
+         "says sync (its step summed over the job's workers) or unclocked (async or geo), not both"),
     ]  # fmt: skip
     for request, fragment in refusals:
         method = stub.PullBatch if isinstance(request, ps_pb2.PullBatchRequest) else stub.PushBatch
