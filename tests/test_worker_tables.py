@@ -90,7 +90,9 @@ def test_tables_of_other_settings_never_trained_are_replaced_by_a_run_of_one_wor
         base = ["train", "--servers", servers, "--model", "fm", "--no-progress", *SMALL]
         code, err = run([*base, "--optimizer", "sgd", "--create-tables-only"], capsys)
         assert code == 0, err
-        code, err = run([*base, "--optimizer", "adagrad", "--num-workers", "2", "--worker-id", "0"], capsys)
+        code, err = run(
+            [*base, "--optimizer", "adagrad", "--num-workers", "2", "--worker-id", "0", "--job-id", "7"], capsys
+        )
         assert code == 2 and "optimizer.name: 'sgd' != 'adagrad'" in err and "nothing was created" in err, err
         code, err = run([*base, "--optimizer", "adagrad"], capsys)
         assert code == 0, err
