@@ -109,6 +109,8 @@ def test_the_grammar_reads_the_time_transforms_as_sparse_and_round_trips(tmp_pat
         ("ts", ["0414000000", "1414000000"], None),  # 10 digits, 0 first
         ("ts", ["141400000", "1414000000"], None),
         ("time", ["", " "], None),
+        ("date", ["20120301", "20120323"], None),  # dates YYYYMMDD, YYMMDDHH too: their 24th would be no time
+        ("date", ["20120301", "20120323", "20120300"], "yymmddhh"),  # hour 00: no date
     ],
 )
 def test_a_time_is_told_by_its_name_and_every_value(name, cells, fmt):

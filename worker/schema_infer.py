@@ -6,7 +6,8 @@ the last two are guesses, and so is a pick among several columns named like a la
 stderr. The rules, per other CSV column of the sample (a cell that is empty or one of encode.MISSING_TEXTS is
 missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
     a time: a name with the word hour, time, date, datetime, timestamp or ts, and eight digits YYMMDDHH (a valid
-    month, day and hour: Avazu's `hour`) or ten digits of unix seconds in every non-empty cell
+    month, day and hour: Avazu's `hour`; not where every one is a date YYYYMMDD too, 20120315) or ten digits of
+    unix seconds in every non-empty cell (timestamps.time_format)
                                       `<name>_hour_of_day` and `<name>_weekday`, sparse fields (transforms
                                       yymmddhh_hour and yymmddhh_weekday, or unix_...: worker/timestamps.py);
                                       the time itself is no feature (as a number or as ids, its values are

@@ -36,27 +36,37 @@ def time_parts(values: np.ndarray, fmt: str) -> tuple[np.ndarray, np.ndarray, np
     elif fmt == "yymmddhh":
         v = np.where(ok & (x < 1e8), x, 0).astype(np.int64)
         ok &= x < 1e8
-        yy, mm, dd, hh = v // 1_000_000, v // 10_000 % 100, v // 100 % 100, v % 100
-        ok &= (mm >= 1) & (mm <= 12) & (dd >= 1) & (hh <= 23)
-        month = (yy + 30) * 12 + np.clip(mm, 1, 12) - 1  # months since 1970-01
-        first = month.astype("datetime64[M]").astype("datetime64[D]").astype(np.int64)  # days since 1970-01-01
-        following = (month + 1).astype("datetime64[M]").astype("datetime64[D]").astype(np.int64)
-        ok &= dd <= following - first
-        hour, days = hh, first + dd - 1
+        days, valid = _days(2000 + v // 1_000_000, v // 10_000 % 100, v // 100 % 100)
+        hour = v % 100
+        ok &= valid & (hour <= 23)
     else:
         raise ValueError(f"time format {fmt!r} is unknown; expected one of {list(TIME_FORMATS)}")
     weekday = (days + 3) % 7  # 1970-01-01 was a Thursday
     return np.where(ok, hour, 0), np.where(ok, weekday, 0), ok
 
 
+def _days(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(days since 1970-01-01, ok) of dates given as int64 arrays: ok where the month is 01-12 and the day one of
+    that month's."""
+    ok = (month >= 1) & (month <= 12) & (day >= 1)
+    months = (year - 1970) * 12 + np.clip(month, 1, 12) - 1  # months since 1970-01
+    first = months.astype("datetime64[M]").astype("datetime64[D]").astype(np.int64)
+    following = (months + 1).astype("datetime64[M]").astype("datetime64[D]").astype(np.int64)
+    return first + day - 1, ok & (day <= following - first)
+
+
 def time_format(name: str, cells: list[str]) -> str | None:
     """The format of a column of times, told by its name and its cells (stripped; empty ones left out): a name with
     a word hour, time, date, datetime, timestamp or ts (any case; `click_time`, `eventTs`), and every other cell
-    eight digits that are a valid YYMMDDHH ("yymmddhh") or ten digits, the first not 0 ("unix"); else None."""
+    eight digits that are a valid YYMMDDHH ("yymmddhh") unless every one is a date YYYYMMDD from 1970 on too (a
+    `date` of 2012-03-01 to 2012-03-23, 20120301..20120323, reads as 2020-12-03 at hours 01..23, and its later
+    days as no time), or ten digits, the first not 0 ("unix"); else None."""
     words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()  # eventTs -> event_ts
     present = [c.strip() for c in cells if c.strip()]
     if not present or not _TIME_NAME.search(words):
         return None
     if all(_YYMMDDHH.fullmatch(c) for c in present):
-        return "yymmddhh" if time_parts(np.array(present, dtype=np.float64), "yymmddhh")[2].all() else None
+        v = np.array(present, dtype=np.int64)
+        dates = _days(v // 10_000, v // 100 % 100, v % 100)[1] & (v >= 19_700_000)
+        return "yymmddhh" if time_parts(v.astype(np.float64), "yymmddhh")[2].all() and not dates.all() else None
     return "unix" if all(_UNIX.fullmatch(c) for c in present) else None
