@@ -54,10 +54,11 @@ def test_time_parts_match_datetime():
     expected = [oracle(c, "yymmddhh") for c in cells]
     assert ok.tolist() == [e is not None for e in expected] and 0 < ok.mean() < 1
     assert [(h, w) for h, w, e in zip(hour.tolist(), weekday.tolist(), expected) if e] == [e for e in expected if e]
-    seconds = np.random.default_rng(1).integers(0, 2**34, 3000)
+    seconds = np.random.default_rng(1).integers(0, 10**10, 3000)
     hour, weekday, ok = time_parts(seconds.astype(np.float64), "unix")
     assert ok.all() and list(zip(hour.tolist(), weekday.tolist())) == [oracle(str(s), "unix") for s in seconds]
-    assert not time_parts(np.array([-1.0, 1.5, 2.0**54]), "unix")[2].any()
+    assert not time_parts(np.array([-1.0, 1.5, 1e10, 1414000000000.0]), "unix")[2].any()  # the last in ms
+    assert time_parts(np.array([9999999999.0]), "unix")[2].all()
     assert not time_parts(np.array([-14102100.0, 14102100.5, 114102100.0]), "yymmddhh")[2].any()
 
 
@@ -78,6 +79,20 @@ def test_encode_gives_each_hour_and_weekday_its_id_and_refuses_a_bad_time():
         values = np.array([MISSING_CAT if e in ("", "NA") else e[k] for e in good], dtype=np.uint64)
         space = schema.id_spaces()[part]
         assert out.batch.fields[part].ids.tolist() == space_ids(space, values).tolist()
+
+
+def test_a_unix_time_in_milliseconds_is_a_bad_line():
+    """13 digits in a column of unix seconds (a time in milliseconds) would be a time 44,000 years on, its hour
+    and weekday of no use: refused as a bad line, as no time."""
+    schema = Schema("csv", ",", "y", (Column("h", "ts", "numeric", "x", "h", transform="unix_hour"),),
+                    {"x": TableSchema(4)}, "x")  # fmt: skip
+    cells = np.array(["1414000000", "1414000000000", ""])
+    out = encode_examples(schema, np.zeros(3, np.float32), {"ts": cells})
+    assert out.bad.tolist() == [1] and out.problems == [
+        "time column 'ts' is '1414000000000', expected a time in unix seconds (an integer from 0 to 9999999999: "
+        "not milliseconds) or empty"]  # fmt: skip
+    space = schema.id_spaces()["h"]
+    assert out.batch.fields["h"].ids.tolist() == space_ids(space, np.array([17, MISSING_CAT], np.uint64)).tolist()
 
 
 def test_the_grammar_reads_the_time_transforms_as_sparse_and_round_trips(tmp_path):

@@ -380,7 +380,7 @@ def _int64_or_missing(s: str | bytes) -> int:
 
 _TIME_EXPECTED = {"yymmddhh": "a time YYMMDDHH (14102100: 2014-10-21, hour 00; a month 01-12, a day of it, an "
                                "hour 00-23)",
-                  "unix": "a time in unix seconds (an integer from 0 to 2**53)"}  # fmt: skip
+                  "unix": "a time in unix seconds (an integer from 0 to 9999999999: not milliseconds)"}  # fmt: skip
 _FEATURE_MAX = float(np.finfo(np.float32).max)  # a numeric feature past this would be inf in float32
 
 

@@ -7,7 +7,8 @@ worker/schema.py), and the test schema inference tells such a column by (worker/
 Two formats of a time, each an integer:
     yymmddhh  YYMMDDHH, Avazu's `hour` (14102100: 2014-10-21, hour 00): the year 2000 + YY, a month 01-12, a
               day of that month, an hour 00-23
-    unix      seconds since 1970-01-01 00:00 UTC, 0 to 2**53 (float64's integers); the hour and weekday of UTC
+    unix      seconds since 1970-01-01 00:00 UTC, 0 to 9999999999 (ten digits at most, to 2286-11-20: a time in
+              milliseconds, 13 digits, is no time of it); the hour and weekday of UTC
 The hour is 0..23, the weekday 0..6, Monday 0.
 """
 
@@ -18,7 +19,7 @@ import re
 import numpy as np
 
 TIME_FORMATS = ("yymmddhh", "unix")
-_UNIX_MAX = 2.0**53  # float64 holds every integer up to it
+_UNIX_MAX = 1e10 - 1  # ten digits: unix seconds to 2286; milliseconds (13 digits since 2001) are past it
 _TIME_NAME = re.compile(r"(?:^|[^a-z])(?:hour|time|date|datetime|timestamp|ts)(?:$|[^a-z])")  # a word of a name
 _YYMMDDHH = re.compile(r"[0-9]{8}")
 _UNIX = re.compile(r"[1-9][0-9]{9}")  # 10 digits: 2001-09-09 to 2286-11-20
