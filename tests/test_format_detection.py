@@ -289,6 +289,49 @@ def test_a_csv_without_a_header_line_is_refused_with_a_command_that_adds_one_whi
     assert sum((b.labels.tolist() for b in read_batches(str(copy), s, 16)), []) == labels
 
 
+@pytest.mark.parametrize("how", ["directory", "list"])
+def test_the_command_adding_a_header_to_many_csv_files_writes_each_file_with_one(tmp_path, how):
+    """Data of many headerless parts (Spark's default): an empty first part, a gzip'ed one, _SUCCESS beside them;
+    or a list of files of one name in two folders. Each file's first line is its header, so the command (run as
+    given) writes every file with one into a new folder: read through it, every line of every file is an example,
+    in the data's order."""
+    import subprocess
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 30).tolist()
+    lines = [f"{y},s{rng.integers(5)},{rng.random():.3f}\n" for y in labels]
+    parts = ["", "".join(lines[:10]), "".join(lines[10:20]), "".join(lines[20:])]
+    if how == "directory":
+        data = tmp_path / "my parts"
+        data.mkdir()
+        (data / "_SUCCESS").write_text("")
+        for k, text in enumerate(parts):
+            name = data / f"part-{k:05d}.csv{'.gz' * (k == 2)}"
+            name.write_bytes(gzip.compress(text.encode()) if k == 2 else text.encode())
+        spec = str(data)
+    else:  # day0/part-00000.csv, day1/part-00000.csv, day0/part-00001.csv: two of one name, not in name order
+        parts = parts[1:]
+        names = [tmp_path / "day0" / "part-00000.csv", tmp_path / "day1" / "part-00000.csv",
+                 tmp_path / "day0" / "part-00001.csv"]  # fmt: skip
+        for name, text in zip(names, parts):
+            name.parent.mkdir(exist_ok=True)
+            name.write_text(text)
+        spec = ",".join(map(str, names))
+    with pytest.raises(ValueError) as e:
+        schema(spec)
+    said = str(e.value)
+    assert (
+        "reads like an example, not a header" in said
+        and f"a copy of each of the {len(parts)} data files with one into" in said
+    ), said
+    (command,) = re.findall(r"`(mkdir [^`]*)`", said)
+    subprocess.run(["bash", "-c", command], check=True, cwd=tmp_path)
+    (copy,) = re.findall(r"then give --data ([^)]*)\)", said)
+    s = schema(copy)
+    assert (s.format, s.label, [c.source for c in s.columns]) == ("csv", "label", ["c1", "c2"])
+    assert sum((b.labels.tolist() for b in read_batches(copy, s, 16)), []) == labels
+
+
 def test_an_empty_file_is_said_to_be_empty(tmp_path):
     empty = tmp_path / "empty.csv"
     empty.write_text("\n \n")

@@ -301,7 +301,7 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
                          "one)") from None  # fmt: skip
     if found is not None:
         delimiter, header = found
-        example = header_reads_like_an_example(name, header, delimiter=delimiter)
+        example = header_reads_like_an_example(path, header, delimiter=delimiter)
         if not example:
             return "csv", delimiter, f"a header line of {len(header)} {delimiter_name(delimiter)}-separated names"
         if delimiter != "\t":  # (tab-separated numbers: said as columns that are not Criteo's, below)

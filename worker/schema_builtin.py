@@ -148,6 +148,7 @@ def resolve_schema(
     with content: formats.first_with_content). fmt "auto": the format formats.detect_format tells by data's first
     line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
     the label column csv_label picks (the first column by default)."""
+    spec = data  # the data's files, where it names many (their hints name them all)
     if data is not None:
         from worker.formats import first_with_content
 
@@ -174,7 +175,7 @@ def resolve_schema(
     if fmt == AUTO_FORMAT:
         if data is None:
             raise ValueError("--format auto tells the format by the data file's first line; none given")
-        fmt, told, seen = detect_format(data)
+        fmt, told, seen = detect_format(spec)
         format_from, delimiter = f"detected: {seen}", told or ","
         _check_column_flags(data, fmt, seen, label_column, drop_columns, numeric_columns, libsvm_fields)
     header, rows, picked = None, [], None  # picked: csv_label's (label, why)
@@ -208,7 +209,7 @@ def resolve_schema(
         raise ValueError(f"{data}: {e}" if data is not None else str(e)) from None
     schema = dataclasses.replace(schema, format_from=format_from, **({"label_from": picked[1]} if named else {}))
     if fmt == "csv":
-        warn_of_csv_columns(data, header, rows, schema, label_column is None and not named, not numeric_columns)
+        warn_of_csv_columns(spec, header, rows, schema, label_column is None and not named, not numeric_columns)
     elif fmt == "libsvm" and data is not None:
         warn_of_libsvm_values(data)
     return schema

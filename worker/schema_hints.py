@@ -9,6 +9,7 @@ import logging
 import os
 import shlex
 
+from worker.datafiles import data_files
 from worker.schema import LABEL_NAMES, LABEL_WORDS, Schema
 from worker.timestamps import time_format
 
@@ -19,7 +20,8 @@ HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
 
 def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
                          no_numeric: bool) -> None:  # fmt: skip
-    """Warnings for what the built-in csv schema may read wrong in data (rows: a sample of its records): the first
+    """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the first
+    file with content's records): the first
     column taken as the label where another column is named like one (label_guessed: the first column taken by
     default), columns of times or of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker
     schema` would read their hours of day and weekdays, or read them as numbers."""
@@ -62,12 +64,14 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
 
 def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None,
                                  delimiter: str = ",") -> str:  # fmt: skip
-    """A warning when the first line of a csv file (its cells split at delimiter), taken as its header, reads like
-    an example: its first cell 0 or 1 (a label's value), or most cells numbers, or every cell a number. "" otherwise,
-    and where the line is plainly names: it holds label_column (--label-column named a cell of it), or names among
-    its numbers, which are a run of integers (pandas' column numbers after a name, `,0,1,2` or `0,1,2,label`; years
-    `user,2019,2020`). A line of numbers only is an example, a run too (`0,1,2,3`, a first row of small values, is
-    as likely as pandas' column numbers of a frame without names): said with what to do if it is such a header."""
+    """A warning when the first line of csv data (a file or many, worker/datafiles.py: of the first file with
+    content; its cells split at delimiter), taken as its header, reads like an example: its first cell 0 or 1 (a
+    label's value), or most cells numbers, or every cell a number. "" otherwise, and where the line is plainly names:
+    it holds label_column (--label-column named a cell of it), or names among its numbers, which are a run of
+    integers (pandas' column numbers after a name, `,0,1,2` or `0,1,2,label`; years `user,2019,2020`). A line of
+    numbers only is an example, a run too (`0,1,2,3`, a first row of small values, is as likely as pandas' column
+    numbers of a frame without names): said with what to do if it is such a header. The warning gives a shell
+    command writing the data with a header line (_header_command)."""
     numbers = [h.strip() for h in header if _is_number(h)]
     if label_column is not None and label_column in header:
         return ""
@@ -82,25 +86,41 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
         return ""
     columns = (" (if those are column numbers, as pandas writes for a frame without column names, name the columns "
                "before writing it: df.columns = [...])" if run else "")  # fmt: skip
+    from worker.formats import first_with_content  # (formats imports this module)
+
     names = ["label", *(f"c{k}" for k in range(1, len(header)))]
+    files = data_files(data)
+    command, written = _header_command(files, delimiter.join(names))
     return (
-        f"{data}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a header: a file without "
-        f"a header line? A csv file's first line gives the column names: add a header line{columns}; "
-        f"`{_header_command(data, delimiter.join(names))}` writes the file with one, naming the first column `label` "
-        "(where the label is another column, name that one `label` instead)"
+        f"{first_with_content(data)}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a "
+        f"header: a file without a header line? A csv file's first line gives the column names: add a header "
+        f"line{columns}; `{command}` writes {written}, naming the first column `label` (where the label is another "
+        "column, name that one `label` instead)"
     )
 
 
-def _header_command(data: str, header: str) -> str:
-    """A shell command that writes a copy of the file data (gzip'ed where its name ends in .gz) with the line header
-    first, beside it: NAME-with-header.SUFFIXES."""
-    folder, name = os.path.split(data)
-    stem, dot, suffixes = name.partition(".")
-    new = os.path.join(folder, f"{stem}-with-header{dot}{suffixes}")
+def _header_command(files: list[str], header: str) -> tuple[str, str]:
+    """(a shell command, what it writes): copies of the data's files with the line header first, gzip'ed where a
+    name ends in .gz. One file: beside it, NAME-with-header.SUFFIXES. Many (every file needs a header: each file's
+    first line is its header): into a new folder beside the first file's, FOLDER-with-header, each copy named
+    K-NAME (K from 1: the copies are read in the files' order, and two files of one name in two folders stay two)."""
     text = header.replace("\\", "\\\\").replace("%", "%%").replace("\t", "\\t") + "\\n"  # printf's format
-    gz = data.endswith(".gz")
-    read = f"gzip -dc {shlex.quote(data)}" if gz else f"cat {shlex.quote(data)}"
-    return f"{{ printf {shlex.quote(text)}; {read}; }}{' | gzip' if gz else ''} > {shlex.quote(new)}"
+    if len(files) == 1:
+        (data,) = files
+        folder, name = os.path.split(data)
+        stem, dot, suffixes = name.partition(".")
+        new = os.path.join(folder, f"{stem}-with-header{dot}{suffixes}")
+        gz = data.endswith(".gz")
+        read = f"gzip -dc {shlex.quote(data)}" if gz else f"cat {shlex.quote(data)}"
+        return (
+            f"{{ printf {shlex.quote(text)}; {read}; }}{' | gzip' if gz else ''} > {shlex.quote(new)}",
+            "the file with one",
+        )
+    new = os.path.abspath(os.path.dirname(files[0]) or ".") + "-with-header"
+    command = (f"mkdir {shlex.quote(new)} && k=0 && for f in {' '.join(map(shlex.quote, files))}; do k=$((k + 1)); "
+               f"{{ printf {shlex.quote(text)}; gzip -dcf \"$f\"; }} | case \"$f\" in *.gz) gzip;; *) cat;; esac > "
+               f"{shlex.quote(new)}/\"$k-${{f##*/}}\"; done")  # fmt: skip
+    return command, f"a copy of each of the {len(files)} data files with one into {new} (then give --data {new})"
 
 
 def _is_number(cell: str) -> bool:

@@ -208,7 +208,7 @@ def infer_schema(
         guess = (f"{label!r} is {next(iter(kept)):g} in every row of the sample: a model learns nothing but that "
                  "rate unless the file holds the other label further on (train refuses a file of one label)")  # fmt: skip
     checks = [guess] if guess else []
-    no_header = header_reads_like_an_example(first_with_content(path), header, delimiter=delimiter)
+    no_header = header_reads_like_an_example(path, header, delimiter=delimiter)
     if no_header:
         checks.insert(0, no_header)
     if guess:
