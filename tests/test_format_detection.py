@@ -254,13 +254,16 @@ def test_what_auto_cannot_tell_is_refused_naming_format_and_what_was_seen(tmp_pa
     assert str(e.value).startswith(f"{path}: --format auto cannot tell its format: ") and said in str(e.value), e.value
 
 
-@pytest.mark.parametrize("delimiter, compressed", [(",", False), (";", True), ("\t", False)])
+@pytest.mark.parametrize(
+    "delimiter, compressed, bom", [(",", False, False), (";", True, False), ("\t", False, False), (",", False, True),
+                                   (";", True, True)]
+)  # fmt: skip
 def test_a_csv_without_a_header_line_is_refused_with_a_command_that_adds_one_which_works(tmp_path, delimiter,
-                                                                                        compressed):  # fmt: skip
+                                                                                        compressed, bom):  # fmt: skip
     """A CSV whose first line is an example is refused by --format auto (tab-separated, where auto says Criteo's
     columns: `ps-worker schema --delimiter` says it), with a shell command writing a copy with a header line: run
     as given, in a folder whose name needs quoting, the copy reads as csv, every line of the file an example, the
-    label its first column."""
+    label its first column (of a file starting with a BOM, the first line's too: the BOM is left out)."""
     import subprocess
 
     from worker.schema_infer import infer_schema
@@ -271,7 +274,7 @@ def test_a_csv_without_a_header_line_is_refused_with_a_command_that_adds_one_whi
     folder = tmp_path / "my data"
     folder.mkdir()
     path = folder / ("clicks.csv.gz" if compressed else "clicks.csv")
-    text = "\n".join(lines) + "\n"
+    text = "\ufeff" * bom + "\n".join(lines) + "\n"
     path.write_bytes(gzip.compress(text.encode()) if compressed else text.encode())
     if delimiter == "\t":
         said = infer_schema(str(path), fmt="csv", delimiter=delimiter)[1][0]
@@ -291,10 +294,10 @@ def test_a_csv_without_a_header_line_is_refused_with_a_command_that_adds_one_whi
 
 @pytest.mark.parametrize("how", ["directory", "list"])
 def test_the_command_adding_a_header_to_many_csv_files_writes_each_file_with_one(tmp_path, how):
-    """Data of many headerless parts (Spark's default): an empty first part, a gzip'ed one, _SUCCESS beside them;
-    or a list of files of one name in two folders. Each file's first line is its header, so the command (run as
-    given) writes every file with one into a new folder: read through it, every line of every file is an example,
-    in the data's order."""
+    """Data of many headerless parts (Spark's default): an empty first part, a gzip'ed one, two starting with a BOM,
+    _SUCCESS beside them; or a list of files of one name in two folders. Each file's first line is its header, so
+    the command (run as given) writes every file with one into a new folder: read through it, every line of every
+    file is an example, in the data's order."""
     import subprocess
 
     rng = np.random.default_rng(0)
@@ -307,6 +310,7 @@ def test_the_command_adding_a_header_to_many_csv_files_writes_each_file_with_one
         (data / "_SUCCESS").write_text("")
         for k, text in enumerate(parts):
             name = data / f"part-{k:05d}.csv{'.gz' * (k == 2)}"
+            text = "\ufeff" * (k in (1, 2)) + text  # (a spreadsheet's export)
             name.write_bytes(gzip.compress(text.encode()) if k == 2 else text.encode())
         spec = str(data)
     else:  # day0/part-00000.csv, day1/part-00000.csv, day0/part-00001.csv: two of one name, not in name order
