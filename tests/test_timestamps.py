@@ -115,6 +115,9 @@ def test_the_grammar_reads_the_time_transforms_as_sparse_and_round_trips(tmp_pat
         ("hour", ["14102100", "14102223", ""], "yymmddhh"),
         ("click_time", ["14102100", "16022905"], "yymmddhh"),
         ("eventTs", ["1414000000", "1414003600"], "unix"),
+        ("hour", ["14102100", "NA", " ? ", "null"], "yymmddhh"),  # missing, as encode reads them
+        ("ts", ["1414000000", "nan"], "unix"),
+        ("ts", ["NA", ""], None),
         ("timestamp", ["1414000000", "14102100"], None),  # two formats
         ("hour", ["14102100", "14133100"], None),  # no 31st of October
         ("hour", ["14102100", "14102124"], None),  # no hour 24

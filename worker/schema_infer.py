@@ -254,7 +254,7 @@ def infer_schema(
 def _time_entries(name: str, source: str, fmt: str, cells: list[str], taken: set[str]) -> list[str]:
     """The comment and the two [[columns]] entries of a column of times (timestamps.time_format): its hour of day
     and its weekday, named <name>_hour_of_day and <name>_weekday (or ..2, ... past a name in taken)."""
-    present = [c.strip() for c in cells if c.strip()]
+    present = [c.strip() for c in cells if not is_missing_text(c)]
     what = "YYMMDDHH (Avazu's hour: 14102100 is 2014-10-21, hour 00)" if fmt == "yymmddhh" else "unix seconds (UTC)"
     out = [f"# {source!r}: times, {what} ({len(present)} of {len(cells)} cells non-empty, {len(set(present))} "
            "distinct): read as the hour of day and the weekday, each a sparse field; the time itself is no feature "

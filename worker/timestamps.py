@@ -57,13 +57,16 @@ def _days(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> tuple[np.ndar
 
 
 def time_format(name: str, cells: list[str]) -> str | None:
-    """The format of a column of times, told by its name and its cells (stripped; empty ones left out): a name with
-    a word hour, time, date, datetime, timestamp or ts (any case; `click_time`, `eventTs`), and every other cell
-    eight digits that are a valid YYMMDDHH ("yymmddhh") unless every one is a date YYYYMMDD from 1970 on too (a
-    `date` of 2012-03-01 to 2012-03-23, 20120301..20120323, reads as 2020-12-03 at hours 01..23, and its later
-    days as no time), or ten digits, the first not 0 ("unix"); else None."""
+    """The format of a column of times, told by its name and its cells (stripped; missing ones left out: empty, or
+    NA, ? and the other encode.MISSING_TEXTS, as encode reads a time's cells): a name with a word hour, time, date,
+    datetime, timestamp or ts (any case; `click_time`, `eventTs`), and every other cell eight digits that are a
+    valid YYMMDDHH ("yymmddhh") unless every one is a date YYYYMMDD from 1970 on too (a `date` of 2012-03-01 to
+    2012-03-23, 20120301..20120323, reads as 2020-12-03 at hours 01..23, and its later days as no time), or ten
+    digits, the first not 0 ("unix"); else None."""
+    from worker.encode import is_missing_text  # (encode imports this module)
+
     words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()  # eventTs -> event_ts
-    present = [c.strip() for c in cells if c.strip()]
+    present = [c.strip() for c in cells if not is_missing_text(c)]
     if not present or not _TIME_NAME.search(words):
         return None
     if all(_YYMMDDHH.fullmatch(c) for c in present):
