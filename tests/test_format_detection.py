@@ -292,12 +292,13 @@ def test_a_csv_without_a_header_line_is_refused_with_a_command_that_adds_one_whi
     assert sum((b.labels.tolist() for b in read_batches(str(copy), s, 16)), []) == labels
 
 
-@pytest.mark.parametrize("how", ["directory", "list"])
+@pytest.mark.parametrize("how", ["directory", "list", "directory of one"])
 def test_the_command_adding_a_header_to_many_csv_files_writes_each_file_with_one(tmp_path, how):
     """Data of many headerless parts (Spark's default): an empty first part, a gzip'ed one, two starting with a BOM,
     _SUCCESS beside them; or a list of files of one name in two folders. Each file's first line is its header, so
     the command (run as given) writes every file with one into a new folder: read through it, every line of every
-    file is an example, in the data's order."""
+    file is an example, in the data's order. So it does for a directory of one file (a copy beside it would be
+    read with it)."""
     import subprocess
 
     rng = np.random.default_rng(0)
@@ -313,6 +314,11 @@ def test_the_command_adding_a_header_to_many_csv_files_writes_each_file_with_one
             text = "\ufeff" * (k in (1, 2)) + text  # (a spreadsheet's export)
             name.write_bytes(gzip.compress(text.encode()) if k == 2 else text.encode())
         spec = str(data)
+    elif how == "directory of one":
+        parts = ["".join(lines)]
+        (tmp_path / "one").mkdir()
+        (tmp_path / "one" / "part-00000.csv").write_text(parts[0])
+        spec = str(tmp_path / "one")
     else:  # day0/part-00000.csv, day1/part-00000.csv, day0/part-00001.csv: two of one name, not in name order
         parts = parts[1:]
         names = [tmp_path / "day0" / "part-00000.csv", tmp_path / "day1" / "part-00000.csv",
@@ -324,10 +330,8 @@ def test_the_command_adding_a_header_to_many_csv_files_writes_each_file_with_one
     with pytest.raises(ValueError) as e:
         schema(spec)
     said = str(e.value)
-    assert (
-        "reads like an example, not a header" in said
-        and f"a copy of each of the {len(parts)} data files with one into" in said
-    ), said
+    copies = f"a copy of each of the {len(parts)} data files" if len(parts) > 1 else "a copy of the data's file"
+    assert "reads like an example, not a header" in said and f"{copies} with one into" in said, said
     (command,) = re.findall(r"`(mkdir [^`]*)`", said)
     subprocess.run(["bash", "-c", command], check=True, cwd=tmp_path)
     (copy,) = re.findall(r"then give --data ([^)]*)\)", said)

@@ -10,7 +10,7 @@ import os
 import shlex
 from codecs import BOM_UTF8
 
-from worker.datafiles import data_files
+from worker.datafiles import data_files, takes_in
 from worker.readers.share import open_data
 from worker.schema import LABEL_NAMES, LABEL_WORDS, Schema
 from worker.timestamps import time_format
@@ -94,7 +94,7 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
     name = first_with_content(data)
     with open_data(name) as f:
         bom = f.read(len(BOM_UTF8)) == BOM_UTF8
-    command, written = _header_command(data_files(data), delimiter.join(names), bom)
+    command, written = _header_command(data, delimiter.join(names), bom)
     return (
         f"{name}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a "
         f"header: a file without a header line? A csv file's first line gives the column names: add a header "
@@ -103,29 +103,31 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
     )
 
 
-def _header_command(files: list[str], header: str, bom: bool) -> tuple[str, str]:
-    """(a shell command, what it writes): copies of the data's files with the line header first, gzip'ed where a
-    name ends in .gz. One file: beside it, NAME-with-header.SUFFIXES. Many (every file needs a header: each file's
-    first line is its header): into a new folder beside the first file's, FOLDER-with-header, each copy named
+def _header_command(data: str, header: str, bom: bool) -> tuple[str, str]:
+    """(a shell command, what it writes): copies of the data's files (worker/datafiles.py) with the line header
+    first, gzip'ed where a name ends in .gz. One file: beside it, NAME-with-header.SUFFIXES, unless data's directory
+    or glob would take the copy in too (datafiles.takes_in). Many (every file needs a header: each file's first
+    line is its header), or one such: into a new folder beside the first file's, FOLDER-with-header, each copy named
     K-NAME (K from 1: the copies are read in the files' order, and two files of one name in two folders stay two).
     bom (the first file starts with a UTF-8 BOM, which the reader leaves out only at a file's start): a file's BOM
     is left out, not kept at the start of its first example."""
     text = header.replace("\\", "\\\\").replace("%", "%%").replace("\t", "\\t") + "\\n"  # printf's format
     strip = " | LC_ALL=C sed \"1s/^$(printf '\\357\\273\\277')//\"" if bom else ""  # (the BOM's bytes, for any sed)
-    if len(files) == 1:
-        (data,) = files
-        folder, name = os.path.split(data)
-        stem, dot, suffixes = name.partition(".")
-        new = os.path.join(folder, f"{stem}-with-header{dot}{suffixes}")
-        gz = data.endswith(".gz")
-        read = f"gzip -dc {shlex.quote(data)}" if gz else f"cat {shlex.quote(data)}"
+    files = data_files(data)
+    folder, name = os.path.split(files[0])
+    stem, dot, suffixes = name.partition(".")
+    new = os.path.join(folder, f"{stem}-with-header{dot}{suffixes}")
+    if len(files) == 1 and not takes_in(data, new):
+        gz = name.endswith(".gz")
+        read = f"gzip -dc {shlex.quote(files[0])}" if gz else f"cat {shlex.quote(files[0])}"
         command = f"{{ printf {shlex.quote(text)}; {read}{strip}; }}{' | gzip' if gz else ''} > {shlex.quote(new)}"
         return command, "the file with one"
-    new = os.path.abspath(os.path.dirname(files[0]) or ".") + "-with-header"
+    new = os.path.abspath(folder or ".") + "-with-header"
     command = (f"mkdir {shlex.quote(new)} && k=0 && for f in {' '.join(map(shlex.quote, files))}; do k=$((k + 1)); "
                f"{{ printf {shlex.quote(text)}; gzip -dcf \"$f\"{strip}; }} | case \"$f\" in *.gz) gzip;; *) cat;; "
                f"esac > {shlex.quote(new)}/\"$k-${{f##*/}}\"; done")  # fmt: skip
-    return command, f"a copy of each of the {len(files)} data files with one into {new} (then give --data {new})"
+    copies = f"a copy of each of the {len(files)} data files" if len(files) > 1 else "a copy of the data's file"
+    return command, f"{copies} with one into {new} (then give --data {new})"
 
 
 def _is_number(cell: str) -> bool:
