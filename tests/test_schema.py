@@ -225,6 +225,11 @@ def test_builtin_csv_and_libsvm():
             r"columns 1, 4 of the header \['', 'y', 'a', ' '\] have no name "
             r"\(a row index that pandas' to_csv wrote\?\)",
         ),  # fmt: skip
+        (
+            ["y", "a", ""],
+            {},
+            r"column 3 of the header \['y', 'a', ''\] has no name \(a delimiter at the end of each line\?\)",
+        ),  # a spreadsheet's export: y;a;
         ([], {}, "the header line names no columns"),
         (["y", "a"], {"numeric_columns": ["b"]}, r"columns \['b'\] are not in the header"),
     ],

@@ -110,10 +110,15 @@ def _csv_roles(
         )
     unnamed = [k + 1 for k, h in enumerate(header) if not h.strip() and h in used]
     if unnamed:
+        why = (
+            "a delimiter at the end of each line?"
+            if unnamed == [len(header)]
+            else "a row index that pandas' to_csv wrote?"
+        )
         raise ValueError(
             f"column{'s' if len(unnamed) > 1 else ''} {', '.join(map(str, unnamed))} of the header {header} "
-            f"ha{'ve' if len(unnamed) > 1 else 's'} no name (a row index that pandas' to_csv wrote?), so no flag can "
-            "name it: name it in the header, or write a schema without it (ps-worker schema --data FILE)"
+            f"ha{'ve' if len(unnamed) > 1 else 's'} no name ({why}), so no flag can name it: name it in the header, "
+            "or write a schema without it (ps-worker schema --data FILE)"
         )
     bad = [h for h in used if not h or h.startswith("_")]
     if bad:
