@@ -23,10 +23,10 @@ HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
 def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
                          no_numeric: bool) -> None:  # fmt: skip
     """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the first
-    file with content's records): the first
-    column taken as the label where another column is named like one (label_guessed: the first column taken by
-    default), columns of times or of numbers read as categories (no_numeric: no --numeric-columns) where `ps-worker
-    schema` would read their hours of day and weekdays, or read them as numbers."""
+    file with content's records): the first column taken as the label where another column is named like one
+    (label_guessed: the first column taken by default), columns of times or of numbers read as categories
+    (no_numeric: no --numeric-columns) where `ps-worker schema` would read their hours of day and weekdays, or read
+    them as numbers."""
     from worker.schema_infer import infer_column, is_binary
 
     label = schema.label if schema.label is not None else header[0]
@@ -96,10 +96,10 @@ def header_reads_like_an_example(data: str, header: list[str], label_column: str
         bom = f.read(len(BOM_UTF8)) == BOM_UTF8
     command, written = _header_command(data, delimiter.join(names), bom)
     return (
-        f"{name}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a "
-        f"header: a file without a header line? A csv file's first line gives the column names: add a header "
-        f"line{columns}; `{command}` writes {written}, naming the first column `label` (where the label is another "
-        "column, name that one `label` instead)"
+        f"{name}: its first line ({delimiter.join(header)[:120]}) reads like an example, not a header: a file without "
+        f"a header line? A csv file's first line gives the column names: add a header line{columns}; `{command}` "
+        f"writes {written}, naming the first column `label` (where the label is another column, name that one `label` "
+        "instead)"
     )
 
 
