@@ -35,7 +35,6 @@ from worker.launch import (
     final_evaluation,
     local_ranks,
     plan_launch,
-    resolve_workers,
     run_launch,
     worker_commands,
     worker_environment,
@@ -199,13 +198,58 @@ def test_train_flags_launch_sets_or_train_refuses_fail_before_anything_starts(fl
         check_train_flags(["--model", "lr", *flags])
 
 
-def test_launch_refuses_eval_data_that_is_also_training_data_before_any_shard_starts(tmp_path):
-    """resolve_workers (which runs before launch starts shards or workers) refuses what each worker would."""
-    data = tmp_path / "d.tsv"
-    data.write_text("1" + "\t1" * 13 + "\ta" * 26 + "\n")
-    cfg = TrainConfig(servers=("h:1",), data=str(data), eval_data=str(data), num_workers=2, job_id=3, mode="async")
-    with pytest.raises(ValueError, match=r"--eval-data .*d.tsv is also training data"):
-        resolve_workers(["numpy", "numpy"], cfg)
+CRITEO_LINE = "1" + "\t1" * 13 + "\ta" * 26 + "\n"
+
+
+@pytest.mark.parametrize(
+    "case, refusal",
+    [
+        ("format", "train.csv line 1: 1 tab-separated columns, expected 40"),
+        ("eval-data", r"eval.tsv reads as criteo \(its first line is 40 tab-separated columns"),
+        ("validation-data", r"eval.tsv reads as criteo \(its first line is 40 tab-separated columns"),
+        ("label", "counts.csv: no column can be the label"),
+        ("bad-label", "label '3', expected 0 or 1"),
+        ("held-out", "--eval-data .*train.csv is also training data"),
+        ("empty-eval", "empty.csv: no examples to evaluate on"),
+        ("table-config", "names tables"),
+    ],
+)
+def test_data_train_refuses_is_refused_by_launch_before_anything_starts_with_trains_message(
+    tmp_path, monkeypatch, capsys, case, refusal
+):
+    """launch runs train's checks of the job's data and settings (worker.job.check_training) before it starts a
+    shard or a worker: the same message as `ps-worker train`'s, the same exit code, nothing started."""
+    import worker.cluster
+    from worker.__main__ import main
+
+    csv, tsv, counts = tmp_path / "train.csv", tmp_path / "eval.tsv", tmp_path / "counts.csv"
+    csv.write_text("click,city\n" + "".join(f"{i % 2},c{i % 5}\n" for i in range(40)))
+    tsv.write_text(CRITEO_LINE * 4)
+    counts.write_text("id,clicks,city\n7,3,a\n8,0,b\n")
+    (tmp_path / "bad.csv").write_text("click,city\n1,a\n3,b\n")
+    (tmp_path / "empty.csv").write_text("click,city\n")
+    (tmp_path / "tables.toml").write_text("[nosuch]\ndim = 4\n")
+    flags = {
+        "format": ["--data", csv, "--format", "criteo"],
+        "eval-data": ["--data", csv, "--eval-data", tsv],
+        "validation-data": ["--data", csv, "--validation-data", tsv],
+        "label": ["--data", counts],
+        "bad-label": ["--data", tmp_path / "bad.csv"],
+        "held-out": ["--data", csv, "--eval-data", csv],
+        "empty-eval": ["--data", csv, "--eval-data", tmp_path / "empty.csv"],
+        "table-config": ["--data", csv, "--table-config", tmp_path / "tables.toml"],
+    }[case]
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a local shard was started")
+
+    monkeypatch.setattr(worker.cluster.LocalCluster, "__init__", refuse)
+    errors = []
+    for command in (["train", "--local-shards", "1"], ["launch", "--workers", "2", "--local-shards", "1"]):
+        assert main([*command, "--model", "lr", *map(str, flags)]) == 2
+        errors.append([line for line in capsys.readouterr().err.splitlines() if line.startswith("ps-worker: error:")])
+    assert errors[0] == errors[1] and len(errors[0]) == 1, errors
+    assert re.search(refusal, errors[0][0]), errors[0][0]
 
 
 def test_train_flags_of_train_pass():
@@ -690,7 +734,7 @@ def test_a_job_on_a_data_file_without_eval_data_is_not_evaluated_and_says_so(fak
     command, pids = fakes([{"metrics": {"train_examples": 20, "train_seconds": 1.0}, "action": "metrics"}])
     out = tmp_path / "job.json"
     args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress", "--metrics-out", str(out))
-    (tmp_path / "train.tsv").write_text("")  # checked to exist; the fake worker reads nothing
+    (tmp_path / "train.tsv").write_text(CRITEO_LINE * 4)  # checked as train checks it; the fake worker reads nothing
     on_file = TrainConfig(servers=(SERVERS,), data=str(tmp_path / "train.tsv"))
     rc = run_launch(args, rest, worker_command=command, train_config=lambda argv: on_file,
                     evaluate=lambda cfg: pytest.fail("the training file evaluated as if held out"))  # fmt: skip
@@ -724,7 +768,7 @@ def test_a_bad_eval_line_after_training_keeps_the_jobs_figures_and_reads_with_th
     out = tmp_path / "job.json"
     args, rest = launch_args("--workers", "1", "--servers", SERVERS, "--no-progress", "--metrics-out", str(out))
     for name in ("train.tsv", "test.tsv"):
-        (tmp_path / name).write_text("")  # checked to exist; the fake worker reads nothing
+        (tmp_path / name).write_text(CRITEO_LINE * 4)  # checked as train checks it; the fake worker reads nothing
     on_files = TrainConfig(servers=(SERVERS,), data=str(tmp_path / "train.tsv"), eval_data=str(tmp_path / "test.tsv"))
     limits = []
 

@@ -269,7 +269,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                      help="no evaluation of the eval set after training (`ps-worker launch` gives it to its workers and "
                      "scores the job's model once, after all of them)")  # fmt: skip
     out.add_argument("--progress-lines", action="store_true",
-                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s (for `ps-worker launch`)")  # fmt: skip
+                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s, and not "
+                     "what `ps-worker launch` says once for its workers (the data's warnings, the recipe, a csv's "
+                     "columns): for launch")  # fmt: skip
 
 
 def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> None:

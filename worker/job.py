@@ -2,6 +2,8 @@
 the MLP's path, the loop's settings; what train, eval and predict share.
 
     prepare(cfg)          checks the config, opens the data, applies the recipe: (resolved config, data, model, line)
+    check_training(cfg)   prepare and the rest of a training run's checks that hold for every worker of its job,
+                          before any server is touched: a CheckedJob; job_lines(job): what the run says of them
     job_client(cfg)       a Client of --servers, or of --local-shards started here and stopped at the end
     client_for, make_backend, dense_path, loop_settings    of a resolved config
     open_job(cfg, tables) all of it on a Client or alike, for tests that drive run_epochs themselves
@@ -14,17 +16,20 @@ import importlib.util
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from ps.config import OptimizerConfig, TableConfig
 from worker.client import Client
 from worker.cluster import LocalCluster
 from worker.data import DataSource
+from worker.datafiles import check_held_out, describe_files
 from worker.dense import DensePath, DenseSync
+from worker.formats import first_with_content, read_csv_header
 from worker.loop import LoopSettings
-from worker.model_tables import table_configs
+from worker.model_tables import check_allreduce_tables, check_geo_tables, table_config_note, table_configs
 from worker.models.spec import MLP_MODELS, ModelSpec
 from worker.schema import Schema
+from worker.schema_builtin import columns_line, format_note
 from worker.temp_dirs import remove_stale_temp_dirs
 from worker.train_config import TrainConfig
 
@@ -86,13 +91,23 @@ def prepare(
     training: bool = True,
     labels_optional: bool = False,
     trained_on_data: bool = False,
+    warn: bool = True,
 ) -> tuple[TrainConfig, DataSource, ModelSpec, str]:
     """Checks the config, opens the data (ValueError when it holds no example), applies the recipe: (resolved
     config, data, model, recipe line). training=False (eval, predict): standardized columns must have their
     statistics in the schema, since the training data's cannot be recomputed from another file, unless
     trained_on_data says --data is the data the model was trained on (launch's final evaluation): they are then
     computed over it, as training computed them. labels_optional (predict): files without labels are read as such
-    (DataSource)."""
+    (DataSource). Its warnings (the schema's, settings it leaves unused) are of the flags and the data, the same
+    on every worker of a job; warn=False drops them (logging.disable, WARNING and below, while it runs): for
+    launch's workers and final evaluation, whose launch said them once, as it checked the job."""
+    if not warn:
+        before = logging.root.manager.disable
+        logging.disable(logging.WARNING)
+        try:
+            return prepare(cfg, needs_servers, training, labels_optional, trained_on_data)
+        finally:
+            logging.disable(before)
     cfg.validate(needs_servers)
     unused = cfg.unused_synthetic_settings()
     if unused:
@@ -134,6 +149,62 @@ def prepare(
                     "\"bucketize\" in a schema: `ps-worker schema` writes a bucketized twin of each numeric column), "
                     "or train deepfm or dnn", cfg.model, ", ".join(unused[:10]) + (" ..." if len(unused) > 10 else ""))  # fmt: skip
     return cfg, data, model_spec(cfg, data), recipe_line
+
+
+class CheckedJob(NamedTuple):
+    """A training run's parts, checked before it touches any server (check_training)."""
+
+    cfg: TrainConfig  # resolved: the recipe's settings filled in
+    data: DataSource
+    spec: ModelSpec
+    recipe_line: str  # the recipe's choice, and the tables' optimizers the schema or --table-config set instead
+    tables: list[TableConfig]
+    recipe_optimizer: bool  # the sparse tables' optimizer is the recipe's: no flag, --table-config or schema set one
+
+
+def check_training(cfg: TrainConfig, warn: bool = True) -> CheckedJob:
+    """prepare (warn: as its), then the other checks a training run makes before it touches any server that hold
+    for every worker of its job: --validation-data or --eval-data that is training data too (check_held_out),
+    --validation-data read (the examples it holds), --eval-data's start (DataSource.check_eval; a small file
+    whole), the tables' settings (--table-config, the schema's; those --mode geo and --dense allreduce refuse).
+    A worker's own share (its validation split, its labels) is train's to read. `ps-worker launch` runs it once
+    for its job before it starts anything, and its workers run it again with warn=False."""
+    optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
+    cfg, data, spec, recipe_line = prepare(cfg, warn=warn)  # (cfg validated: its files are there)
+    check_held_out(cfg.data, cfg.validation_data, cfg.eval_data)
+    if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
+        if cfg.validation_data:  # read whole, the same file on every worker (a split is of the worker's share)
+            data.validation()
+        data.check_eval()  # a small --eval-data whole, a larger one's start: scored as it is read, after training
+    tables = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
+    own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
+    if own:
+        recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
+    recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables)
+    if cfg.mode == "geo":
+        check_geo_tables(tables, spec)
+    if cfg.dense == "allreduce":
+        check_allreduce_tables(tables, spec, cfg)
+    return CheckedJob(cfg, data, spec, recipe_line, tables, not (optimizer_given or own))
+
+
+def job_lines(job: CheckedJob) -> list[str]:
+    """What a training run says of its job before it trains, the same on every worker: the recipe's choice (and
+    the format --format auto took); for worker 0 only, as one worker speaks for the job, how a csv file's columns
+    are read and which files a directory, glob or list names."""
+    cfg, schema = job.cfg, job.data.schema
+    note = format_note(schema) if schema.format != "csv" else ""  # csv: on the columns line
+    lines = [job.recipe_line + (f"; {note}" if note else "")]
+    if cfg.worker_id != 0:
+        return lines
+    if schema.format == "csv" and cfg.data is not None:
+        lines.append(columns_line(schema, read_csv_header(first_with_content(cfg.data), schema.delimiter)))
+    for flag, given in (("--data", cfg.data), ("--validation-data", cfg.validation_data),
+                        ("--eval-data", cfg.eval_data)):  # fmt: skip
+        files = describe_files(flag, given)
+        if files:
+            lines.append(files)
+    return lines
 
 
 def check_validation_flags(given: TrainConfig, resolved: TrainConfig) -> None:

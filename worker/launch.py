@@ -4,7 +4,10 @@
       1. checks before anything starts: the TRAIN FLAGS through train's own parser, then the TrainConfig they make
          (worker/cli_train.py train_config_from_argv) validated for every worker's backend and device (an entry
          "backend:device" of --backends, else TRAIN FLAGS' --device); flags launch sets are refused; cuda workers
-         need a GPU torch sees, and --dense allreduce one kind of device (and a GPU per cuda worker)
+         need a GPU torch sees, and --dense allreduce one kind of device (and a GPU per cuda worker); then train's
+         checks of the job's data and tables, as worker 0 runs them (worker/job.py check_training): their warnings
+         (the schema's) and what train says of the job before it trains (the recipe, a csv's columns, the files
+         read) are said here, once: the workers, given --progress-lines, say neither
       2. --local-shards S: a LocalCluster (worker/cluster.py) with --threads 2 x N + 4 (sync waits hold threads)
       3. worker i:  python -m worker train TRAIN FLAGS --servers ADDRESSES --worker-id i --num-workers N
                       --backend b_i --device d_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
@@ -57,7 +60,6 @@ from ps.settings import unknown_environment
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
 from ps.terminate import Terminated, child_setup, how_it_ended, sigterm_raises
 from worker.cluster import free_port, without_security_variables
-from worker.datafiles import check_held_out
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
 from worker.progress_lines import parse_progress
@@ -142,6 +144,7 @@ class LaunchPlan:
     metrics_out: str | None = None
     progress_bar: bool = True
     global_flags: tuple[str, ...] = ()  # before `train`: --log-level
+    job_lines: tuple[str, ...] = ()  # what train says of the job before it trains (worker.job.job_lines), said once
 
 
 def expand_backends(text: str, workers: int) -> tuple[str, ...]:
@@ -234,7 +237,6 @@ def resolve_workers(entries: Sequence[str], cfg: Any) -> tuple[str, ...]:
                         f"--backends torch:{cfg.device}")  # fmt: skip
             raise ValueError(f"--backends {entry} (worker {i}): {e}{hint}") from None
         workers.append(backend if worker_cfg.device == "cpu" else f"{backend}:{worker_cfg.device}")
-    check_held_out(cfg.data, cfg.validation_data, cfg.eval_data)  # before any shard starts, as each worker would
     return tuple(workers)
 
 
@@ -353,7 +355,7 @@ def plan_launch(args: argparse.Namespace, passthrough: Sequence[str],
     return LaunchPlan(
         workers=args.workers, backends=workers, servers=servers, local_shards=args.local_shards,
         train_flags=tuple(flags), train_config=cfg, job_id=job_id, metrics_out=args.metrics_out, progress_bar=not args.no_progress,
-        global_flags=("--log-level", log_level) if log_level else (),
+        global_flags=("--log-level", log_level) if log_level else (), job_lines=checked_job_lines(cfg, workers[0]),
     )  # fmt: skip
 
 
@@ -375,6 +377,18 @@ def kept_job_id(cfg: Any, workers: int) -> int | None:
         raise ValueError(f"the workers' --resume-files keep the positions of different jobs ({named}): remove "
                          "the files of the job not to resume")  # fmt: skip
     return next(iter(kept.values()), None)
+
+
+def checked_job_lines(cfg: Any, worker: str) -> tuple[str, ...]:
+    """train's checks of the job's data and settings that hold for every worker (worker.job.check_training), run
+    here, as worker 0 (worker: its resolve_workers entry) runs them, before any shard or worker starts: a wrong
+    --format, a held-out file of another format, a csv whose label cannot be chosen fail here with train's
+    message, and their warnings are said once (the workers do not repeat them). What train says of the job
+    before it trains (worker.job.job_lines), which launch says once for its workers."""
+    from worker.job import check_training, job_lines
+
+    backend, device = split_backend(worker)
+    return tuple(job_lines(check_training(dataclasses.replace(cfg, backend=backend, device=device or "cpu"))))
 
 
 def check_no_security(cfg: Any) -> None:
@@ -556,6 +570,8 @@ def run_launch(args: argparse.Namespace, passthrough: list[str], *, worker_comma
     Python's -m worker); train_config: see plan_launch; evaluate(cfg): the final evaluation (default:
     worker.served.evaluate_servers)."""
     plan = plan_launch(args, passthrough, train_config)
+    for line in plan.job_lines:
+        print(line, flush=True)
     program = list(worker_command) if worker_command is not None else [sys.executable, "-m", "worker"]
     try:
         with sigterm_raises(ctrl_c_again_raises=True):  # a second Ctrl-C kills the workers at once (WorkerGroup.stop)
@@ -682,16 +698,18 @@ def final_evaluation(cfg: Any, evaluate: Callable[[Any], dict] | None, local_sha
     """The job's figures on its eval set: evaluate(cfg) (default: worker.served.evaluate_servers, which computes the
     mean and std of standardized columns the schema leaves without them over --data, as the workers did) on --eval-data,
     or on the synthetic eval rows without --data; {} for a job on --data without --eval-data, which has no
-    held-out file to score (format_summary says so). --eval-data is read as it is scored (the workers checked its
-    start only): a ValueError of reading it (a malformed line past --max-bad-lines) gives {"eval_error": what
-    happened, that the training had finished (local_shards: the model goes with them, else it stays on the
-    servers)}: the job's training figures are still reported and written, and launch then fails."""
+    held-out file to score (format_summary says so). --eval-data is read as it is scored (launch checked a small
+    file whole, of a larger one its start, before anything started): a ValueError of reading it (a malformed line
+    past --max-bad-lines) gives {"eval_error": what happened, that the training had finished (local_shards: the
+    model goes with them, else it stays on the servers)}: the job's training figures are still reported and
+    written, and launch then fails. The data's warnings (the schema's) are not said again: launch said them as it
+    checked the job."""
     if cfg.data is not None and cfg.eval_data is None:
         return {}
     if evaluate is None:
         from worker.served import evaluate_servers
 
-        evaluate = functools.partial(evaluate_servers, trained_on_data=True)
+        evaluate = functools.partial(evaluate_servers, trained_on_data=True, warn=False)  # warned as it started
     try:
         return evaluate(cfg)
     except PsError:

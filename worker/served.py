@@ -44,15 +44,16 @@ class ServedModel:
 
 
 @contextlib.contextmanager
-def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False,
-                 trained_on_data: bool = False) -> Iterator[ServedModel]:  # fmt: skip
+def served_model(cfg: TrainConfig, doing: str, labels_optional: bool = False, trained_on_data: bool = False,
+                 warn: bool = True) -> Iterator[ServedModel]:  # fmt: skip
     """The model of cfg's flags as the servers hold it, for eval and predict: prepare (the large recipe, no
     validation split: --max-bad-lines 1,000 unless given), then, once the servers answer, ValueError unless they
     hold every table of that model with its shapes (check_tables for_eval; doing: what was not done, for the
     message) and a trained row in them (check_trained), and the dense parameters pulled. labels_optional,
-    trained_on_data: as prepare's. The checks read the shards' Stats once, as wait_ready reads them."""
+    trained_on_data, warn: as prepare's. The checks read the shards' Stats once, as wait_ready reads them."""
     cfg = dataclasses.replace(cfg, recipe="large", validation_fraction=0.0)
-    cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional, trained_on_data=trained_on_data)
+    cfg, data, spec, _ = prepare(cfg, training=False, labels_optional=labels_optional, trained_on_data=trained_on_data,
+                                 warn=warn)  # fmt: skip
     backend = make_backend(spec, cfg)
     with job_client(cfg) as client:
         shard_stats = client.wait_ready()
@@ -93,12 +94,13 @@ def check_trained(client: Client, spec: ModelSpec, model: str, doing: str, shard
                      f"({', '.join(client.servers)}); its scores would all be its initial ones: {doing}")  # fmt: skip
 
 
-def evaluate_servers(cfg: TrainConfig, trained_on_data: bool = False) -> dict:
+def evaluate_servers(cfg: TrainConfig, trained_on_data: bool = False, warn: bool = True) -> dict:
     """`ps-worker eval` and launch's final evaluation: the AUC and logloss of the model the servers hold, on
     --eval-data, else on --data, else on the synthetic eval rows. --data (when given) fixes the schema;
     trained_on_data (launch's job, whose workers trained on --data): standardized columns without a mean and std
-    in the schema get them from a pass over --data, as the workers did (prepare)."""
-    with served_model(cfg, "nothing was evaluated", trained_on_data=trained_on_data) as m:
+    in the schema get them from a pass over --data, as the workers did (prepare); warn=False: prepare's warnings
+    dropped (launch said them as it started the job)."""
+    with served_model(cfg, "nothing was evaluated", trained_on_data=trained_on_data, warn=warn) as m:
         cfg, data = m.cfg, m.data
         scored = cfg.eval_data or cfg.data
         if scored is not None and not file_has_labels(scored, data.schema):

@@ -5,7 +5,9 @@
                  recipe fills the flags left unset          # worker/recipe.py: small or large data
                  spec = ModelSpec(model, schema's fields, numeric features, hidden, dropout)
                  read the validation set (at most 200,000 examples, kept in memory) and --eval-data's start: a
-                 malformed line there fails here, before any server is touched
+                 malformed line there fails here, before any server is touched (what holds for every worker of a
+                 job is worker/job.py check_training's, which `ps-worker launch` runs for its job before it starts
+                 anything: its workers then say none of its warnings)
                  create the tables (one per schema table, one per dense parameter) on the servers
                                                            # worker/model_tables.py
                  run_epochs (worker/loop.py), evaluating the validation set as it goes
@@ -35,24 +37,13 @@ from tqdm import tqdm
 from ps.errors import ModelStateReplacedError, PsError, RamTierTooSmallError
 from worker.client import Client
 from worker.data import DataSource
-from worker.datafiles import check_held_out, describe_files
 from worker.dense import dense_norm, start_logit_bias
-from worker.formats import first_with_content, read_csv_header
-from worker.job import dense_path, job_client, loop_settings, make_backend, prepare
+from worker.job import check_training, dense_path, job_client, job_lines, loop_settings, make_backend
 from worker.loop import LoopResult, TrainingDataError, run_epochs
-from worker.model_tables import (
-    check_allreduce_tables,
-    check_geo_tables,
-    held_features,
-    missing_shares,
-    sparse_table_stats,
-    table_config_note,
-    table_configs,
-)
+from worker.model_tables import held_features, missing_shares, sparse_table_stats
 from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, state_changed
-from worker.schema_builtin import columns_line, format_note
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import row_source
 from worker.tables import check_tables
@@ -71,15 +62,14 @@ log = logging.getLogger("worker.train")
 
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
-    optimizer_given = cfg.optimizer is not None or cfg.table_config is not None  # else the recipe's, unless a schema's
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
-    cfg, data, spec, recipe_line = prepare(cfg)  # (cfg validated: its files are there)
+    job = check_training(cfg, warn=not cfg.progress_lines)  # launch said the job's warnings before it started it
+    cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
     if position is not None:
         position.job_id = cfg.job_id  # the id the run trains under (given, the file's, or made up)
-    check_held_out(cfg.data, cfg.validation_data, cfg.eval_data)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
-    if not cfg.create_tables_only:  # read before any server is touched: a malformed line fails the run here
-        data.validation()
+    if not cfg.create_tables_only:  # this worker's share, read before any server is touched
+        data.validation()  # a split's examples (--validation-data was read by check_training)
         labels = data.labels_before_training()  # a split's read, or the examples held in memory
         one_class = one_class_labels(data.schema.label, labels, cfg.data, cfg.num_workers)  # (held or split)
         if one_class and cfg.num_workers == 1:
@@ -89,17 +79,7 @@ def train(cfg: TrainConfig) -> dict:
         grouped = sorted_by_label(data.share_labels, cfg.data)
         if grouped and not one_class and not cfg.shuffle:  # shuffled, the file's order does not reach training
             log.warning("%s", grouped)
-        data.check_eval()  # a small --eval-data whole, a larger one's start: scored as it is read, after training
     backend = make_backend(spec, cfg)
-    tables_cfg = table_configs(cfg, spec, data.schema.table_overrides(), data.schema.fingerprint())
-    own = sorted(t for t, o in data.schema.table_overrides().items() if "optimizer" in o and t in spec.table_dims())
-    if own:
-        recipe_line += f"; tables {', '.join(own)} use their schema's optimizer instead"
-    recipe_line += table_config_note(cfg, spec, data.schema.table_overrides(), tables_cfg)
-    if cfg.mode == "geo":
-        check_geo_tables(tables_cfg, spec)
-    if cfg.dense == "allreduce":
-        check_allreduce_tables(tables_cfg, spec, cfg)
     with served_metrics(cfg) as telemetry, job_client(cfg) as client:
         client.wait_ready()
         if position is not None:
@@ -112,7 +92,7 @@ def train(cfg: TrainConfig) -> dict:
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
         replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
-                                recipe_line="" if optimizer_given or own else recipe_line)  # fmt: skip
+                                recipe_line=job.recipe_line if job.recipe_optimizer else "")  # fmt: skip
         held = 0
         # rows trained before this worker's first push are an earlier run's where no other worker of the job can
         # have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
@@ -129,15 +109,9 @@ def train(cfg: TrainConfig) -> dict:
                 raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
         if cfg.create_tables_only:
             return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
-        note = format_note(data.schema) if data.schema.format != "csv" else ""  # csv: on the columns line
-        _say(recipe_line + (f"; {note}" if note else ""), cfg)
-        if data.schema.format == "csv" and cfg.data is not None and cfg.worker_id == 0:
-            _say(columns_line(data.schema, read_csv_header(first_with_content(cfg.data), data.schema.delimiter)), cfg)
-        for flag, given in (("--data", cfg.data), ("--validation-data", cfg.validation_data),
-                            ("--eval-data", cfg.eval_data)):  # fmt: skip
-            files = describe_files(flag, given)
-            if files and cfg.worker_id == 0:
-                _say(files, cfg)
+        if not cfg.progress_lines:  # launch said them once for its job
+            for line in job_lines(job):
+                _say(line, cfg)
         if cfg.skip_examples:
             _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
             if held == 0 and alone_so_far:
@@ -212,7 +186,7 @@ def train(cfg: TrainConfig) -> dict:
             "device": cfg.device,
             "worker": f"{cfg.worker_id}/{cfg.num_workers}",
             "shards": len(client.servers),
-            "recipe": recipe_line,
+            "recipe": job.recipe_line,
             "batch_size": cfg.batch_size,
             "epochs_run": loop.curve[-1]["epoch"] if loop.curve else loop.epoch,
             "train_examples": loop.examples,

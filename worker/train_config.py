@@ -115,7 +115,8 @@ class TrainConfig:
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
     metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
     progress: bool = True
-    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar (for ps-worker launch)
+    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar: a worker of ps-worker launch,
+    # which says the job's warnings and lines (worker/job.py check_training, job_lines) once itself
     final_eval: bool = True  # score the eval set after training; launch's workers do not: launch scores it once
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 
