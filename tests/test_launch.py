@@ -822,6 +822,38 @@ def test_a_job_that_stops_says_which_skip_trains_on_from_where_its_slowest_worke
         run_launch(args, rest, worker_command=command, train_config=lambda argv: resumed)
 
 
+@pytest.mark.parametrize("where", ["servers", "local shards"])
+def test_a_ctrl_c_while_the_workers_train_says_where_to_train_on_from_with_nothing_to_fix(fakes, monkeypatch, capsys,
+                                                                                        where):  # fmt: skip
+    """A Ctrl-C stopped the job, not a fault: the hint says to run the command again with the skip, not to fix
+    what stopped it first; on local shards, that the model went with them."""
+    monkeypatch.setattr("worker.cluster.LocalCluster", FakeCluster)
+    monkeypatch.setattr(FakeCluster, "made", [])
+    monkeypatch.setattr(FakeCluster, "dies", {})
+    command, pids = fakes([{"action": "sleep", "progress": [{"examples": 300}], "say": ["ready"]},
+                           {"action": "sleep", "progress": [{"examples": 500}], "say": ["ready"]}])  # fmt: skip
+
+    def interrupted(group, tick=None, poll_s=0.5):  # once both workers' progress was read: a Ctrl-C
+        wait_until(lambda: all("ready" in tail for tail in group.tails), 30, "the workers' lines")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(WorkerGroup, "wait", interrupted)
+    flags = ("--servers", SERVERS) if where == "servers" else ("--local-shards", "1")
+    args, rest = launch_args("--workers", "2", *flags, "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 130
+    err = capsys.readouterr().err
+    assert "once what stopped the job is fixed" not in err, err
+    if where == "servers":
+        assert (
+            "the workers had trained 300, 500 examples of their shares (their last progress reports), which the "
+            "servers keep; to train on from there, run the same command with --skip-examples 300"
+        ) in err, err
+    else:
+        assert "--skip-examples" not in err and "was on the local shards, stopped with this run: nothing to " in err
+    assert err.rstrip().endswith("ps-worker launch: interrupted; the workers were stopped"), err
+    assert_all_gone(pids, {"worker-0", "worker-1", "said-0", "said-1"})
+
+
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):
     command, pids = fakes([{"action": "exit", "code": 2, "wait_for": ["worker-1"]},
                            {"action": "sleep", "ignore_term": True}])  # fmt: skip

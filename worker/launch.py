@@ -600,7 +600,7 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
             progress = MergedProgress(plan.workers, bar, progress_every_s)
             group = WorkerGroup(commands, envs, lambda i, line: progress.print(f"[worker {i}] {line}"), progress.report)
             failure: tuple[int, int] | None = None
-            finished = False
+            finished = interrupted = False
             died: str | None = None
 
             def tick(now: float) -> None:
@@ -617,6 +617,9 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                 finished = failure is None
             except LocalShardDied as e:
                 died = str(e)
+            except (KeyboardInterrupt, Terminated):  # said by run_launch, after what the workers had trained
+                interrupted = True
+                raise
             finally:
                 try:
                     group.stop(grace_s)
@@ -628,8 +631,8 @@ def _run(plan: LaunchPlan, program: list[str], evaluate: Callable[[Any], dict] |
                     # split reads other shares (untrained)
                     replaced = any(MODEL_STATE_REPLACED in line for line in said)
                     untrained = any(UNTRAINED in line for line in said)
-                    if not finished and plan.local_shards is None and not replaced and not untrained:
-                        _say_where_to_resume(plan, progress.latest())
+                    if not finished and not replaced and not untrained:
+                        _say_where_to_resume(plan, progress.latest(), interrupted)
             if died is not None:
                 print(f"ps-worker launch: {died}; the workers were stopped", file=sys.stderr, flush=True)
                 return 1
@@ -731,33 +734,39 @@ def evaluation_stopped(e: BaseException, local_shards: bool, servers: Sequence[s
     return f"{how} in the job's final evaluation, after every worker had finished training ({kept})"
 
 
-def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict]) -> None:
+def _say_where_to_resume(plan: LaunchPlan, reports: dict[int, dict], interrupted: bool = False) -> None:
     """After a job that did not finish: how many examples each worker had trained (its last PROGRESS line: a
     worker stopped by a signal writes one as it stops), and the --skip-examples that trains on from there: the
     fewest, so that no worker leaves examples out (the others train up to the difference twice). Workers that
-    keep a --resume-file resume from it: the same command again, which a --skip-examples would only refuse."""
+    keep a --resume-file resume from it: the same command again, which a --skip-examples would only refuse. On
+    local shards, that the model went with them. interrupted (Ctrl-C or SIGTERM to launch): nothing to fix first."""
     trained = [
         int(reports[i].get("pushed", reports[i].get("examples")) or 0) if i in reports else 0
         for i in range(plan.workers)
     ]  # geo: the examples whose deltas were pushed
     if not any(trained):
         return
+    if plan.local_shards is not None:
+        print("ps-worker launch: the model the workers trained was on the local shards, stopped with this run: "
+              "nothing to resume (launch with --servers to keep what a stopped job trained)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return
     from worker.resume import unused_because
 
+    fixed = "" if interrupted else "once what stopped the job is fixed (a bad line, say), "
     resume_file = getattr(plan.train_config, "resume_file", None)
     if resume_file and unused_because(plan.train_config) is None:  # the workers keep their positions there
         print(f"ps-worker launch: the workers' positions are in their --resume-file {resume_file}, and the examples "
-              "they had trained are on the servers; to train on from there, once what stopped the job is fixed (a "
-              "bad line, say), run the same command again (its --skip-examples, if any, unchanged: a file refuses "
-              "another, and its position wins)",
+              f"they had trained are on the servers; to train on from there, {fixed}run the same command again (its "
+              "--skip-examples, if any, unchanged: a file refuses another, and its position wins)",
               file=sys.stderr, flush=True)  # fmt: skip
         return
     skip = getattr(plan.train_config, "skip_examples", 0)
     done = [skip + n for n in trained]
     listed = ", ".join(f"{n:,}" for n in done)
     print(f"ps-worker launch: the workers had trained {listed} examples of their shares (their last progress "
-          f"reports), which the servers keep; to train on from there, once what stopped the job is fixed (a bad "
-          f"line, say), run the same command with --skip-examples {min(done)}"
+          f"reports), which the servers keep; to train on from there, {fixed}run the same command with "
+          f"--skip-examples {min(done)}"
           + (f" (worker {done.index(min(done))}'s: the others train up to {max(done) - min(done):,} examples again)"
              if max(done) > min(done) else ""), file=sys.stderr, flush=True)  # fmt: skip
 
