@@ -69,6 +69,8 @@ def test_a_worker_under_launch_leaves_the_final_evaluation_to_launch(servers, fi
     results = train(small_run(addresses, train_path, eval_data=test_path, final_eval=False))
     assert scored == [] and "eval_auc" not in results and results["final_eval_skipped"]
     assert EVAL_LEFT_TO_LAUNCH in format_results(results).splitlines()
+    launched = [line for line in format_results(results).splitlines() if line != EVAL_LEFT_TO_LAUNCH]
+    assert format_results(results, launched=True).splitlines() == launched  # launch's summary has the eval line
     train(small_run(addresses, train_path, eval_data=test_path))
     assert scored == [1]  # without it a worker scores --eval-data at its end, as before
 

@@ -579,7 +579,7 @@ def run_train(args: argparse.Namespace) -> int:
             if cfg is None:
                 return 0
         results = train(cfg)
-    print(format_results(results), flush=True)
+    print(format_results(results, launched=cfg.progress_lines), flush=True)
     if cfg.metrics_out and not cfg.progress_lines and "metrics_error" not in results:  # progress lines: a
         print(f"metrics written to {cfg.metrics_out}")  # launcher reads the file (and removes it)
     if cfg.local_shards is not None:

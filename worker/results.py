@@ -61,7 +61,9 @@ def first_step_note(r: dict) -> str:
     )
 
 
-def format_results(r: dict) -> str:
+def format_results(r: dict, launched: bool = False) -> str:
+    """A run's figures (train's, evaluate_servers') as lines. launched: a worker of `ps-worker launch`, which
+    scores the job's model after all its workers and says so: no line of this worker's skipped evaluation."""
     lines = [f"created tables {', '.join(r['created_tables'])} for model {r['model']}"] if "created_tables" in r else []
     if "train_examples" in r:
         shards = f"{r['shards']} shard{'s' * (r['shards'] != 1)}"
@@ -69,7 +71,7 @@ def format_results(r: dict) -> str:
                      f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
                      f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s{first_step_note(r)}")  # fmt: skip
     if r.get("final_eval_skipped"):
-        lines.append(EVAL_LEFT_TO_LAUNCH)
+        lines += [] if launched else [EVAL_LEFT_TO_LAUNCH]
     else:
         lines += eval_lines(r) or ([NOT_EVALUATED] if "train_examples" in r else [])
     if "synthetic_eval_rows" in r:

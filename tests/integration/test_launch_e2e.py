@@ -12,7 +12,8 @@ import pytest
 def test_a_csv_jobs_schema_warnings_and_story_are_said_once_by_launch_before_it_starts_anything(tmp_path):
     """The workers read the same schema and would each say its warnings (columns of numbers read as ids) and the
     recipe's choice; launch checks the data as train does before it starts the shards, says them there once, and
-    neither its workers nor its final evaluation repeat them."""
+    neither its workers nor its final evaluation repeat them. No worker says it skipped its final evaluation:
+    launch's is the job's."""
     for name, rows in (("train.csv", 400), ("test.csv", 100)):
         lines = ["click,age,city"] + [f"{i % 3 % 2},{18 + i * 7 % 61},c{i % 5}" for i in range(rows)]
         (tmp_path / name).write_text("\n".join(lines) + "\n")
@@ -27,7 +28,8 @@ def test_a_csv_jobs_schema_warnings_and_story_are_said_once_by_launch_before_it_
         assert said.count(line) == 1, (line, said)
     started = run.stdout.index("started 1 local shard")
     assert run.stdout.index("columns  ") < started and run.stdout.index("small-data recipe") < started, run.stdout
-    assert "[worker 0] worker 0 of 2, mode async" in run.stdout and "eval   AUC" in run.stdout
+    assert "[worker 0] worker 0 of 2, mode async" in run.stdout and run.stdout.count("eval   ") == 1, run.stdout
+    assert "\neval   AUC" in run.stdout  # launch's evaluation; its workers say nothing of the one they skip
 
 
 def test_allreduce_workers_with_unequal_batch_counts_finish_and_leave_the_mlp_on_the_servers(tmp_path):
