@@ -118,7 +118,7 @@ def train(cfg: TrainConfig) -> dict:
                 log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
                             "will not be trained (is --servers the cluster of the run this resumes?)",
                             cfg.skip_examples)  # fmt: skip
-        elif held:
+        elif held and cfg.worker_id == 0:  # a sync job's workers all read it: worker 0 says it for the job
             _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
                  "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
         if cfg.num_workers > 1 or cfg.mode != "async":
