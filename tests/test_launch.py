@@ -59,7 +59,8 @@ EVALUATION = {"eval_auc": 0.75, "eval_logloss": 0.5, "eval_examples": 1000, "ora
 # A stand-in for `ps-worker train`: behaves as plan["workers"][its --worker-id] says, records its pid (and its
 # child's) under plan["pids"], prints its environment and flags, then its PROGRESS lines, waits for the files
 # named in "wait_for", and acts: metrics (write --metrics-out, exit 0), exit (code), kill (SIGKILL itself), sleep
-# (after its "say" lines, if any, and a record "said-<i>").
+# (after its "say" lines, if any, and a record "said-<i>"). ignore_term: it ignores SIGTERM; say_term: it says
+# "ps-worker: terminated" on SIGTERM, as ps-worker does, and exits 143.
 FAKE_WORKER = textwrap.dedent("""
     import json, os, signal, subprocess, sys, time
     plan = json.load(open(sys.argv[1]))
@@ -75,6 +76,9 @@ FAKE_WORKER = textwrap.dedent("""
 
     if me.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if me.get("say_term"):  # as ps-worker says a SIGTERM (ps.terminate.exit_code)
+        signal.signal(signal.SIGTERM, lambda *a: (print("ps-worker: terminated", file=sys.stderr, flush=True),
+                                                  os._exit(143)))
     if me.get("grandchild"):
         record(f"grandchild-{i}", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
     print(f"hello from {i}: RANK={os.environ['RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']} "
@@ -852,6 +856,19 @@ def test_a_ctrl_c_while_the_workers_train_says_where_to_train_on_from_with_nothi
         assert "--skip-examples" not in err and "was on the local shards, stopped with this run: nothing to " in err
     assert err.rstrip().endswith("ps-worker launch: interrupted; the workers were stopped"), err
     assert_all_gone(pids, {"worker-0", "worker-1", "said-0", "said-1"})
+
+
+def test_the_workers_launch_stops_do_not_each_say_they_were_terminated(fakes, capsys):
+    """launch says it stopped the other workers: their own 'ps-worker: terminated' as its SIGTERM lands is not
+    printed once more for each of them."""
+    command, pids = fakes([{"action": "exit", "code": 3, "wait_for": ["worker-1", "worker-2"]},
+                           {"action": "sleep", "say_term": True}, {"action": "sleep", "say_term": True}])  # fmt: skip
+    args, rest = launch_args("--workers", "3", "--servers", SERVERS, "--no-progress")
+    assert run_launch(args, rest, worker_command=command, train_config=stand_in_train_config) == 1
+    out, err = capsys.readouterr()
+    assert "worker 0 exited with code 3; the other workers were stopped" in err, err
+    assert "terminated" not in out + err and "[worker 1] hello from 1" in out, out + err
+    assert_all_gone(pids, {"worker-0", "worker-1", "worker-2"})
 
 
 def test_a_worker_ignoring_sigterm_is_killed_after_the_grace_period(fakes, capsys):

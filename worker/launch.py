@@ -71,6 +71,7 @@ BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
 GRACE_S = 10.0  # SIGTERM to SIGKILL
 TAIL_LINES = 20  # lines of a failed worker's output repeated in the failure report
+STOPPED_LINE = "ps-worker: terminated"  # what a worker says as launch's SIGTERM stops it (ps.terminate.exit_code)
 _REFUSED = {  # train dests launch sets for every worker: (flag, what launch gives)
     "worker_id": ("--worker-id", "worker i gets --worker-id i"),
     "num_workers": ("--num-workers", "every worker gets --num-workers N (set N with --workers)"),
@@ -461,7 +462,8 @@ def _signal_group(proc: subprocess.Popen, signum: int) -> None:
 
 class WorkerGroup:
     """The job's worker processes: started together, their output read by one thread each (PROGRESS lines to
-    on_progress(i, report), other lines to on_output(i, line) and the last TAIL_LINES kept), stopped together."""
+    on_progress(i, report), other lines to on_output(i, line) and the last TAIL_LINES kept), stopped together. A
+    worker's STOPPED_LINE once stop() began is kept, not passed on: launch says it stopped the workers."""
 
     def __init__(self, commands: Sequence[Sequence[str]], envs: Sequence[dict[str, str]],
                  on_output: Callable[[int, str], None], on_progress: Callable[[int, dict], None]):  # fmt: skip
@@ -470,6 +472,7 @@ class WorkerGroup:
         self.procs: list[subprocess.Popen] = []
         self.tails: list[deque[str]] = [deque(maxlen=TAIL_LINES) for _ in self.commands]
         self._threads: list[threading.Thread] = []
+        self._stopping = False
         # Each worker's exit is awaited by a thread of its own, never by the main thread: a Ctrl-C raised there
         # just after Popen.poll() took the Popen's lock (before its try) left the lock held, and stop()'s wait()
         # then blocked forever. Wake-ups go through a SimpleQueue (in C: no Python-level lock for a
@@ -500,7 +503,8 @@ class WorkerGroup:
                 self.on_progress(i, report)
             else:
                 self.tails[i].append(line)
-                self.on_output(i, line)
+                if not (self._stopping and line == STOPPED_LINE):
+                    self.on_output(i, line)
         self._changed.put(None)
 
     def _reap(self, i: int) -> None:
@@ -524,6 +528,7 @@ class WorkerGroup:
     def stop(self, grace_s: float = GRACE_S) -> None:
         """SIGTERM to every worker's process group, SIGKILL to them after grace_s; reaps the workers and ends the
         output threads. Interrupted (a second Ctrl-C), it kills at once."""
+        self._stopping = True
         for p in self.procs:
             _signal_group(p, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
