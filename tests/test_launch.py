@@ -837,8 +837,15 @@ def test_a_ctrl_c_while_the_workers_train_says_where_to_train_on_from_with_nothi
     command, pids = fakes([{"action": "sleep", "progress": [{"examples": 300}], "say": ["ready"]},
                            {"action": "sleep", "progress": [{"examples": 500}], "say": ["ready"]}])  # fmt: skip
 
+    def read(group) -> bool:  # both workers' "ready", read after their progress
+        try:
+            return all("ready" in tail for tail in group.tails)
+        except RuntimeError:  # a reader thread appended to the deque meanwhile
+            return False
+
     def interrupted(group, tick=None, poll_s=0.5):  # once both workers' progress was read: a Ctrl-C
-        wait_until(lambda: all("ready" in tail for tail in group.tails), 30, "the workers' lines")
+        said = [pids / f"said-{i}" for i in range(2)]  # recorded just after "ready": a stop before it loses them
+        wait_until(lambda: read(group) and all(p.exists() for p in said), 30, "the workers' lines")
         raise KeyboardInterrupt
 
     monkeypatch.setattr(WorkerGroup, "wait", interrupted)
