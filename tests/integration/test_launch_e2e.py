@@ -32,22 +32,6 @@ def test_a_csv_jobs_schema_warnings_and_story_are_said_once_by_launch_before_it_
     assert "\neval   AUC" in run.stdout  # launch's evaluation; its workers say nothing of the one they skip
 
 
-def test_a_sync_job_on_servers_holding_its_model_says_so_once(servers):
-    """Each worker of a sync job reads what the servers held before its first step, the same for all: worker 0 says
-    that the job trains that model further, once, not every worker."""
-    addresses, _ = servers(1)
-    said = []
-    for _ in range(2):
-        run = subprocess.run(
-            [sys.executable, "-m", "worker", "launch", "--workers", "2", "--servers", addresses[0], "--no-progress",
-             "--mode", "sync", "--model", "lr", "--synthetic-rows", "2000", "--synthetic-eval-rows", "500"],
-            capture_output=True, text=True, timeout=240,
-        )  # fmt: skip
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        said.append(run.stdout.count("this run trains that model further"))
-    assert said == [0, 1], said
-
-
 def test_allreduce_workers_with_unequal_batch_counts_finish_and_leave_the_mlp_on_the_servers(tmp_path):
     """1,001 rows in batches of 100 over 2 workers: 6 batches for one, 5 for the other. The worker that runs out
     takes part in the other's last all_reduce; the job ends, and the MLP on the servers that launch evaluates (once:
