@@ -5,8 +5,8 @@ Three regimes of the synthetic generator: the two ends of small data, "rare" (wo
 (frequent_ids_config: the same rows over ~3,000 values, each seen ~120 times on average, strong weights), and
 "imbalanced" (imbalanced_config: the frequent regime with weak weights and about 2.4% positives, as CTR data
 mostly is). For
-each regime and seed, TRAIN_ROWS training rows and TEST_ROWS test rows from a disjoint range are written to
-files. Then, on the same files:
+each regime and seed, TRAIN_ROWS training rows and TEST_ROWS test rows (or --train-rows and --test-rows) from a
+disjoint range are written to files. Then, on the same files:
 
   reference  scikit-learn's LogisticRegression (L2, liblinear) on a one-hot encoding of the very ids sparseps
              trains on (read through the same schema; an id unseen in training has no column) plus the
@@ -15,6 +15,11 @@ files. Then, on the same files:
   sparseps   `ps-worker train --data TRAIN --eval-data TEST --model M --local-shards 1`, every other setting left
              to the recipe the run picks for this size (the README's small-data recipe: batch 256, up to 50
              epochs, each shuffled, a 10% validation split, early stopping), for M in lr, fm, deepfm.
+
+With --against KEY=VALUE..., each model trains a second time on the same files with those settings too (the
+recipe's earlier ones, say: `--train-rows 500000 --against batch_size=256`), and each line gives both runs' test
+AUC, epochs and wall seconds (reading the data to the test AUC), then per regime and model the median AUC
+difference and the seconds of each, over all seeds.
 
 Then the order of a file: for one seed of each regime (--order-seed), lr and fm train on the training file and on
 the same lines sorted by label, with --shuffle on (the recipe's) and off (file order); the test AUC of each, and
@@ -117,46 +122,75 @@ def tuned_lr(train_path: str, test_path: str) -> tuple[float, float]:
 
 
 def sparseps_auc(train_path: str, test_path: str, model: str, extra: dict) -> dict:
+    """{"auc": test AUC, "epochs": epochs run, "best_epoch", "stopped_early", "seconds": the run's wall time, from
+    reading the data to the test AUC, "train_seconds": its training loop's} of one run."""
     cfg = TrainConfig(local_shards=1, data=train_path, eval_data=test_path, model=model, progress=False, **extra)
+    started = time.perf_counter()
     r = train(cfg)
-    return {"auc": r["eval_auc"], "epochs": r["epochs_run"], "stopped_early": r["stopped_early"],
-            "seconds": r["train_seconds"]}  # fmt: skip
+    return {"auc": r["eval_auc"], "epochs": r["epochs_run"], "best_epoch": r.get("best_epoch"),
+            "stopped_early": r["stopped_early"], "seconds": time.perf_counter() - started,
+            "train_seconds": r["train_seconds"]}  # fmt: skip
 
 
-def run_regime(regime: str, seeds: list[int], models: list[str], extra: dict) -> dict:
-    """Every seed of one regime: the reference's and each model's test AUC, and per model the median gap."""
+def run_regime(
+    regime: str,
+    seeds: list[int],
+    models: list[str],
+    extra: dict,
+    against: dict | None = None,
+    rows: tuple[int, int] = (TRAIN_ROWS, TEST_ROWS),
+) -> dict:
+    """Every seed of one regime, `rows` (training, test) rows: the reference's and each model's test AUC, and per
+    model the median gap; with `against`, each model's run with those settings too, and the median difference."""
     per_seed = []
+    train_rows, test_rows = rows
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
-            cfg = REGIMES[regime](seed)
+            cfg = dataclasses.replace(REGIMES[regime](seed), rows=train_rows)
             train_path, test_path = os.path.join(tmp, f"train{seed}.tsv"), os.path.join(tmp, f"test{seed}.tsv")
-            write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
-            write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+            write_synthetic(train_path, cfg, 0, train_rows)
+            write_synthetic(test_path, cfg, train_rows, train_rows + test_rows)
             ref_auc, c = tuned_lr(train_path, test_path)
             row = {"seed": seed, "reference_auc": ref_auc, "reference_c": c}
             for m in models:
                 row[m] = sparseps_auc(train_path, test_path, m, extra)
+                if against is not None:
+                    row[m]["against"] = sparseps_auc(train_path, test_path, m, {**extra, **against})
             per_seed.append(row)
             print(f"{regime} seed {seed}: tuned LR (C={c}) {ref_auc:.4f}  " + "  ".join(
-                f"{m} {row[m]['auc']:.4f} ({row[m]['epochs']} ep)" for m in models), flush=True)  # fmt: skip
+                f"{m} {_run(row[m])}" + (f" against {_run(row[m]['against'])}" if against is not None else "")
+                for m in models), flush=True)  # fmt: skip
     summary = {}
     for m in models:
         gaps = [r[m]["auc"] - r["reference_auc"] for r in per_seed]
         median = float(np.median(gaps))
         summary[m] = {"median_gap": median, "gaps": gaps, "meets_target": median >= TARGET}
+        if against is not None:
+            summary[m]["against"] = {
+                "median_difference": float(np.median([r[m]["auc"] - r[m]["against"]["auc"] for r in per_seed])),
+                "seconds": sum(r[m]["seconds"] for r in per_seed),
+                "against_seconds": sum(r[m]["against"]["seconds"] for r in per_seed),
+            }
     return {"per_seed": per_seed, "summary": summary}
 
 
-def order_effect(regime: str, seed: int, models: list[str], extra: dict) -> dict:
+def _run(r: dict) -> str:
+    return f"{r['auc']:.4f} ({r['epochs']} ep, {r['seconds']:.0f} s)"
+
+
+def order_effect(
+    regime: str, seed: int, models: list[str], extra: dict, rows: tuple[int, int] = (TRAIN_ROWS, TEST_ROWS)
+) -> dict:
     """{model: {"on"|"off": {"unsorted": test AUC, "sorted": test AUC}}}: --shuffle on and off, on the training
     file as written and with its lines sorted by label."""
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = REGIMES[regime](seed)
+        train_rows, test_rows = rows
+        cfg = dataclasses.replace(REGIMES[regime](seed), rows=train_rows)
         train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
         sorted_path = os.path.join(tmp, "sorted.tsv")
-        write_synthetic(train_path, cfg, 0, TRAIN_ROWS)
-        write_synthetic(test_path, cfg, TRAIN_ROWS, TRAIN_ROWS + TEST_ROWS)
+        write_synthetic(train_path, cfg, 0, train_rows)
+        write_synthetic(test_path, cfg, train_rows, train_rows + test_rows)
         with open(train_path) as f:
             lines = f.readlines()
         with open(sorted_path, "w") as f:
@@ -172,37 +206,57 @@ def order_effect(regime: str, seed: int, models: list[str], extra: dict) -> dict
     return out
 
 
+def settings(pairs: list[str]) -> dict:
+    """TrainConfig settings from key=value strings, each value of its field's type."""
+    out = {}
+    types = {f.name: str(f.type) for f in dataclasses.fields(TrainConfig)}
+    for kv in pairs:
+        key, value = kv.split("=", 1)
+        out[key] = tuple(int(x) for x in value.split(",")) if "tuple" in types[key] else (
+            float(value) if "float" in types[key] else int(value) if "int" in types[key] else value)  # fmt: skip
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="*", default=list(SEEDS))
     p.add_argument("--models", nargs="*", default=list(MODELS))
     p.add_argument("--regimes", nargs="*", default=list(REGIMES), choices=list(REGIMES))
     p.add_argument("--set", nargs="*", default=[], help="extra TrainConfig settings, key=value (for exploring)")
+    p.add_argument(
+        "--against",
+        nargs="*",
+        default=None,
+        help="TrainConfig settings, key=value, of a second run of each model, measured beside the first",
+    )
+    p.add_argument("--train-rows", type=int, default=TRAIN_ROWS)
+    p.add_argument("--test-rows", type=int, default=TEST_ROWS)
     p.add_argument("--order-seed", type=int, default=1, help="the seed of the file-order runs (-1: none)")
     p.add_argument("--order-models", nargs="*", default=["lr", "fm"])
     args = p.parse_args()
-    extra = {}
-    for kv in args.set:
-        key, value = kv.split("=", 1)
-        field_type = {f.name: f.type for f in dataclasses.fields(TrainConfig)}[key]
-        extra[key] = tuple(int(x) for x in value.split(",")) if "tuple" in str(field_type) else (
-            float(value) if "float" in str(field_type) else int(value) if "int" in str(field_type) else value)  # fmt: skip
+    extra = settings(args.set)
+    against = None if args.against is None else settings(args.against)
+    rows = (args.train_rows, args.test_rows)
     started = time.perf_counter()
-    regimes = {name: run_regime(name, args.seeds, args.models, extra) for name in args.regimes}
+    regimes = {name: run_regime(name, args.seeds, args.models, extra, against, rows) for name in args.regimes}
     for name, r in regimes.items():
         for m, figures in r["summary"].items():
             median = figures["median_gap"]
             print(f"{name:8s} {m:7s} median AUC - tuned LR: {median:+.4f}  (target >= {TARGET}): "
                   f"{'met' if median >= TARGET else 'MISSED'}")  # fmt: skip
+            if against is not None:
+                a = figures["against"]
+                print(f"{name:8s} {m:7s} median AUC - AUC with {' '.join(args.against)}: "
+                      f"{a['median_difference']:+.4f}; {a['seconds']:.0f} s against {a['against_seconds']:.0f} s")  # fmt: skip
     order = {} if args.order_seed < 0 else {
-        name: order_effect(name, args.order_seed, args.order_models, extra) for name in args.regimes}  # fmt: skip
+        name: order_effect(name, args.order_seed, args.order_models, extra, rows) for name in args.regimes}  # fmt: skip
     for name, per_model in order.items():
         for m, runs in per_model.items():
             gaps = {k: v["sorted"] - v["unsorted"] for k, v in runs.items()}
             print(f"{name:8s} {m:7s} sorted by label minus unsorted: --shuffle on {gaps['on']:+.4f}, "
                   f"off {gaps['off']:+.4f}")  # fmt: skip
-    out = {"benchmark": "small_data", "train_rows": TRAIN_ROWS, "test_rows": TEST_ROWS, "seeds": args.seeds,
-           "settings": extra, "seconds": time.perf_counter() - started, "regimes": regimes,
+    out = {"benchmark": "small_data", "train_rows": args.train_rows, "test_rows": args.test_rows, "seeds": args.seeds,
+           "settings": extra, "against": against, "seconds": time.perf_counter() - started, "regimes": regimes,
            "order_seed": args.order_seed, "order": order}  # fmt: skip
     print(json.dumps(out))
     return 0
