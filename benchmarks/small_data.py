@@ -13,8 +13,8 @@ disjoint range are written to files. Then, on the same files:
              standardized numeric features; C chosen by 5-fold cross-validated AUC on the training rows over
              C_GRID, then refit on all of them.
   sparseps   `ps-worker train --data TRAIN --eval-data TEST --model M --local-shards 1`, every other setting left
-             to the recipe the run picks for this size (the README's small-data recipe: batch 256, up to 50
-             epochs, each shuffled, a 10% validation split, early stopping), for M in lr, fm, deepfm.
+             to the recipe the run picks for this size (the README's small-data recipe: batch 256 (2048 from
+             100,000 rows), up to 50 epochs, each shuffled, a 10% validation split, early stopping), for M in lr, fm, deepfm.
 
 With --against KEY=VALUE..., each model trains a second time on the same files with those settings too (the
 recipe's earlier ones, say: `--train-rows 500000 --against batch_size=256`), and each line gives both runs' test

@@ -22,7 +22,7 @@ from worker.datafiles import check_held_out
 from worker.job import loop_settings, open_job, prepare
 from worker.linecount import CHUNK_BYTES, LineCount, count_lines_upto
 from worker.loop import run_epochs
-from worker.recipe import LARGE, SMALL, SMALL_DATA_EXAMPLES
+from worker.recipe import BIG_BATCH_EXAMPLES, LARGE, SMALL, SMALL_DATA_EXAMPLES, choose
 from worker.train import train
 from worker.train_config import TrainConfig
 
@@ -249,6 +249,20 @@ def test_shuffled_epochs_are_new_orders_of_the_same_examples_seeded_by_the_epoch
     _, data, _, _ = prepare(cfg)
     list(data.train(5))  # another epoch asked for first (or twice) does not move an epoch's order
     np.testing.assert_array_equal(np.concatenate([b.fields["C3"].ids for b in data.train(2)]), second)
+
+
+def test_the_small_recipe_trains_in_bigger_batches_from_big_batch_examples():
+    # where the recipe was tuned (10,000-50,000 examples) it is the same recipe; from BIG_BATCH_EXAMPLES on only the
+    # batch differs, the large recipe's, and a batch size given still wins
+    assert choose("auto", 10_000) == choose("auto", 50_000) == choose("auto", BIG_BATCH_EXAMPLES - 1) == SMALL
+    for examples in (BIG_BATCH_EXAMPLES, 500_000, SMALL_DATA_EXAMPLES - 1):
+        assert choose("auto", examples) == dataclasses.replace(SMALL, batch_size=LARGE.batch_size)
+    assert choose("small", 5 * SMALL_DATA_EXAMPLES).batch_size == LARGE.batch_size
+    assert choose("small", 1000) == SMALL and choose("large", 1000) == LARGE
+    cfg, line = TrainConfig(local_shards=1, model="lr").with_recipe(500_000)
+    assert (cfg.batch_size, cfg.epochs, cfg.early_stop) == (LARGE.batch_size, SMALL.epochs, SMALL.early_stop)
+    assert "small-data recipe for 500,000 training examples" in line and f"batch {LARGE.batch_size}," in line
+    assert TrainConfig(local_shards=1, batch_size=256).with_recipe(500_000)[0].batch_size == 256
 
 
 def test_the_recipe_follows_the_data_size_and_flags_given_win():

@@ -18,7 +18,7 @@ from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
 from worker.readers.share import BAD_SHARE_AFTER
-from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, SMALL
+from worker.recipe import BIG_BATCH_EXAMPLES, LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
 from worker.schema import FORMAT_CHOICES, LABEL_NAMES
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig, new_job_id
@@ -163,7 +163,8 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     fit = p.add_argument_group(
         "schedule and validation",
         "Unset flags here come from a recipe for the data's size: small data (under 1M training examples) "
-        f"trains in batches of 256 for up to 50 epochs, validates on a 10% split after each and stops after "
+        f"trains in batches of {SMALL.batch_size} ({LARGE.batch_size} from {BIG_BATCH_EXAMPLES:,}) for up to "
+        f"{SMALL.epochs} epochs, validates on a 10% split after each and stops after "
         f"{SMALL.early_stop} without improvement; large data trains one epoch in batches of 2048. The run prints its "
         "choice.",
     )
@@ -174,7 +175,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         help="auto: small or large by the number of training examples",
     )
     fit.add_argument(
-        "--batch-size", type=integer(1), default=None, help="examples per step (default: small: 256, large: 2048)"
+        "--batch-size",
+        type=integer(1),
+        default=None,
+        help=f"examples per step (default: small: {SMALL.batch_size}, {LARGE.batch_size} from "
+        f"{BIG_BATCH_EXAMPLES:,} training examples; large: {LARGE.batch_size})",
     )
     fit.add_argument(
         "--epochs",
