@@ -5,6 +5,7 @@ reads of eval, predict, export and stats go on; a job whose workers are gone hol
 from __future__ import annotations
 
 import itertools
+import re
 import time
 
 import grpc
@@ -16,7 +17,7 @@ from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.push import TablePush
 from ps.engine.shard import Shard
-from ps.errors import CheckpointInProgressError, InvalidArgumentError, JobConflictError
+from ps.errors import CheckpointInProgressError, InvalidArgumentError, JobConflictError, TableNotFoundError
 from ps.stamp import WorkerStamp
 
 JOB, OTHER = 0xA51C, 0xB0B
@@ -186,3 +187,41 @@ def test_unclocked_stamps_come_on_pushes_only_and_never_with_sync(shard):
     with pytest.raises(InvalidArgumentError, match="says sync .* or unclocked .*, not both"):
         push(shard, unclocked(0, sync=True))
     assert rows(shard) == 0.0 and shard.stats()["job"] == 0
+
+
+@pytest.mark.parametrize("second", ["async", "ssp"])
+def test_two_jobs_first_pushes_reaching_a_free_shard_together_let_one_in_and_refuse_the_other(shard, second):
+    """Job OTHER's push comes between the check and the apply of JOB's first push on a free shard (forced by a
+    hook in push_batch): JOB holds the shard from its check on, so OTHER is refused then, with nothing applied."""
+    apply, outcome = shard.push_batch, []
+
+    def between(*args, **kw):  # JOB's push, checked, about to be applied
+        if not outcome:
+            outcome.append("sent")
+            late = (unclocked(0, job=OTHER, num_workers=1) if second == "async"
+                    else WorkerStamp(OTHER, 0, 1, 0, staleness=1, setup="mode=ssp"))  # fmt: skip
+            try:
+                push(shard, late, client=12)
+                outcome[0] = "applied"
+            except JobConflictError as e:
+                outcome[0] = str(e)
+        return apply(*args, **kw)
+
+    shard.push_batch = between
+    push(shard, unclocked(0))
+    assert len(outcome) == 1 and re.search(rf"is applying the first push of job {JOB} \(--mode async, worker 0\), so "
+                                           rf"worker 0 of job {OTHER} .* cannot train here: .*nothing was applied",
+                                           outcome[0]), outcome  # fmt: skip
+    assert rows(shard) == -1.0 and shard.stats()["job"] == JOB
+    with pytest.raises(JobConflictError, match=rf"holds job {JOB}"):  # and so it is after the push
+        push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
+
+
+def test_a_first_push_that_fails_leaves_the_shard_free(shard):
+    """A job's first push refused (a table the shard lacks) takes no hold: another job starts at once."""
+    bad = [TablePush(name="nope", ids=IDS, grads=np.ones((len(IDS), 4), np.float32), shows=None, clicks=None)]
+    with pytest.raises(TableNotFoundError):
+        shard.push_stamped(bad, 1, 11, next(SEQ), unclocked(0))
+    assert shard.stats()["job"] == 0
+    push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
+    assert rows(shard) == -1.0 and shard.stats()["job"] == OTHER

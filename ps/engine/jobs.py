@@ -54,7 +54,10 @@ both jobs, changing nothing) while the one followed runs: until every worker of 
 a refused stamp), or no stamp of it has come for its barrier timeout (the largest its stamps gave: its waits would
 have ended by then, so its workers are gone). Then
 a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
-the old job applied after the switch changes nothing of the new one.
+the old job applied after the switch changes nothing of the new one. A pull or sync push starts its job under the
+lock that checks it; a push that is applied first (async, geo, ssp) claims the shard at its check, under that
+lock, so that two jobs' first pushes reaching a free shard together do not both apply: the other job is refused
+until the push is applied (its job starts) or fails (the claim is dropped, the shard as it was).
 
 Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the shard for its job, and its worker
 count, setup and unclocked are checked as above (a worker of another mode, another --geo-every, or another count
@@ -324,23 +327,27 @@ class JobClocks:
         self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
         self._stamped: list[bool] = []  # worker -> a stamp of it came here (since the job started here)
         self._heard = 0.0  # monotonic time of the job's latest stamp here
+        self._claims: list[WorkerStamp] = []  # stamps of pushes checked and not yet applied that start their job
         self._patience_s = 0.0  # the largest barrier timeout its stamps gave
         self._steps: dict[int, _SyncStep] = {}
         self._generation = 0  # moves when the job changes: waits of an older job fail
         self._closed = False
 
     # ---- the job --------------------------------------------------------------------------------------
-    def check(self, stamp: WorkerStamp, pull: bool, client: int = 0) -> None:
+    def check(self, stamp: WorkerStamp, pull: bool, client: int = 0) -> bool:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
         stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
-        another job while the one followed runs, and for an ssp push from another client (the PushBatch's
-        client_id; 0: unknown) than the worker's earlier pushes (which stops the job). A stamp of the job followed
-        that passes counts as hearing from the job (its hold on the shard lasts)."""
+        another job while the one followed runs or a push that starts one is claimed, and for an ssp push from
+        another client (the PushBatch's client_id; 0: unknown) than the worker's earlier pushes (which stops the
+        job). A stamp of the job followed that passes counts as hearing from the job (its hold on the shard lasts).
+        Returns whether the stamp claims the shard: a push (not sync, not done) that starts its job here; the
+        claim refuses every other job until pushed(claimed=True) starts the job, or release() drops it (the push
+        failed)."""
         check_stamp(stamp, pull)
         with self._cond:
             if stamp.unclocked and stamp.done and not self._follows(stamp):
-                return  # the end of a worker of a job not followed: nothing to change (finish)
+                return False  # the end of a worker of a job not followed: nothing to change (finish)
             self._check_job(stamp)
             self._check_workers(stamp)
             if not pull and not stamp.unclocked:
@@ -349,6 +356,16 @@ class JobClocks:
                     self._check_client(stamp, client)
             if self._follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
                 self._heard = time.monotonic()
+                return False
+            if pull or stamp.sync or stamp.done:  # these start their job under the lock (_enter)
+                return False
+            self._claims.append(stamp)
+            return True
+
+    def release(self, stamp: WorkerStamp) -> None:
+        """Drops the claim of check() for stamp: its push failed, and the shard is as it was before it."""
+        with self._cond:
+            self._claims.remove(stamp)
 
     def _follows(self, stamp: WorkerStamp) -> bool:
         """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
@@ -366,7 +383,17 @@ class JobClocks:
         return time.monotonic() - self._heard <= self._patience_s
 
     def _check_job(self, stamp: WorkerStamp) -> None:
-        """JobConflictError for a stamp of another job while the one followed runs. Lock held."""
+        """JobConflictError for a stamp of another job while the one followed runs, or while a push claims the
+        shard for another job (check()). Lock held."""
+        claim = next((c for c in self._claims if c.job != stamp.job), None)
+        if claim is not None:
+            raise JobConflictError(
+                f"shard {self.shard_id} is applying the first push of job {claim.job} "
+                f"({_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
+                f"{stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
+                f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
+                "it; nothing was applied"
+            )
         if stamp.job == self.job or not self._running():
             return
         silent = time.monotonic() - self._heard
@@ -598,11 +625,14 @@ class JobClocks:
                 if waiting:
                     self._waiting -= 1
 
-    def pushed(self, stamp: WorkerStamp, client: int = 0) -> int:
+    def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False) -> int:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
-        a job stopped since its check. Returns min_clock. (Another job that started since the check and runs: the
-        push stays applied, and no clock moves.)"""
+        a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). Returns
+        min_clock. (Another job that started since the check and runs: the push stays applied, and no clock
+        moves.)"""
         with self._cond:
+            if claimed:
+                self._claims.remove(stamp)
             if stamp.job != self.job and self._running():
                 return self._min_clock()
             self._enter(stamp, applied=True)

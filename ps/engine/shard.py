@@ -860,7 +860,7 @@ class Shard:
                 raise InvalidArgumentError("a stop stamp comes in a PushBatch without pushes and without a clock "
                                            "advance; nothing was applied")  # fmt: skip
             return self.clock, 0, self.jobs.abandon(stamp)
-        self.jobs.check(stamp, pull=False, client=client)
+        claimed = self.jobs.check(stamp, pull=False, client=client)
         if stamp.done:
             if pushes or advance_clock:
                 raise InvalidArgumentError("a done stamp comes in a PushBatch without pushes and without a clock "
@@ -870,8 +870,13 @@ class Shard:
             applied, low = self.jobs.push_sync(stamp, self._contribution(pushes, advance_clock), advance_clock,
                                                self._apply_sum, client, caller_gone)  # fmt: skip
             return self.clock, applied, low
-        clock, applied = self.push_batch(pushes, advance_clock, client, client_seq, caller_gone)
-        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client)
+        try:
+            clock, applied = self.push_batch(pushes, advance_clock, client, client_seq, caller_gone)
+        except BaseException:
+            if claimed:
+                self.jobs.release(stamp)
+            raise
+        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client, claimed)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
         """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too, and its size:
