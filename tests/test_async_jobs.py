@@ -225,3 +225,19 @@ def test_a_first_push_that_fails_leaves_the_shard_free(shard):
     assert shard.stats()["job"] == 0
     push(shard, unclocked(0, job=OTHER, num_workers=1), client=12)
     assert rows(shard) == -1.0 and shard.stats()["job"] == OTHER
+
+
+def test_an_async_job_id_stopped_by_a_worker_of_another_setup_runs_again_once_its_workers_stopped(shard):
+    """A fixed job id (a deployment's) whose run stopped because one worker had another setup: its live workers
+    hear why at their next push; once every worker has stopped (their stop stamps), the next run under the id
+    starts anew, as after a run that finished, instead of being refused for the old mismatch for good."""
+    push(shard, unclocked(0))
+    with pytest.raises(InvalidArgumentError, match="runs another setup"):
+        push(shard, unclocked(1, setup=GEO), client=12)
+    with pytest.raises(InvalidArgumentError, match="runs another setup"):  # worker 0 hears why
+        push(shard, unclocked(0))
+    for w in range(2):  # each worker failed, and said so
+        shard.push_stamped([], 0, 0, 0, unclocked(w, stopped="failed"))
+    push(shard, unclocked(0, setup=GEO), client=21)  # the next run, its setup fixed
+    push(shard, unclocked(1, setup=GEO), client=22)
+    assert shard.stats()["job"] == JOB and rows(shard) == -3.0

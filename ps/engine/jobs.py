@@ -66,7 +66,8 @@ stops the job), but it moves no clock, waits for nothing, and is not tied to a c
 stop stamp: the job does not stop (its other workers wait for nobody); a push of a worker marked done marks it
 running again. A job whose every worker is done, or that was not heard from for its barrier timeout, holds the
 shard no more; a push of it then starts it anew (a new run under the same id, its setup that push's), as a push of
-another job would. The job followed lives in memory: a restarted shard follows the first job that stamps a
+another job would; so does a job a worker of another setup stopped, once that holds (its workers hear why until
+then). The job followed lives in memory: a restarted shard follows the first job that stamps a
 request to it, and another job's may come first there while the job's workers are gone, or still wait for the
 restart (the shards that did not restart refuse that job's pushes, and its worker stops; the first job's workers
 are refused where it got in).
@@ -369,10 +370,11 @@ class JobClocks:
 
     def _follows(self, stamp: WorkerStamp) -> bool:
         """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
-        that ended (every worker done or stopped, or none heard from for its barrier timeout) is not: it is of a
-        new run of the job, which a push starts anew (an async or geo job id may be given to run after run).
-        Lock held."""
-        ended = stamp.unclocked and self.unclocked and self._stopped is None and not self._running()
+        that ended (every worker done or stopped, or none heard from for its barrier timeout; one stopped by a
+        worker of another setup too, once so) is not: it is of a new run of the job, which a push starts anew (an
+        async or geo job id may be given to run after run). Lock held."""
+        silent = time.monotonic() - self._heard > self._patience_s
+        ended = stamp.unclocked and self.unclocked and (all(self._done) or silent)
         return stamp.job == self.job and not ended
 
     def _running(self) -> bool:
