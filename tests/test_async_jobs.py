@@ -241,3 +241,24 @@ def test_an_async_job_id_stopped_by_a_worker_of_another_setup_runs_again_once_it
     push(shard, unclocked(0, setup=GEO), client=21)  # the next run, its setup fixed
     push(shard, unclocked(1, setup=GEO), client=22)
     assert shard.stats()["job"] == JOB and rows(shard) == -3.0
+
+
+def test_a_push_applied_before_its_job_started_with_another_count_is_answered_as_applied(shard):
+    """Two workers of a new job that disagree on its worker count both pass their checks (the job has not started:
+    neither can be told wrong yet) and are applied. The one whose push starts the job second gets its reply as
+    applied, as it was (not an error saying it was not); its next push is refused, and stops the job."""
+    apply, outcome = shard.push_batch, []
+
+    def between(*args, **kw):  # worker 0's push (2 workers), checked, about to be applied
+        if not outcome:
+            outcome.append("sent")
+            push(shard, unclocked(1, num_workers=3), client=12)  # checked, applied, starts the job: 3 workers
+        return apply(*args, **kw)
+
+    shard.push_batch = between
+    push(shard, unclocked(0))
+    assert rows(shard) == -2.0 and shard.stats()["num_workers"] == 3
+    with pytest.raises(InvalidArgumentError, match=rf"job {JOB} stops: worker 0 says the job has 2 workers; it "
+                                                   "started here with 3 .*the request was not applied"):  # fmt: skip
+        push(shard, unclocked(0))
+    assert rows(shard) == -2.0

@@ -437,11 +437,9 @@ class JobClocks:
             return
         if self._stopped is not None and not applied:
             raise _again(self._stopped)
-        if stamp.num_workers != self.num_workers:
+        if stamp.num_workers != self.num_workers:  # (never after a push applied: pushed() returns first)
             error = self._mismatch(stamp, f"says the job has {stamp.num_workers:,} workers; it started here with "
                                           f"{self.num_workers:,}", "gives the same count")  # fmt: skip
-            if applied:  # the job changed since the push's check: leave the new one be
-                raise error
             self._stop(error)
             raise _again(error)
         if not applied and stamp.setup != self.setup and setup_pairs(stamp.setup) != setup_pairs(self.setup):
@@ -630,12 +628,15 @@ class JobClocks:
     def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False) -> int:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
         a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). Returns
-        min_clock. (Another job that started since the check and runs: the push stays applied, and no clock
-        moves.)"""
+        min_clock. (Another job that started since the check and runs, or the job started since the check with
+        another worker count, by a push of another worker checked at the same time: the push stays applied, and
+        nothing moves; the worker's next stamp is refused as its check finds the job now.)"""
         with self._cond:
             if claimed:
                 self._claims.remove(stamp)
             if stamp.job != self.job and self._running():
+                return self._min_clock()
+            if self._follows(stamp) and stamp.num_workers != self.num_workers:
                 return self._min_clock()
             self._enter(stamp, applied=True)
             if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
