@@ -13,6 +13,7 @@ import numpy as np
 
 from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
+from ps.stamp import WorkerStamp
 from worker.client import push_arrays
 
 
@@ -47,13 +48,22 @@ class InProcessTables:
         return [self.pull(table, ids) for table, ids in items]
 
     def push_many(
-        self, items: list[tuple], advance_clock: int = 0, return_rows: bool = False, add_delta: bool = False
+        self,
+        items: list[tuple],
+        advance_clock: int = 0,
+        return_rows: bool = False,
+        add_delta: bool = False,
+        stamp: WorkerStamp | None = None,
     ) -> list | None:
         """As Client.push_many: one batch, validated whole before any push is applied; return_rows: the rows of
         the pushed unique ids read once, as the server does for PushBatch, put in the given ids' order as the
-        Client puts them."""
+        Client puts them; stamp: the batch is a job's worker's (Shard.push_stamped), as the Client sends it."""
         made = [self._item(*item) for item in items]
-        self.shard.push_batch([(*push, add_delta) for push, _ in made], advance_clock)
+        pushes = [(*push, add_delta) for push, _ in made]
+        if stamp is None:
+            self.shard.push_batch(pushes, advance_clock)
+        else:
+            self.shard.push_stamped(pushes, advance_clock, 0, 0, stamp)
         if not return_rows:
             return None
         rows = [self.shard.pull(push[0], push[1]) for push, _ in made]

@@ -116,7 +116,7 @@ class GeoTables:
         if num_workers < 1:
             raise ValueError(f"GeoTables needs num_workers >= 1, got {num_workers}")
         self.tables, self.every, self.capacity_bytes = tables, every, int(capacity_bytes)
-        self.stamped = {} if stamp is None else {"stamp": stamp}  # push_many's keywords
+        self.stamp = stamp
         self.delta_scale = np.float32(1.0 / num_workers)
         self._local = {t: _LocalTable(cfg, self.capacity_bytes, i) for i, (t, cfg) in enumerate(configs.items())}
         self.steps = self.pushes = self.ids_pushed = self.pulls = self.ids_pulled = 0
@@ -194,7 +194,7 @@ class GeoTables:
                 delta = (_gathered(local.local, slots, local.dim) - local.base[slots]) * self.delta_scale
                 counts = local.counts[slots]
                 items.append(PushItem(t, local.slots.keys[slots], delta, clicks=counts[:, 1], shows=counts[:, 0]))
-            returned = self.tables.push_many(items, return_rows=True, add_delta=True, **self.stamped)
+            returned = self.tables.push_many(items, return_rows=True, add_delta=True, stamp=self.stamp)
             for (_, local, slots), rows in zip(plan, returned):
                 rows = np.ascontiguousarray(rows, np.float32)
                 _scatter(local.local, slots, rows)

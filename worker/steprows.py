@@ -83,22 +83,24 @@ def _sparse_pushes(tids: dict[str, TableIds], row_grads: dict[str, np.ndarray]) 
     return [PushItem(t, ti.uniq, row_grads[t], clicks=ti.clicks, shows=ti.shows) for t, ti in tids.items()]
 
 
-def _job_pushes(stamp: WorkerStamp | None) -> dict:
-    """The push_many keywords of an async or geo job's pushes: its unclocked stamp ({} without one)."""
-    return {} if stamp is None else {"stamp": stamp}
+class _Leaving:
+    """Tells the shards, once, that an async or geo job's worker sends no more: done (reason None), or stopped
+    (why); a shard that did not take a stop is logged (it holds the job until its barrier timeout). Without a
+    stamp there is nobody to tell."""
 
+    def __init__(self, tables: Any, stamp: WorkerStamp | None):
+        self.tables, self.stamp, self.told = tables, stamp, stamp is None
 
-def _leave(tables: Any, stamp: WorkerStamp | None, reason: str | None) -> None:
-    """Tells the shards that an async or geo job's worker sends no more: done (reason None), or stopped (why);
-    a shard that did not take a stop is logged (it holds the job until its barrier timeout)."""
-    if stamp is None:
-        return
-    if reason is None:
-        tables.finish(stamp)
-        return
-    for line in tables.stop_job(stamp, reason):
-        log.warning("could not tell %s that this worker stopped; it holds the shard for the job until the job's "
-                    "barrier timeout", line)  # fmt: skip
+    def __call__(self, reason: str | None) -> None:
+        if self.told:
+            return
+        self.told = True
+        if reason is None:
+            self.tables.finish(self.stamp)
+            return
+        for line in self.tables.stop_job(self.stamp, reason):
+            log.warning("could not tell %s that this worker stopped; it holds the shard for the job until the "
+                        "job's barrier timeout", line)  # fmt: skip
 
 
 class AsyncRows:
@@ -107,7 +109,7 @@ class AsyncRows:
 
     def __init__(self, tables: Any, spec: ModelSpec, depth: int, stamp: WorkerStamp | None = None):
         self.tables, self.spec, self.depth, self.stamp = tables, spec, depth, stamp
-        self._left = False  # finish or abandon told the shards
+        self._leave = _Leaving(tables, stamp)
         self.recent = {t: RecentRows(depth + 1) for t in spec.table_dims()}  # a pull runs up to depth + 1 ahead
         self.window: deque = deque(maxlen=depth + 1)  # the unique ids per table of the batches prepared last
 
@@ -132,7 +134,7 @@ class AsyncRows:
 
     def push(self, step: int, tids: dict[str, TableIds], row_grads: dict, extra: list) -> list:
         returned = self.tables.push_many(_sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True,
-                                         **_job_pushes(self.stamp))  # fmt: skip
+                                         stamp=self.stamp)  # fmt: skip
         for (t, ti), updated in zip(tids.items(), returned):
             self.recent[t].add(ti.uniq, updated)
         return returned[len(tids) :]
@@ -141,14 +143,10 @@ class AsyncRows:
         pass
 
     def finish(self) -> None:
-        if not self._left:
-            self._left = True
-            _leave(self.tables, self.stamp, None)
+        self._leave(None)
 
     def abandon(self, reason: str, servers_ok: bool = True) -> None:
-        if not self._left:
-            self._left = True
-            _leave(self.tables, self.stamp, reason)
+        self._leave(reason)
 
     def stats(self) -> dict:
         return {}
@@ -257,8 +255,8 @@ class GeoRows:
     the job's unclocked stamp (which geo's pushes carry: GeoTables.stamp), told the worker's end."""
 
     def __init__(self, tables: Any, geo: Any, stamp: WorkerStamp | None = None):
-        self.tables, self.geo, self.stamp = tables, geo, stamp
-        self._left = False  # finish or abandon told the shards
+        self.tables, self.geo = tables, geo
+        self._leave = _Leaving(tables, stamp)
         self.requested = self.local = 0
         self._failed = False  # a push of deltas failed: some shards may have applied it, so it is not sent again
         self.unpushed_steps = 0  # steps whose deltas are not on the servers yet
@@ -301,9 +299,7 @@ class GeoRows:
 
     def finish(self) -> None:
         self._flush()
-        if not self._left:
-            self._left = True
-            _leave(self.tables, self.stamp, None)
+        self._leave(None)
 
     def _flush(self) -> None:
         """geo's pending deltas pushed, unless a push failed: one that fails (or is interrupted) may have been
@@ -324,9 +320,7 @@ class GeoRows:
             if servers_ok:
                 self._flush()
         finally:
-            if not self._left:
-                self._left = True
-                _leave(self.tables, self.stamp, reason)
+            self._leave(reason)
 
     def stats(self) -> dict:
         rate = self.local / self.requested if self.requested else 0.0
