@@ -200,25 +200,27 @@ def ended_before(path: str) -> int | None:
     """The examples of the run whose position the file at path holds where it says that run ended ("finished"),
     else None (no such file, one that cannot be read, or a run that did not end): what a launcher tells of a worker
     that exited having nothing to do (read_position checks the rest when that worker starts)."""
-    try:
-        with open(path, "rb") as f:
-            record = json.loads(f.read())
-    except (OSError, ValueError):
-        return None
-    examples = record.get("examples") if isinstance(record, dict) and record.get("finished") is True else None
+    record = _file_record(path)
+    examples = record.get("examples") if record.get("finished") is True else None
     return examples if type(examples) is int else None
 
 
 def recorded_job_id(path: str) -> int | None:
     """The job id the file at path keeps, else None (no such file, one that cannot be read, or none kept): the id a
     launcher gives the workers it starts again (read_position checks the rest when each starts)."""
+    job_id = _file_record(path).get("job_id")
+    return job_id if _is_job_id(job_id) else None
+
+
+def _file_record(path: str) -> dict:
+    """The JSON object the file at path holds, for a launcher's look at it; {} where there is none (no such file,
+    one that cannot be read, or no object)."""
     try:
         with open(path, "rb") as f:
             record = json.loads(f.read())
     except (OSError, ValueError):
-        return None
-    job_id = record.get("job_id") if isinstance(record, dict) else None
-    return job_id if _is_job_id(job_id) else None
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def _is_job_id(value: object) -> bool:
