@@ -225,9 +225,9 @@ def infer_schema(
                 checks.append(f"the header names {header.count(h)} columns {h!r}: they are left out (rename them)")
             continue
         name = h if h and not h.startswith("_") else f"column{j}"
-        fmt = time_format(h, columns[h])
-        if fmt is not None:
-            lines += ["", *_time_entries(name, h, fmt, columns[h], set(header))]
+        times = time_format(h, columns[h])
+        if times is not None:
+            lines += ["", *_time_entries(name, h, times, columns[h], set(header))]
             continue
         column, comment = infer_column(name, h, columns[h], sampled=not whole)
         lines += ["", f"# {h!r}: {comment}", "[[columns]]", *_entry(column, with_table=False)]
