@@ -305,7 +305,6 @@ def test_the_job_setup_moves_with_what_workers_share_and_not_with_what_each_choo
         ({"dense": "allreduce", "dense_staleness": 1}, "--dense-staleness 1 is the --dense ps path's"),
         ({"dense_sync_every": 3, "dense_staleness": 1}, "--dense-sync-every 3 applies"),
         ({"local_shards": 2, "num_workers": 2, "worker_id": 1}, "each worker would start shards of its own"),
-        ({"mode": "ssp", "num_workers": 2}, "needs --job-id"),
         ({"mode": "async", "num_workers": 2}, "--num-workers 2 needs --job-id: the same for all the job's workers"),
         ({"mode": "async", "row_cache_bytes": 1 << 20}, "--row-cache-bytes serves rows within ssp's"),
         ({"mode": "geo", "l2": 0.5}, "--l2 0.5 with --mode geo: geo pushes its rows' deltas as add-delta pushes"),
