@@ -296,3 +296,25 @@ def test_geo_rows_say_while_they_hold_steps_not_pushed(server):
     assert held == [True, True, False, True, True, False, True]
     rows.settle()
     assert not rows.holding()
+
+
+def test_a_geo_steps_dense_pushes_carry_its_job_and_a_shard_training_another_refuses_them(server):
+    """The dense pushes that go with a geo step carry the job's unclocked stamp, as its deltas do: on a shard that
+    trains another job the first of them is refused, applying nothing, before any delta is due."""
+    from ps.errors import JobConflictError
+    from ps.stamp import WorkerStamp
+    from worker.client import PushItem
+    from worker.steprows import GeoRows
+
+    server.create_table(SGD)
+    server.create_table(TableConfig("mlp", 4, optimizer=OptimizerConfig("sgd", 0.5)))
+    ids = np.array([1, 2], np.uint64)
+    first = WorkerStamp(1, 0, 1, 0, setup="mode=async", unclocked=True)
+    server.push_many([("emb", ids, np.ones((2, 4), F32))], stamp=first)  # job 1 trains on the shard
+    second = WorkerStamp(2, 0, 1, 0, setup="mode=geo", unclocked=True)
+    rows = GeoRows(server, GeoTables(server, {"emb": SGD}, every=4, stamp=second), second)
+    before = server.pull("mlp", ids)
+    with pytest.raises(JobConflictError, match="holds job 1"):
+        rows.push(0, {}, {}, [PushItem("mlp", ids, np.ones((2, 4), F32))])  # step 1 of 4: no delta due
+    np.testing.assert_array_equal(server.pull("mlp", ids), before)
+    assert server.shard.stats()["job"] == 1

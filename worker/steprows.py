@@ -255,7 +255,7 @@ class GeoRows:
     the job's unclocked stamp (which geo's pushes carry: GeoTables.stamp), told the worker's end."""
 
     def __init__(self, tables: Any, geo: Any, stamp: WorkerStamp | None = None):
-        self.tables, self.geo = tables, geo
+        self.tables, self.geo, self.stamp = tables, geo, stamp
         self._leave = _Leaving(tables, stamp)
         self.requested = self.local = 0
         self._failed = False  # a push of deltas failed: some shards may have applied it, so it is not sent again
@@ -290,7 +290,7 @@ class GeoRows:
         self.unpushed_steps = 0 if self.geo.steps % self.geo.every == 0 else self.unpushed_steps + 1
         if pushed:
             self.tables.advance_clock(self.geo.every)
-        return self.tables.push_many(extra, return_rows=True) if extra else []
+        return self.tables.push_many(extra, return_rows=True, stamp=self.stamp) if extra else []
 
     def settle(self) -> None:
         """Pushes the deltas of the steps since the last push (a validation then scores the model trained so far,

@@ -1,8 +1,9 @@
 """JobClocks: the training job a shard follows, its worker clocks, and the waits of the modes that follow them.
 
 A worker of a sync or ssp job stamps its PullBatch and PushBatch requests (ps.stamp.WorkerStamp, the proto's); a
-worker of an async or geo job stamps its PushBatch requests, unclocked (below). Requests without a stamp (reads:
-eval, predict, export, stats; a job's MLP and restore pushes) never wait and never come here.
+worker of an async or geo job stamps its PushBatch requests, unclocked (below); the MLP's pushes that go with a
+step's push carry its stamp. Requests without a stamp (reads: eval, predict, export, stats; the MLP's pushes sent
+apart from a step's, worker/dense.py DensePS's; restore pushes) never wait and never come here.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
