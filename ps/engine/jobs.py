@@ -404,7 +404,7 @@ class JobClocks:
         live = sum(not d for d in self._done)
         resume = (
             f", or resume job {self.job} (its workers' command with --job-id {self.job}; a --resume-file "
-            "keeps it), which pushes on at once"
+            "keeps it, and `ps-worker launch` run again with its --resume-file gives it back), which pushes on at once"
             if self.unclocked
             else ""
         )  # a sync or ssp worker cannot rejoin
