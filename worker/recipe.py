@@ -29,9 +29,8 @@ From BIG_BATCH_EXAMPLES on, small data trains in large's batches of 2048: the ep
 10,000-50,000 examples (where the recipe was tuned) make a run of 500,000 take many minutes, and a batch's gradient
 is the sum over its examples, so an id seen once in a batch gets the same FTRL step in either, and the models come
 out nearly the same in a fraction of the time (benchmarks/small_data.py --train-rows 100000 --against
-batch_size=256, rare ids, seed 1: lr's test AUC the same in 22 s against 70 s, fm's 0.0027 lower in 22 s against
-40 s; runs of the same settings outside the script, seeds 1-3 of each regime: median test AUC of 2048 minus 256,
-lr 0.0000, fm -0.0001 to +0.0012).
+batch_size=256, rare ids, seeds 1-3: fm's test AUC -0.0027, 0.0000, +0.0007 in 22, 17, 19 s against 40, 36, 44 s;
+lr's (seed 1) the same in 22 s against 70 s; README, "Train on your own data").
 Small data is held in memory and trained in a fresh random order each epoch (worker/data.py): a file sorted or
 grouped by its label, or by anything that goes with it, trains as well as a shuffled one (benchmarks/small_data.py's
 files with their lines sorted by label: fm's test AUC 0.0107 (rare ids), 0.0112 (frequent) and 0.0923 (imbalanced)
