@@ -197,3 +197,25 @@ def test_a_save_whose_dir_keeps_going_away_gives_up_after_its_tries(tmp_path):
         assert len(writes) == SAVE_TRIES
     finally:
         shard.close()
+
+
+def test_a_checkpoint_dir_another_shard_made_and_removed_meanwhile_is_made_again(tmp_path, monkeypatch):
+    """Another shard's mkdir wins, and its failed save removes the directory before this one looks at it: this
+    shard makes it again (the FileExistsError it saw is no file in the way)."""
+    import os
+
+    from ps.engine import hold
+
+    target = tmp_path / "out" / "checkpoint.new"
+    real_mkdir = os.mkdir
+    raced = []
+
+    def mkdir(path, *args, **kwargs):
+        if str(path) == str(target) and not raced:
+            raced.append(path)  # the other shard made it and removed it again
+            raise FileExistsError(17, "File exists", str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(hold.os, "mkdir", mkdir)
+    assert hold._make_dirs(str(target)) == [str(tmp_path / "out"), str(target)]
+    assert raced and target.is_dir()

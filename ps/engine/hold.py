@@ -203,12 +203,16 @@ def _inside_a_checkpoint(directory: str, checkpoint_root: str) -> str | None:
     return None
 
 
+_MKDIR_ATTEMPTS = 3  # a directory another shard makes and removes again between our mkdir and our look at it
+
+
 def _make_dirs(directory: str) -> list[str]:
     """Creates directory and its missing parents; returns those it created, parents first (not those another
-    process made meanwhile: the shards of a checkpoint save into one directory at once). A directory that
-    cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
-    too long), DiskFullError for a full disk, CheckpointDirError for the others (no permission, a file in the
-    way)."""
+        process made meanwhile: the shards of a checkpoint save into one directory at once; one made and removed again
+    meanwhile, by another shard's failed save, is made here). A directory that
+        cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
+        too long), DiskFullError for a full disk, CheckpointDirError for the others (no permission, a file in the
+        way)."""
     missing = []
     d = os.path.abspath(directory)
     while not os.path.isdir(d) and os.path.dirname(d) != d:
@@ -217,13 +221,17 @@ def _make_dirs(directory: str) -> list[str]:
     created = []
     try:
         for d in reversed(missing):
-            try:
-                os.mkdir(d)
-            except FileExistsError:  # another shard of this checkpoint made it meanwhile: not ours to remove
-                if not os.path.isdir(d):
-                    raise
-                continue
-            created.append(d)
+            for attempt in range(_MKDIR_ATTEMPTS):
+                try:
+                    os.mkdir(d)
+                except FileExistsError:  # another shard of this checkpoint made it meanwhile: not ours to remove
+                    if os.path.isdir(d):
+                        break
+                    if os.path.lexists(d) or attempt == _MKDIR_ATTEMPTS - 1:
+                        raise  # a file in the way
+                    continue  # made, then removed by that shard's failed save: made again here
+                created.append(d)
+                break
     except OSError as e:
         _remove_dirs(created)
         reason = disk_full_reason(e)
