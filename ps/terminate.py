@@ -155,8 +155,8 @@ def stopped_by_signal(e: BaseException) -> tuple[str, int] | None:
 
 def exit_code(program: str, run: Callable[[], int]) -> int:
     """run()'s exit code, the whole of a command's main: a Ctrl-C or SIGTERM that ends it (stopped_by_signal) is
-    said on stderr ('PROGRAM: interrupted', or 'terminated') and gives 130 (EXIT_CODE); any other exception goes
-    on."""
+    said on stderr ('PROGRAM: interrupted', or 'terminated') and gives 130 (or EXIT_CODE, 143); any other
+    exception goes on."""
     try:
         return run()
     except (KeyboardInterrupt, Terminated, SystemError) as e:  # SystemError: numba's may carry one (signal_behind)

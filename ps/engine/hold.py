@@ -208,11 +208,10 @@ _MKDIR_ATTEMPTS = 3  # a directory another shard makes and removes again between
 
 def _make_dirs(directory: str) -> list[str]:
     """Creates directory and its missing parents; returns those it created, parents first (not those another
-        process made meanwhile: the shards of a checkpoint save into one directory at once; one made and removed again
-    meanwhile, by another shard's failed save, is made here). A directory that
-        cannot be created leaves none of them behind: InvalidArgumentError for a path no file system takes (a name
-        too long), DiskFullError for a full disk, CheckpointDirError for the others (no permission, a file in the
-        way)."""
+    process made meanwhile: the shards of a checkpoint save into one directory at once; one made and removed again
+    meanwhile, by another shard's failed save, is made here). A directory that cannot be created leaves none of
+    them behind: InvalidArgumentError for a path no file system takes (a name too long), DiskFullError for a full
+    disk, CheckpointDirError for the others (no permission, a file in the way)."""
     missing = []
     d = os.path.abspath(directory)
     while not os.path.isdir(d) and os.path.dirname(d) != d:
