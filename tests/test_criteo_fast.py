@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from worker import cells_fast
+from worker.cells import int_values
 from worker.criteo import parse_lines
 from worker.criteo_fast import scan_lines
-from worker.encode import int_values, parsed_sources
+from worker.encode import parsed_sources
 from worker.features import cat_values
 from worker.formats import ReadStats, column_stats, read_batches
 from worker.readers import criteo_reader

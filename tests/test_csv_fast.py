@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from worker import cells_fast, csv_fast, formats
-from worker.encode import float_values, int_values
+from worker.cells import float_values, int_values
 from worker.features import cat_values
 from worker.formats import ReadStats, read_batches
 from worker.readers import csv_reader

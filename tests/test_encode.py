@@ -4,7 +4,8 @@ truncation, weights, raw ids, id spaces), numeric transforms, bucket edges, and 
 import numpy as np
 import pytest
 
-from worker.encode import encode, encode_examples, float_values, int_values, raw_ids
+from worker.cells import float_values, int_values, raw_ids
+from worker.encode import encode, encode_examples
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
 from worker.models.spec import BIAS_FIELD
 from worker.schema import Column, Schema, TableSchema
@@ -233,7 +234,7 @@ def test_a_numeric_feature_past_float32s_range_is_a_bad_example_not_inf():
 def test_a_numeric_cell_past_float32_is_bad_in_every_pass():
     """1e39 parses as a finite float64 but is inf in the float32 features: the statistics pass and training read
     it alike, as a bad cell (the largest float32 passes)."""
-    from worker.encode import float_values
+    from worker.cells import float_values
 
     values, missing, ok = float_values(np.array(["1e39", "-1e39", "3.4e38", "", "inf", "2"]))
     assert ok.tolist() == [False, False, True, True, False, True]

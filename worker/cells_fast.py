@@ -1,5 +1,5 @@
 """Compiled readers of one cell of a byte buffer, shared by the Criteo and CSV scans (worker/criteo_fast.py,
-worker/csv_fast.py). Optional speed machinery: each reads a cell as worker/encode.py and worker/features.py
+worker/csv_fast.py). Optional speed machinery: each reads a cell as worker/cells.py and worker/features.py
 would, and says when it cannot (the caller then leaves the column to them).
 
     gathered(buf, starts, ends) -> bytes array (n,)       # the cells buf[starts[i]:ends[i]]

@@ -7,7 +7,7 @@ File grammar (one example per line, UTF-8):
     NEWLINE := "\n" | "\r\n"
     label   := "0" | "1"
     int     := "" | a base-10 integer (Python int() syntax, within int64; not -2**63, which means missing)
-             | a missing text (blank, or NA, nan, null, none, ? in any case: encode.MISSING_TEXTS): missing
+             | a missing text (blank, or NA, nan, null, none, ? in any case: cells.MISSING_TEXTS): missing
     cat     := "" | a string without TAB or NEWLINE     # Criteo: 8 lowercase hex digits
 
 The columns are named label, I1..I13, C1..C26 (schema.CRITEO_COLUMNS). An empty column is a missing value.
@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from worker.encode import is_missing_text
+from worker.cells import is_missing_text
 from worker.features import MISSING_CAT, MISSING_INT, NUM_CAT_FIELDS, NUM_FIELDS, NUM_INT_FIELDS
 
 NUM_COLUMNS = 1 + NUM_FIELDS  # label + features

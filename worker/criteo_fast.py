@@ -6,7 +6,7 @@ One compiled scan of the chunk (numba, nogil) finds the 40 cells of every line a
 path (criteo.parse_lines, then encode.encode_examples) would:
 
     label          "0" | "1"                                   -> float32 0 or 1
-    int_sources    "" | sign? digit+, within (-2**63, 2**63)   -> int64 (encode.int_values; "" -> MISSING_INT)
+    int_sources    "" | sign? digit+, within (-2**63, 2**63)   -> int64 (cells.int_values; "" -> MISSING_INT)
                    sign := "+" | "-"
     cat_sources    "" -> MISSING_CAT; 1..16 hex digits, either case, other than "ffffffffffffffff" -> their
                    number; any other cell -> features.cat_values of its bytes (cells_fast.gathered_cat_values)

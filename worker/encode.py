@@ -6,20 +6,20 @@
 
     labels  float32 (n,) in {0, 1}
     cells   {source column: str or bytes array (n,)}, one cell per example; "" is an empty (missing) cell
-    parsed  Parsed: sources the caller has already read as integers (int_values), categorical values
-            (features.cat_values) or numbers (float_values); their cells are not read
+    parsed  Parsed: sources the caller has already read as integers (cells.int_values), categorical values
+            (features.cat_values) or numbers (cells.float_values); their cells are not read
 
 Per column, in schema order (the Batch's fields: the sparse columns, then BIAS_FIELD with
-Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric features, None when D = 0):
+Bags.one_per_example(features.BIAS_ID); dense: float32 (n, D) of the numeric features, None when D = 0); a
+number, an integer, a raw id and a missing cell are what worker/cells.py says they are:
 
-    categorical  hashed: features.space_ids(space, features.cat_values(cell)); raw: the decimal number
-                 (digits only, < 2**64 - 1), an empty cell giving 2**64 - 1
+    categorical  hashed: features.space_ids(space, features.cat_values(cell)); raw: the raw id (cells.raw_ids)
     multi_hot    the cell split at the separator; empty tokens dropped; the first max_length tokens kept (a bag
                  cut so counts in truncated_bags); each token an id as for categorical; an empty bag is allowed
     weighted     as multi_hot, each token id:weight split at its last ":", the id non-empty, the weight a
                  finite number (weights float32)
-    numeric      a number (float(), |x| <= 3.4e38, float32's largest) or an empty cell (missing); log_buckets:
-                 an int64 integer (int() syntax, not -2**63); then log: log(1 + max(x, 0)); none: x;
+    numeric      a number or a missing cell (cells.float_values); log_buckets: an integer or a missing cell
+                 (cells.int_values); then log: log(1 + max(x, 0)); none: x;
                  standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
                  missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x)); a time
                  transform (<format>_hour, <format>_weekday): space_ids(space, its hour or weekday), a number
@@ -33,20 +33,18 @@ ids of all one-id columns (categorical hashed, bucketized) are hashed together, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from worker.batch import Bags, Batch
+from worker.cells import FLOAT32_MAX, empty_cell, float_values, int_values, raw_ids
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
 from worker.models.spec import BIAS_FIELD
 from worker.schema import TIME_TRANSFORMS, Column, Schema
 from worker.timestamps import time_parts
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)  # the largest numeric cell (float32 features)
-_MAX_RAW = "18446744073709551614"  # the largest raw id, 2**64 - 2: 2**64 - 1 is the missing one
 _INT_RANGE = f"({MISSING_INT}, {np.iinfo(np.int64).max}]"
 
 
@@ -200,10 +198,6 @@ def _shown(cell: str | bytes) -> str:
     return repr(text) if len(text) <= 80 else repr(text[:80]) + f"... ({len(text)} characters)"
 
 
-def _empty(cells: np.ndarray) -> str | bytes:
-    return b"" if cells.dtype.kind == "S" else ""
-
-
 # ---------------------------------------------------------------------------------------------------------
 # ids
 
@@ -227,25 +221,6 @@ def _ids(c: Column, space: int, tokens: np.ndarray, problems: _Problems, example
     return ids
 
 
-def raw_ids(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(uint64 ids, ok) of decimal cells: digits only and < 2**64 - 1; an empty cell gives 2**64 - 1, ok."""
-    cells = np.asarray(cells)
-    if len(cells) == 0:
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=bool)
-    lengths = np.strings.str_len(cells)
-    ok = np.strings.isdecimal(cells) if cells.dtype.kind == "U" else np.strings.isdigit(cells)
-    digits = np.strings.lstrip(cells, cells.dtype.type("0"))  # the number's digits: leading zeros say nothing
-    width = np.strings.str_len(digits)
-    ok &= (width < 20) | ((width == 20) & (digits <= cells.dtype.type(_MAX_RAW)))
-    if cells.dtype.kind == "U":  # str.isdecimal takes other scripts' digits too: ASCII digits only
-        codes = np.ascontiguousarray(cells).view(np.uint32).reshape(len(cells), -1)
-        ok &= (codes < 128).all(axis=1)
-    ids = np.full(len(cells), MISSING_CAT, dtype=np.uint64)
-    ids[ok] = cells[ok].astype(np.uint64)
-    ok |= lengths == 0
-    return ids, ok
-
-
 def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncated: np.ndarray) -> Bags:
     """A bag per cell (see the module docstring); truncated[i] += 1 for each example whose bag was cut."""
     n = len(cells)
@@ -257,7 +232,7 @@ def _bags(c: Column, space: int, cells: np.ndarray, problems: _Problems, truncat
     per_cell = np.strings.count(cells, sep) + 1
     tokens = np.array(sep.join(cells.tolist()).split(sep), dtype=cells.dtype.kind)
     example = np.repeat(np.arange(n, dtype=np.int64), per_cell)
-    present = tokens != _empty(tokens)
+    present = tokens != empty_cell(tokens)
     tokens, example = tokens[present], example[present]
     lengths = np.bincount(example, minlength=n)
     starts = np.zeros(n + 1, dtype=np.int64)
@@ -284,7 +259,7 @@ def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Pro
     colon = b":" if tokens.dtype.kind == "S" else ":"
     ids, sep, weight_text = np.strings.rpartition(tokens, colon)
     values, missing, ok = float_values(weight_text)
-    ok &= (sep != _empty(sep)) & (ids != _empty(ids)) & ~missing
+    ok &= (sep != empty_cell(sep)) & (ids != empty_cell(ids)) & ~missing
     if not ok.all():
         at = np.flatnonzero(~ok)
         message = "expected id:weight with a finite weight"
@@ -298,90 +273,9 @@ def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Pro
 # numbers
 
 
-MISSING_TEXTS = frozenset({"na", "n/a", "nan", "null", "none", "?"})
-"""What a numeric cell may hold for a missing value besides nothing, in any case (R's NA, numpy's nan, SQL's
-NULL, Python's None, the UCI files' ?)."""
-
-
-def is_missing_text(cell: str | bytes) -> bool:
-    """Whether a numeric cell says its value is missing: empty, blank, or one of MISSING_TEXTS."""
-    text = cell.decode("latin-1") if isinstance(cell, bytes) else cell
-    return not text.strip() or text.strip().lower() in MISSING_TEXTS
-
-
-def float_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(float64 values, missing, ok) of numeric cells: missing where the cell is empty, blank or one of
-    MISSING_TEXTS, ok where it is missing or a number float32 holds (Python float() syntax, |x| <= 3.4e38: a larger
-    one would become inf in the float32 features); values 0 where missing or not ok. Vectorized unless a cell is
-    blank or not a number."""
-    cells = np.asarray(cells)
-    missing = cells == _empty(cells)
-    try:
-        values = np.where(missing, _zero(cells), cells).astype(np.float64)
-        missing |= np.isnan(values)  # "nan", "NaN": the only texts float() reads as nan
-    except ValueError:  # parse the distinct cells one by one
-        uniq, inverse = np.unique(cells, return_inverse=True)
-        listed = uniq.tolist()
-        inverse = inverse.reshape(cells.shape)
-        values = np.array([float_or_nan(s) for s in listed], dtype=np.float64)[inverse]
-        missing = np.array([is_missing_text(s) or _is_nan_number(s) for s in listed], dtype=bool)[inverse]
-    values[missing] = 0.0
-    ok = missing | (np.abs(values) <= FLOAT32_MAX)  # nan and inf fail it too
-    values[~ok] = 0.0
-    return values, missing, ok
-
-
-def _is_nan_number(s: str | bytes) -> bool:
-    """Whether float() reads s as nan ("nan", "-NaN"): missing, as on the vectorized path."""
-    try:
-        return math.isnan(float(s))
-    except ValueError:
-        return False
-
-
-def float_or_nan(s: str | bytes) -> float:
-    """The number a cell holds, or nan for one that is not a number."""
-    try:
-        return float(s)
-    except ValueError:
-        return math.nan
-
-
-def _zero(cells: np.ndarray) -> str | bytes:
-    return b"0" if cells.dtype.kind == "S" else "0"
-
-
-def int_values(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 values, ok) of integer cells (Python int() syntax, within int64, not -2**63): a missing cell (empty,
-    blank or one of MISSING_TEXTS, as for float_values) is MISSING_INT and ok; a bad cell gives MISSING_INT, not
-    ok. Vectorized unless a cell is missing-but-not-empty or bad."""
-    cells = np.asarray(cells)
-    empty = cells == _empty(cells)
-    try:
-        values = np.where(empty, _zero(cells), cells).astype(np.int64)
-        ok = empty | (values != MISSING_INT)
-    except (ValueError, OverflowError):
-        uniq, inverse = np.unique(cells, return_inverse=True)
-        listed, inverse = uniq.tolist(), inverse.reshape(cells.shape)
-        values = np.array([_int64_or_missing(s) for s in listed], dtype=np.int64)[inverse]
-        empty |= np.array([is_missing_text(s) for s in listed], dtype=bool)[inverse]
-        ok = empty | (values != MISSING_INT)
-    values[empty | ~ok] = MISSING_INT
-    return values, ok
-
-
-def _int64_or_missing(s: str | bytes) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        return int(MISSING_INT)
-    return v if int(MISSING_INT) < v <= np.iinfo(np.int64).max else int(MISSING_INT)
-
-
 _TIME_EXPECTED = {"yymmddhh": "a time YYMMDDHH (14102100: 2014-10-21, hour 00; a month 01-12, a day of it, an "
                                "hour 00-23)",
                   "unix": "a time in unix seconds (an integer from 0 to 9999999999: not milliseconds)"}  # fmt: skip
-_FEATURE_MAX = float(np.finfo(np.float32).max)  # a numeric feature past this would be inf in float32
 
 
 class _Numbers:
@@ -491,7 +385,7 @@ class _Numbers:
         else:
             out = x.copy()
         out[missing] = 0.0
-        too_big = ~(np.abs(out) <= _FEATURE_MAX)
+        too_big = ~(np.abs(out) <= FLOAT32_MAX)  # past it, inf in float32
         if too_big.any():
             at = np.flatnonzero(too_big)
             cells = self.cells.get(c.source)

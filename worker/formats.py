@@ -59,7 +59,7 @@ is as its reader's docstring says. file_has_labels tells them apart by the file'
 LABEL_PROBE_LINES lines, worker/readers/share.py), as the reader of the file's format says.
 
 Blank labels (read_batches blank_labels=True; `ps-worker predict` only, which reads no label): in a file with
-labels, a line whose label cell is empty (csv: or holds a missing value's text, encode.MISSING_TEXTS: NA, ?) is
+labels, a line whose label cell is empty (csv: or holds a missing value's text, cells.MISSING_TEXTS: NA, ?) is
 an example without a label, NaN, not a bad line: a file of rows to score keeps its label column with the cells
 left blank. So is a line whose label cell holds anything else but a label (2, yes: csv, criteo; libsvm: a first
 token without ":"), its features read as any line's; such good lines are counted in stats.unread_labels (the first
@@ -77,9 +77,10 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from worker.batch import Batch, rebatch
+from worker.cells import float_values
 from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, other_format_hint
 from worker.datafiles import data_files
-from worker.encode import encode_examples, float_values
+from worker.encode import encode_examples
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
 from worker.readers.csv_dialect import DELIMITERS, csv_delimiter, delimiter_name
 from worker.readers.csv_reader import read_csv_header

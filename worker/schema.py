@@ -52,7 +52,7 @@ not; empty = missing); a hashed id
 is features' field hash of the value with the salt of its id space: id spaces are numbered in the order their
 first column appears among the schema's sparse columns, and space i takes salt index i (skipping 39, the
 bias's), so the Criteo schema gives exactly features.example_ids. log_buckets is features.int_bucket (Criteo's
-integer treatment); a numeric cell that is empty or says NA, nan, null, none or ? (encode.MISSING_TEXTS, any
+integer treatment); a numeric cell that is empty or says NA, nan, null, none or ? (cells.MISSING_TEXTS, any
 case) is missing: 0 for log and none, the mean for standardize, and its own bucket (its own hour or weekday id
 for a time). A time transform's id is its hour or weekday, hashed in its id space like any value: two fields read
 one time column for both (`ps-worker schema` writes them for a column named like a time, hour or ts, whose sampled

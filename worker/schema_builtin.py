@@ -234,9 +234,9 @@ def _check_column_flags(data: str, fmt: str, seen: str, label_column: str | None
 
 def holds_labels(cells: Sequence[str]) -> bool:
     """Whether CSV cells hold labels: each 0 or 1 as the CSV readers read a label (csv_fast.label_value: true and
-    false too) or blank (empty, NA, ?: encode.MISSING_TEXTS, a row to score), and at least one 0 or 1."""
+    false too) or blank (empty, NA, ?: cells.MISSING_TEXTS, a row to score), and at least one 0 or 1."""
+    from worker.cells import is_missing_text
     from worker.csv_fast import label_value
-    from worker.encode import is_missing_text
 
     labels = [label_value(c) in (0.0, 1.0) for c in cells]
     return any(labels) and all(y or not c.strip() or is_missing_text(c) for y, c in zip(labels, cells))
@@ -282,8 +282,8 @@ def _first_rows(rows: list[list[str]]) -> str:
 
 def _not_labels(cells: list[str]) -> str:
     """What the cells hold that is no label (holds_labels): up to 3 of their other values, or that they are blank."""
+    from worker.cells import is_missing_text
     from worker.csv_fast import label_value
-    from worker.encode import is_missing_text
 
     others = list(dict.fromkeys(c for c in cells if label_value(c) not in (0.0, 1.0) and c.strip()
                                 and not is_missing_text(c)))  # fmt: skip

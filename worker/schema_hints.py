@@ -142,7 +142,7 @@ def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: l
     """A warning for each --numeric-columns column (transform log: log(1 + x), x below 0 read as 0) holding
     numbers below 0 in the sample rows: those values all read as one. A cell that is no number is the encoder's
     to refuse."""
-    from worker.encode import float_or_nan
+    from worker.cells import float_or_nan
 
     for c in schema.columns:
         if c.kind != "numeric" or c.transform != "log":

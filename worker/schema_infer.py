@@ -3,7 +3,7 @@
 The label: a column named like LABEL_NAMES holding only 0 and 1 (or true and false, any case), else such a column
 whose name holds one of LABEL_WORDS (`has_clicked`, `purchased`), else the first such column, else the first column;
 the last two are guesses, and so is a pick among several columns named like a label: said in the schema and on
-stderr. The rules, per other CSV column of the sample (a cell that is empty or one of encode.MISSING_TEXTS is
+stderr. The rules, per other CSV column of the sample (a cell that is empty or one of cells.MISSING_TEXTS is
 missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
     a time: a name with the word hour, time, date, datetime, timestamp or ts, and eight digits YYMMDDHH (a valid
     month, day and hour: Avazu's `hour`; not where every one is a date YYYYMMDD too, 20120315) or ten digits of
@@ -43,10 +43,10 @@ import csv
 import math
 import re
 
+from worker.cells import FLOAT32_MAX, is_missing_text
 from worker.criteo import other_format_hint
 from worker.csv_fast import label_value
 from worker.datafiles import data_files
-from worker.encode import FLOAT32_MAX, is_missing_text
 from worker.schema import AUTO_FORMAT, FORMAT_CHOICES, Column, _entry, _toml, is_label_name, labels_by_name
 from worker.schema_builtin import builtin_schema, separator_of_one_column
 from worker.schema_hints import header_reads_like_an_example
@@ -347,7 +347,7 @@ def _code_twin(column: Column, values: list[float], taken: set[str]) -> Column |
 
 
 def _floats(cells: list[str]) -> list[float] | None:
-    """The cells as numbers the readers take (finite, |x| <= FLOAT32_MAX: worker/encode.py float_values), or None if
+    """The cells as numbers the readers take (finite, |x| <= FLOAT32_MAX: worker/cells.py float_values), or None if
     one is not."""
     try:
         values = [float(c) for c in cells]

@@ -1,7 +1,7 @@
 """A column of times read as the hour of the day and the day of the week (the schema's time transforms,
 worker/schema.py), and the test schema inference tells such a column by (worker/schema_infer.py).
 
-    time_parts(values, fmt) -> (hour, weekday, ok)      # of float64 numbers, as encode.py reads numeric cells
+    time_parts(values, fmt) -> (hour, weekday, ok)      # of float64 numbers, as cells.py reads numeric cells
     time_format(name, cells) -> "yymmddhh", "unix" or None
 
 Two formats of a time, each an integer:
@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
+from worker.cells import is_missing_text
 
 TIME_FORMATS = ("yymmddhh", "unix")
 _UNIX_MAX = 1e10 - 1  # ten digits: unix seconds to 2286; milliseconds (13 digits since 2001) are past it
@@ -58,13 +60,11 @@ def _days(year: np.ndarray, month: np.ndarray, day: np.ndarray) -> tuple[np.ndar
 
 def time_format(name: str, cells: list[str]) -> str | None:
     """The format of a column of times, told by its name and its cells (stripped; missing ones left out: empty, or
-    NA, ? and the other encode.MISSING_TEXTS, as encode reads a time's cells): a name with a word hour, time, date,
+    NA, ? and the other cells.MISSING_TEXTS, as encode reads a time's cells): a name with a word hour, time, date,
     datetime, timestamp or ts (any case; `click_time`, `eventTs`), and every other cell eight digits that are a
     valid YYMMDDHH ("yymmddhh") unless every one is a date YYYYMMDD from 1970 on too (a `date` of 2012-03-01 to
     2012-03-23, 20120301..20120323, reads as 2020-12-03 at hours 01..23, and its later days as no time), or ten
     digits, the first not 0 ("unix"); else None."""
-    from worker.encode import is_missing_text  # (encode imports this module)
-
     words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()  # eventTs -> event_ts
     present = [c.strip() for c in cells if not is_missing_text(c)]
     if not present or not _TIME_NAME.search(words):

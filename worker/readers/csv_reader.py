@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from worker.cells import is_missing_text
 from worker.criteo import EMPTY_LINE
 from worker.csv_fast import CsvLines, Plain, Scanned, label_value, scan_plain
-from worker.encode import Parsed, is_missing_text, parsed_sources
+from worker.encode import Parsed, parsed_sources
 from worker.readers.share import Cells, ReadStats, Share, is_blank, open_data
 from worker.schema import Schema, is_label_name, labels_by_name
 
@@ -128,7 +129,7 @@ class _Label:
 
     def good(self, cell: str) -> bool:
         """Whether a label cell is a label (0 or 1), or, blank_ok, a blank one (empty, or NA, ?:
-        encode.MISSING_TEXTS)."""
+        cells.MISSING_TEXTS)."""
         return label_value(cell) in (0.0, 1.0) or (self.blank_ok and (not cell.strip() or is_missing_text(cell)))
 
     def unread(self, row: list[str]) -> bool:
