@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from ps.config import OptimizerConfig
+from worker.column_infer import infer_column
 from worker.features import NUM_CAT_FIELDS, NUM_INT_FIELDS
 from worker.formats import read_batches
 from worker.models.spec import BIAS_FIELD, FieldSpec
 from worker.schema import CRITEO_COLUMNS, Column, TableSchema, libsvm_column, load_schema, schema_from_text
 from worker.schema_builtin import builtin_schema, resolve_schema
-from worker.schema_infer import infer_column, infer_schema, infer_schema_text
+from worker.schema_infer import infer_schema, infer_schema_text
 
 EXAMPLE = """
 format = "csv"

@@ -27,7 +27,8 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
     (label_guessed: the first column taken by default), columns of times or of numbers read as categories
     (no_numeric: no --numeric-columns) where `ps-worker schema` would read their hours of day and weekdays, or read
     them as numbers."""
-    from worker.schema_infer import infer_column, is_binary
+    from worker.column_infer import infer_column
+    from worker.schema_infer import is_binary
 
     label = schema.label if schema.label is not None else header[0]
     no_header = header_reads_like_an_example(data, header, None if label_guessed else schema.label, schema.delimiter)

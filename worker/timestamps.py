@@ -1,5 +1,5 @@
 """A column of times read as the hour of the day and the day of the week (the schema's time transforms,
-worker/schema.py), and the test schema inference tells such a column by (worker/schema_infer.py).
+worker/schema.py), and the test schema inference tells such a column by (worker/column_infer.py).
 
     time_parts(values, fmt) -> (hour, weekday, ok)      # of float64 numbers, as cells.py reads numeric cells
     time_format(name, cells) -> "yymmddhh", "unix" or None
