@@ -832,6 +832,18 @@ def test_a_header_read_as_one_column_that_a_tab_would_split_gets_a_hint():
         _csv_columns("t.csv", ["town", "clicked"], schema)
 
 
+def test_a_header_hint_names_each_delimiter_as_the_other_messages_do():
+    from worker.readers.csv_reader import DELIMITERS, _csv_columns, delimiter_name
+    from worker.schema_builtin import builtin_schema
+
+    for delimiter in DELIMITERS:
+        schema = builtin_schema("csv", default_table="t", default_dim=4, header=["clicked", "city"], delimiter="^")
+        with pytest.raises(ValueError) as e:
+            _csv_columns("t.txt", [f"city{delimiter}clicked"], schema)
+        assert f"(the header looks {delimiter_name(delimiter)}-separated: --format auto" in str(e.value)
+    assert [delimiter_name(d) for d in DELIMITERS] == ["comma", "tab", "';'", "'|'"]
+
+
 def test_a_format_flag_a_schema_file_overrides_is_said_to_be_unused(tmp_path, caplog):
     from worker.schema_builtin import resolve_schema
 

@@ -82,8 +82,8 @@ from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, other_format_hin
 from worker.datafiles import data_files
 from worker.encode import encode_examples
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
-from worker.readers.csv_dialect import DELIMITERS, csv_delimiter, delimiter_name
-from worker.readers.csv_reader import read_csv_header
+from worker.readers.csv_dialect import csv_delimiter
+from worker.readers.csv_reader import DELIMITERS, delimiter_name, read_csv_header
 from worker.readers.csv_sample import read_csv_sample
 from worker.readers.libsvm_reader import libsvm_field_count
 from worker.readers.share import (

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_dialect import delimiter_name
+from worker.readers.csv_reader import delimiter_name
 from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,

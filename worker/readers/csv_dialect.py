@@ -2,9 +2,9 @@
 
     csv_delimiter(name) -> (delimiter, header) | None
 
-The delimiters told are DELIMITERS: comma, tab, ';' (spreadsheet exports in locales that write a decimal comma)
-and '|'. A delimiter is a candidate where it splits the header (the file's first record, read by the csv module:
-quotes and all) into two or more cells; the records under the header are those with content among the first
+The delimiters told are csv_reader.DELIMITERS: comma, tab, ';' (spreadsheet exports in locales that write a
+decimal comma) and '|'. A delimiter is a candidate where it splits the header (the file's first record, read by the
+csv module: quotes and all) into two or more cells; the records under the header are those with content among the first
 CHECKED_RECORDS. A candidate matches them where most of them (more than MATCH_SHARE) have the header's cell count,
 or there is none (a header alone): a header whose width most records lack is no header of theirs (a damaged
 first line over Criteo TSV, say), while a few bad records are the reader's to count. The delimiter is the
@@ -18,16 +18,10 @@ from __future__ import annotations
 import csv
 import itertools
 
-from worker.readers.csv_reader import open_csv, read_csv_header
+from worker.readers.csv_reader import DELIMITERS, delimiter_name, open_csv, read_csv_header
 
-DELIMITERS = (",", "\t", ";", "|")
 CHECKED_RECORDS = 100  # records under the header a delimiter is checked against, at most
 MATCH_SHARE = 0.5  # of them with the header's cell count, more than, for a delimiter to match them (most)
-
-
-def delimiter_name(delimiter: str) -> str:
-    """How messages name a delimiter: comma, tab, ';'."""
-    return {",": "comma", "\t": "tab"}.get(delimiter, repr(delimiter))
 
 
 def csv_delimiter(name: str) -> tuple[str, list[str]] | None:

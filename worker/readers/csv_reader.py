@@ -41,6 +41,13 @@ MAX_CSV_FIELD = 1 << 30  # the csv module's default limit (128 KiB) would turn a
 CHUNK_CHARS = 1 << 22  # rows x longest cell of a CSV chunk at most (one row alone may pass it): numpy's string
 # arrays pad every cell to the longest, 4 bytes a character, so one 100 KB cell among 4,096 rows took 1.6 GB a column
 MAX_RECORD_LINES = 100  # physical lines of one CSV record at most: more is a quote left open (BoundedReader)
+DELIMITERS = (",", "\t", ";", "|")  # the delimiters --format auto tells (csv_dialect), and a one-column header's
+# hint names (_delimiter_hint)
+
+
+def delimiter_name(delimiter: str) -> str:
+    """How messages name a delimiter: comma, tab, ';'."""
+    return {",": "comma", "\t": "tab"}.get(delimiter, repr(delimiter))
 
 
 class RecordTooLongError(csv.Error):
@@ -176,10 +183,10 @@ def _delimiter_hint(header: list[str], delimiter: str) -> str:
     """A hint for a header read as one column that another delimiter would split, else ""."""
     if len(header) != 1:
         return ""
-    for other, named in (("\t", "tab"), (";", "';'"), ("|", "'|'"), (",", "','")):
+    for other in DELIMITERS:
         if other != delimiter and other in header[0]:
-            return (f" (the header looks {named}-separated: --format auto tells a header's delimiter, a schema's "
-                    "`delimiter` names it)")  # fmt: skip
+            return (f" (the header looks {delimiter_name(other)}-separated: --format auto tells a header's delimiter, "
+                    "a schema's `delimiter` names it)")  # fmt: skip
     return ""
 
 
