@@ -36,6 +36,7 @@ from typing import Any
 SIGNAL_CHECK_S = 0.2
 EXIT_CODE = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
 CLEANUP_LIMIT_S = 120.0  # after a SIGTERM, the process exits (EXIT_CODE) by then even if its cleanup hangs
+TERMINATED = "terminated"  # what a command a SIGTERM stops says after its name (exit_code): 'ps-worker: terminated'
 
 
 class Terminated(BaseException):
@@ -144,13 +145,13 @@ def result_of(future: Future) -> Any:
 
 
 def stopped_by_signal(e: BaseException) -> tuple[str, int] | None:
-    """("interrupted", 130) for a Ctrl-C, ("terminated", EXIT_CODE) for a SIGTERM: e is KeyboardInterrupt or
+    """("interrupted", 130) for a Ctrl-C, (TERMINATED, EXIT_CODE) for a SIGTERM: e is KeyboardInterrupt or
     Terminated, or carries one (signal_behind); None for anything else. A program's main says the word and exits
     with the code."""
     behind = signal_behind(e)
     if behind is None:
         return None
-    return ("interrupted", 128 + signal.SIGINT) if isinstance(behind, KeyboardInterrupt) else ("terminated", EXIT_CODE)
+    return ("interrupted", 128 + signal.SIGINT) if isinstance(behind, KeyboardInterrupt) else (TERMINATED, EXIT_CODE)
 
 
 def exit_code(program: str, run: Callable[[], int]) -> int:

@@ -58,7 +58,7 @@ from typing import Any
 from ps.errors import MODEL_STATE_REPLACED, PsError
 from ps.settings import unknown_environment
 from ps.terminate import EXIT_CODE as TERMINATED_EXIT_CODE
-from ps.terminate import Terminated, child_setup, how_it_ended, sigterm_raises
+from ps.terminate import TERMINATED, Terminated, child_setup, how_it_ended, sigterm_raises
 from worker.cluster import free_port, without_security_variables
 from worker.flags import check_not_an_input, check_output_file, same_file, server_list
 from worker.launch_report import MergedProgress, format_summary, merge_metrics
@@ -71,7 +71,7 @@ BACKENDS = ("numpy", "torch")
 DEVICES = ("cpu", "cuda")
 GRACE_S = 10.0  # SIGTERM to SIGKILL
 TAIL_LINES = 20  # lines of a failed worker's output repeated in the failure report
-STOPPED_LINE = "ps-worker: terminated"  # what a worker says as launch's SIGTERM stops it (ps.terminate.exit_code)
+STOPPED_LINE = f"ps-worker: {TERMINATED}"  # what a worker says as launch's SIGTERM stops it (ps.terminate.exit_code)
 _REFUSED = {  # train dests launch sets for every worker: (flag, what launch gives)
     "worker_id": ("--worker-id", "worker i gets --worker-id i"),
     "num_workers": ("--num-workers", "every worker gets --num-workers N (set N with --workers)"),
