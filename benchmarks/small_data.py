@@ -132,6 +132,17 @@ def sparseps_auc(train_path: str, test_path: str, model: str, extra: dict) -> di
             "train_seconds": r["train_seconds"]}  # fmt: skip
 
 
+def write_files(tmp: str, regime: str, seed: int, rows: tuple[int, int]) -> tuple[str, str]:
+    """(training file, test file) of one regime and seed, written into tmp: rows[0] training rows, then rows[1]
+    test rows of the range after them (disjoint)."""
+    train_rows, test_rows = rows
+    cfg = dataclasses.replace(REGIMES[regime](seed), rows=train_rows)
+    train_path, test_path = os.path.join(tmp, f"train{seed}.tsv"), os.path.join(tmp, f"test{seed}.tsv")
+    write_synthetic(train_path, cfg, 0, train_rows)
+    write_synthetic(test_path, cfg, train_rows, train_rows + test_rows)
+    return train_path, test_path
+
+
 def run_regime(
     regime: str,
     seeds: list[int],
@@ -143,13 +154,9 @@ def run_regime(
     """Every seed of one regime, `rows` (training, test) rows: the reference's and each model's test AUC, and per
     model the median gap; with `against`, each model's run with those settings too, and the median difference."""
     per_seed = []
-    train_rows, test_rows = rows
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:
-            cfg = dataclasses.replace(REGIMES[regime](seed), rows=train_rows)
-            train_path, test_path = os.path.join(tmp, f"train{seed}.tsv"), os.path.join(tmp, f"test{seed}.tsv")
-            write_synthetic(train_path, cfg, 0, train_rows)
-            write_synthetic(test_path, cfg, train_rows, train_rows + test_rows)
+            train_path, test_path = write_files(tmp, regime, seed, rows)
             ref_auc, c = tuned_lr(train_path, test_path)
             row = {"seed": seed, "reference_auc": ref_auc, "reference_c": c}
             for m in models:
@@ -185,12 +192,8 @@ def order_effect(
     file as written and with its lines sorted by label."""
     out: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
-        train_rows, test_rows = rows
-        cfg = dataclasses.replace(REGIMES[regime](seed), rows=train_rows)
-        train_path, test_path = os.path.join(tmp, "train.tsv"), os.path.join(tmp, "test.tsv")
+        train_path, test_path = write_files(tmp, regime, seed, rows)
         sorted_path = os.path.join(tmp, "sorted.tsv")
-        write_synthetic(train_path, cfg, 0, train_rows)
-        write_synthetic(test_path, cfg, train_rows, train_rows + test_rows)
         with open(train_path) as f:
             lines = f.readlines()
         with open(sorted_path, "w") as f:
