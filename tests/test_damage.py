@@ -24,6 +24,7 @@ import pytest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.errors import PsError, StorageError
 from ps.server import Server
+from ps.storage.store import Store, encode_keys
 from tests.server_process import ServerProcess
 from tests.waiting import wait_until
 from worker.client import Client
@@ -504,3 +505,29 @@ def test_verify_names_an_unreadable_segment_and_on_a_live_dir_calls_a_journal_fi
     assert report.returncode == 1 and "Traceback" not in report.stderr, (report.stdout, report.stderr)
     assert re.search(r"DAMAGED\s+journal: a journal segment cannot be read: .*a journal segment must be a file",
                      report.stdout), report.stdout  # fmt: skip
+
+
+def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_data_loss(tmp_path, caplog):
+    data_dir = tmp_path / "shard"
+    ids = np.arange(100, dtype=np.uint64)
+    with InProcess(data_dir) as address, Client([address], timeout_s=30) as client:
+        client.create_table(TableConfig("emb", DIM))
+        client.push("emb", ids, np.ones((len(ids), DIM), dtype=np.float32))
+    store = Store(str(data_dir))  # the stop flushed every row: one of them is overwritten with 5 bytes
+    try:
+        store._rows().put(encode_keys(store._table_id("emb"), ids[5:6])[0], b"\x00" * 5)
+    finally:
+        store.close()
+    with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
+        client.pull("emb", ids)
+    assert "failed with DATA_LOSS" in str(failed.value) and "INTERNAL" not in str(failed.value)
+    assert "table emb holds a row of 5 bytes" in str(failed.value)
+    store = Store(str(data_dir))  # the table's number (its rows' key prefix) goes
+    try:
+        store._meta.delete(b"tid/emb")
+    finally:
+        store.close()
+    with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
+        client.pull("emb", ids)
+    assert "failed with DATA_LOSS" in str(failed.value) and "'emb' has no number" in str(failed.value)
+    assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"

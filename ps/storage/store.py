@@ -753,7 +753,8 @@ class Store:
     def _table_id(self, table: str) -> int:
         number = self._table_ids().get(table)
         if number is None:
-            raise StorageError(f"{self.path}: table {table!r} has no number (meta key tid/{table}): RocksDB is damaged")
+            raise DataLossError(f"{self.path}: table {table!r} has no number (meta key tid/{table}): RocksDB is "
+                                "damaged; restore the dir from a backup or checkpoint")  # fmt: skip
         return number
 
     def _rows(self, create: bool = False) -> Rdict:
@@ -782,7 +783,7 @@ class Store:
         reader threads (read_in_calls), each call's values parsed by numpy on its reader thread as it returns,
         with the rows still waiting in the write-behind laid over them. A row that is not complete (an id not
         admitted yet) holds only its statistics, in its last STATS_FLOATS columns; its other columns are zero. No
-        Python code runs per id."""
+        Python code runs per id. DataLossError for a stored value of neither size."""
         n = len(ids)
         sizes = np.full(n, -1, dtype=np.int64)  # bytes of each stored value; -1: none
         rows = np.zeros((n, width), dtype=np.float32)
@@ -821,9 +822,10 @@ class Store:
         found = sizes >= 0
         bad = found & (sizes != full.itemsize) & (sizes != short.itemsize)
         if bad.any():
-            raise StorageError(
+            raise DataLossError(
                 f"{self.path}: table {table} holds a row of {int(sizes[bad][0])} bytes, expected "
-                f"{full.itemsize} (a trained row) or {short.itemsize} (statistics only)"
+                f"{full.itemsize} (a trained row) or {short.itemsize} (statistics only): RocksDB's rows are "
+                "damaged (or were written by another build's row layout); restore the dir from a backup or checkpoint"
             )
         complete = sizes == full.itemsize
         for batch in pending:  # oldest first: a later batch of the same id wins, as in RocksDB
