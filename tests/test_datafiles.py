@@ -13,8 +13,9 @@ from tests.test_formats import SAMPLES, assert_same_batches, ids_matrix, join, r
 from tests.test_operator_errors import TINY_RUN, worker
 from worker.data import count_lines
 from worker.datafiles import data_files
-from worker.formats import check_same_format, file_has_labels, first_with_content
+from worker.formats import check_same_format, csv_records, file_has_labels, first_with_content
 from worker.linecount import LineCount, count_files_upto
+from worker.predict import _csv_label_unknown
 from worker.schema_infer import infer_schema
 
 
@@ -218,6 +219,22 @@ def test_empty_part_files_of_a_directory_hold_no_examples(tmp_path, capsys):
     libsvm_paths, libsvm = split(SAMPLES["libsvm"](tmp_path), tmp_path / "l", [0, 23], "libsvm", gz={0})
     text, _ = infer_schema(str(tmp_path / "l"), fmt="libsvm")  # the fields of the first file with content
     assert text == infer_schema(str(libsvm), fmt="libsvm")[0].replace(str(libsvm), str(tmp_path / "l"))
+
+
+def test_a_first_part_file_of_its_header_alone_does_not_hide_the_label(tmp_path):
+    """A part file of an empty partition may hold its CSV header alone: the built-in schema (and predict's check of a
+    label it cannot tell) reads the label from the records of the first file holding some, as of the whole data."""
+    header, rows = "id,click,site\n", "".join(f"{i},{i % 2},s{i % 3}\n" for i in range(2, 40))
+    whole = tmp_path / "whole.csv"
+    whole.write_text(header + rows)
+    paths, _ = split(whole, tmp_path / "parts", [0, 0, 38], "csv", gz={1})
+    parts = str(tmp_path / "parts")
+    assert schema_of(parts, "auto") == schema_of(whole, "auto")
+    assert schema_of(parts, "auto").label == "click"
+    assert csv_records(parts, ",", 100) == (["id", "click", "site"], [r.split(",") for r in rows.split()])
+    assert not _csv_label_unknown("auto", parts)
+    paths[1].write_bytes(gzip.compress(b"id,site,click\n2,s2,0\n"))  # another header ends the search
+    assert csv_records(parts, ",", 100) == (["id", "click", "site"], [])
 
 
 def test_a_directory_and_a_glob_read_numbered_files_in_number_order(tmp_path):

@@ -8,6 +8,7 @@
     detect_format(path) -> (format, delimiter, what was seen)   # --format auto: told by the data's first line
     idle_workers(file_lines, num_workers) -> [worker id, ...]   # those whose share of such files holds no line
     first_with_content(path) -> str             # the first file that is not empty (its first, if all are)
+    csv_records(path, delimiter, rows) -> (header, records)   # a sample of the first file holding records
     read_csv_header(path, delimiter), read_csv_sample(path, delimiter, rows), libsvm_field_count(path)
 
 A format (schema.format) splits each data line into a label and named cells; worker/encode.py turns the cells
@@ -102,6 +103,7 @@ from worker.schema_hints import header_reads_like_an_example
 __all__ = [  # the public API; ReadStats and the last three live in worker/readers/, importable from here
     "check_same_format",
     "column_stats",
+    "csv_records",
     "detect_format",
     "file_has_labels",
     "first_with_content",
@@ -341,6 +343,25 @@ def file_has_labels(path: str | os.PathLike, schema: Schema) -> bool:
     if schema.format == "libsvm":
         return libsvm_reader.has_labels(name)
     return criteo_reader.has_labels(name)
+
+
+def csv_records(path: str | os.PathLike, delimiter: str, rows: int) -> tuple[list[str], list[list[str]]]:
+    """read_csv_sample's (header, up to `rows` records) of the csv data of path (worker/datafiles.py): its first file
+    with content, or, where that one holds only its header (a part file of an empty partition), the first later file
+    of that header that holds a record. A file of another header ends the search (check_same_format refuses it)."""
+    first = first_with_content(path)
+    header, records = read_csv_sample(first, delimiter, rows)
+    files = data_files(path)
+    for name in files[files.index(first) + 1 :]:
+        if records:
+            break
+        if is_blank(name):
+            continue
+        h, more = read_csv_sample(name, delimiter, rows)
+        if h != header:
+            break
+        records = more
+    return header, records
 
 
 def first_with_content(path: str | os.PathLike) -> str:

@@ -58,10 +58,9 @@ from worker.flags import check_new_file, check_not_an_input, check_output_file, 
 from worker.formats import (
     ReadStats,
     check_same_format,
+    csv_records,
     detect_format,
     file_has_labels,
-    first_with_content,
-    read_csv_sample,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
 from worker.schema import AUTO_FORMAT
@@ -102,7 +101,7 @@ class PredictConfig:
             raise ValueError("--out -: this process has no stdout (it was closed); give a file to write")
         r = self.run
         if not r.schema and not r.label_column and same_file(r.data, self.data) and \
-                _csv_label_unknown(r.format, first_with_content(self.data)):  # fmt: skip
+                _csv_label_unknown(r.format, self.data):  # fmt: skip
             raise ValueError(f"{self.flag} {self.data}: a CSV scored with neither the training file (--data), nor a "
                              "--schema or --label-column: its label column is unknown (the built-in CSV schema takes "
                              "the first column where it holds 0 and 1, else the one column named like a label that "
@@ -129,7 +128,7 @@ def _csv_label_unknown(fmt: str, path: str) -> bool:
         fmt, delimiter, _ = detect_format(path)
     if fmt != "csv" or delimiter is None:
         return False
-    header, rows = read_csv_sample(path, delimiter, HINT_SAMPLE_ROWS)
+    header, rows = csv_records(path, delimiter, HINT_SAMPLE_ROWS)
     return csv_label(header, rows) is None
 
 

@@ -150,7 +150,8 @@ def resolve_schema(
 ) -> Schema:
     """The run's schema: the --schema file (its format wins over fmt), or the built-in one of fmt and the
     column flags, reading the csv header or the libsvm field count K from the file `data` (of many, the first
-    with content: formats.first_with_content). fmt "auto": the format formats.detect_format tells by data's first
+    with content: formats.first_with_content; a csv's sample records from the first holding some:
+    formats.csv_records). fmt "auto": the format formats.detect_format tells by data's first
     line (said in the schema's format_from); a column flag of another format is refused. csv without label_column:
     the label column csv_label picks (the first column by default)."""
     spec = data  # the data's files, where it names many (their hints name them all)
@@ -174,7 +175,7 @@ def resolve_schema(
             if header:
                 schema = dataclasses.replace(schema, label=header[0], label_from="first column")
         return schema
-    from worker.formats import detect_format, libsvm_field_count, read_csv_header, read_csv_sample
+    from worker.formats import csv_records, detect_format, libsvm_field_count, read_csv_header
 
     format_from, delimiter = "", ","
     if fmt == AUTO_FORMAT:
@@ -190,7 +191,7 @@ def resolve_schema(
         header = read_csv_header(data, delimiter)
         if header is None:
             raise ValueError(f"{data}: the file is empty; a csv file starts with a header line")
-        _, rows = read_csv_sample(data, delimiter, HINT_SAMPLE_ROWS)
+        _, rows = csv_records(spec, delimiter, HINT_SAMPLE_ROWS)  # past header-only files
         other = separator_of_one_column(header, rows[0] if rows else [], ",", "\t;|")  # a label-only file's row: none
         if other:
             raise ValueError(

@@ -22,8 +22,8 @@ HINT_SAMPLE_ROWS = 1000  # rows of a file the built-in schema's hints look at
 
 def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], schema: Schema, label_guessed: bool,
                          no_numeric: bool) -> None:  # fmt: skip
-    """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the first
-    file with content's records): the first column taken as the label where another column is named like one
+    """Warnings for what the built-in csv schema may read wrong in data (a file or many; rows: a sample of the records of
+    the first file holding some, formats.csv_records): the first column taken as the label where another column is named like one
     (label_guessed: the first column taken by default), columns of times or of numbers read as categories
     (no_numeric: no --numeric-columns) where `ps-worker schema` would read their hours of day and weekdays, or read
     them as numbers."""
