@@ -421,7 +421,9 @@ def test_a_bad_label_names_its_column_and_where_it_came_from_and_a_repeated_head
     named.write_text("site,clicked\na,yes\n")  # named so, but no labels: no column can be the label
     with pytest.raises(ValueError, match=re.escape("no column can be the label (0 or 1, true and false too): in the "
                                                    "first row, the first column, 'site', holds 'a'; 'clicked', named "
-                                                   "like a label, holds 'yes'. Give --label-column")):  # fmt: skip
+                                                   "like a label, holds 'yes'. Give --label-column naming the "
+                                                   "column to predict, its values 0 and 1 (or true and false): "
+                                                   "rewrite -1 and 1, or yes and no, as 0 and 1")):  # fmt: skip
         read(named, "csv", 10)
     named.write_text("site,price,is_click,y\na,2.5,1,0\n")  # two label columns: which one is for the user to say
     with pytest.raises(ValueError, match=re.escape("(column 'site', the first column, the built-in default: "
@@ -937,6 +939,9 @@ def test_the_builtin_csv_schema_takes_a_label_named_elsewhere_and_warns_of_colum
            "has 'y', named like a label: give --label-column y" in label  # fmt: skip
     assert "column 'price' holds numbers of many values (a sample of 300 rows)" in numbers  # not hour: 3 values
     assert "ps-worker schema --data" in numbers
+    one = tmp_path / "one.csv"  # a sample of one row is named so
+    one.write_text("click,price\n1,2.5\n")
+    assert any("(a sample of 1 row)" in h for h in _hints(caplog, one, "csv"))
     (only,) = _hints(caplog, data, "csv", label_column="click", numeric_columns=("price",))
     assert "column 'price' holds numbers below 0" in only  # normal * 100: about half of them
     assert len(_hints(caplog, data, "csv", label_column="is_mobile")) == 1  # only the numbers'

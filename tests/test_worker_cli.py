@@ -1056,6 +1056,10 @@ def test_an_auc_of_one_label_says_it_is_undefined_and_is_null_in_json(tmp_path):
     )  # no "(AUC 0.5)": there is no AUC
     defined = format_results({**r, "eval_auc": 0.7, "eval_positive_rate": 0.2, "eval_constant_logloss": 0.5004})
     assert "gives logloss 0.5004 (AUC 0.5), the figure to beat" in defined
+    for rate in (0.0, 1.0):  # one class: a constant prediction scores logloss 0, which no model beats
+        one = format_results({**r, "eval_positive_rate": rate, "eval_constant_logloss": 0.0})
+        assert f"base   {rate:.1%} positive: the eval data holds one class, so no figure to beat" in one
+        assert "the figure to beat" not in one
     text = json.dumps(json_figures({"a": [float("nan"), 1.5], "b": {"c": float("nan")}, "d": "nan"}))
     assert json.loads(text, parse_constant=lambda c: pytest.fail(c)) == {"a": [None, 1.5], "b": {"c": None}, "d": "nan"}
 

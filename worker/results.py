@@ -172,11 +172,16 @@ def eval_lines(r: dict) -> list[str]:
 
 def _baseline(r: dict) -> list[str]:
     """The line under the eval line: the eval set's share of positives and the logloss of predicting it for every
-    example (AUC 0.5), which a model that learned anything beats; none when the figures lack it."""
+    example (AUC 0.5), which a model that learned anything beats (an eval set of one class has none: the line says
+    so); none when the figures lack it."""
     if "eval_constant_logloss" not in r:
         return []
-    auc = "" if r.get("eval_auc") != r.get("eval_auc") else " (AUC 0.5)"  # NaN: one class, no AUC at all
-    return [f"base   {r['eval_positive_rate']:.1%} positive: predicting that rate for every example gives logloss "
+    rate = r["eval_positive_rate"]
+    if rate in (0.0, 1.0):
+        return [f"base   {rate:.1%} positive: the eval data holds one class, so no figure to beat: predicting "
+                f"{rate:.0f} for every example gives logloss 0 (and AUC is undefined)"]  # fmt: skip
+    auc = "" if r.get("eval_auc") != r.get("eval_auc") else " (AUC 0.5)"  # NaN: no AUC
+    return [f"base   {rate:.1%} positive: predicting that rate for every example gives logloss "
             f"{r['eval_constant_logloss']:.4f}{auc}, the figure to beat"]  # fmt: skip
 
 

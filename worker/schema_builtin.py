@@ -272,8 +272,9 @@ def _check_a_label_is_named(data: str, header: list[str], rows: list[list[str]])
     holds = [f"the first column, {header[0]!r}, {_not_labels([r[0] for r in rows])}"]
     holds += [f"{h!r}, named like a label, {_not_labels([r[i] for r in rows])}" for i, h in named.items()]
     raise ValueError(f"{data}: no column can be the label (0 or 1, true and false too): in {_first_rows(rows)}, "
-                     f"{'; '.join(holds)}. Give --label-column naming the column to predict, its values "
-                     "written as 0 and 1 (-1 and 1, or yes and no, as 0 and 1; a count as 1 where it is above 0)")  # fmt: skip
+                     f"{'; '.join(holds)}. Give --label-column naming the column to predict, its values 0 and 1 "
+                     "(or true and false): rewrite -1 and 1, or yes and no, as 0 and 1, and a count as 1 where it "
+                     "is above 0")  # fmt: skip
 
 
 def _first_rows(rows: list[list[str]]) -> str:

@@ -50,19 +50,19 @@ def warn_of_csv_columns(data: str, header: list[str], rows: list[list[str]], sch
     cells = {name: [row[i] for row in rows] for i, name in enumerate(header) if name in categorical}
     times = [name for name, column in cells.items() if time_format(name, column)]
     if times:
-        log.warning("%s: %s %s %s times (a sample of %d rows): the built-in csv schema reads each value as an id of its "
+        log.warning("%s: %s %s %s times (a sample of %s): the built-in csv schema reads each value as an id of its "
                     "own, and a later day's values are ids never trained. `ps-worker schema --data %s > schema.toml`, "
                     "then --schema schema.toml, reads their hour of day and weekday", data,
                     "columns" if len(times) > 1 else "column", ", ".join(map(repr, times)),
-                    "hold" if len(times) > 1 else "holds", len(rows), data)  # fmt: skip
+                    "hold" if len(times) > 1 else "holds", _rows(rows), data)  # fmt: skip
     numeric = [name for name, column in cells.items() if name not in times
                and infer_column(name, name, column, sampled=True)[0].kind == "numeric"]  # fmt: skip
     if numeric:
         shown = ", ".join(repr(n) for n in numeric[:8]) + (f" and {len(numeric) - 8} more" if len(numeric) > 8 else "")
         them = "columns %s hold" if len(numeric) > 1 else "column %s holds"
-        log.warning("%s: " + them + " numbers of many values (a sample of %d rows): the built-in csv schema reads "
+        log.warning("%s: " + them + " numbers of many values (a sample of %s): the built-in csv schema reads "
                     "each value as an id of its own. `ps-worker schema --data %s > schema.toml`, then --schema "
-                    "schema.toml, reads them as numbers and their buckets", data, shown, len(rows), data)  # fmt: skip
+                    "schema.toml, reads them as numbers and their buckets", data, shown, _rows(rows), data)  # fmt: skip
 
 
 def header_reads_like_an_example(data: str, header: list[str], label_column: str | None = None,
@@ -151,11 +151,16 @@ def _warn_of_negative_logs(data: str, header: list[str], schema: Schema, rows: l
         i = header.index(c.source)
         negative = [v for v in (float_or_nan(row[i]) for row in rows) if v < 0]
         if negative:
-            log.warning("%s: column %r holds numbers below 0 (%d of a sample of %d rows, the least %g): "
+            log.warning("%s: column %r holds numbers below 0 (%d of a sample of %s, the least %g): "
                         "--numeric-columns reads a number as log(1 + x) and every x below 0 as 0, so those values "
                         "are lost to the model. Shift the column to 0 and above, or write a schema (`ps-worker "
                         "schema --data %s > schema.toml`, then --schema schema.toml), which standardizes such "
-                        "columns", data, c.source, len(negative), len(rows), min(negative), data)  # fmt: skip
+                        "columns", data, c.source, len(negative), _rows(rows), min(negative), data)  # fmt: skip
+
+
+def _rows(rows: list) -> str:
+    """'1 row', '300 rows': a sample's size as the warnings name it."""
+    return f"{len(rows):,} row{'s' * (len(rows) != 1)}"
 
 
 def warn_of_libsvm_values(data: str) -> None:
