@@ -78,14 +78,16 @@ class TableSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dim: _Optional[int] = ..., initializer: _Optional[_Union[InitializerSpec, _Mapping]] = ..., optimizer: _Optional[_Union[OptimizerSpec, _Mapping]] = ..., weight_bound: _Optional[float] = ..., admission: _Optional[_Union[AdmissionSpec, _Mapping]] = ..., eviction: _Optional[_Union[EvictionSpec, _Mapping]] = ..., l2: _Optional[float] = ..., features: _Optional[str] = ...) -> None: ...
 
 class CreateTableRequest(_message.Message):
-    __slots__ = ("spec", "replace_untrained", "check_only")
+    __slots__ = ("spec", "replace_untrained", "check_only", "stamp")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     REPLACE_UNTRAINED_FIELD_NUMBER: _ClassVar[int]
     CHECK_ONLY_FIELD_NUMBER: _ClassVar[int]
+    STAMP_FIELD_NUMBER: _ClassVar[int]
     spec: TableSpec
     replace_untrained: bool
     check_only: bool
-    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ..., replace_untrained: _Optional[bool] = ..., check_only: _Optional[bool] = ...) -> None: ...
+    stamp: WorkerStamp
+    def __init__(self, spec: _Optional[_Union[TableSpec, _Mapping]] = ..., replace_untrained: _Optional[bool] = ..., check_only: _Optional[bool] = ..., stamp: _Optional[_Union[WorkerStamp, _Mapping]] = ...) -> None: ...
 
 class DescribeTableRequest(_message.Message):
     __slots__ = ("table",)

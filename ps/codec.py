@@ -141,6 +141,7 @@ message CreateTableRequest
   1  spec             LEN     TableSpec                the table to create
   2  replace_untrained VARINT bool                     a table of the name, of another spec, never trained: replaced
   3  check_only       VARINT  bool                     every check a create makes, nothing changed (TableInfo as if)
+  4  stamp            LEN     WorkerStamp              absent: no job's; a job's worker's: holds the shard for the job
 
 message DescribeTableRequest
   1  table            LEN     string                   the table's name

@@ -27,7 +27,8 @@ Stamped PullBatch and PushBatch requests (a training job's workers; those of syn
 shard's JobClocks (ps.engine.jobs) after they are validated, on this RPC thread: ServerConfig.threads should be
 at least 2 x the job's workers + 2 (a wait that would hold the last free thread is RESOURCE_EXHAUSTED). Their
 replies carry the job's min_clock; a wait that ends without its workers is ABORTED (BarrierTimeoutError), naming
-them.
+them. A stamped CreateTable (a job's worker creating its job's tables) is checked there too, and holds the
+shard for its job as a first push does.
 
 While the shard starts (ps.server listens before its data dir is open), StartGate stands in for the servicer: every
 method is UNAVAILABLE (ps.errors.ShardStartingError) saying what the start is doing, and clients retry it as an
@@ -220,7 +221,8 @@ class CallerGone:
 
 
 def stamp_of(request: Any) -> WorkerStamp | None:
-    """The WorkerStamp of a PullBatch or PushBatch request (a codec View, or a generated message), None without one."""
+    """The WorkerStamp of a PullBatch, PushBatch or CreateTable request (a codec View, or a generated message), None
+    without one."""
     if isinstance(request, Message):
         m = request.stamp if request.HasField("stamp") else None
     else:
@@ -337,11 +339,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     @_rpc
     def CreateTable(self, request: Any, context: grpc.ServicerContext) -> Message:
-        cfg = codec.table_config_from_proto(request.spec)
+        cfg, stamp = codec.table_config_from_proto(request.spec), stamp_of(request)
         if request.check_only:
-            cfg, num_rows, width = self.shard.check_create(cfg, replace_untrained=request.replace_untrained)
+            cfg, num_rows, width = self.shard.check_create(cfg, request.replace_untrained, stamp)
             return ps_pb2.TableInfo(spec=codec.table_config_to_proto(cfg), num_rows=num_rows, row_floats=width)
-        return self._info(self.shard.create_table(cfg, replace_untrained=request.replace_untrained))
+        return self._info(self.shard.create_table(cfg, request.replace_untrained, stamp))
 
     @_rpc
     def DescribeTable(self, request: Any, context: grpc.ServicerContext) -> Message:

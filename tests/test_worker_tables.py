@@ -106,6 +106,55 @@ def test_tables_of_other_settings_never_trained_are_replaced_by_a_run_of_one_wor
         assert code == 2 and "optimizer.name: 'adagrad' != 'sgd'" in err, err
 
 
+def test_a_run_started_while_another_has_made_its_tables_is_refused_before_it_replaces_them(capsys, monkeypatch):
+    """Two runs on one cluster, the second (another --embedding-dim) started while the first is between making its
+    tables and its first push (forced: the second runs from the first's dense_path): the first job holds the shard
+    from its first table on, so the second's replace of those untrained tables is refused, naming both jobs, and
+    the first trains on the tables of its own settings. Its `--create-tables-only` run before holds nothing."""
+    import worker.train
+
+    with LocalCluster(1) as cluster:
+        servers = ",".join(cluster.addresses)
+        base = ["train", "--servers", servers, "--model", "fm", "--no-progress", *SMALL]
+        assert run([*base, "--embedding-dim", "8", "--job-id", "11", "--create-tables-only"], capsys)[0] == 0
+        second, dense_path = [], worker.train.dense_path
+
+        def the_second_run_starts(*args, **kw):
+            if not second:  # (the second run's own dense_path comes here too)
+                second.append("started")
+                second[0] = run([*base, "--embedding-dim", "4", "--job-id", "22"], capsys)
+            return dense_path(*args, **kw)
+
+        monkeypatch.setattr(worker.train, "dense_path", the_second_run_starts)
+        code, err = run([*base, "--embedding-dim", "8", "--job-id", "11"], capsys)
+        assert code == 0, err
+        ((code, err),) = second
+        assert code != 0 and re.search(r"shard 0 holds job 11 \(--mode async, 1 of its 1 workers not done, .*\), so "
+                                       r"worker 0 of job 22 \(--mode async\) cannot train here", err), err  # fmt: skip
+        with Client(cluster.addresses) as client:
+            (info,) = client.describe_table("fm")
+            assert info.spec.dim == 9 and info.num_rows > 0  # fm: --embedding-dim 8 and the linear term
+            assert client.stats()[0].job == 11
+
+
+def test_a_run_that_fails_after_making_its_tables_frees_the_shard_at_once(capsys, monkeypatch):
+    """A run whose tables hold the shard for its job and that fails before its first push tells the shards it
+    stopped (as one that fails while training does): the next job trains at once, not after its barrier timeout."""
+    import worker.train
+
+    def fails(*args, **kw):
+        raise ValueError("a failure after the tables were made")
+
+    with LocalCluster(1) as cluster:
+        base = ["train", "--servers", ",".join(cluster.addresses), "--model", "fm", "--no-progress", *SMALL]
+        with monkeypatch.context() as patched:
+            patched.setattr(worker.train, "dense_path", fails)
+            code, err = run([*base, "--job-id", "11"], capsys)
+        assert code == 2 and "a failure after the tables were made" in err, err
+        code, err = run([*base, "--job-id", "22"], capsys)
+        assert code == 0, err
+
+
 def test_a_shard_replaces_a_table_only_while_it_was_never_trained(tmp_path):
     from ps.config import ServerConfig
     from ps.engine.shard import Shard

@@ -165,18 +165,23 @@ class Client:
     def stats(self) -> list[ps_pb2.StatsResponse]:
         return self._call_all("Stats", [ps_pb2.StatsRequest()] * len(self._stubs))
 
-    def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> None:
+    def create_table(self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None) -> None:
         """Creates the table on every shard (idempotent for the same spec). replace_untrained: a table of the name
         with another spec that a shard holds untrained (no row, no pending id) is replaced there. With several
         shards, every shard first checks the request (CreateTable's check_only) and any refusal is raised before
         a shard creates anything; what can still fail on one shard after the others created the table is a
-        RocksDB write there, or a table created or trained in between by another client."""
+        RocksDB write there, or a table created or trained in between by another client (or, with a stamp, a
+        shard taken by another job in between). stamp: a training job's worker's (its row source's,
+        worker/steprows.py), for its job's tables: each shard holds itself for the job from then on, as after the
+        job's first push, and refuses the create while it holds another job (ps.engine.jobs)."""
         cfg.validate()
         spec = codec.table_config_to_proto(cfg)
+        proto = None if stamp is None else codec.stamp_to_proto(stamp)
         if len(self._stubs) > 1:
-            check = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, check_only=True)
+            check = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, check_only=True,
+                                              stamp=proto)  # fmt: skip
             self._call_all("CreateTable", [check] * len(self._stubs))
-        request = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained)
+        request = ps_pb2.CreateTableRequest(spec=spec, replace_untrained=replace_untrained, stamp=proto)
         self._call_all("CreateTable", [request] * len(self._stubs))
         self._dims[cfg.name] = cfg.dim
 

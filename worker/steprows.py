@@ -373,7 +373,8 @@ def job_setup(cfg: Any, spec: ModelSpec) -> str:
 
 def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> Any:
     """The row source of a resolved TrainConfig's --mode (table_configs: the model's sparse tables, for geo's
-    local optimizers); every mode's worker stamps its pushes with the job (async and geo: unclocked)."""
+    local optimizers); every mode's worker stamps its pushes with the job (async and geo: unclocked), and the run
+    its CreateTable requests with the source's stamp (worker/train.py)."""
     from worker.client import WorkerStamp
 
     stamp = WorkerStamp(

@@ -45,7 +45,7 @@ from worker.models.spec import ModelSpec
 from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, state_changed
 from worker.scoring import ScoringProgress, evaluate
-from worker.steprows import row_source
+from worker.steprows import abandon, row_source
 from worker.tables import check_tables
 from worker.train_config import TrainConfig
 from worker.train_messages import (
@@ -102,44 +102,54 @@ def train(cfg: TrainConfig) -> dict:
             held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
             for warning in missing_shares(shard_stats, spec, client.servers):
                 log.warning("%s", warning)
-        for i, table in enumerate(tables_cfg):
-            try:
-                client.create_table(table, replace_untrained=table.name in replaced)
-            except RamTierTooSmallError as e:
-                raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
-        if cfg.create_tables_only:
-            return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
-        if not cfg.progress_lines:  # launch said them once for its job
-            for line in job_lines(job):
-                _say(line, cfg)
-        if cfg.skip_examples:
-            _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
-            if held == 0 and alone_so_far:
-                log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
-                            "will not be trained (is --servers the cluster of the run this resumes?)",
-                            cfg.skip_examples)  # fmt: skip
-        elif held and cfg.worker_id == 0:  # a sync job's workers all read it: worker 0 says it for the job
-            _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
-                 "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
-        if cfg.num_workers > 1 or cfg.mode != "async":
-            _say(mode_line(cfg), cfg)
-        if labels is not None:
-            trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
-            started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained)
-            if started is not None:
-                _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
-                     "positives of this worker's share of the data (a new model)", cfg)  # fmt: skip
-        dense = dense_path(cfg, client, spec)
-        dense.pull()
+        # the job's stamp goes with the creation of its tables: each shard holds itself for the job from its first
+        # table on, and refuses another job's create (ps.engine.jobs); a run that trains nothing (one that
+        # creates the tables only, or only evaluates) holds nothing
         source = row_source(cfg, client, spec, tables_cfg)
-        validation = data.validation()
-        if validation:
-            named = f" of {cfg.validation_data}" if cfg.validation_data else ""
-            _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{named}", cfg)
-            few = validation_too_small(validation)
-            if few:
-                log.warning("%s", few)
-        settings = loop_settings(cfg, data, tables_cfg)
+        trains = not cfg.create_tables_only and not cfg.resume_trained
+        stamp = source.stamp if trains else None
+        try:
+            for i, table in enumerate(tables_cfg):
+                try:
+                    client.create_table(table, replace_untrained=table.name in replaced, stamp=stamp)
+                except RamTierTooSmallError as e:
+                    raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
+            if cfg.create_tables_only:
+                return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
+            if not cfg.progress_lines:  # launch said them once for its job
+                for line in job_lines(job):
+                    _say(line, cfg)
+            if cfg.skip_examples:
+                _say(f"resuming: the first {cfg.skip_examples:,} training examples are read and skipped", cfg)
+                if held == 0 and alone_so_far:
+                    log.warning("--skip-examples %d, but the servers hold no trained row of this model: those examples "
+                                "will not be trained (is --servers the cluster of the run this resumes?)",
+                                cfg.skip_examples)  # fmt: skip
+            elif held and cfg.worker_id == 0:  # a sync job's workers all read it: worker 0 says it for the job
+                _say(f"the servers hold this model's tables with {held:,} trained rows already: this run trains that "
+                     "model further (for a new one, use other servers or start them on new data dirs)", cfg)  # fmt: skip
+            if cfg.num_workers > 1 or cfg.mode != "async":
+                _say(mode_line(cfg), cfg)
+            if labels is not None:
+                trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
+                started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained)
+                if started is not None:
+                    _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
+                         "positives of this worker's share of the data (a new model)", cfg)  # fmt: skip
+            dense = dense_path(cfg, client, spec)
+            dense.pull()
+            validation = data.validation()
+            if validation:
+                named = f" of {cfg.validation_data}" if cfg.validation_data else ""
+                _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{named}", cfg)
+                few = validation_too_small(validation)
+                if few:
+                    log.warning("%s", few)
+            settings = loop_settings(cfg, data, tables_cfg)
+        except BaseException as e:  # before training: the shards hold the job no more for this worker
+            if trains:
+                abandon(source, e)  # (sync and ssp: the job stops, so that no other worker waits for this one)
+            raise
         loop = LoopResult()
         try:
             if cfg.resume_trained:  # a --resume-file run whose training was over: its final evaluation only

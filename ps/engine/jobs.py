@@ -2,8 +2,10 @@
 
 A worker of a sync or ssp job stamps its PullBatch and PushBatch requests (ps.stamp.WorkerStamp, the proto's); a
 worker of an async or geo job stamps its PushBatch requests, unclocked (below); the MLP's pushes that go with a
-step's push carry its stamp. Requests without a stamp (reads: eval, predict, export, stats; the MLP's pushes sent
-apart from a step's, worker/dense.py DensePS's; restore pushes) never wait and never come here.
+step's push carry its stamp (those sent apart from it, worker/dense.py DenseSync's background pushes, carry none).
+Every worker stamps the CreateTable requests that make its job's tables (created): they hold the shard
+for the job as its first push would. Requests without a stamp (reads: eval, predict, export, stats; restore
+pushes; `ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and hold nothing.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
@@ -50,15 +52,18 @@ or whose pairs differ, is refused (InvalidArgumentError naming what differs) and
 every later stamp of it get that error, so every worker learns why at once instead of waiting out its barrier for
 a worker that has failed.
 
-One job at a time, in any mode: a stamp of another job is refused (JobConflictError, FAILED_PRECONDITION, naming
-both jobs, changing nothing) while the one followed runs: until every worker of it is done, it stops (a stop stamp,
-a refused stamp), or no stamp of it has come for its barrier timeout (the largest its stamps gave: its waits would
-have ended by then, so its workers are gone). Then
-a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
+One job at a time, in any mode: a stamp of another job (a pull's, a push's, a CreateTable's) is refused
+(JobConflictError, FAILED_PRECONDITION, naming both jobs, changing nothing) while the one followed runs: until
+every worker of it is done, it stops (a stop stamp, a refused stamp), or no stamp of it has come for its barrier
+timeout (the largest its stamps gave: its waits would have ended by then, so its workers are gone). Then a stamp of another job starts that one (its clocks seeded from the journal) and the old job's waits fail; a sum of
 the old job applied after the switch changes nothing of the new one. A pull or sync push starts its job under the
 lock that checks it; a push that is applied first (async, geo, ssp) claims the shard at its check, under that
 lock, so that two jobs' first pushes reaching a free shard together do not both apply: the other job is refused
-until the push is applied (its job starts) or fails (the claim is dropped, the shard as it was).
+until the push is applied (its job starts) or fails (the claim is dropped, the shard as it was). A stamped
+CreateTable claims the shard the same way, whatever the job's mode, and starts its job once the table is made (a
+create that fails leaves the shard as it was); so the hold starts at a job's first table, and a second job's
+create (a replace of the first job's untrained tables, say) is refused before it changes anything. Its check_only
+is checked the same way and holds nothing.
 
 Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the shard for its job, and its worker
 count, setup and unclocked are checked as above (a worker of another mode, another --geo-every, or another count
@@ -133,8 +138,9 @@ NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 MAX_OPEN_SYNC_STEPS = 4  # sync steps of a job gathering at once: its workers run one step at a time (about 2)
 
 
-def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
-    """InvalidArgumentError for a stamp no job can have (a pull's or a PushBatch's: done is for pushes)."""
+def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
+    """InvalidArgumentError for a stamp no job can have (a pull's, a CreateTable's (create), or a PushBatch's: done
+    and stopped are for pushes)."""
     bad = ""
     if stamp.job == 0:
         bad = "job 0 is no job id; give every job a nonzero id"
@@ -154,8 +160,9 @@ def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
         bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
     elif len(stamp.stopped) > MAX_SETUP_CHARS:
         bad = f"stopped of {len(stamp.stopped):,} characters is longer than {MAX_SETUP_CHARS:,}"
-    elif pull and (stamp.done or stamp.stopped):
-        bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a pull"
+    elif (pull or create) and (stamp.done or stamp.stopped):
+        bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a "
+        bad += "pull" if pull else "CreateTable"
     elif stamp.done and stamp.stopped:
         bad = "a stamp says done (the worker finished) or stopped (it did not), not both"
     elif stamp.unclocked and pull:
@@ -163,7 +170,7 @@ def check_stamp(stamp: WorkerStamp, pull: bool) -> None:
     elif stamp.unclocked and stamp.sync:
         bad = "a stamp says sync (its step summed over the job's workers) or unclocked (async or geo), not both"
     if bad:
-        raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was applied")
+        raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was {'created' if create else 'applied'}")
 
 
 def setup_pairs(setup: str) -> dict[str, str]:
@@ -329,45 +336,53 @@ class JobClocks:
         self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
         self._stamped: list[bool] = []  # worker -> a stamp of it came here (since the job started here)
         self._heard = 0.0  # monotonic time of the job's latest stamp here
-        self._claims: list[WorkerStamp] = []  # stamps of pushes checked and not yet applied that start their job
+        # (stamp, what it does) of the pushes and table creations checked, not yet done, that start their job
+        self._claims: list[tuple[WorkerStamp, str]] = []
         self._patience_s = 0.0  # the largest barrier timeout its stamps gave
         self._steps: dict[int, _SyncStep] = {}
         self._generation = 0  # moves when the job changes: waits of an older job fail
         self._closed = False
 
     # ---- the job --------------------------------------------------------------------------------------
-    def check(self, stamp: WorkerStamp, pull: bool, client: int = 0) -> bool:
+    def check(self, stamp: WorkerStamp, pull: bool, client: int = 0, create: bool = False) -> bool:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
         stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
-        another job while the one followed runs or a push that starts one is claimed, and for an ssp push from
-        another client (the PushBatch's client_id; 0: unknown) than the worker's earlier pushes (which stops the
-        job). A stamp of the job followed that passes counts as hearing from the job (its hold on the shard lasts).
-        Returns whether the stamp claims the shard: a push (not sync, not done) that starts its job here; the
-        claim refuses every other job until pushed(claimed=True) starts the job, or release() drops it (the push
-        failed)."""
-        check_stamp(stamp, pull)
+        another job while the one followed runs or a push or create that starts one is claimed, and for an ssp
+        push from another client (the PushBatch's client_id; 0: unknown) than the worker's earlier pushes (which
+        stops the job). A stamp of the job followed that passes counts as hearing from the job (its hold on the
+        shard lasts). create: the stamp of a CreateTable (a job's worker creating its job's tables, before its
+        first push), checked as a push's is but for done and client. Returns whether the stamp claims the shard:
+        a push (not sync, not done) or a create that starts its job here; the claim refuses every other job
+        until pushed(claimed=True) or created(claimed=True) starts the job, or release() drops it (the push or
+        create failed)."""
+        check_stamp(stamp, pull, create)
         with self._cond:
             if stamp.unclocked and stamp.done and not self._follows(stamp):
                 return False  # the end of a worker of a job not followed: nothing to change (finish)
             self._check_job(stamp)
             self._check_workers(stamp)
-            if not pull and not stamp.unclocked:
+            if not pull and not create and not stamp.unclocked:
                 self._check_not_done(stamp)
                 if not stamp.sync and not stamp.done:
                     self._check_client(stamp, client)
             if self._follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
                 self._heard = time.monotonic()
                 return False
-            if pull or stamp.sync or stamp.done:  # these start their job under the lock (_enter)
+            if not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (_enter)
                 return False
-            self._claims.append(stamp)
+            self._claims.append((stamp, "creating a table" if create else "applying the first push"))
             return True
 
     def release(self, stamp: WorkerStamp) -> None:
-        """Drops the claim of check() for stamp: its push failed, and the shard is as it was before it."""
+        """Drops the claim of check() for stamp: its push or create failed (or was a check only), and the shard is
+        as it was before it."""
         with self._cond:
-            self._claims.remove(stamp)
+            self._drop_claim(stamp)
+
+    def _drop_claim(self, stamp: WorkerStamp) -> None:
+        """Drops one claim of check() for stamp. Lock held."""
+        self._claims.remove(next(c for c in self._claims if c[0] == stamp))
 
     def _follows(self, stamp: WorkerStamp) -> bool:
         """Whether the stamp is of the job followed, running or stopped; an unclocked stamp of an unclocked job
@@ -388,10 +403,10 @@ class JobClocks:
     def _check_job(self, stamp: WorkerStamp) -> None:
         """JobConflictError for a stamp of another job while the one followed runs, or while a push claims the
         shard for another job (check()). Lock held."""
-        claim = next((c for c in self._claims if c.job != stamp.job), None)
+        claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
         if claim is not None:
             raise JobConflictError(
-                f"shard {self.shard_id} is applying the first push of job {claim.job} "
+                f"shard {self.shard_id} is {doing} of job {claim.job} "
                 f"({_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
                 f"{stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
                 f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
@@ -633,13 +648,8 @@ class JobClocks:
         another worker count, by a push of another worker checked at the same time: the push stays applied, and
         nothing moves; the worker's next stamp is refused as its check finds the job now.)"""
         with self._cond:
-            if claimed:
-                self._claims.remove(stamp)
-            if stamp.job != self.job and self._running():
+            if not self._entered(stamp, claimed):
                 return self._min_clock()
-            if self._follows(stamp) and stamp.num_workers != self.num_workers:
-                return self._min_clock()
-            self._enter(stamp, applied=True)
             if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
                 self._done[stamp.worker] = False
                 return self._min_clock()
@@ -647,6 +657,27 @@ class JobClocks:
             if client and not self._clients[stamp.worker]:
                 self._clients[stamp.worker] = client
             return self._min_clock()
+
+    def created(self, stamp: WorkerStamp, claimed: bool = False) -> None:
+        """Notes that the stamp's worker created a table (of its job's, before its first push): its job holds the
+        shard as after a push (started here if it was not followed), moving no clock. claimed: what check()
+        returned (the claim ends). (Another job started since the check, or its job with another worker count:
+        as for pushed, nothing moves.)"""
+        with self._cond:
+            self._entered(stamp, claimed)
+
+    def _entered(self, stamp: WorkerStamp, claimed: bool) -> bool:
+        """After a push or create of the stamp, checked (claimed: what check() returned; the claim ends), was
+        applied: enters the stamp's job (_enter, applied) unless another job started since the check and runs, or
+        the job started since with another worker count; returns whether it entered it. Lock held."""
+        if claimed:
+            self._drop_claim(stamp)
+        if stamp.job != self.job and self._running():
+            return False
+        if self._follows(stamp) and stamp.num_workers != self.num_workers:
+            return False
+        self._enter(stamp, applied=True)
+        return True
 
     def finish(self, stamp: WorkerStamp) -> int:
         """Marks the stamp's worker done (idempotent): no wait counts it any more; an unclocked one of a job not

@@ -9,7 +9,8 @@ the optimizer state is untouched, FTRL's z aside, set to give the new embedding;
 weight clipping apply as usual). Its journal record keeps the rule.
 
 Training jobs (stamped requests: the job a shard follows, its worker clocks, sync steps) are ps.engine.jobs's,
-one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch. Checkpoints (hold, save, release) are
+one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch, create_table with a stamp a stamped
+CreateTable. Checkpoints (hold, save, release) are
 ps.engine.hold's, one PushHold per shard, which every push passes through.
 
 Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread writes
@@ -457,13 +458,30 @@ class Shard:
         log.error("shard %d: %s", self.shard_id, why)
         self._tell_lost_listeners("the shard's breaking")
 
-    def create_table(self, cfg: TableConfig, replace_untrained: bool = False) -> Table:
+    def create_table(
+        self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None
+    ) -> Table:
         """Creates the table, or returns the existing one if its config is the same (TableExistsError if not); a
         table made (or replaced) must pass TableConfig.check_new too (InvalidArgumentError).
         replace_untrained: an existing table of another config that was never trained (Table.trained: no id ever
         pushed to it on this shard) is replaced by a new one of cfg (the rows a pull put in its RAM tier, its
-        initial rows, go with it); one that was trained is refused (TableExistsError)."""
+        initial rows, go with it); one that was trained is refused (TableExistsError).
+        stamp: a training job's worker creates its job's tables (ps.engine.jobs: JobClocks.check with create,
+        then created): refused while the shard holds another job (JobConflictError, nothing created); once
+        created, the job holds the shard as after its first push. A create that fails leaves the hold as it was."""
         self.refuse_if_lost()
+        claimed = stamp is not None and self.jobs.check(stamp, pull=False, create=True)
+        try:
+            table = self._create_table(cfg, replace_untrained)
+        except BaseException:
+            if claimed:
+                self.jobs.release(stamp)
+            raise
+        if stamp is not None:
+            self.jobs.created(stamp, claimed)
+        return table
+
+    def _create_table(self, cfg: TableConfig, replace_untrained: bool) -> Table:
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
@@ -483,11 +501,16 @@ class Shard:
         log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
         return table
 
-    def check_create(self, cfg: TableConfig, replace_untrained: bool = False) -> tuple[TableConfig, int, int]:
-        """What create_table(cfg, replace_untrained) would answer, changing nothing: (config, trained rows, row
-        floats) of the table it would return, or the error it would raise (all but a failed RocksDB write's), so
-        that a client can check every shard before it creates the table on any."""
+    def check_create(
+        self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None
+    ) -> tuple[TableConfig, int, int]:
+        """What create_table(cfg, replace_untrained, stamp) would answer, changing nothing: (config, trained rows,
+        row floats) of the table it would return, or the error it would raise (all but a failed RocksDB write's),
+        so that a client can check every shard before it creates the table on any. A stamp is checked as the
+        create checks it, and holds nothing."""
         self.refuse_if_lost()
+        if stamp is not None and self.jobs.check(stamp, pull=False, create=True):
+            self.jobs.release(stamp)
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
