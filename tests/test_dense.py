@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 
 from ps.config import OptimizerConfig
+from ps.errors import JobConflictError
+from ps.stamp import WorkerStamp
 from tests.inprocess import InProcessTables
 from tests.waiting import join_thread, wait_until
 from worker.dense import MIN_BASE_RATE, DenseSync, start_logit_bias, table_config, table_name
 from worker.models.spec import DenseParam, ModelSpec, uniform_fields
+from worker.steprows import AsyncRows, ClockedRows
 
 SGD1 = OptimizerConfig("sgd", 1.0)
 
@@ -202,6 +205,71 @@ def test_background_pushes_reach_the_servers_optimizer():
         dense.close()
         with pytest.raises(RuntimeError, match="after close"):
             dense.step({p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()})
+
+
+JOB, OTHER = 0xA51C, 0xB0B
+
+
+def _async_stamp(job: int) -> WorkerStamp:
+    return WorkerStamp(job, 0, 1, 0, barrier_timeout_s=30.0, setup="mode=async model=dnn", unclocked=True)
+
+
+def test_a_second_jobs_background_push_is_refused_while_the_first_holds_the_shard():
+    """--dense-staleness > 0: the MLP's background pushes carry the job's stamp, as the step's pushes do: job
+    OTHER's is refused while JOB (its tables made, no push yet) holds the shard, and changes nothing."""
+    spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
+    ones = {p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()}
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        for p in spec.dense_params():
+            tables.shard.create_table(table_config(p, SGD1), stamp=_async_stamp(JOB))
+        other = DenseSync(
+            tables, spec.dense_params(), staleness=1, source=AsyncRows(tables, spec, 0, _async_stamp(OTHER))
+        )
+        start = {k: v.copy() for k, v in other.pull().items()}
+        other.step(ones)
+        with pytest.raises(JobConflictError, match=rf"holds job {JOB} .* of job {OTHER} .*nothing was applied"):
+            other.flush()
+        other.close()
+        mine = DenseSync(tables, spec.dense_params(), staleness=1, source=AsyncRows(tables, spec, 0, _async_stamp(JOB)))
+        for k, v in mine.pull().items():
+            np.testing.assert_array_equal(v, start[k])  # nothing of OTHER's push
+        mine.step(ones)
+        mine.flush()
+        for k, v in mine.pull().items():
+            np.testing.assert_allclose(v, start[k] - 1.0, rtol=1e-6)
+        assert tables.shard.stats()["job"] == JOB
+        mine.close()
+
+
+def test_an_ssp_workers_background_push_is_stamped_and_moves_no_clock(servers):
+    """ssp: the MLP's background push carries the stamp of the worker's last step whose push had its reply, so
+    its clock stays where the step's pushes put it; one given before the first reply waits for it (a stamp of
+    step 0 would move the clock to 1 before step 0's rows are applied)."""
+    from worker.client import Client
+
+    addresses, (server,) = servers(1)
+    clocks = server.shard.jobs
+    ones = {p.name: np.ones(p.shape, np.float32) for p in PARAMS}
+    with Client(addresses, timeout_s=30) as client:
+        for p in PARAMS:
+            client.create_table(table_config(p, SGD1))
+        source = ClockedRows(client, None, WorkerStamp(JOB, 0, 2, 0, staleness=1, barrier_timeout_s=30.0))
+        dense = DenseSync(client, PARAMS, staleness=1, source=source)
+        start = {k: v.copy() for k, v in dense.pull().items()}
+        dense.step(ones)  # step 0's MLP push, before step 0's push has its reply
+        time.sleep(0.3)
+        assert clocks.job == 0 and dense.syncs == 0  # it waits
+        source.push(0, {}, {}, [])  # step 0's push (no rows: a batch of no ids), answered
+        dense.flush()
+        assert clocks.job == JOB and clocks._clocks == [1, 0] and dense.syncs == 1
+        for s in (1, 2):
+            source.push(s, {}, {}, [])
+        dense.step(ones)
+        dense.flush()
+        assert clocks._clocks == [3, 0] and dense.syncs == 2
+        for k, v in dense.pull().items():
+            np.testing.assert_allclose(v, start[k] - 2.0, rtol=1e-6)
+        dense.close()
 
 
 def test_staleness_is_checked():

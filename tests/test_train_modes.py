@@ -211,6 +211,32 @@ def test_a_second_async_job_is_refused_while_one_trains_and_an_async_and_a_geo_w
         assert re.search(r"job 33 stops: .*'mode' '(async|geo)' \(the job's: '(geo|async)'\)", str(e)), e
 
 
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_a_run_whose_mlp_pushes_in_the_background_frees_the_shards_at_its_end(servers, data_file, mode, monkeypatch):
+    """--dense-staleness 1: the MLP's background pushes carry the job's stamp, and all of them are sent before the
+    worker says it is done (an async one after it would mark the worker running again, so the job would hold the
+    shard for its barrier timeout; an ssp one would be refused as a done worker's): the next job trains at once.
+    Each background push is slowed, so that the last one is still pending when the training loop ends."""
+    from worker.steprows import AsyncRows, ClockedRows
+    from worker.train import train
+
+    source = AsyncRows if mode == "async" else ClockedRows
+    push_apart = source.push_apart
+
+    def slowly(self, items):
+        time.sleep(0.1)
+        return push_apart(self, items)
+
+    monkeypatch.setattr(source, "push_apart", slowly)
+
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
+                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
+                      mode=mode, dense_staleness=1)  # fmt: skip
+    for job_id in (51, 52):
+        assert train(dataclasses.replace(cfg, job_id=job_id))["dense_syncs"] > 0
+
+
 def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp_path, data_file):
     """Worker 1 trains one epoch, worker 0 two: once worker 1 is done, worker 0's steps complete without it."""
     addresses, _ = servers(1)

@@ -20,7 +20,8 @@ DenseSync pulls every dense parameter at the start and then, by `staleness` k:
         of the last sync (they miss the gradients of at most the sync_every - 1 steps before it).
     k > 0 (background, sync_every 1): step() adds the gradients to a pending sum and returns; a thread
         repeatedly takes the whole pending sum (the steps given while its last push was out, merged into one
-        push), pushes it (return_rows) and sets values to the rows it returns. The bound is in steps: step()
+        push), pushes it (return_rows; through the worker's row source, `source`, with the job's stamp, as the
+        step's pushes are: a shard that holds another job refuses it) and sets values to the rows it returns. The bound is in steps: step()
         blocks while more than k steps have gradients not yet applied (given, but not returned by a push), so
         the values step s computes with (steps counted from 0, values read after step s - 1's step() returns)
         include the gradients of every step before s - k, and of steps s - k .. s - 1 those whose push returned.
@@ -121,9 +122,12 @@ class DenseSync:
     (staleness 0) or pushed by a background thread (staleness k > 0); see the module docstring.
 
     `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables); with
-    staleness > 0 its push_many is called from the thread while the loop uses it too."""
+    staleness > 0 the thread pushes through source.push_apart (the worker's row source, worker/steprows.py: stamped
+    with its job), or tables.push_many without a stamp where source is None, while the loop uses them too."""
 
-    def __init__(self, tables: Any, params: list[DenseParam], sync_every: int = 1, staleness: int = 0):
+    def __init__(
+        self, tables: Any, params: list[DenseParam], sync_every: int = 1, staleness: int = 0, source: Any = None
+    ):
         if sync_every < 1:
             raise ValueError(f"--dense-sync-every is {sync_every}, expected >= 1")
         if staleness < 0:
@@ -134,6 +138,7 @@ class DenseSync:
                 "every step pending, so expected --dense-sync-every 1 (or --dense-staleness 0)"
             )
         self.tables = tables
+        self.source = source
         self.params = params
         self.sync_every = sync_every
         self.staleness = staleness
@@ -265,7 +270,10 @@ class DenseSync:
                     grads, steps = self.pending, self.steps_pending
                     self.pending, self.steps_pending = self._zeros(), 0
                 items = [PushItem(table_name(p), self.ids[p.name], grads[p.name]) for p in self.params]
-                rows = self.tables.push_many(items, return_rows=True)
+                if self.source is not None:
+                    rows = self.source.push_apart(items)
+                else:
+                    rows = self.tables.push_many(items, return_rows=True)
                 with self._cond:
                     self.take(rows)
                     self._unapplied -= steps

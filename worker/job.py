@@ -251,9 +251,10 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
     )  # fmt: skip
 
 
-def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> DensePath:
+def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec, source: Any = None) -> DensePath:
     """The MLP's path of a resolved config: on the servers (DenseSync: in the step, or on a background thread
-    within --dense-staleness steps), or averaged among torch workers (AllReduceDense)."""
+    within --dense-staleness steps, whose pushes go through source, the worker's row source: stamped with its
+    job), or averaged among torch workers (AllReduceDense)."""
     dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
     if cfg.dense == "allreduce":
         from worker.allreduce import AllReduceDense
@@ -273,7 +274,7 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec) -> DensePath:
         finally:  # a later run in this process (a test's) or a child it starts does not inherit them
             for name in group:
                 os.environ.pop(name, None)
-    return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default())
+    return DenseSync(tables, spec.dense_params(), cfg.dense_sync_every, cfg.dense_staleness_or_default(), source)
 
 
 def open_job(cfg: TrainConfig, tables: Any) -> tuple[TrainConfig, DataSource, ModelSpec, Any, DenseSync]:

@@ -340,9 +340,11 @@ def run_epochs(
                 break
         result.trained_all = True
         step.pusher.shutdown()
+        if not dense.collective:  # the PS path's pushes carry the job's stamp: all of them before the worker's end
+            dense.flush()
         source.finish()  # (geo: its last deltas pushed)
         result.pushed = result.examples
-        dense.finish()  # the MLP's last gradients applied (allreduce: with the others')
+        dense.finish()  # the MLP's last gradients applied (allreduce: with the others', so after source.finish)
         result.seconds = training_s()
         if best_model is not None and result.curve and not result.curve[-1]["best"]:
             result.restored_best = best_model.restore(dense)

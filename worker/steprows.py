@@ -17,7 +17,9 @@ at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.e
 
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
-step's push; returns the rows the push returned for them), settle() (before a validation: the servers hold every
+step's push; returns the rows the push returned for them), push_apart(items) (a push of the worker's sent apart
+from its step's, the MLP's background push of worker/dense.py: with the job's stamp, advancing no clock; returns
+the rows of its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
 abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
@@ -39,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ps.errors import PsError
-from ps.terminate import Terminated, signal_behind
+from ps.terminate import SIGNAL_CHECK_S, Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
@@ -139,6 +141,9 @@ class AsyncRows:
             self.recent[t].add(ti.uniq, updated)
         return returned[len(tids) :]
 
+    def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
+        return self.tables.push_many(items, return_rows=True, stamp=self.stamp)
+
     def settle(self) -> None:
         pass
 
@@ -172,6 +177,7 @@ class ClockedRows:
         self.window: deque = deque(maxlen=depth + 1)
         self._finished = False
         self.acked = 0  # this worker's pushes that have had their reply
+        self._replied = threading.Condition()  # notified as acked moves (push_apart waits for the first reply)
 
     def start_epoch(self) -> None:
         self.window = deque(maxlen=self.depth + 1)
@@ -218,12 +224,26 @@ class ClockedRows:
         returned, min_clock = self.tables.push_many(
             _sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True, stamp=self._at(step)
         )
-        self.acked = step + 1
+        with self._replied:
+            self.acked = step + 1
+            self._replied.notify_all()
         if self.cache is not None:
             with self._cache_lock:
                 for (t, ti), rows in zip(tids.items(), returned):
                     self.cache.store(t, ti.uniq, rows, min_clock)
         return returned[len(tids) :]
+
+    def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
+        """Sent with the stamp of the worker's last step whose push has had its reply (not sync: a sync job's MLP
+        goes with its steps), which moves no clock: a shard moves the worker's clock to the stamp's step + 1, where
+        the step's push put it already. One sent before the first step's reply waits for it (or the worker's end:
+        timed, as finish and abandon notify nobody), since a stamp of step 0 would move the clock to 1 before
+        step 0's rows are applied."""
+        with self._replied:
+            while not self.acked and not self._finished:
+                self._replied.wait(SIGNAL_CHECK_S)
+        returned, _ = self.tables.push_many(items, return_rows=True, stamp=self._at(max(self.acked - 1, 0), sync=False))
+        return returned
 
     def settle(self) -> None:
         pass
@@ -291,6 +311,9 @@ class GeoRows:
         if pushed:
             self.tables.advance_clock(self.geo.every)
         return self.tables.push_many(extra, return_rows=True, stamp=self.stamp) if extra else []
+
+    def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
+        return self.tables.push_many(items, return_rows=True, stamp=self.stamp)
 
     def settle(self) -> None:
         """Pushes the deltas of the steps since the last push (a validation then scores the model trained so far,

@@ -136,7 +136,7 @@ def train(cfg: TrainConfig) -> dict:
                 if started is not None:
                     _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
                          "positives of this worker's share of the data (a new model)", cfg)  # fmt: skip
-            dense = dense_path(cfg, client, spec)
+            dense = dense_path(cfg, client, spec, source)
             dense.pull()
             validation = data.validation()
             if validation:
