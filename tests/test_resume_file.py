@@ -145,13 +145,18 @@ def test_a_start_without_job_id_takes_the_files_and_one_given_another_is_refused
     from worker.cli_train import resumed
 
     cfg = TrainConfig(servers=("h:1",), resume_file=str(tmp_path / "p.json"))
-    first = resumed(cfg)  # no file yet: an id made up now, which the file keeps from the first step on
-    assert first.job_id and resumed(cfg).job_id != first.job_id
-    PositionWriter(first).update(10)
-    assert json.loads((tmp_path / "p.json").read_text())["job_id"] == first.job_id
-    assert resumed(cfg).job_id == first.job_id and resumed(cfg).skip_examples == 10
-    assert resumed(dataclasses.replace(cfg, job_id=first.job_id)).job_id == first.job_id
-    with pytest.raises(ValueError, match=rf"other settings \(job_id: {first.job_id} in the file != 7 now\): give"):
+    first = resumed(cfg)  # no file yet: no id yet (TrainConfig.with_recipe makes the run's up)
+    assert first.job_id is None
+    writer = PositionWriter(first)
+    writer.job_id = made = first.with_recipe(1000)[
+        0
+    ].job_id  # as train() does: the file keeps it from the first step on
+    assert made and first.with_recipe(1000)[0].job_id != made  # a new one per run
+    writer.update(10)
+    assert json.loads((tmp_path / "p.json").read_text())["job_id"] == made
+    assert resumed(cfg).job_id == made and resumed(cfg).skip_examples == 10
+    assert resumed(dataclasses.replace(cfg, job_id=made)).job_id == made
+    with pytest.raises(ValueError, match=rf"other settings \(job_id: {made} in the file != 7 now\): give"):
         resumed(dataclasses.replace(cfg, job_id=7))
 
 

@@ -21,7 +21,7 @@ from worker.readers.share import BAD_SHARE_AFTER
 from worker.recipe import BIG_BATCH_EXAMPLES, LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
 from worker.schema import FORMAT_CHOICES, LABEL_NAMES
-from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig, new_job_id
+from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
 
 SECONDS = number(0, MAX_INTERVAL_S, above=True)  # argparse types of the train and eval flags
 SECONDS_OR_0 = number(0, MAX_INTERVAL_S)
@@ -615,8 +615,9 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
         stack.enter_context(held(cfg.resume_file))
     position = read_position(cfg)
     # the job id the file keeps, unless one is given (read_position refused another): a worker killed without a
-    # word leaves its job holding the shards, which let only that job push
-    cfg = dataclasses.replace(cfg, job_id=cfg.job_id or (position and position.job_id) or new_job_id())
+    # word leaves its job holding the shards, which let only that job push (none: TrainConfig.with_recipe makes the
+    # run's up, and the file keeps it from the first step on)
+    cfg = dataclasses.replace(cfg, job_id=cfg.job_id or (position and position.job_id) or None)
     if position is None:
         print(f"--resume-file {cfg.resume_file}: no position yet; this run keeps it there", flush=True)
         return cfg

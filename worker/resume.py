@@ -244,7 +244,7 @@ class PositionWriter:
         self.written: int | None = None
         self.failing = False  # the last periodic write failed (logged once)
         self.state_ids = tuple(cfg.resume_state_ids)  # the shards' model state ids: the file's until the run reads them
-        self.job_id = cfg.job_id  # the file's, or the one given or made up at the first start (cli_train.resumed)
+        self.job_id = cfg.job_id  # the one given, or the file's; train() sets the one the run trains under
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
         for left in glob.glob(os.path.join(glob.escape(directory), leftover)):

@@ -66,7 +66,7 @@ def train(cfg: TrainConfig) -> dict:
     job = check_training(cfg, warn=not cfg.progress_lines)  # launch said the job's warnings before it started it
     cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
     if position is not None:
-        position.job_id = cfg.job_id  # the id the run trains under (given, the file's, or made up)
+        position.job_id = cfg.job_id  # the id the run trains under (given, the file's, or made up by with_recipe)
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # this worker's share, read before any server is touched
         data.validation()  # a split's examples (--validation-data was read by check_training)
