@@ -25,6 +25,7 @@ from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableCon
 from ps.errors import PsError, StorageError
 from ps.server import Server
 from ps.storage.store import Store, encode_keys
+from ps.storage.verify import verify_checkpoint, verify_data_dir
 from tests.server_process import ServerProcess
 from tests.waiting import wait_until
 from worker.client import Client
@@ -458,7 +459,7 @@ def test_verify_checks_no_identity_or_journal_against_a_meta_column_family_it_ca
     done = verify(data_dir)
     damaged = [line for line in done.stdout.splitlines() if line.startswith("DAMAGED")]
     assert done.returncode == 1 and len(damaged) == 1 and "column family meta" in damaged[0], done.stdout
-    assert "shard identity and journal: not checked against RocksDB, whose meta column family" in done.stdout
+    assert "shard identity, journal and row sizes: not checked against RocksDB, whose meta column family" in done.stdout
 
 
 def _flip_byte(path, offset: int) -> None:
@@ -522,6 +523,12 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
         client.pull("emb", ids)
     assert "failed with DATA_LOSS" in str(failed.value) and "INTERNAL" not in str(failed.value)
     assert "table emb holds a row of 5 bytes" in str(failed.value)
+    lines, damaged = verify_data_dir(str(data_dir))  # as ps-server verify reports it
+    bad = [line for line in lines if line.startswith("DAMAGED")]
+    assert damaged and len(bad) == 1, lines
+    assert re.fullmatch(r"DAMAGED table 'emb': 1 stored rows of a size its layout does not make \(1 of 5 bytes; a "
+                        r"trained row is \d+ bytes, a pending id 24\), the first of id 5 \(key 00000000\w{4}"
+                        r"0000000000000005\): a pull of them is refused with DATA_LOSS", bad[0]), bad  # fmt: skip
     store = Store(str(data_dir))  # the table's number (its rows' key prefix) goes
     try:
         store._meta.delete(b"tid/emb")
@@ -531,3 +538,27 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
         client.pull("emb", ids)
     assert "failed with DATA_LOSS" in str(failed.value) and "'emb' has no number" in str(failed.value)
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
+    lines, damaged = verify_data_dir(str(data_dir))
+    assert damaged and [line for line in lines if line.startswith("DAMAGED")] == [
+        "DAMAGED table 'emb': its config is stored without its number (meta key tid/emb): none of its rows can be "
+        "found; a pull of it is refused with DATA_LOSS"
+    ], lines
+
+
+def test_verify_checks_the_sizes_of_a_checkpoints_rows_against_their_tables(checkpoints, tmp_path):
+    root, ids, _ = checkpoints
+    lines, damaged = verify_checkpoint(str(root / "good"))
+    assert not damaged and "ok      shard-0: row sizes: 20,000 stored rows of 1 table(s), each of its table's " \
+                           "trained row or pending id size" in lines, lines  # fmt: skip
+    copy = tmp_path / "copy"
+    shutil.copytree(root / "good", copy)
+    store = Store(str(copy / "shard-0"))  # a row of another size: what a restore refuses
+    try:
+        store._rows().put(encode_keys(store._table_id("emb"), ids[7:8])[0], b"\x00" * 40)
+        store.flush()
+    finally:
+        store.close()
+    lines, damaged = verify_checkpoint(str(copy))
+    assert damaged and any(re.fullmatch(r"DAMAGED shard-0: table 'emb': 1 stored rows of a size its layout does not "
+                                        r"make \(1 of 40 bytes; .*\), the first of id 7 .*: a restore stops at them",
+                                        line) for line in lines), lines  # fmt: skip

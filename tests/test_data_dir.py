@@ -399,3 +399,21 @@ def test_a_restore_started_over_passes_verify_on_start(tmp_path):
         assert server.shard.tables["a"].num_rows == 20
     finally:
         server.stop(grace_s=1)
+
+
+ODD_KEY = b"\x00\x00\x00\x00short"  # 9 bytes: no (table, slot, id)
+
+
+def test_verify_names_a_row_key_of_another_size_and_counts_the_rows_around_it(good_dir):
+    from ps.storage.store import Store
+
+    store = Store(good_dir)
+    try:
+        store._rows().put(ODD_KEY, b"\x00" * 24)
+        store.flush()
+    finally:
+        store.close()
+    lines, damaged = verify_data_dir(good_dir)
+    assert damaged and "DAMAGED column family rows: 1 keys of another size than 14 bytes (table, slot, id), the " \
+                       f"first {ODD_KEY.hex()}" in lines, lines  # fmt: skip
+    assert "ok      column family rows: 51 keys read, every block's checksum verified" in lines, lines

@@ -2,20 +2,24 @@
 (`ps-server verify DIR`); verify_checkpoint does the same for a checkpoint (DIR holds a manifest.json), or for one
 shard's folder of it (`ps-server verify CHECKPOINT/shard-<i>`).
 
-What it reads: every key of every RocksDB column family, with every block's checksum verified (not cached); the
-shard record in RocksDB against shard.json (ps.storage.sidefiles); every journal record after RocksDB's flushed
-position, against the journal's mark, as start-up would replay them. A finding is damaged where the server would
+What it reads: every key of every RocksDB column family, with every block's checksum verified (not cached); each
+table's config and number, and every stored row's size against its table's layout (a trained row's or a pending
+id's: ps.storage.store's grammar); the shard record in RocksDB against shard.json (ps.storage.sidefiles); every
+journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A finding is damaged where the server would
 refuse to start on it or fail a request with DATA_LOSS, and a note where it starts with a warning (a torn last
 journal record) or repairs it (a missing shard.json).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
+from ps.config import TableConfig
 from ps.errors import StorageError
+from ps.rows.layout import KEY_BYTES, layout_of
 from ps.storage.journal import Journal
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name
 from ps.storage.store import META_CF, Store, damage_at, verify_rocksdb
@@ -66,10 +70,11 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
         lines.append("note    shard identity and journal: not checked against RocksDB, which cannot be read")
     elif read.get(META_CF, (0, ""))[1]:  # the shard record and flushed position may be past the damage
         lines.append(
-            f"note    shard identity and journal: not checked against RocksDB, whose {META_CF} column "
+            f"note    shard identity, journal and row sizes: not checked against RocksDB, whose {META_CF} column "
             "family (the shard record, the flushed position, the tables) could not be read whole"
         )
     else:
+        _rows(meta, found, "a pull of them is refused with DATA_LOSS")
         _identity(path, meta["shard"], found, lines)
         _journal(path, meta["flushed_seq"], meta["lsn_high"], meta["tables"], found, lines)
         pending = meta["restore_pending"]
@@ -105,8 +110,8 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     against its own sha256; per shard (only: that shard's folder alone, e.g. "shard-0"), every file against the
     manifest's sha256 and no file it does not list (what a restore checks first), then every key of its RocksDB
     read with every block's checksum verified (what a restore and an export read; a block damaged before the save
-    has sha256s that match), and its admitted rows per table against the manifest's counts (an export refuses
-    a difference). A damaged manifest is reported, and the shard-<i> folders there are read as RocksDB still.
+    has sha256s that match), each table's number and its rows' sizes (_rows), and its admitted rows per table
+    against the manifest's counts (an export refuses a difference). A damaged manifest is reported, and the shard-<i> folders there are read as RocksDB still.
     StorageError if this user cannot read it (nothing was checked)."""
     directory = os.path.abspath(directory)
     _check_readable(directory)
@@ -142,7 +147,7 @@ def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], 
         bad += [f"{f} is not in the manifest (a restore refuses it)" for f in sorted(set(have) - set(shard["files"]))]
         found(not bad, f"{name}: " + ("; ".join(bad[:5]) + ("; ..." if len(bad) > 5 else "") if bad else
                                       f"{len(have)} files match the manifest's sha256"))  # fmt: skip
-    read, _ = verify_rocksdb(path)
+    read, meta = verify_rocksdb(path)
     for cf, (count, damage) in read.items():
         if not cf:
             found(False, f"{name}: {damage}")
@@ -151,6 +156,8 @@ def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], 
             found(False, f"{name}: column family {cf}: {where}: {damage} (after {count:,} keys)")
         else:
             found(True, f"{name}: column family {cf}: {count:,} keys read, every block's checksum verified")
+    if meta is not None and not read.get(META_CF, (0, ""))[1]:
+        _rows(meta, found, "a restore stops at them", f"{name}: ")
     if "rows" not in shard or "" in read:
         return
     try:
@@ -162,6 +169,48 @@ def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], 
               if held.get(t, 0) != int(n)]  # fmt: skip
     counted = ", ".join(f"{t} {int(n):,}" for t, n in sorted(shard["rows"].items())) or "no tables"
     found(not differ, f"{name}: admitted rows {'; '.join(differ) or f'as the manifest counts ({counted})'}")
+
+
+def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str = "") -> None:
+    """Each table's config and number, and the size of every stored row of it against its layout: a trained row's
+    or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS).
+    meta: verify_rocksdb's, of a meta column family read whole. refused: what a row of another size makes fail."""
+    rows, checked, bad_tables = meta["rows"], {}, 0
+    for table, config in sorted(meta["tables"].items()):
+        number = meta["numbers"].get(table)
+        try:
+            cfg = TableConfig.from_dict(json.loads(config))
+            layout = layout_of(cfg.dim, cfg.optimizer.name)
+            number = int(number) if number is not None else None
+        except (ValueError, KeyError, TypeError) as e:
+            found(False, f"{at}table {table!r}: its config (meta key table/{table}) or its number (tid/{table}) is "
+                         f"unreadable ({type(e).__name__}: {e}): a server refuses to start on it")  # fmt: skip
+            bad_tables += 1
+            continue
+        if number is None:
+            found(False, f"{at}table {table!r}: its config is stored without its number (meta key tid/{table}): "
+                         "none of its rows can be found; a pull of it is refused with DATA_LOSS")  # fmt: skip
+            bad_tables += 1
+            continue
+        sizes = (layout.value_bytes, layout.pending_value_bytes)
+        mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
+        checked[table] = sum(n for n, _ in mine.values())
+        bad = {size: seen for size, seen in sorted(mine.items()) if size not in sizes}
+        if bad:
+            bad_tables += 1
+            first = min(key for _, key in bad.values())
+            shown = ", ".join(f"{n:,} of {size:,} bytes" for size, (n, _) in list(bad.items())[:5])
+            found(False, f"{at}table {table!r}: {sum(n for n, _ in bad.values()):,} stored rows of a size its layout "
+                         f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes[0]} bytes, "
+                         f"a pending id {sizes[1]}), the first of id {int.from_bytes(first[6:], 'big')} (key "
+                         f"{first.hex()}): {refused}")  # fmt: skip
+    odd, first = rows.odd_keys
+    if odd:
+        found(False, f"{at}column family rows: {odd:,} keys of another size than {KEY_BYTES} bytes (table, slot, id), "
+                     f"the first {first.hex()}")  # fmt: skip
+    if checked and not bad_tables and not odd:
+        found(True, f"{at}row sizes: {sum(checked.values()):,} stored rows of {len(checked)} table(s), each of its "
+                    "table's trained row or pending id size")  # fmt: skip
 
 
 def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:
