@@ -562,3 +562,90 @@ def test_verify_checks_the_sizes_of_a_checkpoints_rows_against_their_tables(chec
     assert damaged and any(re.fullmatch(r"DAMAGED shard-0: table 'emb': 1 stored rows of a size its layout does not "
                                         r"make \(1 of 40 bytes; .*\), the first of id 7 .*: a restore stops at them",
                                         line) for line in lines), lines  # fmt: skip
+
+
+# ---- damage met by a Store call outside the rows' reads and writes ---------------------------------------------
+class Damaged:
+    """Stands for a Store's Rdict or a column family of it that meets damage, or a full disk: reads and writes
+    (get, put, delete, write, flush, iter) raise RocksDB's error as rocksdict raises it (a plain Exception)."""
+
+    def __init__(self, wrapped, path: str, full: bool = False):
+        self._wrapped = wrapped
+        self._text = (f"IO error: No space left on device: While appending to file: {path}/000009.log: No space left "
+                      "on device" if full else f"Corruption: block checksum mismatch: stored = 1, computed = 2, type "
+                      f"= 4  in {path}/000009.sst offset 0 size 100")  # fmt: skip
+
+    def _fail(self, *args, **kwargs):
+        raise Exception(self._text)
+
+    get = put = delete = write = flush = iter = _fail
+
+    def __getattr__(self, name):
+        return getattr(self._wrapped, name)
+
+
+@contextlib.contextmanager
+def damaged(store: Store, full: bool = False):
+    """The store's RocksDB, its meta and rows column families Damaged inside the block."""
+    real = store._db, store._meta, dict(store._cfs)
+    store._db, store._meta = Damaged(store._db, store.path, full), Damaged(store._meta, store.path, full)
+    store._cfs = {name: Damaged(cf, store.path, full) for name, cf in real[2].items()}
+    try:
+        yield
+    finally:
+        store._db, store._meta, store._cfs = real
+
+
+STORE_CALLS = {
+    "clock": lambda s: s.clock(),
+    "set_clock": lambda s: s.set_clock(5, (1, 2)),
+    "counts": lambda s: s.counts("emb"),
+    "disk_bytes": lambda s: s.disk_bytes("emb"),
+    "restored": lambda s: s.restored(),
+    "set_restored": lambda s: s.set_restored("/checkpoints/c1", "ab" * 32),
+    "state_id": lambda s: s.state_id(),
+    "restore_pending": lambda s: s.restore_pending(),
+    "set_restore_pending": lambda s: s.set_restore_pending("/checkpoints/c1"),
+    "clear_restore_pending": lambda s: s.set_restore_pending(None),
+    "flushed_seq": lambda s: s.flushed_seq(),
+    "iter_rows": lambda s: list(s.iter_rows("emb")),
+    "flush": lambda s: s.flush(),
+}
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["damage", "full disk"])
+@pytest.mark.parametrize("call", STORE_CALLS)
+def test_every_store_call_says_damage_is_data_loss_and_a_full_disk_is_one(tmp_path, call, full):
+    from ps.errors import DataLossError, DiskFullError
+
+    store = Store(str(tmp_path / "d"))
+    try:
+        store.create_table(TableConfig("emb", DIM))
+        with damaged(store, full), pytest.raises(PsError) as failed:
+            STORE_CALLS[call](store)
+        assert type(failed.value) is (DiskFullError if full else DataLossError), repr(failed.value)
+        said = f"RocksDB {'in the data dir ' if full else 'found damage in '}{store.path} "
+        assert said in str(failed.value), str(failed.value)
+    finally:
+        store.close()
+
+
+def test_damage_met_by_advance_clock_or_stats_is_data_loss_not_internal(tmp_path, caplog):
+    import grpc
+
+    from protos import ps_pb2, ps_pb2_grpc
+
+    served = InProcess(tmp_path / "shard")
+    with served as address, Client([address], timeout_s=30) as client, grpc.insecure_channel(address) as channel:
+        client.create_table(TableConfig("emb", DIM))
+        stub = ps_pb2_grpc.ParameterServerStub(channel)
+        with damaged(served.server.shard.store):
+            with pytest.raises(grpc.RpcError) as failed:
+                stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=30)
+            assert failed.value.code() == grpc.StatusCode.DATA_LOSS, failed.value.details()
+            assert "while storing the clock at step 1: Corruption" in failed.value.details()
+            with pytest.raises(PsError) as stats_failed:
+                client.stats()
+            assert "failed with DATA_LOSS" in str(stats_failed.value), str(stats_failed.value)
+        assert stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=30).step == 1  # nothing was applied
+    assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"

@@ -270,3 +270,16 @@ def test_a_restores_record_and_its_new_state_id_are_written_together_or_not_at_a
     s.close()
     assert (restored, now == before) in ((None, True), ({"checkpoint": "/checkpoints/c1", "sha256": "ab" * 32}, False))
     assert restored is not None  # a single write: it went through whole
+
+
+def test_a_table_whose_config_is_gone_is_data_loss(tmp_path):
+    s = Store(str(tmp_path))
+    try:
+        s.create_table(TableConfig("emb", 2))
+        s._meta.delete(b"table/emb")  # as damage would lose it under a running server
+        with pytest.raises(
+            DataLossError, match=r"table 'emb' has no config \(meta key table/emb\): RocksDB is damaged"
+        ):
+            s.disk_bytes("emb")
+    finally:
+        s.close()

@@ -690,7 +690,8 @@ class Store:
         if in_db is None and in_file is not None:
             raise _lost_shard_record(in_file)
         if in_db is None:
-            self._meta.put(b"shard", json.dumps(want).encode(), self._synced)
+            with self._rocksdb("recording the shard record", "nothing was recorded"):
+                self._meta.put(b"shard", json.dumps(want).encode(), self._synced)
         if in_file is None:
             if in_db is not None:
                 log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
@@ -713,7 +714,8 @@ class Store:
                 "cluster, restore a checkpoint into a new data dir)"
             )
         if record:
-            self._meta.put(b"cluster", cluster.encode(), self._synced)
+            with self._rocksdb("recording the cluster name", "nothing was recorded"):
+                self._meta.put(b"cluster", cluster.encode(), self._synced)
             log.info("data dir %s now belongs to cluster %r", self.path, cluster)
 
     def load_tables(self) -> list[TableConfig]:
@@ -771,9 +773,11 @@ class Store:
         return cf
 
     def _layout(self, table: str) -> RowLayout:
-        raw = self._meta.get(TABLE_CONFIG_PREFIX + table.encode())
+        with self._rocksdb(f"reading the config of table {table!r}", "nothing was read"):
+            raw = self._meta.get(TABLE_CONFIG_PREFIX + table.encode())
         if raw is None:
-            raise StorageError(f"{self.path}: table {table!r} has no config (meta key table/{table})")
+            raise DataLossError(f"{self.path}: table {table!r} has no config (meta key table/{table}): RocksDB is "
+                                "damaged; restore the dir from a backup or checkpoint")  # fmt: skip
         cfg = TableConfig.from_dict(json.loads(raw))
         return layout_of(cfg.dim, cfg.optimizer.name)
 
@@ -1011,12 +1015,14 @@ class Store:
                 old = self.counts(table)
                 total = {k: old[k] + counts[k] for k in counts}
                 total["trained"] = old["trained"] or was_trained or trained(total)
-                self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._write_opts)
+                with self._rocksdb(f"writing the restored row counts of table {table!r}", "the restore stopped"):
+                    self._meta.put(COUNT_PREFIX + table.encode(), json.dumps(total).encode(), self._write_opts)
                 copied[table] = counts
         return copied
 
     def _write_counted(self, batch: WriteBatch, on_written: Callable[[int], None] | None, admitted: int) -> None:
-        self._db.write(batch, self._write_opts)
+        with self._rocksdb("writing restored rows", "the restore stopped"):
+            self._db.write(batch, self._write_opts)
         if on_written is not None:
             on_written(admitted)
 
@@ -1062,12 +1068,14 @@ class Store:
 
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
-        raw = self._meta.get(b"restore_pending")
+        with self._rocksdb("reading the mark of an unfinished restore", "nothing was read"):
+            raw = self._meta.get(b"restore_pending")
         return raw.decode() if raw is not None else None
 
     def restored(self) -> dict | None:
         """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
-        raw = self._meta.get(b"restored")
+        with self._rocksdb("reading the restore the dir began from", "nothing was read"):
+            raw = self._meta.get(b"restored")
         return json.loads(raw) if raw is not None else None
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
@@ -1076,18 +1084,21 @@ class Store:
         batch = WriteBatch(raw_mode=True)
         batch.put(b"state_id", _drawn_state_id(), meta)
         batch.put(b"restored", json.dumps({"checkpoint": checkpoint, "sha256": sha256}).encode(), meta)
-        self._db.write(batch, self._synced)
+        with self._rocksdb(f"recording the restore from {checkpoint}", "nothing was recorded"):
+            self._db.write(batch, self._synced)
 
     def state_id(self) -> int:
         """The random id of the model state this dir holds ("state_id"): drawn (and stored, synced) the first time
         it is asked for, and again by set_restored; a restart keeps it, so a client that finds another one knows
         the dir was restored or replaced since it looked."""
-        raw = self._meta.get(b"state_id")
+        with self._rocksdb("reading the model state's id", "nothing was read"):
+            raw = self._meta.get(b"state_id")
         return int(raw) if raw is not None else self._new_state_id()
 
     def _new_state_id(self) -> int:
         value = _drawn_state_id()
-        self._meta.put(b"state_id", value, self._synced)
+        with self._rocksdb("recording a new model state id", "nothing was recorded"):
+            self._meta.put(b"state_id", value, self._synced)
         return int(value)
 
     def set_job_done(self, job: int, num_workers: int, done: list[int]) -> None:
@@ -1141,10 +1152,12 @@ class Store:
         self._numbers = None
 
     def set_restore_pending(self, directory: str | None) -> None:
-        if directory is None:
-            self._meta.delete(b"restore_pending", self._synced)
-        else:
-            self._meta.put(b"restore_pending", directory.encode(), self._synced)
+        with self._rocksdb("clearing the mark of an unfinished restore" if directory is None else
+                           f"marking the dir as holding a restore from {directory}", "nothing was recorded"):  # fmt: skip
+            if directory is None:
+                self._meta.delete(b"restore_pending", self._synced)
+            else:
+                self._meta.put(b"restore_pending", directory.encode(), self._synced)
 
     def written_seq(self) -> int:
         """The largest lsn of a row RocksDB holds (its "lsn_high"; 0: none recorded): the journal record of that
@@ -1156,7 +1169,8 @@ class Store:
         return self._lsn_high
 
     def flushed_seq(self) -> int:
-        raw = self._meta.get(b"flushed_seq")
+        with self._rocksdb("reading the flushed journal position", "nothing was read"):
+            raw = self._meta.get(b"flushed_seq")
         return int(raw) if raw is not None else 0
 
     def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
@@ -1209,12 +1223,14 @@ class Store:
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
         with rows)."""
-        raw = self._meta.get(COUNT_PREFIX + table.encode())
+        with self._rocksdb(f"reading the row counts of table {table!r}", "nothing was read"):
+            raw = self._meta.get(COUNT_PREFIX + table.encode())
         counts = json.loads(raw) if raw is not None else {"admitted": 0, "pending": 0}
         return {**counts, "trained": trained(counts)}
 
     def clock(self) -> int:
-        raw = self._meta.get(b"clock")
+        with self._rocksdb("reading the clock", "nothing was read"):
+            raw = self._meta.get(b"clock")
         return int(raw) if raw is not None else 0
 
     def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
@@ -1226,7 +1242,8 @@ class Store:
         if advanced_by is not None:
             client, client_seq = advanced_by
             batch.put(ADVANCED_PREFIX + client.to_bytes(8, "big"), str(client_seq).encode(), meta)
-        self._db.write(batch, self._write_opts)
+        with self._rocksdb(f"storing the clock at step {step:,}"):
+            self._db.write(batch, self._write_opts)
 
     def forget_advanced(self, clients: list[int]) -> None:
         """Deletes the notes of set_clock's advanced_by of these clients (whose `applied` entries were dropped)."""
@@ -1259,18 +1276,20 @@ class Store:
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
         self.drain()
         prefix = self._table_id(table).to_bytes(4, "big")
-        for key, value in _items(self._rows(), prefix):
-            if not key.startswith(prefix):
-                break
-            yield int.from_bytes(key[6:], "big"), value
+        with self._rocksdb(f"reading the rows of table {table!r}", "nothing was read"):
+            for key, value in _items(self._rows(), prefix):
+                if not key.startswith(prefix):
+                    break
+                yield int.from_bytes(key[6:], "big"), value
 
     def flush(self) -> None:
         """Writes every column family's memtable to SST files (the rows written in the background first)."""
         self.drain()
-        self._db.flush()
-        self._meta.flush()
-        for cf in self._cfs.values():
-            cf.flush()
+        with self._rocksdb("flushing its memtables", "what was written stays in its write-ahead log"):
+            self._db.flush()
+            self._meta.flush()
+            for cf in self._cfs.values():
+                cf.flush()
 
     @contextlib.contextmanager
     def _rocksdb(self, doing: str, outcome: str = "nothing was applied", target: str | None = None):
