@@ -160,11 +160,11 @@ def test_a_save_whose_dir_another_shards_failed_save_removed_writes_again(tmp_pa
     directory.mkdir()  # shard 1's
     real_write, writes = shard._write_checkpoint, []
 
-    def write_after_the_other_shard_gave_up(path: str) -> None:
+    def write_after_the_other_shard_gave_up(path: str) -> dict:
         writes.append(path)
         if len(writes) == 1:
             directory.rmdir()  # shard 1's failed save cleans up
-        real_write(path)
+        return real_write(path)
 
     shard._write_checkpoint = write_after_the_other_shard_gave_up
     try:
@@ -219,3 +219,31 @@ def test_a_checkpoint_dir_another_shard_made_and_removed_meanwhile_is_made_again
     monkeypatch.setattr(hold.os, "mkdir", mkdir)
     assert hold._make_dirs(str(target)) == [str(tmp_path / "out"), str(target)]
     assert raced and target.is_dir()
+
+
+@pytest.mark.parametrize("failing", ["file_checksums", "admitted_counts"])
+def test_a_save_that_fails_once_rocksdb_wrote_the_checkpoint_leaves_nothing_behind(tmp_path, monkeypatch, failing):
+    """Reading the checkpoint back (its files' sha256s, its rows per table) fails after RocksDB wrote it: the save
+    fails, and neither shard-<i> nor the directories it created are left; the next save goes ahead."""
+    from ps.storage.store import Store
+
+    def fails(path: str):
+        raise OSError(5, "Input/output error", path)
+
+    if failing == "file_checksums":
+        monkeypatch.setattr("ps.engine.shard.file_checksums", fails)
+    else:
+        monkeypatch.setattr(Store, "admitted_counts", staticmethod(fails))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "d")))
+    try:
+        shard.create_table(TableConfig("emb", 2))
+        shard.push("emb", np.arange(10, dtype=np.uint64), np.ones((10, 2), np.float32))
+        _, token = shard.hold(60)
+        with pytest.raises(OSError, match="Input/output error"):
+            shard.save_checkpoint(str(tmp_path / "c" / "new"), token)
+        assert not (tmp_path / "c").exists()
+        monkeypatch.undo()
+        saved = shard.save_checkpoint(str(tmp_path / "c" / "new"), token)
+        assert saved["rows"] == {"emb": 10} and (tmp_path / "c" / "new" / "shard-0" / "CURRENT").exists()
+    finally:
+        shard.close()

@@ -16,6 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from ps.checkpoint import MANIFEST
 from ps.config import DEFAULT_HOLD_S, MAX_HOLD_S
@@ -30,6 +31,7 @@ from ps.errors import (
 )
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: a hold is a part of its shard
+T = TypeVar("T")
 SAVE_TRIES = 3  # writes of a save whose directory another shard's failed save removed under it (save_into)
 
 
@@ -143,9 +145,9 @@ class PushHold:
                     self.held_until = time.monotonic() + self._hold_s
 
 
-def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], None]) -> str:
+def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[str], T]) -> T:
     """Creates directory (and its missing parents), then write(path) writes the shard's checkpoint to path,
-    <directory>/<name>; returns path. Refused before anything is written: InvalidArgumentError if path exists (a
+    <directory>/<name> (a write that fails removes what it wrote there); returns what write returns. Refused before anything is written: InvalidArgumentError if path exists (a
     dangling link included) or directory lies inside a checkpoint or a RocksDB directory (below checkpoint_root;
     "": the file system's root); CheckpointDirError (or InvalidArgumentError, DiskFullError: see _make_dirs) if
     directory cannot be created or written. A failed write leaves none of the directories this created; a
@@ -167,8 +169,7 @@ def save_into(directory: str, name: str, checkpoint_root: str, write: Callable[[
             raise CheckpointDirError(f"checkpoint dir {directory} is not writable by this server (uid "
                                      f"{os.geteuid()}); nothing saved")  # fmt: skip
         try:
-            write(path)
-            return path
+            return write(path)
         except DiskFullError as e:  # the data dir's (the flush) or the checkpoint dir's: say which, and what stands
             _remove_dirs(created)
             disk = e.disk  # the checkpoint's own dir was removed again: name the nearest one that is there

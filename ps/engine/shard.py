@@ -77,7 +77,7 @@ from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
-from ps.storage import diskspace
+from ps.storage import diskspace, leftovers
 from ps.storage.arena import MemoryBudget
 from ps.storage.diskspace import DiskWatch, low_bytes, measure
 from ps.storage.journal import Journal
@@ -946,21 +946,26 @@ class Shard:
         with self._hold.saving(token):
             started = time.monotonic()
             name = f"shard-{self.shard_id}"
-            path = save_into(directory, name, self.config.checkpoint_root, self._write_checkpoint)
-            saved = {
-                "shard_id": self.shard_id,
-                "dir": name,
-                "clock": self.clock,
+            written = save_into(directory, name, self.config.checkpoint_root, self._write_checkpoint)
+            saved = {"shard_id": self.shard_id, "dir": name, "clock": self.clock, **written}
+            log.info("checkpoint saved to %s in %.1f s: %s, clock %s", os.path.join(directory, name),
+                     time.monotonic() - started, _rows(sum(saved["rows"].values())), f"{self.clock:,}")  # fmt: skip
+            return saved
+
+    def _write_checkpoint(self, path: str) -> dict:
+        """Flushes, writes a RocksDB checkpoint of this shard to path and returns what the manifest records of its
+        files and rows. A failure once RocksDB wrote it (reading it back) removes it: a failed save leaves
+        nothing behind."""
+        self.flush()
+        self.store.checkpoint(path)
+        try:
+            return {
                 "files": file_checksums(path),
                 "rows": Store.admitted_counts(path),  # as saved: a Shrink may run during the save
             }
-            log.info("checkpoint saved to %s in %.1f s: %s, clock %s", path, time.monotonic() - started,
-                     _rows(sum(saved["rows"].values())), f"{self.clock:,}")  # fmt: skip
-            return saved
-
-    def _write_checkpoint(self, path: str) -> None:
-        self.flush()
-        self.store.checkpoint(path)
+        except BaseException:
+            leftovers.remove([path], f"shard {self.shard_id}'s checkpoint save, which failed once RocksDB wrote it")
+            raise
 
     # ---- clock and shrink ---------------------------------------------------------------------------
     def advance_clock(self, steps: int) -> int:
