@@ -224,3 +224,21 @@ def _end_of_record(path: str, seq: int) -> int:
         pos += journal_module.HEADER.size + payload_len
         if got == seq:
             return pos
+
+
+def test_a_journal_record_of_another_dim_than_its_tables_refuses_the_start_naming_it(tmp_path):
+    """The update kernel checks no bounds: a record whose grads are not of its table's dim (the journal does not
+    match RocksDB's tables) is damage, found before any of it is applied."""
+    from ps.errors import DataLossError
+
+    config = ServerConfig(data_dir=str(tmp_path), flush_interval_s=3600)
+    shard = Shard(config)
+    shard.create_table(TableConfig("t", 4))
+    ids = np.arange(3, dtype=np.uint64)
+    shard.push("t", ids, np.ones((3, 4), np.float32))
+    f32 = np.float32
+    seq = shard.journal.append("t", ids, np.ones((3, 2), f32), np.ones(3, f32), np.zeros(3, f32), shard.clock)
+    crash(shard)
+    with pytest.raises(DataLossError, match=rf"journal record {seq} \(table 't'\) holds grads of dim 2, where the "
+                                            r"table's dim is 4"):  # fmt: skip
+        Shard(config)

@@ -252,14 +252,21 @@ class Table:
 
     def replay(self, record: Record) -> int:
         """Applies a journal record, by its rule, to the rows it has not reached yet (lsn < seq). Returns rows
-        updated. DataLossError for a rule that is not one of ps.rows.update's. It moves num_rows and num_pending,
-        and none of `counters` (counts since the server started: the run that journaled the push counted its ids
+        updated. DataLossError, changing nothing, for a rule that is not one of ps.rows.update's or grads of
+        another dim than the table's (the update kernel checks no bounds). It moves num_rows and num_pending, and
+        none of `counters` (counts since the server started: the run that journaled the push counted its ids
         pushed and admitted)."""
         if record.rule not in self.hyper:
             raise DataLossError(
                 f"journal record {record.seq} (table {self.name!r}) has push rule {record.rule}, which is none of "
                 f"{sorted(update.RULES.values())} ({', '.join(update.RULES)}): restore the dir from a backup or "
                 "checkpoint"
+            )
+        if record.grads.shape[1] != self.dim:
+            raise DataLossError(
+                f"journal record {record.seq} (table {self.name!r}) holds grads of dim {record.grads.shape[1]}, where "
+                f"the table's dim is {self.dim}: the journal does not match RocksDB's tables; restore the dir from a "
+                "backup or checkpoint"
             )
         updated = 0
         hp = update.at_step(self.hyper[record.rule], record.step)
