@@ -242,3 +242,6 @@ def test_a_journal_record_of_another_dim_than_its_tables_refuses_the_start_namin
     with pytest.raises(DataLossError, match=rf"journal record {seq} \(table 't'\) holds grads of dim 2, where the "
                                             r"table's dim is 4"):  # fmt: skip
         Shard(config)
+    lines, damaged = verify_data_dir(str(tmp_path))  # ps-server verify says the same
+    assert damaged and f"DAMAGED journal: record {seq} holds grads of dim 2 for table 't', whose dim is 4: the " \
+                       "journal does not match RocksDB's tables" in lines, lines  # fmt: skip

@@ -391,15 +391,15 @@ class Journal:
             self.on_lost()
         return not dir_gone
 
-    def check(self, after_seq: int, rows_seq: int = 0) -> tuple[int, str, str, dict[str, int]]:
+    def check(self, after_seq: int, rows_seq: int = 0) -> tuple[int, str, str, dict[tuple[str, int], int]]:
         """Reads the journal as replay(after_seq, rows_seq=rows_seq) would, changing nothing. Returns (records
         after after_seq, why replay would refuse to start or "", what replay would cut with a warning or "",
-        {table: the seq of the first record of it read})."""
+        {(table, dim of its grads): the seq of the first record of them read})."""
         count, reader, tables = 0, self._read(after_seq, False, rows_seq), {}
         try:
             while True:
                 rec = next(reader)
-                tables.setdefault(rec.table, rec.seq)
+                tables.setdefault((rec.table, rec.grads.shape[1]), rec.seq)
                 count += 1
         except StopIteration as stop:
             last, mark, written, tail = stop.value

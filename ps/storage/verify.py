@@ -74,9 +74,9 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
             "family (the shard record, the flushed position, the tables) could not be read whole"
         )
     else:
-        _rows(meta, found, "a pull of them is refused with DATA_LOSS")
+        dims = _rows(meta, found, "a pull of them is refused with DATA_LOSS")
         _identity(path, meta["shard"], found, lines)
-        _journal(path, meta["flushed_seq"], meta["lsn_high"], meta["tables"], found, lines)
+        _journal(path, meta["flushed_seq"], meta["lsn_high"], dims, found, lines)
         pending = meta["restore_pending"]
         if pending and restoring is not None and os.path.abspath(restoring) == pending:
             lines.append(f"note    restore: a restore from {pending} did not finish; this start (--restore) begins it "
@@ -171,15 +171,17 @@ def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], 
     found(not differ, f"{name}: admitted rows {'; '.join(differ) or f'as the manifest counts ({counted})'}")
 
 
-def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str = "") -> None:
+def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str = "") -> dict[str, int | None]:
     """Each table's config and number, and the size of every stored row of it against its layout: a trained row's
     or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS).
-    meta: verify_rocksdb's, of a meta column family read whole. refused: what a row of another size makes fail."""
-    rows, checked, bad_tables = meta["rows"], {}, 0
+    meta: verify_rocksdb's, of a meta column family read whole. refused: what a row of another size makes fail.
+    Returns {table: its dim, None where its config is unreadable}."""
+    rows, checked, bad_tables, dims = meta["rows"], {}, 0, dict.fromkeys(meta["tables"])
     for table, config in sorted(meta["tables"].items()):
         number = meta["numbers"].get(table)
         try:
             cfg = TableConfig.from_dict(json.loads(config))
+            dims[table] = cfg.dim
             layout = layout_of(cfg.dim, cfg.optimizer.name)
             number = int(number) if number is not None else None
         except (ValueError, KeyError, TypeError) as e:
@@ -211,6 +213,7 @@ def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str 
     if checked and not bad_tables and not odd:
         found(True, f"{at}row sizes: {sum(checked.values()):,} stored rows of {len(checked)} table(s), each of its "
                     "table's trained row or pending id size")  # fmt: skip
+    return dims
 
 
 def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:
@@ -259,7 +262,10 @@ LIVE = ("a server runs on this data dir (RocksDB's LOCK is held): its flushes cu
         "verify reads it, so this may be no damage at all; verify the dir with its server stopped")  # fmt: skip
 
 
-def _journal(path: str, flushed_seq: int, rows_seq: int, tables: set[str], found, lines: list[str]) -> None:
+def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | None], found,
+             lines: list[str]) -> None:  # fmt: skip
+    """The journal records after flushed_seq as start-up reads and replays them, against the tables (their dims:
+    None where unknown) RocksDB holds."""
     mark_path = os.path.join(path, MARK_FILE)
     journal = Journal(os.path.join(path, "journal"), mark_path=mark_path)
     try:
@@ -275,10 +281,15 @@ def _journal(path: str, flushed_seq: int, rows_seq: int, tables: set[str], found
         upto = "up to the journal mark" if os.path.exists(mark_path) else f"(no journal mark: {MARK_FILE} is absent)"
         found(True, f"journal: {count:,} records after record {flushed_seq} (RocksDB's flushed position), none "
                     f"missing {upto}")  # fmt: skip
-    for table, seq in sorted(pushed.items(), key=lambda item: item[1]):
-        if table not in tables:  # as start-up's replay refuses them (ps.engine.shard)
+    missing = set()
+    for (table, dim), seq in sorted(pushed.items(), key=lambda item: item[1]):  # as start-up's replay refuses them
+        if table not in dims and table not in missing:  # (ps.engine.shard)
+            missing.add(table)
             found(False, f"journal: record {seq} is a push to table {table!r}, which RocksDB does not hold: "
                          "RocksDB lost its latest writes (its write-ahead log, *.log, deleted, cut short or "
                          "damaged)")  # fmt: skip
+        elif dims.get(table) not in (None, dim):  # (Table.replay)
+            found(False, f"journal: record {seq} holds grads of dim {dim} for table {table!r}, whose dim is "
+                         f"{dims[table]}: the journal does not match RocksDB's tables")  # fmt: skip
     if warning:
         lines.append(f"note    journal: start-up would log: {warning}")
