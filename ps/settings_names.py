@@ -69,6 +69,7 @@ WORKER = frozenset(
         "PS_KEEP_CHECKPOINT",
         "PS_L2",
         "PS_LABEL_COLUMN",
+        "PS_LAUNCHED",
         "PS_LEARNING_RATE",
         "PS_LIBSVM_FIELDS",
         "PS_LOCAL_SHARDS",

@@ -188,6 +188,7 @@ def test_backends_one_per_worker_or_one_for_all():
         (["--backend", "torch"], "--backend is set by launch: .* --backends"),
         (["--job-id", "7"], "--job-id is set by launch"),
         (["--progress-lines"], "--progress-lines is set by launch"),
+        (["--launched"], "--launched is set by launch"),
         (["--create-tables-only"], "--create-tables-only is set by launch"),
         (["--metrics-o", "x.json"], "--metrics-o is no flag .*: spell out --metrics-out"),
         (["--epochz", "3"], r"unrecognized arguments: --epochz 3 \(--epochz: did you mean --epochs\?\)"),
@@ -445,7 +446,7 @@ def test_worker_commands_and_environment():
     assert commands[1] == ["prog", "--log-level", "INFO", "train", "--epochs", "1", "--servers", "h:1,h:2",
                            "--worker-id", "1", "--num-workers", "2", "--backend", "torch", "--device", "cpu", "--job-id",
                            str(plan.job_id), "--metrics-out", "/m/worker-1.json", "--progress-lines",
-                           "--no-final-eval"]  # fmt: skip
+                           "--launched", "--no-final-eval"]  # fmt: skip
     base = {"PATH": "/bin", "MKL_NUM_THREADS": "3", "PS_MODLE": "fm"}  # PS_MODLE sets nothing: launch warned of it
     env = worker_environment(1, 2, 29500, base)
     share = str(max(1, (os.cpu_count() or 1) // 2))  # each worker's share of the cores, unless base sets one

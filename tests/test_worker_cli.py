@@ -99,6 +99,25 @@ def test_max_examples_ends_the_run_as_its_end_and_the_summary_says_so(servers, f
     assert "on 125 examples (stopped at --max-examples 250, the job total) with " in out, out
 
 
+def test_progress_lines_alone_keep_what_launch_says_for_its_workers(servers, files, capsys, caplog):
+    """--progress-lines is the PROGRESS lines only (a dashboard's): a worker run by hand with them still says the
+    job's warnings (check_training's), the recipe line and where the model is kept; --launched, which launch gives
+    its workers as it says those once for the job, leaves them out."""
+    addresses, _ = servers(1)
+    train_path, _ = files
+    flags = ["train", "--servers", addresses[0], "--server-timeout", "0", "--data", train_path, "--model", "lr",
+             "--recipe", "large", "--batch-size", "100", "--synthetic-rows", "5000", "--progress-lines"]  # fmt: skip
+    said = {}
+    for launched in ([], ["--launched"]):
+        caplog.clear()
+        assert main([*flags, *launched]) == 0
+        out = capsys.readouterr().out
+        said[bool(launched)] = ("--synthetic-rows 5000 not used: --data" in caplog.text,
+                                "large-data recipe for 600 lines" in out, "model  kept on the servers" in out,
+                                any(line.startswith("PROGRESS {") for line in out.splitlines()))  # fmt: skip
+    assert said == {False: (True, True, True, True), True: (False, False, False, True)}, said
+
+
 def test_a_run_on_servers_that_hold_a_trained_model_says_it_trains_that_model_further(servers, files, capsys):
     addresses, _ = servers(1)
     train_path, _ = files
@@ -490,7 +509,7 @@ def test_an_interrupted_run_resumed_with_the_skip_it_prints_trains_the_model_of_
 
     interrupt_at_batch(monkeypatch, 9)  # under launch: a last PROGRESS line, launch's hint
     with pytest.raises(KeyboardInterrupt):
-        train(small_run(stopped, train_path, progress_lines=True, **run))
+        train(small_run(stopped, train_path, progress_lines=True, launched=True, **run))
     out, err = capsys.readouterr()
     last = json.loads(out.strip().splitlines()[-1].removeprefix("PROGRESS "))
     assert (last["examples"], last["steps"]) == (800, 8) and "--skip-examples" not in err

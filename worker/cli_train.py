@@ -274,9 +274,11 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                      help="no evaluation of the eval set after training (`ps-worker launch` gives it to its workers and "
                      "scores the job's model once, after all of them)")  # fmt: skip
     out.add_argument("--progress-lines", action="store_true",
-                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s, and not "
-                     "what `ps-worker launch` says once for its workers (the data's warnings, the recipe, a csv's "
-                     "columns): for launch")  # fmt: skip
+                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s (what "
+                     "`ps-worker launch` merges; a dashboard can read them too)")  # fmt: skip
+    out.add_argument("--launched", action="store_true",
+                     help="for `ps-worker launch`'s workers: not what launch says once for the job (the data's "
+                     "warnings, the recipe, a csv's columns, where the workers can resume, where the model is)")  # fmt: skip
 
 
 def add_data_args(p: argparse.ArgumentParser, d: TrainConfig, command: str) -> None:
@@ -559,6 +561,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         dense=args.dense,
         dense_staleness=args.dense_staleness,
         progress_lines=args.progress_lines,
+        launched=args.launched,
         final_eval=not args.no_final_eval,
     )
 
@@ -584,12 +587,12 @@ def run_train(args: argparse.Namespace) -> int:
             if cfg is None:
                 return 0
         results = train(cfg)
-    print(format_results(results, launched=cfg.progress_lines), flush=True)
-    if cfg.metrics_out and not cfg.progress_lines and "metrics_error" not in results:  # progress lines: a
-        print(f"metrics written to {cfg.metrics_out}")  # launcher reads the file (and removes it)
+    print(format_results(results, launched=cfg.launched), flush=True)
+    if cfg.metrics_out and not cfg.launched and "metrics_error" not in results:  # launch reads the file (and
+        print(f"metrics written to {cfg.metrics_out}")  # removes it)
     if cfg.local_shards is not None:
         print(local_shards_gone("train"), flush=True)
-    elif not cfg.progress_lines and "created_tables" not in results:  # a launcher's worker: launch says it
+    elif not cfg.launched and "created_tables" not in results:  # a launcher's worker: launch says it
         print(model_kept(",".join(cfg.servers)), flush=True)
     failed = [results[k] for k in ("eval_error", "metrics_error") if k in results]
     for error in failed:  # the training is done and reported; its evaluation, or its figures' file, is not

@@ -7,11 +7,11 @@
          need a GPU torch sees, and --dense allreduce one kind of device (and a GPU per cuda worker); then train's
          checks of the job's data and tables, as worker 0 runs them (worker/job.py check_training): their warnings
          (the schema's) and what train says of the job before it trains (the recipe, a csv's columns, the files
-         read) are said here, once: the workers, given --progress-lines, say neither
+         read) are said here, once: the workers, given --launched, say neither
       2. --local-shards S: a LocalCluster (worker/cluster.py) with --threads 2 x N + 4 (sync waits hold threads)
       3. worker i:  python -m worker train TRAIN FLAGS --servers ADDRESSES --worker-id i --num-workers N
                       --backend b_i --device d_i --job-id J --metrics-out TMP/worker-i.json --progress-lines
-                      --no-final-eval
+                      --launched --no-final-eval
                     environment RANK=i WORLD_SIZE=N LOCAL_RANK=i MASTER_ADDR=127.0.0.1 MASTER_PORT=P: the env://
                     rendezvous of torch.distributed (--dense allreduce); J random, nonzero (the one the workers'
                     --resume-files keep, where they keep one: the job launched again goes on); P a free port;
@@ -78,6 +78,7 @@ _REFUSED = {  # train dests launch sets for every worker: (flag, what launch giv
     "backend": ("--backend", "worker i gets the i-th of --backends (one per worker, or one for all)"),
     "job_id": ("--job-id", "every worker gets the same random job id (or the one their --resume-files keep)"),
     "progress_lines": ("--progress-lines", "every worker gets it, and launch merges the lines"),
+    "launched": ("--launched", "every worker gets it: launch says once for the job what each would say"),
     "no_final_eval": ("--no-final-eval", "every worker gets it: launch scores the job's model once, at the end"),
     "create_tables_only": ("--create-tables-only", "launch trains; `ps-worker train --create-tables-only` does that"),
 }
@@ -95,8 +96,8 @@ def add_launch_parser(subparsers: Any) -> None:
         "       [--metrics-out FILE] [--no-progress] [--barrier-timeout S] [TRAIN FLAGS ...]",
         description="Start N `ps-worker train` workers as child processes of one job: other flags go to every\n"
         "worker's train (checked before anything starts); launch sets --servers, --worker-id, --num-workers,\n"
-        "--backend, --job-id, --metrics-out, --progress-lines and --no-final-eval of each (launch scores the\n"
-        "job's model once, at the end), and RANK, WORLD_SIZE, LOCAL_RANK,\n"
+        "--backend, --job-id, --metrics-out, --progress-lines, --launched and --no-final-eval of each (launch\n"
+        "scores the job's model once, at the end), and RANK, WORLD_SIZE, LOCAL_RANK,\n"
         "MASTER_ADDR, MASTER_PORT (torch.distributed's env://, for --dense allreduce); giving one of those\n"
         "flags, or --create-tables-only (ps-worker train does that), is refused. Each worker's --device is its\n"
         "--backends entry's (torch:cuda), else the --device given.\n"
@@ -413,7 +414,7 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
             [*program, *plan.global_flags, "train", *plan.train_flags, "--servers", ",".join(addresses),
              "--worker-id", str(i), "--num-workers", str(plan.workers), "--backend", backend, "--device",
              device or "cpu", "--job-id", str(plan.job_id), "--metrics-out",
-             os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines", "--no-final-eval"]
+             os.path.join(metrics_dir, f"worker-{i}.json"), "--progress-lines", "--launched", "--no-final-eval"]
         )  # fmt: skip
     return commands
 
@@ -421,8 +422,8 @@ def worker_commands(plan: LaunchPlan, addresses: Sequence[str], metrics_dir: str
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 LAUNCH_SETS_VARIABLES = frozenset(  # ps.settings' variables of the train flags launch sets for each worker
     f"PS_{dest.upper()}" for dest in ("servers", "local_shards", "worker_id", "num_workers", "backend", "job_id",
-                                      "metrics_out", "progress_lines", "no_progress", "create_tables_only",
-                                      "no_final_eval")
+                                      "metrics_out", "progress_lines", "launched", "no_progress",
+                                      "create_tables_only", "no_final_eval")
 )  # fmt: skip
 
 

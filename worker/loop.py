@@ -65,7 +65,7 @@ class LoopSettings:
     early_stop: int = 0  # stop after this many evaluations without a better validation logloss; 0: never
     restore_best: bool = False  # end with the model of the best evaluation (one worker only)
     progress: bool = True
-    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout (for ps-worker launch)
+    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout (ps-worker launch merges them)
     worker: int = 0  # this worker's id, in progress lines
     total_examples: int = 0  # the progress bar's total for one epoch
     total_estimated: bool = False  # total_examples is an estimate from the file's bytes (worker/linecount.py)

@@ -63,7 +63,7 @@ log = logging.getLogger("worker.train")
 def train(cfg: TrainConfig) -> dict:
     """Runs a whole job and returns its figures (also written to cfg.metrics_out as JSON)."""
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
-    job = check_training(cfg, warn=not cfg.progress_lines)  # launch said the job's warnings before it started it
+    job = check_training(cfg, warn=not cfg.launched)  # launch said the job's warnings before it started it
     cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
     if position is not None:
         position.job_id = cfg.job_id  # the id the run trains under (given, the file's, or made up by with_recipe)
@@ -116,7 +116,7 @@ def train(cfg: TrainConfig) -> dict:
                     raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
             if cfg.create_tables_only:
                 return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
-            if not cfg.progress_lines:  # launch said them once for its job
+            if not cfg.launched:  # launch said them once for its job
                 for line in job_lines(job):
                     _say(line, cfg)
             if cfg.skip_examples:
@@ -169,7 +169,7 @@ def train(cfg: TrainConfig) -> dict:
                 raise ValueError(stopped_message(e, cfg)) from None
             told = (loop.examples or cfg.skip_examples) and not isinstance(e, ModelStateReplacedError)  # (its
             # servers hold a checkpoint's model now, or none: the position trained into them is not this run's)
-            if told and not cfg.progress_lines:  # launch's says it for the job
+            if told and not cfg.launched:  # launch's says it for the job
                 print(resume_hint(loop, cfg), file=sys.stderr, flush=True)
             raise
         finally:
@@ -233,7 +233,7 @@ def train(cfg: TrainConfig) -> dict:
                 results["final_eval_skipped"] = True
             stats = sparse_table_stats(client, spec)
         except BaseException:  # a Ctrl-C, say: the training is done and kept
-            if not cfg.local_shards and not cfg.progress_lines:
+            if not cfg.local_shards and not cfg.launched:
                 print(f"ps-worker: the run had trained all its {cfg.skip_examples + loop.examples:,} examples when it "
                       "stopped, in its final evaluation: nothing to resume (ps-worker eval scores the model the "
                       "servers hold)", file=sys.stderr, flush=True)  # fmt: skip

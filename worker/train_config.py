@@ -115,8 +115,9 @@ class TrainConfig:
     metrics_port: int | None = None  # serve Prometheus metrics of the run (worker/telemetry.py)
     metrics_host: str = "127.0.0.1"  # where they listen: plain HTTP, no token
     progress: bool = True
-    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar: a worker of ps-worker launch,
-    # which says the job's warnings and lines (worker/job.py check_training, job_lines) once itself
+    progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout instead of a bar (worker/progress_lines.py)
+    launched: bool = False  # a worker of ps-worker launch, which says the job's warnings and lines (worker/job.py
+    # check_training, job_lines), where its workers can resume, and where the model is, once itself
     final_eval: bool = True  # score the eval set after training; launch's workers do not: launch scores it once
     create_tables_only: bool = False  # create the model's tables and stop (a deployment's one-shot setup job)
 

@@ -37,7 +37,7 @@ def stopped_message(e: TrainingDataError, cfg: TrainConfig) -> str:
     """The error of a run that stopped on bad training data, saying what its pushes left on the servers."""
     if not e.steps or cfg.local_shards:  # local shards go, with what was pushed to them
         return str(e)
-    if cfg.progress_lines:  # under launch, which says where the job's workers can resume
+    if cfg.launched:  # under launch, which says where the job's workers can resume
         return f"{e}; the run stopped after {e.steps:,} steps ({e.examples:,} examples) had pushed their updates"
     how = (f"the same command trains on from there: {_kept_position(cfg)}" if cfg.resume_file else
            f"{_resume_flags(cfg.skip_examples + e.examples, cfg)} trains on from there")  # fmt: skip
