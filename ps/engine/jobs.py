@@ -360,7 +360,7 @@ class JobClocks:
         with self._cond:
             if stamp.unclocked and stamp.done and not self._follows(stamp):
                 return False  # the end of a worker of a job not followed: nothing to change (finish)
-            self._check_job(stamp)
+            self._check_job(stamp, create)
             self._check_workers(stamp)
             if not pull and not create and not stamp.unclocked:
                 self._check_not_done(stamp)
@@ -400,9 +400,11 @@ class JobClocks:
             return False
         return time.monotonic() - self._heard <= self._patience_s
 
-    def _check_job(self, stamp: WorkerStamp) -> None:
-        """JobConflictError for a stamp of another job while the one followed runs, or while a push claims the
-        shard for another job (check()). Lock held."""
+    def _check_job(self, stamp: WorkerStamp, create: bool = False) -> None:
+        """JobConflictError for a stamp of another job while the one followed runs, or while a push or create claims
+        the shard for another job (check()); create: the stamp is a CreateTable's (its table is not created). Lock
+        held."""
+        nothing = "nothing was created" if create else "nothing was applied"
         claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
         if claim is not None:
             raise JobConflictError(
@@ -410,7 +412,7 @@ class JobClocks:
                 f"({_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
                 f"{stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
                 f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
-                "it; nothing was applied"
+                f"it; {nothing}"
             )
         if stamp.job == self.job or not self._running():
             return
@@ -430,7 +432,7 @@ class JobClocks:
             f"time (two jobs would train one model over each other). If job {self.job}'s workers are gone (killed "
             f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
             f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
-            "it; nothing was applied"
+            f"it; {nothing}"
         )
 
     def _check_client(self, stamp: WorkerStamp, client: int) -> None:
