@@ -11,7 +11,6 @@ replace_untrained; a shard refuses the replace of a table it trained, even one a
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +18,6 @@ from ps import codec
 from ps.config import TableConfig
 from ps.errors import TableNotFoundError
 from worker.dense import TABLE_PREFIX
-
-log = logging.getLogger("worker.tables")
 
 SHAPE_FIELDS = ("dim", "features")  # what a forward pass depends on (features: the schema that gave the rows their
 # meaning); a dense parameter's rows, its input width, are compared too (check_tables' dense_rows)
@@ -149,22 +146,20 @@ def held_tables(client: Any, wanted: list[TableConfig], fields: tuple[str, ...] 
 
 def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: bool = False,
                  replace_untrained: bool = False, recipe_line: str = "", dense_rows: dict[str, int] | None = None,
-                 shard_stats: list | None = None) -> list[str]:  # fmt: skip
+                 shard_stats: list | None = None) -> dict[str, list[str]]:  # fmt: skip
     """ValueError, naming every table the servers hold with another spec than `wanted`, before anything is
     created. for_eval: only what the forward pass depends on is compared (SHAPE_FIELDS, and the dense parameters'
     rows where dense_rows gives them: see held_tables), and a missing table is an error too. doing: what the run was about to do ("nothing was created"). replace_untrained: if every such
-    table was never trained (a run stopped before it trained made them), returns their names, to be created
-    with Client.create_table(replace_untrained=True), and a warning names them; else []. recipe_line: the run's
+    table was never trained (a run stopped before it trained made them), returns {name: its differences} of them,
+    to be created with Client.create_table(replace_untrained=True) (a shard may still refuse that: another job
+    holds it), and once they are, replaced_warning says so; else {}. recipe_line: the run's
     recipe line (worker/recipe.py describe), quoted where an optimizer differs, for a run whose optimizer is its
     recipe's (none given): a recipe picks it by the data's size, so a run on more or less data than the first picks
     another. shard_stats: the shards' StatsResponses when the caller has them (held_tables)."""
     differ, missing, untrained = held_tables(client, wanted, SHAPE_FIELDS if for_eval else None, replace_untrained,
                                              dense_rows, shard_stats)  # fmt: skip
     if replace_untrained and differ and set(differ) <= untrained:
-        log.warning("the servers hold %d of this model's tables with other settings than this run's, none of them "
-                    "trained (a run that stopped before it trained made them): they are replaced. %s",
-                    len(differ), "; ".join(f"{name}: {'; '.join(diff)}" for name, diff in differ.items()))  # fmt: skip
-        return sorted(differ)
+        return dict(sorted(differ.items()))
     parts = []
     if differ and all(d[0].startswith("features:") and len(d) == 1 for d in differ.values()):
         held = next(iter(differ.values()))[0].split(": ", 1)[1]
@@ -190,7 +185,14 @@ def check_tables(client: Any, wanted: list[TableConfig], doing: str, for_eval: b
             settings += ", --table-config, the optimizers"
         raise ValueError("; ".join(parts) + recipe_note + f"\n{doing}: give the settings of the run that made the tables "
                          f"({settings}), or other servers")  # fmt: skip
-    return []
+    return {}
+
+
+def replaced_warning(replaced: dict[str, list[str]]) -> str:
+    """What a run says once it has replaced the tables check_tables returned (never trained, of other settings)."""
+    return (f"the servers held {len(replaced)} of this model's tables with other settings than this run's, none of "
+            "them trained (a run that stopped before it trained made them): this run replaced them. "
+            + "; ".join(f"{name}: {'; '.join(diff)}" for name, diff in replaced.items()))  # fmt: skip
 
 
 def _tables_held(client: Any) -> str:

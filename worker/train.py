@@ -46,7 +46,7 @@ from worker.results import format_evaluation, write_metrics
 from worker.resume import PositionWriter, state_changed
 from worker.scoring import ScoringProgress, evaluate
 from worker.steprows import abandon, row_source
-from worker.tables import check_tables
+from worker.tables import check_tables, replaced_warning
 from worker.train_config import TrainConfig
 from worker.train_messages import (
     mode_line,
@@ -114,6 +114,8 @@ def train(cfg: TrainConfig) -> dict:
                     client.create_table(table, replace_untrained=table.name in replaced, stamp=stamp)
                 except RamTierTooSmallError as e:
                     raise ValueError(too_small_for_the_model(str(e), len(tables_cfg) - i - 1)) from None
+            if replaced:  # said once done: a shard that holds another job refuses the replace (ps.engine.jobs)
+                log.warning("%s", replaced_warning(replaced))
             if cfg.create_tables_only:
                 return {"model": cfg.model, "created_tables": [t.name for t in tables_cfg]}
             if not cfg.launched:  # launch said them once for its job
