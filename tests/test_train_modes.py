@@ -237,6 +237,35 @@ def test_a_run_whose_mlp_pushes_in_the_background_frees_the_shards_at_its_end(se
         assert train(dataclasses.replace(cfg, job_id=job_id))["dense_syncs"] > 0
 
 
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_early_stopping_puts_the_best_back_while_its_job_holds_the_shards(servers, mode, monkeypatch):
+    """The restore's pushes (unstamped) come before the worker says it is done: until then its job holds the
+    shards, so no other job can have taken them and have the restore's deltas land in its tables. Checked at the
+    restore: another job's stamp is refused then, and taken once the run is over."""
+    from ps.errors import JobConflictError
+    from ps.stamp import WorkerStamp
+    from worker.best import BestModel
+    from worker.train import train
+
+    addresses, (server,) = servers(1)
+    other = WorkerStamp(77, 0, 1, 0, staleness=1, setup="mode=ssp staleness=1 model=fm", barrier_timeout_s=30.0)
+    refused, restore = [], BestModel.restore
+
+    def checked(self, dense):
+        with pytest.raises(JobConflictError, match=r"shard 0 holds job 61 .* so worker 0 of job 77 ") as e:
+            server.shard.jobs.check(other, pull=True)
+        refused.append(e.value)
+        return restore(self, dense)
+
+    monkeypatch.setattr(BestModel, "restore", checked)
+    cfg = TrainConfig(servers=tuple(addresses), model="deepfm", hidden=(8,), synthetic_rows=4000,
+                      synthetic_eval_rows=500, learning_rate=0.5, epochs=30, early_stop=2, progress=False, mode=mode,
+                      job_id=61)  # fmt: skip
+    result = train(cfg)
+    assert result["stopped_early"] and result["restored_best"] and len(refused) == 1
+    server.shard.jobs.check(other, pull=True)  # the job is over: free
+
+
 def test_a_sync_worker_that_finishes_early_does_not_hold_the_others(servers, tmp_path, data_file):
     """Worker 1 trains one epoch, worker 0 two: once worker 1 is done, worker 0's steps complete without it."""
     addresses, _ = servers(1)

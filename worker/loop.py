@@ -16,7 +16,8 @@ examples included), part way through an epoch if need be, and the run ends as at
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
-evaluation comes back at the end (worker/best.py BestModel). When the loop ends (its data, or an early
+evaluation comes back at the end (worker/best.py BestModel), before the worker says it is done: its job holds the
+shards meanwhile, so the restore's deltas land in its own tables. When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it (when an
 error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped, and geo pushes the deltas it holds,
 before the stopped worker's last PROGRESS line; an error in the pushes that end the run, geo's last deltas or the
@@ -270,7 +271,7 @@ def run_epochs(
         return bool(s.early_stop) and since_best >= s.early_stop
 
     stop = False
-    eval_seconds = 0.0  # evaluating the validation set: not training time
+    eval_seconds = 0.0  # evaluating the validation set (and putting the best back): not training time
 
     def training_s() -> float:
         """Seconds since the start less the evaluations and the skipping: result.seconds, and the lines' rate."""
@@ -325,8 +326,8 @@ def run_epochs(
                         stop = True
                         break
             finally:
-                if stop:  # this worker is done: no other worker waits for it, nor its own prefetched stamped pull
-                    source.finish()
+                if stop and best_model is None:  # this worker is done: no other worker waits for it, nor its own
+                    source.finish()  # prefetched stamped pull (with a best model to put back: after that, below)
                 batches.close()
             if stop:
                 break
@@ -342,13 +343,18 @@ def run_epochs(
         step.pusher.shutdown()
         if not dense.collective:  # the PS path's pushes carry the job's stamp: all of them before the worker's end
             dense.flush()
+        if best_model is not None and result.curve and not result.curve[-1]["best"]:
+            # before the worker's end, while its job holds the shards: after it, another job may take them, and
+            # the restore's deltas (unstamped) would land in that job's tables
+            put_back = time.perf_counter()
+            source.settle()  # geo: its last deltas pushed first
+            result.restored_best = best_model.restore(dense)
+            result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
+            eval_seconds += time.perf_counter() - put_back
         source.finish()  # (geo: its last deltas pushed)
         result.pushed = result.examples
         dense.finish()  # the MLP's last gradients applied (allreduce: with the others', so after source.finish)
         result.seconds = training_s()
-        if best_model is not None and result.curve and not result.curve[-1]["best"]:
-            result.restored_best = best_model.restore(dense)
-            result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
     except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
         abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
         if not holding():
