@@ -237,6 +237,37 @@ def test_a_run_whose_mlp_pushes_in_the_background_frees_the_shards_at_its_end(se
         assert train(dataclasses.replace(cfg, job_id=job_id))["dense_syncs"] > 0
 
 
+def test_a_run_that_fails_with_mlp_pushes_in_the_background_frees_the_shards_at_once(servers, data_file, monkeypatch):
+    """--dense-staleness 1, async: a run that fails mid-training ends the MLP's background pushes before it tells
+    the shards it stopped (one applied after the stop would mark its worker running again, and the shard would hold
+    its job for the barrier timeout): the next job trains at once. Each background push is slowed, so that one is
+    in flight when the run fails."""
+    from worker.steprows import AsyncRows
+    from worker.train import train
+
+    push_apart, push = AsyncRows.push_apart, AsyncRows.push
+
+    def slowly(self, items):
+        time.sleep(0.3)
+        return push_apart(self, items)
+
+    def fails(self, step, *args):
+        if step == 3:
+            raise ValueError("a failure mid-training")
+        return push(self, step, *args)
+
+    monkeypatch.setattr(AsyncRows, "push_apart", slowly)
+    monkeypatch.setattr(AsyncRows, "push", fails)
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
+                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
+                      dense_staleness=1, job_id=51)  # fmt: skip
+    with pytest.raises(ValueError, match="a failure mid-training"):
+        train(cfg)
+    monkeypatch.undo()
+    assert train(dataclasses.replace(cfg, job_id=52))["dense_syncs"] > 0
+
+
 @pytest.mark.parametrize("mode", ["async", "ssp"])
 def test_early_stopping_puts_the_best_back_while_its_job_holds_the_shards(servers, mode, monkeypatch):
     """The restore's pushes (unstamped) come before the worker says it is done: until then its job holds the

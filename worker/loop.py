@@ -356,7 +356,11 @@ def run_epochs(
         dense.finish()  # the MLP's last gradients applied (allreduce: with the others', so after source.finish)
         result.seconds = training_s()
     except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
-        abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
+        try:  # the MLP's background pushes end first (waited for a while): an async or geo one applied after the
+            if not dense.collective:  # stop would mark the worker running again, holding the shards for its job
+                dense.close()
+        finally:
+            abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
         if not holding():
             result.pushed = result.examples
         if lines is not None and not lines.plain:  # how far it got, for launch (a stopped worker's last line; also
