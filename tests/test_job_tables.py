@@ -154,3 +154,23 @@ def test_a_client_create_refused_by_one_shard_creates_nothing_on_any(servers):
         assert [s.job for s in client.stats()] == [0, JOB]
         client.create_table(TableConfig("mine", 2))  # unstamped: as before
         assert [s.job for s in client.stats()] == [0, JOB]
+
+
+def test_an_unstamped_replace_is_refused_while_a_job_holds_the_shard(shard):
+    """`train --create-tables-only` (no stamp) of other settings would replace the untrained table a job made and
+    is about to train: refused while the job holds the shard, the table as the job made it; an unstamped create
+    that replaces nothing goes on; once the job is over the replace goes through."""
+    shard.create_table(SGD4, stamp=async_stamp(0, num_workers=1))
+    refusal = (
+        rf"shard 0 holds job {JOB} \(--mode async\), and this create would replace table 'emb' .*nothing was created$"
+    )
+    for create in (shard.create_table, shard.check_create):
+        with pytest.raises(JobConflictError, match=refusal) as refused:
+            create(ADAM8, replace_untrained=True)
+        assert refused.value.status == "FAILED_PRECONDITION"
+    assert shard.table("emb").cfg == SGD4.normalized()
+    shard.create_table(SGD4, replace_untrained=True)  # the same spec: nothing to replace
+    shard.create_table(TableConfig("mine", 2))  # a table of another name
+    shard.push_stamped([], 0, 0, 0, async_stamp(0, num_workers=1, done=True))  # the job is over
+    shard.create_table(ADAM8, replace_untrained=True)
+    assert shard.table("emb").cfg == ADAM8.normalized() and shard.stats()["job"] == JOB

@@ -63,7 +63,9 @@ until the push is applied (its job starts) or fails (the claim is dropped, the s
 CreateTable claims the shard the same way, whatever the job's mode, and starts its job once the table is made (a
 create that fails leaves the shard as it was); so the hold starts at a job's first table, and a second job's
 create (a replace of the first job's untrained tables, say) is refused before it changes anything. Its check_only
-is checked the same way and holds nothing.
+is checked the same way and holds nothing. A CreateTable without a stamp holds nothing and is not refused for a job,
+but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds the shard
+(check_replace), as it would replace that job's tables under it.
 
 Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the shard for its job, and its worker
 count, setup and unclocked are checked as above (a worker of another mode, another --geo-every, or another count
@@ -373,6 +375,23 @@ class JobClocks:
                 return False
             self._claims.append((stamp, "creating a table" if create else "applying the first push"))
             return True
+
+    def check_replace(self, table: str) -> None:
+        """JobConflictError, changing nothing, while a job holds the shard (it runs, or a push or create claims the
+        shard for it): a CreateTable without a stamp (`ps-worker train --create-tables-only`, another client) that
+        would replace table, never trained, by one of another spec would replace it under that job."""
+        with self._cond:
+            claim = next((c for c, _ in self._claims), None)
+            if claim is None and not self._running():
+                return
+            held = claim if claim is not None else self  # (a stamp, or the job followed: job, setup, unclocked)
+            job = held.job
+            raise JobConflictError(
+                f"shard {self.shard_id} holds job {job} ({_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
+                "(never trained) under it: a create without a job's stamp (`ps-worker train --create-tables-only`, "
+                f"another client) replaces no table while a job holds the shard; wait for job {job}'s end, or stop "
+                "it; nothing was created"
+            )
 
     def release(self, stamp: WorkerStamp) -> None:
         """Drops the claim of check() for stamp: its push or create failed (or was a check only), and the shard is

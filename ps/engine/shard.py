@@ -468,11 +468,12 @@ class Shard:
         initial rows, go with it); one that was trained is refused (TableExistsError).
         stamp: a training job's worker creates its job's tables (ps.engine.jobs: JobClocks.check with create,
         then created): refused while the shard holds another job (JobConflictError, nothing created); once
-        created, the job holds the shard as after its first push. A create that fails leaves the hold as it was."""
+        created, the job holds the shard as after its first push. A create that fails leaves the hold as it was.
+        Without a stamp, a replace is refused while the shard holds a job (JobClocks.check_replace: its tables)."""
         self.refuse_if_lost()
         claimed = stamp is not None and self.jobs.check(stamp, pull=False, create=True)
         try:
-            table = self._create_table(cfg, replace_untrained)
+            table = self._create_table(cfg, replace_untrained, stamp is not None)
         except BaseException:
             if claimed:
                 self.jobs.release(stamp)
@@ -481,7 +482,7 @@ class Shard:
             self.jobs.created(stamp, claimed)
         return table
 
-    def _create_table(self, cfg: TableConfig, replace_untrained: bool) -> Table:
+    def _create_table(self, cfg: TableConfig, replace_untrained: bool, stamped: bool) -> Table:
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
@@ -490,7 +491,7 @@ class Shard:
                 return table
             cfg.check_new()
             if diff:
-                return self._replace_untrained(table, cfg, diff, replace_untrained)
+                return self._replace_untrained(table, cfg, diff, replace_untrained, stamped)
             table = Table(cfg, self.store, self.journal, self.budget)  # refused before anything is written if
             try:  # the RAM tier cannot take it (RamTierTooSmallError)
                 self.store.create_table(cfg)
@@ -520,14 +521,17 @@ class Shard:
             cfg.check_new()
             if diff:
                 with table.lock:
-                    self._refuse_other_spec(table, cfg, diff, replace_untrained)
+                    self._refuse_other_spec(table, cfg, diff, replace_untrained, stamp is not None)
             layout = layout_for(cfg)
             self.budget.check_join(layout.ram_bytes, replacing=table.arena if diff else None)
             return cfg, 0, layout.width
 
-    def _refuse_other_spec(self, table: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> None:
+    def _refuse_other_spec(
+        self, table: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool, stamped: bool
+    ) -> None:
         """TableExistsError unless `table`, whose config differs from cfg by diff, may be replaced: with
-        replace_untrained, and never trained (Table.trained). The table's lock held."""
+        replace_untrained, and never trained (Table.trained); JobConflictError for a create without a stamp
+        (stamped False) while a job holds the shard (JobClocks.check_replace). The table's lock held."""
         if not replace_untrained:
             raise TableExistsError(
                 f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec "
@@ -544,14 +548,18 @@ class Shard:
                 f"requested): {'; '.join(diff)}; {held}, and only a table never trained is replaced; nothing was "
                 "changed"
             )
+        if not stamped:
+            self.jobs.check_replace(cfg.name)
 
-    def _replace_untrained(self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool) -> Table:
+    def _replace_untrained(
+        self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool, stamped: bool
+    ) -> Table:
         """create_table for a table of another config, `old` (self._lock held): refused unless it may be replaced
         (_refuse_other_spec); then the old one is closed (its requests from now on get ShardClosingError) and
         leaves the RAM budget, the new one takes its name, number and counts (Table.count_on). A failure puts a
         table of the old config back, as it was (untrained, its RAM tier empty)."""
         with old.lock:
-            self._refuse_other_spec(old, cfg, diff, replace_untrained)
+            self._refuse_other_spec(old, cfg, diff, replace_untrained, stamped)
             old.closed = True
             old.replaced = True
             self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone
