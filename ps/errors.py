@@ -345,8 +345,12 @@ class DataLossError(StorageError):
 
 class CheckpointDamagedError(StorageError):
     """A checkpoint's files are damaged: RocksDB found a block of one whose checksum fails, or cannot read a file
-    it needs. Restore and export refuse it; `ps-server verify CHECKPOINT` lists what is damaged. checkpoint: its
-    directory; where: the file (relative to it) and offset, as far as RocksDB named them ("" if it named none)."""
+    it needs. Restore and export refuse it, and a save that meets it reading the checkpoint back fails with
+    DATA_LOSS; `ps-server verify CHECKPOINT` lists what is damaged. checkpoint: its directory; where: the file
+    (relative to it) and offset, as far as RocksDB named them ("" if it named none). Not a DataLossError, which is
+    the data dir's damage."""
+
+    status = "DATA_LOSS"
 
     def __init__(self, message: str, checkpoint: str = "", where: str = ""):
         super().__init__(message)

@@ -649,3 +649,40 @@ def test_damage_met_by_advance_clock_or_stats_is_data_loss_not_internal(tmp_path
             assert "failed with DATA_LOSS" in str(stats_failed.value), str(stats_failed.value)
         assert stub.AdvanceClock(ps_pb2.AdvanceClockRequest(steps=1), timeout=30).step == 1  # nothing was applied
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
+
+
+# ---- damage met reading a checkpoint back, exporting one, or a meta value that does not read -------------------
+def _meta_sst(data_dir) -> pathlib.Path:
+    """The one SST file of data_dir that holds the meta column family's keys (blocks are not compressed)."""
+    (found,) = [
+        data_dir / f for f in os.listdir(data_dir) if f.endswith(".sst") and b"tid/" in (data_dir / f).read_bytes()
+    ]
+    return found
+
+
+def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_the_checkpoint(tmp_path, caplog):
+    """A save reads the checkpoint RocksDB wrote back (its rows per table, from its meta column family): a block
+    damaged there (the checkpoint's SSTs are hard links to the shard's) is DATA_LOSS naming the checkpoint and the
+    file, not INTERNAL, and the save leaves no shard-<i> behind."""
+    from protos import ps_pb2
+    from ps.errors import CheckpointDamagedError
+
+    data_dir = tmp_path / "shard"
+    served = InProcess(data_dir, checkpoint_root=str(tmp_path))
+    with served as address, Client([address], timeout_s=30) as client:
+        client.create_table(TableConfig("emb", DIM))
+        client.push("emb", np.arange(100, dtype=np.uint64), np.ones((100, DIM), np.float32))
+        served.server.shard.flush()
+        served.server.shard.store.flush()  # the meta keys in an SST file, which the running server read no block of
+        sst = _meta_sst(data_dir)
+        _flip_byte(sst, 100)
+        (held,) = client.checkpoint({0: ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60)})
+        with pytest.raises(CheckpointDamagedError) as failed:  # the server's class, which it names
+            client.checkpoint({0: ps_pb2.CheckpointRequest(phase="save", dir=str(tmp_path / "c1"), token=held.token)})
+        client.checkpoint({0: ps_pb2.CheckpointRequest(phase="release", token=held.token)})
+    said = str(failed.value)
+    assert "failed with DATA_LOSS" in said and "INTERNAL" not in said, said
+    assert re.search(rf"checkpoint {tmp_path / 'c1'} is damaged: shard-0/{sst.name}( at offset \d+)? \(RocksDB, while "
+                     r"reading it: Corruption", said), said  # fmt: skip
+    assert not (tmp_path / "c1" / "shard-0").exists()
+    assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"

@@ -240,10 +240,11 @@ def damage_at(text: str, base: str | None = None) -> str:
 
 @contextlib.contextmanager
 def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
-    """_opened_read_only of a checkpoint's shard folder, for a restore or an export: RocksDB's errors about source
-    (one it raises at the open, or one naming a file of source later; not those naming another dir, such as a
-    restore's writes into its data dir) as a CheckpointDamagedError naming the checkpoint, the file and the offset
-    for damage ("Corruption: ...", a file gone), as a StorageError for anything else."""
+    """_opened_read_only of a checkpoint's shard folder, for a restore, an export or a save reading back what it
+    wrote: RocksDB's errors about source (one it raises at the open, or one naming a file of source later; not
+    those naming another dir, such as a restore's writes into its data dir) as a CheckpointDamagedError naming the
+    checkpoint, the file and the offset for damage ("Corruption: ...", a file gone), as a StorageError for anything
+    else."""
     source = os.path.abspath(source)
     checkpoint, shard = os.path.split(source)
     opened = False
@@ -1054,8 +1055,9 @@ class Store:
     @staticmethod
     def admitted_counts(source: str) -> dict[str, int]:
         """{table name: admitted rows} as the RocksDB at `source` (a checkpoint, opened read-only) records them: its
-        count/ keys, written in the batch of every write of the rows they count."""
-        with _opened_read_only(source) as (src, names, _):
+        count/ keys, written in the batch of every write of the rows they count. CheckpointDamagedError where RocksDB
+        finds damage in it."""
+        with _reading_checkpoint(source) as (src, names, _):
             if META_CF not in names:
                 return {}
             meta = src.get_column_family(META_CF)
