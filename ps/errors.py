@@ -345,10 +345,10 @@ class DataLossError(StorageError):
 
 class CheckpointDamagedError(StorageError):
     """A checkpoint's files are damaged: RocksDB found a block of one whose checksum fails, or cannot read a file
-    it needs. Restore and export refuse it, and a save that meets it reading the checkpoint back fails with
-    DATA_LOSS; `ps-server verify CHECKPOINT` lists what is damaged. checkpoint: its directory; where: the file
-    (relative to it) and offset, as far as RocksDB named them ("" if it named none). Not a DataLossError, which is
-    the data dir's damage."""
+    it needs, or a value it holds does not read as the store's grammar says. Restore and export refuse it, and a
+    save that meets it reading the checkpoint back fails with DATA_LOSS; `ps-server verify CHECKPOINT` lists what is
+    damaged. checkpoint: its directory; where: the file (relative to it) and offset, as far as RocksDB named them,
+    or the shard's folder ("" if none is named). Not a DataLossError, which is the data dir's damage."""
 
     status = "DATA_LOSS"
 

@@ -686,3 +686,59 @@ def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_t
                      r"reading it: Corruption", said), said  # fmt: skip
     assert not (tmp_path / "c1" / "shard-0").exists()
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
+
+
+DAMAGED_META = {  # key -> a value that does not read as the store's grammar says
+    b"table/t": b"{not json",
+    b"count/t": b'{"admitted": "many", "pending": 0}',
+    b"state_id": b"12x",
+    b"clock": b"-1",
+    b"flushed_seq": b"",
+    b"lsn_high": b"1e3",
+    b"shard": b"[0, 1]",
+    b"applied/" + (7).to_bytes(8, "big"): b"\x00" * 5,
+}
+
+
+@pytest.mark.parametrize("key", DAMAGED_META, ids=lambda k: k.decode("ascii", "replace").split("/")[0])
+def test_a_meta_value_that_does_not_read_refuses_the_start_as_damage_naming_it(stopped_cleanly, tmp_path, key):
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    store = Store(str(data_dir))
+    try:
+        store._meta.put(key, DAMAGED_META[key])
+    finally:
+        store.close()
+    with pytest.raises(DataLossError) as refused:
+        Server(ServerConfig(data_dir=str(data_dir)))
+    name = key.decode() if key.isascii() and key.decode().isprintable() else ascii(key)
+    assert f"RocksDB in data dir {data_dir} is damaged: meta key {name} holds {ascii(DAMAGED_META[key])}, which " \
+           "does not read as its value" in str(refused.value), str(refused.value)  # fmt: skip
+    if key == b"table/t":  # ps-server says so, with no traceback
+        out = ServerProcess(data_dir).refused()
+        assert f"ps-server: error: cannot start on data dir {data_dir}: RocksDB in data dir {data_dir} is damaged: " \
+               "meta key table/t holds" in out and "Traceback" not in out, out  # fmt: skip
+
+
+def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_request(stopped_cleanly, tmp_path,
+                                                                                       caplog):  # fmt: skip
+    """Values a start does not read: a table's number (read by the first request of a row), the restore the dir
+    began from (read by Stats)."""
+    data_dir = copied(stopped_cleanly, tmp_path)
+    store = Store(str(data_dir))
+    try:
+        store._meta.put(b"tid/t", b"zero")
+        store._meta.put(b"restored", b'{"checkpoint": 5}')
+    finally:
+        store.close()
+    with InProcess(data_dir) as address, Client([address], timeout_s=30) as client:
+        with pytest.raises(PsError) as failed:
+            client.pull("t", COMMON)
+        assert "failed with DATA_LOSS" in str(failed.value), str(failed.value)
+        assert "meta key tid/t holds b'zero'" in str(failed.value), str(failed.value)
+        with pytest.raises(PsError) as failed:
+            client.stats()
+        assert "failed with DATA_LOSS" in str(failed.value), str(failed.value)
+        assert "meta key restored holds" in str(failed.value), str(failed.value)
+    assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"

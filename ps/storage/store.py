@@ -57,7 +57,9 @@ Beside RocksDB's files: shard.json, a second copy of the shard record, and the j
 
 Damage: RocksDB opens with paranoid checks and refuses a write-ahead log damaged anywhere but in a torn last
 record (what a crash leaves). Damage it meets later (a data block whose checksum fails, a missing file) is a
-DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end.
+DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
+value that does not read as the grammar above says is a DataLossError naming the key (_meta_value), and in a
+checkpoint a CheckpointDamagedError naming it.
 verify_rocksdb reads every block of every column family.
 """
 
@@ -77,6 +79,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 from rocksdict import (
@@ -104,6 +107,7 @@ from ps.errors import (
     PsError,
     StorageError,
     disk_full_reason,
+    echo,
 )
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
 from ps.sharding import NUM_SLOTS, slot_of
@@ -136,6 +140,63 @@ APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, 
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 
 
+T = TypeVar("T")
+
+
+def _meta_value(key: bytes, raw: bytes, parse: Callable[[bytes], T],
+               damaged: Callable[[str], StorageError] = DataLossError) -> T:  # fmt: skip
+    """parse(raw), raw the stored value of meta key `key`; where it does not read as the module's grammar says
+    (parse raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and the value) is
+    raised: damage, never a bug's traceback."""
+    try:
+        return parse(raw)
+    except (ValueError, KeyError, TypeError, struct.error) as e:
+        name = key.decode() if key.isascii() and key.decode().isprintable() else echo(key)
+        raise damaged(f"meta key {name} holds {echo(raw)}, which does not read as its value ({type(e).__name__}: "
+                      f"{e})") from None  # fmt: skip
+
+
+def _decimal(raw: bytes) -> int:
+    """A decimal value of the grammar: ASCII digits only."""
+    if not raw.isdigit():
+        raise ValueError("not a decimal integer")
+    return int(raw)
+
+
+def _parse_counts(raw: bytes) -> dict:
+    """A "count/" value: JSON {"admitted": int >= 0, "pending": int >= 0, "trained": bool (optional)}."""
+    counts = json.loads(raw)
+    if not isinstance(counts, dict) or not all(
+        type(counts.get(k)) is int and counts[k] >= 0 for k in ("admitted", "pending")
+    ):
+        raise ValueError('not {"admitted": n, "pending": n} with counts >= 0')
+    return counts
+
+
+def _parse_config(raw: bytes) -> TableConfig:
+    return TableConfig.from_dict(json.loads(raw))
+
+
+def _json_object(raw: bytes) -> dict:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
+    """The legacy "applied" value: JSON {client: [client_seq, parts]}, as applied() returns it."""
+    return {int(c): (int(v[0]), int(v[1]), None) for c, v in _json_object(raw).items()}
+
+
+def _restored(raw: bytes) -> dict:
+    """A "restored" value: JSON {"checkpoint": path, "sha256": hex}."""
+    value = _json_object(raw)
+    if not all(isinstance(value.get(k), str) for k in ("checkpoint", "sha256")):
+        raise ValueError('not {"checkpoint": path, "sha256": hex}')
+    return value
+
+
 def trained(counts: Mapping) -> bool:
     """Whether a table's "count/" value says it was trained: its "trained" flag, else (a value written without it)
     whether it counts any row or pending id."""
@@ -152,13 +213,14 @@ def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
     return keys.view(f"V{KEY_DTYPE.itemsize}").tolist()
 
 
-def table_ids(meta: Rdict) -> dict[str, int]:
-    """{table name: table number} from the meta column family of a store (or of a checkpoint's)."""
+def table_ids(meta: Rdict, damaged: Callable[[str], StorageError] = DataLossError) -> dict[str, int]:
+    """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
+    raised for a number that does not read as one (_meta_value)."""
     out = {}
     for key, raw in _items(meta, TABLE_ID_PREFIX):
         if not key.startswith(TABLE_ID_PREFIX):
             break
-        out[key[len(TABLE_ID_PREFIX) :].decode()] = int(raw)
+        out[key[len(TABLE_ID_PREFIX) :].decode()] = _meta_value(key, raw, _decimal, damaged)
     return out
 
 
@@ -236,6 +298,19 @@ def damage_at(text: str, base: str | None = None) -> str:
         name = os.path.relpath(name, base)
     offset = _DAMAGED_OFFSET.search(text, found.end(1))
     return f"{name} at offset {offset.group(1)}" if offset else name
+
+
+def _checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
+    """The error, given what is damaged, for a value in the checkpoint shard folder at source that does not read as
+    the module's grammar says (a meta value, a row's size): a CheckpointDamagedError naming the checkpoint and the
+    shard's folder."""
+    checkpoint, shard = os.path.split(os.path.abspath(source))
+
+    def damaged(what: str) -> CheckpointDamagedError:
+        return CheckpointDamagedError(f"checkpoint {checkpoint} is damaged: {shard}: {what}. `ps-server verify "
+                                      f"{checkpoint}` lists everything damaged in it", checkpoint, shard)  # fmt: skip
+
+    return damaged
 
 
 @contextlib.contextmanager
@@ -682,7 +757,7 @@ class Store:
         in_file = read_json(file_path, tuple(want))
         with self._rocksdb("reading the shard record"):
             raw = self._meta.get(b"shard")
-        in_db = json.loads(raw) if raw is not None else None
+        in_db = _meta_value(b"shard", raw, _json_object, self._damaged) if raw is not None else None
         if in_file is not None and in_db is not None and in_file != in_db:
             raise _copies_disagree(in_file, in_db)
         have = in_db or in_file
@@ -704,7 +779,7 @@ class Store:
         `cluster` included. A dir that never ran with a name takes any."""
         with self._rocksdb("reading the cluster name"):
             raw = self._meta.get(b"cluster")
-        have = raw.decode() if raw is not None else ""
+        have = _meta_value(b"cluster", raw, bytes.decode, self._damaged) if raw is not None else ""
         if have == cluster or not cluster and not have:
             return
         if have:
@@ -720,16 +795,19 @@ class Store:
             log.info("data dir %s now belongs to cluster %r", self.path, cluster)
 
     def load_tables(self) -> list[TableConfig]:
+        """Every table's stored config; DataLossError for one that does not read as a config."""
         out = []
         with self._rocksdb("reading the table configs"):
             for key, raw in _items(self._meta, TABLE_CONFIG_PREFIX):
                 if not key.startswith(TABLE_CONFIG_PREFIX):
                     break
-                try:
-                    out.append(TableConfig.from_dict(json.loads(raw)))
-                except (ValueError, KeyError, TypeError) as e:
-                    raise StorageError(f"{self.path}: table config {key!r} is unreadable: {e}") from e
+                out.append(_meta_value(key, raw, _parse_config, self._damaged))
         return out
+
+    def _damaged(self, what: str) -> DataLossError:
+        """The error for a stored value of this dir that does not read as the module's grammar says (_meta_value)."""
+        return DataLossError(f"RocksDB in data dir {self.path} is damaged: {what}. `ps-server verify {self.path}` "
+                             "lists what is damaged; restore the dir from a backup or checkpoint")  # fmt: skip
 
     def create_table(self, cfg: TableConfig) -> None:
         """Records the table's config and its number (the prefix of its row keys) in one write. The cost does not
@@ -750,7 +828,7 @@ class Store:
     def _table_ids(self) -> dict[str, int]:
         if self._numbers is None:
             with self._rocksdb("reading the table numbers"):
-                self._numbers = table_ids(self._meta)
+                self._numbers = table_ids(self._meta, self._damaged)
         return self._numbers
 
     def _table_id(self, table: str) -> int:
@@ -779,7 +857,7 @@ class Store:
         if raw is None:
             raise DataLossError(f"{self.path}: table {table!r} has no config (meta key table/{table}): RocksDB is "
                                 "damaged; restore the dir from a backup or checkpoint")  # fmt: skip
-        cfg = TableConfig.from_dict(json.loads(raw))
+        cfg = _meta_value(TABLE_CONFIG_PREFIX + table.encode(), raw, _parse_config, self._damaged)
         return layout_of(cfg.dim, cfg.optimizer.name)
 
     # ---- rows -----------------------------------------------------------------------------------------
@@ -978,8 +1056,9 @@ class Store:
         trained (a Shrink may have dropped every id since) is trained here too."""
         lo, hi = slots
         copied = {}
+        damaged = _checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
-            numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}  # the checkpoint's
+            numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}  # the checkpoint's
             missing = [t for t in tables if t not in numbers]
             if missing:
                 raise StorageError(
@@ -990,8 +1069,9 @@ class Store:
             meta = src.get_column_family(META_CF) if META_CF in names else None
             for table in tables:
                 counts = {"admitted": 0, "pending": 0}
-                raw = meta.get(COUNT_PREFIX + table.encode()) if meta is not None and trained_from else None
-                was_trained = raw is not None and trained(json.loads(raw))
+                key = COUNT_PREFIX + table.encode()
+                raw = meta.get(key) if meta is not None and trained_from else None
+                was_trained = raw is not None and trained(_meta_value(key, raw, _parse_counts, damaged))
                 if ROWS_CF in names and table in numbers:
                     cf = src.get_column_family(ROWS_CF)
                     handle = self._db.get_column_family_handle(ROWS_CF)
@@ -1033,9 +1113,11 @@ class Store:
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
         checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped.
-        CheckpointDamagedError where RocksDB finds damage in it."""
+        CheckpointDamagedError where RocksDB finds damage in it, or a value that does not read as the module's
+        grammar says."""
+        damaged = _checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
-            numbers = table_ids(src.get_column_family(META_CF)) if META_CF in names else {}
+            numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
@@ -1056,29 +1138,30 @@ class Store:
     def admitted_counts(source: str) -> dict[str, int]:
         """{table name: admitted rows} as the RocksDB at `source` (a checkpoint, opened read-only) records them: its
         count/ keys, written in the batch of every write of the rows they count. CheckpointDamagedError where RocksDB
-        finds damage in it."""
+        finds damage in it, or a value that does not read as the module's grammar says."""
+        damaged = _checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
             if META_CF not in names:
                 return {}
             meta = src.get_column_family(META_CF)
-            out = dict.fromkeys(table_ids(meta), 0)  # a table with no row written has no count yet
+            out = dict.fromkeys(table_ids(meta, damaged), 0)  # a table with no row written has no count yet
             for key, raw in _items(meta, COUNT_PREFIX):
                 if not key.startswith(COUNT_PREFIX):
                     break
-                out[key[len(COUNT_PREFIX) :].decode()] = int(json.loads(raw)["admitted"])
+                out[key[len(COUNT_PREFIX) :].decode()] = _meta_value(key, raw, _parse_counts, damaged)["admitted"]
             return out
 
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
         with self._rocksdb("reading the mark of an unfinished restore", "nothing was read"):
             raw = self._meta.get(b"restore_pending")
-        return raw.decode() if raw is not None else None
+        return _meta_value(b"restore_pending", raw, bytes.decode, self._damaged) if raw is not None else None
 
     def restored(self) -> dict | None:
         """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
         with self._rocksdb("reading the restore the dir began from", "nothing was read"):
             raw = self._meta.get(b"restored")
-        return json.loads(raw) if raw is not None else None
+        return _meta_value(b"restored", raw, _restored, self._damaged) if raw is not None else None
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
         """Records the restore the dir began from, and a new state id (see state_id), in one synced write."""
@@ -1095,7 +1178,7 @@ class Store:
         the dir was restored or replaced since it looked."""
         with self._rocksdb("reading the model state's id", "nothing was read"):
             raw = self._meta.get(b"state_id")
-        return int(raw) if raw is not None else self._new_state_id()
+        return _meta_value(b"state_id", raw, _decimal, self._damaged) if raw is not None else self._new_state_id()
 
     def _new_state_id(self) -> int:
         value = _drawn_state_id()
@@ -1167,13 +1250,13 @@ class Store:
         if self._lsn_high is None:
             with self._rocksdb("reading the highest lsn written"):
                 raw = self._meta.get(b"lsn_high")
-            self._lsn_high = int(raw) if raw is not None else 0
+            self._lsn_high = _meta_value(b"lsn_high", raw, _decimal, self._damaged) if raw is not None else 0
         return self._lsn_high
 
     def flushed_seq(self) -> int:
         with self._rocksdb("reading the flushed journal position", "nothing was read"):
             raw = self._meta.get(b"flushed_seq")
-        return int(raw) if raw is not None else 0
+        return _meta_value(b"flushed_seq", raw, _decimal, self._damaged) if raw is not None else 0
 
     def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
         """Records that every journal record <= seq is in RocksDB and (if given) the changes of the journal's
@@ -1212,11 +1295,11 @@ class Store:
             raw = self._meta.get(LEGACY_APPLIED)
             if raw is not None:
                 self._legacy_applied = True
-                out = {int(c): (int(v[0]), int(v[1]), None) for c, v in json.loads(raw).items()}
+                out = _meta_value(LEGACY_APPLIED, raw, _legacy_applied, self._damaged)
             for key, value in _items(self._meta, APPLIED_PREFIX):
                 if not key.startswith(APPLIED_PREFIX):
                     break
-                seq, parts, used = APPLIED_VALUE.unpack(value)
+                seq, parts, used = _meta_value(key, value, APPLIED_VALUE.unpack, self._damaged)
                 client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
                 if client not in out or out[client][:2] <= (seq, parts):
                     out[client] = (seq, parts, float(used))
@@ -1225,15 +1308,18 @@ class Store:
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
         with rows)."""
+        key = COUNT_PREFIX + table.encode()
         with self._rocksdb(f"reading the row counts of table {table!r}", "nothing was read"):
-            raw = self._meta.get(COUNT_PREFIX + table.encode())
-        counts = json.loads(raw) if raw is not None else {"admitted": 0, "pending": 0}
+            raw = self._meta.get(key)
+        counts = (
+            _meta_value(key, raw, _parse_counts, self._damaged) if raw is not None else {"admitted": 0, "pending": 0}
+        )
         return {**counts, "trained": trained(counts)}
 
     def clock(self) -> int:
         with self._rocksdb("reading the clock", "nothing was read"):
             raw = self._meta.get(b"clock")
-        return int(raw) if raw is not None else 0
+        return _meta_value(b"clock", raw, _decimal, self._damaged) if raw is not None else 0
 
     def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
         """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
@@ -1265,7 +1351,7 @@ class Store:
             for key, raw in _items(self._meta, ADVANCED_PREFIX):
                 if not key.startswith(ADVANCED_PREFIX):
                     break
-                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = int(raw)
+                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = _meta_value(key, raw, _decimal, self._damaged)
         return out
 
     def disk_bytes(self, table: str) -> int:
