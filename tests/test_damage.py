@@ -688,6 +688,45 @@ def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_t
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 
 
+def test_export_of_a_checkpoint_holding_rows_of_no_layouts_size_names_them(tmp_path):
+    """Rows of neither a trained row's nor a pending id's size, saved into a checkpoint (its sha256s match): an
+    export refuses it, naming the table, how many and the first one, instead of dropping them."""
+    from ps.engine.restore import export
+    from ps.engine.shard import Shard
+    from ps.errors import CheckpointDamagedError
+    from tests.conftest import one_shard_checkpoint
+
+    spec, ids = TableConfig("emb", DIM), np.arange(1000, dtype=np.uint64)
+    data_dir = tmp_path / "shard"
+    shard = Shard(ServerConfig(data_dir=str(data_dir)))
+    try:
+        shard.create_table(spec)
+        shard.push("emb", ids, np.ones((len(ids), DIM), np.float32))
+    finally:
+        shard.close()
+    store = Store(str(data_dir))
+    try:
+        for i, size in ((7, 40), (900, 3)):
+            store._rows().put(encode_keys(store._table_id("emb"), ids[i : i + 1])[0], b"\x00" * size)
+    finally:
+        store.close()
+    shard = Shard(ServerConfig(data_dir=str(data_dir)))
+    try:
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+    finally:
+        shard.close()
+    with pytest.raises(CheckpointDamagedError) as failed:
+        export(str(tmp_path / "ckpt"), str(tmp_path / "out"), progress=False)
+    key, i, size = min((bytes(k), i, size) for k, i, size in zip(encode_keys(0, ids[[7, 900]]), (7, 900), (40, 3)))
+    assert str(failed.value) == (  # the first in key order (slot, id)
+        f"checkpoint {tmp_path / 'ckpt'} is damaged: shard-0: table 'emb' holds 2 stored rows of neither a trained "
+        f"row's size by the config read with (its manifest's: 56 bytes) nor a pending id's (24), the first of id {i} "
+        f"(key {key.hex()}, {size} bytes): its rows are damaged, or its manifest does not match them. `ps-server "
+        f"verify {tmp_path / 'ckpt'}` lists everything damaged in it"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 DAMAGED_META = {  # key -> a value that does not read as the store's grammar says
     b"table/t": b"{not json",
     b"count/t": b'{"admitted": "many", "pending": 0}',

@@ -59,7 +59,7 @@ Damage: RocksDB opens with paranoid checks and refuses a write-ahead log damaged
 record (what a crash leaves). Damage it meets later (a data block whose checksum fails, a missing file) is a
 DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
 value that does not read as the grammar above says is a DataLossError naming the key (_meta_value), and in a
-checkpoint a CheckpointDamagedError naming it.
+checkpoint a CheckpointDamagedError naming it, as is a row of neither size that an export reads (read_table).
 verify_rocksdb reads every block of every column family.
 """
 
@@ -1112,25 +1112,38 @@ class Store:
         source: str, table: str, width: int, chunk: int = 1 << 16
     ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Yields (ids, rows (n, width) float32) of the admitted rows of a table of the RocksDB at `source` (a
-        checkpoint, opened read-only), in key order, chunk rows at a time; ids not admitted are skipped.
-        CheckpointDamagedError where RocksDB finds damage in it, or a value that does not read as the module's
-        grammar says."""
+        checkpoint, opened read-only), in key order, chunk rows at a time; pending ids (values of STATS_FLOATS
+        floats) are skipped. CheckpointDamagedError where RocksDB finds damage in it, and, once every row is
+        read, for stored values of neither size (naming how many, and the first one's id and key): damaged rows,
+        or a width (the manifest's config) that does not match them."""
         damaged = _checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
-            keys, values, size = [], [], 4 * width + 8
+            keys, values, size, pending = [], [], 4 * width + 8, 4 * STATS_FLOATS + 8
+            odd, first, first_size = 0, b"", 0  # values of neither size: how many, the first one's key and size
             for key, value in _items(src.get_column_family(ROWS_CF), prefix):
                 if not key.startswith(prefix):
                     break
                 if len(value) == size:
                     keys.append(key)
                     values.append(value)
+                elif len(value) != pending:
+                    if not odd:
+                        first, first_size = key, len(value)
+                    odd += 1
                 if len(keys) == chunk:
                     yield _decode_chunk(keys, values, width)
                     keys, values = [], []
+            if odd:
+                raise damaged(
+                    f"table {table!r} holds {odd:,} stored rows of neither a trained row's size by the config read "
+                    f"with (its manifest's: {size} bytes) nor a pending id's ({pending}), the first of id "
+                    f"{int.from_bytes(first[6:], 'big')} (key {first.hex()}, {first_size:,} bytes): its rows are "
+                    "damaged, or its manifest does not match them"
+                )
             if keys:
                 yield _decode_chunk(keys, values, width)
 
