@@ -781,3 +781,22 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
         assert "failed with DATA_LOSS" in str(failed.value), str(failed.value)
         assert "meta key restored holds" in str(failed.value), str(failed.value)
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
+
+
+def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_path):
+    data_dir = copied(stopped_cleanly, tmp_path)
+    store = Store(str(data_dir))
+    try:
+        number = store._table_id("t")
+        for key in encode_keys(number + 5, np.arange(3, dtype=np.uint64)):
+            store._rows().put(key, b"\x00" * 24)
+    finally:
+        store.close()
+    lines, damaged = verify_data_dir(str(data_dir))
+    first = encode_keys(number + 5, np.zeros(1, np.uint64))[0].hex()
+    assert not damaged, lines
+    assert (f"note    rows of no table: 3 stored rows of table number(s) {number + 5} (3 rows), which no readable "
+            "table config has (meta keys table/<name>, tid/<name>): no server reads them; the first key "
+            f"{first}") in lines, lines  # fmt: skip
+    lines, damaged = verify_data_dir(str(stopped_cleanly))
+    assert not damaged and not [line for line in lines if "rows of no table" in line], lines

@@ -7,14 +7,13 @@ table's config and number, and every stored row's size against its table's layou
 id's: ps.storage.store's grammar); the shard record in RocksDB against shard.json (ps.storage.sidefiles); every
 journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A finding is damaged where the server would
 refuse to start on it or fail a request with DATA_LOSS, and a note where it starts with a warning (a torn last
-journal record) or repairs it (a missing shard.json).
+journal record), repairs it (a missing shard.json) or never reads it (rows of a table number no table config has).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
 from ps.config import TableConfig
@@ -74,7 +73,7 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
             "family (the shard record, the flushed position, the tables) could not be read whole"
         )
     else:
-        dims = _rows(meta, found, "a pull of them is refused with DATA_LOSS")
+        dims = _rows(meta, report, "a pull of them is refused with DATA_LOSS")
         _identity(path, meta["shard"], found, lines)
         _journal(path, meta["flushed_seq"], meta["lsn_high"], dims, found, lines)
         pending = meta["restore_pending"]
@@ -97,6 +96,10 @@ class _Report:
     def found(self, ok: bool, text: str) -> None:
         self.damaged |= not ok
         self.lines.append(f"{'ok     ' if ok else 'DAMAGED'} {text}")
+
+    def note(self, text: str) -> None:
+        """A finding that is no damage."""
+        self.lines.append(f"note    {text}")
 
     def finish(self, title: str) -> tuple[list[str], bool]:
         """(the lines with a last one, `title: N damaged` or `title: nothing damaged`, whether anything is)."""
@@ -130,12 +133,12 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
         shards = sorted(manifest["shards"], key=lambda shard: shard["shard_id"])
     for shard in shards:
         if only is None or shard["dir"] == only:
-            _checkpoint_shard(directory, shard, found)
+            _checkpoint_shard(directory, shard, report)
     return report.finish(f"verify checkpoint {directory if only is None else os.path.join(directory, only)}")
 
 
-def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], None]) -> None:
-    name = shard["dir"]
+def _checkpoint_shard(directory: str, shard: dict, report: _Report) -> None:
+    found, name = report.found, shard["dir"]
     path = os.path.join(directory, name)
     if not os.path.isdir(path):
         found(False, f"{name}: missing (the manifest lists it)")
@@ -157,7 +160,7 @@ def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], 
         else:
             found(True, f"{name}: column family {cf}: {count:,} keys read, every block's checksum verified")
     if meta is not None and not read.get(META_CF, (0, ""))[1]:
-        _rows(meta, found, "a restore stops at them", f"{name}: ")
+        _rows(meta, report, "a restore stops at them", f"{name}: ")
     if "rows" not in shard or "" in read:
         return
     try:
@@ -171,12 +174,15 @@ def _checkpoint_shard(directory: str, shard: dict, found: Callable[[bool, str], 
     found(not differ, f"{name}: admitted rows {'; '.join(differ) or f'as the manifest counts ({counted})'}")
 
 
-def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str = "") -> dict[str, int | None]:
+def _rows(meta: dict, report: _Report, refused: str, at: str = "") -> dict[str, int | None]:
     """Each table's config and number, and the size of every stored row of it against its layout: a trained row's
-    or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS).
-    meta: verify_rocksdb's, of a meta column family read whole. refused: what a row of another size makes fail.
-    Returns {table: its dim, None where its config is unreadable}."""
+    or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS);
+    a note of the rows of a table number no readable table config has (no server reads them). meta:
+    verify_rocksdb's, of a meta column family read whole. refused: what a row of another size makes fail. Returns
+    {table: its dim, None where its config is unreadable}."""
+    found = report.found
     rows, checked, bad_tables, dims = meta["rows"], {}, 0, dict.fromkeys(meta["tables"])
+    numbers: set[int] = set()  # of the tables whose config and number read
     for table, config in sorted(meta["tables"].items()):
         number = meta["numbers"].get(table)
         try:
@@ -194,6 +200,7 @@ def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str 
                          "none of its rows can be found; a pull of it is refused with DATA_LOSS")  # fmt: skip
             bad_tables += 1
             continue
+        numbers.add(number)
         sizes = (layout.value_bytes, layout.pending_value_bytes)
         mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
         checked[table] = sum(n for n, _ in mine.values())
@@ -206,6 +213,17 @@ def _rows(meta: dict, found: Callable[[bool, str], None], refused: str, at: str 
                          f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes[0]} bytes, "
                          f"a pending id {sizes[1]}), the first of id {int.from_bytes(first[6:], 'big')} (key "
                          f"{first.hex()}): {refused}")  # fmt: skip
+    orphans = {}  # {table number: [rows, the first one's key]}
+    for (number, _), (n, key) in rows.sizes.items():
+        if number not in numbers:
+            seen = orphans.setdefault(number, [0, key])
+            seen[0], seen[1] = seen[0] + n, min(seen[1], key)
+    if orphans:
+        shown = ", ".join(f"{number} ({n:,} rows)" for number, (n, _) in sorted(orphans.items())[:5])
+        report.note(f"{at}rows of no table: {sum(n for n, _ in orphans.values()):,} stored rows of table number(s) "
+                    f"{shown}{', ...' if len(orphans) > 5 else ''}, which no readable table config has (meta keys "
+                    "table/<name>, tid/<name>): no server reads them; the first key "
+                    f"{min(key for _, key in orphans.values()).hex()}")  # fmt: skip
     odd, first = rows.odd_keys
     if odd:
         found(False, f"{at}column family rows: {odd:,} keys of another size than {KEY_BYTES} bytes (table, slot, id), "
