@@ -148,7 +148,7 @@ class PushResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
 class WorkerStamp(_message.Message):
-    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked")
+    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,7 @@ class WorkerStamp(_message.Message):
     SETUP_FIELD_NUMBER: _ClassVar[int]
     STOPPED_FIELD_NUMBER: _ClassVar[int]
     UNCLOCKED_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     job: int
     worker: int
     num_workers: int
@@ -173,7 +174,8 @@ class WorkerStamp(_message.Message):
     setup: str
     stopped: str
     unclocked: bool
-    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ...) -> None: ...
+    token: int
+    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ...) -> None: ...
 
 class PullBatchRequest(_message.Message):
     __slots__ = ("pulls", "stamp")

@@ -77,6 +77,7 @@ message WorkerStamp
   10 setup            LEN     string                   key=value pairs every worker of the job runs alike
   11 stopped          LEN     string                   push with no pushes: why the worker stopped before its end
   12 unclocked        VARINT  bool                     async or geo: push only; names the job, moves no clock
+  13 token            VARINT  uint64                   unclocked: the worker process's random id; 0: not known
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull

@@ -21,9 +21,10 @@ class WorkerStamp:
     shard's default, DEFAULT_BARRIER_S), done (finish), acked: the number of this worker's steps whose push has had
     its reply (at most step, but for done; a shard that restarted learns the worker's clock from it), setup: what
     every worker of the job runs alike (worker.steprows.job_setup; the shards refuse a worker of another setup,
-    which stops the job), stopped: why the worker stopped before its end (nonempty: a stop stamp), and unclocked:
+    which stops the job), stopped: why the worker stopped before its end (nonempty: a stop stamp), unclocked:
     an async or geo job's push stamp, which holds the shards for its job and moves no clock (step, staleness, sync
-    and acked 0)."""
+    and acked 0), and token: an unclocked stamp's worker process (random, nonzero, kept in its --resume-file; 0:
+    not known), so that a shard refuses a second process pushing as the same worker (ps.engine.jobs)."""
 
     job: int
     worker: int
@@ -37,6 +38,7 @@ class WorkerStamp:
     setup: str = ""
     stopped: str = ""
     unclocked: bool = False
+    token: int = 0
 
     @property
     def timeout_s(self) -> float:

@@ -4,6 +4,7 @@ reads of eval, predict, export and stats go on; a job whose workers are gone hol
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import time
@@ -262,3 +263,79 @@ def test_a_push_applied_before_its_job_started_with_another_count_is_answered_as
                                                    "started here with 3 .*the request was not applied"):  # fmt: skip
         push(shard, unclocked(0))
     assert rows(shard) == -2.0
+
+
+@pytest.mark.parametrize("setup", [ASYNC, GEO])
+def test_a_second_process_pushing_as_a_worker_is_refused_until_the_first_says_done(shard, setup):
+    """Two processes given one --worker-id (tokens A and B): B is refused, changing nothing, while A's pushes are
+    heard; A restarted (its --resume-file keeps its token; a new client) pushes on at once; B's stop stamp does not
+    free the worker; once A says it is done, B takes the worker over, and A is the one refused."""
+    a, b = (unclocked(0, setup=setup, token=t) for t in (0xA, 0xB))
+    push(shard, a)
+    refusal = (rf"shard 0: worker 0 of job {JOB} \(--mode {'geo' if setup == GEO else 'async'}\) is trained here by "
+               r"another process \(last heard from 0\.\d+ s ago; .* this process's, 0xb\): two processes given one "
+               r"--worker-id would train its share twice .* own --worker-id in 0\.\.1, or stop the other one, or wait "
+               r"for its end \(one killed without a word holds worker 0 for (\d+\.?\d*) s more: the job's barrier "
+               r"timeout, 30 s, .*; nothing was applied")  # fmt: skip
+    with pytest.raises(JobConflictError, match=refusal) as refused:
+        push(shard, b, client=12)
+    assert refused.value.status == "FAILED_PRECONDITION" and float(re.search(refusal, str(refused.value))[1]) > 29
+    with pytest.raises(JobConflictError, match="nothing was applied"):  # nor may B say worker 0 is done
+        shard.push_stamped([], 0, 0, 0, dataclasses.replace(b, done=True))
+    with pytest.raises(JobConflictError, match=r"another process .*nothing was created"):
+        shard.create_table(SGD, stamp=b)
+    shard.push_stamped([], 0, 0, 0, dataclasses.replace(b, stopped="JobConflictError: ..."))  # B's end: no change
+    with pytest.raises(JobConflictError, match="another process"):  # A still holds worker 0
+        push(shard, b, client=12)
+    push(shard, a, client=21)  # A restarted with its --resume-file: a new client, its token
+    assert rows(shard) == -2.0 and shard.stats()["job"] == JOB
+    push(shard, unclocked(1, setup=setup, token=0xC), client=13)  # worker 1 of the job is another worker
+    shard.push_stamped([], 0, 0, 0, dataclasses.replace(a, done=True))
+    push(shard, b, client=12)  # the worker is B's now
+    with pytest.raises(JobConflictError, match=r"another process .*this process's, 0xa\)"):
+        push(shard, a, client=21)
+    assert rows(shard) == -4.0
+
+
+def test_a_worker_whose_process_was_not_heard_for_the_barrier_timeout_is_taken_by_another(shard):
+    """A killed without a word while worker 1 keeps the job running: B is refused until A was not heard from for
+    the job's barrier timeout, then takes worker 0."""
+    a, b = (unclocked(0, barrier_timeout_s=1.0, token=t) for t in (0xA, 0xB))
+    push(shard, a)
+    with pytest.raises(JobConflictError, match=r"holds worker 0 for (0\.9\d*|1) s more"):
+        push(shard, b, client=12)
+    deadline, pushes = time.monotonic() + 1.1, 0
+    while time.monotonic() < deadline:  # the job is heard from all along: only worker 0's process is gone
+        push(shard, unclocked(1, barrier_timeout_s=1.0, token=0xC), client=13)
+        pushes += 1
+        time.sleep(0.1)
+    push(shard, b, client=12)
+    with pytest.raises(JobConflictError, match="another process"):
+        push(shard, a)
+    assert shard.stats()["job"] == JOB and rows(shard) == -(2 + pushes)
+
+
+def test_two_processes_first_pushes_as_one_worker_reaching_a_free_shard_together_let_one_in(shard):
+    """B's push comes between the check and the apply of A's first push on a free shard: A's claim refuses it."""
+    apply, outcome = shard.push_batch, []
+
+    def between(*args, **kw):
+        if not outcome:
+            outcome.append("sent")
+            try:
+                push(shard, unclocked(0, token=0xB), client=12)
+                outcome[0] = "applied"
+            except JobConflictError as e:
+                outcome[0] = str(e)
+        return apply(*args, **kw)
+
+    shard.push_batch = between
+    push(shard, unclocked(0, token=0xA))
+    assert len(outcome) == 1 and "is trained here by another process (last heard from 0 s ago" in outcome[0], outcome
+    assert rows(shard) == -1.0
+
+
+def test_a_token_comes_on_unclocked_stamps_only(shard):
+    with pytest.raises(InvalidArgumentError, match=r"token .* is said by an unclocked stamp, not a sync or ssp one"):
+        push(shard, WorkerStamp(JOB, 0, 1, 0, staleness=1, setup="mode=ssp", token=0xA))
+    assert rows(shard) == 0.0 and shard.stats()["job"] == 0

@@ -280,12 +280,13 @@ def test_a_run_stopped_in_its_final_evaluation_resumes_by_evaluating_and_ends(tm
         code, out, err = run(train, capsys)
         assert code == 2 and "the eval file is gone" in err
         record = json.loads(position.read_text())
-        assert type(record["job_id"]) is int  # the one made up for the run, which a restart takes
-        assert record | {"run": None, "state_ids": None, "job_id": None} == {
+        assert type(record["job_id"]) is int and type(record["token"]) is int  # made up for the run: a restart's
+        assert record | {"run": None, "state_ids": None, "job_id": None, "token": None} == {
             "format": 1,
             "run": None,
             "state_ids": None,
             "job_id": None,
+            "token": None,
             "started_from": 0,
             "examples": 3000,
             "trained": True,
@@ -440,3 +441,31 @@ def test_a_position_whose_file_name_is_near_the_longest_a_file_system_takes_is_w
     assert len(os.fsencode(killed.name)) <= 255
     PositionWriter(cfg).write(30)
     assert read_position(cfg).examples == 30 and sorted(os.listdir(tmp_path)) == [path.name]
+
+
+@pytest.mark.parametrize("mode", ["async", "geo"])
+def test_a_second_process_given_a_workers_id_is_refused_and_the_first_restarted_with_its_file_pushes_on(
+    tmp_path, capsys, monkeypatch, mode
+):
+    """A's run stops without a word to the shards (as SIGKILL leaves it); B, a copy of its command with its own
+    --resume-file (so another token), is refused at once, training nothing; A started again with its file is the
+    same process and trains on at once; once A has said it is done, B may train."""
+    from worker.client import Client
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], *FLAGS, "--mode", mode, "--worker-id", "0",
+                 "--num-workers", "2", "--job-id", "4242"]  # fmt: skip
+        monkeypatch.setattr(Client, "stop_job", lambda *a, **kw: [])  # the shards are told nothing
+        interrupt_after(monkeypatch, 3)
+        code, out, err = run([*train, "--resume-file", str(first)], capsys)
+        assert code == 130, err
+        monkeypatch.undo()
+        code, out, err = run([*train, "--resume-file", str(second)], capsys)
+        assert code == 2 and re.search(rf"worker 0 of job 4242 \(--mode {mode}\) is trained here by another process "
+                                       r"\(last heard from [\d.]+ s ago;", err), err  # fmt: skip
+        assert "own --worker-id in 0..1" in err and "trained lr" not in out
+        code, out, err = run([*train, "--resume-file", str(first)], capsys)
+        assert code == 0 and "resuming after" in out and re.search(r"trained lr .* on [1-9][\d,]* examples", out), err
+        code, out, err = run([*train, "--resume-file", str(second)], capsys)
+        assert code == 0 and re.search(r"trained lr .* on 3,000 examples", out), err

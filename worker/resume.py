@@ -5,7 +5,7 @@ instead of from the stream's start.
 The file is JSON, replaced whole (written to a temporary file beside it, flushed to disk, renamed over FILE):
 
     {"format": 1, "run": {SETTING: VALUE, ...}, "started_from": S, "examples": N, "trained": false,
-     "finished": false, "state_ids": [ID, ...], "job_id": J}
+     "finished": false, "state_ids": [ID, ...], "job_id": J, "token": T}
 
 - run: this worker's settings that define its stream and its model (RUN_SETTINGS), as given (before a recipe
   fills in what was left unset), but for format: the format the data is read in (data_format: --format auto's
@@ -27,8 +27,11 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
   refuses another job's pushes until then (ps/engine/jobs.py), but lets its own job push on. A start given
   another --job-id is refused, as for the run settings.
+- token: the worker process's token (ps.stamp WorkerStamp.token, made up at the run's first start); absent or null:
+  not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process
+  given the same --worker-id is refused while the first one's pushes are heard.
 
-It is written as the run's first step ends (the job id is kept from the run's first push on), every
+It is written as the run's first step ends (the job id and token are kept from the run's first push on), every
 WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
 training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
 examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
@@ -122,6 +125,7 @@ class Position:
     finished: bool
     state_ids: tuple[int, ...] = ()
     job_id: int | None = None
+    token: int | None = None
 
 
 @contextlib.contextmanager
@@ -171,15 +175,15 @@ def read_position(cfg: TrainConfig) -> Position | None:
         record = json.loads(text)
         if record.get("format") != FORMAT:
             raise ValueError(f"format {record.get('format')!r}, expected {FORMAT}")
-        state_ids, job_id = record.get("state_ids", []), record.get("job_id")
+        state_ids, job_id, token = record.get("state_ids", []), record.get("job_id"), record.get("token")
         if not isinstance(state_ids, list):
             raise ValueError("a field of the wrong type")
         position = Position(record["started_from"], record["examples"], record["trained"], record["finished"],
-                            tuple(state_ids), job_id)  # fmt: skip
+                            tuple(state_ids), job_id, token)  # fmt: skip
         run = record["run"]
         counts, flags = (position.started_from, position.examples, *state_ids), (position.trained, position.finished)
         if not (all(type(n) is int and n >= 0 for n in counts) and all(type(b) is bool for b in flags)
-                and isinstance(run, dict) and (job_id is None or _is_job_id(job_id))):  # fmt: skip
+                and isinstance(run, dict) and all(n is None or _is_id(n) for n in (job_id, token))):  # fmt: skip
             raise ValueError("a field of the wrong type")
     except (ValueError, KeyError, AttributeError, TypeError) as e:
         raise ValueError(f"--resume-file {path} is no position this program wrote ({e}): remove it to train from "
@@ -209,7 +213,7 @@ def recorded_job_id(path: str) -> int | None:
     """The job id the file at path keeps, else None (no such file, one that cannot be read, or none kept): the id a
     launcher gives the workers it starts again (read_position checks the rest when each starts)."""
     job_id = _file_record(path).get("job_id")
-    return job_id if _is_job_id(job_id) else None
+    return job_id if _is_id(job_id) else None
 
 
 def _file_record(path: str) -> dict:
@@ -223,8 +227,8 @@ def _file_record(path: str) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def _is_job_id(value: object) -> bool:
-    """Whether value is a job id as a file keeps it: an integer in [1, 2**64)."""
+def _is_id(value: object) -> bool:
+    """Whether value is a job id or token as a file keeps it: an integer in [1, 2**64)."""
     return type(value) is int and 0 < value < 2**64
 
 
@@ -245,6 +249,7 @@ class PositionWriter:
         self.failing = False  # the last periodic write failed (logged once)
         self.state_ids = tuple(cfg.resume_state_ids)  # the shards' model state ids: the file's until the run reads them
         self.job_id = cfg.job_id  # the one given, or the file's; train() sets the one the run trains under
+        self.token = cfg.worker_token or None  # the file's; train() sets the one the run's stamps carry
         directory, name = os.path.split(os.path.abspath(self.path))
         leftover = glob.escape(temp_prefix_within(f".{name}.")) + "*.tmp"  # write's temporary files (replaced_whole)
         for left in glob.glob(os.path.join(glob.escape(directory), leftover)):
@@ -252,7 +257,7 @@ class PositionWriter:
                 os.unlink(left)
 
     def update(self, examples: int) -> None:
-        """The position after a step, written at the run's first (its job id kept at once) and then if
+        """The position after a step, written at the run's first (its job id and token kept at once) and then if
         WRITE_EVERY_S seconds have passed since the last write and it moved. A write that fails (a full disk) is
         logged, once until one succeeds, and training goes on: the file keeps the last position written, which is
         behind, never ahead."""
@@ -271,7 +276,7 @@ class PositionWriter:
     def write(self, examples: int, trained: bool = False, finished: bool = False) -> None:
         record = {"format": FORMAT, "run": self.run, "started_from": self.started_from, "examples": int(examples),
                   "trained": trained or finished, "finished": finished, "state_ids": list(self.state_ids),
-                  "job_id": self.job_id}  # fmt: skip
+                  "job_id": self.job_id, "token": self.token}  # fmt: skip
         try:
             write_json_whole(self.path, record, temp_prefix=f".{os.path.basename(self.path)}.")  # hidden while written
         except OSError as e:  # (a full disk): named, not as the temporary file

@@ -410,6 +410,7 @@ def row_source(cfg: Any, tables: Any, spec: ModelSpec, table_configs: list) -> A
         barrier_timeout_s=cfg.barrier_timeout_s,
         setup=job_setup(cfg, spec),
         unclocked=cfg.mode in ("async", "geo"),
+        token=cfg.worker_token if cfg.mode in ("async", "geo") else 0,  # (a clocked stamp's process: its client id)
     )
     if cfg.mode == "async":
         return AsyncRows(tables, spec, cfg.prefetch, stamp)

@@ -65,8 +65,8 @@ def train(cfg: TrainConfig) -> dict:
     position = PositionWriter(cfg) if cfg.resume_file else None  # (the settings as given, before the recipe's)
     job = check_training(cfg, warn=not cfg.launched)  # launch said the job's warnings before it started it
     cfg, data, spec, tables_cfg = job.cfg, job.data, job.spec, job.tables
-    if position is not None:
-        position.job_id = cfg.job_id  # the id the run trains under (given, the file's, or made up by with_recipe)
+    if position is not None:  # the run's ids (given, the file's, or made up by with_recipe)
+        position.job_id, position.token = cfg.job_id, cfg.worker_token
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # this worker's share, read before any server is touched
         data.validation()  # a split's examples (--validation-data was read by check_training)

@@ -42,6 +42,11 @@ def new_job_id() -> int:
     return secrets.randbits(63) | 1
 
 
+def new_worker_token() -> int:
+    """A worker process's token (WorkerStamp.token) where no --resume-file keeps one: random, nonzero, 63 bits."""
+    return secrets.randbits(63) | 1
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     servers: tuple[str, ...] = ()
@@ -101,6 +106,8 @@ class TrainConfig:
     geo_every: int | None = None  # geo: steps between pushes of the local rows' deltas; None: DEFAULT_GEO_EVERY
     barrier_timeout_s: float = 60.0  # the longest a sync or ssp wait for another worker may last
     job_id: int | None = None  # the job's id, the same on all its workers; None: one is made up (one worker)
+    worker_token: int = 0  # this worker process's (an async or geo stamp's token); 0: one is made up (the
+    # --resume-file keeps it: a restart with the file is the same process)
     row_cache_bytes: int | None = None  # ssp's worker row cache; None: DEFAULT_ROW_CACHE_BYTES for ssp, else 0
     dense: str = "ps"  # DENSE_PATHS
     dense_staleness: int | None = None  # --dense ps: steps the MLP may lag on a background thread; None: 0
@@ -348,6 +355,7 @@ class TrainConfig:
             row_cache_bytes=(DEFAULT_ROW_CACHE_BYTES if self.mode == "ssp" else 0) if self.row_cache_bytes is None
             else self.row_cache_bytes,
             job_id=self.job_id or new_job_id(),
+            worker_token=self.worker_token or new_worker_token(),
         )  # fmt: skip
         given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),

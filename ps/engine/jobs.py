@@ -69,11 +69,16 @@ but for a replace (replace_untrained, of a table of another spec): that is refus
 
 Async and geo (unclocked stamps: PushBatch only, not sync): the stamp holds the shard for its job, and its worker
 count, setup and unclocked are checked as above (a worker of another mode, another --geo-every, or another count
-stops the job), but it moves no clock, waits for nothing, and is not tied to a client: a worker started again
-(resumed after a crash or Ctrl-C, with its job's id) pushes on. A done stamp marks its worker done, and so does a
+stops the job), but it moves no clock and waits for nothing. A done stamp marks its worker done, and so does a
 stop stamp: the job does not stop (its other workers wait for nobody); a push of a worker marked done marks it
-running again. A job whose every worker is done, or that was not heard from for its barrier timeout, holds the
-shard no more; a push of it then starts it anew (a new run under the same id, its setup that push's), as a push of
+running again. Its token names the worker's process (random, made at its start, kept in its --resume-file: a worker
+started again with that file after a crash or Ctrl-C is the same process, and pushes on at once). A push, done
+stamp or CreateTable of the worker with another token is refused (JobConflictError, FAILED_PRECONDITION, changing
+nothing; the job goes on) while the token its stamps carried here holds it: heard within the job's barrier timeout,
+and not done or stopped since (a stop stamp of the other token changes nothing); then the new token takes it. So
+two processes given one --worker-id do not both train its share (and another share never); a token 0 is not known
+and checked against nothing. A job whose every worker is done, or that was not heard from for its barrier timeout,
+holds the shard no more; a push of it then starts it anew (a new run under the same id, its setup that push's), as a push of
 another job would; so does a job a worker of another setup stopped, once that holds (its workers hear why until
 then). The job followed lives in memory: a restarted shard follows the first job that stamps a
 request to it, and another job's may come first there while the job's workers are gone, or still wait for the
@@ -83,9 +88,10 @@ are refused where it got in).
 Workers' processes. A push carries its client's id (a random id per worker process). An ssp push of a worker from
 another client than its earlier pushes here (a worker restarted mid-job, which would train its share again, or
 two processes given one worker id) is refused and stops the job (JobConflictError); sync steps check the same per
-step (push_sync). A restarted shard knows no worker's client: the first push after it sets it. A job id is for one
-run: a shard remembers the sync steps it applied under it, and answers a second run's contributions to them with
-num_applied 0 (worker.request_numbers raises JobIdReusedError for such an answer to a first attempt).
+step (push_sync). A restarted shard knows no worker's client: the first push after it sets it (an async or geo
+worker's process is told by its stamps' token instead, above, which a restarted shard learns the same way). A job
+id is for one run: a shard remembers the sync steps it applied under it, and answers a second run's contributions
+to them with num_applied 0 (worker.request_numbers raises JobIdReusedError for such an answer to a first attempt).
 
 Threads. Each wait holds one of the server's RPC threads (ServerConfig.threads, --threads), and a job may have a
 pull and a push of every worker waiting at once: a server needs 2 x workers + 2 threads. A wait that would leave
@@ -171,6 +177,8 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
         bad = "unclocked (an async or geo worker's) is said by a PushBatch, not by a pull (which waits for nothing)"
     elif stamp.unclocked and stamp.sync:
         bad = "a stamp says sync (its step summed over the job's workers) or unclocked (async or geo), not both"
+    elif stamp.token and not stamp.unclocked:
+        bad = "token (an async or geo worker process's) is said by an unclocked stamp, not a sync or ssp one"
     if bad:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was {'created' if create else 'applied'}")
 
@@ -337,6 +345,8 @@ class JobClocks:
         self._done: list[bool] = []
         self._clients: list[int] = []  # worker -> the client id of its pushes here (0: none yet)
         self._stamped: list[bool] = []  # worker -> a stamp of it came here (since the job started here)
+        self._tokens: list[int] = []  # worker -> the token of its unclocked stamps here (0: none known)
+        self._token_heard: list[float] = []  # worker -> monotonic time of its latest stamp with that token
         self._heard = 0.0  # monotonic time of the job's latest stamp here
         # (stamp, what it does) of the pushes and table creations checked, not yet done, that start their job
         self._claims: list[tuple[WorkerStamp, str]] = []
@@ -352,7 +362,8 @@ class JobClocks:
         stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
         another job while the one followed runs or a push or create that starts one is claimed, and for an ssp
         push from another client (the PushBatch's client_id; 0: unknown) than the worker's earlier pushes (which
-        stops the job). A stamp of the job followed that passes counts as hearing from the job (its hold on the
+        stops the job), and for an unclocked stamp of a worker another process (token) holds (_check_token: the
+        job goes on). A stamp of the job followed that passes counts as hearing from the job (its hold on the
         shard lasts). create: the stamp of a CreateTable (a job's worker creating its job's tables, before its
         first push), checked as a push's is but for done and client. Returns whether the stamp claims the shard:
         a push (not sync, not done) or a create that starts its job here; the claim refuses every other job
@@ -368,8 +379,10 @@ class JobClocks:
                 self._check_not_done(stamp)
                 if not stamp.sync and not stamp.done:
                     self._check_client(stamp, client)
+            self._check_token(stamp, create)
             if self._follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
                 self._heard = time.monotonic()
+                self._take_token(stamp)
                 return False
             if not create and (pull or stamp.sync or stamp.done):  # these start their job under the lock (_enter)
                 return False
@@ -467,6 +480,48 @@ class JobClocks:
         ))  # fmt: skip
         raise _again(self._stopped)
 
+    def _check_token(self, stamp: WorkerStamp, create: bool) -> None:
+        """JobConflictError for an unclocked stamp of a worker whose stamps here carry another token (another
+        process), heard within the job's barrier timeout and not done since, or claimed by a push or create of the
+        job that another token sends (check()). Lock held."""
+        silent = self._token_conflict(stamp)
+        if silent is None:
+            return
+        patience = self._patience_s if self._follows(stamp) else stamp.timeout_s  # (a claim's job: not started)
+        n, w, left = self.num_workers or stamp.num_workers, stamp.worker, max(0.0, patience - silent)
+        raise JobConflictError(
+            f"shard {self.shard_id}: worker {w} of job {stamp.job} ({_kind(stamp.setup, True)}) is trained here by "
+            f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
+            f"process's, {stamp.token:#x}): two processes given one --worker-id would train its share twice and "
+            f"another share never. Give each process its own --worker-id in 0..{n - 1}, or stop the other one, or "
+            f"wait for its end (one killed without a word holds worker {w} for {left:.3g} s more: the job's barrier "
+            f"timeout, {patience:g} s, after it was last heard from); a worker restarted with its "
+            f"--resume-file is the same process and pushes on; nothing was {'created' if create else 'applied'}"
+        )
+
+    def _token_conflict(self, stamp: WorkerStamp) -> float | None:
+        """Seconds since this shard heard the stamp's worker under another token (0 for a claim of the job's first
+        push or create by another token), where that process still holds the worker: not done, heard within the
+        job's barrier timeout; None where the stamp may take the worker (clocked, no token, the same token, or
+        none held). Lock held."""
+        if not stamp.unclocked or not stamp.token:
+            return None
+        if any(c.job == stamp.job and c.worker == stamp.worker and c.token not in (0, stamp.token)
+               for c, _ in self._claims):  # fmt: skip
+            return 0.0
+        if not self._follows(stamp) or stamp.num_workers != self.num_workers:
+            return None
+        token, silent = self._tokens[stamp.worker], time.monotonic() - self._token_heard[stamp.worker]
+        if token in (0, stamp.token) or self._done[stamp.worker] or silent > self._patience_s:
+            return None
+        return silent
+
+    def _take_token(self, stamp: WorkerStamp) -> None:
+        """Notes the token of an unclocked stamp of the job followed, passed by _check_token, as its worker's,
+        heard now. Lock held."""
+        if stamp.unclocked and stamp.token and self._follows(stamp) and stamp.num_workers == self.num_workers:
+            self._tokens[stamp.worker], self._token_heard[stamp.worker] = stamp.token, time.monotonic()
+
     def _check_workers(self, stamp: WorkerStamp, applied: bool = False) -> None:
         """The stamp's job, if it is the one followed, against what it started with (applied: the stamp's push
         was applied, after check(): neither a stopped job nor another setup raises). Lock held."""
@@ -527,6 +582,7 @@ class JobClocks:
         self._stamped[stamp.worker] = True
         self._heard = time.monotonic()
         self._patience_s = max(self._patience_s, stamp.timeout_s)
+        self._take_token(stamp)
         if stamp.acked > self._clocks[stamp.worker]:
             self._reach(stamp.acked, [stamp.worker])
         if stamp.acked > self._acked:
@@ -557,6 +613,7 @@ class JobClocks:
             log.info("shard %d: workers %s of job %d are done (as this data dir recorded them)", self.shard_id,
                      [w for w in range(num_workers) if self._done[w]], job)  # fmt: skip
         self._clients, self._patience_s, self._stamped = [0] * num_workers, 0.0, [False] * num_workers
+        self._tokens, self._token_heard = [0] * num_workers, [0.0] * num_workers
         self._generation += 1
         self._cond.notify_all()
 
@@ -717,12 +774,14 @@ class JobClocks:
     def abandon(self, stamp: WorkerStamp) -> int:
         """A stop stamp (its `stopped` says why): stops the stamp's job, if it is the one followed and runs, with
         BarrierTimeoutError naming the worker and why (unclocked: marks the worker as done instead: no other worker
-        waits for it); otherwise changes nothing. Returns min_clock."""
+        waits for it; but not where another process, another token, holds the worker); otherwise changes nothing.
+        Returns min_clock."""
         with self._cond:
             if self._closed:
                 raise ShardClosingError(f"shard {self.shard_id} is shutting down")
             if stamp.unclocked:
-                if stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]:
+                if (stamp.job == self.job and stamp.num_workers == self.num_workers and not self._done[stamp.worker]
+                        and self._token_conflict(stamp) is None):  # (not another process's worker)  # fmt: skip
                     log.info("shard %d: worker %d of job %d stopped (%s)", self.shard_id, stamp.worker, stamp.job,
                              echo(stamp.stopped, 200))  # fmt: skip
                     self._done[stamp.worker] = True

@@ -1,6 +1,7 @@
 """A worker killed without a word (SIGKILL: an OOM kill, a lost node) leaves its job holding the shard for its
 barrier timeout. Another job is refused until then, told how long and what to do; the killed worker started again
-with the same command and its --resume-file goes on under its job's id (the file keeps it) at once."""
+with the same command and its --resume-file goes on under its job's id at once: the file keeps the id and the
+worker's token, so the shards take the restart for the same process."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_jo
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait()
-        job = json.loads(position.read_text())["job_id"]
+        job, token = (json.loads(position.read_text())[key] for key in ("job_id", "token"))
 
         other = subprocess.run([sys.executable, "-m", "worker", "train", "--servers", address, *FLAGS],
                                capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -49,6 +50,6 @@ def test_a_killed_worker_restarted_with_its_resume_file_trains_on_and_another_jo
         resumed = int(re.search(r"resuming after ([\d,]+) training examples", out).group(1).replace(",", ""))
         trained = re.search(r"trained lr .* on ([\d,]+) examples", out)
         assert trained and int(trained.group(1).replace(",", "")) == ROWS - resumed, out
-        assert json.loads(position.read_text())["job_id"] == job
+        assert (json.loads(position.read_text())["job_id"], json.loads(position.read_text())["token"]) == (job, token)
     finally:
         server.stop()
