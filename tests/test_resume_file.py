@@ -469,3 +469,28 @@ def test_a_second_process_given_a_workers_id_is_refused_and_the_first_restarted_
         assert code == 0 and "resuming after" in out and re.search(r"trained lr .* on [1-9][\d,]* examples", out), err
         code, out, err = run([*train, "--resume-file", str(second)], capsys)
         assert code == 0 and re.search(r"trained lr .* on 3,000 examples", out), err
+
+
+def test_the_job_id_and_token_are_kept_before_the_first_create_and_a_restart_takes_them(tmp_path, capsys,
+                                                                                        monkeypatch):  # fmt: skip
+    """A worker killed before its first step (its kernels compiling, say) holds the shards for its job from its
+    first CreateTable on: its file keeps the job id and its token by then, so that a restart is that job and
+    process."""
+    from worker.client import Client
+
+    position, seen = tmp_path / "position.json", []
+    real = Client.create_table
+
+    def create_table(self, cfg, replace_untrained=False, stamp=None):
+        seen.append((json.loads(position.read_text()), stamp))
+        return real(self, cfg, replace_untrained, stamp)
+
+    monkeypatch.setattr(Client, "create_table", create_table)
+    with LocalCluster(1) as cluster:
+        code, out, err = run(["train", "--servers", cluster.addresses[0], "--resume-file", str(position), *FLAGS],
+                             capsys)  # fmt: skip
+        assert code == 0, err
+        record, stamp = seen[0]
+        assert (record["job_id"], record["token"], record["examples"]) == (stamp.job, stamp.token, 0) and stamp.token
+        kept = json.loads(position.read_text())
+        assert (kept["job_id"], kept["token"]) == (stamp.job, stamp.token)

@@ -620,7 +620,7 @@ def resumed(cfg: TrainConfig, stack: contextlib.ExitStack | None = None) -> Trai
     # the job id the file keeps, unless one is given (read_position refused another): a worker killed without a
     # word leaves its job holding the shards, which let only that job push; and the worker's token, which makes a
     # restart the same process for them (none: TrainConfig.with_recipe makes the run's up, and the file keeps them
-    # from the first step on)
+    # from before its first CreateTable on: worker/train.py)
     cfg = dataclasses.replace(cfg, job_id=cfg.job_id or (position and position.job_id) or None,
                               worker_token=cfg.worker_token or (position and position.token) or 0)  # fmt: skip
     if position is None:

@@ -31,8 +31,9 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process
   given the same --worker-id is refused while the first one's pushes are heard.
 
-It is written as the run's first step ends (the job id and token are kept from the run's first push on), every
-WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
+It is written as the run starts (before its first CreateTable, which holds the shards for its job: the job id and
+token are kept from then on; a start with --skip-examples past its stream, refused, removes the file it wrote),
+every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
 training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
 examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
 training takes a stale gradient). The MLP gradients a --dense ps run had not pushed yet (--dense-sync-every,
@@ -257,10 +258,10 @@ class PositionWriter:
                 os.unlink(left)
 
     def update(self, examples: int) -> None:
-        """The position after a step, written at the run's first (its job id and token kept at once) and then if
-        WRITE_EVERY_S seconds have passed since the last write and it moved. A write that fails (a full disk) is
-        logged, once until one succeeds, and training goes on: the file keeps the last position written, which is
-        behind, never ahead."""
+        """The position as the run starts (written at once: its job id and token kept before it holds a shard)
+        and after a step (written if WRITE_EVERY_S seconds have passed since the last write and it moved). A write
+        that fails (a full disk) is logged, once until one succeeds, and training goes on: the file keeps the last
+        position written, which is behind, never ahead."""
         now = time.monotonic()
         first = self.written is None and not self.failing
         if first or (now - self.last >= self.every_s and examples != self.written):
@@ -282,6 +283,13 @@ class PositionWriter:
         except OSError as e:  # (a full disk): named, not as the temporary file
             raise OSError(f"could not write --resume-file {self.path} ({e.strerror or e})") from None
         self.last, self.written, self.failing = time.monotonic(), examples, False
+
+    def forget(self) -> None:
+        """Removes the file, written by this run as it started (there was none before) with nothing trained since:
+        a start refused for its --skip-examples records nothing."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self.written = None
 
 
 _NOT_TRAINED = (

@@ -108,6 +108,8 @@ def train(cfg: TrainConfig) -> dict:
         source = row_source(cfg, client, spec, tables_cfg)
         trains = not cfg.create_tables_only and not cfg.resume_trained
         stamp = source.stamp if trains else None
+        if position is not None and trains:  # kept before the hold starts: a restart after a kill is the same job
+            position.update(cfg.skip_examples)  # and process, and pushes on at once
         try:
             for i, table in enumerate(tables_cfg):
                 try:
@@ -188,6 +190,8 @@ def train(cfg: TrainConfig) -> dict:
         # a --resume-file position may be the whole stream (a kill between the last step and the record that
         # training was over): it then trains nothing and evaluates, not an error a restart policy would repeat
         if cfg.skip_examples and not loop.examples and cfg.resume_started_from is None:
+            if position is not None:  # the file this start wrote: a refused start records nothing
+                position.forget()
             raise ValueError(f"--skip-examples {cfg.skip_examples:,} skips every training example of this worker's "
                              f"{cfg.epochs} epoch{'s' * (cfg.epochs != 1)}: nothing was trained")  # fmt: skip
         if position is not None:  # training is over: a restart trains nothing, and evaluates
