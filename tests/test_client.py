@@ -728,3 +728,43 @@ def test_only_an_overloaded_servers_resource_exhausted_is_sent_again():
     assert retryable(Failed("Concurrent RPC limit exceeded!"))
     assert not retryable(Failed("Received message larger than max (600 vs. 500)"))
     assert not retryable(Failed("request needs 1 GiB of room; Concurrent RPC limit exceeded", "RequestTooLargeError"))
+
+
+def test_after_a_signal_stops_a_calls_wait_later_calls_block_instead_of_waiting_on_a_future():
+    """A signal's exception (Ctrl-C, a SIGTERM's Terminated) raised while the caller's thread waits on a gRPC
+    future can land inside gRPC's bookkeeping of the channel's calls, leaving no thread to poll for completions: a
+    later future never completes, deadline included (a worker stopping by SIGTERM hung in stop_job so). After
+    such an interrupt the Client makes its calls blocking: here the stop stamp goes by the blocking call, and the
+    future is never asked for again."""
+    from types import SimpleNamespace
+
+    from ps.stamp import WorkerStamp
+
+    class Method:
+        def __init__(self):
+            self.blocking, self.futures = 0, 0
+
+        def __call__(self, request, timeout=None):
+            self.blocking += 1
+            return ps_pb2.PushBatchResponse()
+
+        def future(self, request, timeout=None):
+            self.futures += 1
+            return SimpleNamespace(result=self.interrupted, cancel=lambda: None)
+
+        def interrupted(self):
+            if self.futures > 1:  # a later future: one that would never complete
+                raise AssertionError("a call after the interrupt waited on a future")
+            raise KeyboardInterrupt
+
+    client = Client(["127.0.0.1:1"], server_timeout_s=0)
+    try:
+        push = Method()
+        client._stubs = [SimpleNamespace(PushBatch=push)]
+        with pytest.raises(KeyboardInterrupt):
+            client._send([("PushBatch", 0, ps_pb2.PushBatchRequest())], 1.0)
+        assert (push.futures, push.blocking) == (1, 0)
+        assert client.stop_job(WorkerStamp(job=7, worker=0, num_workers=1, step=0), "interrupted") == []
+        assert (push.futures, push.blocking) == (1, 1)
+    finally:
+        client.close()

@@ -139,6 +139,7 @@ class Client:
         self._callers = CallThreads()  # the calls of a batch past its first
         self._state_ids = [0] * len(servers)  # each shard's model state id as wait_ready read it; 0: not read
         self._room = 0  # the smallest request room of the shards as wait_ready read it (0: none, or not read)
+        self._interrupted = False  # a signal stopped a call's wait: later calls block (_attempt)
 
     # ---- cluster --------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float | None = None) -> list[ps_pb2.StatsResponse]:
@@ -485,9 +486,19 @@ class Client:
 
     def _attempt(self, call: tuple[str, int, object], timeout_s: float, interruptible: bool) -> object:
         """One attempt of a (method, shard, request) call: its reply, or the grpc.RpcError it failed with
-        (worker.fanout.attempt; interruptible on the caller's thread)."""
+        (worker.fanout.attempt; interruptible on the caller's thread). Once a signal has stopped such a wait, every
+        later attempt is a blocking call: the exception the signal raised can land inside gRPC's bookkeeping of
+        the channel's calls in flight and leave no thread polling for their completions, so that a later future
+        would never complete, its deadline included (a worker stopping by SIGTERM hung in stop_job that way), while
+        a blocking call polls for its own completion."""
         method, shard, request = call
-        return attempt(getattr(self._stubs[shard], method), request, timeout_s, interruptible)
+        interruptible = interruptible and not self._interrupted
+        try:
+            return attempt(getattr(self._stubs[shard], method), request, timeout_s, interruptible)
+        except BaseException:
+            if interruptible:
+                self._interrupted = True
+            raise
 
     def _restamp(self, request: object) -> None:
         """Raises the acked of a stamped request about to be sent again to what this worker knows now: a pull sent
