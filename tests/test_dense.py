@@ -216,7 +216,9 @@ def _async_stamp(job: int) -> WorkerStamp:
 
 def test_a_second_jobs_background_push_is_refused_while_the_first_holds_the_shard():
     """--dense-staleness > 0: the MLP's background pushes carry the job's stamp, as the step's pushes do: job
-    OTHER's is refused while JOB (its tables made, no push yet) holds the shard, and changes nothing."""
+    OTHER's is refused while JOB (its tables made, no push yet) holds the shard, and changes nothing. The refusal
+    reaches the loop through the step itself (when the thread's push failed before the step's wait ended) or the
+    flush after it."""
     spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
     ones = {p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()}
     with InProcessTables(cache_bytes=64 << 20) as tables:
@@ -226,8 +228,8 @@ def test_a_second_jobs_background_push_is_refused_while_the_first_holds_the_shar
             tables, spec.dense_params(), staleness=1, source=AsyncRows(tables, spec, 0, _async_stamp(OTHER))
         )
         start = {k: v.copy() for k, v in other.pull().items()}
-        other.step(ones)
         with pytest.raises(JobConflictError, match=rf"holds job {JOB} .* of job {OTHER} .*nothing was applied"):
+            other.step(ones)
             other.flush()
         other.close()
         mine = DenseSync(tables, spec.dense_params(), staleness=1, source=AsyncRows(tables, spec, 0, _async_stamp(JOB)))
