@@ -243,6 +243,36 @@ def test_a_second_jobs_background_push_is_refused_while_the_first_holds_the_shar
         mine.close()
 
 
+def test_a_second_jobs_steps_since_the_last_sync_are_refused_at_flush_while_the_first_holds_the_shard():
+    """--dense-staleness 0 --dense-sync-every 3: flush() (a validation's, the run's end) pushes the steps added
+    since the last sync apart from a step's push, with the job's stamp: job OTHER's is refused while JOB holds the
+    shard, and changes nothing; JOB's own is applied."""
+    spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
+    ones = {p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()}
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        for p in spec.dense_params():
+            tables.shard.create_table(table_config(p, SGD1), stamp=_async_stamp(JOB))
+        other = DenseSync(
+            tables, spec.dense_params(), sync_every=3, source=AsyncRows(tables, spec, 0, _async_stamp(OTHER))
+        )
+        start = {k: v.copy() for k, v in other.pull().items()}
+        other.step(ones)  # not a sync: added
+        with pytest.raises(JobConflictError, match=rf"holds job {JOB} .* of job {OTHER} .*nothing was applied"):
+            other.flush()
+        mine = DenseSync(
+            tables, spec.dense_params(), sync_every=3, source=AsyncRows(tables, spec, 0, _async_stamp(JOB))
+        )
+        for k, v in mine.pull().items():
+            np.testing.assert_array_equal(v, start[k])  # nothing of OTHER's push
+        mine.step(ones)
+        mine.step(ones)
+        mine.flush()
+        assert mine.syncs == 1
+        for k, v in mine.pull().items():
+            np.testing.assert_allclose(v, start[k] - 2.0, rtol=1e-6)
+        assert tables.shard.stats()["job"] == JOB
+
+
 def test_an_ssp_workers_background_push_is_stamped_and_moves_no_clock(servers):
     """ssp: the MLP's background push carries the stamp of the worker's last step whose push had its reply, so
     its clock stays where the step's pushes put it; one given before the first reply waits for it (a stamp of

@@ -4,6 +4,7 @@ past its staleness bound; geo and ssp train; a worker that stops early lets the 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import threading
 import time
@@ -235,6 +236,41 @@ def test_a_run_whose_mlp_pushes_in_the_background_frees_the_shards_at_its_end(se
                       mode=mode, dense_staleness=1)  # fmt: skip
     for job_id in (51, 52):
         assert train(dataclasses.replace(cfg, job_id=job_id))["dense_syncs"] > 0
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_mlps_steps_since_its_last_sync_go_stamped_at_each_validation_and_at_the_end(servers, data_file, mode,
+                                                                                          monkeypatch):  # fmt: skip
+    """--dense-sync-every 3: flush() pushes the steps added since the last sync apart from a step's push, at each
+    validation (every 5 steps, and at the epoch's end: a run of 16 steps, so 4 such pushes, the syncs in steps 3,
+    8 and 13) and at the run's end (without validation: step 16, after the syncs in steps 3, 6, .. 15), and those
+    pushes carry the job's stamp as the step's do (a sync job's as no step's contribution); the next job trains at
+    once."""
+    from worker.train import train
+
+    pushes, push_many = [], Client.push_many
+
+    def recorded(self, items, *args, **kwargs):
+        pushes.append(([item[0] for item in items], kwargs.get("stamp")))
+        return push_many(self, items, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "push_many", recorded)
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
+                      progress=False, batch_size=180, epochs=1, validation_fraction=0.1, synthetic_eval_rows=0,
+                      mode=mode, dense_sync_every=3, eval_every=5)  # fmt: skip
+    for job_id, changes, flushed in (
+        (81, {}, 4),
+        (82, {"batch_size": 200, "validation_fraction": 0.0, "eval_every": 0}, 1),
+    ):
+        pushes.clear()
+        result = train(dataclasses.replace(cfg, job_id=job_id, **changes))
+        steps = math.ceil(result["train_examples"] / (changes or {"batch_size": 180})["batch_size"])
+        apart = [stamp for tables, stamp in pushes if tables and all(t.startswith("dense.") for t in tables)]
+        assert steps == 16 and len(apart) == flushed and result["dense_syncs"] == (3 if flushed == 4 else 5) + flushed
+        assert all(stamp is not None and stamp.job == job_id and not stamp.sync for stamp in apart)
+        assert all(stamp is not None for tables, stamp in pushes if any(t.startswith("dense.") for t in tables))
+    assert train(dataclasses.replace(cfg, job_id=83))["dense_syncs"] > 0
 
 
 def test_a_run_that_fails_with_mlp_pushes_in_the_background_frees_the_shards_at_once(servers, data_file, monkeypatch):

@@ -17,7 +17,9 @@ loop `values`, the weights the next forward uses, and takes each step's gradient
 DenseSync pulls every dense parameter at the start and then, by `staleness` k:
     k = 0 (inline): it adds up the gradients, and every `sync_every` steps the loop pushes the sum with its
         sparse push and takes the new values the push returns; between syncs a step computes with the values
-        of the last sync (they miss the gradients of at most the sync_every - 1 steps before it).
+        of the last sync (they miss the gradients of at most the sync_every - 1 steps before it); flush() (a
+        validation's, the run's end) pushes the steps added since then apart from a step's push, through
+        `source` with the job's stamp as the background thread's below.
     k > 0 (background, sync_every 1): step() adds the gradients to a pending sum and returns; a thread
         repeatedly takes the whole pending sum (the steps given while its last push was out, merged into one
         push), pushes it (return_rows; through the worker's row source, `source`, with the job's stamp, as the
@@ -121,9 +123,10 @@ class DenseSync:
     """The dense parameters of one worker: values from the servers, gradients accumulated between syncs
     (staleness 0) or pushed by a background thread (staleness k > 0); see the module docstring.
 
-    `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables); with
-    staleness > 0 the thread pushes through source.push_apart (the worker's row source, worker/steprows.py: stamped
-    with its job), or tables.push_many without a stamp where source is None, while the loop uses them too."""
+    `tables` is anything with the Client's pull_many and push_many (a Client, or tests.inprocess's tables); the
+    pushes sent apart from a step's (the thread's with staleness > 0; flush()'s of the steps added since the last
+    sync with staleness 0) go through source.push_apart (the worker's row source, worker/steprows.py: stamped with
+    its job), or tables.push_many without a stamp where source is None, while the loop uses them too."""
 
     def __init__(
         self, tables: Any, params: list[DenseParam], sync_every: int = 1, staleness: int = 0, source: Any = None
@@ -183,7 +186,7 @@ class DenseSync:
             return
         items = self.push_items()
         if items:
-            self.take(self.tables.push_many(items, return_rows=True))
+            self.take(self._push_apart(items))
 
     def finish(self) -> None:
         """flush(): this worker's last gradients pushed."""
@@ -254,6 +257,13 @@ class DenseSync:
                 self._cond.wait(SIGNAL_CHECK_S)  # timed: a signal another thread received is handled here
             self._raise_if_failed()
 
+    def _push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
+        """A push of the MLP's sent apart from a step's (the thread's, or flush()'s at staleness 0); returns the
+        rows of its items: through source (the job's stamp), or unstamped where there is none."""
+        if self.source is not None:
+            return self.source.push_apart(items)
+        return self.tables.push_many(items, return_rows=True)
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._error
@@ -269,11 +279,7 @@ class DenseSync:
                         return
                     grads, steps = self.pending, self.steps_pending
                     self.pending, self.steps_pending = self._zeros(), 0
-                items = [PushItem(table_name(p), self.ids[p.name], grads[p.name]) for p in self.params]
-                if self.source is not None:
-                    rows = self.source.push_apart(items)
-                else:
-                    rows = self.tables.push_many(items, return_rows=True)
+                rows = self._push_apart([PushItem(table_name(p), self.ids[p.name], grads[p.name]) for p in self.params])
                 with self._cond:
                     self.take(rows)
                     self._unapplied -= steps

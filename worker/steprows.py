@@ -18,8 +18,8 @@ at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.e
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
 step's push; returns the rows the push returned for them), push_apart(items) (a push of the worker's sent apart
-from its step's, the MLP's background push of worker/dense.py: with the job's stamp, advancing no clock; returns
-the rows of its items), settle() (before a validation: the servers hold every
+from its step's, the MLP's of worker/dense.py: a background push, or flush()'s of the steps since its last sync:
+with the job's stamp, advancing no clock; returns the rows of its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
 abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
@@ -234,8 +234,9 @@ class ClockedRows:
         return returned[len(tids) :]
 
     def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
-        """Sent with the stamp of the worker's last step whose push has had its reply (not sync: a sync job's MLP
-        goes with its steps), which moves no clock: a shard moves the worker's clock to the stamp's step + 1, where
+        """Sent with the stamp of the worker's last step whose push has had its reply (not sync: no step's
+        contribution; a sync job's MLP goes with its steps but for the steps since its last sync that a flush
+        pushes), which moves no clock: a shard moves the worker's clock to the stamp's step + 1, where
         the step's push put it already. One sent before the first step's reply waits for it (or the worker's end:
         timed, as finish and abandon notify nobody), since a stamp of step 0 would move the clock to 1 before
         step 0's rows are applied."""
