@@ -304,6 +304,37 @@ def test_a_run_that_fails_with_mlp_pushes_in_the_background_frees_the_shards_at_
     assert train(dataclasses.replace(cfg, job_id=52))["dense_syncs"] > 0
 
 
+def test_a_run_whose_mlp_push_fails_tells_the_shards_it_stopped_after_its_steps_push(servers, data_file, monkeypatch):
+    """--dense-staleness 1, async: the MLP's background push fails, and the next step's dense.step raises it while
+    that step's rows' push (on the pusher thread, slowed on the shard) is in flight; the stop goes out after that
+    push's reply (one applied after the stop would mark its worker running again, and the shard would hold its job
+    for the barrier timeout): the next job, started once such a push would have landed, trains at once."""
+    from ps.engine.shard import Shard
+    from worker.steprows import AsyncRows
+    from worker.train import train
+
+    push_batch = Shard.push_batch
+
+    def fails(self, items):
+        raise ValueError("the MLP's push failed")
+
+    def slowly(self, pushes, *args, **kwargs):
+        time.sleep(0.5)
+        return push_batch(self, pushes, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncRows, "push_apart", fails)
+    monkeypatch.setattr(Shard, "push_batch", slowly)
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
+                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
+                      dense_staleness=1, job_id=53)  # fmt: skip
+    with pytest.raises(ValueError, match="the MLP's push failed"):
+        train(cfg)
+    time.sleep(1.0)  # a push the run left in flight lands meanwhile
+    monkeypatch.undo()
+    assert train(dataclasses.replace(cfg, job_id=54))["dense_syncs"] > 0
+
+
 @pytest.mark.parametrize("mode", ["async", "ssp"])
 def test_early_stopping_puts_the_best_back_while_its_job_holds_the_shards(servers, mode, monkeypatch):
     """The restore's pushes (unstamped) come before the worker says it is done: until then its job holds the

@@ -1,10 +1,13 @@
 """One training step of a prepared batch (Prepared: its step number, ids per table, rows pulled ahead): its rows
-from the row source, forward/backward, the gradients pushed, the MLP's step (see worker/loop.py).
+from the row source, forward/backward, the gradients pushed, the MLP's step (see worker/loop.py). A failed MLP
+step (a background push's error, an allreduce's) ends the step once the rows' push it ran beside has ended: the
+loop then tells the shards the worker stopped, and no push of the worker may come after that.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -14,6 +17,8 @@ from worker.batch import Batch, TableIds
 from worker.dense import DensePath
 from worker.models.spec import ModelSpec
 from worker.scoring import model_inputs
+
+log = logging.getLogger("worker.step")
 
 
 class Step:
@@ -41,9 +46,22 @@ class Step:
                 dense.take(returned)
         else:  # the rows' push in flight (on a thread) while the MLP's step runs here
             pushing = self.pusher.submit(source.push, item.step, tids, row_grads, [])
-            dense.step(dense_grads)
+            try:
+                dense.step(dense_grads)
+            except BaseException:  # the push ends first: the stop the loop then sends must come after it
+                _settle(pushing)
+                raise
             result_of(pushing)  # a signal another thread received is handled meanwhile (ps.terminate)
         return probs
+
+
+def _settle(pushing: Future) -> None:
+    """Waits for the step's push, which the MLP's error ends the run with (as result_of: a signal is handled
+    meanwhile); a failure of the push is logged, not raised: that error is the one to report."""
+    try:
+        result_of(pushing)
+    except Exception as e:
+        log.warning("the step's push failed too, as the MLP's step failed: %s", e)
 
 
 class Prepared:
