@@ -4,6 +4,7 @@ the servers hold the trained values after flush; the local optimizer is the serv
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import pathlib
@@ -27,6 +28,7 @@ from worker.allreduce import (  # noqa: E402
     init_process_group_from_env,
     rank_device,
 )
+from worker.client import PushItem  # noqa: E402
 from worker.dense import DenseSync, table_config  # noqa: E402
 from worker.models.spec import ModelSpec, uniform_fields  # noqa: E402
 
@@ -112,8 +114,54 @@ def oracle(name: str, start: np.ndarray, world: int = WORLD) -> np.ndarray:
     return np.stack(out)
 
 
-def spawn_workers(out_dir: str, timeout_s: float = 60.0) -> None:
-    context = mp.spawn(run_worker, args=(free_port(), out_dir), nprocs=WORLD, join=False)
+class RecordingSource:
+    """A row source's push_apart and finish (the writes of the MLP, and the worker's leave), recorded in order in
+    events, the pushes applied to tables."""
+
+    def __init__(self, tables: InProcessTables):
+        self.tables, self.events = tables, []
+
+    def push_apart(self, items, add_delta=False):
+        self.events.append("write" if add_delta else "push")
+        return self.tables.push_many(items, return_rows=True, add_delta=add_delta)
+
+    def finish(self):
+        self.events.append("leave")
+
+
+def run_leaving_worker(rank: int, port: int, out_dir: str) -> None:
+    """One worker (a spawned process) with servers of its own: pull, rank 0 SHORT steps fewer than rank 1, finish;
+    saves its events, its values and what its servers hold."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    with dense_tables() as tables:
+        source = RecordingSource(tables)
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["sgd"], source=source)
+        dense._next_write = math.inf  # no periodic write
+        dense.pull()
+        for s in range(STEPS - SHORT * (1 - rank)):
+            dense.step(grads_of(rank, s))
+        dense.finish(source.finish)
+        pathlib.Path(out_dir, f"events.{rank}").write_text(" ".join(source.events))
+        np.save(pathlib.Path(out_dir, f"held.{rank}.npy"), flat(dense.values))
+        np.save(pathlib.Path(out_dir, f"servers.{rank}.npy"), flat(DenseSync(tables, PARAMS).pull()))
+        dense.close()
+
+
+def test_the_worker_that_leaves_last_writes_the_mlp_before_it_leaves(tmp_path):
+    """finish(leave): rank 0, out of batches SHORT steps before rank 1, says it is done at once (an ssp shard would
+    hold rank 1's pulls for it) and writes nothing; rank 1, of the group's last step, writes the MLP through its
+    row source (the job's stamp) while its job still holds the shards, then says it is done."""
+    spawn_workers(str(tmp_path), run_leaving_worker)
+    assert [(tmp_path / f"events.{r}").read_text() for r in range(WORLD)] == ["leave", "write leave"]
+    held = [np.load(tmp_path / f"held.{r}.npy") for r in range(WORLD)]
+    np.testing.assert_array_equal(held[0], held[1])
+    np.testing.assert_allclose(np.load(tmp_path / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
+    with dense_tables() as tables:
+        np.testing.assert_array_equal(np.load(tmp_path / "servers.0.npy"), flat(DenseSync(tables, PARAMS).pull()))
+
+
+def spawn_workers(out_dir: str, target=run_worker, timeout_s: float = 60.0) -> None:
+    context = mp.spawn(target, args=(free_port(), out_dir), nprocs=WORLD, join=False)
     deadline = time.monotonic() + timeout_s
     try:
         while not context.join(timeout=0.5):  # raises when a worker failed
@@ -481,7 +529,7 @@ def test_a_cuda_worker_runs_on_the_gpu_of_its_local_rank(monkeypatch):
 
 def test_a_worker_stopped_by_anything_but_a_server_error_saves_the_mlp_and_a_failure_is_logged(caplog):
     from ps.errors import ServerUnavailableError
-    from worker.train import save_dense_on_stop
+    from worker.loop import save_dense_on_stop
 
     class Dense:
         saved = 0
@@ -534,3 +582,56 @@ def test_table_config_settings_of_an_mlp_table_the_workers_do_not_apply_are_refu
     table.write_text('["dense.deepfm.mlp.0.weight"]\ninitializer = { name = "uniform", scale = 0.3, seed = 5 }\n')
     trained = train(cfg)
     assert trained["eval_logloss"] == pytest.approx(evaluate_servers(cfg)["eval_logloss"], rel=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_a_run_writes_the_mlp_with_its_jobs_stamp_before_it_says_it_is_done_or_stopped(servers, mode, monkeypatch):
+    """--dense allreduce: the MLP's writes to the servers (while training, at the end, and as a failed run stops)
+    carry the job's stamp and come before the worker says it is done (or stopped): after that, another job may hold
+    the shards, and the MLP would land in its tables."""
+    from worker.client import Client
+    from worker.steprows import AsyncRows, ClockedRows
+    from worker.train import train
+    from worker.train_config import TrainConfig
+
+    calls, push_many, finish, stop_job = [], Client.push_many, Client.finish, Client.stop_job
+
+    def pushed(self, items, *args, **kwargs):
+        if any(PushItem(*item).table.startswith("dense.") for item in items):
+            calls.append(("write" if kwargs.get("add_delta") else "push", kwargs.get("stamp")))
+        return push_many(self, items, *args, **kwargs)
+
+    def finished(self, stamp):
+        calls.append(("done", stamp))
+        return finish(self, stamp)
+
+    def stopped(self, stamp, *args, **kwargs):
+        calls.append(("stopped", stamp))
+        return stop_job(self, stamp, *args, **kwargs)
+
+    monkeypatch.setattr(Client, "push_many", pushed)
+    monkeypatch.setattr(Client, "finish", finished)
+    monkeypatch.setattr(Client, "stop_job", stopped)
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), model="deepfm", backend="torch", dense="allreduce", hidden=(4,),
+                      synthetic_rows=400, synthetic_eval_rows=0, recipe="large", batch_size=50, progress=False,
+                      mode=mode, job_id=91)  # fmt: skip
+    train(cfg)
+    kinds = [kind for kind, _ in calls]
+    assert kinds[0] == "write" and kinds[-2:] == ["write", "done"], kinds  # after the first step; at the end
+    assert all(stamp is not None and stamp.job == 91 for _, stamp in calls)
+    calls.clear()
+    source = AsyncRows if mode == "async" else ClockedRows
+    push = source.push
+
+    def fails(self, step, *args):
+        if step == 3:
+            raise ValueError("a failure mid-training")
+        return push(self, step, *args)
+
+    monkeypatch.setattr(source, "push", fails)
+    with pytest.raises(ValueError, match="a failure mid-training"):
+        train(dataclasses.replace(cfg, job_id=92))
+    kinds = [kind for kind, _ in calls]
+    assert kinds[0] == "write" and kinds[-2:] == ["write", "stopped"], kinds  # save_on_stop's, then the stop
+    assert all(stamp is not None and stamp.job == 92 for _, stamp in calls)

@@ -1,24 +1,30 @@
 """The dense path among torch workers: every worker holds the whole MLP, and gradients are averaged by allreduce.
 
-The servers hold the dense parameters (worker.dense's tables) as rank 0 last wrote them: pull() has rank 0 read
-their initial values and broadcast them, so every worker starts identical and equal to the PS path's start; flush()
-has rank 0 write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
+The servers hold the dense parameters (worker.dense's tables) as a worker last wrote them: pull() has rank 0 read
+their initial values and broadcast them, so every worker starts identical and equal to the PS path's start; finish()
+has a worker write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
 MLP from the servers. Rank 0 also writes them, alone, after its first step and then every WRITE_EVERY_S seconds, so
 that a checkpoint, export, eval or predict taken while the job trains reads an MLP at most that old (not the
-one the job started from). In between, a step's gradients (every parameter flattened, in params order, into one
-float32 buffer, followed by one float: 1 from a worker with a batch) go through one all_reduce (SUM) and are
-divided by the number of workers that had a batch; each worker then applies the optimizer to that mean itself
-(LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal weights, bit for
-bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a push: every rank
-raises ValueError at that step, its values and optimizer state those of the step before.
+one the job started from). Every write goes through the worker's row source (`source`: push_apart, with its job's
+stamp, as the PS path's pushes), while the worker has not said it is done: its job holds the shards then, and a
+shard that holds another job refuses the write. In between, a step's gradients (every parameter flattened, in
+params order, into one float32 buffer, followed by one float: 1 from a worker with a batch) go through one
+all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the optimizer
+to that mean itself (LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal
+weights, bit for bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a
+push: every rank raises ValueError at that step, its values and optimizer state those of the step before.
 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
-mean as the others, until every worker is done; then flush(). pull, step, finish and flush are collective: every
-rank of the group calls pull, finish and flush once, in that order, and step between them as often as it has
-batches. A failure of rank 0's pull or flush reaches every rank as an error (after rank 0's own). A peer worker
-that dies makes the collective it is missing from fail at once on the others (a ConnectionError); one that stalls
-(stopped, hung), after the group's timeout (a TimeoutError): each says which operation, and what to check.
+mean as the others, until every worker is done. A worker that waits so for the others says it is done first (its
+`leave`: the row source's finish), since an ssp shard would hold the others' pulls for it; the lowest rank of those
+that did not wait (they had a batch at the group's last step) then writes the values (flush(writer)), its job still
+holding the shards for it, and says it is done after that. pull, step, finish and flush are collective: every
+rank of the group calls pull and finish (or flush) once, in that order, and step between them as often as it has
+batches. A failure of rank 0's pull, or of the writer's write, reaches every rank as an error (after its own). A
+peer worker that dies makes the collective it is missing from fail at once on the others (a ConnectionError); one
+that stalls (stopped, hung), after the group's timeout (a TimeoutError): each says which operation, and what to
+check.
 
 The process group: torch.distributed, from the environment torchrun sets (env://: MASTER_ADDR, MASTER_PORT, RANK,
 WORLD_SIZE), gloo for a cpu device and nccl for a cuda one, whose device is this rank's GPU ("cuda:<LOCAL_RANK>").
@@ -28,9 +34,11 @@ torch is imported inside the functions, so this module imports without it.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numba
@@ -195,9 +203,11 @@ def _adam_step(w, g, m, v, lr, b1, b2, eps, c1, c2):  # m = b1 m + (1-b1) g; v =
 class AllReduceDense:
     """The dense parameters of one torch worker, kept here and averaged over the group (see the module docstring).
 
-    tables: anything with the Client's pull_many and push_many (used by rank 0 only); optimizer: the update run
-    on every worker; group: a torch.distributed process group, or None for the default group (initialized from
-    the environment when it is not yet, and then destroyed by close())."""
+    tables: anything with the Client's pull_many and push_many (used by the rank that reads or writes); source: the
+    worker's row source (worker/steprows.py), whose push_apart the writes go through with the job's stamp (None:
+    tables.push_many, unstamped); optimizer: the update run on every worker; group: a torch.distributed process
+    group, or None for the default group (initialized from the environment when it is not yet, and then destroyed
+    by close())."""
 
     inline = False
     collective = True  # flush() and finish() are collective
@@ -210,11 +220,13 @@ class AllReduceDense:
         device: str = "cpu",
         group: Any = None,
         timeout_s: float | None = None,
+        source: Any = None,
     ):
         import torch
         import torch.distributed as dist
 
         self.tables, self.params, self.group, self.timeout_s = tables, params, group, timeout_s
+        self.source = source
         self.sizes = [p.shape[0] * p.shape[1] for p in params]
         self.optimizer = LocalOptimizer(optimizer, sum(self.sizes))
         self.device = torch.device(rank_device(device))
@@ -222,7 +234,6 @@ class AllReduceDense:
         if group is None:
             init_process_group_from_env(device, timeout_s)
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
-        self._src = 0 if group is None else dist.get_global_rank(group, 0)  # rank 0 of the group
         self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
         self.weights = np.zeros(sum(self.sizes), np.float32)  # every parameter, flattened in params order
         self._buffer = np.empty(len(self.weights) + 1, np.float32)  # the gradients, then the count of workers
@@ -231,6 +242,7 @@ class AllReduceDense:
         self.syncs = 0
         self._closed = False
         self._next_write = 0.0  # time.monotonic() of rank 0's next write while training: after the first step
+        self._left = False  # finish() said this worker is done (leave): it writes nothing more
 
     def pull(self) -> dict[str, np.ndarray]:
         """Rank 0 reads every dense parameter from the servers and broadcasts them; returns {name: (r, c)}. The
@@ -243,7 +255,7 @@ class AllReduceDense:
                     self.weights[:] = np.concatenate([r.ravel() for r in rows])
             except Exception as e:  # every rank learns of it below, rather than waiting in the broadcast
                 error = e
-        self._agree_rank0_ok(error, "pull the dense parameters from the servers")
+        self._agree_ok(error, "pull the dense parameters from the servers")
         self._collective("broadcast", self.weights, "the dense parameters rank 0 read from the servers")
         self.values = self._split(self.weights)
         return self.values
@@ -264,12 +276,24 @@ class AllReduceDense:
             start += size
         self._reduce_and_apply(1.0)
 
-    def finish(self) -> None:
+    def finish(self, leave: Callable[[], None] = lambda: None) -> None:
         """This worker has no more batches: it takes part in the others' steps (adding no gradient) until every
-        worker is done, then flush()."""
+        worker is done, then the lowest rank that did not wait for the others writes the values (flush), and
+        leave() (this worker is done: the row source's finish). One that waits leaves before it does (an ssp
+        shard would hold the others' pulls for it); the rest once the values are written, under their job's hold."""
+        self._next_write = math.inf  # the write below is the last
+        waited = False
         while self.params and self._reduce_and_apply(0.0):
-            pass
-        self.flush()
+            if not waited:
+                leave()
+                self._left = waited = True
+        flags = np.zeros(self.world_size, np.float32)
+        flags[self.rank] = float(waited)
+        self._collective("all_reduce", flags, "which workers waited for the others")
+        self.flush(int(np.flatnonzero(flags == 0.0)[0]))  # a worker of the group's last step did not wait
+        if not waited:
+            leave()
+            self._left = True
 
     def _reduce_and_apply(self, has_batch: float) -> int:
         """One all_reduce of the buffer (this worker's gradients, or zeros without a batch); applies the mean
@@ -294,7 +318,7 @@ class AllReduceDense:
     def _refuse_non_finite(self, grads: np.ndarray) -> None:
         """ValueError naming the first Inf or NaN of the mean gradient (flat, in params order), as a server refuses
         a push of one: raised by every rank at the same step (they hold the same mean), before any change. Not a
-        server's error: rank 0 saves the MLP of the step before as it stops (worker.train.save_dense_on_stop)."""
+        server's error: rank 0 saves the MLP of the step before as it stops (worker.loop.save_dense_on_stop)."""
         bad = first_non_finite(grads)
         if bad < 0:
             return
@@ -309,39 +333,45 @@ class AllReduceDense:
                 )
             start += size
 
-    def flush(self) -> None:
-        """(Collective: after finish(), or when every rank has taken the same steps.) Rank 0 writes its values to the servers' dense tables (add-delta pushes of values - the servers'
-        values, one show per id: a row is admitted, and takes a delta, once it has a show); every rank returns
-        once it is done."""
+    def flush(self, writer: int = 0) -> None:
+        """(Collective: in finish(), or when every rank has taken the same steps.) Rank `writer` writes its values
+        to the servers' dense tables (add-delta pushes of values - the servers' values, one show per id: a row is
+        admitted, and takes a delta, once it has a show), unless no step changed them; every rank returns once it
+        is done."""
         error = None
-        if self.rank == 0 and self.params:
+        if self.rank == writer and self.params and self.syncs:
             try:
                 self._write_values()
             except Exception as e:
                 error = e
-        self._agree_rank0_ok(error, "write the dense parameters to the servers")
+        self._agree_ok(error, "write the dense parameters to the servers", writer)
 
     def save_on_stop(self) -> bool:
-        """For a worker stopped before its end (a signal, an error): rank 0 writes its values to the servers as
-        flush() does, alone (the other ranks may be gone: no collective), so that the servers hold the MLP of its
-        last step, which a resumed run (--skip-examples) trains on. Whether it wrote (rank 0, after a step);
-        raises what the write raises. A rank 0 killed by SIGKILL writes nothing: the servers keep the MLP the job
-        started from."""
-        if self.rank != 0 or not self.params or not self.syncs:
+        """For a worker stopped before its end (a signal, an error), before it tells the shards so: rank 0 writes
+        its values to the servers as flush() does, alone (the other ranks may be gone: no collective), so that the
+        servers hold the MLP of its last step, which a resumed run (--skip-examples) trains on. Whether it wrote
+        (rank 0, after a step, not done: a worker that said it is done writes nothing more); raises what the write
+        raises. A rank 0 killed by SIGKILL writes nothing: the servers hold the MLP it wrote last."""
+        if self.rank != 0 or not self.params or not self.syncs or self._left:
             return False
         self._write_values()
         return True
 
     def _write_values(self) -> None:
-        """The values written to the servers' dense tables: add-delta pushes of values - the servers' values."""
+        """The values written to the servers' dense tables: add-delta pushes of values - the servers' values,
+        through the row source (the job's stamp) where there is one."""
         items = [(table_name(p), self.ids[p.name]) for p in self.params]
-        self._next_write = time.monotonic() + WRITE_EVERY_S
+        if math.isfinite(self._next_write):
+            self._next_write = time.monotonic() + WRITE_EVERY_S
         current = self.tables.pull_many(items)
         pushes = [
             PushItem(t, ids, self.values[p.name] - now.reshape(p.shape), shows=np.ones(len(ids), np.float32))
             for (t, ids), p, now in zip(items, self.params, current, strict=True)
         ]
-        self.tables.push_many(pushes, add_delta=True)
+        if self.source is not None:
+            self.source.push_apart(pushes, add_delta=True)
+        else:
+            self.tables.push_many(pushes, add_delta=True)
 
     def close(self) -> None:
         """Destroys the process group if this object created it. Idempotent."""
@@ -360,8 +390,8 @@ class AllReduceDense:
             start += size
         return out
 
-    def _collective(self, op: str, flat: np.ndarray, what: str) -> None:
-        """broadcast from rank 0, or all_reduce SUM, of flat (float32, in place) over the group, on the device. A
+    def _collective(self, op: str, flat: np.ndarray, what: str, src: int = 0) -> None:
+        """broadcast from rank src, or all_reduce SUM, of flat (float32, in place) over the group, on the device. A
         failure of the group (a peer worker died, or stalled past the group's timeout) raises a ConnectionError or a
         TimeoutError that names op and what (see _peer_error)."""
         import torch
@@ -370,7 +400,8 @@ class AllReduceDense:
         tensor = torch.from_numpy(flat).to(self.device)  # the array's own memory on the CPU
         try:
             if op == "broadcast":
-                dist.broadcast(tensor, src=self._src, group=self.group)
+                global_src = src if self.group is None else dist.get_global_rank(self.group, src)
+                dist.broadcast(tensor, src=global_src, group=self.group)
             else:
                 dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group)
         except RuntimeError as e:  # gloo's, or DistBackendError (nccl): the tensor is ours and valid, the group failed
@@ -410,12 +441,12 @@ class AllReduceDense:
         except Exception:  # a private API: torch may change it
             return self.timeout_s
 
-    def _agree_rank0_ok(self, error: Exception | None, what: str) -> None:
-        """Rank 0's outcome sent to every rank, which returns only once rank 0 is done: raises error on rank 0, a
-        RuntimeError on the others."""
+    def _agree_ok(self, error: Exception | None, what: str, src: int = 0) -> None:
+        """Rank src's outcome sent to every rank, which returns only once rank src is done: raises error on rank
+        src, a RuntimeError on the others."""
         flag = np.array([0.0 if error is None else 1.0], np.float32)
-        self._collective("broadcast", flag, f"whether rank 0 could {what}")
+        self._collective("broadcast", flag, f"whether rank {src} could {what}", src)
         if error is not None:
             raise error
         if flag[0] != 0.0:
-            raise RuntimeError(f"rank 0 failed to {what} (its log says why)")
+            raise RuntimeError(f"rank {src} failed to {what} (its log says why)")

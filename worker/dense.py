@@ -12,6 +12,8 @@ loop `values`, the weights the next forward uses, and takes each step's gradient
     inline True:   the loop sends add() / push_items() with its sparse push and take()s the rows it returns
     inline False:  the loop calls step(grads)
     flush():       every gradient given so far applied, values fresh, the model on the servers complete
+    finish(leave): the worker has no more batches: its gradients applied (allreduce: with the others'), and leave()
+                   (its row source's finish: the worker is done) once nothing more of the MLP is to be written
     close():       threads stopped, or left to end a push in flight (idempotent); syncs counts the pushes (or
                    allreduces) done
 DenseSync pulls every dense parameter at the start and then, by `staleness` k:
@@ -39,6 +41,7 @@ import math
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -114,7 +117,9 @@ class DensePath(Protocol):
 
     def flush(self) -> None: ...
 
-    def finish(self) -> None: ...  # this worker has no more batches: its last gradients applied
+    def finish(
+        self, leave: Callable[[], None]
+    ) -> None: ...  # no more batches: the last gradients applied, then leave()
 
     def close(self) -> None: ...
 
@@ -188,9 +193,11 @@ class DenseSync:
         if items:
             self.take(self._push_apart(items))
 
-    def finish(self) -> None:
-        """flush(): this worker's last gradients pushed."""
+    def finish(self, leave: Callable[[], None] = lambda: None) -> None:
+        """flush(): this worker's last gradients pushed; then leave() (the row source's finish: this worker is
+        done)."""
         self.flush()
+        leave()
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Ends the background thread (if any); what is pending is not pushed. A push in flight (retrying

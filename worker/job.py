@@ -253,8 +253,8 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
 
 def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec, source: Any = None) -> DensePath:
     """The MLP's path of a resolved config: on the servers (DenseSync: in the step, or on a background thread
-    within --dense-staleness steps, whose pushes go through source, the worker's row source: stamped with its
-    job), or averaged among torch workers (AllReduceDense)."""
+    within --dense-staleness steps), or averaged among torch workers (AllReduceDense); the pushes either sends apart
+    from a step's go through source, the worker's row source: stamped with its job."""
     dense_opt = OptimizerConfig(cfg.dense_optimizer, cfg.dense_learning_rate)
     if cfg.dense == "allreduce":
         from worker.allreduce import AllReduceDense
@@ -269,7 +269,12 @@ def dense_path(cfg: TrainConfig, tables: Any, spec: ModelSpec, source: Any = Non
         os.environ.update(group)
         try:
             return AllReduceDense(
-                tables, spec.dense_params(), dense_opt, device=cfg.device, timeout_s=cfg.barrier_timeout_s
+                tables,
+                spec.dense_params(),
+                dense_opt,
+                device=cfg.device,
+                timeout_s=cfg.barrier_timeout_s,
+                source=source,
             )
         finally:  # a later run in this process (a test's) or a child it starts does not inherit them
             for name in group:

@@ -18,10 +18,12 @@ and kept in the run's curve; with --early-stop P training stops once validation 
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
 evaluation comes back at the end (worker/best.py BestModel), before the worker says it is done: its job holds the
 shards meanwhile, so the restore's deltas land in its own tables. When the loop ends (its data, or an early
-stop), source.finish() tells the servers this worker is done, so that no other worker waits for it (when an
-error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped, and geo pushes the deltas it holds,
-before the stopped worker's last PROGRESS line; an error in the pushes that end the run, geo's last deltas or the
-MLP's last gradients, ends it with that line too, counting what the servers hold). A ValueError
+stop), source.finish() tells the servers this worker is done, so that no other worker waits for it: after the
+MLP's last pushes, when dense.finish calls it (allreduce: the MLP written before the last workers say so). When an
+error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped (allreduce: rank 0 writes the MLP
+before, save_dense_on_stop), and geo pushes the deltas it holds, before the stopped worker's last PROGRESS line;
+an error in the pushes that end the run, geo's last deltas or the MLP's last gradients, ends it with that line
+too, counting what the servers hold. A ValueError
 raised while the training batches are read and prepared (a malformed line past --max-bad-lines, most often) comes
 out as TrainingDataError, which says how many steps had pushed by then; a shard's refusal of a pull made there (a
 PsError) comes out as it is. The training time (examples/s) leaves out
@@ -30,6 +32,7 @@ the evaluations.
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
@@ -52,6 +55,8 @@ from worker.scoring import evaluate, field_tables
 from worker.step import Prepared, Step
 from worker.steprows import AsyncRows, abandon
 from worker.train_stream import Limit, Skipping
+
+log = logging.getLogger("worker.loop")
 
 
 @dataclass
@@ -325,9 +330,9 @@ def run_epochs(
                     if s.eval_every and result.steps % s.eval_every == 0 and evaluation(epoch + 1):
                         stop = True
                         break
-            finally:
-                if stop and best_model is None:  # this worker is done: no other worker waits for it, nor its own
-                    source.finish()  # prefetched stamped pull (with a best model to put back: after that, below)
+            finally:  # this worker is done: no other worker waits for it, nor its own prefetched stamped pull (with
+                if stop and best_model is None and not dense.collective:  # a best model to put back, or an MLP
+                    source.finish()  # to write (allreduce): after that, below; the pull is left to the close)
                 batches.close()
             if stop:
                 break
@@ -351,14 +356,17 @@ def run_epochs(
             result.restored_best = best_model.restore(dense)
             result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
             eval_seconds += time.perf_counter() - put_back
-        source.finish()  # (geo: its last deltas pushed)
+        # the MLP's last gradients applied, then source.finish (geo: its last deltas pushed); allreduce: with the
+        # others', a worker that waits for them finishing first, the MLP written before the last ones finish
+        dense.finish(source.finish)
         result.pushed = result.examples
-        dense.finish()  # the MLP's last gradients applied (allreduce: with the others', so after source.finish)
         result.seconds = training_s()
     except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
         try:  # the MLP's background pushes end first (waited for a while): an async or geo one applied after the
             if not dense.collective:  # stop would mark the worker running again, holding the shards for its job
                 dense.close()
+            else:  # allreduce: rank 0 writes the MLP of its last step, stamped, while its job holds the shards
+                save_dense_on_stop(dense, e)
         finally:
             abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
         if not holding():
@@ -375,3 +383,19 @@ def run_epochs(
     if lines is not None:
         lines.update(result, running.value, result.seconds, result.source_stats, final=True)
     return result
+
+
+def save_dense_on_stop(dense: Any, e: BaseException) -> None:
+    """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has rank 0 write
+    it to the servers (AllReduceDense.save_on_stop), before it tells them it stopped, unless e is a server's error;
+    a failure is logged, not raised (e is the error to report)."""
+    save = getattr(dense, "save_on_stop", None)
+    if save is None or isinstance(e, PsError):
+        return
+    try:
+        if save():
+            log.info("wrote the MLP of this worker's last step to the servers (--dense allreduce), for a resumed run")
+    except Exception as failed:
+        log.warning("could not write the MLP to the servers as this worker stopped (--dense allreduce): %s; they "
+                    "hold the MLP written last (or the one the job started from), and a resumed run trains it from "
+                    "there", failed)  # fmt: skip

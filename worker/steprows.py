@@ -17,9 +17,10 @@ at a time, and refuses a worker of its job whose setup (job_setup) differs (ps.e
 
 Each class has prepare(step, tids) (on the prefetch thread: the rows, or None to fetch them in rows()),
 rows(step, tids, prepared) and push(step, tids, row_grads, extra) (extra: the dense pushes that go with the
-step's push; returns the rows the push returned for them), push_apart(items) (a push of the worker's sent apart
-from its step's, the MLP's of worker/dense.py: a background push, or flush()'s of the steps since its last sync:
-with the job's stamp, advancing no clock; returns the rows of its items), settle() (before a validation: the servers hold every
+step's push; returns the rows the push returned for them), push_apart(items, add_delta) (a push of the worker's
+sent apart from its step's, the MLP's: worker/dense.py's background pushes and flush()'s of the steps since its
+last sync, worker/allreduce.py's writes (add_delta): with the job's stamp, advancing no clock; returns the rows of
+its items), settle() (before a validation: the servers hold every
 step this worker trained; geo pushes its pending deltas, the others' pushes are applied as answered), finish() (the
 worker is done: nobody waits for it),
 abandon(reason, servers_ok) (the worker stops before its end: sync and ssp stop the job on the shards, so that no
@@ -141,8 +142,8 @@ class AsyncRows:
             self.recent[t].add(ti.uniq, updated)
         return returned[len(tids) :]
 
-    def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
-        return self.tables.push_many(items, return_rows=True, stamp=self.stamp)
+    def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
+        return self.tables.push_many(items, return_rows=True, add_delta=add_delta, stamp=self.stamp)
 
     def settle(self) -> None:
         pass
@@ -233,7 +234,7 @@ class ClockedRows:
                     self.cache.store(t, ti.uniq, rows, min_clock)
         return returned[len(tids) :]
 
-    def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
+    def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
         """Sent with the stamp of the worker's last step whose push has had its reply (not sync: no step's
         contribution; a sync job's MLP goes with its steps but for the steps since its last sync that a flush
         pushes), which moves no clock: a shard moves the worker's clock to the stamp's step + 1, where
@@ -243,7 +244,8 @@ class ClockedRows:
         with self._replied:
             while not self.acked and not self._finished:
                 self._replied.wait(SIGNAL_CHECK_S)
-        returned, _ = self.tables.push_many(items, return_rows=True, stamp=self._at(max(self.acked - 1, 0), sync=False))
+        stamp = self._at(max(self.acked - 1, 0), sync=False)
+        returned, _ = self.tables.push_many(items, return_rows=True, add_delta=add_delta, stamp=stamp)
         return returned
 
     def settle(self) -> None:
@@ -313,8 +315,8 @@ class GeoRows:
             self.tables.advance_clock(self.geo.every)
         return self.tables.push_many(extra, return_rows=True, stamp=self.stamp) if extra else []
 
-    def push_apart(self, items: list[PushItem]) -> list[np.ndarray]:
-        return self.tables.push_many(items, return_rows=True, stamp=self.stamp)
+    def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
+        return self.tables.push_many(items, return_rows=True, add_delta=add_delta, stamp=self.stamp)
 
     def settle(self) -> None:
         """Pushes the deltas of the steps since the last push (a validation then scores the model trained so far,

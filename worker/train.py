@@ -163,7 +163,6 @@ def train(cfg: TrainConfig) -> dict:
                            on_eval=lambda e: _say(format_evaluation(e), cfg), source=source, result=loop,
                            on_pushed=None if position is None else lambda n: position.update(cfg.skip_examples + n))  # fmt: skip
         except BaseException as e:  # run_epochs told the servers this worker stopped (steprows.abandon)
-            save_dense_on_stop(dense, e)
             if position is not None:
                 try:
                     position.write(cfg.skip_examples + loop.pushed)
@@ -321,21 +320,6 @@ def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: M
         after = ("ps-worker eval scores the model the servers hold once the file is fixed or --max-bad-lines raised"
                  if cfg.local_shards is None else "the model went with the local shards")  # fmt: skip
         return {"eval_error": f"{e}; in the final evaluation on --eval-data, after training had finished ({after})"}
-
-
-def save_dense_on_stop(dense: Any, e: BaseException) -> None:
-    """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has rank 0 write
-    it to the servers (AllReduceDense.save_on_stop), unless e is a server's error; a failure is logged, not
-    raised (e is the error to report)."""
-    save = getattr(dense, "save_on_stop", None)
-    if save is None or isinstance(e, PsError):
-        return
-    try:
-        if save():
-            log.info("wrote the MLP of this worker's last step to the servers (--dense allreduce), for a resumed run")
-    except Exception as failed:
-        log.warning("could not write the MLP to the servers as this worker stopped (--dense allreduce): %s; they "
-                    "hold the MLP the job started from, and a resumed run trains it from there", failed)  # fmt: skip
 
 
 def _say(line: str, cfg: TrainConfig) -> None:
