@@ -3,7 +3,8 @@
 A worker of a sync or ssp job stamps its PullBatch and PushBatch requests (ps.stamp.WorkerStamp, the proto's); a
 worker of an async or geo job stamps its PushBatch requests, unclocked (below); the MLP's pushes carry the job's
 stamp too, those that go with a step's push and those sent apart from it (worker/dense.py DenseSync's background
-pushes). Every worker stamps the CreateTable requests that make its job's tables (created): they hold the shard
+pushes and the steps it pushes at a validation and at the end; worker/allreduce.py's writes of the MLP, before
+its worker says it is done). Every worker stamps the CreateTable requests that make its job's tables (created): they hold the shard
 for the job as its first push would. Requests without a stamp (reads: eval, predict, export, stats; restore
 pushes; `ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and hold nothing.
 
