@@ -688,20 +688,22 @@ def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_t
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 
 
-def test_export_of_a_checkpoint_holding_rows_of_no_layouts_size_names_them(tmp_path):
-    """Rows of neither a trained row's nor a pending id's size, saved into a checkpoint (its sha256s match): an
-    export refuses it, naming the table, how many and the first one, instead of dropping them."""
-    from ps.engine.restore import export
+def odd_rows_checkpoint(tmp_path) -> tuple[pathlib.Path, list[TableConfig], np.ndarray, list[np.ndarray]]:
+    """(tmp_path/ckpt, its tables, ids, each table's rows of them): a checkpoint of a shard holding ids of tables "a" and "emb", where two rows of
+    emb (ids 7 and 900) are overwritten with values of neither a trained row's nor a pending id's size (40 and 3
+    bytes) before the save: its sha256s match. tmp_path/good: the same shard saved before the damage."""
     from ps.engine.shard import Shard
-    from ps.errors import CheckpointDamagedError
     from tests.conftest import one_shard_checkpoint
 
-    spec, ids = TableConfig("emb", DIM), np.arange(1000, dtype=np.uint64)
+    specs, ids = [TableConfig("a", DIM), TableConfig("emb", DIM)], np.arange(1000, dtype=np.uint64)
     data_dir = tmp_path / "shard"
     shard = Shard(ServerConfig(data_dir=str(data_dir)))
     try:
-        shard.create_table(spec)
-        shard.push("emb", ids, np.ones((len(ids), DIM), np.float32))
+        for spec in specs:
+            shard.create_table(spec)
+            shard.push(spec.name, ids, np.ones((len(ids), DIM), np.float32))
+        want = [shard.pull(spec.name, ids) for spec in specs]
+        one_shard_checkpoint(shard, str(tmp_path / "good"), specs)
     finally:
         shard.close()
     store = Store(str(data_dir))
@@ -712,19 +714,77 @@ def test_export_of_a_checkpoint_holding_rows_of_no_layouts_size_names_them(tmp_p
         store.close()
     shard = Shard(ServerConfig(data_dir=str(data_dir)))
     try:
-        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec])
+        one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
     finally:
         shard.close()
+    return tmp_path / "ckpt", specs, ids, want
+
+
+def odd_rows_said(ckpt: pathlib.Path, ids: np.ndarray, number: int) -> str:
+    """What odd_rows_checkpoint's damage is called: its table, how many rows, the first one in key order (slot, id)."""
+    key, i, size = min((bytes(k), i, size) for k, i, size in zip(encode_keys(number, ids[[7, 900]]), (7, 900), (40, 3)))
+    return (f"checkpoint {ckpt} is damaged: shard-0: table 'emb' holds 2 stored rows of neither a trained row's size by "
+            f"the config read with (its manifest's: 56 bytes) nor a pending id's (24), the first of id {i} (key "
+            f"{key.hex()}, {size} bytes): its rows are damaged, or its manifest does not match them. `ps-server "
+            f"verify {ckpt}` lists everything damaged in it")  # fmt: skip
+
+
+def test_export_of_a_checkpoint_holding_rows_of_no_layouts_size_names_them(tmp_path):
+    """Rows of neither a trained row's nor a pending id's size, saved into a checkpoint (its sha256s match): an
+    export refuses it, naming the table, how many and the first one, instead of dropping them."""
+    from ps.engine.restore import export
+    from ps.errors import CheckpointDamagedError
+
+    ckpt, _, ids, _ = odd_rows_checkpoint(tmp_path)
     with pytest.raises(CheckpointDamagedError) as failed:
-        export(str(tmp_path / "ckpt"), str(tmp_path / "out"), progress=False)
-    key, i, size = min((bytes(k), i, size) for k, i, size in zip(encode_keys(0, ids[[7, 900]]), (7, 900), (40, 3)))
-    assert str(failed.value) == (  # the first in key order (slot, id)
-        f"checkpoint {tmp_path / 'ckpt'} is damaged: shard-0: table 'emb' holds 2 stored rows of neither a trained "
-        f"row's size by the config read with (its manifest's: 56 bytes) nor a pending id's (24), the first of id {i} "
-        f"(key {key.hex()}, {size} bytes): its rows are damaged, or its manifest does not match them. `ps-server "
-        f"verify {tmp_path / 'ckpt'}` lists everything damaged in it"
-    )
+        export(str(ckpt), str(tmp_path / "out"), progress=False)
+    assert str(failed.value) == odd_rows_said(ckpt, ids, 1)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_restore_meeting_rows_of_no_layouts_size_undoes_its_copy_and_calls_the_checkpoint_damaged(tmp_path):
+    """The same rows met by a restore: the checkpoint is damaged (not a plain StorageError), the restore deletes
+    what it copied (table a's rows, copied before emb's) and its mark, so a start without --restore, or with
+    another checkpoint, goes ahead."""
+    from ps.engine.shard import Shard
+    from ps.errors import CheckpointDamagedError
+    from ps.rows.layout import layout_of
+    from ps.sharding import slot_of
+
+    ckpt, specs, ids, want = odd_rows_checkpoint(tmp_path)
+    data_dir = tmp_path / "new"
+    out = ServerProcess(data_dir, "--restore", str(ckpt)).refused()  # exit 2, no traceback
+    (said,) = [line for line in out.splitlines() if "error" in line]
+    assert said == (f"ps-server: error: {odd_rows_said(ckpt, ids, 1)}. The restore stopped and deleted what it had "
+                    f"copied: data dir {data_dir} is as it was before it, and a start with --restore of another "
+                    "checkpoint (an earlier save) goes ahead"), out  # fmt: skip
+    with pytest.raises(CheckpointDamagedError, match=r"shard-0: table 'emb' holds 2 stored rows of neither"):
+        Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(ckpt)))  # again: no mark refuses it
+    store = Store(str(data_dir))
+    try:
+        assert store.load_tables() == [] and store.restore_pending() is None
+        assert list(store._rows().keys()) == []  # table a's rows went too
+    finally:
+        store.close()
+    Shard(ServerConfig(data_dir=str(data_dir))).close()  # a start without --restore
+    store = Store(str(tmp_path / "part"))  # a shard restoring some slots: how many of them
+    try:
+        for spec in specs:
+            store.create_table(spec)
+        widths = {spec.name: layout_of(spec.dim, spec.optimizer.name).width for spec in specs}
+        slot = int(slot_of(ids[7:8])[0])
+        assert slot != int(slot_of(ids[900:901])[0])
+        with pytest.raises(CheckpointDamagedError, match=rf"'emb' holds 1 stored rows in slots {slot}\.\.{slot} of "
+                                                         r"neither .* the first of id 7 "):  # fmt: skip
+            store.import_slots(str(ckpt / "shard-0"), (slot, slot + 1), [spec.name for spec in specs], widths)
+    finally:
+        store.close()
+    shard = Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(tmp_path / "good")))
+    try:
+        for spec, rows in zip(specs, want):
+            np.testing.assert_array_equal(shard.pull(spec.name, ids), rows)
+    finally:
+        shard.close()
 
 
 DAMAGED_META = {  # key -> a value that does not read as the store's grammar says

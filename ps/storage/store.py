@@ -59,7 +59,8 @@ Damage: RocksDB opens with paranoid checks and refuses a write-ahead log damaged
 record (what a crash leaves). Damage it meets later (a data block whose checksum fails, a missing file) is a
 DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
 value that does not read as the grammar above says is a DataLossError naming the key (_meta_value), and in a
-checkpoint a CheckpointDamagedError naming it, as is a row of neither size that an export reads (read_table).
+checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export reads
+(import_slots, read_table: _OddRows).
 verify_rocksdb reads every block of every column family.
 """
 
@@ -348,6 +349,33 @@ def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
         if source not in str(e):
             raise
         raise failed(str(e), "reading it") from None
+
+
+class _OddRows:
+    """The stored values of a checkpoint's table that are of neither a pending id's nor a trained row's size by the
+    config read with (sizes: those two, in bytes), as a restore or an export meets them: how many, and the first."""
+
+    def __init__(self) -> None:
+        self.count, self.first, self.first_size = 0, b"", 0
+
+    def saw(self, key: bytes, value: bytes, sizes: tuple[int, int]) -> None:
+        """Counts key's value if it is of neither size."""
+        if len(value) not in sizes:
+            if not self.count:
+                self.first, self.first_size = key, len(value)
+            self.count += 1
+
+    def check(self, damaged: Callable[[str], CheckpointDamagedError], table: str, sizes: tuple[int, int],
+              among: str = "") -> None:  # fmt: skip
+        """damaged(what), naming the table, how many (among: of which slots, "" for all) and the first one's id,
+        key and size, if any was seen."""
+        if self.count:
+            raise damaged(
+                f"table {table!r} holds {self.count:,} stored rows{among} of neither a trained row's size by the config read "
+                f"with (its manifest's: {sizes[1]} bytes) nor a pending id's ({sizes[0]}), the first of id "
+                f"{int.from_bytes(self.first[6:], 'big')} (key {self.first.hex()}, {self.first_size:,} bytes): its "
+                "rows are damaged, or its manifest does not match them"
+            )
 
 
 def _drawn_state_id() -> bytes:
@@ -1048,10 +1076,11 @@ class Store:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
         {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
-        checkpoint holds no table number for one of `tables` (its meta does not match its manifest); and, where
-        stopped, at a row of another size than a row of its table's width (widths: table -> floats per row, its
-        RowLayout.width) or a pending id's; CheckpointDamagedError where RocksDB finds damage in source (what was
-        copied stays: the caller undoes it). on_written: told the admitted rows of each batch written (it may raise
+        checkpoint holds no table number for one of `tables` (its meta does not match its manifest).
+        CheckpointDamagedError where RocksDB finds damage in source, or a value that does not read as the module's
+        grammar says: a row of neither a pending id's size nor a trained row's of its table's width (widths: table
+        -> floats per row, its RowLayout.width), named once the table's slots are read, nothing copied past the
+        first (what was copied stays: the caller undoes it). on_written: told the admitted rows of each batch written (it may raise
         to stop the copy there). trained_from: source owned some of these slots, so a table its counts say was
         trained (a Shrink may have dropped every id since) is trained here too."""
         lo, hi = slots
@@ -1078,20 +1107,19 @@ class Store:
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
                     sizes = (4 * STATS_FLOATS + 8, 4 * widths[table] + 8) if widths and table in widths else ()
+                    odd = _OddRows()
                     for key, value in _items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
-                        if sizes and len(value) not in sizes:
-                            raise StorageError(
-                                f"checkpoint {source}: table {table!r} holds a row of {len(value)} bytes, where its "
-                                f"manifest's config makes rows of {sizes[1]} bytes (and pending ids of {sizes[0]}): "
-                                "the manifest does not match the checkpoint's rows; the restore stopped"
-                            )
+                        if sizes and len(value) not in sizes or odd.count:  # past the first: only counted
+                            odd.saw(key, value, sizes)
+                            continue
                         counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
                         batch.put(prefix + key[4:], value[:-8] + bytes(8), handle)  # lsn := 0
                         if len(batch) >= 65536:
                             self._write_counted(batch, on_written, counts["admitted"] - admitted)
                             batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
+                    odd.check(damaged, table, sizes, "" if (lo, hi) == (0, NUM_SLOTS) else f" in slots {lo}..{hi - 1}")
                     self._write_counted(batch, on_written, counts["admitted"] - admitted)
                 old = self.counts(table)
                 total = {k: old[k] + counts[k] for k in counts}
@@ -1122,28 +1150,19 @@ class Store:
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
-            keys, values, size, pending = [], [], 4 * width + 8, 4 * STATS_FLOATS + 8
-            odd, first, first_size = 0, b"", 0  # values of neither size: how many, the first one's key and size
+            keys, values, sizes, odd = [], [], (4 * STATS_FLOATS + 8, 4 * width + 8), _OddRows()
             for key, value in _items(src.get_column_family(ROWS_CF), prefix):
                 if not key.startswith(prefix):
                     break
-                if len(value) == size:
+                if len(value) == sizes[1]:
                     keys.append(key)
                     values.append(value)
-                elif len(value) != pending:
-                    if not odd:
-                        first, first_size = key, len(value)
-                    odd += 1
+                elif len(value) != sizes[0]:
+                    odd.saw(key, value, sizes)
                 if len(keys) == chunk:
                     yield _decode_chunk(keys, values, width)
                     keys, values = [], []
-            if odd:
-                raise damaged(
-                    f"table {table!r} holds {odd:,} stored rows of neither a trained row's size by the config read "
-                    f"with (its manifest's: {size} bytes) nor a pending id's ({pending}), the first of id "
-                    f"{int.from_bytes(first[6:], 'big')} (key {first.hex()}, {first_size:,} bytes): its rows are "
-                    "damaged, or its manifest does not match them"
-                )
+            odd.check(damaged, table, sizes)
             if keys:
                 yield _decode_chunk(keys, values, width)
 
