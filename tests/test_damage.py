@@ -860,3 +860,71 @@ def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_
             f"{first}") in lines, lines  # fmt: skip
     lines, damaged = verify_data_dir(str(stopped_cleanly))
     assert not damaged and not [line for line in lines if "rows of no table" in line], lines
+
+
+VERIFIED_META = {  # DAMAGED_META's values and more, as verify names them
+    **DAMAGED_META,
+    b"cluster": b"\xff",
+    b"restore_pending": b"\xfe/ckpt",
+    b"restored": b'{"checkpoint": 5}',
+    b"advanced/" + (7).to_bytes(8, "big"): b"7x",
+    b"applied": b"[1, 2]",
+}
+
+
+@pytest.mark.parametrize("key", VERIFIED_META, ids=lambda k: k.decode("ascii", "replace").split("/")[0])
+def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(stopped_cleanly, tmp_path, key):
+    """verify reads each meta value as start-up (or a request) does, and names the one that does not read, once:
+    not as damage of the whole column family, nor as a lost shard record or journal records it did not read."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    store = Store(str(data_dir))
+    try:
+        store._meta.put(key, VERIFIED_META[key])
+    finally:
+        store.close()
+    name = key.decode() if key.isascii() and key.decode().isprintable() else ascii(key)
+    if key == b"restored":  # read by Stats, and by a start given --restore
+        follows = "Stats, and a start given --restore, fail with DATA_LOSS"
+        with pytest.raises(DataLossError) as failed:
+            Store(str(data_dir)).restored()
+    else:
+        follows = "a server refuses to start on it"
+        with pytest.raises(DataLossError) as failed:
+            Server(ServerConfig(data_dir=str(data_dir)))
+    what = re.search(r"is damaged: (meta key .*?\)). `ps-server verify", str(failed.value)).group(1)
+    assert what.startswith(f"meta key {name} holds {ascii(VERIFIED_META[key])}, which does not read as its value (")
+    lines, damaged = verify_data_dir(str(data_dir))
+    assert damaged and [line for line in lines if line.startswith("DAMAGED")] == [f"DAMAGED {what}: {follows}"], lines
+    if key in (b"flushed_seq", b"lsn_high"):
+        assert "note    journal: not checked: RocksDB's flushed position or highest lsn does not read (above), and " \
+               "they say which records must be there" in lines, lines  # fmt: skip
+    if key == b"clock":  # ps-server verify prints it, exit 1
+        done = verify(data_dir)
+        assert done.returncode == 1 and f"DAMAGED {what}: {follows}\n" in done.stdout, done.stdout + done.stderr
+
+
+def test_verify_names_a_checkpoints_meta_value_that_does_not_read_by_what_reads_it(checkpoints, tmp_path):
+    """In a checkpoint, a row count that does not read refuses a restore: damaged; a clock that does not read is
+    read by no restore or export: a note."""
+    root, _, _ = checkpoints
+    copy = tmp_path / "copy"
+    shutil.copytree(root / "good", copy)
+    store = Store(str(copy / "shard-0"))
+    try:
+        store._meta.put(b"count/emb", b"{}")
+        store._meta.put(b"clock", b"x")
+        store.flush()
+    finally:
+        store.close()
+    lines, damaged = verify_checkpoint(str(copy))
+    assert damaged, lines
+    said = [line for line in lines if "meta key" in line]
+    assert said == [
+        "note    shard-0: meta key clock holds b'x', which does not read as its value (ValueError: not a decimal "
+        "integer): no restore or export reads it",
+        "DAMAGED shard-0: meta key count/emb holds b'{}', which does not read as its value (ValueError: not "
+        '{"admitted": n, "pending": n} with counts >= 0): a restore of the checkpoint is refused',
+    ], lines
+    assert not [line for line in lines if "column family meta" in line and line.startswith("DAMAGED")], lines

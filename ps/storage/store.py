@@ -58,10 +58,10 @@ Beside RocksDB's files: shard.json, a second copy of the shard record, and the j
 Damage: RocksDB opens with paranoid checks and refuses a write-ahead log damaged anywhere but in a torn last
 record (what a crash leaves). Damage it meets later (a data block whose checksum fails, a missing file) is a
 DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
-value that does not read as the grammar above says is a DataLossError naming the key (_meta_value), and in a
-checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export reads
-(import_slots, read_table: _OddRows).
-verify_rocksdb reads every block of every column family.
+value that does not read as the grammar above says (_META_GRAMMAR) is a DataLossError naming the key (_meta_value),
+and in a checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export
+reads (import_slots, read_table: _OddRows). verify_rocksdb reads every block of every column family, and every
+meta value as _meta_value does.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any
 
 import numpy as np
 from rocksdict import (
@@ -141,22 +141,6 @@ APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, 
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 
 
-T = TypeVar("T")
-
-
-def _meta_value(key: bytes, raw: bytes, parse: Callable[[bytes], T],
-               damaged: Callable[[str], StorageError] = DataLossError) -> T:  # fmt: skip
-    """parse(raw), raw the stored value of meta key `key`; where it does not read as the module's grammar says
-    (parse raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and the value) is
-    raised: damage, never a bug's traceback."""
-    try:
-        return parse(raw)
-    except (ValueError, KeyError, TypeError, struct.error) as e:
-        name = key.decode() if key.isascii() and key.decode().isprintable() else echo(key)
-        raise damaged(f"meta key {name} holds {echo(raw)}, which does not read as its value ({type(e).__name__}: "
-                      f"{e})") from None  # fmt: skip
-
-
 def _decimal(raw: bytes) -> int:
     """A decimal value of the grammar: ASCII digits only."""
     if not raw.isdigit():
@@ -198,6 +182,43 @@ def _restored(raw: bytes) -> dict:
     return value
 
 
+_META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key prefix, -> what reads its value
+    b"shard": _json_object,
+    b"cluster": bytes.decode,
+    TABLE_CONFIG_PREFIX: _parse_config,
+    TABLE_ID_PREFIX: _decimal,
+    COUNT_PREFIX: _parse_counts,
+    b"clock": _decimal,
+    ADVANCED_PREFIX: _decimal,
+    b"flushed_seq": _decimal,
+    b"lsn_high": _decimal,
+    APPLIED_PREFIX: APPLIED_VALUE.unpack,
+    LEGACY_APPLIED: _legacy_applied,
+    b"restore_pending": bytes.decode,
+    b"restored": _restored,
+    b"state_id": _decimal,
+}  # not "job_done": a record that does not read is logged and ignored (Store.job_done)
+
+
+def _grammar_key(key: bytes) -> bytes:
+    """key's entry in _META_GRAMMAR: its prefix up to its first "/" (every prefix ends there), or key itself."""
+    head, slash, _ = key.partition(b"/")
+    return head + slash
+
+
+def _meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError] = DataLossError) -> Any:
+    """raw, the stored value of meta key `key`, read as the module's grammar says (_META_GRAMMAR); where it does not
+    read so (its reader raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and
+    the value) is raised: damage, never a bug's traceback."""
+    parse = _META_GRAMMAR[_grammar_key(key)]
+    try:
+        return parse(raw)
+    except (ValueError, KeyError, TypeError, struct.error) as e:
+        name = key.decode() if key.isascii() and key.decode().isprintable() else echo(key)
+        raise damaged(f"meta key {name} holds {echo(raw)}, which does not read as its value ({type(e).__name__}: "
+                      f"{e})") from None  # fmt: skip
+
+
 def trained(counts: Mapping) -> bool:
     """Whether a table's "count/" value says it was trained: its "trained" flag, else (a value written without it)
     whether it counts any row or pending id."""
@@ -221,7 +242,7 @@ def table_ids(meta: Rdict, damaged: Callable[[str], StorageError] = DataLossErro
     for key, raw in _items(meta, TABLE_ID_PREFIX):
         if not key.startswith(TABLE_ID_PREFIX):
             break
-        out[key[len(TABLE_ID_PREFIX) :].decode()] = _meta_value(key, raw, _decimal, damaged)
+        out[key[len(TABLE_ID_PREFIX) :].decode()] = _meta_value(key, raw, damaged)
     return out
 
 
@@ -785,7 +806,7 @@ class Store:
         in_file = read_json(file_path, tuple(want))
         with self._rocksdb("reading the shard record"):
             raw = self._meta.get(b"shard")
-        in_db = _meta_value(b"shard", raw, _json_object, self._damaged) if raw is not None else None
+        in_db = _meta_value(b"shard", raw, self._damaged) if raw is not None else None
         if in_file is not None and in_db is not None and in_file != in_db:
             raise _copies_disagree(in_file, in_db)
         have = in_db or in_file
@@ -807,7 +828,7 @@ class Store:
         `cluster` included. A dir that never ran with a name takes any."""
         with self._rocksdb("reading the cluster name"):
             raw = self._meta.get(b"cluster")
-        have = _meta_value(b"cluster", raw, bytes.decode, self._damaged) if raw is not None else ""
+        have = _meta_value(b"cluster", raw, self._damaged) if raw is not None else ""
         if have == cluster or not cluster and not have:
             return
         if have:
@@ -829,7 +850,7 @@ class Store:
             for key, raw in _items(self._meta, TABLE_CONFIG_PREFIX):
                 if not key.startswith(TABLE_CONFIG_PREFIX):
                     break
-                out.append(_meta_value(key, raw, _parse_config, self._damaged))
+                out.append(_meta_value(key, raw, self._damaged))
         return out
 
     def _damaged(self, what: str) -> DataLossError:
@@ -885,7 +906,7 @@ class Store:
         if raw is None:
             raise DataLossError(f"{self.path}: table {table!r} has no config (meta key table/{table}): RocksDB is "
                                 "damaged; restore the dir from a backup or checkpoint")  # fmt: skip
-        cfg = _meta_value(TABLE_CONFIG_PREFIX + table.encode(), raw, _parse_config, self._damaged)
+        cfg = _meta_value(TABLE_CONFIG_PREFIX + table.encode(), raw, self._damaged)
         return layout_of(cfg.dim, cfg.optimizer.name)
 
     # ---- rows -----------------------------------------------------------------------------------------
@@ -1100,7 +1121,7 @@ class Store:
                 counts = {"admitted": 0, "pending": 0}
                 key = COUNT_PREFIX + table.encode()
                 raw = meta.get(key) if meta is not None and trained_from else None
-                was_trained = raw is not None and trained(_meta_value(key, raw, _parse_counts, damaged))
+                was_trained = raw is not None and trained(_meta_value(key, raw, damaged))
                 if ROWS_CF in names and table in numbers:
                     cf = src.get_column_family(ROWS_CF)
                     handle = self._db.get_column_family_handle(ROWS_CF)
@@ -1180,20 +1201,20 @@ class Store:
             for key, raw in _items(meta, COUNT_PREFIX):
                 if not key.startswith(COUNT_PREFIX):
                     break
-                out[key[len(COUNT_PREFIX) :].decode()] = _meta_value(key, raw, _parse_counts, damaged)["admitted"]
+                out[key[len(COUNT_PREFIX) :].decode()] = _meta_value(key, raw, damaged)["admitted"]
             return out
 
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
         with self._rocksdb("reading the mark of an unfinished restore", "nothing was read"):
             raw = self._meta.get(b"restore_pending")
-        return _meta_value(b"restore_pending", raw, bytes.decode, self._damaged) if raw is not None else None
+        return _meta_value(b"restore_pending", raw, self._damaged) if raw is not None else None
 
     def restored(self) -> dict | None:
         """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
         with self._rocksdb("reading the restore the dir began from", "nothing was read"):
             raw = self._meta.get(b"restored")
-        return _meta_value(b"restored", raw, _restored, self._damaged) if raw is not None else None
+        return _meta_value(b"restored", raw, self._damaged) if raw is not None else None
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
         """Records the restore the dir began from, and a new state id (see state_id), in one synced write."""
@@ -1210,7 +1231,7 @@ class Store:
         the dir was restored or replaced since it looked."""
         with self._rocksdb("reading the model state's id", "nothing was read"):
             raw = self._meta.get(b"state_id")
-        return _meta_value(b"state_id", raw, _decimal, self._damaged) if raw is not None else self._new_state_id()
+        return _meta_value(b"state_id", raw, self._damaged) if raw is not None else self._new_state_id()
 
     def _new_state_id(self) -> int:
         value = _drawn_state_id()
@@ -1282,13 +1303,13 @@ class Store:
         if self._lsn_high is None:
             with self._rocksdb("reading the highest lsn written"):
                 raw = self._meta.get(b"lsn_high")
-            self._lsn_high = _meta_value(b"lsn_high", raw, _decimal, self._damaged) if raw is not None else 0
+            self._lsn_high = _meta_value(b"lsn_high", raw, self._damaged) if raw is not None else 0
         return self._lsn_high
 
     def flushed_seq(self) -> int:
         with self._rocksdb("reading the flushed journal position", "nothing was read"):
             raw = self._meta.get(b"flushed_seq")
-        return _meta_value(b"flushed_seq", raw, _decimal, self._damaged) if raw is not None else 0
+        return _meta_value(b"flushed_seq", raw, self._damaged) if raw is not None else 0
 
     def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
         """Records that every journal record <= seq is in RocksDB and (if given) the changes of the journal's
@@ -1327,11 +1348,11 @@ class Store:
             raw = self._meta.get(LEGACY_APPLIED)
             if raw is not None:
                 self._legacy_applied = True
-                out = _meta_value(LEGACY_APPLIED, raw, _legacy_applied, self._damaged)
+                out = _meta_value(LEGACY_APPLIED, raw, self._damaged)
             for key, value in _items(self._meta, APPLIED_PREFIX):
                 if not key.startswith(APPLIED_PREFIX):
                     break
-                seq, parts, used = _meta_value(key, value, APPLIED_VALUE.unpack, self._damaged)
+                seq, parts, used = _meta_value(key, value, self._damaged)
                 client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
                 if client not in out or out[client][:2] <= (seq, parts):
                     out[client] = (seq, parts, float(used))
@@ -1343,15 +1364,13 @@ class Store:
         key = COUNT_PREFIX + table.encode()
         with self._rocksdb(f"reading the row counts of table {table!r}", "nothing was read"):
             raw = self._meta.get(key)
-        counts = (
-            _meta_value(key, raw, _parse_counts, self._damaged) if raw is not None else {"admitted": 0, "pending": 0}
-        )
+        counts = _meta_value(key, raw, self._damaged) if raw is not None else {"admitted": 0, "pending": 0}
         return {**counts, "trained": trained(counts)}
 
     def clock(self) -> int:
         with self._rocksdb("reading the clock", "nothing was read"):
             raw = self._meta.get(b"clock")
-        return _meta_value(b"clock", raw, _decimal, self._damaged) if raw is not None else 0
+        return _meta_value(b"clock", raw, self._damaged) if raw is not None else 0
 
     def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
         """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
@@ -1383,7 +1402,7 @@ class Store:
             for key, raw in _items(self._meta, ADVANCED_PREFIX):
                 if not key.startswith(ADVANCED_PREFIX):
                     break
-                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = _meta_value(key, raw, _decimal, self._damaged)
+                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = _meta_value(key, raw, self._damaged)
         return out
 
     def disk_bytes(self, table: str) -> int:
@@ -1490,14 +1509,16 @@ class RowSizes:
 
 def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
-    verifying every block's checksum and caching none. Returns ({column family: (keys read, the damage that
-    stopped the read or "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int
-    (Store.written_seq), "tables": {name: its stored config (JSON bytes)}, "numbers": {name: its stored number
-    (decimal bytes)}, "rows": the RowSizes of the "rows" column family (as far as it was read), "restore_pending":
-    the checkpoint of a restore that did not finish, or None}); if RocksDB does not open, ({"": (0, why)}, None).
-    Nothing is written."""
+    verifying every block's checksum and caching none, and every meta value read as the module's grammar says
+    (_meta_value, as a Store reads it). Returns ({column family: (keys read, the damage that stopped the read or
+    "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int (Store.written_seq), "tables":
+    {name: its stored config}, "numbers": {name: its stored number}, "rows": the RowSizes of the "rows" column
+    family (as far as it was read), "restore_pending": the checkpoint of a restore that did not finish, or None,
+    "unreadable": {key: what is wrong, for each value that does not read (_meta_value's text); a table's config or
+    number is None then, another value as if absent}}); if RocksDB does not open, ({"": (0, why)}, None). Nothing
+    is written."""
     meta = {"shard": None, "flushed_seq": 0, "lsn_high": 0, "tables": {}, "numbers": {}, "rows": RowSizes(),
-            "restore_pending": None}  # fmt: skip
+            "restore_pending": None, "unreadable": {}}  # fmt: skip
     read_opts = ReadOptions()
     read_opts.set_verify_checksums(True)
     read_opts.fill_cache(False)
@@ -1528,10 +1549,16 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
 
 def _keep_meta(meta: dict, key: bytes, value: bytes) -> None:
     """What verify_rocksdb returns of a key of the meta column family."""
-    if key in (b"shard", b"flushed_seq", b"lsn_high"):
-        meta[key.decode()] = json.loads(value) if key == b"shard" else int(value)
-    elif key == b"restore_pending":
-        meta["restore_pending"] = value.decode("utf-8", "replace")
+    if _grammar_key(key) not in _META_GRAMMAR:
+        return
+    try:
+        value = _meta_value(key, value, StorageError)
+    except StorageError as e:
+        meta["unreadable"][key] = str(e)
+        value = None
+    if key in (b"shard", b"flushed_seq", b"lsn_high", b"restore_pending"):
+        if value is not None:
+            meta[key.decode()] = value
     elif key.startswith(TABLE_CONFIG_PREFIX):
         meta["tables"][key[len(TABLE_CONFIG_PREFIX) :].decode()] = value
     elif key.startswith(TABLE_ID_PREFIX):

@@ -2,26 +2,27 @@
 (`ps-server verify DIR`); verify_checkpoint does the same for a checkpoint (DIR holds a manifest.json), or for one
 shard's folder of it (`ps-server verify CHECKPOINT/shard-<i>`).
 
-What it reads: every key of every RocksDB column family, with every block's checksum verified (not cached); each
-table's config and number, and every stored row's size against its table's layout (a trained row's or a pending
-id's: ps.storage.store's grammar); the shard record in RocksDB against shard.json (ps.storage.sidefiles); every
-journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A finding is damaged where the server would
-refuse to start on it or fail a request with DATA_LOSS, and a note where it starts with a warning (a torn last
-journal record), repairs it (a missing shard.json) or never reads it (rows of a table number no table config has).
+What it reads: every key of every RocksDB column family, with every block's checksum verified (not cached); every
+meta value, read as the server reads it (ps.storage.store's grammar: each table's config, number and counts, the
+clock, the shard record, ...); each table's number, and every stored row's size against its table's layout (a
+trained row's or a pending id's); the shard record in RocksDB against shard.json (ps.storage.sidefiles); every
+journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A
+finding is damaged where the server would refuse to start on it or fail a request with DATA_LOSS (a restore or an
+export, in a checkpoint), and a note where it starts with a warning (a torn last journal record), repairs it (a
+missing shard.json) or never reads it (rows of a table number no table config has; a checkpoint's meta values
+other than its tables' numbers and counts).
 """
 
 from __future__ import annotations
 
-import json
 import os
 
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
-from ps.config import TableConfig
 from ps.errors import StorageError
 from ps.rows.layout import KEY_BYTES, layout_of
 from ps.storage.journal import Journal
 from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import META_CF, Store, damage_at, verify_rocksdb
+from ps.storage.store import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, Store, damage_at, verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 
@@ -73,9 +74,16 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
             "family (the shard record, the flushed position, the tables) could not be read whole"
         )
     else:
-        dims = _rows(meta, report, "a pull of them is refused with DATA_LOSS")
-        _identity(path, meta["shard"], found, lines)
-        _journal(path, meta["flushed_seq"], meta["lsn_high"], dims, found, lines)
+        _meta_values(meta, report, checkpoint=False)
+        dims = _rows(meta, report, checkpoint=False)
+        unreadable = meta["unreadable"]
+        if b"shard" not in unreadable:  # else named above, not compared
+            _identity(path, meta["shard"], found, lines)
+        if b"flushed_seq" in unreadable or b"lsn_high" in unreadable:
+            report.note("journal: not checked: RocksDB's flushed position or highest lsn does not read (above), and "
+                        "they say which records must be there")  # fmt: skip
+        else:
+            _journal(path, meta["flushed_seq"], meta["lsn_high"], dims, found, lines)
         pending = meta["restore_pending"]
         if pending and restoring is not None and os.path.abspath(restoring) == pending:
             lines.append(f"note    restore: a restore from {pending} did not finish; this start (--restore) begins it "
@@ -160,9 +168,12 @@ def _checkpoint_shard(directory: str, shard: dict, report: _Report) -> None:
         else:
             found(True, f"{name}: column family {cf}: {count:,} keys read, every block's checksum verified")
     if meta is not None and not read.get(META_CF, (0, ""))[1]:
-        _rows(meta, report, "a restore stops at them", f"{name}: ")
+        _meta_values(meta, report, True, f"{name}: ")
+        _rows(meta, report, True, f"{name}: ")
     if "rows" not in shard or "" in read:
         return
+    if meta is not None and any(key.startswith((TABLE_ID_PREFIX, COUNT_PREFIX)) for key in meta["unreadable"]):
+        return  # named above: the counts are read with them (Store.admitted_counts)
     try:
         held = Store.admitted_counts(path)
     except Exception as e:  # rocksdict raises plain Exception; the read above named the damage
@@ -174,33 +185,59 @@ def _checkpoint_shard(directory: str, shard: dict, report: _Report) -> None:
     found(not differ, f"{name}: admitted rows {'; '.join(differ) or f'as the manifest counts ({counted})'}")
 
 
-def _rows(meta: dict, report: _Report, refused: str, at: str = "") -> dict[str, int | None]:
-    """Each table's config and number, and the size of every stored row of it against its layout: a trained row's
-    or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS);
-    a note of the rows of a table number no readable table config has (no server reads them). meta:
-    verify_rocksdb's, of a meta column family read whole. refused: what a row of another size makes fail. Returns
-    {table: its dim, None where its config is unreadable}."""
-    found = report.found
-    rows, checked, bad_tables, dims = meta["rows"], {}, 0, dict.fromkeys(meta["tables"])
-    numbers: set[int] = set()  # of the tables whose config and number read
-    for table, config in sorted(meta["tables"].items()):
-        number = meta["numbers"].get(table)
-        try:
-            cfg = TableConfig.from_dict(json.loads(config))
-            dims[table] = cfg.dim
-            layout = layout_of(cfg.dim, cfg.optimizer.name)
-            number = int(number) if number is not None else None
-        except (ValueError, KeyError, TypeError) as e:
-            found(False, f"{at}table {table!r}: its config (meta key table/{table}) or its number (tid/{table}) is "
-                         f"unreadable ({type(e).__name__}: {e}): a server refuses to start on it")  # fmt: skip
-            bad_tables += 1
+def _follows(key: bytes, checkpoint: bool) -> str | None:
+    """What a meta value that does not read as ps.storage.store's grammar says makes fail, in a data dir or a
+    checkpoint; None where nothing reads it (a checkpoint's values other than its tables' numbers and counts:
+    a restore takes the rest from the manifest)."""
+    if checkpoint:
+        if key.startswith(TABLE_ID_PREFIX):
+            return "a restore or an export of the checkpoint is refused"
+        return "a restore of the checkpoint is refused" if key.startswith(COUNT_PREFIX) else None
+    if key.startswith(TABLE_ID_PREFIX):
+        return "every request that reads a table's rows fails with DATA_LOSS (the table numbers are read together)"
+    return "Stats, and a start given --restore, fail with DATA_LOSS" if key == b"restored" else (
+        "a server refuses to start on it")  # fmt: skip
+
+
+def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> None:
+    """A finding for each meta value that does not read as ps.storage.store's grammar says (as the server reads
+    it), but the number of a table whose config is stored: _rows names that with the table."""
+    for key, what in sorted(meta["unreadable"].items()):
+        if key.startswith(TABLE_ID_PREFIX) and key[len(TABLE_ID_PREFIX) :].decode() in meta["tables"]:
             continue
-        if number is None:
-            found(False, f"{at}table {table!r}: its config is stored without its number (meta key tid/{table}): "
-                         "none of its rows can be found; a pull of it is refused with DATA_LOSS")  # fmt: skip
+        follows = _follows(key, checkpoint)
+        if follows is None:
+            report.note(f"{at}{what}: no restore or export reads it")
+        else:
+            report.found(False, f"{at}{what}: {follows}")
+
+
+def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
+    """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
+    or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS);
+    a note of the rows of a table number no table config has (no server reads them). meta: verify_rocksdb's, of a
+    meta column family read whole. Returns {table: its dim, None where its config does not read}."""
+    found = report.found
+    rows, checked, bad_tables = meta["rows"], {}, 0
+    dims = {table: cfg.dim if cfg is not None else None for table, cfg in meta["tables"].items()}
+    numbers: set[int] = set()  # of the tables whose config is stored (readable or not) and whose number reads
+    for table, cfg in sorted(meta["tables"].items()):
+        number = meta["numbers"].get(table)
+        if number is None:  # its number absent, or not read (_meta_values leaves it to this finding)
+            why = meta["unreadable"].get(TABLE_ID_PREFIX + table.encode())
+            if why:
+                follows = _follows(TABLE_ID_PREFIX, checkpoint)
+            else:
+                why = f"its config is stored without its number (meta key tid/{table})"
+                follows = "a restore or an export of the checkpoint is refused" if checkpoint else (
+                    "a pull of it is refused with DATA_LOSS")  # fmt: skip
+            found(False, f"{at}table {table!r}: {why}: none of its rows can be found; {follows}")
             bad_tables += 1
             continue
         numbers.add(number)
+        if cfg is None:  # named by _meta_values
+            continue
+        layout = layout_of(cfg.dim, cfg.optimizer.name)
         sizes = (layout.value_bytes, layout.pending_value_bytes)
         mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
         checked[table] = sum(n for n, _ in mine.values())
@@ -209,6 +246,7 @@ def _rows(meta: dict, report: _Report, refused: str, at: str = "") -> dict[str, 
             bad_tables += 1
             first = min(key for _, key in bad.values())
             shown = ", ".join(f"{n:,} of {size:,} bytes" for size, (n, _) in list(bad.items())[:5])
+            refused = "a restore stops at them" if checkpoint else "a pull of them is refused with DATA_LOSS"
             found(False, f"{at}table {table!r}: {sum(n for n, _ in bad.values()):,} stored rows of a size its layout "
                          f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes[0]} bytes, "
                          f"a pending id {sizes[1]}), the first of id {int.from_bytes(first[6:], 'big')} (key "
