@@ -215,23 +215,24 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
 def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
     """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
     or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS);
-    a note of the rows of a table number no table config has (no server reads them). meta: verify_rocksdb's, of a
-    meta column family read whole. Returns {table: its dim, None where its config does not read}."""
+    a note of the rows of a table number no table config has (no server reads them), said instead with the one
+    table whose number is absent or does not read, if there is one. meta: verify_rocksdb's, of a meta column family
+    read whole. Returns {table: its dim, None where its config does not read}."""
     found = report.found
     rows, checked, bad_tables = meta["rows"], {}, 0
     dims = {table: cfg.dim if cfg is not None else None for table, cfg in meta["tables"].items()}
     numbers: set[int] = set()  # of the tables whose config is stored (readable or not) and whose number reads
+    lost = []  # (table, why, what follows) of the tables whose config is stored and whose number is absent or not read
     for table, cfg in sorted(meta["tables"].items()):
         number = meta["numbers"].get(table)
-        if number is None:  # its number absent, or not read (_meta_values leaves it to this finding)
+        if number is None:  # (_meta_values leaves a number that does not read to this finding)
             why = meta["unreadable"].get(TABLE_ID_PREFIX + table.encode())
             if why:
-                follows = _follows(TABLE_ID_PREFIX, checkpoint)
+                lost.append((table, why, _follows(TABLE_ID_PREFIX, checkpoint)))
             else:
-                why = f"its config is stored without its number (meta key tid/{table})"
-                follows = "a restore or an export of the checkpoint is refused" if checkpoint else (
-                    "a pull of it is refused with DATA_LOSS")  # fmt: skip
-            found(False, f"{at}table {table!r}: {why}: none of its rows can be found; {follows}")
+                lost.append((table, f"its config is stored without its number (meta key tid/{table})",
+                             "a restore or an export of the checkpoint is refused" if checkpoint else
+                             "a pull of it is refused with DATA_LOSS"))  # fmt: skip
             bad_tables += 1
             continue
         numbers.add(number)
@@ -256,12 +257,17 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
         if number not in numbers:
             seen = orphans.setdefault(number, [0, key])
             seen[0], seen[1] = seen[0] + n, min(seen[1], key)
-    if orphans:
-        shown = ", ".join(f"{number} ({n:,} rows)" for number, (n, _) in sorted(orphans.items())[:5])
-        report.note(f"{at}rows of no table: {sum(n for n, _ in orphans.values()):,} stored rows of table number(s) "
-                    f"{shown}{', ...' if len(orphans) > 5 else ''}, which no readable table config has (meta keys "
-                    "table/<name>, tid/<name>): no server reads them; the first key "
-                    f"{min(key for _, key in orphans.values()).hex()}")  # fmt: skip
+    shown = ", ".join(f"{number} ({n:,} rows)" for number, (n, _) in sorted(orphans.items())[:5])
+    orphan_rows = (f"{sum(n for n, _ in orphans.values()):,} stored rows of table number(s) {shown}"
+                   f"{', ...' if len(orphans) > 5 else ''}")  # fmt: skip
+    first_orphan = min((key for _, key in orphans.values()), default=b"").hex()
+    for table, why, follows in lost:  # the rows of the one such table are among the orphans: said here, once
+        among = (f". Its rows, if it has any, are among the {orphan_rows}, which no other table has; the first key "
+                 f"{first_orphan}" if orphans and len(lost) == 1 else "")  # fmt: skip
+        found(False, f"{at}table {table!r}: {why}: none of its rows can be found; {follows}{among}")
+    if orphans and len(lost) != 1:  # with two tables or more without their numbers, whose rows are whose is unknown
+        report.note(f"{at}rows of no table: {orphan_rows}, which no readable table config has (meta keys "
+                    f"table/<name>, tid/<name>): no server reads them; the first key {first_orphan}")  # fmt: skip
     odd, first = rows.odd_keys
     if odd:
         found(False, f"{at}column family rows: {odd:,} keys of another size than {KEY_BYTES} bytes (table, slot, id), "
