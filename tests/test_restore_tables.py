@@ -16,11 +16,12 @@ import pytest
 from ps.checkpoint import write_manifest
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.errors import RamTierTooSmallError, StorageError
+from ps.errors import CheckpointDamagedError, RamTierTooSmallError, StorageError
 from ps.rows.initializers import init_rows
 from ps.rows.layout import layout_of
 from ps.storage import atomicfile
 from ps.storage.store import Store
+from ps.storage.verify import verify_checkpoint
 from tests.conftest import one_shard_checkpoint, one_table_checkpoint
 
 
@@ -43,8 +44,18 @@ def test_a_table_of_the_manifest_the_checkpoint_lacks_is_refused_by_name(tmp_pat
         np.testing.assert_array_equal(restored.pull("kept", ids), -np.ones((5, 2), np.float32))
     finally:
         restored.close()
-    with pytest.raises(StorageError, match=r"holds no table number for table\(s\) 'lost' of its manifest"):
+    with pytest.raises(CheckpointDamagedError, match=rf"checkpoint {tmp_path / 'bad'} is damaged: shard-0: its meta "
+                       r"holds no table number for table\(s\) 'lost' of its manifest .*The restore stopped and deleted "
+                       "what it had copied"):  # fmt: skip
         Shard(ServerConfig(data_dir=str(tmp_path / "b"), restore_dir=str(tmp_path / "bad")))
+    shard = Shard(ServerConfig(data_dir=str(tmp_path / "b")))  # no table, no mark of an unfinished restore
+    try:
+        assert shard.tables == {}
+    finally:
+        shard.close()
+    lines, damaged = verify_checkpoint(str(tmp_path / "bad"))  # what the refusal says to run names it
+    assert damaged and "DAMAGED shard-0: its meta holds no table number for table(s) 'lost' of the manifest (meta key " \
+                       "tid/<table>): a restore of the checkpoint is refused" in lines, lines  # fmt: skip
 
 
 def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_holds(tmp_path, caplog):

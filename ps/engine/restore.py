@@ -51,7 +51,8 @@ def restore_into(
     restore there, which leaves that mark.
 
     A checkpoint whose RocksDB is damaged (CheckpointDamagedError: a block whose checksum fails, found when the
-    copy reads it; the files' sha256s match, as they do when the damage was saved) stops the restore, which then
+    copy reads it; the files' sha256s match, as they do when the damage was saved; or a value, a row or a table
+    number that is not as the store's grammar and the manifest say: Store.import_slots) stops the restore, which then
     deletes what it copied and its mark (Store.forget_unfinished_restore), leaving the store as it was: the error
     is the checkpoint's, and a start with another checkpoint must not be refused for it. Only when that deletion
     fails too does the mark stay (the error says so, and check_restored what to do)."""

@@ -1096,13 +1096,12 @@ class Store:
     ) -> dict[str, dict]:
         """Copies the rows of slots [lo, hi) of each table from the RocksDB at `source` (a checkpoint, opened
         read-only) into this store, with their lsn reset to 0 (this store's journal starts anew). Returns
-        {table: {"admitted": rows, "pending": ids}} copied. StorageError, before anything is copied, if the
-        checkpoint holds no table number for one of `tables` (its meta does not match its manifest).
-        CheckpointDamagedError where RocksDB finds damage in source, or a value that does not read as the module's
-        grammar says: a row of neither a pending id's size nor a trained row's of its table's width (widths: table
-        -> floats per row, its RowLayout.width), named once the table's slots are read, nothing copied past the
-        first (what was copied stays: the caller undoes it). on_written: told the admitted rows of each batch written (it may raise
-        to stop the copy there). trained_from: source owned some of these slots, so a table its counts say was
+        {table: {"admitted": rows, "pending": ids}} copied. CheckpointDamagedError where RocksDB finds damage in
+        source, or where source does not hold what the grammar and the manifest say: no table number for one of
+        `tables` (before anything is copied from it), a meta value that does not read, a row of neither a pending
+        id's size nor a trained row's of its table's width (widths: table -> floats per row, its RowLayout.width:
+        named once the table's slots are read, nothing copied past the first). What was copied stays: the caller
+        undoes it. on_written: told the admitted rows of each batch written (it may raise to stop the copy there). trained_from: source owned some of these slots, so a table its counts say was
         trained (a Shrink may have dropped every id since) is trained here too."""
         lo, hi = slots
         copied = {}
@@ -1111,11 +1110,8 @@ class Store:
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}  # the checkpoint's
             missing = [t for t in tables if t not in numbers]
             if missing:
-                raise StorageError(
-                    f"checkpoint {source} holds no table number for table(s) {', '.join(map(repr, missing[:10]))} of "
-                    "its manifest (meta key tid/<table>): its rows cannot be found, so nothing was copied from it; "
-                    "the checkpoint is damaged or its manifest belongs to another checkpoint"
-                )
+                raise damaged(f"its meta holds no table number for table(s) {', '.join(map(repr, missing[:10]))} of "
+                              "its manifest (meta key tid/<table>): their rows cannot be found")  # fmt: skip
             meta = src.get_column_family(META_CF) if META_CF in names else None
             for table in tables:
                 counts = {"admitted": 0, "pending": 0}

@@ -134,18 +134,20 @@ def verify_checkpoint(directory: str, only: str | None = None) -> tuple[list[str
     except StorageError as e:
         found(False, f"manifest: {e}")
         shards = [{"dir": name} for name in sorted(os.listdir(directory)) if name.startswith("shard-")]
+        tables = None
     else:
-        tables = ", ".join(t["name"] for t in manifest["tables"]) or "none"
-        found(True, f"manifest: {manifest['num_shards']} shard(s), clock {manifest['clock']:,}, tables {tables}; its "
-                    "sha256 matches")  # fmt: skip
+        tables = [t["name"] for t in manifest["tables"]]
+        found(True, f"manifest: {manifest['num_shards']} shard(s), clock {manifest['clock']:,}, tables "
+                    f"{', '.join(tables) or 'none'}; its sha256 matches")  # fmt: skip
         shards = sorted(manifest["shards"], key=lambda shard: shard["shard_id"])
     for shard in shards:
         if only is None or shard["dir"] == only:
-            _checkpoint_shard(directory, shard, report)
+            _checkpoint_shard(directory, shard, tables, report)
     return report.finish(f"verify checkpoint {directory if only is None else os.path.join(directory, only)}")
 
 
-def _checkpoint_shard(directory: str, shard: dict, report: _Report) -> None:
+def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, report: _Report) -> None:
+    """The findings of one shard's folder; tables: the manifest's (None: it does not read)."""
     found, name = report.found, shard["dir"]
     path = os.path.join(directory, name)
     if not os.path.isdir(path):
@@ -170,6 +172,10 @@ def _checkpoint_shard(directory: str, shard: dict, report: _Report) -> None:
     if meta is not None and not read.get(META_CF, (0, ""))[1]:
         _meta_values(meta, report, True, f"{name}: ")
         _rows(meta, report, True, f"{name}: ")
+        missing = [t for t in tables or () if t not in meta["tables"] and t not in meta["numbers"]]  # (else: _rows)
+        if missing:
+            found(False, f"{name}: its meta holds no table number for table(s) {', '.join(map(repr, missing[:10]))} "
+                         "of the manifest (meta key tid/<table>): a restore of the checkpoint is refused")  # fmt: skip
     if "rows" not in shard or "" in read:
         return
     if meta is not None and any(key.startswith((TABLE_ID_PREFIX, COUNT_PREFIX)) for key in meta["unreadable"]):
