@@ -226,7 +226,7 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     fit.add_argument(
         "--resume-file",
         default=None,
-        help="keep this worker's position in FILE (every 10 s, and as it stops or ends) and, when FILE exists, "
+        help="keep this worker's position in FILE (as it starts, every 10 s, and as it stops or ends) and, when FILE exists, "
         "train on from it: the same command started again (a restart policy's, a Job's retry) resumes instead of "
         "training from the start; refused where FILE is another run's, or in use by a run still going; {worker} in the name: the worker's id; not "
         "used (a warning) with --mode sync or ssp, or --dense allreduce",
