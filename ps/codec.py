@@ -76,7 +76,7 @@ message WorkerStamp
   9  acked            VARINT  uint64                   the worker's steps whose push has had its reply
   10 setup            LEN     string                   key=value pairs every worker of the job runs alike
   11 stopped          LEN     string                   push with no pushes: why the worker stopped before its end
-  12 unclocked        VARINT  bool                     async or geo: push only; names the job, moves no clock
+  12 unclocked        VARINT  bool                     async or geo: push, create; names the job, moves no clock
   13 token            VARINT  uint64                   unclocked: the worker process's random id; 0: not known
 
 message PullBatchRequest

@@ -1,5 +1,6 @@
 """WorkerStamp: what a training job's worker stamps its requests with (sync and ssp: its PullBatch and PushBatch;
-async and geo: its PushBatch, unclocked), field for field protos/ps.proto's WorkerStamp. The worker builds it
+async and geo: its PushBatch, unclocked; every mode: the CreateTable of its job's tables, which holds the shard for
+the job), field for field protos/ps.proto's WorkerStamp. The worker builds it
 (worker/steprows.py) and sends it
 (ps.codec.stamp_to_proto); the shard reads it back (ps.service.stamp_of, from_message), checks it and keeps the job's clocks by
 it (ps.engine.jobs)."""

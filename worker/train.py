@@ -9,7 +9,9 @@
                  job is worker/job.py check_training's, which `ps-worker launch` runs for its job before it starts
                  anything: its workers then say none of its warnings)
                  create the tables (one per schema table, one per dense parameter) on the servers
-                                                           # worker/model_tables.py
+                                                           # worker/model_tables.py; with the job's stamp: each
+                                                           # shard holds itself for the job from its first table
+                                                           # (--resume-file's position written just before)
                  run_epochs (worker/loop.py), evaluating the validation set as it goes
                  evaluate the eval set, read batch by batch as it is scored (worker/scoring.py); results
                  printed, and written to --metrics-out as JSON
