@@ -25,11 +25,12 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
 - job_id: the job id the run trains under (its --job-id, or the one made up at its first start); absent or null:
   not known. A start without --job-id takes it (and `ps-worker launch` gives it to every worker): a shard holds
   a job whose worker was killed without a word (SIGKILL, an OOM kill, a lost node) for its barrier timeout, and
-  refuses another job's pushes until then (ps/engine/jobs.py), but lets its own job push on. A start given
-  another --job-id is refused, as for the run settings.
+  refuses another job's table creations and pushes until then (ps/engine/jobs.py), but lets its own job push on.
+  A start given another --job-id is refused, as for the run settings.
 - token: the worker process's token (ps.stamp WorkerStamp.token, made up at the run's first start); absent or null:
   not known. A start takes it: for the shards it is the same process, and pushes on at once, where another process
-  given the same --worker-id is refused while the first one's pushes are heard.
+  given the same --worker-id (or this worker started again without the file) is refused while the first one's
+  requests are heard (within the job's barrier timeout, not done or stopped).
 
 It is written as the run starts (before its first CreateTable, which holds the shards for its job: the job id and
 token are kept from then on; a start with --skip-examples past its stream, refused, removes the file it wrote),
