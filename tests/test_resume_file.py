@@ -494,3 +494,27 @@ def test_the_job_id_and_token_are_kept_before_the_first_create_and_a_restart_tak
         assert (record["job_id"], record["token"], record["examples"]) == (stamp.job, stamp.token, 0) and stamp.token
         kept = json.loads(position.read_text())
         assert (kept["job_id"], kept["token"]) == (stamp.job, stamp.token)
+
+
+def test_a_first_start_the_shards_refuse_records_nothing_and_the_corrected_command_trains(tmp_path, capsys,
+                                                                                          monkeypatch):  # fmt: skip
+    """B, given A's --worker-id by mistake, is refused at its first CreateTable (A's token holds worker 0): its
+    file, written as it started, is removed, so that B started again with its own --worker-id (as the refusal
+    says) and the same --resume-file trains its share instead of being refused as a run of other settings."""
+    from worker.client import Client
+
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    with LocalCluster(1) as cluster:
+        train = ["train", "--servers", cluster.addresses[0], *FLAGS, "--mode", "async", "--num-workers", "2",
+                 "--job-id", "4343"]  # fmt: skip
+        monkeypatch.setattr(Client, "stop_job", lambda *a, **kw: [])  # the shards are told nothing: A holds worker 0
+        interrupt_after(monkeypatch, 3)
+        code, out, err = run([*train, "--worker-id", "0", "--resume-file", str(first)], capsys)
+        assert code == 130 and first.exists(), err
+        monkeypatch.undo()
+        code, out, err = run([*train, "--worker-id", "0", "--resume-file", str(second)], capsys)
+        assert code == 2 and "is trained here by another process" in err and "own --worker-id in 0..1" in err, err
+        assert not second.exists()
+        code, out, err = run([*train, "--worker-id", "1", "--resume-file", str(second)], capsys)
+        assert code == 0 and "no position yet" in out and re.search(r"trained lr .* on 3,000 examples", out), err
+        assert json.loads(second.read_text())["finished"] is True

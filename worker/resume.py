@@ -33,7 +33,8 @@ The file is JSON, replaced whole (written to a temporary file beside it, flushed
   requests are heard (within the job's barrier timeout, not done or stopped).
 
 It is written as the run starts (before its first CreateTable, which holds the shards for its job: the job id and
-token are kept from then on; a start with --skip-examples past its stream, refused, removes the file it wrote),
+token are kept from then on; a first start that fails before it trains, refused by the shards say, or given
+--skip-examples past its stream, removes the file it wrote: it records nothing),
 every WRITE_EVERY_S seconds of training, when the run stops (an error, Ctrl-C, SIGTERM), when its
 training is over and at its end. After a kill -9 the last periodic write is what is left: a restart trains again the
 examples of at most the last WRITE_EVERY_S seconds, whose updates the servers then apply twice (as async
@@ -287,7 +288,8 @@ class PositionWriter:
 
     def forget(self) -> None:
         """Removes the file, written by this run as it started (there was none before) with nothing trained since:
-        a start refused for its --skip-examples records nothing."""
+        a first start that fails before it trains (refused by the shards, or for its --skip-examples) records
+        nothing, and the same file serves the command corrected."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         self.written = None

@@ -155,6 +155,8 @@ def train(cfg: TrainConfig) -> dict:
         except BaseException as e:  # before training: the shards hold the job no more for this worker
             if trains:
                 abandon(source, e)  # (sync and ssp: the job stops, so that no other worker waits for this one)
+            if position is not None and cfg.resume_started_from is None:  # the file this start wrote: a start
+                position.forget()  # refused (another job, another process of its worker) records nothing
             raise
         loop = LoopResult()
         try:
