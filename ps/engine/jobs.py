@@ -454,7 +454,8 @@ class JobClocks:
         live = sum(not d for d in self._done)
         resume = (
             f", or resume job {self.job} (its workers' command with --job-id {self.job}; a --resume-file "
-            "keeps it, and `ps-worker launch` run again with its --resume-file gives it back), which pushes on at once"
+            "keeps it, and `ps-worker launch` run again with its --resume-file gives it back), which pushes on at once "
+            "(a worker killed without a word, only with its --resume-file, which keeps its process token)"
             if self.unclocked
             else ""
         )  # a sync or ssp worker cannot rejoin
