@@ -160,6 +160,45 @@ def test_the_worker_that_leaves_last_writes_the_mlp_before_it_leaves(tmp_path):
         np.testing.assert_array_equal(np.load(tmp_path / "servers.0.npy"), flat(DenseSync(tables, PARAMS).pull()))
 
 
+def run_handing_over_worker(rank: int, port: int, out_dir: str) -> None:
+    """As run_leaving_worker (rank 0 out of batches SHORT steps before rank 1), with a write due at every step of
+    the writer; after its last step, and after finish, each rank records whether save_on_stop (a stop then)
+    wrote."""
+    import worker.allreduce
+
+    worker.allreduce.WRITE_EVERY_S = 0.0
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD))
+    with dense_tables() as tables:
+        source = RecordingSource(tables)
+        dense = AllReduceDense(tables, PARAMS, OPTIMIZERS["sgd"], source=source)
+        dense.pull()
+        for s in range(STEPS - SHORT * (1 - rank)):
+            dense.step(grads_of(rank, s))
+        source.events.append(f"stop-writes={dense.save_on_stop()}")
+        dense.finish(source.finish)
+        source.events.append(f"stop-writes={dense.save_on_stop()}")  # done: nothing more
+        pathlib.Path(out_dir, f"events.{rank}").write_text(" ".join(source.events))
+        np.save(pathlib.Path(out_dir, f"held.{rank}.npy"), flat(dense.values))
+        np.save(pathlib.Path(out_dir, f"servers.{rank}.npy"), flat(DenseSync(tables, PARAMS).pull()))
+        dense.close()
+
+
+def test_the_writer_is_the_lowest_rank_with_a_batch_while_training_and_as_it_stops(tmp_path):
+    """Rank 0 writes the MLP at its steps (due at every step here) until it runs out of batches and leaves; then
+    rank 1, the lowest rank with a batch, writes it at each of its steps alone, and would write it were it
+    stopped after its last step (save_on_stop): a checkpoint taken while rank 1 trains on, or a run that stops
+    then, does not find the MLP rank 0 wrote last. A worker that left writes nothing more."""
+    spawn_workers(str(tmp_path), run_handing_over_worker)
+    events = [(tmp_path / f"events.{r}").read_text().split() for r in range(WORLD)]
+    ran = STEPS - SHORT  # rank 0's steps
+    # a stop after a rank's last step: each was the writer of it (rank 0 of its own, rank 1 of the group's last)
+    assert events[0] == ["write"] * ran + ["write", "stop-writes=True", "leave", "stop-writes=False"]
+    assert events[1] == ["write"] * SHORT + ["write", "stop-writes=True", "write", "leave", "stop-writes=False"]
+    held = [np.load(tmp_path / f"held.{r}.npy") for r in range(WORLD)]
+    np.testing.assert_array_equal(held[0], held[1])
+    np.testing.assert_allclose(np.load(tmp_path / "servers.1.npy"), held[1], rtol=1e-6, atol=1e-7)
+
+
 def spawn_workers(out_dir: str, target=run_worker, timeout_s: float = 60.0) -> None:
     context = mp.spawn(target, args=(free_port(), out_dir), nprocs=WORLD, join=False)
     deadline = time.monotonic() + timeout_s
@@ -300,10 +339,7 @@ def test_rank_0_writes_the_mlp_while_the_job_trains_after_its_first_step_then_ev
             dense._next_write = 0.0  # the interval has passed
             dense.step(grads_of(0, 2))
             np.testing.assert_allclose(flat(DenseSync(tables, PARAMS).pull()), flat(dense.values), atol=1e-7)
-            dense.rank, dense._next_write = 1, 0.0
-            dense.tables = UnreachableTables()  # a rank other than 0 never writes (nor reads) the servers
-            dense.step(grads_of(0, 3))
-        finally:
+        finally:  # (another rank writes only once rank 0 has no batch: test_the_writer_is_the_lowest_rank_...)
             dense.close()
 
 

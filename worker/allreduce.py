@@ -3,13 +3,13 @@
 The servers hold the dense parameters (worker.dense's tables) as a worker last wrote them: pull() has rank 0 read
 their initial values and broadcast them, so every worker starts identical and equal to the PS path's start; finish()
 has a worker write the trained values back as add-delta pushes, so evaluation and checkpoints read the trained
-MLP from the servers. Rank 0 also writes them, alone, after its first step and then every WRITE_EVERY_S seconds, so
-that a checkpoint, export, eval or predict taken while the job trains reads an MLP at most that old (not the
-one the job started from). Every write goes through the worker's row source (`source`: push_apart, with its job's
+MLP from the servers. The lowest rank that has a batch at a step (rank 0 until it runs out: the writer) also writes
+them, alone, after its first step as the writer and then every WRITE_EVERY_S seconds, so that a checkpoint, export,
+eval or predict taken while the job trains reads an MLP at most that old (not the one the job started from). Every write goes through the worker's row source (`source`: push_apart, with its job's
 stamp, as the PS path's pushes), while the worker has not said it is done: its job holds the shards then, and a
 shard that holds another job refuses the write. In between, a step's gradients (every parameter flattened, in
-params order, into one float32 buffer, followed by one float: 1 from a worker with a batch) go through one
-all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the optimizer
+params order, into one float32 buffer, followed by one float per rank: 1 in its own from a worker with a batch) go
+through one all_reduce (SUM) and are divided by the number of workers that had a batch; each worker then applies the optimizer
 to that mean itself (LocalOptimizer: the servers' rule per element), so equal inputs leave every worker with equal
 weights, bit for bit. A mean with an Inf or NaN (a worker's loss diverged) is refused as a server refuses such a
 push: every rank raises ValueError at that step, its values and optimizer state those of the step before.
@@ -17,9 +17,10 @@ push: every rank raises ValueError at that step, its values and optimizer state 
 Workers may run out of batches at different steps (shares of a file differ by a line, a worker stops early):
 finish() keeps a worker that is done in the all_reduces, adding zeros and 0 to the count and applying the same
 mean as the others, until every worker is done. A worker that waits so for the others says it is done first (its
-`leave`: the row source's finish), since an ssp shard would hold the others' pulls for it; the lowest rank of those
-that did not wait (they had a batch at the group's last step) then writes the values (flush(writer)), its job still
-holding the shards for it, and says it is done after that. pull, step, finish and flush are collective: every
+`leave`: the row source's finish), since an ssp shard would hold the others' pulls for it; the writer of the group's
+last step (the lowest rank of those that did not wait) then writes the values (flush(writer)), its job still
+holding the shards for it, and says it is done after that; and a worker stopped before its end has the writer of
+the last step it took part in write them (save_on_stop). pull, step, finish and flush are collective: every
 rank of the group calls pull and finish (or flush) once, in that order, and step between them as often as it has
 batches. A failure of rank 0's pull, or of the writer's write, reaches every rank as an error (after its own). A
 peer worker that dies makes the collective it is missing from fail at once on the others (a ConnectionError); one
@@ -51,7 +52,7 @@ from worker.dense import DEFAULT_OPTIMIZER, table_name
 from worker.models.spec import DenseParam
 
 ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
-WRITE_EVERY_S = 30.0  # rank 0's writes of the MLP to the servers while the job trains
+WRITE_EVERY_S = 30.0  # the writer's writes of the MLP to the servers while the job trains
 
 
 def rank_device(device: str) -> str:
@@ -236,12 +237,14 @@ class AllReduceDense:
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.ids = {p.name: np.arange(p.shape[0], dtype=np.uint64) for p in params}
         self.weights = np.zeros(sum(self.sizes), np.float32)  # every parameter, flattened in params order
-        self._buffer = np.empty(len(self.weights) + 1, np.float32)  # the gradients, then the count of workers
-        self._grads = self._buffer[:-1]
+        # the gradients, then one flag per rank: 1 from a worker with a batch
+        self._buffer = np.empty(len(self.weights) + self.world_size, np.float32)
+        self._grads = self._buffer[: len(self.weights)]
+        self._writer = 0  # the lowest rank with a batch at the last step that had one: it writes the values
         self.values: dict[str, np.ndarray] = {}
         self.syncs = 0
         self._closed = False
-        self._next_write = 0.0  # time.monotonic() of rank 0's next write while training: after the first step
+        self._next_write = 0.0  # time.monotonic() of this rank's next write as the writer: after its first step
         self._left = False  # finish() said this worker is done (leave): it writes nothing more
 
     def pull(self) -> dict[str, np.ndarray]:
@@ -280,45 +283,48 @@ class AllReduceDense:
         """This worker has no more batches: it takes part in the others' steps (adding no gradient) until every
         worker is done, then the lowest rank that did not wait for the others writes the values (flush), and
         leave() (this worker is done: the row source's finish). One that waits leaves before it does (an ssp
-        shard would hold the others' pulls for it); the rest once the values are written, under their job's hold."""
+        shard would hold the others' pulls for it); the rest once the values are written, under their job's hold:
+        the writer of the group's last step, which had a batch then, did not wait."""
         self._next_write = math.inf  # the write below is the last
         waited = False
         while self.params and self._reduce_and_apply(0.0):
             if not waited:
                 leave()
                 self._left = waited = True
-        flags = np.zeros(self.world_size, np.float32)
-        flags[self.rank] = float(waited)
-        self._collective("all_reduce", flags, "which workers waited for the others")
-        self.flush(int(np.flatnonzero(flags == 0.0)[0]))  # a worker of the group's last step did not wait
+        self.flush(self._writer)
         if not waited:
             leave()
             self._left = True
 
     def _reduce_and_apply(self, has_batch: float) -> int:
         """One all_reduce of the buffer (this worker's gradients, or zeros without a batch); applies the mean
-        over the workers that had a batch. Returns how many had one (0: every worker is done, nothing applied)."""
+        over the workers that had a batch, the lowest of them the writer. Returns how many had one (0: every worker
+        is done, nothing applied)."""
         if not has_batch:
             self._grads[:] = 0.0
-        self._buffer[-1] = has_batch
+        flags = self._buffer[len(self._grads) :]
+        flags[:] = 0.0
+        flags[self.rank] = has_batch
         self._collective("all_reduce", self._buffer, "the dense gradients")
-        active = int(round(float(self._buffer[-1])))
+        ranks = np.flatnonzero(flags)
+        active = len(ranks)
         if active == 0:
             return 0
+        self._writer = int(ranks[0])
         if active > 1:
             np.divide(self._grads, np.float32(active), out=self._grads)
         self._refuse_non_finite(self._grads)
         self.optimizer.apply(self.weights, self._grads)
         self.values = self._split(self.weights)
         self.syncs += 1
-        if self.rank == 0 and time.monotonic() >= self._next_write:
+        if self.rank == self._writer and time.monotonic() >= self._next_write:
             self._write_values()
         return active
 
     def _refuse_non_finite(self, grads: np.ndarray) -> None:
         """ValueError naming the first Inf or NaN of the mean gradient (flat, in params order), as a server refuses
         a push of one: raised by every rank at the same step (they hold the same mean), before any change. Not a
-        server's error: rank 0 saves the MLP of the step before as it stops (worker.loop.save_dense_on_stop)."""
+        server's error: the writer saves the MLP of the step before as it stops (worker.loop.save_dense_on_stop)."""
         bad = first_non_finite(grads)
         if bad < 0:
             return
@@ -347,12 +353,13 @@ class AllReduceDense:
         self._agree_ok(error, "write the dense parameters to the servers", writer)
 
     def save_on_stop(self) -> bool:
-        """For a worker stopped before its end (a signal, an error), before it tells the shards so: rank 0 writes
-        its values to the servers as flush() does, alone (the other ranks may be gone: no collective), so that the
-        servers hold the MLP of its last step, which a resumed run (--skip-examples) trains on. Whether it wrote
-        (rank 0, after a step, not done: a worker that said it is done writes nothing more); raises what the write
-        raises. A rank 0 killed by SIGKILL writes nothing: the servers hold the MLP it wrote last."""
-        if self.rank != 0 or not self.params or not self.syncs or self._left:
+        """For a worker stopped before its end (a signal, an error), before it tells the shards so: the writer of
+        the last step it took part in (the lowest rank with a batch then: rank 0 until it ran out) writes its values
+        to the servers as flush() does, alone (the other ranks may be gone: no collective), so that the servers
+        hold the MLP of its last step, which a resumed run (--skip-examples) trains on. Whether it wrote (the
+        writer, after a step, not done: a worker that said it is done writes nothing more); raises what the write
+        raises. A writer killed by SIGKILL writes nothing: the servers hold the MLP written last."""
+        if self.rank != self._writer or not self.params or not self.syncs or self._left:
             return False
         self._write_values()
         return True

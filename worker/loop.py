@@ -20,7 +20,7 @@ evaluation comes back at the end (worker/best.py BestModel), before the worker s
 shards meanwhile, so the restore's deltas land in its own tables. When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it: after the
 MLP's last pushes, when dense.finish calls it (allreduce: the MLP written before the last workers say so). When an
-error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped (allreduce: rank 0 writes the MLP
+error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped (allreduce: the writer writes the MLP
 before, save_dense_on_stop), and geo pushes the deltas it holds, before the stopped worker's last PROGRESS line;
 an error in the pushes that end the run, geo's last deltas or the MLP's last gradients, ends it with that line
 too, counting what the servers hold. A ValueError
@@ -365,7 +365,7 @@ def run_epochs(
         try:  # the MLP's background pushes end first (waited for a while): an async or geo one applied after the
             if not dense.collective:  # stop would mark the worker running again, holding the shards for its job
                 dense.close()
-            else:  # allreduce: rank 0 writes the MLP of its last step, stamped, while its job holds the shards
+            else:  # allreduce: the writer writes the MLP of its last step, stamped, while its job holds the shards
                 save_dense_on_stop(dense, e)
         finally:
             abandon(source, e)  # (geo: pushes the deltas it holds, unless the servers are what failed)
@@ -386,9 +386,9 @@ def run_epochs(
 
 
 def save_dense_on_stop(dense: Any, e: BaseException) -> None:
-    """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has rank 0 write
-    it to the servers (AllReduceDense.save_on_stop), before it tells them it stopped, unless e is a server's error;
-    a failure is logged, not raised (e is the error to report)."""
+    """--dense allreduce: the MLP lives in the workers until the end, so a worker that e stops has the writer
+    (the lowest rank with a batch) write it to the servers (AllReduceDense.save_on_stop), before it tells them it
+    stopped, unless e is a server's error; a failure is logged, not raised (e is the error to report)."""
     save = getattr(dense, "save_on_stop", None)
     if save is None or isinstance(e, PsError):
         return
