@@ -15,6 +15,7 @@ import pytest
 from worker.client import Client
 from worker.job import loop_settings, open_job
 from worker.model_tables import table_configs
+from worker.step import Step
 from worker.synthetic import SyntheticConfig, write_synthetic
 from worker.train_config import TrainConfig
 
@@ -333,6 +334,49 @@ def test_a_run_whose_mlp_push_fails_tells_the_shards_it_stopped_after_its_steps_
     time.sleep(1.0)  # a push the run left in flight lands meanwhile
     monkeypatch.undo()
     assert train(dataclasses.replace(cfg, job_id=54))["dense_syncs"] > 0
+
+
+def test_a_signal_that_ends_a_steps_wait_for_its_push_tells_the_shards_it_stopped_after_that_push(
+    servers, data_file, monkeypatch
+):
+    """--dense-staleness 1, async: a SIGTERM ends step 3's wait for its rows' push (on the pusher thread, slowed on
+    the shard) past the loop's grace; the loop waits for that push (Step.settle) before the source tells the
+    shards the worker stopped: a push applied after the stop would mark its worker running again, and geo's deltas
+    flushed while the step's push still adds to them would be pushed twice."""
+    import worker.step
+    from ps.engine.shard import Shard
+    from ps.terminate import Terminated
+    from worker.steprows import AsyncRows
+    from worker.train import train
+
+    push_batch, result_of, settle, abandon = Shard.push_batch, worker.step.result_of, Step.settle, AsyncRows.abandon
+    waits, events = [], []
+
+    def slowly(self, pushes, *args, **kwargs):
+        if not all(p[0].startswith("dense.") for p in pushes):  # the rows' pushes
+            time.sleep(0.5)
+        applied = push_batch(self, pushes, *args, **kwargs)
+        events.append("pushed")
+        return applied
+
+    def signalled(future):
+        waits.append(future)
+        if len(waits) == 3:  # step 3's wait for its push: the signal's exception, the push still in flight
+            raise Terminated()
+        return result_of(future)
+
+    monkeypatch.setattr(Shard, "push_batch", slowly)
+    monkeypatch.setattr(worker.step, "result_of", signalled)
+    monkeypatch.setattr(Step, "settle", lambda self: (settle(self), events.append("settled")))
+    monkeypatch.setattr(AsyncRows, "abandon", lambda self, *a, **k: (events.append("stop"), abandon(self, *a, **k)))
+    addresses, _ = servers(1)
+    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
+                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
+                      dense_staleness=1, job_id=55)  # fmt: skip
+    with pytest.raises(Terminated):
+        train(cfg)
+    assert waits[2].done() and events.index("settled") < events.index("stop")
+    assert events[events.index("settled") - 1] == "pushed"  # step 3's rows, waited for
 
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])

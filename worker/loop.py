@@ -362,8 +362,9 @@ def run_epochs(
         result.pushed = result.examples
         result.seconds = training_s()
     except BaseException as e:  # this worker will not finish: its job's other workers need not wait for it
-        try:  # the MLP's background pushes end first (waited for a while): an async or geo one applied after the
-            if not dense.collective:  # stop would mark the worker running again, holding the shards for its job
+        try:  # the step's push and the MLP's background pushes end first (waited for a while): an async or geo
+            step.settle()  # one applied after the stop would mark the worker running again, holding the shards
+            if not dense.collective:  # for its job
                 dense.close()
             else:  # allreduce: the writer writes the MLP of its last step, stamped, while its job holds the shards
                 save_dense_on_stop(dense, e)

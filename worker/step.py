@@ -28,6 +28,7 @@ class Step:
     def __init__(self, spec: ModelSpec, backend: Any, dense: DensePath, source: Any, dense_l2: float):
         self.spec, self.backend, self.dense, self.source, self.dense_l2 = spec, backend, dense, source, dense_l2
         self.pusher = ThreadPoolExecutor(1, thread_name_prefix="push")  # idle between steps; shut by the loop
+        self._pushing: Future | None = None  # the rows' push of the step on the pusher thread, until it ended
 
     def __call__(self, item: Prepared) -> np.ndarray:
         dense, source, batch, tids = self.dense, self.source, item.batch, item.tids
@@ -45,23 +46,29 @@ class Step:
             if due:
                 dense.take(returned)
         else:  # the rows' push in flight (on a thread) while the MLP's step runs here
-            pushing = self.pusher.submit(source.push, item.step, tids, row_grads, [])
+            pushing = self._pushing = self.pusher.submit(source.push, item.step, tids, row_grads, [])
             try:
                 dense.step(dense_grads)
             except BaseException:  # the push ends first: the stop the loop then sends must come after it
-                _settle(pushing)
+                self.settle()
                 raise
             result_of(pushing)  # a signal another thread received is handled meanwhile (ps.terminate)
+            self._pushing = None
         return probs
 
-
-def _settle(pushing: Future) -> None:
-    """Waits for the step's push, which the MLP's error ends the run with (as result_of: a signal is handled
-    meanwhile); a failure of the push is logged, not raised: that error is the one to report."""
-    try:
-        result_of(pushing)
-    except Exception as e:
-        log.warning("the step's push failed too, as the MLP's step failed: %s", e)
+    def settle(self) -> None:
+        """Waits for the rows' push a step left on the pusher thread (a signal ended the step's wait for it, or the
+        MLP's step failed), as result_of does (a further signal is handled meanwhile); a failure of the push is
+        logged, not raised (the error that stopped the step is the one to report). The loop calls it before it
+        tells the shards the worker stopped: a push applied after the stop would mark the worker running again,
+        and geo's deltas flushed while the step's push still adds to them would be pushed twice."""
+        pushing, self._pushing = self._pushing, None
+        if pushing is None:
+            return
+        try:
+            result_of(pushing)
+        except Exception as e:
+            log.warning("the step's push failed too, as the step stopped: %s", e)
 
 
 class Prepared:
