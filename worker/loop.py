@@ -346,12 +346,12 @@ def run_epochs(
                 break
         result.trained_all = True
         step.pusher.shutdown()
-        if not dense.collective:  # the PS path's pushes carry the job's stamp: all of them before the worker's end
-            dense.flush()
         if best_model is not None and result.curve and not result.curve[-1]["best"]:
             # before the worker's end, while its job holds the shards: after it, another job may take them, and
             # the restore's deltas (unstamped) would land in that job's tables
             put_back = time.perf_counter()
+            if not dense.collective:  # the MLP's last gradients applied first (its stamped pushes)
+                dense.flush()
             source.settle()  # geo: its last deltas pushed first
             result.restored_best = best_model.restore(dense)
             result.best_not_restored = {t: len(ids) for t, ids in best_model.not_restored.items()}
