@@ -181,7 +181,13 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
     elif stamp.token and not stamp.unclocked:
         bad = "token (an async or geo worker process's) is said by an unclocked stamp, not a sync or ssp one"
     if bad:
-        raise InvalidArgumentError(f"bad worker stamp: {bad}; nothing was {'created' if create else 'applied'}")
+        raise InvalidArgumentError(f"bad worker stamp: {bad}; {_nothing_done(create)}")
+
+
+def _nothing_done(create: bool) -> str:
+    """How a refusal ends: what the refused request did not do (a CreateTable's create: its table; a pull's or
+    push's: its rows)."""
+    return "nothing was created" if create else "nothing was applied"
 
 
 def setup_pairs(setup: str) -> dict[str, str]:
@@ -437,7 +443,7 @@ class JobClocks:
         """JobConflictError for a stamp of another job while the one followed runs, or while a push or create claims
         the shard for another job (check()); create: the stamp is a CreateTable's (its table is not created). Lock
         held."""
-        nothing = "nothing was created" if create else "nothing was applied"
+        nothing = _nothing_done(create)
         claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
         if claim is not None:
             raise JobConflictError(
@@ -498,7 +504,7 @@ class JobClocks:
             f"another share never. Give each process its own --worker-id in 0..{n - 1}, or stop the other one, or "
             f"wait for its end (one killed without a word holds worker {w} for {left:.3g} s more: the job's barrier "
             f"timeout, {patience:g} s, after it was last heard from); a worker restarted with its "
-            f"--resume-file is the same process and pushes on; nothing was {'created' if create else 'applied'}"
+            f"--resume-file is the same process and pushes on; {_nothing_done(create)}"
         )
 
     def _token_conflict(self, stamp: WorkerStamp) -> float | None:
