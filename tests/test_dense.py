@@ -214,6 +214,17 @@ def _async_stamp(job: int) -> WorkerStamp:
     return WorkerStamp(job, 0, 1, 0, barrier_timeout_s=30.0, setup="mode=async model=dnn", unclocked=True)
 
 
+def _held_by_job(tables, spec: ModelSpec) -> None:
+    """JOB's MLP tables made, stamped: JOB holds the shard."""
+    for p in spec.dense_params():
+        tables.shard.create_table(table_config(p, SGD1), stamp=_async_stamp(JOB))
+
+
+def _dense_of(job: int, tables, spec: ModelSpec, **settings) -> DenseSync:
+    """An async worker's DenseSync of the job, with settings (staleness, sync_every)."""
+    return DenseSync(tables, spec.dense_params(), source=AsyncRows(tables, spec, 0, _async_stamp(job)), **settings)
+
+
 def test_a_second_jobs_background_push_is_refused_while_the_first_holds_the_shard():
     """--dense-staleness > 0: the MLP's background pushes carry the job's stamp, as the step's pushes do: job
     OTHER's is refused while JOB (its tables made, no push yet) holds the shard, and changes nothing. The refusal
@@ -222,17 +233,14 @@ def test_a_second_jobs_background_push_is_refused_while_the_first_holds_the_shar
     spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
     ones = {p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()}
     with InProcessTables(cache_bytes=64 << 20) as tables:
-        for p in spec.dense_params():
-            tables.shard.create_table(table_config(p, SGD1), stamp=_async_stamp(JOB))
-        other = DenseSync(
-            tables, spec.dense_params(), staleness=1, source=AsyncRows(tables, spec, 0, _async_stamp(OTHER))
-        )
+        _held_by_job(tables, spec)
+        other = _dense_of(OTHER, tables, spec, staleness=1)
         start = {k: v.copy() for k, v in other.pull().items()}
         with pytest.raises(JobConflictError, match=rf"holds job {JOB} .* of job {OTHER} .*nothing was applied"):
             other.step(ones)
             other.flush()
         other.close()
-        mine = DenseSync(tables, spec.dense_params(), staleness=1, source=AsyncRows(tables, spec, 0, _async_stamp(JOB)))
+        mine = _dense_of(JOB, tables, spec, staleness=1)
         for k, v in mine.pull().items():
             np.testing.assert_array_equal(v, start[k])  # nothing of OTHER's push
         mine.step(ones)
@@ -250,18 +258,13 @@ def test_a_second_jobs_steps_since_the_last_sync_are_refused_at_flush_while_the_
     spec = ModelSpec("dnn", uniform_fields(1, 2), num_dense=0, hidden=(3,))
     ones = {p.name: np.ones(p.shape, np.float32) for p in spec.dense_params()}
     with InProcessTables(cache_bytes=64 << 20) as tables:
-        for p in spec.dense_params():
-            tables.shard.create_table(table_config(p, SGD1), stamp=_async_stamp(JOB))
-        other = DenseSync(
-            tables, spec.dense_params(), sync_every=3, source=AsyncRows(tables, spec, 0, _async_stamp(OTHER))
-        )
+        _held_by_job(tables, spec)
+        other = _dense_of(OTHER, tables, spec, sync_every=3)
         start = {k: v.copy() for k, v in other.pull().items()}
         other.step(ones)  # not a sync: added
         with pytest.raises(JobConflictError, match=rf"holds job {JOB} .* of job {OTHER} .*nothing was applied"):
             other.flush()
-        mine = DenseSync(
-            tables, spec.dense_params(), sync_every=3, source=AsyncRows(tables, spec, 0, _async_stamp(JOB))
-        )
+        mine = _dense_of(JOB, tables, spec, sync_every=3)
         for k, v in mine.pull().items():
             np.testing.assert_array_equal(v, start[k])  # nothing of OTHER's push
         mine.step(ones)
