@@ -906,6 +906,36 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
         assert done.returncode == 1 and f"DAMAGED {what}: {follows}\n" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("shard_json", ["kept", "missing"])
+@pytest.mark.parametrize(
+    "record", [b"{}", b'{"shard_id": 0}', b'{"shard_id": 0, "num_shards": "1", "num_slots": 16384}']
+)
+def test_a_shard_record_without_its_fields_is_damage_to_a_start_and_to_verify(stopped_cleanly, tmp_path, record,
+                                                                               shard_json):  # fmt: skip
+    """A JSON object in RocksDB's "shard" key lacking an integer shard_id, num_shards or num_slots is named as
+    damage by a start and by verify, and a start writes no shard.json from it."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    store = Store(str(data_dir))
+    try:
+        store._meta.put(b"shard", record)
+    finally:
+        store.close()
+    if shard_json == "missing":
+        os.remove(data_dir / "shard.json")
+    with pytest.raises(DataLossError) as refused:
+        Server(ServerConfig(data_dir=str(data_dir)))
+    what = f"meta key shard holds {ascii(record)}, which does not read as its value (ValueError: expected a JSON " \
+           "object with integers >= 0 shard_id, num_shards, num_slots)"  # fmt: skip
+    assert f"RocksDB in data dir {data_dir} is damaged: {what}" in str(refused.value), str(refused.value)
+    assert (data_dir / "shard.json").exists() == (shard_json == "kept")
+    lines, damaged = verify_data_dir(str(data_dir))
+    assert damaged and [line for line in lines if line.startswith("DAMAGED")] == [
+        f"DAMAGED {what}: a server refuses to start on it"
+    ], lines
+
+
 def test_verify_names_a_checkpoints_meta_value_that_does_not_read_by_what_reads_it(checkpoints, tmp_path):
     """In a checkpoint, a row count that does not read refuses a restore: damaged; a clock that does not read is
     read by no restore or export: a note."""

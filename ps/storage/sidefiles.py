@@ -29,6 +29,7 @@ from ps.storage.atomicfile import write_json_whole
 log = logging.getLogger(__name__)
 
 IDENTITY_FILE = "shard.json"
+IDENTITY_FIELDS = ("shard_id", "num_shards", "num_slots")  # of the shard record, in shard.json and in RocksDB
 MARK_FILE = "journal-mark.json"
 TEMPORARY = re.compile(r"(?:shard|journal-mark)\.json\.[a-z0-9_]{8}\.tmp")  # write_json's, of either file
 
@@ -67,11 +68,17 @@ def read_json(path: str, keys: tuple[str, ...]) -> dict | None:
     except OSError as e:  # an I/O error, ...
         raise StorageError(f"{path} cannot be read: {e.strerror or e}") from None
     try:
-        obj = json.loads(raw)
-        if not isinstance(obj, dict) or any(type(obj.get(k)) is not int or obj[k] < 0 for k in keys):
-            raise ValueError(f"expected a JSON object with integers >= 0 {', '.join(keys)}")
+        obj = counts_object(json.loads(raw), keys)
     except ValueError as e:
         raise StorageError(f"{path} is damaged: {e}; it holds {raw[:80]!r}") from None
+    return obj
+
+
+def counts_object(obj: object, keys: tuple[str, ...]) -> dict:
+    """obj, a decoded JSON value, if it is an object holding these keys with integer values >= 0 (every value
+    these files record is a count or a number); ValueError otherwise."""
+    if not isinstance(obj, dict) or any(type(obj.get(k)) is not int or obj[k] < 0 for k in keys):
+        raise ValueError(f"expected a JSON object with integers >= 0 {', '.join(keys)}")
     return obj
 
 

@@ -122,7 +122,16 @@ from ps.storage.memory import (
     KEEP_INFO_LOGS,
     MAX_WAL_BYTES,
 )
-from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, remove_temporary_files, shard_name, write_json
+from ps.storage.sidefiles import (
+    IDENTITY_FIELDS,
+    IDENTITY_FILE,
+    MARK_FILE,
+    counts_object,
+    read_json,
+    remove_temporary_files,
+    shard_name,
+    write_json,
+)
 from ps.storage.writebehind import PendingBatch, WriteBehind
 
 log = logging.getLogger(__name__)
@@ -169,6 +178,11 @@ def _json_object(raw: bytes) -> dict:
     return value
 
 
+def _shard_record(raw: bytes) -> dict:
+    """A "shard" value: JSON {"shard_id": i, "num_shards": n, "num_slots": s}, integers >= 0, as in shard.json."""
+    return counts_object(json.loads(raw), IDENTITY_FIELDS)
+
+
 def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
     """The legacy "applied" value: JSON {client: [client_seq, parts]}, as applied() returns it."""
     return {int(c): (int(v[0]), int(v[1]), None) for c, v in _json_object(raw).items()}
@@ -183,7 +197,7 @@ def _restored(raw: bytes) -> dict:
 
 
 _META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key prefix, -> what reads its value
-    b"shard": _json_object,
+    b"shard": _shard_record,
     b"cluster": bytes.decode,
     TABLE_CONFIG_PREFIX: _parse_config,
     TABLE_ID_PREFIX: _decimal,
@@ -451,7 +465,7 @@ def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int
     lost its latest edits deletes every SST file the MANIFEST no longer lists, so the refusal must come before
     it. Copies that disagree with each other are said to before either is compared with `shard`. A RocksDB that
     does not open read-only is left to the read-write open to report."""
-    in_file = read_json(os.path.join(path, IDENTITY_FILE), ("shard_id", "num_shards", "num_slots"))
+    in_file = read_json(os.path.join(path, IDENTITY_FILE), IDENTITY_FIELDS)
     if in_file is None:
         return
     elsewhere = shard is not None and in_file != _identity(shard)
@@ -474,10 +488,10 @@ def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int
     if raw is None:  # shard.json alone still says whose dir it is
         raise _belongs_elsewhere(path, in_file, _identity(shard)) if elsewhere else _lost_shard_record(in_file)
     try:
-        in_db = json.loads(raw)
+        in_db = _shard_record(raw)
     except ValueError:
         in_db = None  # unreadable: the read-write open reports it
-    if isinstance(in_db, dict) and in_db != in_file:  # before the flags: the copies disagree with each other
+    if in_db is not None and in_db != in_file:  # before the flags: the copies disagree with each other
         raise _copies_disagree(in_file, in_db)
     if elsewhere:
         raise _belongs_elsewhere(path, in_file, _identity(shard))
@@ -803,7 +817,7 @@ class Store:
         from RocksDB's copy."""
         want = _identity((shard_id, num_shards))
         file_path = os.path.join(self.path, IDENTITY_FILE)
-        in_file = read_json(file_path, tuple(want))
+        in_file = read_json(file_path, IDENTITY_FIELDS)
         with self._rocksdb("reading the shard record"):
             raw = self._meta.get(b"shard")
         in_db = _meta_value(b"shard", raw, self._damaged) if raw is not None else None

@@ -21,7 +21,7 @@ from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_man
 from ps.errors import StorageError
 from ps.rows.layout import KEY_BYTES, layout_of
 from ps.storage.journal import Journal
-from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE, read_json, shard_name
+from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 from ps.storage.store import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, Store, damage_at, verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
@@ -286,7 +286,7 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
 
 def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:
     try:
-        in_file = read_json(os.path.join(path, IDENTITY_FILE), ("shard_id", "num_shards", "num_slots"))
+        in_file = read_json(os.path.join(path, IDENTITY_FILE), IDENTITY_FIELDS)
     except StorageError as e:
         found(False, f"shard identity: {e}")
         return
