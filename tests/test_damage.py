@@ -844,6 +844,39 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 
 
+@pytest.mark.parametrize("key, value", [(b"tid/t", 2**32), (b"clock", 2**64), (b"flushed_seq", 5 * 2**64)])
+def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verify(stopped_cleanly, tmp_path, key,
+                                                                                  value):  # fmt: skip
+    """A table's number is a key's u32 field, the other decimals u64s: one past that does not read, as damage (a
+    table's number fails a pull with DATA_LOSS, not INTERNAL; the others refuse a start), and verify says so."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    store = Store(str(data_dir))
+    try:
+        store._meta.put(key, str(value).encode())
+    finally:
+        store.close()
+    bound = "2^32" if key.startswith(b"tid/") else "2^64"
+    what = f"meta key {key.decode()} holds b'{value}', which does not read as its value (ValueError: not below {bound})"
+    if key.startswith(b"tid/"):
+        with (
+            InProcess(data_dir) as address,
+            Client([address], timeout_s=30) as client,
+            pytest.raises(PsError) as failed,
+        ):
+            client.pull("t", COMMON)
+        assert "failed with DATA_LOSS" in str(failed.value) and what in str(failed.value), str(failed.value)
+    else:
+        with pytest.raises(DataLossError) as failed:
+            Server(ServerConfig(data_dir=str(data_dir)))
+        assert what in str(failed.value), str(failed.value)
+    said = f"table 't': {what}: none of its rows can be found" if key.startswith(b"tid/") else \
+        f"{what}: a server refuses to start on it"  # fmt: skip
+    lines, damaged = verify_data_dir(str(data_dir))
+    assert damaged and [line for line in lines if line.startswith("DAMAGED")][0].startswith(f"DAMAGED {said}"), lines
+
+
 def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_path):
     data_dir = copied(stopped_cleanly, tmp_path)
     store = Store(str(data_dir))

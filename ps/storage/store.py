@@ -1,13 +1,13 @@
 """Store: one shard's RocksDB (via rocksdict, the only module that imports it). The system of record.
 
-Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decimal" an ASCII decimal integer.
+Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decimal" an ASCII decimal integer < 2^64.
     column family "meta", key -> value:
         "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
                                     at the first start; shard.json beside RocksDB holds a copy)
         "cluster"                -> the --cluster name   (check_cluster, synced, the first time the dir runs with a
                                     nonempty one; absent: the dir takes any name)
-        "table/" name            -> JSON TableConfig.to_dict()                        (create_table: both in one
-        "tid/" name              -> decimal: the table's number, its rows' key prefix  batch)
+        "table/" name            -> JSON TableConfig.to_dict()                               (create_table: both
+        "tid/" name              -> decimal < 2^32: the table's number, its rows' key prefix  in one batch)
         "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
                                     admitted yet, "trained": whether any write stored a row or pending id of
                                     the table (kept once a Shrink drops them all, and by import_slots; absent:
@@ -150,11 +150,19 @@ APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, 
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 
 
-def _decimal(raw: bytes) -> int:
-    """A decimal value of the grammar: ASCII digits only."""
+def _decimal(raw: bytes, bits: int = 64) -> int:
+    """A decimal value of the grammar: ASCII digits only, of a `bits`-bit unsigned integer."""
     if not raw.isdigit():
         raise ValueError("not a decimal integer")
-    return int(raw)
+    value = int(raw)
+    if value >> bits:
+        raise ValueError(f"not below 2^{bits}")
+    return value
+
+
+def _table_number(raw: bytes) -> int:
+    """A "tid/" value: a decimal below 2^32, the table field of its rows' keys (KEY_DTYPE)."""
+    return _decimal(raw, 32)
 
 
 def _parse_counts(raw: bytes) -> dict:
@@ -200,7 +208,7 @@ _META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key p
     b"shard": _shard_record,
     b"cluster": bytes.decode,
     TABLE_CONFIG_PREFIX: _parse_config,
-    TABLE_ID_PREFIX: _decimal,
+    TABLE_ID_PREFIX: _table_number,
     COUNT_PREFIX: _parse_counts,
     b"clock": _decimal,
     ADVANCED_PREFIX: _decimal,
