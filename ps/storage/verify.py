@@ -25,6 +25,7 @@ from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read
 from ps.storage.store import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, Store, damage_at, verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
+_READ_REFUSED = "a restore or an export of the checkpoint is refused"  # what damage that both read makes fail
 
 
 def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str], bool]:
@@ -197,7 +198,7 @@ def _follows(key: bytes, checkpoint: bool) -> str | None:
     a restore takes the rest from the manifest)."""
     if checkpoint:
         if key.startswith(TABLE_ID_PREFIX):
-            return "a restore or an export of the checkpoint is refused"
+            return _READ_REFUSED
         return "a restore of the checkpoint is refused" if key.startswith(COUNT_PREFIX) else None
     if key.startswith(TABLE_ID_PREFIX):
         return "every request that reads a table's rows fails with DATA_LOSS (the table numbers are read together)"
@@ -237,7 +238,7 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
                 lost.append((table, why, _follows(TABLE_ID_PREFIX, checkpoint)))
             else:
                 lost.append((table, f"its config is stored without its number (meta key tid/{table})",
-                             "a restore or an export of the checkpoint is refused" if checkpoint else
+                             _READ_REFUSED if checkpoint else
                              "a pull of it is refused with DATA_LOSS"))  # fmt: skip
             bad_tables += 1
             continue
@@ -253,7 +254,7 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
             bad_tables += 1
             first = min(key for _, key in bad.values())
             shown = ", ".join(f"{n:,} of {size:,} bytes" for size, (n, _) in list(bad.items())[:5])
-            refused = "a restore stops at them" if checkpoint else "a pull of them is refused with DATA_LOSS"
+            refused = _READ_REFUSED if checkpoint else "a pull of them is refused with DATA_LOSS"
             found(False, f"{at}table {table!r}: {sum(n for n, _ in bad.values()):,} stored rows of a size its layout "
                          f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes[0]} bytes, "
                          f"a pending id {sizes[1]}), the first of id {int.from_bytes(first[6:], 'big')} (key "
