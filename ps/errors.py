@@ -345,16 +345,17 @@ class DataLossError(StorageError):
 
 class CheckpointDamagedError(StorageError):
     """A checkpoint's files are damaged: RocksDB found a block of one whose checksum fails, or cannot read a file
-    it needs, or a value it holds does not read as the store's grammar says. Restore and export refuse it, and a
-    save that meets it reading the checkpoint back fails with DATA_LOSS; `ps-server verify CHECKPOINT` lists what is
-    damaged. checkpoint: its directory; where: the file (relative to it) and offset, as far as RocksDB named them,
-    or the shard's folder ("" if none is named). Not a DataLossError, which is the data dir's damage."""
+    it needs, or a value it holds does not read as the store's grammar says. Restore and export refuse it;
+    `ps-server verify CHECKPOINT` lists what is damaged. checkpoint: its directory; where: the file (relative to
+    it) and offset, as far as RocksDB named them, or the shard's folder ("" if none is named); what: the damage, as
+    the message says it after "is damaged: ". Not a DataLossError, which is the data dir's damage (as is damage a
+    save meets reading back the checkpoint it just wrote: ps.storage.store.Store.saved_counts)."""
 
     status = "DATA_LOSS"
 
-    def __init__(self, message: str, checkpoint: str = "", where: str = ""):
+    def __init__(self, message: str, checkpoint: str = "", where: str = "", what: str = ""):
         super().__init__(message)
-        self.checkpoint, self.where = checkpoint, where
+        self.checkpoint, self.where, self.what = checkpoint, where, what
 
 
 ERROR_NAME_KEY = "sparseps-error"

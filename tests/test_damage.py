@@ -662,12 +662,12 @@ def _meta_sst(data_dir) -> pathlib.Path:
     return found
 
 
-def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_the_checkpoint(tmp_path, caplog):
+def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_the_data_dir(tmp_path, caplog):
     """A save reads the checkpoint RocksDB wrote back (its rows per table, from its meta column family): a block
-    damaged there (the checkpoint's SSTs are hard links to the shard's) is DATA_LOSS naming the checkpoint and the
-    file, not INTERNAL, and the save leaves no shard-<i> behind."""
+    damaged there is the data dir's (the checkpoint's SSTs are hard links to the shard's), so DATA_LOSS names the
+    data dir and the file, not the checkpoint, which the save leaves no shard-<i> of; not INTERNAL."""
     from protos import ps_pb2
-    from ps.errors import CheckpointDamagedError
+    from ps.errors import DataLossError
 
     data_dir = tmp_path / "shard"
     served = InProcess(data_dir, checkpoint_root=str(tmp_path))
@@ -679,13 +679,16 @@ def test_a_save_meeting_damage_reading_its_checkpoint_back_is_data_loss_naming_t
         sst = _meta_sst(data_dir)
         _flip_byte(sst, 100)
         (held,) = client.checkpoint({0: ps_pb2.CheckpointRequest(phase="hold", hold_timeout_s=60)})
-        with pytest.raises(CheckpointDamagedError) as failed:  # the server's class, which it names
+        with pytest.raises(DataLossError) as failed:  # the server's class, which it names
             client.checkpoint({0: ps_pb2.CheckpointRequest(phase="save", dir=str(tmp_path / "c1"), token=held.token)})
         client.checkpoint({0: ps_pb2.CheckpointRequest(phase="release", token=held.token)})
     said = str(failed.value)
     assert "failed with DATA_LOSS" in said and "INTERNAL" not in said, said
-    assert re.search(rf"checkpoint {tmp_path / 'c1'} is damaged: shard-0/{sst.name}( at offset \d+)? \(RocksDB, while "
-                     r"reading it: Corruption", said), said  # fmt: skip
+    assert re.search(rf"RocksDB in data dir {data_dir} is damaged: its checkpoint just written to "
+                     rf"{tmp_path / 'c1' / 'shard-0'}, a copy of its files, does not read back: shard-0/{sst.name}"
+                     r"( at offset \d+)? \(RocksDB, while reading it: Corruption", said), said  # fmt: skip
+    assert f"`ps-server verify {data_dir}` lists what is damaged" in said and "verify " + str(tmp_path / "c1") \
+        not in said, said  # fmt: skip
     assert not (tmp_path / "c1" / "shard-0").exists()
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 

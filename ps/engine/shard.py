@@ -969,7 +969,7 @@ class Shard:
         try:
             return {
                 "files": file_checksums(path),
-                "rows": Store.admitted_counts(path),  # as saved: a Shrink may run during the save
+                "rows": self.store.saved_counts(path),  # as saved: a Shrink may run during the save
             }
         except BaseException:
             leftovers.remove([path], f"shard {self.shard_id}'s checkpoint save, which failed once RocksDB wrote it")

@@ -352,7 +352,8 @@ def _checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
 
     def damaged(what: str) -> CheckpointDamagedError:
         return CheckpointDamagedError(f"checkpoint {checkpoint} is damaged: {shard}: {what}. `ps-server verify "
-                                      f"{checkpoint}` lists everything damaged in it", checkpoint, shard)  # fmt: skip
+                                      f"{checkpoint}` lists everything damaged in it", checkpoint, shard,
+                                      f"{shard}: {what}")  # fmt: skip
 
     return damaged
 
@@ -372,12 +373,12 @@ def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
         if not _is_damage(text):
             return StorageError(f"RocksDB cannot read checkpoint {checkpoint} ({shard}) while {doing}: {text}")
         where = damage_at(text, checkpoint) or f"{shard} (RocksDB names no file)"
+        what = f"{where} (RocksDB, while {doing}: {text})"
         return CheckpointDamagedError(
-            f"checkpoint {checkpoint} is damaged: {where} (RocksDB, while {doing}: {text}). Nothing in it can be "
-            f"read past that point; `ps-server verify {checkpoint}` lists everything damaged in it. A checkpoint's "
-            "SST files are hard links to the shard's own when saved on its file system: `ps-server verify` that "
-            "shard's data dir too",
-            checkpoint, where,
+            f"checkpoint {checkpoint} is damaged: {what}. Nothing in it can be read past that point; `ps-server "
+            f"verify {checkpoint}` lists everything damaged in it. A checkpoint's SST files are hard links to the "
+            "shard's own when saved on its file system: `ps-server verify` that shard's data dir too",
+            checkpoint, where, what,
         )  # fmt: skip
 
     try:
@@ -1221,6 +1222,16 @@ class Store:
                     break
                 out[key[len(COUNT_PREFIX) :].decode()] = _meta_value(key, raw, damaged)["admitted"]
             return out
+
+    def saved_counts(self, path: str) -> dict[str, int]:
+        """admitted_counts of the checkpoint of this store just written at path (checkpoint), read back. Its files
+        are this dir's (hard links to its SST files, or copies of them): damage met there is the dir's, a
+        DataLossError naming it."""
+        try:
+            return self.admitted_counts(path)
+        except CheckpointDamagedError as e:
+            raise self._damaged(f"its checkpoint just written to {path}, a copy of its files, does not read back: "
+                                f"{e.what}") from None  # fmt: skip
 
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
