@@ -40,6 +40,7 @@ from rocksdict import AccessType, Rdict
 
 from ps.accel.malloc import tune_malloc
 from ps.config import ServerConfig, TableConfig
+from ps.errors import DataLossError
 from ps.rows.layout import layout_of
 from ps.sharding import slot_of
 from ps.storage.store import ROWS_CF, encode_keys, multi_get, rocksdb_options, table_ids
@@ -83,7 +84,7 @@ def measure(cluster: LocalCluster, batches: list[np.ndarray], warmup: int, threa
         pull_batch = harness.raw_method(harness.channel(address), "PullBatch")
         db = open_reference(cluster.data_dir(0))
         try:
-            cf, number = db.get_column_family(ROWS_CF), table_ids(db.get_column_family("meta"))["cold"]
+            cf, number = db.get_column_family(ROWS_CF), table_ids(db.get_column_family("meta"), DataLossError)["cold"]
             for k, ids in enumerate(batches):
                 request, keys, before = harness.pull_batch_bytes("cold", ids), encode_keys(number, ids), misses(client)
                 found, took = [], {}

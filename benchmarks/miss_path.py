@@ -101,6 +101,7 @@ from protos import ps_pb2
 from ps.__main__ import build_parser, parse_bytes
 from ps.accel.malloc import tune_malloc
 from ps.config import TableConfig
+from ps.errors import DataLossError
 from ps.rows.layout import ADMITTED, SHOW, layout_of
 from ps.storage.memory import MemoryPlan, plan_memory
 from ps.storage.store import (
@@ -218,7 +219,7 @@ def fill_ingest(
 
     db = Rdict(path, opts, column_families=dict.fromkeys(Rdict.list_cf(path, opts), opts))
     try:
-        number = table_ids(db.get_column_family(META_CF))[TABLE]
+        number = table_ids(db.get_column_family(META_CF), DataLossError)[TABLE]
         harness.ingest_in_key_order(db.get_column_family(ROWS_CF), opts, number, np.arange(rows, dtype=np.uint64),
                                     file_values, cluster.root, INGEST_FILE_ROWS, wrote)  # fmt: skip
     finally:
@@ -397,7 +398,10 @@ class LiveReference:
         opts = flags.reference_options()
         self.db = Rdict(path, opts, column_families=dict.fromkeys(Rdict.list_cf(path, opts), opts),
                         access_type=AccessType.secondary(scratch))  # fmt: skip
-        self.cf, self.number = self.db.get_column_family(ROWS_CF), table_ids(self.db.get_column_family(META_CF))[TABLE]
+        self.cf, self.number = (
+            self.db.get_column_family(ROWS_CF),
+            table_ids(self.db.get_column_family(META_CF), DataLossError)[TABLE],
+        )
         self.threads = flags.read_threads
         self.pool = ThreadPoolExecutor(self.threads) if self.threads > 1 else None
 
@@ -554,7 +558,7 @@ def reference(path: str, flags: ServerFlags, phase: Phase, permutation: np.ndarr
     threads = flags.read_threads
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
     try:
-        cf, number = db.get_column_family(ROWS_CF), table_ids(db.get_column_family(META_CF))[TABLE]
+        cf, number = db.get_column_family(ROWS_CF), table_ids(db.get_column_family(META_CF), DataLossError)[TABLE]
 
         start = time.perf_counter()
         for k, call_seed in enumerate(phase.seeds):

@@ -277,9 +277,11 @@ def test_a_table_whose_config_is_gone_is_data_loss(tmp_path):
     try:
         s.create_table(TableConfig("emb", 2))
         s._meta.delete(b"table/emb")  # as damage would lose it under a running server
-        with pytest.raises(
-            DataLossError, match=r"table 'emb' has no config \(meta key table/emb\): RocksDB is damaged"
-        ):
+        with pytest.raises(DataLossError) as failed:
             s.disk_bytes("emb")
+        assert str(failed.value) == (
+            f"RocksDB in data dir {tmp_path} is damaged: table 'emb' has no config (meta key table/emb). `ps-server "
+            f"verify {tmp_path}` lists what is damaged; restore the dir from a backup or checkpoint"
+        )
     finally:
         s.close()

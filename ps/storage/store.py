@@ -228,7 +228,7 @@ def _grammar_key(key: bytes) -> bytes:
     return head + slash
 
 
-def _meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError] = DataLossError) -> Any:
+def _meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -> Any:
     """raw, the stored value of meta key `key`, read as the module's grammar says (_META_GRAMMAR); where it does not
     read so (its reader raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and
     the value) is raised: damage, never a bug's traceback."""
@@ -257,7 +257,7 @@ def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
     return keys.view(f"V{KEY_DTYPE.itemsize}").tolist()
 
 
-def table_ids(meta: Rdict, damaged: Callable[[str], StorageError] = DataLossError) -> dict[str, int]:
+def table_ids(meta: Rdict, damaged: Callable[[str], StorageError]) -> dict[str, int]:
     """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
     raised for a number that does not read as one (_meta_value)."""
     out = {}
@@ -349,13 +349,14 @@ def _checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
     the module's grammar says (a meta value, a row's size): a CheckpointDamagedError naming the checkpoint and the
     shard's folder."""
     checkpoint, shard = os.path.split(os.path.abspath(source))
+    return lambda what: _checkpoint_damage(checkpoint, shard, f"{shard}: {what}")
 
-    def damaged(what: str) -> CheckpointDamagedError:
-        return CheckpointDamagedError(f"checkpoint {checkpoint} is damaged: {shard}: {what}. `ps-server verify "
-                                      f"{checkpoint}` lists everything damaged in it", checkpoint, shard,
-                                      f"{shard}: {what}")  # fmt: skip
 
-    return damaged
+def _checkpoint_damage(checkpoint: str, where: str, what: str, more: str = "") -> CheckpointDamagedError:
+    """The CheckpointDamagedError saying `what` is damaged in the checkpoint at checkpoint (where: the file, or the
+    shard's folder), then `more` (sentences, each ending ". "), then which command lists everything damaged in it."""
+    return CheckpointDamagedError(f"checkpoint {checkpoint} is damaged: {what}. {more}`ps-server verify {checkpoint}` "
+                                  "lists everything damaged in it", checkpoint, where, what)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -373,13 +374,10 @@ def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
         if not _is_damage(text):
             return StorageError(f"RocksDB cannot read checkpoint {checkpoint} ({shard}) while {doing}: {text}")
         where = damage_at(text, checkpoint) or f"{shard} (RocksDB names no file)"
-        what = f"{where} (RocksDB, while {doing}: {text})"
-        return CheckpointDamagedError(
-            f"checkpoint {checkpoint} is damaged: {what}. Nothing in it can be read past that point; `ps-server "
-            f"verify {checkpoint}` lists everything damaged in it. A checkpoint's SST files are hard links to the "
-            "shard's own when saved on its file system: `ps-server verify` that shard's data dir too",
-            checkpoint, where, what,
-        )  # fmt: skip
+        return _checkpoint_damage(checkpoint, where, f"{where} (RocksDB, while {doing}: {text})",
+                                  "Nothing in it can be read past that point. A checkpoint's SST files are hard "
+                                  "links to the shard's own when saved on its file system: `ps-server verify` that "
+                                  "shard's data dir too. ")  # fmt: skip
 
     try:
         with _opened_read_only(source) as opened_db:
@@ -877,7 +875,8 @@ class Store:
         return out
 
     def _damaged(self, what: str) -> DataLossError:
-        """The error for a stored value of this dir that does not read as the module's grammar says (_meta_value)."""
+        """The error for a stored value of this dir that does not read as the module's grammar says (_meta_value),
+        or that is missing."""
         return DataLossError(f"RocksDB in data dir {self.path} is damaged: {what}. `ps-server verify {self.path}` "
                              "lists what is damaged; restore the dir from a backup or checkpoint")  # fmt: skip
 
@@ -906,8 +905,7 @@ class Store:
     def _table_id(self, table: str) -> int:
         number = self._table_ids().get(table)
         if number is None:
-            raise DataLossError(f"{self.path}: table {table!r} has no number (meta key tid/{table}): RocksDB is "
-                                "damaged; restore the dir from a backup or checkpoint")  # fmt: skip
+            raise self._damaged(f"table {table!r} has no number (meta key tid/{table})")
         return number
 
     def _rows(self, create: bool = False) -> Rdict:
@@ -927,8 +925,7 @@ class Store:
         with self._rocksdb(f"reading the config of table {table!r}", "nothing was read"):
             raw = self._meta.get(TABLE_CONFIG_PREFIX + table.encode())
         if raw is None:
-            raise DataLossError(f"{self.path}: table {table!r} has no config (meta key table/{table}): RocksDB is "
-                                "damaged; restore the dir from a backup or checkpoint")  # fmt: skip
+            raise self._damaged(f"table {table!r} has no config (meta key table/{table})")
         cfg = _meta_value(TABLE_CONFIG_PREFIX + table.encode(), raw, self._damaged)
         return layout_of(cfg.dim, cfg.optimizer.name)
 
@@ -977,10 +974,10 @@ class Store:
         found = sizes >= 0
         bad = found & (sizes != full.itemsize) & (sizes != short.itemsize)
         if bad.any():
-            raise DataLossError(
-                f"{self.path}: table {table} holds a row of {int(sizes[bad][0])} bytes, expected "
-                f"{full.itemsize} (a trained row) or {short.itemsize} (statistics only): RocksDB's rows are "
-                "damaged (or were written by another build's row layout); restore the dir from a backup or checkpoint"
+            raise self._damaged(
+                f"table {table} holds a row of {int(sizes[bad][0])} bytes, expected {full.itemsize} (a trained row) "
+                f"or {short.itemsize} (statistics only): its rows are damaged, or were written by another build's "
+                "row layout"
             )
         complete = sizes == full.itemsize
         for batch in pending:  # oldest first: a later batch of the same id wins, as in RocksDB
