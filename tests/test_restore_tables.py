@@ -204,8 +204,13 @@ def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_wri
         one_shard_checkpoint(shard, str(tmp_path / "ckpt"), [spec], edit=lambda info: info["rows"].update(emb=3))
     finally:
         shard.close()
-    with pytest.raises(StorageError, match=r"shard-0 holds more than 3 rows of table 'emb' where its manifest says 3"):
+    with pytest.raises(CheckpointDamagedError) as refused:
         export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
+    assert str(refused.value) == (
+        f"checkpoint {tmp_path / 'ckpt'} is damaged: shard-0: it holds more than 3 admitted rows of table 'emb' where "
+        "its manifest says 3: its rows, its table number (meta key tid/emb) and its manifest's count do not match. "
+        f"`ps-server verify {tmp_path / 'ckpt'}` lists everything damaged in it"
+    )
     assert not (tmp_path / "out").exists()  # the out it made is removed again
 
 

@@ -21,7 +21,7 @@ from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage import leftovers
 from ps.storage.atomicfile import sync_directory, sync_file
-from ps.storage.store import Store
+from ps.storage.store import Store, checkpoint_damaged
 
 
 def check_restored(store: Store) -> None:
@@ -143,9 +143,8 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
     (ExportProgress, on stderr); an out it made is removed again on a failure. The temporary files an export killed
     mid-write left in out are removed first, if out is an export's (leftovers.holds_an_export) and no other export
     writes there now. ValueError for an out inside the
-    checkpoint; StorageError for a damaged checkpoint (CheckpointDamagedError, naming the file and offset, where
-    RocksDB finds a block whose checksum fails), and for a shard whose admitted rows of a table differ from its
-    manifest's count. tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without;
+    checkpoint; CheckpointDamagedError for a damaged checkpoint (naming the file and offset where RocksDB finds a
+    block whose checksum fails), and for a shard whose admitted rows of a table differ from its manifest's count. tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without;
     ValueError for one that matches no table of the checkpoint, naming those it holds.
     """
     manifest = read_manifest(directory)
@@ -260,8 +259,8 @@ def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, si
                 on_read: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """(ids, embeddings) of a table's admitted rows over every shard of the checkpoint, in arrays of the manifest's
     total count filled as read (since: only those pushed at step >= since, a prefix of them; on_read: told the
-    number of rows of each batch read); StorageError when a shard holds another number of them than its manifest
-    entry says."""
+    number of rows of each batch read); CheckpointDamagedError when a shard holds another number of them than its
+    manifest entry says."""
     layout = layout_of(cfg.dim, cfg.optimizer.name)
     ids_out, rows_out, kept = np.zeros(total, np.uint64), np.zeros((total, cfg.dim), np.float32), 0
     for shard in manifest["shards"]:
@@ -280,9 +279,10 @@ def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, si
             kept += len(ids)
         if held != expected:
             count = f"more than {expected:,}" if held > expected else f"{held:,}"
-            raise StorageError(f"checkpoint {directory}: {shard['dir']} holds {count} rows of table {cfg.name!r} "
-                               f"where its manifest says {expected:,} (rows of another size, or of another table "
-                               "number); the checkpoint is damaged")  # fmt: skip
+            raise checkpoint_damaged(os.path.join(directory, shard["dir"]))(
+                f"it holds {count} admitted rows of table {cfg.name!r} where its manifest says {expected:,}: its "
+                f"rows, its table number (meta key tid/{cfg.name}) and its manifest's count do not match"
+            )
     return ids_out[:kept], rows_out[:kept]  # views: fewer than the arrays hold only with since
 
 

@@ -344,7 +344,7 @@ def damage_at(text: str, base: str | None = None) -> str:
     return f"{name} at offset {offset.group(1)}" if offset else name
 
 
-def _checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
+def checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
     """The error, given what is damaged, for a value in the checkpoint shard folder at source that does not read as
     the module's grammar says (a meta value, a row's size): a CheckpointDamagedError naming the checkpoint and the
     shard's folder."""
@@ -1125,7 +1125,7 @@ class Store:
         trained (a Shrink may have dropped every id since) is trained here too."""
         lo, hi = slots
         copied = {}
-        damaged = _checkpoint_damaged(source)
+        damaged = checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}  # the checkpoint's
             missing = [t for t in tables if t not in numbers]
@@ -1181,7 +1181,7 @@ class Store:
         floats) are skipped. CheckpointDamagedError where RocksDB finds damage in it, and, once every row is
         read, for stored values of neither size (naming how many, and the first one's id and key): damaged rows,
         or a width (the manifest's config) that does not match them."""
-        damaged = _checkpoint_damaged(source)
+        damaged = checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
@@ -1208,7 +1208,7 @@ class Store:
         """{table name: admitted rows} as the RocksDB at `source` (a checkpoint, opened read-only) records them: its
         count/ keys, written in the batch of every write of the rows they count. CheckpointDamagedError where RocksDB
         finds damage in it, or a value that does not read as the module's grammar says."""
-        damaged = _checkpoint_damaged(source)
+        damaged = checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
             if META_CF not in names:
                 return {}
