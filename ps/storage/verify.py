@@ -53,7 +53,7 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
                            f"{MARK_FILE}; nor a checkpoint: it holds no {MANIFEST}")  # fmt: skip
     _check_readable(path)
     report = _Report()
-    lines, found = report.lines, report.found
+    found = report.found
 
     meta = None
     if "CURRENT" in names:
@@ -68,27 +68,24 @@ def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str],
     else:
         found(False, "RocksDB: its CURRENT file is missing (its files were deleted or lost)")
     if meta is None:
-        lines.append("note    shard identity and journal: not checked against RocksDB, which cannot be read")
+        report.note("shard identity and journal: not checked against RocksDB, which cannot be read")
     elif read.get(META_CF, (0, ""))[1]:  # the shard record and flushed position may be past the damage
-        lines.append(
-            f"note    shard identity, journal and row sizes: not checked against RocksDB, whose {META_CF} column "
-            "family (the shard record, the flushed position, the tables) could not be read whole"
-        )
+        report.note(f"shard identity, journal and row sizes: not checked against RocksDB, whose {META_CF} column "
+                    "family (the shard record, the flushed position, the tables) could not be read whole")  # fmt: skip
     else:
         _meta_values(meta, report, checkpoint=False)
         dims = _rows(meta, report, checkpoint=False)
         unreadable = meta["unreadable"]
         if b"shard" not in unreadable:  # else named above, not compared
-            _identity(path, meta["shard"], found, lines)
+            _identity(path, meta["shard"], report)
         if b"flushed_seq" in unreadable or b"lsn_high" in unreadable:
             report.note("journal: not checked: RocksDB's flushed position or highest lsn does not read (above), and "
                         "they say which records must be there")  # fmt: skip
         else:
-            _journal(path, meta["flushed_seq"], meta["lsn_high"], dims, found, lines)
+            _journal(path, meta["flushed_seq"], meta["lsn_high"], dims, report)
         pending = meta["restore_pending"]
         if pending and restoring is not None and os.path.abspath(restoring) == pending:
-            lines.append(f"note    restore: a restore from {pending} did not finish; this start (--restore) begins it "
-                         "over")  # fmt: skip
+            report.note(f"restore: a restore from {pending} did not finish; this start (--restore) begins it over")
         elif pending:  # a server refuses to start on it (ps.engine.restore.check_restored)
             found(False, f"restore: a restore from {pending} did not finish (a crash or a stop during it): start with "
                          f"--restore {pending} to start it over, or delete the dir")  # fmt: skip
@@ -285,7 +282,8 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
     return dims
 
 
-def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:
+def _identity(path: str, in_db: dict | None, report: _Report) -> None:
+    found = report.found
     try:
         in_file = read_json(os.path.join(path, IDENTITY_FILE), IDENTITY_FIELDS)
     except StorageError as e:
@@ -299,10 +297,10 @@ def _identity(path: str, in_db: dict | None, found, lines: list[str]) -> None:
         found(False, f"shard identity: {IDENTITY_FILE} says {shard_name(in_file)}, RocksDB holds no shard record (it "
                      "lost its latest writes: its write-ahead log deleted or damaged?)")  # fmt: skip
     elif in_db is not None:
-        lines.append(f"note    shard identity: {shard_name(in_db)} in RocksDB; {IDENTITY_FILE} is missing (the server "
-                     "writes it again from RocksDB's copy)")  # fmt: skip
+        report.note(f"shard identity: {shard_name(in_db)} in RocksDB; {IDENTITY_FILE} is missing (the server "
+                    "writes it again from RocksDB's copy)")  # fmt: skip
     else:
-        lines.append("note    shard identity: none recorded (a shard that never started)")
+        report.note("shard identity: none recorded (a shard that never started)")
 
 
 def _check_readable(path: str) -> None:
@@ -331,10 +329,10 @@ LIVE = ("a server runs on this data dir (RocksDB's LOCK is held): its flushes cu
         "verify reads it, so this may be no damage at all; verify the dir with its server stopped")  # fmt: skip
 
 
-def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | None], found,
-             lines: list[str]) -> None:  # fmt: skip
+def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | None], report: _Report) -> None:
     """The journal records after flushed_seq as start-up reads and replays them, against the tables (their dims:
     None where unknown) RocksDB holds."""
+    found = report.found
     mark_path = os.path.join(path, MARK_FILE)
     journal = Journal(os.path.join(path, "journal"), mark_path=mark_path)
     try:
@@ -342,7 +340,7 @@ def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | N
     except OSError as e:  # a segment that cannot be read: gone (a running server's trim), not a file, a disk error
         count, refusal, warning, pushed = 0, f"a journal segment cannot be read: {e}", "", {}
     if refusal and served_now(path):
-        lines.append(f"note    journal: {refusal.removesuffix('.')} ({LIVE})")
+        report.note(f"journal: {refusal.removesuffix('.')} ({LIVE})")
         return
     if refusal:
         found(False, f"journal: {refusal}")
@@ -361,4 +359,4 @@ def _journal(path: str, flushed_seq: int, rows_seq: int, dims: dict[str, int | N
             found(False, f"journal: record {seq} holds grads of dim {dim} for table {table!r}, whose dim is "
                          f"{dims[table]}: the journal does not match RocksDB's tables")  # fmt: skip
     if warning:
-        lines.append(f"note    journal: start-up would log: {warning}")
+        report.note(f"journal: start-up would log: {warning}")
