@@ -848,11 +848,17 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 
 
-@pytest.mark.parametrize("key, value", [(b"tid/t", 2**32), (b"clock", 2**64), (b"flushed_seq", 5 * 2**64)])
+@pytest.mark.parametrize("key, value, why", [
+    (b"tid/t", 2**32, "not below 2^32"),
+    (b"clock", 2**40 + 1, "1,099,511,627,777 is past the largest clock a shard takes, 1,099,511,627,776 (an "
+                          "out-of-range clock advance put it there)"),
+    (b"flushed_seq", 5 * 2**64, "not below 2^64"),
+])  # fmt: skip
 def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verify(stopped_cleanly, tmp_path, key,
-                                                                                  value):  # fmt: skip
-    """A table's number is a key's u32 field, the other decimals u64s: one past that does not read, as damage (a
-    table's number fails a pull with DATA_LOSS, not INTERNAL; the others refuse a start), and verify says so."""
+                                                                                  value, why):  # fmt: skip
+    """A table's number is a key's u32 field, the clock at most MAX_CLOCK, the other decimals u64s: one past that
+    does not read, as damage (a table's number fails a pull with DATA_LOSS, not INTERNAL; the others refuse a
+    start), and verify says so."""
     from ps.errors import DataLossError
 
     data_dir = copied(stopped_cleanly, tmp_path)
@@ -861,8 +867,7 @@ def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verif
         store._meta.put(key, str(value).encode())
     finally:
         store.close()
-    bound = "2^32" if key.startswith(b"tid/") else "2^64"
-    what = f"meta key {key.decode()} holds b'{value}', which does not read as its value (ValueError: not below {bound})"
+    what = f"meta key {key.decode()} holds b'{value}', which does not read as its value (ValueError: {why})"
     if key.startswith(b"tid/"):
         with (
             InProcess(data_dir) as address,

@@ -203,7 +203,6 @@ class Shard:
             self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                                   config.threads, MAX_COUNT_PER_ID,
                                   done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
-            self._check_clock()
             self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
             self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
         except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
@@ -361,14 +360,6 @@ class Shard:
         self._replay()
         for client, client_seq in self._advanced.items():
             self.journal.note_applied((client, client_seq, -1))
-
-    def _check_clock(self) -> None:
-        if self.clock > MAX_CLOCK:
-            raise StorageError(
-                f"data dir {self.config.data_dir} holds clock {self.clock:,}, past the largest clock a shard takes "
-                f"({MAX_CLOCK:,}; an out-of-range clock advance put it there): restore the dir from a checkpoint "
-                "taken before that advance"
-            )
 
     def _close_after_failed_start(self) -> None:
         """Closes the journal (if it was opened) and the store; their errors are logged, not raised: the error that

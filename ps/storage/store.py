@@ -12,7 +12,7 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     admitted yet, "trained": whether any write stored a row or pending id of
                                     the table (kept once a Shrink drops them all, and by import_slots; absent:
                                     as admitted + pending > 0)}   (in the batch of every write of the table's rows)
-        "clock"                  -> decimal: the shard's clock (steps)
+        "clock"                  -> decimal <= MAX_CLOCK: the shard's clock (steps)
         "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once
                                     the client's "applied/" entry is dropped: forget_advanced)
@@ -99,7 +99,7 @@ from rocksdict import (
 )
 
 from ps.accel.threadnames import name_os_thread
-from ps.config import TableConfig
+from ps.config import MAX_CLOCK, TableConfig
 from ps.errors import (
     CheckpointDamagedError,
     DataDirLostError,
@@ -150,14 +150,24 @@ APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, 
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 
 
-def _decimal(raw: bytes, bits: int = 64) -> int:
-    """A decimal value of the grammar: ASCII digits only, of a `bits`-bit unsigned integer."""
+def _decimal(raw: bytes, bits: int | None = 64) -> int:
+    """A decimal value of the grammar: ASCII digits only, of a `bits`-bit unsigned integer (None: of any size)."""
     if not raw.isdigit():
         raise ValueError("not a decimal integer")
     value = int(raw)
-    if value >> bits:
+    if bits is not None and value >> bits:
         raise ValueError(f"not below 2^{bits}")
     return value
+
+
+def _clock(raw: bytes) -> int:
+    """The "clock" value: a decimal of at most MAX_CLOCK, which a shard never passes (an advance that would is
+    refused)."""
+    clock = _decimal(raw, None)
+    if clock > MAX_CLOCK:
+        raise ValueError(f"{clock:,} is past the largest clock a shard takes, {MAX_CLOCK:,} (an out-of-range clock "
+                         "advance put it there)")  # fmt: skip
+    return clock
 
 
 def _table_number(raw: bytes) -> int:
@@ -210,7 +220,7 @@ _META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key p
     TABLE_CONFIG_PREFIX: _parse_config,
     TABLE_ID_PREFIX: _table_number,
     COUNT_PREFIX: _parse_counts,
-    b"clock": _decimal,
+    b"clock": _clock,
     ADVANCED_PREFIX: _decimal,
     b"flushed_seq": _decimal,
     b"lsn_high": _decimal,
