@@ -18,6 +18,7 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -36,6 +37,16 @@ PUSHES = 30
 COMMON = np.arange(1000, dtype=np.uint64)  # in every push: its rows end at -(pushes applied)
 JOURNAL_HEADER = struct.Struct("<IQIQ")  # magic, seq, payload_len, checksum (ps/storage/journal.py's grammar)
 JOURNAL_MAGIC = 0x354A5350
+
+
+@contextlib.contextmanager
+def opened(data_dir) -> Iterator[Store]:
+    """The data dir's Store, open while the block runs (a server stopped: one process holds its RocksDB)."""
+    store = Store(str(data_dir))
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def own(k: int) -> np.ndarray:
@@ -515,11 +526,8 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client:
         client.create_table(TableConfig("emb", DIM))
         client.push("emb", ids, np.ones((len(ids), DIM), dtype=np.float32))
-    store = Store(str(data_dir))  # the stop flushed every row: one of them is overwritten with 5 bytes
-    try:
+    with opened(data_dir) as store:  # the stop flushed every row: one of them is overwritten with 5 bytes
         store._rows().put(encode_keys(store._table_id("emb"), ids[5:6])[0], b"\x00" * 5)
-    finally:
-        store.close()
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
         client.pull("emb", ids)
     assert "failed with DATA_LOSS" in str(failed.value) and "INTERNAL" not in str(failed.value)
@@ -530,11 +538,8 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
     assert re.fullmatch(r"DAMAGED table 'emb': 1 stored rows of a size its layout does not make \(1 of 5 bytes; a "
                         r"trained row is \d+ bytes, a pending id 24\), the first of id 5 \(key 00000000\w{4}"
                         r"0000000000000005\): a pull of them is refused with DATA_LOSS", bad[0]), bad  # fmt: skip
-    store = Store(str(data_dir))  # the table's number (its rows' key prefix) goes
-    try:
+    with opened(data_dir) as store:  # the table's number (its rows' key prefix) goes
         store._meta.delete(b"tid/emb")
-    finally:
-        store.close()
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
         client.pull("emb", ids)
     assert "failed with DATA_LOSS" in str(failed.value) and "'emb' has no number" in str(failed.value)
@@ -711,12 +716,9 @@ def odd_rows_checkpoint(tmp_path) -> tuple[pathlib.Path, list[TableConfig], np.n
         one_shard_checkpoint(shard, str(tmp_path / "good"), specs)
     finally:
         shard.close()
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         for i, size in ((7, 40), (900, 3)):
             store._rows().put(encode_keys(store._table_id("emb"), ids[i : i + 1])[0], b"\x00" * size)
-    finally:
-        store.close()
     shard = Shard(ServerConfig(data_dir=str(data_dir)))
     try:
         one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
@@ -765,12 +767,9 @@ def test_a_restore_meeting_rows_of_no_layouts_size_undoes_its_copy_and_calls_the
                     "checkpoint (an earlier save) goes ahead"), out  # fmt: skip
     with pytest.raises(CheckpointDamagedError, match=r"shard-0: table 'emb' holds 2 stored rows of neither"):
         Shard(ServerConfig(data_dir=str(data_dir), restore_dir=str(ckpt)))  # again: no mark refuses it
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         assert store.load_tables() == [] and store.restore_pending() is None
         assert list(store._rows().keys()) == []  # table a's rows went too
-    finally:
-        store.close()
     Shard(ServerConfig(data_dir=str(data_dir))).close()  # a start without --restore
     store = Store(str(tmp_path / "part"))  # a shard restoring some slots: how many of them
     try:
@@ -809,11 +808,8 @@ def test_a_meta_value_that_does_not_read_refuses_the_start_as_damage_naming_it(s
     from ps.errors import DataLossError
 
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         store._meta.put(key, DAMAGED_META[key])
-    finally:
-        store.close()
     with pytest.raises(DataLossError) as refused:
         Server(ServerConfig(data_dir=str(data_dir)))
     name = key.decode() if key.isascii() and key.decode().isprintable() else ascii(key)
@@ -830,12 +826,9 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
     """Values a start does not read: a table's number (read by the first request of a row), the restore the dir
     began from (read by Stats)."""
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         store._meta.put(b"tid/t", b"zero")
         store._meta.put(b"restored", b'{"checkpoint": 5}')
-    finally:
-        store.close()
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client:
         with pytest.raises(PsError) as failed:
             client.pull("t", COMMON)
@@ -862,11 +855,8 @@ def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verif
     from ps.errors import DataLossError
 
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         store._meta.put(key, str(value).encode())
-    finally:
-        store.close()
     what = f"meta key {key.decode()} holds b'{value}', which does not read as its value (ValueError: {why})"
     if key.startswith(b"tid/"):
         with (
@@ -888,13 +878,10 @@ def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verif
 
 def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_path):
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         number = store._table_id("t")
         for key in encode_keys(number + 5, np.arange(3, dtype=np.uint64)):
             store._rows().put(key, b"\x00" * 24)
-    finally:
-        store.close()
     lines, damaged = verify_data_dir(str(data_dir))
     first = encode_keys(number + 5, np.zeros(1, np.uint64))[0].hex()
     assert not damaged, lines
@@ -922,11 +909,8 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
     from ps.errors import DataLossError
 
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         store._meta.put(key, VERIFIED_META[key])
-    finally:
-        store.close()
     name = key.decode() if key.isascii() and key.decode().isprintable() else ascii(key)
     if key == b"restored":  # read by Stats, and by a start given --restore
         follows = "Stats, and a start given --restore, fail with DATA_LOSS"
@@ -959,11 +943,8 @@ def test_a_shard_record_without_its_fields_is_damage_to_a_start_and_to_verify(st
     from ps.errors import DataLossError
 
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         store._meta.put(b"shard", record)
-    finally:
-        store.close()
     if shard_json == "missing":
         os.remove(data_dir / "shard.json")
     with pytest.raises(DataLossError) as refused:
@@ -1009,16 +990,13 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
     DAMAGED line, not again as rows no server reads. With two such tables they cannot be told apart: the note
     stays."""
     data_dir = copied(stopped_cleanly, tmp_path)
-    store = Store(str(data_dir))
-    try:
+    with opened(data_dir) as store:
         ids = np.array([i for i, _ in store.iter_rows("t")], dtype=np.uint64)
         rows, first = len(ids), bytes(min(encode_keys(store._table_id("t"), ids))).hex()
         if number == "deleted":
             store._meta.delete(b"tid/t")
         else:
             store._meta.put(b"tid/t", b"zero")
-    finally:
-        store.close()
     lines, damaged = verify_data_dir(str(data_dir))
     why, follows = {
         "deleted": ("its config is stored without its number (meta key tid/t)", "a pull of it is refused with "
@@ -1031,11 +1009,8 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
         f"DAMAGED table 't': {why}: none of its rows can be found; {follows}. Its rows, if it has any, are among the "
         f"{rows:,} stored rows of table number(s) 0 ({rows:,} rows), which no other table has; the first key {first}"
     ], lines
-    store = Store(str(data_dir))  # a second table without its number: which rows are whose is not known
-    try:
+    with opened(data_dir) as store:  # a second table without its number: which rows are whose is not known
         store._meta.put(b"table/u", json.dumps(TableConfig("u", DIM).to_dict()).encode())
-    finally:
-        store.close()
     lines, damaged = verify_data_dir(str(data_dir))
     assert [line for line in lines if line.startswith("note    rows of no table")], lines
     assert not [line for line in lines if "Its rows, if it has any" in line], lines
