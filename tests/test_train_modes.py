@@ -170,6 +170,13 @@ def test_two_workers_train_in_every_mode(servers, tmp_path, mode):
     assert figures["oracle_auc"] - figures["eval_auc"] < 0.035, figures  # async and geo ~0.022 here
 
 
+def _small_mlp_run(addresses: list[str], data_file: str, **settings) -> TrainConfig:
+    """One epoch of a small MLP (dnn, hidden 4) on data_file in batches of 200, no validation split, with settings."""
+    base = dict(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large", progress=False,
+                batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0)  # fmt: skip
+    return TrainConfig(**{**base, **settings})
+
+
 def test_a_second_async_job_is_refused_while_one_trains_and_an_async_and_a_geo_worker_of_one_job_stop(
     servers, data_file
 ):
@@ -232,9 +239,7 @@ def test_a_run_whose_mlp_pushes_in_the_background_frees_the_shards_at_its_end(se
     monkeypatch.setattr(source, "push_apart", slowly)
 
     addresses, _ = servers(1)
-    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
-                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
-                      mode=mode, dense_staleness=1)  # fmt: skip
+    cfg = _small_mlp_run(addresses, data_file, mode=mode, dense_staleness=1)
     for job_id in (51, 52):
         assert train(dataclasses.replace(cfg, job_id=job_id))["dense_syncs"] > 0
 
@@ -257,9 +262,9 @@ def test_the_mlps_steps_since_its_last_sync_go_stamped_at_each_validation_and_at
 
     monkeypatch.setattr(Client, "push_many", recorded)
     addresses, _ = servers(1)
-    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
-                      progress=False, batch_size=180, epochs=1, validation_fraction=0.1, synthetic_eval_rows=0,
-                      mode=mode, dense_sync_every=3, eval_every=5)  # fmt: skip
+    cfg = _small_mlp_run(
+        addresses, data_file, batch_size=180, validation_fraction=0.1, mode=mode, dense_sync_every=3, eval_every=5
+    )
     for job_id, changes, flushed in (
         (81, {}, 4),
         (82, {"batch_size": 200, "validation_fraction": 0.0, "eval_every": 0}, 1),
@@ -296,9 +301,7 @@ def test_a_run_that_fails_with_mlp_pushes_in_the_background_frees_the_shards_at_
     monkeypatch.setattr(AsyncRows, "push_apart", slowly)
     monkeypatch.setattr(AsyncRows, "push", fails)
     addresses, _ = servers(1)
-    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
-                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
-                      dense_staleness=1, job_id=51)  # fmt: skip
+    cfg = _small_mlp_run(addresses, data_file, dense_staleness=1, job_id=51)
     with pytest.raises(ValueError, match="a failure mid-training"):
         train(cfg)
     monkeypatch.undo()
@@ -326,9 +329,7 @@ def test_a_run_whose_mlp_push_fails_tells_the_shards_it_stopped_after_its_steps_
     monkeypatch.setattr(AsyncRows, "push_apart", fails)
     monkeypatch.setattr(Shard, "push_batch", slowly)
     addresses, _ = servers(1)
-    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
-                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
-                      dense_staleness=1, job_id=53)  # fmt: skip
+    cfg = _small_mlp_run(addresses, data_file, dense_staleness=1, job_id=53)
     with pytest.raises(ValueError, match="the MLP's push failed"):
         train(cfg)
     time.sleep(1.0)  # a push the run left in flight lands meanwhile
@@ -370,9 +371,7 @@ def test_a_signal_that_ends_a_steps_wait_for_its_push_tells_the_shards_it_stoppe
     monkeypatch.setattr(Step, "settle", lambda self: (settle(self), events.append("settled")))
     monkeypatch.setattr(AsyncRows, "abandon", lambda self, *a, **k: (events.append("stop"), abandon(self, *a, **k)))
     addresses, _ = servers(1)
-    cfg = TrainConfig(servers=tuple(addresses), data=data_file, model="dnn", hidden=(4,), recipe="large",
-                      progress=False, batch_size=200, epochs=1, validation_fraction=0.0, synthetic_eval_rows=0,
-                      dense_staleness=1, job_id=55)  # fmt: skip
+    cfg = _small_mlp_run(addresses, data_file, dense_staleness=1, job_id=55)
     with pytest.raises(Terminated):
         train(cfg)
     assert waits[2].done() and events.index("settled") < events.index("stop")
