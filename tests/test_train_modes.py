@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from ps.errors import PsError
 from worker.client import Client
 from worker.job import loop_settings, open_job
 from worker.model_tables import table_configs
@@ -376,6 +377,28 @@ def test_a_signal_that_ends_a_steps_wait_for_its_push_tells_the_shards_it_stoppe
         train(cfg)
     assert waits[2].done() and events.index("settled") < events.index("stop")
     assert events[events.index("settled") - 1] == "pushed"  # step 3's rows, waited for
+
+
+def test_a_steps_failed_push_is_the_runs_error_said_once(servers, data_file, monkeypatch, caplog):
+    """--dense-staleness 1, async: step 3's rows' push fails on the shard; the run ends with that error, and the
+    stop path's wait for the step's push (Step.settle) has nothing more to wait for: no second word of it."""
+    from ps.engine.shard import Shard
+    from worker.train import train
+
+    push_batch, calls = Shard.push_batch, []
+
+    def fails(self, pushes, *args, **kwargs):
+        if not all(p[0].startswith("dense.") for p in pushes):  # the rows' pushes
+            calls.append(1)
+            if len(calls) == 3:
+                raise ValueError("the shard's disk is gone")
+        return push_batch(self, pushes, *args, **kwargs)
+
+    monkeypatch.setattr(Shard, "push_batch", fails)
+    addresses, _ = servers(1)
+    with pytest.raises(PsError, match="the shard's disk is gone"):
+        train(_small_mlp_run(addresses, data_file, dense_staleness=1, job_id=57))
+    assert "failed too" not in caplog.text
 
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])

@@ -52,8 +52,11 @@ class Step:
             except BaseException:  # the push ends first: the stop the loop then sends must come after it
                 self.settle()
                 raise
-            result_of(pushing)  # a signal another thread received is handled meanwhile (ps.terminate)
-            self._pushing = None
+            try:
+                result_of(pushing)  # a signal another thread received is handled meanwhile (ps.terminate)
+            finally:
+                if pushing.done():  # (its failure is the step's: settle() has nothing more to wait for)
+                    self._pushing = None
         return probs
 
     def settle(self) -> None:
