@@ -174,3 +174,38 @@ def test_an_unstamped_replace_is_refused_while_a_job_holds_the_shard(shard):
     shard.push_stamped([], 0, 0, 0, async_stamp(0, num_workers=1, done=True))  # the job is over
     shard.create_table(ADAM8, replace_untrained=True)
     assert shard.table("emb").cfg == ADAM8.normalized() and shard.stats()["job"] == JOB
+
+
+def test_a_check_only_keeps_no_hold_alive_and_claims_nothing(shard):
+    """JOB's worker made its table, then its checks keep coming (a train run checks its tables before it creates
+    them): they do not keep JOB's hold on the shard (it lasts its barrier timeout from the create, the last write),
+    so job OTHER gets the shard then; a check of a free shard claims nothing for its job."""
+    shard.create_table(SGD4, stamp=async_stamp(0, num_workers=1, barrier_timeout_s=0.5))
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:
+        shard.check_create(SGD4, stamp=async_stamp(0, num_workers=1, barrier_timeout_s=0.5))
+        time.sleep(0.05)
+    shard.create_table(SGD4, stamp=ssp_stamp())  # JOB was not heard from for 0.5 s: OTHER takes the shard
+    assert shard.stats()["job"] == OTHER
+    shard.push_stamped([], 0, 0, 0, ssp_stamp(done=True))  # OTHER is over: the shard is free
+    shard.check_create(SGD4, stamp=async_stamp(0))
+    assert not shard.jobs._claims and shard.stats()["job"] == OTHER
+    shard.create_table(SGD4, stamp=async_stamp(0))
+    with pytest.raises(JobConflictError, match=held_by(JOB)):  # a check is refused where its create would be
+        shard.check_create(SGD4, stamp=ssp_stamp(job=0x5EC))
+
+
+def test_a_check_only_of_another_process_takes_no_worker_token(shard):
+    """Worker 0's process A (token 0xA) was not heard from for the barrier timeout while worker 1 keeps the job
+    running; process B's check of worker 0 passes (as its create would: A's hold on the worker lapsed) but takes
+    nothing: A, restarted with its --resume-file, pushes on, and B is refused then."""
+    a, b = (async_stamp(0, barrier_timeout_s=0.5, token=t) for t in (0xA, 0xB))
+    shard.create_table(SGD4, stamp=a)
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:  # the job is heard from; worker 0's process A is not
+        push(shard, async_stamp(1, barrier_timeout_s=0.5, token=0xC), client=13)
+        time.sleep(0.05)
+    shard.check_create(SGD4, stamp=b)
+    push(shard, a, client=21)
+    with pytest.raises(JobConflictError, match=r"worker 0 of job .* is trained here by another process"):
+        shard.check_create(SGD4, stamp=b)

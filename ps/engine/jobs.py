@@ -64,7 +64,8 @@ until the push is applied (its job starts) or fails (the claim is dropped, the s
 CreateTable claims the shard the same way, whatever the job's mode, and starts its job once the table is made (a
 create that fails leaves the shard as it was); so the hold starts at a job's first table, and a second job's
 create (a replace of the first job's untrained tables, say) is refused before it changes anything. Its check_only
-is checked the same way and holds nothing. A CreateTable without a stamp holds nothing and is not refused for a job,
+is checked the same way (refused where the create would be) and holds nothing: it claims no shard, does not count
+as hearing from its job (the hold does not last for it), and takes no worker's token. A CreateTable without a stamp holds nothing and is not refused for a job,
 but for a replace (replace_untrained, of a table of another spec): that is refused while a job holds the shard
 (check_replace), as it would replace that job's tables under it.
 
@@ -363,7 +364,9 @@ class JobClocks:
         self._closed = False
 
     # ---- the job --------------------------------------------------------------------------------------
-    def check(self, stamp: WorkerStamp, pull: bool, client: int = 0, create: bool = False) -> bool:
+    def check(
+        self, stamp: WorkerStamp, pull: bool, client: int = 0, create: bool = False, check_only: bool = False
+    ) -> bool:
         """InvalidArgumentError, changing nothing, for a stamp that this shard refuses (check_stamp), for one of
         a stopped job, and for one whose worker count or setup differs from what its job started with (which
         stops the job); WorkerDoneError for a push of a worker held as done; JobConflictError for a stamp of
@@ -372,10 +375,12 @@ class JobClocks:
         stops the job), and for an unclocked stamp of a worker another process (token) holds (_check_token: the
         job goes on). A stamp of the job followed that passes counts as hearing from the job (its hold on the
         shard lasts). create: the stamp of a CreateTable (a job's worker creating its job's tables, before its
-        first push), checked as a push's is but for done and client. Returns whether the stamp claims the shard:
-        a push (not sync, not done) or a create that starts its job here; the claim refuses every other job
-        until pushed(claimed=True) or created(claimed=True) starts the job, or release() drops it (the push or
-        create failed)."""
+        first push), checked as a push's is but for done and client. check_only: a CreateTable's check_only
+        (Shard.check_create), refused as its create would be, but holding nothing: it claims no shard, is not
+        heard from (the hold does not last for it) and takes no token (returns False). Returns whether the stamp
+        claims the shard: a push (not sync, not done) or a create that starts its job here; the claim refuses
+        every other job until pushed(claimed=True) or created(claimed=True) starts the job, or release() drops it
+        (the push or create failed)."""
         check_stamp(stamp, pull, create)
         with self._cond:
             if stamp.unclocked and stamp.done and not self._follows(stamp):
@@ -387,6 +392,8 @@ class JobClocks:
                 if not stamp.sync and not stamp.done:
                     self._check_client(stamp, client)
             self._check_token(stamp, create)
+            if check_only:  # it writes nothing: it holds nothing
+                return False
             if self._follows(stamp):  # heard from, even if its push is then held back (a checkpoint's save)
                 self._heard = time.monotonic()
                 self._take_token(stamp)
@@ -414,8 +421,7 @@ class JobClocks:
             )
 
     def release(self, stamp: WorkerStamp) -> None:
-        """Drops the claim of check() for stamp: its push or create failed (or was a check only), and the shard is
-        as it was before it."""
+        """Drops the claim of check() for stamp: its push or create failed, and the shard is as it was before it."""
         with self._cond:
             self._drop_claim(stamp)
 

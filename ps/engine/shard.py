@@ -499,10 +499,11 @@ class Shard:
         """What create_table(cfg, replace_untrained, stamp) would answer, changing nothing: (config, trained rows,
         row floats) of the table it would return, or the error it would raise (all but a failed RocksDB write's),
         so that a client can check every shard before it creates the table on any. A stamp is checked as the
-        create checks it, and holds nothing."""
+        create checks it (refused while another job holds the shard), and holds nothing: no claim, no hold
+        lasting for it, no worker's token taken (JobClocks.check's check_only)."""
         self.refuse_if_lost()
-        if stamp is not None and self.jobs.check(stamp, pull=False, create=True):
-            self.jobs.release(stamp)
+        if stamp is not None:
+            self.jobs.check(stamp, pull=False, create=True, check_only=True)
         cfg = cfg.normalized()
         with self._lock:
             table = self.tables.get(cfg.name)
