@@ -412,7 +412,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             cost = self.shard.check_pull_batch(back, "a PushBatch's rows to return", larger_runs_alone=sync)
         if stamp is not None:  # its waits for the job's other workers are no part of serving it
             step, num_applied, min_clock = self.shard.push_stamped(
-                pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context)
+                pushes, request.advance_clock, client, request.seq, stamp, CallerGone(context), request.shared
             )
         with self.shard.store.foreground.serving():  # the tables' parts and the reply, as one request
             if stamp is None:

@@ -5,6 +5,7 @@ fails, a check_only and an unstamped create (`train --create-tables-only`, other
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import time
@@ -209,3 +210,26 @@ def test_a_check_only_of_another_process_takes_no_worker_token(shard):
     push(shard, a, client=21)
     with pytest.raises(JobConflictError, match=r"worker 0 of job .* is trained here by another process"):
         shard.check_create(SGD4, stamp=b)
+
+
+def test_a_shared_push_of_a_jobs_worker_holds_the_shard_moving_no_clock_and_naming_no_process(shard):
+    """A new model's logit-bias start (Client.push_once: a PushBatch marked shared, under a key every worker sends,
+    before the worker's first step) carries the job's stamp: another job's is refused, changing nothing; the job's
+    is applied once, moves no clock (its worker has pushed no step yet), and its key is no worker's process, so the
+    worker's first step from its own client goes on."""
+    shard.create_table(SGD4, stamp=ssp_stamp())
+    bias = [TablePush(name="emb", ids=IDS[:1], grads=np.full((1, 4), 0.5, np.float32), shows=None, clicks=None,
+                      add_delta=True)]  # fmt: skip
+    with pytest.raises(JobConflictError, match=held_by(OTHER) + rf"0 of job {JOB} .*nothing was applied$"):
+        shard.push_stamped(bias, 0, 900, 1, async_stamp(0), shared=True)
+    assert (shard.pull("emb", IDS) == 0.0).all()
+    _, applied, min_clock = shard.push_stamped(bias, 0, 900, 1, ssp_stamp(), shared=True)
+    assert applied == 1 and min_clock == 0 and shard.stats()["min_clock"] == 0
+    assert shard.push_stamped(bias, 0, 900, 1, ssp_stamp(), shared=True)[1] == 0  # once per key
+    push(shard, ssp_stamp(), client=11)  # step 0 of the worker, from its process's client
+    assert shard.stats()["min_clock"] == 1 and shard.pull("emb", IDS)[:, 0].tolist() == [-0.5, -1.0, -1.0]
+    shard.push_stamped(bias, 0, 902, 1, ssp_stamp(), shared=True)  # one after the worker's step: its key no process
+    push(shard, dataclasses.replace(ssp_stamp(), step=1, acked=1), client=11)  # the worker's step 1 goes on
+    assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]
+    with pytest.raises(InvalidArgumentError, match=r"a shared PushBatch .* is none of a worker's steps"):
+        shard.push_stamped(bias, 0, 901, 1, dataclasses.replace(ssp_stamp(), sync=True), shared=True)

@@ -403,9 +403,11 @@ def test_a_steps_failed_push_is_the_runs_error_said_once(servers, data_file, mon
 
 @pytest.mark.parametrize("mode", ["async", "ssp"])
 def test_early_stopping_puts_the_best_back_while_its_job_holds_the_shards(servers, mode, monkeypatch):
-    """The restore's pushes (unstamped) come before the worker says it is done: until then its job holds the
-    shards, so no other job can have taken them and have the restore's deltas land in its tables. Checked at the
-    restore: another job's stamp is refused then, and taken once the run is over."""
+    """The restore's pushes come before the worker says it is done, with its job's stamp: until then its job holds
+    the shards, and a shard another job took would refuse them rather than have the restore's deltas land in that
+    job's tables. Checked at the restore: another job's stamp is refused then, and taken once the run is over; and
+    every add-delta push (the new model's logit-bias start and the restore) came stamped with the job."""
+    from ps.engine.shard import Shard
     from ps.errors import JobConflictError
     from ps.stamp import WorkerStamp
     from worker.best import BestModel
@@ -414,6 +416,20 @@ def test_early_stopping_puts_the_best_back_while_its_job_holds_the_shards(server
     addresses, (server,) = servers(1)
     other = WorkerStamp(77, 0, 1, 0, staleness=1, setup="mode=ssp staleness=1 model=fm", barrier_timeout_s=30.0)
     refused, restore = [], BestModel.restore
+    stamped, deltas, push_stamped, push_batch = [], [], Shard.push_stamped, Shard.push_batch
+
+    def watched_stamped(self, pushes, advance_clock, client, seq, stamp, *args, **kwargs):
+        if any(p.add_delta for p in pushes):
+            stamped.append(stamp)
+        return push_stamped(self, pushes, advance_clock, client, seq, stamp, *args, **kwargs)
+
+    def watched_batch(self, pushes, *args, **kwargs):  # every batch applied, stamped or not
+        if any(p.add_delta for p in pushes):
+            deltas.append(len(pushes))
+        return push_batch(self, pushes, *args, **kwargs)
+
+    monkeypatch.setattr(Shard, "push_stamped", watched_stamped)
+    monkeypatch.setattr(Shard, "push_batch", watched_batch)
 
     def checked(self, dense):
         with pytest.raises(JobConflictError, match=r"shard 0 holds job 61 .* so worker 0 of job 77 ") as e:
@@ -427,6 +443,7 @@ def test_early_stopping_puts_the_best_back_while_its_job_holds_the_shards(server
                       job_id=61)  # fmt: skip
     result = train(cfg)
     assert result["stopped_early"] and result["restored_best"] and len(refused) == 1
+    assert deltas and len(stamped) == len(deltas) and {s.job for s in stamped} == {61}
     server.shard.jobs.check(other, pull=True)  # the job is over: free
 
 

@@ -3,9 +3,10 @@
 At each new best evaluation the worker copies the rows of every id it has trained and the dense parameters; after
 it, before a step trains an id first trained since, that id's row is pulled (its value at the best: its initial
 row on fresh tables, an earlier run's on tables that held a model). At the end of the loop it pushes best - current
-for all of them as add-delta pushes (the optimizer's state stays as it is, but FTRL's z is set to give the embedding
-put back, so that training on from it starts there: ps.rows.optim.ftrl_match_state): the tables then hold the
-model of the best evaluation. Those pushes count no shows, so an id not admitted (one a Shrink dropped since the
+for all of them as add-delta pushes (the optimizer's state stays as it is, but FTRL's z is set to give the
+embedding put back, so that training on from it starts there: ps.rows.optim.ftrl_match_state): the tables then
+hold the model of the best evaluation. The pushes go through the worker's row source (push_apart), with its job's
+stamp as the MLP's pushes apart from a step's: a shard that another job holds refuses them. Those pushes count no shows, so an id not admitted (one a Shrink dropped since the
 best) stays so, with its initial row: the rows the pushes return say which ids did not take the best row, and
 restore() keeps them per table (not_restored; the run's summary counts them).
 """
@@ -34,10 +35,11 @@ class BestModel:
     since the best, the rows of ids first trained then, as they were; restore() pushes the difference back (see
     the module docstring)."""
 
-    def __init__(self, tables: Any, spec: ModelSpec, weight_bounds: dict[str, float] | None = None):
+    def __init__(self, tables: Any, spec: ModelSpec, weight_bounds: dict[str, float] | None = None, source: Any = None):
         """weight_bounds: {table: its weight_bound} of the tables that have one (the servers clip the rows a push
-        admits to it, the restore's included)."""
-        self.tables, self.spec = tables, spec
+        admits to it, the restore's included). source: the worker's row source (worker/steprows.py), whose
+        push_apart sends the restore's pushes with the job's stamp; None: tables.push_many, unstamped."""
+        self.tables, self.spec, self.source = tables, spec, source
         self.weight_bounds = weight_bounds or {}
         self.seen: dict[str, list[np.ndarray]] = {t: [] for t in spec.table_dims()}
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # at the best: (sorted ids, their rows)
@@ -122,7 +124,10 @@ class BestModel:
             pushes.append(PushItem(dense_table(p), dense.ids[name], self.dense[name] - current[name],
                                    shows=np.zeros(p.shape[0], np.float32)))  # fmt: skip
             wanted.append((self.dense[name], current[name]))
-        after = self.tables.push_many(pushes, add_delta=True, return_rows=True)
+        if self.source is not None:
+            after = self.source.push_apart(pushes, add_delta=True)
+        else:
+            after = self.tables.push_many(pushes, add_delta=True, return_rows=True)
         for push, got, (want, cur) in zip(pushes, after, wanted, strict=True):
             missed = push.ids[_not_put_back(got, want, cur, self.weight_bounds.get(push.table, 0.0))]
             if len(missed):

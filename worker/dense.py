@@ -48,7 +48,7 @@ import numpy as np
 
 from ps.config import InitializerConfig, OptimizerConfig, TableConfig
 from ps.terminate import SIGNAL_CHECK_S
-from worker.client import PushItem
+from worker.client import PushItem, WorkerStamp
 from worker.models.spec import LOGIT_BIAS, DenseParam
 
 TABLE_PREFIX = "dense."
@@ -64,13 +64,15 @@ def table_name(param: DenseParam) -> str:
 
 
 def start_logit_bias(client: Any, params: list[DenseParam], positives: int, examples: int,
-                     trained_rows: int) -> float | None:  # fmt: skip
+                     trained_rows: int, stamp: WorkerStamp | None = None) -> float | None:  # fmt: skip
     """Starts the logit bias (spec.LOGIT_BIAS, one of params) of a new model at the log-odds of positives /
     examples (the rate clipped to [MIN_BASE_RATE, 1 - MIN_BASE_RATE]): one add-delta push, the optimizer state
     untouched, sent with Client.push_once under a key of the table's own (start_key), so that however many workers
-    of a job call it, at once or one after another, the servers apply one of them. A model is new while its sparse
-    tables hold no trained row (trained_rows: what the servers said) and its bias is at its initial 0; a model
-    trained further keeps its own (one trained before models had a logit bias gets it at 0: its own predictions).
+    of a job call it, at once or one after another, the servers apply one of them; stamp: the job's (the worker's
+    row source's), which the push carries as the job's other pushes do (None: a run that holds no job). A model is
+    new while its sparse tables hold no trained row (trained_rows: what the servers said) and its bias is at its
+    initial 0; a model trained further keeps its own (one trained before models had a logit bias gets it at 0: its
+    own predictions).
     Returns the value it started at; None where it did not (the model is not new, another worker started it, or
     there are no examples)."""
     (param,) = [p for p in params if p.name == LOGIT_BIAS]
@@ -82,7 +84,7 @@ def start_logit_bias(client: Any, params: list[DenseParam], positives: int, exam
         return None
     rate = min(max(positives / examples, MIN_BASE_RATE), 1.0 - MIN_BASE_RATE)
     value = np.float32(math.log(rate / (1.0 - rate)))
-    applied = client.push_once(table, ids, np.full((1, 1), value, dtype=np.float32), start_key(table))
+    applied = client.push_once(table, ids, np.full((1, 1), value, dtype=np.float32), start_key(table), stamp)
     return float(value) if applied else None
 
 

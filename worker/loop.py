@@ -17,7 +17,7 @@ Every --eval-every steps (or at the end of each epoch) the validation set is eva
 and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
 evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
 evaluation comes back at the end (worker/best.py BestModel), before the worker says it is done: its job holds the
-shards meanwhile, so the restore's deltas land in its own tables. When the loop ends (its data, or an early
+shards meanwhile, and the restore's deltas carry its stamp (source.push_apart), so they land in its own tables. When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it: after the
 MLP's last pushes, when dense.finish calls it (allreduce: the MLP written before the last workers say so). When an
 error, Ctrl-C or SIGTERM ends it before, source.abandon tells them it stopped (allreduce: the writer writes the MLP
@@ -237,7 +237,7 @@ def run_epochs(
     tmap = field_tables(spec)
     source = source if source is not None else AsyncRows(tables, spec, s.prefetch)
     since_best = 0
-    best_model = BestModel(tables, spec, s.weight_bounds) if s.restore_best and validation else None
+    best_model = BestModel(tables, spec, s.weight_bounds, source) if s.restore_best and validation else None
     step_counter = iter(range(1 << 62))  # the worker's steps over all epochs, numbered as its batches are read
 
     holding = getattr(source, "holding", lambda: False)  # geo: steps whose deltas it has not pushed yet
@@ -347,8 +347,8 @@ def run_epochs(
         result.trained_all = True
         step.pusher.shutdown()
         if best_model is not None and result.curve and not result.curve[-1]["best"]:
-            # before the worker's end, while its job holds the shards: after it, another job may take them, and
-            # the restore's deltas (unstamped) would land in that job's tables
+            # before the worker's end, while its job holds the shards (its pushes carry the job's stamp: after the
+            # end, another job may take the shards, and refuses them)
             put_back = time.perf_counter()
             if not dense.collective:  # the MLP's last gradients applied first (its stamped pushes)
                 dense.flush()

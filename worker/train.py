@@ -138,7 +138,8 @@ def train(cfg: TrainConfig) -> dict:
                 _say(mode_line(cfg), cfg)
             if labels is not None:
                 trained = held if cfg.num_workers == 1 else sum(t.num_rows for t in sparse_table_stats(client, spec))
-                started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained)
+                started = start_logit_bias(client, spec.dense_params(), labels.positives, labels.examples, trained,
+                                           stamp)  # fmt: skip
                 if started is not None:
                     _say(f"logit bias started at {started:.3f}, the log-odds of the {labels.positives / labels.examples:.2%} "
                          "positives of this worker's share of the data (a new model)", cfg)  # fmt: skip

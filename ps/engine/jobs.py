@@ -4,9 +4,13 @@ A worker of a sync or ssp job stamps its PullBatch and PushBatch requests (ps.st
 worker of an async or geo job stamps its PushBatch requests, unclocked (below); the MLP's pushes carry the job's
 stamp too, those that go with a step's push and those sent apart from it (worker/dense.py DenseSync's background
 pushes and the steps it pushes at a validation and at the end; worker/allreduce.py's writes of the MLP, before
-its worker says it is done). Every worker stamps the CreateTable requests that make its job's tables (created): they hold the shard
-for the job as its first push would. Requests without a stamp (reads: eval, predict, export, stats; restore
-pushes; `ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and hold nothing.
+its worker says it is done); so do early stopping's restore of the best model (worker/best.py, through the row
+source's push_apart) and a new model's logit-bias start (worker/dense.py start_logit_bias: Client.push_once, a
+PushBatch marked shared, under a key every worker sends, before the worker's first step: it holds the shard as a
+push of the job does, and is none of the worker's steps: it moves no clock, and its key names no worker's
+process, pushed(apart)). Every worker stamps the CreateTable requests that make its job's tables (created): they hold the shard
+for the job as its first push would. Requests without a stamp (reads: eval, predict, export, stats;
+`ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and hold nothing.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
@@ -733,17 +737,21 @@ class JobClocks:
                 if waiting:
                     self._waiting -= 1
 
-    def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False) -> int:
+    def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False, apart: bool = False) -> int:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
-        a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). Returns
-        min_clock. (Another job that started since the check and runs, or the job started since the check with
-        another worker count, by a push of another worker checked at the same time: the push stays applied, and
-        nothing moves; the worker's next stamp is refused as its check finds the job now.)"""
+        a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). apart: the
+        push is none of the worker's steps (a shared one, Client.push_once's, sent before the worker's first step
+        too): the job holds the shard as after a push, and no clock moves. Returns min_clock. (Another job that
+        started since the check and runs, or the job started since the check with another worker count, by a push
+        of another worker checked at the same time: the push stays applied, and nothing moves; the worker's next
+        stamp is refused as its check finds the job now.)"""
         with self._cond:
             if not self._entered(stamp, claimed):
                 return self._min_clock()
             if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
                 self._done[stamp.worker] = False
+                return self._min_clock()
+            if apart:
                 return self._min_clock()
             self._reach(stamp.step + 1, [stamp.worker])
             if client and not self._clients[stamp.worker]:

@@ -869,21 +869,28 @@ class Shard:
         client_seq: int,
         stamp: WorkerStamp,
         caller_gone: Callable[[], bool] | None = None,
+        shared: bool = False,
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to the
         step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
         is not used) or not (push_batch, then the worker's clock moves, or, unclocked, the worker runs). Returns (clock, ids applied by this
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
-        caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them."""
+        caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them. shared: the PushBatch is marked
+        shared (Client.push_once: applied once under a key any worker may send, none of the worker's steps), so
+        client names no worker's process and no clock moves (JobClocks.pushed's apart); never sync."""
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
+        if shared and (stamp.sync or stamp.done or stamp.stopped):
+            raise InvalidArgumentError("a shared PushBatch (applied once under a key any caller may send) is none of "
+                                       "a worker's steps: its stamp says neither sync, done nor stopped; nothing was "
+                                       "applied")  # fmt: skip
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
             if pushes or advance_clock:
                 raise InvalidArgumentError("a stop stamp comes in a PushBatch without pushes and without a clock "
                                            "advance; nothing was applied")  # fmt: skip
             return self.clock, 0, self.jobs.abandon(stamp)
-        claimed = self.jobs.check(stamp, pull=False, client=client)
+        claimed = self.jobs.check(stamp, pull=False, client=0 if shared else client)
         if stamp.done:
             if pushes or advance_clock:
                 raise InvalidArgumentError("a done stamp comes in a PushBatch without pushes and without a clock "
@@ -899,6 +906,8 @@ class Shard:
             if claimed:
                 self.jobs.release(stamp)
             raise
+        if shared:
+            return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, 0, claimed, apart=True)
         return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client, claimed)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
