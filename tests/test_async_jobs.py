@@ -273,10 +273,13 @@ def test_a_second_process_pushing_as_a_worker_is_refused_until_the_first_says_do
     a, b = (unclocked(0, setup=setup, token=t) for t in (0xA, 0xB))
     push(shard, a)
     refusal = (rf"shard 0: worker 0 of job {JOB} \(--mode {'geo' if setup == GEO else 'async'}\) is trained here by "
-               r"another process \(last heard from 0\.\d+ s ago; .* this process's, 0xb\): two processes given one "
-               r"--worker-id would train its share twice .* own --worker-id in 0\.\.1, or stop the other one, or wait "
-               r"for its end \(one killed without a word holds worker 0 for (\d+\.?\d*) s more: the job's barrier "
-               r"timeout, 30 s, .*; nothing was applied")  # fmt: skip
+               r"another process \(last heard from 0\.\d+ s ago; .* this process's, 0xb\), which holds worker 0 for "
+               r"(\d+\.?\d*) s more \(the job's barrier timeout, 30 s, after it was last heard from\) unless it says "
+               r"it is done or stopped\. If this is worker 0 started again after that process was killed without a "
+               r"word .*: without the --resume-file its killed run kept, it is another process, refused until then; "
+               r"with that file it is the same process and pushes on at once\. If the other process runs, two "
+               r"processes given one --worker-id would train its share twice .* own --worker-id in 0\.\.1, or stop "
+               r"the other one; nothing was applied$")  # fmt: skip
     with pytest.raises(JobConflictError, match=refusal) as refused:
         push(shard, b, client=12)
     assert refused.value.status == "FAILED_PRECONDITION" and float(re.search(refusal, str(refused.value))[1]) > 29

@@ -510,11 +510,13 @@ class JobClocks:
         raise JobConflictError(
             f"shard {self.shard_id}: worker {w} of job {stamp.job} ({_kind(stamp.setup, True)}) is trained here by "
             f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
-            f"process's, {stamp.token:#x}): two processes given one --worker-id would train its share twice and "
-            f"another share never. Give each process its own --worker-id in 0..{n - 1}, or stop the other one, or "
-            f"wait for its end (one killed without a word holds worker {w} for {left:.3g} s more: the job's barrier "
-            f"timeout, {patience:g} s, after it was last heard from); a worker restarted with its "
-            f"--resume-file is the same process and pushes on; {_nothing_done(create)}"
+            f"process's, {stamp.token:#x}), which holds worker {w} for {left:.3g} s more (the job's barrier timeout, "
+            f"{patience:g} s, after it was last heard from) unless it says it is done or stopped. If this is worker "
+            f"{w} started again after that process was killed without a word (SIGKILL, an OOM kill, a lost node): "
+            "without the --resume-file its killed run kept, it is another process, refused until then; with that "
+            "file it is the same process and pushes on at once. If the other process runs, two processes given one "
+            f"--worker-id would train its share twice and another share never: give each process its own "
+            f"--worker-id in 0..{n - 1}, or stop the other one; {_nothing_done(create)}"
         )
 
     def _token_conflict(self, stamp: WorkerStamp) -> float | None:
