@@ -1,6 +1,7 @@
 """CountProgress: the progress of a count of work (rows exported, examples scored) as the long commands show it: a
 tqdm bar on a terminal; a plain line every PLAIN_EVERY_S seconds on stderr that is none (a log file); nothing
-when off. A subclass says what its plain line reads (line) and may grow the bar's total as it goes (advance_bar).
+when off. A subclass says what its plain line reads (line) or writes its own lines (say, every every_s seconds),
+and may grow the bar's total as it goes (advance_bar).
 """
 
 from __future__ import annotations
@@ -20,15 +21,20 @@ class CountProgress:
         self.bar = tqdm(total=total, unit=unit, unit_scale=True, desc=desc, disable=not on or self.plain,
                         smoothing=0.1, bar_format=bar_format)  # fmt: skip
         self.total, self.done = total, 0
+        self.every_s = self.PLAIN_EVERY_S  # between plain lines
         self.started = self.last = time.perf_counter()
 
     def update(self, n: int) -> None:
         self.done += n
         self.advance_bar(n)
         now = time.perf_counter()
-        if self.plain and now - self.last >= self.PLAIN_EVERY_S:
+        if self.plain and now - self.last >= self.every_s:
             self.last = now
-            print(self.line(self.done / max(now - self.started, 1e-9)), file=sys.stderr, flush=True)
+            self.say(self.done / max(now - self.started, 1e-9))
+
+    def say(self, rate: float) -> None:
+        """Writes the plain line for `done` so far at rate per second (on stderr)."""
+        print(self.line(rate), file=sys.stderr, flush=True)
 
     def advance_bar(self, n: int) -> None:
         self.bar.update(n)

@@ -437,6 +437,30 @@ def test_eval_and_trains_final_evaluation_show_their_progress(servers, files, tm
     assert "progress: " not in capsys.readouterr().err
 
 
+def test_trains_final_evaluation_writes_progress_lines_of_its_scoring_under_progress_lines(
+    servers, files, monkeypatch, capsys
+):
+    """train --progress-lines (for logs and dashboards) shows its final evaluation's progress too, as PROGRESS
+    lines of its scoring: examples scored of the eval set's, ending at all of them; launch's reader takes them for
+    no training progress."""
+    from worker.progress_lines import parse_progress
+
+    monkeypatch.setattr("worker.scoring.JSON_EVERY_S", 0.0)
+    addresses, _ = servers(1)
+    train_path, test_path = files
+    assert main(["train", "--servers", addresses[0], "--server-timeout", "0", "--data", train_path, "--eval-data",
+                 test_path, "--model", "lr", "--recipe", "large", "--batch-size", "100",
+                 "--progress-lines"]) == 0  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("PROGRESS ")]
+    scoring = [json.loads(line.removeprefix("PROGRESS ")) for line in lines if '"phase": "eval"' in line]
+    assert [(r["worker"], r["scored"], r["total"]) for r in scoring] == [
+        (0, 100, TEST_ROWS), (0, TEST_ROWS, TEST_ROWS), (0, TEST_ROWS, TEST_ROWS)
+    ], lines  # fmt: skip
+    assert all(r["examples_per_s"] > 0 for r in scoring)
+    assert all(parse_progress(line) is None for line in lines if '"phase": "eval"' in line)
+    assert lines.index(next(line for line in lines if '"phase": "eval"' in line)) > 0  # after training's lines
+
+
 def test_scoring_progress_over_an_estimated_total_says_about_and_stays_under_100_percent(monkeypatch, capsys):
     """eval and predict count a large file no further than SCORING_COUNT_LINES: its total is a guess from bytes."""
     from worker.scoring import ScoringProgress
@@ -449,6 +473,24 @@ def test_scoring_progress_over_an_estimated_total_says_about_and_stays_under_100
     lines = [line.split(" examples scored")[0] for line in capsys.readouterr().err.splitlines()]
     assert lines == ["progress: 500 of about 1,000 (50%)", "progress: 1,000 of about 1,012 (99%)",
                      "progress: 1,300 of about 1,315 (99%)"], lines  # fmt: skip
+
+
+def test_scoring_progress_lines_end_at_the_count_only_when_every_example_was_scored(monkeypatch, capsys):
+    """A PROGRESS line of scoring at close: its total the examples scored when the scoring is done; an estimate
+    said as one before; the total expected kept when an error or a signal stopped it (closed unfinished)."""
+    monkeypatch.setattr("worker.scoring.JSON_EVERY_S", 0.0)
+    from worker.scoring import ScoringProgress
+
+    for finished in (True, False):
+        progress = ScoringProgress(1000, True, estimated=True, worker=3)
+        progress.update(400)
+        progress.close(finished)
+        out, err = capsys.readouterr()
+        reports = [json.loads(line.removeprefix("PROGRESS ")) for line in out.splitlines()]
+        assert [(r["worker"], r["phase"], r["scored"], r["total"], r.get("estimated")) for r in reports] == [
+            (3, "eval", 400, 1000, True), (3, "eval", 400, 400 if finished else 1000, None if finished else True)
+        ], out  # fmt: skip
+        assert err == ""  # no bar, no plain line
 
 
 def test_a_malformed_training_line_mid_run_says_the_servers_hold_a_partly_trained_model(servers, files, tmp_path):

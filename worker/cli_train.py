@@ -274,8 +274,9 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
                      help="no evaluation of the eval set after training (`ps-worker launch` gives it to its workers and "
                      "scores the job's model once, after all of them)")  # fmt: skip
     out.add_argument("--progress-lines", action="store_true",
-                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s (what "
-                     "`ps-worker launch` merges; a dashboard can read them too)")  # fmt: skip
+                     help=f"instead of a bar, a line 'PROGRESS {{json}}' on stdout every {JSON_EVERY_S:g} s, of training "
+                     "(what `ps-worker launch` merges) then of the final evaluation's scoring; a dashboard can read "
+                     "them too")  # fmt: skip
     out.add_argument("--launched", action="store_true",
                      help="for `ps-worker launch`'s workers: not what launch says once for the job (the data's "
                      "warnings, the recipe, a csv's columns, where the workers can resume, where the model is)")  # fmt: skip

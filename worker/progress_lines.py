@@ -12,7 +12,15 @@ shown as "about t", with no time left); r: n over the training time so far, the 
 and a resumed run's skipping left out (the final line's r is the run's examples_per_s); x: its running train
 logloss (null before the first step); h, b: its row cache's hit rate and the bytes its hits did not pull (geo: the share of rows
 read locally). One every 2 s (JSON_EVERY_S) and one at the end; a worker stopped before its end (a signal, an
-error) writes one as it stops. A line that does not parse is output, not progress.
+error) writes one as it stops. A worker's final evaluation (train's, not launch's workers': they have
+--no-final-eval) then writes its scoring's lines (worker/scoring.py ScoringProgress), as often:
+
+    PROGRESS {"worker": i, "phase": "eval", "scored": n, "total": t, "examples_per_s": r [, "estimated": true]}
+
+n: examples of the eval set scored so far; t: the eval set's examples (0: unknown; estimated as above), n at the
+last line, written when the scoring is done (one stopped by an error or a signal keeps the t it expected); r: n
+over the scoring's time. parse_progress reads training's lines only: a line that does not parse as one (an
+evaluation's among them) is output, not training progress.
 A bar over an estimated total (training's, worker/loop.py; scoring's, worker/scoring.py) shows it the same way:
 ABOUT_BAR_FORMAT, and advance, which keeps the share under 100% (about_total).
 """

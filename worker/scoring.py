@@ -5,6 +5,7 @@ evaluation).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ from worker.batch import Batch, TableIds, table_ids
 from worker.metrics import ScoreStream, logloss
 from worker.models.spec import FieldInput, ModelInputs, ModelSpec
 from worker.pipeline import prefetched
-from worker.progress_lines import ABOUT_BAR_FORMAT, about_total, advance
+from worker.progress_lines import ABOUT_BAR_FORMAT, JSON_EVERY_S, about_total, advance, progress_line
 from worker.steprows import pull_rows
 
 
@@ -54,24 +55,50 @@ def predictions(
 class ScoringProgress(CountProgress):
     """The progress of scoring a file (eval, predict) as train shows its own (ps.progress: a bar, or a plain
     'progress: ...' line). total: the lines of the file, an estimate (0: unknown); estimated: total is a guess from
-    bytes (worker/linecount.py), shown with no time left and never as 100% until close()."""
+    bytes (worker/linecount.py), shown with no time left and never as 100% until close(). worker: instead of
+    either, that worker's PROGRESS lines of scoring on stdout, every JSON_EVERY_S seconds and one at close (train
+    --progress-lines: its final evaluation; the grammar in worker/progress_lines.py)."""
 
-    def __init__(self, total: int, on: bool, estimated: bool = False):
+    def __init__(self, total: int, on: bool, estimated: bool = False, worker: int | None = None):
         self.estimated = estimated and total > 0
-        super().__init__(total, on, unit="ex", bar_format=ABOUT_BAR_FORMAT if self.estimated else None)
+        self.worker = worker
+        super().__init__(
+            total, on and worker is None, unit="ex", bar_format=ABOUT_BAR_FORMAT if self.estimated else None
+        )
+        if on and worker is not None:
+            self.plain, self.every_s = True, JSON_EVERY_S
 
     def advance_bar(self, n: int) -> None:
         advance(self.bar, n, self.estimated)
 
+    def shown_total(self) -> int:
+        """The total a line shows for the examples scored so far (an estimate grown past them: about_total)."""
+        return about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+
     def line(self, rate: float) -> str:
-        total = about_total(self.done, self.total) if self.estimated else max(self.total, self.done)
+        total = self.shown_total()
         about = "about " if self.estimated else ""
         of = f" of {about}{total:,} ({self.done / total:.0%})" if self.total else ""
         return f"progress: {self.done:,}{of} examples scored, {rate:,.0f} examples/s"
 
-    def close(self) -> None:
-        if not self.bar.disable:
+    def say(self, rate: float, finished: bool = False) -> None:
+        if self.worker is None:
+            super().say(rate)
+            return
+        report = {"worker": self.worker, "phase": "eval", "scored": self.done,
+                  "total": self.done if finished else self.shown_total() if self.total else 0,
+                  "examples_per_s": round(rate, 1)}  # fmt: skip
+        if self.estimated and not finished:
+            report["estimated"] = True
+        print(progress_line(report), flush=True)
+
+    def close(self, finished: bool = True) -> None:
+        """finished: every example was scored (the count is the total); else an error or a signal stopped the
+        scoring, and the total shown stays the one expected."""
+        if finished and not self.bar.disable:
             self.bar.total = self.bar.n
+        if self.plain and self.worker is not None:
+            self.say(self.done / max(time.perf_counter() - self.started, 1e-9), finished)
         super().close()
 
 
@@ -93,6 +120,7 @@ def evaluate(
     the examples past which it is binned)."""
     model, oracle = ScoreStream(), ScoreStream()
     scored = predictions(tables, spec, backend, dense_values, batches, prefetch)
+    finished = False
     try:
         for batch, probs in scored:
             model.add(batch.labels, probs)
@@ -100,10 +128,11 @@ def evaluate(
                 oracle.add(batch.labels, batch.probs)
             if progress is not None:
                 progress.update(len(batch))
+        finished = True
     finally:
         scored.close()
         if progress is not None:
-            progress.close()
+            progress.close(finished)
     if not model.examples:
         return {}
     rate = model.positives / model.examples  # the best constant prediction, a baseline that any model should beat

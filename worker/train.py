@@ -308,15 +308,17 @@ def served_metrics(cfg: TrainConfig) -> Iterator[Any]:
 
 def final_evaluation(cfg: TrainConfig, data: DataSource, client: Client, spec: ModelSpec, backend: Any,
                      dense_values: dict) -> dict:  # fmt: skip
-    """evaluate() on data.eval(), read as it is scored, with its own progress (a large eval file takes minutes);
-    a malformed line of --eval-data past --max-bad-lines (met only now: check_eval read a larger file's start only) gives
-    {"eval_error": what happened} instead: the training's figures are still reported and written, and the
+    """evaluate() on data.eval(), read as it is scored, with its own progress (a large eval file takes minutes) shown
+    as training's is: a bar, plain lines, or with --progress-lines PROGRESS lines of scoring (ScoringProgress); a
+    malformed line of --eval-data past --max-bad-lines (met only now: check_eval read a larger file's start only)
+    gives {"eval_error": what happened} instead: the training's figures are still reported and written, and the
     command then fails (worker/cli_train.py)."""
     progress = None
-    if cfg.progress and not cfg.progress_lines:
+    if cfg.progress or cfg.progress_lines:
         counted = data.eval_count()  # None: the synthetic eval rows, or no --eval-data
         total = cfg.synthetic_eval_rows if data.synthetic is not None else counted.estimate if counted else 0
-        progress = ScoringProgress(total, True, estimated=bool(counted and counted.more)) if total else None
+        worker = cfg.worker_id if cfg.progress_lines else None
+        progress = ScoringProgress(total, True, bool(counted and counted.more), worker) if total else None
     try:
         return evaluate(client, spec, backend, dense_values, data.eval(), progress, cfg.prefetch)
     except PsError:
