@@ -231,5 +231,10 @@ def test_a_shared_push_of_a_jobs_worker_holds_the_shard_moving_no_clock_and_nami
     shard.push_stamped(bias, 0, 902, 1, ssp_stamp(), shared=True)  # one after the worker's step: its key no process
     push(shard, dataclasses.replace(ssp_stamp(), step=1, acked=1), client=11)  # the worker's step 1 goes on
     assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]
-    with pytest.raises(InvalidArgumentError, match=r"a shared PushBatch .* is none of a worker's steps"):
-        shard.push_stamped(bias, 0, 901, 1, dataclasses.replace(ssp_stamp(), sync=True), shared=True)
+    for said in ("sync", "done"):  # what the refusal says is what the stamp says
+        refusal = (
+            rf"a shared PushBatch .* steps, so its stamp says none of sync, done and stopped; this one says {said};"
+        )
+        with pytest.raises(InvalidArgumentError, match=refusal + " nothing was applied$"):
+            shard.push_stamped(bias, 0, 901, 1, dataclasses.replace(ssp_stamp(), **{said: True}), shared=True)
+    assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]

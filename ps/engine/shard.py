@@ -881,9 +881,10 @@ class Shard:
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
         if shared and (stamp.sync or stamp.done or stamp.stopped):
+            said = "sync" if stamp.sync else "done" if stamp.done else "stopped"
             raise InvalidArgumentError("a shared PushBatch (applied once under a key any caller may send) is none of "
-                                       "a worker's steps: its stamp says neither sync, done nor stopped; nothing was "
-                                       "applied")  # fmt: skip
+                                       "a worker's steps, so its stamp says none of sync, done and stopped; this one "
+                                       f"says {said}; nothing was applied")  # fmt: skip
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
             if pushes or advance_clock:
