@@ -496,11 +496,13 @@ class Shard:
     def check_create(
         self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None
     ) -> tuple[TableConfig, int, int]:
-        """What create_table(cfg, replace_untrained, stamp) would answer, changing nothing: (config, trained rows,
+        """What create_table(cfg, replace_untrained, stamp) would answer, changing no table: (config, trained rows,
         row floats) of the table it would return, or the error it would raise (all but a failed RocksDB write's),
         so that a client can check every shard before it creates the table on any. A stamp is checked as the
         create checks it (refused while another job holds the shard), and holds nothing: no claim, no hold
-        lasting for it, no worker's token taken (JobClocks.check's check_only)."""
+        lasting for it, no worker's token taken (JobClocks.check's check_only); but a stamp whose worker count or
+        setup differs from its job's stops that job, as the create would (that worker exits without a stop stamp:
+        this is how the job's other workers learn why)."""
         self.refuse_if_lost()
         if stamp is not None:
             self.jobs.check(stamp, pull=False, create=True, check_only=True)
