@@ -271,9 +271,7 @@ def table_ids(meta: Rdict, damaged: Callable[[str], StorageError]) -> dict[str, 
     """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
     raised for a number that does not read as one (_meta_value)."""
     out = {}
-    for key, raw in _items(meta, TABLE_ID_PREFIX):
-        if not key.startswith(TABLE_ID_PREFIX):
-            break
+    for key, raw in _prefixed(meta, TABLE_ID_PREFIX):
         out[key[len(TABLE_ID_PREFIX) :].decode()] = _meta_value(key, raw, damaged)
     return out
 
@@ -526,6 +524,14 @@ def _items(cf: Rdict, start: bytes | None = None, read_opts: ReadOptions | None 
         yield it.key(), it.value()
         it.next()
     it.status()
+
+
+def _prefixed(cf: Rdict, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) of every key of a column family that starts with prefix, in key order (_items)."""
+    for key, value in _items(cf, prefix):
+        if not key.startswith(prefix):
+            return
+        yield key, value
 
 
 def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome: str = "nothing was applied",
@@ -835,9 +841,7 @@ class Store:
         want = _identity((shard_id, num_shards))
         file_path = os.path.join(self.path, IDENTITY_FILE)
         in_file = read_json(file_path, IDENTITY_FIELDS)
-        with self._rocksdb("reading the shard record"):
-            raw = self._meta.get(b"shard")
-        in_db = _meta_value(b"shard", raw, self._damaged) if raw is not None else None
+        in_db = self._meta_get(b"shard", "reading the shard record")
         if in_file is not None and in_db is not None and in_file != in_db:
             raise _copies_disagree(in_file, in_db)
         have = in_db or in_file
@@ -857,9 +861,7 @@ class Store:
         """Records the --cluster name the first time the dir runs with one (synced, in RocksDB; with record, which
         a start asks for once nothing else can refuse it); StorageError if it recorded another name, an empty
         `cluster` included. A dir that never ran with a name takes any."""
-        with self._rocksdb("reading the cluster name"):
-            raw = self._meta.get(b"cluster")
-        have = _meta_value(b"cluster", raw, self._damaged) if raw is not None else ""
+        have = self._meta_get(b"cluster", "reading the cluster name", "")
         if have == cluster or not cluster and not have:
             return
         if have:
@@ -878,11 +880,17 @@ class Store:
         """Every table's stored config; DataLossError for one that does not read as a config."""
         out = []
         with self._rocksdb("reading the table configs"):
-            for key, raw in _items(self._meta, TABLE_CONFIG_PREFIX):
-                if not key.startswith(TABLE_CONFIG_PREFIX):
-                    break
+            for key, raw in _prefixed(self._meta, TABLE_CONFIG_PREFIX):
                 out.append(_meta_value(key, raw, self._damaged))
         return out
+
+    def _meta_get(self, key: bytes, doing: str, default: Any = None) -> Any:
+        """The value of meta key `key` read as the module's grammar says (_meta_value), or default where it is
+        absent; doing: what a RocksDB error says was being done. (No frame of a damage error's traceback holds the
+        meta column family: the error kept, a failed start's store still closes.)"""
+        with self._rocksdb(doing, "nothing was read"):
+            raw = self._meta.get(key)
+        return default if raw is None else _meta_value(key, raw, self._damaged)
 
     def _damaged(self, what: str) -> DataLossError:
         """The error for a stored value of this dir that does not read as the module's grammar says (_meta_value),
@@ -932,11 +940,9 @@ class Store:
         return cf
 
     def _layout(self, table: str) -> RowLayout:
-        with self._rocksdb(f"reading the config of table {table!r}", "nothing was read"):
-            raw = self._meta.get(TABLE_CONFIG_PREFIX + table.encode())
-        if raw is None:
+        cfg = self._meta_get(TABLE_CONFIG_PREFIX + table.encode(), f"reading the config of table {table!r}")
+        if cfg is None:
             raise self._damaged(f"table {table!r} has no config (meta key table/{table})")
-        cfg = _meta_value(TABLE_CONFIG_PREFIX + table.encode(), raw, self._damaged)
         return layout_of(cfg.dim, cfg.optimizer.name)
 
     # ---- rows -----------------------------------------------------------------------------------------
@@ -1224,9 +1230,7 @@ class Store:
                 return {}
             meta = src.get_column_family(META_CF)
             out = dict.fromkeys(table_ids(meta, damaged), 0)  # a table with no row written has no count yet
-            for key, raw in _items(meta, COUNT_PREFIX):
-                if not key.startswith(COUNT_PREFIX):
-                    break
+            for key, raw in _prefixed(meta, COUNT_PREFIX):
                 out[key[len(COUNT_PREFIX) :].decode()] = _meta_value(key, raw, damaged)["admitted"]
             return out
 
@@ -1242,15 +1246,11 @@ class Store:
 
     def restore_pending(self) -> str | None:
         """The checkpoint a restore into this store started from and did not finish (None: none)."""
-        with self._rocksdb("reading the mark of an unfinished restore", "nothing was read"):
-            raw = self._meta.get(b"restore_pending")
-        return _meta_value(b"restore_pending", raw, self._damaged) if raw is not None else None
+        return self._meta_get(b"restore_pending", "reading the mark of an unfinished restore")
 
     def restored(self) -> dict | None:
         """The checkpoint this dir was restored from ({"checkpoint", "sha256"}), or None."""
-        with self._rocksdb("reading the restore the dir began from", "nothing was read"):
-            raw = self._meta.get(b"restored")
-        return _meta_value(b"restored", raw, self._damaged) if raw is not None else None
+        return self._meta_get(b"restored", "reading the restore the dir began from")
 
     def set_restored(self, checkpoint: str, sha256: str) -> None:
         """Records the restore the dir began from, and a new state id (see state_id), in one synced write."""
@@ -1265,9 +1265,8 @@ class Store:
         """The random id of the model state this dir holds ("state_id"): drawn (and stored, synced) the first time
         it is asked for, and again by set_restored; a restart keeps it, so a client that finds another one knows
         the dir was restored or replaced since it looked."""
-        with self._rocksdb("reading the model state's id", "nothing was read"):
-            raw = self._meta.get(b"state_id")
-        return _meta_value(b"state_id", raw, self._damaged) if raw is not None else self._new_state_id()
+        stored = self._meta_get(b"state_id", "reading the model state's id")
+        return self._new_state_id() if stored is None else stored
 
     def _new_state_id(self) -> int:
         value = _drawn_state_id()
@@ -1316,9 +1315,7 @@ class Store:
             if rows is not None:
                 batch.delete_range(b"", b"\xff" * 16, rows)  # every row key (14 bytes)
             for prefix in (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX):
-                for key, _ in _items(self._meta, prefix):
-                    if not key.startswith(prefix):
-                        break
+                for key, _ in _prefixed(self._meta, prefix):
                     batch.delete(key, meta)
             for key in (b"clock", b"restored", b"restore_pending"):
                 batch.delete(key, meta)
@@ -1337,15 +1334,11 @@ class Store:
         """The largest lsn of a row RocksDB holds (its "lsn_high"; 0: none recorded): the journal record of that
         push was written, and so was every one before it."""
         if self._lsn_high is None:
-            with self._rocksdb("reading the highest lsn written"):
-                raw = self._meta.get(b"lsn_high")
-            self._lsn_high = _meta_value(b"lsn_high", raw, self._damaged) if raw is not None else 0
+            self._lsn_high = self._meta_get(b"lsn_high", "reading the highest lsn written", 0)
         return self._lsn_high
 
     def flushed_seq(self) -> int:
-        with self._rocksdb("reading the flushed journal position", "nothing was read"):
-            raw = self._meta.get(b"flushed_seq")
-        return _meta_value(b"flushed_seq", raw, self._damaged) if raw is not None else 0
+        return self._meta_get(b"flushed_seq", "reading the flushed journal position", 0)
 
     def set_flushed_seq(self, seq: int, changes: AppliedChanges | None = None) -> None:
         """Records that every journal record <= seq is in RocksDB and (if given) the changes of the journal's
@@ -1379,16 +1372,14 @@ class Store:
         used_s)}; used_s None for an entry of the legacy single value (it kept no times). A client in both the
         legacy value and an `applied/` key (an older version wrote the value after this one wrote the key) gets
         the newer (client_seq, parts) of the two, with used_s None when that is the legacy one."""
-        out: dict[int, tuple[int, int, float | None]] = {}
-        with self._rocksdb("reading the exactly-once table of client requests"):
-            raw = self._meta.get(LEGACY_APPLIED)
-            if raw is not None:
-                self._legacy_applied = True
-                out = _meta_value(LEGACY_APPLIED, raw, self._damaged)
-            for key, value in _items(self._meta, APPLIED_PREFIX):
-                if not key.startswith(APPLIED_PREFIX):
-                    break
-                seq, parts, used = _meta_value(key, value, self._damaged)
+        doing = "reading the exactly-once table of client requests"
+        legacy = self._meta_get(LEGACY_APPLIED, doing)
+        if legacy is not None:
+            self._legacy_applied = True
+        out: dict[int, tuple[int, int, float | None]] = legacy or {}
+        with self._rocksdb(doing):
+            for key, raw in _prefixed(self._meta, APPLIED_PREFIX):
+                seq, parts, used = _meta_value(key, raw, self._damaged)
                 client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
                 if client not in out or out[client][:2] <= (seq, parts):
                     out[client] = (seq, parts, float(used))
@@ -1397,16 +1388,12 @@ class Store:
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
         with rows)."""
-        key = COUNT_PREFIX + table.encode()
-        with self._rocksdb(f"reading the row counts of table {table!r}", "nothing was read"):
-            raw = self._meta.get(key)
-        counts = _meta_value(key, raw, self._damaged) if raw is not None else {"admitted": 0, "pending": 0}
+        counts = self._meta_get(COUNT_PREFIX + table.encode(), f"reading the row counts of table {table!r}",
+                                {"admitted": 0, "pending": 0})  # fmt: skip
         return {**counts, "trained": trained(counts)}
 
     def clock(self) -> int:
-        with self._rocksdb("reading the clock", "nothing was read"):
-            raw = self._meta.get(b"clock")
-        return _meta_value(b"clock", raw, self._damaged) if raw is not None else 0
+        return self._meta_get(b"clock", "reading the clock", 0)
 
     def set_clock(self, step: int, advanced_by: tuple[int, int] | None = None) -> None:
         """Stores the clock; with advanced_by = (client, client_seq), in the same write, that this request of that
@@ -1435,9 +1422,7 @@ class Store:
         """client -> the client_seq of its newest request whose clock advance is stored (set_clock)."""
         out = {}
         with self._rocksdb("reading the clock advances of client requests"):
-            for key, raw in _items(self._meta, ADVANCED_PREFIX):
-                if not key.startswith(ADVANCED_PREFIX):
-                    break
+            for key, raw in _prefixed(self._meta, ADVANCED_PREFIX):
                 out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = _meta_value(key, raw, self._damaged)
         return out
 
@@ -1452,9 +1437,7 @@ class Store:
         self.drain()
         prefix = self._table_id(table).to_bytes(4, "big")
         with self._rocksdb(f"reading the rows of table {table!r}", "nothing was read"):
-            for key, value in _items(self._rows(), prefix):
-                if not key.startswith(prefix):
-                    break
+            for key, value in _prefixed(self._rows(), prefix):
                 yield int.from_bytes(key[6:], "big"), value
 
     def flush(self) -> None:
