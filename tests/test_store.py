@@ -6,6 +6,7 @@ import pytest
 
 from ps.config import OptimizerConfig, TableConfig
 from ps.errors import DataLossError, StorageError
+from ps.rows.layout import STATS_FLOATS, layout_of, stored_sizes
 from ps.sharding import slot_of
 from ps.storage import store as store_module
 from ps.storage.store import Store, encode_keys, multi_get
@@ -88,6 +89,24 @@ def test_a_row_of_the_wrong_size_is_reported(tmp_path):
     with pytest.raises(StorageError, match=r"row of 40 bytes, expected 32"):
         s.get_rows("emb", np.array([4, 5], dtype=np.uint64), 6)
     s.close()
+
+
+@pytest.mark.parametrize("dim, optimizer", [(1, "sgd"), (3, "adagrad"), (8, "adam")])
+def test_the_values_put_rows_stores_are_of_the_sizes_every_reader_allows(tmp_path, dim, optimizer):
+    """stored_sizes, which get_rows, a restore, an export and verify check values against, says the sizes of the
+    values put_rows really writes: a trained row's, and a pending id's; RowLayout counts bytes with the same."""
+    s = Store(str(tmp_path))
+    s.create_table(TableConfig("emb", dim, optimizer=OptimizerConfig(optimizer, 0.1)))
+    layout = layout_of(dim, optimizer)
+    ids = np.array([3, 9], dtype=np.uint64)
+    complete = np.array([True, False])
+    rows = np.ones((2, layout.width), np.float32)
+    s.put_rows("emb", ids, rows, np.ones(2, np.uint64), complete, {"admitted": 1, "pending": 1})
+    written = {int.from_bytes(key[6:], "big"): len(value) for key, value in s._rows().items()}
+    s.close()
+    sizes = stored_sizes(layout.width)
+    assert written == {3: sizes.trained, 9: sizes.pending}
+    assert (layout.value_bytes, layout.pending_value_bytes) == sizes == (4 * layout.width + 8, 4 * STATS_FLOATS + 8)
 
 
 @pytest.mark.parametrize("read_threads", [1, 3])

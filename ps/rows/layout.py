@@ -17,6 +17,7 @@ its share of the IdIndex, and its place in the eviction policy's probation queue
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 KEY_BYTES = 14  # table:u32be slot:u16be id:u64be: ps.storage.store.KEY_DTYPE, which refuses to import otherwise
 LSN_BYTES = 8
@@ -47,6 +48,19 @@ def line_floats(width: int) -> int:
 ROCKSDB_OVERHEAD_BYTES = 8
 
 
+class StoredSizes(NamedTuple):
+    """The sizes, in bytes, that a RocksDB value of a table's rows may have (`size in sizes`: one of them)."""
+
+    trained: int  # an admitted id's: its row, then its lsn
+    pending: int  # an id's not admitted yet: its statistics, then its lsn
+
+
+def stored_sizes(width: int) -> StoredSizes:
+    """The sizes a stored value of a table of `width`-float rows may have: every reader and checker of stored rows
+    (a pull's, a restore's, an export's, `ps-server verify`'s) asks this."""
+    return StoredSizes(4 * width + LSN_BYTES, 4 * STATS_FLOATS + LSN_BYTES)
+
+
 @dataclass(frozen=True)
 class RowLayout:
     dim: int
@@ -65,12 +79,12 @@ class RowLayout:
     @property
     def value_bytes(self) -> int:
         """RocksDB value of an admitted id."""
-        return 4 * self.width + LSN_BYTES
+        return stored_sizes(self.width).trained
 
     @property
     def pending_value_bytes(self) -> int:
         """RocksDB value of an id not admitted yet (statistics only)."""
-        return 4 * STATS_FLOATS + LSN_BYTES
+        return stored_sizes(self.width).pending
 
     @property
     def ram_bytes(self) -> int:

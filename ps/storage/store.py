@@ -110,7 +110,7 @@ from ps.errors import (
     disk_full_reason,
     echo,
 )
-from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of
+from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, StoredSizes, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
 from ps.storage.foreground import Foreground
@@ -402,27 +402,31 @@ def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
 
 
 class _OddRows:
-    """The stored values of a checkpoint's table that are of neither a pending id's nor a trained row's size by the
-    config read with (sizes: those two, in bytes), as a restore or an export meets them: how many, and the first."""
+    """The stored values of a checkpoint's table that are of neither size the config read with gives (sizes:
+    stored_sizes of its width; None: unknown, no value is odd), as a restore or an export meets them: how many, and
+    the first."""
 
-    def __init__(self) -> None:
+    def __init__(self, sizes: StoredSizes | None) -> None:
+        self.sizes = sizes
         self.count, self.first, self.first_size = 0, b"", 0
 
-    def saw(self, key: bytes, value: bytes, sizes: tuple[int, int]) -> None:
-        """Counts key's value if it is of neither size."""
-        if len(value) not in sizes:
-            if not self.count:
-                self.first, self.first_size = key, len(value)
-            self.count += 1
+    def saw(self, key: bytes, value: bytes) -> bool:
+        """Whether key's value is of neither size (counted if so)."""
+        if self.sizes is None or len(value) in self.sizes:
+            return False
+        if not self.count:
+            self.first, self.first_size = key, len(value)
+        self.count += 1
+        return True
 
-    def check(self, damaged: Callable[[str], CheckpointDamagedError], table: str, sizes: tuple[int, int],
-              among: str = "") -> None:  # fmt: skip
+    def check(self, damaged: Callable[[str], CheckpointDamagedError], table: str, among: str = "") -> None:
         """damaged(what), naming the table, how many (among: of which slots, "" for all) and the first one's id,
         key and size, if any was seen."""
         if self.count:
+            sizes = self.sizes
             raise damaged(
                 f"table {table!r} holds {self.count:,} stored rows{among} of neither a trained row's size by the config read "
-                f"with (its manifest's: {sizes[1]} bytes) nor a pending id's ({sizes[0]}), the first of id "
+                f"with (its manifest's: {sizes.trained} bytes) nor a pending id's ({sizes.pending}), the first of id "
                 f"{int.from_bytes(self.first[6:], 'big')} (key {self.first.hex()}, {self.first_size:,} bytes): its "
                 "rows are damaged, or its manifest does not match them"
             )
@@ -580,8 +584,15 @@ def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[n
 
 
 def value_dtype(width: int) -> np.dtype:
-    """A stored row value of `width` floats: row:f32le[width] lsn:u64le (the module's grammar)."""
+    """A stored row value of `width` floats: row:f32le[width] lsn:u64le (the module's grammar), of
+    stored_sizes(width).trained bytes."""
     return np.dtype([("row", "<f4", (width,)), ("lsn", "<u8")])
+
+
+PENDING_BYTES = value_dtype(STATS_FLOATS).itemsize  # a pending id's value
+if (value_dtype(1).itemsize, PENDING_BYTES) != stored_sizes(1):  # the grammar and ps.rows.layout's sizes agree
+    raise ImportError(f"a stored row value of 1 float is {value_dtype(1).itemsize} bytes by the grammar and "
+                      f"{stored_sizes(1).trained} by ps.rows.layout.stored_sizes")  # fmt: skip
 
 
 BLOCK_CACHE_BYTES = DEFAULT_BLOCK_CACHE_BYTES  # RocksDB's block cache per shard (uncompressed data blocks)
@@ -959,6 +970,7 @@ class Store:
         if n == 0:
             return sizes >= 0, rows, lsn, sizes >= 0
         full, short = value_dtype(width), value_dtype(STATS_FLOATS)
+        allowed = stored_sizes(width)
 
         def parse(values: list, at: int) -> None:
             try:  # every key found and every value a trained row's, as for the misses of rows trained before:
@@ -988,14 +1000,14 @@ class Store:
             read_in_calls(self._rows(), encode_keys(self._table_id(table), ids), parse, self._readers,
                           self.read_threads)  # fmt: skip
         found = sizes >= 0
-        bad = found & (sizes != full.itemsize) & (sizes != short.itemsize)
+        bad = found & (sizes != allowed.trained) & (sizes != allowed.pending)
         if bad.any():
             raise self._damaged(
-                f"table {table} holds a row of {int(sizes[bad][0])} bytes, expected {full.itemsize} (a trained row) "
-                f"or {short.itemsize} (statistics only): its rows are damaged, or were written by another build's "
+                f"table {table} holds a row of {int(sizes[bad][0])} bytes, expected {allowed.trained} (a trained row) "
+                f"or {allowed.pending} (statistics only): its rows are damaged, or were written by another build's "
                 "row layout"
             )
-        complete = sizes == full.itemsize
+        complete = sizes == allowed.trained
         for batch in pending:  # oldest first: a later batch of the same id wins, as in RocksDB
             hit, at = batch.find(ids)
             if len(at):
@@ -1159,20 +1171,18 @@ class Store:
                     handle = self._db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
-                    sizes = (4 * STATS_FLOATS + 8, 4 * widths[table] + 8) if widths and table in widths else ()
-                    odd = _OddRows()
+                    odd = _OddRows(stored_sizes(widths[table]) if widths and table in widths else None)
                     for key, value in _items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
-                        if sizes and len(value) not in sizes or odd.count:  # past the first: only counted
-                            odd.saw(key, value, sizes)
+                        if odd.saw(key, value) or odd.count:  # past the first: only counted
                             continue
-                        counts["admitted" if len(value) > 4 * STATS_FLOATS + 8 else "pending"] += 1
+                        counts["admitted" if len(value) > PENDING_BYTES else "pending"] += 1
                         batch.put(prefix + key[4:], value[:-8] + bytes(8), handle)  # lsn := 0
                         if len(batch) >= 65536:
                             self._write_counted(batch, on_written, counts["admitted"] - admitted)
                             batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
-                    odd.check(damaged, table, sizes, "" if (lo, hi) == (0, NUM_SLOTS) else f" in slots {lo}..{hi - 1}")
+                    odd.check(damaged, table, "" if (lo, hi) == (0, NUM_SLOTS) else f" in slots {lo}..{hi - 1}")
                     self._write_counted(batch, on_written, counts["admitted"] - admitted)
                 old = self.counts(table)
                 total = {k: old[k] + counts[k] for k in counts}
@@ -1203,19 +1213,17 @@ class Store:
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
-            keys, values, sizes, odd = [], [], (4 * STATS_FLOATS + 8, 4 * width + 8), _OddRows()
-            for key, value in _items(src.get_column_family(ROWS_CF), prefix):
-                if not key.startswith(prefix):
-                    break
-                if len(value) == sizes[1]:
+            keys, values, odd = [], [], _OddRows(stored_sizes(width))
+            for key, value in _prefixed(src.get_column_family(ROWS_CF), prefix):
+                if len(value) == odd.sizes.trained:
                     keys.append(key)
                     values.append(value)
-                elif len(value) != sizes[0]:
-                    odd.saw(key, value, sizes)
+                else:
+                    odd.saw(key, value)
                 if len(keys) == chunk:
                     yield _decode_chunk(keys, values, width)
                     keys, values = [], []
-            odd.check(damaged, table, sizes)
+            odd.check(damaged, table)
             if keys:
                 yield _decode_chunk(keys, values, width)
 

@@ -19,7 +19,7 @@ import os
 
 from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_manifest
 from ps.errors import StorageError
-from ps.rows.layout import KEY_BYTES, layout_of
+from ps.rows.layout import KEY_BYTES, layout_of, stored_sizes
 from ps.storage.journal import Journal
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 from ps.storage.store import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, Store, damage_at, verify_rocksdb
@@ -242,8 +242,7 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
         numbers.add(number)
         if cfg is None:  # named by _meta_values
             continue
-        layout = layout_of(cfg.dim, cfg.optimizer.name)
-        sizes = (layout.value_bytes, layout.pending_value_bytes)
+        sizes = stored_sizes(layout_of(cfg.dim, cfg.optimizer.name).width)
         mine = {size: seen for (t, size), seen in rows.sizes.items() if t == number}
         checked[table] = sum(n for n, _ in mine.values())
         bad = {size: seen for size, seen in sorted(mine.items()) if size not in sizes}
@@ -253,8 +252,8 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
             shown = ", ".join(f"{n:,} of {size:,} bytes" for size, (n, _) in list(bad.items())[:5])
             refused = _READ_REFUSED if checkpoint else "a pull of them is refused with DATA_LOSS"
             found(False, f"{at}table {table!r}: {sum(n for n, _ in bad.values()):,} stored rows of a size its layout "
-                         f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes[0]} bytes, "
-                         f"a pending id {sizes[1]}), the first of id {int.from_bytes(first[6:], 'big')} (key "
+                         f"does not make ({shown}{', ...' if len(bad) > 5 else ''}; a trained row is {sizes.trained} bytes, "
+                         f"a pending id {sizes.pending}), the first of id {int.from_bytes(first[6:], 'big')} (key "
                          f"{first.hex()}): {refused}")  # fmt: skip
     orphans = {}  # {table number: [rows, the first one's key]}
     for (number, _), (n, key) in rows.sizes.items():
