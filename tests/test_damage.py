@@ -932,6 +932,25 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
         assert done.returncode == 1 and f"DAMAGED {what}: {follows}\n" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("record", [b'{"job": 1, "done": "x"}', b'{"job": 1, "num_workers": 2, "done": [2]}'])
+def test_verify_notes_a_job_done_record_that_does_not_read_which_a_start_passes(stopped_cleanly, tmp_path, record):
+    """The job_done record is read as the grammar says, as every meta value is: verify names one that does not
+    read, as a note (a shard that follows the job logs it and waits for its finished workers), and a start
+    passes it."""
+    from ps.storage.verify import JOB_DONE_UNREAD
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    with opened(data_dir) as store:
+        store._meta.put(b"job_done", record)
+    with InProcess(data_dir):
+        pass
+    lines, damaged = verify_data_dir(str(data_dir))
+    said = [line for line in lines if "meta key job_done" in line]
+    assert not damaged and len(said) == 1, lines
+    assert said[0].startswith(f"note    meta key job_done holds {ascii(record)}, which does not read as its value (")
+    assert said[0].endswith(f": {JOB_DONE_UNREAD}"), lines
+
+
 @pytest.mark.parametrize("shard_json", ["kept", "missing"])
 @pytest.mark.parametrize(
     "record", [b"{}", b'{"shard_id": 0}', b'{"shard_id": 0, "num_shards": "1", "num_slots": 16384}']

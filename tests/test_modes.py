@@ -23,6 +23,7 @@ from ps.engine.shard import MAX_COUNT_PER_ID, Shard
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
+    DataLossError,
     InvalidArgumentError,
     JobConflictError,
     JobIdReusedError,
@@ -631,10 +632,11 @@ def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
         shard.close()
 
 
-def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path):
+def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path, caplog):
     """Done flags are stored as they come (ps.engine.jobs' done_store): after a crash, worker 0 goes on alone
     with no wait for worker 1, which finished before it and sends nothing more; a record of another job, or of
-    another worker count, or one that does not read, marks nobody done."""
+    another worker count, marks nobody done, and so does one that does not read (the store says it is damaged,
+    the shard logs that)."""
     shard = open_shard(tmp_path)
     sync_steps(shard, range(2))
     shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2))
@@ -650,8 +652,14 @@ def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path):
         assert (shard.pull("emb", A) == -4).all() and (shard.pull("emb", B) == -2).all()
         with pytest.raises(WorkerDoneError):  # still done: a push of it is refused, as before the restart
             shard.push_stamped([push(B, np.ones((len(B), 4)))], 1, 0, 0, stamp(1, 3, sync=True, acked=2))
-        shard.store._meta.put(b"job_done", b'{"job": 1, "done": "x"}')
-        assert shard.store.job_done(JOB, 2) == []
+        for record in (b'{"job": 1, "done": "x"}', b'{"job": 1, "num_workers": 2, "done": [1, 2]}', b"[1]"):
+            shard.store._meta.put(b"job_done", record)
+            with pytest.raises(DataLossError, match=f"meta key job_done holds {re.escape(ascii(record))}, which does "
+                                                    "not read as its value"):  # fmt: skip
+                shard.store.job_done(JOB, 2)
+            caplog.clear()
+            assert shard.jobs._stored_done(JOB, 2) == []
+            assert f"the done workers of job {JOB} could not be read" in caplog.text, caplog.text
     finally:
         shard.close()
 

@@ -38,7 +38,8 @@ Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decim
                                     synced: drawn at the first start, and again with each restore's "restored")
         "job_done"               -> JSON {"job": job id, "num_workers": n, "done": [worker, ...]}: the workers of
                                     the job the shard follows that said they are done (set_job_done, synced, as
-                                    each says so: ps.engine.jobs reads it when it follows the job after a restart)
+                                    each says so: ps.engine.jobs reads it when it follows the job after a restart,
+                                    and logs one that does not read and reads it as none: it only spares waits)
     The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX.
     column family "rows":
         key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
@@ -206,6 +207,18 @@ def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
     return {int(c): (int(v[0]), int(v[1]), None) for c, v in _json_object(raw).items()}
 
 
+def _job_done(raw: bytes) -> dict:
+    """The "job_done" value: JSON {"job": int, "num_workers": int, "done": [worker, ...]}, each worker an int in
+    0..num_workers - 1."""
+    record = _json_object(raw)
+    job, num_workers, done = record["job"], record["num_workers"], record["done"]
+    if type(job) is not int or type(num_workers) is not int or type(done) is not list:
+        raise ValueError('not {"job": int, "num_workers": int, "done": [worker, ...]}')
+    if not all(type(w) is int and 0 <= w < num_workers for w in done):
+        raise ValueError(f"a worker that is not an int in 0..{num_workers - 1}")
+    return record
+
+
 def _restored(raw: bytes) -> dict:
     """A "restored" value: JSON {"checkpoint": path, "sha256": hex}."""
     value = _json_object(raw)
@@ -229,7 +242,8 @@ _META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key p
     b"restore_pending": bytes.decode,
     b"restored": _restored,
     b"state_id": _decimal,
-}  # not "job_done": a record that does not read is logged and ignored (Store.job_done)
+    b"job_done": _job_done,
+}
 
 
 def _grammar_key(key: bytes) -> bytes:
@@ -1290,24 +1304,12 @@ class Store:
 
     def job_done(self, job: int, num_workers: int) -> list[int]:
         """The workers of the job (of num_workers) the "job_done" record says are done; [] where it names another
-        job or worker count, or there is none. A record that does not read as set_job_done writes it is
-        logged and read as none (it only spares waits)."""
-        with self._rocksdb("reading the done workers of a job", "nothing was read"):
-            raw = self._meta.get(b"job_done")
-        if raw is None:
+        job or worker count, or there is none. DataLossError for a record that does not read as set_job_done
+        writes it: ps.engine.jobs logs it and reads it as none (the record only spares waits)."""
+        record = self._meta_get(b"job_done", "reading the done workers of a job")
+        if record is None or record["job"] != job or record["num_workers"] != num_workers:
             return []
-        try:
-            record = json.loads(raw)
-            done = [int(w) for w in record["done"]]
-            if record["job"] != job or record["num_workers"] != num_workers:
-                return []
-            if not all(0 <= w < num_workers for w in done):
-                raise ValueError(f"a worker out of 0..{num_workers - 1}")
-        except (ValueError, TypeError, KeyError) as e:
-            log.warning("the job_done record of this data dir is unreadable (%s: %s); it is ignored: the job's "
-                        "finished workers will be waited for", type(e).__name__, e)  # fmt: skip
-            return []
-        return done
+        return record["done"]
 
     def forget_unfinished_restore(self) -> None:
         """Deletes, in one synced write, what a restore writes (every row, the tables' configs, numbers and counts,

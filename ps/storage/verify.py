@@ -8,8 +8,8 @@ clock, the shard record, ...); each table's number, and every stored row's size 
 trained row's or a pending id's); the shard record in RocksDB against shard.json (ps.storage.sidefiles); every
 journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A
 finding is damaged where the server would refuse to start on it or fail a request with DATA_LOSS (a restore or an
-export, in a checkpoint), and a note where it starts with a warning (a torn last journal record), repairs it (a
-missing shard.json) or never reads it (rows of a table number no table config has; a checkpoint's meta values
+export, in a checkpoint), and a note where it starts with a warning (a torn last journal record), reads it with a
+warning as if absent (a job_done record), repairs it (a missing shard.json) or never reads it (rows of a table number no table config has; a checkpoint's meta values
 other than its tables' numbers and counts).
 """
 
@@ -26,6 +26,8 @@ from ps.storage.store import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, Store, dama
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 _READ_REFUSED = "a restore or an export of the checkpoint is refused"  # what damage that both read makes fail
+JOB_DONE_UNREAD = ("a shard that follows the job logs it and reads it as no worker done: a worker that finished "
+                   "before the shard's start is waited for")  # fmt: skip
 
 
 def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str], bool]:
@@ -208,6 +210,9 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
     it), but the number of a table whose config is stored: _rows names that with the table."""
     for key, what in sorted(meta["unreadable"].items()):
         if key.startswith(TABLE_ID_PREFIX) and key[len(TABLE_ID_PREFIX) :].decode() in meta["tables"]:
+            continue
+        if key == b"job_done" and not checkpoint:  # read by a shard that follows a job (ps.engine.jobs)
+            report.note(f"{at}{what}: {JOB_DONE_UNREAD}")
             continue
         follows = _follows(key, checkpoint)
         if follows is None:
