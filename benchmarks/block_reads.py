@@ -7,7 +7,7 @@ variants of the SST format and of how files are read, the same keys in the same 
 Each variant is its own RocksDB dir (in a temporary directory) holding --rows keys of a table
 (ps.storage.store.encode_keys, ids 0..rows-1) with random values of a dim-16 Adagrad row's size, written in key
 order (slot, id) to SST files of 500,000 rows and ingested (one sorted run in the last level, as a long-running
-server's rows mostly are). Files are written and read with ps.storage.store.rocksdb_options as a server given
+server's rows mostly are). Files are written and read with ps.storage.options.rocksdb_options as a server given
 --memory-bytes opens its data dir (its block cache size from ps.storage.memory.plan_memory, index partitioned into
 the block cache), except where the variant says:
     pread        the server's options: each block a read call into a buffer, inserted into the block cache
@@ -16,7 +16,7 @@ the block cache), except where the variant says:
     hash index   a hash index in each data block beside its binary-search restart points
     mmap         the server's options with mmap reads (ps-server --mmap-reads): blocks read from memory maps
 Every dir's files are read once first, so every variant reads from the page cache. Each request reads --ids
-random keys (unique, sorted) with ps.storage.store.multi_get on --threads threads (the server's read: MultiGet
+random keys (unique, sorted) with ps.storage.options.multi_get on --threads threads (the server's read: MultiGet
 calls of at most 1,024 keys); the same keys go to every variant in turn (harness.alternate), so a change in this
 shared machine's speed hits all alike. The figure is microseconds per key, median over --reps requests, and each
 variant's ratio to pread. The process's RssFile after the reads shows what mmap reads leave resident (file pages).
@@ -40,7 +40,8 @@ from rocksdict import DataBlockIndexType, Options, Rdict
 from ps.__main__ import parse_bytes
 from ps.rows.layout import layout_of
 from ps.storage.memory import plan_memory
-from ps.storage.store import encode_keys, multi_get, rocksdb_options, table_options, value_dtype
+from ps.storage.options import multi_get, rocksdb_options, table_options
+from ps.storage.store import encode_keys, value_dtype
 
 TABLE_NUMBER = 1
 FILE_ROWS = 500_000

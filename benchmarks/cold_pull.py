@@ -1,5 +1,5 @@
 """Pulls of ids that are in no cache, from a table 10x larger than the RAM tier, next to the server's own RocksDB read
-(ps.storage.store.multi_get) of the same ids on the same files, opened with the server's options, on as many threads.
+(ps.storage.options.multi_get) of the same ids on the same files, opened with the server's options, on as many threads.
 
     python benchmarks/cold_pull.py [--rows 1000000] [--ids 100000] [--reps 8] [--read-threads 2] [--dir DIR]
 
@@ -13,9 +13,9 @@ No cache holds an id before its request: the ids, in RocksDB's key order (slot, 
 request, and each request pulls --ids random ids of its own range, so no earlier request read a data block it
 needs (a range's blocks are its own) or put its rows in the RAM tier.
 The reference opens the same files read-only beside the restarted server (once it is idle), with
-ps.storage.store.rocksdb_options (the server's block cache size, bloom filters, table format, direct reads; a
+ps.storage.options.rocksdb_options (the server's block cache size, bloom filters, table format, direct reads; a
 block cache of its own, as empty), and reads the same keys (ps.storage.store.encode_keys) with
-ps.storage.store.multi_get, the server's own read: MultiGet calls of at most 1,024 keys split over as many threads
+ps.storage.options.multi_get, the server's own read: MultiGet calls of at most 1,024 keys split over as many threads
 as the server's --read-threads (ps.config.ServerConfig's default, 2; --read-threads sets both). Each request goes
 to both, the server first for even requests and the reference first for odd ones, so a change in the machine's
 or the disk's speed hits both alike. The server's rate counts the ids it fetched from RocksDB (the delta of its
@@ -43,7 +43,8 @@ from ps.config import ServerConfig, TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import layout_of
 from ps.sharding import slot_of
-from ps.storage.store import ROWS_CF, encode_keys, multi_get, rocksdb_options, table_ids
+from ps.storage.options import multi_get, rocksdb_options
+from ps.storage.store import ROWS_CF, encode_keys, table_ids
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -165,7 +166,7 @@ def main() -> None:
           f"{args.read_threads} read thread(s) on both sides")  # fmt: skip
     print(f"cold pull:        {mega(cold_rates)} ids fetched from RocksDB/s "
           f"({r['server_fetched_per_request']:,.0f} fetched per request)")  # fmt: skip
-    print(f"server's read:    {mega(raw_rates)} keys/s (store.multi_get), same keys, same files, the server's options "
+    print(f"server's read:    {mega(raw_rates)} keys/s (options.multi_get), same keys, same files, the server's options "
           f"({r['reference_found_per_request']:,.0f} found per request)")  # fmt: skip
     print(f"cold / its read:  {r['cold_vs_multiget']:.0%}")
     harness.emit(r)

@@ -14,7 +14,7 @@ optimizer:
     RAM B/row      the arena's bytes per row: Stats ram_bytes / rows_in_ram, summed over shards, with the
                    layout's figure (ps/rows/layout.py: line and index) beside it
     disk B/row     RocksDB files (*.sst) after the servers stop, per trained row, with the layout's estimate
-                   (uncompressed, as the server writes its blocks: ps.storage.store.rocksdb_options)
+                   (uncompressed, as the server writes its blocks: ps.storage.options.rocksdb_options)
     examples/s     training examples over the training time (evaluation excluded)
 
 The last line is one JSON object with every figure.

@@ -14,8 +14,8 @@ method is that of the Client call (dedup, request, reply), as a trainer sees it.
 
 Memory: the server's peak RSS (VmHWM, /proc/PID/status: the largest it ever was, start-up included), read before
 it stops, against the memory it is configured to use: the RAM tier (--cache-bytes), RocksDB's block cache
-(ps.storage.store.BLOCK_CACHE_BYTES), and its memtables, per column family write_buffer_size x
-max_write_buffer_number as ps.storage.store.rocksdb_options sets them, read from the OPTIONS file RocksDB wrote
+(ps.storage.options.BLOCK_CACHE_BYTES), and its memtables, per column family write_buffer_size x
+max_write_buffer_number as ps.storage.options.rocksdb_options sets them, read from the OPTIONS file RocksDB wrote
 in the server's data dir; plus 300 MiB for the interpreter, its libraries and gRPC's buffers.
 PASS: every client finished, 0 errors, and peak RSS within that bound. The exit status is 0 for PASS, 1 for
 FAIL; the last line is one JSON object (harness.emit).
@@ -39,7 +39,7 @@ import numpy as np
 from ps.__main__ import parse_bytes
 from ps.config import OptimizerConfig, TableConfig
 from ps.errors import PsError
-from ps.storage.store import BLOCK_CACHE_BYTES
+from ps.storage.options import BLOCK_CACHE_BYTES
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -98,7 +98,7 @@ def step(client: Client, rng: np.random.Generator, args: argparse.Namespace,
 # ---- the run --------------------------------------------------------------------------------------------------
 def memtable_bytes(data_dir: str) -> int:
     """Sum over the column families of write_buffer_size x max_write_buffer_number, from the newest OPTIONS file
-    RocksDB wrote in data_dir (what ps.storage.store.rocksdb_options set)."""
+    RocksDB wrote in data_dir (what ps.storage.options.rocksdb_options set)."""
     newest = max(glob.glob(os.path.join(data_dir, "OPTIONS-*")), key=lambda p: int(p.rsplit("-", 1)[1]))
     with open(newest) as f:
         sections = re.split(r"^\[", f.read(), flags=re.M)

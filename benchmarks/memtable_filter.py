@@ -5,9 +5,9 @@
 Two RocksDB dirs (in a temporary directory) are filled alike: --rows keys of a table (ps.storage.store.encode_keys,
 ids 0, 2, 4, ...) with values of the size of a dim-16 Adagrad row, flushed and compacted into SST files; then
 --memtable-rows other keys (odd ids) written and left in the memtable, as a server's write-behind leaves the rows
-it wrote last. One dir is opened with ps.storage.store.rocksdb_options as a server opens it (a Bloom filter of each
+it wrote last. One dir is opened with ps.storage.options.rocksdb_options as a server opens it (a Bloom filter of each
 memtable's keys), the other with the same options but that filter off (memtable_prefix_bloom_size_ratio 0). Each
-request reads --ids random keys of the SST files with ps.storage.store.multi_get (the server's read: MultiGet
+request reads --ids random keys of the SST files with ps.storage.options.multi_get (the server's read: MultiGet
 calls of at most 1,024 keys, one thread); the same keys go to both, in alternation (harness.alternate), so a
 change in this shared machine's speed hits both alike. The figure is microseconds per key, median over --reps
 requests; both dirs' files are read once first, so both read from the OS page cache.
@@ -26,7 +26,8 @@ import numpy as np
 from rocksdict import Rdict, WriteBatch
 
 from ps.rows.layout import RowLayout
-from ps.storage.store import encode_keys, multi_get, rocksdb_options
+from ps.storage.options import multi_get, rocksdb_options
+from ps.storage.store import encode_keys
 
 TABLE_NUMBER = 1
 WRITE_BUFFER_BYTES = 64 << 20  # large enough that --memtable-rows stay in the memtable

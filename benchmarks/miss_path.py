@@ -52,9 +52,9 @@ Then, for each distribution (--distributions; zipf, uniform), after a restart of
   us, the two read alternately in one run at 3x10^7 rows). Uniform draws are all read (the tier holds 3.6% of the
   ids of a call). They are read on the running server's files: its data dir opened as a RocksDB secondary instance
   (read-only; it catches up with the server's flushes and compactions before each read, untimed) with
-  ps.storage.store.rocksdb_options as the server's flags set them (ps.storage.memory.plan_memory: its block cache
+  ps.storage.options.rocksdb_options as the server's flags set them (ps.storage.memory.plan_memory: its block cache
   size, index and filter blocks in the cache under --memory-bytes; --direct-reads) and a block cache of its own,
-  with ps.storage.store.multi_get, the server's own read: the same parts over as many threads as its --read-threads,
+  with ps.storage.options.multi_get, the server's own read: the same parts over as many threads as its --read-threads,
   the same RocksDB MultiGet calls (Rdict.get of a key list) of at most MAX_KEYS_PER_GET keys. Alternated with the
   server's calls, it reads the same tree under the same background work (compaction), and a change of
   the machine's speed during a run moves both sides alike. --no-live leaves it out.
@@ -104,17 +104,8 @@ from ps.config import TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import ADMITTED, SHOW, layout_of
 from ps.storage.memory import MemoryPlan, plan_memory
-from ps.storage.store import (
-    META_CF,
-    ROWS_CF,
-    Store,
-    encode_keys,
-    multi_get,
-    rocksdb_options,
-    table_ids,
-    table_options,
-    value_dtype,
-)
+from ps.storage.options import multi_get, rocksdb_options, table_options
+from ps.storage.store import META_CF, ROWS_CF, Store, encode_keys, table_ids, value_dtype
 from worker.client import Client
 from worker.cluster import LocalCluster
 
@@ -149,7 +140,7 @@ class ServerFlags:
 
     def last_level_options(self) -> Options:
         """reference_options as the server's compaction writes its last level: under --memory-bytes without Bloom
-        filters (optimize_filters_for_hits; see ps.storage.store.table_options)."""
+        filters (optimize_filters_for_hits; see ps.storage.options.table_options)."""
         opts = self.reference_options()
         if self.plan.bounded:
             opts.set_block_based_table_factory(table_options(self.plan.block_cache_bytes, True, bloom_bits=0))
@@ -388,7 +379,7 @@ class LiveReference:
     """multi_get of the ids a miss reads (see the module), after each pair, on the running server's files: its data
     dir opened as a RocksDB secondary instance (read-only, following the server's flushes and compactions:
     try_catch_up_with_primary before each read, untimed) with the server's options and a block cache of its own,
-    read with ps.storage.store.multi_get on as many threads as the server's reader threads."""
+    read with ps.storage.options.multi_get on as many threads as the server's reader threads."""
 
     def __init__(self, path: str, flags: ServerFlags, scratch: str, server_pid: int, past_rank: int):
         """server_pid: the server, whose CPU during the reads (background work only) is kept apart (`aside`).

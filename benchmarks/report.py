@@ -145,7 +145,7 @@ def cold_pull_rows(r: dict) -> list[str]:
         f"cold pull: {r['ids_per_request']:,} ids in no cache (own key range, direct reads) from {r['table_rows']:,} "
         f"rows, RAM tier 1/10 of them; rate of ids fetched from RocksDB",
         mega(r["cold_pull_ids_per_s"], "ids/s"),
-        f"the server's own read (`store.multi_get`, {r['read_threads']} threads, calls of 1,024 keys) of the same "
+        f"the server's own read (`options.multi_get`, {r['read_threads']} threads, calls of 1,024 keys) of the same "
         f"keys, server's options: {mega(r['multiget_ids_per_s'], 'keys/s')}",
         f"**{r['cold_vs_multiget']:.0%}** (target 80%)", r["command"],
     )]  # fmt: skip

@@ -295,7 +295,7 @@ class ServerConfig:
     restore_dir: str | None = None  # a checkpoint to fill a new data dir from (ps/checkpoint.py)
     metrics_port: int | None = None  # serve Prometheus metrics on this port (0: a free one; None: off)
     direct_reads: bool = False  # RocksDB reads SST files with O_DIRECT, past the page cache (benchmarks, small hosts)
-    mmap_reads: bool = False  # RocksDB reads SST files through memory maps (ps.storage.store.rocksdb_options)
+    mmap_reads: bool = False  # RocksDB reads SST files through memory maps (ps.storage.options.rocksdb_options)
     accept_journal_loss: bool = False  # start even if journal records are missing or damaged (ps.storage.journal)
     checkpoint_root: str | None = None  # Checkpoint saves write only inside this directory; None: saves refused
     cluster: str = ""  # the name of the cluster this shard belongs to, in Stats (clients compare their shards')

@@ -1,4 +1,4 @@
-"""How a Store reads its files (ps.storage.store.rocksdb_options: --direct-reads, --mmap-reads): the option lines
+"""How a Store reads its files (ps.storage.options.rocksdb_options: --direct-reads, --mmap-reads): the option lines
 RocksDB writes, and rows written without a read mode read back the same with it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`ps-server --direct-reads`: RocksDB reads its files with O_DIRECT (ps.storage.store.rocksdb_options), and the
+"""`ps-server --direct-reads`: RocksDB reads its files with O_DIRECT (ps.storage.options.rocksdb_options), and the
 rows written without it read back the same with it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`ps-server --mmap-reads`: RocksDB reads its files through memory maps (ps.storage.store.rocksdb_options), rows
+"""`ps-server --mmap-reads`: RocksDB reads its files through memory maps (ps.storage.options.rocksdb_options), rows
 written without it read back the same with it, and it is refused beside --direct-reads."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from ps.__main__ import build_parser
 from ps.config import ServerConfig
 from ps.engine.shard import Shard
-from ps.storage.store import rocksdb_options
+from ps.storage.options import rocksdb_options
 from tests.readmodes import check_rows_read_back_the_same, options_say
 
 

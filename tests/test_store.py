@@ -8,8 +8,9 @@ from ps.config import OptimizerConfig, TableConfig
 from ps.errors import DataLossError, StorageError
 from ps.rows.layout import STATS_FLOATS, layout_of, stored_sizes
 from ps.sharding import slot_of
-from ps.storage import store as store_module
-from ps.storage.store import Store, encode_keys, multi_get
+from ps.storage import options as options_module
+from ps.storage.options import multi_get
+from ps.storage.store import Store, encode_keys
 
 
 def test_keys_are_table_slot_then_id_big_endian_and_sort_numerically():
@@ -113,8 +114,8 @@ def test_the_values_put_rows_stores_are_of_the_sizes_every_reader_allows(tmp_pat
 def test_multi_get_reads_in_order_across_calls_and_threads(tmp_path, monkeypatch, read_threads):
     """A read of more keys than one MultiGet call takes (and than one reader's part) answers each key in order:
     the value where the row is stored, None where it is not."""
-    monkeypatch.setattr(store_module, "MAX_KEYS_PER_GET", 7)
-    monkeypatch.setattr(store_module, "MIN_KEYS_PER_READER", 10)
+    monkeypatch.setattr(options_module, "MAX_KEYS_PER_GET", 7)
+    monkeypatch.setattr(options_module, "MIN_KEYS_PER_READER", 10)
     s = Store(str(tmp_path), read_threads=read_threads, index_in_cache=True)
     s.check_identity(0, 1)
     s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
@@ -175,10 +176,10 @@ def test_every_memtable_keeps_a_bloom_filter_of_its_keys(tmp_path, bounded):
 
 def test_rocksdbs_own_text_logs_are_kept_to_a_few(tmp_path):
     """Each open rotates RocksDB's LOG; a data dir keeps KEEP_INFO_LOGS of them, not one per start ever."""
-    for _ in range(store_module.KEEP_INFO_LOGS + 4):
+    for _ in range(options_module.KEEP_INFO_LOGS + 4):
         Store(str(tmp_path)).close()
     logs = [f for f in os.listdir(tmp_path) if f.startswith("LOG")]
-    assert len(logs) == store_module.KEEP_INFO_LOGS, logs
+    assert len(logs) == options_module.KEEP_INFO_LOGS, logs
 
 
 def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_path, monkeypatch):
@@ -186,7 +187,7 @@ def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_pat
     training): it rolls over at INFO_LOG_BYTES, so a data dir's text logs stay under KEEP_INFO_LOGS files of that
     size instead of one file that grows as long as the process lives."""
     limit = 64 << 10
-    monkeypatch.setattr(store_module, "INFO_LOG_BYTES", limit)
+    monkeypatch.setattr(options_module, "INFO_LOG_BYTES", limit)
     s = Store(str(tmp_path))
     s.check_identity(0, 1)
     s.create_table(TableConfig("emb", 2, optimizer=OptimizerConfig("sgd", 1.0)))
@@ -199,7 +200,7 @@ def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_pat
     finally:
         s.close()
     sizes = {f: os.path.getsize(tmp_path / f) for f in os.listdir(tmp_path) if f.startswith("LOG")}
-    assert 1 < len(sizes) <= store_module.KEEP_INFO_LOGS, sizes
+    assert 1 < len(sizes) <= options_module.KEEP_INFO_LOGS, sizes
     assert max(sizes.values()) < limit + (16 << 10), sizes  # rolled at the limit (plus the line that crossed it)
 
 

@@ -16,7 +16,8 @@ from ps.config import ServerConfig, TableConfig
 from ps.engine.shard import Shard
 from ps.errors import StorageError
 from ps.storage.foreground import Foreground
-from ps.storage.store import Store, encode_keys, multi_get
+from ps.storage.options import multi_get
+from ps.storage.store import Store, encode_keys
 from ps.storage.writebehind import PendingBatch, WriteBehind
 
 WIDTH = 8

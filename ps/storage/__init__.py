@@ -1,7 +1,7 @@
 """Storage layer: where one table's rows live. The bounded RAM tier with CLOCK eviction (arena), its id index
 (index) and the server-wide budget its rows are paid from (budget), the push journal that makes pushes durable
 before they are acknowledged (journal) and its record checksum (checksum), and RocksDB, the durable tier of every
-row (store: the only module that imports rocksdict); the small files that keep the shard's identity and the
+row (store, with its RocksDB options and reads: options; the only modules that import rocksdict); the small files that keep the shard's identity and the
 journal's mark beside them (sidefiles), and `ps-server verify`'s read of a whole data dir (verify).
 It may import the foundation (ps.errors, ps.hashing, ps.config, ...), ps.accel, ps.rows and its own modules;
 never ps.engine or the process modules (tests/test_layering.py holds this).
