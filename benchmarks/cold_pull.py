@@ -43,8 +43,9 @@ from ps.config import ServerConfig, TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import layout_of
 from ps.sharding import slot_of
+from ps.storage.meta import table_ids
 from ps.storage.options import multi_get, rocksdb_options
-from ps.storage.store import ROWS_CF, encode_keys, table_ids
+from ps.storage.store import ROWS_CF, encode_keys
 from worker.client import Client
 from worker.cluster import LocalCluster
 

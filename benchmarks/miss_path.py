@@ -104,8 +104,9 @@ from ps.config import TableConfig
 from ps.errors import DataLossError
 from ps.rows.layout import ADMITTED, SHOW, layout_of
 from ps.storage.memory import MemoryPlan, plan_memory
+from ps.storage.meta import META_CF, table_ids
 from ps.storage.options import multi_get, rocksdb_options, table_options
-from ps.storage.store import META_CF, ROWS_CF, Store, encode_keys, table_ids, value_dtype
+from ps.storage.store import ROWS_CF, Store, encode_keys, value_dtype
 from worker.client import Client
 from worker.cluster import LocalCluster
 

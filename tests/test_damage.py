@@ -791,7 +791,7 @@ def test_a_restore_meeting_rows_of_no_layouts_size_undoes_its_copy_and_calls_the
         shard.close()
 
 
-DAMAGED_META = {  # key -> a value that does not read as the store's grammar says
+DAMAGED_META = {  # key -> a value that does not read as ps.storage.meta's grammar says
     b"table/t": b"{not json",
     b"count/t": b'{"admitted": "many", "pending": 0}',
     b"state_id": b"12x",

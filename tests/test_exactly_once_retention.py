@@ -17,7 +17,8 @@ from ps.config import REQUEST_RETENTION_S
 from ps.errors import ClientTableFullError, RequestOutcomeUnknownError, ServerUnavailableError, ShardClosingError
 from ps.storage import applied as applied_module
 from ps.storage.applied import AppliedTable
-from ps.storage.store import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED, Store
+from ps.storage.meta import APPLIED_PREFIX, APPLIED_VALUE, LEGACY_APPLIED
+from ps.storage.store import Store
 from tests.conftest import crash
 from tests.test_exactly_once import SUM, A, B, open_shard, push, rows
 from worker import retry as retry_module

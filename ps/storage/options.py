@@ -36,6 +36,7 @@ MAX_KEYS_PER_GET = 1024  # keys of one RocksDB MultiGet call (see multi_get)
 BLOOM_BITS = 8  # per key of every file's filter: ~2% false positives; at 10^8 keys 100 MB of filters, not 125
 BLOOM_BITS_UPPER_LEVELS = 16  # ... where only the levels above the last keep filters (table_options): well under 1%
 MEMTABLE_BLOOM_RATIO = 0.02  # of a memtable's bytes, for the Bloom filter of its keys
+ColumnFamily = Rdict  # a RocksDB, or one of its column families, as rocksdict opens them
 
 
 def table_options(block_cache_bytes: int = BLOCK_CACHE_BYTES, index_in_cache: bool = False,

@@ -1,46 +1,9 @@
 """Store: one shard's RocksDB (via rocksdict), the system of record.
 
-Layout, one RocksDB per server data dir. Keys are bytes; a name is UTF-8, "decimal" an ASCII decimal integer < 2^64.
-    column family "meta", key -> value:
-        "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
-                                    at the first start; shard.json beside RocksDB holds a copy)
-        "cluster"                -> the --cluster name   (check_cluster, synced, the first time the dir runs with a
-                                    nonempty one; absent: the dir takes any name)
-        "table/" name            -> JSON TableConfig.to_dict()                               (create_table: both
-        "tid/" name              -> decimal < 2^32: the table's number, its rows' key prefix  in one batch)
-        "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
-                                    admitted yet, "trained": whether any write stored a row or pending id of
-                                    the table (kept once a Shrink drops them all, and by import_slots; absent:
-                                    as admitted + pending > 0)}   (in the batch of every write of the table's rows)
-        "clock"                  -> decimal <= MAX_CLOCK: the shard's clock (steps)
-        "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
-                                    is applied   (set_clock: with the clock it set, in one batch; deleted once
-                                    the client's "applied/" entry is dropped: forget_advanced)
-        "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
-        "lsn_high"               -> decimal: the largest lsn of a row written so far   (in the batch of the write of
-                                    rows that raised it: written_seq): every journal record <= it was written, so
-                                    replay requires the records after flushed_seq up to it, and appends go on
-                                    past it (ps.storage.journal)
-        "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le   (20 bytes, APPLIED_VALUE): that
-                                    client's entry of the journal's `applied` table (ps.storage.applied) as of
-                                    flushed_seq: its newest request, how many of its pushes are applied, and when
-                                    the entry last changed (whole seconds since the epoch, rounded up)
-                                    (set_flushed_seq: the entries changed since the last flush written, those
-                                    dropped deleted, with flushed_seq in one batch)
-        "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the whole table as
-                                    one value, as versions before "applied/" wrote it; read by applied(), deleted by
-                                    the first set_flushed_seq given changes, which writes its entries as "applied/"
-        "restore_pending"        -> the absolute path of the checkpoint a restore copies from; there only from the
-                                    restore's first write to its end (set_restore_pending, ps.engine.restore)
-        "restored"               -> JSON {"checkpoint": its absolute path, "sha256": its manifest's}: the restore
-                                    the dir began from   (set_restored, with the end of the restore)
-        "state_id"               -> decimal: a random id of the model state the dir holds, in [1, 2^63)   (state_id,
-                                    synced: drawn at the first start, and again with each restore's "restored")
-        "job_done"               -> JSON {"job": job id, "num_workers": n, "done": [worker, ...]}: the workers of
-                                    the job the shard follows that said they are done (set_job_done, synced, as
-                                    each says so: ps.engine.jobs reads it when it follows the job after a restart,
-                                    and logs one that does not read and reads it as none: it only spares waits)
-    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX.
+Layout, one RocksDB per server data dir. Keys are bytes.
+    column family "meta": the shard record, the cluster name, each table's config, number and row counts, the
+    clock, the journal's flushed position and its exactly-once table, the restore marks, the state id and the done
+    workers of a job, each under its key (ps.storage.meta has their grammar, and reads each value by it)
     column family "rows":
         key   := table:u32be slot:u16be id:u64be   (14 bytes, KEY_DTYPE; table: the table's number)
         value := row lsn:u64le                     an admitted id (it has a trained row)
@@ -59,10 +22,10 @@ Beside RocksDB's files: shard.json, a second copy of the shard record, and the j
 Damage: RocksDB opens with paranoid checks and refuses a write-ahead log damaged anywhere but in a torn last
 record (what a crash leaves). Damage it meets later (a data block whose checksum fails, a missing file) is a
 DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
-value that does not read as the grammar above says (_META_GRAMMAR) is a DataLossError naming the key (_meta_value),
-and in a checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export
-reads (import_slots, read_table: _OddRows). verify_rocksdb reads every block of every column family, and every
-meta value as _meta_value does.
+value that does not read as ps.storage.meta's grammar says is a DataLossError naming the key (meta_value), and in
+a checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export reads
+(import_slots, read_table: _OddRows). verify_rocksdb reads every block of every column family, and every meta value
+as meta_value does.
 """
 
 from __future__ import annotations
@@ -75,10 +38,9 @@ import os
 import re
 import secrets
 import shutil
-import struct
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -94,7 +56,7 @@ from rocksdict import (
 )
 
 from ps.accel.threadnames import name_os_thread
-from ps.config import MAX_CLOCK, TableConfig
+from ps.config import TableConfig
 from ps.errors import (
     CheckpointDamagedError,
     DataDirLostError,
@@ -103,7 +65,6 @@ from ps.errors import (
     PsError,
     StorageError,
     disk_full_reason,
-    echo,
 )
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, StoredSizes, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
@@ -112,6 +73,22 @@ from ps.storage.foreground import Foreground
 from ps.storage.memory import (
     DEFAULT_WRITE_BEHIND_BYTES,
     DEFAULT_WRITE_BUFFER_BYTES,
+)
+from ps.storage.meta import (
+    ADVANCED_PREFIX,
+    APPLIED_PREFIX,
+    APPLIED_VALUE,
+    COUNT_PREFIX,
+    LEGACY_APPLIED,
+    META_CF,
+    META_GRAMMAR,
+    TABLE_CONFIG_PREFIX,
+    TABLE_ID_PREFIX,
+    grammar_key,
+    meta_value,
+    shard_record,
+    table_ids,
+    trained,
 )
 from ps.storage.options import (
     BLOCK_CACHE_BYTES,
@@ -125,7 +102,6 @@ from ps.storage.sidefiles import (
     IDENTITY_FIELDS,
     IDENTITY_FILE,
     MARK_FILE,
-    counts_object,
     read_json,
     remove_temporary_files,
     shard_name,
@@ -138,135 +114,7 @@ log = logging.getLogger(__name__)
 KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # packed
 if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
-META_CF = "meta"
 ROWS_CF = "rows"
-TABLE_CONFIG_PREFIX = b"table/"
-TABLE_ID_PREFIX = b"tid/"
-COUNT_PREFIX = b"count/"
-ADVANCED_PREFIX = b"advanced/"
-APPLIED_PREFIX = b"applied/"
-APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
-LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
-
-
-def _decimal(raw: bytes, bits: int | None = 64) -> int:
-    """A decimal value of the grammar: ASCII digits only, of a `bits`-bit unsigned integer (None: of any size)."""
-    if not raw.isdigit():
-        raise ValueError("not a decimal integer")
-    value = int(raw)
-    if bits is not None and value >> bits:
-        raise ValueError(f"not below 2^{bits}")
-    return value
-
-
-def _clock(raw: bytes) -> int:
-    """The "clock" value: a decimal of at most MAX_CLOCK, which a shard never passes (an advance that would is
-    refused)."""
-    clock = _decimal(raw, None)
-    if clock > MAX_CLOCK:
-        raise ValueError(f"{clock:,} is past the largest clock a shard takes, {MAX_CLOCK:,} (an out-of-range clock "
-                         "advance put it there)")  # fmt: skip
-    return clock
-
-
-def _table_number(raw: bytes) -> int:
-    """A "tid/" value: a decimal below 2^32, the table field of its rows' keys (KEY_DTYPE)."""
-    return _decimal(raw, 32)
-
-
-def _parse_counts(raw: bytes) -> dict:
-    """A "count/" value: JSON {"admitted": int >= 0, "pending": int >= 0, "trained": bool (optional)}."""
-    counts = json.loads(raw)
-    if not isinstance(counts, dict) or not all(
-        type(counts.get(k)) is int and counts[k] >= 0 for k in ("admitted", "pending")
-    ):
-        raise ValueError('not {"admitted": n, "pending": n} with counts >= 0')
-    return counts
-
-
-def _parse_config(raw: bytes) -> TableConfig:
-    return TableConfig.from_dict(json.loads(raw))
-
-
-def _json_object(raw: bytes) -> dict:
-    value = json.loads(raw)
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    return value
-
-
-def _shard_record(raw: bytes) -> dict:
-    """A "shard" value: JSON {"shard_id": i, "num_shards": n, "num_slots": s}, integers >= 0, as in shard.json."""
-    return counts_object(json.loads(raw), IDENTITY_FIELDS)
-
-
-def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
-    """The legacy "applied" value: JSON {client: [client_seq, parts]}, as applied() returns it."""
-    return {int(c): (int(v[0]), int(v[1]), None) for c, v in _json_object(raw).items()}
-
-
-def _job_done(raw: bytes) -> dict:
-    """The "job_done" value: JSON {"job": int, "num_workers": int, "done": [worker, ...]}, each worker an int in
-    0..num_workers - 1."""
-    record = _json_object(raw)
-    job, num_workers, done = record["job"], record["num_workers"], record["done"]
-    if type(job) is not int or type(num_workers) is not int or type(done) is not list:
-        raise ValueError('not {"job": int, "num_workers": int, "done": [worker, ...]}')
-    if not all(type(w) is int and 0 <= w < num_workers for w in done):
-        raise ValueError(f"a worker that is not an int in 0..{num_workers - 1}")
-    return record
-
-
-def _restored(raw: bytes) -> dict:
-    """A "restored" value: JSON {"checkpoint": path, "sha256": hex}."""
-    value = _json_object(raw)
-    if not all(isinstance(value.get(k), str) for k in ("checkpoint", "sha256")):
-        raise ValueError('not {"checkpoint": path, "sha256": hex}')
-    return value
-
-
-_META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key prefix, -> what reads its value
-    b"shard": _shard_record,
-    b"cluster": bytes.decode,
-    TABLE_CONFIG_PREFIX: _parse_config,
-    TABLE_ID_PREFIX: _table_number,
-    COUNT_PREFIX: _parse_counts,
-    b"clock": _clock,
-    ADVANCED_PREFIX: _decimal,
-    b"flushed_seq": _decimal,
-    b"lsn_high": _decimal,
-    APPLIED_PREFIX: APPLIED_VALUE.unpack,
-    LEGACY_APPLIED: _legacy_applied,
-    b"restore_pending": bytes.decode,
-    b"restored": _restored,
-    b"state_id": _decimal,
-    b"job_done": _job_done,
-}
-
-
-def _grammar_key(key: bytes) -> bytes:
-    """key's entry in _META_GRAMMAR: its prefix up to its first "/" (every prefix ends there), or key itself."""
-    head, slash, _ = key.partition(b"/")
-    return head + slash
-
-
-def _meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -> Any:
-    """raw, the stored value of meta key `key`, read as the module's grammar says (_META_GRAMMAR); where it does not
-    read so (its reader raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and
-    the value) is raised: damage, never a bug's traceback."""
-    parse = _META_GRAMMAR[_grammar_key(key)]
-    try:
-        return parse(raw)
-    except (ValueError, KeyError, TypeError, struct.error) as e:
-        name = key.decode() if key.isascii() and key.decode().isprintable() else echo(key)
-        raise damaged(f"meta key {name} holds {echo(raw)}, which does not read as its value ({type(e).__name__}: "
-                      f"{e})") from None  # fmt: skip
-
-
-def trained(counts: Mapping) -> bool:
-    """Whether a table's "count/" value says it was trained: its "trained" flag, else (a value written without it)
-    whether it counts any row or pending id."""
-    return bool(counts.get("trained") or counts["admitted"] + counts["pending"] > 0)
 
 
 def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
@@ -277,15 +125,6 @@ def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
     keys["slot"] = slot_of(ids)
     keys["id"] = ids
     return keys.view(f"V{KEY_DTYPE.itemsize}").tolist()
-
-
-def table_ids(meta: Rdict, damaged: Callable[[str], StorageError]) -> dict[str, int]:
-    """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
-    raised for a number that does not read as one (_meta_value)."""
-    out = {}
-    for key, raw in iter_prefixed(meta, TABLE_ID_PREFIX):
-        out[key[len(TABLE_ID_PREFIX) :].decode()] = _meta_value(key, raw, damaged)
-    return out
 
 
 _NOT_IN_VIEW = re.compile(r"LOCK|LOG(\.old\..*)?|rocksdict-config\.json")  # files a read-only open may write
@@ -366,8 +205,8 @@ def damage_at(text: str, base: str | None = None) -> str:
 
 def checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
     """The error, given what is damaged, for a value in the checkpoint shard folder at source that does not read as
-    the module's grammar says (a meta value, a row's size): a CheckpointDamagedError naming the checkpoint and the
-    shard's folder."""
+    its grammar says (a meta value: ps.storage.meta; a row's size): a CheckpointDamagedError naming the checkpoint
+    and the shard's folder."""
     checkpoint, shard = os.path.split(os.path.abspath(source))
     return lambda what: _checkpoint_damage(checkpoint, shard, f"{shard}: {what}")
 
@@ -519,7 +358,7 @@ def _check_shard_record_survived(path: str, opts: Options, shard: tuple[int, int
     if raw is None:  # shard.json alone still says whose dir it is
         raise _belongs_elsewhere(path, in_file, _identity(shard)) if elsewhere else _lost_shard_record(in_file)
     try:
-        in_db = _shard_record(raw)
+        in_db = shard_record(raw)
     except ValueError:
         in_db = None  # unreadable: the read-write open reports it
     if in_db is not None and in_db != in_file:  # before the flags: the copies disagree with each other
@@ -750,19 +589,19 @@ class Store:
         out = []
         with self._rocksdb("reading the table configs"):
             for key, raw in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
-                out.append(_meta_value(key, raw, self._damaged))
+                out.append(meta_value(key, raw, self._damaged))
         return out
 
     def _meta_get(self, key: bytes, doing: str, default: Any = None) -> Any:
-        """The value of meta key `key` read as the module's grammar says (_meta_value), or default where it is
+        """The value of meta key `key` read as its grammar says (meta_value), or default where it is
         absent; doing: what a RocksDB error says was being done. (No frame of a damage error's traceback holds the
         meta column family: the error kept, a failed start's store still closes.)"""
         with self._rocksdb(doing, "nothing was read"):
             raw = self._meta.get(key)
-        return default if raw is None else _meta_value(key, raw, self._damaged)
+        return default if raw is None else meta_value(key, raw, self._damaged)
 
     def _damaged(self, what: str) -> DataLossError:
-        """The error for a stored value of this dir that does not read as the module's grammar says (_meta_value),
+        """The error for a stored value of this dir that does not read as its grammar says (meta_value),
         or that is missing."""
         return DataLossError(f"RocksDB in data dir {self.path} is damaged: {what}. `ps-server verify {self.path}` "
                              "lists what is damaged; restore the dir from a backup or checkpoint")  # fmt: skip
@@ -1023,7 +862,7 @@ class Store:
                 counts = {"admitted": 0, "pending": 0}
                 key = COUNT_PREFIX + table.encode()
                 raw = meta.get(key) if meta is not None and trained_from else None
-                was_trained = raw is not None and trained(_meta_value(key, raw, damaged))
+                was_trained = raw is not None and trained(meta_value(key, raw, damaged))
                 if ROWS_CF in names and table in numbers:
                     cf = src.get_column_family(ROWS_CF)
                     handle = self._db.get_column_family_handle(ROWS_CF)
@@ -1089,7 +928,7 @@ class Store:
     def admitted_counts(source: str) -> dict[str, int]:
         """{table name: admitted rows} as the RocksDB at `source` (a checkpoint, opened read-only) records them: its
         count/ keys, written in the batch of every write of the rows they count. CheckpointDamagedError where RocksDB
-        finds damage in it, or a value that does not read as the module's grammar says."""
+        finds damage in it, or a value that does not read as its grammar says (meta_value)."""
         damaged = checkpoint_damaged(source)
         with _reading_checkpoint(source) as (src, names, _):
             if META_CF not in names:
@@ -1097,7 +936,7 @@ class Store:
             meta = src.get_column_family(META_CF)
             out = dict.fromkeys(table_ids(meta, damaged), 0)  # a table with no row written has no count yet
             for key, raw in iter_prefixed(meta, COUNT_PREFIX):
-                out[key[len(COUNT_PREFIX) :].decode()] = _meta_value(key, raw, damaged)["admitted"]
+                out[key[len(COUNT_PREFIX) :].decode()] = meta_value(key, raw, damaged)["admitted"]
             return out
 
     def saved_counts(self, path: str) -> dict[str, int]:
@@ -1233,7 +1072,7 @@ class Store:
         out: dict[int, tuple[int, int, float | None]] = legacy or {}
         with self._rocksdb(doing):
             for key, raw in iter_prefixed(self._meta, APPLIED_PREFIX):
-                seq, parts, used = _meta_value(key, raw, self._damaged)
+                seq, parts, used = meta_value(key, raw, self._damaged)
                 client = int.from_bytes(key[len(APPLIED_PREFIX) :], "big")
                 if client not in out or out[client][:2] <= (seq, parts):
                     out[client] = (seq, parts, float(used))
@@ -1277,7 +1116,7 @@ class Store:
         out = {}
         with self._rocksdb("reading the clock advances of client requests"):
             for key, raw in iter_prefixed(self._meta, ADVANCED_PREFIX):
-                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = _meta_value(key, raw, self._damaged)
+                out[int.from_bytes(key[len(ADVANCED_PREFIX) :], "big")] = meta_value(key, raw, self._damaged)
         return out
 
     def disk_bytes(self, table: str) -> int:
@@ -1382,12 +1221,12 @@ class RowSizes:
 
 def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
-    verifying every block's checksum and caching none, and every meta value read as the module's grammar says
-    (_meta_value, as a Store reads it). Returns ({column family: (keys read, the damage that stopped the read or
+    verifying every block's checksum and caching none, and every meta value read as its grammar says
+    (meta_value, as a Store reads it). Returns ({column family: (keys read, the damage that stopped the read or
     "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int (Store.written_seq), "tables":
     {name: its stored config}, "numbers": {name: its stored number}, "rows": the RowSizes of the "rows" column
     family (as far as it was read), "restore_pending": the checkpoint of a restore that did not finish, or None,
-    "unreadable": {key: what is wrong, for each value that does not read (_meta_value's text); a table's config or
+    "unreadable": {key: what is wrong, for each value that does not read (meta_value's text); a table's config or
     number is None then, another value as if absent}}); if RocksDB does not open, ({"": (0, why)}, None). Nothing
     is written."""
     meta = {"shard": None, "flushed_seq": 0, "lsn_high": 0, "tables": {}, "numbers": {}, "rows": RowSizes(),
@@ -1420,10 +1259,10 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
 
 def _keep_meta(meta: dict, key: bytes, value: bytes) -> None:
     """What verify_rocksdb returns of a key of the meta column family."""
-    if _grammar_key(key) not in _META_GRAMMAR:
+    if grammar_key(key) not in META_GRAMMAR:
         return
     try:
-        value = _meta_value(key, value, StorageError)
+        value = meta_value(key, value, StorageError)
     except StorageError as e:
         meta["unreadable"][key] = str(e)
         value = None

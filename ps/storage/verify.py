@@ -3,7 +3,7 @@
 shard's folder of it (`ps-server verify CHECKPOINT/shard-<i>`).
 
 What it reads: every key of every RocksDB column family, with every block's checksum verified (not cached); every
-meta value, read as the server reads it (ps.storage.store's grammar: each table's config, number and counts, the
+meta value, read as the server reads it (ps.storage.meta's grammar: each table's config, number and counts, the
 clock, the shard record, ...); each table's number, and every stored row's size against its table's layout (a
 trained row's or a pending id's); the shard record in RocksDB against shard.json (ps.storage.sidefiles); every
 journal record after RocksDB's flushed position, against the journal's mark, as start-up would replay them. A
@@ -21,8 +21,9 @@ from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_man
 from ps.errors import StorageError
 from ps.rows.layout import KEY_BYTES, layout_of, stored_sizes
 from ps.storage.journal import Journal
+from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, Store, damage_at, verify_rocksdb
+from ps.storage.store import Store, damage_at, verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 _READ_REFUSED = "a restore or an export of the checkpoint is refused"  # what damage that both read makes fail
@@ -192,7 +193,7 @@ def _checkpoint_shard(directory: str, shard: dict, tables: list[str] | None, rep
 
 
 def _follows(key: bytes, checkpoint: bool) -> str | None:
-    """What a meta value that does not read as ps.storage.store's grammar says makes fail, in a data dir or a
+    """What a meta value that does not read as ps.storage.meta's grammar says makes fail, in a data dir or a
     checkpoint; None where nothing reads it (a checkpoint's values other than its tables' numbers and counts:
     a restore takes the rest from the manifest)."""
     if checkpoint:
@@ -206,7 +207,7 @@ def _follows(key: bytes, checkpoint: bool) -> str | None:
 
 
 def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> None:
-    """A finding for each meta value that does not read as ps.storage.store's grammar says (as the server reads
+    """A finding for each meta value that does not read as ps.storage.meta's grammar says (as the server reads
     it), but the number of a table whose config is stored: _rows names that with the table."""
     for key, what in sorted(meta["unreadable"].items()):
         if key.startswith(TABLE_ID_PREFIX) and key[len(TABLE_ID_PREFIX) :].decode() in meta["tables"]:

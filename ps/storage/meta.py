@@ -1,0 +1,196 @@
+"""The keys and values of a store's "meta" column family: their grammar (below; META_GRAMMAR holds a reader
+per key or key prefix), and meta_value, which reads a stored value by it, raising damage where it does not read.
+
+Keys are bytes; a name is UTF-8, "decimal" an ASCII decimal integer < 2^64. In parentheses, what writes each value
+(a method of ps.storage.store.Store unless another module is named).
+    column family "meta", key -> value:
+        "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
+                                    at the first start; shard.json beside RocksDB holds a copy)
+        "cluster"                -> the --cluster name   (check_cluster, synced, the first time the dir runs with a
+                                    nonempty one; absent: the dir takes any name)
+        "table/" name            -> JSON TableConfig.to_dict()                               (create_table: both
+        "tid/" name              -> decimal < 2^32: the table's number, its rows' key prefix  in one batch)
+        "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
+                                    admitted yet, "trained": whether any write stored a row or pending id of
+                                    the table (kept once a Shrink drops them all, and by import_slots; absent:
+                                    as admitted + pending > 0)}   (in the batch of every write of the table's rows)
+        "clock"                  -> decimal <= MAX_CLOCK: the shard's clock (steps)
+        "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
+                                    is applied   (set_clock: with the clock it set, in one batch; deleted once
+                                    the client's "applied/" entry is dropped: forget_advanced)
+        "flushed_seq"            -> decimal: journal records <= this are all in RocksDB
+        "lsn_high"               -> decimal: the largest lsn of a row written so far   (in the batch of the write of
+                                    rows that raised it: written_seq): every journal record <= it was written, so
+                                    replay requires the records after flushed_seq up to it, and appends go on
+                                    past it (ps.storage.journal)
+        "applied/" client:u64be  -> client_seq:u64le parts:u32le used_s:u64le   (20 bytes, APPLIED_VALUE): that
+                                    client's entry of the journal's `applied` table (ps.storage.applied) as of
+                                    flushed_seq: its newest request, how many of its pushes are applied, and when
+                                    the entry last changed (whole seconds since the epoch, rounded up)
+                                    (set_flushed_seq: the entries changed since the last flush written, those
+                                    dropped deleted, with flushed_seq in one batch)
+        "applied"                -> JSON {client (decimal, as a string): [client_seq, parts]}: the whole table as
+                                    one value, as versions before "applied/" wrote it; read by applied(), deleted by
+                                    the first set_flushed_seq given changes, which writes its entries as "applied/"
+        "restore_pending"        -> the absolute path of the checkpoint a restore copies from; there only from the
+                                    restore's first write to its end (set_restore_pending, ps.engine.restore)
+        "restored"               -> JSON {"checkpoint": its absolute path, "sha256": its manifest's}: the restore
+                                    the dir began from   (set_restored, with the end of the restore)
+        "state_id"               -> decimal: a random id of the model state the dir holds, in [1, 2^63)   (state_id,
+                                    synced: drawn at the first start, and again with each restore's "restored")
+        "job_done"               -> JSON {"job": job id, "num_workers": n, "done": [worker, ...]}: the workers of
+                                    the job the shard follows that said they are done (set_job_done, synced, as
+                                    each says so: ps.engine.jobs reads it when it follows the job after a restart,
+                                    and logs one that does not read and reads it as none: it only spares waits)
+    The key prefixes are TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX, ADVANCED_PREFIX and APPLIED_PREFIX.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ps.config import MAX_CLOCK, TableConfig
+from ps.errors import StorageError, echo
+from ps.storage.options import ColumnFamily, iter_prefixed
+from ps.storage.sidefiles import IDENTITY_FIELDS, counts_object
+
+META_CF = "meta"
+TABLE_CONFIG_PREFIX = b"table/"
+TABLE_ID_PREFIX = b"tid/"
+COUNT_PREFIX = b"count/"
+ADVANCED_PREFIX = b"advanced/"
+APPLIED_PREFIX = b"applied/"
+APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
+LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
+
+
+def _decimal(raw: bytes, bits: int | None = 64) -> int:
+    """A decimal value of the grammar: ASCII digits only, of a `bits`-bit unsigned integer (None: of any size)."""
+    if not raw.isdigit():
+        raise ValueError("not a decimal integer")
+    value = int(raw)
+    if bits is not None and value >> bits:
+        raise ValueError(f"not below 2^{bits}")
+    return value
+
+
+def _clock(raw: bytes) -> int:
+    """The "clock" value: a decimal of at most MAX_CLOCK, which a shard never passes (an advance that would is
+    refused)."""
+    clock = _decimal(raw, None)
+    if clock > MAX_CLOCK:
+        raise ValueError(f"{clock:,} is past the largest clock a shard takes, {MAX_CLOCK:,} (an out-of-range clock "
+                         "advance put it there)")  # fmt: skip
+    return clock
+
+
+def _table_number(raw: bytes) -> int:
+    """A "tid/" value: a decimal below 2^32, the table field of its rows' keys (KEY_DTYPE)."""
+    return _decimal(raw, 32)
+
+
+def _parse_counts(raw: bytes) -> dict:
+    """A "count/" value: JSON {"admitted": int >= 0, "pending": int >= 0, "trained": bool (optional)}."""
+    counts = json.loads(raw)
+    if not isinstance(counts, dict) or not all(
+        type(counts.get(k)) is int and counts[k] >= 0 for k in ("admitted", "pending")
+    ):
+        raise ValueError('not {"admitted": n, "pending": n} with counts >= 0')
+    return counts
+
+
+def _parse_config(raw: bytes) -> TableConfig:
+    return TableConfig.from_dict(json.loads(raw))
+
+
+def _json_object(raw: bytes) -> dict:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def shard_record(raw: bytes) -> dict:
+    """A "shard" value: JSON {"shard_id": i, "num_shards": n, "num_slots": s}, integers >= 0, as in shard.json."""
+    return counts_object(json.loads(raw), IDENTITY_FIELDS)
+
+
+def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
+    """The legacy "applied" value: JSON {client: [client_seq, parts]}, as applied() returns it."""
+    return {int(c): (int(v[0]), int(v[1]), None) for c, v in _json_object(raw).items()}
+
+
+def _job_done(raw: bytes) -> dict:
+    """The "job_done" value: JSON {"job": int, "num_workers": int, "done": [worker, ...]}, each worker an int in
+    0..num_workers - 1."""
+    record = _json_object(raw)
+    job, num_workers, done = record["job"], record["num_workers"], record["done"]
+    if type(job) is not int or type(num_workers) is not int or type(done) is not list:
+        raise ValueError('not {"job": int, "num_workers": int, "done": [worker, ...]}')
+    if not all(type(w) is int and 0 <= w < num_workers for w in done):
+        raise ValueError(f"a worker that is not an int in 0..{num_workers - 1}")
+    return record
+
+
+def _restored(raw: bytes) -> dict:
+    """A "restored" value: JSON {"checkpoint": path, "sha256": hex}."""
+    value = _json_object(raw)
+    if not all(isinstance(value.get(k), str) for k in ("checkpoint", "sha256")):
+        raise ValueError('not {"checkpoint": path, "sha256": hex}')
+    return value
+
+
+META_GRAMMAR: dict[bytes, Callable[[bytes], Any]] = {  # a meta key, or a key prefix, -> what reads its value
+    b"shard": shard_record,
+    b"cluster": bytes.decode,
+    TABLE_CONFIG_PREFIX: _parse_config,
+    TABLE_ID_PREFIX: _table_number,
+    COUNT_PREFIX: _parse_counts,
+    b"clock": _clock,
+    ADVANCED_PREFIX: _decimal,
+    b"flushed_seq": _decimal,
+    b"lsn_high": _decimal,
+    APPLIED_PREFIX: APPLIED_VALUE.unpack,
+    LEGACY_APPLIED: _legacy_applied,
+    b"restore_pending": bytes.decode,
+    b"restored": _restored,
+    b"state_id": _decimal,
+    b"job_done": _job_done,
+}
+
+
+def grammar_key(key: bytes) -> bytes:
+    """key's entry in META_GRAMMAR: its prefix up to its first "/" (every prefix ends there), or key itself."""
+    head, slash, _ = key.partition(b"/")
+    return head + slash
+
+
+def meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -> Any:
+    """raw, the stored value of meta key `key`, read as the module's grammar says (META_GRAMMAR); where it does not
+    read so (its reader raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and
+    the value) is raised: damage, never a bug's traceback."""
+    parse = META_GRAMMAR[grammar_key(key)]
+    try:
+        return parse(raw)
+    except (ValueError, KeyError, TypeError, struct.error) as e:
+        name = key.decode() if key.isascii() and key.decode().isprintable() else echo(key)
+        raise damaged(f"meta key {name} holds {echo(raw)}, which does not read as its value ({type(e).__name__}: "
+                      f"{e})") from None  # fmt: skip
+
+
+def trained(counts: Mapping) -> bool:
+    """Whether a table's "count/" value says it was trained: its "trained" flag, else (a value written without it)
+    whether it counts any row or pending id."""
+    return bool(counts.get("trained") or counts["admitted"] + counts["pending"] > 0)
+
+
+def table_ids(meta: ColumnFamily, damaged: Callable[[str], StorageError]) -> dict[str, int]:
+    """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
+    raised for a number that does not read as one (meta_value)."""
+    out = {}
+    for key, raw in iter_prefixed(meta, TABLE_ID_PREFIX):
+        out[key[len(TABLE_ID_PREFIX) :].decode()] = meta_value(key, raw, damaged)
+    return out
