@@ -42,7 +42,11 @@ FOUNDATION = {
 }
 PROCESS = {"ps.service", "ps.refusals", "ps.server", "ps.health", "ps.security", "ps.metrics", "ps.settings", "ps.settings_names",
            "ps.sizing", "ps.__main__"}  # fmt: skip
-ROCKSDB_USERS = {"ps.storage.store", "ps.storage.options"}  # not ps.storage.meta: its grammar reads bytes
+ROCKSDB_USERS = {
+    "ps.storage.store",
+    "ps.storage.options",
+    "ps.storage.readonly",
+}  # not ps.storage.meta: its grammar reads bytes
 GRPC_USERS = {"ps.service", "ps.server", "ps.health", "ps.security"}
 STUB_USERS = GRPC_USERS | {"ps.codec"}
 WORKER_MAY_IMPORT = {

@@ -21,7 +21,8 @@ from ps.progress import CountProgress
 from ps.rows.layout import LAST_STEP, layout_of
 from ps.storage import leftovers
 from ps.storage.atomicfile import sync_directory, sync_file
-from ps.storage.store import Store, checkpoint_damaged
+from ps.storage.readonly import checkpoint_damaged
+from ps.storage.store import Store
 
 
 def check_restored(store: Store) -> None:

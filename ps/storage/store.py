@@ -24,7 +24,7 @@ record (what a crash leaves). Damage it meets later (a data block whose checksum
 DataLossError naming the file, never a silent stop: every scan checks its iterator's status at the end. A meta
 value that does not read as ps.storage.meta's grammar says is a DataLossError naming the key (meta_value), and in
 a checkpoint a CheckpointDamagedError naming it, as is a row of neither size that a restore or an export reads
-(import_slots, read_table: _OddRows). verify_rocksdb reads every block of every column family, and every meta value
+(import_slots, read_table: OddRows). verify_rocksdb reads every block of every column family, and every meta value
 as meta_value does.
 """
 
@@ -35,10 +35,7 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -66,7 +63,7 @@ from ps.errors import (
     StorageError,
     disk_full_reason,
 )
-from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, StoredSizes, layout_of, stored_sizes
+from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored_sizes
 from ps.sharding import NUM_SLOTS, slot_of
 from ps.storage.applied import AppliedChanges
 from ps.storage.foreground import Foreground
@@ -98,6 +95,14 @@ from ps.storage.options import (
     rocksdb_options,
     scan_read_options,
 )
+from ps.storage.readonly import (
+    OddRows,
+    checkpoint_damaged,
+    is_damage,
+    open_failure,
+    opened_read_only,
+    reading_checkpoint,
+)
 from ps.storage.sidefiles import (
     IDENTITY_FIELDS,
     IDENTITY_FILE,
@@ -125,162 +130,6 @@ def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
     keys["slot"] = slot_of(ids)
     keys["id"] = ids
     return keys.view(f"V{KEY_DTYPE.itemsize}").tolist()
-
-
-_NOT_IN_VIEW = re.compile(r"LOCK|LOG(\.old\..*)?|rocksdict-config\.json")  # files a read-only open may write
-
-
-@contextlib.contextmanager
-def _opened_read_only(source: str, opts: Options | None = None) -> Iterator[tuple[Rdict, list[str], str]]:
-    """(db, its column families' names, view) of the RocksDB at source (a checkpoint, or a data dir to verify)
-    opened read-only, with nothing written into source: rocksdict rewrites rocksdict-config.json at every open,
-    read-only ones too, which fails on a read-only disk and would change a checkpoint's checksummed files. So
-    RocksDB opens `view`, a temporary directory of symlinks to source's files (RocksDB reads through them; what the
-    open writes stays in the view), removed on exit. An exception leaving the block names source, not the view.
-    Without a writable temporary directory, source itself is opened (a warning says so)."""
-    opts = opts or Options(raw_mode=True)
-    view = None
-    try:
-        view = tempfile.mkdtemp(prefix="sparseps-read-only-")
-        if os.path.isdir(source):
-            for name in os.listdir(source):
-                full = os.path.join(os.path.abspath(source), name)
-                if not _NOT_IN_VIEW.fullmatch(name) and os.path.isfile(full):
-                    os.symlink(full, os.path.join(view, name))
-    except OSError as e:
-        log.warning("no temporary directory for a read-only view of %s (%s): opening it in place, which rewrites its "
-                    "rocksdict-config.json", source, e)  # fmt: skip
-        if view is not None:
-            shutil.rmtree(view, ignore_errors=True)
-        view = None
-    except BaseException:  # a SIGTERM (ps.terminate) while the view is made: it goes too
-        if view is not None:
-            shutil.rmtree(view, ignore_errors=True)
-        raise
-    with contextlib.ExitStack() as cleanup:
-        if view is not None:
-            cleanup.callback(shutil.rmtree, view, True)
-        else:
-            view = source
-        try:
-            names = Rdict.list_cf(view, opts)
-            db = Rdict(view, opts, column_families=dict.fromkeys(names, opts), access_type=AccessType.read_only())
-        except Exception as e:  # rocksdict raises plain Exception
-            raise Exception(str(e).replace(view, source)) from None
-        try:
-            yield db, names, view
-        except StorageError:
-            raise
-        except Exception as e:
-            if view not in str(e):
-                raise
-            raise Exception(str(e).replace(view, source)) from None
-        finally:
-            db.close()
-
-
-def _is_damage(text: str) -> bool:
-    """Whether RocksDB's error text tells of damage it met: a block that fails its checks ("Corruption: ..."), or a
-    file it needs gone."""
-    return text.startswith("Corruption") or "No such file" in text
-
-
-_DAMAGED_FILE = re.compile(r"(/\S*?(?:\.sst|\.log|\.blob|MANIFEST-\d+|CURRENT|OPTIONS-\d+))(?::|,|\s|$)")
-_DAMAGED_OFFSET = re.compile(r"\boffset (\d+)")
-
-
-def damage_at(text: str, base: str | None = None) -> str:
-    """Where RocksDB's error text puts the damage: "FILE at offset N" for a block of a file (a data block whose
-    checksum fails), "FILE" where it names a file and no offset, "" where it names none. base: FILE is given
-    relative to it when it lies inside."""
-    found = _DAMAGED_FILE.search(text)
-    if found is None:
-        return ""
-    name = found.group(1)
-    if base is not None and os.path.commonpath([os.path.abspath(base), name]) == os.path.abspath(base):
-        name = os.path.relpath(name, base)
-    offset = _DAMAGED_OFFSET.search(text, found.end(1))
-    return f"{name} at offset {offset.group(1)}" if offset else name
-
-
-def checkpoint_damaged(source: str) -> Callable[[str], CheckpointDamagedError]:
-    """The error, given what is damaged, for a value in the checkpoint shard folder at source that does not read as
-    its grammar says (a meta value: ps.storage.meta; a row's size): a CheckpointDamagedError naming the checkpoint
-    and the shard's folder."""
-    checkpoint, shard = os.path.split(os.path.abspath(source))
-    return lambda what: _checkpoint_damage(checkpoint, shard, f"{shard}: {what}")
-
-
-def _checkpoint_damage(checkpoint: str, where: str, what: str, more: str = "") -> CheckpointDamagedError:
-    """The CheckpointDamagedError saying `what` is damaged in the checkpoint at checkpoint (where: the file, or the
-    shard's folder), then `more` (sentences, each ending ". "), then which command lists everything damaged in it."""
-    return CheckpointDamagedError(f"checkpoint {checkpoint} is damaged: {what}. {more}`ps-server verify {checkpoint}` "
-                                  "lists everything damaged in it", checkpoint, where, what)  # fmt: skip
-
-
-@contextlib.contextmanager
-def _reading_checkpoint(source: str) -> Iterator[tuple[Rdict, list[str], str]]:
-    """_opened_read_only of a checkpoint's shard folder, for a restore, an export or a save reading back what it
-    wrote: RocksDB's errors about source (one it raises at the open, or one naming a file of source later; not
-    those naming another dir, such as a restore's writes into its data dir) as a CheckpointDamagedError naming the
-    checkpoint, the file and the offset for damage ("Corruption: ...", a file gone), as a StorageError for anything
-    else."""
-    source = os.path.abspath(source)
-    checkpoint, shard = os.path.split(source)
-    opened = False
-
-    def failed(text: str, doing: str) -> StorageError:
-        if not _is_damage(text):
-            return StorageError(f"RocksDB cannot read checkpoint {checkpoint} ({shard}) while {doing}: {text}")
-        where = damage_at(text, checkpoint) or f"{shard} (RocksDB names no file)"
-        return _checkpoint_damage(checkpoint, where, f"{where} (RocksDB, while {doing}: {text})",
-                                  "Nothing in it can be read past that point. A checkpoint's SST files are hard "
-                                  "links to the shard's own when saved on its file system: `ps-server verify` that "
-                                  "shard's data dir too. ")  # fmt: skip
-
-    try:
-        with _opened_read_only(source) as opened_db:
-            opened = True
-            yield opened_db
-    except PsError:
-        raise
-    except Exception as e:  # rocksdict raises plain Exception
-        if not opened:
-            raise failed(str(e), "opening it") from None
-        if source not in str(e):
-            raise
-        raise failed(str(e), "reading it") from None
-
-
-class _OddRows:
-    """The stored values of a checkpoint's table that are of neither size the config read with gives (sizes:
-    stored_sizes of its width; None: unknown, no value is odd), as a restore or an export meets them: how many, and
-    the first."""
-
-    def __init__(self, sizes: StoredSizes | None) -> None:
-        self.sizes = sizes
-        self.count, self.first, self.first_size = 0, b"", 0
-
-    def saw(self, key: bytes, value: bytes) -> bool:
-        """Whether key's value is of neither size (counted if so)."""
-        if self.sizes is None or len(value) in self.sizes:
-            return False
-        if not self.count:
-            self.first, self.first_size = key, len(value)
-        self.count += 1
-        return True
-
-    def check(self, damaged: Callable[[str], CheckpointDamagedError], table: str, among: str = "") -> None:
-        """damaged(what), naming the table, how many (among: of which slots, "" for all) and the first one's id,
-        key and size, if any was seen."""
-        if self.count:
-            sizes = self.sizes
-            raise damaged(
-                f"table {table!r} holds {self.count:,} stored rows{among} of neither a trained row's size by the config read "
-                f"with (its manifest's: {sizes.trained} bytes) nor a pending id's ({sizes.pending}), the first of id "
-                f"{int.from_bytes(self.first[6:], 'big')} (key {self.first.hex()}, {self.first_size:,} bytes): its "
-                "rows are damaged, or its manifest does not match them"
-            )
 
 
 def _drawn_state_id() -> bytes:
@@ -380,7 +229,7 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
     if reason is not None:
         what = f"RocksDB in the data dir {path} failed while {doing} ({text})"
         return DiskFullError.of(reason, what, outcome, os.path.dirname(target) if elsewhere else path)
-    damage = _is_damage(text)
+    damage = is_damage(text)
     if "No such file" in text and not elsewhere and not os.path.isdir(path):  # not damage: the dir is gone
         return DataDirLostError(
             f"RocksDB in {path} failed while {doing}: the data dir was deleted under the running server ({text}); "
@@ -392,18 +241,6 @@ def _error(path: str, doing: str, e: Exception, text: str | None = None, outcome
         f"RocksDB found damage in {path} while {doing}: {text}. `ps-server verify {path}` lists what is damaged; "
         "restore the dir from a backup or checkpoint"
     )
-
-
-def _open_failure(path: str, e: Exception) -> str:
-    """rocksdict's error at open, with the write-ahead logs named where RocksDB reports damage without a file
-    (its "Corruption: checksum mismatch" of a damaged log record): an open reads the MANIFEST, named when it
-    is the one, and replays those logs."""
-    text = str(e)
-    if not text.startswith("Corruption") or re.search(r"MANIFEST|CURRENT|OPTIONS|IDENTITY|\.sst|\.log|/", text):
-        return text
-    logs = sorted(f for f in os.listdir(path) if f.endswith(".log"))
-    sizes = ", ".join(f"{f} ({os.path.getsize(os.path.join(path, f)):,} bytes)" for f in logs)
-    return f"{text} (in no file RocksDB names; the write-ahead logs it replays at open: {sizes or 'none'})"
 
 
 def _decode_chunk(keys: list[bytes], values: list[bytes], width: int) -> tuple[np.ndarray, np.ndarray]:
@@ -519,7 +356,7 @@ class Store:
                     f"running on it? ({e})"
                 ) from e
             if str(e).startswith("Corruption"):
-                raise _error(path, "opening it", e, _open_failure(path, e)) from e
+                raise _error(path, "opening it", e, open_failure(path, e)) from e
             if "No such file" in str(e) and "MANIFEST" in str(e):  # the one CURRENT names is not there
                 raise _error(path, "opening it", e, f"{e} (its CURRENT file names a MANIFEST that is not there: "
                                                     "CURRENT damaged, or the MANIFEST deleted)") from e  # fmt: skip
@@ -851,7 +688,7 @@ class Store:
         lo, hi = slots
         copied = {}
         damaged = checkpoint_damaged(source)
-        with _reading_checkpoint(source) as (src, names, _):
+        with reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}  # the checkpoint's
             missing = [t for t in tables if t not in numbers]
             if missing:
@@ -868,7 +705,7 @@ class Store:
                     handle = self._db.get_column_family_handle(ROWS_CF)
                     src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
-                    odd = _OddRows(stored_sizes(widths[table]) if widths and table in widths else None)
+                    odd = OddRows(stored_sizes(widths[table]) if widths and table in widths else None)
                     for key, value in iter_items(cf, src_prefix + int(lo).to_bytes(2, "big")):
                         if not key.startswith(src_prefix) or int.from_bytes(key[4:6], "big") >= hi:
                             break
@@ -905,12 +742,12 @@ class Store:
         read, for stored values of neither size (naming how many, and the first one's id and key): damaged rows,
         or a width (the manifest's config) that does not match them."""
         damaged = checkpoint_damaged(source)
-        with _reading_checkpoint(source) as (src, names, _):
+        with reading_checkpoint(source) as (src, names, _):
             numbers = table_ids(src.get_column_family(META_CF), damaged) if META_CF in names else {}
             if ROWS_CF not in names or table not in numbers:
                 return
             prefix = numbers[table].to_bytes(4, "big")
-            keys, values, odd = [], [], _OddRows(stored_sizes(width))
+            keys, values, odd = [], [], OddRows(stored_sizes(width))
             for key, value in iter_prefixed(src.get_column_family(ROWS_CF), prefix):
                 if len(value) == odd.sizes.trained:
                     keys.append(key)
@@ -930,7 +767,7 @@ class Store:
         count/ keys, written in the batch of every write of the rows they count. CheckpointDamagedError where RocksDB
         finds damage in it, or a value that does not read as its grammar says (meta_value)."""
         damaged = checkpoint_damaged(source)
-        with _reading_checkpoint(source) as (src, names, _):
+        with reading_checkpoint(source) as (src, names, _):
             if META_CF not in names:
                 return {}
             meta = src.get_column_family(META_CF)
@@ -1235,7 +1072,7 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     found = {}
     opened = False
     try:
-        with _opened_read_only(path, rocksdb_options(8 << 20)) as (db, names, view):
+        with opened_read_only(path, rocksdb_options(8 << 20)) as (db, names, view):
             opened = True
             for name in names:
                 count, damage = 0, ""
@@ -1253,7 +1090,7 @@ def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
     except Exception as e:
         if opened:
             raise
-        return {"": (0, f"RocksDB does not open: {_open_failure(path, e)}")}, None
+        return {"": (0, f"RocksDB does not open: {open_failure(path, e)}")}, None
     return found, meta
 
 

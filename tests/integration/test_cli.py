@@ -262,15 +262,15 @@ def test_a_sigterm_during_ps_server_verify_exits_143_and_removes_its_read_only_v
     finally:
         p.kill()
     stopped_inside_the_view = (  # the view open, the signal comes: as a user's kill would, mid-verify
-        "import os, signal, sys, time\n"
-        "import ps.storage.store as store\n"
-        "opened = store._opened_read_only\n"
+        "import contextlib, os, signal, sys, time\n"
+        "import ps.storage.store as scan\n"
+        "opened = scan.opened_read_only\n"
         "def held(*args, **kwargs):\n"
         "    with opened(*args, **kwargs) as got:\n"
         "        os.kill(os.getpid(), signal.SIGTERM)\n"
         "        time.sleep(30)\n"
         "        yield got\n"
-        "store._opened_read_only = store.contextlib.contextmanager(held)\n"
+        "scan.opened_read_only = contextlib.contextmanager(held)\n"
         "from ps.__main__ import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
