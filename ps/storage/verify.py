@@ -24,7 +24,8 @@ from ps.storage.journal import Journal
 from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX
 from ps.storage.readonly import damage_at
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import Store, verify_rocksdb
+from ps.storage.store import Store
+from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 _READ_REFUSED = "a restore or an export of the checkpoint is refused"  # what damage that both read makes fail

@@ -263,7 +263,7 @@ def test_a_sigterm_during_ps_server_verify_exits_143_and_removes_its_read_only_v
         p.kill()
     stopped_inside_the_view = (  # the view open, the signal comes: as a user's kill would, mid-verify
         "import contextlib, os, signal, sys, time\n"
-        "import ps.storage.store as scan\n"
+        "import ps.storage.verifyscan as scan\n"
         "opened = scan.opened_read_only\n"
         "def held(*args, **kwargs):\n"
         "    with opened(*args, **kwargs) as got:\n"

@@ -1,0 +1,116 @@
+"""verify_rocksdb: the read of a whole RocksDB, changing nothing, that `ps-server verify` (ps.storage.verify) reports
+on: every block of every column family with its checksum verified, every meta value read as ps.storage.meta's
+grammar says, and the size of every stored row counted per table (RowSizes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ps.errors import StorageError
+from ps.rows.layout import KEY_BYTES
+from ps.storage.meta import META_CF, META_GRAMMAR, TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, grammar_key, meta_value
+from ps.storage.options import ColumnFamily, iter_items, rocksdb_options, scan_read_options
+from ps.storage.readonly import open_failure, opened_read_only
+from ps.storage.store import KEY_DTYPE, ROWS_CF
+
+VERIFY_CHUNK_ROWS = 1 << 16  # "rows" values whose sizes verify_rocksdb counts with numpy at once
+
+
+class RowSizes:
+    """What verify_rocksdb finds of the "rows" column family's keys and values: `sizes`, {(table number, value
+    bytes): [rows, the first one's key]}, and `odd_keys`, [keys of another size than KEY_BYTES, the first one]. The
+    scan's Python loop only keeps each key and its value's size; numpy counts them a chunk at a time."""
+
+    def __init__(self) -> None:
+        self.count = 0  # keys read
+        self.sizes: dict[tuple[int, int], list] = {}
+        self.odd_keys: list = [0, b""]
+
+    def read(self, cf: ColumnFamily) -> None:
+        """Reads every key of cf with scan_read_options (RocksDB's error where the scan meets damage, what was read
+        before it counted)."""
+        keys: list[bytes] = []
+        sizes: list[int] = []
+        try:
+            for key, value in iter_items(cf, None, scan_read_options()):
+                keys.append(key)
+                sizes.append(len(value))
+                if len(keys) == VERIFY_CHUNK_ROWS:
+                    self._count(keys, sizes)
+                    keys, sizes = [], []
+        finally:
+            self._count(keys, sizes)
+
+    def _count(self, keys: list[bytes], sizes: list[int]) -> None:
+        self.count += len(keys)
+        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+        odd = lengths != KEY_BYTES
+        if odd.any():
+            first = self.odd_keys[1] if self.odd_keys[0] else keys[int(np.argmax(odd))]
+            self.odd_keys = [self.odd_keys[0] + int(odd.sum()), first]
+            keys = [key for key, bad in zip(keys, odd.tolist()) if not bad]
+            sizes = [size for size, bad in zip(sizes, odd.tolist()) if not bad]
+        if not keys:
+            return
+        tables = np.frombuffer(b"".join(keys), dtype=KEY_DTYPE)["table"].astype(np.uint64)
+        found = (tables << np.uint64(32)) | np.minimum(np.array(sizes, dtype=np.uint64), np.uint64(0xFFFFFFFF))
+        codes, first, rows = np.unique(found, return_index=True, return_counts=True)
+        for code, at, n in zip(codes.tolist(), first.tolist(), rows.tolist()):
+            self.sizes.setdefault((code >> 32, code & 0xFFFFFFFF), [0, keys[at]])[0] += n
+
+
+def verify_rocksdb(path: str) -> tuple[dict[str, tuple[int, str]], dict | None]:
+    """Reads every key of every column family of the RocksDB at path, opened read-only with a Store's options,
+    verifying every block's checksum and caching none, and every meta value read as its grammar says
+    (meta_value, as a Store reads it). Returns ({column family: (keys read, the damage that stopped the read or
+    "")}, {"shard": the shard record or None, "flushed_seq": int, "lsn_high": int (Store.written_seq), "tables":
+    {name: its stored config}, "numbers": {name: its stored number}, "rows": the RowSizes of the "rows" column
+    family (as far as it was read), "restore_pending": the checkpoint of a restore that did not finish, or None,
+    "unreadable": {key: what is wrong, for each value that does not read (meta_value's text); a table's config or
+    number is None then, another value as if absent}}); if RocksDB does not open, ({"": (0, why)}, None). Nothing
+    is written."""
+    meta = {"shard": None, "flushed_seq": 0, "lsn_high": 0, "tables": {}, "numbers": {}, "rows": RowSizes(),
+            "restore_pending": None, "unreadable": {}}  # fmt: skip
+    read_opts = scan_read_options()
+    found = {}
+    opened = False
+    try:
+        with opened_read_only(path, rocksdb_options(8 << 20)) as (db, names, view):
+            opened = True
+            for name in names:
+                count, damage = 0, ""
+                try:
+                    if name == ROWS_CF:
+                        meta["rows"].read(db.get_column_family(name))
+                    else:
+                        for key, value in iter_items(db.get_column_family(name), None, read_opts):
+                            count += 1
+                            if name == META_CF:
+                                _keep_meta(meta, key, value)
+                except Exception as e:
+                    damage = str(e).replace(view, path)
+                found[name] = (meta["rows"].count if name == ROWS_CF else count, damage)
+    except Exception as e:
+        if opened:
+            raise
+        return {"": (0, f"RocksDB does not open: {open_failure(path, e)}")}, None
+    return found, meta
+
+
+def _keep_meta(meta: dict, key: bytes, value: bytes) -> None:
+    """What verify_rocksdb returns of a key of the meta column family."""
+    if grammar_key(key) not in META_GRAMMAR:
+        return
+    try:
+        value = meta_value(key, value, StorageError)
+    except StorageError as e:
+        meta["unreadable"][key] = str(e)
+        value = None
+    if key in (b"shard", b"flushed_seq", b"lsn_high", b"restore_pending"):
+        if value is not None:
+            meta[key.decode()] = value
+    elif key.startswith(TABLE_CONFIG_PREFIX):
+        meta["tables"][key[len(TABLE_CONFIG_PREFIX) :].decode()] = value
+    elif key.startswith(TABLE_ID_PREFIX):
+        meta["numbers"][key[len(TABLE_ID_PREFIX) :].decode()] = value
