@@ -29,7 +29,7 @@ whatever n.
 The sha256s are of the files as saved (hard links to the shard's live SSTs): a block damaged before the save has
 matching ones. A save does not read the blocks (docs/reliability.md has the measured cost); `ps-server verify
 CHECKPOINT` (ps.storage.verify.verify_checkpoint) does, and a restore or an export that meets such a block stops
-with a CheckpointDamagedError naming the file and offset (ps.storage.store).
+with a CheckpointDamagedError naming the file and offset (ps.storage.readonly).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
 
 def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[str, int | None]:
     """Each table's number, and the size of every stored row of it against its config's layout: a trained row's
-    or a pending id's (ps.storage.store's grammar; Store.get_rows refuses a row of another size with DATA_LOSS);
+    or a pending id's (ps.rows.layout.stored_sizes; Store.get_rows refuses a row of another size with DATA_LOSS);
     a note of the rows of a table number no table config has (no server reads them), said instead with the one
     table whose number is absent or does not read, if there is one. meta: verify_rocksdb's, of a meta column family
     read whole. Returns {table: its dim, None where its config does not read}."""
