@@ -932,6 +932,27 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
         assert done.returncode == 1 and f"DAMAGED {what}: {follows}\n" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("record", [b'{"7": [3]}', b'{"7": []}'])
+def test_a_legacy_applied_entry_short_of_its_fields_is_damage_to_a_start_and_to_verify(stopped_cleanly, tmp_path,
+                                                                                       record):  # fmt: skip
+    """The legacy "applied" value's entry [client_seq, parts] with one missing does not read (an IndexError in its
+    reader): a start is refused with DATA_LOSS naming the key, not a bug's traceback, and verify names it, not
+    as damage of the whole meta column family."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    with opened(data_dir) as store:
+        store._meta.put(b"applied", record)
+    with pytest.raises(DataLossError) as refused:
+        Server(ServerConfig(data_dir=str(data_dir)))
+    what = f"meta key applied holds {ascii(record)}, which does not read as its value (IndexError: "
+    assert what in str(refused.value), str(refused.value)
+    lines, damaged = verify_data_dir(str(data_dir))
+    said = [line for line in lines if line.startswith("DAMAGED")]
+    assert damaged and len(said) == 1 and said[0].startswith(f"DAMAGED {what}"), lines
+    assert said[0].endswith(": a server refuses to start on it"), lines
+
+
 @pytest.mark.parametrize("record", [b'{"job": 1, "done": "x"}', b'{"job": 1, "num_workers": 2, "done": [2]}'])
 def test_verify_notes_a_job_done_record_that_does_not_read_which_a_start_passes(stopped_cleanly, tmp_path, record):
     """The job_done record is read as the grammar says, as every meta value is: verify names one that does not

@@ -170,12 +170,12 @@ def grammar_key(key: bytes) -> bytes:
 
 def meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -> Any:
     """raw, the stored value of meta key `key`, read as the module's grammar says (META_GRAMMAR); where it does not
-    read so (its reader raises ValueError, KeyError, TypeError or struct.error), damaged(a text naming the key and
+    read so (its reader raises ValueError, LookupError, TypeError or struct.error), damaged(a text naming the key and
     the value) is raised: damage, never a bug's traceback."""
     parse = META_GRAMMAR[grammar_key(key)]
     try:
         return parse(raw)
-    except (ValueError, KeyError, TypeError, struct.error) as e:
+    except (ValueError, LookupError, TypeError, struct.error) as e:  # LookupError: a key or an index missing
         name = key.decode() if key.isascii() and key.decode().isprintable() else echo(key)
         raise damaged(f"meta key {name} holds {echo(raw)}, which does not read as its value ({type(e).__name__}: "
                       f"{e})") from None  # fmt: skip
