@@ -841,6 +841,27 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 
 
+def test_a_start_refused_on_damage_met_in_a_scan_keeps_no_rocksdb_handle_in_its_error(tmp_path):
+    """A start that replays the journal reads the tables' numbers (a scan of meta); one that does not read refuses
+    the start with DATA_LOSS. The refusal, kept by its caller, holds nothing of RocksDB: the dir opens again at
+    once, where a frame of its traceback holding the meta column family kept RocksDB and the dir's LOCK open."""
+    from ps.engine.shard import Shard
+    from ps.errors import DataLossError
+    from tests.conftest import crash
+
+    data_dir = tmp_path / "shard"
+    shard = Shard(ServerConfig(data_dir=str(data_dir)))
+    shard.create_table(TableConfig("t", DIM))
+    shard.push("t", COMMON, np.ones((len(COMMON), DIM), np.float32))
+    crash(shard)  # the push only in the journal: the next start replays it
+    with opened(data_dir) as store:
+        store._meta.put(b"tid/t", b"zero")
+    with pytest.raises(DataLossError) as refused:
+        Shard(ServerConfig(data_dir=str(data_dir)))
+    assert "meta key tid/t holds b'zero'" in str(refused.value), str(refused.value)
+    Store(str(data_dir)).close()  # not "in use by this process itself"
+
+
 @pytest.mark.parametrize("key, value, why", [
     (b"tid/t", 2**32, "not below 2^32"),
     (b"clock", 2**40 + 1, "1,099,511,627,777 is past the largest clock a shard takes, 1,099,511,627,776 (an "

@@ -38,6 +38,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -167,6 +168,19 @@ def _check_tables_fit(budget: MemoryBudget, tables: list[TableConfig], whose: st
         budget.check_room(len(tables), widest, f"cannot hold the {len(tables)} {whose}")
 
 
+def _clear_frames(error: BaseException) -> None:
+    """Clears the locals of the finished frames in the tracebacks of error and of the errors it chains to. Kept by
+    a failed start's caller, a frame holding a RocksDB column family (a scan's, a reader's argument) would keep
+    RocksDB, and the data dir's lock, open after the store closed."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            traceback.clear_frames(e.__traceback__)
+            todo += [e.__cause__, e.__context__]
+
+
 class Shard:
     def __init__(self, config: ServerConfig, progress: StartProgress | None = None):
         """Opens (or restores into, with config.restore_dir) the data dir, replays its journal and starts the
@@ -208,6 +222,7 @@ class Shard:
         except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
             # keep RocksDB's handles, and the data dir's lock, alive until a garbage collection
             self._close_after_failed_start()
+            _clear_frames(e)
             if isinstance(e, DataLossError):
                 raise DataLossError(f"cannot start on data dir {config.data_dir}: {e}") from e
             known = _start_error(e, config.data_dir) if isinstance(e, Exception) else None
