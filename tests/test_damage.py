@@ -520,6 +520,12 @@ def test_verify_names_an_unreadable_segment_and_on_a_live_dir_calls_a_journal_fi
                      report.stdout), report.stdout  # fmt: skip
 
 
+NUMBER_UNREAD = (
+    "a request that reads its rows fails with DATA_LOSS, as do a start replaying a push to it, a checkpoint "
+    "save and the creation of a new table (the number it held is not known); the other tables serve"
+)
+
+
 def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_data_loss(tmp_path, caplog):
     data_dir = tmp_path / "shard"
     ids = np.arange(100, dtype=np.uint64)
@@ -547,8 +553,8 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
     lines, damaged = verify_data_dir(str(data_dir))
     (said,) = [line for line in lines if line.startswith("DAMAGED")]
     assert said.startswith("DAMAGED table 'emb': its config is stored without its number (meta key tid/emb): none of "
-                           "its rows can be found; a pull of it is refused with DATA_LOSS. Its rows, if it has any, "
-                           "are among the 100 stored rows of table number(s) 0"), lines  # fmt: skip
+                           f"its rows can be found; {NUMBER_UNREAD}. Its rows, if it has any, are among the 100 stored "
+                           "rows of table number(s) 0"), lines  # fmt: skip
 
 
 def test_verify_checks_the_sizes_of_a_checkpoints_rows_against_their_tables(checkpoints, tmp_path):
@@ -1059,19 +1065,149 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
         else:
             store._meta.put(b"tid/t", b"zero")
     lines, damaged = verify_data_dir(str(data_dir))
-    why, follows = {
-        "deleted": ("its config is stored without its number (meta key tid/t)", "a pull of it is refused with "
-                                                                                 "DATA_LOSS"),
-        "unreadable": ("meta key tid/t holds b'zero', which does not read as its value (ValueError: not a decimal "
-                       "integer)", "every request that reads a table's rows fails with DATA_LOSS (the table numbers "
-                       "are read together)"),
+    why = {
+        "deleted": "its config is stored without its number (meta key tid/t)",
+        "unreadable": "meta key tid/t holds b'zero', which does not read as its value (ValueError: not a decimal "
+                      "integer)",
     }[number]  # fmt: skip
     assert damaged and [line for line in lines if line.startswith(("DAMAGED", "note    rows"))] == [
-        f"DAMAGED table 't': {why}: none of its rows can be found; {follows}. Its rows, if it has any, are among the "
-        f"{rows:,} stored rows of table number(s) 0 ({rows:,} rows), which no other table has; the first key {first}"
+        f"DAMAGED table 't': {why}: none of its rows can be found; {NUMBER_UNREAD}. Its rows, if it has any, are "
+        f"among the {rows:,} stored rows of table number(s) 0 ({rows:,} rows), which no other table has; the first key {first}"
     ], lines
     with opened(data_dir) as store:  # a second table without its number: which rows are whose is not known
         store._meta.put(b"table/u", json.dumps(TableConfig("u", DIM).to_dict()).encode())
     lines, damaged = verify_data_dir(str(data_dir))
     assert [line for line in lines if line.startswith("note    rows of no table")], lines
     assert not [line for line in lines if "Its rows, if it has any" in line], lines
+
+
+# ---- one table's number damaged among several: that table fails, the others serve ----------------------------------
+SGD = dict(initializer=InitializerConfig("zeros", 0.0), optimizer=OptimizerConfig("sgd", 1.0))
+
+
+def shard_of(data_dir, **config):
+    from ps.engine.shard import Shard
+
+    return Shard(ServerConfig(data_dir=str(data_dir), **config))
+
+
+def push_ones(shard_or_client, table: str) -> None:
+    shard_or_client.push(table, COMMON, np.ones((len(COMMON), DIM), np.float32))
+
+
+@pytest.fixture(scope="module")
+def three_tables(tmp_path_factory):
+    """A data dir holding tables a, b and c (numbers 0, 1, 2), each of COMMON's rows pushed once (-1 each), stopped
+    cleanly."""
+    data_dir = tmp_path_factory.mktemp("three") / "shard"
+    shard = shard_of(data_dir)
+    for table in "abc":
+        shard.create_table(TableConfig(table, DIM, **SGD))
+        push_ones(shard, table)
+    shard.close()
+    return data_dir
+
+
+def rows_of(got: np.ndarray, value: float) -> bool:
+    return np.array_equal(got, np.full((len(COMMON), DIM), value, np.float32))
+
+
+def test_a_damaged_table_number_fails_that_tables_requests_and_a_save_while_the_others_serve(three_tables, tmp_path):
+    """tid/b does not read: a pull or push of b fails with DATA_LOSS naming the key, and so do a new table (it could
+    get b's number) and a checkpoint save (it would copy the damage), each changing nothing; a and c serve, a push
+    to them is applied and kept."""
+    from worker.checkpoint import save
+
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        store._meta.put(b"tid/b", b"zero")
+    said = "meta key tid/b holds b'zero', which does not read as its value"
+    root = tmp_path / "root"
+    with InProcess(data_dir, checkpoint_root=str(root)) as address, Client([address], timeout_s=30) as client:
+        assert rows_of(client.pull("a", COMMON), -1) and rows_of(client.pull("c", COMMON), -1)
+        push_ones(client, "a")
+        assert rows_of(client.pull("a", COMMON), -2)
+        for call in (lambda: client.pull("b", COMMON), lambda: push_ones(client, "b"),
+                     lambda: client.create_table(TableConfig("d", DIM, **SGD))):  # fmt: skip
+            with pytest.raises(PsError) as failed:
+                call()
+            assert "failed with DATA_LOSS" in str(failed.value) and said in str(failed.value), str(failed.value)
+        assert "no new table is given a number while a table's is not known" in str(failed.value), str(failed.value)
+        with pytest.raises(PsError) as failed:
+            save(client, str(root / "ckpt"))
+        assert said in str(failed.value) and "a checkpoint would copy it: nothing was saved" in str(failed.value)
+        assert not (root / "ckpt").exists() or not list((root / "ckpt").iterdir())
+        assert sorted(t.name for t in client.stats()[0].tables) == ["a", "b", "c"]
+    with opened(data_dir) as store:
+        assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/b") == b"zero"
+    shard = shard_of(data_dir)
+    try:
+        assert rows_of(shard.pull("a", COMMON), -2) and rows_of(shard.pull("c", COMMON), -1)
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("replayed", ["a", "b"])
+def test_a_start_replays_pushes_to_other_tables_and_refuses_one_to_the_table_whose_number_does_not_read(
+    three_tables, tmp_path, replayed
+):
+    """A push only in the journal: to a, the start replays it and a serves; to b, whose number does not read, the
+    start is refused, naming the key, and applies it nowhere: once the number is put back, the next start applies it
+    to b, once."""
+    from ps.errors import DataLossError
+    from tests.conftest import crash
+
+    data_dir = copied(three_tables, tmp_path)
+    shard = shard_of(data_dir)
+    push_ones(shard, replayed)
+    crash(shard)
+    with opened(data_dir) as store:
+        number = store._meta.get(b"tid/b")
+        store._meta.put(b"tid/b", b"zero")
+    if replayed == "b":
+        with pytest.raises(DataLossError) as refused:
+            shard_of(data_dir)
+        assert "meta key tid/b holds b'zero'" in str(refused.value), str(refused.value)
+        with opened(data_dir) as store:
+            store._meta.put(b"tid/b", number)
+    shard = shard_of(data_dir)
+    try:
+        for table in "abc":
+            if table == "b" and replayed == "a":
+                with pytest.raises(DataLossError, match="meta key tid/b holds b'zero'"):
+                    shard.pull(table, COMMON)
+            else:
+                assert rows_of(shard.pull(table, COMMON), -2 if table == replayed else -1), table
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("number", ["deleted", "unreadable"])
+def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_tables, tmp_path, number):
+    """c's number (2, the highest) deleted or unreadable: a new table is refused (by create and by its check), where
+    the next number would be c's, its pulls c's rows; c is not made again under another number either. The tables
+    whose numbers read are made again as they are."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        if number == "deleted":
+            store._meta.delete(b"tid/c")
+        else:
+            store._meta.put(b"tid/c", b"2x")
+    shard = shard_of(data_dir)
+    try:
+        said = "table 'c' has no number (meta key tid/c)" if number == "deleted" else "meta key tid/c holds b'2x'"
+        for create in (shard.check_create, shard.create_table):
+            with pytest.raises(DataLossError) as refused:
+                create(TableConfig("d", DIM, **SGD))
+            assert said in str(refused.value) and "no new table is given a number" in str(refused.value)
+        with pytest.raises(DataLossError, match="the table is not created again under another number"):
+            shard.store.create_table(TableConfig("c", DIM, **SGD))
+        assert "d" not in shard.tables
+        assert shard.create_table(TableConfig("a", DIM, **SGD)) is shard.tables["a"]
+        assert rows_of(shard.pull("a", COMMON), -1)
+    finally:
+        shard.close()
+    with opened(data_dir) as store:
+        assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None

@@ -531,6 +531,7 @@ class Shard:
             if diff:
                 with table.lock:
                     self._refuse_other_spec(table, cfg, diff, replace_untrained, stamp is not None)
+            self.store.number_for(cfg.name)  # DataLossError where a table's number does not read, as create's
             layout = layout_for(cfg)
             self.budget.check_join(layout.ram_bytes, replacing=table.arena if diff else None)
             return cfg, 0, layout.width

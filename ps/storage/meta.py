@@ -187,10 +187,24 @@ def trained(counts: Mapping) -> bool:
     return bool(counts.get("trained") or counts["admitted"] + counts["pending"] > 0)
 
 
+def read_table_numbers(meta: ColumnFamily) -> tuple[dict[str, int], dict[str, str]]:
+    """({table name: table number} of each "tid/" value that reads, {table name: what is damaged} of each that does
+    not: meta_value's text, naming the key and the value), from the meta column family of a store (or of a
+    checkpoint's)."""
+    numbers, unread = {}, {}
+    for key, raw in iter_prefixed(meta, TABLE_ID_PREFIX):
+        name = key[len(TABLE_ID_PREFIX) :].decode()
+        try:
+            numbers[name] = meta_value(key, raw, StorageError)
+        except StorageError as e:
+            unread[name] = str(e)
+    return numbers, unread
+
+
 def table_ids(meta: ColumnFamily, damaged: Callable[[str], StorageError]) -> dict[str, int]:
     """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
-    raised for a number that does not read as one (meta_value)."""
-    out = {}
-    for key, raw in iter_prefixed(meta, TABLE_ID_PREFIX):
-        out[key[len(TABLE_ID_PREFIX) :].decode()] = meta_value(key, raw, damaged)
-    return out
+    raised for the first number that does not read as one (meta_value)."""
+    numbers, unread = read_table_numbers(meta)
+    if unread:
+        raise damaged(next(iter(unread.values())))
+    return numbers

@@ -80,6 +80,7 @@ from ps.storage.meta import (
     TABLE_CONFIG_PREFIX,
     TABLE_ID_PREFIX,
     meta_value,
+    read_table_numbers,
     shard_record,
     table_ids,
     trained,
@@ -441,8 +442,7 @@ class Store:
     def create_table(self, cfg: TableConfig) -> None:
         """Records the table's config and its number (the prefix of its row keys) in one write. The cost does not
         grow with the number of tables: the first table creates the shared "rows" column family, the others none."""
-        numbers = self._table_ids()
-        number = numbers.get(cfg.name, max(numbers.values(), default=-1) + 1)
+        number = self.number_for(cfg.name)
         with self._rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
             self._rows(create=True)
             meta = self._db.get_column_family_handle(META_CF)
@@ -450,21 +450,45 @@ class Store:
             batch.put(TABLE_CONFIG_PREFIX + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
             batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
             self._db.write(batch, self._write_opts)
-        numbers[cfg.name] = number
+        self._table_numbers()[0][cfg.name] = number
 
-    _numbers: dict[str, int] | None = None  # {table: number}, read from meta on first use (_table_ids)
+    def number_for(self, table: str) -> int:
+        """The number create_table records for table: its own, or for a new table the next one. DataLossError,
+        naming the key, while a table's number does not read or is missing: it may be any number, so that a new
+        table given one could share its rows, and that table made again under a new one would lose them."""
+        numbers, unread = self._table_numbers()
+        if table in numbers:
+            return numbers[table]
+        if table in unread:
+            raise self._damaged(f"{unread[table]}; the table is not created again under another number (its rows "
+                                "are under the one it held)")  # fmt: skip
+        if unread:
+            raise self._damaged(f"{next(iter(unread.values()))}; no new table is given a number while a table's is "
+                                "not known (the new table could get it, and share that table's rows)")  # fmt: skip
+        return max(numbers.values(), default=-1) + 1
 
-    def _table_ids(self) -> dict[str, int]:
+    # {table: number} of the tables whose number reads, {table: what is damaged} of those whose number does not
+    # read or whose config is stored without one: read from meta on first use (_table_numbers)
+    _numbers: tuple[dict[str, int], dict[str, str]] | None = None
+
+    def _table_numbers(self) -> tuple[dict[str, int], dict[str, str]]:
         if self._numbers is None:
             with self._rocksdb("reading the table numbers"):
-                self._numbers = table_ids(self._meta, self._damaged)
+                numbers, unread = read_table_numbers(self._meta)
+                for key, _ in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
+                    name = key[len(TABLE_CONFIG_PREFIX) :].decode()
+                    if name not in numbers and name not in unread:
+                        unread[name] = f"table {name!r} has no number (meta key tid/{name})"
+            self._numbers = numbers, unread
         return self._numbers
 
     def _table_id(self, table: str) -> int:
-        number = self._table_ids().get(table)
-        if number is None:
-            raise self._damaged(f"table {table!r} has no number (meta key tid/{table})")
-        return number
+        """The table's number; DataLossError naming the key where it does not read or is missing (the other tables'
+        numbers serve all the same)."""
+        numbers, unread = self._table_numbers()
+        if table not in numbers:
+            raise self._damaged(unread.get(table, f"table {table!r} has no number (meta key tid/{table})"))
+        return numbers[table]
 
     def _rows(self, create: bool = False) -> Rdict:
         """The "rows" column family (the first create_table creates it)."""
@@ -655,7 +679,11 @@ class Store:
         """A RocksDB checkpoint of everything written so far at path (hard links to the SST files, or copies of
         them on another file system). RocksDB removes what it wrote of a checkpoint that fails. A full disk is a
         DiskFullError: of this data dir while its memtables are flushed first, of path's while the checkpoint
-        is written."""
+        is written. DataLossError, before anything is written, while a table's number does not read or is missing:
+        the checkpoint would copy the damage, and a restore of it would be refused."""
+        unread = self._table_numbers()[1]
+        if unread:
+            raise self._damaged(f"{next(iter(unread.values()))}; a checkpoint would copy it: nothing was saved")
         with self._rocksdb(f"flushing its memtables for checkpoint {path}", "nothing was saved"):
             self.drain()
             self._db.flush()

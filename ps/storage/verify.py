@@ -203,7 +203,11 @@ def _follows(key: bytes, checkpoint: bool) -> str | None:
             return _READ_REFUSED
         return "a restore of the checkpoint is refused" if key.startswith(COUNT_PREFIX) else None
     if key.startswith(TABLE_ID_PREFIX):
-        return "every request that reads a table's rows fails with DATA_LOSS (the table numbers are read together)"
+        return (
+            "a request that reads its rows fails with DATA_LOSS, as do a start replaying a push to it, a "
+            "checkpoint save and the creation of a new table (the number it held is not known); the other "
+            "tables serve"
+        )
     return "Stats, and a start given --restore, fail with DATA_LOSS" if key == b"restored" else (
         "a server refuses to start on it")  # fmt: skip
 
@@ -239,12 +243,8 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
         number = meta["numbers"].get(table)
         if number is None:  # (_meta_values leaves a number that does not read to this finding)
             why = meta["unreadable"].get(TABLE_ID_PREFIX + table.encode())
-            if why:
-                lost.append((table, why, _follows(TABLE_ID_PREFIX, checkpoint)))
-            else:
-                lost.append((table, f"its config is stored without its number (meta key tid/{table})",
-                             _READ_REFUSED if checkpoint else
-                             "a pull of it is refused with DATA_LOSS"))  # fmt: skip
+            why = why or f"its config is stored without its number (meta key tid/{table})"
+            lost.append((table, why, _follows(TABLE_ID_PREFIX, checkpoint)))
             bad_tables += 1
             continue
         numbers.add(number)
