@@ -533,7 +533,7 @@ def test_a_row_of_a_size_no_table_layout_makes_or_a_table_without_its_number_is_
         client.create_table(TableConfig("emb", DIM))
         client.push("emb", ids, np.ones((len(ids), DIM), dtype=np.float32))
     with opened(data_dir) as store:  # the stop flushed every row: one of them is overwritten with 5 bytes
-        store._rows().put(encode_keys(store._table_id("emb"), ids[5:6])[0], b"\x00" * 5)
+        store._rows().put(encode_keys(store.table_number("emb"), ids[5:6])[0], b"\x00" * 5)
     with InProcess(data_dir) as address, Client([address], timeout_s=30) as client, pytest.raises(PsError) as failed:
         client.pull("emb", ids)
     assert "failed with DATA_LOSS" in str(failed.value) and "INTERNAL" not in str(failed.value)
@@ -566,7 +566,7 @@ def test_verify_checks_the_sizes_of_a_checkpoints_rows_against_their_tables(chec
     shutil.copytree(root / "good", copy)
     store = Store(str(copy / "shard-0"))  # a row of another size: what a restore refuses
     try:
-        store._rows().put(encode_keys(store._table_id("emb"), ids[7:8])[0], b"\x00" * 40)
+        store._rows().put(encode_keys(store.table_number("emb"), ids[7:8])[0], b"\x00" * 40)
         store.flush()
     finally:
         store.close()
@@ -724,7 +724,7 @@ def odd_rows_checkpoint(tmp_path) -> tuple[pathlib.Path, list[TableConfig], np.n
         shard.close()
     with opened(data_dir) as store:
         for i, size in ((7, 40), (900, 3)):
-            store._rows().put(encode_keys(store._table_id("emb"), ids[i : i + 1])[0], b"\x00" * size)
+            store._rows().put(encode_keys(store.table_number("emb"), ids[i : i + 1])[0], b"\x00" * size)
     shard = Shard(ServerConfig(data_dir=str(data_dir)))
     try:
         one_shard_checkpoint(shard, str(tmp_path / "ckpt"), specs)
@@ -906,7 +906,7 @@ def test_a_decimal_meta_value_past_its_bound_is_damage_to_a_request_and_to_verif
 def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_path):
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
-        number = store._table_id("t")
+        number = store.table_number("t")
         for key in encode_keys(number + 5, np.arange(3, dtype=np.uint64)):
             store._rows().put(key, b"\x00" * 24)
     lines, damaged = verify_data_dir(str(data_dir))
@@ -1059,7 +1059,7 @@ def test_verify_says_once_the_rows_of_the_one_table_without_its_number(stopped_c
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
         ids = np.array([i for i, _ in store.iter_rows("t")], dtype=np.uint64)
-        rows, first = len(ids), bytes(min(encode_keys(store._table_id("t"), ids))).hex()
+        rows, first = len(ids), bytes(min(encode_keys(store.table_number("t"), ids))).hex()
         if number == "deleted":
             store._meta.delete(b"tid/t")
         else:
@@ -1211,3 +1211,31 @@ def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_ta
         shard.close()
     with opened(data_dir) as store:
         assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None
+
+
+def test_a_shrink_of_every_table_is_refused_before_any_is_shrunk_while_a_tables_number_does_not_read(tmp_path):
+    """Tables a, b and c decay show and click by half at each Shrink; tid/b does not read. A Shrink of every table
+    is refused with DATA_LOSS naming the key, changing no table (one that went on until b would have decayed a's
+    rows, and its retry decays them again); a Shrink of a alone decays a's rows once."""
+    from ps.config import EvictionConfig
+    from ps.errors import DataLossError
+    from ps.rows.layout import SHOW
+
+    data_dir = tmp_path / "shard"
+    shard = shard_of(data_dir)
+    for table in "abc":
+        shard.create_table(TableConfig(table, DIM, eviction=EvictionConfig(decay=0.5), **SGD))
+        push_ones(shard, table)  # one show per id
+    shard.close()
+    with opened(data_dir) as store:
+        store._meta.put(b"tid/b", b"zero")
+    shard = shard_of(data_dir)
+    try:
+        shows = lambda table: shard.tables[table].peek(COMMON)[:, shard.tables[table].stats_col + SHOW]
+        with pytest.raises(DataLossError, match="meta key tid/b holds b'zero'"):
+            shard.shrink()
+        assert (shows("a") == 1).all() and (shows("c") == 1).all()
+        assert shard.shrink("a")["dropped"] == 0
+        assert (shows("a") == 0.5).all() and (shows("c") == 1).all()
+    finally:
+        shard.close()

@@ -81,12 +81,12 @@ def test_a_row_of_the_wrong_size_is_reported(tmp_path):
     s.put_rows("emb", np.array([1], dtype=np.uint64), np.ones((1, 7), np.float32), np.zeros(1), one, {})
     with pytest.raises(StorageError, match=r"row of 36 bytes, expected 32 \(a trained row\) or 24"):
         s.get_rows("emb", np.array([1], dtype=np.uint64), 6)
-    s._rows().put(encode_keys(s._table_id("emb"), np.array([2], dtype=np.uint64))[0], b"")  # an empty value
+    s._rows().put(encode_keys(s.table_number("emb"), np.array([2], dtype=np.uint64))[0], b"")  # an empty value
     with pytest.raises(StorageError, match=r"row of 0 bytes, expected 32"):
         s.get_rows("emb", np.array([3, 2], dtype=np.uint64), 6)
     # 40 + 24 bytes: as many as two trained rows, and still a damaged value
     for i, size in ((4, 40), (5, 24)):
-        s._rows().put(encode_keys(s._table_id("emb"), np.array([i], dtype=np.uint64))[0], bytes(size))
+        s._rows().put(encode_keys(s.table_number("emb"), np.array([i], dtype=np.uint64))[0], bytes(size))
     with pytest.raises(StorageError, match=r"row of 40 bytes, expected 32"):
         s.get_rows("emb", np.array([4, 5], dtype=np.uint64), 6)
     s.close()
@@ -123,7 +123,7 @@ def test_multi_get_reads_in_order_across_calls_and_threads(tmp_path, monkeypatch
     rows = np.repeat(stored.astype(np.float32)[:, None], 6, axis=1)
     s.put_rows("emb", stored, rows, stored, np.ones(len(stored), dtype=bool), {"admitted": len(stored), "pending": 0})
     query = np.random.default_rng(0).permutation(np.arange(200, dtype=np.uint64))[:61]
-    values = multi_get(s._rows(), encode_keys(s._table_id("emb"), query), s._readers, s.read_threads)
+    values = multi_get(s._rows(), encode_keys(s.table_number("emb"), query), s._readers, s.read_threads)
     assert len(values) == len(query)
     for i, v in zip(query.tolist(), values):
         assert (v is None) == (i % 3 != 0)

@@ -112,7 +112,7 @@ def test_store_reads_pending_rows_before_rocksdb_has_them_and_the_newest_wins(tm
     expected_3 = np.zeros(width, np.float32)
     expected_3[-4:] = rows1[1, -4:]
     np.testing.assert_array_equal(rows, np.stack([expected_3, rows2[0]]))
-    keys = encode_keys(store._table_id("t"), query)
+    keys = encode_keys(store.table_number("t"), query)
     assert multi_get(store._rows(), keys) == [None, None, None]  # RocksDB: not yet
     gate.opened.set()
     store.drain()

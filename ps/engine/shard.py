@@ -1025,9 +1025,14 @@ class Shard:
             )
 
     def shrink(self, name: str = "") -> dict:
-        """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids."""
+        """Runs every table's (or one table's) eviction rules; returns dropped / num_rows / pending_ids.
+        DataLossError, naming the key, before any table is changed, where one of them has a number that does not
+        read (Store.table_number): a shrink stopped there would leave the tables before it shrunk, and its retry
+        would decay their rows again."""
         self.refuse_if_lost()
         tables = [self.table(name)] if name else list(self.tables.values())
+        for table in tables:
+            self.store.table_number(table.name)
         self.flush()  # shrink scans RocksDB: it must hold every row
         dropped = sum(t.shrink(self.clock) for t in tables)
         self.flush()

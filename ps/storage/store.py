@@ -482,7 +482,7 @@ class Store:
             self._numbers = numbers, unread
         return self._numbers
 
-    def _table_id(self, table: str) -> int:
+    def table_number(self, table: str) -> int:
         """The table's number; DataLossError naming the key where it does not read or is missing (the other tables'
         numbers serve all the same)."""
         numbers, unread = self._table_numbers()
@@ -550,7 +550,7 @@ class Store:
 
         pending = self._behind.snapshot(table)  # before the read: a batch written since is in RocksDB
         with self._rocksdb(f"reading rows of table {table!r}"):
-            read_in_calls(self._rows(), encode_keys(self._table_id(table), ids), parse, self._readers,
+            read_in_calls(self._rows(), encode_keys(self.table_number(table), ids), parse, self._readers,
                           self.read_threads)  # fmt: skip
         found = sizes >= 0
         bad = found & (sizes != allowed.trained) & (sizes != allowed.pending)
@@ -636,7 +636,7 @@ class Store:
                 packed["row"] = part[order[where]]
                 packed["lsn"] = lsn[where]
                 values[where] = packed.view(f"V{packed.dtype.itemsize}").tolist()
-        number = self._table_id(table)
+        number = self.table_number(table)
         handle = self._db.get_column_family_handle(ROWS_CF)
         batch = WriteBatch(raw_mode=True)
         for key, value in zip(encode_keys(number, ids), values.tolist()):
@@ -658,7 +658,7 @@ class Store:
         """Up to `limit` stored rows after key `after` (None: from the start), in key order:
         (ids, rows, lsn, complete, last key) as get_rows returns them, or None at the end. Bounded memory."""
         self.drain()
-        prefix = self._table_id(table).to_bytes(4, "big")
+        prefix = self.table_number(table).to_bytes(4, "big")
         keys = []
         with self._rocksdb(f"scanning table {table!r}"):
             for key, _ in iter_items(self._rows(), after or prefix):
@@ -726,7 +726,7 @@ class Store:
                 if ROWS_CF in names and table in numbers:
                     cf = src.get_column_family(ROWS_CF)
                     handle = self._db.get_column_family_handle(ROWS_CF)
-                    src_prefix, prefix = numbers[table].to_bytes(4, "big"), self._table_id(table).to_bytes(4, "big")
+                    src_prefix, prefix = numbers[table].to_bytes(4, "big"), self.table_number(table).to_bytes(4, "big")
                     batch, admitted = WriteBatch(raw_mode=True), counts["admitted"]
                     odd = OddRows(stored_sizes(widths[table]) if widths and table in widths else None)
                     for key, value in iter_items(cf, src_prefix + int(lo).to_bytes(2, "big")):
@@ -988,7 +988,7 @@ class Store:
     def iter_rows(self, table: str) -> Iterator[tuple[int, bytes]]:
         """(id, row bytes) of every stored row, in (slot, id) order. For tests and tools, not the hot path."""
         self.drain()
-        prefix = self._table_id(table).to_bytes(4, "big")
+        prefix = self.table_number(table).to_bytes(4, "big")
         with self._rocksdb(f"reading the rows of table {table!r}", "nothing was read"):
             for key, value in iter_prefixed(self._rows(), prefix):
                 yield int.from_bytes(key[6:], "big"), value
