@@ -1,5 +1,7 @@
+import contextlib
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ from ps.errors import DataLossError, StorageError
 from ps.rows.layout import STATS_FLOATS, layout_of, stored_sizes
 from ps.sharding import slot_of
 from ps.storage import options as options_module
+from ps.storage import store as store_module
 from ps.storage.options import multi_get
 from ps.storage.store import Store, encode_keys
 
@@ -305,3 +308,35 @@ def test_a_table_whose_config_is_gone_is_data_loss(tmp_path):
         )
     finally:
         s.close()
+
+
+def test_a_read_of_the_table_numbers_that_races_a_create_keeps_the_new_tables_number(tmp_path, monkeypatch):
+    """A store's first read of the table numbers (a pull's, say) runs while create_table writes table b: the numbers
+    it keeps hold b's, so b's rows are found and the next table gets a number of its own, not b's."""
+    path = str(tmp_path / "db")
+    with contextlib.closing(Store(path)) as s:
+        s.create_table(TableConfig("a", 4))
+    read, paused, go = store_module.read_table_numbers, threading.Event(), threading.Event()
+
+    def first_read_pauses(meta):  # the first read of the numbers waits, once it has read them, until `go`
+        numbers = read(meta)
+        if not paused.is_set():
+            paused.set()
+            go.wait(30)
+        return numbers
+
+    monkeypatch.setattr(store_module, "read_table_numbers", first_read_pauses)
+    with contextlib.closing(Store(path)) as s:
+        reader = threading.Thread(target=s.table_number, args=("a",))
+        reader.start()
+        assert paused.wait(30)
+        creator = threading.Thread(target=s.create_table, args=(TableConfig("b", 4),))
+        creator.start()
+        creator.join(1.0)  # done by now, unless it waits for the read to end
+        go.set()
+        reader.join(30)
+        creator.join(30)
+        assert s._meta.get(b"tid/b") == b"1"
+        assert s.table_number("b") == 1
+        s.create_table(TableConfig("c", 4))
+        assert s.table_number("c") == 2

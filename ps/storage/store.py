@@ -360,6 +360,7 @@ class Store:
         remove_temporary_files(path)  # a killed server's, now that this one holds the dir's LOCK
         self._meta = self._db.get_column_family(META_CF)
         self._lsn_lock = threading.Lock()  # _write_rows's, of every writer: lsn_high only grows
+        self._numbers_lock = threading.RLock()  # _table_numbers' and create_table's (see _numbers)
         self._lsn_high: int | None = None  # "lsn_high", read by the first written_seq()
         self._write_opts = WriteOptions()
         self._write_opts.sync = sync
@@ -442,15 +443,16 @@ class Store:
     def create_table(self, cfg: TableConfig) -> None:
         """Records the table's config and its number (the prefix of its row keys) in one write. The cost does not
         grow with the number of tables: the first table creates the shared "rows" column family, the others none."""
-        number = self.number_for(cfg.name)
-        with self._rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
-            self._rows(create=True)
-            meta = self._db.get_column_family_handle(META_CF)
-            batch = WriteBatch(raw_mode=True)
-            batch.put(TABLE_CONFIG_PREFIX + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
-            batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
-            self._db.write(batch, self._write_opts)
-        self._table_numbers()[0][cfg.name] = number
+        with self._numbers_lock:  # a read of the numbers from meta comes before this write and its note, or after
+            number = self.number_for(cfg.name)
+            with self._rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
+                self._rows(create=True)
+                meta = self._db.get_column_family_handle(META_CF)
+                batch = WriteBatch(raw_mode=True)
+                batch.put(TABLE_CONFIG_PREFIX + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
+                batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
+                self._db.write(batch, self._write_opts)
+            self._table_numbers()[0][cfg.name] = number
 
     def number_for(self, table: str) -> int:
         """The number create_table records for table: its own, or for a new table the next one. DataLossError,
@@ -468,19 +470,22 @@ class Store:
         return max(numbers.values(), default=-1) + 1
 
     # {table: number} of the tables whose number reads, {table: what is damaged} of those whose number does not
-    # read or whose config is stored without one: read from meta on first use (_table_numbers)
+    # read or whose config is stored without one: read from meta on first use (_table_numbers), under
+    # _numbers_lock, which create_table holds from its read of them to its note of the new number: a read that
+    # raced a create would keep numbers that lack its table
     _numbers: tuple[dict[str, int], dict[str, str]] | None = None
 
     def _table_numbers(self) -> tuple[dict[str, int], dict[str, str]]:
-        if self._numbers is None:
-            with self._rocksdb("reading the table numbers"):
-                numbers, unread = read_table_numbers(self._meta)
-                for key, _ in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
-                    name = key[len(TABLE_CONFIG_PREFIX) :].decode()
-                    if name not in numbers and name not in unread:
-                        unread[name] = f"table {name!r} has no number (meta key tid/{name})"
-            self._numbers = numbers, unread
-        return self._numbers
+        with self._numbers_lock:
+            if self._numbers is None:
+                with self._rocksdb("reading the table numbers"):
+                    numbers, unread = read_table_numbers(self._meta)
+                    for key, _ in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
+                        name = key[len(TABLE_CONFIG_PREFIX) :].decode()
+                        if name not in numbers and name not in unread:
+                            unread[name] = f"table {name!r} has no number (meta key tid/{name})"
+                self._numbers = numbers, unread
+            return self._numbers
 
     def table_number(self, table: str) -> int:
         """The table's number; DataLossError naming the key where it does not read or is missing (the other tables'
@@ -873,7 +878,8 @@ class Store:
             for key in (b"clock", b"restored", b"restore_pending"):
                 batch.delete(key, meta)
             self._db.write(batch, self._synced)
-        self._numbers = None
+        with self._numbers_lock:  # after a read of the numbers from before the write has kept them
+            self._numbers = None
 
     def set_restore_pending(self, directory: str | None) -> None:
         with self._rocksdb("clearing the mark of an unfinished restore" if directory is None else
