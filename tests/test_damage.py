@@ -959,11 +959,13 @@ def test_verify_names_a_meta_value_that_does_not_read_as_the_server_reads_it(sto
         assert done.returncode == 1 and f"DAMAGED {what}: {follows}\n" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("record", [b'{"7": [3]}', b'{"7": []}'])
+@pytest.mark.parametrize("record", [b'{"7": [3]}', b'{"7": []}', b'{"7": "12"}', b'{"7": [3, 4, 5]}',
+                                    b'{"7": [1.5, 2]}', b'{"7": [3, 4294967296]}', b'{"x7": [3, 4]}'])  # fmt: skip
 def test_a_legacy_applied_entry_short_of_its_fields_is_damage_to_a_start_and_to_verify(stopped_cleanly, tmp_path,
                                                                                        record):  # fmt: skip
-    """The legacy "applied" value's entry [client_seq, parts] with one missing does not read (an IndexError in its
-    reader): a start is refused with DATA_LOSS naming the key, not a bug's traceback, and verify names it, not
+    """The legacy "applied" value's entry [client_seq, parts] with one missing, one too many, of another type or
+    too large, or of a client that is not a decimal, does not read: a start is refused with DATA_LOSS naming the
+    key, not a bug's traceback nor an entry read as another (a string "12" as [1, 2]), and verify names it, not
     as damage of the whole meta column family."""
     from ps.errors import DataLossError
 
@@ -972,7 +974,7 @@ def test_a_legacy_applied_entry_short_of_its_fields_is_damage_to_a_start_and_to_
         store._meta.put(b"applied", record)
     with pytest.raises(DataLossError) as refused:
         Server(ServerConfig(data_dir=str(data_dir)))
-    what = f"meta key applied holds {ascii(record)}, which does not read as its value (IndexError: "
+    what = f"meta key applied holds {ascii(record)}, which does not read as its value (ValueError: "
     assert what in str(refused.value), str(refused.value)
     lines, damaged = verify_data_dir(str(data_dir))
     said = [line for line in lines if line.startswith("DAMAGED")]

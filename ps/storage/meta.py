@@ -119,8 +119,15 @@ def shard_record(raw: bytes) -> dict:
 
 
 def _legacy_applied(raw: bytes) -> dict[int, tuple[int, int, None]]:
-    """The legacy "applied" value: JSON {client: [client_seq, parts]}, as applied() returns it."""
-    return {int(c): (int(v[0]), int(v[1]), None) for c, v in _json_object(raw).items()}
+    """The legacy "applied" value: JSON {client (decimal): [client_seq, parts]}, integers >= 0 of the sizes an
+    "applied/" entry holds (APPLIED_VALUE: set_flushed_seq writes them as such), as applied() returns it."""
+    out = {}
+    for client, entry in _json_object(raw).items():
+        if not (type(entry) is list and len(entry) == 2 and all(type(n) is int and n >= 0 for n in entry)
+                and entry[0] >> 64 == 0 and entry[1] >> 32 == 0):  # fmt: skip
+            raise ValueError(f"the entry of client {client!r} is not [client_seq, parts], integers below 2^64 and 2^32")
+        out[_decimal(client.encode())] = (entry[0], entry[1], None)
+    return out
 
 
 def _job_done(raw: bytes) -> dict:
