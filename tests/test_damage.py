@@ -522,7 +522,8 @@ def test_verify_names_an_unreadable_segment_and_on_a_live_dir_calls_a_journal_fi
 
 NUMBER_UNREAD = (
     "a request that reads its rows fails with DATA_LOSS, as do a start replaying a push to it, a checkpoint "
-    "save and the creation of a new table (the number it held is not known); the other tables serve"
+    "save, a Shrink of every table and the creation of a new table (the number it held is not known); the other "
+    "tables serve"
 )
 
 

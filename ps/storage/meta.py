@@ -194,6 +194,17 @@ def trained(counts: Mapping) -> bool:
     return bool(counts.get("trained") or counts["admitted"] + counts["pending"] > 0)
 
 
+def missing_number(table: str) -> str:
+    """What is damaged where a table's config is stored without its number."""
+    return f"table {table!r} has no number (meta key tid/{table})"
+
+
+def first_unread(unread: dict[str, str], damaged: Callable[[str], StorageError], why: str = "") -> None:
+    """Raises damaged(the first of unread's texts + why) where unread (read_table_numbers') holds any."""
+    if unread:
+        raise damaged(next(iter(unread.values())) + why)
+
+
 def read_table_numbers(meta: ColumnFamily) -> tuple[dict[str, int], dict[str, str]]:
     """({table name: table number} of each "tid/" value that reads, {table name: what is damaged} of each that does
     not: meta_value's text, naming the key and the value), from the meta column family of a store (or of a
@@ -212,6 +223,5 @@ def table_ids(meta: ColumnFamily, damaged: Callable[[str], StorageError]) -> dic
     """{table name: table number} from the meta column family of a store (or of a checkpoint's); damaged(what) is
     raised for the first number that does not read as one (meta_value)."""
     numbers, unread = read_table_numbers(meta)
-    if unread:
-        raise damaged(next(iter(unread.values())))
+    first_unread(unread, damaged)
     return numbers

@@ -79,7 +79,9 @@ from ps.storage.meta import (
     META_CF,
     TABLE_CONFIG_PREFIX,
     TABLE_ID_PREFIX,
+    first_unread,
     meta_value,
+    missing_number,
     read_table_numbers,
     shard_record,
     table_ids,
@@ -428,8 +430,7 @@ class Store:
 
     def _meta_get(self, key: bytes, doing: str, default: Any = None) -> Any:
         """The value of meta key `key` read as its grammar says (meta_value), or default where it is
-        absent; doing: what a RocksDB error says was being done. (No frame of a damage error's traceback holds the
-        meta column family: the error kept, a failed start's store still closes.)"""
+        absent; doing: what a RocksDB error says was being done."""
         with self._rocksdb(doing, "nothing was read"):
             raw = self._meta.get(key)
         return default if raw is None else meta_value(key, raw, self._damaged)
@@ -464,9 +465,8 @@ class Store:
         if table in unread:
             raise self._damaged(f"{unread[table]}; the table is not created again under another number (its rows "
                                 "are under the one it held)")  # fmt: skip
-        if unread:
-            raise self._damaged(f"{next(iter(unread.values()))}; no new table is given a number while a table's is "
-                                "not known (the new table could get it, and share that table's rows)")  # fmt: skip
+        first_unread(unread, self._damaged, "; no new table is given a number while a table's is not known (the new "
+                     "table could get it, and share that table's rows)")  # fmt: skip
         return max(numbers.values(), default=-1) + 1
 
     # {table: number} of the tables whose number reads, {table: what is damaged} of those whose number does not
@@ -476,6 +476,9 @@ class Store:
     _numbers: tuple[dict[str, int], dict[str, str]] | None = None
 
     def _table_numbers(self) -> tuple[dict[str, int], dict[str, str]]:
+        read = self._numbers
+        if read is not None:  # every row read asks: no lock once read
+            return read
         with self._numbers_lock:
             if self._numbers is None:
                 with self._rocksdb("reading the table numbers"):
@@ -483,7 +486,7 @@ class Store:
                     for key, _ in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
                         name = key[len(TABLE_CONFIG_PREFIX) :].decode()
                         if name not in numbers and name not in unread:
-                            unread[name] = f"table {name!r} has no number (meta key tid/{name})"
+                            unread[name] = missing_number(name)
                 self._numbers = numbers, unread
             return self._numbers
 
@@ -492,7 +495,7 @@ class Store:
         numbers serve all the same)."""
         numbers, unread = self._table_numbers()
         if table not in numbers:
-            raise self._damaged(unread.get(table, f"table {table!r} has no number (meta key tid/{table})"))
+            raise self._damaged(unread.get(table, missing_number(table)))
         return numbers[table]
 
     def _rows(self, create: bool = False) -> Rdict:
@@ -686,9 +689,7 @@ class Store:
         DiskFullError: of this data dir while its memtables are flushed first, of path's while the checkpoint
         is written. DataLossError, before anything is written, while a table's number does not read or is missing:
         the checkpoint would copy the damage, and a restore of it would be refused."""
-        unread = self._table_numbers()[1]
-        if unread:
-            raise self._damaged(f"{next(iter(unread.values()))}; a checkpoint would copy it: nothing was saved")
+        first_unread(self._table_numbers()[1], self._damaged, "; a checkpoint would copy it: nothing was saved")
         with self._rocksdb(f"flushing its memtables for checkpoint {path}", "nothing was saved"):
             self.drain()
             self._db.flush()

@@ -205,8 +205,8 @@ def _follows(key: bytes, checkpoint: bool) -> str | None:
     if key.startswith(TABLE_ID_PREFIX):
         return (
             "a request that reads its rows fails with DATA_LOSS, as do a start replaying a push to it, a "
-            "checkpoint save and the creation of a new table (the number it held is not known); the other "
-            "tables serve"
+            "checkpoint save, a Shrink of every table and the creation of a new table (the number it held is not "
+            "known); the other tables serve"
         )
     return "Stats, and a start given --restore, fail with DATA_LOSS" if key == b"restored" else (
         "a server refuses to start on it")  # fmt: skip
@@ -243,7 +243,7 @@ def _rows(meta: dict, report: _Report, checkpoint: bool, at: str = "") -> dict[s
         number = meta["numbers"].get(table)
         if number is None:  # (_meta_values leaves a number that does not read to this finding)
             why = meta["unreadable"].get(TABLE_ID_PREFIX + table.encode())
-            why = why or f"its config is stored without its number (meta key tid/{table})"
+            why = why or f"its config is stored without its number (meta key tid/{table})"  # (the line names it)
             lost.append((table, why, _follows(TABLE_ID_PREFIX, checkpoint)))
             bad_tables += 1
             continue
