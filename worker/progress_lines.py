@@ -61,7 +61,8 @@ def progress_line(report: dict) -> str:
 
 
 def parse_progress(line: str) -> dict | None:
-    """The report of a PROGRESS line, or None for any other line."""
+    """The report of a training PROGRESS line (one with "examples"), or None for any other line (a scoring one
+    too)."""
     if not line.startswith(PREFIX):
         return None
     try:

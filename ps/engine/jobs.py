@@ -6,11 +6,12 @@ stamp too, those that go with a step's push and those sent apart from it (worker
 pushes and the steps it pushes at a validation and at the end; worker/allreduce.py's writes of the MLP, before
 its worker says it is done); so do early stopping's restore of the best model (worker/best.py, through the row
 source's push_apart) and a new model's logit-bias start (worker/dense.py start_logit_bias: Client.push_once, a
-PushBatch marked shared, under a key every worker sends, before the worker's first step: it holds the shard as a
-push of the job does, and is none of the worker's steps: it moves no clock, and its key names no worker's
-process, pushed(apart)). Every worker stamps the CreateTable requests that make its job's tables (created): they hold the shard
-for the job as its first push would. Requests without a stamp (reads: eval, predict, export, stats;
-`ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and hold nothing.
+PushBatch marked shared, under a key every worker sends, before the worker's first step). That shared push holds
+the shard as a push of the job does but is none of the worker's steps: it moves no clock, and its key names no
+worker's process (pushed's apart). Every worker stamps the CreateTable requests that make its job's tables
+(created): they hold the shard for the job as its first push would. Requests without a stamp (reads: eval,
+predict, export, stats; `ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and
+hold nothing.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the

@@ -909,7 +909,8 @@ class Shard:
                 raise InvalidArgumentError("a stop stamp comes in a PushBatch without pushes and without a clock "
                                            "advance; nothing was applied")  # fmt: skip
             return self.clock, 0, self.jobs.abandon(stamp)
-        claimed = self.jobs.check(stamp, pull=False, client=0 if shared else client)
+        owner = 0 if shared else client  # a shared push's key names no worker's process
+        claimed = self.jobs.check(stamp, pull=False, client=owner)
         if stamp.done:
             if pushes or advance_clock:
                 raise InvalidArgumentError("a done stamp comes in a PushBatch without pushes and without a clock "
@@ -925,9 +926,7 @@ class Shard:
             if claimed:
                 self.jobs.release(stamp)
             raise
-        if shared:
-            return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, 0, claimed, apart=True)
-        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, client, claimed)
+        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=shared)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
         """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too, and its size:
