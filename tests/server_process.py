@@ -25,8 +25,9 @@ def _kill_left() -> None:
 
 class ServerProcess:
     """`python -m ps` on a data dir, its output in a file beside the dir; started() waits for it to listen or
-    to exit. launcher: what runs ps-server's main (tests.slow_start: a start held as long as the test needs).
-    Python's faulthandler is on: a stop that hangs fails with every thread's stack in its message."""
+    to exit. launcher: what runs ps-server's main (tests.slow_start: a start held as long as the test needs); env:
+    its environment (None: this process's). Python's faulthandler is on: a stop that hangs fails with every
+    thread's stack in its message (hung)."""
 
     def __init__(
         self,
@@ -35,12 +36,17 @@ class ServerProcess:
         shard: tuple[int, int] = (0, 1),
         launcher: tuple[str, ...] = ("-m", "ps"),
         stdin: int | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.log_path = f"{data_dir}.{time.monotonic_ns()}.log"
         args = ["--data-dir", str(data_dir), "--port", "0", "--shard-id", str(shard[0]), "--num-shards", str(shard[1])]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", *launcher, *args, *flags], stdin=stdin, stdout=log, stderr=log
+                [sys.executable, "-X", "faulthandler", *launcher, *args, *flags],
+                stdin=stdin,
+                stdout=log,
+                stderr=log,
+                env=env,
             )
         _STARTED.append(self.proc)
 
@@ -93,13 +99,16 @@ class ServerProcess:
         try:
             self.proc.wait(60)
         except subprocess.TimeoutExpired as hung:
-            self.proc.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack to the output
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(10)
-            self.proc.kill()
-            raise AssertionError(
-                f"ps-server did not exit within 60 s of signal {sig}:\n{self.output()[-20000:]}"
-            ) from hung
+            raise self.hung(f"ps-server did not exit within 60 s of signal {sig}") from hung
+
+    def hung(self, what: str) -> AssertionError:
+        """For a wait on it that ran out: SIGABRT (faulthandler writes every thread's stack to the output), then
+        SIGKILL; the AssertionError to raise, `what` and its output (the stacks at the end)."""
+        self.proc.send_signal(signal.SIGABRT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self.proc.kill()
+        return AssertionError(f"{what}:\n{self.output()[-20000:]}")
 
     def stop_cleanly(self) -> None:
         """SIGTERM, and asserts a clean exit (0) within 60 s; kills it otherwise."""

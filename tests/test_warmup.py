@@ -7,6 +7,7 @@ import logging
 import tempfile
 
 from ps.engine import warmup
+from tests.server_process import ServerProcess
 
 
 def test_it_runs_in_a_directory_it_removes(tmp_path, monkeypatch):
@@ -64,24 +65,25 @@ def test_a_stop_set_ends_it_between_steps_and_its_directory_goes(tmp_path, monke
 
 def _held_in_its_warm_up(tmp_path, scratch):
     """A --memory-bytes server (tests.slow_start) whose warm-up waits inside its first push until the file
-    tmp_path/gate exists, TMPDIR scratch: (the process, its log path, the gate), once the warm-up is held."""
+    tmp_path/gate exists, TMPDIR scratch: (the ServerProcess, the gate), once the warm-up is held."""
     import os
-    import subprocess
-    import sys
 
+    gate = tmp_path / "gate"
+    server = ServerProcess(tmp_path / "d", "--memory-bytes", "80M", launcher=("-m", "tests.slow_start", str(gate),
+                           "warm-up"), env={**os.environ, "TMPDIR": str(scratch)})  # fmt: skip
+    _await(server, lambda: os.path.exists(f"{gate}.reached"), "the warm-up's push")
+    return server, gate
+
+
+def _await(server: ServerProcess, done, what: str, timeout_s: float = 120) -> None:
+    """Waits until done() or the server's exit; if neither comes in timeout_s, fails with its output and every
+    thread's stack (ServerProcess.hung)."""
     from tests.waiting import wait_until
 
-    gate, log_path = tmp_path / "gate", tmp_path / "server.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.slow_start", str(gate), "warm-up", "--data-dir",
-                                 str(tmp_path / "d"), "--port", "0", "--memory-bytes", "80M"], stdout=log, stderr=log,
-                                env={**os.environ, "TMPDIR": str(scratch)})  # fmt: skip
     try:
-        wait_until(lambda: os.path.exists(f"{gate}.reached") or proc.poll() is not None, 120, "the warm-up's push")
-    except BaseException:
-        proc.kill()
-        raise
-    return proc, log_path, gate
+        wait_until(lambda: done() or server.proc.poll() is not None, timeout_s, what)
+    except AssertionError as e:
+        raise server.hung(str(e)) from None
 
 
 def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes(tmp_path):
@@ -90,41 +92,37 @@ def test_a_server_stopped_during_its_warm_up_waits_for_it_and_its_directory_goes
     thread cut off at exit leaves the directory, or aborts the process inside RocksDB after "stopped cleanly".)"""
     import signal
 
-    from tests.waiting import wait_until
-
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    proc, log_path, gate = _held_in_its_warm_up(tmp_path, scratch)
+    server, gate = _held_in_its_warm_up(tmp_path, scratch)
     try:
-        assert proc.poll() is None and [p.name for p in scratch.iterdir()][0].startswith("ps-warm-up-")
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "stopped cleanly" in log_path.read_text() or proc.poll() is not None, 120, "the stop")
+        assert server.proc.poll() is None and [p.name for p in scratch.iterdir()][0].startswith("ps-warm-up-")
+        server.proc.send_signal(signal.SIGTERM)
+        _await(server, lambda: "stopped cleanly" in server.output(), "the stop")
         gate.touch()  # the warm-up's step ends
-        assert proc.wait(120) == 0, log_path.read_text()
+        _await(server, lambda: False, "the exit once the warm-up's step ended")
+        assert server.proc.returncode == 0, server.output()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "stopped cleanly" in log_path.read_text() and "the server is stopping" in log_path.read_text()
-    assert list(scratch.iterdir()) == [], log_path.read_text()
+        server.proc.kill()
+    said = server.output()
+    assert "stopped cleanly" in said and "the server is stopping" in said, said
+    assert list(scratch.iterdir()) == [], said
 
 
 def test_a_second_signal_while_the_stopped_server_waits_for_its_warm_up_exits_now(tmp_path):
     """The shard is closed before the wait: a second SIGTERM exits at once (143), saying so."""
     import signal
 
-    from tests.waiting import wait_until
-
-    proc, log_path, gate = _held_in_its_warm_up(tmp_path, tmp_path)
+    server, gate = _held_in_its_warm_up(tmp_path, tmp_path)
     try:
-        proc.send_signal(signal.SIGTERM)
-        wait_until(lambda: "waiting for the warm-up" in log_path.read_text() or proc.poll() is not None, 120,
-                   "the wait for the warm-up")  # fmt: skip
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 128 + signal.SIGTERM, log_path.read_text()
+        server.proc.send_signal(signal.SIGTERM)
+        _await(server, lambda: "waiting for the warm-up" in server.output(), "the wait for the warm-up")
+        server.proc.send_signal(signal.SIGTERM)
+        _await(server, lambda: False, "the exit on the second SIGTERM", 60)
+        assert server.proc.returncode == 128 + signal.SIGTERM, server.output()
     finally:
         gate.touch()
-        if proc.poll() is None:
-            proc.kill()
-    said = log_path.read_text()
+        server.proc.kill()
+    said = server.output()
     assert "stopped cleanly" in said and "received SIGTERM again after the stop: exiting now; the shard was " \
         "stopped first, its rows all written" in said, said  # fmt: skip
