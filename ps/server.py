@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -347,8 +348,11 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         warming = threading.Thread(target=warm_up, args=(stop,), name="ps-warm-up", daemon=True)
         warming.start()
-    while not stop.wait(SIGNAL_CHECK_S):  # in slices: a SIGTERM another thread received (ps.terminate)
-        pass
+    # Polled in slices (a SIGTERM another thread received: ps.terminate), never stop.wait(): it holds the event's
+    # lock (not reentrant) at moments where on_signal can run in this thread, and on_signal's stop.set() would wait
+    # for that lock forever.
+    while not stop.is_set():
+        time.sleep(SIGNAL_CHECK_S)
     code = stop_server(server, config.shard_id)
     stopped_with.append(code)  # before serving is cleared: a second signal from here on exits now (on_signal)
     serving.clear()

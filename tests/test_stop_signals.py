@@ -1,7 +1,8 @@
 """A second SIGTERM or Ctrl-C while ps-server stops ends it at once, as kill -9 would, and the next start replays
 its journal: every acknowledged push is there. Not while the stop writes the only copy of some pushes (the journal
 found its segment deleted): then the stop goes on and says why. The stop is held open by tests.slow_start (its
-last flush waits for a file), so the second signal always lands inside it."""
+last flush waits for a file), so the second signal always lands inside it. The first signal stops a serving shard
+wherever its main thread is in its wait for the stop."""
 
 from __future__ import annotations
 
@@ -118,6 +119,25 @@ def test_a_stdin_closed_while_stopping_is_no_second_signal(tmp_path):
     finally:
         server.proc.kill()
     assert "again while stopping" not in server.output()
+
+
+# ps-server whose main thread looks for the stop without pause (ps.server.SIGNAL_CHECK_S 0) while another thread
+# keeps asking for Python's lock: the main thread is then often paused inside the look itself, where a signal that
+# arrives meanwhile has its handler run once the thread goes on
+SPINNING = ("-c", "import sys, threading\nimport ps.server\nfrom ps.__main__ import main\n\n\ndef busy():\n"
+            "    while True:\n        sum(range(100))\n\n\nps.server.SIGNAL_CHECK_S = 0\n"
+            "threading.Thread(target=busy, daemon=True).start()\nsys.exit(main(sys.argv[1:]))")  # fmt: skip
+
+
+def test_a_sigterm_stops_a_serving_shard_wherever_its_main_thread_waits_for_it(tmp_path):
+    """The first SIGTERM's handler runs in the main thread wherever that thread is in its wait for the stop, and
+    sets the stop there: the stop runs, exit 0. (A wait with stop.wait() holds the event's lock at moments where
+    the handler can run, and the handler's stop.set() would wait for that lock forever: no stop, no exit.)"""
+    for run in range(5):  # a SIGTERM each: such a wait hangs in most of them
+        server = ServerProcess(tmp_path / f"d{run}", launcher=SPINNING)
+        assert server.started(), server.output()
+        server.stop_cleanly()  # AssertionError with every thread's stack if it hangs
+        assert "stopped cleanly" in server.output(), server.output()
 
 
 class _Fake:
