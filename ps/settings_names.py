@@ -54,6 +54,7 @@ WORKER = frozenset(
         "PS_DROPOUT",
         "PS_DROP_COLUMNS",
         "PS_EARLY_STOP",
+        "PS_EARLY_STOP_METRIC",
         "PS_EMBEDDING_DIM",
         "PS_EPOCHS",
         "PS_EVAL_DATA",

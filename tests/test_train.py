@@ -8,6 +8,7 @@ import dataclasses
 import gzip
 import io
 import json
+import math
 import os
 import re
 
@@ -375,7 +376,9 @@ def test_early_stop_or_eval_every_without_a_validation_set_is_refused(tmp_path):
                        "--early-stop 3 and --eval-every 5 act on a validation set, and this run has none "
                        "(--validation-fraction 0, the recipe's): give --validation-fraction F"),
                       (dataclasses.replace(base, validation_fraction=0.0, early_stop=2),
-                       "--early-stop 2 acts on a validation set, and this run has none (--validation-fraction 0): ")]:  # fmt: skip
+                       "--early-stop 2 acts on a validation set, and this run has none (--validation-fraction 0): "),
+                      (dataclasses.replace(base, validation_fraction=0.0, early_stop_metric="auc"),
+                       "--early-stop-metric auc acts on a validation set, and this run has none ")]:  # fmt: skip
         with pytest.raises(ValueError, match=re.escape(said)):
             prepare(cfg)
     prepare(dataclasses.replace(base, recipe="large", early_stop=3, validation_fraction=0.1))
@@ -551,6 +554,10 @@ def test_l2_is_the_sparse_tables_lazy_l2_and_shrinks_their_rows():
         (dict(learning_rate=-1.0), r"--learning-rate -1.0: expected a number > 0 and <= 1e\+30"),
         (dict(dense_learning_rate=float("nan")), "--dense-learning-rate nan: expected a number > 0"),
         (dict(recipe="medium"), "--recipe 'medium' is unknown"),
+        (
+            dict(early_stop_metric="aucpr"),
+            r"--early-stop-metric 'aucpr' is unknown; expected one of \['logloss', 'auc'\]",
+        ),
         (dict(schema="s.toml"), "--schema needs --data"),
         (dict(validation_fraction=0.1, validation_data="v.csv"), "not both"),
         (dict(skip_examples=-1), "--skip-examples -1: expected an integer >= 0"),
@@ -613,6 +620,46 @@ def test_early_stopping_with_one_worker_puts_the_best_model_back():
             np.testing.assert_allclose(value, kept["dense"][name], rtol=1e-5, atol=1e-6)
         again = evaluate(tables, spec, backend, dense.values, data.validation())
         assert abs(again["eval_logloss"] - result.best["validation_logloss"]) < 1e-5
+
+
+def test_early_stopping_by_auc_stops_on_and_puts_back_the_best_validation_auc():
+    """--early-stop-metric auc: the best evaluation is the one of highest validation AUC (here a later epoch than
+    the lowest logloss's), the run stops P evaluations after it, and the model put back scores that AUC again."""
+    from worker.results import format_results
+    from worker.scoring import evaluate
+
+    cfg = TrainConfig(local_shards=1, model="fm", synthetic_rows=4000, synthetic_eval_rows=500, learning_rate=0.5,
+                      epochs=30, early_stop=2, early_stop_metric="auc", progress=False)  # fmt: skip
+    with InProcessTables(cache_bytes=64 << 20) as tables:
+        cfg, data, spec, backend, dense = open_job(cfg, tables)
+        result = run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data), data.validation())
+        aucs = [e["validation_auc"] for e in result.curve]
+        losses = [e["validation_logloss"] for e in result.curve]
+        best = int(np.argmax(aucs))
+        assert best > int(np.argmin(losses[: best + 1]))  # the two metrics pick different epochs here
+        assert result.stopped_early and len(aucs) == best + 3  # the best, then two evaluations without a better AUC
+        assert result.best is result.curve[best] and [e["best"] for e in result.curve] == [
+            a > max(aucs[:i], default=-1.0) for i, a in enumerate(aucs)]  # fmt: skip
+        assert result.restored_best
+        again = evaluate(tables, spec, backend, dense.values, data.validation())
+        assert abs(again["eval_auc"] - aucs[best]) < 1e-4
+    summary = format_results({"best_validation_auc": aucs[best], "best_validation_logloss": losses[best],
+                              "best_epoch": best + 1, "early_stop_metric": "auc", "stopped_early": True,
+                              "model_is_best": True})  # fmt: skip
+    assert f"at epoch {best + 1} (best by AUC; stopped early; the model kept is this best one)" in summary
+
+
+def test_a_better_evaluation_is_lower_logloss_or_higher_auc_and_a_nan_beats_nothing():
+    from worker.loop import better
+
+    def e(auc, loss):
+        return {"validation_auc": auc, "validation_logloss": loss}
+
+    assert better(e(0.6, 0.4), e(0.7, 0.5), "logloss") and not better(e(0.6, 0.4), e(0.7, 0.5), "auc")
+    assert better(e(0.7, 0.5), e(0.6, 0.4), "auc") and not better(e(0.7, 0.5), e(0.6, 0.4), "logloss")
+    assert not better(e(0.7, 0.5), e(0.7, 0.4), "auc")  # equal: not better
+    assert better(e(0.5, 0.5), e(math.nan, 0.5), "auc") and not better(e(math.nan, 0.1), e(0.5, 0.5), "auc")
+    assert not better(e(math.nan, 0.1), e(math.nan, 0.5), "auc")
 
 
 def test_a_schema_of_two_tables_of_two_widths_with_a_shared_id_space_trains(tmp_path):

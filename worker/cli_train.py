@@ -18,7 +18,7 @@ from worker.flags import server_list
 from worker.models.spec import MODEL_NAMES
 from worker.progress_lines import JSON_EVERY_S
 from worker.readers.share import BAD_SHARE_AFTER
-from worker.recipe import BIG_BATCH_EXAMPLES, LARGE, MAX_BAD_SHARE, RECIPES, SMALL
+from worker.recipe import BIG_BATCH_EXAMPLES, EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, SMALL
 from worker.results import format_results, json_figures, local_shards_gone, model_kept
 from worker.schema import FORMAT_CHOICES, LABEL_NAMES
 from worker.train_config import DEFAULT_GEO_EVERY, DEFAULT_STALENESS, DENSE_PATHS, MODES, TrainConfig
@@ -213,8 +213,15 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
         "--early-stop",
         type=integer(0),
         default=None,
-        help=f"stop after this many validations without a better logloss (0: never; default: small: {SMALL.early_stop}, "
+        help=f"stop after this many validations without a better one (--early-stop-metric; 0: never; default: small: {SMALL.early_stop}, "
         f"large: {LARGE.early_stop})",
+    )
+    fit.add_argument(
+        "--early-stop-metric",
+        choices=list(EARLY_STOP_METRICS),
+        default=None,
+        help="the validation figure early stopping and the best model kept go by: logloss (lower is better) or "
+        f"auc (higher) (default: the recipe's: {SMALL.early_stop_metric})",
     )
     fit.add_argument(
         "--skip-examples",
@@ -543,6 +550,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
         resume_file=args.resume_file or None,  # PS_RESUME_FILE= (empty): none
         max_examples=args.max_examples,
         early_stop=args.early_stop,
+        early_stop_metric=args.early_stop_metric,
         shuffle=None if args.shuffle == "auto" else args.shuffle == "on",
         l2=args.l2,
         dense_l2=args.dense_l2,

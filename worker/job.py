@@ -208,11 +208,12 @@ def job_lines(job: CheckedJob) -> list[str]:
 
 
 def check_validation_flags(given: TrainConfig, resolved: TrainConfig) -> None:
-    """ValueError for --early-stop or --eval-every given to a run that holds no validation set (they would do
-    nothing)."""
+    """ValueError for --early-stop, --early-stop-metric or --eval-every given to a run that holds no validation set
+    (they would do nothing)."""
     if resolved.validation_fraction or resolved.validation_data:
         return
     unused = [f"{flag} {value}" for flag, value in (("--early-stop", given.early_stop),
+                                                    ("--early-stop-metric", given.early_stop_metric),
                                                     ("--eval-every", given.eval_every)) if value]  # fmt: skip
     if unused:
         whose = "" if given.validation_fraction is not None else ", the recipe's"
@@ -239,7 +240,8 @@ def loop_settings(cfg: TrainConfig, data: DataSource, tables: Sequence[TableConf
     weight_bounds, for early stopping's restore)."""
     return LoopSettings(
         epochs=cfg.epochs, prefetch=cfg.prefetch, dense_l2=cfg.dense_l2 or 0.0,
-        eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, progress=cfg.progress and not cfg.progress_lines,
+        eval_every=cfg.eval_every, early_stop=cfg.early_stop or 0, early_stop_metric=cfg.early_stop_metric or "logloss",
+        progress=cfg.progress and not cfg.progress_lines,
         restore_best=bool(cfg.early_stop) and cfg.num_workers == 1 and cfg.dense == "ps",
         progress_lines=cfg.progress_lines, worker=cfg.worker_id,
         total_examples=max(int(data.examples * (1 - (cfg.validation_fraction or 0.0))),

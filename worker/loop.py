@@ -14,8 +14,8 @@ A resumed run (--skip-examples N) reads and drops the first N examples of the st
 --max-examples the stream ends at the worker's limit (counted from the stream's start, over epochs, the skipped
 examples included), part way through an epoch if need be, and the run ends as at its last epoch's end.
 Every --eval-every steps (or at the end of each epoch) the validation set is evaluated: AUC and logloss, printed
-and kept in the run's curve; with --early-stop P training stops once validation logloss has not improved for P
-evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
+and kept in the run's curve; with --early-stop P training stops once the validation figure of
+--early-stop-metric (logloss, lower is better; or AUC, higher) has not improved for P evaluations in a row. With restore_best (one worker, the PS dense path), the model the tables hold at the best
 evaluation comes back at the end (worker/best.py BestModel), before the worker says it is done: its job holds the
 shards meanwhile, and the restore's deltas carry its stamp (source.push_apart), so they land in its own tables. When the loop ends (its data, or an early
 stop), source.finish() tells the servers this worker is done, so that no other worker waits for it: after the
@@ -68,7 +68,8 @@ class LoopSettings:
     dense_l2: float = 0.0  # on the dense weights (not the biases)
     eval_every: int = 0  # steps between evaluations of the validation set (and at each epoch's end); 0: at the end of
     # each epoch only
-    early_stop: int = 0  # stop after this many evaluations without a better validation logloss; 0: never
+    early_stop: int = 0  # stop after this many evaluations without a better validation figure; 0: never
+    early_stop_metric: str = "logloss"  # the figure the stop and the best evaluation go by: logloss or auc
     restore_best: bool = False  # end with the model of the best evaluation (one worker only)
     progress: bool = True
     progress_lines: bool = False  # 'PROGRESS {json}' lines on stdout (ps-worker launch merges them)
@@ -94,7 +95,7 @@ class LoopResult:
     curve: list[dict] = field(default_factory=list)  # one entry per evaluation of the validation set
     stopped_early: bool = False
     stopped_at_limit: bool = False  # the stream reached settings.max_examples
-    best: dict | None = None  # the curve's entry with the lowest validation logloss
+    best: dict | None = None  # the curve's entry with the best validation figure (settings.early_stop_metric)
     restored_best: bool = False  # the tables hold the model of `best` (else the last one) ...
     best_not_restored: dict[str, int] = field(default_factory=dict)  # ... but these ids per table (worker/best.py)
     best_too_big_bytes: int = 0  # > 0: BestModel kept nothing, the rows trained being more than this many bytes
@@ -261,7 +262,7 @@ def run_epochs(
         entry = {"epoch": epoch, "step": result.steps, "examples": result.examples,
                  "train_logloss": running.value, "validation_auc": figures["eval_auc"],
                  "validation_logloss": figures["eval_logloss"]}  # fmt: skip
-        improved = result.best is None or entry["validation_logloss"] < result.best["validation_logloss"]
+        improved = result.best is None or better(entry, result.best, s.early_stop_metric)
         if improved:
             result.best, since_best = entry, 0
             if best_model is not None:
@@ -384,6 +385,15 @@ def run_epochs(
     if lines is not None:
         lines.update(result, running.value, result.seconds, result.source_stats, final=True)
     return result
+
+
+def better(entry: dict, best: dict, metric: str) -> bool:
+    """Whether curve entry `entry` beats `best` on metric: validation logloss lower, or AUC higher; a figure
+    beats a NaN (a one-class validation set's AUC), and a NaN beats nothing."""
+    new, old = entry[f"validation_{metric}"], best[f"validation_{metric}"]
+    if math.isnan(old):
+        return not math.isnan(new)
+    return new > old if metric == "auc" else new < old
 
 
 def save_dense_on_stop(dense: Any, e: BaseException) -> None:

@@ -50,6 +50,8 @@ import dataclasses
 from dataclasses import dataclass
 
 RECIPES = ("auto", "small", "large")
+EARLY_STOP_METRICS = ("logloss", "auc")  # what early stopping and the best model kept go by (--early-stop-metric)
+METRIC_NAMES = {"logloss": "logloss", "auc": "AUC"}  # as the run's output names them
 SMALL_DATA_EXAMPLES = 1_000_000
 BIG_BATCH_EXAMPLES = 100_000  # training examples from which the small recipe trains in LARGE's batches
 MAX_BAD_SHARE = 0.01  # of the lines read, malformed, at most (past readers.share.BAD_SHARE_AFTER), where
@@ -71,6 +73,7 @@ class Recipe:
     optimizer_params: dict
     max_bad_lines: int  # malformed lines skipped (and reported) before the run fails
     shuffle: bool  # each epoch in a fresh random order, the training examples held in memory
+    early_stop_metric: str = "logloss"  # the validation figure early stopping and the best model kept go by
 
 
 SMALL = Recipe("small", batch_size=256, epochs=50, validation_fraction=0.1, early_stop=5, l2=0.0, dropout=0.7,
@@ -115,7 +118,7 @@ def describe(
     if r.early_stop:
         held_out = validation_file or f"a {r.validation_fraction:.0%} validation split"
         what += (f"up to {r.epochs} epochs{', each shuffled' if r.shuffle else ''}, evaluated on {held_out} after "
-                 f"each, stopping after {r.early_stop} without a better validation logloss")  # fmt: skip
+                 f"each, stopping after {r.early_stop} without a better validation {METRIC_NAMES[r.early_stop_metric]}")  # fmt: skip
     else:
         what += f"{r.epochs} epoch{'s' if r.epochs > 1 else ''}"
     if files and r.max_bad_lines:

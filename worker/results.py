@@ -8,6 +8,8 @@ import json
 import math
 from typing import Any
 
+from worker.recipe import METRIC_NAMES
+
 NO_AUC = "undefined (its examples hold one label only)"
 UNTRAINED = "trains no example"  # the words of a worker's error when its share left it none (DataSource.untrained)
 
@@ -95,12 +97,14 @@ def format_results(r: dict, launched: bool = False) -> str:
             kept = "this worker's evaluations; the servers keep the job's model, which every worker trains"
         if r.get("skipped_examples"):  # a resumed run: the stopped run's evaluations are not in its curve
             kept += "; of this resumed run's evaluations only, its steps counted from the resume"
+        metric = METRIC_NAMES.get(r.get("early_stop_metric", ""))
+        by = f"best by {metric}; " if metric else ""
         lines.append(f"best   validation AUC {auc_text(r['best_validation_auc'])}  logloss {r['best_validation_logloss']:.4f}"
-                     f"  at epoch {r['best_epoch']}{at_step(r)} ({stop}; {kept})")  # fmt: skip
+                     f"  at epoch {r['best_epoch']}{at_step(r)} ({by}{stop}; {kept})")  # fmt: skip
         last = (r.get("curve") or [{}])[-1]
         cut_short = r.get("stopped_early") or r.get("stopped_at_max_examples")  # more epochs would not run
         if not cut_short and not r.get("skipped_examples") and last.get("best") and r["best_epoch"] > 1:
-            lines.append("       the last epoch was the best: validation logloss was still improving, so a larger "
+            lines.append(f"       the last epoch was the best: validation {metric or 'logloss'} was still improving, so a larger "
                          "--epochs, or a weaker sparse l2 (an ftrl `l2` in --table-config), may give a better "
                          "model")  # fmt: skip
     lines += oracle_lines(r)

@@ -232,7 +232,7 @@ def train(cfg: TrainConfig) -> dict:
         if loop.best is not None:
             results.update(best_validation_auc=loop.best["validation_auc"],
                            best_validation_logloss=loop.best["validation_logloss"], best_epoch=loop.best["epoch"],
-                           best_step=loop.best["step"])  # fmt: skip
+                           best_step=loop.best["step"], early_stop_metric=cfg.early_stop_metric)  # fmt: skip
         try:
             final_dense = dense.pull() if cfg.dense == "ps" else dense.values  # the PS path: all workers' updates
             if final_dense:  # the MLP this worker ended with

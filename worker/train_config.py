@@ -18,7 +18,7 @@ from ps.config import DEFAULT_LEARNING_RATES, MAX_BARRIER_S, MAX_HYPERPARAMETER,
 from worker.datafiles import check_data_input
 from worker.flags import check_input_file, check_not_an_input, check_output_file, same_file
 from worker.models.spec import DEFAULT_HIDDEN, MLP_MODELS, MODEL_NAMES
-from worker.recipe import LARGE, MAX_BAD_SHARE, RECIPES, choose, describe
+from worker.recipe import EARLY_STOP_METRICS, LARGE, MAX_BAD_SHARE, RECIPES, choose, describe
 from worker.schema import AUTO_FORMAT, DEFAULT_FORMAT, FORMAT_CHOICES, MAX_LIBSVM_FIELDS
 
 MODES = ("async", "sync", "ssp", "geo")  # how workers agree: worker/loop.py
@@ -96,7 +96,8 @@ class TrainConfig:
     # into (empty: not known)
     resume_trained: bool = False  # the --resume-file says training is over: only the final evaluation runs
     max_examples: int = 0  # the job's training examples, at most (over epochs; worker_max_examples); 0: no limit
-    early_stop: int | None = None  # validations without a better logloss before stopping; 0: never; None: recipe
+    early_stop: int | None = None  # validations without a better figure before stopping; 0: never; None: recipe
+    early_stop_metric: str | None = None  # EARLY_STOP_METRICS: what the stop and the best model go by; None: recipe
     shuffle: bool | None = None  # each epoch in a fresh random order (held in memory: worker/data.py); None: recipe
     prefetch: int = 1
     worker_id: int = 0
@@ -174,6 +175,9 @@ class TrainConfig:
                              "has none (geo keeps its own local rows)")  # fmt: skip
         if self.recipe not in RECIPES:
             raise ValueError(f"--recipe {self.recipe!r} is unknown; expected one of {list(RECIPES)}")
+        if self.early_stop_metric is not None and self.early_stop_metric not in EARLY_STOP_METRICS:
+            raise ValueError(f"--early-stop-metric {self.early_stop_metric!r} is unknown; expected one of "
+                             f"{list(EARLY_STOP_METRICS)}")  # fmt: skip
         if self.eval_data and not self.data:
             raise ValueError("--eval-data needs --data (without --data the run uses synthetic data)")
         if self.schema and not self.data:
@@ -339,6 +343,7 @@ class TrainConfig:
             epochs=r.epochs if self.epochs is None else self.epochs,
             validation_fraction=fraction,
             early_stop=r.early_stop if self.early_stop is None else self.early_stop,
+            early_stop_metric=r.early_stop_metric if self.early_stop_metric is None else self.early_stop_metric,
             shuffle=r.shuffle if self.shuffle is None else self.shuffle,
             max_bad_lines=r.max_bad_lines if self.max_bad_lines is None else self.max_bad_lines,
             max_bad_share=self.max_bad_share if self.max_bad_share is not None
@@ -360,7 +365,7 @@ class TrainConfig:
         given = [(flag, value) for flag, value in (("--batch-size", self.batch_size), ("--epochs", self.epochs),
                  ("--optimizer", self.optimizer), ("--learning-rate", self.learning_rate), ("--dropout", self.dropout),
                  ("--dense-l2", self.dense_l2), ("--validation-fraction", self.validation_fraction),
-                 ("--early-stop", self.early_stop), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines),
+                 ("--early-stop", self.early_stop), ("--early-stop-metric", self.early_stop_metric), ("--l2", self.l2), ("--max-bad-lines", self.max_bad_lines),
                  ("--shuffle", None if self.shuffle is None else ("on" if self.shuffle else "off")))
                  if value is not None]  # fmt: skip
         line = describe(r, examples, self.recipe == "auto", mlp=self.model in MLP_MODELS, unit=unit,
