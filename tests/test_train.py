@@ -1062,3 +1062,20 @@ def test_l2_follows_the_optimizer_table_config_gives_a_table(tmp_path, caplog):
         fm = {t.name: t for t in table_configs(cfg, spec, data.schema.table_overrides())}["fm"]
         assert (fm.optimizer.name, fm.l2) == expected
         assert ("--l2 does not apply to table fm" in caplog.text) == (expected[0] == "ftrl"), caplog.text
+
+
+def test_early_stopping_by_auc_on_a_validation_set_of_one_label_is_refused_before_training(tmp_path):
+    """Every AUC of a one-label validation set is undefined: --early-stop-metric auc would stop after P evaluations
+    and put back the first epoch's model, going by nothing; the run is refused, naming the counts, and logloss,
+    which is defined there, trains."""
+    rng = np.random.default_rng(0)
+    rows = [f"{rng.integers(2)},i{rng.integers(20)}" for _ in range(400)]
+    (tmp_path / "train.csv").write_text("click,item\n" + "\n".join(rows) + "\n")
+    (tmp_path / "valid.csv").write_text("click,item\n" + "\n".join(f"0,i{k}" for k in range(50)) + "\n")
+    cfg = TrainConfig(local_shards=1, data=str(tmp_path / "train.csv"), format="csv", epochs=3, early_stop=1,
+                      validation_data=str(tmp_path / "valid.csv"), early_stop_metric="auc", progress=False)  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape("--early-stop-metric auc: the validation set holds 0 positive and "
+                                                   "50 negative examples, so its AUC is undefined")):  # fmt: skip
+        train(cfg)
+    result = train(dataclasses.replace(cfg, early_stop_metric="logloss"))
+    assert result["early_stop_metric"] == "logloss" and math.isnan(result["best_validation_auc"])

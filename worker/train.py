@@ -56,6 +56,7 @@ from worker.train_messages import (
     resume_hint,
     sorted_by_label,
     stopped_message,
+    validation_auc_undefined,
     validation_too_small,
 )
 
@@ -71,7 +72,9 @@ def train(cfg: TrainConfig) -> dict:
         position.job_id, position.token = cfg.job_id, cfg.worker_token
     labels = None  # the labels' figures where they are known before training (the logit bias starts from them)
     if not cfg.create_tables_only:  # this worker's share, read before any server is touched
-        data.validation()  # a split's examples (--validation-data was read by check_training)
+        no_auc = validation_auc_undefined(data.validation(), cfg.early_stop_metric)  # a split's examples
+        if no_auc:  # (--validation-data was read by check_training)
+            raise ValueError(f"{no_auc}; nothing was trained")
         labels = data.labels_before_training()  # a split's read, or the examples held in memory
         one_class = one_class_labels(data.schema.label, labels, cfg.data, cfg.num_workers)  # (held or split)
         if one_class and cfg.num_workers == 1:

@@ -136,6 +136,21 @@ def sorted_by_label(order: Any, data: str | None, read_as_trained: bool = False)
             "keeping a CSV header on top)")  # fmt: skip
 
 
+def validation_auc_undefined(validation: list, metric: str) -> str | None:
+    """Where metric is "auc" and the validation batches hold one label only: the refusal's text (every evaluation's
+    AUC is undefined, so early stopping and the best model kept would go by nothing), else None."""
+    if metric != "auc" or not validation:
+        return None
+    n = sum(len(b) for b in validation)
+    ones = int(sum(float(b.labels.sum()) for b in validation))
+    if 0 < ones < n:
+        return None
+    return (f"--early-stop-metric auc: the validation set holds {ones:,} positive and {n - ones:,} negative "
+            "examples, so its AUC is undefined at every evaluation and early stopping and the best model kept would "
+            "go by nothing; give --validation-data a held-out file of both labels, a larger --validation-fraction, "
+            "or --early-stop-metric logloss")  # fmt: skip
+
+
 def validation_too_small(validation: list) -> str | None:
     """A warning when the validation batches hold fewer than MIN_VALIDATION_CLASS examples of either label, else
     None."""
