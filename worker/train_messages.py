@@ -136,16 +136,22 @@ def sorted_by_label(order: Any, data: str | None, read_as_trained: bool = False)
             "keeping a CSV header on top)")  # fmt: skip
 
 
+def _label_counts(validation: list) -> tuple[int, int]:
+    """(positives, negatives) of the validation batches."""
+    n = sum(len(b) for b in validation)
+    ones = int(sum(float(b.labels.sum()) for b in validation))
+    return ones, n - ones
+
+
 def validation_auc_undefined(validation: list, metric: str) -> str | None:
     """Where metric is "auc" and the validation batches hold one label only: the refusal's text (every evaluation's
     AUC is undefined, so early stopping and the best model kept would go by nothing), else None."""
     if metric != "auc" or not validation:
         return None
-    n = sum(len(b) for b in validation)
-    ones = int(sum(float(b.labels.sum()) for b in validation))
-    if 0 < ones < n:
+    ones, zeros = _label_counts(validation)
+    if ones and zeros:
         return None
-    return (f"--early-stop-metric auc: the validation set holds {ones:,} positive and {n - ones:,} negative "
+    return (f"--early-stop-metric auc: the validation set holds {ones:,} positive and {zeros:,} negative "
             "examples, so its AUC is undefined at every evaluation and early stopping and the best model kept would "
             "go by nothing; give --validation-data a held-out file of both labels, a larger --validation-fraction, "
             "or --early-stop-metric logloss")  # fmt: skip
@@ -154,11 +160,10 @@ def validation_auc_undefined(validation: list, metric: str) -> str | None:
 def validation_too_small(validation: list) -> str | None:
     """A warning when the validation batches hold fewer than MIN_VALIDATION_CLASS examples of either label, else
     None."""
-    n = sum(len(b) for b in validation)
-    ones = int(sum(float(b.labels.sum()) for b in validation))
-    if min(ones, n - ones) >= MIN_VALIDATION_CLASS:
+    ones, zeros = _label_counts(validation)
+    if min(ones, zeros) >= MIN_VALIDATION_CLASS:
         return None
-    return (f"the validation set holds {ones:,} positive and {n - ones:,} negative examples: too few to tell epochs "
+    return (f"the validation set holds {ones:,} positive and {zeros:,} negative examples: too few to tell epochs "
             "apart (its AUC moves by chance), so early stopping and the best epoch follow noise; give "
             "--validation-data a larger held-out file, a larger --validation-fraction, or --epochs with "
             "--early-stop 0")  # fmt: skip
