@@ -156,7 +156,9 @@ class ParameterServerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AdvanceClock(self, request, context):
-        """Advance the shard's clock (the step that pushes stamp as an id's last-seen step) by `steps`.
+        """Advance the shard's clock (the step that pushes stamp as an id's last-seen step) by `steps`. An operator's:
+        it carries no stamp, holds no job and is refused for none; a training worker advances the clock in its
+        stamped PushBatch (advance_clock), which a shard holding another job refuses.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -318,3 +318,34 @@ def test_a_geo_steps_dense_pushes_carry_its_job_and_a_shard_training_another_ref
         rows.push(0, {}, {}, [PushItem("mlp", ids, np.ones((2, 4), F32))])  # step 1 of 4: no delta due
     np.testing.assert_array_equal(server.pull("mlp", ids), before)
     assert server.shard.stats()["job"] == 1
+
+
+def test_a_geo_steps_clock_advance_carries_its_job_and_a_shard_training_another_refuses_it(servers):
+    """The clock advance after a geo push goes to every shard, also to one that holds none of the pushed ids: it
+    carries the job's stamp there too, so a shard that trains another job refuses it (FAILED_PRECONDITION), its
+    clock unmoved."""
+    from ps.errors import JobConflictError
+    from ps.stamp import WorkerStamp
+    from worker.batch import TableIds
+    from worker.client import Client
+    from worker.steprows import GeoRows
+
+    addresses, started = servers(2)
+    with Client(addresses, timeout_s=30) as client:
+        client.create_table(SGD)
+        ids = np.arange(1, 200, dtype=np.uint64)
+        owner = client.slot_map.shard_of(ids)
+        first = WorkerStamp(1, 0, 1, 0, setup="mode=async", unclocked=True)
+        client.push_many([("emb", ids[owner == 1][:2], np.ones((2, 4), F32))], stamp=first)  # job 1 holds shard 1
+        assert [s.shard.stats()["job"] for s in started] == [0, 1]
+        clock = started[1].shard.clock
+        second = WorkerStamp(2, 0, 1, 0, setup="mode=geo", unclocked=True)
+        rows = GeoRows(client, GeoTables(client, {"emb": SGD}, every=1, stamp=second), second)
+        mine = ids[owner == 0][:2]  # job 2's deltas go to shard 0 only
+        tids = {"emb": TableIds(mine, {}, np.ones(2, F32), np.zeros(2, F32))}
+        rows.rows(1, tids, None)
+        with pytest.raises(JobConflictError, match="holds job 1") as refused:
+            rows.push(1, tids, {"emb": np.ones((2, 4), F32)}, [])  # its delta, then the clock advance
+        assert refused.value.status == "FAILED_PRECONDITION"
+    assert started[1].shard.clock == clock
+    assert [s.shard.stats()["job"] for s in started] == [2, 1]

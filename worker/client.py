@@ -407,7 +407,8 @@ class Client:
 
     def advance_clock(self, steps: int = 1) -> int:
         """Advances every shard's clock by steps, once however often it is sent again: a PushBatch of no pushes
-        under this client's request numbers (push_many's advance_clock alone); returns the new step (of shard 0)."""
+        under this client's request numbers (push_many's advance_clock alone); returns the new step (of shard 0).
+        Unstamped: in no job's name (a training worker's advance is its push_many's, with its job's stamp)."""
         with self._numbers.lock:
             calls = [("PushBatch", s, ps_pb2.PushBatchRequest(advance_clock=steps, client_id=self.client_id,
                                                               seq=self._numbers.next(s), state_id=self._state_ids[s]))

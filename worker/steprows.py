@@ -311,8 +311,8 @@ class GeoRows:
             self._failed = True
             raise
         self.unpushed_steps = 0 if self.geo.steps % self.geo.every == 0 else self.unpushed_steps + 1
-        if pushed:
-            self.tables.advance_clock(self.geo.every)
+        if pushed:  # the clock advance carries the job's stamp too: a shard training another job refuses it
+            self.tables.push_many([], advance_clock=self.geo.every, stamp=self.stamp)
         return self.tables.push_many(extra, return_rows=True, stamp=self.stamp) if extra else []
 
     def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:

@@ -10,7 +10,8 @@ PushBatch marked shared, under a key every worker sends, before the worker's fir
 the shard as a push of the job does but is none of the worker's steps: it moves no clock, and its key names no
 worker's process (pushed's apart). Every worker stamps the CreateTable requests that make its job's tables
 (created): they hold the shard for the job as its first push would. Requests without a stamp (reads: eval,
-predict, export, stats; `ps-worker train --create-tables-only`'s CreateTable) never wait, never come here, and
+predict, export, stats; `ps-worker train --create-tables-only`'s CreateTable; AdvanceClock, an operator's: every
+mode's worker advances the clock in its stamped PushBatch) never wait, never come here, and
 hold nothing.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
