@@ -1152,6 +1152,74 @@ def test_an_ssp_row_cache_never_takes_rows_of_a_split_push_as_fresh_at_its_stamp
         np.testing.assert_array_equal(rows[:, 0], [-3.0, -1.0])  # id 1: both workers' gradients
 
 
+@pytest.mark.parametrize("mode", ["sync", "ssp"])
+def test_a_push_apart_of_several_messages_carries_the_job_on_every_one_and_another_jobs_shard_refuses_it_whole(
+    servers, mode
+):
+    """A worker's push sent apart from its steps (early stopping's restore of the best model) that takes several
+    PushBatch messages per shard stamps each of them: once its job's hold lapsed (the worker silent past its barrier
+    timeout, in a long validation) and another job took the shard, the shard refuses its first message
+    (FAILED_PRECONDITION) and none of it is applied."""
+    from worker.batch import TableIds
+    from worker.steprows import ClockedRows
+
+    addresses, (server,) = servers(1)
+    ids = np.arange(1, 41, dtype=np.uint64)
+    tids = {"emb": TableIds(ids[:2], {}, np.ones(2, np.float32), np.zeros(2, np.float32))}
+
+    class Spec:
+        def row_dim(self, table):
+            return 4
+
+    with Client(addresses, timeout_s=30, max_request_bytes=200) as client, Client(addresses, timeout_s=30) as other:
+        client.create_table(SGD)
+        mine = stamp(0, 0, num_workers=1, sync=mode == "sync", staleness=1 if mode == "ssp" else 0,
+                     barrier_timeout_s=0.3)  # fmt: skip
+        source = ClockedRows(client, Spec(), mine)
+        source.push(0, tids, {"emb": np.ones((2, 4), np.float32)}, [])  # its step 0: the shard holds the job
+
+        def taken() -> bool:  # by another job, once the hold of this one lapsed
+            try:
+                other.pull_many([("emb", ids[:1])], stamp=WorkerStamp(JOB + 1, 0, 1, 0, staleness=1))
+            except JobConflictError:
+                return False
+            return True
+
+        wait_until(taken, 10, "the other job taking the shard")
+        before = client.pull("emb", ids)
+        with pytest.raises(JobConflictError, match=f"holds job {JOB + 1}") as refused:
+            source.push_apart([("emb", ids, np.ones((len(ids), 4), np.float32))], add_delta=True)  # 40 ids: 7 messages
+        assert refused.value.status == "FAILED_PRECONDITION"
+        np.testing.assert_array_equal(client.pull("emb", ids), before)
+    assert server.shard.stats()["job"] == JOB + 1
+
+
+def test_an_ssp_step_push_of_several_messages_stamps_each_and_moves_the_workers_clock_at_its_last(servers):
+    """ssp: a step's push that takes several messages per shard (one id each here) stamps the ones before the last
+    at the worker's newest step every shard answered, which moves no clock: the worker's clock on the shard moves
+    to step + 1 only with the last message, once the shard holds the whole step (step 0's earlier messages go
+    unstamped: no step of the worker was answered yet)."""
+    addresses, (server,) = servers(1)
+    ids = np.array([1, 2, 3], np.uint64)
+    with Client(addresses, timeout_s=30, max_request_bytes=32) as client:
+        client.create_table(SGD)
+        calls, seen = client._outcomes, []
+
+        def noted(batch, *args, **kw):  # each wave's stamped step, then the worker's clock on the shard
+            replies = calls(batch, *args, **kw)
+            ((_, _, request),) = batch
+            said = request.stamp.step if request.HasField("stamp") else None
+            seen.append((said, server.shard.stats()["min_clock"]))  # its one worker's
+            return replies
+
+        client._outcomes = noted
+        for step in range(2):
+            client.push_many([("emb", ids, np.ones((3, 4), np.float32))], advance_clock=1,
+                             stamp=stamp(0, step, num_workers=1, staleness=1, acked=step))  # fmt: skip
+    assert seen == [(None, 0), (None, 0), (0, 1), (0, 1), (0, 1), (1, 2)]
+    np.testing.assert_array_equal(server.shard.pull("emb", ids), np.full((3, 4), -2.0))  # both steps, once each
+
+
 def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(servers):
     """Client.stop_job stops the job on each live shard and returns a line for a shard that is down, within its
     deadline, without retrying (a stopping worker does not wait)."""
