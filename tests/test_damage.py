@@ -1216,6 +1216,34 @@ def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_ta
         assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None
 
 
+def test_a_table_number_key_whose_name_is_not_utf8_is_damage_that_fails_only_its_table(three_tables, tmp_path):
+    """tid/b's key damaged into one whose name is not UTF-8 (b's number under it): b has no number, so its pulls
+    fail with DATA_LOSS, as does a new table, naming the key; a and c serve; verify names the key and b."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        number = store._meta.get(b"tid/b")
+        store._meta.delete(b"tid/b")
+        store._meta.put(b"tid/\xe2b", number)
+    shard = shard_of(data_dir)
+    try:
+        assert rows_of(shard.pull("a", COMMON), -1) and rows_of(shard.pull("c", COMMON), -1)
+        with pytest.raises(DataLossError, match="table 'b' has no number"):
+            shard.pull("b", COMMON)
+        said = "meta key b'tid/\\xe2b' holds b'1', but its table name is not UTF-8 (the key is damaged)"
+        for create in (shard.check_create, shard.create_table):
+            with pytest.raises(DataLossError) as refused:
+                create(TableConfig("d", DIM, **SGD))
+            assert said in str(refused.value) and "no new table is given a number" in str(refused.value)
+    finally:
+        shard.close()
+    lines, damaged = verify_data_dir(str(data_dir))
+    found = [line for line in lines if line.startswith("DAMAGED")]
+    assert damaged and any(said in line for line in found), lines
+    assert any(line.startswith("DAMAGED table 'b'") for line in found), lines
+
+
 def test_a_shrink_of_every_table_is_refused_before_any_is_shrunk_while_a_tables_number_does_not_read(tmp_path):
     """Tables a, b and c decay show and click by half at each Shrink; tid/b does not read. A Shrink of every table
     is refused with DATA_LOSS naming the key, changing no table (one that went on until b would have decayed a's

@@ -1,8 +1,9 @@
 """The keys and values of a store's "meta" column family: their grammar (below; META_GRAMMAR holds a reader
 per key or key prefix), and meta_value, which reads a stored value by it, raising damage where it does not read.
 
-Keys are bytes; a name is UTF-8, "decimal" an ASCII decimal integer < 2^64. In parentheses, what writes each value
-(a method of ps.storage.store.Store unless another module is named).
+Keys are bytes; a name is UTF-8 (a key of a table whose name is not is damaged), "decimal" an ASCII decimal
+integer < 2^64. In parentheses, what writes each value (a method of ps.storage.store.Store unless another module is
+named).
     column family "meta", key -> value:
         "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
                                     at the first start; shard.json beside RocksDB holds a copy)
@@ -65,6 +66,7 @@ ADVANCED_PREFIX = b"advanced/"
 APPLIED_PREFIX = b"applied/"
 APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
+NAMED_PREFIXES = (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX)  # the prefixes a table's name follows
 
 
 def _decimal(raw: bytes, bits: int | None = 64) -> int:
@@ -175,11 +177,30 @@ def grammar_key(key: bytes) -> bytes:
     return head + slash
 
 
+def is_utf8(data: bytes) -> bool:
+    """Whether data decodes as UTF-8 (a key's table name must: meta_value)."""
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def key_name(key: bytes) -> str:
+    """The table name a key of NAMED_PREFIXES holds after its prefix. Bytes that are not UTF-8 (damage: meta_value
+    refuses the key) are kept as lone surrogates ("surrogateescape"): a name no table has, so that the damaged key
+    fails no other table."""
+    return key.partition(b"/")[2].decode("utf-8", "surrogateescape")
+
+
 def meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -> Any:
     """raw, the stored value of meta key `key`, read as the module's grammar says (META_GRAMMAR); where it does not
-    read so (its reader raises ValueError, LookupError, TypeError or struct.error), damaged(a text naming the key and
-    the value) is raised: damage, never a bug's traceback."""
-    parse = META_GRAMMAR[grammar_key(key)]
+    read so (its reader raises ValueError, LookupError, TypeError or struct.error), or where the key's table name is
+    not UTF-8, damaged(a text naming the key and the value) is raised: damage, never a bug's traceback."""
+    prefix = grammar_key(key)
+    parse = META_GRAMMAR[prefix]
+    if prefix in NAMED_PREFIXES and not is_utf8(key[len(prefix) :]):
+        raise damaged(f"meta key {echo(key)} holds {echo(raw)}, but its table name is not UTF-8 (the key is damaged)")
     try:
         return parse(raw)
     except (ValueError, LookupError, TypeError, struct.error) as e:  # LookupError: a key or an index missing
@@ -211,7 +232,7 @@ def read_table_numbers(meta: ColumnFamily) -> tuple[dict[str, int], dict[str, st
     checkpoint's)."""
     numbers, unread = {}, {}
     for key, raw in iter_prefixed(meta, TABLE_ID_PREFIX):
-        name = key[len(TABLE_ID_PREFIX) :].decode()
+        name = key_name(key)
         try:
             numbers[name] = meta_value(key, raw, StorageError)
         except StorageError as e:

@@ -80,6 +80,7 @@ from ps.storage.meta import (
     TABLE_CONFIG_PREFIX,
     TABLE_ID_PREFIX,
     first_unread,
+    key_name,
     meta_value,
     missing_number,
     read_table_numbers,
@@ -484,7 +485,7 @@ class Store:
                 with self._rocksdb("reading the table numbers"):
                     numbers, unread = read_table_numbers(self._meta)
                     for key, _ in iter_prefixed(self._meta, TABLE_CONFIG_PREFIX):
-                        name = key[len(TABLE_CONFIG_PREFIX) :].decode()
+                        name = key_name(key)
                         if name not in numbers and name not in unread:
                             unread[name] = missing_number(name)
                 self._numbers = numbers, unread
@@ -802,7 +803,7 @@ class Store:
             meta = src.get_column_family(META_CF)
             out = dict.fromkeys(table_ids(meta, damaged), 0)  # a table with no row written has no count yet
             for key, raw in iter_prefixed(meta, COUNT_PREFIX):
-                out[key[len(COUNT_PREFIX) :].decode()] = meta_value(key, raw, damaged)["admitted"]
+                out[key_name(key)] = meta_value(key, raw, damaged)["admitted"]
             return out
 
     def saved_counts(self, path: str) -> dict[str, int]:

@@ -21,7 +21,7 @@ from ps.checkpoint import MANIFEST, checkpoint_holding, file_checksums, load_man
 from ps.errors import StorageError
 from ps.rows.layout import KEY_BYTES, layout_of, stored_sizes
 from ps.storage.journal import Journal
-from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX
+from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
 from ps.storage.store import Store
@@ -216,7 +216,7 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
     """A finding for each meta value that does not read as ps.storage.meta's grammar says (as the server reads
     it), but the number of a table whose config is stored: _rows names that with the table."""
     for key, what in sorted(meta["unreadable"].items()):
-        if key.startswith(TABLE_ID_PREFIX) and key[len(TABLE_ID_PREFIX) :].decode() in meta["tables"]:
+        if key.startswith(TABLE_ID_PREFIX) and key_name(key) in meta["tables"]:
             continue
         if key == b"job_done" and not checkpoint:  # read by a shard that follows a job (ps.engine.jobs)
             report.note(f"{at}{what}: {JOB_DONE_UNREAD}")

@@ -9,7 +9,15 @@ import numpy as np
 
 from ps.errors import StorageError
 from ps.rows.layout import KEY_BYTES
-from ps.storage.meta import META_CF, META_GRAMMAR, TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, grammar_key, meta_value
+from ps.storage.meta import (
+    META_CF,
+    META_GRAMMAR,
+    TABLE_CONFIG_PREFIX,
+    TABLE_ID_PREFIX,
+    grammar_key,
+    is_utf8,
+    meta_value,
+)
 from ps.storage.options import ColumnFamily, iter_items, rocksdb_options, scan_read_options
 from ps.storage.readonly import open_failure, opened_read_only
 from ps.storage.store import KEY_DTYPE, ROWS_CF
@@ -110,6 +118,8 @@ def _keep_meta(meta: dict, key: bytes, value: bytes) -> None:
     if key in (b"shard", b"flushed_seq", b"lsn_high", b"restore_pending"):
         if value is not None:
             meta[key.decode()] = value
+    elif not is_utf8(key):  # a table's key whose name is not UTF-8: no table's (unreadable names it)
+        return
     elif key.startswith(TABLE_CONFIG_PREFIX):
         meta["tables"][key[len(TABLE_CONFIG_PREFIX) :].decode()] = value
     elif key.startswith(TABLE_ID_PREFIX):
