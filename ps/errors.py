@@ -92,6 +92,14 @@ class RamTierTooSmallError(PsError, ValueError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class TableNumbersExhaustedError(PsError):
+    """CreateTable of a new table on a shard whose highest table number is the largest a row key's table field
+    takes (2^32 - 1): a new table takes the number after the highest, and none is left. Nothing is created; a
+    checkpoint restored into a new data dir numbers its tables from 0."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class TableBusyError(PsError):
     """A request on a table under its share of the RAM tier needed rows that only tables above their shares hold,
     and those tables were busy taking rows back themselves (ps.storage.budget: a possible cycle of waits, each
@@ -390,7 +398,7 @@ STATUS_TO_ERROR = {
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
     RequestTooLargeError, RamTierTooSmallError, TableBusyError, WorkerDoneError, JobConflictError, ClientTableFullError,
-    RpcThreadsExhaustedError, CheckpointDirError, NoCheckpointRootError, ShardClosingError,
+    TableNumbersExhaustedError, RpcThreadsExhaustedError, CheckpointDirError, NoCheckpointRootError, ShardClosingError,
     CheckpointInProgressError, ShardStartingError, DataDirLostError, CheckpointHoldError, CallerGoneError,
     BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError, DataLossError, CheckpointDamagedError,
     CheckpointOutsideRootError, ShardNeedsRestartError, ModelStateReplacedError,

@@ -1216,6 +1216,39 @@ def test_no_new_table_takes_a_number_while_a_tables_number_is_not_known(three_ta
         assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None
 
 
+@pytest.mark.parametrize("highest", [2**32 - 2, 2**32 - 1])
+def test_a_new_table_takes_the_last_table_number_and_none_past_it(three_tables, tmp_path, highest):
+    """c's number set to `highest`: below 2^32 - 1, a new table d gets the next, 2^32 - 1 (a row key's u32 field
+    holds it: d's rows go and come back); at 2^32 - 1, d is refused by create and by its check with
+    RESOURCE_EXHAUSTED naming c's key, writing nothing, where the next number would not fit the key."""
+    from ps.errors import TableNumbersExhaustedError
+    from ps.storage.store import MAX_TABLE_NUMBER
+
+    assert MAX_TABLE_NUMBER == 2**32 - 1
+    data_dir = copied(three_tables, tmp_path)
+    with opened(data_dir) as store:
+        store._meta.put(b"tid/c", str(highest).encode())
+    d = TableConfig("d", DIM, **SGD)
+    shard = shard_of(data_dir)
+    try:
+        if highest < MAX_TABLE_NUMBER:
+            shard.create_table(d)
+            push_ones(shard, "d")
+            assert shard.store.table_number("d") == 2**32 - 1 and rows_of(shard.pull("d", COMMON), -1)
+            return
+        for create in (shard.check_create, shard.create_table):
+            with pytest.raises(TableNumbersExhaustedError) as refused:
+                create(d)
+            assert "no table number is left for new table 'd': a new table takes the number after the highest, and " \
+                   "table 'c' holds 4,294,967,295 (meta key tid/c)" in str(refused.value), str(refused.value)  # fmt: skip
+        assert refused.value.status == "RESOURCE_EXHAUSTED" and "d" not in shard.tables
+        assert shard.create_table(TableConfig("a", DIM, **SGD)) is shard.tables["a"]
+    finally:
+        shard.close()
+    with opened(data_dir) as store:
+        assert store._meta.get(b"table/d") is None and store._meta.get(b"tid/d") is None
+
+
 def test_a_table_number_key_whose_name_is_not_utf8_is_damage_that_fails_only_its_table(three_tables, tmp_path):
     """tid/b's key damaged into one whose name is not UTF-8 (b's number under it): b has no number, so its pulls
     fail with DATA_LOSS, as does a new table, naming the key; a and c serve; verify names the key and b."""

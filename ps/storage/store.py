@@ -60,6 +60,7 @@ from ps.errors import (
     DiskFullError,
     PsError,
     StorageError,
+    TableNumbersExhaustedError,
     disk_full_reason,
 )
 from ps.rows.layout import KEY_BYTES, STATS_FLOATS, RowLayout, layout_of, stored_sizes
@@ -119,6 +120,7 @@ KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # pack
 if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
 ROWS_CF = "rows"
+MAX_TABLE_NUMBER = int(np.iinfo(KEY_DTYPE["table"]).max)  # the largest a row key's table field takes
 
 
 def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
@@ -459,7 +461,8 @@ class Store:
     def number_for(self, table: str) -> int:
         """The number create_table records for table: its own, or for a new table the next one. DataLossError,
         naming the key, while a table's number does not read or is missing: it may be any number, so that a new
-        table given one could share its rows, and that table made again under a new one would lose them."""
+        table given one could share its rows, and that table made again under a new one would lose them.
+        TableNumbersExhaustedError for a new table where the highest number is MAX_TABLE_NUMBER."""
         numbers, unread = self._table_numbers()
         if table in numbers:
             return numbers[table]
@@ -468,7 +471,18 @@ class Store:
                                 "are under the one it held)")  # fmt: skip
         first_unread(unread, self._damaged, "; no new table is given a number while a table's is not known (the new "
                      "table could get it, and share that table's rows)")  # fmt: skip
-        return max(numbers.values(), default=-1) + 1
+        highest = max(numbers, key=numbers.__getitem__, default=None)
+        if highest is None:
+            return 0
+        if numbers[highest] >= MAX_TABLE_NUMBER:
+            raise TableNumbersExhaustedError(
+                f"no table number is left for new table {table!r}: a new table takes the number after the highest, "
+                f"and table {highest!r} holds {numbers[highest]:,} (meta key tid/{highest}), the largest a row key's "
+                "table field takes. A shard numbers its tables from 0, one per new table, so that value was most "
+                "likely damaged or written by hand; a checkpoint restored into a new data dir numbers its tables from "
+                "0. Nothing was created"
+            )
+        return numbers[highest] + 1
 
     # {table: number} of the tables whose number reads, {table: what is damaged} of those whose number does not
     # read or whose config is stored without one: read from meta on first use (_table_numbers), under
