@@ -14,8 +14,17 @@ from protos import ps_pb2
 from ps import codec
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
 from ps.engine.shard import Shard
-from ps.errors import InvalidArgumentError, PsError, RamTierTooSmallError, TableExistsError, TableNotFoundError
+from ps.errors import (
+    DataLossError,
+    InvalidArgumentError,
+    PsError,
+    RamTierTooSmallError,
+    TableExistsError,
+    TableNotFoundError,
+    TableNumbersExhaustedError,
+)
 from ps.server import Server
+from ps.storage.store import Store
 from worker.client import Client
 
 WIDE = 4096  # a 4 MiB RAM tier takes 4 tables of this dim (adagrad), not 5 (tests/test_many_tables.py)
@@ -49,24 +58,41 @@ SCENARIOS = {
         [*((f"w{i}", WIDE, False) for i in range(3)), ("t", 4, False)], (TableConfig("t", WIDE), True)),
     "a wide table replacing a narrow one, no room": (
         [("t", 4, False), *((f"u{i}", 4, False) for i in range(4))], (TableConfig("t", WIDE), True)),
+    "one table too many, a table's number unreadable": (
+        [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"tid/w3": b"zero"}),
+    "one table too many, no table number left": (
+        [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"tid/w3": b"4294967295"}),
+    "a wide table replacing a narrow one, no room, its number unreadable": (
+        [("t", 4, False), *((f"u{i}", 4, False) for i in range(4))], (TableConfig("t", WIDE), True),
+        {b"tid/t": b"zero"}),
 }  # fmt: skip
+REFUSALS = (TableExistsError, RamTierTooSmallError, InvalidArgumentError, DataLossError, TableNumbersExhaustedError)
 
 
-def prepared(path, setup) -> Shard:
+def prepared(path, setup, damage=None) -> Shard:
+    """A shard holding the tables of setup, opened again after each meta value of damage (key -> value) is put."""
     shard = Shard(ServerConfig(data_dir=str(path), cache_bytes=SMALL_TIER, flush_interval_s=3600))
     for name, dim, train in setup:
         shard.create_table(TableConfig(name, dim))
         if train:
             trained(shard, name, dim)
+    if damage:
+        shard.close()
+        store = Store(str(path))
+        for key, value in damage.items():
+            store._meta.put(key, value)
+        store.close()
+        shard = Shard(ServerConfig(data_dir=str(path), cache_bytes=SMALL_TIER, flush_interval_s=3600))
     return shard
 
 
-def outcome(call, *args, **kwargs):
-    """call's answer as (config dict, rows, width), or its refusal as (error class name, message)."""
+def outcome(data_dir, call, *args, **kwargs):
+    """call's answer as (config dict, rows, width), or its refusal as (error class name, message with data_dir, the
+    shard's, written as DIR)."""
     try:
         cfg, rows, width = call(*args, **kwargs)
-    except (TableExistsError, RamTierTooSmallError, InvalidArgumentError) as e:
-        return type(e).__name__, str(e)
+    except REFUSALS as e:
+        return type(e).__name__, str(e).replace(str(data_dir), "DIR")
     return cfg.to_dict(), rows, width
 
 
@@ -76,11 +102,11 @@ def state(shard: Shard) -> dict:
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_check_create_answers_what_create_table_does_and_changes_nothing(tmp_path, scenario):
-    setup, (cfg, replace) = SCENARIOS[scenario]
-    checked, created = prepared(tmp_path / "a", setup), prepared(tmp_path / "b", setup)
+    setup, (cfg, replace), *damage = SCENARIOS[scenario]
+    checked, created = prepared(tmp_path / "a", setup, *damage), prepared(tmp_path / "b", setup, *damage)
     try:
         before = state(checked)
-        check = outcome(checked.check_create, cfg, replace_untrained=replace)
+        check = outcome(tmp_path / "a", checked.check_create, cfg, replace_untrained=replace)
         assert state(checked) == before
         assert checked.budget.used_bytes == created.budget.used_bytes
 
@@ -88,7 +114,7 @@ def test_check_create_answers_what_create_table_does_and_changes_nothing(tmp_pat
             t = created.create_table(cfg, replace_untrained=replace)
             return t.cfg, t.num_rows, t.width
 
-        assert check == outcome(create)
+        assert check == outcome(tmp_path / "b", create)
     finally:
         checked.close()
         created.close()
@@ -97,14 +123,22 @@ def test_check_create_answers_what_create_table_does_and_changes_nothing(tmp_pat
 def test_the_scenarios_cover_each_outcome(tmp_path):
     """The oracle test above is only as good as its cases: each kind of answer comes up."""
     kinds = set()
-    for i, (setup, (cfg, replace)) in enumerate(SCENARIOS.values()):
-        shard = prepared(tmp_path / str(i), setup)
+    for i, (setup, (cfg, replace), *damage) in enumerate(SCENARIOS.values()):
+        shard = prepared(tmp_path / str(i), setup, *damage)
         try:
-            got = outcome(shard.check_create, cfg, replace_untrained=replace)
+            got = outcome(tmp_path / str(i), shard.check_create, cfg, replace_untrained=replace)
         finally:
             shard.close()
         kinds.add(got[0] if isinstance(got[0], str) else ("existing" if got[1] else "created"))
-    assert kinds == {"TableExistsError", "RamTierTooSmallError", "InvalidArgumentError", "existing", "created"}
+    assert kinds == {
+        "TableExistsError",
+        "RamTierTooSmallError",
+        "InvalidArgumentError",
+        "DataLossError",
+        "TableNumbersExhaustedError",
+        "existing",
+        "created",
+    }
 
 
 @pytest.fixture

@@ -73,7 +73,7 @@ from ps.errors import (
     disk_full_reason,
     echo,
 )
-from ps.rows.layout import layout_of
+from ps.rows.layout import RowLayout, layout_of
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
@@ -498,8 +498,9 @@ class Shard:
             cfg.check_new()
             if diff:
                 return self._replace_untrained(table, cfg, diff, replace_untrained, stamped)
-            table = Table(cfg, self.store, self.journal, self.budget)  # refused before anything is written if
-            try:  # the RAM tier cannot take it (RamTierTooSmallError)
+            self._check_new_table(cfg, None)
+            table = Table(cfg, self.store, self.journal, self.budget)  # joins the RAM budget
+            try:
                 self.store.create_table(cfg)
             except BaseException:
                 self.budget.leave(table.arena)
@@ -531,10 +532,17 @@ class Shard:
             if diff:
                 with table.lock:
                     self._refuse_other_spec(table, cfg, diff, replace_untrained, stamp is not None)
-            self.store.number_for(cfg.name)  # DataLossError where a table's number does not read, as create's
-            layout = layout_for(cfg)
-            self.budget.check_join(layout.ram_bytes, replacing=table.arena if diff else None)
-            return cfg, 0, layout.width
+            return cfg, 0, self._check_new_table(cfg, table if diff else None).width
+
+    def _check_new_table(self, cfg: TableConfig, replacing: Table | None) -> RowLayout:
+        """The refusals of a create of a table of cfg (new, or `replacing` one of its name) left once its spec is
+        accepted, checked in the one order that create_table and check_create meet them, changing nothing: the
+        table's number (Store.number_for: DataLossError while a number does not read, TableNumbersExhaustedError),
+        then the RAM tier (RamTierTooSmallError, once `replacing` left it). Returns cfg's layout."""
+        self.store.number_for(cfg.name)
+        layout = layout_for(cfg)
+        self.budget.check_join(layout.ram_bytes, replacing=replacing.arena if replacing is not None else None)
+        return layout
 
     def _refuse_other_spec(
         self, table: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool, stamped: bool
@@ -565,11 +573,13 @@ class Shard:
         self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool, stamped: bool
     ) -> Table:
         """create_table for a table of another config, `old` (self._lock held): refused unless it may be replaced
-        (_refuse_other_spec); then the old one is closed (its requests from now on get ShardClosingError) and
-        leaves the RAM budget, the new one takes its name, number and counts (Table.count_on). A failure puts a
-        table of the old config back, as it was (untrained, its RAM tier empty)."""
+        (_refuse_other_spec) and its number and the RAM tier take it (_check_new_table); then the old one is closed
+        (its requests from now on get ShardClosingError) and leaves the RAM budget, the new one takes its name,
+        number and counts (Table.count_on). A failure puts a table of the old config back, as it was (untrained, its
+        RAM tier empty)."""
         with old.lock:
             self._refuse_other_spec(old, cfg, diff, replace_untrained, stamped)
+            self._check_new_table(cfg, old)
             old.closed = True
             old.replaced = True
             self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone
