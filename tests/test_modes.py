@@ -635,8 +635,8 @@ def test_no_stamp_proves_a_sync_step_the_journal_does_not_hold(tmp_path):
 def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path, caplog):
     """Done flags are stored as they come (ps.engine.jobs' done_store): after a crash, worker 0 goes on alone
     with no wait for worker 1, which finished before it and sends nothing more; a record of another job, or of
-    another worker count, marks nobody done, and so does one that does not read (the store says it is damaged,
-    the shard logs that)."""
+    another worker count, marks nobody done, and so does one that does not read (the store says it is damaged, and
+    that nothing needs restoring for it; the shard logs that)."""
     shard = open_shard(tmp_path)
     sync_steps(shard, range(2))
     shard.push_stamped([], 0, 0, 0, stamp(1, 2, done=True, acked=2))
@@ -655,11 +655,16 @@ def test_a_worker_done_before_a_restart_is_still_done_after_it(tmp_path, caplog)
         for record in (b'{"job": 1, "done": "x"}', b'{"job": 1, "num_workers": 2, "done": [1, 2]}', b"[1]"):
             shard.store._meta.put(b"job_done", record)
             with pytest.raises(DataLossError, match=f"meta key job_done holds {re.escape(ascii(record))}, which does "
-                                                    "not read as its value"):  # fmt: skip
+                                                    "not read as its value") as refused:  # fmt: skip
                 shard.store.job_done(JOB, 2)
+            assert str(refused.value).endswith("lists what is damaged; the record only spares a restarted shard its "
+                                               "waits for the finished workers of the job it follows, so there is "
+                                               "nothing to restore: the shard reads it as no worker done, and writes "
+                                               "it anew at the job's next done stamp"), str(refused.value)  # fmt: skip
             caplog.clear()
             assert shard.jobs._stored_done(JOB, 2) == []
             assert f"the done workers of job {JOB} could not be read" in caplog.text, caplog.text
+            assert "so there is nothing to restore" in caplog.text and "restore the dir" not in caplog.text
     finally:
         shard.close()
 

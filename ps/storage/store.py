@@ -120,6 +120,11 @@ KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # pack
 if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
 ROWS_CF = "rows"
+RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, but for:
+JOB_DONE_REMEDY = (  # a "job_done" record that does not read
+    "the record only spares a restarted shard its waits for the finished workers of the job it follows, so there is "
+    "nothing to restore: the shard reads it as no worker done, and writes it anew at the job's next done stamp"
+)
 MAX_TABLE_NUMBER = int(np.iinfo(KEY_DTYPE["table"]).max)  # the largest a row key's table field takes
 
 
@@ -431,18 +436,18 @@ class Store:
                 out.append(meta_value(key, raw, self._damaged))
         return out
 
-    def _meta_get(self, key: bytes, doing: str, default: Any = None) -> Any:
+    def _meta_get(self, key: bytes, doing: str, default: Any = None, remedy: str = RESTORE_DIR) -> Any:
         """The value of meta key `key` read as its grammar says (meta_value), or default where it is
-        absent; doing: what a RocksDB error says was being done."""
+        absent; doing: what a RocksDB error says was being done; remedy: what the damage's error tells to do."""
         with self._rocksdb(doing, "nothing was read"):
             raw = self._meta.get(key)
-        return default if raw is None else meta_value(key, raw, self._damaged)
+        return default if raw is None else meta_value(key, raw, lambda what: self._damaged(what, remedy))
 
-    def _damaged(self, what: str) -> DataLossError:
+    def _damaged(self, what: str, remedy: str = RESTORE_DIR) -> DataLossError:
         """The error for a stored value of this dir that does not read as its grammar says (meta_value),
-        or that is missing."""
+        or that is missing; remedy: what to do about it."""
         return DataLossError(f"RocksDB in data dir {self.path} is damaged: {what}. `ps-server verify {self.path}` "
-                             "lists what is damaged; restore the dir from a backup or checkpoint")  # fmt: skip
+                             f"lists what is damaged; {remedy}")  # fmt: skip
 
     def create_table(self, cfg: TableConfig) -> None:
         """Records the table's config and its number (the prefix of its row keys) in one write. The cost does not
@@ -870,7 +875,7 @@ class Store:
         """The workers of the job (of num_workers) the "job_done" record says are done; [] where it names another
         job or worker count, or there is none. DataLossError for a record that does not read as set_job_done
         writes it: ps.engine.jobs logs it and reads it as none (the record only spares waits)."""
-        record = self._meta_get(b"job_done", "reading the done workers of a job")
+        record = self._meta_get(b"job_done", "reading the done workers of a job", remedy=JOB_DONE_REMEDY)
         if record is None or record["job"] != job or record["num_workers"] != num_workers:
             return []
         return record["done"]
