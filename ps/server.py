@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import functools
 import ipaddress
 import logging
 import os
@@ -37,11 +37,12 @@ from ps.security import (
 )
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
-from ps.terminate import SIGNAL_CHECK_S
+from ps.terminate import SIGNAL_CHECK_S, HandlerWork
 
 log = logging.getLogger("ps.server")
 
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
+SAID_WAIT_S = 5.0  # a stopped start's last line waits this long at most for the signal's line before it
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -288,16 +289,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _stop_at_end_of_stdin(stop: threading.Event) -> None:
+def _stop_at_end_of_stdin(received: list[signal.Signals]) -> None:
     """(thread) Once standard input is closed, SIGTERM to the main thread: the stop is a SIGTERM's in every way,
-    a read-only phase of the start (--verify-on-start) ended where it is too. Nothing if a stop began already (a
-    second SIGTERM would end that stop at once)."""
+    a read-only phase of the start (--verify-on-start) ended where it is too. Nothing if a signal came already
+    (received: serve's; a second SIGTERM would end that stop at once)."""
     try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
         while os.read(0, 4096):
             pass
     except OSError:  # no usable stdin: treat it as closed
         pass
-    if stop.is_set():
+    if received:
         log.info("standard input closed (the process that started this server is gone); the stop goes on")
         return
     log.info("standard input closed (the process that started this server is gone): stopping as on SIGTERM")
@@ -309,34 +310,42 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING)
     and `listening on HOST:PORT` once it serves. A stop during the start ends it at its next safe point
     (ps.engine.startup) and returns, saying so."""
-    stop = threading.Event()
+    stop = threading.Event()  # set by the ps-signals thread, never by a handler (it takes the event's lock)
     progress = StartProgress(stop)
     serving: list[Server] = []  # the server, once it serves
     stopped_with: list[int] = []  # the stop's exit code, once the shard is stopped (a warm-up may still end)
+    received: list[signal.Signals] = []  # every SIGTERM and SIGINT, in order (on_signal appends: no lock)
+    said = HandlerWork("ps-signals")  # on_signal's log lines, and the stop they ask for
+    said.start()
 
     def on_signal(signum, frame):
-        again = stop.is_set()
-        stop.set()  # first: a signal whose handler runs inside this one's logging sees it
+        """(main thread, wherever it is) Takes no lock, as the code it interrupted may hold it (HandlerWork): a
+        second signal is told by its count, and the ps-signals thread logs and sets `stop`."""
+        sig = signal.Signals(signum)
+        received.append(sig)
+        again = len(received) > 1
         if again and stopped_with:  # the shard is closed: nothing is left to write
-            _exit_now_after_the_stop(config.shard_id, signal.Signals(signum), stopped_with[0])
+            _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0])
             return
         if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
-            _exit_now_unless_needed(serving[0], config.shard_id, signal.Signals(signum))
+            why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig)
+            said.run(functools.partial(log.warning, "received %s again: the stop goes on: %s", sig.name, why_not))
             return
-        log.info("received %s, shutting down%s", signal.Signals(signum).name, _stop_note(progress))
+        said.run(functools.partial(_shutting_down, sig, progress, stop))
         if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
             raise StartStopped(progress.describe())  # must not interrupt the first one's way out)
 
     signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
     if stop_with_stdin:
-        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
+        threading.Thread(target=_stop_at_end_of_stdin, args=(received,), name="ps-stdin", daemon=True).start()
     where = f"ps-server shard {config.shard_id}/{config.num_shards}"
     try:
         server = Server(config, progress, on_listening=lambda server: _say(
             f"{where} starting on {host_port(config.host, server.port)} (data dir {config.data_dir}; health says NOT_SERVING, "
             "and what the start is doing, until it serves)"))  # fmt: skip
     except StartStopped as e:
+        said.drained(SAID_WAIT_S)  # the signal's line first (raised by on_signal, the start may not wait for it)
         print(_stopped_start_line(where, e, progress.phase, config.restore_dir), file=sys.stderr, flush=True)
         return
     port = server.start()
@@ -348,10 +357,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     if config.memory_bytes is not None:  # its fixed footprint in place before data arrives (ps.engine.warmup)
         warming = threading.Thread(target=warm_up, args=(stop,), name="ps-warm-up", daemon=True)
         warming.start()
-    # Polled in slices (a SIGTERM another thread received: ps.terminate), never stop.wait(): it holds the event's
-    # lock (not reentrant) at moments where on_signal can run in this thread, and on_signal's stop.set() would wait
-    # for that lock forever.
-    while not stop.is_set():
+    while not stop.is_set():  # polled in slices (a SIGTERM another thread received: ps.terminate)
         time.sleep(SIGNAL_CHECK_S)
     code = stop_server(server, config.shard_id)
     stopped_with.append(code)  # before serving is cleared: a second signal from here on exits now (on_signal)
@@ -379,12 +385,12 @@ def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int) -> N
         os._exit(code or 128 + sig)
 
 
-def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> None:
+def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> str:
     """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (exit code 128 + the
     signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the stop
     writes is the only copy of some pushes (the journal's segment or the data dir deleted: Journal.seems_lost), nor
-    while a checkpoint is being saved (its folder would be left half written): then the stop goes on, and the log
-    says why. Runs in a signal handler: takes no lock, and raises nothing."""
+    while a checkpoint is being saved (its folder would be left half written): then the stop goes on, and this
+    returns why, for the log. Runs in a signal handler: takes no lock, and raises nothing."""
     shard = server.shard
     why_not = ""
     if shard is not None and shard.journal.seems_lost():
@@ -394,9 +400,7 @@ def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) 
         why_not = ("a checkpoint is being saved, and cut short it would leave its folder half written; it ends by "
                    "itself, or SIGKILL stops everything")  # fmt: skip
     if why_not:
-        with contextlib.suppress(Exception):  # a handler must not raise into the stop it interrupted
-            log.warning("received %s again: the stop goes on: %s", sig.name, why_not)
-        return
+        return why_not
     message = (f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without writing "
                "the rest of its rows to RocksDB; every acknowledged push is in its journal, which the next start "
                "replays\n")  # fmt: skip
@@ -406,6 +410,12 @@ def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) 
         pass
     finally:
         os._exit(128 + sig)
+
+
+def _shutting_down(sig: signal.Signals, progress: StartProgress, stop: threading.Event) -> None:
+    """(ps-signals thread) A signal's stop: said, then asked for (so its line comes before the stop's)."""
+    log.info("received %s, shutting down%s", sig.name, _stop_note(progress))
+    stop.set()
 
 
 def _stop_note(progress: StartProgress) -> str:

@@ -21,7 +21,9 @@ with RAISE_PENDING_SIGNAL, whose handler raises them).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -37,6 +39,48 @@ SIGNAL_CHECK_S = 0.2
 EXIT_CODE = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
 CLEANUP_LIMIT_S = 120.0  # after a SIGTERM, the process exits (EXIT_CODE) by then even if its cleanup hangs
 TERMINATED = "terminated"  # what a command a SIGTERM stops says after its name (exit_code): 'ps-worker: terminated'
+
+log = logging.getLogger("ps.terminate")
+
+
+class HandlerWork:
+    """What signal handlers hand over, done in order by a daemon thread of its own (`name`), which start() begins
+    outside them. A Python signal handler runs in the main thread wherever that thread is, so the code it
+    interrupted may hold a lock of that thread, and a handler that takes the same one waits for good or fails: an
+    Event's (Event.set: not reentrant), stderr's buffer (a log line or a print: "reentrant call inside
+    <_io.BufferedWriter name='<stderr>'>", raised into the interrupted code). run() takes none (a
+    queue.SimpleQueue's put is reentrant): a handler calls it, and this thread does what takes locks."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._actions: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Starts the thread, once; never from a signal handler."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+            self._thread.start()
+
+    def run(self, action: Callable[[], object]) -> None:
+        """action() on the thread, after the actions handed over before it. Safe in a signal handler."""
+        self._actions.put(action)
+
+    def drained(self, timeout_s: float) -> bool:
+        """Whether every action handed over so far has run, waiting timeout_s at most (never from a signal
+        handler: it waits for an Event)."""
+        done = threading.Event()
+        self.run(done.set)
+        return done.wait(timeout_s)
+
+    def _serve(self) -> None:
+        """(thread) Runs the actions as they come."""
+        while True:
+            action = self._actions.get()
+            try:
+                action()
+            except Exception:  # the thread goes on: later signals' actions still run
+                log.exception("%s: an action a signal handler handed over failed", self.name)
 
 
 class Terminated(BaseException):

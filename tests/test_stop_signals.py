@@ -2,7 +2,9 @@
 its journal: every acknowledged push is there. Not while the stop writes the only copy of some pushes (the journal
 found its segment deleted): then the stop goes on and says why. The stop is held open by tests.slow_start (its
 last flush waits for a file), so the second signal always lands inside it. The first signal stops a serving shard
-wherever its main thread is in its wait for the stop."""
+wherever its main thread is in its wait for the stop. The handler takes no lock that the main thread it interrupts
+may hold (the stop event's, stderr's): a second signal inside the first's Event.set, or a signal inside a log line
+of the main thread, does what it does anywhere else."""
 
 from __future__ import annotations
 
@@ -162,17 +164,14 @@ def exits(monkeypatch):
     return codes
 
 
-def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd, caplog):
+def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd):
     from ps.server import _exit_now_unless_needed
 
     _exit_now_unless_needed(_server(), 3, signal.SIGINT)
     assert exits == [130] and "shard 3: received SIGINT again while stopping: exiting now" in capfd.readouterr().err
-    _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM)
-    _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM)
+    assert "must write the rows RocksDB lacks" in _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM)
+    assert "a checkpoint is being saved" in _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM)
     assert exits == [130]
-    said = [r.getMessage() for r in caplog.records]
-    assert any("must write the rows RocksDB lacks" in m for m in said), said
-    assert any("a checkpoint is being saved" in m for m in said), said
 
 
 def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch):
@@ -186,3 +185,100 @@ def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch)
     monkeypatch.setattr(os, "write", closed)
     _exit_now_unless_needed(_server(), 0, signal.SIGTERM)
     assert exits == [143]
+
+
+# ps-server whose stop event sends it a second SIGTERM from inside its set(), which holds the event's lock then
+SIGNAL_INSIDE_SET = (
+    "-c",
+    """import os, signal, sys, threading, time, types
+import ps.server
+from ps.__main__ import main
+
+
+class Probe(threading.Event):
+    def set(self):
+        with self._cond:
+            if not self._flag:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.5)  # its handler runs meanwhile, in the main thread
+            self._flag = True
+            self._cond.notify_all()
+
+
+ps.server.threading = types.SimpleNamespace(**{**vars(threading), "Event": Probe})
+sys.exit(main(sys.argv[1:]))
+""",
+)
+
+
+def test_a_second_signal_while_the_stop_event_is_being_set_exits_at_once(tmp_path):
+    """The second SIGTERM's handler runs while the stop's Event.set holds the event's lock (not reentrant): it
+    exits as a second signal does. (A handler that set the event itself waited for that lock for good.)"""
+    server = ServerProcess(tmp_path / "d", launcher=SIGNAL_INSIDE_SET)
+    try:
+        assert server.started(), server.output()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(TIMEOUT_S) == 143, server.output()
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"hung:\n{server.output()}") from None
+    finally:
+        server.proc.kill()
+    assert "received SIGTERM again while stopping: exiting now" in server.output(), server.output()
+
+
+# ps-server whose stderr behaves as its io.BufferedWriter does (a write that the thread inside one enters again
+# raises RuntimeError), and whose main thread, once the handlers are in place, is sent a SIGTERM inside a log line
+STDERR_IN_USE = (
+    "-c",
+    """import logging, os, signal, sys, threading, time
+import ps.server
+from ps.__main__ import main
+
+
+class Buffered:
+    def __init__(self, stream):
+        self.stream, self.lock, self.owner = stream, threading.Lock(), None
+
+    def write(self, text):
+        if self.owner == threading.get_ident():
+            raise RuntimeError("reentrant call inside stderr")
+        with self.lock:
+            self.owner = threading.get_ident()
+            try:
+                if "PROBE" in text:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.5)  # its handler runs here
+                return self.stream.write(text)
+            finally:
+                self.owner = None
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+sys.stderr = Buffered(sys.stderr)
+start = ps.server.Server.start
+
+
+def start_saying(self):
+    logging.getLogger("probe").warning("PROBE")
+    return start(self)
+
+
+ps.server.Server.start = start_saying
+sys.exit(main(sys.argv[1:]))
+""",
+)
+
+
+def test_a_signal_inside_a_log_line_of_the_main_thread_is_said_and_stops_the_shard(tmp_path):
+    """The handler writes nothing itself: its line comes from another thread, once the main thread's is done."""
+    server = ServerProcess(tmp_path / "d", launcher=STDERR_IN_USE)
+    try:
+        assert server.started(), server.output()
+        assert server.proc.wait(TIMEOUT_S) == 0, server.output()
+    finally:
+        server.proc.kill()
+    out = server.output()
+    assert "received SIGTERM, shutting down" in out and "stopped cleanly" in out, out
+    assert "Logging error" not in out and "Traceback" not in out, out
