@@ -1225,6 +1225,32 @@ def test_an_ssp_step_push_of_several_messages_stamps_each_and_moves_the_workers_
     np.testing.assert_array_equal(server.shard.pull("emb", ids), np.full((3, 4), -2.0))  # both steps, once each
 
 
+def test_the_stamp_before_a_shards_last_message_is_its_own_workers_answered_step_not_anothers(servers):
+    """One client pushing for two workers of an ssp job: worker 0 has had steps 0 to 2 answered; worker 1's push
+    of step 0, three messages here, sends its first two unstamped (no step of worker 1 was answered: worker 0's
+    steps say nothing of it), so that worker 1's clock moves to 1 only with the last message, once the shard holds
+    the whole step."""
+    addresses, (server,) = servers(1)
+    ids = np.array([1, 2, 3], np.uint64)
+    with Client(addresses, timeout_s=30, max_request_bytes=32) as client:
+        client.create_table(SGD)
+        for step in range(3):  # one id: one message
+            client.push_many([("emb", ids[:1], np.ones((1, 4), np.float32))], advance_clock=1,
+                             stamp=stamp(0, step, staleness=1, acked=step))  # fmt: skip
+        calls, seen = client._outcomes, []
+
+        def noted(batch, *args, **kw):  # each wave's stamped step, then worker 1's clock on the shard
+            replies = calls(batch, *args, **kw)
+            ((_, _, request),) = batch
+            seen.append((request.stamp.step if request.HasField("stamp") else None, server.shard.jobs._clocks[1]))
+            return replies
+
+        client._outcomes = noted
+        client.push_many([("emb", ids, np.ones((3, 4), np.float32))], advance_clock=1, stamp=stamp(1, 0, staleness=1))
+    assert seen == [(None, 0), (None, 0), (0, 1)]
+    assert server.shard.stats()["min_clock"] == 1
+
+
 def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(servers):
     """Client.stop_job stops the job on each live shard and returns a line for a shard that is down, within its
     deadline, without retrying (a stopping worker does not wait)."""

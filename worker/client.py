@@ -129,7 +129,8 @@ class Client:
         self._numbers = RequestNumbers(len(servers))  # PushBatch requests sent to each shard, and the push lock
         self._outages = Outages(self.servers, shard_gone)  # the shards failing now, and since when
         self._closed = False
-        self._acked: dict[int, int] = {}  # job -> this worker's steps whose stamped push had every shard's reply
+        # (job, worker) -> the worker's steps whose stamped push had every shard's reply
+        self._acked: dict[tuple[int, int], int] = {}
         self.slot_map = SlotMap.contiguous(len(servers))
         self._router = Router(self.slot_map, len(servers))
         self._channels = open_channels(self.servers, tls_ca, tls_cert, tls_key, auth_token)
@@ -334,7 +335,8 @@ class Client:
         out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
         if not clocked:
             return out
-        self._acked[stamp.job] = max(self._acked.get(stamp.job, 0), stamp.step + 1)  # every shard answered
+        worker = stamp.job, stamp.worker
+        self._acked[worker] = max(self._acked.get(worker, 0), stamp.step + 1)  # every shard answered
         if return_rows and len(waves) > 1:  # rows of a shard's batch before its last were read before the
             min_clock = 0  # clock its reply gave: they are known fresh at none
         return out, min_clock or 0
@@ -344,7 +346,7 @@ class Client:
         step of its worker that every shard answered (self._acked), at most its own step, which holds the shard
         for the job and moves no clock (the worker's clocks are there already); none before the worker's first
         step was answered."""
-        step = min(stamp.step, self._acked.get(stamp.job, 0) - 1)
+        step = min(stamp.step, self._acked.get((stamp.job, stamp.worker), 0) - 1)
         if step < 0:
             return None
         return codec.stamp_to_proto(replace(stamp, step=step, acked=min(stamp.acked, step)))
@@ -529,7 +531,7 @@ class Client:
             request.HasField("stamp") else None  # fmt: skip
         if stamp is None or stamp.done or stamp.stopped:
             return
-        acked = min(self._acked.get(stamp.job, 0), stamp.step)
+        acked = min(self._acked.get((stamp.job, stamp.worker), 0), stamp.step)
         if acked > stamp.acked:
             stamp.acked = acked
 
