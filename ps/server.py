@@ -37,12 +37,12 @@ from ps.security import (
 )
 from ps.service import ParameterServerServicer, StartGate
 from ps.storage.verify import verify_data_dir
-from ps.terminate import SIGNAL_CHECK_S, HandlerWork
+from ps.terminate import SIGNAL_CHECK_S, HandlerWork, StopFlag
 
 log = logging.getLogger("ps.server")
 
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
-SAID_WAIT_S = 5.0  # a stopped start's last line waits this long at most for the signal's line before it
+SAID_WAIT_S = 5.0  # a stop's lines wait this long at most for the signal's line (logged by another thread)
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -310,19 +310,20 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING)
     and `listening on HOST:PORT` once it serves. A stop during the start ends it at its next safe point
     (ps.engine.startup) and returns, saying so."""
-    stop = threading.Event()  # set by the ps-signals thread, never by a handler (it takes the event's lock)
+    stop = StopFlag()  # set by on_signal itself: the start's next check, and the wait for the stop, see it at once
     progress = StartProgress(stop)
     serving: list[Server] = []  # the server, once it serves
     stopped_with: list[int] = []  # the stop's exit code, once the shard is stopped (a warm-up may still end)
     received: list[signal.Signals] = []  # every SIGTERM and SIGINT, in order (on_signal appends: no lock)
-    said = HandlerWork("ps-signals")  # on_signal's log lines, and the stop they ask for
+    said = HandlerWork("ps-signals")  # on_signal's log lines
     said.start()
 
     def on_signal(signum, frame):
-        """(main thread, wherever it is) Takes no lock, as the code it interrupted may hold it (HandlerWork): a
-        second signal is told by its count, and the ps-signals thread logs and sets `stop`."""
+        """(main thread, wherever it is) Takes no lock, as the code it interrupted may hold it (HandlerWork): sets
+        `stop` (a StopFlag), tells a second signal by its count, and hands its log lines to the ps-signals thread."""
         sig = signal.Signals(signum)
         received.append(sig)
+        stop.set()
         again = len(received) > 1
         if again and stopped_with:  # the shard is closed: nothing is left to write
             _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0])
@@ -331,7 +332,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
             why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig)
             said.run(functools.partial(log.warning, "received %s again: the stop goes on: %s", sig.name, why_not))
             return
-        said.run(functools.partial(_shutting_down, sig, progress, stop))
+        said.run(functools.partial(_shutting_down, sig, progress))
         if progress.interruptible and not again:  # a read-only phase: stopped where it is (once: a second signal
             raise StartStopped(progress.describe())  # must not interrupt the first one's way out)
 
@@ -345,7 +346,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
             f"{where} starting on {host_port(config.host, server.port)} (data dir {config.data_dir}; health says NOT_SERVING, "
             "and what the start is doing, until it serves)"))  # fmt: skip
     except StartStopped as e:
-        said.drained(SAID_WAIT_S)  # the signal's line first (raised by on_signal, the start may not wait for it)
+        said.drained(SAID_WAIT_S)  # the signal's line first
         print(_stopped_start_line(where, e, progress.phase, config.restore_dir), file=sys.stderr, flush=True)
         return
     port = server.start()
@@ -359,6 +360,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         warming.start()
     while not stop.is_set():  # polled in slices (a SIGTERM another thread received: ps.terminate)
         time.sleep(SIGNAL_CHECK_S)
+    said.drained(SAID_WAIT_S)  # the signal's line first
     code = stop_server(server, config.shard_id)
     stopped_with.append(code)  # before serving is cleared: a second signal from here on exits now (on_signal)
     serving.clear()
@@ -412,10 +414,9 @@ def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) 
         os._exit(128 + sig)
 
 
-def _shutting_down(sig: signal.Signals, progress: StartProgress, stop: threading.Event) -> None:
-    """(ps-signals thread) A signal's stop: said, then asked for (so its line comes before the stop's)."""
+def _shutting_down(sig: signal.Signals, progress: StartProgress) -> None:
+    """(ps-signals thread) The line of a signal that asked for the stop."""
     log.info("received %s, shutting down%s", sig.name, _stop_note(progress))
-    stop.set()
 
 
 def _stop_note(progress: StartProgress) -> str:

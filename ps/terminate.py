@@ -43,6 +43,20 @@ TERMINATED = "terminated"  # what a command a SIGTERM stops says after its name 
 log = logging.getLogger("ps.terminate")
 
 
+class StopFlag:
+    """A stop asked for, that a signal handler sets itself: set() takes no lock (threading.Event.set takes the
+    event's, which the code the handler interrupted may hold), so nothing can wait on it: is_set() is polled."""
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class HandlerWork:
     """What signal handlers hand over, done in order by a daemon thread of its own (`name`), which start() begins
     outside them. A Python signal handler runs in the main thread wherever that thread is, so the code it

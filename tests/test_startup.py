@@ -6,6 +6,7 @@ next start has every push. The start is held at a journal record for as long as 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import re
 import signal
@@ -165,7 +166,7 @@ def test_start_progress_describes_its_phase_and_stops_only_when_asked():
         progress.check()
     with pytest.raises(StartStopped):
         progress.enter("ready")  # every phase begins where stopping is safe: it checks first
-    progress.stop.clear()
+    progress = StartProgress()  # one not asked to stop
     with progress.read_only("verifying"):
         assert progress.interruptible and progress.phase == "verifying"
     assert not progress.interruptible  # a stop after the read-only part waits for the next check
@@ -255,6 +256,59 @@ def test_sigterm_during_verify_on_start_stops_it_at_once(tmp_path):
             np.testing.assert_array_equal(client.pull("emb", IDS), rows)
     finally:
         again.stop_cleanly()
+
+
+# ps-server (tests.slow_start: its --verify-on-start reading held until the file GATE) whose start also waits, before
+# that reading begins, for the file GATE.begin, and whose ps-signals thread takes 3 s over each line (a slow stderr),
+# having made the file GATE.said
+SLOW_LINE_BEFORE_VERIFY = """import logging, sys, threading, time
+import ps.server
+from ps.__main__ import main
+from tests.slow_start import hold_verify, wait_for
+
+gate = sys.argv[1]
+hold_verify(gate)
+build = ps.server.Server._build_shard
+
+
+def build_later(self):
+    wait_for(gate + ".begin")
+    return build(self)
+
+
+class Slow(logging.Filter):
+    def filter(self, record):
+        if threading.current_thread().name == "ps-signals":
+            open(gate + ".said", "w").close()
+            time.sleep(3)
+        return True
+
+
+ps.server.Server._build_shard = build_later
+logging.getLogger("ps.server").addFilter(Slow())
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_sigterm_just_before_verify_on_start_stops_the_start_though_its_line_is_slow(tmp_path):
+    """The handler asks for the stop itself: the read-only phase that begins after it is not entered, while the
+    signal's line (another thread's) is still being written; that line still comes before the start's last one."""
+    crashed_with_a_journal(tmp_path / "d")
+    gate = tmp_path / "gate"
+    server = ServerProcess(tmp_path / "d", "--verify-on-start", launcher=("-c", SLOW_LINE_BEFORE_VERIFY, str(gate)))
+    try:
+        server.answering()
+        server.proc.send_signal(signal.SIGTERM)
+        wait_until(lambda: os.path.exists(f"{gate}.said"), 30, "the signal's line to be under way")
+        (tmp_path / "gate.begin").touch()
+        assert server.proc.wait(30) == 0, server.output()  # the reading's gate never opens: it must not begin
+    except subprocess.TimeoutExpired:
+        raise server.hung("the start went on into its reading") from None
+    finally:
+        server.proc.kill()
+    out = server.output()
+    said, stopped = out.find("received SIGTERM, shutting down"), out.find("stopped during its start (checking its")
+    assert 0 <= said < stopped and "listening on" not in out, out
 
 
 def test_sigterm_during_a_restore_says_it_stops_it_now_and_the_same_restore_starts_it_over(tmp_path):

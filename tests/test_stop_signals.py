@@ -3,8 +3,8 @@ its journal: every acknowledged push is there. Not while the stop writes the onl
 found its segment deleted): then the stop goes on and says why. The stop is held open by tests.slow_start (its
 last flush waits for a file), so the second signal always lands inside it. The first signal stops a serving shard
 wherever its main thread is in its wait for the stop. The handler takes no lock that the main thread it interrupts
-may hold (the stop event's, stderr's): a second signal inside the first's Event.set, or a signal inside a log line
-of the main thread, does what it does anywhere else."""
+may hold (stderr's: its lines are another thread's): a second signal inside the first's stop.set(), or a signal
+inside a log line of the main thread, does what it does anywhere else."""
 
 from __future__ import annotations
 
@@ -187,33 +187,34 @@ def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch)
     assert exits == [143]
 
 
-# ps-server whose stop event sends it a second SIGTERM from inside its set(), which holds the event's lock then
+# ps-server whose stop flag sends it a second SIGTERM from inside the first set(), the first signal's handler's
 SIGNAL_INSIDE_SET = (
     "-c",
-    """import os, signal, sys, threading, time, types
+    """import os, signal, sys, time
 import ps.server
 from ps.__main__ import main
 
 
-class Probe(threading.Event):
+class Probe(ps.server.StopFlag):
+    sent = False
+
     def set(self):
-        with self._cond:
-            if not self._flag:
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(0.5)  # its handler runs meanwhile, in the main thread
-            self._flag = True
-            self._cond.notify_all()
+        if not Probe.sent:
+            Probe.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # its handler runs meanwhile, in the main thread
+        super().set()
 
 
-ps.server.threading = types.SimpleNamespace(**{**vars(threading), "Event": Probe})
+ps.server.StopFlag = Probe
 sys.exit(main(sys.argv[1:]))
 """,
 )
 
 
-def test_a_second_signal_while_the_stop_event_is_being_set_exits_at_once(tmp_path):
-    """The second SIGTERM's handler runs while the stop's Event.set holds the event's lock (not reentrant): it
-    exits as a second signal does. (A handler that set the event itself waited for that lock for good.)"""
+def test_a_second_signal_while_the_stop_is_being_set_exits_at_once(tmp_path):
+    """The second SIGTERM's handler runs inside the first one's stop.set(), the stop not set yet: it exits as a
+    second signal does (the signals are counted), and waits for nothing the first one holds."""
     server = ServerProcess(tmp_path / "d", launcher=SIGNAL_INSIDE_SET)
     try:
         assert server.started(), server.output()
@@ -282,3 +283,38 @@ def test_a_signal_inside_a_log_line_of_the_main_thread_is_said_and_stops_the_sha
     out = server.output()
     assert "received SIGTERM, shutting down" in out and "stopped cleanly" in out, out
     assert "Logging error" not in out and "Traceback" not in out, out
+
+
+# ps-server whose ps-signals thread never gets through a line (a logging call of that thread that never returns)
+SIGNAL_LINE_STUCK = (
+    "-c",
+    """import logging, sys, threading, time
+import ps.server
+from ps.__main__ import main
+
+
+class Stuck(logging.Filter):
+    def filter(self, record):
+        while threading.current_thread().name == "ps-signals":
+            time.sleep(1)
+        return True
+
+
+logging.getLogger("ps.server").addFilter(Stuck())
+sys.exit(main(sys.argv[1:]))
+""",
+)
+
+
+def test_a_signal_whose_line_never_gets_written_still_stops_the_shard(tmp_path):
+    """The stop is the handler's, not its line's: it waits SAID_WAIT_S at most for that line, then runs."""
+    server = ServerProcess(tmp_path / "d", launcher=SIGNAL_LINE_STUCK)
+    try:
+        assert server.started(), server.output()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(TIMEOUT_S) == 0, server.output()
+    except subprocess.TimeoutExpired:
+        raise server.hung("no stop") from None
+    finally:
+        server.proc.kill()
+    assert "stopped cleanly" in server.output(), server.output()

@@ -53,10 +53,10 @@ def test_it_loads_the_kernels_of_large_requests_and_of_eviction(tmp_path):
 
 
 def test_a_stop_set_ends_it_between_steps_and_its_directory_goes(tmp_path, monkeypatch, caplog):
-    import threading
+    from ps.terminate import StopFlag
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    stop = threading.Event()
+    stop = StopFlag()
     stop.set()
     with caplog.at_level(logging.INFO, logger="ps.engine.warmup"):
         assert warmup.warm_up(stop) is False

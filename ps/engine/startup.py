@@ -6,10 +6,10 @@ constructor (ps.engine.shard) the others, calling enter() as each begins. Other 
 health service's reason and the UNAVAILABLE of every call, ps.server and ps.service) and snapshot() (the metrics
 port, ps.metrics) at any time; the writer replaces one tuple, so a reader never sees half a change.
 
-Stopping: a SIGTERM (or a closed stdin, ps.server) sets the `stop` event. check(), and every enter(), raise
-StartStopped once it is set, so a start stops only where stopping leaves the data dir as the next start can use:
-before RocksDB is opened, between journal records (replayed again next time: a row's lsn says which records it
-has), before the flush that ends a replay. A read-only phase run under read_only() (--verify-on-start) may be
+Stopping: a SIGTERM (or a closed stdin, ps.server) sets the `stop` flag, in its handler (a ps.terminate.StopFlag:
+no lock). check(), and every enter(), raise StartStopped once it is set, so a start stops only where stopping leaves
+the data dir as the next start can use: before RocksDB is opened, between journal records (replayed again next
+time: a row's lsn says which records it has), before the flush that ends a replay. A read-only phase run under read_only() (--verify-on-start) may be
 stopped anywhere inside it: the signal handler raises StartStopped itself while `interruptible` is true. A
 restore (--restore) stops after the batch of rows it is writing: its data dir stays marked as an unfinished restore,
 which the next start with the same --restore starts over, and any other start refuses (ps.engine.shard
@@ -19,9 +19,10 @@ which the next start with the same --restore starts over, and any other start re
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterator
+
+from ps.terminate import StopFlag
 
 PHASES = {  # phase -> what the shard is doing, as describe() says it
     "verifying": "verifying every block of its data dir (--verify-on-start)",
@@ -42,9 +43,9 @@ class StartStopped(BaseException):
 
 
 class StartProgress:
-    def __init__(self, stop: threading.Event | None = None):
-        """stop: the event a SIGTERM sets (None: a new one, which only this object's owner can set)."""
-        self.stop = stop if stop is not None else threading.Event()
+    def __init__(self, stop: StopFlag | None = None):
+        """stop: the flag a SIGTERM sets (None: a new one, which only this object's owner can set)."""
+        self.stop = stop if stop is not None else StopFlag()
         self.started = time.monotonic()
         self._state: tuple[str, Callable[[], float | None] | None, bool] = ("checking", None, False)
         self._took_s: float | None = None  # once serving: how long the start took

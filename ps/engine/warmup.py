@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import threading
 import time
 
 import numpy as np
@@ -31,6 +30,7 @@ from ps.storage.budget import MemoryBudget
 from ps.storage.checksum import PARALLEL_BYTES
 from ps.storage.journal import Journal
 from ps.storage.store import Store
+from ps.terminate import StopFlag
 
 log = logging.getLogger("ps.engine.warmup")
 SCRATCH_BYTES = 1 << 20  # block cache, memtable and journal segment of the scratch table, each
@@ -44,7 +44,7 @@ class _Stopped(Exception):
     pass
 
 
-def warm_up(stop: threading.Event | None = None) -> bool:
+def warm_up(stop: StopFlag | None = None) -> bool:
     """Pulls, pushes and pulls again SCRATCH_IDS ids, then LARGE_IDS ids twice, of a scratch table (default
     settings, dim 8) in a temporary directory (the module docstring); True if it ran through (False, with a log
     line, if anything failed or stop was set: it is looked at between steps)."""
