@@ -133,8 +133,7 @@ SPINNING = ("-c", "import sys, threading\nimport ps.server\nfrom ps.__main__ imp
 
 def test_a_sigterm_stops_a_serving_shard_wherever_its_main_thread_waits_for_it(tmp_path):
     """The first SIGTERM's handler runs in the main thread wherever that thread is in its wait for the stop, and
-    sets the stop there: the stop runs, exit 0. (A wait with stop.wait() holds the event's lock at moments where
-    the handler can run, and the handler's stop.set() would wait for that lock forever: no stop, no exit.)"""
+    sets the stop there (a StopFlag: no lock, which the interrupted wait could hold): the stop runs, exit 0."""
     for run in range(5):  # a SIGTERM each: such a wait hangs in most of them
         server = ServerProcess(tmp_path / f"d{run}", launcher=SPINNING)
         assert server.started(), server.output()
