@@ -148,7 +148,7 @@ class PushResponse(_message.Message):
     def __init__(self, num_applied: _Optional[int] = ...) -> None: ...
 
 class WorkerStamp(_message.Message):
-    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token")
+    __slots__ = ("job", "worker", "num_workers", "step", "staleness", "sync", "barrier_timeout_s", "done", "acked", "setup", "stopped", "unclocked", "token", "apart")
     JOB_FIELD_NUMBER: _ClassVar[int]
     WORKER_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKERS_FIELD_NUMBER: _ClassVar[int]
@@ -162,6 +162,7 @@ class WorkerStamp(_message.Message):
     STOPPED_FIELD_NUMBER: _ClassVar[int]
     UNCLOCKED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    APART_FIELD_NUMBER: _ClassVar[int]
     job: int
     worker: int
     num_workers: int
@@ -175,7 +176,8 @@ class WorkerStamp(_message.Message):
     stopped: str
     unclocked: bool
     token: int
-    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ...) -> None: ...
+    apart: bool
+    def __init__(self, job: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., step: _Optional[int] = ..., staleness: _Optional[int] = ..., sync: _Optional[bool] = ..., barrier_timeout_s: _Optional[float] = ..., done: _Optional[bool] = ..., acked: _Optional[int] = ..., setup: _Optional[str] = ..., stopped: _Optional[str] = ..., unclocked: _Optional[bool] = ..., token: _Optional[int] = ..., apart: _Optional[bool] = ...) -> None: ...
 
 class PullBatchRequest(_message.Message):
     __slots__ = ("pulls", "stamp")

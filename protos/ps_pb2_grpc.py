@@ -132,8 +132,8 @@ class ParameterServerServicer:
         (a float32 overflow or I/O error while applying leaves the pushes before it applied, and says so). With a
         client_id, a retried request (same client_id and seq) is applied exactly once, across restarts too. The
         reply carries, for each push that asks (return_rows), the rows of its ids after it, as a Pull would.
-        With a stamp, the worker's clock moves (WorkerStamp); a sync stamp sums the step's pushes of every worker
-        and applies them once, and the reply comes after that.
+        With a stamp, the worker's clock moves (WorkerStamp; not where it says apart); a sync stamp sums the step's
+        pushes of every worker and applies them once, and the reply comes after that.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

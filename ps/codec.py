@@ -78,6 +78,7 @@ message WorkerStamp
   11 stopped          LEN     string                   push with no pushes: why the worker stopped before its end
   12 unclocked        VARINT  bool                     async or geo: push, create; names the job, moves no clock
   13 token            VARINT  uint64                   unclocked: the worker process's random id; 0: not known
+  14 apart            VARINT  bool                     push, sync or ssp: ends no step of the worker here; no clock moves
 
 message PullBatchRequest
   1  pulls            LEN     repeated PullRequest     one per pull

@@ -277,9 +277,9 @@ def test_a_second_jobs_steps_since_the_last_sync_are_refused_at_flush_while_the_
 
 
 def test_an_ssp_workers_background_push_is_stamped_and_moves_no_clock(servers):
-    """ssp: the MLP's background push carries the stamp of the worker's last step whose push had its reply, so
-    its clock stays where the step's pushes put it; one given before the first reply waits for it (a stamp of
-    step 0 would move the clock to 1 before step 0's rows are applied)."""
+    """ssp: the MLP's background push carries the worker's stamp marked apart, so its clock stays where the step's
+    pushes put it; one given before the first step's push is sent at once, holds the shard for the job, and moves
+    no clock (a clock of 1 would say step 0's rows are applied before they are)."""
     from worker.client import Client
 
     addresses, (server,) = servers(1)
@@ -291,12 +291,11 @@ def test_an_ssp_workers_background_push_is_stamped_and_moves_no_clock(servers):
         source = ClockedRows(client, None, WorkerStamp(JOB, 0, 2, 0, staleness=1, barrier_timeout_s=30.0))
         dense = DenseSync(client, PARAMS, staleness=1, source=source)
         start = {k: v.copy() for k, v in dense.pull().items()}
-        dense.step(ones)  # step 0's MLP push, before step 0's push has its reply
-        time.sleep(0.3)
-        assert clocks.job == 0 and dense.syncs == 0  # it waits
+        dense.step(ones)  # step 0's MLP push, before step 0's push
+        wait_until(lambda: dense.syncs == 1, 10, "the background push, sent before the worker's first step")
+        assert clocks.job == JOB and clocks._clocks == [0, 0] and dense.syncs == 1
         source.push(0, {}, {}, [])  # step 0's push (no rows: a batch of no ids), answered
-        dense.flush()
-        assert clocks.job == JOB and clocks._clocks == [1, 0] and dense.syncs == 1
+        assert clocks._clocks == [1, 0]
         for s in (1, 2):
             source.push(s, {}, {}, [])
         dense.step(ones)

@@ -982,14 +982,28 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
          "unclocked (an async or geo worker's) is said by a PushBatch, not by a pull"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, sync=True, unclocked=True)),
          "says sync (its step summed over the job's workers) or unclocked (async or geo), not both"),
+        (ps_pb2.PullBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True)), "apart (a push that ends none of its "
+         "worker's steps here) is said by a PushBatch, not by a pull"),
+        (ps_pb2.CreateTableRequest(spec=codec.table_config_to_proto(SGD), stamp=ps_pb2.WorkerStamp(**good, apart=True)),
+         "is said by a PushBatch, not by a CreateTable; nothing was created"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, apart=True, sync=True)),
+         "that is no sync contribution, not done and not stopped; this one says sync"),
+        (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True, done=True)), "this one says done"),
+        (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True, stopped="x")), "this one says stopped"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, apart=True,
+                                                                                    unclocked=True)),
+         "this one says unclocked"),
     ]  # fmt: skip
+    methods = {ps_pb2.PullBatchRequest: stub.PullBatch, ps_pb2.PushBatchRequest: stub.PushBatch,
+               ps_pb2.CreateTableRequest: stub.CreateTable}  # fmt: skip
     for request, fragment in refusals:
-        method = stub.PullBatch if isinstance(request, ps_pb2.PullBatchRequest) else stub.PushBatch
+        method = methods[type(request)]
         with pytest.raises(grpc.RpcError) as info:
             method(request)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in info.value.details()
     after = (shard.table("emb").peek(A), shard.journal.next_seq, shard.jobs.stats(), shard.clock)
     assert (before[0] == after[0]).all() and before[1:] == after[1:] and not shard.jobs._steps
+    assert shard.jobs._done == [False, False] and shard.jobs._stopped is None  # done and stopped refused too
     # another worker count: refused, and the job stops
     s = ps_pb2.WorkerStamp(**{**good, "num_workers": 3, "worker": 2})
     with pytest.raises(grpc.RpcError) as info:
@@ -1200,55 +1214,73 @@ def test_a_push_apart_of_several_messages_carries_the_job_on_every_one_and_anoth
 
 
 def test_an_ssp_step_push_of_several_messages_stamps_each_and_moves_the_workers_clock_at_its_last(servers):
-    """ssp: a step's push that takes several messages per shard (one id each here) stamps the ones before the last
-    at the worker's newest step every shard answered, which moves no clock: the worker's clock on the shard moves
-    to step + 1 only with the last message, once the shard holds the whole step (step 0's earlier messages go
-    unstamped: no step of the worker was answered yet)."""
+    """ssp: a step's push that takes several messages per shard (one id each here) stamps every one with the step,
+    marked apart but for the last, which moves no clock: the worker's clock on the shard moves to step + 1 only
+    with the last message, once the shard holds the whole step; the first step's messages too."""
     addresses, (server,) = servers(1)
     ids = np.array([1, 2, 3], np.uint64)
     with Client(addresses, timeout_s=30, max_request_bytes=32) as client:
         client.create_table(SGD)
         calls, seen = client._outcomes, []
 
-        def noted(batch, *args, **kw):  # each wave's stamped step, then the worker's clock on the shard
+        def noted(batch, *args, **kw):  # each wave's stamped step and apart, then the worker's clock on the shard
             replies = calls(batch, *args, **kw)
             ((_, _, request),) = batch
-            said = request.stamp.step if request.HasField("stamp") else None
-            seen.append((said, server.shard.stats()["min_clock"]))  # its one worker's
+            seen.append((request.stamp.step, request.stamp.apart, server.shard.stats()["min_clock"]))
             return replies
 
         client._outcomes = noted
         for step in range(2):
             client.push_many([("emb", ids, np.ones((3, 4), np.float32))], advance_clock=1,
                              stamp=stamp(0, step, num_workers=1, staleness=1, acked=step))  # fmt: skip
-    assert seen == [(None, 0), (None, 0), (0, 1), (0, 1), (0, 1), (1, 2)]
+    assert seen == [(0, True, 0), (0, True, 0), (0, False, 1), (1, True, 1), (1, True, 1), (1, False, 2)]
     np.testing.assert_array_equal(server.shard.pull("emb", ids), np.full((3, 4), -2.0))  # both steps, once each
+    assert server.shard.clock == 2  # advance_clock: with the last message only
 
 
-def test_the_stamp_before_a_shards_last_message_is_its_own_workers_answered_step_not_anothers(servers):
-    """One client pushing for two workers of an ssp job: worker 0 has had steps 0 to 2 answered; worker 1's push
-    of step 0, three messages here, sends its first two unstamped (no step of worker 1 was answered: worker 0's
-    steps say nothing of it), so that worker 1's clock moves to 1 only with the last message, once the shard holds
-    the whole step."""
+def test_a_first_ssp_step_of_several_messages_on_a_shard_another_job_holds_is_refused_whole(servers):
+    """An ssp worker's first step, three messages on its shard, while another job holds the shard: every message
+    carries the job's stamp (apart but for the last), so the shard refuses the first (FAILED_PRECONDITION), the
+    push stops there, and none of the step is applied."""
     addresses, (server,) = servers(1)
     ids = np.array([1, 2, 3], np.uint64)
     with Client(addresses, timeout_s=30, max_request_bytes=32) as client:
         client.create_table(SGD)
-        for step in range(3):  # one id: one message
-            client.push_many([("emb", ids[:1], np.ones((1, 4), np.float32))], advance_clock=1,
-                             stamp=stamp(0, step, staleness=1, acked=step))  # fmt: skip
-        calls, seen = client._outcomes, []
+        client.pull_many([("emb", ids[:1])], stamp=WorkerStamp(JOB + 1, 0, 1, 0, staleness=1))  # the other job's
+        before = client.pull("emb", ids)
+        with pytest.raises(JobConflictError, match=f"holds job {JOB + 1}") as refused:
+            client.push_many([("emb", ids, np.ones((3, 4), np.float32))], advance_clock=1,
+                             stamp=stamp(0, 0, num_workers=1, staleness=1))  # fmt: skip
+        assert refused.value.status == "FAILED_PRECONDITION"
+        np.testing.assert_array_equal(client.pull("emb", ids), before)
+    assert server.shard.stats()["job"] == JOB + 1 and server.shard.clock == 0
 
-        def noted(batch, *args, **kw):  # each wave's stamped step, then worker 1's clock on the shard
-            replies = calls(batch, *args, **kw)
-            ((_, _, request),) = batch
-            seen.append((request.stamp.step if request.HasField("stamp") else None, server.shard.jobs._clocks[1]))
-            return replies
 
-        client._outcomes = noted
-        client.push_many([("emb", ids, np.ones((3, 4), np.float32))], advance_clock=1, stamp=stamp(1, 0, staleness=1))
-    assert seen == [(None, 0), (None, 0), (0, 1)]
-    assert server.shard.stats()["min_clock"] == 1
+def test_an_apart_stamp_holds_the_shard_for_its_job_moves_no_clock_and_is_applied_once(tmp_path):
+    """A PushBatch stamped apart (a message of a step before the shard's last, or a push sent apart from the
+    steps) is applied, starts and holds the shard for its job (another job's stamp is refused), moves no clock, and
+    sent again (same client and seq) is applied once; the step's last message, not apart, moves the clock. Its
+    client is its worker's process, as a step's: a push of the worker from another one is refused."""
+    shard = open_shard(tmp_path)
+    ids = np.array([1, 2], np.uint64)
+    apart = stamp(0, 3, num_workers=1, staleness=1, apart=True)
+    for _ in range(2):  # the second: a retry of the first
+        shard.push_stamped([push(ids, np.ones((2, 4)))], 0, 77, 1, apart)
+        assert shard.jobs._clocks == [0] and shard.clock == 0
+    np.testing.assert_array_equal(shard.pull("emb", ids), np.full((2, 4), -1.0))
+    assert shard.jobs.stats()["job"] == JOB
+    with pytest.raises(JobConflictError, match=f"holds job {JOB}"):
+        shard.jobs.check(WorkerStamp(JOB + 1, 0, 1, 0, staleness=1), pull=True)
+    shard.push_stamped([push(ids, np.ones((2, 4)))], 1, 77, 2, dataclasses.replace(apart, apart=False))
+    assert shard.jobs._clocks == [4] and shard.clock == 1
+    np.testing.assert_array_equal(shard.pull("emb", ids), np.full((2, 4), -2.0))
+    shard.close()
+    shard = open_shard(tmp_path / "other")  # the apart push names its worker's process: another one is refused
+    shard.push_stamped([push(ids, np.ones((2, 4)))], 0, 77, 1, apart)
+    with pytest.raises(JobConflictError, match="comes from another process"):
+        shard.push_stamped([push(ids, np.ones((2, 4)))], 0, 88, 1, apart)
+    np.testing.assert_array_equal(shard.pull("emb", ids), np.full((2, 4), -1.0))
+    shard.close()
 
 
 def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(servers):

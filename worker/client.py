@@ -273,14 +273,13 @@ class Client:
         stamp: every shard gets a batch carrying it and this returns (what it returns without one, the job's
         min_clock: the smallest any shard answered, which the rows returned are at least as fresh as; 0 where they
         are returned and a shard got more than one batch: it read the rows of its earlier batches before that
-        clock). Not sync: a shard's last batch carries the stamp (its worker's clock moves once the shard has every
-        push of the step), and its batches before it the stamp at the worker's newest step every shard answered
-        (_stamp_before: it moves no clock, and a shard that holds another job refuses it; a push sent apart from
-        the steps, stamped at such a step, carries its own stamp on every batch), none before the first. Sync:
-        each shard gets exactly one batch, whatever its size (the worker's contribution to the step), sent without
-        this client's id: the shard applies the step's sum under the job's key. Unclocked (an async or geo job's):
-        every batch carries it (a shard training another job refuses each), and this returns what it returns
-        without one."""
+        clock). Clocked, not sync: every batch carries it (a shard that holds another job refuses each), marked
+        apart on a shard's batches before its last (they move no clock: the worker's clock moves with the last,
+        once the shard holds every push of the step); a stamp marked apart (a push sent apart from the steps) is
+        sent so on every batch, and counts no step as answered. Sync: each shard gets exactly one batch, whatever
+        its size (the worker's contribution to the step), sent without this client's id: the shard applies the
+        step's sum under the job's key. Unclocked (an async or geo job's): every batch carries it, and this returns
+        what it returns without one."""
         requests, plans = [], []
         for item, delta in zip(items, per_item(add_delta, len(items)), strict=True):
             table, ids, grads, clicks, shows = PushItem(*item)
@@ -298,7 +297,7 @@ class Client:
         )
         last = {shard: i for i, (shard, _) in enumerate(groups)}  # the clock moves after a shard's last batch
         proto = None if stamp is None else codec.stamp_to_proto(stamp)
-        before = self._stamp_before(stamp) if clocked and not sync else proto  # a shard's batches before its last
+        before = codec.stamp_to_proto(replace(stamp, apart=True)) if clocked and not sync else proto  # no clock
         with self._numbers.lock:
             waves: list[list] = []  # wave k: the k-th batch of each shard; a shard's batches go in order
             for i, (shard, g) in enumerate(groups):
@@ -335,21 +334,12 @@ class Client:
         out = [rows if order is None else rows[order] for rows, order in plans] if return_rows else None
         if not clocked:
             return out
-        worker = stamp.job, stamp.worker
-        self._acked[worker] = max(self._acked.get(worker, 0), stamp.step + 1)  # every shard answered
+        if not stamp.apart:
+            worker = stamp.job, stamp.worker
+            self._acked[worker] = max(self._acked.get(worker, 0), stamp.step + 1)  # every shard answered
         if return_rows and len(waves) > 1:  # rows of a shard's batch before its last were read before the
             min_clock = 0  # clock its reply gave: they are known fresh at none
         return out, min_clock or 0
-
-    def _stamp_before(self, stamp: WorkerStamp) -> Any:
-        """The stamp (proto; None: none) of a clocked push's batches before a shard's last: the stamp at the newest
-        step of its worker that every shard answered (self._acked), at most its own step, which holds the shard
-        for the job and moves no clock (the worker's clocks are there already); none before the worker's first
-        step was answered."""
-        step = min(stamp.step, self._acked.get((stamp.job, stamp.worker), 0) - 1)
-        if step < 0:
-            return None
-        return codec.stamp_to_proto(replace(stamp, step=step, acked=min(stamp.acked, step)))
 
     def _routed_pushes(self, table: str, dim: int, uniq: np.ndarray, grads: np.ndarray, shows: np.ndarray,
                        clicks: np.ndarray, return_rows: bool, add_delta: bool) -> Iterator[tuple[int, np.ndarray, Any]]:  # fmt: skip

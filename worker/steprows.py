@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ps.errors import PsError
-from ps.terminate import SIGNAL_CHECK_S, Terminated, signal_behind
+from ps.terminate import Terminated, signal_behind
 from worker.batch import TableIds
 from worker.client import PushItem
 from worker.models.spec import ModelSpec
@@ -178,7 +178,6 @@ class ClockedRows:
         self.window: deque = deque(maxlen=depth + 1)
         self._finished = False
         self.acked = 0  # this worker's pushes that have had their reply
-        self._replied = threading.Condition()  # notified as acked moves (push_apart waits for the first reply)
 
     def start_epoch(self) -> None:
         self.window = deque(maxlen=self.depth + 1)
@@ -225,9 +224,7 @@ class ClockedRows:
         returned, min_clock = self.tables.push_many(
             _sparse_pushes(tids, row_grads) + extra, advance_clock=1, return_rows=True, stamp=self._at(step)
         )
-        with self._replied:
-            self.acked = step + 1
-            self._replied.notify_all()
+        self.acked = step + 1
         if self.cache is not None:
             with self._cache_lock:
                 for (t, ti), rows in zip(tids.items(), returned):
@@ -235,17 +232,12 @@ class ClockedRows:
         return returned[len(tids) :]
 
     def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
-        """Sent with the stamp of the worker's last step whose push has had its reply (not sync: no step's
-        contribution; a sync job's MLP goes with its steps but for the steps since its last sync that a flush
-        pushes), which moves no clock: a shard moves the worker's clock to the stamp's step + 1, where
-        the step's push put it already. One sent before the first step's reply waits for it (or the worker's end:
-        timed, as finish and abandon notify nobody), since a stamp of step 0 would move the clock to 1 before
-        step 0's rows are applied."""
-        with self._replied:
-            while not self.acked and not self._finished:
-                self._replied.wait(SIGNAL_CHECK_S)
-        stamp = self._at(max(self.acked - 1, 0), sync=False)
-        returned, _ = self.tables.push_many(items, return_rows=True, add_delta=add_delta, stamp=stamp)
+        """Sent with the worker's stamp marked apart (not sync: no step's contribution; a sync job's MLP goes with
+        its steps but for the steps since its last sync that a flush pushes), at its next step: it holds the
+        shards for the job and moves no clock, before the worker's first step's reply too."""
+        returned, _ = self.tables.push_many(
+            items, return_rows=True, add_delta=add_delta, stamp=self._at(self.acked, sync=False, apart=True)
+        )
         return returned
 
     def settle(self) -> None:

@@ -15,14 +15,17 @@ mode's worker advances the clock in its stamped PushBatch) never wait, never com
 hold nothing.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
-stamped pushes, and at least the largest `acked` of its stamps (the steps whose push has had its reply, as the
-worker counts them); 0 before any. A worker that said it is done counts as infinitely far ahead. min_clock is the
-smallest clock (when every worker is done, the largest).
+stamped pushes not apart, and at least the largest `acked` of its stamps (the steps whose push has had its reply,
+as the worker counts them); 0 before any. A worker that said it is done counts as infinitely far ahead. min_clock
+is the smallest clock (when every worker is done, the largest).
 
 - A stamped pull of step s with staleness k waits, before it reads, until min_clock >= s - k (k = 0: every worker
   has pushed every step before s); when every worker is done it is served at once. max_gap records the largest
   s - min_clock a pull was served at.
-- A stamped push (not sync) is applied at once, as an async one is; then its worker's clock moves to step + 1.
+- A stamped push (not sync) is applied at once, as an async one is; then its worker's clock moves to step + 1, but
+  for one whose stamp says apart: a message of a step's push before the shard's last (the clock moves with the
+  step's last message here, once the shard holds the whole step), or a push sent apart from the steps (the MLP's,
+  early stopping's restore); it holds the shard for the job as a push does, and moves no clock.
 - A sync push of step t is a contribution: it waits until every worker not done has contributed to t, then the
   contributions are summed (sum_contributions: per table the union of ids, grads, shows and clicks summed per id,
   shows and clicks clipped to a push's limit per id) and applied once, as one PushBatch of the job: client
@@ -187,6 +190,13 @@ def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
         bad = "a stamp says sync (its step summed over the job's workers) or unclocked (async or geo), not both"
     elif stamp.token and not stamp.unclocked:
         bad = "token (an async or geo worker process's) is said by an unclocked stamp, not a sync or ssp one"
+    elif stamp.apart and (pull or create):
+        bad = "apart (a push that ends none of its worker's steps here) is said by a PushBatch, not by a "
+        bad += "pull" if pull else "CreateTable"
+    elif stamp.apart and (stamp.sync or stamp.done or stamp.stopped or stamp.unclocked):
+        said = next(k for k in ("sync", "done", "stopped", "unclocked") if getattr(stamp, k))
+        bad = "apart (a push that ends none of its worker's steps here) is said by a push of a sync or ssp worker "
+        bad += f"that is no sync contribution, not done and not stopped; this one says {said}"
     if bad:
         raise InvalidArgumentError(f"bad worker stamp: {bad}; {_nothing_done(create)}")
 
@@ -744,22 +754,22 @@ class JobClocks:
     def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False, apart: bool = False) -> int:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
         a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). apart: the
-        push is none of the worker's steps (a shared one, Client.push_once's, sent before the worker's first step
-        too): the job holds the shard as after a push, and no clock moves. Returns min_clock. (Another job that
-        started since the check and runs, or the job started since the check with another worker count, by a push
-        of another worker checked at the same time: the push stays applied, and nothing moves; the worker's next
-        stamp is refused as its check finds the job now.)"""
+        push ends none of the worker's steps here (its stamp's apart: a message of a step before the shard's last,
+        or a push sent apart from the steps; or a shared one, Client.push_once's, sent before the worker's first
+        step too): the job holds the shard as after a push, and no clock moves. Returns min_clock. (Another job
+        that started since the check and runs, or the job started since the check with another worker count, by a
+        push of another worker checked at the same time: the push stays applied, and nothing moves; the worker's
+        next stamp is refused as its check finds the job now.)"""
         with self._cond:
             if not self._entered(stamp, claimed):
                 return self._min_clock()
             if stamp.unclocked:  # a worker that pushes runs: one that stopped (or finished) was started again
                 self._done[stamp.worker] = False
                 return self._min_clock()
-            if apart:
-                return self._min_clock()
-            self._reach(stamp.step + 1, [stamp.worker])
             if client and not self._clients[stamp.worker]:
                 self._clients[stamp.worker] = client
+            if not apart:
+                self._reach(stamp.step + 1, [stamp.worker])
             return self._min_clock()
 
     def created(self, stamp: WorkerStamp, claimed: bool = False) -> None:

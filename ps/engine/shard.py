@@ -899,13 +899,15 @@ class Shard:
         caller_gone: Callable[[], bool] | None = None,
         shared: bool = False,
     ) -> tuple:
-        """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to the
-        step's sum, applied once the step is complete; client tells two workers of one worker id apart, client_seq
-        is not used) or not (push_batch, then the worker's clock moves, or, unclocked, the worker runs). Returns (clock, ids applied by this
-        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
-        caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them. shared: the PushBatch is marked
+        """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to
+        the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
+        client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart, or,
+        unclocked, the worker runs). Returns (clock, ids applied by this request, min_clock). A rejected request (a
+        bad stamp, a push of a worker held as done) changes nothing. caller_gone: see JobClocks.push_sync. pushes:
+        as push_batch takes them. shared: the PushBatch is marked
         shared (Client.push_once: applied once under a key any worker may send, none of the worker's steps), so
-        client names no worker's process and no clock moves (JobClocks.pushed's apart); never sync."""
+        client names no worker's process and no clock moves (JobClocks.pushed's apart, as for a stamp that says
+        apart); never sync."""
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
         if shared and (stamp.sync or stamp.done or stamp.stopped):
@@ -936,7 +938,7 @@ class Shard:
             if claimed:
                 self.jobs.release(stamp)
             raise
-        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=shared)
+        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=stamp.apart or shared)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
         """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too, and its size:
