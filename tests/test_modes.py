@@ -988,6 +988,8 @@ def test_bad_stamps_are_invalid_arguments_and_change_nothing(server1):
          "is said by a PushBatch, not by a CreateTable; nothing was created"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, apart=True, sync=True)),
          "that is no sync contribution, not done and not stopped; this one says sync"),
+        (ps_pb2.PushBatchRequest(pushes=[push_request(A)], advance_clock=1, stamp=ps_pb2.WorkerStamp(**good, apart=True)),
+         "stamped apart ends none of its worker's steps, so it advances no clock; this one advances it by 1"),
         (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True, done=True)), "this one says done"),
         (ps_pb2.PushBatchRequest(stamp=ps_pb2.WorkerStamp(**good, apart=True, stopped="x")), "this one says stopped"),
         (ps_pb2.PushBatchRequest(pushes=[push_request(A)], stamp=ps_pb2.WorkerStamp(**good, apart=True,

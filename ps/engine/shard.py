@@ -901,10 +901,10 @@ class Shard:
     ) -> tuple:
         """A PushBatch of a job's worker (see ps.engine.jobs): done or stopped (no pushes), sync (a contribution to
         the step's sum, applied once the step is complete; client tells two workers of one worker id apart,
-        client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart, or,
-        unclocked, the worker runs). Returns (clock, ids applied by this request, min_clock). A rejected request (a
-        bad stamp, a push of a worker held as done) changes nothing. caller_gone: see JobClocks.push_sync. pushes:
-        as push_batch takes them. shared: the PushBatch is marked
+        client_seq is not used) or not (push_batch, then the worker's clock moves, unless the stamp says apart,
+        which advances no clock: advance_clock 0; or, unclocked, the worker runs). Returns (clock, ids applied by this
+        request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
+        caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them. shared: the PushBatch is marked
         shared (Client.push_once: applied once under a key any worker may send, none of the worker's steps), so
         client names no worker's process and no clock moves (JobClocks.pushed's apart, as for a stamp that says
         apart); never sync."""
@@ -915,6 +915,9 @@ class Shard:
             raise InvalidArgumentError("a shared PushBatch (applied once under a key any caller may send) is none of "
                                        "a worker's steps, so its stamp says none of sync, done and stopped; this one "
                                        f"says {said}; nothing was applied")  # fmt: skip
+        if stamp.apart and advance_clock:
+            raise InvalidArgumentError(f"a PushBatch stamped apart ends none of its worker's steps, so it advances no "
+                                       f"clock; this one advances it by {advance_clock:,}; nothing was applied")  # fmt: skip
         if stamp.stopped:  # a stop stamp: its job stops here, if this shard follows it (JobClocks.abandon)
             check_stamp(stamp, pull=False)
             if pushes or advance_clock:
