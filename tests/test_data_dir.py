@@ -304,6 +304,7 @@ def test_the_first_line_says_whether_the_data_dir_was_new_and_what_it_holds(tmp_
 
 def test_a_start_stopped_by_permissions_or_a_full_disk_says_so_not_damage(good_dir, monkeypatch):
     """Neither is damage: the message names the file and the user, or the full disk, and what to do."""
+    import ps.engine.opening as opening
     import ps.engine.shard as shard_module
     from ps.errors import DiskFullError
 
@@ -312,7 +313,7 @@ def test_a_start_stopped_by_permissions_or_a_full_disk_says_so_not_damage(good_d
     def unreadable(*args, **kw):
         raise PermissionError(13, "Permission denied", journal_dir)
 
-    monkeypatch.setattr(shard_module, "Journal", unreadable)
+    monkeypatch.setattr(opening, "Journal", unreadable)
     with pytest.raises(StorageError, match=rf"permission denied on {re.escape(journal_dir)} \(Permission denied\): "
                                            r"run ps-server as the user that owns the data dir") as refused:  # fmt: skip
         Shard(ServerConfig(data_dir=good_dir))

@@ -513,19 +513,19 @@ def test_a_stop_asked_as_a_restore_ends_leaves_a_restored_dir_that_starts_withou
     """A stop asked for after the restore's last batch (or during one of a share with no rows) is taken at the
     next check, in the phase after the restore: the dir holds the whole restore and no mark, so the line printed
     says it is as the next start can use, and a start without --restore serves it."""
-    import ps.engine.shard as shard_module
+    import ps.engine.opening as opening
     from ps.engine.startup import StartProgress, StartStopped
     from ps.server import _stopped_start_line
 
     checkpoint = one_table_checkpoint(tmp_path, 5)
-    progress, restore = StartProgress(), shard_module.restore_into
+    progress, restore = StartProgress(), opening.restore_into
 
     def restore_then_stop(*args, **kwargs):
         summary = restore(*args, **kwargs)
         progress.stop.set()  # a SIGTERM just after the last batch's check
         return summary
 
-    monkeypatch.setattr(shard_module, "restore_into", restore_then_stop)
+    monkeypatch.setattr(opening, "restore_into", restore_then_stop)
     config = ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=checkpoint)
     with pytest.raises(StartStopped) as stopped:
         Shard(config, progress)

@@ -38,19 +38,30 @@ import logging
 import os
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 import numpy as np
 
 from ps.accel.threadnames import name_os_thread
-from ps.checkpoint import MANIFEST, checkpoint_folder_around, file_checksums, load_manifest, read_manifest, slot_range
+from ps.checkpoint import file_checksums
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, check_stamp, contribution
+from ps.engine.opening import (
+    check_data_dir,
+    check_store,
+    clear_frames,
+    close_after_failed_start,
+    failed_start_error,
+    new_budget,
+    open_journal,
+    open_store,
+    open_tables,
+    replay,
+    rows_text,
+)
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
-from ps.engine.restore import check_restored, restore_into
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table, layout_for
@@ -60,125 +71,28 @@ from ps.errors import (
     PARTLY_APPLIED,
     ClientTableFullError,
     DataDirLostError,
-    DataLossError,
-    DiskFullError,
     InvalidArgumentError,
     ModelStateReplacedError,
     PsError,
     ShardNeedsRestartError,
-    StorageError,
     TableExistsError,
     TableNotFoundError,
     WrongShardError,
-    disk_full_reason,
     echo,
 )
-from ps.rows.layout import RowLayout, layout_of
+from ps.rows.layout import RowLayout
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
 from ps.storage import diskspace, leftovers
-from ps.storage.arena import MemoryBudget
 from ps.storage.diskspace import DiskWatch, low_bytes, measure
-from ps.storage.journal import Journal
 from ps.storage.memory import plan_memory
-from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
-from ps.storage.store import Store
 from ps.wire import repeats_ids
 
 T = TypeVar("T")
 log = logging.getLogger("ps.engine.shard")
-REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
 FLUSH_FAILURE_LOG_S = 300.0  # between the log lines of a background flush that keeps failing
-
-
-def _rows(n: int) -> str:
-    """A count of rows as the log lines say it: "1 row", "1,500 rows"."""
-    return f"{n:,} row{'s' * (n != 1)}"
-
-
-def _start_error(e: Exception, data_dir: str) -> PsError | None:
-    """The error to report for a start that e stopped, when e is not damage: a file the server may not read or
-    write (PermissionError), or a full disk; None otherwise (StorageErrors and the like say what they are)."""
-    if isinstance(e, PermissionError):
-        return StorageError(f"cannot start on data dir {data_dir}: permission denied on {e.filename or 'a file'} "
-                            f"({e.strerror}): run ps-server as the user that owns the data dir (uid {os.geteuid()} "
-                            "runs it now), or give that user access; nothing was changed")  # fmt: skip
-    reason = disk_full_reason(e)
-    if reason is not None and not isinstance(e, DiskFullError):
-        return DiskFullError.of(reason, f"starting on data dir {data_dir}", outcome="", remedy="start the server again")
-    if isinstance(e, DiskFullError):
-        return e.instead("", disk=data_dir, remedy="start the server again (nothing acknowledged is lost)")
-    return None
-
-
-def _refuse_lone_rocksdb(config: ServerConfig) -> None:
-    """StorageError, before RocksDB is opened (which writes), for a data dir that holds RocksDB's files and nothing
-    else of a shard's: most likely a checkpoint's shard folder copied in (unless config.accept_journal_loss)."""
-    path = config.data_dir
-    if config.accept_journal_loss or not os.path.exists(os.path.join(path, "CURRENT")):
-        return
-    if not any(os.path.exists(os.path.join(path, n)) for n in (IDENTITY_FILE, MARK_FILE, "journal")):
-        raise StorageError(
-            f"data dir {path} holds RocksDB's files and nothing else of a shard's (no {IDENTITY_FILE}, journal or "
-            "journal mark): a checkpoint's shard-<i> folder? To start from a checkpoint, give --restore CHECKPOINT "
-            "with a new data dir. If this is a data dir that lost those files, --accept-journal-loss starts on what "
-            "RocksDB holds; nothing was changed"
-        )
-
-
-def _restore_manifest(config: ServerConfig) -> dict | None:
-    """StorageError if config.data_dir is, or lies inside, a shard's folder of a checkpoint (through symbolic links
-    too). For a restore into a new (missing or empty) data dir: the checkpoint's manifest, checked with every file of
-    it before the dir is made; else None (a dir with data gets the refusals of check_restored and restore_into)."""
-    folder = checkpoint_folder_around(config.data_dir)
-    if folder is not None:
-        checkpoint = os.path.dirname(folder)
-        if folder != os.path.realpath(config.data_dir):
-            raise StorageError(
-                f"--data-dir {config.data_dir} lies inside {folder}, a shard's folder of the checkpoint {checkpoint}: "
-                "a server there would add files to the checkpoint, which a restore or an export then refuses as "
-                "damaged. Give a --data-dir outside the checkpoint; nothing was changed"
-            )
-        raise StorageError(
-            f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
-            f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"
-        )
-    new_dir = not os.path.isdir(config.data_dir) or not set(os.listdir(config.data_dir)) - {"lost+found"}
-    if not (config.restore_dir and new_dir):
-        return None
-    if not os.path.isdir(config.restore_dir):
-        raise StorageError(f"--restore {config.restore_dir} does not exist (or is not a directory): give the "
-                           "directory ps-worker checkpoint save wrote; the data dir was not touched")  # fmt: skip
-    if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
-        raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
-                           "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
-    try:
-        return read_manifest(config.restore_dir)
-    except StorageError as e:
-        raise StorageError(f"{e}; the data dir was not touched") from None
-
-
-def _check_tables_fit(budget: MemoryBudget, tables: list[TableConfig], whose: str) -> None:
-    """RamTierTooSmallError when the RAM tier cannot give each of these tables its share; all of them at once, so
-    the message names the least --cache-bytes that holds them, not the next table's. No tables: nothing to check."""
-    if tables:
-        widest = max(layout_of(t.dim, t.optimizer.name).ram_bytes for t in tables)
-        budget.check_room(len(tables), widest, f"cannot hold the {len(tables)} {whose}")
-
-
-def _clear_frames(error: BaseException) -> None:
-    """Clears the locals of the finished frames in the tracebacks of error and of the errors it chains to. Kept by
-    a failed start's caller, a frame holding a RocksDB column family (a scan's, a reader's argument) would keep
-    RocksDB, and the data dir's lock, open after the store closed."""
-    todo, seen = [error], set()
-    while todo:
-        e = todo.pop()
-        if e is not None and id(e) not in seen:
-            seen.add(id(e))
-            traceback.clear_frames(e.__traceback__)
-            todo += [e.__cause__, e.__context__]
 
 
 class Shard:
@@ -198,42 +112,19 @@ class Shard:
         self.memory = plan_memory(config.memory_bytes, config.cache_bytes)  # ValueError: cache does not fit
         self.room = RequestRoom(self.memory.request_bytes, self.memory.memory_bytes or 0)  # taken per pull and push
         progress.enter("checking")
-        manifest = _restore_manifest(config)
-        if manifest is not None:
-            self._check_room_for(manifest, config.restore_dir)
-        _refuse_lone_rocksdb(config)
+        manifest = check_data_dir(config, self.memory)
         progress.enter("opening")
+        self.store = open_store(config, self.memory)
         try:
-            self.store = self._open_store()
-        except Exception as e:
-            known = _start_error(e, config.data_dir)
-            if known is None:
-                raise
-            raise known from e
-        try:
-            self._check_store(manifest)
-            self._open_tables()
-            self._load_requests()
-            self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
-                                  config.threads, MAX_COUNT_PER_ID,
-                                  done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
-            self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
-            self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
+            self._start(manifest)
         except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
             # keep RocksDB's handles, and the data dir's lock, alive until a garbage collection
-            self._close_after_failed_start()
-            _clear_frames(e)
-            if isinstance(e, DataLossError):
-                raise DataLossError(f"cannot start on data dir {config.data_dir}: {e}") from e
-            known = _start_error(e, config.data_dir) if isinstance(e, Exception) else None
-            if known is not None:
-                raise known from e
-            if isinstance(e, PsError) or not isinstance(e, Exception):
+            close_after_failed_start(config.data_dir, self.store, getattr(self, "journal", None))
+            clear_frames(e)
+            error = failed_start_error(e, config.data_dir)
+            if error is None:
                 raise
-            raise StorageError(
-                f"cannot start on data dir {config.data_dir}: {type(e).__name__}: {e} (corrupt files? restore the "
-                "dir from a backup or checkpoint, or start on an empty one)"
-            ) from e
+            raise error from e
         self._hold = PushHold(self.shard_id)  # checkpoints hold pushes (hold / save_checkpoint / release)
         self._closed = threading.Event()
         self._wake = threading.Event()
@@ -248,6 +139,26 @@ class Shard:
         self._flusher.start()
         self.started = time.monotonic()
 
+    def _start(self, manifest: dict | None) -> None:
+        """The start once RocksDB is open: its checks (and the restore), the journal and the tables, the clients'
+        requests and the journal replay, the job clocks; the cluster's name recorded last (a start refused before
+        leaves it unnamed)."""
+        config = self.config
+        self.restored_now = check_store(self.store, config, self.memory, manifest, self._progress)
+        self.budget = new_budget(self.memory)
+        self.journal = open_journal(config, self.memory)
+        self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget)
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._flush_callers = 0  # flush() calls other than the flusher's waiting for _flush_lock or holding it
+        self._callers_lock = threading.Lock()
+        self._load_requests()
+        self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
+                              config.threads, MAX_COUNT_PER_ID,
+                              done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
+        self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
+        self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
+
     @property
     def saving_checkpoint(self) -> bool:
         """Whether a checkpoint save runs now (no lock taken: safe in a signal handler)."""
@@ -261,103 +172,8 @@ class Shard:
             origin = f"restored from {self.config.restore_dir}"
         if not self.tables:
             return f"{origin}, no tables"
-        tables = ", ".join(f"{name} {_rows(t.num_rows)}" for name, t in sorted(self.tables.items()))
+        tables = ", ".join(f"{name} {rows_text(t.num_rows)}" for name, t in sorted(self.tables.items()))
         return f"{origin}, tables {tables}, clock {self.clock:,}"
-
-    def _open_store(self) -> Store:
-        config = self.config
-        return Store(config.data_dir, block_cache_bytes=self.memory.block_cache_bytes, sync=config.sync,
-                     direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
-                     read_threads=config.read_threads,
-                     write_behind_bytes=self.memory.write_behind_bytes,
-                     write_buffer_bytes=self.memory.write_buffer_bytes,
-                     index_in_cache=self.memory.bounded,
-                     shard=(config.shard_id, config.num_shards))  # fmt: skip
-
-    def _check_store(self, manifest: dict | None) -> None:
-        """Refuses a store of another shard, cluster or an unfinished restore (one from the checkpoint restore_dir
-        names is started over: Store.forget_unfinished_restore deletes its keys, no file); restores into it if
-        configured. The restore checks for a stop after every batch of rows it writes: a stop leaves the dir marked
-        as an unfinished restore, which the next start with the same --restore starts over."""
-        config = self.config
-        self.store.check_identity(config.shard_id, config.num_shards)
-        self.store.check_cluster(config.cluster, record=False)
-        pending = self.store.restore_pending()
-        if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
-            manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
-            self._check_room_for(manifest, config.restore_dir)
-            log.warning("data dir %s holds a restore from %s that did not finish (the server stopped during it): "
-                        "starting it over", config.data_dir, pending)  # fmt: skip
-            self.store.forget_unfinished_restore()
-        check_restored(self.store)
-        self.restored_now = False
-        if config.restore_dir and self._restored_already(config.restore_dir):
-            return
-        if config.restore_dir:
-            written = [0]
-
-            def on_written(n: int) -> None:
-                written[0] += n
-                self._progress.check()  # a stop here leaves the dir marked: the next start starts the restore over
-
-            self._progress.enter("restoring", None if manifest is None else self._restore_share(manifest, written))
-            started = time.monotonic()
-            summary = restore_into(self.store, config.restore_dir, config.shard_id, config.num_shards, manifest,
-                                   on_written)  # fmt: skip
-            self._progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
-            tables = ", ".join(f"{name} {_rows(counts['admitted'])}" for name, counts in summary["tables"].items())
-            log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
-                     summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
-            self.restored_now = True
-
-    def _new_budget(self) -> MemoryBudget:
-        """The RAM tier's budget, its refusals naming the flag that sizes it (MemoryPlan.raise_ram_tier_to)."""
-        return MemoryBudget(self.memory.ram_tier_bytes, self.memory.ram_tier_source(), self.memory.raise_ram_tier_to)
-
-    def _check_room_for(self, manifest: dict, checkpoint: str) -> None:
-        """RamTierTooSmallError, before a row is restored, when the RAM tier cannot hold the checkpoint's tables
-        (the check a start on the restored dir would make, _open_tables)."""
-        tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
-        _check_tables_fit(self._new_budget(), tables, f"tables of checkpoint {checkpoint}")
-
-    def _restore_share(self, manifest: dict, written: list[int]) -> Callable[[], float]:
-        """The share of the restore done, from the rows written (written[0]) over this shard's slots' share of the
-        rows the manifest counts (an estimate: slots hold about equal rows)."""
-        lo, hi = slot_range(self.config.shard_id, self.config.num_shards)
-        expected = max(1.0, sum(sum(s["rows"].values()) for s in manifest["shards"]) * (hi - lo) / NUM_SLOTS)
-        return lambda: written[0] / expected
-
-    def _restored_already(self, checkpoint: str) -> bool:
-        """True (logged) when this dir was restored from that checkpoint (the same manifest) before: a restart with
-        --restore still given (PS_RESTORE kept in a container's environment) starts on what the dir holds."""
-        done = self.store.restored()
-        if done is None or not self.store.load_tables():
-            return False
-        try:
-            same = load_manifest(checkpoint)["sha256"] == done["sha256"]
-        except StorageError:  # gone since (old checkpoints pruned): the same path is the same restore
-            same = done["checkpoint"] == os.path.abspath(checkpoint)
-        if same:
-            log.info("data dir %s was restored from %s before: starting on what it holds (--restore is done; leave it "
-                     "out)", self.config.data_dir, checkpoint)  # fmt: skip
-        return same
-
-    def _open_tables(self) -> None:
-        """Opens the journal and the tables RocksDB holds, over one RAM tier budget."""
-        config = self.config
-        self.budget = self._new_budget()
-        self.journal = Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
-                               segment_bytes=self.memory.journal_segment_bytes,
-                               mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
-        self.tables: dict[str, Table] = {}
-        stored = self.store.load_tables()
-        _check_tables_fit(self.budget, stored, "tables its data dir holds")
-        for cfg in stored:
-            self.tables[cfg.name] = Table(cfg, self.store, self.journal, self.budget)
-        self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._flush_callers = 0  # flush() calls other than the flusher's waiting for _flush_lock or holding it
-        self._callers_lock = threading.Lock()
 
     def _load_requests(self) -> None:
         """Reads the clock and the clients' applied requests, then replays the journal past what RocksDB holds."""
@@ -372,58 +188,13 @@ class Shard:
         # entries go with the clients' `applied` entries (_forget_advances): read before the replay, whose flush
         # may drop entries that aged past the retention while the shard was down
         self._advanced = self.store.advanced()
-        self._replay()
-        for client, client_seq in self._advanced.items():
-            self.journal.note_applied((client, client_seq, -1))
-
-    def _close_after_failed_start(self) -> None:
-        """Closes the journal (if it was opened) and the store; their errors are logged, not raised: the error that
-        stopped the start is the news."""
-        try:
-            if hasattr(self, "journal"):
-                self.journal.close()
-        except Exception as close_error:
-            log.warning("closing the journal of %s after a failed start: %s", self.config.data_dir, close_error)
-        try:
-            self.store.close()
-        except Exception as close_error:  # (a full disk, say)
-            log.warning("closing data dir %s after a failed start: %s", self.config.data_dir, close_error)
-
-    def _replay(self) -> None:
-        """Applies the journal records RocksDB lacks. The journal refuses records missing or damaged below its
-        mark unless config.accept_journal_loss; a loss so accepted is flushed at once, so that RocksDB's flushed
-        position passes it and the next start does not find it again."""
-        after = self.store.flushed_seq()
-        records = rows = 0
-        t0 = time.monotonic()
-        said = t0
-        read = lambda: self.journal.replay_bytes[0] / max(1, self.journal.replay_bytes[1])
-        self._progress.enter("replaying", read)
-        written = self.store.written_seq()  # rows written back before a flush hold pushes up to it
-        for rec in self.journal.replay(after, accept_loss=self.config.accept_journal_loss, rows_seq=written):
-            self._progress.check()  # between records: a stop leaves them all to the next start's replay
-            if not records:
-                log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "
-                         "last run stopped", f"{after:,}")  # fmt: skip
-            elif time.monotonic() - said >= REPLAY_PROGRESS_S:
-                said = time.monotonic()
-                log.info("replaying: %s journal records so far (at record %s)", f"{records:,}", f"{rec.seq:,}")
-            table = self.tables.get(rec.table)
-            if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
-                raise DataLossError(
-                    f"journal record {rec.seq} is a push to table {rec.table!r}, which RocksDB does not hold: RocksDB "
-                    "lost its latest writes (its write-ahead log, *.log, deleted or damaged). Restore the dir from "
-                    "a backup or checkpoint"
-                )
-            rows += table.replay(rec)
-            records += 1
-            self.clock = max(self.clock, rec.step)
-        if records:
-            log.info("replayed %s journal records (%s row updates) in %.2f s", f"{records:,}", f"{rows:,}",
-                     time.monotonic() - t0)  # fmt: skip
-        if records or self.journal.losses:
+        records, step = replay(self.store, self.journal, self.tables, self._progress, self.config.accept_journal_loss)
+        self.clock = max(self.clock, step)
+        if records or self.journal.losses:  # flushed at once: the next start does not find them again
             self._progress.enter("flushing")
             self.flush()
+        for client, client_seq in self._advanced.items():
+            self.journal.note_applied((client, client_seq, -1))
 
     # ---- tables ---------------------------------------------------------------------------------------
     def _on_lost(self) -> None:
@@ -991,7 +762,7 @@ class Shard:
             written = save_into(directory, name, self.config.checkpoint_root, self._write_checkpoint)
             saved = {"shard_id": self.shard_id, "dir": name, "clock": self.clock, **written}
             log.info("checkpoint saved to %s in %.1f s: %s, clock %s", os.path.join(directory, name),
-                     time.monotonic() - started, _rows(sum(saved["rows"].values())), f"{self.clock:,}")  # fmt: skip
+                     time.monotonic() - started, rows_text(sum(saved["rows"].values())), f"{self.clock:,}")  # fmt: skip
             return saved
 
     def _write_checkpoint(self, path: str) -> dict:

@@ -1,0 +1,303 @@
+"""Opening a shard's data dir: the refusals before RocksDB opens, the restore from a checkpoint, the journal and
+the tables RocksDB holds, the journal replay; the error a failed start reports, and its clean-up.
+
+Shard.__init__ (ps.engine.shard) runs these in order, entering each phase of ps.engine.startup.StartProgress as it
+begins; a stop asked of it is taken at the checks here (between journal records, after each batch of a restore).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from collections.abc import Callable
+
+from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, read_manifest, slot_range
+from ps.config import ServerConfig, TableConfig
+from ps.engine.restore import check_restored, restore_into
+from ps.engine.startup import StartProgress
+from ps.engine.table import Table
+from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
+from ps.rows.layout import layout_of
+from ps.sharding import NUM_SLOTS
+from ps.storage.arena import MemoryBudget
+from ps.storage.journal import Journal
+from ps.storage.memory import MemoryPlan
+from ps.storage.sidefiles import IDENTITY_FILE, MARK_FILE
+from ps.storage.store import Store
+
+log = logging.getLogger("ps.engine.shard")  # the shard's: opening its data dir is a part of its start
+REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
+
+
+def rows_text(n: int) -> str:
+    """A count of rows as the log lines say it: "1 row", "1,500 rows"."""
+    return f"{n:,} row{'s' * (n != 1)}"
+
+
+def start_error(e: Exception, data_dir: str) -> PsError | None:
+    """The error to report for a start that e stopped, when e is not damage: a file the server may not read or
+    write (PermissionError), or a full disk; None otherwise (StorageErrors and the like say what they are)."""
+    if isinstance(e, PermissionError):
+        return StorageError(f"cannot start on data dir {data_dir}: permission denied on {e.filename or 'a file'} "
+                            f"({e.strerror}): run ps-server as the user that owns the data dir (uid {os.geteuid()} "
+                            "runs it now), or give that user access; nothing was changed")  # fmt: skip
+    reason = disk_full_reason(e)
+    if reason is not None and not isinstance(e, DiskFullError):
+        return DiskFullError.of(reason, f"starting on data dir {data_dir}", outcome="", remedy="start the server again")
+    if isinstance(e, DiskFullError):
+        return e.instead("", disk=data_dir, remedy="start the server again (nothing acknowledged is lost)")
+    return None
+
+
+def refuse_lone_rocksdb(config: ServerConfig) -> None:
+    """StorageError, before RocksDB is opened (which writes), for a data dir that holds RocksDB's files and nothing
+    else of a shard's: most likely a checkpoint's shard folder copied in (unless config.accept_journal_loss)."""
+    path = config.data_dir
+    if config.accept_journal_loss or not os.path.exists(os.path.join(path, "CURRENT")):
+        return
+    if not any(os.path.exists(os.path.join(path, n)) for n in (IDENTITY_FILE, MARK_FILE, "journal")):
+        raise StorageError(
+            f"data dir {path} holds RocksDB's files and nothing else of a shard's (no {IDENTITY_FILE}, journal or "
+            "journal mark): a checkpoint's shard-<i> folder? To start from a checkpoint, give --restore CHECKPOINT "
+            "with a new data dir. If this is a data dir that lost those files, --accept-journal-loss starts on what "
+            "RocksDB holds; nothing was changed"
+        )
+
+
+def restore_manifest(config: ServerConfig) -> dict | None:
+    """StorageError if config.data_dir is, or lies inside, a shard's folder of a checkpoint (through symbolic links
+    too). For a restore into a new (missing or empty) data dir: the checkpoint's manifest, checked with every file of
+    it before the dir is made; else None (a dir with data gets the refusals of check_restored and restore_into)."""
+    folder = checkpoint_folder_around(config.data_dir)
+    if folder is not None:
+        checkpoint = os.path.dirname(folder)
+        if folder != os.path.realpath(config.data_dir):
+            raise StorageError(
+                f"--data-dir {config.data_dir} lies inside {folder}, a shard's folder of the checkpoint {checkpoint}: "
+                "a server there would add files to the checkpoint, which a restore or an export then refuses as "
+                "damaged. Give a --data-dir outside the checkpoint; nothing was changed"
+            )
+        raise StorageError(
+            f"--data-dir {config.data_dir} is a shard's folder of the checkpoint {checkpoint}, not a data dir: a "
+            f"server on it would change the checkpoint. Start on a new --data-dir with --restore {checkpoint}"
+        )
+    new_dir = not os.path.isdir(config.data_dir) or not set(os.listdir(config.data_dir)) - {"lost+found"}
+    if not (config.restore_dir and new_dir):
+        return None
+    if not os.path.isdir(config.restore_dir):
+        raise StorageError(f"--restore {config.restore_dir} does not exist (or is not a directory): give the "
+                           "directory ps-worker checkpoint save wrote; the data dir was not touched")  # fmt: skip
+    if not os.path.isfile(os.path.join(config.restore_dir, MANIFEST)):
+        raise StorageError(f"--restore {config.restore_dir} is not a checkpoint: it has no {MANIFEST} "
+                           "(ps-worker checkpoint save writes one); the data dir was not touched")  # fmt: skip
+    try:
+        return read_manifest(config.restore_dir)
+    except StorageError as e:
+        raise StorageError(f"{e}; the data dir was not touched") from None
+
+
+def check_tables_fit(budget: MemoryBudget, tables: list[TableConfig], whose: str) -> None:
+    """RamTierTooSmallError when the RAM tier cannot give each of these tables its share; all of them at once, so
+    the message names the least --cache-bytes that holds them, not the next table's. No tables: nothing to check."""
+    if tables:
+        widest = max(layout_of(t.dim, t.optimizer.name).ram_bytes for t in tables)
+        budget.check_room(len(tables), widest, f"cannot hold the {len(tables)} {whose}")
+
+
+def clear_frames(error: BaseException) -> None:
+    """Clears the locals of the finished frames in the tracebacks of error and of the errors it chains to. Kept by
+    a failed start's caller, a frame holding a RocksDB column family (a scan's, a reader's argument) would keep
+    RocksDB, and the data dir's lock, open after the store closed."""
+    todo, seen = [error], set()
+    while todo:
+        e = todo.pop()
+        if e is not None and id(e) not in seen:
+            seen.add(id(e))
+            traceback.clear_frames(e.__traceback__)
+            todo += [e.__cause__, e.__context__]
+
+
+def check_data_dir(config: ServerConfig, memory: MemoryPlan) -> dict | None:
+    """The checks before RocksDB is opened (which writes): the data dir is no checkpoint's folder, a restore's
+    checkpoint is whole and its tables fit the RAM tier, RocksDB's files are not alone there. Returns the manifest
+    of the checkpoint to restore into a new data dir, else None (restore_manifest)."""
+    manifest = restore_manifest(config)
+    if manifest is not None:
+        check_room_for(memory, manifest, config.restore_dir)
+    refuse_lone_rocksdb(config)
+    return manifest
+
+
+def open_store(config: ServerConfig, memory: MemoryPlan) -> Store:
+    """RocksDB on config.data_dir, sized by the memory plan. A file the server may not read or write, or a full
+    disk, raises the error start_error makes of it."""
+    try:
+        return Store(config.data_dir, block_cache_bytes=memory.block_cache_bytes, sync=config.sync,
+                     direct_reads=config.direct_reads, mmap_reads=config.mmap_reads,
+                     read_threads=config.read_threads,
+                     write_behind_bytes=memory.write_behind_bytes,
+                     write_buffer_bytes=memory.write_buffer_bytes,
+                     index_in_cache=memory.bounded,
+                     shard=(config.shard_id, config.num_shards))  # fmt: skip
+    except Exception as e:
+        known = start_error(e, config.data_dir)
+        if known is None:
+            raise
+        raise known from e
+
+
+def check_store(
+    store: Store, config: ServerConfig, memory: MemoryPlan, manifest: dict | None, progress: StartProgress
+) -> bool:
+    """Refuses a store of another shard, cluster or an unfinished restore (one from the checkpoint restore_dir
+    names is started over: Store.forget_unfinished_restore deletes its keys, no file); restores into it if
+    configured. The restore checks for a stop after every batch of rows it writes: a stop leaves the dir marked
+    as an unfinished restore, which the next start with the same --restore starts over. Returns whether this start
+    restored the dir."""
+    store.check_identity(config.shard_id, config.num_shards)
+    store.check_cluster(config.cluster, record=False)
+    pending = store.restore_pending()
+    if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
+        manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
+        check_room_for(memory, manifest, config.restore_dir)
+        log.warning("data dir %s holds a restore from %s that did not finish (the server stopped during it): "
+                    "starting it over", config.data_dir, pending)  # fmt: skip
+        store.forget_unfinished_restore()
+    check_restored(store)
+    if not config.restore_dir or _restored_already(store, config, config.restore_dir):
+        return False
+    written = [0]
+
+    def on_written(n: int) -> None:
+        written[0] += n
+        progress.check()  # a stop here leaves the dir marked: the next start starts the restore over
+
+    progress.enter("restoring", None if manifest is None else _restore_share(config, manifest, written))
+    started = time.monotonic()
+    summary = restore_into(store, config.restore_dir, config.shard_id, config.num_shards, manifest, on_written)
+    progress.enter("restored", check=False)  # done: a stop from now on leaves no mark to start over
+    tables = ", ".join(f"{name} {rows_text(counts['admitted'])}" for name, counts in summary["tables"].items())
+    log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
+             summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
+    return True
+
+
+def new_budget(memory: MemoryPlan) -> MemoryBudget:
+    """The RAM tier's budget, its refusals naming the flag that sizes it (MemoryPlan.raise_ram_tier_to)."""
+    return MemoryBudget(memory.ram_tier_bytes, memory.ram_tier_source(), memory.raise_ram_tier_to)
+
+
+def check_room_for(memory: MemoryPlan, manifest: dict, checkpoint: str) -> None:
+    """RamTierTooSmallError, before a row is restored, when the RAM tier cannot hold the checkpoint's tables
+    (the check a start on the restored dir would make, open_tables)."""
+    tables = [TableConfig.from_dict(t) for t in manifest["tables"]]
+    check_tables_fit(new_budget(memory), tables, f"tables of checkpoint {checkpoint}")
+
+
+def _restore_share(config: ServerConfig, manifest: dict, written: list[int]) -> Callable[[], float]:
+    """The share of the restore done, from the rows written (written[0]) over this shard's slots' share of the
+    rows the manifest counts (an estimate: slots hold about equal rows)."""
+    lo, hi = slot_range(config.shard_id, config.num_shards)
+    expected = max(1.0, sum(sum(s["rows"].values()) for s in manifest["shards"]) * (hi - lo) / NUM_SLOTS)
+    return lambda: written[0] / expected
+
+
+def _restored_already(store: Store, config: ServerConfig, checkpoint: str) -> bool:
+    """True (logged) when this dir was restored from that checkpoint (the same manifest) before: a restart with
+    --restore still given (PS_RESTORE kept in a container's environment) starts on what the dir holds."""
+    done = store.restored()
+    if done is None or not store.load_tables():
+        return False
+    try:
+        same = load_manifest(checkpoint)["sha256"] == done["sha256"]
+    except StorageError:  # gone since (old checkpoints pruned): the same path is the same restore
+        same = done["checkpoint"] == os.path.abspath(checkpoint)
+    if same:
+        log.info("data dir %s was restored from %s before: starting on what it holds (--restore is done; leave it "
+                 "out)", config.data_dir, checkpoint)  # fmt: skip
+    return same
+
+
+def open_journal(config: ServerConfig, memory: MemoryPlan) -> Journal:
+    """The data dir's journal (its segments under journal/, its mark beside them)."""
+    return Journal(os.path.join(config.data_dir, "journal"), sync=config.sync,
+                   segment_bytes=memory.journal_segment_bytes,
+                   mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
+
+
+def open_tables(store: Store, journal: Journal, budget: MemoryBudget) -> dict[str, Table]:
+    """The tables RocksDB holds, by name, over one RAM tier budget (RamTierTooSmallError if it cannot hold them)."""
+    stored = store.load_tables()
+    check_tables_fit(budget, stored, "tables its data dir holds")
+    return {cfg.name: Table(cfg, store, journal, budget) for cfg in stored}
+
+
+def replay(
+    store: Store, journal: Journal, tables: dict[str, Table], progress: StartProgress, accept_loss: bool
+) -> tuple[int, int]:
+    """Applies the journal records RocksDB lacks; returns (records applied, the newest step among them, 0 if none).
+    The journal refuses records missing or damaged below its mark unless accept_loss; a loss so accepted
+    (journal.losses) must be flushed at once by the caller, as must the records applied, so that RocksDB's flushed
+    position passes them and the next start does not find them again."""
+    after = store.flushed_seq()
+    records = rows = step = 0
+    t0 = time.monotonic()
+    said = t0
+    read = lambda: journal.replay_bytes[0] / max(1, journal.replay_bytes[1])
+    progress.enter("replaying", read)
+    written = store.written_seq()  # rows written back before a flush hold pushes up to it
+    for rec in journal.replay(after, accept_loss=accept_loss, rows_seq=written):
+        progress.check()  # between records: a stop leaves them all to the next start's replay
+        if not records:
+            log.info("replaying the journal past record %s: the pushes not yet written to RocksDB when the "
+                     "last run stopped", f"{after:,}")  # fmt: skip
+        elif time.monotonic() - said >= REPLAY_PROGRESS_S:
+            said = time.monotonic()
+            log.info("replaying: %s journal records so far (at record %s)", f"{records:,}", f"{rec.seq:,}")
+        table = tables.get(rec.table)
+        if table is None:  # a push was journaled only for tables that exist, and tables are never dropped
+            raise DataLossError(
+                f"journal record {rec.seq} is a push to table {rec.table!r}, which RocksDB does not hold: RocksDB "
+                "lost its latest writes (its write-ahead log, *.log, deleted or damaged). Restore the dir from "
+                "a backup or checkpoint"
+            )
+        rows += table.replay(rec)
+        records += 1
+        step = max(step, rec.step)
+    if records:
+        log.info("replayed %s journal records (%s row updates) in %.2f s", f"{records:,}", f"{rows:,}",
+                 time.monotonic() - t0)  # fmt: skip
+    return records, step
+
+
+def close_after_failed_start(data_dir: str, store: Store, journal: Journal | None) -> None:
+    """Closes the journal (if it was opened) and the store; their errors are logged, not raised: the error that
+    stopped the start is the news."""
+    try:
+        if journal is not None:
+            journal.close()
+    except Exception as close_error:
+        log.warning("closing the journal of %s after a failed start: %s", data_dir, close_error)
+    try:
+        store.close()
+    except Exception as close_error:  # (a full disk, say)
+        log.warning("closing data dir %s after a failed start: %s", data_dir, close_error)
+
+
+def failed_start_error(e: BaseException, data_dir: str) -> BaseException | None:
+    """What a start that e stopped once RocksDB was open raises, from e: DataLossError naming the dir for lost
+    writes, start_error's error for permissions or a full disk, a StorageError naming the dir for any other failure
+    that is no ps.errors error; None: e itself (a ps.errors error, or no Exception: an interrupt, a stop)."""
+    if isinstance(e, DataLossError):
+        return DataLossError(f"cannot start on data dir {data_dir}: {e}")
+    known = start_error(e, data_dir) if isinstance(e, Exception) else None
+    if known is not None:
+        return known
+    if isinstance(e, PsError) or not isinstance(e, Exception):
+        return None
+    return StorageError(
+        f"cannot start on data dir {data_dir}: {type(e).__name__}: {e} (corrupt files? restore the "
+        "dir from a backup or checkpoint, or start on an empty one)"
+    )
