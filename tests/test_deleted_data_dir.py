@@ -145,7 +145,7 @@ def test_a_deleted_segment_stops_every_write_and_a_sigterm_keeps_every_acknowled
         assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "was deleted under" in e.details(), e.details()
     rows = pull(stub, ids)  # pulls go on, and the refused pushes changed nothing
     assert not np.array_equal(rows, before)
-    wait_until(lambda: server.shard.flush_failures == 0 and server.shard.journal._fd < 0, TIMEOUT_S,
+    wait_until(lambda: server.shard.flusher.failures == 0 and server.shard.journal._fd < 0, TIMEOUT_S,
                "the flush started when the deletion was found")  # fmt: skip
 
     server.stop(grace_s=1)  # a clean stop: every acknowledged push is in RocksDB

@@ -501,7 +501,7 @@ def test_stats_warns_of_a_shard_whose_background_flushes_are_failing(servers, ca
     addresses, shards = servers(2)
     code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
     assert code == 0 and "flushes" not in err, err
-    shards[1].shard.flush_failures = 7  # as the flusher counts them (ps.engine.shard)
+    shards[1].shard.flusher.failures = 7  # as the flusher counts them (ps.engine.flusher)
     try:
         code, out, err = worker(["stats", "--servers", ",".join(addresses)], capsys)
         assert code == 1, err
@@ -513,7 +513,7 @@ def test_stats_warns_of_a_shard_whose_background_flushes_are_failing(servers, ca
         (warning,) = report["warnings"]
         assert warning.startswith("background flushes to RocksDB are failing on shard 1 (7 in a row"), warning
     finally:
-        shards[1].shard.flush_failures = 0
+        shards[1].shard.flusher.failures = 0
 
 
 @pytest.mark.parametrize("low", [True, False])

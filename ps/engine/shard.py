@@ -13,10 +13,10 @@ one JobClocks per shard (Shard.jobs); push_stamped is a stamped PushBatch, creat
 CreateTable. Checkpoints (hold, save, release) are
 ps.engine.hold's, one PushHold per shard, which every push passes through.
 
-Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread writes
-dirty rows to RocksDB every flush_interval_s (or once the journal has grown by journal_flush_bytes), records
-the journal position they cover, and deletes the journal segments below it. Start-up replays what is left;
-a clean close flushes everything.
+Durability: a push is appended to the journal before it is applied and acknowledged. The flusher thread
+(ps.engine.flusher) writes dirty rows to RocksDB every flush_interval_s (or once the journal has grown by
+journal_flush_bytes), records the journal position they cover, and deletes the journal segments below it.
+Start-up (ps.engine.opening) replays what is left; a clean close flushes everything.
 
 Deleted under it: the journal checks about once a second that its segment and the data dir are still there
 (ps.storage.journal.Journal.check_intact). Once it finds either gone, the shard refuses every write (pushes, a
@@ -38,14 +38,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
 
-from ps.accel.threadnames import name_os_thread
 from ps.checkpoint import file_checksums
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
+from ps.engine.flusher import Flusher
 from ps.engine.hold import PushHold, save_into
 from ps.engine.jobs import JobClocks, check_stamp, contribution
 from ps.engine.opening import (
@@ -85,14 +85,13 @@ from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
 from ps.stamp import WorkerStamp
-from ps.storage import diskspace, leftovers
-from ps.storage.diskspace import DiskWatch, low_bytes, measure
+from ps.storage import leftovers
+from ps.storage.diskspace import low_bytes, measure
 from ps.storage.memory import plan_memory
 from ps.wire import repeats_ids
 
 T = TypeVar("T")
 log = logging.getLogger("ps.engine.shard")
-FLUSH_FAILURE_LOG_S = 300.0  # between the log lines of a background flush that keeps failing
 
 
 class Shard:
@@ -126,17 +125,10 @@ class Shard:
                 raise
             raise error from e
         self._hold = PushHold(self.shard_id)  # checkpoints hold pushes (hold / save_checkpoint / release)
-        self._closed = threading.Event()
-        self._wake = threading.Event()
         self._journal_mark = self.journal.bytes_written
-        self.flush_failures = 0  # background flushes failed in a row
-        self._lost_flushed = False  # a flush since the journal segment was found deleted has succeeded
-        self.disk_watch = DiskWatch(config.data_dir)  # polled by the flusher: logs while the disk is low
-        self.disk_watch.poll()  # a shard starting on a disk already low says so at once
         self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
         self.journal.on_lost = self._on_lost
-        self._flusher = threading.Thread(target=self._flush_loop, name="ps-flusher", daemon=True)
-        self._flusher.start()
+        self.flusher.start()
         self.started = time.monotonic()
 
     def _start(self, manifest: dict | None) -> None:
@@ -149,9 +141,8 @@ class Shard:
         self.journal = open_journal(config, self.memory)
         self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget)
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
-        self._flush_callers = 0  # flush() calls other than the flusher's waiting for _flush_lock or holding it
-        self._callers_lock = threading.Lock()
+        self.flusher = Flusher(lambda background: self.flush(background), config.flush_interval_s, self.journal,
+                               lambda: self.broken, config.data_dir)  # fmt: skip
         self._load_requests()
         self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                               config.threads, MAX_COUNT_PER_ID,
@@ -201,7 +192,7 @@ class Shard:
         """The journal found its segment or the data dir deleted (from the mark's thread): a deleted segment's
         pushes are flushed to RocksDB at once; the listeners are told."""
         if not self.journal.dir_gone:
-            self._wake.set()
+            self.flusher.wake()
         self._tell_lost_listeners("the data dir's loss")
 
     def _tell_lost_listeners(self, what: str) -> None:
@@ -470,7 +461,7 @@ class Shard:
             self._break(str(e))
             raise
         if self.journal.bytes_written - self._journal_mark >= self.config.journal_flush_bytes:
-            self._wake.set()
+            self.flusher.wake()
 
     def push(
         self,
@@ -835,7 +826,7 @@ class Shard:
         ShardNeedsRestartError on a broken shard: nothing is written, the journal keeps everything. background
         (the flusher's): each chunk waits for a moment without requests first (Table.flush), unless another
         flush() waits for this one or the shard is closing."""
-        with self._flush_turn(background):
+        with self.flusher.turn(background):
             if self.broken:
                 raise ShardNeedsRestartError(self.broken)
             covered, changes = self.journal.mark()  # every record <= covered is applied (appends happen under
@@ -843,7 +834,7 @@ class Shard:
             try:
                 tables = list(self.tables.values())
                 yield_to = self.store.foreground if background else None
-                written = sum(t.flush(yield_to, self._flush_urgent) for t in tables)
+                written = sum(t.flush(yield_to, self.flusher.urgent) for t in tables)
                 broken = self.broken or next((t.broken for t in tables if t.broken), "")
                 if broken:  # a push journaled before the mark broke its table since: the journal must keep it
                     raise ShardNeedsRestartError(broken)
@@ -855,26 +846,6 @@ class Shard:
             self.journal.trim(covered)
             return written
 
-    def _flush_urgent(self) -> bool:
-        """The flusher's chunks stop waiting for requests: another flush() waits for it, or the shard closes."""
-        return self._flush_callers > 0 or self._closed.is_set()
-
-    @contextlib.contextmanager
-    def _flush_turn(self, background: bool) -> Iterator[None]:
-        """Holds _flush_lock; a caller other than the flusher is counted in _flush_callers meanwhile."""
-        if background:
-            with self._flush_lock:
-                yield
-            return
-        with self._callers_lock:
-            self._flush_callers += 1
-        try:
-            with self._flush_lock:
-                yield
-        finally:
-            with self._callers_lock:
-                self._flush_callers -= 1
-
     def _forget_advances(self, dropped: dict[int, int]) -> None:
         """Deletes the advance notes (_advanced, and the store's) of clients dropped from the exactly-once table,
         {client: the client_seq its entry held}, unless a newer request of the client advanced the clock since. A
@@ -885,59 +856,6 @@ class Shard:
                 self.store.forget_advanced(gone)
                 for c in gone:
                     del self._advanced[c]
-
-    def _flush_loop(self) -> None:
-        """Flushes every flush_interval_s (or when woken). A failure keeps serving (the journal holds every
-        acknowledged push) and is logged once, with its cause, then at most every FLUSH_FAILURE_LOG_S while it
-        lasts; the flush that succeeds after says so. Every diskspace.CHECK_S, and before each flush,
-        disk_watch.poll() (a warning while the disk runs low), whatever flush_interval_s is."""
-        name_os_thread()
-        since, told = 0.0, 0.0
-        next_flush = time.monotonic() + self.config.flush_interval_s
-        while not self._closed.is_set():
-            disk_due = max(diskspace.CHECK_S, 1.0)  # at least a second: a CHECK_S of 0 must not spin
-            woken = self._wake.wait(max(0.0, min(next_flush - time.monotonic(), disk_due)))
-            if woken:  # cleared only when seen: a wake that comes after a timed-out wait is kept for the next one
-                self._wake.clear()
-            if self._closed.is_set():
-                return
-            if self.journal.dir_gone or self.broken:  # nothing written there can be kept, or a flush would trim a
-                continue  # journaled push RAM holds only part of: the ERROR line said so
-            self.disk_watch.poll()
-            if not woken and time.monotonic() < next_flush:
-                continue  # woke for the disk only
-            lost = bool(self.journal.lost)  # before the flush's mark: no push is journaled after it then
-            try:
-                t0 = time.monotonic()
-                rows = self.flush(background=True)
-                if rows:  # an idle server's flushes write nothing, and say nothing
-                    log.info("background flush: %s dirty rows written to RocksDB in %.1f s, the journal trimmed",
-                             f"{rows:,}", time.monotonic() - t0)  # fmt: skip
-            except ShardNeedsRestartError:  # it broke as this flush ran: _break logged it, and flushes stop
-                continue
-            except Exception as e:  # keep serving: the journal still holds every acknowledged push
-                self.flush_failures += 1
-                failures, now = self.flush_failures, time.monotonic()
-                if failures == 1:
-                    since = told = now
-                    known = isinstance(e, PsError)  # a full disk, damage: its message says it; anything else: a bug
-                    log.error("background flush failed: %s; the journal keeps every acknowledged push; retrying "
-                              "every %g s", e if known else f"{type(e).__name__}: {e}", self.config.flush_interval_s,
-                              exc_info=not known)  # fmt: skip
-                elif now - told >= FLUSH_FAILURE_LOG_S:
-                    told = now
-                    log.error("background flush still failing after %.0f s (%d attempts): %s", now - since, failures, e)
-                continue
-            finally:  # the interval runs from the end of a flush: a slow one is not followed by another at once
-                next_flush = time.monotonic() + self.config.flush_interval_s
-            if lost and not self._lost_flushed:
-                self._lost_flushed = True
-                log.warning("every push acknowledged before the journal segment was found deleted is in RocksDB now "
-                            "(a kill loses none of them); this server still takes no writes: restart it")  # fmt: skip
-            if self.flush_failures:
-                log.warning("background flush succeeded after %d failed attempts over %.0f s", self.flush_failures,
-                            time.monotonic() - since)  # fmt: skip
-                self.flush_failures = 0
 
     def stats(self) -> dict:
         self.refuse_if_lost()  # the data dir's figures are gone with it; the refusal says what happened
@@ -952,14 +870,14 @@ class Shard:
             "ram_budget_bytes": self.budget.limit_bytes,
             "ram_used_bytes": self.budget.used_bytes,
             "journal_bytes": self.journal.size_bytes(),
-            "flushing": int(self._flush_lock.locked()),
+            "flushing": int(self.flusher.flushing),
             **self.disk_stats(),
             **self.memory_stats(),
             "clock": self.clock,
             **self.jobs.stats(),
             **self.restore_stats(),
             "state_id": self.state_id,
-            "flush_failures": self.flush_failures,
+            "flush_failures": self.flusher.failures,
         }
 
     def check_state_id(self, seen: int) -> None:
@@ -992,10 +910,10 @@ class Shard:
         """For the metrics: the clients in the exactly-once table
         (ps.storage.applied), whether the disk was low at the flusher's last look (ps.storage.diskspace) and the
         free bytes under which it is low, from that look (0 before the first)."""
-        last = self.disk_watch.last
+        last = self.flusher.disk_watch.last
         return {
             "clients": len(self.journal.applied),
-            "disk_low": int(self.disk_watch.low),
+            "disk_low": int(self.flusher.disk_watch.low),
             "disk_low_bytes": low_bytes(last.disk_total_bytes, last.data_dir_bytes) if last else 0,
         }
 
@@ -1019,9 +937,7 @@ class Shard:
         """Stops the flusher, flushes every dirty row, closes the journal and RocksDB. Requests that arrive
         later get ShardClosingError (UNAVAILABLE); none waits forever, nor do stamped waits."""
         self.jobs.close()
-        self._closed.set()
-        self._wake.set()
-        self._flusher.join()
+        self.flusher.stop()
         self.journal.check_intact()  # a deletion since the thread's last look is known before anything is written
         if self.journal.dir_gone:
             self._close_lost()
