@@ -64,7 +64,8 @@ from ps.engine.opening import (
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.startup import StartProgress
-from ps.engine.table import Table, layout_for
+from ps.engine.table import Table
+from ps.engine.tablemaker import TableMaker
 from ps.errors import (
     CLIENT_TABLE_FULL,
     MODEL_STATE_REPLACED,
@@ -75,12 +76,10 @@ from ps.errors import (
     ModelStateReplacedError,
     PsError,
     ShardNeedsRestartError,
-    TableExistsError,
     TableNotFoundError,
     WrongShardError,
     echo,
 )
-from ps.rows.layout import RowLayout
 from ps.rows.pushcheck import MAX_COUNT_PER_ID, check_push_values
 from ps.rows.update import ADD_DELTA, OPTIMIZE
 from ps.sharding import NUM_SLOTS, SlotMap
@@ -140,6 +139,7 @@ class Shard:
         self.budget = new_budget(self.memory)
         self.journal = open_journal(config, self.memory)
         self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget)
+        self._maker = TableMaker(self.shard_id, self.tables, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
         self.flusher = Flusher(lambda background: self.flush(background), config.flush_interval_s, self.journal,
                                lambda: self.broken, config.data_dir)  # fmt: skip
@@ -253,23 +253,7 @@ class Shard:
     def _create_table(self, cfg: TableConfig, replace_untrained: bool, stamped: bool) -> Table:
         cfg = cfg.normalized()
         with self._lock:
-            table = self.tables.get(cfg.name)
-            diff = table.cfg.differences(cfg) if table is not None else []
-            if table is not None and not diff:
-                return table
-            cfg.check_new()
-            if diff:
-                return self._replace_untrained(table, cfg, diff, replace_untrained, stamped)
-            self._check_new_table(cfg, None)
-            table = Table(cfg, self.store, self.journal, self.budget)  # joins the RAM budget
-            try:
-                self.store.create_table(cfg)
-            except BaseException:
-                self.budget.leave(table.arena)
-                raise
-            self.tables[cfg.name] = table
-        log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
-        return table
+            return self._maker.create(cfg, replace_untrained, None if stamped else self.jobs.check_replace)
 
     def check_create(
         self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None
@@ -286,81 +270,9 @@ class Shard:
             self.jobs.check(stamp, pull=False, create=True, check_only=True)
         cfg = cfg.normalized()
         with self._lock:
-            table = self.tables.get(cfg.name)
-            diff = table.cfg.differences(cfg) if table is not None else []
-            if table is not None and not diff:
-                return table.cfg, table.num_rows, table.width
-            cfg.check_new()
-            if diff:
-                with table.lock:
-                    self._refuse_other_spec(table, cfg, diff, replace_untrained, stamp is not None)
-            return cfg, 0, self._check_new_table(cfg, table if diff else None).width
-
-    def _check_new_table(self, cfg: TableConfig, replacing: Table | None) -> RowLayout:
-        """The refusals of a create of a table of cfg (new, or `replacing` one of its name) left once its spec is
-        accepted, checked in the one order that create_table and check_create meet them, changing nothing: the
-        table's number (Store.number_for: DataLossError while a number does not read, TableNumbersExhaustedError),
-        then the RAM tier (RamTierTooSmallError, once `replacing` left it). Returns cfg's layout."""
-        self.store.number_for(cfg.name)
-        layout = layout_for(cfg)
-        self.budget.check_join(layout.ram_bytes, replacing=replacing.arena if replacing is not None else None)
-        return layout
-
-    def _refuse_other_spec(
-        self, table: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool, stamped: bool
-    ) -> None:
-        """TableExistsError unless `table`, whose config differs from cfg by diff, may be replaced: with
-        replace_untrained, and never trained (Table.trained); JobConflictError for a create without a stamp
-        (stamped False) while a job holds the shard (JobClocks.check_replace). The table's lock held."""
-        if not replace_untrained:
-            raise TableExistsError(
-                f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec "
-                f"(existing != requested): {'; '.join(diff)}"
+            return self._maker.check_create(
+                cfg, replace_untrained, None if stamp is not None else self.jobs.check_replace
             )
-        if table.trained:
-            held = (
-                f"it holds {table.num_rows:,} trained rows and {table.num_pending:,} ids pushed but not admitted"
-                if table.num_rows or table.num_pending
-                else "it was trained, and a Shrink has dropped every id"
-            )
-            raise TableExistsError(
-                f"table {cfg.name!r} exists on shard {self.shard_id} with a different spec (existing != "
-                f"requested): {'; '.join(diff)}; {held}, and only a table never trained is replaced; nothing was "
-                "changed"
-            )
-        if not stamped:
-            self.jobs.check_replace(cfg.name)
-
-    def _replace_untrained(
-        self, old: Table, cfg: TableConfig, diff: list[str], replace_untrained: bool, stamped: bool
-    ) -> Table:
-        """create_table for a table of another config, `old` (self._lock held): refused unless it may be replaced
-        (_refuse_other_spec) and its number and the RAM tier take it (_check_new_table); then the old one is closed
-        (its requests from now on get ShardClosingError) and leaves the RAM budget, the new one takes its name,
-        number and counts (Table.count_on). A failure puts a table of the old config back, as it was (untrained, its
-        RAM tier empty)."""
-        with old.lock:
-            self._refuse_other_spec(old, cfg, diff, replace_untrained, stamped)
-            self._check_new_table(cfg, old)
-            old.closed = True
-            old.replaced = True
-            self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone
-        try:
-            new = Table(cfg, self.store, self.journal, self.budget)
-            try:
-                self.store.create_table(cfg)  # the config under the same table number
-            except BaseException:
-                self.budget.leave(new.arena)
-                raise
-        except BaseException:
-            self.tables[cfg.name] = Table(old.cfg, self.store, self.journal, self.budget)
-            self.tables[cfg.name].count_on(old)
-            raise
-        new.count_on(old)
-        self.tables[cfg.name] = new
-        log.info("replaced table %s, never trained, by one of another spec (existing != requested): %s", cfg.name,
-                 "; ".join(diff))  # fmt: skip
-        return new
 
     def table(self, name: str) -> Table:
         table = self.tables.get(name)
