@@ -124,15 +124,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_SEQ_JUMP, MAX_STAMP_TEXT
+from ps.config import MAX_SEQ_JUMP
 from ps.engine.push import CheckedPush, TablePush
+from ps.engine.stampcheck import check_stamp, job_kind, nothing_done, setup_difference, setup_pairs
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -150,83 +150,8 @@ from ps.stamp import WorkerStamp
 from ps.wire import repeats_ids
 
 log = logging.getLogger("ps.engine.jobs")
-MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
-MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
-NAMED_KEYS = 8  # setup keys named in a refusal, at most
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 MAX_OPEN_SYNC_STEPS = 4  # sync steps of a job gathering at once: its workers run one step at a time (about 2)
-
-
-def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
-    """InvalidArgumentError for a stamp no job can have (a pull's, a CreateTable's (create), or a PushBatch's: done
-    and stopped are for pushes)."""
-    bad = ""
-    if stamp.job == 0:
-        bad = "job 0 is no job id; give every job a nonzero id"
-    elif not 1 <= stamp.num_workers <= MAX_WORKERS:
-        bad = f"num_workers {stamp.num_workers:,} is out of range: a job has 1 to {MAX_WORKERS:,} workers"
-    elif stamp.worker >= stamp.num_workers:
-        bad = f"worker {stamp.worker:,} is out of range for a job of {stamp.num_workers:,} workers (0 to "
-        bad += f"{stamp.num_workers - 1:,})"
-    elif stamp.step > MAX_CLOCK:
-        bad = f"step {stamp.step:,} is past the largest step a shard takes ({MAX_CLOCK:,})"
-    elif stamp.acked > (MAX_CLOCK if stamp.done or stamp.stopped else stamp.step):
-        bad = f"acked {stamp.acked:,} is past step {stamp.step:,}: a worker has had the replies of its steps "
-        bad += "before the one it stamps at most"
-    elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
-        bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 ({DEFAULT_BARRIER_S:g} s) to {MAX_BARRIER_S:g} seconds"
-    elif len(stamp.setup) > MAX_SETUP_CHARS:
-        bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
-    elif len(stamp.stopped) > MAX_SETUP_CHARS:
-        bad = f"stopped of {len(stamp.stopped):,} characters is longer than {MAX_SETUP_CHARS:,}"
-    elif (pull or create) and (stamp.done or stamp.stopped):
-        bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a "
-        bad += "pull" if pull else "CreateTable"
-    elif stamp.done and stamp.stopped:
-        bad = "a stamp says done (the worker finished) or stopped (it did not), not both"
-    elif stamp.unclocked and pull:
-        bad = "unclocked (an async or geo worker's) is said by a PushBatch, not by a pull (which waits for nothing)"
-    elif stamp.unclocked and stamp.sync:
-        bad = "a stamp says sync (its step summed over the job's workers) or unclocked (async or geo), not both"
-    elif stamp.token and not stamp.unclocked:
-        bad = "token (an async or geo worker process's) is said by an unclocked stamp, not a sync or ssp one"
-    elif stamp.apart and (pull or create):
-        bad = "apart (a push that ends none of its worker's steps here) is said by a PushBatch, not by a "
-        bad += "pull" if pull else "CreateTable"
-    elif stamp.apart and (stamp.sync or stamp.done or stamp.stopped or stamp.unclocked):
-        said = next(k for k in ("sync", "done", "stopped", "unclocked") if getattr(stamp, k))
-        bad = "apart (a push that ends none of its worker's steps here) is said by a push of a sync or ssp worker "
-        bad += f"that is no sync contribution, not done and not stopped; this one says {said}"
-    if bad:
-        raise InvalidArgumentError(f"bad worker stamp: {bad}; {_nothing_done(create)}")
-
-
-def _nothing_done(create: bool) -> str:
-    """How a refusal ends: what the refused request did not do (a CreateTable's create: its table; a pull's or
-    push's: its rows)."""
-    return "nothing was created" if create else "nothing was applied"
-
-
-def setup_pairs(setup: str) -> dict[str, str]:
-    """The key=value pairs of a stamp's setup (a token without '=' is a key with an empty value)."""
-    return dict(token.partition("=")[::2] for token in setup.split())
-
-
-def _kind(setup: str, unclocked: bool) -> str:
-    """A job's mode as its setup names it ('--mode geo'), else as its stamps tell it ('sync or ssp')."""
-    mode = setup_pairs(setup).get("mode")
-    if mode:
-        return f"--mode {mode if mode.isalnum() and len(mode) <= 20 else echo(mode, 20)}"  # a word as it is
-    return "async or geo" if unclocked else "sync or ssp"
-
-
-def setup_difference(setup: str, job_setup: str) -> str:
-    """The keys whose values differ between two setups, each as "key 'value' (the job's: 'value')"."""
-    mine, job = setup_pairs(setup), setup_pairs(job_setup)
-    keys = [k for k in dict.fromkeys([*job, *mine]) if mine.get(k) != job.get(k)]
-    named = ", ".join(f"{echo(k)} {echo(mine.get(k, '(unset)'), 40)} (the job's: {echo(job.get(k, '(unset)'), 40)})"
-                      for k in keys[:NAMED_KEYS])  # fmt: skip
-    return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
 
 
 SYNC_KEY_BIT = 1 << 63  # set in every sync key, clear in every client's (ps.service.client_key): apart
@@ -430,7 +355,7 @@ class JobClocks:
             held = claim if claim is not None else self  # (a stamp, or the job followed: job, setup, unclocked)
             job = held.job
             raise JobConflictError(
-                f"shard {self.shard_id} holds job {job} ({_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
+                f"shard {self.shard_id} holds job {job} ({job_kind(held.setup, held.unclocked)}), and this create would replace table {table!r} "
                 "(never trained) under it: a create without a job's stamp (`ps-worker train --create-tables-only`, "
                 f"another client) replaces no table while a job holds the shard; wait for job {job}'s end, or stop "
                 "it; nothing was created"
@@ -465,13 +390,13 @@ class JobClocks:
         """JobConflictError for a stamp of another job while the one followed runs, or while a push or create claims
         the shard for another job (check()); create: the stamp is a CreateTable's (its table is not created). Lock
         held."""
-        nothing = _nothing_done(create)
+        nothing = nothing_done(create)
         claim, doing = next(((c, d) for c, d in self._claims if c.job != stamp.job), (None, ""))
         if claim is not None:
             raise JobConflictError(
                 f"shard {self.shard_id} is {doing} of job {claim.job} "
-                f"({_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
-                f"{stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
+                f"({job_kind(claim.setup, claim.unclocked)}, worker {claim.worker}), so worker {stamp.worker} of job "
+                f"{stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at "
                 f"a time (two jobs would train one model over each other); wait for job {claim.job}'s end, or stop "
                 f"it; {nothing}"
             )
@@ -488,9 +413,9 @@ class JobClocks:
             else ""
         )  # a sync or ssp worker cannot rejoin
         raise JobConflictError(
-            f"shard {self.shard_id} holds job {self.job} ({_kind(self.setup, self.unclocked)}, {live} of its "
+            f"shard {self.shard_id} holds job {self.job} ({job_kind(self.setup, self.unclocked)}, {live} of its "
             f"{self.num_workers} workers not done, last heard from {silent:.3g} s ago), so worker {stamp.worker} of "
-            f"job {stamp.job} ({_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at a "
+            f"job {stamp.job} ({job_kind(stamp.setup, stamp.unclocked)}) cannot train here: a shard trains one job at a "
             f"time (two jobs would train one model over each other). If job {self.job}'s workers are gone (killed "
             f"without a word), the shard holds it for {left:.3g} s more (its barrier timeout, {self._patience_s:g} "
             f"s, after it was last heard from): wait that long{resume}; if they run, wait for the job's end, or stop "
@@ -520,7 +445,7 @@ class JobClocks:
         patience = self._patience_s if self._follows(stamp) else stamp.timeout_s  # (a claim's job: not started)
         n, w, left = self.num_workers or stamp.num_workers, stamp.worker, max(0.0, patience - silent)
         raise JobConflictError(
-            f"shard {self.shard_id}: worker {w} of job {stamp.job} ({_kind(stamp.setup, True)}) is trained here by "
+            f"shard {self.shard_id}: worker {w} of job {stamp.job} ({job_kind(stamp.setup, True)}) is trained here by "
             f"another process (last heard from {silent:.3g} s ago; its stamps carry another token than this "
             f"process's, {stamp.token:#x}), which holds worker {w} for {left:.3g} s more (the job's barrier timeout, "
             f"{patience:g} s, after it was last heard from) unless it says it is done or stopped. If this is worker "
@@ -528,7 +453,7 @@ class JobClocks:
             "without the --resume-file its killed run kept, it is another process, refused until then; with that "
             "file it is the same process and pushes on at once. If the other process runs, two processes given one "
             f"--worker-id would train its share twice and another share never: give each process its own "
-            f"--worker-id in 0..{n - 1}, or stop the other one; {_nothing_done(create)}"
+            f"--worker-id in 0..{n - 1}, or stop the other one; {nothing_done(create)}"
         )
 
     def _token_conflict(self, stamp: WorkerStamp) -> float | None:
@@ -572,8 +497,8 @@ class JobClocks:
                                       f": {setup_difference(stamp.setup, self.setup)}"))  # fmt: skip
             raise _again(self._stopped)
         if not applied and stamp.unclocked != self.unclocked:
-            self._stop(self._mismatch(stamp, f"stamps as {_kind('', stamp.unclocked)} does, where the job started "
-                                      f"here as {_kind('', self.unclocked)}", "runs the same mode"))  # fmt: skip
+            self._stop(self._mismatch(stamp, f"stamps as {job_kind('', stamp.unclocked)} does, where the job started "
+                                      f"here as {job_kind('', self.unclocked)}", "runs the same mode"))  # fmt: skip
             raise _again(self._stopped)
 
     def _mismatch(self, stamp: WorkerStamp, what: str, rule: str, detail: str = "") -> InvalidArgumentError:

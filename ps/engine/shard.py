@@ -47,7 +47,7 @@ from ps.checkpoint import file_checksums
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.flusher import Flusher
 from ps.engine.hold import PushHold, save_into
-from ps.engine.jobs import JobClocks, check_stamp, contribution
+from ps.engine.jobs import JobClocks, contribution
 from ps.engine.opening import (
     check_data_dir,
     check_store,
@@ -63,6 +63,7 @@ from ps.engine.opening import (
 )
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
+from ps.engine.stampcheck import check_stamp
 from ps.engine.startup import StartProgress
 from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker

@@ -1,0 +1,87 @@
+"""The checks of a worker's stamp that need no job: check_stamp (what no job's stamp may say), and the words the
+refusals of ps.engine.jobs use for a job's setup (its key=value pairs, what differs between two, its mode).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ps.config import DEFAULT_BARRIER_S, MAX_BARRIER_S, MAX_CLOCK, MAX_STAMP_TEXT
+from ps.errors import InvalidArgumentError, echo
+from ps.stamp import WorkerStamp
+
+MAX_WORKERS = 65536  # of a job: a shard keeps a clock per worker
+MAX_SETUP_CHARS = MAX_STAMP_TEXT  # of a stamp's setup and stop reason
+NAMED_KEYS = 8  # setup keys named in a refusal, at most
+
+
+def check_stamp(stamp: WorkerStamp, pull: bool, create: bool = False) -> None:
+    """InvalidArgumentError for a stamp no job can have (a pull's, a CreateTable's (create), or a PushBatch's: done
+    and stopped are for pushes)."""
+    bad = ""
+    if stamp.job == 0:
+        bad = "job 0 is no job id; give every job a nonzero id"
+    elif not 1 <= stamp.num_workers <= MAX_WORKERS:
+        bad = f"num_workers {stamp.num_workers:,} is out of range: a job has 1 to {MAX_WORKERS:,} workers"
+    elif stamp.worker >= stamp.num_workers:
+        bad = f"worker {stamp.worker:,} is out of range for a job of {stamp.num_workers:,} workers (0 to "
+        bad += f"{stamp.num_workers - 1:,})"
+    elif stamp.step > MAX_CLOCK:
+        bad = f"step {stamp.step:,} is past the largest step a shard takes ({MAX_CLOCK:,})"
+    elif stamp.acked > (MAX_CLOCK if stamp.done or stamp.stopped else stamp.step):
+        bad = f"acked {stamp.acked:,} is past step {stamp.step:,}: a worker has had the replies of its steps "
+        bad += "before the one it stamps at most"
+    elif not (math.isfinite(stamp.barrier_timeout_s) and 0 <= stamp.barrier_timeout_s <= MAX_BARRIER_S):
+        bad = f"barrier_timeout_s {stamp.barrier_timeout_s} is out of range: 0 ({DEFAULT_BARRIER_S:g} s) to {MAX_BARRIER_S:g} seconds"
+    elif len(stamp.setup) > MAX_SETUP_CHARS:
+        bad = f"setup of {len(stamp.setup):,} characters is longer than {MAX_SETUP_CHARS:,}"
+    elif len(stamp.stopped) > MAX_SETUP_CHARS:
+        bad = f"stopped of {len(stamp.stopped):,} characters is longer than {MAX_SETUP_CHARS:,}"
+    elif (pull or create) and (stamp.done or stamp.stopped):
+        bad = f"{'done' if stamp.done else 'stopped'} is said by a PushBatch without pushes, not by a "
+        bad += "pull" if pull else "CreateTable"
+    elif stamp.done and stamp.stopped:
+        bad = "a stamp says done (the worker finished) or stopped (it did not), not both"
+    elif stamp.unclocked and pull:
+        bad = "unclocked (an async or geo worker's) is said by a PushBatch, not by a pull (which waits for nothing)"
+    elif stamp.unclocked and stamp.sync:
+        bad = "a stamp says sync (its step summed over the job's workers) or unclocked (async or geo), not both"
+    elif stamp.token and not stamp.unclocked:
+        bad = "token (an async or geo worker process's) is said by an unclocked stamp, not a sync or ssp one"
+    elif stamp.apart and (pull or create):
+        bad = "apart (a push that ends none of its worker's steps here) is said by a PushBatch, not by a "
+        bad += "pull" if pull else "CreateTable"
+    elif stamp.apart and (stamp.sync or stamp.done or stamp.stopped or stamp.unclocked):
+        said = next(k for k in ("sync", "done", "stopped", "unclocked") if getattr(stamp, k))
+        bad = "apart (a push that ends none of its worker's steps here) is said by a push of a sync or ssp worker "
+        bad += f"that is no sync contribution, not done and not stopped; this one says {said}"
+    if bad:
+        raise InvalidArgumentError(f"bad worker stamp: {bad}; {nothing_done(create)}")
+
+
+def nothing_done(create: bool) -> str:
+    """How a refusal ends: what the refused request did not do (a CreateTable's create: its table; a pull's or
+    push's: its rows)."""
+    return "nothing was created" if create else "nothing was applied"
+
+
+def setup_pairs(setup: str) -> dict[str, str]:
+    """The key=value pairs of a stamp's setup (a token without '=' is a key with an empty value)."""
+    return dict(token.partition("=")[::2] for token in setup.split())
+
+
+def job_kind(setup: str, unclocked: bool) -> str:
+    """A job's mode as its setup names it ('--mode geo'), else as its stamps tell it ('sync or ssp')."""
+    mode = setup_pairs(setup).get("mode")
+    if mode:
+        return f"--mode {mode if mode.isalnum() and len(mode) <= 20 else echo(mode, 20)}"  # a word as it is
+    return "async or geo" if unclocked else "sync or ssp"
+
+
+def setup_difference(setup: str, job_setup: str) -> str:
+    """The keys whose values differ between two setups, each as "key 'value' (the job's: 'value')"."""
+    mine, job = setup_pairs(setup), setup_pairs(job_setup)
+    keys = [k for k in dict.fromkeys([*job, *mine]) if mine.get(k) != job.get(k)]
+    named = ", ".join(f"{echo(k)} {echo(mine.get(k, '(unset)'), 40)} (the job's: {echo(job.get(k, '(unset)'), 40)})"
+                      for k in keys[:NAMED_KEYS])  # fmt: skip
+    return named + (f" and {len(keys) - NAMED_KEYS} more" if len(keys) > NAMED_KEYS else "")
