@@ -57,9 +57,9 @@ from google.protobuf.message import Message
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import DEFAULT_HOLD_S, MAX_MESSAGE_BYTES
-from ps.engine.jobs import SYNC_KEY_BIT
 from ps.engine.push import TablePush, ids_applied
 from ps.engine.shard import Shard
+from ps.engine.syncsum import SYNC_KEY_BIT
 from ps.errors import (
     ERROR_NAME_KEY,
     CheckpointInProgressError,

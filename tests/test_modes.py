@@ -17,9 +17,10 @@ import pytest
 from protos import ps_pb2, ps_pb2_grpc
 from ps import codec, wire
 from ps.config import InitializerConfig, OptimizerConfig, ServerConfig, TableConfig
-from ps.engine.jobs import JobClocks, sum_contributions, sync_key
+from ps.engine.jobs import JobClocks
 from ps.engine.push import TablePush
 from ps.engine.shard import MAX_COUNT_PER_ID, Shard
+from ps.engine.syncsum import sum_contributions, sync_key
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,

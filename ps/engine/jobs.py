@@ -27,8 +27,8 @@ is the smallest clock (when every worker is done, the largest).
   step's last message here, once the shard holds the whole step), or a push sent apart from the steps (the MLP's,
   early stopping's restore); it holds the shard for the job as a push does, and moves no clock.
 - A sync push of step t is a contribution: it waits until every worker not done has contributed to t, then the
-  contributions are summed (sum_contributions: per table the union of ids, grads, shows and clicks summed per id,
-  shows and clicks clipped to a push's limit per id) and applied once, as one PushBatch of the job: client
+  contributions are summed (ps.engine.syncsum.sum_contributions: per table the union of ids, grads, shows and
+  clicks summed per id, shows and clicks clipped to a push's limit per id) and applied once, as one PushBatch of the job: client
   sync_key(job), request number t + 1, so the sum is journaled and durable, and the journal's exactly-once rule
   applies it once across restarts too: applying the same sum again applies only the pushes (tables) a crash left
   unapplied, or nothing. Every contributor's reply waits for the whole sum to be applied. A contribution sent
@@ -122,17 +122,15 @@ steps of a job gather at once: a contribution that would open another is refused
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from ps.config import MAX_SEQ_JUMP
-from ps.engine.push import CheckedPush, TablePush
+from ps.engine.push import TablePush
 from ps.engine.stampcheck import check_stamp, job_kind, nothing_done, setup_difference, setup_pairs
+from ps.engine.syncsum import sum_contributions, sync_key
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -145,76 +143,11 @@ from ps.errors import (
     WorkerDoneError,
     echo,
 )
-from ps.rows.update import OPTIMIZE
 from ps.stamp import WorkerStamp
-from ps.wire import repeats_ids
 
 log = logging.getLogger("ps.engine.jobs")
 NAMED_WORKERS = 20  # workers named in a timeout's message, at most
 MAX_OPEN_SYNC_STEPS = 4  # sync steps of a job gathering at once: its workers run one step at a time (about 2)
-
-
-SYNC_KEY_BIT = 1 << 63  # set in every sync key, clear in every client's (ps.service.client_key): apart
-
-
-def sync_key(job: int) -> int:
-    """The client key under which a job's sync sums are applied exactly once: a 64-bit hash of job with
-    SYNC_KEY_BIT set, a key no client's PushBatch is applied under (a client that could apply a request under it
-    would make the journal say the job's steps were applied)."""
-    digest = hashlib.blake2b(b"sync\0" + job.to_bytes(8, "little"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") | SYNC_KEY_BIT
-
-
-def contribution(pushes: list[TablePush], check_push: Callable[[TablePush], CheckedPush]) -> list[TablePush]:
-    """Copies of a sync push's pushes, shows and clicks filled in (add_delta false), each validated by check_push
-    (Shard.check_push) and for repeated ids; InvalidArgumentError for an add_delta push (deltas are not summed
-    across workers)."""
-    out = []
-    for i, p in enumerate(pushes):
-        c = check_push(p)
-        if c.rule != OPTIMIZE:
-            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) is add_delta, which a sync push "
-                                       "cannot carry; nothing was applied")  # fmt: skip
-        if repeats_ids(c.ids):
-            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) repeats ids; nothing was applied")
-        out.append(TablePush(name=p.name, ids=np.array(c.ids), grads=np.array(c.grads), shows=np.array(c.shows),
-                             clicks=np.array(c.clicks)))  # fmt: skip
-    return out
-
-
-def sum_contributions(contributions: list[list[TablePush]], max_count: float) -> list[TablePush]:
-    """One push per table, in name order, of contributions (each a list of pushes with shows and clicks, ids
-    unique within each): per table the union of the ids, sorted, with grads, shows and clicks summed per id (by
-    np.add.reduceat over the id's values in the order of the contributions; numpy chooses how the float32 additions
-    associate, so the sum may differ in the last bit from a left-to-right one, but the same contributions in the
-    same order give the same sum), and shows and clicks clipped to max_count (a push's limit per id, which
-    contributions within it may sum past). Tables without ids are left out. InvalidArgumentError if a sum of
-    gradients overflows float32."""
-    by_table: dict[str, list[TablePush]] = {}
-    for pushes in contributions:
-        for p in pushes:
-            by_table.setdefault(p.name, []).append(p)
-    out = []
-    for name in sorted(by_table):
-        arrays = zip(*((p.ids, p.grads, p.shows, p.clicks) for p in by_table[name]))
-        ids, grads, shows, clicks = (np.concatenate(a) for a in arrays)
-        if not len(ids):
-            continue
-        order = np.argsort(ids, kind="stable")
-        ids = ids[order]
-        starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
-        with np.errstate(over="ignore"):
-            grads, shows, clicks = (np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks))
-        if not np.isfinite(grads).all():
-            bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
-            raise InvalidArgumentError(
-                f"the sum of the workers' gradients for id {int(ids[starts][bad])} of table {name!r} overflows "
-                f"float32 (each worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was "
-                "applied"
-            )
-        out.append(TablePush(name=name, ids=ids[starts], grads=grads, shows=np.minimum(shows, max_count),
-                             clicks=np.minimum(clicks, max_count)))  # fmt: skip
-    return out
 
 
 def _check_caller(caller_gone: Callable[[], bool] | None, stamp: WorkerStamp, what: str) -> None:

@@ -47,7 +47,7 @@ from ps.checkpoint import file_checksums
 from ps.config import MAX_CLOCK, MAX_SEQ_JUMP, ServerConfig, TableConfig
 from ps.engine.flusher import Flusher
 from ps.engine.hold import PushHold, save_into
-from ps.engine.jobs import JobClocks, contribution
+from ps.engine.jobs import JobClocks
 from ps.engine.opening import (
     check_data_dir,
     check_store,
@@ -65,6 +65,7 @@ from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.stampcheck import check_stamp
 from ps.engine.startup import StartProgress
+from ps.engine.syncsum import contribution
 from ps.engine.table import Table
 from ps.engine.tablemaker import TableMaker
 from ps.errors import (
@@ -619,7 +620,7 @@ class Shard:
         return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=stamp.apart or shared)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
-        """A sync push's contribution (ps.engine.jobs.contribution), its clock advance checked too, and its size:
+        """A sync push's contribution (ps.engine.syncsum.contribution), its clock advance checked too, and its size:
         RequestTooLargeError, before anything is copied, past what a push may copy running alone."""
         cost = sum(push_cost(len(p.ids), self.table(p.name).width) for p in pushes)
         self.room.refuse_larger(cost, sum(len(p.ids) for p in pushes), f"a sync PushBatch of {len(pushes)} pushes",

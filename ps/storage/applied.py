@@ -2,9 +2,9 @@
 
 An entry maps a client key to (client_seq, parts done) of that client's newest request: ps.engine.shard's
 push_batch applies a request the table already holds, or an older one, only for the parts that are missing, and
-ps.engine.jobs keeps each job's sync steps under sync_key(job) the same way. Each entry also keeps `used_s`, the
-wall time (time.time) its value last moved: its newest request's latest part applied. A value that does not move
-(a retry answered from the table, a note of an older request) leaves the time as it was.
+ps.engine.jobs keeps each job's sync steps under sync_key(job) (ps.engine.syncsum) the same way. Each entry also
+keeps `used_s`, the wall time (time.time) its value last moved: its newest request's latest part applied. A value
+that does not move (a retry answered from the table, a note of an older request) leaves the time as it was.
 
 Age. An entry unchanged for longer than ps.config.REQUEST_RETENTION_S is dropped at the next flush
 (take_changes). A worker's Client sends no attempt of a request once its first attempt is RETRY_WINDOW_S old (the

@@ -1,0 +1,78 @@
+"""A sync step's sum: one worker's contribution (its push checked and copied), the sum of every contribution, and
+the client key under which a job's sums are applied exactly once (ps.engine.jobs gathers the contributions and
+applies the sum).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+
+from ps.engine.push import CheckedPush, TablePush
+from ps.errors import InvalidArgumentError
+from ps.rows.update import OPTIMIZE
+from ps.wire import repeats_ids
+
+SYNC_KEY_BIT = 1 << 63  # set in every sync key, clear in every client's (ps.service.client_key): apart
+
+
+def sync_key(job: int) -> int:
+    """The client key under which a job's sync sums are applied exactly once: a 64-bit hash of job with
+    SYNC_KEY_BIT set, a key no client's PushBatch is applied under (a client that could apply a request under it
+    would make the journal say the job's steps were applied)."""
+    digest = hashlib.blake2b(b"sync\0" + job.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") | SYNC_KEY_BIT
+
+
+def contribution(pushes: list[TablePush], check_push: Callable[[TablePush], CheckedPush]) -> list[TablePush]:
+    """Copies of a sync push's pushes, shows and clicks filled in (add_delta false), each validated by check_push
+    (Shard.check_push) and for repeated ids; InvalidArgumentError for an add_delta push (deltas are not summed
+    across workers)."""
+    out = []
+    for i, p in enumerate(pushes):
+        c = check_push(p)
+        if c.rule != OPTIMIZE:
+            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) is add_delta, which a sync push "
+                                       "cannot carry; nothing was applied")  # fmt: skip
+        if repeats_ids(c.ids):
+            raise InvalidArgumentError(f"push {i} of the batch (table {p.name!r}) repeats ids; nothing was applied")
+        out.append(TablePush(name=p.name, ids=np.array(c.ids), grads=np.array(c.grads), shows=np.array(c.shows),
+                             clicks=np.array(c.clicks)))  # fmt: skip
+    return out
+
+
+def sum_contributions(contributions: list[list[TablePush]], max_count: float) -> list[TablePush]:
+    """One push per table, in name order, of contributions (each a list of pushes with shows and clicks, ids
+    unique within each): per table the union of the ids, sorted, with grads, shows and clicks summed per id (by
+    np.add.reduceat over the id's values in the order of the contributions; numpy chooses how the float32 additions
+    associate, so the sum may differ in the last bit from a left-to-right one, but the same contributions in the
+    same order give the same sum), and shows and clicks clipped to max_count (a push's limit per id, which
+    contributions within it may sum past). Tables without ids are left out. InvalidArgumentError if a sum of
+    gradients overflows float32."""
+    by_table: dict[str, list[TablePush]] = {}
+    for pushes in contributions:
+        for p in pushes:
+            by_table.setdefault(p.name, []).append(p)
+    out = []
+    for name in sorted(by_table):
+        arrays = zip(*((p.ids, p.grads, p.shows, p.clicks) for p in by_table[name]))
+        ids, grads, shows, clicks = (np.concatenate(a) for a in arrays)
+        if not len(ids):
+            continue
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+        with np.errstate(over="ignore"):
+            grads, shows, clicks = (np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks))
+        if not np.isfinite(grads).all():
+            bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
+            raise InvalidArgumentError(
+                f"the sum of the workers' gradients for id {int(ids[starts][bad])} of table {name!r} overflows "
+                f"float32 (each worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was "
+                "applied"
+            )
+        out.append(TablePush(name=name, ids=ids[starts], grads=grads, shows=np.minimum(shows, max_count),
+                             clicks=np.minimum(clicks, max_count)))  # fmt: skip
+    return out
