@@ -869,6 +869,43 @@ def test_a_start_refused_on_damage_met_in_a_scan_keeps_no_rocksdb_handle_in_its_
     Store(str(data_dir)).close()  # not "in use by this process itself"
 
 
+def test_a_refused_start_error_dropped_by_its_caller_is_freed_at_once(tmp_path):
+    """The error a refused start raises in place of its cause (here DATA_LOSS naming the dir) is not left bound in
+    the start's frame, which its traceback holds: no cycle, so a caller that drops it frees it, with the frames and
+    the closed store it holds, at once rather than at a garbage collection."""
+    import gc
+    import weakref
+
+    from ps.engine.shard import Shard
+    from ps.errors import DataLossError
+    from tests.conftest import crash
+
+    data_dir = tmp_path / "shard"
+    shard = Shard(ServerConfig(data_dir=str(data_dir)))
+    shard.create_table(TableConfig("t", DIM))
+    shard.push("t", COMMON, np.ones((len(COMMON), DIM), np.float32))
+    crash(shard)  # the push only in the journal: the next start replays it
+    with opened(data_dir) as store:
+        store._meta.put(b"tid/t", b"zero")
+    refused: list[weakref.ref] = []
+
+    def start() -> None:
+        try:
+            Shard(ServerConfig(data_dir=str(data_dir)))
+        except DataLossError as e:
+            assert str(e).startswith(f"cannot start on data dir {data_dir}: "), str(e)
+            refused.append(weakref.ref(e))
+
+    was_enabled = gc.isenabled()
+    gc.disable()  # only reference counts free what the start left
+    try:
+        start()
+        assert len(refused) == 1 and refused[0]() is None, "the refused start's error outlived its last reference"
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 @pytest.mark.parametrize("key, value, why", [
     (b"tid/t", 2**32, "not below 2^32"),
     (b"clock", 2**40 + 1, "1,099,511,627,777 is past the largest clock a shard takes, 1,099,511,627,776 (an "

@@ -117,14 +117,17 @@ class Shard:
         self.store = open_store(config, self.memory)
         try:
             self._start(manifest)
-        except BaseException as e:  # raised, never bound to a local: a cycle through its traceback's frames would
-            # keep RocksDB's handles, and the data dir's lock, alive until a garbage collection
+        except BaseException as e:  # the error raised is left bound to no local: its traceback holds this frame, and
+            # the cycle would keep it, its frames and what they hold alive until a garbage collection
             close_after_failed_start(config.data_dir, self.store, getattr(self, "journal", None))
             clear_frames(e)
             error = failed_start_error(e, config.data_dir)
             if error is None:
                 raise
-            raise error from e
+            try:
+                raise error from e
+            finally:
+                del error
         self._hold = PushHold(self.shard_id)  # checkpoints hold pushes (hold / save_checkpoint / release)
         self._journal_mark = self.journal.bytes_written
         self.lost_listeners: list[Callable[[], None]] = []  # told once the data dir is found lost (_on_lost)
