@@ -28,13 +28,13 @@ is the smallest clock (when every worker is done, the largest).
   early stopping's restore); it holds the shard for the job as a push does, and moves no clock.
 - A sync push of step t is a contribution: it waits until every worker not done has contributed to t, then the
   contributions are summed (ps.engine.syncsum.sum_contributions: per table the union of ids, grads, shows and
-  clicks summed per id, shows and clicks clipped to a push's limit per id) and applied once, as one PushBatch of the job: client
-  sync_key(job), request number t + 1, so the sum is journaled and durable, and the journal's exactly-once rule
-  applies it once across restarts too: applying the same sum again applies only the pushes (tables) a crash left
-  unapplied, or nothing. Every contributor's reply waits for the whole sum to be applied. A contribution sent
-  again before the sum is applied replaces the worker's earlier one (a retry). A contribution to a step this
-  process applied, or older than the newest step the journal holds, is answered without applying anything
-  (num_applied 0).
+  clicks summed per id, shows and clicks clipped to a push's limit per id) and applied once, as one PushBatch of
+  the job: client sync_key(job), request number t + 1, so the sum is journaled and durable, and the journal's
+  exactly-once rule applies it once across restarts too: applying the same sum again applies only the pushes
+  (tables) a crash left unapplied, or nothing. Every contributor's reply waits for the whole sum to be applied. A
+  contribution sent again before the sum is applied replaces the worker's earlier one (a retry). A contribution to
+  a step this process applied, or older than the newest step the journal holds, is answered without applying
+  anything (num_applied 0).
 - A done stamp (a PushBatch without pushes) marks its worker done (again: no change); a sync step that waits only
   for done workers is applied with the contributions it has. A push of a worker held as done is refused
   (WorkerDoneError, FAILED_PRECONDITION): a done worker pushes nothing more.

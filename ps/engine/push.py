@@ -1,7 +1,7 @@
 """TablePush and CheckedPush: one push to a table as a request carries it, and as Shard.check_push accepted it.
 
 ps.service decodes each push of a Push or PushBatch request into a TablePush; Shard.check_push validates it into a
-CheckedPush, which Shard.apply_push applies; a sync step's contributions and their sum (ps.engine.jobs) are
+CheckedPush, which Shard.apply_push applies; a sync step's contributions and their sum (ps.engine.syncsum) are
 TablePushes too. (The update kernel's packed input, ps.rows.update.Push, is another thing: arena rows, no table.)
 """
 

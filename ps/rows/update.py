@@ -36,7 +36,7 @@ its next push. The factor is computed in float64 and applied in float32; LAST_ST
 exact below 2**24 steps (ps.config.MAX_CLOCK). FTRL recomputes its embedding from its state at each step, so
 TableConfig refuses l2 with it (FTRL has its own l2).
 
-Where the callers plug in: a sync step's summed pushes (ps.engine.jobs) arrive as one push of unique ids and
+Where the callers plug in: a sync step's summed pushes (ps.engine.syncsum) arrive as one push of unique ids and
 run the kernel once, like any other; geo's deltas use rule=ADD_DELTA (statistics and admission apply, the optimizer
 state is left as it is, FTRL's z aside). Only `_load`, `_old` and `_store` read and write RowState.data (and `_undo`
 puts back what `_load` read): a row layout other than float32 (fp16 values at rest, say) would decode and encode there alone,
