@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -356,6 +357,29 @@ def test_the_logit_bias_of_a_new_model_starts_at_the_labels_log_odds_once(tmp_pa
                 c.create_table(table_config(p))
             assert start_logit_bias(c, params, positives, 7, 0) == pytest.approx(want, abs=1e-5)
             assert start_logit_bias(c, params, 0, 0, 0) is None
+
+
+def test_push_once_of_a_sync_or_ssp_worker_holds_every_shard_for_its_job_moving_no_clock(servers):
+    """A logit-bias start with a clocked stamp (sync included) is sent apart: every shard takes it for the job,
+    once, and no clock moves; the worker's step 0 then moves every shard's min_clock to 1."""
+    from ps.config import InitializerConfig, TableConfig
+    from worker.client import Client
+
+    addresses, _ = servers(2)
+    ids, deltas = np.arange(8, dtype=np.uint64), np.ones((8, 1), np.float32)
+    for sync in (False, True):
+        stamp = WorkerStamp(0x51 + sync, 0, 1, 0, staleness=0 if sync else 1, sync=sync, barrier_timeout_s=30.0)
+        with Client(addresses) as client:
+            name = f"bias{int(sync)}"
+            cfg = TableConfig(name=name, dim=1, initializer=InitializerConfig("zeros"), optimizer=SGD1)
+            client.create_table(cfg, stamp=stamp)
+            assert client.push_once(name, ids, deltas, key=99 + sync, stamp=stamp) == 8
+            assert client.push_once(name, ids, deltas, key=99 + sync, stamp=stamp) == 0
+            assert [(s.job, s.min_clock) for s in client.stats()] == [(stamp.job, 0)] * 2
+            client.push_many([(name, ids, deltas)], advance_clock=1, stamp=stamp)  # step 0: 1 - 1 with SGD1
+            assert [s.min_clock for s in client.stats()] == [1, 1]
+            np.testing.assert_array_equal(client.pull(name, ids), np.zeros((8, 1), np.float32))
+            client.finish(replace(stamp, acked=1))
 
 
 def test_push_once_split_into_chunks_applies_every_chunk_once(servers):

@@ -214,27 +214,45 @@ def test_a_check_only_of_another_process_takes_no_worker_token(shard):
 
 def test_a_shared_push_of_a_jobs_worker_holds_the_shard_moving_no_clock_and_naming_no_process(shard):
     """A new model's logit-bias start (Client.push_once: a PushBatch marked shared, under a key every worker sends,
-    before the worker's first step) carries the job's stamp: another job's is refused, changing nothing; the job's
-    is applied once, moves no clock (its worker has pushed no step yet), and its key is no worker's process, so the
-    worker's first step from its own client goes on."""
+    before the worker's first step) carries the job's stamp, apart: another job's is refused, changing nothing; the
+    job's is applied once, moves no clock (its worker has pushed no step yet), and its key is no worker's process,
+    so the worker's first step from its own client goes on. A shared push whose clocked stamp is not apart is
+    refused, as is one apart that says sync or done, changing nothing."""
     shard.create_table(SGD4, stamp=ssp_stamp())
     bias = [TablePush(name="emb", ids=IDS[:1], grads=np.full((1, 4), 0.5, np.float32), shows=None, clicks=None,
                       add_delta=True)]  # fmt: skip
+    apart = ssp_stamp(apart=True)
     with pytest.raises(JobConflictError, match=held_by(OTHER) + rf"0 of job {JOB} .*nothing was applied$"):
         shard.push_stamped(bias, 0, 900, 1, async_stamp(0), shared=True)
     assert (shard.pull("emb", IDS) == 0.0).all()
-    _, applied, min_clock = shard.push_stamped(bias, 0, 900, 1, ssp_stamp(), shared=True)
+    _, applied, min_clock = shard.push_stamped(bias, 0, 900, 1, apart, shared=True)
     assert applied == 1 and min_clock == 0 and shard.stats()["min_clock"] == 0
-    assert shard.push_stamped(bias, 0, 900, 1, ssp_stamp(), shared=True)[1] == 0  # once per key
+    assert shard.push_stamped(bias, 0, 900, 1, apart, shared=True)[1] == 0  # once per key
     push(shard, ssp_stamp(), client=11)  # step 0 of the worker, from its process's client
     assert shard.stats()["min_clock"] == 1 and shard.pull("emb", IDS)[:, 0].tolist() == [-0.5, -1.0, -1.0]
-    shard.push_stamped(bias, 0, 902, 1, ssp_stamp(), shared=True)  # one after the worker's step: its key no process
+    shard.push_stamped(bias, 0, 902, 1, apart, shared=True)  # one after the worker's step: its key no process
     push(shard, dataclasses.replace(ssp_stamp(), step=1, acked=1), client=11)  # the worker's step 1 goes on
     assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]
-    for said in ("sync", "done"):  # what the refusal says is what the stamp says
-        refusal = (
-            rf"a shared PushBatch .* steps, so its stamp says none of sync, done and stopped; this one says {said};"
-        )
-        with pytest.raises(InvalidArgumentError, match=refusal + " nothing was applied$"):
-            shard.push_stamped(bias, 0, 901, 1, dataclasses.replace(ssp_stamp(), **{said: True}), shared=True)
+    neither = (r"bad worker stamp: a shared PushBatch \(applied once under a key any caller may send\) ends none of "
+               r"its worker's steps, so its stamp says apart .* or unclocked .*; this one says neither; ")  # fmt: skip
+    for said in ({}, {"sync": True}, {"step": 5}):  # clocked, not apart: refused whatever else it says
+        with pytest.raises(InvalidArgumentError, match=neither + "nothing was applied$") as refused:
+            shard.push_stamped(bias, 0, 901, 1, dataclasses.replace(ssp_stamp(), **said), shared=True)
+        assert refused.value.status == "INVALID_ARGUMENT"
+    for said in ("sync", "done"):  # apart with sync or done: stampcheck's refusal, naming what the stamp says
+        with pytest.raises(InvalidArgumentError, match=rf"bad worker stamp: apart .*; this one says {said}; "):
+            shard.push_stamped(bias, 0, 901, 1, ssp_stamp(apart=True, **{said: True}), shared=True)
     assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]
+
+
+def test_an_unclocked_shared_push_is_applied_once_and_moves_no_clock(shard):
+    """An async or geo job's logit-bias start: its unclocked stamp, not apart, is one of a shared push; applied
+    once, it holds the shard for the job and moves neither the shard's clock nor a worker's."""
+    bias = [TablePush(name="emb", ids=IDS[:1], grads=np.full((1, 4), 0.5, np.float32), shows=None, clicks=None,
+                      add_delta=True)]  # fmt: skip
+    shard.create_table(SGD4)
+    clock, applied, _ = shard.push_stamped(bias, 0, 900, 1, async_stamp(1), shared=True)
+    assert (clock, applied) == (0, 1) and shard.stats()["job"] == JOB
+    assert shard.push_stamped(bias, 0, 900, 1, async_stamp(0), shared=True)[:2] == (0, 0)  # once per key
+    assert shard.pull("emb", IDS)[:, 0].tolist() == [0.5, 0.0, 0.0]
+    assert shard.stats()["clock"] == 0 and shard.stats()["min_clock"] == 0

@@ -364,9 +364,9 @@ class Client:
         """Adds deltas (len(ids), dim) to the rows of ids, as push_many's add_delta does, at most once per key on
         each shard, whichever clients send it, under whatever certificates: each shard gets one PushBatch under
         client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before answers
-        applying nothing (its exactly-once rule). stamp: a training job's worker's (sent not sync): each shard
-        checks it as the job's pushes (a shard holding another job refuses it) and holds itself for the job, moving
-        no clock (ps.engine.jobs). Returns the ids applied by this call (0: applied before, by any caller; or by
+        applying nothing (its exactly-once rule). stamp: a training job's worker's (sent not sync, and apart where
+        clocked): each shard checks it as the job's pushes (a shard holding another job refuses it) and holds itself
+        for the job, moving no clock (ps.engine.jobs). Returns the ids applied by this call (0: applied before, by any caller; or by
         this call's own attempt that a retry followed)."""
         dim = self.dim(table)
         uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
@@ -374,7 +374,7 @@ class Client:
         groups = self._router.group(
             [(shard, push, 0, None) for shard, _, push in routed], self.max_request_bytes, whole=True
         )  # a shard's chunks in one request: request number 1 is applied once
-        proto = None if stamp is None else codec.stamp_to_proto(replace(stamp, sync=False))
+        proto = None if stamp is None else codec.stamp_to_proto(replace(stamp, sync=False, apart=not stamp.unclocked))
         calls = [("PushBatch", shard, ps_pb2.PushBatchRequest(pushes=[r[1] for r in g], client_id=key, seq=1,
                                                               shared=True, state_id=self._state_ids[shard],
                                                               stamp=proto))

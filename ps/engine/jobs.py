@@ -7,8 +7,8 @@ pushes and the steps it pushes at a validation and at the end; worker/allreduce.
 its worker says it is done); so do early stopping's restore of the best model (worker/best.py, through the row
 source's push_apart) and a new model's logit-bias start (worker/dense.py start_logit_bias: Client.push_once, a
 PushBatch marked shared, under a key every worker sends, before the worker's first step). That shared push holds
-the shard as a push of the job does but is none of the worker's steps: it moves no clock, and its key names no
-worker's process (pushed's apart). Every worker stamps the CreateTable requests that make its job's tables
+the shard as a push of the job does but is none of the worker's steps: its stamp says apart (unclocked, an async
+or geo worker's), so it moves no clock, and its key names no worker's process. Every worker stamps the CreateTable requests that make its job's tables
 (created): they hold the shard for the job as its first push would. Requests without a stamp (reads: eval,
 predict, export, stats; `ps-worker train --create-tables-only`'s CreateTable; AdvanceClock, an operator's: every
 mode's worker advances the clock in its stamped PushBatch) never wait, never come here, and
@@ -613,8 +613,8 @@ class JobClocks:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
         a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). apart: the
         push ends none of the worker's steps here (its stamp's apart: a message of a step before the shard's last,
-        or a push sent apart from the steps; or a shared one, Client.push_once's, sent before the worker's first
-        step too): the job holds the shard as after a push, and no clock moves. Returns min_clock. (Another job
+        or a push sent apart from the steps, Client.push_once's shared one among them): the job holds the shard as
+        after a push, and no clock moves. Returns min_clock. (Another job
         that started since the check and runs, or the job started since the check with another worker count, by a
         push of another worker checked at the same time: the push stays applied, and nothing moves; the worker's
         next stamp is refused as its check finds the job now.)"""

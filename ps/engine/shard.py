@@ -585,15 +585,14 @@ class Shard:
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
         caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them. shared: the PushBatch is marked
         shared (Client.push_once: applied once under a key any worker may send, none of the worker's steps), so
-        client names no worker's process and no clock moves (JobClocks.pushed's apart, as for a stamp that says
-        apart); never sync."""
+        client names no worker's process, and its stamp says apart or unclocked (no clock moves)."""
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
-        if shared and (stamp.sync or stamp.done or stamp.stopped):
-            said = "sync" if stamp.sync else "done" if stamp.done else "stopped"
-            raise InvalidArgumentError("a shared PushBatch (applied once under a key any caller may send) is none of "
-                                       "a worker's steps, so its stamp says none of sync, done and stopped; this one "
-                                       f"says {said}; nothing was applied")  # fmt: skip
+        if shared and not (stamp.apart or stamp.unclocked):
+            raise InvalidArgumentError("bad worker stamp: a shared PushBatch (applied once under a key any caller may "
+                                       "send) ends none of its worker's steps, so its stamp says apart (a sync or ssp "
+                                       "worker's) or unclocked (an async or geo worker's); this one says neither; "
+                                       "nothing was applied")  # fmt: skip
         if stamp.apart and advance_clock:
             raise InvalidArgumentError(f"a PushBatch stamped apart ends none of its worker's steps, so it advances no "
                                        f"clock; this one advances it by {advance_clock:,}; nothing was applied")  # fmt: skip
@@ -620,7 +619,7 @@ class Shard:
             if claimed:
                 self.jobs.release(stamp)
             raise
-        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=stamp.apart or shared)
+        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=stamp.apart)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
         """A sync push's contribution (ps.engine.syncsum.contribution), its clock advance checked too, and its size:
