@@ -1330,6 +1330,32 @@ def test_a_stamped_request_sent_again_carries_the_acked_the_worker_has_then(serv
     assert seen == [0, 1]
 
 
+def test_a_stamp_sent_again_takes_the_acked_of_its_own_worker_not_of_another_of_the_client(servers):
+    """One client pushing for two workers of an ssp job: worker 0 has had steps 0 to 2 answered; worker 1's pull of
+    step 2, sent again after UNAVAILABLE, still says acked 0 (no step of worker 1 was answered: worker 0's say
+    nothing of it), so the shard does not move worker 1's clock to 2 for steps it never got."""
+    addresses, (server,) = servers(1)
+    seen = []
+    real = server.shard.jobs.wait_for_pull
+
+    def lost_once(stamp, caller_gone=None):
+        seen.append((stamp.worker, stamp.acked))
+        if len(seen) == 1:
+            raise ShardClosingError("shard 0 is shutting down")  # UNAVAILABLE: the client sends it again
+        return real(stamp, caller_gone)
+
+    ids = random_ids(8, seed=4)
+    with Client(addresses, timeout_s=30, server_timeout_s=30) as client:
+        client.create_table(SGD)
+        for step in range(3):
+            client.push_many([("emb", ids, np.ones((8, 4), np.float32), None)], advance_clock=1,
+                             stamp=stamp(0, step, staleness=2, acked=step))  # fmt: skip
+        server.shard.jobs.wait_for_pull = lost_once
+        client.pull_many([("emb", ids)], stamp=stamp(1, 2, staleness=2))
+    assert seen == [(1, 0), (1, 0)]
+    assert server.shard.stats()["min_clock"] == 0  # worker 1 pushed no step
+
+
 def test_two_client_processes_given_one_worker_id_fail_their_sync_step_at_once(servers):
     """Through the Client: sync batches carry the client's id (not a request number), so the shard tells two
     processes given one --worker-id apart instead of waiting out the barrier for the worker neither is."""
