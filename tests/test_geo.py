@@ -320,10 +320,10 @@ def test_a_geo_steps_dense_pushes_carry_its_job_and_a_shard_training_another_ref
     assert server.shard.stats()["job"] == 1
 
 
-def test_a_geo_steps_clock_advance_carries_its_job_and_a_shard_training_another_refuses_it(servers):
-    """The clock advance after a geo push goes to every shard, also to one that holds none of the pushed ids: it
-    carries the job's stamp there too, so a shard that trains another job refuses it (FAILED_PRECONDITION), its
-    clock unmoved."""
+def test_a_geo_rounds_deltas_and_clock_advance_go_in_one_push_a_shard_training_another_refuses_whole(servers):
+    """A geo round's deltas and clock advance go to each shard in one PushBatch carrying the job's stamp: a shard
+    that trains another job refuses the round whole (FAILED_PRECONDITION), its rows and clock unmoved; the other
+    shard takes its deltas with its clock advance."""
     from ps.errors import JobConflictError
     from ps.stamp import WorkerStamp
     from worker.batch import TableIds
@@ -338,14 +338,28 @@ def test_a_geo_steps_clock_advance_carries_its_job_and_a_shard_training_another_
         first = WorkerStamp(1, 0, 1, 0, setup="mode=async", unclocked=True)
         client.push_many([("emb", ids[owner == 1][:2], np.ones((2, 4), F32))], stamp=first)  # job 1 holds shard 1
         assert [s.shard.stats()["job"] for s in started] == [0, 1]
-        clock = started[1].shard.clock
+        clocks = [s.shard.clock for s in started]
         second = WorkerStamp(2, 0, 1, 0, setup="mode=geo", unclocked=True)
         rows = GeoRows(client, GeoTables(client, {"emb": SGD}, every=1, stamp=second), second)
-        mine = ids[owner == 0][:2]  # job 2's deltas go to shard 0 only
-        tids = {"emb": TableIds(mine, {}, np.ones(2, F32), np.zeros(2, F32))}
+        mine = np.sort(np.concatenate([ids[owner == 0][:2], ids[owner == 1][2:4]]))  # job 2's deltas: both shards
+        tids = {"emb": TableIds(mine, {}, np.ones(4, F32), np.zeros(4, F32))}
         rows.rows(1, tids, None)
+        before = client.pull("emb", mine)
+        calls, sent = client._outcomes, []
+
+        def noted(batch, *args, **kw):  # each PushBatch: (shard, advance_clock, pushes)
+            sent.extend((shard, r.advance_clock, len(r.pushes)) for method, shard, r in batch if method == "PushBatch")
+            return calls(batch, *args, **kw)
+
+        client._outcomes = noted
         with pytest.raises(JobConflictError, match="holds job 1") as refused:
-            rows.push(1, tids, {"emb": np.ones((2, 4), F32)}, [])  # its delta, then the clock advance
+            rows.push(1, tids, {"emb": np.ones((4, 4), F32)}, [])  # the round's deltas and clock advance
+        client._outcomes = calls
         assert refused.value.status == "FAILED_PRECONDITION"
-    assert started[1].shard.clock == clock
+        assert sorted(sent) == [(0, 1, 1), (1, 1, 1)]  # one PushBatch a shard: its deltas and the advance
+        after = client.pull("emb", mine)
+    held = owner[mine - 1] == 1
+    np.testing.assert_array_equal(after[held], before[held])  # nothing applied on the held shard
+    assert not np.array_equal(after[~held], before[~held])  # the other shard's deltas are applied
+    assert [s.shard.clock for s in started] == [clocks[0] + 1, clocks[1]]
     assert [s.shard.stats()["job"] for s in started] == [2, 1]

@@ -6,14 +6,15 @@ and pushes the accumulated deltas every `every` steps; the servers add them with
     apply(...)    one step of the table's optimizer (ps.rows.optim) on the local rows, in its layout
                   [embedding | optimizer state], then the clip to the table's weight_bound that the servers apply;
                   shows and clicks are summed per id
-    end_step()    every `every` steps, one push_many (add_delta=True, return_rows=True) of, per table, every id
-                  changed since the last push: delta = (local embedding - base) / num_workers (the workers'
+    end_step()    every `every` steps, one push_many (add_delta=True, return_rows=True, advance_clock=every: the
+                  round's clock advance on every shard, in the same PushBatch as the shard's deltas) of, per table,
+                  every id changed since the last push: delta = (local embedding - base) / num_workers (the workers'
                   deltas of a row averaged, as Paddle's GEO-SGD does: each took its own steps from the same rows,
                   and their sum would move a row common to all, the bias first, N times as far as one step of
                   training; 3 workers summing on 30,000 rows end above the base rate's logloss), its shows and
                   its clicks. Then
                   base = local embedding = the rows returned, which carry the other workers' deltas too; the local
-                  optimizer state stays. The caller advances the clock.
+                  optimizer state stays. A round with nothing pending pushes nothing and advances no clock.
     memory        after a push, past capacity_bytes, held rows leave least frequently used first
                   (worker.rowcache.evict_lfu; frequencies count rows() requests and halve every DECAY_STEPS steps);
                   a row coming back starts again from the pulled embedding and the initial optimizer state. Between
@@ -181,11 +182,12 @@ class GeoTables:
         if self.steps % DECAY_STEPS == 0:
             for local in self._local.values():
                 local.slots.decay()
-        return self.steps % self.every == 0 and self.flush()
+        return self.steps % self.every == 0 and self.flush(advance_clock=self.every)
 
-    def flush(self) -> bool:
-        """Pushes every pending delta now, refreshes those rows, then keeps memory within capacity_bytes. True if
-        anything was pending."""
+    def flush(self, advance_clock: int = 0) -> bool:
+        """Pushes every pending delta now (and, if anything is pending, advances every shard's clock by
+        advance_clock in the same push_many), refreshes those rows, then keeps memory within capacity_bytes. True
+        if anything was pending."""
         plan = [(t, local, local.pending()) for t, local in self._local.items()]
         plan = [(t, local, slots) for t, local, slots in plan if len(slots)]
         if plan:
@@ -194,7 +196,8 @@ class GeoTables:
                 delta = (_gathered(local.local, slots, local.dim) - local.base[slots]) * self.delta_scale
                 counts = local.counts[slots]
                 items.append(PushItem(t, local.slots.keys[slots], delta, clicks=counts[:, 1], shows=counts[:, 0]))
-            returned = self.tables.push_many(items, return_rows=True, add_delta=True, stamp=self.stamp)
+            returned = self.tables.push_many(items, advance_clock=advance_clock, return_rows=True, add_delta=True,
+                                             stamp=self.stamp)  # fmt: skip
             for (_, local, slots), rows in zip(plan, returned):
                 rows = np.ascontiguousarray(rows, np.float32)
                 _scatter(local.local, slots, rows)

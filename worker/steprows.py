@@ -266,7 +266,7 @@ class ClockedRows:
 
 class GeoRows:
     """geo: rows from the worker's local copies (worker/geo.py GeoTables), which it trains with the tables'
-    optimizers and whose deltas it pushes every `every` steps; the shards' clock advances by `every` then. stamp:
+    optimizers and whose deltas it pushes every `every` steps, with the shards' clock advance by `every`. stamp:
     the job's unclocked stamp (which geo's pushes carry: GeoTables.stamp), told the worker's end."""
 
     def __init__(self, tables: Any, geo: Any, stamp: WorkerStamp | None = None):
@@ -298,13 +298,11 @@ class GeoRows:
         for t, ti in tids.items():
             self.geo.apply(t, ti.uniq, row_grads[t], ti.shows, ti.clicks)
         try:
-            pushed = self.geo.end_step()
+            self.geo.end_step()  # a round's deltas and clock advance, in one PushBatch per shard
         except BaseException:
             self._failed = True
             raise
         self.unpushed_steps = 0 if self.geo.steps % self.geo.every == 0 else self.unpushed_steps + 1
-        if pushed:  # the clock advance carries the job's stamp too: a shard training another job refuses it
-            self.tables.push_many([], advance_clock=self.geo.every, stamp=self.stamp)
         return self.tables.push_many(extra, return_rows=True, stamp=self.stamp) if extra else []
 
     def push_apart(self, items: list[PushItem], add_delta: bool = False) -> list[np.ndarray]:
