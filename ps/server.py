@@ -289,16 +289,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _stop_at_end_of_stdin(received: list[signal.Signals]) -> None:
+def _stop_at_end_of_stdin(stop: StopFlag) -> None:
     """(thread) Once standard input is closed, SIGTERM to the main thread: the stop is a SIGTERM's in every way,
-    a read-only phase of the start (--verify-on-start) ended where it is too. Nothing if a signal came already
-    (received: serve's; a second SIGTERM would end that stop at once)."""
+    a read-only phase of the start (--verify-on-start) ended where it is too. Nothing if serve's stop is set
+    already (a second SIGTERM would end that stop at once)."""
     try:  # the raw descriptor: a daemon thread blocked inside sys.stdin's buffer aborts interpreter shutdown
         while os.read(0, 4096):
             pass
     except OSError:  # no usable stdin: treat it as closed
         pass
-    if received:
+    if stop.is_set():
         log.info("standard input closed (the process that started this server is gone); the stop goes on")
         return
     log.info("standard input closed (the process that started this server is gone): stopping as on SIGTERM")
@@ -310,11 +310,10 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     parent that holds its other end is gone). Prints `starting on HOST:PORT` once it listens (health NOT_SERVING)
     and `listening on HOST:PORT` once it serves. A stop during the start ends it at its next safe point
     (ps.engine.startup) and returns, saying so."""
-    stop = StopFlag()  # set by on_signal itself: the start's next check, and the wait for the stop, see it at once
+    stop = StopFlag()  # on_signal sets it, counting the signals: the start's next check and the wait see it at once
     progress = StartProgress(stop)
     serving: list[Server] = []  # the server, once it serves
     stopped_with: list[int] = []  # the stop's exit code, once the shard is stopped (a warm-up may still end)
-    received: list[signal.Signals] = []  # every SIGTERM and SIGINT, in order (on_signal appends: no lock)
     said = HandlerWork("ps-signals")  # on_signal's log lines
     said.start()
 
@@ -322,9 +321,8 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         """(main thread, wherever it is) Takes no lock, as the code it interrupted may hold it (HandlerWork): sets
         `stop` (a StopFlag), tells a second signal by its count, and hands its log lines to the ps-signals thread."""
         sig = signal.Signals(signum)
-        received.append(sig)
-        stop.set()
-        again = len(received) > 1
+        stop.set(sig)
+        again = len(stop.received) > 1
         if again and stopped_with:  # the shard is closed: nothing is left to write
             _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0])
             return
@@ -339,7 +337,7 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
     signal.signal(signal.SIGTERM, on_signal)  # before the port is announced: a SIGTERM right after is clean
     signal.signal(signal.SIGINT, on_signal)
     if stop_with_stdin:
-        threading.Thread(target=_stop_at_end_of_stdin, args=(received,), name="ps-stdin", daemon=True).start()
+        threading.Thread(target=_stop_at_end_of_stdin, args=(stop,), name="ps-stdin", daemon=True).start()
     where = f"ps-server shard {config.shard_id}/{config.num_shards}"
     try:
         server = Server(config, progress, on_listening=lambda server: _say(

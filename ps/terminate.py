@@ -45,16 +45,22 @@ log = logging.getLogger("ps.terminate")
 
 class StopFlag:
     """A stop asked for, that a signal handler sets itself: set() takes no lock (threading.Event.set takes the
-    event's, which the code the handler interrupted may hold), so nothing can wait on it: is_set() is polled."""
+    event's, which the code the handler interrupted may hold), so nothing can wait on it: is_set() is polled.
+    `received`: the signals that asked for it, in order (set(sig) appends one in a single step, so a handler
+    tells a second signal by the count); set() with none: a stop asked for by code, not by a signal."""
 
     def __init__(self) -> None:
-        self._set = False
+        self.received: list[signal.Signals] = []
+        self._asked = False
 
-    def set(self) -> None:
-        self._set = True
+    def set(self, sig: signal.Signals | None = None) -> None:
+        if sig is None:
+            self._asked = True
+        else:
+            self.received.append(sig)
 
     def is_set(self) -> bool:
-        return self._set
+        return self._asked or bool(self.received)
 
 
 class HandlerWork:

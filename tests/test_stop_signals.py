@@ -197,12 +197,12 @@ from ps.__main__ import main
 class Probe(ps.server.StopFlag):
     sent = False
 
-    def set(self):
+    def set(self, sig=None):
+        super().set(sig)
         if not Probe.sent:
             Probe.sent = True
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.5)  # its handler runs meanwhile, in the main thread
-        super().set()
 
 
 ps.server.StopFlag = Probe
@@ -212,8 +212,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_second_signal_while_the_stop_is_being_set_exits_at_once(tmp_path):
-    """The second SIGTERM's handler runs inside the first one's stop.set(), the stop not set yet: it exits as a
-    second signal does (the signals are counted), and waits for nothing the first one holds."""
+    """The second SIGTERM's handler runs inside the first one's stop.set(), the first signal counted and the first
+    handler not yet past it: it exits as a second signal does, and waits for nothing the first one holds."""
     server = ServerProcess(tmp_path / "d", launcher=SIGNAL_INSIDE_SET)
     try:
         assert server.started(), server.output()
