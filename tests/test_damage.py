@@ -1025,7 +1025,7 @@ def test_verify_notes_a_job_done_record_that_does_not_read_which_a_start_passes(
     """The job_done record is read as the grammar says, as every meta value is: verify names one that does not
     read, as a note (a shard that follows the job logs it and waits for its finished workers), and a start
     passes it."""
-    from ps.storage.verify import JOB_DONE_UNREAD
+    from ps.storage.store import JOB_DONE_REMEDY
 
     data_dir = copied(stopped_cleanly, tmp_path)
     with opened(data_dir) as store:
@@ -1036,7 +1036,7 @@ def test_verify_notes_a_job_done_record_that_does_not_read_which_a_start_passes(
     said = [line for line in lines if "meta key job_done" in line]
     assert not damaged and len(said) == 1, lines
     assert said[0].startswith(f"note    meta key job_done holds {ascii(record)}, which does not read as its value (")
-    assert said[0].endswith(f": {JOB_DONE_UNREAD}"), lines
+    assert said[0].endswith(f": {JOB_DONE_REMEDY}"), lines
 
 
 @pytest.mark.parametrize("shard_json", ["kept", "missing"])

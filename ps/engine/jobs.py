@@ -515,8 +515,8 @@ class JobClocks:
         try:
             return self._done_store[0](job, num_workers)
         except PsError as e:
-            log.warning("shard %d: the done workers of job %d could not be read (%s); a worker that finished before "
-                        "this start will be waited for", self.shard_id, job, e)  # fmt: skip
+            log.warning("shard %d: the done workers of job %d could not be read, so none is taken as done: %s",
+                        self.shard_id, job, e)  # fmt: skip
             return []
 
     def _store_done(self, job: int) -> None:

@@ -121,9 +121,10 @@ if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on di
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
 ROWS_CF = "rows"
 RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, but for:
-JOB_DONE_REMEDY = (  # a "job_done" record that does not read
+JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remedy, and verify's note
     "the record only spares a restarted shard its waits for the finished workers of the job it follows, so there is "
-    "nothing to restore: the shard reads it as no worker done, and writes it anew at the job's next done stamp"
+    "nothing to restore: a worker that finished before the shard's start is waited for, and the record is written "
+    "anew at the job's next done stamp"
 )
 MAX_TABLE_NUMBER = int(np.iinfo(KEY_DTYPE["table"]).max)  # the largest a row key's table field takes
 

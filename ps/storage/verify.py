@@ -24,13 +24,11 @@ from ps.storage.journal import Journal
 from ps.storage.meta import COUNT_PREFIX, META_CF, TABLE_ID_PREFIX, key_name
 from ps.storage.readonly import damage_at
 from ps.storage.sidefiles import IDENTITY_FIELDS, IDENTITY_FILE, MARK_FILE, read_json, shard_name
-from ps.storage.store import Store
+from ps.storage.store import JOB_DONE_REMEDY, Store
 from ps.storage.verifyscan import verify_rocksdb
 
 AS_THE_SERVER = "run verify as the user the server runs as (nothing was checked)"
 _READ_REFUSED = "a restore or an export of the checkpoint is refused"  # what damage that both read makes fail
-JOB_DONE_UNREAD = ("a shard that follows the job logs it and reads it as no worker done: a worker that finished "
-                   "before the shard's start is waited for")  # fmt: skip
 
 
 def verify_data_dir(path: str, restoring: str | None = None) -> tuple[list[str], bool]:
@@ -219,7 +217,7 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
         if key.startswith(TABLE_ID_PREFIX) and key_name(key) in meta["tables"]:
             continue
         if key == b"job_done" and not checkpoint:  # read by a shard that follows a job (ps.engine.jobs)
-            report.note(f"{at}{what}: {JOB_DONE_UNREAD}")
+            report.note(f"{at}{what}: {JOB_DONE_REMEDY}")
             continue
         follows = _follows(key, checkpoint)
         if follows is None:
