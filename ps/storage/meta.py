@@ -177,13 +177,16 @@ def grammar_key(key: bytes) -> bytes:
     return head + slash
 
 
-def is_utf8(data: bytes) -> bool:
-    """Whether data decodes as UTF-8 (a key's table name must: meta_value)."""
-    try:
-        data.decode()
-    except UnicodeDecodeError:
+def damaged_name(key: bytes) -> bool:
+    """Whether key is a table's (NAMED_PREFIXES) whose name is not UTF-8: damage, which meta_value refuses."""
+    prefix = grammar_key(key)
+    if prefix not in NAMED_PREFIXES:
         return False
-    return True
+    try:
+        key[len(prefix) :].decode()
+    except UnicodeDecodeError:
+        return True
+    return False
 
 
 def key_name(key: bytes) -> str:
@@ -197,9 +200,8 @@ def meta_value(key: bytes, raw: bytes, damaged: Callable[[str], StorageError]) -
     """raw, the stored value of meta key `key`, read as the module's grammar says (META_GRAMMAR); where it does not
     read so (its reader raises ValueError, LookupError, TypeError or struct.error), or where the key's table name is
     not UTF-8, damaged(a text naming the key and the value) is raised: damage, never a bug's traceback."""
-    prefix = grammar_key(key)
-    parse = META_GRAMMAR[prefix]
-    if prefix in NAMED_PREFIXES and not is_utf8(key[len(prefix) :]):
+    parse = META_GRAMMAR[grammar_key(key)]
+    if damaged_name(key):
         raise damaged(f"meta key {echo(key)} holds {echo(raw)}, but its table name is not UTF-8 (the key is damaged)")
     try:
         return parse(raw)

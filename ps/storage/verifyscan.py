@@ -14,8 +14,9 @@ from ps.storage.meta import (
     META_GRAMMAR,
     TABLE_CONFIG_PREFIX,
     TABLE_ID_PREFIX,
+    damaged_name,
     grammar_key,
-    is_utf8,
+    key_name,
     meta_value,
 )
 from ps.storage.options import ColumnFamily, iter_items, rocksdb_options, scan_read_options
@@ -118,9 +119,9 @@ def _keep_meta(meta: dict, key: bytes, value: bytes) -> None:
     if key in (b"shard", b"flushed_seq", b"lsn_high", b"restore_pending"):
         if value is not None:
             meta[key.decode()] = value
-    elif not is_utf8(key):  # a table's key whose name is not UTF-8: no table's (unreadable names it)
+    elif damaged_name(key):  # no table's: unreadable names it
         return
     elif key.startswith(TABLE_CONFIG_PREFIX):
-        meta["tables"][key[len(TABLE_CONFIG_PREFIX) :].decode()] = value
+        meta["tables"][key_name(key)] = value
     elif key.startswith(TABLE_ID_PREFIX):
-        meta["numbers"][key[len(TABLE_ID_PREFIX) :].decode()] = value
+        meta["numbers"][key_name(key)] = value
