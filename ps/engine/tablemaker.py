@@ -31,17 +31,15 @@ class TableMaker:
 
     def create(self, cfg: TableConfig, replace_untrained: bool, check_replace: Callable[[str], None] | None) -> Table:
         """Shard.create_table's work, cfg normalized, the shard's lock held: the existing table of cfg's spec, or a
-        new one (TableConfig.check_new, then check_new), or `replace_untrained`'s. check_replace(name): the shard's
+        new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s. check_replace(name): the shard's
         job refusing a replace (JobConflictError); None: a create stamped by a job's worker, never refused so."""
-        table = self.tables.get(cfg.name)
-        diff = table.cfg.differences(cfg) if table is not None else []
+        table, diff = self._existing(cfg)
         if table is not None and not diff:
             return table
-        cfg.check_new()
         if diff:
             return self._replace_untrained(table, cfg, diff, replace_untrained, check_replace)
-        self.check_new(cfg, None)
-        table = Table(cfg, self.store, self.journal, self.budget)  # joins the RAM budget
+        self.store.number_for(cfg.name)  # check_new's first refusal; Table(), joining the RAM budget, its second
+        table = Table(cfg, self.store, self.journal, self.budget)
         try:
             self.store.create_table(cfg)
         except BaseException:
@@ -56,21 +54,29 @@ class TableMaker:
     ) -> tuple[TableConfig, int, int]:
         """Shard.check_create's work, cfg normalized, the shard's lock held: (config, trained rows, row floats) of
         the table create would return, or the error it would raise (all but a failed RocksDB write's)."""
-        table = self.tables.get(cfg.name)
-        diff = table.cfg.differences(cfg) if table is not None else []
+        table, diff = self._existing(cfg)
         if table is not None and not diff:
             return table.cfg, table.num_rows, table.width
-        cfg.check_new()
         if diff:
             with table.lock:
                 self._refuse_other_spec(table, cfg, diff, replace_untrained, check_replace)
         return cfg, 0, self.check_new(cfg, table if diff else None).width
 
+    def _existing(self, cfg: TableConfig) -> tuple[Table | None, list[str]]:
+        """(the table of cfg's name, or None; how its config differs from cfg). Unless that table is of cfg's spec,
+        cfg is checked as a new table's first (TableConfig.check_new)."""
+        table = self.tables.get(cfg.name)
+        diff = table.cfg.differences(cfg) if table is not None else []
+        if table is None or diff:
+            cfg.check_new()
+        return table, diff
+
     def check_new(self, cfg: TableConfig, replacing: Table | None) -> RowLayout:
         """The refusals of a create of a table of cfg (new, or `replacing` one of its name) left once its spec is
         accepted, checked in the one order that create and check_create meet them, changing nothing: the
         table's number (Store.number_for: DataLossError while a number does not read, TableNumbersExhaustedError),
-        then the RAM tier (RamTierTooSmallError, once `replacing` left it). Returns cfg's layout."""
+        then the RAM tier (RamTierTooSmallError, once `replacing` left it; a new table's create meets it as its
+        Table joins the budget). Returns cfg's layout."""
         self.store.number_for(cfg.name)
         layout = layout_for(cfg)
         self.budget.check_join(layout.ram_bytes, replacing=replacing.arena if replacing is not None else None)
