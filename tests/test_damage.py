@@ -1259,7 +1259,7 @@ def test_a_new_table_takes_the_last_table_number_and_none_past_it(three_tables, 
     holds it: d's rows go and come back); at 2^32 - 1, d is refused by create and by its check with
     RESOURCE_EXHAUSTED naming c's key, writing nothing, where the next number would not fit the key."""
     from ps.errors import TableNumbersExhaustedError
-    from ps.storage.store import MAX_TABLE_NUMBER
+    from ps.storage.meta import MAX_TABLE_NUMBER
 
     assert MAX_TABLE_NUMBER == 2**32 - 1
     data_dir = copied(three_tables, tmp_path)

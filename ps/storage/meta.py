@@ -67,6 +67,8 @@ APPLIED_PREFIX = b"applied/"
 APPLIED_VALUE = struct.Struct("<QIQ")  # an "applied/" key's value: client_seq, parts, used_s
 LEGACY_APPLIED = b"applied"  # the whole `applied` table as one JSON value: what versions before APPLIED_PREFIX wrote
 NAMED_PREFIXES = (TABLE_CONFIG_PREFIX, TABLE_ID_PREFIX, COUNT_PREFIX)  # the prefixes a table's name follows
+TABLE_NUMBER_BITS = 32  # a table number is below 2^32: its rows' keys hold it in a u32 (ps.storage.store.KEY_DTYPE)
+MAX_TABLE_NUMBER = (1 << TABLE_NUMBER_BITS) - 1
 
 
 def _decimal(raw: bytes, bits: int | None = 64) -> int:
@@ -90,8 +92,8 @@ def _clock(raw: bytes) -> int:
 
 
 def _table_number(raw: bytes) -> int:
-    """A "tid/" value: a decimal below 2^32, the table field of its rows' keys (KEY_DTYPE)."""
-    return _decimal(raw, 32)
+    """A "tid/" value: a decimal below 2^32 (TABLE_NUMBER_BITS), the table field of its rows' keys."""
+    return _decimal(raw, TABLE_NUMBER_BITS)
 
 
 def _parse_counts(raw: bytes) -> dict:

@@ -77,6 +77,7 @@ from ps.storage.meta import (
     APPLIED_VALUE,
     COUNT_PREFIX,
     LEGACY_APPLIED,
+    MAX_TABLE_NUMBER,
     META_CF,
     TABLE_CONFIG_PREFIX,
     TABLE_ID_PREFIX,
@@ -119,6 +120,9 @@ log = logging.getLogger(__name__)
 KEY_DTYPE = np.dtype([("table", ">u4"), ("slot", ">u2"), ("id", ">u8")])  # packed
 if KEY_DTYPE.itemsize != KEY_BYTES:  # ps.rows.layout counts a row's bytes on disk (`ps-server size`) with KEY_BYTES
     raise ImportError(f"RocksDB keys are {KEY_DTYPE.itemsize} bytes, but ps.rows.layout.KEY_BYTES is {KEY_BYTES}")
+if np.iinfo(KEY_DTYPE["table"]).max != MAX_TABLE_NUMBER:  # ps.storage.meta reads a "tid/" value up to it
+    raise ImportError(f"a row key's table field takes up to {np.iinfo(KEY_DTYPE['table']).max}, but "
+                      f"ps.storage.meta.MAX_TABLE_NUMBER is {MAX_TABLE_NUMBER}")  # fmt: skip
 ROWS_CF = "rows"
 RESTORE_DIR = "restore the dir from a backup or checkpoint"  # what to do about damage, but for:
 JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remedy, and verify's note
@@ -126,7 +130,6 @@ JOB_DONE_REMEDY = (  # a "job_done" record that does not read: its error's remed
     "nothing to restore: a worker that finished before the shard's start is waited for, and the record is written "
     "anew at the job's next done stamp"
 )
-MAX_TABLE_NUMBER = int(np.iinfo(KEY_DTYPE["table"]).max)  # the largest a row key's table field takes
 
 
 def encode_keys(table_id: int, ids: np.ndarray) -> list[bytes]:
@@ -480,7 +483,7 @@ class Store:
         highest = max(numbers, key=numbers.__getitem__, default=None)
         if highest is None:
             return 0
-        if numbers[highest] >= MAX_TABLE_NUMBER:
+        if numbers[highest] == MAX_TABLE_NUMBER:  # (a "tid/" value above it does not read: meta_value)
             raise TableNumbersExhaustedError(
                 f"no table number is left for new table {table!r}: a new table takes the number after the highest, "
                 f"and table {highest!r} holds {numbers[highest]:,} (meta key tid/{highest}), the largest a row key's "
