@@ -164,9 +164,7 @@ def crash(shard, during_flush: str | None = None, meanwhile: Callable[[], object
     "rows_written": every dirty row is in RocksDB, the journal position they cover is not recorded;
     "position_recorded": that position (and the `applied` table) is recorded, the journal is not trimmed.
     meanwhile, if given, runs at that point before the process dies (pushes acknowledged during the flush)."""
-    shard.flusher.closed.set()
-    shard.flusher.wake()
-    join_thread(shard.flusher.thread, 60, "the shard's flusher, stopping")
+    assert shard.flusher.stop(60), "the shard's flusher, stopping: still running after 60 s"
     if during_flush is not None:
         _flush_until(shard, during_flush, meanwhile)
     journal = shard.journal

@@ -42,12 +42,12 @@ class Flusher:
         self._lock = threading.Lock()  # held by the flush that runs
         self._callers = 0  # flushes other than the thread's waiting for _lock or holding it
         self._callers_lock = threading.Lock()
-        self.closed = threading.Event()
+        self._closed = threading.Event()
         self._wake = threading.Event()
         self.failures = 0  # background flushes failed in a row
         self._lost_flushed = False  # a flush since the journal segment was found deleted has succeeded
         self.disk_watch = DiskWatch(data_dir)  # polled by the thread: logs while the disk is low
-        self.thread = threading.Thread(target=self._loop, name="ps-flusher", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="ps-flusher", daemon=True)
 
     @contextlib.contextmanager
     def turn(self, background: bool) -> Iterator[None]:
@@ -67,7 +67,7 @@ class Flusher:
 
     def urgent(self) -> bool:
         """The thread's chunks stop waiting for requests: another flush waits for its turn, or the shard closes."""
-        return self._callers > 0 or self.closed.is_set()
+        return self._callers > 0 or self._closed.is_set()
 
     @property
     def flushing(self) -> bool:
@@ -81,13 +81,15 @@ class Flusher:
     def start(self) -> None:
         """Polls the disk once (a shard starting on a disk already low says so at once), then starts the thread."""
         self.disk_watch.poll()
-        self.thread.start()
+        self._thread.start()
 
-    def stop(self) -> None:
-        """Stops the thread (a flush it runs ends first, urgent) and waits for it."""
-        self.closed.set()
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stops the thread (a flush it runs ends first, urgent) and waits for it, timeout_s at most (None: until it
+        ends); returns whether it ended."""
+        self._closed.set()
         self._wake.set()
-        self.thread.join()
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
 
     def _loop(self) -> None:
         """Flushes every interval_s (or when woken). A failure keeps serving (the journal holds every
@@ -97,12 +99,12 @@ class Flusher:
         name_os_thread()
         since, told = 0.0, 0.0
         next_flush = time.monotonic() + self._interval_s
-        while not self.closed.is_set():
+        while not self._closed.is_set():
             disk_due = max(diskspace.CHECK_S, 1.0)  # at least a second: a CHECK_S of 0 must not spin
             woken = self._wake.wait(max(0.0, min(next_flush - time.monotonic(), disk_due)))
             if woken:  # cleared only when seen: a wake that comes after a timed-out wait is kept for the next one
                 self._wake.clear()
-            if self.closed.is_set():
+            if self._closed.is_set():
                 return
             if self._journal.dir_gone or self._broken():  # nothing written there can be kept, or a flush would
                 continue  # trim a journaled push RAM holds only part of: the ERROR line said so
