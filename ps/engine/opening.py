@@ -17,7 +17,7 @@ from ps.checkpoint import MANIFEST, checkpoint_folder_around, load_manifest, rea
 from ps.config import ServerConfig, TableConfig
 from ps.engine.restore import check_restored, restore_into
 from ps.engine.startup import StartProgress
-from ps.engine.table import Table
+from ps.engine.table import Table, rows_text
 from ps.errors import DataLossError, DiskFullError, PsError, StorageError, disk_full_reason
 from ps.rows.layout import layout_of
 from ps.sharding import NUM_SLOTS
@@ -29,11 +29,6 @@ from ps.storage.store import Store
 
 log = logging.getLogger("ps.engine.shard")  # the shard's: opening its data dir is a part of its start
 REPLAY_PROGRESS_S = 10.0  # between the log lines of a long journal replay
-
-
-def rows_text(n: int) -> str:
-    """A count of rows as the log lines say it: "1 row", "1,500 rows"."""
-    return f"{n:,} row{'s' * (n != 1)}"
 
 
 def start_error(e: Exception, data_dir: str) -> PsError | None:

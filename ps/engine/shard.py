@@ -59,14 +59,13 @@ from ps.engine.opening import (
     open_store,
     open_tables,
     replay,
-    rows_text,
 )
 from ps.engine.push import CheckedPush, TablePush, as_pushes, ids_applied
 from ps.engine.room import RequestRoom, pull_batch_cost, pull_cost, push_cost
 from ps.engine.stampcheck import check_stamp
 from ps.engine.startup import StartProgress
 from ps.engine.syncsum import contribution
-from ps.engine.table import Table
+from ps.engine.table import Table, rows_text
 from ps.engine.tablemaker import TableMaker
 from ps.errors import (
     CLIENT_TABLE_FULL,
@@ -126,7 +125,7 @@ class Shard:
                 raise
             try:
                 raise error from e
-            finally:
+            finally:  # error's traceback holds this frame: bound to a local here, it would make the cycle above
                 del error
         self._hold = PushHold(self.shard_id)  # checkpoints hold pushes (hold / save_checkpoint / release)
         self._journal_mark = self.journal.bytes_written

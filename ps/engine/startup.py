@@ -7,14 +7,14 @@ read describe() (the health service's reason and the UNAVAILABLE of every call, 
 snapshot() (the metrics port, ps.metrics) at any time; the writer replaces one tuple, so a reader never sees half a
 change.
 
-Stopping: a SIGTERM (or a closed stdin, ps.server) sets the `stop` flag, in its handler (a ps.terminate.StopFlag:
-no lock). check(), and every enter(), raise StartStopped once it is set, so a start stops only where stopping leaves
-the data dir as the next start can use: before RocksDB is opened, between journal records (replayed again next
-time: a row's lsn says which records it has), before the flush that ends a replay. A read-only phase run under read_only() (--verify-on-start) may be
-stopped anywhere inside it: the signal handler raises StartStopped itself while `interruptible` is true. A
-restore (--restore) stops after the batch of rows it is writing: its data dir stays marked as an unfinished restore,
-which the next start with the same --restore starts over, and any other start refuses (ps.engine.opening
-.check_store).
+Stopping: a SIGTERM (or a closed stdin, ps.server) sets the `stop` flag, in its handler (a ps.terminate.StopFlag: no
+lock). check(), and every enter(), raise StartStopped once it is set, so a start stops only where stopping leaves
+the data dir as the next start can use: before RocksDB is opened, between journal records (replayed again next time:
+a row's lsn says which records it has), before the flush that ends a replay. A read-only phase run under read_only()
+(--verify-on-start) may be stopped anywhere inside it: the signal handler raises StartStopped itself while
+`interruptible` is true. A restore (--restore) stops after the batch of rows it is writing: its data dir stays
+marked as an unfinished restore, which the next start with the same --restore starts over, and any other start
+refuses (ps.engine.opening.check_store).
 """
 
 from __future__ import annotations

@@ -60,6 +60,11 @@ FLUSH_CHUNK_ROWS = 8192  # rows flushed (and shrunk) per hold of the table lock:
 FLUSH_PAUSE_S = 0.0005  # between two such holds, so a waiting pull or push gets the lock (Python's is not fair)
 
 
+def rows_text(n: int) -> str:
+    """A count of a table's rows (or of several tables') as the shard's log lines say it: "1 row", "1,500 rows"."""
+    return f"{n:,} row{'s' * (n != 1)}"
+
+
 def layout_for(cfg: TableConfig) -> RowLayout:
     """The row layout of a table of cfg: its width, and ram_bytes, the RAM tier's charge for one row."""
     return RowLayout(cfg.dim, get_optimizer(cfg.optimizer).state_floats(cfg.dim))
