@@ -848,21 +848,29 @@ def test_a_table_number_or_restore_record_that_does_not_read_is_data_loss_to_a_r
     assert not [r for r in caplog.records if r.exc_info], "the server logged a stack trace for data damage"
 
 
+def crashed_with_a_replay_to_a_damaged_table(data_dir) -> None:
+    """A shard on data_dir crashed with a push to table t only in its journal (the next start replays it), then
+    t's number (meta key tid/t) damaged: the replay's scan of the tables' numbers meets it."""
+    from ps.engine.shard import Shard
+    from tests.conftest import crash
+
+    shard = Shard(ServerConfig(data_dir=str(data_dir)))
+    shard.create_table(TableConfig("t", DIM))
+    shard.push("t", COMMON, np.ones((len(COMMON), DIM), np.float32))
+    crash(shard)
+    with opened(data_dir) as store:
+        store._meta.put(b"tid/t", b"zero")
+
+
 def test_a_start_refused_on_damage_met_in_a_scan_keeps_no_rocksdb_handle_in_its_error(tmp_path):
     """A start that replays the journal reads the tables' numbers (a scan of meta); one that does not read refuses
     the start with DATA_LOSS. The refusal, kept by its caller, holds nothing of RocksDB: the dir opens again at
     once, where a frame of its traceback holding the meta column family kept RocksDB and the dir's LOCK open."""
     from ps.engine.shard import Shard
     from ps.errors import DataLossError
-    from tests.conftest import crash
 
     data_dir = tmp_path / "shard"
-    shard = Shard(ServerConfig(data_dir=str(data_dir)))
-    shard.create_table(TableConfig("t", DIM))
-    shard.push("t", COMMON, np.ones((len(COMMON), DIM), np.float32))
-    crash(shard)  # the push only in the journal: the next start replays it
-    with opened(data_dir) as store:
-        store._meta.put(b"tid/t", b"zero")
+    crashed_with_a_replay_to_a_damaged_table(data_dir)
     with pytest.raises(DataLossError) as refused:
         Shard(ServerConfig(data_dir=str(data_dir)))
     assert "meta key tid/t holds b'zero'" in str(refused.value), str(refused.value)
@@ -878,15 +886,9 @@ def test_a_refused_start_error_dropped_by_its_caller_is_freed_at_once(tmp_path):
 
     from ps.engine.shard import Shard
     from ps.errors import DataLossError
-    from tests.conftest import crash
 
     data_dir = tmp_path / "shard"
-    shard = Shard(ServerConfig(data_dir=str(data_dir)))
-    shard.create_table(TableConfig("t", DIM))
-    shard.push("t", COMMON, np.ones((len(COMMON), DIM), np.float32))
-    crash(shard)  # the push only in the journal: the next start replays it
-    with opened(data_dir) as store:
-        store._meta.put(b"tid/t", b"zero")
+    crashed_with_a_replay_to_a_damaged_table(data_dir)
     refused: list[weakref.ref] = []
 
     def start() -> None:
