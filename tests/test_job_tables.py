@@ -217,7 +217,7 @@ def test_a_shared_push_of_a_jobs_worker_holds_the_shard_moving_no_clock_and_nami
     before the worker's first step) carries the job's stamp, apart: another job's is refused, changing nothing; the
     job's is applied once, moves no clock (its worker has pushed no step yet), and its key is no worker's process,
     so the worker's first step from its own client goes on. A shared push whose clocked stamp is not apart is
-    refused, as is one apart that says sync or done, changing nothing."""
+    refused, as is one apart that says done or sync, changing nothing."""
     shard.create_table(SGD4, stamp=ssp_stamp())
     bias = [TablePush(name="emb", ids=IDS[:1], grads=np.full((1, 4), 0.5, np.float32), shows=None, clicks=None,
                       add_delta=True)]  # fmt: skip
@@ -233,15 +233,19 @@ def test_a_shared_push_of_a_jobs_worker_holds_the_shard_moving_no_clock_and_nami
     shard.push_stamped(bias, 0, 902, 1, apart, shared=True)  # one after the worker's step: its key no process
     push(shard, dataclasses.replace(ssp_stamp(), step=1, acked=1), client=11)  # the worker's step 1 goes on
     assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]
-    neither = (r"bad worker stamp: a shared PushBatch \(applied once under a key any caller may send\) ends none of "
-               r"its worker's steps, so its stamp says apart .* or unclocked .*; this one says neither; ")  # fmt: skip
+    shared = (r"bad worker stamp: a shared PushBatch \(applied once under a key any caller may send\) is none of "
+              r"its worker's steps nor its end, so its stamp says apart .* or unclocked .*, not done or stopped; this "
+              r"one says ")  # fmt: skip
     for said in ({}, {"sync": True}, {"step": 5}):  # clocked, not apart: refused whatever else it says
-        with pytest.raises(InvalidArgumentError, match=neither + "nothing was applied$") as refused:
+        with pytest.raises(
+            InvalidArgumentError, match=shared + "neither apart nor unclocked; nothing was applied$"
+        ) as refused:
             shard.push_stamped(bias, 0, 901, 1, dataclasses.replace(ssp_stamp(), **said), shared=True)
         assert refused.value.status == "INVALID_ARGUMENT"
-    for said in ("sync", "done"):  # apart with sync or done: stampcheck's refusal, naming what the stamp says
-        with pytest.raises(InvalidArgumentError, match=rf"bad worker stamp: apart .*; this one says {said}; "):
-            shard.push_stamped(bias, 0, 901, 1, ssp_stamp(apart=True, **{said: True}), shared=True)
+    with pytest.raises(InvalidArgumentError, match=shared + "done; nothing was applied$"):  # apart, but an end
+        shard.push_stamped(bias, 0, 901, 1, ssp_stamp(apart=True, done=True), shared=True)
+    with pytest.raises(InvalidArgumentError, match=r"bad worker stamp: apart .*; this one says sync; "):  # stampcheck's
+        shard.push_stamped(bias, 0, 901, 1, ssp_stamp(apart=True, sync=True), shared=True)
     assert shard.stats()["min_clock"] == 2 and shard.pull("emb", IDS)[:, 0].tolist() == [-1.0, -2.0, -2.0]
 
 
@@ -256,3 +260,20 @@ def test_an_unclocked_shared_push_is_applied_once_and_moves_no_clock(shard):
     assert shard.push_stamped(bias, 0, 900, 1, async_stamp(0), shared=True)[:2] == (0, 0)  # once per key
     assert shard.pull("emb", IDS)[:, 0].tolist() == [0.5, 0.0, 0.0]
     assert shard.stats()["clock"] == 0 and shard.stats()["min_clock"] == 0
+
+
+def test_a_shared_push_whose_unclocked_stamp_says_done_or_stopped_is_refused_changing_nothing(shard):
+    """A shared PushBatch (a key any caller may send) is none of its worker's steps, nor its end: an unclocked
+    stamp that says done or stopped is refused (INVALID_ARGUMENT), and the job's workers stay running: another
+    job is still refused the shard (each, taken, would mark its worker done: both done, another job comes in)."""
+    shard.create_table(SGD4)
+    push(shard, async_stamp(0))
+    for worker, said in ((0, {"done": True}), (1, {"stopped": "interrupted (Ctrl-C)"})):
+        with pytest.raises(
+            InvalidArgumentError, match=rf"; this one says {next(iter(said))}; nothing was applied$"
+        ) as refused:
+            shard.push_stamped([], 0, 900 + worker, 1, async_stamp(worker, **said), shared=True)
+        assert refused.value.status == "INVALID_ARGUMENT"
+    with pytest.raises(JobConflictError, match=held_by(JOB) + r"0 of job .* nothing was created$"):
+        shard.create_table(TableConfig("mine", 2), stamp=ssp_stamp())
+    assert "mine" not in shard.tables and shard.stats()["job"] == JOB

@@ -584,14 +584,16 @@ class Shard:
         request, min_clock). A rejected request (a bad stamp, a push of a worker held as done) changes nothing.
         caller_gone: see JobClocks.push_sync. pushes: as push_batch takes them. shared: the PushBatch is marked
         shared (Client.push_once: applied once under a key any worker may send, none of the worker's steps), so
-        client names no worker's process, and its stamp says apart or unclocked (no clock moves)."""
+        client names no worker's process, and its stamp says apart or unclocked (no clock moves), not done or
+        stopped."""
         pushes = as_pushes(pushes)
         self.refuse_if_lost()
-        if shared and not (stamp.apart or stamp.unclocked):
+        if shared and (stamp.done or stamp.stopped or not (stamp.apart or stamp.unclocked)):
+            said = "done" if stamp.done else "stopped" if stamp.stopped else "neither apart nor unclocked"
             raise InvalidArgumentError("bad worker stamp: a shared PushBatch (applied once under a key any caller may "
-                                       "send) ends none of its worker's steps, so its stamp says apart (a sync or ssp "
-                                       "worker's) or unclocked (an async or geo worker's); this one says neither; "
-                                       "nothing was applied")  # fmt: skip
+                                       "send) is none of its worker's steps nor its end, so its stamp says apart (a "
+                                       "sync or ssp worker's) or unclocked (an async or geo worker's), not done or "
+                                       f"stopped; this one says {said}; nothing was applied")  # fmt: skip
         if stamp.apart and advance_clock:
             raise InvalidArgumentError(f"a PushBatch stamped apart ends none of its worker's steps, so it advances no "
                                        f"clock; this one advances it by {advance_clock:,}; nothing was applied")  # fmt: skip
