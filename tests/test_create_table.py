@@ -234,3 +234,25 @@ def test_ftrl_without_beta_and_l2_over_a_non_zero_initializer_is_refused_for_a_n
         np.testing.assert_array_equal(reopened.pull("t", ids), after)
     finally:
         reopened.close()
+
+
+def test_a_create_the_ram_tier_refuses_writes_nothing_and_takes_no_number(tmp_path):
+    """A 4 MiB RAM tier holding 4 wide tables refuses a 5th (its Table joining the budget): no meta key of it is
+    written (table/, tid/), the budget is as before, and a new table would take number 4, as if it never came; the
+    data dir opened again holds the 4 tables alone."""
+    shard = prepared(tmp_path, [(f"w{i}", WIDE, False) for i in range(4)])
+    try:
+        used = shard.budget.used_bytes
+        with pytest.raises(RamTierTooSmallError, match="cannot take table number 5"):
+            shard.create_table(TableConfig("t", WIDE))
+        assert "t" not in shard.tables and shard.budget.used_bytes == used
+        assert shard.store._meta.get(b"table/t") is None and shard.store._meta.get(b"tid/t") is None
+        assert shard.store.number_for("n") == 4
+    finally:
+        shard.close()
+    store = Store(str(tmp_path))
+    try:
+        assert sorted(cfg.name for cfg in store.load_tables()) == ["w0", "w1", "w2", "w3"]
+        assert store._meta.get(b"table/t") is None and store._meta.get(b"tid/t") is None
+    finally:
+        store.close()
