@@ -62,6 +62,9 @@ SCENARIOS = {
         [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"tid/w3": b"zero"}),
     "one table too many, no table number left": (
         [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"tid/w3": b"4294967295"}),
+    "a new table whose count/ key does not read": ([], (TableConfig("t", 4), False), {b"count/t": b"zero"}),
+    "one table too many, its count/ key not reading": (
+        [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"count/t": b"zero"}),
     "a wide table replacing a narrow one, no room, its number unreadable": (
         [("t", 4, False), *((f"u{i}", 4, False) for i in range(4))], (TableConfig("t", WIDE), True),
         {b"tid/t": b"zero"}),

@@ -31,14 +31,15 @@ class TableMaker:
 
     def create(self, cfg: TableConfig, replace_untrained: bool, check_replace: Callable[[str], None] | None) -> Table:
         """Shard.create_table's work, cfg normalized, the shard's lock held: the existing table of cfg's spec, or a
-        new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s. check_replace(name): the shard's
-        job refusing a replace (JobConflictError); None: a create stamped by a job's worker, never refused so."""
+        new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s. check_replace(name):
+        the shard's job refusing a replace (JobConflictError); None: a create stamped by a job's worker, never
+        refused so."""
         table, diff = self._existing(cfg)
         if table is not None and not diff:
             return table
         if diff:
             return self._replace_untrained(table, cfg, diff, replace_untrained, check_replace)
-        self.store.number_for(cfg.name)  # check_new's first refusal; Table(), joining the RAM budget, its second
+        self.store.number_for(cfg.name)  # check_new's first refusal; Table() meets the others (counts, RAM budget)
         table = Table(cfg, self.store, self.journal, self.budget)
         try:
             self.store.create_table(cfg)
@@ -75,9 +76,11 @@ class TableMaker:
         """The refusals of a create of a table of cfg (new, or `replacing` one of its name) left once its spec is
         accepted, checked in the one order that create and check_create meet them, changing nothing: the
         table's number (Store.number_for: DataLossError while a number does not read, TableNumbersExhaustedError),
-        then the RAM tier (RamTierTooSmallError, once `replacing` left it; a new table's create meets it as its
-        Table joins the budget). Returns cfg's layout."""
+        its stored counts (Store.counts, which its Table reads: DataLossError where they do not read), then the RAM
+        tier (RamTierTooSmallError, once `replacing` left it; a new table's create meets the last two in Table(),
+        which reads the counts and then joins the budget). Returns cfg's layout."""
         self.store.number_for(cfg.name)
+        self.store.counts(cfg.name)
         layout = layout_for(cfg)
         self.budget.check_join(layout.ram_bytes, replacing=replacing.arena if replacing is not None else None)
         return layout
