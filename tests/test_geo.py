@@ -320,6 +320,44 @@ def test_a_geo_steps_dense_pushes_carry_its_job_and_a_shard_training_another_ref
     assert server.shard.stats()["job"] == 1
 
 
+def test_a_geo_rounds_clock_advance_reaches_a_shard_holding_none_of_its_deltas(servers, tmp_path):
+    """A round whose deltas all go to shard 0 advances both shards' clocks by `every` (shard 1 gets a PushBatch
+    of no pushes, with the job's stamp and the advance), and the rows it keeps are the servers' after it; where
+    another job holds shard 1, that PushBatch is refused (FAILED_PRECONDITION), shard 1's clock unmoved, while
+    shard 0 takes the round's deltas and advance."""
+    from ps.errors import JobConflictError
+    from ps.stamp import WorkerStamp
+    from worker.client import Client
+
+    stamp = WorkerStamp(2, 0, 1, 0, setup="mode=geo", unclocked=True)
+    for held in (False, True):
+        addresses, started = servers(2, root=tmp_path / str(held))
+        with Client(addresses, timeout_s=30) as client:
+            client.create_table(SGD)
+            ids = np.arange(1, 200, dtype=np.uint64)
+            owner = client.slot_map.shard_of(ids)
+            if held:  # job 1 holds shard 1
+                other = WorkerStamp(1, 0, 1, 0, setup="mode=async", unclocked=True)
+                client.push_many([("emb", ids[owner == 1][:1], np.ones((1, 4), F32))], stamp=other)
+            clocks = [s.shard.clock for s in started]
+            mine = ids[owner == 0][:3]  # every delta on shard 0
+            before = client.pull("emb", mine)
+            geo = GeoTables(client, {"emb": SGD}, every=2, stamp=stamp)
+            geo.rows({"emb": mine})
+            geo.apply("emb", mine, np.ones((3, 4), F32), 1.0, 0.0)
+            assert not geo.end_step()
+            geo.apply("emb", mine, np.ones((3, 4), F32), 1.0, 0.0)
+            if held:
+                with pytest.raises(JobConflictError, match="holds job 1") as refused:
+                    geo.end_step()
+                assert refused.value.status == "FAILED_PRECONDITION"
+            else:
+                assert geo.end_step()
+                np.testing.assert_array_equal(geo.rows({"emb": mine})["emb"], client.pull("emb", mine))
+            assert not np.array_equal(client.pull("emb", mine), before)  # shard 0 took the deltas
+        assert [s.shard.clock for s in started] == [clocks[0] + 2, clocks[1] + (0 if held else 2)]
+
+
 def test_a_geo_rounds_deltas_and_clock_advance_go_in_one_push_a_shard_training_another_refuses_whole(servers):
     """A geo round's deltas and clock advance go to each shard in one PushBatch carrying the job's stamp: a shard
     that trains another job refuses the round whole (FAILED_PRECONDITION), its rows and clock unmoved; the other
