@@ -365,9 +365,9 @@ class Client:
         each shard, whichever clients send it, under whatever certificates: each shard gets one PushBatch under
         client_id `key` (nonzero), marked shared, request number 1, which a shard that applied it before answers
         applying nothing (its exactly-once rule). stamp: a training job's worker's (sent not sync, and apart where
-        clocked): each shard checks it as the job's pushes (a shard holding another job refuses it) and holds itself
-        for the job, moving no clock (ps.engine.jobs). Returns the ids applied by this call (0: applied before, by any caller; or by
-        this call's own attempt that a retry followed)."""
+        clocked; not done or stopped): each shard checks it as the job's pushes (a shard holding another job refuses
+        it) and holds itself for the job, moving no clock (ps.engine.jobs). Returns the ids applied by this call (0:
+        applied before, by any caller; or by this call's own attempt that a retry followed)."""
         dim = self.dim(table)
         uniq, grads, shows, clicks, _ = push_arrays(table, ids, deltas, None, None, dim)
         routed = self._routed_pushes(table, dim, uniq, grads, shows, clicks, False, True)

@@ -7,12 +7,12 @@ pushes and the steps it pushes at a validation and at the end; worker/allreduce.
 its worker says it is done); so do early stopping's restore of the best model (worker/best.py, through the row
 source's push_apart) and a new model's logit-bias start (worker/dense.py start_logit_bias: Client.push_once, a
 PushBatch marked shared, under a key every worker sends, before the worker's first step). That shared push holds
-the shard as a push of the job does but is none of the worker's steps: its stamp says apart (unclocked, an async
-or geo worker's), so it moves no clock, and its key names no worker's process. Every worker stamps the CreateTable requests that make its job's tables
-(created): they hold the shard for the job as its first push would. Requests without a stamp (reads: eval,
-predict, export, stats; `ps-worker train --create-tables-only`'s CreateTable; AdvanceClock, an operator's: every
-mode's worker advances the clock in its stamped PushBatch) never wait, never come here, and
-hold nothing.
+the shard as a push of the job does but is none of the worker's steps: its stamp says apart (or unclocked, an
+async or geo worker's), so it moves no clock, and its key names no worker's process. Every worker stamps the
+CreateTable requests that make its job's tables (created): they hold the shard for the job as its first push
+would. Requests without a stamp (reads: eval, predict, export, stats; `ps-worker train --create-tables-only`'s
+CreateTable; AdvanceClock, an operator's: every mode's worker advances the clock in its stamped PushBatch) never
+wait, never come here, and hold nothing.
 
 Clocks. The clock of worker w on this shard is the number of its steps applied here: max(step + 1) over its
 stamped pushes not apart, and at least the largest `acked` of its stamps (the steps whose push has had its reply,
@@ -614,10 +614,10 @@ class JobClocks:
         a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). apart: the
         push ends none of the worker's steps here (its stamp's apart: a message of a step before the shard's last,
         or a push sent apart from the steps, Client.push_once's shared one among them): the job holds the shard as
-        after a push, and no clock moves. Returns min_clock. (Another job
-        that started since the check and runs, or the job started since the check with another worker count, by a
-        push of another worker checked at the same time: the push stays applied, and nothing moves; the worker's
-        next stamp is refused as its check finds the job now.)"""
+        after a push, and no clock moves. Returns min_clock. (Another job that started since the check and runs, or
+        the job started since the check with another worker count, by a push of another worker checked at the same
+        time: the push stays applied, and nothing moves; the worker's next stamp is refused as its check finds the
+        job now.)"""
         with self._cond:
             if not self._entered(stamp, claimed):
                 return self._min_clock()
