@@ -1309,19 +1309,26 @@ def test_a_clients_stop_reaches_every_shard_it_can_and_names_those_it_cannot(ser
     assert lines == [f"shard 1 at {closed} (connection refused: nothing listens there)"], lines
 
 
+def _first_pull_lost(server, seen: list, what) -> object:
+    """A stand-in for the shard's wait_for_pull that records what(stamp) of each stamped pull and answers the first
+    UNAVAILABLE (the client sends it again), the others as the shard does."""
+    real = server.shard.jobs.wait_for_pull
+
+    def lost_once(stamp, caller_gone=None):
+        seen.append(what(stamp))
+        if len(seen) == 1:
+            raise ShardClosingError("shard 0 is shutting down")
+        return real(stamp, caller_gone)
+
+    return lost_once
+
+
 def test_a_stamped_request_sent_again_carries_the_acked_the_worker_has_then(servers):
     """A pull sent ahead of its step's previous push carries the acked of then; if its shard restarts meanwhile,
     the retry must say what the worker knows now, or the restarted shard holds the worker behind itself."""
     addresses, (server,) = servers(1)
     seen = []
-    real = server.shard.jobs.wait_for_pull
-
-    def lost_once(stamp, caller_gone=None):
-        seen.append(stamp.acked)
-        if len(seen) == 1:
-            raise ShardClosingError("shard 0 is shutting down")  # UNAVAILABLE: the client sends it again
-        return real(stamp, caller_gone)
-
+    lost_once = _first_pull_lost(server, seen, lambda stamp: stamp.acked)
     ids = random_ids(8, seed=3)
     with Client(addresses, timeout_s=30, server_timeout_s=30) as client:
         client.create_table(SGD)
@@ -1338,14 +1345,7 @@ def test_a_stamp_sent_again_takes_the_acked_of_its_own_worker_not_of_another_of_
     nothing of it), so the shard does not move worker 1's clock to 2 for steps it never got."""
     addresses, (server,) = servers(1)
     seen = []
-    real = server.shard.jobs.wait_for_pull
-
-    def lost_once(stamp, caller_gone=None):
-        seen.append((stamp.worker, stamp.acked))
-        if len(seen) == 1:
-            raise ShardClosingError("shard 0 is shutting down")  # UNAVAILABLE: the client sends it again
-        return real(stamp, caller_gone)
-
+    lost_once = _first_pull_lost(server, seen, lambda stamp: (stamp.worker, stamp.acked))
     ids = random_ids(8, seed=4)
     with Client(addresses, timeout_s=30, server_timeout_s=30) as client:
         client.create_table(SGD)
