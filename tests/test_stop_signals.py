@@ -215,14 +215,7 @@ def test_a_second_signal_while_the_stop_is_being_set_exits_at_once(tmp_path):
     """The second SIGTERM's handler runs inside the first one's stop.set(), the first signal counted and the first
     handler not yet past it: it exits as a second signal does, and waits for nothing the first one holds."""
     server = ServerProcess(tmp_path / "d", launcher=SIGNAL_INSIDE_SET)
-    try:
-        assert server.started(), server.output()
-        server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(TIMEOUT_S) == 143, server.output()
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"hung:\n{server.output()}") from None
-    finally:
-        server.proc.kill()
+    assert _exit_code_after_a_sigterm(server) == 143, server.output()
     assert "received SIGTERM again while stopping: exiting now" in server.output(), server.output()
 
 
@@ -308,12 +301,18 @@ sys.exit(main(sys.argv[1:]))
 def test_a_signal_whose_line_never_gets_written_still_stops_the_shard(tmp_path):
     """The stop is the handler's, not its line's: it waits SAID_WAIT_S at most for that line, then runs."""
     server = ServerProcess(tmp_path / "d", launcher=SIGNAL_LINE_STUCK)
+    assert _exit_code_after_a_sigterm(server) == 0, server.output()
+    assert "stopped cleanly" in server.output(), server.output()
+
+
+def _exit_code_after_a_sigterm(server: ServerProcess) -> int:
+    """Starts the server, sends it one SIGTERM and returns its exit code (an AssertionError with every thread's
+    stack if it has not exited within TIMEOUT_S)."""
     try:
         assert server.started(), server.output()
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(TIMEOUT_S) == 0, server.output()
+        return server.proc.wait(TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise server.hung("no stop") from None
+        raise server.hung("no exit after a SIGTERM") from None
     finally:
         server.proc.kill()
-    assert "stopped cleanly" in server.output(), server.output()
