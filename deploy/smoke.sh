@@ -290,7 +290,9 @@ if [ "$kill_server" = 1 ]; then
         sleep 0.5
     done
     [ -n "$back" ] || fail "ps-1 was not restarted healthy within 120 s of the kill"
-    listening=$(docker logs -t --since "$t_kill" "$(cid ps-1)" 2>&1 | grep -m 1 'listening on' | cut -d' ' -f1)
+    # awk reads to the end: a reader that stops at the first match (grep -m 1) leaves docker logs writing into a
+    # closed pipe, and its SIGPIPE (exit 141) fails the pipeline under pipefail
+    listening=$(docker logs -t --since "$t_kill" "$(cid ps-1)" 2>&1 | awk '/listening on/ && !seen {print $1; seen = 1}')
     [ -n "$listening" ] || fail "ps-1 did not say it was listening again"
     started=$(date -d "$(state ps-1 .State.StartedAt)" +%s.%N)
     new_pid=$(server_pid ps-1)
