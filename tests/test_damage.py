@@ -959,6 +959,27 @@ def test_verify_notes_rows_of_a_table_number_no_config_has(stopped_cleanly, tmp_
     assert not damaged and not [line for line in lines if "rows of no table" in line], lines
 
 
+def test_verify_says_a_stray_count_of_no_table_fails_only_the_creation_of_that_table(stopped_cleanly, tmp_path):
+    """A count/ value that does not read, of a name no table has: the server starts and serves, a CreateTable of
+    that name fails with DATA_LOSS (the create reads its counts), and verify says so, not that a start is refused."""
+    from ps.errors import DataLossError
+
+    data_dir = copied(stopped_cleanly, tmp_path)
+    with opened(data_dir) as store:
+        store._meta.put(b"count/stray", b"{bad")
+    server = Server(ServerConfig(data_dir=str(data_dir)))  # starts
+    try:
+        with pytest.raises(DataLossError, match="meta key count/stray holds"):
+            server.shard.create_table(TableConfig(name="stray", dim=4))
+    finally:
+        server.shard.close()
+    lines, damaged = verify_data_dir(str(data_dir))
+    said = [line for line in lines if line.startswith("DAMAGED")]
+    assert damaged and len(said) == 1 and said[0].startswith("DAMAGED meta key count/stray holds b'{bad'"), lines
+    assert said[0].endswith(": no table 'stray' is stored, so a start and every request leave it unread but a "
+                            "CreateTable of that name, which fails with DATA_LOSS"), lines  # fmt: skip
+
+
 VERIFIED_META = {  # DAMAGED_META's values and more, as verify names them
     **DAMAGED_META,
     b"cluster": b"\xff",

@@ -220,6 +220,9 @@ def _meta_values(meta: dict, report: _Report, checkpoint: bool, at: str = "") ->
             report.note(f"{at}{what}: {JOB_DONE_REMEDY}")
             continue
         follows = _follows(key, checkpoint)
+        if key.startswith(COUNT_PREFIX) and not checkpoint and key_name(key) not in meta["tables"]:
+            follows = (f"no table {key_name(key)!r} is stored, so a start and every request leave it unread but a "
+                       "CreateTable of that name, which fails with DATA_LOSS")  # fmt: skip
         if follows is None:
             report.note(f"{at}{what}: no restore or export reads it")
         else:
