@@ -609,12 +609,12 @@ class JobClocks:
                 if waiting:
                     self._waiting -= 1
 
-    def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False, apart: bool = False) -> int:
+    def pushed(self, stamp: WorkerStamp, client: int = 0, claimed: bool = False) -> int:
         """Notes that the stamp's worker pushed its step (applied) from client: its clock moves to step + 1, also in
-        a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). apart: the
-        push ends none of the worker's steps here (its stamp's apart: a message of a step before the shard's last,
-        or a push sent apart from the steps, Client.push_once's shared one among them): the job holds the shard as
-        after a push, and no clock moves. Returns min_clock. (Another job that started since the check and runs, or
+        a job stopped since its check. claimed: what check() returned (the claim ends: the job starts). A stamp that
+        says apart ends none of the worker's steps here (a message of a step before the shard's last, or a push sent
+        apart from the steps, Client.push_once's shared one among them): the job holds the shard as after a push,
+        and no clock moves. Returns min_clock. (Another job that started since the check and runs, or
         the job started since the check with another worker count, by a push of another worker checked at the same
         time: the push stays applied, and nothing moves; the worker's next stamp is refused as its check finds the
         job now.)"""
@@ -626,7 +626,7 @@ class JobClocks:
                 return self._min_clock()
             if client and not self._clients[stamp.worker]:
                 self._clients[stamp.worker] = client
-            if not apart:
+            if not stamp.apart:
                 self._reach(stamp.step + 1, [stamp.worker])
             return self._min_clock()
 

@@ -620,7 +620,7 @@ class Shard:
             if claimed:
                 self.jobs.release(stamp)
             raise
-        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed, apart=stamp.apart)
+        return clock, ids_applied(pushes, applied), self.jobs.pushed(stamp, owner, claimed)
 
     def _contribution(self, pushes: list[TablePush], advance_clock: int) -> list[TablePush]:
         """A sync push's contribution (ps.engine.syncsum.contribution), its clock advance checked too, and its size:
