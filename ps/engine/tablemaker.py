@@ -40,14 +40,20 @@ class TableMaker:
         if diff:
             return self._replace_untrained(table, cfg, diff, replace_untrained, check_replace)
         self.store.number_for(cfg.name)  # check_new's first refusal; Table() meets the others (counts, RAM budget)
+        table = self._stored(cfg)
+        self.tables[cfg.name] = table
+        log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
+        return table
+
+    def _stored(self, cfg: TableConfig) -> Table:
+        """A Table of cfg (it joins the RAM budget) whose config is then stored (Store.create_table, under its
+        name's number); a failed write leaves the budget again."""
         table = Table(cfg, self.store, self.journal, self.budget)
         try:
             self.store.create_table(cfg)
         except BaseException:
             self.budget.leave(table.arena)
             raise
-        self.tables[cfg.name] = table
-        log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
         return table
 
     def check_create(
@@ -136,12 +142,7 @@ class TableMaker:
             old.replaced = True
             self.budget.leave(old.arena)  # under its lock: a reclaim() that waited for it finds it gone
         try:
-            new = Table(cfg, self.store, self.journal, self.budget)
-            try:
-                self.store.create_table(cfg)  # the config under the same table number
-            except BaseException:
-                self.budget.leave(new.arena)
-                raise
+            new = self._stored(cfg)  # the config under the same table number
         except BaseException:
             self.tables[cfg.name] = Table(old.cfg, self.store, self.journal, self.budget)
             self.tables[cfg.name].count_on(old)
