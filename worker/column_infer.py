@@ -6,11 +6,13 @@ which picks the label and writes the TOML).
 
 The rules, per CSV column of the sample other than the label (a cell that is empty or one of
 cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite, |x| <= 3.4e38, float32's largest):
-    a time: a name with the word hour, time, date, datetime, timestamp or ts, and eight digits YYMMDDHH (a valid
-    month, day and hour: Avazu's `hour`; not where every one is a date YYYYMMDD too, 20120315) or ten digits of
-    unix seconds in every non-empty cell (timestamps.time_format)
+    a time: a date and time in every non-empty cell (2024-01-05 13:22:00, 2024-01-05T13:22:00Z: iso), or a name
+    with the word hour, time, date, datetime, timestamp or ts, and eight digits YYMMDDHH (a valid month, day and
+    hour: Avazu's `hour`; not where every one is a date YYYYMMDD too, 20120315) or ten digits of unix seconds in
+    every non-empty cell (timestamps.time_format)
                                       `<name>_hour_of_day` and `<name>_weekday`, sparse fields (transforms
-                                      yymmddhh_hour and yymmddhh_weekday, or unix_...: worker/timestamps.py);
+                                      yymmddhh_hour and yymmddhh_weekday, unix_... or iso_...:
+                                      worker/timestamps.py);
                                       the time itself is no feature (as a number or as ids, its values are
                                       new on each later day)
     numbers in every non-empty cell   few distinct integers, integers in a column named like an id (`id`,
@@ -96,7 +98,11 @@ def _time_entries(name: str, source: str, fmt: str, cells: list[str], taken: set
     """The comment and the two [[columns]] entries of a column of times (timestamps.time_format): its hour of day
     and its weekday, named <name>_hour_of_day and <name>_weekday (or ..2, ... past a name in taken)."""
     present = [c.strip() for c in cells if not is_missing_text(c)]
-    what = "YYMMDDHH (Avazu's hour: 14102100 is 2014-10-21, hour 00)" if fmt == "yymmddhh" else "unix seconds (UTC)"
+    what = {
+        "yymmddhh": "YYMMDDHH (Avazu's hour: 14102100 is 2014-10-21, hour 00)",
+        "unix": "unix seconds (UTC)",
+        "iso": "YYYY-MM-DD HH:MM:SS (the hour as written: a zone is not applied)",
+    }[fmt]
     out = [f"# {source!r}: times, {what} ({len(present)} of {len(cells)} cells non-empty, {len(set(present))} "
            "distinct): read as the hour of day and the weekday, each a sparse field; the time itself is no feature "
            "(as a number or as ids, its values are new on each later day)"]  # fmt: skip

@@ -23,7 +23,8 @@ number, an integer, a raw id and a missing cell are what worker/cells.py says th
                  standardize: (x - mean) / std; missing -> 0 for all three; bucketize: space_ids(space, b), b = the number of boundaries <= x,
                  missing -> b = 2**64 - 1; log_buckets: space_ids(space, features.int_bucket(x)); a time
                  transform (<format>_hour, <format>_weekday): space_ids(space, its hour or weekday), a number
-                 that is no time of the format a problem (timestamps.time_parts), missing -> 2**64 - 1
+                 that is no time of the format a problem (timestamps.time_parts; iso: a text that is no date and
+                 time, timestamps.iso_parts), missing -> 2**64 - 1
 
 An example with a cell that breaks these rules is bad: it is left out of the Batch, and `problems` says what
 was wrong (its first problem in column order). Tokens past max_length are dropped unread. Work is vectorized
@@ -43,7 +44,7 @@ from worker.cells import FLOAT32_MAX, empty_cell, float_values, int_values, raw_
 from worker.features import BIAS_ID, MISSING_CAT, MISSING_INT, cat_values, int_bucket, space_ids
 from worker.models.spec import BIAS_FIELD
 from worker.schema import TIME_TRANSFORMS, Column, Schema
-from worker.timestamps import time_parts
+from worker.timestamps import TEXT_TIME_FORMATS, iso_parts, time_parts
 
 _INT_RANGE = f"({MISSING_INT}, {np.iinfo(np.int64).max}]"
 
@@ -74,10 +75,10 @@ class Parsed:
 def parsed_sources(schema: Schema) -> tuple[set[str], set[str], set[str]]:
     """(the sources encode_examples reads with int_values: those of log_buckets columns; those it reads with
     features.cat_values: those of hashed categorical columns; those it reads with float_values: those of the
-    other numeric columns, less the int ones), which a Parsed may hold."""
+    other numeric columns, less the int ones and those of text times: iso_*), which a Parsed may hold."""
     ints = {c.source for c in schema.columns if c.transform == "log_buckets"}
     cats = {c.source for c in schema.columns if c.kind == "categorical" and c.ids == "hashed"}
-    floats = {c.source for c in schema.columns if c.kind == "numeric"} - ints
+    floats = {c.source for c in schema.columns if c.kind == "numeric" and not _text_time(c)} - ints
     return ints, cats, floats
 
 
@@ -275,7 +276,14 @@ def _weighted(c: Column, tokens: np.ndarray, example: np.ndarray, problems: _Pro
 
 _TIME_EXPECTED = {"yymmddhh": "a time YYMMDDHH (14102100: 2014-10-21, hour 00; a month 01-12, a day of it, an "
                                "hour 00-23)",
-                  "unix": "a time in unix seconds (an integer from 0 to 9999999999: not milliseconds)"}  # fmt: skip
+                  "unix": "a time in unix seconds (an integer from 0 to 9999999999: not milliseconds)",
+                  "iso": "a date and time YYYY-MM-DD HH:MM:SS or YYYY-MM-DDTHH:MM:SS (minutes, seconds and a zone "
+                         "optional; a valid date, an hour 00-23)"}  # fmt: skip
+
+
+def _text_time(c: Column) -> bool:
+    """Whether a column reads its cells as a time written as text (timestamps.TEXT_TIME_FORMATS), not a number."""
+    return c.transform in TIME_TRANSFORMS and c.transform.rpartition("_")[0] in TEXT_TIME_FORMATS
 
 
 class _Numbers:
@@ -303,6 +311,7 @@ class _Numbers:
         self.floats = {s: v for s, v in floats.items() if s not in self.parsed_ints}
         self.buckets: dict[str, np.ndarray] = {}
         self.int_floats: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.text_times: dict[str, tuple[np.ndarray, ...]] = {}  # iso_parts of a text time's source
 
     def _int(self, c: Column) -> np.ndarray:
         if c.source not in self.ints:
@@ -361,8 +370,13 @@ class _Numbers:
 
     def _time_values(self, c: Column) -> np.ndarray:
         fmt, _, part = c.transform.rpartition("_")
-        x, missing = self._float(c)
-        hour, weekday, ok = time_parts(x, fmt)
+        if _text_time(c):
+            if c.source not in self.text_times:
+                self.text_times[c.source] = iso_parts(_cells(self.cells, c, self.n))
+            hour, weekday, ok, missing = self.text_times[c.source]
+        else:
+            x, missing = self._float(c)
+            hour, weekday, ok = time_parts(x, fmt)
         bad = ~ok & ~missing
         if bad.any():
             at, cells = np.flatnonzero(bad), self.cells.get(c.source)

@@ -31,10 +31,12 @@ format of the data's first line, formats.detect_format). Grammar (keys not liste
     max_length = 256               # multi_hot / weighted: ids kept per bag, the first ones (default 256)
     transform = "log"              # numeric: log | standardize | none -> a numeric feature;
                                    #          bucketize | log_buckets -> an id in `table`;
-                                   #          yymmddhh_hour | yymmddhh_weekday | unix_hour | unix_weekday -> the
-                                   #          hour of day (0-23) or weekday (0-6, Monday 0) of a time, an id in
-                                   #          `table`: a cell YYMMDDHH (Avazu's `hour`: 14102100) or unix seconds
-                                   #          (UTC) (worker/timestamps.py), not the time's own value
+                                   #          yymmddhh_hour | yymmddhh_weekday | unix_hour | unix_weekday |
+                                   #          iso_hour | iso_weekday -> the hour of day (0-23) or weekday (0-6,
+                                   #          Monday 0) of a time, an id in `table`: a cell YYMMDDHH (Avazu's
+                                   #          `hour`: 14102100), unix seconds (UTC) or a date and time
+                                   #          (2024-01-05 13:22:00, 2024-01-05T13:22:00Z: the hour as written)
+                                   #          (worker/timestamps.py), not the time's own value
     boundaries = [1.0, 10.0, 100.0] # bucketize: sorted; bucket b holds boundaries[b-1] <= x < boundaries[b]
     mean = 3.2                     # standardize: (x - mean) / std; missing here -> one pass over the
     std  = 1.7                     #   training data computes them (a constant column takes std 1)
@@ -55,9 +57,9 @@ bias's), so the Criteo schema gives exactly features.example_ids. log_buckets is
 integer treatment); a numeric cell that is empty or says NA, nan, null, none or ? (cells.MISSING_TEXTS, any
 case) is missing: 0 for log and none, the mean for standardize, and its own bucket (its own hour or weekday id
 for a time). A time transform's id is its hour or weekday, hashed in its id space like any value: two fields read
-one time column for both (`ps-worker schema` writes them for a column named like a time, hour or ts, whose sampled
-values are all valid YYMMDDHH or ten-digit unix seconds): its hours of day and weekdays come back every day and
-week, where the time's own values (as ids, or numbers standardized or bucketized) are new on every later day.
+one time column for both (`ps-worker schema` writes them for a column whose sampled values are all dates and times
+of the iso format, or one named like a time, hour or ts, whose sampled values are all valid YYMMDDHH or ten-digit
+unix seconds): its hours of day and weekdays come back every day and week, where the time's own values (as ids, or numbers standardized or bucketized) are new on every later day.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ KINDS = ("categorical", "multi_hot", "weighted", "numeric")
 ID_KINDS = ("hashed", "raw")
 DENSE_TRANSFORMS = ("log", "standardize", "none")
 BUCKET_TRANSFORMS = ("bucketize", "log_buckets")
-TIME_TRANSFORMS = ("yymmddhh_hour", "yymmddhh_weekday", "unix_hour", "unix_weekday")  # <time format>_<part>
+TIME_TRANSFORMS = ("yymmddhh_hour", "yymmddhh_weekday", "unix_hour", "unix_weekday", "iso_hour", "iso_weekday")
+# <time format>_<part>: worker/timestamps.py's formats
 SPARSE_TRANSFORMS = BUCKET_TRANSFORMS + TIME_TRANSFORMS  # a numeric column of these gives ids
 CRITEO_COLUMNS = ("label", *(f"I{i + 1}" for i in range(NUM_INT_FIELDS)), *(f"C{i + 1}" for i in range(NUM_CAT_FIELDS)))
 LIBSVM_COLUMN = re.compile(r"f(0|[1-9][0-9]*)")
