@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ps.config import OptimizerConfig, TableConfig
-from ps.rows.layout import CLICK, SHOW
+from ps.rows.layout import CLICK, LAST_STEP, SHOW
 from tests.inprocess import InProcessTables
 from worker.geo import GeoTables
 from worker.rowcache import SLOT_BYTES
@@ -296,6 +296,33 @@ def test_geo_rows_say_while_they_hold_steps_not_pushed(server):
     assert held == [True, True, False, True, True, False, True]
     rows.settle()
     assert not rows.holding()
+
+
+def test_a_geo_runs_pushes_advance_the_shard_clock_by_each_of_its_steps(server):
+    """A run of 10 steps pushing every 4, with a validation's settle after step 2, ends with the shard's clock at 10
+    (not short of the last, partial round's 2 steps, nor counting the settled ones twice): shrink-by-age reads a
+    row's age as the clock less its last_step, the clock its last push came at (before that push's advance)."""
+    from worker.batch import TableIds
+    from worker.steprows import GeoRows
+
+    cfg = TableConfig("emb", 4, optimizer=OptimizerConfig("sgd", 0.5))
+    server.create_table(cfg)
+    rows = GeoRows(server, GeoTables(server, {"emb": cfg}, every=4))
+    clocks = []
+    for step in range(1, 11):
+        ids = np.array([step, 100], np.uint64)
+        tids = {"emb": TableIds(ids, {}, np.ones(2, F32), np.zeros(2, F32))}
+        rows.rows(step, tids, None)
+        rows.push(step, tids, {"emb": np.ones((2, 4), F32)}, [])
+        if step == 2:
+            rows.settle()
+        clocks.append(server.shard.clock)
+    rows.finish()
+    assert clocks == [0, 2, 2, 4, 4, 4, 4, 8, 8, 8]
+    assert server.shard.clock == 10
+    table = server.shard.table("emb")
+    last_step = table.peek(np.array([9, 10, 100], np.uint64))[:, table.stats_col + LAST_STEP]
+    np.testing.assert_array_equal(last_step, [8, 8, 8])
 
 
 def test_a_geo_steps_dense_pushes_carry_its_job_and_a_shard_training_another_refuses_them(server):

@@ -1156,11 +1156,11 @@ def test_a_geo_worker_whose_last_push_fails_after_its_last_step_reports_what_the
     addresses, _ = servers(1)
     flush, flushes = GeoTables.flush, []
 
-    def last_push_fails(self, advance_clock=0):
+    def last_push_fails(self):
         flushes.append(self.steps)
         if self.steps == 6:
             raise ServerUnavailableError("shard 0 did not answer")
-        return flush(self, advance_clock)
+        return flush(self)
 
     monkeypatch.setattr(GeoTables, "flush", last_push_fails)
     with pytest.raises(ServerUnavailableError):

@@ -6,15 +6,20 @@ and pushes the accumulated deltas every `every` steps; the servers add them with
     apply(...)    one step of the table's optimizer (ps.rows.optim) on the local rows, in its layout
                   [embedding | optimizer state], then the clip to the table's weight_bound that the servers apply;
                   shows and clicks are summed per id
-    end_step()    every `every` steps, one push_many (add_delta=True, return_rows=True, advance_clock=every: the
-                  round's clock advance on every shard, in the same PushBatch as the shard's deltas) of, per table,
+    end_step()    every `every` steps, one push_many (add_delta=True, return_rows=True, advance_clock: the steps
+                  run since the last push, `every` but after a flush() mid-round, advanced on every shard in the
+                  same PushBatch as the shard's deltas) of, per table,
                   every id changed since the last push: delta = (local embedding - base) / num_workers (the workers'
                   deltas of a row averaged, as Paddle's GEO-SGD does: each took its own steps from the same rows,
                   and their sum would move a row common to all, the bias first, N times as far as one step of
                   training; 3 workers summing on 30,000 rows end above the base rate's logloss), its shows and
                   its clicks. Then
                   base = local embedding = the rows returned, which carry the other workers' deltas too; the local
-                  optimizer state stays. A round with nothing pending pushes nothing and advances no clock.
+                  optimizer state stays. A round with nothing pending pushes nothing and advances no clock: the
+                  next push advances it by its steps too.
+    flush()       the same push now, of what is pending: a validation's, and the last, partial round's at the end
+                  of a run (or of a stopped one); so a run's pushes advance every shard's clock by each of its
+                  steps (but trailing steps that changed no row).
     memory        after a push, past capacity_bytes, held rows leave least frequently used first
                   (worker.rowcache.evict_lfu; frequencies count rows() requests and halve every DECAY_STEPS steps);
                   a row coming back starts again from the pulled embedding and the initial optimizer state. Between
@@ -121,6 +126,7 @@ class GeoTables:
         self.delta_scale = np.float32(1.0 / num_workers)
         self._local = {t: _LocalTable(cfg, self.capacity_bytes, i) for i, (t, cfg) in enumerate(configs.items())}
         self.steps = self.pushes = self.ids_pushed = self.pulls = self.ids_pulled = 0
+        self.clocked_steps = 0  # steps whose clock advance a push carried
 
     @property
     def local_rows(self) -> int:
@@ -182,12 +188,12 @@ class GeoTables:
         if self.steps % DECAY_STEPS == 0:
             for local in self._local.values():
                 local.slots.decay()
-        return self.steps % self.every == 0 and self.flush(advance_clock=self.every)
+        return self.steps % self.every == 0 and self.flush()
 
-    def flush(self, advance_clock: int = 0) -> bool:
-        """Pushes every pending delta now (and, if anything is pending, advances every shard's clock by
-        advance_clock in the same push_many), refreshes those rows, then keeps memory within capacity_bytes. True
-        if anything was pending."""
+    def flush(self) -> bool:
+        """Pushes every pending delta now (and, if anything is pending, advances every shard's clock by the steps
+        run since the last push's advance, in the same push_many), refreshes those rows, then keeps memory within
+        capacity_bytes. True if anything was pending."""
         plan = [(t, local, local.pending()) for t, local in self._local.items()]
         plan = [(t, local, slots) for t, local, slots in plan if len(slots)]
         if plan:
@@ -196,8 +202,9 @@ class GeoTables:
                 delta = (_gathered(local.local, slots, local.dim) - local.base[slots]) * self.delta_scale
                 counts = local.counts[slots]
                 items.append(PushItem(t, local.slots.keys[slots], delta, clicks=counts[:, 1], shows=counts[:, 0]))
-            returned = self.tables.push_many(items, advance_clock=advance_clock, return_rows=True, add_delta=True,
-                                             stamp=self.stamp)  # fmt: skip
+            returned = self.tables.push_many(items, advance_clock=self.steps - self.clocked_steps, return_rows=True,
+                                             add_delta=True, stamp=self.stamp)  # fmt: skip
+            self.clocked_steps = self.steps
             for (_, local, slots), rows in zip(plan, returned):
                 rows = np.ascontiguousarray(rows, np.float32)
                 _scatter(local.local, slots, rows)

@@ -266,8 +266,9 @@ class ClockedRows:
 
 class GeoRows:
     """geo: rows from the worker's local copies (worker/geo.py GeoTables), which it trains with the tables'
-    optimizers and whose deltas it pushes every `every` steps, with the shards' clock advance by `every`. stamp:
-    the job's unclocked stamp (which geo's pushes carry: GeoTables.stamp), told the worker's end."""
+    optimizers and whose deltas it pushes every `every` steps (and at a settle and at the end), with the shards'
+    clock advance by the steps since its last push. stamp: the job's unclocked stamp (which geo's pushes carry:
+    GeoTables.stamp), told the worker's end."""
 
     def __init__(self, tables: Any, geo: Any, stamp: WorkerStamp | None = None):
         self.tables, self.geo, self.stamp = tables, geo, stamp
