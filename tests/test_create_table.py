@@ -259,3 +259,44 @@ def test_a_create_the_ram_tier_refuses_writes_nothing_and_takes_no_number(tmp_pa
         assert store._meta.get(b"table/t") is None and store._meta.get(b"tid/t") is None
     finally:
         store.close()
+
+
+def test_a_stalled_log_line_of_a_made_table_stalls_no_request_waiting_for_the_shards_lock(tmp_path):
+    """The shard logs a created (or replaced) table once it released its lock: while that line is stuck (a stalled
+    stderr), a clock advance, which takes the lock, completes, and the create returns once the line is written."""
+    import logging
+    import threading
+
+    shard = Shard(ServerConfig(data_dir=str(tmp_path)))
+    writing, written = threading.Event(), threading.Event()
+
+    class Stuck(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith(("created table", "replaced table")):
+                writing.set()
+                written.wait(60)
+
+    logger = logging.getLogger("ps.engine.shard")
+    handler, level = Stuck(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        for clock, cfg in enumerate([TableConfig("t", 4), TableConfig("t", 8)], 1):  # made, then replaced
+            writing.clear()
+            written.clear()
+            create = threading.Thread(target=shard.create_table, args=(cfg, True), daemon=True)
+            create.start()
+            assert writing.wait(30), "the create logged no line"
+            advance = threading.Thread(target=shard.advance_clock, args=(1,), daemon=True)
+            advance.start()
+            advance.join(30)
+            stuck = advance.is_alive()
+            written.set()
+            assert not stuck, "a clock advance waited for the create's log line"
+            create.join(30)
+            assert not create.is_alive() and shard.table("t").dim == cfg.dim and shard.clock == clock
+    finally:
+        written.set()
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        shard.close()

@@ -257,7 +257,10 @@ class Shard:
     def _create_table(self, cfg: TableConfig, replace_untrained: bool, stamped: bool) -> Table:
         cfg = cfg.normalized()
         with self._lock:
-            return self._maker.create(cfg, replace_untrained, None if stamped else self.jobs.check_replace)
+            table, made = self._maker.create(cfg, replace_untrained, None if stamped else self.jobs.check_replace)
+        if made:
+            log.info("%s", made)  # once the lock is released: a stalled log stalls no push waiting for it
+        return table
 
     def check_create(
         self, cfg: TableConfig, replace_untrained: bool = False, stamp: WorkerStamp | None = None

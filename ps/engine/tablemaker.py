@@ -2,12 +2,12 @@
 spec replaced while it was never trained; and what a create would answer, changing nothing.
 
 The shard (ps.engine.shard.Shard.create_table, check_create) checks the request's stamp and holds its lock around
-each call; the tables dict is the shard's, changed here in place.
+each call; the tables dict is the shard's, changed here in place. create returns the line the shard logs of what
+it made, once it released that lock (a stalled log stalls no request waiting for the lock).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 from ps.config import TableConfig
@@ -18,8 +18,6 @@ from ps.storage.arena import MemoryBudget
 from ps.storage.journal import Journal
 from ps.storage.store import Store
 
-log = logging.getLogger("ps.engine.shard")  # the shard's: its tables are made here
-
 
 class TableMaker:
     def __init__(self, shard_id: int, tables: dict[str, Table], store: Store, journal: Journal, budget: MemoryBudget):
@@ -29,21 +27,22 @@ class TableMaker:
         self.journal = journal
         self.budget = budget
 
-    def create(self, cfg: TableConfig, replace_untrained: bool, check_replace: Callable[[str], None] | None) -> Table:
+    def create(
+        self, cfg: TableConfig, replace_untrained: bool, check_replace: Callable[[str], None] | None
+    ) -> tuple[Table, str]:
         """Shard.create_table's work, cfg normalized, the shard's lock held: the existing table of cfg's spec, or a
-        new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s. check_replace(name):
-        the shard's job refusing a replace (JobConflictError); None: a create stamped by a job's worker, never
-        refused so."""
+        new one (TableConfig.check_new, then check_new's refusals), or `replace_untrained`'s; and the line to log
+        of the table made or replaced ("" for the existing one). check_replace(name): the shard's job refusing a
+        replace (JobConflictError); None: a create stamped by a job's worker, never refused so."""
         table, diff = self._existing(cfg)
         if table is not None and not diff:
-            return table
+            return table, ""
         if diff:
             return self._replace_untrained(table, cfg, diff, replace_untrained, check_replace)
         self.store.number_for(cfg.name)  # check_new's first refusal; Table() meets the others (counts, RAM budget)
         table = self._stored(cfg)
         self.tables[cfg.name] = table
-        log.info("created table %s: dim %d, %s", cfg.name, cfg.dim, cfg.optimizer.name)
-        return table
+        return table, f"created table {cfg.name}: dim {cfg.dim}, {cfg.optimizer.name}"
 
     def _stored(self, cfg: TableConfig) -> Table:
         """A Table of cfg (it joins the RAM budget) whose config is then stored (Store.create_table, under its
@@ -129,12 +128,12 @@ class TableMaker:
         diff: list[str],
         replace_untrained: bool,
         check_replace: Callable[[str], None] | None,
-    ) -> Table:
+    ) -> tuple[Table, str]:
         """create for a table of another config, `old`: refused unless it may be replaced (_refuse_other_spec) and
         its number and the RAM tier take it (check_new); then the old one is closed (its requests from now on get
         ShardClosingError) and leaves the RAM budget, the new one takes its name, number and counts
         (Table.count_on). A failure puts a table of the old config back, as it was (untrained, its RAM tier
-        empty)."""
+        empty). Returns (the new table, the line to log of it)."""
         with old.lock:
             self._refuse_other_spec(old, cfg, diff, replace_untrained, check_replace)
             self.check_new(cfg, old)
@@ -149,6 +148,8 @@ class TableMaker:
             raise
         new.count_on(old)
         self.tables[cfg.name] = new
-        log.info("replaced table %s, never trained, by one of another spec (existing != requested): %s", cfg.name,
-                 "; ".join(diff))  # fmt: skip
-        return new
+        changes = "; ".join(diff)
+        return (
+            new,
+            f"replaced table {cfg.name}, never trained, by one of another spec (existing != requested): {changes}",
+        )
