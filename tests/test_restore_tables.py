@@ -58,9 +58,10 @@ def test_a_table_of_the_manifest_the_checkpoint_lacks_is_refused_by_name(tmp_pat
                        "tid/<table>): a restore of the checkpoint is refused" in lines, lines  # fmt: skip
 
 
-def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_holds(tmp_path, caplog):
+def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_holds(tmp_path, caplog, monkeypatch):
     """PS_RESTORE kept in a container's environment: the restart neither copies the checkpoint again (rows
-    trained since stay) nor refuses; another checkpoint is refused, saying how to start."""
+    trained since stay) nor refuses, reading the table configs and the cluster name once; another checkpoint is
+    refused, saying how to start."""
     ids = np.arange(1, 6, dtype=np.uint64)
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
     try:
@@ -75,8 +76,13 @@ def test_a_restart_with_the_same_restore_still_given_starts_on_what_the_dir_hold
     assert restored.describe_start().startswith(f"restored from {tmp_path / 'one'}, tables kept 5 rows")
     restored.push("kept", ids, np.ones((5, 2), np.float32))  # trained after the restore
     restored.close()
+    reads, load_tables, meta_get = [], Store.load_tables, Store._meta_get
+    monkeypatch.setattr(Store, "load_tables", lambda s: reads.append("tables") or load_tables(s))
+    monkeypatch.setattr(Store, "_meta_get", lambda s, key, *a, **kw: reads.append(key) or meta_get(s, key, *a, **kw))
     with caplog.at_level("INFO", "ps.engine.shard"):
         again = Shard(ServerConfig(data_dir=str(tmp_path / "a"), restore_dir=str(tmp_path / "one")))
+    monkeypatch.undo()
+    assert (reads.count("tables"), reads.count(b"cluster")) == (1, 1)
     try:
         np.testing.assert_array_equal(again.pull("kept", ids), -2 * np.ones((5, 2), np.float32))
         assert again.describe_start().startswith("existing, tables kept 5 rows")

@@ -209,9 +209,10 @@ def test_rocksdbs_text_log_rolls_over_by_size_while_the_store_stays_open(tmp_pat
 
 def test_a_data_dir_keeps_the_first_cluster_name_it_runs_with(tmp_path):
     s = Store(str(tmp_path))
-    s.check_cluster("")  # unnamed: nothing recorded, so a name may come later
-    s.check_cluster("prod")
-    s.check_cluster("prod")
+    assert not s.check_cluster("")  # unnamed: nothing to record, so a name may come later
+    assert s.check_cluster("prod") and s.check_cluster("staging")  # any name, not recorded until record_cluster
+    s.record_cluster("prod")
+    assert not s.check_cluster("prod")
     for other, said in (("staging", "--cluster 'staging'"), ("", "no --cluster")):
         with pytest.raises(StorageError, match=f"belongs to cluster 'prod', but this server was started with {said}"):
             s.check_cluster(other)
@@ -219,7 +220,7 @@ def test_a_data_dir_keeps_the_first_cluster_name_it_runs_with(tmp_path):
     s = Store(str(tmp_path))
     with pytest.raises(StorageError, match="start it with --cluster prod"):
         s.check_cluster("staging")
-    s.check_cluster("prod")
+    assert not s.check_cluster("prod")
     s.close()
 
 

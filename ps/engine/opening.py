@@ -145,14 +145,13 @@ def open_store(config: ServerConfig, memory: MemoryPlan) -> Store:
 
 def check_store(
     store: Store, config: ServerConfig, memory: MemoryPlan, manifest: dict | None, progress: StartProgress
-) -> bool:
-    """Refuses a store of another shard, cluster or an unfinished restore (one from the checkpoint restore_dir
-    names is started over: Store.forget_unfinished_restore deletes its keys, no file); restores into it if
-    configured. The restore checks for a stop after every batch of rows it writes: a stop leaves the dir marked
-    as an unfinished restore, which the next start with the same --restore starts over. Returns whether this start
-    restored the dir."""
-    store.check_identity(config.shard_id, config.num_shards)
-    store.check_cluster(config.cluster, record=False)
+) -> tuple[bool, list[TableConfig]]:
+    """Refuses a store of an unfinished restore (one from the checkpoint restore_dir names is started over:
+    Store.forget_unfinished_restore deletes its keys, no file); restores into it if configured, refusing a dir that
+    holds tables and was not restored from that checkpoint before. The restore checks for a stop after every batch
+    of rows it writes: a stop leaves the dir marked as an unfinished restore, which the next start with the same
+    --restore starts over. Returns (whether this start restored the dir, the table configs it holds now). The
+    store's shard and cluster are checked before (Shard._start)."""
     pending = store.restore_pending()
     if pending and config.restore_dir and os.path.abspath(config.restore_dir) == pending:
         manifest = read_manifest(config.restore_dir)  # checked before anything is deleted
@@ -161,8 +160,13 @@ def check_store(
                     "starting it over", config.data_dir, pending)  # fmt: skip
         store.forget_unfinished_restore()
     check_restored(store)
-    if not config.restore_dir or _restored_already(store, config, config.restore_dir):
-        return False
+    stored = store.load_tables()
+    if not config.restore_dir or stored and _restored_already(store, config, config.restore_dir):
+        return False, stored
+    if stored:
+        raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
+                           "restored from that checkpoint): leave --restore (PS_RESTORE) out to start on what it "
+                           "holds, or give a new data dir")  # fmt: skip
     written = [0]
 
     def on_written(n: int) -> None:
@@ -176,7 +180,7 @@ def check_store(
     tables = ", ".join(f"{name} {rows_text(counts['admitted'])}" for name, counts in summary["tables"].items())
     log.info("restored from checkpoint %s (%d shards) in %.1f s: %s; clock %s", config.restore_dir,
              summary["from_shards"], time.monotonic() - started, tables or "no tables", f"{summary['clock']:,}")  # fmt: skip
-    return True
+    return True, store.load_tables()  # what the restore wrote
 
 
 def new_budget(memory: MemoryPlan) -> MemoryBudget:
@@ -200,10 +204,11 @@ def _restore_share(config: ServerConfig, manifest: dict, written: list[int]) -> 
 
 
 def _restored_already(store: Store, config: ServerConfig, checkpoint: str) -> bool:
-    """True (logged) when this dir was restored from that checkpoint (the same manifest) before: a restart with
-    --restore still given (PS_RESTORE kept in a container's environment) starts on what the dir holds."""
+    """True (logged) when this dir, which holds tables, was restored from that checkpoint (the same manifest)
+    before: a restart with --restore still given (PS_RESTORE kept in a container's environment) starts on what the
+    dir holds."""
     done = store.restored()
-    if done is None or not store.load_tables():
+    if done is None:
         return False
     try:
         same = load_manifest(checkpoint)["sha256"] == done["sha256"]
@@ -222,9 +227,9 @@ def open_journal(config: ServerConfig, memory: MemoryPlan) -> Journal:
                    mark_path=os.path.join(config.data_dir, MARK_FILE))  # fmt: skip
 
 
-def open_tables(store: Store, journal: Journal, budget: MemoryBudget) -> dict[str, Table]:
-    """The tables RocksDB holds, by name, over one RAM tier budget (RamTierTooSmallError if it cannot hold them)."""
-    stored = store.load_tables()
+def open_tables(store: Store, journal: Journal, budget: MemoryBudget, stored: list[TableConfig]) -> dict[str, Table]:
+    """The tables of the configs RocksDB holds (check_store's), by name, over one RAM tier budget
+    (RamTierTooSmallError if it cannot hold them)."""
     check_tables_fit(budget, stored, "tables its data dir holds")
     return {cfg.name: Table(cfg, store, journal, budget) for cfg in stored}
 

@@ -45,7 +45,8 @@ def restore_into(
     manifest: dict | None = None,
     on_written: Callable[[int], None] | None = None,
 ) -> dict:
-    """Fills an empty store with this shard's part of the checkpoint at directory; returns a summary. manifest:
+    """Fills an empty store (one that holds no table: its caller, ps.engine.opening.check_store, refuses a dir
+    with tables before) with this shard's part of the checkpoint at directory; returns a summary. manifest:
     the checkpoint's, from read_manifest (None: read here, before anything is written). From its first write, the
     store is marked as holding a restore that did not finish (check_restored) until every row is in.
     on_written: told the admitted rows of each batch written (Store.import_slots); it may raise to stop the
@@ -58,10 +59,6 @@ def restore_into(
     is the checkpoint's, and a start with another checkpoint must not be refused for it. Only when that deletion
     fails too does the mark stay (the error says so, and check_restored what to do)."""
     check_restored(store)
-    if store.load_tables():
-        raise StorageError(f"--restore needs a new or empty data dir; {store.path} has tables already (and was not "
-                           "restored from that checkpoint): leave --restore (PS_RESTORE) out to start on what it "
-                           "holds, or give a new data dir")  # fmt: skip
     manifest = manifest if manifest is not None else read_manifest(directory)
     store.set_restore_pending(os.path.abspath(directory))  # cleared once every row is in: see check_restored
     tables = [TableConfig.from_dict(t) for t in manifest["tables"]]

@@ -139,10 +139,12 @@ class Shard:
         requests and the journal replay, the job clocks; the cluster's name recorded last (a start refused before
         leaves it unnamed)."""
         config = self.config
-        self.restored_now = check_store(self.store, config, self.memory, manifest, self._progress)
+        self.store.check_identity(config.shard_id, config.num_shards)
+        unnamed = self.store.check_cluster(config.cluster)  # recorded last: a start refused leaves the dir unnamed
+        self.restored_now, stored = check_store(self.store, config, self.memory, manifest, self._progress)
         self.budget = new_budget(self.memory)
         self.journal = open_journal(config, self.memory)
-        self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget)
+        self.tables: dict[str, Table] = open_tables(self.store, self.journal, self.budget, stored)
         self._maker = TableMaker(self.shard_id, self.tables, self.store, self.journal, self.budget)
         self._lock = threading.Lock()
         self.flusher = Flusher(lambda background: self.flush(background), config.flush_interval_s, self.journal,
@@ -151,7 +153,8 @@ class Shard:
         self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                               config.threads, MAX_COUNT_PER_ID,
                               done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
-        self.store.check_cluster(config.cluster)  # recorded last: a start refused before leaves it unnamed
+        if unnamed:
+            self.store.record_cluster(config.cluster)
         self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
 
     @property

@@ -7,7 +7,7 @@ named).
     column family "meta", key -> value:
         "shard"                  -> JSON {"shard_id": i, "num_shards": n, "num_slots": s}   (check_identity, synced,
                                     at the first start; shard.json beside RocksDB holds a copy)
-        "cluster"                -> the --cluster name   (check_cluster, synced, the first time the dir runs with a
+        "cluster"                -> the --cluster name   (record_cluster, synced, the first time the dir runs with a
                                     nonempty one; absent: the dir takes any name)
         "table/" name            -> JSON TableConfig.to_dict()                               (create_table: both
         "tid/" name              -> decimal < 2^32: the table's number, its rows' key prefix  in one batch)

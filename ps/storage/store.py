@@ -413,24 +413,26 @@ class Store:
                 log.warning("%s was missing; written again from RocksDB's copy of the shard record", file_path)
             write_json(file_path, want, sync_dir=True)
 
-    def check_cluster(self, cluster: str, record: bool = True) -> None:
-        """Records the --cluster name the first time the dir runs with one (synced, in RocksDB; with record, which
-        a start asks for once nothing else can refuse it); StorageError if it recorded another name, an empty
-        `cluster` included. A dir that never ran with a name takes any."""
+    def check_cluster(self, cluster: str) -> bool:
+        """StorageError if the dir recorded another --cluster name than `cluster`, an empty one included; a dir that
+        never ran with a name takes any. Returns whether `cluster` is still to be recorded (record_cluster): a name
+        given to a dir that has none."""
         have = self._meta_get(b"cluster", "reading the cluster name", "")
-        if have == cluster or not cluster and not have:
-            return
-        if have:
+        if have and have != cluster:
             given = f"--cluster {cluster!r}" if cluster else "no --cluster"
             raise StorageError(
                 f"data dir {self.path} belongs to cluster {have!r}, but this server was started with {given}; start "
                 f"it with --cluster {have} (a dir keeps the first name it ran with; to move its rows to another "
                 "cluster, restore a checkpoint into a new data dir)"
             )
-        if record:
-            with self._rocksdb("recording the cluster name", "nothing was recorded"):
-                self._meta.put(b"cluster", cluster.encode(), self._synced)
-            log.info("data dir %s now belongs to cluster %r", self.path, cluster)
+        return bool(cluster) and not have
+
+    def record_cluster(self, cluster: str) -> None:
+        """Records the --cluster name of a dir that has none (check_cluster said so; synced, in RocksDB), which a
+        start does once nothing else can refuse it: the dir keeps it from then on."""
+        with self._rocksdb("recording the cluster name", "nothing was recorded"):
+            self._meta.put(b"cluster", cluster.encode(), self._synced)
+        log.info("data dir %s now belongs to cluster %r", self.path, cluster)
 
     def load_tables(self) -> list[TableConfig]:
         """Every table's stored config; DataLossError for one that does not read as a config."""
