@@ -29,6 +29,7 @@ from worker.client import Client
 
 WIDE = 4096  # a 4 MiB RAM tier takes 4 tables of this dim (adagrad), not 5 (tests/test_many_tables.py)
 SMALL_TIER = 4 << 20
+STRAY_COUNTS = b'{"admitted": 7, "pending": 2, "trained": true}'  # a count/ value of a name no table has
 FTRL_NO_BETA_L2 = OptimizerConfig("ftrl", 0.05, {"beta": 0.0, "l2": 0.0, "l1": 0.1})  # w at n = 0: 0 only
 
 
@@ -63,6 +64,7 @@ SCENARIOS = {
     "one table too many, no table number left": (
         [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"tid/w3": b"4294967295"}),
     "a new table whose count/ key does not read": ([], (TableConfig("t", 4), False), {b"count/t": b"zero"}),
+    "a new table with a stray count/ key": ([], (TableConfig("t", 4), False), {b"count/t": STRAY_COUNTS}),
     "one table too many, its count/ key not reading": (
         [(f"w{i}", WIDE, False) for i in range(4)], (TableConfig("t", WIDE), False), {b"count/t": b"zero"}),
     "a wide table replacing a narrow one, no room, its number unreadable": (
@@ -299,4 +301,22 @@ def test_a_stalled_log_line_of_a_made_table_stalls_no_request_waiting_for_the_sh
         written.set()
         logger.removeHandler(handler)
         logger.setLevel(level)
+        shard.close()
+
+
+def test_a_new_tables_create_deletes_a_stray_count_of_its_name_so_a_restart_counts_no_rows(tmp_path):
+    """A readable count/t with no table t (no rows stored under any number of it): the create answers 0 rows, as its
+    check does, and deletes the stray value, so the restarted shard's t holds 0 rows, untrained (replaced)."""
+    shard = prepared(tmp_path, [], {b"count/t": STRAY_COUNTS})
+    try:
+        assert shard.check_create(TableConfig("t", 4))[1] == 0
+        table = shard.create_table(TableConfig("t", 4))
+        assert (table.num_rows, table.num_pending, table.trained) == (0, 0, False)
+    finally:
+        shard.close()
+    shard = Shard(ServerConfig(data_dir=str(tmp_path), cache_bytes=SMALL_TIER))
+    try:
+        assert (shard.table("t").num_rows, shard.table("t").num_pending) == (0, 0)
+        assert shard.create_table(TableConfig("t", 8), replace_untrained=True).dim == 8
+    finally:
         shard.close()

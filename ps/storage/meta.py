@@ -14,7 +14,9 @@ named).
         "count/" name            -> JSON {"admitted": ids stored with a trained row, "pending": ids stored not
                                     admitted yet, "trained": whether any write stored a row or pending id of
                                     the table (kept once a Shrink drops them all, and by import_slots; absent:
-                                    as admitted + pending > 0)}   (in the batch of every write of the table's rows)
+                                    as admitted + pending > 0)}   (in the batch of every write of the table's rows;
+                                    absent: none written yet. One of a name no table has is stray: read as no
+                                    rows, and deleted by the create_table of that name)
         "clock"                  -> decimal <= MAX_CLOCK: the shard's clock (steps)
         "advanced/" client:u64be -> decimal: the client_seq of that client's newest request whose clock advance
                                     is applied   (set_clock: with the clock it set, in one batch; deleted once

@@ -456,9 +456,11 @@ class Store:
                              f"lists what is damaged; {remedy}")  # fmt: skip
 
     def create_table(self, cfg: TableConfig) -> None:
-        """Records the table's config and its number (the prefix of its row keys) in one write. The cost does not
+        """Records the table's config and its number (the prefix of its row keys) in one write; for a new name, the
+        same write deletes a stray count/ value of it (counts: it counts no row of this table). The cost does not
         grow with the number of tables: the first table creates the shared "rows" column family, the others none."""
         with self._numbers_lock:  # a read of the numbers from meta comes before this write and its note, or after
+            new = cfg.name not in self._table_numbers()[0]
             number = self.number_for(cfg.name)
             with self._rocksdb(f"creating table {cfg.name!r}", "the table was not created"):
                 self._rows(create=True)
@@ -466,6 +468,8 @@ class Store:
                 batch = WriteBatch(raw_mode=True)
                 batch.put(TABLE_CONFIG_PREFIX + cfg.name.encode(), json.dumps(cfg.to_dict()).encode(), meta)
                 batch.put(TABLE_ID_PREFIX + cfg.name.encode(), str(number).encode(), meta)
+                if new:
+                    batch.delete(COUNT_PREFIX + cfg.name.encode(), meta)
                 self._db.write(batch, self._write_opts)
             self._table_numbers()[0][cfg.name] = number
 
@@ -973,9 +977,14 @@ class Store:
 
     def counts(self, table: str) -> dict:
         """{"admitted": rows, "pending": ids, "trained": bool} stored for table (kept in meta, updated atomically
-        with rows)."""
+        with rows). A name no table has (no config, no number) has no rows: a count/ value of it is stray (damage,
+        or another program's write; create_table deletes it) and counts none, but one that does not read is
+        refused as damage all the same (DataLossError), as a table's is."""
         counts = self._meta_get(COUNT_PREFIX + table.encode(), f"reading the row counts of table {table!r}",
                                 {"admitted": 0, "pending": 0})  # fmt: skip
+        numbers, unread = self._table_numbers()
+        if table not in numbers and table not in unread:
+            counts = {"admitted": 0, "pending": 0}
         return {**counts, "trained": trained(counts)}
 
     def clock(self) -> int:
