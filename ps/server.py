@@ -43,6 +43,7 @@ log = logging.getLogger("ps.server")
 
 CALLS_DRAIN_S = 30.0  # a stop waits this long at most for the handlers of calls gRPC cancelled to return
 SAID_WAIT_S = 5.0  # a stop's lines wait this long at most for the signal's line (logged by another thread)
+EXIT_SAID_WAIT_S = 1.0  # a second signal's exit waits this long at most for the lines handed over before it
 
 
 def grpc_options(max_message_bytes: int) -> list[tuple[str, int]]:
@@ -319,15 +320,16 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
 
     def on_signal(signum, frame):
         """(main thread, wherever it is) Takes no lock, as the code it interrupted may hold it (HandlerWork): sets
-        `stop` (a StopFlag), tells a second signal by its count, and hands its log lines to the ps-signals thread."""
+        `stop` (a StopFlag), tells a second signal by its count, and hands its log lines to the ps-signals thread;
+        a second signal that exits waits for those lines first, a bounded time (_exit_now)."""
         sig = signal.Signals(signum)
         stop.set(sig)
         again = len(stop.received) > 1
         if again and stopped_with:  # the shard is closed: nothing is left to write
-            _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0])
+            _exit_now_after_the_stop(config.shard_id, sig, stopped_with[0], said)
             return
         if again and serving:  # a signal during the stop: exit now where the journal has what the stop would write
-            why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig)
+            why_not = _exit_now_unless_needed(serving[0], config.shard_id, sig, said)
             said.run(functools.partial(log.warning, "received %s again: the stop goes on: %s", sig.name, why_not))
             return
         said.run(functools.partial(_shutting_down, sig, progress))
@@ -370,27 +372,36 @@ def serve(config: ServerConfig, stop_with_stdin: bool = False) -> None:
         raise SystemExit(code)
 
 
-def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int) -> None:
-    """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending): exits at once, with
-    the stop's exit code if it failed, else 128 + the signal's number. Runs in a signal handler: raises nothing."""
-    how = ("the shard was stopped first, its rows all written" if not code else
-           "its stop failed, as said above")  # fmt: skip
-    message = (f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how} (a "
-               "warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)\n")  # fmt: skip
-    try:
+def _exit_now(message: str, code: int, said: HandlerWork) -> None:
+    """Exits with code, message the last line on stderr, once the lines handed to `said` before are written
+    (EXIT_SAID_WAIT_S at most: its thread may wait for a lock that the main thread, interrupted, holds). Runs in a
+    signal handler: takes no lock, and raises nothing."""
+    said.drained(EXIT_SAID_WAIT_S)
+    try:  # os.write, not print: no buffer a signal could find half written, and a closed stderr raises nothing
         os.write(2, message.encode())
     except OSError:
         pass
     finally:
-        os._exit(code or 128 + sig)
+        os._exit(code)
 
 
-def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) -> str:
-    """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (exit code 128 + the
-    signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the stop
-    writes is the only copy of some pushes (the journal's segment or the data dir deleted: Journal.seems_lost), nor
-    while a checkpoint is being saved (its folder would be left half written): then the stop goes on, and this
-    returns why, for the log. Runs in a signal handler: takes no lock, and raises nothing."""
+def _exit_now_after_the_stop(shard_id: int, sig: signal.Signals, code: int, said: HandlerWork) -> None:
+    """A second SIGTERM or SIGINT once the shard is stopped (its warm-up may still be ending): exits at once
+    (_exit_now), with the stop's exit code if it failed, else 128 + the signal's number."""
+    how = ("the shard was stopped first, its rows all written" if not code else
+           "its stop failed, as said above")  # fmt: skip
+    _exit_now(f"ps-server shard {shard_id}: received {sig.name} again after the stop: exiting now; {how} (a "
+              "warm-up's scratch directory, ps-warm-up-*, may be left in the temporary directory)\n",
+              code or 128 + sig, said)  # fmt: skip
+
+
+def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals, said: HandlerWork) -> str:
+    """A second SIGTERM or SIGINT while a serving shard stops: the process exits at once (_exit_now; exit code 128
+    + the signal's number), as a kill -9 would end it, and the next start replays the journal. Not while what the
+    stop writes is the only copy of some pushes (the journal's segment or the data dir deleted:
+    Journal.seems_lost), nor while a checkpoint is being saved (its folder would be left half written): then the
+    stop goes on, and this returns why, for the log. Runs in a signal handler: takes no lock, and raises
+    nothing."""
     shard = server.shard
     why_not = ""
     if shard is not None and shard.journal.seems_lost():
@@ -399,17 +410,11 @@ def _exit_now_unless_needed(server: Server, shard_id: int, sig: signal.Signals) 
     elif shard is not None and shard.saving_checkpoint:
         why_not = ("a checkpoint is being saved, and cut short it would leave its folder half written; it ends by "
                    "itself, or SIGKILL stops everything")  # fmt: skip
-    if why_not:
-        return why_not
-    message = (f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without writing "
-               "the rest of its rows to RocksDB; every acknowledged push is in its journal, which the next start "
-               "replays\n")  # fmt: skip
-    try:  # os.write, not print: no buffer a signal could find half written, and a closed stderr raises nothing
-        os.write(2, message.encode())
-    except OSError:
-        pass
-    finally:
-        os._exit(128 + sig)
+    if not why_not:
+        _exit_now(f"ps-server shard {shard_id}: received {sig.name} again while stopping: exiting now, without "
+                  "writing the rest of its rows to RocksDB; every acknowledged push is in its journal, which the next "
+                  "start replays\n", 128 + sig, said)  # fmt: skip
+    return why_not
 
 
 def _shutting_down(sig: signal.Signals, progress: StartProgress) -> None:

@@ -21,12 +21,14 @@ with RAISE_PENDING_SIGNAL, whose handler raises them).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -38,6 +40,7 @@ from typing import Any
 SIGNAL_CHECK_S = 0.2
 EXIT_CODE = 128 + signal.SIGTERM  # 143, as a shell reports a process ended by SIGTERM
 CLEANUP_LIMIT_S = 120.0  # after a SIGTERM, the process exits (EXIT_CODE) by then even if its cleanup hangs
+DRAIN_POLL_S = 0.005  # HandlerWork.drained's look at its marker
 TERMINATED = "terminated"  # what a command a SIGTERM stops says after its name (exit_code): 'ps-worker: terminated'
 
 log = logging.getLogger("ps.terminate")
@@ -87,11 +90,18 @@ class HandlerWork:
         self._actions.put(action)
 
     def drained(self, timeout_s: float) -> bool:
-        """Whether every action handed over so far has run, waiting timeout_s at most (never from a signal
-        handler: it waits for an Event)."""
-        done = threading.Event()
-        self.run(done.set)
-        return done.wait(timeout_s)
+        """Whether every action handed over so far has run, waiting timeout_s at most. Takes no lock (it hands
+        over a marker and polls what the marker sets, in DRAIN_POLL_S sleeps), so a signal handler may call it: the
+        bound matters there, as the thread may be waiting for a lock the interrupted code holds (stderr's)."""
+        ran: list[bool] = []
+        self.run(functools.partial(ran.append, True))
+        deadline = time.monotonic() + timeout_s
+        while not ran:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(DRAIN_POLL_S, left))
+        return True
 
     def _serve(self) -> None:
         """(thread) Runs the actions as they come."""

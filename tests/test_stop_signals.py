@@ -163,17 +163,27 @@ def exits(monkeypatch):
     return codes
 
 
-def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd):
+@pytest.fixture
+def said():
+    """The ps-signals thread's HandlerWork, started."""
+    from ps.terminate import HandlerWork
+
+    work = HandlerWork("ps-signals-test")
+    work.start()
+    return work
+
+
+def test_the_second_signal_exits_unless_a_lost_journal_or_a_save_needs_the_stop(exits, capfd, said):
     from ps.server import _exit_now_unless_needed
 
-    _exit_now_unless_needed(_server(), 3, signal.SIGINT)
+    _exit_now_unless_needed(_server(), 3, signal.SIGINT, said)
     assert exits == [130] and "shard 3: received SIGINT again while stopping: exiting now" in capfd.readouterr().err
-    assert "must write the rows RocksDB lacks" in _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM)
-    assert "a checkpoint is being saved" in _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM)
+    assert "must write the rows RocksDB lacks" in _exit_now_unless_needed(_server(lost=True), 3, signal.SIGTERM, said)
+    assert "a checkpoint is being saved" in _exit_now_unless_needed(_server(saving=True), 3, signal.SIGTERM, said)
     assert exits == [130]
 
 
-def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch):
+def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch, said):
     """stderr's reader gone (`ps-server ... | tee log`, tee stopped by the same Ctrl-C): the write fails, the exit
     still comes, and nothing is raised into the stop the handler interrupted."""
     from ps.server import _exit_now_unless_needed
@@ -182,8 +192,48 @@ def test_the_second_signal_exits_even_where_stderr_is_closed(exits, monkeypatch)
         raise BrokenPipeError(32, "Broken pipe")
 
     monkeypatch.setattr(os, "write", closed)
-    _exit_now_unless_needed(_server(), 0, signal.SIGTERM)
+    _exit_now_unless_needed(_server(), 0, signal.SIGTERM, said)
     assert exits == [143]
+
+
+# ps-server whose first signal's line is slow to write (a stderr that keeps it 0.3 s), and the second SIGTERM comes
+# while it is being written: sent by the ps-signals thread as it begins the line, once the main thread has counted it
+SECOND_SIGNAL_DURING_THE_FIRST_LINE = (
+    "-c",
+    """import os, signal, sys, time
+import ps.server
+from ps.__main__ import main
+
+shutting_down = ps.server._shutting_down
+
+
+def slow_line(sig, progress):
+    os.kill(os.getpid(), signal.SIGTERM)
+    while len(progress.stop.received) < 2:  # the second signal's handler has begun, in the main thread
+        time.sleep(0.001)
+    time.sleep(0.3)
+    shutting_down(sig, progress)
+
+
+ps.server._shutting_down = slow_line
+sys.exit(main(sys.argv[1:]))
+""",
+)
+
+
+def test_a_second_signal_exits_after_the_first_signals_line_is_written(tmp_path):
+    """The second SIGTERM's handler exits (143) once the line the first one handed to the ps-signals thread is
+    written (EXIT_SAID_WAIT_S at most): its own line comes after it, not instead of it."""
+    server = ServerProcess(tmp_path / "d", launcher=SECOND_SIGNAL_DURING_THE_FIRST_LINE)
+    try:
+        assert server.started(), server.output()
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(TIMEOUT_S) == 143, server.output()
+    finally:
+        server.proc.kill()
+    out = server.output()
+    first, second = out.find("received SIGTERM, shutting down"), out.find("received SIGTERM again while stopping")
+    assert 0 <= first < second, out
 
 
 # ps-server whose stop flag sends it a second SIGTERM from inside the first set(), the first signal's handler's
