@@ -455,3 +455,33 @@ def test_shards_restored_from_different_checkpoints_are_named_not_trained_as_one
         restore(0)
         assert run(train, capsys)[0] == 0
         assert run(["stats", "--servers", servers], capsys)[0] == 0
+
+
+def test_a_run_reads_the_shards_stats_once_before_it_makes_its_tables(tmp_path, capsys, monkeypatch):
+    """Every check a training run makes before its tables are created (the cluster's shape, the tables' features
+    on a libsvm model, their settings, the trained rows it continues, a shard that lacks its share) reads one Stats
+    round: wait_ready's. A second run on the first's tables still finds and counts them from that round."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "train.svm"
+    data.write_text("".join(f"{rng.integers(2)} " + " ".join(f"{i}:1" for i in rng.integers(0, 500, 3)) + "\n"
+                            for _ in range(1000)))  # fmt: skip
+    rounds: list[str] = []  # a Stats round, or "create" at each table made
+    real_stats, real_create = Client.stats, Client.create_table
+    monkeypatch.setattr(Client, "stats", lambda self: rounds.append("stats") or real_stats(self))
+    monkeypatch.setattr(
+        Client, "create_table", lambda self, *a, **kw: rounds.append("create") or real_create(self, *a, **kw)
+    )
+    with LocalCluster(2) as cluster:
+        argv = ["train", "--servers", ",".join(cluster.addresses), "--data", str(data), "--format", "libsvm",
+                "--model", "fm", "--epochs", "1", "--batch-size", "100", "--no-progress"]  # fmt: skip
+        for held in (False, True):
+            with Client(cluster.addresses) as client:  # the trained rows the run continues (none at first)
+                trained = sum(t.num_rows for shard in client.stats() for t in shard.tables if t.name == "fm")
+            assert (trained > 0) == held
+            rounds.clear()
+            code = worker_main(argv)
+            out, err = capsys.readouterr()
+            assert code == 0, err
+            assert rounds.index("create") == 1 and rounds[0] == "stats", rounds
+            said = f"the servers hold this model's tables with {trained:,} trained rows already"
+            assert (said in out) == held, out

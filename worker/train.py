@@ -86,24 +86,24 @@ def train(cfg: TrainConfig) -> dict:
             log.warning("%s", grouped)
     backend = make_backend(spec, cfg)
     with served_metrics(cfg) as telemetry, job_client(cfg) as client:
-        client.wait_ready()
+        shard_stats = client.wait_ready()  # the one Stats round every check before the tables are made reads
         if position is not None:
             changed = state_changed(cfg.resume_file, cfg.resume_state_ids, client.state_ids, client.servers)
             if changed:
                 raise ValueError(changed)
             position.state_ids = client.state_ids
-        features = held_features(client, data.schema, [t.name for t in tables_cfg])
+        features = held_features(client, data.schema, [t.name for t in tables_cfg], shard_stats)
         tables_cfg = [dataclasses.replace(t, features=features) for t in tables_cfg]
         # one worker replaces tables of other settings that were never trained (a run that stopped first made
         # them); a job's workers do not: one worker's other settings would silently replace the others' tables
         replaced = check_tables(client, tables_cfg, "nothing was created", replace_untrained=cfg.num_workers == 1,
-                                recipe_line=job.recipe_line if job.recipe_optimizer else "")  # fmt: skip
+                                recipe_line=job.recipe_line if job.recipe_optimizer else "",
+                                shard_stats=shard_stats)  # fmt: skip
         held = 0
         # rows trained before this worker's first push are an earlier run's where no other worker of the job can
         # have pushed yet: one worker, or sync (a step is applied only once every worker has sent its push)
         alone_so_far = cfg.num_workers == 1 or cfg.mode == "sync"
         if alone_so_far and not cfg.create_tables_only:
-            shard_stats = client.stats()
             held = sum(t.num_rows for t in sparse_table_stats(client, spec, shard_stats))
             for warning in missing_shares(shard_stats, spec, client.servers):
                 log.warning("%s", warning)
