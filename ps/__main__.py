@@ -313,7 +313,8 @@ def _verify(args: argparse.Namespace) -> int:
 def build_export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ps-server export", description=export_main.__doc__, formatter_class=HelpFormatter)
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint directory (ps-worker checkpoint save)")
-    p.add_argument("--out", required=True, help="directory to write the .npy files and export.json into")
+    p.add_argument("--out", required=True, help="directory to write export.json and the folder of .npy files it "
+                   "names into")  # fmt: skip
     p.add_argument("--since", type=integer(0), default=None, help="only rows pushed at this clock step or later")
     p.add_argument("--tables", default=None, help="comma-separated names of the tables to write, or fnmatch "
                    "patterns (deepfm,'dense.deepfm.*': one model of several); default: every table. A choice that leaves "
@@ -321,17 +322,17 @@ def build_export_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
-    p.add_argument("--overwrite", action="store_true", help="write over an earlier export in --out (its export.json "
-                   "and .npy files; those of tables this export leaves out are removed); without it such a "
-                   "directory is an error")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in --out: the new one takes its "
+                   "place whole once written, and the earlier one's .npy files are removed then (a failure leaves it "
+                   "as it was); without it such a directory is an error")  # fmt: skip
     return p
 
 
 def export_main(argv: list[str]) -> int:
-    """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: per table
-    `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim), embeddings only), admitted rows only, and
-    `export.json`. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a message (143: stopped
-    by SIGTERM, its temporary files removed)."""
+    """`ps-server export CHECKPOINT --out DIR`: writes the model in a checkpoint for serving: `export.json`, and the
+    folder it names ("dir") holding per table `<table>.ids.npy` (uint64) and `<table>.rows.npy` (float32 (n, dim),
+    embeddings only), admitted rows only. Reads the checkpoint's files; no server needs to run. Exit 0, or 2 with a
+    message (143: stopped by SIGTERM, its temporary files removed)."""
     args = _parse(build_export_parser(), argv)
     with sigterm_raises():  # a stop removes the read-only view and the temporary files (ps.terminate)
         return _export(args)
@@ -340,13 +341,14 @@ def export_main(argv: list[str]) -> int:
 def _export(args: argparse.Namespace) -> int:
     from ps.checkpoint import read_manifest, table_patterns
     from ps.engine.restore import export, left_out_of_models
-    from ps.storage.leftovers import EXPORT_TEMPORARY
+    from ps.storage.leftovers import EXPORT_FILES, EXPORT_TEMPORARY
 
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         print(f"ps-server export: error: --out {args.out} exists and is not a directory", file=sys.stderr)
         return 2
     held = sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []
-    held = [n for n in held if not EXPORT_TEMPORARY.fullmatch(n)]  # a killed export's: removed as it starts
+    # an export's folder counts as its export.json does (without one, it is a killed export's, removed as it starts)
+    held = [n for n in held if not (EXPORT_TEMPORARY.fullmatch(n) or EXPORT_FILES.fullmatch(n))]
     if held and not args.overwrite:
         what = "an earlier export" if "export.json" in held else "files of no export"
         print(f"ps-server export: error: --out {args.out} holds {what} ({', '.join(held[:3])}"

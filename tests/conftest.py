@@ -143,6 +143,16 @@ def one_table_checkpoint(root, rows: int) -> str:
     return str(root / "ckpt")
 
 
+def exported(out, table: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, rows) of a table of the export in out, read as docs/reliability.md tells a serving system to: its
+    export.json first, then the files in the folder that names ("dir")."""
+    import json
+
+    with open(os.path.join(out, "export.json")) as f:
+        files = os.path.join(out, json.load(f)["dir"])
+    return np.load(os.path.join(files, f"{table}.ids.npy")), np.load(os.path.join(files, f"{table}.rows.npy"))
+
+
 def stop_servers(running: list) -> None:
     """Closes each (in-process ps.server.Server, grpc channel) pair a test fixture started; a server that fails
     to stop (the state the test left it in) does not keep the others running."""

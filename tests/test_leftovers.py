@@ -19,7 +19,7 @@ from ps.config import ServerConfig, TableConfig
 from ps.engine import restore
 from ps.server import Server
 from ps.storage.store import Store
-from tests.conftest import one_table_checkpoint
+from tests.conftest import exported, one_table_checkpoint
 from worker.__main__ import main
 from worker.client import Client
 from worker.export import export_claim
@@ -86,33 +86,38 @@ def ckpt(tmp_path) -> str:
     return one_table_checkpoint(tmp_path, 10)
 
 
-def test_an_export_removes_the_temporary_files_a_killed_export_left_in_out(ckpt, tmp_path, caplog):
+def test_an_export_removes_what_a_killed_export_left_in_out(ckpt, tmp_path, caplog):
+    """Its export.json.tmp and the folders of export files the earlier export.json does not name go, with a line
+    each; the earlier export's own folder goes as the new export replaces it; the user's names stay."""
     out = tmp_path / "out"
-    write(out / "gone.rows.npy.tmp", 1000)  # a table the earlier export had, this checkpoint has not
-    write(out / "a.ids.npy.tmp", 7)
+    write(out / "export-0123abcd" / "gone.rows.npy", 1000)  # a killed export's, never put in place
+    write(out / "export-4567cdef" / "a.ids.npy", 7)  # the earlier export's, which export.json names
     write(out / "export.json.tmp", 9)
     write(out / "notes.tmp", 4)
-    write(out / "export.json", 2)  # an earlier export's: out is an export's folder
+    write(out / "export-mine" / "x", 4)  # not an export's folder name
+    write(out / "export-89abcdef", 4)  # a file, not a folder
+    (out / "export.json").write_text(json.dumps({"dir": "export-4567cdef", "tables": {"a": {}}}))
     caplog.set_level("INFO", LOGGER)
-    restore.export(ckpt, str(out))
-    assert sorted(os.listdir(out)) == ["a.ids.npy", "a.rows.npy", "export.json", "notes.tmp"]
+    summary = restore.export(ckpt, str(out))
+    assert sorted(os.listdir(out)) == sorted([summary["dir"], "export-89abcdef", "export-mine", "export.json",
+                                              "notes.tmp"])  # fmt: skip
     lines = removed_lines(caplog)
-    assert len(lines) == 3 and any(str(out / "gone.rows.npy.tmp") in x and "(1,000 bytes)" in x for x in lines)
-    assert len(np.load(out / "a.ids.npy")) == 10
+    assert len(lines) == 2 and any(str(out / "export-0123abcd") in x and "(1,000 bytes)" in x for x in lines), lines
+    assert len(exported(out, "a")[0]) == 10
 
 
-def test_an_export_leaves_the_temporary_files_of_another_export_writing_into_out_now(ckpt, tmp_path, caplog):
+def test_an_export_leaves_the_files_of_another_export_writing_into_out_now(ckpt, tmp_path, caplog):
     out = tmp_path / "out"
-    write(out / "gone.rows.npy.tmp", 1000)
+    write(out / "export-0123abcd" / "gone.rows.npy", 1000)
     fd = held(out)  # another export's claim on OUT
     try:
         caplog.set_level("INFO", LOGGER)
         restore.export(ckpt, str(out))
     finally:
         os.close(fd)
-    assert (out / "gone.rows.npy.tmp").read_bytes() == b"x" * 1000 and (out / "export.json").exists()
-    assert removed_lines(caplog) == []
-    assert any(str(out / "gone.rows.npy.tmp") in r.getMessage() and r.getMessage().startswith("left ")
+    assert (out / "export-0123abcd" / "gone.rows.npy").read_bytes() == b"x" * 1000
+    assert (out / "export.json").exists() and removed_lines(caplog) == []
+    assert any(str(out / "export-0123abcd") in r.getMessage() and r.getMessage().startswith("left ")
                for r in caplog.records)  # fmt: skip
 
 
@@ -178,7 +183,7 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
     out = tmp_path / "export"
     leftover = out / f"checkpoint.new-{dead_pid()}-{_host()}-0123abcd"
     write(leftover / "shard-0" / "000009.sst", 300)
-    write(out / "emb.rows.npy.tmp", 50)
+    write(out / "export-0123abcd" / "emb.rows.npy", 50)
     server = Server(ServerConfig(data_dir=str(tmp_path / "shard-0"), port=0, checkpoint_root=str(tmp_path)))
     server.start()
     try:
@@ -198,9 +203,10 @@ def test_the_next_export_into_out_removes_what_a_killed_one_left_and_exports(tmp
     finally:
         server.stop(grace_s=1)
     assert code == 0, capsys.readouterr().err
-    assert sorted(os.listdir(out)) == ["checkpoint", "emb.ids.npy", "emb.rows.npy", "export.json"]
-    assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
-    assert any(str(leftover) in x for x in removed_lines(caplog)), removed_lines(caplog)
+    summary = json.loads((out / "export.json").read_text())
+    assert sorted(os.listdir(out)) == sorted(["checkpoint", summary["dir"], "export.json"])
+    assert summary["checkpoint"] == str(out / "checkpoint") and len(exported(out, "emb")[0]) == 5
+    assert all(any(str(p) in x for x in removed_lines(caplog)) for p in (leftover, out / "export-0123abcd"))
 
 
 # --- ps-worker checkpoint save: an unfinished checkpoint is named, never removed -----------------------------------
@@ -305,16 +311,16 @@ def test_a_partial_file_held_by_a_live_writer_of_another_pid_namespace_is_left(t
 def test_a_folder_of_the_users_is_refused_and_its_temp_looking_files_are_kept(tmp_path, capsys):
     """Names that look like an export's temporary files, in a folder that is no export's, are the user's."""
     mine = tmp_path / "mine"
-    for name in ("results.ids.npy.tmp", "export.json.tmp", "notes.txt"):
+    for name in ("export-0123abcd/a.ids.npy", "export.json.tmp", "notes.txt"):
         write(mine / name, 5)
     code = main(["export", str(mine), "--servers", "127.0.0.1:1", "--server-timeout", "0", "--timeout-s", "1"])
     assert code == 2 and "OUT " + str(mine) + " is not empty (it holds notes.txt)" in capsys.readouterr().err
-    assert sorted(os.listdir(mine)) == ["export.json.tmp", "notes.txt", "results.ids.npy.tmp"]
+    assert sorted(os.listdir(mine)) == ["export-0123abcd", "export.json.tmp", "notes.txt"]
     with export_claim(str(mine)):  # --overwrite into it: still not an export's folder, nothing removed
         pass
-    assert sorted(os.listdir(mine)) == ["export.json.tmp", "notes.txt", "results.ids.npy.tmp"]
+    assert sorted(os.listdir(mine)) == ["export-0123abcd", "export.json.tmp", "notes.txt"]
     restore_out = tmp_path / "other"
-    write(restore_out / "a.rows.npy.tmp", 5)
+    write(restore_out / "export-0123abcd" / "a.rows.npy", 5)
     write(restore_out / "keep.txt", 5)
     from ps.storage import leftovers
 
@@ -418,25 +424,25 @@ def test_a_link_at_a_temporary_name_is_refused_and_never_written_through(ckpt, t
     out, decoy = tmp_path / "out", tmp_path / "decoy.bin"
     decoy.write_bytes(b"precious")
     out.mkdir()
-    os.symlink(decoy, out / "a.ids.npy.tmp")
-    with pytest.raises(OSError, match=r"a\.ids\.npy\.tmp is a link, where this writer keeps its temporary file"):
+    os.symlink(decoy, out / "export.json.tmp")
+    with pytest.raises(OSError, match=r"export\.json\.tmp is a link, where this writer keeps its temporary file"):
         restore.export(ckpt, str(out))
-    assert decoy.read_bytes() == b"precious" and os.path.islink(out / "a.ids.npy.tmp")
-    assert sorted(os.listdir(out)) == ["a.ids.npy.tmp"]  # nothing else written
+    assert decoy.read_bytes() == b"precious" and os.path.islink(out / "export.json.tmp")
+    assert sorted(os.listdir(out)) == ["export.json.tmp"]  # nothing else left
 
 
 def test_a_folder_named_like_a_temporary_file_is_the_users(ckpt, tmp_path, caplog):
     from ps.storage import leftovers
 
     out = tmp_path / "out"
-    write(out / "a.rows.npy.tmp" / "data", 10)
+    write(out / "export.json.tmp" / "data", 10)
     assert not leftovers.holds_an_export(str(out))  # a folder of such names is no export's
     write(out / "export.json", 2)  # an earlier export's folder: its leftovers would go, but no folder is one
     caplog.set_level("INFO", LOGGER)
-    with pytest.raises(OSError, match=r"a\.rows\.npy\.tmp is a folder, where this writer keeps its temporary"):
+    with pytest.raises(OSError, match=r"export\.json\.tmp is a folder, where this writer keeps its temporary"):
         restore.export(ckpt, str(out))
-    assert (out / "a.rows.npy.tmp" / "data").exists() and removed_lines(caplog) == []
-    assert sorted(os.listdir(out)) == ["a.rows.npy.tmp", "export.json"]  # its own temporary files removed again
+    assert (out / "export.json.tmp" / "data").exists() and removed_lines(caplog) == []
+    assert sorted(os.listdir(out)) == ["export.json", "export.json.tmp"]  # its own folder removed again
 
 
 def test_export_overwrite_keeps_an_out_checkpoint_no_export_kept_and_an_empty_tables_is_refused(tmp_path, capsys):
@@ -496,6 +502,7 @@ def test_an_export_of_one_models_tables_is_not_refused_for_another_models_lost_t
     finally:
         for server in servers:
             server.stop(grace_s=1)
-    names = os.listdir(tmp_path / "emb")
-    assert any(n.startswith("emb.") for n in names) and not any("other" in n for n in names), names
+    summary = json.loads((tmp_path / "emb" / "export.json").read_text())
+    names = os.listdir(tmp_path / "emb" / summary["dir"])
+    assert sorted(names) == ["emb.ids.npy", "emb.rows.npy"] and list(summary["tables"]) == ["emb"], names
     assert "checkpoint" not in names and not any(n.startswith("checkpoint.new") for n in names), names

@@ -19,7 +19,7 @@ import pytest
 
 from ps.config import InitializerConfig
 from ps.rows.initializers import init_rows
-from tests.conftest import TEST_ROWS
+from tests.conftest import TEST_ROWS, exported
 from tests.reference_models import FactorizationMachine
 from worker.__main__ import build_parser, main
 from worker.cli_predict import predict_config
@@ -94,7 +94,7 @@ def exported_rows(folder, table: str, ids: np.ndarray) -> np.ndarray:
     """(len(ids), dim) float64: each id's row in export folder's table, or, for an id it holds no row of, its
     table's initial one (export.json's initializer: docs/reliability.md, what a serving system computes)."""
     info = json.loads((folder / "export.json").read_text())["tables"][table]
-    held, rows = np.load(folder / f"{table}.ids.npy"), np.load(folder / f"{table}.rows.npy")
+    held, rows = exported(folder, table)
     out = np.zeros((len(ids), info["dim"]), np.float32)
     init = info["initializer"]
     init_rows(InitializerConfig(init["name"], init["scale"], seed=init["seed"]), ids, out, info["dim"])
@@ -143,7 +143,7 @@ def test_lr_and_deepfm_score_as_their_export_with_initial_rows_for_ids_never_tra
         got = read_out(out)[1]
         assert got["line"].tolist() == list(range(1, TEST_ROWS + 1))
         np.testing.assert_allclose(got["probability"], sigmoid(logit), rtol=0, atol=2e-6)
-        held = set(np.load(export / f"{model}.ids.npy").tolist())
+        held = set(exported(export, model)[0].tolist())
         assert not held & set(batch.fields["C1"].ids[::4].tolist())  # those lines' ids were never trained
     with Client(addresses) as client:
         assert {t.name: t.num_rows for t in client.stats()[0].tables} == rows_before

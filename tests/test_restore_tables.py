@@ -22,7 +22,7 @@ from ps.rows.layout import layout_of
 from ps.storage import atomicfile
 from ps.storage.store import Store
 from ps.storage.verify import verify_checkpoint
-from tests.conftest import one_shard_checkpoint, one_table_checkpoint
+from tests.conftest import exported, one_shard_checkpoint, one_table_checkpoint
 
 
 def table(name: str) -> TableConfig:
@@ -129,8 +129,9 @@ def test_export_holds_what_it_writes_of_a_table_and_16_bytes_a_row_not_the_whole
         tracemalloc.stop()
     written = n * (8 + 8 * 4)  # ids and embeddings
     assert peak < written + 16 * n + one_chunk, f"{(peak - one_chunk) / written:.2f}x, and a chunk"
-    np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.ids.npy"), np.sort(ids))
-    np.testing.assert_array_equal(np.load(tmp_path / "out" / "emb.rows.npy"), want)
+    got_ids, got_rows = exported(tmp_path / "out", "emb")
+    np.testing.assert_array_equal(got_ids, np.sort(ids))
+    np.testing.assert_array_equal(got_rows, want)
 
 
 def test_export_json_names_each_tables_features_and_optimizer(tmp_path):
@@ -194,7 +195,7 @@ def test_ps_server_export_shows_rows_read_per_table_of_the_manifests_count(no_pr
             "export: table a: 700 of 700 rows read", "export: table a: 700 of 700 rows written",
             "export: table b: 40 of 40 rows read", "export: table b: 40 of 40 rows written"], err  # fmt: skip
     assert "exported the model" in out
-    np.testing.assert_array_equal(np.load(tmp_path / "out" / "a.ids.npy"), np.arange(1, 701, dtype=np.uint64))
+    np.testing.assert_array_equal(exported(tmp_path / "out", "a")[0], np.arange(1, 701, dtype=np.uint64))
 
 
 def test_export_refuses_a_shard_holding_more_rows_than_its_manifest_says_and_writes_nothing(tmp_path):
@@ -338,8 +339,9 @@ def test_export_writes_the_tables_named_or_matched_only(tmp_path, capsys):
         shard.close()
     summary = export(str(tmp_path / "ckpt"), str(tmp_path / "out"), tables=["fm", "dense.fm.*"])
     assert sorted(summary["tables"]) == ["dense.fm.w", "fm"]
-    assert sorted(os.listdir(tmp_path / "out")) == ["dense.fm.w.ids.npy", "dense.fm.w.rows.npy", "export.json",
-                                                   "fm.ids.npy", "fm.rows.npy"]  # fmt: skip
+    assert sorted(os.listdir(tmp_path / "out")) == sorted([summary["dir"], "export.json"])
+    assert sorted(os.listdir(tmp_path / "out" / summary["dir"])) == ["dense.fm.w.ids.npy", "dense.fm.w.rows.npy",
+                                                                    "fm.ids.npy", "fm.rows.npy"]  # fmt: skip
     code = server_main(["export", str(tmp_path / "ckpt"), "--out", str(tmp_path / "none"), "--tables", "fm,deepfm"])
     assert code == 2 and "--tables 'deepfm' matches no table of the checkpoint; it holds fm, dense.fm.w, lr" in (
         capsys.readouterr().err
@@ -400,8 +402,9 @@ def test_a_restore_the_ram_tier_cannot_hold_is_refused_before_a_row_is_copied(tm
 
 
 def test_an_export_over_an_earlier_one_leaves_no_file_of_a_table_it_does_not_list(tmp_path):
-    """--overwrite: the files in out are those of the new export.json; an earlier export's other tables go (a loader
-    that globs *.npy, or a delta applied over out, would read them as this export's)."""
+    """--overwrite: the files in out are those of the new export.json; the earlier export's folder goes whole, its
+    other tables too (a loader that globs *.npy, or a delta applied over out, would read them as this export's),
+    and so do the .npy files in out itself of an earlier export.json that names no folder."""
     from ps.engine.restore import export
 
     shard = Shard(ServerConfig(data_dir=str(tmp_path / "source")))
@@ -413,13 +416,21 @@ def test_an_export_over_an_earlier_one_leaves_no_file_of_a_table_it_does_not_lis
     finally:
         shard.close()
     out = tmp_path / "out"
-    export(str(tmp_path / "ckpt"), str(out))
+    first = export(str(tmp_path / "ckpt"), str(out))["dir"]
     (out / "notes.txt").write_text("mine")
-    assert sorted(p.name for p in out.iterdir()) == ["a.ids.npy", "a.rows.npy", "b.ids.npy", "b.rows.npy",
-                                                    "export.json", "notes.txt"]  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == sorted([first, "export.json", "notes.txt"])
+    assert sorted(p.name for p in (out / first).iterdir()) == ["a.ids.npy", "a.rows.npy", "b.ids.npy", "b.rows.npy"]
     summary = export(str(tmp_path / "ckpt"), str(out), tables=["a"])
-    assert list(summary["tables"]) == ["a"]
-    assert sorted(p.name for p in out.iterdir()) == ["a.ids.npy", "a.rows.npy", "export.json", "notes.txt"]
+    assert list(summary["tables"]) == ["a"] and summary["dir"] != first
+    assert sorted(p.name for p in out.iterdir()) == sorted([summary["dir"], "export.json", "notes.txt"])
+    assert sorted(p.name for p in (out / summary["dir"]).iterdir()) == ["a.ids.npy", "a.rows.npy"]
+    flat = tmp_path / "flat"  # an export.json without "dir": its tables' files in out itself
+    flat.mkdir()
+    (flat / "export.json").write_text(json.dumps({"tables": {"a": {}, "b": {}}}))
+    for name in ("a.ids.npy", "a.rows.npy", "b.ids.npy", "b.rows.npy", "c.ids.npy"):
+        (flat / name).write_bytes(b"x")
+    summary = export(str(tmp_path / "ckpt"), str(flat), tables=["a"])
+    assert sorted(p.name for p in flat.iterdir()) == sorted([summary["dir"], "c.ids.npy", "export.json"])
 
 
 def test_an_exports_clock_for_the_next_delta_is_the_smallest_shard_clock(tmp_path):
@@ -485,15 +496,17 @@ def test_a_manifest_is_fsynced_and_so_is_its_directory_after_the_rename(tmp_path
     assert mode == 0o666 & ~atomicfile._umask(), oct(mode)  # the servers' user reads it to restore
 
 
-def test_an_exports_files_are_fsynced_and_so_is_out_after_the_renames(tmp_path, monkeypatch):
+def test_an_exports_files_are_fsynced_and_so_is_out_after_the_rename(tmp_path, monkeypatch):
     from ps.engine.restore import export
     from worker.export import record_checkpoint
 
     one_table_checkpoint(tmp_path, 10)
     events = recorded_syncs(monkeypatch)
-    export(str(tmp_path / "ckpt"), str(tmp_path / "out"))
-    for name in ("a.ids.npy", "a.rows.npy", "export.json"):
-        assert_synced_into_place(events, tmp_path / "out" / name)
+    files = tmp_path / "out" / export(str(tmp_path / "ckpt"), str(tmp_path / "out"))["dir"]
+    assert_synced_into_place(events, tmp_path / "out" / "export.json")
+    at = next(k for k, e in enumerate(events) if e[0] == "replace")  # export.json's: the export in place
+    for path in (files / "a.ids.npy", files / "a.rows.npy", files):  # its folder and files, fsynced before
+        assert ("fsync", os.path.realpath(path)) in events[:at], (path, events)
     events.clear()
     record_checkpoint(str(tmp_path / "out" / "export.json"), None)  # ps-worker export's last word in it
     assert_synced_into_place(events, tmp_path / "out" / "export.json")
@@ -601,3 +614,64 @@ def test_a_restore_keeps_trained_a_table_a_shrink_emptied_on_the_shards_that_tak
         finally:
             for shard in restored:
                 shard.close()
+
+
+KILLED_AT = """
+import os, runpy, sys
+calls = [0]
+def killed_at(name, real):
+    def call(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == int(os.environ["KILL_AT"]):  # as a SIGKILL or a power loss: nothing after it runs
+            os._exit(137)
+        return real(*args, **kwargs)
+    setattr(os, name, call)
+for name in ("mkdir", "fsync", "replace", "rename", "remove", "unlink", "rmdir"):
+    killed_at(name, getattr(os, name))
+sys.argv = ["ps", *sys.argv[1:]]
+runpy.run_module("ps", run_name="__main__")
+"""
+
+
+def test_an_export_killed_at_any_point_leaves_the_earlier_one_whole_or_the_new_one(tmp_path):
+    """`ps-server export --overwrite` killed before each file operation in turn (kill -9, a power loss): a reader
+    of out, by export.json and the folder it names, finds the earlier export or the new one, each whole, never a
+    mix; the next export removes what the killed ones left, and only that."""
+    import subprocess
+    import sys
+
+    from ps.engine.restore import export
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old, new = one_table_checkpoint(tmp_path / "old", 10), one_table_checkpoint(tmp_path / "new", 30)
+    out = tmp_path / "out"
+
+    def read(folder=out) -> dict:  # {table: [ids, rows]}; an export.json without "dir": files in out itself
+        summary = json.loads((folder / "export.json").read_text())
+        files = folder / summary.get("dir", "")
+        return {t: [np.load(files / f"{t}.{kind}.npy").tolist() for kind in ("ids", "rows")] for t in summary["tables"]}
+
+    export(old, str(out))
+    (out / "notes.txt").write_text("mine")
+    earlier, done = read(), False
+    export(new, str(tmp_path / "reference"))
+    whole_new = read(tmp_path / "reference")
+    assert earlier != whole_new
+    kill_at = 0
+    while not done:
+        kill_at += 1
+        run = subprocess.run([sys.executable, "-c", KILLED_AT, "export", new, "--out", str(out), "--overwrite",
+                              "--no-progress"], cwd=root, env={**os.environ, "KILL_AT": str(kill_at)},
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode in (0, 137), run.stderr
+        done = run.returncode == 0
+        now = read()
+        assert now in (earlier, whole_new), (kill_at, now)
+        if now == whole_new and not done:
+            earlier = whole_new  # from here on, the new export is the earlier one
+    assert kill_at > 5  # a kill before each write, fsync and rename of the export tried
+    export(old, str(out))  # removes what the killed exports left
+    assert sorted(os.listdir(out)) == sorted([json.loads((out / "export.json").read_text())["dir"], "export.json",
+                                              "notes.txt"])  # fmt: skip

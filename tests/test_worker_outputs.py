@@ -18,6 +18,7 @@ from tqdm import tqdm
 from ps.config import OptimizerConfig, ServerConfig, TableConfig
 from ps.server import Server
 from ps.storage.diskspace import low_bytes
+from tests.conftest import exported
 from tests.inprocess import InProcessTables
 from worker.__main__ import main
 from worker.client import Client
@@ -168,10 +169,11 @@ def test_export_with_overwrite_replaces_an_earlier_export_and_its_kept_checkpoin
         assert code == 0, err
     finally:
         server.stop(grace_s=1)
-    assert len(np.load(out / "emb.ids.npy")) == 8 and (out / "checkpoint" / "manifest.json").exists()
+    assert len(exported(out, "emb")[0]) == 8 and (out / "checkpoint" / "manifest.json").exists()
     summary = json.loads((tmp_path / "gone" / "export.json").read_text())
     assert summary["checkpoint"] is None and summary["tables"]["emb"]["rows"] == 8
-    assert sorted(os.listdir(tmp_path / "gone")) == ["emb.ids.npy", "emb.rows.npy", "export.json"]
+    assert sorted(os.listdir(tmp_path / "gone")) == sorted([summary["dir"], "export.json"])
+    assert sorted(os.listdir(tmp_path / "gone" / summary["dir"])) == ["emb.ids.npy", "emb.rows.npy"]
 
 
 @pytest.mark.parametrize("command", ["train", "launch"])

@@ -160,9 +160,9 @@ def _add_cluster_commands(sub) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar of the rows read per table (when "
                    "stderr is no terminal, a plain progress line every 30 s takes the bar's place)")  # fmt: skip
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: the files of an earlier "
-                   "export there, and its OUT/checkpoint, are replaced once the new export is whole, and those of its "
-                   "tables the new one leaves out (--tables) removed; other files are left as they are")  # fmt: skip
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT: an earlier export there "
+                   "is replaced whole once the new one is written (its .npy files removed then, its OUT/checkpoint "
+                   "too; a failure leaves it as it was); other files are left as they are")  # fmt: skip
     p.add_argument("--timeout-s", type=SECONDS, default=600.0, help="deadline of each server call")
     _add_server_timeout(p)
     add_security_args(p)

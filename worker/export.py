@@ -8,9 +8,11 @@
        OUT must lie inside the servers' --checkpoint-root)
     4. `ps-server export` of it into OUT (a child process that dies with this one: the server package reads
        RocksDB files, the worker does not import it), --since and --tables passed on; its exit code is this one's,
-       and one killed by signal N is said so, exit code 128 + N
+       and one killed by signal N is said so, exit code 128 + N. It puts the new export in place of an earlier one
+       whole, by the rename of its export.json (ps.engine.restore.export), and removes the earlier one's files
     5. only once both succeeded: an earlier export's OUT/checkpoint replaced, the fresh one kept as OUT/checkpoint
-       (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null)
+       (--keep-checkpoint) or removed, and export.json's "checkpoint" set (its path, or null); a kill during this
+       step leaves the new export whole, its "checkpoint" naming the fresh one, which the next export removes
 Checked before any server is asked: OUT new or empty (or --overwrite), writable, and any OUT/checkpoint one that an
 earlier export kept (check_kept_checkpoint). A failure leaves OUT as it was (an OUT this export created is removed).
 """
@@ -60,7 +62,8 @@ def export_command(args: Any, client: Callable[[Any], Any]) -> int:
     if os.path.lexists(args.out) and not os.path.isdir(args.out):
         raise ValueError(f"OUT {args.out} exists and is not a directory; give a new or empty directory")
     if not args.overwrite:  # an export's leftovers (removed below) are no content of OUT
-        only_leftovers = re.compile(f"{EXPORT_CHECKPOINT_NAME.pattern}|{leftovers.EXPORT_TEMPORARY.pattern}")
+        only_leftovers = re.compile("|".join(p.pattern for p in (EXPORT_CHECKPOINT_NAME, leftovers.EXPORT_TEMPORARY,
+                                                                 leftovers.EXPORT_FILES)))  # fmt: skip
         check_new_dir("OUT", args.out, "give a new or empty directory, or --overwrite to write over the export there",
                       ignore=only_leftovers)  # fmt: skip
     check_kept_checkpoint(args.out, kept)
@@ -173,14 +176,14 @@ def check_kept_checkpoint(out: str, kept: str) -> None:
 def export_claim(out: str) -> Iterator[None]:
     """The claim a `ps-worker export` holds on out (an existing folder) for its whole run (ps.storage.leftovers
     .claimed): under it, first, what exports killed mid-way left in out is removed, logging each with its size
-    (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints, and the temporary files of their
-    `ps-server export`), if out is an export's folder (leftovers.holds_an_export) and no other export holds a
+    (their fresh checkpoints, worker.temp_dirs.dead_export_checkpoints, and what their `ps-server export` left,
+    leftovers.export_leftovers), if out is an export's folder (leftovers.holds_an_export) and no other export holds a
     claim on it; the checkpoints whose writer may still run are reported and left."""
 
     def killed() -> list[str]:
         if not leftovers.holds_an_export(out, EXPORT_CHECKPOINT_NAME):
             return []
-        return dead_export_checkpoints(out)[0] + leftovers.matching(out, leftovers.EXPORT_TEMPORARY, files=True)
+        return dead_export_checkpoints(out)[0] + leftovers.export_leftovers(out, EXPORT_CHECKPOINT_NAME)
 
     with leftovers.claimed(out, killed, "an export killed mid-way"):
         leftovers.report(dead_export_checkpoints(out)[1], f"an export into {out} may be running (here or on another "

@@ -10,6 +10,8 @@ import dataclasses
 import fnmatch
 import json
 import os
+import secrets
+import shutil
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -113,37 +115,40 @@ class ExportProgress(CountProgress):
 
 
 WRITE_ROWS = 1 << 16  # rows gathered into sorted order and written at a time
-# An export's files while it writes them, in out: <file>.tmp (<table>.ids.npy.tmp, <table>.rows.npy.tmp,
-# export.json.tmp), each renamed to <file> once all are written. Every writer into out holds a claim on it
-# (ps.storage.leftovers.claimed), and removes those a killed export left when no other writer is there
-# (ps.storage.leftovers.EXPORT_TEMPORARY).
+# An export's OUT: export.json, and the folder it names ("dir"), export-<8 hex>, of the export's .npy files. An
+# export writes a new folder, fsyncs it, then writes export.json.tmp and renames it over export.json: that rename
+# puts the whole new export in place at once. Then it removes the earlier export's folder (or, of an export.json
+# without "dir", the .npy files of its tables in OUT itself). Every writer into OUT holds a claim on it
+# (ps.storage.leftovers.claimed), and removes what killed exports left (leftovers.export_leftovers) when no other
+# writer is there.
 
 
 def export(directory: str, out: str, since: int | None = None, progress: bool = False,
            tables: Sequence[str] | None = None) -> dict:  # fmt: skip
-    """Writes the model in the checkpoint at directory for serving, to out/: per table `<table>.ids.npy` (uint64,
-    sorted) and `<table>.rows.npy` (float32 (n, dim): embeddings only, no optimizer state, row i of id i),
-    admitted rows only, and `export.json`: {clock, checkpoint_clock, since, checkpoint, tables: {name: {dim, rows,
-    features, optimizer, initializer}}} (features: TableConfig.features, what the ids mean, "" if its creator named
-    none; optimizer: the name of the one that trained it; initializer: {name, scale, seed}, the InitializerConfig
-    that gives an id with no row its embedding, as the servers serve it (ps.rows.initializers.init_rows);
-    checkpoint_clock: the checkpoint's, its largest shard clock; clock: its smallest shard clock, the --since of
-    the next delta: a step whose pushes straddle the checkpoint's cut is stamped with the lower one). since: only rows
-    pushed at clock step >= since (a delta to apply over an earlier export). Dense parameters are tables too:
-    `dense.<name>` row i is row i of the matrix.
+    """Writes the model in the checkpoint at directory for serving, to out/: `export.json`, and the folder it names
+    (its "dir": out/export-<8 hex>) holding per table `<table>.ids.npy` (uint64, sorted) and `<table>.rows.npy`
+    (float32 (n, dim): embeddings only, no optimizer state, row i of id i), admitted rows only. export.json: {clock,
+    checkpoint_clock, since, checkpoint, dir, tables: {name: {dim, rows, features, optimizer, initializer}}}
+    (features: TableConfig.features, what the ids mean, "" if its creator named none; optimizer: the name of the one
+    that trained it; initializer: {name, scale, seed}, the InitializerConfig that gives an id with no row its
+    embedding, as the servers serve it (ps.rows.initializers.init_rows); checkpoint_clock: the checkpoint's, its
+    largest shard clock; clock: its smallest shard clock, the --since of the next delta: a step whose pushes
+    straddle the checkpoint's cut is stamped with the lower one). since: only rows pushed at clock step >= since (a
+    delta to apply over an earlier export). Dense parameters are tables too: `dense.<name>` row i is row i of the
+    matrix.
 
     Memory: one table's embeddings and three id-sized arrays (ids, their sort order, the sorted ids) at a time,
     about what it writes for the table plus 16 bytes a row; the rows are written in sorted order WRITE_ROWS at a
-    time. Every file is written under a temporary name and fsynced, and renamed once all are written (export.json
-    last), so a failure leaves an earlier export in out as it was; then the .npy files of the tables an earlier
-    export in out listed and this one does not are removed, and out is fsynced: a finished export survives a power
-    loss. progress: show rows read, then rows written, per table
-    (ExportProgress, on stderr); an out it made is removed again on a failure. The temporary files an export killed
-    mid-write left in out are removed first, if out is an export's (leftovers.holds_an_export) and no other export
-    writes there now. ValueError for an out inside the
+    time. The export appears whole or not at all: its folder is written and fsynced first, and the rename of its
+    export.json over an earlier one puts it in place; only then is the earlier export's folder removed, and out
+    fsynced. A failure, a kill or a power loss before that rename leaves an earlier export in out as it was.
+    progress: show rows read, then rows written, per table (ExportProgress, on stderr); an out it made is removed
+    again on a failure. What exports killed mid-write left in out is removed first, if out is an export's
+    (leftovers.holds_an_export) and no other export writes there now. ValueError for an out inside the
     checkpoint; CheckpointDamagedError for a damaged checkpoint (naming the file and offset where RocksDB finds a
-    block whose checksum fails), and for a shard whose admitted rows of a table differ from its manifest's count. tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without;
-    ValueError for one that matches no table of the checkpoint, naming those it holds.
+    block whose checksum fails), and for a shard whose admitted rows of a table differ from its manifest's count.
+    tables: the names (or fnmatch patterns: `dense.fm.*`) of the tables to write, all without; ValueError for one
+    that matches no table of the checkpoint, naming those it holds.
     """
     manifest = read_manifest(directory)
     if tables:
@@ -154,10 +159,7 @@ def export(directory: str, out: str, since: int | None = None, progress: bool = 
                          "checkpoint; give a directory outside it")  # fmt: skip
     new_out = not os.path.exists(out)
     os.makedirs(out, exist_ok=True)
-    killed = lambda: (
-        leftovers.matching(out, leftovers.EXPORT_TEMPORARY, files=True) if leftovers.holds_an_export(out) else []
-    )
-    with leftovers.claimed(out, killed, "an export killed mid-write"):
+    with leftovers.claimed(out, lambda: leftovers.export_leftovers(out), "an export killed mid-write"):
         return _export_into(directory, manifest, out, new_out, since, progress)
 
 
@@ -196,11 +198,28 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
     # stamped there with that shard's lower clock; the manifest's clock (the largest) would leave them out of both
     shard_clocks = [int(s["clock"]) for s in manifest["shards"] if "clock" in s]
     clock = min(shard_clocks) if shard_clocks else int(manifest["clock"])
+    name = f"export-{secrets.token_hex(4)}"  # leftovers.EXPORT_FILES
     summary = {"clock": clock, "checkpoint_clock": int(manifest["clock"]), "since": since,
-               "checkpoint": os.path.abspath(directory), "tables": {}}  # fmt: skip
-    written: list[tuple[str, str]] = []  # (temporary, final) paths
+               "checkpoint": os.path.abspath(directory), "dir": name, "tables": {}}  # fmt: skip
+    files, final = os.path.join(out, name), os.path.join(out, "export.json")
+    earlier = _earlier_files(out)
     shown: ExportProgress | None = None
+    made: list[str] = []  # what this export has created in out: its folder, then its export.json.tmp
+
+    def undo() -> None:
+        for path in made:
+            if path == files:
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        if new_out:  # an out this export made, if nothing else came into it
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
+
     try:
+        os.mkdir(files)
+        made.append(files)
         for t in manifest["tables"]:
             cfg = TableConfig.from_dict(t)
             total = sum(int(s["rows"].get(cfg.name, 0)) for s in manifest["shards"])
@@ -208,49 +227,56 @@ def _export_into(directory: str, manifest: dict, out: str, new_out: bool, since:
             ids, rows = _table_rows(directory, manifest, cfg, total, since, shown.update)
             shown.close()
             n, order = len(ids), np.argsort(ids, kind="stable")
-            written.append(_write_npy(os.path.join(out, f"{cfg.name}.ids.npy"), ids[order]))
+            _write_npy(os.path.join(files, f"{cfg.name}.ids.npy"), ids[order])
             del ids
             shown = ExportProgress(cfg.name, n, progress, phase="written")
-            written.append(_write_npy(os.path.join(out, f"{cfg.name}.rows.npy"), rows, order, shown.update))
+            _write_npy(os.path.join(files, f"{cfg.name}.rows.npy"), rows, order, shown.update)
             shown.close()
             del rows, order
             summary["tables"][cfg.name] = {"dim": cfg.dim, "rows": int(n), "features": cfg.features,
                                            "optimizer": cfg.optimizer.name,
                                            "initializer": dataclasses.asdict(cfg.initializer)}  # fmt: skip
-        final = os.path.join(out, "export.json")
+        sync_directory(files)
         with leftovers.open_temporary(final + ".tmp", "w") as f:
+            made.append(final + ".tmp")
             json.dump(summary, f, indent=1)
             sync_file(f)
-        written.append((final + ".tmp", final))
     except BaseException:
         if shown is not None:
             shown.close()
-        for tmp, _ in written:
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-        if new_out:  # an out this export made, if nothing else came into it
-            with contextlib.suppress(OSError):
-                os.rmdir(out)
+        undo()
         raise
-    earlier = _exported_tables(out)
-    for tmp, final in written:
-        os.replace(tmp, final)
-    for name in earlier - set(summary["tables"]):  # an earlier export's tables this one left out (--overwrite)
-        for kind in ("ids", "rows"):
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out, f"{name}.{kind}.npy"))
-    sync_directory(out)  # the renames, after a power loss too
+    try:
+        os.replace(final + ".tmp", final)  # the new export, whole, in place of the earlier one
+    except OSError:
+        undo()
+        raise
+    sync_directory(out)  # the rename, after a power loss too
+    for path in (
+        earlier
+    ):  # an earlier folder left (a kill, an error) is one export.json does not name, which the next export removes
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+    sync_directory(out)
     return summary
 
 
-def _exported_tables(out: str) -> set[str]:
-    """The tables out's export.json lists (an earlier export, written over), else none."""
+def _earlier_files(out: str) -> list[str]:
+    """The paths of the files of the export in out that a new one replaces: the folder its export.json names, or,
+    where it names none, the .npy files in out itself of the tables it lists; [] without one."""
+    named = leftovers.export_files_dir(out)
+    if named is not None:
+        return [os.path.join(out, named)]
     try:
         with open(os.path.join(out, "export.json")) as f:
             tables = json.load(f).get("tables", {})
     except (OSError, ValueError, AttributeError):
-        return set()
-    return {name for name in tables if isinstance(name, str) and "/" not in name and name not in ("", ".", "..")}
+        return []
+    names = [n for n in tables if isinstance(n, str) and "/" not in n and n not in ("", ".", "..")]
+    return [os.path.join(out, f"{n}.{kind}.npy") for n in names for kind in ("ids", "rows")]
 
 
 def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, since: int | None,
@@ -286,17 +312,13 @@ def _table_rows(directory: str, manifest: dict, cfg: TableConfig, total: int, si
 
 def _write_npy(
     path: str, array: np.ndarray, order: np.ndarray | None = None, on_written: Callable[[int], None] | None = None
-) -> tuple[str, str]:
-    """array (or array[order], gathered WRITE_ROWS rows at a time) written as .npy to path + ".tmp"; returns (that
-    temporary path, path). on_written: told the number of rows of each piece written."""
-    tmp = path + ".tmp"
+) -> None:
+    """array (or array[order], gathered WRITE_ROWS rows at a time) written as .npy to the new file path (in the
+    export's own new folder: the caller removes the folder on a failure) and fsynced. on_written: told the number of
+    rows of each piece written."""
     n = len(array) if order is None else len(order)
     try:
-        f = leftovers.open_temporary(tmp)  # a link or folder at tmp is refused, and left as it is
-    except OSError as e:
-        raise OSError(f"{e}; nothing of an earlier export there was changed") from None
-    try:
-        with f:
+        with open(path, "xb") as f:
             header = {"descr": np.lib.format.dtype_to_descr(array.dtype), "fortran_order": False,
                       "shape": (n, *array.shape[1:])}  # fmt: skip
             np.lib.format.write_array_header_1_0(f, header)
@@ -306,10 +328,5 @@ def _write_npy(
                 if on_written is not None:
                     on_written(len(piece))
             sync_file(f)
-    except BaseException as e:  # a failed write, or anything else midway (Ctrl-C, MemoryError): no partial file
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        if isinstance(e, OSError):
-            raise OSError(f"writing {tmp} failed ({e}); nothing of an earlier export there was changed") from e
-        raise
-    return tmp, path
+    except OSError as e:
+        raise OSError(f"writing {path} failed ({e}); nothing of an earlier export there was changed") from e

@@ -17,6 +17,7 @@ Stdlib only: worker/ uses it too (its own export's leftovers).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -29,9 +30,13 @@ if os.name == "posix":
     import fcntl
 
 log = logging.getLogger(__name__)
-# The temporary files of an export in its OUT (described where they are written: ps.engine.restore.export, and
-# worker/export.py's export.json.tmp), which every writer into OUT removes under its claim.
-EXPORT_TEMPORARY = re.compile(r".+\.(?:ids|rows)\.npy\.tmp|export\.json\.tmp")
+# An export's OUT (ps.engine.restore.export): export.json names ("dir") the folder export-<8 hex> of the export's
+# .npy files; export.json.tmp is the export.json an export writes before it renames it into place (worker/export.py's
+# too). The temporary file, and every export-<8 hex> folder that export.json does not name (an export killed before
+# its export.json was in place, or before it removed the folder of the export it replaced), are what killed exports
+# left, which every writer into OUT removes under its claim (export_leftovers).
+EXPORT_TEMPORARY = re.compile(r"export\.json\.tmp")
+EXPORT_FILES = re.compile(r"export-[0-9a-f]{8}")
 
 
 def open_temporary(path: str, mode: str = "wb", **options: Any) -> IO[Any]:
@@ -55,17 +60,41 @@ def open_temporary(path: str, mode: str = "wb", **options: Any) -> IO[Any]:
 
 def holds_an_export(out: str, also: re.Pattern[str] | None = None) -> bool:
     """Whether out is an export's folder, whose leftovers an export may remove: it holds export.json (an earlier
-    export), or nothing but an export's temporary files (regular files named as EXPORT_TEMPORARY says) and
-    folders named as `also` says (a caller's own temporary folders). A folder of anything else is the user's,
-    and names in it that merely look like temporary files are not touched."""
+    export), or nothing but an export's temporary files (regular files named as EXPORT_TEMPORARY says), folders of
+    export files (EXPORT_FILES) and folders named as `also` says (a caller's own temporary folders). A folder of
+    anything else is the user's, and names in it that merely look like temporary files are not touched."""
     try:
         names = os.listdir(out)
     except OSError:
         return False
     if "export.json" in names:
         return True
-    ours = set(matching(out, EXPORT_TEMPORARY, files=True)) | set(matching(out, also, dirs=True) if also else ())
+    ours = set(matching(out, EXPORT_TEMPORARY, files=True)) | set(matching(out, EXPORT_FILES, dirs=True))
+    ours |= set(matching(out, also, dirs=True) if also else ())
     return all(os.path.join(out, n) in ours for n in names)
+
+
+def export_files_dir(out: str) -> str | None:
+    """The name of the folder of out's export files (EXPORT_FILES) that out's export.json names ("dir"), or None:
+    no export.json, one that does not read as JSON, or one that names no such folder (an export.json without "dir"
+    keeps its .npy files in out itself)."""
+    try:
+        with open(os.path.join(out, "export.json")) as f:
+            name = json.load(f).get("dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) and EXPORT_FILES.fullmatch(name) else None
+
+
+def export_leftovers(out: str, also: re.Pattern[str] | None = None) -> list[str]:
+    """What exports killed mid-write left in out, if out is an export's folder (holds_an_export, `also` as there):
+    its temporary files (EXPORT_TEMPORARY) and the folders of export files (EXPORT_FILES) that its export.json does
+    not name. Only a writer that holds out alone (claimed) may remove them: another's may be writing them now."""
+    if not holds_an_export(out, also):
+        return []
+    live = export_files_dir(out)
+    dirs = [p for p in matching(out, EXPORT_FILES, dirs=True) if os.path.basename(p) != live]
+    return matching(out, EXPORT_TEMPORARY, files=True) + dirs
 
 
 def matching(directory: str, pattern: re.Pattern[str], files: bool = False, dirs: bool = False) -> list[str]:

@@ -16,7 +16,7 @@ from ps.config import AdmissionConfig, InitializerConfig, OptimizerConfig, Serve
 from ps.errors import StorageError
 from ps.server import Server
 from ps.sharding import SlotMap
-from tests.conftest import random_ids
+from tests.conftest import exported, random_ids
 from tests.waiting import join_thread, wait_until
 from worker.client import Client
 
@@ -215,12 +215,10 @@ def test_restore_export_and_verify_write_nothing_into_what_they_read(tmp_path):
         report, damaged = verify_data_dir(str(what))
         assert not damaged and report[-1] == f"verify checkpoint {what}: nothing damaged", report
     assert files_of(checkpoint) == before and files_of(data_dir) == data_before
-    assert np.load(tmp_path / "out" / "busy.rows.npy").sum() == -200
+    assert exported(tmp_path / "out", "busy")[1].sum() == -200
     again = [sys.executable, "-m", "ps", "export", str(checkpoint), "--out", str(tmp_path / "out")]
     refused = subprocess.run(again, capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "holds an earlier export (busy.ids.npy, busy.rows.npy, export.json)" in (
-        refused.stderr
-    ), refused.stderr
+    assert refused.returncode == 2 and "holds an earlier export (export.json)" in refused.stderr, refused.stderr
     assert subprocess.run([*again, "--overwrite"], capture_output=True, timeout=120).returncode == 0
 
 
@@ -286,13 +284,13 @@ def test_export_writes_embeddings_at_one_cut_and_a_delta_since_a_step(tmp_path):
             assert "busy 350 x 2" in full.stdout and "dense.w 4 x 16" in full.stdout
     finally:
         stop(original)
-    ids, rows = np.load(tmp_path / "full" / "busy.ids.npy"), np.load(tmp_path / "full" / "busy.rows.npy")
+    ids, rows = exported(tmp_path / "full", "busy")
     assert sorted(ids.tolist()) == sorted(IDS[:350].tolist()) and rows.shape == (350, 2)
     order = np.argsort(IDS[:350])
     np.testing.assert_array_equal(rows, want[order])  # the values the servers held: exact
-    delta_ids = np.load(tmp_path / "delta" / "busy.ids.npy")
+    delta_ids = exported(tmp_path / "delta", "busy")[0]
     assert sorted(delta_ids.tolist()) == sorted(np.concatenate([IDS[:10], IDS[300:350]]).tolist())
-    assert len(np.load(tmp_path / "delta" / "dense.w.ids.npy")) == 0  # not pushed since
+    assert len(exported(tmp_path / "delta", "dense.w")[0]) == 0  # not pushed since
     assert not os.path.exists(tmp_path / "full" / "checkpoint")
 
 
@@ -328,9 +326,9 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
         assert not (tmp_path / "new-out").exists()  # the save's folder and the OUT it made, removed
     finally:
         stop(original)
-    assert tree(out) == earlier and sorted(os.listdir(out)) == ["busy.ids.npy", "busy.rows.npy", "checkpoint",
-                                                                 "export.json"]  # fmt: skip
-    assert json.loads((out / "export.json").read_text())["checkpoint"] == str(out / "checkpoint")
+    summary = json.loads((out / "export.json").read_text())
+    assert tree(out) == earlier and sorted(os.listdir(out)) == sorted(["checkpoint", summary["dir"], "export.json"])
+    assert summary["checkpoint"] == str(out / "checkpoint")
     read_manifest(str(out / "checkpoint"))  # still whole
     headers = []
     write_header = np.lib.format.write_array_header_1_0
@@ -342,7 +340,7 @@ def test_an_export_over_an_earlier_one_that_fails_leaves_the_earlier_one_as_it_w
         write_header(f, header)
 
     monkeypatch.setattr(np.lib.format, "write_array_header_1_0", failing_header)
-    with pytest.raises(OSError, match=r"busy.rows.npy.tmp failed .*; nothing of an earlier export there was changed"):
+    with pytest.raises(OSError, match=r"busy.rows.npy failed .*; nothing of an earlier export there was changed"):
         restore.export(str(out / "checkpoint"), str(out))
     assert tree(out) == earlier
     with pytest.raises(ValueError, match="lies inside the checkpoint"):
