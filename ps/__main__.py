@@ -99,14 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--memory-bytes", type=parse_bytes, default=None,
         help="one bound for the memory that holds data: the RAM tier, RocksDB's block cache (index and filter "
         "blocks included) and memtables, rows waiting to be written, the mapped journal segment, room for "
-        "requests' copies of rows. The split is "
+        "requests' copies of rows, room for sync steps' contributions (held until every worker of the step has "
+        "pushed) and their sums; a contribution past that room stops its job (RESOURCE_EXHAUSTED). The split is "
         "logged at start, and `ps-worker stats` reports each part's use; the "
         "process's fixed overhead (an idle server's, "
         "its compiled code loaded at start) comes on top. Each pull and push takes room for its copies of rows and "
         "waits while others hold it (ps-worker stats counts the waits); a request larger than the whole room is "
         "refused (RESOURCE_EXHAUSTED), but for a sync step's push, which runs alone up to --memory-bytes of "
-        "copies. Not counted: the messages waiting for a server thread, replies being sent, a sync step's "
-        "contributions and what its push copies beyond the room (README, Limits). A bound "
+        "copies. Not counted: the messages waiting for a server thread, replies being sent, and what a sync "
+        "step's push copies beyond the room (README, Limits). A bound "
         "past the machine's RAM, or past its container's "
         "memory limit (cgroup), is warned of at start. Default: no overall bound",
     )  # fmt: skip

@@ -234,6 +234,8 @@ message StatsResponse
   31 request_room_used_bytes VARINT uint64             request room held now by the pulls and pushes running
   32 state_id         VARINT  uint64                   a random id of the model state, new with each data dir or restore
   33 flush_failures   VARINT  uint32                   background flushes failed in a row (0: the last succeeded)
+  34 sync_steps_bytes VARINT  uint64                   room for sync steps' contributions and sums; 0: none
+  35 sync_steps_held_bytes VARINT uint64               bytes of the sync steps' contributions held now
 """
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5

@@ -84,6 +84,14 @@ class RequestTooLargeError(PsError):
     status = "RESOURCE_EXHAUSTED"
 
 
+class SyncStepTooLargeError(PsError):
+    """A contribution to a sync step would take the sync steps' contributions (and the copies their sums make) past
+    the `sync_steps` part of --memory-bytes (ps.engine.jobs): the step fails for each of its workers, nothing of it
+    applied. Train with smaller batches, fewer workers or more shards, or give the server a larger --memory-bytes."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class RamTierTooSmallError(PsError, ValueError):
     """The RAM tier (--cache-bytes, or what --memory-bytes leaves) cannot hold what is asked: a new table's share
     of it (CreateTable), or the rows one request needs at once. Raise --cache-bytes (or --memory-bytes), keep
@@ -397,11 +405,11 @@ STATUS_TO_ERROR = {
 
 SERVER_ERRORS = (
     InvalidArgumentError, TableNotFoundError, TableExistsError, WrongShardError, ReplyTooLargeError,
-    RequestTooLargeError, RamTierTooSmallError, TableBusyError, WorkerDoneError, JobConflictError, ClientTableFullError,
-    TableNumbersExhaustedError, RpcThreadsExhaustedError, CheckpointDirError, NoCheckpointRootError, ShardClosingError,
-    CheckpointInProgressError, ShardStartingError, DataDirLostError, CheckpointHoldError, CallerGoneError,
-    BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError, DataLossError, CheckpointDamagedError,
-    CheckpointOutsideRootError, ShardNeedsRestartError, ModelStateReplacedError,
+    RequestTooLargeError, SyncStepTooLargeError, RamTierTooSmallError, TableBusyError, WorkerDoneError,
+    JobConflictError, ClientTableFullError, TableNumbersExhaustedError, RpcThreadsExhaustedError, CheckpointDirError,
+    NoCheckpointRootError, ShardClosingError, CheckpointInProgressError, ShardStartingError, DataDirLostError,
+    CheckpointHoldError, CallerGoneError, BarrierTimeoutError, FileTooLargeError, DiskFullError, StorageError,
+    DataLossError, CheckpointDamagedError, CheckpointOutsideRootError, ShardNeedsRestartError, ModelStateReplacedError,
 )  # fmt: skip
 """The classes a server's refusal may name for its client to raise (error_class): those a shard raises, not the
 client-side ones (ClientIdInUseError, JobIdReusedError, ServerUnavailableError, RequestOutcomeUnknownError)."""

@@ -103,6 +103,16 @@ SHARD_GAUGES = (  # (metric, key of the shard's stats, help)
         "request room held now by the pulls and pushes running",
     ),
     (
+        "sparseps_sync_steps_bytes",
+        "sync_steps_bytes",
+        "room --memory-bytes keeps for sync steps' contributions and the copies their sums make (0: unbounded)",
+    ),
+    (
+        "sparseps_sync_steps_held_bytes",
+        "sync_steps_held_bytes",
+        "bytes of the sync steps' contributions held now, until every worker of their step has pushed",
+    ),
+    (
         "sparseps_data_dir_bytes",
         "data_dir_bytes",
         "bytes of the data dir's files: RocksDB (write-ahead logs included) and the journal",

@@ -28,9 +28,10 @@ def test_a_given_cache_must_fit_and_keeps_its_size():
     with pytest.raises(ValueError, match=r"--cache-bytes 1,024 MiB does not fit in --memory-bytes 640 MiB"):
         plan_memory(640 * MiB, 1 << 30)
     with pytest.raises(
-        ValueError, match=r"--memory-bytes 64 MiB is too small: .* requests 16 MiB take 60 MiB, leaving 4 MiB "
+        ValueError,
+        match=r"--memory-bytes 80 MiB is too small: .* requests 16 MiB, sync_steps 16 MiB take 76 MiB, leaving 4 MiB ",
     ):
-        plan_memory(64 * MiB, None)
+        plan_memory(80 * MiB, None)
 
 
 def _fits(memory: int, cache: int | None) -> bool:
@@ -57,12 +58,14 @@ def test_without_a_bound_the_defaults_hold():
     plan = plan_memory(None, None)
     assert (plan.ram_tier_bytes, plan.block_cache_bytes, plan.bounded) == (2 << 30, DEFAULT_BLOCK_CACHE_BYTES, False)
     assert plan_memory(None, 5 * MiB).ram_tier_bytes == 5 * MiB
-    # the start's log line: unbounded requests are not "requests 0 bytes" (as if they had no room)
+    # the start's log line: unbounded requests and sync steps are not "0 bytes" (as if they had no room)
     assert plan.describe().startswith("memory unbounded: ram_tier 2,048 MiB, ") and plan.describe().endswith(
-        ", requests unbounded"
+        ", requests unbounded, sync_steps unbounded"
     )
     bounded = plan_memory(256 * MiB, None)
-    assert bounded.describe().endswith(f", requests {bounded.request_bytes // MiB} MiB")
+    assert bounded.describe().endswith(
+        f", requests {bounded.request_bytes // MiB} MiB, sync_steps {bounded.sync_step_bytes // MiB} MiB"
+    )
 
 
 def test_a_bounded_shard_uses_the_plan_and_reports_every_part(tmp_path):
@@ -84,6 +87,7 @@ def test_a_bounded_shard_uses_the_plan_and_reports_every_part(tmp_path):
         assert 0 < s["block_cache_used_bytes"] <= plan.block_cache_bytes  # index and filter blocks are cached
         assert s["table_reader_bytes"] >= 0 and s["memtable_bytes"] > 0 and s["write_behind_bytes"] == 0
         assert s["request_room_bytes"] == plan.request_bytes > 0
+        assert s["sync_steps_bytes"] == plan.sync_step_bytes == 32 * MiB and s["sync_steps_held_bytes"] == 0
     finally:
         shard.close()
 

@@ -69,7 +69,7 @@ def _held_in_its_warm_up(tmp_path, scratch):
     import os
 
     gate = tmp_path / "gate"
-    server = ServerProcess(tmp_path / "d", "--memory-bytes", "80M", launcher=("-m", "tests.slow_start", str(gate),
+    server = ServerProcess(tmp_path / "d", "--memory-bytes", "96M", launcher=("-m", "tests.slow_start", str(gate),
                            "warm-up"), env={**os.environ, "TMPDIR": str(scratch)})  # fmt: skip
     _await(server, lambda: os.path.exists(f"{gate}.reached"), "the warm-up's push")
     return server, gate

@@ -32,7 +32,11 @@ is the smallest clock (when every worker is done, the largest).
   the job: client sync_key(job), request number t + 1, so the sum is journaled and durable, and the journal's
   exactly-once rule applies it once across restarts too: applying the same sum again applies only the pushes
   (tables) a crash left unapplied, or nothing. Every contributor's reply waits for the whole sum to be applied. A
-  contribution sent again before the sum is applied replaces the worker's earlier one (a retry). A contribution to
+  contribution sent again before the sum is applied replaces the worker's earlier one (a retry). Under
+  --memory-bytes the contributions held, and the copies their sums make, take the plan's `sync_steps` part
+  (sync_held_bytes, Stats' sync_steps_held_bytes); a contribution that would take them past it stops the job
+  (SyncStepTooLargeError, RESOURCE_EXHAUSTED, to it and to every worker waiting at its step), applying nothing:
+  its step could not complete, as every contribution is held until it does. A contribution to
   a step this process applied, or older than the newest step the journal holds, is answered without applying
   anything (num_applied 0).
 - A done stamp (a PushBatch without pushes) marks its worker done (again: no change); a sync step that waits only
@@ -130,7 +134,7 @@ from collections.abc import Callable
 from ps.config import MAX_SEQ_JUMP
 from ps.engine.push import TablePush
 from ps.engine.stampcheck import check_stamp, job_kind, nothing_done, setup_difference, setup_pairs
-from ps.engine.syncsum import sum_contributions, sync_key
+from ps.engine.syncsum import held_bytes, step_cost, sum_contributions, sync_key
 from ps.errors import (
     BarrierTimeoutError,
     CallerGoneError,
@@ -140,6 +144,7 @@ from ps.errors import (
     RpcThreadsExhaustedError,
     ShardClosingError,
     StorageError,
+    SyncStepTooLargeError,
     WorkerDoneError,
     echo,
 )
@@ -179,6 +184,7 @@ class _SyncStep:
         self.step = step
         self.contributions: dict[int, tuple[list[TablePush], int]] = {}
         self.clients: dict[int, int] = {}  # worker -> the client (PushBatch client_id) its contribution came from
+        self.held: dict[int, int] = {}  # worker -> bytes its contribution holds, counted in JobClocks.sync_held_bytes
         self.applying = self.applied = False
         self.error: BaseException | None = None
         self.waiters = 0  # contributors' threads waiting for it
@@ -201,13 +207,18 @@ class JobClocks:
         threads: int,
         max_count: float,
         done_store: tuple[Callable[[int, int], list[int]], Callable[[int, int, list[int]], None]] | None = None,
+        sync_step_bytes: int = 0,
     ):
         """sync_steps_applied(key): the request number of the newest request of client `key` the journal has
         applied (0: none), in part or whole; for sync_key(job), the newest sync step (+ 1) it holds. threads: the
         server's RPC threads (0: no limit on waits); max_count: a push's shows (and clicks) per id at most.
         done_store: (done(job, num_workers) -> the workers stored as done, store(job, num_workers, done workers)),
-        the durable record of done workers (ps.storage.store's job_done); None: done flags in memory only."""
+        the durable record of done workers (ps.storage.store's job_done); None: done flags in memory only.
+        sync_step_bytes: the `sync_steps` part of --memory-bytes (ps.storage.memory; 0: no bound), which the sync
+        steps' contributions and their sums' copies may take (syncsum.step_cost)."""
         self.shard_id = shard_id
+        self.sync_step_bytes = sync_step_bytes
+        self.sync_held_bytes = 0  # bytes of the contributions the gathering and applying sync steps hold
         self._sync_steps_applied = sync_steps_applied
         self._done_store = done_store
         self.threads = threads
@@ -493,6 +504,8 @@ class JobClocks:
         )
         for step in self._steps.values():
             step.error = replaced
+            if not step.applying:  # a sum being applied ends in _apply, which releases it
+                self._release(step)
         self._steps = {}
         self.job, self.num_workers, self.max_gap, self._applied_here, self._acked = job, num_workers, 0, 0, 0
         self.setup, self._setup_from, self._stopped, self.unclocked = stamp.setup, stamp.worker, None, stamp.unclocked
@@ -738,7 +751,8 @@ class JobClocks:
         applied now: 0 for a step applied before, min_clock). BarrierTimeoutError past the deadline (the step's
         contributions dropped: nothing applied); the error of apply, if it fails, for every contributor;
         WorkerDoneError for a worker held as done; RpcThreadsExhaustedError (the step failed) instead of a wait
-        that would hold the last free RPC thread. client: the PushBatch's client id (0: unknown); a contribution
+        that would hold the last free RPC thread; SyncStepTooLargeError (the job stopped) for a contribution past
+        the `sync_steps` part (_count_held). client: the PushBatch's client id (0: unknown); a contribution
         of a worker from another client than its earlier one to the same step (two processes given one worker
         id; a retry comes from the same client) fails the step for every contributor (InvalidArgumentError).
         caller_gone: as for wait_for_pull; a contribution whose caller left stays in the step (a retry replaces it,
@@ -776,6 +790,7 @@ class JobClocks:
                         f"--worker-id in 0..{self.num_workers - 1}; the step was not applied"
                     ))  # fmt: skip
                     raise _again(step.error)
+                self._count_held(step, stamp, pushes)
                 step.contributions[stamp.worker] = (pushes, advance_clock)
                 step.clients[stamp.worker] = client
             started, waiting = time.monotonic(), False
@@ -818,6 +833,34 @@ class JobClocks:
                     step.deadline = max(step.deadline, started + stamp.timeout_s)
                     self._drop_unless_waited_for(step, stamp)
         return self._apply(step, key, seq, apply, sum(len(p.ids) for p in pushes), generation)
+
+    def _count_held(self, step: _SyncStep, stamp: WorkerStamp, pushes: list[TablePush]) -> None:
+        """Counts the contribution of the stamp's worker (in place of its earlier one to the step) in
+        sync_held_bytes. Where what the sync steps then hold would take more than the `sync_steps` part
+        (syncsum.step_cost: a sum copies what it sums), stops the job (its step could not complete: the other
+        contributions stay until it does, and the next step's would be as large) and raises SyncStepTooLargeError;
+        nothing is applied. Lock held."""
+        mine, before = held_bytes(pushes), step.held.get(stamp.worker, 0)
+        held = self.sync_held_bytes - before + mine
+        if self.sync_step_bytes and step_cost(held) > self.sync_step_bytes:
+            others = sum(step.held.values()) - before
+            self._stop(SyncStepTooLargeError(
+                f"shard {self.shard_id}: job {stamp.job} stops: worker {stamp.worker}'s contribution to sync step "
+                f"{stamp.step:,} holds {mine:,} bytes, the step's other contributions here {others:,}, other steps' "
+                f"{held - mine - others:,}: {held:,} bytes, which with the copies their sum makes take "
+                f"{step_cost(held):,}, over this server's `sync_steps` part of --memory-bytes "
+                f"({self.sync_step_bytes:,} bytes: 1/8 of it, 16 to 256 MiB); train with smaller batches, fewer "
+                "workers or more shards, or give the server a larger --memory-bytes; nothing of the step was "
+                "applied; start the job anew under a new --job-id"
+            ))  # fmt: skip
+            raise _again(self._stopped)
+        step.held[stamp.worker] = mine
+        self.sync_held_bytes = held
+
+    def _release(self, step: _SyncStep) -> None:
+        """Takes the bytes of step's contributions out of sync_held_bytes (once: it ends). Lock held."""
+        self.sync_held_bytes -= sum(step.held.values())
+        step.held.clear()
 
     def _drop_unless_waited_for(self, step: _SyncStep, stamp: WorkerStamp) -> None:
         """Makes sure a timer will drop step's contributions at its deadline if no contributor waits for it then
@@ -886,6 +929,7 @@ class JobClocks:
             raise
         with self._cond:
             step.applied = True
+            self._release(step)
             if generation == self._generation:
                 self._applied_here = max(self._applied_here, seq)
                 if self._steps.get(step.step) is step:
@@ -897,6 +941,7 @@ class JobClocks:
     def _proven(self, step: _SyncStep) -> None:
         """Ends a gathering step known to be applied whole (after a restart): its waiters are answered. Lock held."""
         step.applied = True
+        self._release(step)
         del self._steps[step.step]
         self._applied_here = max(self._applied_here, step.step + 1)
         self._reach(step.step + 1, range(self.num_workers))
@@ -904,6 +949,7 @@ class JobClocks:
     def _fail(self, step: _SyncStep, error: BaseException) -> None:
         """Ends a step with error: its contributions are dropped, its waiters raise the error. Lock held."""
         step.error = error
+        self._release(step)
         if self._steps.get(step.step) is step:
             del self._steps[step.step]
         self._cond.notify_all()

@@ -7,12 +7,13 @@ take room in the order they ask for it; one that does not fit waits until enough
 larger than the whole room is refused before anything is read or applied (refuse_larger: RequestTooLargeError).
 A sync step's push is one per shard whatever its size: its contribution and its rows to return run alone when
 larger than the room, up to `alone_limit` bytes of copies each (the whole --memory-bytes; refused past it), and
-so does the step's sum (unchecked: its workers' contributions together).
+so does the step's sum (not refused: its workers' contributions together, which the `sync_steps` part bounds).
 
 What is not counted: the request's own bytes, already received when it asks (worker.client sizes its messages to a
 share of the room the shards report, but for a sync step's push; another client's are bounded by the message limit
 only); a reply, made inside its take and sent after it; a sync step's contributions, held across its wait for the
-job's other workers (the wait is never made holding room).
+job's other workers (the wait is never made holding room): they take the plan's `sync_steps` part instead
+(ps.engine.jobs).
 
 Lock order: a push holds the checkpoint hold's gate and its client's lock before it asks for room; nothing that
 holds room waits for anything but its own work, so a wait for room always ends. A waiter that stops waiting (an

@@ -152,7 +152,8 @@ class Shard:
         self._load_requests()
         self.jobs = JobClocks(self.shard_id, lambda client: self.journal.applied.get(client, (0, 0))[0],
                               config.threads, MAX_COUNT_PER_ID,
-                              done_store=(self.store.job_done, self.store.set_job_done))  # fmt: skip
+                              done_store=(self.store.job_done, self.store.set_job_done),
+                              sync_step_bytes=self.memory.sync_step_bytes)  # fmt: skip
         if unnamed:
             self.store.record_cluster(config.cluster)
         self.state_id = self.store.state_id()  # drawn for a new dir, and again by a restore
@@ -854,6 +855,8 @@ class Shard:
             "request_room_bytes": self.memory.request_bytes,
             "request_room_used_bytes": self.room.in_use,
             "request_room_waits": self.room.waits,
+            "sync_steps_bytes": self.memory.sync_step_bytes,
+            "sync_steps_held_bytes": self.jobs.sync_held_bytes,
         }
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
-"""A sync step's sum: one worker's contribution (its push checked and copied), the sum of every contribution, and
-the client key under which a job's sums are applied exactly once (ps.engine.jobs gathers the contributions and
-applies the sum).
+"""A sync step's sum: one worker's contribution (its push checked and copied), the sum of every contribution, what
+they cost the `sync_steps` part of --memory-bytes, and the client key under which a job's sums are applied exactly
+once (ps.engine.jobs gathers the contributions and applies the sum).
 """
 
 from __future__ import annotations
@@ -16,6 +16,17 @@ from ps.rows.update import OPTIMIZE
 from ps.wire import repeats_ids
 
 SYNC_KEY_BIT = 1 << 63  # set in every sync key, clear in every client's (ps.service.client_key): apart
+SUM_COPIES = 2  # sum_contributions' copies of what it sums, at most, its result included (tests/test_sync_memory.py)
+
+
+def held_bytes(pushes: list[TablePush]) -> int:
+    """Bytes a contribution's copy holds: its ids, grads, shows and clicks."""
+    return sum(p.ids.nbytes + p.grads.nbytes + p.shows.nbytes + p.clicks.nbytes for p in pushes)
+
+
+def step_cost(held: int) -> int:
+    """What contributions holding `held` bytes take of the `sync_steps` part: themselves and their sum's copies."""
+    return (1 + SUM_COPIES) * held
 
 
 def sync_key(job: int) -> int:
@@ -50,29 +61,40 @@ def sum_contributions(contributions: list[list[TablePush]], max_count: float) ->
     associate, so the sum may differ in the last bit from a left-to-right one, but the same contributions in the
     same order give the same sum), and shows and clicks clipped to max_count (a push's limit per id, which
     contributions within it may sum past). Tables without ids are left out. InvalidArgumentError if a sum of
-    gradients overflows float32."""
+    gradients overflows float32. It allocates at most SUM_COPIES times the contributions' bytes, its result
+    included: a table at a time, and one array of it at a time."""
     by_table: dict[str, list[TablePush]] = {}
     for pushes in contributions:
         for p in pushes:
             by_table.setdefault(p.name, []).append(p)
-    out = []
-    for name in sorted(by_table):
-        arrays = zip(*((p.ids, p.grads, p.shows, p.clicks) for p in by_table[name]))
-        ids, grads, shows, clicks = (np.concatenate(a) for a in arrays)
-        if not len(ids):
-            continue
-        order = np.argsort(ids, kind="stable")
-        ids = ids[order]
-        starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
-        with np.errstate(over="ignore"):
-            grads, shows, clicks = (np.add.reduceat(a[order], starts, axis=0) for a in (grads, shows, clicks))
-        if not np.isfinite(grads).all():
-            bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
-            raise InvalidArgumentError(
-                f"the sum of the workers' gradients for id {int(ids[starts][bad])} of table {name!r} overflows "
-                f"float32 (each worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was "
-                "applied"
-            )
-        out.append(TablePush(name=name, ids=ids[starts], grads=grads, shows=np.minimum(shows, max_count),
-                             clicks=np.minimum(clicks, max_count)))  # fmt: skip
-    return out
+    out = [_sum_table(name, by_table[name], max_count) for name in sorted(by_table)]
+    return [p for p in out if p is not None]
+
+
+def _sum_table(name: str, pushes: list[TablePush], max_count: float) -> TablePush | None:
+    """sum_contributions' push of one table, from its pushes in the contributions' order (None: no ids)."""
+    ids = np.concatenate([p.ids for p in pushes])
+    if not len(ids):
+        return None
+    order = np.argsort(ids, kind="stable")
+    ids = ids[order]
+    starts = np.flatnonzero(np.concatenate([[True], ids[1:] != ids[:-1]]))
+    ids = ids[starts]
+    grads, shows, clicks = (_summed([getattr(p, f) for p in pushes], order, starts)
+                            for f in ("grads", "shows", "clicks"))  # fmt: skip
+    if not np.isfinite(grads).all():
+        bad = int(np.flatnonzero(~np.isfinite(grads).all(axis=1))[0])
+        raise InvalidArgumentError(
+            f"the sum of the workers' gradients for id {int(ids[bad])} of table {name!r} overflows float32 (each "
+            f"worker's is finite; the sum is {grads[bad].tolist()[:8]}); nothing of the step was applied"
+        )
+    np.minimum(shows, max_count, out=shows)
+    np.minimum(clicks, max_count, out=clicks)
+    return TablePush(name=name, ids=ids, grads=grads, shows=shows, clicks=clicks)
+
+
+def _summed(arrays: list[np.ndarray], order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The per-id sums of arrays (one per contribution) concatenated, taken in order, summed from each of starts:
+    one copy at a time besides the result (the concatenation is dropped once sorted)."""
+    with np.errstate(over="ignore"):
+        return np.add.reduceat(np.concatenate(arrays)[order], starts, axis=0)

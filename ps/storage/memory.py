@@ -8,12 +8,16 @@
     journal_map    the journal segment mapped for appends                         clamp(M / 16, 16 MiB, 256 MiB)
     requests       room kept for the copies a request makes of its rows: the      clamp(M / 8, 16 MiB, 128 MiB)
                    rows read for its misses, an update's undo copy, the reply
+    sync_steps     sync steps' contributions, held until every worker of the      clamp(M / 8, 16 MiB, 256 MiB)
+                   step has pushed, and the copies their sum makes of them
 
 With --memory-bytes, RocksDB keeps its index and filter blocks in the block cache (those of level-0 files pinned
 there), so they are inside its bound; without it they live in RocksDB's table readers, about 2 bytes per row
 outside any bound, the block cache is 128 MiB, and --cache-bytes is the RAM tier (2 GiB if not given).
 Given both, --cache-bytes must fit in what --memory-bytes leaves. `requests` is taken by each pull and push for
 its copies of rows and given back when it is done (ps.engine.room); worker.client sizes its messages by it.
+`sync_steps` is taken by each contribution to a sync step, for it and its sum's copies, until the step ends
+(ps.engine.jobs); a contribution that does not fit fails its step. Without --memory-bytes neither is bounded.
 What is not data (the Python runtime, gRPC, compiled code) is outside the plan: `ps-server` started idle
 shows it.
 """
@@ -37,6 +41,7 @@ INFO_LOG_BYTES = 8 * MiB  # ... each rolled over at this size (max_log_file_size
 WRITE_BUFFERS = 2 * 2  # column families ("meta", "rows") x buffers each (max_write_buffer_number)
 MIN_RAM_TIER_BYTES = 16 * MiB
 MAX_REQUEST_BYTES = 128 * MiB  # the largest `requests` part
+MAX_SYNC_STEP_BYTES = 256 * MiB  # the largest `sync_steps` part
 
 
 def _clamp(value: int, low: int, high: int) -> int:
@@ -54,6 +59,7 @@ class MemoryPlan:
     write_behind_bytes: int
     journal_segment_bytes: int
     request_bytes: int = 0  # room for requests' copies of rows (none without an overall bound)
+    sync_step_bytes: int = 0  # room for sync steps' contributions and their sums (none without an overall bound)
     cache_given: bool = True  # False: --memory-bytes without --cache-bytes, the RAM tier is what the others leave
 
     @property
@@ -73,6 +79,7 @@ class MemoryPlan:
             "write_behind": self.write_behind_bytes,
             "journal_map": self.journal_segment_bytes,
             "requests": self.request_bytes,
+            "sync_steps": self.sync_step_bytes,
         }
 
     def ram_tier_source(self) -> str:
@@ -93,8 +100,9 @@ class MemoryPlan:
         return f"raise --cache-bytes to at least {need_bytes}{more}"
 
     def describe(self) -> str:
-        """The plan as the server logs it at start. Without a bound, requests take no room: they are unbounded."""
-        sizes = {**self.parts(), **({} if self.bounded else {"requests": "unbounded"})}
+        """The plan as the server logs it at start. Without a bound, requests and sync steps take no room: they are
+        unbounded."""
+        sizes = {**self.parts(), **({} if self.bounded else {"requests": "unbounded", "sync_steps": "unbounded"})}
         parts = ", ".join(f"{name} {size if isinstance(size, str) else _size(size)}" for name, size in sizes.items())
         head = f"memory {_size(self.memory_bytes)}" if self.bounded else "memory unbounded"
         return f"{head}: {parts}"
@@ -131,7 +139,8 @@ def _fixed_parts(memory_bytes: int) -> MemoryPlan:
                       _clamp(m // 64, 2 * MiB, DEFAULT_WRITE_BUFFER_BYTES),
                       _clamp(m // 32, 4 * MiB, DEFAULT_WRITE_BEHIND_BYTES),
                       _clamp(m // 16, 16 * MiB, DEFAULT_JOURNAL_SEGMENT_BYTES),
-                      _clamp(m // 8, 16 * MiB, MAX_REQUEST_BYTES))  # fmt: skip
+                      _clamp(m // 8, 16 * MiB, MAX_REQUEST_BYTES),
+                      _clamp(m // 8, 16 * MiB, MAX_SYNC_STEP_BYTES))  # fmt: skip
 
 
 def _left_for_ram_tier(memory_bytes: int) -> int:
@@ -140,7 +149,7 @@ def _left_for_ram_tier(memory_bytes: int) -> int:
 
 def smallest_memory_bytes(ram_tier_bytes: int) -> int:
     """The least --memory-bytes, in whole MiB, that leaves ram_tier_bytes for the RAM tier. What the other parts
-    take grows by under half of each byte added (their fractions sum to 13/32), so what is left never falls as
+    take grows by at most 17/32 of each byte added (the sum of their fractions), so what is left never falls as
     --memory-bytes grows and a bisection finds it."""
     low, high = 0, max(1, -(-ram_tier_bytes // MiB)) * 2 + 1024  # in MiB; high always leaves enough
     while low < high:
@@ -183,4 +192,5 @@ def plan_memory(memory_bytes: int | None, cache_bytes: int | None) -> MemoryPlan
             f"give --memory-bytes {smallest_memory_bytes(MIN_RAM_TIER_BYTES) // MiB}M or more"
         )
     return MemoryPlan(m, left, fixed.block_cache_bytes, fixed.write_buffer_bytes, fixed.write_behind_bytes,
-                      fixed.journal_segment_bytes, fixed.request_bytes, cache_bytes is not None)  # fmt: skip
+                      fixed.journal_segment_bytes, fixed.request_bytes, fixed.sync_step_bytes,
+                      cache_bytes is not None)  # fmt: skip
