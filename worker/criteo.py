@@ -220,7 +220,18 @@ def other_format_hint(body: bytes) -> str:
     return ""
 
 
+_QID = re.compile(rb"qid:[0-9]+")  # SVMlight's query id, which groups lines for ranking: no feature
+
+
+def libsvm_tokens(line: bytes) -> list[bytes]:
+    """The whitespace-separated tokens of a libsvm line, as SVMlight writes them too: a comment from "#" to the
+    line's end left out, and so is a query id, qid:<digits>, second (after the label)."""
+    tokens = line.partition(b"#")[0].split()
+    return tokens[:1] + tokens[2:] if len(tokens) > 1 and _QID.fullmatch(tokens[1]) else tokens
+
+
 def libsvm_like(body: bytes) -> bool:
-    """Whether a line (without its line end) reads as libsvm: a first token (the label) and id:value tokens."""
-    tokens = body.split()
+    """Whether a line (without its line end) reads as libsvm: a first token (the label) and id:value tokens (after
+    libsvm_tokens)."""
+    tokens = libsvm_tokens(body)
     return len(tokens) > 1 and all(LIBSVM_TOKEN.fullmatch(token) for token in tokens[1:])

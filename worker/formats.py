@@ -79,7 +79,7 @@ import numpy as np
 
 from worker.batch import Batch, rebatch
 from worker.cells import float_values
-from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, other_format_hint
+from worker.criteo import EMPTY_LINE, NUM_COLUMNS, libsvm_like, libsvm_tokens, other_format_hint
 from worker.datafiles import data_files
 from worker.encode import encode_examples
 from worker.readers import criteo_reader, csv_reader, libsvm_reader
@@ -259,7 +259,8 @@ def check_same_format(path: str | os.PathLike, schema: Schema) -> None:
 def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
     """(format, delimiter, what was seen) of `--format auto`, told by the first file with content of path
     (first_with_content); the delimiter is a CSV's, None for the other formats:
-      libsvm  its first line with content is a label and id:value tokens (criteo.libsvm_like)
+      libsvm  its first line with content, past lines of a comment only (# ...), is a label and id:value tokens
+              (criteo.libsvm_like: SVMlight's qid and comments as the reader reads them)
       criteo  that line is 40 tab-separated columns, 0 or 1 first, or blank with integers or blank cells after it
               (a file to score; or 39, a file without labels: the first an integer or empty): Criteo TSV, which has
               no header line
@@ -287,7 +288,8 @@ def detect_format(path: str | os.PathLike) -> tuple[str, str | None, str]:
                          "file, or a damaged one? Data files are text: Criteo TSV, CSV with a header line, libsvm")  # fmt: skip
     cells = body.split(b"\t")
     first = cells[0].strip()
-    if libsvm_like(body):  # (whitespace-separated: tabs too, as the reader splits it)
+    past_comments = first_line(name, lambda line: bool(libsvm_tokens(line))) or b""  # (lines of a comment: # ...)
+    if libsvm_like(past_comments.rstrip(b"\r\n")):  # (whitespace-separated: tabs too, as the reader splits it)
         return "libsvm", None, "its first line is a label and id:value tokens"
     criteo_ints = len(cells) == NUM_COLUMNS and all(not c or c.lstrip(b"-").isdigit() for c in cells[1:14])
     seen = _criteo_seen(cells, criteo_ints)

@@ -1,6 +1,8 @@
 """The libsvm reader: a worker's share of a libsvm file as chunks of cells (worker/formats.py reads them).
 
 libsvm  label id:value id:value ...   (whitespace-separated). Labels 0 or 1, or -1 (-> 0) or +1 (-> 1).
+        SVMlight's additions are read too (criteo.libsvm_tokens): a comment from "#" to the line's end is left
+        out (a line of a comment only is an empty line), and so is a query id, qid:<digits>, after the label.
         Column f<k> holds the id of the k-th feature token, or nothing when the token's value is 0 (missing:
         CTR libsvm data is one-hot, any other finite value is ignored): a chunk's Parsed holds every column's
         ids as a hashed categorical column reads them (the id itself), its cells the decimal text of those of
@@ -25,7 +27,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from worker.criteo import CR_ALONE, EMPTY_LINE
+from worker.criteo import CR_ALONE, EMPTY_LINE, libsvm_tokens
 from worker.encode import Parsed
 from worker.features import MISSING_CAT
 from worker.readers.share import Cells, Share, bounded_lines, first_line, open_data
@@ -82,7 +84,7 @@ def _libsvm_line(line: bytes, labeled: bool = True, blank_labels: bool = False) 
     no ":" is no label, NaN."""
     if b"\r" in line.rstrip(b"\r\n"):
         return CR_ALONE
-    tokens = line.split()
+    tokens = libsvm_tokens(line)
     if not tokens:
         return EMPTY_LINE
     label = _LIBSVM_LABELS.get(tokens[0]) if labeled else math.nan
@@ -152,7 +154,7 @@ def weighted_tokens(path: str | os.PathLike, lines: int) -> tuple[int, int, str]
         for line_no, line in enumerate(itertools.islice(bounded_lines(f, os.fspath(path)), lines), 1):
             if isinstance(_libsvm_line(line, labeled), str):
                 continue
-            for tok in line.split()[1 if labeled else 0 :]:
+            for tok in libsvm_tokens(line)[1 if labeled else 0 :]:
                 total += 1
                 if float(tok.partition(b":")[2]) not in (0.0, 1.0):
                     weighted += 1
@@ -164,7 +166,7 @@ def has_labels(name: str) -> bool:
     """Whether a libsvm file's lines start with a label (see the module docstring); True for an empty file."""
 
     def first_token(line: bytes) -> bytes:
-        return (line.split() or [b""])[0]
+        return (libsvm_tokens(line) or [b""])[0]
 
     def fits(line: bytes) -> bool:  # a label (any token without ":") or an id:value
         token = first_token(line)
@@ -175,8 +177,8 @@ def has_labels(name: str) -> bool:
 
 
 def first_line_problem(name: str, labeled: bool) -> str | None:
-    """Why the first non-empty line of a file is not libsvm (read with a label or without), or None."""
-    line = first_line(name, lambda line: bool(line.strip()))
+    """Why the first line of a file with tokens (not empty, nor a comment only) is not libsvm (read with a label or without), or None."""
+    line = first_line(name, lambda line: bool(libsvm_tokens(line)))
     if line is None:
         return None
     parsed = _libsvm_line(line, labeled)
