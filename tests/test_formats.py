@@ -331,6 +331,31 @@ def test_csv_unknown_or_conflicting_columns_are_rejected(tmp_path):
         schema_of(path, "criteo", numeric_columns=["b"])
 
 
+def test_a_column_named_without_the_spaces_the_header_gives_it_is_refused_naming_the_headers_name(tmp_path):
+    """`id, country, clicked` names ' clicked': --label-column clicked and a schema's `country` are refused, the
+    message naming the header's spaced names; those names, as written, read the file."""
+    path = tmp_path / "d.csv"
+    path.write_text("id, country, clicked\n1, us, 1\n2, fr, 0\n")
+    hint = "(did you mean {}? A column's name is as the header writes it, spaces and all; or take the spaces around "
+    for kw, spaced in (
+        ({"label_column": "clicked"}, "' clicked'"),
+        ({"drop_columns": ["id", "country "]}, "' country'"),
+    ):
+        with pytest.raises(ValueError) as e:
+            schema_of(path, "csv", **kw)
+        assert hint.format(spaced) in str(e.value)
+    (tmp_path / "s.toml").write_text('format = "csv"\nlabel = "clicked"\n[[columns]]\nname = "country"\n'
+                                     'kind = "categorical"\n')  # fmt: skip
+    with pytest.raises(ValueError) as e:
+        read(path, "csv", schema=load_schema(str(tmp_path / "s.toml"), default_table="t", default_dim=4))
+    assert hint.format("' clicked', ' country'") in str(e.value)
+    (b,) = read(path, "csv", columns={"label_column": " clicked", "drop_columns": ["id"]})
+    assert b.labels.tolist() == [1, 0] and list(b.fields) == [" country", BIAS_FIELD]
+    with pytest.raises(ValueError) as e:
+        schema_of(path, "csv", label_column="nope")
+    assert "did you mean" not in str(e.value)
+
+
 def test_csv_header_must_hold_the_schemas_columns(tmp_path):
     schema = schema_of(sample_csv(tmp_path), "csv")
     other = tmp_path / "other.csv"

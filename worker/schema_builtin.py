@@ -9,7 +9,7 @@ import logging
 from collections.abc import Sequence
 
 from worker.features import NUM_INT_FIELDS
-from worker.readers.csv_reader import delimiter_name
+from worker.readers.csv_reader import delimiter_name, spaced_name_hint
 from worker.schema import (
     AUTO_FORMAT,
     CRITEO_COLUMNS,
@@ -90,7 +90,9 @@ def _csv_roles(
     named = ([label_column] if label_column is not None else []) + list(drop) + list(numeric)
     unknown = [c for c in dict.fromkeys(named) if c not in header]
     if unknown:
-        raise ValueError(f"columns {unknown} are not in the header; its columns are {header}")
+        raise ValueError(
+            f"columns {unknown} are not in the header; its columns are {header}{spaced_name_hint(unknown, header)}"
+        )
     label = header[0] if label_column is None else label_column
     roles = {"label": {label}, "drop": set(drop), "numeric": set(numeric)}
     for a, b in (("label", "drop"), ("label", "numeric"), ("drop", "numeric")):

@@ -1,7 +1,9 @@
 """The CSV reader: a worker's share of a CSV file's records as chunks of cells (worker/formats.py reads them).
 
 csv     A header line names the columns (the csv module's dialect with the schema's delimiter, double-quote
-        quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once. The
+        quoting; UTF-8, a leading BOM ignored); the schema's sources and label must each be in it once, named
+        as it writes them, spaces and all (`id, clicked` names ' clicked': a name missing from the header but for
+        such spaces is refused naming the header's, spaced_name_hint). The
         label column (the built-in schema's: schema_builtin.csv_label) holds 0 or 1: any text that float() reads
         as 0 or 1, or true or false in any case, surrounding whitespace allowed (csv_fast.label_value).
         Bad: a column count other than the header's, a bad label (a record equal to the header, as a
@@ -190,6 +192,16 @@ def _delimiter_hint(header: list[str], delimiter: str) -> str:
     return ""
 
 
+def spaced_name_hint(unknown: list[str], header: list[str]) -> str:
+    """For names not in a header that a name of it is but for the spaces around it (`id, clicked` names ' clicked'),
+    a hint naming the header's, else ""."""
+    spaced = [h for c in unknown for h in header if h != c and h.strip() == c.strip()]
+    if not spaced:
+        return ""
+    return (f" (did you mean {', '.join(map(repr, spaced))}? A column's name is as the header writes it, spaces and "
+            "all; or take the spaces around the names out of the header)")  # fmt: skip
+
+
 def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
                  ) -> tuple[_Label, dict[str, int]]:  # fmt: skip
     """(the label column, {source: index}) of a header, or ValueError naming what the schema needs that it lacks;
@@ -204,7 +216,7 @@ def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = T
     unknown = [c for c in named if c not in header]
     if unknown:
         raise ValueError(f"{name}: columns {unknown} are not in the header; its columns are {header}"
-                         f"{_delimiter_hint(header, schema.delimiter)}")  # fmt: skip
+                         f"{_delimiter_hint(header, schema.delimiter)}{spaced_name_hint(unknown, header)}")  # fmt: skip
     repeated = [c for c in named if header.count(c) > 1]
     if repeated:
         raise ValueError(f"{name}: columns {repeated} appear more than once in the header {header}")
