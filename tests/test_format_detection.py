@@ -430,13 +430,13 @@ def test_the_csv_label_is_the_first_column_holding_labels_else_the_one_column_na
     [  # (named like a label, of other values: the reader's refusal of the first column would point to it)
         (
             "id,clicks,a\n" + "".join(f"{7 + i},{i % 6},x\n" for i in range(8)),
-            "the first column, 'id', holds '7', '8', '9' and others; 'clicks', named like a label, holds '2', '3', "
-            "'4' and others",
+            "the first column, 'id', holds '7', '8', '9', '10' and 4 others; 'clicks', named like a label, holds '0', "
+            "'1', '2', '3' and 2 others",
         ),  # a count
         (
             "id,click,a\n7,-1,x\n8,1,y\n",
-            "the first column, 'id', holds '7', '8'; 'click', named like a label, holds '-1'",
-        ),  # labels of -1 and 1: no labels to the readers
+            "the first column, 'id', holds '7' and '8'; 'click', named like a label, holds '-1' and '1'.",
+        ),  # labels of -1 and 1: no labels to the readers (the 1 among them is none either)
         ("id,click,a\n7,,x\n8,NA,y\n", "'click', named like a label, is blank"),  # fmt: skip
     ],
 )

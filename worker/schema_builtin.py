@@ -284,16 +284,22 @@ def _first_rows(rows: list[list[str]]) -> str:
     return "the first row" if len(rows) == 1 else f"the first {len(rows):,} rows"
 
 
-def _not_labels(cells: list[str]) -> str:
-    """What the cells hold that is no label (holds_labels): up to 3 of their other values, or that they are blank."""
-    from worker.cells import is_missing_text
-    from worker.csv_fast import label_value
+_SHOWN_VALUES = 4  # distinct values of a column _not_labels names, at most
 
-    others = list(dict.fromkeys(c for c in cells if label_value(c) not in (0.0, 1.0) and c.strip()
-                                and not is_missing_text(c)))  # fmt: skip
-    if not others:
+
+def _not_labels(cells: list[str]) -> str:
+    """What cells that are no labels (holds_labels) hold: their distinct values, in the order met (-1 and 1, not -1
+    alone: the 1 is no label either, beside them), up to _SHOWN_VALUES and a count of the others; or that they are
+    blank."""
+    from worker.cells import is_missing_text
+
+    values = list(dict.fromkeys(c for c in cells if c.strip() and not is_missing_text(c)))
+    if not values:
         return "is blank"
-    return "holds " + ", ".join(map(repr, others[:3])) + (" and others" if len(others) > 3 else "")
+    shown = list(map(repr, values[:_SHOWN_VALUES]))
+    if len(values) > _SHOWN_VALUES:
+        return f"holds {', '.join(shown)} and {len(values) - _SHOWN_VALUES:,} others"
+    return "holds " + (f"{', '.join(shown[:-1])} and {shown[-1]}" if len(shown) > 1 else shown[0])
 
 
 _SHOWN_NAMES = 6  # names of a kind the columns line shows, at most
