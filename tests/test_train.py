@@ -8,6 +8,7 @@ import dataclasses
 import gzip
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -716,6 +717,19 @@ def test_bad_lines_are_reported_once_per_file_however_many_passes(tmp_path):
         run_epochs(tables, spec, backend, dense, data.train, loop_settings(cfg, data), data.validation())
     assert [s.bad_lines for _, s in data.read_stats] == [3]
     assert len(data.bad_lines_report()) == 1 and "skipped 3 malformed lines of 63" in data.bad_lines_report()[0]
+
+
+def test_a_header_alone_is_refused_as_no_examples_with_no_warning_of_its_label_first(tmp_path, caplog):
+    """A header naming a label elsewhere than first (`id,country,clicked`) and no rows: the refusal is all a run
+    says, not a warning that the first column is taken as the label before it."""
+    path = tmp_path / "h.csv"
+    path.write_text("id,country,clicked\n")
+    with pytest.raises(ValueError, match=r"h.csv: no examples in it \(it is empty, or holds only a header\)"):
+        prepare(TrainConfig(local_shards=1, data=str(path)))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    path.write_text("id,country,clicked\n1,us,yes\n")  # with a row (the first column of labels), the warning stands
+    prepare(TrainConfig(local_shards=1, data=str(path), progress=False))
+    assert any("but the header also has 'clicked'" in r.getMessage() for r in caplog.records)
 
 
 def test_no_examples_is_an_error_not_a_run_of_zero(tmp_path):
