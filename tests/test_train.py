@@ -167,15 +167,23 @@ def test_a_worker_whose_share_gives_it_no_example_to_train_stops_at_its_first_ep
     lines.write_text("1 3:1 5:1\n0 4:1\n1 3:1\n")  # worker 0: lines 0 and 2; worker 1: line 1
     bad = tmp_path / "bad.svm"
     bad.write_text("1 3:1 5:1\nbad one\n0 3:1\n\n1 5:1\nalso bad\n")  # worker 1: lines 1, 3, 5
+    one_bad = tmp_path / "one_bad.svm"
+    one_bad.write_text("1 3:1 5:1\nbad one\n0 3:1\n")  # worker 1: line 1
     cases = [
-        (lines, 0.1, r"the 1 example of its share of .*lines.svm went to the validation split \(--validation-fraction "
-                     r"0.1\); start fewer workers or give them more data, or train with --validation-fraction 0 \(or a "
-                     r"--validation-data file\)"),
-        (bad, 0.0, r"all 3 lines of its share of .*bad.svm are malformed or empty \(2 malformed, skipped under "
-                   r"--max-bad-lines 5; first: .*bad.svm line 2: label 'bad', expected 0, 1, -1 or \+1; 1 empty\); fix "
-                   r"the data, or its --format or --schema"),
+        (lines, 0.1, [1, 1],
+         r"the 1 example of its share of .*lines.svm went to the validation split \(--validation-fraction 0.1\); start "
+         r"fewer workers or give them more data, or train with --validation-fraction 0 \(or a --validation-data "
+         r"file\)"),
+        (bad, 0.0, [2, 1, 2, 1],
+         r"all 3 lines of its share of .*bad.svm are malformed or empty \(2 malformed, skipped under --max-bad-lines "
+         r"5; first: .*bad.svm line 2: label 'bad', expected 0, 1, -1 or \+1; 1 empty\); fix the data, or its "
+         r"--format or --schema"),
+        (one_bad, 0.0, [2, 2],
+         r"the 1 line of its share of .*one_bad.svm is malformed or empty \(1 malformed, skipped under "
+         r"--max-bad-lines 5; first: .*one_bad.svm line 2: label 'bad', expected 0, 1, -1 or \+1; 0 empty\); fix the "
+         r"data, or its --format or --schema"),
     ]  # fmt: skip
-    for path, fraction, why in cases:
+    for path, fraction, expected, why in cases:
         trained = []
         for worker in (0, 1):
             cfg = TrainConfig(servers=("h:1",), data=str(path), format="libsvm", job_id=1, num_workers=2,
@@ -188,7 +196,7 @@ def test_a_worker_whose_share_gives_it_no_example_to_train_stops_at_its_first_ep
                 continue
             with pytest.raises(ValueError, match=rf"^worker 1 of the job's 2 trains no example: {why}$"):
                 list(data.train(1))
-        assert trained == [1, 1] if fraction else trained == [2, 1, 2, 1]
+        assert trained == expected
 
 
 def test_a_run_whose_examples_all_go_to_the_validation_split_fails_before_a_step_instead_of_training_nothing(
@@ -208,6 +216,29 @@ def test_a_run_whose_examples_all_go_to_the_validation_split_fails_before_a_step
     assert err.endswith(f"ps-worker: error: the worker trains no example: all 2 examples of {path} went to the "
                         "validation split (--validation-fraction 0.5); give it more data, or train with "
                         "--validation-fraction 0 (or a --validation-data file)\n"), err  # fmt: skip
+
+
+def test_counts_of_one_are_said_in_the_singular(tmp_path, capsys):
+    """A run validating on, and evaluated on, one example says "1 held-out example" and "(1 example)"; a run's
+    summary of 1 trained example, "on 1 example"; `ps-worker schema` of a file of one row, "a sample of 1 row"."""
+    from worker.__main__ import main
+    from worker.results import format_results
+
+    data, held, evals = tmp_path / "d.svm", tmp_path / "v.svm", tmp_path / "e.svm"
+    data.write_text("1 3:1 5:1\n0 4:1\n")
+    held.write_text("1 3:1\n")
+    evals.write_text("0 4:1\n")
+    code = main(["train", "--data", str(data), "--format", "libsvm", "--local-shards", "1", "--validation-data",
+                 str(held), "--eval-data", str(evals), "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and f"validating on 1 held-out example of {held}\n" in out and "(1 example)\n" in out, out
+    r = {"model": "lr", "backend": "numpy", "device": "cpu", "worker": "0/1", "shards": 1, "train_examples": 1,
+         "train_seconds": 1.0, "examples_per_s": 1.0}  # fmt: skip
+    assert " on 1 example with 1 shard in " in format_results(r)
+    one = tmp_path / "one.csv"
+    one.write_text("click,site\n1,a\n")
+    assert main(["schema", "--data", str(one)]) == 0
+    assert "# Inferred from the header and a sample of 1 row (" in capsys.readouterr().out
 
 
 def test_libsvm_eval_file_is_read_with_the_training_files_fields(tmp_path):

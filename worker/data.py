@@ -293,7 +293,9 @@ class DataSource:
                    "(or a --validation-data file)")  # fmt: skip
         else:
             first = f"; first: {read.first_bad}" if read.first_bad else ""
-            why = (f"all {read.lines_read:,} lines of {share}{source} are malformed or empty ({read.bad_lines:,} "
+            lines = "the 1 line" if read.lines_read == 1 else f"all {read.lines_read:,} lines"
+            are = "is" if read.lines_read == 1 else "are"
+            why = (f"{lines} of {share}{source} {are} malformed or empty ({read.bad_lines:,} "
                    f"malformed, skipped under --max-bad-lines {c.max_bad_lines}{first}; {read.empty_lines:,} empty); "
                    "fix the data, or its --format or --schema")  # fmt: skip
         return f"{who} {UNTRAINED}: {why}"
@@ -409,7 +411,8 @@ class DataSource:
             for _ in self._read(self.cfg.eval_data, 0, 1, track=False, batch_size=8192, stats=whole):
                 pass
         except ValueError as e:
-            raise ValueError(f"--eval-data, read whole before training ({count.lines:,} lines): {e}") from None
+            lines = f"{count.lines:,} line{'s' * (count.lines != 1)}"
+            raise ValueError(f"--eval-data, read whole before training ({lines}): {e}") from None
 
     def eval_count(self) -> LineCount | None:
         """The lines of --eval-data (less headers), counted up to SCORING_COUNT_LINES (an estimate from bytes past

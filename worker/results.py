@@ -63,6 +63,10 @@ def first_step_note(r: dict) -> str:
     )
 
 
+def _examples(n: int) -> str:
+    return f"{n:,} example{'s' * (n != 1)}"
+
+
 def format_results(r: dict, launched: bool = False) -> str:
     """A run's figures (train's, evaluate_servers') as lines. launched: a worker of `ps-worker launch`, which
     scores the job's model after all its workers and says so: no line of this worker's skipped evaluation."""
@@ -70,7 +74,7 @@ def format_results(r: dict, launched: bool = False) -> str:
     if "train_examples" in r:
         shards = f"{r['shards']} shard{'s' * (r['shards'] != 1)}"
         lines.append(f"trained {r['model']} ({r['backend']}, {r['device']}, worker {r['worker']}) on "
-                     f"{r['train_examples']:,} examples{skipped_note(r)} with {shards} in "
+                     f"{_examples(r['train_examples'])}{skipped_note(r)} with {shards} in "
                      f"{r['train_seconds']:.1f} s: {r['examples_per_s']:,.0f} examples/s{first_step_note(r)}")  # fmt: skip
     if r.get("final_eval_skipped"):
         lines += [] if launched else [EVAL_LEFT_TO_LAUNCH]
@@ -170,7 +174,7 @@ def eval_lines(r: dict) -> list[str]:
     if r.get("eval_bad_lines"):  # eval's own read (not a training run's, whose summary says its own)
         bad = r["eval_bad_lines"]
         when += f"; {bad:,} malformed line{'s' * (bad != 1)} skipped (--max-bad-lines)"
-    line = f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({r['eval_examples']:,} examples{when})"
+    line = f"eval   AUC {auc_text(r['eval_auc'])}  logloss {r['eval_logloss']:.4f}  ({_examples(r['eval_examples'])}{when})"
     return [line, *_baseline(r)]
 
 

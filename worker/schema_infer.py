@@ -112,7 +112,8 @@ def infer_schema(
     columns = {h: [r[j] for r in rows] for j, h in reversed(list(enumerate(header)))}  # the first of a repeated name
     binary = [h for h in header if is_binary(columns[h])]
     label = next(iter(labels_by_name(binary)), None)
-    lines.append(f"# Inferred from the header and a sample of {len(rows)} rows (worker/formats.py read_csv_sample).")
+    sample = f"{len(rows)} row{'s' * (len(rows) != 1)}"
+    lines.append(f"# Inferred from the header and a sample of {sample} (worker/formats.py read_csv_sample).")
     lines += ['format = "csv"'] + ([f"delimiter = {_toml(delimiter)}"] if delimiter != "," else [])
     guess = None
     if label is None:  # a label column with some cells empty (rows not labelled yet, say) is still the label

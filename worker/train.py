@@ -151,7 +151,8 @@ def train(cfg: TrainConfig) -> dict:
             validation = data.validation()
             if validation:
                 named = f" of {cfg.validation_data}" if cfg.validation_data else ""
-                _say(f"validating on {sum(len(b) for b in validation):,} held-out examples{named}", cfg)
+                held = sum(len(b) for b in validation)
+                _say(f"validating on {held:,} held-out example{'s' * (held != 1)}{named}", cfg)
                 few = validation_too_small(validation)
                 if few:
                     log.warning("%s", few)
