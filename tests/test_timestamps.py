@@ -21,7 +21,7 @@ from worker.schema import Column, Schema, TableSchema, load_schema, schema_from_
 from worker.schema_builtin import columns_line, resolve_schema
 from worker.schema_infer import infer_schema_text
 from worker.served import evaluate_servers
-from worker.timestamps import iso_parts, time_format, time_parts
+from worker.timestamps import iso_parts, time_format, time_parts, untold_time
 from worker.train import train
 from worker.train_config import TrainConfig
 
@@ -204,6 +204,48 @@ def test_the_grammar_reads_the_time_transforms_as_sparse_and_round_trips(tmp_pat
 )
 def test_a_time_is_told_by_its_name_and_every_value(name, cells, fmt):
     assert time_format(name, cells) == fmt
+
+
+@pytest.mark.parametrize(
+    "name, cells, form",
+    [
+        ("ts", ["1704067200123", "NA", "1704153600000"], "unix_ms"),
+        ("eventTime", ["1704067200123"], "unix_ms"),
+        ("ts", ["1704067200123", "1704067200"], None),  # seconds and milliseconds
+        ("ts", ["0704067200123"], None),  # 0 first
+        ("user", ["1704067200123", "1704153600000"], None),  # not named like a time: an id of 13 digits
+        ("date", ["20120301", "20120323"], "yyyymmdd"),
+        ("date", ["20120301", "19691231"], None),  # before 1970
+        ("date", ["20120301", "20120300"], None),  # time_format's yymmddhh
+        ("date", ["20120301", "20120230"], None),  # no 30th of February
+        ("hour", ["1414000000"], None),  # unix seconds: time_format's
+        ("ts", ["", "NA"], None),
+    ],
+)
+def test_a_time_no_transform_reads_is_told_by_its_name_and_every_value(name, cells, form):
+    assert untold_time(name, cells) == form
+
+
+def test_ps_worker_schema_says_how_to_read_unix_milliseconds_and_dates_yyyymmdd(tmp_path):
+    """A column of unix milliseconds, and one of dates YYYYMMDD, named like times: their comments say what they are
+    and what to do (no transform reads them, and their values are new each later day); an id of 13 digits is no
+    time."""
+    data = tmp_path / "d.csv"
+    t0 = int(dt.datetime(2024, 1, 1, tzinfo=UTC).timestamp())
+    rows = [(t0 + 3607 * i, i % 2) for i in range(200)]
+    data.write_text("click,ts,date,user\n" + "".join(
+        f"{y},{t * 1000 + i % 1000},{dt.datetime.fromtimestamp(t, UTC):%Y%m%d},{t * 1000 + i}\n"
+        for i, (t, y) in enumerate(rows)))  # fmt: skip
+    comments: dict[str, str] = {}  # each column's first comment, its entry's
+    for line in infer_schema_text(str(data)).splitlines():
+        if line.startswith("# '"):
+            comments.setdefault(line.split("'")[1], line)
+    assert "; times in unix milliseconds: as a number or as ids, each later day's values are new; write them in " \
+        "unix seconds (divided by 1000) and infer the schema again: it then reads their hour of day and weekday" \
+        in comments["ts"]  # fmt: skip
+    assert "; dates YYYYMMDD: as a number or as ids, each later day's values are new; derive columns such as the " \
+        "weekday from them, and delete this column's entries" in comments["date"]  # fmt: skip
+    assert "milliseconds" not in comments["user"] and "YYYYMMDD" not in comments["user"]
 
 
 def write_log(path, rows: int, seed: int, day0: int, days: int, iso: bool = False) -> None:

@@ -15,6 +15,9 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
                                       worker/timestamps.py);
                                       the time itself is no feature (as a number or as ids, its values are
                                       new on each later day)
+    a name like a time's above, and unix milliseconds (13 digits) or dates YYYYMMDD (20120315) in every non-empty
+    cell (timestamps.untold_time)     as numbers in every non-empty cell, next, the comment saying how to read
+                                      them as times (milliseconds) or derive the weekday (dates)
     numbers in every non-empty cell   few distinct integers, integers in a column named like an id (`id`,
                                       `user_id`, `itemId`, `uid`, `userid`), or integers written with leading
                                       zeros (codes: `02415`) -> categorical;
@@ -30,6 +33,9 @@ cells.MISSING_TEXTS is missing; a number is what the readers take as one: finite
     cells with | ; or , (in at least a tenth of the non-empty cells) whose tokens repeat, and for ',' not
     prose (most of its commas followed by a space)
                                       multi_hot (weighted when every token is id:number)
+    a name like a time's above, and unix milliseconds (13 digits) or dates YYYYMMDD (20120315) in every non-empty
+    cell (timestamps.untold_time)     as numbers in every non-empty cell, below, the comment saying how to read
+                                      them as times (milliseconds) or derive the weekday (dates)
     numbers in nine in ten of its non-empty cells, not all (`-`, `#N/A`, `inf`, `1e40` in the others)
                                       categorical, and in the schema and on stderr: those cells, and to empty
                                       them (a missing number) for numbers
@@ -44,7 +50,7 @@ import re
 
 from worker.cells import FLOAT32_MAX, is_missing_text
 from worker.schema import Column, _entry
-from worker.timestamps import time_format
+from worker.timestamps import time_format, untold_time
 
 _BAG_SEPARATORS = "|;,"
 _FEW_INTEGERS = 20  # a numeric column of at most this many distinct integers is categorical
@@ -56,6 +62,12 @@ _CODE_REPEATS = 10  # ... each seen this many times on average in the sample get
 _DECIMAL_COMMA = re.compile(r"\s*[-+]?\d+,\d+\s*")  # 0,6792: a number written with a decimal comma
 _THOUSANDS = re.compile(r"\s*[-+]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?\s*")  # 1,234,567.5: thousands separators
 _DATE = re.compile(r"\d{4}-\d{1,2}-\d{1,2}|\d{1,2}/\d{1,2}/\d{2,4}")  # 2023-12-02 (19:26:40), 12/02/2023
+_UNTOLD_TIMES = {  # what a column of times of a form no time transform reads (timestamps.untold_time) needs
+    "unix_ms": "; times in unix milliseconds: as a number or as ids, each later day's values are new; write them in "
+    "unix seconds (divided by 1000) and infer the schema again: it then reads their hour of day and weekday",
+    "yyyymmdd": "; dates YYYYMMDD: as a number or as ids, each later day's values are new; derive columns such as "
+    "the weekday from them, and delete this column's entries",
+}
 _ID_NAME = re.compile(r"(?:^|[_\-. ])(?:id|Id|ID)$|[a-z0-9](?:Id|ID)$")  # id, user_id, itemId, userID; not paid
 _ID_WORD = re.compile(  # uid, userid, itemid, adid, ...: an id run into its noun, in one word
     r"(?i)(?:u|uu|gu|user|item|ad|doc|product|session|device|campaign|query|shop|cat|category|creative|advertiser|"
@@ -229,6 +241,8 @@ def infer_column(name: str, source: str, cells: list[str], sampled: bool = False
     ):
         seen += ("; dates or times: as ids, nearly every value is new; derive columns such as the hour or the weekday "
                  "from it, and delete this entry")  # fmt: skip
+    elif untold_time(source, cells) is not None:
+        seen += _UNTOLD_TIMES[untold_time(source, cells)]
     elif values is not None and not all(v.is_integer() for v in values):
         pass  # measurements: distinct values say nothing of an identifier
     elif sampled and len(present) > 1 and distinct >= (1.0 if values is not None else 0.9) * len(present):

@@ -4,6 +4,7 @@ worker/schema.py), and the test schema inference tells such a column by (worker/
     time_parts(values, fmt) -> (hour, weekday, ok)      # of float64 numbers, as cells.py reads numeric cells
     iso_parts(cells) -> (hour, weekday, ok, missing)   # of text cells (str or bytes), format iso
     time_format(name, cells) -> "yymmddhh", "unix", "iso" or None
+    untold_time(name, cells) -> "unix_ms", "yyyymmdd" or None   # times of a form no transform reads
 
 Two formats of a time that are integers (read as numbers, time_parts), and one that is text (iso_parts):
     yymmddhh  YYMMDDHH, Avazu's `hour` (14102100: 2014-10-21, hour 00): the year 2000 + YY, a month 01-12, a
@@ -33,6 +34,7 @@ _UNIX_MAX = 1e10 - 1  # ten digits: unix seconds to 2286; milliseconds (13 digit
 _TIME_NAME = re.compile(r"(?:^|[^a-z])(?:hour|time|date|datetime|timestamp|ts)(?:$|[^a-z])")  # a word of a name
 _YYMMDDHH = re.compile(r"[0-9]{8}")
 _UNIX = re.compile(r"[1-9][0-9]{9}")  # 10 digits: 2001-09-09 to 2286-11-20
+_UNIX_MS = re.compile(r"[1-9][0-9]{12}")  # 13 digits: milliseconds, 2001-09-09 to 2286-11-20
 _ISO_HEAD = 13  # YYYY-MM-DDTHH: what the hour and weekday are read from
 _ISO_DIGITS = (0, 1, 2, 3, 5, 6, 8, 9, 11, 12)  # the head's digits, at these offsets
 _ISO_TAIL = re.compile(r"(?::[0-5][0-9](?::(?:[0-5][0-9]|60)(?:\.[0-9]+)?)?)?(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?")
@@ -104,14 +106,36 @@ def time_format(name: str, cells: list[str]) -> str | None:
     cell eight digits that are a valid YYMMDDHH ("yymmddhh") unless every one is a date YYYYMMDD from 1970 on too
     (a `date` of 2012-03-01 to 2012-03-23, 20120301..20120323, reads as 2020-12-03 at hours 01..23, and its later
     days as no time), or ten digits, the first not 0 ("unix"); else None."""
-    words = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()  # eventTs -> event_ts
     present = [c.strip() for c in cells if not is_missing_text(c)]
     if present and iso_parts(np.array(present, dtype=np.str_))[2].all():
         return "iso"
-    if not present or not _TIME_NAME.search(words):
+    if not present or not _time_name(name):
         return None
     if all(_YYMMDDHH.fullmatch(c) for c in present):
         v = np.array(present, dtype=np.int64)
-        dates = _days(v // 10_000, v // 100 % 100, v % 100)[1] & (v >= 19_700_000)
-        return "yymmddhh" if time_parts(v.astype(np.float64), "yymmddhh")[2].all() and not dates.all() else None
+        return "yymmddhh" if time_parts(v.astype(np.float64), "yymmddhh")[2].all() and not _dates(v).all() else None
     return "unix" if all(_UNIX.fullmatch(c) for c in present) else None
+
+
+def untold_time(name: str, cells: list[str]) -> str | None:
+    """For a column named like a time (as time_format names it) that time_format reads no time of, the form every
+    other cell (the missing ones left out) has that no time transform reads: "unix_ms", thirteen digits, the first
+    not 0 (unix milliseconds), or "yyyymmdd", eight digits that are each a date YYYYMMDD from 1970 on; else None."""
+    present = [c.strip() for c in cells if not is_missing_text(c)]
+    if not present or not _time_name(name) or time_format(name, cells) is not None:
+        return None
+    if all(_UNIX_MS.fullmatch(c) for c in present):
+        return "unix_ms"
+    if all(_YYMMDDHH.fullmatch(c) for c in present) and _dates(np.array(present, dtype=np.int64)).all():
+        return "yyyymmdd"
+    return None
+
+
+def _time_name(name: str) -> bool:
+    """Whether a column's name has a word hour, time, date, datetime, timestamp or ts (any case; eventTs)."""
+    return bool(_TIME_NAME.search(re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name).lower()))  # eventTs -> event_ts
+
+
+def _dates(v: np.ndarray) -> np.ndarray:
+    """Where int64 values of eight digits are each a date YYYYMMDD from 1970 on."""
+    return _days(v // 10_000, v // 100 % 100, v % 100)[1] & (v >= 19_700_000)
