@@ -336,7 +336,7 @@ def test_a_column_named_without_the_spaces_the_header_gives_it_is_refused_naming
     message naming the header's spaced names; those names, as written, read the file."""
     path = tmp_path / "d.csv"
     path.write_text("id, country, clicked\n1, us, 1\n2, fr, 0\n")
-    hint = "(did you mean {}? A column's name is as the header writes it, spaces and all; or take the spaces around "
+    hint = "(did you mean {}? A column's name is as the header writes it, spaces and all: --label-column and a "
     for kw, spaced in (
         ({"label_column": "clicked"}, "' clicked'"),
         ({"drop_columns": ["id", "country "]}, "' country'"),

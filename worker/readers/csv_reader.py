@@ -199,7 +199,8 @@ def spaced_name_hint(unknown: list[str], header: list[str]) -> str:
     if not spaced:
         return ""
     return (f" (did you mean {', '.join(map(repr, spaced))}? A column's name is as the header writes it, spaces and "
-            "all; or take the spaces around the names out of the header)")  # fmt: skip
+            "all: --label-column and a schema's names can hold them, a comma-separated flag's names cannot; or take "
+            "the spaces around the names out of the header)")  # fmt: skip
 
 
 def _csv_columns(name: str, header: list[str], schema: Schema, labeled: bool = True, blank_ok: bool = False
