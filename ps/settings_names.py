@@ -68,6 +68,7 @@ WORKER = frozenset(
         "PS_JOB_ID",
         "PS_JSON",
         "PS_KEEP_CHECKPOINT",
+        "PS_KEEP_COLUMNS",
         "PS_L2",
         "PS_LABEL_COLUMN",
         "PS_LAUNCHED",

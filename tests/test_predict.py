@@ -710,3 +710,81 @@ def test_a_labeled_criteo_file_whose_first_line_lost_its_empty_last_column_is_st
     (tmp_path / "c.tsv").write_text(stripped + labeled)  # a tie: labeled
     (tmp_path / "d.tsv").write_text("")
     assert [has_labels(str(tmp_path / f"{n}.tsv")) for n in "abcd"] == [True, False, True, True]
+
+
+def write_people(path, rows: int, seed: int, damaged: bool = False) -> list[tuple[int, str, str]]:
+    """A CSV of id, click, site and a note (some notes quoted, holding commas, quotes and a line end, so that a
+    record spans two lines); damaged: a line of another width and an empty line among them. Returns (first line,
+    id, note) of each good record: the oracle of what --keep-columns id,note copies."""
+    rng = np.random.default_rng(seed)
+    text, records, line = ["id,click,site,note\n"], [], 2
+    for i in range(rows):
+        if damaged and i in (3, 40):
+            text.append("a line,of another width\n" if i == 3 else "\n")
+            line += 1
+        site = int(rng.integers(6))
+        click = int(rng.random() < (0.8 if site < 3 else 0.2))
+        ident, note = f"u{seed}-{i:04d}", 'said "hi, there"\nand left' if i % 17 == 0 else f"n{i % 4}"
+        written = '"said ""hi, there""\nand left"' if i % 17 == 0 else note  # quoted as CSV quotes it
+        text.append(f"{ident},{click},s{site},{written}\n")
+        records.append((line, ident, note))
+        line += 1 + note.count("\n")
+    Path(path).write_text("".join(text))
+    return records
+
+
+def test_keep_columns_copies_a_csvs_columns_into_each_row_verbatim(servers, tmp_path, capsys):
+    """--keep-columns id,note: each row ends with its record's id and note as the file holds them (a note of
+    commas, quotes and a line end read back whole), on the row of its line, malformed and empty lines skipped; the
+    probabilities are those of the run without it. A column the header lacks, one predict writes itself, or an
+    input with no header is refused, and nothing is written."""
+    addresses, _ = servers(1)
+    train_path, test_path = tmp_path / "train.csv", tmp_path / "test.csv"
+    write_people(train_path, 400, seed=1)
+    records = write_people(test_path, 120, seed=2, damaged=True)
+    train(small_run(addresses, str(train_path), model="lr", max_bad_lines=0))
+    flags = ["--data", str(train_path), "--model", "lr", "--predict-data", str(test_path), "--max-bad-lines", "5"]
+    assert predict(addresses[0], tmp_path / "plain.csv", *flags) == 0
+    capsys.readouterr()
+    out = tmp_path / "kept.csv"
+    assert predict(addresses[0], out, *flags, "--keep-columns", "id, note") == 0
+    assert f"(line, probability, label, id, note) for {test_path} to {out}" in capsys.readouterr().out
+    with open(out, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["line", "probability", "label", "id", "note"]
+    assert [(int(r[0]), r[3], r[4]) for r in rows[1:]] == records
+    with open(tmp_path / "plain.csv", newline="") as f:
+        assert [r[:3] for r in rows[1:]] == list(csv.reader(f))[1:]
+    for keep, said in (
+        ("id,user", "--keep-columns: " + str(test_path) + ": columns ['user'] are not in the header; its columns are "
+                    "['id', 'click', 'site', 'note']"),
+        ("id,line", "--keep-columns id,line: ['line'] is a column predict writes itself"),
+        ("id,id", "--keep-columns id,id: a column is named twice"),
+    ):  # fmt: skip
+        assert predict(addresses[0], tmp_path / "none.csv", *flags, "--keep-columns", keep) == 2
+        assert said in capsys.readouterr().err
+    spaced = tmp_path / "spaced.csv"
+    spaced.write_text(test_path.read_text().replace("id,click,site,note", "id, click, site, note", 1))
+    assert (
+        predict(
+            addresses[0],
+            tmp_path / "none.csv",
+            *flags[:-3],
+            str(spaced),
+            "--max-bad-lines",
+            "5",
+            "--keep-columns",
+            "note",
+        )
+        == 2
+    )
+    assert "did you mean ' note'?" in capsys.readouterr().err
+    svm = tmp_path / "d.svm"
+    svm.write_text("1 3:1 4:1\n0 4:1\n")
+    assert (
+        predict(addresses[0], tmp_path / "none.csv", "--data", str(svm), "--model", "lr", "--keep-columns", "id") == 2
+    )
+    assert (
+        f"--keep-columns copies columns a CSV file's header names; {svm} is read as libsvm" in capsys.readouterr().err
+    )
+    assert not [name for name in os.listdir(tmp_path) if "none" in name]

@@ -651,7 +651,7 @@ def test_predict_and_the_resume_file_into_a_full_disk_name_their_flag(tmp_path, 
     monkeypatch.setattr(predict, "_write_rows", full)
     out = tmp_path / "scores.csv"
     with pytest.raises(OSError, match=rf"^--out {out}: could not write the predictions \(No space left on device\)"):
-        predict._write(str(out), [], False, False, ScoringProgress(0, False))
+        predict._write(str(out), [], predict._Columns(False, False, ()), ScoringProgress(0, False))
     assert os.listdir(tmp_path) == []
     monkeypatch.setattr("worker.resume.write_json_whole", full)
     position = tmp_path / "position.json"
@@ -676,11 +676,11 @@ def test_predict_whose_out_folder_goes_or_name_is_too_long_names_its_flag(tmp_pa
 
     def scored():
         shutil.rmtree(folder)  # the rows go on into the open file; its rename finds no folder
-        yield files[1], batch, np.full(len(batch), 0.5, np.float32)
+        yield files[1], batch, np.full(len(batch), 0.5, np.float32), [""] * len(batch)
 
     said = rf"^--out {out}: could not write the predictions \(No such file or directory\); nothing was written there$"
     with pytest.raises(OSError, match=said):
-        predict._write(str(out), scored(), False, False, ScoringProgress(0, False))
+        predict._write(str(out), scored(), predict._Columns(False, False, ()), ScoringProgress(0, False))
     assert not folder.exists() and sorted(os.listdir(tmp_path)) == ["test.tsv", "train.tsv"]
     long = tmp_path / ("x" * 256)  # refused before anything is scored, not at the rename
     with pytest.raises(ValueError, match=rf"^--out {long}: its name is 256 bytes long; the file system of "):
@@ -706,11 +706,11 @@ def test_predict_to_a_full_stdout_names_its_flag(files, monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(Full())))
     (batch,) = read_batches(files[1], builtin_schema("criteo", default_table="fm", default_dim=8), 1000)
-    scored = [(files[1], batch, np.full(len(batch), 0.5, np.float32))]
+    scored = [(files[1], batch, np.full(len(batch), 0.5, np.float32), [""] * len(batch))]
     with pytest.raises(
         OSError, match=r"^--out -: could not write the predictions to stdout \(No space left on device\)$"
     ):
-        predict._write_stdout(scored, True, False, ScoringProgress(0, False))
+        predict._write_stdout(scored, predict._Columns(True, False, ()), ScoringProgress(0, False))
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "1e308"])

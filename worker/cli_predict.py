@@ -8,7 +8,7 @@ import json
 import sys
 
 from ps.settings import HelpFormatter
-from worker.cli_train import add_served_model_args, common_config
+from worker.cli_train import add_served_model_args, common_config, names
 from worker.predict import STDOUT, PredictConfig, predict_servers
 from worker.train_config import TrainConfig
 
@@ -37,6 +37,8 @@ def add_predict_parser(sub: argparse._SubParsersAction) -> None:
         help="no progress bar (when stderr is no terminal, a plain progress line every 30 s takes the bar's place)",
     )
     out.add_argument("--json", action="store_true", help="print one JSON object instead of the final line")
+    out.add_argument("--keep-columns", default="", help="CSV input: comma-separated columns of its header copied "
+                     "into each row, after the output's own (an id, to join the predictions back to the rows)")  # fmt: skip
 
 
 def predict_config(args: argparse.Namespace) -> PredictConfig:
@@ -48,7 +50,8 @@ def predict_config(args: argparse.Namespace) -> PredictConfig:
                          "lines give the schema), or --data FILE alone")  # fmt: skip
     run = TrainConfig(**{**common_config(args), "data": args.data or scored, "prefetch": args.prefetch})
     flag = "--predict-data" if args.predict_data else "--data"
-    return PredictConfig(run, scored, args.out, overwrite=args.overwrite, progress=not args.no_progress, flag=flag)
+    return PredictConfig(run, scored, args.out, overwrite=args.overwrite, progress=not args.no_progress, flag=flag,
+                         keep_columns=names(args.keep_columns))  # fmt: skip
 
 
 def run_predict(args: argparse.Namespace) -> int:
@@ -58,6 +61,7 @@ def run_predict(args: argparse.Namespace) -> int:
         print(json.dumps(r), file=said, flush=True)
         return 0
     columns = ("file, " if r["file_column"] else "") + "line, probability" + (", label" if r["labeled"] else "")
+    columns += "".join(f", {c}" for c in r["kept_columns"])
     lines = f"{r['bad_lines']:,} malformed line{'s' * (r['bad_lines'] != 1)}"
     skipped = f"; skipped {lines} (first: {r['first_bad']})" if r["bad_lines"] else ""
     of_files = f" ({r['files']:,} files)" if r["files"] > 1 else ""

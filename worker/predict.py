@@ -6,10 +6,11 @@ The input is a file, or many (worker/datafiles.py: a directory, a glob, a comma-
 each the same format as the first (formats.check_same_format). The output file (UTF-8, "\n" line ends):
 
     file        := header row*
-    header      := ["file,"] "line,probability" [",label"] "\n"   # "file," unless the input is named as one file
-                                                                  # (a directory, glob or list: whatever it
-                                                                  # matches); ",label" when the input holds labels
-    row         := [path ","] line "," probability ["," label] "\n"
+    header      := ["file,"] "line,probability" [",label"] ("," kept)* "\n"   # "file," unless the input is named
+                                                                  # as one file (a directory, glob or list:
+                                                                  # whatever it matches); ",label" when the input
+                                                                  # holds labels; kept: each --keep-columns name
+    row         := [path ","] line "," probability ["," label] ("," cell)* "\n"
     path        := the input file of the example as its flag named it (data_files), quoted as the csv module
                    quotes a field (only when it holds a comma, a quote or a line end)
     line        := the 1-based physical line of the example in its input file, in decimal (a CSV header is
@@ -20,6 +21,9 @@ each the same format as the first (formats.check_same_format). The output file (
                                                                   # cell was blank (or NA, ?), or no label (2,
                                                                   # yes: formats.py's "Blank labels", counted in
                                                                   # a warning), a row to score, not a bad line
+    cell        := the example's cell of a kept column (--keep-columns: columns of a CSV input's header, to join
+                   the predictions back to the rows by an id), as the csv module reads it and writes it back
+                   (quoted only when it must be); in the order given
 
 One row per example, in the input's order (file by file). Malformed lines skipped (up to --max-bad-lines over all the files, reported at
 the end) and empty lines have no row, so `line` skips their numbers. A file without labels (a csv header without
@@ -61,9 +65,12 @@ from worker.formats import (
     csv_records,
     detect_format,
     file_has_labels,
+    first_with_content,
+    read_csv_header,
 )
 from worker.linecount import SCORING_COUNT_LINES, LineCount, count_files_upto
-from worker.schema import AUTO_FORMAT
+from worker.readers.csv_reader import column_cells, spaced_name_hint
+from worker.schema import AUTO_FORMAT, Schema
 from worker.schema_builtin import csv_label
 from worker.schema_hints import HINT_SAMPLE_ROWS
 from worker.scoring import ScoringProgress, predictions
@@ -87,6 +94,7 @@ class PredictConfig:
     overwrite: bool = False
     progress: bool = True
     flag: str = "--predict-data"
+    keep_columns: tuple[str, ...] = ()  # columns of the input copied into each row (a CSV's only)
 
     def validate(self) -> None:
         """ValueError naming the flag at fault, before any server is asked or anything is written."""
@@ -99,7 +107,17 @@ class PredictConfig:
             _check_new_out(self.out, self.overwrite)
         elif sys.stdout is None:  # started with its stdout closed
             raise ValueError("--out -: this process has no stdout (it was closed); give a file to write")
+        own = [c for c in self.keep_columns if c in _OWN_COLUMNS]
+        if own or len(set(self.keep_columns)) < len(self.keep_columns):
+            why = f"{own} {'is a column' if len(own) == 1 else 'are columns'} predict writes itself" if own else \
+                "a column is named twice"  # fmt: skip
+            raise ValueError(f"--keep-columns {','.join(self.keep_columns)}: {why}; each column is copied once, "
+                             f"beside the output's own ({', '.join(_OWN_COLUMNS)})")  # fmt: skip
         r = self.run
+        if self.keep_columns and not r.schema:  # (a schema file's format: _check_kept_columns, once it is read)
+            fmt = detect_format(self.data)[0] if r.format == AUTO_FORMAT else r.format
+            if fmt != "csv":
+                raise ValueError(_no_header(self.data, fmt))
         if not r.schema and not r.label_column and same_file(r.data, self.data) and \
                 _csv_label_unknown(r.format, self.data):  # fmt: skip
             raise ValueError(f"{self.flag} {self.data}: a CSV scored with neither the training file (--data), nor a "
@@ -107,6 +125,35 @@ class PredictConfig:
                              "the first column where it holds 0 and 1, else the one column named like a label that "
                              "does: this file has neither), and in a file without labels a feature would be taken for "
                              "it; give one of them")  # fmt: skip
+
+
+_OWN_COLUMNS = ("file", "line", "probability", "label")  # the output's columns (the module docstring's header)
+
+
+def _check_kept_columns(columns: tuple[str, ...], data: str, schema: Schema) -> None:
+    """ValueError, before anything is scored, where the data cannot give --keep-columns' columns: it is no CSV, or
+    the header of its first file with content (check_same_format: the others' are that one) lacks one or names it
+    twice."""
+    if not columns:
+        return
+    if schema.format != "csv":
+        raise ValueError(_no_header(data, schema.format))
+    name = first_with_content(data)
+    header = read_csv_header(name, schema.delimiter) or []
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"--keep-columns: {name}: columns {missing} are not in the header; its columns are "
+                         f"{header}{spaced_name_hint(missing, header)}")  # fmt: skip
+    repeated = [c for c in columns if header.count(c) > 1]
+    if repeated:
+        raise ValueError(f"--keep-columns: {name}: columns {repeated} appear more than once in the header "
+                         f"{header}: which to copy is unknown")  # fmt: skip
+
+
+def _no_header(data: str, fmt: str) -> str:
+    return (
+        f"--keep-columns copies columns a CSV file's header names; {data} is read as {fmt}, whose lines have no header"
+    )
 
 
 def _check_new_out(out: str, overwrite: bool) -> None:
@@ -134,13 +181,15 @@ def _csv_label_unknown(fmt: str, path: str) -> bool:
 
 def predict_servers(cfg: PredictConfig) -> dict:
     """Writes cfg.out (see the module docstring) and returns what was done: model, shards, predict_data, files,
-    out, rows, labeled, bad_lines, first_bad, unread_labels (rows scored whose label cell held no label), seconds (of
-    reading, scoring and writing the rows). ValueError when the servers lack the model's tables, a file differs
-    in format from the first, or the files hold no example (nothing written)."""
+    out, kept_columns, rows, labeled, bad_lines, first_bad, unread_labels (rows scored whose label cell held no
+    label), seconds (of reading, scoring and writing the rows). ValueError when the servers lack the model's
+    tables, a file differs in format from the first, --keep-columns names what the data does not hold, or the
+    files hold no example (nothing written)."""
     cfg.validate()
     files = data_files(cfg.data)
     with served_model(cfg.run, "nothing was written", labels_optional=True) as m:
         check_same_format(cfg.data, m.data.schema)
+        _check_kept_columns(cfg.keep_columns, cfg.data, m.data.schema)
         labeled = file_has_labels(cfg.data, m.data.schema)
         header = m.data.schema.format == "csv"
         counted = LineCount(0, False, 0, 0)
@@ -148,15 +197,16 @@ def predict_servers(cfg: PredictConfig) -> dict:
             counted = count_files_upto(files, SCORING_COUNT_LINES, header=header)  # from their bytes
         stats = ReadStats()  # of the files as one stream: --max-bad-lines counts over them all, as eval's
         # (reported in the summary line, not again among the read_stats warnings)
-        scored = _scored(m, files, stats)
+        scored = _scored(m, files, stats, cfg.keep_columns)
         started = time.perf_counter()
         with contextlib.closing(scored):  # read and pulled ahead on threads, stopped with it
             progress = ScoringProgress(counted.estimate, cfg.progress, counted.more)
             with_file = not os.path.isfile(cfg.data)
+            columns = _Columns(labeled, with_file, cfg.keep_columns)
             if cfg.out == STDOUT:
-                rows = _write_stdout(scored, labeled, with_file, progress)
+                rows = _write_stdout(scored, columns, progress)
             else:
-                rows = _write(cfg.out, scored, labeled, with_file, progress)
+                rows = _write(cfg.out, scored, columns, progress)
         seconds = time.perf_counter() - started
         shards = m.shards
     bad_lines, first_bad = stats.bad_lines, stats.first_bad
@@ -170,8 +220,9 @@ def predict_servers(cfg: PredictConfig) -> dict:
     if stats.unread_labels:
         log.warning("%s", unread_labels_note(stats))
     return {"model": m.cfg.model, "shards": shards, "predict_data": cfg.data, "files": len(files), "out": cfg.out,
-            "file_column": with_file, "rows": rows, "labeled": labeled, "bad_lines": bad_lines, "first_bad": first_bad,
-            "unread_labels": stats.unread_labels, "seconds": seconds}  # fmt: skip
+            "file_column": with_file, "kept_columns": list(cfg.keep_columns), "rows": rows, "labeled": labeled,
+            "bad_lines": bad_lines, "first_bad": first_bad, "unread_labels": stats.unread_labels,
+            "seconds": seconds}  # fmt: skip
 
 
 def unread_labels_note(stats: ReadStats) -> str:
@@ -182,25 +233,65 @@ def unread_labels_note(stats: ReadStats) -> str:
             f"{'their' if n != 1 else 'its'} label written blank; eval takes such lines for malformed ones")  # fmt: skip
 
 
-def _scored(m: ServedModel, files: list[str], stats: ReadStats) -> Iterator[tuple[str, Batch, np.ndarray]]:
-    """(file, batch, probabilities) of every batch of the files, in order, their bad lines counted into stats (each
-    file read and pulled ahead on threads, which closing this generator stops)."""
+Scored = tuple[str, Batch, np.ndarray, list[str]]  # a file, a batch of it, its probabilities, its rows' tails
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """What the output's rows hold besides line and probability: labels, a file column, kept columns."""
+
+    labeled: bool
+    with_file: bool
+    kept: tuple[str, ...]
+
+    def header(self) -> str:
+        own = ("file," if self.with_file else "") + ("line,probability,label" if self.labeled else "line,probability")
+        return own + "".join("," + _csv_field(c) for c in self.kept) + "\n"
+
+
+def _scored(m: ServedModel, files: list[str], stats: ReadStats, kept: tuple[str, ...]) -> Iterator[Scored]:
+    """(file, batch, probabilities, the kept columns' cells of each example as a row's tail: ",a,b", or "") of every
+    batch of the files, in order, their bad lines counted into stats (each file read and pulled ahead on threads,
+    which closing this generator stops). The kept cells are read beside, from a reading of the file of its own
+    (csv_reader.column_cells), matched to the batch's examples by their line numbers."""
     for name in files:
         batches = m.data.read_whole(name, stats)
-        with contextlib.closing(predictions(m.client, m.spec, m.backend, m.dense_values, batches, m.cfg.prefetch)) as s:
-            for batch, probs in s:
-                yield name, batch, probs
+        records = column_cells(name, m.data.schema.delimiter, list(kept)) if kept else None
+        try:
+            with contextlib.closing(predictions(m.client, m.spec, m.backend, m.dense_values, batches,
+                                                m.cfg.prefetch)) as s:  # fmt: skip
+                for batch, probs in s:
+                    tails = [""] * len(batch) if records is None else _kept_tails(name, records, batch.line_nos)
+                    yield name, batch, probs, tails
+        finally:
+            if records is not None:
+                records.close()  # (its file)
 
 
-def format_rows(line_nos: np.ndarray, probs: np.ndarray, labels: np.ndarray | None, path: str | None = None) -> str:
+def _kept_tails(name: str, records: Iterator[tuple[int, list[str]]], line_nos: np.ndarray) -> list[str]:
+    """The row tails (",a,b") of the records of these line numbers, in order, read on from records."""
+    tails = []
+    for n in line_nos.tolist():
+        for line, cells in records:
+            if line == n:
+                tails.append("".join("," + _csv_field(c) for c in cells))
+                break
+        else:  # the readers number a file's records alike: a scored record is one column_cells gives
+            raise RuntimeError(f"{name} line {n}: scored, but no record of the file's second reading starts there")
+    return tails
+
+
+def format_rows(line_nos: np.ndarray, probs: np.ndarray, labels: np.ndarray | None, path: str | None = None,
+                tails: list[str] | None = None) -> str:  # fmt: skip
     """The rows of a batch (the module docstring's grammar); labels None: the file has none; path: the file column's
-    value (None: no file column)."""
+    value (None: no file column); tails: each row's kept cells (",a,b"; None: no kept columns)."""
     p = np.asarray(probs, dtype=np.float32).tolist()
     lead = "" if path is None else _csv_field(path) + ","
+    tails = tails or [""] * len(p)
     if labels is None:
-        return "".join(f"{lead}{n},{q:.9g}\n" for n, q in zip(line_nos.tolist(), p))
-    return "".join(f"{lead}{n},{q:.9g},{'' if y != y else f'{y:.0f}'}\n"  # y != y: NaN, a blank label
-                   for n, q, y in zip(line_nos.tolist(), p, labels.tolist()))  # fmt: skip
+        return "".join(f"{lead}{n},{q:.9g}{t}\n" for n, q, t in zip(line_nos.tolist(), p, tails))
+    return "".join(f"{lead}{n},{q:.9g},{'' if y != y else f'{y:.0f}'}{t}\n"  # y != y: NaN, a blank label
+                   for n, q, y, t in zip(line_nos.tolist(), p, labels.tolist(), tails))  # fmt: skip
 
 
 def _csv_field(text: str) -> str:
@@ -213,10 +304,9 @@ def _csv_field(text: str) -> str:
 _NO_ROOM = {*DISK_FULL_ERRNOS, errno.EFBIG}  # a write's errors: the disk (or a quota) is full, or the file too big
 
 
-def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
-           progress: ScoringProgress) -> int:  # fmt: skip
-    """Writes the header and the rows of (file, batch, probabilities) to a temporary file, renamed to `out` when
-    they are all written and there is at least one; with_file: a file column first. Returns the row count."""
+def _write(out: str, scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress) -> int:
+    """Writes the header and the rows of the scored batches to a temporary file, renamed to `out` when they are all
+    written and there is at least one. Returns the row count."""
     dead, others = dead_partial_files(out)
     leftovers.remove(dead, "a predict killed mid-write")
     leftovers.report(others, f"another predict into {out} may be running (here or on another host, or named "
@@ -228,7 +318,7 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
         with leftovers.open_temporary(partial, "w", encoding="utf-8", errors="surrogateescape", newline="\n") as f:
             opened = True
             hold_while_written(f.fileno())  # a predict of another process namespace sees it is alive
-            rows = _write_rows(f, scored, labeled, with_file, progress)
+            rows = _write_rows(f, scored, columns, progress)
         if rows:
             os.replace(partial, out)
     except OSError as e:
@@ -243,8 +333,7 @@ def _write(out: str, scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: b
     return rows
 
 
-def _write_stdout(scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
-                  progress: ScoringProgress) -> int:  # fmt: skip
+def _write_stdout(scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress) -> int:
     """_write's rows written to stdout (--out -) as they are scored, in UTF-8 whatever the locale: nothing (not
     even the header) when there is no row; a failed run leaves the rows written before it. Returns the row
     count."""
@@ -252,7 +341,7 @@ def _write_stdout(scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool
     out = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", errors="surrogateescape", newline="\n")
     try:
         try:
-            rows = _write_rows(out, scored, labeled, with_file, progress)
+            rows = _write_rows(out, scored, columns, progress)
             out.flush()
         finally:
             progress.close()
@@ -264,15 +353,15 @@ def _write_stdout(scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool
     return rows
 
 
-def _write_rows(f: IO[str], scored: Iterable[tuple[str, Batch, np.ndarray]], labeled: bool, with_file: bool,
-                progress: ScoringProgress) -> int:  # fmt: skip
+def _write_rows(f: IO[str], scored: Iterable[Scored], columns: _Columns, progress: ScoringProgress) -> int:
     """Writes the header with the first rows, then the rest, to f; returns the row count (0: nothing written)."""
     rows, started = 0, False
-    for path, batch, probs in scored:
+    for path, batch, probs, tails in scored:
         if not started:
             started = True
-            f.write(("file," if with_file else "") + ("line,probability,label\n" if labeled else "line,probability\n"))
-        f.write(format_rows(batch.line_nos, probs, batch.labels if labeled else None, path if with_file else None))
+            f.write(columns.header())
+        labels = batch.labels if columns.labeled else None
+        f.write(format_rows(batch.line_nos, probs, labels, path if columns.with_file else None, tails))
         rows += len(batch)
         progress.update(len(batch))
     return rows

@@ -119,6 +119,28 @@ def read_csv_header(path: str | os.PathLike, delimiter: str) -> list[str] | None
         return next(reader, None)
 
 
+def column_cells(name: str, delimiter: str, columns: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """(first physical line, cells of columns) of each record of a csv file past its header, in file order and
+    numbered as csv_cells numbers them (the header is line 1), the cells as the csv module reads them; a record of
+    another width than the header's, or one the csv module cannot read (bad lines, to csv_cells), gives none. The
+    header must hold the columns (ValueError otherwise)."""
+    with open_data(name) as raw:
+        lines = CsvLines(raw)
+        reader = BoundedReader(lines.texts(), delimiter)
+        header = next(reader, None) or []
+        at = [header.index(c) for c in columns]
+        while True:
+            start = lines.consumed + 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error:
+                continue
+            if len(row) == len(header):
+                yield start, [row[i] for i in at]
+
+
 def has_labels(name: str, schema: Schema) -> bool:
     """Whether a CSV file holds labels (see the module docstring); True for an empty file."""
     header = read_csv_header(name, schema.delimiter)
