@@ -36,7 +36,7 @@ CONFIG_SECTIONS = ("server", "train", "eval", "predict", "launch", "stats", "shr
 is an error, not ignored: a misspelled [Server] would have dropped its settings (a token file, --sync) silently."""
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 LIST_FLAGS = frozenset({"servers", "data", "eval_data", "validation_data", "predict_data", "drop_columns",
-                        "numeric_columns", "hidden", "backends", "tables"})  # fmt: skip
+                        "numeric_columns", "keep_columns", "hidden", "backends", "tables"})  # fmt: skip
 """The flags (by dest) whose value is a comma-separated list, for which a config file may give a TOML array; an
 array or a table for any other flag is an error, not a value joined into one (data_dir = ["a", "b"]: "a,b")."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # --log-level of both CLIs
